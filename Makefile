@@ -1,0 +1,44 @@
+# sparkcluster: the two commands README promises are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: all deps venv test unit demo testbed-up testbed-down bench clean
+
+all: venv
+
+# Debian packages the testbed needs (sshd, dockerd, debootstrap, iproute2, ping); idempotent.
+deps:
+	@bash tests/testbed/install-deps.sh
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(STAMP)
+
+# Every test: unit tests, then the testbed suites. The session fixture builds the testbed when
+# none is up and tears down what it built; a testbed that was already up is reused and kept.
+test: deps venv
+	$(BIN)/python -m pytest -ra tests
+
+unit: venv
+	$(BIN)/python -m pytest -ra tests/unit
+
+testbed-up: deps venv
+	$(BIN)/python -m tests.testbed up
+
+testbed-down: venv
+	$(BIN)/python -m tests.testbed down
+
+demo: deps venv
+	$(BIN)/python -m tests.demo
+
+bench: venv
+	$(BIN)/python -m bench.run
+
+clean: testbed-down
+	rm -rf $(VENV) *.egg-info

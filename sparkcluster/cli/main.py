@@ -1,0 +1,93 @@
+"""The `sparkcluster` command: global options, and the one place errors become output.
+
+Each subcommand lives in its own module in this package and is registered below.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from .. import __version__, inventory, log, redact
+from ..errors import EXIT_USAGE, SparkError
+
+
+@dataclass
+class Context:
+    inventory_path: Path | None
+    log_format: str
+    _inventory: inventory.Inventory | None = field(default=None, repr=False)
+
+    def inventory(self) -> inventory.Inventory:
+        if self._inventory is None:
+            self._inventory = inventory.load(self.inventory_path)
+        return self._inventory
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--inventory", "-i", "inventory_path", type=click.Path(path_type=Path), default=None,
+              help="Inventory TOML (default: $SPARKCLUSTER_INVENTORY, else ~/.config/sparkcluster/cluster.toml).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="Format of log lines on stderr.")
+@click.option("-v", "--verbose", count=True, help="More log output on stderr (-v info, -vv debug).")
+@click.version_option(__version__, prog_name="sparkcluster")
+@click.pass_context
+def cli(ctx: click.Context, inventory_path: Path | None, log_format: str, verbose: int) -> None:
+    """Bring two DGX Sparks from bare to serving a model with tensor parallelism."""
+    level = {0: "warning", 1: "info"}.get(verbose, "debug")
+    log.configure(level=level, fmt=log_format)
+    ctx.obj = Context(inventory_path=inventory_path, log_format=log_format)
+
+
+def _register() -> None:
+    # imported here so that `cli` exists before the modules decorate onto it
+    from . import commands  # noqa: F401
+
+
+def _print_error(err: SparkError) -> None:
+    click.echo(redact.mask(f"error: {err.message}"), err=True)
+    for line in err.details:
+        click.echo(redact.mask(f"  {line}"), err=True)
+    if err.fix:
+        click.echo(redact.mask(f"fix: {err.fix}"), err=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _register()
+    try:
+        cli.main(args=argv, prog_name="sparkcluster", standalone_mode=False)
+        return 0
+    except SparkError as err:
+        _print_error(err)
+        return err.exit_code
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return 130
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return EXIT_USAGE if e.exit_code == 2 else e.exit_code
+    except Exception:  # a bug: the user gets one line, the log gets the traceback
+        path = log.debug_log_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                f.write(redact.mask(traceback.format_exc()))
+        except OSError:
+            pass
+        exc = sys.exc_info()[1]
+        click.echo(redact.mask(f"error: unexpected {type(exc).__name__}: {exc}"), err=True)
+        click.echo(f"details: {path}", err=True)
+        return 70
+
+
+def run() -> None:
+    sys.exit(main())

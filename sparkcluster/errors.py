@@ -1,0 +1,83 @@
+"""Errors a user can cause or fix.
+
+Every exception here carries a one-line message and, where we know it, a one-line fix. The CLI
+(`sparkcluster.cli.main`) is the only place that turns them into output and exit codes; anything
+that is not a `SparkError` is a bug and goes to the debug log with its traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # a check or a stage failed
+EXIT_USAGE = 2  # bad command line, inventory or profile: nothing was touched
+
+
+class SparkError(Exception):
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, fix: str | None = None, *, details: list[str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+        # extra lines shown under the message (one per bad field, last lines of output, ...)
+        self.details = details or []
+
+
+class InputError(SparkError):
+    """Bad inventory, profile or command line. Raised before any connection is opened."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConnectError(SparkError):
+    """A host could not be reached or refused us."""
+
+    def __init__(self, host: str, message: str, fix: str | None = None, **kw):
+        super().__init__(f"{host}: {message}", fix, **kw)
+        self.host = host
+
+
+class HostKeyError(ConnectError):
+    """Unknown or changed host key. Never retried, never accepted silently."""
+
+
+class AuthError(ConnectError):
+    """Authentication refused. Never retried."""
+
+
+class StageError(SparkError):
+    """A stage of a plan failed on one or more hosts."""
+
+    def __init__(self, stage: str, failures: list["StepFailure"], fix: str | None = None):
+        first = failures[0]
+        hosts = ", ".join(sorted({f.host for f in failures}))
+        super().__init__(f"stage '{stage}' failed on {hosts}: {first.step}: {first.reason}", fix or first.fix)
+        self.stage = stage
+        self.failures = failures
+        for f in failures:
+            self.details.extend(f.lines())
+
+
+class StepFailure:
+    """What went wrong with one step on one host: enough to act on without a log."""
+
+    def __init__(self, host: str, step: str, reason: str, command: str | None = None,
+                 output_tail: str = "", fix: str | None = None):
+        self.host = host
+        self.step = step
+        self.reason = reason
+        self.command = command
+        self.output_tail = output_tail
+        self.fix = fix
+
+    def lines(self) -> list[str]:
+        out = [f"[{self.host}] step '{self.step}': {self.reason}"]
+        if self.command:
+            out.append(f"[{self.host}]   command: {self.command}")
+        for line in self.output_tail.splitlines()[-10:]:
+            out.append(f"[{self.host}]   | {line}")
+        return out
+
+
+class LockHeld(SparkError):
+    """Another sparkcluster run holds the cluster lock."""
