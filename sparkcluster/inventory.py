@@ -68,6 +68,8 @@ class Cluster(_Strict):
     known_hosts: Path | None = None
     profile: str | None = None  # default profile for doctor/status when none is given
     image_repo: str = Field(default="sparkcluster/vllm-ray", pattern=r"^[a-z0-9][a-z0-9._/-]*$")
+    # a package mirror for the image build (air-gapped hosts); passed as the PIP_INDEX_URL build arg
+    pip_index_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
     hf_cache: str = "/root/.cache/huggingface"  # host path, mounted at the same path in containers
     api_port: int = Field(default=8000, ge=1, le=65535)
     ray_port: int = Field(default=6379, ge=1, le=65535)
