@@ -1,0 +1,220 @@
+"""Facts about each host, gathered once per invocation, in parallel, in one round trip per host.
+
+`probe_script()` builds one shell script that prints delimited sections; `parse()` turns the
+sections into a typed `HostFacts` with the parsers in `parsers`. Checks (in `checks`) are pure
+functions over the facts of all hosts, so they are unit-tested from captured output.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, field
+
+from . import parsers as P
+from .inventory import Inventory, Node
+from .labels import CLUSTER_LABEL
+
+SECTION = "@@sc@@"
+
+
+@dataclass(frozen=True)
+class Section:
+    rc: int
+    out: str
+
+
+@dataclass
+class HostFacts:
+    node: str
+    hostname: str = ""
+    clock_offset: float | None = None  # host clock minus controller clock, seconds
+    gpus: list[P.Gpu] = field(default_factory=list)
+    gpu_error: str = ""
+    docker: P.DockerInfo | None = None
+    docker_error: str = ""
+    gpu_hook: str = ""
+    interfaces: dict[str, P.Interface] = field(default_factory=dict)
+    hcas: dict[str, P.Hca] = field(default_factory=dict)
+    mem: P.MemInfo | None = None
+    earlyoom: bool = False
+    sshd_oom_score_adj: int | None = None
+    listeners: list[P.Listener] = field(default_factory=list)
+    containers: list[P.Container] = field(default_factory=list)
+    ours: list[dict] = field(default_factory=list)  # docker inspect of sparkcluster's containers
+    image_id: str | None = None
+    image_ray: str | None = None  # `ray --version` output in the cluster image, if it runs
+    image_ray_error: str = ""
+    disks: dict[str, P.Disk] = field(default_factory=dict)
+    ray_sessions: list[str] = field(default_factory=list)
+    path_mtu: dict[str, P.PingResult] = field(default_factory=dict)  # netdev -> result (phase 2)
+
+
+def _section(name: str, cmd: str) -> str:
+    return f"echo '{SECTION} {name}'; ( {cmd} ) 2>&1; echo \"{SECTION} {name} rc=$?\""
+
+
+def probe_script(inv: Inventory, node: Node, image: str | None) -> str:
+    """One shell script for one host. Every value is quoted; nothing here comes from a user string
+    that is not validated by the inventory model."""
+    ifs = " ".join(shlex.quote(i) for i in dict.fromkeys([node.control_if, *node.netdevs]))
+    ports = " or ".join(f"sport = :{p}" for p in (inv.cluster.ray_port, inv.cluster.api_port))
+    hf = shlex.quote(inv.cluster.hf_cache)
+    label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
+    parts = [
+        _section("hostname", "hostname"),
+        _section("time", "date +%s.%N"),
+        _section("gpu", "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader"),
+        _section("docker", "docker info --format '{{json .}}'"),
+        _section("gpu_hook", "command -v nvidia-container-runtime-hook nvidia-ctk nvidia-container-runtime | head -1"),
+        _section("ip", "ip -j addr show"),
+        _section("carrier", f"for i in {ifs}; do printf '%s %s %s\\n' \"$i\" "
+                            "\"$(cat /sys/class/net/$i/carrier 2>/dev/null || echo -)\" "
+                            "\"$(cat /sys/class/net/$i/speed 2>/dev/null || echo -)\"; done"),
+        _section("hca", "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] || continue; "
+                        "printf '%s|%s|%s\\n' \"${d##*/}\" \"$(cat $d/ports/1/state 2>/dev/null)\" "
+                        "\"$(ls $d/device/net 2>/dev/null | tr '\\n' ' ')\"; done"),
+        _section("meminfo", "cat /proc/meminfo"),
+        _section("earlyoom", "pgrep -x earlyoom"),
+        _section("sshd_oom", "cat /proc/$(pgrep -o -x sshd)/oom_score_adj"),
+        _section("listeners", f"ss -Htlnp '( {ports} )' | while read -r l; do "
+                              "p=$(printf '%s' \"$l\" | sed -n 's/.*pid=\\([0-9]*\\).*/\\1/p'); "
+                              "c=$(grep -o -E '[0-9a-f]{64}' /proc/$p/cgroup 2>/dev/null | head -1); "
+                              "printf '%s container=%s\\n' \"$l\" \"$c\"; done"),
+        _section("containers", "docker ps -a --no-trunc --format '{{json .}}'"),
+        _section("ours", f"ids=$(docker ps -aq --filter label={label}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids"),
+        _section("disk", f"df -PB1 \"$(docker info --format '{{{{.DockerRootDir}}}}' 2>/dev/null || echo /var/lib/docker)\"; "
+                         f"mkdir -p {hf} 2>/dev/null; df -PB1 {hf}"),
+        _section("ray_sessions", "ls -d /tmp/ray/session_* 2>/dev/null"),
+    ]
+    if image:
+        img = shlex.quote(image)
+        parts.append(_section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}"))
+        parts.append(_section("image_ray", f"docker image inspect {img} >/dev/null 2>&1 || exit 3; "
+                                           f"docker run --rm --network none --entrypoint ray {img} --version"))
+    return "\n".join(parts) + "\n"
+
+
+def split_sections(text: str) -> dict[str, Section]:
+    out: dict[str, Section] = {}
+    name, buf = None, []
+    for line in text.splitlines():
+        if line.startswith(SECTION + " "):
+            rest = line[len(SECTION) + 1:]
+            if " rc=" in rest and name is not None and rest.startswith(name + " rc="):
+                out[name] = Section(int(rest.rsplit("rc=", 1)[1] or 1), "\n".join(buf))
+                name, buf = None, []
+            else:
+                name, buf = rest.strip(), []
+        elif name is not None:
+            buf.append(line)
+    return out
+
+
+def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFacts:
+    s = split_sections(text)
+    f = HostFacts(node=node.name)
+
+    def get(name: str) -> Section:
+        return s.get(name, Section(127, ""))
+
+    f.hostname = get("hostname").out.strip()
+    t = get("time")
+    if t.rc == 0 and t.out.strip():
+        f.clock_offset = float(t.out.strip()) - (sent_at + received_at) / 2
+    g = get("gpu")
+    if g.rc == 0:
+        f.gpus = P.nvidia_smi_csv(g.out)
+    else:
+        f.gpu_error = P.last_line(g.out) or f"nvidia-smi exited {g.rc}"
+    d = get("docker")
+    if d.rc == 0:
+        f.docker = P.docker_info(d.out)
+    else:
+        f.docker_error = P.last_line(d.out) or f"docker info exited {d.rc}"
+    f.gpu_hook = get("gpu_hook").out.strip() if get("gpu_hook").rc == 0 else ""
+    f.interfaces = P.ip_addr_json(get("ip").out) if get("ip").rc == 0 else {}
+    for name, carrier, speed in P.carrier_lines(get("carrier").out):
+        if name in f.interfaces:
+            f.interfaces[name].carrier = carrier
+            f.interfaces[name].speed_mbps = speed
+    f.hcas = P.hca_lines(get("hca").out)
+    f.mem = P.meminfo(get("meminfo").out) if get("meminfo").rc == 0 else None
+    f.earlyoom = get("earlyoom").rc == 0
+    so = get("sshd_oom")
+    f.sshd_oom_score_adj = int(so.out.strip()) if so.rc == 0 and so.out.strip().lstrip("-").isdigit() else None
+    f.listeners = P.ss_listeners(get("listeners").out)
+    f.containers = P.docker_ps_json(get("containers").out) if get("containers").rc == 0 else []
+    f.ours = P.json_list(get("ours").out) if get("ours").rc == 0 else []
+    f.disks = P.df_lines(get("disk").out)
+    f.ray_sessions = [x for x in get("ray_sessions").out.split() if x]
+    if "image" in s:
+        f.image_id = get("image").out.strip() if get("image").rc == 0 else None
+        ir = get("image_ray")
+        if ir.rc == 0:
+            f.image_ray = P.last_line(ir.out)
+        elif ir.rc != 3:
+            f.image_ray_error = P.last_line(ir.out) or f"exited {ir.rc}"
+    return f
+
+
+def gather(host, inv: Inventory, image: str | None, timeout: float = 60.0) -> HostFacts:
+    sent = time.time()
+    res = host.run(probe_script(inv, host.node, image), timeout=timeout)
+    received = time.time()
+    if res.timed_out:
+        from .errors import StageError, StepFailure
+
+        raise StageError("facts", [StepFailure(host.name, "gather facts", f"timed out after {timeout:g}s",
+                                               "facts script", res.tail())])
+    return parse(host.node, res.stdout, sent, received)
+
+
+# --- phase 2: path MTU, which needs the peers' addresses from phase 1 -----------------------------
+
+@dataclass(frozen=True)
+class Probe:
+    netdev: str
+    peer_node: str
+    peer_ip: str
+    size: int
+
+
+def path_mtu_probes(node: Node, facts: dict[str, HostFacts]) -> list[Probe]:
+    """For each data-plane netdev of `node`, the peer address on the same subnet on another node."""
+    mine = facts[node.name].interfaces
+    probes = []
+    for netdev in node.netdevs:
+        iface = mine.get(netdev)
+        if not iface:
+            continue
+        for addr in iface.addresses:
+            for other, of in facts.items():
+                if other == node.name:
+                    continue
+                for oi in of.interfaces.values():
+                    for oa in oi.addresses:
+                        if oa.network == addr.network and oa.ip != addr.ip:
+                            probes.append(Probe(netdev, other, str(oa.ip), node.mtu - 28))
+    return probes
+
+
+def ping_command(p: Probe) -> str:
+    return shlex.join(["ping", "-M", "do", "-c", "1", "-W", "1", "-s", str(p.size), "-I", p.netdev, p.peer_ip])
+
+
+def path_mtu_script(probes: list[Probe]) -> str:
+    return "\n".join(_section(f"ping {p.netdev} {p.peer_ip}", ping_command(p)) for p in probes) + "\n"
+
+
+def gather_path_mtu(host, probes: list[Probe], timeout: float = 20.0) -> dict[str, P.PingResult]:
+    if not probes:
+        return {}
+    res = host.run(path_mtu_script(probes), timeout=timeout)
+    sections = split_sections(res.stdout)
+    out: dict[str, P.PingResult] = {}
+    for p in probes:
+        sec = sections.get(f"ping {p.netdev} {p.peer_ip}", Section(124, "timed out"))
+        out[p.netdev] = P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, sec.rc == 0,
+                                     P.last_line(sec.out), ping_command(p))
+    return out

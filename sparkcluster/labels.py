@@ -1,0 +1,11 @@
+"""Names and labels that mark what sparkcluster owns on a host. Nothing is removed without them."""
+
+LABEL_PREFIX = "org.sparkcluster"
+CLUSTER_LABEL = f"{LABEL_PREFIX}.cluster"
+ROLE_LABEL = f"{LABEL_PREFIX}.role"
+PROFILE_LABEL = f"{LABEL_PREFIX}.profile"
+CONFIG_LABEL = f"{LABEL_PREFIX}.config-hash"  # hash of everything that shaped the container
+
+
+def container_name(cluster: str, role: str, node: str) -> str:
+    return f"sparkcluster-{cluster}-{role}-{node}" if role == "worker" else f"sparkcluster-{cluster}-head"

@@ -1,0 +1,240 @@
+"""Pure parsers from the text real commands print to typed values. Tested from captured output."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import dataclass, field
+
+
+def last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def json_list(text: str) -> list:
+    text = text.strip()
+    if not text:
+        return []
+    value = json.loads(text)
+    return value if isinstance(value, list) else [value]
+
+
+# --- nvidia-smi ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    driver: str
+    memory_total: str  # "[N/A]" on GB10: unified memory, not an error
+    compute_cap: str
+
+
+def nvidia_smi_csv(text: str) -> list[Gpu]:
+    """`nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader`"""
+    gpus = []
+    for line in text.strip().splitlines():
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) >= 4:
+            gpus.append(Gpu(cols[0], cols[1], cols[2], cols[3]))
+    return gpus
+
+
+# --- docker -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DockerInfo:
+    server_version: str
+    root_dir: str
+    runtimes: tuple[str, ...]
+    default_runtime: str
+
+
+def docker_info(text: str) -> DockerInfo:
+    # warnings (e.g. "WARNING: No swap limit support") may share the stream with the JSON line
+    d = json.loads(next(ln for ln in text.splitlines() if ln.lstrip().startswith("{")))
+    return DockerInfo(
+        server_version=d.get("ServerVersion", ""),
+        root_dir=d.get("DockerRootDir", ""),
+        runtimes=tuple(sorted((d.get("Runtimes") or {}).keys())),
+        default_runtime=d.get("DefaultRuntime", ""),
+    )
+
+
+@dataclass(frozen=True)
+class Container:
+    id: str
+    name: str
+    image: str
+    state: str
+    command: str
+    labels: dict[str, str]
+
+
+def _labels(text: str) -> dict[str, str]:
+    out = {}
+    for part in (text or "").split(","):
+        if "=" in part:
+            k, _, v = part.partition("=")
+            out[k] = v
+    return out
+
+
+def docker_ps_json(text: str) -> list[Container]:
+    """`docker ps -a --no-trunc --format '{{json .}}'`: one JSON object per line."""
+    out = []
+    for line in text.strip().splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        d = json.loads(line)
+        out.append(Container(d.get("ID", ""), d.get("Names", ""), d.get("Image", ""), d.get("State", ""),
+                             d.get("Command", "").strip('"'), _labels(d.get("Labels", ""))))
+    return out
+
+
+# --- network ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Address:
+    ip: ipaddress.IPv4Address
+    network: ipaddress.IPv4Network
+
+
+@dataclass
+class Interface:
+    name: str
+    mtu: int
+    up: bool  # administratively up (flag UP)
+    lower_up: bool  # LOWER_UP: the link below is up
+    operstate: str
+    addresses: list[Address] = field(default_factory=list)
+    carrier: bool | None = None
+    speed_mbps: int | None = None
+
+
+def ip_addr_json(text: str) -> dict[str, Interface]:
+    """`ip -j addr show`"""
+    out = {}
+    for d in json.loads(text or "[]"):
+        flags = d.get("flags", [])
+        iface = Interface(d["ifname"], int(d.get("mtu", 0)), "UP" in flags, "LOWER_UP" in flags,
+                          d.get("operstate", "UNKNOWN"))
+        for a in d.get("addr_info", []):
+            if a.get("family") == "inet":
+                net = ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
+                iface.addresses.append(Address(ipaddress.IPv4Address(a["local"]), net))
+        out[iface.name] = iface
+    return out
+
+
+def carrier_lines(text: str) -> list[tuple[str, bool | None, int | None]]:
+    """Lines of `<ifname> <carrier 0|1|-> <speed Mb/s|-1|->`."""
+    out = []
+    for line in text.strip().splitlines():
+        parts = line.split()
+        if len(parts) != 3:
+            continue
+        name, carrier, speed = parts
+        c = None if carrier == "-" else carrier == "1"
+        s = int(speed) if speed.lstrip("-").isdigit() and int(speed) > 0 else None
+        out.append((name, c, s))
+    return out
+
+
+@dataclass(frozen=True)
+class Hca:
+    name: str
+    state: str  # "4: ACTIVE"
+    netdevs: tuple[str, ...]
+
+    @property
+    def active(self) -> bool:
+        return self.state.strip().endswith("ACTIVE") and self.state.strip().startswith("4")
+
+
+def hca_lines(text: str) -> dict[str, Hca]:
+    """Lines of `<hca>|<ports/1/state>|<netdev> <netdev>`."""
+    out = {}
+    for line in text.strip().splitlines():
+        parts = line.split("|")
+        if len(parts) != 3:
+            continue
+        out[parts[0]] = Hca(parts[0], parts[1].strip(), tuple(parts[2].split()))
+    return out
+
+
+@dataclass(frozen=True)
+class Listener:
+    address: str
+    port: int
+    process: str
+    pid: int | None
+    container: str  # full container id from the process's cgroup, "" when on the host
+
+
+_SS = re.compile(r"^\S+\s+\d+\s+\d+\s+(?P<local>\S+)\s+\S+(?:\s+users:\(\(\"(?P<proc>[^\"]*)\",pid=(?P<pid>\d+)[^)]*\)[^ ]*)?.*?(?:container=(?P<cid>[0-9a-f]*))?$")
+
+
+def ss_listeners(text: str) -> list[Listener]:
+    """`ss -Htlnp` lines, each followed by ` container=<id>` (see facts.probe_script)."""
+    out = []
+    for line in text.strip().splitlines():
+        m = _SS.match(line.strip())
+        if not m:
+            continue
+        local = m.group("local")
+        addr, _, port = local.rpartition(":")
+        if not port.isdigit():
+            continue
+        out.append(Listener(addr, int(port), m.group("proc") or "?", int(m.group("pid")) if m.group("pid") else None,
+                            m.group("cid") or ""))
+    return out
+
+
+# --- memory and disk ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MemInfo:
+    total: int  # bytes
+    available: int
+    free: int
+
+
+def meminfo(text: str) -> MemInfo:
+    vals = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            vals[key] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+    return MemInfo(vals.get("MemTotal", 0), vals.get("MemAvailable", 0), vals.get("MemFree", 0))
+
+
+@dataclass(frozen=True)
+class Disk:
+    mount: str
+    size: int
+    available: int
+
+
+def df_lines(text: str) -> dict[str, Disk]:
+    """`df -PB1 PATH...`: keyed by mount point."""
+    out = {}
+    for line in text.strip().splitlines():
+        parts = line.split()
+        if len(parts) >= 6 and parts[1].isdigit():
+            out[parts[5]] = Disk(parts[5], int(parts[1]), int(parts[3]))
+    return out
+
+
+@dataclass(frozen=True)
+class PingResult:
+    netdev: str
+    peer_node: str
+    peer_ip: str
+    size: int
+    ok: bool
+    detail: str
+    command: str
