@@ -1,0 +1,235 @@
+"""Each lint rule broken on purpose; nemotron and the other seed profiles pass."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from sparkcluster import inventory, redact
+from sparkcluster.lint import CLUSTER_RULES, lint
+from sparkcluster.profile import Profile, available, load_profile
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).parent / "data"
+INV = inventory.load(DATA / "profile-cluster.toml")
+
+
+def variant(base: str = "nemotron", **changes) -> Profile:
+    """The seed profile with dotted-key changes; value None deletes the key."""
+    data = tomllib.loads((REPO / "env-profiles" / f"{base}.toml").read_text())
+    data = copy.deepcopy(data)
+    for key, value in changes.items():
+        *parents, leaf = key.split("__")
+        d = data
+        for p in parents:
+            d = d.setdefault(p, {})
+        if value is None:
+            d.pop(leaf, None)
+        else:
+            d[leaf] = value
+    return Profile.model_validate({**data, "name": "variant"})
+
+
+def rules(problems) -> list[str]:
+    return [p.rule for p in problems]
+
+
+@pytest.mark.parametrize("name", ["nemotron", "qwen3-30b", "qwen3-122b", "testbed"])
+def test_seed_profiles_pass(name):
+    assert name in available()
+    p = load_profile(name)
+    assert lint(p) == []
+    assert lint(p, INV) == []
+
+
+def test_gpu_memory_utilization_above_085():
+    probs = lint(variant(serve__gpu_memory_utilization=0.9))
+    assert rules(probs) == ["gpu-memory-utilization"]
+    assert "0.9 is above 0.85 on unified memory" in probs[0].message
+    assert "allow_high_gpu_memory_utilization" in probs[0].fix
+
+
+def test_gpu_memory_utilization_override():
+    assert lint(variant(serve__gpu_memory_utilization=0.9, allow_high_gpu_memory_utilization=True)) == []
+    assert lint(variant(serve__gpu_memory_utilization=0.85)) == []
+
+
+def test_tp_pp_must_equal_gpu_count():
+    p = variant(serve__tensor_parallel_size=4)
+    assert lint(p) == []  # cluster rule: skipped without an inventory
+    probs = lint(p, INV)
+    assert rules(probs) == ["tp-pp-gpus"]
+    assert probs[0].message == ("tensor_parallel_size x pipeline_parallel_size = 4 x 1 = 4, "
+                                "but the cluster has 2 GPU(s)")
+    probs = lint(variant(serve__tensor_parallel_size=1, serve__pipeline_parallel_size=1), INV)
+    assert rules(probs) == ["tp-pp-gpus"]
+    assert lint(variant(serve__tensor_parallel_size=1, serve__pipeline_parallel_size=2), INV) == []
+
+
+def test_cluster_rules_named():
+    assert "tp-pp-gpus" in CLUSTER_RULES
+
+
+def test_prefix_caching_on_hybrid_needs_aligned_block_size():
+    probs = lint(variant(serve__enable_prefix_caching=True))  # default 2048 < 2128 (seed 004)
+    assert rules(probs) == ["prefix-caching-hybrid"]
+    assert "block_size 2128, above --max-num-batched-tokens 2048" in probs[0].message
+    assert "8192" in probs[0].fix
+    assert rules(lint(variant(serve__enable_prefix_caching=True, serve__max_num_batched_tokens=2048))) == \
+        ["prefix-caching-hybrid"]
+    assert lint(variant(serve__enable_prefix_caching=True, serve__max_num_batched_tokens=2128)) == []
+    assert lint(variant(serve__enable_prefix_caching=True, serve__max_num_batched_tokens=8192)) == []
+    # not hybrid: no rule
+    assert lint(variant(hybrid=False, serve__enable_prefix_caching=True)) == []
+
+
+def test_tool_choice_needs_parser_and_vice_versa():
+    probs = lint(variant(serve__tool_call_parser=None))
+    assert rules(probs) == ["tool-choice-pair"]
+    assert probs[0].message.startswith("--enable-auto-tool-choice without --tool-call-parser")
+    probs = lint(variant(serve__enable_auto_tool_choice=False))
+    assert rules(probs) == ["tool-choice-pair"]
+    assert probs[0].message.startswith("--tool-call-parser without --enable-auto-tool-choice")
+    # both given through extra flags: the pair is complete (only the duplicate-flag rule speaks)
+    probs = lint(variant(serve__enable_auto_tool_choice=False, serve__tool_call_parser=None,
+                         serve__extra_flags=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]))
+    assert rules(probs) == ["duplicate-flag", "duplicate-flag"]
+
+
+def test_modelopt_needs_quantization_modelopt():
+    probs = lint(variant(serve__quantization="fp4"))
+    assert rules(probs) == ["quantization"]
+    assert probs[0].message == "ModelOpt NVFP4 checkpoint needs --quantization modelopt (profile has fp4)"
+    probs = lint(variant(serve__quantization=None))
+    assert probs[0].message.endswith("(profile has none)")
+
+
+def test_compressed_tensors_must_not_pass_quantization():
+    probs = lint(variant(checkpoint_format="compressed-tensors"))
+    assert rules(probs) == ["quantization"]
+    assert "must not pass --quantization" in probs[0].message
+    assert lint(variant(checkpoint_format="compressed-tensors", serve__quantization=None)) == []
+
+
+def test_vllm_serve_prefix_in_extra_flags():
+    probs = lint(variant(serve__extra_flags=["vllm", "serve"]))
+    assert rules(probs) == ["image-kind"]
+    assert "unrecognized arguments" in probs[0].message
+
+
+def test_image_kind_mismatch():
+    probs = lint(variant(image__kind="vllm-openai"))
+    assert rules(probs) == ["image-kind"]
+    assert probs[0].fix == 'set image.kind = "ngc"'
+
+
+def test_api_key_flag_refused():
+    probs = lint(variant(serve__extra_flags=["--api-key", "whatever"]))
+    assert "secret-on-command-line" in rules(probs)
+    assert probs[0].message.startswith("--api-key in serve.extra_flags")
+
+
+def test_secret_value_in_extra_flags():
+    probs = lint(variant(serve__extra_flags=["--foo", "hf_abcdefghijklmnopqrstuvwxyz"]))
+    assert rules(probs) == ["secret-on-command-line"]
+    assert "hf_abc" not in probs[0].message  # never echo the value
+
+
+def test_registered_secret_value_in_extra_flags():
+    redact.register("s3cr3t-value-registered")
+    probs = lint(variant(serve__extra_flags=["--foo", "s3cr3t-value-registered"]))
+    assert rules(probs) == ["secret-on-command-line"]
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "VLLM_API_KEY", "OTHER_TOKEN"])
+def test_secret_names_in_forwarded_vars(name):
+    probs = lint(variant(env__forward={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", name: "x"}))
+    assert rules(probs) == ["secret-in-forwarded-vars"]
+    assert probs[0].message.startswith(f"env.forward.{name}: a secret")
+
+
+def test_secret_value_in_forwarded_vars():
+    probs = lint(variant(env__forward={"SOMETHING": "sk-abcdefghijklmnopqrstuvwxyz"}))
+    assert rules(probs) == ["secret-in-forwarded-vars"]
+    assert "sk-abc" not in probs[0].message
+
+
+def test_per_host_var_forwarded():
+    probs = lint(variant(env__forward={"NCCL_IB_HCA": "rocep1s0f0"}))
+    assert rules(probs) == ["managed-var-forwarded"]
+
+
+def test_typed_flag_in_extra_flags():
+    probs = lint(variant(serve__extra_flags=["--tensor-parallel-size=2"]))
+    assert rules(probs) == ["duplicate-flag"]
+    assert "serve.tensor_parallel_size" in probs[0].message
+
+
+def test_plugin_without_parser():
+    probs = lint(variant(serve__reasoning_parser=None))
+    assert rules(probs) == ["reasoning-plugin"]
+
+
+def test_executor_backend_must_be_ray():
+    probs = lint(variant(serve__distributed_executor_backend="mp"))
+    assert rules(probs) == ["executor-backend"]
+
+
+def test_port_mismatch_with_inventory():
+    assert lint(variant(serve__port=9000)) == []
+    probs = lint(variant(serve__port=9000), INV)
+    assert rules(probs) == ["port-mismatch"]
+
+
+def test_flags_rejected_by_ngc_25_11():
+    probs = lint(variant(image__tag="25.11-py3", image__vllm_version="0.11.0",
+                         env__forward={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}))
+    assert set(rules(probs)) == {"flag-version"}
+    items = sorted(p.message.split(":", 1)[0] for p in probs)
+    assert items == sorted(["--moe-backend", "--max-cudagraph-capture-size", "--async-scheduling",
+                            "--reasoning-parser-plugin", "--reasoning-parser super_v3"])
+    moe = next(p for p in probs if p.message.startswith("--moe-backend"))
+    assert "nvcr.io/nvidia/vllm:25.11-py3 (vLLM 0.11.0)" in moe.message
+    assert "absent from NGC 25.11 and older" in moe.message
+
+
+def test_mamba_float16_rejected_by_25_11():
+    p = variant(image__tag="25.11-py3", image__vllm_version="0.11.0", serve__moe_backend=None,
+                serve__max_cudagraph_capture_size=None, serve__async_scheduling=False,
+                serve__reasoning_parser="qwen3", serve__reasoning_parser_plugin_url=None,
+                serve__mamba_ssm_cache_dtype="float16")
+    probs = lint(p)
+    assert rules(probs) == ["flag-version"]
+    assert probs[0].message.startswith("--mamba-ssm-cache-dtype float16: image nvcr.io/nvidia/vllm:25.11-py3")
+    assert lint(variant(serve__mamba_ssm_cache_dtype="float16")) == []  # fine on 26.05.post1
+
+
+def test_swap_space_gone_from_26_05():
+    probs = lint(variant(serve__extra_flags=["--swap-space", "0"]))
+    assert rules(probs) == ["flag-version"]
+    assert probs[0].message.startswith("--swap-space: image nvcr.io/nvidia/vllm:26.05.post1-py3 (vLLM 0.21.0)")
+    # a vllm-openai image at 0.21.0 refuses it by version too
+    probs = lint(variant(image__base="vllm/vllm-openai", image__tag="v0.21.0", image__kind="vllm-openai",
+                         serve__extra_flags=["--swap-space", "0"]))
+    assert rules(probs) == ["flag-version"]
+    assert "gone from vLLM 0.21.0" in probs[0].message
+    # an older NGC image still takes it
+    assert lint(variant(image__tag="26.04-py3", image__vllm_version="0.19.0",
+                        serve__extra_flags=["--swap-space", "0"])) == []
+
+
+def test_flashinfer_moe_env_ignored_from_023():
+    probs = lint(variant(image__base="vllm/vllm-openai", image__tag="nightly", image__kind="vllm-openai",
+                         image__vllm_version="0.23.1"))
+    assert rules(probs) == ["env-version"]
+    assert probs[0].message.startswith("env.forward.VLLM_USE_FLASHINFER_MOE_FP4: vLLM 0.23.1 ignores it")
+    assert "--moe-backend" in probs[0].fix
+
+
+def test_every_problem_at_once():
+    probs = lint(variant(serve__gpu_memory_utilization=0.95, serve__tool_call_parser=None,
+                         serve__quantization="fp4", serve__tensor_parallel_size=4), INV)
+    assert set(rules(probs)) == {"gpu-memory-utilization", "tp-pp-gpus", "tool-choice-pair", "quantization"}
