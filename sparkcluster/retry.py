@@ -27,7 +27,7 @@ class Transient(Exception):
 def _before_sleep(what: str):
     def hook(state) -> None:
         err = state.outcome.exception()
-        _log.warning("retrying", what=what, attempt=state.attempt_number,
+        _log.info("retrying", what=what, attempt=state.attempt_number,
                      sleep=round(state.next_action.sleep, 2), error=str(err))
     return hook
 

@@ -59,8 +59,9 @@ def _print_error(err: SparkError) -> None:
 def main(argv: list[str] | None = None) -> int:
     _register()
     try:
-        cli.main(args=argv, prog_name="sparkcluster", standalone_mode=False)
-        return 0
+        rc = cli.main(args=argv, prog_name="sparkcluster", standalone_mode=False)
+        # with standalone_mode off, click returns a command's Exit code instead of raising it
+        return rc if isinstance(rc, int) else 0
     except SparkError as err:
         _print_error(err)
         return err.exit_code

@@ -1,0 +1,11 @@
+"""Helpers shared by several commands."""
+
+from __future__ import annotations
+
+from .. import profile as profiles
+from ..inventory import Inventory
+
+
+def load_profile_for(inv: Inventory, name: str | None) -> profiles.Profile | None:
+    name = name or inv.cluster.profile
+    return profiles.load_profile(name) if name else None

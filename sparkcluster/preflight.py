@@ -1,0 +1,75 @@
+"""Connect, gather facts on every host in parallel, run the checks. Shared by doctor and up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import checks, facts, profile as profiles
+from .errors import SparkError
+from .fanout import Cluster, connect_all
+from .inventory import Inventory
+from .images import image_ref
+from .labels import CLUSTER_LABEL
+
+
+def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect:
+    if prof is None:
+        return checks.Expect()
+    return checks.Expect(
+        image=image_ref(inv, prof),
+        forwarded_env=prof.forwarded_env(),
+        per_host_env={n.name: profiles.per_host_env(prof, inv, n) for n in inv.nodes},
+        gpu_memory_utilization=prof.serve.gpu_memory_utilization,
+        image_disk_bytes=int(getattr(prof, "image_disk_gb", 30) * checks.GiB),
+        model_disk_bytes=int(getattr(prof, "model_disk_gb", 0) * checks.GiB),
+    )
+
+
+@dataclass
+class Report:
+    results: list[checks.Result]
+    facts: dict[str, facts.HostFacts]
+    unreachable: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[checks.Result]:
+        return [r for r in self.results if r.status == "fail"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def gather_all(cluster: Cluster, inv: Inventory, image: str | None) -> dict[str, facts.HostFacts]:
+    """Facts of every connected host (phase 1), then path MTU probes (phase 2), both in parallel."""
+    got = cluster.each(lambda h: facts.gather(h, inv, image)).values_or_raise("gather facts")
+    nodes = {n.name: n for n in inv.nodes}
+    pings = cluster.each(lambda h: facts.gather_path_mtu(h, facts.path_mtu_probes(nodes[h.name], got)))
+    for name, outcome in pings.items():
+        if outcome.ok:
+            got[name].path_mtu = outcome.value
+    return got
+
+
+def run(inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = None,
+        cluster: Cluster | None = None) -> tuple[Report, Cluster | None]:
+    """Checks over every node. Unreachable nodes become ssh.reachable FAIL rows, not exceptions.
+
+    Returns the connected cluster too (None when no host was reachable) so `up` goes on with the
+    same connections; the caller closes it.
+    """
+    expect = expectations(inv, prof)
+    unreachable: dict[str, str] = {}
+    if cluster is None:
+        res = connect_all(inv)
+        for name, err in res.failed.items():
+            if not isinstance(err, SparkError):
+                raise err
+            unreachable[name] = err.message.removeprefix(f"{name}: ")
+        cluster = Cluster(inv, res.succeeded) if res.succeeded else None
+    hosts_facts = gather_all(cluster, inv, expect.image) if cluster else {}
+    ctx = checks.Context(inv, hosts_facts, unreachable, expect)
+    return Report(checks.run_checks(ctx, only), hosts_facts, unreachable), cluster
+
+
+__all__ = ["run", "Report", "expectations", "gather_all", "CLUSTER_LABEL"]

@@ -1,0 +1,45 @@
+"""Rendering check results: a table (row per check, column per node), then cause and fix lines."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from . import redact
+from .checks import Result, titles
+
+STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+def table(results: list[Result], nodes: list[str], console: Console) -> None:
+    t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    t.add_column("check", no_wrap=True)
+    for n in nodes:
+        t.add_column(n, no_wrap=True)
+    t.add_column("", style="dim")
+    by_id: dict[str, dict[str, Result]] = {}
+    for r in results:
+        by_id.setdefault(r.id, {})[r.node] = r
+    names = titles()
+    for cid, row in by_id.items():
+        cells = []
+        for n in nodes:
+            r = row.get(n)
+            cells.append(f"[{STYLE[r.status]}]{r.status.upper()}[/]" if r else "")
+        t.add_row(cid, *cells, names.get(cid, ""))
+    console.print(t)
+    problems = [r for r in results if r.status in ("warn", "fail")]
+    if problems:
+        console.print()
+    for r in problems:
+        console.print(f"[{STYLE[r.status]}]{r.status.upper()}[/] {r.id} on {r.node}: {redact.mask(r.detail)}",
+                      highlight=False, soft_wrap=True)
+        if r.fix:
+            console.print(f"     fix: {redact.mask(r.fix)}", highlight=False, soft_wrap=True)
+
+
+def as_json(results: list[Result]) -> str:
+    doc = {"ok": not any(r.status == "fail" for r in results), "checks": [r.as_json() for r in results]}
+    return redact.mask(json.dumps(doc, indent=2))
