@@ -1,0 +1,157 @@
+"""`sparkcluster profile list|show|lint` through the real entry point."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sparkcluster.cli.main import main
+
+DATA = Path(__file__).parent / "data"
+INV = str(DATA / "profile-cluster.toml")
+TOKEN = "hf_clitokenvalue0123456789"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for n in ("HF_TOKEN", "VLLM_API_KEY", "SPARKCLUSTER_ENV_FILE", "SPARKCLUSTER_INVENTORY",
+              "SPARKCLUSTER_PROFILES"):
+        monkeypatch.delenv(n, raising=False)
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_list(capsys):
+    rc, out, _ = run(capsys, "profile", "list")
+    assert rc == 0
+    for name in ("nemotron", "qwen3-30b", "qwen3-122b", "testbed"):
+        assert name in out
+
+
+def test_lint_nemotron_with_inventory(capsys):
+    rc, out, err = run(capsys, "-i", INV, "profile", "lint", "nemotron")
+    assert rc == 0
+    assert out.strip() == "nemotron: ok"
+    assert "skipped" not in err
+
+
+def test_lint_local_inventory_option(capsys):
+    rc, out, _ = run(capsys, "profile", "lint", "nemotron", "--inventory", INV)
+    assert (rc, out.strip()) == (0, "nemotron: ok")
+
+
+def test_lint_env_inventory(capsys, monkeypatch):
+    monkeypatch.setenv("SPARKCLUSTER_INVENTORY", INV)
+    rc, out, err = run(capsys, "profile", "lint", "nemotron")
+    assert rc == 0 and "skipped" not in err
+
+
+def test_lint_default_inventory_path(capsys, tmp_path):
+    d = Path(os.environ["HOME"]) / ".config/sparkcluster"
+    d.mkdir(parents=True)
+    shutil.copy(INV, d / "cluster.toml")
+    rc, out, err = run(capsys, "profile", "lint", "nemotron")
+    assert rc == 0 and "skipped" not in err
+
+
+def test_lint_without_inventory_says_so(capsys):
+    rc, out, err = run(capsys, "profile", "lint", "nemotron")
+    assert rc == 0
+    assert out.strip() == "nemotron: ok"
+    assert "no inventory; skipped the cluster rules (tp-pp-gpus" in err
+
+
+def test_lint_failures_one_line_each_exit_1(capsys, tmp_path, monkeypatch):
+    src = (Path(__file__).resolve().parents[2] / "env-profiles" / "nemotron.toml").read_text()
+    bad = (src.replace("gpu_memory_utilization = 0.75", "gpu_memory_utilization = 0.9")
+              .replace("tensor_parallel_size = 2", "tensor_parallel_size = 4")
+              .replace('quantization = "modelopt"', 'quantization = "fp4"'))
+    d = tmp_path / "profiles"
+    d.mkdir()
+    (d / "broken.toml").write_text(bad)
+    monkeypatch.setenv("SPARKCLUSTER_PROFILES", str(d))
+    rc, out, err = run(capsys, "-i", INV, "profile", "lint", "broken")
+    assert rc == 1
+    lines = out.strip().splitlines()
+    assert len(lines) == 3
+    assert any(l.startswith("broken: [gpu-memory-utilization]") for l in lines)
+    assert any(l.startswith("broken: [tp-pp-gpus]") for l in lines)
+    assert any(l.startswith("broken: [quantization]") for l in lines)
+    assert "Traceback" not in out + err
+
+
+def test_lint_invalid_profile_exit_2(capsys, tmp_path, monkeypatch):
+    d = tmp_path / "profiles"
+    d.mkdir()
+    (d / "bad.toml").write_text('model = "x"\nwhat = 1\n')
+    monkeypatch.setenv("SPARKCLUSTER_PROFILES", str(d))
+    rc, out, err = run(capsys, "profile", "lint", "bad")
+    assert rc == 2
+    assert "what: unknown key" in err
+    assert "image: Field required" in err
+    assert "Traceback" not in err
+
+
+def test_lint_unknown_profile(capsys):
+    rc, _, err = run(capsys, "profile", "lint", "nope")
+    assert rc == 2 and "no profile named 'nope'" in err
+
+
+def test_lint_missing_named_inventory(capsys, tmp_path):
+    rc, _, err = run(capsys, "-i", str(tmp_path / "none.toml"), "profile", "lint", "nemotron")
+    assert rc == 2 and "no inventory at" in err
+
+
+def test_show_per_node_secrets_masked(capsys, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    rc, out, err = run(capsys, "-i", INV, "profile", "show", "nemotron")
+    assert rc == 0, err
+    assert TOKEN not in out + err
+    assert "HF_TOKEN=******" in out
+    assert "VLLM_API_KEY=(not set)" in out
+    assert "node spark-a (head)" in out and "node spark-b (worker)" in out
+    assert "VLLM_HOST_IP=192.168.100.11  (per host)" in out
+    assert "NCCL_IB_HCA=roceP2p1s0f1,rocep1s0f1  (per host)" in out
+    assert "VLLM_NVFP4_GEMM_BACKEND=marlin" in out
+    assert "/etc/sparkcluster/vllm/ray_non_carry_over_env_vars.json" in out
+    assert "vllm serve nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4" in out
+    assert "sparkcluster/vllm-ray:26.05.post1-py3-ray2.60.0" in out
+
+
+def test_show_env_file_bad_mode(capsys, tmp_path):
+    f = tmp_path / ".env"
+    f.write_text(f"HF_TOKEN={TOKEN}\n")
+    os.chmod(f, 0o644)
+    rc, out, err = run(capsys, "profile", "show", "nemotron", "--env-file", str(f))
+    assert rc == 2
+    assert f"fix: chmod 600 {f}" in err
+    assert TOKEN not in out + err
+
+
+def test_show_without_inventory(capsys):
+    rc, out, _ = run(capsys, "profile", "show", "testbed")
+    assert rc == 0
+    assert "FLASHINFER_DISABLE_VERSION_CHECK=1" in out
+    assert "no inventory given" in out
+
+
+def test_show_json(capsys, monkeypatch):
+    import json
+
+    monkeypatch.setenv("VLLM_API_KEY", "sk-clikeyvalue0123456789")
+    rc, out, _ = run(capsys, "-i", INV, "profile", "show", "testbed", "--json")
+    assert rc == 0
+    data = json.loads(out)
+    assert data["secrets_exec_env"] == {"HF_TOKEN": "(not set)", "VLLM_API_KEY": "******"}
+    assert [n["name"] for n in data["nodes"]] == ["spark-a", "spark-b"]
+    assert data["serve_argv"][:3] == ["vllm", "serve", "sparkcluster/testbed-tiny"]
+    assert "sk-clikey" not in out

@@ -1,0 +1,94 @@
+"""Secrets from the environment or a 0600 .env; registered with redact; never shown."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sparkcluster import redact
+from sparkcluster.errors import InputError
+from sparkcluster.profile import load_profile
+from sparkcluster.secrets import load_secrets, masked
+
+TOKEN = "hf_testtokenvalue0123456789"
+KEY = "sk-testapikeyvalue0123456789"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for n in ("HF_TOKEN", "VLLM_API_KEY", "SPARKCLUSTER_ENV_FILE"):
+        monkeypatch.delenv(n, raising=False)
+
+
+def _env_file(tmp_path, mode=0o600, text=None):
+    f = tmp_path / ".env"
+    f.write_text(text if text is not None else f"HF_TOKEN={TOKEN}\nVLLM_API_KEY={KEY}\nOTHER=1\n")
+    os.chmod(f, mode)
+    return f
+
+
+def test_from_env_file(tmp_path):
+    f = _env_file(tmp_path)
+    s = load_secrets(f, load_profile("nemotron"))
+    assert s == {"HF_TOKEN": TOKEN, "VLLM_API_KEY": KEY}  # only the names the profile needs
+    assert redact.mask(f"x {TOKEN} y {KEY}") == "x ****** y ******"
+
+
+def test_only_names_asked(tmp_path):
+    f = _env_file(tmp_path)
+    assert load_secrets(f, names=["VLLM_API_KEY"]) == {"VLLM_API_KEY": KEY}
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_group_or_other_readable_refused(tmp_path, mode):
+    f = _env_file(tmp_path, mode)
+    with pytest.raises(InputError) as ei:
+        load_secrets(f)
+    assert ei.value.fix == f"chmod 600 {f}"
+    assert "readable by group or others" in ei.value.message
+    assert TOKEN not in ei.value.message
+
+
+def test_environment_wins(tmp_path):
+    f = _env_file(tmp_path)
+    s = load_secrets(f, environ={"HF_TOKEN": "hf_fromenvironment0123456"})
+    assert s["HF_TOKEN"] == "hf_fromenvironment0123456"
+    assert redact.mask("hf_fromenvironment0123456") == "******"
+
+
+def test_environment_only(monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "sk-onlyinenvironment0123")
+    assert load_secrets() == {"VLLM_API_KEY": "sk-onlyinenvironment0123"}
+
+
+def test_default_env_file_in_cwd(tmp_path):
+    _env_file(tmp_path)  # ./.env (cwd is tmp_path)
+    assert load_secrets()["HF_TOKEN"] == TOKEN
+
+
+def test_default_bad_mode_refused(tmp_path):
+    _env_file(tmp_path, 0o644)
+    with pytest.raises(InputError):
+        load_secrets()
+
+
+def test_missing_explicit_file(tmp_path):
+    with pytest.raises(InputError) as ei:
+        load_secrets(tmp_path / "nope.env")
+    assert "no .env" in ei.value.message
+
+
+def test_required(tmp_path):
+    f = _env_file(tmp_path, text=f"HF_TOKEN={TOKEN}\n")
+    with pytest.raises(InputError) as ei:
+        load_secrets(f, required=True)
+    assert ei.value.message == "missing secret(s): VLLM_API_KEY"
+    assert TOKEN not in (ei.value.fix or "")
+
+
+def test_masked():
+    assert masked({"HF_TOKEN": TOKEN}, ["HF_TOKEN", "VLLM_API_KEY"]) == {
+        "HF_TOKEN": "******", "VLLM_API_KEY": "(not set)"}
