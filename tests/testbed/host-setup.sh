@@ -1,0 +1,80 @@
+#!/bin/bash
+# Runs INSIDE a new testbed host (its own net, mount, UTS, IPC and PID namespaces, entered with
+# nsenter) and makes it look like a DGX Spark from the inside. Mounts made here live in the host's
+# private mount namespace only; they vanish with it.
+# Environment: TB_NAME TB_STATE(host state dir) TB_BIN(stand-in scripts) TB_DISK(ext4 image or "")
+#              TB_DISK_MB(tmpfs size if no image) TB_NETDEVS TB_HCAS (space separated, paired by position)
+#              TB_DRIVER
+set -euo pipefail
+
+hostname "$TB_NAME"
+
+# private state: nothing shared with the other host through the common root filesystem
+mount -t tmpfs -o mode=755,size=2g tb-run /run
+mkdir -p /run/sshd /run/lock /run/testbed/bin /run/testbed/sysfs /run/nvidia-standin /run/docker
+chmod 755 /run/sshd
+mount -t tmpfs -o mode=1777,size=4g tb-tmp /tmp
+mount -t tmpfs -o mode=700,size=4g tb-cache /root/.cache
+mount -t tmpfs -o mode=755,size=1g tb-sparkcluster /var/lib/sparkcluster
+mount -t tmpfs -o mode=1777 tb-shm /dev/shm
+mount --bind "$TB_STATE/etc-hosts" /etc/hosts
+mount --bind "$TB_STATE/resolv.conf" /etc/resolv.conf
+
+# docker's disk: a real filesystem of its own so `df` and "disk full" are real
+if [ -n "$TB_DISK" ]; then
+  mount -o loop "$TB_DISK" /var/lib/docker
+else
+  mount -t tmpfs -o "mode=711,size=${TB_DISK_MB}m" tb-docker /var/lib/docker
+fi
+chmod 711 /var/lib/docker
+
+# GPU stand-ins: nvidia-smi first on root's PATH (/usr/local/sbin), hook and runtime for dockerd only
+mount -t tmpfs -o mode=755,size=16m tb-sbin /usr/local/sbin
+install -m 755 "$TB_BIN/nvidia-smi" /usr/local/sbin/nvidia-smi
+install -m 755 "$TB_BIN/nvidia-container-runtime-hook" "$TB_BIN/testbed-runc" /run/testbed/bin/
+echo "$TB_DRIVER" > /run/nvidia-standin/driver_version
+echo "$TB_NAME" > /run/nvidia-standin/hostname
+
+# sysfs: /sys/class/infiniband does not exist here and sysfs is read-only, so /sys/class becomes a
+# tmpfs with every real class bind-mounted back from a fresh sysfs (live for this netns) plus a
+# fake `infiniband` class.
+mount -t sysfs tb-sysfs /run/testbed/sysfs
+mount -t tmpfs -o mode=755,size=16m tb-sysclass /sys/class
+for d in /run/testbed/sysfs/class/*; do
+  n=${d##*/}
+  mkdir -p "/sys/class/$n"
+  mount --bind "$d" "/sys/class/$n"
+done
+read -r -a netdevs <<<"$TB_NETDEVS"
+read -r -a hcas <<<"$TB_HCAS"
+mkdir -p /sys/class/infiniband /sys/class/infiniband_verbs
+for i in "${!hcas[@]}"; do
+  h=${hcas[$i]}; nd=${netdevs[$i]}; d=/sys/class/infiniband/$h
+  mkdir -p "$d/ports/1" "$d/device/net/$nd"
+  echo "4: ACTIVE" > "$d/ports/1/state"
+  echo "5: LinkUp" > "$d/ports/1/phys_state"
+  echo "Ethernet" > "$d/ports/1/link_layer"
+  echo "200 Gb/sec (2X NDR)" > "$d/ports/1/rate"
+  echo "1: CA" > "$d/node_type"
+  echo "MT4129" > "$d/hca_type"
+  echo "$nd" > "$d/device/net/$nd/ifname"
+  mkdir -p "/sys/class/infiniband_verbs/uverbs$i"
+  echo "$h" > "/sys/class/infiniband_verbs/uverbs$i/ibdev"
+done
+
+# /dev/infiniband: character devices as the mlx5 driver makes them (no driver behind them here)
+mount -t tmpfs -o mode=755,size=1m tb-devib /dev/infiniband
+for i in "${!hcas[@]}"; do
+  mknod -m 666 "/dev/infiniband/uverbs$i" c 231 $((192 + i))
+done
+mknod -m 666 /dev/infiniband/rdma_cm c 10 254
+
+# `ip netns exec` remounted /sys, which hid the cgroup mounts dockerd needs
+mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup
+for c in cpu cpuacct cpuset memory devices freezer blkio pids; do
+  mkdir -p "/sys/fs/cgroup/$c"
+  mount -t cgroup -o "$c" cgroup "/sys/fs/cgroup/$c"
+done
+mkdir -p /sys/fs/cgroup/systemd /sys/fs/cgroup/unified
+mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd
+mount -t cgroup2 cgroup2 /sys/fs/cgroup/unified || true

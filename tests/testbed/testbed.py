@@ -1,0 +1,1016 @@
+"""Two simulated DGX Sparks on one Linux machine: `spark-head` and `spark-worker`.
+
+Each host is its own network, mount, UTS, IPC and PID namespace around a small init process, with
+its own sshd (key auth only) on a LAN veth from the controller (the root namespace), its own dockerd
+(own data root on a loop-mounted ext4, own containerd, private /run), four point-to-point data-plane
+veths to the other host named as on a Spark (MTU 9000), and stand-ins only for what this machine
+physically lacks: the GB10 (nvidia-smi, the --gpus hook), the RoCE HCAs (sysfs + /dev/infiniband),
+the NGC image (a locally built Debian base carrying the vLLM stand-in). A pip mirror on the
+controller's LAN address serves the Ray wheels to the head's `docker build`.
+
+sparkcluster never learns about any of this: it gets an inventory, an ssh_config and a known_hosts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import html
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+STATE = Path(os.environ.get("SPARKCLUSTER_TESTBED_DIR", REPO / ".testbed"))
+CACHE = Path(os.environ.get("SPARKCLUSTER_TESTBED_CACHE", "/var/cache/sparkcluster-testbed"))
+BIN = HERE / "standin_bin"
+STANDIN_VLLM = HERE / "standins" / "vllm"
+
+HEAD, WORKER = "spark-head", "spark-worker"
+HOSTS = (HEAD, WORKER)
+LAN_IF = "enP7s7"  # a Spark's 10GbE port; the host side of its LAN veth
+NETDEVS = ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1")
+HCAS = ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")
+HCA_OF = dict(zip(NETDEVS, HCAS))
+# worker netdev at the far end of head link k when the cables sit in other ports
+CROSSED = ("enP2p1s0f0np0", "enP2p1s0f1np1", "enp1s0f0np0", "enp1s0f1np1")
+CONTROL_LINK = 1  # index into NETDEVS: enp1s0f1np1, 198.19.2.0/24
+MTU = 9000
+DRIVER = "580.95.05"
+MIRROR_PORT = 3141
+BASE_IMAGE = "nvcr.io/nvidia/vllm:26.05.post1-py3"
+ROOTFS_IMAGE = "sparkcluster-testbed/ngc-rootfs:bookworm"
+RAY_VERSION = "2.60.0"
+RAY_IMAGE = f"sparkcluster-testbed/vllm-ray:ray-{RAY_VERSION}"
+DISK_GB = 12
+ROOTFS_TAR = CACHE / "base-rootfs-bookworm-v1.tar"
+WHEELS = CACHE / "wheels"
+MIRROR_ROOT = CACHE / "mirror"
+DEBIAN_MIRROR = os.environ.get("SPARKCLUSTER_TESTBED_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# production container flags (seed 002)
+PROD_FLAGS = ("--gpus all --device=/dev/infiniband --cap-add=IPC_LOCK --ulimit memlock=-1:-1 "
+              "--network host --ipc host --shm-size 1g")
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    name: str
+    role: str
+    ctl_if: str  # controller side of the LAN veth
+    ctl_ip: str
+    lan_ip: str
+    octet: int  # data plane: 198.19.k.<octet>
+
+    @property
+    def dp_ips(self) -> list[str]:
+        return [f"198.19.{k + 1}.{self.octet}" for k in range(len(NETDEVS))]
+
+    @property
+    def control_ip(self) -> str:
+        return self.dp_ips[CONTROL_LINK]
+
+
+SPECS = {
+    HEAD: HostSpec(HEAD, "head", "sctb-head", "198.18.0.1", "198.18.0.2", 1),
+    WORKER: HostSpec(WORKER, "worker", "sctb-worker", "198.18.0.5", "198.18.0.6", 2),
+}
+MIRROR_IP = SPECS[HEAD].ctl_ip
+PIP_INDEX_URL = f"http://{MIRROR_IP}:{MIRROR_PORT}/simple"
+
+
+class TestbedError(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"[testbed {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd, check=True, input=None, timeout=None, capture=True, env=None, cwd=None, text=True):
+    if isinstance(cmd, str):
+        cmd = ["bash", "-c", cmd]
+    p = subprocess.run(cmd, input=input, timeout=timeout, env=env, cwd=cwd, text=text,
+                       stdout=subprocess.PIPE if capture else None,
+                       stderr=subprocess.PIPE if capture else None)
+    if check and p.returncode != 0:
+        raise TestbedError(f"command failed ({p.returncode}): {cmd if isinstance(cmd, str) else shlex.join(cmd)}\n"
+                           f"stdout: {(p.stdout or '')[-2000:]}\nstderr: {(p.stderr or '')[-2000:]}")
+    return p
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def preflight() -> str | None:
+    """Why the testbed cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "the testbed needs root (network/mount/PID namespaces, its own dockerd)"
+    for tool in ("unshare", "nsenter", "ip", "sshd", "dockerd", "runc", "containerd", "ssh-keygen", "debootstrap"):
+        if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
+            return f"{tool} is missing (run `make deps`)"
+    p = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount", "--uts", "true"],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return f"cannot create namespaces here: {p.stderr.strip()}"
+    return None
+
+
+class PortHolder:
+    """A non-sparkcluster process holding a TCP port on a host; release() ends it."""
+
+    def __init__(self, tb: "Testbed", host: str, port: int, addr: str = "0.0.0.0"):
+        self.tb, self.host, self.port = tb, host, port
+        code = ("import socket,time,os;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+                f"s.bind(({addr!r},{port}));s.listen(16);print(os.getpid(),flush=True);time.sleep(10**9)")
+        self.proc = subprocess.Popen(tb.nsenter_argv(host) + ["python3", "-c", code],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        line = self.proc.stdout.readline().strip()
+        if not line:
+            raise TestbedError(f"could not hold port {port} on {host}: {self.proc.stderr.read()}")
+        self.pid_in_host = int(line)
+
+    def release(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+class Testbed:
+    """Build, inspect, break and tear down the two-host testbed. State lives in `.testbed/`."""
+
+    def __init__(self, state_dir: Path = STATE):
+        self.dir = Path(state_dir)
+        self.built_here = False
+
+    # ---------------------------------------------------------------- paths
+    @property
+    def ssh_config(self) -> Path:
+        return self.dir / "ssh_config"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    @property
+    def identity(self) -> Path:
+        return self.dir / "id_ed25519"
+
+    @property
+    def inventory(self) -> Path:
+        return self.dir / "cluster.toml"
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "state.json"
+
+    def host_dir(self, host: str) -> Path:
+        return self.dir / "hosts" / host
+
+    def sshd_log(self, host: str) -> Path:
+        return self.host_dir(host) / "sshd.log"
+
+    def dockerd_log(self, host: str) -> Path:
+        return self.host_dir(host) / "dockerd.log"
+
+    # ---------------------------------------------------------------- state
+    def _state(self) -> dict:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self, st: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(st, indent=2))
+        tmp.replace(self.state_file)
+
+    def _update(self, **kw) -> dict:
+        st = self._state()
+        st.update(kw)
+        self._save(st)
+        return st
+
+    def pid(self, host: str) -> int:
+        pid = self._state().get("hosts", {}).get(host, {}).get("init_pid")
+        if not _alive(pid):
+            raise TestbedError(f"testbed host {host} is not running (no live init process)")
+        return pid
+
+    @contextlib.contextmanager
+    def _lock(self):
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / ".lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    # ---------------------------------------------------------------- running things on a host
+    def nsenter_argv(self, host: str) -> list[str]:
+        return ["nsenter", "-t", str(self.pid(host)), "-n", "-m", "-u", "-i", "-p", "--",
+                "env", "-i", f"PATH={HOST_PATH}", "HOME=/root", "LANG=C.UTF-8", "USER=root", "LOGNAME=root",
+                f"HOSTNAME={host}"]
+
+    def sh(self, host: str, cmd: str, check: bool = True, input=None, timeout: float | None = 300,
+           text: bool = True) -> subprocess.CompletedProcess:
+        """Run a shell command "on the host" (its namespaces), independent of sshd and sparkcluster."""
+        argv = self.nsenter_argv(host) + ["bash", "-c", cmd]
+        p = subprocess.run(argv, input=input, timeout=timeout, capture_output=True, text=text, cwd="/")
+        if check and p.returncode != 0:
+            raise TestbedError(f"[{host}] command failed ({p.returncode}): {cmd}\n"
+                               f"stdout: {(p.stdout or '')[-3000:]}\nstderr: {(p.stderr or '')[-3000:]}")
+        return p
+
+    def docker(self, host: str, args: str, check: bool = True, timeout: float | None = 600):
+        return self.sh(host, f"docker {args}", check=check, timeout=timeout)
+
+    def ssh_argv(self, host: str) -> list[str]:
+        return ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", host]
+
+    def ssh(self, host: str, cmd: str, check: bool = True, timeout: float = 60):
+        """Through the real sshd, as sparkcluster would (OpenSSH client, strict host keys)."""
+        return run(self.ssh_argv(host) + [cmd], check=check, timeout=timeout)
+
+    # ---------------------------------------------------------------- up
+    def up(self) -> "Testbed":
+        """Bring the testbed up, or reuse a healthy one; refuse on a half-broken one."""
+        err = preflight()
+        if err:
+            raise TestbedError(err)
+        with self._lock():
+            st = self._state()
+            if st:
+                problems = self.problems()
+                if not problems:
+                    log("testbed is already up and healthy; reusing it")
+                    return self
+                raise TestbedError("a testbed is already up but unhealthy:\n  " + "\n  ".join(problems) +
+                                   "\nrun `make testbed-down` (python -m tests.testbed down) first")
+            if self._leftovers():
+                raise TestbedError("leftovers of an earlier testbed exist (" + ", ".join(self._leftovers()) +
+                                   "); run `make testbed-down` first")
+            t0 = time.monotonic()
+            self._save({"phase": "starting", "hosts": {}, "created_dirs": [], "started": time.time()})
+            try:
+                self._build()
+            except BaseException:
+                log("bring-up failed; tearing down what was started")
+                self._down()
+                raise
+            self._update(phase="up", up_seconds=round(time.monotonic() - t0, 1))
+            self.built_here = True
+            log(f"testbed up in {time.monotonic() - t0:.1f}s")
+        return self
+
+    def _build(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        prep = self._prepare_caches_async()
+        self._keys()
+        for h in HOSTS:
+            self._start_host(h)
+        self._network()
+        for h in HOSTS:
+            self._setup_host(h)
+        self._write_client_files()
+        for h in HOSTS:
+            self.start_sshd(h)
+            self.start_dockerd(h, wait=False)
+        for h in HOSTS:
+            self._wait_dockerd(h)
+        prep.result()
+        self._start_mirror()
+        self._base_image()
+        for h in HOSTS:
+            self._wait_ssh(h)
+
+    # caches: rootfs tarball and wheels, built in a thread while the hosts come up
+    def _prepare_caches_async(self):
+        import concurrent.futures as cf
+        ex = cf.ThreadPoolExecutor(max_workers=2)
+        futs = [ex.submit(ensure_rootfs_tar), ex.submit(ensure_wheels)]
+
+        class _F:
+            def result(self_inner):
+                for f in futs:
+                    f.result()
+                ex.shutdown()
+        return _F()
+
+    def _keys(self) -> None:
+        if not self.identity.exists():
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sparkcluster-testbed-controller",
+                 "-f", str(self.identity)])
+        os.chmod(self.identity, 0o600)
+        ak = self.dir / "authorized_keys"
+        ak.write_text((self.identity.with_suffix(".pub")).read_text())
+        os.chmod(ak, 0o600)
+        for h in HOSTS:
+            d = self.host_dir(h)
+            d.mkdir(parents=True, exist_ok=True)
+            key = d / "ssh_host_ed25519_key"
+            if not key.exists():
+                run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{h}", "-f", str(key)])
+
+    def _mkdir_root(self, path: str) -> None:
+        """A mount point on the shared root filesystem; removed at down if we made it and it is empty."""
+        if not os.path.exists(path):
+            os.makedirs(path)
+            st = self._state()
+            st.setdefault("created_dirs", []).append(path)
+            self._save(st)
+
+    def _start_host(self, host: str) -> None:
+        d = self.host_dir(host)
+        d.mkdir(parents=True, exist_ok=True)
+        run(["ip", "netns", "add", host])
+        st = self._state()
+        st["hosts"].setdefault(host, {})["netns"] = host
+        self._save(st)
+        init = ("import os,signal,time\n"
+                "signal.signal(signal.SIGTERM, lambda *a: os._exit(0))\n"
+                "signal.signal(signal.SIGINT, lambda *a: os._exit(0))\n"
+                "while True:\n"
+                "    try:\n"
+                "        os.wait()\n"
+                "    except ChildProcessError:\n"
+                "        time.sleep(0.5)\n")
+        with open(d / "init.log", "ab") as logf:
+            p = subprocess.Popen(["ip", "netns", "exec", host, "unshare", "--pid", "--fork", "--mount-proc",
+                                  "--mount", "--uts", "--ipc", "--propagation", "private",
+                                  "python3", "-c", init],
+                                 stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
+                                 cwd="/")
+        child = None
+        for _ in range(200):
+            try:
+                kids = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
+            except OSError:
+                kids = []
+            if kids:
+                c = int(kids[0])
+                try:
+                    if os.readlink(f"/proc/{c}/ns/pid") != os.readlink("/proc/self/ns/pid") and \
+                            b"python3" in Path(f"/proc/{c}/cmdline").read_bytes():
+                        child = c
+                        break
+                except OSError:
+                    pass
+            if p.poll() is not None:
+                break
+            time.sleep(0.05)
+        if child is None:
+            raise TestbedError(f"init for {host} did not start (see {d / 'init.log'})")
+        st = self._state()
+        st["hosts"][host].update(init_pid=child, unshare_pid=p.pid)
+        self._save(st)
+        log(f"{host}: namespaces up (init pid {child})")
+
+    def _network(self) -> None:
+        for h in HOSTS:
+            s = SPECS[h]
+            run(["ip", "link", "add", s.ctl_if, "type", "veth", "peer", "name", LAN_IF, "netns", h])
+            run(["ip", "addr", "add", f"{s.ctl_ip}/30", "dev", s.ctl_if])
+            run(["ip", "link", "set", s.ctl_if, "up"])
+            self.sh(h, f"ip link set lo up && ip addr add {s.lan_ip}/30 dev {LAN_IF} && ip link set {LAN_IF} up "
+                       f"&& ip route add default via {s.ctl_ip} dev {LAN_IF}")
+        for k, nd in enumerate(NETDEVS):
+            # one veth pair per cable, each end created directly in its host
+            run(["ip", "link", "add", "tbtmp-h", "netns", HEAD, "mtu", str(MTU), "type", "veth",
+                 "peer", "name", "tbtmp-w", "netns", WORKER, "mtu", str(MTU)])
+            for h, tmp in ((HEAD, "tbtmp-h"), (WORKER, "tbtmp-w")):
+                s = SPECS[h]
+                run(["ip", "-n", h, "link", "set", tmp, "name", nd])
+                run(["ip", "-n", h, "addr", "add", f"{s.dp_ips[k]}/24", "dev", nd])
+                run(["ip", "-n", h, "link", "set", nd, "up"])
+        log("network: LAN veths 198.18.0.0/30, 198.18.0.4/30; 4 data-plane links 198.19.{1..4}.0/24 MTU 9000")
+
+    def _setup_host(self, host: str) -> None:
+        d = self.host_dir(host)
+        s = SPECS[host]
+        (d / "etc-hosts").write_text(
+            f"127.0.0.1\tlocalhost\n127.0.1.1\t{host}\n{SPECS[HEAD].lan_ip}\t{HEAD}\n{SPECS[WORKER].lan_ip}\t{WORKER}\n"
+            "::1\tlocalhost ip6-localhost ip6-loopback\n")
+        # a resolver that answers "port unreachable" at once instead of timing out
+        (d / "resolv.conf").write_text(f"nameserver {s.ctl_ip}\noptions timeout:1 attempts:1\n")
+        for p in ("/var/lib/docker", "/var/lib/sparkcluster", "/root/.cache", "/dev/infiniband"):
+            self._mkdir_root(p)
+        disk = ""
+        img = d / "docker.img"
+        if loop_devices_work():
+            img.unlink(missing_ok=True)
+            with open(img, "wb") as f:
+                f.truncate(DISK_GB * 1024 ** 3)
+            run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1",
+                 "-L", f"{host}-docker", str(img)])
+            disk = str(img)
+        env = {"TB_NAME": host, "TB_STATE": str(d), "TB_BIN": str(BIN), "TB_DISK": disk,
+               "TB_DISK_MB": str(DISK_GB * 1024), "TB_NETDEVS": " ".join(NETDEVS), "TB_HCAS": " ".join(HCAS),
+               "TB_DRIVER": DRIVER}
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        self.sh(host, f"export {exports}; bash {shlex.quote(str(HERE / 'host-setup.sh'))}")
+        st = self._state()
+        st["hosts"][host]["disk"] = disk
+        self._save(st)
+        log(f"{host}: private /run /tmp /var/lib/docker ({'ext4 on loop' if disk else 'tmpfs'}), "
+            "fake HCAs, nvidia-smi stand-in")
+
+    # ---------------------------------------------------------------- sshd
+    def _sshd_config(self, host: str) -> Path:
+        d = self.host_dir(host)
+        cfg = d / "sshd_config"
+        cfg.write_text(f"""# testbed sshd for {host}
+ListenAddress {SPECS[host].lan_ip}
+Port 22
+HostKey {d / 'ssh_host_ed25519_key'}
+PidFile /run/sshd.pid
+AuthorizedKeysFile {self.dir / 'authorized_keys'}
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+UsePAM no
+LogLevel VERBOSE
+X11Forwarding no
+PrintMotd no
+AcceptEnv LANG LC_*
+Subsystem sftp /usr/lib/openssh/sftp-server
+""")
+        return cfg
+
+    def start_sshd(self, host: str) -> None:
+        """Start the host's sshd (logs to hosts/<host>/sshd.log)."""
+        cfg = self._sshd_config(host)
+        self.sh(host, f"/usr/sbin/sshd -t -f {cfg} && /usr/sbin/sshd -f {cfg} -E {self.sshd_log(host)}")
+
+    def stop_sshd(self, host: str) -> None:
+        """Stop the listening sshd (established sessions survive, as with a real `kill`)."""
+        self.sh(host, "[ -s /run/sshd.pid ] && kill $(cat /run/sshd.pid) || true; "
+                      "for i in $(seq 50); do [ -e /run/sshd.pid ] || exit 0; sleep 0.1; done; rm -f /run/sshd.pid")
+
+    def _wait_ssh(self, host: str, timeout: float = 20) -> None:
+        end = time.monotonic() + timeout
+        while True:
+            p = self.ssh(host, "true", check=False, timeout=15)
+            if p.returncode == 0:
+                return
+            if time.monotonic() > end:
+                raise TestbedError(f"ssh to {host} does not work: {p.stderr.strip()}")
+            time.sleep(0.3)
+
+    # ---------------------------------------------------------------- dockerd
+    def start_dockerd(self, host: str, wait: bool = True) -> None:
+        """Start the host's own dockerd (own containerd, data root /var/lib/docker, /run/docker.sock)."""
+        args = ("dockerd --data-root /var/lib/docker --exec-root /run/docker --pidfile /run/docker.pid "
+                "-H unix:///run/docker.sock --add-runtime testbed-runc=/run/testbed/bin/testbed-runc "
+                "--default-runtime testbed-runc --log-level warn")
+        self.sh(host, f"PATH=/run/testbed/bin:$PATH setsid {args} </dev/null >>{self.dockerd_log(host)} 2>&1 &")
+        if wait:
+            self._wait_dockerd(host)
+
+    def _wait_dockerd(self, host: str, timeout: float = 60) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.sh(host, "docker version --format '{{.Server.Version}}'", check=False, timeout=20).returncode == 0:
+                return
+            time.sleep(0.3)
+        raise TestbedError(f"dockerd on {host} did not come up; see {self.dockerd_log(host)}")
+
+    def stop_dockerd(self, host: str, timeout: float = 30) -> None:
+        """Stop the host's dockerd (and its containerd) like `systemctl stop docker`."""
+        self.sh(host, f"""
+pid=$(cat /run/docker.pid 2>/dev/null || true)
+[ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+for i in $(seq {int(timeout * 10)}); do [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
+pkill -x containerd 2>/dev/null || true
+for i in $(seq 50); do pgrep -x containerd >/dev/null || break; sleep 0.1; done
+rm -f /run/docker.pid /run/docker.sock
+""", check=False, timeout=timeout + 20)
+
+    # ---------------------------------------------------------------- client files
+    def _write_client_files(self) -> None:
+        lines = []
+        for h in HOSTS:
+            s = SPECS[h]
+            lines.append(f"""Host {h}
+  HostName {s.lan_ip}
+  User root
+  Port 22
+  IdentityFile {self.identity}
+  IdentitiesOnly yes
+  UserKnownHostsFile {self.known_hosts}
+  GlobalKnownHostsFile /dev/null
+  StrictHostKeyChecking yes
+  ConnectTimeout 5
+""")
+        self.ssh_config.write_text("\n".join(lines))
+        kh = []
+        for h in HOSTS:
+            pub = (self.host_dir(h) / "ssh_host_ed25519_key.pub").read_text().split()
+            kh.append(f"{h},{SPECS[h].lan_ip} {pub[0]} {pub[1]}")
+        self.known_hosts.write_text("\n".join(kh) + "\n")
+        self.write_inventory(crossed=self._state().get("crossed", False))
+
+    def inventory_text(self, crossed: bool = False) -> str:
+        out = ["# sparkcluster inventory for the two-host testbed (written by tests/testbed)",
+               "[cluster]", 'name = "testbed"', 'ssh_config = "ssh_config"', 'known_hosts = "known_hosts"',
+               'profile = "testbed"', f'pip_index_url = "{PIP_INDEX_URL}"', ""]
+        for h in HOSTS:
+            s = SPECS[h]
+            names = list(CROSSED if (crossed and h == WORKER) else NETDEVS)
+            out += ["[[nodes]]", f'name = "{h}"', f'role = "{s.role}"', f'ssh = "{h}"',
+                    f'control_if = "{names[CONTROL_LINK]}"', f'control_ip = "{s.control_ip}"', f"mtu = {MTU}",
+                    "data_plane = ["]
+            out += [f'  {{ netdev = "{nd}", hca = "{HCA_OF[nd]}" }},' for nd in names]
+            out += ["]", ""]
+        return "\n".join(out)
+
+    def write_inventory(self, crossed: bool = False, path: Path | None = None) -> Path:
+        path = path or self.inventory
+        path.write_text(self.inventory_text(crossed))
+        return path
+
+    # ---------------------------------------------------------------- pip mirror
+    def _start_mirror(self) -> None:
+        build_simple_index()
+        logf = open(self.dir / "mirror.log", "ab")
+        p = subprocess.Popen([sys.executable, "-m", "http.server", str(MIRROR_PORT), "--bind", MIRROR_IP,
+                              "--directory", str(MIRROR_ROOT)],
+                             stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, cwd="/")
+        self._update(mirror_pid=p.pid)
+        for _ in range(100):
+            if mirror_ok():
+                log(f"pip mirror: {PIP_INDEX_URL} ({len(list(WHEELS.glob('*.whl')))} wheels)")
+                return
+            time.sleep(0.1)
+        raise TestbedError("pip mirror did not answer")
+
+    # ---------------------------------------------------------------- images
+    def _base_image(self) -> None:
+        """Import the cached Debian rootfs into the HEAD's dockerd and add the vLLM stand-in layer."""
+        t0 = time.monotonic()
+        changes = ["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                   "ENV LANG=C.UTF-8", "ENV PYTHONUNBUFFERED=1", "WORKDIR /workspace", 'CMD ["/bin/bash"]']
+        ch = " ".join(f"--change {shlex.quote(c)}" for c in changes)
+        with open(ROOTFS_TAR, "rb") as f:
+            p = subprocess.run(self.nsenter_argv(HEAD) + ["bash", "-c", f"docker import {ch} - {ROOTFS_IMAGE}"],
+                               stdin=f, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise TestbedError(f"docker import failed: {p.stderr}")
+        self.refresh_vllm_standin()
+        log(f"base image {BASE_IMAGE} on {HEAD} in {time.monotonic() - t0:.1f}s")
+
+    def refresh_vllm_standin(self) -> str:
+        """(Re)build the small layer with tests/testbed/standins/vllm on top of the imported rootfs,
+        tagged with the NGC name, on the head. Returns the image ID."""
+        ctx = self.dir / "base-build"
+        shutil.rmtree(ctx, ignore_errors=True)
+        ctx.mkdir(parents=True)
+        src = ctx / "vllm"
+        if STANDIN_VLLM.is_dir() and any(STANDIN_VLLM.iterdir()):
+            shutil.copytree(STANDIN_VLLM, src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info",
+                                                                            "build", ".pytest_cache"))
+        else:
+            src.mkdir()
+        (ctx / "install-standin.sh").write_text(INSTALL_STANDIN)
+        (ctx / "Dockerfile").write_text(f"""FROM {ROOTFS_IMAGE}
+COPY vllm /opt/vllm-standin
+COPY install-standin.sh /tmp/install-standin.sh
+RUN sh /tmp/install-standin.sh && rm -f /tmp/install-standin.sh
+ENV VLLM_VERSION_STANDIN=1
+LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vllm (testbed stand-in)"
+""")
+        self.docker(HEAD, f"build -q --network none -t {BASE_IMAGE} {ctx}", timeout=600)
+        self.docker(HEAD, "image prune -f", check=False)
+        return self.image_id(HEAD, BASE_IMAGE)
+
+    def image_id(self, host: str, ref: str) -> str | None:
+        p = self.docker(host, f"image inspect --format '{{{{.Id}}}}' {shlex.quote(ref)}", check=False)
+        return p.stdout.strip() if p.returncode == 0 else None
+
+    def ray_image(self, tag: str = RAY_IMAGE, force: bool = False) -> str:
+        """images/Dockerfile.vllm-ray built on the head (pip mirror build arg, --network host) and copied
+        to the worker with docker save | docker load. Cached per session by image ID; returns the tag."""
+        st = self._state()
+        cached = st.get("ray_image", {})
+        if not force and cached.get("tag") == tag and cached.get("id") and \
+                all(self.image_id(h, tag) == cached["id"] for h in HOSTS):
+            return tag
+        t0 = time.monotonic()
+        self.docker(HEAD, f"build --network host --build-arg PIP_INDEX_URL={PIP_INDEX_URL} "
+                          f"--build-arg PIP_TRUSTED_HOST={MIRROR_IP} --build-arg RAY_VERSION={RAY_VERSION} "
+                          f"-f {REPO / 'images/Dockerfile.vllm-ray'} -t {tag} {REPO / 'images'}", timeout=900)
+        t1 = time.monotonic()
+        self.copy_image(tag, HEAD, WORKER)
+        iid = self.image_id(HEAD, tag)
+        self._update(ray_image={"tag": tag, "id": iid, "build_s": round(t1 - t0, 1),
+                                "copy_s": round(time.monotonic() - t1, 1)})
+        log(f"ray image {tag} {iid[:19]}: build {t1 - t0:.1f}s, save|load {time.monotonic() - t1:.1f}s")
+        return tag
+
+    def copy_image(self, ref: str, src: str = HEAD, dst: str = WORKER) -> None:
+        """docker save on src piped into docker load on dst."""
+        save = subprocess.Popen(self.nsenter_argv(src) + ["docker", "save", ref], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        load = subprocess.run(self.nsenter_argv(dst) + ["docker", "load", "-q"], stdin=save.stdout,
+                              capture_output=True, text=True)
+        save.stdout.close()
+        save.wait()
+        if save.returncode != 0 or load.returncode != 0:
+            raise TestbedError(f"save|load of {ref} {src}->{dst} failed: {save.stderr.read()!r} {load.stderr}")
+
+    # ---------------------------------------------------------------- health
+    def problems(self) -> list[str]:
+        st = self._state()
+        if not st:
+            return ["no testbed state (not up)"]
+        out = []
+        if st.get("phase") != "up":
+            out.append(f"bring-up did not finish (phase {st.get('phase')!r})")
+        for h in HOSTS:
+            hs = st.get("hosts", {}).get(h, {})
+            if not _alive(hs.get("init_pid")):
+                out.append(f"{h}: init process is gone")
+                continue
+            if run(["ip", "netns", "pids", h], check=False).returncode != 0:
+                out.append(f"{h}: netns missing")
+            p = self.sh(h, "docker version --format '{{.Server.Version}}'", check=False, timeout=20)
+            if p.returncode != 0:
+                out.append(f"{h}: dockerd not answering")
+            try:
+                p = self.ssh(h, "hostname", check=False, timeout=20)
+                if p.returncode != 0 or p.stdout.strip() != h:
+                    out.append(f"{h}: ssh hostname failed: {p.stderr.strip()[-200:]}")
+            except subprocess.TimeoutExpired:
+                out.append(f"{h}: ssh timed out")
+        if not _alive(st.get("mirror_pid")) or not mirror_ok():
+            out.append("pip mirror not answering")
+        if not out and not self.image_id(HEAD, BASE_IMAGE):
+            out.append(f"{BASE_IMAGE} missing on {HEAD}")
+        return out
+
+    def status(self) -> dict:
+        st = self._state()
+        return {"state": st.get("phase", "down"), "problems": self.problems() if st else [],
+                "dir": str(self.dir), "hosts": st.get("hosts", {}), "up_seconds": st.get("up_seconds")}
+
+    # ---------------------------------------------------------------- down
+    def down(self) -> None:
+        with self._lock():
+            self._down()
+
+    def _leftovers(self) -> list[str]:
+        out = []
+        ns = run(["ip", "netns", "list"], check=False).stdout
+        for h in HOSTS:
+            if re.search(rf"^{h}\b", ns, re.M):
+                out.append(f"netns {h}")
+            if run(["ip", "link", "show", SPECS[h].ctl_if], check=False).returncode == 0:
+                out.append(f"link {SPECS[h].ctl_if}")
+        return out
+
+    def _down(self) -> None:
+        st = self._state()
+        hosts = st.get("hosts", {})
+        for h in HOSTS:
+            pid = hosts.get(h, {}).get("init_pid")
+            if _alive(pid):
+                try:
+                    self.stop_dockerd(h, timeout=15)
+                except Exception as e:  # noqa: BLE001 - teardown continues
+                    log(f"{h}: stopping dockerd: {e}")
+        for h in HOSTS:
+            hs = hosts.get(h, {})
+            for key in ("init_pid", "unshare_pid"):
+                pid = hs.get(key)
+                if _alive(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+        # the kernel kills everything in a PID namespace when its init dies; wait for it
+        for h in HOSTS:
+            for key in ("init_pid", "unshare_pid"):
+                pid = hosts.get(h, {}).get(key)
+                for _ in range(100):
+                    if not _alive(pid):
+                        break
+                    time.sleep(0.1)
+        # anything else still inside a host's netns (should be nothing)
+        for h in HOSTS:
+            p = run(["ip", "netns", "pids", h], check=False)
+            for pid in p.stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+        mp = st.get("mirror_pid")
+        if _alive(mp):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(mp, signal.SIGTERM)
+        for h in HOSTS:
+            for _ in range(50):
+                if run(["ip", "netns", "pids", h], check=False).stdout.strip() == "":
+                    break
+                time.sleep(0.1)
+            run(["ip", "netns", "del", h], check=False)
+            run(["ip", "link", "del", SPECS[h].ctl_if], check=False)
+        # loop devices of our disk images (autoclear normally detaches them with the mount namespace)
+        for h in HOSTS:
+            img = self.host_dir(h) / "docker.img"
+            for _ in range(50):
+                p = run(["losetup", "-j", str(img)], check=False)
+                if not p.stdout.strip():
+                    break
+                for line in p.stdout.splitlines():
+                    run(["losetup", "-d", line.split(":")[0]], check=False)
+                time.sleep(0.1)
+            img.unlink(missing_ok=True)
+        for d in reversed(st.get("created_dirs", [])):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        for name in ("state.json", "state.tmp", "ssh_config", "known_hosts", "cluster.toml", "authorized_keys",
+                     "id_ed25519", "id_ed25519.pub"):
+            (self.dir / name).unlink(missing_ok=True)
+        shutil.rmtree(self.dir / "hosts", ignore_errors=True)
+        shutil.rmtree(self.dir / "base-build", ignore_errors=True)
+        if st:
+            log("testbed down")
+
+    # ---------------------------------------------------------------- knobs (each with its undo)
+    def set_mtu(self, host: str, ifname: str, mtu: int) -> None:
+        """Set an interface's MTU on a host (undo: set it back, e.g. 9000)."""
+        self.sh(host, f"ip link set dev {shlex.quote(ifname)} mtu {int(mtu)}")
+
+    def get_mtu(self, host: str, ifname: str) -> int:
+        return int(self.sh(host, f"cat /sys/class/net/{ifname}/mtu").stdout)
+
+    def set_hca_state(self, host: str, hca: str, state: str = "1: DOWN") -> None:
+        """Write /sys/class/infiniband/<hca>/ports/1/state (undo: state="4: ACTIVE")."""
+        phys = "5: LinkUp" if state.startswith("4") else "3: Disabled"
+        self.sh(host, f"d=/sys/class/infiniband/{hca}/ports/1; [ -d $d ] && echo {shlex.quote(state)} > $d/state "
+                      f"&& echo {shlex.quote(phys)} > $d/phys_state")
+
+    def link_down(self, host: str, ifname: str) -> None:
+        """Take a link down on a host (data plane netdev, or LAN_IF for the LAN). Undo: link_up."""
+        self.sh(host, f"ip link set dev {shlex.quote(ifname)} down")
+
+    def link_up(self, host: str, ifname: str) -> None:
+        self.sh(host, f"ip link set dev {shlex.quote(ifname)} up")
+        if ifname == LAN_IF:
+            s = SPECS[host]
+            self.sh(host, f"ip route replace default via {s.ctl_ip} dev {LAN_IF}")
+
+    def lan_down(self, host: str) -> None:
+        """Pull the host's LAN cable (controller side down: ssh to it times out). Undo: lan_up."""
+        run(["ip", "link", "set", SPECS[host].ctl_if, "down"])
+
+    def lan_up(self, host: str) -> None:
+        run(["ip", "link", "set", SPECS[host].ctl_if, "up"])
+
+    def worker_netdevs(self) -> list[str]:
+        """The worker's netdev at the far end of head link k, in head order."""
+        return list(CROSSED if self._state().get("crossed") else NETDEVS)
+
+    def cable_worker(self, crossed: bool = True) -> Path:
+        """Re-cable the worker: its ports named in another order than the head's (sparkrun#135).
+        Renames the worker's netdevs (HCAs follow their netdev, as on hardware) and rewrites
+        cluster.toml. Undo: cable_worker(False)."""
+        cur = self.worker_netdevs()
+        new = list(CROSSED if crossed else NETDEVS)
+        if cur != new:
+            ren = " && ".join(f"ip link set dev {a} down && ip link set dev {a} name tbren{k}"
+                              for k, a in enumerate(cur))
+            ren += " && " + " && ".join(f"ip link set dev tbren{k} name {b} && ip link set dev {b} up"
+                                        for k, b in enumerate(new))
+            self.sh(WORKER, ren)
+        self._update(crossed=crossed)
+        return self.write_inventory(crossed=crossed)
+
+    def replace_host_key(self, host: str) -> str:
+        """Give the host's sshd a new host key without updating known_hosts (undo: restore_host_key).
+        Returns the new public key line."""
+        d = self.host_dir(host)
+        key = d / "ssh_host_ed25519_key"
+        orig = d / "ssh_host_ed25519_key.orig"
+        if not orig.exists():
+            shutil.copy2(key, orig)
+            shutil.copy2(key.with_suffix(".pub"), d / "ssh_host_ed25519_key.pub.orig")
+        key.unlink()
+        key.with_suffix(".pub").unlink(missing_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host}-new", "-f", str(key)])
+        self.stop_sshd(host)
+        self.start_sshd(host)
+        return key.with_suffix(".pub").read_text().strip()
+
+    def restore_host_key(self, host: str) -> None:
+        d = self.host_dir(host)
+        orig = d / "ssh_host_ed25519_key.orig"
+        if orig.exists():
+            key = d / "ssh_host_ed25519_key"
+            os.replace(orig, key)
+            os.replace(d / "ssh_host_ed25519_key.pub.orig", key.with_suffix(".pub"))
+            self.stop_sshd(host)
+            self.start_sshd(host)
+
+    def disk_free_mb(self, host: str) -> int:
+        out = self.sh(host, "df -Pk /var/lib/docker | tail -1").stdout.split()
+        return int(out[3]) // 1024
+
+    def fill_disk(self, host: str, leave_mb: int) -> None:
+        """Fill the host's docker disk until about leave_mb MB are free (undo: unfill_disk)."""
+        self.unfill_disk(host)
+        free = self.disk_free_mb(host)
+        size = max(free - int(leave_mb), 0)
+        if size:
+            self.sh(host, f"fallocate -l {size}M /var/lib/docker/.testbed-fill || "
+                          f"dd if=/dev/zero of=/var/lib/docker/.testbed-fill bs=1M count={size} status=none")
+
+    def unfill_disk(self, host: str) -> None:
+        self.sh(host, "rm -f /var/lib/docker/.testbed-fill")
+
+    def kill_container(self, host: str, name: str, sig: str = "KILL") -> None:
+        """Kill a container's main process from the host, as the OOM killer or a crash would."""
+        pid = self.docker(host, f"inspect --format '{{{{.State.Pid}}}}' {shlex.quote(name)}").stdout.strip()
+        if pid and pid != "0":
+            self.sh(host, f"kill -{sig} {pid}")
+
+    def set_driver_version(self, host: str, version: str = DRIVER) -> None:
+        """What nvidia-smi reports as driver_version on that host (undo: set_driver_version(host))."""
+        self.sh(host, f"echo {shlex.quote(version)} > /run/nvidia-standin/driver_version")
+
+    def hold_port(self, host: str, port: int, addr: str = "0.0.0.0") -> PortHolder:
+        """A foreign (non-sparkcluster) process listening on host:port; use as a context manager or release()."""
+        return PortHolder(self, host, port, addr)
+
+    def remove_containers(self, host: str, label: str | None = None, names: list[str] | None = None) -> None:
+        """docker rm -f by label or names (only what a test made)."""
+        if names:
+            self.docker(host, "rm -f " + " ".join(shlex.quote(n) for n in names), check=False)
+        if label:
+            self.docker(host, f"ps -aq --filter label={shlex.quote(label)} | xargs -r docker rm -f", check=False)
+
+    def connections_logged(self, host: str) -> int:
+        """sshd 'Accepted publickey' lines so far (for benchmarks counting SSH connections)."""
+        try:
+            return sum(1 for line in self.sshd_log(host).read_text(errors="replace").splitlines()
+                       if "Accepted publickey" in line)
+        except OSError:
+            return 0
+
+
+INSTALL_STANDIN = r"""#!/bin/sh
+# install the vLLM stand-in package (offline) so `vllm` is on PATH; placeholder if there is none yet
+set -eu
+export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+src=/opt/vllm-standin
+if [ -f "$src/pyproject.toml" ] || [ -f "$src/setup.py" ]; then
+  python3 -m pip install --no-index --no-deps --no-build-isolation "$src"
+elif [ -f "$src/vllm" ]; then
+  install -m 755 "$src/vllm" /usr/local/bin/vllm
+fi
+if ! command -v vllm >/dev/null 2>&1; then
+  cat > /usr/local/bin/vllm <<'EOF'
+#!/bin/sh
+# placeholder until the vLLM stand-in package exists
+case "${1:-}" in --version|-v) echo "0.0.0+testbed-placeholder"; exit 0;; esac
+echo "vllm stand-in placeholder: $*" >&2; exit 1
+EOF
+  chmod 755 /usr/local/bin/vllm
+fi
+vllm --version
+"""
+
+
+# ---------------------------------------------------------------- caches (outside the repo)
+def loop_devices_work() -> bool:
+    return Path("/dev/loop-control").exists() and \
+        subprocess.run(["losetup", "-f"], capture_output=True).returncode == 0
+
+
+def ensure_rootfs_tar() -> Path:
+    """debootstrap --variant=minbase bookworm with python3 & co (no ray), cached as a tarball."""
+    if ROOTFS_TAR.exists():
+        return ROOTFS_TAR
+    CACHE.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    root = CACHE / "rootfs.tmp"
+    shutil.rmtree(root, ignore_errors=True)
+    log(f"debootstrap bookworm minbase into {root} (once)")
+    run(["debootstrap", "--variant=minbase",
+         "--include=python3,python3-pip,python3-venv,procps,iproute2,iputils-ping,curl,ca-certificates",
+         "bookworm", str(root), DEBIAN_MIRROR], timeout=1800)
+    finish_rootfs(root)
+    tmp = ROOTFS_TAR.with_suffix(".tmp")
+    run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(tmp), "."])
+    tmp.replace(ROOTFS_TAR)
+    shutil.rmtree(root, ignore_errors=True)
+    log(f"rootfs tarball {ROOTFS_TAR} in {time.monotonic() - t0:.1f}s")
+    return ROOTFS_TAR
+
+
+def finish_rootfs(root: Path) -> None:
+    certs = Path("/etc/ssl/certs/ca-certificates.crt")
+    if certs.exists():
+        (root / "etc/ssl/certs").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(certs, root / "etc/ssl/certs/ca-certificates.crt")
+    run(f"rm -rf {root}/var/cache/apt/archives/*.deb {root}/var/lib/apt/lists/* {root}/dev/* {root}/proc/* "
+        f"{root}/sys/* {root}/run/* {root}/tmp/*", check=False)
+    (root / "etc/hostname").write_text("localhost\n")
+
+
+def ensure_wheels() -> Path:
+    """Ray wheels for the image's Python (3.11, x86_64 manylinux), downloaded once on the controller."""
+    marker = WHEELS / f".ray-{RAY_VERSION}.done"
+    if marker.exists():
+        return WHEELS
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    log(f"pip download ray[default]=={RAY_VERSION} wheels into {WHEELS} (once)")
+    run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", "3.11",
+         "--implementation", "cp", "--abi", "cp311", "--platform", "manylinux2014_x86_64",
+         "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux_2_28_x86_64",
+         "--platform", "linux_x86_64", "--platform", "any", "-d", str(WHEELS), f"ray[default]=={RAY_VERSION}"],
+        timeout=1800)
+    marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
+    log(f"wheels in {time.monotonic() - t0:.1f}s")
+    return WHEELS
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def build_simple_index() -> Path:
+    """A PEP 503 simple index over the cached wheels."""
+    simple = MIRROR_ROOT / "simple"
+    pkgs = MIRROR_ROOT / "packages"
+    shutil.rmtree(MIRROR_ROOT, ignore_errors=True)
+    simple.mkdir(parents=True)
+    pkgs.symlink_to(WHEELS, target_is_directory=True)
+    projects: dict[str, list[Path]] = {}
+    for whl in sorted(WHEELS.glob("*.whl")) + sorted(WHEELS.glob("*.tar.gz")):
+        projects.setdefault(_norm(whl.name.split("-")[0]), []).append(whl)
+    for proj, files in projects.items():
+        d = simple / proj
+        d.mkdir()
+        links = []
+        for f in files:
+            digest = _sha256(f)
+            links.append(f'<a href="../../packages/{html.escape(f.name)}#sha256={digest}">{html.escape(f.name)}</a><br/>')
+        d.joinpath("index.html").write_text("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n")
+    simple.joinpath("index.html").write_text(
+        "<!DOCTYPE html><html><body>\n" +
+        "\n".join(f'<a href="{p}/">{p}</a><br/>' for p in sorted(projects)) + "\n</body></html>\n")
+    return simple
+
+
+def _sha256(path: Path) -> str:
+    cache = path.with_name("." + path.name + ".sha256")
+    if cache.exists() and cache.stat().st_mtime >= path.stat().st_mtime:
+        return cache.read_text().strip()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    cache.write_text(h.hexdigest())
+    return h.hexdigest()
+
+
+def mirror_ok() -> bool:
+    try:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(f"{PIP_INDEX_URL}/ray/", timeout=3) as r:
+            return r.status == 200
+    except OSError:
+        return False
