@@ -190,6 +190,15 @@ def serve_argv(profile: "Profile", image_kind: str | None = None, *, port: int |
     return argv
 
 
+def exec_argv(profile: "Profile", **kw) -> list[str]:
+    """The argv for `docker exec <head container> ...`: always with `vllm serve`.
+
+    `docker exec` never runs the image's entrypoint, so even a vllm/vllm-openai image (entrypoint
+    `vllm serve`) needs the prefix when serve runs by exec in a container started with `ray start`.
+    """
+    return serve_argv(profile, "ngc", **kw)
+
+
 def flag_names(argv: list[str]) -> list[str]:
     """The `--flag` names in an argv ('--x=1' counts as '--x')."""
     return [a.split("=", 1)[0] for a in argv if a.startswith("--")]

@@ -16,6 +16,7 @@ from sparkcluster.flags import (
     ngc_release,
     parse_version,
     refusals,
+    exec_argv,
     serve_argv,
 )
 from sparkcluster.profile import Profile, load_profile
@@ -142,3 +143,9 @@ def test_gate_messages():
 def test_refusals_empty_for_seed_profiles():
     for name in ("nemotron", "qwen3-30b", "qwen3-122b", "testbed"):
         assert refusals(load_profile(name)) == []
+
+
+def test_exec_argv_always_prefixed():
+    p = variant(image__base="vllm/vllm-openai", image__tag="v0.21.0", image__kind="vllm-openai")
+    assert serve_argv(p)[0] == p.model
+    assert exec_argv(p)[:3] == ["vllm", "serve", p.model]
