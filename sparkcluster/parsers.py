@@ -14,10 +14,13 @@ def last_line(text: str) -> str:
 
 
 def json_list(text: str) -> list:
-    text = text.strip()
-    if not text:
+    # stderr shares the stream (2>&1): with the daemon down, `docker ps ... ; echo '[]'` prints
+    # "Cannot connect to the Docker daemon ..." before the JSON. Parse from the first JSON line.
+    lines = text.strip().splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith(("[", "{"))), None)
+    if start is None:
         return []
-    value = json.loads(text)
+    value = json.loads("\n".join(lines[start:]))
     return value if isinstance(value, list) else [value]
 
 
