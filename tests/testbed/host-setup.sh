@@ -19,6 +19,7 @@ mount -t tmpfs -o mode=755,size=1g tb-sparkcluster /var/lib/sparkcluster
 mount -t tmpfs -o mode=1777 tb-shm /dev/shm
 mount --bind "$TB_STATE/etc-hosts" /etc/hosts
 mount --bind "$TB_STATE/resolv.conf" /etc/resolv.conf
+mount --bind "$TB_STATE/etc-docker" /etc/docker   # daemon.json, engine key: per host
 
 # docker's disk: a real filesystem of its own so `df` and "disk full" are real
 if [ -n "$TB_DISK" ]; then

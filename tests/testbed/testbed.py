@@ -58,6 +58,7 @@ ROOTFS_TAR = CACHE / "base-rootfs-bookworm-v1.tar"
 WHEELS = CACHE / "wheels"
 MIRROR_ROOT = CACHE / "mirror"
 DEBIAN_MIRROR = os.environ.get("SPARKCLUSTER_TESTBED_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+SYS_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # production container flags (seed 002)
 PROD_FLAGS = ("--gpus all --device=/dev/infiniband --cap-add=IPC_LOCK --ulimit memlock=-1:-1 "
@@ -91,7 +92,7 @@ PIP_INDEX_URL = f"http://{MIRROR_IP}:{MIRROR_PORT}/simple"
 
 
 class TestbedError(RuntimeError):
-    pass
+    __test__ = False  # not a pytest class
 
 
 def log(msg: str) -> None:
@@ -168,6 +169,8 @@ class PortHolder:
 
 class Testbed:
     """Build, inspect, break and tear down the two-host testbed. State lives in `.testbed/`."""
+
+    __test__ = False  # not a pytest class
 
     def __init__(self, state_dir: Path = STATE):
         self.dir = Path(state_dir)
@@ -371,7 +374,7 @@ class Testbed:
         with open(d / "init.log", "ab") as logf:
             p = subprocess.Popen(["ip", "netns", "exec", host, "unshare", "--pid", "--fork", "--mount-proc",
                                   "--mount", "--uts", "--ipc", "--propagation", "private",
-                                  "python3", "-c", init],
+                                  SYS_PYTHON, "-c", init],
                                  stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
                                  cwd="/")
         child = None
@@ -426,7 +429,8 @@ class Testbed:
             "::1\tlocalhost ip6-localhost ip6-loopback\n")
         # a resolver that answers "port unreachable" at once instead of timing out
         (d / "resolv.conf").write_text(f"nameserver {s.ctl_ip}\noptions timeout:1 attempts:1\n")
-        for p in ("/var/lib/docker", "/var/lib/sparkcluster", "/root/.cache", "/dev/infiniband"):
+        (d / "etc-docker").mkdir(exist_ok=True)
+        for p in ("/var/lib/docker", "/var/lib/sparkcluster", "/root/.cache", "/dev/infiniband", "/etc/docker"):
             self._mkdir_root(p)
         disk = ""
         img = d / "docker.img"

@@ -1,0 +1,48 @@
+"""Session fixtures. `testbed`: the two simulated Sparks (tests/testbed).
+
+A healthy testbed that is already up (make testbed-up) is reused and left running; otherwise one is
+built for the session and torn down at its end (only what this session built). Tests that need it
+are marked `@pytest.mark.testbed`; they are skipped with the reason when this machine cannot host
+the testbed (not root, no namespaces). Unit tests never touch it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _skip_reason() -> str | None:
+    if os.environ.get("SPARKCLUSTER_SKIP_TESTBED"):
+        return "SPARKCLUSTER_SKIP_TESTBED is set"
+    from tests.testbed.testbed import preflight
+    return preflight()
+
+
+@pytest.fixture(scope="session")
+def testbed(request):
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(f"testbed unavailable: {reason}")
+    from tests.testbed.testbed import Testbed
+    tb = Testbed()
+    st = tb._state()
+    if st and not tb.problems():
+        tb.built_here = False
+    else:
+        tb.up()  # refuses with a clear message if a broken testbed is in the way
+    yield tb
+    if tb.built_here and not os.environ.get("SPARKCLUSTER_KEEP_TESTBED"):
+        tb.down()
+
+
+def pytest_collection_modifyitems(config, items):
+    # a testbed test that forgot to ask for the fixture still gets the skip reason
+    reason = None
+    for item in items:
+        if item.get_closest_marker("testbed") is not None:
+            if reason is None:
+                reason = _skip_reason() or ""
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=f"testbed unavailable: {reason}"))

@@ -1,0 +1,348 @@
+"""The testbed is real: real sshd with strict host keys, real jumbo-frame links, real dockerd per
+host with the production container flags, a real image copy and a real two-node Ray cluster.
+
+These tests use paramiko and the testbed's own shell access, never sparkcluster.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import uuid
+
+import paramiko
+import pytest
+
+from tests.testbed.testbed import (BASE_IMAGE, HCAS, HEAD, HOSTS, LAN_IF, NETDEVS, PROD_FLAGS, SPECS, WORKER,
+                                   TestbedError)
+
+pytestmark = pytest.mark.testbed
+LABEL = "org.sparkcluster.testbed-test=1"
+
+
+def _client(tb, host: str, known_hosts=None) -> paramiko.SSHClient:
+    cfg = paramiko.SSHConfig.from_path(str(tb.ssh_config)).lookup(host)
+    c = paramiko.SSHClient()
+    c.load_host_keys(str(known_hosts or cfg["userknownhostsfile"]))
+    c.set_missing_host_key_policy(paramiko.RejectPolicy())
+    c.connect(cfg["hostname"], port=int(cfg.get("port", 22)), username=cfg["user"],
+              key_filename=cfg["identityfile"][0], look_for_keys=False, allow_agent=False, timeout=10,
+              banner_timeout=10, auth_timeout=10)
+    return c
+
+
+def _run(c: paramiko.SSHClient, cmd: str) -> tuple[int, str]:
+    _, out, _ = c.exec_command(cmd, timeout=30)
+    text = out.read().decode()
+    return out.channel.recv_exit_status(), text
+
+
+@pytest.fixture
+def containers(testbed):
+    """Names of containers a test starts; all removed afterwards (only ours, by label)."""
+    made: list[tuple[str, str]] = []
+    yield made
+    for host in HOSTS:
+        testbed.remove_containers(host, label=LABEL)
+
+
+def _name(prefix: str) -> str:
+    return f"tbtest-{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+# ---------------------------------------------------------------- SSH
+@pytest.mark.parametrize("host", HOSTS)
+def test_paramiko_strict_host_keys(testbed, host):
+    c = _client(testbed, host)
+    try:
+        rc, out = _run(c, "hostname; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,"
+                          "compute_cap --format=csv,noheader")
+        assert rc == 0
+        lines = out.splitlines()
+        assert lines[0] == host
+        assert lines[1] == "NVIDIA GB10, 580.95.05, [N/A], [N/A], 12.1"
+    finally:
+        c.close()
+    # an unknown host key is refused under RejectPolicy
+    empty = testbed.dir / "empty_known_hosts"
+    empty.write_text("")
+    try:
+        with pytest.raises(paramiko.SSHException):
+            _client(testbed, host, known_hosts=empty).close()
+    finally:
+        empty.unlink()
+
+
+def test_openssh_config_and_password_refused(testbed):
+    assert testbed.ssh(HEAD, "hostname").stdout.strip() == HEAD
+    p = testbed.ssh(WORKER, "hostname")
+    assert p.stdout.strip() == WORKER
+    cfg = (testbed.host_dir(HEAD) / "sshd_config").read_text()
+    assert "PasswordAuthentication no" in cfg and "KbdInteractiveAuthentication no" in cfg
+    assert "Accepted publickey" in testbed.sshd_log(HEAD).read_text()
+
+
+# ---------------------------------------------------------------- hosts are separate machines
+def test_hosts_are_isolated(testbed):
+    ids = {}
+    for h in HOSTS:
+        out = testbed.sh(h, "hostname; ps -e -o comm= | sort -u | tr '\\n' ' '; echo; "
+                            "docker info --format '{{.ID}} {{.DockerRootDir}}'; df -P /var/lib/docker | tail -1").stdout
+        lines = out.splitlines()
+        assert lines[0] == h
+        assert "dockerd" in lines[1] and "sshd" in lines[1]
+        ids[h] = lines[2].split()[0]
+        assert lines[3].split()[0].startswith("/dev/loop") or lines[3].startswith("tb-docker")
+        # PID namespace: pid 1 is the host's own init, not the machine's
+        assert testbed.sh(h, "cat /proc/1/cmdline | tr '\\0' ' '").stdout.split()[0].endswith("python3")
+    assert ids[HEAD] != ids[WORKER]
+    marker = f"/run/tbtest-{uuid.uuid4().hex[:6]}"
+    testbed.sh(HEAD, f"touch {marker}")
+    try:
+        assert testbed.sh(WORKER, f"test -e {marker}", check=False).returncode != 0
+    finally:
+        testbed.sh(HEAD, f"rm -f {marker}")
+    # the controller has no GPU stand-in on its PATH and no route into the data plane
+    import shutil
+    assert shutil.which("nvidia-smi") is None
+
+
+def test_fake_hcas_and_devices(testbed):
+    for h in HOSTS:
+        out = testbed.sh(h, "for d in /sys/class/infiniband/*; do echo ${d##*/} $(cat $d/ports/1/state | tr -d ' ') "
+                            "$(cat $d/ports/1/link_layer) $(ls $d/device/net); done").stdout.split("\n")
+        rows = {line.split()[0]: line.split()[1:] for line in out if line.strip()}
+        for hca, nd in zip(HCAS, NETDEVS):
+            assert rows[hca] == ["4:ACTIVE", "Ethernet", nd]
+        dev = testbed.sh(h, "stat -c '%n %t %T' /dev/infiniband/uverbs*").stdout.split("\n")
+        assert [line.split()[1:] for line in dev if line] == [["e7", f"{192 + i:x}"] for i in range(4)]
+        assert testbed.sh(h, "cat /sys/class/net/enp1s0f1np1/mtu").stdout.strip() == "9000"
+
+
+# ---------------------------------------------------------------- data plane
+def _ping(tb, host, ifname, peer, size=8972):
+    return tb.sh(host, f"ping -M do -s {size} -c 1 -W 2 -I {ifname} {peer}", check=False, timeout=20)
+
+
+def test_jumbo_frames_on_every_link_then_mtu_break(testbed):
+    wnd = testbed.worker_netdevs()
+    for k, nd in enumerate(NETDEVS):
+        head_ip, worker_ip = SPECS[HEAD].dp_ips[k], SPECS[WORKER].dp_ips[k]
+        assert _ping(testbed, HEAD, nd, worker_ip).returncode == 0, f"head {nd} -> {worker_ip}"
+        assert _ping(testbed, WORKER, wnd[k], head_ip).returncode == 0, f"worker {wnd[k]} -> {head_ip}"
+    # one end at 1500: the 9000-byte path no longer works
+    nd = NETDEVS[1]
+    testbed.set_mtu(WORKER, wnd[1], 1500)
+    try:
+        assert testbed.get_mtu(WORKER, wnd[1]) == 1500
+        assert _ping(testbed, HEAD, nd, SPECS[WORKER].dp_ips[1]).returncode != 0
+        assert _ping(testbed, WORKER, wnd[1], SPECS[HEAD].dp_ips[1]).returncode != 0
+        assert _ping(testbed, HEAD, nd, SPECS[WORKER].dp_ips[1], size=1472).returncode == 0
+    finally:
+        testbed.set_mtu(WORKER, wnd[1], 9000)
+    assert _ping(testbed, HEAD, nd, SPECS[WORKER].dp_ips[1]).returncode == 0
+
+
+def test_hosts_cannot_reach_each_other_over_the_lan(testbed):
+    # the controller does not forward: hosts reach each other only over the data plane
+    assert testbed.sh(HEAD, f"ping -c 1 -W 1 {SPECS[WORKER].lan_ip}", check=False, timeout=10).returncode != 0
+    assert testbed.sh(HEAD, f"ping -c 1 -W 1 {SPECS[HEAD].ctl_ip}", check=False, timeout=10).returncode == 0
+
+
+# ---------------------------------------------------------------- containers with the production flags
+def test_production_container_sees_hardware(testbed, containers):
+    testbed.ray_image()  # puts an image on the worker too (the NGC stand-in lives on the head only)
+    from tests.testbed.testbed import RAY_IMAGE
+    for h in HOSTS:
+        image = BASE_IMAGE if h == HEAD else RAY_IMAGE
+        name = _name("hw")
+        p = testbed.docker(h, f"run --rm --name {name} --label {LABEL} {PROD_FLAGS} {image} bash -c "
+                              + shlex.quote("hostname; ls /sys/class/net | tr '\\n' ' '; echo; "
+                                            "cat /sys/class/infiniband/rocep1s0f1/ports/1/state; "
+                                            "ls /sys/class/infiniband/rocep1s0f1/device/net; "
+                                            "ls /dev/infiniband | tr '\\n' ' '; echo; "
+                                            "nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader; "
+                                            "ulimit -l; cat /sys/class/net/enp1s0f1np1/mtu"))
+        lines = p.stdout.splitlines()
+        assert lines[0] == h
+        for nd in NETDEVS:
+            assert nd in lines[1].split()
+        assert lines[2] == "4: ACTIVE"
+        assert lines[3] == "enp1s0f1np1"
+        assert set(lines[4].split()) >= {"uverbs0", "uverbs1", "uverbs2", "uverbs3", "rdma_cm"}
+        assert lines[5] == "NVIDIA GB10, 12.1"
+        assert lines[7] == "9000"
+        # docker inspect still shows what was asked
+        name2 = _name("inspect")
+        testbed.docker(h, f"run -d --name {name2} --label {LABEL} {PROD_FLAGS} {image} sleep 60")
+        info = json.loads(testbed.docker(h, f"inspect {name2}").stdout)[0]["HostConfig"]
+        assert [u for u in info["Ulimits"] if u["Name"] == "memlock"][0]["Hard"] == -1
+        assert info["NetworkMode"] == "host" and info["IpcMode"] == "host"
+        assert "IPC_LOCK" in info["CapAdd"]
+        assert info["DeviceRequests"][0]["Count"] == -1
+        assert info["Devices"][0]["PathOnHost"] == "/dev/infiniband"
+    # without --gpus / --device the stand-ins are not injected, as on a real Spark
+    p = testbed.docker(HEAD, f"run --rm --label {LABEL} --network host {BASE_IMAGE} bash -c "
+                             "'command -v nvidia-smi || echo none; ls /sys/class/infiniband 2>/dev/null || echo noib'")
+    assert p.stdout.split() == ["none", "noib"]
+
+
+# ---------------------------------------------------------------- images and Ray
+def test_ray_image_built_on_head_and_copied(testbed):
+    from tests.testbed.testbed import RAY_IMAGE, RAY_VERSION
+    tag = testbed.ray_image()
+    assert tag == RAY_IMAGE
+    ids = {h: testbed.image_id(h, tag) for h in HOSTS}
+    assert ids[HEAD] and ids[HEAD] == ids[WORKER]
+    label = testbed.docker(HEAD, f"image inspect --format '{{{{index .Config.Labels \"org.sparkcluster.ray-version\"}}}}' {tag}")
+    assert label.stdout.strip() == RAY_VERSION
+    for h in HOSTS:
+        out = testbed.docker(h, f"run --rm --network none {tag} ray --version").stdout
+        assert RAY_VERSION in out
+    # the NGC stand-in exists on the head only (sparkcluster must ship images to the worker)
+    assert testbed.image_id(HEAD, BASE_IMAGE)
+    assert testbed.image_id(WORKER, BASE_IMAGE) is None
+
+
+def test_two_node_ray_cluster_over_the_data_plane(testbed, containers):
+    tag = testbed.ray_image()
+    head_ip, worker_ip = SPECS[HEAD].control_ip, SPECS[WORKER].control_ip
+    hn, wn = _name("rayhead"), _name("rayworker")
+    common = f"-d --label {LABEL} {PROD_FLAGS} -e RAY_memory_usage_threshold=1.0 {tag}"
+    testbed.docker(HEAD, f"run --name {hn} {common} ray start --head --node-ip-address {head_ip} --num-gpus 1 "
+                         "--disable-usage-stats --include-dashboard=false --block")
+    testbed.docker(WORKER, f"run --name {wn} {common} ray start --address {head_ip}:6379 "
+                           f"--node-ip-address {worker_ip} --num-gpus 1 --disable-usage-stats --block")
+    probe = ("import json, ray; ray.init(address='auto', logging_level='ERROR'); "
+             "n=[x for x in ray.nodes() if x['Alive']]; "
+             "print(json.dumps({'nodes': sorted(x['NodeManagerAddress'] for x in n), "
+             "'gpus': ray.cluster_resources().get('GPU', 0)}))")
+    deadline = time.monotonic() + 120
+    last = None
+    while time.monotonic() < deadline:
+        p = testbed.docker(HEAD, f"exec {hn} python3 -c {shlex.quote(probe)}", check=False, timeout=60)
+        if p.returncode == 0 and p.stdout.strip():
+            last = json.loads(p.stdout.strip().splitlines()[-1])
+            if len(last["nodes"]) == 2:
+                break
+        for c, h in ((hn, HEAD), (wn, WORKER)):
+            state = testbed.docker(h, f"inspect --format '{{{{.State.Running}}}}' {c}").stdout.strip()
+            assert state == "true", testbed.docker(h, f"logs --tail 50 {c}", check=False).stderr
+        time.sleep(2)
+    assert last == {"nodes": [head_ip, worker_ip], "gpus": 2.0}, last
+    status = testbed.docker(HEAD, f"exec {hn} ray status", timeout=60).stdout
+    assert "2.0 GPU" in status or "0.0/2.0 GPU" in status
+
+
+# ---------------------------------------------------------------- knobs break things and undo them
+def test_knobs_break_and_restore(testbed):
+    # HCA port state
+    testbed.set_hca_state(WORKER, "roceP2p1s0f1", "1: DOWN")
+    try:
+        assert testbed.sh(WORKER, "cat /sys/class/infiniband/roceP2p1s0f1/ports/1/state").stdout.strip() == "1: DOWN"
+    finally:
+        testbed.set_hca_state(WORKER, "roceP2p1s0f1", "4: ACTIVE")
+    # driver version differs between hosts
+    testbed.set_driver_version(WORKER, "570.10.01")
+    try:
+        out = testbed.sh(WORKER, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.strip()
+        assert out == "570.10.01"
+        assert "580.95.05" in testbed.sh(HEAD, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout
+    finally:
+        testbed.set_driver_version(WORKER)
+    # data-plane link down / up
+    testbed.link_down(HEAD, "enP2p1s0f0np0")
+    try:
+        assert testbed.sh(HEAD, "cat /sys/class/net/enP2p1s0f0np0/operstate").stdout.strip() == "down"
+        assert _ping(testbed, WORKER, testbed.worker_netdevs()[2], SPECS[HEAD].dp_ips[2], 56).returncode != 0
+    finally:
+        testbed.link_up(HEAD, "enP2p1s0f0np0")
+    # disk nearly full, then freed
+    testbed.fill_disk(WORKER, 200)
+    try:
+        assert 100 <= testbed.disk_free_mb(WORKER) <= 300
+    finally:
+        testbed.unfill_disk(WORKER)
+    assert testbed.disk_free_mb(WORKER) > 5000
+    # a foreign process holds a port
+    with testbed.hold_port(HEAD, 6379):
+        out = testbed.sh(HEAD, "ss -Hltnp 'sport = :6379' 2>/dev/null || netstat -ltnp 2>/dev/null | grep :6379",
+                         check=False).stdout
+        assert "6379" in out and "python3" in out
+    assert "6379" not in testbed.sh(HEAD, "ss -Hltn 'sport = :6379'", check=False).stdout
+
+
+def test_knob_rewire_worker(testbed):
+    inv0 = testbed.inventory.read_text()
+    path = testbed.cable_worker(crossed=True)
+    try:
+        from sparkcluster import inventory
+        inv = inventory.load(path)
+        w = inv.node(WORKER)
+        assert w.control_if == "enP2p1s0f1np1" and str(w.control_ip) == "198.19.2.2"
+        assert w.netdevs == ["enP2p1s0f0np0", "enP2p1s0f1np1", "enp1s0f0np0", "enp1s0f1np1"]
+        assert w.hcas == ["roceP2p1s0f0", "roceP2p1s0f1", "rocep1s0f0", "rocep1s0f1"]
+        assert inv.head.netdevs == list(NETDEVS)
+        assert testbed.sh(WORKER, "ip -br -4 addr show enP2p1s0f1np1").stdout.split()[2] == "198.19.2.2/24"
+        assert _ping(testbed, HEAD, "enp1s0f1np1", "198.19.2.2").returncode == 0
+    finally:
+        testbed.cable_worker(crossed=False)
+    assert testbed.inventory.read_text() == inv0
+    assert testbed.sh(WORKER, "ip -br -4 addr show enp1s0f1np1").stdout.split()[2] == "198.19.2.2/24"
+
+
+def test_knob_host_key_replaced(testbed):
+    testbed.replace_host_key(WORKER)
+    try:
+        with pytest.raises(paramiko.SSHException):
+            _client(testbed, WORKER).close()
+        assert testbed.ssh(WORKER, "true", check=False).returncode != 0
+    finally:
+        testbed.restore_host_key(WORKER)
+    _client(testbed, WORKER).close()
+
+
+def test_knob_sshd_and_dockerd_stop_start(testbed):
+    testbed.stop_sshd(WORKER)
+    try:
+        with pytest.raises((OSError, paramiko.SSHException)):
+            _client(testbed, WORKER).close()
+    finally:
+        testbed.start_sshd(WORKER)
+    _client(testbed, WORKER).close()
+    testbed.stop_dockerd(WORKER)
+    try:
+        assert testbed.sh(WORKER, "docker info", check=False, timeout=30).returncode != 0
+    finally:
+        testbed.start_dockerd(WORKER)
+    assert testbed.sh(WORKER, "docker info --format '{{.ServerVersion}}'").returncode == 0
+
+
+def test_knob_lan_unplugged(testbed):
+    testbed.lan_down(WORKER)
+    try:
+        with pytest.raises(OSError):
+            _client(testbed, WORKER).close()
+    finally:
+        testbed.lan_up(WORKER)
+    _client(testbed, WORKER).close()
+
+
+def test_knob_kill_container(testbed, containers):
+    name = _name("kill")
+    testbed.docker(HEAD, f"run -d --name {name} --label {LABEL} {BASE_IMAGE} sleep 600")
+    testbed.kill_container(HEAD, name)
+    for _ in range(50):
+        st = testbed.docker(HEAD, f"inspect --format '{{{{.State.Running}}}} {{{{.State.ExitCode}}}}' {name}").stdout.split()
+        if st[0] == "false":
+            break
+        time.sleep(0.1)
+    assert st == ["false", "137"]
+
+
+def test_sh_reports_failures(testbed):
+    with pytest.raises(TestbedError):
+        testbed.sh(HEAD, "exit 3")
+    assert testbed.sh(HEAD, "exit 3", check=False).returncode == 3
+    assert LAN_IF in testbed.sh(HEAD, "ip -br link").stdout
