@@ -1,0 +1,85 @@
+"""Unit-test helpers: captured output and a two-Spark cluster in the shapes real commands print.
+
+The pair: spark-head and spark-worker, four ConnectX-7 netdevs each, 198.19.k.1 (head) and
+198.19.k.2 (worker) on link k, control plane on enp1s0f1np1.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from sparkcluster import inventory
+
+CAPTURED = Path(__file__).resolve().parents[1] / "captured"
+
+# netdev, HCA, subnet index k (198.19.k.0/24)
+LINKS = [("enp1s0f0np0", "rocep1s0f0", 1), ("enp1s0f1np1", "rocep1s0f1", 2),
+         ("enP2p1s0f0np0", "roceP2p1s0f0", 3), ("enP2p1s0f1np1", "roceP2p1s0f1", 4)]
+CONTROL_IF = "enp1s0f1np1"
+NODES = [("spark-head", "head", 1), ("spark-worker", "worker", 2)]
+
+
+def cap(name: str) -> str:
+    return (CAPTURED / name).read_text()
+
+
+def link_ip(k: int, host: int) -> str:
+    return f"198.19.{k}.{host}"
+
+
+def control_ip(host: int) -> str:
+    return link_ip(dict((n, k) for n, _, k in LINKS)[CONTROL_IF], host)
+
+
+def inventory_dict() -> dict:
+    """The testbed-like inventory as plain data (mutate, then `inventory.Inventory.model_validate`)."""
+    return {
+        "cluster": {"name": "pair"},
+        "nodes": [
+            {"name": name, "role": role, "ssh": f"root@{name}", "control_if": CONTROL_IF,
+             "control_ip": control_ip(host), "mtu": 9000, "gpus": 1,
+             "data_plane": [{"netdev": nd, "hca": hca} for nd, hca, _ in LINKS]}
+            for name, role, host in NODES
+        ],
+    }
+
+
+def make_inventory(data: dict | None = None) -> inventory.Inventory:
+    return inventory.Inventory.model_validate(copy.deepcopy(data or inventory_dict()))
+
+
+def _iface(index: int, name: str, mtu: int, flags: list[str], operstate: str, mac: str, addrs: list[tuple[str, int]]) -> dict:
+    # the shape `ip -j addr show` prints (see tests/captured/vm-ip-addr.json)
+    info = [{"family": "inet", "local": a, "prefixlen": p, "broadcast": "", "scope": "global", "label": name,
+             "valid_life_time": 4294967295, "preferred_life_time": 4294967295} for a, p in addrs]
+    info.append({"family": "inet6", "local": f"fe80::{index}", "prefixlen": 64, "scope": "link",
+                 "valid_life_time": 4294967295, "preferred_life_time": 4294967295})
+    return {"ifindex": index, "ifname": name, "flags": flags, "mtu": mtu, "qdisc": "mq", "operstate": operstate,
+            "group": "default", "txqlen": 1000, "link_type": "ether", "address": mac,
+            "broadcast": "ff:ff:ff:ff:ff:ff", "addr_info": info}
+
+
+def spark_ip_json(host: int, links=None, mtu: int = 9000) -> str:
+    """`ip -j addr show` of a Spark: lo, the 10 GbE management port, docker0, four CX-7 netdevs."""
+    links = LINKS if links is None else links
+    up = ["BROADCAST", "MULTICAST", "UP", "LOWER_UP"]
+    out = json.loads(cap("vm-ip-addr.json"))[:1]  # the real lo entry
+    out.append(_iface(2, "enP7s7", 1500, up, "UP", f"4c:bb:47:00:00:0{host}", [(f"192.168.1.{10 + host}", 24)]))
+    for i, (nd, _hca, k) in enumerate(links):
+        out.append(_iface(3 + i, nd, mtu, up, "UP", f"4c:bb:47:2{i}:00:0{host}", [(link_ip(k, host), 24)]))
+    out.append(_iface(9, "docker0", 1500, ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP"], "DOWN",
+                      "02:42:ac:11:00:01", [("172.17.0.1", 16)]))
+    return json.dumps(out)
+
+
+def hca_text(links=None, state: str = "4: ACTIVE") -> str:
+    """What the probe's hca section prints: `<hca>|<ports/1/state>|<netdevs> `."""
+    links = LINKS if links is None else links
+    return "".join(f"{hca}|{state}|{nd} \n" for nd, hca, _ in links)
+
+
+def carrier_text(links=None) -> str:
+    links = LINKS if links is None else links
+    return "".join(f"{nd} 1 200000\n" for nd, _, _ in links)

@@ -1,0 +1,472 @@
+"""Every check: a healthy two-Spark cluster passes; breaking one thing on one node flips exactly
+that check on that node and nothing else."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+import pytest
+
+from conftest import (LINKS, NODES, carrier_text, cap, control_ip, hca_text, inventory_dict, link_ip, make_inventory,
+                      spark_ip_json)
+from sparkcluster import checks, facts
+from sparkcluster import parsers as P
+from sparkcluster import profile as profiles
+from sparkcluster.checks import GiB
+
+H, W = "spark-head", "spark-worker"
+IMAGE = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.49.2"
+IMAGE_ID = "sha256:3f9c2d1e8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e"
+FORWARDED = {"VLLM_NVFP4_GEMM_BACKEND": "marlin", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm",
+             "VLLM_USE_FLASHINFER_MOE_FP4": "0", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+HEAD_INSPECT = json.loads(cap("gb10-docker-inspect-head.json"))[0]
+HEAD_CID = HEAD_INSPECT["Id"]
+WORKER_CID = "7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e6f1a0d9c8b"
+MEMINFO = "MemTotal:       125276348 kB\nMemFree:         3187216 kB\nMemAvailable:   73400320 kB\n"
+DF = ("Filesystem            1-blocks         Used     Available Capacity Mounted on\n"
+      "/dev/nvme0n1p2 3936818520064 412043304960 1324727701504      24% /\n")
+
+
+@dataclass
+class State:
+    """Everything a check sees, in a form a test can break before `ctx()` builds the Context."""
+
+    inv: dict
+    facts: dict[str, facts.HostFacts]
+    unreachable: dict[str, str] = field(default_factory=dict)
+    expect: dict = field(default_factory=dict)
+
+    def ctx(self) -> checks.Context:
+        inv = make_inventory(self.inv)
+        exp = dict(self.expect)
+        # per-host values are what sparkcluster derives from the inventory (profile.per_host_env)
+        exp["per_host_env"] = {n.name: profiles.per_host_env(None, inv, n) for n in inv.nodes}
+        return checks.Context(inv, self.facts, self.unreachable, checks.Expect(**exp))
+
+    def node(self, name: str) -> dict:
+        return next(n for n in self.inv["nodes"] if n["name"] == name)
+
+    def env(self, name: str) -> list[str]:
+        return self.facts[name].ours[0]["Config"]["Env"]
+
+    def set_env(self, name: str, key: str, value: str | None) -> None:
+        env = [e for e in self.env(name) if not e.startswith(key + "=")]
+        if value is not None:
+            env.append(f"{key}={value}")
+        self.facts[name].ours[0]["Config"]["Env"] = env
+
+
+def _container_inspect(name: str, role: str, host: int) -> dict:
+    c = copy.deepcopy(HEAD_INSPECT)
+    if role == "worker":
+        c["Id"] = WORKER_CID
+        c["Name"] = f"/sparkcluster-pair-worker-{name}"
+        c["Config"]["Labels"]["org.sparkcluster.role"] = "worker"
+        c["Config"]["Hostname"] = name
+        c["Config"]["Cmd"] = ["ray", "start", "--address", f"{control_ip(1)}:6379",
+                              "--node-ip-address", control_ip(host), "--block"]
+    env = [e for e in c["Config"]["Env"] if not e.startswith("VLLM_HOST_IP=")]
+    c["Config"]["Env"] = env + [f"VLLM_HOST_IP={control_ip(host)}"]
+    return c
+
+
+def _ps_line(c: dict) -> str:
+    labels = ",".join(f"{k}={v}" for k, v in sorted(c["Config"]["Labels"].items()))
+    cmd = " ".join(c["Config"]["Entrypoint"] + c["Config"]["Cmd"])
+    return json.dumps({"Command": f'"{cmd}"', "ID": c["Id"], "Image": c["Config"]["Image"], "Labels": labels,
+                       "Names": c["Name"].lstrip("/"), "Networks": "host", "State": "running", "Status": "Up 38 minutes"})
+
+
+def _host_facts(name: str, role: str, host: int) -> facts.HostFacts:
+    f = facts.HostFacts(node=name, hostname=name, clock_offset=0.010 * host)
+    f.gpus = P.nvidia_smi_csv(cap("gb10-nvidia-smi.csv"))
+    f.docker = P.docker_info(cap("gb10-docker-info.json"))
+    f.gpu_hook = "/usr/bin/nvidia-container-runtime-hook"
+    f.interfaces = P.ip_addr_json(spark_ip_json(host))
+    for nd, carrier, speed in P.carrier_lines(carrier_text()):
+        f.interfaces[nd].carrier, f.interfaces[nd].speed_mbps = carrier, speed
+    f.hcas = P.hca_lines(hca_text())
+    f.mem = P.meminfo(MEMINFO)
+    f.earlyoom = True
+    f.sshd_oom_score_adj = -1000
+    ours = _container_inspect(name, role, host)
+    f.ours = [ours]
+    if role == "head":
+        # the head container (host network) holds Ray's GCS port and the API port
+        f.listeners = P.ss_listeners(
+            f'LISTEN 0      4096         0.0.0.0:6379       0.0.0.0:*    users:(("gcs_server",pid=48391,fd=21)) container={HEAD_CID}\n'
+            f'LISTEN 0      2048         0.0.0.0:8000       0.0.0.0:*    users:(("python3",pid=49120,fd=27)) container={HEAD_CID}\n')
+        # the captured ps: our head plus an exited hand-made Ray container (not running: not a problem)
+        f.containers = P.docker_ps_json(cap("gb10-docker-ps.jsonl"))
+    else:
+        f.containers = P.docker_ps_json(_ps_line(ours))
+    f.image_id = IMAGE_ID
+    f.image_ray = "ray, version 2.49.2"
+    f.disks = P.df_lines(DF)
+    f.ray_sessions = ["/tmp/ray/session_2026-11-21_22-03-55_118733_1", "/tmp/ray/session_latest"]
+    return f
+
+
+def healthy() -> State:
+    inv_data = inventory_dict()
+    hf = {name: _host_facts(name, role, host) for name, role, host in NODES}
+    inv = make_inventory(inv_data)
+    ok_line = P.last_line(cap("vm-ping-lo-8972.txt"))
+    for node in inv.nodes:
+        hf[node.name].path_mtu = {p.netdev: P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, True, ok_line,
+                                                         facts.ping_command(p))
+                                  for p in facts.path_mtu_probes(node, hf)}
+    expect = dict(image=IMAGE, forwarded_env=dict(FORWARDED), gpu_memory_utilization=0.75,
+                  image_disk_bytes=30 * GiB, model_disk_bytes=100 * GiB)
+    return State(inv_data, hf, {}, expect)
+
+
+def results(state: State) -> dict[tuple[str, str], checks.Result]:
+    return {(r.id, r.node): r for r in checks.run_checks(state.ctx())}
+
+
+BASELINE = results(healthy())
+
+
+# --- the healthy cluster ------------------------------------------------------------------------
+
+def test_healthy_cluster_all_ok():
+    bad = [r for r in BASELINE.values() if r.status != "ok"]
+    assert bad == []
+    assert {cid for cid, _ in BASELINE} == {cid for cid, _, _ in checks.REGISTRY}
+    assert {n for _, n in BASELINE} == {H, W}
+
+
+def test_healthy_path_mtu_pairs_every_link_both_ways():
+    s = healthy()
+    for name, host in ((H, 1), (W, 2)):
+        peer = 2 if host == 1 else 1
+        assert {nd: p.peer_ip for nd, p in s.facts[name].path_mtu.items()} == {
+            nd: link_ip(k, peer) for nd, _, k in LINKS}
+
+
+def test_no_profile_skips_what_it_cannot_judge():
+    s = healthy()
+    s.expect = {}
+    got = results(s)
+    for cid in ("image.same", "image.ray", "containers.forwarded_env"):
+        assert got[(cid, H)].status == got[(cid, W)].status == "skip"
+    assert got[("gpu.gb10", W)].status == "ok"
+
+
+# --- one break per case -------------------------------------------------------------------------
+
+def _set_control_ip(s: State, node: str, ip: str, iface: str | None = "control") -> None:
+    """The inventory names `ip` as the node's control IP; sparkcluster started its container with
+    VLLM_HOST_IP=ip. `iface`: where the address is configured ("control": on control_if, None: nowhere)."""
+    n = s.node(node)
+    old = n["control_ip"]
+    n["control_ip"] = ip
+    s.set_env(node, "VLLM_HOST_IP", ip)
+    if iface is not None:
+        name = n["control_if"] if iface == "control" else iface
+        i = s.facts[node].interfaces[name]
+        i.addresses = [a for a in i.addresses if str(a.ip) != old] + [_addr(ip, 24 if iface == "control" else 16)]
+
+
+def _addr(ip: str, prefix: int) -> P.Address:
+    import ipaddress
+    return P.Address(ipaddress.IPv4Address(ip), ipaddress.IPv4Network(f"{ip}/{prefix}", strict=False))
+
+
+def non_gb10(s):
+    s.facts[W].gpus = P.nvidia_smi_csv("NVIDIA H100 80GB HBM3, 580.95.05, 81559 MiB, 9.0\n")
+
+
+def other_driver(s):
+    s.facts[W].gpus = [dataclasses.replace(g, driver="580.82.09") for g in s.facts[W].gpus]
+
+
+def docker_down(s):
+    f = s.facts[W]
+    sec = facts.split_sections(cap("vm-probe.txt"))["docker"]  # real: the CLI without a daemon
+    f.docker, f.docker_error = None, P.last_line(sec.out)
+    f.image_id = f.image_ray = None  # `docker image inspect` fails too
+
+
+def no_gpu_runtime(s):
+    f = s.facts[W]
+    f.gpu_hook = ""
+    f.docker = dataclasses.replace(f.docker, runtimes=("io.containerd.runc.v2", "runc"))
+
+
+def image_differs(s):
+    s.facts[W].image_id = "sha256:" + "0" * 64
+
+
+def image_missing(s):
+    s.facts[W].image_id = s.facts[W].image_ray = None
+
+
+def ray_missing(s):
+    s.facts[W].image_ray = None
+    s.facts[W].image_ray_error = 'docker: Error response from daemon: failed to create task for container: exec: "ray": executable file not found in $PATH: unknown'
+
+
+def control_link_local(s):
+    _set_control_ip(s, W, "169.254.33.2")
+
+
+def control_docker_bridge(s):
+    _set_control_ip(s, W, "172.17.0.1", iface=None)  # docker0's address, already on docker0
+
+
+def control_not_on_iface(s):
+    _set_control_ip(s, W, "198.19.9.2", iface=None)
+
+
+def control_duplicated(s):
+    # the worker's control IP is also configured on the head (a secondary address on its management port)
+    s.facts[H].interfaces["enP7s7"].addresses.append(_addr(control_ip(2), 24))
+
+
+def vllm_host_ip_wrong(s):
+    s.set_env(W, "VLLM_HOST_IP", control_ip(1))
+
+
+def link_admin_down(s):
+    i = s.facts[W].interfaces["enP2p1s0f0np0"]
+    i.up, i.lower_up, i.operstate = False, False, "DOWN"
+
+
+def link_no_carrier(s):
+    i = s.facts[W].interfaces["enP2p1s0f1np1"]
+    i.lower_up, i.carrier, i.operstate, i.speed_mbps = False, False, "DOWN", None
+
+
+def link_missing(s):
+    del s.facts[W].interfaces["enp1s0f0np0"]
+
+
+def mtu_1500(s):
+    s.facts[W].interfaces["enP2p1s0f0np0"].mtu = 1500
+
+
+def path_mtu_fails(s):
+    p = s.facts[W].path_mtu["enP2p1s0f0np0"]
+    s.facts[W].path_mtu["enP2p1s0f0np0"] = dataclasses.replace(
+        p, ok=False, detail=P.last_line(cap("vm-ping-eth0-1472-toolarge.txt")))
+
+
+def hca_down(s):
+    s.facts[W].hcas["roceP2p1s0f1"] = dataclasses.replace(s.facts[W].hcas["roceP2p1s0f1"], state="1: DOWN")
+
+
+def hca_missing(s):
+    del s.facts[W].hcas["roceP2p1s0f0"]
+
+
+def hca_wrong_netdev(s):
+    # the worker's cables sit in the other ports: its HCAs pair with the netdevs the other way round
+    swapped = [("enp1s0f1np1", "rocep1s0f0", 0), ("enp1s0f0np0", "rocep1s0f1", 0),
+               ("enP2p1s0f0np0", "roceP2p1s0f0", 0), ("enP2p1s0f1np1", "roceP2p1s0f1", 0)]
+    s.facts[W].hcas = P.hca_lines(hca_text(swapped))
+
+
+def mem_low(s):
+    s.facts[W].mem = P.meminfo("MemTotal:       125276348 kB\nMemFree:          412000 kB\nMemAvailable:    3145728 kB\n")
+
+
+def no_earlyoom(s):
+    s.facts[W].earlyoom = False
+
+
+def sshd_oom_zero(s):
+    s.facts[W].sshd_oom_score_adj = 0
+
+
+def port_8000_foreign(s):
+    # real: a host process (python3 -m http.server) holding 8000, as the probe's listener loop printed it
+    sec = facts.split_sections(cap("vm-probe.txt"))["listeners"]
+    s.facts[H].listeners = [ls for ls in s.facts[H].listeners if ls.port != 8000] + P.ss_listeners(sec.out)
+
+
+def port_6379_other_container(s):
+    s.facts[W].listeners = P.ss_listeners(
+        'LISTEN 0      4096         0.0.0.0:6379       0.0.0.0:*    users:(("gcs_server",pid=777,fd=21)) '
+        'container=9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e6f1a0d9c8b7a6f5e4d3c2b1a0f\n')
+
+
+def foreign_ray(s):
+    s.facts[W].containers += P.docker_ps_json(json.dumps({
+        "Command": '"/opt/nvidia/nvidia_entrypoint.sh ray start --head --block"', "ID": "1" * 64,
+        "Image": "nvcr.io/nvidia/vllm:25.11-py3", "Labels": "com.nvidia.volumes.needed=nvidia_driver",
+        "Names": "vllm_node", "State": "running", "Status": "Up 2 days"}))
+
+
+def ours_exited(s):
+    old = copy.deepcopy(s.facts[W].ours[0])
+    old["Id"], old["Name"] = "2" * 64, "/sparkcluster-pair-worker-old"
+    old["State"] = {**old["State"], "Status": "exited", "Running": False, "ExitCode": 137}
+    s.facts[W].ours.append(old)
+
+
+def disk_small(s):
+    s.facts[W].disks = P.df_lines(DF.replace("1324727701504", str(20 * GiB)))
+
+
+def clock_40s(s):
+    s.facts[W].clock_offset = 40.0
+
+
+def clock_5s(s):
+    s.facts[W].clock_offset = 5.0
+
+
+def forwarded_missing(s):
+    s.set_env(W, "VLLM_NVFP4_GEMM_BACKEND", None)
+
+
+def forwarded_different(s):
+    s.set_env(W, "VLLM_USE_FLASHINFER_MOE_FP4", "1")
+
+
+def nccl_ib_hca_wrong(s):
+    s.set_env(W, "NCCL_IB_HCA", "rocep1s0f1,rocep1s0f0,roceP2p1s0f0,roceP2p1s0f1")
+
+
+def no_infiniband_device(s):
+    s.facts[W].ours[0]["HostConfig"]["Devices"] = []
+
+
+def no_ipc_lock(s):
+    s.facts[W].ours[0]["HostConfig"]["CapAdd"] = None
+
+
+def no_memlock_ulimit(s):
+    s.facts[W].ours[0]["HostConfig"]["Ulimits"] = [u for u in s.facts[W].ours[0]["HostConfig"]["Ulimits"]
+                                                   if u["Name"] != "memlock"]
+
+
+def memory_cap_on_head(s):
+    s.facts[H].ours[0]["HostConfig"]["Memory"] = 64 * GiB
+
+
+def memory_cap_on_worker(s):
+    s.facts[W].ours[0]["HostConfig"]["Memory"] = 64 * GiB
+
+
+# (check id, node that must flip, status, break, {other rows that change by design: status})
+CASES = [
+    ("gpu.gb10", W, "fail", non_gb10, {}),
+    ("gpu.driver", W, "fail", other_driver, {}),
+    # with no engine there is nothing to ask about runtimes or images: those rows skip on that node
+    ("docker.engine", W, "fail", docker_down,
+     {("docker.gpu_runtime", W): "skip", ("image.same", W): "skip", ("image.ray", W): "skip"}),
+    ("docker.gpu_runtime", W, "fail", no_gpu_runtime, {}),
+    ("image.same", W, "fail", image_differs, {}),
+    ("image.same", W, "warn", image_missing, {("image.ray", W): "skip"}),
+    ("image.ray", W, "fail", ray_missing, {}),
+    ("net.control_ip", W, "fail", control_link_local, {}),
+    ("net.control_ip", W, "fail", control_docker_bridge, {}),
+    ("net.control_ip", W, "fail", control_not_on_iface, {}),
+    ("net.control_ip", W, "fail", control_duplicated, {}),
+    ("net.vllm_host_ip", W, "fail", vllm_host_ip_wrong, {}),
+    ("net.link", W, "fail", link_admin_down, {}),
+    ("net.link", W, "fail", link_no_carrier, {}),
+    ("net.mtu", W, "fail", mtu_1500, {}),
+    ("net.path_mtu", W, "fail", path_mtu_fails, {}),
+    ("rdma.hca", W, "fail", hca_down, {}),
+    ("rdma.hca", W, "fail", hca_missing, {}),
+    ("rdma.hca", W, "fail", hca_wrong_netdev, {}),
+    ("mem.headroom", W, "warn", mem_low, {}),
+    ("mem.earlyoom", W, "warn", no_earlyoom, {}),
+    ("mem.sshd_oom", W, "warn", sshd_oom_zero, {}),
+    ("ports.free", H, "fail", port_8000_foreign, {}),
+    ("ports.free", W, "fail", port_6379_other_container, {}),
+    ("ray.stale", W, "fail", foreign_ray, {}),
+    ("ray.stale", W, "warn", ours_exited, {}),
+    ("disk.free", W, "fail", disk_small, {}),
+    ("clock.skew", W, "fail", clock_40s, {}),
+    ("clock.skew", W, "warn", clock_5s, {}),
+    ("containers.forwarded_env", W, "fail", forwarded_missing, {}),
+    ("containers.forwarded_env", W, "fail", forwarded_different, {}),
+    ("containers.per_host_env", W, "fail", nccl_ib_hca_wrong, {}),
+    ("containers.flags", W, "fail", no_infiniband_device, {}),
+    ("containers.flags", W, "fail", no_ipc_lock, {}),
+    ("containers.flags", W, "fail", no_memlock_ulimit, {}),
+    ("containers.flags", H, "fail", memory_cap_on_head, {}),
+    ("containers.flags", W, "fail", memory_cap_on_worker, {}),
+]
+
+
+@pytest.mark.parametrize("cid,node,status,breaker,also", CASES, ids=[c[3].__name__ for c in CASES])
+def test_one_break_flips_one_row(cid, node, status, breaker, also):
+    s = healthy()
+    breaker(s)
+    got = results(s)
+    r = got[(cid, node)]
+    assert r.status == status, r
+    assert r.detail.strip() and r.fix.strip(), r
+    assert "\n" not in r.detail and "\n" not in r.fix
+    for key, before in BASELINE.items():
+        if key == (cid, node):
+            continue
+        if key in also:
+            assert got[key].status == also[key], got[key]
+        else:
+            assert same(got[key], before), f"{key} changed: {got[key]}"
+
+
+def same(a: checks.Result, b: checks.Result) -> bool:
+    """Unchanged: same status and fix; an ok row may name the new value in its detail (e.g. the IP)."""
+    return (a.status, a.fix) == (b.status, b.fix) and (a.status == "ok" or a.detail == b.detail)
+
+
+def test_every_check_has_a_break():
+    assert {c[0] for c in CASES} | {"ssh.reachable"} == {cid for cid, _, _ in checks.REGISTRY}
+
+
+def test_unreachable_worker():
+    s = healthy()
+    del s.facts[W]
+    s.unreachable[W] = "no answer from spark-worker:22 within 5s (timed out) (after 3 attempt(s))"
+    got = results(s)
+    r = got[("ssh.reachable", W)]
+    assert r.status == "fail" and "no answer" in r.detail and r.fix
+    for (cid, n), res in got.items():
+        if n == W and cid != "ssh.reachable":
+            assert (res.status, res.detail) == ("skip", "unreachable"), res
+    for (cid, n), before in BASELINE.items():
+        if n != H:
+            continue
+        if cid == "clock.skew":  # one clock has nothing to agree with
+            assert got[(cid, n)].status == "skip"
+        else:
+            assert same(got[(cid, n)], before), got[(cid, n)]
+
+
+def test_mem_headroom_fails_before_start_when_profile_needs_more():
+    s = healthy()
+    for name in (H, W):
+        s.facts[name].ours = []  # nothing running yet: the profile's share must still fit
+    s.facts[H].mem = P.meminfo("MemTotal:       125276348 kB\nMemFree:        90000000 kB\nMemAvailable:  118000000 kB\n")
+    s.facts[W].mem = P.meminfo("MemTotal:       125276348 kB\nMemFree:        40000000 kB\nMemAvailable:   60000000 kB\n")
+    got = {(r.id, r.node): r for r in checks.run_checks(s.ctx(), only={"mem.headroom"})}
+    assert got[("mem.headroom", W)].status == "fail"
+    assert "profile needs" in got[("mem.headroom", W)].detail
+    assert got[("mem.headroom", H)].status == "ok"
+
+
+def test_container_flags_against_profile_expectation():
+    s = healthy()
+    s.expect["container_flags"] = {"CapAdd": ["IPC_LOCK"], "NetworkMode": "host", "IpcMode": "host"}
+    assert all(r.status == "ok" for r in results(s).values())
+    s.expect["container_flags"]["CapAdd"] = ["IPC_LOCK", "SYS_NICE"]
+    got = results(s)
+    assert got[("containers.flags", H)].status == got[("containers.flags", W)].status == "fail"
+    assert "what the profile needs" in got[("containers.flags", W)].detail
+
+
+def test_gb10_memory_na_is_not_a_problem():
+    s = healthy()
+    assert s.facts[H].gpus[0].memory_total == "[N/A]"
+    assert BASELINE[("gpu.gb10", H)].status == "ok"
