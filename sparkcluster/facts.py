@@ -84,7 +84,8 @@ def probe_script(inv: Inventory, node: Node, image: str | None) -> str:
         _section("containers", "docker ps -a --no-trunc --format '{{json .}}'"),
         _section("ours", f"ids=$(docker ps -aq --filter label={label}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids"),
         _section("disk", f"df -PB1 \"$(docker info --format '{{{{.DockerRootDir}}}}' 2>/dev/null || echo /var/lib/docker)\"; "
-                         f"mkdir -p {hf} 2>/dev/null; df -PB1 {hf}"),
+                         # the cache may not exist yet: measure its nearest existing parent, create nothing
+                         f"p={hf}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -PB1 \"$p\""),
         _section("ray_sessions", "ls -d /tmp/ray/session_* 2>/dev/null"),
     ]
     if image:

@@ -185,6 +185,13 @@ class Profile(_Strict):
     hybrid: bool = False
     allow_high_gpu_memory_utilization: bool = False
     drop_page_cache: bool = False  # sync; echo 3 > /proc/sys/vm/drop_caches before the load (seed 004)
+    # free disk the preflight asks for: the built image (NGC vLLM ~9 GB base plus Ray, room to
+    # build) and the model in the HF cache (0: already there, or not ours to judge)
+    image_disk_gb: float = Field(default=30.0, ge=0)
+    model_disk_gb: float = Field(default=0.0, ge=0)
+    # how long `up` waits for the endpoint to answer: 120B-class models take 10-15 min to load
+    # (field notes) plus 25-60 s of first-request JIT
+    ready_timeout_s: int = Field(default=1800, ge=10)
     shm_size: str = Field(default="16g", pattern=r"^[0-9]+[bkmgBKMG]?$")  # seed 000 compose: shm_size "16gb"
     secrets: list[SecretName] = Field(default_factory=lambda: list(SECRET_NAMES))
     image: Image

@@ -134,6 +134,17 @@ class Host:
                    timed_out=timed_out)
         return res
 
+    def start(self, cmd: str | Sequence[str], timeout: float = 600.0) -> "RemoteProcess":
+        """Start a long-running command; read its stderr lines as they come, then `wait()`."""
+        line = command_line(cmd)
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectError(self.name, "the SSH connection was lost", "check the host's network and sshd, then retry")
+        chan = transport.open_session(timeout=30)
+        chan.exec_command(line)
+        _log.debug("started", host=self.name, command=redact.mask(line))
+        return RemoteProcess(self.name, redact.mask(line), chan, timeout)
+
     def docker(self):
         """A docker SDK client over this host's SSH connection (created once)."""
         if self._docker is None:
@@ -149,6 +160,53 @@ class Host:
             except Exception:  # closing is best effort
                 pass
         self._conn.close()
+
+
+class RemoteProcess:
+    """A command running on a host over its own channel. Closing the channel (or losing the
+    connection) ends the remote side's stdin, which is how the cluster lock is released."""
+
+    def __init__(self, host: str, command: str, chan, timeout: float):
+        self.host, self.command, self._chan = host, command, chan
+        self._started = time.monotonic()
+        self._deadline = self._started + timeout
+        self._out, self._err_buf, self._err_all = bytearray(), bytearray(), bytearray()
+
+    def _pump(self) -> None:
+        while self._chan.recv_ready():
+            self._out += self._chan.recv(65536)
+        while self._chan.recv_stderr_ready():
+            data = self._chan.recv_stderr(65536)
+            self._err_buf += data
+            self._err_all += data
+
+    def stderr_lines(self, poll: float = 0.05):
+        """Yield stderr lines until the command ends (or its deadline passes)."""
+        while True:
+            self._pump()
+            while b"\n" in self._err_buf:
+                line, _, rest = self._err_buf.partition(b"\n")
+                self._err_buf = bytearray(rest)
+                yield line.decode(errors="replace")
+            if self._chan.exit_status_ready() and not self._chan.recv_ready() and not self._chan.recv_stderr_ready():
+                return
+            if time.monotonic() > self._deadline:
+                return
+            time.sleep(poll)
+
+    def wait(self) -> Result:
+        for _ in self.stderr_lines():
+            pass
+        timed_out = not self._chan.exit_status_ready()
+        if timed_out:
+            self._chan.close()
+        code = -1 if timed_out else self._chan.recv_exit_status()
+        self._pump()
+        return Result(self.host, self.command, code, self._out.decode(errors="replace"),
+                      self._err_all.decode(errors="replace"), time.monotonic() - self._started, timed_out)
+
+    def close(self) -> None:
+        self._chan.close()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,79 @@
+"""`sparkcluster up --profile NAME`: from two bare Sparks to an endpoint that answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from .. import redact, secrets as secret_store, up as up_mod
+from .main import cli
+from .common import load_profile_for
+
+
+class RichProgress(up_mod.Progress):
+    def __init__(self, console: Console):
+        self.c = console
+        self._bars: Progress | None = None
+        self._tasks: dict[str, int] = {}
+        self._last_info = ""
+
+    def stage(self, name: str) -> None:
+        self.c.print(f"[bold]▸ {name}[/]", highlight=False)
+
+    def done(self, name: str, seconds: float, note: str = "") -> None:
+        if self._bars:
+            self._bars.stop()
+            self._bars = None
+        self.c.print(f"[green]✓ {name}[/] {seconds:.1f}s" + (f"  [dim]{redact.mask(note)}[/]" if note else ""), highlight=False)
+
+    def info(self, text: str) -> None:
+        # the same waiting line every second is noise; print it when it changes
+        key = text.split(": ", 1)[-1]
+        if key != self._last_info:
+            self._last_info = key
+            self.c.print(f"  [dim]{redact.mask(text)}[/]", highlight=False)
+
+    def bytes(self, node: str, sent: int, total: int) -> None:
+        if self._bars is None:
+            self._bars = Progress(TextColumn("  {task.description}"), BarColumn(), DownloadColumn(),
+                                  TransferSpeedColumn(), console=self.c, transient=False)
+            self._bars.start()
+        if node not in self._tasks:
+            self._tasks[node] = self._bars.add_task(f"image -> {node}", total=total or None)
+        self._bars.update(self._tasks[node], completed=sent)
+
+
+@cli.command()
+@click.option("--profile", "-p", "profile_name", default=None, help="Profile to serve (default: the inventory's).")
+@click.option("--env-file", type=click.Path(path_type=Path), default=None,
+              help="Where HF_TOKEN and VLLM_API_KEY live (mode 0600). Default: ./.env, then ~/.config/sparkcluster/.env.")
+@click.option("--dry-run", is_flag=True, help="Print the plan, every command and API call per host; change nothing.")
+@click.option("--replace", is_flag=True, help="Replace a cluster that serves another profile.")
+@click.pass_obj
+def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, replace: bool) -> None:
+    """Build, distribute, start Ray on every node and serve the profile's model with TP over Ray."""
+    inv = obj.inventory()
+    prof = load_profile_for(inv, profile_name)
+    if prof is None:
+        raise click.UsageError("no profile: pass --profile NAME (see `sparkcluster profile list`)")
+    secrets = secret_store.load_secrets(env_file, prof)
+    err = Console(stderr=True, highlight=False)
+    result = up_mod.run(inv, prof, secrets, RichProgress(err), dry_run=dry_run, replace=replace,
+                        command=f"up --profile {prof.name}")
+    if isinstance(result, up_mod.Plan):
+        click.echo(result.render())
+        return
+    if result.unchanged:
+        click.echo(f"nothing to do: {inv.cluster.name} already serves '{prof.name}' (vllm serve pid {result.pid})")
+    else:
+        total = sum(result.seconds.values())
+        click.echo(f"serving '{result.model}' with tensor parallel {prof.serve.tensor_parallel_size} "
+                   f"in {total:.0f}s")
+    auth = ' -H "Authorization: Bearer $VLLM_API_KEY"' if "VLLM_API_KEY" in secrets else ""
+    click.echo(f"endpoint: {result.endpoint}")
+    click.echo(f"model:    {result.model}")
+    click.echo(f"try:      curl -s {result.endpoint}/chat/completions{auth} -H 'Content-Type: application/json' "
+               f"-d '{{\"model\": \"{result.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")

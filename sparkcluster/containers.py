@@ -1,0 +1,131 @@
+"""What each node's container is: a pure spec, the same on every node apart from role and the
+per-host values, and the Docker API call that creates it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shlex
+import tarfile
+import time
+from dataclasses import dataclass, field
+
+from . import profile as profiles
+from .inventory import Inventory, Node
+from .labels import CLUSTER_LABEL, CONFIG_LABEL, PROFILE_LABEL, ROLE_LABEL, container_name
+
+# The flags the field learned to put on every node (seed 002): a worker without the device,
+# capability and ulimit silently fell back to TCP.
+DEVICES = ["/dev/infiniband:/dev/infiniband:rwm"]
+CAP_ADD = ["IPC_LOCK"]
+MEMLOCK = {"Name": "memlock", "Soft": -1, "Hard": -1}
+
+
+def ray_start_argv(inv: Inventory, node: Node) -> list[str]:
+    """`ray start` for the container's foreground process. --num-gpus is explicit: Ray's own GPU
+    detection is not what decides how many ranks a Spark holds, the inventory is."""
+    common = [f"--node-ip-address={node.control_ip}", f"--num-gpus={node.gpus}", "--disable-usage-stats", "--block"]
+    if node.role == "head":
+        return ["ray", "start", "--head", f"--port={inv.cluster.ray_port}", "--dashboard-host=127.0.0.1", *common]
+    return ["ray", "start", f"--address={inv.head.control_ip}:{inv.cluster.ray_port}", *common]
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    node: str
+    role: str
+    name: str
+    image: str
+    command: list[str]
+    env: dict[str, str]
+    labels: dict[str, str]
+    shm_size: str
+    binds: dict[str, str]  # host path -> container path
+    files: dict[str, str] = field(default_factory=dict)  # written into the container before start
+
+    def config_hash(self) -> str:
+        doc = json.dumps({"image": self.image, "command": self.command, "env": self.env, "shm": self.shm_size,
+                          "binds": self.binds, "files": self.files, "flags": [DEVICES, CAP_ADD, MEMLOCK]},
+                         sort_keys=True)
+        return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+    def create_kwargs(self) -> dict:
+        """Arguments for docker's APIClient.create_container (host_config built separately)."""
+        labels = {**self.labels, CONFIG_LABEL: self.config_hash()}
+        return {"image": self.image, "name": self.name, "command": self.command, "entrypoint": [],
+                "environment": self.env, "labels": labels, "detach": True}
+
+    def host_config_kwargs(self) -> dict:
+        """Arguments for APIClient.create_host_config. Never a memory cap: unified memory."""
+        return {
+            "network_mode": "host",
+            "ipc_mode": "host",
+            "device_requests": [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}],
+            "devices": list(DEVICES),
+            "cap_add": list(CAP_ADD),
+            "ulimits": [dict(MEMLOCK)],
+            "shm_size": self.shm_size,
+            "binds": {h: {"bind": c, "mode": "rw"} for h, c in self.binds.items()},
+        }
+
+    def docker_run_equivalent(self) -> str:
+        """What the API call amounts to, as the `docker run` line a person would type (for --dry-run)."""
+        argv = ["docker", "run", "-d", "--name", self.name, "--gpus", "all", "--device=/dev/infiniband",
+                "--cap-add=IPC_LOCK", "--ulimit", "memlock=-1:-1", "--network", "host", "--ipc", "host",
+                "--shm-size", self.shm_size]
+        for h, c in self.binds.items():
+            argv += ["-v", f"{h}:{c}"]
+        for k, v in {**self.labels, CONFIG_LABEL: self.config_hash()}.items():
+            argv += ["--label", f"{k}={v}"]
+        for k, v in self.env.items():
+            argv += ["-e", f"{k}={v}"]
+        argv += ["--entrypoint", "", self.image, *self.command]
+        return shlex.join(argv)
+
+
+def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> ContainerSpec:
+    return ContainerSpec(
+        node=node.name,
+        role=node.role,
+        name=container_name(inv.cluster.name, node.role, node.name),
+        image=image,
+        command=ray_start_argv(inv, node),
+        env=profiles.container_env(prof, inv, node),
+        labels={CLUSTER_LABEL: inv.cluster.name, ROLE_LABEL: node.role, PROFILE_LABEL: prof.name},
+        shm_size=prof.shm_size,
+        binds={inv.cluster.hf_cache: inv.cluster.hf_cache},
+        files=profiles.container_files(prof),
+    )
+
+
+def files_tar(files: dict[str, str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        made: set[str] = set()
+        for path, text in files.items():
+            parts = path.strip("/").split("/")
+            for i in range(1, len(parts)):
+                d = "/".join(parts[:i])
+                if d not in made:
+                    info = tarfile.TarInfo(d)
+                    info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+                    tar.addfile(info)
+                    made.add(d)
+            data = text.encode()
+            info = tarfile.TarInfo("/".join(parts))
+            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def create_and_start(api, spec: ContainerSpec) -> str:
+    """Create the container through the Engine API, write its files, start it. Returns its ID."""
+    hc = api.create_host_config(**spec.host_config_kwargs())
+    c = api.create_container(host_config=hc, **spec.create_kwargs())
+    cid = c["Id"]
+    if spec.files:
+        api.put_archive(cid, "/", files_tar(spec.files))
+    api.start(cid)
+    return cid

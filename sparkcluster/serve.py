@@ -1,0 +1,172 @@
+"""`vllm serve` inside the head container: start it detached, record its PID, wait until it
+really answers, stop it by PID.
+
+Secrets reach it only through the environment of the Docker API's exec call: never argv (which
+`ps` shows), never a log line. Readiness is a one-token completion, because `/health` answers 200
+while an engine is stuck (dgx-spark-playbooks PR#104, vllm#36960).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from . import log, redact
+from .containers import files_tar
+
+LOG_PATH = "/var/log/sparkcluster/vllm-serve.log"
+RECORD_PATH = "/run/sparkcluster/serve.json"
+# argv passes through "$@", so no shell ever interprets a flag value
+LAUNCH = f'mkdir -p /var/log/sparkcluster && exec "$@" >>{LOG_PATH} 2>&1'
+
+_log = log.get(__name__)
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    container: str
+    argv: list[str]
+    secret_names: list[str]
+    model: str  # the served model name clients ask for
+    port: int
+    plugin: tuple[str, str] | None  # (url, path in container)
+
+    def exec_argv(self) -> list[str]:
+        return ["sh", "-c", LAUNCH, "sh", *self.argv]
+
+    def describe(self) -> str:
+        import shlex
+
+        env = " ".join(f"-e {n}=******" for n in self.secret_names)
+        return f"docker exec -d {env} {self.container} " + shlex.join(self.exec_argv())
+
+
+@dataclass(frozen=True)
+class Record:
+    pid: int
+    exec_id: str
+    profile: str
+    model: str
+    port: int
+    started_at: float
+
+
+def stage_plugin_command(url: str, path: str) -> list[str]:
+    # fetched once into the mounted HF cache, so restarts reuse it (seed 002's launcher)
+    return ["sh", "-c", 'test -s "$2" || curl -fsSL --retry 3 -o "$2.part" "$1" && mv -f "$2.part" "$2" 2>/dev/null; test -s "$2"',
+            "sh", url, path]
+
+
+def start(api, spec: ServeSpec, secrets: dict[str, str], profile: str) -> Record:
+    env = {k: v for k, v in secrets.items() if k in spec.secret_names}
+    ex = api.exec_create(spec.container, spec.exec_argv(), environment=env, stdout=False, stderr=False)
+    api.exec_start(ex["Id"], detach=True)
+    pid = 0
+    for _ in range(50):  # the PID is set once the process has started, usually at once
+        pid = api.exec_inspect(ex["Id"]).get("Pid") or 0
+        if pid:
+            break
+        time.sleep(0.1)
+    rec = Record(pid, ex["Id"], profile, spec.model, spec.port, time.time())
+    api.put_archive(spec.container, "/", files_tar({RECORD_PATH: json.dumps(rec.__dict__)}))
+    _log.info("vllm serve started", container=spec.container, pid=pid)
+    return rec
+
+
+def read_record(api, container: str) -> Record | None:
+    import io
+    import tarfile
+
+    try:
+        stream, _ = api.get_archive(container, RECORD_PATH)
+    except Exception:  # no record: nothing was started in this container
+        return None
+    data = b"".join(stream)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = tar.getmembers()[0]
+        doc = json.loads(tar.extractfile(member).read())
+    return Record(**doc)
+
+
+def running(api, rec: Record) -> bool:
+    try:
+        return bool(api.exec_inspect(rec.exec_id).get("Running"))
+    except Exception:  # the exec or its container is gone
+        return False
+
+
+def log_tail(api, container: str, lines: int = 20) -> str:
+    try:
+        ex = api.exec_create(container, ["tail", "-n", str(lines), LOG_PATH])
+        return redact.mask(api.exec_start(ex["Id"]).decode(errors="replace"))
+    except Exception as e:  # best effort, for an error message
+        return f"(could not read {LOG_PATH}: {e})"
+
+
+def headers(secrets: dict[str, str]) -> dict[str, str]:
+    key = secrets.get("VLLM_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def one_token(client: httpx.Client, base: str, model: str, hdrs: dict[str, str], timeout: float,
+              max_tokens: int = 1) -> tuple[bool, str]:
+    try:
+        r = client.post(f"{base}/v1/chat/completions", headers=hdrs, timeout=timeout,
+                        json={"model": model, "max_tokens": max_tokens,
+                              "messages": [{"role": "user", "content": "ping"}]})
+    except httpx.TimeoutException:
+        return False, f"a {max_tokens}-token completion did not return within {timeout:g}s"
+    except httpx.HTTPError as e:
+        return False, f"completion request failed: {e}"
+    if r.status_code != 200:
+        return False, f"completion answered HTTP {r.status_code}: {r.text[:200]}"
+    return True, "ok"
+
+
+def health(client: httpx.Client, base: str) -> int | None:
+    try:
+        return client.get(f"{base}/health", timeout=3).status_code
+    except httpx.HTTPError:
+        return None
+
+
+class NotReady(Exception):
+    def __init__(self, reason: str, tail: str = ""):
+        super().__init__(reason)
+        self.reason = reason
+        self.tail = tail
+
+
+def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, str], timeout: float,
+               on_wait=None) -> float:
+    """Block until /health is 200 AND a one-token completion succeeds; then one warm-up request.
+
+    Raises NotReady with the reason when the server dies or the bound passes.
+    """
+    hdrs = headers(secrets)
+    started = time.monotonic()
+    deadline = started + timeout
+    last = "the server has not opened its port yet"
+    with httpx.Client() as client:
+        while True:
+            if not running(api, rec):
+                raise NotReady("vllm serve exited", log_tail(api, spec.container))
+            code = health(client, base)
+            if code == 200:
+                ok, why = one_token(client, base, spec.model, hdrs, timeout=min(30.0, max(1.0, deadline - time.monotonic())))
+                if ok:
+                    one_token(client, base, spec.model, hdrs, timeout=120, max_tokens=8)  # JIT warm-up
+                    return time.monotonic() - started
+                last = f"/health answers 200 but {why}"
+                if "HTTP 401" in why:
+                    raise NotReady(last + " (the API key given does not match the server's)")
+            elif code is not None:
+                last = f"/health answers HTTP {code}"
+            if on_wait:
+                on_wait(last, time.monotonic() - started)
+            if time.monotonic() >= deadline:
+                raise NotReady(f"not ready after {timeout:g}s: {last}", log_tail(api, spec.container))
+            time.sleep(1.0)
