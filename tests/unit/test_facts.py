@@ -1,0 +1,267 @@
+"""facts: the probe script as text, its sections parsed back, and the path-MTU pairing."""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import LINKS, carrier_text, cap, hca_text, inventory_dict, link_ip, make_inventory, spark_ip_json
+from sparkcluster import facts
+from sparkcluster import parsers as P
+from sparkcluster.errors import StageError
+from sparkcluster.ssh import Result
+
+H, W = "spark-head", "spark-worker"
+
+
+def sections(pairs: list[tuple[str, int, str]]) -> str:
+    """Output in the shape probe_script's sections print."""
+    return "".join(f"{facts.SECTION} {name}\n{out}{'' if out.endswith(chr(10)) or not out else chr(10)}"
+                   f"{facts.SECTION} {name} rc={rc}\n" for name, rc, out in pairs)
+
+
+# --- split_sections / parse on real output ------------------------------------------------------
+
+def test_split_sections_captured_probe():
+    s = facts.split_sections(cap("vm-probe.txt"))
+    assert list(s) == ["hostname", "time", "gpu", "docker", "gpu_hook", "ip", "carrier", "hca", "meminfo", "earlyoom",
+                       "sshd_oom", "listeners", "containers", "ours", "disk", "ray_sessions", "image", "image_ray"]
+    assert s["hostname"] == facts.Section(0, "vm")
+    assert s["gpu"].rc == 127 and "nvidia-smi: command not found" in s["gpu"].out
+    assert s["image_ray"].rc == 3  # the image is not there: not an error of its own
+    assert s["earlyoom"] == facts.Section(1, "")
+
+
+def test_split_sections_truncated_output_drops_the_open_section():
+    text = cap("vm-probe.txt")
+    cut = text[: text.index(f"{facts.SECTION} meminfo rc=")]
+    s = facts.split_sections(cut)
+    assert "meminfo" not in s and "hca" in s
+
+
+def test_split_sections_marker_like_text_inside_a_section():
+    text = sections([("a", 0, f"{facts.SECTION} b rc=5\nline"), ("c", 2, "x")])
+    s = facts.split_sections(text)
+    # a stray end marker of another section does not close this one (it opens "b rc=5")
+    assert s["c"] == facts.Section(2, "x")
+
+
+def test_parse_captured_probe_vm_without_gpu_or_dockerd():
+    inv = make_inventory()
+    node = inv.node(H)
+    stamp = float(facts.split_sections(cap("vm-probe.txt"))["time"].out)
+    f = facts.parse(node, cap("vm-probe.txt"), stamp - 1.0, stamp + 1.0)
+    assert f.node == H and f.hostname == "vm"
+    assert f.clock_offset == pytest.approx(0.0, abs=1e-3)
+    assert f.gpus == [] and "nvidia-smi: command not found" in f.gpu_error
+    assert f.docker is None and f.docker_error.startswith("Cannot connect to the Docker daemon")
+    assert f.gpu_hook == ""
+    assert f.interfaces["eth0"].mtu == 1400
+    assert f.hcas == {}
+    assert f.mem.available > 0 and f.earlyoom is False and f.sshd_oom_score_adj is None
+    assert [(x.port, x.process, x.container) for x in f.listeners] == [(8000, "python3", "")]
+    assert f.containers == [] and f.ours == []
+    assert list(f.disks) == ["/"]
+    assert f.ray_sessions == []
+    assert f.image_id is None and f.image_ray is None and f.image_ray_error == ""
+
+
+def test_parse_gb10_probe():
+    inv = make_inventory()
+    inspect = cap("gb10-docker-inspect-head.json")
+    text = sections([
+        ("hostname", 0, "spark-head"),
+        ("time", 0, "1795317600.250000000"),
+        ("gpu", 0, cap("gb10-nvidia-smi.csv")),
+        ("docker", 0, cap("gb10-docker-info.json")),
+        ("gpu_hook", 0, "/usr/bin/nvidia-container-runtime-hook"),
+        ("ip", 0, spark_ip_json(1)),
+        ("carrier", 0, carrier_text() + "enp1s0f0np0x - -\n"),
+        ("hca", 0, hca_text()),
+        ("meminfo", 0, cap("vm-meminfo.txt")),
+        ("earlyoom", 0, "1234"),
+        ("sshd_oom", 0, "-1000"),
+        ("listeners", 0, ""),
+        ("containers", 0, cap("gb10-docker-ps.jsonl")),
+        ("ours", 0, inspect),
+        ("disk", 0, cap("vm-df.txt")),
+        ("ray_sessions", 0, "/tmp/ray/session_2026-11-21_22-03-55_118733_1\n/tmp/ray/session_latest"),
+        ("image", 0, "sha256:3f9c2d1e8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e"),
+        ("image_ray", 0, "2026-11-21 22:41:09,118\tINFO usage_lib.py:441 -- Usage stats collection is enabled.\nray, version 2.49.2"),
+    ])
+    f = facts.parse(inv.node(H), text, 1795317600.0, 1795317600.0)
+    assert f.clock_offset == pytest.approx(0.25)
+    assert f.gpus[0].name == "NVIDIA GB10" and f.gpus[0].memory_total == "[N/A]"
+    assert "nvidia" in f.docker.runtimes
+    for nd, _, k in LINKS:
+        i = f.interfaces[nd]
+        assert (i.mtu, i.carrier, i.speed_mbps) == (9000, True, 200000)
+        assert [str(a.ip) for a in i.addresses] == [link_ip(k, 1)]
+    assert f.interfaces["docker0"].carrier is None  # not asked about
+    assert all(h.active for h in f.hcas.values()) and len(f.hcas) == 4
+    assert f.earlyoom and f.sshd_oom_score_adj == -1000
+    assert [c.name for c in f.containers] == ["sparkcluster-pair-head", "vllm_node"]
+    assert f.ours[0]["Name"] == "/sparkcluster-pair-head"
+    assert f.image_ray == "ray, version 2.49.2"
+    assert len(f.ray_sessions) == 2
+
+
+def test_parse_image_ray_failure_and_missing_sections():
+    inv = make_inventory()
+    text = sections([("image", 0, "sha256:abc"), ("image_ray", 127, 'exec: "ray": executable file not found in $PATH')])
+    f = facts.parse(inv.node(W), text, 0.0, 0.0)
+    assert f.image_id == "sha256:abc" and f.image_ray is None
+    assert "executable file not found" in f.image_ray_error
+    # every other section missing: values, not exceptions
+    assert f.gpus == [] and f.gpu_error == "nvidia-smi exited 127"
+    assert f.docker is None and f.docker_error == "docker info exited 127"
+    assert f.clock_offset is None and f.mem is None and f.interfaces == {}
+
+
+def test_parse_sshd_oom_garbage():
+    f = facts.parse(make_inventory().node(H), sections([("sshd_oom", 0, "cat: /proc//oom_score_adj: No such file")]), 0, 0)
+    assert f.sshd_oom_score_adj is None
+
+
+# --- probe_script as a string -------------------------------------------------------------------
+
+NASTY_HF = "/srv/hf cache/$(touch /tmp/sc-pwned);`id`'x"
+NASTY_IMAGE = "repo/img:tag;touch /tmp/sc-pwned2"
+
+
+def nasty_inventory():
+    d = inventory_dict()
+    d["cluster"]["hf_cache"] = NASTY_HF
+    return make_inventory(d)
+
+
+def test_probe_script_quotes_user_values():
+    inv = nasty_inventory()
+    script = facts.probe_script(inv, inv.node(H), NASTY_IMAGE)
+    assert shlex.quote(NASTY_HF) in script
+    assert shlex.quote(NASTY_IMAGE) in script
+    # never unquoted: with the quoted forms removed, nothing of the values is left
+    rest = script.replace(shlex.quote(NASTY_HF), "").replace(shlex.quote(NASTY_IMAGE), "")
+    assert "sc-pwned" not in rest and "hf cache" not in rest
+    label = shlex.quote("org.sparkcluster.cluster=pair")
+    assert f"--filter label={label}" in script
+
+
+def test_probe_script_asks_for_the_inventory_interfaces_and_ports():
+    d = inventory_dict()
+    d["cluster"].update(api_port=8123, ray_port=6380)
+    inv = make_inventory(d)
+    script = facts.probe_script(inv, inv.node(W), None)
+    # control_if first, no duplicates (it is also a data-plane link)
+    assert "for i in enp1s0f1np1 enp1s0f0np0 enP2p1s0f0np0 enP2p1s0f1np1; do" in script
+    assert "sport = :6380 or sport = :8123" in script
+    assert "image" not in facts.split_sections(script.replace("; echo \"", "\necho \""))  # no image sections
+    assert "docker image inspect" not in script
+
+
+@pytest.mark.skipif(not shutil.which("bash"), reason="needs bash")
+def test_probe_script_runs_and_does_not_execute_values(tmp_path):
+    d = inventory_dict()
+    hf = tmp_path / "hf cache" / "$(touch INJECTED)"
+    d["cluster"]["hf_cache"] = str(hf)
+    inv = make_inventory(d)
+    script = facts.probe_script(inv, inv.node(H), "img;touch INJECTED2")
+    subprocess.run(["bash", "-n", "-c", script], check=True)
+    res = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert not (tmp_path / "INJECTED").exists() and not (tmp_path / "INJECTED2").exists()
+    s = facts.split_sections(res.stdout)
+    assert {"hostname", "meminfo", "disk"} <= set(s)
+    assert s["meminfo"].rc == 0
+    assert P.df_lines(s["disk"].out)  # the HF cache's filesystem (or its nearest existing parent's)
+
+
+# --- path MTU -----------------------------------------------------------------------------------
+
+def two_spark_facts(worker_links=None) -> dict[str, facts.HostFacts]:
+    out = {}
+    for name, host, links in ((H, 1, None), (W, 2, worker_links)):
+        out[name] = facts.HostFacts(node=name, interfaces=P.ip_addr_json(spark_ip_json(host, links)))
+    return out
+
+
+def test_path_mtu_probes_pair_by_subnet_both_directions():
+    inv = make_inventory()
+    got = two_spark_facts()
+    head = facts.path_mtu_probes(inv.node(H), got)
+    worker = facts.path_mtu_probes(inv.node(W), got)
+    assert head == [facts.Probe(nd, W, link_ip(k, 2), 8972) for nd, _, k in LINKS]
+    assert worker == [facts.Probe(nd, H, link_ip(k, 1), 8972) for nd, _, k in LINKS]
+    # docker0 (172.17/16 on both) is not a data-plane link: never probed
+    assert all(not p.peer_ip.startswith("172.17.") for p in head + worker)
+
+
+def test_path_mtu_probes_worker_cabled_differently():
+    # the worker's cables sit in the other ports: same subnets, other netdev names
+    swapped = [("enp1s0f1np1", "rocep1s0f1", 1), ("enp1s0f0np0", "rocep1s0f0", 2),
+               ("enP2p1s0f1np1", "roceP2p1s0f1", 3), ("enP2p1s0f0np0", "roceP2p1s0f0", 4)]
+    inv = make_inventory()
+    got = two_spark_facts(swapped)
+    pairs = {(p.netdev, p.peer_ip) for p in facts.path_mtu_probes(inv.node(H), got)}
+    assert pairs == {(nd, link_ip(k, 2)) for nd, _, k in LINKS}
+    back = {(p.netdev, p.peer_ip) for p in facts.path_mtu_probes(inv.node(W), got)}
+    assert back == {(nd, link_ip(k, 1)) for nd, _, k in swapped}
+
+
+def test_path_mtu_probes_uses_node_mtu_and_skips_unpaired():
+    d = inventory_dict()
+    d["nodes"][0]["mtu"] = 4200
+    inv = make_inventory(d)
+    got = two_spark_facts()
+    del got[H].interfaces["enP2p1s0f1np1"]  # missing locally
+    got[W].interfaces["enP2p1s0f0np0"].addresses = []  # no peer address on link 3
+    probes = facts.path_mtu_probes(inv.node(H), got)
+    assert [p.netdev for p in probes] == ["enp1s0f0np0", "enp1s0f1np1"]
+    assert {p.size for p in probes} == {4172}
+
+
+def test_ping_command_and_script_are_quoted():
+    p = facts.Probe("enP2p1s0f0np0", W, "198.19.3.2", 8972)
+    assert facts.ping_command(p) == "ping -M do -c 1 -W 1 -s 8972 -I enP2p1s0f0np0 198.19.3.2"
+    assert shlex.split(facts.ping_command(p)) == ["ping", "-M", "do", "-c", "1", "-W", "1", "-s", "8972",
+                                                  "-I", "enP2p1s0f0np0", "198.19.3.2"]
+    script = facts.path_mtu_script([p, facts.Probe("enp1s0f0np0", W, "198.19.1.2", 8972)])
+    assert script.count("ping -M do") == 2
+    assert f"echo '{facts.SECTION} ping enP2p1s0f0np0 198.19.3.2'" in script
+    assert facts.path_mtu_script([]) == "\n"
+
+
+class FakeHost:
+    def __init__(self, stdout: str, timed_out: bool = False):
+        self.stdout, self.timed_out = stdout, timed_out
+        self.name = H
+        self.node = make_inventory().node(H)
+        self.ran: list[str] = []
+
+    def run(self, cmd, timeout=30.0, stdin=None):
+        self.ran.append(cmd)
+        return Result(self.name, "script", -1 if self.timed_out else 0, self.stdout, "", 0.1, self.timed_out)
+
+
+def test_gather_path_mtu_from_captured_pings():
+    probes = [facts.Probe("lo", "peer", "127.0.0.1", 8972), facts.Probe("eth0", "gw", "192.0.2.1", 1472),
+              facts.Probe("vlan9", "x", "10.9.9.9", 1472)]  # last: no section in the output
+    host = FakeHost(cap("vm-path-mtu.txt"))
+    got = facts.gather_path_mtu(host, probes)
+    assert host.ran == [facts.path_mtu_script(probes)]
+    assert got["lo"].ok and got["lo"].size == 8972 and got["lo"].command == facts.ping_command(probes[0])
+    assert not got["eth0"].ok
+    assert not got["vlan9"].ok and got["vlan9"].detail == "timed out"
+    assert facts.gather_path_mtu(host, []) == {}
+
+
+def test_gather_parses_and_times_out():
+    inv = make_inventory()
+    f = facts.gather(FakeHost(cap("vm-probe.txt")), inv, None)
+    assert f.hostname == "vm" and f.clock_offset is not None
+    with pytest.raises(StageError) as e:
+        facts.gather(FakeHost("", timed_out=True), inv, None, timeout=3)
+    assert "timed out after 3s" in e.value.message
