@@ -18,7 +18,7 @@ def table(results: list[Result], nodes: list[str], console: Console) -> None:
     t.add_column("check", no_wrap=True)
     for n in nodes:
         t.add_column(n, no_wrap=True)
-    t.add_column("", style="dim")
+    t.add_column("", style="dim", no_wrap=True, overflow="ellipsis")
     by_id: dict[str, dict[str, Result]] = {}
     for r in results:
         by_id.setdefault(r.id, {})[r.node] = r

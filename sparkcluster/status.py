@@ -1,0 +1,188 @@
+"""What runs, from the controller: per node the container, Ray membership, the endpoint, memory.
+
+One SSH round trip per node (container state, Ray's state API on the head, uptime, MemAvailable)
+plus two HTTP requests to the endpoint, all in parallel: fast enough to poll every second.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import httpx
+
+from . import parsers, serve
+from .errors import SparkError
+from .facts import SECTION, split_sections
+from .fanout import Cluster, connect_all
+from .inventory import Inventory
+from .labels import CLUSTER_LABEL, PROFILE_LABEL
+
+# Ray's state API (what `ray list nodes` reads), served by the dashboard on the head's loopback
+RAY_NODES_URL = "http://127.0.0.1:8265/api/v0/nodes?limit=100"
+
+
+@dataclass
+class NodeStatus:
+    node: str
+    reachable: bool = True
+    error: str = ""
+    container: str = ""  # name
+    state: str = "absent"  # running | exited | absent
+    started_at: str = ""
+    profile: str = ""
+    uptime_s: float | None = None
+    mem_available_gib: float | None = None
+    ray_alive: bool | None = None  # this node's control IP is alive in Ray
+
+
+@dataclass
+class ClusterStatus:
+    cluster: str
+    state: str  # healthy | degraded | down
+    nodes: list[NodeStatus]
+    ray_nodes: int | None = None
+    ray_gpus: float | None = None
+    endpoint: str = ""
+    health: int | None = None
+    models: list[str] = field(default_factory=list)
+    server_pid: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def as_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def node_script(inv: Inventory, head: bool) -> str:
+    label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
+    parts = [
+        f"echo '{SECTION} uptime'; cat /proc/uptime; echo \"{SECTION} uptime rc=$?\"",
+        f"echo '{SECTION} meminfo'; cat /proc/meminfo; echo \"{SECTION} meminfo rc=$?\"",
+        f"echo '{SECTION} ours'; ids=$(docker ps -aq --filter label={label}); "
+        f"if [ -z \"$ids\" ]; then echo '[]'; else docker inspect $ids; fi; echo \"{SECTION} ours rc=$?\"",
+    ]
+    if head:
+        parts.append(f"echo '{SECTION} ray'; (curl -s -m 2 {RAY_NODES_URL} || "
+                     f"python3 -c 'import sys,urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())' "
+                     f"{RAY_NODES_URL}) 2>/dev/null; echo \"{SECTION} ray rc=$?\"")
+    return "\n".join(parts) + "\n"
+
+
+def parse_ray_nodes(text: str) -> list[dict]:
+    """Ray state API `/api/v0/nodes`: {"data": {"result": {"result": [{node_ip, state, resources_total}]}}}."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return []
+    result = doc.get("data", {}).get("result", {})
+    rows = result.get("result", []) if isinstance(result, dict) else result
+    return [r for r in rows if isinstance(r, dict)]
+
+
+def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None]:
+    st = NodeStatus(host.name)
+    is_head = host.name == inv.head.name
+    res = host.run(node_script(inv, is_head), timeout=10)
+    s = split_sections(res.stdout)
+    if "uptime" in s and s["uptime"].rc == 0:
+        st.uptime_s = float(s["uptime"].out.split()[0])
+    if "meminfo" in s and s["meminfo"].rc == 0:
+        st.mem_available_gib = round(parsers.meminfo(s["meminfo"].out).available / 2**30, 1)
+    ours = parsers.json_list(s["ours"].out) if "ours" in s and s["ours"].rc == 0 else []
+    if ours:
+        c = ours[0]
+        st.container = c.get("Name", "").lstrip("/")
+        st.state = c.get("State", {}).get("Status", "unknown")
+        st.started_at = c.get("State", {}).get("StartedAt", "")
+        st.profile = c.get("Config", {}).get("Labels", {}).get(PROFILE_LABEL, "")
+    ray = parse_ray_nodes(s["ray"].out) if is_head and "ray" in s else None
+    return st, ray
+
+
+def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
+    res = connect_all(inv)
+    for err in res.failed.values():
+        if not isinstance(err, SparkError):
+            raise err
+    cluster = Cluster(inv, res.succeeded)
+    with cluster:
+        head = cluster.hosts.get(inv.head.name)
+        port = inv.cluster.api_port
+        endpoint = f"http://{head.address}:{port}" if head else ""
+
+        def http() -> tuple[int | None, list[str]]:
+            if not endpoint:
+                return None, []
+            hdrs = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+            with httpx.Client(timeout=2.0) as c:
+                code = serve.health(c, endpoint)
+                if code != 200:
+                    return code, []
+                try:
+                    r = c.get(f"{endpoint}/v1/models", headers=hdrs)
+                    return code, [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
+                except (httpx.HTTPError, ValueError):
+                    return code, []
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            http_future = pool.submit(http)
+            per_node = cluster.each(lambda h: _one(h, inv))
+            health, models = http_future.result()
+        pid = None
+        if head:
+            heads = [o.value[0] for n, o in per_node.items() if n == inv.head.name and o.ok]
+            if heads and heads[0].state == "running":
+                rec = serve.read_record(head.docker().api, heads[0].container)
+                if rec and serve.running(head.docker().api, rec):
+                    pid = rec.pid
+
+    nodes, ray_rows = [], None
+    for n in inv.nodes:
+        if n.name in res.failed:
+            nodes.append(NodeStatus(n.name, reachable=False, error=res.failed[n.name].message.removeprefix(f"{n.name}: ")))
+            continue
+        o = per_node[n.name]
+        if not o.ok:
+            nodes.append(NodeStatus(n.name, reachable=False, error=str(o.error)))
+            continue
+        st, ray = o.value
+        if ray is not None:
+            ray_rows = ray
+        nodes.append(st)
+    return judge(inv, nodes, ray_rows, endpoint, health, models, pid)
+
+
+def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, endpoint: str,
+          health: int | None, models: list[str], pid: int | None) -> ClusterStatus:
+    """Pure: healthy only when every node's container runs, Ray has every node alive at its
+    control IP with its GPUs, and the endpoint answers with the model."""
+    st = ClusterStatus(inv.cluster.name, "healthy", nodes, endpoint=f"{endpoint}/v1" if endpoint else "",
+                       health=health, models=models, server_pid=pid)
+    alive = [r for r in (ray_rows or []) if r.get("state") == "ALIVE"]
+    if ray_rows is not None:
+        st.ray_nodes = len(alive)
+        st.ray_gpus = sum(float(r.get("resources_total", {}).get("GPU", 0)) for r in alive)
+    alive_ips = {r.get("node_ip") for r in alive}
+    for n, ns in zip(inv.nodes, nodes):
+        if ray_rows is not None:
+            ns.ray_alive = str(n.control_ip) in alive_ips
+        if not ns.reachable:
+            st.problems.append(f"{n.name} unreachable: {ns.error}")
+        elif ns.state != "running":
+            st.problems.append(f"{n.name}: container {ns.state}")
+        elif ns.ray_alive is False:
+            st.problems.append(f"{n.name} is not alive in Ray at {n.control_ip}")
+    if ray_rows is None and any(ns.state == "running" for ns in nodes):
+        st.problems.append("Ray does not answer on the head")
+    if any(ns.state == "running" for ns in nodes):
+        if health != 200:
+            st.problems.append(f"endpoint /health: {health or 'no answer'}")
+        elif pid is None:
+            st.problems.append("vllm serve is not running")
+    if all(ns.reachable and ns.state == "absent" for ns in nodes):
+        st.state = "down"
+    elif st.problems:
+        st.state = "degraded"
+    return st
