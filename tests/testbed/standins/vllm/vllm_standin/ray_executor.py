@@ -6,6 +6,7 @@ vLLM's RayDistributedExecutor) and an in-process one for world size 1 without Ra
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -133,7 +134,13 @@ class RayExecutor(BaseExecutor):
         if ray.is_initialized():
             logger.info("Ray is already initialized. Skipping Ray initialization.")
         else:
+            # ray.init installs its own SIGTERM/SIGINT handlers (the C++ one kills the process on
+            # the spot); keep ours, so that SIGTERM is a graceful shutdown as in vLLM.
+            saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
             ray.init(address="auto", logging_level="WARNING", log_to_driver=True)
+            for s, h in saved.items():
+                if h is not None:
+                    signal.signal(s, h)
         logger.info("Connected to Ray cluster; driver ip %s", driver_ip)
 
         # The driver's node must have a GPU (vLLM pins bundle 0 to it with `node:<driver ip>`).
