@@ -9,11 +9,23 @@ _DATEFMT = "%m-%d %H:%M:%S"
 _configured = False
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time of the record."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
 def init_logger(name: str) -> logging.Logger:
     global _configured
     root = logging.getLogger("vllm")
     if not _configured:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter(_FORMAT, _DATEFMT))
         root.addHandler(handler)
         root.setLevel(logging.DEBUG if _debug() else logging.INFO)

@@ -130,13 +130,23 @@ class NcclReport:
         return self.error is None
 
 
+_NCCL_RESULTS = {
+    "internal": ("internal error - please report this issue to the NCCL developers",
+                 "ncclInternalError: Internal check failed."),
+    "invalid": ("invalid usage (run with NCCL_DEBUG=WARN for details)",
+                "ncclInvalidUsage: This usually reflects invalid usage of NCCL library."),
+    "remote": ("remote process exited or there was a network error",
+               "ncclRemoteError: A call failed possibly due to a network error or a remote "
+               "process exiting prematurely."),
+}
+
+
 def _nccl_error(kind: str, last_error: str) -> str:
+    """torch's wording for a failed NCCL call (ProcessGroupNCCL)."""
+    what, code = _NCCL_RESULTS[kind]
     return (
-        f"NCCL error in: /opt/pytorch/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, "
-        f"{kind}, NCCL version {NCCL_VERSION}\n"
-        + ("ncclInternalError: Internal check failed." if "internal" in kind
-           else "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.")
-        + f"\nLast error:\n{last_error}"
+        "NCCL error in: /opt/pytorch/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, "
+        f"{what}, NCCL version {NCCL_VERSION}\n{code}\nLast error:\n{last_error}"
     )
 
 
@@ -159,7 +169,7 @@ def select_hcas(spec: str | None, hcas: dict[str, dict[int, HcaPort]]) -> tuple[
             have = ", ".join(sorted(hcas)) or "none"
             want = f"{name}:{port}" if port != -1 else name
             return [], _nccl_error(
-                "invalid usage (run with NCCL_DEBUG=WARN for details)",
+                "invalid",
                 f"NET/IB : No device found. NCCL_IB_HCA={spec!r} names {want}, which this node "
                 f"does not have (present in /sys/class/infiniband: {have})",
             ), lines
@@ -167,7 +177,7 @@ def select_hcas(spec: str | None, hcas: dict[str, dict[int, HcaPort]]) -> tuple[
             if p.state != ACTIVE:
                 lines.append(("WARN", f"NET/IB : {p.hca}:{p.port} port state is '{p.state or 'unknown'}', expected '{ACTIVE}'"))
                 return [], _nccl_error(
-                    "remote process exited or there was a network error",
+                    "remote",
                     f"NET/IB : ibv_modify_qp failed with 110 Connection timed out, on dev "
                     f"{p.hca}:{p.port}, curr state INIT, next state RTR "
                     f"(port state '{p.state or 'unknown'}', expected '{ACTIVE}')",
@@ -185,7 +195,7 @@ def nccl_report(env: dict[str, str], ifaces: dict[str, str | None],
         rep.lines.append(("WARN", "Bootstrap : no socket interface found"))
         have = ", ".join(n for n, ip in sorted(ifaces.items()) if ip) or "none"
         rep.error = _nccl_error(
-            "internal error - please report this issue to the NCCL developers",
+            "internal",
             "Bootstrap : no socket interface found"
             + (f" (NCCL_SOCKET_IFNAME={env['NCCL_SOCKET_IFNAME']!r}; interfaces with an address"
                f" on this node: {have})" if env.get("NCCL_SOCKET_IFNAME") else ""),
