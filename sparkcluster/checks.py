@@ -549,7 +549,8 @@ def container_flags(c: dict) -> dict[str, object]:
     hc = c.get("HostConfig", {}) or {}
     flags = {k: hc.get(k) for k in FLAG_KEYS}
     flags["Devices"] = sorted((d.get("PathOnHost"), d.get("PathInContainer")) for d in (flags["Devices"] or []))
-    flags["CapAdd"] = sorted(flags["CapAdd"] or [])
+    # the docker CLI stores --cap-add=IPC_LOCK as "CAP_IPC_LOCK", the Engine API as given: same flag
+    flags["CapAdd"] = sorted(c.upper().removeprefix("CAP_") for c in (flags["CapAdd"] or []))
     flags["Ulimits"] = sorted((u.get("Name"), u.get("Soft"), u.get("Hard")) for u in (flags["Ulimits"] or []))
     flags["DeviceRequests"] = sorted(str(sorted((k, str(v)) for k, v in d.items())) for d in (flags["DeviceRequests"] or []))
     return flags

@@ -470,3 +470,12 @@ def test_gb10_memory_na_is_not_a_problem():
     s = healthy()
     assert s.facts[H].gpus[0].memory_total == "[N/A]"
     assert BASELINE[("gpu.gb10", H)].status == "ok"
+
+
+def test_cap_add_spelling_cli_vs_engine_api():
+    # real: the docker CLI stores --cap-add=IPC_LOCK as CAP_IPC_LOCK (tests/captured/testbed-head-docker-inspect.json)
+    cli_caps = json.loads(cap("testbed-head-docker-inspect.json"))[0]["HostConfig"]["CapAdd"]
+    s = healthy()
+    s.facts[H].ours[0]["HostConfig"]["CapAdd"] = cli_caps
+    got = results(s)
+    assert got[("containers.flags", H)].status == got[("containers.flags", W)].status == "ok"

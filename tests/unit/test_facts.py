@@ -265,3 +265,25 @@ def test_gather_parses_and_times_out():
     with pytest.raises(StageError) as e:
         facts.gather(FakeHost("", timed_out=True), inv, None, timeout=3)
     assert "timed out after 3s" in e.value.message
+
+
+def test_parse_testbed_probe():
+    inv = make_inventory()
+    text = cap("testbed-head-probe.txt")
+    stamp = float(facts.split_sections(text)["time"].out)
+    f = facts.parse(inv.node(H), text, stamp, stamp)
+    assert f.hostname == "spark-head" and f.clock_offset == pytest.approx(0.0)
+    assert f.gpus == [P.Gpu("NVIDIA GB10", "580.95.05", "[N/A]", "12.1")]
+    assert f.docker is not None and f.docker.root_dir == "/var/lib/docker"
+    assert set(f.hcas) == {hca for _, hca, _ in LINKS} and all(h.active for h in f.hcas.values())
+    assert {h.name: h.netdevs for h in f.hcas.values()} == {hca: (nd,) for nd, hca, _ in LINKS}
+    for nd, _, k in LINKS:
+        assert f.interfaces[nd].mtu == 9000
+        assert [str(a.ip) for a in f.interfaces[nd].addresses] == [link_ip(k, 1)]
+    # at capture time one link had no carrier file: unknown, not False
+    assert f.interfaces["enP2p1s0f0np0"].carrier is None
+    assert f.interfaces["enp1s0f1np1"].carrier is True and f.interfaces["enp1s0f1np1"].speed_mbps == 10000
+    assert f.sshd_oom_score_adj == 0 and not f.earlyoom
+    assert list(f.disks) == ["/var/lib/docker", "/root/.cache"]
+    assert f.image_id.startswith("sha256:") and f.image_ray == "ray, version 2.60.0"
+    assert f.ours == [] and f.containers == [] and f.listeners == []

@@ -250,3 +250,30 @@ def test_ping_results_captured():
     assert too_big.rc == 1 and "message too long, mtu=1400" in too_big.out
     assert secs["ping eth0 192.0.2.77"].rc == 1
     assert "0 received" in P.last_line(secs["ping eth0 192.0.2.77"].out)
+
+
+# --- from the testbed (real dockerd) ------------------------------------------------------------
+
+def test_testbed_docker_info():
+    d = P.docker_info(cap("testbed-head-docker-info.json"))
+    assert d.server_version and d.root_dir == "/var/lib/docker"
+    assert "runc" in d.runtimes
+
+
+def test_testbed_docker_ps():
+    cs = P.docker_ps_json(cap("testbed-head-docker-ps.jsonl"))
+    assert len(cs) == 1
+    c = cs[0]
+    assert c.state == "running" and len(c.id) == 64
+    assert c.command.startswith("ray start --head --node-ip-address 198.19.2.1")
+    assert c.labels["org.sparkcluster.ray-version"] == "2.60.0"
+    # a label value with spaces and parentheses survives the comma split
+    assert c.labels["org.opencontainers.image.title"] == "vllm (testbed stand-in)"
+
+
+def test_testbed_docker_inspect():
+    (c,) = P.json_list(cap("testbed-head-docker-inspect.json"))
+    hc = c["HostConfig"]
+    assert hc["CapAdd"] == ["CAP_IPC_LOCK"]
+    assert hc["Devices"][0]["PathOnHost"] == "/dev/infiniband"
+    assert {"Name": "memlock", "Hard": -1, "Soft": -1} in hc["Ulimits"]
