@@ -20,7 +20,7 @@ METADATA = f"""Metadata-Version: 2.1
 Name: vllm-standin
 Version: {VERSION}
 Summary: Test double of vLLM 0.21 for the sparkcluster testbed (not vLLM)
-Requires-Python: >=3.9
+Requires-Python: >=3.10
 """
 WHEEL = f"""Wheel-Version: 1.0
 Generator: standin_build

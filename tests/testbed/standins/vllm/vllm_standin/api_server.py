@@ -19,7 +19,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from vllm_standin import __version__, knobs
-from vllm_standin.logger import init_logger, uvicorn
+from vllm_standin.logger import init_logger, set_uvicorn_level, uvicorn
 from vllm_standin.ray_executor import EngineDeadError, Interrupted, make_executor
 from vllm_standin.worker import token_for
 
@@ -293,6 +293,13 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        except Exception:  # noqa: BLE001 - a bug in the double: answer 500, keep serving
+            logger.exception("Error in %s %s", method, path)
+            self.close_connection = True
+            try:
+                self._json(500, ApiError(500, "Internal Server Error", "InternalServerError").body())
+            except OSError:
+                pass
         finally:
             eng.leave()
 
@@ -500,6 +507,7 @@ def run_server(args) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     host = args.host if args.host is not None else "0.0.0.0"
+    set_uvicorn_level(args.uvicorn_log_level)
     logger.info("vLLM API server version %s (test double, not vLLM)", __version__)
     logger.info("non-default args: %s", _non_default_args(args))
     if args.data_parallel_size > 1:

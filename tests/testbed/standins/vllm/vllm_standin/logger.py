@@ -40,6 +40,17 @@ def _debug() -> bool:
     return os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper() == "DEBUG"
 
 
-def uvicorn(msg: str) -> None:
-    """uvicorn's own format: `INFO:     Application startup complete.`"""
-    print(f"INFO:     {msg}", file=sys.stderr, flush=True)
+_UVICORN_LEVELS = {"trace": 5, "debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+uvicorn_level = 20  # set from --uvicorn-log-level
+
+
+def set_uvicorn_level(name: str) -> None:
+    global uvicorn_level
+    uvicorn_level = _UVICORN_LEVELS.get(name, 20)
+
+
+def uvicorn(msg: str, level: str = "info") -> None:
+    """uvicorn's own format: `INFO:     Application startup complete.` (hidden below its level)"""
+    if _UVICORN_LEVELS[level] >= uvicorn_level:
+        tag = level.upper() + ":"
+        print(f"{tag:<9} {msg}", file=sys.stderr, flush=True)
