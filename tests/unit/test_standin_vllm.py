@@ -396,3 +396,14 @@ def test_http_api_auth_and_graceful_sigterm(tmp_path):
     assert proc.returncode == 0, err
     assert f"Starting vLLM API server 0 on http://127.0.0.1:{port}" in err
     assert "Application startup complete." in err and "Shutting down" in err
+
+
+def test_max_model_len_above_derived_needs_allow_long():
+    m = "sparkcluster/testbed-tiny"
+    assert checks.max_model_len_error(m, 4096, {}) is None
+    assert checks.max_model_len_error(m, None, {}) is None
+    assert checks.max_model_len_error(m, 8192, {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}) is None
+    assert checks.max_model_len_error("some/other", 10**6, {}) is None
+    msg = checks.max_model_len_error(m, 8192, {})
+    assert msg.startswith("User-specified max_model_len (8192) is greater than the derived max_model_len")
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in msg

@@ -18,7 +18,7 @@ import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from vllm_standin import __version__, knobs
+from vllm_standin import __version__, checks, knobs
 from vllm_standin.logger import init_logger, set_uvicorn_level, uvicorn
 from vllm_standin.ray_executor import EngineDeadError, Interrupted, make_executor
 from vllm_standin.worker import token_for
@@ -68,7 +68,8 @@ class Engine:
         self.executor = executor
         self.model = args.model
         self.served = list(args.served_model_name or [args.model])
-        self.max_model_len = args.max_model_len if args.max_model_len and args.max_model_len > 0 else DEFAULT_MAX_MODEL_LEN
+        self.max_model_len = (args.max_model_len if args.max_model_len and args.max_model_len > 0
+                              else checks.MODEL_DERIVED_MAX_LEN.get(args.model, DEFAULT_MAX_MODEL_LEN))
         self.lock = threading.Lock()
         self.running = 0
         self.inflight = 0
@@ -518,6 +519,11 @@ def run_server(args) -> int:
         sock = _bind(host, args.port)
     except OSError as e:
         traceback.print_exception(e, file=sys.stderr)
+        return 1
+    err = checks.max_model_len_error(args.model, args.max_model_len, dict(os.environ))
+    if err:
+        traceback.print_exception(ValueError(err), file=sys.stderr)
+        sock.close()
         return 1
 
     executor = None

@@ -21,6 +21,28 @@ MODEL_REQUIRED_ENV: dict[str, tuple[str, ...]] = {
     ),
 }
 
+# max_position_embeddings of the model's config.json, where the double knows it.
+MODEL_DERIVED_MAX_LEN: dict[str, int] = {"sparkcluster/testbed-tiny": 4096}
+
+
+def max_model_len_error(model: str, max_model_len: int | None, environ: dict[str, str]) -> str | None:
+    """vLLM refuses --max-model-len above the model's own limit unless VLLM_ALLOW_LONG_MAX_MODEL_LEN."""
+    derived = MODEL_DERIVED_MAX_LEN.get(model)
+    if derived is None or not max_model_len or max_model_len <= derived:
+        return None
+    if environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip().lower() in ("1", "true"):
+        return None
+    return (
+        f"User-specified max_model_len ({max_model_len}) is greater than the derived "
+        f"max_model_len (max_position_embeddings={derived} or model_max_length=None in model's "
+        "config.json). To allow overriding this maximum, set the env var "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme "
+        "caution. If the model uses relative position encoding (RoPE), positions exceeding "
+        "derived_max_model_len lead to nan. If the model uses absolute position encoding, "
+        "positions exceeding derived_max_model_len will cause a CUDA array out-of-bounds error."
+    )
+
+
 # Prefixes/names a rank reports back to the driver (diagnostics and the checks above).
 REPORTED_PREFIXES = ("VLLM_", "NCCL_", "UCX_", "HF_", "GLOO_", "FLASHINFER_", "CUTE_DSL_", "OMPI_")
 

@@ -19,6 +19,11 @@ from vllm_standin.worker import RankWorker
 logger = init_logger(__name__)
 
 
+# Per-host settings worth showing per rank (a head value copied over a worker's shows up here).
+PER_HOST_VARS = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_DISABLE",
+                 "UCX_NET_DEVICES", "GLOO_SOCKET_IFNAME")
+
+
 class Interrupted(Exception):
     """SIGTERM/SIGINT arrived while the engine was starting."""
 
@@ -49,6 +54,8 @@ class BaseExecutor:
                 "Worker rank %d: hostname=%s pid=%d ip=%s ray_node_ip=%s node_id=%s",
                 r["rank"], r["hostname"], r["pid"], r["ip"], r["node_ip"], r["node_id"][:12],
             )
+            shown = {k: r["env"].get(k) for k in PER_HOST_VARS if k in r["env"]}
+            logger.info("Worker rank %d network environment: %s", r["rank"], shown)
 
     def _check_nccl(self) -> None:
         if self.world_size <= 1:
