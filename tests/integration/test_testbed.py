@@ -179,7 +179,7 @@ def test_production_container_sees_hardware(testbed, containers):
         info = json.loads(testbed.docker(h, f"inspect {name2}").stdout)[0]["HostConfig"]
         assert [u for u in info["Ulimits"] if u["Name"] == "memlock"][0]["Hard"] == -1
         assert info["NetworkMode"] == "host" and info["IpcMode"] == "host"
-        assert "IPC_LOCK" in info["CapAdd"]
+        assert {"IPC_LOCK", "CAP_IPC_LOCK"} & set(info["CapAdd"])
         assert info["DeviceRequests"][0]["Count"] == -1
         assert info["Devices"][0]["PathOnHost"] == "/dev/infiniband"
     # without --gpus / --device the stand-ins are not injected, as on a real Spark

@@ -49,6 +49,7 @@ CONTROL_LINK = 1  # index into NETDEVS: enp1s0f1np1, 198.19.2.0/24
 MTU = 9000
 DRIVER = "580.95.05"
 MIRROR_PORT = 3141
+TESTBED_NET = "198.18.0.0/15"  # RFC 2544 benchmarking range; everything the testbed uses
 BASE_IMAGE = "nvcr.io/nvidia/vllm:26.05.post1-py3"
 ROOTFS_IMAGE = "sparkcluster-testbed/ngc-rootfs:bookworm"
 RAY_VERSION = "2.60.0"
@@ -403,6 +404,10 @@ class Testbed:
         log(f"{host}: namespaces up (init pid {child})")
 
     def _network(self) -> None:
+        # nothing addressed to the testbed ranges may ever leave this machine (e.g. while a LAN link
+        # is down and its connected route is gone): a catch-all unreachable route, no forwarding, no NAT
+        run(["ip", "route", "replace", "unreachable", TESTBED_NET, "metric", "4242"])
+        self._update(guard_route=True)
         for h in HOSTS:
             s = SPECS[h]
             run(["ip", "link", "add", s.ctl_if, "type", "veth", "peer", "name", LAN_IF, "netns", h])
@@ -478,7 +483,9 @@ Subsystem sftp /usr/lib/openssh/sftp-server
     def start_sshd(self, host: str) -> None:
         """Start the host's sshd (logs to hosts/<host>/sshd.log)."""
         cfg = self._sshd_config(host)
-        self.sh(host, f"/usr/sbin/sshd -t -f {cfg} && /usr/sbin/sshd -f {cfg} -E {self.sshd_log(host)}")
+        self.sh(host, f"/usr/sbin/sshd -t -f {cfg} && /usr/sbin/sshd -f {cfg} -E {self.sshd_log(host)} && "
+                      f"for i in $(seq 100); do ss -Hltn 'sport = :22' | grep -q {SPECS[host].lan_ip} && exit 0; "
+                      "sleep 0.05; done; echo 'sshd is not listening' >&2; exit 1")
 
     def stop_sshd(self, host: str) -> None:
         """Stop the listening sshd (established sessions survive, as with a real `kill`)."""
@@ -728,9 +735,9 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         for h in HOSTS:
             for key in ("init_pid", "unshare_pid"):
                 pid = hosts.get(h, {}).get(key)
-                for _ in range(100):
-                    if not _alive(pid):
-                        break
+                for _ in range(30):
+                    if not pid or not os.path.exists(f"/proc/{pid}"):
+                        break  # gone, not merely a zombie
                     time.sleep(0.1)
         # anything else still inside a host's netns (should be nothing)
         for h in HOSTS:
@@ -749,6 +756,9 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                 time.sleep(0.1)
             run(["ip", "netns", "del", h], check=False)
             run(["ip", "link", "del", SPECS[h].ctl_if], check=False)
+        if st.get("guard_route") or run(["ip", "route", "show", "type", "unreachable", TESTBED_NET],
+                                        check=False).stdout.strip():
+            run(["ip", "route", "del", "unreachable", TESTBED_NET, "metric", "4242"], check=False)
         # loop devices of our disk images (autoclear normally detaches them with the mount namespace)
         for h in HOSTS:
             img = self.host_dir(h) / "docker.img"
@@ -796,7 +806,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             self.sh(host, f"ip route replace default via {s.ctl_ip} dev {LAN_IF}")
 
     def lan_down(self, host: str) -> None:
-        """Pull the host's LAN cable (controller side down: ssh to it times out). Undo: lan_up."""
+        """Pull the host's LAN cable (controller side down: the host is unreachable). Undo: lan_up."""
         run(["ip", "link", "set", SPECS[host].ctl_if, "down"])
 
     def lan_up(self, host: str) -> None:
