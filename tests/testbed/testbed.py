@@ -360,6 +360,10 @@ class Testbed:
     def _start_host(self, host: str) -> None:
         d = self.host_dir(host)
         d.mkdir(parents=True, exist_ok=True)
+        if "netns_mount" not in self._state():
+            # `ip netns add` turns /run/netns into a (shared) bind mount; undo that at down if it was us
+            was = run(["mountpoint", "-q", "/run/netns"], check=False).returncode == 0
+            self._update(netns_mount={"was_mounted": was, "dir_existed": os.path.isdir("/run/netns")})
         run(["ip", "netns", "add", host])
         st = self._state()
         st["hosts"].setdefault(host, {})["netns"] = host
@@ -759,6 +763,15 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         if st.get("guard_route") or run(["ip", "route", "show", "type", "unreachable", TESTBED_NET],
                                         check=False).stdout.strip():
             run(["ip", "route", "del", "unreachable", TESTBED_NET, "metric", "4242"], check=False)
+        nm = st.get("netns_mount")
+        if nm and not nm.get("was_mounted") and not run(["ip", "netns", "list"], check=False).stdout.strip():
+            for _ in range(4):
+                if run(["mountpoint", "-q", "/run/netns"], check=False).returncode != 0:
+                    break
+                run(["umount", "/run/netns"], check=False)
+            if not nm.get("dir_existed"):
+                with contextlib.suppress(OSError):
+                    os.rmdir("/run/netns")
         # loop devices of our disk images (autoclear normally detaches them with the mount namespace)
         for h in HOSTS:
             img = self.host_dir(h) / "docker.img"
