@@ -642,7 +642,8 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         to the worker with docker save | docker load. Cached per session by image ID; returns the tag."""
         st = self._state()
         cached = st.get("ray_image", {})
-        if not force and cached.get("tag") == tag and cached.get("id") and \
+        base = self.image_id(HEAD, BASE_IMAGE)
+        if not force and cached.get("tag") == tag and cached.get("id") and cached.get("base") == base and \
                 all(self.image_id(h, tag) == cached["id"] for h in HOSTS):
             return tag
         t0 = time.monotonic()
@@ -652,7 +653,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         t1 = time.monotonic()
         self.copy_image(tag, HEAD, WORKER)
         iid = self.image_id(HEAD, tag)
-        self._update(ray_image={"tag": tag, "id": iid, "build_s": round(t1 - t0, 1),
+        self._update(ray_image={"tag": tag, "id": iid, "base": base, "build_s": round(t1 - t0, 1),
                                 "copy_s": round(time.monotonic() - t1, 1)})
         log(f"ray image {tag} {iid[:19]}: build {t1 - t0:.1f}s, save|load {time.monotonic() - t1:.1f}s")
         return tag
