@@ -23,6 +23,18 @@ CAP_ADD = ["IPC_LOCK"]
 MEMLOCK = {"Name": "memlock", "Soft": -1, "Hard": -1}
 
 
+def required_flags() -> dict[str, object]:
+    """The flags every node's container must carry, in the form `checks.container_flags` reads
+    them back from `docker inspect`."""
+    return {
+        "NetworkMode": "host",
+        "IpcMode": "host",
+        "CapAdd": sorted(CAP_ADD),
+        "Devices": sorted((d.split(":")[0], d.split(":")[1]) for d in DEVICES),
+        "Ulimits": [(MEMLOCK["Name"], MEMLOCK["Soft"], MEMLOCK["Hard"])],
+    }
+
+
 def ray_start_argv(inv: Inventory, node: Node) -> list[str]:
     """`ray start` for the container's foreground process. --num-gpus is explicit: Ray's own GPU
     detection is not what decides how many ranks a Spark holds, the inventory is."""

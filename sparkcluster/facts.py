@@ -83,7 +83,8 @@ def probe_script(inv: Inventory, node: Node, image: str | None) -> str:
                               "printf '%s container=%s\\n' \"$l\" \"$c\"; done"),
         _section("containers", "docker ps -a --no-trunc --format '{{json .}}'"),
         _section("ours", f"ids=$(docker ps -aq --filter label={label}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids"),
-        _section("disk", f"df -PB1 \"$(docker info --format '{{{{.DockerRootDir}}}}' 2>/dev/null || echo /var/lib/docker)\"; "
+        _section("disk", "d=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) && [ -d \"$d\" ] || d=/var/lib/docker; "
+                         "df -PB1 \"$d\"; "
                          # the cache may not exist yet: measure its nearest existing parent, create nothing
                          f"p={hf}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -PB1 \"$p\""),
         _section("ray_sessions", "ls -d /tmp/ray/session_* 2>/dev/null"),
@@ -217,5 +218,5 @@ def gather_path_mtu(host, probes: list[Probe], timeout: float = 20.0) -> dict[st
     for p in probes:
         sec = sections.get(f"ping {p.netdev} {p.peer_ip}", Section(124, "timed out"))
         out[p.netdev] = P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, sec.rc == 0,
-                                     P.last_line(sec.out), ping_command(p))
+                                     P.ping_reason(sec.out), ping_command(p))
     return out

@@ -87,16 +87,21 @@ class Inventory(_Strict):
         heads = [n.name for n in self.nodes if n.role == "head"]
         if len(heads) != 1:
             raise ValueError(f"exactly one node must have role = \"head\" (found {len(heads)})")
-        seen: dict[str, str] = {}
-        for kind, values in (("name", [n.name for n in self.nodes]),
-                             ("control_ip", [str(n.control_ip) for n in self.nodes]),
-                             ("ssh", [n.ssh for n in self.nodes])):
-            seen.clear()
-            for v in values:
-                if v in seen:
-                    raise ValueError(f"two nodes share {kind} {v!r}")
-                seen[v] = v
         return self
+
+    def duplicates(self) -> list[str]:
+        """One line per node field that repeats an earlier node's: names, control IPs and SSH
+        targets must be unique."""
+        lines = []
+        for key in ("name", "control_ip", "ssh"):
+            first: dict[str, int] = {}
+            for i, n in enumerate(self.nodes):
+                v = str(getattr(n, key))
+                if v in first:
+                    lines.append(f"nodes[{i}].{key}: {v!r} is already used by nodes[{first[v]}]")
+                else:
+                    first[v] = i
+        return lines
 
     @property
     def head(self) -> Node:
@@ -155,6 +160,10 @@ def parse(text: str, source: str = "inventory", path: Path | None = None) -> Inv
         lines = describe_validation_error(source, e)
         raise InputError(f"{source}: {len(lines)} problem(s) in the inventory",
                          "correct the fields listed above", details=lines) from None
+    dup = [f"{source}: {line}" for line in inv.duplicates()]
+    if dup:
+        raise InputError(f"{source}: {len(dup)} problem(s) in the inventory", "correct the fields listed above",
+                         details=dup)
     return inv
 
 

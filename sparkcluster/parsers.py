@@ -232,6 +232,14 @@ def df_lines(text: str) -> dict[str, Disk]:
     return out
 
 
+def ping_reason(text: str) -> str:
+    """The line of ping's output that says why: "message too long, mtu=1500" beats the summary."""
+    for line in text.splitlines():
+        if "mtu=" in line or "too long" in line or "unreachable" in line.lower():
+            return line.strip()
+    return last_line(text)
+
+
 @dataclass(frozen=True)
 class PingResult:
     netdev: str

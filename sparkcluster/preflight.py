@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import checks, facts, profile as profiles
+from . import checks, containers, facts, profile as profiles
 from .errors import SparkError
 from .fanout import Cluster, connect_all
 from .inventory import Inventory
@@ -22,6 +22,7 @@ def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect
         gpu_memory_utilization=prof.serve.gpu_memory_utilization,
         image_disk_bytes=int(prof.image_disk_gb * checks.GiB),
         model_disk_bytes=int(prof.model_disk_gb * checks.GiB),
+        container_flags=containers.required_flags(),
     )
 
 
