@@ -1,0 +1,320 @@
+"""Container spec: ray start argv, flags identical on every node, per-host env, config hash,
+the `docker run` equivalent, the files tar, and the Engine API calls (against a tiny fake API)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import shlex
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from sparkcluster import inventory, profile
+from sparkcluster.containers import create_and_start, spec_for
+from sparkcluster.containers import files_tar, ray_start_argv
+from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, PROFILE_LABEL, ROLE_LABEL
+
+DATA = Path(__file__).parent / "data"
+IMAGE = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.60.0"
+
+TESTBED_INV = """
+[cluster]
+name = "pair"
+
+[[nodes]]
+name = "spark-head"
+role = "head"
+ssh = "root@spark-head"
+control_if = "enp1s0f1np1"
+control_ip = "198.19.2.1"
+data_plane = [
+  { netdev = "enp1s0f0np0", hca = "rocep1s0f0" },
+  { netdev = "enp1s0f1np1", hca = "rocep1s0f1" },
+  { netdev = "enP2p1s0f0np0", hca = "roceP2p1s0f0" },
+  { netdev = "enP2p1s0f1np1", hca = "roceP2p1s0f1" },
+]
+
+[[nodes]]
+name = "spark-worker"
+role = "worker"
+ssh = "root@spark-worker"
+control_if = "enp1s0f1np1"
+control_ip = "198.19.2.2"
+data_plane = [
+  { netdev = "enp1s0f0np0", hca = "rocep1s0f0" },
+  { netdev = "enp1s0f1np1", hca = "rocep1s0f1" },
+  { netdev = "enP2p1s0f0np0", hca = "roceP2p1s0f0" },
+  { netdev = "enP2p1s0f1np1", hca = "roceP2p1s0f1" },
+]
+"""
+
+
+@pytest.fixture(scope="module")
+def prof() -> profile.Profile:
+    return profile.load_profile("testbed")
+
+
+def inventories() -> list[inventory.Inventory]:
+    return [inventory.load(DATA / "profile-cluster.toml"), inventory.parse(TESTBED_INV)]
+
+
+@pytest.fixture(params=["profile-cluster", "testbed-like"])
+def inv(request) -> inventory.Inventory:
+    return inventories()[0 if request.param == "profile-cluster" else 1]
+
+
+def specs(inv, prof):
+    return spec_for(inv, prof, inv.head, IMAGE), spec_for(inv, prof, inv.workers[0], IMAGE)
+
+
+# ---- ray start ----------------------------------------------------------------------------------
+
+def test_ray_start_head_argv_exact():
+    inv = inventory.parse(TESTBED_INV)
+    assert ray_start_argv(inv, inv.head) == [
+        "ray", "start", "--head", "--port=6379", "--dashboard-host=127.0.0.1",
+        "--node-ip-address=198.19.2.1", "--num-gpus=1", "--disable-usage-stats", "--block"]
+
+
+def test_ray_start_worker_argv_exact():
+    inv = inventory.parse(TESTBED_INV)
+    assert ray_start_argv(inv, inv.workers[0]) == [
+        "ray", "start", "--address=198.19.2.1:6379",
+        "--node-ip-address=198.19.2.2", "--num-gpus=1", "--disable-usage-stats", "--block"]
+
+
+def test_ray_start_follows_inventory_port_and_gpus():
+    text = TESTBED_INV.replace('name = "pair"', 'name = "pair"\nray_port = 6400').replace(
+        'control_ip = "198.19.2.2"', 'control_ip = "198.19.2.2"\ngpus = 2')
+    inv = inventory.parse(text)
+    assert "--port=6400" in ray_start_argv(inv, inv.head)
+    worker = ray_start_argv(inv, inv.workers[0])
+    assert "--address=198.19.2.1:6400" in worker
+    assert "--num-gpus=2" in worker
+    assert "--head" not in worker
+
+
+def test_ray_start_node_ip_is_control_ip_not_a_data_link(inv):
+    for node in inv.nodes:
+        argv = ray_start_argv(inv, node)
+        assert [a for a in argv if a.startswith("--node-ip-address=")] == [f"--node-ip-address={node.control_ip}"]
+
+
+# ---- spec_for -----------------------------------------------------------------------------------
+
+def test_host_config_identical_on_head_and_worker(inv, prof):
+    head, worker = specs(inv, prof)
+    assert head.host_config_kwargs() == worker.host_config_kwargs()
+    hc = head.host_config_kwargs()
+    assert hc["network_mode"] == "host"
+    assert hc["ipc_mode"] == "host"
+    assert hc["devices"] == ["/dev/infiniband:/dev/infiniband:rwm"]
+    assert hc["cap_add"] == ["IPC_LOCK"]
+    assert hc["ulimits"] == [{"Name": "memlock", "Soft": -1, "Hard": -1}]
+    assert hc["device_requests"][0]["Count"] == -1
+    assert hc["device_requests"][0]["Capabilities"] == [["gpu"]]
+    assert hc["shm_size"] == prof.shm_size
+    assert hc["binds"] == {inv.cluster.hf_cache: {"bind": inv.cluster.hf_cache, "mode": "rw"}}
+
+
+def test_host_config_never_caps_memory(inv, prof):
+    for spec in specs(inv, prof):
+        keys = spec.host_config_kwargs().keys()
+        assert not [k for k in keys if "mem" in k.lower()], keys
+        argv = shlex.split(spec.docker_run_equivalent())
+        assert not [a for a in argv if a.startswith(("--memory", "-m=")) or a == "-m"]
+
+
+def test_spec_differs_only_in_role_and_per_host_values(inv, prof):
+    head, worker = specs(inv, prof)
+    assert (head.role, worker.role) == ("head", "worker")
+    assert head.image == worker.image == IMAGE
+    assert head.shm_size == worker.shm_size
+    assert head.binds == worker.binds
+    assert head.files == worker.files
+    assert set(head.env) == set(worker.env)
+    differing = {k for k in head.env if head.env[k] != worker.env[k]}
+    assert differing <= set(profile.PER_HOST_VARS)
+    assert "VLLM_HOST_IP" in differing
+    assert head.labels[CLUSTER_LABEL] == worker.labels[CLUSTER_LABEL] == inv.cluster.name
+    assert head.labels[PROFILE_LABEL] == worker.labels[PROFILE_LABEL] == prof.name
+    assert (head.labels[ROLE_LABEL], worker.labels[ROLE_LABEL]) == ("head", "worker")
+    assert head.name != worker.name
+    assert head.command == ray_start_argv(inv, inv.head)
+    assert worker.command == ray_start_argv(inv, inv.workers[0])
+
+
+def test_env_has_forwarded_and_own_per_host_values(inv, prof):
+    assert prof.forwarded_env()  # the testbed profile forwards variables
+    for node in inv.nodes:
+        env = spec_for(inv, prof, node, IMAGE).env
+        for k, v in prof.forwarded_env().items():
+            assert env[k] == v
+        assert env["VLLM_HOST_IP"] == str(node.control_ip)
+        assert env["NCCL_IB_HCA"] == ",".join(link.hca for link in node.data_plane)
+        assert env["NCCL_SOCKET_IFNAME"] == node.control_if
+        assert env["GLOO_SOCKET_IFNAME"] == node.control_if
+        assert env["RAY_memory_usage_threshold"] == "1.0"
+        assert env["VLLM_CONFIG_ROOT"] == prof.env.vllm_config_root
+
+
+def test_nccl_ib_hca_keeps_inventory_order_when_ports_differ(prof):
+    inv = inventory.load(DATA / "profile-cluster.toml")
+    head, worker = specs(inv, prof)
+    assert head.env["NCCL_IB_HCA"] == "rocep1s0f0,roceP2p1s0f0"
+    assert worker.env["NCCL_IB_HCA"] == "roceP2p1s0f1,rocep1s0f1"
+    assert head.env["VLLM_HOST_IP"] == "192.168.100.10"
+    assert worker.env["VLLM_HOST_IP"] == "192.168.100.11"
+
+
+def test_no_secret_names_in_container_env(inv, prof):
+    for spec in specs(inv, prof):
+        for name in profile.SECRET_NAMES:
+            assert name not in spec.env
+            assert name not in spec.docker_run_equivalent()
+            assert name not in repr(spec.create_kwargs())
+
+
+def test_container_files_carry_the_non_carry_over_list(inv, prof):
+    head, _ = specs(inv, prof)
+    path, text = profile.non_carry_over_file(prof)
+    assert head.files == {path: text}
+
+
+def test_config_hash_stable_and_sensitive(inv, prof):
+    head, worker = specs(inv, prof)
+    again = spec_for(inv, prof, inv.head, IMAGE)
+    assert head.config_hash() == again.config_hash()
+    assert len(head.config_hash()) == 16
+    assert head.config_hash() != worker.config_hash()  # per-host values differ
+    changed = dataclasses.replace(head, env={**head.env, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "0"})
+    assert changed.config_hash() != head.config_hash()
+    added = dataclasses.replace(head, env={**head.env, "NEW_VAR": "x"})
+    assert added.config_hash() != head.config_hash()
+    assert dataclasses.replace(head, image=IMAGE + "x").config_hash() != head.config_hash()
+    assert dataclasses.replace(head, command=head.command[:-1]).config_hash() != head.config_hash()
+
+
+def test_config_hash_follows_profile_forwarded_vars(inv, prof):
+    other = prof.model_copy(update={"env": prof.env.model_copy(
+        update={"forward": {**prof.env.forward, "VLLM_NVFP4_GEMM_BACKEND": "marlin"}})})
+    assert spec_for(inv, other, inv.head, IMAGE).config_hash() != spec_for(inv, prof, inv.head, IMAGE).config_hash()
+
+
+def test_create_kwargs_labels_include_config_hash(inv, prof):
+    head, _ = specs(inv, prof)
+    kw = head.create_kwargs()
+    assert kw["labels"][CONFIG_LABEL] == head.config_hash()
+    assert kw["entrypoint"] == []
+    assert kw["command"] == head.command
+    assert kw["environment"] == head.env
+    assert kw["image"] == IMAGE and kw["name"] == head.name
+    assert "host_config" not in kw
+
+
+# ---- docker run equivalent ----------------------------------------------------------------------
+
+def test_docker_run_equivalent_splits_back_with_every_flag(inv, prof):
+    for spec in specs(inv, prof):
+        argv = shlex.split(spec.docker_run_equivalent())
+        assert argv[:3] == ["docker", "run", "-d"]
+        assert "--device=/dev/infiniband" in argv
+        assert "--cap-add=IPC_LOCK" in argv
+        i = argv.index("--ulimit")
+        assert argv[i + 1] == "memlock=-1:-1"
+        for flag, value in (("--network", "host"), ("--ipc", "host"), ("--gpus", "all"),
+                            ("--shm-size", spec.shm_size), ("--name", spec.name)):
+            assert argv[argv.index(flag) + 1] == value
+        # image, then the ray start command verbatim
+        n = len(spec.command)
+        assert argv[-n:] == spec.command
+        assert argv[-n - 1] == spec.image
+        assert argv[-n - 3:-n - 1] == ["--entrypoint", ""]
+        envs = [argv[j + 1] for j, a in enumerate(argv) if a == "-e"]
+        assert envs == [f"{k}={v}" for k, v in spec.env.items()]
+        labels = [argv[j + 1] for j, a in enumerate(argv) if a == "--label"]
+        assert f"{CONFIG_LABEL}={spec.config_hash()}" in labels
+
+
+def test_docker_run_equivalent_quotes_hostile_values(inv, prof):
+    head, _ = specs(inv, prof)
+    evil = dataclasses.replace(head, env={**head.env, "X": "a b; $(touch /tmp/pwned) 'q' \"d\""})
+    argv = shlex.split(evil.docker_run_equivalent())
+    assert "X=a b; $(touch /tmp/pwned) 'q' \"d\"" in argv
+
+
+# ---- files tar ----------------------------------------------------------------------------------
+
+def test_files_tar_round_trips():
+    files = {"/etc/sparkcluster/vllm/ray_non_carry_over_env_vars.json": '["VLLM_HOST_IP"]\n',
+             "/etc/sparkcluster/other.txt": "héllo\nwörld",
+             "/top.txt": ""}
+    with tarfile.open(fileobj=io.BytesIO(files_tar(files))) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        for path, text in files.items():
+            m = members[path.lstrip("/")]
+            assert m.isfile()
+            assert m.mode == 0o644
+            assert tar.extractfile(m).read() == text.encode()
+        for d in ("etc", "etc/sparkcluster", "etc/sparkcluster/vllm"):
+            assert members[d].isdir()
+        # each directory once, before its files
+        names = [m.name for m in tar.getmembers()]
+        assert names.count("etc/sparkcluster") == 1
+        assert names.index("etc/sparkcluster/vllm") < names.index("etc/sparkcluster/vllm/ray_non_carry_over_env_vars.json")
+
+
+def test_files_tar_extracts_to_the_right_place(tmp_path, prof):
+    files = profile.container_files(prof)
+    with tarfile.open(fileobj=io.BytesIO(files_tar(files))) as tar:
+        tar.extractall(tmp_path, filter="data")
+    for path, text in files.items():
+        assert (tmp_path / path.lstrip("/")).read_text() == text
+
+
+# ---- Engine API calls (tiny fake API) ------------------------------------------------------------
+
+class FakeAPI:
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def create_host_config(self, **kw):
+        self.calls.append(("create_host_config", kw))
+        return {"hc": kw}
+
+    def create_container(self, **kw):
+        self.calls.append(("create_container", kw))
+        return {"Id": "c0ffee"}
+
+    def put_archive(self, cid, path, data):
+        self.calls.append(("put_archive", cid, path, data))
+        return True
+
+    def start(self, cid):
+        self.calls.append(("start", cid))
+
+
+def test_create_and_start_writes_files_before_start(inv, prof):
+    api = FakeAPI()
+    head, _ = specs(inv, prof)
+    assert create_and_start(api, head) == "c0ffee"
+    assert [c[0] for c in api.calls] == ["create_host_config", "create_container", "put_archive", "start"]
+    assert api.calls[0][1] == head.host_config_kwargs()
+    created = api.calls[1][1]
+    assert created["host_config"] == {"hc": head.host_config_kwargs()}
+    assert {k: v for k, v in created.items() if k != "host_config"} == head.create_kwargs()
+    _, cid, path, data = api.calls[2]
+    assert (cid, path) == ("c0ffee", "/")
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for path, text in head.files.items():
+            assert tar.extractfile(path.lstrip("/")).read() == text.encode()
+    assert api.calls[3] == ("start", "c0ffee")
+
+
+def test_create_and_start_without_files_skips_put_archive(inv, prof):
+    api = FakeAPI()
+    head, _ = specs(inv, prof)
+    create_and_start(api, dataclasses.replace(head, files={}))
+    assert [c[0] for c in api.calls] == ["create_host_config", "create_container", "start"]
