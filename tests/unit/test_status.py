@@ -1,0 +1,169 @@
+"""`status`: the pure verdict over per-node state, Ray's rows and the endpoint, and parsing Ray's
+state API document."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import make_inventory
+
+from sparkcluster.status import NodeStatus, judge, node_script, parse_ray_nodes
+
+HEAD_IP, WORKER_IP = "198.19.2.1", "198.19.2.2"
+ENDPOINT = "http://spark-head:8000"
+
+
+def ray_row(ip: str, head: bool, state: str = "ALIVE", gpus: float = 1.0) -> dict:
+    return {
+        "node_id": ("a" if head else "b") * 56,
+        "node_ip": ip,
+        "is_head_node": head,
+        "state": state,
+        "state_message": None,
+        "node_name": ip,
+        "resources_total": {"CPU": 2.0, "GPU": gpus, "memory": 17179869184.0,
+                            "object_store_memory": 2147483648.0, f"node:{ip}": 1.0,
+                            **({"node:__internal_head__": 1.0} if head else {})},
+        "labels": {"ray.io/node_id": ("a" if head else "b") * 56},
+        "start_time_ms": 1795000000000,
+        "end_time_ms": 0,
+    }
+
+
+def ray_doc(rows: list[dict]) -> str:
+    return json.dumps({"result": True, "msg": "", "data": {"result": {
+        "total": len(rows), "num_after_truncation": len(rows), "num_filtered": len(rows),
+        "result": rows, "partial_failure_warning": "", "warnings": None}}})
+
+
+def running(name: str, role: str) -> NodeStatus:
+    return NodeStatus(name, container=f"sparkcluster-pair-{role}" + ("" if role == "head" else f"-{name}"),
+                      state="running", started_at="2026-11-22T03:00:00Z", profile="testbed",
+                      uptime_s=1000.0, mem_available_gib=80.0)
+
+
+def healthy_inputs():
+    nodes = [running("spark-head", "head"), running("spark-worker", "worker")]
+    rows = [ray_row(HEAD_IP, True), ray_row(WORKER_IP, False)]
+    return nodes, rows
+
+
+def verdict(nodes, rows, health=200, models=("testbed-tiny",), pid=4242):
+    return judge(make_inventory(), nodes, rows, ENDPOINT, health, list(models), pid)
+
+
+# ---- parse_ray_nodes ----------------------------------------------------------------------------
+
+def test_parse_ray_nodes_realistic_document():
+    rows = parse_ray_nodes(ray_doc([ray_row(HEAD_IP, True), ray_row(WORKER_IP, False)]))
+    assert [(r["node_ip"], r["is_head_node"], r["state"]) for r in rows] == [
+        (HEAD_IP, True, "ALIVE"), (WORKER_IP, False, "ALIVE")]
+    assert rows[0]["resources_total"]["GPU"] == 1.0
+
+
+def test_parse_ray_nodes_bad_input():
+    assert parse_ray_nodes("") == []
+    assert parse_ray_nodes("curl: (7) Failed to connect to 127.0.0.1 port 8265") == []
+    assert parse_ray_nodes(json.dumps({"result": False, "msg": "boom", "data": {}})) == []
+
+
+def test_parse_ray_nodes_list_result_and_junk_rows():
+    doc = json.dumps({"data": {"result": [ray_row(HEAD_IP, True), "junk", 3]}})
+    assert [r["node_ip"] for r in parse_ray_nodes(doc)] == [HEAD_IP]
+
+
+# ---- judge --------------------------------------------------------------------------------------
+
+def test_healthy():
+    nodes, rows = healthy_inputs()
+    st = verdict(nodes, parse_ray_nodes(ray_doc(rows)))
+    assert st.state == "healthy", st.problems
+    assert st.problems == []
+    assert st.ray_nodes == 2 and st.ray_gpus == 2.0
+    assert [n.ray_alive for n in st.nodes] == [True, True]
+    assert st.endpoint == ENDPOINT + "/v1"
+    assert st.models == ["testbed-tiny"] and st.server_pid == 4242
+    doc = json.loads(st.as_json())
+    assert doc["state"] == "healthy" and doc["nodes"][1]["node"] == "spark-worker"
+
+
+def test_degraded_worker_container_exited():
+    nodes, rows = healthy_inputs()
+    nodes[1].state = "exited"
+    st = verdict(nodes, rows[:1])
+    assert st.state == "degraded"
+    assert "spark-worker: container exited" in st.problems
+    assert not any("spark-head" in p for p in st.problems)
+
+
+def test_degraded_worker_not_alive_in_ray():
+    nodes, rows = healthy_inputs()
+    rows[1]["state"] = "DEAD"
+    st = verdict(nodes, rows)
+    assert st.state == "degraded"
+    assert st.problems == [f"spark-worker is not alive in Ray at {WORKER_IP}"]
+    assert st.ray_nodes == 1 and st.ray_gpus == 1.0
+    assert [n.ray_alive for n in st.nodes] == [True, False]
+
+
+def test_degraded_worker_registered_at_wrong_address():
+    nodes, rows = healthy_inputs()
+    rows[1] = ray_row("169.254.3.3", False)
+    st = verdict(nodes, rows)
+    assert st.state == "degraded"
+    assert st.problems == [f"spark-worker is not alive in Ray at {WORKER_IP}"]
+
+
+def test_degraded_endpoint_health_not_200():
+    nodes, rows = healthy_inputs()
+    st = verdict(nodes, rows, health=503, models=())
+    assert st.state == "degraded"
+    assert st.problems == ["endpoint /health: 503"]
+    st = verdict(nodes, rows, health=None, models=())
+    assert st.problems == ["endpoint /health: no answer"]
+
+
+def test_degraded_server_not_running():
+    nodes, rows = healthy_inputs()
+    st = verdict(nodes, rows, pid=None)
+    assert st.state == "degraded"
+    assert st.problems == ["vllm serve is not running"]
+
+
+def test_degraded_node_unreachable():
+    nodes, rows = healthy_inputs()
+    nodes[1] = NodeStatus("spark-worker", reachable=False, error="connection timed out")
+    st = verdict(nodes, rows[:1])
+    assert st.state == "degraded"
+    assert st.problems == ["spark-worker unreachable: connection timed out"]
+
+
+def test_degraded_ray_does_not_answer():
+    nodes, _ = healthy_inputs()
+    st = verdict(nodes, None)
+    assert st.state == "degraded"
+    assert "Ray does not answer on the head" in st.problems
+    assert st.ray_nodes is None and [n.ray_alive for n in st.nodes] == [None, None]
+
+
+def test_down_when_no_containers_anywhere():
+    nodes = [NodeStatus("spark-head"), NodeStatus("spark-worker")]
+    st = verdict(nodes, None, health=None, models=(), pid=None)
+    assert st.state == "down"
+    assert not any("Ray" in p or "endpoint" in p or "vllm serve" in p for p in st.problems)
+
+
+def test_unreachable_node_is_not_down():
+    nodes = [NodeStatus("spark-head"), NodeStatus("spark-worker", reachable=False, error="no route to host")]
+    st = verdict(nodes, None, health=None, models=(), pid=None)
+    assert st.state == "degraded"
+    assert "spark-worker unreachable: no route to host" in st.problems
+
+
+# ---- node_script --------------------------------------------------------------------------------
+
+def test_node_script_asks_ray_only_on_the_head():
+    inv = make_inventory()
+    assert "8265/api/v0/nodes" in node_script(inv, True)
+    assert "8265" not in node_script(inv, False)
+    assert "org.sparkcluster.cluster=pair" in node_script(inv, False)
