@@ -1,0 +1,191 @@
+"""The head-to-worker image transfer: quoting of the command strings, and the real RECEIVER and
+SENDER snippets run locally over loopback, with `docker save`/`docker load` replaced by files."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from sparkcluster import transfer
+
+HOSTILE_IMAGE = "repo/img:tag; touch /tmp/pwned $(id) `id` 'q' \"d\""
+HOSTILE_IP = "1.2.3.4; rm -rf / $(id)"
+
+
+# ---- command strings ----------------------------------------------------------------------------
+
+def test_send_command_quotes_image_and_ips():
+    cmd = transfer.send_command(HOSTILE_IMAGE, HOSTILE_IP, 40123, "5.6.7.8 && $(id)")
+    words = shlex.split(cmd)
+    i = words.index("save")
+    assert words[i - 1:i + 2] == ["docker", "save", HOSTILE_IMAGE]
+    assert words[-3:] == [HOSTILE_IP, "40123", "5.6.7.8 && $(id)"]
+    assert transfer.SENDER in words
+    assert cmd.startswith("set -o pipefail; ")
+
+
+def test_send_command_port_is_an_integer():
+    with pytest.raises(ValueError):
+        transfer.send_command("img", "1.2.3.4", "1; id", "5.6.7.8")  # type: ignore[arg-type]
+
+
+def test_receive_command_quotes_ips():
+    cmd = transfer.receive_command(HOSTILE_IP, "9.9.9.9 `id`")
+    words = shlex.split(cmd)
+    assert transfer.RECEIVER in words
+    j = words.index(transfer.RECEIVER)
+    assert words[j + 1:j + 3] == [HOSTILE_IP, "9.9.9.9 `id`"]
+    assert words[-3:] == ["|", "docker", "load"]
+    assert cmd.startswith("set -o pipefail; ")
+
+
+def test_bash_wraps_the_command():
+    assert transfer.bash("echo hi") == ["bash", "-c", "echo hi"]
+
+
+def test_describe_names_both_ends():
+    d = transfer.describe("img:1", "spark-head", "198.19.2.1", "spark-worker", "198.19.2.2")
+    assert "198.19.2.1 -> 198.19.2.2" in d and "spark-head" in d and "spark-worker" in d
+
+
+# ---- running the snippets locally ---------------------------------------------------------------
+
+FAKE_DOCKER = r"""#!/bin/sh
+# stands in for the docker CLI: `save IMAGE` prints a file, `load` stores stdin
+printf '%s\n' "$@" > "$FAKE_DOCKER_DIR/argv.$1"
+case "$1" in
+  save) exec cat "$FAKE_DOCKER_DIR/image.tar" ;;
+  load) exec cat > "$FAKE_DOCKER_DIR/loaded.tar" ;;
+esac
+exit 64
+"""
+
+
+@pytest.fixture
+def fake_env(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    docker = bindir / "docker"
+    docker.write_text(FAKE_DOCKER)
+    docker.chmod(0o755)
+    # python3 = this interpreter, first on PATH, so both snippets run where the tests run
+    (bindir / "python3").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "FAKE_DOCKER_DIR": str(tmp_path)}
+    return tmp_path, env
+
+
+class Proc:
+    """A local bash -c process whose stderr lines are collected by a thread."""
+
+    def __init__(self, cmd: str, env: dict):
+        self.p = subprocess.Popen(transfer.bash(cmd), env=env, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.lines: list[str] = []
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self):
+        for raw in self.p.stderr:
+            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+
+    def wait_line(self, prefix: str, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.lines:
+                if line.startswith(prefix):
+                    return line
+            if self.p.poll() is not None and not self._t.is_alive():
+                break
+            time.sleep(0.01)
+        raise AssertionError(f"no {prefix!r} line; stderr: {self.lines}")
+
+    def wait(self, timeout: float = 20.0) -> int:
+        rc = self.p.wait(timeout)
+        self._t.join(5)
+        return rc
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(5)
+
+
+def start_receiver(env, bind: str, peer: str) -> tuple[Proc, int]:
+    recv = Proc(transfer.receive_command(bind, peer), env)
+    line = recv.wait_line("@@port ")
+    port = int(line.split()[1])
+    assert 0 < port < 65536
+    return recv, port
+
+
+def test_image_bytes_arrive_byte_for_byte(fake_env):
+    tmp, env = fake_env
+    payload = os.urandom(3 * (1 << 20) + 7)  # crosses the 1 MiB chunk boundaries
+    (tmp / "image.tar").write_bytes(payload)
+    recv, port = start_receiver(env, "127.0.0.1", "127.0.0.1")
+    try:
+        send = Proc(transfer.send_command(HOSTILE_IMAGE, "127.0.0.1", port, "127.0.0.1"), env)
+        assert send.wait() == 0, send.lines
+        assert recv.wait() == 0, recv.lines
+    finally:
+        recv.kill()
+    assert (tmp / "loaded.tar").read_bytes() == payload
+    sent = [line for line in send.lines if line.startswith("@@sent ")]
+    assert sent and sent[-1] == f"@@sent {len(payload)}"
+    assert [int(s.split()[1]) for s in sent] == sorted(int(s.split()[1]) for s in sent)
+    # the hostile image name reached `docker save` as one argument, uninterpreted
+    assert (tmp / "argv.save").read_text() == f"save\n{HOSTILE_IMAGE}\n"
+    assert (tmp / "argv.load").read_text() == "load\n"
+    assert not (tmp / "pwned").exists()
+
+
+def test_empty_image_stream(fake_env):
+    tmp, env = fake_env
+    (tmp / "image.tar").write_bytes(b"")
+    recv, port = start_receiver(env, "127.0.0.1", "127.0.0.1")
+    try:
+        send = Proc(transfer.send_command("img:1", "127.0.0.1", port, "127.0.0.1"), env)
+        assert send.wait() == 0, send.lines
+        assert recv.wait() == 0, recv.lines
+    finally:
+        recv.kill()
+    assert (tmp / "loaded.tar").read_bytes() == b""
+    assert send.lines[-1] == "@@sent 0"
+
+
+def test_failed_save_fails_the_sender(fake_env):
+    tmp, env = fake_env  # no image.tar: the fake `docker save` fails
+    recv, port = start_receiver(env, "127.0.0.1", "127.0.0.1")
+    try:
+        send = Proc(transfer.send_command("img:1", "127.0.0.1", port, "127.0.0.1"), env)
+        assert send.wait() != 0  # pipefail: the save's failure is the pipeline's
+    finally:
+        recv.kill()
+
+
+def test_connection_from_another_address_is_refused(fake_env):
+    tmp, env = fake_env
+    payload = b"image bytes " * 1000
+    (tmp / "image.tar").write_bytes(payload)
+    recv, port = start_receiver(env, "127.0.0.1", "127.0.0.2")
+    try:
+        # from 127.0.0.3: accepted by the kernel, closed by the receiver, nothing written
+        stranger = Proc(transfer.send_command("img:1", "127.0.0.1", port, "127.0.0.3"), env)
+        stranger.wait()
+        time.sleep(0.3)
+        assert recv.p.poll() is None, "the receiver must keep waiting for the head"
+        assert not (tmp / "loaded.tar").exists() or (tmp / "loaded.tar").read_bytes() == b""
+        # from the allowed peer: the bytes arrive
+        send = Proc(transfer.send_command("img:1", "127.0.0.1", port, "127.0.0.2"), env)
+        assert send.wait() == 0, send.lines
+        assert recv.wait() == 0, recv.lines
+    finally:
+        recv.kill()
+    assert (tmp / "loaded.tar").read_bytes() == payload
+    assert send.lines[-1] == f"@@sent {len(payload)}"
