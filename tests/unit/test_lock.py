@@ -1,0 +1,222 @@
+"""The cluster lock command, run locally with bash (LOCK_DIR in a temporary folder), and the
+teardown shell commands that stop `vllm serve` by PID (run locally against real processes)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from sparkcluster import lock, teardown
+
+HOLDER = "alice@ctl pid 42 since 2026-11-22T03:00:00Z (up --profile 'x' \"y\" $(touch pwned) `id` ; exit 3)"
+
+
+@pytest.fixture
+def lockdir(tmp_path, monkeypatch):
+    d = tmp_path / "run"
+    monkeypatch.setattr(lock, "LOCK_DIR", str(d))
+    return d
+
+
+class Holder:
+    def __init__(self, cluster: str, holder: str, cwd):
+        self.p = subprocess.Popen(["bash", "-c", lock.lock_command(cluster, holder)], cwd=cwd,
+                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.lines: list[str] = []
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self):
+        for raw in self.p.stderr:
+            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+
+    def wait_for(self, prefix: str, timeout: float = 5.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            hit = [x for x in self.lines if x.startswith(prefix)]
+            if hit:
+                return hit[0]
+            if self.p.poll() is not None and not self._t.is_alive():
+                break
+            time.sleep(0.01)
+        raise AssertionError(f"no {prefix!r}; stderr {self.lines}, rc {self.p.poll()}")
+
+    def release(self) -> int:
+        self.p.stdin.close()
+        return self.wait()
+
+    def wait(self, timeout: float = 5.0) -> int:
+        rc = self.p.wait(timeout)
+        self._t.join(2)
+        return rc
+
+    def kill(self):
+        """Like a controller killed mid-run: the shell dies and our end of its stdin closes."""
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(5)
+        if not self.p.stdin.closed:
+            self.p.stdin.close()
+
+
+def test_lock_is_exclusive_and_released_with_stdin(lockdir, tmp_path):
+    first = Holder("pair", HOLDER, tmp_path)
+    try:
+        first.wait_for("@@locked")
+        time.sleep(0.2)
+        assert first.p.poll() is None, "the holder blocks on its stdin"
+
+        t0 = time.monotonic()
+        second = Holder("pair", "bob@other pid 7 since now (down)", tmp_path)
+        assert second.wait() == lock.BUSY == 75
+        assert time.monotonic() - t0 < 3
+        held = second.wait_for("@@held ")
+        assert held == f"@@held {HOLDER}"
+        assert "@@locked" not in second.lines
+
+        assert first.release() == 0
+        third = Holder("pair", "carol@ctl pid 9 since later (up)", tmp_path)
+        try:
+            third.wait_for("@@locked")
+            assert (lockdir / "pair.holder").read_text() == "carol@ctl pid 9 since later (up)\n"
+        finally:
+            assert third.release() == 0
+    finally:
+        first.kill()
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_holder_text_is_stored_verbatim(lockdir, tmp_path):
+    first = Holder("pair", HOLDER, tmp_path)
+    try:
+        first.wait_for("@@locked")
+        assert (lockdir / "pair.holder").read_text() == HOLDER + "\n"
+    finally:
+        first.kill()
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_killed_holder_releases(lockdir, tmp_path):
+    first = Holder("pair", HOLDER, tmp_path)
+    first.wait_for("@@locked")
+    first.kill()  # like a controller whose SSH connection dropped
+    second = None
+    deadline = time.monotonic() + 5  # flock's children see EOF and exit right after
+    while time.monotonic() < deadline:
+        second = Holder("pair", "bob (up)", tmp_path)
+        if second.wait_for("@@", 5).startswith("@@locked"):
+            break
+        second.wait()
+        time.sleep(0.05)
+    try:
+        second.wait_for("@@locked")
+    finally:
+        assert second.release() == 0
+
+
+def test_locks_are_per_cluster(lockdir, tmp_path):
+    a = Holder("pair", "a (up)", tmp_path)
+    b = Holder("other", "b (up)", tmp_path)
+    try:
+        a.wait_for("@@locked")
+        b.wait_for("@@locked")
+    finally:
+        a.kill()
+        b.kill()
+
+
+def test_lock_dir_not_writable_is_not_busy(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setattr(lock, "LOCK_DIR", str(blocker / "sub"))  # mkdir -p fails
+    h = Holder("pair", "x", tmp_path)
+    rc = h.wait()
+    assert rc not in (0, lock.BUSY)
+    assert not any(x.startswith(("@@locked", "@@held")) for x in h.lines)
+
+
+def test_lock_command_quotes_the_holder():
+    cmd = lock.lock_command("pair", HOLDER)
+    assert shlex.quote(HOLDER) in cmd
+    assert "/run/sparkcluster/pair.lock" in cmd
+
+
+def test_holder_text_names_the_command():
+    text = lock.holder_text("up --profile testbed")
+    assert text.endswith("(up --profile testbed)")
+    assert f"pid {os.getpid()} " in text
+
+
+# ---- teardown: stop vllm serve by PID -----------------------------------------------------------
+
+def reaped(argv: list[str]) -> subprocess.Popen:
+    """A child whose exit is reaped at once (as the container's shim reaps an exec'd process)."""
+    p = subprocess.Popen(argv, start_new_session=True)
+    threading.Thread(target=p.wait, daemon=True).start()
+    return p
+
+
+def run_kill(pid: int, grace: float) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", teardown.kill_command(pid, grace)], capture_output=True, text=True, timeout=30)
+
+
+def test_kill_command_term_stops_a_plain_process():
+    p = reaped(["sleep", "60"])
+    try:
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        res = run_kill(p.pid, 5.0)
+        assert res.returncode == 0
+        assert res.stdout.strip() == "stopped"
+        assert time.monotonic() - t0 < 4
+        assert p.wait(5) == -signal.SIGTERM
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+def test_kill_command_kills_a_process_that_ignores_term():
+    p = reaped(["bash", "-c", 'trap "" TERM; sleep 60'])
+    try:
+        time.sleep(0.3)  # let bash install the trap
+        t0 = time.monotonic()
+        res = run_kill(p.pid, 0.5)
+        took = time.monotonic() - t0
+        assert res.returncode == 0
+        assert res.stdout.strip() == "killed"
+        assert 0.4 < took < 5
+        assert p.wait(5) == -signal.SIGKILL
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # the orphaned sleep, too
+        except ProcessLookupError:
+            pass
+
+
+def test_kill_command_on_a_gone_pid_is_quiet():
+    p = subprocess.Popen(["true"])
+    p.wait()
+    res = run_kill(p.pid, 0.5)
+    assert res.returncode == 0
+    assert res.stdout == ""
+
+
+def test_kill_command_pid_must_be_an_integer():
+    with pytest.raises(ValueError):
+        teardown.kill_command("1; reboot", 1.0)  # type: ignore[arg-type]
+    assert "kill -TERM 123 " in teardown.kill_command(123, 30)
+
+
+def test_purge_gcs_command():
+    cmd = teardown.purge_gcs_command(6379)
+    assert cmd == ("rm -rf /tmp/ray/session_* /tmp/ray/session_latest 2>/dev/null; "
+                   "ss -Htlnp '( sport = :6379 )'")
+    assert "'( sport = :6400 )'" in teardown.purge_gcs_command(6400)
+    with pytest.raises(ValueError):
+        teardown.purge_gcs_command("6379 ); reboot; (")  # type: ignore[arg-type]
