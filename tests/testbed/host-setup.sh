@@ -31,7 +31,7 @@ chmod 711 /var/lib/docker
 
 # GPU stand-ins: nvidia-smi first on root's PATH (/usr/local/sbin), hook and runtime for dockerd only
 mount -t tmpfs -o mode=755,size=16m tb-sbin /usr/local/sbin
-install -m 755 "$TB_BIN/nvidia-smi" /usr/local/sbin/nvidia-smi
+install -m 755 "$TB_BIN/nvidia-smi" "$TB_BIN/ibdev2netdev" /usr/local/sbin/
 install -m 755 "$TB_BIN/nvidia-container-runtime-hook" "$TB_BIN/testbed-runc" /run/testbed/bin/
 echo "$TB_DRIVER" > /run/nvidia-standin/driver_version
 echo "$TB_NAME" > /run/nvidia-standin/hostname
