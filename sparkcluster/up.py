@@ -158,8 +158,12 @@ def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts
         if len(cs) != 1:
             return False
         c = cs[0]
+        labels = c.get("Config", {}).get("Labels", {})
+        # the config hash leaves the profile out: another profile's container can match it, and
+        # kept, it would still carry that profile's label
         return (bool(c.get("State", {}).get("Running"))
-                and c.get("Config", {}).get("Labels", {}).get(CONFIG_LABEL) == specs[node].config_hash()
+                and labels.get(PROFILE_LABEL) == prof.name
+                and labels.get(CONFIG_LABEL) == specs[node].config_hash()
                 and facts[node].image_id is not None and c.get("Image") == facts[node].image_id
                 and node not in send_to and build is None)
 

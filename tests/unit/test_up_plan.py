@@ -1,0 +1,367 @@
+"""`up`'s plan, made from facts alone (no host is touched), and what it renders; the `vllm serve`
+spec it carries, whose argv no shell ever interprets (LAUNCH run locally)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from conftest import inventory_dict, make_inventory
+
+from sparkcluster import profile as profiles, redact, serve
+from sparkcluster.containers import files_tar, spec_for
+from sparkcluster.errors import InputError
+from sparkcluster.facts import HostFacts
+from sparkcluster.images import RAY_VERSION, image_ref
+from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
+from sparkcluster.up import STAGES, Plan, make_plan
+
+REPO = Path(__file__).resolve().parents[2]
+HEAD, WORKER = "spark-head", "spark-worker"
+IMAGE_ID = "sha256:" + "ab" * 32
+OTHER_ID = "sha256:" + "cd" * 32
+
+
+@pytest.fixture(scope="module")
+def prof() -> profiles.Profile:
+    return profiles.load_profile("testbed")
+
+
+def facts(head_image: str | None = None, worker_image: str | None = None,
+          head_ours: list[dict] | None = None, worker_ours: list[dict] | None = None) -> dict[str, HostFacts]:
+    return {HEAD: HostFacts(HEAD, hostname=HEAD, image_id=head_image, ours=head_ours or []),
+            WORKER: HostFacts(WORKER, hostname=WORKER, image_id=worker_image, ours=worker_ours or [])}
+
+
+def inspect(spec, image_id: str, running: bool = True, config_hash: str | None = None,
+            profile_name: str | None = None) -> dict:
+    """What `docker inspect` says about a container made from `spec`."""
+    labels = {**spec.labels, CONFIG_LABEL: config_hash or spec.config_hash()}
+    if profile_name:
+        labels[PROFILE_LABEL] = profile_name
+    return {"Id": spec.name + "-id", "Name": "/" + spec.name, "Image": image_id,
+            "State": {"Status": "running" if running else "exited", "Running": running},
+            "Config": {"Labels": labels, "Env": [f"{k}={v}" for k, v in spec.env.items()]}}
+
+
+def running_facts(inv, prof, **kw) -> dict[str, HostFacts]:
+    image = image_ref(inv, prof)
+    ours = {n.name: [inspect(spec_for(inv, prof, n, image), IMAGE_ID, **kw)] for n in inv.nodes}
+    return facts(IMAGE_ID, IMAGE_ID, ours[HEAD], ours[WORKER])
+
+
+# ---- (a) bare cluster ---------------------------------------------------------------------------
+
+def test_bare_cluster_builds_sends_creates_and_serves(prof, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_from_the_environment_123")
+    inv = make_inventory()
+    plan = make_plan(inv, prof, facts(), serving=False, replace=False)
+    assert not plan.unchanged
+    assert plan.image == image_ref(inv, prof) == f"sparkcluster/vllm-ray:26.05.post1-py3-ray{RAY_VERSION}"
+    assert plan.build == {"BASE_IMAGE": "nvcr.io/nvidia/vllm:26.05.post1-py3", "RAY_VERSION": RAY_VERSION}
+    assert plan.send_to == [WORKER]
+    assert plan.remove == {}
+    assert [(c.node, c.role) for c in plan.containers] == [(HEAD, "head"), (WORKER, "worker")]
+    assert plan.containers[0] == spec_for(inv, prof, inv.head, plan.image)
+    assert plan.head_container == plan.containers[0].name
+    sv = plan.serve
+    assert sv is not None
+    assert sv.container == plan.containers[0].name
+    assert sv.argv[:3] == ["vllm", "serve", prof.model]
+    i = sv.argv.index("--tensor-parallel-size")
+    assert sv.argv[i + 1] == "2"
+    assert sv.argv[sv.argv.index("--distributed-executor-backend") + 1] == "ray"
+    assert sv.argv[sv.argv.index("--port") + 1] == str(inv.cluster.api_port)
+    assert sv.secret_names == ["HF_TOKEN", "VLLM_API_KEY"]
+    assert sv.model == "testbed-tiny"
+    assert sv.port == inv.cluster.api_port
+    assert sv.plugin is None
+    for text in (repr(plan), plan.render(), sv.describe()):
+        assert "hf_from_the_environment_123" not in text
+    assert "-e HF_TOKEN=****** -e VLLM_API_KEY=******" in sv.describe()
+
+
+def test_bare_cluster_build_uses_pip_mirror(prof):
+    data = inventory_dict()
+    data["cluster"]["pip_index_url"] = "http://mirror.lan:3141/simple"
+    plan = make_plan(make_inventory(data), prof, facts(), serving=False, replace=False)
+    assert plan.build == {"BASE_IMAGE": "nvcr.io/nvidia/vllm:26.05.post1-py3", "RAY_VERSION": RAY_VERSION,
+                          "PIP_INDEX_URL": "http://mirror.lan:3141/simple"}
+    assert "--build-arg PIP_INDEX_URL=http://mirror.lan:3141/simple" in plan.render()
+
+
+# ---- (b) image on the head only -----------------------------------------------------------------
+
+def test_image_on_head_only_is_sent_not_built(prof):
+    plan = make_plan(make_inventory(), prof, facts(IMAGE_ID, None), serving=False, replace=False)
+    assert plan.build is None
+    assert plan.send_to == [WORKER]
+    assert [c.node for c in plan.containers] == [HEAD, WORKER]
+    assert plan.serve is not None
+
+
+def test_different_image_on_worker_is_replaced(prof):
+    plan = make_plan(make_inventory(), prof, facts(IMAGE_ID, OTHER_ID), serving=False, replace=False)
+    assert plan.build is None and plan.send_to == [WORKER]
+
+
+def test_same_image_everywhere_no_build_no_send(prof):
+    plan = make_plan(make_inventory(), prof, facts(IMAGE_ID, IMAGE_ID), serving=False, replace=False)
+    assert plan.build is None and plan.send_to == []
+    assert [c.node for c in plan.containers] == [HEAD, WORKER]
+
+
+# ---- (c) nothing to do --------------------------------------------------------------------------
+
+def test_same_image_matching_containers_and_serving_is_unchanged(prof):
+    inv = make_inventory()
+    plan = make_plan(inv, prof, running_facts(inv, prof), serving=True, replace=False)
+    assert plan.unchanged
+    assert plan.build is None and plan.send_to == [] and plan.remove == {} and plan.containers == []
+    assert plan.serve is None
+    assert plan.head_container == spec_for(inv, prof, inv.head, plan.image).name
+    assert "nothing to do" in plan.render()
+    assert [s.stage for s in plan.steps()] == ["preflight", "preflight", "image", "image"]
+
+
+def test_matching_containers_but_not_serving_only_serves(prof):
+    inv = make_inventory()
+    plan = make_plan(inv, prof, running_facts(inv, prof), serving=False, replace=False)
+    assert not plan.unchanged
+    assert plan.containers == [] and plan.remove == {} and plan.build is None and plan.send_to == []
+    assert plan.serve is not None
+    assert [s for s in dict.fromkeys(s.stage for s in plan.steps())] == ["preflight", "image", "serve"]
+
+
+def test_stale_config_hash_recreates_both(prof):
+    inv = make_inventory()
+    f = running_facts(inv, prof)
+    f[WORKER].ours[0]["Config"]["Labels"][CONFIG_LABEL] = "0" * 16
+    plan = make_plan(inv, prof, f, serving=True, replace=False)
+    assert not plan.unchanged
+    assert [c.node for c in plan.containers] == [HEAD, WORKER]
+    assert plan.remove == {HEAD: [f[HEAD].ours[0]["Name"][1:]], WORKER: [f[WORKER].ours[0]["Name"][1:]]}
+
+
+def test_exited_container_or_other_image_recreates(prof):
+    inv = make_inventory()
+    plan = make_plan(inv, prof, running_facts(inv, prof, running=False), serving=True, replace=False)
+    assert not plan.unchanged and len(plan.containers) == 2
+    f = running_facts(inv, prof)
+    f[HEAD].ours[0]["Image"] = OTHER_ID
+    plan = make_plan(inv, prof, f, serving=True, replace=False)
+    assert not plan.unchanged and len(plan.containers) == 2
+
+
+# ---- (d) another profile running ----------------------------------------------------------------
+
+def test_other_profile_running_needs_replace(prof):
+    inv = make_inventory()
+    f = running_facts(inv, prof, profile_name="qwen3-30b")
+    with pytest.raises(InputError) as e:
+        make_plan(inv, prof, f, serving=True, replace=False)
+    text = e.value.message + " " + (e.value.fix or "")
+    assert "--replace" in text
+    assert "qwen3-30b" in e.value.message
+
+
+def test_other_profile_running_with_replace(prof):
+    inv = make_inventory()
+    f = running_facts(inv, prof, profile_name="qwen3-30b")
+    plan = make_plan(inv, prof, f, serving=False, replace=True)
+    assert not plan.unchanged
+    assert any("replacing" in n and "qwen3-30b" in n for n in plan.notes)
+    assert plan.remove == {HEAD: [f[HEAD].ours[0]["Name"][1:]], WORKER: [f[WORKER].ours[0]["Name"][1:]]}
+    assert [c.node for c in plan.containers] == [HEAD, WORKER]
+    assert all(c.labels[PROFILE_LABEL] == prof.name for c in plan.containers)
+    assert plan.serve is not None
+    rendered = plan.render()
+    assert "note: replacing" in rendered
+    assert f"remove {f[HEAD].ours[0]['Name'][1:]}" in rendered
+
+
+def test_replace_recreates_containers_whose_config_matches_another_profile(prof):
+    """Two profiles that differ only in `vllm serve` flags make containers with the same config
+    hash; kept, they would still be labelled with the other profile (and the next `up` without
+    --replace would refuse again), so --replace recreates them."""
+    inv = make_inventory()
+    f = running_facts(inv, prof, profile_name="testbed-bigger-batch")  # same hash as ours
+    for serving in (False, True):
+        plan = make_plan(inv, prof, f, serving=serving, replace=True)
+        assert not plan.unchanged
+        assert set(plan.remove) == {HEAD, WORKER}
+        assert [c.labels[PROFILE_LABEL] for c in plan.containers] == [prof.name, prof.name]
+
+
+# ---- (e) rendering --------------------------------------------------------------------------------
+
+def leaky_profile() -> profiles.Profile:
+    text = (REPO / "env-profiles" / "testbed.toml").read_text()
+    assert "[env.forward]\n" in text
+    text = text.replace("[env.forward]\n", '[env.forward]\nLEAKY_VALUE = "s3cr3t-value"\n')
+    return profiles.parse(text, name="testbed")
+
+
+def test_render_masks_registered_secrets():
+    redact.register("s3cr3t-value")
+    prof = leaky_profile()
+    plan = make_plan(make_inventory(), prof, facts(), serving=False, replace=False)
+    assert any("s3cr3t-value" in s.detail for s in plan.steps())  # it would leak here...
+    out = plan.render()
+    assert "s3cr3t-value" not in out  # ...and does not
+    assert "LEAKY_VALUE=******" in out
+
+
+def test_render_lists_stages_in_order(prof):
+    plan = make_plan(make_inventory(), prof, facts(), serving=False, replace=False)
+    out = plan.render()
+    headers = [line.strip("[]") for line in out.splitlines() if line.startswith("[")]
+    assert headers == list(STAGES) == ["preflight", "image", "containers", "ray", "probe", "serve"]
+    assert out.splitlines()[0] == (f"plan for profile 'testbed' on cluster 'pair' (image {plan.image}):")
+    # head container created before the worker's
+    assert out.index(f"create {plan.containers[0].name}") < out.index(f"create {plan.containers[1].name}")
+    assert "build the cluster image" in out and "receive the image from the head" in out
+    assert "start vllm serve" in out and "wait until ready" in out
+
+
+def test_render_with_plugin_and_page_cache():
+    text = (REPO / "env-profiles" / "testbed.toml").read_text()
+    text = text.replace("[serve]\n", '[serve]\nreasoning_parser_plugin_url = "https://example.org/p/parser.py"\n')
+    text = "drop_page_cache = true\n" + text
+    prof = profiles.parse(text, name="testbed")
+    plan = make_plan(make_inventory(), prof, facts(), serving=False, replace=False)
+    assert plan.serve.plugin == ("https://example.org/p/parser.py", "/root/.cache/huggingface/parser.py")
+    out = plan.render()
+    assert "stage the reasoning-parser plugin" in out
+    assert "drop the page cache" in out
+
+
+# ---- serve: LAUNCH, describe, plugin staging -------------------------------------------------------
+
+HOSTILE_ARGS = ["a;b", "$(touch pwned)", "`id`", "it's \"quoted\"", "  spaced  ", "*", "", "back\\slash", "ünï"]
+
+
+def spec(argv: list[str]) -> serve.ServeSpec:
+    return serve.ServeSpec(container="sparkcluster-pair-head", argv=argv, secret_names=["HF_TOKEN", "VLLM_API_KEY"],
+                           model="m", port=8000, plugin=None)
+
+
+def test_launch_passes_argv_through_dollar_at():
+    assert serve.LAUNCH == ('mkdir -p /var/log/sparkcluster && exec "$@" >>/var/log/sparkcluster/vllm-serve.log 2>&1')
+    argv = spec(["vllm", "serve", "m"]).exec_argv()
+    assert argv == ["sh", "-c", serve.LAUNCH, "sh", "vllm", "serve", "m"]
+
+
+def test_launch_runs_the_args_uninterpreted(tmp_path, monkeypatch):
+    logdir = tmp_path / "log"
+    log = logdir / "vllm-serve.log"
+    monkeypatch.setattr(serve, "LOG_PATH", str(log))
+    monkeypatch.setattr(serve, "LAUNCH", serve.LAUNCH.replace("/var/log/sparkcluster", str(logdir)))
+    assert str(log) in serve.LAUNCH
+    argv = spec(["printf", "%s\\n", *HOSTILE_ARGS]).exec_argv()
+    assert subprocess.run(argv, cwd=tmp_path, timeout=10).returncode == 0
+    assert log.read_bytes() == "".join(a + "\n" for a in HOSTILE_ARGS).encode()
+    assert not (tmp_path / "pwned").exists()
+    # a second start appends
+    subprocess.run(spec(["printf", "%s\\n", "again"]).exec_argv(), cwd=tmp_path, timeout=10, check=True)
+    assert log.read_bytes().endswith(b"again\n")
+    assert log.read_bytes().startswith(b"a;b\n")
+
+
+def test_describe_never_holds_a_secret_value():
+    redact.register("hf_SECRETVALUE_0123456789")
+    s = spec(["vllm", "serve", "m", "--api-key-file", "/x"])
+    d = s.describe()
+    assert d.startswith("docker exec -d -e HF_TOKEN=****** -e VLLM_API_KEY=****** sparkcluster-pair-head ")
+    assert "hf_SECRETVALUE_0123456789" not in d
+    assert shlex.split(d)[-6:] == ["sh", "vllm", "serve", "m", "--api-key-file", "/x"]
+
+
+def test_stage_plugin_command_fetches_once(tmp_path):
+    src = tmp_path / "parser.py"
+    src.write_text("# plugin\n")
+    dst = tmp_path / "cache" / "parser.py"
+    dst.parent.mkdir()
+    argv = serve.stage_plugin_command(f"file://{src}", str(dst))
+    assert argv[:2] == ["sh", "-c"] and argv[3:] == ["sh", f"file://{src}", str(dst)]
+    assert subprocess.run(argv, timeout=30).returncode == 0
+    assert dst.read_text() == "# plugin\n"
+    assert not Path(str(dst) + ".part").exists()
+    src.unlink()  # already staged: no fetch, still fine
+    assert subprocess.run(argv, timeout=30).returncode == 0
+    assert dst.read_text() == "# plugin\n"
+
+
+def test_stage_plugin_command_failure_and_hostile_url(tmp_path):
+    dst = tmp_path / "parser.py"
+    url = f"file://{tmp_path}/missing $(touch pwned).py"
+    res = subprocess.run(serve.stage_plugin_command(url, str(dst)), cwd=tmp_path, capture_output=True, timeout=30)
+    assert res.returncode != 0
+    assert not dst.exists()
+    assert not (tmp_path / "pwned").exists()
+
+
+# ---- serve.start / read_record against a tiny fake Docker API ----------------------------------------
+
+class FakeAPI:
+    def __init__(self):
+        self.execs: list[tuple] = []
+        self.archives: dict[str, bytes] = {}
+
+    def exec_create(self, container, cmd, environment=None, stdout=True, stderr=True):
+        self.execs.append((container, cmd, environment))
+        return {"Id": "exec1"}
+
+    def exec_start(self, exec_id, detach=False):
+        return b""
+
+    def exec_inspect(self, exec_id):
+        return {"Pid": 4242, "Running": True}
+
+    def put_archive(self, container, path, data):
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            for m in tar.getmembers():
+                if m.isfile():
+                    self.archives["/" + m.name] = tar.extractfile(m).read()
+        return True
+
+    def get_archive(self, container, path):
+        if path not in self.archives:
+            raise FileNotFoundError(path)
+        return iter([files_tar({path.rsplit("/", 1)[-1]: self.archives[path].decode()})]), {}
+
+
+def test_start_puts_secrets_in_env_only_and_records_the_pid():
+    api = FakeAPI()
+    s = spec(["vllm", "serve", "m"])
+    secrets = {"HF_TOKEN": "hf_tok_value_1", "VLLM_API_KEY": "key_value_2", "OTHER": "nope"}
+    rec = serve.start(api, s, secrets, "testbed")
+    ((container, cmd, env),) = api.execs
+    assert container == s.container
+    assert cmd == s.exec_argv()
+    assert env == {"HF_TOKEN": "hf_tok_value_1", "VLLM_API_KEY": "key_value_2"}
+    assert not any(v in " ".join(cmd) for v in secrets.values())
+    assert (rec.pid, rec.exec_id, rec.profile, rec.model, rec.port) == (4242, "exec1", "testbed", "m", 8000)
+    stored = json.loads(api.archives[serve.RECORD_PATH])
+    assert stored["pid"] == 4242 and not any(v in json.dumps(stored) for v in secrets.values())
+    assert serve.read_record(api, s.container) == rec
+    assert serve.running(api, rec)
+
+
+def test_read_record_absent_is_none():
+    assert serve.read_record(FakeAPI(), "c") is None
+
+
+def test_headers_from_api_key():
+    assert serve.headers({"VLLM_API_KEY": "k"}) == {"Authorization": "Bearer k"}
+    assert serve.headers({"HF_TOKEN": "t"}) == {}
+
+
+def test_plan_is_a_plan(prof):
+    assert isinstance(make_plan(make_inventory(), prof, facts(), serving=False, replace=False), Plan)
