@@ -303,6 +303,7 @@ def test_knob_rewire_worker(testbed):
         assert inv.head.netdevs == list(NETDEVS)
         assert testbed.sh(WORKER, "ip -br -4 addr show enP2p1s0f1np1").stdout.split()[2] == "198.19.2.2/24"
         assert _ping(testbed, HEAD, "enp1s0f1np1", "198.19.2.2").returncode == 0
+        assert testbed.sh(WORKER, "cat /sys/class/net/enP2p1s0f1np1/speed").stdout.strip() == "200000"
     finally:
         testbed.cable_worker(crossed=False)
     assert testbed.inventory.read_text() == inv0

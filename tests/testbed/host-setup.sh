@@ -63,6 +63,13 @@ for i in "${!hcas[@]}"; do
   echo "$h" > "/sys/class/infiniband_verbs/uverbs$i/ibdev"
 done
 
+# link speed: veths report 10000 Mb/s; a Spark's ConnectX-7 ports report 200000
+mkdir -p /run/testbed/speed
+for nd in "${netdevs[@]}"; do
+  echo 200000 > "/run/testbed/speed/$nd"
+  mount --bind "/run/testbed/speed/$nd" "/sys/class/net/$nd/speed"
+done
+
 # /dev/infiniband: character devices as the mlx5 driver makes them (no driver behind them here)
 mount -t tmpfs -o mode=755,size=1m tb-devib /dev/infiniband
 for i in "${!hcas[@]}"; do

@@ -809,6 +809,15 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         self.sh(host, f"d=/sys/class/infiniband/{hca}/ports/1; [ -d $d ] && echo {shlex.quote(state)} > $d/state "
                       f"&& echo {shlex.quote(phys)} > $d/phys_state")
 
+    def set_speed(self, host: str, ifname: str, mbps: int = 200000) -> None:
+        """What /sys/class/net/<if>/speed reads on the host (data-plane netdevs; default 200000)."""
+        nd = NETDEVS[self._dp_index(host, ifname)]
+        self.sh(host, f"echo {int(mbps)} > /run/testbed/speed/{nd}")
+
+    def _dp_index(self, host: str, ifname: str) -> int:
+        names = self.worker_netdevs() if host == WORKER else list(NETDEVS)
+        return names.index(ifname)
+
     def link_down(self, host: str, ifname: str) -> None:
         """Take a link down on a host (data plane netdev, or LAN_IF for the LAN). Undo: link_up."""
         self.sh(host, f"ip link set dev {shlex.quote(ifname)} down")
@@ -842,6 +851,10 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             ren += " && " + " && ".join(f"ip link set dev tbren{k} name {b} && ip link set dev {b} up"
                                         for k, b in enumerate(new))
             self.sh(WORKER, ren)
+            # a rename drops the mounts on the old sysfs entries: bind each port's speed file again
+            self.sh(WORKER, " ; ".join(f"umount /sys/class/net/{b}/speed 2>/dev/null; "
+                                       f"mount --bind /run/testbed/speed/{NETDEVS[k]} /sys/class/net/{b}/speed"
+                                       for k, b in enumerate(new)))
         self._update(crossed=crossed)
         return self.write_inventory(crossed=crossed)
 
