@@ -76,9 +76,10 @@ def parse_ray_nodes(text: str) -> list[dict]:
         doc = json.loads(text)
     except ValueError:
         return []
-    result = doc.get("data", {}).get("result", {})
-    rows = result.get("result", []) if isinstance(result, dict) else result
-    return [r for r in rows if isinstance(r, dict)]
+    data = doc.get("data") if isinstance(doc, dict) else None
+    result = data.get("result") if isinstance(data, dict) else None
+    rows = result.get("result") if isinstance(result, dict) else result
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
 def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None]:
@@ -174,6 +175,11 @@ def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, 
             st.problems.append(f"{n.name}: container {ns.state}")
         elif ns.ray_alive is False:
             st.problems.append(f"{n.name} is not alive in Ray at {n.control_ip}")
+        elif ns.ray_alive:
+            gpus = sum(float(r.get("resources_total", {}).get("GPU", 0)) for r in alive
+                       if r.get("node_ip") == str(n.control_ip))
+            if gpus != n.gpus:
+                st.problems.append(f"{n.name} reports {gpus:g} GPU(s) in Ray, expected {n.gpus}")
     if ray_rows is None and any(ns.state == "running" for ns in nodes):
         st.problems.append("Ray does not answer on the head")
     if any(ns.state == "running" for ns in nodes):

@@ -67,6 +67,13 @@ def test_parse_ray_nodes_bad_input():
     assert parse_ray_nodes(json.dumps({"result": False, "msg": "boom", "data": {}})) == []
 
 
+def test_parse_ray_nodes_other_json_is_no_rows():
+    # whatever else answers on the dashboard port must not crash status
+    for text in ("null", "[]", "5", '"x"', '{"data": null}', '{"data": {"result": null}}',
+                 '{"data": {"result": {"result": null}}}', '{"data": []}'):
+        assert parse_ray_nodes(text) == [], text
+
+
 def test_parse_ray_nodes_list_result_and_junk_rows():
     doc = json.dumps({"data": {"result": [ray_row(HEAD_IP, True), "junk", 3]}})
     assert [r["node_ip"] for r in parse_ray_nodes(doc)] == [HEAD_IP]
@@ -112,6 +119,29 @@ def test_degraded_worker_registered_at_wrong_address():
     st = verdict(nodes, rows)
     assert st.state == "degraded"
     assert st.problems == [f"spark-worker is not alive in Ray at {WORKER_IP}"]
+
+
+def test_degraded_worker_without_its_gpu_in_ray():
+    nodes, rows = healthy_inputs()
+    rows[1]["resources_total"]["GPU"] = 0.0
+    st = verdict(nodes, rows)
+    assert st.state == "degraded"
+    assert st.problems == ["spark-worker reports 0 GPU(s) in Ray, expected 1"]
+    assert st.ray_gpus == 1.0
+    rows[1]["resources_total"].pop("GPU")
+    assert verdict(nodes, rows).problems == ["spark-worker reports 0 GPU(s) in Ray, expected 1"]
+
+
+def test_two_gpus_expected_from_inventory():
+    from conftest import inventory_dict
+
+    data = inventory_dict()
+    data["nodes"][1]["gpus"] = 2
+    nodes, rows = healthy_inputs()
+    rows[1]["resources_total"]["GPU"] = 2.0
+    st = judge(make_inventory(data), nodes, rows, ENDPOINT, 200, ["testbed-tiny"], 1)
+    assert st.state == "healthy", st.problems
+    assert st.ray_gpus == 3.0
 
 
 def test_degraded_endpoint_health_not_200():
