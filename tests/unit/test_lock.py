@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -15,6 +16,9 @@ import pytest
 from sparkcluster import lock, teardown
 
 HOLDER = "alice@ctl pid 42 since 2026-11-22T03:00:00Z (up --profile 'x' \"y\" $(touch pwned) `id` ; exit 3)"
+
+
+needs_flock = pytest.mark.skipif(shutil.which("flock") is None, reason="flock (util-linux) not installed")
 
 
 @pytest.fixture
@@ -65,6 +69,7 @@ class Holder:
             self.p.stdin.close()
 
 
+@needs_flock
 def test_lock_is_exclusive_and_released_with_stdin(lockdir, tmp_path):
     first = Holder("pair", HOLDER, tmp_path)
     try:
@@ -92,6 +97,7 @@ def test_lock_is_exclusive_and_released_with_stdin(lockdir, tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+@needs_flock
 def test_holder_text_is_stored_verbatim(lockdir, tmp_path):
     first = Holder("pair", HOLDER, tmp_path)
     try:
@@ -102,6 +108,7 @@ def test_holder_text_is_stored_verbatim(lockdir, tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+@needs_flock
 def test_killed_holder_releases(lockdir, tmp_path):
     first = Holder("pair", HOLDER, tmp_path)
     first.wait_for("@@locked")
@@ -120,6 +127,7 @@ def test_killed_holder_releases(lockdir, tmp_path):
         assert second.release() == 0
 
 
+@needs_flock
 def test_locks_are_per_cluster(lockdir, tmp_path):
     a = Holder("pair", "a (up)", tmp_path)
     b = Holder("other", "b (up)", tmp_path)
@@ -131,6 +139,7 @@ def test_locks_are_per_cluster(lockdir, tmp_path):
         b.kill()
 
 
+@needs_flock
 def test_lock_dir_not_writable_is_not_busy(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import shlex
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -283,6 +284,10 @@ def test_describe_never_holds_a_secret_value():
     assert shlex.split(d)[-6:] == ["sh", "vllm", "serve", "m", "--api-key-file", "/x"]
 
 
+needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+
+
+@needs_curl
 def test_stage_plugin_command_fetches_once(tmp_path):
     src = tmp_path / "parser.py"
     src.write_text("# plugin\n")
@@ -298,6 +303,7 @@ def test_stage_plugin_command_fetches_once(tmp_path):
     assert dst.read_text() == "# plugin\n"
 
 
+@needs_curl
 def test_stage_plugin_command_failure_and_hostile_url(tmp_path):
     dst = tmp_path / "parser.py"
     url = f"file://{tmp_path}/missing $(touch pwned).py"
