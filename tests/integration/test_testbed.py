@@ -248,8 +248,13 @@ def test_two_node_ray_cluster_over_the_data_plane(testbed, containers):
             assert state == "true", testbed.docker(h, f"logs --tail 50 {c}", check=False).stderr
         time.sleep(2)
     assert last == {"nodes": [head_ip, worker_ip], "gpus": 2.0}, last
-    status = testbed.docker(HEAD, f"exec {hn} ray status", timeout=60).stdout
-    assert "2.0 GPU" in status or "0.0/2.0 GPU" in status
+    # `ray status` (the autoscaler's view) catches up a few seconds later
+    for _ in range(30):
+        status = testbed.docker(HEAD, f"exec {hn} ray status", timeout=60).stdout
+        if "/2.0 GPU" in status:
+            break
+        time.sleep(1)
+    assert "/2.0 GPU" in status, status
 
 
 # ---------------------------------------------------------------- knobs break things and undo them
