@@ -90,6 +90,9 @@ def test_docker_dial_stdio_over_ssh_reaches_that_hosts_daemon(testbed, host):
     info = json.loads(raw.split("\r\n\r\n", 1)[1])
     assert info["Name"] == host
     assert info["DockerRootDir"] == "/var/lib/docker"
+    # shaped like a Spark's: default runtime runc, the toolkit's nvidia runtime, its hook on PATH
+    assert info["DefaultRuntime"] == "runc" and "nvidia" in info["Runtimes"]
+    assert testbed.ssh(host, "command -v nvidia-container-runtime-hook").returncode == 0
 
 
 def test_openssh_config_and_password_refused(testbed):

@@ -29,10 +29,13 @@ else
 fi
 chmod 711 /var/lib/docker
 
-# GPU stand-ins: nvidia-smi first on root's PATH (/usr/local/sbin), hook and runtime for dockerd only
+# GPU stand-ins first on root's PATH (/usr/local/sbin): nvidia-smi, the toolkit's hook and runtime
 mount -t tmpfs -o mode=755,size=16m tb-sbin /usr/local/sbin
-install -m 755 "$TB_BIN/nvidia-smi" "$TB_BIN/ibdev2netdev" /usr/local/sbin/
-install -m 755 "$TB_BIN/nvidia-container-runtime-hook" "$TB_BIN/testbed-runc" /run/testbed/bin/
+install -m 755 "$TB_BIN/nvidia-smi" "$TB_BIN/ibdev2netdev" "$TB_BIN/nvidia-container-runtime-hook" /usr/local/sbin/
+# the NVIDIA toolkit's runtime (registered as dockerd's `nvidia` runtime, like on a Spark) and, first
+# on dockerd's PATH only, `runc` itself: both are testbed-runc, which edits the bundle and execs the real runc
+install -m 755 "$TB_BIN/testbed-runc" /usr/local/sbin/nvidia-container-runtime
+install -m 755 "$TB_BIN/testbed-runc" /run/testbed/bin/runc
 echo "$TB_DRIVER" > /run/nvidia-standin/driver_version
 echo "$TB_NAME" > /run/nvidia-standin/hostname
 

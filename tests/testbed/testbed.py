@@ -508,10 +508,11 @@ Subsystem sftp /usr/lib/openssh/sftp-server
 
     # ---------------------------------------------------------------- dockerd
     def start_dockerd(self, host: str, wait: bool = True) -> None:
-        """Start the host's own dockerd (own containerd, data root /var/lib/docker, /run/docker.sock)."""
+        """Start the host's own dockerd (own containerd, data root /var/lib/docker, /run/docker.sock).
+        Its default runtime stays `runc`, found first on dockerd's PATH in /run/testbed/bin: the
+        testbed-runc wrapper (see standin_bin/testbed-runc), so `docker info` reads as on a Spark."""
         args = ("dockerd --data-root /var/lib/docker --exec-root /run/docker --pidfile /run/docker.pid "
-                "-H unix:///run/docker.sock --add-runtime testbed-runc=/run/testbed/bin/testbed-runc "
-                "--default-runtime testbed-runc --log-level warn")
+                "-H unix:///run/docker.sock --add-runtime nvidia=nvidia-container-runtime --log-level warn")
         self.sh(host, f"PATH=/run/testbed/bin:$PATH setsid {args} </dev/null >>{self.dockerd_log(host)} 2>&1 &")
         if wait:
             self._wait_dockerd(host)
