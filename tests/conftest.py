@@ -30,6 +30,7 @@ def testbed(request):
     st = tb._state()
     if st and not tb.problems():
         tb.built_here = False
+        tb.reset()  # a reused testbed starts with every knob at its default
     else:
         tb.up()  # refuses with a clear message if a broken testbed is in the way
     yield tb

@@ -451,7 +451,7 @@ class Testbed:
                  "-L", f"{host}-docker", str(img)])
             disk = str(img)
         env = {"TB_NAME": host, "TB_STATE": str(d), "TB_BIN": str(BIN), "TB_DISK": disk,
-               "TB_DISK_MB": str(DISK_GB * 1024), "TB_NETDEVS": " ".join(NETDEVS), "TB_HCAS": " ".join(HCAS),
+               "TB_DISK_MB": str(8 * 1024), "TB_NETDEVS": " ".join(NETDEVS), "TB_HCAS": " ".join(HCAS),
                "TB_DRIVER": DRIVER}
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         self.sh(host, f"export {exports}; bash {shlex.quote(str(HERE / 'host-setup.sh'))}")
@@ -795,6 +795,33 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         shutil.rmtree(self.dir / "base-build", ignore_errors=True)
         if st:
             log("testbed down")
+
+    def reset(self) -> None:
+        """Undo every knob (idempotent): what a test left broken is repaired before the next one."""
+        for h in HOSTS:
+            run(["ip", "link", "set", SPECS[h].ctl_if, "up"], check=False)
+        if self._state().get("crossed"):
+            self.cable_worker(False)
+        for h in HOSTS:
+            self.restore_host_key(h)
+            if self.sh(h, "[ -s /run/sshd.pid ] && kill -0 $(cat /run/sshd.pid)", check=False).returncode != 0:
+                self.start_sshd(h)
+            if self.sh(h, "docker version >/dev/null 2>&1", check=False, timeout=30).returncode != 0:
+                self.stop_dockerd(h)
+                self.start_dockerd(h)
+            cmds = [f"ip link set dev {LAN_IF} up", f"ip route replace default via {SPECS[h].ctl_ip} dev {LAN_IF}",
+                    "rm -f /var/lib/docker/.testbed-fill",
+                    f"echo {DRIVER} > /run/nvidia-standin/driver_version"]
+            for nd, hca in zip(NETDEVS, HCAS):
+                cmds += [f"echo 200000 > /run/testbed/speed/{nd}",
+                         f"echo '4: ACTIVE' > /sys/class/infiniband/{hca}/ports/1/state",
+                         f"echo '5: LinkUp' > /sys/class/infiniband/{hca}/ports/1/phys_state"]
+            for nd in (self.worker_netdevs() if h == WORKER else NETDEVS):
+                cmds += [f"ip link set dev {nd} mtu {MTU} up"]
+            self.sh(h, " ; ".join(cmds), check=False)
+        self.write_inventory(crossed=False)
+        if not self.ssh_config.exists() or not self.known_hosts.exists():
+            self._write_client_files()
 
     # ---------------------------------------------------------------- knobs (each with its undo)
     def set_mtu(self, host: str, ifname: str, mtu: int) -> None:
