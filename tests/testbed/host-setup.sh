@@ -30,7 +30,10 @@ fi
 chmod 711 /var/lib/docker
 
 # GPU stand-ins first on root's PATH (/usr/local/sbin): nvidia-smi, the toolkit's hook and runtime
-mount -t tmpfs -o mode=755,size=16m tb-sbin /usr/local/sbin
+mkdir -p /run/testbed/sbin
+mount -t tmpfs -o mode=755,size=16m tb-sbin /run/testbed/sbin
+cp -a /usr/local/sbin/. /run/testbed/sbin/ 2>/dev/null || true   # keep what the machine has there
+mount --move /run/testbed/sbin /usr/local/sbin
 install -m 755 "$TB_BIN/nvidia-smi" "$TB_BIN/ibdev2netdev" "$TB_BIN/nvidia-container-runtime-hook" /usr/local/sbin/
 # the NVIDIA toolkit's runtime (registered as dockerd's `nvidia` runtime, like on a Spark) and, first
 # on dockerd's PATH only, `runc` itself: both are testbed-runc, which edits the bundle and execs the real runc

@@ -742,6 +742,9 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             for key in ("init_pid", "unshare_pid"):
                 pid = hosts.get(h, {}).get(key)
                 for _ in range(30):
+                    if pid:
+                        with contextlib.suppress(ChildProcessError, OSError):
+                            os.waitpid(pid, os.WNOHANG)  # reap it if this process started it
                     if not pid or not os.path.exists(f"/proc/{pid}"):
                         break  # gone, not merely a zombie
                     time.sleep(0.1)
