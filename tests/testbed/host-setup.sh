@@ -14,7 +14,10 @@ mount -t tmpfs -o mode=755,size=2g tb-run /run
 mkdir -p /run/sshd /run/lock /run/testbed/bin /run/testbed/sysfs /run/nvidia-standin /run/docker
 chmod 755 /run/sshd
 mount -t tmpfs -o mode=1777,size=4g tb-tmp /tmp
-mount -t tmpfs -o mode=700,size=4g tb-cache /root/.cache
+# root's home of its own (a fresh Debian one), so /root/.cache, ~/.config etc. are per host
+mount -t tmpfs -o mode=700,size=8g tb-root /root
+cp /etc/skel/.bashrc /etc/skel/.profile /root/ 2>/dev/null || true
+mkdir -p /root/.cache
 mount -t tmpfs -o mode=755,size=1g tb-sparkcluster /var/lib/sparkcluster
 mount -t tmpfs -o mode=1777 tb-shm /dev/shm
 mount --bind "$TB_STATE/etc-hosts" /etc/hosts

@@ -439,7 +439,7 @@ class Testbed:
         # a resolver that answers "port unreachable" at once instead of timing out
         (d / "resolv.conf").write_text(f"nameserver {s.ctl_ip}\noptions timeout:1 attempts:1\n")
         (d / "etc-docker").mkdir(exist_ok=True)
-        for p in ("/var/lib/docker", "/var/lib/sparkcluster", "/root/.cache", "/dev/infiniband", "/etc/docker"):
+        for p in ("/var/lib/docker", "/var/lib/sparkcluster", "/dev/infiniband", "/etc/docker"):
             self._mkdir_root(p)
         disk = ""
         img = d / "docker.img"
