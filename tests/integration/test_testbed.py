@@ -95,6 +95,13 @@ def test_docker_dial_stdio_over_ssh_reaches_that_hosts_daemon(testbed, host):
     assert testbed.ssh(host, "command -v nvidia-container-runtime-hook").returncode == 0
 
 
+def test_sshd_log_counts_connections(testbed):
+    before = testbed.connections_logged(WORKER)
+    for _ in range(2):
+        _client(testbed, WORKER).close()
+    assert testbed.connections_logged(WORKER) == before + 2
+
+
 def test_openssh_config_and_password_refused(testbed):
     assert testbed.ssh(HEAD, "hostname").stdout.strip() == HEAD
     p = testbed.ssh(WORKER, "hostname")
@@ -139,6 +146,8 @@ def test_fake_hcas_and_devices(testbed):
         dev = testbed.sh(h, "stat -c '%n %t %T' /dev/infiniband/uverbs*").stdout.split("\n")
         assert [line.split()[1:] for line in dev if line] == [["e7", f"{192 + i:x}"] for i in range(4)]
         assert testbed.sh(h, "cat /sys/class/net/enp1s0f1np1/mtu").stdout.strip() == "9000"
+        assert testbed.sh(h, "cat /sys/class/net/enp1s0f1np1/speed").stdout.strip() == "200000"
+        assert "rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)" in testbed.ssh(h, "ibdev2netdev").stdout
 
 
 # ---------------------------------------------------------------- data plane
@@ -169,6 +178,20 @@ def test_hosts_cannot_reach_each_other_over_the_lan(testbed):
     # the controller does not forward: hosts reach each other only over the data plane
     assert testbed.sh(HEAD, f"ping -c 1 -W 1 {SPECS[WORKER].lan_ip}", check=False, timeout=10).returncode != 0
     assert testbed.sh(HEAD, f"ping -c 1 -W 1 {SPECS[HEAD].ctl_ip}", check=False, timeout=10).returncode == 0
+    # and nothing leaves the machine
+    assert testbed.sh(HEAD, "ping -c 1 -W 1 1.1.1.1", check=False, timeout=10).returncode != 0
+    assert open("/proc/sys/net/ipv4/ip_forward").read().strip() == "0"
+
+
+def test_default_route_trap_is_reproduced(testbed):
+    """Without VLLM_HOST_IP, vLLM takes the default-route interface's IP: the LAN, not the control plane."""
+    probe = ("import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+             "s.connect(('8.8.8.8', 80)); print(s.getsockname()[0])")
+    for h in HOSTS:
+        out = testbed.sh(h, f"python3 -c {shlex.quote(probe)}").stdout.strip()
+        assert out == SPECS[h].lan_ip != SPECS[h].control_ip
+        # docker's bridge is there too, as on a Spark
+        assert "172.17.0.1" in testbed.sh(h, "ip -4 -br addr show docker0").stdout
 
 
 # ---------------------------------------------------------------- containers with the production flags
