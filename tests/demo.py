@@ -1,0 +1,57 @@
+"""`make demo`: the main job on the testbed.
+
+Brings up the two simulated Sparks (or reuses them), runs `sparkcluster up --profile testbed`
+exactly as a user would, sends one chat completion through the endpoint with the openai client, and
+prints the answer. The cluster is left serving; `sparkcluster --inventory .testbed/cluster.toml down`
+and `make testbed-down` take it all away.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+
+from tests.testbed.testbed import Testbed, preflight
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    reason = preflight()
+    if reason:
+        print(f"demo: this machine cannot host the testbed: {reason}", file=sys.stderr)
+        return 2
+    tb = Testbed()
+    if not tb._state() or tb.problems():
+        print("demo: building the two-Spark testbed (first time: a few minutes)", flush=True)
+        tb.up()
+    env_file = tb.dir / "demo.env"
+    if not env_file.exists():
+        env_file.write_text(f"VLLM_API_KEY=sk-demo-{secrets.token_hex(12)}\n")
+    env_file.chmod(0o600)
+    env = {**os.environ, "SPARKCLUSTER_ENV_FILE": str(env_file)}
+    cmd = [sys.executable, "-m", "sparkcluster", "--inventory", str(tb.inventory), "up", "--profile", "testbed"]
+    print("demo: $ sparkcluster --inventory .testbed/cluster.toml up --profile testbed", flush=True)
+    res = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    print(res.stdout, end="")
+    if res.returncode != 0:
+        return res.returncode
+    endpoint = next(line.split()[1] for line in res.stdout.splitlines() if line.startswith("endpoint:"))
+    key = env_file.read_text().split("=", 1)[1].strip()
+    client = openai.OpenAI(base_url=endpoint, api_key=key, timeout=60)
+    question = "Say hello from two DGX Sparks."
+    answer = client.chat.completions.create(model="testbed-tiny", max_tokens=16,
+                                            messages=[{"role": "user", "content": question}])
+    print(f"demo: asked {question!r}")
+    print(f"demo: answer: {answer.choices[0].message.content}")
+    print("demo: tear down with: sparkcluster --inventory .testbed/cluster.toml down && make testbed-down")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""`up` end to end on the testbed: bare to serving, chat with and without the key, idempotence,
+then `down` leaving nothing behind."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import openai
+import pytest
+
+from .conftest import API_KEY, HF_TOKEN, listeners, ours
+
+pytestmark = pytest.mark.testbed
+HEAD, WORKER = "spark-head", "spark-worker"
+
+
+def endpoint(out: str) -> str:
+    m = re.search(r"endpoint: (\S+)", out)
+    assert m, out
+    return m.group(1)
+
+
+@pytest.fixture(scope="module")
+def serving(testbed, sc):
+    sc("down", "--purge-gcs")
+    res = sc("up", "--profile", "testbed", timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    yield res
+    sc("down")
+
+
+def server_pid_and_start(testbed) -> tuple[str, str]:
+    name = ours(testbed, HEAD)
+    rec = testbed.sh(HEAD, f"docker exec {name[0]} cat /run/sparkcluster/serve.json").stdout
+    pid = json.loads(rec)["pid"]
+    start = testbed.sh(HEAD, f"cut -d' ' -f22 /proc/{pid}/stat").stdout.strip()
+    return str(pid), start
+
+
+def test_up_serves_tp2_across_both_hosts(testbed, serving):
+    out = serving.stdout
+    assert "serving 'testbed-tiny' with tensor parallel 2" in out
+    assert endpoint(out) == "http://198.18.0.2:8000/v1"
+    # one container per node, the image identical on both
+    assert len(ours(testbed, HEAD)) == 1 and len(ours(testbed, WORKER)) == 1
+    ref = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.60.0"
+    assert testbed.image_id(HEAD, ref) == testbed.image_id(WORKER, ref)
+    # a rank runs in the worker's container: its Ray worker process is there
+    assert "ray::" in testbed.sh(WORKER, "ps -eo args").stdout
+    for stage in ("preflight", "image", "containers", "ray", "probe", "serve"):
+        assert f"✓ {stage}" in serving.stderr
+
+
+def test_chat_completion_with_key(serving):
+    client = openai.OpenAI(base_url=endpoint(serving.stdout), api_key=API_KEY, timeout=30)
+    r = client.chat.completions.create(model="testbed-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+    assert r.choices[0].message.content
+    chunks = list(client.chat.completions.create(model="testbed-tiny", messages=[{"role": "user", "content": "hi"}],
+                                                  max_tokens=8, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_chat_without_key_is_401(serving):
+    r = httpx.post(endpoint(serving.stdout) + "/chat/completions", timeout=10,
+                   json={"model": "testbed-tiny", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 401
+
+
+def test_up_again_changes_nothing(testbed, sc, serving):
+    before = server_pid_and_start(testbed)
+    ids_before = {h: testbed.sh(h, "docker ps -q --no-trunc").stdout.split() for h in (HEAD, WORKER)}
+    res = sc("up", "--profile", "testbed")
+    assert res.returncode == 0, res.stderr
+    assert "nothing to do" in res.stdout
+    assert server_pid_and_start(testbed) == before
+    assert {h: testbed.sh(h, "docker ps -q --no-trunc").stdout.split() for h in (HEAD, WORKER)} == ids_before
+
+
+def test_secrets_never_on_a_command_line(testbed, sc, serving):
+    for host in (HEAD, WORKER):
+        ps = testbed.sh(host, "ps -eo args").stdout
+        assert API_KEY not in ps and HF_TOKEN not in ps
+        inspect = testbed.sh(host, "docker inspect $(docker ps -aq)").stdout
+        assert API_KEY not in inspect and HF_TOKEN not in inspect
+    for text in (serving.stdout, serving.stderr, sc("up", "--profile", "testbed", "--dry-run").stdout):
+        assert API_KEY not in text and HF_TOKEN not in text
+    log = (sc.state_dir / "sparkcluster" / "debug.log").read_text()
+    assert API_KEY not in log and HF_TOKEN not in log
+
+
+def test_down_leaves_nothing(testbed, sc, serving):
+    res = sc("down")
+    assert res.returncode == 0, res.stderr
+    for host in (HEAD, WORKER):
+        assert ours(testbed, host) == []
+        assert listeners(testbed, host, 6379) == "" and listeners(testbed, host, 8000) == ""
+        assert "vllm" not in testbed.sh(host, "ps -eo args").stdout
+    again = sc("down")
+    assert again.returncode == 0 and "already down" in again.stdout
