@@ -788,6 +788,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                     run(["losetup", "-d", line.split(":")[0]], check=False)
                 time.sleep(0.1)
             img.unlink(missing_ok=True)
+        umount_under(CACHE / "rootfs.tmp")  # if an up was killed during debootstrap
         for d in reversed(st.get("created_dirs", [])):
             with contextlib.suppress(OSError):
                 os.rmdir(d)
@@ -997,6 +998,7 @@ def ensure_rootfs_tar() -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     root = CACHE / "rootfs.tmp"
+    umount_under(root)  # an interrupted debootstrap leaves proc/sys mounted in its target
     shutil.rmtree(root, ignore_errors=True)
     log(f"debootstrap bookworm minbase into {root} (once)")
     run(["debootstrap", "--variant=minbase",
@@ -1009,6 +1011,16 @@ def ensure_rootfs_tar() -> Path:
     shutil.rmtree(root, ignore_errors=True)
     log(f"rootfs tarball {ROOTFS_TAR} in {time.monotonic() - t0:.1f}s")
     return ROOTFS_TAR
+
+
+def umount_under(root: Path) -> None:
+    prefix = str(root.resolve()) + "/"
+    try:
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        return
+    for m in sorted((m for m in mounts if (m + "/").startswith(prefix)), key=len, reverse=True):
+        run(["umount", "-l", m], check=False)
 
 
 def finish_rootfs(root: Path) -> None:
