@@ -37,7 +37,7 @@ class _SharedConnectionAdapter(SSHHTTPAdapter):
 
 
 def client_over(ssh_client, host: str, timeout: int = 120) -> docker.DockerClient:
-    api = docker.APIClient(base_url="http://unused.invalid", version=API_VERSION, timeout=timeout)
+    api = docker.APIClient(base_url="http://localhost:2375", version=API_VERSION, timeout=timeout)
     adapter = _SharedConnectionAdapter(ssh_client, timeout=timeout)
     api.mount(BASE_URL, adapter)
     api._custom_adapter = adapter

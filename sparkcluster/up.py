@@ -14,6 +14,7 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+from urllib.parse import urlsplit
 
 from . import checks, lint, log, preflight, profile as profiles, raycluster, redact, serve, teardown, transfer
 from .containers import ContainerSpec, create_and_start, spec_for
@@ -138,6 +139,9 @@ def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts
         build = {"BASE_IMAGE": prof.image.ref, "RAY_VERSION": RAY_VERSION}
         if inv.cluster.pip_index_url:
             build["PIP_INDEX_URL"] = inv.cluster.pip_index_url
+            if inv.cluster.pip_index_url.startswith("http://"):
+                # pip ignores a plain-http index unless its host is trusted by name
+                build["PIP_TRUSTED_HOST"] = urlsplit(inv.cluster.pip_index_url).hostname
     send_to = [w.name for w in inv.workers if head_id is None or facts[w.name].image_id != head_id]
 
     specs = {n.name: spec_for(inv, prof, n, image) for n in inv.nodes}

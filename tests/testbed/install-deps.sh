@@ -4,7 +4,8 @@ set -euo pipefail
 need=()
 for pair in dockerd:docker.io sshd:openssh-server debootstrap:debootstrap ip:iproute2 \
             ping:iputils-ping ethtool:ethtool pkill:procps fuser:psmisc mkfs.ext4:e2fsprogs \
-            losetup:mount update-ca-certificates:ca-certificates; do
+            losetup:mount update-ca-certificates:ca-certificates \
+            earlyoom:earlyoom flock:util-linux curl:curl; do
   cmd=${pair%%:*}; pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || need+=("$pkg")
 done

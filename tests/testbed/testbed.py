@@ -488,8 +488,19 @@ Subsystem sftp /usr/lib/openssh/sftp-server
         """Start the host's sshd (logs to hosts/<host>/sshd.log)."""
         cfg = self._sshd_config(host)
         self.sh(host, f"/usr/sbin/sshd -t -f {cfg} && /usr/sbin/sshd -f {cfg} -E {self.sshd_log(host)} && "
-                      f"for i in $(seq 100); do ss -Hltn 'sport = :22' | grep -q {SPECS[host].lan_ip} && exit 0; "
-                      "sleep 0.05; done; echo 'sshd is not listening' >&2; exit 1")
+                      f"for i in $(seq 100); do ss -Hltn 'sport = :22' | grep -q {SPECS[host].lan_ip} && break; "
+                      "sleep 0.05; done; ss -Hltn 'sport = :22' | grep -q . || { echo 'sshd is not listening' >&2; exit 1; }")
+        # A hardened Spark also gives sshd OOMScoreAdjust=-1000; lowering an OOM score needs
+        # CAP_SYS_RESOURCE, which this sandbox withholds, so doctor's mem.sshd_oom warns here.
+        self.start_earlyoom(host)
+
+    def start_earlyoom(self, host: str) -> None:
+        """earlyoom, as a hardened Spark runs it (seed 002). A real process in the host's PID
+        namespace; both hosts watch this one machine's memory, as both share it."""
+        self.sh(host, "pgrep -x earlyoom >/dev/null || { setsid earlyoom -r 0 </dev/null >/dev/null 2>&1 & }", timeout=20)
+
+    def stop_earlyoom(self, host: str) -> None:
+        self.sh(host, "pkill -x earlyoom; for i in $(seq 50); do pgrep -x earlyoom >/dev/null || exit 0; sleep 0.1; done", check=False)
 
     def stop_sshd(self, host: str) -> None:
         """Stop the listening sshd (established sessions survive, as with a real `kill`)."""
@@ -823,6 +834,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             for nd in (self.worker_netdevs() if h == WORKER else NETDEVS):
                 cmds += [f"ip link set dev {nd} mtu {MTU} up"]
             self.sh(h, " ; ".join(cmds), check=False)
+            self.start_earlyoom(h)
         self.write_inventory(crossed=False)
         if not self.ssh_config.exists() or not self.known_hosts.exists():
             self._write_client_files()
