@@ -27,10 +27,10 @@ HEADER = "draft: review before use"
 def discovery_script() -> str:
     """Read-only: nothing here changes the host."""
     parts = [
-        facts._section("hostname", "hostname"),
-        facts._section("gpu", "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader"),
-        facts._section("ip", "ip -j addr show"),
-        facts._section("hca", "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] || continue; "
+        facts.section("hostname", "hostname"),
+        facts.section("gpu", "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader"),
+        facts.section("ip", "ip -j addr show"),
+        facts.section("hca", "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] || continue; "
                               "printf '%s|%s|%s\\n' \"${d##*/}\" \"$(cat $d/ports/1/state 2>/dev/null)\" "
                               "\"$(ls $d/device/net 2>/dev/null | tr '\\n' ' ')\"; done"),
     ]

@@ -50,8 +50,11 @@ class HostFacts:
     path_mtu: dict[str, P.PingResult] = field(default_factory=dict)  # netdev -> result (phase 2)
 
 
-def _section(name: str, cmd: str) -> str:
-    return f"echo '{SECTION} {name}'; ( {cmd} ) 2>&1; echo \"{SECTION} {name} rc=$?\""
+def section(name: str, cmd: str, stderr: bool = True) -> str:
+    """Shell that prints `cmd`'s output between markers, with its exit status. The closing marker
+    starts on a fresh line even when the output does not end with a newline (JSON from curl)."""
+    redirect = "2>&1" if stderr else "2>/dev/null"
+    return f"echo '{SECTION} {name}'; ( {cmd} ) {redirect}; rc=$?; printf '\\n{SECTION} {name} rc=%s\\n' \"$rc\""
 
 
 def probe_script(inv: Inventory, node: Node, image: str | None) -> str:
@@ -62,38 +65,43 @@ def probe_script(inv: Inventory, node: Node, image: str | None) -> str:
     hf = shlex.quote(inv.cluster.hf_cache)
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
     parts = [
-        _section("hostname", "hostname"),
-        _section("time", "date +%s.%N"),
-        _section("gpu", "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader"),
-        _section("docker", "docker info --format '{{json .}}'"),
-        _section("gpu_hook", "command -v nvidia-container-runtime-hook nvidia-ctk nvidia-container-runtime | head -1"),
-        _section("ip", "ip -j addr show"),
-        _section("carrier", f"for i in {ifs}; do printf '%s %s %s\\n' \"$i\" "
+        section("hostname", "hostname"),
+        section("time", "date +%s.%N"),
+        section("gpu", "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader"),
+        section("docker", "docker info --format '{{json .}}'"),
+        section("gpu_hook", "command -v nvidia-container-runtime-hook nvidia-ctk nvidia-container-runtime | head -1"),
+        section("ip", "ip -j addr show"),
+        section("carrier", f"for i in {ifs}; do printf '%s %s %s\\n' \"$i\" "
                             "\"$(cat /sys/class/net/$i/carrier 2>/dev/null || echo -)\" "
                             "\"$(cat /sys/class/net/$i/speed 2>/dev/null || echo -)\"; done"),
-        _section("hca", "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] || continue; "
+        section("hca", "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] || continue; "
                         "printf '%s|%s|%s\\n' \"${d##*/}\" \"$(cat $d/ports/1/state 2>/dev/null)\" "
                         "\"$(ls $d/device/net 2>/dev/null | tr '\\n' ' ')\"; done"),
-        _section("meminfo", "cat /proc/meminfo"),
-        _section("earlyoom", "pgrep -x earlyoom"),
-        _section("sshd_oom", "cat /proc/$(pgrep -o -x sshd)/oom_score_adj"),
-        _section("listeners", f"ss -Htlnp '( {ports} )' | while read -r l; do "
+        section("meminfo", "cat /proc/meminfo"),
+        section("earlyoom", "pgrep -x earlyoom"),
+        section("sshd_oom", "cat /proc/$(pgrep -o -x sshd)/oom_score_adj"),
+        section("listeners", f"ss -Htlnp '( {ports} )' | while read -r l; do "
                               "p=$(printf '%s' \"$l\" | sed -n 's/.*pid=\\([0-9]*\\).*/\\1/p'); "
                               "c=$(grep -o -E '[0-9a-f]{64}' /proc/$p/cgroup 2>/dev/null | head -1); "
                               "printf '%s container=%s\\n' \"$l\" \"$c\"; done"),
-        _section("containers", "docker ps -a --no-trunc --format '{{json .}}'"),
-        _section("ours", f"ids=$(docker ps -aq --filter label={label}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids"),
-        _section("disk", "d=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) && [ -d \"$d\" ] || d=/var/lib/docker; "
+        section("containers", "docker ps -a --no-trunc --format '{{json .}}'"),
+        section("ours", f"ids=$(docker ps -aq --filter label={label}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids"),
+        section("disk", "d=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) && [ -d \"$d\" ] || d=/var/lib/docker; "
                          "df -PB1 \"$d\"; "
                          # the cache may not exist yet: measure its nearest existing parent, create nothing
                          f"p={hf}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -PB1 \"$p\""),
-        _section("ray_sessions", "ls -d /tmp/ray/session_* 2>/dev/null"),
+        section("ray_sessions", "ls -d /tmp/ray/session_* 2>/dev/null"),
     ]
     if image:
         img = shlex.quote(image)
-        parts.append(_section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}"))
-        parts.append(_section("image_ray", f"docker image inspect {img} >/dev/null 2>&1 || exit 3; "
-                                           f"docker run --rm --network none --entrypoint ray {img} --version"))
+        parts.append(section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}"))
+        # our running container on this image runs `ray start` as its main process, which proves
+        # Ray works in it; otherwise start `ray --version` in a throwaway container
+        parts.append(section("image_ray", f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit 3; "
+                                          f"for c in $(docker ps -q --filter label={label} --filter status=running); do "
+                                          "[ \"$(docker inspect --format '{{.Image}}' $c)\" = \"$id\" ] && { "
+                                          f"echo \"ray, version $(docker image inspect --format '{{{{index .Config.Labels \"org.sparkcluster.ray-version\"}}}}' {img}) (running in $c)\"; exit 0; }}; done; "
+                                          f"docker run --rm --network none --entrypoint ray {img} --version"))
     return "\n".join(parts) + "\n"
 
 
@@ -206,7 +214,7 @@ def ping_command(p: Probe) -> str:
 
 
 def path_mtu_script(probes: list[Probe]) -> str:
-    return "\n".join(_section(f"ping {p.netdev} {p.peer_ip}", ping_command(p)) for p in probes) + "\n"
+    return "\n".join(section(f"ping {p.netdev} {p.peer_ip}", ping_command(p)) for p in probes) + "\n"
 
 
 def gather_path_mtu(host, probes: list[Probe], timeout: float = 20.0) -> dict[str, P.PingResult]:
@@ -216,7 +224,7 @@ def gather_path_mtu(host, probes: list[Probe], timeout: float = 20.0) -> dict[st
     sections = split_sections(res.stdout)
     out: dict[str, P.PingResult] = {}
     for p in probes:
-        sec = sections.get(f"ping {p.netdev} {p.peer_ip}", Section(124, "timed out"))
+        sec = sections.get(f"ping {p.netdev} {p.peer_ip}", Section(124, "no result: the probe did not finish"))
         out[p.netdev] = P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, sec.rc == 0,
                                      P.ping_reason(sec.out), ping_command(p))
     return out

@@ -117,7 +117,9 @@ class Host:
                 if chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
                     continue
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                # the exit status can arrive before the last data is read: stop only at EOF too
+                if chan.exit_status_ready() and chan.eof_received and not chan.recv_ready() \
+                        and not chan.recv_stderr_ready():
                     break
                 if time.monotonic() > deadline:
                     timed_out = True

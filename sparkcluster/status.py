@@ -15,7 +15,7 @@ import httpx
 
 from . import parsers, serve
 from .errors import SparkError
-from .facts import SECTION, split_sections
+from .facts import section, split_sections
 from .fanout import Cluster, connect_all
 from .inventory import Inventory
 from .labels import CLUSTER_LABEL, PROFILE_LABEL
@@ -58,15 +58,15 @@ class ClusterStatus:
 def node_script(inv: Inventory, head: bool) -> str:
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
     parts = [
-        f"echo '{SECTION} uptime'; cat /proc/uptime; echo \"{SECTION} uptime rc=$?\"",
-        f"echo '{SECTION} meminfo'; cat /proc/meminfo; echo \"{SECTION} meminfo rc=$?\"",
-        f"echo '{SECTION} ours'; ids=$(docker ps -aq --filter label={label}); "
-        f"if [ -z \"$ids\" ]; then echo '[]'; else docker inspect $ids; fi; echo \"{SECTION} ours rc=$?\"",
+        section("uptime", "cat /proc/uptime"),
+        section("meminfo", "cat /proc/meminfo"),
+        section("ours", f"ids=$(docker ps -aq --filter label={label}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids"),
     ]
     if head:
-        parts.append(f"echo '{SECTION} ray'; (curl -s -m 2 {RAY_NODES_URL} || "
-                     f"python3 -c 'import sys,urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())' "
-                     f"{RAY_NODES_URL}) 2>/dev/null; echo \"{SECTION} ray rc=$?\"")
+        url = shlex.quote(RAY_NODES_URL)
+        parts.append(section("ray", f"curl -s -m 2 {url} || python3 -c 'import sys,urllib.request; "
+                                    f"sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())' {url}",
+                             stderr=False))
     return "\n".join(parts) + "\n"
 
 

@@ -93,8 +93,17 @@ def test_bare_cluster_build_uses_pip_mirror(prof):
     data["cluster"]["pip_index_url"] = "http://mirror.lan:3141/simple"
     plan = make_plan(make_inventory(data), prof, facts(), serving=False, replace=False)
     assert plan.build == {"BASE_IMAGE": "nvcr.io/nvidia/vllm:26.05.post1-py3", "RAY_VERSION": RAY_VERSION,
-                          "PIP_INDEX_URL": "http://mirror.lan:3141/simple"}
+                          "PIP_INDEX_URL": "http://mirror.lan:3141/simple",
+                          # pip ignores a plain-http index unless its host is trusted
+                          "PIP_TRUSTED_HOST": "mirror.lan"}
     assert "--build-arg PIP_INDEX_URL=http://mirror.lan:3141/simple" in plan.render()
+
+
+def test_https_mirror_is_not_marked_trusted(prof):
+    data = inventory_dict()
+    data["cluster"]["pip_index_url"] = "https://mirror.lan/simple"
+    plan = make_plan(make_inventory(data), prof, facts(), serving=False, replace=False)
+    assert "PIP_TRUSTED_HOST" not in plan.build
 
 
 # ---- (b) image on the head only -----------------------------------------------------------------
