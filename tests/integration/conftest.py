@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-API_KEY = "sk-testbed-4f9c1e2a7b"
-HF_TOKEN = "hf_testbedTOKEN1234567890"
+from tests.integration.helpers import API_KEY, HF_TOKEN
 CLI = [sys.executable, "-m", "sparkcluster"]
 
 
@@ -44,13 +43,3 @@ def sc(testbed, env_file, tmp_path_factory):
 
     run.state_dir = state
     return run
-
-
-def ours(testbed, host: str) -> list[str]:
-    """Names of sparkcluster's containers on a host, read with the host's own docker CLI."""
-    out = testbed.sh(host, "docker ps -a --filter label=org.sparkcluster.cluster --format '{{.Names}}'").stdout
-    return [x for x in out.split() if x]
-
-
-def listeners(testbed, host: str, port: int) -> str:
-    return testbed.sh(host, f"ss -Htln '( sport = :{port} )'").stdout.strip()

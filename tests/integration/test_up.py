@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from .conftest import API_KEY, HF_TOKEN, listeners, ours
+from tests.integration.helpers import API_KEY, HF_TOKEN, listeners, ours
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
