@@ -6,7 +6,6 @@ rollback after a failure or Ctrl-C.
 from __future__ import annotations
 
 import shlex
-import time
 from dataclasses import dataclass, field
 
 from . import log, serve
@@ -26,7 +25,7 @@ class NodeOutcome:
     error: str = ""
 
 
-def ours(host: Host, cluster: str, ids_only: bool = False) -> list[dict]:
+def ours(host: Host, cluster: str) -> list[dict]:
     api = host.docker().api
     return api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={cluster}"})
 
@@ -104,12 +103,3 @@ def down(cluster: Cluster, only_ids: dict[str, set[str]] | None = None, purge_gc
             elif o.value.stdout.strip():
                 out[node].error = f"port {inv.cluster.ray_port} is still held: {o.value.stdout.strip()}"
     return out
-
-
-def wait_gone(check, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.2)
-    return False

@@ -123,10 +123,6 @@ def _ray_version_cmd(image: str) -> str:
     return shlex.join(["docker", "run", "--rm", "--network", "none", "--entrypoint", "ray", image, "--version"])
 
 
-def _env(c: dict) -> dict[str, str]:
-    return dict(e.split("=", 1) for e in (c.get("Config", {}).get("Env") or []) if "=" in e)
-
-
 # --- planning: pure over facts -------------------------------------------------------------------
 
 def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts], serving: bool,
