@@ -254,7 +254,7 @@ def test_gather_path_mtu_from_captured_pings():
     assert host.ran == [facts.path_mtu_script(probes)]
     assert got["lo"].ok and got["lo"].size == 8972 and got["lo"].command == facts.ping_command(probes[0])
     assert not got["eth0"].ok
-    assert not got["vlan9"].ok and got["vlan9"].detail == "timed out"
+    assert not got["vlan9"].ok and got["vlan9"].detail == "no result: the probe did not finish"
     assert facts.gather_path_mtu(host, []) == {}
 
 
