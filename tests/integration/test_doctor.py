@@ -1,0 +1,312 @@
+"""`doctor` on the testbed (issue 3): a healthy cluster passes every check, and each check has a case
+that breaks exactly its subject with a testbed knob and sees that check FAIL (WARN when it only
+warns) on the right node, with every other (check, node) row as it was on the healthy cluster.
+
+Every case runs the real CLI once (`doctor --json`) against the broken testbed and compares with one
+healthy run per module. Each knob is undone in `finally`; the autouse fixture resets the testbed after
+every case as well, so one failing case cannot leak into the next.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+pytestmark = pytest.mark.testbed
+HEAD, WORKER = "spark-head", "spark-worker"
+NODES = (HEAD, WORKER)
+
+# Every check id `doctor` reports, in its stable order (sparkcluster/checks.py REGISTRY).
+IDS = [
+    "ssh.reachable", "gpu.gb10", "gpu.driver", "docker.engine", "docker.gpu_runtime", "image.same", "image.ray",
+    "net.control_ip", "net.vllm_host_ip", "net.link", "net.mtu", "net.path_mtu", "rdma.hca", "mem.headroom",
+    "mem.earlyoom", "mem.sshd_oom", "ports.free", "ray.stale", "disk.free", "clock.skew",
+    "containers.forwarded_env", "containers.per_host_env", "containers.flags",
+]
+# WARNs a healthy testbed may show: sshd cannot get OOMScoreAdjust -1000 here (no CAP_SYS_RESOURCE),
+# and the cluster image is missing until the first `up` builds it.
+KNOWN_WARNS = {"mem.sshd_oom", "image.same"}
+DATA_LINK = "enP2p1s0f1np1"  # head link 4: not the control link, so Ray's path is untouched
+DOWN_LINK = "enP2p1s0f0np0"  # head link 3
+
+
+def doctor(sc, inventory: Path | None = None) -> tuple[int, dict, dict[tuple[str, str], dict]]:
+    res = sc("doctor", "--json", inventory=inventory, timeout=120)
+    assert res.returncode in (0, 1), f"doctor exited {res.returncode}\n{res.stdout}\n{res.stderr}"
+    doc = json.loads(res.stdout)
+    return res.returncode, doc, {(c["id"], c["node"]): c for c in doc["checks"]}
+
+
+@pytest.fixture(scope="module")
+def healthy(testbed, sc):
+    """One doctor run on the healthy testbed: what every case compares with."""
+    rc, doc, rows = doctor(sc)
+    bad = {k: (r["status"], r["detail"]) for k, r in rows.items()
+           if r["status"] == "fail" or (r["status"] == "warn" and k[0] not in KNOWN_WARNS)}
+    assert not bad, f"the testbed is not healthy before the doctor cases: {bad}"
+    return rc, doc, rows
+
+
+@pytest.fixture(autouse=True)
+def _reset_after(testbed):
+    yield
+    testbed.reset()
+
+
+def inventory_variant(testbed, tmp_path: Path, edit: Callable[[str], str] = lambda t: t) -> Path:
+    """The testbed's uncrossed inventory in a tmp file (client files by absolute path), edited."""
+    text = testbed.inventory_text(crossed=False)
+    text = text.replace('ssh_config = "ssh_config"', f'ssh_config = "{testbed.ssh_config}"')
+    text = text.replace('known_hosts = "known_hosts"', f'known_hosts = "{testbed.known_hosts}"')
+    p = tmp_path / "cluster.toml"
+    p.write_text(edit(text))
+    return p
+
+
+def set_in_node(node: str, key: str, value: str) -> Callable[[str], str]:
+    """Edit `key = "..."` inside the [[nodes]] block of `node`."""
+    def edit(text: str) -> str:
+        head, sep, rest = text.partition(f'name = "{node}"')
+        block, nxt, tail = rest.partition("[[nodes]]")
+        block, n = re.subn(rf'(?m)^{key} = ".*"$', f'{key} = "{value}"', block, count=1)
+        assert n == 1, (node, key)
+        return head + sep + block + nxt + tail
+    edit.__name__ = f"set_{key}"
+    return edit
+
+
+def ours_running(testbed, host: str) -> list[str]:
+    return testbed.sh(host, "docker ps -q", check=False).stdout.split()
+
+
+def image_ref(testbed) -> str:
+    from sparkcluster import images, inventory
+    from sparkcluster.cli.common import load_profile_for
+    inv = inventory.load(testbed.inventory)
+    return images.image_ref(inv, load_profile_for(inv, None))
+
+
+# --------------------------------------------------------------------------------------- healthy
+
+def test_healthy_cluster_passes_every_check(healthy, sc):
+    rc, doc, rows = healthy
+    assert rc == 0 and doc["ok"] is True
+    assert sorted(rows) == sorted((i, n) for i in IDS for n in NODES)
+    for (cid, node), r in rows.items():
+        assert r["status"] in ("ok", "skip") or (r["status"] == "warn" and cid in KNOWN_WARNS), r
+    # the checks that judge the bare hosts are OK, not merely skipped
+    for cid in ("ssh.reachable", "gpu.gb10", "gpu.driver", "docker.engine", "docker.gpu_runtime",
+                "net.control_ip", "net.link", "net.mtu", "net.path_mtu", "rdma.hca", "mem.earlyoom",
+                "ports.free", "disk.free", "clock.skew"):
+        for n in NODES:
+            assert rows[(cid, n)]["status"] == "ok", rows[(cid, n)]
+
+    text = sc("doctor", timeout=120)
+    assert text.returncode == 0, text.stdout + text.stderr
+    lines = text.stdout.splitlines()
+    assert HEAD in lines[0] and WORKER in lines[0]
+    for cid in IDS:
+        row = [line for line in lines if line.split()[:1] == [cid]]
+        assert len(row) == 1, f"no single row for {cid} in\n{text.stdout}"
+        want = [rows[(cid, n)]["status"].upper() for n in NODES]
+        assert row[0].split()[1:3] == want, row[0]
+    assert "FAIL" not in text.stdout
+
+
+def test_json_has_stable_ids_and_documented_shape(healthy):
+    _, doc, _ = healthy
+    assert set(doc) == {"ok", "checks"} and isinstance(doc["ok"], bool)
+    assert all(set(c) == {"id", "node", "status", "detail", "fix"} for c in doc["checks"])
+    assert all(isinstance(c[k], str) for c in doc["checks"] for k in ("id", "node", "status", "detail", "fix"))
+    assert all(c["status"] in ("ok", "warn", "fail", "skip") for c in doc["checks"])
+    # ids in registry order, each once per node, nodes in inventory order
+    assert [c["id"] for c in doc["checks"]] == [i for i in IDS for _ in NODES]
+    assert [c["node"] for c in doc["checks"]] == list(NODES) * len(IDS)
+    # a WARN or FAIL always says why and what to do
+    assert all(c["detail"] and c["fix"] for c in doc["checks"] if c["status"] in ("warn", "fail"))
+
+
+# --------------------------------------------------------------------------------------- broken
+
+@dataclass
+class Case:
+    name: str
+    # break the testbed; may return an inventory path to run doctor with
+    breaks: Callable[..., Path | None]
+    undo: Callable[..., None]
+    changed: dict[tuple[str, str], str]  # (check, node) -> status expected while broken
+    detail: dict[tuple[str, str], str] = field(default_factory=dict)  # substring in detail
+    fix: dict[tuple[str, str], str] = field(default_factory=dict)  # actionable substring in fix
+
+
+def _noop(tb, ctx):
+    return None
+
+
+def _cross(tb, ctx):
+    # the inventory as written before re-cabling: the worker's netdev/HCA pairs are now wrong
+    inv = inventory_variant(tb, ctx["tmp"])
+    tb.cable_worker(True)
+    return inv
+
+
+def _untag_image(tb, ctx):
+    ref = ctx["ref"] = image_ref(tb)
+    if tb.image_id(WORKER, ref):
+        keep = ctx["keep"] = "sparkcluster-test/doctor-keep:disk"
+        tb.docker(WORKER, f"tag {ref} {keep}")
+        tb.docker(WORKER, f"rmi {ref}")
+
+
+def _retag_image(tb, ctx):
+    if ctx.get("keep"):
+        tb.docker(WORKER, f"tag {ctx['keep']} {ctx['ref']}")
+        tb.docker(WORKER, f"rmi {ctx['keep']}")
+
+
+def _fill_disk(tb, ctx):
+    # disk.free only asks for image room where the image is still missing: take its tag away on the
+    # worker (the layers stay, under another tag) so the worker looks like a node before `up`.
+    _untag_image(tb, ctx)
+    tb.fill_disk(WORKER, 512)  # the testbed profile needs image_disk_gb = 2
+    return None
+
+
+def _unfill_disk(tb, ctx):
+    try:
+        tb.unfill_disk(WORKER)
+    finally:
+        _retag_image(tb, ctx)
+
+
+def _hold_port(tb, ctx):
+    if any(tb.sh(HEAD, "ss -Htln 'sport = :8000'").stdout.split()):
+        pytest.skip("port 8000 on the head is already in use (a cluster left serving?)")
+    ctx["holder"] = tb.hold_port(HEAD, 8000)
+    return None
+
+
+def _stop_dockerd(tb, ctx):
+    if ours_running(tb, WORKER):
+        pytest.skip("containers run on the worker: stopping its dockerd would kill them")
+    tb.stop_dockerd(WORKER)
+
+
+WORKER_SKIPS = {(cid, WORKER): "skip" for cid in IDS if cid != "ssh.reachable"}
+
+CASES = [
+    Case("net.mtu", lambda tb, c: tb.set_mtu(WORKER, DATA_LINK, 1500), lambda tb, c: tb.set_mtu(WORKER, DATA_LINK, 9000),
+         # 9000-byte frames no longer cross that link either way: the worker cannot send them, the
+         # head's are dropped at the worker's end. Same subject (the link's MTU), so path MTU fails
+         # on both nodes, and nothing else changes.
+         {("net.mtu", WORKER): "fail", ("net.path_mtu", WORKER): "fail", ("net.path_mtu", HEAD): "fail"},
+         detail={("net.mtu", WORKER): f"{DATA_LINK} is 1500", ("net.path_mtu", HEAD): "9000-byte",
+                 ("net.path_mtu", WORKER): "9000-byte"},
+         fix={("net.mtu", WORKER): "mtu 9000", ("net.path_mtu", HEAD): "MTU 9000", ("net.path_mtu", WORKER): "MTU 9000"}),
+    Case("net.link", lambda tb, c: tb.link_down(WORKER, DOWN_LINK), lambda tb, c: tb.link_up(WORKER, DOWN_LINK),
+         # one end of a cable administratively down: the far end (the head's port) loses carrier, as a
+         # real QSFP link does, and no frame crosses that link in either direction. Same subject.
+         {("net.link", WORKER): "fail", ("net.link", HEAD): "fail",
+          ("net.path_mtu", WORKER): "fail", ("net.path_mtu", HEAD): "fail"},
+         detail={("net.link", WORKER): f"{DOWN_LINK} administratively down", ("net.link", HEAD): f"{DOWN_LINK} has no carrier"},
+         fix={("net.link", WORKER): "ip link set", ("net.link", HEAD): "QSFP"}),
+    Case("rdma.hca-down", lambda tb, c: tb.set_hca_state(HEAD, "rocep1s0f0", "1: DOWN"),
+         lambda tb, c: tb.set_hca_state(HEAD, "rocep1s0f0", "4: ACTIVE"),
+         {("rdma.hca", HEAD): "fail"},
+         detail={("rdma.hca", HEAD): "rocep1s0f0 port 1 is '1: DOWN'"},
+         fix={("rdma.hca", HEAD): "enp1s0f0np0"}),
+    Case("rdma.hca-crossed", _cross, lambda tb, c: tb.cable_worker(False),
+         # the worker re-cabled, its inventory not rewritten: each HCA sits on another netdev than
+         # listed, and the listed control_if (enp1s0f1np1) is now the port of head link 4, so the
+         # control IP is not on it either. Both are this one inventory entry being stale.
+         {("rdma.hca", WORKER): "fail", ("net.control_ip", WORKER): "fail"},
+         detail={("rdma.hca", WORKER): "rocep1s0f0 sits on enP2p1s0f0np0, not enp1s0f0np0",
+                 ("net.control_ip", WORKER): "198.19.2.2 is not on enp1s0f1np1"},
+         fix={("rdma.hca", WORKER): "ibdev2netdev", ("net.control_ip", WORKER): "control_ip"}),
+    Case("gpu.driver", lambda tb, c: tb.set_driver_version(WORKER, "570.00"), lambda tb, c: tb.set_driver_version(WORKER),
+         {("gpu.driver", WORKER): "fail"},
+         detail={("gpu.driver", WORKER): "570.00"}, fix={("gpu.driver", WORKER): "580.95.05"}),
+    Case("ssh.reachable", lambda tb, c: tb.stop_sshd(WORKER), lambda tb, c: tb.start_sshd(WORKER),
+         # nothing else about the worker can be judged; on the head, only what compares it with the
+         # worker (clock skew, path MTU to the worker's addresses) has nothing to compare with
+         {**WORKER_SKIPS, ("ssh.reachable", WORKER): "fail", ("clock.skew", HEAD): "skip", ("net.path_mtu", HEAD): "skip"},
+         detail={("ssh.reachable", WORKER): "198.18.0.6"}, fix={("ssh.reachable", WORKER): "ssh"}),
+    Case("docker.engine", _stop_dockerd, lambda tb, c: tb.start_dockerd(WORKER),
+         {("docker.engine", WORKER): "fail", ("docker.gpu_runtime", WORKER): "skip",
+          ("image.same", WORKER): "skip", ("image.ray", WORKER): "skip"},
+         detail={("docker.engine", WORKER): "docker info failed"}, fix={("docker.engine", WORKER): "start the Docker daemon"}),
+    Case("ports.free", _hold_port, lambda tb, c: c["holder"].release() if "holder" in c else None,
+         {("ports.free", HEAD): "fail"},
+         detail={("ports.free", HEAD): "8000 (vLLM API) is held by python3"}, fix={("ports.free", HEAD): "stop that process"}),
+    Case("disk.free", _fill_disk, _unfill_disk,
+         # the image's absence on the worker is the precondition (image.same WARN "not on this node
+         # yet", image.ray not run), the filled disk is the break
+         {("disk.free", WORKER): "fail", ("image.same", WORKER): "warn", ("image.ray", WORKER): "skip"},
+         detail={("disk.free", WORKER): "the image needs 2.0 GiB"}, fix={("disk.free", WORKER): "docker system prune"}),
+    Case("mem.earlyoom", lambda tb, c: tb.stop_earlyoom(WORKER), lambda tb, c: tb.start_earlyoom(WORKER),
+         {("mem.earlyoom", WORKER): "warn"},
+         detail={("mem.earlyoom", WORKER): "not running"}, fix={("mem.earlyoom", WORKER): "systemctl enable --now earlyoom"}),
+    Case("net.control_ip-link-local",
+         lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(WORKER, "control_ip", "169.254.10.2")), _noop,
+         {("net.control_ip", WORKER): "fail"},
+         detail={("net.control_ip", WORKER): "link-local"}, fix={("net.control_ip", WORKER): "static address"}),
+    Case("net.control_ip-docker-bridge",
+         lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(WORKER, "control_ip", "172.17.0.5")), _noop,
+         {("net.control_ip", WORKER): "fail"},
+         detail={("net.control_ip", WORKER): "docker bridge"}, fix={("net.control_ip", WORKER): "enp1s0f1np1"}),
+    Case("net.control_ip-wrong-if",
+         # an existing interface, but not the one holding the control IP
+         lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(HEAD, "control_if", "enp1s0f0np0")), _noop,
+         {("net.control_ip", HEAD): "fail"},
+         detail={("net.control_ip", HEAD): "198.19.2.1 is not on enp1s0f0np0"}, fix={("net.control_ip", HEAD): "control_ip"}),
+    Case("net.control_ip-missing-if",
+         # a name the head does not have: net.link, which checks control_if exists too, says so as well
+         lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(HEAD, "control_if", "enp9s9")), _noop,
+         {("net.control_ip", HEAD): "fail", ("net.link", HEAD): "fail"},
+         detail={("net.control_ip", HEAD): "enp9s9 does not exist", ("net.link", HEAD): "enp9s9 missing"},
+         fix={("net.control_ip", HEAD): "control_if"}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_breaking_one_subject_fails_only_its_check(testbed, sc, healthy, case, tmp_path):
+    _, _, base = healthy
+    ctx: dict = {"tmp": tmp_path}
+    try:
+        inventory = case.breaks(testbed, ctx)
+        rc, doc, rows = doctor(sc, inventory)
+        if case.name == "ports.free":
+            # doctor reports the foreign holder, never kills it
+            holder = ctx["holder"]
+            assert holder.proc.poll() is None
+            assert testbed.sh(HEAD, f"kill -0 {holder.pid_in_host}", check=False).returncode == 0
+    finally:
+        case.undo(testbed, ctx)
+
+    # the broken subject's rows
+    for key, status in case.changed.items():
+        r = rows[key]
+        assert r["status"] == status, (key, r)
+        if status in ("fail", "warn"):
+            assert r["detail"] and r["fix"], r
+    for key, text in case.detail.items():
+        assert text in rows[key]["detail"], (key, rows[key])
+    for key, text in case.fix.items():
+        assert text in rows[key]["fix"], (key, rows[key])
+    if case.name == "ports.free":
+        assert f"(pid {ctx['holder'].pid_in_host})" in rows[("ports.free", HEAD)]["detail"]
+    if case.name == "ssh.reachable":
+        assert all(rows[k]["detail"] == "unreachable" for k in WORKER_SKIPS)
+
+    # every other row exactly as on the healthy cluster
+    others = {k: (base[k]["status"], rows[k]["status"]) for k in base if k not in case.changed}
+    assert {k: v for k, v in others.items() if v[0] != v[1]} == {}
+    assert sorted(rows) == sorted(base)
+
+    failed = any(s == "fail" for s in case.changed.values())
+    assert rc == (1 if failed else 0) and doc["ok"] is (not failed)
