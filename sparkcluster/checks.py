@@ -325,20 +325,25 @@ def rdma_hca(ctx: Context) -> list[Result]:
     cid = "rdma.hca"
     for node in ctx.nodes():
         f = ctx.facts[node.name]
-        problems = []
+        problems, down = [], []
         for link in node.data_plane:
             h = f.hcas.get(link.hca)
             if h is None:
                 problems.append(f"{link.hca} missing")
             elif not h.active:
                 problems.append(f"{link.hca} port 1 is '{h.state}'")
+                down.append(link)
             elif link.netdev not in h.netdevs:
                 problems.append(f"{link.hca} sits on {', '.join(h.netdevs) or 'no netdev'}, not {link.netdev}")
         if problems:
             mapping = ", ".join(f"{h.name}->{'/'.join(h.netdevs)}" for h in f.hcas.values()) or "none found"
-            out.append(_fail(cid, node.name, "; ".join(problems) + f" (on this node: {mapping})",
-                             "fix data_plane for this node in the inventory (`ibdev2netdev` on the node shows the pairs); "
-                             "NCCL pairs HCAs by list position, one wrong entry gives ibv_modify_qp timeouts"))
+            fix = ("fix data_plane for this node in the inventory (`ibdev2netdev` on the node shows the pairs); "
+                   "NCCL pairs HCAs by list position, one wrong entry gives ibv_modify_qp timeouts")
+            if len(down) == len(problems):
+                # the pairing is right, the port is not up: the inventory is not what to change
+                fix = (f"bring the RoCE port up: check the cable of {', '.join(link.netdev for link in down)} and "
+                       "`ip link set IF up` (`ibdev2netdev` must show it Up, port state 4: ACTIVE)")
+            out.append(_fail(cid, node.name, "; ".join(problems) + f" (on this node: {mapping})", fix))
         else:
             out.append(_ok(cid, node.name, ",".join(node.hcas)))
     return out
