@@ -159,11 +159,15 @@ def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts
             return False
         c = cs[0]
         labels = c.get("Config", {}).get("Labels", {})
+        # the labels are what was asked; the container's own env is what its ranks get (a
+        # container recreated by hand can carry our labels without the forwarded variables)
+        env = dict(e.split("=", 1) for e in (c.get("Config", {}).get("Env") or []) if "=" in e)
         # the config hash leaves the profile out: another profile's container can match it, and
         # kept, it would still carry that profile's label
         return (bool(c.get("State", {}).get("Running"))
                 and labels.get(PROFILE_LABEL) == prof.name
                 and labels.get(CONFIG_LABEL) == specs[node].config_hash()
+                and all(env.get(k) == v for k, v in specs[node].env.items())
                 and facts[node].image_id is not None and c.get("Image") == facts[node].image_id
                 and node not in send_to and build is None)
 
@@ -315,6 +319,10 @@ class Runner:
             bad, res = (worker, rres) if not rres.ok else (head, sres)
             left = self._image_id(worker)
             extra = "" if left is None else f" (an image {left[:19]} is left on {worker.name})"
+            root = wf.docker.root_dir if wf.docker else "/var/lib/docker"
+            df = worker.run(f"df -Pk {shlex.quote(root)} | tail -1", timeout=20)
+            if df.ok and len(df.stdout.split()) > 3 and df.stdout.split()[3].isdigit():
+                extra += f"; {int(df.stdout.split()[3]) // 1024} MiB free in {root} on {worker.name}"
             raise _fail("image", bad.name, "send the image", f"transfer failed (exit {res.exit_code}){extra}",
                         res.command[:160], res.tail(),
                         f"check free disk and the link between {head.name} and {worker.name}, then sparkcluster up")
@@ -367,7 +375,9 @@ class Runner:
         if "already" in logs and ("6379" in logs or "running" in logs):
             fix = "a stale Ray head holds the GCS port: sparkcluster down --purge-gcs, then sparkcluster up"
         return _fail("ray", host.name, f"{spec.role} container {spec.name}",
-                     f"the container exited ({info['State'].get('ExitCode')})", shlex.join(spec.command), logs, fix)
+                     f"the container exited ({info['State'].get('ExitCode')})", shlex.join(spec.command), logs,
+                     fix or f"read the container's last lines above (exit 137: killed, e.g. out of memory on {host.name}); "
+                            "sparkcluster doctor, then sparkcluster up")
 
     def _membership(self, spec: ContainerSpec) -> list[raycluster.RayNode] | None:
         code, out = self._exec(self.cluster.head, spec.name, ["python3", "-c", raycluster.MEMBERSHIP_SNIPPET])
