@@ -256,7 +256,10 @@ def required_env_names(profile: Profile) -> list[str]:
 
 
 def non_carry_over_vars(profile: Profile) -> list[str]:
-    return list(PER_HOST_VARS)
+    # The secrets too: vLLM would copy VLLM_API_KEY and HF_TOKEN from the driver into the ranks'
+    # Ray runtime_env, which Ray passes on the worker's setup_worker.py command line (`ps`).
+    # No rank needs the API key; a worker rank finds the weights in its own HF cache.
+    return list(PER_HOST_VARS) + list(SECRET_NAMES)
 
 
 def non_carry_over_file(profile: Profile) -> tuple[str, str]:

@@ -140,7 +140,7 @@ def test_non_carry_over_file():
     path, text = non_carry_over_file(p)
     assert path == "/etc/sparkcluster/vllm/ray_non_carry_over_env_vars.json"
     names = json.loads(text)
-    assert set(names) == set(PER_HOST_VARS)
+    assert set(names) == set(PER_HOST_VARS) | {"HF_TOKEN", "VLLM_API_KEY"}
     assert container_files(p) == {path: text}
     assert path.startswith(container_env(p, INV, "spark-a")["VLLM_CONFIG_ROOT"] + "/")
 
