@@ -104,7 +104,8 @@ def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> 
         name=container_name(inv.cluster.name, node.role, node.name),
         image=image,
         command=ray_start_argv(inv, node),
-        env=profiles.container_env(prof, inv, node),
+        # the cache is mounted at the same path; HF_HOME makes every rank look there (weights, token)
+        env={**profiles.container_env(prof, inv, node), "HF_HOME": inv.cluster.hf_cache},
         labels={CLUSTER_LABEL: inv.cluster.name, ROLE_LABEL: node.role, PROFILE_LABEL: prof.name},
         shm_size=prof.shm_size,
         binds={inv.cluster.hf_cache: inv.cluster.hf_cache},

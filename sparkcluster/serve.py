@@ -54,6 +54,14 @@ class Record:
     started_at: float
 
 
+def token_file_command(hf_cache: str) -> str:
+    """Writes stdin to HF_HOME/token (mode 0600), where huggingface_hub looks for the token."""
+    import shlex
+
+    d = shlex.quote(hf_cache)
+    return f"umask 077; mkdir -p {d} && cat > {d}/token.part && mv -f {d}/token.part {d}/token"
+
+
 def stage_plugin_command(url: str, path: str) -> list[str]:
     # fetched once into the mounted HF cache, so restarts reuse it (seed 002's launcher)
     return ["sh", "-c", 'test -s "$2" || curl -fsSL --retry 3 -o "$2.part" "$1" && mv -f "$2.part" "$2" 2>/dev/null; test -s "$2"',

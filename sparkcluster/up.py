@@ -218,6 +218,12 @@ class Outcome:
     seconds: dict[str, float]
 
 
+def _check(res, stage: str, step: str):
+    if not res.ok:
+        raise _fail(stage, res.host, step, f"exit {res.exit_code}", res.command, res.tail())
+    return res
+
+
 def _fail(stage: str, host: str, step: str, reason: str, command: str | None = None, tail: str = "",
           fix: str | None = None) -> StageError:
     return StageError(stage, [StepFailure(host, step, reason, command, tail, fix)], fix)
@@ -442,6 +448,14 @@ class Runner:
     def serve(self) -> tuple[serve.Record, float]:
         sv, head = self.plan.serve, self.cluster.head
         api = head.docker().api
+        if "HF_TOKEN" in self.secrets:
+            # Every rank downloads weights, but vLLM must not copy HF_TOKEN into the worker ranks'
+            # Ray runtime_env (it shows on their command lines); huggingface_hub reads the token
+            # file in the mounted cache instead, as after `huggingface-cli login`
+            token = self.secrets["HF_TOKEN"].encode()
+            cmd = serve.token_file_command(self.inv.cluster.hf_cache)
+            self.cluster.each(lambda h: _check(h.run(cmd, timeout=30, stdin=token), "serve", "stage the HF token file")
+                              ).values_or_raise("serve")
         if sv.plugin:
             env = {k: v for k, v in self.secrets.items() if k == "HF_TOKEN"}
             code, out = self._exec(head, sv.container, serve.stage_plugin_command(*sv.plugin), env, timeout=120)
