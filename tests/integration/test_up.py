@@ -90,6 +90,12 @@ def test_secrets_never_on_a_command_line(testbed, sc, serving):
     assert API_KEY not in log and HF_TOKEN not in log
 
 
+def test_hf_token_reaches_every_node_as_a_private_file(testbed, serving):
+    for host in (HEAD, WORKER):
+        mode, content = testbed.sh(host, "stat -c %a /root/.cache/huggingface/token; cat /root/.cache/huggingface/token").stdout.split()
+        assert (mode, content) == ("600", HF_TOKEN)
+
+
 def test_down_leaves_nothing(testbed, sc, serving):
     res = sc("down")
     assert res.returncode == 0, res.stderr
