@@ -1,0 +1,1 @@
+"""`make bench`: sparkcluster's performance figures, measured on the two-host testbed."""
