@@ -258,8 +258,10 @@ class Runner:
         for w in targets:
             if self.facts[w.name].image_id == head_id:
                 continue
-            self._send(head, w, head_id, size)
-            notes.append(f"sent to {w.name}")
+            sent, secs = self._send(head, w, head_id, size)
+            # the bar's own rate needs samples over time; a fast link sends in one burst after
+            # docker save has prepared the stream, so the whole transfer's rate is stated here
+            notes.append(f"sent to {w.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, {sent / 1e6 / max(secs, 1e-3):.1f} MB/s")
 
         def ray_in_image(h):
             if h.name not in p.send_to and p.build is None and self.facts[h.name].image_ray:
@@ -296,7 +298,7 @@ class Runner:
         except Exception as e:  # the API call itself failed
             raise _fail("image", head.name, "docker build", str(e), None, "\n".join(tail)) from None
 
-    def _send(self, head, worker, head_id: str, size: int) -> None:
+    def _send(self, head, worker, head_id: str, size: int) -> tuple[int, float]:
         wf = self.facts[worker.name]
         free = list(wf.disks.values())[0].available if wf.disks else None
         if free is not None and size and free < size * 1.1:
@@ -315,11 +317,13 @@ class Runner:
             res = recv.wait()
             raise _fail("image", worker.name, "start the receiver", "the receiver did not start",
                         "python3 receiver | docker load", res.tail())
+        t0, sent = time.monotonic(), 0
         send = head.start(transfer.bash(transfer.send_command(self.plan.image, str(wnode.control_ip), port,
                                                               str(hnode.control_ip))), timeout=3600)
         for line in send.stderr_lines():
             if line.startswith("@@sent "):
-                self.progress.bytes(worker.name, int(line.split()[1]), size)
+                sent = int(line.split()[1])
+                self.progress.bytes(worker.name, sent, size)
         sres, rres = send.wait(), recv.wait()
         if not rres.ok or not sres.ok:
             bad, res = (worker, rres) if not rres.ok else (head, sres)
@@ -335,6 +339,7 @@ class Runner:
         got = self._image_id(worker)
         if got != head_id:
             raise _fail("image", worker.name, "verify the image", f"image ID after the transfer is {got}, expected {head_id}")
+        return sent, time.monotonic() - t0
 
     def _image_id(self, host) -> str | None:
         try:
