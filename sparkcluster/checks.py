@@ -319,6 +319,11 @@ def net_path_mtu(ctx: Context) -> list[Result]:
     return out
 
 
+def _subnets(f: HostFacts, netdev: str) -> set:
+    i = f.interfaces.get(netdev)
+    return {a.network for a in i.addresses} if i else set()
+
+
 @check("rdma.hca", "RoCE HCAs for NCCL_IB_HCA: present, ACTIVE, on the right netdev")
 def rdma_hca(ctx: Context) -> list[Result]:
     out = []
@@ -335,11 +340,29 @@ def rdma_hca(ctx: Context) -> list[Result]:
                 down.append(link)
             elif link.netdev not in h.netdevs:
                 problems.append(f"{link.hca} sits on {', '.join(h.netdevs) or 'no netdev'}, not {link.netdev}")
+        # NCCL pairs the HCAs of two nodes by list position: entry k must be the two ends of one cable
+        # (same subnet), or the pairs time out. A port on the subnet of another of the head's entries
+        # is cabled in another order than listed (re-cabled, inventory not updated).
+        crossed = []
+        head = ctx.inventory.head
+        if node.name != head.name and head.name in ctx.facts:
+            hf = ctx.facts[head.name]
+            for k, mine in enumerate(node.data_plane):
+                a = _subnets(f, mine.netdev)
+                peer = [j for j, ref in enumerate(head.data_plane) if a & _subnets(hf, ref.netdev)]
+                if peer and k not in peer:
+                    ref = head.data_plane[peer[0]]
+                    crossed.append(f"entry {k + 1} {mine.hca}/{mine.netdev} is cabled to {head.name}'s entry {peer[0] + 1} "
+                                   f"{ref.hca}/{ref.netdev} ({', '.join(map(str, sorted(a)))}), not to its entry {k + 1}")
+        problems += crossed
         if problems:
             mapping = ", ".join(f"{h.name}->{'/'.join(h.netdevs)}" for h in f.hcas.values()) or "none found"
             fix = ("fix data_plane for this node in the inventory (`ibdev2netdev` on the node shows the pairs); "
                    "NCCL pairs HCAs by list position, one wrong entry gives ibv_modify_qp timeouts")
-            if len(down) == len(problems):
+            if crossed and len(crossed) == len(problems):
+                fix = (f"order data_plane for {node.name} as its ports are cabled: entry k must share a subnet with "
+                       f"{head.name}'s entry k (`ip -br addr` on both nodes); NCCL pairs HCAs by list position")
+            elif down and len(down) == len(problems):
                 # the pairing is right, the port is not up: the inventory is not what to change
                 fix = (f"bring the RoCE port up: check the cable of {', '.join(link.netdev for link in down)} and "
                        "`ip link set IF up` (`ibdev2netdev` must show it Up, port state 4: ACTIVE)")

@@ -17,6 +17,8 @@ from typing import Callable
 
 import pytest
 
+from tests.integration.helpers import ours
+
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
 NODES = (HEAD, WORKER)
@@ -44,7 +46,11 @@ def doctor(sc, inventory: Path | None = None) -> tuple[int, dict, dict[tuple[str
 
 @pytest.fixture(scope="module")
 def healthy(testbed, sc):
-    """One doctor run on the healthy testbed: what every case compares with."""
+    """One doctor run on the healthy testbed: what every case compares with. sparkcluster's own
+    containers left by an earlier session are taken down first (as test_up does), so the testbed is
+    the bare healthy pair and the cases below can stop dockerd or hold 8000 without harm."""
+    if any(ours(testbed, h) for h in NODES):
+        sc("down", "--purge-gcs", timeout=300)
     rc, doc, rows = doctor(sc)
     bad = {k: (r["status"], r["detail"]) for k, r in rows.items()
            if r["status"] == "fail" or (r["status"] == "warn" and k[0] not in KNOWN_WARNS)}
@@ -80,7 +86,7 @@ def set_in_node(node: str, key: str, value: str) -> Callable[[str], str]:
     return edit
 
 
-def ours_running(testbed, host: str) -> list[str]:
+def running_containers(testbed, host: str) -> list[str]:
     return testbed.sh(host, "docker ps -q", check=False).stdout.split()
 
 
@@ -192,7 +198,7 @@ def _hold_port(tb, ctx):
 
 
 def _stop_dockerd(tb, ctx):
-    if ours_running(tb, WORKER):
+    if running_containers(tb, WORKER):
         pytest.skip("containers run on the worker: stopping its dockerd would kill them")
     tb.stop_dockerd(WORKER)
 
@@ -219,15 +225,18 @@ CASES = [
          lambda tb, c: tb.set_hca_state(HEAD, "rocep1s0f0", "4: ACTIVE"),
          {("rdma.hca", HEAD): "fail"},
          detail={("rdma.hca", HEAD): "rocep1s0f0 port 1 is '1: DOWN'"},
-         fix={("rdma.hca", HEAD): "enp1s0f0np0"}),
+         fix={("rdma.hca", HEAD): "bring the RoCE port up: check the cable of enp1s0f0np0"}),
     Case("rdma.hca-crossed", _cross, lambda tb, c: tb.cable_worker(False),
-         # the worker re-cabled, its inventory not rewritten: each HCA sits on another netdev than
-         # listed, and the listed control_if (enp1s0f1np1) is now the port of head link 4, so the
-         # control IP is not on it either. Both are this one inventory entry being stale.
+         # the worker re-cabled, its inventory not rewritten. On the worker each HCA still sits on its
+         # own netdev (they are renamed together, as on hardware), but its entry k is now the far end of
+         # another head entry: NCCL would pair HCAs that share no cable. The listed control_if
+         # (enp1s0f1np1) is now the port of head link 4, so the control IP is not on it either: the
+         # same stale data_plane/control_if of this one node.
          {("rdma.hca", WORKER): "fail", ("net.control_ip", WORKER): "fail"},
-         detail={("rdma.hca", WORKER): "rocep1s0f0 sits on enP2p1s0f0np0, not enp1s0f0np0",
+         detail={("rdma.hca", WORKER): "entry 1 rocep1s0f0/enp1s0f0np0 is cabled to spark-head's entry 3 "
+                                       "roceP2p1s0f0/enP2p1s0f0np0",
                  ("net.control_ip", WORKER): "198.19.2.2 is not on enp1s0f1np1"},
-         fix={("rdma.hca", WORKER): "ibdev2netdev", ("net.control_ip", WORKER): "control_ip"}),
+         fix={("rdma.hca", WORKER): "order data_plane for spark-worker", ("net.control_ip", WORKER): "control_ip"}),
     Case("gpu.driver", lambda tb, c: tb.set_driver_version(WORKER, "570.00"), lambda tb, c: tb.set_driver_version(WORKER),
          {("gpu.driver", WORKER): "fail"},
          detail={("gpu.driver", WORKER): "570.00"}, fix={("gpu.driver", WORKER): "580.95.05"}),
