@@ -16,6 +16,7 @@ import base64
 import hashlib
 import shlex
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,10 @@ def _short(key: paramiko.PKey) -> str:
     return {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(name, "ecdsa" if "ecdsa" in name else name)
 
 
+KEEPALIVE_INTERVAL_S = 5.0
+KEEPALIVE_DEAD_S = 15.0  # no reply to a keepalive for this long: the host is gone
+
+
 class Host:
     """A connected node. Create with `connect()`; close with `close()`."""
 
@@ -88,6 +93,36 @@ class Host:
         self.name = node.name
         self._conn = conn
         self._docker = None
+        self.lost = ""  # why the connection was declared dead (no keepalive answer), else ""
+        transport = conn.client.get_transport()
+        if transport is not None:
+            threading.Thread(target=self._watch, args=(transport,), daemon=True, name=f"keepalive-{self.name}").start()
+
+    def _watch(self, transport) -> None:
+        """ServerAliveInterval/CountMax for paramiko: a host that stops answering (cable pulled) would
+        leave every channel, Docker API calls included, blocked for up to an hour. Close the transport
+        instead, so everything waiting on this host fails at once and the others go on."""
+        while transport.is_active():
+            answered = threading.Event()
+
+            def ping() -> None:
+                try:
+                    transport.global_request("keepalive@openssh.com", wait=True)  # any reply (even failure)
+                except Exception:  # noqa: BLE001 - the transport is closing anyway
+                    pass
+                answered.set()
+
+            threading.Thread(target=ping, daemon=True).start()
+            if not answered.wait(KEEPALIVE_DEAD_S):
+                if transport.is_active():
+                    self.lost = f"no answer from {self.name} over SSH for {KEEPALIVE_DEAD_S:g}s (connection lost)"
+                    _log.warning("ssh connection lost", host=self.name, seconds=KEEPALIVE_DEAD_S)
+                    transport.close()
+                return
+            for _ in range(int(KEEPALIVE_INTERVAL_S * 10)):
+                if not transport.is_active():
+                    return
+                time.sleep(0.1)
 
     @property
     def address(self) -> str:
@@ -99,7 +134,7 @@ class Host:
         started = time.monotonic()
         transport = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
-            raise ConnectError(self.name, "the SSH connection was lost", "check the host's network and sshd, then retry")
+            raise ConnectError(self.name, self.lost or "the SSH connection was lost", "check the host's network and sshd, then retry")
         chan = transport.open_session(timeout=timeout)
         chan.settimeout(timeout)
         out, err = bytearray(), bytearray()
@@ -141,7 +176,7 @@ class Host:
         line = command_line(cmd)
         transport = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
-            raise ConnectError(self.name, "the SSH connection was lost", "check the host's network and sshd, then retry")
+            raise ConnectError(self.name, self.lost or "the SSH connection was lost", "check the host's network and sshd, then retry")
         chan = transport.open_session(timeout=30)
         chan.exec_command(line)
         _log.debug("started", host=self.name, command=redact.mask(line))

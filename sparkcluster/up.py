@@ -172,6 +172,12 @@ def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts
                 and node not in send_to and build is None)
 
     keep = all(fits(n.name) for n in inv.nodes)
+    if not keep and not other_profiles and any(current.values()) and (
+            not all(current.values()) or not all(c.get("State", {}).get("Running") for cs in current.values() for c in cs)):
+        # what a killed run leaves (a head holding the GCS port, no worker): say so, then replace it
+        notes.append("stale state left behind, not a running cluster (containers: " + ", ".join(
+            c.get("Name", "").lstrip("/") for cs in current.values() for c in cs) +
+            "): removed first, as `sparkcluster down --purge-gcs` would")
     remove = {} if keep else {n: [c.get("Name", "").lstrip("/") for c in cs] for n, cs in current.items() if cs}
     containers = [] if keep else [specs[inv.head.name], *[specs[w.name] for w in inv.workers]]
     if keep and serving:
@@ -237,8 +243,10 @@ class Runner:
         self.created = Created()
         self.server: serve.Record | None = None  # started by this run
         self.seconds: dict[str, float] = {}
+        self.stage = "image"
 
     def _timed(self, stage: str, fn: Callable[[], str | None]) -> None:
+        self.stage = stage
         self.progress.stage(stage)
         t = time.monotonic()
         note = fn() or ""
@@ -537,6 +545,8 @@ def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secret
     progress.done("preflight", time.monotonic() - t0, f"{len(report.results)} checks")
     if dry_run:
         return plan
+    for note in plan.notes:
+        progress.info(note)
     if plan.unchanged:
         rec = serve.read_record(cluster.head.docker().api, plan.head_container)
         port = prof.serve.port or inv.cluster.api_port
@@ -555,12 +565,20 @@ def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secret
             result["rec"] = rec
             return f"ready after {took:.1f}s"
         runner._timed("serve", do_serve)
-    except BaseException:  # a failed stage, Ctrl-C, or a bug: undo this run's changes, then report
+    except BaseException as e:  # a failed stage, Ctrl-C, or a bug: undo this run's changes, then report
         progress.info("rolling back what this run created")
         try:
             runner.rollback()
         except Exception as rb:  # report the original failure; the rollback's goes to the log
             _log.warning("rollback failed", error=str(rb))
+        lost = {h.name: h.lost for h in cluster.hosts.values() if getattr(h, "lost", "")}
+        if lost and not isinstance(e, KeyboardInterrupt):
+            # the root cause: a host stopped answering; what failed on it after is only a symptom
+            others = [f for f in getattr(e, "failures", []) if f.host not in lost]
+            fix = (f"rolled back on the hosts that answer; {', '.join(lost)} could not be rolled back: check its "
+                   "network, then sparkcluster down (removes what is left there) and sparkcluster up")
+            raise StageError(runner.stage, [StepFailure(n, runner.stage, why, fix=fix) for n, why in lost.items()] + others,
+                             fix) from e
         raise
     port = plan.serve.port
     return Outcome(False, f"http://{cluster.head.address}:{port}/v1", plan.serve.model, result["rec"].pid, runner.seconds)
