@@ -7,7 +7,7 @@ Writes bench/results.json (git-ignored) and bench/results.md, and prints the tab
 The whole run holds the testbed's cooperative lock (/tmp/sparkcluster-testbed.lock). It uses the
 testbed's cluster as its own: it takes it down and up several times, removes the cluster image on
 the worker (sparkcluster sends it again), and runs a throwaway second sshd on the worker's
-control address for the save|ssh|load baseline, removed at the end. At the end the cluster is
+control address for the save-ssh-load baseline, removed at the end. At the end the cluster is
 left serving if it was serving at the start, down otherwise.
 """
 
@@ -361,7 +361,7 @@ class Baseline:
                        f"cat {d}/id.pub").stdout
         tb.sh(W, f"mkdir -p -m 700 {d} && ssh-keygen -q -t ed25519 -N '' -f {d}/host_key")
         tb.sh(W, f"cat > {d}/authorized_keys && chmod 600 {d}/authorized_keys", input=pub)
-        tb.sh(W, f"cat > {d}/sshd_config", input=f"""# sparkcluster bench: save|ssh|load baseline only
+        tb.sh(W, f"cat > {d}/sshd_config", input=f"""# sparkcluster bench: save-ssh-load baseline only
 ListenAddress {self.worker_ip}:{BASELINE_PORT}
 HostKey {d}/host_key
 PidFile {d}/sshd.pid
@@ -601,7 +601,7 @@ class Bench:
             self.rec("xfer_base_s", loaded - t0)
             self.rec("xfer_base_link_s", win[1] - win[0])
             self.rec("xfer_base_wall", t1 - t0)
-            say(f"  transfer #{i} save|ssh|load: {loaded - t0:.2f}s to loaded, {win[1] - win[0]:.2f}s on the link, "
+            say(f"  transfer #{i} save-ssh-load: {loaded - t0:.2f}s to loaded, {win[1] - win[0]:.2f}s on the link, "
                 f"{t1 - t0:.2f}s wall")
 
         for step in ((ours, theirs) if i % 2 == 0 else (theirs, ours)):
@@ -669,7 +669,7 @@ class Bench:
         F.append(Figure("up_down_wall", "up from down: wall time", "s", "-", R["up_down_wall"], None))
         F.append(Figure("up_down_cp", "up from down: critical path (host timestamps)", "s", "-", R["up_down_cp"], None))
         F.append(Figure("up_serving_wall", "up on a cluster already serving: wall time", "s", "< 2",
-                        R["up_serving_wall"], statistics.median(R["up_serving_wall"]) < 2 and max(R["up_serving_wall"]) < 2))
+                        R["up_serving_wall"], max(R["up_serving_wall"]) < 2))
         F.append(Figure("up_serving_unchanged", "  ... containers and server PID unchanged (1 = yes)", "count", "1",
                         R["up_serving_unchanged"], all(x == 1 for x in R["up_serving_unchanged"])))
         F.append(Figure("image_controller_bytes", "image transfer: bytes on the controller's LAN veths", "bytes",
@@ -678,15 +678,15 @@ class Bench:
                         note=f"image {size:,} B; these bytes are the SSH session's own traffic (an upper bound)"))
         F.append(Figure("image_link_bytes", "image transfer: bytes on the head-worker control link", "bytes", "-",
                         [float(x) for x in R["xfer_sc_link_bytes"]], None))
-        F.append(Figure("image_throughput", "image transfer: sparkcluster / save|ssh|load throughput", "ratio",
+        F.append(Figure("image_throughput", "image transfer: sparkcluster / save-ssh-load throughput", "ratio",
                         ">= 0.90", R["xfer_ratio"], statistics.median(R["xfer_ratio"]) >= 0.90))
         F.append(Figure("image_sc_mbps", "image transfer: sparkcluster, stage start to loaded", "MB/s", "-",
                         [size / s / 1e6 for s in R["xfer_sc_s"]], None))
-        F.append(Figure("image_base_mbps", "image transfer: save|ssh|load, start to loaded", "MB/s", "-",
+        F.append(Figure("image_base_mbps", "image transfer: save-ssh-load, start to loaded", "MB/s", "-",
                         [size / s / 1e6 for s in R["xfer_base_s"]], None))
         F.append(Figure("image_sc_link_mbps", "  ... sparkcluster, bytes on the wire only", "MB/s", "-",
                         [size / s / 1e6 for s in R["xfer_sc_link_s"]], None))
-        F.append(Figure("image_base_link_mbps", "  ... save|ssh|load, bytes on the wire only", "MB/s", "-",
+        F.append(Figure("image_base_link_mbps", "  ... save-ssh-load, bytes on the wire only", "MB/s", "-",
                         [size / s / 1e6 for s in R["xfer_base_link_s"]], None))
         F.append(Figure("image_same_s", "identical image IDs: image stage time", "s", "< 1",
                         R["image_same_s"], max(R["image_same_s"]) < 1))
@@ -694,7 +694,7 @@ class Bench:
                         f"0 (< {LINK_NOISE // 1024} KiB of ARP/ND)", [float(x) for x in R["image_same_link_bytes"]],
                         max(R["image_same_link_bytes"]) < LINK_NOISE))
         F.append(Figure("status_wall", "status --json on a serving cluster: wall time", "s", "< 1",
-                        R["status_wall"], statistics.median(R["status_wall"]) < 1))
+                        R["status_wall"], max(R["status_wall"]) < 1))
         F.append(Figure("status_inprocess", "  ... the same status, in-process (no interpreter start-up)", "s", "-",
                         R["status_inprocess"], None))
         return F
@@ -730,6 +730,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     started = time.time()
     with testbed_lock():
+        started = time.time()  # the run proper, after any wait for the lock
         tb = testbed()
         with tempfile.TemporaryDirectory(prefix="sparkcluster-bench-") as wd:
             b = Bench(tb, Path(wd))
