@@ -237,6 +237,10 @@ CASES = [
                                        "roceP2p1s0f0/enP2p1s0f0np0",
                  ("net.control_ip", WORKER): "198.19.2.2 is not on enp1s0f1np1"},
          fix={("rdma.hca", WORKER): "order data_plane for spark-worker", ("net.control_ip", WORKER): "control_ip"}),
+    Case("rdma.hca-crossed-inventory-rewritten", lambda tb, c: tb.cable_worker(True), lambda tb, c: tb.cable_worker(False),
+         # the same re-cabled worker with its inventory rewritten (entry k is again the far end of the
+         # head's entry k, under other names): nothing to report, no row changes
+         {}),
     Case("gpu.driver", lambda tb, c: tb.set_driver_version(WORKER, "570.00"), lambda tb, c: tb.set_driver_version(WORKER),
          {("gpu.driver", WORKER): "fail"},
          detail={("gpu.driver", WORKER): "570.00"}, fix={("gpu.driver", WORKER): "580.95.05"}),
