@@ -52,6 +52,20 @@ class Record:
     model: str
     port: int
     started_at: float
+    # a salted digest of the secrets the server was started with: a changed API key or token
+    # means the running server is not what the user asked for, without storing the secret
+    salt: str = ""
+    secrets_digest: str = ""
+
+    def started_with(self, secrets: dict[str, str]) -> bool:
+        return self.secrets_digest == secrets_digest(secrets, self.salt)
+
+
+def secrets_digest(secrets: dict[str, str], salt: str) -> str:
+    import hashlib
+
+    text = "\0".join(f"{k}={v}" for k, v in sorted(secrets.items()))
+    return hashlib.sha256((salt + "\0" + text).encode()).hexdigest()
 
 
 def token_file_command(hf_cache: str) -> str:
@@ -78,7 +92,10 @@ def start(api, spec: ServeSpec, secrets: dict[str, str], profile: str) -> Record
         if pid:
             break
         time.sleep(0.1)
-    rec = Record(pid, ex["Id"], profile, spec.model, spec.port, time.time())
+    import secrets as _random
+
+    salt = _random.token_hex(8)
+    rec = Record(pid, ex["Id"], profile, spec.model, spec.port, time.time(), salt, secrets_digest(env, salt))
     api.put_archive(spec.container, "/", files_tar({RECORD_PATH: json.dumps(rec.__dict__)}))
     _log.info("vllm serve started", container=spec.container, pid=pid)
     return rec
@@ -96,7 +113,7 @@ def read_record(api, container: str) -> Record | None:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         member = tar.getmembers()[0]
         doc = json.loads(tar.extractfile(member).read())
-    return Record(**doc)
+    return Record(**{k: v for k, v in doc.items() if k in Record.__dataclass_fields__})
 
 
 def running(api, rec: Record) -> bool:
@@ -177,4 +194,4 @@ def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, 
                 on_wait(last, time.monotonic() - started)
             if time.monotonic() >= deadline:
                 raise NotReady(f"not ready after {timeout:g}s: {last}", log_tail(api, spec.container))
-            time.sleep(1.0)
+            time.sleep(0.2)

@@ -13,15 +13,13 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from . import parsers, serve
+from . import parsers, raycluster, serve
 from .errors import SparkError
 from .facts import section, split_sections
 from .fanout import Cluster, connect_all
 from .inventory import Inventory
 from .labels import CLUSTER_LABEL, PROFILE_LABEL
 
-# Ray's state API (what `ray list nodes` reads), served by the dashboard on the head's loopback
-RAY_NODES_URL = "http://127.0.0.1:8265/api/v0/nodes?limit=100"
 
 
 @dataclass
@@ -63,23 +61,8 @@ def node_script(inv: Inventory, head: bool) -> str:
         section("ours", f"ids=$(docker ps -aq --filter label={label}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids"),
     ]
     if head:
-        url = shlex.quote(RAY_NODES_URL)
-        parts.append(section("ray", f"curl -s -m 2 {url} || python3 -c 'import sys,urllib.request; "
-                                    f"sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())' {url}",
-                             stderr=False))
+        parts.append(section("ray", raycluster.state_api_command(), stderr=False))
     return "\n".join(parts) + "\n"
-
-
-def parse_ray_nodes(text: str) -> list[dict]:
-    """Ray state API `/api/v0/nodes`: {"data": {"result": {"result": [{node_ip, state, resources_total}]}}}."""
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return []
-    data = doc.get("data") if isinstance(doc, dict) else None
-    result = data.get("result") if isinstance(data, dict) else None
-    rows = result.get("result") if isinstance(result, dict) else result
-    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
 def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None]:
@@ -98,7 +81,7 @@ def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None]:
         st.state = c.get("State", {}).get("Status", "unknown")
         st.started_at = c.get("State", {}).get("StartedAt", "")
         st.profile = c.get("Config", {}).get("Labels", {}).get(PROFILE_LABEL, "")
-    ray = parse_ray_nodes(s["ray"].out) if is_head and "ray" in s else None
+    ray = raycluster.parse_state_api(s["ray"].out) if is_head and "ray" in s else None
     return st, ray
 
 

@@ -398,9 +398,9 @@ class Runner:
                      fix or f"read the container's last lines above (exit 137: killed, e.g. out of memory on {host.name}); "
                             "sparkcluster doctor, then sparkcluster up")
 
-    def _membership(self, spec: ContainerSpec) -> list[raycluster.RayNode] | None:
-        code, out = self._exec(self.cluster.head, spec.name, ["python3", "-c", raycluster.MEMBERSHIP_SNIPPET])
-        return raycluster.parse_membership(out) if code == 0 else None
+    def _membership(self) -> list[raycluster.RayNode] | None:
+        res = self.cluster.head.run(raycluster.state_api_command(), timeout=10)
+        return raycluster.nodes_from_state_api(res.stdout) if res.ok else None
 
     def _wait_ray_head(self, spec: ContainerSpec) -> None:
         deadline = time.monotonic() + RAY_HEAD_TIMEOUT_S
@@ -408,15 +408,14 @@ class Runner:
             err = self._container_failed(self.cluster.head, spec)
             if err:
                 raise err
-            nodes = self._membership(spec)
+            nodes = self._membership()
             if nodes:
                 return
-            time.sleep(1.0)
+            time.sleep(0.25)
         raise _fail("ray", self.cluster.head.name, "Ray head", f"Ray did not answer within {RAY_HEAD_TIMEOUT_S:g}s",
                     shlex.join(spec.command), redact.mask(self.cluster.head.docker().api.logs(spec.name, tail=15).decode(errors="replace")))
 
     def ray(self) -> str:
-        head_spec = self.plan.containers[0]
         deadline = time.monotonic() + RAY_JOIN_TIMEOUT_S
         problems = ["no answer from Ray yet"]
         while time.monotonic() < deadline:
@@ -424,12 +423,12 @@ class Runner:
                 err = self._container_failed(self.cluster.hosts[spec.node], spec)
                 if err:
                     raise err
-            nodes = self._membership(head_spec)
+            nodes = self._membership()
             if nodes is not None:
                 problems = raycluster.membership_problems(self.inv, nodes)
                 if not problems:
                     return f"{len(self.inv.nodes)} nodes, {self.inv.gpu_count} GPUs"
-            time.sleep(1.0)
+            time.sleep(0.25)
         raise _fail("ray", self.inv.head.name, "wait for Ray membership",
                     f"not formed within {RAY_JOIN_TIMEOUT_S:g}s: {'; '.join(problems)}",
                     fix="check the control link between the nodes (sparkcluster doctor), then sparkcluster up")
@@ -522,15 +521,17 @@ def run(inv: Inventory, prof: profiles.Profile, secrets: dict[str, str], progres
                 lock.__exit__(None, None, None)
 
 
-def _serving(cluster: Cluster, inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts]) -> bool:
-    """The same profile already answers: its server runs and a one-token completion succeeds."""
+def _serving(cluster: Cluster, inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts],
+             secrets: dict[str, str]) -> bool:
+    """The same profile already serves: its server runs, started with the same secrets."""
     heads = [c for c in facts[inv.head.name].ours if c.get("Config", {}).get("Labels", {}).get(ROLE_LABEL) == "head"
              and c.get("State", {}).get("Running")]
     if not heads:
         return False
     api = cluster.head.docker().api
     rec = serve.read_record(api, heads[0]["Id"])
-    return bool(rec and rec.profile == prof.name and serve.running(api, rec))
+    wanted = {k: v for k, v in secrets.items() if k in profiles.secret_env_names(prof)}
+    return bool(rec and rec.profile == prof.name and rec.started_with(wanted) and serve.running(api, rec))
 
 
 def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secrets: dict[str, str],
@@ -540,7 +541,7 @@ def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secret
     if blocking:
         raise StageError("preflight", [StepFailure(r.node, r.id, r.detail, fix=r.fix) for r in blocking],
                          blocking[0].fix)
-    serving = _serving(cluster, inv, prof, report.facts)
+    serving = _serving(cluster, inv, prof, report.facts, secrets)
     plan = make_plan(inv, prof, report.facts, serving, replace)
     progress.done("preflight", time.monotonic() - t0, f"{len(report.results)} checks")
     if dry_run:

@@ -96,6 +96,25 @@ def test_hf_token_reaches_every_node_as_a_private_file(testbed, serving):
         assert (mode, content) == ("600", HF_TOKEN)
 
 
+def test_a_new_api_key_restarts_only_the_server(testbed, sc, serving, tmp_path):
+    containers = {h: testbed.sh(h, "docker ps -q --no-trunc").stdout.split() for h in (HEAD, WORKER)}
+    pid, _ = server_pid_and_start(testbed)
+    env = tmp_path / ".env"
+    env.write_text(f"VLLM_API_KEY=sk-rotated-0123456789\nHF_TOKEN={HF_TOKEN}\n")
+    env.chmod(0o600)
+    res = sc("up", "--profile", "testbed", env={"SPARKCLUSTER_ENV_FILE": str(env)})
+    assert res.returncode == 0, res.stderr
+    assert "nothing to do" not in res.stdout
+    assert server_pid_and_start(testbed)[0] != pid
+    assert {h: testbed.sh(h, "docker ps -q --no-trunc").stdout.split() for h in (HEAD, WORKER)} == containers
+    client = openai.OpenAI(base_url=endpoint(res.stdout), api_key="sk-rotated-0123456789", timeout=30)
+    assert client.chat.completions.create(model="testbed-tiny", max_tokens=4,
+                                          messages=[{"role": "user", "content": "hi"}]).choices[0].message.content
+    old = httpx.post(endpoint(res.stdout) + "/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                     json={"model": "testbed-tiny", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+    assert old.status_code == 401
+
+
 def test_down_leaves_nothing(testbed, sc, serving):
     res = sc("down")
     assert res.returncode == 0, res.stderr

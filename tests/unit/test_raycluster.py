@@ -1,4 +1,4 @@
-"""Ray membership as the head's snippet prints it, compared with the inventory."""
+"""Ray membership as Ray's state API reports it on the head, compared with the inventory."""
 
 from __future__ import annotations
 
@@ -6,13 +6,22 @@ import json
 
 from conftest import inventory_dict, make_inventory
 
-from sparkcluster.raycluster import MEMBERSHIP_SNIPPET, RayNode, membership_problems, parse_membership
+from sparkcluster.raycluster import RayNode, membership_problems, nodes_from_state_api
 
 HEAD_IP, WORKER_IP = "198.19.2.1", "198.19.2.2"
 
 
 def nodes_line(rows: list[dict]) -> str:
-    return "@@nodes " + json.dumps(rows)
+    """The Ray state API document (`/api/v0/nodes`) for these rows, as the head's curl prints it."""
+    result = [{"node_id": f"id{i}", "node_ip": r["ip"], "is_head_node": i == 0,
+               "state": "ALIVE" if r["alive"] else "DEAD", "node_name": r.get("host", ""),
+               "resources_total": {"CPU": 2.0, "GPU": r["gpus"], f"node:{r['ip']}": 1.0}}
+              for i, r in enumerate(rows)]
+    return json.dumps({"result": True, "msg": "", "data": {"result": {"total": len(result), "result": result}}})
+
+
+def parse_membership(text: str):
+    return nodes_from_state_api(text)
 
 
 def good_rows() -> list[dict]:
@@ -25,31 +34,25 @@ def test_inventory_ips_are_what_the_tests_assume():
     assert (str(inv.head.control_ip), str(inv.workers[0].control_ip)) == (HEAD_IP, WORKER_IP)
 
 
-def test_parse_membership_among_other_output():
-    out = "2026-11-22 INFO worker.py: Connecting to existing Ray cluster\n" + nodes_line(good_rows()) + "\ntrailing\n"
-    assert parse_membership(out) == [RayNode(HEAD_IP, True, 1.0, "spark-head"),
-                                     RayNode(WORKER_IP, True, 1.0, "spark-worker")]
+def test_state_api_document_to_nodes():
+    assert parse_membership(nodes_line(good_rows())) == [RayNode(HEAD_IP, True, 1.0, "spark-head"),
+                                                         RayNode(WORKER_IP, True, 1.0, "spark-worker")]
 
 
-def test_parse_membership_types_and_missing_host():
-    out = nodes_line([{"ip": HEAD_IP, "alive": 1, "gpus": 2}])
-    (n,) = parse_membership(out)
-    assert n == RayNode(HEAD_IP, True, 2.0, "")
-    assert isinstance(n.gpus, float) and n.alive is True
+def test_dead_node_and_gpu_as_float():
+    (n,) = parse_membership(nodes_line([{"ip": HEAD_IP, "alive": False, "gpus": 2}]))
+    assert n == RayNode(HEAD_IP, False, 2.0, "")
+    assert isinstance(n.gpus, float)
 
 
-def test_parse_membership_without_marker_is_none():
+def test_no_answer_is_none():
+    # the dashboard is not up yet: curl prints nothing, or an error
     assert parse_membership("") is None
-    assert parse_membership("Traceback (most recent call last):\nConnectionError: no Ray\n") is None
+    assert parse_membership("curl: (7) Failed to connect to 127.0.0.1 port 8265") is None
 
 
-def test_parse_membership_empty_list():
+def test_empty_cluster():
     assert parse_membership(nodes_line([])) == []
-
-
-def test_snippet_prints_the_marker_parse_reads():
-    assert "@@nodes " in MEMBERSHIP_SNIPPET
-    compile(MEMBERSHIP_SNIPPET, "<snippet>", "exec")
 
 
 def test_all_good_has_no_problems():

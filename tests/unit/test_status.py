@@ -7,7 +7,8 @@ import json
 
 from conftest import make_inventory
 
-from sparkcluster.status import NodeStatus, judge, node_script, parse_ray_nodes
+from sparkcluster.raycluster import parse_state_api as parse_ray_nodes
+from sparkcluster.status import NodeStatus, judge, node_script
 
 HEAD_IP, WORKER_IP = "198.19.2.1", "198.19.2.2"
 ENDPOINT = "http://spark-head:8000"
