@@ -2,7 +2,7 @@
 # Runs INSIDE a new testbed host (its own net, mount, UTS, IPC and PID namespaces, entered with
 # nsenter) and makes it look like a DGX Spark from the inside. Mounts made here live in the host's
 # private mount namespace only; they vanish with it.
-# Environment: TB_NAME TB_STATE(host state dir) TB_BIN(stand-in scripts) TB_DISK(ext4 image or "")
+# Environment: TB_NAME TB_REPO(the checkout) TB_STATE(host state dir) TB_BIN(stand-in scripts) TB_DISK(ext4 image or "")
 #              TB_DISK_MB(tmpfs size if no image) TB_NETDEVS TB_HCAS (space separated, paired by position)
 #              TB_DRIVER
 set -euo pipefail
@@ -13,11 +13,18 @@ hostname "$TB_NAME"
 mount -t tmpfs -o mode=755,size=2g tb-run /run
 mkdir -p /run/sshd /run/lock /run/testbed/bin /run/testbed/sysfs /run/nvidia-standin /run/docker
 chmod 755 /run/sshd
+# the checkout (state dir, stand-ins, build context) may sit under /tmp or /root, which become
+# private below: pin it first, then bind it back at its own path so every path we were given works
+mkdir -p /run/testbed/repo
+mount --bind "$TB_REPO" /run/testbed/repo
 mount -t tmpfs -o mode=1777,size=4g tb-tmp /tmp
 # root's home of its own (a fresh Debian one), so /root/.cache, ~/.config etc. are per host
 mount -t tmpfs -o mode=700,size=8g tb-root /root
 cp /etc/skel/.bashrc /etc/skel/.profile /root/ 2>/dev/null || true
 mkdir -p /root/.cache
+case "$TB_REPO" in
+  /tmp/*|/root/*) mkdir -p "$TB_REPO" && mount --bind /run/testbed/repo "$TB_REPO" ;;
+esac
 mount -t tmpfs -o mode=755,size=1g tb-sparkcluster /var/lib/sparkcluster
 mount -t tmpfs -o mode=1777 tb-shm /dev/shm
 mount --bind "$TB_STATE/etc-hosts" /etc/hosts

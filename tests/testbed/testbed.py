@@ -450,7 +450,7 @@ class Testbed:
             run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1",
                  "-L", f"{host}-docker", str(img)])
             disk = str(img)
-        env = {"TB_NAME": host, "TB_STATE": str(d), "TB_BIN": str(BIN), "TB_DISK": disk,
+        env = {"TB_NAME": host, "TB_REPO": str(REPO), "TB_STATE": str(d), "TB_BIN": str(BIN), "TB_DISK": disk,
                "TB_DISK_MB": str(8 * 1024), "TB_NETDEVS": " ".join(NETDEVS), "TB_HCAS": " ".join(HCAS),
                "TB_DRIVER": DRIVER}
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
