@@ -455,6 +455,10 @@ class Testbed:
                "TB_DRIVER": DRIVER}
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         self.sh(host, f"export {exports}; bash {shlex.quote(str(HERE / 'host-setup.sh'))}")
+        # the controller's key in root's own (private) home, where sshd looks by default; a file
+        # under the checkout could sit in a world-writable tree (/tmp), which sshd's StrictModes refuses
+        self.sh(host, "umask 077; mkdir -p /root/.ssh && cat > /root/.ssh/authorized_keys",
+                input=(self.dir / "authorized_keys").read_text())
         st = self._state()
         st["hosts"][host]["disk"] = disk
         self._save(st)
@@ -470,7 +474,7 @@ ListenAddress {SPECS[host].lan_ip}
 Port 22
 HostKey {d / 'ssh_host_ed25519_key'}
 PidFile /run/sshd.pid
-AuthorizedKeysFile {self.dir / 'authorized_keys'}
+AuthorizedKeysFile .ssh/authorized_keys
 PubkeyAuthentication yes
 PasswordAuthentication no
 KbdInteractiveAuthentication no
