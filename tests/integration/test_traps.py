@@ -382,7 +382,11 @@ def test_worker_disk_too_full_for_the_image(testbed, sc, tmp_path, down_around):
     names the worker and its free space, leaves no image there, and the head keeps its image."""
     good = down_around[HEAD]
     env = profile_variant(tmp_path, "trap-smalldisk", top={"image_disk_gb": "0.1"})
+    # another tag holding the image's layers on the worker (an earlier test's) would let docker load
+    # skip them and fit in the space this case leaves: set such images aside for the case
+    aside = tmp_path / "worker-images.tar"
     try:
+        testbed.set_images_aside(WORKER, testbed.images_sharing_layers(WORKER, REF), aside)
         testbed.docker(WORKER, f"rmi {REF}")
         before = images(testbed, WORKER)
         testbed.fill_disk(WORKER, leave_mb=200)
@@ -408,6 +412,7 @@ def test_worker_disk_too_full_for_the_image(testbed, sc, tmp_path, down_around):
         nothing_left(testbed)
     finally:
         testbed.unfill_disk(WORKER)
+        testbed.restore_images(WORKER, aside)
         if testbed.image_id(WORKER, REF) != good:
             testbed.copy_image(REF, HEAD, WORKER)
 

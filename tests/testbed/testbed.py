@@ -685,6 +685,33 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         if save.returncode != 0 or load.returncode != 0:
             raise TestbedError(f"save|load of {ref} {src}->{dst} failed: {save.stderr.read()!r} {load.stderr}")
 
+    def images_sharing_layers(self, host: str, ref: str) -> list[str]:
+        """Tags on host, other than ref, whose images hold any of ref's layers (docker load skips those)."""
+        def layers(r: str) -> set[str]:
+            out = self.docker(host, f"image inspect --format '{{{{json .RootFS.Layers}}}}' {shlex.quote(r)}").stdout
+            return set(json.loads(out) or [])
+        mine = layers(ref)
+        tags = self.docker(host, "images --format '{{.Repository}}:{{.Tag}}'").stdout.split()
+        return [t for t in tags if t != ref and "<none>" not in t and layers(t) & mine]
+
+    def set_images_aside(self, host: str, tags: list[str], path: Path) -> None:
+        """docker save the tags into a file on the controller, then remove them (undo: restore_images)."""
+        if not tags:
+            return
+        with open(path, "wb") as f:
+            res = subprocess.run(self.nsenter_argv(host) + ["docker", "save", *tags], stdout=f, stderr=subprocess.PIPE)
+        if res.returncode != 0:
+            raise TestbedError(f"docker save {tags} on {host} failed: {res.stderr!r}")
+        self.docker(host, "rmi " + " ".join(shlex.quote(t) for t in tags))
+
+    def restore_images(self, host: str, path: Path) -> None:
+        if path.exists():
+            with open(path, "rb") as f:
+                res = subprocess.run(self.nsenter_argv(host) + ["docker", "load", "-q"], stdin=f, capture_output=True)
+            if res.returncode != 0:
+                raise TestbedError(f"docker load on {host} failed: {res.stderr!r}")
+            path.unlink()
+
     # ---------------------------------------------------------------- health
     def problems(self) -> list[str]:
         st = self._state()
