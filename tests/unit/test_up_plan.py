@@ -169,6 +169,25 @@ def test_exited_container_or_other_image_recreates(prof):
     assert not plan.unchanged and len(plan.containers) == 2
 
 
+def test_head_left_by_a_killed_run_is_stale_state_removed_first(prof):
+    """An exited head and no worker container (what a killed `up` leaves): replaced, and said so."""
+    inv = make_inventory()
+    f = running_facts(inv, prof, running=False)
+    f[WORKER].ours = []
+    plan = make_plan(inv, prof, f, serving=False, replace=False)
+    head_name = f[HEAD].ours[0]["Name"][1:]
+    assert any("stale state" in n and head_name in n and "down --purge-gcs" in n for n in plan.notes), plan.notes
+    assert plan.remove == {HEAD: [head_name]}
+    assert [c.node for c in plan.containers] == [HEAD, WORKER]
+
+
+def test_running_cluster_being_recreated_is_not_called_stale(prof):
+    inv = make_inventory()
+    plan = make_plan(inv, prof, running_facts(inv, prof, config_hash="old"), serving=True, replace=False)
+    assert len(plan.containers) == 2
+    assert not any("stale" in n for n in plan.notes), plan.notes
+
+
 # ---- (d) another profile running ----------------------------------------------------------------
 
 def test_other_profile_running_needs_replace(prof):
