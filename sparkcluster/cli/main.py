@@ -1,10 +1,11 @@
 """The `sparkcluster` command: global options, and the one place errors become output.
 
-Each subcommand lives in its own module in this package and is registered below.
+Each subcommand lives in its own module in this package, imported only when it is asked for.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -28,7 +29,24 @@ class Context:
         return self._inventory
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """Imports a subcommand's module when that subcommand is asked for: a quick command like
+    `status --json` spends most of its time importing, and need not import the others' libraries."""
+
+    # command name -> module in this package; importing it decorates the command onto `cli`
+    MODULES = {"doctor": "doctor", "down": "down", "init": "init", "logs": "logs", "profile": "profile",
+               "status": "status", "up": "up"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self.MODULES))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in self.MODULES:
+            importlib.import_module(f"{__package__}.{self.MODULES[name]}")
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--inventory", "-i", "inventory_path", type=click.Path(path_type=Path), default=None,
               help="Inventory TOML (default: $SPARKCLUSTER_INVENTORY, else ~/.config/sparkcluster/cluster.toml).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
@@ -43,11 +61,6 @@ def cli(ctx: click.Context, inventory_path: Path | None, log_format: str, verbos
     ctx.obj = Context(inventory_path=inventory_path, log_format=log_format)
 
 
-def _register() -> None:
-    # imported here so that `cli` exists before the modules decorate onto it
-    from . import commands  # noqa: F401
-
-
 def _print_error(err: SparkError) -> None:
     click.echo(redact.mask(f"error: {err.message}"), err=True)
     for line in err.details:
@@ -57,7 +70,6 @@ def _print_error(err: SparkError) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _register()
     try:
         rc = cli.main(args=argv, prog_name="sparkcluster", standalone_mode=False)
         # with standalone_mode off, click returns a command's Exit code instead of raising it

@@ -4,6 +4,8 @@ terminal or the debug log, and bad input is refused before any connection with e
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -80,7 +82,6 @@ def test_unexpected_error_masks_secrets_in_message_and_traceback(env, capsys):
     def explode() -> None:
         raise RuntimeError(f"token {SECRET} rejected by something unexpected")
 
-    cli_main._register()
     cli_main.cli.add_command(explode)
     try:
         rc, out, err = run(capsys, "explode")
@@ -102,7 +103,6 @@ def test_spark_error_with_secret_is_masked(env, capsys):
     def fail() -> None:
         raise SparkError(f"bad {SECRET}", f"fix {SECRET}", details=[f"detail {SECRET}"])
 
-    cli_main._register()
     cli_main.cli.add_command(fail)
     try:
         rc, out, err = run(capsys, "fail")
@@ -181,3 +181,14 @@ def test_json_log_masks_registered_secret(env, capsys):
     line = next(x for x in err.splitlines() if '"event"' in x)
     assert json.loads(line)["header"] == "Bearer ******"
     no_secret(err, env["debug_log"].read_text())
+
+
+def test_a_subcommand_imports_only_its_own_module():
+    """`status` must not pay for `up`'s or `doctor`'s imports (start-up is most of its time)."""
+    code = ("import sys; from sparkcluster.cli.main import main; main(['status', '--help']); "
+            "print(sorted(m for m in sys.modules if m.startswith('sparkcluster.cli.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = out.strip().splitlines()[-1]
+    assert "sparkcluster.cli.status" in loaded
+    for other in ("up", "doctor", "init", "profile", "logs", "down"):
+        assert f"sparkcluster.cli.{other}'" not in loaded, loaded
