@@ -72,6 +72,25 @@ def bash(cmd: str) -> list[str]:
     return ["bash", "-c", cmd]
 
 
+def disk_needed(size: int, layers: list[str], present: list[tuple[list[str], int]]) -> int:
+    """Bytes `docker load` needs free on the receiving node's docker root.
+
+    docker load first unpacks the whole saved image into a temporary directory under the docker
+    root, then registers the layers the node lacks. `present` is (layers, size) of each image on
+    the node. Sizes are known per image, not per layer, so only two kinds of image count as
+    holding our bytes: one built on ours holds all of them, and one ours is built on (its base)
+    holds its own size.
+    """
+    def shared(ls: list[str], sz: int) -> int:
+        if not ls:
+            return 0
+        if ls[:len(layers)] == layers:
+            return size
+        return sz if layers[:len(ls)] == ls else 0
+
+    return size + max(size - max((shared(ls, sz) for ls, sz in present), default=0), 0)
+
+
 def describe(image: str, src_node: str, src_ip: str, dst_node: str, dst_ip: str) -> str:
     return (f"{src_node}: docker save {image} | tcp {src_ip} -> {dst_ip} | {dst_node}: docker load "
             "(one connection, head's address only; image ID verified after)")

@@ -262,11 +262,12 @@ class Runner:
             notes.append("built on " + head.name)
         head_id = head.docker().api.inspect_image(p.image)["Id"]
         targets = [w for w in self.cluster.workers if w.name in p.send_to]
-        size = head.docker().api.inspect_image(p.image).get("Size", 0)
+        info = head.docker().api.inspect_image(p.image)
+        size, layers = info.get("Size", 0), (info.get("RootFS") or {}).get("Layers") or []
         for w in targets:
             if self.facts[w.name].image_id == head_id:
                 continue
-            sent, secs = self._send(head, w, head_id, size)
+            sent, secs = self._send(head, w, head_id, size, layers)
             # the bar's own rate needs samples over time; a fast link sends in one burst after
             # docker save has prepared the stream, so the whole transfer's rate is stated here
             notes.append(f"sent to {w.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, {sent / 1e6 / max(secs, 1e-3):.1f} MB/s")
@@ -306,13 +307,27 @@ class Runner:
         except Exception as e:  # the API call itself failed
             raise _fail("image", head.name, "docker build", str(e), None, "\n".join(tail)) from None
 
-    def _send(self, head, worker, head_id: str, size: int) -> tuple[int, float]:
+    def _images_present(self, host) -> list[tuple[list[str], int]]:
+        api = host.docker().api
+        out = []
+        for img in api.images():
+            try:
+                rootfs = api.inspect_image(img["Id"]).get("RootFS") or {}
+            except Exception:  # removed meanwhile
+                continue
+            out.append((rootfs.get("Layers") or [], img.get("Size", 0)))
+        return out
+
+    def _send(self, head, worker, head_id: str, size: int, layers: list[str]) -> tuple[int, float]:
         wf = self.facts[worker.name]
         free = list(wf.disks.values())[0].available if wf.disks else None
-        if free is not None and size and free < size * 1.1:
+        need = transfer.disk_needed(size, layers, self._images_present(worker)) if size else 0
+        if free is not None and need and free < need * 1.05:
             raise _fail("image", worker.name, "receive the image",
-                        f"not enough disk: {free / 2**30:.1f} GiB free for a {size / 2**30:.1f} GiB image "
-                        f"in {wf.docker.root_dir if wf.docker else 'the docker root'}",
+                        f"not enough disk: {free / 2**30:.1f} GiB free in "
+                        f"{wf.docker.root_dir if wf.docker else 'the docker root'}; docker load needs "
+                        f"{need / 2**30:.1f} GiB (it unpacks the whole {size / 2**30:.1f} GiB image before "
+                        "storing the layers the node lacks)",
                         fix=f"free space on {worker.name} (docker system prune), then sparkcluster up")
         wnode, hnode = self.inv.node(worker.name), self.inv.head
         recv = worker.start(transfer.bash(transfer.receive_command(str(wnode.control_ip), str(hnode.control_ip))), timeout=3600)

@@ -135,6 +135,10 @@ def images(testbed, host: str) -> str:
 def down_around(testbed, sc):
     """Every case starts and ends with the cluster down; the image is back on both nodes at the end."""
     ids = image_ids(testbed)
+    if not (ids[HEAD] and ids[HEAD] == ids[WORKER]):  # this file run on its own, on a new testbed
+        res = sc("up", "--profile", "testbed")
+        assert res.returncode == 0, res.stdout + res.stderr
+        ids = image_ids(testbed)
     assert ids[HEAD] and ids[HEAD] == ids[WORKER], f"testbed image not in place: {ids}"
     sc("down")
     yield ids
@@ -378,8 +382,10 @@ def test_per_node_nccl_names_wrong_fail_fast(testbed, sc, tmp_path, old, new, ch
 def test_worker_disk_too_full_for_the_image(testbed, sc, tmp_path, down_around):
     """The image is on the head only and the worker's docker disk has ~200 MB: preflight refuses
     (disk.free), and with a profile that asks for less, the transfer itself is refused before a byte
-    moves; then with just over the image's size free, docker load runs out of space: the failure
-    names the worker and its free space, leaves no image there, and the head keeps its image."""
+    moves, saying what docker load needs (twice the image on a bare node: it unpacks the whole image
+    before storing the layers); then with room enough at the start but the disk filled by another
+    writer once docker load is under way, the load runs out of space: the failure names the worker
+    and its free space, leaves no image there, and the head keeps its image."""
     good = down_around[HEAD]
     env = profile_variant(tmp_path, "trap-smalldisk", top={"image_disk_gb": "0.1"})
     # another tag holding the image's layers on the worker (an earlier test's) would let docker load
@@ -396,13 +402,16 @@ def test_worker_disk_too_full_for_the_image(testbed, sc, tmp_path, down_around):
 
         res = sc("up", "--profile", "trap-smalldisk", env=env)
         err = stage_failed(res, "image", WORKER)
-        assert re.search(r"receive the image: not enough disk: 0\.\d GiB free for a 0\.\d GiB image", err), err
+        size = int(testbed.docker(HEAD, f"image inspect --format '{{{{.Size}}}}' {REF}").stdout)
+        assert re.search(r"receive the image: not enough disk: 0\.\d GiB free in /var/lib/docker; docker load "
+                         rf"needs {2 * size / 2**30:.1f} GiB \(it unpacks the whole {size / 2**30:.1f} GiB image", err), err
         assert images(testbed, WORKER) == before and testbed.image_id(HEAD, REF) == good
         nothing_left(testbed)
 
-        size_mb = int(testbed.docker(HEAD, f"image inspect --format '{{{{.Size}}}}' {REF}").stdout) // 2**20
-        testbed.fill_disk(WORKER, leave_mb=int(size_mb * 1.1) + 60)
+        testbed.fill_disk(WORKER, leave_mb=int(2 * size / 2**20 * 1.1) + 60)
+        late = testbed.fill_disk_during_load(WORKER, leave_mb=100)
         res = sc("up", "--profile", "trap-smalldisk", env=env)
+        late.join(timeout=60)
         err = stage_failed(res, "image", WORKER)
         assert "send the image: transfer failed" in err
         assert re.search(r"\d+ MiB free in \S+ on spark-worker", err), err

@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -972,8 +973,22 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             self.sh(host, f"fallocate -l {size}M /var/lib/docker/.testbed-fill || "
                           f"dd if=/dev/zero of=/var/lib/docker/.testbed-fill bs=1M count={size} status=none")
 
+    def fill_disk_during_load(self, host: str, leave_mb: int, within_s: float = 120) -> threading.Thread:
+        """After fill_disk: a thread that waits until docker load starts unpacking on host (its
+        docker-import-* directory appears), then fills the docker disk to about leave_mb MB free, as
+        another writer on the same disk would (undo: unfill_disk)."""
+        # gives up when the base fill is gone (unfill_disk): a late fill must not outlive its test
+        script = (f"for i in $(seq {int(within_s * 20)}); do [ -e /var/lib/docker/.testbed-fill ] || exit 0; "
+                  "ls -d /var/lib/docker/tmp/docker-import-* >/dev/null 2>&1 && break; sleep 0.05; done; "
+                  "free=$(( $(df -Pk /var/lib/docker | tail -1 | awk '{print $4}') / 1024 )); "
+                  f"[ $free -gt {int(leave_mb)} ] && fallocate -l $(( free - {int(leave_mb)} ))M "
+                  "/var/lib/docker/.testbed-fill-late; true")
+        t = threading.Thread(target=self.sh, args=(host, script), kwargs={"timeout": within_s + 30}, daemon=True)
+        t.start()
+        return t
+
     def unfill_disk(self, host: str) -> None:
-        self.sh(host, "rm -f /var/lib/docker/.testbed-fill")
+        self.sh(host, "rm -f /var/lib/docker/.testbed-fill /var/lib/docker/.testbed-fill-late")
 
     def kill_container(self, host: str, name: str, sig: str = "KILL") -> None:
         """Kill a container's main process from the host, as the OOM killer or a crash would."""

@@ -189,3 +189,29 @@ def test_connection_from_another_address_is_refused(fake_env):
         recv.kill()
     assert (tmp / "loaded.tar").read_bytes() == payload
     assert send.lines[-1] == f"@@sent {len(payload)}"
+
+
+# ---- disk needed on the receiving node ----------------------------------------------------------
+
+GB = 2**30
+LAYERS = ["sha256:base1", "sha256:base2", "sha256:ray"]
+
+
+def test_disk_needed_on_a_bare_node_is_twice_the_image():
+    assert transfer.disk_needed(10 * GB, LAYERS, []) == 20 * GB
+
+
+def test_disk_needed_with_the_base_present_is_the_image_plus_the_new_layer():
+    present = [(LAYERS[:2], 8 * GB), (["sha256:other"], 5 * GB)]
+    assert transfer.disk_needed(10 * GB, LAYERS, present) == 12 * GB
+
+
+def test_disk_needed_takes_the_largest_image_our_layers_begin_with():
+    present = [(LAYERS[:1], 3 * GB), (LAYERS[:2], 8 * GB), (LAYERS + ["sha256:label"], 10 * GB)]
+    assert transfer.disk_needed(10 * GB, LAYERS, present) == 10 * GB
+
+
+def test_disk_needed_ignores_images_that_only_share_a_later_layer():
+    # layers only count from the bottom: an image with our second layer but not our first shares nothing
+    present = [(LAYERS[1:], 7 * GB), ([], 1 * GB)]
+    assert transfer.disk_needed(10 * GB, LAYERS, present) == 20 * GB
