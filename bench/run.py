@@ -310,7 +310,7 @@ def serving_identity(tb) -> dict:
 
 class ReadyProbe:
     """Polls the endpoint every 50 ms from the controller: the first moment /health is 200 and a
-    one-token completion succeeds, independent of up's own 1 s polling."""
+    one-token completion succeeds, independent of up's own polling."""
 
     def __init__(self, base: str, model: str):
         self.base, self.model = base, model
@@ -465,10 +465,10 @@ class Bench:
             "preflight (connect, lock, facts, checks)": t_pre_ok - t_pre,
             "image stage (IDs equal)": t_img_ok - t_pre_ok,
             "before the head container": hc["created"] - t_img_ok,
-            "Ray head ready -> worker create (1 s poll)": wc["created"] - hc["ray"],
-            "worker joined -> ray stage done (1 s poll)": t_ray_ok - wc["ray"],
+            "Ray head started -> worker create (0.25 s poll)": wc["created"] - hc["ray"],
+            "worker joined -> ray stage done (0.25 s poll)": t_ray_ok - wc["ray"],
             "probe, then serve exec": sv["started_at"] - t_ray_ok,
-            "server ready -> serve done (1 s poll, warm-up)": t_serve_ok - probe.ready_at,
+            "server ready -> serve done (0.2 s poll, warm-up)": t_serve_ok - probe.ready_at,
             "summary and exit": r.t1 - t_serve_ok,
         }
         link, lan = self.sampler.delta(t_img, t_img_ok)

@@ -6,6 +6,7 @@ import ipaddress
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 
 
 def last_line(text: str) -> str:
@@ -249,3 +250,25 @@ class PingResult:
     ok: bool
     detail: str
     command: str
+
+
+def uptime_and_clock(text: str) -> tuple[float | None, float | None]:
+    """`cat /proc/uptime; date +%s.%N`: seconds since boot, and the node's clock (epoch seconds)."""
+    lines = text.split("\n")
+    def num(i: int, word: int) -> float | None:
+        try:
+            return float(lines[i].split()[word])
+        except (IndexError, ValueError):
+            return None
+    return num(0, 0), num(1, 0)
+
+
+def rfc3339(text: str) -> float | None:
+    """Docker's timestamps (`2026-11-22T07:56:19.336780425Z`, nanoseconds) as epoch seconds; None
+    for empty or docker's zero time."""
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text.strip())
+    if not m or m.group(1).startswith("0001-"):
+        return None
+    tz = "+00:00" if m.group(3) == "Z" else m.group(3)
+    base = datetime.fromisoformat(m.group(1) + tz).timestamp()
+    return base + (float("0." + m.group(2)) if m.group(2) else 0.0)

@@ -31,7 +31,8 @@ class NodeStatus:
     state: str = "absent"  # running | exited | absent
     started_at: str = ""
     profile: str = ""
-    uptime_s: float | None = None
+    uptime_s: float | None = None  # the container's, by the node's own clock
+    host_uptime_s: float | None = None  # since the node booted (a reboot shows here)
     mem_available_gib: float | None = None
     ray_alive: bool | None = None  # this node's control IP is alive in Ray
 
@@ -56,7 +57,7 @@ class ClusterStatus:
 def node_script(inv: Inventory, head: bool) -> str:
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
     parts = [
-        section("uptime", "cat /proc/uptime"),
+        section("uptime", "cat /proc/uptime; date +%s.%N"),
         section("meminfo", "cat /proc/meminfo"),
         section("ours", f"ids=$(docker ps -aq --filter label={label}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids"),
     ]
@@ -70,8 +71,9 @@ def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None]:
     is_head = host.name == inv.head.name
     res = host.run(node_script(inv, is_head), timeout=10)
     s = split_sections(res.stdout)
+    now = None
     if "uptime" in s and s["uptime"].rc == 0:
-        st.uptime_s = float(s["uptime"].out.split()[0])
+        st.host_uptime_s, now = parsers.uptime_and_clock(s["uptime"].out)
     if "meminfo" in s and s["meminfo"].rc == 0:
         st.mem_available_gib = round(parsers.meminfo(s["meminfo"].out).available / 2**30, 1)
     ours = parsers.json_list(s["ours"].out) if "ours" in s and s["ours"].rc == 0 else []
@@ -81,6 +83,9 @@ def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None]:
         st.state = c.get("State", {}).get("Status", "unknown")
         st.started_at = c.get("State", {}).get("StartedAt", "")
         st.profile = c.get("Config", {}).get("Labels", {}).get(PROFILE_LABEL, "")
+        started = parsers.rfc3339(st.started_at)
+        if st.state == "running" and started is not None and now is not None:
+            st.uptime_s = round(max(now - started, 0.0), 1)
     ray = raycluster.parse_state_api(s["ray"].out) if is_head and "ray" in s else None
     return st, ray
 

@@ -16,6 +16,16 @@ from .main import cli
 EXIT = {"healthy": 0, "degraded": 1, "down": 3}
 
 
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
 def render(st: status_mod.ClusterStatus) -> Group:
     colour = {"healthy": "green", "degraded": "bold red", "down": "yellow"}[st.state]
     t = Table(box=None, pad_edge=False, header_style="bold")
@@ -26,7 +36,7 @@ def render(st: status_mod.ClusterStatus) -> Group:
             t.add_row(n.node, "-", "[red]unreachable[/]", "-", "-", "-")
             continue
         ray = "-" if n.ray_alive is None else ("alive" if n.ray_alive else "[red]missing[/]")
-        up = f"{n.uptime_s / 3600:.1f} h" if n.uptime_s is not None else "-"
+        up = _duration(n.uptime_s)
         mem = f"{n.mem_available_gib} GiB" if n.mem_available_gib is not None else "-"
         t.add_row(n.node, n.container or "-", n.state, ray, up, mem)
     lines = [f"cluster [bold]{st.cluster}[/]: [{colour}]{st.state}[/]", t]
@@ -47,7 +57,7 @@ def render(st: status_mod.ClusterStatus) -> Group:
 @click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where VLLM_API_KEY lives.")
 @click.pass_obj
 def status(obj, as_json: bool, watch: bool, interval: float, env_file: Path | None) -> None:
-    """Per node: container, Ray membership, endpoint health and model, uptime, MemAvailable."""
+    """Per node: container, Ray membership, endpoint health and model, container uptime, MemAvailable."""
     inv = obj.inventory()
     key = secret_store.load_secrets(env_file, names=["VLLM_API_KEY"]).get("VLLM_API_KEY")
     if watch and not as_json:

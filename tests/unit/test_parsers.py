@@ -277,3 +277,20 @@ def test_testbed_docker_inspect():
     assert hc["CapAdd"] == ["CAP_IPC_LOCK"]
     assert hc["Devices"][0]["PathOnHost"] == "/dev/infiniband"
     assert {"Name": "memlock", "Hard": -1, "Soft": -1} in hc["Ulimits"]
+
+
+# ---- status: the node's uptime and clock, docker's timestamps ----------------------------------
+
+def test_uptime_and_clock_from_proc_uptime_and_date():
+    # `cat /proc/uptime; date +%s.%N` on a testbed host
+    assert P.uptime_and_clock("17409.64 33512.80\n1795334179.336780425\n") == (17409.64, 1795334179.336780425)
+    assert P.uptime_and_clock("") == (None, None)
+    assert P.uptime_and_clock("17409.64 1\n%N\n") == (17409.64, None)
+
+
+def test_rfc3339_docker_nanoseconds_and_zero_time():
+    t = P.rfc3339("2026-11-22T07:56:19.336780425Z")
+    assert abs(t - (1795334179 + 0.336780425)) < 1e-6
+    assert P.rfc3339("2026-11-22T08:56:19+01:00") == 1795334179
+    assert P.rfc3339("0001-01-01T00:00:00Z") is None
+    assert P.rfc3339("") is None and P.rfc3339("yesterday") is None
