@@ -18,7 +18,7 @@ from .errors import SparkError
 from .facts import section, split_sections
 from .fanout import Cluster, connect_all
 from .inventory import Inventory
-from .labels import CLUSTER_LABEL, PROFILE_LABEL
+from .labels import CLUSTER_LABEL, PROFILE_LABEL, container_name
 
 
 
@@ -115,17 +115,22 @@ def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
                 except (httpx.HTTPError, ValueError):
                     return code, []
 
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            http_future = pool.submit(http)
+        def server_pid() -> int | None:
+            # by the head container's fixed name, alongside the node scripts rather than after them
+            if not head:
+                return None
+            api = head.docker().api
+            rec = serve.read_record(api, container_name(inv.cluster.name, "head", inv.head.name))
+            return rec.pid if rec and serve.running(api, rec) else None
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            http_future, pid_future = pool.submit(http), pool.submit(server_pid)
             per_node = cluster.each(lambda h: _one(h, inv))
             health, models = http_future.result()
-        pid = None
-        if head:
-            heads = [o.value[0] for n, o in per_node.items() if n == inv.head.name and o.ok]
-            if heads and heads[0].state == "running":
-                rec = serve.read_record(head.docker().api, heads[0].container)
-                if rec and serve.running(head.docker().api, rec):
-                    pid = rec.pid
+            pid = pid_future.result()
+        heads = [o.value[0] for n, o in per_node.items() if n == inv.head.name and o.ok]
+        if not (heads and heads[0].state == "running"):
+            pid = None
 
     nodes, ray_rows = [], None
     for n in inv.nodes:
