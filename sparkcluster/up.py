@@ -260,9 +260,9 @@ class Runner:
         if p.build is not None:
             self._build(head)
             notes.append("built on " + head.name)
-        head_id = head.docker().api.inspect_image(p.image)["Id"]
-        targets = [w for w in self.cluster.workers if w.name in p.send_to]
         info = head.docker().api.inspect_image(p.image)
+        head_id = info["Id"]
+        targets = [w for w in self.cluster.workers if w.name in p.send_to]
         size, layers = info.get("Size", 0), (info.get("RootFS") or {}).get("Layers") or []
         for w in targets:
             if self.facts[w.name].image_id == head_id:
