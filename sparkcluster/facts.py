@@ -57,7 +57,7 @@ def section(name: str, cmd: str, stderr: bool = True) -> str:
     return f"echo '{SECTION} {name}'; ( {cmd} ) {redirect}; rc=$?; printf '\\n{SECTION} {name} rc=%s\\n' \"$rc\""
 
 
-def probe_script(inv: Inventory, node: Node, image: str | None) -> str:
+def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[str, str] | None = None) -> str:
     """One shell script for one host. Every value is quoted; nothing here comes from a user string
     that is not validated by the inventory model."""
     ifs = " ".join(shlex.quote(i) for i in dict.fromkeys([node.control_if, *node.netdevs]))
@@ -97,7 +97,11 @@ def probe_script(inv: Inventory, node: Node, image: str | None) -> str:
         parts.append(section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}"))
         # our running container on this image runs `ray start` as its main process, which proves
         # Ray works in it; otherwise start `ray --version` in a throwaway container
+        # an image ID Ray has already run in (ray_seen) needs no container: the ID is its content's digest
+        seen = "".join(f"{shlex.quote(i)}) echo {shlex.quote(v + ' (ran in this image ID before)')}; exit 0;; "
+                       for i, v in (ray_seen or {}).items())
         parts.append(section("image_ray", f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit 3; "
+                                          + (f"case \"$id\" in {seen}esac; " if seen else "") +
                                           f"for c in $(docker ps -q --filter label={label} --filter status=running); do "
                                           "[ \"$(docker inspect --format '{{.Image}}' $c)\" = \"$id\" ] && { "
                                           f"echo \"ray, version $(docker image inspect --format '{{{{index .Config.Labels \"org.sparkcluster.ray-version\"}}}}' {img}) (running in $c)\"; exit 0; }}; done; "
@@ -168,9 +172,10 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
     return f
 
 
-def gather(host, inv: Inventory, image: str | None, timeout: float = 60.0) -> HostFacts:
+def gather(host, inv: Inventory, image: str | None, timeout: float = 60.0,
+           ray_seen: dict[str, str] | None = None) -> HostFacts:
     sent = time.time()
-    res = host.run(probe_script(inv, host.node, image), timeout=timeout)
+    res = host.run(probe_script(inv, host.node, image, ray_seen), timeout=timeout)
     received = time.time()
     if res.timed_out:
         from .errors import StageError, StepFailure

@@ -15,9 +15,13 @@ import structlog
 from . import redact
 
 
+def state_dir() -> Path:
+    """sparkcluster's own files on the controller (the debug log, what it remembers)."""
+    return Path(os.environ.get("XDG_STATE_HOME", "~/.local/state")).expanduser() / "sparkcluster"
+
+
 def debug_log_path() -> Path:
-    base = Path(os.environ.get("XDG_STATE_HOME", "~/.local/state")).expanduser()
-    return base / "sparkcluster" / "debug.log"
+    return state_dir() / "debug.log"
 
 
 def _redact(_logger, _method, event_dict):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import checks, containers, facts, profile as profiles
+from . import checks, containers, facts, profile as profiles, ray_seen
 from .errors import SparkError
 from .fanout import Cluster, connect_all
 from .inventory import Inventory
@@ -43,7 +43,9 @@ class Report:
 
 def gather_all(cluster: Cluster, inv: Inventory, image: str | None) -> dict[str, facts.HostFacts]:
     """Facts of every connected host (phase 1), then path MTU probes (phase 2), both in parallel."""
-    got = cluster.each(lambda h: facts.gather(h, inv, image)).values_or_raise("gather facts")
+    seen = ray_seen.load() if image else {}
+    got = cluster.each(lambda h: facts.gather(h, inv, image, ray_seen=seen)).values_or_raise("gather facts")
+    ray_seen.remember({f.image_id: f.image_ray for f in got.values() if f.image_id and f.image_ray})
     nodes = {n.name: n for n in inv.nodes}
     pings = cluster.each(lambda h: facts.gather_path_mtu(h, facts.path_mtu_probes(nodes[h.name], got)))
     for name, outcome in pings.items():
