@@ -1,8 +1,10 @@
-"""Image IDs in which `ray --version` has been seen to run, remembered on the controller.
+"""Image IDs in which Ray has been seen to work, remembered on the controller.
 
 Starting a throwaway container to run `ray --version` is most of a preflight's time. An image ID
-is the digest of the image's content, so once Ray has run in one ID it runs in that ID on every
-node of the cluster; only a new ID needs the container again.
+is the digest of the image's content: once Ray has worked in one ID (`ray --version` ran, or a
+container of ours runs `ray start` on it), the image holds a working Ray wherever it is loaded, and
+only a new ID needs the container again. Whether a node can start containers at all is what the
+docker checks ask.
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 
 from . import log
 
 KEEP = 20  # most recent IDs; a cluster uses one image at a time
 _ID = re.compile(r"sha256:[0-9a-f]{64}")
+_VERSION = re.compile(r"ray, version \S+")
 
 
 def path() -> Path:
@@ -39,20 +43,21 @@ def version_line(text: str) -> str:
 
 
 def remember(seen: dict[str, str]) -> None:
-    """Adds image ID -> version line pairs, keeping the KEEP most recent; best effort."""
-    new = {k: version_line(v) for k, v in seen.items() if _ID.fullmatch(k) and version_line(v).startswith("ray, version")}
+    """Adds image ID -> version line pairs as the most recent, keeping KEEP; best effort."""
+    new = {k: version_line(v) for k, v in seen.items() if _ID.fullmatch(k) and _VERSION.fullmatch(version_line(v))}
     if not new:
         return
     old = load()
-    if all(old.get(k) == v for k, v in new.items()):
-        return
     merged = {k: v for k, v in old.items() if k not in new} | new
     merged = dict(list(merged.items())[-KEEP:])
+    if list(merged.items()) == list(old.items()):
+        return
     p = path()
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps(merged, indent=1))
-        os.replace(tmp, p)
+        # a private temporary name: doctor and up may both write, and os.replace keeps the file whole
+        with tempfile.NamedTemporaryFile("w", dir=p.parent, prefix=".ray-in-images.", delete=False) as f:
+            json.dump(merged, f, indent=1)
+        os.replace(f.name, p)
     except OSError as e:
         log.get(__name__).debug("could not remember ray in images", error=str(e))

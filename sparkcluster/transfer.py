@@ -72,23 +72,37 @@ def bash(cmd: str) -> list[str]:
     return ["bash", "-c", cmd]
 
 
-def disk_needed(size: int, layers: list[str], present: list[tuple[list[str], int]]) -> int:
+def disk_needed(size: int, layers: list[str], present: list[tuple[list[str], int]],
+                layer_sizes: list[int] | None = None) -> int:
     """Bytes `docker load` needs free on the receiving node's docker root.
 
     docker load first unpacks the whole saved image into a temporary directory under the docker
-    root, then registers the layers the node lacks. `present` is (layers, size) of each image on
-    the node. Sizes are known per image, not per layer, so only two kinds of image count as
-    holding our bytes: one built on ours holds all of them, and one ours is built on (its base)
-    holds its own size.
+    root, then stores only the layers the node lacks. `present` is (layers, size) of each image on
+    the node; layers are shared from the bottom up, so what the node holds of ours is the longest
+    common prefix with any of them. `layer_sizes` are the sizes of the image's non-empty history
+    entries, oldest first (`docker history`): it lists no layer IDs, and a layer of size 0 may or
+    may not have an entry, so a prefix is only credited with the entries that must lie inside it.
+    Without them, an image ours is built on (its base) counts with its own size.
     """
-    def shared(ls: list[str], sz: int) -> int:
-        if not ls:
-            return 0
-        if ls[:len(layers)] == layers:
-            return size
-        return sz if layers[:len(ls)] == ls else 0
+    if not layers:
+        return 2 * size
+    prefix = max((_common_prefix(ls, layers) for ls, _ in present), default=0)
+    if prefix == len(layers):
+        return size
+    shared = max((sz for ls, sz in present if ls and layers[:len(ls)] == ls), default=0)
+    if layer_sizes is not None and len(layer_sizes) <= len(layers):
+        surely_inside = max(prefix - (len(layers) - len(layer_sizes)), 0)
+        shared = max(shared, sum(layer_sizes[:surely_inside]))
+    return size + max(size - shared, 0)
 
-    return size + max(size - max((shared(ls, sz) for ls, sz in present), default=0), 0)
+
+def _common_prefix(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def describe(image: str, src_node: str, src_ip: str, dst_node: str, dst_ip: str) -> str:

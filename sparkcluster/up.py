@@ -307,28 +307,37 @@ class Runner:
         except Exception as e:  # the API call itself failed
             raise _fail("image", head.name, "docker build", str(e), None, "\n".join(tail)) from None
 
-    def _images_present(self, host) -> list[tuple[list[str], int]]:
-        api = host.docker().api
-        out = []
-        for img in api.images():
-            try:
-                rootfs = api.inspect_image(img["Id"]).get("RootFS") or {}
-            except Exception:  # removed meanwhile
-                continue
-            out.append((rootfs.get("Layers") or [], img.get("Size", 0)))
-        return out
+    def _disk_needed(self, head, worker, size: int, layers: list[str]) -> int | None:
+        """What docker load will need on the worker, from the layers it already holds; None when
+        the engines cannot say (the transfer then goes ahead, and a full disk fails it cleanly)."""
+        try:
+            hist = head.docker().api.history(self.plan.image)
+            sizes = [e.get("Size", 0) for e in reversed(hist) if e.get("Size", 0) > 0]
+            api = worker.docker().api
+            present = []
+            for img in api.images():
+                try:
+                    rootfs = api.inspect_image(img["Id"]).get("RootFS") or {}
+                except Exception:  # removed meanwhile
+                    continue
+                present.append((rootfs.get("Layers") or [], img.get("Size", 0)))
+        except Exception as e:  # an Engine API or connection error: no estimate, not a failure
+            _log.warning("could not estimate the disk the image needs", node=worker.name, error=str(e))
+            return None
+        return transfer.disk_needed(size, layers, present, sizes)
 
     def _send(self, head, worker, head_id: str, size: int, layers: list[str]) -> tuple[int, float]:
         wf = self.facts[worker.name]
         free = list(wf.disks.values())[0].available if wf.disks else None
-        need = transfer.disk_needed(size, layers, self._images_present(worker)) if size else 0
+        need = self._disk_needed(head, worker, size, layers) if free is not None and size else None
         if free is not None and need and free < need * 1.05:
             raise _fail("image", worker.name, "receive the image",
                         f"not enough disk: {free / 2**30:.1f} GiB free in "
                         f"{wf.docker.root_dir if wf.docker else 'the docker root'}; docker load needs "
                         f"{need / 2**30:.1f} GiB (it unpacks the whole {size / 2**30:.1f} GiB image before "
                         "storing the layers the node lacks)",
-                        fix=f"free space on {worker.name} (docker system prune), then sparkcluster up")
+                        fix=f"free {(need * 1.05 - free) / 2**30:.1f} GiB more on {worker.name} (`docker image prune -a` "
+                            "removes the images no container uses), then sparkcluster up")
         wnode, hnode = self.inv.node(worker.name), self.inv.head
         recv = worker.start(transfer.bash(transfer.receive_command(str(wnode.control_ip), str(hnode.control_ip))), timeout=3600)
         port = None

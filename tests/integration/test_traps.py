@@ -391,6 +391,7 @@ def test_worker_disk_too_full_for_the_image(testbed, sc, tmp_path, down_around):
     # another tag holding the image's layers on the worker (an earlier test's) would let docker load
     # skip them and fit in the space this case leaves: set such images aside for the case
     aside = tmp_path / "worker-images.tar"
+    late = None
     try:
         testbed.set_images_aside(WORKER, testbed.images_sharing_layers(WORKER, REF), aside)
         testbed.docker(WORKER, f"rmi {REF}")
@@ -421,9 +422,14 @@ def test_worker_disk_too_full_for_the_image(testbed, sc, tmp_path, down_around):
         nothing_left(testbed)
     finally:
         testbed.unfill_disk(WORKER)
-        testbed.restore_images(WORKER, aside)
-        if testbed.image_id(WORKER, REF) != good:
-            testbed.copy_image(REF, HEAD, WORKER)
+        if late is not None:  # it gives up once the base fill is gone; a fill it made at that moment goes too
+            late.join(timeout=30)
+            testbed.unfill_disk(WORKER)
+        try:
+            testbed.restore_images(WORKER, aside)
+        finally:
+            if testbed.image_id(WORKER, REF) != good:
+                testbed.copy_image(REF, HEAD, WORKER)
 
 
 def test_health_200_while_completions_hang(testbed, sc, tmp_path):

@@ -977,9 +977,11 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         """After fill_disk: a thread that waits until docker load starts unpacking on host (its
         docker-import-* directory appears), then fills the docker disk to about leave_mb MB free, as
         another writer on the same disk would (undo: unfill_disk)."""
-        # gives up when the base fill is gone (unfill_disk): a late fill must not outlive its test
-        script = (f"for i in $(seq {int(within_s * 20)}); do [ -e /var/lib/docker/.testbed-fill ] || exit 0; "
-                  "ls -d /var/lib/docker/tmp/docker-import-* >/dev/null 2>&1 && break; sleep 0.05; done; "
+        # fills only once the load has begun, and gives up when the base fill is gone
+        # (unfill_disk): a late fill must not outlive its test
+        script = (f"found=; for i in $(seq {int(within_s * 20)}); do [ -e /var/lib/docker/.testbed-fill ] || exit 0; "
+                  "ls -d /var/lib/docker/tmp/docker-import-* >/dev/null 2>&1 && { found=1; break; }; sleep 0.05; done; "
+                  "[ -n \"$found\" ] && [ -e /var/lib/docker/.testbed-fill ] || exit 0; "
                   "free=$(( $(df -Pk /var/lib/docker | tail -1 | awk '{print $4}') / 1024 )); "
                   f"[ $free -gt {int(leave_mb)} ] && fallocate -l $(( free - {int(leave_mb)} ))M "
                   "/var/lib/docker/.testbed-fill-late; true")

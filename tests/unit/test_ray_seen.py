@@ -28,6 +28,18 @@ def test_remember_then_load_keeps_only_the_version_line():
 def test_only_real_ids_and_real_ray_lines_are_remembered():
     ray_seen.remember({"sha256:short": "ray, version 1", ID_A: "bash: ray: command not found", ID_B: "ray, version 2.60.0"})
     assert ray_seen.load() == {ID_B: "ray, version 2.60.0"}
+    # a running container on an image without the version label prints an empty version
+    ray_seen.remember({ID_A: "ray, version  (running in 1234abcd)"})
+    assert ray_seen.load() == {ID_B: "ray, version 2.60.0"}
+
+
+def test_an_id_seen_again_becomes_the_most_recent():
+    ray_seen.remember({ID_A: "ray, version 2.60.0"})
+    for i in range(ray_seen.KEEP - 1):
+        ray_seen.remember({f"sha256:{i:064x}": "ray, version 2.60.0"})
+    ray_seen.remember({ID_A: "ray, version 2.60.0 (ran in this image ID before)"})
+    ray_seen.remember({ID_B: "ray, version 2.60.0"})
+    assert ID_A in ray_seen.load() and f"sha256:{0:064x}" not in ray_seen.load()
 
 
 def test_keeps_the_most_recent():

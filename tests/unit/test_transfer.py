@@ -215,3 +215,25 @@ def test_disk_needed_ignores_images_that_only_share_a_later_layer():
     # layers only count from the bottom: an image with our second layer but not our first shares nothing
     present = [(LAYERS[1:], 7 * GB), ([], 1 * GB)]
     assert transfer.disk_needed(10 * GB, LAYERS, present) == 20 * GB
+
+
+def test_disk_needed_with_the_previous_build_present_credits_the_shared_layers():
+    # upgrading: the worker holds the old cluster image (same base layers, another top layer)
+    old_build = (LAYERS[:2] + ["sha256:old-ray"], 9 * GB)
+    sizes = [5 * GB, 3 * GB, 2 * GB]
+    assert transfer.disk_needed(10 * GB, LAYERS, [old_build], sizes) == 12 * GB
+    # without the history only a base image counts: none here
+    assert transfer.disk_needed(10 * GB, LAYERS, [old_build]) == 20 * GB
+
+
+def test_disk_needed_credits_only_entries_surely_inside_the_prefix():
+    # 3 layers but 2 non-empty history entries: one layer is empty and could be anywhere, so a
+    # shared prefix of 2 layers is only sure to hold the first entry
+    old_build = (LAYERS[:2] + ["sha256:old-ray"], 9 * GB)
+    assert transfer.disk_needed(10 * GB, LAYERS, [old_build], [8 * GB, 2 * GB]) == 12 * GB
+    assert transfer.disk_needed(10 * GB, LAYERS, [(LAYERS[:1], 8 * GB)], [8 * GB, 2 * GB]) == 12 * GB
+    assert transfer.disk_needed(10 * GB, LAYERS, [(["sha256:x"], 1 * GB)], [8 * GB, 2 * GB]) == 20 * GB
+
+
+def test_disk_needed_for_an_image_without_layers_is_the_safe_bound():
+    assert transfer.disk_needed(10, [], [(["sha256:a"], 3)]) == 20
