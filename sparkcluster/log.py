@@ -6,6 +6,7 @@ Everything that reaches either sink passes through `redact.mask_obj` first.
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
 import sys
 from pathlib import Path
@@ -41,7 +42,8 @@ def configure(level: str = "warning", fmt: str = "text") -> Path:
     stderr_handler = logging.StreamHandler(sys.stderr)
     stderr_handler.setLevel(getattr(logging, level.upper()))
     stderr_handler.setFormatter(structlog.stdlib.ProcessorFormatter(processor=renderer, foreign_pre_chain=pre_chain))
-    file_handler = logging.FileHandler(path)
+    # every command appends at debug level: bounded, so months of use do not fill a laptop's disk
+    file_handler = logging.handlers.RotatingFileHandler(path, maxBytes=5 * 2**20, backupCount=2)
     file_handler.setLevel(logging.DEBUG)
     file_handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         processor=structlog.processors.JSONRenderer(), foreign_pre_chain=pre_chain))
