@@ -1,12 +1,14 @@
 """Preflight checks: pure functions from the facts of all hosts to one result per node.
 
-Each check has a stable id (used by `doctor --json` and by `up`'s preflight). A check returns
-results only for the nodes it can judge; `run_checks` marks the rest SKIP. Every WARN or FAIL has a
-one-line cause (`detail`) and a one-line `fix`.
+Each check has a stable id (used by `doctor --json` and by `up`'s preflight) and records its
+results in a `Report` that stamps them with that id. A check reports only on the nodes it can
+judge; `run_checks` marks the rest SKIP. Every WARN or FAIL has a one-line cause (`detail`) and a
+one-line `fix`.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass, field
 from typing import Callable, Literal
@@ -63,27 +65,38 @@ class Context:
                 if c.get("Config", {}).get("Labels", {}).get(CLUSTER_LABEL) == self.inventory.cluster.name]
 
 
+class Report:
+    """Where one check records its results; each is stamped with the check's id."""
+
+    def __init__(self, check_id: str):
+        self.check_id = check_id
+        self.results: list[Result] = []
+
+    def ok(self, node: str, detail: str = "") -> None:
+        self.results.append(Result(self.check_id, node, "ok", detail))
+
+    def warn(self, node: str, detail: str, fix: str) -> None:
+        self.results.append(Result(self.check_id, node, "warn", detail, fix))
+
+    def fail(self, node: str, detail: str, fix: str) -> None:
+        self.results.append(Result(self.check_id, node, "fail", detail, fix))
+
+
 CheckFn = Callable[[Context], list[Result]]
 REGISTRY: list[tuple[str, str, CheckFn]] = []
 
 
 def check(check_id: str, title: str):
-    def deco(fn: CheckFn) -> CheckFn:
-        REGISTRY.append((check_id, title, fn))
-        return fn
+    """Register `fn(ctx, report)` under `check_id`; the registered function returns its results."""
+    def deco(fn: Callable[[Context, Report], None]) -> CheckFn:
+        @functools.wraps(fn)
+        def run(ctx: Context) -> list[Result]:
+            report = Report(check_id)
+            fn(ctx, report)
+            return report.results
+        REGISTRY.append((check_id, title, run))
+        return run
     return deco
-
-
-def _ok(cid, node, detail=""):
-    return Result(cid, node, "ok", detail)
-
-
-def _fail(cid, node, detail, fix):
-    return Result(cid, node, "fail", detail, fix)
-
-
-def _warn(cid, node, detail, fix):
-    return Result(cid, node, "warn", detail, fix)
 
 
 def _gib(n: int) -> str:
@@ -93,109 +106,97 @@ def _gib(n: int) -> str:
 # --- reachability and GPU -----------------------------------------------------------------------
 
 @check("ssh.reachable", "SSH reachable")
-def ssh_reachable(ctx: Context) -> list[Result]:
-    out = [_ok("ssh.reachable", n, ctx.facts[n].hostname) for n in ctx.facts]
-    out += [_fail("ssh.reachable", n, why, "check the host is up and `ssh <target>` works from this machine")
-            for n, why in ctx.unreachable.items()]
-    return out
+def ssh_reachable(ctx: Context, r: Report) -> None:
+    for n in ctx.facts:
+        r.ok(n, ctx.facts[n].hostname)
+    for n, why in ctx.unreachable.items():
+        r.fail(n, why, "check the host is up and `ssh <target>` works from this machine")
 
 
 @check("gpu.gb10", "GPU present, a GB10")
-def gpu_gb10(ctx: Context) -> list[Result]:
-    out = []
+def gpu_gb10(ctx: Context, r: Report) -> None:
     for n, f in ctx.facts.items():
         if not f.gpus:
-            out.append(_fail("gpu.gb10", n, f"nvidia-smi found no GPU: {f.gpu_error or 'no output'}",
-                             "check the NVIDIA driver on this node (nvidia-smi must list the GB10)"))
+            r.fail(n, f"nvidia-smi found no GPU: {f.gpu_error or 'no output'}",
+                   "check the NVIDIA driver on this node (nvidia-smi must list the GB10)")
         elif not all("GB10" in g.name for g in f.gpus):
-            out.append(_fail("gpu.gb10", n, f"GPU is {', '.join(g.name for g in f.gpus)}, not a GB10",
-                             "sparkcluster targets DGX Spark (GB10); check the inventory points at the Sparks"))
+            r.fail(n, f"GPU is {', '.join(g.name for g in f.gpus)}, not a GB10",
+                   "sparkcluster targets DGX Spark (GB10); check the inventory points at the Sparks")
         else:
             # memory.total is [N/A] on GB10 (unified memory): expected, not an error
-            out.append(_ok("gpu.gb10", n, f"{f.gpus[0].name}, sm {f.gpus[0].compute_cap}"))
-    return out
+            r.ok(n, f"{f.gpus[0].name}, sm {f.gpus[0].compute_cap}")
 
 
 @check("gpu.driver", "Same NVIDIA driver on every node")
-def gpu_driver(ctx: Context) -> list[Result]:
+def gpu_driver(ctx: Context, r: Report) -> None:
     drivers = {n: f.gpus[0].driver for n, f in ctx.facts.items() if f.gpus}
     if not drivers:
-        return []
+        return
     head = ctx.inventory.head.name
     ref = drivers.get(head) or next(iter(drivers.values()))
-    out = []
     for n, d in drivers.items():
         if d == ref:
-            out.append(_ok("gpu.driver", n, d))
+            r.ok(n, d)
         else:
-            out.append(_fail("gpu.driver", n, f"driver {d} differs from {head}'s {ref}",
-                             f"install driver {ref} on {n} (or upgrade both) so every rank runs the same CUDA stack"))
-    return out
+            r.fail(n, f"driver {d} differs from {head}'s {ref}",
+                   f"install driver {ref} on {n} (or upgrade both) so every rank runs the same CUDA stack")
 
 
 # --- docker and image ---------------------------------------------------------------------------
 
 @check("docker.engine", "Docker engine reachable")
-def docker_engine(ctx: Context) -> list[Result]:
-    out = []
+def docker_engine(ctx: Context, r: Report) -> None:
     for n, f in ctx.facts.items():
         if f.docker:
-            out.append(_ok("docker.engine", n, f"Docker {f.docker.server_version}"))
+            r.ok(n, f"Docker {f.docker.server_version}")
         else:
-            out.append(_fail("docker.engine", n, f"docker info failed: {f.docker_error}",
-                             "start the Docker daemon (systemctl start docker) and make sure this user may use it"))
-    return out
+            r.fail(n, f"docker info failed: {f.docker_error}",
+                   "start the Docker daemon (systemctl start docker) and make sure this user may use it")
 
 
 @check("docker.gpu_runtime", "GPU runtime usable by Docker")
-def docker_gpu_runtime(ctx: Context) -> list[Result]:
-    out = []
+def docker_gpu_runtime(ctx: Context, r: Report) -> None:
     for n, f in ctx.facts.items():
         if not f.docker:
             continue
         if f.gpu_hook or "nvidia" in f.docker.runtimes:
-            out.append(_ok("docker.gpu_runtime", n, f.gpu_hook or "nvidia runtime"))
+            r.ok(n, f.gpu_hook or "nvidia runtime")
         else:
-            out.append(_fail("docker.gpu_runtime", n, "neither nvidia-container-runtime-hook nor an nvidia runtime found",
-                             "install the NVIDIA Container Toolkit (nvidia-container-toolkit) and restart Docker"))
-    return out
+            r.fail(n, "neither nvidia-container-runtime-hook nor an nvidia runtime found",
+                   "install the NVIDIA Container Toolkit (nvidia-container-toolkit) and restart Docker")
 
 
 @check("image.same", "Cluster image present, same ID everywhere")
-def image_same(ctx: Context) -> list[Result]:
+def image_same(ctx: Context, r: Report) -> None:
     img = ctx.expect.image
     if not img:
-        return []
+        return
     ids = {n: f.image_id for n, f in ctx.facts.items() if f.docker}
     head = ctx.inventory.head.name
     ref = ids.get(head)
-    out = []
     for n, i in ids.items():
         if i is None:
-            out.append(_warn("image.same", n, f"{img} is not on this node yet",
-                             "sparkcluster up builds it on the head and sends it to the workers"))
+            r.warn(n, f"{img} is not on this node yet",
+                   "sparkcluster up builds it on the head and sends it to the workers")
         elif ref is not None and i != ref:
-            out.append(_fail("image.same", n, f"{img} is {i[:19]} here but {ref[:19]} on {head}",
-                             "run sparkcluster up: it re-sends the head's image to nodes whose image ID differs"))
+            r.fail(n, f"{img} is {i[:19]} here but {ref[:19]} on {head}",
+                   "run sparkcluster up: it re-sends the head's image to nodes whose image ID differs")
         else:
-            out.append(_ok("image.same", n, i[:19]))
-    return out
+            r.ok(n, i[:19])
 
 
 @check("image.ray", "`ray` runs in the cluster image")
-def image_ray(ctx: Context) -> list[Result]:
+def image_ray(ctx: Context, r: Report) -> None:
     if not ctx.expect.image:
-        return []
-    out = []
+        return
     for n, f in ctx.facts.items():
         if f.image_id is None:
             continue
         if f.image_ray:
-            out.append(_ok("image.ray", n, f.image_ray))
+            r.ok(n, f.image_ray)
         else:
-            out.append(_fail("image.ray", n, f"`ray --version` failed in {ctx.expect.image}: {f.image_ray_error}",
-                             "rebuild with images/Dockerfile.vllm-ray (NGC 26.05 dropped Ray): sparkcluster up does this"))
-    return out
+            r.fail(n, f"`ray --version` failed in {ctx.expect.image}: {f.image_ray_error}",
+                   "rebuild with images/Dockerfile.vllm-ray (NGC 26.05 dropped Ray): sparkcluster up does this")
 
 
 # --- control plane ------------------------------------------------------------------------------
@@ -209,41 +210,36 @@ def _bridge_networks(f: HostFacts) -> list[ipaddress.IPv4Network]:
 
 
 @check("net.control_ip", "Control IP on its interface, unique, routable")
-def net_control_ip(ctx: Context) -> list[Result]:
-    out = []
-    cid = "net.control_ip"
+def net_control_ip(ctx: Context, r: Report) -> None:
     for node in ctx.nodes():
         f = ctx.facts[node.name]
         ip = node.control_ip
         iface = f.interfaces.get(node.control_if)
         if ip in LINK_LOCAL:
-            out.append(_fail(cid, node.name, f"control IP {ip} is link-local (169.254/16): Ray and vLLM would register an address the other node cannot use",
-                             f"give {node.control_if} a static address on the link between the nodes and put it in control_ip"))
+            r.fail(node.name, f"control IP {ip} is link-local (169.254/16): Ray and vLLM would register an address the other node cannot use",
+                   f"give {node.control_if} a static address on the link between the nodes and put it in control_ip")
         elif any(ip in net for net in _bridge_networks(f)):
-            out.append(_fail(cid, node.name, f"control IP {ip} is a docker bridge address",
-                             f"use the address of {node.control_if} (the link between the nodes), not docker0's"))
+            r.fail(node.name, f"control IP {ip} is a docker bridge address",
+                   f"use the address of {node.control_if} (the link between the nodes), not docker0's")
         elif iface is None:
-            out.append(_fail(cid, node.name, f"interface {node.control_if} does not exist",
-                             f"fix control_if for {node.name} in the inventory (see `ip -br addr` on the node)"))
+            r.fail(node.name, f"interface {node.control_if} does not exist",
+                   f"fix control_if for {node.name} in the inventory (see `ip -br addr` on the node)")
         elif ip not in [a.ip for a in iface.addresses]:
             have = ", ".join(str(a.ip) for a in iface.addresses) or "no IPv4 address"
-            out.append(_fail(cid, node.name, f"{ip} is not on {node.control_if} ({have})",
-                             f"set control_ip for {node.name} to the address of {node.control_if}, or assign {ip} to it"))
+            r.fail(node.name, f"{ip} is not on {node.control_if} ({have})",
+                   f"set control_ip for {node.name} to the address of {node.control_if}, or assign {ip} to it")
         else:
             elsewhere = [o for o, of in ctx.facts.items() if o != node.name
                          and any(a.ip == ip for i in of.interfaces.values() for a in i.addresses)]
             if elsewhere:
-                out.append(_fail(cid, node.name, f"{ip} is also configured on {', '.join(elsewhere)}",
-                                 "every node needs its own control IP, or vLLM sees fewer unique IPs than nodes"))
+                r.fail(node.name, f"{ip} is also configured on {', '.join(elsewhere)}",
+                       "every node needs its own control IP, or vLLM sees fewer unique IPs than nodes")
             else:
-                out.append(_ok(cid, node.name, f"{ip} on {node.control_if}"))
-    return out
+                r.ok(node.name, f"{ip} on {node.control_if}")
 
 
 @check("net.vllm_host_ip", "VLLM_HOST_IP equals the control IP")
-def net_vllm_host_ip(ctx: Context) -> list[Result]:
-    out = []
-    cid = "net.vllm_host_ip"
+def net_vllm_host_ip(ctx: Context, r: Report) -> None:
     for node in ctx.nodes():
         planned = ctx.expect.per_host_env.get(node.name, {}).get("VLLM_HOST_IP")
         running = [_env(c).get("VLLM_HOST_IP") for c in ctx.ours(node.name) if _running(c)]
@@ -251,20 +247,17 @@ def net_vllm_host_ip(ctx: Context) -> list[Result]:
         bad = [v for v in values if v != str(node.control_ip)]
         if bad:
             where = "in the running container" if bad[0] in running else "in the profile"
-            out.append(_fail(cid, node.name, f"VLLM_HOST_IP is {bad[0]} {where}, but {node.name}'s control IP is {node.control_ip}",
-                             "VLLM_HOST_IP is computed per node by sparkcluster: remove it from the profile's forwarded "
-                             "variables, then `sparkcluster down && sparkcluster up`"))
+            r.fail(node.name, f"VLLM_HOST_IP is {bad[0]} {where}, but {node.name}'s control IP is {node.control_ip}",
+                   "VLLM_HOST_IP is computed per node by sparkcluster: remove it from the profile's forwarded "
+                   "variables, then `sparkcluster down && sparkcluster up`")
         elif values:
-            out.append(_ok(cid, node.name, str(node.control_ip)))
-    return out
+            r.ok(node.name, str(node.control_ip))
 
 
 # --- data plane ---------------------------------------------------------------------------------
 
 @check("net.link", "Data-plane links exist, up, carrier")
-def net_link(ctx: Context) -> list[Result]:
-    out = []
-    cid = "net.link"
+def net_link(ctx: Context, r: Report) -> None:
     for node in ctx.nodes():
         f = ctx.facts[node.name]
         problems = []
@@ -277,34 +270,28 @@ def net_link(ctx: Context) -> list[Result]:
             elif i.carrier is False or not i.lower_up:
                 problems.append(f"{name} has no carrier")
         if problems:
-            out.append(_fail(cid, node.name, "; ".join(problems),
-                             "check the QSFP cables and `ip link set IF up`; interface names must match the inventory "
-                             "(they differ between nodes when cables sit in other ports)"))
+            r.fail(node.name, "; ".join(problems),
+                   "check the QSFP cables and `ip link set IF up`; interface names must match the inventory "
+                   "(they differ between nodes when cables sit in other ports)")
         else:
-            out.append(_ok(cid, node.name, f"{len(node.netdevs)} links up"))
-    return out
+            r.ok(node.name, f"{len(node.netdevs)} links up")
 
 
 @check("net.mtu", "Interface MTU as expected")
-def net_mtu(ctx: Context) -> list[Result]:
-    out = []
-    cid = "net.mtu"
+def net_mtu(ctx: Context, r: Report) -> None:
     for node in ctx.nodes():
         f = ctx.facts[node.name]
         bad = [f"{n} is {f.interfaces[n].mtu}" for n in node.netdevs
                if n in f.interfaces and f.interfaces[n].mtu != node.mtu]
         if bad:
-            out.append(_fail(cid, node.name, f"MTU {', '.join(bad)}, expected {node.mtu}",
-                             f"ip link set dev IF mtu {node.mtu} (and persist it in netplan/NetworkManager) on both ends"))
+            r.fail(node.name, f"MTU {', '.join(bad)}, expected {node.mtu}",
+                   f"ip link set dev IF mtu {node.mtu} (and persist it in netplan/NetworkManager) on both ends")
         elif any(n in f.interfaces for n in node.netdevs):
-            out.append(_ok(cid, node.name, f"{node.mtu} on every data-plane link"))
-    return out
+            r.ok(node.name, f"{node.mtu} on every data-plane link")
 
 
 @check("net.path_mtu", "Path MTU on every link, both directions")
-def net_path_mtu(ctx: Context) -> list[Result]:
-    out = []
-    cid = "net.path_mtu"
+def net_path_mtu(ctx: Context, r: Report) -> None:
     for node in ctx.nodes():
         pings = ctx.facts[node.name].path_mtu
         if not pings:
@@ -312,11 +299,10 @@ def net_path_mtu(ctx: Context) -> list[Result]:
         bad = [p for p in pings.values() if not p.ok]
         if bad:
             p = bad[0]
-            out.append(_fail(cid, node.name, f"{len(bad)} link(s) drop {p.size + 28}-byte frames: `{p.command}` -> {p.detail or 'no reply'}",
-                             f"set MTU {node.mtu} on both ends of each link (and on any switch between them)"))
+            r.fail(node.name, f"{len(bad)} link(s) drop {p.size + 28}-byte frames: `{p.command}` -> {p.detail or 'no reply'}",
+                   f"set MTU {node.mtu} on both ends of each link (and on any switch between them)")
         else:
-            out.append(_ok(cid, node.name, f"{len(pings)} links pass {node.mtu}-byte frames unfragmented"))
-    return out
+            r.ok(node.name, f"{len(pings)} links pass {node.mtu}-byte frames unfragmented")
 
 
 def _subnets(f: HostFacts, netdev: str) -> set:
@@ -325,9 +311,7 @@ def _subnets(f: HostFacts, netdev: str) -> set:
 
 
 @check("rdma.hca", "RoCE HCAs for NCCL_IB_HCA: present, ACTIVE, on the right netdev")
-def rdma_hca(ctx: Context) -> list[Result]:
-    out = []
-    cid = "rdma.hca"
+def rdma_hca(ctx: Context, r: Report) -> None:
     for node in ctx.nodes():
         f = ctx.facts[node.name]
         problems, down = [], []
@@ -366,18 +350,15 @@ def rdma_hca(ctx: Context) -> list[Result]:
                 # the pairing is right, the port is not up: the inventory is not what to change
                 fix = (f"bring the RoCE port up: check the cable of {', '.join(link.netdev for link in down)} and "
                        "`ip link set IF up` (`ibdev2netdev` must show it Up, port state 4: ACTIVE)")
-            out.append(_fail(cid, node.name, "; ".join(problems) + f" (on this node: {mapping})", fix))
+            r.fail(node.name, "; ".join(problems) + f" (on this node: {mapping})", fix)
         else:
-            out.append(_ok(cid, node.name, ",".join(node.hcas)))
-    return out
+            r.ok(node.name, ",".join(node.hcas))
 
 
 # --- memory -------------------------------------------------------------------------------------
 
 @check("mem.headroom", "MemAvailable covers the profile's memory")
-def mem_headroom(ctx: Context) -> list[Result]:
-    out = []
-    cid = "mem.headroom"
+def mem_headroom(ctx: Context, r: Report) -> None:
     frac = ctx.expect.gpu_memory_utilization
     for n, f in ctx.facts.items():
         if not f.mem:
@@ -390,35 +371,34 @@ def mem_headroom(ctx: Context) -> list[Result]:
         left = f.mem.available - need
         detail = f"MemAvailable {_gib(f.mem.available)}" + (f", profile needs {_gib(need)}, leaves {_gib(left)}" if need else "")
         if left < 0:
-            out.append(_fail(cid, n, detail, "lower gpu_memory_utilization in the profile or free memory on the node "
-                                             "(MemAvailable, not MemFree, is what counts; drop caches with `sync; echo 3 > /proc/sys/vm/drop_caches`)"))
+            r.fail(n, detail, "lower gpu_memory_utilization in the profile or free memory on the node "
+                              "(MemAvailable, not MemFree, is what counts; drop caches with `sync; echo 3 > /proc/sys/vm/drop_caches`)")
         elif left < MEM_HEADROOM_FLOOR:
-            out.append(_warn(cid, n, detail + " (under the 6 GiB floor)",
-                             "lower gpu_memory_utilization (0.70-0.80 survives on unified memory) or stop other work on the node"))
+            r.warn(n, detail + " (under the 6 GiB floor)",
+                   "lower gpu_memory_utilization (0.70-0.80 survives on unified memory) or stop other work on the node")
         else:
-            out.append(_ok(cid, n, detail))
-    return out
+            r.ok(n, detail)
 
 
 @check("mem.earlyoom", "earlyoom running")
-def mem_earlyoom(ctx: Context) -> list[Result]:
-    return [_ok("mem.earlyoom", n, "running") if f.earlyoom else
-            _warn("mem.earlyoom", n, "earlyoom is not running: a memory spike can freeze the host until sshd stops answering",
-                  "apt install earlyoom && systemctl enable --now earlyoom")
-            for n, f in ctx.facts.items()]
+def mem_earlyoom(ctx: Context, r: Report) -> None:
+    for n, f in ctx.facts.items():
+        if f.earlyoom:
+            r.ok(n, "running")
+        else:
+            r.warn(n, "earlyoom is not running: a memory spike can freeze the host until sshd stops answering",
+                   "apt install earlyoom && systemctl enable --now earlyoom")
 
 
 @check("mem.sshd_oom", "sshd protected from the OOM killer")
-def mem_sshd_oom(ctx: Context) -> list[Result]:
-    out = []
+def mem_sshd_oom(ctx: Context, r: Report) -> None:
     for n, f in ctx.facts.items():
         v = f.sshd_oom_score_adj
         if v is not None and v < 0:
-            out.append(_ok("mem.sshd_oom", n, f"oom_score_adj {v}"))
+            r.ok(n, f"oom_score_adj {v}")
         else:
-            out.append(_warn("mem.sshd_oom", n, f"sshd oom_score_adj is {v if v is not None else 'unknown'}",
-                             "systemctl edit ssh: [Service] OOMScoreAdjust=-1000, then systemctl restart ssh"))
-    return out
+            r.warn(n, f"sshd oom_score_adj is {v if v is not None else 'unknown'}",
+                   "systemctl edit ssh: [Service] OOMScoreAdjust=-1000, then systemctl restart ssh")
 
 
 # --- ports, stale state, disk, clock ------------------------------------------------------------
@@ -432,9 +412,7 @@ def _running(c: dict) -> bool:
 
 
 @check("ports.free", "Ray and API ports free or ours")
-def ports_free(ctx: Context) -> list[Result]:
-    out = []
-    cid = "ports.free"
+def ports_free(ctx: Context, r: Report) -> None:
     wanted = {ctx.inventory.cluster.ray_port: "Ray GCS", ctx.inventory.cluster.api_port: "vLLM API"}
     for node in ctx.nodes():
         f = ctx.facts[node.name]
@@ -449,18 +427,15 @@ def ports_free(ctx: Context) -> list[Result]:
             where = f" in container {ls.container[:12]}" if ls.container else ""
             bad.append(f"{ls.port} ({wanted[ls.port]}) is held by {who}{where}")
         if bad:
-            out.append(_fail(cid, node.name, "; ".join(sorted(set(bad))),
-                             "stop that process or container yourself (sparkcluster never kills what it did not start); "
-                             "a stale Ray head from an earlier run: sparkcluster down --purge-gcs"))
+            r.fail(node.name, "; ".join(sorted(set(bad))),
+                   "stop that process or container yourself (sparkcluster never kills what it did not start); "
+                   "a stale Ray head from an earlier run: sparkcluster down --purge-gcs")
         else:
-            out.append(_ok(cid, node.name, ", ".join(str(p) for p in wanted)))
-    return out
+            r.ok(node.name, ", ".join(str(p) for p in wanted))
 
 
 @check("ray.stale", "No stale Ray containers or sessions")
-def ray_stale(ctx: Context) -> list[Result]:
-    out = []
-    cid = "ray.stale"
+def ray_stale(ctx: Context, r: Report) -> None:
     for node in ctx.nodes():
         f = ctx.facts[node.name]
         ours = {c.get("Id", "") for c in ctx.ours(node.name)}
@@ -468,23 +443,20 @@ def ray_stale(ctx: Context) -> list[Result]:
                    and CLUSTER_LABEL not in c.labels]
         exited = [c.get("Name", "").lstrip("/") for c in ctx.ours(node.name) if not _running(c)]
         if foreign:
-            out.append(_fail(cid, node.name, f"Ray runs in a container sparkcluster did not start: {', '.join(c.name for c in foreign)}",
-                             f"stop it if it is yours to stop (docker rm -f {foreign[0].name}); two Ray heads cannot share port 6379"))
+            r.fail(node.name, f"Ray runs in a container sparkcluster did not start: {', '.join(c.name for c in foreign)}",
+                   f"stop it if it is yours to stop (docker rm -f {foreign[0].name}); two Ray heads cannot share port 6379")
         elif exited:
-            out.append(_warn(cid, node.name, f"stopped sparkcluster container(s) left behind: {', '.join(exited)}",
-                             "sparkcluster down --purge-gcs"))
+            r.warn(node.name, f"stopped sparkcluster container(s) left behind: {', '.join(exited)}",
+                   "sparkcluster down --purge-gcs")
         elif f.ray_sessions and not any(_running(c) for c in ctx.ours(node.name)):
-            out.append(_warn(cid, node.name, f"{len(f.ray_sessions)} Ray session dir(s) in /tmp/ray with no Ray running",
-                             "sparkcluster down --purge-gcs removes them"))
+            r.warn(node.name, f"{len(f.ray_sessions)} Ray session dir(s) in /tmp/ray with no Ray running",
+                   "sparkcluster down --purge-gcs removes them")
         else:
-            out.append(_ok(cid, node.name))
-    return out
+            r.ok(node.name)
 
 
 @check("disk.free", "Free disk for the image and the model cache")
-def disk_free(ctx: Context) -> list[Result]:
-    out = []
-    cid = "disk.free"
+def disk_free(ctx: Context, r: Report) -> None:
     for n, f in ctx.facts.items():
         if not f.disks:
             continue
@@ -499,38 +471,33 @@ def disk_free(ctx: Context) -> list[Result]:
         if cache_disk.available < ctx.expect.model_disk_bytes:
             problems.append(f"{cache_disk.mount} has {_gib(cache_disk.available)} free, the model needs {_gib(ctx.expect.model_disk_bytes)}")
         if problems:
-            out.append(_fail(cid, n, "; ".join(problems), "free space (docker system prune, old models in the HF cache) on this node"))
+            r.fail(n, "; ".join(problems), "free space (docker system prune, old models in the HF cache) on this node")
         else:
-            out.append(_ok(cid, n, f"{_gib(docker_disk.available)} free for images"))
-    return out
+            r.ok(n, f"{_gib(docker_disk.available)} free for images")
 
 
 @check("clock.skew", "Clocks agree")
-def clock_skew(ctx: Context) -> list[Result]:
+def clock_skew(ctx: Context, r: Report) -> None:
     offsets = {n: f.clock_offset for n, f in ctx.facts.items() if f.clock_offset is not None}
     if len(offsets) < 2:
-        return []
+        return
     head = ctx.inventory.head.name
     ref = offsets.get(head, next(iter(offsets.values())))
-    out = []
     for n, off in offsets.items():
         skew = abs(off - ref)
         if skew > 30:
-            out.append(_fail("clock.skew", n, f"clock is {skew:.1f}s off {head}", "enable NTP on both nodes (timedatectl set-ntp true)"))
+            r.fail(n, f"clock is {skew:.1f}s off {head}", "enable NTP on both nodes (timedatectl set-ntp true)")
         elif skew > 1:
-            out.append(_warn("clock.skew", n, f"clock is {skew:.1f}s off {head}", "enable NTP on both nodes (timedatectl set-ntp true)"))
+            r.warn(n, f"clock is {skew:.1f}s off {head}", "enable NTP on both nodes (timedatectl set-ntp true)")
         else:
-            out.append(_ok("clock.skew", n, f"{skew * 1000:.0f} ms"))
-    return out
+            r.ok(n, f"{skew * 1000:.0f} ms")
 
 
 # --- running containers -------------------------------------------------------------------------
 
 @check("containers.forwarded_env", "Forwarded variables present and equal in every container")
-def containers_forwarded_env(ctx: Context) -> list[Result]:
+def containers_forwarded_env(ctx: Context, r: Report) -> None:
     want = ctx.expect.forwarded_env
-    out = []
-    cid = "containers.forwarded_env"
     for node in ctx.nodes():
         running = [c for c in ctx.ours(node.name) if _running(c)]
         if not running or not want:
@@ -541,18 +508,15 @@ def containers_forwarded_env(ctx: Context) -> list[Result]:
         if missing or wrong:
             detail = "; ".join(x for x in (f"missing {', '.join(missing)}" if missing else "",
                                            f"different {', '.join(wrong)}" if wrong else "") if x)
-            out.append(_fail(cid, node.name, detail + " in the container (set at its start)",
-                             "these must be in every container at start; docker exec -e reaches rank 0 only: "
-                             "sparkcluster down && sparkcluster up"))
+            r.fail(node.name, detail + " in the container (set at its start)",
+                   "these must be in every container at start; docker exec -e reaches rank 0 only: "
+                   "sparkcluster down && sparkcluster up")
         else:
-            out.append(_ok(cid, node.name, f"{len(want)} variables"))
-    return out
+            r.ok(node.name, f"{len(want)} variables")
 
 
 @check("containers.per_host_env", "Per-host variables right for each node")
-def containers_per_host_env(ctx: Context) -> list[Result]:
-    out = []
-    cid = "containers.per_host_env"
+def containers_per_host_env(ctx: Context, r: Report) -> None:
     for node in ctx.nodes():
         running = [c for c in ctx.ours(node.name) if _running(c)]
         want = ctx.expect.per_host_env.get(node.name, {})
@@ -563,11 +527,10 @@ def containers_per_host_env(ctx: Context) -> list[Result]:
         wrong = [f"{k}={env.get(k, '(unset)')} (want {v})" for k, v in want.items()
                  if k != "VLLM_HOST_IP" and env.get(k) != v]
         if wrong:
-            out.append(_fail(cid, node.name, "; ".join(wrong),
-                             "per-host values come from the inventory; fix it, then sparkcluster down && sparkcluster up"))
+            r.fail(node.name, "; ".join(wrong),
+                   "per-host values come from the inventory; fix it, then sparkcluster down && sparkcluster up")
         else:
-            out.append(_ok(cid, node.name, f"{len(want)} variables"))
-    return out
+            r.ok(node.name, f"{len(want)} variables")
 
 
 FLAG_KEYS = ("Devices", "CapAdd", "Ulimits", "NetworkMode", "IpcMode", "ShmSize", "DeviceRequests", "Memory", "Privileged")
@@ -585,16 +548,14 @@ def container_flags(c: dict) -> dict[str, object]:
 
 
 @check("containers.flags", "Docker flags identical on every node")
-def containers_flags(ctx: Context) -> list[Result]:
-    out = []
-    cid = "containers.flags"
+def containers_flags(ctx: Context, r: Report) -> None:
     per_node = {}
     for node in ctx.nodes():
         running = [c for c in ctx.ours(node.name) if _running(c)]
         if running:
             per_node[node.name] = container_flags(running[0])
     if not per_node:
-        return []
+        return
     head = ctx.inventory.head.name
     ref = per_node.get(head) or next(iter(per_node.values()))
     want = ctx.expect.container_flags
@@ -603,16 +564,15 @@ def containers_flags(ctx: Context) -> list[Result]:
         diff = [k for k in FLAG_KEYS if k != "Memory" and flags.get(k) != ref.get(k)]
         unexpected = [k for k, v in want.items() if flags.get(k) != v]
         if flags.get("Memory"):
-            out.append(_fail(cid, n, f"the container has a --memory cap ({flags['Memory']} bytes)",
-                             "never cap memory on unified-memory Sparks: sparkcluster down && sparkcluster up"))
+            r.fail(n, f"the container has a --memory cap ({flags['Memory']} bytes)",
+                   "never cap memory on unified-memory Sparks: sparkcluster down && sparkcluster up")
         elif diff or unexpected:
             keys = sorted(set(diff + unexpected))
-            out.append(_fail(cid, n, f"{', '.join(keys)} differ from {head if diff else 'what the profile needs'}",
-                             "the worker once lacked --device/--cap-add/--ulimit and NCCL fell back to TCP silently: "
-                             "sparkcluster down && sparkcluster up recreates both with identical flags"))
+            r.fail(n, f"{', '.join(keys)} differ from {head if diff else 'what the profile needs'}",
+                   "the worker once lacked --device/--cap-add/--ulimit and NCCL fell back to TCP silently: "
+                   "sparkcluster down && sparkcluster up recreates both with identical flags")
         else:
-            out.append(_ok(cid, n, "identical"))
-    return out
+            r.ok(n, "identical")
 
 
 # --- running them -------------------------------------------------------------------------------
