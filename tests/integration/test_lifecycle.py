@@ -17,7 +17,6 @@ import subprocess
 import threading
 import time
 
-import httpx
 import openai
 import pytest
 

@@ -206,8 +206,8 @@ def test_worker_without_forwarded_vars(testbed, sc):
     assert "nothing to do" not in res.stdout, "up kept a worker container without the forwarded variables"
     assert "✓ probe" in res.stderr
     for h in (HEAD, WORKER):
-        got = testbed.sh(h, f"docker inspect --format '{{{{json .Config.Env}}}}' $(docker ps -q --filter "
-                            f"label=org.sparkcluster.cluster=testbed)").stdout
+        got = testbed.sh(h, "docker inspect --format '{{json .Config.Env}}' $(docker ps -q --filter "
+                            "label=org.sparkcluster.cluster=testbed)").stdout
         assert "FLASHINFER_DISABLE_VERSION_CHECK=1" in got, (h, got)
     assert sc("down").returncode == 0
     nothing_left(testbed)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 from sparkcluster import inventory
@@ -83,3 +86,38 @@ def hca_text(links=None, state: str = "4: ACTIVE") -> str:
 def carrier_text(links=None) -> str:
     links = LINKS if links is None else links
     return "".join(f"{nd} 1 200000\n" for nd, _, _ in links)
+
+
+class StderrLines:
+    """A local process whose stderr lines a thread collects, so a test can wait for one of them."""
+
+    def __init__(self, argv: list[str], *, stdin=subprocess.DEVNULL, **popen):
+        self.p = subprocess.Popen(argv, stdin=stdin, stderr=subprocess.PIPE, **popen)
+        self.lines: list[str] = []
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self):
+        for raw in self.p.stderr:
+            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+
+    def wait_for(self, prefix: str, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            hit = [x for x in self.lines if x.startswith(prefix)]
+            if hit:
+                return hit[0]
+            if self.p.poll() is not None and not self._t.is_alive():
+                break
+            time.sleep(0.01)
+        raise AssertionError(f"no {prefix!r} line; stderr {self.lines}, rc {self.p.poll()}")
+
+    def wait(self, timeout: float = 20.0) -> int:
+        rc = self.p.wait(timeout)
+        self._t.join(5)
+        return rc
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(5)

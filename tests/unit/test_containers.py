@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import inventory_dict, make_inventory
 from sparkcluster import inventory, profile
 from sparkcluster.containers import create_and_start, spec_for
 from sparkcluster.containers import files_tar, ray_start_argv
@@ -19,37 +20,6 @@ from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, PROFILE_LABEL, ROLE
 DATA = Path(__file__).parent / "data"
 IMAGE = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.60.0"
 
-TESTBED_INV = """
-[cluster]
-name = "pair"
-
-[[nodes]]
-name = "spark-head"
-role = "head"
-ssh = "root@spark-head"
-control_if = "enp1s0f1np1"
-control_ip = "198.19.2.1"
-data_plane = [
-  { netdev = "enp1s0f0np0", hca = "rocep1s0f0" },
-  { netdev = "enp1s0f1np1", hca = "rocep1s0f1" },
-  { netdev = "enP2p1s0f0np0", hca = "roceP2p1s0f0" },
-  { netdev = "enP2p1s0f1np1", hca = "roceP2p1s0f1" },
-]
-
-[[nodes]]
-name = "spark-worker"
-role = "worker"
-ssh = "root@spark-worker"
-control_if = "enp1s0f1np1"
-control_ip = "198.19.2.2"
-data_plane = [
-  { netdev = "enp1s0f0np0", hca = "rocep1s0f0" },
-  { netdev = "enp1s0f1np1", hca = "rocep1s0f1" },
-  { netdev = "enP2p1s0f0np0", hca = "roceP2p1s0f0" },
-  { netdev = "enP2p1s0f1np1", hca = "roceP2p1s0f1" },
-]
-"""
-
 
 @pytest.fixture(scope="module")
 def prof() -> profile.Profile:
@@ -57,7 +27,7 @@ def prof() -> profile.Profile:
 
 
 def inventories() -> list[inventory.Inventory]:
-    return [inventory.load(DATA / "profile-cluster.toml"), inventory.parse(TESTBED_INV)]
+    return [inventory.load(DATA / "profile-cluster.toml"), make_inventory()]
 
 
 @pytest.fixture(params=["profile-cluster", "testbed-like"])
@@ -72,23 +42,24 @@ def specs(inv, prof):
 # ---- ray start ----------------------------------------------------------------------------------
 
 def test_ray_start_head_argv_exact():
-    inv = inventory.parse(TESTBED_INV)
+    inv = make_inventory()
     assert ray_start_argv(inv, inv.head) == [
         "ray", "start", "--head", "--port=6379", "--dashboard-host=127.0.0.1",
         "--node-ip-address=198.19.2.1", "--num-gpus=1", "--disable-usage-stats", "--block"]
 
 
 def test_ray_start_worker_argv_exact():
-    inv = inventory.parse(TESTBED_INV)
+    inv = make_inventory()
     assert ray_start_argv(inv, inv.workers[0]) == [
         "ray", "start", "--address=198.19.2.1:6379",
         "--node-ip-address=198.19.2.2", "--num-gpus=1", "--disable-usage-stats", "--block"]
 
 
 def test_ray_start_follows_inventory_port_and_gpus():
-    text = TESTBED_INV.replace('name = "pair"', 'name = "pair"\nray_port = 6400').replace(
-        'control_ip = "198.19.2.2"', 'control_ip = "198.19.2.2"\ngpus = 2')
-    inv = inventory.parse(text)
+    data = inventory_dict()
+    data["cluster"]["ray_port"] = 6400
+    data["nodes"][1]["gpus"] = 2
+    inv = make_inventory(data)
     assert "--port=6400" in ray_start_argv(inv, inv.head)
     worker = ray_start_argv(inv, inv.workers[0])
     assert "--address=198.19.2.1:6400" in worker

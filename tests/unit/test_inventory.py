@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-from pathlib import Path
 
 import pytest
 

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from conftest import StderrLines
 from sparkcluster import lock, teardown
 
 HOLDER = "alice@ctl pid 42 since 2026-11-22T03:00:00Z (up --profile 'x' \"y\" $(touch pwned) `id` ; exit 3)"
@@ -28,43 +29,20 @@ def lockdir(tmp_path, monkeypatch):
     return d
 
 
-class Holder:
+class Holder(StderrLines):
+    """A local run of the lock command; it holds the lock until its stdin closes."""
+
     def __init__(self, cluster: str, holder: str, cwd):
-        self.p = subprocess.Popen(["bash", "-c", lock.lock_command(cluster, holder)], cwd=cwd,
-                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.lines: list[str] = []
-        self._t = threading.Thread(target=self._read, daemon=True)
-        self._t.start()
-
-    def _read(self):
-        for raw in self.p.stderr:
-            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-
-    def wait_for(self, prefix: str, timeout: float = 5.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            hit = [x for x in self.lines if x.startswith(prefix)]
-            if hit:
-                return hit[0]
-            if self.p.poll() is not None and not self._t.is_alive():
-                break
-            time.sleep(0.01)
-        raise AssertionError(f"no {prefix!r}; stderr {self.lines}, rc {self.p.poll()}")
+        super().__init__(["bash", "-c", lock.lock_command(cluster, holder)], cwd=cwd,
+                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
 
     def release(self) -> int:
         self.p.stdin.close()
         return self.wait()
 
-    def wait(self, timeout: float = 5.0) -> int:
-        rc = self.p.wait(timeout)
-        self._t.join(2)
-        return rc
-
     def kill(self):
         """Like a controller killed mid-run: the shell dies and our end of its stdin closes."""
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait(5)
+        super().kill()
         if not self.p.stdin.closed:
             self.p.stdin.close()
 

@@ -7,11 +7,11 @@ import os
 import shlex
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
+from conftest import StderrLines
 from sparkcluster import transfer
 
 HOSTILE_IMAGE = "repo/img:tag; touch /tmp/pwned $(id) `id` 'q' \"d\""
@@ -80,45 +80,16 @@ def fake_env(tmp_path):
     return tmp_path, env
 
 
-class Proc:
-    """A local bash -c process whose stderr lines are collected by a thread."""
+class Proc(StderrLines):
+    """A local bash -c run of one of transfer's snippets."""
 
     def __init__(self, cmd: str, env: dict):
-        self.p = subprocess.Popen(transfer.bash(cmd), env=env, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.lines: list[str] = []
-        self._t = threading.Thread(target=self._read, daemon=True)
-        self._t.start()
-
-    def _read(self):
-        for raw in self.p.stderr:
-            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-
-    def wait_line(self, prefix: str, timeout: float = 10.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in self.lines:
-                if line.startswith(prefix):
-                    return line
-            if self.p.poll() is not None and not self._t.is_alive():
-                break
-            time.sleep(0.01)
-        raise AssertionError(f"no {prefix!r} line; stderr: {self.lines}")
-
-    def wait(self, timeout: float = 20.0) -> int:
-        rc = self.p.wait(timeout)
-        self._t.join(5)
-        return rc
-
-    def kill(self):
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait(5)
+        super().__init__(transfer.bash(cmd), env=env, stdout=subprocess.PIPE)
 
 
 def start_receiver(env, bind: str, peer: str) -> tuple[Proc, int]:
     recv = Proc(transfer.receive_command(bind, peer), env)
-    line = recv.wait_line("@@port ")
+    line = recv.wait_for("@@port ")
     port = int(line.split()[1])
     assert 0 < port < 65536
     return recv, port

@@ -21,7 +21,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from vllm_standin import __version__, checks, knobs
 from vllm_standin.logger import init_logger, set_uvicorn_level, uvicorn
 from vllm_standin.ray_executor import EngineDeadError, Interrupted, make_executor
-from vllm_standin.worker import token_for
 
 logger = init_logger(__name__)
 
