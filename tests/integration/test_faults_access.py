@@ -116,7 +116,7 @@ def timed(sc, *args, **kw) -> tuple[subprocess.CompletedProcess, float]:
 
 
 def hostile_profile_dir(d: Path) -> Path:
-    text = (ROOT / "env-profiles" / "testbed.toml").read_text()
+    text = (ROOT / "env-profiles" / "testbed-standin.toml").read_text()
     assert "[env.forward]\n" in text
     # a JSON string is a valid TOML basic string
     text = text.replace("[env.forward]\n", f"[env.forward]\nSC_HOSTILE = {json.dumps(HOSTILE)}\n")
@@ -134,7 +134,7 @@ def test_unknown_host_key_refused_with_fingerprint(testbed, sc, tmp_path):
     inv = inventory_variant(testbed, tmp_path, known_hosts=kh)
     fp = fingerprint(testbed.host_dir(WORKER) / "ssh_host_ed25519_key.pub")
     before, conns = states(testbed), accepted(testbed)
-    for cmd in (["doctor"], ["up", "--profile", "testbed"]):
+    for cmd in (["doctor"], ["up", "--profile", "testbed-standin"]):
         res = sc("-v", *cmd, inventory=inv, timeout=60)
         text = res.stdout + res.stderr
         assert res.returncode == 1, text
@@ -152,7 +152,7 @@ def test_changed_host_key_aborts_with_hint_no_retry(testbed, sc):
         fp = fingerprint(testbed.host_dir(WORKER) / "ssh_host_ed25519_key.pub")
         kept = testbed.known_hosts.read_text()
         before, conns, offset = states(testbed), accepted(testbed), log_size(sc)
-        res, took = timed(sc, "-v", "up", "--profile", "testbed", timeout=60)
+        res, took = timed(sc, "-v", "up", "--profile", "testbed-standin", timeout=60)
         assert res.returncode == 1, res.stderr
         assert "CHANGED" in res.stderr and fp in res.stderr and WORKER in res.stderr
         assert f"ssh-keygen -f {testbed.known_hosts} -R 198.18.0.6" in res.stderr
@@ -171,7 +171,7 @@ def test_auth_failure_fast_no_retry(testbed, sc, tmp_path):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     inv = inventory_variant(testbed, tmp_path, identity=key)
     before, conns, offset = states(testbed), accepted(testbed), log_size(sc)
-    res, took = timed(sc, "-v", "up", "--profile", "testbed", inventory=inv, timeout=60)
+    res, took = timed(sc, "-v", "up", "--profile", "testbed-standin", inventory=inv, timeout=60)
     assert res.returncode == 1, res.stderr
     assert "authentication refused" in res.stderr and WORKER in res.stderr and HEAD in res.stderr
     assert "retrying" not in res.stderr and "retrying" not in log_since(sc, offset)
@@ -186,7 +186,7 @@ def test_sshd_stopped_fails_bounded_naming_host(testbed, sc):
     try:
         before = states(testbed)
         bound = CONNECT_TIMEOUT * ATTEMPTS + BACKOFF + 5
-        for cmd in (["doctor"], ["up", "--profile", "testbed"]):
+        for cmd in (["doctor"], ["up", "--profile", "testbed-standin"]):
             res, took = timed(sc, "-v", *cmd, timeout=120)
             assert res.returncode == 1, res.stdout + res.stderr
             assert took < bound, (cmd, took)
@@ -211,10 +211,10 @@ def test_malformed_inventory_or_profile_before_any_connection(testbed, sc, tmp_p
     bad_inv.write_text(text)
     profiles = tmp_path / "profiles"
     profiles.mkdir()
-    (profiles / "testbed-tp4.toml").write_text((ROOT / "env-profiles" / "testbed.toml").read_text()
+    (profiles / "testbed-tp4.toml").write_text((ROOT / "env-profiles" / "testbed-standin.toml").read_text()
                                                .replace("tensor_parallel_size = 2", "tensor_parallel_size = 4"))
     conns = accepted(testbed)
-    for cmd in (["up", "--profile", "testbed"], ["doctor"]):
+    for cmd in (["up", "--profile", "testbed-standin"], ["doctor"]):
         res = sc(*cmd, inventory=bad_inv)
         assert res.returncode == 2, res.stderr
         lines = res.stderr.splitlines()
@@ -235,7 +235,7 @@ def test_world_readable_env_refused_before_any_connection(testbed, sc, tmp_path)
     env_file.write_text(f"VLLM_API_KEY={API_KEY}\nHF_TOKEN={HF_TOKEN}\n")
     env_file.chmod(0o644)
     conns = accepted(testbed)
-    res = sc("up", "--profile", "testbed", env={"SPARKCLUSTER_ENV_FILE": str(env_file)})
+    res = sc("up", "--profile", "testbed-standin", env={"SPARKCLUSTER_ENV_FILE": str(env_file)})
     assert res.returncode == 2, res.stderr
     assert "mode 0644" in res.stderr and f"chmod 600 {env_file}" in res.stderr
     no_secret(res.stdout, res.stderr)
@@ -243,7 +243,7 @@ def test_world_readable_env_refused_before_any_connection(testbed, sc, tmp_path)
 
 
 def test_newline_in_forwarded_value_refused_before_any_connection(testbed, sc, tmp_path):
-    text = (ROOT / "env-profiles" / "testbed.toml").read_text()
+    text = (ROOT / "env-profiles" / "testbed-standin.toml").read_text()
     (tmp_path / "testbed-newline.toml").write_text(
         text.replace("[env.forward]\n", '[env.forward]\nSC_MULTILINE = "line one\\nline two"\n'))
     conns = accepted(testbed)
@@ -263,7 +263,7 @@ def test_dry_run_on_bare_cluster_prints_plan_changes_nothing(testbed, sc):
 
     assert sc("down").returncode == 0
     before = states(testbed)
-    res = sc("up", "--profile", "testbed", "--dry-run", timeout=120)
+    res = sc("up", "--profile", "testbed-standin", "--dry-run", timeout=120)
     assert res.returncode == 0, res.stderr
     out = res.stdout
     headers = [line for line in out.splitlines() if re.fullmatch(r"\[\w+\]", line)]
@@ -271,7 +271,7 @@ def test_dry_run_on_bare_cluster_prints_plan_changes_nothing(testbed, sc):
     flags = "--gpus all --device=/dev/infiniband --cap-add=IPC_LOCK --ulimit memlock=-1:-1 --network host --ipc host"
     for name in ("sparkcluster-testbed-head", "sparkcluster-testbed-worker-spark-worker"):
         assert f"docker run -d --name {name} {flags} " in out, out
-    inv, prof = inventory.load(testbed.inventory), profile.load_profile("testbed")
+    inv, prof = inventory.load(testbed.inventory), profile.load_profile("testbed-standin")
     argv = shlex.join(exec_argv(prof, port=inv.cluster.api_port, hf_cache=inv.cluster.hf_cache))
     assert argv.startswith("vllm serve sparkcluster/testbed-tiny") and argv in out
     assert "-e HF_TOKEN=****** -e VLLM_API_KEY=******" in out

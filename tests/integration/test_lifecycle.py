@@ -91,7 +91,7 @@ def clear_knobs(testbed) -> None:
 
 
 def up_ok(sc) -> subprocess.CompletedProcess:
-    res = sc("up", "--profile", "testbed", timeout=300)
+    res = sc("up", "--profile", "testbed-standin", timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     return res
 
@@ -102,12 +102,12 @@ def up_ok(sc) -> subprocess.CompletedProcess:
 def raced_up(testbed, sc, env_file):
     """Two concurrent `up` runs from down: the first proceeds, the second must fail at once."""
     sc("down", "--purge-gcs", timeout=120)
-    first = sc_popen(testbed, sc, env_file, "up", "--profile", "testbed")
+    first = sc_popen(testbed, sc, env_file, "up", "--profile", "testbed-standin")
     try:
         # the first run holds the lock from connect to the end; its head container proves it is in
         assert wait_for(lambda: ours(testbed, HEAD) or first.poll() is not None, 120), "first up never created a container"
         t = time.monotonic()
-        second = sc("up", "--profile", "testbed", timeout=60)
+        second = sc("up", "--profile", "testbed-standin", timeout=60)
         second_s = time.monotonic() - t
         out, err = first.communicate(timeout=300)
     except BaseException:
@@ -127,7 +127,7 @@ class TestServing:
         second = raced_up["second"]
         assert second.returncode != 0
         text = second.stdout + second.stderr
-        assert "locked by" in text and "up --profile testbed" in text, text  # the holder, with its command
+        assert "locked by" in text and "up --profile testbed-standin" in text, text  # the holder, with its command
         assert raced_up["second_s"] < 15, raced_up["second_s"]
 
     def test_status_healthy_text_and_json(self, sc):
@@ -261,7 +261,7 @@ class TestServing:
 def kill_up_once_ray_head_runs(testbed, sc, env_file) -> list[str]:
     """`up` SIGKILLed once Ray's head runs in its new container (the containers/ray stage): no
     rollback can run, so a labelled head container holding the GCS port is left."""
-    p = sc_popen(testbed, sc, env_file, "up", "--profile", "testbed")
+    p = sc_popen(testbed, sc, env_file, "up", "--profile", "testbed-standin")
     try:
         assert wait_for(lambda: listeners(testbed, HEAD, 6379) != "" or p.poll() is not None, 120, step=0.05)
         assert p.poll() is None, "up ended before it could be killed"
@@ -326,7 +326,7 @@ class TestStaleAndUnreachable:
 
     def test_port_8000_held_by_another_process_fails_preflight_and_is_not_killed(self, testbed, sc):
         with testbed.hold_port(HEAD, 8000) as holder:
-            res = sc("up", "--profile", "testbed", timeout=120)
+            res = sc("up", "--profile", "testbed-standin", timeout=120)
             text = res.stdout + res.stderr
             assert res.returncode != 0, text
             assert "8000" in text and "python3" in text and str(holder.pid_in_host) in text, text
@@ -368,7 +368,7 @@ class TestWorkerLanLostDuringUp:
         t.start()
         try:
             t0 = time.monotonic()
-            res = sc("up", "--profile", "testbed", timeout=240)
+            res = sc("up", "--profile", "testbed-standin", timeout=240)
             took = time.monotonic() - t0
             t.join(5)
             assert pulled.is_set(), "the worker container never appeared:\n" + res.stdout + res.stderr

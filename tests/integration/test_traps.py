@@ -24,12 +24,16 @@ from tests.integration.helpers import listeners, ours
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
-REF = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.60.0"
-BASE = "nvcr.io/nvidia/vllm:26.05.post1-py3"
+# the traps run on the test double of vLLM 0.21 (profile testbed-standin): most need an engine that
+# hangs or slows down on cue; those the real engine can show use the `testbed` profile
+REF = "sparkcluster/vllm-ray:0.21-ray2.60.0"
+BASE = "sparkcluster-testbed/vllm-standin:0.21"
 KNOBS = "/root/.cache/huggingface/standin-knobs.json"
 WORKER_CONTAINER = "sparkcluster-testbed-worker-spark-worker"
 HEAD_CONTAINER = "sparkcluster-testbed-head"
-PROFILE_TEXT = (Path(__file__).resolve().parents[2] / "env-profiles" / "testbed.toml").read_text()
+PROFILES = Path(__file__).resolve().parents[2] / "env-profiles"
+PROFILE_TEXT = (PROFILES / "testbed-standin.toml").read_text()
+REAL_PROFILE_TEXT = (PROFILES / "testbed.toml").read_text()
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -79,10 +83,11 @@ def worker_block_edit(old: str, new: str):
     return edit
 
 
-def profile_variant(tmp_path: Path, name: str, top: dict | None = None, serve: str = "", forward: str = "") -> dict:
-    """A copy of the testbed profile under another name in a directory put on $SPARKCLUSTER_PROFILES;
-    `top` replaces top-level keys' values."""
-    text = PROFILE_TEXT
+def profile_variant(tmp_path: Path, name: str, top: dict | None = None, serve: str = "", forward: str = "",
+                    real: bool = False) -> dict:
+    """A copy of the testbed-standin profile (or with `real`, the real engine's `testbed`) under another
+    name in a directory put on $SPARKCLUSTER_PROFILES; `top` replaces top-level keys' values."""
+    text = REAL_PROFILE_TEXT if real else PROFILE_TEXT
     for key, value in (top or {}).items():
         text, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.M)
         assert n == 1, key
@@ -136,7 +141,7 @@ def down_around(testbed, sc):
     """Every case starts and ends with the cluster down; the image is back on both nodes at the end."""
     ids = image_ids(testbed)
     if not (ids[HEAD] and ids[HEAD] == ids[WORKER]):  # this file run on its own, on a new testbed
-        res = sc("up", "--profile", "testbed")
+        res = sc("up", "--profile", "testbed-standin")
         assert res.returncode == 0, res.stdout + res.stderr
         ids = image_ids(testbed)
     assert ids[HEAD] and ids[HEAD] == ids[WORKER], f"testbed image not in place: {ids}"
@@ -156,7 +161,7 @@ def test_worker_image_differs_is_resent(testbed, sc, down_around):
                              f"docker build -q -t {REF} -").stdout.strip()
     try:
         assert testbed.image_id(WORKER, REF) == odd != good
-        res = sc("up", "--profile", "testbed")
+        res = sc("up", "--profile", "testbed-standin")
         assert res.returncode == 0, res.stdout + res.stderr
         # the transfer's progress bar, then its size, duration and rate
         assert re.search(r"image -> spark-worker .*MB", res.stderr), res.stderr
@@ -175,7 +180,7 @@ def test_worker_without_forwarded_vars(testbed, sc):
     """The worker's container recreated by hand without a forwarded variable but with sparkcluster's
     labels and config hash: doctor fails containers.forwarded_env on the worker only, and up does not
     keep it: it recreates both and ends serving with the variable on every node."""
-    res = sc("up", "--profile", "testbed")
+    res = sc("up", "--profile", "testbed-standin")
     assert res.returncode == 0, res.stdout + res.stderr
     info = json.loads(testbed.docker(WORKER, f"inspect {WORKER_CONTAINER}").stdout)[0]
     cfg, hc = info["Config"], info["HostConfig"]
@@ -201,7 +206,7 @@ def test_worker_without_forwarded_vars(testbed, sc):
     assert "docker exec -e reaches rank 0 only" in fwd[WORKER]["fix"]
     assert fwd[HEAD]["status"] == "ok", fwd
 
-    res = sc("up", "--profile", "testbed")
+    res = sc("up", "--profile", "testbed-standin")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "nothing to do" not in res.stdout, "up kept a worker container without the forwarded variables"
     assert "✓ probe" in res.stderr
@@ -222,7 +227,7 @@ def test_ray_missing_from_the_image(testbed, sc, down_around):
         testbed.copy_image(REF, HEAD, WORKER)
         rayless = testbed.image_id(HEAD, REF)
         assert rayless != good and testbed.image_id(WORKER, REF) == rayless
-        res = sc("up", "--profile", "testbed")
+        res = sc("up", "--profile", "testbed-standin")
         err = stage_failed(res, "image", HEAD)
         assert re.search(r"failed on spark-head, spark-worker: ray in the image", err), err
         assert "Dockerfile.vllm-ray" in err
@@ -237,7 +242,7 @@ def test_ray_missing_from_the_image(testbed, sc, down_around):
 def test_wrong_control_ip(testbed, sc, tmp_path):
     """The worker's control_ip is an address of another of its interfaces (data link 1)."""
     inv = inventory_variant(testbed, tmp_path, worker_block_edit('control_ip = "198.19.2.2"', 'control_ip = "198.19.1.2"'))
-    err = preflight_failed(sc("up", "--profile", "testbed", inventory=inv), "net.control_ip", WORKER)
+    err = preflight_failed(sc("up", "--profile", "testbed-standin", inventory=inv), "net.control_ip", WORKER)
     assert "198.19.1.2 is not on enp1s0f1np1 (198.19.2.2)" in err
     nothing_left(testbed)
 
@@ -246,7 +251,7 @@ def test_mtu_1500_on_one_link(testbed, sc):
     link = "enP2p1s0f0np0"
     try:
         testbed.set_mtu(WORKER, link, 1500)
-        err = preflight_failed(sc("up", "--profile", "testbed"), "net.mtu", WORKER)
+        err = preflight_failed(sc("up", "--profile", "testbed-standin"), "net.mtu", WORKER)
         assert f"MTU {link} is 1500, expected 9000" in err
         # and the 9000-byte frames from the head to it are dropped
         assert "[spark-head] step 'net.path_mtu': 1 link(s) drop 9000-byte frames" in err
@@ -258,7 +263,7 @@ def test_mtu_1500_on_one_link(testbed, sc):
 def test_inactive_hca(testbed, sc):
     try:
         testbed.set_hca_state(HEAD, "roceP2p1s0f1", "1: DOWN")
-        err = preflight_failed(sc("up", "--profile", "testbed"), "rdma.hca", HEAD)
+        err = preflight_failed(sc("up", "--profile", "testbed-standin"), "rdma.hca", HEAD)
         assert "roceP2p1s0f1 port 1 is '1: DOWN'" in err
         assert "[spark-worker] step 'rdma.hca'" not in err
     finally:
@@ -277,7 +282,7 @@ def test_stale_ray_container_holds_6379(testbed, sc):
         while not listeners(testbed, HEAD, 6379):
             assert time.monotonic() < deadline, testbed.docker(HEAD, f"logs {name}", check=False).stdout
             time.sleep(0.5)
-        res = sc("up", "--profile", "testbed")
+        res = sc("up", "--profile", "testbed-standin")
         err = preflight_failed(res, "ports.free", HEAD)
         assert re.search(r"\[spark-head\] step 'ports.free': 6379 \(Ray GCS\) is held by .* in container [0-9a-f]{12}", err), err
         assert f"[spark-head] step 'ray.stale': Ray runs in a container sparkcluster did not start: {name}" in err
@@ -289,13 +294,13 @@ def test_stale_ray_container_holds_6379(testbed, sc):
 
 
 def test_flag_the_image_rejects(testbed, sc, tmp_path):
-    """--swap-space is gone from NGC 26.05 (vLLM 0.21): lint refuses before any connection, exit 2."""
-    env = profile_variant(tmp_path, "trap-swap", serve='extra_flags = ["--swap-space", "4"]')
+    """--swap-space is gone from NGC 26.05: lint refuses before any connection, exit 2."""
+    env = profile_variant(tmp_path, "trap-swap", serve='extra_flags = ["--swap-space", "4"]', real=True)
     before = {h: testbed.connections_logged(h) for h in (HEAD, WORKER)}
     res = sc("up", "--profile", "trap-swap", env=env)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "error: profile 'trap-swap' fails lint" in res.stderr
-    assert re.search(r"\[flag-version\] --swap-space: image nvcr.io/nvidia/vllm:26.05.post1-py3 \(vLLM 0.21.0\) "
+    assert re.search(r"\[flag-version\] --swap-space: image nvcr.io/nvidia/vllm:26.05.post1-py3 \(vLLM 0.32.0\) "
                      r"does not accept it", res.stderr), res.stderr
     assert re.search(r"^fix: \S", res.stderr, re.M)
     assert {h: testbed.connections_logged(h) for h in (HEAD, WORKER)} == before, "lint failure touched a host"
@@ -303,9 +308,9 @@ def test_flag_the_image_rejects(testbed, sc, tmp_path):
 
 
 def test_flag_unknown_to_vllm_but_not_to_lint(testbed, sc, tmp_path):
-    """A typo lint cannot know about: vllm serve exits with `unrecognized arguments`, shown in the
-    log tail, and the run's containers are rolled back."""
-    env = profile_variant(tmp_path, "trap-typo", serve='extra_flags = ["--max-model-length", "4096"]')
+    """A typo lint cannot know about: the REAL engine's parser exits with `unrecognized arguments`
+    (exit 2 after about 13 s of imports), shown in the log tail, and the run's containers are rolled back."""
+    env = profile_variant(tmp_path, "trap-typo", serve='extra_flags = ["--max-model-length", "4096"]', real=True)
     res = sc("up", "--profile", "trap-typo", env=env)
     err = stage_failed(res, "serve", HEAD)
     assert "wait until ready: vllm serve exited" in err
@@ -316,7 +321,7 @@ def test_flag_unknown_to_vllm_but_not_to_lint(testbed, sc, tmp_path):
 
 def test_worker_dies_while_ray_forms(testbed, sc, env_file):
     """The worker's container is killed as soon as it runs: the ray stage names the worker, rolled back."""
-    proc = popen_sc(testbed, sc, env_file, "up", "--profile", "testbed")
+    proc = popen_sc(testbed, sc, env_file, "up", "--profile", "testbed-standin")
     killed = False
     try:
         deadline = time.monotonic() + 120
@@ -356,7 +361,7 @@ def test_vllm_host_ip_forwarded_is_refused(testbed, sc, tmp_path):
 @pytest.mark.parametrize("bad_ip, why", [("169.254.7.2", "is link-local"), ("172.17.0.2", "is a docker bridge address")])
 def test_control_ip_link_local_or_docker_bridge(testbed, sc, tmp_path, bad_ip, why):
     inv = inventory_variant(testbed, tmp_path, worker_block_edit('control_ip = "198.19.2.2"', f'control_ip = "{bad_ip}"'))
-    err = preflight_failed(sc("up", "--profile", "testbed", inventory=inv), "net.control_ip", WORKER)
+    err = preflight_failed(sc("up", "--profile", "testbed-standin", inventory=inv), "net.control_ip", WORKER)
     assert f"control IP {bad_ip} {why}" in err
     assert "vllm serve" not in err.split("error:")[0]
     nothing_left(testbed)
@@ -371,7 +376,7 @@ def test_control_ip_link_local_or_docker_bridge(testbed, sc, tmp_path, bad_ip, w
 def test_per_node_nccl_names_wrong_fail_fast(testbed, sc, tmp_path, old, new, check_id, detail):
     inv = inventory_variant(testbed, tmp_path, worker_block_edit(old, new))
     t0 = time.monotonic()
-    res = sc("up", "--profile", "testbed", inventory=inv, timeout=120)
+    res = sc("up", "--profile", "testbed-standin", inventory=inv, timeout=120)
     took = time.monotonic() - t0
     err = preflight_failed(res, check_id, WORKER)
     assert detail in err
@@ -398,7 +403,7 @@ def test_worker_disk_too_full_for_the_image(testbed, sc, tmp_path, down_around):
         before = images(testbed, WORKER)
         testbed.fill_disk(WORKER, leave_mb=200)
 
-        err = preflight_failed(sc("up", "--profile", "testbed"), "disk.free", WORKER)
+        err = preflight_failed(sc("up", "--profile", "testbed-standin"), "disk.free", WORKER)
         assert re.search(r"has 0\.\d GiB free, the image needs 2\.0 GiB", err), err
 
         res = sc("up", "--profile", "trap-smalldisk", env=env)
@@ -458,7 +463,7 @@ def test_sigint_during_serve_rolls_back(testbed, sc, env_file):
     log_before = log.read_text() if log.exists() else ""
     try:
         knobs.set(load_seconds=20)
-        proc = popen_sc(testbed, sc, env_file, "up", "--profile", "testbed")
+        proc = popen_sc(testbed, sc, env_file, "up", "--profile", "testbed-standin")
         lines: list[str] = []
         waiting = threading.Event()
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import html
 import json
 import os
 import re
@@ -27,16 +25,18 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import artifacts
+from .artifacts import (BASE_IMAGE, CACHE, RAY_IMAGE, RAY_VERSION, ROOTFS_IMAGE, ROOTFS_TAR, STANDIN_IMAGE,
+                        TINY_MODEL, VLLM_VERSION)
+from .proc import TestbedError, log, run
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 STATE = Path(os.environ.get("SPARKCLUSTER_TESTBED_DIR", REPO / ".testbed"))
-CACHE = Path(os.environ.get("SPARKCLUSTER_TESTBED_CACHE", "/var/cache/sparkcluster-testbed"))
 BIN = HERE / "standin_bin"
-STANDIN_VLLM = HERE / "standins" / "vllm"
 
 HEAD, WORKER = "spark-head", "spark-worker"
 HOSTS = (HEAD, WORKER)
@@ -51,15 +51,7 @@ MTU = 9000
 DRIVER = "580.95.05"
 MIRROR_PORT = 3141
 TESTBED_NET = "198.18.0.0/15"  # RFC 2544 benchmarking range; everything the testbed uses
-BASE_IMAGE = "nvcr.io/nvidia/vllm:26.05.post1-py3"
-ROOTFS_IMAGE = "sparkcluster-testbed/ngc-rootfs:bookworm"
-RAY_VERSION = "2.60.0"
-RAY_IMAGE = f"sparkcluster-testbed/vllm-ray:ray-{RAY_VERSION}"
 DISK_GB = 12
-ROOTFS_TAR = CACHE / "base-rootfs-bookworm-v1.tar"
-WHEELS = CACHE / "wheels"
-MIRROR_ROOT = CACHE / "mirror"
-DEBIAN_MIRROR = os.environ.get("SPARKCLUSTER_TESTBED_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 SYS_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # production container flags (seed 002)
@@ -91,26 +83,6 @@ SPECS = {
 }
 MIRROR_IP = SPECS[HEAD].ctl_ip
 PIP_INDEX_URL = f"http://{MIRROR_IP}:{MIRROR_PORT}/simple"
-
-
-class TestbedError(RuntimeError):
-    __test__ = False  # not a pytest class
-
-
-def log(msg: str) -> None:
-    print(f"[testbed {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def run(cmd, check=True, input=None, timeout=None, capture=True, env=None, cwd=None, text=True):
-    if isinstance(cmd, str):
-        cmd = ["bash", "-c", cmd]
-    p = subprocess.run(cmd, input=input, timeout=timeout, env=env, cwd=cwd, text=text,
-                       stdout=subprocess.PIPE if capture else None,
-                       stderr=subprocess.PIPE if capture else None)
-    if check and p.returncode != 0:
-        raise TestbedError(f"command failed ({p.returncode}): {cmd if isinstance(cmd, str) else shlex.join(cmd)}\n"
-                           f"stdout: {(p.stdout or '')[-2000:]}\nstderr: {(p.stderr or '')[-2000:]}")
-    return p
 
 
 def _alive(pid: int | None) -> bool:
@@ -326,7 +298,7 @@ class Testbed:
     def _prepare_caches_async(self):
         import concurrent.futures as cf
         ex = cf.ThreadPoolExecutor(max_workers=2)
-        futs = [ex.submit(ensure_rootfs_tar), ex.submit(ensure_wheels)]
+        futs = [ex.submit(artifacts.ensure_rootfs_tar), ex.submit(artifacts.ensure_wheels)]
 
         class _F:
             def result(self_inner):
@@ -444,7 +416,7 @@ class Testbed:
             self._mkdir_root(p)
         disk = ""
         img = d / "docker.img"
-        if loop_devices_work():
+        if artifacts.loop_devices_work():
             img.unlink(missing_ok=True)
             with open(img, "wb") as f:
                 f.truncate(DISK_GB * 1024 ** 3)
@@ -598,22 +570,24 @@ rm -f /run/docker.pid /run/docker.sock
 
     # ---------------------------------------------------------------- pip mirror
     def _start_mirror(self) -> None:
-        build_simple_index()
+        artifacts.build_simple_index()
         logf = open(self.dir / "mirror.log", "ab")
         p = subprocess.Popen([sys.executable, "-m", "http.server", str(MIRROR_PORT), "--bind", MIRROR_IP,
-                              "--directory", str(MIRROR_ROOT)],
+                              "--directory", str(artifacts.MIRROR_ROOT)],
                              stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, cwd="/")
         self._update(mirror_pid=p.pid)
         for _ in range(100):
-            if mirror_ok():
-                log(f"pip mirror: {PIP_INDEX_URL} ({len(list(WHEELS.glob('*.whl')))} wheels)")
+            if artifacts.mirror_ok(PIP_INDEX_URL):
+                log(f"pip mirror: {PIP_INDEX_URL} ({len(list(artifacts.WHEELS.glob('*.whl')))} wheels)")
                 return
             time.sleep(0.1)
         raise TestbedError("pip mirror did not answer")
 
     # ---------------------------------------------------------------- images
     def _base_image(self) -> None:
-        """Import the cached Debian rootfs into the HEAD's dockerd and add the vLLM stand-in layer."""
+        """The images standing in for NGC's (see artifacts.py) and the tiny model in both HF caches.
+        The engine image is on BOTH hosts, as after `docker pull` on each Spark; the stand-in of
+        vLLM 0.21 on the head only."""
         t0 = time.monotonic()
         changes = ["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                    "ENV LANG=C.UTF-8", "ENV PYTHONUNBUFFERED=1", "WORKDIR /workspace", 'CMD ["/bin/bash"]']
@@ -624,21 +598,88 @@ rm -f /run/docker.pid /run/docker.sock
         if p.returncode != 0:
             raise TestbedError(f"docker import failed: {p.stderr}")
         self.refresh_vllm_standin()
-        log(f"base image {BASE_IMAGE} on {HEAD} in {time.monotonic() - t0:.1f}s")
+        self.engine_image()
+        self.place_model()
+        log(f"images and model in {time.monotonic() - t0:.1f}s")
+
+    def engine_image(self) -> str:
+        """BASE_IMAGE (the real vLLM, CPU build) on both hosts: loaded from the controller's cache
+        when this machine built it before, else built on the head from the pip mirror and cached."""
+        tar = artifacts.engine_image_tar()
+        t0 = time.monotonic()
+        if not tar.exists():
+            ctx = artifacts.engine_build_context(self.dir / "engine-build")
+            self.docker(HEAD, f"build --network host --build-arg ROOTFS={ROOTFS_IMAGE} "
+                              f"--build-arg PIP_INDEX_URL={PIP_INDEX_URL} --build-arg PIP_TRUSTED_HOST={MIRROR_IP} "
+                              f"-t {BASE_IMAGE} {ctx}", timeout=1500)
+            shutil.rmtree(ctx, ignore_errors=True)
+            self.docker(HEAD, "builder prune -af", check=False)
+            log(f"engine image {BASE_IMAGE} built on {HEAD} in {time.monotonic() - t0:.1f}s")
+            tmp = tar.with_suffix(".tmp")
+            with open(tmp, "wb") as f:
+                res = subprocess.run(self.nsenter_argv(HEAD) + ["docker", "save", BASE_IMAGE], stdout=f,
+                                     stderr=subprocess.PIPE)
+            if res.returncode != 0:
+                tmp.unlink(missing_ok=True)
+                raise TestbedError(f"docker save {BASE_IMAGE}: {res.stderr!r}")
+            for old in artifacts.CACHE.glob("engine-image-*.tar"):
+                old.unlink()  # an image of older inputs is never used again
+            tmp.replace(tar)
+            hosts = [WORKER]
+        else:
+            hosts = list(HOSTS)
+        import concurrent.futures as cf
+        with cf.ThreadPoolExecutor(len(hosts)) as ex:
+            list(ex.map(lambda h: self._load_tar(h, tar), hosts))
+        log(f"engine image {BASE_IMAGE} ({VLLM_VERSION}) on {', '.join(HOSTS)} in {time.monotonic() - t0:.1f}s")
+        return self.image_id(HEAD, BASE_IMAGE)
+
+    def _load_tar(self, host: str, tar: Path) -> None:
+        with open(tar, "rb") as f:
+            res = subprocess.run(self.nsenter_argv(host) + ["docker", "load", "-q"], stdin=f, capture_output=True)
+        if res.returncode != 0:
+            raise TestbedError(f"docker load on {host} failed: {res.stderr!r}")
+
+    def place_model(self, hosts=HOSTS) -> None:
+        """The tiny model in each host's HF cache, laid out as after a download from the hub (built
+        once per machine inside the engine image, which has torch and transformers)."""
+        src = artifacts.model_dir()
+        if not (src / "model.safetensors").exists():
+            t0 = time.monotonic()
+            tmp = Path(f"/tmp/tb-model-{os.getpid()}")
+            self.sh(HEAD, f"rm -rf {tmp} && mkdir -p {tmp} && docker run --rm --network none -v {tmp}:/out "
+                          f"-v {artifacts.MODEL_SCRIPT}:/build.py:ro {BASE_IMAGE} python3 /build.py /out/model",
+                    timeout=300)
+            staging = src.with_suffix(".tmp")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            data = self.sh(HEAD, f"tar -C {tmp}/model -cf - . && rm -rf {tmp}", text=False).stdout
+            subprocess.run(["tar", "-C", str(staging), "-xf", "-"], input=data, check=True)
+            shutil.rmtree(src, ignore_errors=True)
+            staging.replace(src)
+            log(f"tiny model {TINY_MODEL} built in {time.monotonic() - t0:.1f}s")
+        tree = self.dir / "hf-cache"
+        shutil.rmtree(tree, ignore_errors=True)
+        artifacts.hub_cache_tree(src, tree)
+        data = run(["tar", "-C", str(tree), "-cf", "-", "."], text=False).stdout
+        for h in hosts:
+            self.sh(h, "mkdir -p /root/.cache/huggingface && tar -C /root/.cache/huggingface -xf -",
+                    input=data, text=False)
+        shutil.rmtree(tree, ignore_errors=True)
 
     def refresh_vllm_standin(self) -> str:
         """(Re)build the small layer with tests/testbed/standins/vllm on top of the imported rootfs,
-        tagged with the NGC name, on the head. Returns the image ID."""
+        tagged STANDIN_IMAGE, on the head. Returns the image ID."""
         ctx = self.dir / "base-build"
         shutil.rmtree(ctx, ignore_errors=True)
         ctx.mkdir(parents=True)
         src = ctx / "vllm"
-        if STANDIN_VLLM.is_dir() and any(STANDIN_VLLM.iterdir()):
-            shutil.copytree(STANDIN_VLLM, src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info",
-                                                                            "build", ".pytest_cache"))
+        if artifacts.STANDIN_VLLM.is_dir() and any(artifacts.STANDIN_VLLM.iterdir()):
+            shutil.copytree(artifacts.STANDIN_VLLM, src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info",
+                                                                                      "build", ".pytest_cache"))
         else:
             src.mkdir()
-        (ctx / "install-standin.sh").write_text(INSTALL_STANDIN)
+        (ctx / "install-standin.sh").write_text(artifacts.INSTALL_STANDIN)
         (ctx / "Dockerfile").write_text(f"""FROM {ROOTFS_IMAGE}
 COPY vllm /opt/vllm-standin
 COPY install-standin.sh /tmp/install-standin.sh
@@ -646,9 +687,9 @@ RUN sh /tmp/install-standin.sh && rm -f /tmp/install-standin.sh
 ENV VLLM_VERSION_STANDIN=1
 LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vllm (testbed stand-in)"
 """)
-        self.docker(HEAD, f"build -q --network none -t {BASE_IMAGE} {ctx}", timeout=600)
+        self.docker(HEAD, f"build -q --network none -t {STANDIN_IMAGE} {ctx}", timeout=600)
         self.docker(HEAD, "image prune -f", check=False)
-        return self.image_id(HEAD, BASE_IMAGE)
+        return self.image_id(HEAD, STANDIN_IMAGE)
 
     def image_id(self, host: str, ref: str) -> str | None:
         p = self.docker(host, f"image inspect --format '{{{{.Id}}}}' {shlex.quote(ref)}", check=False)
@@ -737,10 +778,12 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                     out.append(f"{h}: ssh hostname failed: {p.stderr.strip()[-200:]}")
             except subprocess.TimeoutExpired:
                 out.append(f"{h}: ssh timed out")
-        if not _alive(st.get("mirror_pid")) or not mirror_ok():
+        if not _alive(st.get("mirror_pid")) or not artifacts.mirror_ok(PIP_INDEX_URL):
             out.append("pip mirror not answering")
-        if not out and not self.image_id(HEAD, BASE_IMAGE):
-            out.append(f"{BASE_IMAGE} missing on {HEAD}")
+        if not out:
+            for h, ref in ((HEAD, BASE_IMAGE), (WORKER, BASE_IMAGE), (HEAD, STANDIN_IMAGE)):
+                if not self.image_id(h, ref):
+                    out.append(f"{ref} missing on {h}")
         return out
 
     def status(self) -> dict:
@@ -831,7 +874,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                     run(["losetup", "-d", line.split(":")[0]], check=False)
                 time.sleep(0.1)
             img.unlink(missing_ok=True)
-        umount_under(CACHE / "rootfs.tmp")  # if an up was killed during debootstrap
+        artifacts.umount_under(CACHE / "rootfs.tmp")  # if an up was killed during debootstrap
         for d in reversed(st.get("created_dirs", [])):
             with contextlib.suppress(OSError):
                 os.rmdir(d)
@@ -1020,141 +1063,3 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                        if "Accepted publickey" in line)
         except OSError:
             return 0
-
-
-INSTALL_STANDIN = r"""#!/bin/sh
-# install the vLLM stand-in package (offline) so `vllm` is on PATH; placeholder if there is none yet
-set -eu
-export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-src=/opt/vllm-standin
-if [ -f "$src/pyproject.toml" ] || [ -f "$src/setup.py" ]; then
-  python3 -m pip install --no-index --no-deps --no-build-isolation "$src"
-elif [ -f "$src/vllm" ]; then
-  install -m 755 "$src/vllm" /usr/local/bin/vllm
-fi
-if ! command -v vllm >/dev/null 2>&1; then
-  cat > /usr/local/bin/vllm <<'EOF'
-#!/bin/sh
-# placeholder until the vLLM stand-in package exists
-case "${1:-}" in --version|-v) echo "0.0.0+testbed-placeholder"; exit 0;; esac
-echo "vllm stand-in placeholder: $*" >&2; exit 1
-EOF
-  chmod 755 /usr/local/bin/vllm
-fi
-vllm --version
-"""
-
-
-# ---------------------------------------------------------------- caches (outside the repo)
-def loop_devices_work() -> bool:
-    return Path("/dev/loop-control").exists() and \
-        subprocess.run(["losetup", "-f"], capture_output=True).returncode == 0
-
-
-def ensure_rootfs_tar() -> Path:
-    """debootstrap --variant=minbase bookworm with python3 & co (no ray), cached as a tarball."""
-    if ROOTFS_TAR.exists():
-        return ROOTFS_TAR
-    CACHE.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    root = CACHE / "rootfs.tmp"
-    umount_under(root)  # an interrupted debootstrap leaves proc/sys mounted in its target
-    shutil.rmtree(root, ignore_errors=True)
-    log(f"debootstrap bookworm minbase into {root} (once)")
-    run(["debootstrap", "--variant=minbase",
-         "--include=python3,python3-pip,python3-venv,procps,iproute2,iputils-ping,curl,ca-certificates",
-         "bookworm", str(root), DEBIAN_MIRROR], timeout=1800)
-    finish_rootfs(root)
-    tmp = ROOTFS_TAR.with_suffix(".tmp")
-    run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(tmp), "."])
-    tmp.replace(ROOTFS_TAR)
-    shutil.rmtree(root, ignore_errors=True)
-    log(f"rootfs tarball {ROOTFS_TAR} in {time.monotonic() - t0:.1f}s")
-    return ROOTFS_TAR
-
-
-def umount_under(root: Path) -> None:
-    prefix = str(root.resolve()) + "/"
-    try:
-        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-    except OSError:
-        return
-    for m in sorted((m for m in mounts if (m + "/").startswith(prefix)), key=len, reverse=True):
-        run(["umount", "-l", m], check=False)
-
-
-def finish_rootfs(root: Path) -> None:
-    certs = Path("/etc/ssl/certs/ca-certificates.crt")
-    if certs.exists():
-        (root / "etc/ssl/certs").mkdir(parents=True, exist_ok=True)
-        shutil.copy2(certs, root / "etc/ssl/certs/ca-certificates.crt")
-    run(f"rm -rf {root}/var/cache/apt/archives/*.deb {root}/var/lib/apt/lists/* {root}/dev/* {root}/proc/* "
-        f"{root}/sys/* {root}/run/* {root}/tmp/*", check=False)
-    (root / "etc/hostname").write_text("localhost\n")
-
-
-def ensure_wheels() -> Path:
-    """Ray wheels for the image's Python (3.11, x86_64 manylinux), downloaded once on the controller."""
-    marker = WHEELS / f".ray-{RAY_VERSION}.done"
-    if marker.exists():
-        return WHEELS
-    WHEELS.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    log(f"pip download ray[default]=={RAY_VERSION} wheels into {WHEELS} (once)")
-    run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", "3.11",
-         "--implementation", "cp", "--abi", "cp311", "--platform", "manylinux2014_x86_64",
-         "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux_2_28_x86_64",
-         "--platform", "linux_x86_64", "--platform", "any", "-d", str(WHEELS), f"ray[default]=={RAY_VERSION}"],
-        timeout=1800)
-    marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
-    log(f"wheels in {time.monotonic() - t0:.1f}s")
-    return WHEELS
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def build_simple_index() -> Path:
-    """A PEP 503 simple index over the cached wheels."""
-    simple = MIRROR_ROOT / "simple"
-    pkgs = MIRROR_ROOT / "packages"
-    shutil.rmtree(MIRROR_ROOT, ignore_errors=True)
-    simple.mkdir(parents=True)
-    pkgs.symlink_to(WHEELS, target_is_directory=True)
-    projects: dict[str, list[Path]] = {}
-    for whl in sorted(WHEELS.glob("*.whl")) + sorted(WHEELS.glob("*.tar.gz")):
-        projects.setdefault(_norm(whl.name.split("-")[0]), []).append(whl)
-    for proj, files in projects.items():
-        d = simple / proj
-        d.mkdir()
-        links = []
-        for f in files:
-            digest = _sha256(f)
-            links.append(f'<a href="../../packages/{html.escape(f.name)}#sha256={digest}">{html.escape(f.name)}</a><br/>')
-        d.joinpath("index.html").write_text("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n")
-    simple.joinpath("index.html").write_text(
-        "<!DOCTYPE html><html><body>\n" +
-        "\n".join(f'<a href="{p}/">{p}</a><br/>' for p in sorted(projects)) + "\n</body></html>\n")
-    return simple
-
-
-def _sha256(path: Path) -> str:
-    cache = path.with_name("." + path.name + ".sha256")
-    if cache.exists() and cache.stat().st_mtime >= path.stat().st_mtime:
-        return cache.read_text().strip()
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    cache.write_text(h.hexdigest())
-    return h.hexdigest()
-
-
-def mirror_ok() -> bool:
-    try:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(f"{PIP_INDEX_URL}/ray/", timeout=3) as r:
-            return r.status == 200
-    except OSError:
-        return False
