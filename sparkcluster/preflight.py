@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import checks, containers, facts, profile as profiles, ray_seen
-from .errors import SparkError
-from .fanout import Cluster, connect_all
+from .fanout import Cluster, connect_reachable
 from .inventory import Inventory
 from .images import image_ref
 from .labels import CLUSTER_LABEL
@@ -64,12 +63,10 @@ def run(inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = N
     expect = expectations(inv, prof)
     unreachable: dict[str, str] = {}
     if cluster is None:
-        res = connect_all(inv)
-        for name, err in res.failed.items():
-            if not isinstance(err, SparkError):
-                raise err
-            unreachable[name] = err.message.removeprefix(f"{name}: ")
-        cluster = Cluster(inv, res.succeeded) if res.succeeded else None
+        cluster, failed = connect_reachable(inv)
+        unreachable = {name: err.message.removeprefix(f"{name}: ") for name, err in failed.items()}
+        if not cluster.hosts:
+            cluster = None
     hosts_facts = gather_all(cluster, inv, expect.image) if cluster else {}
     ctx = checks.Context(inv, hosts_facts, unreachable, expect)
     return Report(checks.run_checks(ctx, only), hosts_facts, unreachable), cluster

@@ -12,6 +12,7 @@ import json
 import time
 from dataclasses import dataclass
 
+import docker.errors
 import httpx
 
 from . import log, redact
@@ -107,7 +108,7 @@ def read_record(api, container: str) -> Record | None:
 
     try:
         stream, _ = api.get_archive(container, RECORD_PATH)
-    except Exception:  # no record: nothing was started in this container
+    except docker.errors.NotFound:  # no record (or no container): nothing was started there
         return None
     data = b"".join(stream)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
@@ -119,8 +120,15 @@ def read_record(api, container: str) -> Record | None:
 def running(api, rec: Record) -> bool:
     try:
         return bool(api.exec_inspect(rec.exec_id).get("Running"))
-    except Exception:  # the exec or its container is gone
+    except docker.errors.NotFound:  # the exec or its container is gone
         return False
+
+
+def current(api, container: str) -> Record | None:
+    """The server recorded in `container` when it still runs, else None. An engine that does not
+    answer raises (EngineUnreachable): it is never taken for "no server"."""
+    rec = read_record(api, container)
+    return rec if rec is not None and running(api, rec) else None
 
 
 def log_tail(api, container: str, lines: int = 20) -> str:
@@ -129,6 +137,15 @@ def log_tail(api, container: str, lines: int = 20) -> str:
         return redact.mask(api.exec_start(ex["Id"]).decode(errors="replace"))
     except Exception as e:  # best effort, for an error message
         return f"(could not read {LOG_PATH}: {e})"
+
+
+def warm_up(base: str, model: str, secrets: dict[str, str]) -> float:
+    """One short completion, so the first user request does not pay for the JIT compilation.
+    Best effort, as before: its answer is not judged, only its time is reported."""
+    started = time.monotonic()
+    with httpx.Client() as client:
+        one_token(client, base, model, headers(secrets), timeout=120, max_tokens=8)
+    return time.monotonic() - started
 
 
 def headers(secrets: dict[str, str]) -> dict[str, str]:
@@ -167,7 +184,7 @@ class NotReady(Exception):
 
 def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, str], timeout: float,
                on_wait=None) -> float:
-    """Block until /health is 200 AND a one-token completion succeeds; then one warm-up request.
+    """Block until /health is 200 AND a one-token completion succeeds; returns the seconds waited.
 
     Raises NotReady with the reason when the server dies or the bound passes.
     """
@@ -183,7 +200,6 @@ def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, 
             if code == 200:
                 ok, why = one_token(client, base, spec.model, hdrs, timeout=min(30.0, max(1.0, deadline - time.monotonic())))
                 if ok:
-                    one_token(client, base, spec.model, hdrs, timeout=120, max_tokens=8)  # JIT warm-up
                     return time.monotonic() - started
                 last = f"/health answers 200 but {why}"
                 if "HTTP 401" in why:

@@ -11,6 +11,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from conftest import inventory_dict, make_inventory
@@ -367,7 +368,7 @@ class FakeAPI:
 
     def get_archive(self, container, path):
         if path not in self.archives:
-            raise FileNotFoundError(path)
+            raise docker.errors.NotFound(path)
         return iter([files_tar({path.rsplit("/", 1)[-1]: self.archives[path].decode()})]), {}
 
 
