@@ -26,7 +26,7 @@ def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect
 
 
 @dataclass
-class Report:
+class PreflightReport:
     results: list[checks.Result]
     facts: dict[str, facts.HostFacts]
     unreachable: dict[str, str] = field(default_factory=dict)
@@ -54,7 +54,7 @@ def gather_all(cluster: Cluster, inv: Inventory, image: str | None) -> dict[str,
 
 
 def run(inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = None,
-        cluster: Cluster | None = None) -> tuple[Report, Cluster | None]:
+        cluster: Cluster | None = None) -> tuple[PreflightReport, Cluster | None]:
     """Checks over every node. Unreachable nodes become ssh.reachable FAIL rows, not exceptions.
 
     Returns the connected cluster too (None when no host was reachable) so `up` goes on with the
@@ -69,7 +69,7 @@ def run(inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = N
             cluster = None
     hosts_facts = gather_all(cluster, inv, expect.image) if cluster else {}
     ctx = checks.Context(inv, hosts_facts, unreachable, expect)
-    return Report(checks.run_checks(ctx, only), hosts_facts, unreachable), cluster
+    return PreflightReport(checks.run_checks(ctx, only), hosts_facts, unreachable), cluster
 
 
 __all__ = ["run", "Report", "expectations", "gather_all", "CLUSTER_LABEL"]
