@@ -1,0 +1,217 @@
+"""The executor walks exactly the plan's steps: in order, the parallel ones at once, skips said
+with their reason, a failure naming host, step, command and last lines; one `step` event each.
+Also the plan's JSON form and the runner's loud failures (no host needed)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import docker.errors
+import pytest
+import requests
+
+from conftest import make_inventory
+
+from sparkcluster import dockerapi, execute, profile as profiles, redact
+from sparkcluster.errors import CommandFailed, EngineUnreachable, StageError
+from sparkcluster.facts import HostFacts
+from sparkcluster.fanout import run_each
+from sparkcluster.plan import make_plan
+from sparkcluster.ssh import CommandResult
+from sparkcluster.stages import STAGES
+from sparkcluster.stages.base import Step
+
+HEAD, WORKER = "spark-head", "spark-worker"
+
+
+class Recorder(execute.Progress):
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def stage(self, name):
+        self.lines.append(f"stage {name}")
+
+    def done(self, name, seconds, note=""):
+        self.lines.append(f"done {name}: {note}")
+
+
+class FakePlan:
+    def __init__(self, steps):
+        self._s = steps
+
+    def steps(self):
+        return list(self._s)
+
+
+def fake_run(steps) -> execute.Run:
+    return execute.Run(cluster=None, plan=FakePlan(steps), facts={}, secrets={}, progress=Recorder())
+
+
+@pytest.fixture
+def events(monkeypatch):
+    seen: list[tuple[str, str]] = []
+    monkeypatch.setattr(execute, "event", lambda step, outcome, seconds=None: seen.append((step.id, outcome)))
+    return seen
+
+
+def test_walk_runs_in_order_and_reports_each_step(events):
+    ran = []
+    steps = [Step("image", HEAD, "a", "a", run=lambda r: ran.append("a")),
+             Step("image", WORKER, "b", "b", run=lambda r: ran.append("b"), when="x",
+                  skip=lambda r: "not needed"),
+             Step("image", WORKER, "c", "c", run=lambda r: ran.append("c") or "note")]
+    done = execute.walk(fake_run(steps), steps)
+    assert ran == ["a", "c"]
+    assert [(s.action, v) for s, v in done] == [("a", None), ("c", "note")]
+    assert events == [("image/spark-head/a", "done"), ("image/spark-worker/b", "skipped: not needed"),
+                      ("image/spark-worker/c", "done")]
+
+
+def test_parallel_steps_run_at_once():
+    barrier = threading.Barrier(2, timeout=5)
+    steps = [Step("probe", h, "env", "env", run=lambda r: barrier.wait() is not None, parallel="probe")
+             for h in (HEAD, WORKER)]
+    assert len(execute._batches(steps)) == 1
+    done = execute.walk(fake_run(steps), steps)  # would time out on the barrier if run one by one
+    assert [s.host for s, _ in done] == [HEAD, WORKER]
+
+
+def test_a_failed_command_fails_the_stage_naming_host_step_command_and_tail(events):
+    res = CommandResult(WORKER, "sync && echo 3 > /proc/sys/vm/drop_caches", 1, "", "Permission denied\n", 0.1)
+
+    def boom(r):
+        raise CommandFailed(res)
+    steps = [Step("containers", WORKER, "drop-page-cache", "drop the page cache", run=boom)]
+    with pytest.raises(StageError) as e:
+        execute.walk(fake_run(steps), steps)
+    f = e.value.failures[0]
+    assert (e.value.stage, f.host, f.step, f.reason) == ("containers", WORKER, "drop the page cache", "exit 1")
+    assert f.command == res.command and "Permission denied" in f.output_tail
+    assert events == [("containers/spark-worker/drop-page-cache", "failed")]
+
+
+def test_an_unreachable_engine_is_a_failure_naming_the_node(events):
+    def boom(r):
+        raise EngineUnreachable(HEAD, "inspect_image", ConnectionError("channel closed"))
+    steps = [Step("image", HEAD, "receive", "receive the image from the head", run=boom, parallel="p"),
+             Step("image", WORKER, "receive", "receive the image from the head", run=lambda r: None, parallel="p")]
+    with pytest.raises(StageError) as e:
+        execute.walk(fake_run(steps), steps)
+    assert [f.host for f in e.value.failures] == [HEAD]
+    assert "did not answer" in e.value.failures[0].reason
+
+
+def test_a_bug_is_not_dressed_as_a_stage_failure(events):
+    steps = [Step("serve", HEAD, "start", "start", run=lambda r: {}["missing"])]
+    with pytest.raises(KeyError):
+        execute.walk(fake_run(steps), steps)
+    assert events == [("serve/spark-head/start", "failed")]
+
+
+def test_execute_reports_each_stage_with_steps_and_always_the_image(events):
+    steps = [Step("probe", HEAD, "env", "env", run=lambda r: 3), Step("probe", WORKER, "env", "env", run=lambda r: 4)]
+    r = fake_run(steps)
+    execute.execute(r)
+    assert r.progress.lines == ["stage image", "done image: in place on every node",
+                                "stage probe", "done probe: 7 variables right on 2 nodes"]
+
+
+# ---- the plan as data ---------------------------------------------------------------------------
+
+def bare_plan(monkeypatch, **kw):
+    monkeypatch.setenv("HF_TOKEN", "hf_plan_secret_value_42")
+    redact.register("hf_plan_secret_value_42")
+    prof = profiles.load_profile("testbed")
+    facts = {h: HostFacts(h, hostname=h) for h in (HEAD, WORKER)}
+    return make_plan(make_inventory(), prof, facts, serving=False, replace=False, **kw)
+
+
+def test_every_side_effect_is_a_step_with_a_stable_unique_id(monkeypatch):
+    plan = bare_plan(monkeypatch, secret_names={"HF_TOKEN", "VLLM_API_KEY"})
+    ids = [s.id for s in plan.steps()]
+    assert len(ids) == len(set(ids))
+    assert all(s.id == f"{s.stage}/{s.host}/{s.action}" for s in plan.steps())
+    assert [s.stage for s in plan.steps()] == sorted((s.stage for s in plan.steps()), key=STAGES.index)
+    for want in ("serve/spark-head/hf-token", "serve/spark-worker/hf-token", "containers/spark-head/ray-head",
+                 "ray/spark-head/membership", "serve/spark-head/warm-up", "image/spark-head/build"):
+        assert want in ids, ids
+    assert all(s.run is not None for s in plan.steps() if s.stage != "preflight")
+    # the same inputs make the same plan
+    assert [s.id for s in bare_plan(monkeypatch, secret_names={"HF_TOKEN", "VLLM_API_KEY"}).steps()] == ids
+
+
+def test_receive_after_a_build_says_what_it_checks(monkeypatch):
+    plan = bare_plan(monkeypatch)
+    (recv,) = [s for s in plan.steps() if s.action == "receive"]
+    assert recv.when and recv.skip is not None
+    assert "only if" in plan.render() and "only if" in recv.description
+
+
+def test_no_token_step_without_a_token(monkeypatch):
+    plan = bare_plan(monkeypatch, secret_names={"VLLM_API_KEY"})
+    assert not any(s.action == "hf-token" for s in plan.steps())
+
+
+def test_json_lists_the_steps_masked(monkeypatch):
+    plan = bare_plan(monkeypatch, secret_names={"HF_TOKEN"})
+    text = plan.as_json()
+    doc = json.loads(text)
+    assert [d["id"] for d in doc] == [s.id for s in plan.steps()]
+    assert all(set(d) == {"id", "stage", "host", "description"} for d in doc)
+    assert "hf_plan_secret_value_42" not in text
+
+
+def test_removal_is_one_step_per_container_workers_first(monkeypatch):
+    prof = profiles.load_profile("testbed")
+
+    def c(name, role):
+        return {"Id": name + "-id", "Name": "/" + name, "State": {"Running": True},
+                "Config": {"Labels": {"org.sparkcluster.role": role, "org.sparkcluster.profile": "testbed"}}}
+    facts = {HEAD: HostFacts(HEAD, hostname=HEAD, ours=[c("h1", "head")]),
+             WORKER: HostFacts(WORKER, hostname=WORKER, ours=[c("w1", "worker"), c("w2", "worker")])}
+    plan = make_plan(make_inventory(), prof, facts, serving=False, replace=False)
+    removes = [s for s in plan.steps() if s.action.startswith("remove-")]
+    assert [(s.host, s.what) for s in removes] == [(WORKER, "remove w1"), (WORKER, "remove w2"), (HEAD, "remove h1")]
+    assert "stop vllm serve" in removes[-1].detail and "stop vllm serve" not in removes[0].detail
+
+
+# ---- the runner and the engine fail loudly, narrowly ----------------------------------------------
+
+def test_command_failed_carries_the_result_and_fanout_names_it():
+    res = CommandResult(HEAD, "false", 3, "", "went wrong\n", 0.1)
+
+    def fn(_):
+        raise CommandFailed(res)
+    with pytest.raises(StageError) as e:
+        run_each([(HEAD, None)], fn).values_or_raise("serve")
+    f = e.value.failures[0]
+    assert (f.host, f.reason, f.command) == (HEAD, "exit 3", "false") and "went wrong" in f.output_tail
+    timed = CommandFailed(CommandResult(HEAD, "sleep 9", -1, "", "", 5.0, timed_out=True))
+    assert "timed out" in timed.message
+
+
+class FlakyAPI:
+    def inspect_image(self, ref):
+        raise requests.exceptions.ConnectionError("dial-stdio channel closed")
+
+    def inspect_container(self, name):
+        raise docker.errors.NotFound("no such container")
+
+
+def test_guarded_api_tells_unreachable_from_not_found():
+    api = dockerapi.GuardedAPI(FlakyAPI(), HEAD)
+    with pytest.raises(EngineUnreachable) as e:
+        api.inspect_image("x")
+    assert e.value.host == HEAD and HEAD in e.value.message
+    with pytest.raises(docker.errors.NotFound):
+        api.inspect_container("x")
+
+
+def test_poll_based_waits_give_up_in_time():
+    from sparkcluster import retry
+
+    t = time.monotonic()
+    assert retry.poll(lambda: None, timeout=0.3, interval=0.05, what="x") is None
+    assert time.monotonic() - t < 2
