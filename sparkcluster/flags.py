@@ -1,17 +1,17 @@
 """The `vllm serve` flag table, with the versions that accept each flag, and the argv builder.
 
 Each typed field of `profile.Serve` maps to one flag. A flag may carry a `Gate`: the vLLM versions
-(or NGC image releases) that accept it. Gates come from the seeds:
+(or NGC image releases) that accept it (docs/field-notes.md, "Version-dependent flags"):
 
-- seed 002 ("Version-dependent flag gates"): `--swap-space` removed in 26.05+; `--async-scheduling`,
-  `--moe-backend`, `--max-cudagraph-capture-size`, `--reasoning-parser-plugin`,
-  `--mamba-ssm-cache-dtype float16` and the `super_v3` reasoning parser absent from NGC 25.11.
-- seed 001 (§1 "Container image -> vLLM version"): vLLM 0.23 ignores `VLLM_USE_FLASHINFER_MOE_FP4`
-  and its siblings ("Unknown vLLM environment variable detected"); `--moe-backend` replaces them.
-- seed 000: NGC 26.05.post1 ships vLLM 0.21.0 ("stock vLLM 0.21.0" on nvcr.io/nvidia/vllm:26.05.post1-py3).
+- `--swap-space` removed in NGC 26.05+; `--async-scheduling`, `--moe-backend`,
+  `--max-cudagraph-capture-size`, `--reasoning-parser-plugin`, `--mamba-ssm-cache-dtype float16` and
+  the `super_v3` reasoning parser absent from NGC 25.11.
+- vLLM 0.23 ignores `VLLM_USE_FLASHINFER_MOE_FP4` and its siblings ("Unknown vLLM environment
+  variable detected"); `--moe-backend` replaces them.
+- NGC 26.05.post1 ships vLLM 0.21.0.
 
 `serve_argv` is pure and never sees a secret: the API key reaches vLLM through the environment of
-the `docker exec` (seed 000 "VLLM_API_KEY as an env var, not the --api-key flag").
+the `docker exec`, not the `--api-key` flag (docs/field-notes.md, "Secrets").
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class Gate:
         return None
 
 
-# seed 002: absent from nvcr.io/nvidia/vllm:25.11-py3
+# absent from nvcr.io/nvidia/vllm:25.11-py3 (docs/field-notes.md, "Version-dependent flags")
 _NEWER_THAN_25_11 = Gate(ngc_absent_through=(25, 11), source="seed 002")
 
 
@@ -105,7 +105,7 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("moe_backend", "--moe-backend", gate=_NEWER_THAN_25_11),
     FlagSpec("dtype", "--dtype"),
     FlagSpec("kv_cache_dtype", "--kv-cache-dtype"),
-    # 25.11 accepts only auto|float32 (seed 002)
+    # 25.11 accepts only auto|float32
     FlagSpec("mamba_ssm_cache_dtype", "--mamba-ssm-cache-dtype",
              value_gates={"float16": _NEWER_THAN_25_11}),
     FlagSpec("max_model_len", "--max-model-len"),
@@ -124,13 +124,13 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("reasoning_parser", "--reasoning-parser", value_gates={"super_v3": _NEWER_THAN_25_11}),
     FlagSpec("enable_auto_tool_choice", "--enable-auto-tool-choice", style="bool"),
     FlagSpec("tool_call_parser", "--tool-call-parser"),
-    # removed from the 26.05 NGC image (seed 002); NGC 26.05.post1 ships vLLM 0.21.0 (seed 000)
+    # removed from the 26.05 NGC image, which ships vLLM 0.21.0
     FlagSpec(None, "--swap-space",
              gate=Gate(until=(0, 21, 0), ngc_removed_from=(26, 5), source="seed 002")),
 )
 BY_FLAG: dict[str, FlagSpec] = {f.flag: f for f in FLAGS}
 
-# Environment variables a vLLM version ignores. seed 001 §1: vLLM 0.23 deprecated
+# Environment variables a vLLM version ignores (docs/field-notes.md, "Version-dependent flags"): vLLM 0.23 deprecated
 # VLLM_USE_FLASHINFER_MOE_FP4, VLLM_USE_FLASHINFER_MOE_FP8, ... (the VLLM_USE_FLASHINFER_MOE_*
 # family) in favour of --moe-backend; they log "Unknown vLLM environment variable" and do nothing.
 ENV_GATES: tuple[tuple[Callable[[str], bool], str, Gate], ...] = (

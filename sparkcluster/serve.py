@@ -3,7 +3,7 @@ really answers, stop it by PID.
 
 Secrets reach it only through the environment of the Docker API's exec call: never argv (which
 `ps` shows), never a log line. Readiness is a one-token completion, because `/health` answers 200
-while an engine is stuck (dgx-spark-playbooks PR#104, vllm#36960).
+while an engine is stuck (docs/field-notes.md, "Readiness").
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def token_file_command(hf_cache: str) -> str:
 
 
 def stage_plugin_command(url: str, path: str) -> list[str]:
-    # fetched once into the mounted HF cache, so restarts reuse it (seed 002's launcher)
+    # fetched once into the mounted HF cache, so restarts reuse it (docs/field-notes.md, "Bring-up")
     return ["sh", "-c", 'test -s "$2" || curl -fsSL --retry 3 -o "$2.part" "$1" && mv -f "$2.part" "$2" 2>/dev/null; test -s "$2"',
             "sh", url, path]
 

@@ -215,3 +215,92 @@ def test_poll_based_waits_give_up_in_time():
     t = time.monotonic()
     assert retry.poll(lambda: None, timeout=0.3, interval=0.05, what="x") is None
     assert time.monotonic() - t < 2
+
+
+# ---- a whole `up` against fake hosts: what runs is what the plan listed ------------------------------
+
+IMAGE_ID = "sha256:" + "ab" * 32
+
+
+class FakeEngine:
+    def __init__(self, node, env_of):
+        self.node, self.env_of, self.calls = node, env_of, []
+
+    def build(self, **kw):
+        self.calls.append("build")
+        return iter([{"stream": "Successfully built\n"}])
+
+    def inspect_image(self, ref):
+        return {"Id": IMAGE_ID, "Size": 1000, "RootFS": {"Layers": ["l1"]}}
+
+    def create_host_config(self, **kw):
+        return kw
+
+    def create_container(self, host_config=None, **kw):
+        self.calls.append("create " + kw["name"])
+        return {"Id": kw["name"] + "-id"}
+
+    def put_archive(self, *a):
+        return True
+
+    def start(self, cid):
+        self.calls.append("start " + cid)
+
+    def inspect_container(self, name):
+        return {"State": {"Running": True}}
+
+    def exec_create(self, container, cmd, environment=None, **kw):
+        self.calls.append("exec " + " ".join(cmd[:2]))
+        return {"Id": "env" if cmd == ["env"] else "serve"}
+
+    def exec_start(self, exec_id, detach=False):
+        return "\n".join(f"{k}={v}" for k, v in self.env_of(self.node).items()).encode()
+
+    def exec_inspect(self, exec_id):
+        return {"Pid": 77, "Running": True, "ExitCode": 0}
+
+
+class FakeHost:
+    def __init__(self, node, inv, env_of):
+        self.node, self.name, self.address, self.lost = node, node.name, str(node.control_ip), ""
+        self.inv, self.engine, self.ran = inv, FakeEngine(node.name, env_of), []
+
+    def docker(self):
+        return type("Client", (), {"api": self.engine})()
+
+    def run(self, cmd, timeout=30.0, stdin=None, warn=False):
+        self.ran.append(cmd)
+        out = "ray, version 2.60.0"
+        if "8265" in cmd:  # Ray's state API: both nodes alive at their control IPs with their GPUs
+            out = json.dumps({"data": {"result": {"result": [
+                {"node_ip": str(n.control_ip), "state": "ALIVE", "resources_total": {"GPU": n.gpus}}
+                for n in self.inv.nodes]}}})
+        return CommandResult(self.name, cmd, 0, out, "", 0.01)
+
+
+def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
+    from sparkcluster import serve
+    from sparkcluster.containers import spec_for
+    from sparkcluster.fanout import Cluster
+    from sparkcluster.images import image_ref
+
+    inv, prof = make_inventory(), profiles.load_profile("testbed")
+    specs = {n.name: spec_for(inv, prof, n, image_ref(inv, prof)) for n in inv.nodes}
+    hosts = {n.name: FakeHost(n, inv, lambda node: specs[node].env) for n in inv.nodes}
+    # the head lacks the image (a build); the worker already holds what the build makes
+    facts = {HEAD: HostFacts(HEAD, hostname=HEAD), WORKER: HostFacts(WORKER, hostname=WORKER, image_id=IMAGE_ID)}
+    secrets = {"HF_TOKEN": "hf_x", "VLLM_API_KEY": "k"}
+    plan = make_plan(inv, prof, facts, serving=False, replace=False, secret_names=secrets)
+    monkeypatch.setattr(serve, "wait_ready", lambda *a, **kw: 1.0)
+    monkeypatch.setattr(serve, "warm_up", lambda *a, **kw: 0.5)
+    r = execute.Run(Cluster(inv, hosts), plan, facts, secrets, Recorder())
+    execute.execute(r)
+    planned = [s.id for s in plan.steps() if s.stage != "preflight"]
+    assert [i for i, _ in events] == planned
+    assert dict(events)["image/spark-worker/receive"] == "skipped: it already holds the head's image"
+    assert all(o == "done" for i, o in events if i != "image/spark-worker/receive")
+    assert r.created.containers == {HEAD: {specs[HEAD].name + "-id"}, WORKER: {specs[WORKER].name + "-id"}}
+    assert r.server is not None and r.server.pid == 77
+    assert hosts[HEAD].engine.calls[0] == "build"
+    assert "done serve: ready after 1.5s" in r.progress.lines
+    assert "done containers: 2 created" in r.progress.lines
