@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .profile import Profile
+# one direction only: the profile is data, the flags are built from it (profile never imports flags)
+from .profile import Profile, reasoning_plugin
 
 Version = tuple[int, int, int]
 NgcRelease = tuple[int, int]
@@ -157,7 +157,7 @@ def _as_args(spec: FlagSpec, value) -> list[str]:
     return [spec.flag, _fmt_value(value)]
 
 
-def serve_argv(profile: "Profile", image_kind: str | None = None, *, port: int | None = None,
+def serve_argv(profile: Profile, image_kind: str | None = None, *, port: int | None = None,
                hf_cache: str = "/root/.cache/huggingface") -> list[str]:
     """The `vllm serve ...` argv for the profile.
 
@@ -166,8 +166,6 @@ def serve_argv(profile: "Profile", image_kind: str | None = None, *, port: int |
     api_port when the profile sets none (8000 otherwise). hf_cache: where the HF cache is mounted in
     the container (the reasoning-parser plugin is staged there). No secret is ever part of it.
     """
-    from .profile import reasoning_plugin
-
     kind = image_kind or profile.image.kind
     if kind not in ("ngc", "vllm-openai"):
         raise ValueError(f"unknown image kind {kind!r}")
@@ -190,7 +188,7 @@ def serve_argv(profile: "Profile", image_kind: str | None = None, *, port: int |
     return argv
 
 
-def exec_argv(profile: "Profile", **kw) -> list[str]:
+def exec_argv(profile: Profile, **kw) -> list[str]:
     """The argv for `docker exec <head container> ...`: always with `vllm serve`.
 
     `docker exec` never runs the image's entrypoint, so even a vllm/vllm-openai image (entrypoint
@@ -222,7 +220,7 @@ class Refusal:
     kind: str  # "flag" | "value" | "env"
 
 
-def refusals(profile: "Profile") -> list[Refusal]:
+def refusals(profile: Profile) -> list[Refusal]:
     """Every flag, flag value or forwarded variable the profile's image does not accept."""
     img = profile.image
     argv = serve_argv(profile, "vllm-openai")

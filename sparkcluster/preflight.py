@@ -8,7 +8,6 @@ from . import checks, containers, facts, profile as profiles, ray_seen
 from .fanout import Cluster, connect_reachable
 from .inventory import Inventory
 from .images import image_ref
-from .labels import CLUSTER_LABEL
 
 
 def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect:
@@ -71,5 +70,3 @@ def run(inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = N
     ctx = checks.Context(inv, hosts_facts, unreachable, expect)
     return PreflightReport(checks.run_checks(ctx, only), hosts_facts, unreachable), cluster
 
-
-__all__ = ["run", "Report", "expectations", "gather_all", "CLUSTER_LABEL"]

@@ -363,9 +363,3 @@ def load_profile(name: str) -> Profile:
         raise InputError(f"cannot read {path}: {e.strerror}", "check the file's permissions") from None
     return parse(text, name=path.stem, source=str(path), path=path.resolve())
 
-
-def serve_argv(profile: Profile, image_kind: str | None = None, **kw) -> list[str]:
-    """Convenience re-export of flags.serve_argv."""
-    from .flags import serve_argv as _serve_argv
-
-    return _serve_argv(profile, image_kind, **kw)
