@@ -16,6 +16,7 @@ import docker.errors
 import httpx
 
 from . import log, redact
+from .errors import SparkError
 from .containers import files_tar
 
 LOG_PATH = "/var/log/sparkcluster/vllm-serve.log"
@@ -135,7 +136,7 @@ def log_tail(api, container: str, lines: int = 20) -> str:
     try:
         ex = api.exec_create(container, ["tail", "-n", str(lines), LOG_PATH])
         return redact.mask(api.exec_start(ex["Id"]).decode(errors="replace"))
-    except Exception as e:  # best effort, for an error message
+    except (SparkError, docker.errors.APIError) as e:  # best effort, for an error message
         return f"(could not read {LOG_PATH}: {e})"
 
 

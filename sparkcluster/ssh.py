@@ -125,6 +125,17 @@ class Host:
                     return
                 time.sleep(0.1)
 
+    def _channel(self, timeout: float):
+        """A new session channel; a connection that is gone is a ConnectError naming the host."""
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectError(self.name, self.lost or "the SSH connection was lost", "check the host's network and sshd, then retry")
+        try:
+            return transport.open_session(timeout=timeout)
+        except (paramiko.SSHException, EOFError, OSError) as e:  # it died between the check and the open
+            raise ConnectError(self.name, self.lost or f"the SSH connection was lost ({e})",
+                               "check the host's network and sshd, then retry") from None
+
     @property
     def address(self) -> str:
         return self._conn.host
@@ -136,10 +147,7 @@ class Host:
         line = command_line(cmd)
         shown = redact.mask(line)
         started = time.monotonic()
-        transport = self._conn.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise ConnectError(self.name, self.lost or "the SSH connection was lost", "check the host's network and sshd, then retry")
-        chan = transport.open_session(timeout=timeout)
+        chan = self._channel(timeout)
         chan.settimeout(timeout)
         out, err = bytearray(), bytearray()
         timed_out = False
@@ -180,10 +188,7 @@ class Host:
     def start(self, cmd: str | Sequence[str], timeout: float = 600.0) -> "RemoteProcess":
         """Start a long-running command; read its stderr lines as they come, then `wait()`."""
         line = command_line(cmd)
-        transport = self._conn.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise ConnectError(self.name, self.lost or "the SSH connection was lost", "check the host's network and sshd, then retry")
-        chan = transport.open_session(timeout=30)
+        chan = self._channel(30)
         chan.exec_command(line)
         _log.debug("started", host=self.name, command=redact.mask(line))
         return RemoteProcess(self.name, redact.mask(line), chan, timeout)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import docker.errors
 
 from . import log, serve
+from .errors import SparkError
 from .fanout import Cluster
 from .labels import CLUSTER_LABEL, ROLE_LABEL
 from .ssh import Host
@@ -130,7 +131,7 @@ def down(cluster: Cluster, only_ids: dict[str, set[str]] | None = None, purge_gc
             heads = [c for c in ours(head, name) if c.get("Labels", {}).get(ROLE_LABEL) == "head"]
             if heads and (only_ids is None or heads[0]["Id"] in only_ids.get(head.name, set())):
                 out[head.name].server = stop_server(head, heads[0]["Id"])
-        except Exception as e:  # keep going: the containers still have to go
+        except (SparkError, docker.errors.APIError) as e:  # keep going: the containers still have to go
             out[head.name].errors.append(f"stopping vllm serve: {e}")
 
     def remove(host: Host) -> list[str]:

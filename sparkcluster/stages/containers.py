@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import docker.errors
+
 from .. import teardown
 from ..containers import ContainerSpec, create_and_start
+from ..errors import EngineUnreachable
 from ..labels import ROLE_LABEL
 from . import ray
 from .base import Step, fail
@@ -74,7 +77,7 @@ def create(r: "Run", spec: ContainerSpec) -> str:
     host = r.cluster.hosts[spec.node]
     try:
         cid = create_and_start(host.docker().api, spec)
-    except Exception as e:  # the Engine API refused, whatever the SDK raised: name the node and the call
+    except (docker.errors.APIError, EngineUnreachable) as e:  # the engine refused or did not answer: name the node and the call
         raise fail(STAGE, host.name, f"create {spec.name}", str(e), spec.docker_run_equivalent()) from None
     r.created.add(host.name, cid)
     return cid

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import docker.errors
 
-from .. import log, transfer
+from .. import dockerapi, log, transfer
 from ..errors import EngineUnreachable, StageError
 from ..images import DOCKERFILE
 from .base import Step, fail
@@ -90,7 +90,8 @@ def build(r: "Run") -> str:
                            f"(docker pull {plan.profile.image.ref})")
     except StageError:
         raise
-    except Exception as e:  # the API call itself failed, whatever the SDK raised: name it with the output so far
+    except (docker.errors.DockerException, EngineUnreachable, *dockerapi.UNREACHABLE) as e:
+        # the engine refused or the stream broke: name it with the output so far
         raise fail(STAGE, head.name, "docker build", str(e), None, "\n".join(tail)) from None
     return "built on " + head.name
 
