@@ -28,10 +28,9 @@ def executed(sc, env: dict | None = None) -> list[dict]:
     assert res.returncode == 0, res.stdout + res.stderr
     events = []
     for line in res.stderr.splitlines():
-        if line.startswith("{"):
-            doc = json.loads(line)
-            if doc.get("event") == "step":
-                events.append(doc)
+        # a progress bar may share the line's start with a log line: read from the first brace
+        if '"event": "step"' in line:
+            events.append(json.loads(line[line.index("{"):]))
     assert API_KEY not in res.stderr and HF_TOKEN not in res.stderr
     return events
 
