@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import docker.errors
 import httpx
 
-from . import log, redact
+from . import log, redact, retry
 from .errors import SparkError
 from .containers import files_tar
 
@@ -194,7 +194,8 @@ def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, 
     deadline = started + timeout
     last = "the server has not opened its port yet"
     with httpx.Client() as client:
-        while True:
+        def answered() -> float | None:
+            nonlocal last
             if not running(api, rec):
                 raise NotReady("vllm serve exited", log_tail(api, spec.container))
             code = health(client, base)
@@ -209,6 +210,9 @@ def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, 
                 last = f"/health answers HTTP {code}"
             if on_wait:
                 on_wait(last, time.monotonic() - started)
-            if time.monotonic() >= deadline:
-                raise NotReady(f"not ready after {timeout:g}s: {last}", log_tail(api, spec.container))
-            time.sleep(0.2)
+            return None
+
+        took = retry.poll(answered, timeout=timeout, interval=0.2, what="vllm serve")
+    if took is None:
+        raise NotReady(f"not ready after {timeout:g}s: {last}", log_tail(api, spec.container))
+    return took

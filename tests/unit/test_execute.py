@@ -304,3 +304,32 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     assert hosts[HEAD].engine.calls[0] == "build"
     assert "done serve: ready after 1.5s" in r.progress.lines
     assert "done containers: 2 created" in r.progress.lines
+
+
+# ---- the readiness wait (retry.poll) ----------------------------------------------------------------
+
+def test_wait_ready_outcomes(monkeypatch):
+    from sparkcluster import serve
+
+    spec = serve.ServeSpec("c", ["vllm"], [], "m", 8000, None)
+    rec = serve.Record(1, "e", "p", "m", 8000, 0.0)
+    monkeypatch.setattr(serve, "log_tail", lambda api, c: "last lines")
+    monkeypatch.setattr(serve, "running", lambda api, r: True)
+    answers = iter([None, 503, 200])
+    monkeypatch.setattr(serve, "health", lambda client, base: next(answers))
+    monkeypatch.setattr(serve, "one_token", lambda *a, **kw: (True, "ok"))
+    waits = []
+    assert serve.wait_ready(None, rec, spec, "http://x", {}, 10, on_wait=lambda why, s: waits.append(why)) >= 0
+    assert waits == ["the server has not opened its port yet", "/health answers HTTP 503"]
+    monkeypatch.setattr(serve, "health", lambda client, base: 503)
+    with pytest.raises(serve.NotReady) as e:
+        serve.wait_ready(None, rec, spec, "http://x", {}, 0.3)
+    assert e.value.reason == "not ready after 0.3s: /health answers HTTP 503" and e.value.tail == "last lines"
+    monkeypatch.setattr(serve, "running", lambda api, r: False)
+    with pytest.raises(serve.NotReady, match="vllm serve exited"):
+        serve.wait_ready(None, rec, spec, "http://x", {}, 10)
+    monkeypatch.setattr(serve, "running", lambda api, r: True)
+    monkeypatch.setattr(serve, "health", lambda client, base: 200)
+    monkeypatch.setattr(serve, "one_token", lambda *a, **kw: (False, "completion answered HTTP 401: no"))
+    with pytest.raises(serve.NotReady, match="does not match"):
+        serve.wait_ready(None, rec, spec, "http://x", {}, 10)
