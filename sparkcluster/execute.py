@@ -1,7 +1,7 @@
 """The executor: walks the plan's steps, stage by stage, and does nothing the plan does not list.
 
-Steps with the same `parallel` key next to each other run at once, one thread each; the others run
-in order. Each step ends as one structured `step` event (logger `sparkcluster.steps`) with the id
+Steps with the same `parallel` key next to each other run at once, one thread per host (a host's
+own steps keep their order); the others run one after another. Each step ends as one structured `step` event (logger `sparkcluster.steps`) with the id
 the dry run printed and its outcome: `done`, `skipped: <reason>` or `failed`. A step's failure
 ends its stage as a whole, naming the host, the step, the command and its last lines.
 """
@@ -141,7 +141,12 @@ def walk(r: Run, steps: list[Step]) -> list[tuple[Step, Any]]:
         if len(batch) == 1:
             values = {batch[0].id: run_step(r, batch[0])}
         else:
-            values = run_each(((s.id, s) for s in batch), lambda s: run_step(r, s)).values_or_raise(r.stage)
+            # one thread per host; a host's own steps keep their order
+            by_host: dict[str, list[Step]] = {}
+            for s in batch:
+                by_host.setdefault(s.host, []).append(s)
+            got = run_each(by_host.items(), lambda steps: {s.id: run_step(r, s) for s in steps}).values_or_raise(r.stage)
+            values = {i: v for per_host in got.values() for i, v in per_host.items()}
         done += [(s, values[s.id]) for s in batch if values[s.id] is not SKIPPED]
     return done
 

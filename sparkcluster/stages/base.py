@@ -29,7 +29,7 @@ class Step:
     run: Callable[["Run"], Any] | None = field(default=None, repr=False, compare=False)
     when: str = ""  # decided at run time: the condition checked just before running
     skip: Callable[["Run"], str | None] | None = field(default=None, repr=False, compare=False)
-    # consecutive steps with the same key run at once (one thread each); "" runs alone
+    # consecutive steps with the same key run at once (one thread per host); "" runs alone
     parallel: str = ""
 
     @property
