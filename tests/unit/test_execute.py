@@ -333,3 +333,80 @@ def test_wait_ready_outcomes(monkeypatch):
     monkeypatch.setattr(serve, "one_token", lambda *a, **kw: (False, "completion answered HTTP 401: no"))
     with pytest.raises(serve.NotReady, match="does not match"):
         serve.wait_ready(None, rec, spec, "http://x", {}, 10)
+
+
+# ---- up's order, rollback and summary, over fake hosts -------------------------------------------------
+
+class TrackingEngine(FakeEngine):
+    """Also lists and removes what it created, as `teardown` asks by label and ID."""
+
+    def __init__(self, node, env_of, labels_of):
+        super().__init__(node, env_of)
+        self.labels_of, self.live, self.removed = labels_of, {}, []
+
+    def create_container(self, host_config=None, **kw):
+        c = super().create_container(host_config, **kw)
+        self.live[c["Id"]] = kw["name"]
+        return c
+
+    def containers(self, all=True, filters=None):
+        return [{"Id": i, "Names": ["/" + n], "Labels": self.labels_of(n)} for i, n in self.live.items()]
+
+    def remove_container(self, cid, force=False):
+        self.removed.append(self.live.pop(cid))
+
+    def get_archive(self, container, path):
+        raise docker.errors.NotFound("no record")
+
+
+def fake_cluster(inv, prof, env_of):
+    from sparkcluster.containers import spec_for
+    from sparkcluster.fanout import Cluster
+    from sparkcluster.images import image_ref
+
+    specs = {n.name: spec_for(inv, prof, n, image_ref(inv, prof)) for n in inv.nodes}
+    labels = {s.name: s.labels for s in specs.values()}
+    hosts = {}
+    for n in inv.nodes:
+        h = FakeHost(n, inv, lambda node: env_of(specs[node]))
+        h.engine = TrackingEngine(n.name, h.engine.env_of, labels.get)
+        hosts[n.name] = h
+    return Cluster(inv, hosts), specs
+
+
+def up_over(monkeypatch, env_of):
+    from types import SimpleNamespace
+
+    from sparkcluster import serve, up
+    from sparkcluster.stages import preflight as preflight_stage
+
+    inv, prof = make_inventory(), profiles.load_profile("testbed")
+    cluster, specs = fake_cluster(inv, prof, env_of)
+    facts = {n.name: HostFacts(n.name, hostname=n.name, image_id=IMAGE_ID, image_ray="2.60.0") for n in inv.nodes}
+    monkeypatch.setattr(preflight_stage, "check", lambda c, i, p: SimpleNamespace(facts=facts, results=[1, 2]))
+    monkeypatch.setattr(serve, "wait_ready", lambda *a, **kw: 1.0)
+    monkeypatch.setattr(serve, "warm_up", lambda *a, **kw: 0.5)
+    progress = Recorder()
+    progress.info = lambda text: progress.lines.append("info " + text)
+    return cluster, lambda: up._run_locked(cluster, inv, prof, {"VLLM_API_KEY": "k"}, progress, False, False, 0.0)
+
+
+def test_up_runs_the_plan_and_sums_it_up(monkeypatch, events):
+    cluster, go = up_over(monkeypatch, lambda spec: spec.env)
+    out = go()
+    assert not out.unchanged and out.pid == 77 and out.model == "testbed-tiny"
+    assert set(out.seconds) == {"image", "containers", "ray", "probe", "serve"}
+    assert events[:2] == [("preflight/spark-head/facts", "done"), ("preflight/spark-worker/facts", "done")]
+
+
+def test_a_failed_stage_rolls_back_what_this_run_created(monkeypatch, events):
+    # the worker's container lacks a forwarded variable: the probe fails after both were created
+    cluster, go = up_over(monkeypatch, lambda spec: {k: v for k, v in spec.env.items() if k != "VLLM_HOST_IP"}
+                          if spec.role == "worker" else spec.env)
+    with pytest.raises(StageError) as e:
+        go()
+    assert e.value.stage == "probe" and e.value.failures[0].host == WORKER
+    assert ("probe/spark-worker/env", "failed") in events
+    assert not any(i.startswith("serve/") for i, _ in events)
+    for h in cluster.hosts.values():
+        assert h.engine.live == {} and len(h.engine.removed) == 1
