@@ -65,7 +65,7 @@ def image_id(host, image: str) -> str | None:
     """The image's ID on the host, None when it has no such image (an engine error raises)."""
     try:
         return host.docker().api.inspect_image(image)["Id"]
-    except docker.errors.ImageNotFound:
+    except docker.errors.NotFound:  # ImageNotFound, or a plain 404 from older engines
         return None
 
 
