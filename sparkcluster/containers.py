@@ -16,7 +16,7 @@ from . import profile as profiles
 from .inventory import Inventory, Node
 from .labels import CLUSTER_LABEL, CONFIG_LABEL, PROFILE_LABEL, ROLE_LABEL, container_name
 
-# The flags the field learned to put on every node (seed 002): a worker without the device,
+# The flags the field learned to put on every node (docs/field-notes.md, "Bring-up"): a worker without the device,
 # capability and ulimit silently fell back to TCP.
 DEVICES = ["/dev/infiniband:/dev/infiniband:rwm"]
 CAP_ADD = ["IPC_LOCK"]

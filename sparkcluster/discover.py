@@ -272,7 +272,7 @@ def discover_hosts(targets: list[str], settings: ssh.Settings, timeout: float = 
         script = discovery_script()
 
         def one(h: ssh.Host) -> Discovered:
-            r = h.run(script, timeout=timeout)
+            r = h.run(script, timeout=timeout, warn=True)
             if r.timed_out:
                 raise SparkError(f"{h.name}: discovery timed out after {timeout:g}s", "check the host's load and retry")
             return parse_discovery(h.node.ssh, r.stdout)

@@ -79,5 +79,30 @@ class StepFailure:
         return out
 
 
+class CommandFailed(SparkError):
+    """A command on a node exited non-zero or timed out, and its caller did not pass `warn=True`.
+
+    Carries the result (command as run with secrets masked, exit status, last lines), so whoever
+    reports it can name the node, the command and what it printed."""
+
+    def __init__(self, result):
+        how = f"timed out after {result.duration:.0f}s" if result.timed_out else f"exit {result.exit_code}"
+        super().__init__(f"{result.host}: command failed ({how}): {result.command[:160]}",
+                         details=result.tail().splitlines())
+        self.result = result
+        self.host = result.host
+        self.reason = how
+
+
+class EngineUnreachable(SparkError):
+    """The node's Docker Engine did not answer (or the SSH channel to it broke). Never taken for
+    "not found": an unreachable engine says nothing about what exists on the node."""
+
+    def __init__(self, host: str, what: str, error: BaseException):
+        super().__init__(f"{host}: the Docker Engine did not answer ({what}: {error})",
+                         f"check dockerd on {host} (systemctl status docker), then retry")
+        self.host = host
+
+
 class LockHeld(SparkError):
     """Another sparkcluster run holds the cluster lock."""

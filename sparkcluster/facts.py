@@ -175,7 +175,7 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
 def gather(host, inv: Inventory, image: str | None, timeout: float = 60.0,
            ray_seen: dict[str, str] | None = None) -> HostFacts:
     sent = time.time()
-    res = host.run(probe_script(inv, host.node, image, ray_seen), timeout=timeout)
+    res = host.run(probe_script(inv, host.node, image, ray_seen), timeout=timeout, warn=True)
     received = time.time()
     if res.timed_out:
         from .errors import StageError, StepFailure
@@ -225,7 +225,7 @@ def path_mtu_script(probes: list[Probe]) -> str:
 def gather_path_mtu(host, probes: list[Probe], timeout: float = 20.0) -> dict[str, P.PingResult]:
     if not probes:
         return {}
-    res = host.run(path_mtu_script(probes), timeout=timeout)
+    res = host.run(path_mtu_script(probes), timeout=timeout, warn=True)
     sections = split_sections(res.stdout)
     out: dict[str, P.PingResult] = {}
     for p in probes:

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Generic, Iterable, TypeVar
 
-from .errors import ConnectError, SparkError, StageError, StepFailure
+from .errors import CommandFailed, SparkError, StageError, StepFailure
 from .inventory import Inventory, Node
 from . import ssh
 
@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Outcome(Generic[T]):
+class HostOutcome(Generic[T]):
     host: str
     value: T | None = None
     error: BaseException | None = None
@@ -31,7 +31,7 @@ class Outcome(Generic[T]):
         return self.error is None
 
 
-class GroupResult(dict[str, Outcome[T]]):
+class GroupResult(dict[str, HostOutcome[T]]):
     @property
     def succeeded(self) -> dict[str, T]:
         return {h: o.value for h, o in self.items() if o.ok}
@@ -48,6 +48,9 @@ class GroupResult(dict[str, Outcome[T]]):
         for host, err in self.failed.items():
             if isinstance(err, StageError):
                 failures.extend(err.failures)
+            elif isinstance(err, CommandFailed):
+                r = err.result
+                failures.append(StepFailure(host, stage, err.reason, r.command, r.tail(), err.fix))
             elif isinstance(err, SparkError):
                 failures.append(StepFailure(host, stage, err.message, fix=err.fix))
             else:
@@ -61,14 +64,14 @@ def run_each(items: Iterable[tuple[str, K]], fn: Callable[[K], T], max_workers: 
     if not pairs:
         return result
 
-    def one(name: str, item: K) -> Outcome[T]:
+    def one(name: str, item: K) -> HostOutcome[T]:
         started = time.monotonic()
         try:
-            return Outcome(name, fn(item), None, time.monotonic() - started)
+            return HostOutcome(name, fn(item), None, time.monotonic() - started)
         except BaseException as e:  # noqa: BLE001 - the outcome carries it to the caller
             if isinstance(e, KeyboardInterrupt):
                 raise
-            return Outcome(name, None, e, time.monotonic() - started)
+            return HostOutcome(name, None, e, time.monotonic() - started)
 
     with ThreadPoolExecutor(max_workers=max_workers or len(pairs), thread_name_prefix="fanout") as pool:
         futures = [pool.submit(one, name, item) for name, item in pairs]
@@ -85,6 +88,18 @@ def connect_all(inv: Inventory, nodes: list[Node] | None = None) -> GroupResult[
     return run_each(((n.name, n) for n in targets), lambda n: ssh.connect(n, settings))
 
 
+def connect_reachable(inv: Inventory, nodes: list[Node] | None = None) -> tuple["Cluster", dict[str, SparkError]]:
+    """Connect to every node at once and go on with those that answer: for the commands that
+    report on (or clean) what they can reach. An unreachable node is a value; a bug still raises."""
+    res = connect_all(inv, nodes)
+    bugs = [e for e in res.failed.values() if not isinstance(e, SparkError)]
+    if bugs:
+        for h in res.succeeded.values():
+            h.close()
+        raise bugs[0]
+    return Cluster(inv, res.succeeded), dict(res.failed)
+
+
 class Cluster:
     """The connected hosts of one invocation; closes them all on exit."""
 
@@ -93,8 +108,9 @@ class Cluster:
         self.hosts = hosts
 
     @classmethod
-    def connect(cls, inv: Inventory) -> "Cluster":
-        res = connect_all(inv)
+    def connect(cls, inv: Inventory, nodes: list[Node] | None = None) -> "Cluster":
+        """Every node (or `nodes`) connected, or an error naming each that is not."""
+        res = connect_all(inv, nodes)
         if res.failed:
             for h in res.succeeded.values():
                 h.close()
@@ -103,7 +119,7 @@ class Cluster:
             if len(errors) == 1 and isinstance(first, SparkError):
                 raise first
             res.values_or_raise("connect")
-        return cls(inv, {n.name: res[n.name].value for n in inv.nodes})
+        return cls(inv, {name: o.value for name, o in res.items()})
 
     @property
     def head(self) -> ssh.Host:
@@ -127,5 +143,3 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-__all__ = ["Outcome", "GroupResult", "run_each", "connect_all", "Cluster", "ConnectError"]

@@ -1,17 +1,17 @@
 """The `vllm serve` flag table, with the versions that accept each flag, and the argv builder.
 
 Each typed field of `profile.Serve` maps to one flag. A flag may carry a `Gate`: the vLLM versions
-(or NGC image releases) that accept it. Gates come from the seeds:
+(or NGC image releases) that accept it (docs/field-notes.md, "Version-dependent flags"):
 
-- seed 002 ("Version-dependent flag gates"): `--swap-space` removed in 26.05+; `--async-scheduling`,
-  `--moe-backend`, `--max-cudagraph-capture-size`, `--reasoning-parser-plugin`,
-  `--mamba-ssm-cache-dtype float16` and the `super_v3` reasoning parser absent from NGC 25.11.
-- seed 001 (§1 "Container image -> vLLM version"): vLLM 0.23 ignores `VLLM_USE_FLASHINFER_MOE_FP4`
-  and its siblings ("Unknown vLLM environment variable detected"); `--moe-backend` replaces them.
-- seed 000: NGC 26.05.post1 ships vLLM 0.21.0 ("stock vLLM 0.21.0" on nvcr.io/nvidia/vllm:26.05.post1-py3).
+- `--swap-space` removed in NGC 26.05+; `--async-scheduling`, `--moe-backend`,
+  `--max-cudagraph-capture-size`, `--reasoning-parser-plugin`, `--mamba-ssm-cache-dtype float16` and
+  the `super_v3` reasoning parser absent from NGC 25.11.
+- vLLM 0.23 ignores `VLLM_USE_FLASHINFER_MOE_FP4` and its siblings ("Unknown vLLM environment
+  variable detected"); `--moe-backend` replaces them.
+- NGC 26.05.post1 ships vLLM 0.21.0.
 
 `serve_argv` is pure and never sees a secret: the API key reaches vLLM through the environment of
-the `docker exec` (seed 000 "VLLM_API_KEY as an env var, not the --api-key flag").
+the `docker exec`, not the `--api-key` flag (docs/field-notes.md, "Secrets").
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .profile import Profile
+# one direction only: the profile is data, the flags are built from it (profile never imports flags)
+from .profile import Profile, reasoning_plugin
 
 Version = tuple[int, int, int]
 NgcRelease = tuple[int, int]
@@ -82,7 +82,7 @@ class Gate:
         return None
 
 
-# seed 002: absent from nvcr.io/nvidia/vllm:25.11-py3
+# absent from nvcr.io/nvidia/vllm:25.11-py3 (docs/field-notes.md, "Version-dependent flags")
 _NEWER_THAN_25_11 = Gate(ngc_absent_through=(25, 11), source="seed 002")
 
 
@@ -105,7 +105,7 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("moe_backend", "--moe-backend", gate=_NEWER_THAN_25_11),
     FlagSpec("dtype", "--dtype"),
     FlagSpec("kv_cache_dtype", "--kv-cache-dtype"),
-    # 25.11 accepts only auto|float32 (seed 002)
+    # 25.11 accepts only auto|float32
     FlagSpec("mamba_ssm_cache_dtype", "--mamba-ssm-cache-dtype",
              value_gates={"float16": _NEWER_THAN_25_11}),
     FlagSpec("max_model_len", "--max-model-len"),
@@ -124,13 +124,13 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("reasoning_parser", "--reasoning-parser", value_gates={"super_v3": _NEWER_THAN_25_11}),
     FlagSpec("enable_auto_tool_choice", "--enable-auto-tool-choice", style="bool"),
     FlagSpec("tool_call_parser", "--tool-call-parser"),
-    # removed from the 26.05 NGC image (seed 002); NGC 26.05.post1 ships vLLM 0.21.0 (seed 000)
+    # removed from the 26.05 NGC image, which ships vLLM 0.21.0
     FlagSpec(None, "--swap-space",
              gate=Gate(until=(0, 21, 0), ngc_removed_from=(26, 5), source="seed 002")),
 )
 BY_FLAG: dict[str, FlagSpec] = {f.flag: f for f in FLAGS}
 
-# Environment variables a vLLM version ignores. seed 001 §1: vLLM 0.23 deprecated
+# Environment variables a vLLM version ignores (docs/field-notes.md, "Version-dependent flags"): vLLM 0.23 deprecated
 # VLLM_USE_FLASHINFER_MOE_FP4, VLLM_USE_FLASHINFER_MOE_FP8, ... (the VLLM_USE_FLASHINFER_MOE_*
 # family) in favour of --moe-backend; they log "Unknown vLLM environment variable" and do nothing.
 ENV_GATES: tuple[tuple[Callable[[str], bool], str, Gate], ...] = (
@@ -157,7 +157,7 @@ def _as_args(spec: FlagSpec, value) -> list[str]:
     return [spec.flag, _fmt_value(value)]
 
 
-def serve_argv(profile: "Profile", image_kind: str | None = None, *, port: int | None = None,
+def serve_argv(profile: Profile, image_kind: str | None = None, *, port: int | None = None,
                hf_cache: str = "/root/.cache/huggingface") -> list[str]:
     """The `vllm serve ...` argv for the profile.
 
@@ -166,8 +166,6 @@ def serve_argv(profile: "Profile", image_kind: str | None = None, *, port: int |
     api_port when the profile sets none (8000 otherwise). hf_cache: where the HF cache is mounted in
     the container (the reasoning-parser plugin is staged there). No secret is ever part of it.
     """
-    from .profile import reasoning_plugin
-
     kind = image_kind or profile.image.kind
     if kind not in ("ngc", "vllm-openai"):
         raise ValueError(f"unknown image kind {kind!r}")
@@ -190,7 +188,7 @@ def serve_argv(profile: "Profile", image_kind: str | None = None, *, port: int |
     return argv
 
 
-def exec_argv(profile: "Profile", **kw) -> list[str]:
+def exec_argv(profile: Profile, **kw) -> list[str]:
     """The argv for `docker exec <head container> ...`: always with `vllm serve`.
 
     `docker exec` never runs the image's entrypoint, so even a vllm/vllm-openai image (entrypoint
@@ -222,7 +220,7 @@ class Refusal:
     kind: str  # "flag" | "value" | "env"
 
 
-def refusals(profile: "Profile") -> list[Refusal]:
+def refusals(profile: Profile) -> list[Refusal]:
     """Every flag, flag value or forwarded variable the profile's image does not accept."""
     img = profile.image
     argv = serve_argv(profile, "vllm-openai")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .inventory import Inventory
 
-# Pinned: an unpinned install drifts between nodes built on different days (field notes, step 1).
+# Pinned: an unpinned install drifts between nodes built on different days (docs/field-notes.md, "Bring-up").
 RAY_VERSION = "2.60.0"
 DOCKERFILE = Path(__file__).resolve().parent.parent / "images" / "Dockerfile.vllm-ray"
 

@@ -1,4 +1,4 @@
-"""Lint rules for profiles, each learned in the field (the seed or field-notes line is cited).
+"""Lint rules for profiles, each learned in the field (the section of docs/field-notes.md is cited).
 
 `lint(profile, inventory=None)` is pure and returns every problem at once. Rules that need the
 cluster (`CLUSTER_RULES`) run only when an inventory is given.
@@ -18,10 +18,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .inventory import Inventory
 
 # --gpu-memory-utilization is a fraction of the whole unified pool: 0.9 starved hosts until sshd
-# stopped answering (seeds 000, 002); seed 004 stays at 0.80 "not 0.85" for burst headroom.
+# stopped answering; 0.80, not 0.85, keeps burst headroom (docs/field-notes.md, "Memory on a unified-memory machine").
 MAX_GPU_MEMORY_UTILIZATION = 0.85
 # Prefix caching on a Mamba/hybrid model forces an aligned block size: 2128 seen, and the default
-# --max-num-batched-tokens 2048 asserted at start-up (seed 004). 8192 is the seed's fix.
+# --max-num-batched-tokens 2048 asserted at start-up; 8192 works (docs/field-notes.md, "Version-dependent flags").
 MAMBA_ALIGNED_BLOCK_SIZE = 2128
 VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
@@ -52,7 +52,7 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
     flags = flag_names(argv)
     extra = list(s.extra_flags)
 
-    # -- memory on unified memory (seeds 000, 002; field notes "Memory")
+    # -- memory on unified memory (docs/field-notes.md, "Memory on a unified-memory machine")
     if s.gpu_memory_utilization > MAX_GPU_MEMORY_UTILIZATION and not profile.allow_high_gpu_memory_utilization:
         p.append(Problem(
             "gpu-memory-utilization",
@@ -82,7 +82,7 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
             f"(profile has {s.distributed_executor_backend or 'none'})",
             "set serve.distributed_executor_backend = \"ray\" (seed 002)"))
 
-    # -- prefix caching on a hybrid model (seed 004)
+    # -- prefix caching on a hybrid model (docs/field-notes.md, "Version-dependent flags")
     if profile.hybrid and s.enable_prefix_caching:
         mnbt = s.max_num_batched_tokens or VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS
         if mnbt < MAMBA_ALIGNED_BLOCK_SIZE:
@@ -92,7 +92,7 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
                 f"above --max-num-batched-tokens {mnbt}: start-up asserts",
                 "set serve.max_num_batched_tokens = 8192 (seed 004), or disable prefix caching"))
 
-    # -- tool calling needs both flags (seed 001 §7.1.1: HTTP 400 on tool_choice "auto")
+    # -- tool calling needs both flags: HTTP 400 on tool_choice "auto" (docs/field-notes.md, "Version-dependent flags")
     has_auto = "--enable-auto-tool-choice" in flags
     has_parser = "--tool-call-parser" in flags
     if has_auto != has_parser:
@@ -104,7 +104,7 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
             "set both serve.enable_auto_tool_choice = true and serve.tool_call_parser "
             "(matching the model family), or neither"))
 
-    # -- quantization flag vs checkpoint format (seed 001 §1 "Quantization flag rule")
+    # -- quantization flag vs checkpoint format (docs/field-notes.md, "Version-dependent flags")
     quant = flag_value(argv, "--quantization")
     if profile.checkpoint_format == "modelopt" and quant != "modelopt":
         p.append(Problem(
@@ -117,7 +117,7 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
             f"compressed-tensors checkpoint must not pass --quantization (profile has {quant})",
             "remove serve.quantization: vLLM detects compressed-tensors itself"))
 
-    # -- the image kind and the `vllm serve` prefix (seed 001 §1 note)
+    # -- the image kind and the `vllm serve` prefix (docs/field-notes.md, "Version-dependent flags")
     guessed = guess_image_kind(profile.image.base)
     if guessed and guessed != profile.image.kind:
         p.append(Problem(
@@ -134,7 +134,7 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
             "remove it: sparkcluster adds `vllm serve` for NGC images, and vllm/vllm-openai "
             "images have it as entrypoint"))
 
-    # -- secrets stay off command lines and out of the forwarded variables (seed 000, 002)
+    # -- secrets stay off command lines and out of the forwarded variables (docs/field-notes.md, "Secrets")
     api_key_flags = [f for f in flag_names(extra) if f == "--api-key"]
     if api_key_flags:
         p.append(Problem(
@@ -193,7 +193,7 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
             "serve.reasoning_parser_plugin_url is set but serve.reasoning_parser is not",
             "set serve.reasoning_parser to the parser the plugin registers (e.g. super_v3, seed 002)"))
 
-    # -- version gates (seeds 001, 002)
+    # -- version gates (docs/field-notes.md, "Version-dependent flags")
     img = profile.image
     for r in refusals(profile):
         if r.kind == "env":

@@ -57,5 +57,3 @@ class ClusterLock:
             self._proc.close()
             self._proc = None
 
-
-__all__ = ["ClusterLock", "lock_command"]

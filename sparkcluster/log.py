@@ -29,6 +29,21 @@ def _redact(_logger, _method, event_dict):
     return redact.mask_obj(event_dict)
 
 
+STEPS_LOGGER = "sparkcluster.steps"  # `up`'s one event per step: the record of what ran
+
+
+class _LevelOrSteps(logging.Filter):
+    """Passes records at `level` and above, and every step event: in JSON, those are what a
+    script reads to know which steps ran, so they do not wait for -v."""
+
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.level or record.name == STEPS_LOGGER
+
+
 def configure(level: str = "warning", fmt: str = "text") -> Path:
     path = debug_log_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -40,7 +55,12 @@ def configure(level: str = "warning", fmt: str = "text") -> Path:
         _redact,
     ]
     stderr_handler = logging.StreamHandler(sys.stderr)
-    stderr_handler.setLevel(getattr(logging, level.upper()))
+    wanted = getattr(logging, level.upper())
+    if fmt == "json":
+        stderr_handler.setLevel(min(wanted, logging.INFO))
+        stderr_handler.addFilter(_LevelOrSteps(wanted))
+    else:
+        stderr_handler.setLevel(wanted)
     stderr_handler.setFormatter(structlog.stdlib.ProcessorFormatter(processor=renderer, foreign_pre_chain=pre_chain))
     # every command appends at debug level: bounded, so months of use do not fill a laptop's disk
     file_handler = logging.handlers.RotatingFileHandler(path, maxBytes=5 * 2**20, backupCount=2)

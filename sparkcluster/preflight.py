@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import checks, containers, facts, profile as profiles, ray_seen
-from .errors import SparkError
-from .fanout import Cluster, connect_all
+from .fanout import Cluster, connect_reachable
 from .inventory import Inventory
 from .images import image_ref
-from .labels import CLUSTER_LABEL
 
 
 def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect:
@@ -27,7 +25,7 @@ def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect
 
 
 @dataclass
-class Report:
+class PreflightReport:
     results: list[checks.Result]
     facts: dict[str, facts.HostFacts]
     unreachable: dict[str, str] = field(default_factory=dict)
@@ -55,7 +53,7 @@ def gather_all(cluster: Cluster, inv: Inventory, image: str | None) -> dict[str,
 
 
 def run(inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = None,
-        cluster: Cluster | None = None) -> tuple[Report, Cluster | None]:
+        cluster: Cluster | None = None) -> tuple[PreflightReport, Cluster | None]:
     """Checks over every node. Unreachable nodes become ssh.reachable FAIL rows, not exceptions.
 
     Returns the connected cluster too (None when no host was reachable) so `up` goes on with the
@@ -64,15 +62,11 @@ def run(inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = N
     expect = expectations(inv, prof)
     unreachable: dict[str, str] = {}
     if cluster is None:
-        res = connect_all(inv)
-        for name, err in res.failed.items():
-            if not isinstance(err, SparkError):
-                raise err
-            unreachable[name] = err.message.removeprefix(f"{name}: ")
-        cluster = Cluster(inv, res.succeeded) if res.succeeded else None
+        cluster, failed = connect_reachable(inv)
+        unreachable = {name: err.message.removeprefix(f"{name}: ") for name, err in failed.items()}
+        if not cluster.hosts:
+            cluster = None
     hosts_facts = gather_all(cluster, inv, expect.image) if cluster else {}
     ctx = checks.Context(inv, hosts_facts, unreachable, expect)
-    return Report(checks.run_checks(ctx, only), hosts_facts, unreachable), cluster
+    return PreflightReport(checks.run_checks(ctx, only), hosts_facts, unreachable), cluster
 
-
-__all__ = ["run", "Report", "expectations", "gather_all", "CLUSTER_LABEL"]

@@ -4,7 +4,7 @@ A profile is `env-profiles/NAME.toml` (or a file in `$SPARKCLUSTER_PROFILES` or
 `~/.config/sparkcluster/profiles/`), validated by pydantic with unknown keys refused. It holds:
 
 - the model, its served name and the image (base, tag, the vLLM version that tag ships, its kind);
-- the variables forwarded to every container at start (the seed's VLLM_FORWARD_VARS, seed 002):
+- the variables forwarded to every container at start (docs/field-notes.md, "Bring-up"):
   the same values on every node, checked equal by the probe (`required_env_names`);
 - the `vllm serve` arguments as typed fields (`[serve]`), turned into argv by `flags.serve_argv`;
 - the names of the secrets the profile uses. Values never live in a profile: `secrets.load_secrets`.
@@ -13,7 +13,7 @@ Per-host variables are not in the profile: `per_host_env` computes them from the
 node (interface and HCA names are per-node facts, sparkrun#135). vLLM's Ray executor copies the
 driver's VLLM_*/NCCL_*/UCX_*/HF_* variables to the worker ranks unless they are named in
 `$VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json`; `non_carry_over_file` gives that file so the
-head's values never overwrite the worker's (field notes, "vLLM's own environment copying").
+head's values never overwrite the worker's (docs/field-notes.md, "Per-host values and vLLM's environment copying").
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ PROFILES_ENV_VAR = "SPARKCLUSTER_PROFILES"
 USER_PROFILES = Path("~/.config/sparkcluster/profiles")
 
 # The only secrets sparkcluster knows. Their values come from the environment or a 0600 .env
-# (seed 000, seed 002) and reach vLLM through the environment of the `docker exec`, never argv.
+# and reach vLLM through the environment of the `docker exec`, never argv (docs/field-notes.md, "Secrets").
 SECRET_NAMES: tuple[str, ...] = ("HF_TOKEN", "VLLM_API_KEY")
 SecretName = Literal["HF_TOKEN", "VLLM_API_KEY"]
 
-# Per-host variables, computed from the inventory for each node (seed 002 "Hardware and
-# topology": NCCL_IB_HCA, UCX_NET_DEVICES, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME,
-# OMPI_MCA_btl_tcp_if_include; seed 003 Fix 3: VLLM_HOST_IP = the node's own control-plane IP).
+# Per-host variables, computed from the inventory for each node: NCCL_IB_HCA, UCX_NET_DEVICES,
+# NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, OMPI_MCA_btl_tcp_if_include, and VLLM_HOST_IP = the node's
+# own control-plane IP (docs/field-notes.md, "Per-host values..." and "Node IPs").
 PER_HOST_VARS: tuple[str, ...] = (
     "VLLM_HOST_IP",
     "NCCL_SOCKET_IFNAME",
@@ -73,7 +73,7 @@ class Image(_Strict):
     tag: str = Field(pattern=_DOCKER_TAG.pattern)
     vllm_version: str = Field(pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?([.+-]?[a-zA-Z0-9.]*)?$")
     # ngc: pass-through entrypoint, takes the full `vllm serve ...`;
-    # vllm-openai: `vllm serve` is the entrypoint, takes only model + flags (seed 001 §1 note).
+    # vllm-openai: `vllm serve` is the entrypoint, takes only model + flags (docs/field-notes.md).
     kind: Literal["ngc", "vllm-openai"] | None = None
 
     @model_validator(mode="after")
@@ -100,10 +100,10 @@ def guess_image_kind(base: str) -> Literal["ngc", "vllm-openai"] | None:
 
 
 class EnvSettings(_Strict):
-    # VLLM_FORWARD_VARS (seed 002): in every container at start, equal on every node.
+    # in every container at start, equal on every node (docs/field-notes.md, "Bring-up")
     forward: dict[str, str] = Field(default_factory=dict)
     # Ray's memory monitor counts GPU-resident weights as host memory on unified memory and kills
-    # workers at 0.95; seed 003 (Fix 7) sets 1.0.
+    # workers at 0.95 (docs/field-notes.md, "Memory on a unified-memory machine").
     ray_memory_usage_threshold: float = Field(default=1.0, gt=0, le=1.0)
     # Where vLLM reads ray_non_carry_over_env_vars.json inside the container.
     vllm_config_root: str = Field(default="/etc/sparkcluster/vllm", pattern=r"^/[A-Za-z0-9._/-]*$")
@@ -137,10 +137,10 @@ class Serve(_Strict):
 
     tensor_parallel_size: int = Field(default=2, ge=1, le=64)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
-    # TP across two hosts runs on Ray (seed 002, field notes step 4)
+    # TP across two hosts runs on Ray (docs/field-notes.md, "Bring-up")
     distributed_executor_backend: Literal["ray", "mp"] | None = "ray"
     max_model_len: int | None = Field(default=None, ge=1)
-    # vLLM's 0.9 default starves a unified-memory host (seeds 000, 002); 0.75 is seed 002's value.
+    # vLLM's 0.9 default starves a unified-memory host (docs/field-notes.md, "Memory on a unified-memory machine").
     gpu_memory_utilization: float = Field(default=0.75, gt=0, le=1.0)
     dtype: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$")
     kv_cache_dtype: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$")
@@ -179,20 +179,20 @@ class Profile(_Strict):
     description: str = ""
     model: str = Field(min_length=1, pattern=r"^[^\s]+$")  # HF id or a path inside the container
     served_name: str | None = Field(default=None, pattern=r"^[^\s]+$")
-    # how the checkpoint is quantized: decides what --quantization must be (seed 001 §1)
+    # how the checkpoint is quantized: decides what --quantization must be
     checkpoint_format: Literal["auto", "modelopt", "compressed-tensors", "fp8", "bf16"] = "auto"
-    # Mamba/hybrid model: prefix caching forces an aligned block size (seed 004)
+    # Mamba/hybrid model: prefix caching forces an aligned block size (docs/field-notes.md)
     hybrid: bool = False
     allow_high_gpu_memory_utilization: bool = False
-    drop_page_cache: bool = False  # sync; echo 3 > /proc/sys/vm/drop_caches before the load (seed 004)
+    drop_page_cache: bool = False  # sync; echo 3 > /proc/sys/vm/drop_caches before the load
     # free disk the preflight asks for: the built image (NGC vLLM ~9 GB base plus Ray, room to
     # build) and the model in the HF cache (0: already there, or not ours to judge)
     image_disk_gb: float = Field(default=30.0, ge=0)
     model_disk_gb: float = Field(default=0.0, ge=0)
     # how long `up` waits for the endpoint to answer: 120B-class models take 10-15 min to load
-    # (field notes) plus 25-60 s of first-request JIT
+    # (docs/field-notes.md) plus 25-60 s of first-request JIT
     ready_timeout_s: int = Field(default=1800, ge=10)
-    shm_size: str = Field(default="16g", pattern=r"^[0-9]+[bkmgBKMG]?$")  # seed 000 compose: shm_size "16gb"
+    shm_size: str = Field(default="16g", pattern=r"^[0-9]+[bkmgBKMG]?$")  # what Spark pairs run with
     secrets: list[SecretName] = Field(default_factory=lambda: list(SECRET_NAMES))
     image: Image
     env: EnvSettings = Field(default_factory=EnvSettings)
@@ -282,8 +282,7 @@ def secret_env_names(profile: Profile) -> list[str]:
 def reasoning_plugin(profile: Profile, hf_cache: str = "/root/.cache/huggingface") -> tuple[str, str] | None:
     """(URL, path inside the container) of the reasoning-parser plugin to stage, or None.
 
-    The file goes into the mounted HF cache so it survives container restarts (seed 002 launcher:
-    /root/.cache/huggingface/super_v3_reasoning_parser.py).
+    The file goes into the mounted HF cache so it survives container restarts (docs/field-notes.md, "Bring-up").
     """
     url = profile.serve.reasoning_parser_plugin_url
     if not url:
@@ -364,9 +363,3 @@ def load_profile(name: str) -> Profile:
         raise InputError(f"cannot read {path}: {e.strerror}", "check the file's permissions") from None
     return parse(text, name=path.stem, source=str(path), path=path.resolve())
 
-
-def serve_argv(profile: Profile, image_kind: str | None = None, **kw) -> list[str]:
-    """Convenience re-export of flags.serve_argv."""
-    from .flags import serve_argv as _serve_argv
-
-    return _serve_argv(profile, image_kind, **kw)

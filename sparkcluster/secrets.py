@@ -2,8 +2,8 @@
 
 Values are registered with `redact` the moment they are read, so any later output can be masked.
 They are returned to the caller, who passes them in the environment of the `docker exec` that runs
-`vllm serve` (Docker API exec environment), never on a command line (`ps` shows argv; seed 000,
-field notes "Secrets"). A `.env` readable by group or others is refused (seed 000: `chmod 600 .env`).
+`vllm serve` (Docker API exec environment), never on a command line (`ps` shows argv;
+docs/field-notes.md, "Secrets"). A `.env` readable by group or others is refused.
 """
 
 from __future__ import annotations

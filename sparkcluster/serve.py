@@ -3,7 +3,7 @@ really answers, stop it by PID.
 
 Secrets reach it only through the environment of the Docker API's exec call: never argv (which
 `ps` shows), never a log line. Readiness is a one-token completion, because `/health` answers 200
-while an engine is stuck (dgx-spark-playbooks PR#104, vllm#36960).
+while an engine is stuck (docs/field-notes.md, "Readiness").
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import json
 import time
 from dataclasses import dataclass
 
+import docker.errors
 import httpx
 
-from . import log, redact
+from . import log, redact, retry
+from .errors import SparkError
 from .containers import files_tar
 
 LOG_PATH = "/var/log/sparkcluster/vllm-serve.log"
@@ -77,7 +79,7 @@ def token_file_command(hf_cache: str) -> str:
 
 
 def stage_plugin_command(url: str, path: str) -> list[str]:
-    # fetched once into the mounted HF cache, so restarts reuse it (seed 002's launcher)
+    # fetched once into the mounted HF cache, so restarts reuse it (docs/field-notes.md, "Bring-up")
     return ["sh", "-c", 'test -s "$2" || curl -fsSL --retry 3 -o "$2.part" "$1" && mv -f "$2.part" "$2" 2>/dev/null; test -s "$2"',
             "sh", url, path]
 
@@ -107,7 +109,7 @@ def read_record(api, container: str) -> Record | None:
 
     try:
         stream, _ = api.get_archive(container, RECORD_PATH)
-    except Exception:  # no record: nothing was started in this container
+    except docker.errors.NotFound:  # no record (or no container): nothing was started there
         return None
     data = b"".join(stream)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
@@ -119,16 +121,32 @@ def read_record(api, container: str) -> Record | None:
 def running(api, rec: Record) -> bool:
     try:
         return bool(api.exec_inspect(rec.exec_id).get("Running"))
-    except Exception:  # the exec or its container is gone
+    except docker.errors.NotFound:  # the exec or its container is gone
         return False
+
+
+def current(api, container: str) -> Record | None:
+    """The server recorded in `container` when it still runs, else None. An engine that does not
+    answer raises (EngineUnreachable): it is never taken for "no server"."""
+    rec = read_record(api, container)
+    return rec if rec is not None and running(api, rec) else None
 
 
 def log_tail(api, container: str, lines: int = 20) -> str:
     try:
         ex = api.exec_create(container, ["tail", "-n", str(lines), LOG_PATH])
         return redact.mask(api.exec_start(ex["Id"]).decode(errors="replace"))
-    except Exception as e:  # best effort, for an error message
+    except (SparkError, docker.errors.APIError) as e:  # best effort, for an error message
         return f"(could not read {LOG_PATH}: {e})"
+
+
+def warm_up(base: str, model: str, secrets: dict[str, str]) -> float:
+    """One short completion, so the first user request does not pay for the JIT compilation.
+    Best effort, as before: its answer is not judged, only its time is reported."""
+    started = time.monotonic()
+    with httpx.Client() as client:
+        one_token(client, base, model, headers(secrets), timeout=120, max_tokens=8)
+    return time.monotonic() - started
 
 
 def headers(secrets: dict[str, str]) -> dict[str, str]:
@@ -167,7 +185,7 @@ class NotReady(Exception):
 
 def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, str], timeout: float,
                on_wait=None) -> float:
-    """Block until /health is 200 AND a one-token completion succeeds; then one warm-up request.
+    """Block until /health is 200 AND a one-token completion succeeds; returns the seconds waited.
 
     Raises NotReady with the reason when the server dies or the bound passes.
     """
@@ -176,14 +194,14 @@ def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, 
     deadline = started + timeout
     last = "the server has not opened its port yet"
     with httpx.Client() as client:
-        while True:
+        def answered() -> float | None:
+            nonlocal last
             if not running(api, rec):
                 raise NotReady("vllm serve exited", log_tail(api, spec.container))
             code = health(client, base)
             if code == 200:
                 ok, why = one_token(client, base, spec.model, hdrs, timeout=min(30.0, max(1.0, deadline - time.monotonic())))
                 if ok:
-                    one_token(client, base, spec.model, hdrs, timeout=120, max_tokens=8)  # JIT warm-up
                     return time.monotonic() - started
                 last = f"/health answers 200 but {why}"
                 if "HTTP 401" in why:
@@ -192,6 +210,9 @@ def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, 
                 last = f"/health answers HTTP {code}"
             if on_wait:
                 on_wait(last, time.monotonic() - started)
-            if time.monotonic() >= deadline:
-                raise NotReady(f"not ready after {timeout:g}s: {last}", log_tail(api, spec.container))
-            time.sleep(0.2)
+            return None
+
+        took = retry.poll(answered, timeout=timeout, interval=0.2, what="vllm serve")
+    if took is None:
+        raise NotReady(f"not ready after {timeout:g}s: {last}", log_tail(api, spec.container))
+    return took

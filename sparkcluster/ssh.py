@@ -1,7 +1,8 @@
 """One SSH connection per host, and the runner interface everything above is built on.
 
-`Host.run(cmd, timeout) -> Result` is the only way the rest of sparkcluster executes a command on a
-node; `Host.docker()` gives a Docker Engine API client that rides the same SSH connection (each
+`Host.run(cmd, timeout) -> CommandResult` is the only way the rest of sparkcluster executes a command
+on a node. It fails loudly: a non-zero exit or a timeout raises `CommandFailed` carrying the result,
+unless the caller passes `warn=True` and reads the result itself; `Host.docker()` gives a Docker Engine API client that rides the same SSH connection (each
 API request is a `docker system dial-stdio` channel), so one invocation opens one connection per
 host. Nothing outside this module and `dockerapi` touches paramiko.
 
@@ -26,14 +27,14 @@ import paramiko
 from fabric import Config, Connection
 
 from . import log, redact, retry
-from .errors import AuthError, ConnectError, HostKeyError
+from .errors import AuthError, CommandFailed, ConnectError, HostKeyError
 from .inventory import Inventory, Node
 
 _log = log.get(__name__)
 
 
 @dataclass(frozen=True)
-class Result:
+class CommandResult:
     host: str
     command: str  # as run, with secrets masked
     exit_code: int
@@ -124,18 +125,29 @@ class Host:
                     return
                 time.sleep(0.1)
 
+    def _channel(self, timeout: float):
+        """A new session channel; a connection that is gone is a ConnectError naming the host."""
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectError(self.name, self.lost or "the SSH connection was lost", "check the host's network and sshd, then retry")
+        try:
+            return transport.open_session(timeout=timeout)
+        except (paramiko.SSHException, EOFError, OSError) as e:  # it died between the check and the open
+            raise ConnectError(self.name, self.lost or f"the SSH connection was lost ({e})",
+                               "check the host's network and sshd, then retry") from None
+
     @property
     def address(self) -> str:
         return self._conn.host
 
-    def run(self, cmd: str | Sequence[str], timeout: float = 30.0, stdin: bytes | None = None) -> Result:
+    def run(self, cmd: str | Sequence[str], timeout: float = 30.0, stdin: bytes | None = None, *,
+            warn: bool = False) -> CommandResult:
+        """Run a command and wait for it. Raises `CommandFailed` when it exits non-zero or times out,
+        unless `warn` (then the caller reads `ok`, `exit_code` and the output itself)."""
         line = command_line(cmd)
         shown = redact.mask(line)
         started = time.monotonic()
-        transport = self._conn.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise ConnectError(self.name, self.lost or "the SSH connection was lost", "check the host's network and sshd, then retry")
-        chan = transport.open_session(timeout=timeout)
+        chan = self._channel(timeout)
         chan.settimeout(timeout)
         out, err = bytearray(), bytearray()
         timed_out = False
@@ -165,19 +177,18 @@ class Host:
             timed_out, code = True, -1
         finally:
             chan.close()
-        res = Result(self.name, shown, code, out.decode(errors="replace"), err.decode(errors="replace"),
+        res = CommandResult(self.name, shown, code, out.decode(errors="replace"), err.decode(errors="replace"),
                      time.monotonic() - started, timed_out)
         _log.debug("ran", host=self.name, command=shown, exit_code=code, seconds=round(res.duration, 3),
                    timed_out=timed_out)
+        if not res.ok and not warn:
+            raise CommandFailed(res)
         return res
 
     def start(self, cmd: str | Sequence[str], timeout: float = 600.0) -> "RemoteProcess":
         """Start a long-running command; read its stderr lines as they come, then `wait()`."""
         line = command_line(cmd)
-        transport = self._conn.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise ConnectError(self.name, self.lost or "the SSH connection was lost", "check the host's network and sshd, then retry")
-        chan = transport.open_session(timeout=30)
+        chan = self._channel(30)
         chan.exec_command(line)
         _log.debug("started", host=self.name, command=redact.mask(line))
         return RemoteProcess(self.name, redact.mask(line), chan, timeout)
@@ -231,7 +242,7 @@ class RemoteProcess:
                 return
             time.sleep(poll)
 
-    def wait(self) -> Result:
+    def wait(self) -> CommandResult:
         for _ in self.stderr_lines():
             pass
         timed_out = not self._chan.exit_status_ready()
@@ -239,7 +250,7 @@ class RemoteProcess:
             self._chan.close()
         code = -1 if timed_out else self._chan.recv_exit_status()
         self._pump()
-        return Result(self.host, self.command, code, self._out.decode(errors="replace"),
+        return CommandResult(self.host, self.command, code, self._out.decode(errors="replace"),
                       self._err_all.decode(errors="replace"), time.monotonic() - self._started, timed_out)
 
     def close(self) -> None:

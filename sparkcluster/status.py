@@ -13,12 +13,14 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from . import parsers, raycluster, serve
-from .errors import SparkError
+from . import log, parsers, raycluster, serve
+from .errors import EngineUnreachable
 from .facts import section, split_sections
-from .fanout import Cluster, connect_all
+from .fanout import connect_reachable
 from .inventory import Inventory
 from .labels import CLUSTER_LABEL, PROFILE_LABEL, container_name
+
+_log = log.get(__name__)
 
 
 
@@ -69,7 +71,7 @@ def node_script(inv: Inventory, head: bool) -> str:
 def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None]:
     st = NodeStatus(host.name)
     is_head = host.name == inv.head.name
-    res = host.run(node_script(inv, is_head), timeout=10)
+    res = host.run(node_script(inv, is_head), timeout=10, warn=True)
     s = split_sections(res.stdout)
     now = None
     if "uptime" in s and s["uptime"].rc == 0:
@@ -91,11 +93,7 @@ def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None]:
 
 
 def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
-    res = connect_all(inv)
-    for err in res.failed.values():
-        if not isinstance(err, SparkError):
-            raise err
-    cluster = Cluster(inv, res.succeeded)
+    cluster, unreachable = connect_reachable(inv)
     with cluster:
         head = cluster.hosts.get(inv.head.name)
         port = inv.cluster.api_port
@@ -119,9 +117,12 @@ def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
             # by the head container's fixed name, alongside the node scripts rather than after them
             if not head:
                 return None
-            api = head.docker().api
-            rec = serve.read_record(api, container_name(inv.cluster.name, "head", inv.head.name))
-            return rec.pid if rec and serve.running(api, rec) else None
+            try:
+                rec = serve.current(head.docker().api, container_name(inv.cluster.name, "head", inv.head.name))
+            except EngineUnreachable as e:  # the node's own row says why; here only: no PID to show
+                _log.debug("no server PID: the head engine did not answer", error=str(e))
+                return None
+            return rec.pid if rec else None
 
         with ThreadPoolExecutor(max_workers=2) as pool:
             http_future, pid_future = pool.submit(http), pool.submit(server_pid)
@@ -134,8 +135,8 @@ def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
 
     nodes, ray_rows = [], None
     for n in inv.nodes:
-        if n.name in res.failed:
-            nodes.append(NodeStatus(n.name, reachable=False, error=res.failed[n.name].message.removeprefix(f"{n.name}: ")))
+        if n.name in unreachable:
+            nodes.append(NodeStatus(n.name, reachable=False, error=unreachable[n.name].message.removeprefix(f"{n.name}: ")))
             continue
         o = per_node[n.name]
         if not o.ok:

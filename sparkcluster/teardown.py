@@ -1,14 +1,20 @@
 """Taking a cluster down: stop `vllm serve` by its PID, then remove sparkcluster's containers
-(found by label, never by a broad name), workers before the head. Shared by `down` and by `up`'s
-rollback after a failure or Ctrl-C.
+(found by label, never by a broad name), workers before the head. Shared by `down`, by `up`'s
+steps that remove one container, and by `up`'s rollback after a failure or Ctrl-C.
+
+What happened on each node is a value (`NodeTeardown`, `ServerStop`), never a string to compare.
 """
 
 from __future__ import annotations
 
+import enum
 import shlex
 from dataclasses import dataclass, field
 
+import docker.errors
+
 from . import log, serve
+from .errors import SparkError
 from .fanout import Cluster
 from .labels import CLUSTER_LABEL, ROLE_LABEL
 from .ssh import Host
@@ -17,12 +23,40 @@ _log = log.get(__name__)
 STOP_GRACE_S = 30.0  # vLLM drains in-flight requests on SIGTERM; model teardown takes seconds
 
 
+class Stop(enum.Enum):
+    NO_CONTAINER = "no container"
+    CONTAINER_NOT_RUNNING = "container not running"
+    NO_RECORD = "no server recorded"
+    NOT_RUNNING = "server not running"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class ServerStop:
+    """What became of `vllm serve`: only STOPPED means a running server was ended by this call."""
+
+    how: Stop
+    pid: int | None = None
+    detail: str = ""  # "stopped" or "killed", as the kill command reported it
+
+    @property
+    def stopped(self) -> bool:
+        return self.how is Stop.STOPPED
+
+    def __str__(self) -> str:
+        return f"vllm serve (pid {self.pid}) {self.detail}" if self.stopped else self.how.value
+
+
 @dataclass
-class NodeOutcome:
+class NodeTeardown:
     node: str
     removed: list[str] = field(default_factory=list)
-    server: str = ""  # what happened to vllm serve, on the head
-    error: str = ""
+    server: ServerStop | None = None  # on the head only
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
 
 
 def ours(host: Host, cluster: str) -> list[dict]:
@@ -37,33 +71,46 @@ def kill_command(pid: int, grace: float) -> str:
             f"i=$((i+1)); [ $i -gt {int(grace * 10)} ] && {{ kill -KILL {p}; echo killed; exit 0; }}; sleep 0.1; done; echo stopped")
 
 
-def stop_server(host: Host, container: str, grace: float = STOP_GRACE_S) -> str:
+def kill_server(host: Host, pid: int, grace: float = STOP_GRACE_S) -> str:
+    """Stop the process by PID; returns what the command reported ("stopped" or "killed")."""
+    res = host.run(kill_command(pid, grace), timeout=grace + 15)
+    return res.stdout.strip() or res.tail(1)
+
+
+def stop_server(host: Host, container: str, grace: float = STOP_GRACE_S) -> ServerStop:
     api = host.docker().api
     try:
         info = api.inspect_container(container)
-    except Exception:  # gone already
-        return "no container"
+    except docker.errors.NotFound:  # gone already
+        return ServerStop(Stop.NO_CONTAINER)
     if not info.get("State", {}).get("Running"):
-        return "container not running"
+        return ServerStop(Stop.CONTAINER_NOT_RUNNING)
     rec = serve.read_record(api, container)
     if rec is None or not rec.pid:
-        return "no server recorded"
+        return ServerStop(Stop.NO_RECORD)
     if not serve.running(api, rec):
-        return "server not running"
-    res = host.run(kill_command(rec.pid, grace), timeout=grace + 15)
-    what = res.stdout.strip() or res.tail(1)
-    _log.info("vllm serve stopped", host=host.name, pid=rec.pid, how=what)
-    return f"vllm serve (pid {rec.pid}) {what}"
+        return ServerStop(Stop.NOT_RUNNING, rec.pid)
+    how = kill_server(host, rec.pid, grace)
+    _log.info("vllm serve stopped", host=host.name, pid=rec.pid, how=how)
+    return ServerStop(Stop.STOPPED, rec.pid, how)
+
+
+def remove_container(host: Host, cid: str) -> bool:
+    """Remove one container by ID (force: it may run). False when it was already gone."""
+    try:
+        host.docker().api.remove_container(cid, force=True)
+    except docker.errors.NotFound:
+        return False
+    return True
 
 
 def remove_containers(host: Host, cluster: str, only: set[str] | None = None) -> list[str]:
-    api = host.docker().api
     removed = []
     for c in ours(host, cluster):
         if only is not None and c["Id"] not in only:
             continue
-        api.remove_container(c["Id"], force=True)
-        removed.append(c["Names"][0].lstrip("/"))
+        if remove_container(host, c["Id"]):
+            removed.append(c["Names"][0].lstrip("/"))
     return removed
 
 
@@ -73,19 +120,19 @@ def purge_gcs_command(ray_port: int) -> str:
             f"ss -Htlnp {shlex.quote(f'( sport = :{int(ray_port)} )')}")
 
 
-def down(cluster: Cluster, only_ids: dict[str, set[str]] | None = None, purge_gcs: bool = False) -> dict[str, NodeOutcome]:
+def down(cluster: Cluster, only_ids: dict[str, set[str]] | None = None, purge_gcs: bool = False) -> dict[str, NodeTeardown]:
     """Stop the server, then remove containers on every reachable node: workers first, then head."""
     inv = cluster.inventory
     name = inv.cluster.name
-    out = {h: NodeOutcome(h) for h in cluster.hosts}
+    out = {h: NodeTeardown(h) for h in cluster.hosts}
     head = cluster.hosts.get(inv.head.name)
     if head is not None:
         try:
             heads = [c for c in ours(head, name) if c.get("Labels", {}).get(ROLE_LABEL) == "head"]
             if heads and (only_ids is None or heads[0]["Id"] in only_ids.get(head.name, set())):
                 out[head.name].server = stop_server(head, heads[0]["Id"])
-        except Exception as e:  # keep going: the containers still have to go
-            out[head.name].error = f"stopping vllm serve: {e}"
+        except (SparkError, docker.errors.APIError) as e:  # keep going: the containers still have to go
+            out[head.name].errors.append(f"stopping vllm serve: {e}")
 
     def remove(host: Host) -> list[str]:
         return remove_containers(host, name, None if only_ids is None else only_ids.get(host.name, set()))
@@ -95,11 +142,12 @@ def down(cluster: Cluster, only_ids: dict[str, set[str]] | None = None, purge_gc
             if o.ok:
                 out[node].removed = o.value
             else:
-                out[node].error = (out[node].error + "; " if out[node].error else "") + str(o.error)
+                out[node].errors.append(str(o.error))
     if purge_gcs:
-        for node, o in cluster.each(lambda h: h.run(purge_gcs_command(inv.cluster.ray_port), timeout=20)).items():
+        # the port check is the command's output, not its status: read it whatever the exit
+        for node, o in cluster.each(lambda h: h.run(purge_gcs_command(inv.cluster.ray_port), timeout=20, warn=True)).items():
             if not o.ok:
-                out[node].error = str(o.error)
+                out[node].errors = [str(o.error)]
             elif o.value.stdout.strip():
-                out[node].error = f"port {inv.cluster.ray_port} is still held: {o.value.stdout.strip()}"
+                out[node].errors = [f"port {inv.cluster.ray_port} is still held: {o.value.stdout.strip()}"]
     return out

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from .. import teardown
-from ..errors import ConnectError, EXIT_FAILED, SparkError
-from ..fanout import Cluster, connect_all
+from ..errors import ConnectError, EXIT_FAILED
+from ..fanout import connect_reachable
 from ..lock import ClusterLock
 from .main import cli
 
@@ -17,25 +19,15 @@ from .main import cli
 def down(obj, purge_gcs: bool) -> None:
     """Stop vllm serve by its PID, then remove sparkcluster's containers, workers before the head."""
     inv = obj.inventory()
-    res = connect_all(inv)
-    unreachable = {n: e for n, e in res.failed.items()}
-    for e in unreachable.values():
-        if not isinstance(e, SparkError):
-            raise e
-    if not res.succeeded:
+    cluster, unreachable = connect_reachable(inv)
+    if not cluster.hosts:
         first = next(iter(unreachable.values()))
         raise ConnectError("all nodes", f"no node reachable ({first.message})", first.fix)
-    cluster = Cluster(inv, res.succeeded)
     with cluster:
+        # the lock lives on the head: without it, the workers are still cleaned
         head_ok = inv.head.name in cluster.hosts
-        lock = ClusterLock(cluster.head, inv.cluster.name, "down") if head_ok else None
-        if lock:
-            lock.__enter__()
-        try:
+        with ClusterLock(cluster.head, inv.cluster.name, "down") if head_ok else contextlib.nullcontext():
             outcomes = teardown.down(cluster, purge_gcs=purge_gcs)
-        finally:
-            if lock:
-                lock.__exit__(None, None, None)
     nothing = True
     for n in inv.nodes:
         if n.name in unreachable:
@@ -43,16 +35,16 @@ def down(obj, purge_gcs: bool) -> None:
             continue
         o = outcomes[n.name]
         parts = []
-        if o.server and o.server not in ("no container", "container not running", "no server recorded", "server not running"):
-            parts.append(o.server)
+        if o.server is not None and o.server.stopped:
+            parts.append(str(o.server))
         if o.removed:
             parts.append("removed " + ", ".join(o.removed))
-        if o.error:
-            parts.append("ERROR " + o.error)
+        if o.errors:
+            parts.append("ERROR " + "; ".join(o.errors))
         nothing = nothing and not (o.removed or parts)
         click.echo(f"{n.name}: " + ("; ".join(parts) if parts else "nothing of sparkcluster's here"))
     if nothing and not unreachable:
         click.echo(f"{inv.cluster.name} is already down")
-    if unreachable or any(o.error for o in outcomes.values()):
+    if unreachable or any(not o.ok for o in outcomes.values()):
         click.echo("something may remain: run `sparkcluster down` again once every node answers", err=True)
         raise click.exceptions.Exit(EXIT_FAILED)

@@ -18,7 +18,9 @@ from ..errors import EXIT_USAGE, SparkError
 
 
 @dataclass
-class Context:
+class Invocation:
+    """What every subcommand gets from the global options (click passes it as `obj`)."""
+
     inventory_path: Path | None
     log_format: str
     _inventory: inventory.Inventory | None = field(default=None, repr=False)
@@ -58,7 +60,7 @@ def cli(ctx: click.Context, inventory_path: Path | None, log_format: str, verbos
     """Bring two DGX Sparks from bare to serving a model with tensor parallelism."""
     level = {0: "warning", 1: "info"}.get(verbose, "debug")
     log.configure(level=level, fmt=log_format)
-    ctx.obj = Context(inventory_path=inventory_path, log_format=log_format)
+    ctx.obj = Invocation(inventory_path=inventory_path, log_format=log_format)
 
 
 def _print_error(err: SparkError) -> None:

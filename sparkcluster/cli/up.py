@@ -9,11 +9,13 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from .. import redact, secrets as secret_store, up as up_mod
+from ..execute import Progress as StageProgress
+from ..plan import Plan
 from .main import cli
 from .common import load_profile_for
 
 
-class RichProgress(up_mod.Progress):
+class RichProgress(StageProgress):
     def __init__(self, console: Console):
         self.c = console
         self._bars: Progress | None = None
@@ -52,10 +54,13 @@ class RichProgress(up_mod.Progress):
 @click.option("--env-file", type=click.Path(path_type=Path), default=None,
               help="Where HF_TOKEN and VLLM_API_KEY live (mode 0600). Default: ./.env, then ~/.config/sparkcluster/.env.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, every command and API call per host; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: the steps as a JSON list (id, stage, host, description).")
 @click.option("--replace", is_flag=True, help="Replace a cluster that serves another profile.")
 @click.pass_obj
-def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, replace: bool) -> None:
+def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_json: bool, replace: bool) -> None:
     """Build, distribute, start Ray on every node and serve the profile's model with TP over Ray."""
+    if as_json and not dry_run:
+        raise click.UsageError("--json goes with --dry-run (a real up logs its steps with --log-format json)")
     inv = obj.inventory()
     prof = load_profile_for(inv, profile_name)
     if prof is None:
@@ -64,8 +69,8 @@ def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, repl
     err = Console(stderr=True, highlight=False)
     result = up_mod.run(inv, prof, secrets, RichProgress(err), dry_run=dry_run, replace=replace,
                         command=f"up --profile {prof.name}")
-    if isinstance(result, up_mod.Plan):
-        click.echo(result.render())
+    if isinstance(result, Plan):
+        click.echo(result.as_json() if as_json else result.render())
         return
     if result.unchanged:
         click.echo(f"nothing to do: {inv.cluster.name} already serves '{prof.name}' (vllm serve pid {result.pid})")

@@ -12,7 +12,7 @@ from conftest import LINKS, carrier_text, cap, hca_text, inventory_dict, link_ip
 from sparkcluster import facts
 from sparkcluster import parsers as P
 from sparkcluster.errors import StageError
-from sparkcluster.ssh import Result
+from sparkcluster.ssh import CommandResult as Result
 
 H, W = "spark-head", "spark-worker"
 
@@ -240,7 +240,7 @@ class FakeHost:
         self.node = make_inventory().node(H)
         self.ran: list[str] = []
 
-    def run(self, cmd, timeout=30.0, stdin=None):
+    def run(self, cmd, timeout=30.0, stdin=None, warn=False):
         self.ran.append(cmd)
         return Result(self.name, "script", -1 if self.timed_out else 0, self.stdout, "", 0.1, self.timed_out)
 

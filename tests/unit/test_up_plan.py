@@ -11,6 +11,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from conftest import inventory_dict, make_inventory
@@ -21,7 +22,8 @@ from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
 from sparkcluster.images import RAY_VERSION, image_ref
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
-from sparkcluster.up import STAGES, Plan, make_plan
+from sparkcluster.plan import Plan, make_plan
+from sparkcluster.stages import STAGES
 
 REPO = Path(__file__).resolve().parents[2]
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -137,7 +139,9 @@ def test_same_image_matching_containers_and_serving_is_unchanged(prof):
     assert plan.serve is None
     assert plan.head_container == spec_for(inv, prof, inv.head, plan.image).name
     assert "nothing to do" in plan.render()
-    assert [s.stage for s in plan.steps()] == ["preflight", "preflight", "image", "image"]
+    # issue 13: nothing runs after preflight on a cluster that already serves, so nothing else is
+    # listed (the ray check used to be printed here although it never ran)
+    assert [s.stage for s in plan.steps()] == ["preflight", "preflight"]
 
 
 def test_matching_containers_but_not_serving_only_serves(prof):
@@ -367,7 +371,7 @@ class FakeAPI:
 
     def get_archive(self, container, path):
         if path not in self.archives:
-            raise FileNotFoundError(path)
+            raise docker.errors.NotFound(path)
         return iter([files_tar({path.rsplit("/", 1)[-1]: self.archives[path].decode()})]), {}
 
 

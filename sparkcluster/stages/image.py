@@ -1,0 +1,180 @@
+"""The image stage: build the cluster image on the head when it lacks it, send it to each worker
+whose image differs (head to worker over the control link, verified by image ID), and check that
+`ray` runs in the image wherever the image is new or its Ray is not known yet."""
+
+from __future__ import annotations
+
+import io
+import shlex
+import tarfile
+import time
+from typing import TYPE_CHECKING
+
+import docker.errors
+
+from .. import dockerapi, log, transfer
+from ..errors import EngineUnreachable, StageError
+from ..images import DOCKERFILE
+from .base import Step, fail
+
+if TYPE_CHECKING:
+    from ..execute import Run
+    from ..plan import Plan
+
+_log = log.get(__name__)
+STAGE = "image"
+
+
+def ray_version_command(image: str) -> str:
+    return shlex.join(["docker", "run", "--rm", "--network", "none", "--entrypoint", "ray", image, "--version"])
+
+
+def steps(plan: "Plan") -> list[Step]:
+    inv, head = plan.inventory, plan.inventory.head.name
+    out = []
+    if plan.build is not None:
+        args = " ".join(f"--build-arg {k}={v}" for k, v in plan.build.items())
+        out.append(Step(STAGE, head, "build", "build the cluster image",
+                        f"Engine API build: docker build --network host {args} -t {plan.image} -f {DOCKERFILE.name} .",
+                        run=build))
+    for w in plan.send_to:
+        node = inv.node(w)
+        # after a build the head's new ID is known only at run time: the worker may already hold it
+        when = "the head's image ID, read after the build, differs from this node's" if plan.build is not None else ""
+        out.append(Step(STAGE, w, "receive", "receive the image from the head",
+                        transfer.describe(plan.image, head, str(inv.head.control_ip), w, str(node.control_ip)),
+                        run=lambda r, w=w: send(r, w), when=when,
+                        skip=(lambda r, w=w: _same_image(r, w)) if when else None))
+    for n in inv.nodes:
+        if n.name in plan.send_to or plan.build is not None or not plan.facts[n.name].image_ray:
+            out.append(Step(STAGE, n.name, "ray-version", "check ray in the image", ray_version_command(plan.image),
+                            run=lambda r, n=n.name: ray_in_image(r, n), parallel="ray-version"))
+    return out
+
+
+def summary(done: list[tuple[Step, object]]) -> str:
+    notes = [v for s, v in done if s.action in ("build", "receive") and v]
+    return ", ".join(notes) or "in place on every node"
+
+
+def _same_image(r: "Run", worker: str) -> str | None:
+    return "it already holds the head's image" if r.facts[worker].image_id == r.head_image_id() else None
+
+
+def image_id(host, image: str) -> str | None:
+    """The image's ID on the host, None when it has no such image (an engine error raises)."""
+    try:
+        return host.docker().api.inspect_image(image)["Id"]
+    except docker.errors.NotFound:  # ImageNotFound, or a plain 404 from older engines
+        return None
+
+
+def build(r: "Run") -> str:
+    head, plan = r.cluster.head, r.plan
+    api = head.docker().api
+    ctx = io.BytesIO()
+    with tarfile.open(fileobj=ctx, mode="w") as tar:
+        tar.add(str(DOCKERFILE), arcname="Dockerfile")
+    ctx.seek(0)
+    tail: list[str] = []
+    try:
+        for chunk in api.build(fileobj=ctx, custom_context=True, tag=plan.image, buildargs=plan.build,
+                               network_mode="host", rm=True, forcerm=True, decode=True, pull=False):
+            if "stream" in chunk:
+                tail.extend(x for x in chunk["stream"].splitlines() if x.strip())
+                tail = tail[-20:]
+            if "error" in chunk:
+                raise fail(STAGE, head.name, "docker build", chunk["error"].strip(),
+                           f"docker build -t {plan.image} images/", "\n".join(tail),
+                           "read the build output above; the base image must exist on the head "
+                           f"(docker pull {plan.profile.image.ref})")
+    except StageError:
+        raise
+    except (docker.errors.DockerException, EngineUnreachable, *dockerapi.UNREACHABLE) as e:
+        # the engine refused or the stream broke: name it with the output so far
+        raise fail(STAGE, head.name, "docker build", str(e), None, "\n".join(tail)) from None
+    return "built on " + head.name
+
+
+def ray_in_image(r: "Run", node: str) -> str:
+    cmd = ray_version_command(r.plan.image)
+    res = r.cluster.hosts[node].run(cmd, timeout=120, warn=True)
+    if not res.ok:
+        raise fail(STAGE, node, "ray in the image", "`ray --version` failed in the image", cmd, res.tail(),
+                   "the image must be built from images/Dockerfile.vllm-ray (NGC 26.05 has no Ray)")
+    return res.stdout.strip()
+
+
+def _disk_needed(r: "Run", head, worker, size: int, layers: list[str]) -> int | None:
+    """What docker load will need on the worker, from the layers it already holds; None when the
+    engines cannot say (the transfer then goes ahead, and a full disk fails it cleanly)."""
+    try:
+        hist = head.docker().api.history(r.plan.image)
+        sizes = [e.get("Size", 0) for e in reversed(hist) if e.get("Size", 0) > 0]
+        api = worker.docker().api
+        present = []
+        for img in api.images():
+            try:
+                rootfs = api.inspect_image(img["Id"]).get("RootFS") or {}
+            except docker.errors.NotFound:  # removed meanwhile
+                continue
+            present.append((rootfs.get("Layers") or [], img.get("Size", 0)))
+    except (docker.errors.APIError, EngineUnreachable) as e:  # no estimate, not a failure
+        _log.warning("could not estimate the disk the image needs", node=worker.name, error=str(e))
+        return None
+    return transfer.disk_needed(size, layers, present, sizes)
+
+
+def send(r: "Run", worker_name: str) -> str:
+    head, worker = r.cluster.head, r.cluster.hosts[worker_name]
+    info = r.head_image()
+    head_id = info["Id"]
+    size, layers = info.get("Size", 0), (info.get("RootFS") or {}).get("Layers") or []
+    wf = r.facts[worker.name]
+    free = list(wf.disks.values())[0].available if wf.disks else None
+    need = _disk_needed(r, head, worker, size, layers) if free is not None and size else None
+    if free is not None and need and free < need * 1.05:
+        raise fail(STAGE, worker.name, "receive the image",
+                   f"not enough disk: {free / 2**30:.1f} GiB free in "
+                   f"{wf.docker.root_dir if wf.docker else 'the docker root'}; docker load needs "
+                   f"{need / 2**30:.1f} GiB (it unpacks the whole {size / 2**30:.1f} GiB image before "
+                   "storing the layers the node lacks)",
+                   fix=f"free {(need * 1.05 - free) / 2**30:.1f} GiB more on {worker.name} (`docker image prune -a` "
+                       "removes the images no container uses), then sparkcluster up")
+    wnode, hnode = r.inv.node(worker.name), r.inv.head
+    recv = worker.start(transfer.bash(transfer.receive_command(str(wnode.control_ip), str(hnode.control_ip))), timeout=3600)
+    port = None
+    for line in recv.stderr_lines():
+        if line.startswith("@@port "):
+            port = int(line.split()[1])
+            break
+    if port is None:
+        res = recv.wait()
+        raise fail(STAGE, worker.name, "start the receiver", "the receiver did not start",
+                   "python3 receiver | docker load", res.tail())
+    t0, sent = time.monotonic(), 0
+    snd = head.start(transfer.bash(transfer.send_command(r.plan.image, str(wnode.control_ip), port,
+                                                         str(hnode.control_ip))), timeout=3600)
+    for line in snd.stderr_lines():
+        if line.startswith("@@sent "):
+            sent = int(line.split()[1])
+            r.progress.bytes(worker.name, sent, size)
+    sres, rres = snd.wait(), recv.wait()
+    if not rres.ok or not sres.ok:
+        bad, res = (worker, rres) if not rres.ok else (head, sres)
+        left = image_id(worker, r.plan.image)
+        extra = "" if left is None else f" (an image {left[:19]} is left on {worker.name})"
+        root = wf.docker.root_dir if wf.docker else "/var/lib/docker"
+        df = worker.run(f"df -Pk {shlex.quote(root)} | tail -1", timeout=20, warn=True)
+        if df.ok and len(df.stdout.split()) > 3 and df.stdout.split()[3].isdigit():
+            extra += f"; {int(df.stdout.split()[3]) // 1024} MiB free in {root} on {worker.name}"
+        raise fail(STAGE, bad.name, "send the image", f"transfer failed (exit {res.exit_code}){extra}",
+                   res.command[:160], res.tail(),
+                   f"check free disk and the link between {head.name} and {worker.name}, then sparkcluster up")
+    got = image_id(worker, r.plan.image)
+    if got != head_id:
+        raise fail(STAGE, worker.name, "verify the image", f"image ID after the transfer is {got}, expected {head_id}")
+    secs = time.monotonic() - t0
+    # the bar's own rate needs samples over time; a fast link sends in one burst after docker save
+    # has prepared the stream, so the whole transfer's rate is stated here
+    return f"sent to {worker.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, {sent / 1e6 / max(secs, 1e-3):.1f} MB/s"
