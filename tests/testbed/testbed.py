@@ -511,7 +511,11 @@ Subsystem sftp /usr/lib/openssh/sftp-server
             if self.sh(host, "docker version --format '{{.Server.Version}}'", check=False, timeout=20).returncode == 0:
                 return
             time.sleep(0.3)
-        raise TestbedError(f"dockerd on {host} did not come up; see {self.dockerd_log(host)}")
+        try:
+            tail = "\n".join(self.dockerd_log(host).read_text(errors="replace").splitlines()[-15:])
+        except OSError:
+            tail = "(no log)"
+        raise TestbedError(f"dockerd on {host} did not come up; its log ends:\n{tail}")
 
     def stop_dockerd(self, host: str, timeout: float = 30) -> None:
         """Stop the host's dockerd (and its containerd) like `systemctl stop docker`."""

@@ -100,7 +100,7 @@ def test_testbed_argv():
     assert argv == ["vllm", "serve", "sparkcluster/testbed-tiny", "--served-model-name", "testbed-tiny",
                     "--host", "0.0.0.0", "--port", "8000", "--tensor-parallel-size", "2",
                     "--pipeline-parallel-size", "1", "--distributed-executor-backend", "ray",
-                    "--max-model-len", "4096", "--gpu-memory-utilization", "0.2", "--enforce-eager"]
+                    "--max-model-len", "1024", "--gpu-memory-utilization", "0.2", "--enforce-eager"]
 
 
 def test_optional_bools_and_json():

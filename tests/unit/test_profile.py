@@ -66,14 +66,25 @@ def test_nemotron_values_from_seed():
 
 
 def test_testbed_profile():
+    # the real engine: the testbed's stand-in of the NGC image holds vLLM 0.32.0 (CPU build)
     p = load_profile("testbed")
     assert p.model == "sparkcluster/testbed-tiny"
     assert p.served_name == "testbed-tiny"
     assert p.image.ref == "nvcr.io/nvidia/vllm:26.05.post1-py3"
-    assert p.image.vllm_version == "0.21.0"
-    assert p.forwarded_env() == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "FLASHINFER_DISABLE_VERSION_CHECK": "1"}
+    assert p.image.vllm_version == "0.32.0"
+    assert p.forwarded_env() == {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     assert p.serve.tensor_parallel_size == 2
     assert p.serve.gpu_memory_utilization == 0.2  # the testbed is one 24 GiB machine seen whole by both hosts
+    assert p.serve.max_model_len == 1024
+    assert p.serve.enforce_eager
+
+
+def test_testbed_standin_profile():
+    # the test double of vLLM 0.21, in an image of its own
+    p = load_profile("testbed-standin")
+    assert p.image.ref == "sparkcluster-testbed/vllm-standin:0.21"
+    assert p.image.vllm_version == "0.21.0" and p.image.kind == "ngc"
+    assert p.forwarded_env() == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "FLASHINFER_DISABLE_VERSION_CHECK": "1"}
     assert p.serve.max_model_len == 4096
     assert p.serve.enforce_eager
     assert p.serve.reasoning_parser_plugin_url is None

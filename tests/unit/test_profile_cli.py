@@ -33,7 +33,7 @@ def run(capsys, *argv):
 def test_list(capsys):
     rc, out, _ = run(capsys, "profile", "list")
     assert rc == 0
-    for name in ("nemotron", "qwen3-30b", "qwen3-122b", "testbed"):
+    for name in ("nemotron", "qwen3-30b", "qwen3-122b", "testbed", "testbed-standin"):
         assert name in out
 
 
@@ -138,7 +138,7 @@ def test_show_env_file_bad_mode(capsys, tmp_path):
 
 
 def test_show_without_inventory(capsys):
-    rc, out, _ = run(capsys, "profile", "show", "testbed")
+    rc, out, _ = run(capsys, "profile", "show", "testbed-standin")
     assert rc == 0
     assert "FLASHINFER_DISABLE_VERSION_CHECK=1" in out
     assert "no inventory given" in out
