@@ -12,16 +12,12 @@ import time
 from dataclasses import dataclass, field
 
 from . import parsers as P
+from . import probes
 from .inventory import Inventory, Node
 from .labels import CLUSTER_LABEL
 
-SECTION = "@@sc@@"
-
-
-@dataclass(frozen=True)
-class Section:
-    rc: int
-    out: str
+# the section markers and their parser live with the probes; kept here under their old names
+SECTION, Section, section, split_sections = probes.SECTION, probes.Section, probes.section, probes.split_sections
 
 
 @dataclass
@@ -36,6 +32,8 @@ class HostFacts:
     gpu_hook: str = ""
     interfaces: dict[str, P.Interface] = field(default_factory=dict)
     hcas: dict[str, P.Hca] = field(default_factory=dict)
+    gids: dict[str, list[P.Gid]] = field(default_factory=dict)  # hca -> filled GID table entries
+    default_routes: list[str] = field(default_factory=list)  # netdevs the default route(s) leave by
     mem: P.MemInfo | None = None
     earlyoom: bool = False
     sshd_oom_score_adj: int | None = None
@@ -47,7 +45,9 @@ class HostFacts:
     image_ray_error: str = ""
     disks: dict[str, P.Disk] = field(default_factory=dict)
     ray_sessions: list[str] = field(default_factory=list)
-    path_mtu: dict[str, P.PingResult] = field(default_factory=dict)  # netdev -> result (phase 2)
+    # phase 2: every path MTU probe from this node, one per (netdev, peer address): a passing probe
+    # must never hide a failing one on the same netdev
+    path_mtu: list[P.PingResult] = field(default_factory=list)
 
 
 def section(name: str, cmd: str, stderr: bool = True) -> str:
@@ -60,23 +60,20 @@ def section(name: str, cmd: str, stderr: bool = True) -> str:
 def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[str, str] | None = None) -> str:
     """One shell script for one host. Every value is quoted; nothing here comes from a user string
     that is not validated by the inventory model."""
-    ifs = " ".join(shlex.quote(i) for i in dict.fromkeys([node.control_if, *node.netdevs]))
     ports = " or ".join(f"sport = :{p}" for p in (inv.cluster.ray_port, inv.cluster.api_port))
     hf = shlex.quote(inv.cluster.hf_cache)
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
     parts = [
         section("hostname", "hostname"),
         section("time", "date +%s.%N"),
-        section("gpu", "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader"),
+        probes.GPU.script(),
         section("docker", "docker info --format '{{json .}}'"),
         section("gpu_hook", "command -v nvidia-container-runtime-hook nvidia-ctk nvidia-container-runtime | head -1"),
-        section("ip", "ip -j addr show"),
-        section("carrier", f"for i in {ifs}; do printf '%s %s %s\\n' \"$i\" "
-                            "\"$(cat /sys/class/net/$i/carrier 2>/dev/null || echo -)\" "
-                            "\"$(cat /sys/class/net/$i/speed 2>/dev/null || echo -)\"; done"),
-        section("hca", "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] || continue; "
-                        "printf '%s|%s|%s\\n' \"${d##*/}\" \"$(cat $d/ports/1/state 2>/dev/null)\" "
-                        "\"$(ls $d/device/net 2>/dev/null | tr '\\n' ' ')\"; done"),
+        probes.IP.script(),
+        probes.carrier([node.control_if, *node.netdevs]).script(),
+        probes.HCA.script(),
+        probes.GIDS.script(),
+        probes.ROUTE.script(),
         section("meminfo", "cat /proc/meminfo"),
         section("earlyoom", "pgrep -x earlyoom"),
         section("sshd_oom", "cat /proc/$(pgrep -o -x sshd)/oom_score_adj"),
@@ -153,6 +150,8 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
             f.interfaces[name].carrier = carrier
             f.interfaces[name].speed_mbps = speed
     f.hcas = P.hca_lines(get("hca").out)
+    f.gids = P.gid_lines(get("gids").out)
+    f.default_routes = probes.value(probes.ROUTE, s, [])
     f.mem = P.meminfo(get("meminfo").out) if get("meminfo").rc == 0 else None
     f.earlyoom = get("earlyoom").rc == 0
     so = get("sshd_oom")
@@ -196,9 +195,10 @@ class Probe:
 
 
 def path_mtu_probes(node: Node, facts: dict[str, HostFacts]) -> list[Probe]:
-    """For each data-plane netdev of `node`, the peer address on the same subnet on another node."""
+    """For each data-plane netdev of `node`, every peer address on one of its subnets on another
+    node: one probe per direction and per peer (each node probes from its own side)."""
     mine = facts[node.name].interfaces
-    probes = []
+    out = []
     for netdev in node.netdevs:
         iface = mine.get(netdev)
         if not iface:
@@ -210,26 +210,32 @@ def path_mtu_probes(node: Node, facts: dict[str, HostFacts]) -> list[Probe]:
                 for oi in of.interfaces.values():
                     for oa in oi.addresses:
                         if oa.network == addr.network and oa.ip != addr.ip:
-                            probes.append(Probe(netdev, other, str(oa.ip), node.mtu - 28))
-    return probes
+                            out.append(Probe(netdev, other, str(oa.ip), node.mtu - 28))
+    return list(dict.fromkeys(out))
+
+
+def _ping(p: Probe) -> probes.Probe:
+    return probes.ping(p.netdev, p.peer_ip, p.size)
 
 
 def ping_command(p: Probe) -> str:
-    return shlex.join(["ping", "-M", "do", "-c", "1", "-W", "1", "-s", str(p.size), "-I", p.netdev, p.peer_ip])
+    return _ping(p).command
 
 
-def path_mtu_script(probes: list[Probe]) -> str:
-    return "\n".join(section(f"ping {p.netdev} {p.peer_ip}", ping_command(p)) for p in probes) + "\n"
+def path_mtu_script(ps: list[Probe]) -> str:
+    # the neighbour entry right after each ping says who answered (a third machine or a cluster node)
+    return "\n".join(x for p in ps for x in (_ping(p).script(), probes.neigh(p.netdev, p.peer_ip).script())) + "\n"
 
 
-def gather_path_mtu(host, probes: list[Probe], timeout: float = 20.0) -> dict[str, P.PingResult]:
-    if not probes:
-        return {}
-    res = host.run(path_mtu_script(probes), timeout=timeout)
+def gather_path_mtu(host, ps: list[Probe], timeout: float = 20.0) -> list[P.PingResult]:
+    if not ps:
+        return []
+    res = host.run(path_mtu_script(ps), timeout=timeout)
     sections = split_sections(res.stdout)
-    out: dict[str, P.PingResult] = {}
-    for p in probes:
-        sec = sections.get(f"ping {p.netdev} {p.peer_ip}", Section(124, "no result: the probe did not finish"))
-        out[p.netdev] = P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, sec.rc == 0,
-                                     P.ping_reason(sec.out), ping_command(p))
+    out = []
+    for p in ps:
+        sec = sections.get(_ping(p).name, Section(124, "no result: the probe did not finish"))
+        mac = probes.value(probes.neigh(p.netdev, p.peer_ip), sections, "")
+        out.append(P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, sec.rc == 0,
+                                P.ping_reason(sec.out), ping_command(p), mac))
     return out

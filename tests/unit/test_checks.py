@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from conftest import (LINKS, NODES, carrier_text, cap, control_ip, hca_text, inventory_dict, link_ip, make_inventory,
-                      spark_ip_json)
+from conftest import (LINKS, NODES, carrier_text, cap, control_ip, gid_text, hca_text, inventory_dict, link_ip,
+                      make_inventory, spark_ip_json)
 from sparkcluster import checks, facts
 from sparkcluster import parsers as P
 from sparkcluster import profile as profiles
@@ -89,6 +89,8 @@ def _host_facts(name: str, role: str, host: int) -> facts.HostFacts:
     for nd, carrier, speed in P.carrier_lines(carrier_text()):
         f.interfaces[nd].carrier, f.interfaces[nd].speed_mbps = carrier, speed
     f.hcas = P.hca_lines(hca_text())
+    f.gids = P.gid_lines(gid_text(host))
+    f.default_routes = ["enP7s7"]
     f.mem = P.meminfo(MEMINFO)
     f.earlyoom = True
     f.sshd_oom_score_adj = -1000
@@ -116,9 +118,10 @@ def healthy() -> State:
     inv = make_inventory(inv_data)
     ok_line = P.last_line(cap("vm-ping-lo-8972.txt"))
     for node in inv.nodes:
-        hf[node.name].path_mtu = {p.netdev: P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, True, ok_line,
-                                                         facts.ping_command(p))
-                                  for p in facts.path_mtu_probes(node, hf)}
+        peer_if = {str(a.ip): i.mac for n, f in hf.items() for i in f.interfaces.values() for a in i.addresses}
+        hf[node.name].path_mtu = [P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, True, ok_line,
+                                               facts.ping_command(p), peer_if[p.peer_ip])
+                                  for p in facts.path_mtu_probes(node, hf)]
     expect = dict(image=IMAGE, forwarded_env=dict(FORWARDED), gpu_memory_utilization=0.75,
                   image_disk_bytes=30 * GiB, model_disk_bytes=100 * GiB)
     return State(inv_data, hf, {}, expect)
@@ -144,7 +147,7 @@ def test_healthy_path_mtu_pairs_every_link_both_ways():
     s = healthy()
     for name, host in ((H, 1), (W, 2)):
         peer = 2 if host == 1 else 1
-        assert {nd: p.peer_ip for nd, p in s.facts[name].path_mtu.items()} == {
+        assert {p.netdev: p.peer_ip for p in s.facts[name].path_mtu} == {
             nd: link_ip(k, peer) for nd, _, k in LINKS}
 
 
@@ -251,9 +254,9 @@ def mtu_1500(s):
 
 
 def path_mtu_fails(s):
-    p = s.facts[W].path_mtu["enP2p1s0f0np0"]
-    s.facts[W].path_mtu["enP2p1s0f0np0"] = dataclasses.replace(
-        p, ok=False, detail=P.last_line(cap("vm-ping-eth0-1472-toolarge.txt")))
+    k = next(i for i, p in enumerate(s.facts[W].path_mtu) if p.netdev == "enP2p1s0f0np0")
+    s.facts[W].path_mtu[k] = dataclasses.replace(
+        s.facts[W].path_mtu[k], ok=False, detail=P.last_line(cap("vm-ping-eth0-1472-toolarge.txt")))
 
 
 def hca_down(s):
