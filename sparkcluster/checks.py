@@ -457,7 +457,7 @@ def net_peer(ctx: Context, r: Report) -> None:
                 problems.append(f"{n} ({', '.join(map(str, sorted(nets)))}) has a cable but no cluster node has an "
                                 "address on its subnet: its far end is another machine")
         for p in f.path_mtu:
-            if p.peer_mac and p.peer_mac not in macs:
+            if p.peer_mac and p.peer_node in ctx.facts and p.peer_mac not in macs:
                 problems.append(f"{p.peer_ip} on {p.netdev} is answered by {p.peer_mac}, which is no port of a cluster "
                                 f"node (not {p.peer_node})")
         if problems:

@@ -170,6 +170,27 @@ def hca_lines(text: str) -> dict[str, Hca]:
     return out
 
 
+_IBSTAT_STATE = {"active": "4: ACTIVE", "down": "1: DOWN", "init": "2: INIT", "armed": "3: ARMED"}
+
+
+def ibstat_states(text: str) -> dict[str, str]:
+    """`ibstat`: each CA's port 1 state in sysfs form ("4: ACTIVE"), so owners' published output
+    can be judged by the same checks as what the probe reads."""
+    out, ca, port = {}, None, None
+    for line in text.splitlines():
+        m = re.match(r"^CA '([^']+)'", line)
+        if m:
+            ca, port = m.group(1), None
+            continue
+        s = line.strip()
+        if s.startswith("Port ") and s.endswith(":"):
+            port = s[5:-1]
+        elif ca and port == "1" and s.startswith("State:"):
+            v = s.split(":", 1)[1].strip()
+            out[ca] = _IBSTAT_STATE.get(v.lower(), v)
+    return out
+
+
 @dataclass(frozen=True)
 class Gid:
     hca: str

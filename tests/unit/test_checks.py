@@ -259,6 +259,42 @@ def path_mtu_fails(s):
         s.facts[W].path_mtu[k], ok=False, detail=P.last_line(cap("vm-ping-eth0-1472-toolarge.txt")))
 
 
+def twins_share_subnet(s):
+    # eugr/spark-vllm-docker#270: the owner put the port's second twin on the first twin's subnet too
+    s.facts[W].interfaces["enP2p1s0f1np1"].addresses.append(_addr("198.19.2.3", 24))
+
+
+def twin_up_without_ipv4(s):
+    # the twin is up (and listed) but has no IPv4, so the kernel made no RoCE v2 IPv4 GID for its HCA
+    s.facts[W].interfaces["enP2p1s0f0np0"].addresses = []
+    s.facts[W].gids["roceP2p1s0f0"] = [g for g in s.facts[W].gids["roceP2p1s0f0"] if g.ipv4 is None]
+
+
+def hca_without_v4_gid(s):
+    # the address is there but the GID table has only the IPv6 link-local entries (e.g. read too early)
+    s.facts[W].gids["rocep1s0f0"] = [g for g in s.facts[W].gids["rocep1s0f0"] if g.ipv4 is None]
+
+
+def gid_index_shifted(s):
+    # one more IPv6 address on every worker port pushes the IPv4 GIDs two entries down: index 5, not 3
+    s.facts[W].gids = {h: [dataclasses.replace(g, index=g.index + 2 if g.ipv4 else g.index) for g in gs]
+                       for h, gs in s.facts[W].gids.items()}
+
+
+def rail_degraded(s):
+    s.facts[W].interfaces["enP2p1s0f1np1"].speed_mbps = 100000
+
+
+def peer_is_third_machine(s):
+    # the worker's path MTU probe on enp1s0f0np0 was answered by a MAC no cluster node has
+    k = next(i for i, p in enumerate(s.facts[W].path_mtu) if p.netdev == "enp1s0f0np0")
+    s.facts[W].path_mtu[k] = dataclasses.replace(s.facts[W].path_mtu[k], peer_mac="b8:ce:f6:01:02:03")
+
+
+def default_route_on_cx7(s):
+    s.facts[W].default_routes = ["enp1s0f1np1"]
+
+
 def hca_down(s):
     s.facts[W].hcas["roceP2p1s0f1"] = dataclasses.replace(s.facts[W].hcas["roceP2p1s0f1"], state="1: DOWN")
 
@@ -377,6 +413,13 @@ CASES = [
     ("net.link", W, "fail", link_no_carrier, {}),
     ("net.mtu", W, "fail", mtu_1500, {}),
     ("net.path_mtu", W, "fail", path_mtu_fails, {}),
+    ("net.twins", W, "fail", twins_share_subnet, {}),
+    ("rdma.gid", W, "fail", twin_up_without_ipv4, {}),
+    ("rdma.gid", W, "fail", hca_without_v4_gid, {}),
+    ("rdma.gid", W, "fail", gid_index_shifted, {}),
+    ("net.speed", W, "warn", rail_degraded, {}),
+    ("net.peer", W, "fail", peer_is_third_machine, {}),
+    ("net.default_route", W, "warn", default_route_on_cx7, {}),
     ("rdma.hca", W, "fail", hca_down, {}),
     ("rdma.hca", W, "fail", hca_missing, {}),
     ("rdma.hca", W, "fail", hca_wrong_netdev, {}),
