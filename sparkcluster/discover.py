@@ -141,7 +141,7 @@ def link_local_error(found: list[Discovered], per_host: list[list[Link]]) -> Spa
     seen = "; ".join(f"{d.target}: " + ", ".join(f"{x.netdev} {a.ip}/{a.network.prefixlen}"
                                                  for x in links for a in _link_local(d, x.netdev))
                      for d, links in zip(found, per_host))
-    twins = sorted({x.netdev for links in per_host for x in links})
+    twins = sorted({x.netdev for links in per_host for x in links}, key=str.lower)  # port order
     scheme = ", ".join(f"{nd} 198.19.{k + 1}.N/24" for k, nd in enumerate(twins))
     return SparkError(f"the ConnectX-7 ports have only link-local addresses ({seen}): they work for a quick test, but "
                       "they are picked anew at each boot (so an inventory naming them goes stale) and every port "
