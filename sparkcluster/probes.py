@@ -78,12 +78,14 @@ IP = Probe("ip", "ip -j addr show", P.ip_addr_json)
 HCA = Probe("hca", "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] || continue; "
                    "printf '%s|%s|%s\\n' \"${d##*/}\" \"$(cat \"$d/ports/1/state\" 2>/dev/null)\" "
                    "\"$(ls \"$d/device/net\" 2>/dev/null | tr '\\n' ' ')\"; done", P.hca_lines)
-# each HCA's GID table: only the filled entries (a real table has 255 zero GIDs after them)
+# each HCA's GID table: only the filled entries. A real table has 256 entries per port, mostly zero
+# GIDs whose attribute files refuse to be read (EINVAL): `read` (a builtin) keeps it to no fork per entry.
 GIDS = Probe("gids", "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] || continue; p=\"$d/ports/1\"; "
-                     "for g in \"$p\"/gids/*; do [ -e \"$g\" ] || continue; n=${g##*/}; v=$(cat \"$g\" 2>/dev/null); "
+                     "for g in \"$p\"/gids/*; do [ -e \"$g\" ] || continue; n=${g##*/}; v=; read -r v 2>/dev/null < \"$g\"; "
                      "[ -n \"$v\" ] && [ \"$v\" != 0000:0000:0000:0000:0000:0000:0000:0000 ] || continue; "
-                     "printf '%s|%s|%s|%s|%s\\n' \"${d##*/}\" \"$n\" \"$v\" "
-                     "\"$(cat \"$p/gid_attrs/types/$n\" 2>/dev/null)\" \"$(cat \"$p/gid_attrs/ndevs/$n\" 2>/dev/null)\"; "
+                     "t=; read -r t 2>/dev/null < \"$p/gid_attrs/types/$n\"; "
+                     "nd=; read -r nd 2>/dev/null < \"$p/gid_attrs/ndevs/$n\"; "
+                     "printf '%s|%s|%s|%s|%s\\n' \"${d##*/}\" \"$n\" \"$v\" \"$t\" \"$nd\"; "
                      "done; done", P.gid_lines)
 ROUTE = Probe("route", "ip -j route show default", P.default_route_devs)
 
