@@ -416,3 +416,33 @@ def test_healthy_cabling_modes_pass_like_the_default(testbed, sc, healthy, mode)
     assert rc == 0 and doc["ok"] is True
     if mode.startswith("two-cables"):
         assert rows[("rdma.gid", HEAD)]["detail"] == "index 3 on rocep1s0f0, rocep1s0f1, roceP2p1s0f0, roceP2p1s0f1"
+
+
+NET_IDS = [i for i in IDS if i.startswith(("net.", "rdma."))]
+
+
+@pytest.mark.parametrize("mode", ["one-cable", "two-cables", "twin-no-ipv4", "one-cable@1500"])
+def test_init_drafts_what_doctor_passes_on_every_healthy_mode(testbed, sc, healthy, mode, tmp_path):
+    """`init` on a cabling mode (issue 17) writes the ports the testbed's own inventory lists, with
+    gid_index 3, and doctor with that draft judges the network exactly as with the testbed's."""
+    from sparkcluster import inventory
+    _, _, base = healthy
+    out = tmp_path / "draft.toml"
+    try:
+        ref = inventory.load(testbed.set_cabling(mode))
+        res = sc("init", "--head", HEAD, "--worker", WORKER, "--ssh-config", str(testbed.ssh_config),
+                 "--known-hosts", str(testbed.known_hosts), "--name", "testbed", "-o", str(out), inventory=out)
+        assert res.returncode == 0, res.stdout + res.stderr
+        draft = inventory.load(out)
+        for n in NODES:
+            d, r = draft.node(n), ref.node(n)
+            assert [(x.netdev, x.hca) for x in d.data_plane] == [(x.netdev, x.hca) for x in r.data_plane]
+            assert (d.control_if, d.control_ip, d.mtu, d.gid_index) == (r.control_if, r.control_ip, r.mtu, 3)
+        if mode == "one-cable":
+            assert "rocep1s0f0" in res.stdout and "left out" in res.stdout  # port 0: no cable, said so
+        _, _, rows = doctor(sc, out)
+    finally:
+        testbed.reset()
+    changed = {(i, n): (base[(i, n)]["status"], rows[(i, n)]["status"]) for i in NET_IDS for n in NODES
+               if base[(i, n)]["status"] != rows[(i, n)]["status"]}
+    assert changed == {}
