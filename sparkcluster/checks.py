@@ -363,8 +363,9 @@ def _gid_v4(f: HostFacts, hca: str) -> list:
 
 
 def gid_index(f: HostFacts, node: Node) -> int | None:
-    """The one RoCE v2 IPv4 GID index every data-plane HCA of the node has, else None."""
-    idx = [{g.index for g in _gid_v4(f, h)} for h in node.hcas]
+    """The one RoCE v2 IPv4 GID index every data-plane HCA of the node has, else None. An HCA the
+    node lacks is rdma.hca's to report, not counted here."""
+    idx = [{g.index for g in _gid_v4(f, h)} for h in node.hcas if h in f.hcas]
     common = set.intersection(*idx) if idx and all(idx) else set()
     return min(common) if common else None
 
@@ -374,8 +375,8 @@ def rdma_gid(ctx: Context, r: Report) -> None:
     found: dict[str, int] = {}
     for node in ctx.nodes():
         f = ctx.facts[node.name]
-        if not f.hcas:
-            continue  # no HCAs at all: rdma.hca says so
+        if not any(h in f.hcas for h in node.hcas):
+            continue  # none of its HCAs exist: rdma.hca says so
         problems = []
         for link in node.data_plane:
             i = f.interfaces.get(link.netdev)
@@ -392,7 +393,7 @@ def rdma_gid(ctx: Context, r: Report) -> None:
             continue
         idx = gid_index(f, node)
         if idx is None:
-            per = ", ".join(f"{h}: {sorted(g.index for g in _gid_v4(f, h))}" for h in node.hcas)
+            per = ", ".join(f"{h}: {sorted(g.index for g in _gid_v4(f, h))}" for h in node.hcas if h in f.hcas)
             r.fail(node.name, f"no one GID index holds a RoCE v2 IPv4 GID on every HCA ({per})",
                    "NCCL_IB_GID_INDEX is one number for all HCAs: configure the addresses alike on every port")
             continue
@@ -412,7 +413,7 @@ def rdma_gid(ctx: Context, r: Report) -> None:
                               f"IPv4 GID, which sits at index {idx}",
                    f"set gid_index = {idx} for {node.name} in the inventory, then sparkcluster down && sparkcluster up")
         else:
-            r.ok(node.name, f"index {idx} on {', '.join(node.hcas)}")
+            r.ok(node.name, f"index {idx} on {', '.join(h for h in node.hcas if h in f.hcas)}")
 
 
 @check("net.speed", "Data-plane links at full rate")
