@@ -50,45 +50,16 @@ class HostFacts:
     path_mtu: list[P.PingResult] = field(default_factory=list)
 
 
-def section(name: str, cmd: str, stderr: bool = True) -> str:
-    """Shell that prints `cmd`'s output between markers, with its exit status. The closing marker
-    starts on a fresh line even when the output does not end with a newline (JSON from curl)."""
-    redirect = "2>&1" if stderr else "2>/dev/null"
-    return f"echo '{SECTION} {name}'; ( {cmd} ) {redirect}; rc=$?; printf '\\n{SECTION} {name} rc=%s\\n' \"$rc\""
-
-
 def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[str, str] | None = None) -> str:
     """One shell script for one host. Every value is quoted; nothing here comes from a user string
     that is not validated by the inventory model."""
-    ports = " or ".join(f"sport = :{p}" for p in (inv.cluster.ray_port, inv.cluster.api_port))
-    hf = shlex.quote(inv.cluster.hf_cache)
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
-    parts = [
-        section("hostname", "hostname"),
-        section("time", "date +%s.%N"),
-        probes.GPU.script(),
-        section("docker", "docker info --format '{{json .}}'"),
-        section("gpu_hook", "command -v nvidia-container-runtime-hook nvidia-ctk nvidia-container-runtime | head -1"),
-        probes.IP.script(),
-        probes.carrier([node.control_if, *node.netdevs]).script(),
-        probes.HCA.script(),
-        probes.GIDS.script(),
-        probes.ROUTE.script(),
-        section("meminfo", "cat /proc/meminfo"),
-        section("earlyoom", "pgrep -x earlyoom"),
-        section("sshd_oom", "cat /proc/$(pgrep -o -x sshd)/oom_score_adj"),
-        section("listeners", f"ss -Htlnp '( {ports} )' | while read -r l; do "
-                              "p=$(printf '%s' \"$l\" | sed -n 's/.*pid=\\([0-9]*\\).*/\\1/p'); "
-                              "c=$(grep -o -E '[0-9a-f]{64}' /proc/$p/cgroup 2>/dev/null | head -1); "
-                              "printf '%s container=%s\\n' \"$l\" \"$c\"; done"),
-        section("containers", "docker ps -a --no-trunc --format '{{json .}}'"),
-        section("ours", f"ids=$(docker ps -aq --filter label={label}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids"),
-        section("disk", "d=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) && [ -d \"$d\" ] || d=/var/lib/docker; "
-                         "df -PB1 \"$d\"; "
-                         # the cache may not exist yet: measure its nearest existing parent, create nothing
-                         f"p={hf}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -PB1 \"$p\""),
-        section("ray_sessions", "ls -d /tmp/ray/session_* 2>/dev/null"),
-    ]
+    parts = [p.script() for p in (
+        probes.HOSTNAME, probes.TIME, probes.GPU, probes.DOCKER, probes.GPU_HOOK, probes.IP,
+        probes.carrier([node.control_if, *node.netdevs]), probes.HCA, probes.GIDS, probes.ROUTE,
+        probes.MEMINFO, probes.EARLYOOM, probes.SSHD_OOM,
+        probes.listeners([inv.cluster.ray_port, inv.cluster.api_port]), probes.CONTAINERS,
+        probes.ours(f"{CLUSTER_LABEL}={inv.cluster.name}"), probes.disk(inv.cluster.hf_cache), probes.RAY_SESSIONS)]
     if image:
         img = shlex.quote(image)
         parts.append(section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}"))
@@ -104,22 +75,6 @@ def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[s
                                           f"echo \"ray, version $(docker image inspect --format '{{{{index .Config.Labels \"org.sparkcluster.ray-version\"}}}}' {img}) (running in $c)\"; exit 0; }}; done; "
                                           f"docker run --rm --network none --entrypoint ray {img} --version"))
     return "\n".join(parts) + "\n"
-
-
-def split_sections(text: str) -> dict[str, Section]:
-    out: dict[str, Section] = {}
-    name, buf = None, []
-    for line in text.splitlines():
-        if line.startswith(SECTION + " "):
-            rest = line[len(SECTION) + 1:]
-            if " rc=" in rest and name is not None and rest.startswith(name + " rc="):
-                out[name] = Section(int(rest.rsplit("rc=", 1)[1] or 1), "\n".join(buf))
-                name, buf = None, []
-            else:
-                name, buf = rest.strip(), []
-        elif name is not None:
-            buf.append(line)
-    return out
 
 
 def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFacts:

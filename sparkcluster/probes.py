@@ -71,6 +71,15 @@ class Probe:
 
 
 HOSTNAME = Probe("hostname", "hostname", lambda out: out.strip())
+TIME = Probe("time", "date +%s.%N", lambda out: float(out.strip()))
+DOCKER = Probe("docker", "docker info --format '{{json .}}'", P.docker_info)
+GPU_HOOK = Probe("gpu_hook", "command -v nvidia-container-runtime-hook nvidia-ctk nvidia-container-runtime | head -1",
+                 lambda out: out.strip())
+MEMINFO = Probe("meminfo", "cat /proc/meminfo", P.meminfo)
+EARLYOOM = Probe("earlyoom", "pgrep -x earlyoom", lambda out: True)
+SSHD_OOM = Probe("sshd_oom", "cat /proc/$(pgrep -o -x sshd)/oom_score_adj", lambda out: int(out.strip()))
+CONTAINERS = Probe("containers", "docker ps -a --no-trunc --format '{{json .}}'", P.docker_ps_json)
+RAY_SESSIONS = Probe("ray_sessions", "ls -d /tmp/ray/session_* 2>/dev/null", lambda out: out.split())
 GPU = Probe("gpu", "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader",
             P.nvidia_smi_csv)
 IP = Probe("ip", "ip -j addr show", P.ip_addr_json)
@@ -88,6 +97,30 @@ GIDS = Probe("gids", "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] || cont
                      "printf '%s|%s|%s|%s|%s\\n' \"${d##*/}\" \"$n\" \"$v\" \"$t\" \"$nd\"; "
                      "done; done", P.gid_lines)
 ROUTE = Probe("route", "ip -j route show default", P.default_route_devs)
+
+
+def listeners(ports: list[int]) -> Probe:
+    """Who listens on these TCP ports, each line with the container (from the cgroup) it runs in."""
+    sel = " or ".join(f"sport = :{int(p)}" for p in ports)
+    return Probe("listeners", f"ss -Htlnp '( {sel} )' | while read -r l; do "
+                              "p=$(printf '%s' \"$l\" | sed -n 's/.*pid=\\([0-9]*\\).*/\\1/p'); "
+                              "c=$(grep -o -E '[0-9a-f]{64}' /proc/$p/cgroup 2>/dev/null | head -1); "
+                              "printf '%s container=%s\\n' \"$l\" \"$c\"; done", P.ss_listeners)
+
+
+def ours(label: str) -> Probe:
+    """`docker inspect` of the containers carrying `label` (key=value), `[]` when none."""
+    q = shlex.quote(label)
+    return Probe("ours", f"ids=$(docker ps -aq --filter label={q}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids",
+                 P.json_list)
+
+
+def disk(hf_cache: str) -> Probe:
+    """df of docker's root and of the model cache (its nearest existing parent: nothing is created)."""
+    return Probe("disk", "d=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) && [ -d \"$d\" ] || d=/var/lib/docker; "
+                         "df -PB1 \"$d\"; "
+                         f"p={shlex.quote(hf_cache)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -PB1 \"$p\"",
+                 P.df_lines)
 
 
 def carrier(ifnames: list[str]) -> Probe:
