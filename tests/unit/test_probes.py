@@ -103,3 +103,17 @@ def test_neigh_and_route_parsers():
     assert P.default_route_devs('[{"dst":"default","gateway":"192.168.1.1","dev":"enP7s7","protocol":"dhcp",'
                                 '"metric":100,"flags":[]}]') == ["enP7s7"]
     assert P.default_route_devs("") == [] and P.default_route_devs("not json") == []
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_ours_and_disk_keep_hostile_values_inert(shell, tmp_path, name):
+    # no docker here (or a daemon-less CLI): what matters is that nothing in the value runs
+    shell(probes.script([probes.ours(f"org.sparkcluster.cluster={name}"), probes.disk(str(tmp_path / name / "hf"))]))
+    secs = probes.split_sections(shell(probes.disk(str(tmp_path / name)).script()))
+    assert secs["disk"].out.count("\n") >= 1
+
+
+def test_listeners_ports_are_integers_only():
+    assert "sport = :6379 or sport = :8000" in probes.listeners([6379, 8000]).command
+    with pytest.raises(ValueError):
+        probes.listeners(["6379; touch CANARY"])
