@@ -333,6 +333,11 @@ CASES = [
          {("rdma.gid", WORKER): "fail"},
          detail={("rdma.gid", WORKER): "roceP2p1s0f1: its netdev enP2p1s0f1np1 is up without an IPv4 address"},
          fix={("rdma.gid", WORKER): "static IPv4 address"}),
+    Case("rdma.gid-index-differs", lambda tb, c: tb.shift_gids(WORKER), lambda tb, c: tb.reset(),
+         # the worker's IPv4 GIDs sit at 5 (an IPv6 address came first): one NCCL_IB_GID_INDEX cannot
+         # serve both nodes; flagged on the node that differs from the head
+         {("rdma.gid", WORKER): "fail"},
+         detail={("rdma.gid", WORKER): "index is 5 here but 3 on spark-head"}, fix={("rdma.gid", WORKER): "alike"}),
     Case("net.speed", lambda tb, c: tb.set_speed(HEAD, DATA_LINK, 100000), lambda tb, c: tb.set_speed(HEAD, DATA_LINK),
          {("net.speed", HEAD): "warn"},
          detail={("net.speed", HEAD): "rail roceP2p1s0f1/enP2p1s0f1np1 at 100 Gb/s"}, fix={("net.speed", HEAD): "firmware"}),

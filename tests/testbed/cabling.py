@@ -132,22 +132,25 @@ def _gid_text(ip: ipaddress.IPv6Address) -> str:
     return ":".join(h[i:i + 4] for i in range(0, 32, 4))
 
 
-def gid_entries(netdev: str, mac: str | None, ipv4s: list[str]) -> list[tuple[str, str | None, str | None]]:
+def gid_entries(netdev: str, mac: str | None, ipv4s: list[str],
+                ipv6s: tuple[str, ...] = ()) -> list[tuple[str, str | None, str | None]]:
     """(gid, type, ndev) per index, as the mlx5 driver fills a port's table: the link-local GID as
     RoCE v1 then v2 (only while the netdev is up: `mac` None otherwise), then each IPv4 address as
-    v1 then v2 (so the first RoCE v2 IPv4 GID sits at index 3), then zero GIDs with no attributes."""
+    v1 then v2 (so the first RoCE v2 IPv4 GID sits at index 3), then zero GIDs with no attributes.
+    `ipv6s`: global IPv6 addresses the port got before its IPv4 one (they take the slots first)."""
     rows: list[tuple[str, str | None, str | None]] = []
-    for gid in ([link_local_gid(mac)] if mac else []) + [mapped_gid(ip.split("/")[0]) for ip in ipv4s]:
+    v6 = [_gid_text(ipaddress.IPv6Address(a.split("/")[0])) for a in ipv6s]
+    for gid in ([link_local_gid(mac)] if mac else []) + v6 + [mapped_gid(ip.split("/")[0]) for ip in ipv4s]:
         rows += [(gid, "IB/RoCE v1", netdev), (gid, "RoCE v2", netdev)]
     return rows + [(ZERO_GID, None, None)] * max(GID_SLOTS - len(rows), 0)
 
 
-def gid_commands(hca: str, netdev: str, mac: str | None, ipv4s: list[str]) -> list[str]:
+def gid_commands(hca: str, netdev: str, mac: str | None, ipv4s: list[str], ipv6s: tuple[str, ...] = ()) -> list[str]:
     """Shell that rewrites the fake HCA's GID table (host-setup.sh made the directories)."""
     p = f"/sys/class/infiniband/{hca}/ports/1"
     cmds = [f"mkdir -p {p}/gids {p}/gid_attrs/types {p}/gid_attrs/ndevs",
             f"rm -f {p}/gids/* {p}/gid_attrs/types/* {p}/gid_attrs/ndevs/*"]
-    for i, (gid, kind, ndev) in enumerate(gid_entries(netdev, mac, ipv4s)):
+    for i, (gid, kind, ndev) in enumerate(gid_entries(netdev, mac, ipv4s, ipv6s)):
         cmds.append(f"echo {gid} > {p}/gids/{i}")
         if kind:
             cmds += [f"echo {shlex.quote(kind)} > {p}/gid_attrs/types/{i}", f"echo {ndev} > {p}/gid_attrs/ndevs/{i}"]

@@ -475,6 +475,20 @@ class Testbed:
         cmds += cabling.gid_commands(HCA_OF[ifname], ifname, mac if up else None, list(addrs))
         self.sh(host, "set -e\n" + "\n".join(cmds))
 
+    def shift_gids(self, host: str) -> None:
+        """Rewrite every cabled HCA's GID table on `host` with a global IPv6 GID (fd00:19::<octet>)
+        ahead of the IPv4 ones, as when the port had an IPv6 address first: its RoCE v2 IPv4 GID
+        moves from index 3 to 5. Undo: reset()."""
+        names = self._names(host)
+        macs = cabling.parse_macs(self.sh(host, cabling.mac_query(names)).stdout)
+        octet = SPECS[host].octet
+        cmds = []
+        for k, nd in enumerate(names):
+            if cabling.cabled(self.cabling, k):
+                cmds += cabling.gid_commands(HCA_OF[nd], nd, macs.get(nd), cabling.addresses(self.cabling, k, octet),
+                                             (f"fd00:19::{k + 1}:{octet}",))
+        self.sh(host, "set -e\n" + "\n".join(cmds))
+
     def set_default_route(self, host: str, ifname: str, via: str) -> None:
         """Send the host's default route out of a data-plane port (undo: reset(), back via the LAN)."""
         self.sh(host, f"ip route replace default via {shlex.quote(via)} dev {shlex.quote(ifname)}")

@@ -143,3 +143,9 @@ def test_third_machine_plug_and_unplug():
 def test_mac_query_round_trip():
     out = subprocess.run(["bash", "-c", C.mac_query(["lo"])], capture_output=True, text=True, timeout=10).stdout
     assert C.parse_macs(out) == {"lo": "00:00:00:00:00:00"}
+
+
+def test_an_ipv6_address_first_moves_the_ipv4_gid_to_index_5():
+    rows = C.gid_entries("enp1s0f1np1", "4c:bb:47:21:00:02", ["198.19.2.2/24"], ("fd00:19::2:2",))
+    assert rows[2][0] == "fd00:0019:0000:0000:0000:0000:0002:0002"
+    assert [i for i, r in enumerate(rows) if r[1] == "RoCE v2" and r[0] == C.mapped_gid("198.19.2.2")] == [5]
