@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 from .facts import HostFacts
 from .inventory import Inventory, Node
 from .labels import CLUSTER_LABEL, ROLE_LABEL
+from .probes import CX7_SPEED_MBPS, DOCKER_DEFAULT_BRIDGE, LINK_LOCAL
 
 Status = Literal["ok", "warn", "fail", "skip"]
 GiB = 1024**3
-LINK_LOCAL = ipaddress.IPv4Network("169.254.0.0/16")
-DOCKER_DEFAULT_BRIDGE = ipaddress.IPv4Network("172.17.0.0/16")
 MEM_HEADROOM_FLOOR = 6 * GiB  # seed 002's watchdog warns under 6 GB of MemAvailable
 
 
@@ -201,6 +201,12 @@ def image_ray(ctx: Context, r: Report) -> None:
 
 # --- control plane ------------------------------------------------------------------------------
 
+# what a link-local address really risks (NVIDIA's two-Spark guide uses them, and they do carry
+# traffic): the address is picked again at each boot, and every link-local port shares one route
+LINK_LOCAL_RISK = ("it is chosen anew at each boot (so the inventory goes stale) and every port with one shares "
+                   "the single 169.254.0.0/16 route, so the kernel may send the traffic out of another port")
+
+
 def _bridge_networks(f: HostFacts) -> list[ipaddress.IPv4Network]:
     nets = [DOCKER_DEFAULT_BRIDGE]
     for name, iface in f.interfaces.items():
@@ -216,8 +222,9 @@ def net_control_ip(ctx: Context, r: Report) -> None:
         ip = node.control_ip
         iface = f.interfaces.get(node.control_if)
         if ip in LINK_LOCAL:
-            r.fail(node.name, f"control IP {ip} is link-local (169.254/16): Ray and vLLM would register an address the other node cannot use",
-                   f"give {node.control_if} a static address on the link between the nodes and put it in control_ip")
+            r.fail(node.name, f"control IP {ip} is link-local (169.254/16): {LINK_LOCAL_RISK}",
+                   f"give {node.control_if} a static address on the link between the nodes (one /24 per cable, "
+                   "e.g. 198.19.k.1 and 198.19.k.2) and put it in control_ip")
         elif any(ip in net for net in _bridge_networks(f)):
             r.fail(node.name, f"control IP {ip} is a docker bridge address",
                    f"use the address of {node.control_if} (the link between the nodes), not docker0's")
@@ -292,17 +299,191 @@ def net_mtu(ctx: Context, r: Report) -> None:
 
 @check("net.path_mtu", "Path MTU on every link, both directions")
 def net_path_mtu(ctx: Context, r: Report) -> None:
+    # each node probes its own direction; every failing probe is named (one netdev may have several)
     for node in ctx.nodes():
         pings = ctx.facts[node.name].path_mtu
         if not pings:
             continue
-        bad = [p for p in pings.values() if not p.ok]
+        bad = [p for p in pings if not p.ok]
         if bad:
-            p = bad[0]
-            r.fail(node.name, f"{len(bad)} link(s) drop {p.size + 28}-byte frames: `{p.command}` -> {p.detail or 'no reply'}",
+            each = "; ".join(f"{p.netdev} -> {p.peer_node} {p.peer_ip}: `{p.command}` -> {p.detail or 'no reply'}"
+                             for p in bad)
+            r.fail(node.name, f"{len(bad)} of {len(pings)} probe(s) drop {bad[0].size + 28}-byte frames: {each}",
                    f"set MTU {node.mtu} on both ends of each link (and on any switch between them)")
         else:
-            r.ok(node.name, f"{len(pings)} links pass {node.mtu}-byte frames unfragmented")
+            r.ok(node.name, f"{len(pings)} probes pass {node.mtu}-byte frames unfragmented")
+
+
+# --- cabling as Sparks have it (issue 17) --------------------------------------------------------
+
+_CX7 = re.compile(r"^en(?:P\d+)?p\d+s\d+f\d+np\d+$")
+
+
+def is_cx7(netdev: str) -> bool:
+    """A ConnectX-7 port's netdev as a Spark names it (enp1s0f1np1, enP2p1s0f1np1)."""
+    return bool(_CX7.match(netdev))
+
+
+def twin_key(netdev: str) -> str:
+    """Both netdevs of one QSFP port ("twins": the enP2 one reaches the second PCIe domain) share it."""
+    return re.sub(r"^enP\d+p", "enp", netdev)
+
+
+@check("net.twins", "Twins of one port (and every data-plane port) on subnets of their own")
+def net_twins(ctx: Context, r: Report) -> None:
+    for node in ctx.nodes():
+        f = ctx.facts[node.name]
+        ports = [n for n in dict.fromkeys([*node.netdevs, *sorted(f.interfaces)]) if n in node.netdevs or is_cx7(n)]
+        by_net: dict[ipaddress.IPv4Network, list[str]] = {}
+        for n in ports:
+            i = f.interfaces.get(n)
+            for a in (i.addresses if i else []):
+                by_net.setdefault(a.network, [])
+                if n not in by_net[a.network]:
+                    by_net[a.network].append(n)
+        shared = {net: ns for net, ns in by_net.items() if len(ns) > 1}
+        if not shared:
+            r.ok(node.name, f"{len(by_net)} subnet(s), one port each")
+            continue
+        parts = []
+        for net, ns in shared.items():
+            twins = len({twin_key(n) for n in ns}) == 1
+            what = "twins of one port" if twins else "ports"
+            parts.append(f"{' and '.join(ns)} ({what}) share {net}"
+                         + (f": link-local, {LINK_LOCAL_RISK}" if net.subnet_of(LINK_LOCAL) else ""))
+        r.fail(node.name, "; ".join(parts) + ": the kernel answers and sends on one of them only, so the other "
+               "rail's RoCE traffic takes the wrong port (eugr/spark-vllm-docker#270)",
+               "give each netdev its own subnet, one /24 per twin with the same /24 on the peer's twin "
+               "(e.g. 198.19.1.x on enp1s0f1np1, 198.19.2.x on enP2p1s0f1np1), or remove the address from the unused one")
+
+
+def _gid_v4(f: HostFacts, hca: str) -> list:
+    """The HCA's RoCE v2 GIDs that carry an IPv4 address, lowest index first."""
+    return [g for g in f.gids.get(hca, []) if g.roce_v2 and g.ipv4 is not None]
+
+
+def gid_index(f: HostFacts, node: Node) -> int | None:
+    """The one RoCE v2 IPv4 GID index every data-plane HCA of the node has, else None. An HCA the
+    node lacks is rdma.hca's to report, not counted here."""
+    idx = [{g.index for g in _gid_v4(f, h)} for h in node.hcas if h in f.hcas]
+    common = set.intersection(*idx) if idx and all(idx) else set()
+    return min(common) if common else None
+
+
+@check("rdma.gid", "RoCE v2 IPv4 GID on every HCA in NCCL_IB_HCA, same index on every node")
+def rdma_gid(ctx: Context, r: Report) -> None:
+    found: dict[str, int] = {}
+    for node in ctx.nodes():
+        f = ctx.facts[node.name]
+        if not any(h in f.hcas for h in node.hcas):
+            continue  # none of its HCAs exist: rdma.hca says so
+        problems = []
+        for link in node.data_plane:
+            i = f.interfaces.get(link.netdev)
+            if i is not None and i.up and not i.addresses:
+                problems.append(f"{link.hca}: its netdev {link.netdev} is up without an IPv4 address, so the HCA "
+                                "has no RoCE v2 IPv4 GID")
+            elif link.hca in f.hcas and not _gid_v4(f, link.hca):
+                kinds = sorted({g.type for g in f.gids.get(link.hca, [])}) or ["an empty GID table"]
+                problems.append(f"{link.hca} has no RoCE v2 IPv4 GID (has {', '.join(kinds)})")
+        if problems:
+            r.fail(node.name, "; ".join(problems),
+                   "give each data-plane netdev a static IPv4 address (the kernel then adds the RoCE v2 GID), "
+                   "or drop the HCA from data_plane; check with `cat /sys/class/infiniband/HCA/ports/1/gid_attrs/types/3`")
+            continue
+        idx = gid_index(f, node)
+        if idx is None:
+            per = ", ".join(f"{h}: {sorted(g.index for g in _gid_v4(f, h))}" for h in node.hcas if h in f.hcas)
+            r.fail(node.name, f"no one GID index holds a RoCE v2 IPv4 GID on every HCA ({per})",
+                   "NCCL_IB_GID_INDEX is one number for all HCAs: configure the addresses alike on every port")
+            continue
+        found[node.name] = idx
+    head = ctx.inventory.head.name
+    ref = found.get(head, next(iter(found.values()), None))
+    for node in ctx.nodes():
+        if node.name not in found:
+            continue
+        idx = found[node.name]
+        if idx != ref:
+            r.fail(node.name, f"RoCE v2 IPv4 GID index is {idx} here but {ref} on {head}: one NCCL_IB_GID_INDEX "
+                              "cannot serve both", "configure the data-plane addresses alike on every node "
+                                                   "(an extra address or IPv6 on one node shifts the index)")
+        elif node.gid_index is not None and node.gid_index != idx:
+            r.fail(node.name, f"the inventory's gid_index {node.gid_index} (NCCL_IB_GID_INDEX) is not the RoCE v2 "
+                              f"IPv4 GID, which sits at index {idx}",
+                   f"set gid_index = {idx} for {node.name} in the inventory, then sparkcluster down && sparkcluster up")
+        else:
+            r.ok(node.name, f"index {idx} on {', '.join(h for h in node.hcas if h in f.hcas)}")
+
+
+@check("net.speed", "Data-plane links at full rate")
+def net_speed(ctx: Context, r: Report) -> None:
+    for node in ctx.nodes():
+        f = ctx.facts[node.name]
+        known = {link.netdev: f.interfaces[link.netdev].speed_mbps for link in node.data_plane
+                 if link.netdev in f.interfaces and f.interfaces[link.netdev].speed_mbps}
+        if not known:
+            continue
+        slow = [f"{link.hca}/{link.netdev} at {known[link.netdev] // 1000} Gb/s" for link in node.data_plane
+                if known.get(link.netdev, CX7_SPEED_MBPS) < CX7_SPEED_MBPS]
+        if slow:
+            r.warn(node.name, f"rail {'; rail '.join(slow)}, below {CX7_SPEED_MBPS // 1000} Gb/s: NCCL runs every "
+                              "rail at the pace of the slowest",
+                   "reseat or replace the cable of that port; if the link is 200G but slow, update the firmware "
+                   "(older BIOS wires the second controller at PCIe Gen5 x2: fwupdmgr update)")
+        else:
+            r.ok(node.name, f"{len(known)} link(s) at {CX7_SPEED_MBPS // 1000} Gb/s")
+
+
+def _cluster_macs(ctx: Context) -> dict[str, str]:
+    return {i.mac: n for n, f in ctx.facts.items() for i in f.interfaces.values() if i.mac}
+
+
+@check("net.peer", "Each data-plane link's far end is a cluster node")
+def net_peer(ctx: Context, r: Report) -> None:
+    macs = _cluster_macs(ctx)
+    for node in ctx.nodes():
+        f = ctx.facts[node.name]
+        others = [of for o, of in ctx.facts.items() if o != node.name]
+        problems = []
+        # a data-plane port is judged by who answered its path MTU probe (the MAC): the subnet alone
+        # cannot say which end is wrong. A cabled ConnectX-7 port outside the data plane on a subnet
+        # no cluster node has is what a third machine looks like from here (eugr#40).
+        for n in sorted(x for x in f.interfaces if others and is_cx7(x) and x not in node.netdevs):
+            i = f.interfaces.get(n)
+            if i is None or not i.up or not i.lower_up or i.carrier is False or not i.addresses:
+                continue  # no cable or no address: net.link and rdma.gid judge those
+            nets = {a.network for a in i.addresses if a.ip not in LINK_LOCAL}
+            if nets and not any(a.network in nets for of in others for oi in of.interfaces.values() for a in oi.addresses):
+                problems.append(f"{n} ({', '.join(map(str, sorted(nets)))}) has a cable but no cluster node has an "
+                                "address on its subnet: its far end is another machine")
+        for p in f.path_mtu:
+            if p.peer_mac and p.peer_node in ctx.facts and p.peer_mac not in macs:
+                problems.append(f"{p.peer_ip} on {p.netdev} is answered by {p.peer_mac}, which is no port of a cluster "
+                                f"node (not {p.peer_node})")
+        if problems:
+            # on a data-plane port NCCL would talk to a stranger: that cannot work; elsewhere it is a note
+            report = r.fail if any(f" on {n} " in p for p in problems for n in node.netdevs) else r.warn
+            report(node.name, "; ".join(dict.fromkeys(problems)),
+                   "a port cabled to a third machine must stay out of data_plane (NCCL_IB_HCA) and off the cluster's "
+                   "subnets; cable the data plane node to node")
+        else:
+            r.ok(node.name, "every cabled port reaches a cluster node")
+
+
+@check("net.default_route", "Default route not on a ConnectX-7 port")
+def net_default_route(ctx: Context, r: Report) -> None:
+    for node in ctx.nodes():
+        f = ctx.facts[node.name]
+        bad = [d for d in f.default_routes if d in node.netdevs or d == node.control_if or is_cx7(d)]
+        if bad:
+            r.warn(node.name, f"the default route leaves by {', '.join(dict.fromkeys(bad))}, a ConnectX-7 port: "
+                              "internet traffic (model downloads, pip) competes with NCCL, and the data plane "
+                              "depends on a gateway",
+                   "route the default through the 10 GbE/Wi-Fi port (`ip route`; in netplan drop `gateway4`/"
+                   "`routes: to: default` from the QSFP interfaces)")
+        else:
+            r.ok(node.name, f"via {', '.join(f.default_routes) or 'no default route'}")
 
 
 def _subnets(f: HostFacts, netdev: str) -> set:
@@ -340,12 +521,19 @@ def rdma_hca(ctx: Context, r: Report) -> None:
                                    f"{ref.hca}/{ref.netdev} ({', '.join(map(str, sorted(a)))}), not to its entry {k + 1}")
         problems += crossed
         if problems:
-            mapping = ", ".join(f"{h.name}->{'/'.join(h.netdevs)}" for h in f.hcas.values()) or "none found"
+            # every HCA's state, so a cable in the other port shows at a glance
+            mapping = ", ".join(f"{h.name}->{'/'.join(h.netdevs)} {h.state or '?'}" for h in f.hcas.values()) or "none found"
+            moved = _other_port_active(f, node, down)
+            if moved:
+                problems.append(f"likely cause: the cable sits in the other port ({', '.join(moved)} ACTIVE, not in data_plane)")
             fix = ("fix data_plane for this node in the inventory (`ibdev2netdev` on the node shows the pairs); "
                    "NCCL pairs HCAs by list position, one wrong entry gives ibv_modify_qp timeouts")
             if crossed and len(crossed) == len(problems):
                 fix = (f"order data_plane for {node.name} as its ports are cabled: entry k must share a subnet with "
                        f"{head.name}'s entry k (`ip -br addr` on both nodes); NCCL pairs HCAs by list position")
+            elif down and moved and len(down) + 1 == len(problems):
+                fix = (f"move the cable to the port data_plane names, or run `sparkcluster init` again to list "
+                       f"{', '.join(moved)} instead (NCCL pairs HCAs by list position)")
             elif down and len(down) == len(problems):
                 # the pairing is right, the port is not up: the inventory is not what to change
                 fix = (f"bring the RoCE port up: check the cable of {', '.join(link.netdev for link in down)} and "
@@ -353,6 +541,21 @@ def rdma_hca(ctx: Context, r: Report) -> None:
             r.fail(node.name, "; ".join(problems) + f" (on this node: {mapping})", fix)
         else:
             r.ok(node.name, ",".join(node.hcas))
+
+
+def other_port_hca(hca: str) -> str:
+    """The HCA of the other QSFP port on the same controller: rocep1s0f1 <-> rocep1s0f0."""
+    return re.sub(r"f([01])$", lambda m: f"f{1 - int(m.group(1))}", hca)
+
+
+def _other_port_active(f: HostFacts, node: Node, down: list) -> list[str]:
+    """ACTIVE HCAs of the other port of each DOWN one, that the inventory does not list."""
+    out = []
+    for link in down:
+        o = f.hcas.get(other_port_hca(link.hca))
+        if o is not None and o.active and o.name not in node.hcas:
+            out.append(o.name)
+    return out
 
 
 # --- memory -------------------------------------------------------------------------------------

@@ -14,27 +14,18 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import facts, fanout, inventory, ssh
+from . import facts, fanout, inventory, probes, ssh
 from . import parsers as P
 from .errors import InputError, SparkError
 
-LINK_LOCAL = ipaddress.IPv4Network("169.254.0.0/16")
-DOCKER_DEFAULT_BRIDGE = ipaddress.IPv4Network("172.17.0.0/16")
+LINK_LOCAL, DOCKER_DEFAULT_BRIDGE = probes.LINK_LOCAL, probes.DOCKER_DEFAULT_BRIDGE
 _NAME = re.compile(inventory._NAME)
 HEADER = "draft: review before use"
 
 
 def discovery_script() -> str:
     """Read-only: nothing here changes the host."""
-    parts = [
-        facts.section("hostname", "hostname"),
-        facts.section("gpu", "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader"),
-        facts.section("ip", "ip -j addr show"),
-        facts.section("hca", "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] || continue; "
-                              "printf '%s|%s|%s\\n' \"${d##*/}\" \"$(cat $d/ports/1/state 2>/dev/null)\" "
-                              "\"$(ls $d/device/net 2>/dev/null | tr '\\n' ' ')\"; done"),
-    ]
-    return "\n".join(parts) + "\n"
+    return probes.script([probes.HOSTNAME, probes.GPU, probes.IP, probes.HCA, probes.GIDS])
 
 
 @dataclass
@@ -45,6 +36,7 @@ class Discovered:
     gpu_error: str = ""
     interfaces: dict[str, P.Interface] = field(default_factory=dict)
     hcas: dict[str, P.Hca] = field(default_factory=dict)
+    gids: dict[str, list[P.Gid]] = field(default_factory=dict)
 
 
 def parse_discovery(target: str, text: str) -> Discovered:
@@ -62,6 +54,7 @@ def parse_discovery(target: str, text: str) -> Discovered:
     if get("ip").rc == 0:
         d.interfaces = P.ip_addr_json(get("ip").out)
     d.hcas = P.hca_lines(get("hca").out)
+    d.gids = P.gid_lines(get("gids").out)
     return d
 
 
@@ -100,6 +93,69 @@ def data_links(d: Discovered) -> tuple[list[Link], list[str]]:
         iface = d.interfaces[netdev]
         links.append(Link(netdev, name, tuple(a for a in iface.addresses if usable(a)), iface.mtu))
     return links, notes
+
+
+def _link_local(d: Discovered, netdev: str) -> list[P.Address]:
+    i = d.interfaces.get(netdev)
+    return [a for a in (i.addresses if i else []) if a.ip in LINK_LOCAL]
+
+
+def addressed_links(found: list[Discovered], per_host: list[list[Link]]) -> list[tuple[list[Link], list[str]]]:
+    """Of each host's ACTIVE links, those NCCL can use: a static IPv4 address on a subnet every other
+    host also has (a RoCE v2 IPv4 GID needs the address; a rail needs both ends), one port per subnet
+    (twins on one subnet break routing, eugr/spark-vllm-docker#270). The rest are left out, each with
+    a note for the draft saying why."""
+    nets = [{a.network for x in links for a in x.addresses} for links in per_host]
+    out = []
+    for i, (d, links) in enumerate(zip(found, per_host)):
+        others = [n for j, n in enumerate(nets) if j != i]
+        kept, notes, seen = [], [], {}
+        for x in links:
+            ll = _link_local(d, x.netdev)
+            if not x.addresses:
+                why = (f"only link-local {', '.join(f'{a.ip}/{a.network.prefixlen}' for a in ll)}" if ll
+                       else "up without an IPv4 address")
+                notes.append(f"{x.hca} on {x.netdev}: {why}: left out (NCCL needs a RoCE v2 IPv4 GID, which comes "
+                             "from a static address; give it one on a /24 of its own to use this rail)")
+                continue
+            shared = [a for a in x.addresses if all(a.network in n for n in others)]
+            if not shared:
+                notes.append(f"{x.hca} on {x.netdev}: {', '.join(str(a.network) for a in x.addresses)} is on no other "
+                             "host: left out (the far end has no address there, or the port is cabled elsewhere)")
+                continue
+            twin = next((seen[a.network] for a in shared if a.network in seen), None)
+            if twin is not None:
+                notes.append(f"{x.hca} on {x.netdev}: shares {shared[0].network} with {twin}: left out (one subnet per "
+                             "netdev, or the kernel sends both rails' traffic out of one port; eugr/spark-vllm-docker#270)")
+                continue
+            for a in shared:
+                seen[a.network] = x.netdev
+            kept.append(x)
+        out.append((kept, notes))
+    return out
+
+
+def link_local_error(found: list[Discovered], per_host: list[list[Link]]) -> SparkError:
+    """Every ACTIVE port carries only link-local addresses (NVIDIA's default): say what was found and
+    why a static scheme is proposed instead."""
+    seen = "; ".join(f"{d.target}: " + ", ".join(f"{x.netdev} {a.ip}/{a.network.prefixlen}"
+                                                 for x in links for a in _link_local(d, x.netdev))
+                     for d, links in zip(found, per_host))
+    twins = sorted({x.netdev for links in per_host for x in links}, key=str.lower)  # port order
+    scheme = ", ".join(f"{nd} 198.19.{k + 1}.N/24" for k, nd in enumerate(twins))
+    return SparkError(f"the ConnectX-7 ports have only link-local addresses ({seen}): they work for a quick test, but "
+                      "they are picked anew at each boot (so an inventory naming them goes stale) and every port "
+                      "shares the one 169.254.0.0/16 route, so traffic can leave by the wrong port",
+                      f"give each port a static address on a /24 of its own, N = 1 on the head, 2 on the worker "
+                      f"({scheme}), e.g. with netplan, then run init again")
+
+
+def common_gid_index(found: list[Discovered], chosen: list[list[Link]]) -> int | None:
+    """The one GID index holding a RoCE v2 IPv4 GID on every chosen HCA of every host, else None."""
+    sets = [{g.index for g in d.gids.get(x.hca, []) if g.roce_v2 and g.ipv4 is not None}
+            for d, links in zip(found, chosen) for x in links]
+    common = set.intersection(*sets) if sets and all(sets) else set()
+    return min(common) if common else None
 
 
 @dataclass(frozen=True)
@@ -150,6 +206,7 @@ class DraftNode:
     links: list[Link]
     gpus: int
     comments: list[str] = field(default_factory=list)
+    gid_index: int | None = None
 
 
 @dataclass
@@ -170,17 +227,35 @@ def draft(name: str, found: list[Discovered], ssh_config: Path | None = None,
                              + (f" ({'; '.join(notes)})" if notes else " (/sys/class/infiniband is empty)"),
                              "check the QSFP cables and that the ConnectX-7 driver (mlx5_ib) is loaded "
                              "(`ibdev2netdev` on the host shows the pairs)")
-    head_control, worker_controls = choose_control(per_host[0][0], [links for links, _ in per_host[1:]])
+    active = [links for links, _ in per_host]
+    usable_per_host = addressed_links(found, active)
+    if all(not kept for kept, _ in usable_per_host) and any(_link_local(d, x.netdev) for d, links in zip(found, active)
+                                                            for x in links):
+        raise link_local_error(found, active)
+    for d, (kept, left_out) in zip(found, usable_per_host):
+        if not kept:
+            raise SparkError(f"{d.target}: no ACTIVE ConnectX-7 port has a static IPv4 address on a subnet the other "
+                             f"host(s) share ({'; '.join(left_out)})",
+                             "give the ConnectX-7 links static IPv4 addresses, one subnet per cable (e.g. 198.19.k.1/24 "
+                             "and 198.19.k.2/24), then run init again")
+    chosen = [kept for kept, _ in usable_per_host]
+    head_control, worker_controls = choose_control(chosen[0], chosen[1:])
+    gid = common_gid_index(found, chosen)
     nodes = []
-    for i, (d, (links, notes), ctl, nm) in enumerate(zip(found, per_host, [head_control, *worker_controls],
-                                                          node_names(found))):
-        comments = list(notes)
+    for i, (d, (_, notes), (links, left_out), ctl, nm) in enumerate(zip(found, per_host, usable_per_host,
+                                                                        [head_control, *worker_controls],
+                                                                        node_names(found))):
+        comments = list(notes) + left_out
+        if d.gids and gid is None:
+            comments.append("no GID index holds a RoCE v2 IPv4 GID on every HCA of every node: gid_index left out "
+                            "(NCCL picks one; doctor's rdma.gid says which HCA lacks it)")
         if d.gpus:
             g = d.gpus[0]
             comments.append(f"GPU: {len(d.gpus)} x {g.name}, driver {g.driver}, compute capability {g.compute_cap}")
         else:
             comments.append(f"GPU: nvidia-smi found none ({d.gpu_error or 'no output'}); gpus = 1 assumed: check the driver")
-        nodes.append(DraftNode(nm, "head" if i == 0 else "worker", d.target, ctl, links, max(1, len(d.gpus)), comments))
+        nodes.append(DraftNode(nm, "head" if i == 0 else "worker", d.target, ctl, links, max(1, len(d.gpus)), comments,
+                               gid))
     return Draft(name, nodes, ssh_config, known_hosts)
 
 
@@ -198,9 +273,12 @@ def to_toml(dr: Draft, when: str = "") -> str:
         "# Review before use:",
         "#  - control_if / control_ip: the first data-plane link (in HCA order) with an IPv4 address on a",
         "#    subnet the head and the worker(s) share. Ray and vLLM register this address (VLLM_HOST_IP).",
-        "#  - data_plane: every ACTIVE RoCE HCA and the netdev it sits on, in HCA order; NCCL pairs HCAs",
+        "#  - data_plane: every ACTIVE RoCE HCA whose netdev has a static IPv4 address on a subnet of its",
+        "#    own that the other node(s) share, in HCA order; the comments say why any other was left out. NCCL pairs HCAs",
         "#    by list position (NCCL_IB_HCA). Names can differ between nodes when cables sit in other ports.",
         "#  - mtu: the control link's MTU as found; every data-plane link is checked against it.",
+        "#  - gid_index: the GID table index holding the RoCE v2 IPv4 GID on every data-plane HCA",
+        "#    (NCCL_IB_GID_INDEX); left out when the tables disagree.",
         "",
         "[cluster]",
         f"name = {_s(dr.name)}",
@@ -221,8 +299,11 @@ def to_toml(dr: Draft, when: str = "") -> str:
             f"control_ip = {_s(n.control.ip)}",
             f"mtu = {n.control.mtu}",
             f"gpus = {n.gpus}",
-            "data_plane = [",
         ]
+        if n.gid_index is not None:
+            lines += ["# RoCE v2 IPv4 GID index on every data-plane HCA: sparkcluster sets NCCL_IB_GID_INDEX from it",
+                      f"gid_index = {n.gid_index}"]
+        lines += ["data_plane = ["]
         for link in n.links:
             where = ", ".join(f"{a.ip}/{a.network.prefixlen}" for a in link.addresses) or "no IPv4 address"
             lines.append(f"  {{ netdev = {_s(link.netdev)}, hca = {_s(link.hca)} }},  # {where}, MTU {link.mtu}")

@@ -12,16 +12,12 @@ import time
 from dataclasses import dataclass, field
 
 from . import parsers as P
+from . import probes
 from .inventory import Inventory, Node
 from .labels import CLUSTER_LABEL
 
-SECTION = "@@sc@@"
-
-
-@dataclass(frozen=True)
-class Section:
-    rc: int
-    out: str
+# the section markers and their parser live with the probes; kept here under their old names
+SECTION, Section, section, split_sections = probes.SECTION, probes.Section, probes.section, probes.split_sections
 
 
 @dataclass
@@ -36,6 +32,8 @@ class HostFacts:
     gpu_hook: str = ""
     interfaces: dict[str, P.Interface] = field(default_factory=dict)
     hcas: dict[str, P.Hca] = field(default_factory=dict)
+    gids: dict[str, list[P.Gid]] = field(default_factory=dict)  # hca -> filled GID table entries
+    default_routes: list[str] = field(default_factory=list)  # netdevs the default route(s) leave by
     mem: P.MemInfo | None = None
     earlyoom: bool = False
     sshd_oom_score_adj: int | None = None
@@ -47,51 +45,21 @@ class HostFacts:
     image_ray_error: str = ""
     disks: dict[str, P.Disk] = field(default_factory=dict)
     ray_sessions: list[str] = field(default_factory=list)
-    path_mtu: dict[str, P.PingResult] = field(default_factory=dict)  # netdev -> result (phase 2)
-
-
-def section(name: str, cmd: str, stderr: bool = True) -> str:
-    """Shell that prints `cmd`'s output between markers, with its exit status. The closing marker
-    starts on a fresh line even when the output does not end with a newline (JSON from curl)."""
-    redirect = "2>&1" if stderr else "2>/dev/null"
-    return f"echo '{SECTION} {name}'; ( {cmd} ) {redirect}; rc=$?; printf '\\n{SECTION} {name} rc=%s\\n' \"$rc\""
+    # phase 2: every path MTU probe from this node, one per (netdev, peer address): a passing probe
+    # must never hide a failing one on the same netdev
+    path_mtu: list[P.PingResult] = field(default_factory=list)
 
 
 def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[str, str] | None = None) -> str:
     """One shell script for one host. Every value is quoted; nothing here comes from a user string
     that is not validated by the inventory model."""
-    ifs = " ".join(shlex.quote(i) for i in dict.fromkeys([node.control_if, *node.netdevs]))
-    ports = " or ".join(f"sport = :{p}" for p in (inv.cluster.ray_port, inv.cluster.api_port))
-    hf = shlex.quote(inv.cluster.hf_cache)
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
-    parts = [
-        section("hostname", "hostname"),
-        section("time", "date +%s.%N"),
-        section("gpu", "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader"),
-        section("docker", "docker info --format '{{json .}}'"),
-        section("gpu_hook", "command -v nvidia-container-runtime-hook nvidia-ctk nvidia-container-runtime | head -1"),
-        section("ip", "ip -j addr show"),
-        section("carrier", f"for i in {ifs}; do printf '%s %s %s\\n' \"$i\" "
-                            "\"$(cat /sys/class/net/$i/carrier 2>/dev/null || echo -)\" "
-                            "\"$(cat /sys/class/net/$i/speed 2>/dev/null || echo -)\"; done"),
-        section("hca", "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] || continue; "
-                        "printf '%s|%s|%s\\n' \"${d##*/}\" \"$(cat $d/ports/1/state 2>/dev/null)\" "
-                        "\"$(ls $d/device/net 2>/dev/null | tr '\\n' ' ')\"; done"),
-        section("meminfo", "cat /proc/meminfo"),
-        section("earlyoom", "pgrep -x earlyoom"),
-        section("sshd_oom", "cat /proc/$(pgrep -o -x sshd)/oom_score_adj"),
-        section("listeners", f"ss -Htlnp '( {ports} )' | while read -r l; do "
-                              "p=$(printf '%s' \"$l\" | sed -n 's/.*pid=\\([0-9]*\\).*/\\1/p'); "
-                              "c=$(grep -o -E '[0-9a-f]{64}' /proc/$p/cgroup 2>/dev/null | head -1); "
-                              "printf '%s container=%s\\n' \"$l\" \"$c\"; done"),
-        section("containers", "docker ps -a --no-trunc --format '{{json .}}'"),
-        section("ours", f"ids=$(docker ps -aq --filter label={label}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids"),
-        section("disk", "d=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) && [ -d \"$d\" ] || d=/var/lib/docker; "
-                         "df -PB1 \"$d\"; "
-                         # the cache may not exist yet: measure its nearest existing parent, create nothing
-                         f"p={hf}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -PB1 \"$p\""),
-        section("ray_sessions", "ls -d /tmp/ray/session_* 2>/dev/null"),
-    ]
+    parts = [p.script() for p in (
+        probes.HOSTNAME, probes.TIME, probes.GPU, probes.DOCKER, probes.GPU_HOOK, probes.IP,
+        probes.carrier([node.control_if, *node.netdevs]), probes.HCA, probes.GIDS, probes.ROUTE,
+        probes.MEMINFO, probes.EARLYOOM, probes.SSHD_OOM,
+        probes.listeners([inv.cluster.ray_port, inv.cluster.api_port]), probes.CONTAINERS,
+        probes.ours(f"{CLUSTER_LABEL}={inv.cluster.name}"), probes.disk(inv.cluster.hf_cache), probes.RAY_SESSIONS)]
     if image:
         img = shlex.quote(image)
         parts.append(section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}"))
@@ -107,22 +75,6 @@ def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[s
                                           f"echo \"ray, version $(docker image inspect --format '{{{{index .Config.Labels \"org.sparkcluster.ray-version\"}}}}' {img}) (running in $c)\"; exit 0; }}; done; "
                                           f"docker run --rm --network none --entrypoint ray {img} --version"))
     return "\n".join(parts) + "\n"
-
-
-def split_sections(text: str) -> dict[str, Section]:
-    out: dict[str, Section] = {}
-    name, buf = None, []
-    for line in text.splitlines():
-        if line.startswith(SECTION + " "):
-            rest = line[len(SECTION) + 1:]
-            if " rc=" in rest and name is not None and rest.startswith(name + " rc="):
-                out[name] = Section(int(rest.rsplit("rc=", 1)[1] or 1), "\n".join(buf))
-                name, buf = None, []
-            else:
-                name, buf = rest.strip(), []
-        elif name is not None:
-            buf.append(line)
-    return out
 
 
 def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFacts:
@@ -153,6 +105,8 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
             f.interfaces[name].carrier = carrier
             f.interfaces[name].speed_mbps = speed
     f.hcas = P.hca_lines(get("hca").out)
+    f.gids = P.gid_lines(get("gids").out)
+    f.default_routes = probes.value(probes.ROUTE, s, [])
     f.mem = P.meminfo(get("meminfo").out) if get("meminfo").rc == 0 else None
     f.earlyoom = get("earlyoom").rc == 0
     so = get("sshd_oom")
@@ -196,9 +150,10 @@ class Probe:
 
 
 def path_mtu_probes(node: Node, facts: dict[str, HostFacts]) -> list[Probe]:
-    """For each data-plane netdev of `node`, the peer address on the same subnet on another node."""
+    """For each data-plane netdev of `node`, every peer address on one of its subnets on another
+    node: one probe per direction and per peer (each node probes from its own side)."""
     mine = facts[node.name].interfaces
-    probes = []
+    out = []
     for netdev in node.netdevs:
         iface = mine.get(netdev)
         if not iface:
@@ -210,26 +165,32 @@ def path_mtu_probes(node: Node, facts: dict[str, HostFacts]) -> list[Probe]:
                 for oi in of.interfaces.values():
                     for oa in oi.addresses:
                         if oa.network == addr.network and oa.ip != addr.ip:
-                            probes.append(Probe(netdev, other, str(oa.ip), node.mtu - 28))
-    return probes
+                            out.append(Probe(netdev, other, str(oa.ip), node.mtu - 28))
+    return list(dict.fromkeys(out))
+
+
+def _ping(p: Probe) -> probes.Probe:
+    return probes.ping(p.netdev, p.peer_ip, p.size)
 
 
 def ping_command(p: Probe) -> str:
-    return shlex.join(["ping", "-M", "do", "-c", "1", "-W", "1", "-s", str(p.size), "-I", p.netdev, p.peer_ip])
+    return _ping(p).command
 
 
-def path_mtu_script(probes: list[Probe]) -> str:
-    return "\n".join(section(f"ping {p.netdev} {p.peer_ip}", ping_command(p)) for p in probes) + "\n"
+def path_mtu_script(ps: list[Probe]) -> str:
+    # the neighbour entry right after each ping says who answered (a third machine or a cluster node)
+    return "\n".join(x for p in ps for x in (_ping(p).script(), probes.neigh(p.netdev, p.peer_ip).script())) + "\n"
 
 
-def gather_path_mtu(host, probes: list[Probe], timeout: float = 20.0) -> dict[str, P.PingResult]:
-    if not probes:
-        return {}
-    res = host.run(path_mtu_script(probes), timeout=timeout, warn=True)
+def gather_path_mtu(host, ps: list[Probe], timeout: float = 20.0) -> list[P.PingResult]:
+    if not ps:
+        return []
+    res = host.run(path_mtu_script(ps), timeout=timeout, warn=True)
     sections = split_sections(res.stdout)
-    out: dict[str, P.PingResult] = {}
-    for p in probes:
-        sec = sections.get(f"ping {p.netdev} {p.peer_ip}", Section(124, "no result: the probe did not finish"))
-        out[p.netdev] = P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, sec.rc == 0,
-                                     P.ping_reason(sec.out), ping_command(p))
+    out = []
+    for p in ps:
+        sec = sections.get(_ping(p).name, Section(124, "no result: the probe did not finish"))
+        mac = probes.value(probes.neigh(p.netdev, p.peer_ip), sections, "")
+        out.append(P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, sec.rc == 0,
+                                P.ping_reason(sec.out), ping_command(p), mac))
     return out

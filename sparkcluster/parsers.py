@@ -116,6 +116,7 @@ class Interface:
     addresses: list[Address] = field(default_factory=list)
     carrier: bool | None = None
     speed_mbps: int | None = None
+    mac: str = ""  # link/ether address: tells a cluster node's port from a third machine's
 
 
 def ip_addr_json(text: str) -> dict[str, Interface]:
@@ -124,7 +125,7 @@ def ip_addr_json(text: str) -> dict[str, Interface]:
     for d in json.loads(text or "[]"):
         flags = d.get("flags", [])
         iface = Interface(d["ifname"], int(d.get("mtu", 0)), "UP" in flags, "LOWER_UP" in flags,
-                          d.get("operstate", "UNKNOWN"))
+                          d.get("operstate", "UNKNOWN"), mac=str(d.get("address", "")).lower())
         for a in d.get("addr_info", []):
             if a.get("family") == "inet":
                 net = ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
@@ -167,6 +168,78 @@ def hca_lines(text: str) -> dict[str, Hca]:
             continue
         out[parts[0]] = Hca(parts[0], parts[1].strip(), tuple(parts[2].split()))
     return out
+
+
+_IBSTAT_STATE = {"active": "4: ACTIVE", "down": "1: DOWN", "init": "2: INIT", "armed": "3: ARMED"}
+
+
+def ibstat_states(text: str) -> dict[str, str]:
+    """`ibstat`: each CA's port 1 state in sysfs form ("4: ACTIVE"), so owners' published output
+    can be judged by the same checks as what the probe reads."""
+    out, ca, port = {}, None, None
+    for line in text.splitlines():
+        m = re.match(r"^CA '([^']+)'", line)
+        if m:
+            ca, port = m.group(1), None
+            continue
+        s = line.strip()
+        if s.startswith("Port ") and s.endswith(":"):
+            port = s[5:-1]
+        elif ca and port == "1" and s.startswith("State:"):
+            v = s.split(":", 1)[1].strip()
+            out[ca] = _IBSTAT_STATE.get(v.lower(), v)
+    return out
+
+
+@dataclass(frozen=True)
+class Gid:
+    hca: str
+    index: int
+    gid: str  # "0000:0000:0000:0000:0000:ffff:c613:0201"
+    type: str  # "RoCE v2", "IB/RoCE v1"
+    ndev: str  # the netdev the entry belongs to
+
+    @property
+    def ipv4(self) -> ipaddress.IPv4Address | None:
+        """The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), else None."""
+        try:
+            ip = ipaddress.IPv6Address(self.gid)
+        except ValueError:
+            return None
+        return ip.ipv4_mapped
+
+    @property
+    def roce_v2(self) -> bool:
+        return self.type.strip().lower() == "roce v2"
+
+
+def gid_lines(text: str) -> dict[str, list[Gid]]:
+    """Lines of `<hca>|<index>|<gid>|<gid_attrs/types/N>|<gid_attrs/ndevs/N>`, per HCA in index order."""
+    out: dict[str, list[Gid]] = {}
+    for line in text.strip().splitlines():
+        parts = line.split("|")
+        if len(parts) != 5 or not parts[1].isdigit():
+            continue
+        out.setdefault(parts[0], []).append(Gid(parts[0], int(parts[1]), parts[2].strip(), parts[3].strip(),
+                                                parts[4].strip()))
+    for gids in out.values():
+        gids.sort(key=lambda g: g.index)
+    return out
+
+
+def default_route_devs(text: str) -> list[str]:
+    """`ip -j route show default`: the interface(s) the default route(s) leave by."""
+    try:
+        routes = json.loads(text or "[]")
+    except json.JSONDecodeError:
+        return []
+    return [r["dev"] for r in routes if isinstance(r, dict) and r.get("dev")]
+
+
+def neigh_mac(text: str) -> str:
+    """`ip neigh show to IP dev IF`: the peer's MAC, "" when unresolved (FAILED/INCOMPLETE)."""
+    m = re.search(r"\blladdr\s+([0-9a-fA-F:]{17})\b", text)
+    return m.group(1).lower() if m else ""
 
 
 @dataclass(frozen=True)
@@ -250,6 +323,7 @@ class PingResult:
     ok: bool
     detail: str
     command: str
+    peer_mac: str = ""  # who answered, from the neighbour table after the ping
 
 
 def uptime_and_clock(text: str) -> tuple[float | None, float | None]:

@@ -230,7 +230,7 @@ def per_host_env(profile: Profile, inventory: "Inventory", node: "Node | str") -
     """The variables whose values differ per node, from the inventory."""
     if isinstance(node, str):
         node = inventory.node(node)
-    return {
+    env = {
         "VLLM_HOST_IP": str(node.control_ip),
         "NCCL_SOCKET_IFNAME": node.control_if,
         "GLOO_SOCKET_IFNAME": node.control_if,
@@ -239,6 +239,11 @@ def per_host_env(profile: Profile, inventory: "Inventory", node: "Node | str") -
         "UCX_NET_DEVICES": node.control_if,
         "OMPI_MCA_btl_tcp_if_include": node.control_if,
     }
+    # issue 17: the RoCE v2 IPv4 GID index found in the HCAs' GID tables (init writes it to the
+    # inventory, doctor's rdma.gid checks it still holds); without it NCCL guesses
+    if node.gid_index is not None:
+        env["NCCL_IB_GID_INDEX"] = str(node.gid_index)
+    return env
 
 
 def container_env(profile: Profile, inventory: "Inventory", node: "Node | str") -> dict[str, str]:

@@ -63,6 +63,11 @@ def init(obj, head: str, workers: tuple[str, ...], ssh_config: Path | None, know
     for n in inv.nodes:
         click.echo(f"  {n.role:6} {n.name}: control {n.control_if} {n.control_ip}, "
                    f"data plane {', '.join(f'{link.hca}->{link.netdev}' for link in n.data_plane)}")
+    # what was found but not listed, and why: never dropped silently (link-local, no address, twins)
+    for dn in dr.nodes:
+        for c in dn.comments:
+            if "left out" in c:
+                click.echo(f"  {dn.name}: {c}")
     click.echo(f"next: review it, then `sparkcluster -i {out} doctor`")
 
 

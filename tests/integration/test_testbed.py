@@ -137,12 +137,20 @@ def test_hosts_are_isolated(testbed):
 
 
 def test_fake_hcas_and_devices(testbed):
+    # default cabling (issue 17): one cable on port 1; port 0's HCAs DOWN, its netdevs admin-down
+    from tests.testbed import cabling
+    mode = testbed.cabling
     for h in HOSTS:
         out = testbed.sh(h, "for d in /sys/class/infiniband/*; do echo ${d##*/} $(cat $d/ports/1/state | tr -d ' ') "
                             "$(cat $d/ports/1/link_layer) $(ls $d/device/net); done").stdout.split("\n")
         rows = {line.split()[0]: line.split()[1:] for line in out if line.strip()}
-        for hca, nd in zip(HCAS, NETDEVS):
-            assert rows[hca] == ["4:ACTIVE", "Ethernet", nd]
+        for k, (hca, nd) in enumerate(zip(HCAS, NETDEVS)):
+            want = "4:ACTIVE" if cabling.cabled(mode, k) else "1:DOWN"
+            assert rows[hca] == [want, "Ethernet", nd]
+        # the RoCE v2 IPv4 GID of each addressed twin at index 3
+        assert testbed.sh(h, "cat /sys/class/infiniband/rocep1s0f1/ports/1/gid_attrs/types/3").stdout.strip() == "RoCE v2"
+        assert testbed.sh(h, "cat /sys/class/infiniband/rocep1s0f1/ports/1/gids/3").stdout.strip() == \
+            cabling.mapped_gid(SPECS[h].control_ip)
         dev = testbed.sh(h, "stat -c '%n %t %T' /dev/infiniband/uverbs*").stdout.split("\n")
         assert [line.split()[1:] for line in dev if line] == [["e7", f"{192 + i:x}"] for i in range(4)]
         assert testbed.sh(h, "cat /sys/class/net/enp1s0f1np1/mtu").stdout.strip() == "9000"
@@ -156,8 +164,11 @@ def _ping(tb, host, ifname, peer, size=8972):
 
 
 def test_jumbo_frames_on_every_link_then_mtu_break(testbed):
+    from tests.testbed import cabling
     wnd = testbed.worker_netdevs()
     for k, nd in enumerate(NETDEVS):
+        if not cabling.cabled(testbed.cabling, k):
+            continue  # no cable in that port in this mode
         head_ip, worker_ip = SPECS[HEAD].dp_ips[k], SPECS[WORKER].dp_ips[k]
         assert _ping(testbed, HEAD, nd, worker_ip).returncode == 0, f"head {nd} -> {worker_ip}"
         assert _ping(testbed, WORKER, wnd[k], head_ip).returncode == 0, f"worker {wnd[k]} -> {head_ip}"
@@ -299,13 +310,14 @@ def test_knobs_break_and_restore(testbed):
         assert "580.95.05" in testbed.sh(HEAD, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout
     finally:
         testbed.set_driver_version(WORKER)
-    # data-plane link down / up
-    testbed.link_down(HEAD, "enP2p1s0f0np0")
+    # data-plane link down / up (link 4: cabled in every mode)
+    assert _ping(testbed, WORKER, testbed.worker_netdevs()[3], SPECS[HEAD].dp_ips[3], 56).returncode == 0
+    testbed.link_down(HEAD, "enP2p1s0f1np1")
     try:
-        assert testbed.sh(HEAD, "cat /sys/class/net/enP2p1s0f0np0/operstate").stdout.strip() == "down"
-        assert _ping(testbed, WORKER, testbed.worker_netdevs()[2], SPECS[HEAD].dp_ips[2], 56).returncode != 0
+        assert testbed.sh(HEAD, "cat /sys/class/net/enP2p1s0f1np1/operstate").stdout.strip() == "down"
+        assert _ping(testbed, WORKER, testbed.worker_netdevs()[3], SPECS[HEAD].dp_ips[3], 56).returncode != 0
     finally:
-        testbed.link_up(HEAD, "enP2p1s0f0np0")
+        testbed.link_up(HEAD, "enP2p1s0f1np1")
     # disk nearly full, then freed
     testbed.fill_disk(WORKER, 200)
     try:
@@ -329,9 +341,10 @@ def test_knob_rewire_worker(testbed):
         inv = inventory.load(path)
         w = inv.node(WORKER)
         assert w.control_if == "enP2p1s0f1np1" and str(w.control_ip) == "198.19.2.2"
-        assert w.netdevs == ["enP2p1s0f0np0", "enP2p1s0f1np1", "enp1s0f0np0", "enp1s0f1np1"]
-        assert w.hcas == ["roceP2p1s0f0", "roceP2p1s0f1", "rocep1s0f0", "rocep1s0f1"]
-        assert inv.head.netdevs == list(NETDEVS)
+        # one cable on port 1 (default cabling): head links 2 and 4 end at the worker's swapped twins
+        assert w.netdevs == ["enP2p1s0f1np1", "enp1s0f1np1"]
+        assert w.hcas == ["roceP2p1s0f1", "rocep1s0f1"]
+        assert inv.head.netdevs == ["enp1s0f1np1", "enP2p1s0f1np1"]
         assert testbed.sh(WORKER, "ip -br -4 addr show enP2p1s0f1np1").stdout.split()[2] == "198.19.2.2/24"
         assert _ping(testbed, HEAD, "enp1s0f1np1", "198.19.2.2").returncode == 0
         assert testbed.sh(WORKER, "cat /sys/class/net/enP2p1s0f1np1/speed").stdout.strip() == "200000"
@@ -395,3 +408,44 @@ def test_sh_reports_failures(testbed):
         testbed.sh(HEAD, "exit 3")
     assert testbed.sh(HEAD, "exit 3", check=False).returncode == 3
     assert LAN_IF in testbed.sh(HEAD, "ip -br link").stdout
+
+
+# ---------------------------------------------------------------- cabling modes (issue 17)
+def test_cabling_modes_switch_and_reset(testbed):
+    from tests.testbed import cabling
+    from sparkcluster import inventory
+    try:
+        path = testbed.set_cabling("two-cables@9216")
+        inv = inventory.load(path)
+        assert inv.head.netdevs == list(NETDEVS) and inv.head.mtu == 9216
+        for k, nd in enumerate(NETDEVS):
+            assert _ping(testbed, HEAD, nd, SPECS[WORKER].dp_ips[k], 9216 - 28).returncode == 0, nd
+        testbed.set_cabling("twin-no-ipv4")
+        assert testbed.sh(WORKER, "ip -4 -o addr show dev enP2p1s0f1np1").stdout.strip() == ""
+        assert testbed.sh(WORKER, "cat /sys/class/net/enP2p1s0f1np1/operstate").stdout.strip() == "up"
+        assert testbed.sh(WORKER, "ls /sys/class/infiniband/roceP2p1s0f1/ports/1/gid_attrs/types").stdout.split() == ["0", "1"]
+        testbed.set_cabling("link-local")
+        assert "169.254.2.1/16" in testbed.sh(HEAD, "ip -4 -o addr show dev enp1s0f1np1").stdout
+    finally:
+        testbed.reset()
+    import os
+    assert testbed.cabling == cabling.parse(os.environ.get(cabling.ENV))
+    assert testbed.sh(HEAD, "cat /sys/class/net/enp1s0f0np0/operstate").stdout.strip() == "down"
+    assert "198.19.2.1/24" in testbed.sh(HEAD, "ip -4 -o addr show dev enp1s0f1np1").stdout
+
+
+def test_third_machine_knob(testbed):
+    try:
+        third = testbed.plug_third(HEAD, "enp1s0f0np0")
+        assert _ping(testbed, HEAD, "enp1s0f0np0", third, 56).returncode == 0
+        assert testbed.sh(HEAD, "cat /sys/class/infiniband/rocep1s0f0/ports/1/state").stdout.strip() == "4: ACTIVE"
+        # the worker's end of that link has no cable now
+        assert testbed.sh(WORKER, "cat /sys/class/net/enp1s0f0np0/carrier", check=False).stdout.strip() in ("0", "")
+    finally:
+        testbed.unplug_third()
+    import subprocess
+    from tests.testbed import cabling
+    assert cabling.THIRD_NS not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert testbed.sh(HEAD, "cat /sys/class/infiniband/rocep1s0f0/ports/1/state").stdout.strip() == "1: DOWN"
+    # the pair's veth for that link is back, renamed as before and (no cable in this mode) down
+    assert testbed.sh(WORKER, "cat /sys/class/net/enp1s0f0np0/operstate").stdout.strip() == "down"

@@ -240,21 +240,22 @@ def test_ray_missing_from_the_image(testbed, sc, down_around):
 
 
 def test_wrong_control_ip(testbed, sc, tmp_path):
-    """The worker's control_ip is an address of another of its interfaces (data link 1)."""
-    inv = inventory_variant(testbed, tmp_path, worker_block_edit('control_ip = "198.19.2.2"', 'control_ip = "198.19.1.2"'))
+    """The worker's control_ip is an address of another of its interfaces (data link 4, the control
+    link's twin in the default one-cable testbed)."""
+    inv = inventory_variant(testbed, tmp_path, worker_block_edit('control_ip = "198.19.2.2"', 'control_ip = "198.19.4.2"'))
     err = preflight_failed(sc("up", "--profile", "testbed-standin", inventory=inv), "net.control_ip", WORKER)
-    assert "198.19.1.2 is not on enp1s0f1np1 (198.19.2.2)" in err
+    assert "198.19.4.2 is not on enp1s0f1np1 (198.19.2.2)" in err
     nothing_left(testbed)
 
 
 def test_mtu_1500_on_one_link(testbed, sc):
-    link = "enP2p1s0f0np0"
+    link = "enP2p1s0f1np1"  # the data link besides the control link (default one-cable testbed)
     try:
         testbed.set_mtu(WORKER, link, 1500)
         err = preflight_failed(sc("up", "--profile", "testbed-standin"), "net.mtu", WORKER)
         assert f"MTU {link} is 1500, expected 9000" in err
         # and the 9000-byte frames from the head to it are dropped
-        assert "[spark-head] step 'net.path_mtu': 1 link(s) drop 9000-byte frames" in err
+        assert "[spark-head] step 'net.path_mtu': 1 of 2 probe(s) drop 9000-byte frames" in err
     finally:
         testbed.set_mtu(WORKER, link, 9000)
     nothing_left(testbed)

@@ -75,6 +75,9 @@ for i in "${!hcas[@]}"; do
   echo "1: CA" > "$d/node_type"
   echo "MT4129" > "$d/hca_type"
   echo "$nd" > "$d/device/net/$nd/ifname"
+  # the GID table (gids/N, gid_attrs/types/N, gid_attrs/ndevs/N): empty here; the testbed writes it
+  # from the cabling mode (tests/testbed/cabling.py), a RoCE v2 IPv4 GID per address at index 3
+  mkdir -p "$d/ports/1/gids" "$d/ports/1/gid_attrs/types" "$d/ports/1/gid_attrs/ndevs"
   mkdir -p "/sys/class/infiniband_verbs/uverbs$i"
   echo "$h" > "/sys/class/infiniband_verbs/uverbs$i/ibdev"
 done

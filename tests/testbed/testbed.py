@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import artifacts
+from . import artifacts, cabling
 from .artifacts import (BASE_IMAGE, CACHE, RAY_IMAGE, RAY_VERSION, ROOTFS_IMAGE, ROOTFS_TAR, STANDIN_IMAGE,
                         TINY_MODEL, VLLM_VERSION)
 from .proc import TestbedError, log, run
@@ -41,12 +41,12 @@ BIN = HERE / "standin_bin"
 HEAD, WORKER = "spark-head", "spark-worker"
 HOSTS = (HEAD, WORKER)
 LAN_IF = "enP7s7"  # a Spark's 10GbE port; the host side of its LAN veth
-NETDEVS = ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1")
-HCAS = ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")
-HCA_OF = dict(zip(NETDEVS, HCAS))
+NETDEVS = cabling.NETDEVS  # ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1")
+HCAS = cabling.HCAS  # ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")
+HCA_OF = cabling.HCA_OF
 # worker netdev at the far end of head link k when the cables sit in other ports
 CROSSED = ("enP2p1s0f0np0", "enP2p1s0f1np1", "enp1s0f0np0", "enp1s0f1np1")
-CONTROL_LINK = 1  # index into NETDEVS: enp1s0f1np1, 198.19.2.0/24
+CONTROL_LINK = cabling.CONTROL_LINK  # index into NETDEVS: enp1s0f1np1, 198.19.2.0/24
 MTU = 9000
 DRIVER = "580.95.05"
 MIRROR_PORT = 3141
@@ -282,6 +282,8 @@ class Testbed:
         self._network()
         for h in HOSTS:
             self._setup_host(h)
+        for h in HOSTS:
+            self._apply_cabling(h)  # needs the fake HCAs and speed files host-setup.sh made
         self._write_client_files()
         for h in HOSTS:
             self.start_sshd(h)
@@ -392,16 +394,104 @@ class Testbed:
             run(["ip", "link", "set", s.ctl_if, "up"])
             self.sh(h, f"ip link set lo up && ip addr add {s.lan_ip}/30 dev {LAN_IF} && ip link set {LAN_IF} up "
                        f"&& ip route add default via {s.ctl_ip} dev {LAN_IF}")
+        mode = self.cabling
+        self._update(cabling=mode.spec)
         for k, nd in enumerate(NETDEVS):
-            # one veth pair per cable, each end created directly in its host
-            run(["ip", "link", "add", "tbtmp-h", "netns", HEAD, "mtu", str(MTU), "type", "veth",
-                 "peer", "name", "tbtmp-w", "netns", WORKER, "mtu", str(MTU)])
-            for h, tmp in ((HEAD, "tbtmp-h"), (WORKER, "tbtmp-w")):
-                s = SPECS[h]
-                run(["ip", "-n", h, "link", "set", tmp, "name", nd])
-                run(["ip", "-n", h, "addr", "add", f"{s.dp_ips[k]}/24", "dev", nd])
-                run(["ip", "-n", h, "link", "set", nd, "up"])
-        log("network: LAN veths 198.18.0.0/30, 198.18.0.4/30; 4 data-plane links 198.19.{1..4}.0/24 MTU 9000")
+            # one veth pair per netdev, each end created directly in its host; which are cabled (up),
+            # their addresses, HCA states and GID tables come from the cabling mode (_apply_cabling)
+            self._veth(k, nd, nd, mode.mtu)
+        log(f"network: LAN veths 198.18.0.0/30, 198.18.0.4/30; 4 data-plane veths 198.19.{{1..4}}.0/24, "
+            f"cabling {mode.spec}")
+
+    def _veth(self, k: int, head_nd: str, worker_nd: str, mtu: int) -> None:
+        run(["ip", "link", "add", "tbtmp-h", "netns", HEAD, "mtu", str(mtu), "type", "veth",
+             "peer", "name", "tbtmp-w", "netns", WORKER, "mtu", str(mtu)])
+        run(["ip", "-n", HEAD, "link", "set", "tbtmp-h", "name", head_nd])
+        run(["ip", "-n", WORKER, "link", "set", "tbtmp-w", "name", worker_nd])
+
+    # ---------------------------------------------------------------- cabling (issue 17)
+    @property
+    def cabling(self) -> cabling.Mode:
+        """The current cabling mode: what set_cabling chose, else $SPARKCLUSTER_TESTBED_CABLING at up."""
+        spec = self._state().get("cabling") if self.state_file.exists() else None
+        return cabling.parse(spec if spec is not None else os.environ.get(cabling.ENV))
+
+    def _names(self, host: str) -> list[str]:
+        return self.worker_netdevs() if host == WORKER else list(NETDEVS)
+
+    def _apply_cabling(self, host: str) -> None:
+        """Put one host's data-plane ports in the current mode: admin state, MTU, addresses, HCA
+        states, link speeds and GID tables. Idempotent; a live control address is never removed."""
+        names = self._names(host)
+        macs = cabling.parse_macs(self.sh(host, cabling.mac_query(names)).stdout)
+        octet = SPECS[host].octet
+        self.sh(host, "set -e\n" + "\n".join(cabling.host_commands(self.cabling, octet, names, macs)))
+
+    def set_cabling(self, mode: str | None = None) -> Path:
+        """Re-cable and re-address both hosts as `mode` ("two-cables", "one-cable@1500", ...; None:
+        the default) and rewrite cluster.toml to match. Undo: set_cabling() or reset()."""
+        m = cabling.parse(mode if mode is not None else os.environ.get(cabling.ENV))
+        self._update(cabling=m.spec)
+        for h in HOSTS:
+            self._apply_cabling(h)
+        return self.write_inventory(crossed=self._state().get("crossed", False))
+
+    def set_addresses(self, host: str, ifname: str, addrs: list[str]) -> None:
+        """Give one data-plane netdev exactly these IPv4 addresses ("198.19.2.4/24"); its HCA's GID
+        table follows, as the kernel's does. Undo: reset() (the mode's addresses again)."""
+        mac = cabling.parse_macs(self.sh(host, cabling.mac_query([ifname])).stdout).get(ifname)
+        up = self.sh(host, f"cat /sys/class/net/{ifname}/operstate").stdout.strip() != "down"
+        cmds = cabling.address_commands(ifname, list(addrs))
+        cmds += cabling.gid_commands(HCA_OF[ifname], ifname, mac if up else None, list(addrs))
+        self.sh(host, "set -e\n" + "\n".join(cmds))
+
+    def shift_gids(self, host: str) -> None:
+        """Rewrite every cabled HCA's GID table on `host` with a global IPv6 GID (fd00:19::<octet>)
+        ahead of the IPv4 ones, as when the port had an IPv6 address first: its RoCE v2 IPv4 GID
+        moves from index 3 to 5. Undo: reset()."""
+        names = self._names(host)
+        macs = cabling.parse_macs(self.sh(host, cabling.mac_query(names)).stdout)
+        octet = SPECS[host].octet
+        cmds = []
+        for k, nd in enumerate(names):
+            if cabling.cabled(self.cabling, k):
+                cmds += cabling.gid_commands(HCA_OF[nd], nd, macs.get(nd), cabling.addresses(self.cabling, k, octet),
+                                             (f"fd00:19::{k + 1}:{octet}",))
+        self.sh(host, "set -e\n" + "\n".join(cmds))
+
+    def set_default_route(self, host: str, ifname: str, via: str) -> None:
+        """Send the host's default route out of a data-plane port (undo: reset(), back via the LAN)."""
+        self.sh(host, f"ip route replace default via {shlex.quote(via)} dev {shlex.quote(ifname)}")
+
+    def plug_third(self, host: str, ifname: str = "enp1s0f0np0") -> str:
+        """Cable `host`'s port `ifname` to a third machine (namespace cabling.THIRD_NS, not a cluster
+        node; eugr#40): the host's end gets THIRD_NET.1/24 and an ACTIVE HCA, the other host's end of
+        that link loses its cable. Returns the third machine's address. Undo: unplug_third()."""
+        other = WORKER if host == HEAD else HEAD
+        k = self._names(host).index(ifname)
+        other_nd = self._names(other)[k]
+        for argv in cabling.third_plug_commands(host, ifname, other, other_nd, self.cabling.mtu):
+            run(argv)
+        self._update(third={"host": host, "ifname": ifname})
+        self.sh(host, cabling.rebind_speed([(ifname, NETDEVS[k])]) + f"; echo {cabling.SPEED_MBPS} > /run/testbed/speed/{NETDEVS[k]}")
+        self.sh(other, cabling.rebind_speed([(other_nd, NETDEVS[k])]))
+        self.set_hca_state(host, HCA_OF[ifname], "4: ACTIVE")
+        self.set_addresses(host, ifname, [f"{cabling.THIRD_NET}.1/24"])
+        return f"{cabling.THIRD_NET}.3"
+
+    def unplug_third(self) -> None:
+        third = self._state().get("third")
+        if not third:
+            return
+        host, ifname = third["host"], third["ifname"]
+        other = WORKER if host == HEAD else HEAD
+        k = self._names(host).index(ifname)
+        for argv in cabling.third_unplug_commands(host, ifname, other, self._names(other)[k], self.cabling.mtu):
+            run(argv, check=False)
+        self._update(third=None)
+        for h in HOSTS:
+            self.sh(h, cabling.rebind_speed([(self._names(h)[k], NETDEVS[k])]))
+            self._apply_cabling(h)
 
     def _setup_host(self, host: str) -> None:
         d = self.host_dir(host)
@@ -553,23 +643,21 @@ rm -f /run/docker.pid /run/docker.sock
         self.known_hosts.write_text("\n".join(kh) + "\n")
         self.write_inventory(crossed=self._state().get("crossed", False))
 
-    def inventory_text(self, crossed: bool = False) -> str:
+    def inventory_text(self, crossed: bool = False, mode: str | None = None) -> str:
+        """cluster.toml for the current cabling mode (or `mode`): the data plane lists the cabled
+        twins that have an IPv4 address, as `sparkcluster init` would."""
+        m = cabling.parse(mode) if mode is not None else self.cabling
         out = ["# sparkcluster inventory for the two-host testbed (written by tests/testbed)",
+               f"# cabling: {m.spec}",
                "[cluster]", 'name = "testbed"', 'ssh_config = "ssh_config"', 'known_hosts = "known_hosts"',
                'profile = "testbed"', f'pip_index_url = "{PIP_INDEX_URL}"', ""]
-        for h in HOSTS:
-            s = SPECS[h]
-            names = list(CROSSED if (crossed and h == WORKER) else NETDEVS)
-            out += ["[[nodes]]", f'name = "{h}"', f'role = "{s.role}"', f'ssh = "{h}"',
-                    f'control_if = "{names[CONTROL_LINK]}"', f'control_ip = "{s.control_ip}"', f"mtu = {MTU}",
-                    "data_plane = ["]
-            out += [f'  {{ netdev = "{nd}", hca = "{HCA_OF[nd]}" }},' for nd in names]
-            out += ["]", ""]
+        names = {h: list(CROSSED if (crossed and h == WORKER) else NETDEVS) for h in HOSTS}
+        out += cabling.inventory_nodes(m, [(h, SPECS[h].role, SPECS[h].octet) for h in HOSTS], names)
         return "\n".join(out)
 
-    def write_inventory(self, crossed: bool = False, path: Path | None = None) -> Path:
+    def write_inventory(self, crossed: bool = False, path: Path | None = None, mode: str | None = None) -> Path:
         path = path or self.inventory
-        path.write_text(self.inventory_text(crossed))
+        path.write_text(self.inventory_text(crossed, mode))
         return path
 
     # ---------------------------------------------------------------- pip mirror
@@ -838,6 +926,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                     if not pid or not os.path.exists(f"/proc/{pid}"):
                         break  # gone, not merely a zombie
                     time.sleep(0.1)
+        run(["ip", "netns", "del", cabling.THIRD_NS], check=False)  # a third machine a test plugged in
         # anything else still inside a host's netns (should be nothing)
         for h in HOSTS:
             p = run(["ip", "netns", "pids", h], check=False)
@@ -906,14 +995,13 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             cmds = [f"ip link set dev {LAN_IF} up", f"ip route replace default via {SPECS[h].ctl_ip} dev {LAN_IF}",
                     "rm -f /var/lib/docker/.testbed-fill",
                     f"echo {DRIVER} > /run/nvidia-standin/driver_version"]
-            for nd, hca in zip(NETDEVS, HCAS):
-                cmds += [f"echo 200000 > /run/testbed/speed/{nd}",
-                         f"echo '4: ACTIVE' > /sys/class/infiniband/{hca}/ports/1/state",
-                         f"echo '5: LinkUp' > /sys/class/infiniband/{hca}/ports/1/phys_state"]
-            for nd in (self.worker_netdevs() if h == WORKER else NETDEVS):
-                cmds += [f"ip link set dev {nd} mtu {MTU} up"]
             self.sh(h, " ; ".join(cmds), check=False)
             self.start_earlyoom(h)
+        # the network as the default cabling mode has it: links, addresses, HCA states, speeds, GIDs
+        self.unplug_third()
+        self._update(cabling=cabling.parse(os.environ.get(cabling.ENV)).spec)
+        for h in HOSTS:
+            self._apply_cabling(h)
         self.write_inventory(crossed=False)
         if not self.ssh_config.exists() or not self.known_hosts.exists():
             self._write_client_files()
@@ -979,6 +1067,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                                        f"mount --bind /run/testbed/speed/{NETDEVS[k]} /sys/class/net/{b}/speed"
                                        for k, b in enumerate(new)))
         self._update(crossed=crossed)
+        self._apply_cabling(WORKER)  # the renamed ports: up/down, HCA states and GIDs by their new names
         return self.write_inventory(crossed=crossed)
 
     def replace_host_key(self, host: str) -> str:

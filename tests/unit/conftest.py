@@ -83,6 +83,25 @@ def hca_text(links=None, state: str = "4: ACTIVE") -> str:
     return "".join(f"{hca}|{state}|{nd} \n" for nd, hca, _ in links)
 
 
+def mapped_gid(ip: str) -> str:
+    """The RoCE v2 GID the kernel derives from an IPv4 address (::ffff:a.b.c.d, written out in full)."""
+    a, b, c, d = (int(x) for x in ip.split("."))
+    return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+
+
+def gid_text(host: int, links=None) -> str:
+    """What the probe's gids section prints for a Spark with one IPv4 address per netdev: the two
+    link-local IPv6 GIDs (v1, v2) at 0-1, then the IPv4 ones (v1, v2) at 2-3, as the mlx5 driver orders them."""
+    links = LINKS if links is None else links
+    out = []
+    for i, (nd, hca, k) in enumerate(links):
+        ll = f"fe80:0000:0000:0000:4ebb:47ff:fe2{i}:000{host}"
+        v4 = mapped_gid(link_ip(k, host))
+        out += [f"{hca}|0|{ll}|IB/RoCE v1|{nd}", f"{hca}|1|{ll}|RoCE v2|{nd}",
+                f"{hca}|2|{v4}|IB/RoCE v1|{nd}", f"{hca}|3|{v4}|RoCE v2|{nd}"]
+    return "\n".join(out) + "\n"
+
+
 def carrier_text(links=None) -> str:
     links = LINKS if links is None else links
     return "".join(f"{nd} 1 200000\n" for nd, _, _ in links)

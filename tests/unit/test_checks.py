@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from conftest import (LINKS, NODES, carrier_text, cap, control_ip, hca_text, inventory_dict, link_ip, make_inventory,
-                      spark_ip_json)
+from conftest import (LINKS, NODES, carrier_text, cap, control_ip, gid_text, hca_text, inventory_dict, link_ip,
+                      make_inventory, spark_ip_json)
 from sparkcluster import checks, facts
 from sparkcluster import parsers as P
 from sparkcluster import profile as profiles
@@ -89,6 +89,8 @@ def _host_facts(name: str, role: str, host: int) -> facts.HostFacts:
     for nd, carrier, speed in P.carrier_lines(carrier_text()):
         f.interfaces[nd].carrier, f.interfaces[nd].speed_mbps = carrier, speed
     f.hcas = P.hca_lines(hca_text())
+    f.gids = P.gid_lines(gid_text(host))
+    f.default_routes = ["enP7s7"]
     f.mem = P.meminfo(MEMINFO)
     f.earlyoom = True
     f.sshd_oom_score_adj = -1000
@@ -116,9 +118,10 @@ def healthy() -> State:
     inv = make_inventory(inv_data)
     ok_line = P.last_line(cap("vm-ping-lo-8972.txt"))
     for node in inv.nodes:
-        hf[node.name].path_mtu = {p.netdev: P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, True, ok_line,
-                                                         facts.ping_command(p))
-                                  for p in facts.path_mtu_probes(node, hf)}
+        peer_if = {str(a.ip): i.mac for n, f in hf.items() for i in f.interfaces.values() for a in i.addresses}
+        hf[node.name].path_mtu = [P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, True, ok_line,
+                                               facts.ping_command(p), peer_if[p.peer_ip])
+                                  for p in facts.path_mtu_probes(node, hf)]
     expect = dict(image=IMAGE, forwarded_env=dict(FORWARDED), gpu_memory_utilization=0.75,
                   image_disk_bytes=30 * GiB, model_disk_bytes=100 * GiB)
     return State(inv_data, hf, {}, expect)
@@ -144,7 +147,7 @@ def test_healthy_path_mtu_pairs_every_link_both_ways():
     s = healthy()
     for name, host in ((H, 1), (W, 2)):
         peer = 2 if host == 1 else 1
-        assert {nd: p.peer_ip for nd, p in s.facts[name].path_mtu.items()} == {
+        assert {p.netdev: p.peer_ip for p in s.facts[name].path_mtu} == {
             nd: link_ip(k, peer) for nd, _, k in LINKS}
 
 
@@ -251,9 +254,45 @@ def mtu_1500(s):
 
 
 def path_mtu_fails(s):
-    p = s.facts[W].path_mtu["enP2p1s0f0np0"]
-    s.facts[W].path_mtu["enP2p1s0f0np0"] = dataclasses.replace(
-        p, ok=False, detail=P.last_line(cap("vm-ping-eth0-1472-toolarge.txt")))
+    k = next(i for i, p in enumerate(s.facts[W].path_mtu) if p.netdev == "enP2p1s0f0np0")
+    s.facts[W].path_mtu[k] = dataclasses.replace(
+        s.facts[W].path_mtu[k], ok=False, detail=P.last_line(cap("vm-ping-eth0-1472-toolarge.txt")))
+
+
+def twins_share_subnet(s):
+    # eugr/spark-vllm-docker#270: the owner put the port's second twin on the first twin's subnet too
+    s.facts[W].interfaces["enP2p1s0f1np1"].addresses.append(_addr("198.19.2.3", 24))
+
+
+def twin_up_without_ipv4(s):
+    # the twin is up (and listed) but has no IPv4, so the kernel made no RoCE v2 IPv4 GID for its HCA
+    s.facts[W].interfaces["enP2p1s0f0np0"].addresses = []
+    s.facts[W].gids["roceP2p1s0f0"] = [g for g in s.facts[W].gids["roceP2p1s0f0"] if g.ipv4 is None]
+
+
+def hca_without_v4_gid(s):
+    # the address is there but the GID table has only the IPv6 link-local entries (e.g. read too early)
+    s.facts[W].gids["rocep1s0f0"] = [g for g in s.facts[W].gids["rocep1s0f0"] if g.ipv4 is None]
+
+
+def gid_index_shifted(s):
+    # one more IPv6 address on every worker port pushes the IPv4 GIDs two entries down: index 5, not 3
+    s.facts[W].gids = {h: [dataclasses.replace(g, index=g.index + 2 if g.ipv4 else g.index) for g in gs]
+                       for h, gs in s.facts[W].gids.items()}
+
+
+def rail_degraded(s):
+    s.facts[W].interfaces["enP2p1s0f1np1"].speed_mbps = 100000
+
+
+def peer_is_third_machine(s):
+    # the worker's path MTU probe on enp1s0f0np0 was answered by a MAC no cluster node has
+    k = next(i for i, p in enumerate(s.facts[W].path_mtu) if p.netdev == "enp1s0f0np0")
+    s.facts[W].path_mtu[k] = dataclasses.replace(s.facts[W].path_mtu[k], peer_mac="b8:ce:f6:01:02:03")
+
+
+def default_route_on_cx7(s):
+    s.facts[W].default_routes = ["enp1s0f1np1"]
 
 
 def hca_down(s):
@@ -374,6 +413,13 @@ CASES = [
     ("net.link", W, "fail", link_no_carrier, {}),
     ("net.mtu", W, "fail", mtu_1500, {}),
     ("net.path_mtu", W, "fail", path_mtu_fails, {}),
+    ("net.twins", W, "fail", twins_share_subnet, {}),
+    ("rdma.gid", W, "fail", twin_up_without_ipv4, {}),
+    ("rdma.gid", W, "fail", hca_without_v4_gid, {}),
+    ("rdma.gid", W, "fail", gid_index_shifted, {}),
+    ("net.speed", W, "warn", rail_degraded, {}),
+    ("net.peer", W, "fail", peer_is_third_machine, {}),
+    ("net.default_route", W, "warn", default_route_on_cx7, {}),
     ("rdma.hca", W, "fail", hca_down, {}),
     ("rdma.hca", W, "fail", hca_missing, {}),
     ("rdma.hca", W, "fail", hca_wrong_netdev, {}),

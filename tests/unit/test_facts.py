@@ -251,10 +251,22 @@ def test_gather_path_mtu_from_captured_pings():
     host = FakeHost(cap("vm-path-mtu.txt"))
     got = facts.gather_path_mtu(host, probes)
     assert host.ran == [facts.path_mtu_script(probes)]
-    assert got["lo"].ok and got["lo"].size == 8972 and got["lo"].command == facts.ping_command(probes[0])
-    assert not got["eth0"].ok
-    assert not got["vlan9"].ok and got["vlan9"].detail == "no result: the probe did not finish"
-    assert facts.gather_path_mtu(host, []) == {}
+    lo, eth0, vlan9 = got
+    assert lo.ok and lo.size == 8972 and lo.command == facts.ping_command(probes[0])
+    assert not eth0.ok
+    assert not vlan9.ok and vlan9.detail == "no result: the probe did not finish"
+    assert facts.gather_path_mtu(host, []) == []
+
+
+def test_gather_path_mtu_keeps_every_probe_of_one_netdev():
+    # real: two probes out of eth0, the first too large, the second to an absent peer; a third, passing
+    # one on eth0 must not hide them (each probe is its own result, in order)
+    probes = [facts.Probe("eth0", "gw", "192.0.2.1", 1472), facts.Probe("eth0", "x", "192.0.2.77", 1372),
+              facts.Probe("lo", "peer", "127.0.0.1", 8972)]
+    got = facts.gather_path_mtu(FakeHost(cap("vm-path-mtu.txt")), probes)
+    assert [(p.netdev, p.peer_ip, p.ok) for p in got] == [("eth0", "192.0.2.1", False), ("eth0", "192.0.2.77", False),
+                                                          ("lo", "127.0.0.1", True)]
+    assert "mtu=1400" in got[0].detail
 
 
 def test_gather_parses_and_times_out():
