@@ -11,9 +11,8 @@ import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-import httpx
 
-from . import log, parsers, raycluster, serve
+from . import endpoint as endpoint_mod, log, parsers, raycluster, serve
 from .errors import EngineUnreachable
 from .facts import section, split_sections
 from .fanout import connect_reachable
@@ -50,6 +49,8 @@ class ClusterStatus:
     health: int | None = None
     models: list[str] = field(default_factory=list)
     server_pid: int | None = None
+    engine_responds: bool | None = None  # a one-token completion answered within its bound
+    metrics: dict[str, float] = field(default_factory=dict)  # from /metrics, by endpoint.METRICS
     problems: list[str] = field(default_factory=list)
 
     def as_json(self) -> str:
@@ -99,19 +100,8 @@ def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
         port = inv.cluster.api_port
         endpoint = f"http://{head.address}:{port}" if head else ""
 
-        def http() -> tuple[int | None, list[str]]:
-            if not endpoint:
-                return None, []
-            hdrs = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-            with httpx.Client(timeout=2.0) as c:
-                code = serve.health(c, endpoint)
-                if code != 200:
-                    return code, []
-                try:
-                    r = c.get(f"{endpoint}/v1/models", headers=hdrs)
-                    return code, [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
-                except (httpx.HTTPError, ValueError):
-                    return code, []
+        def http() -> endpoint_mod.EngineView:
+            return endpoint_mod.look(endpoint, api_key) if endpoint else endpoint_mod.EngineView()
 
         def server_pid() -> int | None:
             # by the head container's fixed name, alongside the node scripts rather than after them
@@ -127,7 +117,7 @@ def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
         with ThreadPoolExecutor(max_workers=2) as pool:
             http_future, pid_future = pool.submit(http), pool.submit(server_pid)
             per_node = cluster.each(lambda h: _one(h, inv))
-            health, models = http_future.result()
+            engine = http_future.result()
             pid = pid_future.result()
         heads = [o.value[0] for n, o in per_node.items() if n == inv.head.name and o.ok]
         if not (heads and heads[0].state == "running"):
@@ -146,15 +136,16 @@ def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
         if ray is not None:
             ray_rows = ray
         nodes.append(st)
-    return judge(inv, nodes, ray_rows, endpoint, health, models, pid)
+    return judge(inv, nodes, ray_rows, endpoint, engine, pid)
 
 
 def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, endpoint: str,
-          health: int | None, models: list[str], pid: int | None) -> ClusterStatus:
+          engine: "endpoint_mod.EngineView", pid: int | None) -> ClusterStatus:
     """Pure: healthy only when every node's container runs, Ray has every node alive at its
     control IP with its GPUs, and the endpoint answers with the model."""
     st = ClusterStatus(inv.cluster.name, "healthy", nodes, endpoint=f"{endpoint}/v1" if endpoint else "",
-                       health=health, models=models, server_pid=pid)
+                       health=engine.health, models=engine.models, server_pid=pid,
+                       engine_responds=engine.responds, metrics=engine.metrics)
     alive = [r for r in (ray_rows or []) if r.get("state") == "ALIVE"]
     if ray_rows is not None:
         st.ray_nodes = len(alive)
@@ -177,8 +168,14 @@ def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, 
     if ray_rows is None and any(ns.state == "running" for ns in nodes):
         st.problems.append("Ray does not answer on the head")
     if any(ns.state == "running" for ns in nodes):
-        if health != 200:
-            st.problems.append(f"endpoint /health: {health or 'no answer'}")
+        if engine.health != 200 and pid is None:
+            # vLLM's API server exits 0 when a rank dies: its exit status proves nothing
+            st.problems.append(f"vllm serve is not running (endpoint /health: {engine.health or 'no answer'}); "
+                               "see why with: sparkcluster logs " + inv.head.name)
+        elif engine.health != 200:
+            st.problems.append(f"endpoint /health: {engine.health or 'no answer'}")
+        elif engine.responds is False:
+            st.problems.append(f"engine wedged: /health is 200 but {engine.probe}")
         elif pid is None:
             st.problems.append("vllm serve is not running")
     if all(ns.reachable and ns.state == "absent" for ns in nodes):

@@ -15,7 +15,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 
-from . import lint, log, profile as profiles, serve, teardown
+from . import endpoint, lint, log, profile as profiles, serve, teardown
 from .errors import InputError, StageError, StepFailure
 from .execute import Progress, Run, execute, record_preflight
 from .fanout import Cluster
@@ -26,6 +26,8 @@ from .plan import Plan, make_plan
 from .stages import preflight as preflight_stage
 
 _log = log.get(__name__)
+# how long a serving engine may take to answer one token before `up` calls it wedged
+WEDGE_PROBE_S = 20.0
 
 
 @dataclass
@@ -60,6 +62,17 @@ def _old_server(cluster: Cluster, inv: Inventory, facts) -> serve.Record | None:
     return serve.current(cluster.head.docker().api, heads[0]["Id"]) if heads else None
 
 
+def _wedged(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secrets: dict[str, str]) -> str:
+    """Why the server that runs this profile does not serve, or "": `/health` alone says 200 while
+    an engine is stuck, so "already serving" needs a one-token completion too."""
+    port = prof.serve.port or inv.cluster.api_port
+    view = endpoint.look(f"http://{cluster.head.address}:{port}", secrets.get("VLLM_API_KEY"),
+                         prof.served_model_name, probe_timeout=WEDGE_PROBE_S)
+    if view.health != 200:
+        return f"/health answers {view.health or 'nothing'}"
+    return "" if view.responds is not False else f"/health is 200 but {view.probe}"
+
+
 def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secrets: dict[str, str],
                 progress: Progress, dry_run: bool, replace: bool, t0: float) -> UpSummary | Plan:
     report = preflight_stage.check(cluster, inv, prof)
@@ -67,7 +80,11 @@ def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secret
     wanted = {k: v for k, v in secrets.items() if k in profiles.secret_env_names(prof)}
     # the same profile serves only when its server runs, started with the same secrets
     serving = bool(old and old.profile == prof.name and old.started_with(wanted))
+    wedged = _wedged(cluster, inv, prof, secrets) if serving else ""
+    serving = serving and not wedged
     plan = make_plan(inv, prof, report.facts, serving, replace, old_server=old, secret_names=secrets.keys())
+    if wedged:
+        plan.notes.insert(0, f"the running vllm serve (pid {old.pid}) is wedged: {wedged}; it is restarted")
     progress.done("preflight", time.monotonic() - t0, f"{len(report.results)} checks")
     if dry_run:
         return plan

@@ -26,6 +26,10 @@ def _duration(s: float | None) -> str:
     return f"{s / 3600:.1f} h"
 
 
+def _count(v: float) -> str:
+    return f"{v:,.0f}"
+
+
 def render(st: status_mod.ClusterStatus) -> Group:
     colour = {"healthy": "green", "degraded": "bold red", "down": "yellow"}[st.state]
     t = Table(box=None, pad_edge=False, header_style="bold")
@@ -45,6 +49,12 @@ def render(st: status_mod.ClusterStatus) -> Group:
     if st.endpoint and st.state != "down":
         lines.append(f"endpoint: {st.endpoint}  health: {st.health or 'no answer'}  models: {', '.join(st.models) or '-'}"
                      + (f"  vllm serve pid {st.server_pid}" if st.server_pid else ""))
+    if st.metrics and st.state != "down":
+        m = st.metrics
+        lines.append("serving: " + "  ".join(f"{label} {fmt(m[key])}" for key, label, fmt in (
+            ("requests_running", "running", _count), ("requests_waiting", "waiting", _count),
+            ("kv_cache_usage", "KV cache", lambda v: f"{v * 100:.1f}%"),
+            ("generation_tokens_total", "tokens generated", _count)) if key in m))
     for p in st.problems:
         lines.append(f"[red]problem:[/] {redact.mask(p)}")
     return Group(*lines)

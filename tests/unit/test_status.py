@@ -8,6 +8,7 @@ import json
 from conftest import make_inventory
 
 from sparkcluster.raycluster import parse_state_api as parse_ray_nodes
+from sparkcluster.endpoint import EngineView
 from sparkcluster.status import NodeStatus, judge, node_script
 
 HEAD_IP, WORKER_IP = "198.19.2.1", "198.19.2.2"
@@ -49,8 +50,9 @@ def healthy_inputs():
     return nodes, rows
 
 
-def verdict(nodes, rows, health=200, models=("testbed-tiny",), pid=4242):
-    return judge(make_inventory(), nodes, rows, ENDPOINT, health, list(models), pid)
+def verdict(nodes, rows, health=200, models=("testbed-tiny",), pid=4242, responds=True, probe=""):
+    engine = EngineView(health, list(models), responds if health == 200 else None, probe)
+    return judge(make_inventory(), nodes, rows, ENDPOINT, engine, pid)
 
 
 # ---- parse_ray_nodes ----------------------------------------------------------------------------
@@ -140,7 +142,7 @@ def test_two_gpus_expected_from_inventory():
     data["nodes"][1]["gpus"] = 2
     nodes, rows = healthy_inputs()
     rows[1]["resources_total"]["GPU"] = 2.0
-    st = judge(make_inventory(data), nodes, rows, ENDPOINT, 200, ["testbed-tiny"], 1)
+    st = judge(make_inventory(data), nodes, rows, ENDPOINT, EngineView(200, ["testbed-tiny"], True), 1)
     assert st.state == "healthy", st.problems
     assert st.ray_gpus == 3.0
 
@@ -198,3 +200,27 @@ def test_node_script_asks_ray_only_on_the_head():
     assert "8265/api/v0/nodes" in node_script(inv, True)
     assert "8265" not in node_script(inv, False)
     assert "org.sparkcluster.cluster=pair" in node_script(inv, False)
+
+
+def test_degraded_engine_wedged_while_health_200():
+    # vLLM 0.32 answers /health without the engine: a stopped rank leaves it at 200
+    nodes, rows = healthy_inputs()
+    st = verdict(nodes, rows, responds=False, probe="a 1-token completion did not return within 10s")
+    assert st.state == "degraded"
+    assert st.problems == ["engine wedged: /health is 200 but a 1-token completion did not return within 10s"]
+    assert st.engine_responds is False
+
+
+def test_engine_dead_is_reported_whatever_the_exit_status():
+    # a killed rank: the API server exits 0 and /health stops answering; the record's PID is gone
+    nodes, rows = healthy_inputs()
+    st = verdict(nodes, rows, health=None, models=(), pid=None)
+    assert st.state == "degraded"
+    assert st.problems == ["vllm serve is not running (endpoint /health: no answer); "
+                           "see why with: sparkcluster logs spark-head"]
+
+
+def test_not_probed_without_the_key_is_not_a_wedge():
+    nodes, rows = healthy_inputs()
+    st = verdict(nodes, rows, responds=None, probe="not probed: the endpoint wants the API key")
+    assert st.state == "healthy", st.problems
