@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
+from . import engine_traits
 from .facts import HostFacts
 from .inventory import Inventory, Node
 from .labels import CLUSTER_LABEL, ROLE_LABEL
@@ -46,6 +47,7 @@ class Expect:
     gpu_memory_utilization: float | None = None
     image_disk_bytes: int = 30 * GiB  # NGC vLLM base ~9 GB + Ray; a build needs room twice over
     model_disk_bytes: int = 0
+    vllm_version: str | None = None  # of the image to be served: decides what vLLM checks itself
     # docker flags every container must carry, and which must be identical across nodes
     container_flags: dict[str, object] = field(default_factory=dict)
 
@@ -254,7 +256,10 @@ def net_vllm_host_ip(ctx: Context, r: Report) -> None:
         bad = [v for v in values if v != str(node.control_ip)]
         if bad:
             where = "in the running container" if bad[0] in running else "in the profile"
-            r.fail(node.name, f"VLLM_HOST_IP is {bad[0]} {where}, but {node.name}'s control IP is {node.control_ip}",
+            why = ""
+            if ctx.expect.vllm_version:
+                why = "; " + engine_traits.traits(ctx.expect.vllm_version, ctx.expect.forwarded_env).node_ip_consequence()
+            r.fail(node.name, f"VLLM_HOST_IP is {bad[0]} {where}, but {node.name}'s control IP is {node.control_ip}{why}",
                    "VLLM_HOST_IP is computed per node by sparkcluster: remove it from the profile's forwarded "
                    "variables, then `sparkcluster down && sparkcluster up`")
         elif values:
