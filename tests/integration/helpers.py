@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 API_KEY = "sk-testbed-4f9c1e2a7b"
 HF_TOKEN = "hf_testbedTOKEN1234567890"
 
@@ -14,3 +16,22 @@ def ours(testbed, host: str) -> list[str]:
 
 def listeners(testbed, host: str, port: int) -> str:
     return testbed.sh(host, f"ss -Htln '( sport = :{port} )'").stdout.strip()
+
+
+def inventory_variant(testbed, tmp_path: Path, edit) -> Path:
+    """The testbed's inventory with absolute ssh paths, one node edited: edit(text) -> text."""
+    text = testbed.inventory_text().replace('ssh_config = "ssh_config"', f'ssh_config = "{testbed.ssh_config}"')
+    text = text.replace('known_hosts = "known_hosts"', f'known_hosts = "{testbed.known_hosts}"')
+    new = edit(text)
+    assert new != text
+    p = tmp_path / "cluster.toml"
+    p.write_text(new)
+    return p
+
+
+def worker_block_edit(old: str, new: str):
+    """Replace `old` by `new` in the worker's [[nodes]] block only."""
+    def edit(text: str) -> str:
+        head, worker = text.split('name = "spark-worker"')
+        return head + 'name = "spark-worker"' + worker.replace(old, new)
+    return edit

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.testbed
 
 
 def planned(sc, env: dict | None = None) -> list[dict]:
-    res = sc("up", "--profile", "testbed", "--dry-run", "--json", timeout=120, env=env)
+    res = sc("up", "--profile", "testbed-standin", "--dry-run", "--json", timeout=120, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     steps = json.loads(res.stdout)
     assert steps and all(set(s) == {"id", "stage", "host", "description"} for s in steps), steps
@@ -24,7 +24,7 @@ def planned(sc, env: dict | None = None) -> list[dict]:
 
 
 def executed(sc, env: dict | None = None) -> list[dict]:
-    res = sc("--log-format", "json", "up", "--profile", "testbed", timeout=900, env=env)
+    res = sc("--log-format", "json", "up", "--profile", "testbed-standin", timeout=900, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     events = []
     for line in res.stderr.splitlines():

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import CLI
-from tests.integration.helpers import listeners, ours
+from tests.integration.helpers import inventory_variant, listeners, ours, worker_block_edit
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -62,25 +62,6 @@ def preflight_failed(res, check_id: str, node: str) -> str:
     # preflight touches nothing: no stage after it started
     assert "▸ image" not in err
     return err
-
-
-def inventory_variant(testbed, tmp_path: Path, edit) -> Path:
-    """The testbed's inventory with absolute ssh paths, one node edited: edit(text) -> text."""
-    text = testbed.inventory_text().replace('ssh_config = "ssh_config"', f'ssh_config = "{testbed.ssh_config}"')
-    text = text.replace('known_hosts = "known_hosts"', f'known_hosts = "{testbed.known_hosts}"')
-    new = edit(text)
-    assert new != text
-    p = tmp_path / "cluster.toml"
-    p.write_text(new)
-    return p
-
-
-def worker_block_edit(old: str, new: str):
-    """Replace `old` by `new` in the worker's [[nodes]] block only."""
-    def edit(text: str) -> str:
-        head, worker = text.split('name = "spark-worker"')
-        return head + 'name = "spark-worker"' + worker.replace(old, new)
-    return edit
 
 
 def profile_variant(tmp_path: Path, name: str, top: dict | None = None, serve: str = "", forward: str = "",

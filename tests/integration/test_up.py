@@ -1,5 +1,6 @@
-"""`up` end to end on the testbed: bare to serving, chat with and without the key, idempotence,
-then `down` leaving nothing behind."""
+"""`up` end to end on the testbed with the REAL vLLM engine (0.32.0, CPU build, the tiny Llama with
+tensor parallel 2 over Ray across both hosts): bare to serving, chat with and without the key,
+streaming, the model list and metrics status reads, idempotence, then `down` leaving nothing behind."""
 
 from __future__ import annotations
 
@@ -60,6 +61,34 @@ def test_chat_completion_with_key(serving):
     chunks = list(client.chat.completions.create(model="testbed-tiny", messages=[{"role": "user", "content": "hi"}],
                                                   max_tokens=8, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_rank_1_runs_on_the_worker(testbed, serving):
+    # vLLM's own log: the rank actors, one on each host's control address
+    log = testbed.sh(HEAD, "docker exec sparkcluster-testbed-head cat /var/log/sparkcluster/vllm-serve.log").stdout
+    assert "ip=198.19.2.2" in log, log[-3000:]
+    assert "RayWorkerProc" in testbed.sh(WORKER, "ps -eo args").stdout or "ray::" in testbed.sh(WORKER, "ps -eo args").stdout
+
+
+def test_models_and_the_metrics_status_reads(serving):
+    from sparkcluster.endpoint import METRICS
+
+    base = endpoint(serving.stdout).removesuffix("/v1")
+    models = httpx.get(base + "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
+    assert models.status_code == 200 and [m["id"] for m in models.json()["data"]] == ["testbed-tiny"]
+    text = httpx.get(base + "/metrics", timeout=10).text
+    for name in METRICS:
+        assert re.search(rf"^{re.escape(name)}[{{ ]", text, re.M), name
+
+
+def test_status_healthy_with_serving_figures(sc, serving):
+    res = sc("status", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    st = json.loads(res.stdout)
+    assert st["state"] == "healthy", st["problems"]
+    assert st["engine_responds"] is True and st["models"] == ["testbed-tiny"]
+    assert st["metrics"]["generation_tokens_total"] > 0  # the warm-up and the chats above
+    assert set(st["metrics"]) >= {"requests_running", "requests_waiting", "kv_cache_usage"}
 
 
 def test_chat_without_key_is_401(serving):

@@ -72,7 +72,7 @@ def test_testbed_profile():
     assert p.served_name == "testbed-tiny"
     assert p.image.ref == "nvcr.io/nvidia/vllm:26.05.post1-py3"
     assert p.image.vllm_version == "0.32.0"
-    assert p.forwarded_env() == {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert p.forwarded_env() == {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TORCHDYNAMO_DISABLE": "1"}
     assert p.serve.tensor_parallel_size == 2
     assert p.serve.gpu_memory_utilization == 0.2  # the testbed is one 24 GiB machine seen whole by both hosts
     assert p.serve.max_model_len == 1024
