@@ -8,6 +8,7 @@ What happened on each node is a value (`NodeTeardown`, `ServerStop`), never a st
 from __future__ import annotations
 
 import enum
+import re
 import shlex
 from dataclasses import dataclass, field
 
@@ -114,10 +115,53 @@ def remove_containers(host: Host, cluster: str, only: set[str] | None = None) ->
     return removed
 
 
+# vLLM's processes create multiprocessing shared-memory segments (24-240 MB each) in /dev/shm; the
+# containers run with --ipc host, so what a stopped engine leaves there outlives its container and
+# holds memory until the host reboots. Only the names our own containers' processes map or hold
+# open are ever removed: another program's segments on the host are not ours to judge.
+SHM_SEGMENTS = ("cat /proc/[0-9]*/maps 2>/dev/null | grep -o '/dev/shm/psm_[0-9a-zA-Z_]*'; "
+                "ls -l /proc/[0-9]*/fd 2>/dev/null | grep -o '/dev/shm/psm_[0-9a-zA-Z_]*'; true")
+_SHM_NAME = re.compile(r"/dev/shm/psm_[0-9a-zA-Z_]+")
+
+
+def shm_segments(host: Host, cid: str) -> list[str]:
+    """The shared-memory segments the processes of one of our containers use now."""
+    api = host.docker().api
+    ex = api.exec_create(cid, ["sh", "-c", SHM_SEGMENTS])
+    out = api.exec_start(ex["Id"]).decode(errors="replace")
+    return sorted({line.strip() for line in out.splitlines() if _SHM_NAME.fullmatch(line.strip())})
+
+
+def remove_shm_command(names: list[str]) -> list[str]:
+    """argv removing the given segments (names checked: only /dev/shm/psm_* ever)."""
+    bad = [n for n in names if not _SHM_NAME.fullmatch(n)]
+    if bad:
+        raise ValueError(f"not a shared-memory segment of ours: {bad[0]!r}")
+    return ["rm", "-f", "--", *names]
+
+
+def remove_shm(host: Host, cid: str, names: list[str]) -> None:
+    if names:
+        api = host.docker().api
+        api.exec_start(api.exec_create(cid, remove_shm_command(names))["Id"])
+
+
 def purge_gcs_command(ray_port: int) -> str:
     """Ray session dirs left on the host, then who (if anyone) still holds the GCS port."""
     return ("rm -rf /tmp/ray/session_* /tmp/ray/session_latest 2>/dev/null; "
             f"ss -Htlnp {shlex.quote(f'( sport = :{int(ray_port)} )')}")
+
+
+def _segments_in_use(cluster: Cluster, name: str, only_ids: dict[str, set[str]] | None) -> dict[str, dict[str, list[str]]]:
+    """node -> container ID -> the /dev/shm segments its processes use, read before the server stops."""
+    def read(host: Host) -> dict[str, list[str]]:
+        out = {}
+        for c in ours(host, name):
+            if c.get("State") == "running" and (only_ids is None or c["Id"] in only_ids.get(host.name, set())):
+                out[c["Id"]] = shm_segments(host, c["Id"])
+        return out
+
+    return {node: o.value for node, o in cluster.each(read).items() if o.ok}
 
 
 def down(cluster: Cluster, only_ids: dict[str, set[str]] | None = None, purge_gcs: bool = False) -> dict[str, NodeTeardown]:
@@ -126,6 +170,7 @@ def down(cluster: Cluster, only_ids: dict[str, set[str]] | None = None, purge_gc
     name = inv.cluster.name
     out = {h: NodeTeardown(h) for h in cluster.hosts}
     head = cluster.hosts.get(inv.head.name)
+    segments = _segments_in_use(cluster, name, only_ids)
     if head is not None:
         try:
             heads = [c for c in ours(head, name) if c.get("Labels", {}).get(ROLE_LABEL) == "head"]
@@ -135,6 +180,11 @@ def down(cluster: Cluster, only_ids: dict[str, set[str]] | None = None, purge_gc
             out[head.name].errors.append(f"stopping vllm serve: {e}")
 
     def remove(host: Host) -> list[str]:
+        for cid, names in segments.get(host.name, {}).items():
+            try:  # the engine is stopped: what it left in /dev/shm goes while its container still runs
+                remove_shm(host, cid, names)
+            except (docker.errors.APIError, SparkError) as e:
+                _log.warning("could not remove shared-memory segments", host=host.name, error=str(e))
         return remove_containers(host, name, None if only_ids is None else only_ids.get(host.name, set()))
 
     for group in (cluster.workers, [head] if head is not None else []):

@@ -75,3 +75,19 @@ def test_remove_container_by_id_tolerates_gone():
     api = API()
     assert teardown.remove_container(Host(api), "abc") and api.removed == ["abc"]
     assert not teardown.remove_container(Host(API(present=False)), "abc")
+
+
+def test_remove_shm_command_only_ever_names_our_segments():
+    import subprocess
+
+    import pytest
+
+    from sparkcluster.teardown import SHM_SEGMENTS, remove_shm_command
+
+    assert remove_shm_command(["/dev/shm/psm_18a7fb82"]) == ["rm", "-f", "--", "/dev/shm/psm_18a7fb82"]
+    for hostile in ("/dev/shm/psm_x; rm -rf /", "/dev/shm/../etc/passwd", "/dev/shm/psm_$(id)", "/tmp/psm_1",
+                    "/dev/shm/psm_1\n/etc/shadow", "-rf"):
+        with pytest.raises(ValueError):
+            remove_shm_command([hostile])
+    # the listing script runs as it is in any POSIX shell, with nothing to list
+    assert subprocess.run(["sh", "-c", SHM_SEGMENTS], capture_output=True, timeout=10).returncode == 0
