@@ -56,11 +56,19 @@ def test_up_serves_tp2_across_both_hosts(testbed, serving):
 
 def test_chat_completion_with_key(serving):
     client = openai.OpenAI(base_url=endpoint(serving.stdout), api_key=API_KEY, timeout=30)
-    r = client.chat.completions.create(model="testbed-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
-    assert r.choices[0].message.content
+    # the tiny model's weights are random: its 8 tokens may decode to nothing printable, so the
+    # proof is the token count, through both ranks, and a response of the right shape
+    r = client.chat.completions.create(model="testbed-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                       temperature=0)
+    assert r.usage.completion_tokens == 8 and r.choices[0].finish_reason == "length"
+    assert r.choices[0].message.content is not None
     chunks = list(client.chat.completions.create(model="testbed-tiny", messages=[{"role": "user", "content": "hi"}],
-                                                  max_tokens=8, stream=True))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                                                  max_tokens=8, temperature=0, stream=True,
+                                                  stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens == 8
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    # greedy decoding: streamed and whole answers agree
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
 
 
 def test_rank_1_runs_on_the_worker(testbed, serving):
@@ -138,7 +146,7 @@ def test_a_new_api_key_restarts_only_the_server(testbed, sc, serving, tmp_path):
     assert {h: testbed.sh(h, "docker ps -q --no-trunc").stdout.split() for h in (HEAD, WORKER)} == containers
     client = openai.OpenAI(base_url=endpoint(res.stdout), api_key="sk-rotated-0123456789", timeout=30)
     assert client.chat.completions.create(model="testbed-tiny", max_tokens=4,
-                                          messages=[{"role": "user", "content": "hi"}]).choices[0].message.content
+                                          messages=[{"role": "user", "content": "hi"}]).usage.completion_tokens == 4
     old = httpx.post(endpoint(res.stdout) + "/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
                      json={"model": "testbed-tiny", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
     assert old.status_code == 401
