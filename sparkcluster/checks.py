@@ -41,6 +41,7 @@ class Expect:
     """What the profile will need, so checks can judge against it. All optional."""
 
     image: str | None = None
+    base_image: str | None = None  # the profile's base (NGC) image the cluster image is built from
     forwarded_env: dict[str, str] = field(default_factory=dict)
     per_host_env: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> env
     gpu_memory_utilization: float | None = None
