@@ -172,7 +172,7 @@ def send(r: "Run", worker_name: str) -> str:
     d = run_delta(r, worker_name)
     wf = r.facts[worker.name]
     free = list(wf.disks.values())[0].available if wf.disks else None
-    if d.elide and d.move_bytes is not None:
+    if d.elide and d.held and d.move_bytes is not None:
         # docker load unpacks what arrives under the docker root, then stores it: twice what moves
         need = 2 * d.move_bytes
     else:
@@ -181,7 +181,9 @@ def send(r: "Run", worker_name: str) -> str:
         raise fail(STAGE, worker.name, "receive the image",
                    f"not enough disk: {free / 2**30:.1f} GiB free in "
                    f"{wf.docker.root_dir if wf.docker else 'the docker root'}; docker load needs "
-                   f"{need / 2**30:.1f} GiB (it unpacks the layers it receives before storing them)",
+                   f"{need / 2**30:.1f} GiB (it unpacks "
+                   + (f"the {d.move_bytes / 2**30:.1f} GiB of layers it lacks before storing them)" if need == 2 * (d.move_bytes or -1)
+                      else f"the whole {size / 2**30:.1f} GiB image before storing the layers the node lacks)"),
                    fix=f"free {(need * 1.05 - free) / 2**30:.1f} GiB more on {worker.name} (`docker image prune -a` "
                        "removes the images no container uses), then sparkcluster up")
     try:
@@ -201,8 +203,9 @@ def send(r: "Run", worker_name: str) -> str:
                    f"image ID after the transfer is {got} on {worker.name}, {head_id} on {head.name}")
     # the bar's own rate needs samples over time; a fast link sends in one burst after docker save
     # has prepared the stream, so the whole transfer's rate is stated here
-    what = layers.describe(d, worker.name) if d.elide else f"the whole image ({worker.name}'s image store cannot skip layers it holds)"
-    return f"sent {what}: {sent / 1e6:.1f} MB in {secs:.1f}s, {sent / 1e6 / max(secs, 1e-3):.1f} MB/s"
+    what = (layers.describe(d, worker.name).replace(f" to {worker.name}", "") if d.elide
+            else f"the whole image: {worker.name}'s containerd image store cannot skip layers it holds")
+    return f"sent to {worker.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, {sent / 1e6 / max(secs, 1e-3):.1f} MB/s ({what})"
 
 
 def _stream(r: "Run", worker, skip: tuple[str, ...], expect: int) -> tuple[int, float]:
