@@ -100,10 +100,10 @@ def test_base_absent_moves_every_layer(testbed, sc, worker_bare):
 
 def test_base_different_warns_and_moves_the_layers_above_the_difference(testbed, sc, worker_bare):
     good, _ = worker_bare
-    # the same tag on the worker, another image: the head's base with one more layer on top,
-    # as a tag re-pushed upstream and pulled another day would be
+    # the same tag on the worker, another image ID over the same layers (a re-push that changed the
+    # config only): no container is run to make it
     testbed.copy_image(BASE, HEAD, WORKER)
-    testbed.sh(WORKER, f"printf 'FROM {BASE}\\nRUN echo re-pushed > /etc/re-pushed\\n' | "
+    testbed.sh(WORKER, f"printf 'FROM {BASE}\\nLABEL org.sparkcluster.test=re-pushed\\n' | "
                        f"docker build -q --network none -t {BASE} -")
     other = testbed.image_id(WORKER, BASE)
     assert other != testbed.image_id(HEAD, BASE)
@@ -113,7 +113,7 @@ def test_base_different_warns_and_moves_the_layers_above_the_difference(testbed,
     worker_row = next(r for r in rows if r["node"] == WORKER)
     assert worker_row["status"] == "warn" and other[:19] in worker_row["detail"], worker_row
     assert f"docker pull {BASE}" in worker_row["fix"]
-    # the worker's base shares the head's layers (its own extra layer is above them): those stay
+    # the worker's base holds the head's base layers: those stay
     n_base, n_all = len(layers_of(testbed, HEAD, BASE)), len(layers_of(testbed, HEAD, REF))
     step = receive_step(sc)
     assert f"{n_all - n_base} of {n_all} layers" in step, step
