@@ -32,6 +32,7 @@ class Delta:
     move_bytes: int | None  # bytes of the layers that move, None when sizes are unknown
     elide: bool  # False: the whole image is sent (the store cannot skip layers)
     skip: tuple[str, ...] = ()  # diff IDs the sender leaves out
+    keep: tuple[str, ...] = ()  # the image's other diff IDs (sent)
 
     @property
     def moving(self) -> int:
@@ -66,7 +67,8 @@ def delta(image: ImageLayers, worker_chains: list[list[str]], elide: bool = True
     # still be sent, and the sender matches by diff ID, so such an ID is not skipped at all
     skip = tuple(d for d in dict.fromkeys(image.layers[:held]) if d not in moving)
     move = sum(image.sizes[held:]) if image.sizes is not None else None
-    return Delta(n, held, move, elide, skip)
+    keep = tuple(d for d in dict.fromkeys(image.layers) if d not in skip)
+    return Delta(n, held, move, elide, skip, keep)
 
 
 def mb(n: int | None) -> str:

@@ -59,16 +59,19 @@ load.stdin.close()
 sys.exit(load.wait())
 """
 
-# Reads `docker save` on stdin and sends it framed, leaving out the layer tars whose diff ID is
-# in argv[4:] (hex): the worker holds those chains and docker load will not open their files.
-# Layer files named by their digest (`blobs/sha256/<hex>`, the OCI layout of Docker 25 and later)
-# are judged by name without reading them; a `<v1 id>/layer.tar` (Docker 20.10 to 24) names no diff
-# ID, so it is spooled to a temporary file while hashed, then sent or dropped. Every other entry
-# (manifest.json, the config, VERSION/json) passes through byte for byte.
+# Reads `docker save` on stdin and sends it framed, leaving out the layer tars whose diff ID the
+# worker holds: it holds those chains, and docker load does not open their files. Layer files
+# named by their digest (`blobs/sha256/<hex>`, the OCI layout of Docker 25 and later, where an
+# uncompressed layer's digest is its diff ID) are judged by name without reading them; a
+# `<v1 id>/layer.tar` (Docker 20.10 to 24) names no diff ID, nor would a blob whose digest is not
+# one of the image's diff IDs, so such a file is hashed while spooled to disk, then sent or dropped.
+# Every other entry (manifest.json, the config, VERSION/json, index.json) passes through byte for byte.
 SENDER = r"""
 import hashlib, os, re, socket, struct, sys, tempfile, time
 dst, port, src = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-skip = set(sys.argv[4:])
+# argv[4:]: "-<hex>" a diff ID to leave out, "+<hex>" one of the image's other diff IDs
+skip = {a[1:] for a in sys.argv[4:] if a[0] == "-"}
+keep = {a[1:] for a in sys.argv[4:] if a[0] == "+"}
 s = socket.create_connection((dst, port), timeout=30, source_address=(src, 0))
 s.settimeout(600)
 inp = sys.stdin.buffer
@@ -134,12 +137,13 @@ while True:
     if kind in (b"0", b"\0") and m and m.group(1) in skip:
         copy(blocks(n), lambda b: None)
         dropped, ndrop, meta = dropped + n, ndrop + 1, b""
-    elif kind in (b"0", b"\0") and skip and name.endswith("/layer.tar"):
+    elif kind in (b"0", b"\0") and skip and not (m and m.group(1) in keep) and (
+            name.endswith("/layer.tar") or (m and n > (1 << 20))):
+        # a layer whose name does not say its diff ID: hashed on the way, spooled to disk meanwhile
+        # (/var/tmp: disk-backed, where /tmp may be memory)
         sha = hashlib.sha256()
-        with tempfile.TemporaryFile() as t:
-            def keep(b):
-                t.write(b)
-            copy(n, lambda b: (sha.update(b), keep(b)))
+        with tempfile.TemporaryFile(dir="/var/tmp" if os.path.isdir("/var/tmp") else None) as t:
+            copy(n, lambda b: (sha.update(b), t.write(b)))
             pad = read(blocks(n) - n)
             if sha.hexdigest() in skip:
                 dropped, ndrop = dropped + n, ndrop + 1
@@ -180,17 +184,22 @@ def receive_command(bind_ip: str, peer_ip: str) -> str:
     return "python3 -c " + shlex.quote(RECEIVER) + " " + shlex.quote(bind_ip) + " " + shlex.quote(peer_ip)
 
 
-def send_command(image: str, dst_ip: str, port: int, src_ip: str, skip: list[str] | tuple[str, ...] = ()) -> str:
-    """`skip`: diff IDs (sha256:<hex>) the worker holds; their tars are left out of the stream."""
-    hexes = []
-    for d in skip:
-        h = d.removeprefix("sha256:")
-        if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
-            raise ValueError(f"not a sha256 diff ID: {d!r}")
-        hexes.append(h)
+def send_command(image: str, dst_ip: str, port: int, src_ip: str, skip: list[str] | tuple[str, ...] = (),
+                 keep: list[str] | tuple[str, ...] = ()) -> str:
+    """`skip`: diff IDs (sha256:<hex>) the worker holds, left out of the stream; `keep`: the image's
+    other diff IDs (their blobs are sent without hashing). No skip: every byte goes, unhashed."""
+    def hexes(ds, sign: str) -> list[str]:
+        out = []
+        for d in ds:
+            h = d.removeprefix("sha256:")
+            if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+                raise ValueError(f"not a sha256 diff ID: {d!r}")
+            out.append(sign + h)
+        return out
+    args = hexes(skip, "-") + (hexes(keep, "+") if skip else [])
     return ("set -o pipefail; docker save " + shlex.quote(image) + " | python3 -c " + shlex.quote(SENDER) + " "
             + shlex.quote(dst_ip) + " " + str(int(port)) + " " + shlex.quote(src_ip)
-            + "".join(" " + h for h in hexes))
+            + "".join(" " + a for a in args))
 
 
 def bash(cmd: str) -> list[str]:

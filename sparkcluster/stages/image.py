@@ -187,16 +187,16 @@ def send(r: "Run", worker_name: str) -> str:
                    fix=f"free {(need * 1.05 - free) / 2**30:.1f} GiB more on {worker.name} (`docker image prune -a` "
                        "removes the images no container uses), then sparkcluster up")
     try:
-        sent, secs = _stream(r, worker, d.skip, d.move_bytes if d.elide and d.move_bytes else size)
+        sent, secs = _stream(r, worker, d, d.move_bytes if d.elide and d.move_bytes else size)
     except StageError as e:
         # the worker lost a layer since preflight (an image removed meanwhile): docker load names the
         # missing file; the whole image then goes once more
         tails = " ".join(f.output_tail for f in e.failures).lower()
-        if not d.skip or "layer.tar: no such file" not in tails and "no such file" not in tails:
+        if not d.skip or "no such file" not in tails:
             raise
         _log.warning("the worker lacks a layer it held at preflight; sending the whole image", node=worker.name)
         d = layers.Delta(d.total, 0, None, d.elide)
-        sent, secs = _stream(r, worker, (), size)
+        sent, secs = _stream(r, worker, d, size)
     got = image_id(worker, r.plan.image)
     if got != head_id:
         raise fail(STAGE, worker.name, "verify the image",
@@ -208,7 +208,7 @@ def send(r: "Run", worker_name: str) -> str:
     return f"sent to {worker.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, {sent / 1e6 / max(secs, 1e-3):.1f} MB/s ({what})"
 
 
-def _stream(r: "Run", worker, skip: tuple[str, ...], expect: int) -> tuple[int, float]:
+def _stream(r: "Run", worker, d: layers.Delta, expect: int) -> tuple[int, float]:
     """One head-to-worker stream; returns (bytes sent, seconds)."""
     head, wf = r.cluster.head, r.facts[worker.name]
     wnode, hnode = r.inv.node(worker.name), r.inv.head
@@ -224,7 +224,7 @@ def _stream(r: "Run", worker, skip: tuple[str, ...], expect: int) -> tuple[int, 
                    "python3 receiver (runs docker load)", res.tail())
     t0, sent = time.monotonic(), 0
     snd = head.start(transfer.bash(transfer.send_command(r.plan.image, str(wnode.control_ip), port,
-                                                         str(hnode.control_ip), skip)), timeout=3600)
+                                                         str(hnode.control_ip), d.skip, d.keep)), timeout=3600)
     for line in snd.stderr_lines():
         if line.startswith("@@sent "):
             sent = int(line.split()[1])

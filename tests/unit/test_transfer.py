@@ -228,12 +228,12 @@ def _layer(seed: bytes, n: int = 5000) -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()
 
 
-def _run(fake_env, image: bytes, skip: list[str]) -> tuple[Proc, Proc, bytes | None]:
+def _run(fake_env, image: bytes, skip: list[str], keep: list[str] = ()) -> tuple[Proc, Proc, bytes | None]:
     tmp, env = fake_env
     (tmp / "image.tar").write_bytes(image)
     recv, port = start_receiver(env, "127.0.0.1", "127.0.0.1")
     try:
-        send = Proc(transfer.send_command("img:1", "127.0.0.1", port, "127.0.0.1", skip), env)
+        send = Proc(transfer.send_command("img:1", "127.0.0.1", port, "127.0.0.1", skip, keep), env)
         send.wait()
         recv.wait()
     finally:
@@ -268,9 +268,18 @@ def test_oci_layout_leaves_out_held_blobs_by_name(fake_env):
     (base, base_id), (ray, ray_id) = _layer(b"base"), _layer(b"ray")
     image = archive([(f"blobs/sha256/{base_id}", base), (f"blobs/sha256/{ray_id}", ray),
                      ("blobs/sha256/" + "c" * 64, b"{}"), ("index.json", b"{}"), ("manifest.json", b"[]")])
-    send, recv, got = _run(fake_env, image, ["sha256:" + base_id])
+    send, recv, got = _run(fake_env, image, ["sha256:" + base_id], ["sha256:" + ray_id])
     assert send.p.returncode == 0 and recv.p.returncode == 0, (send.lines, recv.lines)
     assert _names(got) == [f"blobs/sha256/{ray_id}", "blobs/sha256/" + "c" * 64, "index.json", "manifest.json"]
+
+
+def test_a_large_blob_not_named_by_a_diff_id_is_judged_by_its_hash(fake_env):
+    # should an engine name layer blobs by another digest, the held one still stays behind
+    (base, base_id), (ray, ray_id) = _layer(b"base", 400_000), _layer(b"ray", 400_000)
+    image = archive([("blobs/sha256/" + "1" * 64, base), ("blobs/sha256/" + "2" * 64, ray), ("manifest.json", b"[]")])
+    send, recv, got = _run(fake_env, image, ["sha256:" + base_id], ["sha256:" + ray_id])
+    assert send.p.returncode == 0 and recv.p.returncode == 0, (send.lines, recv.lines)
+    assert _names(got) == ["blobs/sha256/" + "2" * 64, "manifest.json"]
 
 
 def test_long_names_in_pax_headers_are_judged_by_their_real_name(fake_env):
@@ -302,8 +311,12 @@ def test_a_cut_stream_loads_nothing(fake_env, skip):
 def test_send_command_refuses_a_skip_that_is_not_a_digest():
     with pytest.raises(ValueError):
         transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", ["sha256:$(id)"])
-    cmd = transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", ["sha256:" + "a" * 64])
-    assert shlex.split(cmd)[-1] == "a" * 64
+    with pytest.raises(ValueError):
+        transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", ["sha256:" + "a" * 64], ["sha256:; id"])
+    cmd = transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", ["sha256:" + "a" * 64], ["sha256:" + "b" * 64])
+    assert shlex.split(cmd)[-2:] == ["-" + "a" * 64, "+" + "b" * 64]
+    # nothing to leave out: the image's diff IDs are not needed either
+    assert shlex.split(transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", [], ["sha256:" + "b" * 64]))[-1] == "5.6.7.8"
 
 
 def test_containerd_image_store_gets_the_whole_image():
