@@ -172,9 +172,10 @@ def send(r: "Run", worker_name: str) -> str:
     d = run_delta(r, worker_name)
     wf = r.facts[worker.name]
     free = list(wf.disks.values())[0].available if wf.disks else None
-    if d.elide and d.held and d.move_bytes is not None:
+    elided_need = d.elide and d.held > 0 and d.move_bytes is not None
+    if elided_need:
         # docker load unpacks what arrives under the docker root, then stores it: twice what moves
-        need = 2 * d.move_bytes
+        need = 2 * (d.move_bytes or 0)
     else:
         need = _disk_needed(r, head, worker, size, image_layers) if free is not None and size else None
     if free is not None and need and free < need * 1.05:
@@ -182,7 +183,7 @@ def send(r: "Run", worker_name: str) -> str:
                    f"not enough disk: {free / 2**30:.1f} GiB free in "
                    f"{wf.docker.root_dir if wf.docker else 'the docker root'}; docker load needs "
                    f"{need / 2**30:.1f} GiB (it unpacks "
-                   + (f"the {d.move_bytes / 2**30:.1f} GiB of layers it lacks before storing them)" if need == 2 * (d.move_bytes or -1)
+                   + (f"the {(d.move_bytes or 0) / 2**30:.1f} GiB of layers it lacks before storing them)" if elided_need
                       else f"the whole {size / 2**30:.1f} GiB image before storing the layers the node lacks)"),
                    fix=f"free {(need * 1.05 - free) / 2**30:.1f} GiB more on {worker.name} (`docker image prune -a` "
                        "removes the images no container uses), then sparkcluster up")
