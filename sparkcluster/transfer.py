@@ -240,5 +240,5 @@ def _common_prefix(a: list[str], b: list[str]) -> int:
 
 
 def describe(image: str, src_node: str, src_ip: str, dst_node: str, dst_ip: str) -> str:
-    return (f"{src_node}: docker save {image} | tcp {src_ip} -> {dst_ip} | {dst_node}: docker load "
-            "(one connection, head's address only; image ID verified after)")
+    return (f"{src_node}: docker save {image} | drop the layer tars {dst_node} holds | tcp {src_ip} -> {dst_ip} | "
+            f"{dst_node}: docker load (one connection, head's address only; image ID verified after)")
