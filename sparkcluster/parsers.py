@@ -71,11 +71,16 @@ def docker_info(text: str) -> DockerInfo:
     )
 
 
-def image_layers(text: str):
+def image_layers(text: str) -> ImageLayers | None:
     """`probes.image_layers` output: "<id> <json diff IDs>", then history sizes oldest first."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines or not lines[0].startswith("sha256:"):
+        return None  # a warning or an error instead: no layers known, the whole image is the estimate
     image_id, _, layers_json = lines[0].partition(" ")
-    layers = tuple(json.loads(layers_json) or [])
+    try:
+        layers = tuple(json.loads(layers_json) or [])
+    except ValueError:
+        return None
     hist = [int(x) for x in lines[1:] if x.isdigit()]
     return ImageLayers(image_id, layers, sizes_from_history(hist, len(layers)))
 
@@ -85,7 +90,10 @@ def layer_chains(text: str) -> list[list[str]]:
     for ln in text.splitlines():
         ln = ln.strip()
         if ln.startswith("["):
-            out.append(list(json.loads(ln)))
+            try:
+                out.append(list(json.loads(ln)))
+            except ValueError:  # a cut line: that image's layers are not credited
+                continue
         elif ln == "null":  # an image without layers
             out.append([])
     return out

@@ -99,7 +99,9 @@ def test_image_layers_and_layer_chains():
     assert il.id == "sha256:" + "f" * 64 and il.layers == (a, b) and il.sizes == (3000003, 500000)
     # one layer of size 0 among them: the mapping is not sure, so no sizes
     assert P.image_layers(f'sha256:{"f" * 64} ["{a}","{b}"]\n3000003\n0\n').sizes is None
-    assert P.layer_chains(f'["{a}","{b}"]\n["{a}"]\nnull\n') == [[a, b], [a], []]
+    assert P.layer_chains(f'["{a}","{b}"]\n["{a}"]\nnull\n["sha2\n') == [[a, b], [a], []]
+    assert P.image_layers("Error: No such image: x\n") is None
+    assert P.image_layers("sha256:x [not json\n") is None
 
 
 def test_docker_info_with_warning_line_first():
