@@ -47,17 +47,36 @@ def sent_mb(stderr: str) -> float:
     return float(m.group(1))
 
 
+@pytest.fixture(scope="module")
+def aside(testbed, sc, tmp_path_factory):
+    """For the module: every tag on the worker holding one of REF's layers is set aside (docker
+    save to the controller, then removed), so "absent" means absent. On the testbed that includes
+    the engine image (its bottom layer is the rootfs the stand-in is built on too): one save and
+    one load of it per module. Put back at the end."""
+    if testbed.image_id(HEAD, REF) is None:
+        res = sc("up", "--profile", PROFILE)
+        assert res.returncode == 0, res.stdout + res.stderr
+    sc("down")
+    path = tmp_path_factory.mktemp("aside") / "worker-images.tar"
+    mine = set(layers_of(testbed, HEAD, REF))
+    tags = [t for t in testbed.docker(WORKER, "images --format '{{.Repository}}:{{.Tag}}'").stdout.split()
+            if "<none>" not in t and t != REF and set(layers_of(testbed, WORKER, t)) & mine]
+    testbed.set_images_aside(WORKER, tags, path)
+    try:
+        yield tags
+    finally:
+        testbed.restore_images(WORKER, path)
+
+
 @pytest.fixture
-def worker_bare(testbed, sc, tmp_path):
-    """Cluster down; on the worker, REF removed and every image sharing a layer with it set aside;
-    all put back at the end (REF from the head when the case did not leave it there)."""
+def worker_bare(testbed, sc, aside):
+    """Cluster down; REF and BASE gone from the worker, which then holds none of REF's layers; at
+    the end BASE is gone again and REF is on the worker with the head's ID."""
     sc("down")
     good = testbed.image_id(HEAD, REF)
-    assert good, "REF not on the head (run the trap tests' `up --profile testbed-standin` once)"
-    aside = tmp_path / "worker-images.tar"
-    if testbed.image_id(WORKER, REF):
-        testbed.set_images_aside(WORKER, testbed.images_sharing_layers(WORKER, REF), aside)
-        testbed.docker(WORKER, f"rmi {REF}")
+    testbed.docker(WORKER, f"rmi -f {REF} {BASE}", check=False)
+    assert all(not set(ch) & set(layers_of(testbed, HEAD, REF)) for ch in chains(testbed, WORKER)), \
+        "the worker still holds a layer of REF"
     before = images(testbed, WORKER)
     try:
         yield good, before
@@ -67,7 +86,12 @@ def worker_bare(testbed, sc, tmp_path):
         if testbed.image_id(WORKER, REF) != good:
             testbed.docker(WORKER, f"rmi -f {REF}", check=False)
             testbed.copy_image(REF, HEAD, WORKER)
-        testbed.restore_images(WORKER, aside)
+
+
+def chains(testbed, host: str) -> list[list[str]]:
+    out = testbed.sh(host, "ids=$(docker image ls -q --no-trunc | sort -u); [ -z \"$ids\" ] || "
+                           "docker image inspect --format '{{json .RootFS.Layers}}' $ids").stdout
+    return [json.loads(x) or [] for x in out.split()]
 
 
 def test_base_present_moves_only_the_ray_layers(testbed, sc, worker_bare):
