@@ -54,7 +54,7 @@ if not done:
     load.kill()
     load.wait()
     print("receive: the stream ended before the archive did; docker load stopped, nothing loaded", file=sys.stderr)
-    sys.exit(75)
+    sys.exit(75)  # transfer.STREAM_CUT
 load.stdin.close()
 sys.exit(load.wait())
 """
@@ -167,6 +167,9 @@ s.recv(1)
 print("@@sent %d" % sent, file=sys.stderr, flush=True)
 print("@@dropped %d %d" % (ndrop, dropped), file=sys.stderr, flush=True)
 """
+
+# the receiver's exit status when the connection ended before the sender's end frame
+STREAM_CUT = 75
 
 # what `docker info` lists in DriverStatus when images live in containerd (Docker 24+ with the
 # containerd image store enabled; the default for fresh installs from Docker 29)

@@ -232,7 +232,9 @@ def _stream(r: "Run", worker, d: layers.Delta, expect: int) -> tuple[int, float]
             r.progress.bytes(worker.name, sent, max(expect, sent))
     sres, rres = snd.wait(), recv.wait()
     if not rres.ok or not sres.ok:
-        bad, res = (worker, rres) if not rres.ok else (head, sres)
+        # a cut stream (the receiver's exit 75) is the sender's story when the sender failed too
+        cut = rres.exit_code == transfer.STREAM_CUT and not sres.ok
+        bad, res = (worker, rres) if not rres.ok and not cut else (head, sres)
         left = image_id(worker, r.plan.image)
         extra = "" if left is None else f" (an image {left[:19]} is left on {worker.name})"
         root = wf.docker.root_dir if wf.docker else "/var/lib/docker"

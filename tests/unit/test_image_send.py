@@ -173,3 +173,12 @@ def test_an_id_mismatch_names_both_ids(world):
     with pytest.raises(StageError) as e:
         image_stage.send(r, WORKER)
     assert "sha256:" + "0" * 64 in str(e.value) and HEAD_ID in str(e.value)
+
+
+def test_a_cut_stream_fails_on_the_head_and_loads_nothing(world):
+    tmp, make, _ = world
+    (tmp / "image.tar").write_bytes(SAVED[:512 + len(RAY_TAR)])  # docker save died after the first layer
+    with pytest.raises(StageError) as e:
+        image_stage.send(make([[BASE_ID]]), WORKER)
+    assert "stage 'image' failed on spark-head: send the image: transfer failed" in str(e.value)
+    assert not (tmp / "loaded-ok").exists()
