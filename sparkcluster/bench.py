@@ -543,7 +543,7 @@ def run_sweep(head: "Head", levels: list[Level], target: Target, secrets: dict[s
             (run_dir / f"{level.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
             (run_dir / f"{level.name}.log").write_text(redact.mask(output))
             sweep.rows.append(row_from_result(doc, level))
-    except Interrupted:
+    except (Interrupted, KeyboardInterrupt):  # between levels nothing runs in the container
         sweep.interrupted = True
     except SparkError as e:
         sweep.failed = e.message
@@ -623,8 +623,8 @@ class Head:
         argv = exec_argv(folder, bench_argv(level, target, folder))
         _log.info("bench level", command=describe(level, target, folder, self.container, secrets))
         ex = self.api.exec_create(self.container, argv, environment=exec_env(secrets), stdout=False, stderr=False)
-        self.api.exec_start(ex["Id"], detach=True)
         try:
+            self.api.exec_start(ex["Id"], detach=True)
             code = self._wait(ex["Id"], level, folder, on_progress)
         except KeyboardInterrupt:
             self.stop(folder)
