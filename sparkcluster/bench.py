@@ -139,8 +139,8 @@ def _value(name: str, v: str) -> str:
     # NUL cannot cross exec, a newline would forge lines in bench.log
     if "\x00" in v or "\n" in v or "\r" in v:
         raise InputError(f"{name}: value may not contain a NUL or newline", "check the profile / option")
-    if v == "":
-        raise InputError(f"{name}: empty value", "check the profile / option")
+    if v in ("", "--"):  # argparse drops a lone "--" even in --flag=-- form, leaving the flag empty
+        raise InputError(f"{name}: {v!r} is not a usable value", "check the profile / option")
     return f"{name}={v}"
 
 
