@@ -50,7 +50,8 @@ def comparison_table(changes: list[B.Change], tolerance: float) -> Table:
     for ch in changes:
         pct = "-" if ch.pct is None else f"{ch.pct:+.1f}%"
         mark = "[bold red]REGRESSION[/]" if ch.regression else ""
-        t.add_row(str(ch.concurrency), ch.metric, _fmt("{:.2f}", ch.before), _fmt("{:.2f}", ch.after), pct, mark)
+        fmt = "{:d}" if ch.metric == "errors" else "{:.2f}"
+        t.add_row(str(ch.concurrency), ch.metric, _fmt(fmt, ch.before), _fmt(fmt, ch.after), pct, mark)
     return t
 
 
