@@ -655,3 +655,26 @@ def test_check_endpoint_key_refused_is_input_error(monkeypatch):
     monkeypatch.setattr(serve, "health", lambda client, base: None)
     with pytest.raises(SparkError, match="does not answer"):
         B.check_endpoint("198.18.0.2", target(), 8000, {})
+
+
+def test_ctrl_c_in_the_command_keeps_the_measured_levels_and_exits_130(cli_env, capsys, monkeypatch):
+    api = cli_env["api"]
+    real_start = api.exec_start
+
+    def start(exec_id, detach=False):
+        r = real_start(exec_id, detach)
+        if "--max-concurrency=4" in api.execs[exec_id]["cmd"]:
+            api.running_polls = 10**6  # the second level runs until Ctrl-C
+
+            def interrupt(_):
+                raise KeyboardInterrupt
+            monkeypatch.setattr(B.time, "sleep", interrupt)
+        return r
+
+    api.exec_start = start
+    code, out, err = run(capsys, cli_env, "bench", "-c", "1,4,8")
+    assert code == 130 and "interrupted" in err and "kept 1 level(s)" in err
+    (run_dir,) = cli_env["root"].iterdir()
+    assert_csv_matches_json(run_dir, [1])
+    assert json.loads((run_dir / "run.json").read_text())["interrupted"] is True
+    assert any("kill -INT" in " ".join(c) for c in api.commands())
