@@ -278,6 +278,8 @@ def row_from_result(doc: dict, level: Level | None = None) -> dict:
     }
     if row["errors"] is None and isinstance(doc.get("errors"), list):  # older vLLM: per-request errors
         row["errors"] = sum(1 for e in doc["errors"] if e)
+    if row["errors"] is None and isinstance(row["num_prompts"], int) and isinstance(row["completed"], int):
+        row["errors"] = max(row["num_prompts"] - row["completed"], 0)  # what did not complete failed
     for col, key in _METRICS:
         v = _num(doc.get(key))
         if v is None and "_p50_" in col:  # the median is the 50th percentile
@@ -738,9 +740,15 @@ def check_endpoint(address: str, target: Target, port: int, secrets: dict[str, s
             raise SparkError(f"the endpoint {base} does not answer (/health: {code or 'no answer'})",
                              "sparkcluster status shows what is down; sparkcluster logs shows why")
         ok, why = serve.one_token(client, base, target.model, serve.headers(secrets), timeout=60)
-    if not ok:
-        if "HTTP 401" in why:
-            raise InputError(f"the endpoint {base} refuses the API key: {why}",
-                             "set VLLM_API_KEY to the key the cluster was started with (--env-file or the environment)")
-        raise SparkError(f"the endpoint {base} answers /health but not a completion: {why}",
-                         "sparkcluster status; sparkcluster logs")
+    if ok:
+        return
+    if "HTTP 401" in why:
+        raise InputError(f"the endpoint {base} refuses the API key: {why}",
+                         "set VLLM_API_KEY to the key the cluster was started with (--env-file or the environment)")
+    if why.startswith("completion answered HTTP"):
+        # an answer is an endpoint that works; the chat route may be what it refuses (a model without
+        # a chat template) while the benchmark's /v1/completions is fine: let the level say
+        _log.warning("chat completion refused before the benchmark", reason=why)
+        return
+    raise SparkError(f"the endpoint {base} answers /health but not a completion: {why}",
+                     "sparkcluster status; sparkcluster logs")

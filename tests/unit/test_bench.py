@@ -216,6 +216,7 @@ def test_row_falls_back_to_the_median_and_leaves_missing_figures_empty():
     row = B.row_from_result(doc)
     assert row["ttft_p50_ms"] == C4_JSON["median_ttft_ms"] and row["itl_p99_ms"] is None
     assert B.row_from_result({"errors": ["", "boom", ""]})["errors"] == 1
+    assert B.row_from_result({"num_prompts": 8, "completed": 6})["errors"] == 2
     with pytest.raises(ValueError):
         B.row_from_result([1, 2])
 
@@ -652,6 +653,11 @@ def test_check_endpoint_key_refused_is_input_error(monkeypatch):
     monkeypatch.setattr(serve, "one_token", lambda *a, **k: (False, "completion answered HTTP 401: nope"))
     with pytest.raises(InputError, match="refuses the API key"):
         B.check_endpoint("198.18.0.2", target(), 8000, {"VLLM_API_KEY": "wrong"})
+    monkeypatch.setattr(serve, "one_token", lambda *a, **k: (False, "completion answered HTTP 400: no chat template"))
+    B.check_endpoint("198.18.0.2", target(), 8000, {})  # answers: the benchmark's own route decides
+    monkeypatch.setattr(serve, "one_token", lambda *a, **k: (False, "a 1-token completion did not return within 60s"))
+    with pytest.raises(SparkError, match="not a completion"):
+        B.check_endpoint("198.18.0.2", target(), 8000, {})
     monkeypatch.setattr(serve, "health", lambda client, base: None)
     with pytest.raises(SparkError, match="does not answer"):
         B.check_endpoint("198.18.0.2", target(), 8000, {})
