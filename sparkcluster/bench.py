@@ -508,8 +508,10 @@ def smoke(head: "Head", target: Target, secrets: dict[str, str], expected: float
     level = Level(1, prompts, 128, output_len)
     rid = "smoke-" + run_id()
     try:
-        doc, _ = head.run_level(level, target, secrets, rid)
+        doc = head.run_level(level, target, secrets, rid).doc
         tok_s = decode_tok_s(row_from_result(doc, level))
+    except Interrupted:  # the caller's own Ctrl-C handling applies (the level is already stopped)
+        raise KeyboardInterrupt from None
     except SparkError as e:  # a smoke test warns; it never fails the `up` that already succeeded
         _log.warning("smoke measurement failed", error=e.message)
         tok_s = None
@@ -525,6 +527,13 @@ class Interrupted(Exception):
     """Ctrl-C during a level: the level was stopped inside the container."""
 
 
+@dataclass(frozen=True)
+class LevelResult:
+    doc: dict  # the parsed --save-result JSON
+    raw: bytes  # the same file as vLLM wrote it
+    output: str  # what the benchmark printed (secrets masked)
+
+
 @dataclass
 class Sweep:
     run_dir: Path
@@ -537,14 +546,17 @@ def run_sweep(head: "Head", levels: list[Level], target: Target, secrets: dict[s
               on_progress: Callable[[Level, int, int], None] | None = None) -> Sweep:
     """Each level in turn; its raw JSON lands in the run folder as soon as it is measured, so an
     interruption or a failed level keeps every level before it."""
+    import secrets as _random
+
     sweep = Sweep(run_dir)
-    rid = run_dir.name if _RUN_ID.match(run_dir.name) else run_id()
+    # the folder in the container is this run's alone, whatever --out is called
+    rid = f"{run_id()}-{_random.token_hex(3)}"
     try:
         for level in levels:
-            doc, output = head.run_level(level, target, secrets, rid, on_progress=on_progress)
-            (run_dir / f"{level.name}.json").write_text(json.dumps(doc, indent=2) + "\n")
-            (run_dir / f"{level.name}.log").write_text(redact.mask(output))
-            sweep.rows.append(row_from_result(doc, level))
+            res = head.run_level(level, target, secrets, rid, on_progress=on_progress)
+            (run_dir / f"{level.name}.json").write_bytes(res.raw)
+            (run_dir / f"{level.name}.log").write_text(res.output)
+            sweep.rows.append(row_from_result(res.doc, level))
     except (Interrupted, KeyboardInterrupt):  # between levels nothing runs in the container
         sweep.interrupted = True
     except SparkError as e:
@@ -618,9 +630,9 @@ class Head:
     # -- one level -------------------------------------------------------------------------------
 
     def run_level(self, level: Level, target: Target, secrets: dict[str, str], rid: str,
-                  on_progress: Callable[[Level, int, int], None] | None = None) -> tuple[dict, str]:
-        """Run one level to the end; (its result JSON, its output). Ctrl-C stops it and raises
-        Interrupted; a failed benchmark raises SparkError with its last lines."""
+                  on_progress: Callable[[Level, int, int], None] | None = None) -> LevelResult:
+        """Run one level to the end. Ctrl-C stops it and raises Interrupted; a failed benchmark
+        raises SparkError with its last lines."""
         folder = level_dir(rid, level)
         argv = exec_argv(folder, bench_argv(level, target, folder))
         _log.info("bench level", command=describe(level, target, folder, self.container, secrets))
@@ -642,11 +654,12 @@ class Head:
             raise SparkError(f"vllm bench serve failed at concurrency {level.concurrency} (exit {code}): {why}",
                              "see the lines above; the levels before it are kept", details=tail)
         try:
-            doc = json.loads(self._read(f"{folder}/{RESULT_FILE}"))
+            raw = self._read(f"{folder}/{RESULT_FILE}")
+            doc = json.loads(raw)
         except (ValueError, SparkError) as e:
             raise SparkError(f"vllm bench serve wrote no readable result at concurrency {level.concurrency}: {e}",
                              "run it again with -vv and read the debug log") from None
-        return doc, output
+        return LevelResult(doc, raw, output)
 
     def _wait(self, exec_id: str, level: Level, folder: str, on_progress) -> int:
         last = None
