@@ -192,9 +192,9 @@ def exec_env(secrets: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def stop_argv(folder: str, grace_s: float = 5.0) -> list[str]:
+def stop_argv(folder: str, grace_s: float = 15.0) -> list[str]:
     """Interrupt the level's benchmark by its PID inside the container; SIGKILL after the grace.
-    SIGINT first: Python's bench stops its client tasks and exits without a traceback storm."""
+    SIGINT first: vLLM's bench cancels its requests and exits (about 5 s for vLLM 0.32 on a CPU)."""
     ticks = int(grace_s * 10)
     script = ('p=$(cat "$1/pid" 2>/dev/null) || exit 0; [ -n "$p" ] || exit 0; kill -INT "$p" 2>/dev/null || exit 0; '
               f'i=0; while kill -0 "$p" 2>/dev/null; do i=$((i+1)); [ $i -gt {ticks} ] && {{ kill -KILL "$p"; exit 0; }}; '
@@ -229,6 +229,10 @@ def failure_reason(output: str) -> tuple[str, bool]:
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
     unreachable = re.search(r"Cannot connect to host|Connection refused|ClientConnectorError|"
                             r"Server disconnected|All connection attempts failed", output)
+    # vLLM 0.32 lists failed requests as "Error N: <message>" (a one-line HTTP reason, or a traceback)
+    m = re.search(r"^Error \d+: (?!Traceback)(.+)$", output, re.M)
+    if m:
+        return redact.mask(m.group(1).strip()[:300]), bool(unreachable)
     for ln in reversed(lines):
         if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", ln) or ln.startswith("ValueError"):
             return redact.mask(ln[:300]), bool(unreachable)
@@ -285,7 +289,24 @@ def row_from_result(doc: dict, level: Level | None = None) -> dict:
         if v is None and "_p50_" in col:  # the median is the 50th percentile
             v = _num(doc.get(key.replace("p50_", "median_")))
         row[col] = v
+    if row["completed"] == 0:  # vLLM writes 0.0 for every figure then: no measurement, not a fast one
+        row.update({col: None for col in METRIC_COLUMNS})
     return row
+
+
+def level_error(doc: dict, output: str, level: Level, base_url: str) -> SparkError | None:
+    """A level in which no request completed (vLLM's bench still exits 0 and writes its JSON)."""
+    if doc.get("completed") != 0:
+        return None
+    why, unreachable = failure_reason(output)
+    if unreachable:
+        return SparkError(f"the endpoint {base_url} did not answer the benchmark at concurrency "
+                          f"{level.concurrency}: {why}", "sparkcluster status; sparkcluster logs")
+    if "Unauthorized" in why or "401" in why:
+        return InputError(f"the endpoint refused the benchmark's API key at concurrency {level.concurrency}: {why}",
+                          "set VLLM_API_KEY to the key the cluster was started with (--env-file or the environment)")
+    return SparkError(f"no request completed at concurrency {level.concurrency}: {why}",
+                      f"read {level.name}.log in the run folder")
 
 
 def decode_tok_s(row: dict) -> float | None:
@@ -557,6 +578,9 @@ def run_sweep(head: "Head", levels: list[Level], target: Target, secrets: dict[s
             (run_dir / f"{level.name}.json").write_bytes(res.raw)
             (run_dir / f"{level.name}.log").write_text(res.output)
             sweep.rows.append(row_from_result(res.doc, level))
+            err = level_error(res.doc, res.output, level, target.base_url)
+            if err is not None:  # kept in the folder and the CSV (its errors column says it), then reported
+                raise err
     except (Interrupted, KeyboardInterrupt):  # between levels nothing runs in the container
         sweep.interrupted = True
     except SparkError as e:
@@ -680,7 +704,7 @@ class Head:
     def stop(self, folder: str) -> None:
         """Ctrl-C: `docker exec` forwarded nothing, so interrupt the benchmark by its PID."""
         try:
-            self._exec(stop_argv(folder), {}, timeout=15)
+            self._exec(stop_argv(folder), {})
         except Exception as e:  # best effort: the user asked to stop, report what we could not do
             _log.warning("could not stop the benchmark in the container", error=str(e))
 
@@ -688,13 +712,14 @@ class Head:
         if not _RUN_ID.match(rid):
             return
         try:
-            self._exec(["rm", "-rf", "--", str(PurePosixPath(CONTAINER_ROOT) / rid)], {}, timeout=15)
+            self._exec(["rm", "-rf", "--", str(PurePosixPath(CONTAINER_ROOT) / rid)], {})
         except Exception as e:  # leftovers in /tmp of the container harm nothing
             _log.info("could not remove the container's bench folder", error=str(e))
 
     # -- primitives ------------------------------------------------------------------------------
 
-    def _exec(self, argv: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, str]:
+    def _exec(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+        """A short command in the head container, to its end (the Docker API client's timeout bounds it)."""
         ex = self.api.exec_create(self.container, argv, environment=env)
         out = self.api.exec_start(ex["Id"]).decode(errors="replace")
         return self.api.exec_inspect(ex["Id"]).get("ExitCode", 1), out

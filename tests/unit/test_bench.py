@@ -29,6 +29,12 @@ from tests.unit.conftest import cap
 
 C4_JSON = json.loads(cap("vllm-bench-serve-c4.json"))
 C4_OUT = cap("vllm-bench-serve-c4.out")
+# the same vLLM, same machine, against a local `vllm serve --api-key`: a wrong key, a closed port, and
+# a level interrupted with SIGINT by `stop_argv` (captured 2026-11-23 while writing this module)
+UNAUTH_JSON = json.loads(cap("vllm-bench-serve-unauthorized.json"))
+UNAUTH_OUT = cap("vllm-bench-serve-unauthorized.out")
+REFUSED_OUT = cap("vllm-bench-serve-refused.out")
+SIGINT_OUT = cap("vllm-bench-serve-sigint.out")
 API_KEY = "sk-bench-unit-7e8f9a0b"
 HOSTILE = ["--api-key=leak", "$(touch /tmp/pwned)", "`id`", "a b; rm -rf /", "'\"", "-x", "-", "*", "~root", "a=b"]
 
@@ -181,6 +187,29 @@ def test_progress_from_the_captured_tqdm_bar():
     assert B.progress("Starting initial single prompt test run...") is None
 
 
+def test_progress_of_an_interrupted_level():
+    assert B.progress(SIGINT_OUT) == (26, 400)
+
+
+def test_real_all_failed_levels_exit_0_but_are_errors():
+    """vLLM 0.32's bench exits 0 and writes its JSON when every request failed: the JSON says
+    completed 0, and the output names why."""
+    assert UNAUTH_JSON["completed"] == 0 and UNAUTH_JSON["failed"] == 8
+    assert B.failure_reason(UNAUTH_OUT) == ("Unauthorized", False)
+    why, unreachable = B.failure_reason(REFUSED_OUT)
+    assert unreachable and "Cannot connect to host 127.0.0.1:18119" in why
+    lv = B.Level(1, 8, 32, 16)
+    row = B.row_from_result(UNAUTH_JSON, lv)
+    assert row["errors"] == 8 and row["completed"] == 0
+    assert all(row[m] is None for m in B.METRIC_COLUMNS)  # not the 0.0 vLLM wrote
+    e = B.level_error(UNAUTH_JSON, UNAUTH_OUT, lv, "http://127.0.0.1:8000")
+    assert isinstance(e, InputError) and "API key" in e.message and e.exit_code == 2
+    e = B.level_error(UNAUTH_JSON, REFUSED_OUT, lv, "http://127.0.0.1:8000")
+    assert e.exit_code == 1 and "did not answer the benchmark" in e.message
+    assert B.level_error(C4_JSON, C4_OUT, lv, "x") is None
+    assert B.level_error(dict(C4_JSON, completed=3, failed=5), C4_OUT, lv, "x") is None  # some: a row with errors
+
+
 def test_failure_reason_names_the_error_and_spots_an_unreachable_endpoint():
     out = ("Starting initial single prompt test run...\nTraceback (most recent call last):\n  File x\n"
            "aiohttp.client_exceptions.ClientConnectorError: Cannot connect to host 127.0.0.1:8000 ssl:default "
@@ -242,6 +271,9 @@ def assert_csv_matches_json(run_dir: Path, levels: list[int]) -> None:
     for r in table:
         doc = json.loads((run_dir / f"c{r['concurrency']}.json").read_text())
         assert int(r["completed"]) == doc["completed"] and int(r["errors"]) == doc["failed"]
+        if doc["completed"] == 0:  # nothing measured: empty cells, not vLLM's zeros
+            assert all(r[m] == "" for m in B.METRIC_COLUMNS)
+            continue
         assert float(r["output_tok_s"]) == pytest.approx(doc["output_throughput"], rel=1e-12)
         assert float(r["total_tok_s"]) == pytest.approx(doc["total_token_throughput"], rel=1e-12)
         assert float(r["request_throughput"]) == pytest.approx(doc["request_throughput"], rel=1e-12)
@@ -384,7 +416,9 @@ class FakeAPI:
     """The head container's Docker API as Head uses it; `vllm bench serve` answers with the
     captured JSON (its concurrency and prompt count set from the argv)."""
 
-    def __init__(self, fail_at: int | None = None, running_polls: int = 2, serving_profile: str = "testbed"):
+    def __init__(self, fail_at: int | None = None, running_polls: int = 2, serving_profile: str = "testbed",
+                 unauthorized_at: int | None = None):
+        self.unauthorized_at = unauthorized_at
         self.files: dict[str, bytes] = {}
         self.execs: dict[str, dict] = {}
         self.fail_at = fail_at
@@ -417,6 +451,10 @@ class FakeAPI:
                     b"Traceback (most recent call last):\naiohttp.client_exceptions.ClientConnectorError: "
                     b"Cannot connect to host 127.0.0.1:8000 ssl:default\n")
                 e["exit"] = 1
+            elif c == self.unauthorized_at:  # what vLLM 0.32 does: exit 0, every request failed
+                self.files[f"{folder}/bench.log"] = UNAUTH_OUT.encode()
+                self.files[f"{folder}/result.json"] = json.dumps(dict(UNAUTH_JSON, max_concurrency=c)).encode()
+                e["exit"] = 0
             else:
                 doc = dict(C4_JSON, max_concurrency=c, num_prompts=int(flags["--num-prompts"]),
                            output_throughput=100.0 * c)
@@ -687,3 +725,18 @@ def test_ctrl_c_in_the_command_keeps_the_measured_levels_and_exits_130(cli_env, 
     assert_csv_matches_json(run_dir, [1])
     assert json.loads((run_dir / "run.json").read_text())["interrupted"] is True
     assert any("kill -INT" in " ".join(c) for c in api.commands())
+
+
+def test_a_level_where_every_request_failed_is_reported_and_kept(cli_env, capsys):
+    cli_env["api"].unauthorized_at = 4
+    code, out, err = run(capsys, cli_env, "bench", "-c", "1,4,8")
+    assert code == 2 and "refused the benchmark's API key at concurrency 4" in err and "fix:" in err
+    (run_dir,) = cli_env["root"].iterdir()
+    assert_csv_matches_json(run_dir, [1, 4])  # the failed level is a row: 0 completed, 8 errors
+    rows = B.read_csv(run_dir / "results.csv")
+    assert rows[1]["errors"] == 8 and rows[1]["output_tok_s"] is None
+    assert not (run_dir / "c8.json").exists()
+
+
+def test_smoke_of_a_level_where_every_request_failed():
+    assert B.smoke(fake_head(FakeAPI(unauthorized_at=1)), target(), {}, expected=30.0) == (None, 30.0, "failed")
