@@ -196,8 +196,11 @@ def stop_argv(folder: str, grace_s: float = 15.0) -> list[str]:
     """Interrupt the level's benchmark by its PID inside the container; SIGKILL after the grace.
     SIGINT first: vLLM's bench cancels its requests and exits (about 5 s for vLLM 0.32 on a CPU)."""
     ticks = int(grace_s * 10)
-    script = ('p=$(cat "$1/pid" 2>/dev/null) || exit 0; [ -n "$p" ] || exit 0; kill -INT "$p" 2>/dev/null || exit 0; '
-              f'i=0; while kill -0 "$p" 2>/dev/null; do i=$((i+1)); [ $i -gt {ticks} ] && {{ kill -KILL "$p"; exit 0; }}; '
+    # alive = its /proc entry exists and is not a zombie (kill -0 also succeeds on a zombie, which
+    # would hold the loop for the whole grace where the exec's parent reaps late)
+    script = ('alive() { s=$(sed "s/.*) //" "/proc/$1/stat" 2>/dev/null | cut -c1); [ -n "$s" ] && [ "$s" != Z ]; }; '
+              'p=$(cat "$1/pid" 2>/dev/null) || exit 0; [ -n "$p" ] || exit 0; kill -INT "$p" 2>/dev/null || exit 0; '
+              f'i=0; while alive "$p"; do i=$((i+1)); [ $i -gt {ticks} ] && {{ kill -KILL "$p"; exit 0; }}; '
               'sleep 0.1; done')
     return ["sh", "-c", script, "sh", folder]
 

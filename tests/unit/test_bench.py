@@ -135,19 +135,38 @@ def test_launch_script_through_a_real_shell_runs_argv_verbatim(tmp_path):
 
 
 def test_stop_kills_the_level_by_its_pid_file(tmp_path):
+    """SIGINT by the PID in the level's folder ends it at once; its parent (here the test, in a
+    container the shim) reaping it late is no reason to wait out the grace."""
     folder = tmp_path / "c1"
-    proc = subprocess.Popen(B.exec_argv(str(folder), ["sleep", "60"]))
+    # SIGINT's default action even when this suite runs with SIGINT ignored (a background job)
+    sleeper = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_DFL); time.sleep(60)"]
+    proc = subprocess.Popen(B.exec_argv(str(folder), sleeper))
     try:
         for _ in range(100):
             if (folder / "pid").is_file() and (folder / "pid").read_text().strip():
                 break
             time.sleep(0.05)
+        time.sleep(0.3)  # past the interpreter start, so SIG_DFL is in place
         t0 = time.monotonic()
-        subprocess.run(B.stop_argv(str(folder), grace_s=0.5), timeout=30, check=True)
-        assert proc.wait(timeout=10) != 0
-        assert time.monotonic() - t0 < 8
+        subprocess.run(B.stop_argv(str(folder), grace_s=10), timeout=30, check=True)
+        assert time.monotonic() - t0 < 5  # not the 10 s grace: the process is a zombie until reaped
+        assert proc.wait(timeout=10) == -2  # ended by the SIGINT, not the SIGKILL
     finally:
         proc.kill()
+    # one that ignores SIGINT gets SIGKILL after the grace
+    folder2 = tmp_path / "c2"
+    stubborn = subprocess.Popen(B.exec_argv(str(folder2), [sys.executable, "-c",
+                                "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"]))
+    try:
+        for _ in range(100):
+            if (folder2 / "pid").is_file() and (folder2 / "pid").read_text().strip():
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)  # past the interpreter start, so the handler is installed
+        subprocess.run(B.stop_argv(str(folder2), grace_s=0.5), timeout=30, check=True)
+        assert stubborn.wait(timeout=10) == -9
+    finally:
+        stubborn.kill()
     # a level that never started: nothing to stop, no error
     assert subprocess.run(B.stop_argv(str(tmp_path / "absent")), timeout=10).returncode == 0
 
