@@ -490,7 +490,7 @@ def write_chart(path: Path, rows: list[dict], title: str = "") -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "no chart: matplotlib is not installed (pip install 'sparkcluster[plot]')"
-    pts = [r for r in rows if r.get("concurrency")]
+    pts = sorted((r for r in rows if r.get("concurrency")), key=lambda r: r["concurrency"])  # levels in any order
     if not pts:
         return "no chart: no level was measured"
     xs = [r["concurrency"] for r in pts]
