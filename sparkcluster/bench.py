@@ -678,6 +678,9 @@ class Head:
                 raise SparkError(f"the endpoint {target.base_url} did not answer the benchmark at concurrency "
                                  f"{level.concurrency}: {why}", "sparkcluster status; sparkcluster logs "
                                  f"{self.host.name}", details=tail)
+            if code == 127:  # the shell found no `vllm` to exec
+                raise SparkError(f"{self.container} has no `vllm` command on its PATH: {why}",
+                                 "the profile's image must ship vLLM (NGC vllm images and vllm-openai do)")
             raise SparkError(f"vllm bench serve failed at concurrency {level.concurrency} (exit {code}): {why}",
                              "see the lines above; the levels before it are kept", details=tail)
         try:

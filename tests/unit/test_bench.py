@@ -541,6 +541,22 @@ def test_run_level_unreachable_endpoint_is_one_clear_error():
     assert "Cannot connect" in e.value.message and e.value.fix
 
 
+def test_run_level_without_vllm_in_the_image(tmp_path):
+    api = FakeAPI(fail_at=1)
+    real_start = api.exec_start
+
+    def start(exec_id, detach=False):
+        real_start(exec_id, detach)
+        folder = api.execs[exec_id]["cmd"][4]
+        api.files[f"{folder}/bench.log"] = b"sh: 1: exec: vllm: not found\n"
+        api.execs[exec_id]["exit"] = 127
+
+    api.exec_start = start
+    with pytest.raises(SparkError, match="no `vllm` command") as e:
+        fake_head(api).run_level(B.Level(1, 8, 32, 16), target(), {}, "r1")
+    assert "vllm: not found" in e.value.message
+
+
 def test_ctrl_c_stops_the_level_in_the_container_and_keeps_earlier_levels(tmp_path, monkeypatch):
     api = FakeAPI(running_polls=10**6)  # the second level never ends on its own
     head = fake_head(api)
