@@ -544,6 +544,27 @@ def smoke(head: "Head", target: Target, secrets: dict[str, str], expected: float
     return tok_s, expected, judge_smoke(tok_s, expected)
 
 
+def smoke_after_up(host, inv, prof, secrets: dict[str, str]) -> tuple[float | None, float | None, str]:
+    """`up --smoke` in one call: host is the connected head (ssh.Host) `up` already holds."""
+    from .labels import container_name
+
+    head = Head(host, container_name(inv.cluster.name, "head", inv.head.name))
+    return smoke(head, target_for(prof, inv.cluster.api_port), secrets, prof.expected_decode_tok_s)
+
+
+def smoke_message(tok_s: float | None, expected: float | None, verdict: str) -> str:
+    """One line for `up --smoke` to print (a warning unless the verdict is ok)."""
+    if verdict == "failed":
+        return "smoke: the single-stream measurement failed (sparkcluster bench -c 1 shows why)"
+    got = f"{tok_s:.1f} tok/s single-stream decode"
+    if verdict == "unknown":
+        return f"smoke: {got} (the profile states no published figure to compare with)"
+    if verdict == "slow":
+        return (f"smoke: {got}, far below the {expected:g} tok/s published for this profile "
+                f"(under {SMOKE_FLOOR:.0%}): check sparkcluster doctor (RoCE, MTU, NCCL falling back to TCP)")
+    return f"smoke: {got} (published: {expected:g} tok/s)"
+
+
 # ---- the sweep, driven through a Head ----------------------------------------------------------
 
 

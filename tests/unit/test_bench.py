@@ -412,6 +412,15 @@ def test_smoke_verdict():
     assert B.judge_smoke(None, 30.0) == "failed"
 
 
+def test_smoke_message_is_one_line_per_verdict():
+    assert B.smoke_message(31.2, 30.0, "ok") == "smoke: 31.2 tok/s single-stream decode (published: 30 tok/s)"
+    slow = B.smoke_message(12.0, 30.0, "slow")
+    assert "far below the 30 tok/s" in slow and "70%" in slow and "doctor" in slow
+    assert "no published figure" in B.smoke_message(12.0, None, "unknown")
+    assert "failed" in B.smoke_message(None, 30.0, "failed")
+    assert all("\n" not in B.smoke_message(*a) for a in ((1.0, 2.0, "slow"), (None, None, "failed")))
+
+
 def test_profile_expected_decode_is_optional_and_positive():
     prof = tb_profile()
     assert prof.expected_decode_tok_s is None
@@ -597,6 +606,18 @@ def test_serving_states():
     del api.files[serve.RECORD_PATH]
     with pytest.raises(SparkError, match="vllm serve is not running"):
         fake_head(api).serving()
+
+
+def test_smoke_after_up_uses_the_heads_fixed_container_and_the_profiles_figure(monkeypatch):
+    from tests.unit.conftest import make_inventory
+
+    api = FakeAPI()
+    api.inspect_container = None  # smoke never asks: up has just made it serve
+    prof = tb_profile().model_copy(update={"expected_decode_tok_s": 100.0})
+    tok_s, expected, verdict = B.smoke_after_up(FakeHost(api), make_inventory(), prof, {"VLLM_API_KEY": API_KEY})
+    assert expected == 100.0 and verdict == "ok"
+    (bench_exec,) = [e for e in api.execs.values() if e["cmd"][:3] == ["sh", "-c", B.LAUNCH]]
+    assert "--model=testbed-tiny" in bench_exec["cmd"] and bench_exec["env"]["OPENAI_API_KEY"] == API_KEY
 
 
 def test_smoke_measures_single_stream_and_judges_it():
