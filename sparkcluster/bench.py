@@ -134,7 +134,7 @@ def target_for(prof, api_port: int, tokenizer: str | None = None) -> Target:
                   prof.serve.trust_remote_code)
 
 
-def _value(name: str, v: str) -> str:
+def arg_value(name: str, v: str) -> str:
     # a value vLLM's argparse takes as a flag (a leading '-') still binds in the --flag=value form;
     # NUL cannot cross exec, a newline would forge lines in bench.log
     if "\x00" in v or "\n" in v or "\r" in v:
@@ -149,10 +149,10 @@ def bench_argv(level: Level, target: Target, result_dir: str, seed: int = 0) -> 
     argv = [
         "vllm", "bench", "serve",
         "--backend=vllm",
-        _value("--base-url", target.base_url),
+        arg_value("--base-url", target.base_url),
         "--endpoint=/v1/completions",
-        _value("--model", target.model),
-        _value("--tokenizer", target.tokenizer),
+        arg_value("--model", target.model),
+        arg_value("--tokenizer", target.tokenizer),
         "--dataset-name=random",  # synthetic prompts: no dataset download, no hub
         f"--random-input-len={int(level.input_len)}",
         f"--random-output-len={int(level.output_len)}",
@@ -164,7 +164,7 @@ def bench_argv(level: Level, target: Target, result_dir: str, seed: int = 0) -> 
         f"--metric-percentiles={METRIC_PERCENTILES}",
         f"--seed={int(seed)}",
         "--save-result",
-        _value("--result-dir", result_dir),
+        arg_value("--result-dir", result_dir),
         f"--result-filename={RESULT_FILE}",
     ]
     if target.trust_remote_code:
@@ -602,6 +602,8 @@ def run_sweep(head: "Head", levels: list[Level], target: Target, secrets: dict[s
             (run_dir / f"{level.name}.json").write_bytes(res.raw)
             (run_dir / f"{level.name}.log").write_text(res.output)
             sweep.rows.append(row_from_result(res.doc, level))
+            if on_progress is not None:  # a level too quick for a poll still shows as done
+                on_progress(level, level.num_prompts, level.num_prompts)
             err = level_error(res.doc, res.output, level, target.base_url)
             if err is not None:  # kept in the folder and the CSV (its errors column says it), then reported
                 raise err

@@ -85,6 +85,8 @@ def bench(obj, profile_name: str | None, concurrency: str, input_len: int, outpu
     levels = B.plan(B.parse_concurrency(concurrency), input_len, output_len, num_prompts)
     if tolerance < 0:
         raise InputError(f"--tolerance {tolerance:g}: must be 0 or more", "e.g. --tolerance 10")
+    if tokenizer is not None:
+        B.arg_value("--tokenizer", tokenizer)
     inv = obj.inventory()
     wanted = profiles.load_profile(profile_name) if profile_name else None
     root = B.runs_root(inv.cluster.name)

@@ -714,6 +714,8 @@ def test_bench_compare_marks_a_regression(cli_env, capsys, tmp_path):
     (["--profile", "no-such"], 2, "no profile named"),
     (["--compare", "nowhere"], 2, "no results.csv"),
     (["--tolerance", "-1"], 2, "--tolerance"),
+    (["--tokenizer", "--"], 2, "--tokenizer"),
+    (["--tokenizer", "a\nb"], 2, "--tokenizer"),
 ])
 def test_bad_input_is_one_line_and_exit_2(cli_env, capsys, args, rc, words):
     code, out, err = run(capsys, cli_env, "bench", *args)
