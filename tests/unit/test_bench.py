@@ -424,7 +424,7 @@ def test_smoke_message_is_one_line_per_verdict():
 def test_profile_expected_decode_is_optional_and_positive():
     prof = tb_profile()
     assert prof.expected_decode_tok_s is None
-    text = Path(prof.path).read_text().replace("ready_timeout_s = 180", "ready_timeout_s = 180\nexpected_decode_tok_s = 31.9")
+    text = "expected_decode_tok_s = 31.9\n" + Path(prof.path).read_text()  # a top-level key, before any table
     assert profiles.parse(text, "x").expected_decode_tok_s == 31.9
     with pytest.raises(InputError):
         profiles.parse(text.replace("31.9", "0"), "x")
