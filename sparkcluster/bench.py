@@ -98,10 +98,9 @@ def plan(concurrency: Iterable[int], input_len: int = DEFAULT_INPUT_LEN, output_
 
 # ---- the command line inside the head container ------------------------------------------------
 
-CONTAINER_ROOT = "/tmp/sparkcluster-bench"  # per run, per level: pid, bench.log, result.json
+CONTAINER_ROOT = "/tmp/sparkcluster-bench"  # <run>/<level>/: pid, bench.log, result.json (names in LAUNCH)
 RESULT_FILE = "result.json"
 LOG_FILE = "bench.log"
-PID_FILE = "pid"
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 METRIC_PERCENTILES = "50,99"
 # `vllm bench serve` in the level's folder, its PID in a file there (the PID inside the container:
