@@ -192,6 +192,11 @@ class Profile(_Strict):
     # how long `up` waits for the endpoint to answer: 120B-class models take 10-15 min to load
     # (docs/field-notes.md) plus 25-60 s of first-request JIT
     ready_timeout_s: int = Field(default=1800, ge=10)
+    # single-stream decode tok/s a pair of real Sparks reaches with this profile, from a published
+    # measurement cited next to the value in the profile's TOML (model, quantization, TP and vLLM
+    # version must match). `bench.smoke` (behind `up --smoke`) warns well below it. None: no
+    # published figure for this exact setup, so nothing to compare against.
+    expected_decode_tok_s: float | None = Field(default=None, gt=0)
     shm_size: str = Field(default="16g", pattern=r"^[0-9]+[bkmgBKMG]?$")  # what Spark pairs run with
     secrets: list[SecretName] = Field(default_factory=lambda: list(SECRET_NAMES))
     image: Image
