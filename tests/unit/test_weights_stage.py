@@ -65,6 +65,9 @@ class LocalHost:
     def start(self, cmd, timeout=600.0):
         return LocalProc(self.name, self._local(cmd))
 
+    def close(self):
+        pass
+
 
 class Bars(Progress):
     def __init__(self):
@@ -193,3 +196,38 @@ def test_a_missing_repo_is_one_line(hub, tmp_path):
     st, _ = staging(tmp_path, ep, "nobody/none")
     with pytest.raises(InputError, match="does not exist"):
         st.resolve()
+
+
+def test_cli_pull_status_rm_over_loopback(hub, model, tmp_path, monkeypatch, capsys):
+    """`weights pull` with the snapshot already on the head (placed by the download program),
+    then `weights status` and `weights rm --yes` on both local nodes."""
+    import contextlib
+
+    from sparkcluster.cli import main as cli_main
+    from sparkcluster.cli import weights as cli_weights
+    from sparkcluster.fanout import Cluster
+
+    _, ep = hub
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    inv = loopback_inventory(ep)
+    st, hosts = staging(tmp_path, ep)
+    m = st.resolve()
+    assert download_here(tmp_path / "spark-head", ep, m).returncode == 0
+    monkeypatch.setattr(cli_main.Invocation, "inventory", lambda self: inv)
+    monkeypatch.setattr(Cluster, "connect", classmethod(lambda cls, i, nodes=None: Cluster(inv, hosts)))
+    monkeypatch.setattr(cli_weights, "ClusterLock", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(cli_weights.secret_store, "load_secrets", lambda *a: {})
+    prof = profiles.load_profile("testbed")
+    monkeypatch.setattr(cli_weights, "load_profile_for", lambda i, n: prof)
+    assert cli_main.main(["weights", "pull", "--profile", "testbed"]) == 0
+    out = capsys.readouterr().out
+    assert "sent to spark-worker" in out and "staged on every node" in out
+    assert cli_main.main(["weights", "pull", "--profile", "testbed"]) == 0
+    assert "complete and verified on every node" in capsys.readouterr().out
+    assert cli_main.main(["weights", "status"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(f"{TINY}@{m.commit[:12]} (main): 2 files") == 2 and "complete, verified" in out
+    assert cli_main.main(["weights", "rm", TINY, "--yes"]) == 0
+    assert "freed" in capsys.readouterr().out
+    assert cli_main.main(["weights", "status"]) == 0
+    assert capsys.readouterr().out.count("no models cached") == 2
