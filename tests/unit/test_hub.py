@@ -107,3 +107,18 @@ def test_a_cut_download_resumes_with_range(hub, tmp_path):
         assert hashlib.sha256((snap / f.path).read_bytes()).hexdigest() == f.sha256
     assert h.knobs.fail_times == 0
     assert any("resolve" in q for q in h.knobs.requests)
+
+
+def test_start_hub_runs_a_process_with_knobs_and_stats(model, tmp_path):
+    from tests.testbed.hub import knobs, start_hub, stats, stop_hub
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    h = start_hub("127.0.0.1", port, model_dir=model, state_dir=tmp_path, synthetic_mb=0, timeout=60)
+    try:
+        st = stats(h.endpoint)
+        assert st["repos"][TINY]["size"] == sum(f.stat().st_size for f in model.iterdir())
+        assert knobs(h.endpoint, rate_bps=10**6)["bytes_served"] == 0
+    finally:
+        stop_hub(h.pid)

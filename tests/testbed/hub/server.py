@@ -331,13 +331,3 @@ def serve_forever_in_thread(srv: ThreadingHTTPServer) -> threading.Thread:
     t = threading.Thread(target=srv.serve_forever, name="testbed-hub", daemon=True)
     t.start()
     return t
-
-
-if __name__ == "__main__":  # python -m tests.testbed.hub.server DIR_OF_ORG/NAME_REPOS [PORT]
-    import sys
-    base = Path(sys.argv[1])
-    repos = [Repo(f"{o.name}/{n.name}", n).load() for o in base.iterdir() if o.is_dir() for n in o.iterdir() if n.is_dir()]
-    s = make_server(Hub(repos, set(os.environ.get("HUB_TOKENS", "").split())), "127.0.0.1",
-                    int(sys.argv[2]) if len(sys.argv) > 2 else 0)
-    print(f"hub on http://{s.server_address[0]}:{s.server_address[1]}", flush=True)
-    s.serve_forever()
