@@ -198,6 +198,18 @@ def steps(plan: "Plan") -> list[Step]:
     return out
 
 
+OFFLINE_SIGNS = ("OfflineModeIsEnabled", "outgoing traffic has been disabled", "LocalEntryNotFoundError")
+
+
+def offline_miss(tail: str, model: str) -> str | None:
+    """The reason to give when a rank wanted something from the hub the weights stage did not stage
+    (the containers run with HF_HUB_OFFLINE=1), else None."""
+    if any(s in tail for s in OFFLINE_SIGNS):
+        return (f"a rank looked for a file of {model} that is not in its HF cache and may not reach the hub "
+                "(HF_HUB_OFFLINE=1): the staged snapshot lacks what the engine asked for")
+    return None
+
+
 def _resolve(r: "Run") -> str:
     repo, rev = wanted(r.plan.profile)
     r.weights = Staging(r.cluster, r.inv, r.plan.image, repo, rev, r.secrets, r.progress)

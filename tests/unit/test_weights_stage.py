@@ -231,3 +231,9 @@ def test_cli_pull_status_rm_over_loopback(hub, model, tmp_path, monkeypatch, cap
     assert "freed" in capsys.readouterr().out
     assert cli_main.main(["weights", "status"]) == 0
     assert capsys.readouterr().out.count("no models cached") == 2
+
+
+def test_a_rank_reaching_for_the_hub_is_named():
+    tail = "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested files in the disk cache"
+    assert "HF_HUB_OFFLINE=1" in stage.offline_miss(tail, TINY)
+    assert stage.offline_miss("CUDA out of memory", TINY) is None
