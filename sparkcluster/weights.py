@@ -167,13 +167,19 @@ def download_command(image: str, hf_cache: str, endpoint: str | None, m: Manifes
     the head's cache. The token, if any, is the 0600 file HF_HOME/token. A download an earlier run
     left behind (Ctrl-C kills the client, not the container) is removed first; the new one resumes
     from its .incomplete files."""
-    env = ["-e", f"HF_HOME={hf_cache}", "-e", "HF_HUB_DISABLE_TELEMETRY=1"]
+    # no tqdm bars: their carriage returns would pile up in the SSH channel; the program reports bytes
+    env = ["-e", f"HF_HOME={hf_cache}", "-e", "HF_HUB_DISABLE_TELEMETRY=1", "-e", "HF_HUB_DISABLE_PROGRESS_BARS=1"]
     if endpoint:
         env += ["-e", f"HF_ENDPOINT={endpoint}"]
     argv = ["docker", "run", "--rm", "--name", DOWNLOAD_CONTAINER, "--network", "host", *env,
             "-v", f"{hf_cache}:{hf_cache}", "--entrypoint", "python3", image, "-c", DOWNLOAD,
             m.repo, m.commit, repo_folder(m.repo)]
     return f"docker rm -f {DOWNLOAD_CONTAINER} >/dev/null 2>&1; " + shlex.join(argv)
+
+
+def stop_download_command() -> str:
+    """Ends the download container: Ctrl-C or a failure ends our SSH channel, not the container."""
+    return f"docker rm -f {DOWNLOAD_CONTAINER} >/dev/null 2>&1; true"
 
 
 def incoming_dir(hf_cache: str, repo: str) -> str:

@@ -98,12 +98,17 @@ class Staging:
         before = self.state[head.name]["present_bytes"]
         cmd = w.download_command(self.image, self.cache, self.inv.cluster.hf_endpoint, m)
         proc = head.start(transfer.bash(cmd), timeout=24 * 3600)
-        t0, got = time.monotonic(), before
-        for line in proc.stderr_lines():
-            if line.startswith("@@bytes "):
-                got = int(line.split()[1])
-                self.progress.bytes(f"hub -> {head.name}", min(got, m.size), m.size)
-        res = proc.wait()
+        t0 = time.monotonic()
+        try:
+            for line in proc.stderr_lines():
+                if line.startswith("@@bytes "):
+                    got = int(line.split()[1])
+                    self.progress.bytes(f"hub -> {head.name}", min(got, m.size), m.size)
+            res = proc.wait()
+        except BaseException:
+            # what arrived stays as .incomplete files for the next run to resume
+            head.run(w.stop_download_command(), timeout=60, warn=True)
+            raise
         if not res.ok:
             raise fail(STAGE, head.name, "download the weights", f"the download of {self.repo}@{m.commit[:12]} failed "
                        f"(exit {res.exit_code}); what arrived is kept and the next run resumes it",
