@@ -217,9 +217,10 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def describe_download(image: str, m: Manifest | None, endpoint: str, repo: str | None = None) -> str:
+def describe_download(image: str, m: Manifest | None, endpoint: str, hf_cache: str, repo: str | None = None) -> str:
     """What the download step prints (the program's text is left out; the token is a file)."""
     what = f"{m.repo}@{m.commit}" if m else f"{repo} at the resolved commit"
-    return (f"docker run --rm --name {DOWNLOAD_CONTAINER} --network host -e HF_HOME -e HF_ENDPOINT={endpoint} "
-            f"-v HF_CACHE {image}: huggingface_hub snapshot_download {what} (resumes .incomplete files; "
+    return (f"docker run --rm --name {DOWNLOAD_CONTAINER} --network host -e HF_HOME={hf_cache} "
+            f"-e HF_ENDPOINT={endpoint} -v {hf_cache}:{hf_cache} {image}: huggingface_hub snapshot_download {what} "
+            "(resumes .incomplete files; "
             "token from HF_HOME/token, mode 0600)")

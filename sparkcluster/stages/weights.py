@@ -112,7 +112,7 @@ class Staging:
         if not res.ok:
             raise fail(STAGE, head.name, "download the weights", f"the download of {self.repo}@{m.commit[:12]} failed "
                        f"(exit {res.exit_code}); what arrived is kept and the next run resumes it",
-                       w.describe_download(self.image, m, endpoint(self.inv)), res.tail(),
+                       w.describe_download(self.image, m, endpoint(self.inv), self.cache), res.tail(),
                        f"check the head's link to {endpoint(self.inv)}, then sparkcluster up")
         after = self.check(head.name)
         if after["missing"]:
@@ -191,7 +191,7 @@ def steps(plan: "Plan") -> list[Step]:
                         f"{server.token_file_command(inv.cluster.hf_cache)}  (HF_TOKEN=****** on stdin over SSH)",
                         when="the head lacks files", skip=_head_complete, run=lambda r: r.weights.write_token()))
     out.append(Step(STAGE, head, "download", "download the snapshot once, into the head's HF cache",
-                    w.describe_download(plan.image, None, ep, repo), when="the head lacks files",
+                    w.describe_download(plan.image, None, ep, inv.cluster.hf_cache, repo), when="the head lacks files",
                     skip=_head_complete, run=lambda r: r.weights.download()))
     for wk in inv.workers:
         out.append(Step(STAGE, wk.name, "replicate", "receive the files it lacks from the head, verify them",
