@@ -29,6 +29,10 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _BLOB = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 
 
+class HubUnavailable(InputError):
+    """The hub did not answer (or failed): staged weights can still be served."""
+
+
 @dataclass(frozen=True)
 class File:
     path: str
@@ -132,8 +136,11 @@ def resolve_error(got: dict, repo: str, revision: str, endpoint: str) -> InputEr
         return InputError(f"model {repo} does not exist on {endpoint} (or it is private and the token cannot see it)",
                           "check model in the profile (ORG/NAME as on the hub) and HF_TOKEN")
     if code == "Unreachable":
-        return InputError(f"the head cannot reach the hub at {endpoint}: {got.get('message')}",
+        return HubUnavailable(f"the head cannot reach the hub at {endpoint}: {got.get('message')}",
                           "check the head's network (or set hf_endpoint in the inventory to a mirror)")
+    if isinstance(status, int) and status >= 500:
+        return HubUnavailable(f"the hub answered {status} for {repo}@{revision}: {got.get('message')}",
+                              "try again later (or set hf_endpoint to a mirror)")
     return InputError(f"the hub answered {status} for {repo}@{revision}: {got.get('message')}",
                       "try again later (or set hf_endpoint to a mirror)")
 
@@ -154,6 +161,22 @@ def check_command(hf_cache: str) -> str:
 
 def status_command(hf_cache: str) -> str:
     return py(NODE, "status", hub_dir(hf_cache))
+
+
+def cached_command(hf_cache: str, repo: str, revision: str) -> str:
+    return py(NODE, "cached", hub_dir(hf_cache), repo_folder(repo), check_revision(revision))
+
+
+def parse_cached(out: str, repo: str, revision: str) -> Manifest | None:
+    """The manifest a node kept when it last verified the snapshot complete, or None."""
+    try:
+        got = parse_json(out)
+        files = tuple(File(safe_path(f["path"]), int(f["size"]), f["blob"], len(f["blob"]) == 64) for f in got["files"])
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+    if not _COMMIT.fullmatch(got.get("commit", "")) or not all(_BLOB.fullmatch(f.blob) for f in files):
+        return None
+    return Manifest(repo, revision, got["commit"], files)
 
 
 def rm_command(hf_cache: str, repo: str, commit: str) -> str:

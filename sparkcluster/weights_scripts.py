@@ -7,7 +7,8 @@ NODE looks at one node's HF cache: `check` adopts the files a replication left i
 folder once they match their names (a blob is named by its sha256, or git sha1 for small files),
 hashes every file it has not verified before, removes what does not match, links the snapshot and
 the ref like huggingface_hub does, and says what is missing and how much room there is;
-`status` lists the cached snapshots; `rm` removes one snapshot and the blobs only it used.
+`status` lists the cached snapshots; `cached` gives the listing of a snapshot once verified complete
+(for a run without the hub); `rm` removes one snapshot and the blobs only it used.
 """
 
 RESOLVE = r"""
@@ -120,6 +121,9 @@ def check(hub, m):
             if os.path.lexists(link):
                 os.remove(link)
             os.symlink(target, link)
+        # the listing, kept so a later run can go on without the hub (`cached`)
+        os.makedirs(os.path.join(repo, ".sparkcluster-manifests"), exist_ok=True)
+        save(os.path.join(repo, ".sparkcluster-manifests", m["commit"] + ".json"), m)
         if m.get("ref"):
             os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
             ref = os.path.join(repo, "refs", m["ref"])
@@ -166,6 +170,16 @@ def status(hub):
                         "verified": verified and not broken, "partial_bytes": partial})
     return out
 
+def cached(hub, folder, rev):
+    repo = os.path.join(hub, folder)
+    commit = rev
+    try:
+        with open(os.path.join(repo, "refs", rev)) as f:
+            commit = f.read().strip()
+    except OSError:
+        pass
+    return load(os.path.join(repo, ".sparkcluster-manifests", commit + ".json")) if commit.isalnum() else {}
+
 def rm(hub, folder, commit):
     repo = os.path.join(hub, folder)
     snaps = os.path.join(repo, "snapshots")
@@ -195,6 +209,8 @@ if cmd == "check":
     print(json.dumps(check(hub, json.load(sys.stdin))))
 elif cmd == "status":
     print(json.dumps(status(hub)))
+elif cmd == "cached":
+    print(json.dumps(cached(hub, sys.argv[3], sys.argv[4])))
 elif cmd == "rm":
     print(json.dumps(rm(hub, sys.argv[3], sys.argv[4])))
 """

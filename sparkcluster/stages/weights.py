@@ -61,7 +61,17 @@ class Staging:
         head = self.cluster.head
         res = head.run(w.resolve_command(endpoint(self.inv), self.repo, self.revision), timeout=60,
                        stdin=self.secrets.get("HF_TOKEN", "").encode())
-        self.manifest = w.parse_resolve(res.stdout, self.repo, self.revision, endpoint(self.inv))
+        try:
+            self.manifest = w.parse_resolve(res.stdout, self.repo, self.revision, endpoint(self.inv))
+        except w.HubUnavailable as e:
+            # weights already staged need no hub: go on with the listing the head kept when it
+            # verified them (the check on every node still decides whether anything is missing)
+            got = head.run(w.cached_command(self.cache, self.repo, self.revision), timeout=60, warn=True)
+            kept = w.parse_cached(got.stdout, self.repo, self.revision) if got.ok else None
+            if kept is None:
+                raise e from None
+            self.progress.info(f"{e.message}; using the snapshot {kept.commit[:12]} the head verified before")
+            self.manifest = kept
         return self.manifest
 
     def check(self, node: str, hash_unverified: bool = True) -> dict:

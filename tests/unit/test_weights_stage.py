@@ -237,3 +237,24 @@ def test_a_rank_reaching_for_the_hub_is_named():
     tail = "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested files in the disk cache"
     assert "HF_HUB_OFFLINE=1" in stage.offline_miss(tail, TINY)
     assert stage.offline_miss("CUDA out of memory", TINY) is None
+
+
+def test_staged_weights_need_no_hub(hub, tmp_path):
+    """Once verified complete, a run whose hub is down goes on with the listing the head kept."""
+    _, ep = hub
+    st, hosts = staging(tmp_path, ep)
+    m = st.resolve()
+    assert download_here(tmp_path / "spark-head", ep, m).returncode == 0
+    st.check_all()
+    st.replicate("spark-worker")
+    down, _ = staging(tmp_path, "http://127.0.0.1:9")
+    down.cluster = st.cluster
+    got = down.resolve()
+    assert got.commit == m.commit and sorted(got.files, key=lambda f: f.path) == sorted(m.files, key=lambda f: f.path)
+    down.check_all()
+    assert down.lacking() == []
+    # nothing cached for another repo: the hub's absence is the error
+    other, _ = staging(tmp_path, "http://127.0.0.1:9", SYNTHETIC)
+    other.cluster = st.cluster
+    with pytest.raises(InputError, match="cannot reach the hub"):
+        other.resolve()
