@@ -122,3 +122,28 @@ def test_start_hub_runs_a_process_with_knobs_and_stats(model, tmp_path):
         assert knobs(h.endpoint, rate_bps=10**6)["bytes_served"] == 0
     finally:
         stop_hub(h.pid)
+
+
+def test_knobs_fail_status_and_rate(hub, tmp_path):
+    import time
+    import urllib.error
+    import urllib.request
+    h, ep = hub
+    url = f"{ep}/{TINY}/resolve/main/config.json"
+    h.set_knobs({"fail_status": 500})
+    try:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url, timeout=5)
+        assert e.value.code == 500
+    finally:
+        h.set_knobs({"fail_status": None})
+    h.set_knobs({"rate_bps": 2 * 2**20})
+    try:
+        t = time.monotonic()
+        with urllib.request.urlopen(f"{ep}/{TINY}/resolve/main/model.safetensors", timeout=30) as r:
+            n = len(r.read())
+        assert time.monotonic() - t >= n / (2 * 2**20) * 0.8
+    finally:
+        h.set_knobs({"rate_bps": None})
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"Range": "bytes=5-"}), timeout=5) as r:
+        assert r.status == 206 and r.headers["Content-Range"].startswith("bytes 5-")
