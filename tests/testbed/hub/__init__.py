@@ -29,6 +29,8 @@ SYNTHETIC = "sparkcluster/testbed-synthetic"
 GRANTED_TOKEN = "hf_testbed_granted_0123456789"  # accepted for the gated repo
 REFUSED_TOKEN = "hf_testbed_not_granted_987654"  # a valid-looking token without access
 HUB_IP, HUB_PORT = "198.18.0.1", 3142  # next to the pip mirror (3141) on the controller's LAN address
+ENDPOINT = f"http://{HUB_IP}:{HUB_PORT}"
+INVENTORY_LINE = f'hf_endpoint = "{ENDPOINT}"'  # for the testbed's [cluster] table
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
