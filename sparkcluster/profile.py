@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .weights import is_hub_model
 from .errors import InputError
 from .inventory import describe_validation_error
+from .weights import is_hub_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from .inventory import Inventory, Node

@@ -108,7 +108,7 @@ def check(hub, m):
             os.remove(p)
             stamps.pop(name, None)
             missing.append(name)
-    if stamps:
+    if stamps or os.path.exists(stamp_path):
         save(stamp_path, stamps)
     if not missing:
         snap = os.path.join(repo, "snapshots", m["commit"])
