@@ -209,3 +209,18 @@ def test_hostile_values_stay_quoted_in_commands():
         w.send_command("/c", TINY, ["$(id)"], "1.2.3.4", 1, "1.2.3.5")
     with pytest.raises(InputError):
         w.rm_command("/c", TINY, "main; rm -rf /")
+
+
+@pytest.mark.parametrize("path,blob,size", [("../../etc/cron.d/x", "a" * 64, 1), ("ok.json", "$(id)", 1),
+                                            ("ok.json", "a" * 40, -1), ("ok.json", "a" * 40, None)])
+def test_a_hostile_listing_from_the_hub_is_refused(path, blob, size):
+    out = json.dumps({"sha": "c" * 40, "files": [{"path": path, "size": size, "blob": blob, "lfs": False}]})
+    with pytest.raises(InputError):
+        w.parse_resolve(out, TINY, "main", "http://hub")
+
+
+def test_a_5xx_or_unreachable_hub_is_hub_unavailable():
+    for got in ({"error": "", "status": 503, "message": "down"}, {"error": "Unreachable", "status": 0, "message": "x"}):
+        assert isinstance(w.resolve_error(got, TINY, "main", "http://hub"), w.HubUnavailable)
+    assert not isinstance(w.resolve_error({"error": "RepoNotFound", "status": 404}, TINY, "main", "http://hub"),
+                          w.HubUnavailable)
