@@ -55,10 +55,11 @@ class Manifest:
     def sizes(self) -> dict[str, int]:
         return {f.blob: f.size for f in self.files}
 
-    def request(self, hash_unverified: bool = True) -> str:
+    def request(self, hash_unverified: bool = True, rehash: bool = False) -> str:
         """The JSON the node program's `check` reads on stdin."""
         return json.dumps({"folder": repo_folder(self.repo), "commit": self.commit,
                            "ref": None if self.revision == self.commit else self.revision, "hash": hash_unverified,
+                           "rehash": rehash,
                            "files": [{"path": f.path, "size": f.size, "blob": f.blob} for f in self.files]})
 
 

@@ -70,7 +70,9 @@ def check(hub, m):
     repo = os.path.join(hub, m["folder"])
     blobs, inc = os.path.join(repo, "blobs"), os.path.join(repo, ".sparkcluster-incoming")
     stamp_path = os.path.join(repo, ".sparkcluster-verified.json")
-    stamps, want = load(stamp_path), {f["blob"]: f["size"] for f in m["files"]}
+    # rehash: trust no stamp (a change that kept size and mtime is found only this way)
+    stamps = {} if m.get("rehash") else load(stamp_path)
+    want = {f["blob"]: f["size"] for f in m["files"]}
     corrupt, adopted = [], 0
     os.makedirs(blobs, exist_ok=True)
     # what a replication delivered: kept only when it matches its name, then moved into place

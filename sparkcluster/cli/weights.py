@@ -28,8 +28,9 @@ def weights() -> None:
 @weights.command()
 @click.option("--profile", "-p", "profile_name", default=None, help="Profile whose model to stage (default: the inventory's).")
 @click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where HF_TOKEN lives (mode 0600).")
+@click.option("--verify", is_flag=True, help="Hash every file again on every node (not only new or changed ones).")
 @click.pass_obj
-def pull(obj, profile_name: str | None, env_file: Path | None) -> None:
+def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> None:
     """Fetch the profile's model once on the head and replicate it to every worker, verified."""
     inv = obj.inventory()
     prof = load_profile_for(inv, profile_name)
@@ -45,7 +46,7 @@ def pull(obj, profile_name: str | None, env_file: Path | None) -> None:
     with Cluster.connect(inv) as cluster, ClusterLock(cluster.head, inv.cluster.name, f"weights pull --profile {prof.name}"):
         st = stage.Staging(cluster, inv, image, *want, secrets, RichProgress(err))
         m = st.resolve()
-        st.check_all()
+        st.check_all(rehash=verify)
         lacking = st.lacking()
         if not lacking:
             click.echo(f"{m.repo}@{m.commit[:12]} ({m.size / 1e9:.2f} GB) is complete and verified on every node")

@@ -74,14 +74,15 @@ class Staging:
             self.manifest = kept
         return self.manifest
 
-    def check(self, node: str, hash_unverified: bool = True) -> dict:
+    def check(self, node: str, hash_unverified: bool = True, rehash: bool = False) -> dict:
         res = self.cluster.hosts[node].run(w.check_command(self.cache), timeout=3600,
-                                           stdin=self.manifest.request(hash_unverified).encode())
+                                           stdin=self.manifest.request(hash_unverified, rehash).encode())
         self.state[node] = got = w.parse_json(res.stdout)
         return got
 
-    def check_all(self) -> None:
-        run_each([(n.name, n.name) for n in self.inv.nodes], self.check).values_or_raise(STAGE)
+    def check_all(self, rehash: bool = False) -> None:
+        run_each([(n.name, n.name) for n in self.inv.nodes],
+                 lambda n: self.check(n, rehash=rehash)).values_or_raise(STAGE)
 
     def disk(self) -> None:
         short = []

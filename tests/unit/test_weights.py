@@ -130,6 +130,23 @@ def test_check_replaces_a_corrupted_file(hub, model, tmp_path):
     assert got["corrupt"] == [big.blob] and got["missing"] == [big.blob] and not p.exists()
 
 
+def test_rehash_finds_a_change_that_kept_size_and_mtime(hub, model, tmp_path):
+    _, ep = hub
+    m = resolve(ep, TINY)
+    _place(tmp_path, m, model)
+    check(tmp_path, m)
+    big = next(f for f in m.files if f.lfs)
+    p = Path(w.blobs_dir(str(tmp_path), TINY)) / big.blob
+    st = p.stat()
+    data = bytearray(p.read_bytes())
+    data[3] ^= 1
+    p.write_bytes(bytes(data))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert check(tmp_path, m)["missing"] == []  # the stamp is trusted
+    r = sh(w.check_command(str(tmp_path)), m.request(rehash=True))
+    assert w.parse_json(r.stdout)["corrupt"] == [big.blob]
+
+
 def test_check_says_what_is_missing(hub, model, tmp_path):
     _, ep = hub
     m = resolve(ep, TINY)
