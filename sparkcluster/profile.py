@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import InputError
 from .inventory import describe_validation_error
+from .weights import is_hub_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from .inventory import Inventory, Node
@@ -179,6 +180,8 @@ class Profile(_Strict):
     description: str = ""
     model: str = Field(min_length=1, pattern=r"^[^\s]+$")  # HF id or a path inside the container
     served_name: str | None = Field(default=None, pattern=r"^[^\s]+$")
+    # the hub revision to serve (branch, tag or commit); unset: main. The weights stage resolves it
+    revision: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
     # how the checkpoint is quantized: decides what --quantization must be
     checkpoint_format: Literal["auto", "modelopt", "compressed-tensors", "fp8", "bf16"] = "auto"
     # Mamba/hybrid model: prefix caching forces an aligned block size (docs/field-notes.md)
@@ -257,6 +260,9 @@ def container_env(profile: Profile, inventory: "Inventory", node: "Node | str") 
     env.update(per_host_env(profile, inventory, node))
     env["RAY_memory_usage_threshold"] = _fmt_float(profile.env.ray_memory_usage_threshold)
     env["VLLM_CONFIG_ROOT"] = profile.env.vllm_config_root
+    if is_hub_model(profile.model):
+        # the weights stage staged the snapshot on every node: no rank may reach for the hub
+        env["HF_HUB_OFFLINE"] = "1"
     return env
 
 

@@ -44,7 +44,7 @@ class RichProgress(StageProgress):
                                   TransferSpeedColumn(), console=self.c, transient=False)
             self._bars.start()
         if node not in self._tasks:
-            self._tasks[node] = self._bars.add_task(f"image -> {node}", total=total or None)
+            self._tasks[node] = self._bars.add_task(node if "->" in node else f"image -> {node}", total=total or None)
         # the image's size is an estimate of the saved stream (tar headers add a little)
         self._bars.update(self._tasks[node], completed=sent, total=max(total, sent) if total else None)
 
