@@ -59,6 +59,71 @@ load.stdin.close()
 sys.exit(load.wait())
 """
 
+# The same one-shot connection and framing as a plain byte pipe (for files: the weights stage): the
+# receiver writes the payload to stdout and exits STREAM_CUT when the end frame never came, so the
+# consumer (tar) is never told a cut stream was whole.
+STREAM_RECEIVER = r"""
+import socket, struct, sys
+bind, peer = sys.argv[1], sys.argv[2]
+s = socket.socket()
+s.bind((bind, 0))
+s.listen(1)
+s.settimeout(60)
+print("@@port %d" % s.getsockname()[1], file=sys.stderr, flush=True)
+while True:
+    c, addr = s.accept()
+    if addr[0] == peer:
+        break
+    c.close()
+s.close()
+c.settimeout(600)
+f = c.makefile("rb", buffering=1 << 20)
+out = sys.stdout.buffer
+done = False
+try:
+    while True:
+        h = f.read(4)
+        if len(h) < 4:
+            break
+        n = struct.unpack(">I", h)[0]
+        if n == 0:
+            done = True
+            break
+        b = f.read(n)
+        if len(b) < n:
+            break
+        out.write(b)
+except (OSError, socket.timeout) as e:
+    print("receive: %s" % e, file=sys.stderr)
+out.flush()
+if not done:
+    print("receive: the stream ended before the sender finished", file=sys.stderr)
+    sys.exit(75)
+"""
+
+STREAM_SENDER = r"""
+import socket, struct, sys, time
+dst, port, src = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+s = socket.create_connection((dst, port), timeout=30, source_address=(src, 0))
+s.settimeout(600)
+inp = sys.stdin.buffer
+sent, last = 0, 0.0
+while True:
+    b = inp.read(1 << 20)
+    if not b:
+        break
+    s.sendall(struct.pack(">I", len(b)) + b)
+    sent += len(b)
+    now = time.monotonic()
+    if now - last > 0.25:
+        print("@@sent %d" % sent, file=sys.stderr, flush=True)
+        last = now
+s.sendall(struct.pack(">I", 0))
+s.shutdown(socket.SHUT_WR)
+s.recv(1)
+print("@@sent %d" % sent, file=sys.stderr, flush=True)
+"""
+
 # Reads `docker save` on stdin and sends it framed, leaving out the layer tars whose diff ID the
 # worker holds: it holds those chains, and docker load does not open their files. Layer files
 # named by their digest (`blobs/sha256/<hex>`, the OCI layout of Docker 25 and later, where an

@@ -218,7 +218,7 @@ def receive_command(hf_cache: str, repo: str, bind_ip: str, peer_ip: str) -> str
     """On the worker: the image transfer's one-shot receiver (one connection, from the head's
     address only) feeding tar into the incoming folder; `check` adopts what matches its name."""
     d = shlex.quote(incoming_dir(hf_cache, repo))
-    return (f"set -o pipefail; umask 022; mkdir -p {d} && " + py(transfer.RECEIVER, bind_ip, peer_ip)
+    return (f"set -o pipefail; umask 022; mkdir -p {d} && " + py(transfer.STREAM_RECEIVER, bind_ip, peer_ip)
             + f" | tar -x -f - -C {d}")
 
 
@@ -230,7 +230,7 @@ def send_command(hf_cache: str, repo: str, blobs: list[str], dst_ip: str, port: 
             raise ValueError(f"not a blob name: {b!r}")
     names = base64.b64encode(b"".join(b.encode() + b"\0" for b in blobs)).decode()
     return (f"set -o pipefail; cd {shlex.quote(blobs_dir(hf_cache, repo))} && echo {names} | base64 -d | "
-            "tar --null -T - -c -f - | " + py(transfer.SENDER, dst_ip, str(int(port)), src_ip))
+            "tar --null -T - -c -f - | " + py(transfer.STREAM_SENDER, dst_ip, str(int(port)), src_ip))
 
 
 def parse_json(out: str) -> dict | list:
