@@ -42,6 +42,7 @@ class Expect:
     """What the profile will need, so checks can judge against it. All optional."""
 
     image: str | None = None
+    base_image: str | None = None  # the profile's base (NGC) image the cluster image is built from
     forwarded_env: dict[str, str] = field(default_factory=dict)
     per_host_env: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> env
     gpu_memory_utilization: float | None = None
@@ -183,6 +184,29 @@ def image_same(ctx: Context, r: Report) -> None:
         elif ref is not None and i != ref:
             r.fail(n, f"{img} is {i[:19]} here but {ref[:19]} on {head}",
                    "run sparkcluster up: it re-sends the head's image to nodes whose image ID differs")
+        else:
+            r.ok(n, i[:19])
+
+
+@check("image.base-same", "Base image, where present, has the same ID on every node")
+def image_base_same(ctx: Context, r: Report) -> None:
+    # a tag re-pushed upstream and pulled on different days is another base: the worker then holds
+    # none of the cluster image's layers above the first difference, the whole image moves, and
+    # anything built on each node drifts apart
+    base = ctx.expect.base_image
+    if not base:
+        return
+    ids = {n: f.base.id for n, f in ctx.facts.items() if f.docker and f.base is not None}
+    if not ids:
+        return
+    head = ctx.inventory.head.name
+    ref = ids.get(head) or sorted(ids.values())[0]
+    where = head if head in ids else "another node"
+    for n, i in ids.items():
+        if i != ref:
+            r.warn(n, f"{base} is {i[:19]} here but {ref[:19]} on {where}: the whole cluster image will move to it",
+                   f"on every node: docker pull {base} (or docker save {base} on {where} and docker load it here), "
+                   "then sparkcluster doctor")
         else:
             r.ok(n, i[:19])
 

@@ -63,6 +63,7 @@ class Run:
     server: serve.Record | None = None  # started by this run
     seconds: dict[str, float] = field(default_factory=dict)
     stage: str = "image"
+    weights: Any = None  # the weights stage's Staging, once its first step ran
     _head_image: dict | None = None
 
     @property

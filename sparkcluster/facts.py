@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from . import parsers as P
 from . import probes
 from .inventory import Inventory, Node
+from .layers import ImageLayers
 from .labels import CLUSTER_LABEL
 
 # the section markers and their parser live with the probes; kept here under their old names
@@ -43,6 +44,9 @@ class HostFacts:
     image_id: str | None = None
     image_ray: str | None = None  # `ray --version` output in the cluster image, if it runs
     image_ray_error: str = ""
+    image_layers: ImageLayers | None = None  # the cluster image's diff IDs and layer sizes
+    base: ImageLayers | None = None  # the profile's base image, when the node has it
+    layer_chains: list[list[str]] = field(default_factory=list)  # diff IDs of every image on the node
     disks: dict[str, P.Disk] = field(default_factory=dict)
     ray_sessions: list[str] = field(default_factory=list)
     # phase 2: every path MTU probe from this node, one per (netdev, peer address): a passing probe
@@ -50,7 +54,8 @@ class HostFacts:
     path_mtu: list[P.PingResult] = field(default_factory=list)
 
 
-def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[str, str] | None = None) -> str:
+def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[str, str] | None = None,
+                 base: str | None = None) -> str:
     """One shell script for one host. Every value is quoted; nothing here comes from a user string
     that is not validated by the inventory model."""
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
@@ -60,8 +65,12 @@ def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[s
         probes.MEMINFO, probes.EARLYOOM, probes.SSHD_OOM,
         probes.listeners([inv.cluster.ray_port, inv.cluster.api_port]), probes.CONTAINERS,
         probes.ours(f"{CLUSTER_LABEL}={inv.cluster.name}"), probes.disk(inv.cluster.hf_cache), probes.RAY_SESSIONS)]
+    if base:
+        parts.append(probes.image_layers("base", base).script())
     if image:
         img = shlex.quote(image)
+        # which layers a worker lacks: the image's layers here, and every layer chain this node holds
+        parts += [probes.image_layers("image_layers", image).script(), probes.LAYER_CHAINS.script()]
         parts.append(section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}"))
         # our running container on this image runs `ray start` as its main process, which proves
         # Ray works in it; otherwise start `ray --version` in a throwaway container
@@ -116,6 +125,9 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
     f.ours = P.json_list(get("ours").out) if get("ours").rc == 0 else []
     f.disks = P.df_lines(get("disk").out)
     f.ray_sessions = [x for x in get("ray_sessions").out.split() if x]
+    f.base = probes.value(probes.image_layers("base", ""), s)
+    f.image_layers = probes.value(probes.image_layers("image_layers", ""), s)
+    f.layer_chains = probes.value(probes.LAYER_CHAINS, s, [])
     if "image" in s:
         f.image_id = get("image").out.strip() if get("image").rc == 0 else None
         ir = get("image_ray")
@@ -127,9 +139,9 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
 
 
 def gather(host, inv: Inventory, image: str | None, timeout: float = 60.0,
-           ray_seen: dict[str, str] | None = None) -> HostFacts:
+           ray_seen: dict[str, str] | None = None, base: str | None = None) -> HostFacts:
     sent = time.time()
-    res = host.run(probe_script(inv, host.node, image, ray_seen), timeout=timeout, warn=True)
+    res = host.run(probe_script(inv, host.node, image, ray_seen, base), timeout=timeout, warn=True)
     received = time.time()
     if res.timed_out:
         from .errors import StageError, StepFailure

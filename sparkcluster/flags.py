@@ -172,6 +172,8 @@ def serve_argv(profile: Profile, image_kind: str | None = None, *, port: int | N
     s = profile.serve
     argv = ["vllm", "serve"] if kind == "ngc" else []
     argv.append(profile.model)
+    if profile.revision:
+        argv += ["--revision", profile.revision]
     if profile.served_name:
         argv += ["--served-model-name", profile.served_name]
     argv += ["--host", s.host, "--port", str(s.port or port or 8000)]

@@ -74,6 +74,8 @@ class Cluster(_Strict):
     # a package mirror for the image build (air-gapped hosts); passed as the PIP_INDEX_URL build arg
     pip_index_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
     hf_cache: str = "/root/.cache/huggingface"  # host path, mounted at the same path in containers
+    # the hub the weights come from (a mirror, or the testbed's); unset: the public hub. HF_ENDPOINT
+    hf_endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s'\"]+$")
     api_port: int = Field(default=8000, ge=1, le=65535)
     ray_port: int = Field(default=6379, ge=1, le=65535)
     connect_timeout: float = Field(default=5.0, gt=0, le=120)

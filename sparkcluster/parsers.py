@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from .layers import ImageLayers, sizes_from_history
+
 
 def last_line(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
@@ -53,6 +55,8 @@ class DockerInfo:
     root_dir: str
     runtimes: tuple[str, ...]
     default_runtime: str
+    # [key, value] pairs; the containerd image store shows its snapshotter here (transfer.elides)
+    driver_status: tuple[tuple[str, str], ...] = ()
 
 
 def docker_info(text: str) -> DockerInfo:
@@ -63,7 +67,36 @@ def docker_info(text: str) -> DockerInfo:
         root_dir=d.get("DockerRootDir", ""),
         runtimes=tuple(sorted((d.get("Runtimes") or {}).keys())),
         default_runtime=d.get("DefaultRuntime", ""),
+        driver_status=tuple(tuple(str(x) for x in p) for p in (d.get("DriverStatus") or []) if isinstance(p, list)),
     )
+
+
+def image_layers(text: str) -> ImageLayers | None:
+    """`probes.image_layers` output: "<id> <json diff IDs>", then history sizes oldest first."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines or not lines[0].startswith("sha256:"):
+        return None  # a warning or an error instead: no layers known, the whole image is the estimate
+    image_id, _, layers_json = lines[0].partition(" ")
+    try:
+        layers = tuple(json.loads(layers_json) or [])
+    except ValueError:
+        return None
+    hist = [int(x) for x in lines[1:] if x.isdigit()]
+    return ImageLayers(image_id, layers, sizes_from_history(hist, len(layers)))
+
+
+def layer_chains(text: str) -> list[list[str]]:
+    out = []
+    for ln in text.splitlines():
+        ln = ln.strip()
+        if ln.startswith("["):
+            try:
+                out.append(list(json.loads(ln)))
+            except ValueError:  # a cut line: that image's layers are not credited
+                continue
+        elif ln == "null":  # an image without layers
+            out.append([])
+    return out
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,11 @@ from .images import RAY_VERSION, image_ref
 from .inventory import Inventory
 from .labels import CONFIG_LABEL, PROFILE_LABEL
 from .stages import STAGES, containers as containers_stage, image as image_stage, preflight as preflight_stage
-from .stages import probe as probe_stage, ray as ray_stage, serve as serve_stage
+from .stages import probe as probe_stage, ray as ray_stage, serve as serve_stage, weights as weights_stage
 from .stages.base import Step
 
-STAGE_MODULES = {"preflight": preflight_stage, "image": image_stage, "containers": containers_stage,
+STAGE_MODULES = {"preflight": preflight_stage, "image": image_stage, "weights": weights_stage,
+                 "containers": containers_stage,
                  "ray": ray_stage, "probe": probe_stage, "serve": serve_stage}
 
 

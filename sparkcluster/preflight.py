@@ -15,6 +15,7 @@ def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect
         return checks.Expect()
     return checks.Expect(
         image=image_ref(inv, prof),
+        base_image=prof.image.ref,
         forwarded_env=prof.forwarded_env(),
         per_host_env={n.name: profiles.per_host_env(prof, inv, n) for n in inv.nodes},
         gpu_memory_utilization=prof.serve.gpu_memory_utilization,
@@ -40,10 +41,11 @@ class PreflightReport:
         return not self.failed
 
 
-def gather_all(cluster: Cluster, inv: Inventory, image: str | None) -> dict[str, facts.HostFacts]:
+def gather_all(cluster: Cluster, inv: Inventory, image: str | None,
+               base: str | None = None) -> dict[str, facts.HostFacts]:
     """Facts of every connected host (phase 1), then path MTU probes (phase 2), both in parallel."""
     seen = ray_seen.load() if image else {}
-    got = cluster.each(lambda h: facts.gather(h, inv, image, ray_seen=seen)).values_or_raise("gather facts")
+    got = cluster.each(lambda h: facts.gather(h, inv, image, ray_seen=seen, base=base)).values_or_raise("gather facts")
     ray_seen.remember({f.image_id: f.image_ray for f in got.values() if f.image_id and f.image_ray})
     nodes = {n.name: n for n in inv.nodes}
     pings = cluster.each(lambda h: facts.gather_path_mtu(h, facts.path_mtu_probes(nodes[h.name], got)))
@@ -67,7 +69,7 @@ def run(inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = N
         unreachable = {name: err.message.removeprefix(f"{name}: ") for name, err in failed.items()}
         if not cluster.hosts:
             cluster = None
-    hosts_facts = gather_all(cluster, inv, expect.image) if cluster else {}
+    hosts_facts = gather_all(cluster, inv, expect.image, expect.base_image) if cluster else {}
     ctx = checks.Context(inv, hosts_facts, unreachable, expect)
     return PreflightReport(checks.run_checks(ctx, only), hosts_facts, unreachable), cluster
 

@@ -153,3 +153,16 @@ def value(probe: Probe, sections: dict[str, Section], default=None):
     if s is None or s.rc != 0:
         return default
     return probe.parse(s.out)
+
+
+def image_layers(name: str, ref: str) -> Probe:
+    """One image's ID, its diff IDs bottom up (JSON) and `docker history` sizes in bytes, oldest
+    first: what the image stage compares with the layers a worker holds. Exits 3 when absent."""
+    img = shlex.quote(ref)
+    return Probe(name, f"docker image inspect --format '{{{{.Id}}}} {{{{json .RootFS.Layers}}}}' {img} 2>/dev/null || exit 3; "
+                       f"docker history --no-trunc -H=false --format '{{{{.Size}}}}' {img} | tac", P.image_layers)
+
+
+# every image's diff IDs bottom up, one JSON list a line: which layer chains the node holds
+LAYER_CHAINS = Probe("layer_chains", "ids=$(docker image ls -q --no-trunc | sort -u); [ -z \"$ids\" ] || "
+                                     "docker image inspect --format '{{json .RootFS.Layers}}' $ids", P.layer_chains)

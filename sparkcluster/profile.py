@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import InputError
 from .inventory import describe_validation_error
+from .weights import is_hub_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from .inventory import Inventory, Node
@@ -179,6 +180,8 @@ class Profile(_Strict):
     description: str = ""
     model: str = Field(min_length=1, pattern=r"^[^\s]+$")  # HF id or a path inside the container
     served_name: str | None = Field(default=None, pattern=r"^[^\s]+$")
+    # the hub revision to serve (branch, tag or commit); unset: main. The weights stage resolves it
+    revision: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
     # how the checkpoint is quantized: decides what --quantization must be
     checkpoint_format: Literal["auto", "modelopt", "compressed-tensors", "fp8", "bf16"] = "auto"
     # Mamba/hybrid model: prefix caching forces an aligned block size (docs/field-notes.md)
@@ -192,6 +195,11 @@ class Profile(_Strict):
     # how long `up` waits for the endpoint to answer: 120B-class models take 10-15 min to load
     # (docs/field-notes.md) plus 25-60 s of first-request JIT
     ready_timeout_s: int = Field(default=1800, ge=10)
+    # single-stream decode tok/s a pair of real Sparks reaches with this profile, from a published
+    # measurement cited next to the value in the profile's TOML (model, quantization, TP and vLLM
+    # version must match). `bench.smoke` (behind `up --smoke`) warns well below it. None: no
+    # published figure for this exact setup, so nothing to compare against.
+    expected_decode_tok_s: float | None = Field(default=None, gt=0)
     shm_size: str = Field(default="16g", pattern=r"^[0-9]+[bkmgBKMG]?$")  # what Spark pairs run with
     secrets: list[SecretName] = Field(default_factory=lambda: list(SECRET_NAMES))
     image: Image
@@ -252,6 +260,9 @@ def container_env(profile: Profile, inventory: "Inventory", node: "Node | str") 
     env.update(per_host_env(profile, inventory, node))
     env["RAY_memory_usage_threshold"] = _fmt_float(profile.env.ray_memory_usage_threshold)
     env["VLLM_CONFIG_ROOT"] = profile.env.vllm_config_root
+    if is_hub_model(profile.model):
+        # the weights stage staged the snapshot on every node: no rank may reach for the hub
+        env["HF_HUB_OFFLINE"] = "1"
     return env
 
 

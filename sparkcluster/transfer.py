@@ -13,8 +13,12 @@ from __future__ import annotations
 import shlex
 
 # Both ends are python3, which every DGX OS host has; no netcat flavour to guess at.
+#
+# The stream is framed (4-byte length, then data; a zero length ends it) so the receiver can tell a
+# finished archive from a connection that broke: it then kills docker load instead of closing its
+# input, since a tar cut at an entry boundary can read as a short but valid archive.
 RECEIVER = r"""
-import socket, sys
+import socket, struct, subprocess, sys
 bind, peer = sys.argv[1], sys.argv[2]
 s = socket.socket()
 s.bind((bind, 0))
@@ -27,45 +31,243 @@ while True:
         break
     c.close()
 s.close()
-out = sys.stdout.buffer
-while True:
-    b = c.recv(1 << 20)
-    if not b:
-        break
-    out.write(b)
-out.flush()
+c.settimeout(600)
+f = c.makefile("rb", buffering=1 << 20)
+load = subprocess.Popen(["docker", "load"], stdin=subprocess.PIPE)
+done = False
+try:
+    while True:
+        h = f.read(4)
+        if len(h) < 4:
+            break
+        n = struct.unpack(">I", h)[0]
+        if n == 0:
+            done = True
+            break
+        b = f.read(n)
+        if len(b) < n:
+            break
+        load.stdin.write(b)
+except (OSError, socket.timeout) as e:
+    print("receive: %s" % e, file=sys.stderr)
+if not done:
+    load.kill()
+    load.wait()
+    print("receive: the stream ended before the archive did; docker load stopped, nothing loaded", file=sys.stderr)
+    sys.exit(75)  # transfer.STREAM_CUT
+load.stdin.close()
+sys.exit(load.wait())
 """
 
-SENDER = r"""
-import socket, sys, time
+# The same one-shot connection and framing as a plain byte pipe (for files: the weights stage): the
+# receiver writes the payload to stdout and exits STREAM_CUT when the end frame never came, so the
+# consumer (tar) is never told a cut stream was whole.
+STREAM_RECEIVER = r"""
+import socket, struct, sys
+bind, peer = sys.argv[1], sys.argv[2]
+s = socket.socket()
+s.bind((bind, 0))
+s.listen(1)
+s.settimeout(60)
+print("@@port %d" % s.getsockname()[1], file=sys.stderr, flush=True)
+while True:
+    c, addr = s.accept()
+    if addr[0] == peer:
+        break
+    c.close()
+s.close()
+c.settimeout(600)
+f = c.makefile("rb", buffering=1 << 20)
+out = sys.stdout.buffer
+done = False
+try:
+    while True:
+        h = f.read(4)
+        if len(h) < 4:
+            break
+        n = struct.unpack(">I", h)[0]
+        if n == 0:
+            done = True
+            break
+        b = f.read(n)
+        if len(b) < n:
+            break
+        out.write(b)
+except (OSError, socket.timeout) as e:
+    print("receive: %s" % e, file=sys.stderr)
+out.flush()
+if not done:
+    print("receive: the stream ended before the sender finished", file=sys.stderr)
+    sys.exit(75)
+"""
+
+STREAM_SENDER = r"""
+import socket, struct, sys, time
 dst, port, src = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 s = socket.create_connection((dst, port), timeout=30, source_address=(src, 0))
+s.settimeout(600)
 inp = sys.stdin.buffer
 sent, last = 0, 0.0
 while True:
     b = inp.read(1 << 20)
     if not b:
         break
-    s.sendall(b)
+    s.sendall(struct.pack(">I", len(b)) + b)
     sent += len(b)
     now = time.monotonic()
     if now - last > 0.25:
         print("@@sent %d" % sent, file=sys.stderr, flush=True)
         last = now
+s.sendall(struct.pack(">I", 0))
 s.shutdown(socket.SHUT_WR)
 s.recv(1)
 print("@@sent %d" % sent, file=sys.stderr, flush=True)
 """
 
+# Reads `docker save` on stdin and sends it framed, leaving out the layer tars whose diff ID the
+# worker holds: it holds those chains, and docker load does not open their files. Layer files
+# named by their digest (`blobs/sha256/<hex>`, the OCI layout of Docker 25 and later, where an
+# uncompressed layer's digest is its diff ID) are judged by name without reading them; a
+# `<v1 id>/layer.tar` (Docker 20.10 to 24) names no diff ID, nor would a blob whose digest is not
+# one of the image's diff IDs, so such a file is hashed while spooled to disk, then sent or dropped.
+# Every other entry (manifest.json, the config, VERSION/json, index.json) passes through byte for byte.
+SENDER = r"""
+import hashlib, os, re, socket, struct, sys, tempfile, time
+dst, port, src = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+# argv[4:]: "-<hex>" a diff ID to leave out, "+<hex>" one of the image's other diff IDs
+skip = {a[1:] for a in sys.argv[4:] if a[0] == "-"}
+keep = {a[1:] for a in sys.argv[4:] if a[0] == "+"}
+s = socket.create_connection((dst, port), timeout=30, source_address=(src, 0))
+s.settimeout(600)
+inp = sys.stdin.buffer
+sent, last, dropped, ndrop = 0, 0.0, 0, 0
+def out(b):
+    global sent, last
+    if not b:
+        return
+    s.sendall(struct.pack(">I", len(b)) + b)
+    sent += len(b)
+    now = time.monotonic()
+    if now - last > 0.25:
+        print("@@sent %d" % sent, file=sys.stderr, flush=True)
+        last = now
+def read(n):
+    b = inp.read(n)
+    if len(b) != n:
+        raise SystemExit("docker save: archive ended early")
+    return b
+def size(h):
+    f = h[124:136]
+    if f[0] & 0x80:
+        return int.from_bytes(f[1:], "big")
+    return int(f.rstrip(b"\0 ").decode() or "0", 8)
+def blocks(n):
+    return (n + 511) // 512 * 512
+def copy(n, sink):
+    while n:
+        b = read(min(n, 1 << 20))
+        n -= len(b)
+        sink(b)
+BLOB = re.compile(r"(?:.*/)?blobs/sha256/([0-9a-f]{64})$")
+# a docker save that dies mid-way closes the pipe like one that finished (and a cut after a layer
+# ends in that layer's own zero blocks): the archive is walked entry by entry even when nothing is
+# left out, and only one that reaches tar's end-of-archive block is complete
+meta, longname = b"", None
+while True:
+    h = inp.read(512)
+    if len(h) < 512:
+        raise SystemExit("docker save: archive ended early")
+    if h == b"\0" * 512:
+        out(meta + h)
+        while True:
+            b = inp.read(1 << 20)
+            if not b:
+                break
+            out(b)
+        break
+    n, kind = size(h), h[156:157]
+    if kind in (b"x", b"L", b"g"):
+        data = read(blocks(n))
+        meta += h + data
+        if kind == b"L":
+            longname = data[:n].rstrip(b"\0").decode("utf-8", "replace")
+        elif kind == b"x":
+            for rec in data[:n].decode("utf-8", "replace").split("\n"):
+                if " path=" in rec:
+                    longname = rec.split(" path=", 1)[1]
+        continue
+    name = longname or (h[345:500].rstrip(b"\0").decode("utf-8", "replace") + "/" if h[345] else "") + h[:100].rstrip(b"\0").decode("utf-8", "replace")
+    longname = None
+    m = BLOB.match(name)
+    if kind in (b"0", b"\0") and m and m.group(1) in skip:
+        copy(blocks(n), lambda b: None)
+        dropped, ndrop, meta = dropped + n, ndrop + 1, b""
+    elif kind in (b"0", b"\0") and skip and not (m and m.group(1) in keep) and (
+            name.endswith("/layer.tar") or (m and n > (1 << 20))):
+        # a layer whose name does not say its diff ID: hashed on the way, spooled to disk meanwhile
+        # (/var/tmp: disk-backed, where /tmp may be memory)
+        sha = hashlib.sha256()
+        with tempfile.TemporaryFile(dir="/var/tmp" if os.path.isdir("/var/tmp") else None) as t:
+            copy(n, lambda b: (sha.update(b), t.write(b)))
+            pad = read(blocks(n) - n)
+            if sha.hexdigest() in skip:
+                dropped, ndrop = dropped + n, ndrop + 1
+            else:
+                out(meta + h)
+                t.seek(0)
+                while True:
+                    b = t.read(1 << 20)
+                    if not b:
+                        break
+                    out(b)
+                out(pad)
+        meta = b""
+    else:
+        out(meta + h)
+        meta = b""
+        copy(blocks(n), out)
+s.sendall(struct.pack(">I", 0))
+s.shutdown(socket.SHUT_WR)
+s.recv(1)
+print("@@sent %d" % sent, file=sys.stderr, flush=True)
+print("@@dropped %d %d" % (ndrop, dropped), file=sys.stderr, flush=True)
+"""
+
+# the receiver's exit status when the connection ended before the sender's end frame
+STREAM_CUT = 75
+
+# what `docker info` lists in DriverStatus when images live in containerd (Docker 24+ with the
+# containerd image store enabled; the default for fresh installs from Docker 29)
+CONTAINERD_STORE = "io.containerd.snapshotter"
+
+
+def elides(driver_status: list | tuple) -> bool:
+    """Whether this engine's docker load skips the tars of layers it holds. The classic
+    graph-driver store does; the containerd image store imports the archive's blobs into its
+    content store and fails on a layer file the archive omits, so it must get the whole image."""
+    return not any(CONTAINERD_STORE in str(v) for pair in driver_status for v in pair)
+
 
 def receive_command(bind_ip: str, peer_ip: str) -> str:
-    return ("set -o pipefail; python3 -c " + shlex.quote(RECEIVER) + " " + shlex.quote(bind_ip) + " "
-            + shlex.quote(peer_ip) + " | docker load")
+    return "python3 -c " + shlex.quote(RECEIVER) + " " + shlex.quote(bind_ip) + " " + shlex.quote(peer_ip)
 
 
-def send_command(image: str, dst_ip: str, port: int, src_ip: str) -> str:
+def send_command(image: str, dst_ip: str, port: int, src_ip: str, skip: list[str] | tuple[str, ...] = (),
+                 keep: list[str] | tuple[str, ...] = ()) -> str:
+    """`skip`: diff IDs (sha256:<hex>) the worker holds, left out of the stream; `keep`: the image's
+    other diff IDs (their blobs are sent without hashing). No skip: every byte goes, unhashed."""
+    def hexes(ds, sign: str) -> list[str]:
+        out = []
+        for d in ds:
+            h = d.removeprefix("sha256:")
+            if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+                raise ValueError(f"not a sha256 diff ID: {d!r}")
+            out.append(sign + h)
+        return out
+    args = hexes(skip, "-") + (hexes(keep, "+") if skip else [])
     return ("set -o pipefail; docker save " + shlex.quote(image) + " | python3 -c " + shlex.quote(SENDER) + " "
-            + shlex.quote(dst_ip) + " " + str(int(port)) + " " + shlex.quote(src_ip))
+            + shlex.quote(dst_ip) + " " + str(int(port)) + " " + shlex.quote(src_ip)
+            + "".join(" " + a for a in args))
 
 
 def bash(cmd: str) -> list[str]:
@@ -106,5 +308,5 @@ def _common_prefix(a: list[str], b: list[str]) -> int:
 
 
 def describe(image: str, src_node: str, src_ip: str, dst_node: str, dst_ip: str) -> str:
-    return (f"{src_node}: docker save {image} | tcp {src_ip} -> {dst_ip} | {dst_node}: docker load "
-            "(one connection, head's address only; image ID verified after)")
+    return (f"{src_node}: docker save {image} | drop the layer tars {dst_node} holds | tcp {src_ip} -> {dst_ip} | "
+            f"{dst_node}: docker load (one connection, head's address only; image ID verified after)")

@@ -36,8 +36,8 @@ class _LazyGroup(click.Group):
     `status --json` spends most of its time importing, and need not import the others' libraries."""
 
     # command name -> module in this package; importing it decorates the command onto `cli`
-    MODULES = {"doctor": "doctor", "down": "down", "init": "init", "logs": "logs", "profile": "profile",
-               "status": "status", "up": "up"}
+    MODULES = {"bench": "bench", "doctor": "doctor", "down": "down", "init": "init", "logs": "logs",
+               "profile": "profile", "status": "status", "up": "up", "weights": "weights"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self.MODULES))

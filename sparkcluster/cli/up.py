@@ -44,7 +44,7 @@ class RichProgress(StageProgress):
                                   TransferSpeedColumn(), console=self.c, transient=False)
             self._bars.start()
         if node not in self._tasks:
-            self._tasks[node] = self._bars.add_task(f"image -> {node}", total=total or None)
+            self._tasks[node] = self._bars.add_task(node if "->" in node else f"image -> {node}", total=total or None)
         # the image's size is an estimate of the saved stream (tar headers add a little)
         self._bars.update(self._tasks[node], completed=sent, total=max(total, sent) if total else None)
 
@@ -56,8 +56,11 @@ class RichProgress(StageProgress):
 @click.option("--dry-run", is_flag=True, help="Print the plan, every command and API call per host; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the steps as a JSON list (id, stage, host, description).")
 @click.option("--replace", is_flag=True, help="Replace a cluster that serves another profile.")
+@click.option("--smoke", is_flag=True, help="Once serving: a short single-stream measurement, compared with the "
+              "profile's published figure (a warning when far below).")
 @click.pass_obj
-def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_json: bool, replace: bool) -> None:
+def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_json: bool, replace: bool,
+       smoke: bool) -> None:
     """Build, distribute, start Ray on every node and serve the profile's model with TP over Ray."""
     if as_json and not dry_run:
         raise click.UsageError("--json goes with --dry-run (a real up logs its steps with --log-format json)")
@@ -83,3 +86,18 @@ def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_j
     click.echo(f"model:    {result.model}")
     click.echo(f"try:      curl -s {result.endpoint}/chat/completions{auth} -H 'Content-Type: application/json' "
                f"-d '{{\"model\": \"{result.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
+    if smoke:
+        _smoke(inv, prof, secrets, err)
+
+
+def _smoke(inv, prof, secrets: dict[str, str], err: Console) -> None:
+    """`vllm bench serve` at concurrency 1 inside the head container, after the endpoint is ready."""
+    from .. import bench
+
+    with bench.connect(inv) as cluster:
+        tok_s, expected, verdict = bench.smoke_after_up(cluster.hosts[inv.head.name], inv, prof, secrets)
+    line = bench.smoke_message(tok_s, expected, verdict)
+    if verdict == "ok" or verdict == "unknown":
+        click.echo(line)
+    else:
+        err.print(f"[yellow]warning:[/] {redact.mask(line)}")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import docker.errors
 
-from .. import dockerapi, log, transfer
+from .. import dockerapi, layers, log, transfer
 from ..errors import EngineUnreachable, StageError
 from ..images import DOCKERFILE
 from .base import Step, fail
@@ -42,7 +42,8 @@ def steps(plan: "Plan") -> list[Step]:
         # after a build the head's new ID is known only at run time: the worker may already hold it
         when = "the head's image ID, read after the build, differs from this node's" if plan.build is not None else ""
         out.append(Step(STAGE, w, "receive", "receive the image from the head",
-                        transfer.describe(plan.image, head, str(inv.head.control_ip), w, str(node.control_ip)),
+                        transfer.describe(plan.image, head, str(inv.head.control_ip), w, str(node.control_ip))
+                        + "; " + planned_layers(plan, w),
                         run=lambda r, w=w: send(r, w), when=when,
                         skip=(lambda r, w=w: _same_image(r, w)) if when else None))
     for n in inv.nodes:
@@ -50,6 +51,26 @@ def steps(plan: "Plan") -> list[Step]:
             out.append(Step(STAGE, n.name, "ray-version", "check ray in the image", ray_version_command(plan.image),
                             run=lambda r, n=n.name: ray_in_image(r, n), parallel="ray-version"))
     return out
+
+
+def _elides(facts) -> bool:
+    return facts.docker is not None and transfer.elides(facts.docker.driver_status)
+
+
+def planned_layers(plan: "Plan", worker: str) -> str:
+    """Which layers (count, size) move to `worker`, from the facts gathered in preflight."""
+    f, hf = plan.facts.get(worker), plan.facts.get(plan.inventory.head.name)
+    if f is None or hf is None:
+        return "layers: unknown (no facts)"
+    if plan.build is None and hf.image_layers is not None:
+        return layers.describe(layers.delta(hf.image_layers, f.layer_chains, _elides(f)), worker)
+    if hf.base is not None:
+        # the build's own layers are known only after it; the base's are known now
+        d = layers.delta(hf.base, f.layer_chains, _elides(f))
+        return (f"the layers the build adds, plus {d.moving} of the base's {d.total} layers "
+                f"({layers.mb(d.move_bytes)}) to {worker}"
+                + ("" if d.elide else ": its image store cannot skip layers it holds"))
+    return f"the whole image to {worker} (the head's layers are known only after the build)"
 
 
 def summary(done: list[tuple[Step, object]]) -> str:
@@ -125,22 +146,72 @@ def _disk_needed(r: "Run", head, worker, size: int, layers: list[str]) -> int | 
     return transfer.disk_needed(size, layers, present, sizes)
 
 
+def run_delta(r: "Run", worker: str) -> layers.Delta:
+    """The same computation as the plan's (planned_layers), over the head's image as it is now:
+    after a build, its layers are read from the engine."""
+    hf, wf = r.facts[r.inv.head.name], r.facts[worker]
+    info = r.head_image()
+    if hf.image_layers is not None and hf.image_layers.id == info["Id"]:
+        img = hf.image_layers
+    else:
+        diff_ids = tuple((info.get("RootFS") or {}).get("Layers") or [])
+        try:
+            hist = [e.get("Size", 0) for e in reversed(r.cluster.head.docker().api.history(r.plan.image))]
+            sizes = layers.sizes_from_history(hist, len(diff_ids))
+        except (docker.errors.APIError, EngineUnreachable):
+            sizes = None
+        img = layers.ImageLayers(info["Id"], diff_ids, sizes)
+    return layers.delta(img, wf.layer_chains, _elides(wf))
+
+
 def send(r: "Run", worker_name: str) -> str:
     head, worker = r.cluster.head, r.cluster.hosts[worker_name]
     info = r.head_image()
     head_id = info["Id"]
-    size, layers = info.get("Size", 0), (info.get("RootFS") or {}).get("Layers") or []
+    size, image_layers = info.get("Size", 0), (info.get("RootFS") or {}).get("Layers") or []
+    d = run_delta(r, worker_name)
     wf = r.facts[worker.name]
     free = list(wf.disks.values())[0].available if wf.disks else None
-    need = _disk_needed(r, head, worker, size, layers) if free is not None and size else None
+    elided_need = d.elide and d.held > 0 and d.move_bytes is not None
+    if elided_need:
+        # docker load unpacks what arrives under the docker root, then stores it: twice what moves
+        need = 2 * (d.move_bytes or 0)
+    else:
+        need = _disk_needed(r, head, worker, size, image_layers) if free is not None and size else None
     if free is not None and need and free < need * 1.05:
         raise fail(STAGE, worker.name, "receive the image",
                    f"not enough disk: {free / 2**30:.1f} GiB free in "
                    f"{wf.docker.root_dir if wf.docker else 'the docker root'}; docker load needs "
-                   f"{need / 2**30:.1f} GiB (it unpacks the whole {size / 2**30:.1f} GiB image before "
-                   "storing the layers the node lacks)",
+                   f"{need / 2**30:.1f} GiB (it unpacks "
+                   + (f"the {(d.move_bytes or 0) / 2**30:.1f} GiB of layers it lacks before storing them)" if elided_need
+                      else f"the whole {size / 2**30:.1f} GiB image before storing the layers the node lacks)"),
                    fix=f"free {(need * 1.05 - free) / 2**30:.1f} GiB more on {worker.name} (`docker image prune -a` "
                        "removes the images no container uses), then sparkcluster up")
+    try:
+        sent, secs = _stream(r, worker, d, d.move_bytes if d.elide and d.move_bytes else size)
+    except StageError as e:
+        # the worker lost a layer since preflight (an image removed meanwhile): docker load names the
+        # missing file; the whole image then goes once more
+        tails = " ".join(f.output_tail for f in e.failures).lower()
+        if not d.skip or "no such file" not in tails:
+            raise
+        _log.warning("the worker lacks a layer it held at preflight; sending the whole image", node=worker.name)
+        d = layers.Delta(d.total, 0, None, d.elide)
+        sent, secs = _stream(r, worker, d, size)
+    got = image_id(worker, r.plan.image)
+    if got != head_id:
+        raise fail(STAGE, worker.name, "verify the image",
+                   f"image ID after the transfer is {got} on {worker.name}, {head_id} on {head.name}")
+    # the bar's own rate needs samples over time; a fast link sends in one burst after docker save
+    # has prepared the stream, so the whole transfer's rate is stated here
+    what = (layers.describe(d, worker.name).replace(f" to {worker.name}", "") if d.elide
+            else f"the whole image: {worker.name}'s containerd image store cannot skip layers it holds")
+    return f"sent to {worker.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, {sent / 1e6 / max(secs, 1e-3):.1f} MB/s ({what})"
+
+
+def _stream(r: "Run", worker, d: layers.Delta, expect: int) -> tuple[int, float]:
+    """One head-to-worker stream; returns (bytes sent, seconds)."""
+    head, wf = r.cluster.head, r.facts[worker.name]
     wnode, hnode = r.inv.node(worker.name), r.inv.head
     recv = worker.start(transfer.bash(transfer.receive_command(str(wnode.control_ip), str(hnode.control_ip))), timeout=3600)
     port = None
@@ -151,17 +222,19 @@ def send(r: "Run", worker_name: str) -> str:
     if port is None:
         res = recv.wait()
         raise fail(STAGE, worker.name, "start the receiver", "the receiver did not start",
-                   "python3 receiver | docker load", res.tail())
+                   "python3 receiver (runs docker load)", res.tail())
     t0, sent = time.monotonic(), 0
     snd = head.start(transfer.bash(transfer.send_command(r.plan.image, str(wnode.control_ip), port,
-                                                         str(hnode.control_ip))), timeout=3600)
+                                                         str(hnode.control_ip), d.skip, d.keep)), timeout=3600)
     for line in snd.stderr_lines():
         if line.startswith("@@sent "):
             sent = int(line.split()[1])
-            r.progress.bytes(worker.name, sent, size)
+            r.progress.bytes(worker.name, sent, max(expect, sent))
     sres, rres = snd.wait(), recv.wait()
     if not rres.ok or not sres.ok:
-        bad, res = (worker, rres) if not rres.ok else (head, sres)
+        # a cut stream (the receiver's exit 75) is the sender's story when the sender failed too
+        cut = rres.exit_code == transfer.STREAM_CUT and not sres.ok
+        bad, res = (worker, rres) if not rres.ok and not cut else (head, sres)
         left = image_id(worker, r.plan.image)
         extra = "" if left is None else f" (an image {left[:19]} is left on {worker.name})"
         root = wf.docker.root_dir if wf.docker else "/var/lib/docker"
@@ -171,10 +244,4 @@ def send(r: "Run", worker_name: str) -> str:
         raise fail(STAGE, bad.name, "send the image", f"transfer failed (exit {res.exit_code}){extra}",
                    res.command[:160], res.tail(),
                    f"check free disk and the link between {head.name} and {worker.name}, then sparkcluster up")
-    got = image_id(worker, r.plan.image)
-    if got != head_id:
-        raise fail(STAGE, worker.name, "verify the image", f"image ID after the transfer is {got}, expected {head_id}")
-    secs = time.monotonic() - t0
-    # the bar's own rate needs samples over time; a fast link sends in one burst after docker save
-    # has prepared the stream, so the whole transfer's rate is stated here
-    return f"sent to {worker.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, {sent / 1e6 / max(secs, 1e-3):.1f} MB/s"
+    return sent, time.monotonic() - t0

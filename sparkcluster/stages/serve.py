@@ -8,6 +8,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 from .. import redact, serve as server, teardown
+from . import weights as weights_stage
 from .base import Step, fail
 
 if TYPE_CHECKING:
@@ -91,7 +92,8 @@ def wait_ready(r: "Run") -> float:
         return server.wait_ready(head.docker().api, r.server, sv, _base(r), r.secrets, r.plan.profile.ready_timeout_s,
                                  on_wait=lambda why, s: r.progress.info(f"waiting for the server ({s:.0f}s): {why}"))
     except server.NotReady as e:
-        raise fail(STAGE, head.name, "wait until ready", e.reason, sv.describe(), e.tail,
+        reason = weights_stage.offline_miss(e.tail or "", r.plan.profile.model) or e.reason
+        raise fail(STAGE, head.name, "wait until ready", reason, sv.describe(), e.tail,
                    "read the server's log above (sparkcluster logs spark-head); fix, then sparkcluster up") from None
 
 

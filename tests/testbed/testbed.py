@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import artifacts, cabling
+from . import artifacts, cabling, hub
 from .artifacts import (BASE_IMAGE, CACHE, RAY_IMAGE, RAY_VERSION, ROOTFS_IMAGE, ROOTFS_TAR, STANDIN_IMAGE,
                         TINY_MODEL, VLLM_VERSION)
 from .proc import TestbedError, log, run
@@ -650,7 +650,7 @@ rm -f /run/docker.pid /run/docker.sock
         out = ["# sparkcluster inventory for the two-host testbed (written by tests/testbed)",
                f"# cabling: {m.spec}",
                "[cluster]", 'name = "testbed"', 'ssh_config = "ssh_config"', 'known_hosts = "known_hosts"',
-               'profile = "testbed"', f'pip_index_url = "{PIP_INDEX_URL}"', ""]
+               'profile = "testbed"', f'pip_index_url = "{PIP_INDEX_URL}"', hub.INVENTORY_LINE, ""]
         names = {h: list(CROSSED if (crossed and h == WORKER) else NETDEVS) for h in HOSTS}
         out += cabling.inventory_nodes(m, [(h, SPECS[h].role, SPECS[h].octet) for h in HOSTS], names)
         return "\n".join(out)
@@ -691,7 +691,8 @@ rm -f /run/docker.pid /run/docker.sock
             raise TestbedError(f"docker import failed: {p.stderr}")
         self.refresh_vllm_standin()
         self.engine_image()
-        self.place_model()
+        self.ensure_model()
+        self._start_hub()
         log(f"images and model in {time.monotonic() - t0:.1f}s")
 
     def engine_image(self) -> str:
@@ -732,9 +733,29 @@ rm -f /run/docker.pid /run/docker.sock
         if res.returncode != 0:
             raise TestbedError(f"docker load on {host} failed: {res.stderr!r}")
 
+    def _start_hub(self) -> None:
+        """The model hub on the controller's LAN address (tests/testbed/hub): what sparkcluster's
+        weights stage fetches from, through the inventory's hf_endpoint."""
+        h = hub.start_hub(log_path=self.dir / "hub.log")
+        self._update(hub_pid=h.pid)
+        log(f"model hub: {h.endpoint} ({TINY_MODEL} and the gated and synthetic repos)")
+
     def place_model(self, hosts=HOSTS) -> None:
-        """The tiny model in each host's HF cache, laid out as after a download from the hub (built
-        once per machine inside the engine image, which has torch and transformers)."""
+        """The tiny model in each host's HF cache, laid out as after a download (a knob: the weights
+        stage normally fetches it from the hub)."""
+        src = self.ensure_model()
+        tree = self.dir / "hf-cache"
+        shutil.rmtree(tree, ignore_errors=True)
+        artifacts.hub_cache_tree(src, tree)
+        data = run(["tar", "-C", str(tree), "-cf", "-", "."], text=False).stdout
+        for h in hosts:
+            self.sh(h, "mkdir -p /root/.cache/huggingface && tar -C /root/.cache/huggingface -xf -",
+                    input=data, text=False)
+        shutil.rmtree(tree, ignore_errors=True)
+
+    def ensure_model(self) -> Path:
+        """The tiny model's files on the controller, built once per machine inside the engine image
+        (which has torch and transformers)."""
         src = artifacts.model_dir()
         if not (src / "model.safetensors").exists():
             t0 = time.monotonic()
@@ -750,14 +771,7 @@ rm -f /run/docker.pid /run/docker.sock
             shutil.rmtree(src, ignore_errors=True)
             staging.replace(src)
             log(f"tiny model {TINY_MODEL} built in {time.monotonic() - t0:.1f}s")
-        tree = self.dir / "hf-cache"
-        shutil.rmtree(tree, ignore_errors=True)
-        artifacts.hub_cache_tree(src, tree)
-        data = run(["tar", "-C", str(tree), "-cf", "-", "."], text=False).stdout
-        for h in hosts:
-            self.sh(h, "mkdir -p /root/.cache/huggingface && tar -C /root/.cache/huggingface -xf -",
-                    input=data, text=False)
-        shutil.rmtree(tree, ignore_errors=True)
+        return src
 
     def refresh_vllm_standin(self) -> str:
         """(Re)build the small layer with tests/testbed/standins/vllm on top of the imported rootfs,
@@ -870,6 +884,8 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                     out.append(f"{h}: ssh hostname failed: {p.stderr.strip()[-200:]}")
             except subprocess.TimeoutExpired:
                 out.append(f"{h}: ssh timed out")
+        if not _alive(st.get("hub_pid")):
+            out.append("model hub not running")
         if not _alive(st.get("mirror_pid")) or not artifacts.mirror_ok(PIP_INDEX_URL):
             out.append("pip mirror not answering")
         if not out:
@@ -933,6 +949,8 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             for pid in p.stdout.split():
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
+        if _alive(st.get("hub_pid")):
+            hub.stop_hub(st["hub_pid"])
         mp = st.get("mirror_pid")
         if _alive(mp):
             with contextlib.suppress(ProcessLookupError):

@@ -20,6 +20,8 @@ from sparkcluster.checks import GiB
 H, W = "spark-head", "spark-worker"
 IMAGE = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.49.2"
 IMAGE_ID = "sha256:3f9c2d1e8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e"
+BASE_IMAGE = "nvcr.io/nvidia/vllm:26.05.post1-py3"
+BASE = P.image_layers(f'sha256:{"b" * 64} ["sha256:{"1" * 64}","sha256:{"2" * 64}"]\n9000000000\n')
 FORWARDED = {"VLLM_NVFP4_GEMM_BACKEND": "marlin", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm",
              "VLLM_USE_FLASHINFER_MOE_FP4": "0", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
 HEAD_INSPECT = json.loads(cap("gb10-docker-inspect-head.json"))[0]
@@ -107,6 +109,7 @@ def _host_facts(name: str, role: str, host: int) -> facts.HostFacts:
         f.containers = P.docker_ps_json(_ps_line(ours))
     f.image_id = IMAGE_ID
     f.image_ray = "ray, version 2.49.2"
+    f.base = BASE
     f.disks = P.df_lines(DF)
     f.ray_sessions = ["/tmp/ray/session_2026-11-21_22-03-55_118733_1", "/tmp/ray/session_latest"]
     return f
@@ -122,7 +125,7 @@ def healthy() -> State:
         hf[node.name].path_mtu = [P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, True, ok_line,
                                                facts.ping_command(p), peer_if[p.peer_ip])
                                   for p in facts.path_mtu_probes(node, hf)]
-    expect = dict(image=IMAGE, forwarded_env=dict(FORWARDED), gpu_memory_utilization=0.75,
+    expect = dict(image=IMAGE, base_image=BASE_IMAGE, forwarded_env=dict(FORWARDED), gpu_memory_utilization=0.75,
                   image_disk_bytes=30 * GiB, model_disk_bytes=100 * GiB)
     return State(inv_data, hf, {}, expect)
 
@@ -155,7 +158,7 @@ def test_no_profile_skips_what_it_cannot_judge():
     s = healthy()
     s.expect = {}
     got = results(s)
-    for cid in ("image.same", "image.ray", "containers.forwarded_env"):
+    for cid in ("image.same", "image.ray", "image.base-same", "containers.forwarded_env"):
         assert got[(cid, H)].status == got[(cid, W)].status == "skip"
     assert got[("gpu.gb10", W)].status == "ok"
 
@@ -207,6 +210,11 @@ def image_differs(s):
 
 def image_missing(s):
     s.facts[W].image_id = s.facts[W].image_ray = None
+
+
+def base_differs(s):
+    # the tag re-pushed upstream and pulled on the worker another day
+    s.facts[W].base = dataclasses.replace(BASE, id="sha256:" + "c" * 64)
 
 
 def ray_missing(s):
@@ -399,11 +407,13 @@ CASES = [
     ("gpu.driver", W, "fail", other_driver, {}),
     # with no engine there is nothing to ask about runtimes or images: those rows skip on that node
     ("docker.engine", W, "fail", docker_down,
-     {("docker.gpu_runtime", W): "skip", ("image.same", W): "skip", ("image.ray", W): "skip"}),
+     {("docker.gpu_runtime", W): "skip", ("image.same", W): "skip", ("image.ray", W): "skip",
+      ("image.base-same", W): "skip"}),
     ("docker.gpu_runtime", W, "fail", no_gpu_runtime, {}),
     ("image.same", W, "fail", image_differs, {}),
     ("image.same", W, "warn", image_missing, {("image.ray", W): "skip"}),
     ("image.ray", W, "fail", ray_missing, {}),
+    ("image.base-same", W, "warn", base_differs, {}),
     ("net.control_ip", W, "fail", control_link_local, {}),
     ("net.control_ip", W, "fail", control_docker_bridge, {}),
     ("net.control_ip", W, "fail", control_not_on_iface, {}),
@@ -525,3 +535,19 @@ def test_cap_add_spelling_cli_vs_engine_api():
     s.facts[H].ours[0]["HostConfig"]["CapAdd"] = cli_caps
     got = results(s)
     assert got[("containers.flags", H)].status == got[("containers.flags", W)].status == "ok"
+
+
+def test_base_absent_on_a_node_is_not_judged_there():
+    s = healthy()
+    s.facts[W].base = None
+    got = results(s)
+    assert got[("image.base-same", W)].status == "skip"
+    assert got[("image.base-same", H)].status == "ok"
+
+
+def test_base_differs_names_both_ids_and_the_fix():
+    s = healthy()
+    base_differs(s)
+    r = results(s)[("image.base-same", W)]
+    assert "sha256:cccccccccccc" in r.detail and "sha256:bbbbbbbbbbbb" in r.detail and H in r.detail
+    assert f"docker pull {BASE_IMAGE}" in r.fix

@@ -275,6 +275,12 @@ class FakeHost:
             out = json.dumps({"data": {"result": {"result": [
                 {"node_ip": str(n.control_ip), "state": "ALIVE", "resources_total": {"GPU": n.gpus}}
                 for n in self.inv.nodes]}}})
+        elif "blobs=true" in cmd:  # the weights stage's resolver: a one-file snapshot
+            out = json.dumps({"sha": "c" * 40, "files": [{"path": "model.safetensors", "size": 10, "blob": "a" * 64, "lfs": True}]})
+        elif "models--" in str(stdin or b"")[:200] or ("python3 -c" in cmd and " check " in cmd):
+            # the weights stage's node check: every node already holds the snapshot
+            out = json.dumps({"missing": [], "missing_bytes": 0, "present_bytes": 10, "partial_bytes": 0,
+                              "corrupt": [], "adopted": 0, "free": 10**12, "free_path": "/"})
         return CommandResult(self.name, cmd, 0, out, "", 0.01)
 
 
@@ -298,7 +304,11 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     planned = [s.id for s in plan.steps() if s.stage != "preflight"]
     assert [i for i, _ in events] == planned
     assert dict(events)["image/spark-worker/receive"] == "skipped: it already holds the head's image"
-    assert all(o == "done" for i, o in events if i != "image/spark-worker/receive")
+    assert all(o == "done" for i, o in events if i != "image/spark-worker/receive" and not o.startswith("skipped: "))
+    # the snapshot is in place on both nodes: the weights stage moves nothing
+    assert {i for i, o in events if o.startswith("skipped")} == {
+        "image/spark-worker/receive", "weights/spark-head/disk", "weights/spark-head/hf-token",
+        "weights/spark-head/download", "weights/spark-worker/replicate"}
     assert r.created.containers == {HEAD: {specs[HEAD].name + "-id"}, WORKER: {specs[WORKER].name + "-id"}}
     assert r.server is not None and r.server.pid == 77
     assert hosts[HEAD].engine.calls[0] == "build"
@@ -395,7 +405,7 @@ def test_up_runs_the_plan_and_sums_it_up(monkeypatch, events):
     cluster, go = up_over(monkeypatch, lambda spec: spec.env)
     out = go()
     assert not out.unchanged and out.pid == 77 and out.model == "testbed-tiny"
-    assert set(out.seconds) == {"image", "containers", "ray", "probe", "serve"}
+    assert set(out.seconds) == {"image", "weights", "containers", "ray", "probe", "serve"}
     assert events[:2] == [("preflight/spark-head/facts", "done"), ("preflight/spark-worker/facts", "done")]
 
 

@@ -77,7 +77,31 @@ def test_nvidia_smi_missing_prints_nothing_parseable():
 
 def test_docker_info_gb10():
     d = P.docker_info(cap("gb10-docker-info.json"))
-    assert d == P.DockerInfo("28.3.3", "/var/lib/docker", ("io.containerd.runc.v2", "nvidia", "runc"), "runc")
+    assert d == P.DockerInfo("28.3.3", "/var/lib/docker", ("io.containerd.runc.v2", "nvidia", "runc"), "runc",
+                             (("Backing Filesystem", "extfs"), ("Supports d_type", "true"), ("Using metacopy", "false"),
+                              ("Native Overlay Diff", "true"), ("userxattr", "false")))
+    # Docker 28.3 on a Spark keeps the classic overlay2 store: docker load skips the layers it holds
+    from sparkcluster import transfer
+    assert transfer.elides(d.driver_status)
+
+
+def test_docker_info_containerd_image_store():
+    # the shape `docker info` has with the containerd image store (DriverStatus names the snapshotter)
+    d = P.docker_info('{"ServerVersion": "29.0.0", "Driver": "overlayfs", '
+                      '"DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}')
+    from sparkcluster import transfer
+    assert not transfer.elides(d.driver_status)
+
+
+def test_image_layers_and_layer_chains():
+    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    il = P.image_layers(f'sha256:{"f" * 64} ["{a}","{b}"]\n3000003\n0\n500000\n')
+    assert il.id == "sha256:" + "f" * 64 and il.layers == (a, b) and il.sizes == (3000003, 500000)
+    # one layer of size 0 among them: the mapping is not sure, so no sizes
+    assert P.image_layers(f'sha256:{"f" * 64} ["{a}","{b}"]\n3000003\n0\n').sizes is None
+    assert P.layer_chains(f'["{a}","{b}"]\n["{a}"]\nnull\n["sha2\n') == [[a, b], [a], []]
+    assert P.image_layers("Error: No such image: x\n") is None
+    assert P.image_layers("sha256:x [not json\n") is None
 
 
 def test_docker_info_with_warning_line_first():

@@ -117,3 +117,16 @@ def test_listeners_ports_are_integers_only():
     assert "sport = :6379 or sport = :8000" in probes.listeners([6379, 8000]).command
     with pytest.raises(ValueError):
         probes.listeners(["6379; touch CANARY"])
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_image_layers_passes_a_hostile_ref_as_one_argument(shell, tmp_path, name):
+    # a stand-in docker that keeps the ref it was given: it arrives whole, and nothing in it runs
+    f = tmp_path / "bin" / "docker"
+    f.write_text("#!/bin/bash\n[ \"$1\" = image ] && { printf '%s' \"$5\" > ref.txt; echo 'sha256:x [\"sha256:a\"]'; exit 0; }\n"
+                 "[ \"$1\" = history ] && { echo 7; echo 0; exit 0; }\nexit 1\n")
+    f.chmod(0o755)
+    secs = probes.split_sections(shell(probes.image_layers("base", name).script()))
+    got = probes.value(probes.image_layers("base", name), secs)
+    assert got.id == "sha256:x" and got.layers == ("sha256:a",) and got.sizes == (7,)
+    assert (tmp_path / "ref.txt").read_text() == name

@@ -3,10 +3,13 @@ SENDER snippets run locally over loopback, with `docker save`/`docker load` repl
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import shlex
 import subprocess
 import sys
+import tarfile
 import time
 
 import pytest
@@ -25,7 +28,7 @@ def test_send_command_quotes_image_and_ips():
     words = shlex.split(cmd)
     i = words.index("save")
     assert words[i - 1:i + 2] == ["docker", "save", HOSTILE_IMAGE]
-    assert words[-3:] == [HOSTILE_IP, "40123", "5.6.7.8 && $(id)"]
+    assert words[-3:] == [HOSTILE_IP, "40123", "5.6.7.8 && $(id)"]  # no layer to skip: no more words
     assert transfer.SENDER in words
     assert cmd.startswith("set -o pipefail; ")
 
@@ -41,8 +44,7 @@ def test_receive_command_quotes_ips():
     assert transfer.RECEIVER in words
     j = words.index(transfer.RECEIVER)
     assert words[j + 1:j + 3] == [HOSTILE_IP, "9.9.9.9 `id`"]
-    assert words[-3:] == ["|", "docker", "load"]
-    assert cmd.startswith("set -o pipefail; ")
+    assert words[-2:] == [HOSTILE_IP, "9.9.9.9 `id`"]  # docker load runs inside the receiver
 
 
 def test_bash_wraps_the_command():
@@ -52,6 +54,17 @@ def test_bash_wraps_the_command():
 def test_describe_names_both_ends():
     d = transfer.describe("img:1", "spark-head", "198.19.2.1", "spark-worker", "198.19.2.2")
     assert "198.19.2.1 -> 198.19.2.2" in d and "spark-head" in d and "spark-worker" in d
+
+
+def archive(entries: list[tuple[str, bytes]]) -> bytes:
+    """A tar as docker save writes it: the entries, then the end-of-archive blocks."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for name, data in entries:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 # ---- running the snippets locally ---------------------------------------------------------------
@@ -97,7 +110,7 @@ def start_receiver(env, bind: str, peer: str) -> tuple[Proc, int]:
 
 def test_image_bytes_arrive_byte_for_byte(fake_env):
     tmp, env = fake_env
-    payload = os.urandom(3 * (1 << 20) + 7)  # crosses the 1 MiB chunk boundaries
+    payload = archive([("big", os.urandom(3 * (1 << 20) + 7))])  # crosses the 1 MiB chunk boundaries
     (tmp / "image.tar").write_bytes(payload)
     recv, port = start_receiver(env, "127.0.0.1", "127.0.0.1")
     try:
@@ -116,18 +129,16 @@ def test_image_bytes_arrive_byte_for_byte(fake_env):
     assert not (tmp / "pwned").exists()
 
 
-def test_empty_image_stream(fake_env):
+def test_empty_image_stream_is_not_an_archive(fake_env):
     tmp, env = fake_env
     (tmp / "image.tar").write_bytes(b"")
     recv, port = start_receiver(env, "127.0.0.1", "127.0.0.1")
     try:
         send = Proc(transfer.send_command("img:1", "127.0.0.1", port, "127.0.0.1"), env)
-        assert send.wait() == 0, send.lines
-        assert recv.wait() == 0, recv.lines
+        assert send.wait() != 0
+        assert recv.wait() == 75, recv.lines
     finally:
         recv.kill()
-    assert (tmp / "loaded.tar").read_bytes() == b""
-    assert send.lines[-1] == "@@sent 0"
 
 
 def test_failed_save_fails_the_sender(fake_env):
@@ -142,7 +153,7 @@ def test_failed_save_fails_the_sender(fake_env):
 
 def test_connection_from_another_address_is_refused(fake_env):
     tmp, env = fake_env
-    payload = b"image bytes " * 1000
+    payload = archive([("f", b"image bytes " * 1000)])
     (tmp / "image.tar").write_bytes(payload)
     recv, port = start_receiver(env, "127.0.0.1", "127.0.0.2")
     try:
@@ -159,7 +170,7 @@ def test_connection_from_another_address_is_refused(fake_env):
     finally:
         recv.kill()
     assert (tmp / "loaded.tar").read_bytes() == payload
-    assert send.lines[-1] == f"@@sent {len(payload)}"
+    assert f"@@sent {len(payload)}" in send.lines
 
 
 # ---- disk needed on the receiving node ----------------------------------------------------------
@@ -208,3 +219,107 @@ def test_disk_needed_credits_only_entries_surely_inside_the_prefix():
 
 def test_disk_needed_for_an_image_without_layers_is_the_safe_bound():
     assert transfer.disk_needed(10, [], [(["sha256:a"], 3)]) == 20
+
+
+# ---- leaving out the layers the worker holds ----------------------------------------------------
+
+def _layer(seed: bytes, n: int = 5000) -> tuple[bytes, str]:
+    data = archive([("f", seed * n)])  # a layer tar; its sha256 is its diff ID
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def _run(fake_env, image: bytes, skip: list[str], keep: list[str] = ()) -> tuple[Proc, Proc, bytes | None]:
+    tmp, env = fake_env
+    (tmp / "image.tar").write_bytes(image)
+    recv, port = start_receiver(env, "127.0.0.1", "127.0.0.1")
+    try:
+        send = Proc(transfer.send_command("img:1", "127.0.0.1", port, "127.0.0.1", skip, keep), env)
+        send.wait()
+        recv.wait()
+    finally:
+        recv.kill()
+    out = tmp / "loaded.tar"
+    return send, recv, out.read_bytes() if out.exists() else None
+
+
+def _names(tar_bytes: bytes) -> list[str]:
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as t:
+        return t.getnames()
+
+
+def test_v1_layout_leaves_out_the_held_layer_tars_by_their_hash(fake_env):
+    # Docker 20.10-24: `<v1 id>/layer.tar`, a name that says nothing about the diff ID
+    (base, base_id), (ray, ray_id) = _layer(b"base"), _layer(b"ray")
+    image = archive([("aaaa/VERSION", b"1.0"), ("aaaa/json", b"{}"), ("aaaa/layer.tar", ray),
+                     ("bbbb/VERSION", b"1.0"), ("bbbb/json", b"{}"), ("bbbb/layer.tar", base),
+                     ("cfg.json", b"{}"), ("manifest.json", b"[]"), ("repositories", b"{}")])
+    send, recv, got = _run(fake_env, image, ["sha256:" + base_id])
+    assert send.p.returncode == 0 and recv.p.returncode == 0, (send.lines, recv.lines)
+    assert _names(got) == ["aaaa/VERSION", "aaaa/json", "aaaa/layer.tar", "bbbb/VERSION", "bbbb/json",
+                           "cfg.json", "manifest.json", "repositories"]
+    with tarfile.open(fileobj=io.BytesIO(got)) as t:
+        assert t.extractfile("aaaa/layer.tar").read() == ray
+    assert f"@@dropped 1 {len(base)}" in send.lines
+    assert len(got) < len(image) - len(base) + 1024
+
+
+def test_oci_layout_leaves_out_held_blobs_by_name(fake_env):
+    # Docker 25 and later: `blobs/sha256/<diff id>` for an uncompressed layer
+    (base, base_id), (ray, ray_id) = _layer(b"base"), _layer(b"ray")
+    image = archive([(f"blobs/sha256/{base_id}", base), (f"blobs/sha256/{ray_id}", ray),
+                     ("blobs/sha256/" + "c" * 64, b"{}"), ("index.json", b"{}"), ("manifest.json", b"[]")])
+    send, recv, got = _run(fake_env, image, ["sha256:" + base_id], ["sha256:" + ray_id])
+    assert send.p.returncode == 0 and recv.p.returncode == 0, (send.lines, recv.lines)
+    assert _names(got) == [f"blobs/sha256/{ray_id}", "blobs/sha256/" + "c" * 64, "index.json", "manifest.json"]
+
+
+def test_a_large_blob_not_named_by_a_diff_id_is_judged_by_its_hash(fake_env):
+    # should an engine name layer blobs by another digest, the held one still stays behind
+    (base, base_id), (ray, ray_id) = _layer(b"base", 400_000), _layer(b"ray", 400_000)
+    image = archive([("blobs/sha256/" + "1" * 64, base), ("blobs/sha256/" + "2" * 64, ray), ("manifest.json", b"[]")])
+    send, recv, got = _run(fake_env, image, ["sha256:" + base_id], ["sha256:" + ray_id])
+    assert send.p.returncode == 0 and recv.p.returncode == 0, (send.lines, recv.lines)
+    assert _names(got) == ["blobs/sha256/" + "2" * 64, "manifest.json"]
+
+
+def test_long_names_in_pax_headers_are_judged_by_their_real_name(fake_env):
+    base, base_id = _layer(b"base")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for name, data in [("d" * 120 + "/layer.tar", base), ("manifest.json", b"[]")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    send, recv, got = _run(fake_env, buf.getvalue(), ["sha256:" + base_id])
+    assert send.p.returncode == 0 and recv.p.returncode == 0, (send.lines, recv.lines)
+    assert _names(got) == ["manifest.json"]  # the pax header went with its entry
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_cut_stream_loads_nothing(fake_env, skip):
+    # docker save dying mid-way looks like a finished pipe: the receiver must not end docker load's
+    # input cleanly, or a tar cut at an entry boundary would load as a short archive
+    (base, base_id), (ray, _) = _layer(b"base"), _layer(b"ray")
+    whole = archive([("aaaa/layer.tar", ray), ("bbbb/layer.tar", base), ("manifest.json", b"[]")])
+    cut = whole[:512 + len(ray) + (-len(ray)) % 512]  # exactly after the first entry
+    send, recv, got = _run(fake_env, cut, ["sha256:" + base_id] if skip else [])
+    assert send.p.returncode != 0
+    assert recv.p.returncode == 75
+    assert any("nothing loaded" in line for line in recv.lines)
+
+
+def test_send_command_refuses_a_skip_that_is_not_a_digest():
+    with pytest.raises(ValueError):
+        transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", ["sha256:$(id)"])
+    with pytest.raises(ValueError):
+        transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", ["sha256:" + "a" * 64], ["sha256:; id"])
+    cmd = transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", ["sha256:" + "a" * 64], ["sha256:" + "b" * 64])
+    assert shlex.split(cmd)[-2:] == ["-" + "a" * 64, "+" + "b" * 64]
+    # nothing to leave out: the image's diff IDs are not needed either
+    assert shlex.split(transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", [], ["sha256:" + "b" * 64]))[-1] == "5.6.7.8"
+
+
+def test_containerd_image_store_gets_the_whole_image():
+    assert transfer.elides([["Backing Filesystem", "extfs"], ["Supports d_type", "true"]])
+    assert not transfer.elides([["driver-type", "io.containerd.snapshotter.v1"]])
+    assert transfer.elides([])

@@ -150,7 +150,7 @@ def test_matching_containers_but_not_serving_only_serves(prof):
     assert not plan.unchanged
     assert plan.containers == [] and plan.remove == {} and plan.build is None and plan.send_to == []
     assert plan.serve is not None
-    assert [s for s in dict.fromkeys(s.stage for s in plan.steps())] == ["preflight", "image", "serve"]
+    assert [s for s in dict.fromkeys(s.stage for s in plan.steps())] == ["preflight", "image", "weights", "serve"]
 
 
 def test_stale_config_hash_recreates_both(prof):
@@ -255,7 +255,7 @@ def test_render_lists_stages_in_order(prof):
     plan = make_plan(make_inventory(), prof, facts(), serving=False, replace=False)
     out = plan.render()
     headers = [line.strip("[]") for line in out.splitlines() if line.startswith("[")]
-    assert headers == list(STAGES) == ["preflight", "image", "containers", "ray", "probe", "serve"]
+    assert headers == list(STAGES) == ["preflight", "image", "weights", "containers", "ray", "probe", "serve"]
     assert out.splitlines()[0] == (f"plan for profile 'testbed' on cluster 'pair' (image {plan.image}):")
     # head container created before the worker's
     assert out.index(f"create {plan.containers[0].name}") < out.index(f"create {plan.containers[1].name}")

@@ -1,0 +1,121 @@
+"""The testbed's model hub: serves the tiny model, a gated copy of it and a synthetic repo of a few
+hundred MB on the controller's LAN address; huggingface_hub reaches it through HF_ENDPOINT (the
+inventory's `hf_endpoint`). See server.py for the protocol and why it is not an existing mirror.
+
+`start_hub` runs it as its own process (like the pip mirror, so it outlives the command that
+started the testbed) and returns its pid and endpoint; `stop_hub(pid)` stops it. `knobs` and
+`stats` reach a running hub over HTTP (faults, slowness, the byte counter). `serve_in_thread`
+is for tests that want it inside their own process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+from .server import Hub, Repo, make_server, serve_forever_in_thread, synthetic_repo
+
+TINY = "sparkcluster/testbed-tiny"
+GATED = "sparkcluster/testbed-tiny-gated"
+SYNTHETIC = "sparkcluster/testbed-synthetic"
+GRANTED_TOKEN = "hf_testbed_granted_0123456789"  # accepted for the gated repo
+REFUSED_TOKEN = "hf_testbed_not_granted_987654"  # a valid-looking token without access
+HUB_IP, HUB_PORT = "198.18.0.1", 3142  # next to the pip mirror (3141) on the controller's LAN address
+ENDPOINT = f"http://{HUB_IP}:{HUB_PORT}"
+INVENTORY_LINE = f'hf_endpoint = "{ENDPOINT}"'  # for the testbed's [cluster] table
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def build_hub(model_dir: Path, state_dir: Path, *, synthetic_mb: int = 300, tiny_sha: str | None = None) -> Hub:
+    memo = state_dir / "hashes"
+    repos = [Repo(TINY, model_dir, memo_dir=memo, sha=tiny_sha or "").load(),
+             Repo(GATED, model_dir, gated=True, memo_dir=memo).load()]
+    if synthetic_mb:
+        repos.append(Repo(SYNTHETIC, synthetic_repo(state_dir / "synthetic", synthetic_mb), memo_dir=memo).load())
+    return Hub(repos, {GRANTED_TOKEN})
+
+
+@dataclass
+class Running:
+    hub: Hub
+    server: ThreadingHTTPServer
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def serve_in_thread(model_dir: Path, state_dir: Path, host: str = "127.0.0.1", port: int = 0,
+                    synthetic_mb: int = 300) -> Running:
+    srv = make_server(build_hub(model_dir, state_dir, synthetic_mb=synthetic_mb), host, port)
+    serve_forever_in_thread(srv)
+    return Running(srv.RequestHandlerClass.hub, srv)
+
+
+@dataclass
+class HubProcess:
+    pid: int
+    endpoint: str
+
+
+def start_hub(host: str = HUB_IP, port: int = HUB_PORT, *, model_dir: Path | None = None,
+              state_dir: Path | None = None, synthetic_mb: int = 300, log_path: Path | None = None,
+              timeout: float = 120.0) -> HubProcess:
+    """Start the hub as a process of its own; returns once it answers. Defaults: the tiny model
+    artifacts.py built, state (hash memo, the synthetic repo) in the testbed cache."""
+    from .. import artifacts
+    model_dir = model_dir or artifacts.model_dir()
+    state_dir = state_dir or artifacts.CACHE / "hub"
+    argv = [sys.executable, "-m", "tests.testbed.hub", "--host", host, "--port", str(port), "--model-dir",
+            str(model_dir), "--state-dir", str(state_dir), "--synthetic-mb", str(synthetic_mb),
+            "--tiny-sha", artifacts.TINY_REVISION]
+    logf = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
+                         cwd=str(REPO_ROOT))
+    endpoint = f"http://{host}:{port}"
+    deadline = time.monotonic() + timeout  # the first start hashes the synthetic repo once
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            raise RuntimeError(f"the testbed hub exited with {p.returncode} (log: {log_path})")
+        try:
+            stats(endpoint)
+            return HubProcess(p.pid, endpoint)
+        except OSError:
+            time.sleep(0.2)
+    stop_hub(p.pid)
+    raise RuntimeError(f"the testbed hub did not answer at {endpoint} within {timeout:.0f}s")
+
+
+def stop_hub(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
+def stats(endpoint: str) -> dict:
+    """bytes_served, requests, and each repo's commit and size."""
+    with urllib.request.urlopen(f"{endpoint}/_hub/stats", timeout=5) as r:
+        return json.load(r)
+
+
+def knobs(endpoint: str, **values) -> dict:
+    """Set faults on a running hub: fail_after (bytes into a file) + fail_times, fail_status (e.g.
+    500), rate_bps, bytes_served=0 to reset the counter, reset=True for all."""
+    req = urllib.request.Request(f"{endpoint}/_hub/knobs", data=json.dumps(values).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.load(r)

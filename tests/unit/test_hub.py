@@ -1,0 +1,149 @@
+"""The testbed hub against the real huggingface_hub client, on loopback."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, SYNTHETIC, TINY, build_hub
+from tests.testbed.hub.server import make_server, serve_forever_in_thread
+
+pytest.importorskip("huggingface_hub")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("tiny")
+    (d / "config.json").write_text('{"model_type": "llama"}\n')
+    (d / "tokenizer.json").write_text('{"version": "1.0"}\n')
+    (d / "model.safetensors").write_bytes(os.urandom(3 * 2**20 + 17))
+    return d
+
+
+@pytest.fixture(scope="module")
+def hub(model, tmp_path_factory):
+    h = build_hub(model, tmp_path_factory.mktemp("state"), synthetic_mb=12)
+    srv = make_server(h)
+    serve_forever_in_thread(srv)
+    yield h, f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def _client(endpoint: str, home: Path, code: str, token: str | None = None) -> subprocess.CompletedProcess:
+    # a child process: huggingface_hub reads HF_ENDPOINT/HF_HOME once, at import
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1")
+    if token:
+        env["HF_TOKEN"] = token
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_snapshot_download_gives_the_standard_cache_layout(hub, model, tmp_path):
+    h, ep = hub
+    before = h.knobs.bytes_served
+    r = _client(ep, tmp_path, f"from huggingface_hub import snapshot_download as s; print(s({TINY!r}))")
+    assert r.returncode == 0, r.stderr
+    snap = Path(r.stdout.strip().splitlines()[-1])
+    assert snap.parent.parent.name == "models--sparkcluster--testbed-tiny"
+    for f in model.iterdir():
+        assert (snap / f.name).read_bytes() == f.read_bytes()
+    big = (snap / "model.safetensors").resolve()
+    assert big.name == hashlib.sha256((model / "model.safetensors").read_bytes()).hexdigest()
+    assert h.knobs.bytes_served - before == sum(f.stat().st_size for f in model.iterdir())
+    assert (snap.parent.parent / "refs" / "main").read_text() == h.repos[TINY].sha
+
+
+def test_model_info_lists_sizes_and_lfs_sha256(hub, model, tmp_path):
+    _, ep = hub
+    code = (f"from huggingface_hub import HfApi; i = HfApi().model_info({TINY!r}, files_metadata=True); "
+            "print(i.sha); [print(s.rfilename, s.size, s.lfs.sha256 if s.lfs else '-') for s in i.siblings]")
+    r = _client(ep, tmp_path, code)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    files = {ln.split()[0]: ln.split()[1:] for ln in lines[1:] if ln}
+    assert files["model.safetensors"][1] == hashlib.sha256((model / "model.safetensors").read_bytes()).hexdigest()
+    assert files["config.json"][1] == "-"
+
+
+@pytest.mark.parametrize("token,kind", [(None, "GatedRepoError"), (REFUSED_TOKEN, "GatedRepoError"),
+                                        (GRANTED_TOKEN, "ok")])
+def test_gated_repo_needs_a_granted_token(hub, tmp_path, token, kind):
+    _, ep = hub
+    code = ("from huggingface_hub import hf_hub_download\nfrom huggingface_hub.errors import GatedRepoError\n"
+            f"try:\n    hf_hub_download({GATED!r}, 'config.json'); print('ok')\n"
+            "except GatedRepoError as e:\n    print('GatedRepoError', e.response.status_code)\n")
+    r = _client(ep, tmp_path, code, token)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0] == kind
+    if token is None:
+        assert r.stdout.split()[1] == "401"
+    elif kind != "ok":
+        assert r.stdout.split()[1] == "403"
+
+
+def test_missing_repo_revision_and_file(hub, tmp_path):
+    _, ep = hub
+    code = ("from huggingface_hub import HfApi, hf_hub_download\nfrom huggingface_hub import errors\n"
+            "for f in (lambda: HfApi().model_info('nobody/none'), lambda: HfApi().model_info("
+            f"{TINY!r}, revision='v9'), lambda: hf_hub_download({TINY!r}, 'nope.bin')):\n"
+            "    try:\n        f()\n    except Exception as e:\n        print(type(e).__name__)\n")
+    r = _client(ep, tmp_path, code)
+    assert r.stdout.split() == ["RepositoryNotFoundError", "RevisionNotFoundError", "RemoteEntryNotFoundError"]
+
+
+def test_a_cut_download_resumes_with_range(hub, tmp_path):
+    h, ep = hub
+    h.set_knobs({"fail_after": 2**20, "fail_times": 1})
+    r = _client(ep, tmp_path, f"from huggingface_hub import snapshot_download as s; print(s({SYNTHETIC!r}))")
+    assert r.returncode == 0, r.stderr
+    snap = Path(r.stdout.strip().splitlines()[-1])
+    for f in h.repos[SYNTHETIC].files.values():
+        assert hashlib.sha256((snap / f.path).read_bytes()).hexdigest() == f.sha256
+    assert h.knobs.fail_times == 0
+    assert any("resolve" in q for q in h.knobs.requests)
+
+
+def test_start_hub_runs_a_process_with_knobs_and_stats(model, tmp_path):
+    from tests.testbed.hub import knobs, start_hub, stats, stop_hub
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    h = start_hub("127.0.0.1", port, model_dir=model, state_dir=tmp_path, synthetic_mb=0, timeout=60)
+    try:
+        st = stats(h.endpoint)
+        assert st["repos"][TINY]["size"] == sum(f.stat().st_size for f in model.iterdir())
+        assert knobs(h.endpoint, rate_bps=10**6)["bytes_served"] == 0
+    finally:
+        stop_hub(h.pid)
+
+
+def test_knobs_fail_status_and_rate(hub, tmp_path):
+    import time
+    import urllib.error
+    import urllib.request
+    h, ep = hub
+    url = f"{ep}/{TINY}/resolve/main/config.json"
+    h.set_knobs({"fail_status": 500})
+    try:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url, timeout=5)
+        assert e.value.code == 500
+    finally:
+        h.set_knobs({"fail_status": None})
+    h.set_knobs({"rate_bps": 2 * 2**20})
+    try:
+        t = time.monotonic()
+        with urllib.request.urlopen(f"{ep}/{TINY}/resolve/main/model.safetensors", timeout=30) as r:
+            n = len(r.read())
+        assert time.monotonic() - t >= n / (2 * 2**20) * 0.8
+    finally:
+        h.set_knobs({"rate_bps": None})
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"Range": "bytes=5-"}), timeout=5) as r:
+        assert r.status == 206 and r.headers["Content-Range"].startswith("bytes 5-")

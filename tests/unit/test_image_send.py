@@ -1,0 +1,184 @@
+"""The image stage's send step end to end on this machine: the real sender and receiver snippets
+over loopback, a fake `docker` CLI (save prints a file, load keeps stdin, or fails as docker load
+does on a missing layer file) and a fake Engine API for the image IDs."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from types import SimpleNamespace
+
+import pytest
+
+from sparkcluster import parsers as P
+from sparkcluster.errors import StageError
+from sparkcluster.facts import HostFacts
+from sparkcluster.layers import ImageLayers
+from sparkcluster.stages import image as image_stage
+
+HEAD, WORKER = "spark-head", "spark-worker"
+IMAGE = "sparkcluster/vllm-ray:test"
+CLASSIC = P.DockerInfo("20.10.24+dfsg1", "/var/lib/docker", ("runc",), "runc", (("Backing Filesystem", "extfs"),))
+CONTAINERD = P.DockerInfo("29.0.0", "/var/lib/docker", ("runc",), "runc", (("driver-type", "io.containerd.snapshotter.v1"),))
+
+# docker load's failure when the archive lacks a layer the daemon does not hold (seen on 20.10.24)
+FAKE_DOCKER = r"""#!/bin/sh
+case "$1" in
+  save) exec cat "$FAKE_DIR/image.tar" ;;
+  load) cat > "$FAKE_DIR/loaded.$(ls "$FAKE_DIR" | grep -c '^loaded')"
+        if [ -e "$FAKE_DIR/fail-load-once" ]; then rm "$FAKE_DIR/fail-load-once"
+          echo "open /var/lib/docker/tmp/docker-import-1/aaaa/layer.tar: no such file or directory" >&2; exit 1; fi
+        echo "Loaded image: x"; touch "$FAKE_DIR/loaded-ok" ;;
+  *) exit 64 ;;
+esac
+"""
+
+
+def _tar(entries) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for name, data in entries:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+BASE_TAR, RAY_TAR = _tar([("base", b"b" * 300_000)]), _tar([("ray", b"r" * 100_000)])
+BASE_ID, RAY_ID = ("sha256:" + hashlib.sha256(x).hexdigest() for x in (BASE_TAR, RAY_TAR))
+HEAD_ID = "sha256:" + "e" * 64
+SAVED = _tar([("aaaa/layer.tar", RAY_TAR), ("bbbb/layer.tar", BASE_TAR), ("cfg.json", b"{}"), ("manifest.json", b"[]")])
+
+
+class Res(SimpleNamespace):
+    def tail(self, lines: int = 10) -> str:
+        return "\n".join((self.stderr + "\n" + self.stdout).strip().splitlines()[-lines:])
+
+
+class Proc:
+    def __init__(self, argv, env):
+        self.command = argv[-1]
+        self.p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.err: list[str] = []
+
+    def stderr_lines(self):
+        for line in self.p.stderr:
+            self.err.append(line.rstrip("\n"))
+            yield self.err[-1]
+
+    def wait(self):
+        out, rest = self.p.communicate(timeout=30)
+        self.err += rest.splitlines()
+        return Res(ok=self.p.returncode == 0, exit_code=self.p.returncode, stdout=out, stderr="\n".join(self.err),
+                   command=self.command)
+
+
+class Host:
+    def __init__(self, name, env, ids):
+        self.name, self.env, self.ids, self.started = name, env, ids, []
+        self.api = SimpleNamespace(inspect_image=self._inspect, history=lambda ref: [])
+
+    def _inspect(self, ref):
+        i = self.ids()
+        if i is None:
+            import docker.errors
+            raise docker.errors.NotFound("no such image")
+        return {"Id": i}
+
+    def docker(self):
+        return SimpleNamespace(api=self.api)
+
+    def start(self, argv, timeout=0):
+        self.started.append(argv[-1])
+        return Proc(argv, self.env)
+
+    def run(self, cmd, timeout=0, warn=False):
+        return Res(ok=False, exit_code=1, stdout="", stderr="", command=cmd)
+
+
+@pytest.fixture
+def world(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "docker").write_text(FAKE_DOCKER)
+    (bindir / "docker").chmod(0o755)
+    (bindir / "python3").symlink_to(sys.executable)
+    (tmp_path / "image.tar").write_bytes(SAVED)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "FAKE_DIR": str(tmp_path)}
+    head = Host(HEAD, env, lambda: HEAD_ID)
+    worker = Host(WORKER, env, lambda: HEAD_ID if (tmp_path / "loaded-ok").exists() else None)
+
+    def make(worker_chains, docker=CLASSIC):
+        node = lambda n: SimpleNamespace(name=n, control_ip="127.0.0.1")  # noqa: E731
+        facts = {HEAD: HostFacts(HEAD, docker=CLASSIC, image_id=HEAD_ID,
+                                 image_layers=ImageLayers(HEAD_ID, (BASE_ID, RAY_ID), (300_000, 100_000))),
+                 WORKER: HostFacts(WORKER, docker=docker, layer_chains=worker_chains)}
+        inv = SimpleNamespace(head=node(HEAD), node=node)
+        progress = SimpleNamespace(bytes=lambda *a: None)
+        return SimpleNamespace(cluster=SimpleNamespace(head=head, hosts={HEAD: head, WORKER: worker}),
+                               facts=facts, inv=inv, plan=SimpleNamespace(image=IMAGE), progress=progress,
+                               head_image=lambda: {"Id": HEAD_ID, "Size": 400_000,
+                                                   "RootFS": {"Layers": [BASE_ID, RAY_ID]}})
+    return tmp_path, make, head
+
+
+def loaded(tmp_path) -> list[list[str]]:
+    out = []
+    for p in sorted(tmp_path.glob("loaded.*")):
+        with tarfile.open(fileobj=io.BytesIO(p.read_bytes())) as t:
+            out.append(t.getnames())
+    return out
+
+
+def test_base_held_sends_only_the_ray_layer(world):
+    tmp, make, head = world
+    note = image_stage.send(make([[BASE_ID]]), WORKER)
+    assert loaded(tmp) == [["aaaa/layer.tar", "cfg.json", "manifest.json"]]
+    assert "1 of 2 layers (0.1 MB); it holds the bottom 1" in note and note.startswith("sent to spark-worker: ")
+    assert "-" + BASE_ID[7:] in head.started[0].split() and "+" + RAY_ID[7:] in head.started[0].split()
+
+
+def test_base_absent_sends_everything_unfiltered(world):
+    tmp, make, head = world
+    note = image_stage.send(make([]), WORKER)
+    assert loaded(tmp) == [["aaaa/layer.tar", "bbbb/layer.tar", "cfg.json", "manifest.json"]]
+    assert "2 of 2 layers" in note
+    assert head.started[0].split()[-1] == "127.0.0.1"  # no diff IDs on the command line
+
+
+def test_containerd_store_gets_the_whole_image_and_the_note_says_so(world):
+    tmp, make, _ = world
+    note = image_stage.send(make([[BASE_ID]], CONTAINERD), WORKER)
+    assert loaded(tmp) == [["aaaa/layer.tar", "bbbb/layer.tar", "cfg.json", "manifest.json"]]
+    assert "containerd image store cannot skip" in note
+
+
+def test_a_layer_lost_since_preflight_resends_the_whole_image(world):
+    tmp, make, _ = world
+    (tmp / "fail-load-once").touch()
+    note = image_stage.send(make([[BASE_ID]]), WORKER)
+    assert loaded(tmp) == [["aaaa/layer.tar", "cfg.json", "manifest.json"],
+                           ["aaaa/layer.tar", "bbbb/layer.tar", "cfg.json", "manifest.json"]]
+    assert "2 of 2 layers" in note
+
+
+def test_an_id_mismatch_names_both_ids(world):
+    tmp, make, _ = world
+    r = make([[BASE_ID]])
+    r.cluster.hosts[WORKER].ids = lambda: "sha256:" + "0" * 64
+    with pytest.raises(StageError) as e:
+        image_stage.send(r, WORKER)
+    assert "sha256:" + "0" * 64 in str(e.value) and HEAD_ID in str(e.value)
+
+
+def test_a_cut_stream_fails_on_the_head_and_loads_nothing(world):
+    tmp, make, _ = world
+    (tmp / "image.tar").write_bytes(SAVED[:512 + len(RAY_TAR)])  # docker save died after the first layer
+    with pytest.raises(StageError) as e:
+        image_stage.send(make([[BASE_ID]]), WORKER)
+    assert "stage 'image' failed on spark-head: send the image: transfer failed" in str(e.value)
+    assert not (tmp / "loaded-ok").exists()
