@@ -1,0 +1,156 @@
+"""Preflight checks: pure functions from the facts of all hosts to one result per node.
+
+Each check has a stable id (used by `doctor --json` and by `up`'s preflight) and records its
+results in a `Report` that stamps them with that id. A check reports only on the nodes it can
+judge; `run_checks` marks the rest SKIP. Every WARN or FAIL has a one-line cause (`detail`) and a
+one-line `fix`.
+
+This module holds what every check is made of (Result, Expect, Context, Report, the `check`
+decorator and REGISTRY) and runs them; the checks themselves live in one module per area:
+`host` (ssh, GPU, docker, memory, disk, clock), `image`, `network` (net.*), `rdma` and `runtime`
+(ports, stale Ray, running containers). CHECK_ORDER fixes the order they run and report in.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+from ..facts import HostFacts
+from ..inventory import Inventory, Node
+from ..labels import CLUSTER_LABEL, ROLE_LABEL
+
+Status = Literal["ok", "warn", "fail", "skip"]
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Result:
+    id: str
+    node: str
+    status: Status
+    detail: str = ""
+    fix: str = ""
+
+    def as_json(self) -> dict:
+        return {"id": self.id, "node": self.node, "status": self.status, "detail": self.detail, "fix": self.fix}
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What the profile will need, so checks can judge against it. All optional."""
+
+    image: str | None = None
+    base_image: str | None = None  # the profile's base (NGC) image the cluster image is built from
+    forwarded_env: dict[str, str] = field(default_factory=dict)
+    per_host_env: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> env
+    gpu_memory_utilization: float | None = None
+    image_disk_bytes: int = 30 * GiB  # NGC vLLM base ~9 GB + Ray; a build needs room twice over
+    model_disk_bytes: int = 0
+    vllm_version: str | None = None  # of the image to be served: decides what vLLM checks itself
+    # docker flags every container must carry, and which must be identical across nodes
+    container_flags: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    inventory: Inventory
+    facts: dict[str, HostFacts]  # reachable nodes only
+    unreachable: dict[str, str]  # node -> reason
+    expect: Expect = field(default_factory=Expect)
+
+    def nodes(self) -> list[Node]:
+        return [n for n in self.inventory.nodes if n.name in self.facts]
+
+    def ours(self, node: str) -> list[dict]:
+        return [c for c in self.facts[node].ours
+                if c.get("Config", {}).get("Labels", {}).get(CLUSTER_LABEL) == self.inventory.cluster.name]
+
+
+class Report:
+    """Where one check records its results; each is stamped with the check's id."""
+
+    def __init__(self, check_id: str):
+        self.check_id = check_id
+        self.results: list[Result] = []
+
+    def ok(self, node: str, detail: str = "") -> None:
+        self.results.append(Result(self.check_id, node, "ok", detail))
+
+    def warn(self, node: str, detail: str, fix: str) -> None:
+        self.results.append(Result(self.check_id, node, "warn", detail, fix))
+
+    def fail(self, node: str, detail: str, fix: str) -> None:
+        self.results.append(Result(self.check_id, node, "fail", detail, fix))
+
+
+CheckFn = Callable[[Context], list[Result]]
+REGISTRY: list[tuple[str, str, CheckFn]] = []
+
+
+def check(check_id: str, title: str):
+    """Register `fn(ctx, report)` under `check_id`; the registered function returns its results."""
+    def deco(fn: Callable[[Context, Report], None]) -> CheckFn:
+        @functools.wraps(fn)
+        def run(ctx: Context) -> list[Result]:
+            report = Report(check_id)
+            fn(ctx, report)
+            return report.results
+        REGISTRY.append((check_id, title, run))
+        return run
+    return deco
+
+
+# --- what several areas read in a container's `docker inspect` ----------------------------------
+
+def container_env(c: dict) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in (c.get("Config", {}).get("Env") or []) if "=" in e)
+
+
+def is_running(c: dict) -> bool:
+    return bool(c.get("State", {}).get("Running"))
+
+
+# --- the checks, by area ------------------------------------------------------------------------
+
+# Imported here, below what they build on: importing an area registers its checks in REGISTRY.
+from . import host, image, network, rdma, runtime  # noqa: E402
+from .runtime import container_flags  # noqa: E402
+
+AREAS = (host, image, network, rdma, runtime)
+
+# The stable order checks run and report in (`doctor`, `doctor --json`, `up`'s preflight).
+CHECK_ORDER = (
+    "ssh.reachable", "gpu.gb10", "gpu.driver", "docker.engine", "docker.gpu_runtime",
+    "image.same", "image.base-same", "image.ray",
+    "net.control_ip", "net.vllm_host_ip", "net.link", "net.mtu", "net.path_mtu", "net.twins",
+    "rdma.gid", "net.speed", "net.peer", "net.default_route", "rdma.hca",
+    "mem.headroom", "mem.earlyoom", "mem.sshd_oom",
+    "ports.free", "ray.stale", "disk.free", "clock.skew",
+    "containers.forwarded_env", "containers.per_host_env", "containers.flags",
+)
+if sorted(cid for cid, _, _ in REGISTRY) != sorted(CHECK_ORDER):
+    raise ImportError("sparkcluster.checks: CHECK_ORDER and the registered checks differ")
+REGISTRY.sort(key=lambda entry: CHECK_ORDER.index(entry[0]))
+
+
+# --- running them -------------------------------------------------------------------------------
+
+def run_checks(ctx: Context, only: set[str] | None = None) -> list[Result]:
+    results = []
+    names = [n.name for n in ctx.inventory.nodes]
+    for cid, _title, fn in REGISTRY:
+        if only is not None and cid not in only:
+            continue
+        got = {r.node: r for r in fn(ctx)}
+        for n in names:
+            results.append(got.get(n) or Result(cid, n, "skip", "unreachable" if n in ctx.unreachable else ""))
+    return results
+
+
+def titles() -> dict[str, str]:
+    return {cid: title for cid, title, _ in REGISTRY}
+
+
+__all__ = ["Result", "Expect", "Context", "REGISTRY", "run_checks", "titles", "container_flags", "ROLE_LABEL"]

@@ -1,0 +1,161 @@
+"""Host checks: SSH reachability, the GB10 GPU and its driver, the Docker engine and its GPU
+runtime, memory headroom and OOM protection, free disk, and clock agreement."""
+
+from __future__ import annotations
+
+from . import Context, GiB, Report, check, is_running
+
+MEM_HEADROOM_FLOOR = 6 * GiB  # seed 002's watchdog warns under 6 GB of MemAvailable
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+# --- reachability and GPU -----------------------------------------------------------------------
+
+@check("ssh.reachable", "SSH reachable")
+def ssh_reachable(ctx: Context, r: Report) -> None:
+    for n in ctx.facts:
+        r.ok(n, ctx.facts[n].hostname)
+    for n, why in ctx.unreachable.items():
+        r.fail(n, why, "check the host is up and `ssh <target>` works from this machine")
+
+
+@check("gpu.gb10", "GPU present, a GB10")
+def gpu_gb10(ctx: Context, r: Report) -> None:
+    for n, f in ctx.facts.items():
+        if not f.gpus:
+            r.fail(n, f"nvidia-smi found no GPU: {f.gpu_error or 'no output'}",
+                   "check the NVIDIA driver on this node (nvidia-smi must list the GB10)")
+        elif not all("GB10" in g.name for g in f.gpus):
+            r.fail(n, f"GPU is {', '.join(g.name for g in f.gpus)}, not a GB10",
+                   "sparkcluster targets DGX Spark (GB10); check the inventory points at the Sparks")
+        else:
+            # memory.total is [N/A] on GB10 (unified memory): expected, not an error
+            r.ok(n, f"{f.gpus[0].name}, sm {f.gpus[0].compute_cap}")
+
+
+@check("gpu.driver", "Same NVIDIA driver on every node")
+def gpu_driver(ctx: Context, r: Report) -> None:
+    drivers = {n: f.gpus[0].driver for n, f in ctx.facts.items() if f.gpus}
+    if not drivers:
+        return
+    head = ctx.inventory.head.name
+    ref = drivers.get(head) or next(iter(drivers.values()))
+    for n, d in drivers.items():
+        if d == ref:
+            r.ok(n, d)
+        else:
+            r.fail(n, f"driver {d} differs from {head}'s {ref}",
+                   f"install driver {ref} on {n} (or upgrade both) so every rank runs the same CUDA stack")
+
+
+# --- docker -------------------------------------------------------------------------------------
+
+@check("docker.engine", "Docker engine reachable")
+def docker_engine(ctx: Context, r: Report) -> None:
+    for n, f in ctx.facts.items():
+        if f.docker:
+            r.ok(n, f"Docker {f.docker.server_version}")
+        else:
+            r.fail(n, f"docker info failed: {f.docker_error}",
+                   "start the Docker daemon (systemctl start docker) and make sure this user may use it")
+
+
+@check("docker.gpu_runtime", "GPU runtime usable by Docker")
+def docker_gpu_runtime(ctx: Context, r: Report) -> None:
+    for n, f in ctx.facts.items():
+        if not f.docker:
+            continue
+        if f.gpu_hook or "nvidia" in f.docker.runtimes:
+            r.ok(n, f.gpu_hook or "nvidia runtime")
+        else:
+            r.fail(n, "neither nvidia-container-runtime-hook nor an nvidia runtime found",
+                   "install the NVIDIA Container Toolkit (nvidia-container-toolkit) and restart Docker")
+
+
+# --- memory -------------------------------------------------------------------------------------
+
+@check("mem.headroom", "MemAvailable covers the profile's memory")
+def mem_headroom(ctx: Context, r: Report) -> None:
+    frac = ctx.expect.gpu_memory_utilization
+    for n, f in ctx.facts.items():
+        if not f.mem:
+            continue
+        if any(is_running(c) for c in ctx.ours(n)):
+            # already serving: the model's memory is in use, MemAvailable is what is left
+            need = 0
+        else:
+            need = int((frac or 0) * f.mem.total)
+        left = f.mem.available - need
+        detail = f"MemAvailable {_gib(f.mem.available)}" + (f", profile needs {_gib(need)}, leaves {_gib(left)}" if need else "")
+        if left < 0:
+            r.fail(n, detail, "lower gpu_memory_utilization in the profile or free memory on the node "
+                              "(MemAvailable, not MemFree, is what counts; drop caches with `sync; echo 3 > /proc/sys/vm/drop_caches`)")
+        elif left < MEM_HEADROOM_FLOOR:
+            r.warn(n, detail + " (under the 6 GiB floor)",
+                   "lower gpu_memory_utilization (0.70-0.80 survives on unified memory) or stop other work on the node")
+        else:
+            r.ok(n, detail)
+
+
+@check("mem.earlyoom", "earlyoom running")
+def mem_earlyoom(ctx: Context, r: Report) -> None:
+    for n, f in ctx.facts.items():
+        if f.earlyoom:
+            r.ok(n, "running")
+        else:
+            r.warn(n, "earlyoom is not running: a memory spike can freeze the host until sshd stops answering",
+                   "apt install earlyoom && systemctl enable --now earlyoom")
+
+
+@check("mem.sshd_oom", "sshd protected from the OOM killer")
+def mem_sshd_oom(ctx: Context, r: Report) -> None:
+    for n, f in ctx.facts.items():
+        v = f.sshd_oom_score_adj
+        if v is not None and v < 0:
+            r.ok(n, f"oom_score_adj {v}")
+        else:
+            r.warn(n, f"sshd oom_score_adj is {v if v is not None else 'unknown'}",
+                   "systemctl edit ssh: [Service] OOMScoreAdjust=-1000, then systemctl restart ssh")
+
+
+# --- disk and clock -----------------------------------------------------------------------------
+
+@check("disk.free", "Free disk for the image and the model cache")
+def disk_free(ctx: Context, r: Report) -> None:
+    for n, f in ctx.facts.items():
+        if not f.disks:
+            continue
+        root = f.docker.root_dir if f.docker else "/var/lib/docker"
+        # df reports each path's mount point; the docker root is the first line, the HF cache the last
+        disks = list(f.disks.values())
+        docker_disk, cache_disk = disks[0], disks[-1]
+        image_ready = f.image_id is not None
+        problems = []
+        if not image_ready and docker_disk.available < ctx.expect.image_disk_bytes:
+            problems.append(f"{root} has {_gib(docker_disk.available)} free, the image needs {_gib(ctx.expect.image_disk_bytes)}")
+        if cache_disk.available < ctx.expect.model_disk_bytes:
+            problems.append(f"{cache_disk.mount} has {_gib(cache_disk.available)} free, the model needs {_gib(ctx.expect.model_disk_bytes)}")
+        if problems:
+            r.fail(n, "; ".join(problems), "free space (docker system prune, old models in the HF cache) on this node")
+        else:
+            r.ok(n, f"{_gib(docker_disk.available)} free for images")
+
+
+@check("clock.skew", "Clocks agree")
+def clock_skew(ctx: Context, r: Report) -> None:
+    offsets = {n: f.clock_offset for n, f in ctx.facts.items() if f.clock_offset is not None}
+    if len(offsets) < 2:
+        return
+    head = ctx.inventory.head.name
+    ref = offsets.get(head, next(iter(offsets.values())))
+    for n, off in offsets.items():
+        skew = abs(off - ref)
+        if skew > 30:
+            r.fail(n, f"clock is {skew:.1f}s off {head}", "enable NTP on both nodes (timedatectl set-ntp true)")
+        elif skew > 1:
+            r.warn(n, f"clock is {skew:.1f}s off {head}", "enable NTP on both nodes (timedatectl set-ntp true)")
+        else:
+            r.ok(n, f"{skew * 1000:.0f} ms")

@@ -1,0 +1,141 @@
+"""RDMA checks (rdma.*): each data-plane HCA has a RoCE v2 IPv4 GID at one index on every node,
+and is present, ACTIVE, on its netdev and paired with the head's HCAs in cabling order."""
+
+from __future__ import annotations
+
+import re
+
+from ..facts import HostFacts
+from ..inventory import Node
+from . import Context, Report, check
+
+
+def _gid_v4(f: HostFacts, hca: str) -> list:
+    """The HCA's RoCE v2 GIDs that carry an IPv4 address, lowest index first."""
+    return [g for g in f.gids.get(hca, []) if g.roce_v2 and g.ipv4 is not None]
+
+
+def gid_index(f: HostFacts, node: Node) -> int | None:
+    """The one RoCE v2 IPv4 GID index every data-plane HCA of the node has, else None. An HCA the
+    node lacks is rdma.hca's to report, not counted here."""
+    idx = [{g.index for g in _gid_v4(f, h)} for h in node.hcas if h in f.hcas]
+    common = set.intersection(*idx) if idx and all(idx) else set()
+    return min(common) if common else None
+
+
+@check("rdma.gid", "RoCE v2 IPv4 GID on every HCA in NCCL_IB_HCA, same index on every node")
+def rdma_gid(ctx: Context, r: Report) -> None:
+    found: dict[str, int] = {}
+    for node in ctx.nodes():
+        f = ctx.facts[node.name]
+        if not any(h in f.hcas for h in node.hcas):
+            continue  # none of its HCAs exist: rdma.hca says so
+        problems = []
+        for link in node.data_plane:
+            i = f.interfaces.get(link.netdev)
+            if i is not None and i.up and not i.addresses:
+                problems.append(f"{link.hca}: its netdev {link.netdev} is up without an IPv4 address, so the HCA "
+                                "has no RoCE v2 IPv4 GID")
+            elif link.hca in f.hcas and not _gid_v4(f, link.hca):
+                kinds = sorted({g.type for g in f.gids.get(link.hca, [])}) or ["an empty GID table"]
+                problems.append(f"{link.hca} has no RoCE v2 IPv4 GID (has {', '.join(kinds)})")
+        if problems:
+            r.fail(node.name, "; ".join(problems),
+                   "give each data-plane netdev a static IPv4 address (the kernel then adds the RoCE v2 GID), "
+                   "or drop the HCA from data_plane; check with `cat /sys/class/infiniband/HCA/ports/1/gid_attrs/types/3`")
+            continue
+        idx = gid_index(f, node)
+        if idx is None:
+            per = ", ".join(f"{h}: {sorted(g.index for g in _gid_v4(f, h))}" for h in node.hcas if h in f.hcas)
+            r.fail(node.name, f"no one GID index holds a RoCE v2 IPv4 GID on every HCA ({per})",
+                   "NCCL_IB_GID_INDEX is one number for all HCAs: configure the addresses alike on every port")
+            continue
+        found[node.name] = idx
+    head = ctx.inventory.head.name
+    ref = found.get(head, next(iter(found.values()), None))
+    for node in ctx.nodes():
+        if node.name not in found:
+            continue
+        idx = found[node.name]
+        if idx != ref:
+            r.fail(node.name, f"RoCE v2 IPv4 GID index is {idx} here but {ref} on {head}: one NCCL_IB_GID_INDEX "
+                              "cannot serve both", "configure the data-plane addresses alike on every node "
+                                                   "(an extra address or IPv6 on one node shifts the index)")
+        elif node.gid_index is not None and node.gid_index != idx:
+            r.fail(node.name, f"the inventory's gid_index {node.gid_index} (NCCL_IB_GID_INDEX) is not the RoCE v2 "
+                              f"IPv4 GID, which sits at index {idx}",
+                   f"set gid_index = {idx} for {node.name} in the inventory, then sparkcluster down && sparkcluster up")
+        else:
+            r.ok(node.name, f"index {idx} on {', '.join(h for h in node.hcas if h in f.hcas)}")
+
+
+def _subnets(f: HostFacts, netdev: str) -> set:
+    i = f.interfaces.get(netdev)
+    return {a.network for a in i.addresses} if i else set()
+
+
+@check("rdma.hca", "RoCE HCAs for NCCL_IB_HCA: present, ACTIVE, on the right netdev")
+def rdma_hca(ctx: Context, r: Report) -> None:
+    for node in ctx.nodes():
+        f = ctx.facts[node.name]
+        problems, down = [], []
+        for link in node.data_plane:
+            h = f.hcas.get(link.hca)
+            if h is None:
+                problems.append(f"{link.hca} missing")
+            elif not h.active:
+                problems.append(f"{link.hca} port 1 is '{h.state}'")
+                down.append(link)
+            elif link.netdev not in h.netdevs:
+                problems.append(f"{link.hca} sits on {', '.join(h.netdevs) or 'no netdev'}, not {link.netdev}")
+        # NCCL pairs the HCAs of two nodes by list position: entry k must be the two ends of one cable
+        # (same subnet), or the pairs time out. A port on the subnet of another of the head's entries
+        # is cabled in another order than listed (re-cabled, inventory not updated).
+        crossed = []
+        head = ctx.inventory.head
+        if node.name != head.name and head.name in ctx.facts:
+            hf = ctx.facts[head.name]
+            for k, mine in enumerate(node.data_plane):
+                a = _subnets(f, mine.netdev)
+                peer = [j for j, ref in enumerate(head.data_plane) if a & _subnets(hf, ref.netdev)]
+                if peer and k not in peer:
+                    ref = head.data_plane[peer[0]]
+                    crossed.append(f"entry {k + 1} {mine.hca}/{mine.netdev} is cabled to {head.name}'s entry {peer[0] + 1} "
+                                   f"{ref.hca}/{ref.netdev} ({', '.join(map(str, sorted(a)))}), not to its entry {k + 1}")
+        problems += crossed
+        if problems:
+            # every HCA's state, so a cable in the other port shows at a glance
+            mapping = ", ".join(f"{h.name}->{'/'.join(h.netdevs)} {h.state or '?'}" for h in f.hcas.values()) or "none found"
+            moved = _other_port_active(f, node, down)
+            if moved:
+                problems.append(f"likely cause: the cable sits in the other port ({', '.join(moved)} ACTIVE, not in data_plane)")
+            fix = ("fix data_plane for this node in the inventory (`ibdev2netdev` on the node shows the pairs); "
+                   "NCCL pairs HCAs by list position, one wrong entry gives ibv_modify_qp timeouts")
+            if crossed and len(crossed) == len(problems):
+                fix = (f"order data_plane for {node.name} as its ports are cabled: entry k must share a subnet with "
+                       f"{head.name}'s entry k (`ip -br addr` on both nodes); NCCL pairs HCAs by list position")
+            elif down and moved and len(down) + 1 == len(problems):
+                fix = (f"move the cable to the port data_plane names, or run `sparkcluster init` again to list "
+                       f"{', '.join(moved)} instead (NCCL pairs HCAs by list position)")
+            elif down and len(down) == len(problems):
+                # the pairing is right, the port is not up: the inventory is not what to change
+                fix = (f"bring the RoCE port up: check the cable of {', '.join(link.netdev for link in down)} and "
+                       "`ip link set IF up` (`ibdev2netdev` must show it Up, port state 4: ACTIVE)")
+            r.fail(node.name, "; ".join(problems) + f" (on this node: {mapping})", fix)
+        else:
+            r.ok(node.name, ",".join(node.hcas))
+
+
+def other_port_hca(hca: str) -> str:
+    """The HCA of the other QSFP port on the same controller: rocep1s0f1 <-> rocep1s0f0."""
+    return re.sub(r"f([01])$", lambda m: f"f{1 - int(m.group(1))}", hca)
+
+
+def _other_port_active(f: HostFacts, node: Node, down: list) -> list[str]:
+    """ACTIVE HCAs of the other port of each DOWN one, that the inventory does not list."""
+    out = []
+    for link in down:
+        o = f.hcas.get(other_port_hca(link.hca))
+        if o is not None and o.active and o.name not in node.hcas:
+            out.append(o.name)
+    return out
