@@ -1,0 +1,278 @@
+"""The cluster side of `sparkcluster bench`: the sweep driven level by level through a `Head`
+(Ctrl-C stops the running level inside the container and keeps the levels before it), and the
+only calls into ssh/fanout/serve and the Docker API, so the one place to adapt when those change.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Callable
+
+from .. import log, redact
+from ..errors import InputError, SparkError
+from .results import failure_reason, level_error, progress, row_from_result, run_id
+from .sweep import (CONTAINER_ROOT, LOG_FILE, RESULT_FILE, _RUN_ID, Level, Target, bench_argv, describe, exec_argv,
+                    exec_env, level_dir, stop_argv)
+
+_log = log.get("sparkcluster.bench")  # the logger name of the single module this was
+
+# ---- the sweep, driven through a Head ----------------------------------------------------------
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a level: the level was stopped inside the container."""
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    doc: dict  # the parsed --save-result JSON
+    raw: bytes  # the same file as vLLM wrote it
+    output: str  # what the benchmark printed (secrets masked)
+
+
+@dataclass
+class Sweep:
+    run_dir: Path
+    rows: list[dict] = field(default_factory=list)
+    interrupted: bool = False
+    failed: str = ""  # why the sweep stopped early, else ""
+
+
+def run_sweep(head: "Head", levels: list[Level], target: Target, secrets: dict[str, str], run_dir: Path,
+              on_progress: Callable[[Level, int, int], None] | None = None) -> Sweep:
+    """Each level in turn; its raw JSON lands in the run folder as soon as it is measured, so an
+    interruption or a failed level keeps every level before it."""
+    import secrets as _random
+
+    sweep = Sweep(run_dir)
+    # the folder in the container is this run's alone, whatever --out is called
+    rid = f"{run_id()}-{_random.token_hex(3)}"
+    try:
+        for level in levels:
+            res = head.run_level(level, target, secrets, rid, on_progress=on_progress)
+            (run_dir / f"{level.name}.json").write_bytes(res.raw)
+            (run_dir / f"{level.name}.log").write_text(res.output)
+            sweep.rows.append(row_from_result(res.doc, level))
+            if on_progress is not None:  # a level too quick for a poll still shows as done
+                on_progress(level, level.num_prompts, level.num_prompts)
+            err = level_error(res.doc, res.output, level, target.base_url)
+            if err is not None:  # kept in the folder and the CSV (its errors column says it), then reported
+                raise err
+    except (Interrupted, KeyboardInterrupt):  # between levels nothing runs in the container
+        sweep.interrupted = True
+    except SparkError as e:
+        sweep.failed = e.message
+        raise
+    finally:
+        head.cleanup(rid)
+    return sweep
+
+
+# ---- the cluster side: the only calls into ssh/fanout/serve and the Docker API ----------------
+
+
+NODE_FACTS = ("echo \"hostname=$(hostname)\"; echo \"kernel=$(uname -r)\"; "
+              "echo \"gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)\"; "
+              "echo \"mem_total_kb=$(awk '/^MemTotal/ {print $2}' /proc/meminfo)\"; "
+              "echo \"docker=$(docker version --format '{{.Server.Version}}' 2>/dev/null)\"; true")
+VLLM_VERSION = ("python3 -c 'import importlib.metadata as m; print(m.version(\"vllm\"))' 2>/dev/null "
+                "|| vllm --version 2>/dev/null | tail -1")
+
+
+def parse_facts(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep and re.fullmatch(r"[a-z_]+", k):
+            out[k] = v.strip()
+    return out
+
+
+class Head:
+    """The head container, reached over an open SSH connection (ssh.Host) and its Docker API."""
+
+    def __init__(self, host, container: str, poll_s: float = 0.5):
+        self.host = host
+        self.container = container
+        self.api = host.docker().api
+        self.poll_s = poll_s
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def serving(self):
+        """(serve.Record, container inspect) of the running server, or raise 'no cluster serving'."""
+        import docker
+
+        from .. import serve
+
+        fix = "start it with: sparkcluster up --profile NAME"
+        try:
+            info = self.api.inspect_container(self.container)
+        except docker.errors.NotFound:
+            raise SparkError(f"no cluster is serving: {self.host.name} has no container {self.container}", fix) from None
+        except docker.errors.DockerException as e:
+            raise SparkError(f"{self.host.name}: cannot ask its Docker engine about {self.container}: {e}",
+                             "sparkcluster doctor shows why") from None
+        if not info.get("State", {}).get("Running"):
+            raise SparkError(f"no cluster is serving: {self.container} on {self.host.name} is not running", fix)
+        rec = serve.read_record(self.api, self.container)
+        if rec is None or not serve.running(self.api, rec):
+            raise SparkError(f"no cluster is serving: vllm serve is not running in {self.container}",
+                             "sparkcluster up --profile NAME starts it; sparkcluster logs shows why it stopped")
+        return rec, info
+
+    def image(self, info: dict) -> tuple[str, str]:
+        return info.get("Config", {}).get("Image", ""), info.get("Image", "")
+
+    def vllm_version(self) -> str:
+        code, out = self._exec(["sh", "-c", VLLM_VERSION], {})
+        return out.strip().splitlines()[-1] if code == 0 and out.strip() else ""
+
+    # -- one level -------------------------------------------------------------------------------
+
+    def run_level(self, level: Level, target: Target, secrets: dict[str, str], rid: str,
+                  on_progress: Callable[[Level, int, int], None] | None = None) -> LevelResult:
+        """Run one level to the end. Ctrl-C stops it and raises Interrupted; a failed benchmark
+        raises SparkError with its last lines."""
+        folder = level_dir(rid, level)
+        argv = exec_argv(folder, bench_argv(level, target, folder))
+        _log.info("bench level", command=describe(level, target, folder, self.container, secrets))
+        ex = self.api.exec_create(self.container, argv, environment=exec_env(secrets), stdout=False, stderr=False)
+        try:
+            self.api.exec_start(ex["Id"], detach=True)
+            code = self._wait(ex["Id"], level, folder, on_progress)
+        except KeyboardInterrupt:
+            self.stop(folder)
+            raise Interrupted() from None
+        output = redact.mask(self._read(f"{folder}/{LOG_FILE}").decode(errors="replace"))
+        if code != 0:
+            why, unreachable = failure_reason(output)
+            tail = [ln for ln in output.replace("\r", "\n").splitlines() if ln.strip()][-8:]
+            if unreachable:
+                raise SparkError(f"the endpoint {target.base_url} did not answer the benchmark at concurrency "
+                                 f"{level.concurrency}: {why}", "sparkcluster status; sparkcluster logs "
+                                 f"{self.host.name}", details=tail)
+            if code == 127:  # the shell found no `vllm` to exec
+                raise SparkError(f"{self.container} has no `vllm` command on its PATH: {why}",
+                                 "the profile's image must ship vLLM (NGC vllm images and vllm-openai do)")
+            raise SparkError(f"vllm bench serve failed at concurrency {level.concurrency} (exit {code}): {why}",
+                             "see the lines above; the levels before it are kept", details=tail)
+        try:
+            raw = self._read(f"{folder}/{RESULT_FILE}")
+            doc = json.loads(raw)
+        except (ValueError, SparkError) as e:
+            raise SparkError(f"vllm bench serve wrote no readable result at concurrency {level.concurrency}: {e}",
+                             "run it again with -vv and read the debug log") from None
+        return LevelResult(doc, raw, output)
+
+    def _wait(self, exec_id: str, level: Level, folder: str, on_progress) -> int:
+        last = None
+        while True:
+            info = self.api.exec_inspect(exec_id)
+            if on_progress is not None:
+                try:
+                    p = progress(self._read(f"{folder}/{LOG_FILE}").decode(errors="replace"))
+                except SparkError:
+                    p = None  # not written yet
+                if p and p != last:
+                    last = p
+                    on_progress(level, *p)
+            if not info.get("Running"):
+                return info.get("ExitCode", 1) if info.get("ExitCode") is not None else 1
+            time.sleep(self.poll_s)
+
+    def stop(self, folder: str) -> None:
+        """Ctrl-C: `docker exec` forwarded nothing, so interrupt the benchmark by its PID."""
+        try:
+            self._exec(stop_argv(folder), {})
+        except Exception as e:  # best effort: the user asked to stop, report what we could not do
+            _log.warning("could not stop the benchmark in the container", error=str(e))
+
+    def cleanup(self, rid: str) -> None:
+        if not _RUN_ID.match(rid):
+            return
+        try:
+            self._exec(["rm", "-rf", "--", str(PurePosixPath(CONTAINER_ROOT) / rid)], {})
+        except Exception as e:  # leftovers in /tmp of the container harm nothing
+            _log.info("could not remove the container's bench folder", error=str(e))
+
+    # -- primitives ------------------------------------------------------------------------------
+
+    def _exec(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+        """A short command in the head container, to its end (the Docker API client's timeout bounds it)."""
+        ex = self.api.exec_create(self.container, argv, environment=env)
+        out = self.api.exec_start(ex["Id"]).decode(errors="replace")
+        return self.api.exec_inspect(ex["Id"]).get("ExitCode", 1), out
+
+    def _read(self, path: str) -> bytes:
+        import docker
+
+        try:
+            stream, _ = self.api.get_archive(self.container, path)
+        except docker.errors.NotFound:
+            raise SparkError(f"{path}: no such file in {self.container}") from None
+        data = b"".join(stream)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            member = tar.getmembers()[0]
+            f = tar.extractfile(member)
+            return f.read() if f else b""
+
+
+def node_facts(cluster) -> dict[str, dict]:
+    """A few facts per node for run.json; an unreachable node is recorded as such."""
+    out: dict[str, dict] = {}
+    res = cluster.each(lambda h: h.run(NODE_FACTS, timeout=20))
+    for name, o in res.items():
+        out[name] = parse_facts(o.value.stdout) if o.ok else {"error": str(o.error)}
+    return out
+
+
+def connect(inv):
+    """The cluster's hosts (fanout.Cluster); the head must answer, a worker may not."""
+    from ..fanout import Cluster, connect_all
+
+    res = connect_all(inv)
+    if inv.head.name in res.failed:
+        for h in res.succeeded.values():
+            h.close()
+        raise res.failed[inv.head.name]  # a ConnectError names the head and the fix
+    return Cluster(inv, res.succeeded)
+
+
+def head_for(cluster, inv) -> Head:
+    from ..labels import container_name
+
+    return Head(cluster.hosts[inv.head.name], container_name(inv.cluster.name, "head", inv.head.name))
+
+
+def check_endpoint(address: str, target: Target, port: int, secrets: dict[str, str]) -> None:
+    """From the controller, before any level: the endpoint answers and takes our key."""
+    import httpx
+
+    from .. import serve
+
+    base = f"http://{address}:{port}"
+    with httpx.Client() as client:
+        code = serve.health(client, base)
+        if code != 200:
+            raise SparkError(f"the endpoint {base} does not answer (/health: {code or 'no answer'})",
+                             "sparkcluster status shows what is down; sparkcluster logs shows why")
+        ok, why = serve.one_token(client, base, target.model, serve.headers(secrets), timeout=60)
+    if ok:
+        return
+    if "HTTP 401" in why:
+        raise InputError(f"the endpoint {base} refuses the API key: {why}",
+                         "set VLLM_API_KEY to the key the cluster was started with (--env-file or the environment)")
+    if why.startswith("completion answered HTTP"):
+        # an answer is an endpoint that works; the chat route may be what it refuses (a model without
+        # a chat template) while the benchmark's /v1/completions is fine: let the level say
+        _log.warning("chat completion refused before the benchmark", reason=why)
+        return
+    raise SparkError(f"the endpoint {base} answers /health but not a completion: {why}",
+                     "sparkcluster status; sparkcluster logs")
