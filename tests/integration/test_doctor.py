@@ -25,7 +25,8 @@ NODES = (HEAD, WORKER)
 
 # Every check id `doctor` reports, in its stable order (sparkcluster/checks.py REGISTRY).
 IDS = [
-    "ssh.reachable", "gpu.gb10", "gpu.driver", "docker.engine", "docker.gpu_runtime", "image.same", "image.ray",
+    "ssh.reachable", "gpu.gb10", "gpu.driver", "docker.engine", "docker.gpu_runtime", "image.same", "image.base-same",
+    "image.ray",
     "net.control_ip", "net.vllm_host_ip", "net.link", "net.mtu", "net.path_mtu", "net.twins", "rdma.gid", "net.speed",
     "net.peer", "net.default_route", "rdma.hca", "mem.headroom",
     "mem.earlyoom", "mem.sshd_oom", "ports.free", "ray.stale", "disk.free", "clock.skew",
@@ -204,7 +205,7 @@ def _fill_disk(tb, ctx):
     # disk.free only asks for image room where the image is still missing: take its tag away on the
     # worker (the layers stay, under another tag) so the worker looks like a node before `up`.
     _untag_image(tb, ctx)
-    tb.fill_disk(WORKER, 512)  # the testbed profile needs image_disk_gb = 2
+    tb.fill_disk(WORKER, 512)  # the testbed profile needs image_disk_gb = 4
     return None
 
 
@@ -282,6 +283,7 @@ CASES = [
          detail={("ssh.reachable", WORKER): "198.18.0.6"}, fix={("ssh.reachable", WORKER): "ssh"}),
     Case("docker.engine", _stop_dockerd, lambda tb, c: tb.start_dockerd(WORKER),
          {("docker.engine", WORKER): "fail", ("docker.gpu_runtime", WORKER): "skip",
+          ("image.base-same", WORKER): "skip",
           ("image.same", WORKER): "skip", ("image.ray", WORKER): "skip"},
          detail={("docker.engine", WORKER): "docker info failed"}, fix={("docker.engine", WORKER): "start the Docker daemon"}),
     Case("ports.free", _hold_port, lambda tb, c: c["holder"].release() if "holder" in c else None,
@@ -291,7 +293,7 @@ CASES = [
          # the image's absence on the worker is the precondition (image.same WARN "not on this node
          # yet", image.ray not run), the filled disk is the break
          {("disk.free", WORKER): "fail", ("image.same", WORKER): "warn", ("image.ray", WORKER): "skip"},
-         detail={("disk.free", WORKER): "the image needs 2.0 GiB"}, fix={("disk.free", WORKER): "docker system prune"}),
+         detail={("disk.free", WORKER): "the image needs 4.0 GiB"}, fix={("disk.free", WORKER): "docker system prune"}),
     Case("mem.earlyoom", lambda tb, c: tb.stop_earlyoom(WORKER), lambda tb, c: tb.start_earlyoom(WORKER),
          {("mem.earlyoom", WORKER): "warn"},
          detail={("mem.earlyoom", WORKER): "not running"}, fix={("mem.earlyoom", WORKER): "systemctl enable --now earlyoom"}),
@@ -305,9 +307,9 @@ CASES = [
          detail={("net.control_ip", WORKER): "docker bridge"}, fix={("net.control_ip", WORKER): "enp1s0f1np1"}),
     Case("net.control_ip-wrong-if",
          # an existing interface, but not the one holding the control IP
-         lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(HEAD, "control_if", "enp1s0f0np0")), _noop,
+         lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(HEAD, "control_if", "enP2p1s0f1np1")), _noop,
          {("net.control_ip", HEAD): "fail"},
-         detail={("net.control_ip", HEAD): "198.19.2.1 is not on enp1s0f0np0"}, fix={("net.control_ip", HEAD): "control_ip"}),
+         detail={("net.control_ip", HEAD): "198.19.2.1 is not on enP2p1s0f1np1"}, fix={("net.control_ip", HEAD): "control_ip"}),
     Case("net.control_ip-missing-if",
          # a name the head does not have: net.link, which checks control_if exists too, says so as well
          lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(HEAD, "control_if", "enp9s9")), _noop,
