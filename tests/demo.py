@@ -1,8 +1,10 @@
 """`make demo`: the main job on the testbed.
 
 Brings up the two simulated Sparks (or reuses them), runs `sparkcluster up --profile testbed`
-exactly as a user would, sends one chat completion through the endpoint with the openai client, and
-prints the answer. The cluster is left serving; `sparkcluster --inventory .testbed/cluster.toml down`
+exactly as a user would (the real vLLM engine, CPU build, serving the testbed's tiny Llama with
+tensor parallel 2 over Ray; its weights fetched once from the testbed's hub and replicated head to
+worker), sends one chat completion through the endpoint with the openai client, prints the answer
+and `sparkcluster status`. The cluster is left serving; `sparkcluster --inventory .testbed/cluster.toml down`
 and `make testbed-down` take it all away.
 """
 
@@ -45,10 +47,16 @@ def main() -> int:
     key = env_file.read_text().split("=", 1)[1].strip()
     client = openai.OpenAI(base_url=endpoint, api_key=key, timeout=60)
     question = "Say hello from two DGX Sparks."
-    answer = client.chat.completions.create(model="testbed-tiny", max_tokens=16,
+    answer = client.chat.completions.create(model="testbed-tiny", max_tokens=16, temperature=0,
                                             messages=[{"role": "user", "content": question}])
     print(f"demo: asked {question!r}")
-    print(f"demo: answer: {answer.choices[0].message.content}")
+    # the tiny model's weights are random: its words mean nothing, but every token was computed by
+    # the real vLLM engine across both ranks (rank 0 on spark-head, rank 1 on spark-worker)
+    print(f"demo: answer ({answer.usage.completion_tokens} tokens from the real vLLM engine, tensor parallel 2; "
+          f"random weights, so gibberish): {answer.choices[0].message.content!r}")
+    st = subprocess.run([sys.executable, "-m", "sparkcluster", "--inventory", str(tb.inventory), "status"],
+                        env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    print(st.stdout, end="")
     print("demo: tear down with: sparkcluster --inventory .testbed/cluster.toml down && make testbed-down")
     return 0
 
