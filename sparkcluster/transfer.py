@@ -20,6 +20,8 @@ import shlex
 RECEIVER = r"""
 import socket, struct, subprocess, sys
 bind, peer = sys.argv[1], sys.argv[2]
+# the sink: docker load (the image), or "stdout" (a byte pipe: the weights' tar of files)
+to_stdout = sys.argv[3:] == ["stdout"]
 s = socket.socket()
 s.bind((bind, 0))
 s.listen(1)
@@ -33,7 +35,8 @@ while True:
 s.close()
 c.settimeout(600)
 f = c.makefile("rb", buffering=1 << 20)
-load = subprocess.Popen(["docker", "load"], stdin=subprocess.PIPE)
+load = None if to_stdout else subprocess.Popen(["docker", "load"], stdin=subprocess.PIPE)
+sink = sys.stdout.buffer if to_stdout else load.stdin
 done = False
 try:
     while True:
@@ -47,60 +50,24 @@ try:
         b = f.read(n)
         if len(b) < n:
             break
-        load.stdin.write(b)
+        sink.write(b)
 except (OSError, socket.timeout) as e:
     print("receive: %s" % e, file=sys.stderr)
 if not done:
-    load.kill()
-    load.wait()
-    print("receive: the stream ended before the archive did; docker load stopped, nothing loaded", file=sys.stderr)
+    if load:
+        load.kill()
+        load.wait()
+        print("receive: the stream ended before the archive did; docker load stopped, nothing loaded", file=sys.stderr)
+    else:
+        sys.stdout.flush()
+        print("receive: the stream ended before the sender finished", file=sys.stderr)
     sys.exit(75)  # transfer.STREAM_CUT
-load.stdin.close()
-sys.exit(load.wait())
+sink.close()
+sys.exit(load.wait() if load else 0)
 """
 
-# The same one-shot connection and framing as a plain byte pipe (for files: the weights stage): the
-# receiver writes the payload to stdout and exits STREAM_CUT when the end frame never came, so the
-# consumer (tar) is never told a cut stream was whole.
-STREAM_RECEIVER = r"""
-import socket, struct, sys
-bind, peer = sys.argv[1], sys.argv[2]
-s = socket.socket()
-s.bind((bind, 0))
-s.listen(1)
-s.settimeout(60)
-print("@@port %d" % s.getsockname()[1], file=sys.stderr, flush=True)
-while True:
-    c, addr = s.accept()
-    if addr[0] == peer:
-        break
-    c.close()
-s.close()
-c.settimeout(600)
-f = c.makefile("rb", buffering=1 << 20)
-out = sys.stdout.buffer
-done = False
-try:
-    while True:
-        h = f.read(4)
-        if len(h) < 4:
-            break
-        n = struct.unpack(">I", h)[0]
-        if n == 0:
-            done = True
-            break
-        b = f.read(n)
-        if len(b) < n:
-            break
-        out.write(b)
-except (OSError, socket.timeout) as e:
-    print("receive: %s" % e, file=sys.stderr)
-out.flush()
-if not done:
-    print("receive: the stream ended before the sender finished", file=sys.stderr)
-    sys.exit(75)
-"""
-
+# A plain byte pipe for files (the weights stage), with the receiver's "stdout" sink: the same
+# one-shot connection and framing, so a cut stream ends in STREAM_CUT, never in a short tar.
 STREAM_SENDER = r"""
 import socket, struct, sys, time
 dst, port, src = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -310,3 +277,21 @@ def _common_prefix(a: list[str], b: list[str]) -> int:
 def describe(image: str, src_node: str, src_ip: str, dst_node: str, dst_ip: str) -> str:
     return (f"{src_node}: docker save {image} | drop the layer tars {dst_node} holds | tcp {src_ip} -> {dst_ip} | "
             f"{dst_node}: docker load (one connection, head's address only; image ID verified after)")
+
+
+def announced_port(recv) -> int | None:
+    """The port a started receiver listens on ("@@port N" on its stderr), or None when it ended first."""
+    for line in recv.stderr_lines():
+        if line.startswith("@@port "):
+            return int(line.split()[1])
+    return None
+
+
+def follow_sender(snd, on_sent) -> int:
+    """Reads a sender's "@@sent N" lines until it ends, calling on_sent(N); returns the last N."""
+    sent = 0
+    for line in snd.stderr_lines():
+        if line.startswith("@@sent "):
+            sent = int(line.split()[1])
+            on_sent(sent)
+    return sent

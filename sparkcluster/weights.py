@@ -218,7 +218,7 @@ def receive_command(hf_cache: str, repo: str, bind_ip: str, peer_ip: str) -> str
     """On the worker: the image transfer's one-shot receiver (one connection, from the head's
     address only) feeding tar into the incoming folder; `check` adopts what matches its name."""
     d = shlex.quote(incoming_dir(hf_cache, repo))
-    return (f"set -o pipefail; umask 022; mkdir -p {d} && " + py(transfer.STREAM_RECEIVER, bind_ip, peer_ip)
+    return (f"set -o pipefail; umask 022; mkdir -p {d} && " + py(transfer.RECEIVER, bind_ip, peer_ip, "stdout")
             + f" | tar -x -f - -C {d}")
 
 

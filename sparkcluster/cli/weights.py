@@ -44,10 +44,6 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
     image = image_ref(inv, prof)
     err = Console(stderr=True, highlight=False)
     with Cluster.connect(inv) as cluster, ClusterLock(cluster.head, inv.cluster.name, f"weights pull --profile {prof.name}"):
-        # the download runs in a throwaway container: the cluster image once `up` built it, else
-        # the profile's base image (vLLM ships huggingface_hub), so weights can be staged first
-        if image_id(cluster.head, image) is None:
-            image = prof.image.ref
         st = stage.Staging(cluster, inv, image, *want, secrets, RichProgress(err))
         m = st.resolve()
         st.check_all(rehash=verify)
@@ -57,6 +53,10 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
             return
         st.disk()
         if inv.head.name in lacking:
+            # the download runs in a throwaway container: the cluster image once `up` built it, else
+            # the profile's base image (vLLM ships huggingface_hub), so weights can be staged first
+            if image_id(cluster.head, image) is None:
+                st.image = image = prof.image.ref
             if image_id(cluster.head, image) is None:
                 raise InputError(f"the head has neither the cluster image {image_ref(inv, prof)} nor its base "
                                  f"{prof.image.ref}, one of which does the download",

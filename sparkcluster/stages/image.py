@@ -214,22 +214,15 @@ def _stream(r: "Run", worker, d: layers.Delta, expect: int) -> tuple[int, float]
     head, wf = r.cluster.head, r.facts[worker.name]
     wnode, hnode = r.inv.node(worker.name), r.inv.head
     recv = worker.start(transfer.bash(transfer.receive_command(str(wnode.control_ip), str(hnode.control_ip))), timeout=3600)
-    port = None
-    for line in recv.stderr_lines():
-        if line.startswith("@@port "):
-            port = int(line.split()[1])
-            break
+    port = transfer.announced_port(recv)
     if port is None:
         res = recv.wait()
         raise fail(STAGE, worker.name, "start the receiver", "the receiver did not start",
                    "python3 receiver (runs docker load)", res.tail())
-    t0, sent = time.monotonic(), 0
+    t0 = time.monotonic()
     snd = head.start(transfer.bash(transfer.send_command(r.plan.image, str(wnode.control_ip), port,
                                                          str(hnode.control_ip), d.skip, d.keep)), timeout=3600)
-    for line in snd.stderr_lines():
-        if line.startswith("@@sent "):
-            sent = int(line.split()[1])
-            r.progress.bytes(worker.name, sent, max(expect, sent))
+    sent = transfer.follow_sender(snd, lambda n: r.progress.bytes(worker.name, n, max(expect, n)))
     sres, rres = snd.wait(), recv.wait()
     if not rres.ok or not sres.ok:
         # a cut stream (the receiver's exit 75) is the sender's story when the sender failed too

@@ -139,22 +139,16 @@ class Staging:
         blobs, total = s["missing"], s["missing_bytes"]
         recv = worker.start(transfer.bash(w.receive_command(self.cache, self.repo, str(wnode.control_ip),
                                                             str(hnode.control_ip))), timeout=24 * 3600)
-        port = None
-        for line in recv.stderr_lines():
-            if line.startswith("@@port "):
-                port = int(line.split()[1])
-                break
+        port = transfer.announced_port(recv)
         if port is None:
             res = recv.wait()
             raise fail(STAGE, worker.name, "start the receiver", "the receiver did not start",
                        "python3 receiver | tar -x", res.tail())
-        t0, sent = time.monotonic(), 0
+        t0 = time.monotonic()
         snd = head.start(transfer.bash(w.send_command(self.cache, self.repo, blobs, str(wnode.control_ip), port,
                                                       str(hnode.control_ip))), timeout=24 * 3600)
-        for line in snd.stderr_lines():
-            if line.startswith("@@sent "):
-                sent = int(line.split()[1])
-                self.progress.bytes(f"{head.name} -> {worker.name}", min(sent, total), total)
+        sent = transfer.follow_sender(snd, lambda n: self.progress.bytes(f"{head.name} -> {worker.name}",
+                                                                         min(n, total), total))
         sres, rres = snd.wait(), recv.wait()
         secs = time.monotonic() - t0
         # whatever arrived whole is adopted (it matches its name), the rest is dropped: never served
