@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, SYNTHETIC, TINY, build_hub
-from tests.testbed.hub.server import make_server, serve_forever_in_thread
+from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, SYNTHETIC, TINY, serve_in_thread
 
 pytest.importorskip("huggingface_hub")
 
@@ -27,12 +26,10 @@ def model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def hub(model, tmp_path_factory):
-    h = build_hub(model, tmp_path_factory.mktemp("state"), synthetic_mb=12)
-    srv = make_server(h)
-    serve_forever_in_thread(srv)
-    yield h, f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    running = serve_in_thread(model, tmp_path_factory.mktemp("state"), synthetic_mb=12)
+    yield running.hub, running.endpoint
+    running.server.shutdown()
+    running.server.server_close()
 
 
 def _client(endpoint: str, home: Path, code: str, token: str | None = None) -> subprocess.CompletedProcess:

@@ -14,8 +14,7 @@ import pytest
 
 from sparkcluster import weights as w
 from sparkcluster.errors import InputError
-from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, TINY, build_hub
-from tests.testbed.hub.server import make_server, serve_forever_in_thread
+from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, TINY, serve_in_thread
 
 
 def sh(cmd: str, stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess:
@@ -34,12 +33,10 @@ def model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def hub(model, tmp_path_factory):
-    h = build_hub(model, tmp_path_factory.mktemp("state"), synthetic_mb=0)
-    srv = make_server(h)
-    serve_forever_in_thread(srv)
-    yield h, f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    running = serve_in_thread(model, tmp_path_factory.mktemp("state"), synthetic_mb=0)
+    yield running.hub, running.endpoint
+    running.server.shutdown()
+    running.server.server_close()
 
 
 def resolve(ep: str, repo: str, rev: str = "main", token: str = "") -> w.Manifest:

@@ -19,8 +19,7 @@ from sparkcluster.facts import HostFacts
 from sparkcluster.plan import make_plan
 from sparkcluster.ssh import CommandResult
 from sparkcluster.stages import weights as stage
-from tests.testbed.hub import SYNTHETIC, TINY, build_hub
-from tests.testbed.hub.server import make_server, serve_forever_in_thread
+from tests.testbed.hub import SYNTHETIC, TINY, serve_in_thread
 
 CACHE = "/root/.cache/huggingface"
 
@@ -86,12 +85,10 @@ def model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def hub(model, tmp_path_factory):
-    h = build_hub(model, tmp_path_factory.mktemp("state"), synthetic_mb=6)
-    srv = make_server(h)
-    serve_forever_in_thread(srv)
-    yield h, f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    running = serve_in_thread(model, tmp_path_factory.mktemp("state"), synthetic_mb=6)
+    yield running.hub, running.endpoint
+    running.server.shutdown()
+    running.server.server_close()
 
 
 def loopback_inventory(endpoint: str):
