@@ -65,13 +65,15 @@ class Gate:
     source: str = ""
     verb: str = "rejects"  # "rejects" a flag; "ignores" an environment variable
 
-    def refusal(self, vllm_version: str, image_kind: str, tag: str) -> str | None:
-        """Why this image does not accept the item, or None when it does."""
-        v = parse_version(vllm_version)
-        if self.since and v < self.since:
-            return f"vLLM {vllm_version} {self.verb} it (needs vLLM >= {_fmt_ver(self.since)}; {self.source})"
-        if self.until and v >= self.until:
-            return f"vLLM {vllm_version} {self.verb} it (gone from vLLM {_fmt_ver(self.until)}; {self.source})"
+    def refusal(self, vllm_version: str | None, image_kind: str, tag: str) -> str | None:
+        """Why this image does not accept the item, or None when it does.
+
+        vllm_version None (not stated by the profile's source): only the NGC release is judged.
+        """
+        if vllm_version:
+            why = self._version_refusal(vllm_version)
+            if why:
+                return why
         rel = ngc_release(tag) if image_kind == "ngc" else None
         if rel and self.ngc_absent_through and rel <= self.ngc_absent_through:
             return (f"NGC image {tag} {self.verb} it (absent from NGC "
@@ -79,6 +81,14 @@ class Gate:
         if rel and self.ngc_removed_from and rel >= self.ngc_removed_from:
             return (f"NGC image {tag} {self.verb} it (removed from NGC "
                     f"{_fmt_ngc(self.ngc_removed_from)} on; {self.source})")
+        return None
+
+    def _version_refusal(self, vllm_version: str) -> str | None:
+        v = parse_version(vllm_version)
+        if self.since and v < self.since:
+            return f"vLLM {vllm_version} {self.verb} it (needs vLLM >= {_fmt_ver(self.since)}; {self.source})"
+        if self.until and v >= self.until:
+            return f"vLLM {vllm_version} {self.verb} it (gone from vLLM {_fmt_ver(self.until)}; {self.source})"
         return None
 
 
@@ -101,10 +111,12 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("tensor_parallel_size", "--tensor-parallel-size"),
     FlagSpec("pipeline_parallel_size", "--pipeline-parallel-size"),
     FlagSpec("distributed_executor_backend", "--distributed-executor-backend"),
+    FlagSpec("tokenizer", "--tokenizer"),
     FlagSpec("quantization", "--quantization"),
     FlagSpec("moe_backend", "--moe-backend", gate=_NEWER_THAN_25_11),
     FlagSpec("dtype", "--dtype"),
     FlagSpec("kv_cache_dtype", "--kv-cache-dtype"),
+    FlagSpec("attention_backend", "--attention-backend"),
     # 25.11 accepts only auto|float32
     FlagSpec("mamba_ssm_cache_dtype", "--mamba-ssm-cache-dtype",
              value_gates={"float16": _NEWER_THAN_25_11}),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from . import redact
 from .flags import BY_FLAG, flag_names, flag_value, refusals, serve_argv
@@ -111,11 +111,15 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
             "quantization",
             f"ModelOpt NVFP4 checkpoint needs --quantization modelopt (profile has {quant or 'none'})",
             "set serve.quantization = \"modelopt\""))
-    if profile.checkpoint_format == "compressed-tensors" and "--quantization" in flags:
+    # naming the checkpoint's own format is harmless: seed 004 serves RedHatAI's NVFP4 checkpoint
+    # with --quantization compressed-tensors
+    if profile.checkpoint_format == "compressed-tensors" and quant not in (None, "compressed-tensors"):
         p.append(Problem(
             "quantization",
-            f"compressed-tensors checkpoint must not pass --quantization (profile has {quant})",
+            f"compressed-tensors checkpoint must not pass --quantization {quant}",
             "remove serve.quantization: vLLM detects compressed-tensors itself"))
+
+    p += _speculative_problems(s.speculative_config)
 
     # -- the image kind and the `vllm serve` prefix (docs/field-notes.md, "Version-dependent flags")
     guessed = guess_image_kind(profile.image.base)
@@ -202,7 +206,48 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
                 "use serve.moe_backend (--moe-backend marlin on sm_121, seed 001) and drop the variable"))
         else:
             p.append(Problem(
-                "flag-version", f"{r.item}: image {img.ref} (vLLM {img.vllm_version}) does not accept "
+                "flag-version", f"{r.item}: image {img.ref} (vLLM {img.vllm_version or 'not stated'}) does not accept "
                 f"it: {r.reason}",
                 "remove the flag or use a newer image (and set image.vllm_version to what it ships)"))
     return p
+
+
+def _speculative_problems(spec: dict | None) -> list[Problem]:
+    """Speculative decoding: an MTP drafter belongs under method "mtp", not "draft_model".
+
+    Seed 004: Gemma 4's drafter (google/gemma-4-26B-A4B-it-assistant) runs as
+    {"method":"mtp","model":...}; "draft_model" runs the drafter as a full model and switching
+    to "mtp" gave +40% generation throughput. "mtp" with a `model` is therefore right, and
+    "mtp" without one (Qwen3.6, seed 004) uses the model's own MTP layers.
+    """
+    if not spec or spec.get("method") != "draft_model":
+        return []
+    drafter = spec.get("model")
+    return [Problem(
+        "speculative-method",
+        f"speculative_config method \"draft_model\" runs the drafter {drafter or '(none given)'} as a "
+        "full model: generation is slower than with an MTP drafter (seed 004: +40% after switching)",
+        "set serve.speculative_config.method = \"mtp\", keeping the drafter as model (seed 004)")]
+
+
+def memory_sum_problems(profiles: Sequence[Profile]) -> list[Problem]:
+    """Single-node profiles planned on one node: their utilizations share one unified pool.
+
+    Each fraction is of the same ~119 GiB, so the sum must keep the headroom a single profile
+    must keep (MAX_GPU_MEMORY_UTILIZATION, 0.85): the host's OS, Docker, sshd and the first
+    request's graph-capture spike (counted outside the budget) live in the rest, and MemAvailable
+    must stay above the 6 GB floor a seed's watchdog warns at (field notes, "Memory on a
+    unified-memory machine" and "Host hardening"). 0.85 is the per-profile limit, not derived from
+    that floor: 6 GB alone would allow ~0.95. Seed 004 saw it: Gemma 4 at 0.80 plus a
+    Nemotron-Nano sidecar at 0.28 on one Spark "actively hurt" Gemma until the sidecar went.
+    """
+    total = round(sum(p.serve.gpu_memory_utilization for p in profiles), 4)
+    if len(profiles) < 2 or total <= MAX_GPU_MEMORY_UTILIZATION:
+        return []
+    parts = " + ".join(f"{p.name} {p.serve.gpu_memory_utilization}" for p in profiles)
+    return [Problem(
+        "memory-sum",
+        f"--gpu-memory-utilization on one node sums to {total} ({parts}), above "
+        f"{MAX_GPU_MEMORY_UTILIZATION} of the shared unified pool: the host starves",
+        f"lower the profiles' serve.gpu_memory_utilization to sum to {MAX_GPU_MEMORY_UTILIZATION} "
+        "or less, or plan one of them on another node")]

@@ -72,7 +72,9 @@ class Image(_Strict):
 
     base: str = Field(pattern=r"^[a-z0-9][a-z0-9._/:-]*$")  # repository, without the tag
     tag: str = Field(pattern=_DOCKER_TAG.pattern)
-    vllm_version: str = Field(pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?([.+-]?[a-zA-Z0-9.]*)?$")
+    # None: the profile's source does not say which vLLM the tag ships (seed 004 names neither of its
+    # images' versions); version gates then judge only by the NGC release in the tag.
+    vllm_version: str | None = Field(default=None, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?([.+-]?[a-zA-Z0-9.]*)?$")
     # ngc: pass-through entrypoint, takes the full `vllm serve ...`;
     # vllm-openai: `vllm serve` is the entrypoint, takes only model + flags (docs/field-notes.md).
     kind: Literal["ngc", "vllm-openai"] | None = None
@@ -138,7 +140,8 @@ class Serve(_Strict):
 
     tensor_parallel_size: int = Field(default=2, ge=1, le=64)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
-    # TP across two hosts runs on Ray (docs/field-notes.md, "Bring-up")
+    # TP across two hosts runs on Ray (docs/field-notes.md, "Bring-up"); a single rank gets no flag
+    # unless the profile names a backend (seed 000 passes none at TP=1): `_single_rank_executor`
     distributed_executor_backend: Literal["ray", "mp"] | None = "ray"
     max_model_len: int | None = Field(default=None, ge=1)
     # vLLM's 0.9 default starves a unified-memory host (docs/field-notes.md, "Memory on a unified-memory machine").
@@ -146,6 +149,12 @@ class Serve(_Strict):
     dtype: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$")
     kv_cache_dtype: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$")
     quantization: str | None = Field(default=None, pattern=r"^[a-z0-9_-]+$")
+    # tokenizer from another repo than the weights: a quantized re-upload may lack the original's
+    # (seed 004 serves RedHatAI's NVFP4 weights with --tokenizer Qwen/Qwen3.6-35B-A3B)
+    tokenizer: str | None = Field(default=None, min_length=1, pattern=r"^[^\s]+$")
+    # --attention-backend, e.g. TRITON_ATTN (seed 004 names it for Gemma 4, whose mixed head sizes
+    # FlashInfer does not support); no version gate: neither the seeds nor the field notes give one
+    attention_backend: str | None = Field(default=None, pattern=r"^[A-Z0-9_]+$")
     moe_backend: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$")
     mamba_ssm_cache_dtype: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$")
     max_cudagraph_capture_size: int | None = Field(default=None, ge=1)
@@ -165,6 +174,15 @@ class Serve(_Strict):
     host: str = Field(default="0.0.0.0", pattern=r"^[0-9a-fA-F.:]+$|^[a-zA-Z0-9.-]+$")
     port: int | None = Field(default=None, ge=1, le=65535)  # None: the inventory's api_port
     extra_flags: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _single_rank_executor(self) -> "Serve":
+        # The "ray" default is for the pair; one rank on one node needs no executor flag. A backend
+        # the profile names explicitly is kept (lint judges it).
+        single = self.tensor_parallel_size * self.pipeline_parallel_size == 1
+        if single and "distributed_executor_backend" not in self.model_fields_set:
+            object.__setattr__(self, "distributed_executor_backend", None)
+        return self
 
     @field_validator("extra_flags")
     @classmethod
@@ -201,6 +219,10 @@ class Profile(_Strict):
     # published figure for this exact setup, so nothing to compare against.
     expected_decode_tok_s: float | None = Field(default=None, gt=0)
     shm_size: str = Field(default="16g", pattern=r"^[0-9]+[bkmgBKMG]?$")  # what Spark pairs run with
+    # the container's stack ulimit in bytes (soft = hard), as `docker run --ulimit stack=N`; None:
+    # Docker's default. Seed 004 runs both its containers with stack=67108864. Carried by the
+    # profile only: starting containers with it is the containers stage's part (issue 20).
+    ulimit_stack: int | None = Field(default=None, ge=1)
     secrets: list[SecretName] = Field(default_factory=lambda: list(SECRET_NAMES))
     image: Image
     env: EnvSettings = Field(default_factory=EnvSettings)

@@ -135,7 +135,7 @@ def show_cmd(ctx: click.Context, name: str, inventory_path: Path | None, env_fil
     _echo(f"profile {r['profile']}  ({r['path']})")
     _echo(f"model:   {r['model']}  served as {r['served_name']}")
     img = r["image"]
-    _echo(f"image:   {img['base']}  (kind {img['kind']}, vLLM {img['vllm_version']})")
+    _echo(f"image:   {img['base']}  (kind {img['kind']}, vLLM {img['vllm_version'] or 'not stated'})")
     _echo(f"built:   {img['built'] or '<image_repo>:' + img['built_tag']}  (Ray {ray_version})")
     _echo(f"docker run: --shm-size {r['shm_size']}; drop page cache before load: "
           f"{'yes' if r['drop_page_cache'] else 'no'}")

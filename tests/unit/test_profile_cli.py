@@ -33,7 +33,8 @@ def run(capsys, *argv):
 def test_list(capsys):
     rc, out, _ = run(capsys, "profile", "list")
     assert rc == 0
-    for name in ("nemotron", "qwen3-30b", "qwen3-122b", "testbed", "testbed-standin"):
+    for name in ("nemotron", "qwen3-30b", "qwen3-122b", "testbed", "testbed-standin",
+                 "qwen36-35b-fp8-single", "qwen36-35b-nvfp4-mtp", "gemma4-26b-fp8-mtp"):
         assert name in out
 
 
