@@ -182,7 +182,8 @@ def test_worker_without_forwarded_vars(testbed, sc):
     testbed.docker(WORKER, f"rm -f {WORKER_CONTAINER}")
     testbed.docker(WORKER, shlex.join(argv))
 
-    doc = json.loads(sc("doctor", "--json").stdout)
+    # the inventory's default profile is the real engine's: doctor is asked about the one running
+    doc = json.loads(sc("doctor", "--profile", "testbed-standin", "--json").stdout)
     fwd = {c["node"]: c for c in doc["checks"] if c["id"] == "containers.forwarded_env"}
     assert fwd[WORKER]["status"] == "fail", fwd
     assert "missing FLASHINFER_DISABLE_VERSION_CHECK" in fwd[WORKER]["detail"]
