@@ -10,6 +10,7 @@ bytes: one request to the hub and one stat per file per node.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from ..plan import Plan
 
 STAGE = "weights"
+_BYTES = re.compile(r"@@bytes (\d+)")
 DISK_MARGIN = 1.02  # the cache's own files (locks, refs, stamps) and filesystem slack
 
 
@@ -112,9 +114,10 @@ class Staging:
         t0 = time.monotonic()
         try:
             for line in proc.stderr_lines():
-                if line.startswith("@@bytes "):
-                    got = int(line.split()[1])
-                    self.progress.bytes(f"hub -> {head.name}", min(got, m.size), m.size)
+                # the reporter thread's lines can run into the download's own stderr (a traceback)
+                got = _BYTES.match(line)
+                if got:
+                    self.progress.bytes(f"hub -> {head.name}", min(int(got[1]), m.size), m.size)
             res = proc.wait()
         except BaseException:
             # what arrived stays as .incomplete files for the next run to resume

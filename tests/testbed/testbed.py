@@ -790,10 +790,15 @@ rm -f /run/docker.pid /run/docker.sock
 COPY vllm /opt/vllm-standin
 COPY install-standin.sh /tmp/install-standin.sh
 RUN sh /tmp/install-standin.sh && rm -f /tmp/install-standin.sh
+# as in every vLLM image (vLLM depends on it): sparkcluster's weights stage downloads with it
+ARG PIP_INDEX_URL
+ARG PIP_TRUSTED_HOST
+RUN PIP_BREAK_SYSTEM_PACKAGES=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 python3 -m pip install --quiet huggingface_hub
 ENV VLLM_VERSION_STANDIN=1
 LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vllm (testbed stand-in)"
 """)
-        self.docker(HEAD, f"build -q --network none -t {STANDIN_IMAGE} {ctx}", timeout=600)
+        self.docker(HEAD, f"build -q --network host --build-arg PIP_INDEX_URL={PIP_INDEX_URL} "
+                          f"--build-arg PIP_TRUSTED_HOST={MIRROR_IP} -t {STANDIN_IMAGE} {ctx}", timeout=600)
         self.docker(HEAD, "image prune -f", check=False)
         return self.image_id(HEAD, STANDIN_IMAGE)
 
