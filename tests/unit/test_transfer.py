@@ -249,7 +249,7 @@ def _names(tar_bytes: bytes) -> list[str]:
 
 def test_v1_layout_leaves_out_the_held_layer_tars_by_their_hash(fake_env):
     # Docker 20.10-24: `<v1 id>/layer.tar`, a name that says nothing about the diff ID
-    (base, base_id), (ray, ray_id) = _layer(b"base"), _layer(b"ray")
+    (base, base_id), (ray, _) = _layer(b"base"), _layer(b"ray")
     image = archive([("aaaa/VERSION", b"1.0"), ("aaaa/json", b"{}"), ("aaaa/layer.tar", ray),
                      ("bbbb/VERSION", b"1.0"), ("bbbb/json", b"{}"), ("bbbb/layer.tar", base),
                      ("cfg.json", b"{}"), ("manifest.json", b"[]"), ("repositories", b"{}")])
