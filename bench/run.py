@@ -466,7 +466,9 @@ class Bench:
         return min(times) if times else None
 
     def worker_rmi(self) -> None:
-        self.tb.docker("spark-worker", f"rmi {self.image}")
+        # the worker may lack it already (set aside with every image sharing its layers)
+        if self.tb.image_id("spark-worker", self.image):
+            self.tb.docker("spark-worker", f"rmi {self.image}")
 
     def serving(self) -> bool:
         r = self.sc("status", "--json", check=False)
