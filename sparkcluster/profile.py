@@ -280,7 +280,7 @@ def container_env(profile: Profile, inventory: "Inventory", node: "Node | str") 
     """Everything a node's container is started with (no secrets: those go to the exec)."""
     env = profile.forwarded_env()
     env.update(per_host_env(profile, inventory, node))
-    env["RAY_memory_usage_threshold"] = _fmt_float(profile.env.ray_memory_usage_threshold)
+    env["RAY_memory_usage_threshold"] = repr(float(profile.env.ray_memory_usage_threshold))
     env["VLLM_CONFIG_ROOT"] = profile.env.vllm_config_root
     if is_hub_model(profile.model):
         # the weights stage staged the snapshot on every node: no rank may reach for the hub
@@ -326,10 +326,6 @@ def reasoning_plugin(profile: Profile, hf_cache: str = "/root/.cache/huggingface
     if not url:
         return None
     return url, str(PurePosixPath(hf_cache) / url.rsplit("/", 1)[-1])
-
-
-def _fmt_float(x: float) -> str:
-    return repr(float(x))
 
 
 # ---- loading ---------------------------------------------------------------------------------
