@@ -41,8 +41,6 @@ class EngineTraits:
         """vLLM itself refuses two nodes at one IP (v1 only)."""
         return self.ray_executor == "v1"
 
-    exit_status_means_nothing: bool = True  # the API server exits 0 when a rank dies
-
     def node_ip_consequence(self) -> str:
         if self.checks_unique_node_ips:
             return (f"vLLM {self.vllm_version} would stop at start-up with "

@@ -23,10 +23,6 @@ def test_v2_switch_forwarded_by_the_profile_wins():
     assert traits("0.32.1rc1").ray_executor == "v2"
 
 
-def test_exit_status_never_trusted():
-    assert traits("0.21.0").exit_status_means_nothing and traits("0.32.0").exit_status_means_nothing
-
-
 
 def test_vllm_host_ip_check_follows_the_served_version():
     # both sides of the gate, through the check itself
