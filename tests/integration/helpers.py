@@ -35,3 +35,28 @@ def worker_block_edit(old: str, new: str):
         head, worker = text.split('name = "spark-worker"')
         return head + 'name = "spark-worker"' + worker.replace(old, new)
     return edit
+
+
+def debug_log_lines(sc, since: str = "") -> list[str]:
+    """The controller's debug log, its rotated files included (oldest first), as JSON lines.
+
+    The log rotates at 5 MiB and one test session writes more than that, so a byte offset taken
+    before a command may point past the end after it; `since` is an ISO UTC timestamp instead.
+    """
+    base = sc.state_dir / "sparkcluster" / "debug.log"
+    files = [base.with_name(f"debug.log.{i}") for i in (2, 1)] + [base]
+    lines = [x for f in files if f.exists() for x in f.read_text(errors="replace").splitlines()]
+    return [x for x in lines if _timestamp(x) >= since]
+
+
+def utc_now() -> str:
+    from datetime import datetime, timezone
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # structlog's own form
+
+
+def _timestamp(line: str) -> str:
+    import json
+    try:
+        return str(json.loads(line).get("timestamp", ""))
+    except ValueError:
+        return ""

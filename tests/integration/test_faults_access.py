@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import API_KEY, HF_TOKEN, ours
+from tests.integration.helpers import API_KEY, HF_TOKEN, debug_log_lines, ours, utc_now
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -95,18 +95,8 @@ def accepted(testbed) -> dict[str, int]:
     return {h: testbed.connections_logged(h) for h in HOSTS}
 
 
-def debug_log(sc) -> Path:
-    return sc.state_dir / "sparkcluster" / "debug.log"
-
-
-def log_size(sc) -> int:
-    p = debug_log(sc)
-    return p.stat().st_size if p.exists() else 0
-
-
-def log_since(sc, offset: int) -> str:
-    p = debug_log(sc)
-    return p.read_bytes()[offset:].decode(errors="replace") if p.exists() else ""
+def log_since(sc, since: str) -> str:
+    return "\n".join(debug_log_lines(sc, since))
 
 
 def timed(sc, *args, **kw) -> tuple[subprocess.CompletedProcess, float]:
@@ -151,12 +141,12 @@ def test_changed_host_key_aborts_with_hint_no_retry(testbed, sc):
     try:
         fp = fingerprint(testbed.host_dir(WORKER) / "ssh_host_ed25519_key.pub")
         kept = testbed.known_hosts.read_text()
-        before, conns, offset = states(testbed), accepted(testbed), log_size(sc)
+        before, conns, since = states(testbed), accepted(testbed), utc_now()
         res, took = timed(sc, "-v", "up", "--profile", "testbed-standin", timeout=60)
         assert res.returncode == 1, res.stderr
         assert "CHANGED" in res.stderr and fp in res.stderr and WORKER in res.stderr
         assert f"ssh-keygen -f {testbed.known_hosts} -R 198.18.0.6" in res.stderr
-        assert "retrying" not in res.stderr and "retrying" not in log_since(sc, offset)
+        assert "retrying" not in res.stderr and "retrying" not in log_since(sc, since)
         assert took < CONNECT_TIMEOUT, took
         assert testbed.connections_logged(WORKER) == conns[WORKER]
         assert testbed.known_hosts.read_text() == kept
@@ -170,11 +160,11 @@ def test_auth_failure_fast_no_retry(testbed, sc, tmp_path):
     key = tmp_path / "id_unauthorized"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     inv = inventory_variant(testbed, tmp_path, identity=key)
-    before, conns, offset = states(testbed), accepted(testbed), log_size(sc)
+    before, conns, since = states(testbed), accepted(testbed), utc_now()
     res, took = timed(sc, "-v", "up", "--profile", "testbed-standin", inventory=inv, timeout=60)
     assert res.returncode == 1, res.stderr
     assert "authentication refused" in res.stderr and WORKER in res.stderr and HEAD in res.stderr
-    assert "retrying" not in res.stderr and "retrying" not in log_since(sc, offset)
+    assert "retrying" not in res.stderr and "retrying" not in log_since(sc, since)
     assert took < 2.0, took
     assert accepted(testbed) == conns
     no_secret(res.stdout, res.stderr)
@@ -379,7 +369,7 @@ def test_secrets_never_visible(testbed, sc, hostile):
     assert dry.returncode == 0, dry.stderr
     logs = sc("logs", HEAD, "--tail", "50", env=hostile["env"])
     no_secret(hostile["stdout"], hostile["stderr"], again.stdout, again.stderr, dry.stdout, dry.stderr,
-              logs.stdout, logs.stderr, debug_log(sc).read_text())
+              logs.stdout, logs.stderr, "\n".join(debug_log_lines(sc)))
 
 
 def test_hostile_forwarded_value_arrives_byte_for_byte(testbed, sc, hostile):

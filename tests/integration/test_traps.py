@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import CLI
-from tests.integration.helpers import inventory_variant, listeners, ours, worker_block_edit
+from tests.integration.helpers import debug_log_lines, inventory_variant, listeners, ours, utc_now, worker_block_edit
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -444,8 +444,7 @@ def test_health_200_while_completions_hang(testbed, sc, tmp_path):
 def test_sigint_during_serve_rolls_back(testbed, sc, env_file):
     """Ctrl-C while vllm serve loads: the server is stopped by its PID, then the containers go."""
     knobs = Knobs(testbed, HEAD)
-    log = sc.state_dir / "sparkcluster" / "debug.log"
-    log_before = log.read_text() if log.exists() else ""
+    since = utc_now()
     try:
         knobs.set(load_seconds=20)
         proc = popen_sc(testbed, sc, env_file, "up", "--profile", "testbed-standin")
@@ -473,7 +472,7 @@ def test_sigint_during_serve_rolls_back(testbed, sc, env_file):
             proc.kill()
     assert rc == 130, err
     assert "rolling back what this run created" in err and re.search(r"^(aborted|interrupted)$", err, re.M), err
-    new_log = log.read_text()[len(log_before):]
+    new_log = "\n".join(debug_log_lines(sc, since))
     assert any('"event": "vllm serve stopped"' in line and f'"pid": {pid},' in line
                for line in new_log.splitlines()), new_log[-2000:]
     for h in (HEAD, WORKER):

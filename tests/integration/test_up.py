@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.helpers import API_KEY, HF_TOKEN, listeners, ours
+from tests.integration.helpers import API_KEY, HF_TOKEN, debug_log_lines, listeners, ours
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -123,7 +123,7 @@ def test_secrets_never_on_a_command_line(testbed, sc, serving):
         assert API_KEY not in inspect and HF_TOKEN not in inspect
     for text in (serving.stdout, serving.stderr, sc("up", "--profile", "testbed", "--dry-run").stdout):
         assert API_KEY not in text and HF_TOKEN not in text
-    log = (sc.state_dir / "sparkcluster" / "debug.log").read_text()
+    log = "\n".join(debug_log_lines(sc))
     assert API_KEY not in log and HF_TOKEN not in log
 
 
