@@ -11,10 +11,16 @@ import shlex
 import tarfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from . import profile as profiles
+from . import agent, profile as profiles, raycluster
 from .inventory import Inventory, Node
 from .labels import CLUSTER_LABEL, CONFIG_LABEL, PROFILE_LABEL, ROLE_LABEL, container_name
+
+# Docker brings the container back after a reboot or a crash (never after `down`, which removes it);
+# tini as PID 1 reaps what Ray and vLLM orphan
+RESTART_POLICY = {"Name": "unless-stopped"}
+AGENT_SOURCE = Path(agent.__file__).read_text()
 
 # The flags the field learned to put on every node (docs/field-notes.md, "Bring-up"): a worker without the device,
 # capability and ulimit silently fell back to TCP.
@@ -66,7 +72,7 @@ class ContainerSpec:
     def create_kwargs(self) -> dict:
         """Arguments for docker's APIClient.create_container (host_config built separately)."""
         labels = {**self.labels, CONFIG_LABEL: self.config_hash()}
-        return {"image": self.image, "name": self.name, "command": self.command, "entrypoint": [],
+        return {"image": self.image, "name": self.name, "command": self.agent_command(), "entrypoint": [],
                 "environment": self.env, "labels": labels, "detach": True}
 
     def host_config_kwargs(self) -> dict:
@@ -79,6 +85,8 @@ class ContainerSpec:
             "cap_add": list(CAP_ADD),
             "ulimits": [dict(MEMLOCK)],
             "shm_size": self.shm_size,
+            "restart_policy": dict(RESTART_POLICY),
+            "init": True,
             "binds": {h: {"bind": c, "mode": "rw"} for h, c in self.binds.items()},
         }
 
@@ -86,15 +94,19 @@ class ContainerSpec:
         """What the API call amounts to, as the `docker run` line a person would type (for --dry-run)."""
         argv = ["docker", "run", "-d", "--name", self.name, "--gpus", "all", "--device=/dev/infiniband",
                 "--cap-add=IPC_LOCK", "--ulimit", "memlock=-1:-1", "--network", "host", "--ipc", "host",
-                "--shm-size", self.shm_size]
+                "--shm-size", self.shm_size, "--restart", RESTART_POLICY["Name"], "--init"]
         for h, c in self.binds.items():
             argv += ["-v", f"{h}:{c}"]
         for k, v in {**self.labels, CONFIG_LABEL: self.config_hash()}.items():
             argv += ["--label", f"{k}={v}"]
         for k, v in self.env.items():
             argv += ["-e", f"{k}={v}"]
-        argv += ["--entrypoint", "", self.image, *self.command]
+        argv += ["--entrypoint", "", self.image, *self.agent_command()]
         return shlex.join(argv)
+
+    def agent_command(self) -> list[str]:
+        """The container's foreground process: the node agent, which runs `self.command` (Ray)."""
+        return ["python3", agent.AGENT_PATH, agent.CONFIG_PATH]
 
 
 def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> ContainerSpec:
@@ -109,11 +121,23 @@ def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> 
         labels={CLUSTER_LABEL: inv.cluster.name, ROLE_LABEL: node.role, PROFILE_LABEL: prof.name},
         shm_size=prof.shm_size,
         binds={inv.cluster.hf_cache: inv.cluster.hf_cache},
-        files=profiles.container_files(prof),
+        files={**profiles.container_files(prof), agent.AGENT_PATH: AGENT_SOURCE,
+               agent.CONFIG_PATH: json.dumps(agent_config(inv, node), sort_keys=True)},
     )
 
 
-def files_tar(files: dict[str, str]) -> bytes:
+def agent_config(inv: Inventory, node: Node) -> dict:
+    """What the node agent needs to know (agent.py): no secret, the same for every profile."""
+    return {
+        "node": node.name, "role": node.role, "ray_argv": ray_start_argv(inv, node),
+        "report_ip": str(node.control_ip), "report_port": inv.cluster.agent_port,
+        "state_api": raycluster.STATE_API_URL,
+        "nodes": [{"name": n.name, "ip": str(n.control_ip), "gpus": n.gpus} for n in inv.nodes],
+        "peers": [{"name": n.name, "ip": str(n.control_ip)} for n in inv.nodes if n.name != node.name],
+    }
+
+
+def files_tar(files: dict[str, str], mode: int = 0o644) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         made: set[str] = set()
@@ -128,7 +152,7 @@ def files_tar(files: dict[str, str]) -> bytes:
                     made.add(d)
             data = text.encode()
             info = tarfile.TarInfo("/".join(parts))
-            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import InputError
 from .inventory import describe_validation_error
+from .supervision import SupervisorSettings
 from .weights import is_hub_model
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -227,6 +228,7 @@ class Profile(_Strict):
     image: Image
     env: EnvSettings = Field(default_factory=EnvSettings)
     serve: Serve = Field(default_factory=Serve)
+    supervisor: SupervisorSettings = Field(default_factory=SupervisorSettings)
     path: Path | None = Field(default=None, exclude=True)
 
     # ---- what `up` needs -------------------------------------------------------------------

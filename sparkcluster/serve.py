@@ -15,14 +15,13 @@ from dataclasses import dataclass
 import docker.errors
 import httpx
 
-from . import log, redact, retry
+from . import agent, log, redact, retry
 from .errors import SparkError
 from .containers import files_tar
 
-LOG_PATH = "/var/log/sparkcluster/vllm-serve.log"
-RECORD_PATH = "/run/sparkcluster/serve.json"
-# argv passes through "$@", so no shell ever interprets a flag value
-LAUNCH = f'mkdir -p /var/log/sparkcluster && exec "$@" >>{LOG_PATH} 2>&1'
+LOG_PATH = agent.SERVE_LOG
+RECORD_PATH = agent.RECORD_PATH
+STARTED_TIMEOUT_S = 30.0  # the supervisor looks every interval_s (2 s), then waits for Ray membership
 
 _log = log.get(__name__)
 
@@ -36,14 +35,12 @@ class ServeSpec:
     port: int
     plugin: tuple[str, str] | None  # (url, path in container)
 
-    def exec_argv(self) -> list[str]:
-        return ["sh", "-c", LAUNCH, "sh", *self.argv]
-
     def describe(self) -> str:
         import shlex
 
-        env = " ".join(f"-e {n}=******" for n in self.secret_names)
-        return f"docker exec -d {env} {self.container} " + shlex.join(self.exec_argv())
+        env = ", ".join(f"{n}=******" for n in self.secret_names)
+        secrets = f" ({env} from a 0600 file)" if env else ""
+        return f"the supervisor in {self.container} runs{secrets}: " + shlex.join(self.argv)
 
 
 @dataclass(frozen=True)
@@ -58,6 +55,8 @@ class Record:
     # means the running server is not what the user asked for, without storing the secret
     salt: str = ""
     secrets_digest: str = ""
+    generation: str = ""
+    container: str = ""  # where it runs (not stored: the record is read from the container)
 
     def started_with(self, secrets: dict[str, str]) -> bool:
         return self.secrets_digest == secrets_digest(secrets, self.salt)
@@ -84,23 +83,49 @@ def stage_plugin_command(url: str, path: str) -> list[str]:
             "sh", url, path]
 
 
-def start(api, spec: ServeSpec, secrets: dict[str, str], profile: str) -> Record:
-    env = {k: v for k, v in secrets.items() if k in spec.secret_names}
-    ex = api.exec_create(spec.container, spec.exec_argv(), environment=env, stdout=False, stderr=False)
-    api.exec_start(ex["Id"], detach=True)
-    pid = 0
-    for _ in range(50):  # the PID is set once the process has started, usually at once
-        pid = api.exec_inspect(ex["Id"]).get("Pid") or 0
-        if pid:
-            break
-        time.sleep(0.1)
+def start(api, spec: ServeSpec, secrets: dict[str, str], profile: str, policy: dict,
+          timeout: float = STARTED_TIMEOUT_S) -> Record:
+    """Hand the server to the head's supervisor (agent.py), which starts it and records its PID.
+
+    The secrets go first, into a 0600 file the supervisor reads at each start (a reboot brings the
+    server back without the controller); then the desired state, written aside and renamed, so the
+    supervisor never reads half of it."""
     import secrets as _random
 
-    salt = _random.token_hex(8)
-    rec = Record(pid, ex["Id"], profile, spec.model, spec.port, time.time(), salt, secrets_digest(env, salt))
-    api.put_archive(spec.container, "/", files_tar({RECORD_PATH: json.dumps(rec.__dict__)}))
-    _log.info("vllm serve started", container=spec.container, pid=pid)
-    return rec
+    env = {k: v for k, v in secrets.items() if k in spec.secret_names}
+    salt, generation = _random.token_hex(8), _random.token_hex(8)
+    desired = {"generation": generation, "argv": spec.argv, "model": spec.model, "port": spec.port,
+               "profile": profile, "salt": salt, "secrets_digest": secrets_digest(env, salt), "policy": policy}
+    api.put_archive(spec.container, "/", files_tar({agent.SECRETS_PATH: json.dumps(env)}, mode=0o600))
+    api.put_archive(spec.container, "/", files_tar({agent.DESIRED_PATH + ".new": json.dumps(desired)}))
+    _exec(api, spec.container, ["mv", "-f", agent.DESIRED_PATH + ".new", agent.DESIRED_PATH])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rec = read_record(api, spec.container)
+        if rec is not None and rec.generation == generation:
+            _log.info("vllm serve started", container=spec.container, pid=rec.pid)
+            return rec
+        time.sleep(0.2)
+    raise NotReady(f"the supervisor in {spec.container} did not start vllm serve within {timeout:g}s",
+                   supervisor_tail(api, spec.container))
+
+
+def disable(api, container: str) -> None:
+    """Tell the supervisor no server is wanted (first, so it does not bring a stopped one back)."""
+    _exec(api, container, ["rm", "-f", agent.DESIRED_PATH, agent.SECRETS_PATH])
+
+
+def _exec(api, container: str, argv: list[str]) -> tuple[int, str]:
+    ex = api.exec_create(container, argv)
+    out = api.exec_start(ex["Id"]).decode(errors="replace")
+    return api.exec_inspect(ex["Id"]).get("ExitCode", 1), out
+
+
+def supervisor_tail(api, container: str, lines: int = 10) -> str:
+    try:
+        return redact.mask(_exec(api, container, ["tail", "-n", str(lines), agent.JOURNAL_PATH])[1])
+    except (SparkError, docker.errors.APIError) as e:  # best effort, for an error message
+        return f"(could not read {agent.JOURNAL_PATH}: {e})"
 
 
 def read_record(api, container: str) -> Record | None:
@@ -115,14 +140,20 @@ def read_record(api, container: str) -> Record | None:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         member = tar.getmembers()[0]
         doc = json.loads(tar.extractfile(member).read())
+    doc["container"] = container
     return Record(**{k: v for k, v in doc.items() if k in Record.__dataclass_fields__})
 
 
 def running(api, rec: Record) -> bool:
+    """The recorded PID still runs in its container (PIDs are the container's own)."""
     try:
-        return bool(api.exec_inspect(rec.exec_id).get("Running"))
-    except docker.errors.NotFound:  # the exec or its container is gone
+        return _exec(api, rec.container, ["kill", "-0", str(int(rec.pid))])[0] == 0
+    except docker.errors.NotFound:  # the container is gone
         return False
+    except docker.errors.APIError as e:
+        if e.response is not None and e.response.status_code == 409:  # the container is not running
+            return False
+        raise
 
 
 def current(api, container: str) -> Record | None:

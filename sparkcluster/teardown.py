@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import re
 import shlex
+import time
 from dataclasses import dataclass, field
 
 import docker.errors
@@ -66,19 +67,15 @@ def ours(host: Host, cluster: str) -> list[dict]:
 
 
 def kill_command(pid: int, grace: float) -> str:
-    """TERM, wait up to `grace` seconds, then KILL. `docker exec` forwards no signals, so the PID."""
+    """TERM, wait up to `grace` seconds, then KILL (run inside the container: the PID is its own)."""
     p = int(pid)
     return (f"kill -TERM {p} 2>/dev/null || exit 0; i=0; while kill -0 {p} 2>/dev/null; do "
             f"i=$((i+1)); [ $i -gt {int(grace * 10)} ] && {{ kill -KILL {p}; echo killed; exit 0; }}; sleep 0.1; done; echo stopped")
 
 
-def kill_server(host: Host, pid: int, grace: float = STOP_GRACE_S) -> str:
-    """Stop the process by PID; returns what the command reported ("stopped" or "killed")."""
-    res = host.run(kill_command(pid, grace), timeout=grace + 15)
-    return res.stdout.strip() or res.tail(1)
-
-
 def stop_server(host: Host, container: str, grace: float = STOP_GRACE_S) -> ServerStop:
+    """Tell the supervisor no server is wanted (so nothing brings it back), let it stop the
+    recorded server, and stop it by PID ourselves when it has not within the grace."""
     api = host.docker().api
     try:
         info = api.inspect_container(container)
@@ -87,11 +84,18 @@ def stop_server(host: Host, container: str, grace: float = STOP_GRACE_S) -> Serv
     if not info.get("State", {}).get("Running"):
         return ServerStop(Stop.CONTAINER_NOT_RUNNING)
     rec = serve.read_record(api, container)
+    serve.disable(api, container)
     if rec is None or not rec.pid:
         return ServerStop(Stop.NO_RECORD)
     if not serve.running(api, rec):
         return ServerStop(Stop.NOT_RUNNING, rec.pid)
-    how = kill_server(host, rec.pid, grace)
+    deadline = time.monotonic() + grace + 5  # the supervisor looks every few seconds, then TERM
+    while time.monotonic() < deadline and serve.running(api, rec):
+        time.sleep(0.5)
+    how = "stopped"
+    if serve.running(api, rec):
+        ex = api.exec_create(container, ["sh", "-c", kill_command(rec.pid, 5.0)])
+        how = api.exec_start(ex["Id"]).decode(errors="replace").strip() or "killed"
     _log.info("vllm serve stopped", host=host.name, pid=rec.pid, how=how)
     return ServerStop(Stop.STOPPED, rec.pid, how)
 

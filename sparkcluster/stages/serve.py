@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
-from .. import redact, serve as server, teardown
+from .. import redact, serve as server, supervision, teardown
 from . import weights as weights_stage
 from .base import Step, fail
 
@@ -40,9 +40,11 @@ def steps(plan: "Plan") -> list[Step]:
     if plan.old_server is not None and not plan.containers:
         pid = plan.old_server.pid
         out.append(Step(STAGE, head, "stop-old", f"stop the running vllm serve (pid {pid})",
-                        teardown.kill_command(pid, teardown.STOP_GRACE_S),
+                        f"the supervisor is told no server is wanted, then stops pid {pid} (SIGTERM, "
+                        f"SIGKILL after {teardown.STOP_GRACE_S:g}s)",
                         when=f"pid {pid} still runs as the recorded server",
-                        skip=lambda r: _old_gone(r, pid), run=lambda r: teardown.kill_server(r.cluster.head, pid)))
+                        skip=lambda r: _old_gone(r, pid),
+                        run=lambda r: teardown.stop_server(r.cluster.head, r.plan.serve.container)))
     out.append(Step(STAGE, head, "start", "start vllm serve", sv.describe(), run=start))
     out.append(Step(STAGE, head, "ready", "wait until ready",
                     f"/health is 200 and a one-token chat completion succeeds, within {plan.profile.ready_timeout_s}s",
@@ -79,7 +81,13 @@ def _old_gone(r: "Run", pid: int) -> str | None:
 
 
 def start(r: "Run") -> None:
-    r.server = server.start(r.cluster.head.docker().api, r.plan.serve, r.secrets, r.plan.profile.name)
+    prof = r.plan.profile
+    try:
+        r.server = server.start(r.cluster.head.docker().api, r.plan.serve, r.secrets, prof.name,
+                                supervision.policy(prof.supervisor, prof.ready_timeout_s))
+    except server.NotReady as e:
+        raise fail(STAGE, r.cluster.head.name, "start vllm serve", e.reason, r.plan.serve.describe(), e.tail,
+                   "sparkcluster events shows the supervisor's journal; sparkcluster down, then sparkcluster up") from None
 
 
 def _base(r: "Run") -> str:

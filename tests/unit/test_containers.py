@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import shlex
 import tarfile
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import inventory_dict, make_inventory
-from sparkcluster import inventory, profile
+from sparkcluster import agent, inventory, profile
 from sparkcluster.containers import create_and_start, spec_for
 from sparkcluster.containers import files_tar, ray_start_argv
 from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, PROFILE_LABEL, ROLE_LABEL
@@ -104,7 +105,14 @@ def test_spec_differs_only_in_role_and_per_host_values(inv, prof):
     assert head.image == worker.image == IMAGE
     assert head.shm_size == worker.shm_size
     assert head.binds == worker.binds
-    assert head.files == worker.files
+    # the agent's configuration names the node and its role; every other file is the same
+    assert {k: v for k, v in head.files.items() if k != agent.CONFIG_PATH} == \
+        {k: v for k, v in worker.files.items() if k != agent.CONFIG_PATH}
+    assert head.files[agent.AGENT_PATH] == Path(agent.__file__).read_text()
+    cfg_h, cfg_w = json.loads(head.files[agent.CONFIG_PATH]), json.loads(worker.files[agent.CONFIG_PATH])
+    assert (cfg_h["role"], cfg_w["role"]) == ("head", "worker")
+    assert cfg_h["ray_argv"] == head.command and cfg_w["ray_argv"] == worker.command
+    assert cfg_w["report_ip"] == str(inv.workers[0].control_ip) and cfg_h["peers"][0]["ip"] == cfg_w["report_ip"]
     assert set(head.env) == set(worker.env)
     differing = {k for k in head.env if head.env[k] != worker.env[k]}
     assert differing <= set(profile.PER_HOST_VARS)
@@ -151,7 +159,8 @@ def test_no_secret_names_in_container_env(inv, prof):
 def test_container_files_carry_the_non_carry_over_list(inv, prof):
     head, _ = specs(inv, prof)
     path, text = profile.non_carry_over_file(prof)
-    assert head.files == {path: text}
+    assert head.files == {path: text, agent.AGENT_PATH: Path(agent.__file__).read_text(),
+                          agent.CONFIG_PATH: head.files[agent.CONFIG_PATH]}
 
 
 def test_config_hash_stable_and_sensitive(inv, prof):
@@ -179,7 +188,9 @@ def test_create_kwargs_labels_include_config_hash(inv, prof):
     kw = head.create_kwargs()
     assert kw["labels"][CONFIG_LABEL] == head.config_hash()
     assert kw["entrypoint"] == []
-    assert kw["command"] == head.command
+    # the node agent is the foreground process; it runs Ray's command, read from its configuration
+    assert kw["command"] == ["python3", agent.AGENT_PATH, agent.CONFIG_PATH]
+    assert json.loads(head.files[agent.CONFIG_PATH])["ray_argv"] == head.command
     assert kw["environment"] == head.env
     assert kw["image"] == IMAGE and kw["name"] == head.name
     assert "host_config" not in kw
@@ -198,9 +209,10 @@ def test_docker_run_equivalent_splits_back_with_every_flag(inv, prof):
         for flag, value in (("--network", "host"), ("--ipc", "host"), ("--gpus", "all"),
                             ("--shm-size", spec.shm_size), ("--name", spec.name)):
             assert argv[argv.index(flag) + 1] == value
-        # image, then the ray start command verbatim
-        n = len(spec.command)
-        assert argv[-n:] == spec.command
+        assert argv[argv.index("--restart") + 1] == "unless-stopped" and "--init" in argv
+        # image, then the node agent's command verbatim
+        n = len(spec.agent_command())
+        assert argv[-n:] == spec.agent_command()
         assert argv[-n - 1] == spec.image
         assert argv[-n - 3:-n - 1] == ["--entrypoint", ""]
         envs = [argv[j + 1] for j, a in enumerate(argv) if a == "-e"]

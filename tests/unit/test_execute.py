@@ -298,6 +298,8 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     secrets = {"HF_TOKEN": "hf_x", "VLLM_API_KEY": "k"}
     plan = make_plan(inv, prof, facts, serving=False, replace=False, secret_names=secrets)
     monkeypatch.setattr(serve, "wait_ready", lambda *a, **kw: 1.0)
+    # the supervisor in the head container starts the server (tested in test_agent / test_serve_start)
+    monkeypatch.setattr(serve, "start", lambda *a, **kw: serve.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
     monkeypatch.setattr(serve, "warm_up", lambda *a, **kw: 0.5)
     r = execute.Run(Cluster(inv, hosts), plan, facts, secrets, Recorder())
     execute.execute(r)
@@ -395,6 +397,8 @@ def up_over(monkeypatch, env_of):
     facts = {n.name: HostFacts(n.name, hostname=n.name, image_id=IMAGE_ID, image_ray="2.60.0") for n in inv.nodes}
     monkeypatch.setattr(preflight_stage, "check", lambda c, i, p: SimpleNamespace(facts=facts, results=[1, 2]))
     monkeypatch.setattr(serve, "wait_ready", lambda *a, **kw: 1.0)
+    # the supervisor in the head container starts the server (tested in test_agent / test_serve_start)
+    monkeypatch.setattr(serve, "start", lambda *a, **kw: serve.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
     monkeypatch.setattr(serve, "warm_up", lambda *a, **kw: 0.5)
     progress = Recorder()
     progress.info = lambda text: progress.lines.append("info " + text)

@@ -5,23 +5,48 @@ from __future__ import annotations
 import docker.errors
 import pytest
 
-from sparkcluster import serve, teardown
-from sparkcluster.errors import CommandFailed
-from sparkcluster.ssh import CommandResult
+from sparkcluster import agent, serve, teardown
 
 
 class API:
-    def __init__(self, running=True, record=None, exec_running=True, present=True):
-        self.running, self.record, self.exec_running, self.present = running, record, exec_running, present
+    """A head container whose supervisor stops the server `lag` looks after it is disabled (None:
+    never, as when the agent is wedged itself)."""
+
+    def __init__(self, running=True, record=None, alive=True, present=True, lag: int | None = 1):
+        self.running, self.record, self.alive, self.present, self.lag = running, record, alive, present, lag
         self.removed: list[str] = []
+        self.disabled = False
+        self.execs: list[list[str]] = []
+        self._last: list[str] = []
 
     def inspect_container(self, name):
         if not self.present:
             raise docker.errors.NotFound("no such container")
         return {"State": {"Running": self.running}}
 
+    def exec_create(self, container, cmd, **kw):
+        self.execs.append(cmd)
+        self._last = cmd
+        return {"Id": str(len(self.execs))}
+
+    def exec_start(self, exec_id, **kw):
+        cmd = self._last
+        if cmd[:2] == ["rm", "-f"]:
+            self.disabled = True
+        elif cmd[:2] == ["sh", "-c"] and "kill -TERM" in cmd[2]:
+            self.alive = False
+            return b"killed\n"
+        return b""
+
     def exec_inspect(self, exec_id):
-        return {"Running": self.exec_running}
+        cmd = self._last
+        if cmd[:2] == ["kill", "-0"]:
+            if self.disabled and self.lag is not None:
+                self.lag -= 1
+                if self.lag < 0:
+                    self.alive = False
+            return {"ExitCode": 0 if self.alive else 1}
+        return {"ExitCode": 0}
 
     def remove_container(self, cid, force=False):
         if not self.present:
@@ -32,21 +57,14 @@ class API:
 class Host:
     name = "spark-head"
 
-    def __init__(self, api, kill_exit=0):
-        self.api, self.kill_exit, self.ran = api, kill_exit, []
+    def __init__(self, api):
+        self.api = api
 
     def docker(self):
         return type("C", (), {"api": self.api})()
 
-    def run(self, cmd, timeout=30.0, stdin=None, warn=False):
-        self.ran.append(cmd)
-        res = CommandResult(self.name, cmd, self.kill_exit, "stopped\n" if self.kill_exit == 0 else "", "", 0.1)
-        if not res.ok and not warn:
-            raise CommandFailed(res)
-        return res
 
-
-REC = serve.Record(pid=4242, exec_id="e1", profile="testbed", model="m", port=8000, started_at=0.0)
+REC = serve.Record(pid=4242, exec_id="", profile="testbed", model="m", port=8000, started_at=0.0, container="c")
 
 
 @pytest.fixture
@@ -58,17 +76,21 @@ def test_stop_server_outcomes(with_record):
     assert teardown.stop_server(Host(API(present=False)), "c").how is teardown.Stop.NO_CONTAINER
     assert teardown.stop_server(Host(API(running=False)), "c").how is teardown.Stop.CONTAINER_NOT_RUNNING
     assert teardown.stop_server(Host(API(record=None)), "c").how is teardown.Stop.NO_RECORD
-    gone = teardown.stop_server(Host(API(record=REC, exec_running=False)), "c")
+    gone = teardown.stop_server(Host(API(record=REC, alive=False)), "c")
     assert gone.how is teardown.Stop.NOT_RUNNING and not gone.stopped
-    host = Host(API(record=REC))
-    out = teardown.stop_server(host, "c")
+    api = API(record=REC)
+    out = teardown.stop_server(Host(api), "c")
     assert out.stopped and out.pid == 4242 and str(out) == "vllm serve (pid 4242) stopped"
-    assert host.ran == [teardown.kill_command(4242, teardown.STOP_GRACE_S)]
+    # the supervisor is told first, so it never brings the stopped server back
+    assert api.execs[0] == ["rm", "-f", agent.DESIRED_PATH, agent.SECRETS_PATH]
+    assert not any(c[:2] == ["sh", "-c"] for c in api.execs)
 
 
-def test_a_failed_kill_is_loud(with_record):
-    with pytest.raises(CommandFailed):
-        teardown.stop_server(Host(API(record=REC), kill_exit=1), "c")
+def test_a_server_the_supervisor_does_not_stop_is_killed_by_pid(with_record):
+    api = API(record=REC, lag=None)
+    out = teardown.stop_server(Host(api), "c", grace=0.5)
+    assert out.stopped and out.detail == "killed" and api.disabled
+    assert api.execs[-1] == ["sh", "-c", teardown.kill_command(4242, 5.0)]
 
 
 def test_remove_container_by_id_tolerates_gone():

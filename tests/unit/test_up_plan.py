@@ -16,7 +16,7 @@ import pytest
 
 from conftest import inventory_dict, make_inventory
 
-from sparkcluster import profile as profiles, redact, serve
+from sparkcluster import agent, profile as profiles, redact, serve
 from sparkcluster.containers import files_tar, spec_for
 from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
@@ -87,7 +87,7 @@ def test_bare_cluster_builds_sends_creates_and_serves(prof, monkeypatch):
     assert sv.plugin is None
     for text in (repr(plan), plan.render(), sv.describe()):
         assert "hf_from_the_environment_123" not in text
-    assert "-e HF_TOKEN=****** -e VLLM_API_KEY=******" in sv.describe()
+    assert "(HF_TOKEN=******, VLLM_API_KEY=****** from a 0600 file)" in sv.describe()
 
 
 def test_bare_cluster_build_uses_pip_mirror(prof):
@@ -285,35 +285,14 @@ def spec(argv: list[str]) -> serve.ServeSpec:
                            model="m", port=8000, plugin=None)
 
 
-def test_launch_passes_argv_through_dollar_at():
-    assert serve.LAUNCH == ('mkdir -p /var/log/sparkcluster && exec "$@" >>/var/log/sparkcluster/vllm-serve.log 2>&1')
-    argv = spec(["vllm", "serve", "m"]).exec_argv()
-    assert argv == ["sh", "-c", serve.LAUNCH, "sh", "vllm", "serve", "m"]
-
-
-def test_launch_runs_the_args_uninterpreted(tmp_path, monkeypatch):
-    logdir = tmp_path / "log"
-    log = logdir / "vllm-serve.log"
-    monkeypatch.setattr(serve, "LOG_PATH", str(log))
-    monkeypatch.setattr(serve, "LAUNCH", serve.LAUNCH.replace("/var/log/sparkcluster", str(logdir)))
-    assert str(log) in serve.LAUNCH
-    argv = spec(["printf", "%s\\n", *HOSTILE_ARGS]).exec_argv()
-    assert subprocess.run(argv, cwd=tmp_path, timeout=10).returncode == 0
-    assert log.read_bytes() == "".join(a + "\n" for a in HOSTILE_ARGS).encode()
-    assert not (tmp_path / "pwned").exists()
-    # a second start appends
-    subprocess.run(spec(["printf", "%s\\n", "again"]).exec_argv(), cwd=tmp_path, timeout=10, check=True)
-    assert log.read_bytes().endswith(b"again\n")
-    assert log.read_bytes().startswith(b"a;b\n")
-
-
 def test_describe_never_holds_a_secret_value():
     redact.register("hf_SECRETVALUE_0123456789")
     s = spec(["vllm", "serve", "m", "--api-key-file", "/x"])
     d = s.describe()
-    assert d.startswith("docker exec -d -e HF_TOKEN=****** -e VLLM_API_KEY=****** sparkcluster-pair-head ")
+    assert d.startswith("the supervisor in sparkcluster-pair-head runs (HF_TOKEN=******, VLLM_API_KEY=****** "
+                        "from a 0600 file): ")
     assert "hf_SECRETVALUE_0123456789" not in d
-    assert shlex.split(d)[-6:] == ["sh", "vllm", "serve", "m", "--api-key-file", "/x"]
+    assert shlex.split(d.split(": ", 1)[1]) == ["vllm", "serve", "m", "--api-key-file", "/x"]
 
 
 needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
@@ -348,25 +327,37 @@ def test_stage_plugin_command_failure_and_hostile_url(tmp_path):
 # ---- serve.start / read_record against a tiny fake Docker API ----------------------------------------
 
 class FakeAPI:
-    def __init__(self):
+    """A head container whose supervisor starts what the desired-state file asks for (PID 4242)."""
+
+    def __init__(self, supervisor=True):
         self.execs: list[tuple] = []
         self.archives: dict[str, bytes] = {}
+        self.modes: dict[str, int] = {}
+        self.supervisor = supervisor
 
     def exec_create(self, container, cmd, environment=None, stdout=True, stderr=True):
         self.execs.append((container, cmd, environment))
+        if cmd[:2] == ["mv", "-f"]:
+            self.archives[cmd[3]] = self.archives.pop(cmd[2])
+            if self.supervisor:
+                desired = json.loads(self.archives[cmd[3]])
+                rec = {k: desired[k] for k in ("profile", "model", "port", "salt", "secrets_digest", "generation")}
+                self.archives[serve.RECORD_PATH] = json.dumps({**rec, "pid": 4242, "exec_id": "",
+                                                               "started_at": 1.0}).encode()
         return {"Id": "exec1"}
 
     def exec_start(self, exec_id, detach=False):
         return b""
 
     def exec_inspect(self, exec_id):
-        return {"Pid": 4242, "Running": True}
+        return {"ExitCode": 0}
 
     def put_archive(self, container, path, data):
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             for m in tar.getmembers():
                 if m.isfile():
                     self.archives["/" + m.name] = tar.extractfile(m).read()
+                    self.modes["/" + m.name] = m.mode
         return True
 
     def get_archive(self, container, path):
@@ -375,21 +366,29 @@ class FakeAPI:
         return iter([files_tar({path.rsplit("/", 1)[-1]: self.archives[path].decode()})]), {}
 
 
-def test_start_puts_secrets_in_env_only_and_records_the_pid():
+def test_start_hands_the_server_to_the_supervisor_with_secrets_in_a_private_file():
     api = FakeAPI()
     s = spec(["vllm", "serve", "m"])
     secrets = {"HF_TOKEN": "hf_tok_value_1", "VLLM_API_KEY": "key_value_2", "OTHER": "nope"}
-    rec = serve.start(api, s, secrets, "testbed")
-    ((container, cmd, env),) = api.execs
-    assert container == s.container
-    assert cmd == s.exec_argv()
-    assert env == {"HF_TOKEN": "hf_tok_value_1", "VLLM_API_KEY": "key_value_2"}
-    assert not any(v in " ".join(cmd) for v in secrets.values())
-    assert (rec.pid, rec.exec_id, rec.profile, rec.model, rec.port) == (4242, "exec1", "testbed", "m", 8000)
-    stored = json.loads(api.archives[serve.RECORD_PATH])
-    assert stored["pid"] == 4242 and not any(v in json.dumps(stored) for v in secrets.values())
+    rec = serve.start(api, s, secrets, "testbed", {"max_restarts": 3})
+    assert json.loads(api.archives[agent.SECRETS_PATH]) == {"HF_TOKEN": "hf_tok_value_1", "VLLM_API_KEY": "key_value_2"}
+    assert api.modes[agent.SECRETS_PATH] == 0o600
+    desired = json.loads(api.archives[agent.DESIRED_PATH])
+    assert desired["argv"] == s.argv and desired["policy"] == {"max_restarts": 3} and desired["model"] == "m"
+    # no secret in the desired state, the record, or any command
+    for text in (api.archives[agent.DESIRED_PATH].decode(), api.archives[serve.RECORD_PATH].decode(), repr(api.execs)):
+        assert not any(v in text for v in secrets.values())
+    assert (rec.pid, rec.profile, rec.model, rec.port, rec.container) == (4242, "testbed", "m", 8000, s.container)
+    assert rec.generation == desired["generation"] and rec.started_with({k: secrets[k] for k in s.secret_names})
     assert serve.read_record(api, s.container) == rec
     assert serve.running(api, rec)
+    assert api.execs[-1][1] == ["kill", "-0", "4242"]
+
+
+def test_start_fails_with_the_journal_when_the_supervisor_does_not_start_it():
+    api = FakeAPI(supervisor=False)
+    with pytest.raises(serve.NotReady, match="did not start vllm serve within 0.5s"):
+        serve.start(api, spec(["vllm", "serve", "m"]), {}, "testbed", {}, timeout=0.5)
 
 
 def test_read_record_absent_is_none():

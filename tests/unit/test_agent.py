@@ -1,0 +1,161 @@
+"""The node agent's supervisor (agent.py): its verdicts over looks, its restart bound and backoff,
+its readers over captured text, and a start/stop of a real process with hostile arguments."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkcluster import agent
+from sparkcluster.agent import Look, Watch, verdict
+
+CAPTURED = Path(__file__).parents[1] / "captured"
+P = {**agent.DEFAULT_POLICY, "stall_s": 30.0, "ready_timeout_s": 100.0}
+HOSTILE_ARGS = ["a;b", "$(touch pwned)", "`id`", "it's \"quoted\"", "  spaced  ", "*", "", "back\\slash", "ünï"]
+
+
+def ready_watch() -> Watch:
+    w = Watch(started=0.0)
+    assert verdict(w, Look(now=1.0, alive=True, health=200, probe=""), P) is None
+    assert w.ready
+    return w
+
+
+def test_a_starting_engine_is_left_alone_until_its_ready_bound():
+    w = Watch(started=0.0)
+    assert verdict(w, Look(now=50.0, alive=True, health=None), P) is None
+    assert verdict(w, Look(now=99.0, alive=True, health=200, probe="timed out"), P) is None
+    assert verdict(w, Look(now=101.0, alive=True, health=None), P)[0] == "not-ready"
+
+
+def test_dead_when_the_process_exits_whatever_its_status():
+    assert verdict(ready_watch(), Look(now=5.0, alive=False), P) == ("dead", "the vllm serve process exited")
+
+
+def test_dead_after_consecutive_health_failures_only():
+    w = ready_watch()
+    assert verdict(w, Look(now=2.0, alive=True, health=None), P) is None
+    assert verdict(w, Look(now=3.0, alive=True, health=200), P) is None  # one good look resets
+    for t in (4.0, 5.0):
+        assert verdict(w, Look(now=t, alive=True, health=503), P) is None
+    kind, cause = verdict(w, Look(now=6.0, alive=True, health=503), P)
+    assert kind == "dead" and "3 times" in cause
+
+
+def test_wedged_when_the_probe_fails_while_health_is_200():
+    kind, cause = verdict(ready_watch(), Look(now=5.0, alive=True, health=200,
+                                              probe="a one-token completion did not return within 20s"), P)
+    assert kind == "wedged" and cause.startswith("/health is 200 but a one-token completion")
+
+
+def test_wedged_when_requests_run_and_no_token_moves_for_the_window():
+    w = ready_watch()
+    assert verdict(w, Look(now=10.0, alive=True, health=200, running=2, generated=500), P) is None
+    assert verdict(w, Look(now=30.0, alive=True, health=200, running=2, generated=500), P) is None
+    kind, cause = verdict(w, Look(now=40.0, alive=True, health=200, running=2, generated=500), P)
+    assert kind == "wedged" and "2 request(s) running" in cause and "30s" in cause
+
+
+def test_idle_engine_with_a_still_counter_is_not_wedged():
+    w = ready_watch()
+    for t in (10.0, 100.0, 1000.0):
+        assert verdict(w, Look(now=t, alive=True, health=200, running=0, generated=500), P) is None
+
+
+def test_memory_floor_needs_consecutive_samples_and_wins_over_everything():
+    w = ready_watch()
+    low = {"spark-worker": 5 * 2**30}
+    assert verdict(w, Look(now=2.0, alive=True, health=200, low_memory=low), P) is None
+    assert verdict(w, Look(now=3.0, alive=True, health=200), P) is None  # recovered: count restarts
+    assert verdict(w, Look(now=4.0, alive=True, health=200, low_memory=low), P) is None
+    assert verdict(w, Look(now=5.0, alive=True, health=200, low_memory=low), P) is None
+    kind, cause = verdict(w, Look(now=6.0, alive=False, low_memory=low), P)
+    assert kind == "memory" and "spark-worker 5.0 GiB" in cause and "6 GiB" in cause
+
+
+def test_restart_bound_and_backoff_follow_the_window():
+    now = 10_000.0
+    assert agent.restarts_left([], now, P) == 3
+    assert agent.restarts_left([now - 10, now - 20, now - 4000], now, P) == 1  # one fell out of the hour
+    assert agent.backoff([now], now, P) == 5.0
+    assert agent.backoff([now - 2, now - 1, now], now, P) == 20.0
+    assert agent.backoff([now - i for i in range(10)], now, P) == 60.0
+
+
+def test_readers_over_captured_text():
+    meminfo = (CAPTURED / "host-meminfo.txt").read_text()
+    assert agent.mem_available(meminfo) == 24_332_672 * 1024
+    assert agent.mem_available("MemTotal: 1 kB\n") is None
+    metrics = (CAPTURED / "vllm-0.32-metrics.txt").read_text()
+    running, generated = agent.engine_figures(metrics)
+    assert (running, generated) == (2.0, 6064.0)
+
+
+def test_supervisor_starts_hostile_argv_uninterpreted_and_stops_it(tmp_path, monkeypatch):
+    for name in ("SERVE_LOG", "RECORD_PATH", "STATE_PATH", "SECRETS_PATH", "DESIRED_PATH"):
+        monkeypatch.setattr(agent, name, str(tmp_path / name.lower()))
+    Path(agent.SECRETS_PATH).write_text(json.dumps({"VLLM_API_KEY": "k-secret"}))
+    script = "import os,sys,time; print(*sys.argv[1:], sep='\\n'); print('key', os.environ['VLLM_API_KEY'] == 'k-secret', flush=True); time.sleep(60)"
+    desired = {"generation": "g1", "argv": [sys.executable, "-c", script, *HOSTILE_ARGS], "model": "m", "port": 1,
+               "profile": "p", "salt": "s", "secrets_digest": "d"}
+    sup = agent.Supervisor({"node": "n", "nodes": [], "peers": []}, agent.Journal(str(tmp_path / "journal")))
+    monkeypatch.chdir(tmp_path)
+    sup.start(desired)
+    rec = json.loads(Path(agent.RECORD_PATH).read_text())
+    assert rec["pid"] == sup.proc.pid and rec["generation"] == "g1" and "k-secret" not in json.dumps(rec)
+    deadline = time.time() + 10
+    while "key" not in Path(agent.SERVE_LOG).read_text() and time.time() < deadline:
+        time.sleep(0.05)
+    assert Path(agent.SERVE_LOG).read_text() == "".join(a + "\n" for a in HOSTILE_ARGS) + "key True\n"
+    assert not (tmp_path / "pwned").exists()
+    sup.stop("test")
+    assert sup.proc is None and not Path(agent.RECORD_PATH).exists()
+    journal = [json.loads(x) for x in (tmp_path / "journal").read_text().splitlines()]
+    assert [e["event"] for e in journal] == ["vllm serve started", "state: starting", "vllm serve stopped"]
+    assert "k-secret" not in (tmp_path / "journal").read_text()
+
+
+def test_resumes_restart_count_and_final_verdicts_after_a_container_restart(tmp_path, monkeypatch):
+    for name in ("RECORD_PATH", "STATE_PATH"):
+        monkeypatch.setattr(agent, name, str(tmp_path / name.lower()))
+    Path(agent.STATE_PATH).write_text(json.dumps({"generation": "g1", "state": agent.LIMIT, "restarts": [1.0, 2.0, 3.0],
+                                                  "causes": [{"kind": "wedged"}]}))
+    sup = agent.Supervisor({"node": "n"}, agent.Journal(str(tmp_path / "journal")))
+    sup.adopt({"generation": "g1"})
+    assert (sup.state, sup.restarts, sup.first_start) == (agent.LIMIT, [1.0, 2.0, 3.0], False)
+    fresh = agent.Supervisor({"node": "n"}, agent.Journal(str(tmp_path / "journal")))
+    fresh.adopt({"generation": "g2"})
+    assert (fresh.restarts, fresh.first_start) == ([], True)
+
+
+def test_shm_janitor_removes_only_segments_it_saw_mapped_after_two_unmapped_looks(tmp_path, monkeypatch):
+    seg = tmp_path / "psm_abc"
+    seg.write_bytes(b"x")
+    other = tmp_path / "psm_other"
+    other.write_bytes(b"y")
+    mapped = {str(seg)}
+    monkeypatch.setattr(agent, "shm_in_use", lambda: set(mapped))
+    j = agent.ShmJanitor(agent.Journal(str(tmp_path / "journal")))
+    j.look()
+    mapped.clear()
+    j.look()
+    assert seg.exists()  # unmapped once: perhaps between two processes
+    j.look()
+    assert not seg.exists() and other.exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc")
+def test_shm_in_use_reads_a_real_mapping():
+    from multiprocessing import shared_memory
+
+    seg = shared_memory.SharedMemory(create=True, size=4096, name="psm_sctest1")
+    try:
+        assert "/dev/shm/psm_sctest1" in agent.shm_in_use()
+    finally:
+        seg.close()
+        seg.unlink()
