@@ -282,6 +282,8 @@ class Supervisor:
         self.next_start = 0.0
         self.last_probe = 0.0
         self.first_start = True  # the start `up` asked for is not retried: a bad flag stays visible
+        self.rate: float | None = None  # generated tokens per second over the last interval
+        self._last_count: tuple[float, float] | None = None
 
     # -- state
     def set_state(self, state: str, **detail) -> None:
@@ -291,10 +293,12 @@ class Supervisor:
         self.save()
 
     def save(self) -> None:
+        policy = self.policy()
+        self.restarts = [t for t in self.restarts if time.time() - t < float(policy["restart_window_s"])]
         write_json(STATE_PATH, {"state": self.state, "since": self.since, "updated": time.time(),
                                 "generation": self.generation, "pid": self.proc.pid if self.proc else None,
                                 "restarts": self.restarts, "causes": self.causes[-5:],
-                                "policy": self.policy()})
+                                "tokens_per_s": self.rate if self.proc else None, "policy": policy})
 
     def policy(self, desired: dict | None = None) -> dict:
         d = desired if desired is not None else (read_json(DESIRED_PATH) or {})
@@ -326,7 +330,7 @@ class Supervisor:
         self.proc = subprocess.Popen(desired["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        record = {k: desired.get(k) for k in ("profile", "model", "port", "salt", "secrets_digest", "generation")}
+        record = {k: desired.get(k) for k in ("profile", "model", "port", "salt", "secrets_digest", "generation", "policy")}
         write_json(RECORD_PATH, {**record, "pid": self.proc.pid, "exec_id": "", "started_at": time.time()})
         self.watch = Watch(started=time.time())
         self.journal.write("vllm serve started", pid=self.proc.pid, generation=desired.get("generation"))
@@ -397,6 +401,10 @@ class Supervisor:
                 look.running, look.generated = engine_figures(r.read().decode(errors="replace"))
         except (OSError, ValueError):
             pass
+        if look.generated is not None:
+            if self._last_count and look.now > self._last_count[0]:
+                self.rate = max(0.0, (look.generated - self._last_count[1]) / (look.now - self._last_count[0]))
+            self._last_count = (look.now, look.generated)
         due = not self.watch.ready or look.now - self.last_probe >= float(policy["probe_interval_s"])
         if due:
             self.last_probe = look.now

@@ -56,6 +56,7 @@ class Record:
     salt: str = ""
     secrets_digest: str = ""
     generation: str = ""
+    policy: dict | None = None  # the supervisor's bounds it runs under
     container: str = ""  # where it runs (not stored: the record is read from the container)
 
     def started_with(self, secrets: dict[str, str]) -> bool:

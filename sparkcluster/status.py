@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 
-from . import endpoint as endpoint_mod, log, parsers, raycluster, serve
+from . import agent, endpoint as endpoint_mod, log, parsers, raycluster, serve, supervision
 from .errors import EngineUnreachable
 from .facts import section, split_sections
 from .fanout import connect_reachable
@@ -51,6 +51,8 @@ class ClusterStatus:
     server_pid: int | None = None
     engine_responds: bool | None = None  # a one-token completion answered within its bound
     metrics: dict[str, float] = field(default_factory=dict)  # from /metrics, by endpoint.METRICS
+    supervisor: dict | None = None  # the head supervisor's state file (agent.py), None: none written
+    journal: list[dict] = field(default_factory=list)  # its last entries
     problems: list[str] = field(default_factory=list)
 
     def as_json(self) -> str:
@@ -103,25 +105,27 @@ def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
         def http() -> endpoint_mod.EngineView:
             return endpoint_mod.look(endpoint, api_key) if endpoint else endpoint_mod.EngineView()
 
-        def server_pid() -> int | None:
+        def server_pid() -> tuple[int | None, dict | None, list[dict]]:
             # by the head container's fixed name, alongside the node scripts rather than after them
             if not head:
-                return None
+                return None, None, []
+            name = container_name(inv.cluster.name, "head", inv.head.name)
             try:
-                rec = serve.current(head.docker().api, container_name(inv.cluster.name, "head", inv.head.name))
+                api = head.docker().api
+                rec = serve.current(api, name)
+                return (rec.pid if rec else None), supervision.state(api, name), supervision.journal(api, name, 5)
             except EngineUnreachable as e:  # the node's own row says why; here only: no PID to show
                 _log.debug("no server PID: the head engine did not answer", error=str(e))
-                return None
-            return rec.pid if rec else None
+                return None, None, []
 
         with ThreadPoolExecutor(max_workers=2) as pool:
             http_future, pid_future = pool.submit(http), pool.submit(server_pid)
             per_node = cluster.each(lambda h: _one(h, inv))
             engine = http_future.result()
-            pid = pid_future.result()
+            pid, sup, journal = pid_future.result()
         heads = [o.value[0] for n, o in per_node.items() if n == inv.head.name and o.ok]
         if not (heads and heads[0].state == "running"):
-            pid = None
+            pid, sup, journal = None, None, []
 
     nodes, ray_rows = [], None
     for n in inv.nodes:
@@ -136,16 +140,37 @@ def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
         if ray is not None:
             ray_rows = ray
         nodes.append(st)
-    return judge(inv, nodes, ray_rows, endpoint, engine, pid)
+    return judge(inv, nodes, ray_rows, endpoint, engine, pid, sup, journal)
+
+
+def supervisor_problem(sup: dict | None) -> str | None:
+    """What the supervisor's state adds to the problems: it has given up, or is bringing it back."""
+    if not sup:
+        return None
+    state, causes = sup.get("state"), sup.get("causes") or []
+    last = causes[-1]["cause"] if causes else ""
+    if state == agent.LIMIT:
+        return (f"supervisor: restart limit reached ({len(sup.get('restarts') or [])} restarts); last causes: "
+                + "; ".join(c["cause"] for c in causes[-3:]) + ". Fix the cause, then sparkcluster up")
+    if state == agent.MEMORY:
+        return (f"supervisor: vllm serve stopped and not restarted: {last}. Lower gpu_memory_utilization "
+                "or set enforce_eager in the profile, then sparkcluster up")
+    if state == agent.FAILED:
+        return f"supervisor: vllm serve failed to start: {last}; see sparkcluster logs and sparkcluster events"
+    if state in (agent.RESTARTING, agent.WAITING) or (state == agent.STARTING and causes):
+        return f"supervisor: {state} (after: {last})" if last else f"supervisor: {state}"
+    return None
 
 
 def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, endpoint: str,
-          engine: "endpoint_mod.EngineView", pid: int | None) -> ClusterStatus:
+          engine: "endpoint_mod.EngineView", pid: int | None, sup: dict | None = None,
+          journal: list[dict] | None = None) -> ClusterStatus:
     """Pure: healthy only when every node's container runs, Ray has every node alive at its
     control IP with its GPUs, and the endpoint answers with the model."""
     st = ClusterStatus(inv.cluster.name, "healthy", nodes, endpoint=f"{endpoint}/v1" if endpoint else "",
                        health=engine.health, models=engine.models, server_pid=pid,
-                       engine_responds=engine.responds, metrics=engine.metrics)
+                       engine_responds=engine.responds, metrics=engine.metrics, supervisor=sup,
+                       journal=list(journal or []))
     alive = [r for r in (ray_rows or []) if r.get("state") == "ALIVE"]
     if ray_rows is not None:
         st.ray_nodes = len(alive)
@@ -178,6 +203,9 @@ def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, 
             st.problems.append(f"engine wedged: /health is 200 but {engine.probe}")
         elif pid is None:
             st.problems.append("vllm serve is not running")
+    said = supervisor_problem(sup)
+    if said and any(ns.state == "running" for ns in nodes):
+        st.problems.append(said)
     if all(ns.reachable and ns.state == "absent" for ns in nodes):
         st.state = "down"
     elif st.problems:

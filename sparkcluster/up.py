@@ -15,7 +15,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 
-from . import endpoint, lint, log, profile as profiles, serve, teardown
+from . import endpoint, lint, log, profile as profiles, serve, supervision, teardown
 from .errors import InputError, StageError, StepFailure
 from .execute import Progress, Run, execute, record_preflight
 from .fanout import Cluster
@@ -78,8 +78,10 @@ def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secret
     report = preflight_stage.check(cluster, inv, prof)
     old = _old_server(cluster, inv, report.facts)
     wanted = {k: v for k, v in secrets.items() if k in profiles.secret_env_names(prof)}
-    # the same profile serves only when its server runs, started with the same secrets
-    serving = bool(old and old.profile == prof.name and old.started_with(wanted))
+    # the same profile serves only when its server runs, started with the same secrets and watched
+    # by the supervisor with the profile's bounds
+    policy = supervision.policy(prof.supervisor, prof.ready_timeout_s)
+    serving = bool(old and old.profile == prof.name and old.started_with(wanted) and old.policy == policy)
     wedged = _wedged(cluster, inv, prof, secrets) if serving else ""
     serving = serving and not wedged
     plan = make_plan(inv, prof, report.facts, serving, replace, old_server=old, secret_names=secrets.keys())

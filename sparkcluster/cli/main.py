@@ -37,7 +37,7 @@ class _LazyGroup(click.Group):
 
     # command name -> module in this package; importing it decorates the command onto `cli`
     MODULES = {"bench": "bench", "doctor": "doctor", "down": "down", "init": "init", "logs": "logs",
-               "profile": "profile", "status": "status", "up": "up", "weights": "weights"}
+               "profile": "profile", "status": "status", "up": "up", "weights": "weights", "events": "events"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self.MODULES))

@@ -10,7 +10,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from .. import redact, secrets as secret_store, status as status_mod
+from .. import redact, secrets as secret_store, status as status_mod, supervision
 from .main import cli
 
 EXIT = {"healthy": 0, "degraded": 1, "down": 3}
@@ -55,6 +55,14 @@ def render(st: status_mod.ClusterStatus) -> Group:
             ("requests_running", "running", _count), ("requests_waiting", "waiting", _count),
             ("kv_cache_usage", "KV cache", lambda v: f"{v * 100:.1f}%"),
             ("generation_tokens_total", "tokens generated", _count)) if key in m))
+    sup = st.supervisor
+    if sup and st.state != "down":
+        restarts = len(sup.get("restarts") or [])
+        rate = sup.get("tokens_per_s")
+        lines.append(f"supervisor: {sup.get('state')}  restarts: {restarts} of {sup.get('policy', {}).get('max_restarts', '?')}"
+                     + (f"  generating {rate:.1f} tok/s" if rate is not None else ""))
+        for e in st.journal[-3:]:
+            lines.append("  " + redact.mask(supervision.format_entry(e)))
     for p in st.problems:
         lines.append(f"[red]problem:[/] {redact.mask(p)}")
     return Group(*lines)

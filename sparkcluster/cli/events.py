@@ -1,0 +1,54 @@
+"""`sparkcluster events [--follow] [--json]`: the head supervisor's journal (agent.py): what it saw
+and what it did (started, wedged, restarted, stopped for memory, resumed after a reboot)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+import docker.errors
+
+from .. import redact, supervision
+from ..errors import InputError
+from ..fanout import connect_all
+from ..labels import container_name
+from .main import cli
+
+
+@cli.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new entries until Ctrl-C (which never stops anything).")
+@click.option("--last", default=50, show_default=True, help="Entries to start from.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per entry.")
+@click.pass_obj
+def events(obj, follow: bool, last: int, as_json: bool) -> None:
+    """The supervisor's journal on the head: what it saw and what it did."""
+    inv = obj.inventory()
+    res = connect_all(inv, [inv.head])
+    host = res.values_or_raise("connect")[inv.head.name]
+    name = container_name(inv.cluster.name, "head", inv.head.name)
+    api = host.docker().api
+    try:
+        api.inspect_container(name)
+    except docker.errors.NotFound:
+        raise InputError(f"no head container {name} on {inv.head.name}: nothing has been started",
+                         "sparkcluster up --profile NAME") from None
+
+    def show(entries: list[dict]) -> None:
+        for e in entries:
+            click.echo(redact.mask(json.dumps(e) if as_json else supervision.format_entry(e)))
+
+    entries = supervision.journal(api, name)
+    show(entries[-last:] if last else entries)
+    seen = entries[-1]["ts"] if entries else 0.0
+    try:
+        while follow:
+            time.sleep(1.0)
+            new = [e for e in supervision.journal(api, name) if e.get("ts", 0) > seen]
+            if new:
+                show(new)
+                seen = new[-1]["ts"]
+    except KeyboardInterrupt:
+        pass
+    finally:
+        host.close()
