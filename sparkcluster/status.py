@@ -151,7 +151,7 @@ def supervisor_problem(sup: dict | None) -> str | None:
     last = causes[-1]["cause"] if causes else ""
     if state == agent.LIMIT:
         return (f"supervisor: restart limit reached ({len(sup.get('restarts') or [])} restarts); last causes: "
-                + "; ".join(c["cause"] for c in causes[-3:]) + ". Fix the cause, then sparkcluster up")
+                + "; ".join(f"{c.get('kind')}: {c.get('cause')}" for c in causes[-3:]) + ". Fix the cause, then sparkcluster up")
     if state == agent.MEMORY:
         return (f"supervisor: vllm serve stopped and not restarted: {last}. Lower gpu_memory_utilization "
                 "or set enforce_eager in the profile, then sparkcluster up")

@@ -36,7 +36,8 @@ def server_pid_and_start(testbed) -> tuple[str, str]:
     name = ours(testbed, HEAD)
     rec = testbed.sh(HEAD, f"docker exec {name[0]} cat /run/sparkcluster/serve.json").stdout
     pid = json.loads(rec)["pid"]
-    start = testbed.sh(HEAD, f"cut -d' ' -f22 /proc/{pid}/stat").stdout.strip()
+    # the PID is the head container's own: the supervisor in it started the server
+    start = testbed.sh(HEAD, f"docker exec {name[0]} cut -d' ' -f22 /proc/{pid}/stat").stdout.strip()
     return str(pid), start
 
 

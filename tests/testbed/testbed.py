@@ -619,6 +619,29 @@ for i in $(seq 50); do pgrep -x containerd >/dev/null || break; sleep 0.1; done
 rm -f /run/docker.pid /run/docker.sock
 """, check=False, timeout=timeout + 20)
 
+    def reboot(self, host: str) -> None:
+        """What a reboot does to a node's containers: dockerd and everything under it stops (the
+        containers end as at shutdown, not by `docker stop`), then dockerd starts again and brings
+        back the containers whose restart policy asks for it. Stand-in limits: the host's kernel,
+        sshd and link state stay up, which a real reboot would also take down for a minute."""
+        self.stop_dockerd(host)
+        self.sh(host, "pkill -9 -f containerd-shim 2>/dev/null; true", check=False)
+        self.start_dockerd(host)
+
+    def set_meminfo(self, host: str, container: str, mem_available_kib: int | None) -> None:
+        """A stand-in at the OS boundary, as lxcfs does for containers: the container's
+        /proc/meminfo shows MemAvailable = `mem_available_kib` (the rest of the real file kept);
+        None removes it. The testbed's two hosts are one machine, so real pressure on one "node"
+        would starve both and the test's own processes with them."""
+        pid = self.sh(host, f"docker inspect -f '{{{{.State.Pid}}}}' {container}").stdout.strip()
+        if mem_available_kib is None:
+            self.sh(host, f"nsenter -t {pid} -m -p umount /proc/meminfo", check=False)
+            return
+        fake = "/run/testbed-meminfo"
+        self.sh(host, f"docker exec {container} sh -c 'sed \"s/^MemAvailable:.*/MemAvailable:   {int(mem_available_kib)} kB/\" "
+                      f"/proc/meminfo > {fake}'")
+        self.sh(host, f"nsenter -t {pid} -m -p mount --bind {fake} /proc/meminfo")
+
     # ---------------------------------------------------------------- client files
     def _write_client_files(self) -> None:
         lines = []

@@ -1,0 +1,191 @@
+"""The supervisor keeps the pair serving without the controller (issue 19), on the real engine
+(vLLM 0.32.0 CPU build, TP=2 over Ray). One serving cluster walks through, in order:
+
+- rank 1's worker stopped (SIGSTOP): /health stays 200; `status` names the wedge, then the
+  supervisor catches it by its one-token probe and restarts the server, serving again;
+- rank 1's worker killed: vLLM's API server exits (with status 0); restarted, serving again;
+- a third failure in the window (the testbed profile allows 2 restarts): left down, and `status`
+  says "restart limit reached" with the causes;
+- a reboot of the worker, then of both nodes (the testbed's knob: dockerd and everything under it
+  stopped, started again): serving again with no controller command;
+- a node's MemAvailable below the floor (a stand-in at the OS boundary, as lxcfs does: the worker
+  container's /proc/meminfo): the server stopped and not restarted, the reason in `status`;
+- `down`, then a reboot: nothing comes back.
+Only the testbed's `sparkcluster up` and `down` are controller commands here; `status` and
+`events` only read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from tests.integration.helpers import API_KEY, ours
+
+pytestmark = pytest.mark.testbed
+HEAD, WORKER = "spark-head", "spark-worker"
+HEAD_C, WORKER_C = "sparkcluster-testbed-head", "sparkcluster-testbed-worker-spark-worker"
+BASE = "http://198.18.0.2:8000"
+BACK_WITHIN_S = 240  # a restart: stop, backoff (5-10 s), Ray membership, ~40 s load on two cores
+REBOOT_BACK_WITHIN_S = 420  # plus Ray's own reconnect timeout when the head went away under the worker
+
+
+def sup_state(testbed) -> dict:
+    res = testbed.sh(HEAD, f"docker exec {HEAD_C} cat /run/sparkcluster/supervisor.json", check=False)
+    return json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else {}
+
+
+def journal(testbed) -> list[dict]:
+    out = testbed.sh(HEAD, f"docker exec {HEAD_C} cat /var/log/sparkcluster/journal.jsonl", check=False).stdout
+    return [json.loads(x) for x in out.splitlines() if x.strip()]
+
+
+def answers() -> bool:
+    try:
+        r = httpx.post(BASE + "/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=20,
+                       json={"model": "testbed-tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        return r.status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_for(what: str, cond, timeout: float, testbed, interval: float = 2.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(interval)
+    tail = "\n".join(json.dumps(e) for e in journal(testbed)[-12:])
+    raise AssertionError(f"{what}: not within {timeout:.0f}s; the supervisor's journal ends:\n{tail}")
+
+
+def serving_again(testbed, since: float, timeout: float = BACK_WITHIN_S) -> float:
+    """Seconds until the supervisor says serving (after `since`) and a completion answers."""
+    t0 = time.monotonic()
+    wait_for("serving again", lambda: sup_state(testbed).get("state") == "serving"
+             and sup_state(testbed).get("since", 0) > since and answers(), timeout, testbed)
+    return time.monotonic() - t0
+
+
+def rank1_pids(testbed) -> list[str]:
+    out = testbed.sh(WORKER, "pgrep -f 'RayWorkerProc' || true").stdout.split()
+    assert out, testbed.sh(WORKER, "ps -eo pid,args").stdout
+    return out
+
+
+def status(sc) -> tuple[int, dict]:
+    res = sc("status", "--json")
+    return res.returncode, json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def fresh(testbed, sc):
+    """A server `up` just started: no restart counted yet."""
+    st = sup_state(testbed)
+    if st.get("state") != "serving" or st.get("restarts") or not answers():
+        sc("down")
+        res = sc("up", "--profile", "testbed", timeout=900)
+        assert res.returncode == 0, res.stdout + res.stderr
+    return sup_state(testbed)
+
+
+def test_a_stopped_rank_is_named_by_status_then_restarted_by_the_supervisor(testbed, sc, fresh):
+    pids = rank1_pids(testbed)
+    t = time.time()
+    try:
+        testbed.sh(WORKER, "kill -STOP " + " ".join(pids))
+        assert httpx.get(BASE + "/health", timeout=5).status_code == 200  # what vLLM says
+        code, st = status(sc)  # its probe's bound (10 s) is below the supervisor's (15 s)
+        assert code != 0 and st["state"] == "degraded"
+        assert any(p.startswith("engine wedged: /health is 200 but") for p in st["problems"]), st["problems"]
+        took = serving_again(testbed, t)
+    finally:
+        testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
+    wedges = [e for e in journal(testbed) if e["event"] == "wedged" and e["ts"] > t]
+    assert wedges and "one-token completion did not return within 15s" in wedges[0]["cause"], wedges
+    assert len(sup_state(testbed)["restarts"]) == 1
+    code, st = status(sc)
+    assert code == 0 and st["state"] == "healthy" and st["supervisor"]["state"] == "serving", st["problems"]
+    print(f"wedge to serving again: {took:.0f}s")
+
+
+def test_a_killed_rank_is_restarted(testbed, sc, fresh):
+    t = time.time()
+    testbed.sh(WORKER, "kill -KILL " + " ".join(rank1_pids(testbed)))
+    serving_again(testbed, t)
+    causes = [e for e in journal(testbed) if e["event"] == "dead" and e["ts"] > t]
+    assert causes, journal(testbed)[-8:]
+    assert len(sup_state(testbed)["restarts"]) == 2
+
+
+def test_past_the_restart_limit_it_stays_down_and_status_says_why(testbed, sc, fresh):
+    pids = rank1_pids(testbed)
+    try:
+        testbed.sh(WORKER, "kill -STOP " + " ".join(pids))
+        wait_for("restart limit", lambda: sup_state(testbed).get("state") == "restart limit reached", 120, testbed)
+    finally:
+        testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
+    time.sleep(8)  # longer than a backoff: nothing is started again
+    assert sup_state(testbed)["state"] == "restart limit reached" and not answers()
+    code, st = status(sc)
+    assert code != 0
+    limit = [p for p in st["problems"] if "restart limit reached" in p]
+    assert limit and "wedged: /health is 200 but a one-token completion" in limit[0], st["problems"]
+    assert "dead: the vllm serve process exited" in limit[0]
+    events = sc("events", "--last", "20")
+    assert events.returncode == 0 and "restart limit reached" in events.stdout, events.stdout + events.stderr
+    # `up` starts it again, with a fresh bound
+    res = sc("up", "--profile", "testbed", timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sup_state(testbed)["restarts"] == [] and answers()
+
+
+def test_a_worker_reboot_comes_back_serving_without_the_controller(testbed, sc, fresh):
+    t = time.time()
+    testbed.reboot(WORKER)
+    took = serving_again(testbed, t, REBOOT_BACK_WITHIN_S)
+    assert ours(testbed, WORKER) == [WORKER_C]
+    print(f"worker reboot to serving again: {took:.0f}s")
+
+
+def test_both_nodes_rebooted_come_back_serving_without_the_controller(testbed, sc, fresh):
+    t = time.time()
+    testbed.stop_dockerd(HEAD)
+    testbed.reboot(WORKER)
+    testbed.sh(HEAD, "pkill -9 -f containerd-shim 2>/dev/null; true", check=False)
+    testbed.start_dockerd(HEAD)
+    serving_again(testbed, t, REBOOT_BACK_WITHIN_S)
+    resumed = [e for e in journal(testbed) if e["event"] == "resumed after the container restarted" and e["ts"] > t]
+    assert resumed, journal(testbed)[-10:]
+    code, st = status(sc)
+    assert code == 0 and st["state"] == "healthy", st["problems"]
+
+
+def test_memory_below_the_floor_stops_the_server_for_good(testbed, sc, fresh):
+    assert answers()
+    t = time.time()
+    try:
+        testbed.set_meminfo(WORKER, WORKER_C, 4 * 1024 * 1024)  # 4 GiB, below the default 6 GiB floor
+        wait_for("stopped for memory", lambda: sup_state(testbed).get("state") == "stopped: memory floor", 60, testbed)
+        time.sleep(10)  # longer than a backoff: nothing is started again
+        assert not answers()
+        code, st = status(sc)
+        assert code != 0
+        said = [p for p in st["problems"] if p.startswith("supervisor: vllm serve stopped and not restarted")]
+        assert said and "spark-worker 4.0 GiB" in said[0] and "gpu_memory_utilization" in said[0], st["problems"]
+    finally:
+        testbed.set_meminfo(WORKER, WORKER_C, None)
+    assert [e for e in journal(testbed) if e["event"] == "memory" and e["ts"] > t]
+
+
+def test_down_disables_it_so_nothing_comes_back_after_a_reboot(testbed, sc, fresh):
+    res = sc("down")
+    assert res.returncode == 0, res.stdout + res.stderr
+    testbed.reboot(HEAD)
+    testbed.reboot(WORKER)
+    time.sleep(5)
+    assert ours(testbed, HEAD) == [] and ours(testbed, WORKER) == []
