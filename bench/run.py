@@ -32,6 +32,8 @@ from pathlib import Path
 
 import httpx
 
+from bench import supervisor
+
 REPO = Path(__file__).resolve().parents[1]
 LOCK_PATH = "/tmp/sparkcluster-testbed.lock"
 REPS = int(os.environ.get("BENCH_REPS", "5"))
@@ -736,6 +738,15 @@ class Bench:
         say(f"on a serving cluster: doctor, status --json, up, in-process fan-out ({REPS}x)")
         for i in range(REPS):
             self.on_serving(i)
+        # once each whatever REPS: the testbed profile allows two restarts per hour
+        say("supervisor: its own CPU and memory while serving, then a wedge and a worker reboot to serving again")
+        cpu, rss = supervisor.agent_cost(tb)
+        self.rec("agent_cpu_pct", cpu)
+        self.rec("agent_rss_mb", rss)
+        self.rec("wedge_to_serving_s", supervisor.wedge_to_serving(tb, API_KEY))
+        self.rec("reboot_to_serving_s", supervisor.worker_reboot_to_serving(tb, API_KEY))
+        say(f"  agent {cpu:.2f}% of a core, {rss:.0f} MB; wedge to serving {self.raw['wedge_to_serving_s'][-1]:.0f}s, "
+            f"worker reboot to serving {self.raw['reboot_to_serving_s'][-1]:.0f}s")
         say(f"image transfer, base on both hosts: bytes on the link / bytes of the layers the worker lacks ({REPS}x)")
         self.sc("down", timeout=120)
         try:
@@ -821,6 +832,15 @@ class Bench:
         F.append(Figure("image_same_bytes", "identical image IDs: bytes on the control link", "bytes",
                         f"0 (< {LINK_NOISE // 1024} KiB: no image moved)", [float(x) for x in R["image_same_link_bytes"]],
                         max(R["image_same_link_bytes"]) < LINK_NOISE))
+        if R.get("agent_cpu_pct"):
+            F.append(Figure("agent_cpu", "supervisor on the head, serving idle: CPU", "% of a core", "< 1",
+                            R["agent_cpu_pct"], max(R["agent_cpu_pct"]) < 1))
+            F.append(Figure("agent_rss", "supervisor on the head: memory (RSS)", "MB", "< 100",
+                            R["agent_rss_mb"], max(R["agent_rss_mb"]) < 100))
+            F.append(Figure("wedge_to_serving", "rank 1 stopped (SIGSTOP) to serving again, no controller", "s", "-",
+                            R["wedge_to_serving_s"], None))
+            F.append(Figure("reboot_to_serving", "worker reboot to serving again, no controller", "s", "-",
+                            R["reboot_to_serving_s"], None))
         F.append(Figure("status_wall", "status --json on a serving cluster: wall time", "s", "< 1",
                         R["status_wall"], max(R["status_wall"]) < 1))
         F.append(Figure("status_inprocess", "  ... the same status, in-process (no interpreter start-up)", "s", "-",
