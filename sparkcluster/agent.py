@@ -361,6 +361,8 @@ class Supervisor:
     # -- looks
     def nodes_ready(self) -> str | None:
         """None when every node is a live Ray member with its GPUs, else what is missing."""
+        if not self.cfg.get("ray_argv"):  # one node, no Ray: nothing to wait for
+            return None
         try:
             with urllib.request.urlopen(self.cfg["state_api"], timeout=3) as r:
                 doc = json.loads(r.read())
@@ -506,7 +508,8 @@ def main(config_path: str = CONFIG_PATH) -> int:
         cfg = json.load(f)
     journal = Journal()
     journal.write("agent started", node=cfg["node"], role=cfg["role"])
-    ray = subprocess.Popen(cfg["ray_argv"])
+    # no Ray (a one-node deployment): a stand-in that never exits, so the loop below reads the same
+    ray = subprocess.Popen(cfg["ray_argv"]) if cfg.get("ray_argv") else subprocess.Popen(["sleep", "infinity"])
     stopping = threading.Event()
 
     def on_term(signum, frame):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import agent, profile as profiles, raycluster
 from .inventory import Inventory, Node
-from .labels import CLUSTER_LABEL, CONFIG_LABEL, PROFILE_LABEL, ROLE_LABEL, container_name
+from .labels import CLUSTER_LABEL, CONFIG_LABEL, NODES_LABEL, PROFILE_LABEL, ROLE_LABEL, container_name
 
 # Docker brings the container back after a reboot or a crash (never after `down`, which removes it);
 # tini as PID 1 reaps what Ray and vLLM orphan
@@ -29,7 +29,7 @@ CAP_ADD = ["IPC_LOCK"]
 MEMLOCK = {"Name": "memlock", "Soft": -1, "Hard": -1}
 
 
-def required_flags() -> dict[str, object]:
+def required_flags(ulimit_stack: int | None = None) -> dict[str, object]:
     """The flags every node's container must carry, in the form `checks.container_flags` reads
     them back from `docker inspect`."""
     return {
@@ -37,7 +37,8 @@ def required_flags() -> dict[str, object]:
         "IpcMode": "host",
         "CapAdd": sorted(CAP_ADD),
         "Devices": sorted((d.split(":")[0], d.split(":")[1]) for d in DEVICES),
-        "Ulimits": [(MEMLOCK["Name"], MEMLOCK["Soft"], MEMLOCK["Hard"])],
+        "Ulimits": sorted([(MEMLOCK["Name"], MEMLOCK["Soft"], MEMLOCK["Hard"]),
+                           *([("stack", ulimit_stack, ulimit_stack)] if ulimit_stack else [])]),
     }
 
 
@@ -62,10 +63,12 @@ class ContainerSpec:
     shm_size: str
     binds: dict[str, str]  # host path -> container path
     files: dict[str, str] = field(default_factory=dict)  # written into the container before start
+    ulimit_stack: int | None = None  # bytes, soft = hard (seed 004); None: Docker's default
 
     def config_hash(self) -> str:
         doc = json.dumps({"image": self.image, "command": self.command, "env": self.env, "shm": self.shm_size,
-                          "binds": self.binds, "files": self.files, "flags": [DEVICES, CAP_ADD, MEMLOCK]},
+                          "binds": self.binds, "files": self.files, "flags": [DEVICES, CAP_ADD, MEMLOCK],
+                          **({"stack": self.ulimit_stack} if self.ulimit_stack else {})},
                          sort_keys=True)
         return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
@@ -83,7 +86,7 @@ class ContainerSpec:
             "device_requests": [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}],
             "devices": list(DEVICES),
             "cap_add": list(CAP_ADD),
-            "ulimits": [dict(MEMLOCK)],
+            "ulimits": [dict(MEMLOCK), *self.stack_ulimit()],
             "shm_size": self.shm_size,
             "restart_policy": dict(RESTART_POLICY),
             "init": True,
@@ -93,7 +96,9 @@ class ContainerSpec:
     def docker_run_equivalent(self) -> str:
         """What the API call amounts to, as the `docker run` line a person would type (for --dry-run)."""
         argv = ["docker", "run", "-d", "--name", self.name, "--gpus", "all", "--device=/dev/infiniband",
-                "--cap-add=IPC_LOCK", "--ulimit", "memlock=-1:-1", "--network", "host", "--ipc", "host",
+                "--cap-add=IPC_LOCK", "--ulimit", "memlock=-1:-1",
+                *(["--ulimit", f"stack={self.ulimit_stack}"] if self.ulimit_stack else []),
+                "--network", "host", "--ipc", "host",
                 "--shm-size", self.shm_size, "--restart", RESTART_POLICY["Name"], "--init"]
         for h, c in self.binds.items():
             argv += ["-v", f"{h}:{c}"]
@@ -104,9 +109,17 @@ class ContainerSpec:
         argv += ["--entrypoint", "", self.image, *self.agent_command()]
         return shlex.join(argv)
 
+    def stack_ulimit(self) -> list[dict]:
+        return [{"Name": "stack", "Soft": self.ulimit_stack, "Hard": self.ulimit_stack}] if self.ulimit_stack else []
+
     def agent_command(self) -> list[str]:
         """The container's foreground process: the node agent, which runs `self.command` (Ray)."""
         return ["python3", agent.AGENT_PATH, agent.CONFIG_PATH]
+
+
+def uses_ray(inv: Inventory, prof: profiles.Profile) -> bool:
+    """Ray spans the nodes of a multi-node deployment; one node needs it only if the profile asks."""
+    return len(inv.nodes) > 1 or prof.serve.distributed_executor_backend == "ray"
 
 
 def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> ContainerSpec:
@@ -115,21 +128,24 @@ def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> 
         role=node.role,
         name=container_name(inv.cluster.name, node.role, node.name),
         image=image,
-        command=ray_start_argv(inv, node),
+        command=ray_start_argv(inv, node) if uses_ray(inv, prof) else [],
         # the cache is mounted at the same path; HF_HOME makes every rank look there (weights, token)
         env={**profiles.container_env(prof, inv, node), "HF_HOME": inv.cluster.hf_cache},
-        labels={CLUSTER_LABEL: inv.cluster.name, ROLE_LABEL: node.role, PROFILE_LABEL: prof.name},
+        labels={CLUSTER_LABEL: inv.cluster.name, ROLE_LABEL: node.role, PROFILE_LABEL: prof.name,
+                NODES_LABEL: ",".join(n.name for n in inv.nodes)},
         shm_size=prof.shm_size,
         binds={inv.cluster.hf_cache: inv.cluster.hf_cache},
         files={**profiles.container_files(prof), agent.AGENT_PATH: AGENT_SOURCE,
-               agent.CONFIG_PATH: json.dumps(agent_config(inv, node), sort_keys=True)},
+               agent.CONFIG_PATH: json.dumps(agent_config(inv, node, uses_ray(inv, prof)), sort_keys=True)},
+        ulimit_stack=prof.ulimit_stack,
     )
 
 
-def agent_config(inv: Inventory, node: Node) -> dict:
-    """What the node agent needs to know (agent.py): no secret, the same for every profile."""
+def agent_config(inv: Inventory, node: Node, ray: bool = True) -> dict:
+    """What the node agent needs to know (agent.py): no secret. Without Ray (one node), the agent
+    is the container's only long-lived process and starts the server without a membership wait."""
     return {
-        "node": node.name, "role": node.role, "ray_argv": ray_start_argv(inv, node),
+        "node": node.name, "role": node.role, "ray_argv": ray_start_argv(inv, node) if ray else [],
         "report_ip": str(node.control_ip), "report_port": inv.cluster.agent_port,
         "state_api": raycluster.STATE_API_URL,
         "nodes": [{"name": n.name, "ip": str(n.control_ip), "gpus": n.gpus} for n in inv.nodes],

@@ -86,7 +86,7 @@ class Cluster(_Strict):
 
 class Inventory(_Strict):
     cluster: Cluster
-    nodes: list[Node] = Field(min_length=2)
+    nodes: list[Node] = Field(min_length=1)  # one Spark is a cluster too (seed 000)
     path: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
@@ -109,6 +109,16 @@ class Inventory(_Strict):
                 else:
                     first[v] = i
         return lines
+
+    def only(self, names: list[str]) -> "Inventory":
+        """The inventory of a deployment on some of the nodes (in inventory order): the head stays
+        head when it is among them, else the first becomes the deployment's head."""
+        chosen = [n for n in self.nodes if n.name in names]
+        for name in names:
+            self.node(name)  # an unknown name is an input error
+        if not any(n.role == "head" for n in chosen):
+            chosen = [chosen[0].model_copy(update={"role": "head"}), *chosen[1:]]
+        return self.model_copy(update={"nodes": chosen})
 
     @property
     def head(self) -> Node:

@@ -4,6 +4,7 @@ LABEL_PREFIX = "org.sparkcluster"
 CLUSTER_LABEL = f"{LABEL_PREFIX}.cluster"
 ROLE_LABEL = f"{LABEL_PREFIX}.role"
 PROFILE_LABEL = f"{LABEL_PREFIX}.profile"
+NODES_LABEL = f"{LABEL_PREFIX}.nodes"  # the deployment's node set, comma-separated
 CONFIG_LABEL = f"{LABEL_PREFIX}.config-hash"  # hash of everything that shaped the container
 
 

@@ -46,7 +46,8 @@ class ClusterLock:
                 return self
             if line.startswith("@@held"):
                 proc.close()
-                raise LockHeld(f"cluster '{self.cluster}' is locked by {line[len('@@held '):].strip() or 'another run'}",
+                raise LockHeld(f"cluster '{self.cluster}' is locked by {line[len('@@held '):].strip() or 'another run'} "
+                               f"(on {self.head.name})",
                                "wait for that run to finish (the lock goes with its SSH connection)")
         res = proc.wait()
         raise SparkError(f"{self.head.name}: could not take the cluster lock: {res.tail(3) or f'exit {res.exit_code}'}",
@@ -57,3 +58,26 @@ class ClusterLock:
             self._proc.close()
             self._proc = None
 
+
+
+class NodeLocks:
+    """The lock on every node a run touches, taken in inventory order (so two runs never wait on
+    each other in a circle; a held one fails at once): two single-node deployments on different
+    nodes can be brought up at the same time, and nothing else runs on a node while one is."""
+
+    def __init__(self, cluster, inv, command: str):
+        self.locks = [ClusterLock(cluster.hosts[n.name], inv.cluster.name, command) for n in inv.nodes]
+        self._taken: list[ClusterLock] = []
+
+    def __enter__(self) -> "NodeLocks":
+        try:
+            for lock in self.locks:
+                self._taken.append(lock.__enter__())
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self._taken:
+            self._taken.pop().__exit__()

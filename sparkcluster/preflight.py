@@ -22,7 +22,7 @@ def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect
         image_disk_bytes=int(prof.image_disk_gb * checks.GiB),
         model_disk_bytes=int(prof.model_disk_gb * checks.GiB),
         vllm_version=prof.image.vllm_version,
-        container_flags=containers.required_flags(),
+        container_flags=containers.required_flags(prof.ulimit_stack),
     )
 
 

@@ -221,8 +221,7 @@ class Profile(_Strict):
     expected_decode_tok_s: float | None = Field(default=None, gt=0)
     shm_size: str = Field(default="16g", pattern=r"^[0-9]+[bkmgBKMG]?$")  # what Spark pairs run with
     # the container's stack ulimit in bytes (soft = hard), as `docker run --ulimit stack=N`; None:
-    # Docker's default. Seed 004 runs both its containers with stack=67108864. Carried by the
-    # profile only: starting containers with it is the containers stage's part (issue 20).
+    # Docker's default. Seed 004 runs both its containers with stack=67108864.
     ulimit_stack: int | None = Field(default=None, ge=1)
     secrets: list[SecretName] = Field(default_factory=lambda: list(SECRET_NAMES))
     image: Image

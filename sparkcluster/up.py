@@ -15,13 +15,13 @@ import contextlib
 import time
 from dataclasses import dataclass
 
-from . import endpoint, lint, log, profile as profiles, serve, supervision, teardown
+from . import deployments, endpoint, lint, log, profile as profiles, serve, supervision, teardown
 from .errors import InputError, StageError, StepFailure
 from .execute import Progress, Run, execute, record_preflight
 from .fanout import Cluster
 from .inventory import Inventory
 from .labels import ROLE_LABEL
-from .lock import ClusterLock
+from .lock import NodeLocks
 from .plan import Plan, make_plan
 from .stages import preflight as preflight_stage
 
@@ -40,7 +40,9 @@ class UpSummary:
 
 
 def run(inv: Inventory, prof: profiles.Profile, secrets: dict[str, str], progress: Progress, *,
-        dry_run: bool = False, replace: bool = False, command: str = "up") -> UpSummary | Plan:
+        dry_run: bool = False, replace: bool = False, command: str = "up", node: str | None = None) -> UpSummary | Plan:
+    """`inv` is the whole inventory; the run touches the deployment's nodes only (`node`, or all)."""
+    full, inv = inv, deployments.target(inv, prof, node)
     problems = lint.lint(prof, inv)
     if problems:
         raise InputError(f"profile '{prof.name}' fails lint ({len(problems)} problem(s))",
@@ -48,10 +50,27 @@ def run(inv: Inventory, prof: profiles.Profile, secrets: dict[str, str], progres
                          details=[p.line() for p in problems])
     t0 = time.monotonic()
     progress.stage("preflight")
-    with Cluster.connect(inv) as cluster:
+    found, _ = deployments.find(full) if len(full.nodes) > 1 else ([], {})
+    others = deployments.conflicts(found, inv, prof.name)
+    if others and not replace:
+        what = "; ".join(d.describe() for d in others)
+        flag = f" --node {node}" if node else ""
+        raise InputError(f"{what} runs on the node(s) this deployment needs; up --profile {prof.name}{flag} would "
+                         "replace it (they share the nodes' memory)",
+                         f"sparkcluster up --profile {prof.name}{flag} --replace (or sparkcluster down first)")
+    # the deployments replaced elsewhere too (a pair, when one of its nodes is wanted alone)
+    away = [d for d in others if set(d.nodes) != {n.name for n in inv.nodes}]
+    touched = full.only(sorted({n.name for n in inv.nodes} | {x for d in away for x in d.nodes}))
+    with Cluster.connect(touched) as everyone:
         # a dry run changes nothing, so it neither takes nor waits for the lock
-        with contextlib.nullcontext() if dry_run else ClusterLock(cluster.head, inv.cluster.name, command):
-            return _run_locked(cluster, inv, prof, secrets, progress, dry_run, replace, t0)
+        with contextlib.nullcontext() if dry_run else NodeLocks(everyone, touched, command):
+            if away and dry_run:
+                progress.info("would first take down " + "; ".join(d.describe() for d in away))
+            for d in [] if dry_run else away:
+                progress.info(f"taking down {d.describe()} first (--replace)")
+                teardown.down(Cluster(full.only(list(d.nodes)), {n: everyone.hosts[n] for n in d.nodes}))
+            cluster = Cluster(inv, {n.name: everyone.hosts[n.name] for n in inv.nodes})
+            return _run_locked(cluster, inv, prof, secrets, progress, dry_run, replace or bool(others), t0)
 
 
 def _old_server(cluster: Cluster, inv: Inventory, facts) -> serve.Record | None:

@@ -55,12 +55,13 @@ class RichProgress(StageProgress):
               help="Where HF_TOKEN and VLLM_API_KEY live (mode 0600). Default: ./.env, then ~/.config/sparkcluster/.env.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, every command and API call per host; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the steps as a JSON list (id, stage, host, description).")
-@click.option("--replace", is_flag=True, help="Replace a cluster that serves another profile.")
+@click.option("--node", default=None, help="Run a one-node profile (tensor parallel 1) on this node only.")
+@click.option("--replace", is_flag=True, help="Replace what serves another profile on the nodes this run needs.")
 @click.option("--smoke", is_flag=True, help="Once serving: a short single-stream measurement, compared with the "
               "profile's published figure (a warning when far below).")
 @click.pass_obj
-def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_json: bool, replace: bool,
-       smoke: bool) -> None:
+def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_json: bool, node: str | None,
+       replace: bool, smoke: bool) -> None:
     """Build, distribute, start Ray on every node and serve the profile's model with TP over Ray."""
     if as_json and not dry_run:
         raise click.UsageError("--json goes with --dry-run (a real up logs its steps with --log-format json)")
@@ -70,13 +71,14 @@ def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_j
         raise click.UsageError("no profile: pass --profile NAME (see `sparkcluster profile list`)")
     secrets = secret_store.load_secrets(env_file, prof)
     err = Console(stderr=True, highlight=False)
-    result = up_mod.run(inv, prof, secrets, RichProgress(err), dry_run=dry_run, replace=replace,
-                        command=f"up --profile {prof.name}")
+    result = up_mod.run(inv, prof, secrets, RichProgress(err), dry_run=dry_run, replace=replace, node=node,
+                        command=f"up --profile {prof.name}" + (f" --node {node}" if node else ""))
     if isinstance(result, Plan):
         click.echo(result.as_json() if as_json else result.render())
         return
     if result.unchanged:
-        click.echo(f"nothing to do: {inv.cluster.name} already serves '{prof.name}' (vllm serve pid {result.pid})")
+        where = f" on {node}" if node else ""
+        click.echo(f"nothing to do: {inv.cluster.name} already serves '{prof.name}'{where} (vllm serve pid {result.pid})")
     else:
         total = sum(result.seconds.values())
         click.echo(f"serving '{result.model}' with tensor parallel {prof.serve.tensor_parallel_size} "
@@ -87,7 +89,8 @@ def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_j
     click.echo(f"try:      curl -s {result.endpoint}/chat/completions{auth} -H 'Content-Type: application/json' "
                f"-d '{{\"model\": \"{result.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
     if smoke:
-        _smoke(inv, prof, secrets, err)
+        from ..deployments import target
+        _smoke(target(inv, prof, node), prof, secrets, err)
 
 
 def _smoke(inv, prof, secrets: dict[str, str], err: Console) -> None:

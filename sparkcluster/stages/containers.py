@@ -49,7 +49,7 @@ def steps(plan: "Plan") -> list[Step]:
                         f"Engine API create+start (files: {files}): {spec.docker_run_equivalent()}",
                         run=lambda r, spec=spec: create(r, spec),
                         parallel="" if spec.role == "head" else "create-workers"))
-        if spec.role == "head":
+        if spec.role == "head" and spec.command:
             out.append(Step(STAGE, spec.node, "ray-head", "wait for the Ray head",
                             f"Ray's state API answers on {spec.node} within {ray.RAY_HEAD_TIMEOUT_S:g}s, "
                             f"while {spec.name} keeps running",

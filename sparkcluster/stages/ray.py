@@ -23,7 +23,7 @@ POLL_S = 0.25
 
 
 def steps(plan: "Plan") -> list[Step]:
-    if not plan.containers:
+    if not plan.containers or not plan.containers[0].command:  # none created, or no Ray (one node)
         return []
     return [Step(STAGE, plan.inventory.head.name, "membership", "wait for Ray membership",
                  f"every node at its control IP with its GPUs, within {RAY_JOIN_TIMEOUT_S:g}s",

@@ -140,9 +140,22 @@ def test_missing_field():
     assert err.details == ["cluster.toml: nodes[0].control_if: Field required"]
 
 
-def test_one_node_is_not_a_cluster():
-    text = GOOD[: GOOD.index("[[nodes]]\nname = \"spark-worker\"")]
-    assert bad(text).details == ["cluster.toml: nodes: List should have at least 2 items after validation, not 1"]
+def test_one_node_is_an_inventory_too_and_none_is_not():
+    one = GOOD[: GOOD.index("[[nodes]]\nname = \"spark-worker\"")]
+    inv = inventory.parse(one, "cluster.toml")
+    assert [n.name for n in inv.nodes] == ["spark-head"] and inv.head.name == "spark-head" and not inv.workers
+    none = GOOD[: GOOD.index("[[nodes]]")]
+    assert bad(none).details == ["cluster.toml: nodes: Field required"]
+
+
+def test_only_keeps_the_named_nodes_and_makes_one_the_head():
+    inv = inventory.parse(GOOD, "cluster.toml")
+    worker = inv.only(["spark-worker"])
+    assert [(n.name, n.role) for n in worker.nodes] == [("spark-worker", "head")]
+    assert [(n.name, n.role) for n in inv.nodes] == [("spark-head", "head"), ("spark-worker", "worker")]
+    assert [n.name for n in inv.only(["spark-worker", "spark-head"]).nodes] == ["spark-head", "spark-worker"]
+    with pytest.raises(InputError, match="no node named 'spark-c'"):
+        inv.only(["spark-c"])
 
 
 def test_toml_syntax_error():
