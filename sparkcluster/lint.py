@@ -64,7 +64,9 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
     # -- parallelism vs the cluster
     if inventory is not None:
         gpus = inventory.gpu_count
-        if profile.world_size != gpus:
+        # a profile as wide as one node runs there alone (`up --node`), the pair free for another
+        one_node = len(inventory.nodes) > 1 and profile.world_size in {n.gpus for n in inventory.nodes}
+        if profile.world_size != gpus and not one_node:
             p.append(Problem(
                 "tp-pp-gpus",
                 f"tensor_parallel_size x pipeline_parallel_size = {s.tensor_parallel_size} x "

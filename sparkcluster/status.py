@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 
-from . import agent, endpoint as endpoint_mod, log, parsers, raycluster, serve, supervision
+from . import agent, deployments, endpoint as endpoint_mod, log, parsers, raycluster, serve, supervision
 from .errors import EngineUnreachable
 from .facts import section, split_sections
-from .fanout import connect_reachable
+from .fanout import Cluster, connect_reachable
 from .inventory import Inventory
 from .labels import CLUSTER_LABEL, PROFILE_LABEL, container_name
 
@@ -43,6 +43,8 @@ class ClusterStatus:
     cluster: str
     state: str  # healthy | degraded | down
     nodes: list[NodeStatus]
+    profile: str = ""  # the deployment's (from its containers' labels); "" when down
+    deployment: str = ""  # PROFILE@NODE+NODE
     ray_nodes: int | None = None
     ray_gpus: float | None = None
     endpoint: str = ""
@@ -96,36 +98,61 @@ def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None]:
 
 
 def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
+    """The whole inventory as one deployment (the pair, or a one-node inventory)."""
     cluster, unreachable = connect_reachable(inv)
     with cluster:
-        head = cluster.hosts.get(inv.head.name)
-        port = inv.cluster.api_port
-        endpoint = f"http://{head.address}:{port}" if head else ""
+        return _collect_on(cluster, unreachable, inv, api_key)
 
-        def http() -> endpoint_mod.EngineView:
-            return endpoint_mod.look(endpoint, api_key) if endpoint else endpoint_mod.EngineView()
 
-        def server_pid() -> tuple[int | None, dict | None, list[dict]]:
-            # by the head container's fixed name, alongside the node scripts rather than after them
-            if not head:
-                return None, None, []
-            name = container_name(inv.cluster.name, "head", inv.head.name)
-            try:
-                api = head.docker().api
-                rec = serve.current(api, name)
-                return (rec.pid if rec else None), supervision.state(api, name), supervision.journal(api, name, 5)
-            except EngineUnreachable as e:  # the node's own row says why; here only: no PID to show
-                _log.debug("no server PID: the head engine did not answer", error=str(e))
-                return None, None, []
+def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatus]:
+    """Every deployment on the inventory's nodes (one connection per node for all of them); the
+    whole inventory as one, down, when none runs."""
+    cluster, unreachable = connect_reachable(inv)
+    with cluster:
+        lists = cluster.each(lambda h: h.docker().api.containers(
+            all=True, filters={"label": f"{CLUSTER_LABEL}={inv.cluster.name}"}))
+        found = deployments.group(inv, {n: o.value for n, o in lists.items() if o.ok})
+        if not found:
+            return [_collect_on(cluster, unreachable, inv, api_key)]
+        out = []
+        for d in found:
+            sub = inv.only(list(d.nodes))
+            part = Cluster(sub, {n: h for n, h in cluster.hosts.items() if n in d.nodes})
+            st = _collect_on(part, {n: e for n, e in unreachable.items() if n in d.nodes}, sub, api_key)
+            st.profile, st.deployment = d.profile, d.key
+            out.append(st)
+        return out
 
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            http_future, pid_future = pool.submit(http), pool.submit(server_pid)
-            per_node = cluster.each(lambda h: _one(h, inv))
-            engine = http_future.result()
-            pid, sup, journal = pid_future.result()
-        heads = [o.value[0] for n, o in per_node.items() if n == inv.head.name and o.ok]
-        if not (heads and heads[0].state == "running"):
-            pid, sup, journal = None, None, []
+
+def _collect_on(cluster, unreachable: dict, inv: Inventory, api_key: str | None) -> ClusterStatus:
+    head = cluster.hosts.get(inv.head.name)
+    port = inv.cluster.api_port
+    endpoint = f"http://{head.address}:{port}" if head else ""
+
+    def http() -> endpoint_mod.EngineView:
+        return endpoint_mod.look(endpoint, api_key) if endpoint else endpoint_mod.EngineView()
+
+    def server_pid() -> tuple[int | None, dict | None, list[dict]]:
+        # by the head container's fixed name, alongside the node scripts rather than after them
+        if not head:
+            return None, None, []
+        name = container_name(inv.cluster.name, "head", inv.head.name)
+        try:
+            api = head.docker().api
+            rec = serve.current(api, name)
+            return (rec.pid if rec else None), supervision.state(api, name), supervision.journal(api, name, 5)
+        except EngineUnreachable as e:  # the node's own row says why; here only: no PID to show
+            _log.debug("no server PID: the head engine did not answer", error=str(e))
+            return None, None, []
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        http_future, pid_future = pool.submit(http), pool.submit(server_pid)
+        per_node = cluster.each(lambda h: _one(h, inv))
+        engine = http_future.result()
+        pid, sup, journal = pid_future.result()
+    heads = [o.value[0] for n, o in per_node.items() if n == inv.head.name and o.ok]
+    if not (heads and heads[0].state == "running"):
+        pid, sup, journal = None, None, []
 
     nodes, ray_rows = [], None
     for n in inv.nodes:
@@ -171,6 +198,8 @@ def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, 
                        health=engine.health, models=engine.models, server_pid=pid,
                        engine_responds=engine.responds, metrics=engine.metrics, supervisor=sup,
                        journal=list(journal or []))
+    if len(inv.nodes) == 1:  # a one-node deployment runs without Ray: nothing to judge there
+        ray_rows = None
     alive = [r for r in (ray_rows or []) if r.get("state") == "ALIVE"]
     if ray_rows is not None:
         st.ray_nodes = len(alive)
@@ -190,7 +219,7 @@ def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, 
                        if r.get("node_ip") == str(n.control_ip))
             if gpus != n.gpus:
                 st.problems.append(f"{n.name} reports {gpus:g} GPU(s) in Ray, expected {n.gpus}")
-    if ray_rows is None and any(ns.state == "running" for ns in nodes):
+    if ray_rows is None and len(inv.nodes) > 1 and any(ns.state == "running" for ns in nodes):
         st.problems.append("Ray does not answer on the head")
     if any(ns.state == "running" for ns in nodes):
         if engine.health != 200 and pid is None:

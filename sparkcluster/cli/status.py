@@ -10,7 +10,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from .. import redact, secrets as secret_store, status as status_mod, supervision
+from .. import fleet, redact, secrets as secret_store, status as status_mod, supervision
 from .main import cli
 
 EXIT = {"healthy": 0, "degraded": 1, "down": 3}
@@ -68,14 +68,45 @@ def render(st: status_mod.ClusterStatus) -> Group:
     return Group(*lines)
 
 
+def render_all(sts: list[status_mod.ClusterStatus]) -> Group:
+    if len(sts) == 1:
+        return render(sts[0])
+    parts = []
+    for st in sts:
+        parts.append(f"[bold]deployment {st.deployment}[/]")
+        parts.append(render(st))
+        parts.append("")
+    return Group(*parts)
+
+
+def overall(sts: list[status_mod.ClusterStatus]) -> str:
+    """healthy only when every deployment is; down when all are."""
+    states = {st.state for st in sts}
+    return "healthy" if states == {"healthy"} else "down" if states == {"down"} else "degraded"
+
+
+def fleet_json(sts: list[status_mod.ClusterStatus]) -> str:
+    import json
+    from dataclasses import asdict
+
+    return json.dumps({"state": overall(sts), "deployments": [asdict(st) for st in sts]}, indent=2)
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option("--all", "every", is_flag=True, help="Every deployment on the inventory's nodes (the JSON lists them); "
+              "exits 0 only when every one serves: a fleet check for cron or a timer.")
+@click.option("--on-change", default=None, metavar="CMD",
+              help="Run CMD (through sh) for each deployment whose state changed since the last status run on this "
+                   "machine; SPARKCLUSTER_DEPLOYMENT, _PROFILE, _NODES, _STATE, _PREVIOUS_STATE, _PROBLEMS in its env.")
 @click.option("--watch", is_flag=True, help="Refresh in place every --interval seconds until Ctrl-C.")
 @click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
 @click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where VLLM_API_KEY lives.")
 @click.pass_obj
-def status(obj, as_json: bool, watch: bool, interval: float, env_file: Path | None) -> None:
-    """Per node: container, Ray membership, endpoint health and model, container uptime, MemAvailable."""
+def status(obj, as_json: bool, every: bool, on_change: str | None, watch: bool, interval: float,
+           env_file: Path | None) -> None:
+    """Per deployment and node: container, Ray membership, endpoint health and model, serving
+    figures, the supervisor, container uptime, MemAvailable."""
     inv = obj.inventory()
     key = secret_store.load_secrets(env_file, names=["VLLM_API_KEY"]).get("VLLM_API_KEY")
     if watch and not as_json:
@@ -83,13 +114,16 @@ def status(obj, as_json: bool, watch: bool, interval: float, env_file: Path | No
         try:
             with Live(console=console, auto_refresh=False) as live:
                 while True:
-                    live.update(render(status_mod.collect(inv, key)), refresh=True)
+                    live.update(render_all(status_mod.collect_all(inv, key)), refresh=True)
                     time.sleep(interval)
         except KeyboardInterrupt:
             return
-    st = status_mod.collect(inv, key)
+    sts = status_mod.collect_all(inv, key)
+    if on_change:
+        fleet.notify_changes(inv.cluster.name, sts, on_change)
     if as_json:
-        click.echo(redact.mask(st.as_json()))
+        # one deployment keeps the single object it always printed; --all (or several) the list
+        click.echo(redact.mask(fleet_json(sts) if every or len(sts) > 1 else sts[0].as_json()))
     else:
-        Console(soft_wrap=True).print(render(st), highlight=False)
-    raise click.exceptions.Exit(EXIT[st.state])
+        Console(soft_wrap=True).print(render_all(sts), highlight=False)
+    raise click.exceptions.Exit(EXIT[overall(sts)])

@@ -64,8 +64,11 @@ def test_tp_pp_must_equal_gpu_count():
     assert rules(probs) == ["tp-pp-gpus"]
     assert probs[0].message == ("tensor_parallel_size x pipeline_parallel_size = 4 x 1 = 4, "
                                 "but the cluster has 2 GPU(s)")
-    probs = lint(variant(serve__tensor_parallel_size=1, serve__pipeline_parallel_size=1), INV)
-    assert rules(probs) == ["tp-pp-gpus"]
+    # as wide as one node: it runs there alone (`up --node`); on that one node it fits exactly
+    single = variant(serve__tensor_parallel_size=1, serve__pipeline_parallel_size=1)
+    assert rules(lint(single, INV)) == []
+    assert rules(lint(single, INV.only([INV.nodes[1].name]))) == []
+    assert rules(lint(variant(serve__tensor_parallel_size=2), INV.only([INV.nodes[0].name]))) == ["tp-pp-gpus"]
     assert lint(variant(serve__tensor_parallel_size=1, serve__pipeline_parallel_size=2), INV) == []
 
 

@@ -47,9 +47,9 @@ def test_loads_and_lints_clean(name):
     assert p.serve.tensor_parallel_size == 1 and p.world_size == 1
     assert p.serve.distributed_executor_backend is None
     assert lint(p) == []
-    # The test inventory is the pair (2 GPUs): only the cluster rule for TP x PP disagrees. Which
-    # node set a TP=1 profile is checked against is the single-node deployment's part (issue 20).
-    assert rules(lint(p, INV)) == ["tp-pp-gpus"]
+    # on the pair (2 GPUs) a TP=1 profile runs on one node (`up --node`), and lints clean there too
+    assert rules(lint(p, INV)) == []
+    assert rules(lint(p, INV.only([INV.nodes[1].name]))) == []
 
 
 def test_seed_000_command_line():
