@@ -20,18 +20,20 @@ from .main import cli
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new entries until Ctrl-C (which never stops anything).")
 @click.option("--last", default=50, show_default=True, help="Entries to start from.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per entry.")
+@click.option("--node", default=None, help="The deployment's head node (a one-node deployment's node); default: the inventory's head.")
 @click.pass_obj
-def events(obj, follow: bool, last: int, as_json: bool) -> None:
+def events(obj, follow: bool, last: int, as_json: bool, node: str | None) -> None:
     """The supervisor's journal on the head: what it saw and what it did."""
     inv = obj.inventory()
-    res = connect_all(inv, [inv.head])
-    host = res.values_or_raise("connect")[inv.head.name]
-    name = container_name(inv.cluster.name, "head", inv.head.name)
+    head = inv.node(node) if node else inv.head
+    res = connect_all(inv, [head])
+    host = res.values_or_raise("connect")[head.name]
+    name = container_name(inv.cluster.name, "head", head.name)
     api = host.docker().api
     try:
         api.inspect_container(name)
     except docker.errors.NotFound:
-        raise InputError(f"no head container {name} on {inv.head.name}: nothing has been started",
+        raise InputError(f"no head container {name} on {head.name}: nothing has been started there",
                          "sparkcluster up --profile NAME") from None
 
     def show(entries: list[dict]) -> None:

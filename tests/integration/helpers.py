@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 API_KEY = "sk-testbed-4f9c1e2a7b"
@@ -60,3 +63,12 @@ def _timestamp(line: str) -> str:
         return str(json.loads(line).get("timestamp", ""))
     except ValueError:
         return ""
+
+
+def popen_sc(testbed, sc, env_file, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """The CLI as a background process (same environment as the `sc` fixture), stdout and stderr piped."""
+    full = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "HF_TOKEN")}
+    full.update({"SPARKCLUSTER_ENV_FILE": str(env_file), "XDG_STATE_HOME": str(sc.state_dir), "COLUMNS": "200"})
+    full.update(env or {})
+    return subprocess.Popen([sys.executable, "-m", "sparkcluster", "--inventory", str(testbed.inventory), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full, start_new_session=True)

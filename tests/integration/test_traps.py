@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import CLI
-from tests.integration.helpers import debug_log_lines, inventory_variant, listeners, ours, utc_now, worker_block_edit
+from tests.integration.helpers import debug_log_lines, popen_sc, inventory_variant, listeners, ours, utc_now, worker_block_edit
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -98,15 +97,6 @@ class Knobs:
             self.tb.sh(self.host, f"rm -f {KNOBS}")
         else:
             self.tb.sh(self.host, f"cat > {KNOBS}", input=self.before)
-
-
-def popen_sc(testbed, sc, env_file, *args: str, env: dict | None = None) -> subprocess.Popen:
-    """The CLI as a background process (same environment as the `sc` fixture), stderr piped."""
-    full = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "HF_TOKEN")}
-    full.update({"SPARKCLUSTER_ENV_FILE": str(env_file), "XDG_STATE_HOME": str(sc.state_dir), "COLUMNS": "200"})
-    full.update(env or {})
-    return subprocess.Popen([*CLI, "--inventory", str(testbed.inventory), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=full, start_new_session=True)
 
 
 def image_ids(testbed) -> dict[str, str | None]:

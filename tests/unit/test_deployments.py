@@ -1,0 +1,78 @@
+"""Deployments (a profile on a set of nodes): grouping containers by their labels, which nodes a
+run touches, what it would replace; and `status --on-change`'s memory and hook environment."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from conftest import make_inventory
+from sparkcluster import deployments, fleet, profile as profiles
+from sparkcluster.errors import InputError
+from sparkcluster.labels import CLUSTER_LABEL, NODES_LABEL, PROFILE_LABEL
+
+INV = make_inventory()
+A, B = INV.nodes[0].name, INV.nodes[1].name
+
+
+def c(name: str, profile: str, nodes: str | None, cluster: str | None = None) -> dict:
+    labels = {CLUSTER_LABEL: cluster or INV.cluster.name, PROFILE_LABEL: profile}
+    if nodes is not None:
+        labels[NODES_LABEL] = nodes
+    return {"Names": [f"/{name}"], "Labels": labels}
+
+
+def test_group_by_profile_and_node_set():
+    found = deployments.group(INV, {
+        A: [c("s-head", "single", A)],
+        B: [c("s-head", "single", B), c("other", "x", B, cluster="another-cluster")],
+    })
+    assert [d.key for d in found] == [f"single@{A}", f"single@{B}"]
+    pair = deployments.group(INV, {A: [c("h", "pair", f"{A},{B}")], B: [c("w", "pair", f"{A},{B}")]})
+    assert [(d.key, d.containers) for d in pair] == [(f"pair@{A}+{B}", {A: ["h"], B: ["w"]})]
+    # a container made before deployments existed belongs to every node of its profile
+    old = deployments.group(INV, {A: [c("h", "pair", None)]})
+    assert old[0].nodes == (A, B)
+
+
+def test_target_needs_a_node_for_a_profile_as_wide_as_one_node():
+    tp1 = profiles.load_profile("testbed-single")
+    tp2 = profiles.load_profile("testbed")
+    assert deployments.target(INV, tp2, None) is INV
+    with pytest.raises(InputError, match="runs on 1 GPU"):
+        deployments.target(INV, tp1, None)
+    sub = deployments.target(INV, tp1, B)
+    assert [(n.name, n.role) for n in sub.nodes] == [(B, "head")]
+    one = INV.only([A])
+    assert deployments.target(one, tp1, None) is one
+
+
+def test_conflicts_are_other_deployments_sharing_a_node():
+    single_a = deployments.Deployment("single", (A,))
+    single_b = deployments.Deployment("single", (B,))
+    pair = deployments.Deployment("pair", (A, B))
+    assert deployments.conflicts([single_a, single_b], INV.only([A]), "single") == []
+    assert deployments.conflicts([single_a, single_b], INV, "pair") == [single_a, single_b]
+    assert deployments.conflicts([pair], INV.only([B]), "single") == [pair]
+    assert deployments.conflicts([pair], INV, "pair") == []
+    assert deployments.select([single_a, single_b, pair], B, None) == [single_b, pair]
+    assert deployments.select([single_a, single_b, pair], None, "pair") == [pair]
+
+
+def test_on_change_reports_changes_appearances_and_departures():
+    assert fleet.changes({"a@x": "healthy", "b@y": "healthy"}, {"a@x": "degraded", "c@z": "healthy"}) == [
+        ("a@x", "healthy", "degraded"), ("c@z", "", "healthy"), ("b@y", "healthy", "gone")]
+    assert fleet.changes({"a@x": "healthy"}, {"a@x": "healthy"}) == []
+
+
+def test_on_change_command_gets_hostile_text_as_data(tmp_path):
+    class St:
+        problems = ["it's $(touch pwned) `id` \"quoted\""]
+
+    env = fleet.hook_env("single@spark-a", "healthy", "degraded", St())
+    assert env["SPARKCLUSTER_NODES"] == "spark-a" and env["SPARKCLUSTER_PROFILE"] == "single"
+    out = subprocess.run(["sh", "-c", 'printf "%s|%s|%s" "$SPARKCLUSTER_DEPLOYMENT" "$SPARKCLUSTER_STATE" '
+                          '"$SPARKCLUSTER_PROBLEMS"'], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert out.stdout == "single@spark-a|degraded|" + St.problems[0]
+    assert not (tmp_path / "pwned").exists()
