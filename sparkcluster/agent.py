@@ -517,7 +517,10 @@ def main(config_path: str = CONFIG_PATH) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    serve_reports(cfg["report_ip"], cfg["report_port"], lambda: node_report(cfg["node"], ray))
+    try:
+        serve_reports(cfg["report_ip"], cfg["report_port"], lambda: node_report(cfg["node"], ray))
+    except OSError as e:  # the head then judges this node's memory blind: say so, keep Ray and the server
+        journal.write("memory report not served", address=f"{cfg['report_ip']}:{cfg['report_port']}", error=str(e))
     janitor = ShmJanitor(journal)
     sup = Supervisor(cfg, journal) if cfg["role"] == "head" else None
     last_janitor = 0.0
