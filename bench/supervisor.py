@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 
-import httpx
+from tests.integration.helpers import answers
 
 HEAD_C = "sparkcluster-testbed-head"
 BASE = "http://198.18.0.2:8000"
@@ -25,12 +25,7 @@ def _state(tb) -> dict:
 
 
 def _answers(api_key: str) -> bool:
-    try:
-        r = httpx.post(BASE + "/v1/chat/completions", headers={"Authorization": f"Bearer {api_key}"}, timeout=20,
-                       json={"model": "testbed-tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
-        return r.status_code == 200
-    except httpx.HTTPError:
-        return False
+    return answers(BASE, "testbed-tiny", api_key=api_key)
 
 
 def _serving_again(tb, since: float, api_key: str, timeout: float) -> float:

@@ -72,3 +72,15 @@ def popen_sc(testbed, sc, env_file, *args: str, env: dict | None = None) -> subp
     full.update(env or {})
     return subprocess.Popen([sys.executable, "-m", "sparkcluster", "--inventory", str(testbed.inventory), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full, start_new_session=True)
+
+
+def answers(base: str, model: str, max_tokens: int = 2, api_key: str = API_KEY) -> bool:
+    """A chat completion through the endpoint (`base` ends before /v1) returns the tokens asked for."""
+    import httpx
+
+    try:
+        r = httpx.post(f"{base}/v1/chat/completions", headers={"Authorization": f"Bearer {api_key}"}, timeout=20,
+                       json={"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]})
+        return r.status_code == 200 and r.json()["usage"]["completion_tokens"] == max_tokens
+    except (httpx.HTTPError, ValueError, KeyError):
+        return False

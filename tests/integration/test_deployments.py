@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import re
 
-import httpx
 import pytest
 
-from tests.integration.helpers import API_KEY, ours, popen_sc
+from tests.integration.helpers import answers, ours, popen_sc
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -21,15 +20,10 @@ SINGLE = "testbed-single"
 
 
 def endpoint(stdout: str) -> str:
-    m = re.search(r"^endpoint: (\S+)$", stdout, re.M)
+    """The base URL `up` printed, without its /v1."""
+    m = re.search(r"^endpoint: (\S+)/v1$", stdout, re.M)
     assert m, stdout
     return m.group(1)
-
-
-def answers(base: str, model: str) -> bool:
-    r = httpx.post(f"{base}/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60,
-                   json={"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
-    return r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
 
 def fleet(sc, *extra: str, env: dict | None = None) -> tuple[int, dict]:

@@ -23,7 +23,7 @@ import time
 import httpx
 import pytest
 
-from tests.integration.helpers import API_KEY, ours
+from tests.integration.helpers import answers as answers_at, ours
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -44,12 +44,7 @@ def journal(testbed) -> list[dict]:
 
 
 def answers() -> bool:
-    try:
-        r = httpx.post(BASE + "/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=20,
-                       json={"model": "testbed-tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
-        return r.status_code == 200
-    except httpx.HTTPError:
-        return False
+    return answers_at(BASE, "testbed-tiny")
 
 
 def wait_for(what: str, cond, timeout: float, testbed, interval: float = 2.0):
