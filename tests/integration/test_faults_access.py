@@ -268,7 +268,7 @@ def test_dry_run_on_bare_cluster_prints_plan_changes_nothing(testbed, sc):
     inv, prof = inventory.load(testbed.inventory), profile.load_profile("testbed-standin")
     argv = shlex.join(exec_argv(prof, port=inv.cluster.api_port, hf_cache=inv.cluster.hf_cache))
     assert argv.startswith("vllm serve sparkcluster/testbed-tiny") and argv in out
-    assert "-e HF_TOKEN=****** -e VLLM_API_KEY=******" in out
+    assert "(HF_TOKEN=******, VLLM_API_KEY=****** from a 0600 file)" in out
     no_secret(out, res.stderr)
     assert_unchanged(testbed, before)
 
