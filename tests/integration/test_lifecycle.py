@@ -223,7 +223,7 @@ class TestServing:
 
         before = restarts()
         testbed.kill_container(WORKER, worker_c[0])
-        assert wait_for(lambda: restarts() > before, 60), testbed.docker(WORKER, f"ps -a").stdout
+        assert wait_for(lambda: restarts() > before, 60), testbed.docker(WORKER, "ps -a").stdout
         assert wait_for(lambda: status_json(sc)[0] == 0, 180, step=2), status_json(sc)
         assert ours(testbed, WORKER) == worker_c  # the same container, started again
         assert chat()
