@@ -38,14 +38,17 @@ def container_failed(r: "Run", spec: ContainerSpec) -> StageError | None:
     host = r.cluster.hosts[spec.node]
     api = host.docker().api
     info = api.inspect_container(spec.name)
-    if info.get("State", {}).get("Running"):
+    # created by this run: a restart (the restart policy) means its process died during bring-up
+    restarted = int(info.get("RestartCount") or 0)
+    if info.get("State", {}).get("Running") and not restarted:
         return None
     logs = redact.mask(api.logs(spec.name, tail=15).decode(errors="replace"))
     fix = None
     if "already" in logs and ("6379" in logs or "running" in logs):
         fix = "a stale Ray head holds the GCS port: sparkcluster down --purge-gcs, then sparkcluster up"
     return fail(STAGE, host.name, f"{spec.role} container {spec.name}",
-                f"the container exited ({info['State'].get('ExitCode')})", shlex.join(spec.command), logs,
+                f"the container exited ({info['State'].get('ExitCode')})" if not restarted else
+                f"the container exited and Docker restarted it ({restarted} time(s))", shlex.join(spec.command), logs,
                 fix or f"read the container's last lines above (exit 137: killed, e.g. out of memory on {host.name}); "
                        "sparkcluster doctor, then sparkcluster up")
 
