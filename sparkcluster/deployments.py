@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from . import log
 from .errors import InputError
-from .fanout import connect_reachable
 from .inventory import Inventory
 from .labels import CLUSTER_LABEL, NODES_LABEL, PROFILE_LABEL
 
@@ -66,15 +65,12 @@ def group(inv: Inventory, containers_by_node: dict[str, list[dict]]) -> list[Dep
     return list(found.values())
 
 
-def find(inv: Inventory) -> tuple[list[Deployment], dict]:
-    """The deployments on every node that answers, and the nodes that do not (name -> error)."""
-    cluster, unreachable = connect_reachable(inv)
-    with cluster:
-        lists = cluster.each(lambda h: h.docker().api.containers(
-            all=True, filters={"label": f"{CLUSTER_LABEL}={inv.cluster.name}"}))
-    by_node = {n: o.value for n, o in lists.items() if o.ok}
-    unreachable.update({n: o.error for n, o in lists.items() if not o.ok})
-    return group(inv, by_node), unreachable
+def on(cluster, inv: Inventory) -> list[Deployment]:
+    """The deployments on the connected nodes of `cluster` (a node whose Docker does not answer
+    shows none: what runs there is preflight's and status's to say)."""
+    lists = cluster.each(lambda h: h.docker().api.containers(
+        all=True, filters={"label": f"{CLUSTER_LABEL}={inv.cluster.name}"}))
+    return group(inv, {n: o.value for n, o in lists.items() if o.ok})
 
 
 def conflicts(found: list[Deployment], sub: Inventory, prof_name: str) -> list[Deployment]:

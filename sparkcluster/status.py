@@ -109,9 +109,7 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
     whole inventory as one, down, when none runs."""
     cluster, unreachable = connect_reachable(inv)
     with cluster:
-        lists = cluster.each(lambda h: h.docker().api.containers(
-            all=True, filters={"label": f"{CLUSTER_LABEL}={inv.cluster.name}"}))
-        found = deployments.group(inv, {n: o.value for n, o in lists.items() if o.ok})
+        found = deployments.on(cluster, inv)
         if not found:
             return [_collect_on(cluster, unreachable, inv, api_key)]
         out = []

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 
 from . import deployments, endpoint, lint, log, profile as profiles, serve, supervision, teardown
-from .errors import InputError, StageError, StepFailure
+from .errors import InputError, SparkError, StageError, StepFailure
 from .execute import Progress, Run, execute, record_preflight
-from .fanout import Cluster
+from .fanout import Cluster, connect_reachable
 from .inventory import Inventory
 from .labels import ROLE_LABEL
 from .lock import NodeLocks
@@ -50,18 +50,21 @@ def run(inv: Inventory, prof: profiles.Profile, secrets: dict[str, str], progres
                          details=[p.line() for p in problems])
     t0 = time.monotonic()
     progress.stage("preflight")
-    found, _ = deployments.find(full) if len(full.nodes) > 1 else ([], {})
-    others = deployments.conflicts(found, inv, prof.name)
-    if others and not replace:
-        what = "; ".join(d.describe() for d in others)
-        flag = f" --node {node}" if node else ""
-        raise InputError(f"{what} runs on the node(s) this deployment needs; up --profile {prof.name}{flag} would "
-                         "replace it (they share the nodes' memory)",
-                         f"sparkcluster up --profile {prof.name}{flag} --replace (or sparkcluster down first)")
-    # the deployments replaced elsewhere too (a pair, when one of its nodes is wanted alone)
-    away = [d for d in others if set(d.nodes) != {n.name for n in inv.nodes}]
-    touched = full.only(sorted({n.name for n in inv.nodes} | {x for d in away for x in d.nodes}))
-    with Cluster.connect(touched) as everyone:
+    # one connection per node for the whole run; a node this run does not touch may be away
+    everyone, unreachable = connect_reachable(full)
+    with everyone:
+        found = deployments.on(everyone, full)
+        others = deployments.conflicts(found, inv, prof.name)
+        if others and not replace:
+            what = "; ".join(d.describe() for d in others)
+            flag = f" --node {node}" if node else ""
+            raise InputError(f"{what} runs on the node(s) this deployment needs; up --profile {prof.name}{flag} "
+                             "would replace it (they share the nodes' memory)",
+                             f"sparkcluster up --profile {prof.name}{flag} --replace (or sparkcluster down first)")
+        # the deployments replaced elsewhere too (a pair, when one of its nodes is wanted alone)
+        away = [d for d in others if set(d.nodes) != {n.name for n in inv.nodes}]
+        touched = full.only(sorted({n.name for n in inv.nodes} | {x for d in away for x in d.nodes}))
+        _all_reachable(touched, unreachable)
         # a dry run changes nothing, so it neither takes nor waits for the lock
         with contextlib.nullcontext() if dry_run else NodeLocks(everyone, touched, command):
             if away and dry_run:
@@ -71,6 +74,18 @@ def run(inv: Inventory, prof: profiles.Profile, secrets: dict[str, str], progres
                 teardown.down(Cluster(full.only(list(d.nodes)), {n: everyone.hosts[n] for n in d.nodes}))
             cluster = Cluster(inv, {n.name: everyone.hosts[n.name] for n in inv.nodes})
             return _run_locked(cluster, inv, prof, secrets, progress, dry_run, replace or bool(others), t0)
+
+
+def _all_reachable(touched: Inventory, unreachable: dict) -> None:
+    """Every node the run touches answered, or the error naming each that did not."""
+    missing = {n.name: unreachable[n.name] for n in touched.nodes if n.name in unreachable}
+    if not missing:
+        return
+    errors = list(missing.values())
+    if len(errors) == 1 and isinstance(errors[0], SparkError):
+        raise errors[0]
+    raise StageError("connect", [StepFailure(n, "connect", getattr(e, "message", str(e)), fix=getattr(e, "fix", None))
+                                 for n, e in missing.items()])
 
 
 def _old_server(cluster: Cluster, inv: Inventory, facts) -> serve.Record | None:

@@ -8,7 +8,6 @@ from .. import teardown
 from ..errors import ConnectError, EXIT_FAILED
 from .. import deployments
 from ..fanout import Cluster, connect_reachable
-from ..labels import CLUSTER_LABEL
 from ..lock import NodeLocks
 from .main import cli
 
@@ -29,9 +28,7 @@ def down(obj, purge_gcs: bool, node: str | None, profile_name: str | None) -> No
         first = next(iter(unreachable.values()))
         raise ConnectError("all nodes", f"no node reachable ({first.message})", first.fix)
     with cluster:
-        lists = cluster.each(lambda h: h.docker().api.containers(
-            all=True, filters={"label": f"{CLUSTER_LABEL}={full.cluster.name}"}))
-        found = deployments.group(full, {n: o.value for n, o in lists.items() if o.ok})
+        found = deployments.on(cluster, full)
         chosen = deployments.select(found, node, profile_name)
         everything = node is None and profile_name is None
         names = sorted({x for d in chosen for x in d.nodes} | ({n.name for n in full.nodes} if everything else set()))
