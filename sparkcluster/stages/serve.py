@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
-from .. import redact, serve as server, supervision, teardown
+from .. import redact, retry, serve as server, supervision, teardown
 from . import weights as weights_stage
 from .base import Step, fail
 
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ..plan import Plan
 
 STAGE = "serve"
+SUPERVISOR_CONFIRM_S = 10.0  # its looks are 2 s apart; one of them probes with the profile's bound
 
 
 def steps(plan: "Plan") -> list[Step]:
@@ -47,7 +48,8 @@ def steps(plan: "Plan") -> list[Step]:
                         run=lambda r: teardown.stop_server(r.cluster.head, r.plan.serve.container)))
     out.append(Step(STAGE, head, "start", "start vllm serve", sv.describe(), run=start))
     out.append(Step(STAGE, head, "ready", "wait until ready",
-                    f"/health is 200 and a one-token chat completion succeeds, within {plan.profile.ready_timeout_s}s",
+                    f"/health is 200 and a one-token chat completion succeeds, within {plan.profile.ready_timeout_s}s; "
+                    "then the supervisor reports it serving",
                     run=wait_ready))
     out.append(Step(STAGE, head, "warm-up", "one warm-up request",
                     "an 8-token chat completion, so the first user request does not pay for JIT compilation",
@@ -96,13 +98,28 @@ def _base(r: "Run") -> str:
 
 def wait_ready(r: "Run") -> float:
     sv, head = r.plan.serve, r.cluster.head
+    api = head.docker().api
     try:
-        return server.wait_ready(head.docker().api, r.server, sv, _base(r), r.secrets, r.plan.profile.ready_timeout_s,
+        took = server.wait_ready(api, r.server, sv, _base(r), r.secrets, r.plan.profile.ready_timeout_s,
                                  on_wait=lambda why, s: r.progress.info(f"waiting for the server ({s:.0f}s): {why}"))
     except server.NotReady as e:
         reason = weights_stage.offline_miss(e.tail or "", r.plan.profile.model) or e.reason
         raise fail(STAGE, head.name, "wait until ready", reason, sv.describe(), e.tail,
                    "read the server's log above (sparkcluster logs spark-head); fix, then sparkcluster up") from None
+    # `up` says serving only once the supervisor watches a server it has seen answer: a wedge in the
+    # next second is then its to catch (it only judges an engine it has seen ready)
+    def watching() -> bool | None:
+        st = supervision.state(api, sv.container) or {}
+        return True if st.get("state") == "serving" and st.get("generation") == r.server.generation else None
+
+    bound = SUPERVISOR_CONFIRM_S + r.plan.profile.supervisor.probe_timeout_s
+    if retry.poll(watching, timeout=bound, interval=0.5, what="the supervisor") is None:
+        st = supervision.state(api, sv.container) or {}
+        raise fail(STAGE, head.name, "wait until ready",
+                   f"the server answers, but the supervisor has not seen it serve within {bound:g}s "
+                   f"(its state: {st.get('state', 'none')})", sv.describe(), server.supervisor_tail(api, sv.container),
+                   "sparkcluster events shows what the supervisor saw; sparkcluster up again")
+    return took
 
 
 def warm_up(r: "Run") -> float:

@@ -285,7 +285,7 @@ class FakeHost:
 
 
 def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
-    from sparkcluster import serve
+    from sparkcluster import serve, supervision
     from sparkcluster.containers import spec_for
     from sparkcluster.fanout import Cluster
     from sparkcluster.images import image_ref
@@ -300,6 +300,7 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     monkeypatch.setattr(serve, "wait_ready", lambda *a, **kw: 1.0)
     # the supervisor in the head container starts the server (tested in test_agent / test_serve_start)
     monkeypatch.setattr(serve, "start", lambda *a, **kw: serve.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
+    monkeypatch.setattr(supervision, "state", lambda *a: {"state": "serving", "generation": ""})
     monkeypatch.setattr(serve, "warm_up", lambda *a, **kw: 0.5)
     r = execute.Run(Cluster(inv, hosts), plan, facts, secrets, Recorder())
     execute.execute(r)
@@ -321,7 +322,7 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
 # ---- the readiness wait (retry.poll) ----------------------------------------------------------------
 
 def test_wait_ready_outcomes(monkeypatch):
-    from sparkcluster import serve
+    from sparkcluster import serve, supervision
 
     spec = serve.ServeSpec("c", ["vllm"], [], "m", 8000, None)
     rec = serve.Record(1, "e", "p", "m", 8000, 0.0)
@@ -389,7 +390,7 @@ def fake_cluster(inv, prof, env_of):
 def up_over(monkeypatch, env_of):
     from types import SimpleNamespace
 
-    from sparkcluster import serve, up
+    from sparkcluster import serve, supervision, up
     from sparkcluster.stages import preflight as preflight_stage
 
     inv, prof = make_inventory(), profiles.load_profile("testbed")
@@ -399,6 +400,7 @@ def up_over(monkeypatch, env_of):
     monkeypatch.setattr(serve, "wait_ready", lambda *a, **kw: 1.0)
     # the supervisor in the head container starts the server (tested in test_agent / test_serve_start)
     monkeypatch.setattr(serve, "start", lambda *a, **kw: serve.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
+    monkeypatch.setattr(supervision, "state", lambda *a: {"state": "serving", "generation": ""})
     monkeypatch.setattr(serve, "warm_up", lambda *a, **kw: 0.5)
     progress = Recorder()
     progress.info = lambda text: progress.lines.append("info " + text)
