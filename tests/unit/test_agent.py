@@ -159,3 +159,28 @@ def test_shm_in_use_reads_a_real_mapping():
     finally:
         seg.close()
         seg.unlink()
+
+
+def test_up_says_serving_only_once_the_supervisor_has_seen_it_serve(monkeypatch):
+    from types import SimpleNamespace
+
+    from sparkcluster import serve, supervision
+    from sparkcluster.errors import StageError
+    from sparkcluster.stages import serve as serve_stage
+
+    states = iter([None, {"state": "starting", "generation": "g1"}, {"state": "serving", "generation": "g0"},
+                   {"state": "serving", "generation": "g1"}])
+    monkeypatch.setattr(serve, "wait_ready", lambda *a, **kw: 3.0)
+    monkeypatch.setattr(supervision, "state", lambda api, c: next(states))
+    monkeypatch.setattr(serve, "supervisor_tail", lambda api, c: "journal tail")
+    prof = SimpleNamespace(ready_timeout_s=60, model="m", supervisor=SimpleNamespace(probe_timeout_s=1.0))
+    sv = SimpleNamespace(container="c", describe=lambda: "the supervisor in c runs: vllm serve m")
+    head = SimpleNamespace(name="spark-head", address="198.18.0.2", docker=lambda: SimpleNamespace(api=None))
+    r = SimpleNamespace(plan=SimpleNamespace(serve=sv, profile=prof), cluster=SimpleNamespace(head=head),
+                        server=SimpleNamespace(generation="g1"), secrets={}, progress=None)
+    monkeypatch.setattr(serve_stage, "_base", lambda r: "http://x")
+    assert serve_stage.wait_ready(r) == 3.0  # a serving state of another generation did not count
+    monkeypatch.setattr(supervision, "state", lambda api, c: {"state": "starting", "generation": "g1"})
+    monkeypatch.setattr(serve_stage, "SUPERVISOR_CONFIRM_S", 0.5)
+    with pytest.raises(StageError, match="the supervisor has not seen it serve within 1.5s .its state: starting"):
+        serve_stage.wait_ready(r)
