@@ -148,7 +148,8 @@ def read_record(api, container: str) -> Record | None:
 def running(api, rec: Record) -> bool:
     """The recorded PID still runs in its container (PIDs are the container's own)."""
     try:
-        return _exec(api, rec.container, ["kill", "-0", str(int(rec.pid))])[0] == 0
+        # the shell's own kill: a slim image (vllm/vllm-openai on Ubuntu) may have no procps
+        return _exec(api, rec.container, ["sh", "-c", 'kill -0 "$1"', "sh", str(int(rec.pid))])[0] == 0
     except docker.errors.NotFound:  # the container is gone
         return False
     except docker.errors.APIError as e:

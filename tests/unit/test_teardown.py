@@ -40,7 +40,7 @@ class API:
 
     def exec_inspect(self, exec_id):
         cmd = self._last
-        if cmd[:2] == ["kill", "-0"]:
+        if cmd[:3] == ["sh", "-c", 'kill -0 "$1"']:
             if self.disabled and self.lag is not None:
                 self.lag -= 1
                 if self.lag < 0:
@@ -83,7 +83,7 @@ def test_stop_server_outcomes(with_record):
     assert out.stopped and out.pid == 4242 and str(out) == "vllm serve (pid 4242) stopped"
     # the supervisor is told first, so it never brings the stopped server back
     assert api.execs[0] == ["rm", "-f", agent.DESIRED_PATH, agent.SECRETS_PATH]
-    assert not any(c[:2] == ["sh", "-c"] for c in api.execs)
+    assert not any(c[:2] == ["sh", "-c"] and "kill -TERM" in c[2] for c in api.execs)
 
 
 def test_a_server_the_supervisor_does_not_stop_is_killed_by_pid(with_record):

@@ -382,7 +382,7 @@ def test_start_hands_the_server_to_the_supervisor_with_secrets_in_a_private_file
     assert rec.generation == desired["generation"] and rec.started_with({k: secrets[k] for k in s.secret_names})
     assert serve.read_record(api, s.container) == rec
     assert serve.running(api, rec)
-    assert api.execs[-1][1] == ["kill", "-0", "4242"]
+    assert api.execs[-1][1] == ["sh", "-c", 'kill -0 "$1"', "sh", "4242"]
 
 
 def test_start_fails_with_the_journal_when_the_supervisor_does_not_start_it():
