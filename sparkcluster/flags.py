@@ -203,10 +203,10 @@ def serve_argv(profile: Profile, image_kind: str | None = None, *, port: int | N
 
 
 def exec_argv(profile: Profile, **kw) -> list[str]:
-    """The argv for `docker exec <head container> ...`: always with `vllm serve`.
+    """The argv the supervisor runs in the head container: always with `vllm serve`.
 
-    `docker exec` never runs the image's entrypoint, so even a vllm/vllm-openai image (entrypoint
-    `vllm serve`) needs the prefix when serve runs by exec in a container started with `ray start`.
+    The container's foreground process is the node agent, never the image's entrypoint, so even a
+    vllm/vllm-openai image (entrypoint `vllm serve`) needs the prefix.
     """
     return serve_argv(profile, "ngc", **kw)
 
