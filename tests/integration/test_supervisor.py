@@ -124,17 +124,20 @@ def test_past_the_restart_limit_it_stays_down_and_status_says_why(testbed, sc, f
         wait_for("restart limit", lambda: sup_state(testbed).get("state") == "restart limit reached", 120, testbed)
     finally:
         testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
-    time.sleep(8)  # longer than a backoff: nothing is started again
-    assert sup_state(testbed)["state"] == "restart limit reached" and not answers()
-    code, st = status(sc)
-    assert code != 0
-    limit = [p for p in st["problems"] if "restart limit reached" in p]
-    assert limit and "wedged: /health is 200 but a one-token completion" in limit[0], st["problems"]
-    assert "dead: the vllm serve process exited" in limit[0]
-    events = sc("events", "--last", "20")
-    assert events.returncode == 0 and "restart limit reached" in events.stdout, events.stdout + events.stderr
-    # `up` starts it again, with a fresh bound
-    res = sc("up", "--profile", "testbed", timeout=900)
+    try:
+        time.sleep(8)  # longer than a backoff: nothing is started again
+        assert sup_state(testbed)["state"] == "restart limit reached" and not answers()
+        code, st = status(sc)
+        assert code != 0
+        limit = [p for p in st["problems"] if "restart limit reached" in p]
+        assert limit and "wedged: /health is 200 but a one-token completion" in limit[0], st["problems"]
+        # the kill shows as the process gone, or as /health failing first (vLLM answers 503 meanwhile)
+        assert "dead: " in limit[0], limit[0]
+        events = sc("events", "--last", "20")
+        assert events.returncode == 0 and "restart limit reached" in events.stdout, events.stdout + events.stderr
+    finally:
+        # `up` starts it again, with a fresh bound (and the next tests find it serving)
+        res = sc("up", "--profile", "testbed", timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
     assert sup_state(testbed)["restarts"] == [] and answers()
 
