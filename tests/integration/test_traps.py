@@ -159,9 +159,9 @@ def test_worker_without_forwarded_vars(testbed, sc):
     cfg, hc = info["Config"], info["HostConfig"]
     env = [e for e in cfg["Env"] if not e.startswith("FLASHINFER_DISABLE_VERSION_CHECK=")]
     assert len(env) == len(cfg["Env"]) - 1
-    argv = ["run", "-d", "--name", WORKER_CONTAINER, "--gpus", "all", "--device=/dev/infiniband",
+    argv = ["create", "--name", WORKER_CONTAINER, "--gpus", "all", "--device=/dev/infiniband",
             "--cap-add=IPC_LOCK", "--ulimit", "memlock=-1:-1", "--network", "host", "--ipc", "host",
-            "--shm-size", f"{hc['ShmSize']}b"]
+            "--init", "--shm-size", f"{hc['ShmSize']}b"]
     for b in hc.get("Binds") or []:
         argv += ["-v", b]
     for k, v in cfg["Labels"].items():
@@ -169,8 +169,14 @@ def test_worker_without_forwarded_vars(testbed, sc):
     for e in env:
         argv += ["-e", e]
     argv += ["--entrypoint", "", cfg["Image"], *cfg["Cmd"]]
+    # the files sparkcluster wrote into the container (the node agent, its configuration) go along
+    keep = "/tmp/trap-worker-files"
+    testbed.sh(WORKER, f"rm -rf {keep} && mkdir -p {keep} && docker cp {WORKER_CONTAINER}:/opt/sparkcluster {keep}/opt "
+                       f"&& docker cp {WORKER_CONTAINER}:/etc/sparkcluster {keep}/etc")
     testbed.docker(WORKER, f"rm -f {WORKER_CONTAINER}")
     testbed.docker(WORKER, shlex.join(argv))
+    testbed.sh(WORKER, f"docker cp {keep}/opt {WORKER_CONTAINER}:/opt/sparkcluster && "
+                       f"docker cp {keep}/etc {WORKER_CONTAINER}:/etc/sparkcluster && docker start {WORKER_CONTAINER}")
 
     # the inventory's default profile is the real engine's: doctor is asked about the one running
     doc = json.loads(sc("doctor", "--profile", "testbed-standin", "--json").stdout)
