@@ -42,8 +42,8 @@ def notify_changes(cluster: str, sts: list, command: str) -> None:
         before = json.loads(path.read_text())
     except (OSError, ValueError):
         before = {}
-    now = {(st.deployment or f"-@{'+'.join(n.node for n in st.nodes)}"): st.state for st in sts}
     by_key = {(st.deployment or f"-@{'+'.join(n.node for n in st.nodes)}"): st for st in sts}
+    now = {k: st.state for k, st in by_key.items()}
     for key, previous, state in changes(before, now):
         env = {**os.environ, **hook_env(key, previous, state, by_key.get(key))}
         try:
