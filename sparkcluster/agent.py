@@ -284,6 +284,7 @@ class Supervisor:
         self.first_start = True  # the start `up` asked for is not retried: a bad flag stays visible
         self.rate: float | None = None  # generated tokens per second over the last interval
         self._last_count: tuple[float, float] | None = None
+        self._policy: dict = dict(DEFAULT_POLICY)
 
     # -- state
     def set_state(self, state: str, **detail) -> None:
@@ -301,8 +302,10 @@ class Supervisor:
                                 "tokens_per_s": self.rate if self.proc else None, "policy": policy})
 
     def policy(self, desired: dict | None = None) -> dict:
-        d = desired if desired is not None else (read_json(DESIRED_PATH) or {})
-        return {**DEFAULT_POLICY, **(d.get("policy") or {})}
+        """The bounds of the desired state just read (each tick reads it once), else the last known."""
+        if desired is not None:
+            self._policy = {**DEFAULT_POLICY, **(desired.get("policy") or {})}
+        return self._policy
 
     def adopt(self, desired: dict) -> None:
         """A server `up` asked for, or (after this container restarted: a reboot, a crash) the one
