@@ -38,7 +38,7 @@ demo: deps venv
 	$(BIN)/python -m tests.demo
 
 bench: venv
-	$(BIN)/python -m bench.run
+	$(BIN)/python -m perf.run
 
 clean: testbed-down
 	rm -rf $(VENV) *.egg-info

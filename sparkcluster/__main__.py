@@ -1,3 +1,3 @@
-from .cli.main import run
+from sparkcluster.cli.main import run
 
 run()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from . import redact
+from sparkcluster import redact
 
 
 def state_dir() -> Path:

@@ -14,16 +14,70 @@ HF cache, and the requests do not cross the controller's network, which is not w
 
 import time  # re-exported: tests patch `bench.time.sleep` (the module runner.Head polls with)
 
-from .results import (COLUMNS, HIGHER_IS_BETTER, METRIC_COLUMNS, Change, compare, decode_tok_s, failure_reason,
-                      level_error, new_run_dir, previous_run, profile_hash, progress, read_csv, resolve_run,
-                      row_from_result, run_id, run_record, runs_root, write_chart, write_csv, write_json)
-from .runner import (NODE_FACTS, VLLM_VERSION, Head, Interrupted, LevelResult, Sweep, check_endpoint, connect,
-                     head_for, node_facts, parse_facts, run_sweep)
-from .smoke import SMOKE_FLOOR, judge_smoke, smoke, smoke_after_up, smoke_message
-from .sweep import (CONTAINER_ROOT, DEFAULT_CONCURRENCY, DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, LAUNCH, LOG_FILE,
-                    MAX_CONCURRENCY, METRIC_PERCENTILES, MIN_PROMPTS, PERCENTILE_METRICS, RESULT_FILE, Level, Target,
-                    arg_value, bench_argv, describe, exec_argv, exec_env, level_dir, parse_concurrency, plan,
-                    prompts_for, stop_argv, target_for)
+from sparkcluster.bench.results import (
+                      COLUMNS,
+                      HIGHER_IS_BETTER,
+                      METRIC_COLUMNS,
+                      Change,
+                      compare,
+                      decode_tok_s,
+                      failure_reason,
+                      level_error,
+                      new_run_dir,
+                      previous_run,
+                      profile_hash,
+                      progress,
+                      read_csv,
+                      resolve_run,
+                      row_from_result,
+                      run_id,
+                      run_record,
+                      runs_root,
+                      write_chart,
+                      write_csv,
+                      write_json,
+)
+from sparkcluster.bench.runner import (
+                      NODE_FACTS,
+                      VLLM_VERSION,
+                      Head,
+                      Interrupted,
+                      LevelResult,
+                      Sweep,
+                      check_endpoint,
+                      connect,
+                      head_for,
+                      node_facts,
+                      parse_facts,
+                      run_sweep,
+)
+from sparkcluster.bench.smoke import SMOKE_FLOOR, judge_smoke, smoke, smoke_after_up, smoke_message
+from sparkcluster.bench.sweep import (
+                      CONTAINER_ROOT,
+                      DEFAULT_CONCURRENCY,
+                      DEFAULT_INPUT_LEN,
+                      DEFAULT_OUTPUT_LEN,
+                      LAUNCH,
+                      LOG_FILE,
+                      MAX_CONCURRENCY,
+                      METRIC_PERCENTILES,
+                      MIN_PROMPTS,
+                      PERCENTILE_METRICS,
+                      RESULT_FILE,
+                      Level,
+                      Target,
+                      arg_value,
+                      bench_argv,
+                      describe,
+                      exec_argv,
+                      exec_env,
+                      level_dir,
+                      parse_concurrency,
+                      plan,
+                      prompts_for,
+                      stop_argv,
+                      target_for,
+)
 
 __all__ = [
     # sweep

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import log, redact
-from ..errors import InputError, SparkError
-from .sweep import Level, Target
+from sparkcluster import log, redact
+from sparkcluster.bench.sweep import Level, Target
+from sparkcluster.errors import InputError, SparkError
 
 # ---- what the benchmark printed ----------------------------------------------------------------
 
@@ -189,7 +189,7 @@ def profile_hash(prof) -> str:
 def run_record(*, cluster: str, prof, image: str, image_id: str, vllm_version: str, nodes: dict,
                levels: list[Level], target: Target, started_at: str, finished_at: str,
                interrupted: bool, failed: str = "") -> dict:
-    from .. import __version__
+    from sparkcluster import __version__
 
     return {
         "cluster": cluster,

@@ -14,11 +14,23 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
-from .. import log, redact
-from ..errors import InputError, SparkError
-from .results import failure_reason, level_error, progress, row_from_result, run_id
-from .sweep import (CONTAINER_ROOT, LOG_FILE, RESULT_FILE, _RUN_ID, Level, Target, bench_argv, describe, exec_argv,
-                    exec_env, level_dir, stop_argv)
+from sparkcluster import log, redact
+from sparkcluster.bench.results import failure_reason, level_error, progress, row_from_result, run_id
+from sparkcluster.bench.sweep import (
+    _RUN_ID,
+    CONTAINER_ROOT,
+    LOG_FILE,
+    RESULT_FILE,
+    Level,
+    Target,
+    bench_argv,
+    describe,
+    exec_argv,
+    exec_env,
+    level_dir,
+    stop_argv,
+)
+from sparkcluster.errors import InputError, SparkError
 
 _log = log.get("sparkcluster.bench")  # the logger name of the single module this was
 
@@ -106,11 +118,10 @@ class Head:
     # -- state ---------------------------------------------------------------------------------
 
     def serving(self):
-        """(serve.Record, container inspect) of the running server, or raise 'no cluster serving'."""
+        """(server.Record, container inspect) of the running server, or raise 'no cluster serving'."""
         import docker
 
-        from .. import serve
-
+        from sparkcluster.day2 import server
         fix = "start it with: sparkcluster up --profile NAME"
         try:
             info = self.api.inspect_container(self.container)
@@ -121,8 +132,8 @@ class Head:
                              "sparkcluster doctor shows why") from None
         if not info.get("State", {}).get("Running"):
             raise SparkError(f"no cluster is serving: {self.container} on {self.host.name} is not running", fix)
-        rec = serve.read_record(self.api, self.container)
-        if rec is None or not serve.running(self.api, rec):
+        rec = server.read_record(self.api, self.container)
+        if rec is None or not server.running(self.api, rec):
             raise SparkError(f"no cluster is serving: vllm serve is not running in {self.container}",
                              "sparkcluster up --profile NAME starts it; sparkcluster logs shows why it stopped")
         return rec, info
@@ -235,7 +246,7 @@ def node_facts(cluster) -> dict[str, dict]:
 
 def connect(inv):
     """The cluster's hosts (fanout.Cluster); the head must answer, a worker may not."""
-    from ..fanout import Cluster, connect_all
+    from sparkcluster.remote.fanout import Cluster, connect_all
 
     res = connect_all(inv)
     if inv.head.name in res.failed:
@@ -246,7 +257,7 @@ def connect(inv):
 
 
 def head_for(cluster, inv) -> Head:
-    from ..labels import container_name
+    from sparkcluster.labels import container_name
 
     return Head(cluster.hosts[inv.head.name], container_name(inv.cluster.name, "head", inv.head.name))
 
@@ -255,15 +266,14 @@ def check_endpoint(address: str, target: Target, port: int, secrets: dict[str, s
     """From the controller, before any level: the endpoint answers and takes our key."""
     import httpx
 
-    from .. import serve
-
+    from sparkcluster.day2 import server
     base = f"http://{address}:{port}"
     with httpx.Client() as client:
-        code = serve.health(client, base)
+        code = server.health(client, base)
         if code != 200:
             raise SparkError(f"the endpoint {base} does not answer (/health: {code or 'no answer'})",
                              "sparkcluster status shows what is down; sparkcluster logs shows why")
-        ok, why = serve.one_token(client, base, target.model, serve.headers(secrets), timeout=60)
+        ok, why = server.one_token(client, base, target.model, server.headers(secrets), timeout=60)
     if ok:
         return
     if "HTTP 401" in why:

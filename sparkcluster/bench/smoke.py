@@ -4,11 +4,11 @@ profile's published decode figure; it warns, it never fails the `up` that alread
 
 from __future__ import annotations
 
-from .. import log
-from ..errors import SparkError
-from .results import decode_tok_s, row_from_result, run_id
-from .runner import Head, Interrupted
-from .sweep import Level, Target, target_for
+from sparkcluster import log
+from sparkcluster.bench.results import decode_tok_s, row_from_result, run_id
+from sparkcluster.bench.runner import Head, Interrupted
+from sparkcluster.bench.sweep import Level, Target, target_for
+from sparkcluster.errors import SparkError
 
 _log = log.get("sparkcluster.bench")  # the logger name of the single module this was
 
@@ -45,7 +45,7 @@ def smoke(head: "Head", target: Target, secrets: dict[str, str], expected: float
 
 def smoke_after_up(host, inv, prof, secrets: dict[str, str]) -> tuple[float | None, float | None, str]:
     """`up --smoke` in one call: host is the connected head (ssh.Host) `up` already holds."""
-    from ..labels import container_name
+    from sparkcluster.labels import container_name
 
     head = Head(host, container_name(inv.cluster.name, "head", inv.head.name))
     return smoke(head, target_for(prof, inv.cluster.api_port), secrets, prof.expected_decode_tok_s)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Iterable
 
-from .. import redact
-from ..errors import InputError
+from sparkcluster import redact
+from sparkcluster.errors import InputError
 
 # ---- the sweep ---------------------------------------------------------------------------------
 

@@ -17,9 +17,9 @@ import functools
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
-from ..facts import HostFacts
-from ..inventory import Inventory, Node
-from ..labels import CLUSTER_LABEL, ROLE_LABEL
+from sparkcluster.config.inventory import Inventory, Node
+from sparkcluster.facts import HostFacts
+from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
 
 Status = Literal["ok", "warn", "fail", "skip"]
 GiB = 1024**3
@@ -115,10 +115,16 @@ def is_running(c: dict) -> bool:
 # --- the checks, by area ------------------------------------------------------------------------
 
 # Imported here, below what they build on: importing an area registers its checks in REGISTRY.
-from . import host, image, network, rdma, runtime  # noqa: E402
-from .runtime import container_flags  # noqa: E402
+from sparkcluster.checks import (  # noqa: E402
+    cluster_image,  # noqa: E402
+    host,
+    network,
+    rdma,
+    runtime,
+)
+from sparkcluster.checks.runtime import container_flags  # noqa: E402
 
-AREAS = (host, image, network, rdma, runtime)
+AREAS = (host, cluster_image, network, rdma, runtime)
 
 # The stable order checks run and report in (`doctor`, `doctor --json`, `up`'s preflight).
 CHECK_ORDER = (

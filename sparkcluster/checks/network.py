@@ -6,11 +6,10 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from .. import engine_traits
-from ..facts import HostFacts
-from ..probes import CX7_SPEED_MBPS, DOCKER_DEFAULT_BRIDGE, LINK_LOCAL
-from . import Context, Report, check, container_env, is_running
-
+from sparkcluster.checks import Context, Report, check, container_env, is_running
+from sparkcluster.config import engine_traits
+from sparkcluster.facts import HostFacts
+from sparkcluster.facts.probes import CX7_SPEED_MBPS, DOCKER_DEFAULT_BRIDGE, LINK_LOCAL
 
 # --- control plane ------------------------------------------------------------------------------
 

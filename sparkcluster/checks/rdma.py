@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 
-from ..facts import HostFacts
-from ..inventory import Node
-from . import Context, Report, check
+from sparkcluster.checks import Context, Report, check
+from sparkcluster.config.inventory import Node
+from sparkcluster.facts import HostFacts
 
 
 def _gid_v4(f: HostFacts, hca: str) -> list:

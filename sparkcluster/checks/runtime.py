@@ -3,8 +3,8 @@ containers carry the forwarded and per-host variables and identical docker flags
 
 from __future__ import annotations
 
-from ..labels import CLUSTER_LABEL
-from . import Context, Report, check, container_env, is_running
+from sparkcluster.checks import Context, Report, check, container_env, is_running
+from sparkcluster.labels import CLUSTER_LABEL
 
 
 @check("ports.free", "Ray and API ports free or ours")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .. import profile as profiles
-from ..inventory import Inventory
+from sparkcluster.config import profile as profiles
+from sparkcluster.config.inventory import Inventory
 
 
 def load_profile_for(inv: Inventory, name: str | None) -> profiles.Profile | None:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import click
 
-from .. import __version__, inventory, log, redact
-from ..errors import EXIT_USAGE, SparkError
+from sparkcluster import __version__, log, redact
+from sparkcluster.config import inventory
+from sparkcluster.errors import EXIT_USAGE, SparkError
 
 
 @dataclass
@@ -35,16 +36,15 @@ class _LazyGroup(click.Group):
     """Imports a subcommand's module when that subcommand is asked for: a quick command like
     `status --json` spends most of its time importing, and need not import the others' libraries."""
 
-    # command name -> module in this package; importing it decorates the command onto `cli`
-    MODULES = {"bench": "bench", "doctor": "doctor", "down": "down", "init": "init", "logs": "logs",
-               "profile": "profile", "status": "status", "up": "up", "weights": "weights", "events": "events"}
+    # each command lives in `<name>_cmd.py` of this package; importing it decorates the command onto `cli`
+    COMMANDS = ("bench", "doctor", "down", "events", "init", "logs", "profile", "status", "up", "weights")
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(super().list_commands(ctx)) | set(self.MODULES))
+        return sorted(set(super().list_commands(ctx)) | set(self.COMMANDS))
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in self.commands and name in self.MODULES:
-            importlib.import_module(f"{__package__}.{self.MODULES[name]}")
+        if name not in self.commands and name in self.COMMANDS:
+            importlib.import_module(f"{__package__}.{name}_cmd")
         return super().get_command(ctx, name)
 
 

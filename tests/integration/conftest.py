@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import API_KEY, HF_TOKEN
+
 CLI = [sys.executable, "-m", "sparkcluster"]
 
 # A suite started as a background job of a non-interactive shell inherits SIGINT ignored, and an

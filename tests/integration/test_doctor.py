@@ -95,8 +95,8 @@ def running_containers(testbed, host: str) -> list[str]:
 
 
 def image_ref(testbed) -> str:
-    from sparkcluster import images, inventory
     from sparkcluster.cli.common import load_profile_for
+    from sparkcluster.config import images, inventory
     inv = inventory.load(testbed.inventory)
     return images.image_ref(inv, load_profile_for(inv, None))
 
@@ -433,7 +433,7 @@ NET_IDS = [i for i in IDS if i.startswith(("net.", "rdma.")) and i != "net.vllm_
 def test_init_drafts_what_doctor_passes_on_every_healthy_mode(testbed, sc, healthy, mode, tmp_path):
     """`init` on a cabling mode (issue 17) writes the ports the testbed's own inventory lists, with
     gid_index 3, and doctor with that draft judges the network exactly as with the testbed's."""
-    from sparkcluster import inventory
+    from sparkcluster.config import inventory
     _, _, base = healthy
     out = tmp_path / "draft.toml"
     try:

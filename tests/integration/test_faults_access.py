@@ -248,8 +248,8 @@ def test_newline_in_forwarded_value_refused_before_any_connection(testbed, sc, t
 # --- 9: the dry run changes nothing ------------------------------------------------------------
 
 def test_dry_run_on_bare_cluster_prints_plan_changes_nothing(testbed, sc):
-    from sparkcluster import inventory, profile
-    from sparkcluster.flags import exec_argv
+    from sparkcluster.config import inventory, profile
+    from sparkcluster.config.flags import exec_argv
 
     assert sc("down").returncode == 0
     before = states(testbed)

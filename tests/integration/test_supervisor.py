@@ -23,7 +23,8 @@ import time
 import httpx
 import pytest
 
-from tests.integration.helpers import answers as answers_at, ours
+from tests.integration.helpers import answers as answers_at
+from tests.integration.helpers import ours
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"

@@ -14,8 +14,18 @@ import uuid
 import paramiko
 import pytest
 
-from tests.testbed.testbed import (BASE_IMAGE, HCAS, HEAD, HOSTS, LAN_IF, NETDEVS, PROD_FLAGS, SPECS, WORKER,
-                                   TestbedError)
+from tests.testbed.testbed import (
+    BASE_IMAGE,
+    HCAS,
+    HEAD,
+    HOSTS,
+    LAN_IF,
+    NETDEVS,
+    PROD_FLAGS,
+    SPECS,
+    WORKER,
+    TestbedError,
+)
 
 pytestmark = pytest.mark.testbed
 LABEL = "org.sparkcluster.testbed-test=1"
@@ -337,7 +347,7 @@ def test_knob_rewire_worker(testbed):
     inv0 = testbed.inventory.read_text()
     path = testbed.cable_worker(crossed=True)
     try:
-        from sparkcluster import inventory
+        from sparkcluster.config import inventory
         inv = inventory.load(path)
         w = inv.node(WORKER)
         assert w.control_if == "enP2p1s0f1np1" and str(w.control_ip) == "198.19.2.2"
@@ -412,8 +422,8 @@ def test_sh_reports_failures(testbed):
 
 # ---------------------------------------------------------------- cabling modes (issue 17)
 def test_cabling_modes_switch_and_reset(testbed):
+    from sparkcluster.config import inventory
     from tests.testbed import cabling
-    from sparkcluster import inventory
     try:
         path = testbed.set_cabling("two-cables@9216")
         inv = inventory.load(path)
@@ -444,6 +454,7 @@ def test_third_machine_knob(testbed):
     finally:
         testbed.unplug_third()
     import subprocess
+
     from tests.testbed import cabling
     assert cabling.THIRD_NS not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert testbed.sh(HEAD, "cat /sys/class/infiniband/rocep1s0f0/ports/1/state").stdout.strip() == "1: DOWN"

@@ -19,7 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import debug_log_lines, popen_sc, inventory_variant, listeners, ours, utc_now, worker_block_edit
+from tests.integration.helpers import (
+    debug_log_lines,
+    inventory_variant,
+    listeners,
+    ours,
+    popen_sc,
+    utc_now,
+    worker_block_edit,
+)
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkcluster import weights as w
+from sparkcluster.movement import hfcache as w
 from tests.testbed import artifacts
 from tests.testbed.hub import GATED, GRANTED_TOKEN, HUB_IP, HUB_PORT, TINY, knobs, stats
 

@@ -29,8 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import artifacts, cabling, hub
-from .artifacts import (BASE_IMAGE, CACHE, RAY_IMAGE, RAY_VERSION, ROOTFS_IMAGE, ROOTFS_TAR, STANDIN_IMAGE,
-                        TINY_MODEL, VLLM_VERSION)
+from .artifacts import (
+    BASE_IMAGE,
+    CACHE,
+    RAY_IMAGE,
+    RAY_VERSION,
+    ROOTFS_IMAGE,
+    ROOTFS_TAR,
+    STANDIN_IMAGE,
+    TINY_MODEL,
+    VLLM_VERSION,
+)
 from .proc import TestbedError, log, run
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from sparkcluster import inventory
+from sparkcluster.config import inventory
 
 CAPTURED = Path(__file__).resolve().parents[1] / "captured"
 

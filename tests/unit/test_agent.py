@@ -1,4 +1,4 @@
-"""The node agent's supervisor (agent.py): its verdicts over looks, its restart bound and backoff,
+"""The node agent's supervisor (sparkcluster/node): its verdicts over looks, its restart bound and backoff,
 its readers over captured text, and a start/stop of a real process with hostile arguments."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from sparkcluster import agent
-from sparkcluster.agent import Look, Watch, verdict
+from sparkcluster.node import contract, readings, shm, supervisor
+from sparkcluster.node.journal import Journal
+from sparkcluster.node.verdict import Look, Watch, backoff, restarts_left, verdict
 
 CAPTURED = Path(__file__).parents[1] / "captured"
-P = {**agent.DEFAULT_POLICY, "stall_s": 30.0, "ready_timeout_s": 100.0}
+P = {**contract.DEFAULT_POLICY, "stall_s": 30.0, "ready_timeout_s": 100.0}
 HOSTILE_ARGS = ["a;b", "$(touch pwned)", "`id`", "it's \"quoted\"", "  spaced  ", "*", "", "back\\slash", "ünï"]
 
 
@@ -80,41 +81,41 @@ def test_memory_floor_needs_consecutive_samples_and_wins_over_everything():
 
 def test_restart_bound_and_backoff_follow_the_window():
     now = 10_000.0
-    assert agent.restarts_left([], now, P) == 3
-    assert agent.restarts_left([now - 10, now - 20, now - 4000], now, P) == 1  # one fell out of the hour
-    assert agent.backoff([now], now, P) == 5.0
-    assert agent.backoff([now - 2, now - 1, now], now, P) == 20.0
-    assert agent.backoff([now - i for i in range(10)], now, P) == 60.0
+    assert restarts_left([], now, P) == 3
+    assert restarts_left([now - 10, now - 20, now - 4000], now, P) == 1  # one fell out of the hour
+    assert backoff([now], now, P) == 5.0
+    assert backoff([now - 2, now - 1, now], now, P) == 20.0
+    assert backoff([now - i for i in range(10)], now, P) == 60.0
 
 
 def test_readers_over_captured_text():
     meminfo = (CAPTURED / "host-meminfo.txt").read_text()
-    assert agent.mem_available(meminfo) == 24_332_672 * 1024
-    assert agent.mem_available("MemTotal: 1 kB\n") is None
+    assert readings.mem_available(meminfo) == 24_332_672 * 1024
+    assert readings.mem_available("MemTotal: 1 kB\n") is None
     metrics = (CAPTURED / "vllm-0.32-metrics.txt").read_text()
-    running, generated = agent.engine_figures(metrics)
+    running, generated = readings.engine_figures(metrics)
     assert (running, generated) == (2.0, 6064.0)
 
 
 def test_supervisor_starts_hostile_argv_uninterpreted_and_stops_it(tmp_path, monkeypatch):
     for name in ("SERVE_LOG", "RECORD_PATH", "STATE_PATH", "SECRETS_PATH", "DESIRED_PATH"):
-        monkeypatch.setattr(agent, name, str(tmp_path / name.lower()))
-    Path(agent.SECRETS_PATH).write_text(json.dumps({"VLLM_API_KEY": "k-secret"}))
+        monkeypatch.setattr(supervisor, name, str(tmp_path / name.lower()))
+    Path(supervisor.SECRETS_PATH).write_text(json.dumps({"VLLM_API_KEY": "k-secret"}))
     script = "import os,sys,time; print(*sys.argv[1:], sep='\\n'); print('key', os.environ['VLLM_API_KEY'] == 'k-secret', flush=True); time.sleep(60)"
     desired = {"generation": "g1", "argv": [sys.executable, "-c", script, *HOSTILE_ARGS], "model": "m", "port": 1,
                "profile": "p", "salt": "s", "secrets_digest": "d"}
-    sup = agent.Supervisor({"node": "n", "nodes": [], "peers": []}, agent.Journal(str(tmp_path / "journal")))
+    sup = supervisor.Supervisor({"node": "n", "nodes": [], "peers": []}, Journal(str(tmp_path / "journal")))
     monkeypatch.chdir(tmp_path)
     sup.start(desired)
-    rec = json.loads(Path(agent.RECORD_PATH).read_text())
+    rec = json.loads(Path(supervisor.RECORD_PATH).read_text())
     assert rec["pid"] == sup.proc.pid and rec["generation"] == "g1" and "k-secret" not in json.dumps(rec)
     deadline = time.time() + 10
-    while "key" not in Path(agent.SERVE_LOG).read_text() and time.time() < deadline:
+    while "key" not in Path(supervisor.SERVE_LOG).read_text() and time.time() < deadline:
         time.sleep(0.05)
-    assert Path(agent.SERVE_LOG).read_text() == "".join(a + "\n" for a in HOSTILE_ARGS) + "key True\n"
+    assert Path(supervisor.SERVE_LOG).read_text() == "".join(a + "\n" for a in HOSTILE_ARGS) + "key True\n"
     assert not (tmp_path / "pwned").exists()
     sup.stop("test")
-    assert sup.proc is None and not Path(agent.RECORD_PATH).exists()
+    assert sup.proc is None and not Path(supervisor.RECORD_PATH).exists()
     journal = [json.loads(x) for x in (tmp_path / "journal").read_text().splitlines()]
     assert [e["event"] for e in journal] == ["vllm serve started", "state: starting", "vllm serve stopped"]
     assert "k-secret" not in (tmp_path / "journal").read_text()
@@ -122,13 +123,13 @@ def test_supervisor_starts_hostile_argv_uninterpreted_and_stops_it(tmp_path, mon
 
 def test_resumes_restart_count_and_final_verdicts_after_a_container_restart(tmp_path, monkeypatch):
     for name in ("RECORD_PATH", "STATE_PATH"):
-        monkeypatch.setattr(agent, name, str(tmp_path / name.lower()))
-    Path(agent.STATE_PATH).write_text(json.dumps({"generation": "g1", "state": agent.LIMIT, "restarts": [1.0, 2.0, 3.0],
+        monkeypatch.setattr(supervisor, name, str(tmp_path / name.lower()))
+    Path(supervisor.STATE_PATH).write_text(json.dumps({"generation": "g1", "state": contract.LIMIT, "restarts": [1.0, 2.0, 3.0],
                                                   "causes": [{"kind": "wedged"}]}))
-    sup = agent.Supervisor({"node": "n"}, agent.Journal(str(tmp_path / "journal")))
+    sup = supervisor.Supervisor({"node": "n"}, Journal(str(tmp_path / "journal")))
     sup.adopt({"generation": "g1"})
-    assert (sup.state, sup.restarts, sup.first_start) == (agent.LIMIT, [1.0, 2.0, 3.0], False)
-    fresh = agent.Supervisor({"node": "n"}, agent.Journal(str(tmp_path / "journal")))
+    assert (sup.state, sup.restarts, sup.first_start) == (contract.LIMIT, [1.0, 2.0, 3.0], False)
+    fresh = supervisor.Supervisor({"node": "n"}, Journal(str(tmp_path / "journal")))
     fresh.adopt({"generation": "g2"})
     assert (fresh.restarts, fresh.first_start) == ([], True)
 
@@ -139,8 +140,8 @@ def test_shm_janitor_removes_only_segments_it_saw_mapped_after_two_unmapped_look
     other = tmp_path / "psm_other"
     other.write_bytes(b"y")
     mapped = {str(seg)}
-    monkeypatch.setattr(agent, "shm_in_use", lambda: set(mapped))
-    j = agent.ShmJanitor(agent.Journal(str(tmp_path / "journal")))
+    monkeypatch.setattr(shm, "shm_in_use", lambda: set(mapped))
+    j = shm.ShmJanitor(Journal(str(tmp_path / "journal")))
     j.look()
     mapped.clear()
     j.look()
@@ -155,7 +156,7 @@ def test_shm_in_use_reads_a_real_mapping():
 
     seg = shared_memory.SharedMemory(create=True, size=4096, name="psm_sctest1")
     try:
-        assert "/dev/shm/psm_sctest1" in agent.shm_in_use()
+        assert "/dev/shm/psm_sctest1" in shm.shm_in_use()
     finally:
         seg.close()
         seg.unlink()
@@ -164,15 +165,14 @@ def test_shm_in_use_reads_a_real_mapping():
 def test_up_says_serving_only_once_the_supervisor_has_seen_it_serve(monkeypatch):
     from types import SimpleNamespace
 
-    from sparkcluster import serve, supervision
+    from sparkcluster.day2 import server, supervision
     from sparkcluster.errors import StageError
-    from sparkcluster.stages import serve as serve_stage
-
+    from sparkcluster.up.stages import serve as serve_stage
     states = iter([None, {"state": "starting", "generation": "g1"}, {"state": "serving", "generation": "g0"},
                    {"state": "serving", "generation": "g1"}])
-    monkeypatch.setattr(serve, "wait_ready", lambda *a, **kw: 3.0)
+    monkeypatch.setattr(server, "wait_ready", lambda *a, **kw: 3.0)
     monkeypatch.setattr(supervision, "state", lambda api, c: next(states))
-    monkeypatch.setattr(serve, "supervisor_tail", lambda api, c: "journal tail")
+    monkeypatch.setattr(server, "supervisor_tail", lambda api, c: "journal tail")
     prof = SimpleNamespace(ready_timeout_s=60, model="m", supervisor=SimpleNamespace(probe_timeout_s=1.0))
     sv = SimpleNamespace(container="c", describe=lambda: "the supervisor in c runs: vllm serve m")
     head = SimpleNamespace(name="spark-head", address="198.18.0.2", docker=lambda: SimpleNamespace(api=None))

@@ -22,8 +22,11 @@ from pathlib import Path
 import docker
 import pytest
 
-from sparkcluster import bench as B, profile as profiles, redact, serve
+from sparkcluster import bench as B
+from sparkcluster import redact
 from sparkcluster.cli import main as cli_main
+from sparkcluster.config import profile as profiles
+from sparkcluster.day2 import server
 from sparkcluster.errors import InputError, SparkError
 from tests.unit.conftest import cap
 
@@ -453,8 +456,8 @@ class FakeAPI:
         self.fail_at = fail_at
         self.running_polls = running_polls
         self.container_running = True
-        rec = serve.Record(4242, "serve-exec", serving_profile, "testbed-tiny", 8000, time.time())
-        self.files[serve.RECORD_PATH] = json.dumps(rec.__dict__).encode()
+        rec = server.Record(4242, "serve-exec", serving_profile, "testbed-tiny", 8000, time.time())
+        self.files[server.RECORD_PATH] = json.dumps(rec.__dict__).encode()
 
     def inspect_container(self, name):
         if name != "sparkcluster-pair-head":
@@ -603,7 +606,7 @@ def test_serving_states():
     with pytest.raises(SparkError, match="no cluster is serving"):
         B.Head(FakeHost(FakeAPI()), "sparkcluster-other-head").serving()
     api = FakeAPI()
-    del api.files[serve.RECORD_PATH]
+    del api.files[server.RECORD_PATH]
     with pytest.raises(SparkError, match="vllm serve is not running"):
         fake_head(api).serving()
 
@@ -660,7 +663,7 @@ def cli_env(tmp_path, monkeypatch):
     monkeypatch.setattr(B, "connect", lambda inv: FakeCluster(api))
     monkeypatch.setattr(B, "check_endpoint", lambda *a: checked.append(a))
     monkeypatch.setattr(B, "node_facts", lambda cluster: {"spark-head": {"hostname": "spark-head"}})
-    monkeypatch.setattr("sparkcluster.ssh.connect", lambda *a: (_ for _ in ()).throw(AssertionError("ssh")))
+    monkeypatch.setattr("sparkcluster.remote.ssh.connect", lambda *a: (_ for _ in ()).throw(AssertionError("ssh")))
     yield {"dir": tmp_path, "inventory": inv, "api": api, "checked": checked,
            "root": tmp_path / "state" / "sparkcluster" / "bench" / "pair"}
     with redact._lock:
@@ -749,16 +752,16 @@ def test_a_level_failing_midway_keeps_the_measured_ones(cli_env, capsys):
 
 
 def test_check_endpoint_key_refused_is_input_error(monkeypatch):
-    monkeypatch.setattr(serve, "health", lambda client, base: 200)
-    monkeypatch.setattr(serve, "one_token", lambda *a, **k: (False, "completion answered HTTP 401: nope"))
+    monkeypatch.setattr(server, "health", lambda client, base: 200)
+    monkeypatch.setattr(server, "one_token", lambda *a, **k: (False, "completion answered HTTP 401: nope"))
     with pytest.raises(InputError, match="refuses the API key"):
         B.check_endpoint("198.18.0.2", target(), 8000, {"VLLM_API_KEY": "wrong"})
-    monkeypatch.setattr(serve, "one_token", lambda *a, **k: (False, "completion answered HTTP 400: no chat template"))
+    monkeypatch.setattr(server, "one_token", lambda *a, **k: (False, "completion answered HTTP 400: no chat template"))
     B.check_endpoint("198.18.0.2", target(), 8000, {})  # answers: the benchmark's own route decides
-    monkeypatch.setattr(serve, "one_token", lambda *a, **k: (False, "a 1-token completion did not return within 60s"))
+    monkeypatch.setattr(server, "one_token", lambda *a, **k: (False, "a 1-token completion did not return within 60s"))
     with pytest.raises(SparkError, match="not a completion"):
         B.check_endpoint("198.18.0.2", target(), 8000, {})
-    monkeypatch.setattr(serve, "health", lambda client, base: None)
+    monkeypatch.setattr(server, "health", lambda client, base: None)
     with pytest.raises(SparkError, match="does not answer"):
         B.check_endpoint("198.18.0.2", target(), 8000, {})
 

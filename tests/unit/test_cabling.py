@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from sparkcluster import inventory
-from sparkcluster import parsers as P
-from sparkcluster.probes import GIDS
+from sparkcluster.config import inventory
+from sparkcluster.facts import parsers as P
+from sparkcluster.facts.probes import GIDS
 from tests.testbed import cabling as C
 
 H, W = ("spark-head", "head", 1), ("spark-worker", "worker", 2)

@@ -7,9 +7,10 @@ import dataclasses
 
 from conftest import LINKS, cap, link_ip
 from test_checks import H, W, _addr, healthy, results
+
 from sparkcluster import checks, facts
-from sparkcluster import parsers as P
-from sparkcluster import profile as profiles
+from sparkcluster.config import profile as profiles
+from sparkcluster.facts import parsers as P
 
 PORT1 = [link for link in LINKS if link[0].endswith("np1")]  # enp1s0f1np1, enP2p1s0f1np1
 PORT0 = [link for link in LINKS if link[0].endswith("np0")]

@@ -9,13 +9,24 @@ import json
 from dataclasses import dataclass, field
 
 import pytest
+from conftest import (
+    LINKS,
+    NODES,
+    cap,
+    carrier_text,
+    control_ip,
+    gid_text,
+    hca_text,
+    inventory_dict,
+    link_ip,
+    make_inventory,
+    spark_ip_json,
+)
 
-from conftest import (LINKS, NODES, carrier_text, cap, control_ip, gid_text, hca_text, inventory_dict, link_ip,
-                      make_inventory, spark_ip_json)
 from sparkcluster import checks, facts
-from sparkcluster import parsers as P
-from sparkcluster import profile as profiles
 from sparkcluster.checks import GiB
+from sparkcluster.config import profile as profiles
+from sparkcluster.facts import parsers as P
 
 H, W = "spark-head", "spark-worker"
 IMAGE = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.49.2"

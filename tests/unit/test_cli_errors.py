@@ -53,7 +53,7 @@ def env(tmp_path, monkeypatch):
         connects.append(node.name)
         raise AssertionError(f"connection attempted to {node.name}")
 
-    monkeypatch.setattr("sparkcluster.ssh.connect", no_connect)
+    monkeypatch.setattr("sparkcluster.remote.ssh.connect", no_connect)
     inv = tmp_path / "cluster.toml"
     inv.write_text(inventory_toml())
     yield {"dir": tmp_path, "env_file": envf, "inventory": inv, "connects": connects,
@@ -189,6 +189,6 @@ def test_a_subcommand_imports_only_its_own_module():
             "print(sorted(m for m in sys.modules if m.startswith('sparkcluster.cli.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = out.strip().splitlines()[-1]
-    assert "sparkcluster.cli.status" in loaded
+    assert "sparkcluster.cli.status_cmd" in loaded
     for other in ("up", "doctor", "init", "profile", "logs", "down"):
         assert f"sparkcluster.cli.{other}'" not in loaded, loaded

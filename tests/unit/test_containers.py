@@ -11,12 +11,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from conftest import inventory_dict, make_inventory
-from sparkcluster import agent, inventory, profile
-from sparkcluster.containers import create_and_start, spec_for
-from sparkcluster.containers import files_tar, ray_start_argv
+
+from sparkcluster.config import inventory, profile
 from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, PROFILE_LABEL, ROLE_LABEL
+from sparkcluster.node import contract
+from sparkcluster.up.container_spec import AGENT_FILES, create_and_start, files_tar, ray_start_argv, spec_for
 
 DATA = Path(__file__).parent / "data"
 IMAGE = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.60.0"
@@ -106,10 +106,11 @@ def test_spec_differs_only_in_role_and_per_host_values(inv, prof):
     assert head.shm_size == worker.shm_size
     assert head.binds == worker.binds
     # the agent's configuration names the node and its role; every other file is the same
-    assert {k: v for k, v in head.files.items() if k != agent.CONFIG_PATH} == \
-        {k: v for k, v in worker.files.items() if k != agent.CONFIG_PATH}
-    assert head.files[agent.AGENT_PATH] == Path(agent.__file__).read_text()
-    cfg_h, cfg_w = json.loads(head.files[agent.CONFIG_PATH]), json.loads(worker.files[agent.CONFIG_PATH])
+    assert {k: v for k, v in head.files.items() if k != contract.CONFIG_PATH} == \
+        {k: v for k, v in worker.files.items() if k != contract.CONFIG_PATH}
+    assert {k: head.files[k] for k in AGENT_FILES} == AGENT_FILES
+    assert head.files[f"{contract.AGENT_DIR}/__main__.py"].endswith("sys.exit(main(*sys.argv[1:]))\n")
+    cfg_h, cfg_w = json.loads(head.files[contract.CONFIG_PATH]), json.loads(worker.files[contract.CONFIG_PATH])
     assert (cfg_h["role"], cfg_w["role"]) == ("head", "worker")
     assert cfg_h["ray_argv"] == head.command and cfg_w["ray_argv"] == worker.command
     assert cfg_w["report_ip"] == str(inv.workers[0].control_ip) and cfg_h["peers"][0]["ip"] == cfg_w["report_ip"]
@@ -159,8 +160,8 @@ def test_no_secret_names_in_container_env(inv, prof):
 def test_container_files_carry_the_non_carry_over_list(inv, prof):
     head, _ = specs(inv, prof)
     path, text = profile.non_carry_over_file(prof)
-    assert head.files == {path: text, agent.AGENT_PATH: Path(agent.__file__).read_text(),
-                          agent.CONFIG_PATH: head.files[agent.CONFIG_PATH]}
+    assert head.files == {path: text, **AGENT_FILES,
+                          contract.CONFIG_PATH: head.files[contract.CONFIG_PATH]}
 
 
 def test_config_hash_stable_and_sensitive(inv, prof):
@@ -189,8 +190,8 @@ def test_create_kwargs_labels_include_config_hash(inv, prof):
     assert kw["labels"][CONFIG_LABEL] == head.config_hash()
     assert kw["entrypoint"] == []
     # the node agent is the foreground process; it runs Ray's command, read from its configuration
-    assert kw["command"] == ["python3", agent.AGENT_PATH, agent.CONFIG_PATH]
-    assert json.loads(head.files[agent.CONFIG_PATH])["ray_argv"] == head.command
+    assert kw["command"] == ["python3", contract.AGENT_DIR, contract.CONFIG_PATH]
+    assert json.loads(head.files[contract.CONFIG_PATH])["ray_argv"] == head.command
     assert kw["environment"] == head.env
     assert kw["image"] == IMAGE and kw["name"] == head.name
     assert "host_config" not in kw

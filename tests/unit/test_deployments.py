@@ -6,9 +6,10 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from conftest import make_inventory
-from sparkcluster import deployments, fleet, profile as profiles
+
+from sparkcluster.config import profile as profiles
+from sparkcluster.day2 import deployments, fleet
 from sparkcluster.errors import InputError
 from sparkcluster.labels import CLUSTER_LABEL, NODES_LABEL, PROFILE_LABEL
 

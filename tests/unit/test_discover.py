@@ -6,12 +6,14 @@ import ipaddress
 import tomllib
 
 import pytest
-
 from conftest import LINKS, cap, hca_text, link_ip, spark_ip_json
-from sparkcluster import discover, facts, inventory
-from sparkcluster import parsers as P
+
+from sparkcluster import facts
 from sparkcluster.cli.main import main
+from sparkcluster.config import inventory
 from sparkcluster.errors import InputError, SparkError
+from sparkcluster.facts import discover
+from sparkcluster.facts import parsers as P
 
 # the worker cabled into the other ports: same subnets, other netdev/HCA names (sparkrun#135)
 CROSSED = [("enP2p1s0f0np0", "roceP2p1s0f0", 1), ("enP2p1s0f1np1", "roceP2p1s0f1", 2),

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import LINKS, cap, gid_text, hca_text, link_ip, spark_ip_json
-from sparkcluster import discover, facts
+
+from sparkcluster import facts
 from sparkcluster.errors import SparkError
+from sparkcluster.facts import discover
 
 PORT1 = [link for link in LINKS if link[0].endswith("np1")]
 PORT0 = [link for link in LINKS if link[0].endswith("np0")]

@@ -1,6 +1,6 @@
 """engine_traits: both sides of each behaviour gate (vLLM 0.21 older executor, 0.32 V2 executor)."""
 
-from sparkcluster.engine_traits import traits
+from sparkcluster.config.engine_traits import traits
 
 
 def test_vllm_0_21_older_executor():
@@ -21,7 +21,6 @@ def test_v2_switch_forwarded_by_the_profile_wins():
     assert traits("0.32.0", {"VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "0"}).ray_executor == "v1"
     assert traits("0.31.9", {"VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "1"}).ray_executor == "v2"
     assert traits("0.32.1rc1").ray_executor == "v2"
-
 
 
 def test_vllm_host_ip_check_follows_the_served_version():

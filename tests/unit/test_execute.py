@@ -11,17 +11,20 @@ import time
 import docker.errors
 import pytest
 import requests
-
 from conftest import make_inventory
 
-from sparkcluster import dockerapi, execute, profile as profiles, redact
+from sparkcluster import redact
+from sparkcluster.config import profile as profiles
+from sparkcluster.day2 import supervision
 from sparkcluster.errors import CommandFailed, EngineUnreachable, StageError
 from sparkcluster.facts import HostFacts
-from sparkcluster.fanout import run_each
-from sparkcluster.plan import make_plan
-from sparkcluster.ssh import CommandResult
-from sparkcluster.stages import STAGES
-from sparkcluster.stages.base import Step
+from sparkcluster.remote import dockerapi
+from sparkcluster.remote.fanout import run_each
+from sparkcluster.remote.ssh import CommandResult
+from sparkcluster.up import execute
+from sparkcluster.up.plan import make_plan
+from sparkcluster.up.stages import STAGES
+from sparkcluster.up.stages.base import Step
 
 HEAD, WORKER = "spark-head", "spark-worker"
 
@@ -210,8 +213,7 @@ def test_guarded_api_tells_unreachable_from_not_found():
 
 
 def test_poll_based_waits_give_up_in_time():
-    from sparkcluster import retry
-
+    from sparkcluster.remote import retry
     t = time.monotonic()
     assert retry.poll(lambda: None, timeout=0.3, interval=0.05, what="x") is None
     assert time.monotonic() - t < 2
@@ -285,10 +287,10 @@ class FakeHost:
 
 
 def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
-    from sparkcluster import serve, supervision
-    from sparkcluster.containers import spec_for
-    from sparkcluster.fanout import Cluster
-    from sparkcluster.images import image_ref
+    from sparkcluster.config.images import image_ref
+    from sparkcluster.day2 import server
+    from sparkcluster.remote.fanout import Cluster
+    from sparkcluster.up.container_spec import spec_for
 
     inv, prof = make_inventory(), profiles.load_profile("testbed")
     specs = {n.name: spec_for(inv, prof, n, image_ref(inv, prof)) for n in inv.nodes}
@@ -297,11 +299,11 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     facts = {HEAD: HostFacts(HEAD, hostname=HEAD), WORKER: HostFacts(WORKER, hostname=WORKER, image_id=IMAGE_ID)}
     secrets = {"HF_TOKEN": "hf_x", "VLLM_API_KEY": "k"}
     plan = make_plan(inv, prof, facts, serving=False, replace=False, secret_names=secrets)
-    monkeypatch.setattr(serve, "wait_ready", lambda *a, **kw: 1.0)
+    monkeypatch.setattr(server, "wait_ready", lambda *a, **kw: 1.0)
     # the supervisor in the head container starts the server (tested in test_agent / test_serve_start)
-    monkeypatch.setattr(serve, "start", lambda *a, **kw: serve.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
+    monkeypatch.setattr(server, "start", lambda *a, **kw: server.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
     monkeypatch.setattr(supervision, "state", lambda *a: {"state": "serving", "generation": ""})
-    monkeypatch.setattr(serve, "warm_up", lambda *a, **kw: 0.5)
+    monkeypatch.setattr(server, "warm_up", lambda *a, **kw: 0.5)
     r = execute.Run(Cluster(inv, hosts), plan, facts, secrets, Recorder())
     execute.execute(r)
     planned = [s.id for s in plan.steps() if s.stage != "preflight"]
@@ -322,30 +324,29 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
 # ---- the readiness wait (retry.poll) ----------------------------------------------------------------
 
 def test_wait_ready_outcomes(monkeypatch):
-    from sparkcluster import serve, supervision
-
-    spec = serve.ServeSpec("c", ["vllm"], [], "m", 8000, None)
-    rec = serve.Record(1, "e", "p", "m", 8000, 0.0)
-    monkeypatch.setattr(serve, "log_tail", lambda api, c: "last lines")
-    monkeypatch.setattr(serve, "running", lambda api, r: True)
+    from sparkcluster.day2 import server
+    spec = server.ServeSpec("c", ["vllm"], [], "m", 8000, None)
+    rec = server.Record(1, "e", "p", "m", 8000, 0.0)
+    monkeypatch.setattr(server, "log_tail", lambda api, c: "last lines")
+    monkeypatch.setattr(server, "running", lambda api, r: True)
     answers = iter([None, 503, 200])
-    monkeypatch.setattr(serve, "health", lambda client, base: next(answers))
-    monkeypatch.setattr(serve, "one_token", lambda *a, **kw: (True, "ok"))
+    monkeypatch.setattr(server, "health", lambda client, base: next(answers))
+    monkeypatch.setattr(server, "one_token", lambda *a, **kw: (True, "ok"))
     waits = []
-    assert serve.wait_ready(None, rec, spec, "http://x", {}, 10, on_wait=lambda why, s: waits.append(why)) >= 0
+    assert server.wait_ready(None, rec, spec, "http://x", {}, 10, on_wait=lambda why, s: waits.append(why)) >= 0
     assert waits == ["the server has not opened its port yet", "/health answers HTTP 503"]
-    monkeypatch.setattr(serve, "health", lambda client, base: 503)
-    with pytest.raises(serve.NotReady) as e:
-        serve.wait_ready(None, rec, spec, "http://x", {}, 0.3)
+    monkeypatch.setattr(server, "health", lambda client, base: 503)
+    with pytest.raises(server.NotReady) as e:
+        server.wait_ready(None, rec, spec, "http://x", {}, 0.3)
     assert e.value.reason == "not ready after 0.3s: /health answers HTTP 503" and e.value.tail == "last lines"
-    monkeypatch.setattr(serve, "running", lambda api, r: False)
-    with pytest.raises(serve.NotReady, match="vllm serve exited"):
-        serve.wait_ready(None, rec, spec, "http://x", {}, 10)
-    monkeypatch.setattr(serve, "running", lambda api, r: True)
-    monkeypatch.setattr(serve, "health", lambda client, base: 200)
-    monkeypatch.setattr(serve, "one_token", lambda *a, **kw: (False, "completion answered HTTP 401: no"))
-    with pytest.raises(serve.NotReady, match="does not match"):
-        serve.wait_ready(None, rec, spec, "http://x", {}, 10)
+    monkeypatch.setattr(server, "running", lambda api, r: False)
+    with pytest.raises(server.NotReady, match="vllm serve exited"):
+        server.wait_ready(None, rec, spec, "http://x", {}, 10)
+    monkeypatch.setattr(server, "running", lambda api, r: True)
+    monkeypatch.setattr(server, "health", lambda client, base: 200)
+    monkeypatch.setattr(server, "one_token", lambda *a, **kw: (False, "completion answered HTTP 401: no"))
+    with pytest.raises(server.NotReady, match="does not match"):
+        server.wait_ready(None, rec, spec, "http://x", {}, 10)
 
 
 # ---- up's order, rollback and summary, over fake hosts -------------------------------------------------
@@ -373,9 +374,9 @@ class TrackingEngine(FakeEngine):
 
 
 def fake_cluster(inv, prof, env_of):
-    from sparkcluster.containers import spec_for
-    from sparkcluster.fanout import Cluster
-    from sparkcluster.images import image_ref
+    from sparkcluster.config.images import image_ref
+    from sparkcluster.remote.fanout import Cluster
+    from sparkcluster.up.container_spec import spec_for
 
     specs = {n.name: spec_for(inv, prof, n, image_ref(inv, prof)) for n in inv.nodes}
     labels = {s.name: s.labels for s in specs.values()}
@@ -390,21 +391,21 @@ def fake_cluster(inv, prof, env_of):
 def up_over(monkeypatch, env_of):
     from types import SimpleNamespace
 
-    from sparkcluster import serve, supervision, up
-    from sparkcluster.stages import preflight as preflight_stage
-
+    from sparkcluster.day2 import server
+    from sparkcluster.up import bringup
+    from sparkcluster.up.stages import gate as preflight_stage
     inv, prof = make_inventory(), profiles.load_profile("testbed")
     cluster, specs = fake_cluster(inv, prof, env_of)
     facts = {n.name: HostFacts(n.name, hostname=n.name, image_id=IMAGE_ID, image_ray="2.60.0") for n in inv.nodes}
     monkeypatch.setattr(preflight_stage, "check", lambda c, i, p: SimpleNamespace(facts=facts, results=[1, 2]))
-    monkeypatch.setattr(serve, "wait_ready", lambda *a, **kw: 1.0)
+    monkeypatch.setattr(server, "wait_ready", lambda *a, **kw: 1.0)
     # the supervisor in the head container starts the server (tested in test_agent / test_serve_start)
-    monkeypatch.setattr(serve, "start", lambda *a, **kw: serve.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
+    monkeypatch.setattr(server, "start", lambda *a, **kw: server.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
     monkeypatch.setattr(supervision, "state", lambda *a: {"state": "serving", "generation": ""})
-    monkeypatch.setattr(serve, "warm_up", lambda *a, **kw: 0.5)
+    monkeypatch.setattr(server, "warm_up", lambda *a, **kw: 0.5)
     progress = Recorder()
     progress.info = lambda text: progress.lines.append("info " + text)
-    return cluster, lambda: up._run_locked(cluster, inv, prof, {"VLLM_API_KEY": "k"}, progress, False, False, 0.0)
+    return cluster, lambda: bringup._run_locked(cluster, inv, prof, {"VLLM_API_KEY": "k"}, progress, False, False, 0.0)
 
 
 def test_up_runs_the_plan_and_sums_it_up(monkeypatch, events):

@@ -7,12 +7,12 @@ import shutil
 import subprocess
 
 import pytest
+from conftest import LINKS, cap, carrier_text, hca_text, inventory_dict, link_ip, make_inventory, spark_ip_json
 
-from conftest import LINKS, carrier_text, cap, hca_text, inventory_dict, link_ip, make_inventory, spark_ip_json
 from sparkcluster import facts
-from sparkcluster import parsers as P
 from sparkcluster.errors import StageError
-from sparkcluster.ssh import CommandResult as Result
+from sparkcluster.facts import parsers as P
+from sparkcluster.remote.ssh import CommandResult as Result
 
 H, W = "spark-head", "spark-worker"
 

@@ -8,18 +8,18 @@ from pathlib import Path
 import pytest
 
 from sparkcluster import redact
-from sparkcluster.flags import (
+from sparkcluster.config.flags import (
     FLAGS,
     Gate,
+    exec_argv,
     flag_names,
     flag_value,
     ngc_release,
     parse_version,
     refusals,
-    exec_argv,
     serve_argv,
 )
-from sparkcluster.profile import Profile, load_profile
+from sparkcluster.config.profile import Profile, load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 # the one-model-per-Spark profiles of seeds 000 and 004 (issue 20)
@@ -129,7 +129,7 @@ def test_flag_names_and_value():
 
 
 def test_every_typed_field_has_a_flag():
-    from sparkcluster.profile import Serve
+    from sparkcluster.config.profile import Serve
 
     mapped = {f.field for f in FLAGS if f.field}
     handled = {"host", "port", "extra_flags", "reasoning_parser_plugin_url"}

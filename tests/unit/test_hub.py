@@ -107,8 +107,9 @@ def test_a_cut_download_resumes_with_range(hub, tmp_path):
 
 
 def test_start_hub_runs_a_process_with_knobs_and_stats(model, tmp_path):
-    from tests.testbed.hub import knobs, start_hub, stats, stop_hub
     import socket
+
+    from tests.testbed.hub import knobs, start_hub, stats, stop_hub
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

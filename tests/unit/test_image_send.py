@@ -14,11 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkcluster import parsers as P
 from sparkcluster.errors import StageError
 from sparkcluster.facts import HostFacts
-from sparkcluster.layers import ImageLayers
-from sparkcluster.stages import image as image_stage
+from sparkcluster.facts import parsers as P
+from sparkcluster.movement.layers import ImageLayers
+from sparkcluster.up.stages import image as image_stage
 
 HEAD, WORKER = "spark-head", "spark-worker"
 IMAGE = "sparkcluster/vllm-ray:test"

@@ -6,8 +6,8 @@ import ipaddress
 
 import pytest
 
-from sparkcluster import inventory
 from sparkcluster.cli.main import main
+from sparkcluster.config import inventory
 from sparkcluster.errors import EXIT_USAGE, InputError
 
 GOOD = """\

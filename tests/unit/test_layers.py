@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import make_inventory
 
-from sparkcluster import layers, parsers as P, profile as profiles
+from sparkcluster.config import profile as profiles
 from sparkcluster.facts import HostFacts
-from sparkcluster.layers import ImageLayers
-from sparkcluster.plan import make_plan
+from sparkcluster.facts import parsers as P
+from sparkcluster.movement import layers
+from sparkcluster.movement.layers import ImageLayers
+from sparkcluster.up.plan import make_plan
 
 HEAD, WORKER = "spark-head", "spark-worker"
 B1, B2, RAY, OTHER = ("sha256:" + c * 64 for c in "1234")

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkcluster import inventory, redact
-from sparkcluster.lint import CLUSTER_RULES, lint
-from sparkcluster.profile import Profile, available, load_profile
+from sparkcluster import redact
+from sparkcluster.config import inventory
+from sparkcluster.config.lint import CLUSTER_RULES, lint
+from sparkcluster.config.profile import Profile, available, load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"

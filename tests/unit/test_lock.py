@@ -12,9 +12,10 @@ import threading
 import time
 
 import pytest
-
 from conftest import StderrLines
-from sparkcluster import lock, teardown
+
+from sparkcluster.day2 import teardown
+from sparkcluster.remote import lock
 
 HOLDER = "alice@ctl pid 42 since 2026-11-22T03:00:00Z (up --profile 'x' \"y\" $(touch pwned) `id` ; exit 3)"
 

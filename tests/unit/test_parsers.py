@@ -1,4 +1,4 @@
-"""Every parser in sparkcluster.parsers, fed the text real commands printed (tests/captured)."""
+"""Every parser in sparkcluster.facts.parsers, fed the text real commands printed (tests/captured)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sparkcluster import facts
-from sparkcluster import parsers as P
+from sparkcluster.facts import parsers as P
 
 CAPTURED = Path(__file__).resolve().parents[1] / "captured"
 
@@ -81,7 +81,7 @@ def test_docker_info_gb10():
                              (("Backing Filesystem", "extfs"), ("Supports d_type", "true"), ("Using metacopy", "false"),
                               ("Native Overlay Diff", "true"), ("userxattr", "false")))
     # Docker 28.3 on a Spark keeps the classic overlay2 store: docker load skips the layers it holds
-    from sparkcluster import transfer
+    from sparkcluster.movement import transfer
     assert transfer.elides(d.driver_status)
 
 
@@ -89,7 +89,7 @@ def test_docker_info_containerd_image_store():
     # the shape `docker info` has with the containerd image store (DriverStatus names the snapshotter)
     d = P.docker_info('{"ServerVersion": "29.0.0", "Driver": "overlayfs", '
                       '"DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}')
-    from sparkcluster import transfer
+    from sparkcluster.movement import transfer
     assert not transfer.elides(d.driver_status)
 
 

@@ -1,4 +1,4 @@
-"""Node-side command builders (`sparkcluster.probes`) run locally with bash against hostile names:
+"""Node-side command builders (`sparkcluster.facts.probes`) run locally with bash against hostile names:
 nothing in a name may run as a command, and every section comes back under its own name."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ import os
 import subprocess
 
 import pytest
-
 from conftest import cap
-from sparkcluster import facts, probes
-from sparkcluster import parsers as P
+
+from sparkcluster import facts
+from sparkcluster.facts import parsers as P
+from sparkcluster.facts import probes
 
 HOSTILE = ["with space", "it's", 'say"hi"', "$(touch CANARY)", "a;touch CANARY", "`touch CANARY`", "x\\y", "-I"]
 

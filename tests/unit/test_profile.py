@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkcluster import inventory
-from sparkcluster.errors import InputError
-from sparkcluster.profile import (
+from sparkcluster.config import inventory
+from sparkcluster.config.profile import (
     PER_HOST_VARS,
     available,
     container_env,
@@ -25,6 +24,7 @@ from sparkcluster.profile import (
     search_path,
     secret_env_names,
 )
+from sparkcluster.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from conftest import make_inventory
 
-from sparkcluster import facts, ray_seen
+from sparkcluster import facts
+from sparkcluster.facts import ray_seen
 
 ID_A = "sha256:" + "a" * 64
 ID_B = "sha256:" + "b" * 64

@@ -7,9 +7,9 @@ import os
 import pytest
 
 from sparkcluster import redact
+from sparkcluster.config.profile import load_profile
+from sparkcluster.config.secrets import load_secrets, masked
 from sparkcluster.errors import InputError
-from sparkcluster.profile import load_profile
-from sparkcluster.secrets import load_secrets, masked
 
 TOKEN = "hf_testtokenvalue0123456789"
 KEY = "sk-testapikeyvalue0123456789"

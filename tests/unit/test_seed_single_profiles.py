@@ -4,13 +4,12 @@ seeds' own command lines; the lint rules their traps call for, both sides."""
 from __future__ import annotations
 
 import pytest
-
-from sparkcluster import inventory
-from sparkcluster.flags import Gate, serve_argv
-from sparkcluster.lint import lint, memory_sum_problems
-from sparkcluster.profile import available, load_profile
-
 from test_lint import DATA, rules, variant
+
+from sparkcluster.config import inventory
+from sparkcluster.config.flags import Gate, serve_argv
+from sparkcluster.config.lint import lint, memory_sum_problems
+from sparkcluster.config.profile import available, load_profile
 
 INV = inventory.load(DATA / "profile-cluster.toml")
 SINGLE = ("qwen36-35b-fp8-single", "qwen36-35b-nvfp4-mtp", "gemma4-26b-fp8-mtp")

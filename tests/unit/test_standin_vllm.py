@@ -27,7 +27,6 @@ from vllm_standin import checks, knobs, nccl, network_utils, ray_env  # noqa: E4
 from vllm_standin.arg_utils import human_readable_int, parse_args  # noqa: E402
 from vllm_standin.cli import main  # noqa: E402
 
-
 # -- CLI ---------------------------------------------------------------------------------------
 
 def test_version(capsys):

@@ -7,9 +7,9 @@ import json
 
 from conftest import make_inventory
 
-from sparkcluster.raycluster import parse_state_api as parse_ray_nodes
-from sparkcluster.endpoint import EngineView
-from sparkcluster.status import NodeStatus, judge, node_script
+from sparkcluster.day2.endpoint import EngineView
+from sparkcluster.day2.ray_members import parse_state_api as parse_ray_nodes
+from sparkcluster.day2.status import NodeStatus, judge, node_script
 
 HEAD_IP, WORKER_IP = "198.19.2.1", "198.19.2.2"
 ENDPOINT = "http://spark-head:8000"

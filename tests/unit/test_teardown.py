@@ -5,7 +5,8 @@ from __future__ import annotations
 import docker.errors
 import pytest
 
-from sparkcluster import agent, serve, teardown
+from sparkcluster.day2 import server, teardown
+from sparkcluster.node import contract
 
 
 class API:
@@ -64,12 +65,12 @@ class Host:
         return type("C", (), {"api": self.api})()
 
 
-REC = serve.Record(pid=4242, exec_id="", profile="testbed", model="m", port=8000, started_at=0.0, container="c")
+REC = server.Record(pid=4242, exec_id="", profile="testbed", model="m", port=8000, started_at=0.0, container="c")
 
 
 @pytest.fixture
 def with_record(monkeypatch):
-    monkeypatch.setattr(serve, "read_record", lambda api, c: api.record)
+    monkeypatch.setattr(server, "read_record", lambda api, c: api.record)
 
 
 def test_stop_server_outcomes(with_record):
@@ -82,7 +83,7 @@ def test_stop_server_outcomes(with_record):
     out = teardown.stop_server(Host(api), "c")
     assert out.stopped and out.pid == 4242 and str(out) == "vllm serve (pid 4242) stopped"
     # the supervisor is told first, so it never brings the stopped server back
-    assert api.execs[0] == ["rm", "-f", agent.DESIRED_PATH, agent.SECRETS_PATH]
+    assert api.execs[0] == ["rm", "-f", contract.DESIRED_PATH, contract.SECRETS_PATH]
     assert not any(c[:2] == ["sh", "-c"] and "kill -TERM" in c[2] for c in api.execs)
 
 
@@ -104,7 +105,7 @@ def test_remove_shm_command_only_ever_names_our_segments():
 
     import pytest
 
-    from sparkcluster.teardown import SHM_SEGMENTS, remove_shm_command
+    from sparkcluster.day2.teardown import SHM_SEGMENTS, remove_shm_command
 
     assert remove_shm_command(["/dev/shm/psm_18a7fb82"]) == ["rm", "-f", "--", "/dev/shm/psm_18a7fb82"]
     for hostile in ("/dev/shm/psm_x; rm -rf /", "/dev/shm/../etc/passwd", "/dev/shm/psm_$(id)", "/tmp/psm_1",

@@ -13,9 +13,9 @@ import tarfile
 import time
 
 import pytest
-
 from conftest import StderrLines
-from sparkcluster import transfer
+
+from sparkcluster.movement import transfer
 
 HOSTILE_IMAGE = "repo/img:tag; touch /tmp/pwned $(id) `id` 'q' \"d\""
 HOSTILE_IP = "1.2.3.4; rm -rf / $(id)"

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import make_inventory
 
-from sparkcluster import execute, log, redact, up
+from sparkcluster import log, redact
 from sparkcluster.cli import main as cli_main
 from sparkcluster.facts import HostFacts
-from sparkcluster.plan import make_plan
-from sparkcluster.stages.base import Step
+from sparkcluster.up import bringup, execute
+from sparkcluster.up.plan import make_plan
+from sparkcluster.up.stages.base import Step
 
 SECRET = "hf_upCLIsecret1122334455"
 
@@ -33,7 +33,7 @@ def env(tmp_path, monkeypatch):
         facts = {n.name: HostFacts(n.name, hostname=n.name) for n in inv.nodes}
         return make_plan(inv, prof, facts, serving=False, replace=replace, secret_names=secrets)
 
-    monkeypatch.setattr(up, "run", fake_run)
+    monkeypatch.setattr(bringup, "run", fake_run)
     monkeypatch.setattr(cli_main.Invocation, "inventory", lambda self: inv)
     yield
     with redact._lock:

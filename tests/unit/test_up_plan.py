@@ -13,17 +13,19 @@ from pathlib import Path
 
 import docker.errors
 import pytest
-
 from conftest import inventory_dict, make_inventory
 
-from sparkcluster import agent, profile as profiles, redact, serve
-from sparkcluster.containers import files_tar, spec_for
+from sparkcluster import redact
+from sparkcluster.config import profile as profiles
+from sparkcluster.config.images import RAY_VERSION, image_ref
+from sparkcluster.day2 import server
 from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
-from sparkcluster.images import RAY_VERSION, image_ref
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
-from sparkcluster.plan import Plan, make_plan
-from sparkcluster.stages import STAGES
+from sparkcluster.node import contract
+from sparkcluster.up.container_spec import files_tar, spec_for
+from sparkcluster.up.plan import Plan, make_plan
+from sparkcluster.up.stages import STAGES
 
 REPO = Path(__file__).resolve().parents[2]
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -280,8 +282,8 @@ def test_render_with_plugin_and_page_cache():
 HOSTILE_ARGS = ["a;b", "$(touch pwned)", "`id`", "it's \"quoted\"", "  spaced  ", "*", "", "back\\slash", "ünï"]
 
 
-def spec(argv: list[str]) -> serve.ServeSpec:
-    return serve.ServeSpec(container="sparkcluster-pair-head", argv=argv, secret_names=["HF_TOKEN", "VLLM_API_KEY"],
+def spec(argv: list[str]) -> server.ServeSpec:
+    return server.ServeSpec(container="sparkcluster-pair-head", argv=argv, secret_names=["HF_TOKEN", "VLLM_API_KEY"],
                            model="m", port=8000, plugin=None)
 
 
@@ -304,7 +306,7 @@ def test_stage_plugin_command_fetches_once(tmp_path):
     src.write_text("# plugin\n")
     dst = tmp_path / "cache" / "parser.py"
     dst.parent.mkdir()
-    argv = serve.stage_plugin_command(f"file://{src}", str(dst))
+    argv = server.stage_plugin_command(f"file://{src}", str(dst))
     assert argv[:2] == ["sh", "-c"] and argv[3:] == ["sh", f"file://{src}", str(dst)]
     assert subprocess.run(argv, timeout=30).returncode == 0
     assert dst.read_text() == "# plugin\n"
@@ -318,13 +320,13 @@ def test_stage_plugin_command_fetches_once(tmp_path):
 def test_stage_plugin_command_failure_and_hostile_url(tmp_path):
     dst = tmp_path / "parser.py"
     url = f"file://{tmp_path}/missing $(touch pwned).py"
-    res = subprocess.run(serve.stage_plugin_command(url, str(dst)), cwd=tmp_path, capture_output=True, timeout=30)
+    res = subprocess.run(server.stage_plugin_command(url, str(dst)), cwd=tmp_path, capture_output=True, timeout=30)
     assert res.returncode != 0
     assert not dst.exists()
     assert not (tmp_path / "pwned").exists()
 
 
-# ---- serve.start / read_record against a tiny fake Docker API ----------------------------------------
+# ---- server.start / read_record against a tiny fake Docker API ----------------------------------------
 
 class FakeAPI:
     """A head container whose supervisor starts what the desired-state file asks for (PID 4242)."""
@@ -342,7 +344,7 @@ class FakeAPI:
             if self.supervisor:
                 desired = json.loads(self.archives[cmd[3]])
                 rec = {k: desired[k] for k in ("profile", "model", "port", "salt", "secrets_digest", "generation")}
-                self.archives[serve.RECORD_PATH] = json.dumps({**rec, "pid": 4242, "exec_id": "",
+                self.archives[server.RECORD_PATH] = json.dumps({**rec, "pid": 4242, "exec_id": "",
                                                                "started_at": 1.0}).encode()
         return {"Id": "exec1"}
 
@@ -370,34 +372,34 @@ def test_start_hands_the_server_to_the_supervisor_with_secrets_in_a_private_file
     api = FakeAPI()
     s = spec(["vllm", "serve", "m"])
     secrets = {"HF_TOKEN": "hf_tok_value_1", "VLLM_API_KEY": "key_value_2", "OTHER": "nope"}
-    rec = serve.start(api, s, secrets, "testbed", {"max_restarts": 3})
-    assert json.loads(api.archives[agent.SECRETS_PATH]) == {"HF_TOKEN": "hf_tok_value_1", "VLLM_API_KEY": "key_value_2"}
-    assert api.modes[agent.SECRETS_PATH] == 0o600
-    desired = json.loads(api.archives[agent.DESIRED_PATH])
+    rec = server.start(api, s, secrets, "testbed", {"max_restarts": 3})
+    assert json.loads(api.archives[contract.SECRETS_PATH]) == {"HF_TOKEN": "hf_tok_value_1", "VLLM_API_KEY": "key_value_2"}
+    assert api.modes[contract.SECRETS_PATH] == 0o600
+    desired = json.loads(api.archives[contract.DESIRED_PATH])
     assert desired["argv"] == s.argv and desired["policy"] == {"max_restarts": 3} and desired["model"] == "m"
     # no secret in the desired state, the record, or any command
-    for text in (api.archives[agent.DESIRED_PATH].decode(), api.archives[serve.RECORD_PATH].decode(), repr(api.execs)):
+    for text in (api.archives[contract.DESIRED_PATH].decode(), api.archives[server.RECORD_PATH].decode(), repr(api.execs)):
         assert not any(v in text for v in secrets.values())
     assert (rec.pid, rec.profile, rec.model, rec.port, rec.container) == (4242, "testbed", "m", 8000, s.container)
     assert rec.generation == desired["generation"] and rec.started_with({k: secrets[k] for k in s.secret_names})
-    assert serve.read_record(api, s.container) == rec
-    assert serve.running(api, rec)
+    assert server.read_record(api, s.container) == rec
+    assert server.running(api, rec)
     assert api.execs[-1][1] == ["sh", "-c", 'kill -0 "$1"', "sh", "4242"]
 
 
 def test_start_fails_with_the_journal_when_the_supervisor_does_not_start_it():
     api = FakeAPI(supervisor=False)
-    with pytest.raises(serve.NotReady, match="did not start vllm serve within 0.5s"):
-        serve.start(api, spec(["vllm", "serve", "m"]), {}, "testbed", {}, timeout=0.5)
+    with pytest.raises(server.NotReady, match="did not start vllm serve within 0.5s"):
+        server.start(api, spec(["vllm", "serve", "m"]), {}, "testbed", {}, timeout=0.5)
 
 
 def test_read_record_absent_is_none():
-    assert serve.read_record(FakeAPI(), "c") is None
+    assert server.read_record(FakeAPI(), "c") is None
 
 
 def test_headers_from_api_key():
-    assert serve.headers({"VLLM_API_KEY": "k"}) == {"Authorization": "Bearer k"}
-    assert serve.headers({"HF_TOKEN": "t"}) == {}
+    assert server.headers({"VLLM_API_KEY": "k"}) == {"Authorization": "Bearer k"}
+    assert server.headers({"HF_TOKEN": "t"}) == {}
 
 
 def test_plan_is_a_plan(prof):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkcluster import weights as w
 from sparkcluster.errors import InputError
+from sparkcluster.movement import hfcache as w
 from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, TINY, serve_in_thread
 
 

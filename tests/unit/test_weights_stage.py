@@ -10,15 +10,16 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import inventory_dict, make_inventory
-from sparkcluster import profile as profiles, weights as w
+
+from sparkcluster.config import profile as profiles
 from sparkcluster.errors import InputError, StageError
-from sparkcluster.execute import Progress
 from sparkcluster.facts import HostFacts
-from sparkcluster.plan import make_plan
-from sparkcluster.ssh import CommandResult
-from sparkcluster.stages import weights as stage
+from sparkcluster.movement import hfcache as w
+from sparkcluster.remote.ssh import CommandResult
+from sparkcluster.up.execute import Progress
+from sparkcluster.up.plan import make_plan
+from sparkcluster.up.stages import weights as stage
 from tests.testbed.hub import SYNTHETIC, TINY, serve_in_thread
 
 CACHE = "/root/.cache/huggingface"
@@ -107,7 +108,7 @@ def download_here(hf_home: Path, endpoint: str, m: w.Manifest) -> subprocess.Com
 
 
 def staging(tmp_path, ep, repo=TINY, secrets=None):
-    from sparkcluster.fanout import Cluster
+    from sparkcluster.remote.fanout import Cluster
     inv = loopback_inventory(ep)
     hosts = {n.name: LocalHost(n.name, tmp_path / n.name) for n in inv.nodes}
     return stage.Staging(Cluster(inv, hosts), inv, "img", repo, "main", secrets or {}, Bars()), hosts
@@ -200,8 +201,8 @@ def test_cli_pull_status_rm_over_loopback(hub, model, tmp_path, monkeypatch, cap
     import contextlib
 
     from sparkcluster.cli import main as cli_main
-    from sparkcluster.cli import weights as cli_weights
-    from sparkcluster.fanout import Cluster
+    from sparkcluster.cli import weights_cmd as cli_weights
+    from sparkcluster.remote.fanout import Cluster
 
     _, ep = hub
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))

@@ -1,0 +1,78 @@
+"""Connect, gather facts on every host in parallel, run the checks. Shared by doctor and up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sparkcluster import checks, facts
+from sparkcluster.config import profile as profiles
+from sparkcluster.config.images import image_ref
+from sparkcluster.config.inventory import Inventory
+from sparkcluster.facts import ray_seen
+from sparkcluster.remote.fanout import Cluster, connect_reachable
+from sparkcluster.up import container_spec
+
+
+def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect:
+    if prof is None:
+        return checks.Expect()
+    return checks.Expect(
+        image=image_ref(inv, prof),
+        base_image=prof.image.ref,
+        forwarded_env=prof.forwarded_env(),
+        per_host_env={n.name: profiles.per_host_env(prof, inv, n) for n in inv.nodes},
+        gpu_memory_utilization=prof.serve.gpu_memory_utilization,
+        image_disk_bytes=int(prof.image_disk_gb * checks.GiB),
+        model_disk_bytes=int(prof.model_disk_gb * checks.GiB),
+        vllm_version=prof.image.vllm_version,
+        container_flags=container_spec.required_flags(prof.ulimit_stack),
+    )
+
+
+@dataclass
+class PreflightReport:
+    results: list[checks.Result]
+    facts: dict[str, facts.HostFacts]
+    unreachable: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[checks.Result]:
+        return [r for r in self.results if r.status == "fail"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def gather_all(cluster: Cluster, inv: Inventory, image: str | None,
+               base: str | None = None) -> dict[str, facts.HostFacts]:
+    """Facts of every connected host (phase 1), then path MTU probes (phase 2), both in parallel."""
+    seen = ray_seen.load() if image else {}
+    got = cluster.each(lambda h: facts.gather(h, inv, image, ray_seen=seen, base=base)).values_or_raise("gather facts")
+    ray_seen.remember({f.image_id: f.image_ray for f in got.values() if f.image_id and f.image_ray})
+    nodes = {n.name: n for n in inv.nodes}
+    pings = cluster.each(lambda h: facts.gather_path_mtu(h, facts.path_mtu_probes(nodes[h.name], got)))
+    for name, outcome in pings.items():
+        if outcome.ok:
+            got[name].path_mtu = outcome.value
+    return got
+
+
+def run(inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = None,
+        cluster: Cluster | None = None) -> tuple[PreflightReport, Cluster | None]:
+    """Checks over every node. Unreachable nodes become ssh.reachable FAIL rows, not exceptions.
+
+    Returns the connected cluster too (None when no host was reachable) so `up` goes on with the
+    same connections; the caller closes it.
+    """
+    expect = expectations(inv, prof)
+    unreachable: dict[str, str] = {}
+    if cluster is None:
+        cluster, failed = connect_reachable(inv)
+        unreachable = {name: err.message.removeprefix(f"{name}: ") for name, err in failed.items()}
+        if not cluster.hosts:
+            cluster = None
+    hosts_facts = gather_all(cluster, inv, expect.image, expect.base_image) if cluster else {}
+    ctx = checks.Context(inv, hosts_facts, unreachable, expect)
+    return PreflightReport(checks.run_checks(ctx, only), hosts_facts, unreachable), cluster
+

@@ -1,0 +1,32 @@
+"""`sparkcluster doctor`: every preflight check on every node, in parallel."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+
+from sparkcluster.checks import preflight, report
+from sparkcluster.cli.common import load_profile_for
+from sparkcluster.cli.main import cli
+from sparkcluster.errors import EXIT_FAILED, EXIT_OK
+
+
+@cli.command()
+@click.option("--profile", "-p", "profile_name", default=None,
+              help="Judge against this profile (default: the inventory's cluster.profile).")
+@click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
+@click.pass_obj
+def doctor(obj, profile_name: str | None, as_json: bool) -> None:
+    """Check every node for what breaks two-Spark clusters; a fix for every failure."""
+    inv = obj.inventory()
+    prof = load_profile_for(inv, profile_name)
+    err = Console(stderr=True)
+    with err.status(f"gathering facts from {len(inv.nodes)} nodes", spinner="dots"):
+        rep, cluster = preflight.run(inv, prof)
+    if cluster:
+        cluster.close()
+    if as_json:
+        click.echo(report.as_json(rep.results))
+    else:
+        report.table(rep.results, [n.name for n in inv.nodes], Console(soft_wrap=True))
+    raise click.exceptions.Exit(EXIT_FAILED if rep.failed else EXIT_OK)

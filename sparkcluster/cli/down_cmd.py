@@ -1,0 +1,73 @@
+"""`sparkcluster down [--purge-gcs]`: stop the server, remove sparkcluster's containers."""
+
+from __future__ import annotations
+
+import click
+
+from sparkcluster.cli.main import cli
+from sparkcluster.day2 import deployments, teardown
+from sparkcluster.errors import EXIT_FAILED, ConnectError
+from sparkcluster.remote.fanout import Cluster, connect_reachable
+from sparkcluster.remote.lock import NodeLocks
+
+
+@cli.command()
+@click.option("--purge-gcs", is_flag=True, help="Also remove Ray session state on the hosts and check port 6379 is free.")
+@click.option("--node", default=None, help="Only the deployment(s) on this node (a pair it belongs to goes whole).")
+@click.option("--profile", "profile_name", default=None, help="Only the deployment(s) of this profile.")
+@click.pass_obj
+def down(obj, purge_gcs: bool, node: str | None, profile_name: str | None) -> None:
+    """Stop vllm serve by its PID, then remove sparkcluster's containers, workers before the head;
+    every deployment, or those on --node / of --profile."""
+    full = obj.inventory()
+    if node:
+        full.node(node)  # an unknown name is an input error
+    cluster, unreachable = connect_reachable(full)
+    if not cluster.hosts:
+        first = next(iter(unreachable.values()))
+        raise ConnectError("all nodes", f"no node reachable ({first.message})", first.fix)
+    with cluster:
+        found = deployments.on(cluster, full)
+        chosen = deployments.select(found, node, profile_name)
+        everything = node is None and profile_name is None
+        names = sorted({x for d in chosen for x in d.nodes} | ({n.name for n in full.nodes} if everything else set()))
+        inv = full.only(names) if names else full
+        if not names:
+            click.echo("no deployment " + " ".join(x for x in (f"on {node}" if node else "",
+                                                             f"of '{profile_name}'" if profile_name else "") if x))
+            return
+        reachable = [n for n in inv.nodes if n.name in cluster.hosts]
+        with NodeLocks(cluster, full.only([n.name for n in reachable]), "down"):
+            outcomes = {}
+            for d in chosen:  # each deployment by itself: its own head's server stopped first
+                sub = full.only(list(d.nodes))
+                outcomes.update(teardown.down(Cluster(sub, {n: h for n, h in cluster.hosts.items() if n in d.nodes})))
+            if everything:  # and whatever else carries our label (a killed run's leftovers)
+                for n, o in teardown.down(Cluster(inv, cluster.hosts), purge_gcs=purge_gcs).items():
+                    if n in outcomes:
+                        outcomes[n].removed += o.removed
+                        outcomes[n].errors += o.errors
+                    else:
+                        outcomes[n] = o
+    nothing = True
+    for n in inv.nodes:
+        if n.name in unreachable:
+            click.echo(f"{n.name}: UNREACHABLE, not cleaned: {unreachable[n.name].message}")
+            continue
+        o = outcomes.get(n.name)
+        if o is None:
+            continue
+        parts = []
+        if o.server is not None and o.server.stopped:
+            parts.append(str(o.server))
+        if o.removed:
+            parts.append("removed " + ", ".join(o.removed))
+        if o.errors:
+            parts.append("ERROR " + "; ".join(o.errors))
+        nothing = nothing and not (o.removed or parts)
+        click.echo(f"{n.name}: " + ("; ".join(parts) if parts else "nothing of sparkcluster's here"))
+    if nothing and not unreachable:
+        click.echo(f"{inv.cluster.name} is already down")
+    if unreachable or any(not o.ok for o in outcomes.values()):
+        click.echo("something may remain: run `sparkcluster down` again once every node answers", err=True)
+        raise click.exceptions.Exit(EXIT_FAILED)

@@ -1,0 +1,57 @@
+"""`sparkcluster events [--follow] [--json]`: the head supervisor's journal (sparkcluster/node): what it saw
+and what it did (started, wedged, restarted, stopped for memory, resumed after a reboot)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+import docker.errors
+
+from sparkcluster import redact
+from sparkcluster.cli.main import cli
+from sparkcluster.day2 import supervision
+from sparkcluster.errors import InputError
+from sparkcluster.labels import container_name
+from sparkcluster.remote.fanout import connect_all
+
+
+@cli.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new entries until Ctrl-C (which never stops anything).")
+@click.option("--last", default=50, show_default=True, help="Entries to start from.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per entry.")
+@click.option("--node", default=None, help="The deployment's head node (a one-node deployment's node); default: the inventory's head.")
+@click.pass_obj
+def events(obj, follow: bool, last: int, as_json: bool, node: str | None) -> None:
+    """The supervisor's journal on the head: what it saw and what it did."""
+    inv = obj.inventory()
+    head = inv.node(node) if node else inv.head
+    res = connect_all(inv, [head])
+    host = res.values_or_raise("connect")[head.name]
+    name = container_name(inv.cluster.name, "head", head.name)
+    api = host.docker().api
+    try:
+        api.inspect_container(name)
+    except docker.errors.NotFound:
+        raise InputError(f"no head container {name} on {head.name}: nothing has been started there",
+                         "sparkcluster up --profile NAME") from None
+
+    def show(entries: list[dict]) -> None:
+        for e in entries:
+            click.echo(redact.mask(json.dumps(e) if as_json else supervision.format_entry(e)))
+
+    entries = supervision.journal(api, name)
+    show(entries[-last:] if last else entries)
+    seen = entries[-1]["ts"] if entries else 0.0
+    try:
+        while follow:
+            time.sleep(1.0)
+            new = [e for e in supervision.journal(api, name) if e.get("ts", 0) > seen]
+            if new:
+                show(new)
+                seen = new[-1]["ts"]
+    except KeyboardInterrupt:
+        pass
+    finally:
+        host.close()

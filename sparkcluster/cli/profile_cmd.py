@@ -1,0 +1,181 @@
+"""`sparkcluster profile list|show|lint`: model profiles and what each node's container gets."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import click
+
+from sparkcluster import redact
+from sparkcluster.cli.main import cli
+from sparkcluster.config import inventory as inv_mod
+from sparkcluster.config.flags import serve_argv
+from sparkcluster.config.lint import CLUSTER_RULES, lint
+from sparkcluster.config.profile import (
+    Profile,
+    available,
+    container_env,
+    load_profile,
+    non_carry_over_file,
+    per_host_env,
+    reasoning_plugin,
+    required_env_names,
+    secret_env_names,
+)
+from sparkcluster.config.secrets import load_secrets, masked
+from sparkcluster.errors import EXIT_FAILED
+
+# the Dockerfile's default pin (images/Dockerfile.vllm-ray ARG RAY_VERSION)
+DEFAULT_RAY_VERSION = "2.60.0"
+
+
+def _inventory(ctx: click.Context, local: Path | None, *, required: bool = False):
+    """The inventory when one is named or exists at the default path; else None."""
+    if local is not None:
+        return inv_mod.load(local)
+    obj = ctx.find_root().obj
+    if obj is not None and (obj.inventory_path is not None or os.environ.get(inv_mod.ENV_VAR)):
+        return obj.inventory()
+    if inv_mod.default_path().is_file():
+        return obj.inventory() if obj is not None else inv_mod.load()
+    if required:
+        return inv_mod.load()  # raises the usual "no inventory" InputError
+    return None
+
+
+def _echo(text: str = "", err: bool = False) -> None:
+    click.echo(redact.mask(text), err=err)
+
+
+@cli.group("profile")
+def profile_group() -> None:
+    """Model profiles: list, show what each node gets, lint."""
+
+
+@profile_group.command("list")
+def list_cmd() -> None:
+    """List the profiles on the search path."""
+    found = available()
+    if not found:
+        _echo("no profiles found")
+        return
+    width = max(len(n) for n in found)
+    for name, path in found.items():
+        try:
+            p = load_profile(str(path))
+            what = f"{p.model} ({p.image.ref})"
+        except Exception as e:  # one bad profile must not hide the others
+            what = f"(invalid: {getattr(e, 'message', e)})"
+        _echo(f"{name.ljust(width)}  {what}  [{path}]")
+
+
+def _resolved(p: Profile, inv, secrets: dict[str, str], ray_version: str) -> dict:
+    hf_cache = inv.cluster.hf_cache if inv else "/root/.cache/huggingface"
+    port = inv.cluster.api_port if inv else None
+    nco_path, nco_text = non_carry_over_file(p)
+    out: dict = {
+        "profile": p.name,
+        "path": str(p.path) if p.path else None,
+        "model": p.model,
+        "served_name": p.served_model_name,
+        "image": {
+            "base": p.image.ref,
+            "kind": p.image.kind,
+            "vllm_version": p.image.vllm_version,
+            "built_tag": p.image_tag(ray_version),
+            "built": f"{inv.cluster.image_repo}:{p.image_tag(ray_version)}" if inv else None,
+        },
+        "shm_size": p.shm_size,
+        "drop_page_cache": p.drop_page_cache,
+        "forwarded_env": p.forwarded_env(),
+        "required_env_names": required_env_names(p),
+        "non_carry_over_file": {"path": nco_path, "content": nco_text.strip()},
+        "secrets_exec_env": masked(secrets, secret_env_names(p)),
+        "serve_argv": serve_argv(p, port=port, hf_cache=hf_cache),
+        "reasoning_plugin": None,
+        "nodes": [],
+    }
+    plugin = reasoning_plugin(p, hf_cache)
+    if plugin:
+        out["reasoning_plugin"] = {"url": plugin[0], "path": plugin[1]}
+    if inv:
+        for node in inv.nodes:
+            out["nodes"].append({
+                "name": node.name,
+                "role": node.role,
+                "per_host_env": per_host_env(p, inv, node),
+                "container_env": container_env(p, inv, node),
+            })
+    return out
+
+
+@profile_group.command("show")
+@click.argument("name")
+@click.option("--inventory", "-i", "inventory_path", type=click.Path(path_type=Path), default=None,
+              help="Inventory TOML (overrides the global --inventory).")
+@click.option("--env-file", type=click.Path(path_type=Path), default=None,
+              help="The .env holding HF_TOKEN / VLLM_API_KEY (mode 0600); values are never shown.")
+@click.option("--ray-version", default=DEFAULT_RAY_VERSION, show_default=True,
+              help="Ray version of the built image (for its tag).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def show_cmd(ctx: click.Context, name: str, inventory_path: Path | None, env_file: Path | None,
+             ray_version: str, as_json: bool) -> None:
+    """What each node's container gets for profile NAME, and the serve command (secrets masked)."""
+    p = load_profile(name)
+    inv = _inventory(ctx, inventory_path)
+    secrets = load_secrets(env_file, p)
+    r = _resolved(p, inv, secrets, ray_version)
+    if as_json:
+        _echo(json.dumps(redact.mask_obj(r), indent=2))
+        return
+    _echo(f"profile {r['profile']}  ({r['path']})")
+    _echo(f"model:   {r['model']}  served as {r['served_name']}")
+    img = r["image"]
+    _echo(f"image:   {img['base']}  (kind {img['kind']}, vLLM {img['vllm_version'] or 'not stated'})")
+    _echo(f"built:   {img['built'] or '<image_repo>:' + img['built_tag']}  (Ray {ray_version})")
+    _echo(f"docker run: --shm-size {r['shm_size']}; drop page cache before load: "
+          f"{'yes' if r['drop_page_cache'] else 'no'}")
+    _echo(f"file in every container: {r['non_carry_over_file']['path']}")
+    _echo(f"  {r['non_carry_over_file']['content']}")
+    if r["reasoning_plugin"]:
+        _echo(f"reasoning-parser plugin: {r['reasoning_plugin']['url']}")
+        _echo(f"  staged at {r['reasoning_plugin']['path']} (HF cache, mounted)")
+    _echo("probe: equal on every node: " + ", ".join(r["required_env_names"]))
+    if inv is None:
+        _echo("forwarded to every container:")
+        for k, v in r["forwarded_env"].items():
+            _echo(f"  {k}={v}")
+        _echo("per-host variables: no inventory given (--inventory PATH to see each node's)")
+    else:
+        for node in r["nodes"]:
+            _echo(f"node {node['name']} ({node['role']}): container environment")
+            for k, v in node["container_env"].items():
+                tag = "  (per host)" if k in node["per_host_env"] else ""
+                _echo(f"  {k}={v}{tag}")
+    _echo("vllm serve (docker exec in the head container), exec environment: "
+          + " ".join(f"{k}={v}" for k, v in r["secrets_exec_env"].items()))
+    _echo(f"  {shlex.join(r['serve_argv'])}")
+
+
+@profile_group.command("lint")
+@click.argument("name")
+@click.option("--inventory", "-i", "inventory_path", type=click.Path(path_type=Path), default=None,
+              help="Inventory TOML (overrides the global --inventory).")
+@click.pass_context
+def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None) -> None:
+    """Check profile NAME against the field's rules; exit 1 listing every problem."""
+    p = load_profile(name)
+    inv = _inventory(ctx, inventory_path)
+    if inv is None:
+        _echo(f"note: no inventory; skipped the cluster rules ({', '.join(CLUSTER_RULES)})", err=True)
+    problems = lint(p, inv)
+    if not problems:
+        _echo(f"{p.name}: ok")
+        return
+    for prob in problems:
+        _echo(f"{p.name}: {prob.line()}")
+    ctx.exit(EXIT_FAILED)

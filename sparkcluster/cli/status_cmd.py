@@ -1,0 +1,132 @@
+"""`sparkcluster status [--json] [--watch]`: healthy, degraded or down, per node."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from sparkcluster import redact
+from sparkcluster.cli.main import cli
+from sparkcluster.config import secrets as secret_store
+from sparkcluster.day2 import fleet, supervision
+from sparkcluster.day2 import status as status_mod
+
+EXIT = {"healthy": 0, "degraded": 1, "down": 3}
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _count(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+def render(st: status_mod.ClusterStatus) -> Group:
+    colour = {"healthy": "green", "degraded": "bold red", "down": "yellow"}[st.state]
+    t = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("node", "container", "state", "ray", "uptime", "MemAvailable"):
+        t.add_column(col)
+    for n in st.nodes:
+        if not n.reachable:
+            t.add_row(n.node, "-", "[red]unreachable[/]", "-", "-", "-")
+            continue
+        ray = "-" if n.ray_alive is None else ("alive" if n.ray_alive else "[red]missing[/]")
+        up = _duration(n.uptime_s)
+        mem = f"{n.mem_available_gib} GiB" if n.mem_available_gib is not None else "-"
+        t.add_row(n.node, n.container or "-", n.state, ray, up, mem)
+    lines = [f"cluster [bold]{st.cluster}[/]: [{colour}]{st.state}[/]", t]
+    if st.ray_nodes is not None:
+        lines.append(f"ray: {st.ray_nodes} nodes, {st.ray_gpus:g} GPUs")
+    if st.endpoint and st.state != "down":
+        lines.append(f"endpoint: {st.endpoint}  health: {st.health or 'no answer'}  models: {', '.join(st.models) or '-'}"
+                     + (f"  vllm serve pid {st.server_pid}" if st.server_pid else ""))
+    if st.metrics and st.state != "down":
+        m = st.metrics
+        lines.append("serving: " + "  ".join(f"{label} {fmt(m[key])}" for key, label, fmt in (
+            ("requests_running", "running", _count), ("requests_waiting", "waiting", _count),
+            ("kv_cache_usage", "KV cache", lambda v: f"{v * 100:.1f}%"),
+            ("generation_tokens_total", "tokens generated", _count)) if key in m))
+    sup = st.supervisor
+    if sup and st.state != "down":
+        restarts = len(sup.get("restarts") or [])
+        rate = sup.get("tokens_per_s")
+        lines.append(f"supervisor: {sup.get('state')}  restarts: {restarts} of {sup.get('policy', {}).get('max_restarts', '?')}"
+                     + (f"  generating {rate:.1f} tok/s" if rate is not None else ""))
+        for e in st.journal[-3:]:
+            lines.append("  " + redact.mask(supervision.format_entry(e)))
+    for p in st.problems:
+        lines.append(f"[red]problem:[/] {redact.mask(p)}")
+    return Group(*lines)
+
+
+def render_all(sts: list[status_mod.ClusterStatus]) -> Group:
+    if len(sts) == 1:
+        return render(sts[0])
+    parts = []
+    for st in sts:
+        parts.append(f"[bold]deployment {st.deployment}[/]")
+        parts.append(render(st))
+        parts.append("")
+    return Group(*parts)
+
+
+def overall(sts: list[status_mod.ClusterStatus]) -> str:
+    """healthy only when every deployment is; down when all are."""
+    states = {st.state for st in sts}
+    return "healthy" if states == {"healthy"} else "down" if states == {"down"} else "degraded"
+
+
+def fleet_json(sts: list[status_mod.ClusterStatus]) -> str:
+    import json
+    from dataclasses import asdict
+
+    return json.dumps({"state": overall(sts), "deployments": [asdict(st) for st in sts]}, indent=2)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option("--all", "every", is_flag=True, help="Every deployment on the inventory's nodes (the JSON lists them); "
+              "exits 0 only when every one serves: a fleet check for cron or a timer.")
+@click.option("--on-change", default=None, metavar="CMD",
+              help="Run CMD (through sh) for each deployment whose state changed since the last status run on this "
+                   "machine; SPARKCLUSTER_DEPLOYMENT, _PROFILE, _NODES, _STATE, _PREVIOUS_STATE, _PROBLEMS in its env.")
+@click.option("--watch", is_flag=True, help="Refresh in place every --interval seconds until Ctrl-C.")
+@click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
+@click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where VLLM_API_KEY lives.")
+@click.pass_obj
+def status(obj, as_json: bool, every: bool, on_change: str | None, watch: bool, interval: float,
+           env_file: Path | None) -> None:
+    """Per deployment and node: container, Ray membership, endpoint health and model, serving
+    figures, the supervisor, container uptime, MemAvailable."""
+    inv = obj.inventory()
+    key = secret_store.load_secrets(env_file, names=["VLLM_API_KEY"]).get("VLLM_API_KEY")
+    if watch and not as_json:
+        console = Console()
+        try:
+            with Live(console=console, auto_refresh=False) as live:
+                while True:
+                    live.update(render_all(status_mod.collect_all(inv, key)), refresh=True)
+                    time.sleep(interval)
+        except KeyboardInterrupt:
+            return
+    sts = status_mod.collect_all(inv, key)
+    if on_change:
+        fleet.notify_changes(inv.cluster.name, sts, on_change)
+    if as_json:
+        # one deployment keeps the single object it always printed; --all (or several) the list
+        click.echo(redact.mask(fleet_json(sts) if every or len(sts) > 1 else sts[0].as_json()))
+    else:
+        Console(soft_wrap=True).print(render_all(sts), highlight=False)
+    raise click.exceptions.Exit(EXIT[overall(sts)])

@@ -1,0 +1,108 @@
+"""`sparkcluster up --profile NAME`: from two bare Sparks to an endpoint that answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from sparkcluster import redact
+from sparkcluster.cli.common import load_profile_for
+from sparkcluster.cli.main import cli
+from sparkcluster.config import secrets as secret_store
+from sparkcluster.up import bringup
+from sparkcluster.up.execute import Progress as StageProgress
+from sparkcluster.up.plan import Plan
+
+
+class RichProgress(StageProgress):
+    def __init__(self, console: Console):
+        self.c = console
+        self._bars: Progress | None = None
+        self._tasks: dict[str, int] = {}
+        self._last_info = ""
+
+    def stage(self, name: str) -> None:
+        self.c.print(f"[bold]▸ {name}[/]", highlight=False)
+
+    def done(self, name: str, seconds: float, note: str = "") -> None:
+        if self._bars:
+            self._bars.stop()
+            self._bars = None
+        self.c.print(f"[green]✓ {name}[/] {seconds:.1f}s" + (f"  [dim]{redact.mask(note)}[/]" if note else ""), highlight=False)
+
+    def info(self, text: str) -> None:
+        # the same waiting line every second is noise; print it when it changes
+        key = text.split(": ", 1)[-1]
+        if key != self._last_info:
+            self._last_info = key
+            self.c.print(f"  [dim]{redact.mask(text)}[/]", highlight=False)
+
+    def bytes(self, node: str, sent: int, total: int) -> None:
+        if self._bars is None:
+            self._bars = Progress(TextColumn("  {task.description}"), BarColumn(), DownloadColumn(),
+                                  TransferSpeedColumn(), console=self.c, transient=False)
+            self._bars.start()
+        if node not in self._tasks:
+            self._tasks[node] = self._bars.add_task(node if "->" in node else f"image -> {node}", total=total or None)
+        # the image's size is an estimate of the saved stream (tar headers add a little)
+        self._bars.update(self._tasks[node], completed=sent, total=max(total, sent) if total else None)
+
+
+@cli.command()
+@click.option("--profile", "-p", "profile_name", default=None, help="Profile to serve (default: the inventory's).")
+@click.option("--env-file", type=click.Path(path_type=Path), default=None,
+              help="Where HF_TOKEN and VLLM_API_KEY live (mode 0600). Default: ./.env, then ~/.config/sparkcluster/.env.")
+@click.option("--dry-run", is_flag=True, help="Print the plan, every command and API call per host; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: the steps as a JSON list (id, stage, host, description).")
+@click.option("--node", default=None, help="Run a one-node profile (tensor parallel 1) on this node only.")
+@click.option("--replace", is_flag=True, help="Replace what serves another profile on the nodes this run needs.")
+@click.option("--smoke", is_flag=True, help="Once serving: a short single-stream measurement, compared with the "
+              "profile's published figure (a warning when far below).")
+@click.pass_obj
+def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_json: bool, node: str | None,
+       replace: bool, smoke: bool) -> None:
+    """Build, distribute, start Ray on every node and serve the profile's model with TP over Ray."""
+    if as_json and not dry_run:
+        raise click.UsageError("--json goes with --dry-run (a real up logs its steps with --log-format json)")
+    inv = obj.inventory()
+    prof = load_profile_for(inv, profile_name)
+    if prof is None:
+        raise click.UsageError("no profile: pass --profile NAME (see `sparkcluster profile list`)")
+    secrets = secret_store.load_secrets(env_file, prof)
+    err = Console(stderr=True, highlight=False)
+    result = bringup.run(inv, prof, secrets, RichProgress(err), dry_run=dry_run, replace=replace, node=node,
+                        command=f"up --profile {prof.name}" + (f" --node {node}" if node else ""))
+    if isinstance(result, Plan):
+        click.echo(result.as_json() if as_json else result.render())
+        return
+    if result.unchanged:
+        where = f" on {node}" if node else ""
+        click.echo(f"nothing to do: {inv.cluster.name} already serves '{prof.name}'{where} (vllm serve pid {result.pid})")
+    else:
+        total = sum(result.seconds.values())
+        click.echo(f"serving '{result.model}' with tensor parallel {prof.serve.tensor_parallel_size} "
+                   f"in {total:.0f}s")
+    auth = ' -H "Authorization: Bearer $VLLM_API_KEY"' if "VLLM_API_KEY" in secrets else ""
+    click.echo(f"endpoint: {result.endpoint}")
+    click.echo(f"model:    {result.model}")
+    click.echo(f"try:      curl -s {result.endpoint}/chat/completions{auth} -H 'Content-Type: application/json' "
+               f"-d '{{\"model\": \"{result.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
+    if smoke:
+        from sparkcluster.day2.deployments import target
+        _smoke(target(inv, prof, node), prof, secrets, err)
+
+
+def _smoke(inv, prof, secrets: dict[str, str], err: Console) -> None:
+    """`vllm bench serve` at concurrency 1 inside the head container, after the endpoint is ready."""
+    from sparkcluster import bench
+
+    with bench.connect(inv) as cluster:
+        tok_s, expected, verdict = bench.smoke_after_up(cluster.hosts[inv.head.name], inv, prof, secrets)
+    line = bench.smoke_message(tok_s, expected, verdict)
+    if verdict == "ok" or verdict == "unknown":
+        click.echo(line)
+    else:
+        err.print(f"[yellow]warning:[/] {redact.mask(line)}")

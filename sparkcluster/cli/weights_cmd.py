@@ -1,0 +1,130 @@
+"""`sparkcluster weights pull|status|rm`: the model weights in every node's HF cache, without serving."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from sparkcluster.cli.common import load_profile_for
+from sparkcluster.cli.main import cli
+from sparkcluster.cli.up_cmd import RichProgress
+from sparkcluster.config import secrets as secret_store
+from sparkcluster.config.images import image_ref
+from sparkcluster.errors import InputError
+from sparkcluster.movement import hfcache as w
+from sparkcluster.remote.fanout import Cluster
+from sparkcluster.remote.lock import ClusterLock
+from sparkcluster.up.stages import weights as stage
+from sparkcluster.up.stages.image import image_id
+
+
+@cli.group()
+def weights() -> None:
+    """Model weights in the nodes' HF caches: stage, list, remove."""
+
+
+@weights.command()
+@click.option("--profile", "-p", "profile_name", default=None, help="Profile whose model to stage (default: the inventory's).")
+@click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where HF_TOKEN lives (mode 0600).")
+@click.option("--verify", is_flag=True, help="Hash every file again on every node (not only new or changed ones).")
+@click.pass_obj
+def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> None:
+    """Fetch the profile's model once on the head and replicate it to every worker, verified."""
+    inv = obj.inventory()
+    prof = load_profile_for(inv, profile_name)
+    if prof is None:
+        raise click.UsageError("no profile: pass --profile NAME (see `sparkcluster profile list`)")
+    want = stage.wanted(prof)
+    if want is None:
+        raise InputError(f"profile '{prof.name}' serves {prof.model}, a path inside the container, not a hub model",
+                         "nothing to pull: place that path on every node yourself")
+    secrets = secret_store.load_secrets(env_file, prof)
+    image = image_ref(inv, prof)
+    err = Console(stderr=True, highlight=False)
+    with Cluster.connect(inv) as cluster, ClusterLock(cluster.head, inv.cluster.name, f"weights pull --profile {prof.name}"):
+        st = stage.Staging(cluster, inv, image, *want, secrets, RichProgress(err))
+        m = st.resolve()
+        st.check_all(rehash=verify)
+        lacking = st.lacking()
+        if not lacking:
+            click.echo(f"{m.repo}@{m.commit[:12]} ({m.size / 1e9:.2f} GB) is complete and verified on every node")
+            return
+        st.disk()
+        if inv.head.name in lacking:
+            # the download runs in a throwaway container: the cluster image once `up` built it, else
+            # the profile's base image (vLLM ships huggingface_hub), so weights can be staged first
+            if image_id(cluster.head, image) is None:
+                st.image = image = prof.image.ref
+            if image_id(cluster.head, image) is None:
+                raise InputError(f"the head has neither the cluster image {image_ref(inv, prof)} nor its base "
+                                 f"{prof.image.ref}, one of which does the download",
+                                 f"docker pull {prof.image.ref} on {inv.head.name}, or sparkcluster up --profile "
+                                 f"{prof.name} (it builds the image and stages the weights)")
+            st.write_token()
+            click.echo(st.download())
+        for wk in inv.workers:
+            if st.state[wk.name]["missing"]:
+                click.echo(st.replicate(wk.name))
+    click.echo(f"{m.repo}@{m.commit[:12]} staged on every node")
+
+
+def _status(cluster: Cluster, inv) -> dict[str, list[dict]]:
+    got = cluster.each(lambda h: w.parse_json(h.run(w.status_command(inv.cluster.hf_cache), timeout=120).stdout))
+    return got.values_or_raise("weights")
+
+
+def state_word(s: dict) -> str:
+    if s["broken"]:
+        return f"partial ({s['broken']} of {s['files']} files missing)"
+    return "complete, verified" if s["verified"] else "complete (not verified by sparkcluster)"
+
+
+@weights.command()
+@click.option("--json", "as_json", is_flag=True, help="Per node, the snapshots as JSON.")
+@click.pass_obj
+def status(obj, as_json: bool) -> None:
+    """Per node: which snapshots of which repos are cached, complete or partial, and their size."""
+    inv = obj.inventory()
+    with Cluster.connect(inv) as cluster:
+        per_node = _status(cluster, inv)
+    if as_json:
+        click.echo(json.dumps(per_node, indent=2))
+        return
+    for n in inv.nodes:
+        snaps = per_node.get(n.name) or []
+        click.echo(f"{n.name}: " + ("no models cached" if not snaps else ""))
+        for s in snaps:
+            refs = f" ({', '.join(s['refs'])})" if s["refs"] else ""
+            partial = f", {s['partial_bytes'] / 1e9:.2f} GB downloading" if s["partial_bytes"] else ""
+            click.echo(f"  {s['repo']}@{s['commit'][:12]}{refs}: {s['files']} files, {s['size'] / 1e9:.2f} GB, "
+                       f"{state_word(s)}{partial}")
+
+
+@weights.command()
+@click.argument("repo")
+@click.option("--commit", default=None, help="Only this snapshot (default: every cached snapshot of REPO).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def rm(obj, repo: str, commit: str | None, yes: bool) -> None:
+    """Remove a model's snapshot(s) from every node's HF cache (`down` never does)."""
+    w.check_repo(repo)
+    inv = obj.inventory()
+    with Cluster.connect(inv) as cluster, ClusterLock(cluster.head, inv.cluster.name, f"weights rm {repo}"):
+        per_node = _status(cluster, inv)
+        targets = {n: sorted({s["commit"] for s in snaps if s["repo"] == repo and (commit is None or s["commit"] == commit)})
+                   for n, snaps in per_node.items()}
+        if not any(targets.values()):
+            click.echo(f"{repo}{'@' + commit if commit else ''} is not cached on any node")
+            return
+        for n, cs in targets.items():
+            for c in cs:
+                click.echo(f"  {n}: {repo}@{c}")
+        if not yes and not click.confirm("remove these snapshots?", default=False):
+            raise click.exceptions.Abort()
+        for n, cs in targets.items():
+            for c in cs:
+                got = w.parse_json(cluster.hosts[n].run(w.rm_command(inv.cluster.hf_cache, repo, c), timeout=600).stdout)
+                click.echo(f"{n}: removed {repo}@{c[:12]}, freed {got['freed'] / 1e9:.2f} GB")

@@ -1,0 +1,192 @@
+"""The inventory: which hosts form the cluster and how each is wired.
+
+A TOML file validated by pydantic. Interface and HCA names are per-node facts (cables can sit in
+other ports on the other node, sparkrun#135), so nothing here assumes they match across nodes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sparkcluster.errors import InputError
+
+DEFAULT_PATH = Path("~/.config/sparkcluster/cluster.toml")
+ENV_VAR = "SPARKCLUSTER_INVENTORY"
+
+_NAME = r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$"
+_TARGET = re.compile(r"^(?:(?P<user>[a-zA-Z0-9._-]+)@)?(?P<host>[a-zA-Z0-9._-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataLink(_Strict):
+    """One data-plane port: its netdev and the RoCE HCA that sits on it."""
+
+    netdev: str = Field(pattern=r"^[a-zA-Z0-9._-]{1,15}$")
+    hca: str = Field(pattern=r"^[a-zA-Z0-9._-]{1,64}$")
+
+
+class Node(_Strict):
+    name: str = Field(pattern=_NAME)
+    role: Literal["head", "worker"]
+    ssh: str  # ~/.ssh/config alias, or user@host[:port]
+    control_if: str = Field(pattern=r"^[a-zA-Z0-9._-]{1,15}$")
+    control_ip: ipaddress.IPv4Address
+    data_plane: list[DataLink] = Field(min_length=1)
+    mtu: int = Field(default=9000, ge=576, le=9216)
+    gpus: int = Field(default=1, ge=1, le=8)
+    # RoCE v2 GID index of the data-plane HCAs (written by init from the GID table; doctor checks it):
+    # sparkcluster sets NCCL_IB_GID_INDEX from it. None: NCCL picks one itself.
+    gid_index: int | None = Field(default=None, ge=0, le=255)
+
+    @field_validator("ssh")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        if not _TARGET.match(v):
+            raise ValueError("expected an ssh config alias or user@host[:port]")
+        return v
+
+    @property
+    def hcas(self) -> list[str]:
+        return [link.hca for link in self.data_plane]
+
+    @property
+    def netdevs(self) -> list[str]:
+        return [link.netdev for link in self.data_plane]
+
+
+class Cluster(_Strict):
+    name: str = Field(pattern=_NAME)
+    # optional ssh client config and known_hosts, relative to the inventory file
+    ssh_config: Path | None = None
+    known_hosts: Path | None = None
+    profile: str | None = None  # default profile for doctor/status when none is given
+    image_repo: str = Field(default="sparkcluster/vllm-ray", pattern=r"^[a-z0-9][a-z0-9._/-]*$")
+    # a package mirror for the image build (air-gapped hosts); passed as the PIP_INDEX_URL build arg
+    pip_index_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    hf_cache: str = "/root/.cache/huggingface"  # host path, mounted at the same path in containers
+    # the hub the weights come from (a mirror, or the testbed's); unset: the public hub. HF_ENDPOINT
+    hf_endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s'\"]+$")
+    api_port: int = Field(default=8000, ge=1, le=65535)
+    ray_port: int = Field(default=6379, ge=1, le=65535)
+    # each node's agent reports MemAvailable here, on the node's control IP (read-only figures)
+    agent_port: int = Field(default=8297, ge=1, le=65535)
+    connect_timeout: float = Field(default=5.0, gt=0, le=120)
+    connect_attempts: int = Field(default=3, ge=1, le=10)
+
+
+class Inventory(_Strict):
+    cluster: Cluster
+    nodes: list[Node] = Field(min_length=1)  # one Spark is a cluster too (seed 000)
+    path: Path | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _shape(self) -> "Inventory":
+        heads = [n.name for n in self.nodes if n.role == "head"]
+        if len(heads) != 1:
+            raise ValueError(f"exactly one node must have role = \"head\" (found {len(heads)})")
+        return self
+
+    def duplicates(self) -> list[str]:
+        """One line per node field that repeats an earlier node's: names, control IPs and SSH
+        targets must be unique."""
+        lines = []
+        for key in ("name", "control_ip", "ssh"):
+            first: dict[str, int] = {}
+            for i, n in enumerate(self.nodes):
+                v = str(getattr(n, key))
+                if v in first:
+                    lines.append(f"nodes[{i}].{key}: {v!r} is already used by nodes[{first[v]}]")
+                else:
+                    first[v] = i
+        return lines
+
+    def only(self, names: list[str]) -> "Inventory":
+        """The inventory of a deployment on some of the nodes (in inventory order): the head stays
+        head when it is among them, else the first becomes the deployment's head."""
+        chosen = [n for n in self.nodes if n.name in names]
+        for name in names:
+            self.node(name)  # an unknown name is an input error
+        if not any(n.role == "head" for n in chosen):
+            chosen = [chosen[0].model_copy(update={"role": "head"}), *chosen[1:]]
+        return self.model_copy(update={"nodes": chosen})
+
+    @property
+    def head(self) -> Node:
+        return next(n for n in self.nodes if n.role == "head")
+
+    @property
+    def workers(self) -> list[Node]:
+        return [n for n in self.nodes if n.role == "worker"]
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise InputError(f"no node named {name!r} in the inventory",
+                         f"choose one of: {', '.join(n.name for n in self.nodes)}")
+
+    def resolve(self, p: Path | None) -> Path | None:
+        """A path from the inventory, relative to the inventory file's folder."""
+        if p is None:
+            return None
+        p = p.expanduser()
+        if not p.is_absolute() and self.path is not None:
+            p = self.path.parent / p
+        return p
+
+
+def default_path() -> Path:
+    env = os.environ.get(ENV_VAR)
+    return Path(env) if env else DEFAULT_PATH.expanduser()
+
+
+def describe_validation_error(source: str, err: ValidationError) -> list[str]:
+    """One line per bad field, never echoing values that could be secrets."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(x) if not isinstance(x, int) else f"[{x}]" for x in e["loc"]).replace(".[", "[")
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{source}: {loc or '(top level)'}: {msg}")
+    return lines
+
+
+def parse(text: str, source: str = "inventory", path: Path | None = None) -> Inventory:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"{source}: not valid TOML: {e}", "fix the syntax at the position shown") from None
+    try:
+        inv = Inventory.model_validate({**data, "path": path})
+    except ValidationError as e:
+        lines = describe_validation_error(source, e)
+        raise InputError(f"{source}: {len(lines)} problem(s) in the inventory",
+                         "correct the fields listed above", details=lines) from None
+    dup = [f"{source}: {line}" for line in inv.duplicates()]
+    if dup:
+        raise InputError(f"{source}: {len(dup)} problem(s) in the inventory", "correct the fields listed above",
+                         details=dup)
+    return inv
+
+
+def load(path: Path | None = None) -> Inventory:
+    path = (path or default_path()).expanduser()
+    if not path.is_file():
+        raise InputError(f"no inventory at {path}",
+                         "pass --inventory PATH, set $SPARKCLUSTER_INVENTORY, or run 'sparkcluster init'")
+    return parse(path.read_text(), source=str(path), path=path.resolve())

@@ -1,0 +1,255 @@
+"""Lint rules for profiles, each learned in the field (the section of docs/field-notes.md is cited).
+
+`lint(profile, inventory=None)` is pure and returns every problem at once. Rules that need the
+cluster (`CLUSTER_RULES`) run only when an inventory is given.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from sparkcluster import redact
+from sparkcluster.config.flags import BY_FLAG, flag_names, flag_value, refusals, serve_argv
+from sparkcluster.config.profile import MANAGED_VARS, SECRET_NAMES, Profile, guess_image_kind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sparkcluster.config.inventory import Inventory
+
+# --gpu-memory-utilization is a fraction of the whole unified pool: 0.9 starved hosts until sshd
+# stopped answering; 0.80, not 0.85, keeps burst headroom (docs/field-notes.md, "Memory on a unified-memory machine").
+MAX_GPU_MEMORY_UTILIZATION = 0.85
+# Prefix caching on a Mamba/hybrid model forces an aligned block size: 2128 seen, and the default
+# --max-num-batched-tokens 2048 asserted at start-up; 8192 works (docs/field-notes.md, "Version-dependent flags").
+MAMBA_ALIGNED_BLOCK_SIZE = 2128
+VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+CLUSTER_RULES = ("tp-pp-gpus", "port-mismatch")
+
+_SECRET_VALUE = re.compile(r"(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|nvapi-[A-Za-z0-9_-]{16,})")
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|PRIVATE_KEY|CREDENTIAL)", re.I)
+
+
+@dataclass(frozen=True)
+class Problem:
+    rule: str
+    message: str
+    fix: str
+
+    def line(self) -> str:
+        return f"[{self.rule}] {self.message} -- fix: {self.fix}"
+
+
+def _looks_secret(value: str) -> bool:
+    return bool(_SECRET_VALUE.search(value)) or redact.mask(value) != value
+
+
+def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem]:
+    p: list[Problem] = []
+    s = profile.serve
+    argv = serve_argv(profile, "vllm-openai")  # model + flags, no prefix
+    flags = flag_names(argv)
+    extra = list(s.extra_flags)
+
+    # -- memory on unified memory (docs/field-notes.md, "Memory on a unified-memory machine")
+    if s.gpu_memory_utilization > MAX_GPU_MEMORY_UTILIZATION and not profile.allow_high_gpu_memory_utilization:
+        p.append(Problem(
+            "gpu-memory-utilization",
+            f"--gpu-memory-utilization {s.gpu_memory_utilization} is above {MAX_GPU_MEMORY_UTILIZATION} "
+            "on unified memory: the host starves (sshd stops answering)",
+            "lower serve.gpu_memory_utilization to 0.70-0.80, or set "
+            "allow_high_gpu_memory_utilization = true if you mean it"))
+
+    # -- parallelism vs the cluster
+    if inventory is not None:
+        gpus = inventory.gpu_count
+        # a profile as wide as one node runs there alone (`up --node`), the pair free for another
+        one_node = len(inventory.nodes) > 1 and profile.world_size in {n.gpus for n in inventory.nodes}
+        if profile.world_size != gpus and not one_node:
+            p.append(Problem(
+                "tp-pp-gpus",
+                f"tensor_parallel_size x pipeline_parallel_size = {s.tensor_parallel_size} x "
+                f"{s.pipeline_parallel_size} = {profile.world_size}, but the cluster has {gpus} GPU(s)",
+                f"set serve.tensor_parallel_size x serve.pipeline_parallel_size = {gpus}"))
+        if s.port is not None and s.port != inventory.cluster.api_port:
+            p.append(Problem(
+                "port-mismatch",
+                f"serve.port {s.port} differs from the inventory's api_port {inventory.cluster.api_port}",
+                "remove serve.port (the inventory's api_port is used) or make them equal"))
+    if profile.world_size > 1 and s.distributed_executor_backend != "ray":
+        p.append(Problem(
+            "executor-backend",
+            f"{profile.world_size} ranks across nodes need --distributed-executor-backend ray "
+            f"(profile has {s.distributed_executor_backend or 'none'})",
+            "set serve.distributed_executor_backend = \"ray\" (seed 002)"))
+
+    # -- prefix caching on a hybrid model (docs/field-notes.md, "Version-dependent flags")
+    if profile.hybrid and s.enable_prefix_caching:
+        mnbt = s.max_num_batched_tokens or VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS
+        if mnbt < MAMBA_ALIGNED_BLOCK_SIZE:
+            p.append(Problem(
+                "prefix-caching-hybrid",
+                f"prefix caching on a hybrid (Mamba) model forces block_size {MAMBA_ALIGNED_BLOCK_SIZE}, "
+                f"above --max-num-batched-tokens {mnbt}: start-up asserts",
+                "set serve.max_num_batched_tokens = 8192 (seed 004), or disable prefix caching"))
+
+    # -- tool calling needs both flags: HTTP 400 on tool_choice "auto" (docs/field-notes.md, "Version-dependent flags")
+    has_auto = "--enable-auto-tool-choice" in flags
+    has_parser = "--tool-call-parser" in flags
+    if has_auto != has_parser:
+        missing = "--tool-call-parser" if has_auto else "--enable-auto-tool-choice"
+        present = "--enable-auto-tool-choice" if has_auto else "--tool-call-parser"
+        p.append(Problem(
+            "tool-choice-pair",
+            f"{present} without {missing}: clients sending tool_choice \"auto\" get HTTP 400",
+            "set both serve.enable_auto_tool_choice = true and serve.tool_call_parser "
+            "(matching the model family), or neither"))
+
+    # -- quantization flag vs checkpoint format (docs/field-notes.md, "Version-dependent flags")
+    quant = flag_value(argv, "--quantization")
+    if profile.checkpoint_format == "modelopt" and quant != "modelopt":
+        p.append(Problem(
+            "quantization",
+            f"ModelOpt NVFP4 checkpoint needs --quantization modelopt (profile has {quant or 'none'})",
+            "set serve.quantization = \"modelopt\""))
+    # naming the checkpoint's own format is harmless: seed 004 serves RedHatAI's NVFP4 checkpoint
+    # with --quantization compressed-tensors
+    if profile.checkpoint_format == "compressed-tensors" and quant not in (None, "compressed-tensors"):
+        p.append(Problem(
+            "quantization",
+            f"compressed-tensors checkpoint must not pass --quantization {quant}",
+            "remove serve.quantization: vLLM detects compressed-tensors itself"))
+
+    p += _speculative_problems(s.speculative_config)
+
+    # -- the image kind and the `vllm serve` prefix (docs/field-notes.md, "Version-dependent flags")
+    guessed = guess_image_kind(profile.image.base)
+    if guessed and guessed != profile.image.kind:
+        p.append(Problem(
+            "image-kind",
+            f"image {profile.image.base} is a {guessed} image but the profile says kind = "
+            f"\"{profile.image.kind}\"",
+            f"set image.kind = \"{guessed}\""))
+    prefix = [t for t in [profile.model, *extra] if t in ("vllm", "serve") or t.startswith("vllm serve")]
+    if prefix:
+        p.append(Problem(
+            "image-kind",
+            f"`vllm serve` appears in the model or extra flags ({' '.join(prefix)}): "
+            "`vllm serve vllm serve` fails with \"unrecognized arguments\"",
+            "remove it: sparkcluster adds `vllm serve` for NGC images, and vllm/vllm-openai "
+            "images have it as entrypoint"))
+
+    # -- secrets stay off command lines and out of the forwarded variables (docs/field-notes.md, "Secrets")
+    api_key_flags = [f for f in flag_names(extra) if f == "--api-key"]
+    if api_key_flags:
+        p.append(Problem(
+            "secret-on-command-line",
+            "--api-key in serve.extra_flags puts the API key on a command line (`ps` shows it)",
+            "remove --api-key: the key reaches vllm as VLLM_API_KEY in the exec environment"))
+    leaked = [i for i, t in enumerate(extra) if _looks_secret(t)]
+    if leaked:
+        p.append(Problem(
+            "secret-on-command-line",
+            f"serve.extra_flags{leaked} looks like a secret value",
+            "remove it; secrets come from the environment or a 0600 .env"))
+    if _looks_secret(profile.model) or (profile.served_name and _looks_secret(profile.served_name)):
+        p.append(Problem("secret-on-command-line", "model or served_name looks like a secret value",
+                         "remove it; secrets come from the environment or a 0600 .env"))
+    for name, value in profile.env.forward.items():
+        if name in SECRET_NAMES or _SECRET_NAME.search(name):
+            p.append(Problem(
+                "secret-in-forwarded-vars",
+                f"env.forward.{name}: a secret in the container's start environment "
+                "(visible in docker inspect, copied to every rank)",
+                f"remove {name} from env.forward; list it in secrets (value from the environment "
+                "or a 0600 .env, passed to the exec only)"))
+        elif _looks_secret(value):
+            p.append(Problem(
+                "secret-in-forwarded-vars",
+                f"env.forward.{name}: the value looks like a secret",
+                f"remove {name} from env.forward; keep secrets in a 0600 .env"))
+
+    # -- sparkcluster sets these itself, per node or for all
+    for name in profile.env.forward:
+        if name in MANAGED_VARS:
+            p.append(Problem(
+                "managed-var-forwarded",
+                f"env.forward.{name}: sparkcluster sets it (per node from the inventory, or from "
+                "the profile's env settings); a forwarded value would be wrong on some node",
+                f"remove {name} from env.forward"))
+
+    # -- flags given twice (extra_flags must not shadow a typed field)
+    for f in sorted(set(flag_names(extra))):
+        spec = BY_FLAG.get(f)
+        if spec and spec.field:
+            p.append(Problem(
+                "duplicate-flag",
+                f"{f} in serve.extra_flags duplicates the typed field serve.{spec.field}",
+                f"set serve.{spec.field} and remove {f} from serve.extra_flags"))
+        elif f in ("--served-model-name", "--host", "--port", "--reasoning-parser-plugin"):
+            p.append(Problem(
+                "duplicate-flag", f"{f} in serve.extra_flags is set by sparkcluster from the profile",
+                f"remove {f} from serve.extra_flags"))
+
+    # -- the reasoning-parser plugin only registers a parser; it still has to be named
+    if s.reasoning_parser_plugin_url and not s.reasoning_parser:
+        p.append(Problem(
+            "reasoning-plugin",
+            "serve.reasoning_parser_plugin_url is set but serve.reasoning_parser is not",
+            "set serve.reasoning_parser to the parser the plugin registers (e.g. super_v3, seed 002)"))
+
+    # -- version gates (docs/field-notes.md, "Version-dependent flags")
+    img = profile.image
+    for r in refusals(profile):
+        if r.kind == "env":
+            p.append(Problem(
+                "env-version", f"env.forward.{r.item}: {r.reason}",
+                "use serve.moe_backend (--moe-backend marlin on sm_121, seed 001) and drop the variable"))
+        else:
+            p.append(Problem(
+                "flag-version", f"{r.item}: image {img.ref} (vLLM {img.vllm_version or 'not stated'}) does not accept "
+                f"it: {r.reason}",
+                "remove the flag or use a newer image (and set image.vllm_version to what it ships)"))
+    return p
+
+
+def _speculative_problems(spec: dict | None) -> list[Problem]:
+    """Speculative decoding: an MTP drafter belongs under method "mtp", not "draft_model".
+
+    Seed 004: Gemma 4's drafter (google/gemma-4-26B-A4B-it-assistant) runs as
+    {"method":"mtp","model":...}; "draft_model" runs the drafter as a full model and switching
+    to "mtp" gave +40% generation throughput. "mtp" with a `model` is therefore right, and
+    "mtp" without one (Qwen3.6, seed 004) uses the model's own MTP layers.
+    """
+    if not spec or spec.get("method") != "draft_model":
+        return []
+    drafter = spec.get("model")
+    return [Problem(
+        "speculative-method",
+        f"speculative_config method \"draft_model\" runs the drafter {drafter or '(none given)'} as a "
+        "full model: generation is slower than with an MTP drafter (seed 004: +40% after switching)",
+        "set serve.speculative_config.method = \"mtp\", keeping the drafter as model (seed 004)")]
+
+
+def memory_sum_problems(profiles: Sequence[Profile]) -> list[Problem]:
+    """Single-node profiles planned on one node: their utilizations share one unified pool.
+
+    Each fraction is of the same ~119 GiB, so the sum must keep the headroom a single profile
+    must keep (MAX_GPU_MEMORY_UTILIZATION, 0.85): the host's OS, Docker, sshd and the first
+    request's graph-capture spike (counted outside the budget) live in the rest, and MemAvailable
+    must stay above the 6 GB floor a seed's watchdog warns at (field notes, "Memory on a
+    unified-memory machine" and "Host hardening"). 0.85 is the per-profile limit, not derived from
+    that floor: 6 GB alone would allow ~0.95. Seed 004 saw it: Gemma 4 at 0.80 plus a
+    Nemotron-Nano sidecar at 0.28 on one Spark "actively hurt" Gemma until the sidecar went.
+    """
+    total = round(sum(p.serve.gpu_memory_utilization for p in profiles), 4)
+    if len(profiles) < 2 or total <= MAX_GPU_MEMORY_UTILIZATION:
+        return []
+    parts = " + ".join(f"{p.name} {p.serve.gpu_memory_utilization}" for p in profiles)
+    return [Problem(
+        "memory-sum",
+        f"--gpu-memory-utilization on one node sums to {total} ({parts}), above "
+        f"{MAX_GPU_MEMORY_UTILIZATION} of the shared unified pool: the host starves",
+        f"lower the profiles' serve.gpu_memory_utilization to sum to {MAX_GPU_MEMORY_UTILIZATION} "
+        "or less, or plan one of them on another node")]

@@ -1,0 +1,400 @@
+"""Model profiles: what each node's container gets and what `vllm serve` runs.
+
+A profile is `env-profiles/NAME.toml` (or a file in `$SPARKCLUSTER_PROFILES` or
+`~/.config/sparkcluster/profiles/`), validated by pydantic with unknown keys refused. It holds:
+
+- the model, its served name and the image (base, tag, the vLLM version that tag ships, its kind);
+- the variables forwarded to every container at start (docs/field-notes.md, "Bring-up"):
+  the same values on every node, checked equal by the probe (`required_env_names`);
+- the `vllm serve` arguments as typed fields (`[serve]`), turned into argv by `flags.serve_argv`;
+- the names of the secrets the profile uses. Values never live in a profile: `secrets.load_secrets`.
+
+Per-host variables are not in the profile: `per_host_env` computes them from the inventory for each
+node (interface and HCA names are per-node facts, sparkrun#135). vLLM's Ray executor copies the
+driver's VLLM_*/NCCL_*/UCX_*/HF_* variables to the worker ranks unless they are named in
+`$VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json`; `non_carry_over_file` gives that file so the
+head's values never overwrite the worker's (docs/field-notes.md, "Per-host values and vLLM's environment copying").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sparkcluster.config.inventory import describe_validation_error
+from sparkcluster.day2.supervision import SupervisorSettings
+from sparkcluster.errors import InputError
+from sparkcluster.movement.hfcache import is_hub_model
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sparkcluster.config.inventory import Inventory, Node
+
+PROFILES_ENV_VAR = "SPARKCLUSTER_PROFILES"
+USER_PROFILES = Path("~/.config/sparkcluster/profiles")
+
+# The only secrets sparkcluster knows. Their values come from the environment or a 0600 .env
+# and reach vLLM through the environment of the `docker exec`, never argv (docs/field-notes.md, "Secrets").
+SECRET_NAMES: tuple[str, ...] = ("HF_TOKEN", "VLLM_API_KEY")
+SecretName = Literal["HF_TOKEN", "VLLM_API_KEY"]
+
+# Per-host variables, computed from the inventory for each node: NCCL_IB_HCA, UCX_NET_DEVICES,
+# NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, OMPI_MCA_btl_tcp_if_include, and VLLM_HOST_IP = the node's
+# own control-plane IP (docs/field-notes.md, "Per-host values..." and "Node IPs").
+PER_HOST_VARS: tuple[str, ...] = (
+    "VLLM_HOST_IP",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_IB_HCA",
+    "UCX_NET_DEVICES",
+    "OMPI_MCA_btl_tcp_if_include",
+)
+NON_CARRY_OVER_FILENAME = "ray_non_carry_over_env_vars.json"
+# Set by sparkcluster in every container; a profile may not forward these by hand.
+MANAGED_VARS: tuple[str, ...] = PER_HOST_VARS + ("VLLM_CONFIG_ROOT", "RAY_memory_usage_threshold")
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PROFILE_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$")
+_DOCKER_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_RAY_VERSION = re.compile(r"^[0-9]+(\.[0-9]+){1,2}([a-z0-9.]*)?$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Image(_Strict):
+    """The base image the cluster image is built FROM, and what it ships."""
+
+    base: str = Field(pattern=r"^[a-z0-9][a-z0-9._/:-]*$")  # repository, without the tag
+    tag: str = Field(pattern=_DOCKER_TAG.pattern)
+    # None: the profile's source does not say which vLLM the tag ships (seed 004 names neither of its
+    # images' versions); version gates then judge only by the NGC release in the tag.
+    vllm_version: str | None = Field(default=None, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?([.+-]?[a-zA-Z0-9.]*)?$")
+    # ngc: pass-through entrypoint, takes the full `vllm serve ...`;
+    # vllm-openai: `vllm serve` is the entrypoint, takes only model + flags (docs/field-notes.md).
+    kind: Literal["ngc", "vllm-openai"] | None = None
+
+    @model_validator(mode="after")
+    def _kind(self) -> "Image":
+        if self.kind is None:
+            guessed = guess_image_kind(self.base)
+            if guessed is None:
+                raise ValueError(f"kind: cannot tell the image kind from base {self.base!r}; "
+                                 "set kind = \"ngc\" or \"vllm-openai\"")
+            object.__setattr__(self, "kind", guessed)
+        return self
+
+    @property
+    def ref(self) -> str:
+        return f"{self.base}:{self.tag}"
+
+
+def guess_image_kind(base: str) -> Literal["ngc", "vllm-openai"] | None:
+    if base.startswith("nvcr.io/nvidia/vllm"):
+        return "ngc"
+    if base.split("/")[-1] == "vllm-openai":
+        return "vllm-openai"
+    return None
+
+
+class EnvSettings(_Strict):
+    # in every container at start, equal on every node (docs/field-notes.md, "Bring-up")
+    forward: dict[str, str] = Field(default_factory=dict)
+    # Ray's memory monitor counts GPU-resident weights as host memory on unified memory and kills
+    # workers at 0.95 (docs/field-notes.md, "Memory on a unified-memory machine").
+    ray_memory_usage_threshold: float = Field(default=1.0, gt=0, le=1.0)
+    # Where vLLM reads ray_non_carry_over_env_vars.json inside the container.
+    vllm_config_root: str = Field(default="/etc/sparkcluster/vllm", pattern=r"^/[A-Za-z0-9._/-]*$")
+
+    @field_validator("forward", mode="before")
+    @classmethod
+    def _stringify(cls, v: Any) -> Any:
+        # TOML lets people write VLLM_USE_FLASHINFER_MOE_FP4 = 0; the container sees a string.
+        if isinstance(v, dict):
+            out = {}
+            for k, val in v.items():
+                if isinstance(val, bool):
+                    raise ValueError(f"{k}: write the value as a string (\"1\" or \"0\"), not a boolean")
+                out[k] = str(val) if isinstance(val, (int, float)) else val
+            return out
+        return v
+
+    @field_validator("forward")
+    @classmethod
+    def _names(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            if not _ENV_NAME.match(k):
+                raise ValueError(f"{k!r} is not a valid environment variable name")
+            if "\n" in val or "\x00" in val:
+                raise ValueError(f"{k}: value may not contain a newline or NUL")
+        return v
+
+
+class Serve(_Strict):
+    """`vllm serve` arguments. None means: do not pass the flag (vLLM's default applies)."""
+
+    tensor_parallel_size: int = Field(default=2, ge=1, le=64)
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
+    # TP across two hosts runs on Ray (docs/field-notes.md, "Bring-up"); a single rank gets no flag
+    # unless the profile names a backend (seed 000 passes none at TP=1): `_single_rank_executor`
+    distributed_executor_backend: Literal["ray", "mp"] | None = "ray"
+    max_model_len: int | None = Field(default=None, ge=1)
+    # vLLM's 0.9 default starves a unified-memory host (docs/field-notes.md, "Memory on a unified-memory machine").
+    gpu_memory_utilization: float = Field(default=0.75, gt=0, le=1.0)
+    dtype: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$")
+    kv_cache_dtype: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$")
+    quantization: str | None = Field(default=None, pattern=r"^[a-z0-9_-]+$")
+    # tokenizer from another repo than the weights: a quantized re-upload may lack the original's
+    # (seed 004 serves RedHatAI's NVFP4 weights with --tokenizer Qwen/Qwen3.6-35B-A3B)
+    tokenizer: str | None = Field(default=None, min_length=1, pattern=r"^[^\s]+$")
+    # --attention-backend, e.g. TRITON_ATTN (seed 004 names it for Gemma 4, whose mixed head sizes
+    # FlashInfer does not support); no version gate: neither the seeds nor the field notes give one
+    attention_backend: str | None = Field(default=None, pattern=r"^[A-Z0-9_]+$")
+    moe_backend: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$")
+    mamba_ssm_cache_dtype: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$")
+    max_cudagraph_capture_size: int | None = Field(default=None, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    enable_prefix_caching: bool | None = None
+    enable_chunked_prefill: bool | None = None
+    async_scheduling: bool = False
+    enforce_eager: bool = False
+    trust_remote_code: bool = False
+    reasoning_parser: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    # a Python file staged once into the (mounted) HF cache, passed with --reasoning-parser-plugin
+    reasoning_parser_plugin_url: str | None = Field(default=None, pattern=r"^https://[^\s]+\.py$")
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    speculative_config: dict[str, Any] | None = None
+    host: str = Field(default="0.0.0.0", pattern=r"^[0-9a-fA-F.:]+$|^[a-zA-Z0-9.-]+$")
+    port: int | None = Field(default=None, ge=1, le=65535)  # None: the inventory's api_port
+    extra_flags: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _single_rank_executor(self) -> "Serve":
+        # The "ray" default is for the pair; one rank on one node needs no executor flag. A backend
+        # the profile names explicitly is kept (lint judges it).
+        single = self.tensor_parallel_size * self.pipeline_parallel_size == 1
+        if single and "distributed_executor_backend" not in self.model_fields_set:
+            object.__setattr__(self, "distributed_executor_backend", None)
+        return self
+
+    @field_validator("extra_flags")
+    @classmethod
+    def _no_newlines(cls, v: list[str]) -> list[str]:
+        for i, s in enumerate(v):
+            if "\n" in s or "\x00" in s:
+                raise ValueError(f"[{i}]: may not contain a newline or NUL")
+        return v
+
+
+class Profile(_Strict):
+    name: str = Field(pattern=_PROFILE_NAME.pattern)
+    description: str = ""
+    model: str = Field(min_length=1, pattern=r"^[^\s]+$")  # HF id or a path inside the container
+    served_name: str | None = Field(default=None, pattern=r"^[^\s]+$")
+    # the hub revision to serve (branch, tag or commit); unset: main. The weights stage resolves it
+    revision: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+    # how the checkpoint is quantized: decides what --quantization must be
+    checkpoint_format: Literal["auto", "modelopt", "compressed-tensors", "fp8", "bf16"] = "auto"
+    # Mamba/hybrid model: prefix caching forces an aligned block size (docs/field-notes.md)
+    hybrid: bool = False
+    allow_high_gpu_memory_utilization: bool = False
+    drop_page_cache: bool = False  # sync; echo 3 > /proc/sys/vm/drop_caches before the load
+    # free disk the preflight asks for: the built image (NGC vLLM ~9 GB base plus Ray, room to
+    # build) and the model in the HF cache (0: already there, or not ours to judge)
+    image_disk_gb: float = Field(default=30.0, ge=0)
+    model_disk_gb: float = Field(default=0.0, ge=0)
+    # how long `up` waits for the endpoint to answer: 120B-class models take 10-15 min to load
+    # (docs/field-notes.md) plus 25-60 s of first-request JIT
+    ready_timeout_s: int = Field(default=1800, ge=10)
+    # single-stream decode tok/s a pair of real Sparks reaches with this profile, from a published
+    # measurement cited next to the value in the profile's TOML (model, quantization, TP and vLLM
+    # version must match). `bench.smoke` (behind `up --smoke`) warns well below it. None: no
+    # published figure for this exact setup, so nothing to compare against.
+    expected_decode_tok_s: float | None = Field(default=None, gt=0)
+    shm_size: str = Field(default="16g", pattern=r"^[0-9]+[bkmgBKMG]?$")  # what Spark pairs run with
+    # the container's stack ulimit in bytes (soft = hard), as `docker run --ulimit stack=N`; None:
+    # Docker's default. Seed 004 runs both its containers with stack=67108864.
+    ulimit_stack: int | None = Field(default=None, ge=1)
+    secrets: list[SecretName] = Field(default_factory=lambda: list(SECRET_NAMES))
+    image: Image
+    env: EnvSettings = Field(default_factory=EnvSettings)
+    serve: Serve = Field(default_factory=Serve)
+    supervisor: SupervisorSettings = Field(default_factory=SupervisorSettings)
+    path: Path | None = Field(default=None, exclude=True)
+
+    # ---- what `up` needs -------------------------------------------------------------------
+
+    def forwarded_env(self) -> dict[str, str]:
+        """The variables every container gets at start, identical on every node."""
+        return dict(self.env.forward)
+
+    def image_tag(self, ray_version: str) -> str:
+        """Tag of the image built FROM the base with Ray added, e.g. 26.05.post1-py3-ray2.60.0."""
+        if not _RAY_VERSION.match(ray_version):
+            raise InputError(f"not a Ray version: {ray_version!r}", "use a version such as 2.60.0")
+        tag = f"{self.image.tag}-ray{ray_version}"
+        if not _DOCKER_TAG.match(tag):
+            raise InputError(f"image tag {tag!r} is not a valid Docker tag", "shorten image.tag")
+        return tag
+
+    @property
+    def served_model_name(self) -> str:
+        return self.served_name or self.model
+
+    @property
+    def world_size(self) -> int:
+        return self.serve.tensor_parallel_size * self.serve.pipeline_parallel_size
+
+
+# ---- per-node environment ------------------------------------------------------------------
+
+
+def per_host_env(profile: Profile, inventory: "Inventory", node: "Node | str") -> dict[str, str]:
+    """The variables whose values differ per node, from the inventory."""
+    if isinstance(node, str):
+        node = inventory.node(node)
+    env = {
+        "VLLM_HOST_IP": str(node.control_ip),
+        "NCCL_SOCKET_IFNAME": node.control_if,
+        "GLOO_SOCKET_IFNAME": node.control_if,
+        # NCCL pairs HCAs by list position: keep the inventory's order
+        "NCCL_IB_HCA": ",".join(node.hcas),
+        "UCX_NET_DEVICES": node.control_if,
+        "OMPI_MCA_btl_tcp_if_include": node.control_if,
+    }
+    # issue 17: the RoCE v2 IPv4 GID index found in the HCAs' GID tables (init writes it to the
+    # inventory, doctor's rdma.gid checks it still holds); without it NCCL guesses
+    if node.gid_index is not None:
+        env["NCCL_IB_GID_INDEX"] = str(node.gid_index)
+    return env
+
+
+def container_env(profile: Profile, inventory: "Inventory", node: "Node | str") -> dict[str, str]:
+    """Everything a node's container is started with (no secrets: those go to the exec)."""
+    env = profile.forwarded_env()
+    env.update(per_host_env(profile, inventory, node))
+    env["RAY_memory_usage_threshold"] = repr(float(profile.env.ray_memory_usage_threshold))
+    env["VLLM_CONFIG_ROOT"] = profile.env.vllm_config_root
+    if is_hub_model(profile.model):
+        # the weights stage staged the snapshot on every node: no rank may reach for the hub
+        env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+def required_env_names(profile: Profile) -> list[str]:
+    """Names the probe must find present and equal in every node's container."""
+    return sorted(set(profile.env.forward) | {"RAY_memory_usage_threshold", "VLLM_CONFIG_ROOT"})
+
+
+def non_carry_over_vars(profile: Profile) -> list[str]:
+    # The secrets too: vLLM would copy VLLM_API_KEY and HF_TOKEN from the driver into the ranks'
+    # Ray runtime_env, which Ray passes on the worker's setup_worker.py command line (`ps`).
+    # No rank needs the API key; a worker rank finds the weights in its own HF cache.
+    return list(PER_HOST_VARS) + list(SECRET_NAMES)
+
+
+def non_carry_over_file(profile: Profile) -> tuple[str, str]:
+    """(path inside the container, JSON text) of vLLM's ray_non_carry_over_env_vars.json."""
+    path = str(PurePosixPath(profile.env.vllm_config_root) / NON_CARRY_OVER_FILENAME)
+    return path, json.dumps(non_carry_over_vars(profile)) + "\n"
+
+
+def container_files(profile: Profile) -> dict[str, str]:
+    """Files whoever starts a container writes into it: {path: content}."""
+    path, text = non_carry_over_file(profile)
+    return {path: text}
+
+
+def secret_env_names(profile: Profile) -> list[str]:
+    """Names passed in the environment of the `vllm serve` exec (values from secrets.load_secrets)."""
+    return list(profile.secrets)
+
+
+def reasoning_plugin(profile: Profile, hf_cache: str = "/root/.cache/huggingface") -> tuple[str, str] | None:
+    """(URL, path inside the container) of the reasoning-parser plugin to stage, or None.
+
+    The file goes into the mounted HF cache so it survives container restarts (docs/field-notes.md, "Bring-up").
+    """
+    url = profile.serve.reasoning_parser_plugin_url
+    if not url:
+        return None
+    return url, str(PurePosixPath(hf_cache) / url.rsplit("/", 1)[-1])
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+
+def search_path() -> list[Path]:
+    dirs: list[Path] = []
+    env = os.environ.get(PROFILES_ENV_VAR)
+    if env:
+        dirs.extend(Path(p).expanduser() for p in env.split(os.pathsep) if p)
+    import sparkcluster
+
+    dirs.append(Path(sparkcluster.__file__).resolve().parent.parent / "env-profiles")
+    dirs.append(USER_PROFILES.expanduser())
+    return dirs
+
+
+def available() -> dict[str, Path]:
+    """Profile name -> file; an earlier directory in the search path shadows a later one."""
+    found: dict[str, Path] = {}
+    for d in search_path():
+        if not d.is_dir():
+            continue
+        for f in sorted(d.glob("*.toml")):
+            found.setdefault(f.stem, f)
+    return dict(sorted(found.items()))
+
+
+def find(name: str) -> Path:
+    if name.endswith(".toml") or "/" in name:
+        p = Path(name).expanduser()
+        if not p.is_file():
+            raise InputError(f"no profile file at {p}", "check the path")
+        return p
+    if not _PROFILE_NAME.match(name):
+        raise InputError(f"not a profile name: {name!r}", "use letters, digits, '.', '_' or '-'")
+    for d in search_path():
+        p = d / f"{name}.toml"
+        if p.is_file():
+            return p
+    names = ", ".join(available()) or "none"
+    raise InputError(f"no profile named {name!r}",
+                     f"choose one of: {names} (searched: {', '.join(str(d) for d in search_path())})")
+
+
+def parse(text: str, name: str, source: str = "profile", path: Path | None = None) -> Profile:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"{source}: not valid TOML: {e}", "fix the syntax at the position shown") from None
+    lines = [f"{source}: {k}: set from the file name/location, remove it" for k in ("name", "path") if k in data]
+    try:
+        prof = Profile.model_validate({**{k: v for k, v in data.items() if k not in ("name", "path")},
+                                       "name": name, "path": path})
+    except ValidationError as e:
+        lines += describe_validation_error(source, e)
+    if lines:
+        raise InputError(f"{source}: {len(lines)} problem(s) in the profile",
+                         "correct the fields listed above", details=lines)
+    return prof
+
+
+def load_profile(name: str) -> Profile:
+    """Load a profile by name (search path) or by a path to a .toml file."""
+    path = find(name)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}", "check the file's permissions") from None
+    return parse(text, name=path.stem, source=str(path), path=path.resolve())
+

@@ -1,0 +1,83 @@
+"""Deployments: a profile on a set of nodes (issue 20). A TP=2 profile spans the pair; a TP=1
+profile runs on one node (`up --node NAME`), so a pair can serve one model across both nodes, or
+one model per node. What runs is read from the hosts themselves: the containers' labels name the
+profile and the deployment's node set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sparkcluster import log
+from sparkcluster.config.inventory import Inventory
+from sparkcluster.errors import InputError
+from sparkcluster.labels import CLUSTER_LABEL, NODES_LABEL, PROFILE_LABEL
+
+_log = log.get(__name__)
+
+
+@dataclass
+class Deployment:
+    profile: str
+    nodes: tuple[str, ...]
+    containers: dict[str, list[str]] = field(default_factory=dict)  # node -> container names
+
+    @property
+    def key(self) -> str:
+        return f"{self.profile}@{'+'.join(self.nodes)}"
+
+    def describe(self) -> str:
+        return f"'{self.profile}' on {', '.join(self.nodes)}"
+
+
+def width(prof) -> int:
+    """GPUs the profile's engine spans: tensor parallel x pipeline parallel."""
+    return prof.serve.tensor_parallel_size * prof.serve.pipeline_parallel_size
+
+
+def target(inv: Inventory, prof, node: str | None) -> Inventory:
+    """The nodes a run of `prof` touches: `node` alone, or the whole inventory. A profile narrower
+    than the inventory needs its node named: two single-node deployments may share a pair."""
+    if node:
+        return inv.only([node])
+    if len(inv.nodes) > 1 and width(prof) <= max(n.gpus for n in inv.nodes) < inv.gpu_count:
+        raise InputError(f"profile '{prof.name}' runs on {width(prof)} GPU(s), one node of this inventory",
+                         f"name the node: sparkcluster up --profile {prof.name} --node "
+                         f"{'|'.join(n.name for n in inv.nodes)}")
+    return inv
+
+
+def group(inv: Inventory, containers_by_node: dict[str, list[dict]]) -> list[Deployment]:
+    """Pure: containers (as `docker ps` lists them) -> deployments, in inventory order. A container
+    without the node-set label (made before deployments existed) belongs to every node of its profile."""
+    found: dict[tuple[str, tuple[str, ...]], Deployment] = {}
+    for n in inv.nodes:
+        for c in containers_by_node.get(n.name, []):
+            labels = c.get("Labels") or {}
+            if labels.get(CLUSTER_LABEL) != inv.cluster.name:
+                continue
+            prof = labels.get(PROFILE_LABEL, "?")
+            nodes = tuple(x for x in (labels.get(NODES_LABEL) or "").split(",") if x)
+            if not nodes:
+                nodes = tuple(m.name for m in inv.nodes)
+            d = found.setdefault((prof, nodes), Deployment(prof, nodes))
+            d.containers.setdefault(n.name, []).append((c.get("Names") or ["?"])[0].lstrip("/"))
+    return list(found.values())
+
+
+def on(cluster, inv: Inventory) -> list[Deployment]:
+    """The deployments on the connected nodes of `cluster` (a node whose Docker does not answer
+    shows none: what runs there is preflight's and status's to say)."""
+    lists = cluster.each(lambda h: h.docker().api.containers(
+        all=True, filters={"label": f"{CLUSTER_LABEL}={inv.cluster.name}"}))
+    return group(inv, {n: o.value for n, o in lists.items() if o.ok})
+
+
+def conflicts(found: list[Deployment], sub: Inventory, prof_name: str) -> list[Deployment]:
+    """Deployments that share a node with `sub` and are not this very deployment."""
+    mine = tuple(n.name for n in sub.nodes)
+    return [d for d in found if set(d.nodes) & set(mine) and (d.profile, d.nodes) != (prof_name, mine)]
+
+
+def select(found: list[Deployment], node: str | None, profile: str | None) -> list[Deployment]:
+    return [d for d in found if (node is None or node in d.nodes) and (profile is None or d.profile == profile)]

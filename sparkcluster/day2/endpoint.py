@@ -1,0 +1,91 @@
+"""What the OpenAI-compatible endpoint says about the engine behind it, from the controller.
+
+`/health` is not readiness: vLLM answers it without a round trip to the engine, so a rank that is
+stopped leaves it at 200 while every completion hangs (seen with vLLM 0.32: a SIGSTOPped rank-1
+worker; field notes "Health is not readiness"). A one-token completion with a bound is the probe
+that tells a wedged engine from a serving one. `/metrics` gives the serving figures under vLLM's
+own `vllm:` names.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+import httpx
+
+from sparkcluster.day2 import server
+
+PROBE_TIMEOUT_S = 10.0
+# the vLLM metric names status reads (vLLM 0.2x-0.3x; labelled per engine and model)
+METRICS = {
+    "vllm:num_requests_running": "requests_running",
+    "vllm:num_requests_waiting": "requests_waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "vllm:generation_tokens_total": "generation_tokens_total",
+    "vllm:prompt_tokens_total": "prompt_tokens_total",
+    "vllm:request_success_total": "requests_succeeded_total",
+}
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN|[+-]Inf)\s*(\d+)?\s*$")
+
+
+@dataclass
+class EngineView:
+    health: int | None = None
+    models: list[str] = field(default_factory=list)
+    responds: bool | None = None  # None: not probed (no /health 200 or no model)
+    probe: str = ""  # why not, when it does not respond
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_metrics(text: str, wanted: dict[str, str] = METRICS) -> dict[str, float]:
+    """Prometheus text -> {our name: value}, summed over label sets (one engine per model here)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line.strip())
+        if not m or m.group(1) not in wanted:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        key = wanted[m.group(1)]
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def look(endpoint: str, api_key: str | None, model: str | None = None,
+         probe_timeout: float = PROBE_TIMEOUT_S) -> EngineView:
+    """/health, then (only when 200) /v1/models, /metrics and a one-token completion to the served
+    model (or `model`). Never raises for what the endpoint answers."""
+    view = EngineView()
+    hdrs = server.headers({"VLLM_API_KEY": api_key} if api_key else {})
+    with httpx.Client(timeout=3.0) as c:
+        view.health = server.health(c, endpoint)
+        if view.health != 200:
+            return view
+        try:
+            r = c.get(f"{endpoint}/v1/models", headers=hdrs)
+            if r.status_code == 200:
+                view.models = [m["id"] for m in r.json().get("data", [])]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            pass
+        try:
+            r = c.get(f"{endpoint}/metrics")
+            if r.status_code == 200:
+                view.metrics = parse_metrics(r.text)
+        except httpx.HTTPError:
+            pass
+        target = model or (view.models[0] if view.models else None)
+        if target:
+            ok, why = server.one_token(c, endpoint, target, hdrs, timeout=probe_timeout)
+            if "HTTP 401" in why:  # no key or another key: says nothing about the engine
+                view.probe = "not probed: the endpoint wants the API key (VLLM_API_KEY in the environment or .env)"
+            else:
+                view.responds, view.probe = ok, "" if ok else why
+    return view

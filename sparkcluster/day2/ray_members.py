@@ -1,0 +1,65 @@
+"""Ray membership as Ray itself reports it, read from inside the head container."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+
+from sparkcluster.config.inventory import Inventory
+
+# Ray's state API (what `ray list nodes` reads), served by the dashboard on the head's loopback.
+# One HTTP request from the head host: far cheaper than starting a Ray driver to ask.
+STATE_API_URL = "http://127.0.0.1:8265/api/v0/nodes?limit=100"
+
+
+def state_api_command() -> str:
+    url = shlex.quote(STATE_API_URL)
+    return (f"curl -s -m 2 {url} || python3 -c 'import sys,urllib.request; "
+            f"sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())' {url}")
+
+
+def parse_state_api(text: str) -> list[dict]:
+    """Ray state API `/api/v0/nodes`: {"data": {"result": {"result": [{node_ip, state, resources_total}]}}}."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return []
+    data = doc.get("data") if isinstance(doc, dict) else None
+    result = data.get("result") if isinstance(data, dict) else None
+    rows = result.get("result") if isinstance(result, dict) else result
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def nodes_from_state_api(text: str) -> list["RayNode"] | None:
+    """None when the API did not answer (dashboard not up yet), else Ray's nodes."""
+    if not text.strip().startswith("{"):
+        return None
+    return [RayNode(r.get("node_ip", ""), r.get("state") == "ALIVE", float(r.get("resources_total", {}).get("GPU", 0)),
+                    r.get("node_name", "")) for r in parse_state_api(text)]
+
+
+@dataclass(frozen=True)
+class RayNode:
+    ip: str
+    alive: bool
+    gpus: float
+    host: str
+
+
+def membership_problems(inv: Inventory, nodes: list[RayNode]) -> list[str]:
+    """What differs between Ray's view and the inventory; empty when the cluster is as expected."""
+    alive = [n for n in nodes if n.alive]
+    want = {str(n.control_ip): n for n in inv.nodes}
+    problems = []
+    for ip, node in want.items():
+        got = [n for n in alive if n.ip == ip]
+        if not got:
+            problems.append(f"{node.name} has not joined at {ip}")
+        elif sum(n.gpus for n in got) != node.gpus:
+            problems.append(f"{node.name} reports {sum(n.gpus for n in got):g} GPU(s), expected {node.gpus}")
+    strangers = [n.ip for n in alive if n.ip not in want]
+    if strangers:
+        problems.append(f"Ray has node(s) at {', '.join(strangers)}, which is no inventory control IP "
+                        "(a link-local, docker-bridge or LAN address registered instead)")
+    return problems

@@ -1,0 +1,253 @@
+"""`vllm serve` inside the head container: start it detached, record its PID, wait until it
+really answers, stop it by PID.
+
+Secrets reach it only through the environment of the Docker API's exec call: never argv (which
+`ps` shows), never a log line. Readiness is a one-token completion, because `/health` answers 200
+while an engine is stuck (docs/field-notes.md, "Readiness").
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import docker.errors
+import httpx
+
+from sparkcluster import log, redact
+from sparkcluster.errors import SparkError
+from sparkcluster.node import contract
+from sparkcluster.remote import retry
+from sparkcluster.up.container_spec import files_tar
+
+LOG_PATH = contract.SERVE_LOG
+RECORD_PATH = contract.RECORD_PATH
+STARTED_TIMEOUT_S = 30.0  # the supervisor looks every interval_s (2 s), then waits for Ray membership
+
+_log = log.get(__name__)
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    container: str
+    argv: list[str]
+    secret_names: list[str]
+    model: str  # the served model name clients ask for
+    port: int
+    plugin: tuple[str, str] | None  # (url, path in container)
+
+    def describe(self) -> str:
+        import shlex
+
+        env = ", ".join(f"{n}=******" for n in self.secret_names)
+        secrets = f" ({env} from a 0600 file)" if env else ""
+        return f"the supervisor in {self.container} runs{secrets}: " + shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class Record:
+    pid: int
+    exec_id: str
+    profile: str
+    model: str
+    port: int
+    started_at: float
+    # a salted digest of the secrets the server was started with: a changed API key or token
+    # means the running server is not what the user asked for, without storing the secret
+    salt: str = ""
+    secrets_digest: str = ""
+    generation: str = ""
+    policy: dict | None = None  # the supervisor's bounds it runs under
+    container: str = ""  # where it runs (not stored: the record is read from the container)
+
+    def started_with(self, secrets: dict[str, str]) -> bool:
+        return self.secrets_digest == secrets_digest(secrets, self.salt)
+
+
+def secrets_digest(secrets: dict[str, str], salt: str) -> str:
+    import hashlib
+
+    text = "\0".join(f"{k}={v}" for k, v in sorted(secrets.items()))
+    return hashlib.sha256((salt + "\0" + text).encode()).hexdigest()
+
+
+def token_file_command(hf_cache: str) -> str:
+    """Writes stdin to HF_HOME/token (mode 0600), where huggingface_hub looks for the token."""
+    import shlex
+
+    d = shlex.quote(hf_cache)
+    return f"umask 077; mkdir -p {d} && cat > {d}/token.part && mv -f {d}/token.part {d}/token"
+
+
+def stage_plugin_command(url: str, path: str) -> list[str]:
+    # fetched once into the mounted HF cache, so restarts reuse it (docs/field-notes.md, "Bring-up")
+    return ["sh", "-c", 'test -s "$2" || curl -fsSL --retry 3 -o "$2.part" "$1" && mv -f "$2.part" "$2" 2>/dev/null; test -s "$2"',
+            "sh", url, path]
+
+
+def start(api, spec: ServeSpec, secrets: dict[str, str], profile: str, policy: dict,
+          timeout: float = STARTED_TIMEOUT_S) -> Record:
+    """Hand the server to the head's supervisor (node/), which starts it and records its PID.
+
+    The secrets go first, into a 0600 file the supervisor reads at each start (a reboot brings the
+    server back without the controller); then the desired state, written aside and renamed, so the
+    supervisor never reads half of it."""
+    import secrets as _random
+
+    env = {k: v for k, v in secrets.items() if k in spec.secret_names}
+    salt, generation = _random.token_hex(8), _random.token_hex(8)
+    desired = {"generation": generation, "argv": spec.argv, "model": spec.model, "port": spec.port,
+               "profile": profile, "salt": salt, "secrets_digest": secrets_digest(env, salt), "policy": policy}
+    api.put_archive(spec.container, "/", files_tar({contract.SECRETS_PATH: json.dumps(env)}, mode=0o600))
+    api.put_archive(spec.container, "/", files_tar({contract.DESIRED_PATH + ".new": json.dumps(desired)}))
+    _exec(api, spec.container, ["mv", "-f", contract.DESIRED_PATH + ".new", contract.DESIRED_PATH])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rec = read_record(api, spec.container)
+        if rec is not None and rec.generation == generation:
+            _log.info("vllm serve started", container=spec.container, pid=rec.pid)
+            return rec
+        time.sleep(0.2)
+    raise NotReady(f"the supervisor in {spec.container} did not start vllm serve within {timeout:g}s",
+                   supervisor_tail(api, spec.container))
+
+
+def disable(api, container: str) -> None:
+    """Tell the supervisor no server is wanted (first, so it does not bring a stopped one back)."""
+    _exec(api, container, ["rm", "-f", contract.DESIRED_PATH, contract.SECRETS_PATH])
+
+
+def _exec(api, container: str, argv: list[str]) -> tuple[int, str]:
+    ex = api.exec_create(container, argv)
+    out = api.exec_start(ex["Id"]).decode(errors="replace")
+    return api.exec_inspect(ex["Id"]).get("ExitCode", 1), out
+
+
+def supervisor_tail(api, container: str, lines: int = 10) -> str:
+    try:
+        return redact.mask(_exec(api, container, ["tail", "-n", str(lines), contract.JOURNAL_PATH])[1])
+    except (SparkError, docker.errors.APIError) as e:  # best effort, for an error message
+        return f"(could not read {contract.JOURNAL_PATH}: {e})"
+
+
+def read_record(api, container: str) -> Record | None:
+    import io
+    import tarfile
+
+    try:
+        stream, _ = api.get_archive(container, RECORD_PATH)
+    except docker.errors.NotFound:  # no record (or no container): nothing was started there
+        return None
+    data = b"".join(stream)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = tar.getmembers()[0]
+        doc = json.loads(tar.extractfile(member).read())
+    doc["container"] = container
+    return Record(**{k: v for k, v in doc.items() if k in Record.__dataclass_fields__})
+
+
+def running(api, rec: Record) -> bool:
+    """The recorded PID still runs in its container (PIDs are the container's own)."""
+    try:
+        # the shell's own kill: a slim image (vllm/vllm-openai on Ubuntu) may have no procps
+        return _exec(api, rec.container, ["sh", "-c", 'kill -0 "$1"', "sh", str(int(rec.pid))])[0] == 0
+    except docker.errors.NotFound:  # the container is gone
+        return False
+    except docker.errors.APIError as e:
+        if e.response is not None and e.response.status_code == 409:  # the container is not running
+            return False
+        raise
+
+
+def current(api, container: str) -> Record | None:
+    """The server recorded in `container` when it still runs, else None. An engine that does not
+    answer raises (EngineUnreachable): it is never taken for "no server"."""
+    rec = read_record(api, container)
+    return rec if rec is not None and running(api, rec) else None
+
+
+def log_tail(api, container: str, lines: int = 20) -> str:
+    try:
+        ex = api.exec_create(container, ["tail", "-n", str(lines), LOG_PATH])
+        return redact.mask(api.exec_start(ex["Id"]).decode(errors="replace"))
+    except (SparkError, docker.errors.APIError) as e:  # best effort, for an error message
+        return f"(could not read {LOG_PATH}: {e})"
+
+
+def warm_up(base: str, model: str, secrets: dict[str, str]) -> float:
+    """One short completion, so the first user request does not pay for the JIT compilation.
+    Best effort, as before: its answer is not judged, only its time is reported."""
+    started = time.monotonic()
+    with httpx.Client() as client:
+        one_token(client, base, model, headers(secrets), timeout=120, max_tokens=8)
+    return time.monotonic() - started
+
+
+def headers(secrets: dict[str, str]) -> dict[str, str]:
+    key = secrets.get("VLLM_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def one_token(client: httpx.Client, base: str, model: str, hdrs: dict[str, str], timeout: float,
+              max_tokens: int = 1) -> tuple[bool, str]:
+    try:
+        r = client.post(f"{base}/v1/chat/completions", headers=hdrs, timeout=timeout,
+                        json={"model": model, "max_tokens": max_tokens,
+                              "messages": [{"role": "user", "content": "ping"}]})
+    except httpx.TimeoutException:
+        return False, f"a {max_tokens}-token completion did not return within {timeout:g}s"
+    except httpx.HTTPError as e:
+        return False, f"completion request failed: {e}"
+    if r.status_code != 200:
+        return False, f"completion answered HTTP {r.status_code}: {r.text[:200]}"
+    return True, "ok"
+
+
+def health(client: httpx.Client, base: str) -> int | None:
+    try:
+        return client.get(f"{base}/health", timeout=3).status_code
+    except httpx.HTTPError:
+        return None
+
+
+class NotReady(Exception):
+    def __init__(self, reason: str, tail: str = ""):
+        super().__init__(reason)
+        self.reason = reason
+        self.tail = tail
+
+
+def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, str], timeout: float,
+               on_wait=None) -> float:
+    """Block until /health is 200 AND a one-token completion succeeds; returns the seconds waited.
+
+    Raises NotReady with the reason when the server dies or the bound passes.
+    """
+    hdrs = headers(secrets)
+    started = time.monotonic()
+    deadline = started + timeout
+    last = "the server has not opened its port yet"
+    with httpx.Client() as client:
+        def answered() -> float | None:
+            nonlocal last
+            if not running(api, rec):
+                raise NotReady("vllm serve exited", log_tail(api, spec.container))
+            code = health(client, base)
+            if code == 200:
+                ok, why = one_token(client, base, spec.model, hdrs, timeout=min(30.0, max(1.0, deadline - time.monotonic())))
+                if ok:
+                    return time.monotonic() - started
+                last = f"/health answers 200 but {why}"
+                if "HTTP 401" in why:
+                    raise NotReady(last + " (the API key given does not match the server's)")
+            elif code is not None:
+                last = f"/health answers HTTP {code}"
+            if on_wait:
+                on_wait(last, time.monotonic() - started)
+            return None
+
+        took = retry.poll(answered, timeout=timeout, interval=0.2, what="vllm serve")
+    if took is None:
+        raise NotReady(f"not ready after {timeout:g}s: {last}", log_tail(api, spec.container))
+    return took

@@ -1,0 +1,241 @@
+"""What runs, from the controller: per node the container, Ray membership, the endpoint, memory.
+
+One SSH round trip per node (container state, Ray's state API on the head, uptime, MemAvailable)
+plus two HTTP requests to the endpoint, all in parallel: fast enough to poll every second.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from sparkcluster import log
+from sparkcluster.config.inventory import Inventory
+from sparkcluster.day2 import deployments, ray_members, server, supervision
+from sparkcluster.day2 import endpoint as endpoint_mod
+from sparkcluster.errors import EngineUnreachable
+from sparkcluster.facts import parsers, section, split_sections
+from sparkcluster.labels import CLUSTER_LABEL, PROFILE_LABEL, container_name
+from sparkcluster.node import contract
+from sparkcluster.remote.fanout import Cluster, connect_reachable
+
+_log = log.get(__name__)
+
+
+@dataclass
+class NodeStatus:
+    node: str
+    reachable: bool = True
+    error: str = ""
+    container: str = ""  # name
+    state: str = "absent"  # running | exited | absent
+    started_at: str = ""
+    profile: str = ""
+    uptime_s: float | None = None  # the container's, by the node's own clock
+    host_uptime_s: float | None = None  # since the node booted (a reboot shows here)
+    mem_available_gib: float | None = None
+    ray_alive: bool | None = None  # this node's control IP is alive in Ray
+
+
+@dataclass
+class ClusterStatus:
+    cluster: str
+    state: str  # healthy | degraded | down
+    nodes: list[NodeStatus]
+    profile: str = ""  # the deployment's (from its containers' labels); "" when down
+    deployment: str = ""  # PROFILE@NODE+NODE
+    ray_nodes: int | None = None
+    ray_gpus: float | None = None
+    endpoint: str = ""
+    health: int | None = None
+    models: list[str] = field(default_factory=list)
+    server_pid: int | None = None
+    engine_responds: bool | None = None  # a one-token completion answered within its bound
+    metrics: dict[str, float] = field(default_factory=dict)  # from /metrics, by endpoint.METRICS
+    supervisor: dict | None = None  # the head supervisor's state file (node/), None: none written
+    journal: list[dict] = field(default_factory=list)  # its last entries
+    problems: list[str] = field(default_factory=list)
+
+    def as_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def node_script(inv: Inventory, head: bool) -> str:
+    label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
+    parts = [
+        section("uptime", "cat /proc/uptime; date +%s.%N"),
+        section("meminfo", "cat /proc/meminfo"),
+        section("ours", f"ids=$(docker ps -aq --filter label={label}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids"),
+    ]
+    if head:
+        parts.append(section("ray", ray_members.state_api_command(), stderr=False))
+    return "\n".join(parts) + "\n"
+
+
+def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None]:
+    st = NodeStatus(host.name)
+    is_head = host.name == inv.head.name
+    res = host.run(node_script(inv, is_head), timeout=10, warn=True)
+    s = split_sections(res.stdout)
+    now = None
+    if "uptime" in s and s["uptime"].rc == 0:
+        st.host_uptime_s, now = parsers.uptime_and_clock(s["uptime"].out)
+    if "meminfo" in s and s["meminfo"].rc == 0:
+        st.mem_available_gib = round(parsers.meminfo(s["meminfo"].out).available / 2**30, 1)
+    ours = parsers.json_list(s["ours"].out) if "ours" in s and s["ours"].rc == 0 else []
+    if ours:
+        c = ours[0]
+        st.container = c.get("Name", "").lstrip("/")
+        st.state = c.get("State", {}).get("Status", "unknown")
+        st.started_at = c.get("State", {}).get("StartedAt", "")
+        st.profile = c.get("Config", {}).get("Labels", {}).get(PROFILE_LABEL, "")
+        started = parsers.rfc3339(st.started_at)
+        if st.state == "running" and started is not None and now is not None:
+            st.uptime_s = round(max(now - started, 0.0), 1)
+    ray = ray_members.parse_state_api(s["ray"].out) if is_head and "ray" in s else None
+    return st, ray
+
+
+def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
+    """The whole inventory as one deployment (the pair, or a one-node inventory)."""
+    cluster, unreachable = connect_reachable(inv)
+    with cluster:
+        return _collect_on(cluster, unreachable, inv, api_key)
+
+
+def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatus]:
+    """Every deployment on the inventory's nodes (one connection per node for all of them); the
+    whole inventory as one, down, when none runs."""
+    cluster, unreachable = connect_reachable(inv)
+    with cluster:
+        found = deployments.on(cluster, inv)
+        if not found:
+            return [_collect_on(cluster, unreachable, inv, api_key)]
+        out = []
+        for d in found:
+            sub = inv.only(list(d.nodes))
+            part = Cluster(sub, {n: h for n, h in cluster.hosts.items() if n in d.nodes})
+            st = _collect_on(part, {n: e for n, e in unreachable.items() if n in d.nodes}, sub, api_key)
+            st.profile, st.deployment = d.profile, d.key
+            out.append(st)
+        return out
+
+
+def _collect_on(cluster, unreachable: dict, inv: Inventory, api_key: str | None) -> ClusterStatus:
+    head = cluster.hosts.get(inv.head.name)
+    port = inv.cluster.api_port
+    endpoint = f"http://{head.address}:{port}" if head else ""
+
+    def http() -> endpoint_mod.EngineView:
+        return endpoint_mod.look(endpoint, api_key) if endpoint else endpoint_mod.EngineView()
+
+    def server_pid() -> tuple[int | None, dict | None, list[dict]]:
+        # by the head container's fixed name, alongside the node scripts rather than after them
+        if not head:
+            return None, None, []
+        name = container_name(inv.cluster.name, "head", inv.head.name)
+        try:
+            api = head.docker().api
+            rec = server.current(api, name)
+            return (rec.pid if rec else None), supervision.state(api, name), supervision.journal(api, name, 5)
+        except EngineUnreachable as e:  # the node's own row says why; here only: no PID to show
+            _log.debug("no server PID: the head engine did not answer", error=str(e))
+            return None, None, []
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        http_future, pid_future = pool.submit(http), pool.submit(server_pid)
+        per_node = cluster.each(lambda h: _one(h, inv))
+        engine = http_future.result()
+        pid, sup, journal = pid_future.result()
+    heads = [o.value[0] for n, o in per_node.items() if n == inv.head.name and o.ok]
+    if not (heads and heads[0].state == "running"):
+        pid, sup, journal = None, None, []
+
+    nodes, ray_rows = [], None
+    for n in inv.nodes:
+        if n.name in unreachable:
+            nodes.append(NodeStatus(n.name, reachable=False, error=unreachable[n.name].message.removeprefix(f"{n.name}: ")))
+            continue
+        o = per_node[n.name]
+        if not o.ok:
+            nodes.append(NodeStatus(n.name, reachable=False, error=str(o.error)))
+            continue
+        st, ray = o.value
+        if ray is not None:
+            ray_rows = ray
+        nodes.append(st)
+    return judge(inv, nodes, ray_rows, endpoint, engine, pid, sup, journal)
+
+
+def supervisor_problem(sup: dict | None) -> str | None:
+    """What the supervisor's state adds to the problems: it has given up, or is bringing it back."""
+    if not sup:
+        return None
+    state, causes = sup.get("state"), sup.get("causes") or []
+    last = causes[-1]["cause"] if causes else ""
+    if state == contract.LIMIT:
+        return (f"supervisor: restart limit reached ({len(sup.get('restarts') or [])} restarts); last causes: "
+                + "; ".join(f"{c.get('kind')}: {c.get('cause')}" for c in causes[-3:]) + ". Fix the cause, then sparkcluster up")
+    if state == contract.MEMORY:
+        return (f"supervisor: vllm serve stopped and not restarted: {last}. Lower gpu_memory_utilization "
+                "or set enforce_eager in the profile, then sparkcluster up")
+    if state == contract.FAILED:
+        return f"supervisor: vllm serve failed to start: {last}; see sparkcluster logs and sparkcluster events"
+    if state in (contract.RESTARTING, contract.WAITING) or (state == contract.STARTING and causes):
+        return f"supervisor: {state} (after: {last})" if last else f"supervisor: {state}"
+    return None
+
+
+def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, endpoint: str,
+          engine: "endpoint_mod.EngineView", pid: int | None, sup: dict | None = None,
+          journal: list[dict] | None = None) -> ClusterStatus:
+    """Pure: healthy only when every node's container runs, Ray has every node alive at its
+    control IP with its GPUs, and the endpoint answers with the model."""
+    st = ClusterStatus(inv.cluster.name, "healthy", nodes, endpoint=f"{endpoint}/v1" if endpoint else "",
+                       health=engine.health, models=engine.models, server_pid=pid,
+                       engine_responds=engine.responds, metrics=engine.metrics, supervisor=sup,
+                       journal=list(journal or []))
+    if len(inv.nodes) == 1:  # a one-node deployment runs without Ray: nothing to judge there
+        ray_rows = None
+    alive = [r for r in (ray_rows or []) if r.get("state") == "ALIVE"]
+    if ray_rows is not None:
+        st.ray_nodes = len(alive)
+        st.ray_gpus = sum(float(r.get("resources_total", {}).get("GPU", 0)) for r in alive)
+    alive_ips = {r.get("node_ip") for r in alive}
+    for n, ns in zip(inv.nodes, nodes):
+        if ray_rows is not None:
+            ns.ray_alive = str(n.control_ip) in alive_ips
+        if not ns.reachable:
+            st.problems.append(f"{n.name} unreachable: {ns.error}")
+        elif ns.state != "running":
+            st.problems.append(f"{n.name}: container {ns.state}")
+        elif ns.ray_alive is False:
+            st.problems.append(f"{n.name} is not alive in Ray at {n.control_ip}")
+        elif ns.ray_alive:
+            gpus = sum(float(r.get("resources_total", {}).get("GPU", 0)) for r in alive
+                       if r.get("node_ip") == str(n.control_ip))
+            if gpus != n.gpus:
+                st.problems.append(f"{n.name} reports {gpus:g} GPU(s) in Ray, expected {n.gpus}")
+    if ray_rows is None and len(inv.nodes) > 1 and any(ns.state == "running" for ns in nodes):
+        st.problems.append("Ray does not answer on the head")
+    if any(ns.state == "running" for ns in nodes):
+        if engine.health != 200 and pid is None:
+            # vLLM's API server exits 0 when a rank dies: its exit status proves nothing
+            st.problems.append(f"vllm serve is not running (endpoint /health: {engine.health or 'no answer'}); "
+                               "see why with: sparkcluster logs " + inv.head.name)
+        elif engine.health != 200:
+            st.problems.append(f"endpoint /health: {engine.health or 'no answer'}")
+        elif engine.responds is False:
+            st.problems.append(f"engine wedged: /health is 200 but {engine.probe}")
+        elif pid is None:
+            st.problems.append("vllm serve is not running")
+    said = supervisor_problem(sup)
+    if said and any(ns.state == "running" for ns in nodes):
+        st.problems.append(said)
+    if all(ns.reachable and ns.state == "absent" for ns in nodes):
+        st.state = "down"
+    elif st.problems:
+        st.state = "degraded"
+    return st

@@ -1,0 +1,208 @@
+"""Facts about each host, gathered once per invocation, in parallel, in one round trip per host.
+
+`probe_script()` builds one shell script that prints delimited sections; `parse()` turns the
+sections into a typed `HostFacts` with the parsers in `parsers`. Checks (in `checks`) are pure
+functions over the facts of all hosts, so they are unit-tested from captured output.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, field
+
+from sparkcluster.config.inventory import Inventory, Node
+from sparkcluster.facts import parsers as P
+from sparkcluster.facts import probes
+from sparkcluster.labels import CLUSTER_LABEL
+from sparkcluster.movement.layers import ImageLayers
+
+# the section markers and their parser live with the probes; kept here under their old names
+SECTION, Section, section, split_sections = probes.SECTION, probes.Section, probes.section, probes.split_sections
+
+
+@dataclass
+class HostFacts:
+    node: str
+    hostname: str = ""
+    clock_offset: float | None = None  # host clock minus controller clock, seconds
+    gpus: list[P.Gpu] = field(default_factory=list)
+    gpu_error: str = ""
+    docker: P.DockerInfo | None = None
+    docker_error: str = ""
+    gpu_hook: str = ""
+    interfaces: dict[str, P.Interface] = field(default_factory=dict)
+    hcas: dict[str, P.Hca] = field(default_factory=dict)
+    gids: dict[str, list[P.Gid]] = field(default_factory=dict)  # hca -> filled GID table entries
+    default_routes: list[str] = field(default_factory=list)  # netdevs the default route(s) leave by
+    mem: P.MemInfo | None = None
+    earlyoom: bool = False
+    sshd_oom_score_adj: int | None = None
+    listeners: list[P.Listener] = field(default_factory=list)
+    containers: list[P.Container] = field(default_factory=list)
+    ours: list[dict] = field(default_factory=list)  # docker inspect of sparkcluster's containers
+    image_id: str | None = None
+    image_ray: str | None = None  # `ray --version` output in the cluster image, if it runs
+    image_ray_error: str = ""
+    image_layers: ImageLayers | None = None  # the cluster image's diff IDs and layer sizes
+    base: ImageLayers | None = None  # the profile's base image, when the node has it
+    layer_chains: list[list[str]] = field(default_factory=list)  # diff IDs of every image on the node
+    disks: dict[str, P.Disk] = field(default_factory=dict)
+    ray_sessions: list[str] = field(default_factory=list)
+    # phase 2: every path MTU probe from this node, one per (netdev, peer address): a passing probe
+    # must never hide a failing one on the same netdev
+    path_mtu: list[P.PingResult] = field(default_factory=list)
+
+
+def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[str, str] | None = None,
+                 base: str | None = None) -> str:
+    """One shell script for one host. Every value is quoted; nothing here comes from a user string
+    that is not validated by the inventory model."""
+    label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
+    parts = [p.script() for p in (
+        probes.HOSTNAME, probes.TIME, probes.GPU, probes.DOCKER, probes.GPU_HOOK, probes.IP,
+        probes.carrier([node.control_if, *node.netdevs]), probes.HCA, probes.GIDS, probes.ROUTE,
+        probes.MEMINFO, probes.EARLYOOM, probes.SSHD_OOM,
+        probes.listeners([inv.cluster.ray_port, inv.cluster.api_port]), probes.CONTAINERS,
+        probes.ours(f"{CLUSTER_LABEL}={inv.cluster.name}"), probes.disk(inv.cluster.hf_cache), probes.RAY_SESSIONS)]
+    if base:
+        parts.append(probes.image_layers("base", base).script())
+    if image:
+        img = shlex.quote(image)
+        # which layers a worker lacks: the image's layers here, and every layer chain this node holds
+        parts += [probes.image_layers("image_layers", image).script(), probes.LAYER_CHAINS.script()]
+        parts.append(section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}"))
+        # our running container on this image runs `ray start` as its main process, which proves
+        # Ray works in it; otherwise start `ray --version` in a throwaway container
+        # an image ID Ray has already run in (ray_seen) needs no container: the ID is its content's digest
+        seen = "".join(f"{shlex.quote(i)}) echo {shlex.quote(v + ' (ran in this image ID before)')}; exit 0;; "
+                       for i, v in (ray_seen or {}).items())
+        parts.append(section("image_ray", f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit 3; "
+                                          + (f"case \"$id\" in {seen}esac; " if seen else "") +
+                                          f"for c in $(docker ps -q --filter label={label} --filter status=running); do "
+                                          "[ \"$(docker inspect --format '{{.Image}}' $c)\" = \"$id\" ] && { "
+                                          f"echo \"ray, version $(docker image inspect --format '{{{{index .Config.Labels \"org.sparkcluster.ray-version\"}}}}' {img}) (running in $c)\"; exit 0; }}; done; "
+                                          f"docker run --rm --network none --entrypoint ray {img} --version"))
+    return "\n".join(parts) + "\n"
+
+
+def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFacts:
+    s = split_sections(text)
+    f = HostFacts(node=node.name)
+
+    def get(name: str) -> Section:
+        return s.get(name, Section(127, ""))
+
+    f.hostname = get("hostname").out.strip()
+    t = get("time")
+    if t.rc == 0 and t.out.strip():
+        f.clock_offset = float(t.out.strip()) - (sent_at + received_at) / 2
+    g = get("gpu")
+    if g.rc == 0:
+        f.gpus = P.nvidia_smi_csv(g.out)
+    else:
+        f.gpu_error = P.last_line(g.out) or f"nvidia-smi exited {g.rc}"
+    d = get("docker")
+    if d.rc == 0:
+        f.docker = P.docker_info(d.out)
+    else:
+        f.docker_error = P.last_line(d.out) or f"docker info exited {d.rc}"
+    f.gpu_hook = get("gpu_hook").out.strip() if get("gpu_hook").rc == 0 else ""
+    f.interfaces = P.ip_addr_json(get("ip").out) if get("ip").rc == 0 else {}
+    for name, carrier, speed in P.carrier_lines(get("carrier").out):
+        if name in f.interfaces:
+            f.interfaces[name].carrier = carrier
+            f.interfaces[name].speed_mbps = speed
+    f.hcas = P.hca_lines(get("hca").out)
+    f.gids = P.gid_lines(get("gids").out)
+    f.default_routes = probes.value(probes.ROUTE, s, [])
+    f.mem = P.meminfo(get("meminfo").out) if get("meminfo").rc == 0 else None
+    f.earlyoom = get("earlyoom").rc == 0
+    so = get("sshd_oom")
+    f.sshd_oom_score_adj = int(so.out.strip()) if so.rc == 0 and so.out.strip().lstrip("-").isdigit() else None
+    f.listeners = P.ss_listeners(get("listeners").out)
+    f.containers = P.docker_ps_json(get("containers").out) if get("containers").rc == 0 else []
+    f.ours = P.json_list(get("ours").out) if get("ours").rc == 0 else []
+    f.disks = P.df_lines(get("disk").out)
+    f.ray_sessions = [x for x in get("ray_sessions").out.split() if x]
+    f.base = probes.value(probes.image_layers("base", ""), s)
+    f.image_layers = probes.value(probes.image_layers("image_layers", ""), s)
+    f.layer_chains = probes.value(probes.LAYER_CHAINS, s, [])
+    if "image" in s:
+        f.image_id = get("image").out.strip() if get("image").rc == 0 else None
+        ir = get("image_ray")
+        if ir.rc == 0:
+            f.image_ray = P.last_line(ir.out)
+        elif ir.rc != 3:
+            f.image_ray_error = P.last_line(ir.out) or f"exited {ir.rc}"
+    return f
+
+
+def gather(host, inv: Inventory, image: str | None, timeout: float = 60.0,
+           ray_seen: dict[str, str] | None = None, base: str | None = None) -> HostFacts:
+    sent = time.time()
+    res = host.run(probe_script(inv, host.node, image, ray_seen, base), timeout=timeout, warn=True)
+    received = time.time()
+    if res.timed_out:
+        from sparkcluster.errors import StageError, StepFailure
+
+        raise StageError("facts", [StepFailure(host.name, "gather facts", f"timed out after {timeout:g}s",
+                                               "facts script", res.tail())])
+    return parse(host.node, res.stdout, sent, received)
+
+
+# --- phase 2: path MTU, which needs the peers' addresses from phase 1 -----------------------------
+
+@dataclass(frozen=True)
+class Probe:
+    netdev: str
+    peer_node: str
+    peer_ip: str
+    size: int
+
+
+def path_mtu_probes(node: Node, facts: dict[str, HostFacts]) -> list[Probe]:
+    """For each data-plane netdev of `node`, every peer address on one of its subnets on another
+    node: one probe per direction and per peer (each node probes from its own side)."""
+    mine = facts[node.name].interfaces
+    out = []
+    for netdev in node.netdevs:
+        iface = mine.get(netdev)
+        if not iface:
+            continue
+        for addr in iface.addresses:
+            for other, of in facts.items():
+                if other == node.name:
+                    continue
+                for oi in of.interfaces.values():
+                    for oa in oi.addresses:
+                        if oa.network == addr.network and oa.ip != addr.ip:
+                            out.append(Probe(netdev, other, str(oa.ip), node.mtu - 28))
+    return list(dict.fromkeys(out))
+
+
+def _ping(p: Probe) -> probes.Probe:
+    return probes.ping(p.netdev, p.peer_ip, p.size)
+
+
+def ping_command(p: Probe) -> str:
+    return _ping(p).command
+
+
+def path_mtu_script(ps: list[Probe]) -> str:
+    # the neighbour entry right after each ping says who answered (a third machine or a cluster node)
+    return "\n".join(x for p in ps for x in (_ping(p).script(), probes.neigh(p.netdev, p.peer_ip).script())) + "\n"
+
+
+def gather_path_mtu(host, ps: list[Probe], timeout: float = 20.0) -> list[P.PingResult]:
+    if not ps:
+        return []
+    res = host.run(path_mtu_script(ps), timeout=timeout, warn=True)
+    sections = split_sections(res.stdout)
+    out = []
+    for p in ps:
+        sec = sections.get(_ping(p).name, Section(124, "no result: the probe did not finish"))
+        mac = probes.value(probes.neigh(p.netdev, p.peer_ip), sections, "")
+        out.append(P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, sec.rc == 0,
+                                P.ping_reason(sec.out), ping_command(p), mac))
+    return out

@@ -1,0 +1,381 @@
+"""Pure parsers from the text real commands print to typed values. Tested from captured output."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sparkcluster.movement.layers import ImageLayers, sizes_from_history
+
+
+def last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def json_list(text: str) -> list:
+    # stderr shares the stream (2>&1): with the daemon down, `docker ps ... ; echo '[]'` prints
+    # "Cannot connect to the Docker daemon ..." before the JSON. Parse from the first JSON line.
+    lines = text.strip().splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith(("[", "{"))), None)
+    if start is None:
+        return []
+    value = json.loads("\n".join(lines[start:]))
+    return value if isinstance(value, list) else [value]
+
+
+# --- nvidia-smi ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    driver: str
+    memory_total: str  # "[N/A]" on GB10: unified memory, not an error
+    compute_cap: str
+
+
+def nvidia_smi_csv(text: str) -> list[Gpu]:
+    """`nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader`"""
+    gpus = []
+    for line in text.strip().splitlines():
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) >= 4:
+            gpus.append(Gpu(cols[0], cols[1], cols[2], cols[3]))
+    return gpus
+
+
+# --- docker -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DockerInfo:
+    server_version: str
+    root_dir: str
+    runtimes: tuple[str, ...]
+    default_runtime: str
+    # [key, value] pairs; the containerd image store shows its snapshotter here (transfer.elides)
+    driver_status: tuple[tuple[str, str], ...] = ()
+
+
+def docker_info(text: str) -> DockerInfo:
+    # warnings (e.g. "WARNING: No swap limit support") may share the stream with the JSON line
+    d = json.loads(next(ln for ln in text.splitlines() if ln.lstrip().startswith("{")))
+    return DockerInfo(
+        server_version=d.get("ServerVersion", ""),
+        root_dir=d.get("DockerRootDir", ""),
+        runtimes=tuple(sorted((d.get("Runtimes") or {}).keys())),
+        default_runtime=d.get("DefaultRuntime", ""),
+        driver_status=tuple(tuple(str(x) for x in p) for p in (d.get("DriverStatus") or []) if isinstance(p, list)),
+    )
+
+
+def image_layers(text: str) -> ImageLayers | None:
+    """`probes.image_layers` output: "<id> <json diff IDs>", then history sizes oldest first."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines or not lines[0].startswith("sha256:"):
+        return None  # a warning or an error instead: no layers known, the whole image is the estimate
+    image_id, _, layers_json = lines[0].partition(" ")
+    try:
+        layers = tuple(json.loads(layers_json) or [])
+    except ValueError:
+        return None
+    hist = [int(x) for x in lines[1:] if x.isdigit()]
+    return ImageLayers(image_id, layers, sizes_from_history(hist, len(layers)))
+
+
+def layer_chains(text: str) -> list[list[str]]:
+    out = []
+    for ln in text.splitlines():
+        ln = ln.strip()
+        if ln.startswith("["):
+            try:
+                out.append(list(json.loads(ln)))
+            except ValueError:  # a cut line: that image's layers are not credited
+                continue
+        elif ln == "null":  # an image without layers
+            out.append([])
+    return out
+
+
+@dataclass(frozen=True)
+class Container:
+    id: str
+    name: str
+    image: str
+    state: str
+    command: str
+    labels: dict[str, str]
+
+
+def _labels(text: str) -> dict[str, str]:
+    out = {}
+    for part in (text or "").split(","):
+        if "=" in part:
+            k, _, v = part.partition("=")
+            out[k] = v
+    return out
+
+
+def docker_ps_json(text: str) -> list[Container]:
+    """`docker ps -a --no-trunc --format '{{json .}}'`: one JSON object per line."""
+    out = []
+    for line in text.strip().splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        d = json.loads(line)
+        out.append(Container(d.get("ID", ""), d.get("Names", ""), d.get("Image", ""), d.get("State", ""),
+                             d.get("Command", "").strip('"'), _labels(d.get("Labels", ""))))
+    return out
+
+
+# --- network ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Address:
+    ip: ipaddress.IPv4Address
+    network: ipaddress.IPv4Network
+
+
+@dataclass
+class Interface:
+    name: str
+    mtu: int
+    up: bool  # administratively up (flag UP)
+    lower_up: bool  # LOWER_UP: the link below is up
+    operstate: str
+    addresses: list[Address] = field(default_factory=list)
+    carrier: bool | None = None
+    speed_mbps: int | None = None
+    mac: str = ""  # link/ether address: tells a cluster node's port from a third machine's
+
+
+def ip_addr_json(text: str) -> dict[str, Interface]:
+    """`ip -j addr show`"""
+    out = {}
+    for d in json.loads(text or "[]"):
+        flags = d.get("flags", [])
+        iface = Interface(d["ifname"], int(d.get("mtu", 0)), "UP" in flags, "LOWER_UP" in flags,
+                          d.get("operstate", "UNKNOWN"), mac=str(d.get("address", "")).lower())
+        for a in d.get("addr_info", []):
+            if a.get("family") == "inet":
+                net = ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
+                iface.addresses.append(Address(ipaddress.IPv4Address(a["local"]), net))
+        out[iface.name] = iface
+    return out
+
+
+def carrier_lines(text: str) -> list[tuple[str, bool | None, int | None]]:
+    """Lines of `<ifname> <carrier 0|1|-> <speed Mb/s|-1|->`."""
+    out = []
+    for line in text.strip().splitlines():
+        parts = line.split()
+        if len(parts) != 3:
+            continue
+        name, carrier, speed = parts
+        c = None if carrier == "-" else carrier == "1"
+        s = int(speed) if speed.lstrip("-").isdigit() and int(speed) > 0 else None
+        out.append((name, c, s))
+    return out
+
+
+@dataclass(frozen=True)
+class Hca:
+    name: str
+    state: str  # "4: ACTIVE"
+    netdevs: tuple[str, ...]
+
+    @property
+    def active(self) -> bool:
+        return self.state.strip().endswith("ACTIVE") and self.state.strip().startswith("4")
+
+
+def hca_lines(text: str) -> dict[str, Hca]:
+    """Lines of `<hca>|<ports/1/state>|<netdev> <netdev>`."""
+    out = {}
+    for line in text.strip().splitlines():
+        parts = line.split("|")
+        if len(parts) != 3:
+            continue
+        out[parts[0]] = Hca(parts[0], parts[1].strip(), tuple(parts[2].split()))
+    return out
+
+
+_IBSTAT_STATE = {"active": "4: ACTIVE", "down": "1: DOWN", "init": "2: INIT", "armed": "3: ARMED"}
+
+
+def ibstat_states(text: str) -> dict[str, str]:
+    """`ibstat`: each CA's port 1 state in sysfs form ("4: ACTIVE"), so owners' published output
+    can be judged by the same checks as what the probe reads."""
+    out, ca, port = {}, None, None
+    for line in text.splitlines():
+        m = re.match(r"^CA '([^']+)'", line)
+        if m:
+            ca, port = m.group(1), None
+            continue
+        s = line.strip()
+        if s.startswith("Port ") and s.endswith(":"):
+            port = s[5:-1]
+        elif ca and port == "1" and s.startswith("State:"):
+            v = s.split(":", 1)[1].strip()
+            out[ca] = _IBSTAT_STATE.get(v.lower(), v)
+    return out
+
+
+@dataclass(frozen=True)
+class Gid:
+    hca: str
+    index: int
+    gid: str  # "0000:0000:0000:0000:0000:ffff:c613:0201"
+    type: str  # "RoCE v2", "IB/RoCE v1"
+    ndev: str  # the netdev the entry belongs to
+
+    @property
+    def ipv4(self) -> ipaddress.IPv4Address | None:
+        """The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), else None."""
+        try:
+            ip = ipaddress.IPv6Address(self.gid)
+        except ValueError:
+            return None
+        return ip.ipv4_mapped
+
+    @property
+    def roce_v2(self) -> bool:
+        return self.type.strip().lower() == "roce v2"
+
+
+def gid_lines(text: str) -> dict[str, list[Gid]]:
+    """Lines of `<hca>|<index>|<gid>|<gid_attrs/types/N>|<gid_attrs/ndevs/N>`, per HCA in index order."""
+    out: dict[str, list[Gid]] = {}
+    for line in text.strip().splitlines():
+        parts = line.split("|")
+        if len(parts) != 5 or not parts[1].isdigit():
+            continue
+        out.setdefault(parts[0], []).append(Gid(parts[0], int(parts[1]), parts[2].strip(), parts[3].strip(),
+                                                parts[4].strip()))
+    for gids in out.values():
+        gids.sort(key=lambda g: g.index)
+    return out
+
+
+def default_route_devs(text: str) -> list[str]:
+    """`ip -j route show default`: the interface(s) the default route(s) leave by."""
+    try:
+        routes = json.loads(text or "[]")
+    except json.JSONDecodeError:
+        return []
+    return [r["dev"] for r in routes if isinstance(r, dict) and r.get("dev")]
+
+
+def neigh_mac(text: str) -> str:
+    """`ip neigh show to IP dev IF`: the peer's MAC, "" when unresolved (FAILED/INCOMPLETE)."""
+    m = re.search(r"\blladdr\s+([0-9a-fA-F:]{17})\b", text)
+    return m.group(1).lower() if m else ""
+
+
+@dataclass(frozen=True)
+class Listener:
+    address: str
+    port: int
+    process: str
+    pid: int | None
+    container: str  # full container id from the process's cgroup, "" when on the host
+
+
+_SS = re.compile(r"^\S+\s+\d+\s+\d+\s+(?P<local>\S+)\s+\S+(?:\s+users:\(\(\"(?P<proc>[^\"]*)\",pid=(?P<pid>\d+)[^)]*\)[^ ]*)?.*?(?:container=(?P<cid>[0-9a-f]*))?$")
+
+
+def ss_listeners(text: str) -> list[Listener]:
+    """`ss -Htlnp` lines, each followed by ` container=<id>` (see facts.probe_script)."""
+    out = []
+    for line in text.strip().splitlines():
+        m = _SS.match(line.strip())
+        if not m:
+            continue
+        local = m.group("local")
+        addr, _, port = local.rpartition(":")
+        if not port.isdigit():
+            continue
+        out.append(Listener(addr, int(port), m.group("proc") or "?", int(m.group("pid")) if m.group("pid") else None,
+                            m.group("cid") or ""))
+    return out
+
+
+# --- memory and disk ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MemInfo:
+    total: int  # bytes
+    available: int
+    free: int
+
+
+def meminfo(text: str) -> MemInfo:
+    vals = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            vals[key] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+    return MemInfo(vals.get("MemTotal", 0), vals.get("MemAvailable", 0), vals.get("MemFree", 0))
+
+
+@dataclass(frozen=True)
+class Disk:
+    mount: str
+    size: int
+    available: int
+
+
+def df_lines(text: str) -> dict[str, Disk]:
+    """`df -PB1 PATH...`: keyed by mount point."""
+    out = {}
+    for line in text.strip().splitlines():
+        parts = line.split()
+        if len(parts) >= 6 and parts[1].isdigit():
+            out[parts[5]] = Disk(parts[5], int(parts[1]), int(parts[3]))
+    return out
+
+
+def ping_reason(text: str) -> str:
+    """The line of ping's output that says why: "message too long, mtu=1500" beats the summary."""
+    for line in text.splitlines():
+        if "mtu=" in line or "too long" in line or "unreachable" in line.lower():
+            return line.strip()
+    return last_line(text)
+
+
+@dataclass(frozen=True)
+class PingResult:
+    netdev: str
+    peer_node: str
+    peer_ip: str
+    size: int
+    ok: bool
+    detail: str
+    command: str
+    peer_mac: str = ""  # who answered, from the neighbour table after the ping
+
+
+def uptime_and_clock(text: str) -> tuple[float | None, float | None]:
+    """`cat /proc/uptime; date +%s.%N`: seconds since boot, and the node's clock (epoch seconds)."""
+    lines = text.split("\n")
+    def num(i: int, word: int) -> float | None:
+        try:
+            return float(lines[i].split()[word])
+        except (IndexError, ValueError):
+            return None
+    return num(0, 0), num(1, 0)
+
+
+def rfc3339(text: str) -> float | None:
+    """Docker's timestamps (`2026-11-22T07:56:19.336780425Z`, nanoseconds) as epoch seconds; None
+    for empty or docker's zero time."""
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text.strip())
+    if not m or m.group(1).startswith("0001-"):
+        return None
+    tz = "+00:00" if m.group(3) == "Z" else m.group(3)
+    base = datetime.fromisoformat(m.group(1) + tz).timestamp()
+    return base + (float("0." + m.group(2)) if m.group(2) else 0.0)

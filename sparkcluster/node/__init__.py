@@ -1,0 +1,1 @@
+"""The node side: what runs inside every sparkcluster container (standard library only)."""

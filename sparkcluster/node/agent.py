@@ -1,0 +1,82 @@
+"""The node agent: the foreground process of every sparkcluster container, and on the head the
+supervisor that keeps `vllm serve` serving without the controller.
+
+Why it lives here: the container is what Docker restarts (restart policy `unless-stopped`), so a
+reboot of a node brings back Ray and this agent together, with no unit file on the host and nothing
+to install beside the image. On every node it owns `ray start --block` (when Ray exits, the agent
+exits and Docker restarts the container, which re-joins Ray at the node's control IP), reports the
+node's MemAvailable on a read-only HTTP endpoint at the node's control IP, and removes the
+/dev/shm segments its container's processes mapped once none of them maps them any more. On the
+head it also supervises the engine: it starts `vllm serve` when `up` asks (desired state in
+DESIRED_PATH, secrets in a 0600 file beside it), waits until every node is a Ray member before
+any (re)start, watches progress rather than liveness, restarts within bounds, and stops the engine
+for good when a node runs short of memory. What it sees and does goes to a journal (JOURNAL_PATH).
+
+Why not Ray for the worker's memory: Ray reports a container's cgroup usage, not the node's
+MemAvailable (ray/_private/utils.py `get_used_memory`), and asking Ray anything else needs a driver
+of a few hundred MB in this process. The endpoint answers only figures; it takes no input.
+
+This package runs inside the image's own Python: standard library only. Its files are shipped into
+every container (node/ under contract.AGENT_DIR, with launcher.py as its __main__.py), so a change
+here changes the container's configuration hash.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+
+from .contract import CONFIG_PATH
+from .journal import Journal
+from .memreport import node_report, serve_reports
+from .shm import ShmJanitor
+from .supervisor import Supervisor
+
+
+def main(config_path: str = CONFIG_PATH) -> int:
+    with open(config_path) as f:
+        cfg = json.load(f)
+    journal = Journal()
+    journal.write("agent started", node=cfg["node"], role=cfg["role"])
+    # no Ray (a one-node deployment): a stand-in that never exits, so the loop below reads the same
+    ray = subprocess.Popen(cfg["ray_argv"]) if cfg.get("ray_argv") else subprocess.Popen(["sleep", "infinity"])
+    stopping = threading.Event()
+
+    def on_term(signum, frame):
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    try:
+        serve_reports(cfg["report_ip"], cfg["report_port"], lambda: node_report(cfg["node"], ray))
+    except OSError as e:  # the head then judges this node's memory blind: say so, keep Ray and the server
+        journal.write("memory report not served", address=f"{cfg['report_ip']}:{cfg['report_port']}", error=str(e))
+    janitor = ShmJanitor(journal)
+    sup = Supervisor(cfg, journal) if cfg["role"] == "head" else None
+    last_janitor = 0.0
+    while not stopping.is_set():
+        if ray.poll() is not None:
+            journal.write("ray exited", code=ray.returncode)
+            break
+        if sup is not None:
+            try:
+                sup.tick()
+            except Exception as e:  # a bug here must not take Ray and the container down with it
+                journal.write("supervisor error", error=f"{type(e).__name__}: {e}")
+        if time.time() - last_janitor >= 10:
+            last_janitor = time.time()
+            janitor.look()
+        interval = float(sup.policy()["interval_s"]) if sup else 5.0
+        stopping.wait(interval)
+    if sup is not None:
+        sup.stop("the container is stopping")
+    if ray.poll() is None:
+        ray.terminate()
+        try:
+            ray.wait(30)
+        except subprocess.TimeoutExpired:
+            ray.kill()
+    return 1 if ray.returncode not in (0, None) or not stopping.is_set() else 0

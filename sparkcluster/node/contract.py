@@ -1,0 +1,35 @@
+"""What the controller and the node agent agree on: where the agent's files live in a container,
+the supervisor's states (status shows them verbatim) and its default bounds.
+
+Standard library only, like everything in this package: it is shipped into every container."""
+
+from __future__ import annotations
+
+AGENT_DIR = "/opt/sparkcluster"  # the package's files, as `node/`, and the launcher as `__main__.py`
+CONFIG_PATH = "/etc/sparkcluster/agent.json"
+DESIRED_PATH = "/etc/sparkcluster/serve-desired.json"
+SECRETS_PATH = "/etc/sparkcluster/serve-secrets.json"
+RECORD_PATH = "/run/sparkcluster/serve.json"
+STATE_PATH = "/run/sparkcluster/supervisor.json"
+JOURNAL_PATH = "/var/log/sparkcluster/journal.jsonl"
+SERVE_LOG = "/var/log/sparkcluster/vllm-serve.log"
+JOURNAL_KEEP = 2000  # lines kept when the journal is trimmed
+
+# supervisor states (status shows them verbatim)
+IDLE, WAITING, STARTING, SERVING, RESTARTING = "idle", "waiting for nodes", "starting", "serving", "restarting"
+LIMIT, MEMORY, FAILED = "restart limit reached", "stopped: memory floor", "failed to start"
+
+DEFAULT_POLICY = {
+    "interval_s": 2.0,  # one look at the engine and the nodes
+    "probe_interval_s": 15.0,  # a one-token completion, while /health is 200
+    "probe_timeout_s": 20.0,
+    "stall_s": 60.0,  # requests running while the generated-token counter does not move
+    "health_failures": 3,  # consecutive failed /health after the engine served: gone
+    "memory_floor_gib": 6.0,
+    "memory_samples": 3,  # consecutive samples below the floor on any node
+    "max_restarts": 3,
+    "restart_window_s": 3600.0,
+    "backoff_s": 5.0,  # doubled per restart in the window, at most 60 s
+    "ready_timeout_s": 1800.0,
+    "stop_grace_s": 30.0,
+}

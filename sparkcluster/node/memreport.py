@@ -1,0 +1,35 @@
+"""Each node's memory report: MemAvailable (and whether Ray runs) on a read-only HTTP endpoint at
+the node's control IP, which the head's supervisor reads for its peers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .readings import mem_available
+
+
+def node_report(node: str, ray: subprocess.Popen) -> dict:
+    with open("/proc/meminfo") as f:
+        avail = mem_available(f.read())
+    return {"node": node, "mem_available": avail, "ray_alive": ray.poll() is None, "ts": time.time()}
+
+
+def serve_reports(address: str, port: int, report) -> None:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = json.dumps(report()).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):  # one line per poll would drown the container's log
+            pass
+
+    httpd = ThreadingHTTPServer((address, port), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()

@@ -1,0 +1,243 @@
+"""The head's supervisor: starts `vllm serve` when `up` asks (desired state file, secrets in a 0600
+file beside it), waits until every node is a Ray member before any (re)start, looks at the engine
+every interval, and acts on the verdict (verdict.py) within its bounds: restart with backoff,
+stop for good when a node runs short of memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+
+from .contract import (
+    DEFAULT_POLICY,
+    DESIRED_PATH,
+    FAILED,
+    IDLE,
+    LIMIT,
+    MEMORY,
+    RECORD_PATH,
+    RESTARTING,
+    SECRETS_PATH,
+    SERVE_LOG,
+    SERVING,
+    STARTING,
+    STATE_PATH,
+    WAITING,
+)
+from .journal import Journal, read_json, write_json
+from .readings import engine_figures, http_status, mem_available, one_token
+from .verdict import Look, Watch, backoff, restarts_left, verdict
+
+
+class Supervisor:
+    def __init__(self, cfg: dict, journal: Journal):
+        self.cfg, self.journal = cfg, journal
+        self.proc: subprocess.Popen | None = None
+        self.generation: str | None = None
+        self.watch: Watch | None = None
+        self.restarts: list[float] = []
+        self.causes: list[dict] = []
+        self.state, self.since = IDLE, time.time()
+        self.next_start = 0.0
+        self.last_probe = 0.0
+        self.first_start = True  # the start `up` asked for is not retried: a bad flag stays visible
+        self.rate: float | None = None  # generated tokens per second over the last interval
+        self._last_count: tuple[float, float] | None = None
+        self._policy: dict = dict(DEFAULT_POLICY)
+
+    # -- state
+    def set_state(self, state: str, **detail) -> None:
+        if state != self.state:
+            self.state, self.since = state, time.time()
+            self.journal.write(f"state: {state}", **detail)
+        self.save()
+
+    def save(self) -> None:
+        policy = self.policy()
+        self.restarts = [t for t in self.restarts if time.time() - t < float(policy["restart_window_s"])]
+        write_json(STATE_PATH, {"state": self.state, "since": self.since, "updated": time.time(),
+                                "generation": self.generation, "pid": self.proc.pid if self.proc else None,
+                                "restarts": self.restarts, "causes": self.causes[-5:],
+                                "tokens_per_s": self.rate if self.proc else None, "policy": policy})
+
+    def policy(self, desired: dict | None = None) -> dict:
+        """The bounds of the desired state just read (each tick reads it once), else the last known."""
+        if desired is not None:
+            self._policy = {**DEFAULT_POLICY, **(desired.get("policy") or {})}
+        return self._policy
+
+    def adopt(self, desired: dict) -> None:
+        """A server `up` asked for, or (after this container restarted: a reboot, a crash) the one
+        it asked for before, whose restart count and final verdicts carry over: a reboot does not
+        reset the bound, and a server stopped for memory stays stopped."""
+        self.stop("replaced by a new start from sparkcluster up")
+        before = read_json(STATE_PATH) or {}
+        self.generation, self.next_start = desired.get("generation"), 0.0
+        if before.get("generation") == self.generation:
+            self.restarts, self.causes = list(before.get("restarts") or []), list(before.get("causes") or [])
+            self.first_start = False
+            self.state = before.get("state") if before.get("state") in (LIMIT, MEMORY, FAILED) else self.state
+            self.journal.write("resumed after the container restarted", state=self.state, restarts=len(self.restarts))
+        else:
+            self.restarts, self.causes, self.first_start = [], [], True
+            if self.state in (LIMIT, MEMORY, FAILED):
+                self.state = IDLE
+
+    # -- the engine
+    def start(self, desired: dict) -> None:
+        secrets = read_json(SECRETS_PATH) or {}
+        env = {**os.environ, **{k: str(v) for k, v in secrets.items()}}
+        os.makedirs(os.path.dirname(SERVE_LOG), exist_ok=True)
+        log = open(SERVE_LOG, "ab")
+        self.proc = subprocess.Popen(desired["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        record = {k: desired.get(k) for k in ("profile", "model", "port", "salt", "secrets_digest", "generation", "policy")}
+        write_json(RECORD_PATH, {**record, "pid": self.proc.pid, "exec_id": "", "started_at": time.time()})
+        self.watch = Watch(started=time.time())
+        self.journal.write("vllm serve started", pid=self.proc.pid, generation=desired.get("generation"))
+        self.set_state(STARTING)
+
+    def stop(self, why: str) -> None:
+        if self.proc is None:
+            return
+        grace = float(self.policy()["stop_grace_s"])
+        pid = self.proc.pid
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.journal.write("vllm serve stopped", pid=pid, why=why, exit=self.proc.poll())
+        self.proc = None
+        try:
+            os.unlink(RECORD_PATH)  # a stale record would name a PID that may be reused
+        except FileNotFoundError:
+            pass
+
+    # -- looks
+    def nodes_ready(self) -> str | None:
+        """None when every node is a live Ray member with its GPUs, else what is missing."""
+        if not self.cfg.get("ray_argv"):  # one node, no Ray: nothing to wait for
+            return None
+        try:
+            with urllib.request.urlopen(self.cfg["state_api"], timeout=3) as r:
+                doc = json.loads(r.read())
+            rows = doc["data"]["result"]["result"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return "Ray's state API does not answer yet"
+        alive = [r for r in rows if r.get("state") == "ALIVE"]
+        for want in self.cfg["nodes"]:
+            gpus = sum(float(r.get("resources_total", {}).get("GPU", 0)) for r in alive if r.get("node_ip") == want["ip"])
+            if gpus < want["gpus"]:
+                return f"{want['name']} is not a Ray member at {want['ip']} with {want['gpus']} GPU(s)"
+        return None
+
+    def low_memory(self, policy: dict) -> dict[str, int]:
+        floor = float(policy["memory_floor_gib"]) * 2**30
+        seen: dict[str, int | None] = {}
+        with open("/proc/meminfo") as f:
+            seen[self.cfg["node"]] = mem_available(f.read())
+        for peer in self.cfg.get("peers", []):
+            try:
+                with urllib.request.urlopen(f"http://{peer['ip']}:{self.cfg['report_port']}/", timeout=1) as r:
+                    seen[peer["name"]] = json.loads(r.read()).get("mem_available")
+            except (OSError, ValueError):
+                continue  # a node that does not answer is Ray's membership question, not memory
+        return {n: v for n, v in seen.items() if v is not None and v < floor}
+
+    def look(self, desired: dict, policy: dict) -> Look:
+        base = f"http://127.0.0.1:{desired['port']}"
+        look = Look(now=time.time(), alive=self.proc is not None and self.proc.poll() is None,
+                    low_memory=self.low_memory(policy))
+        if not look.alive:
+            return look
+        look.health = http_status(f"{base}/health", 3)
+        if look.health != 200:
+            return look
+        try:
+            with urllib.request.urlopen(f"{base}/metrics", timeout=3) as r:
+                look.running, look.generated = engine_figures(r.read().decode(errors="replace"))
+        except (OSError, ValueError):
+            pass
+        if look.generated is not None:
+            if self._last_count and look.now > self._last_count[0]:
+                self.rate = max(0.0, (look.generated - self._last_count[1]) / (look.now - self._last_count[0]))
+            self._last_count = (look.now, look.generated)
+        due = not self.watch.ready or look.now - self.last_probe >= float(policy["probe_interval_s"])
+        if due:
+            self.last_probe = look.now
+            look.probe = one_token(base, desired["model"], (read_json(SECRETS_PATH) or {}).get("VLLM_API_KEY"),
+                                   float(policy["probe_timeout_s"]))
+        return look
+
+    # -- one turn of the loop
+    def tick(self) -> None:
+        desired = read_json(DESIRED_PATH)
+        if desired is None and os.path.exists(DESIRED_PATH):  # caught mid-write: the next look has it
+            return
+        if desired is None or not desired.get("argv"):
+            if self.proc is not None:
+                self.stop("disabled (sparkcluster down, or up replacing the server)")
+            self.generation = None
+            self.set_state(IDLE)
+            return
+        policy = self.policy(desired)
+        if desired.get("generation") != self.generation:
+            self.adopt(desired)
+        if self.state in (LIMIT, MEMORY, FAILED):
+            self.save()
+            return
+        if self.proc is None:
+            if time.time() < self.next_start:
+                return
+            if not self.first_start and not policy.get("act", True):
+                self.set_state(IDLE, why="supervision is off in the profile: nothing is restarted")
+                return
+            missing = self.nodes_ready()
+            if missing:
+                self.set_state(WAITING, missing=missing)
+                return
+            if read_json(DESIRED_PATH) is None:  # `down` won the race
+                return
+            self.start(desired)
+            return
+        look = self.look(desired, policy)
+        found = verdict(self.watch, look, policy)
+        if found is None:
+            if self.watch.ready:
+                self.first_start = False
+                self.set_state(SERVING)
+            else:
+                self.save()
+            return
+        kind, cause = found
+        if not policy.get("act", True):  # watched, journalled once, left alone
+            if not self.causes or self.causes[-1]["cause"] != cause:
+                self.causes.append({"ts": time.time(), "kind": kind, "cause": cause})
+                self.journal.write(kind, cause=cause, action="none: supervision is off in the profile")
+            self.save()
+            return
+        self.causes.append({"ts": time.time(), "kind": kind, "cause": cause})
+        self.journal.write(kind, cause=cause)
+        self.stop(cause)
+        if kind == "memory":
+            self.set_state(MEMORY, cause=cause, fix="lower gpu_memory_utilization or add enforce_eager in the "
+                           "profile, then sparkcluster up")
+        elif self.first_start:
+            self.set_state(FAILED, cause=cause)
+        elif restarts_left(self.restarts, time.time(), policy) <= 0:
+            self.set_state(LIMIT, cause=cause, restarts=len(self.restarts))
+        else:
+            self.restarts.append(time.time())
+            self.next_start = time.time() + backoff(self.restarts, time.time(), policy)
+            self.set_state(RESTARTING, cause=cause, attempt=len(self.restarts))

@@ -1,0 +1,80 @@
+"""A Docker Engine API client that rides an existing SSH connection.
+
+The docker SDK's own ssh:// support opens a second SSH connection with its own host-key handling;
+here its adapter is given our already-verified paramiko client instead, so each API request opens a
+channel running `docker system dial-stdio` on the host we are connected to.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import docker
+import paramiko
+import requests
+from docker.transport.sshconn import SSHHTTPAdapter
+from requests.adapters import HTTPAdapter
+
+from sparkcluster.errors import EngineUnreachable
+
+# What "the engine did not answer" looks like from the SDK over our SSH channel. Anything the
+# engine itself answers (docker.errors.NotFound for absent, APIError otherwise) passes through.
+UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, paramiko.SSHException,
+               EOFError, ConnectionError, TimeoutError)
+
+API_VERSION = "1.41"  # Docker 20.10 and newer; DGX OS ships newer engines, all of which accept it
+BASE_URL = "http+docker://ssh"
+
+
+class _SharedConnectionAdapter(SSHHTTPAdapter):
+    """SSHHTTPAdapter without its own connect: it uses the paramiko client it is given."""
+
+    def __init__(self, ssh_client, timeout: int = 120, max_pool_size: int = 4):
+        self.ssh_client = ssh_client
+        self.ssh_params = {}
+        self.ssh_host = "ssh"
+        self.timeout = timeout
+        self.max_pool_size = max_pool_size
+        from docker.transport.sshconn import RecentlyUsedContainer
+
+        self.pools = RecentlyUsedContainer(4, dispose_func=lambda p: p.close())
+        HTTPAdapter.__init__(self)
+
+    def _connect(self):  # the connection is owned by ssh.Host
+        return None
+
+    def close(self):
+        self.pools.clear()
+
+
+class GuardedAPI:
+    """The SDK's APIClient, with "the engine did not answer" turned into `EngineUnreachable`
+    naming the node: a caller that treats NotFound as "absent" can never mistake a dead engine
+    for an empty one."""
+
+    def __init__(self, api: docker.APIClient, host: str):
+        self._api, self._host = api, host
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._api, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args, **kwargs):
+            try:
+                return attr(*args, **kwargs)
+            except UNREACHABLE as e:
+                raise EngineUnreachable(self._host, name, e) from e
+        return call
+
+
+def client_over(ssh_client, host: str, timeout: int = 120) -> docker.DockerClient:
+    api = docker.APIClient(base_url="http://localhost:2375", version=API_VERSION, timeout=timeout)
+    adapter = _SharedConnectionAdapter(ssh_client, timeout=timeout)
+    api.mount(BASE_URL, adapter)
+    api._custom_adapter = adapter
+    api.base_url = BASE_URL
+    client = docker.DockerClient.__new__(docker.DockerClient)
+    client.api = GuardedAPI(api, host)
+    return client

@@ -1,0 +1,145 @@
+"""Run one function per host in parallel; collect per-host outcomes as values.
+
+Like fabric's GroupResult: a failure on one host does not hide the others' results, and the caller
+decides whether a stage fails as a whole.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Generic, Iterable, TypeVar
+
+from sparkcluster.config.inventory import Inventory, Node
+from sparkcluster.errors import CommandFailed, SparkError, StageError, StepFailure
+from sparkcluster.remote import ssh
+
+K = TypeVar("K")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class HostOutcome(Generic[T]):
+    host: str
+    value: T | None = None
+    error: BaseException | None = None
+    duration: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class GroupResult(dict[str, HostOutcome[T]]):
+    @property
+    def succeeded(self) -> dict[str, T]:
+        return {h: o.value for h, o in self.items() if o.ok}
+
+    @property
+    def failed(self) -> dict[str, BaseException]:
+        return {h: o.error for h, o in self.items() if not o.ok}
+
+    def values_or_raise(self, stage: str) -> dict[str, T]:
+        """Every host's value, or a StageError naming each host that failed."""
+        if not self.failed:
+            return self.succeeded
+        failures: list[StepFailure] = []
+        for host, err in self.failed.items():
+            if isinstance(err, StageError):
+                failures.extend(err.failures)
+            elif isinstance(err, CommandFailed):
+                r = err.result
+                failures.append(StepFailure(host, stage, err.reason, r.command, r.tail(), err.fix))
+            elif isinstance(err, SparkError):
+                failures.append(StepFailure(host, stage, err.message, fix=err.fix))
+            else:
+                raise err  # a bug, not a host's failure: let the CLI log the traceback
+        raise StageError(stage, failures)
+
+
+def run_each(items: Iterable[tuple[str, K]], fn: Callable[[K], T], max_workers: int | None = None) -> GroupResult[T]:
+    pairs = list(items)
+    result: GroupResult[T] = GroupResult()
+    if not pairs:
+        return result
+
+    def one(name: str, item: K) -> HostOutcome[T]:
+        started = time.monotonic()
+        try:
+            return HostOutcome(name, fn(item), None, time.monotonic() - started)
+        except BaseException as e:  # noqa: BLE001 - the outcome carries it to the caller
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            return HostOutcome(name, None, e, time.monotonic() - started)
+
+    with ThreadPoolExecutor(max_workers=max_workers or len(pairs), thread_name_prefix="fanout") as pool:
+        futures = [pool.submit(one, name, item) for name, item in pairs]
+        for f in futures:
+            o = f.result()
+            result[o.host] = o
+    return result
+
+
+def connect_all(inv: Inventory, nodes: list[Node] | None = None) -> GroupResult[ssh.Host]:
+    """Open one connection to each host, all at once."""
+    settings = ssh.Settings.from_inventory(inv)
+    targets = nodes if nodes is not None else inv.nodes
+    return run_each(((n.name, n) for n in targets), lambda n: ssh.connect(n, settings))
+
+
+def connect_reachable(inv: Inventory, nodes: list[Node] | None = None) -> tuple["Cluster", dict[str, SparkError]]:
+    """Connect to every node at once and go on with those that answer: for the commands that
+    report on (or clean) what they can reach. An unreachable node is a value; a bug still raises."""
+    res = connect_all(inv, nodes)
+    bugs = [e for e in res.failed.values() if not isinstance(e, SparkError)]
+    if bugs:
+        for h in res.succeeded.values():
+            h.close()
+        raise bugs[0]
+    return Cluster(inv, res.succeeded), dict(res.failed)
+
+
+class Cluster:
+    """The connected hosts of one invocation; closes them all on exit."""
+
+    def __init__(self, inv: Inventory, hosts: dict[str, ssh.Host]):
+        self.inventory = inv
+        self.hosts = hosts
+
+    @classmethod
+    def connect(cls, inv: Inventory, nodes: list[Node] | None = None) -> "Cluster":
+        """Every node (or `nodes`) connected, or an error naming each that is not."""
+        res = connect_all(inv, nodes)
+        if res.failed:
+            for h in res.succeeded.values():
+                h.close()
+            errors = list(res.failed.values())
+            first = errors[0]
+            if len(errors) == 1 and isinstance(first, SparkError):
+                raise first
+            res.values_or_raise("connect")
+        return cls(inv, {name: o.value for name, o in res.items()})
+
+    @property
+    def head(self) -> ssh.Host:
+        return self.hosts[self.inventory.head.name]
+
+    @property
+    def workers(self) -> list[ssh.Host]:
+        return [self.hosts[n.name] for n in self.inventory.workers if n.name in self.hosts]
+
+    def each(self, fn: Callable[[ssh.Host], T], hosts: list[ssh.Host] | None = None) -> GroupResult[T]:
+        targets = hosts if hosts is not None else list(self.hosts.values())
+        return run_each(((h.name, h) for h in targets), fn)
+
+    def close(self) -> None:
+        for h in self.hosts.values():
+            h.close()
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

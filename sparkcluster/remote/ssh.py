@@ -1,0 +1,346 @@
+"""One SSH connection per host, and the runner interface everything above is built on.
+
+`Host.run(cmd, timeout) -> CommandResult` is the only way the rest of sparkcluster executes a command
+on a node. It fails loudly: a non-zero exit or a timeout raises `CommandFailed` carrying the result,
+unless the caller passes `warn=True` and reads the result itself; `Host.docker()` gives a Docker Engine API client that rides the same SSH connection (each
+API request is a `docker system dial-stdio` channel), so one invocation opens one connection per
+host. Nothing outside this module and `dockerapi` touches paramiko.
+
+Host keys are checked strictly against known_hosts: an unknown key is refused with its fingerprint,
+a changed key with the `ssh-keygen -R` hint; neither is ever added. Fabric's Connection defaults to
+AutoAddPolicy, so the policy is replaced explicitly.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shlex
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import paramiko
+from fabric import Config, Connection
+
+from sparkcluster import log, redact
+from sparkcluster.config.inventory import Inventory, Node
+from sparkcluster.errors import AuthError, CommandFailed, ConnectError, HostKeyError
+from sparkcluster.remote import retry
+
+_log = log.get(__name__)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    host: str
+    command: str  # as run, with secrets masked
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def tail(self, lines: int = 10) -> str:
+        text = (self.stderr.strip() + "\n" + self.stdout.strip()).strip() if self.stderr.strip() else self.stdout
+        return redact.mask("\n".join(text.splitlines()[-lines:]))
+
+
+def command_line(cmd: str | Sequence[str]) -> str:
+    """An argv list is quoted for the remote shell; a string is taken as a finished shell line."""
+    return cmd if isinstance(cmd, str) else shlex.join(cmd)
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class _StrictPolicy(paramiko.MissingHostKeyPolicy):
+    def __init__(self, node: str, known_hosts: list[Path]):
+        self.node = node
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        files = ", ".join(str(p) for p in self.known_hosts) or "~/.ssh/known_hosts"
+        raise HostKeyError(
+            self.node,
+            f"host key for {hostname} is not in known_hosts ({key.get_name()} {fingerprint(key)}); refusing to connect",
+            f"verify the fingerprint on the host (ssh-keygen -lf /etc/ssh/ssh_host_{_short(key)}_key.pub), "
+            f"then add it to {files} (ssh-keyscan -t {_short(key)} {hostname} >> {self.known_hosts[0] if self.known_hosts else '~/.ssh/known_hosts'})",
+        )
+
+
+def _short(key: paramiko.PKey) -> str:
+    name = key.get_name()
+    return {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(name, "ecdsa" if "ecdsa" in name else name)
+
+
+KEEPALIVE_INTERVAL_S = 5.0
+KEEPALIVE_DEAD_S = 15.0  # no reply to a keepalive for this long: the host is gone
+
+
+class Host:
+    """A connected node. Create with `connect()`; close with `close()`."""
+
+    def __init__(self, node: Node, conn: Connection):
+        self.node = node
+        self.name = node.name
+        self._conn = conn
+        self._docker = None
+        self.lost = ""  # why the connection was declared dead (no keepalive answer), else ""
+        transport = conn.client.get_transport()
+        if transport is not None:
+            threading.Thread(target=self._watch, args=(transport,), daemon=True, name=f"keepalive-{self.name}").start()
+
+    def _watch(self, transport) -> None:
+        """ServerAliveInterval/CountMax for paramiko: a host that stops answering (cable pulled) would
+        leave every channel, Docker API calls included, blocked for up to an hour. Close the transport
+        instead, so everything waiting on this host fails at once and the others go on."""
+        while transport.is_active():
+            answered = threading.Event()
+
+            def ping() -> None:
+                try:
+                    transport.global_request("keepalive@openssh.com", wait=True)  # any reply (even failure)
+                except Exception:  # noqa: BLE001 - the transport is closing anyway
+                    pass
+                answered.set()
+
+            threading.Thread(target=ping, daemon=True).start()
+            if not answered.wait(KEEPALIVE_DEAD_S):
+                if transport.is_active():
+                    self.lost = f"no answer from {self.name} over SSH for {KEEPALIVE_DEAD_S:g}s (connection lost)"
+                    _log.warning("ssh connection lost", host=self.name, seconds=KEEPALIVE_DEAD_S)
+                    transport.close()
+                return
+            for _ in range(int(KEEPALIVE_INTERVAL_S * 10)):
+                if not transport.is_active():
+                    return
+                time.sleep(0.1)
+
+    def _channel(self, timeout: float):
+        """A new session channel; a connection that is gone is a ConnectError naming the host."""
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectError(self.name, self.lost or "the SSH connection was lost", "check the host's network and sshd, then retry")
+        try:
+            return transport.open_session(timeout=timeout)
+        except (paramiko.SSHException, EOFError, OSError) as e:  # it died between the check and the open
+            raise ConnectError(self.name, self.lost or f"the SSH connection was lost ({e})",
+                               "check the host's network and sshd, then retry") from None
+
+    @property
+    def address(self) -> str:
+        return self._conn.host
+
+    def run(self, cmd: str | Sequence[str], timeout: float = 30.0, stdin: bytes | None = None, *,
+            warn: bool = False) -> CommandResult:
+        """Run a command and wait for it. Raises `CommandFailed` when it exits non-zero or times out,
+        unless `warn` (then the caller reads `ok`, `exit_code` and the output itself)."""
+        line = command_line(cmd)
+        shown = redact.mask(line)
+        started = time.monotonic()
+        chan = self._channel(timeout)
+        chan.settimeout(timeout)
+        out, err = bytearray(), bytearray()
+        timed_out = False
+        try:
+            chan.exec_command(line)
+            if stdin is not None:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            deadline = started + timeout
+            while True:
+                if chan.recv_ready():
+                    out += chan.recv(65536)
+                    continue
+                if chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                    continue
+                # the exit status can arrive before the last data is read: stop only at EOF too
+                if chan.exit_status_ready() and chan.eof_received and not chan.recv_ready() \
+                        and not chan.recv_stderr_ready():
+                    break
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                time.sleep(0.005)
+            code = chan.recv_exit_status() if not timed_out else -1
+        except socket.timeout:
+            timed_out, code = True, -1
+        finally:
+            chan.close()
+        res = CommandResult(self.name, shown, code, out.decode(errors="replace"), err.decode(errors="replace"),
+                     time.monotonic() - started, timed_out)
+        _log.debug("ran", host=self.name, command=shown, exit_code=code, seconds=round(res.duration, 3),
+                   timed_out=timed_out)
+        if not res.ok and not warn:
+            raise CommandFailed(res)
+        return res
+
+    def start(self, cmd: str | Sequence[str], timeout: float = 600.0) -> "RemoteProcess":
+        """Start a long-running command; read its stderr lines as they come, then `wait()`."""
+        line = command_line(cmd)
+        chan = self._channel(30)
+        chan.exec_command(line)
+        _log.debug("started", host=self.name, command=redact.mask(line))
+        return RemoteProcess(self.name, redact.mask(line), chan, timeout)
+
+    def docker(self):
+        """A docker SDK client over this host's SSH connection (created once)."""
+        if self._docker is None:
+            from sparkcluster.remote.dockerapi import client_over
+
+            self._docker = client_over(self._conn.client, self.name)
+        return self._docker
+
+    def close(self) -> None:
+        if self._docker is not None:
+            try:
+                self._docker.close()
+            except Exception:  # closing is best effort
+                pass
+        self._conn.close()
+
+
+class RemoteProcess:
+    """A command running on a host over its own channel. Closing the channel (or losing the
+    connection) ends the remote side's stdin, which is how the cluster lock is released."""
+
+    def __init__(self, host: str, command: str, chan, timeout: float):
+        self.host, self.command, self._chan = host, command, chan
+        self._started = time.monotonic()
+        self._deadline = self._started + timeout
+        self._out, self._err_buf, self._err_all = bytearray(), bytearray(), bytearray()
+
+    def _pump(self) -> None:
+        while self._chan.recv_ready():
+            self._out += self._chan.recv(65536)
+        while self._chan.recv_stderr_ready():
+            data = self._chan.recv_stderr(65536)
+            self._err_buf += data
+            self._err_all += data
+
+    def stderr_lines(self, poll: float = 0.05):
+        """Yield stderr lines until the command ends (or its deadline passes)."""
+        while True:
+            self._pump()
+            while b"\n" in self._err_buf:
+                line, _, rest = self._err_buf.partition(b"\n")
+                self._err_buf = bytearray(rest)
+                yield line.decode(errors="replace")
+            if self._chan.exit_status_ready() and not self._chan.recv_ready() and not self._chan.recv_stderr_ready():
+                return
+            if time.monotonic() > self._deadline:
+                return
+            time.sleep(poll)
+
+    def wait(self) -> CommandResult:
+        for _ in self.stderr_lines():
+            pass
+        timed_out = not self._chan.exit_status_ready()
+        if timed_out:
+            self._chan.close()
+        code = -1 if timed_out else self._chan.recv_exit_status()
+        self._pump()
+        return CommandResult(self.host, self.command, code, self._out.decode(errors="replace"),
+                      self._err_all.decode(errors="replace"), time.monotonic() - self._started, timed_out)
+
+    def close(self) -> None:
+        self._chan.close()
+
+
+@dataclass(frozen=True)
+class Settings:
+    ssh_config: Path | None
+    known_hosts: Path | None
+    connect_timeout: float
+    attempts: int
+
+    @classmethod
+    def from_inventory(cls, inv: Inventory) -> "Settings":
+        c = inv.cluster
+        return cls(inv.resolve(c.ssh_config), inv.resolve(c.known_hosts), c.connect_timeout, c.connect_attempts)
+
+
+def _parse_target(target: str) -> tuple[str | None, str, int | None]:
+    user, _, rest = target.rpartition("@")
+    host, port = rest, None
+    if rest.startswith("["):
+        host, _, p = rest[1:].partition("]")
+        port = int(p[1:]) if p.startswith(":") else None
+    elif rest.count(":") == 1:
+        host, p = rest.split(":")
+        port = int(p)
+    return (user or None), host, port
+
+
+def _make_connection(node: Node, settings: Settings) -> tuple[Connection, list[Path]]:
+    cfg = Config(runtime_ssh_path=str(settings.ssh_config)) if settings.ssh_config else Config()
+    if settings.ssh_config:
+        cfg.load_ssh_config()
+    user, host, port = _parse_target(node.ssh)
+    conn = Connection(host, user=user, port=port, config=cfg, connect_timeout=int(max(1, settings.connect_timeout)),
+                      connect_kwargs={"banner_timeout": settings.connect_timeout,
+                                      "auth_timeout": settings.connect_timeout,
+                                      "allow_agent": False})
+    files: list[Path] = []
+    if settings.known_hosts:
+        files.append(settings.known_hosts)
+    for f in conn.ssh_config.get("userknownhostsfile", "").split():
+        files.append(Path(f).expanduser())
+    if not files:
+        files.append(Path("~/.ssh/known_hosts").expanduser())
+    for f in files:
+        if f.is_file():
+            conn.client.load_host_keys(str(f))
+    conn.client.set_missing_host_key_policy(_StrictPolicy(node.name, files))
+    if conn.ssh_config.get("identitiesonly", "no").lower() == "yes":
+        conn.connect_kwargs["look_for_keys"] = False
+    return conn, files
+
+
+def connect(node: Node, settings: Settings) -> Host:
+    conn, files = _make_connection(node, settings)
+
+    def attempt() -> Host:
+        try:
+            conn.open()
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as e:
+            raise HostKeyError(
+                node.name,
+                f"host key for {e.hostname} has CHANGED (now {e.key.get_name()} {fingerprint(e.key)}); refusing to connect",
+                f"if the host was reinstalled, remove the old key with: ssh-keygen -f {files[0]} -R {_known_hosts_name(conn)}",
+            ) from None
+        except paramiko.AuthenticationException as e:
+            raise AuthError(node.name, f"authentication refused for {conn.user}@{conn.host}: {e}",
+                            "check the key named by IdentityFile in your ssh config and the host's authorized_keys") from None
+        except paramiko.SSHException as e:
+            if "not found in known_hosts" in str(e):
+                raise HostKeyError(node.name, str(e), f"add the host key to {files[0]}") from None
+            raise retry.Transient(node.name, f"SSH handshake with {conn.host}:{conn.port} failed: {e}") from None
+        except (socket.timeout, TimeoutError) as e:
+            raise retry.Transient(node.name, f"no answer from {conn.host}:{conn.port} within {settings.connect_timeout:g}s ({e or 'timeout'})") from None
+        except (OSError, EOFError) as e:
+            raise retry.Transient(node.name, f"cannot reach {conn.host}:{conn.port}: {e}") from None
+        return Host(node, conn)
+
+    try:
+        return retry.transient(attempt, attempts=settings.attempts, what=f"ssh {node.name}")
+    except retry.Transient as e:
+        raise ConnectError(node.name, f"{e.message} (after {settings.attempts} attempt(s))",
+                           f"check that {node.ssh} is up and its sshd listens on port {conn.port}") from None
+
+
+def _known_hosts_name(conn: Connection) -> str:
+    return conn.host if conn.port == 22 else f"[{conn.host}]:{conn.port}"

@@ -1,0 +1,169 @@
+"""`up`: from two bare Sparks to a TP=2 endpoint that answers.
+
+The flow is the architecture: lint, connect, lock, gather facts and check (preflight), make a plan
+from the facts (`plan.make_plan`: the ordered steps of every stage), then execute those same steps
+(`execute`). `--dry-run` prints the plan and stops. This module keeps only the order, the lock,
+the rollback and the summary.
+
+Rollback follows what existed before the run: what this run created (its containers, its server)
+is removed; what was already there is left alone unless the plan itself replaced it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+from sparkcluster import log
+from sparkcluster.config import lint
+from sparkcluster.config import profile as profiles
+from sparkcluster.config.inventory import Inventory
+from sparkcluster.day2 import deployments, endpoint, server, supervision, teardown
+from sparkcluster.errors import InputError, SparkError, StageError, StepFailure
+from sparkcluster.labels import ROLE_LABEL
+from sparkcluster.remote.fanout import Cluster, connect_reachable
+from sparkcluster.remote.lock import NodeLocks
+from sparkcluster.up.execute import Progress, Run, execute, record_preflight
+from sparkcluster.up.plan import Plan, make_plan
+from sparkcluster.up.stages import gate as preflight_stage
+
+_log = log.get(__name__)
+# how long a serving engine may take to answer one token before `up` calls it wedged
+WEDGE_PROBE_S = 20.0
+
+
+@dataclass
+class UpSummary:
+    unchanged: bool
+    endpoint: str
+    model: str
+    pid: int | None
+    seconds: dict[str, float]
+
+
+def run(inv: Inventory, prof: profiles.Profile, secrets: dict[str, str], progress: Progress, *,
+        dry_run: bool = False, replace: bool = False, command: str = "up", node: str | None = None) -> UpSummary | Plan:
+    """`inv` is the whole inventory; the run touches the deployment's nodes only (`node`, or all)."""
+    full, inv = inv, deployments.target(inv, prof, node)
+    problems = lint.lint(prof, inv)
+    if problems:
+        raise InputError(f"profile '{prof.name}' fails lint ({len(problems)} problem(s))",
+                         f"fix the profile, then check with: sparkcluster profile lint {prof.name}",
+                         details=[p.line() for p in problems])
+    t0 = time.monotonic()
+    progress.stage("preflight")
+    # one connection per node for the whole run; a node this run does not touch may be away
+    everyone, unreachable = connect_reachable(full)
+    with everyone:
+        found = deployments.on(everyone, full)
+        others = deployments.conflicts(found, inv, prof.name)
+        if others and not replace:
+            what = "; ".join(d.describe() for d in others)
+            flag = f" --node {node}" if node else ""
+            raise InputError(f"{what} runs on the node(s) this deployment needs; up --profile {prof.name}{flag} "
+                             "would replace it (they share the nodes' memory)",
+                             f"sparkcluster up --profile {prof.name}{flag} --replace (or sparkcluster down first)")
+        # the deployments replaced elsewhere too (a pair, when one of its nodes is wanted alone)
+        away = [d for d in others if set(d.nodes) != {n.name for n in inv.nodes}]
+        touched = full.only(sorted({n.name for n in inv.nodes} | {x for d in away for x in d.nodes}))
+        _all_reachable(touched, unreachable)
+        # a dry run changes nothing, so it neither takes nor waits for the lock
+        with contextlib.nullcontext() if dry_run else NodeLocks(everyone, touched, command):
+            if away and dry_run:
+                progress.info("would first take down " + "; ".join(d.describe() for d in away))
+            for d in [] if dry_run else away:
+                progress.info(f"taking down {d.describe()} first (--replace)")
+                teardown.down(Cluster(full.only(list(d.nodes)), {n: everyone.hosts[n] for n in d.nodes}))
+            cluster = Cluster(inv, {n.name: everyone.hosts[n.name] for n in inv.nodes})
+            return _run_locked(cluster, inv, prof, secrets, progress, dry_run, replace or bool(others), t0)
+
+
+def _all_reachable(touched: Inventory, unreachable: dict) -> None:
+    """Every node the run touches answered, or the error naming each that did not."""
+    missing = {n.name: unreachable[n.name] for n in touched.nodes if n.name in unreachable}
+    if not missing:
+        return
+    errors = list(missing.values())
+    if len(errors) == 1 and isinstance(errors[0], SparkError):
+        raise errors[0]
+    raise StageError("connect", [StepFailure(n, "connect", getattr(e, "message", str(e)), fix=getattr(e, "fix", None))
+                                 for n, e in missing.items()])
+
+
+def _old_server(cluster: Cluster, inv: Inventory, facts) -> server.Record | None:
+    """The server that runs in our head container now, if any. An engine that does not answer
+    fails here (EngineUnreachable): it is never taken for "no server", which would restart one."""
+    heads = [c for c in facts[inv.head.name].ours if c.get("Config", {}).get("Labels", {}).get(ROLE_LABEL) == "head"
+             and c.get("State", {}).get("Running")]
+    return server.current(cluster.head.docker().api, heads[0]["Id"]) if heads else None
+
+
+def _wedged(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secrets: dict[str, str]) -> str:
+    """Why the server that runs this profile does not serve, or "": `/health` alone says 200 while
+    an engine is stuck, so "already serving" needs a one-token completion too."""
+    port = prof.serve.port or inv.cluster.api_port
+    view = endpoint.look(f"http://{cluster.head.address}:{port}", secrets.get("VLLM_API_KEY"),
+                         prof.served_model_name, probe_timeout=WEDGE_PROBE_S)
+    if view.health != 200:
+        return f"/health answers {view.health or 'nothing'}"
+    return "" if view.responds is not False else f"/health is 200 but {view.probe}"
+
+
+def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secrets: dict[str, str],
+                progress: Progress, dry_run: bool, replace: bool, t0: float) -> UpSummary | Plan:
+    report = preflight_stage.check(cluster, inv, prof)
+    old = _old_server(cluster, inv, report.facts)
+    wanted = {k: v for k, v in secrets.items() if k in profiles.secret_env_names(prof)}
+    # the same profile serves only when its server runs, started with the same secrets and watched
+    # by the supervisor with the profile's bounds
+    policy = supervision.policy(prof.supervisor, prof.ready_timeout_s)
+    serving = bool(old and old.profile == prof.name and old.started_with(wanted) and old.policy == policy)
+    wedged = _wedged(cluster, inv, prof, secrets) if serving else ""
+    serving = serving and not wedged
+    plan = make_plan(inv, prof, report.facts, serving, replace, old_server=old, secret_names=secrets.keys())
+    if wedged:
+        plan.notes.insert(0, f"the running vllm serve (pid {old.pid}) is wedged: {wedged}; it is restarted")
+    progress.done("preflight", time.monotonic() - t0, f"{len(report.results)} checks")
+    if dry_run:
+        return plan
+    record_preflight(plan)
+    for note in plan.notes:
+        progress.info(note)
+    if plan.unchanged:
+        port = prof.serve.port or inv.cluster.api_port
+        return UpSummary(True, f"http://{cluster.head.address}:{port}/v1", prof.served_model_name, old.pid, {})
+    r = Run(cluster, plan, report.facts, secrets, progress)
+    try:
+        execute(r)
+    except BaseException as e:  # a failed stage, Ctrl-C, or a bug: undo this run's changes, then report
+        progress.info("rolling back what this run created")
+        try:
+            rollback(r)
+        except Exception as rb:  # report the original failure; the rollback's goes to the log
+            _log.warning("rollback failed", error=str(rb))
+        lost = {h.name: h.lost for h in cluster.hosts.values() if getattr(h, "lost", "")}
+        if lost and not isinstance(e, KeyboardInterrupt):
+            # the root cause: a host stopped answering; what failed on it after is only a symptom
+            others = [f for f in getattr(e, "failures", []) if f.host not in lost]
+            fix = (f"rolled back on the hosts that answer; {', '.join(lost)} could not be rolled back: check its "
+                   "network, then sparkcluster down (removes what is left there) and sparkcluster up")
+            raise StageError(r.stage, [StepFailure(n, r.stage, why, fix=fix) for n, why in lost.items()] + others,
+                             fix) from e
+        raise
+    return UpSummary(False, f"http://{cluster.head.address}:{plan.serve.port}/v1", plan.serve.model, r.server.pid,
+                     r.seconds)
+
+
+def rollback(r: Run) -> None:
+    """Stop what this run started and remove what it created; leave everything else alone."""
+    if r.server is not None:
+        try:
+            teardown.stop_server(r.cluster.head, r.plan.serve.container)
+        except Exception as e:  # keep rolling back
+            _log.warning("rollback: stopping vllm serve failed", error=str(e))
+    if r.created:
+        for node, o in teardown.down(r.cluster, only_ids=r.created.containers).items():
+            if not o.ok:
+                _log.warning("rollback: could not clean a node", node=node, errors=o.errors)
+

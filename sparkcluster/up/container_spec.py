@@ -1,0 +1,198 @@
+"""What each node's container is: a pure spec, the same on every node apart from role and the
+per-host values, and the Docker API call that creates it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shlex
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkcluster import node
+from sparkcluster.config import profile as profiles
+from sparkcluster.config.inventory import Inventory, Node
+from sparkcluster.day2 import ray_members
+from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, NODES_LABEL, PROFILE_LABEL, ROLE_LABEL, container_name
+from sparkcluster.node import contract
+
+# Docker brings the container back after a reboot or a crash (never after `down`, which removes it);
+# tini as PID 1 reaps what Ray and vLLM orphan
+RESTART_POLICY = {"Name": "unless-stopped"}
+
+
+def agent_files() -> dict[str, str]:
+    """The node agent's files as the container holds them: the `node/` package under AGENT_DIR and
+    its launcher as AGENT_DIR's `__main__.py` (so `python3 AGENT_DIR` runs it)."""
+    here = Path(node.__file__).parent
+    files = {f"{contract.AGENT_DIR}/node/{p.name}": p.read_text() for p in sorted(here.glob("*.py")) if p.name != "launcher.py"}
+    files[f"{contract.AGENT_DIR}/__main__.py"] = (here / "launcher.py").read_text()
+    return files
+
+
+AGENT_FILES = agent_files()
+
+# The flags the field learned to put on every node (docs/field-notes.md, "Bring-up"): a worker without the device,
+# capability and ulimit silently fell back to TCP.
+DEVICES = ["/dev/infiniband:/dev/infiniband:rwm"]
+CAP_ADD = ["IPC_LOCK"]
+MEMLOCK = {"Name": "memlock", "Soft": -1, "Hard": -1}
+
+
+def required_flags(ulimit_stack: int | None = None) -> dict[str, object]:
+    """The flags every node's container must carry, in the form `checks.container_flags` reads
+    them back from `docker inspect`."""
+    return {
+        "NetworkMode": "host",
+        "IpcMode": "host",
+        "CapAdd": sorted(CAP_ADD),
+        "Devices": sorted((d.split(":")[0], d.split(":")[1]) for d in DEVICES),
+        "Ulimits": sorted([(MEMLOCK["Name"], MEMLOCK["Soft"], MEMLOCK["Hard"]),
+                           *([("stack", ulimit_stack, ulimit_stack)] if ulimit_stack else [])]),
+    }
+
+
+def ray_start_argv(inv: Inventory, node: Node) -> list[str]:
+    """`ray start` for the container's foreground process. --num-gpus is explicit: Ray's own GPU
+    detection is not what decides how many ranks a Spark holds, the inventory is."""
+    common = [f"--node-ip-address={node.control_ip}", f"--num-gpus={node.gpus}", "--disable-usage-stats", "--block"]
+    if node.role == "head":
+        return ["ray", "start", "--head", f"--port={inv.cluster.ray_port}", "--dashboard-host=127.0.0.1", *common]
+    return ["ray", "start", f"--address={inv.head.control_ip}:{inv.cluster.ray_port}", *common]
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    node: str
+    role: str
+    name: str
+    image: str
+    command: list[str]
+    env: dict[str, str]
+    labels: dict[str, str]
+    shm_size: str
+    binds: dict[str, str]  # host path -> container path
+    files: dict[str, str] = field(default_factory=dict)  # written into the container before start
+    ulimit_stack: int | None = None  # bytes, soft = hard (seed 004); None: Docker's default
+
+    def config_hash(self) -> str:
+        doc = json.dumps({"image": self.image, "command": self.command, "env": self.env, "shm": self.shm_size,
+                          "binds": self.binds, "files": self.files, "flags": [DEVICES, CAP_ADD, MEMLOCK],
+                          **({"stack": self.ulimit_stack} if self.ulimit_stack else {})},
+                         sort_keys=True)
+        return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+    def create_kwargs(self) -> dict:
+        """Arguments for docker's APIClient.create_container (host_config built separately)."""
+        labels = {**self.labels, CONFIG_LABEL: self.config_hash()}
+        return {"image": self.image, "name": self.name, "command": self.agent_command(), "entrypoint": [],
+                "environment": self.env, "labels": labels, "detach": True}
+
+    def host_config_kwargs(self) -> dict:
+        """Arguments for APIClient.create_host_config. Never a memory cap: unified memory."""
+        return {
+            "network_mode": "host",
+            "ipc_mode": "host",
+            "device_requests": [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}],
+            "devices": list(DEVICES),
+            "cap_add": list(CAP_ADD),
+            "ulimits": [dict(MEMLOCK), *self.stack_ulimit()],
+            "shm_size": self.shm_size,
+            "restart_policy": dict(RESTART_POLICY),
+            "init": True,
+            "binds": {h: {"bind": c, "mode": "rw"} for h, c in self.binds.items()},
+        }
+
+    def docker_run_equivalent(self) -> str:
+        """What the API call amounts to, as the `docker run` line a person would type (for --dry-run)."""
+        argv = ["docker", "run", "-d", "--name", self.name, "--gpus", "all", "--device=/dev/infiniband",
+                "--cap-add=IPC_LOCK", "--ulimit", "memlock=-1:-1",
+                *(["--ulimit", f"stack={self.ulimit_stack}"] if self.ulimit_stack else []),
+                "--network", "host", "--ipc", "host",
+                "--shm-size", self.shm_size, "--restart", RESTART_POLICY["Name"], "--init"]
+        for h, c in self.binds.items():
+            argv += ["-v", f"{h}:{c}"]
+        for k, v in {**self.labels, CONFIG_LABEL: self.config_hash()}.items():
+            argv += ["--label", f"{k}={v}"]
+        for k, v in self.env.items():
+            argv += ["-e", f"{k}={v}"]
+        argv += ["--entrypoint", "", self.image, *self.agent_command()]
+        return shlex.join(argv)
+
+    def stack_ulimit(self) -> list[dict]:
+        return [{"Name": "stack", "Soft": self.ulimit_stack, "Hard": self.ulimit_stack}] if self.ulimit_stack else []
+
+    def agent_command(self) -> list[str]:
+        """The container's foreground process: the node agent, which runs `self.command` (Ray)."""
+        return ["python3", contract.AGENT_DIR, contract.CONFIG_PATH]
+
+
+def uses_ray(inv: Inventory, prof: profiles.Profile) -> bool:
+    """Ray spans the nodes of a multi-node deployment; one node needs it only if the profile asks."""
+    return len(inv.nodes) > 1 or prof.serve.distributed_executor_backend == "ray"
+
+
+def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> ContainerSpec:
+    return ContainerSpec(
+        node=node.name,
+        role=node.role,
+        name=container_name(inv.cluster.name, node.role, node.name),
+        image=image,
+        command=ray_start_argv(inv, node) if uses_ray(inv, prof) else [],
+        # the cache is mounted at the same path; HF_HOME makes every rank look there (weights, token)
+        env={**profiles.container_env(prof, inv, node), "HF_HOME": inv.cluster.hf_cache},
+        labels={CLUSTER_LABEL: inv.cluster.name, ROLE_LABEL: node.role, PROFILE_LABEL: prof.name,
+                NODES_LABEL: ",".join(n.name for n in inv.nodes)},
+        shm_size=prof.shm_size,
+        binds={inv.cluster.hf_cache: inv.cluster.hf_cache},
+        files={**profiles.container_files(prof), **AGENT_FILES,
+               contract.CONFIG_PATH: json.dumps(agent_config(inv, node, uses_ray(inv, prof)), sort_keys=True)},
+        ulimit_stack=prof.ulimit_stack,
+    )
+
+
+def agent_config(inv: Inventory, node: Node, ray: bool = True) -> dict:
+    """What the node agent needs to know (sparkcluster/node): no secret. Without Ray (one node), the agent
+    is the container's only long-lived process and starts the server without a membership wait."""
+    return {
+        "node": node.name, "role": node.role, "ray_argv": ray_start_argv(inv, node) if ray else [],
+        "report_ip": str(node.control_ip), "report_port": inv.cluster.agent_port,
+        "state_api": ray_members.STATE_API_URL,
+        "nodes": [{"name": n.name, "ip": str(n.control_ip), "gpus": n.gpus} for n in inv.nodes],
+        "peers": [{"name": n.name, "ip": str(n.control_ip)} for n in inv.nodes if n.name != node.name],
+    }
+
+
+def files_tar(files: dict[str, str], mode: int = 0o644) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        made: set[str] = set()
+        for path, text in files.items():
+            parts = path.strip("/").split("/")
+            for i in range(1, len(parts)):
+                d = "/".join(parts[:i])
+                if d not in made:
+                    info = tarfile.TarInfo(d)
+                    info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+                    tar.addfile(info)
+                    made.add(d)
+            data = text.encode()
+            info = tarfile.TarInfo("/".join(parts))
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def create_and_start(api, spec: ContainerSpec) -> str:
+    """Create the container through the Engine API, write its files, start it. Returns its ID."""
+    hc = api.create_host_config(**spec.host_config_kwargs())
+    c = api.create_container(host_config=hc, **spec.create_kwargs())
+    cid = c["Id"]
+    if spec.files:
+        api.put_archive(cid, "/", files_tar(spec.files))
+    api.start(cid)
+    return cid

@@ -1,0 +1,167 @@
+"""The executor: walks the plan's steps, stage by stage, and does nothing the plan does not list.
+
+Steps with the same `parallel` key next to each other run at once, one thread per host (a host's
+own steps keep their order); the others run one after another. Each step ends as one structured `step` event (logger `sparkcluster.steps`) with the id
+the dry run printed and its outcome: `done`, `skipped: <reason>` or `failed`. A step's failure
+ends its stage as a whole, naming the host, the step, the command and its last lines.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import docker.errors
+
+from sparkcluster import log
+from sparkcluster.day2 import server
+from sparkcluster.errors import CommandFailed, SparkError, StageError, StepFailure
+from sparkcluster.facts import HostFacts
+from sparkcluster.remote.fanout import Cluster, run_each
+from sparkcluster.up.plan import STAGE_MODULES, Plan
+from sparkcluster.up.stages import STAGES
+from sparkcluster.up.stages.base import Step
+
+_log = log.get(__name__)
+_steps_log = log.get(log.STEPS_LOGGER)
+SKIPPED = object()
+# the image stage is reported even when it has nothing to do: "in place on every node" is news
+ALWAYS_REPORTED = {"image"}
+
+
+class Progress:
+    """What the user sees: each stage with its duration. Replaced by the CLI with a rich display."""
+
+    def stage(self, name: str) -> None: ...
+    def done(self, name: str, seconds: float, note: str = "") -> None: ...
+    def info(self, text: str) -> None: ...
+    def bytes(self, node: str, sent: int, total: int) -> None: ...
+
+
+@dataclass
+class Created:
+    containers: dict[str, set[str]] = field(default_factory=dict)  # node -> container ids
+
+    def add(self, node: str, cid: str) -> None:
+        self.containers.setdefault(node, set()).add(cid)
+
+    def __bool__(self) -> bool:
+        return any(self.containers.values())
+
+
+@dataclass
+class Run:
+    """What the steps of one `up` share while they run: the connections, the plan, and what this
+    run has created (for the rollback)."""
+
+    cluster: Cluster
+    plan: Plan
+    facts: dict[str, HostFacts]
+    secrets: dict[str, str]
+    progress: Progress
+    created: Created = field(default_factory=Created)
+    server: server.Record | None = None  # started by this run
+    seconds: dict[str, float] = field(default_factory=dict)
+    stage: str = "image"
+    weights: Any = None  # the weights stage's Staging, once its first step ran
+    _head_image: dict | None = None
+
+    @property
+    def inv(self):
+        return self.plan.inventory
+
+    def head_image(self) -> dict:
+        """The head's image as its engine describes it, read once (after a build, if any)."""
+        if self._head_image is None:
+            self._head_image = self.cluster.head.docker().api.inspect_image(self.plan.image)
+        return self._head_image
+
+    def head_image_id(self) -> str:
+        return self.head_image()["Id"]
+
+
+def event(step: Step, outcome: str, seconds: float | None = None) -> None:
+    fields: dict[str, Any] = {"id": step.id, "stage": step.stage, "host": step.host, "outcome": outcome}
+    if seconds is not None:
+        fields["seconds"] = round(seconds, 3)
+    _steps_log.info("step", **fields)
+
+
+def record_preflight(plan: Plan) -> None:
+    """Preflight ran before the plan could exist (the plan is made from its facts): its steps are
+    reported done as soon as there is a plan to report them against."""
+    for s in plan.steps():
+        if s.stage == "preflight":
+            event(s, "done")
+
+
+def _as_stage_error(step: Step, e: BaseException) -> StageError | None:
+    if isinstance(e, StageError):
+        return e
+    if isinstance(e, CommandFailed):
+        r = e.result
+        return StageError(step.stage, [StepFailure(step.host, step.what, e.reason, r.command, r.tail())])
+    if isinstance(e, SparkError):  # e.g. the engine or the connection did not answer
+        return StageError(step.stage, [StepFailure(step.host, step.what, e.message, fix=e.fix)], e.fix)
+    if isinstance(e, docker.errors.APIError):  # the engine answered with an error
+        return StageError(step.stage, [StepFailure(step.host, step.what, str(e))])
+    return None  # a bug: the CLI logs its traceback
+
+
+def run_step(r: Run, step: Step) -> Any:
+    reason = step.skip(r) if step.skip else None
+    if reason:
+        event(step, f"skipped: {reason}")
+        return SKIPPED
+    t = time.monotonic()
+    try:
+        value = step.run(r)
+    except BaseException as e:
+        event(step, "failed", time.monotonic() - t)
+        err = _as_stage_error(step, e)
+        if err is None or err is e:
+            raise
+        raise err from e
+    event(step, "done", time.monotonic() - t)
+    return value
+
+
+def _batches(steps: list[Step]) -> list[list[Step]]:
+    out: list[list[Step]] = []
+    for s in steps:
+        if out and s.parallel and out[-1][0].parallel == s.parallel:
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return out
+
+
+def walk(r: Run, steps: list[Step]) -> list[tuple[Step, Any]]:
+    done: list[tuple[Step, Any]] = []
+    for batch in _batches(steps):
+        if len(batch) == 1:
+            values = {batch[0].id: run_step(r, batch[0])}
+        else:
+            # one thread per host; a host's own steps keep their order
+            by_host: dict[str, list[Step]] = {}
+            for s in batch:
+                by_host.setdefault(s.host, []).append(s)
+            got = run_each(by_host.items(), lambda steps: {s.id: run_step(r, s) for s in steps}).values_or_raise(r.stage)
+            values = {i: v for per_host in got.values() for i, v in per_host.items()}
+        done += [(s, values[s.id]) for s in batch if values[s.id] is not SKIPPED]
+    return done
+
+
+def execute(r: Run) -> None:
+    """Every stage after preflight, in order; each prints its duration and what it did."""
+    for stage in STAGES[1:]:
+        steps = [s for s in r.plan.steps() if s.stage == stage]
+        if not steps and stage not in ALWAYS_REPORTED:
+            continue
+        r.stage = stage
+        r.progress.stage(stage)
+        t = time.monotonic()
+        done = walk(r, steps)
+        r.seconds[stage] = time.monotonic() - t
+        r.progress.done(stage, r.seconds[stage], STAGE_MODULES[stage].summary(done))

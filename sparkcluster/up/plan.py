@@ -1,0 +1,163 @@
+"""The plan: what `up` will do, as the ordered steps of every stage, made from the facts alone.
+
+`make_plan` is pure over the inventory, the profile and the facts (no host is touched): it decides
+the policy (build or not, which workers get the image, which containers to replace, whether to
+serve), then asks each stage for its steps. `render` and `as_json` print those steps; the executor
+runs those same steps.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Iterable
+from urllib.parse import urlsplit
+
+from sparkcluster import redact
+from sparkcluster.config import profile as profiles
+from sparkcluster.config.flags import exec_argv
+from sparkcluster.config.images import RAY_VERSION, image_ref
+from sparkcluster.config.inventory import Inventory
+from sparkcluster.day2 import server
+from sparkcluster.errors import InputError
+from sparkcluster.facts import HostFacts
+from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
+from sparkcluster.up.container_spec import ContainerSpec, spec_for
+from sparkcluster.up.stages import STAGES
+from sparkcluster.up.stages import containers as containers_stage
+from sparkcluster.up.stages import gate as preflight_stage
+from sparkcluster.up.stages import image as image_stage
+from sparkcluster.up.stages import probe as probe_stage
+from sparkcluster.up.stages import ray as ray_stage
+from sparkcluster.up.stages import serve as serve_stage
+from sparkcluster.up.stages import weights as weights_stage
+from sparkcluster.up.stages.base import Step
+
+STAGE_MODULES = {"preflight": preflight_stage, "image": image_stage, "weights": weights_stage,
+                 "containers": containers_stage,
+                 "ray": ray_stage, "probe": probe_stage, "serve": serve_stage}
+
+
+@dataclass
+class Plan:
+    inventory: Inventory
+    profile: profiles.Profile
+    image: str
+    head_container: str
+    build: dict[str, str] | None  # build args when the head lacks the image
+    send_to: list[str]  # workers that get the head's image
+    remove: dict[str, list[str]]  # node -> our containers to remove before creating
+    containers: list[ContainerSpec]  # to create, head first; empty when the current ones fit
+    serve: server.ServeSpec | None  # None when the same profile already serves
+    facts: dict[str, HostFacts] = field(default_factory=dict, repr=False)
+    old_server: server.Record | None = None  # the server running in the head container before this run
+    secret_names: frozenset[str] = frozenset()  # which secrets this run has (never their values)
+    unchanged: bool = False
+    notes: list[str] = field(default_factory=list)
+    _steps: list[Step] = field(default_factory=list, repr=False)
+
+    def steps(self) -> list[Step]:
+        return list(self._steps)
+
+    def render(self) -> str:
+        lines = [f"plan for profile '{self.profile.name}' on cluster '{self.inventory.cluster.name}' (image {self.image}):"]
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.unchanged:
+            lines.append("  nothing to do: the cluster already serves this profile")
+        stage = None
+        for s in self._steps:
+            if s.stage != stage:
+                stage = s.stage
+                lines.append(f"[{stage}]")
+            lines.append(f"  {s.host}: {s.what}")
+            if s.when:
+                lines.append(f"      only if {s.when}")
+            if s.detail:
+                lines.append(f"      {s.detail}")
+        return redact.mask("\n".join(lines))
+
+    def as_json(self) -> str:
+        """The steps as a JSON list (id, stage, host, description), secrets masked."""
+        return redact.mask(json.dumps([s.public() for s in self._steps], indent=2))
+
+
+def _build_args(inv: Inventory, prof: profiles.Profile) -> dict[str, str]:
+    build = {"BASE_IMAGE": prof.image.ref, "RAY_VERSION": RAY_VERSION}
+    if inv.cluster.pip_index_url:
+        build["PIP_INDEX_URL"] = inv.cluster.pip_index_url
+        if inv.cluster.pip_index_url.startswith("http://"):
+            # pip ignores a plain-http index unless its host is trusted by name
+            build["PIP_TRUSTED_HOST"] = urlsplit(inv.cluster.pip_index_url).hostname
+    return build
+
+
+def _names(current: dict[str, list[dict]]) -> str:
+    return ", ".join(c.get("Name", "").lstrip("/") for cs in current.values() for c in cs)
+
+
+def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts], serving: bool,
+              replace: bool, *, old_server: server.Record | None = None, secret_names: Iterable[str] = ()) -> Plan:
+    image = image_ref(inv, prof)
+    head = inv.head.name
+    head_id = facts[head].image_id
+    build = _build_args(inv, prof) if head_id is None else None
+    send_to = [w.name for w in inv.workers if head_id is None or facts[w.name].image_id != head_id]
+
+    specs = {n.name: spec_for(inv, prof, n, image) for n in inv.nodes}
+    current = {n.name: list(facts[n.name].ours) for n in inv.nodes}
+    other_profiles = sorted({c.get("Config", {}).get("Labels", {}).get(PROFILE_LABEL, "?")
+                             for cs in current.values() for c in cs} - {prof.name})
+    notes = []
+    if other_profiles:
+        what = f"profile '{', '.join(other_profiles)}' (containers: " + _names(current) + ")"
+        if not replace:
+            raise InputError(f"the cluster runs {what}; up --profile {prof.name} would replace it",
+                             f"sparkcluster up --profile {prof.name} --replace (or sparkcluster down first)")
+        notes.append(f"replacing {what}")
+
+    def fits(node: str) -> bool:
+        cs = current[node]
+        if len(cs) != 1:
+            return False
+        c = cs[0]
+        labels = c.get("Config", {}).get("Labels", {})
+        # the labels are what was asked; the container's own env is what its ranks get (a
+        # container recreated by hand can carry our labels without the forwarded variables)
+        env = dict(e.split("=", 1) for e in (c.get("Config", {}).get("Env") or []) if "=" in e)
+        # the config hash leaves the profile out: another profile's container can match it, and
+        # kept, it would still carry that profile's label
+        return (bool(c.get("State", {}).get("Running"))
+                and labels.get(PROFILE_LABEL) == prof.name
+                and labels.get(CONFIG_LABEL) == specs[node].config_hash()
+                and all(env.get(k) == v for k, v in specs[node].env.items())
+                and facts[node].image_id is not None and c.get("Image") == facts[node].image_id
+                and node not in send_to and build is None)
+
+    keep = all(fits(n.name) for n in inv.nodes)
+    if not keep and not other_profiles and any(current.values()) and (
+            not all(current.values()) or not all(c.get("State", {}).get("Running") for cs in current.values() for c in cs)):
+        # what a killed run leaves (a head holding the GCS port, no worker): say so, then replace it
+        notes.append("stale state left behind, not a running cluster (containers: " + _names(current) +
+                     "): removed first, as `sparkcluster down --purge-gcs` would")
+    common = dict(facts=facts, old_server=old_server, secret_names=frozenset(secret_names), notes=notes)
+    if keep and serving:
+        plan = Plan(inv, prof, image, specs[head].name, None, [], {}, [], None, unchanged=True, **common)
+        return _with_steps(plan, ["preflight"])
+    remove = {} if keep else {n: [c.get("Name", "").lstrip("/") for c in cs] for n, cs in current.items() if cs}
+    to_create = [] if keep else [specs[inv.head.name], *[specs[w.name] for w in inv.workers]]
+    sv = server.ServeSpec(
+        container=specs[head].name,
+        argv=exec_argv(prof, port=inv.cluster.api_port, hf_cache=inv.cluster.hf_cache),
+        secret_names=profiles.secret_env_names(prof),
+        model=prof.served_model_name,
+        port=prof.serve.port or inv.cluster.api_port,
+        plugin=profiles.reasoning_plugin(prof, inv.cluster.hf_cache),
+    )
+    return _with_steps(Plan(inv, prof, image, specs[head].name, build, send_to, remove, to_create, sv, **common), STAGES)
+
+
+def _with_steps(plan: Plan, stages: Iterable[str]) -> Plan:
+    for stage in stages:
+        mod = STAGE_MODULES[stage]
+        plan._steps += mod.steps(plan.inventory) if stage == "preflight" else mod.steps(plan)
+    return plan

@@ -1,0 +1,52 @@
+"""A step: the unit of both the plan and its execution.
+
+A step is data (a stable id `stage/host/action`, the host, what a person reads, the command or API
+call it amounts to) plus the function that performs it. `make_plan` builds the list once; `--dry-run`
+prints it, and the executor walks that same list, so what runs is what was printed. A step that
+depends on what an earlier step did says in the plan what it will check (`when`), and its `skip`
+function checks exactly that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from sparkcluster import redact
+from sparkcluster.errors import StageError, StepFailure
+
+if TYPE_CHECKING:
+    from sparkcluster.up.execute import Run
+
+
+@dataclass(frozen=True)
+class Step:
+    stage: str
+    host: str
+    action: str  # stable within a plan: the last part of the id
+    what: str  # what a person reads
+    detail: str = ""  # the command or API call it amounts to (masked whenever shown)
+    run: Callable[["Run"], Any] | None = field(default=None, repr=False, compare=False)
+    when: str = ""  # decided at run time: the condition checked just before running
+    skip: Callable[["Run"], str | None] | None = field(default=None, repr=False, compare=False)
+    # consecutive steps with the same key run at once (one thread per host); "" runs alone
+    parallel: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.stage}/{self.host}/{self.action}"
+
+    @property
+    def description(self) -> str:
+        text = self.what + (f" (only if {self.when})" if self.when else "")
+        return redact.mask(text + (f": {self.detail}" if self.detail else ""))
+
+    def public(self) -> dict[str, str]:
+        """What `up --dry-run --json` prints for this step."""
+        return {"id": self.id, "stage": self.stage, "host": self.host, "description": self.description}
+
+
+def fail(stage: str, host: str, step: str, reason: str, command: str | None = None, tail: str = "",
+         fix: str | None = None) -> StageError:
+    """A stage failure naming the host, the step, the command and its last lines."""
+    return StageError(stage, [StepFailure(host, step, reason, command, tail, fix)], fix)

@@ -1,0 +1,83 @@
+"""The containers stage: remove what the plan replaces (each container by ID, the server in the
+head's first), drop the page cache when the profile asks, create the head's container, wait for
+its Ray head, then create the workers' containers at once."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import docker.errors
+
+from sparkcluster.day2 import teardown
+from sparkcluster.errors import EngineUnreachable
+from sparkcluster.labels import ROLE_LABEL
+from sparkcluster.up.container_spec import ContainerSpec, create_and_start
+from sparkcluster.up.stages import ray
+from sparkcluster.up.stages.base import Step, fail
+
+if TYPE_CHECKING:
+    from sparkcluster.up.execute import Run
+    from sparkcluster.up.plan import Plan
+
+STAGE = "containers"
+DROP_CACHES = "sync && echo 3 > /proc/sys/vm/drop_caches"
+
+
+def steps(plan: "Plan") -> list[Step]:
+    inv = plan.inventory
+    out = []
+    # workers before the head, as `down` does: a worker's raylet outlives no head it waits for
+    for node in [*(w.name for w in inv.workers), inv.head.name]:
+        for c in plan.facts[node].ours:
+            name = c.get("Name", "").lstrip("/")
+            if name not in plan.remove.get(node, []):
+                continue
+            is_head = c.get("Config", {}).get("Labels", {}).get(ROLE_LABEL) == "head"
+            how = ("stop vllm serve by its PID (TERM, then KILL after 30s), then " if is_head else "")
+            out.append(Step(STAGE, node, f"remove-{name}", f"remove {name}",
+                            f"{how}Engine API: docker rm -f {c.get('Id', name)[:12]} (this container only, by ID)",
+                            run=lambda r, node=node, cid=c.get("Id", name), h=is_head: remove(r, node, cid, h),
+                            parallel="" if is_head else "remove-workers"))
+    if plan.containers and plan.profile.drop_page_cache:
+        for n in inv.nodes:
+            out.append(Step(STAGE, n.name, "drop-page-cache", "drop the page cache", DROP_CACHES,
+                            run=lambda r, n=n.name: drop_page_cache(r, n),
+                            parallel="drop-page-cache"))
+    for spec in plan.containers:
+        files = ", ".join(spec.files) or "none"
+        out.append(Step(STAGE, spec.node, "create", f"create {spec.name}",
+                        f"Engine API create+start (files: {files}): {spec.docker_run_equivalent()}",
+                        run=lambda r, spec=spec: create(r, spec),
+                        parallel="" if spec.role == "head" else "create-workers"))
+        if spec.role == "head" and spec.command:
+            out.append(Step(STAGE, spec.node, "ray-head", "wait for the Ray head",
+                            f"Ray's state API answers on {spec.node} within {ray.RAY_HEAD_TIMEOUT_S:g}s, "
+                            f"while {spec.name} keeps running",
+                            run=lambda r, spec=spec: ray.wait_head(r, spec)))
+    return out
+
+
+def summary(done: list[tuple[Step, object]]) -> str:
+    return f"{sum(1 for s, _ in done if s.action == 'create')} created"
+
+
+def remove(r: "Run", node: str, cid: str, is_head: bool) -> None:
+    host = r.cluster.hosts[node]
+    if is_head:
+        teardown.stop_server(host, cid)
+    teardown.remove_container(host, cid)
+
+
+def drop_page_cache(r: "Run", node: str) -> None:
+    # a failure fails the stage: the profile asked for the memory this frees before the load
+    r.cluster.hosts[node].run(DROP_CACHES, timeout=60)
+
+
+def create(r: "Run", spec: ContainerSpec) -> str:
+    host = r.cluster.hosts[spec.node]
+    try:
+        cid = create_and_start(host.docker().api, spec)
+    except (docker.errors.APIError, EngineUnreachable) as e:  # the engine refused or did not answer: name the node and the call
+        raise fail(STAGE, host.name, f"create {spec.name}", str(e), spec.docker_run_equivalent()) from None
+    r.created.add(host.name, cid)
+    return cid

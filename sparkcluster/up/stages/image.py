@@ -1,0 +1,242 @@
+"""The image stage: build the cluster image on the head when it lacks it, send it to each worker
+whose image differs (head to worker over the control link, verified by image ID), and check that
+`ray` runs in the image wherever the image is new or its Ray is not known yet."""
+
+from __future__ import annotations
+
+import io
+import shlex
+import tarfile
+import time
+from typing import TYPE_CHECKING
+
+import docker.errors
+
+from sparkcluster import log
+from sparkcluster.config.images import DOCKERFILE
+from sparkcluster.errors import EngineUnreachable, StageError
+from sparkcluster.movement import layers, transfer
+from sparkcluster.remote import dockerapi
+from sparkcluster.up.stages.base import Step, fail
+
+if TYPE_CHECKING:
+    from sparkcluster.up.execute import Run
+    from sparkcluster.up.plan import Plan
+
+_log = log.get(__name__)
+STAGE = "image"
+
+
+def ray_version_command(image: str) -> str:
+    return shlex.join(["docker", "run", "--rm", "--network", "none", "--entrypoint", "ray", image, "--version"])
+
+
+def steps(plan: "Plan") -> list[Step]:
+    inv, head = plan.inventory, plan.inventory.head.name
+    out = []
+    if plan.build is not None:
+        args = " ".join(f"--build-arg {k}={v}" for k, v in plan.build.items())
+        out.append(Step(STAGE, head, "build", "build the cluster image",
+                        f"Engine API build: docker build --network host {args} -t {plan.image} -f {DOCKERFILE.name} .",
+                        run=build))
+    for w in plan.send_to:
+        node = inv.node(w)
+        # after a build the head's new ID is known only at run time: the worker may already hold it
+        when = "the head's image ID, read after the build, differs from this node's" if plan.build is not None else ""
+        out.append(Step(STAGE, w, "receive", "receive the image from the head",
+                        transfer.describe(plan.image, head, str(inv.head.control_ip), w, str(node.control_ip))
+                        + "; " + planned_layers(plan, w),
+                        run=lambda r, w=w: send(r, w), when=when,
+                        skip=(lambda r, w=w: _same_image(r, w)) if when else None))
+    for n in inv.nodes:
+        if n.name in plan.send_to or plan.build is not None or not plan.facts[n.name].image_ray:
+            out.append(Step(STAGE, n.name, "ray-version", "check ray in the image", ray_version_command(plan.image),
+                            run=lambda r, n=n.name: ray_in_image(r, n), parallel="ray-version"))
+    return out
+
+
+def _elides(facts) -> bool:
+    return facts.docker is not None and transfer.elides(facts.docker.driver_status)
+
+
+def planned_layers(plan: "Plan", worker: str) -> str:
+    """Which layers (count, size) move to `worker`, from the facts gathered in preflight."""
+    f, hf = plan.facts.get(worker), plan.facts.get(plan.inventory.head.name)
+    if f is None or hf is None:
+        return "layers: unknown (no facts)"
+    if plan.build is None and hf.image_layers is not None:
+        return layers.describe(layers.delta(hf.image_layers, f.layer_chains, _elides(f)), worker)
+    if hf.base is not None:
+        # the build's own layers are known only after it; the base's are known now
+        d = layers.delta(hf.base, f.layer_chains, _elides(f))
+        return (f"the layers the build adds, plus {d.moving} of the base's {d.total} layers "
+                f"({layers.mb(d.move_bytes)}) to {worker}"
+                + ("" if d.elide else ": its image store cannot skip layers it holds"))
+    return f"the whole image to {worker} (the head's layers are known only after the build)"
+
+
+def summary(done: list[tuple[Step, object]]) -> str:
+    notes = [v for s, v in done if s.action in ("build", "receive") and v]
+    return ", ".join(notes) or "in place on every node"
+
+
+def _same_image(r: "Run", worker: str) -> str | None:
+    return "it already holds the head's image" if r.facts[worker].image_id == r.head_image_id() else None
+
+
+def image_id(host, image: str) -> str | None:
+    """The image's ID on the host, None when it has no such image (an engine error raises)."""
+    try:
+        return host.docker().api.inspect_image(image)["Id"]
+    except docker.errors.NotFound:  # ImageNotFound, or a plain 404 from older engines
+        return None
+
+
+def build(r: "Run") -> str:
+    head, plan = r.cluster.head, r.plan
+    api = head.docker().api
+    ctx = io.BytesIO()
+    with tarfile.open(fileobj=ctx, mode="w") as tar:
+        tar.add(str(DOCKERFILE), arcname="Dockerfile")
+    ctx.seek(0)
+    tail: list[str] = []
+    try:
+        for chunk in api.build(fileobj=ctx, custom_context=True, tag=plan.image, buildargs=plan.build,
+                               network_mode="host", rm=True, forcerm=True, decode=True, pull=False):
+            if "stream" in chunk:
+                tail.extend(x for x in chunk["stream"].splitlines() if x.strip())
+                tail = tail[-20:]
+            if "error" in chunk:
+                raise fail(STAGE, head.name, "docker build", chunk["error"].strip(),
+                           f"docker build -t {plan.image} images/", "\n".join(tail),
+                           "read the build output above; the base image must exist on the head "
+                           f"(docker pull {plan.profile.image.ref})")
+    except StageError:
+        raise
+    except (docker.errors.DockerException, EngineUnreachable, *dockerapi.UNREACHABLE) as e:
+        # the engine refused or the stream broke: name it with the output so far
+        raise fail(STAGE, head.name, "docker build", str(e), None, "\n".join(tail)) from None
+    return "built on " + head.name
+
+
+def ray_in_image(r: "Run", node: str) -> str:
+    cmd = ray_version_command(r.plan.image)
+    res = r.cluster.hosts[node].run(cmd, timeout=120, warn=True)
+    if not res.ok:
+        raise fail(STAGE, node, "ray in the image", "`ray --version` failed in the image", cmd, res.tail(),
+                   "the image must be built from images/Dockerfile.vllm-ray (NGC 26.05 has no Ray)")
+    return res.stdout.strip()
+
+
+def _disk_needed(r: "Run", head, worker, size: int, layers: list[str]) -> int | None:
+    """What docker load will need on the worker, from the layers it already holds; None when the
+    engines cannot say (the transfer then goes ahead, and a full disk fails it cleanly)."""
+    try:
+        hist = head.docker().api.history(r.plan.image)
+        sizes = [e.get("Size", 0) for e in reversed(hist) if e.get("Size", 0) > 0]
+        api = worker.docker().api
+        present = []
+        for img in api.images():
+            try:
+                rootfs = api.inspect_image(img["Id"]).get("RootFS") or {}
+            except docker.errors.NotFound:  # removed meanwhile
+                continue
+            present.append((rootfs.get("Layers") or [], img.get("Size", 0)))
+    except (docker.errors.APIError, EngineUnreachable) as e:  # no estimate, not a failure
+        _log.warning("could not estimate the disk the image needs", node=worker.name, error=str(e))
+        return None
+    return transfer.disk_needed(size, layers, present, sizes)
+
+
+def run_delta(r: "Run", worker: str) -> layers.Delta:
+    """The same computation as the plan's (planned_layers), over the head's image as it is now:
+    after a build, its layers are read from the engine."""
+    hf, wf = r.facts[r.inv.head.name], r.facts[worker]
+    info = r.head_image()
+    if hf.image_layers is not None and hf.image_layers.id == info["Id"]:
+        img = hf.image_layers
+    else:
+        diff_ids = tuple((info.get("RootFS") or {}).get("Layers") or [])
+        try:
+            hist = [e.get("Size", 0) for e in reversed(r.cluster.head.docker().api.history(r.plan.image))]
+            sizes = layers.sizes_from_history(hist, len(diff_ids))
+        except (docker.errors.APIError, EngineUnreachable):
+            sizes = None
+        img = layers.ImageLayers(info["Id"], diff_ids, sizes)
+    return layers.delta(img, wf.layer_chains, _elides(wf))
+
+
+def send(r: "Run", worker_name: str) -> str:
+    head, worker = r.cluster.head, r.cluster.hosts[worker_name]
+    info = r.head_image()
+    head_id = info["Id"]
+    size, image_layers = info.get("Size", 0), (info.get("RootFS") or {}).get("Layers") or []
+    d = run_delta(r, worker_name)
+    wf = r.facts[worker.name]
+    free = list(wf.disks.values())[0].available if wf.disks else None
+    elided_need = d.elide and d.held > 0 and d.move_bytes is not None
+    if elided_need:
+        # docker load unpacks what arrives under the docker root, then stores it: twice what moves
+        need = 2 * (d.move_bytes or 0)
+    else:
+        need = _disk_needed(r, head, worker, size, image_layers) if free is not None and size else None
+    if free is not None and need and free < need * 1.05:
+        raise fail(STAGE, worker.name, "receive the image",
+                   f"not enough disk: {free / 2**30:.1f} GiB free in "
+                   f"{wf.docker.root_dir if wf.docker else 'the docker root'}; docker load needs "
+                   f"{need / 2**30:.1f} GiB (it unpacks "
+                   + (f"the {(d.move_bytes or 0) / 2**30:.1f} GiB of layers it lacks before storing them)" if elided_need
+                      else f"the whole {size / 2**30:.1f} GiB image before storing the layers the node lacks)"),
+                   fix=f"free {(need * 1.05 - free) / 2**30:.1f} GiB more on {worker.name} (`docker image prune -a` "
+                       "removes the images no container uses), then sparkcluster up")
+    try:
+        sent, secs = _stream(r, worker, d, d.move_bytes if d.elide and d.move_bytes else size)
+    except StageError as e:
+        # the worker lost a layer since preflight (an image removed meanwhile): docker load names the
+        # missing file; the whole image then goes once more
+        tails = " ".join(f.output_tail for f in e.failures).lower()
+        if not d.skip or "no such file" not in tails:
+            raise
+        _log.warning("the worker lacks a layer it held at preflight; sending the whole image", node=worker.name)
+        d = layers.Delta(d.total, 0, None, d.elide)
+        sent, secs = _stream(r, worker, d, size)
+    got = image_id(worker, r.plan.image)
+    if got != head_id:
+        raise fail(STAGE, worker.name, "verify the image",
+                   f"image ID after the transfer is {got} on {worker.name}, {head_id} on {head.name}")
+    # the bar's own rate needs samples over time; a fast link sends in one burst after docker save
+    # has prepared the stream, so the whole transfer's rate is stated here
+    what = (layers.describe(d, worker.name).replace(f" to {worker.name}", "") if d.elide
+            else f"the whole image: {worker.name}'s containerd image store cannot skip layers it holds")
+    return f"sent to {worker.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, {sent / 1e6 / max(secs, 1e-3):.1f} MB/s ({what})"
+
+
+def _stream(r: "Run", worker, d: layers.Delta, expect: int) -> tuple[int, float]:
+    """One head-to-worker stream; returns (bytes sent, seconds)."""
+    head, wf = r.cluster.head, r.facts[worker.name]
+    wnode, hnode = r.inv.node(worker.name), r.inv.head
+    recv = worker.start(transfer.bash(transfer.receive_command(str(wnode.control_ip), str(hnode.control_ip))), timeout=3600)
+    port = transfer.announced_port(recv)
+    if port is None:
+        res = recv.wait()
+        raise fail(STAGE, worker.name, "start the receiver", "the receiver did not start",
+                   "python3 receiver (runs docker load)", res.tail())
+    t0 = time.monotonic()
+    snd = head.start(transfer.bash(transfer.send_command(r.plan.image, str(wnode.control_ip), port,
+                                                         str(hnode.control_ip), d.skip, d.keep)), timeout=3600)
+    sent = transfer.follow_sender(snd, lambda n: r.progress.bytes(worker.name, n, max(expect, n)))
+    sres, rres = snd.wait(), recv.wait()
+    if not rres.ok or not sres.ok:
+        # a cut stream (the receiver's exit 75) is the sender's story when the sender failed too
+        cut = rres.exit_code == transfer.STREAM_CUT and not sres.ok
+        bad, res = (worker, rres) if not rres.ok and not cut else (head, sres)
+        left = image_id(worker, r.plan.image)
+        extra = "" if left is None else f" (an image {left[:19]} is left on {worker.name})"
+        root = wf.docker.root_dir if wf.docker else "/var/lib/docker"
+        df = worker.run(f"df -Pk {shlex.quote(root)} | tail -1", timeout=20, warn=True)
+        if df.ok and len(df.stdout.split()) > 3 and df.stdout.split()[3].isdigit():
+            extra += f"; {int(df.stdout.split()[3]) // 1024} MiB free in {root} on {worker.name}"
+        raise fail(STAGE, bad.name, "send the image", f"transfer failed (exit {res.exit_code}){extra}",
+                   res.command[:160], res.tail(),
+                   f"check free disk and the link between {head.name} and {worker.name}, then sparkcluster up")
+    return sent, time.monotonic() - t0

@@ -1,0 +1,51 @@
+"""The probe: the variables each rank needs are in each container's own environment, as the
+profile and the inventory say. `docker exec -e` would reach rank 0 only, so they must be there
+from the container's start."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sparkcluster.config import profile as profiles
+from sparkcluster.up.stages.base import Step, fail
+
+if TYPE_CHECKING:
+    from sparkcluster.up.execute import Run
+    from sparkcluster.up.plan import Plan
+
+STAGE = "probe"
+
+
+def steps(plan: "Plan") -> list[Step]:
+    return [Step(STAGE, spec.node, "env", "variables in the container", f"docker exec {spec.name} env",
+                 run=lambda r, spec=spec: check_env(r, spec.node, spec.name), parallel="probe")
+            for spec in plan.containers]
+
+
+def summary(done: list[tuple[Step, object]]) -> str:
+    counts = [v for s, v in done if s.action == "env"]
+    return f"{sum(counts)} variables right on {len(counts)} nodes"
+
+
+def container_env(r: "Run", node: str, container: str) -> dict[str, str]:
+    api = r.cluster.hosts[node].docker().api
+    ex = api.exec_create(container, ["env"])
+    out = api.exec_start(ex["Id"]).decode(errors="replace")
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def check_env(r: "Run", node: str, container: str) -> int:
+    want = r.plan.profile.forwarded_env()
+    env = container_env(r, node, container)
+    missing = [k for k in want if k not in env]
+    wrong = [k for k, v in want.items() if k in env and env[k] != v]
+    per_host = profiles.per_host_env(r.plan.profile, r.inv, node)
+    bad_host = [f"{k}={env.get(k, '(unset)')} (want {v})" for k, v in per_host.items() if env.get(k) != v]
+    if missing or wrong or bad_host:
+        reason = "; ".join(x for x in (f"missing {', '.join(missing)}" if missing else "",
+                                       f"different {', '.join(wrong)}" if wrong else "",
+                                       ", ".join(bad_host)) if x)
+        raise fail(STAGE, node, "variables in the container", reason, f"docker exec {container} env", "",
+                   "these must be in the container at its start on every node (docker exec -e reaches rank 0 "
+                   "only): sparkcluster down, then sparkcluster up recreates both containers")
+    return len(want) + len(per_host)

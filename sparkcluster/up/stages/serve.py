@@ -1,0 +1,128 @@
+"""The serve stage: the HF token file on every node, the reasoning-parser plugin, the old server
+stopped when one runs in a kept container, `vllm serve` started inside the head container, the
+wait until it really answers, then one warm-up request."""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING
+
+from sparkcluster import redact
+from sparkcluster.day2 import server, supervision, teardown
+from sparkcluster.remote import retry
+from sparkcluster.up.stages import weights as weights_stage
+from sparkcluster.up.stages.base import Step, fail
+
+if TYPE_CHECKING:
+    from sparkcluster.up.execute import Run
+    from sparkcluster.up.plan import Plan
+
+STAGE = "serve"
+SUPERVISOR_CONFIRM_S = 10.0  # its looks are 2 s apart; one of them probes with the profile's bound
+
+
+def steps(plan: "Plan") -> list[Step]:
+    sv, inv = plan.serve, plan.inventory
+    if sv is None:
+        return []
+    head = inv.head.name
+    out = []
+    if "HF_TOKEN" in plan.secret_names:
+        # Every rank downloads weights, but vLLM must not copy HF_TOKEN into the worker ranks' Ray
+        # runtime_env (it shows on their command lines); huggingface_hub reads the token file in
+        # the mounted cache instead, as after `huggingface-cli login`
+        cmd = server.token_file_command(inv.cluster.hf_cache)
+        for n in inv.nodes:
+            out.append(Step(STAGE, n.name, "hf-token", "write the HF token file",
+                            f"{cmd}  (HF_TOKEN=****** on stdin over SSH)",
+                            run=lambda r, n=n.name: write_token(r, n), parallel="hf-token"))
+    if sv.plugin:
+        out.append(Step(STAGE, head, "plugin", "stage the reasoning-parser plugin",
+                        f"docker exec -e HF_TOKEN=****** {sv.container} " + shlex.join(server.stage_plugin_command(*sv.plugin)),
+                        run=stage_plugin))
+    if plan.old_server is not None and not plan.containers:
+        pid = plan.old_server.pid
+        out.append(Step(STAGE, head, "stop-old", f"stop the running vllm serve (pid {pid})",
+                        f"the supervisor is told no server is wanted, then stops pid {pid} (SIGTERM, "
+                        f"SIGKILL after {teardown.STOP_GRACE_S:g}s)",
+                        when=f"pid {pid} still runs as the recorded server",
+                        skip=lambda r: _old_gone(r, pid),
+                        run=lambda r: teardown.stop_server(r.cluster.head, r.plan.serve.container)))
+    out.append(Step(STAGE, head, "start", "start vllm serve", sv.describe(), run=start))
+    out.append(Step(STAGE, head, "ready", "wait until ready",
+                    f"/health is 200 and a one-token chat completion succeeds, within {plan.profile.ready_timeout_s}s; "
+                    "then the supervisor reports it serving",
+                    run=wait_ready))
+    out.append(Step(STAGE, head, "warm-up", "one warm-up request",
+                    "an 8-token chat completion, so the first user request does not pay for JIT compilation",
+                    run=warm_up))
+    return out
+
+
+def summary(done: list[tuple[Step, object]]) -> str:
+    return f"ready after {sum(v for s, v in done if s.action in ('ready', 'warm-up')):.1f}s"
+
+
+def write_token(r: "Run", node: str) -> None:
+    r.cluster.hosts[node].run(server.token_file_command(r.inv.cluster.hf_cache), timeout=30, stdin=r.secrets["HF_TOKEN"].encode())
+
+
+def stage_plugin(r: "Run") -> None:
+    sv, head = r.plan.serve, r.cluster.head
+    api = head.docker().api
+    env = {k: v for k, v in r.secrets.items() if k == "HF_TOKEN"}
+    argv = server.stage_plugin_command(*sv.plugin)
+    ex = api.exec_create(sv.container, argv, environment=env)
+    out = api.exec_start(ex["Id"]).decode(errors="replace")
+    if api.exec_inspect(ex["Id"]).get("ExitCode", 1) != 0:
+        raise fail(STAGE, head.name, "stage the reasoning-parser plugin", f"fetch of {sv.plugin[0]} failed",
+                   shlex.join(argv), redact.mask(out))
+
+
+def _old_gone(r: "Run", pid: int) -> str | None:
+    rec = server.current(r.cluster.head.docker().api, r.plan.serve.container)
+    return None if rec is not None and rec.pid == pid else "it no longer runs"
+
+
+def start(r: "Run") -> None:
+    prof = r.plan.profile
+    try:
+        r.server = server.start(r.cluster.head.docker().api, r.plan.serve, r.secrets, prof.name,
+                                supervision.policy(prof.supervisor, prof.ready_timeout_s))
+    except server.NotReady as e:
+        raise fail(STAGE, r.cluster.head.name, "start vllm serve", e.reason, r.plan.serve.describe(), e.tail,
+                   "sparkcluster events shows the supervisor's journal; sparkcluster down, then sparkcluster up") from None
+
+
+def _base(r: "Run") -> str:
+    return f"http://{r.cluster.head.address}:{r.plan.serve.port}"
+
+
+def wait_ready(r: "Run") -> float:
+    sv, head = r.plan.serve, r.cluster.head
+    api = head.docker().api
+    try:
+        took = server.wait_ready(api, r.server, sv, _base(r), r.secrets, r.plan.profile.ready_timeout_s,
+                                 on_wait=lambda why, s: r.progress.info(f"waiting for the server ({s:.0f}s): {why}"))
+    except server.NotReady as e:
+        reason = weights_stage.offline_miss(e.tail or "", r.plan.profile.model) or e.reason
+        raise fail(STAGE, head.name, "wait until ready", reason, sv.describe(), e.tail,
+                   "read the server's log above (sparkcluster logs spark-head); fix, then sparkcluster up") from None
+    # `up` says serving only once the supervisor watches a server it has seen answer: a wedge in the
+    # next second is then its to catch (it only judges an engine it has seen ready)
+    def watching() -> bool | None:
+        st = supervision.state(api, sv.container) or {}
+        return True if st.get("state") == "serving" and st.get("generation") == r.server.generation else None
+
+    bound = SUPERVISOR_CONFIRM_S + r.plan.profile.supervisor.probe_timeout_s
+    if retry.poll(watching, timeout=bound, interval=0.5, what="the supervisor") is None:
+        st = supervision.state(api, sv.container) or {}
+        raise fail(STAGE, head.name, "wait until ready",
+                   f"the server answers, but the supervisor has not seen it serve within {bound:g}s "
+                   f"(its state: {st.get('state', 'none')})", sv.describe(), server.supervisor_tail(api, sv.container),
+                   "sparkcluster events shows what the supervisor saw; sparkcluster up again")
+    return took
+
+
+def warm_up(r: "Run") -> float:
+    return server.warm_up(_base(r), r.plan.serve.model, r.secrets)

@@ -1,0 +1,241 @@
+"""The weights stage: resolve the profile's model to a commit on the hub, check every node's HF
+cache against it, and when some node lacks files: check free disk everywhere, download once on the
+head (a throwaway container of the cluster image, resumable), then send each worker only the files
+it lacks over the control link (the image transfer's one-shot receiver: no bytes through the
+controller, no new trust) and verify them there. With the snapshot complete everywhere it moves no
+bytes: one request to the hub and one stat per file per node.
+
+`Staging` holds the mechanics so `sparkcluster weights pull` runs them without a plan.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sparkcluster.day2 import server
+from sparkcluster.movement import hfcache as w
+from sparkcluster.movement import transfer
+from sparkcluster.remote.fanout import run_each
+from sparkcluster.up.stages.base import Step, fail
+
+if TYPE_CHECKING:
+    from sparkcluster.up.execute import Progress, Run
+    from sparkcluster.up.plan import Plan
+
+STAGE = "weights"
+_BYTES = re.compile(r"@@bytes (\d+)")
+DISK_MARGIN = 1.02  # the cache's own files (locks, refs, stamps) and filesystem slack
+
+
+def endpoint(inv) -> str:
+    return inv.cluster.hf_endpoint or w.PUBLIC_HUB
+
+
+def wanted(prof) -> tuple[str, str] | None:
+    """(repo, revision) the profile serves from the hub; None for a path inside the container."""
+    if not w.is_hub_model(prof.model):
+        return None
+    return w.check_repo(prof.model), w.check_revision(prof.revision or "main")
+
+
+@dataclass
+class Staging:
+    cluster: object
+    inv: object
+    image: str
+    repo: str
+    revision: str
+    secrets: dict[str, str]
+    progress: "Progress"
+    manifest: w.Manifest | None = None
+    state: dict[str, dict] = field(default_factory=dict)  # node -> the node program's last `check`
+    moved: dict[str, int] = field(default_factory=dict)  # "hub -> head" / worker -> bytes
+
+    @property
+    def cache(self) -> str:
+        return self.inv.cluster.hf_cache
+
+    def lacking(self) -> list[str]:
+        return [n for n, s in self.state.items() if s["missing"]]
+
+    def resolve(self) -> w.Manifest:
+        head = self.cluster.head
+        res = head.run(w.resolve_command(endpoint(self.inv), self.repo, self.revision), timeout=60,
+                       stdin=self.secrets.get("HF_TOKEN", "").encode())
+        try:
+            self.manifest = w.parse_resolve(res.stdout, self.repo, self.revision, endpoint(self.inv))
+        except w.HubUnavailable as e:
+            # weights already staged need no hub: go on with the listing the head kept when it
+            # verified them (the check on every node still decides whether anything is missing)
+            got = head.run(w.cached_command(self.cache, self.repo, self.revision), timeout=60, warn=True)
+            kept = w.parse_cached(got.stdout, self.repo, self.revision) if got.ok else None
+            if kept is None:
+                raise e from None
+            self.progress.info(f"{e.message}; using the snapshot {kept.commit[:12]} the head verified before")
+            self.manifest = kept
+        return self.manifest
+
+    def check(self, node: str, hash_unverified: bool = True, rehash: bool = False) -> dict:
+        res = self.cluster.hosts[node].run(w.check_command(self.cache), timeout=3600,
+                                           stdin=self.manifest.request(hash_unverified, rehash).encode())
+        self.state[node] = got = w.parse_json(res.stdout)
+        return got
+
+    def check_all(self, rehash: bool = False) -> None:
+        run_each([(n.name, n.name) for n in self.inv.nodes],
+                 lambda n: self.check(n, rehash=rehash)).values_or_raise(STAGE)
+
+    def disk(self) -> None:
+        short = []
+        for n in self.lacking():
+            s = self.state[n]
+            need = (s["missing_bytes"] - s["partial_bytes"]) * DISK_MARGIN
+            if s["free"] < need:
+                short.append((n, s, need))
+        if short:
+            n, s, need = short[0]
+            raise fail(STAGE, n, "check free disk",
+                       f"not enough disk for {self.repo}: {w.gib(s['free'])} free in {s['free_path']}, "
+                       f"the missing files need {w.gib(need)}",
+                       fix=f"free {w.gib(need - s['free'])} in {s['free_path']} on {n} (`sparkcluster weights status` "
+                           "lists the cached models; `sparkcluster weights rm` removes one), then sparkcluster up")
+
+    def write_token(self) -> None:
+        if "HF_TOKEN" in self.secrets:
+            self.cluster.head.run(server.token_file_command(self.cache), timeout=30,
+                                  stdin=self.secrets["HF_TOKEN"].encode())
+
+    def download(self) -> str:
+        head, m = self.cluster.head, self.manifest
+        before = self.state[head.name]["present_bytes"]
+        cmd = w.download_command(self.image, self.cache, self.inv.cluster.hf_endpoint, m)
+        proc = head.start(transfer.bash(cmd), timeout=24 * 3600)
+        t0 = time.monotonic()
+        try:
+            for line in proc.stderr_lines():
+                # the reporter thread's lines can run into the download's own stderr (a traceback)
+                got = _BYTES.match(line)
+                if got:
+                    self.progress.bytes(f"hub -> {head.name}", min(int(got[1]), m.size), m.size)
+            res = proc.wait()
+        except BaseException:
+            # what arrived stays as .incomplete files for the next run to resume
+            head.run(w.stop_download_command(), timeout=60, warn=True)
+            raise
+        if not res.ok:
+            raise fail(STAGE, head.name, "download the weights", f"the download of {self.repo}@{m.commit[:12]} failed "
+                       f"(exit {res.exit_code}); what arrived is kept and the next run resumes it",
+                       w.describe_download(self.image, m, endpoint(self.inv), self.cache), res.tail(),
+                       f"check the head's link to {endpoint(self.inv)}, then sparkcluster up")
+        after = self.check(head.name)
+        if after["missing"]:
+            raise fail(STAGE, head.name, "verify the weights",
+                       f"{len(after['missing'])} file(s) of {self.repo} did not match their hash after the download "
+                       "(removed; the next run fetches them again)", fix="sparkcluster up")
+        self.moved[f"hub -> {head.name}"] = after["present_bytes"] - before
+        return f"downloaded {(after['present_bytes'] - before) / 1e9:.2f} GB in {time.monotonic() - t0:.1f}s"
+
+    def replicate(self, worker_name: str) -> str:
+        head, worker = self.cluster.head, self.cluster.hosts[worker_name]
+        s, hnode, wnode = self.state[worker_name], self.inv.head, self.inv.node(worker_name)
+        blobs, total = s["missing"], s["missing_bytes"]
+        recv = worker.start(transfer.bash(w.receive_command(self.cache, self.repo, str(wnode.control_ip),
+                                                            str(hnode.control_ip))), timeout=24 * 3600)
+        port = transfer.announced_port(recv)
+        if port is None:
+            res = recv.wait()
+            raise fail(STAGE, worker.name, "start the receiver", "the receiver did not start",
+                       "python3 receiver | tar -x", res.tail())
+        t0 = time.monotonic()
+        snd = head.start(transfer.bash(w.send_command(self.cache, self.repo, blobs, str(wnode.control_ip), port,
+                                                      str(hnode.control_ip))), timeout=24 * 3600)
+        sent = transfer.follow_sender(snd, lambda n: self.progress.bytes(f"{head.name} -> {worker.name}",
+                                                                         min(n, total), total))
+        sres, rres = snd.wait(), recv.wait()
+        secs = time.monotonic() - t0
+        # whatever arrived whole is adopted (it matches its name), the rest is dropped: never served
+        after = self.check(worker.name)
+        if not rres.ok or not sres.ok:
+            bad, res = (worker, rres) if not rres.ok else (head, sres)
+            raise fail(STAGE, bad.name, "replicate the weights",
+                       f"transfer to {worker.name} failed (exit {res.exit_code}); {len(after['missing'])} file(s) "
+                       "still missing there, the next run sends only those", res.command[:160], res.tail(),
+                       f"check free disk on {worker.name} and the link between {head.name} and {worker.name}, "
+                       "then sparkcluster up")
+        if after["missing"]:
+            raise fail(STAGE, worker.name, "verify the weights",
+                       f"{len(after['missing'])} file(s) sent to {worker.name} did not match their hash (removed)",
+                       fix=f"check the link between {head.name} and {worker.name}, then sparkcluster up")
+        self.moved[worker.name] = sent
+        return (f"sent to {worker.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, "
+                f"{sent / 1e6 / max(secs, 1e-3):.1f} MB/s, verified")
+
+
+def steps(plan: "Plan") -> list[Step]:
+    if plan.serve is None:
+        return []
+    want = wanted(plan.profile)
+    if want is None:
+        return []
+    repo, rev = want
+    inv, head = plan.inventory, plan.inventory.head.name
+    ep = endpoint(inv)
+    lacks = "a node lacks files of the snapshot"
+    out = [Step(STAGE, head, "resolve", f"resolve {repo}@{rev} to a commit on the hub",
+                f"GET {ep}/api/models/{repo}/revision/{rev} from {head}"
+                + (" (HF token on stdin)" if "HF_TOKEN" in plan.secret_names else ""), run=_resolve)]
+    for n in inv.nodes:
+        out.append(Step(STAGE, n.name, "check", "check the HF cache against the snapshot",
+                        f"in {w.hub_dir(inv.cluster.hf_cache)}: every file's size, the hash of any file not "
+                        "verified before; links the snapshot when complete",
+                        run=lambda r, n=n.name: r.weights.check(n), parallel="weights-check"))
+    out.append(Step(STAGE, head, "disk", "check free disk on every node that lacks files",
+                    "the HF cache's filesystem has room for the missing files", when=lacks,
+                    skip=lambda r: None if r.weights.lacking() else "every node holds the snapshot",
+                    run=lambda r: r.weights.disk()))
+    if "HF_TOKEN" in plan.secret_names:
+        out.append(Step(STAGE, head, "hf-token", "write the HF token file for the download",
+                        f"{server.token_file_command(inv.cluster.hf_cache)}  (HF_TOKEN=****** on stdin over SSH)",
+                        when="the head lacks files", skip=_head_complete, run=lambda r: r.weights.write_token()))
+    out.append(Step(STAGE, head, "download", "download the snapshot once, into the head's HF cache",
+                    w.describe_download(plan.image, None, ep, inv.cluster.hf_cache, repo), when="the head lacks files",
+                    skip=_head_complete, run=lambda r: r.weights.download()))
+    for wk in inv.workers:
+        out.append(Step(STAGE, wk.name, "replicate", "receive the files it lacks from the head, verify them",
+                        f"{head}: tar of the missing blobs | tcp {inv.head.control_ip} -> {wk.control_ip} | "
+                        f"{wk.name}: tar -x, each file checked against its hash (one connection, head's address only)",
+                        when="this node lacks files",
+                        skip=lambda r, n=wk.name: None if r.weights.state[n]["missing"] else "it holds the snapshot",
+                        run=lambda r, n=wk.name: r.weights.replicate(n)))
+    return out
+
+
+OFFLINE_SIGNS = ("OfflineModeIsEnabled", "outgoing traffic has been disabled", "LocalEntryNotFoundError")
+
+
+def offline_miss(tail: str, model: str) -> str | None:
+    """The reason to give when a rank wanted something from the hub the weights stage did not stage
+    (the containers run with HF_HUB_OFFLINE=1), else None."""
+    if any(s in tail for s in OFFLINE_SIGNS):
+        return (f"a rank looked for a file of {model} that is not in its HF cache and may not reach the hub "
+                "(HF_HUB_OFFLINE=1): the staged snapshot lacks what the engine asked for")
+    return None
+
+
+def _resolve(r: "Run") -> str:
+    repo, rev = wanted(r.plan.profile)
+    r.weights = Staging(r.cluster, r.inv, r.plan.image, repo, rev, r.secrets, r.progress)
+    return r.weights.resolve().commit
+
+
+def _head_complete(r: "Run") -> str | None:
+    return None if r.weights.state[r.inv.head.name]["missing"] else "the head holds the snapshot"
+
+
+def summary(done: list[tuple[Step, object]]) -> str:
+    commit = next((v for s, v in done if s.action == "resolve"), "")
+    notes = [v for s, v in done if s.action in ("download", "replicate") and v]
+    return ", ".join(notes) or f"{commit[:12]} in place on every node"
