@@ -10,12 +10,15 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from sparkcluster import __version__, log, redact
-from sparkcluster.config import inventory
+from sparkcluster import __version__, redact
 from sparkcluster.errors import EXIT_USAGE, SparkError
+
+if TYPE_CHECKING:  # structlog and pydantic are imported by the commands that use them, not by --help
+    from sparkcluster.config import inventory
 
 
 @dataclass
@@ -28,6 +31,8 @@ class Invocation:
 
     def inventory(self) -> inventory.Inventory:
         if self._inventory is None:
+            from sparkcluster.config import inventory
+
             self._inventory = inventory.load(self.inventory_path)
         return self._inventory
 
@@ -36,8 +41,20 @@ class _LazyGroup(click.Group):
     """Imports a subcommand's module when that subcommand is asked for: a quick command like
     `status --json` spends most of its time importing, and need not import the others' libraries."""
 
-    # each command lives in `<name>_cmd.py` of this package; importing it decorates the command onto `cli`
-    COMMANDS = ("bench", "doctor", "down", "events", "init", "logs", "profile", "status", "up", "weights")
+    # each command lives in `<name>_cmd.py` of this package; importing it decorates the command onto
+    # `cli`. Its one-line help is here too, so `--help` imports no command (a test keeps them equal).
+    COMMANDS = {
+        "bench": "Measure throughput and latency of the serving cluster with vLLM's own bench.",
+        "doctor": "Check every node for what breaks Spark clusters; a fix for each failure.",
+        "down": "Stop vllm serve by its PID, then remove sparkcluster's containers.",
+        "events": "The supervisor's journal on the head: what it saw and what it did.",
+        "init": "Discover the hosts and write a draft inventory to review.",
+        "logs": "The containers' logs (Ray) and vllm serve's log, from any node.",
+        "profile": "Model profiles: list, show what each node gets, lint.",
+        "status": "Per deployment and node: container, Ray membership, endpoint, supervisor.",
+        "up": "Build, distribute, start Ray on every node and serve the profile's model.",
+        "weights": "Model weights in the nodes' HF caches: stage, list, remove.",
+    }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self.COMMANDS))
@@ -46,6 +63,12 @@ class _LazyGroup(click.Group):
         if name not in self.commands and name in self.COMMANDS:
             importlib.import_module(f"{__package__}.{name}_cmd")
         return super().get_command(ctx, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, self.COMMANDS.get(name) or self.commands[name].get_short_help_str())
+                for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -58,6 +81,8 @@ class _LazyGroup(click.Group):
 @click.pass_context
 def cli(ctx: click.Context, inventory_path: Path | None, log_format: str, verbose: int) -> None:
     """Bring two DGX Sparks from bare to serving a model with tensor parallelism."""
+    from sparkcluster import log
+
     level = {0: "warning", 1: "info"}.get(verbose, "debug")
     log.configure(level=level, fmt=log_format)
     ctx.obj = Invocation(inventory_path=inventory_path, log_format=log_format)
@@ -91,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         e.show()
         return EXIT_USAGE if e.exit_code == 2 else e.exit_code
     except Exception:  # a bug: the user gets one line, the log gets the traceback
+        from sparkcluster import log
+
         path = log.debug_log_path()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
