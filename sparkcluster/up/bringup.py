@@ -26,7 +26,8 @@ from sparkcluster.remote.fanout import Cluster, connect_reachable
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.up.execute import Progress, Run, execute, record_preflight
 from sparkcluster.up.plan import Plan, make_plan
-from sparkcluster.up.stages import gate as preflight_stage
+from sparkcluster.up.stages import gate
+from sparkcluster.up.stages.containers import Created
 
 _log = log.get(__name__)
 # how long a serving engine may take to answer one token before `up` calls it wedged
@@ -112,7 +113,7 @@ def _wedged(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secrets: d
 
 def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secrets: dict[str, str],
                 progress: Progress, dry_run: bool, replace: bool, t0: float) -> UpSummary | Plan:
-    report = preflight_stage.check(cluster, inv, prof)
+    report = gate.check(cluster, inv, prof)
     old = _old_server(cluster, inv, report.facts)
     wanted = {k: v for k, v in secrets.items() if k in profiles.secret_env_names(prof)}
     # the same profile serves only when its server runs, started with the same secrets and watched
@@ -151,19 +152,20 @@ def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secret
             raise StageError(r.stage, [StepFailure(n, r.stage, why, fix=fix) for n, why in lost.items()] + others,
                              fix) from e
         raise
-    return UpSummary(False, f"http://{cluster.head.address}:{plan.serve.port}/v1", plan.serve.model, r.server.pid,
+    return UpSummary(False, f"http://{cluster.head.address}:{plan.serve.port}/v1", plan.serve.model, r.get(server.Record).pid,
                      r.seconds)
 
 
 def rollback(r: Run) -> None:
     """Stop what this run started and remove what it created; leave everything else alone."""
-    if r.server is not None:
+    if r.find(server.Record) is not None:
         try:
             teardown.stop_server(r.cluster.head, r.plan.serve.container)
         except Exception as e:  # keep rolling back
             _log.warning("rollback: stopping vllm serve failed", error=str(e))
-    if r.created:
-        for node, o in teardown.down(r.cluster, only_ids=r.created.containers).items():
+    created = r.find(Created)
+    if created is not None:
+        for node, o in teardown.down(r.cluster, only_ids=created.containers).items():
             if not o.ok:
                 _log.warning("rollback: could not clean a node", node=node, errors=o.errors)
 

@@ -10,22 +10,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import docker.errors
 
 from sparkcluster import log
-from sparkcluster.day2 import server
 from sparkcluster.errors import CommandFailed, SparkError, StageError, StepFailure
 from sparkcluster.facts import HostFacts
 from sparkcluster.remote.fanout import Cluster, run_each
-from sparkcluster.up.plan import STAGE_MODULES, Plan
+from sparkcluster.up.plan import Plan
 from sparkcluster.up.stages import STAGES
 from sparkcluster.up.stages.base import Step
 
 _log = log.get(__name__)
 _steps_log = log.get(log.STEPS_LOGGER)
 SKIPPED = object()
+T = TypeVar("T")
 # the image stage is reported even when it has nothing to do: "in place on every node" is news
 ALWAYS_REPORTED = {"image"}
 
@@ -40,45 +40,37 @@ class Progress:
 
 
 @dataclass
-class Created:
-    containers: dict[str, set[str]] = field(default_factory=dict)  # node -> container ids
-
-    def add(self, node: str, cid: str) -> None:
-        self.containers.setdefault(node, set()).add(cid)
-
-    def __bool__(self) -> bool:
-        return any(self.containers.values())
-
-
-@dataclass
 class Run:
-    """What the steps of one `up` share while they run: the connections, the plan, and what this
-    run has created (for the rollback)."""
+    """What the steps of one `up` share while they run: the connections, the plan, and each stage's
+    own state (what it created, started or read), kept by its type: the stage that writes a value
+    owns its type (`put`), a later stage or the rollback reads it (`get`, or `find` when the stage
+    may not have run)."""
 
     cluster: Cluster
     plan: Plan
     facts: dict[str, HostFacts]
     secrets: dict[str, str]
     progress: Progress
-    created: Created = field(default_factory=Created)
-    server: server.Record | None = None  # started by this run
     seconds: dict[str, float] = field(default_factory=dict)
     stage: str = "image"
-    weights: Any = None  # the weights stage's Staging, once its first step ran
-    _head_image: dict | None = None
+    owned: dict[type, Any] = field(default_factory=dict, repr=False)  # each stage's state, by its type
 
     @property
     def inv(self):
         return self.plan.inventory
 
-    def head_image(self) -> dict:
-        """The head's image as its engine describes it, read once (after a build, if any)."""
-        if self._head_image is None:
-            self._head_image = self.cluster.head.docker().api.inspect_image(self.plan.image)
-        return self._head_image
+    def put(self, value: T) -> T:
+        self.owned[type(value)] = value
+        return value
 
-    def head_image_id(self) -> str:
-        return self.head_image()["Id"]
+    def find(self, kind: type[T]) -> T | None:
+        return self.owned.get(kind)
+
+    def get(self, kind: type[T]) -> T:
+        value = self.owned.get(kind)
+        if value is None:  # a step ran before the one that writes it: a bug in a stage's order
+            raise RuntimeError(f"{kind.__name__} asked for before its stage wrote it")
+        return value
 
 
 def event(step: Step, outcome: str, seconds: float | None = None) -> None:
@@ -155,7 +147,7 @@ def walk(r: Run, steps: list[Step]) -> list[tuple[Step, Any]]:
 
 def execute(r: Run) -> None:
     """Every stage after preflight, in order; each prints its duration and what it did."""
-    for stage in STAGES[1:]:
+    for stage in list(STAGES)[1:]:
         steps = [s for s in r.plan.steps() if s.stage == stage]
         if not steps and stage not in ALWAYS_REPORTED:
             continue
@@ -164,4 +156,4 @@ def execute(r: Run) -> None:
         t = time.monotonic()
         done = walk(r, steps)
         r.seconds[stage] = time.monotonic() - t
-        r.progress.done(stage, r.seconds[stage], STAGE_MODULES[stage].summary(done))
+        r.progress.done(stage, r.seconds[stage], STAGES[stage].summary(done))

@@ -24,18 +24,7 @@ from sparkcluster.facts import HostFacts
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
 from sparkcluster.up.container_spec import ContainerSpec, spec_for
 from sparkcluster.up.stages import STAGES
-from sparkcluster.up.stages import containers as containers_stage
-from sparkcluster.up.stages import gate as preflight_stage
-from sparkcluster.up.stages import image as image_stage
-from sparkcluster.up.stages import probe as probe_stage
-from sparkcluster.up.stages import ray as ray_stage
-from sparkcluster.up.stages import serve as serve_stage
-from sparkcluster.up.stages import weights as weights_stage
 from sparkcluster.up.stages.base import Step
-
-STAGE_MODULES = {"preflight": preflight_stage, "image": image_stage, "weights": weights_stage,
-                 "containers": containers_stage,
-                 "ray": ray_stage, "probe": probe_stage, "serve": serve_stage}
 
 
 @dataclass
@@ -158,6 +147,6 @@ def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts
 
 def _with_steps(plan: Plan, stages: Iterable[str]) -> Plan:
     for stage in stages:
-        mod = STAGE_MODULES[stage]
+        mod = STAGES[stage]
         plan._steps += mod.steps(plan.inventory) if stage == "preflight" else mod.steps(plan)
     return plan

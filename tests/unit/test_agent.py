@@ -177,7 +177,7 @@ def test_up_says_serving_only_once_the_supervisor_has_seen_it_serve(monkeypatch)
     sv = SimpleNamespace(container="c", describe=lambda: "the supervisor in c runs: vllm serve m")
     head = SimpleNamespace(name="spark-head", address="198.18.0.2", docker=lambda: SimpleNamespace(api=None))
     r = SimpleNamespace(plan=SimpleNamespace(serve=sv, profile=prof), cluster=SimpleNamespace(head=head),
-                        server=SimpleNamespace(generation="g1"), secrets={}, progress=None)
+                        get=lambda kind: SimpleNamespace(generation="g1"), secrets={}, progress=None)
     monkeypatch.setattr(serve_stage, "_base", lambda r: "http://x")
     assert serve_stage.wait_ready(r) == 3.0  # a serving state of another generation did not count
     monkeypatch.setattr(supervision, "state", lambda api, c: {"state": "starting", "generation": "g1"})

@@ -25,6 +25,7 @@ from sparkcluster.up import execute
 from sparkcluster.up.plan import make_plan
 from sparkcluster.up.stages import STAGES
 from sparkcluster.up.stages.base import Step
+from sparkcluster.up.stages.containers import Created
 
 HEAD, WORKER = "spark-head", "spark-worker"
 
@@ -136,7 +137,7 @@ def test_every_side_effect_is_a_step_with_a_stable_unique_id(monkeypatch):
     ids = [s.id for s in plan.steps()]
     assert len(ids) == len(set(ids))
     assert all(s.id == f"{s.stage}/{s.host}/{s.action}" for s in plan.steps())
-    assert [s.stage for s in plan.steps()] == sorted((s.stage for s in plan.steps()), key=STAGES.index)
+    assert [s.stage for s in plan.steps()] == sorted((s.stage for s in plan.steps()), key=list(STAGES).index)
     for want in ("serve/spark-head/hf-token", "serve/spark-worker/hf-token", "containers/spark-head/ray-head",
                  "ray/spark-head/membership", "serve/spark-head/warm-up", "image/spark-head/build"):
         assert want in ids, ids
@@ -314,8 +315,8 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     assert {i for i, o in events if o.startswith("skipped")} == {
         "image/spark-worker/receive", "weights/spark-head/disk", "weights/spark-head/hf-token",
         "weights/spark-head/download", "weights/spark-worker/replicate"}
-    assert r.created.containers == {HEAD: {specs[HEAD].name + "-id"}, WORKER: {specs[WORKER].name + "-id"}}
-    assert r.server is not None and r.server.pid == 77
+    assert r.get(Created).containers == {HEAD: {specs[HEAD].name + "-id"}, WORKER: {specs[WORKER].name + "-id"}}
+    assert r.get(server.Record).pid == 77
     assert hosts[HEAD].engine.calls[0] == "build"
     assert "done serve: ready after 1.5s" in r.progress.lines
     assert "done containers: 2 created" in r.progress.lines

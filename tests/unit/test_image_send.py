@@ -19,6 +19,7 @@ from sparkcluster.facts import HostFacts
 from sparkcluster.facts import parsers as P
 from sparkcluster.movement.layers import ImageLayers
 from sparkcluster.up.stages import image as image_stage
+from sparkcluster.up.stages.image import HeadImage
 
 HEAD, WORKER = "spark-head", "spark-worker"
 IMAGE = "sparkcluster/vllm-ray:test"
@@ -121,8 +122,8 @@ def world(tmp_path):
         progress = SimpleNamespace(bytes=lambda *a: None)
         return SimpleNamespace(cluster=SimpleNamespace(head=head, hosts={HEAD: head, WORKER: worker}),
                                facts=facts, inv=inv, plan=SimpleNamespace(image=IMAGE), progress=progress,
-                               head_image=lambda: {"Id": HEAD_ID, "Size": 400_000,
-                                                   "RootFS": {"Layers": [BASE_ID, RAY_ID]}})
+                               find=lambda kind: HeadImage({"Id": HEAD_ID, "Size": 400_000,
+                                                            "RootFS": {"Layers": [BASE_ID, RAY_ID]}}))
     return tmp_path, make, head
 
 

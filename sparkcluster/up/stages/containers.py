@@ -4,6 +4,7 @@ its Ray head, then create the workers' containers at once."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import docker.errors
@@ -21,6 +22,16 @@ if TYPE_CHECKING:
 
 STAGE = "containers"
 DROP_CACHES = "sync && echo 3 > /proc/sys/vm/drop_caches"
+
+
+@dataclass
+class Created:
+    """The containers this run created (the containers stage's state): what the rollback removes."""
+
+    containers: dict[str, set[str]] = field(default_factory=dict)  # node -> container ids
+
+    def add(self, node: str, cid: str) -> None:
+        self.containers.setdefault(node, set()).add(cid)
 
 
 def steps(plan: "Plan") -> list[Step]:
@@ -79,5 +90,5 @@ def create(r: "Run", spec: ContainerSpec) -> str:
         cid = create_and_start(host.docker().api, spec)
     except (docker.errors.APIError, EngineUnreachable) as e:  # the engine refused or did not answer: name the node and the call
         raise fail(STAGE, host.name, f"create {spec.name}", str(e), spec.docker_run_equivalent()) from None
-    r.created.add(host.name, cid)
+    (r.find(Created) or r.put(Created())).add(host.name, cid)
     return cid

@@ -8,6 +8,7 @@ import io
 import shlex
 import tarfile
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import docker.errors
@@ -80,8 +81,19 @@ def summary(done: list[tuple[Step, object]]) -> str:
     return ", ".join(notes) or "in place on every node"
 
 
+@dataclass(frozen=True)
+class HeadImage:
+    """The head's image as its engine describes it (the image stage's state), read once, after a build."""
+
+    info: dict
+
+
+def head_image(r: "Run") -> dict:
+    return (r.find(HeadImage) or r.put(HeadImage(r.cluster.head.docker().api.inspect_image(r.plan.image)))).info
+
+
 def _same_image(r: "Run", worker: str) -> str | None:
-    return "it already holds the head's image" if r.facts[worker].image_id == r.head_image_id() else None
+    return "it already holds the head's image" if r.facts[worker].image_id == head_image(r)["Id"] else None
 
 
 def image_id(host, image: str) -> str | None:
@@ -152,7 +164,7 @@ def run_delta(r: "Run", worker: str) -> layers.Delta:
     """The same computation as the plan's (planned_layers), over the head's image as it is now:
     after a build, its layers are read from the engine."""
     hf, wf = r.facts[r.inv.head.name], r.facts[worker]
-    info = r.head_image()
+    info = head_image(r)
     if hf.image_layers is not None and hf.image_layers.id == info["Id"]:
         img = hf.image_layers
     else:
@@ -168,7 +180,7 @@ def run_delta(r: "Run", worker: str) -> layers.Delta:
 
 def send(r: "Run", worker_name: str) -> str:
     head, worker = r.cluster.head, r.cluster.hosts[worker_name]
-    info = r.head_image()
+    info = head_image(r)
     head_id = info["Id"]
     size, image_layers = info.get("Size", 0), (info.get("RootFS") or {}).get("Layers") or []
     d = run_delta(r, worker_name)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from sparkcluster import redact
 from sparkcluster.day2 import server, supervision, teardown
 from sparkcluster.remote import retry
-from sparkcluster.up.stages import weights as weights_stage
+from sparkcluster.up.stages import weights
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
@@ -87,8 +87,8 @@ def _old_gone(r: "Run", pid: int) -> str | None:
 def start(r: "Run") -> None:
     prof = r.plan.profile
     try:
-        r.server = server.start(r.cluster.head.docker().api, r.plan.serve, r.secrets, prof.name,
-                                supervision.policy(prof.supervisor, prof.ready_timeout_s))
+        r.put(server.start(r.cluster.head.docker().api, r.plan.serve, r.secrets, prof.name,
+                                supervision.policy(prof.supervisor, prof.ready_timeout_s)))
     except server.NotReady as e:
         raise fail(STAGE, r.cluster.head.name, "start vllm serve", e.reason, r.plan.serve.describe(), e.tail,
                    "sparkcluster events shows the supervisor's journal; sparkcluster down, then sparkcluster up") from None
@@ -102,17 +102,17 @@ def wait_ready(r: "Run") -> float:
     sv, head = r.plan.serve, r.cluster.head
     api = head.docker().api
     try:
-        took = server.wait_ready(api, r.server, sv, _base(r), r.secrets, r.plan.profile.ready_timeout_s,
+        took = server.wait_ready(api, r.get(server.Record), sv, _base(r), r.secrets, r.plan.profile.ready_timeout_s,
                                  on_wait=lambda why, s: r.progress.info(f"waiting for the server ({s:.0f}s): {why}"))
     except server.NotReady as e:
-        reason = weights_stage.offline_miss(e.tail or "", r.plan.profile.model) or e.reason
+        reason = weights.offline_miss(e.tail or "", r.plan.profile.model) or e.reason
         raise fail(STAGE, head.name, "wait until ready", reason, sv.describe(), e.tail,
                    "read the server's log above (sparkcluster logs spark-head); fix, then sparkcluster up") from None
     # `up` says serving only once the supervisor watches a server it has seen answer: a wedge in the
     # next second is then its to catch (it only judges an engine it has seen ready)
     def watching() -> bool | None:
         st = supervision.state(api, sv.container) or {}
-        return True if st.get("state") == "serving" and st.get("generation") == r.server.generation else None
+        return True if st.get("state") == "serving" and st.get("generation") == r.get(server.Record).generation else None
 
     bound = SUPERVISOR_CONFIRM_S + r.plan.profile.supervisor.probe_timeout_s
     if retry.poll(watching, timeout=bound, interval=0.5, what="the supervisor") is None:

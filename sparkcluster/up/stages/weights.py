@@ -191,25 +191,25 @@ def steps(plan: "Plan") -> list[Step]:
         out.append(Step(STAGE, n.name, "check", "check the HF cache against the snapshot",
                         f"in {w.hub_dir(inv.cluster.hf_cache)}: every file's size, the hash of any file not "
                         "verified before; links the snapshot when complete",
-                        run=lambda r, n=n.name: r.weights.check(n), parallel="weights-check"))
+                        run=lambda r, n=n.name: r.get(Staging).check(n), parallel="weights-check"))
     out.append(Step(STAGE, head, "disk", "check free disk on every node that lacks files",
                     "the HF cache's filesystem has room for the missing files", when=lacks,
-                    skip=lambda r: None if r.weights.lacking() else "every node holds the snapshot",
-                    run=lambda r: r.weights.disk()))
+                    skip=lambda r: None if r.get(Staging).lacking() else "every node holds the snapshot",
+                    run=lambda r: r.get(Staging).disk()))
     if "HF_TOKEN" in plan.secret_names:
         out.append(Step(STAGE, head, "hf-token", "write the HF token file for the download",
                         f"{server.token_file_command(inv.cluster.hf_cache)}  (HF_TOKEN=****** on stdin over SSH)",
-                        when="the head lacks files", skip=_head_complete, run=lambda r: r.weights.write_token()))
+                        when="the head lacks files", skip=_head_complete, run=lambda r: r.get(Staging).write_token()))
     out.append(Step(STAGE, head, "download", "download the snapshot once, into the head's HF cache",
                     w.describe_download(plan.image, None, ep, inv.cluster.hf_cache, repo), when="the head lacks files",
-                    skip=_head_complete, run=lambda r: r.weights.download()))
+                    skip=_head_complete, run=lambda r: r.get(Staging).download()))
     for wk in inv.workers:
         out.append(Step(STAGE, wk.name, "replicate", "receive the files it lacks from the head, verify them",
                         f"{head}: tar of the missing blobs | tcp {inv.head.control_ip} -> {wk.control_ip} | "
                         f"{wk.name}: tar -x, each file checked against its hash (one connection, head's address only)",
                         when="this node lacks files",
-                        skip=lambda r, n=wk.name: None if r.weights.state[n]["missing"] else "it holds the snapshot",
-                        run=lambda r, n=wk.name: r.weights.replicate(n)))
+                        skip=lambda r, n=wk.name: None if r.get(Staging).state[n]["missing"] else "it holds the snapshot",
+                        run=lambda r, n=wk.name: r.get(Staging).replicate(n)))
     return out
 
 
@@ -227,12 +227,11 @@ def offline_miss(tail: str, model: str) -> str | None:
 
 def _resolve(r: "Run") -> str:
     repo, rev = wanted(r.plan.profile)
-    r.weights = Staging(r.cluster, r.inv, r.plan.image, repo, rev, r.secrets, r.progress)
-    return r.weights.resolve().commit
+    return r.put(Staging(r.cluster, r.inv, r.plan.image, repo, rev, r.secrets, r.progress)).resolve().commit
 
 
 def _head_complete(r: "Run") -> str | None:
-    return None if r.weights.state[r.inv.head.name]["missing"] else "the head holds the snapshot"
+    return None if r.get(Staging).state[r.inv.head.name]["missing"] else "the head holds the snapshot"
 
 
 def summary(done: list[tuple[Step, object]]) -> str:
