@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 API_KEY = "sk-testbed-4f9c1e2a7b"
@@ -84,3 +85,15 @@ def answers(base: str, model: str, max_tokens: int = 2, api_key: str = API_KEY) 
         return r.status_code == 200 and r.json()["usage"]["completion_tokens"] == max_tokens
     except (httpx.HTTPError, ValueError, KeyError):
         return False
+
+
+def wait_for(cond, timeout: float, step: float = 0.2):
+    """The condition's first true value within `timeout` seconds, else a false one: the suites
+    wait on conditions, never on sleeps."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(step)
+    return cond()

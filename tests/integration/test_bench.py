@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import CLI
-from tests.integration.helpers import API_KEY
-from tests.integration.test_lifecycle import sc_env, wait_for
+from tests.integration.helpers import API_KEY, wait_for
+from tests.integration.test_lifecycle import sc_env
 from tests.unit.test_bench import assert_csv_matches_json
 
 pytestmark = pytest.mark.testbed

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from tests.integration.conftest import CLI
-from tests.integration.helpers import API_KEY, listeners, ours
+from tests.integration.helpers import API_KEY, listeners, ours, wait_for
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -56,15 +56,6 @@ def assert_clean(testbed, host: str) -> None:
     assert procs(testbed, host) == [], f"{host}: processes left: {procs(testbed, host)}"
     assert listeners(testbed, host, 6379) == "", f"{host}: 6379 held"
     assert listeners(testbed, host, 8000) == "", f"{host}: 8000 held"
-
-
-def wait_for(cond, timeout: float, step: float = 0.2) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(step)
-    return False
 
 
 def client(timeout: float = 30) -> openai.OpenAI:

@@ -26,6 +26,7 @@ from tests.integration.helpers import (
     ours,
     popen_sc,
     utc_now,
+    wait_for,
     worker_block_edit,
 )
 
@@ -463,8 +464,10 @@ def test_sigint_during_serve_rolls_back(testbed, sc, env_file):
         t = threading.Thread(target=read, daemon=True)
         t.start()
         assert waiting.wait(120), "".join(lines)
-        time.sleep(1)
-        pid_rec = testbed.sh(HEAD, f"docker exec {HEAD_CONTAINER} cat /run/sparkcluster/serve.json").stdout
+        read_rec = lambda: testbed.sh(HEAD, f"docker exec {HEAD_CONTAINER} cat /run/sparkcluster/serve.json",  # noqa: E731
+                                      check=False).stdout.strip()
+        assert wait_for(read_rec, 30), "the supervisor recorded no server"
+        pid_rec = read_rec()
         pid = json.loads(pid_rec)["pid"]
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=120)
