@@ -30,6 +30,7 @@ from sparkcluster.bench.sweep import (
     level_dir,
     stop_argv,
 )
+from sparkcluster.day2 import endpoint
 from sparkcluster.errors import InputError, SparkError
 
 _log = log.get("sparkcluster.bench")  # the logger name of the single module this was
@@ -266,14 +267,13 @@ def check_endpoint(address: str, target: Target, port: int, secrets: dict[str, s
     """From the controller, before any level: the endpoint answers and takes our key."""
     import httpx
 
-    from sparkcluster.day2 import server
     base = f"http://{address}:{port}"
     with httpx.Client() as client:
-        code = server.health(client, base)
+        code = endpoint.health(client, base)
         if code != 200:
             raise SparkError(f"the endpoint {base} does not answer (/health: {code or 'no answer'})",
                              "sparkcluster status shows what is down; sparkcluster logs shows why")
-        ok, why = server.one_token(client, base, target.model, server.headers(secrets), timeout=60)
+        ok, why = endpoint.one_token(client, base, target.model, endpoint.headers(secrets), timeout=60)
     if ok:
         return
     if "HTTP 401" in why:

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sparkcluster.config.bounds import SupervisorSettings
 from sparkcluster.config.inventory import describe_validation_error
-from sparkcluster.day2.supervision import SupervisorSettings
 from sparkcluster.errors import InputError
 from sparkcluster.movement.hfcache import is_hub_model
 

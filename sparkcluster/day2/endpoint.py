@@ -10,11 +10,10 @@ own `vllm:` names.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import asdict, dataclass, field
 
 import httpx
-
-from sparkcluster.day2 import server
 
 PROBE_TIMEOUT_S = 10.0
 # the vLLM metric names status reads (vLLM 0.2x-0.3x; labelled per engine and model)
@@ -64,9 +63,9 @@ def look(endpoint: str, api_key: str | None, model: str | None = None,
     """/health, then (only when 200) /v1/models, /metrics and a one-token completion to the served
     model (or `model`). Never raises for what the endpoint answers."""
     view = EngineView()
-    hdrs = server.headers({"VLLM_API_KEY": api_key} if api_key else {})
+    hdrs = headers({"VLLM_API_KEY": api_key} if api_key else {})
     with httpx.Client(timeout=3.0) as c:
-        view.health = server.health(c, endpoint)
+        view.health = health(c, endpoint)
         if view.health != 200:
             return view
         try:
@@ -83,9 +82,47 @@ def look(endpoint: str, api_key: str | None, model: str | None = None,
             pass
         target = model or (view.models[0] if view.models else None)
         if target:
-            ok, why = server.one_token(c, endpoint, target, hdrs, timeout=probe_timeout)
+            ok, why = one_token(c, endpoint, target, hdrs, timeout=probe_timeout)
             if "HTTP 401" in why:  # no key or another key: says nothing about the engine
                 view.probe = "not probed: the endpoint wants the API key (VLLM_API_KEY in the environment or .env)"
             else:
                 view.responds, view.probe = ok, "" if ok else why
     return view
+
+
+# ---- the endpoint's own answers, over HTTP (httpx): shared by up, status and bench
+
+def warm_up(base: str, model: str, secrets: dict[str, str]) -> float:
+    """One short completion, so the first user request does not pay for the JIT compilation.
+    Best effort, as before: its answer is not judged, only its time is reported."""
+    started = time.monotonic()
+    with httpx.Client() as client:
+        one_token(client, base, model, headers(secrets), timeout=120, max_tokens=8)
+    return time.monotonic() - started
+
+
+def headers(secrets: dict[str, str]) -> dict[str, str]:
+    key = secrets.get("VLLM_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def one_token(client: httpx.Client, base: str, model: str, hdrs: dict[str, str], timeout: float,
+              max_tokens: int = 1) -> tuple[bool, str]:
+    try:
+        r = client.post(f"{base}/v1/chat/completions", headers=hdrs, timeout=timeout,
+                        json={"model": model, "max_tokens": max_tokens,
+                              "messages": [{"role": "user", "content": "ping"}]})
+    except httpx.TimeoutException:
+        return False, f"a {max_tokens}-token completion did not return within {timeout:g}s"
+    except httpx.HTTPError as e:
+        return False, f"completion request failed: {e}"
+    if r.status_code != 200:
+        return False, f"completion answered HTTP {r.status_code}: {r.text[:200]}"
+    return True, "ok"
+
+
+def health(client: httpx.Client, base: str) -> int | None:
+    try:
+        return client.get(f"{base}/health", timeout=3).status_code
+    except httpx.HTTPError:
+        return None

@@ -16,6 +16,7 @@ import docker.errors
 import httpx
 
 from sparkcluster import log, redact
+from sparkcluster.day2.endpoint import headers, health, one_token
 from sparkcluster.errors import SparkError
 from sparkcluster.node import contract
 from sparkcluster.remote import retry
@@ -173,42 +174,6 @@ def log_tail(api, container: str, lines: int = 20) -> str:
         return redact.mask(api.exec_start(ex["Id"]).decode(errors="replace"))
     except (SparkError, docker.errors.APIError) as e:  # best effort, for an error message
         return f"(could not read {LOG_PATH}: {e})"
-
-
-def warm_up(base: str, model: str, secrets: dict[str, str]) -> float:
-    """One short completion, so the first user request does not pay for the JIT compilation.
-    Best effort, as before: its answer is not judged, only its time is reported."""
-    started = time.monotonic()
-    with httpx.Client() as client:
-        one_token(client, base, model, headers(secrets), timeout=120, max_tokens=8)
-    return time.monotonic() - started
-
-
-def headers(secrets: dict[str, str]) -> dict[str, str]:
-    key = secrets.get("VLLM_API_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def one_token(client: httpx.Client, base: str, model: str, hdrs: dict[str, str], timeout: float,
-              max_tokens: int = 1) -> tuple[bool, str]:
-    try:
-        r = client.post(f"{base}/v1/chat/completions", headers=hdrs, timeout=timeout,
-                        json={"model": model, "max_tokens": max_tokens,
-                              "messages": [{"role": "user", "content": "ping"}]})
-    except httpx.TimeoutException:
-        return False, f"a {max_tokens}-token completion did not return within {timeout:g}s"
-    except httpx.HTTPError as e:
-        return False, f"completion request failed: {e}"
-    if r.status_code != 200:
-        return False, f"completion answered HTTP {r.status_code}: {r.text[:200]}"
-    return True, "ok"
-
-
-def health(client: httpx.Client, base: str) -> int | None:
-    try:
-        return client.get(f"{base}/health", timeout=3).status_code
-    except httpx.HTTPError:
-        return None
 
 
 class NotReady(Exception):

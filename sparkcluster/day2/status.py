@@ -1,7 +1,9 @@
 """What runs, from the controller: per node the container, Ray membership, the endpoint, memory.
 
-One SSH round trip per node (container state, Ray's state API on the head, uptime, MemAvailable)
-plus two HTTP requests to the endpoint, all in parallel: fast enough to poll every second.
+One SSH round trip per node (container state, Ray's state API on the head, uptime, MemAvailable;
+on the head also the server's record and the supervisor's state and journal, read inside its
+container) plus two HTTP requests to the endpoint, all in parallel and each bounded: fast enough to
+poll every second, and no Docker API client to import or to wait on.
 """
 
 from __future__ import annotations
@@ -13,9 +15,8 @@ from dataclasses import asdict, dataclass, field
 
 from sparkcluster import log
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import deployments, ray_members, server, supervision
+from sparkcluster.day2 import deployments, ray_members
 from sparkcluster.day2 import endpoint as endpoint_mod
-from sparkcluster.errors import EngineUnreachable
 from sparkcluster.facts import parsers, section, split_sections
 from sparkcluster.labels import CLUSTER_LABEL, PROFILE_LABEL, container_name
 from sparkcluster.node import contract
@@ -71,10 +72,35 @@ def node_script(inv: Inventory, head: bool) -> str:
     ]
     if head:
         parts.append(section("ray", ray_members.state_api_command(), stderr=False))
+        parts.append(head_container_script(container_name(inv.cluster.name, "head", inv.head.name)))
     return "\n".join(parts) + "\n"
 
 
-def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None]:
+def head_container_script(container: str) -> str:
+    """One `docker exec` in the head container printing its own sections: the server's record and
+    whether its PID still runs (the shell's kill: slim images have no procps), the supervisor's
+    state and its last journal entries. No such container: no sections, so no server."""
+    inner = "\n".join([
+        section("record", f"cat {contract.RECORD_PATH}"),
+        section("alive", f"kill -0 \"$(sed -n 's/.*\"pid\": *\\([0-9][0-9]*\\).*/\\1/p' {contract.RECORD_PATH})\""),
+        section("supervisor", f"cat {contract.STATE_PATH}"),
+        section("journal", f"tail -n 5 {contract.JOURNAL_PATH}"),
+    ])
+    return f"docker exec {shlex.quote(container)} sh -c {shlex.quote(inner)} 2>/dev/null"
+
+
+def head_container_view(s: dict) -> tuple[int | None, dict | None, list[dict]]:
+    """(the server's PID when it still runs, the supervisor's state, its last journal entries)."""
+    pid = None
+    if "record" in s and s["record"].rc == 0 and "alive" in s and s["alive"].rc == 0:
+        pid = (parsers.json_object(s["record"].out) or {}).get("pid")
+    sup = parsers.json_object(s["supervisor"].out) if "supervisor" in s and s["supervisor"].rc == 0 else None
+    journal = [e for e in (parsers.json_object(x) for x in s["journal"].out.splitlines())
+               if e] if "journal" in s and s["journal"].rc == 0 else []
+    return pid, sup or None, journal
+
+
+def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None, tuple]:
     st = NodeStatus(host.name)
     is_head = host.name == inv.head.name
     res = host.run(node_script(inv, is_head), timeout=10, warn=True)
@@ -95,7 +121,7 @@ def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None]:
         if st.state == "running" and started is not None and now is not None:
             st.uptime_s = round(max(now - started, 0.0), 1)
     ray = ray_members.parse_state_api(s["ray"].out) if is_head and "ray" in s else None
-    return st, ray
+    return st, ray, (head_container_view(s) if is_head else (None, None, []))
 
 
 def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
@@ -131,27 +157,14 @@ def _collect_on(cluster, unreachable: dict, inv: Inventory, api_key: str | None)
     def http() -> endpoint_mod.EngineView:
         return endpoint_mod.look(endpoint, api_key) if endpoint else endpoint_mod.EngineView()
 
-    def server_pid() -> tuple[int | None, dict | None, list[dict]]:
-        # by the head container's fixed name, alongside the node scripts rather than after them
-        if not head:
-            return None, None, []
-        name = container_name(inv.cluster.name, "head", inv.head.name)
-        try:
-            api = head.docker().api
-            rec = server.current(api, name)
-            return (rec.pid if rec else None), supervision.state(api, name), supervision.journal(api, name, 5)
-        except EngineUnreachable as e:  # the node's own row says why; here only: no PID to show
-            _log.debug("no server PID: the head engine did not answer", error=str(e))
-            return None, None, []
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        http_future, pid_future = pool.submit(http), pool.submit(server_pid)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        http_future = pool.submit(http)
         per_node = cluster.each(lambda h: _one(h, inv))
         engine = http_future.result()
-        pid, sup, journal = pid_future.result()
-    heads = [o.value[0] for n, o in per_node.items() if n == inv.head.name and o.ok]
-    if not (heads and heads[0].state == "running"):
-        pid, sup, journal = None, None, []
+    pid, sup, journal = None, None, []
+    head_out = per_node.get(inv.head.name)
+    if head_out is not None and head_out.ok and head_out.value[0].state == "running":
+        pid, sup, journal = head_out.value[2]
 
     nodes, ray_rows = [], None
     for n in inv.nodes:
@@ -162,7 +175,7 @@ def _collect_on(cluster, unreachable: dict, inv: Inventory, api_key: str | None)
         if not o.ok:
             nodes.append(NodeStatus(n.name, reachable=False, error=str(o.error)))
             continue
-        st, ray = o.value
+        st, ray, _ = o.value
         if ray is not None:
             ray_rows = ray
         nodes.append(st)

@@ -27,6 +27,15 @@ def json_list(text: str) -> list:
     return value if isinstance(value, list) else [value]
 
 
+def json_object(text: str) -> dict | None:
+    """A JSON object, or None for anything else (empty, caught mid-write, not an object)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 # --- nvidia-smi ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

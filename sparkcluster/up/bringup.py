@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 
 from sparkcluster import log
-from sparkcluster.config import lint
+from sparkcluster.config import bounds, lint
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import deployments, endpoint, server, supervision, teardown
+from sparkcluster.day2 import deployments, endpoint, server, teardown
 from sparkcluster.errors import InputError, SparkError, StageError, StepFailure
 from sparkcluster.labels import ROLE_LABEL
 from sparkcluster.remote.fanout import Cluster, connect_reachable
@@ -118,7 +118,7 @@ def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secret
     wanted = {k: v for k, v in secrets.items() if k in profiles.secret_env_names(prof)}
     # the same profile serves only when its server runs, started with the same secrets and watched
     # by the supervisor with the profile's bounds
-    policy = supervision.policy(prof.supervisor, prof.ready_timeout_s)
+    policy = bounds.policy(prof.supervisor, prof.ready_timeout_s)
     serving = bool(old and old.profile == prof.name and old.started_with(wanted) and old.policy == policy)
     wedged = _wedged(cluster, inv, prof, secrets) if serving else ""
     serving = serving and not wedged

@@ -26,7 +26,7 @@ from sparkcluster import bench as B
 from sparkcluster import redact
 from sparkcluster.cli import main as cli_main
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2 import server
+from sparkcluster.day2 import endpoint, server
 from sparkcluster.errors import InputError, SparkError
 from tests.unit.conftest import cap
 
@@ -752,16 +752,16 @@ def test_a_level_failing_midway_keeps_the_measured_ones(cli_env, capsys):
 
 
 def test_check_endpoint_key_refused_is_input_error(monkeypatch):
-    monkeypatch.setattr(server, "health", lambda client, base: 200)
-    monkeypatch.setattr(server, "one_token", lambda *a, **k: (False, "completion answered HTTP 401: nope"))
+    monkeypatch.setattr(endpoint, "health", lambda client, base: 200)
+    monkeypatch.setattr(endpoint, "one_token", lambda *a, **k: (False, "completion answered HTTP 401: nope"))
     with pytest.raises(InputError, match="refuses the API key"):
         B.check_endpoint("198.18.0.2", target(), 8000, {"VLLM_API_KEY": "wrong"})
-    monkeypatch.setattr(server, "one_token", lambda *a, **k: (False, "completion answered HTTP 400: no chat template"))
+    monkeypatch.setattr(endpoint, "one_token", lambda *a, **k: (False, "completion answered HTTP 400: no chat template"))
     B.check_endpoint("198.18.0.2", target(), 8000, {})  # answers: the benchmark's own route decides
-    monkeypatch.setattr(server, "one_token", lambda *a, **k: (False, "a 1-token completion did not return within 60s"))
+    monkeypatch.setattr(endpoint, "one_token", lambda *a, **k: (False, "a 1-token completion did not return within 60s"))
     with pytest.raises(SparkError, match="not a completion"):
         B.check_endpoint("198.18.0.2", target(), 8000, {})
-    monkeypatch.setattr(server, "health", lambda client, base: None)
+    monkeypatch.setattr(endpoint, "health", lambda client, base: None)
     with pytest.raises(SparkError, match="does not answer"):
         B.check_endpoint("198.18.0.2", target(), 8000, {})
 

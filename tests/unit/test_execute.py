@@ -15,7 +15,7 @@ from conftest import make_inventory
 
 from sparkcluster import redact
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2 import supervision
+from sparkcluster.day2 import endpoint, supervision
 from sparkcluster.errors import CommandFailed, EngineUnreachable, StageError
 from sparkcluster.facts import HostFacts
 from sparkcluster.remote import dockerapi
@@ -304,7 +304,7 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     # the supervisor in the head container starts the server (tested in test_agent / test_serve_start)
     monkeypatch.setattr(server, "start", lambda *a, **kw: server.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
     monkeypatch.setattr(supervision, "state", lambda *a: {"state": "serving", "generation": ""})
-    monkeypatch.setattr(server, "warm_up", lambda *a, **kw: 0.5)
+    monkeypatch.setattr(endpoint, "warm_up", lambda *a, **kw: 0.5)
     r = execute.Run(Cluster(inv, hosts), plan, facts, secrets, Recorder())
     execute.execute(r)
     planned = [s.id for s in plan.steps() if s.stage != "preflight"]
@@ -403,7 +403,7 @@ def up_over(monkeypatch, env_of):
     # the supervisor in the head container starts the server (tested in test_agent / test_serve_start)
     monkeypatch.setattr(server, "start", lambda *a, **kw: server.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
     monkeypatch.setattr(supervision, "state", lambda *a: {"state": "serving", "generation": ""})
-    monkeypatch.setattr(server, "warm_up", lambda *a, **kw: 0.5)
+    monkeypatch.setattr(endpoint, "warm_up", lambda *a, **kw: 0.5)
     progress = Recorder()
     progress.info = lambda text: progress.lines.append("info " + text)
     return cluster, lambda: bringup._run_locked(cluster, inv, prof, {"VLLM_API_KEY": "k"}, progress, False, False, 0.0)

@@ -224,3 +224,26 @@ def test_not_probed_without_the_key_is_not_a_wedge():
     nodes, rows = healthy_inputs()
     st = verdict(nodes, rows, responds=None, probe="not probed: the endpoint wants the API key")
     assert st.state == "healthy", st.problems
+
+
+def test_the_head_containers_sections_give_pid_supervisor_and_journal():
+    """What `head_container_script` prints, as sections: a running server's PID, the supervisor's
+    state and its journal; a PID that no longer runs is no server; no container, nothing."""
+    from sparkcluster.day2.status import head_container_view
+    from sparkcluster.facts import split_sections
+    from sparkcluster.facts.probes import SECTION
+
+    rec = '{"profile": "testbed", "model": "testbed-tiny", "port": 8000, "pid": 412, "started_at": 1.0}'
+    sup = '{"state": "serving", "since": 1.0, "updated": 2.0, "pid": 412, "restarts": []}'
+    journal = '{"ts": 1.0, "event": "vllm serve started", "pid": 412}\n{"ts": 2.0, "event": "state: serving"}'
+
+    def printed(record_rc: int, alive_rc: int) -> str:
+        body = {"record": (rec, record_rc), "alive": ("", alive_rc), "supervisor": (sup, 0), "journal": (journal, 0)}
+        return "\n".join(f"{SECTION} {name}\n{text}\n{SECTION} {name} rc={rc}" for name, (text, rc) in body.items())
+
+    pid, state, entries = head_container_view(split_sections(printed(0, 0)))
+    assert pid == 412 and state["state"] == "serving"
+    assert [e["event"] for e in entries] == ["vllm serve started", "state: serving"]
+    assert head_container_view(split_sections(printed(0, 1)))[0] is None  # recorded, but the PID is gone
+    assert head_container_view(split_sections(printed(1, 1)))[0] is None  # no record
+    assert head_container_view({}) == (None, None, [])  # no head container: the exec printed nothing

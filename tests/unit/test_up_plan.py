@@ -18,7 +18,7 @@ from conftest import inventory_dict, make_inventory
 from sparkcluster import redact
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import RAY_VERSION, image_ref
-from sparkcluster.day2 import server
+from sparkcluster.day2 import endpoint, server
 from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
@@ -398,8 +398,8 @@ def test_read_record_absent_is_none():
 
 
 def test_headers_from_api_key():
-    assert server.headers({"VLLM_API_KEY": "k"}) == {"Authorization": "Bearer k"}
-    assert server.headers({"HF_TOKEN": "t"}) == {}
+    assert endpoint.headers({"VLLM_API_KEY": "k"}) == {"Authorization": "Bearer k"}
+    assert endpoint.headers({"HF_TOKEN": "t"}) == {}
 
 
 def test_plan_is_a_plan(prof):

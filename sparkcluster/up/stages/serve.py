@@ -8,7 +8,8 @@ import shlex
 from typing import TYPE_CHECKING
 
 from sparkcluster import redact
-from sparkcluster.day2 import server, supervision, teardown
+from sparkcluster.config import bounds
+from sparkcluster.day2 import endpoint, server, supervision, teardown
 from sparkcluster.remote import retry
 from sparkcluster.up.stages import weights
 from sparkcluster.up.stages.base import Step, fail
@@ -88,7 +89,7 @@ def start(r: "Run") -> None:
     prof = r.plan.profile
     try:
         r.put(server.start(r.cluster.head.docker().api, r.plan.serve, r.secrets, prof.name,
-                                supervision.policy(prof.supervisor, prof.ready_timeout_s)))
+                                bounds.policy(prof.supervisor, prof.ready_timeout_s)))
     except server.NotReady as e:
         raise fail(STAGE, r.cluster.head.name, "start vllm serve", e.reason, r.plan.serve.describe(), e.tail,
                    "sparkcluster events shows the supervisor's journal; sparkcluster down, then sparkcluster up") from None
@@ -125,4 +126,4 @@ def wait_ready(r: "Run") -> float:
 
 
 def warm_up(r: "Run") -> float:
-    return server.warm_up(_base(r), r.plan.serve.model, r.secrets)
+    return endpoint.warm_up(_base(r), r.plan.serve.model, r.secrets)
