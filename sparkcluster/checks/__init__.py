@@ -84,6 +84,10 @@ class Report:
     def fail(self, node: str, detail: str, fix: str) -> None:
         self.results.append(Result(self.check_id, node, "fail", detail, fix))
 
+    def skip(self, node: str, why: str) -> None:
+        """Nothing to judge on this node, and why (a skip never has an empty reason)."""
+        self.results.append(Result(self.check_id, node, "skip", why))
+
 
 CheckFn = Callable[[Context], list[Result]]
 REGISTRY: list[tuple[str, str, CheckFn]] = []

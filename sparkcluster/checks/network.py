@@ -116,8 +116,16 @@ def net_mtu(ctx: Context, r: Report) -> None:
 def net_path_mtu(ctx: Context, r: Report) -> None:
     # each node probes its own direction; every failing probe is named (one netdev may have several)
     for node in ctx.nodes():
-        pings = ctx.facts[node.name].path_mtu
+        f = ctx.facts[node.name]
+        if f.path_mtu_error:
+            r.fail(node.name, f"the path-MTU probes did not run: {f.path_mtu_error}",
+                   f"check that {node.name} answers over SSH (sparkcluster doctor again); the probes are pings "
+                   "from each data-plane netdev to every peer address on its subnet")
+            continue
+        pings = f.path_mtu
         if not pings:
+            r.skip(node.name, "no data-plane netdev with an address on a peer's subnet: nothing to probe "
+                              "(net.link and net.peer say why)")
             continue
         bad = [p for p in pings if not p.ok]
         if bad:

@@ -55,6 +55,8 @@ def gather_all(cluster: Cluster, inv: Inventory, image: str | None,
     for name, outcome in pings.items():
         if outcome.ok:
             got[name].path_mtu = outcome.value
+        else:  # never dropped: net.path_mtu fails with it
+            got[name].path_mtu_error = str(outcome.error)
     return got
 
 

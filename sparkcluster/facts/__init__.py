@@ -52,6 +52,7 @@ class HostFacts:
     # phase 2: every path MTU probe from this node, one per (netdev, peer address): a passing probe
     # must never hide a failing one on the same netdev
     path_mtu: list[P.PingResult] = field(default_factory=list)
+    path_mtu_error: str = ""  # the probes could not run at all (the node stopped answering, a timeout)
 
 
 def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[str, str] | None = None,

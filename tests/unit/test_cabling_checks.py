@@ -188,3 +188,20 @@ def test_probes_pair_each_twin_with_its_peer_twin():
     inv = s.ctx().inventory
     got = {(p.netdev, p.peer_ip) for p in facts.path_mtu_probes(inv.node(W), s.facts)}
     assert got == {(nd, link_ip(k, 1)) for nd, _, k in PORT1}
+
+
+def test_path_mtu_probes_that_could_not_run_fail_with_their_output_on_that_node_only():
+    """Issue 23: a failed path-MTU probe is never dropped (it used to read as a skip with no reason)."""
+    s = healthy()
+    s.facts[W].path_mtu, s.facts[W].path_mtu_error = [], "spark-worker: command timed out after 20s: ping -M do ..."
+    got = results(s)
+    r = got[("net.path_mtu", W)]
+    assert r.status == "fail" and "did not run: spark-worker: command timed out after 20s" in r.detail and r.fix
+    assert got[("net.path_mtu", H)].status == "ok"
+
+
+def test_path_mtu_with_nothing_to_probe_skips_with_a_reason():
+    s = healthy()
+    s.facts[W].path_mtu = []
+    r = results(s)[("net.path_mtu", W)]
+    assert r.status == "skip" and "nothing to probe" in r.detail
