@@ -123,7 +123,8 @@ def status(obj, as_json: bool, every: bool, on_change: str | None, watch: bool, 
             return
     sts = status_mod.collect_all(inv, key)
     if on_change:
-        fleet.notify_changes(inv.cluster.name, sts, on_change)
+        for line in fleet.notify_changes(inv.cluster.name, sts, on_change):
+            click.echo(f"warning: {line}", err=True)
     if as_json:
         # one deployment keeps the single object it always printed; --all (or several) the list
         click.echo(redact.mask(fleet_json(sts) if every or len(sts) > 1 else sts[0].as_json()))

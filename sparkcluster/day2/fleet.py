@@ -36,7 +36,10 @@ def hook_env(deployment: str, previous: str, state: str, st=None) -> dict[str, s
             "SPARKCLUSTER_PROBLEMS": redact.mask("\n".join(st.problems)) if st is not None else ""}
 
 
-def notify_changes(cluster: str, sts: list, command: str) -> None:
+def notify_changes(cluster: str, sts: list, command: str) -> list[str]:
+    """Runs `command` once per changed deployment; returns a warning line for each run that failed
+    (non-zero exit, timeout, could not start). A failed run's change is not remembered, so the next
+    `status` offers it again: an alert that did not go out is not lost."""
     path = memory_path(cluster)
     try:
         before = json.loads(path.read_text())
@@ -44,12 +47,29 @@ def notify_changes(cluster: str, sts: list, command: str) -> None:
         before = {}
     by_key = {(st.deployment or f"-@{'+'.join(n.node for n in st.nodes)}"): st for st in sts}
     now = {k: st.state for k, st in by_key.items()}
+    remembered = dict(before)
+    warnings = []
     for key, previous, state in changes(before, now):
         env = {**os.environ, **hook_env(key, previous, state, by_key.get(key))}
+        why = ""
         try:
             res = subprocess.run(["sh", "-c", command], env=env, timeout=HOOK_TIMEOUT_S)
-            _log.info("on-change command ran", deployment=key, state=state, exit=res.returncode)
+            if res.returncode != 0:
+                why = f"exited {res.returncode}"
         except subprocess.TimeoutExpired:
-            _log.warning("on-change command timed out", deployment=key, seconds=HOOK_TIMEOUT_S)
+            why = f"did not finish within {HOOK_TIMEOUT_S:g}s"
+        except OSError as e:
+            why = f"could not start: {e}"
+        if why:
+            _log.warning("on-change command failed", deployment=key, state=state, why=why)
+            warnings.append(redact.mask(f"--on-change command {why} for {key} ({previous or 'new'} -> {state}); "
+                                        "it runs again for this change at the next status"))
+            continue
+        _log.info("on-change command ran", deployment=key, state=state)
+        if state == "gone":
+            remembered.pop(key, None)
+        else:
+            remembered[key] = state
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(now))
+    path.write_text(json.dumps(remembered))
+    return warnings

@@ -77,3 +77,20 @@ def test_on_change_command_gets_hostile_text_as_data(tmp_path):
                           '"$SPARKCLUSTER_PROBLEMS"'], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert out.stdout == "single@spark-a|degraded|" + St.problems[0]
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_failing_on_change_command_warns_and_its_change_is_offered_again(tmp_path, monkeypatch):
+    """Issue 23: an alert that did not go out is a warning, and the next status runs it again."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    st = SimpleNamespace(deployment="testbed@spark-head+spark-worker", state="degraded", problems=["x"], nodes=[])
+    seen = tmp_path / "seen"
+    failing = f'echo "$SPARKCLUSTER_STATE" >> {seen}; exit 3'
+    warned = fleet.notify_changes("c", [st], failing)
+    assert len(warned) == 1 and "exited 3" in warned[0] and "runs again" in warned[0]
+    assert fleet.notify_changes("c", [st], failing)  # offered again: still not delivered
+    assert seen.read_text().split() == ["degraded", "degraded"]
+    assert fleet.notify_changes("c", [st], f'echo "$SPARKCLUSTER_STATE" >> {seen}') == []  # delivered
+    assert fleet.notify_changes("c", [st], f'echo again >> {seen}') == []  # nothing changed since
+    assert seen.read_text().split() == ["degraded", "degraded", "degraded"]
