@@ -12,6 +12,7 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from sparkcluster import node
 from sparkcluster.config import profile as profiles
@@ -187,11 +188,14 @@ def files_tar(files: dict[str, str], mode: int = 0o644) -> bytes:
     return buf.getvalue()
 
 
-def create_and_start(api, spec: ContainerSpec) -> str:
-    """Create the container through the Engine API, write its files, start it. Returns its ID."""
+def create_and_start(api, spec: ContainerSpec, created: Callable[[str], None] = lambda cid: None) -> str:
+    """Create the container through the Engine API, write its files, start it. Returns its ID.
+    `created` hears the ID as soon as the container exists, before its files and its start: a
+    container created and never started is still this run's to remove."""
     hc = api.create_host_config(**spec.host_config_kwargs())
     c = api.create_container(host_config=hc, **spec.create_kwargs())
     cid = c["Id"]
+    created(cid)
     if spec.files:
         api.put_archive(cid, "/", files_tar(spec.files))
     api.start(cid)

@@ -9,6 +9,7 @@ import json
 import shlex
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import inventory_dict, make_inventory
@@ -302,3 +303,27 @@ def test_create_and_start_without_files_skips_put_archive(inv, prof):
     head, _ = specs(inv, prof)
     create_and_start(api, dataclasses.replace(head, files={}))
     assert [c[0] for c in api.calls] == ["create_host_config", "create_container", "start"]
+
+
+def test_a_container_created_and_never_started_is_recorded_for_the_rollback(inv, prof):
+    """Issue 23: the ID is recorded when the container exists, not after its start, so a start the
+    engine refuses (a device missing, a port held) still leaves the container to the rollback."""
+    import docker.errors
+
+    from sparkcluster.errors import StageError
+    from sparkcluster.up.stages import containers as stage
+    from sparkcluster.up.stages.containers import Created
+
+    class Refusing(FakeAPI):
+        def start(self, cid):
+            raise docker.errors.APIError("error gathering device information while adding custom device")
+
+    api = Refusing()
+    head, _ = specs(inv, prof)
+    owned: dict = {}
+    host = SimpleNamespace(name=head.node, docker=lambda: SimpleNamespace(api=api))
+    r = SimpleNamespace(cluster=SimpleNamespace(hosts={head.node: host}),
+                        find=lambda kind: owned.get(kind), put=lambda v: owned.setdefault(type(v), v))
+    with pytest.raises(StageError, match="error gathering device information"):
+        stage.create(r, head)
+    assert owned[Created].containers == {head.node: {"c0ffee"}}

@@ -86,9 +86,9 @@ def drop_page_cache(r: "Run", node: str) -> None:
 
 def create(r: "Run", spec: ContainerSpec) -> str:
     host = r.cluster.hosts[spec.node]
+    created = r.find(Created) or r.put(Created())
     try:
-        cid = create_and_start(host.docker().api, spec)
+        cid = create_and_start(host.docker().api, spec, lambda cid: created.add(host.name, cid))
     except (docker.errors.APIError, EngineUnreachable) as e:  # the engine refused or did not answer: name the node and the call
         raise fail(STAGE, host.name, f"create {spec.name}", str(e), spec.docker_run_equivalent()) from None
-    (r.find(Created) or r.put(Created())).add(host.name, cid)
     return cid
