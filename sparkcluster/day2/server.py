@@ -20,6 +20,7 @@ from sparkcluster.day2.endpoint import headers, health, one_token
 from sparkcluster.errors import SparkError
 from sparkcluster.node import contract
 from sparkcluster.remote import retry
+from sparkcluster.remote.dockerapi import run_in
 from sparkcluster.up.container_spec import files_tar
 
 LOG_PATH = contract.SERVE_LOG
@@ -102,7 +103,7 @@ def start(api, spec: ServeSpec, secrets: dict[str, str], profile: str, policy: d
                "profile": profile, "salt": salt, "secrets_digest": secrets_digest(env, salt), "policy": policy}
     api.put_archive(spec.container, "/", files_tar({contract.SECRETS_PATH: json.dumps(env)}, mode=0o600))
     api.put_archive(spec.container, "/", files_tar({contract.DESIRED_PATH + ".new": json.dumps(desired)}))
-    _exec(api, spec.container, ["mv", "-f", contract.DESIRED_PATH + ".new", contract.DESIRED_PATH])
+    run_in(api, spec.container, ["mv", "-f", contract.DESIRED_PATH + ".new", contract.DESIRED_PATH])
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rec = read_record(api, spec.container)
@@ -115,19 +116,14 @@ def start(api, spec: ServeSpec, secrets: dict[str, str], profile: str, policy: d
 
 
 def disable(api, container: str) -> None:
-    """Tell the supervisor no server is wanted (first, so it does not bring a stopped one back)."""
-    _exec(api, container, ["rm", "-f", contract.DESIRED_PATH, contract.SECRETS_PATH])
-
-
-def _exec(api, container: str, argv: list[str]) -> tuple[int, str]:
-    ex = api.exec_create(container, argv)
-    out = api.exec_start(ex["Id"]).decode(errors="replace")
-    return api.exec_inspect(ex["Id"]).get("ExitCode", 1), out
+    """Tell the supervisor no server is wanted (first, so it does not bring a stopped one back).
+    Fails loudly: a supervisor left enabled would bring back the server `down` stops."""
+    run_in(api, container, ["rm", "-f", contract.DESIRED_PATH, contract.SECRETS_PATH])
 
 
 def supervisor_tail(api, container: str, lines: int = 10) -> str:
     try:
-        return redact.mask(_exec(api, container, ["tail", "-n", str(lines), contract.JOURNAL_PATH])[1])
+        return redact.mask(run_in(api, container, ["tail", "-n", str(lines), contract.JOURNAL_PATH], warn=True).stdout)
     except (SparkError, docker.errors.APIError) as e:  # best effort, for an error message
         return f"(could not read {contract.JOURNAL_PATH}: {e})"
 
@@ -152,7 +148,7 @@ def running(api, rec: Record) -> bool:
     """The recorded PID still runs in its container (PIDs are the container's own)."""
     try:
         # the shell's own kill: a slim image (vllm/vllm-openai on Ubuntu) may have no procps
-        return _exec(api, rec.container, ["sh", "-c", 'kill -0 "$1"', "sh", str(int(rec.pid))])[0] == 0
+        return run_in(api, rec.container, ["sh", "-c", 'kill -0 "$1"', "sh", str(int(rec.pid))], warn=True).ok
     except docker.errors.NotFound:  # the container is gone
         return False
     except docker.errors.APIError as e:
@@ -170,8 +166,7 @@ def current(api, container: str) -> Record | None:
 
 def log_tail(api, container: str, lines: int = 20) -> str:
     try:
-        ex = api.exec_create(container, ["tail", "-n", str(lines), LOG_PATH])
-        return redact.mask(api.exec_start(ex["Id"]).decode(errors="replace"))
+        return redact.mask(run_in(api, container, ["tail", "-n", str(lines), LOG_PATH], warn=True).stdout)
     except (SparkError, docker.errors.APIError) as e:  # best effort, for an error message
         return f"(could not read {LOG_PATH}: {e})"
 

@@ -19,6 +19,7 @@ from sparkcluster import log
 from sparkcluster.day2 import server
 from sparkcluster.errors import SparkError
 from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
+from sparkcluster.remote.dockerapi import run_in
 from sparkcluster.remote.fanout import Cluster
 from sparkcluster.remote.ssh import Host
 
@@ -95,8 +96,7 @@ def stop_server(host: Host, container: str, grace: float = STOP_GRACE_S) -> Serv
         time.sleep(0.5)
     how = "stopped"
     if server.running(api, rec):
-        ex = api.exec_create(container, ["sh", "-c", kill_command(rec.pid, 5.0)])
-        how = api.exec_start(ex["Id"]).decode(errors="replace").strip() or "killed"
+        how = run_in(api, container, ["sh", "-c", kill_command(rec.pid, 5.0)]).stdout.strip() or "killed"
     _log.info("vllm serve stopped", host=host.name, pid=rec.pid, how=how)
     return ServerStop(Stop.STOPPED, rec.pid, how)
 
@@ -131,9 +131,7 @@ _SHM_NAME = re.compile(r"/dev/shm/psm_[0-9a-zA-Z_]+")
 
 def shm_segments(host: Host, cid: str) -> list[str]:
     """The shared-memory segments the processes of one of our containers use now."""
-    api = host.docker().api
-    ex = api.exec_create(cid, ["sh", "-c", SHM_SEGMENTS])
-    out = api.exec_start(ex["Id"]).decode(errors="replace")
+    out = run_in(host.docker().api, cid, ["sh", "-c", SHM_SEGMENTS]).stdout
     return sorted({line.strip() for line in out.splitlines() if _SHM_NAME.fullmatch(line.strip())})
 
 
@@ -147,8 +145,7 @@ def remove_shm_command(names: list[str]) -> list[str]:
 
 def remove_shm(host: Host, cid: str, names: list[str]) -> None:
     if names:
-        api = host.docker().api
-        api.exec_start(api.exec_create(cid, remove_shm_command(names))["Id"])
+        run_in(host.docker().api, cid, remove_shm_command(names))
 
 
 def purge_gcs_command(ray_port: int) -> str:

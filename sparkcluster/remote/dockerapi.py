@@ -8,6 +8,8 @@ channel running `docker system dial-stdio` on the host we are connected to.
 from __future__ import annotations
 
 import functools
+import shlex
+import time
 
 import docker
 import paramiko
@@ -15,7 +17,8 @@ import requests
 from docker.transport.sshconn import SSHHTTPAdapter
 from requests.adapters import HTTPAdapter
 
-from sparkcluster.errors import EngineUnreachable
+from sparkcluster import redact
+from sparkcluster.errors import CommandFailed, EngineUnreachable
 
 # What "the engine did not answer" looks like from the SDK over our SSH channel. Anything the
 # engine itself answers (docker.errors.NotFound for absent, APIError otherwise) passes through.
@@ -55,6 +58,10 @@ class GuardedAPI:
     def __init__(self, api: docker.APIClient, host: str):
         self._api, self._host = api, host
 
+    @property
+    def host(self) -> str:
+        return self._host
+
     def __getattr__(self, name: str):
         attr = getattr(self._api, name)
         if not callable(attr):
@@ -78,3 +85,21 @@ def client_over(ssh_client, host: str, timeout: int = 120) -> docker.DockerClien
     client = docker.DockerClient.__new__(docker.DockerClient)
     client.api = GuardedAPI(api, host)
     return client
+
+
+def run_in(api, container: str, argv: list[str], *, warn: bool = False, environment: dict | None = None):
+    """`docker exec` as the one runner for commands in a container, as `Host.run` is on a host: a
+    non-zero exit raises `CommandFailed` naming the node, the container and the command, unless the
+    caller passes `warn=True` and judges the result itself. An engine that does not answer raises
+    `EngineUnreachable` (GuardedAPI). Returns a CommandResult (stdout and stderr in stdout)."""
+    from sparkcluster.remote.ssh import CommandResult  # ssh imports this module when it opens Docker
+
+    started = time.monotonic()
+    ex = api.exec_create(container, argv, environment=environment)
+    out = api.exec_start(ex["Id"]).decode(errors="replace")
+    code = api.exec_inspect(ex["Id"]).get("ExitCode")
+    res = CommandResult(getattr(api, "host", "the node"), redact.mask(f"docker exec {container} {shlex.join(argv)}"),
+                        1 if code is None else int(code), out, "", time.monotonic() - started)
+    if not res.ok and not warn:
+        raise CommandFailed(res)
+    return res

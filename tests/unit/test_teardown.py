@@ -114,3 +114,37 @@ def test_remove_shm_command_only_ever_names_our_segments():
             remove_shm_command([hostile])
     # the listing script runs as it is in any POSIX shell, with nothing to list
     assert subprocess.run(["sh", "-c", SHM_SEGMENTS], capture_output=True, timeout=10).returncode == 0
+
+
+def test_a_disable_that_fails_in_the_container_fails_loudly(with_record):
+    """Issue 23: `disable` is what stops the supervisor bringing a server back; an exec that exits
+    non-zero (a read-only /etc, the file busy) is a failure naming the node and the command, never a
+    quiet "stopped"."""
+    from sparkcluster.errors import CommandFailed
+
+    class Stuck(API):
+        def exec_inspect(self, exec_id):
+            return {"ExitCode": 1} if self._last[:2] == ["rm", "-f"] else super().exec_inspect(exec_id)
+
+    api = Stuck(record=REC)
+    with pytest.raises(CommandFailed, match=r"command failed \(exit 1\): docker exec c rm -f"):
+        server.disable(api, "c")
+
+
+def test_the_variable_probe_fails_as_a_failed_exec_not_as_missing_variables():
+    from types import SimpleNamespace
+
+    from sparkcluster.errors import CommandFailed
+    from sparkcluster.up.stages import probe
+
+    class NoEnv(API):
+        def exec_start(self, exec_id, **kw):
+            return b"OCI runtime exec failed: exec failed: unable to start container process\n"
+
+        def exec_inspect(self, exec_id):
+            return {"ExitCode": 126}
+
+    r = SimpleNamespace(cluster=SimpleNamespace(hosts={"spark-worker": Host(NoEnv())}))
+    with pytest.raises(CommandFailed, match="exit 126") as e:
+        probe.container_env(r, "spark-worker", "c")
+    assert "OCI runtime exec failed" in "\n".join(e.value.details)

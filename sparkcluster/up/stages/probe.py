@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sparkcluster.config import profile as profiles
+from sparkcluster.remote.dockerapi import run_in
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
@@ -28,9 +29,9 @@ def summary(done: list[tuple[Step, object]]) -> str:
 
 
 def container_env(r: "Run", node: str, container: str) -> dict[str, str]:
-    api = r.cluster.hosts[node].docker().api
-    ex = api.exec_create(container, ["env"])
-    out = api.exec_start(ex["Id"]).decode(errors="replace")
+    # a failed exec (no such container, the engine refusing) fails the step as what it is: never
+    # read as a container missing its variables
+    out = run_in(r.cluster.hosts[node].docker().api, container, ["env"]).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
