@@ -6,9 +6,20 @@ import click
 
 from sparkcluster.cli.main import cli
 from sparkcluster.day2 import deployments, teardown
-from sparkcluster.errors import EXIT_FAILED, ConnectError
+from sparkcluster.errors import EXIT_FAILED, ConnectError, SparkError
 from sparkcluster.remote.fanout import Cluster, connect_reachable
 from sparkcluster.remote.lock import NodeLocks
+
+
+def _refuse_unknown(node: str | None, profile_name: str | None, chosen: list, unknown: dict[str, str]) -> None:
+    """`down --node X` (or `--profile P`) where what runs cannot be read: never "no deployment"."""
+    if node and node in unknown:
+        raise SparkError(f"{node}: cannot tell what runs there, so nothing was taken down: {unknown[node]}",
+                         f"check that {node} answers (ssh, then `docker ps` there), then sparkcluster down --node {node}")
+    if profile_name and unknown and not chosen:
+        names = ", ".join(f"{n} ({why})" for n, why in sorted(unknown.items()))
+        raise SparkError(f"no deployment of '{profile_name}' on the nodes that answer; cannot read {names}",
+                         f"check those nodes, then sparkcluster down --profile {profile_name}")
 
 
 @cli.command()
@@ -27,9 +38,11 @@ def down(obj, purge_gcs: bool, node: str | None, profile_name: str | None) -> No
         first = next(iter(unreachable.values()))
         raise ConnectError("all nodes", f"no node reachable ({first.message})", first.fix)
     with cluster:
-        found = deployments.on(cluster, full)
+        found, unread = deployments.on(cluster, full)
         chosen = deployments.select(found, node, profile_name)
         everything = node is None and profile_name is None
+        if not everything:
+            _refuse_unknown(node, profile_name, chosen, {**{n: e.message for n, e in unreachable.items()}, **unread})
         names = sorted({x for d in chosen for x in d.nodes} | ({n.name for n in full.nodes} if everything else set()))
         inv = full.only(names) if names else full
         if not names:

@@ -65,12 +65,13 @@ def group(inv: Inventory, containers_by_node: dict[str, list[dict]]) -> list[Dep
     return list(found.values())
 
 
-def on(cluster, inv: Inventory) -> list[Deployment]:
-    """The deployments on the connected nodes of `cluster` (a node whose Docker does not answer
-    shows none: what runs there is preflight's and status's to say)."""
+def on(cluster, inv: Inventory) -> tuple[list[Deployment], dict[str, str]]:
+    """The deployments on the connected nodes of `cluster`, and the nodes whose containers could
+    not be read, with why (their Docker does not answer): what runs there is unknown, never "none"."""
     lists = cluster.each(lambda h: h.docker().api.containers(
         all=True, filters={"label": f"{CLUSTER_LABEL}={inv.cluster.name}"}))
-    return group(inv, {n: o.value for n, o in lists.items() if o.ok})
+    unread = {n: str(o.error) for n, o in lists.items() if not o.ok}
+    return group(inv, {n: o.value for n, o in lists.items() if o.ok}), unread
 
 
 def conflicts(found: list[Deployment], sub: Inventory, prof_name: str) -> list[Deployment]:

@@ -31,7 +31,7 @@ class NodeStatus:
     reachable: bool = True
     error: str = ""
     container: str = ""  # name
-    state: str = "absent"  # running | exited | absent
+    state: str = "absent"  # running | exited | absent | docker not answering (DOCKER_SILENT)
     started_at: str = ""
     profile: str = ""
     uptime_s: float | None = None  # the container's, by the node's own clock
@@ -63,12 +63,21 @@ class ClusterStatus:
         return json.dumps(asdict(self), indent=2)
 
 
+DOCKER_SILENT = "docker not answering"
+DOCKER_BOUND_S = 8  # each docker command on a node; the whole round trip is bounded by SSH_BOUND_S
+SSH_BOUND_S = 12  # status answers within 15 s whatever a node's daemon does
+
+
 def node_script(inv: Inventory, head: bool) -> str:
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
+    docker = f"timeout -k 1 {DOCKER_BOUND_S} docker"
     parts = [
         section("uptime", "cat /proc/uptime; date +%s.%N"),
         section("meminfo", "cat /proc/meminfo"),
-        section("ours", f"ids=$(docker ps -aq --filter label={label}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids"),
+        # `docker ps` failing (daemon down) or not returning (daemon hung) fails the section: that
+        # is "docker not answering", never "no container"
+        section("ours", f"ids=$({docker} ps -aq --filter label={label}) || exit $?; "
+                        f"[ -z \"$ids\" ] && echo '[]' || {docker} inspect $ids"),
     ]
     if head:
         parts.append(section("ray", ray_members.state_api_command(), stderr=False))
@@ -86,7 +95,7 @@ def head_container_script(container: str) -> str:
         section("supervisor", f"cat {contract.STATE_PATH}"),
         section("journal", f"tail -n 5 {contract.JOURNAL_PATH}"),
     ])
-    return f"docker exec {shlex.quote(container)} sh -c {shlex.quote(inner)} 2>/dev/null"
+    return f"timeout -k 1 {DOCKER_BOUND_S} docker exec {shlex.quote(container)} sh -c {shlex.quote(inner)} 2>/dev/null"
 
 
 def head_container_view(s: dict) -> tuple[int | None, dict | None, list[dict]]:
@@ -103,14 +112,20 @@ def head_container_view(s: dict) -> tuple[int | None, dict | None, list[dict]]:
 def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None, tuple]:
     st = NodeStatus(host.name)
     is_head = host.name == inv.head.name
-    res = host.run(node_script(inv, is_head), timeout=10, warn=True)
+    res = host.run(node_script(inv, is_head), timeout=SSH_BOUND_S, warn=True)
     s = split_sections(res.stdout)
     now = None
     if "uptime" in s and s["uptime"].rc == 0:
         st.host_uptime_s, now = parsers.uptime_and_clock(s["uptime"].out)
     if "meminfo" in s and s["meminfo"].rc == 0:
         st.mem_available_gib = round(parsers.meminfo(s["meminfo"].out).available / 2**30, 1)
-    ours = parsers.json_list(s["ours"].out) if "ours" in s and s["ours"].rc == 0 else []
+    if "ours" not in s or s["ours"].rc != 0:
+        st.state = DOCKER_SILENT
+        got = s["ours"] if "ours" in s else None
+        st.error = (f"`docker ps` did not return within {DOCKER_BOUND_S}s" if got is None or got.rc in (124, 137)
+                    else (parsers.last_line(got.out) or f"`docker ps` exited {got.rc}"))
+        return st, None, (None, None, [])
+    ours = parsers.json_list(s["ours"].out)
     if ours:
         c = ours[0]
         st.container = c.get("Name", "").lstrip("/")
@@ -136,7 +151,7 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
     whole inventory as one, down, when none runs."""
     cluster, unreachable = connect_reachable(inv)
     with cluster:
-        found = deployments.on(cluster, inv)
+        found, _ = deployments.on(cluster, inv)  # an unread node shows in the nodes' rows
         if not found:
             return [_collect_on(cluster, unreachable, inv, api_key)]
         out = []
@@ -222,6 +237,8 @@ def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, 
             ns.ray_alive = str(n.control_ip) in alive_ips
         if not ns.reachable:
             st.problems.append(f"{n.name} unreachable: {ns.error}")
+        elif ns.state == DOCKER_SILENT:
+            st.problems.append(f"{n.name}: {DOCKER_SILENT}: {ns.error}")
         elif ns.state != "running":
             st.problems.append(f"{n.name}: container {ns.state}")
         elif ns.ray_alive is False:

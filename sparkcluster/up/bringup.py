@@ -57,7 +57,7 @@ def run(inv: Inventory, prof: profiles.Profile, secrets: dict[str, str], progres
     # one connection per node for the whole run; a node this run does not touch may be away
     everyone, unreachable = connect_reachable(full)
     with everyone:
-        found = deployments.on(everyone, full)
+        found, _ = deployments.on(everyone, full)  # an unread node this run touches fails preflight
         others = deployments.conflicts(found, inv, prof.name)
         if others and not replace:
             what = "; ".join(d.describe() for d in others)

@@ -129,6 +129,23 @@ class TestServing:
         assert rc == 0 and doc["state"] == "healthy", doc
         assert doc["ray_nodes"] == 2 and doc["health"] == 200 and MODEL in doc["models"]
 
+    def test_a_hung_worker_docker_is_named_by_status_and_down_node_within_bounds(self, testbed, sc):
+        """Issue 23: the worker's dockerd stopped (SIGSTOP: hung, not dead): `status` answers (the
+        subprocess bound is 15 s) naming "docker not answering", and `down --node` refuses to call
+        the node empty. The head keeps serving throughout."""
+        testbed.sh(WORKER, "pkill -STOP -x dockerd")
+        try:
+            res = sc("status", "--json", timeout=15)
+            doc = json.loads(res.stdout)
+            assert res.returncode == 1 and doc["state"] == "degraded", res.stdout + res.stderr
+            assert any(p.startswith(f"{WORKER}: docker not answering") for p in doc["problems"]), doc["problems"]
+            assert [n["state"] for n in doc["nodes"] if n["node"] == WORKER] == ["docker not answering"]
+            only = sc("down", "--node", WORKER, timeout=200)
+            assert only.returncode == 1 and f"{WORKER}: cannot tell what runs there" in only.stderr, only.stderr
+        finally:
+            testbed.sh(WORKER, "pkill -CONT -x dockerd", check=False)
+        assert wait_for(lambda: status_json(sc)[0] == 0, 60, step=1), status_json(sc)
+
     def test_status_watch_refreshes_and_exits_cleanly_on_sigint(self, testbed, sc, env_file):
         argv = ["timeout", "--preserve-status", "-s", "INT", "4",
                 *CLI, "--inventory", str(testbed.inventory), "status", "--watch", "--interval", "0.5"]
@@ -298,6 +315,12 @@ class TestStaleAndUnreachable:
         assert worker_c
         testbed.lan_down(WORKER)
         try:
+            # issue 23: what runs on an unreachable node is unknown, never "no deployment there"
+            only = sc("down", "--node", WORKER, timeout=180)
+            assert only.returncode == 1, only.stdout + only.stderr
+            assert f"{WORKER}: cannot tell what runs there" in only.stderr and "fix:" in only.stderr, only.stderr
+            assert "no deployment" not in only.stdout + only.stderr
+            assert ours(testbed, HEAD) and ours(testbed, WORKER) == worker_c  # nothing was taken down
             t0 = time.monotonic()
             res = sc("down", timeout=180)
             took = time.monotonic() - t0

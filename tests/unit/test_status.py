@@ -247,3 +247,58 @@ def test_the_head_containers_sections_give_pid_supervisor_and_journal():
     assert head_container_view(split_sections(printed(0, 1)))[0] is None  # recorded, but the PID is gone
     assert head_container_view(split_sections(printed(1, 1)))[0] is None  # no record
     assert head_container_view({}) == (None, None, [])  # no head container: the exec printed nothing
+
+
+# ---- a node whose Docker does not answer (issue 23) ---------------------------------------------
+
+class _Host:
+    """A node whose SSH round trip printed `out` (sections as node_script prints them)."""
+
+    def __init__(self, name: str, out: str):
+        self.name, self.out = name, out
+
+    def run(self, script, timeout, warn):
+        from types import SimpleNamespace
+        return SimpleNamespace(stdout=self.out, ok=False)
+
+
+def _printed(**sections) -> str:
+    from sparkcluster.facts.probes import SECTION
+    return "\n".join(f"{SECTION} {name}\n{text}\n{SECTION} {name} rc={rc}" for name, (text, rc) in sections.items())
+
+
+MEMINFO = "MemTotal:       127535200 kB\nMemAvailable:   100000000 kB\n"
+# what `docker ps` prints on a Spark whose dockerd is stopped (Docker 28's client)
+DAEMON_DOWN = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+
+
+def test_a_node_whose_docker_is_down_is_docker_not_answering_not_absent():
+    from sparkcluster.day2.status import DOCKER_SILENT, _one
+
+    out = _printed(uptime=("5000.0 1.0\n1763900000.0", 0), meminfo=(MEMINFO, 0), ours=(DAEMON_DOWN, 1))
+    st, ray, _ = _one(_Host("spark-worker", out), make_inventory())
+    assert (st.state, st.error, ray) == (DOCKER_SILENT, DAEMON_DOWN, None)
+    assert st.mem_available_gib is not None  # what the node did say is kept
+    nodes = [running("spark-head", "head"), st]
+    got = verdict(nodes, [ray_row(HEAD_IP, True)])
+    assert got.state == "degraded" and f"spark-worker: docker not answering: {DAEMON_DOWN}" in got.problems
+
+
+def test_a_hung_docker_is_named_with_its_bound_and_the_cluster_is_not_called_down():
+    from sparkcluster.day2.status import DOCKER_BOUND_S, DOCKER_SILENT, _one
+
+    hung = _printed(uptime=("5000.0 1.0\n1763900000.0", 0), meminfo=(MEMINFO, 0), ours=("", 124))
+    cut = _printed(uptime=("5000.0 1.0\n1763900000.0", 0), meminfo=(MEMINFO, 0))  # the round trip's own bound
+    for out in (hung, cut):
+        st, _, _ = _one(_Host("spark-head", out), make_inventory())
+        assert st.state == DOCKER_SILENT and f"did not return within {DOCKER_BOUND_S}s" in st.error
+    nodes = [NodeStatus("spark-head", state=DOCKER_SILENT, error="x"), NodeStatus("spark-worker", state=DOCKER_SILENT, error="x")]
+    assert verdict(nodes, None, health=None, models=(), pid=None).state == "degraded"
+
+
+def test_every_docker_call_in_the_status_script_has_a_bound():
+    from sparkcluster.day2.status import DOCKER_BOUND_S
+
+    script = node_script(make_inventory(), True)
+    calls = [seg for seg in script.split("docker ")[:-1]]
+    assert calls and all(seg.endswith(f"timeout -k 1 {DOCKER_BOUND_S} ") for seg in calls), script
