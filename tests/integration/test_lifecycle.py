@@ -129,10 +129,10 @@ class TestServing:
         assert rc == 0 and doc["state"] == "healthy", doc
         assert doc["ray_nodes"] == 2 and doc["health"] == 200 and MODEL in doc["models"]
 
-    def test_a_hung_worker_docker_is_named_by_status_and_down_node_within_bounds(self, testbed, sc):
+    def test_a_hung_worker_docker_is_named_by_status_within_its_bound(self, testbed, sc):
         """Issue 23: the worker's dockerd stopped (SIGSTOP: hung, not dead): `status` answers (the
-        subprocess bound is 15 s) naming "docker not answering", and `down --node` refuses to call
-        the node empty. The head keeps serving throughout."""
+        subprocess bound is 15 s) naming "docker not answering". The head keeps serving throughout.
+        (`down --node` on such a node: tests/unit/test_deployments.py; on an unreachable one: below.)"""
         testbed.sh(WORKER, "pkill -STOP -x dockerd")
         try:
             res = sc("status", "--json", timeout=15)
@@ -140,8 +140,6 @@ class TestServing:
             assert res.returncode == 1 and doc["state"] == "degraded", res.stdout + res.stderr
             assert any(p.startswith(f"{WORKER}: docker not answering") for p in doc["problems"]), doc["problems"]
             assert [n["state"] for n in doc["nodes"] if n["node"] == WORKER] == ["docker not answering"]
-            only = sc("down", "--node", WORKER, timeout=200)
-            assert only.returncode == 1 and f"{WORKER}: cannot tell what runs there" in only.stderr, only.stderr
         finally:
             testbed.sh(WORKER, "pkill -CONT -x dockerd", check=False)
         assert wait_for(lambda: status_json(sc)[0] == 0, 60, step=1), status_json(sc)

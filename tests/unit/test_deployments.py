@@ -94,3 +94,17 @@ def test_a_failing_on_change_command_warns_and_its_change_is_offered_again(tmp_p
     assert fleet.notify_changes("c", [st], f'echo "$SPARKCLUSTER_STATE" >> {seen}') == []  # delivered
     assert fleet.notify_changes("c", [st], f'echo again >> {seen}') == []  # nothing changed since
     assert seen.read_text().split() == ["degraded", "degraded", "degraded"]
+
+
+def test_down_node_refuses_when_what_runs_there_cannot_be_read():
+    """Issue 23: a node unreachable, or whose Docker does not answer, is never "no deployment"."""
+    from sparkcluster.cli.down_cmd import _refuse_unknown
+    from sparkcluster.errors import SparkError
+
+    silent = {"spark-b": "spark-b: the Docker engine did not answer containers (Read timed out)"}
+    with pytest.raises(SparkError, match="spark-b: cannot tell what runs there.*Read timed out") as e:
+        _refuse_unknown("spark-b", None, [], silent)
+    assert e.value.exit_code != 0 and "docker ps" in e.value.fix
+    with pytest.raises(SparkError, match="no deployment of 'single' on the nodes that answer; cannot read spark-b"):
+        _refuse_unknown(None, "single", [], silent)
+    _refuse_unknown("spark-a", None, [], silent)  # another node: what it runs was read
