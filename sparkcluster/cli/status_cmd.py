@@ -62,8 +62,10 @@ def render(st: status_mod.ClusterStatus) -> Group:
     if sup and st.state != "down":
         restarts = len(sup.get("restarts") or [])
         rate = sup.get("tokens_per_s")
-        lines.append(f"supervisor: {sup.get('state')}  restarts: {restarts} of {sup.get('policy', {}).get('max_restarts', '?')}"
-                     + (f"  generating {rate:.1f} tok/s" if rate is not None else ""))
+        stale = isinstance(sup.get("age_s"), (int, float)) and sup["age_s"] > status_mod.stale_after_s(sup)
+        lines.append(f"supervisor: {sup.get('state')}" + (f" (stale: written {sup['age_s']:.0f}s ago)" if stale else "")
+                     + f"  restarts: {restarts} of {sup.get('policy', {}).get('max_restarts', '?')}"
+                     + (f"  generating {rate:.1f} tok/s" if rate is not None and not stale else ""))
         for e in st.journal[-3:]:
             lines.append("  " + redact.mask(supervision.format_entry(e)))
     for p in st.problems:

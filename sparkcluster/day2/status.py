@@ -136,7 +136,10 @@ def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None, tuple]:
         if st.state == "running" and started is not None and now is not None:
             st.uptime_s = round(max(now - started, 0.0), 1)
     ray = ray_members.parse_state_api(s["ray"].out) if is_head and "ray" in s else None
-    return st, ray, (head_container_view(s) if is_head else (None, None, []))
+    view = head_container_view(s) if is_head else (None, None, [])
+    if view[1] is not None and now is not None and isinstance(view[1].get("updated"), (int, float)):
+        view[1]["age_s"] = round(now - view[1]["updated"], 1)  # both by the head's own clock
+    return st, ray, view
 
 
 def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
@@ -197,10 +200,32 @@ def _collect_on(cluster, unreachable: dict, inv: Inventory, api_key: str | None)
     return judge(inv, nodes, ray_rows, endpoint, engine, pid, sup, journal)
 
 
+def stale_after_s(sup: dict) -> float:
+    """A state file older than a few of the supervisor's looks is not current: the agent has stopped
+    looking (crash-looping, hung), and what it last wrote is history."""
+    return max(3 * float((sup.get("policy") or {}).get("interval_s", 2.0)), 15.0)
+
+
 def supervisor_problem(sup: dict | None) -> str | None:
-    """What the supervisor's state adds to the problems: it has given up, or is bringing it back."""
+    """What the supervisor's state adds to the problems: it has stopped looking, given up, is
+    bringing the server back, or cannot see a node's memory."""
     if not sup:
         return None
+    age = sup.get("age_s")
+    if isinstance(age, (int, float)) and age > stale_after_s(sup):
+        return (f"supervisor: stale: its last state ({sup.get('state')}) is {age:.0f}s old, so it is not "
+                f"watching; see sparkcluster events and the head container's log")
+    said = [x for x in (_state_problem(sup), _memory_unknown(sup)) if x]
+    return "; ".join(said) or None
+
+
+def _memory_unknown(sup: dict) -> str | None:
+    unknown = sup.get("memory_unknown") or {}
+    return ("supervisor: memory unknown on " + "; ".join(f"{n}: {why}" for n, why in sorted(unknown.items()))
+            if unknown else None)
+
+
+def _state_problem(sup: dict) -> str | None:
     state, causes = sup.get("state"), sup.get("causes") or []
     last = causes[-1]["cause"] if causes else ""
     if state == contract.LIMIT:

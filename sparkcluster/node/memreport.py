@@ -7,6 +7,7 @@ import json
 import subprocess
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .readings import mem_available
@@ -16,6 +17,19 @@ def node_report(node: str, ray: subprocess.Popen) -> dict:
     with open("/proc/meminfo") as f:
         avail = mem_available(f.read())
     return {"node": node, "mem_available": avail, "ray_alive": ray.poll() is None, "ts": time.time()}
+
+
+def peer_memory(ip: str, port: int, timeout: float = 1.0) -> tuple[int | None, str]:
+    """A peer's MemAvailable from its report, or (None, why not): a report that does not answer is
+    unknown memory, never "enough"."""
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{port}/", timeout=timeout) as r:
+            value = json.loads(r.read()).get("mem_available")
+    except (OSError, ValueError) as e:
+        return None, f"its memory report at {ip}:{port} does not answer ({e})"
+    if not isinstance(value, int):
+        return None, f"its memory report at {ip}:{port} has no MemAvailable"
+    return value, ""
 
 
 def serve_reports(address: str, port: int, report) -> None:

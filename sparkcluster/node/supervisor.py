@@ -29,6 +29,7 @@ from .contract import (
     WAITING,
 )
 from .journal import Journal, read_json, write_json
+from .memreport import peer_memory
 from .readings import engine_figures, http_status, mem_available, one_token
 from .verdict import Look, Watch, backoff, restarts_left, verdict
 
@@ -48,6 +49,7 @@ class Supervisor:
         self.rate: float | None = None  # generated tokens per second over the last interval
         self._last_count: tuple[float, float] | None = None
         self._policy: dict = dict(DEFAULT_POLICY)
+        self.memory_unknown: dict[str, str] = {}  # peer -> why its memory is not known now
 
     # -- state
     def set_state(self, state: str, **detail) -> None:
@@ -62,7 +64,8 @@ class Supervisor:
         write_json(STATE_PATH, {"state": self.state, "since": self.since, "updated": time.time(),
                                 "generation": self.generation, "pid": self.proc.pid if self.proc else None,
                                 "restarts": self.restarts, "causes": self.causes[-5:],
-                                "tokens_per_s": self.rate if self.proc else None, "policy": policy})
+                                "tokens_per_s": self.rate if self.proc else None, "policy": policy,
+                                "memory_unknown": self.memory_unknown})
 
     def policy(self, desired: dict | None = None) -> dict:
         """The bounds of the desired state just read (each tick reads it once), else the last known."""
@@ -147,12 +150,15 @@ class Supervisor:
         seen: dict[str, int | None] = {}
         with open("/proc/meminfo") as f:
             seen[self.cfg["node"]] = mem_available(f.read())
+        unknown = {}
         for peer in self.cfg.get("peers", []):
-            try:
-                with urllib.request.urlopen(f"http://{peer['ip']}:{self.cfg['report_port']}/", timeout=1) as r:
-                    seen[peer["name"]] = json.loads(r.read()).get("mem_available")
-            except (OSError, ValueError):
-                continue  # a node that does not answer is Ray's membership question, not memory
+            seen[peer["name"]], why = peer_memory(peer["ip"], self.cfg["report_port"])
+            if why:
+                unknown[peer["name"]] = why
+        if set(unknown) != set(self.memory_unknown):  # journalled when it changes, not every look
+            self.journal.write("memory unknown" if unknown else "memory known again",
+                               nodes=sorted(unknown) or sorted(self.memory_unknown), why=unknown or None)
+        self.memory_unknown = unknown
         return {n: v for n, v in seen.items() if v is not None and v < floor}
 
     def look(self, desired: dict, policy: dict) -> Look:

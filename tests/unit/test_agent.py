@@ -184,3 +184,24 @@ def test_up_says_serving_only_once_the_supervisor_has_seen_it_serve(monkeypatch)
     monkeypatch.setattr(serve_stage, "SUPERVISOR_CONFIRM_S", 0.5)
     with pytest.raises(StageError, match="the supervisor has not seen it serve within 1.5s .its state: starting"):
         serve_stage.wait_ready(r)
+
+
+def test_a_peer_whose_memory_report_does_not_answer_is_journalled_once_and_reported(tmp_path, monkeypatch):
+    """Issue 23: a peer whose report does not answer is "memory unknown", never "not low"."""
+    from sparkcluster.node import memreport
+
+    monkeypatch.setattr(supervisor, "STATE_PATH", str(tmp_path / "state"))
+    answers = {"198.19.2.2": (None, "its memory report at 198.19.2.2:8297 does not answer (timed out)")}
+    monkeypatch.setattr(supervisor, "peer_memory", lambda ip, port: answers.get(ip, (64 * 2**30, "")))
+    monkeypatch.setattr(memreport, "peer_memory", supervisor.peer_memory)
+    cfg = {"node": "spark-head", "report_port": 8297, "peers": [{"name": "spark-worker", "ip": "198.19.2.2"}]}
+    sup = supervisor.Supervisor(cfg, Journal(str(tmp_path / "journal")))
+    policy = dict(contract.DEFAULT_POLICY)
+    assert sup.low_memory(policy) == {} and sup.low_memory(policy) == {}
+    assert "spark-worker" in sup.memory_unknown
+    sup.save()
+    assert "spark-worker" in json.loads(Path(tmp_path / "state").read_text())["memory_unknown"]
+    answers.clear()
+    sup.low_memory(policy)
+    events = [json.loads(x)["event"] for x in (tmp_path / "journal").read_text().splitlines()]
+    assert events == ["memory unknown", "memory known again"]

@@ -302,3 +302,25 @@ def test_every_docker_call_in_the_status_script_has_a_bound():
     script = node_script(make_inventory(), True)
     calls = [seg for seg in script.split("docker ")[:-1]]
     assert calls and all(seg.endswith(f"timeout -k 1 {DOCKER_BOUND_S} ") for seg in calls), script
+
+
+def test_a_supervisor_state_older_than_a_few_looks_is_stale_not_current():
+    from sparkcluster.day2.status import supervisor_problem
+
+    sup = {"state": "serving", "updated": 100.0, "policy": {"interval_s": 2.0}, "restarts": [], "causes": []}
+    assert supervisor_problem({**sup, "age_s": 4.0}) is None
+    said = supervisor_problem({**sup, "age_s": 95.0})
+    assert said.startswith("supervisor: stale: its last state (serving) is 95s old")
+    nodes, rows = healthy_inputs()
+    st = judge(make_inventory(), nodes, rows, ENDPOINT, EngineView(200, ["testbed-tiny"], True, ""), 4242,
+               {**sup, "age_s": 95.0})
+    assert st.state == "degraded" and any("stale" in p for p in st.problems)
+
+
+def test_a_peer_whose_memory_is_unknown_shows_in_status():
+    from sparkcluster.day2.status import supervisor_problem
+
+    sup = {"state": "serving", "policy": {"interval_s": 2.0}, "age_s": 1.0,
+           "memory_unknown": {"spark-worker": "its memory report at 198.19.2.2:8297 does not answer (timed out)"}}
+    assert supervisor_problem(sup) == ("supervisor: memory unknown on spark-worker: its memory report at "
+                                       "198.19.2.2:8297 does not answer (timed out)")
