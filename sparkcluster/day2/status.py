@@ -20,7 +20,7 @@ from sparkcluster.day2 import endpoint as endpoint_mod
 from sparkcluster.facts import parsers, section, split_sections
 from sparkcluster.labels import CLUSTER_LABEL, PROFILE_LABEL, container_name
 from sparkcluster.node import contract
-from sparkcluster.remote.fanout import Cluster, connect_reachable
+from sparkcluster.remote.fanout import connect_reachable
 
 _log = log.get(__name__)
 
@@ -68,7 +68,10 @@ DOCKER_BOUND_S = 8  # each docker command on a node; the whole round trip is bou
 SSH_BOUND_S = 12  # status answers within 15 s whatever a node's daemon does
 
 
-def node_script(inv: Inventory, head: bool) -> str:
+def node_script(inv: Inventory, node: str) -> str:
+    """Every node answers as a possible head (deployments decide which node heads which), so one
+    round trip per node serves every deployment: Ray's state API and the head container's sections
+    simply print nothing where there is no such head."""
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
     docker = f"timeout -k 1 {DOCKER_BOUND_S} docker"
     parts = [
@@ -78,10 +81,9 @@ def node_script(inv: Inventory, head: bool) -> str:
         # is "docker not answering", never "no container"
         section("ours", f"ids=$({docker} ps -aq --filter label={label}) || exit $?; "
                         f"[ -z \"$ids\" ] && echo '[]' || {docker} inspect $ids"),
+        section("ray", ray_members.state_api_command(), stderr=False),
+        head_container_script(container_name(inv.cluster.name, "head", node)),
     ]
-    if head:
-        parts.append(section("ray", ray_members.state_api_command(), stderr=False))
-        parts.append(head_container_script(container_name(inv.cluster.name, "head", inv.head.name)))
     return "\n".join(parts) + "\n"
 
 
@@ -109,10 +111,20 @@ def head_container_view(s: dict) -> tuple[int | None, dict | None, list[dict]]:
     return pid, sup or None, journal
 
 
-def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None, tuple]:
+@dataclass
+class NodeReport:
+    """What one node's round trip said: its row, its containers, and as a possible head Ray's
+    members and the head container's server, supervisor state and journal."""
+
+    status: NodeStatus
+    containers: list[dict] | None  # docker inspect of ours; None when its Docker did not answer
+    ray: list[dict] | None = None
+    head_view: tuple = (None, None, [])
+
+
+def _one(host, inv: Inventory) -> NodeReport:
     st = NodeStatus(host.name)
-    is_head = host.name == inv.head.name
-    res = host.run(node_script(inv, is_head), timeout=SSH_BOUND_S, warn=True)
+    res = host.run(node_script(inv, host.name), timeout=SSH_BOUND_S, warn=True)
     s = split_sections(res.stdout)
     now = None
     if "uptime" in s and s["uptime"].rc == 0:
@@ -124,7 +136,7 @@ def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None, tuple]:
         got = s["ours"] if "ours" in s else None
         st.error = (f"`docker ps` did not return within {DOCKER_BOUND_S}s" if got is None or got.rc in (124, 137)
                     else (parsers.last_line(got.out) or f"`docker ps` exited {got.rc}"))
-        return st, None, (None, None, [])
+        return NodeReport(st, None)
     ours = parsers.json_list(s["ours"].out)
     if ours:
         c = ours[0]
@@ -135,68 +147,61 @@ def _one(host, inv: Inventory) -> tuple[NodeStatus, list[dict] | None, tuple]:
         started = parsers.rfc3339(st.started_at)
         if st.state == "running" and started is not None and now is not None:
             st.uptime_s = round(max(now - started, 0.0), 1)
-    ray = ray_members.parse_state_api(s["ray"].out) if is_head and "ray" in s else None
-    view = head_container_view(s) if is_head else (None, None, [])
+    ray = ray_members.parse_state_api(s["ray"].out) if "ray" in s else None
+    view = head_container_view(s)
     if view[1] is not None and now is not None and isinstance(view[1].get("updated"), (int, float)):
         view[1]["age_s"] = round(now - view[1]["updated"], 1)  # both by the head's own clock
-    return st, ray, view
-
-
-def collect(inv: Inventory, api_key: str | None = None) -> ClusterStatus:
-    """The whole inventory as one deployment (the pair, or a one-node inventory)."""
-    cluster, unreachable = connect_reachable(inv)
-    with cluster:
-        return _collect_on(cluster, unreachable, inv, api_key)
+    return NodeReport(st, ours, ray, view)
 
 
 def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatus]:
-    """Every deployment on the inventory's nodes (one connection per node for all of them); the
-    whole inventory as one, down, when none runs."""
+    """Every deployment on the inventory's nodes, from one bounded round trip per node (and the
+    endpoint's answers); the whole inventory as one, down, when none runs."""
     cluster, unreachable = connect_reachable(inv)
     with cluster:
-        found, _ = deployments.on(cluster, inv)  # an unread node shows in the nodes' rows
-        if not found:
-            return [_collect_on(cluster, unreachable, inv, api_key)]
-        out = []
-        for d in found:
-            sub = inv.only(list(d.nodes))
-            part = Cluster(sub, {n: h for n, h in cluster.hosts.items() if n in d.nodes})
-            st = _collect_on(part, {n: e for n, e in unreachable.items() if n in d.nodes}, sub, api_key)
-            st.profile, st.deployment = d.profile, d.key
-            out.append(st)
-        return out
+        addresses = {n: h.address for n, h in cluster.hosts.items()}
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            # the inventory's head is the usual deployment's head: its endpoint is asked meanwhile
+            early = pool.submit(_look, addresses.get(inv.head.name), inv.cluster.api_port, api_key)
+            per_node = cluster.each(lambda h: _one(h, inv))
+            reports = {n: o.value if o.ok else o.error for n, o in per_node.items()}
+            found = deployments.group(inv, {n: r.containers for n, r in reports.items()
+                                            if isinstance(r, NodeReport) and r.containers is not None})
+            subs = [inv.only(list(d.nodes)) for d in found] or [inv]
+            looks = {sub.head.name: (early if sub.head.name == inv.head.name else
+                                     pool.submit(_look, addresses.get(sub.head.name), sub.cluster.api_port, api_key))
+                     for sub in subs}
+            out = []
+            for sub, d in zip(subs, found or [None]):
+                st = _judge_reports(sub, reports, unreachable, addresses, looks[sub.head.name].result())
+                if d is not None:
+                    st.profile, st.deployment = d.profile, d.key
+                out.append(st)
+    return out
 
 
-def _collect_on(cluster, unreachable: dict, inv: Inventory, api_key: str | None) -> ClusterStatus:
-    head = cluster.hosts.get(inv.head.name)
-    port = inv.cluster.api_port
-    endpoint = f"http://{head.address}:{port}" if head else ""
+def _look(address: str | None, port: int, api_key: str | None) -> "endpoint_mod.EngineView":
+    return endpoint_mod.look(f"http://{address}:{port}", api_key) if address else endpoint_mod.EngineView()
 
-    def http() -> endpoint_mod.EngineView:
-        return endpoint_mod.look(endpoint, api_key) if endpoint else endpoint_mod.EngineView()
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        http_future = pool.submit(http)
-        per_node = cluster.each(lambda h: _one(h, inv))
-        engine = http_future.result()
-    pid, sup, journal = None, None, []
-    head_out = per_node.get(inv.head.name)
-    if head_out is not None and head_out.ok and head_out.value[0].state == "running":
-        pid, sup, journal = head_out.value[2]
-
-    nodes, ray_rows = [], None
+def _judge_reports(inv: Inventory, reports: dict, unreachable: dict, addresses: dict,
+                   engine: "endpoint_mod.EngineView") -> ClusterStatus:
+    nodes, ray_rows, pid, sup, journal = [], None, None, None, []
     for n in inv.nodes:
         if n.name in unreachable:
             nodes.append(NodeStatus(n.name, reachable=False, error=unreachable[n.name].message.removeprefix(f"{n.name}: ")))
             continue
-        o = per_node[n.name]
-        if not o.ok:
-            nodes.append(NodeStatus(n.name, reachable=False, error=str(o.error)))
+        r = reports.get(n.name)
+        if not isinstance(r, NodeReport):
+            nodes.append(NodeStatus(n.name, reachable=False, error=str(r)))
             continue
-        st, ray, _ = o.value
-        if ray is not None:
-            ray_rows = ray
-        nodes.append(st)
+        nodes.append(r.status)
+        if n.name == inv.head.name:
+            ray_rows = r.ray
+            if r.status.state == "running":
+                pid, sup, journal = r.head_view
+    address = addresses.get(inv.head.name)
+    endpoint = f"http://{address}:{inv.cluster.api_port}" if address else ""
     return judge(inv, nodes, ray_rows, endpoint, engine, pid, sup, journal)
 
 

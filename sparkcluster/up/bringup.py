@@ -28,6 +28,7 @@ from sparkcluster.up.execute import Progress, Run, execute, record_preflight
 from sparkcluster.up.plan import Plan, make_plan
 from sparkcluster.up.stages import gate
 from sparkcluster.up.stages.containers import Created
+from sparkcluster.up.stages.replace import Away
 
 _log = log.get(__name__)
 # how long a serving engine may take to answer one token before `up` calls it wedged
@@ -71,13 +72,9 @@ def run(inv: Inventory, prof: profiles.Profile, secrets: dict[str, str], progres
         _all_reachable(touched, unreachable)
         # a dry run changes nothing, so it neither takes nor waits for the lock
         with contextlib.nullcontext() if dry_run else NodeLocks(everyone, touched, command):
-            if away and dry_run:
-                progress.info("would first take down " + "; ".join(d.describe() for d in away))
-            for d in [] if dry_run else away:
-                progress.info(f"taking down {d.describe()} first (--replace)")
-                teardown.down(Cluster(full.only(list(d.nodes)), {n: everyone.hosts[n] for n in d.nodes}))
             cluster = Cluster(inv, {n.name: everyone.hosts[n.name] for n in inv.nodes})
-            return _run_locked(cluster, inv, prof, secrets, progress, dry_run, replace or bool(others), t0)
+            return _run_locked(cluster, inv, prof, secrets, progress, dry_run, replace or bool(others), t0,
+                               away=[Away(d, full.only(list(d.nodes))) for d in away], reach=everyone.hosts)
 
 
 def _all_reachable(touched: Inventory, unreachable: dict) -> None:
@@ -112,7 +109,8 @@ def _wedged(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secrets: d
 
 
 def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secrets: dict[str, str],
-                progress: Progress, dry_run: bool, replace: bool, t0: float) -> UpSummary | Plan:
+                progress: Progress, dry_run: bool, replace: bool, t0: float, away: list | None = None,
+                reach: dict | None = None) -> UpSummary | Plan:
     report = gate.check(cluster, inv, prof)
     old = _old_server(cluster, inv, report.facts)
     wanted = {k: v for k, v in secrets.items() if k in profiles.secret_env_names(prof)}
@@ -122,7 +120,8 @@ def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secret
     serving = bool(old and old.profile == prof.name and old.started_with(wanted) and old.policy == policy)
     wedged = _wedged(cluster, inv, prof, secrets) if serving else ""
     serving = serving and not wedged
-    plan = make_plan(inv, prof, report.facts, serving, replace, old_server=old, secret_names=secrets.keys())
+    plan = make_plan(inv, prof, report.facts, serving, replace, old_server=old, secret_names=secrets.keys(),
+                     away=away or ())
     if wedged:
         plan.notes.insert(0, f"the running vllm serve (pid {old.pid}) is wedged: {wedged}; it is restarted")
     progress.done("preflight", time.monotonic() - t0, f"{len(report.results)} checks")
@@ -134,7 +133,7 @@ def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secret
     if plan.unchanged:
         port = prof.serve.port or inv.cluster.api_port
         return UpSummary(True, f"http://{cluster.head.address}:{port}/v1", prof.served_model_name, old.pid, {})
-    r = Run(cluster, plan, report.facts, secrets, progress)
+    r = Run(cluster, plan, report.facts, secrets, progress, reach=dict(reach or cluster.hosts))
     try:
         execute(r)
     except BaseException as e:  # a failed stage, Ctrl-C, or a bug: undo this run's changes, then report

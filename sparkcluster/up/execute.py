@@ -54,6 +54,7 @@ class Run:
     seconds: dict[str, float] = field(default_factory=dict)
     stage: str = "image"
     owned: dict[type, Any] = field(default_factory=dict, repr=False)  # each stage's state, by its type
+    reach: dict[str, Any] = field(default_factory=dict, repr=False)  # every connected host, by name (replace)
 
     @property
     def inv(self):

@@ -43,6 +43,7 @@ class Plan:
     secret_names: frozenset[str] = frozenset()  # which secrets this run has (never their values)
     unchanged: bool = False
     notes: list[str] = field(default_factory=list)
+    away: list = field(default_factory=list)  # other deployments taken down first (replace.Away)
     _steps: list[Step] = field(default_factory=list, repr=False)
 
     def steps(self) -> list[Step]:
@@ -85,7 +86,8 @@ def _names(current: dict[str, list[dict]]) -> str:
 
 
 def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts], serving: bool,
-              replace: bool, *, old_server: server.Record | None = None, secret_names: Iterable[str] = ()) -> Plan:
+              replace: bool, *, old_server: server.Record | None = None, secret_names: Iterable[str] = (),
+              away: Iterable = ()) -> Plan:
     image = image_ref(inv, prof)
     head = inv.head.name
     head_id = facts[head].image_id
@@ -128,8 +130,9 @@ def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts
         # what a killed run leaves (a head holding the GCS port, no worker): say so, then replace it
         notes.append("stale state left behind, not a running cluster (containers: " + _names(current) +
                      "): removed first, as `sparkcluster down --purge-gcs` would")
-    common = dict(facts=facts, old_server=old_server, secret_names=frozenset(secret_names), notes=notes)
-    if keep and serving:
+    common = dict(facts=facts, old_server=old_server, secret_names=frozenset(secret_names), notes=notes,
+                  away=list(away))
+    if keep and serving and not common["away"]:
         plan = Plan(inv, prof, image, specs[head].name, None, [], {}, [], None, unchanged=True, **common)
         return _with_steps(plan, ["preflight"])
     remove = {} if keep else {n: [c.get("Name", "").lstrip("/") for c in cs] for n, cs in current.items() if cs}

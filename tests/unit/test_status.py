@@ -195,11 +195,13 @@ def test_unreachable_node_is_not_down():
 
 # ---- node_script --------------------------------------------------------------------------------
 
-def test_node_script_asks_ray_only_on_the_head():
+def test_every_node_answers_as_a_possible_head_in_its_one_round_trip():
+    """Deployments decide which node heads which: each node's script asks Ray and its own head
+    container's name, so one round trip per node serves every deployment."""
     inv = make_inventory()
-    assert "8265/api/v0/nodes" in node_script(inv, True)
-    assert "8265" not in node_script(inv, False)
-    assert "org.sparkcluster.cluster=pair" in node_script(inv, False)
+    worker = node_script(inv, "spark-worker")
+    assert "8265/api/v0/nodes" in worker and "org.sparkcluster.cluster=pair" in worker
+    assert "docker exec sparkcluster-pair-head sh -c" in worker
 
 
 def test_degraded_engine_wedged_while_health_200():
@@ -276,8 +278,9 @@ def test_a_node_whose_docker_is_down_is_docker_not_answering_not_absent():
     from sparkcluster.day2.status import DOCKER_SILENT, _one
 
     out = _printed(uptime=("5000.0 1.0\n1763900000.0", 0), meminfo=(MEMINFO, 0), ours=(DAEMON_DOWN, 1))
-    st, ray, _ = _one(_Host("spark-worker", out), make_inventory())
-    assert (st.state, st.error, ray) == (DOCKER_SILENT, DAEMON_DOWN, None)
+    got = _one(_Host("spark-worker", out), make_inventory())
+    st = got.status
+    assert (st.state, st.error, got.containers) == (DOCKER_SILENT, DAEMON_DOWN, None)
     assert st.mem_available_gib is not None  # what the node did say is kept
     nodes = [running("spark-head", "head"), st]
     got = verdict(nodes, [ray_row(HEAD_IP, True)])
@@ -290,7 +293,7 @@ def test_a_hung_docker_is_named_with_its_bound_and_the_cluster_is_not_called_dow
     hung = _printed(uptime=("5000.0 1.0\n1763900000.0", 0), meminfo=(MEMINFO, 0), ours=("", 124))
     cut = _printed(uptime=("5000.0 1.0\n1763900000.0", 0), meminfo=(MEMINFO, 0))  # the round trip's own bound
     for out in (hung, cut):
-        st, _, _ = _one(_Host("spark-head", out), make_inventory())
+        st = _one(_Host("spark-head", out), make_inventory()).status
         assert st.state == DOCKER_SILENT and f"did not return within {DOCKER_BOUND_S}s" in st.error
     nodes = [NodeStatus("spark-head", state=DOCKER_SILENT, error="x"), NodeStatus("spark-worker", state=DOCKER_SILENT, error="x")]
     assert verdict(nodes, None, health=None, models=(), pid=None).state == "degraded"
@@ -299,7 +302,7 @@ def test_a_hung_docker_is_named_with_its_bound_and_the_cluster_is_not_called_dow
 def test_every_docker_call_in_the_status_script_has_a_bound():
     from sparkcluster.day2.status import DOCKER_BOUND_S
 
-    script = node_script(make_inventory(), True)
+    script = node_script(make_inventory(), "spark-head")
     calls = [seg for seg in script.split("docker ")[:-1]]
     assert calls and all(seg.endswith(f"timeout -k 1 {DOCKER_BOUND_S} ") for seg in calls), script
 

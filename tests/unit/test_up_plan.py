@@ -257,7 +257,8 @@ def test_render_lists_stages_in_order(prof):
     plan = make_plan(make_inventory(), prof, facts(), serving=False, replace=False)
     out = plan.render()
     headers = [line.strip("[]") for line in out.splitlines() if line.startswith("[")]
-    assert headers == list(STAGES) == ["preflight", "image", "weights", "containers", "ray", "probe", "serve"]
+    assert list(STAGES) == ["preflight", "replace", "image", "weights", "containers", "ray", "probe", "serve"]
+    assert headers == [s for s in STAGES if s != "replace"]  # nothing to replace: no such stage
     assert out.splitlines()[0] == (f"plan for profile 'testbed' on cluster 'pair' (image {plan.image}):")
     # head container created before the worker's
     assert out.index(f"create {plan.containers[0].name}") < out.index(f"create {plan.containers[1].name}")
@@ -404,3 +405,20 @@ def test_headers_from_api_key():
 
 def test_plan_is_a_plan(prof):
     assert isinstance(make_plan(make_inventory(), prof, facts(), serving=False, replace=False), Plan)
+
+
+def test_replace_takes_other_deployments_down_as_steps_of_the_plan(prof):
+    """Issue 23: `--replace`'s teardown of a deployment spanning another node is part of the plan,
+    shown by --dry-run and walked by the executor, before anything of this deployment moves."""
+    from sparkcluster.day2.deployments import Deployment
+    from sparkcluster.up.stages.replace import Away
+
+    inv = make_inventory()
+    other = Deployment("single", ("spark-worker",), {"spark-worker": ["sparkcluster-pair-head"]})
+    plan = make_plan(inv, prof, facts(), serving=False, replace=True, away=[Away(other, inv.only(["spark-worker"]))])
+    ids = [s.id for s in plan.steps()]
+    assert "replace/spark-worker/down-single" in ids
+    assert ids.index("replace/spark-worker/down-single") < min(i for i, x in enumerate(ids) if x.startswith("image/"))
+    out = plan.render()
+    assert "[replace]" in out and "take down 'single' on spark-worker first" in out
+    assert "spark-worker: sparkcluster-pair-head" in out
