@@ -9,11 +9,12 @@ own `vllm:` names.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import asdict, dataclass, field
 
 import httpx
+
+from sparkcluster.node import readings
 
 PROBE_TIMEOUT_S = 10.0
 # the vLLM metric names status reads (vLLM 0.2x-0.3x; labelled per engine and model)
@@ -25,7 +26,6 @@ METRICS = {
     "vllm:prompt_tokens_total": "prompt_tokens_total",
     "vllm:request_success_total": "requests_succeeded_total",
 }
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN|[+-]Inf)\s*(\d+)?\s*$")
 
 
 @dataclass
@@ -41,21 +41,8 @@ class EngineView:
 
 
 def parse_metrics(text: str, wanted: dict[str, str] = METRICS) -> dict[str, float]:
-    """Prometheus text -> {our name: value}, summed over label sets (one engine per model here)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line.strip())
-        if not m or m.group(1) not in wanted:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        key = wanted[m.group(1)]
-        out[key] = out.get(key, 0.0) + value
-    return out
+    """Prometheus text -> {our name: value}, summed over label sets (the agent's own reader)."""
+    return {wanted[k]: v for k, v in readings.prometheus(text, wanted).items()}
 
 
 def look(endpoint: str, api_key: str | None, model: str | None = None,
@@ -110,8 +97,7 @@ def one_token(client: httpx.Client, base: str, model: str, hdrs: dict[str, str],
               max_tokens: int = 1) -> tuple[bool, str]:
     try:
         r = client.post(f"{base}/v1/chat/completions", headers=hdrs, timeout=timeout,
-                        json={"model": model, "max_tokens": max_tokens,
-                              "messages": [{"role": "user", "content": "ping"}]})
+                        json=readings.one_token_body(model, max_tokens))
     except httpx.TimeoutException:
         return False, f"a {max_tokens}-token completion did not return within {timeout:g}s"
     except httpx.HTTPError as e:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 
 from sparkcluster.config.inventory import Inventory
+from sparkcluster.node import readings
 
 # Ray's state API (what `ray list nodes` reads), served by the dashboard on the head's loopback.
 # One HTTP request from the head host: far cheaper than starting a Ray driver to ask.
@@ -20,15 +20,8 @@ def state_api_command() -> str:
 
 
 def parse_state_api(text: str) -> list[dict]:
-    """Ray state API `/api/v0/nodes`: {"data": {"result": {"result": [{node_ip, state, resources_total}]}}}."""
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return []
-    data = doc.get("data") if isinstance(doc, dict) else None
-    result = data.get("result") if isinstance(data, dict) else None
-    rows = result.get("result") if isinstance(result, dict) else result
-    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+    """Ray state API `/api/v0/nodes` rows (node/readings.py: the agent reads them the same way)."""
+    return readings.ray_rows(text)
 
 
 def nodes_from_state_api(text: str) -> list["RayNode"] | None:

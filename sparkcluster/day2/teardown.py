@@ -8,7 +8,6 @@ What happened on each node is a value (`NodeTeardown`, `ServerStop`), never a st
 from __future__ import annotations
 
 import enum
-import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from sparkcluster import log
 from sparkcluster.day2 import server
 from sparkcluster.errors import SparkError
 from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
+from sparkcluster.node import readings
 from sparkcluster.remote.dockerapi import run_in
 from sparkcluster.remote.fanout import Cluster
 from sparkcluster.remote.ssh import Host
@@ -126,7 +126,7 @@ def remove_containers(host: Host, cluster: str, only: set[str] | None = None) ->
 # open are ever removed: another program's segments on the host are not ours to judge.
 SHM_SEGMENTS = ("cat /proc/[0-9]*/maps 2>/dev/null | grep -o '/dev/shm/psm_[0-9a-zA-Z_]*'; "
                 "ls -l /proc/[0-9]*/fd 2>/dev/null | grep -o '/dev/shm/psm_[0-9a-zA-Z_]*'; true")
-_SHM_NAME = re.compile(r"/dev/shm/psm_[0-9a-zA-Z_]+")
+_SHM_NAME = readings.SHM_SEGMENT
 
 
 def shm_segments(host: Host, cid: str) -> list[str]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sparkcluster.movement.layers import ImageLayers, sizes_from_history
+from sparkcluster.node import readings
 
 
 def last_line(text: str) -> str:
@@ -322,12 +323,7 @@ class MemInfo:
 
 
 def meminfo(text: str) -> MemInfo:
-    vals = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            vals[key] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+    vals = readings.meminfo(text)  # the node agent's own reader
     return MemInfo(vals.get("MemTotal", 0), vals.get("MemAvailable", 0), vals.get("MemFree", 0))
 
 

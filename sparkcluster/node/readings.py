@@ -1,6 +1,8 @@
-"""Readings of the engine and the node, written once: the agent uses them in the container and the
-controller imports them (Prometheus text, MemAvailable, /health, the one-token probe, Ray's
-membership from its state API)."""
+"""Readings of the engine and the node, each written once: the agent uses them inside the container
+and the controller imports the same functions (Prometheus text, /proc/meminfo, Ray's state API, the
+shared-memory segment names, the one-token completion's request and verdict, /health).
+
+Standard library only: this file is shipped into every container."""
 
 from __future__ import annotations
 
@@ -9,23 +11,86 @@ import re
 import urllib.error
 import urllib.request
 
+# ---- Prometheus text (vLLM's /metrics) ---------------------------------------------------------
 
-def mem_available(meminfo: str) -> int | None:
-    m = re.search(r"^MemAvailable:\s+(\d+)\s*kB", meminfo, re.M)
-    return int(m.group(1)) * 1024 if m else None
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN|[+-]Inf)\s*(\d+)?\s*$")
 
 
-_METRIC = re.compile(r"^(vllm:num_requests_running|vllm:generation_tokens_total)(?:\{[^}]*\})?\s+([-+0-9.eE]+)\s*$")
+def prometheus(text: str, names) -> dict[str, float]:
+    """{metric name: value} for the names asked, each summed over its label sets (one engine per
+    model here); a name absent from the text is absent from the result."""
+    out: dict[str, float] = {}
+    wanted = set(names)
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line.strip())
+        if not m or m.group(1) not in wanted:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        out[m.group(1)] = out.get(m.group(1), 0.0) + value
+    return out
+
+
+RUNNING, GENERATED = "vllm:num_requests_running", "vllm:generation_tokens_total"
 
 
 def engine_figures(metrics: str) -> tuple[float | None, float | None]:
     """(requests running, generated tokens total) from vLLM's Prometheus text, summed over labels."""
-    got: dict[str, float] = {}
-    for line in metrics.splitlines():
-        m = _METRIC.match(line.strip())
-        if m:
-            got[m.group(1)] = got.get(m.group(1), 0.0) + float(m.group(2))
-    return got.get("vllm:num_requests_running"), got.get("vllm:generation_tokens_total")
+    got = prometheus(metrics, (RUNNING, GENERATED))
+    return got.get(RUNNING), got.get(GENERATED)
+
+
+# ---- /proc/meminfo -----------------------------------------------------------------------------
+
+def meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo as {field: bytes} (fields in kB converted; counts left as they are)."""
+    vals = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            vals[key.strip()] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+    return vals
+
+
+def mem_available(text: str) -> int | None:
+    return meminfo(text).get("MemAvailable")
+
+
+# ---- Ray's state API (/api/v0/nodes) -----------------------------------------------------------
+
+def ray_rows(text: str) -> list[dict]:
+    """Ray state API `/api/v0/nodes`: {"data": {"result": {"result": [{node_ip, state, resources_total}]}}}."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return []
+    data = doc.get("data") if isinstance(doc, dict) else None
+    result = data.get("result") if isinstance(data, dict) else None
+    rows = result.get("result") if isinstance(result, dict) else result
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def alive_gpus(rows: list[dict], ip: str) -> float:
+    """GPUs Ray counts on its live nodes at `ip`."""
+    return sum(float(r.get("resources_total", {}).get("GPU", 0)) for r in rows
+               if r.get("state") == "ALIVE" and r.get("node_ip") == ip)
+
+
+# ---- shared-memory segments vLLM's processes create (multiprocessing) ---------------------------
+
+SHM_SEGMENT = re.compile(r"/dev/shm/psm_[0-9a-zA-Z_]+")
+
+
+# ---- the endpoint ------------------------------------------------------------------------------
+
+def one_token_body(model: str, max_tokens: int = 1) -> dict:
+    """The completion every probe sends (agent, status, up, bench): one short chat turn."""
+    return {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": "ping"}]}
 
 
 def http_status(url: str, timeout: float) -> int | None:
@@ -40,7 +105,7 @@ def http_status(url: str, timeout: float) -> int | None:
 
 def one_token(base: str, model: str, api_key: str | None, timeout: float) -> str:
     """"" when a one-token completion returns within `timeout`, else why not."""
-    body = json.dumps({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]}).encode()
+    body = json.dumps(one_token_body(model)).encode()
     req = urllib.request.Request(f"{base}/v1/chat/completions", data=body, method="POST",
                                  headers={"Content-Type": "application/json",
                                           **({"Authorization": f"Bearer {api_key}"} if api_key else {})})

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import re
 
 from .journal import Journal
-
-_SHM = re.compile(r"/dev/shm/psm_[0-9a-zA-Z_]+")
+from .readings import SHM_SEGMENT
 
 
 def shm_in_use(proc: str = "/proc") -> set[str]:
@@ -18,10 +16,10 @@ def shm_in_use(proc: str = "/proc") -> set[str]:
             continue
         try:
             with open(f"{proc}/{pid}/maps", errors="replace") as f:
-                names.update(_SHM.findall(f.read()))
+                names.update(SHM_SEGMENT.findall(f.read()))
             for fd in os.listdir(f"{proc}/{pid}/fd"):
                 target = os.readlink(f"{proc}/{pid}/fd/{fd}")
-                if _SHM.fullmatch(target):
+                if SHM_SEGMENT.fullmatch(target):
                     names.add(target)
         except OSError:  # the process ended meanwhile, or is not ours to read
             continue

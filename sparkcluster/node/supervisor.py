@@ -5,7 +5,6 @@ stop for good when a node runs short of memory."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -30,7 +29,7 @@ from .contract import (
 )
 from .journal import Journal, read_json, write_json
 from .memreport import peer_memory
-from .readings import engine_figures, http_status, mem_available, one_token
+from .readings import alive_gpus, engine_figures, http_status, mem_available, one_token, ray_rows
 from .verdict import Look, Watch, backoff, restarts_left, verdict
 
 
@@ -134,14 +133,13 @@ class Supervisor:
             return None
         try:
             with urllib.request.urlopen(self.cfg["state_api"], timeout=3) as r:
-                doc = json.loads(r.read())
-            rows = doc["data"]["result"]["result"]
-        except (OSError, ValueError, KeyError, TypeError):
+                rows = ray_rows(r.read().decode(errors="replace"))
+        except OSError:
+            rows = []
+        if not rows:
             return "Ray's state API does not answer yet"
-        alive = [r for r in rows if r.get("state") == "ALIVE"]
         for want in self.cfg["nodes"]:
-            gpus = sum(float(r.get("resources_total", {}).get("GPU", 0)) for r in alive if r.get("node_ip") == want["ip"])
-            if gpus < want["gpus"]:
+            if alive_gpus(rows, want["ip"]) < want["gpus"]:
                 return f"{want['name']} is not a Ray member at {want['ip']} with {want['gpus']} GPU(s)"
         return None
 
