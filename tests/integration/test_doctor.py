@@ -274,8 +274,10 @@ CASES = [
          # head's entry k, under other names): nothing to report, no row changes
          {}),
     Case("gpu.driver", lambda tb, c: tb.set_driver_version(WORKER, "570.00"), lambda tb, c: tb.set_driver_version(WORKER),
-         {("gpu.driver", WORKER): "fail"},
-         detail={("gpu.driver", WORKER): "570.00"}, fix={("gpu.driver", WORKER): "580.95.05"}),
+         # owners update their Sparks on different days: a WARN naming both versions (issue 24)
+         {("gpu.driver", WORKER): "warn"},
+         detail={("gpu.driver", WORKER): "driver 570.00 here, 580.95.05 on spark-head"},
+         fix={("gpu.driver", WORKER): "update the older one"}),
     Case("ssh.reachable", lambda tb, c: tb.stop_sshd(WORKER), lambda tb, c: tb.start_sshd(WORKER),
          # nothing else about the worker can be judged; on the head, only what compares it with the
          # worker (clock skew, path MTU to the worker's addresses) has nothing to compare with
@@ -459,3 +461,24 @@ def test_init_drafts_what_doctor_passes_on_every_healthy_mode(testbed, sc, healt
     changed = {(i, n): (base[(i, n)]["status"], rows[(i, n)]["status"]) for i in NET_IDS for n in NODES
                if base[(i, n)]["status"] != rows[(i, n)]["status"]}
     assert changed == {}
+
+
+def test_min_driver_fails_only_the_node_that_lacks_it(testbed, sc, healthy, tmp_path):
+    """A profile that states min_driver (issue 24): the worker's older driver FAILs there, the head,
+    at the minimum, passes; without the setting the same difference is only a WARN (Case gpu.driver)."""
+    d = tmp_path / "profiles"
+    d.mkdir()
+    text = (Path(__file__).resolve().parents[2] / "env-profiles" / "testbed.toml").read_text()
+    (d / "testbed-min-driver.toml").write_text('min_driver = "580.95"\n' + text)
+    try:
+        testbed.set_driver_version(WORKER, "570.00")
+        res = sc("doctor", "--json", "--profile", "testbed-min-driver", env={"SPARKCLUSTER_PROFILES": str(d)},
+                 timeout=120)
+    finally:
+        testbed.set_driver_version(WORKER)
+    assert res.returncode == 1, res.stdout + res.stderr
+    rows = {(c["id"], c["node"]): c for c in json.loads(res.stdout)["checks"]}
+    r = rows[("gpu.driver", WORKER)]
+    assert r["status"] == "fail" and "driver 570.00 is older than 580.95" in r["detail"], r
+    assert "580.95 or later" in r["fix"]
+    assert rows[("gpu.driver", HEAD)]["status"] == "ok"

@@ -113,6 +113,18 @@ def test_qwen3_30b_parsers_are_seed_002_launchers():
     assert "--enable-auto-tool-choice" in argv
 
 
+def test_min_driver_is_optional_and_checked_for_shape():
+    from sparkcluster.checks.preflight import expectations
+    from sparkcluster.config.profile import parse
+
+    base = load_profile("testbed").path.read_text()
+    assert parse(base, "t").min_driver is None
+    p = parse('min_driver = "590.44"\n' + base, "t")
+    assert p.min_driver == "590.44" and expectations(INV, p).min_driver == "590.44"
+    with pytest.raises(InputError):
+        parse('min_driver = "latest"\n' + base, "t")
+
+
 def test_image_tag():
     p = load_profile("nemotron")
     assert p.image_tag("2.60.0") == "26.05.post1-py3-ray2.60.0"
