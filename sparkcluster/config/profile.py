@@ -40,16 +40,12 @@ USER_PROFILES = Path("~/.config/sparkcluster/profiles")
 SECRET_NAMES: tuple[str, ...] = ("HF_TOKEN", "VLLM_API_KEY")
 SecretName = Literal["HF_TOKEN", "VLLM_API_KEY"]
 
-# Per-host variables, computed from the inventory for each node: NCCL_IB_HCA, UCX_NET_DEVICES,
-# NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, OMPI_MCA_btl_tcp_if_include, and VLLM_HOST_IP = the node's
-# own control-plane IP (docs/field-notes.md, "Per-host values..." and "Node IPs").
+# Per-host variables, computed from the inventory for each node: interface and HCA names, VLLM_HOST_IP
+# = the node's own control-plane IP, and NCCL_IB_GID_INDEX, which may differ between nodes (owners
+# report 3 on one, 4 or 5 on the other; NCCL reads it per rank: issue 24). docs/field-notes.md.
 PER_HOST_VARS: tuple[str, ...] = (
-    "VLLM_HOST_IP",
-    "NCCL_SOCKET_IFNAME",
-    "GLOO_SOCKET_IFNAME",
-    "NCCL_IB_HCA",
-    "UCX_NET_DEVICES",
-    "OMPI_MCA_btl_tcp_if_include",
+    "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES",
+    "OMPI_MCA_btl_tcp_if_include", "NCCL_IB_GID_INDEX",
 )
 NON_CARRY_OVER_FILENAME = "ray_non_carry_over_env_vars.json"
 # Set by sparkcluster in every container; a profile may not forward these by hand.
@@ -270,8 +266,8 @@ def per_host_env(profile: Profile, inventory: "Inventory", node: "Node | str") -
         "UCX_NET_DEVICES": node.control_if,
         "OMPI_MCA_btl_tcp_if_include": node.control_if,
     }
-    # issue 17: the RoCE v2 IPv4 GID index found in the HCAs' GID tables (init writes it to the
-    # inventory, doctor's rdma.gid checks it still holds); without it NCCL guesses
+    # issue 17: the RoCE v2 IPv4 GID index found in this node's GID tables (init writes each node's own
+    # to the inventory, doctor's rdma.gid checks it still holds); without it NCCL guesses
     if node.gid_index is not None:
         env["NCCL_IB_GID_INDEX"] = str(node.gid_index)
     return env

@@ -187,6 +187,16 @@ def _twin_on_control_subnet(tb, ctx):
     tb.set_addresses(WORKER, DATA_LINK, ["198.19.4.2/24", "198.19.2.4/24"])
 
 
+def _worker_gid_index_3_then_shifted(tb, ctx):
+    def edit(text: str) -> str:
+        head, sep, rest = text.partition('name = "spark-worker"')
+        return head + sep + rest.replace("mtu = 9000\n", "mtu = 9000\ngid_index = 3\n", 1)
+    inv = inventory_variant(tb, ctx["tmp"], edit)
+    assert "gid_index = 3" in inv.read_text()
+    tb.shift_gids(WORKER)
+    return inv
+
+
 def _untag_image(tb, ctx):
     ref = ctx["ref"] = image_ref(tb)
     if tb.image_id(WORKER, ref):
@@ -338,10 +348,15 @@ CASES = [
          detail={("rdma.gid", WORKER): "roceP2p1s0f1: its netdev enP2p1s0f1np1 is up without an IPv4 address"},
          fix={("rdma.gid", WORKER): "static IPv4 address"}),
     Case("rdma.gid-index-differs", lambda tb, c: tb.shift_gids(WORKER), lambda tb, c: tb.reset(),
-         # the worker's IPv4 GIDs sit at 5 (an IPv6 address came first): one NCCL_IB_GID_INDEX cannot
-         # serve both nodes; flagged on the node that differs from the head
+         # the worker's IPv4 GIDs sit at 5 (an IPv6 address came first), the head's at 3: owners report
+         # exactly that, and each node gets its own NCCL_IB_GID_INDEX (issue 24): nothing to report
+         {}),
+    Case("rdma.gid-index-not-the-inventorys", _worker_gid_index_3_then_shifted, lambda tb, c: tb.reset(),
+         # the worker's inventory says 3 (its NCCL_IB_GID_INDEX), its IPv4 GIDs now sit at 5
          {("rdma.gid", WORKER): "fail"},
-         detail={("rdma.gid", WORKER): "index is 5 here but 3 on spark-head"}, fix={("rdma.gid", WORKER): "alike"}),
+         detail={("rdma.gid", WORKER): "the inventory's gid_index 3 (NCCL_IB_GID_INDEX) is not the RoCE v2 IPv4 GID, "
+                                       "which sits at index 5"},
+         fix={("rdma.gid", WORKER): "gid_index = 5 for spark-worker"}),
     Case("net.speed", lambda tb, c: tb.set_speed(HEAD, DATA_LINK, 100000), lambda tb, c: tb.set_speed(HEAD, DATA_LINK),
          {("net.speed", HEAD): "warn"},
          detail={("net.speed", HEAD): "rail roceP2p1s0f1/enP2p1s0f1np1 at 100 Gb/s"}, fix={("net.speed", HEAD): "firmware"}),
