@@ -49,6 +49,7 @@ class Expect:
     image_disk_bytes: int = 30 * GiB  # NGC vLLM base ~9 GB + Ray; a build needs room twice over
     model_disk_bytes: int = 0
     vllm_version: str | None = None  # of the image to be served: decides what vLLM checks itself
+    min_driver: str | None = None  # the lowest NVIDIA driver the profile states, e.g. "590.44"
     # docker flags every container must carry, and which must be identical across nodes
     container_flags: dict[str, object] = field(default_factory=dict)
 

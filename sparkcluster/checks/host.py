@@ -36,19 +36,37 @@ def gpu_gb10(ctx: Context, r: Report) -> None:
             r.ok(n, f"{f.gpus[0].name}, sm {f.gpus[0].compute_cap}")
 
 
-@check("gpu.driver", "Same NVIDIA driver on every node")
+def driver_version(v: str) -> tuple[int, ...] | None:
+    """`580.95.05` -> (580, 95, 5); None when nvidia-smi printed something else."""
+    try:
+        return tuple(int(p) for p in v.strip().split("."))
+    except ValueError:
+        return None
+
+
+@check("gpu.driver", "NVIDIA driver: at least the profile's minimum; a difference between nodes named")
 def gpu_driver(ctx: Context, r: Report) -> None:
+    # Owners update their Sparks on different days and nothing in the field requires equal drivers
+    # (issue 24): a difference is a WARN naming both versions. Only a minimum the profile states
+    # (`min_driver`, e.g. the image's CUDA needs it) makes a node that lacks it FAIL.
     drivers = {n: f.gpus[0].driver for n, f in ctx.facts.items() if f.gpus}
     if not drivers:
         return
     head = ctx.inventory.head.name
     ref = drivers.get(head) or next(iter(drivers.values()))
+    need = ctx.expect.min_driver
     for n, d in drivers.items():
-        if d == ref:
-            r.ok(n, d)
+        have = driver_version(d)
+        if need and (have is None or have < driver_version(need)):
+            r.fail(n, f"driver {d} is older than {need}, the profile's min_driver",
+                   f"update the NVIDIA driver on {n} to {need} or later and reboot it (or serve an image "
+                   "built for this driver and lower min_driver)")
+        elif d != ref:
+            r.warn(n, f"driver {d} here, {ref} on {head}",
+                   "nothing requires equal drivers; update the older one when convenient, so both ranks "
+                   "run the same CUDA stack")
         else:
-            r.fail(n, f"driver {d} differs from {head}'s {ref}",
-                   f"install driver {ref} on {n} (or upgrade both) so every rank runs the same CUDA stack")
+            r.ok(n, d)
 
 
 # --- docker -------------------------------------------------------------------------------------

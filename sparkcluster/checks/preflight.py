@@ -25,6 +25,7 @@ def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect
         image_disk_bytes=int(prof.image_disk_gb * checks.GiB),
         model_disk_bytes=int(prof.model_disk_gb * checks.GiB),
         vllm_version=prof.image.vllm_version,
+        min_driver=prof.min_driver,
         container_flags=container_spec.required_flags(prof.ulimit_stack),
     )
 

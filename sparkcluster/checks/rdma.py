@@ -1,5 +1,6 @@
-"""RDMA checks (rdma.*): each data-plane HCA has a RoCE v2 IPv4 GID at one index on every node,
-and is present, ACTIVE, on its netdev and paired with the head's HCAs in cabling order."""
+"""RDMA checks (rdma.*): each data-plane HCA has a RoCE v2 IPv4 GID, at one index per node (the index
+may differ between nodes: NCCL_IB_GID_INDEX is set per node), and is present, ACTIVE, on its netdev
+and paired with the head's HCAs in cabling order."""
 
 from __future__ import annotations
 
@@ -23,9 +24,8 @@ def gid_index(f: HostFacts, node: Node) -> int | None:
     return min(common) if common else None
 
 
-@check("rdma.gid", "RoCE v2 IPv4 GID on every HCA in NCCL_IB_HCA, same index on every node")
+@check("rdma.gid", "RoCE v2 IPv4 GID on every HCA in NCCL_IB_HCA, at one index per node")
 def rdma_gid(ctx: Context, r: Report) -> None:
-    found: dict[str, int] = {}
     for node in ctx.nodes():
         f = ctx.facts[node.name]
         if not any(h in f.hcas for h in node.hcas):
@@ -48,20 +48,10 @@ def rdma_gid(ctx: Context, r: Report) -> None:
         if idx is None:
             per = ", ".join(f"{h}: {sorted(g.index for g in _gid_v4(f, h))}" for h in node.hcas if h in f.hcas)
             r.fail(node.name, f"no one GID index holds a RoCE v2 IPv4 GID on every HCA ({per})",
-                   "NCCL_IB_GID_INDEX is one number for all HCAs: configure the addresses alike on every port")
-            continue
-        found[node.name] = idx
-    head = ctx.inventory.head.name
-    ref = found.get(head, next(iter(found.values()), None))
-    for node in ctx.nodes():
-        if node.name not in found:
-            continue
-        idx = found[node.name]
-        if idx != ref:
-            r.fail(node.name, f"RoCE v2 IPv4 GID index is {idx} here but {ref} on {head}: one NCCL_IB_GID_INDEX "
-                              "cannot serve both", "configure the data-plane addresses alike on every node "
-                                                   "(an extra address or IPv6 on one node shifts the index)")
+                   "NCCL_IB_GID_INDEX is one number for all of a node's HCAs: configure the addresses alike on "
+                   "every port of this node")
         elif node.gid_index is not None and node.gid_index != idx:
+            # another node's index may differ (issue 24): each node's container gets its own
             r.fail(node.name, f"the inventory's gid_index {node.gid_index} (NCCL_IB_GID_INDEX) is not the RoCE v2 "
                               f"IPv4 GID, which sits at index {idx}",
                    f"set gid_index = {idx} for {node.name} in the inventory, then sparkcluster down && sparkcluster up")

@@ -27,48 +27,59 @@ def weights() -> None:
 
 
 @weights.command()
-@click.option("--profile", "-p", "profile_name", default=None, help="Profile whose model to stage (default: the inventory's).")
+@click.option("--profile", "-p", "profile_name", default=None,
+              help="Profile whose repositories to stage (default: the inventory's).")
 @click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where HF_TOKEN lives (mode 0600).")
 @click.option("--verify", is_flag=True, help="Hash every file again on every node (not only new or changed ones).")
 @click.pass_obj
 def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> None:
-    """Fetch the profile's model once on the head and replicate it to every worker, verified."""
+    """Fetch every repository the profile needs (model, tokenizer, draft model, plugin file) once on the
+    head and replicate it to every worker, verified."""
     inv = obj.inventory()
     prof = load_profile_for(inv, profile_name)
     if prof is None:
         raise click.UsageError("no profile: pass --profile NAME (see `sparkcluster profile list`)")
     want = stage.wanted(prof)
-    if want is None:
+    if not want:
         raise InputError(f"profile '{prof.name}' serves {prof.model}, a path inside the container, not a hub model",
                          "nothing to pull: place that path on every node yourself")
     secrets = secret_store.load_secrets(env_file, prof)
     image = image_ref(inv, prof)
     err = Console(stderr=True, highlight=False)
     with Cluster.connect(inv) as cluster, ClusterLock(cluster.head, inv.cluster.name, f"weights pull --profile {prof.name}"):
-        st = stage.Staging(cluster, inv, image, *want, secrets, RichProgress(err))
-        m = st.resolve()
-        st.check_all(rehash=verify)
-        lacking = st.lacking()
+        sts = [stage.Staging(cluster, inv, image, need.repo, need.revision, secrets, RichProgress(err), need)
+               for need in want]
+        for st in sts:
+            st.resolve()
+            st.check_all(rehash=verify)
+        for st in sts:
+            if not st.lacking():
+                m = st.manifest
+                click.echo(f"{m.repo}@{m.commit[:12]} ({st.role}, {m.size / 1e9:.2f} GB) is complete and verified "
+                           "on every node")
+        lacking = [st for st in sts if st.lacking()]
         if not lacking:
-            click.echo(f"{m.repo}@{m.commit[:12]} ({m.size / 1e9:.2f} GB) is complete and verified on every node")
             return
-        st.disk()
-        if inv.head.name in lacking:
+        stage.disk(lacking)
+        if any(inv.head.name in st.lacking() for st in lacking):
             # the download runs in a throwaway container: the cluster image once `up` built it, else
             # the profile's base image (vLLM ships huggingface_hub), so weights can be staged first
             if image_id(cluster.head, image) is None:
-                st.image = image = prof.image.ref
+                image = prof.image.ref
             if image_id(cluster.head, image) is None:
                 raise InputError(f"the head has neither the cluster image {image_ref(inv, prof)} nor its base "
                                  f"{prof.image.ref}, one of which does the download",
                                  f"docker pull {prof.image.ref} on {inv.head.name}, or sparkcluster up --profile "
                                  f"{prof.name} (it builds the image and stages the weights)")
-            st.write_token()
-            click.echo(st.download())
-        for wk in inv.workers:
-            if st.state[wk.name]["missing"]:
-                click.echo(st.replicate(wk.name))
-    click.echo(f"{m.repo}@{m.commit[:12]} staged on every node")
+            lacking[0].write_token()
+        for st in lacking:
+            st.image = image
+            if inv.head.name in st.lacking():
+                click.echo(st.download())
+            for wk in inv.workers:
+                if st.state[wk.name]["missing"]:
+                    click.echo(st.replicate(wk.name))
+            click.echo(f"{st.repo}@{st.manifest.commit[:12]} ({st.role}) staged on every node")
 
 
 def _status(cluster: Cluster, inv) -> dict[str, list[dict]]:
@@ -82,17 +93,48 @@ def state_word(s: dict) -> str:
     return "complete, verified" if s["verified"] else "complete (not verified by sparkcluster)"
 
 
+def profile_repos(prof, per_node: dict[str, list[dict]]) -> list[dict]:
+    """Each repository the profile needs, and per node the snapshots of it cached there (a
+    revision that is a branch or tag matches by ref, a commit by itself)."""
+    out = []
+    for need in stage.wanted(prof) if prof is not None else []:
+        nodes = {}
+        for n, snaps in per_node.items():
+            got = [s for s in snaps if s["repo"] == need.repo
+                   and (need.revision in s["refs"] or s["commit"] == need.revision)]
+            nodes[n] = [f"{s['commit'][:12]} {'partial' if s['broken'] else 'complete'}" for s in got] or ["not cached"]
+        out.append({"role": need.role, "repo": need.repo, "revision": need.revision,
+                    "files": list(need.files) if need.files is not None else None, "weights": need.weights,
+                    "nodes": nodes})
+    return out
+
+
 @weights.command()
+@click.option("--profile", "-p", "profile_name", default=None,
+              help="List the repositories this profile needs (default: the inventory's profile).")
 @click.option("--json", "as_json", is_flag=True, help="Per node, the snapshots as JSON.")
 @click.pass_obj
-def status(obj, as_json: bool) -> None:
-    """Per node: which snapshots of which repos are cached, complete or partial, and their size."""
+def status(obj, profile_name: str | None, as_json: bool) -> None:
+    """Per node: which snapshots of which repos are cached, complete or partial, and their size; first,
+    each repository the profile needs (model, tokenizer, draft model, plugin file) and where it is."""
     inv = obj.inventory()
+    prof = load_profile_for(inv, profile_name)
     with Cluster.connect(inv) as cluster:
         per_node = _status(cluster, inv)
+    needed = profile_repos(prof, per_node)
     if as_json:
-        click.echo(json.dumps(per_node, indent=2))
+        # the per-node listing as before; with --profile, the profile's repositories beside it
+        click.echo(json.dumps(per_node if profile_name is None else {"profile": prof.name, "needs": needed,
+                                                                     "nodes": per_node}, indent=2))
         return
+    if needed:
+        click.echo(f"profile {prof.name} needs:")
+        for x in needed:
+            what = (f" (only {', '.join(x['files'])})" if x["files"] is not None
+                    else "" if x["weights"] else " (without weight files)")
+            click.echo(f"  {x['role']}: {x['repo']}@{x['revision']}{what}")
+            for n, states in x["nodes"].items():
+                click.echo(f"    {n}: {'; '.join(states)}")
     for n in inv.nodes:
         snaps = per_node.get(n.name) or []
         click.echo(f"{n.name}: " + ("no models cached" if not snaps else ""))

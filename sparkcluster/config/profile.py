@@ -9,11 +9,8 @@ A profile is `env-profiles/NAME.toml` (or a file in `$SPARKCLUSTER_PROFILES` or
 - the `vllm serve` arguments as typed fields (`[serve]`), turned into argv by `flags.serve_argv`;
 - the names of the secrets the profile uses. Values never live in a profile: `secrets.load_secrets`.
 
-Per-host variables are not in the profile: `per_host_env` computes them from the inventory for each
-node (interface and HCA names are per-node facts, sparkrun#135). vLLM's Ray executor copies the
-driver's VLLM_*/NCCL_*/UCX_*/HF_* variables to the worker ranks unless they are named in
-`$VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json`; `non_carry_over_file` gives that file so the
-head's values never overwrite the worker's (docs/field-notes.md, "Per-host values and vLLM's environment copying").
+Per-host variables are computed per node (`per_host_env`) and kept out of what vLLM's Ray executor
+copies from the driver to the ranks (`non_carry_over_file`; docs/field-notes.md, sparkrun#135).
 """
 
 from __future__ import annotations
@@ -43,16 +40,12 @@ USER_PROFILES = Path("~/.config/sparkcluster/profiles")
 SECRET_NAMES: tuple[str, ...] = ("HF_TOKEN", "VLLM_API_KEY")
 SecretName = Literal["HF_TOKEN", "VLLM_API_KEY"]
 
-# Per-host variables, computed from the inventory for each node: NCCL_IB_HCA, UCX_NET_DEVICES,
-# NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, OMPI_MCA_btl_tcp_if_include, and VLLM_HOST_IP = the node's
-# own control-plane IP (docs/field-notes.md, "Per-host values..." and "Node IPs").
+# Per-host variables, computed from the inventory for each node: interface and HCA names, VLLM_HOST_IP
+# = the node's own control-plane IP, and NCCL_IB_GID_INDEX, which may differ between nodes (owners
+# report 3 on one, 4 or 5 on the other; NCCL reads it per rank: issue 24). docs/field-notes.md.
 PER_HOST_VARS: tuple[str, ...] = (
-    "VLLM_HOST_IP",
-    "NCCL_SOCKET_IFNAME",
-    "GLOO_SOCKET_IFNAME",
-    "NCCL_IB_HCA",
-    "UCX_NET_DEVICES",
-    "OMPI_MCA_btl_tcp_if_include",
+    "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES",
+    "OMPI_MCA_btl_tcp_if_include", "NCCL_IB_GID_INDEX",
 )
 NON_CARRY_OVER_FILENAME = "ray_non_carry_over_env_vars.json"
 # Set by sparkcluster in every container; a profile may not forward these by hand.
@@ -223,6 +216,9 @@ class Profile(_Strict):
     # the container's stack ulimit in bytes (soft = hard), as `docker run --ulimit stack=N`; None:
     # Docker's default. Seed 004 runs both its containers with stack=67108864.
     ulimit_stack: int | None = Field(default=None, ge=1)
+    # the lowest NVIDIA driver the image runs on, where the profile's source states one (seed 001: its
+    # image is built for >= 590.44); doctor FAILs a node below it. None: only differences are warned.
+    min_driver: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+){0,2}$")
     secrets: list[SecretName] = Field(default_factory=lambda: list(SECRET_NAMES))
     image: Image
     env: EnvSettings = Field(default_factory=EnvSettings)
@@ -270,8 +266,8 @@ def per_host_env(profile: Profile, inventory: "Inventory", node: "Node | str") -
         "UCX_NET_DEVICES": node.control_if,
         "OMPI_MCA_btl_tcp_if_include": node.control_if,
     }
-    # issue 17: the RoCE v2 IPv4 GID index found in the HCAs' GID tables (init writes it to the
-    # inventory, doctor's rdma.gid checks it still holds); without it NCCL guesses
+    # issue 17: the RoCE v2 IPv4 GID index found in this node's GID tables (init writes each node's own
+    # to the inventory, doctor's rdma.gid checks it still holds); without it NCCL guesses
     if node.gid_index is not None:
         env["NCCL_IB_GID_INDEX"] = str(node.gid_index)
     return env

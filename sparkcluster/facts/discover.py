@@ -153,10 +153,10 @@ def link_local_error(found: list[Discovered], per_host: list[list[Link]]) -> Spa
                       f"({scheme}), e.g. with netplan, then run init again")
 
 
-def common_gid_index(found: list[Discovered], chosen: list[list[Link]]) -> int | None:
-    """The one GID index holding a RoCE v2 IPv4 GID on every chosen HCA of every host, else None."""
-    sets = [{g.index for g in d.gids.get(x.hca, []) if g.roce_v2 and g.ipv4 is not None}
-            for d, links in zip(found, chosen) for x in links]
+def node_gid_index(d: Discovered, links: list[Link]) -> int | None:
+    """The one GID index holding a RoCE v2 IPv4 GID on every chosen HCA of this host, else None. Each
+    host has its own: the index may differ between nodes (issue 24), NCCL_IB_GID_INDEX is per node."""
+    sets = [{g.index for g in d.gids.get(x.hca, []) if g.roce_v2 and g.ipv4 is not None} for x in links]
     common = set.intersection(*sets) if sets and all(sets) else set()
     return min(common) if common else None
 
@@ -243,14 +243,14 @@ def draft(name: str, found: list[Discovered], ssh_config: Path | None = None,
                              "and 198.19.k.2/24), then run init again")
     chosen = [kept for kept, _ in usable_per_host]
     head_control, worker_controls = choose_control(chosen[0], chosen[1:])
-    gid = common_gid_index(found, chosen)
     nodes = []
     for i, (d, (_, notes), (links, left_out), ctl, nm) in enumerate(zip(found, per_host, usable_per_host,
                                                                         [head_control, *worker_controls],
                                                                         node_names(found))):
         comments = list(notes) + left_out
+        gid = node_gid_index(d, links)
         if d.gids and gid is None:
-            comments.append("no GID index holds a RoCE v2 IPv4 GID on every HCA of every node: gid_index left out "
+            comments.append("no GID index holds a RoCE v2 IPv4 GID on every HCA of this node: gid_index left out "
                             "(NCCL picks one; doctor's rdma.gid says which HCA lacks it)")
         if d.gpus:
             g = d.gpus[0]
@@ -280,8 +280,8 @@ def to_toml(dr: Draft, when: str = "") -> str:
         "#    own that the other node(s) share, in HCA order; the comments say why any other was left out. NCCL pairs HCAs",
         "#    by list position (NCCL_IB_HCA). Names can differ between nodes when cables sit in other ports.",
         "#  - mtu: the control link's MTU as found; every data-plane link is checked against it.",
-        "#  - gid_index: the GID table index holding the RoCE v2 IPv4 GID on every data-plane HCA",
-        "#    (NCCL_IB_GID_INDEX); left out when the tables disagree.",
+        "#  - gid_index: the GID table index holding the RoCE v2 IPv4 GID on every data-plane HCA of",
+        "#    that node (its NCCL_IB_GID_INDEX; may differ between nodes); left out when they disagree.",
         "",
         "[cluster]",
         f"name = {_s(dr.name)}",

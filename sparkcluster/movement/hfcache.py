@@ -186,7 +186,8 @@ def rm_command(hf_cache: str, repo: str, commit: str) -> str:
     return py(NODE, "rm", hub_dir(hf_cache), repo_folder(repo), commit)
 
 
-def download_command(image: str, hf_cache: str, endpoint: str | None, m: Manifest) -> str:
+def download_command(image: str, hf_cache: str, endpoint: str | None, m: Manifest,
+                     only: tuple[str, ...] | None = None) -> str:
     """A throwaway container of the cluster image (it has huggingface_hub) fetches the snapshot into
     the head's cache. The token, if any, is the 0600 file HF_HOME/token. A download an earlier run
     left behind (Ctrl-C kills the client, not the container) is removed first; the new one resumes
@@ -197,8 +198,21 @@ def download_command(image: str, hf_cache: str, endpoint: str | None, m: Manifes
         env += ["-e", f"HF_ENDPOINT={endpoint}"]
     argv = ["docker", "run", "--rm", "--name", DOWNLOAD_CONTAINER, "--network", "host", *env,
             "-v", f"{hf_cache}:{hf_cache}", "--entrypoint", "python3", image, "-c", DOWNLOAD,
-            m.repo, m.commit, repo_folder(m.repo)]
+            m.repo, m.commit, repo_folder(m.repo), *(safe_path(p) for p in only or ())]
     return f"docker rm -f {DOWNLOAD_CONTAINER} >/dev/null 2>&1; " + shlex.join(argv)
+
+
+def snapshot_file(hf_cache: str, repo: str, commit: str, path: str) -> str:
+    """Where huggingface_hub's layout puts a file of a snapshot."""
+    if not _COMMIT.fullmatch(commit):
+        raise ValueError(f"not a commit: {commit!r}")
+    return str(PurePosixPath(hub_dir(hf_cache)) / repo_folder(repo) / "snapshots" / commit / safe_path(path))
+
+
+def link_command(target: str, path: str) -> str:
+    """A link at `path` to a verified file of a snapshot (the cache is mounted at the same path in
+    the containers, so it resolves there too); fails when the target is not there."""
+    return f"ln -sfn {shlex.quote(target)} {shlex.quote(path)} && test -s {shlex.quote(path)}"
 
 
 def stop_download_command() -> str:

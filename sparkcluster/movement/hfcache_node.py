@@ -219,7 +219,7 @@ elif cmd == "rm":
 
 DOWNLOAD = r"""
 import os, sys, threading, time
-repo, commit, folder = sys.argv[1], sys.argv[2], sys.argv[3]
+repo, commit, folder, only = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 blobs = os.path.join(os.environ["HF_HOME"], "hub", folder, "blobs")
 
 def report():
@@ -239,5 +239,6 @@ def report():
 
 threading.Thread(target=report, daemon=True).start()
 from huggingface_hub import snapshot_download
-print(snapshot_download(repo, revision=commit), flush=True)
+# only: the files a profile reads from this repository (a plugin), when not the whole snapshot
+print(snapshot_download(repo, revision=commit, allow_patterns=only or None), flush=True)
 """

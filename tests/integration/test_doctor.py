@@ -187,6 +187,16 @@ def _twin_on_control_subnet(tb, ctx):
     tb.set_addresses(WORKER, DATA_LINK, ["198.19.4.2/24", "198.19.2.4/24"])
 
 
+def _worker_gid_index_3_then_shifted(tb, ctx):
+    def edit(text: str) -> str:
+        head, sep, rest = text.partition('name = "spark-worker"')
+        return head + sep + rest.replace("mtu = 9000\n", "mtu = 9000\ngid_index = 3\n", 1)
+    inv = inventory_variant(tb, ctx["tmp"], edit)
+    assert "gid_index = 3" in inv.read_text()
+    tb.shift_gids(WORKER)
+    return inv
+
+
 def _untag_image(tb, ctx):
     ref = ctx["ref"] = image_ref(tb)
     if tb.image_id(WORKER, ref):
@@ -274,8 +284,10 @@ CASES = [
          # head's entry k, under other names): nothing to report, no row changes
          {}),
     Case("gpu.driver", lambda tb, c: tb.set_driver_version(WORKER, "570.00"), lambda tb, c: tb.set_driver_version(WORKER),
-         {("gpu.driver", WORKER): "fail"},
-         detail={("gpu.driver", WORKER): "570.00"}, fix={("gpu.driver", WORKER): "580.95.05"}),
+         # owners update their Sparks on different days: a WARN naming both versions (issue 24)
+         {("gpu.driver", WORKER): "warn"},
+         detail={("gpu.driver", WORKER): "driver 570.00 here, 580.95.05 on spark-head"},
+         fix={("gpu.driver", WORKER): "update the older one"}),
     Case("ssh.reachable", lambda tb, c: tb.stop_sshd(WORKER), lambda tb, c: tb.start_sshd(WORKER),
          # nothing else about the worker can be judged; on the head, only what compares it with the
          # worker (clock skew, path MTU to the worker's addresses) has nothing to compare with
@@ -336,10 +348,15 @@ CASES = [
          detail={("rdma.gid", WORKER): "roceP2p1s0f1: its netdev enP2p1s0f1np1 is up without an IPv4 address"},
          fix={("rdma.gid", WORKER): "static IPv4 address"}),
     Case("rdma.gid-index-differs", lambda tb, c: tb.shift_gids(WORKER), lambda tb, c: tb.reset(),
-         # the worker's IPv4 GIDs sit at 5 (an IPv6 address came first): one NCCL_IB_GID_INDEX cannot
-         # serve both nodes; flagged on the node that differs from the head
+         # the worker's IPv4 GIDs sit at 5 (an IPv6 address came first), the head's at 3: owners report
+         # exactly that, and each node gets its own NCCL_IB_GID_INDEX (issue 24): nothing to report
+         {}),
+    Case("rdma.gid-index-not-the-inventorys", _worker_gid_index_3_then_shifted, lambda tb, c: tb.reset(),
+         # the worker's inventory says 3 (its NCCL_IB_GID_INDEX), its IPv4 GIDs now sit at 5
          {("rdma.gid", WORKER): "fail"},
-         detail={("rdma.gid", WORKER): "index is 5 here but 3 on spark-head"}, fix={("rdma.gid", WORKER): "alike"}),
+         detail={("rdma.gid", WORKER): "the inventory's gid_index 3 (NCCL_IB_GID_INDEX) is not the RoCE v2 IPv4 GID, "
+                                       "which sits at index 5"},
+         fix={("rdma.gid", WORKER): "gid_index = 5 for spark-worker"}),
     Case("net.speed", lambda tb, c: tb.set_speed(HEAD, DATA_LINK, 100000), lambda tb, c: tb.set_speed(HEAD, DATA_LINK),
          {("net.speed", HEAD): "warn"},
          detail={("net.speed", HEAD): "rail roceP2p1s0f1/enP2p1s0f1np1 at 100 Gb/s"}, fix={("net.speed", HEAD): "firmware"}),
@@ -459,3 +476,24 @@ def test_init_drafts_what_doctor_passes_on_every_healthy_mode(testbed, sc, healt
     changed = {(i, n): (base[(i, n)]["status"], rows[(i, n)]["status"]) for i in NET_IDS for n in NODES
                if base[(i, n)]["status"] != rows[(i, n)]["status"]}
     assert changed == {}
+
+
+def test_min_driver_fails_only_the_node_that_lacks_it(testbed, sc, healthy, tmp_path):
+    """A profile that states min_driver (issue 24): the worker's older driver FAILs there, the head,
+    at the minimum, passes; without the setting the same difference is only a WARN (Case gpu.driver)."""
+    d = tmp_path / "profiles"
+    d.mkdir()
+    text = (Path(__file__).resolve().parents[2] / "env-profiles" / "testbed.toml").read_text()
+    (d / "testbed-min-driver.toml").write_text('min_driver = "580.95"\n' + text)
+    try:
+        testbed.set_driver_version(WORKER, "570.00")
+        res = sc("doctor", "--json", "--profile", "testbed-min-driver", env={"SPARKCLUSTER_PROFILES": str(d)},
+                 timeout=120)
+    finally:
+        testbed.set_driver_version(WORKER)
+    assert res.returncode == 1, res.stdout + res.stderr
+    rows = {(c["id"], c["node"]): c for c in json.loads(res.stdout)["checks"]}
+    r = rows[("gpu.driver", WORKER)]
+    assert r["status"] == "fail" and "driver 570.00 is older than 580.95" in r["detail"], r
+    assert "580.95 or later" in r["fix"]
+    assert rows[("gpu.driver", HEAD)]["status"] == "ok"

@@ -106,12 +106,25 @@ def test_gid_index_written_to_inventory_sets_nccl_ib_gid_index_and_is_checked():
     assert got[("rdma.gid", H)].status == "ok"
 
 
-def test_gid_index_differs_between_nodes_fails_on_the_node_that_differs():
+def test_gid_index_differs_between_nodes_each_node_gets_its_own():
+    # issue 24: index 3 on the head, 5 on the worker (an IPv6 address came first there) is fine, as long
+    # as each node's NCCL_IB_GID_INDEX is its own and stays out of what vLLM copies from the driver
     s = one_cable()
     s.facts[W].gids = {h: [dataclasses.replace(g, index=g.index + 2) if g.ipv4 else g for g in gs]
                        for h, gs in s.facts[W].gids.items()}
     got = results(s)
-    assert got[("rdma.gid", W)].status == "fail" and "index is 5 here but 3 on spark-head" in got[("rdma.gid", W)].detail
+    assert got[("rdma.gid", W)].status == "ok" and got[("rdma.gid", W)].detail.startswith("index 5 on ")
+    assert got[("rdma.gid", H)].status == "ok"
+    s.node(H)["gid_index"], s.node(W)["gid_index"] = 3, 5
+    ctx = s.ctx()
+    got = {(r.id, r.node): r for r in checks.run_checks(ctx, only={"rdma.gid"})}
+    assert got[("rdma.gid", W)].status == got[("rdma.gid", H)].status == "ok"
+    assert [profiles.per_host_env(None, ctx.inventory, n)["NCCL_IB_GID_INDEX"] for n in (H, W)] == ["3", "5"]
+    assert "NCCL_IB_GID_INDEX" in profiles.non_carry_over_vars(None)
+    # the worker's inventory copied from the head's: its rank would use the IPv6 GID at 3
+    s.node(W)["gid_index"] = 3
+    got = {(r.id, r.node): r for r in checks.run_checks(s.ctx(), only={"rdma.gid"})}
+    assert got[("rdma.gid", W)].status == "fail" and "gid_index = 5" in got[("rdma.gid", W)].fix
     assert got[("rdma.gid", H)].status == "ok"
 
 

@@ -202,6 +202,12 @@ def other_driver(s):
     s.facts[W].gpus = [dataclasses.replace(g, driver="580.82.09") for g in s.facts[W].gpus]
 
 
+def below_min_driver(s):
+    # the profile states a minimum (min_driver) that only the worker lacks
+    other_driver(s)
+    s.expect["min_driver"] = "580.95"
+
+
 def docker_down(s):
     f = s.facts[W]
     sec = facts.split_sections(cap("vm-probe.txt"))["docker"]  # real: the CLI without a daemon
@@ -298,6 +304,13 @@ def gid_index_shifted(s):
     # one more IPv6 address on every worker port pushes the IPv4 GIDs two entries down: index 5, not 3
     s.facts[W].gids = {h: [dataclasses.replace(g, index=g.index + 2 if g.ipv4 else g.index) for g in gs]
                        for h, gs in s.facts[W].gids.items()}
+
+
+def gid_index_shifted_under_the_inventory(s):
+    # the worker's inventory (and its container) say index 3; its IPv4 GIDs now sit at 5
+    s.node(W)["gid_index"] = 3
+    s.set_env(W, "NCCL_IB_GID_INDEX", "3")
+    gid_index_shifted(s)
 
 
 def rail_degraded(s):
@@ -415,7 +428,8 @@ def memory_cap_on_worker(s):
 # (check id, node that must flip, status, break, {other rows that change by design: status})
 CASES = [
     ("gpu.gb10", W, "fail", non_gb10, {}),
-    ("gpu.driver", W, "fail", other_driver, {}),
+    ("gpu.driver", W, "warn", other_driver, {}),
+    ("gpu.driver", W, "fail", below_min_driver, {}),
     # with no engine there is nothing to ask about runtimes or images: those rows skip on that node
     ("docker.engine", W, "fail", docker_down,
      {("docker.gpu_runtime", W): "skip", ("image.same", W): "skip", ("image.ray", W): "skip",
@@ -437,7 +451,7 @@ CASES = [
     ("net.twins", W, "fail", twins_share_subnet, {}),
     ("rdma.gid", W, "fail", twin_up_without_ipv4, {}),
     ("rdma.gid", W, "fail", hca_without_v4_gid, {}),
-    ("rdma.gid", W, "fail", gid_index_shifted, {}),
+    ("rdma.gid", W, "fail", gid_index_shifted_under_the_inventory, {}),
     ("net.speed", W, "warn", rail_degraded, {}),
     ("net.peer", W, "fail", peer_is_third_machine, {}),
     ("net.default_route", W, "warn", default_route_on_cx7, {}),
@@ -562,3 +576,35 @@ def test_base_differs_names_both_ids_and_the_fix():
     r = results(s)[("image.base-same", W)]
     assert "sha256:cccccccccccc" in r.detail and "sha256:bbbbbbbbbbbb" in r.detail and H in r.detail
     assert f"docker pull {BASE_IMAGE}" in r.fix
+
+
+def test_driver_difference_warns_naming_both_versions():
+    s = healthy()
+    other_driver(s)
+    got = results(s)
+    r = got[("gpu.driver", W)]
+    assert r.status == "warn" and r.detail == "driver 580.82.09 here, 580.95.05 on spark-head"
+    assert got[("gpu.driver", H)].status == "ok"
+
+
+def test_min_driver_fails_only_the_node_below_it():
+    s = healthy()
+    below_min_driver(s)
+    got = results(s)
+    r = got[("gpu.driver", W)]
+    assert r.status == "fail" and "580.82.09 is older than 580.95" in r.detail and "580.95 or later" in r.fix
+    assert got[("gpu.driver", H)].status == "ok"
+    s.expect["min_driver"] = "580.82.09"  # met by both: the difference is only warned again
+    assert results(s)[("gpu.driver", W)].status == "warn"
+    s.expect["min_driver"] = "590.44"  # seed 001's image: neither node has it
+    got = results(s)
+    assert got[("gpu.driver", W)].status == got[("gpu.driver", H)].status == "fail"
+
+
+def test_gid_index_may_differ_between_nodes():
+    # owners report index 3 on one Spark and 4 or 5 on the other (issue 24): each node is judged alone
+    s = healthy()
+    gid_index_shifted(s)
+    got = results(s)
+    assert got[("rdma.gid", W)].status == "ok" and got[("rdma.gid", W)].detail.startswith("index 5 on ")
+    assert got[("rdma.gid", H)].status == "ok" and got[("rdma.gid", H)].detail.startswith("index 3 on ")

@@ -3,6 +3,7 @@ ports NCCL can use, pairs them by position, and says why it left the others out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -122,9 +123,19 @@ def test_link_local_twin_beside_a_static_one_is_noted_not_dropped_silently():
     assert "roceP2p1s0f1 on enP2p1s0f1np1: only link-local 169.254.200.9/16: left out" in text
 
 
-def test_gid_index_left_out_when_tables_disagree():
+def test_gid_index_left_out_only_where_the_node_has_none():
     f = pair(PORT1)
     f[1].gids = {h: [g for g in gs if g.index != 3] for h, gs in f[1].gids.items()}  # only the v1 IPv4 GID
     text, inv = render(f)
-    assert all(n.gid_index is None for n in inv.nodes)
+    assert [n.gid_index for n in inv.nodes] == [3, None]
     assert "gid_index left out" in text
+
+
+def test_gid_index_drafted_per_node():
+    # issue 24: index 3 on the head, 5 on the worker; each node gets its own NCCL_IB_GID_INDEX
+    f = pair(PORT1)
+    f[1].gids = {h: [dataclasses.replace(g, index=g.index + 2) if g.ipv4 else g for g in gs]
+                 for h, gs in f[1].gids.items()}
+    text, inv = render(f)
+    assert [n.gid_index for n in inv.nodes] == [3, 5]
+    assert "gid_index left out" not in text

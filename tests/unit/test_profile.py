@@ -99,6 +99,32 @@ def test_qwen_profiles_fp8_tp2():
         assert p.world_size == 2
 
 
+def test_qwen3_30b_parsers_are_seed_002_launchers():
+    # TechPreacher/dgx-spark-vllm-cluster qwen/launch-qwen-30b.sh (seed 002's repository) serves
+    # Qwen3-30B-A3B-Thinking-2507-FP8 with --reasoning-parser deepseek_r1 --tool-call-parser hermes
+    from sparkcluster.config.flags import serve_argv
+
+    p = load_profile("qwen3-30b")
+    assert p.model == "Qwen/Qwen3-30B-A3B-Thinking-2507-FP8"
+    assert (p.serve.reasoning_parser, p.serve.tool_call_parser) == ("deepseek_r1", "hermes")
+    argv = serve_argv(p)
+    assert argv[argv.index("--reasoning-parser") + 1] == "deepseek_r1"
+    assert argv[argv.index("--tool-call-parser") + 1] == "hermes"
+    assert "--enable-auto-tool-choice" in argv
+
+
+def test_min_driver_is_optional_and_checked_for_shape():
+    from sparkcluster.checks.preflight import expectations
+    from sparkcluster.config.profile import parse
+
+    base = load_profile("testbed").path.read_text()
+    assert parse(base, "t").min_driver is None
+    p = parse('min_driver = "590.44"\n' + base, "t")
+    assert p.min_driver == "590.44" and expectations(INV, p).min_driver == "590.44"
+    with pytest.raises(InputError):
+        parse('min_driver = "latest"\n' + base, "t")
+
+
 def test_image_tag():
     p = load_profile("nemotron")
     assert p.image_tag("2.60.0") == "26.05.post1-py3-ray2.60.0"

@@ -99,11 +99,11 @@ def loopback_inventory(endpoint: str):
     return make_inventory(d)
 
 
-def download_here(hf_home: Path, endpoint: str, m: w.Manifest) -> subprocess.CompletedProcess:
+def download_here(hf_home: Path, endpoint: str, m: w.Manifest, only=()) -> subprocess.CompletedProcess:
     """The download program as the head's container runs it (here: with this venv's huggingface_hub)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_HOME=str(hf_home), HF_ENDPOINT=endpoint)
-    return subprocess.run([sys.executable, "-c", w.DOWNLOAD, m.repo, m.commit, w.repo_folder(m.repo)],
+    return subprocess.run([sys.executable, "-c", w.DOWNLOAD, m.repo, m.commit, w.repo_folder(m.repo), *only],
                           env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -255,3 +255,51 @@ def test_staged_weights_need_no_hub(hub, tmp_path):
     other.cluster = st.cluster
     with pytest.raises(InputError, match="cannot reach the hub"):
         other.resolve()
+
+
+def test_tokenizer_repository_is_staged_without_its_weights_and_replicated(hub, model, tmp_path):
+    """A separate tokenizer repository (issue 24): only its small files are resolved, downloaded,
+    replicated and verified; its weight files never move."""
+    from sparkcluster.config.repos import Need
+
+    _, ep = hub
+    st, hosts = staging(tmp_path, ep)
+    st.need = Need(("tokenizer",), TINY, "main", None, weights=False)
+    m = st.resolve()
+    assert [f.path for f in m.files] == ["config.json"] and st.only == ("config.json",)
+    cmd = w.download_command("img", CACHE, ep, m, st.only)
+    assert cmd.endswith(f"{w.repo_folder(TINY)} config.json")
+    assert download_here(tmp_path / "spark-head", ep, m, st.only).returncode == 0
+    st.check_all()
+    assert st.lacking() == ["spark-worker"]
+    assert "verified" in st.replicate("spark-worker")
+    st.check_all()
+    assert st.lacking() == []
+    for n in ("spark-head", "spark-worker"):
+        snap = tmp_path / n / "hub" / w.repo_folder(TINY) / "snapshots" / m.commit
+        assert sorted(p.name for p in snap.iterdir()) == ["config.json"]
+        assert (snap / "config.json").read_bytes() == (model / "config.json").read_bytes()
+        blobs = tmp_path / n / "hub" / w.repo_folder(TINY) / "blobs"
+        assert sum(p.stat().st_size for p in blobs.iterdir()) < 2**20  # the 3 MiB safetensors never came
+
+
+def test_plugin_file_is_staged_alone_and_linked_where_the_serve_command_reads_it(hub, model, tmp_path):
+    from sparkcluster.config.repos import Need
+
+    _, ep = hub
+    st, hosts = staging(tmp_path, ep)
+    st.need = Need(("reasoning-parser plugin",), TINY, "main", ("config.json",))
+    m = st.resolve()
+    assert [f.path for f in m.files] == ["config.json"]
+    assert download_here(tmp_path / "spark-head", ep, m, st.only).returncode == 0
+    st.check_all()
+    st.replicate("spark-worker")
+    for n, h in hosts.items():
+        target = w.snapshot_file(CACHE, TINY, m.commit, "config.json")
+        h.run(w.link_command(target, f"{CACHE}/config.json"))
+        assert (tmp_path / n / "config.json").read_bytes() == (model / "config.json").read_bytes()
+    missing = Need(("reasoning-parser plugin",), TINY, "main", ("nope.py",))
+    st2, _ = staging(tmp_path, ep)
+    st2.need = missing
+    with pytest.raises(InputError, match="nope.py is not in sparkcluster/testbed-tiny@main"):
+        st2.resolve()

@@ -8,7 +8,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 from sparkcluster import redact
-from sparkcluster.config import bounds
+from sparkcluster.config import bounds, repos
 from sparkcluster.day2 import endpoint, server, supervision, teardown
 from sparkcluster.remote import retry
 from sparkcluster.up.stages import weights
@@ -37,7 +37,8 @@ def steps(plan: "Plan") -> list[Step]:
             out.append(Step(STAGE, n.name, "hf-token", "write the HF token file",
                             f"{cmd}  (HF_TOKEN=****** on stdin over SSH)",
                             run=lambda r, n=n.name: write_token(r, n), parallel="hf-token"))
-    if sv.plugin:
+    if sv.plugin and not repos.plugin_file(sv.plugin[0]):
+        # a plugin from a hub repository is staged and linked by the weights stage on every node
         out.append(Step(STAGE, head, "plugin", "stage the reasoning-parser plugin",
                         f"docker exec -e HF_TOKEN=****** {sv.container} " + shlex.join(server.stage_plugin_command(*sv.plugin)),
                         run=stage_plugin))

@@ -1,21 +1,25 @@
-"""The weights stage: resolve the profile's model to a commit on the hub, check every node's HF
-cache against it, and when some node lacks files: check free disk everywhere, download once on the
-head (a throwaway container of the cluster image, resumable), then send each worker only the files
-it lacks over the control link (the image transfer's one-shot receiver: no bytes through the
-controller, no new trust) and verify them there. With the snapshot complete everywhere it moves no
-bytes: one request to the hub and one stat per file per node.
+"""The weights stage: for every repository the profile needs (`config.repos`: the model, a separate
+tokenizer, a draft model, a plugin file), resolve it to a commit on the hub, check every node's HF
+cache against it, and when some node lacks files: check free disk everywhere (for all of them at
+once), download once on the head (a throwaway container of the cluster image, resumable), then send
+each worker only the files it lacks over the control link (the image transfer's one-shot receiver:
+no bytes through the controller, no new trust) and verify them there. With every snapshot complete
+everywhere it moves no bytes: one request to the hub per repository and one stat per file per node.
 
 `Staging` holds the mechanics so `sparkcluster weights pull` runs them without a plan.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sparkcluster.config import repos as needs
 from sparkcluster.day2 import server
+from sparkcluster.errors import InputError
 from sparkcluster.movement import hfcache as w
 from sparkcluster.movement import transfer
 from sparkcluster.remote.fanout import run_each
@@ -34,11 +38,13 @@ def endpoint(inv) -> str:
     return inv.cluster.hf_endpoint or w.PUBLIC_HUB
 
 
-def wanted(prof) -> tuple[str, str] | None:
-    """(repo, revision) the profile serves from the hub; None for a path inside the container."""
-    if not w.is_hub_model(prof.model):
-        return None
-    return w.check_repo(prof.model), w.check_revision(prof.revision or "main")
+def wanted(prof) -> list[needs.Need]:
+    """The repositories the profile needs from the hub, each checked; empty when none (a model that
+    is a path inside the container, and nothing else from the hub)."""
+    for need in needs.needed(prof):
+        w.check_repo(need.repo)
+        w.check_revision(need.revision)
+    return needs.needed(prof)
 
 
 @dataclass
@@ -50,6 +56,7 @@ class Staging:
     revision: str
     secrets: dict[str, str]
     progress: "Progress"
+    need: needs.Need | None = None  # which files of the snapshot are staged; None: all of them
     manifest: w.Manifest | None = None
     state: dict[str, dict] = field(default_factory=dict)  # node -> the node program's last `check`
     moved: dict[str, int] = field(default_factory=dict)  # "hub -> head" / worker -> bytes
@@ -66,7 +73,7 @@ class Staging:
         res = head.run(w.resolve_command(endpoint(self.inv), self.repo, self.revision), timeout=60,
                        stdin=self.secrets.get("HF_TOKEN", "").encode())
         try:
-            self.manifest = w.parse_resolve(res.stdout, self.repo, self.revision, endpoint(self.inv))
+            self.manifest = self._only(w.parse_resolve(res.stdout, self.repo, self.revision, endpoint(self.inv)))
         except w.HubUnavailable as e:
             # weights already staged need no hub: go on with the listing the head kept when it
             # verified them (the check on every node still decides whether anything is missing)
@@ -77,6 +84,26 @@ class Staging:
             self.progress.info(f"{e.message}; using the snapshot {kept.commit[:12]} the head verified before")
             self.manifest = kept
         return self.manifest
+
+    @property
+    def role(self) -> str:
+        return self.need.role if self.need else "model"
+
+    @property
+    def only(self) -> tuple[str, ...] | None:
+        """The files to download when not the whole snapshot (after `resolve`)."""
+        if self.need is None or (self.need.files is None and self.need.weights):
+            return None
+        return tuple(f.path for f in self.manifest.files)
+
+    def _only(self, m: w.Manifest) -> w.Manifest:
+        if self.need is None:
+            return m
+        lost = [p for p in self.need.files or () if p not in {f.path for f in m.files}]
+        if lost:
+            raise InputError(f"{', '.join(lost)} is not in {self.repo}@{self.revision} ({self.role})",
+                             f"check the URL in the profile against {endpoint(self.inv).rstrip('/')}/{self.repo}")
+        return dataclasses.replace(m, files=tuple(f for f in m.files if self.need.keeps(f.path)))
 
     def check(self, node: str, hash_unverified: bool = True, rehash: bool = False) -> dict:
         res = self.cluster.hosts[node].run(w.check_command(self.cache), timeout=3600,
@@ -89,19 +116,11 @@ class Staging:
                  lambda n: self.check(n, rehash=rehash)).values_or_raise(STAGE)
 
     def disk(self) -> None:
-        short = []
-        for n in self.lacking():
-            s = self.state[n]
-            need = (s["missing_bytes"] - s["partial_bytes"]) * DISK_MARGIN
-            if s["free"] < need:
-                short.append((n, s, need))
-        if short:
-            n, s, need = short[0]
-            raise fail(STAGE, n, "check free disk",
-                       f"not enough disk for {self.repo}: {w.gib(s['free'])} free in {s['free_path']}, "
-                       f"the missing files need {w.gib(need)}",
-                       fix=f"free {w.gib(need - s['free'])} in {s['free_path']} on {n} (`sparkcluster weights status` "
-                           "lists the cached models; `sparkcluster weights rm` removes one), then sparkcluster up")
+        disk([self])
+
+    def need_bytes(self, node: str) -> int:
+        s = self.state[node]
+        return s["missing_bytes"] - s["partial_bytes"] if s["missing"] else 0
 
     def write_token(self) -> None:
         if "HF_TOKEN" in self.secrets:
@@ -111,7 +130,7 @@ class Staging:
     def download(self) -> str:
         head, m = self.cluster.head, self.manifest
         before = self.state[head.name]["present_bytes"]
-        cmd = w.download_command(self.image, self.cache, self.inv.cluster.hf_endpoint, m)
+        cmd = w.download_command(self.image, self.cache, self.inv.cluster.hf_endpoint, m, self.only)
         proc = head.start(transfer.bash(cmd), timeout=24 * 3600)
         t0 = time.monotonic()
         try:
@@ -174,43 +193,99 @@ class Staging:
                 f"{sent / 1e6 / max(secs, 1e-3):.1f} MB/s, verified")
 
 
+def disk(stagings: list[Staging]) -> None:
+    """Every node that lacks files of any repository has room for all of them (one HF cache)."""
+    for n in {n for st in stagings for n in st.lacking()}:
+        lacking = [st for st in stagings if n in st.lacking()]
+        s, need = lacking[0].state[n], sum(st.need_bytes(n) for st in lacking) * DISK_MARGIN
+        if s["free"] < need:
+            what = ", ".join(st.repo for st in lacking)
+            raise fail(STAGE, n, "check free disk",
+                       f"not enough disk for {what}: {w.gib(s['free'])} free in {s['free_path']}, "
+                       f"the missing files need {w.gib(need)}",
+                       fix=f"free {w.gib(need - s['free'])} in {s['free_path']} on {n} (`sparkcluster weights status` "
+                           "lists the cached models; `sparkcluster weights rm` removes one), then sparkcluster up")
+
+
 def steps(plan: "Plan") -> list[Step]:
     if plan.serve is None:
         return []
     want = wanted(plan.profile)
-    if want is None:
+    if not want:
         return []
-    repo, rev = want
     inv, head = plan.inventory, plan.inventory.head.name
     ep = endpoint(inv)
-    lacks = "a node lacks files of the snapshot"
-    out = [Step(STAGE, head, "resolve", f"resolve {repo}@{rev} to a commit on the hub",
-                f"GET {ep}/api/models/{repo}/revision/{rev} from {head}"
-                + (" (HF token on stdin)" if "HF_TOKEN" in plan.secret_names else ""), run=_resolve)]
-    for n in inv.nodes:
-        out.append(Step(STAGE, n.name, "check", "check the HF cache against the snapshot",
-                        f"in {w.hub_dir(inv.cluster.hf_cache)}: every file's size, the hash of any file not "
-                        "verified before; links the snapshot when complete",
-                        run=lambda r, n=n.name: r.get(Staging).check(n), parallel="weights-check"))
+    token = " (HF token on stdin)" if "HF_TOKEN" in plan.secret_names else ""
+    out = []
+    for k, need in enumerate(want):
+        out.append(Step(STAGE, head, _act("resolve", k, need), f"resolve the {need.describe()} to a commit on the hub",
+                        f"GET {ep}/api/models/{need.repo}/revision/{need.revision} from {head}{token}",
+                        run=lambda r, k=k: _resolve(r, k)))
+    for k, need in enumerate(want):
+        for n in inv.nodes:
+            out.append(Step(STAGE, n.name, _act("check", k, need), f"check the HF cache against {need.repo} ({need.role})",
+                            f"in {w.hub_dir(inv.cluster.hf_cache)}: every file's size, the hash of any file not "
+                            "verified before; links the snapshot when complete",
+                            run=lambda r, n=n.name, k=k: stagings(r)[k].check(n), parallel=f"weights-check-{k}"))
+    lacks = "a node lacks files of a snapshot"
     out.append(Step(STAGE, head, "disk", "check free disk on every node that lacks files",
-                    "the HF cache's filesystem has room for the missing files", when=lacks,
-                    skip=lambda r: None if r.get(Staging).lacking() else "every node holds the snapshot",
-                    run=lambda r: r.get(Staging).disk()))
+                    "the HF cache's filesystem has room for the missing files of every repository", when=lacks,
+                    skip=lambda r: None if any(st.lacking() for st in stagings(r)) else "every node holds every snapshot",
+                    run=lambda r: disk(stagings(r))))
     if "HF_TOKEN" in plan.secret_names:
         out.append(Step(STAGE, head, "hf-token", "write the HF token file for the download",
                         f"{server.token_file_command(inv.cluster.hf_cache)}  (HF_TOKEN=****** on stdin over SSH)",
-                        when="the head lacks files", skip=_head_complete, run=lambda r: r.get(Staging).write_token()))
-    out.append(Step(STAGE, head, "download", "download the snapshot once, into the head's HF cache",
-                    w.describe_download(plan.image, None, ep, inv.cluster.hf_cache, repo), when="the head lacks files",
-                    skip=_head_complete, run=lambda r: r.get(Staging).download()))
-    for wk in inv.workers:
-        out.append(Step(STAGE, wk.name, "replicate", "receive the files it lacks from the head, verify them",
-                        f"{head}: tar of the missing blobs | tcp {inv.head.control_ip} -> {wk.control_ip} | "
-                        f"{wk.name}: tar -x, each file checked against its hash (one connection, head's address only)",
-                        when="this node lacks files",
-                        skip=lambda r, n=wk.name: None if r.get(Staging).state[n]["missing"] else "it holds the snapshot",
-                        run=lambda r, n=wk.name: r.get(Staging).replicate(n)))
+                        when="the head lacks files",
+                        skip=lambda r: None if any(not _head_complete(r, k) for k in range(len(stagings(r))))
+                        else "the head holds every snapshot",
+                        run=lambda r: stagings(r)[0].write_token()))
+    for k, need in enumerate(want):
+        out.append(Step(STAGE, head, _act("download", k, need), f"download {need.repo} ({need.role}) once, into the head's HF cache",
+                        w.describe_download(plan.image, None, ep, inv.cluster.hf_cache, need.repo),
+                        when="the head lacks files", skip=lambda r, k=k: _head_complete(r, k),
+                        run=lambda r, k=k: stagings(r)[k].download()))
+        for wk in inv.workers:
+            out.append(Step(STAGE, wk.name, _act("replicate", k, need), f"receive the files of {need.repo} it lacks from the head, "
+                            "verify them",
+                            f"{head}: tar of the missing blobs | tcp {inv.head.control_ip} -> {wk.control_ip} | "
+                            f"{wk.name}: tar -x, each file checked against its hash (one connection, head's address only)",
+                            when="this node lacks files",
+                            skip=lambda r, n=wk.name, k=k: None if stagings(r)[k].state[n]["missing"]
+                            else "it holds the snapshot",
+                            run=lambda r, n=wk.name, k=k: stagings(r)[k].replicate(n)))
+    plugin = plugin_link(plan.profile, inv.cluster.hf_cache)
+    if plugin:
+        k, path, _ = plugin
+        for n in inv.nodes:
+            out.append(Step(STAGE, n.name, "plugin", "link the reasoning-parser plugin where the serve command reads it",
+                            f"ln -sfn <its file in the verified snapshot of {want[k].repo}> {path}",
+                            run=lambda r, n=n.name: _link_plugin(r, n), parallel="weights-plugin"))
     return out
+
+
+def _act(action: str, k: int, need: needs.Need) -> str:
+    """Step actions stay unique: the model's as before, the others' named by their role."""
+    return action if k == 0 else f"{action}-{need.roles[0].replace(' ', '-')}"
+
+
+def plugin_link(prof, hf_cache: str) -> tuple[int, str, str] | None:
+    """(index of its repository in `wanted`, the path the serve command passes, the file in the repo)
+    of a reasoning-parser plugin staged from the hub, else None."""
+    from sparkcluster.config import profile as profiles
+
+    got, at = needs.plugin_file(prof.serve.reasoning_parser_plugin_url), profiles.reasoning_plugin(prof, hf_cache)
+    if not got or not at:
+        return None
+    k = next(i for i, need in enumerate(wanted(prof)) if (need.repo, need.revision) == got[:2])
+    return k, at[1], got[2]
+
+
+def _link_plugin(r: "Run", node: str) -> str:
+    k, path, file = plugin_link(r.plan.profile, r.inv.cluster.hf_cache)
+    st = stagings(r)[k]
+    target = w.snapshot_file(r.inv.cluster.hf_cache, st.repo, st.manifest.commit, file)
+    r.cluster.hosts[node].run(w.link_command(target, path), timeout=30)
+    return path
 
 
 OFFLINE_SIGNS = ("OfflineModeIsEnabled", "outgoing traffic has been disabled", "LocalEntryNotFoundError")
@@ -225,16 +300,32 @@ def offline_miss(tail: str, model: str) -> str | None:
     return None
 
 
-def _resolve(r: "Run") -> str:
-    repo, rev = wanted(r.plan.profile)
-    return r.put(Staging(r.cluster, r.inv, r.plan.image, repo, rev, r.secrets, r.progress)).resolve().commit
+@dataclass
+class Stagings:
+    """The weights stage's state: one Staging per repository the profile needs, in its order."""
+
+    items: list[Staging]
 
 
-def _head_complete(r: "Run") -> str | None:
-    return None if r.get(Staging).state[r.inv.head.name]["missing"] else "the head holds the snapshot"
+def stagings(r: "Run") -> list[Staging]:
+    """One Staging per repository the profile needs, made at the stage's first step."""
+    found = r.find(Stagings)
+    if found is None:
+        found = r.put(Stagings([Staging(r.cluster, r.inv, r.plan.image, need.repo, need.revision, r.secrets,
+                                        r.progress, need) for need in wanted(r.plan.profile)]))
+    return found.items
+
+
+def _resolve(r: "Run", k: int) -> str:
+    st = stagings(r)[k]
+    return f"{st.repo}@{st.resolve().commit[:12]}"
+
+
+def _head_complete(r: "Run", k: int) -> str | None:
+    return None if stagings(r)[k].state[r.inv.head.name]["missing"] else "the head holds the snapshot"
 
 
 def summary(done: list[tuple[Step, object]]) -> str:
-    commit = next((v for s, v in done if s.action == "resolve"), "")
-    notes = [v for s, v in done if s.action in ("download", "replicate") and v]
-    return ", ".join(notes) or f"{commit[:12]} in place on every node"
+    resolved = [v for s, v in done if s.action.startswith("resolve") and v]
+    notes = [v for s, v in done if s.action.startswith(("download", "replicate")) and v]
+    return ", ".join(notes) or f"{', '.join(resolved)} in place on every node"

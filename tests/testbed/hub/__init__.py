@@ -1,5 +1,5 @@
-"""The testbed's model hub: serves the tiny model, a gated copy of it and a synthetic repo of a few
-hundred MB on the controller's LAN address; huggingface_hub reaches it through HF_ENDPOINT (the
+"""The testbed's model hub: serves the tiny model, a gated copy of it, copies of it as a separate
+tokenizer repository and a draft model (issue 24), and a synthetic repo of a few hundred MB on the controller's LAN address; huggingface_hub reaches it through HF_ENDPOINT (the
 inventory's `hf_endpoint`). See server.py for the protocol and why it is not an existing mirror.
 
 `start_hub` runs it as its own process (like the pip mirror, so it outlives the command that
@@ -26,6 +26,11 @@ from .server import Hub, Repo, make_server, serve_forever_in_thread, synthetic_r
 TINY = "sparkcluster/testbed-tiny"
 GATED = "sparkcluster/testbed-tiny-gated"
 SYNTHETIC = "sparkcluster/testbed-synthetic"
+# issue 24: repositories a profile needs beside its model. Both hold the tiny model's files: a separate
+# tokenizer repository is, like seed 004's Qwen/Qwen3.6-35B-A3B, a whole model of which the tokenizer
+# needs only the small files; the draft stands in for a speculative-decoding drafter.
+TOKENIZER = "sparkcluster/testbed-tiny-tokenizer"
+DRAFT = "sparkcluster/testbed-tiny-draft"
 GRANTED_TOKEN = "hf_testbed_granted_0123456789"  # accepted for the gated repo
 REFUSED_TOKEN = "hf_testbed_not_granted_987654"  # a valid-looking token without access
 HUB_IP, HUB_PORT = "198.18.0.1", 3142  # next to the pip mirror (3141) on the controller's LAN address
@@ -37,7 +42,8 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 def build_hub(model_dir: Path, state_dir: Path, *, synthetic_mb: int = 300, tiny_sha: str | None = None) -> Hub:
     memo = state_dir / "hashes"
     repos = [Repo(TINY, model_dir, memo_dir=memo, sha=tiny_sha or "").load(),
-             Repo(GATED, model_dir, gated=True, memo_dir=memo).load()]
+             Repo(GATED, model_dir, gated=True, memo_dir=memo).load(),
+             Repo(TOKENIZER, model_dir, memo_dir=memo).load(), Repo(DRAFT, model_dir, memo_dir=memo).load()]
     if synthetic_mb:
         repos.append(Repo(SYNTHETIC, synthetic_repo(state_dir / "synthetic", synthetic_mb), memo_dir=memo).load())
     return Hub(repos, {GRANTED_TOKEN})
