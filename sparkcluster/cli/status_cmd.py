@@ -66,6 +66,8 @@ def render(st: status_mod.ClusterStatus) -> Group:
         lines.append(f"supervisor: {sup.get('state')}" + (f" (stale: written {sup['age_s']:.0f}s ago)" if stale else "")
                      + f"  restarts: {restarts} of {sup.get('policy', {}).get('max_restarts', '?')}"
                      + (f"  generating {rate:.1f} tok/s" if rate is not None and not stale else ""))
+        if sup.get("activity") and not stale:  # a long prompt being prefilled: progress, not a wedge
+            lines.append(f"  {redact.mask(sup['activity'])}")
         for e in st.journal[-3:]:
             lines.append("  " + redact.mask(supervision.format_entry(e)))
     for p in st.problems:

@@ -14,11 +14,19 @@ class SupervisorSettings(BaseModel):
     # false: the supervisor starts the server when `up` asks and journals what it sees, but never
     # restarts or stops it on its own, and brings nothing back after a reboot
     enabled: bool = True
-    # wedged: requests running while no token is generated for stall_s, or a one-token completion
-    # (every probe_interval_s) not returning within probe_timeout_s while /health is 200
+    # wedged: work running or waiting while no progress series moves for stall_s (tokens, KV cache,
+    # queue: node/readings.PROGRESS), or a one-token completion (every probe_interval_s) not returning
+    # within probe_timeout_s probe_failures times in a row, each with no progress, while /health is 200.
+    # A long prefill moves the KV cache with every chunk: it is progress, never a wedge.
     stall_s: float = Field(default=60.0, ge=5)
     probe_interval_s: float = Field(default=15.0, ge=2)
     probe_timeout_s: float = Field(default=20.0, ge=1)
+    probe_failures: int = Field(default=2, ge=1)
+    # the slowest prefill this setup may see, in prompt tokens per second: lint checks that one
+    # scheduler step (max_num_batched_tokens at this rate) fits well within stall_s. 500 tok/s is
+    # seed 001's dense ~90B model at large context (~133 s to the first token); small-active MoE
+    # models prefill at ~6,000 tok/s on a Spark (seed 001, same guide)
+    prefill_floor_tok_s: float = Field(default=500.0, gt=0)
     # MemAvailable on any node below this for memory_samples looks in a row: the server is stopped
     # for good (seed 000: +47 GB in 6 s on unified memory, and the host stopped answering SSH)
     memory_floor_gib: float = Field(default=6.0, ge=0)
@@ -32,5 +40,5 @@ class SupervisorSettings(BaseModel):
 def policy(settings: SupervisorSettings, ready_timeout_s: float) -> dict:
     """The bounds as the agent reads them (contract.DEFAULT_POLICY's names)."""
     doc = settings.model_dump()
-    return {**{k: v for k, v in doc.items() if k != "enabled"}, "act": settings.enabled,
+    return {**{k: v for k, v in doc.items() if k not in ("enabled", "prefill_floor_tok_s")}, "act": settings.enabled,
             "ready_timeout_s": float(ready_timeout_s)}

@@ -211,7 +211,30 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
                 "flag-version", f"{r.item}: image {img.ref} (vLLM {img.vllm_version or 'not stated'}) does not accept "
                 f"it: {r.reason}",
                 "remove the flag or use a newer image (and set image.vllm_version to what it ships)"))
+    p += supervisor_bounds(profile)
     return p
+
+
+# vLLM V1's scheduler budget per step when a profile sets none (the OpenAI server's default for
+# chunked prefill on large GPUs: vllm/engine/arg_utils.py, default_max_num_batched_tokens)
+DEFAULT_STEP_TOKENS = 8192
+
+
+def supervisor_bounds(profile: Profile) -> list[Problem]:
+    """The supervisor must not call a long prefill a wedge (issue 25): the KV cache grows with every
+    scheduler step, so stall_s must cover one step at the slowest prefill rate, twice over; and the
+    longest prompt (max_model_len) is said for the owner to read with the probe's bounds."""
+    sv, s = profile.supervisor, profile.serve
+    step = s.max_num_batched_tokens or DEFAULT_STEP_TOKENS
+    step_s = step / sv.prefill_floor_tok_s
+    if sv.stall_s < 2 * step_s:
+        return [Problem(
+            "supervisor-stall",
+            f"[supervisor] stall_s {sv.stall_s:g} s is under twice one scheduler step ({step} tokens at "
+            f"{sv.prefill_floor_tok_s:g} tok/s = {step_s:.0f} s): a long prefill would read as a wedge",
+            f"raise [supervisor] stall_s to {2 * step_s:.0f} or more (or lower serve.max_num_batched_tokens, "
+            "or state the setup's prefill rate in [supervisor] prefill_floor_tok_s)")]
+    return []
 
 
 def _speculative_problems(spec: dict | None) -> list[Problem]:

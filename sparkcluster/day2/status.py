@@ -287,7 +287,8 @@ def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, 
                                "see why with: sparkcluster logs " + inv.head.name)
         elif engine.health != 200:
             st.problems.append(f"endpoint /health: {engine.health or 'no answer'}")
-        elif engine.responds is False:
+        elif engine.responds is False and not (sup or {}).get("activity"):
+            # a probe waits behind a long prefill: the supervisor's evidence of progress wins
             st.problems.append(f"engine wedged: /health is 200 but {engine.probe}")
         elif pid is None:
             st.problems.append("vllm serve is not running")

@@ -23,7 +23,8 @@ DEFAULT_POLICY = {
     "interval_s": 2.0,  # one look at the engine and the nodes
     "probe_interval_s": 15.0,  # a one-token completion, while /health is 200
     "probe_timeout_s": 20.0,
-    "stall_s": 60.0,  # requests running while the generated-token counter does not move
+    "probe_failures": 2,  # consecutive probe failures, each while the engine showed no progress
+    "stall_s": 60.0,  # work running or waiting while no progress series moves (readings.PROGRESS)
     "health_failures": 3,  # consecutive failed /health after the engine served: gone
     "memory_floor_gib": 6.0,
     "memory_samples": 3,  # consecutive samples below the floor on any node

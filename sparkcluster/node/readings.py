@@ -35,13 +35,26 @@ def prometheus(text: str, names) -> dict[str, float]:
     return out
 
 
-RUNNING, GENERATED = "vllm:num_requests_running", "vllm:generation_tokens_total"
+RUNNING, WAITING, GENERATED = "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+# What moves while the engine advances work (docs/field-notes.md, "What counts as progress"): in
+# vLLM's V1 engine a partly computed (chunked) prefill produces no output, so the token counters
+# stand still until the whole prompt is in; the scheduler's KV-cache usage grows with every chunk
+# it schedules (SchedulerStats.kv_cache_usage, published each step), and the request counters and
+# queue gauges move whenever work comes or goes.
+PROGRESS = (GENERATED, "vllm:prompt_tokens_total", KV_USAGE, RUNNING, WAITING, "vllm:request_success_total",
+            "vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:iteration_tokens_total_count")
 
 
 def engine_figures(metrics: str) -> tuple[float | None, float | None]:
     """(requests running, generated tokens total) from vLLM's Prometheus text, summed over labels."""
     got = prometheus(metrics, (RUNNING, GENERATED))
     return got.get(RUNNING), got.get(GENERATED)
+
+
+def progress_figures(metrics: str) -> dict[str, float]:
+    """Every progress series the engine exposes, by name (absent ones absent)."""
+    return prometheus(metrics, PROGRESS)
 
 
 # ---- /proc/meminfo -----------------------------------------------------------------------------

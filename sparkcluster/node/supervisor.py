@@ -29,7 +29,7 @@ from .contract import (
 )
 from .journal import Journal, read_json, write_json
 from .memreport import peer_memory
-from .readings import alive_gpus, engine_figures, http_status, mem_available, one_token, ray_rows
+from .readings import alive_gpus, engine_figures, http_status, mem_available, one_token, progress_figures, ray_rows
 from .verdict import Look, Watch, backoff, restarts_left, verdict
 
 
@@ -64,7 +64,8 @@ class Supervisor:
                                 "generation": self.generation, "pid": self.proc.pid if self.proc else None,
                                 "restarts": self.restarts, "causes": self.causes[-5:],
                                 "tokens_per_s": self.rate if self.proc else None, "policy": policy,
-                                "memory_unknown": self.memory_unknown})
+                                "memory_unknown": self.memory_unknown,
+                                "activity": self.watch.activity if self.watch else ""})
 
     def policy(self, desired: dict | None = None) -> dict:
         """The bounds of the desired state just read (each tick reads it once), else the last known."""
@@ -170,7 +171,9 @@ class Supervisor:
             return look
         try:
             with urllib.request.urlopen(f"{base}/metrics", timeout=3) as r:
-                look.running, look.generated = engine_figures(r.read().decode(errors="replace"))
+                text = r.read().decode(errors="replace")
+            look.running, look.generated = engine_figures(text)
+            look.progress = progress_figures(text)
         except (OSError, ValueError):
             pass
         if look.generated is not None:
@@ -216,7 +219,10 @@ class Supervisor:
             self.start(desired)
             return
         look = self.look(desired, policy)
+        before = self.watch.activity
         found = verdict(self.watch, look, policy)
+        if self.watch.activity and not before:  # journalled when it starts, with its evidence
+            self.journal.write("prefilling", evidence=self.watch.activity)
         if found is None:
             if self.watch.ready:
                 self.first_start = False

@@ -15,6 +15,7 @@ class Look:
     health: int | None = None
     running: float | None = None  # vllm:num_requests_running
     generated: float | None = None  # vllm:generation_tokens_total
+    progress: dict[str, float] = field(default_factory=dict)  # every progress series (readings.PROGRESS)
     probe: str | None = None  # None: not probed this time; "" ok; else why it failed
     low_memory: dict[str, int] = field(default_factory=dict)  # node -> MemAvailable bytes, below the floor
 
@@ -26,9 +27,40 @@ class Watch:
     started: float
     ready: bool = False
     health_failures: int = 0
-    last_generated: float | None = None
-    generated_moved_at: float = 0.0
+    last_progress: dict[str, float] = field(default_factory=dict)
+    progressed_at: float = 0.0  # when a progress series last moved (or work last was absent)
+    probe_failures: int = 0  # consecutive, each while nothing progressed
     low_memory_samples: int = 0
+    activity: str = ""  # "prefilling: <evidence>" while work advances with no token generated yet
+
+
+def _work(look: Look) -> tuple[float, float]:
+    return look.progress.get("vllm:num_requests_running", look.running or 0.0), \
+        look.progress.get("vllm:num_requests_waiting", 0.0)
+
+
+def _moved(before: dict[str, float], now: dict[str, float]) -> list[str]:
+    return [k for k, v in now.items() if k in before and before[k] != v]
+
+
+def progress(w: Watch, look: Look) -> bool:
+    """Updates what `w` knows of the engine's progress from this look; True when a progress series
+    moved since the last look."""
+    running, waiting = _work(look)
+    moved = _moved(w.last_progress, look.progress)
+    if not (running or waiting) or moved or not w.last_progress:
+        w.progressed_at = look.now
+    gen = "vllm:generation_tokens_total"
+    if running and moved and gen not in moved:
+        kv = look.progress.get("vllm:kv_cache_usage_perc")
+        evidence = ", ".join(m.removeprefix("vllm:") for m in moved)
+        w.activity = (f"prefilling: {running:g} request(s) running, no token generated yet, {evidence} moving"
+                      + (f" (KV cache {kv * 100:.1f}%)" if kv is not None else ""))
+    elif gen in moved or not running:
+        w.activity = ""
+    if look.progress:
+        w.last_progress = dict(look.progress)
+    return bool(moved)
 
 
 def verdict(w: Watch, look: Look, policy: dict) -> tuple[str, str] | None:
@@ -47,7 +79,8 @@ def verdict(w: Watch, look: Look, policy: dict) -> tuple[str, str] | None:
         return "dead", "the vllm serve process exited"
     if not w.ready:
         if look.health == 200 and look.probe == "":
-            w.ready, w.generated_moved_at = True, look.now
+            w.ready, w.progressed_at = True, look.now
+            w.last_progress = dict(look.progress)
         elif look.now - w.started > float(policy["ready_timeout_s"]):
             return "not-ready", f"not serving {policy['ready_timeout_s']:g}s after its start"
         return None
@@ -57,14 +90,24 @@ def verdict(w: Watch, look: Look, policy: dict) -> tuple[str, str] | None:
             return "dead", f"/health failed {w.health_failures} times in a row ({look.health or 'no answer'})"
         return None
     w.health_failures = 0
-    if look.probe:
-        return "wedged", f"/health is 200 but {look.probe}"
-    if look.generated is not None:
-        if look.generated != w.last_generated or not look.running:
-            w.last_generated, w.generated_moved_at = look.generated, look.now
-        elif look.now - w.generated_moved_at >= float(policy["stall_s"]):
-            return "wedged", (f"{look.running:g} request(s) running and no token generated for "
-                              f"{look.now - w.generated_moved_at:.0f}s")
+    moved = progress(w, look)
+    still = look.now - w.progressed_at  # seconds without progress of any kind while work is there
+    if look.probe == "":
+        w.probe_failures = 0
+    elif look.probe:
+        # a probe waits behind a long prefill in the scheduler: while the engine progresses, its
+        # timeout says nothing; only consecutive failures, each with no progress, count
+        if moved:
+            w.probe_failures = 0
+        else:
+            w.probe_failures += 1
+            if w.probe_failures >= int(policy["probe_failures"]):
+                return "wedged", (f"/health is 200 but {look.probe}, {w.probe_failures} times in a row, "
+                                  f"with no progress for {still:.0f}s")
+    if look.progress and still >= float(policy["stall_s"]):
+        running, waiting = _work(look)
+        return "wedged", (f"{running:g} request(s) running and {waiting:g} waiting with no progress of any kind "
+                          f"(tokens, KV cache, queue) for {still:.0f}s")
     return None
 
 

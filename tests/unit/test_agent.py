@@ -48,24 +48,78 @@ def test_dead_after_consecutive_health_failures_only():
     assert kind == "dead" and "3 times" in cause
 
 
-def test_wedged_when_the_probe_fails_while_health_is_200():
-    kind, cause = verdict(ready_watch(), Look(now=5.0, alive=True, health=200,
-                                              probe="a one-token completion did not return within 20s"), P)
-    assert kind == "wedged" and cause.startswith("/health is 200 but a one-token completion")
+def figures(running=0.0, waiting=0.0, generated=500.0, prompt=9000.0, kv=0.02) -> dict[str, float]:
+    """The progress series as vLLM 0.32 names them (tests/captured/vllm-0.32-metrics.txt)."""
+    return {"vllm:num_requests_running": running, "vllm:num_requests_waiting": waiting,
+            "vllm:generation_tokens_total": generated, "vllm:prompt_tokens_total": prompt,
+            "vllm:kv_cache_usage_perc": kv, "vllm:request_success_total": 40.0}
 
 
-def test_wedged_when_requests_run_and_no_token_moves_for_the_window():
+def look(now, probe=None, **fig) -> Look:
+    f = figures(**fig)
+    return Look(now=now, alive=True, health=200, running=f["vllm:num_requests_running"],
+                generated=f["vllm:generation_tokens_total"], progress=f, probe=probe)
+
+
+TIMEOUT = "a one-token completion did not return within 20s"
+
+
+def test_a_single_probe_timeout_restarts_nothing_only_consecutive_ones_without_progress():
     w = ready_watch()
-    assert verdict(w, Look(now=10.0, alive=True, health=200, running=2, generated=500), P) is None
-    assert verdict(w, Look(now=30.0, alive=True, health=200, running=2, generated=500), P) is None
-    kind, cause = verdict(w, Look(now=40.0, alive=True, health=200, running=2, generated=500), P)
-    assert kind == "wedged" and "2 request(s) running" in cause and "30s" in cause
+    assert verdict(w, look(5.0, running=1), P) is None
+    assert verdict(w, look(10.0, probe=TIMEOUT, running=1), P) is None  # one: never enough
+    kind, cause = verdict(w, look(15.0, probe=TIMEOUT, running=1), P)
+    assert kind == "wedged" and cause.startswith("/health is 200 but a one-token completion") and "2 times" in cause
+
+
+def test_a_probe_that_answers_resets_the_count():
+    w = ready_watch()
+    assert verdict(w, look(5.0, probe=TIMEOUT, running=1), P) is None
+    assert verdict(w, look(10.0, probe="", running=1), P) is None
+    assert verdict(w, look(15.0, probe=TIMEOUT, running=1), P) is None
+
+
+def test_wedged_when_work_runs_and_nothing_progresses_for_the_window():
+    w = ready_watch()
+    assert verdict(w, look(10.0, running=2), P) is None
+    assert verdict(w, look(30.0, running=2), P) is None
+    kind, cause = verdict(w, look(40.0, running=2), P)
+    assert kind == "wedged" and "2 request(s) running" in cause and "no progress of any kind" in cause and "30s" in cause
+
+
+def test_a_long_prefill_is_progress_not_a_wedge_and_is_named_prefilling():
+    """Issue 25: in vLLM's V1 engine a chunked prefill produces no output until the whole prompt
+    is in, so the token counters stand still for minutes; the KV cache grows with every chunk. The
+    probe waits behind the prefill and times out meanwhile: neither is a wedge."""
+    w = ready_watch()
+    assert verdict(w, look(2.0, running=1, kv=0.02), P) is None
+    for i in range(1, 60):  # ten times stall_s (30 s), each look a 5 s step, each probe timing out
+        assert verdict(w, look(2.0 + 5 * i, probe=TIMEOUT if i % 3 == 0 else None, running=1, kv=0.02 + i * 0.01),
+                       P) is None, i
+    assert w.activity.startswith("prefilling: 1 request(s) running, no token generated yet")
+    assert "kv_cache_usage_perc" in w.activity and "KV cache 61.0%" in w.activity
+    # the prompt is in: tokens flow, the activity ends
+    assert verdict(w, look(400.0, running=1, kv=0.62, generated=501.0, prompt=39000.0), P) is None
+    assert w.activity == ""
+
+
+def test_a_wedge_in_the_middle_of_a_long_prefill_is_still_caught_within_its_bound():
+    w = ready_watch()
+    for i in range(10):  # progressing
+        assert verdict(w, look(2.0 + 5 * i, running=1, kv=0.02 + i * 0.01), P) is None
+    t = 2.0 + 5 * 9
+    found = None
+    for j in range(1, 20):  # a rank stopped: nothing moves any more
+        found = verdict(w, look(t + 5 * j, probe=TIMEOUT if j % 3 == 0 else None, running=1, kv=0.11), P)
+        if found:
+            break
+    assert found is not None and found[0] == "wedged" and 5 * j <= P["stall_s"] + 5
 
 
 def test_idle_engine_with_a_still_counter_is_not_wedged():
     w = ready_watch()
     for t in (10.0, 100.0, 1000.0):
-        assert verdict(w, Look(now=t, alive=True, health=200, running=0, generated=500), P) is None
+        assert verdict(w, look(t, running=0), P) is None
 
 
 def test_memory_floor_needs_consecutive_samples_and_wins_over_everything():

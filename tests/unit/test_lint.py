@@ -237,3 +237,16 @@ def test_every_problem_at_once():
     probs = lint(variant(serve__gpu_memory_utilization=0.95, serve__tool_call_parser=None,
                          serve__quantization="fp4", serve__tensor_parallel_size=4), INV)
     assert set(rules(probs)) == {"gpu-memory-utilization", "tp-pp-gpus", "tool-choice-pair", "quantization"}
+
+
+def test_no_shipped_profile_can_call_its_own_long_prefill_a_wedge():
+    """Issue 25: stall_s covers one scheduler step (max_num_batched_tokens) at the profile's slowest
+    prefill rate, twice over, for every shipped profile."""
+    for name in available():
+        assert not [x for x in lint(load_profile(name)) if x.rule == "supervisor-stall"], name
+
+
+def test_a_stall_bound_under_one_prefill_step_is_refused_with_the_bound_to_set():
+    prof = variant("nemotron", supervisor={"stall_s": 10})
+    (problem,) = [x for x in lint(prof) if x.rule == "supervisor-stall"]
+    assert "8192 tokens at 500 tok/s = 16 s" in problem.message and "raise [supervisor] stall_s to 33" in problem.fix
