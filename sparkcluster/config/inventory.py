@@ -76,7 +76,7 @@ class Cluster(_Strict):
     pip_index_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
     # host path, mounted at the same path in containers; `~/` is the SSH user's home on each node,
     # resolved there with the facts (where that user's own `hf download` puts weights)
-    hf_cache: str = Field(default=HOME_HF_CACHE, pattern=r"^(/|~/)[^\s:'\"$`]*$")
+    hf_cache: str = Field(default=HOME_HF_CACHE, pattern=r"^(/|~/)[^:\n]*$")
     # the hub the weights come from (a mirror, or the testbed's); unset: the public hub. HF_ENDPOINT
     hf_endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s'\"]+$")
     api_port: int = Field(default=8000, ge=1, le=65535)
@@ -93,6 +93,7 @@ class Inventory(_Strict):
     path: Path | None = Field(default=None, exclude=True)
     # node -> the SSH user's home there, learnt from the facts (shared with the copies `only` makes)
     _homes: dict[str, str] = PrivateAttr(default_factory=dict)
+    _owners: dict[str, str] = PrivateAttr(default_factory=dict)  # node -> the SSH user's "uid:gid"
 
     @model_validator(mode="after")
     def _shape(self) -> "Inventory":
@@ -144,8 +145,15 @@ class Inventory(_Strict):
         raise InputError(f"no node named {name!r} in the inventory",
                          f"choose one of: {', '.join(n.name for n in self.nodes)}")
 
-    def set_home(self, node: str, home: str) -> None:
+    def set_home(self, node: str, home: str, owner: str = "") -> None:
         self._homes[node] = home
+        if owner:
+            self._owners[node] = owner
+
+    def owner(self, node: str) -> str | None:
+        """The SSH user's `uid:gid` on `node` (from the facts): whom files a container writes into
+        the HF cache must belong to. None when not learnt."""
+        return self._owners.get(node)
 
     def hf_cache(self, node: str, unresolved_ok: bool = False) -> str:
         """The HF cache's host path on `node`: the setting, with a leading `~` made the SSH user's

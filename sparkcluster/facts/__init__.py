@@ -158,7 +158,7 @@ def gather(host, inv: Inventory, image: str | None, timeout: float = 60.0,
                                                "facts script", res.tail())])
     got = parse(host.node, res.stdout, sent, received)
     if got.account and got.account.home:
-        inv.set_home(host.node.name, got.account.home)  # the HF cache's `~`, resolved on the node
+        inv.set_home(host.node.name, got.account.home, got.account.owner)  # the HF cache's `~`, resolved on the node
     return got
 
 

@@ -106,6 +106,6 @@ def learn_homes(cluster) -> None:
             from sparkcluster.errors import SparkError
             raise SparkError(f"{host.name}: could not learn the SSH user's home (id, $HOME)",
                              "check that the SSH user has a home directory on this node")
-        inv.set_home(host.name, acct.home)
+        inv.set_home(host.name, acct.home, acct.owner)
 
     cluster.each(one).values_or_raise("account")

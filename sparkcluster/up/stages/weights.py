@@ -56,7 +56,8 @@ class Staging:
 
     @property
     def cache(self) -> str:
-        return self.inv.cluster.hf_cache
+        """The head's HF cache (each node's may differ: `~` is each SSH user's home)."""
+        return self.inv.hf_cache(self.inv.head.name)
 
     def lacking(self) -> list[str]:
         return [n for n, s in self.state.items() if s["missing"]]
@@ -79,7 +80,7 @@ class Staging:
         return self.manifest
 
     def check(self, node: str, hash_unverified: bool = True, rehash: bool = False) -> dict:
-        res = self.cluster.hosts[node].run(w.check_command(self.cache), timeout=3600,
+        res = self.cluster.hosts[node].run(w.check_command(self.inv.hf_cache(node)), timeout=3600,
                                            stdin=self.manifest.request(hash_unverified, rehash).encode())
         self.state[node] = got = w.parse_json(res.stdout)
         return got
@@ -111,7 +112,7 @@ class Staging:
     def download(self) -> str:
         head, m = self.cluster.head, self.manifest
         before = self.state[head.name]["present_bytes"]
-        cmd = w.download_command(self.image, self.cache, self.inv.cluster.hf_endpoint, m)
+        cmd = w.download_command(self.image, self.cache, self.inv.cluster.hf_endpoint, m, self.inv.owner(head.name))
         proc = head.start(transfer.bash(cmd), timeout=24 * 3600)
         t0 = time.monotonic()
         try:
@@ -142,7 +143,7 @@ class Staging:
         head, worker = self.cluster.head, self.cluster.hosts[worker_name]
         s, hnode, wnode = self.state[worker_name], self.inv.head, self.inv.node(worker_name)
         blobs, total = s["missing"], s["missing_bytes"]
-        recv = worker.start(transfer.bash(w.receive_command(self.cache, self.repo, str(wnode.control_ip),
+        recv = worker.start(transfer.bash(w.receive_command(self.inv.hf_cache(worker_name), self.repo, str(wnode.control_ip),
                                                             str(hnode.control_ip))), timeout=24 * 3600)
         port = transfer.announced_port(recv)
         if port is None:
@@ -189,7 +190,7 @@ def steps(plan: "Plan") -> list[Step]:
                 + (" (HF token on stdin)" if "HF_TOKEN" in plan.secret_names else ""), run=_resolve)]
     for n in inv.nodes:
         out.append(Step(STAGE, n.name, "check", "check the HF cache against the snapshot",
-                        f"in {w.hub_dir(inv.cluster.hf_cache)}: every file's size, the hash of any file not "
+                        f"in {w.hub_dir(inv.hf_cache(n.name))}: every file's size, the hash of any file not "
                         "verified before; links the snapshot when complete",
                         run=lambda r, n=n.name: r.weights.check(n), parallel="weights-check"))
     out.append(Step(STAGE, head, "disk", "check free disk on every node that lacks files",
@@ -198,10 +199,10 @@ def steps(plan: "Plan") -> list[Step]:
                     run=lambda r: r.weights.disk()))
     if "HF_TOKEN" in plan.secret_names:
         out.append(Step(STAGE, head, "hf-token", "write the HF token file for the download",
-                        f"{server.token_file_command(inv.cluster.hf_cache)}  (HF_TOKEN=****** on stdin over SSH)",
+                        f"{server.token_file_command(inv.hf_cache(head))}  (HF_TOKEN=****** on stdin over SSH)",
                         when="the head lacks files", skip=_head_complete, run=lambda r: r.weights.write_token()))
     out.append(Step(STAGE, head, "download", "download the snapshot once, into the head's HF cache",
-                    w.describe_download(plan.image, None, ep, inv.cluster.hf_cache, repo), when="the head lacks files",
+                    w.describe_download(plan.image, None, ep, inv.hf_cache(head), repo, inv.owner(head)), when="the head lacks files",
                     skip=_head_complete, run=lambda r: r.weights.download()))
     for wk in inv.workers:
         out.append(Step(STAGE, wk.name, "replicate", "receive the files it lacks from the head, verify them",
