@@ -4,6 +4,7 @@ its Ray head, then create the workers' containers at once."""
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
 
 import docker.errors
@@ -23,6 +24,14 @@ STAGE = "containers"
 DROP_CACHES = "sync && echo 3 > /proc/sys/vm/drop_caches"
 
 
+def drop_caches_command(image: str) -> str:
+    """The page cache dropped through Docker, which a member of `docker` may do without sudo (the
+    SSH user of a Spark is an ordinary account): a throwaway privileged container of the cluster
+    image (already on every node by this stage) writes the host's drop_caches; `sync` is global."""
+    return shlex.join(["docker", "run", "--rm", "--privileged", "--network", "none", "--entrypoint", "sh",
+                       image, "-c", DROP_CACHES])
+
+
 def steps(plan: "Plan") -> list[Step]:
     inv = plan.inventory
     out = []
@@ -40,7 +49,7 @@ def steps(plan: "Plan") -> list[Step]:
                             parallel="" if is_head else "remove-workers"))
     if plan.containers and plan.profile.drop_page_cache:
         for n in inv.nodes:
-            out.append(Step(STAGE, n.name, "drop-page-cache", "drop the page cache", DROP_CACHES,
+            out.append(Step(STAGE, n.name, "drop-page-cache", "drop the page cache", drop_caches_command(plan.image),
                             run=lambda r, n=n.name: drop_page_cache(r, n),
                             parallel="drop-page-cache"))
     for spec in plan.containers:
@@ -69,8 +78,15 @@ def remove(r: "Run", node: str, cid: str, is_head: bool) -> None:
 
 
 def drop_page_cache(r: "Run", node: str) -> None:
-    # a failure fails the stage: the profile asked for the memory this frees before the load
-    r.cluster.hosts[node].run(DROP_CACHES, timeout=60)
+    # a failure fails the stage in one line: the profile asked for the memory this frees before the
+    # load, so it is never skipped quietly
+    res = r.cluster.hosts[node].run(drop_caches_command(r.plan.image), timeout=120, warn=True)
+    if not res.ok:
+        raise fail(STAGE, node, "drop the page cache",
+                   f"could not drop the page cache through Docker (a privileged container of {r.plan.image}): "
+                   f"{res.tail(1) or f'exit {res.exit_code}'}", res.command, res.tail(),
+                   f"run `sync; echo 3 | sudo tee /proc/sys/vm/drop_caches` on {node} yourself, or set "
+                   "drop_page_cache = false in the profile, then sparkcluster up")
 
 
 def create(r: "Run", spec: ContainerSpec) -> str:
