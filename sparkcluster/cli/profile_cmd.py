@@ -12,8 +12,8 @@ import click
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.config import inventory as inv_mod
-from sparkcluster.config.inventory import HOME_HF_CACHE
 from sparkcluster.config.flags import serve_argv
+from sparkcluster.config.inventory import HOME_HF_CACHE
 from sparkcluster.config.lint import CLUSTER_RULES, lint
 from sparkcluster.config.profile import (
     Profile,

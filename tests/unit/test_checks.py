@@ -26,6 +26,7 @@ from conftest import (
 from sparkcluster import checks, facts
 from sparkcluster.checks import GiB
 from sparkcluster.config import profile as profiles
+from sparkcluster.facts import access as A
 from sparkcluster.facts import parsers as P
 
 H, W = "spark-head", "spark-worker"
@@ -39,6 +40,13 @@ HEAD_INSPECT = json.loads(cap("gb10-docker-inspect-head.json"))[0]
 HEAD_CID = HEAD_INSPECT["Id"]
 WORKER_CID = "7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e6f1a0d9c8b"
 MEMINFO = "MemTotal:       125276348 kB\nMemFree:         3187216 kB\nMemAvailable:   73400320 kB\n"
+# the SSH user as the account and access probes print it on the testbed's hosts (an ordinary
+# account in docker, as on a Spark)
+ACCOUNT = "spark\n1000\n1000\nspark docker\nspark docker\n/home/spark\n"
+ACCESS = ("cache /home/spark/.cache/huggingface\ncache_ok /home/spark/.cache/huggingface\n"
+          "lock /tmp/sparkcluster/pair.lock\nlock_ok /tmp/sparkcluster/pair.lock\n")
+DOCKER_DENIED = ("permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: "
+                 "Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.50/info\": dial unix /var/run/docker.sock: connect: permission denied")
 DF = ("Filesystem            1-blocks         Used     Available Capacity Mounted on\n"
       "/dev/nvme0n1p2 3936818520064 412043304960 1324727701504      24% /\n")
 
@@ -123,6 +131,8 @@ def _host_facts(name: str, role: str, host: int) -> facts.HostFacts:
     f.base = BASE
     f.disks = P.df_lines(DF)
     f.ray_sessions = ["/tmp/ray/session_2026-11-21_22-03-55_118733_1", "/tmp/ray/session_latest"]
+    f.account = A.parse_account(ACCOUNT)
+    f.access = A.parse_access(ACCESS)
     return f
 
 
@@ -207,6 +217,40 @@ def docker_down(s):
     sec = facts.split_sections(cap("vm-probe.txt"))["docker"]  # real: the CLI without a daemon
     f.docker, f.docker_error = None, P.last_line(sec.out)
     f.image_id = f.image_ray = None  # `docker image inspect` fails too
+
+
+def _socket_refuses(f):
+    f.docker, f.docker_error = None, DOCKER_DENIED
+    f.image_id = f.image_ray = None  # `docker image inspect` is refused too
+
+
+def not_in_docker_group(s):
+    f = s.facts[W]
+    f.account = A.parse_account(ACCOUNT.replace("spark docker\n", "spark\n"))
+    _socket_refuses(f)
+
+
+def added_to_docker_not_relogged(s):
+    f = s.facts[W]
+    f.account = A.parse_account(ACCOUNT.replace("spark docker\nspark docker", "spark\nspark docker"))
+    _socket_refuses(f)
+
+
+def cache_root_owned(s):
+    s.facts[W].access = A.parse_access(ACCESS.replace("cache_ok /home/spark/.cache/huggingface",
+                                                      "cache_denied root /home/spark/.cache"))
+
+
+def cache_holds_root_files(s):
+    s.facts[W].access = A.parse_access(ACCESS + "cache_foreign root /home/spark/.cache/huggingface/hub/models--o--m\n")
+
+
+def lock_dir_foreign(s):
+    s.facts[W].access = A.parse_access(ACCESS.replace("lock_ok /tmp/sparkcluster/pair.lock", "lock_denied bob /tmp/sparkcluster"))
+
+
+def no_flock(s):
+    s.facts[W].access = A.parse_access(ACCESS + "lock_noflock\n")
 
 
 def no_gpu_runtime(s):
@@ -412,6 +456,9 @@ def memory_cap_on_worker(s):
     s.facts[W].ours[0]["HostConfig"]["Memory"] = 64 * GiB
 
 
+REFUSED = {("docker.engine", W): "skip", ("docker.gpu_runtime", W): "skip", ("image.same", W): "skip",
+           ("image.ray", W): "skip", ("image.base-same", W): "skip"}
+
 # (check id, node that must flip, status, break, {other rows that change by design: status})
 CASES = [
     ("gpu.gb10", W, "fail", non_gb10, {}),
@@ -419,8 +466,15 @@ CASES = [
     # with no engine there is nothing to ask about runtimes or images: those rows skip on that node
     ("docker.engine", W, "fail", docker_down,
      {("docker.gpu_runtime", W): "skip", ("image.same", W): "skip", ("image.ray", W): "skip",
-      ("image.base-same", W): "skip"}),
+      ("image.base-same", W): "skip", ("account.docker", W): "skip"}),
     ("docker.gpu_runtime", W, "fail", no_gpu_runtime, {}),
+    # the socket refuses the SSH user: its row names the group fix; the engine's rows cannot judge
+    ("account.docker", W, "fail", not_in_docker_group, REFUSED),
+    ("account.docker", W, "fail", added_to_docker_not_relogged, REFUSED),
+    ("account.hf_cache", W, "fail", cache_root_owned, {}),
+    ("account.hf_cache", W, "warn", cache_holds_root_files, {}),
+    ("account.lock", W, "fail", lock_dir_foreign, {}),
+    ("account.lock", W, "fail", no_flock, {}),
     ("image.same", W, "fail", image_differs, {}),
     ("image.same", W, "warn", image_missing, {("image.ray", W): "skip"}),
     ("image.ray", W, "fail", ray_missing, {}),
@@ -562,3 +616,25 @@ def test_base_differs_names_both_ids_and_the_fix():
     r = results(s)[("image.base-same", W)]
     assert "sha256:cccccccccccc" in r.detail and "sha256:bbbbbbbbbbbb" in r.detail and H in r.detail
     assert f"docker pull {BASE_IMAGE}" in r.fix
+
+
+def test_docker_group_fix_names_the_user_and_logging_in_again():
+    s = healthy()
+    not_in_docker_group(s)
+    r = results(s)[("account.docker", W)]
+    assert "sudo usermod -aG docker spark" in r.fix and "log in again" in r.fix
+    s = healthy()
+    added_to_docker_not_relogged(s)
+    r = results(s)[("account.docker", W)]
+    assert "usermod" not in r.fix and "log in again" in r.fix
+
+
+def test_hf_cache_row_shows_the_resolved_path():
+    assert BASELINE[("account.hf_cache", H)].detail == "/home/spark/.cache/huggingface"
+
+
+def test_a_stopped_engine_is_not_blamed_on_the_account():
+    s = healthy()
+    docker_down(s)
+    got = results(s)
+    assert got[("docker.engine", W)].status == "fail" and got[("account.docker", W)].status == "skip"
