@@ -25,7 +25,8 @@ NODES = (HEAD, WORKER)
 
 # Every check id `doctor` reports, in its stable order (sparkcluster/checks.py REGISTRY).
 IDS = [
-    "ssh.reachable", "gpu.gb10", "gpu.driver", "docker.engine", "docker.gpu_runtime", "image.same", "image.base-same",
+    "ssh.reachable", "gpu.gb10", "gpu.driver", "account.docker", "docker.engine", "docker.gpu_runtime",
+    "account.hf_cache", "account.lock", "image.same", "image.base-same",
     "image.ray",
     "net.control_ip", "net.vllm_host_ip", "net.link", "net.mtu", "net.path_mtu", "net.twins", "rdma.gid", "net.speed",
     "net.peer", "net.default_route", "rdma.hca", "mem.headroom",
@@ -111,6 +112,7 @@ def test_healthy_cluster_passes_every_check(healthy, sc):
         assert r["status"] in ("ok", "skip") or (r["status"] == "warn" and cid in KNOWN_WARNS), r
     # the checks that judge the bare hosts are OK, not merely skipped
     for cid in ("ssh.reachable", "gpu.gb10", "gpu.driver", "docker.engine", "docker.gpu_runtime",
+                "account.docker", "account.hf_cache", "account.lock",
                 "net.control_ip", "net.link", "net.mtu", "net.path_mtu", "net.twins", "rdma.gid", "net.speed",
                 "net.peer", "net.default_route", "rdma.hca", "mem.earlyoom",
                 "ports.free", "disk.free", "clock.skew"):
