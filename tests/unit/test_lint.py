@@ -237,3 +237,21 @@ def test_every_problem_at_once():
     probs = lint(variant(serve__gpu_memory_utilization=0.95, serve__tool_call_parser=None,
                          serve__quantization="fp4", serve__tensor_parallel_size=4), INV)
     assert set(rules(probs)) == {"gpu-memory-utilization", "tp-pp-gpus", "tool-choice-pair", "quantization"}
+
+
+
+def test_settings_that_need_root_are_named():
+    """The SSH user of a Spark is an ordinary account in `docker`: an HF cache only root may write,
+    or a root login, is named by lint with the fix; the default needs neither."""
+    from conftest import inventory_dict, make_inventory
+
+    prof = load_profile("testbed")
+    assert not [x for x in lint(prof, make_inventory()) if x.rule == "needs-root"]
+    d = inventory_dict()
+    d["cluster"]["hf_cache"] = "/root/.cache/huggingface"
+    got = [x for x in lint(prof, make_inventory(d)) if x.rule == "needs-root"]
+    assert len(got) == 1
+    assert "/root/.cache/huggingface" in got[0].message and "~/.cache/huggingface" in got[0].fix
+    for n in d["nodes"]:
+        n["ssh"] = f"root@{n['name']}"
+    assert not [x for x in lint(prof, make_inventory(d)) if x.rule == "needs-root"]
