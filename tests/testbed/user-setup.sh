@@ -36,6 +36,15 @@ fi
 install -d -m 700 -o "$id" -g "$id" "/home/$u/.ssh"
 printf '%s\n' "$key" > "/home/$u/.ssh/authorized_keys"
 chown "$id:$id" "/home/$u/.ssh/authorized_keys"; chmod 600 "/home/$u/.ssh/authorized_keys"
+# the GPU stand-ins where an ordinary account finds them: sshd gives it no sbin on its PATH (on a
+# Spark, nvidia-smi and the toolkit are in /usr/bin); an overlay, so the machine's /usr/local/bin is untouched
+if ! mountpoint -q /usr/local/bin; then
+  mkdir -p /run/testbed/ubin/up /run/testbed/ubin/work
+  mount -t overlay tb-ubin -o lowerdir=/usr/local/bin,upperdir=/run/testbed/ubin/up,workdir=/run/testbed/ubin/work /usr/local/bin
+fi
+for b in nvidia-smi ibdev2netdev nvidia-container-runtime-hook; do
+  [ -e "/usr/local/sbin/$b" ] && ln -sfn "/usr/local/sbin/$b" "/usr/local/bin/$b"
+done
 # the Docker socket belongs to group docker (dockerd does so itself when the group exists at its start)
 if [ -S /run/docker.sock ]; then chgrp docker /run/docker.sock && chmod 660 /run/docker.sock; fi
 # no sudo rule for this account anywhere: it gets what a member of `docker` gets, nothing more

@@ -638,3 +638,24 @@ def test_a_stopped_engine_is_not_blamed_on_the_account():
     docker_down(s)
     got = results(s)
     assert got[("docker.engine", W)].status == "fail" and got[("account.docker", W)].status == "skip"
+
+
+# ss as the SSH user (an ordinary account): no `users:((...))` for root's processes, so no pid and no
+# container; the probe's loop still appends ` container=`
+HIDDEN = ("LISTEN 0      4096         0.0.0.0:6379       0.0.0.0:*     container=\n"
+          "LISTEN 0      2048         0.0.0.0:8000       0.0.0.0:*     container=\n")
+
+
+def test_ports_held_by_our_running_head_are_ours_when_ss_hides_the_owner():
+    s = healthy()
+    s.facts[H].listeners = P.ss_listeners(HIDDEN)
+    assert results(s)[("ports.free", H)].status == "ok"
+
+
+def test_ports_hidden_from_the_user_with_none_of_ours_running_are_held():
+    s = healthy()
+    s.facts[H].listeners = P.ss_listeners(HIDDEN)
+    for n in (H, W):
+        s.facts[n].ours = []
+    r = results(s)[("ports.free", H)]
+    assert r.status == "fail" and "another account" in r.detail
