@@ -41,12 +41,12 @@ HEAD_CID = HEAD_INSPECT["Id"]
 WORKER_CID = "7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e6f1a0d9c8b"
 MEMINFO = "MemTotal:       125276348 kB\nMemFree:         3187216 kB\nMemAvailable:   73400320 kB\n"
 # the SSH user as the account and access probes print it on the testbed's hosts (an ordinary
-# account in docker, as on a Spark)
-ACCOUNT = "spark\n1000\n1000\nspark docker\nspark docker\n/home/spark\n"
-ACCESS = ("cache /home/spark/.cache/huggingface\ncache_ok /home/spark/.cache/huggingface\n"
-          "lock /tmp/sparkcluster/pair.lock\nlock_ok /tmp/sparkcluster/pair.lock\n")
-DOCKER_DENIED = ("permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: "
-                 "Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.50/info\": dial unix /var/run/docker.sock: connect: permission denied")
+# account in docker, as on a Spark), and the Docker probe as the socket refuses one outside docker
+_AA = facts.split_sections(cap("testbed-account-access-probe.txt"))
+ACCOUNT = _AA["account"].out
+ACCESS = (_AA["access"].out.replace("cache_ok /home/spark\n", "cache_ok /home/spark/.cache/huggingface\n")
+          .replace("testbed.lock", "pair.lock"))
+DOCKER_DENIED = P.last_line(facts.split_sections(cap("testbed-docker-denied-probe.txt"))["docker"].out)
 DF = ("Filesystem            1-blocks         Used     Available Capacity Mounted on\n"
       "/dev/nvme0n1p2 3936818520064 412043304960 1324727701504      24% /\n")
 
@@ -619,6 +619,7 @@ def test_base_differs_names_both_ids_and_the_fix():
 
 
 def test_docker_group_fix_names_the_user_and_logging_in_again():
+    assert DOCKER_DENIED.startswith("permission denied while trying to connect to the Docker daemon socket")
     s = healthy()
     not_in_docker_group(s)
     r = results(s)[("account.docker", W)]
