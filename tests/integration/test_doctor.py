@@ -17,7 +17,7 @@ from typing import Callable
 
 import pytest
 
-from tests.integration.helpers import ours
+from tests.integration.helpers import account, ours
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -455,6 +455,10 @@ def test_init_drafts_what_doctor_passes_on_every_healthy_mode(testbed, sc, healt
                 assert (d.control_if, d.control_ip) == (r.control_if, r.control_ip)
         if mode == "one-cable":
             assert "rocep1s0f0" in res.stdout and "left out" in res.stdout  # port 0: no cable, said so
+        acct = account()  # init names the SSH user and the HF cache its home gives, per node
+        for n in NODES:
+            assert (f"{n}: ssh user {acct['ssh_user']} (uid {acct['uid']}, in docker), HF cache {acct['hf_cache']}"
+                    in res.stdout), res.stdout
         _, _, rows = doctor(sc, out)
     finally:
         testbed.reset()
