@@ -233,7 +233,51 @@ def _stop_dockerd(tb, ctx):
 
 WORKER_SKIPS = {(cid, WORKER): "skip" for cid in IDS if cid != "ssh.reachable"}
 
+
+# --- the SSH user's own rights (an ordinary account in docker, as on a Spark; who it is: facts.json)
+
+def _leave_docker_group(tb, ctx):
+    # the worker's own /etc/group (a bind mount: rewritten in place, never replaced)
+    u = account()["ssh_user"]
+    tb.sh(WORKER, f"cp /etc/group /run/testbed/group.saved && sed -E '/^docker:/ {{ s/([:,]){u}(,|$)/\\1/; s/,$//; }}' "
+                  "/run/testbed/group.saved > /run/testbed/group.new && cat /run/testbed/group.new > /etc/group")
+
+
+def _rejoin_docker_group(tb, ctx):
+    tb.sh(WORKER, "cat /run/testbed/group.saved > /etc/group && rm -f /run/testbed/group.saved /run/testbed/group.new")
+
+
+def _root_files_in_cache(tb, ctx):
+    # what a container running as root would leave in the user's cache
+    tb.sh(WORKER, f"mkdir -p {account()['hf_cache']}/hub/models--root--left && chown -R 0:0 {account()['hf_cache']}/hub/models--root--left")
+
+
+def _no_root_files(tb, ctx):
+    tb.sh(WORKER, f"rm -rf {account()['hf_cache']}/hub/models--root--left")
+
+
+def _foreign_lock_dir(tb, ctx):
+    # /tmp/sparkcluster made by another tool as root, closed to others
+    tb.sh(WORKER, "rm -rf /tmp/sparkcluster.saved; { [ ! -e /tmp/sparkcluster ] || mv /tmp/sparkcluster /tmp/sparkcluster.saved; } "
+                  "&& mkdir -m 755 /tmp/sparkcluster")
+
+
+def _lock_dir_back(tb, ctx):
+    tb.sh(WORKER, "rm -rf /tmp/sparkcluster; [ ! -e /tmp/sparkcluster.saved ] || mv /tmp/sparkcluster.saved /tmp/sparkcluster")
+
+
+ENGINE_ROWS = ("docker.engine", "docker.gpu_runtime", "image.same", "image.base-same", "image.ray")
+
 CASES = [
+    # the socket refuses the worker's user: its row names the group fix; the engine's rows cannot judge
+    Case("account.docker", _leave_docker_group, _rejoin_docker_group,
+         {("account.docker", WORKER): "fail", **{(cid, WORKER): "skip" for cid in ENGINE_ROWS}},
+         detail={("account.docker", WORKER): "not in the docker group"},
+         fix={("account.docker", WORKER): "usermod -aG docker"}),
+    Case("account.hf_cache", _root_files_in_cache, _no_root_files, {("account.hf_cache", WORKER): "warn"},
+         detail={("account.hf_cache", WORKER): "owned by root"}, fix={("account.hf_cache", WORKER): "chown -R"}),
+    Case("account.lock", _foreign_lock_dir, _lock_dir_back, {("account.lock", WORKER): "fail"},
+         detail={("account.lock", WORKER): "/tmp/sparkcluster owned by root"}, fix={("account.lock", WORKER): "rm -rf"}),
     Case("net.mtu", lambda tb, c: tb.set_mtu(WORKER, DATA_LINK, 1500), lambda tb, c: tb.set_mtu(WORKER, DATA_LINK, 9000),
          # 9000-byte frames no longer cross that link either way: the worker cannot send them, the
          # head's are dropped at the worker's end. Same subject (the link's MTU), so path MTU fails

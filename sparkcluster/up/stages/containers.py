@@ -82,11 +82,13 @@ def drop_page_cache(r: "Run", node: str) -> None:
     # load, so it is never skipped quietly
     res = r.cluster.hosts[node].run(drop_caches_command(r.plan.image), timeout=120, warn=True)
     if not res.ok:
+        lines = [ln.strip() for ln in (res.stderr or res.stdout).splitlines() if ln.strip()]
+        why = next((ln for ln in lines if "rror" in ln or "denied" in ln or "not permitted" in ln), lines[-1] if lines else "")
         raise fail(STAGE, node, "drop the page cache",
-                   f"could not drop the page cache through Docker (a privileged container of {r.plan.image}): "
-                   f"{res.tail(1) or f'exit {res.exit_code}'}", res.command, res.tail(),
-                   f"run `sync; echo 3 | sudo tee /proc/sys/vm/drop_caches` on {node} yourself, or set "
-                   "drop_page_cache = false in the profile, then sparkcluster up")
+                   f"could not drop the page cache through Docker (a container of {r.plan.image}): "
+                   f"{why or f'exit {res.exit_code}'}", res.command, res.tail(),
+                   "set drop_page_cache = false in the profile (drop it yourself first if you like: "
+                   f"`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches` on {node}), then sparkcluster up")
 
 
 def create(r: "Run", spec: ContainerSpec) -> str:
