@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sparkcluster.movement import hfcache as w
-from tests.integration.helpers import hf_cache
+from tests.integration.helpers import account, hf_cache
 from tests.testbed import artifacts
 from tests.testbed.hub import GATED, GRANTED_TOKEN, HUB_IP, HUB_PORT, TINY, knobs, stats
 
@@ -60,6 +60,17 @@ def hub_reset():
     knobs(HUB, reset=True)
 
 
+def not_the_users(testbed) -> dict[str, list[str]]:
+    """Per host, the files in the SSH user's HF cache it does not own (the user's own `hf` could
+    not update them): sparkcluster leaves none, whoever wrote them."""
+    uid, out = account()["uid"], {}
+    for h in (HEAD, WORKER):
+        got = testbed.sh(h, f"find {cache()} ! -uid {int(uid)} -printf '%u %p\\n' 2>/dev/null | head -5").stdout.split("\n")
+        if any(got):
+            out[h] = [x for x in got if x]
+    return out
+
+
 @pytest.fixture
 def down_first(sc):
     sc("down")
@@ -72,6 +83,7 @@ def test_pull_fetches_once_replicates_and_then_moves_nothing(testbed, sc, hub_re
     assert stats(HUB)["bytes_served"] == model_size()  # once, not once per node
     assert "sent to spark-worker" in res.stdout
     assert snapshot_ok(testbed, HEAD) and snapshot_ok(testbed, WORKER)
+    assert not_the_users(testbed) == {}  # the download container and the receiver wrote as the SSH user
     knobs(HUB, bytes_served=0)
     t = time.monotonic()
     res = sc("weights", "pull", "--profile", "testbed")
@@ -92,6 +104,7 @@ def test_up_from_empty_caches_serves_offline(testbed, sc, hub_reset, down_first)
         for h in (HEAD, WORKER):
             name = testbed.sh(h, "docker ps --format '{{.Names}}'").stdout.split()[0]
             assert testbed.sh(h, f"docker exec {name} printenv HF_HUB_OFFLINE").stdout.strip() == "1"
+        assert not_the_users(testbed) == {}  # nor did the serving containers leave root's files there
     finally:
         sc("down")
 
