@@ -23,8 +23,14 @@ from tests.testbed.hub import HUB_IP, HUB_PORT, SYNTHETIC, knobs, stats
 
 HUB = f"http://{HUB_IP}:{HUB_PORT}"
 PROFILE = "bench-weights"
-CACHE = "/root/.cache/huggingface"
-BLOBS = f"{CACHE}/hub/models--{SYNTHETIC.replace('/', '--')}/blobs"
+REPO_DIR = f"hub/models--{SYNTHETIC.replace('/', '--')}"
+
+
+def _cache() -> str:
+    """The SSH user's HF cache on the hosts, from the testbed's facts file."""
+    from tests.testbed.testbed import ssh_account
+
+    return ssh_account()["hf_cache"]
 
 
 def _profile_dir(bench) -> Path:
@@ -47,7 +53,7 @@ def weights_round(bench, baseline, i: int) -> None:
     tb, size = bench.tb, stats(HUB)["repos"][SYNTHETIC]["size"]
     # 1. fresh on both nodes: the hub serves it once; nothing reaches the worker through the controller
     for h in ("spark-head", "spark-worker"):
-        tb.sh(h, f"rm -rf {CACHE}/hub/models--{SYNTHETIC.replace('/', '--')}")
+        tb.sh(h, f"rm -rf {_cache()}/{REPO_DIR}")
     knobs(HUB, bytes_served=0)
     lan0 = _lan_worker_bytes()
     bench.sc("weights", "pull", "--profile", PROFILE, timeout=1800)
@@ -56,7 +62,7 @@ def weights_round(bench, baseline, i: int) -> None:
 
     # 2. replication alone (worker emptied), then the raw baseline over the same link, order alternated
     def ours() -> None:
-        tb.sh("spark-worker", f"rm -rf {CACHE}/hub/models--{SYNTHETIC.replace('/', '--')}")
+        tb.sh("spark-worker", f"rm -rf {_cache()}/{REPO_DIR}")
         with bench.sampler:
             t0 = time.time()
             bench.sc("weights", "pull", "--profile", PROFILE, timeout=1800)
@@ -72,7 +78,7 @@ def weights_round(bench, baseline, i: int) -> None:
         tb.sh("spark-worker", f"rm -rf {d} && mkdir -p {d}")
         with bench.sampler:
             t0 = time.time()
-            tb.sh("spark-head", f"set -o pipefail; tar -C {BLOBS} -cf - . | {baseline.ssh} tar -C {d} -xf -",
+            tb.sh("spark-head", f"set -o pipefail; tar -C {_cache()}/{REPO_DIR}/blobs -cf - . | {baseline.ssh} tar -C {d} -xf -",
                   timeout=1800)
             t1 = time.time()
         tb.sh("spark-worker", f"rm -rf {d}", check=False)

@@ -121,6 +121,7 @@ def is_running(c: dict) -> bool:
 
 # Imported here, below what they build on: importing an area registers its checks in REGISTRY.
 from sparkcluster.checks import (  # noqa: E402
+    account,
     cluster_image,  # noqa: E402
     host,
     network,
@@ -129,11 +130,12 @@ from sparkcluster.checks import (  # noqa: E402
 )
 from sparkcluster.checks.runtime import container_flags  # noqa: E402
 
-AREAS = (host, cluster_image, network, rdma, runtime)
+AREAS = (host, account, cluster_image, network, rdma, runtime)
 
 # The stable order checks run and report in (`doctor`, `doctor --json`, `up`'s preflight).
 CHECK_ORDER = (
-    "ssh.reachable", "gpu.gb10", "gpu.driver", "docker.engine", "docker.gpu_runtime",
+    "ssh.reachable", "gpu.gb10", "gpu.driver", "account.docker", "docker.engine", "docker.gpu_runtime",
+    "account.hf_cache", "account.lock",
     "image.same", "image.base-same", "image.ray",
     "net.control_ip", "net.vllm_host_ip", "net.link", "net.mtu", "net.path_mtu", "net.twins",
     "rdma.gid", "net.speed", "net.peer", "net.default_route", "rdma.hca",

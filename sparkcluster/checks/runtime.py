@@ -13,13 +13,18 @@ def ports_free(ctx: Context, r: Report) -> None:
     for node in ctx.nodes():
         f = ctx.facts[node.name]
         ours = {c.get("Id", "") for c in ctx.ours(node.name)}
+        ours_running = any(is_running(c) for c in ctx.ours(node.name))
         bad = []
         for ls in f.listeners:
             if ls.port not in wanted:
                 continue
             if ls.container and ls.container in ours:
                 continue
-            who = f"{ls.process} (pid {ls.pid})" if ls.pid else ls.process
+            if ls.pid is None and ours_running:
+                # ss names a socket's process only to its owner or root: the SSH user (an ordinary
+                # account) sees none for our containers' root processes on the host network
+                continue
+            who = f"{ls.process} (pid {ls.pid})" if ls.pid else "a process of another account (ss names it only to root)"
             where = f" in container {ls.container[:12]}" if ls.container else ""
             bad.append(f"{ls.port} ({wanted[ls.port]}) is held by {who}{where}")
         if bad:

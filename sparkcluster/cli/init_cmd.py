@@ -65,6 +65,14 @@ def init(obj, head: str, workers: tuple[str, ...], ssh_config: Path | None, know
     for n in inv.nodes:
         click.echo(f"  {n.role:6} {n.name}: control {n.control_if} {n.control_ip}, "
                    f"data plane {', '.join(f'{link.hca}->{link.netdev}' for link in n.data_plane)}")
+    # who sparkcluster logs in as on each node, and where the HF cache will be (its ~/.cache/huggingface)
+    for n, d in zip(inv.nodes, found):
+        a = d.account
+        if a is not None:
+            cache = (a.home.rstrip("/") + inv.cluster.hf_cache[1:]) if inv.cluster.hf_cache.startswith("~") else inv.cluster.hf_cache
+            grp = "root" if a.uid == 0 else ("in docker" if "docker" in a.groups else
+                                              "NOT in docker: sudo usermod -aG docker " + a.user + ", then log in again")
+            click.echo(f"  {n.name}: ssh user {a.user} (uid {a.uid}, {grp}), HF cache {cache}")
     # what was found but not listed, and why: never dropped silently (link-local, no address, twins)
     for dn in dr.nodes:
         for c in dn.comments:

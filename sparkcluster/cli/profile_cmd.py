@@ -13,6 +13,7 @@ from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.config import inventory as inv_mod
 from sparkcluster.config.flags import serve_argv
+from sparkcluster.config.inventory import HOME_HF_CACHE
 from sparkcluster.config.lint import CLUSTER_RULES, lint
 from sparkcluster.config.profile import (
     Profile,
@@ -73,7 +74,7 @@ def list_cmd() -> None:
 
 
 def _resolved(p: Profile, inv, secrets: dict[str, str], ray_version: str) -> dict:
-    hf_cache = inv.cluster.hf_cache if inv else "/root/.cache/huggingface"
+    hf_cache = inv.hf_cache(inv.head.name, unresolved_ok=True) if inv else HOME_HF_CACHE
     port = inv.cluster.api_port if inv else None
     nco_path, nco_text = non_carry_over_file(p)
     out: dict = {

@@ -14,6 +14,7 @@ from sparkcluster.cli.up_cmd import RichProgress
 from sparkcluster.config import secrets as secret_store
 from sparkcluster.config.images import image_ref
 from sparkcluster.errors import InputError
+from sparkcluster.facts.access import learn_homes
 from sparkcluster.movement import hfcache as w
 from sparkcluster.remote.fanout import Cluster
 from sparkcluster.remote.lock import ClusterLock
@@ -47,6 +48,7 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
     image = image_ref(inv, prof)
     err = Console(stderr=True, highlight=False)
     with Cluster.connect(inv) as cluster, ClusterLock(cluster.head, inv.cluster.name, f"weights pull --profile {prof.name}"):
+        learn_homes(cluster)  # the HF cache's `~`, and whom the download's files belong to
         sts = [stage.Staging(cluster, inv, image, need.repo, need.revision, secrets, RichProgress(err), need)
                for need in want]
         for st in sts:
@@ -83,7 +85,8 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
 
 
 def _status(cluster: Cluster, inv) -> dict[str, list[dict]]:
-    got = cluster.each(lambda h: w.parse_json(h.run(w.status_command(inv.cluster.hf_cache), timeout=120).stdout))
+    learn_homes(cluster)
+    got = cluster.each(lambda h: w.parse_json(h.run(w.status_command(inv.hf_cache(h.name)), timeout=120).stdout))
     return got.values_or_raise("weights")
 
 
@@ -168,5 +171,5 @@ def rm(obj, repo: str, commit: str | None, yes: bool) -> None:
             raise click.exceptions.Abort()
         for n, cs in targets.items():
             for c in cs:
-                got = w.parse_json(cluster.hosts[n].run(w.rm_command(inv.cluster.hf_cache, repo, c), timeout=600).stdout)
+                got = w.parse_json(cluster.hosts[n].run(w.rm_command(inv.hf_cache(n), repo, c), timeout=600).stdout)
                 click.echo(f"{n}: removed {repo}@{c[:12]}, freed {got['freed'] / 1e9:.2f} GB")

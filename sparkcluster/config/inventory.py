@@ -13,12 +13,13 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from sparkcluster.errors import InputError
 
 DEFAULT_PATH = Path("~/.config/sparkcluster/cluster.toml")
 ENV_VAR = "SPARKCLUSTER_INVENTORY"
+HOME_HF_CACHE = "~/.cache/huggingface"
 
 _NAME = r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$"
 _TARGET = re.compile(r"^(?:(?P<user>[a-zA-Z0-9._-]+)@)?(?P<host>[a-zA-Z0-9._-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?$")
@@ -73,7 +74,9 @@ class Cluster(_Strict):
     image_repo: str = Field(default="sparkcluster/vllm-ray", pattern=r"^[a-z0-9][a-z0-9._/-]*$")
     # a package mirror for the image build (air-gapped hosts); passed as the PIP_INDEX_URL build arg
     pip_index_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
-    hf_cache: str = "/root/.cache/huggingface"  # host path, mounted at the same path in containers
+    # host path, mounted at the same path in containers; `~/` is the SSH user's home on each node,
+    # resolved there with the facts (where that user's own `hf download` puts weights)
+    hf_cache: str = Field(default=HOME_HF_CACHE, pattern=r"^(/|~/)[^:\n]*$")
     # the hub the weights come from (a mirror, or the testbed's); unset: the public hub. HF_ENDPOINT
     hf_endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s'\"]+$")
     api_port: int = Field(default=8000, ge=1, le=65535)
@@ -88,6 +91,9 @@ class Inventory(_Strict):
     cluster: Cluster
     nodes: list[Node] = Field(min_length=1)  # one Spark is a cluster too (seed 000)
     path: Path | None = Field(default=None, exclude=True)
+    # node -> the SSH user's home there, learnt from the facts (shared with the copies `only` makes)
+    _homes: dict[str, str] = PrivateAttr(default_factory=dict)
+    _owners: dict[str, str] = PrivateAttr(default_factory=dict)  # node -> the SSH user's "uid:gid"
 
     @model_validator(mode="after")
     def _shape(self) -> "Inventory":
@@ -138,6 +144,30 @@ class Inventory(_Strict):
                 return n
         raise InputError(f"no node named {name!r} in the inventory",
                          f"choose one of: {', '.join(n.name for n in self.nodes)}")
+
+    def set_home(self, node: str, home: str, owner: str = "") -> None:
+        self._homes[node] = home
+        if owner:
+            self._owners[node] = owner
+
+    def owner(self, node: str) -> str | None:
+        """The SSH user's `uid:gid` on `node` (from the facts): whom files a container writes into
+        the HF cache must belong to. None when not learnt."""
+        return self._owners.get(node)
+
+    def hf_cache(self, node: str, unresolved_ok: bool = False) -> str:
+        """The HF cache's host path on `node`: the setting, with a leading `~` made the SSH user's
+        home there (from the facts). Unresolved, the setting itself when `unresolved_ok` (what
+        `profile show` prints without connecting), else a bug."""
+        p = self.cluster.hf_cache
+        if not p.startswith("~"):
+            return p
+        home = self._homes.get(node)
+        if home is None:
+            if unresolved_ok:
+                return p
+            raise RuntimeError(f"{node}: the SSH user's home was not learnt before the HF cache was needed")
+        return home.rstrip("/") + p[1:]
 
     def resolve(self, p: Path | None) -> Path | None:
         """A path from the inventory, relative to the inventory file's folder."""

@@ -25,7 +25,9 @@ MAX_GPU_MEMORY_UTILIZATION = 0.85
 MAMBA_ALIGNED_BLOCK_SIZE = 2128
 VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
-CLUSTER_RULES = ("tp-pp-gpus", "port-mismatch")
+CLUSTER_RULES = ("tp-pp-gpus", "port-mismatch", "needs-root")
+# directories only root may write on a Spark, whose SSH user is an ordinary account in `docker`
+ROOT_ONLY_DIRS = ("/root", "/etc", "/usr", "/var", "/run", "/boot", "/proc", "/sys", "/lib", "/bin", "/sbin")
 
 _SECRET_VALUE = re.compile(r"(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|nvapi-[A-Za-z0-9_-]{16,})")
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|PRIVATE_KEY|CREDENTIAL)", re.I)
@@ -72,6 +74,7 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
                 f"tensor_parallel_size x pipeline_parallel_size = {s.tensor_parallel_size} x "
                 f"{s.pipeline_parallel_size} = {profile.world_size}, but the cluster has {gpus} GPU(s)",
                 f"set serve.tensor_parallel_size x serve.pipeline_parallel_size = {gpus}"))
+        p.extend(needs_root(inventory))
         if s.port is not None and s.port != inventory.cluster.api_port:
             p.append(Problem(
                 "port-mismatch",
@@ -276,3 +279,18 @@ def memory_sum_problems(profiles: Sequence[Profile]) -> list[Problem]:
         f"{MAX_GPU_MEMORY_UTILIZATION} of the shared unified pool: the host starves",
         f"lower the profiles' serve.gpu_memory_utilization to sum to {MAX_GPU_MEMORY_UTILIZATION} "
         "or less, or plan one of them on another node")]
+
+
+def needs_root(inventory: "Inventory") -> list[Problem]:
+    """Inventory settings only root could honour: `up` runs as the SSH user, on a Spark an ordinary
+    account in `docker` (no sudo). `doctor`'s account.* checks judge the nodes themselves."""
+    out = []
+    cache = inventory.cluster.hf_cache
+    as_root = all(n.ssh.startswith("root@") for n in inventory.nodes)  # root said so itself
+    if not as_root and any(cache == d or cache.startswith(d + "/") for d in ROOT_ONLY_DIRS):
+        out.append(Problem(
+            "needs-root", f"hf_cache {cache} is under a directory only root may write: the SSH user "
+            "(an ordinary account on a Spark) cannot create or update the weights there",
+            "remove hf_cache (default: the SSH user's own ~/.cache/huggingface, where `hf download` puts "
+            "weights) or set it to a directory that user owns"))
+    return out

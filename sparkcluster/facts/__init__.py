@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from sparkcluster.config.inventory import Inventory, Node
+from sparkcluster.facts import access as A
 from sparkcluster.facts import parsers as P
 from sparkcluster.facts import probes
 from sparkcluster.labels import CLUSTER_LABEL
@@ -53,19 +54,24 @@ class HostFacts:
     # must never hide a failing one on the same netdev
     path_mtu: list[P.PingResult] = field(default_factory=list)
     path_mtu_error: str = ""  # the probes could not run at all (the node stopped answering, a timeout)
+    account: A.Account | None = None  # the SSH user: name, uid, gid, groups, home
+    access: A.Access | None = None  # may it write the HF cache and take the lock
 
 
 def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[str, str] | None = None,
                  base: str | None = None) -> str:
     """One shell script for one host. Every value is quoted; nothing here comes from a user string
     that is not validated by the inventory model."""
+    from sparkcluster.remote.lock import lock_path
+
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
     parts = [p.script() for p in (
         probes.HOSTNAME, probes.TIME, probes.GPU, probes.DOCKER, probes.GPU_HOOK, probes.IP,
         probes.carrier([node.control_if, *node.netdevs]), probes.HCA, probes.GIDS, probes.ROUTE,
         probes.MEMINFO, probes.EARLYOOM, probes.SSHD_OOM,
         probes.listeners([inv.cluster.ray_port, inv.cluster.api_port]), probes.CONTAINERS,
-        probes.ours(f"{CLUSTER_LABEL}={inv.cluster.name}"), probes.disk(inv.cluster.hf_cache), probes.RAY_SESSIONS)]
+        probes.ours(f"{CLUSTER_LABEL}={inv.cluster.name}"), probes.disk(inv.cluster.hf_cache), probes.RAY_SESSIONS,
+        A.ACCOUNT, A.access(inv.cluster.hf_cache, lock_path(inv.cluster.name)))]
     if base:
         parts.append(probes.image_layers("base", base).script())
     if image:
@@ -126,6 +132,8 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
     f.ours = P.json_list(get("ours").out) if get("ours").rc == 0 else []
     f.disks = P.df_lines(get("disk").out)
     f.ray_sessions = [x for x in get("ray_sessions").out.split() if x]
+    f.account = probes.value(A.ACCOUNT, s)
+    f.access = probes.value(A.access("", ""), s)
     f.base = probes.value(probes.image_layers("base", ""), s)
     f.image_layers = probes.value(probes.image_layers("image_layers", ""), s)
     f.layer_chains = probes.value(probes.LAYER_CHAINS, s, [])
@@ -149,7 +157,10 @@ def gather(host, inv: Inventory, image: str | None, timeout: float = 60.0,
 
         raise StageError("facts", [StepFailure(host.name, "gather facts", f"timed out after {timeout:g}s",
                                                "facts script", res.tail())])
-    return parse(host.node, res.stdout, sent, received)
+    got = parse(host.node, res.stdout, sent, received)
+    if got.account and got.account.home:
+        inv.set_home(host.node.name, got.account.home, got.account.owner)  # the HF cache's `~`, resolved on the node
+    return got
 
 
 # --- phase 2: path MTU, which needs the peers' addresses from phase 1 -----------------------------

@@ -17,8 +17,8 @@ from pathlib import Path
 from sparkcluster import facts
 from sparkcluster.config import inventory
 from sparkcluster.errors import InputError, SparkError
+from sparkcluster.facts import access, probes
 from sparkcluster.facts import parsers as P
-from sparkcluster.facts import probes
 from sparkcluster.remote import fanout, ssh
 
 LINK_LOCAL, DOCKER_DEFAULT_BRIDGE = probes.LINK_LOCAL, probes.DOCKER_DEFAULT_BRIDGE
@@ -28,7 +28,7 @@ HEADER = "draft: review before use"
 
 def discovery_script() -> str:
     """Read-only: nothing here changes the host."""
-    return probes.script([probes.HOSTNAME, probes.GPU, probes.IP, probes.HCA, probes.GIDS])
+    return probes.script([probes.HOSTNAME, probes.GPU, probes.IP, probes.HCA, probes.GIDS, access.ACCOUNT])
 
 
 @dataclass
@@ -40,6 +40,7 @@ class Discovered:
     interfaces: dict[str, P.Interface] = field(default_factory=dict)
     hcas: dict[str, P.Hca] = field(default_factory=dict)
     gids: dict[str, list[P.Gid]] = field(default_factory=dict)
+    account: access.Account | None = None  # the SSH user: its home holds the default HF cache
 
 
 def parse_discovery(target: str, text: str) -> Discovered:
@@ -58,6 +59,7 @@ def parse_discovery(target: str, text: str) -> Discovered:
         d.interfaces = P.ip_addr_json(get("ip").out)
     d.hcas = P.hca_lines(get("hca").out)
     d.gids = P.gid_lines(get("gids").out)
+    d.account = probes.value(access.ACCOUNT, s)
     return d
 
 

@@ -115,11 +115,17 @@ def ours(label: str) -> Probe:
                  P.json_list)
 
 
+def _shell_path(p: str) -> str:
+    from sparkcluster.facts.access import shell_path  # `~/` is the SSH user's home on the node
+
+    return shell_path(p)
+
+
 def disk(hf_cache: str) -> Probe:
     """df of docker's root and of the model cache (its nearest existing parent: nothing is created)."""
     return Probe("disk", "d=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) && [ -d \"$d\" ] || d=/var/lib/docker; "
                          "df -PB1 \"$d\"; "
-                         f"p={shlex.quote(hf_cache)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -PB1 \"$p\"",
+                         f"p={_shell_path(hf_cache)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -PB1 \"$p\"",
                  P.df_lines)
 
 

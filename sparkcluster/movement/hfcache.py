@@ -187,15 +187,18 @@ def rm_command(hf_cache: str, repo: str, commit: str) -> str:
 
 
 def download_command(image: str, hf_cache: str, endpoint: str | None, m: Manifest,
-                     only: tuple[str, ...] | None = None) -> str:
+                     only: tuple[str, ...] | None = None, user: str | None = None) -> str:
     """A throwaway container of the cluster image (it has huggingface_hub) fetches the snapshot into
     the head's cache. The token, if any, is the 0600 file HF_HOME/token. A download an earlier run
     left behind (Ctrl-C kills the client, not the container) is removed first; the new one resumes
-    from its .incomplete files."""
+    from its .incomplete files. It runs as `user` (the SSH user's uid:gid), so every file it writes
+    in that user's cache is the user's own (its own `hf` can update them), with a HOME it may write."""
     # no tqdm bars: their carriage returns would pile up in the SSH channel; the program reports bytes
     env = ["-e", f"HF_HOME={hf_cache}", "-e", "HF_HUB_DISABLE_TELEMETRY=1", "-e", "HF_HUB_DISABLE_PROGRESS_BARS=1"]
     if endpoint:
         env += ["-e", f"HF_ENDPOINT={endpoint}"]
+    if user:
+        env = ["--user", user, "-e", "HOME=/tmp", *env]
     argv = ["docker", "run", "--rm", "--name", DOWNLOAD_CONTAINER, "--network", "host", *env,
             "-v", f"{hf_cache}:{hf_cache}", "--entrypoint", "python3", image, "-c", DOWNLOAD,
             m.repo, m.commit, repo_folder(m.repo), *(safe_path(p) for p in only or ())]
@@ -255,10 +258,12 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def describe_download(image: str, m: Manifest | None, endpoint: str, hf_cache: str, repo: str | None = None) -> str:
+def describe_download(image: str, m: Manifest | None, endpoint: str, hf_cache: str, repo: str | None = None,
+                      user: str | None = None) -> str:
     """What the download step prints (the program's text is left out; the token is a file)."""
     what = f"{m.repo}@{m.commit}" if m else f"{repo} at the resolved commit"
-    return (f"docker run --rm --name {DOWNLOAD_CONTAINER} --network host -e HF_HOME={hf_cache} "
+    as_user = f"--user {user} " if user else ""
+    return (f"docker run --rm --name {DOWNLOAD_CONTAINER} --network host {as_user}-e HF_HOME={hf_cache} "
             f"-e HF_ENDPOINT={endpoint} -v {hf_cache}:{hf_cache} {image}: huggingface_hub snapshot_download {what} "
             "(resumes .incomplete files; "
             "token from HF_HOME/token, mode 0600)")

@@ -1,8 +1,20 @@
 """The cluster lock: one `up` or `down` at a time per cluster.
 
-Held by a `flock` on the head whose child waits on its stdin, which is our SSH channel: when this
+Held by a `flock` on each node whose child waits on its stdin, which is our SSH channel: when this
 process ends, or its connection drops, the channel closes and the lock is released. No stale lock
 survives a killed controller; a second run fails at once and names the holder.
+
+Where: a directory in /tmp/sparkcluster, because the SSH user is an ordinary account (on a Spark,
+never root) and two different accounts of the same cluster must still exclude each other. /tmp is
+the one directory every account may create in on every Linux, and it is per host. The lock is a
+directory, not a file: flock(1) opens its target with O_CREAT, which `fs.protected_regular` (on by
+default under systemd, so on DGX OS) refuses for another account's regular file in a sticky
+world-writable directory; a directory is opened read-only, by anyone. /tmp/sparkcluster is made
+sticky and world-writable (mode 1777) by whoever comes first; each account writes its own holder
+file (`NAME.holder.UID`: no account may replace another's there), and the newest one names the holder.
+Not Docker (a named container as the lock, which every member of `docker` would see): it needs an
+image on the node before `up` has built or pulled one, and a container outlives a killed client.
+A local account outside `docker` could hold the lock too: it can make a run wait, nothing more.
 """
 
 from __future__ import annotations
@@ -16,8 +28,12 @@ import time
 from sparkcluster.errors import LockHeld, SparkError
 from sparkcluster.remote.ssh import Host, RemoteProcess
 
-LOCK_DIR = "/run/sparkcluster"
+LOCK_DIR = "/tmp/sparkcluster"
 BUSY = 75
+
+
+def lock_path(cluster: str) -> str:
+    return f"{LOCK_DIR}/{cluster}.lock"
 
 
 def holder_text(command: str) -> str:
@@ -26,11 +42,15 @@ def holder_text(command: str) -> str:
 
 
 def lock_command(cluster: str, holder: str) -> str:
-    lock = f"{LOCK_DIR}/{cluster}.lock"
-    who = f"{LOCK_DIR}/{cluster}.holder"
-    inner = f"printf '%s\\n' \"$1\" > {shlex.quote(who)}; echo '@@locked' >&2; exec cat >/dev/null"
-    return (f"mkdir -p {LOCK_DIR} && flock -n -E {BUSY} {shlex.quote(lock)} sh -c {shlex.quote(inner)} sh {shlex.quote(holder)}"
-            f" || {{ rc=$?; [ $rc -eq {BUSY} ] && echo \"@@held $(cat {shlex.quote(who)} 2>/dev/null)\" >&2; exit $rc; }}")
+    d, lock = shlex.quote(LOCK_DIR), shlex.quote(lock_path(cluster))
+    who = shlex.quote(f"{LOCK_DIR}/{cluster}.holder.")
+    # the holder file is best effort (a directory another tool made unwritable still locks)
+    inner = (f"w={who}$(id -u); {{ printf '%s\\n' \"$1\" > \"$w.part\" && mv -f \"$w.part\" \"$w\"; }} 2>/dev/null; "
+             "echo '@@locked' >&2; exec cat >/dev/null")
+    newest = f"$(cat \"$(ls -t {who}* 2>/dev/null | grep -v '[.]part$' | head -1)\" 2>/dev/null)"
+    return (f"{{ [ -d {d} ] || {{ mkdir -m 1777 {d} 2>/dev/null || [ -d {d} ]; }}; }} && {{ [ -d {lock} ] || mkdir {lock} 2>/dev/null || [ -d {lock} ]; }} "
+            f"&& flock -n -E {BUSY} {lock} sh -c {shlex.quote(inner)} sh {shlex.quote(holder)}"
+            f" || {{ rc=$?; [ $rc -eq {BUSY} ] && echo \"@@held {newest}\" >&2; exit $rc; }}")
 
 
 class ClusterLock:

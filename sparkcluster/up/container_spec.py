@@ -145,11 +145,11 @@ def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> 
         image=image,
         command=ray_start_argv(inv, node) if uses_ray(inv, prof) else [],
         # the cache is mounted at the same path; HF_HOME makes every rank look there (weights, token)
-        env={**profiles.container_env(prof, inv, node), "HF_HOME": inv.cluster.hf_cache},
+        env={**profiles.container_env(prof, inv, node), "HF_HOME": inv.hf_cache(node.name)},
         labels={CLUSTER_LABEL: inv.cluster.name, ROLE_LABEL: node.role, PROFILE_LABEL: prof.name,
                 NODES_LABEL: ",".join(n.name for n in inv.nodes)},
         shm_size=prof.shm_size,
-        binds={inv.cluster.hf_cache: inv.cluster.hf_cache},
+        binds={inv.hf_cache(node.name): inv.hf_cache(node.name)},
         files={**profiles.container_files(prof), **AGENT_FILES,
                contract.CONFIG_PATH: json.dumps(agent_config(inv, node, uses_ray(inv, prof)), sort_keys=True)},
         ulimit_stack=prof.ulimit_stack,

@@ -139,11 +139,11 @@ def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts
     to_create = [] if keep else [specs[inv.head.name], *[specs[w.name] for w in inv.workers]]
     sv = server.ServeSpec(
         container=specs[head].name,
-        argv=exec_argv(prof, port=inv.cluster.api_port, hf_cache=inv.cluster.hf_cache),
+        argv=exec_argv(prof, port=inv.cluster.api_port, hf_cache=inv.hf_cache(inv.head.name)),
         secret_names=profiles.secret_env_names(prof),
         model=prof.served_model_name,
         port=prof.serve.port or inv.cluster.api_port,
-        plugin=profiles.reasoning_plugin(prof, inv.cluster.hf_cache),
+        plugin=profiles.reasoning_plugin(prof, inv.hf_cache(inv.head.name)),
     )
     return _with_steps(Plan(inv, prof, image, specs[head].name, build, send_to, remove, to_create, sv, **common), STAGES)
 

@@ -97,3 +97,28 @@ def wait_for(cond, timeout: float, step: float = 0.2):
             return got
         time.sleep(step)
     return cond()
+
+
+# ---- the testbed's SSH user (an ordinary account in `docker`, as on a Spark) --------------------
+
+def account() -> dict:
+    """Who the testbed's SSH user is, from the testbed's facts file (ssh_user, uid, gid, home,
+    hf_cache): tests never hard-code a name, a home or root's."""
+    from tests.testbed.testbed import ssh_account
+
+    return ssh_account()
+
+
+def hf_cache() -> str:
+    """The SSH user's HF cache on the hosts (what sparkcluster resolves `~/.cache/huggingface` to)."""
+    return account()["hf_cache"]
+
+
+def as_user(cmd: str) -> str:
+    """Shell text that runs `cmd` (through `testbed.sh`, root inside the host) as the SSH user, so
+    what it writes in the user's HF cache is the user's own, as sparkcluster leaves it."""
+    import shlex
+
+    a = account()
+    return (f"setpriv --reuid={int(a['uid'])} --regid={int(a['gid'])} --init-groups "
+            f"env HOME={shlex.quote(a['home'])} sh -c {shlex.quote(cmd)}")

@@ -17,7 +17,7 @@ from typing import Callable
 
 import pytest
 
-from tests.integration.helpers import ours
+from tests.integration.helpers import account, ours
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -25,7 +25,8 @@ NODES = (HEAD, WORKER)
 
 # Every check id `doctor` reports, in its stable order (sparkcluster/checks.py REGISTRY).
 IDS = [
-    "ssh.reachable", "gpu.gb10", "gpu.driver", "docker.engine", "docker.gpu_runtime", "image.same", "image.base-same",
+    "ssh.reachable", "gpu.gb10", "gpu.driver", "account.docker", "docker.engine", "docker.gpu_runtime",
+    "account.hf_cache", "account.lock", "image.same", "image.base-same",
     "image.ray",
     "net.control_ip", "net.vllm_host_ip", "net.link", "net.mtu", "net.path_mtu", "net.twins", "rdma.gid", "net.speed",
     "net.peer", "net.default_route", "rdma.hca", "mem.headroom",
@@ -111,6 +112,7 @@ def test_healthy_cluster_passes_every_check(healthy, sc):
         assert r["status"] in ("ok", "skip") or (r["status"] == "warn" and cid in KNOWN_WARNS), r
     # the checks that judge the bare hosts are OK, not merely skipped
     for cid in ("ssh.reachable", "gpu.gb10", "gpu.driver", "docker.engine", "docker.gpu_runtime",
+                "account.docker", "account.hf_cache", "account.lock",
                 "net.control_ip", "net.link", "net.mtu", "net.path_mtu", "net.twins", "rdma.gid", "net.speed",
                 "net.peer", "net.default_route", "rdma.hca", "mem.earlyoom",
                 "ports.free", "disk.free", "clock.skew"):
@@ -241,7 +243,51 @@ def _stop_dockerd(tb, ctx):
 
 WORKER_SKIPS = {(cid, WORKER): "skip" for cid in IDS if cid != "ssh.reachable"}
 
+
+# --- the SSH user's own rights (an ordinary account in docker, as on a Spark; who it is: facts.json)
+
+def _leave_docker_group(tb, ctx):
+    # the worker's own /etc/group (a bind mount: rewritten in place, never replaced)
+    u = account()["ssh_user"]
+    tb.sh(WORKER, f"cp /etc/group /run/testbed/group.saved && sed -E '/^docker:/ {{ s/([:,]){u}(,|$)/\\1/; s/,$//; }}' "
+                  "/run/testbed/group.saved > /run/testbed/group.new && cat /run/testbed/group.new > /etc/group")
+
+
+def _rejoin_docker_group(tb, ctx):
+    tb.sh(WORKER, "cat /run/testbed/group.saved > /etc/group && rm -f /run/testbed/group.saved /run/testbed/group.new")
+
+
+def _root_files_in_cache(tb, ctx):
+    # what a container running as root would leave in the user's cache
+    tb.sh(WORKER, f"mkdir -p {account()['hf_cache']}/hub/models--root--left && chown -R 0:0 {account()['hf_cache']}/hub/models--root--left")
+
+
+def _no_root_files(tb, ctx):
+    tb.sh(WORKER, f"rm -rf {account()['hf_cache']}/hub/models--root--left")
+
+
+def _foreign_lock_dir(tb, ctx):
+    # /tmp/sparkcluster made by another tool as root, closed to others
+    tb.sh(WORKER, "rm -rf /tmp/sparkcluster.saved; { [ ! -e /tmp/sparkcluster ] || mv /tmp/sparkcluster /tmp/sparkcluster.saved; } "
+                  "&& mkdir -m 755 /tmp/sparkcluster")
+
+
+def _lock_dir_back(tb, ctx):
+    tb.sh(WORKER, "rm -rf /tmp/sparkcluster; [ ! -e /tmp/sparkcluster.saved ] || mv /tmp/sparkcluster.saved /tmp/sparkcluster")
+
+
+ENGINE_ROWS = ("docker.engine", "docker.gpu_runtime", "image.same", "image.base-same", "image.ray")
+
 CASES = [
+    # the socket refuses the worker's user: its row names the group fix; the engine's rows cannot judge
+    Case("account.docker", _leave_docker_group, _rejoin_docker_group,
+         {("account.docker", WORKER): "fail", **{(cid, WORKER): "skip" for cid in ENGINE_ROWS}},
+         detail={("account.docker", WORKER): "not in the docker group"},
+         fix={("account.docker", WORKER): "usermod -aG docker"}),
+    Case("account.hf_cache", _root_files_in_cache, _no_root_files, {("account.hf_cache", WORKER): "warn"},
+         detail={("account.hf_cache", WORKER): "owned by root"}, fix={("account.hf_cache", WORKER): "chown -R"}),
+    Case("account.lock", _foreign_lock_dir, _lock_dir_back, {("account.lock", WORKER): "fail"},
+         detail={("account.lock", WORKER): "/tmp/sparkcluster owned by root"}, fix={("account.lock", WORKER): "rm -rf"}),
     Case("net.mtu", lambda tb, c: tb.set_mtu(WORKER, DATA_LINK, 1500), lambda tb, c: tb.set_mtu(WORKER, DATA_LINK, 9000),
          # 9000-byte frames no longer cross that link either way: the worker cannot send them, the
          # head's are dropped at the worker's end. Same subject (the link's MTU), so path MTU fails
@@ -470,6 +516,10 @@ def test_init_drafts_what_doctor_passes_on_every_healthy_mode(testbed, sc, healt
                 assert (d.control_if, d.control_ip) == (r.control_if, r.control_ip)
         if mode == "one-cable":
             assert "rocep1s0f0" in res.stdout and "left out" in res.stdout  # port 0: no cable, said so
+        acct = account()  # init names the SSH user and the HF cache its home gives, per node
+        for n in NODES:
+            assert (f"{n}: ssh user {acct['ssh_user']} (uid {acct['uid']}, in docker), HF cache {acct['hf_cache']}"
+                    in res.stdout), res.stdout
         _, _, rows = doctor(sc, out)
     finally:
         testbed.reset()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import API_KEY, HF_TOKEN, debug_log_lines, ours, utc_now
+from tests.integration.helpers import API_KEY, HF_TOKEN, account, debug_log_lines, hf_cache, ours, utc_now
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -43,7 +43,7 @@ def state(testbed, host: str) -> dict[str, object]:
     return {
         "containers": sh("docker ps -a --no-trunc --format '{{.ID}} {{.Names}} {{.State}}' | sort"),
         "images": sh("docker images -a -q --no-trunc | sort"),
-        "files": sh("find /run/sparkcluster /var/lib/sparkcluster /root/.cache -printf '%p %s %T@\\n' "
+        "files": sh(f"find /tmp/sparkcluster /run/sparkcluster /var/lib/sparkcluster {account()['home']}/.cache -printf '%p %s %T@\\n' "
                     "2>/dev/null | sort"),
         "processes": procs,
     }
@@ -266,7 +266,7 @@ def test_dry_run_on_bare_cluster_prints_plan_changes_nothing(testbed, sc):
     for name in ("sparkcluster-testbed-head", "sparkcluster-testbed-worker-spark-worker"):
         assert f"docker run -d --name {name} {flags} " in out, out
     inv, prof = inventory.load(testbed.inventory), profile.load_profile("testbed-standin")
-    argv = shlex.join(exec_argv(prof, port=inv.cluster.api_port, hf_cache=inv.cluster.hf_cache))
+    argv = shlex.join(exec_argv(prof, port=inv.cluster.api_port, hf_cache=hf_cache()))
     assert argv.startswith("vllm serve sparkcluster/testbed-tiny") and argv in out
     assert "(HF_TOKEN=******, VLLM_API_KEY=****** from a 0600 file)" in out
     no_secret(out, res.stderr)
@@ -316,7 +316,7 @@ def hostile(testbed, sc, env_file, tmp_path_factory):
                     for h in HOSTS:
                         sample(h, testbed.sh(h, "ps -eo args", check=False).stdout)
                 if thread is None and time.monotonic() - t0 > 1.0:
-                    holder = testbed.sh(HEAD, "cat /run/sparkcluster/testbed.holder 2>/dev/null", check=False).stdout
+                    holder = testbed.sh(HEAD, "cat /tmp/sparkcluster/testbed.holder.* 2>/dev/null", check=False).stdout
                     if f"pid {proc.pid} " in holder:  # the first run holds the lock
                         thread = threading.Thread(target=run_second)
                         thread.start()

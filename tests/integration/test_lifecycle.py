@@ -21,13 +21,17 @@ import openai
 import pytest
 
 from tests.integration.conftest import CLI
-from tests.integration.helpers import API_KEY, listeners, ours, wait_for
+from tests.integration.helpers import API_KEY, as_user, hf_cache, listeners, ours, wait_for
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
 ENDPOINT = "http://198.18.0.2:8000/v1"
 MODEL = "testbed-tiny"
-KNOBS = "/root/.cache/huggingface/standin-knobs.json"
+KNOBS_NAME = "standin-knobs.json"  # in the SSH user's HF cache (the containers' HF_HOME)
+
+
+def knobs_path() -> str:
+    return f"{hf_cache()}/{KNOBS_NAME}"
 RAY_PROCS = ("vllm", "raylet", "gcs_server")
 
 
@@ -74,11 +78,11 @@ def status_json(sc) -> tuple[int, dict]:
 
 
 def set_knobs(testbed, knobs: dict) -> None:
-    testbed.sh(HEAD, f"mkdir -p /root/.cache/huggingface && echo {json.dumps(json.dumps(knobs))} > {KNOBS}")
+    testbed.sh(HEAD, as_user(f"mkdir -p {hf_cache()} && echo {json.dumps(json.dumps(knobs))} > {knobs_path()}"))
 
 
 def clear_knobs(testbed) -> None:
-    testbed.sh(HEAD, f"rm -f {KNOBS}")
+    testbed.sh(HEAD, f"rm -f {knobs_path()}")
 
 
 def up_ok(sc) -> subprocess.CompletedProcess:

@@ -14,6 +14,7 @@ import uuid
 import paramiko
 import pytest
 
+from tests.testbed.proc import run
 from tests.testbed.testbed import (
     BASE_IMAGE,
     HCAS,
@@ -119,6 +120,25 @@ def test_openssh_config_and_password_refused(testbed):
     cfg = (testbed.host_dir(HEAD) / "sshd_config").read_text()
     assert "PasswordAuthentication no" in cfg and "KbdInteractiveAuthentication no" in cfg
     assert "Accepted publickey" in testbed.sshd_log(HEAD).read_text()
+
+
+def test_ssh_user_is_an_ordinary_docker_member_and_root_may_not_log_in(testbed):
+    """As on a Spark: sparkcluster's SSH user is the account the facts file names (uid, own home,
+    in `docker`, no sudo); root login is refused; the Docker socket is the docker group's."""
+    acct = json.loads(testbed.facts_file.read_text())
+    for h in (HEAD, WORKER):
+        got = testbed.ssh(h, 'id -un; id -u; id -Gn; printf "%s\\n" "$HOME"; stat -c "%G %a" /run/docker.sock; '
+                             'docker version --format "{{.Server.Version}}" >/dev/null && echo docker-ok; '
+                             'sudo -n true 2>/dev/null && echo SUDO || echo no-sudo').stdout.splitlines()
+        assert got[0] == acct["ssh_user"] and got[1] == str(acct["uid"]) and got[3] == acct["home"], got
+        assert "docker" in got[2].split() and got[4] == "docker 660", got
+        assert got[5:] == ["docker-ok", "no-sudo"], got
+        assert "PermitRootLogin no" in (testbed.host_dir(h) / "sshd_config").read_text()
+        spec = SPECS[h]
+        p = run(["ssh", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={testbed.known_hosts}",
+                 "-o", "StrictHostKeyChecking=yes", "-i", str(testbed.identity), "-o", "IdentitiesOnly=yes",
+                 f"root@{spec.lan_ip}", "true"], check=False, timeout=30)
+        assert p.returncode == 255 and "Permission denied" in p.stderr, p.stderr
 
 
 # ---------------------------------------------------------------- hosts are separate machines

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import (
+    as_user,
     debug_log_lines,
+    hf_cache,
     inventory_variant,
     listeners,
     ours,
@@ -36,7 +38,11 @@ HEAD, WORKER = "spark-head", "spark-worker"
 # hangs or slows down on cue; those the real engine can show use the `testbed` profile
 REF = "sparkcluster/vllm-ray:0.21-ray2.60.0"
 BASE = "sparkcluster-testbed/vllm-standin:0.21"
-KNOBS = "/root/.cache/huggingface/standin-knobs.json"
+KNOBS_NAME = "standin-knobs.json"  # in the SSH user's HF cache (the containers' HF_HOME)
+
+
+def knobs_path() -> str:
+    return f"{hf_cache()}/{KNOBS_NAME}"
 WORKER_CONTAINER = "sparkcluster-testbed-worker-spark-worker"
 HEAD_CONTAINER = "sparkcluster-testbed-head"
 PROFILES = Path(__file__).resolve().parents[2] / "env-profiles"
@@ -95,17 +101,18 @@ class Knobs:
 
     def __init__(self, testbed, host: str):
         self.tb, self.host = testbed, host
-        r = testbed.sh(host, f"cat {KNOBS}", check=False)
+        r = testbed.sh(host, f"cat {knobs_path()}", check=False)
         self.before = r.stdout if r.returncode == 0 else None
 
     def set(self, **knobs) -> None:
-        self.tb.sh(self.host, f"mkdir -p {os.path.dirname(KNOBS)} && cat > {KNOBS}", input=json.dumps(knobs))
+        self.tb.sh(self.host, as_user(f"mkdir -p {os.path.dirname(knobs_path())} && cat > {knobs_path()}"),
+                   input=json.dumps(knobs))
 
     def restore(self) -> None:
         if self.before is None:
-            self.tb.sh(self.host, f"rm -f {KNOBS}")
+            self.tb.sh(self.host, f"rm -f {knobs_path()}")
         else:
-            self.tb.sh(self.host, f"cat > {KNOBS}", input=self.before)
+            self.tb.sh(self.host, as_user(f"cat > {knobs_path()}"), input=self.before)
 
 
 def image_ids(testbed) -> dict[str, str | None]:

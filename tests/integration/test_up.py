@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.helpers import API_KEY, HF_TOKEN, debug_log_lines, listeners, ours
+from tests.integration.helpers import API_KEY, HF_TOKEN, account, debug_log_lines, hf_cache, listeners, ours
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -130,8 +130,9 @@ def test_secrets_never_on_a_command_line(testbed, sc, serving):
 
 def test_hf_token_reaches_every_node_as_a_private_file(testbed, serving):
     for host in (HEAD, WORKER):
-        mode, content = testbed.sh(host, "stat -c %a /root/.cache/huggingface/token; cat /root/.cache/huggingface/token").stdout.split()
-        assert (mode, content) == ("600", HF_TOKEN)
+        token = f"{hf_cache()}/token"
+        mode, owner, content = testbed.sh(host, f"stat -c '%a %u' {token}; cat {token}").stdout.split()
+        assert (mode, owner, content) == ("600", str(account()["uid"]), HF_TOKEN)  # the SSH user's own
 
 
 def test_a_new_api_key_restarts_only_the_server(testbed, sc, serving, tmp_path):

@@ -15,14 +15,21 @@ from pathlib import Path
 import pytest
 
 from sparkcluster.movement import hfcache as w
+from tests.integration.helpers import account, hf_cache
 from tests.testbed import artifacts
 from tests.testbed.hub import GATED, GRANTED_TOKEN, HUB_IP, HUB_PORT, TINY, knobs, stats
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
-CACHE = "/root/.cache/huggingface"
 HUB = f"http://{HUB_IP}:{HUB_PORT}"
-REPO_DIR = f"{CACHE}/hub/{w.repo_folder(TINY)}"
+
+
+def cache() -> str:
+    return hf_cache()  # the SSH user's, from the testbed's facts file
+
+
+def repo_dir() -> str:
+    return f"{cache()}/hub/{w.repo_folder(TINY)}"
 
 
 def model_size() -> int:
@@ -31,7 +38,7 @@ def model_size() -> int:
 
 def wipe(testbed, *hosts: str) -> None:
     for h in hosts or (HEAD, WORKER):
-        testbed.sh(h, f"rm -rf {CACHE}/hub")
+        testbed.sh(h, f"rm -rf {cache()}/hub")
 
 
 def snapshot_ok(testbed, host: str) -> bool:
@@ -40,7 +47,7 @@ def snapshot_ok(testbed, host: str) -> bool:
     for f in sorted(artifacts.model_dir().iterdir()):
         if f.name.startswith("."):
             continue
-        got = testbed.sh(host, f"sha256sum {REPO_DIR}/snapshots/{sha}/{f.name}", check=False).stdout.split()
+        got = testbed.sh(host, f"sha256sum {repo_dir()}/snapshots/{sha}/{f.name}", check=False).stdout.split()
         if not got or got[0] != hashlib.sha256(f.read_bytes()).hexdigest():
             return False
     return True
@@ -51,6 +58,17 @@ def hub_reset():
     knobs(HUB, reset=True)
     yield
     knobs(HUB, reset=True)
+
+
+def not_the_users(testbed) -> dict[str, list[str]]:
+    """Per host, the files in the SSH user's HF cache it does not own (the user's own `hf` could
+    not update them): sparkcluster leaves none, whoever wrote them."""
+    uid, out = account()["uid"], {}
+    for h in (HEAD, WORKER):
+        got = testbed.sh(h, f"find {cache()} ! -uid {int(uid)} -printf '%u %p\\n' 2>/dev/null | head -5").stdout.split("\n")
+        if any(got):
+            out[h] = [x for x in got if x]
+    return out
 
 
 @pytest.fixture
@@ -65,6 +83,7 @@ def test_pull_fetches_once_replicates_and_then_moves_nothing(testbed, sc, hub_re
     assert stats(HUB)["bytes_served"] == model_size()  # once, not once per node
     assert "sent to spark-worker" in res.stdout
     assert snapshot_ok(testbed, HEAD) and snapshot_ok(testbed, WORKER)
+    assert not_the_users(testbed) == {}  # the download container and the receiver wrote as the SSH user
     knobs(HUB, bytes_served=0)
     t = time.monotonic()
     res = sc("weights", "pull", "--profile", "testbed")
@@ -85,14 +104,15 @@ def test_up_from_empty_caches_serves_offline(testbed, sc, hub_reset, down_first)
         for h in (HEAD, WORKER):
             name = testbed.sh(h, "docker ps --format '{{.Names}}'").stdout.split()[0]
             assert testbed.sh(h, f"docker exec {name} printenv HF_HUB_OFFLINE").stdout.strip() == "1"
+        assert not_the_users(testbed) == {}  # nor did the serving containers leave root's files there
     finally:
         sc("down")
 
 
 def test_a_corrupted_file_on_the_worker_is_replaced(testbed, sc, hub_reset, down_first):
     assert sc("weights", "pull", "--profile", "testbed").returncode == 0
-    blob = testbed.sh(WORKER, f"ls -S {REPO_DIR}/blobs | head -1").stdout.strip()
-    testbed.sh(WORKER, f"printf 'X' | dd of={REPO_DIR}/blobs/{blob} bs=1 seek=100 conv=notrunc status=none")
+    blob = testbed.sh(WORKER, f"ls -S {repo_dir()}/blobs | head -1").stdout.strip()
+    testbed.sh(WORKER, f"printf 'X' | dd of={repo_dir()}/blobs/{blob} bs=1 seek=100 conv=notrunc status=none")
     knobs(HUB, bytes_served=0)
     res = sc("weights", "pull", "--profile", "testbed")
     assert res.returncode == 0, res.stdout + res.stderr
@@ -152,8 +172,8 @@ def test_gated_with_a_granted_token(testbed, sc, tmp_path, hub_reset):
 def test_rm_removes_from_every_node_and_down_never_does(testbed, sc, hub_reset):
     assert sc("weights", "pull", "--profile", "testbed").returncode == 0
     sc("down")
-    assert testbed.sh(WORKER, f"test -d {REPO_DIR}", check=False).returncode == 0
+    assert testbed.sh(WORKER, f"test -d {repo_dir()}", check=False).returncode == 0
     res = sc("weights", "rm", TINY, "--yes")
     assert res.returncode == 0 and res.stdout.count("freed") == 2, res.stdout + res.stderr
     for h in (HEAD, WORKER):
-        assert testbed.sh(h, f"test -d {REPO_DIR}", check=False).returncode != 0
+        assert testbed.sh(h, f"test -d {repo_dir()}", check=False).returncode != 0

@@ -49,6 +49,9 @@ BIN = HERE / "standin_bin"
 
 HEAD, WORKER = "spark-head", "spark-worker"
 HOSTS = (HEAD, WORKER)
+# the SSH user on both hosts, as on a Spark: an ordinary account in `docker` (user-setup.sh); tests
+# read who it is from the facts file (`ssh_account()`), never from here
+SSH_USER, SSH_UID = "spark", 1000
 LAN_IF = "enP7s7"  # a Spark's 10GbE port; the host side of its LAN veth
 NETDEVS = cabling.NETDEVS  # ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1")
 HCAS = cabling.HCAS  # ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")
@@ -160,6 +163,11 @@ class Testbed:
         self.built_here = False
 
     # ---------------------------------------------------------------- paths
+    @property
+    def facts_file(self) -> Path:
+        """Who the testbed's SSH user is (ssh_user, uid, gid, home, hf_cache): tests read it."""
+        return self.dir / "facts.json"
+
     @property
     def ssh_config(self) -> Path:
         return self.dir / "ssh_config"
@@ -527,15 +535,26 @@ class Testbed:
                "TB_DRIVER": DRIVER}
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         self.sh(host, f"export {exports}; bash {shlex.quote(str(HERE / 'host-setup.sh'))}")
-        # the controller's key in root's own (private) home, where sshd looks by default; a file
-        # under the checkout could sit in a world-writable tree (/tmp), which sshd's StrictModes refuses
-        self.sh(host, "umask 077; mkdir -p /root/.ssh && cat > /root/.ssh/authorized_keys",
-                input=(self.dir / "authorized_keys").read_text())
+        # the account sparkcluster logs in as (root may not log in: sshd's PermitRootLogin no), with
+        # the controller's key in its own private home, where sshd looks by default
+        self.add_ssh_user(host)
         st = self._state()
         st["hosts"][host]["disk"] = disk
         self._save(st)
         log(f"{host}: private /run /tmp /var/lib/docker ({'ext4 on loop' if disk else 'tmpfs'}), "
             "fake HCAs, nvidia-smi stand-in")
+
+    def add_ssh_user(self, host: str) -> None:
+        """The Spark's SSH user on `host` (tests/testbed/user-setup.sh): uid SSH_UID, its own home,
+        a member of `docker`, no sudo rule; its authorized_keys the controller's key."""
+        self.sh(host, f"TB_USER={SSH_USER} TB_UID={SSH_UID} bash {shlex.quote(str(HERE / 'user-setup.sh'))}",
+                input=(self.dir / "authorized_keys").read_text())
+
+    def account(self) -> dict:
+        """Who the testbed's SSH user is (written to facts.json with the client files)."""
+        home = f"/home/{SSH_USER}"
+        return {"ssh_user": SSH_USER, "uid": SSH_UID, "gid": SSH_UID, "home": home, "groups": [SSH_USER, "docker"],
+                "hf_cache": f"{home}/.cache/huggingface", "root_login": False, "sudo": False}
 
     # ---------------------------------------------------------------- sshd
     def _sshd_config(self, host: str) -> Path:
@@ -550,7 +569,7 @@ AuthorizedKeysFile .ssh/authorized_keys
 PubkeyAuthentication yes
 PasswordAuthentication no
 KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
+PermitRootLogin no
 UsePAM no
 LogLevel VERBOSE
 X11Forwarding no
@@ -608,6 +627,8 @@ Subsystem sftp /usr/lib/openssh/sftp-server
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.sh(host, "docker version --format '{{.Server.Version}}'", check=False, timeout=20).returncode == 0:
+                # the socket is the docker group's, as the Docker package leaves it on a Spark
+                self.sh(host, "chgrp docker /run/docker.sock && chmod 660 /run/docker.sock")
                 return
             time.sleep(0.3)
         try:
@@ -658,7 +679,7 @@ rm -f /run/docker.pid /run/docker.sock
             s = SPECS[h]
             lines.append(f"""Host {h}
   HostName {s.lan_ip}
-  User root
+  User {SSH_USER}
   Port 22
   IdentityFile {self.identity}
   IdentitiesOnly yes
@@ -668,6 +689,7 @@ rm -f /run/docker.pid /run/docker.sock
   ConnectTimeout 5
 """)
         self.ssh_config.write_text("\n".join(lines))
+        self.facts_file.write_text(json.dumps(self.account(), indent=2) + "\n")
         kh = []
         for h in HOSTS:
             pub = (self.host_dir(h) / "ssh_host_ed25519_key.pub").read_text().split()
@@ -780,8 +802,11 @@ rm -f /run/docker.pid /run/docker.sock
         shutil.rmtree(tree, ignore_errors=True)
         artifacts.hub_cache_tree(src, tree)
         data = run(["tar", "-C", str(tree), "-cf", "-", "."], text=False).stdout
+        acct = ssh_account(self)
+        cache, owner = shlex.quote(acct["hf_cache"]), f"{acct['uid']}:{acct['gid']}"
         for h in hosts:
-            self.sh(h, "mkdir -p /root/.cache/huggingface && tar -C /root/.cache/huggingface -xf -",
+            # the SSH user's own files, as its own `hf download` would leave them
+            self.sh(h, f"mkdir -p {cache} && tar -C {cache} --no-same-owner -xf - && chown -R {owner} {shlex.quote(acct['home'])}/.cache",
                     input=data, text=False)
         shutil.rmtree(tree, ignore_errors=True)
 
@@ -1211,3 +1236,12 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                        if "Accepted publickey" in line)
         except OSError:
             return 0
+
+
+def ssh_account(tb: "Testbed | None" = None) -> dict:
+    """Who the testbed's SSH user is, from its facts file (ssh_user, uid, gid, home, hf_cache)."""
+    tb = tb or Testbed()
+    try:
+        return json.loads(tb.facts_file.read_text())
+    except FileNotFoundError:
+        raise TestbedError(f"no {tb.facts_file}: the testbed is not up (or predates its ordinary SSH user)") from None

@@ -41,7 +41,7 @@ def inventory_dict() -> dict:
     return {
         "cluster": {"name": "pair"},
         "nodes": [
-            {"name": name, "role": role, "ssh": f"root@{name}", "control_if": CONTROL_IF,
+            {"name": name, "role": role, "ssh": f"spark@{name}", "control_if": CONTROL_IF,
              "control_ip": control_ip(host), "mtu": 9000, "gpus": 1,
              "data_plane": [{"netdev": nd, "hca": hca} for nd, hca, _ in LINKS]}
             for name, role, host in NODES
@@ -49,8 +49,19 @@ def inventory_dict() -> dict:
     }
 
 
-def make_inventory(data: dict | None = None) -> inventory.Inventory:
-    return inventory.Inventory.model_validate(copy.deepcopy(data or inventory_dict()))
+# the SSH user on every node, as the facts find it on a Spark: an ordinary account in `docker`
+ACCOUNT_HOME, ACCOUNT_OWNER = "/home/spark", "1000:1000"
+HF_CACHE = ACCOUNT_HOME + "/.cache/huggingface"
+
+
+def make_inventory(data: dict | None = None, homes: bool = True) -> inventory.Inventory:
+    """The inventory, with the SSH user's home on each node learnt (as gathering facts does)
+    unless `homes` is False."""
+    inv = inventory.Inventory.model_validate(copy.deepcopy(data or inventory_dict()))
+    if homes:
+        for n in inv.nodes:
+            inv.set_home(n.name, ACCOUNT_HOME, ACCOUNT_OWNER)
+    return inv
 
 
 def _iface(index: int, name: str, mtu: int, flags: list[str], operstate: str, mac: str, addrs: list[tuple[str, int]]) -> dict:

@@ -26,6 +26,7 @@ from conftest import (
 from sparkcluster import checks, facts
 from sparkcluster.checks import GiB
 from sparkcluster.config import profile as profiles
+from sparkcluster.facts import access as A
 from sparkcluster.facts import parsers as P
 
 H, W = "spark-head", "spark-worker"
@@ -39,6 +40,13 @@ HEAD_INSPECT = json.loads(cap("gb10-docker-inspect-head.json"))[0]
 HEAD_CID = HEAD_INSPECT["Id"]
 WORKER_CID = "7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e6f1a0d9c8b"
 MEMINFO = "MemTotal:       125276348 kB\nMemFree:         3187216 kB\nMemAvailable:   73400320 kB\n"
+# the SSH user as the account and access probes print it on the testbed's hosts (an ordinary
+# account in docker, as on a Spark), and the Docker probe as the socket refuses one outside docker
+_AA = facts.split_sections(cap("testbed-account-access-probe.txt"))
+ACCOUNT = _AA["account"].out
+ACCESS = (_AA["access"].out.replace("cache_ok /home/spark\n", "cache_ok /home/spark/.cache/huggingface\n")
+          .replace("testbed.lock", "pair.lock"))
+DOCKER_DENIED = P.last_line(facts.split_sections(cap("testbed-docker-denied-probe.txt"))["docker"].out)
 DF = ("Filesystem            1-blocks         Used     Available Capacity Mounted on\n"
       "/dev/nvme0n1p2 3936818520064 412043304960 1324727701504      24% /\n")
 
@@ -123,6 +131,8 @@ def _host_facts(name: str, role: str, host: int) -> facts.HostFacts:
     f.base = BASE
     f.disks = P.df_lines(DF)
     f.ray_sessions = ["/tmp/ray/session_2026-11-21_22-03-55_118733_1", "/tmp/ray/session_latest"]
+    f.account = A.parse_account(ACCOUNT)
+    f.access = A.parse_access(ACCESS)
     return f
 
 
@@ -213,6 +223,40 @@ def docker_down(s):
     sec = facts.split_sections(cap("vm-probe.txt"))["docker"]  # real: the CLI without a daemon
     f.docker, f.docker_error = None, P.last_line(sec.out)
     f.image_id = f.image_ray = None  # `docker image inspect` fails too
+
+
+def _socket_refuses(f):
+    f.docker, f.docker_error = None, DOCKER_DENIED
+    f.image_id = f.image_ray = None  # `docker image inspect` is refused too
+
+
+def not_in_docker_group(s):
+    f = s.facts[W]
+    f.account = A.parse_account(ACCOUNT.replace("spark docker\n", "spark\n"))
+    _socket_refuses(f)
+
+
+def added_to_docker_not_relogged(s):
+    f = s.facts[W]
+    f.account = A.parse_account(ACCOUNT.replace("spark docker\nspark docker", "spark\nspark docker"))
+    _socket_refuses(f)
+
+
+def cache_root_owned(s):
+    s.facts[W].access = A.parse_access(ACCESS.replace("cache_ok /home/spark/.cache/huggingface",
+                                                      "cache_denied root /home/spark/.cache"))
+
+
+def cache_holds_root_files(s):
+    s.facts[W].access = A.parse_access(ACCESS + "cache_foreign root /home/spark/.cache/huggingface/hub/models--o--m\n")
+
+
+def lock_dir_foreign(s):
+    s.facts[W].access = A.parse_access(ACCESS.replace("lock_ok /tmp/sparkcluster/pair.lock", "lock_denied bob /tmp/sparkcluster"))
+
+
+def no_flock(s):
+    s.facts[W].access = A.parse_access(ACCESS + "lock_noflock\n")
 
 
 def no_gpu_runtime(s):
@@ -425,6 +469,9 @@ def memory_cap_on_worker(s):
     s.facts[W].ours[0]["HostConfig"]["Memory"] = 64 * GiB
 
 
+REFUSED = {("docker.engine", W): "skip", ("docker.gpu_runtime", W): "skip", ("image.same", W): "skip",
+           ("image.ray", W): "skip", ("image.base-same", W): "skip"}
+
 # (check id, node that must flip, status, break, {other rows that change by design: status})
 CASES = [
     ("gpu.gb10", W, "fail", non_gb10, {}),
@@ -433,8 +480,15 @@ CASES = [
     # with no engine there is nothing to ask about runtimes or images: those rows skip on that node
     ("docker.engine", W, "fail", docker_down,
      {("docker.gpu_runtime", W): "skip", ("image.same", W): "skip", ("image.ray", W): "skip",
-      ("image.base-same", W): "skip"}),
+      ("image.base-same", W): "skip", ("account.docker", W): "skip"}),
     ("docker.gpu_runtime", W, "fail", no_gpu_runtime, {}),
+    # the socket refuses the SSH user: its row names the group fix; the engine's rows cannot judge
+    ("account.docker", W, "fail", not_in_docker_group, REFUSED),
+    ("account.docker", W, "fail", added_to_docker_not_relogged, REFUSED),
+    ("account.hf_cache", W, "fail", cache_root_owned, {}),
+    ("account.hf_cache", W, "warn", cache_holds_root_files, {}),
+    ("account.lock", W, "fail", lock_dir_foreign, {}),
+    ("account.lock", W, "fail", no_flock, {}),
     ("image.same", W, "fail", image_differs, {}),
     ("image.same", W, "warn", image_missing, {("image.ray", W): "skip"}),
     ("image.ray", W, "fail", ray_missing, {}),
@@ -608,3 +662,47 @@ def test_gid_index_may_differ_between_nodes():
     got = results(s)
     assert got[("rdma.gid", W)].status == "ok" and got[("rdma.gid", W)].detail.startswith("index 5 on ")
     assert got[("rdma.gid", H)].status == "ok" and got[("rdma.gid", H)].detail.startswith("index 3 on ")
+
+
+def test_docker_group_fix_names_the_user_and_logging_in_again():
+    assert DOCKER_DENIED.startswith("permission denied while trying to connect to the Docker daemon socket")
+    s = healthy()
+    not_in_docker_group(s)
+    r = results(s)[("account.docker", W)]
+    assert "sudo usermod -aG docker spark" in r.fix and "log in again" in r.fix
+    s = healthy()
+    added_to_docker_not_relogged(s)
+    r = results(s)[("account.docker", W)]
+    assert "usermod" not in r.fix and "log in again" in r.fix
+
+
+def test_hf_cache_row_shows_the_resolved_path():
+    assert BASELINE[("account.hf_cache", H)].detail == "/home/spark/.cache/huggingface"
+
+
+def test_a_stopped_engine_is_not_blamed_on_the_account():
+    s = healthy()
+    docker_down(s)
+    got = results(s)
+    assert got[("docker.engine", W)].status == "fail" and got[("account.docker", W)].status == "skip"
+
+
+# ss as the SSH user (an ordinary account): no `users:((...))` for root's processes, so no pid and no
+# container; the probe's loop still appends ` container=`
+HIDDEN = ("LISTEN 0      4096         0.0.0.0:6379       0.0.0.0:*     container=\n"
+          "LISTEN 0      2048         0.0.0.0:8000       0.0.0.0:*     container=\n")
+
+
+def test_ports_held_by_our_running_head_are_ours_when_ss_hides_the_owner():
+    s = healthy()
+    s.facts[H].listeners = P.ss_listeners(HIDDEN)
+    assert results(s)[("ports.free", H)].status == "ok"
+
+
+def test_ports_hidden_from_the_user_with_none_of_ours_running_are_held():
+    s = healthy()
+    s.facts[H].listeners = P.ss_listeners(HIDDEN)
+    for n in (H, W):
+        s.facts[n].ours = []
+    r = results(s)[("ports.free", H)]
+    assert r.status == "fail" and "another account" in r.detail

@@ -29,7 +29,13 @@ def prof() -> profile.Profile:
 
 
 def inventories() -> list[inventory.Inventory]:
-    return [inventory.load(DATA / "profile-cluster.toml"), make_inventory()]
+    return [_homes(inventory.load(DATA / "profile-cluster.toml")), make_inventory()]
+
+
+def _homes(inv: inventory.Inventory) -> inventory.Inventory:
+    for n in inv.nodes:  # as gathering the facts learns it
+        inv.set_home(n.name, "/home/spark", "1000:1000")
+    return inv
 
 
 @pytest.fixture(params=["profile-cluster", "testbed-like"])
@@ -89,7 +95,9 @@ def test_host_config_identical_on_head_and_worker(inv, prof):
     assert hc["device_requests"][0]["Count"] == -1
     assert hc["device_requests"][0]["Capabilities"] == [["gpu"]]
     assert hc["shm_size"] == prof.shm_size
-    assert hc["binds"] == {inv.cluster.hf_cache: {"bind": inv.cluster.hf_cache, "mode": "rw"}}
+    cache = inv.hf_cache(inv.head.name)  # the SSH user's ~/.cache/huggingface, learnt per node
+    assert cache == "/home/spark/.cache/huggingface"
+    assert hc["binds"] == {cache: {"bind": cache, "mode": "rw"}}
 
 
 def test_host_config_never_caps_memory(inv, prof):
@@ -142,7 +150,7 @@ def test_env_has_forwarded_and_own_per_host_values(inv, prof):
 
 
 def test_nccl_ib_hca_keeps_inventory_order_when_ports_differ(prof):
-    inv = inventory.load(DATA / "profile-cluster.toml")
+    inv = _homes(inventory.load(DATA / "profile-cluster.toml"))
     head, worker = specs(inv, prof)
     assert head.env["NCCL_IB_HCA"] == "rocep1s0f0,roceP2p1s0f0"
     assert worker.env["NCCL_IB_HCA"] == "roceP2p1s0f1,rocep1s0f1"
@@ -327,3 +335,20 @@ def test_a_container_created_and_never_started_is_recorded_for_the_rollback(inv,
     with pytest.raises(StageError, match="error gathering device information"):
         stage.create(r, head)
     assert owned[Created].containers == {head.node: {"c0ffee"}}
+
+
+def test_each_node_mounts_its_own_ssh_users_cache():
+    """The default HF cache is `~/.cache/huggingface`, `~` being the SSH user's home on each node as
+    the facts found it: two accounts with different homes each get their own cache mounted."""
+    inv = inventory.load(DATA / "profile-cluster.toml")
+    assert inv.cluster.hf_cache == "~/.cache/huggingface"
+    assert inv.hf_cache("spark-a", unresolved_ok=True) == "~/.cache/huggingface"
+    with pytest.raises(RuntimeError):
+        inv.hf_cache("spark-a")  # never a path guessed for a node not asked
+    inv.set_home("spark-a", "/home/alice", "1000:1000")
+    inv.set_home("spark-b", "/home/bob/", "1001:1001")
+    head, worker = specs(inv, profile.load_profile("testbed"))
+    assert head.binds == {"/home/alice/.cache/huggingface": "/home/alice/.cache/huggingface"}
+    assert worker.binds == {"/home/bob/.cache/huggingface": "/home/bob/.cache/huggingface"}
+    assert (head.env["HF_HOME"], worker.env["HF_HOME"]) == ("/home/alice/.cache/huggingface", "/home/bob/.cache/huggingface")
+    assert inv.owner("spark-b") == "1001:1001"

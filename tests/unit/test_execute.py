@@ -428,3 +428,44 @@ def test_a_failed_stage_rolls_back_what_this_run_created(monkeypatch, events):
     assert not any(i.startswith("serve/") for i, _ in events)
     for h in cluster.hosts.values():
         assert h.engine.live == {} and len(h.engine.removed) == 1
+
+
+# ---- the page cache, dropped without sudo ------------------------------------------------------
+
+class _Host:
+    def __init__(self, res):
+        self.res, self.cmds = res, []
+
+    def run(self, cmd, timeout=30.0, stdin=None, warn=False):
+        self.cmds.append(cmd)
+        return self.res
+
+
+def test_page_cache_is_dropped_through_docker_or_refused_in_one_line():
+    """A Spark's SSH user is an ordinary member of `docker`: the drop goes through a privileged
+    throwaway container of the cluster image, and a refusal fails the stage naming the node and
+    a fix, never skipped quietly."""
+    from types import SimpleNamespace
+
+    from sparkcluster.up.stages import containers as cstage
+
+    prof = profiles.load_profile("testbed").model_copy(update={"drop_page_cache": True})
+    facts = {h: HostFacts(h, hostname=h) for h in (HEAD, WORKER)}
+    plan = make_plan(make_inventory(), prof, facts, serving=False, replace=False)
+    drops = [s for s in plan.steps() if s.action == "drop-page-cache"]
+    assert [s.host for s in drops] == [HEAD, WORKER]
+    assert drops[0].detail.startswith("docker run --rm --network none -v /proc/sys/vm/drop_caches:/run/drop_caches ")
+    assert " || docker run --rm --privileged " in drops[0].detail
+    assert plan.image in drops[0].detail and "sudo" not in drops[0].detail
+    ok = _Host(CommandResult(WORKER, "x", 0, "", "", 0.1))
+    r = SimpleNamespace(plan=plan, cluster=SimpleNamespace(hosts={WORKER: ok}))
+    cstage.drop_page_cache(r, WORKER)
+    assert ok.cmds == [cstage.drop_caches_command(plan.image)]
+    denied = "docker: permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock"
+    bad = _Host(CommandResult(WORKER, "x", 126, "", denied + "\n", 0.1))
+    r.cluster.hosts = {WORKER: bad}
+    with pytest.raises(StageError) as e:
+        cstage.drop_page_cache(r, WORKER)
+    f = e.value.failures[0]
+    assert f.host == WORKER and "could not drop the page cache" in f.reason and "permission denied" in f.reason
+    assert "\n" not in f.reason and "drop_page_cache = false" in f.fix

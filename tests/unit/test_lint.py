@@ -250,3 +250,20 @@ def test_a_stall_bound_under_one_prefill_step_is_refused_with_the_bound_to_set()
     prof = variant("nemotron", supervisor={"stall_s": 10})
     (problem,) = [x for x in lint(prof) if x.rule == "supervisor-stall"]
     assert "8192 tokens at 500 tok/s = 16 s" in problem.message and "raise [supervisor] stall_s to 33" in problem.fix
+
+
+def test_settings_that_need_root_are_named():
+    """The SSH user of a Spark is an ordinary account in `docker`: an HF cache only root may write,
+    or a root login, is named by lint with the fix; the default needs neither."""
+    from conftest import inventory_dict, make_inventory
+
+    prof = load_profile("testbed")
+    assert not [x for x in lint(prof, make_inventory()) if x.rule == "needs-root"]
+    d = inventory_dict()
+    d["cluster"]["hf_cache"] = "/root/.cache/huggingface"
+    got = [x for x in lint(prof, make_inventory(d)) if x.rule == "needs-root"]
+    assert len(got) == 1
+    assert "/root/.cache/huggingface" in got[0].message and "~/.cache/huggingface" in got[0].fix
+    for n in d["nodes"]:
+        n["ssh"] = f"root@{n['name']}"
+    assert not [x for x in lint(prof, make_inventory(d)) if x.rule == "needs-root"]

@@ -33,8 +33,9 @@ def lockdir(tmp_path, monkeypatch):
 class Holder(StderrLines):
     """A local run of the lock command; it holds the lock until its stdin closes."""
 
-    def __init__(self, cluster: str, holder: str, cwd):
-        super().__init__(["bash", "-c", lock.lock_command(cluster, holder)], cwd=cwd,
+    def __init__(self, cluster: str, holder: str, cwd, as_uid: int | None = None):
+        pre = [] if as_uid is None else ["setpriv", f"--reuid={as_uid}", f"--regid={as_uid}", "--clear-groups"]
+        super().__init__([*pre, "bash", "-c", lock.lock_command(cluster, holder)], cwd=cwd,
                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
 
     def release(self) -> int:
@@ -68,7 +69,7 @@ def test_lock_is_exclusive_and_released_with_stdin(lockdir, tmp_path):
         third = Holder("pair", "carol@ctl pid 9 since later (up)", tmp_path)
         try:
             third.wait_for("@@locked")
-            assert (lockdir / "pair.holder").read_text() == "carol@ctl pid 9 since later (up)\n"
+            assert (lockdir / f"pair.holder.{os.getuid()}").read_text() == "carol@ctl pid 9 since later (up)\n"
         finally:
             assert third.release() == 0
     finally:
@@ -81,7 +82,7 @@ def test_holder_text_is_stored_verbatim(lockdir, tmp_path):
     first = Holder("pair", HOLDER, tmp_path)
     try:
         first.wait_for("@@locked")
-        assert (lockdir / "pair.holder").read_text() == HOLDER + "\n"
+        assert (lockdir / f"pair.holder.{os.getuid()}").read_text() == HOLDER + "\n"
     finally:
         first.kill()
     assert not (tmp_path / "pwned").exists()
@@ -132,7 +133,7 @@ def test_lock_dir_not_writable_is_not_busy(tmp_path, monkeypatch):
 def test_lock_command_quotes_the_holder():
     cmd = lock.lock_command("pair", HOLDER)
     assert shlex.quote(HOLDER) in cmd
-    assert "/run/sparkcluster/pair.lock" in cmd
+    assert "/tmp/sparkcluster/pair.lock" in cmd
 
 
 def test_holder_text_names_the_command():
@@ -208,3 +209,53 @@ def test_purge_gcs_command():
     assert "'( sport = :6400 )'" in teardown.purge_gcs_command(6400)
     with pytest.raises(ValueError):
         teardown.purge_gcs_command("6379 ); reboot; (")  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def request_cleanup():
+    paths: list = []
+    yield paths
+    for p in paths:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+needs_two_accounts = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                                        reason="needs root to run the lock as two different accounts (setpriv)")
+
+
+@needs_flock
+@needs_two_accounts
+@pytest.mark.parametrize("first_uid,second_uid", [(0, 1000), (1000, 0), (1000, 1001)])
+def test_two_accounts_exclude_each_other(tmp_path, monkeypatch, first_uid, second_uid, request_cleanup):
+    """Two different SSH accounts of one cluster share the lock: whoever made /tmp/sparkcluster (and
+    the lock directory in it) first, the other opens it, holds it, and names the holder when it is
+    held. A sticky world-writable parent as /tmp is, with fs.protected_regular's rule for regular files
+    not applying to the lock directory."""
+    import tempfile
+    from pathlib import Path
+
+    # under /tmp itself: pytest's own folders are closed to other accounts
+    top = Path(tempfile.mkdtemp(prefix="sc-lock-"))
+    top.chmod(0o1777)
+    request_cleanup.append(top)
+    monkeypatch.setattr(lock, "LOCK_DIR", str(top / "sparkcluster"))
+    for turn in range(2):  # the second round: both holder files exist, each owned by its account
+        a = Holder("pair", f"first {turn}", tmp_path, as_uid=first_uid)
+        try:
+            a.wait_for("@@locked")
+            b = Holder("pair", f"second {turn}", tmp_path, as_uid=second_uid)
+            assert b.wait() == lock.BUSY
+            assert b.wait_for("@@held ") == f"@@held first {turn}"
+        finally:
+            a.kill()
+        a.wait()
+        b = Holder("pair", f"second {turn}", tmp_path, as_uid=second_uid)
+        try:
+            b.wait_for("@@locked")
+            c = Holder("pair", "third", tmp_path, as_uid=first_uid)
+            assert c.wait() == lock.BUSY
+            assert c.wait_for("@@held ") == f"@@held second {turn}"
+        finally:
+            b.kill()
+        b.wait()
+    assert oct((top / "sparkcluster").stat().st_mode & 0o7777) == "0o1777"

@@ -272,7 +272,7 @@ def test_render_with_plugin_and_page_cache():
     text = "drop_page_cache = true\n" + text
     prof = profiles.parse(text, name="testbed")
     plan = make_plan(make_inventory(), prof, facts(), serving=False, replace=False)
-    assert plan.serve.plugin == ("https://example.org/p/parser.py", "/root/.cache/huggingface/parser.py")
+    assert plan.serve.plugin == ("https://example.org/p/parser.py", "/home/spark/.cache/huggingface/parser.py")
     out = plan.render()
     assert "stage the reasoning-parser plugin" in out
     assert "drop the page cache" in out

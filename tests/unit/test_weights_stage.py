@@ -22,7 +22,7 @@ from sparkcluster.up.plan import make_plan
 from sparkcluster.up.stages import weights as stage
 from tests.testbed.hub import SYNTHETIC, TINY, serve_in_thread
 
-CACHE = "/root/.cache/huggingface"
+CACHE = "/home/spark/.cache/huggingface"
 
 
 class LocalProc:
@@ -56,7 +56,9 @@ class LocalHost:
 
     def run(self, cmd, timeout=30.0, stdin=None, warn=False):
         c = self._local(cmd)
-        r = subprocess.run(["bash", "-c", c], input=stdin, capture_output=True, timeout=timeout)
+        # HOME as the SSH user's on a Spark: `weights status|rm` learn it there (the cache's `~`)
+        r = subprocess.run(["bash", "-c", c], input=stdin, capture_output=True, timeout=timeout,
+                           env={**os.environ, "HOME": "/home/spark"})
         res = CommandResult(self.name, c, r.returncode, r.stdout.decode(), r.stderr.decode(), 0.0)
         assert warn or res.ok, res.stderr
         return res

@@ -4,6 +4,7 @@ its Ray head, then create the workers' containers at once."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,18 @@ if TYPE_CHECKING:
     from sparkcluster.up.plan import Plan
 
 STAGE = "containers"
-DROP_CACHES = "sync && echo 3 > /proc/sys/vm/drop_caches"
+
+
+def drop_caches_command(image: str) -> str:
+    """The page cache dropped through Docker, which a member of `docker` may do without sudo (the
+    SSH user of a Spark is an ordinary account): a throwaway container of the cluster image (on
+    every node by this stage), root inside, writes the host's drop_caches bind-mounted into it
+    (Docker mounts /proc/sys read-only in containers); `sync` is global. Where a security module
+    refuses that write, the same as a privileged container, which Docker grants any member of docker."""
+    def run(*extra: str) -> str:
+        return shlex.join(["docker", "run", "--rm", *extra, "--network", "none", "-v", "/proc/sys/vm/drop_caches:/run/drop_caches",
+                           "--entrypoint", "sh", image, "-c", "sync && echo 3 > /run/drop_caches"])
+    return f"{run()} || {run('--privileged')}"
 
 
 @dataclass
@@ -51,7 +63,7 @@ def steps(plan: "Plan") -> list[Step]:
                             parallel="" if is_head else "remove-workers"))
     if plan.containers and plan.profile.drop_page_cache:
         for n in inv.nodes:
-            out.append(Step(STAGE, n.name, "drop-page-cache", "drop the page cache", DROP_CACHES,
+            out.append(Step(STAGE, n.name, "drop-page-cache", "drop the page cache", drop_caches_command(plan.image),
                             run=lambda r, n=n.name: drop_page_cache(r, n),
                             parallel="drop-page-cache"))
     for spec in plan.containers:
@@ -80,8 +92,17 @@ def remove(r: "Run", node: str, cid: str, is_head: bool) -> None:
 
 
 def drop_page_cache(r: "Run", node: str) -> None:
-    # a failure fails the stage: the profile asked for the memory this frees before the load
-    r.cluster.hosts[node].run(DROP_CACHES, timeout=60)
+    # a failure fails the stage in one line: the profile asked for the memory this frees before the
+    # load, so it is never skipped quietly
+    res = r.cluster.hosts[node].run(drop_caches_command(r.plan.image), timeout=120, warn=True)
+    if not res.ok:
+        lines = [ln.strip() for ln in (res.stderr or res.stdout).splitlines() if ln.strip()]
+        why = next((ln for ln in lines if "rror" in ln or "denied" in ln or "not permitted" in ln), lines[-1] if lines else "")
+        raise fail(STAGE, node, "drop the page cache",
+                   f"could not drop the page cache through Docker (a container of {r.plan.image}): "
+                   f"{why or f'exit {res.exit_code}'}", res.command, res.tail(),
+                   "set drop_page_cache = false in the profile (drop it yourself first if you like: "
+                   f"`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches` on {node}), then sparkcluster up")
 
 
 def create(r: "Run", spec: ContainerSpec) -> str:

@@ -32,15 +32,14 @@ def steps(plan: "Plan") -> list[Step]:
         # Every rank downloads weights, but vLLM must not copy HF_TOKEN into the worker ranks' Ray
         # runtime_env (it shows on their command lines); huggingface_hub reads the token file in
         # the mounted cache instead, as after `huggingface-cli login`
-        cmd = server.token_file_command(inv.cluster.hf_cache)
         for n in inv.nodes:
             out.append(Step(STAGE, n.name, "hf-token", "write the HF token file",
-                            f"{cmd}  (HF_TOKEN=****** on stdin over SSH)",
+                            f"{server.token_file_command(inv.hf_cache(n.name))}  (HF_TOKEN=****** on stdin over SSH)",
                             run=lambda r, n=n.name: write_token(r, n), parallel="hf-token"))
     if sv.plugin and not repos.plugin_file(sv.plugin[0]):
         # a plugin from a hub repository is staged and linked by the weights stage on every node
         out.append(Step(STAGE, head, "plugin", "stage the reasoning-parser plugin",
-                        f"docker exec -e HF_TOKEN=****** {sv.container} " + shlex.join(server.stage_plugin_command(*sv.plugin)),
+                        f"docker exec --user {inv.owner(head) or 'root'} -e HF_TOKEN=****** {sv.container} " + shlex.join(server.stage_plugin_command(*sv.plugin)),
                         run=stage_plugin))
     if plan.old_server is not None and not plan.containers:
         pid = plan.old_server.pid
@@ -66,7 +65,7 @@ def summary(done: list[tuple[Step, object]]) -> str:
 
 
 def write_token(r: "Run", node: str) -> None:
-    r.cluster.hosts[node].run(server.token_file_command(r.inv.cluster.hf_cache), timeout=30, stdin=r.secrets["HF_TOKEN"].encode())
+    r.cluster.hosts[node].run(server.token_file_command(r.inv.hf_cache(node)), timeout=30, stdin=r.secrets["HF_TOKEN"].encode())
 
 
 def stage_plugin(r: "Run") -> None:
@@ -74,7 +73,8 @@ def stage_plugin(r: "Run") -> None:
     api = head.docker().api
     env = {k: v for k, v in r.secrets.items() if k == "HF_TOKEN"}
     argv = server.stage_plugin_command(*sv.plugin)
-    ex = api.exec_create(sv.container, argv, environment=env)
+    # as the SSH user, so the file in its HF cache is its own (the container runs as root)
+    ex = api.exec_create(sv.container, argv, environment=env, user=r.inv.owner(head.name) or "")
     out = api.exec_start(ex["Id"]).decode(errors="replace")
     if api.exec_inspect(ex["Id"]).get("ExitCode", 1) != 0:
         raise fail(STAGE, head.name, "stage the reasoning-parser plugin", f"fetch of {sv.plugin[0]} failed",

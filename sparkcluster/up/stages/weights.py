@@ -63,7 +63,8 @@ class Staging:
 
     @property
     def cache(self) -> str:
-        return self.inv.cluster.hf_cache
+        """The head's HF cache (each node's may differ: `~` is each SSH user's home)."""
+        return self.inv.hf_cache(self.inv.head.name)
 
     def lacking(self) -> list[str]:
         return [n for n, s in self.state.items() if s["missing"]]
@@ -106,7 +107,7 @@ class Staging:
         return dataclasses.replace(m, files=tuple(f for f in m.files if self.need.keeps(f.path)))
 
     def check(self, node: str, hash_unverified: bool = True, rehash: bool = False) -> dict:
-        res = self.cluster.hosts[node].run(w.check_command(self.cache), timeout=3600,
+        res = self.cluster.hosts[node].run(w.check_command(self.inv.hf_cache(node)), timeout=3600,
                                            stdin=self.manifest.request(hash_unverified, rehash).encode())
         self.state[node] = got = w.parse_json(res.stdout)
         return got
@@ -130,7 +131,8 @@ class Staging:
     def download(self) -> str:
         head, m = self.cluster.head, self.manifest
         before = self.state[head.name]["present_bytes"]
-        cmd = w.download_command(self.image, self.cache, self.inv.cluster.hf_endpoint, m, self.only)
+        cmd = w.download_command(self.image, self.cache, self.inv.cluster.hf_endpoint, m, self.only,
+                                 user=self.inv.owner(head.name))
         proc = head.start(transfer.bash(cmd), timeout=24 * 3600)
         t0 = time.monotonic()
         try:
@@ -161,7 +163,7 @@ class Staging:
         head, worker = self.cluster.head, self.cluster.hosts[worker_name]
         s, hnode, wnode = self.state[worker_name], self.inv.head, self.inv.node(worker_name)
         blobs, total = s["missing"], s["missing_bytes"]
-        recv = worker.start(transfer.bash(w.receive_command(self.cache, self.repo, str(wnode.control_ip),
+        recv = worker.start(transfer.bash(w.receive_command(self.inv.hf_cache(worker_name), self.repo, str(wnode.control_ip),
                                                             str(hnode.control_ip))), timeout=24 * 3600)
         port = transfer.announced_port(recv)
         if port is None:
@@ -224,7 +226,7 @@ def steps(plan: "Plan") -> list[Step]:
     for k, need in enumerate(want):
         for n in inv.nodes:
             out.append(Step(STAGE, n.name, _act("check", k, need), f"check the HF cache against {need.repo} ({need.role})",
-                            f"in {w.hub_dir(inv.cluster.hf_cache)}: every file's size, the hash of any file not "
+                            f"in {w.hub_dir(inv.hf_cache(n.name))}: every file's size, the hash of any file not "
                             "verified before; links the snapshot when complete",
                             run=lambda r, n=n.name, k=k: stagings(r)[k].check(n), parallel=f"weights-check-{k}"))
     lacks = "a node lacks files of a snapshot"
@@ -234,14 +236,14 @@ def steps(plan: "Plan") -> list[Step]:
                     run=lambda r: disk(stagings(r))))
     if "HF_TOKEN" in plan.secret_names:
         out.append(Step(STAGE, head, "hf-token", "write the HF token file for the download",
-                        f"{server.token_file_command(inv.cluster.hf_cache)}  (HF_TOKEN=****** on stdin over SSH)",
+                        f"{server.token_file_command(inv.hf_cache(head))}  (HF_TOKEN=****** on stdin over SSH)",
                         when="the head lacks files",
                         skip=lambda r: None if any(not _head_complete(r, k) for k in range(len(stagings(r))))
                         else "the head holds every snapshot",
                         run=lambda r: stagings(r)[0].write_token()))
     for k, need in enumerate(want):
         out.append(Step(STAGE, head, _act("download", k, need), f"download {need.repo} ({need.role}) once, into the head's HF cache",
-                        w.describe_download(plan.image, None, ep, inv.cluster.hf_cache, need.repo),
+                        w.describe_download(plan.image, None, ep, inv.hf_cache(head), need.repo, inv.owner(head)),
                         when="the head lacks files", skip=lambda r, k=k: _head_complete(r, k),
                         run=lambda r, k=k: stagings(r)[k].download()))
         for wk in inv.workers:
@@ -253,7 +255,7 @@ def steps(plan: "Plan") -> list[Step]:
                             skip=lambda r, n=wk.name, k=k: None if stagings(r)[k].state[n]["missing"]
                             else "it holds the snapshot",
                             run=lambda r, n=wk.name, k=k: stagings(r)[k].replicate(n)))
-    plugin = plugin_link(plan.profile, inv.cluster.hf_cache)
+    plugin = plugin_link(plan.profile, inv.hf_cache(head))
     if plugin:
         k, path, _ = plugin
         for n in inv.nodes:
@@ -281,9 +283,9 @@ def plugin_link(prof, hf_cache: str) -> tuple[int, str, str] | None:
 
 
 def _link_plugin(r: "Run", node: str) -> str:
-    k, path, file = plugin_link(r.plan.profile, r.inv.cluster.hf_cache)
+    k, path, file = plugin_link(r.plan.profile, r.inv.hf_cache(r.inv.head.name))
     st = stagings(r)[k]
-    target = w.snapshot_file(r.inv.cluster.hf_cache, st.repo, st.manifest.commit, file)
+    target = w.snapshot_file(r.inv.hf_cache(node), st.repo, st.manifest.commit, file)
     r.cluster.hosts[node].run(w.link_command(target, path), timeout=30)
     return path
 
