@@ -115,7 +115,7 @@ def test_plugin_from_the_hub_is_linked_by_the_weights_stage_not_fetched_in_the_c
     steps = plan.steps()
     links = [s for s in steps if s.stage == "weights" and s.action == "plugin"]
     assert [s.host for s in links] == ["spark-head", "spark-worker"]
-    assert "/root/.cache/huggingface/super_v3_reasoning_parser.py" in links[0].detail
+    assert "/home/spark/.cache/huggingface/super_v3_reasoning_parser.py" in links[0].detail  # the user's cache
     assert not [s for s in steps if s.stage == "serve" and s.action == "plugin"]
     # a plugin elsewhere than the hub is still fetched by the serve stage
     other = variant("nemotron", reasoning_parser_plugin_url="https://example.com/p/super_v3_reasoning_parser.py")
