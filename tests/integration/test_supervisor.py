@@ -23,6 +23,7 @@ import time
 import httpx
 import pytest
 
+from tests.integration import helpers
 from tests.integration.helpers import answers as answers_at
 from tests.integration.helpers import ours
 
@@ -49,12 +50,9 @@ def answers() -> bool:
 
 
 def wait_for(what: str, cond, timeout: float, testbed, interval: float = 2.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(interval)
+    got = helpers.wait_for(cond, timeout, step=interval)
+    if got:
+        return got
     tail = "\n".join(json.dumps(e) for e in journal(testbed)[-12:])
     raise AssertionError(f"{what}: not within {timeout:.0f}s; the supervisor's journal ends:\n{tail}")
 
