@@ -349,7 +349,8 @@ class TestStaleAndUnreachable:
             res = sc("up", "--profile", "testbed-standin", timeout=120)
             text = res.stdout + res.stderr
             assert res.returncode != 0, text
-            assert "8000" in text and "python3" in text and str(holder.pid_in_host) in text, text
+            # the holder is root's; the SSH user is an ordinary account, to whom ss does not name it
+            assert "8000" in text and "held by a process of another account" in text, text
             assert holder.proc.poll() is None, "the foreign holder of 8000 was killed"
             assert testbed.sh(HEAD, f"kill -0 {holder.pid_in_host}", check=False).returncode == 0
             assert ours(testbed, HEAD) == [] and ours(testbed, WORKER) == []

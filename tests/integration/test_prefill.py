@@ -40,8 +40,10 @@ def variant(tmp_path: Path) -> dict:
     return {"SPARKCLUSTER_PROFILES": str(d)}
 
 
-def long_completion(out: dict) -> None:
-    ids = [random.Random(7).randrange(10, 2000) for _ in range(PROMPT_TOKENS)]
+def long_completion(out: dict, seed: int) -> None:
+    # a prompt of its own per test: vLLM's prefix cache would serve a repeated one without a prefill
+    rnd = random.Random(seed)
+    ids = [rnd.randrange(10, 2000) for _ in range(PROMPT_TOKENS)]
     t = time.monotonic()
     try:
         r = httpx.post(f"{BASE}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=600,
@@ -64,7 +66,7 @@ def prefill_cluster(testbed, sc, tmp_path_factory):
 def test_a_long_prefill_is_progress_not_a_wedge(testbed, sc, prefill_cluster):
     t0 = time.time()
     got: dict = {}
-    th = threading.Thread(target=long_completion, args=(got,), daemon=True)
+    th = threading.Thread(target=long_completion, args=(got, 7), daemon=True)
     th.start()
     seen = wait_for(lambda: [e for e in journal(testbed) if e["event"] == "prefilling" and e["ts"] > t0], 60, step=1)
     assert seen, journal(testbed)[-10:]
@@ -85,7 +87,7 @@ def test_a_long_prefill_is_progress_not_a_wedge(testbed, sc, prefill_cluster):
 def test_a_wedge_in_the_middle_of_a_long_prefill_is_still_caught(testbed, sc, prefill_cluster):
     t0 = time.time()
     got: dict = {}
-    threading.Thread(target=long_completion, args=(got,), daemon=True).start()
+    threading.Thread(target=long_completion, args=(got, 11), daemon=True).start()
     assert wait_for(lambda: [e for e in journal(testbed) if e["event"] == "prefilling" and e["ts"] > t0], 60, step=1)
     pids = rank1_pids(testbed)
     stopped = time.time()
