@@ -74,8 +74,8 @@ def test_a_long_prefill_is_progress_not_a_wedge(testbed, sc, prefill_cluster):
     mid = json.loads(sc("status", "--json", env=prefill_cluster, timeout=60).stdout)
     th.join(600)
     assert got.get("status") == 200, got
-    # the scenario held: the prefill outlasted the supervisor's stall and probe bounds several times
-    assert got["seconds"] > 3 * STALL_S and got["seconds"] > 3 * PROBE_S, got
+    # the scenario held: the prefill outlasted stall_s twice and the probe bound five times over
+    assert got["seconds"] > 2 * STALL_S and got["seconds"] > 5 * PROBE_S, got  # 14-22 s seen on 2 cores
     events = [e for e in journal(testbed) if e["ts"] > t0]
     assert not [e for e in events if e["event"] in ("wedged", "dead", "vllm serve stopped")], events
     st = sup_state(testbed)
