@@ -23,14 +23,13 @@ import openai
 import pytest
 
 from sparkcluster.movement import hfcache as w
-from tests.integration.helpers import API_KEY, inventory_variant
+from tests.integration.helpers import API_KEY, hf_cache, inventory_variant
 from tests.testbed import artifacts
 from tests.testbed.hub import DRAFT, HUB_IP, TINY, TOKENIZER, build_hub
 from tests.testbed.hub.server import make_server, serve_forever_in_thread
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
-CACHE = "/root/.cache/huggingface"
 SPEC = '{ method = "mtp", model = "%s", num_speculative_tokens = 1 }' % DRAFT
 
 
@@ -45,11 +44,12 @@ def _profiles(tmp_path, testbed_text: str) -> dict:
 
 def _wipe_extra(testbed) -> None:
     for h in (HEAD, WORKER):
-        testbed.sh(h, f"rm -rf {CACHE}/hub/{w.repo_folder(TOKENIZER)} {CACHE}/hub/{w.repo_folder(DRAFT)}")
+        cache = hf_cache()  # the SSH user's, from the testbed's facts file
+        testbed.sh(h, f"rm -rf {cache}/hub/{w.repo_folder(TOKENIZER)} {cache}/hub/{w.repo_folder(DRAFT)}")
 
 
 def _files(testbed, host: str, repo: str) -> list[str]:
-    got = testbed.sh(host, f"ls {CACHE}/hub/{w.repo_folder(repo)}/snapshots/*/", check=False).stdout.split()
+    got = testbed.sh(host, f"ls {hf_cache()}/hub/{w.repo_folder(repo)}/snapshots/*/", check=False).stdout.split()
     return sorted(got)
 
 
