@@ -48,12 +48,13 @@ def target(inv: Inventory, prof, node: str | None) -> Inventory:
 
 
 def group(inv: Inventory, containers_by_node: dict[str, list[dict]]) -> list[Deployment]:
-    """Pure: containers (as `docker ps` lists them) -> deployments, in inventory order. A container
-    without the node-set label (made before deployments existed) belongs to every node of its profile."""
+    """Pure: containers (as the Engine API lists them, or as `docker inspect` prints them: status
+    reads them in its SSH round trip) -> deployments, in inventory order. A container without the
+    node-set label (made before deployments existed) belongs to every node of its profile."""
     found: dict[tuple[str, tuple[str, ...]], Deployment] = {}
     for n in inv.nodes:
         for c in containers_by_node.get(n.name, []):
-            labels = c.get("Labels") or {}
+            labels = c.get("Labels") or (c.get("Config") or {}).get("Labels") or {}
             if labels.get(CLUSTER_LABEL) != inv.cluster.name:
                 continue
             prof = labels.get(PROFILE_LABEL, "?")
@@ -61,7 +62,7 @@ def group(inv: Inventory, containers_by_node: dict[str, list[dict]]) -> list[Dep
             if not nodes:
                 nodes = tuple(m.name for m in inv.nodes)
             d = found.setdefault((prof, nodes), Deployment(prof, nodes))
-            d.containers.setdefault(n.name, []).append((c.get("Names") or ["?"])[0].lstrip("/"))
+            d.containers.setdefault(n.name, []).append((c.get("Names") or [c.get("Name") or "?"])[0].lstrip("/"))
     return list(found.values())
 
 

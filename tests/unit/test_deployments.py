@@ -37,6 +37,17 @@ def test_group_by_profile_and_node_set():
     assert old[0].nodes == (A, B)
 
 
+def test_group_reads_docker_inspect_too():
+    """status finds deployments in its SSH round trip's `docker inspect` output (Config.Labels,
+    Name), the Engine API lists them as Labels and Names: the same deployments either way."""
+    def inspected(name, profile, nodes):
+        ps = c(name, profile, nodes)
+        return {"Name": ps["Names"][0], "Config": {"Labels": ps["Labels"]}, "State": {"Status": "running"}}
+
+    found = deployments.group(INV, {A: [inspected("s-head", "single", A)], B: [inspected("s-head", "single", B)]})
+    assert [(d.key, d.containers) for d in found] == [(f"single@{A}", {A: ["s-head"]}), (f"single@{B}", {B: ["s-head"]})]
+
+
 def test_target_needs_a_node_for_a_profile_as_wide_as_one_node():
     tp1 = profiles.load_profile("testbed-single")
     tp2 = profiles.load_profile("testbed")
