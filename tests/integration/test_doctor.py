@@ -17,7 +17,7 @@ from typing import Callable
 
 import pytest
 
-from tests.integration.helpers import account, ours
+from tests.integration.helpers import account, as_user, ours
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -259,6 +259,8 @@ def _rejoin_docker_group(tb, ctx):
 
 def _root_files_in_cache(tb, ctx):
     # what a container running as root would leave in the user's cache
+    # the cache's own folders are the user's (made as the user first, when a fresh worker has none)
+    tb.sh(WORKER, as_user(f"mkdir -p {account()['hf_cache']}/hub"))
     tb.sh(WORKER, f"mkdir -p {account()['hf_cache']}/hub/models--root--left && chown -R 0:0 {account()['hf_cache']}/hub/models--root--left")
 
 
