@@ -343,12 +343,15 @@ CASES = [
          detail={("ssh.reachable", WORKER): "198.18.0.6"}, fix={("ssh.reachable", WORKER): "ssh"}),
     Case("docker.engine", _stop_dockerd, lambda tb, c: tb.start_dockerd(WORKER),
          {("docker.engine", WORKER): "fail", ("docker.gpu_runtime", WORKER): "skip",
+          ("account.docker", WORKER): "skip",  # a stopped engine is not the account's fault
           ("image.base-same", WORKER): "skip",
           ("image.same", WORKER): "skip", ("image.ray", WORKER): "skip"},
          detail={("docker.engine", WORKER): "docker info failed"}, fix={("docker.engine", WORKER): "start the Docker daemon"}),
     Case("ports.free", _hold_port, lambda tb, c: c["holder"].release() if "holder" in c else None,
          {("ports.free", HEAD): "fail"},
-         detail={("ports.free", HEAD): "8000 (vLLM API) is held by python3"}, fix={("ports.free", HEAD): "stop that process"}),
+         # the holder is root's: to the Spark's ordinary user ss does not name it
+         detail={("ports.free", HEAD): "8000 (vLLM API) is held by a process of another account"},
+         fix={("ports.free", HEAD): "stop that process"}),
     Case("disk.free", _fill_disk, _unfill_disk,
          # the image's absence on the worker is the precondition (image.same WARN "not on this node
          # yet", image.ray not run), the filled disk is the break
