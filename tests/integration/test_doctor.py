@@ -463,7 +463,6 @@ def test_breaking_one_subject_fails_only_its_check(testbed, sc, healthy, case, t
         assert text in rows[key]["fix"], (key, rows[key])
     if case.name == "ports.free":  # root's holder: its pid is not the ordinary user's to see
         assert str(ctx["holder"].pid_in_host) not in rows[("ports.free", HEAD)]["detail"]
-        assert ctx["holder"].proc.poll() is None  # reported, never killed
     if case.name == "ssh.reachable":
         assert all(rows[k]["detail"] == "unreachable" for k in WORKER_SKIPS)
 
