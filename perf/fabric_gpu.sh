@@ -27,7 +27,7 @@ pair() {  # pair RUN PORT EXTRA_ENV PROBE_ARGS: two ranks at once, each log kept
     pids+=($!)
   done
   for r in 0 1; do wait "${pids[$r]}"; echo "$run rank$r exit $?"; done
-  grep -h '^SPARKCLUSTER_FABRIC' "$out/device-$run-rank0.log" | cut -c1-200
+  grep -h ^SPARKCLUSTER "$out/device-$run-rank0.log"
 }
 
 start=$(date +%s)
