@@ -182,6 +182,8 @@ def main(argv=None) -> int:
               f"{env['addr']}:{env['port']} (timeout {args.init_timeout:g}s): {exc}"
         emit({"error": why, "rank": env["rank"], "stage": "init"})
         print(f"fabric_probe: {why}", file=sys.stderr, flush=True)
+        if dist.is_initialized():  # a group NCCL refused still holds its store and watchdog
+            dist.destroy_process_group()
         return 2
     bench = Bench(torch, dist, device, env["world"])
     count, code = 0, 0
