@@ -1,0 +1,205 @@
+"""The fabric test's verdicts: which transport NCCL chose on each node, and whether the bus
+bandwidth is what the cluster's cabling should give. Pure: parsed logs, results, the inventory's
+expectations and per-node facts in, `checks.Result`s out (ids `fabric.transport`, `fabric.bandwidth`).
+
+Why judge behaviour and not configuration: NCCL falls back from RoCE to TCP sockets without a
+word (seed 002's worker lacked /dev/infiniband), and every configured fact can read right while the
+fabric is still slow. The facts serve here only to name the likely cause of what NCCL did.
+
+The figures, NCCL's all_gather bus bandwidth between two DGX Sparks (nccl-tests' all_gather_perf):
+  - 23.7 GB/s healthy, MTU 9000, both twins of the cable in use (NVIDIA/dgx-spark-playbooks PR #103);
+  - 18.9-21.0 GB/s before MTU 9000 (NVIDIA/dgx-spark-playbooks#25);
+  - about 12.3 GB/s with one HCA of the twin pair (tonyd2wild/dgx-spark PR #35);
+  - 3.04 GB/s with a wrong NCCL build (PR #103); TCP sockets give about 3-4 GB/s (the H200 captures
+    in tests/captured/nccl/ read 3.55-3.86);
+  - NVIDIA's setup script warns below 21.875 GB/s on a pair and below 10 GB/s on a ring (PR #103).
+Thresholds (judged on all_gather's busbw at the largest size, where per-call latency no longer
+counts): WARN below the "healthy" figure, FAIL below the "floor".
+  - pair on both twins: healthy 21.875 (NVIDIA's own warning line), floor 11.85 (half of 23.7);
+  - one rail (one HCA per node): healthy 11.35 (12.3 scaled by NVIDIA's 21.875/23.7), floor 6.15;
+  - ring: healthy 10 (NVIDIA), floor 5.
+The floor is half the healthy measurement: every RDMA figure the field reports for that cabling
+(pre-MTU-9000, one HCA of a pair: 12.3 > 11.85) stays above it as a WARN, while the socket and
+broken-build figures (3-4 GB/s) fall far below it. The inventory may set its own `healthy_gbps`
+and `floor_gbps` (the testbed does: gloo over veths); one node alone has no floor unless set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sparkcluster.checks import Result
+from sparkcluster.fabric.nccl_log import FabricLog, ProbeResult, largest
+
+Topology = Literal["single", "pair", "rail", "ring"]
+TRANSPORT, BANDWIDTH = "fabric.transport", "fabric.bandwidth"
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Figures:
+    healthy: float  # GB/s: below it, WARN
+    floor: float  # GB/s: below it, FAIL
+    source: str
+
+
+FIGURES: dict[str, Figures] = {
+    "pair": Figures(21.875, 11.85, "a pair on both twins of one cable: 23.7 GB/s healthy, NVIDIA warns "
+                    "below 21.875 (dgx-spark-playbooks PR #103)"),
+    "rail": Figures(11.35, 6.15, "one HCA per node: about 12.3 GB/s (tonyd2wild/dgx-spark PR #35)"),
+    "ring": Figures(10.0, 5.0, "a ring: NVIDIA warns below 10 GB/s (dgx-spark-playbooks PR #103)"),
+}
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What the inventory says the fabric is."""
+
+    roce: bool  # the cluster has RoCE links between its nodes
+    topology: Topology = "pair"
+    healthy_gbps: float | None = None  # the inventory's own figures, replacing FIGURES
+    floor_gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What can explain a fallback to sockets on one node (None: not known)."""
+
+    infiniband_dev: bool | None = None  # /dev/infiniband inside the rank's container
+    hca_gid_ok: dict[str, bool] = field(default_factory=dict)  # HCA of NCCL_IB_HCA -> usable RoCE v2 IPv4 GID
+    env: dict[str, str] = field(default_factory=dict)  # the NCCL_* variables the rank gets
+
+
+def thresholds(expect: Expectation) -> tuple[float | None, float | None, str]:
+    """(healthy, floor, where they come from) for this cluster; None where nothing is known."""
+    base = FIGURES.get(expect.topology)
+    healthy = expect.healthy_gbps if expect.healthy_gbps is not None else (base.healthy if base else None)
+    floor = expect.floor_gbps if expect.floor_gbps is not None else (base.floor if base else None)
+    own = expect.healthy_gbps is not None or expect.floor_gbps is not None
+    return healthy, floor, ("the inventory's figures" if own else (base.source if base else "no figures"))
+
+
+def uses_sockets(log: FabricLog) -> bool:
+    """NCCL moved data over NET/Socket, or chose the Socket network and no connection was logged."""
+    kinds = {k for r in log.ranks for k in r.kinds()}
+    if "NET/Socket" in kinds:
+        return True
+    return not kinds and any(r.network == "Socket" and (r.nnodes or 0) > 1 for r in log.ranks)
+
+
+def _env(node: str, log: FabricLog | None, facts: dict[str, NodeFacts]) -> dict[str, str]:
+    """The NCCL_* variables known for a node: its facts, else what NCCL reported as set."""
+    if node in facts and facts[node].env:
+        return facts[node].env
+    return {k: v for r in (log.ranks if log else []) for k, v in r.env.items()}
+
+
+def socket_causes(node: str, log: FabricLog | None, facts: dict[str, NodeFacts],
+                  logs: dict[str, FabricLog]) -> list[tuple[str, str]]:
+    """Each likely reason NCCL uses (or would use) sockets on `node`, as (cause, fix), most certain
+    first: a missing device, an HCA without a GID, a variable set elsewhere but not here, NCCL's own."""
+    f = facts.get(node, NodeFacts())
+    out: list[tuple[str, str]] = []
+    if f.infiniband_dev is False:
+        out.append(("no /dev/infiniband in the container",
+                    "create the container with --device=/dev/infiniband (and IPC_LOCK, memlock unlimited)"))
+    for hca, ok in sorted(f.hca_gid_ok.items()):
+        if not ok:
+            out.append((f"HCA {hca} of NCCL_IB_HCA has no usable RoCE v2 IPv4 GID",
+                        f"give {hca}'s interface its IPv4 address (the GID follows it), or drop it from NCCL_IB_HCA"))
+    mine = _env(node, log, facts)
+    for var in ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME"):
+        elsewhere = sorted(n for n in set(logs) | set(facts) if n != node and var in _env(n, logs.get(n), facts))
+        if var not in mine and elsewhere:
+            out.append((f"{var} is not set on this node (set on {', '.join(elsewhere)})",
+                        f"pass {var} to this node's ranks as to the others"))
+    if mine.get("NCCL_IB_DISABLE") == "1":
+        out.append(("NCCL_IB_DISABLE=1", "unset NCCL_IB_DISABLE"))
+    if log and any(r.ib_no_device for r in log.ranks):
+        out.append(("NCCL found no RDMA device (NET/IB : No device found)",
+                    "check /dev/infiniband in the container and that NCCL_IB_HCA names active ports"))
+    return out
+
+
+def _nccl_fix(failures: list[str]) -> str:
+    text = " ".join(failures)
+    if "Duplicate GPU" in text:
+        return "give each rank its own GPU (CUDA_VISIBLE_DEVICES / LOCAL_RANK per rank)"
+    if "NET plugin" in text or "No device found" in text:
+        return "NCCL was told to use a network it cannot open: check NCCL_NET/NCCL_IB_HCA and /dev/infiniband"
+    return "read the rank's NCCL log (NCCL_DEBUG=INFO) for the first WARN"
+
+
+def judge_node(node: str, log: FabricLog | None, expect: Expectation, facts: dict[str, NodeFacts],
+               logs: dict[str, FabricLog]) -> Result:
+    """The transport verdict for one node."""
+    if log is None or not log.ranks:  # gloo, or no NCCL output: judge the facts alone
+        causes = socket_causes(node, None, facts, logs) if expect.roce else []
+        if causes:
+            return Result(TRANSPORT, node, "fail", "no NCCL log here, but NCCL would fall back to sockets: "
+                          + "; ".join(c for c, _ in causes), causes[0][1])
+        return Result(TRANSPORT, node, "ok", "no NCCL on this node's ranks (gloo backend)")
+    failures = log.failures()
+    if failures and not any(r.init_complete for r in log.ranks) and not log.results:
+        why = "; ".join(failures)
+        if expect.roce and any("NET plugin" in f for f in failures):
+            causes = socket_causes(node, log, facts, logs)
+            fix = causes[0][1] if causes else _nccl_fix(failures)
+            return Result(TRANSPORT, node, "fail", f"NCCL could not start: {why}", fix)
+        return Result(TRANSPORT, node, "fail", f"NCCL could not start: {why}", _nccl_fix(failures))
+    summary = "; ".join(sorted({r.summary() for r in log.ranks}))
+    version = next((r.version for r in log.ranks if r.version), "?")
+    if uses_sockets(log):
+        if not expect.roce:
+            return Result(TRANSPORT, node, "ok", f"NCCL {version}: {summary} (no RoCE links in the inventory)")
+        causes = socket_causes(node, log, facts, logs)
+        cause = "; ".join(c for c, _ in causes) or "no cause found in the facts"
+        fix = causes[0][1] if causes else "run `sparkcluster doctor` on this node (rdma.*, containers.*)"
+        return Result(TRANSPORT, node, "fail", f"NCCL {version} uses TCP sockets though the inventory has RoCE "
+                      f"links ({summary}); likely cause: {cause}", fix)
+    ib = {d.name for r in log.ranks for d in r.ib_devices}
+    if expect.topology == "pair" and expect.roce and any("NET/IB" in r.kinds() for r in log.ranks) and len(ib) < 2:
+        return Result(TRANSPORT, node, "warn", f"NCCL {version}: {summary}: one HCA of the twin pair only",
+                      "list both twins in NCCL_IB_HCA and check the other's port is ACTIVE")
+    return Result(TRANSPORT, node, "ok", f"NCCL {version}: {summary}")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1024 / MiB:g} GiB" if nbytes >= 1024 * MiB else f"{nbytes / MiB:g} MiB"
+
+
+def judge_bandwidth(results: list[ProbeResult], expect: Expectation, nodes: list[str],
+                    failed: bool = False) -> Result:
+    """The bandwidth verdict, on the largest all_gather's bus bandwidth; one result for the cluster
+    (named after its nodes: a collective's speed belongs to no single node)."""
+    where = "+".join(nodes)
+    top = largest(results)
+    if top is None:
+        if failed:
+            return Result(BANDWIDTH, where, "skip", "no figures: NCCL did not start (see fabric.transport)")
+        return Result(BANDWIDTH, where, "fail", "the test produced no all_gather figure",
+                      "run the probe by hand with NCCL_DEBUG=INFO and read its output")
+    healthy, floor, source = thresholds(expect)
+    figure = f"all_gather busbw {top.busbw_gbps:g} GB/s at {_size(top.nbytes)}"
+    if floor is not None and top.busbw_gbps < floor:
+        return Result(BANDWIDTH, where, "fail", f"{figure}, below the floor {floor:g} GB/s ({source})",
+                      "check the transport (sockets or a mismatched NCCL give about 3 GB/s), the links' speed "
+                      "and MTU 9000 on both twins")
+    if healthy is not None and top.busbw_gbps < healthy:
+        return Result(BANDWIDTH, where, "warn", f"{figure}, below the healthy {healthy:g} GB/s ({source})",
+                      "check MTU 9000 on both twins and that NCCL_IB_HCA lists both HCAs of the pair")
+    return Result(BANDWIDTH, where, "ok", f"{figure}" + (f" (healthy from {healthy:g} GB/s)" if healthy else ""))
+
+
+def judge(logs: dict[str, FabricLog], expect: Expectation, facts: dict[str, NodeFacts] | None = None,
+          results: list[ProbeResult] | None = None) -> list[Result]:
+    """Every verdict of one fabric test: a transport result per node (in the order given), then the
+    bandwidth. `results` default to the probe's lines found in the logs (rank 0's node prints them)."""
+    facts = facts or {}
+    out = [judge_node(node, log, expect, facts, logs) for node, log in logs.items()]
+    if results is None:
+        results = [res for log in logs.values() for res in log.results]
+    failed = any(r.status == "fail" for r in out)
+    out.append(judge_bandwidth(results, expect, list(logs), failed))
+    return out

@@ -1,0 +1,218 @@
+"""The fabric test's rank program: one process per GPU runs all_gather and all_reduce through
+`torch.distributed` and rank 0 prints the bus bandwidth per size.
+
+Why it exists: NCCL falls back from RoCE to TCP sockets without complaint, and configuration that
+reads right can still move data slowly. Only a collective run with the ranks' own environment,
+devices and flags shows what the fabric does; this is that collective, small enough to ship into a
+container as one file.
+
+Standard library and torch only (the NGC/vLLM image carries PyTorch): this file is copied into the
+cluster's containers and run there with the image's python, so it imports nothing of sparkcluster.
+
+Environment, as torchrun sets it (the controller sets the same itself, one process per GPU):
+RANK, WORLD_SIZE, LOCAL_RANK (default 0), MASTER_ADDR, MASTER_PORT. NCCL's own variables
+(NCCL_DEBUG, NCCL_DEBUG_FILE, NCCL_IB_HCA, ...) pass through untouched.
+
+Sizes: powers of 4 from 1 MiB up to --max-bytes (1, 4, 16, 64, 256 MiB, 1 GiB by default), the
+largest always included. A size is what nccl-tests calls it: for all_gather the gathered (output)
+bytes, each rank contributing size/n; for all_reduce the bytes of the buffer every rank holds.
+Bus bandwidth as nccl-tests computes it (its doc/PERFORMANCE.md): algbw = size / time;
+all_gather busbw = algbw * (n-1)/n; all_reduce busbw = algbw * 2(n-1)/n. The time of one size is
+the slowest rank's mean over the timed iterations (a collective ends when its last rank does).
+
+Output: rank 0 prints one line per (op, size), `SPARKCLUSTER_FABRIC {json}`, then
+`SPARKCLUSTER_FABRIC {"done": true, ...}`; the marker sets them apart from NCCL's INFO lines on the
+same stream. A rank that fails prints `SPARKCLUSTER_FABRIC {"error": ..., "rank": r}` and exits
+non-zero: 2 when it could not join its peers (a variable missing, a peer out of reach within
+--init-timeout, NCCL refusing to start), 1 when a collective failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+MARKER = "SPARKCLUSTER_FABRIC "
+MiB = 1 << 20
+GiB = 1 << 30
+OPS = ("all_gather", "all_reduce")
+FLOAT_BYTES = 4  # float32 elements
+
+
+def default_sizes(max_bytes: int, min_bytes: int = MiB) -> list[int]:
+    """Powers of 4 from `min_bytes` up to `max_bytes`, the largest always included."""
+    sizes, size = [], min_bytes
+    while size < max_bytes:
+        sizes.append(size)
+        size *= 4
+    sizes.append(max_bytes)
+    return sizes
+
+
+def parse_size(text: str) -> int:
+    """'1M', '256MiB', '1G', '4096' -> bytes (binary units: the figures nccl-tests prints)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": MiB, "G": GiB}.get(t[-1:], 1)
+    return int(float(t[:-1] if scale > 1 else t) * scale)
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' factor from algorithm to bus bandwidth for `n` ranks."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n if op == "all_gather" else 2 * (n - 1) / n
+
+
+def bandwidth(op: str, nbytes: int, seconds: float, n: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (10^9 bytes, as nccl-tests prints them)."""
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    return algbw, algbw * bus_factor(op, n)
+
+
+def rounded_size(nbytes: int, n: int) -> int:
+    """The size made a whole number of float32 elements per rank (all_gather splits it n ways)."""
+    unit = FLOAT_BYTES * n
+    return max(unit, nbytes // unit * unit)
+
+
+def rank_env(environ=os.environ) -> dict:
+    """The rendezvous variables, checked here so a missing one is named instead of a KeyError."""
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not environ.get(k)]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} not set (set them as torchrun does)")
+    return {"rank": int(environ["RANK"]), "world": int(environ["WORLD_SIZE"]),
+            "local_rank": int(environ.get("LOCAL_RANK", "0")),
+            "addr": environ["MASTER_ADDR"], "port": environ["MASTER_PORT"]}
+
+
+def emit(record: dict) -> None:
+    print(MARKER + json.dumps(record, sort_keys=True), flush=True)
+
+
+def arguments(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="all_gather/all_reduce bus bandwidth between the ranks")
+    p.add_argument("--backend", choices=("nccl", "gloo"), help="default: nccl with a GPU, else gloo")
+    p.add_argument("--max-bytes", default="1G", help="largest size (default 1G)")
+    p.add_argument("--sizes", help="comma-separated sizes instead (e.g. 1M,16M)")
+    p.add_argument("--iters", type=int, default=10, help="timed iterations per size")
+    p.add_argument("--warmup", type=int, default=3, help="untimed iterations per size first")
+    p.add_argument("--ops", default=",".join(OPS), help="all_gather,all_reduce")
+    p.add_argument("--init-timeout", type=float, default=30.0,
+                   help="seconds to wait for every rank to join (and for one collective)")
+    args = p.parse_args(argv)
+    args.sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes \
+        else default_sizes(parse_size(args.max_bytes))
+    args.ops = [o for o in args.ops.split(",") if o]
+    if any(o not in OPS for o in args.ops):
+        p.error(f"--ops: choose from {', '.join(OPS)}")
+    return args
+
+
+class Bench:
+    """The collectives on one process group, timed the same way on every rank."""
+
+    def __init__(self, torch, dist, device, world: int):
+        self.torch, self.dist, self.device, self.world = torch, dist, device, world
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+    def collective(self, op: str, nbytes: int):
+        """A callable running `op` once at `nbytes`, and the buffers it holds."""
+        t = self.torch
+        if op == "all_gather":
+            out = t.empty(nbytes // FLOAT_BYTES, dtype=t.float32, device=self.device)
+            inp = t.ones(nbytes // FLOAT_BYTES // self.world, dtype=t.float32, device=self.device)
+            if self.device.type == "cuda":
+                return (lambda: self.dist.all_gather_into_tensor(out, inp)), (out, inp)
+            parts = list(out.chunk(self.world))  # gloo in older torch lacks the one-tensor form
+            return (lambda: self.dist.all_gather(parts, inp)), (out, inp)
+        buf = t.ones(nbytes // FLOAT_BYTES, dtype=t.float32, device=self.device)
+        return (lambda: self.dist.all_reduce(buf)), (buf,)
+
+    def slowest(self, seconds: float) -> float:
+        """The largest of every rank's time (a collective lasts until its last rank is done)."""
+        v = self.torch.tensor([seconds], dtype=self.torch.float64, device=self.device)
+        self.dist.all_reduce(v, op=self.dist.ReduceOp.MAX)
+        return float(v.item())
+
+    def measure(self, op: str, nbytes: int, iters: int, warmup: int) -> float:
+        """Mean seconds per iteration of `op` at `nbytes`, the slowest rank's."""
+        run, buffers = self.collective(op, nbytes)
+        for _ in range(warmup):
+            run()
+        self.sync()
+        self.slowest(0.0)  # every rank starts the timed loop together
+        start = time.perf_counter()
+        for _ in range(iters):
+            run()
+        self.sync()
+        elapsed = (time.perf_counter() - start) / max(iters, 1)
+        del buffers, run
+        return self.slowest(elapsed)
+
+
+def main(argv=None) -> int:
+    args = arguments(argv)
+    try:
+        env = rank_env()
+    except ValueError as exc:
+        print(f"fabric_probe: {exc}", file=sys.stderr, flush=True)
+        return 2
+    import torch
+    import torch.distributed as dist
+
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", env["local_rank"])
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=args.init_timeout)
+    try:
+        kwargs = {"device_id": device} if backend == "nccl" else {}  # NCCL's init now, not lazily
+        dist.init_process_group(backend, init_method="env://", rank=env["rank"],
+                                world_size=env["world"], timeout=timeout, **kwargs)
+    except Exception as exc:  # a peer that never came, an address out of reach, NCCL's own refusal
+        why = f"rank {env['rank']} of {env['world']} could not start {backend} with " \
+              f"{env['addr']}:{env['port']} (timeout {args.init_timeout:g}s): {exc}"
+        emit({"error": why, "rank": env["rank"], "stage": "init"})
+        print(f"fabric_probe: {why}", file=sys.stderr, flush=True)
+        if dist.is_initialized():  # a group NCCL refused still holds its store and watchdog
+            dist.destroy_process_group()
+        return 2
+    bench = Bench(torch, dist, device, env["world"])
+    count, code = 0, 0
+    try:
+        for op in args.ops:
+            for size in args.sizes:
+                nbytes = rounded_size(size, env["world"])
+                seconds = bench.measure(op, nbytes, args.iters, args.warmup)
+                algbw, busbw = bandwidth(op, nbytes, seconds, env["world"])
+                count += 1
+                if env["rank"] == 0:
+                    emit({"op": op, "bytes": nbytes, "ranks": env["world"], "backend": backend,
+                          "time_us": round(seconds * 1e6, 1), "algbw_GBps": round(algbw, 3),
+                          "busbw_GBps": round(busbw, 3)})
+        if env["rank"] == 0:
+            emit({"done": True, "ranks": env["world"], "backend": backend, "results": count})
+    except Exception as exc:
+        emit({"error": f"rank {env['rank']}: {type(exc).__name__}: {exc}", "rank": env["rank"],
+              "stage": "collective"})
+        print(f"fabric_probe: rank {env['rank']}: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        try:
+            dist.destroy_process_group()
+        finally:
+            if backend == "nccl":
+                torch.cuda.empty_cache()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The fabric verdicts on real NCCL logs (tests/captured/nccl/): transport per node, bandwidth."""
+
+from pathlib import Path
+
+import pytest
+
+from sparkcluster.fabric import judge, nccl_log
+from sparkcluster.fabric.judge import Expectation, NodeFacts
+from sparkcluster.fabric.nccl_log import ProbeResult
+
+CAPTURED = Path(__file__).resolve().parents[1] / "captured" / "nccl"
+PAIR = Expectation(roce=True, topology="pair")
+
+
+def parsed(name: str) -> nccl_log.FabricLog:
+    return nccl_log.parse((CAPTURED / name).read_text())
+
+
+def by_id(results, check_id):
+    return [r for r in results if r.id == check_id]
+
+
+def test_default_log_is_fine_for_one_node():
+    out = judge.judge({"spark-1": parsed("default.log")}, Expectation(roce=False, topology="single"))
+    assert [r.status for r in out] == ["ok", "ok"]
+    assert "P2P" in out[0].detail and "266.14 GB/s" in out[1].detail
+
+
+def test_socket_log_on_a_roce_pair_fails_naming_node_and_cause():
+    logs = {"spark-1": parsed("socket.log"), "spark-2": parsed("socket.log")}
+    facts = {"spark-1": NodeFacts(infiniband_dev=True), "spark-2": NodeFacts(infiniband_dev=False)}
+    out = judge.judge(logs, PAIR, facts)
+    worker = next(r for r in out if r.node == "spark-2")
+    assert worker.status == "fail" and worker.id == "fabric.transport"
+    assert "TCP sockets" in worker.detail and "no /dev/infiniband in the container" in worker.detail
+    assert "--device=/dev/infiniband" in worker.fix
+    head = next(r for r in out if r.node == "spark-1")
+    assert head.status == "fail" and "No device found" in head.detail  # NCCL's own word, facts silent
+    bw = by_id(out, "fabric.bandwidth")[0]
+    assert bw.status == "fail" and bw.node == "spark-1+spark-2" and "3.55 GB/s" in bw.detail
+
+
+def test_socket_fallback_cause_from_gid_and_missing_variable():
+    logs = {"a": parsed("socket.log"), "b": parsed("socket_lo.log")}
+    facts = {"a": NodeFacts(hca_gid_ok={"rocep1s0f1": True, "roceP2p1s0f1": False}, env={"NCCL_DEBUG": "INFO"}),
+             "b": NodeFacts(env={"NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1", "NCCL_SOCKET_IFNAME": "lo"})}
+    a = judge.judge_node("a", logs["a"], PAIR, facts, logs)
+    assert a.status == "fail"
+    assert "HCA roceP2p1s0f1 of NCCL_IB_HCA has no usable RoCE v2 IPv4 GID" in a.detail
+    assert "NCCL_IB_HCA is not set on this node (set on b)" in a.detail
+    assert "NCCL_SOCKET_IFNAME is not set on this node (set on b)" in a.detail
+
+
+def test_sockets_are_fine_without_roce_links():
+    logs = {"a": parsed("socket.log"), "b": parsed("socket.log")}
+    out = judge.judge(logs, Expectation(roce=False, topology="pair", healthy_gbps=3.0, floor_gbps=1.0))
+    assert [r.status for r in out] == ["ok", "ok", "ok"]
+
+
+def test_ib_missing_fails_with_nccls_reason():
+    out = judge.judge({"spark-1": parsed("ib_missing.log")}, PAIR)
+    assert out[0].status == "fail"
+    assert "Failed to initialize any NET plugin" in out[0].detail and "No device found" in out[0].detail
+    assert out[1].status == "skip"  # no figures, and the reason is already a FAIL above
+
+
+def test_gloo_log_judged_on_the_inventorys_figures():
+    log = parsed("gloo.log")
+    testbed = Expectation(roce=False, topology="pair", healthy_gbps=0.5, floor_gbps=0.2)
+    out = judge.judge({"head": log, "worker": nccl_log.FabricLog()}, testbed)
+    assert [r.status for r in out] == ["ok", "ok", "warn"]  # 0.43 GB/s at 256 MiB < 0.5
+    assert "the inventory's figures" in out[2].detail
+
+
+def test_missing_device_caught_without_nccl():
+    """The testbed runs gloo: no NCCL log, but a container without /dev/infiniband is still named."""
+    r = judge.judge_node("worker", None, PAIR, {"worker": NodeFacts(infiniband_dev=False)}, {})
+    assert r.status == "fail" and r.node == "worker" and "/dev/infiniband" in r.detail
+
+
+def result(busbw: float, nbytes: int = 1 << 30) -> ProbeResult:
+    return ProbeResult("all_gather", nbytes, 1.0, busbw * 2, busbw, 2, "nccl")
+
+
+@pytest.mark.parametrize("busbw,status", [(23.7, "ok"), (21.9, "ok"), (21.0, "warn"), (18.9, "warn"),
+                                          (12.3, "warn"), (11.0, "fail"), (3.04, "fail")])
+def test_pair_figures(busbw, status):
+    assert judge.judge_bandwidth([result(busbw)], PAIR, ["a", "b"]).status == status
+
+
+@pytest.mark.parametrize("topology,busbw,status", [("rail", 12.3, "ok"), ("rail", 10.0, "warn"),
+                                                   ("rail", 5.0, "fail"), ("ring", 10.5, "ok"),
+                                                   ("ring", 9.0, "warn"), ("ring", 4.0, "fail")])
+def test_rail_and_ring_figures(topology, busbw, status):
+    expect = Expectation(roce=True, topology=topology)
+    assert judge.judge_bandwidth([result(busbw)], expect, ["a", "b", "c"]).status == status
+
+
+def test_bandwidth_judged_at_the_largest_size():
+    small_fast, large_slow = result(30.0, 1 << 20), result(3.0, 1 << 30)
+    r = judge.judge_bandwidth([small_fast, large_slow], PAIR, ["a", "b"])
+    assert r.status == "fail" and "at 1 GiB" in r.detail
+
+
+def test_inventory_figures_replace_the_fields():
+    own = Expectation(roce=True, topology="pair", healthy_gbps=2.0, floor_gbps=1.0)
+    assert judge.thresholds(own)[:2] == (2.0, 1.0)
+    assert judge.judge_bandwidth([result(1.5)], own, ["a", "b"]).status == "warn"
+    assert judge.thresholds(Expectation(roce=False, topology="single"))[:2] == (None, None)
+
+
+def test_one_hca_of_the_twin_pair_warns():
+    text = ("s:1:1 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:10.0.0.1<0>\n"
+            "s:1:1 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/IB/0\n")
+    r = judge.judge_node("spark-1", nccl_log.parse(text), PAIR, {}, {})
+    assert r.status == "warn" and "rocep1s0f1" in r.detail
+
+
+# --- the run on real GPUs (perf/README.md, "The fabric test on real GPUs") -----------------------
+
+def device(run: str) -> dict[str, nccl_log.FabricLog]:
+    return {f"node-{i}": parsed(f"device-{run}-rank{i}.log") for i in (0, 1)}
+
+
+def test_device_socket_run_fails_a_roce_pair_and_passes_a_socket_one():
+    logs = device("socket")
+    out = judge.judge(logs, PAIR)
+    assert [(r.node, r.status) for r in out] == [("node-0", "fail"), ("node-1", "fail"), ("node-0+node-1", "fail")]
+    assert "TCP sockets" in out[0].detail and "1.856 GB/s" in out[2].detail
+    plain = judge.judge(logs, Expectation(roce=False, topology="pair", healthy_gbps=1.5, floor_gbps=1.0))
+    assert [r.status for r in plain] == ["ok", "ok", "ok"]
+
+
+def test_device_default_run_fails_with_nccls_reason():
+    out = judge.judge(device("default"), PAIR)
+    assert [r.status for r in out] == ["fail", "fail", "skip"]
+    assert "Duplicate GPU detected" in out[0].detail and "own GPU" in out[0].fix
+
+
+def test_device_ib_run_fails_with_nccls_reason():
+    out = judge.judge(device("ib"), PAIR)
+    assert out[0].status == "fail" and "Failed to initialize any NET plugin" in out[0].detail
