@@ -16,7 +16,8 @@ STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 def table(results: list[Result], nodes: list[str], console: Console) -> None:
     by_id: dict[str, dict[str, Result]] = {}
     for r in results:
-        by_id.setdefault(r.id, {})[r.node] = r
+        for node in r.node.split("+"):  # a result of several nodes (a+b: the fabric's bandwidth) in each column
+            by_id.setdefault(r.id, {})[node] = r
     names = titles()
     # ids and statuses never shrink; the titles are shown only where the terminal has room
     id_w = max(len(c) for c in by_id) if by_id else 5

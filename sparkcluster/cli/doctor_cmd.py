@@ -15,16 +15,31 @@ from sparkcluster.errors import EXIT_FAILED, EXIT_OK
 @click.option("--profile", "-p", "profile_name", default=None,
               help="Judge against this profile (default: the inventory's cluster.profile).")
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
+@click.option("--fabric", is_flag=True,
+              help="Also measure the fabric: all_gather, all_reduce and each direction between the nodes, "
+                   "in containers of the cluster image with the ranks' own environment (fabric.*).")
 @click.pass_obj
-def doctor(obj, profile_name: str | None, as_json: bool) -> None:
+def doctor(obj, profile_name: str | None, as_json: bool, fabric: bool) -> None:
     """Check every node for what breaks two-Spark clusters; a fix for every failure."""
     inv = obj.inventory()
     prof = load_profile_for(inv, profile_name)
     err = Console(stderr=True)
     with err.status(f"gathering facts from {len(inv.nodes)} nodes", spinner="dots"):
         rep, cluster = preflight.run(inv, prof)
-    if cluster:
-        cluster.close()
+    try:
+        if fabric:
+            from sparkcluster.config.images import image_ref
+            from sparkcluster.fabric import measure
+
+            blocked = measure.preconditions(inv, prof, rep)
+            if blocked is not None:
+                rep.results.append(blocked)
+            else:
+                with err.status(f"fabric test between {len(inv.nodes)} nodes", spinner="dots"):
+                    rep.results.extend(measure.run(cluster, inv, prof, image_ref(inv, prof), rep.facts))
+    finally:
+        if cluster:
+            cluster.close()
     if as_json:
         click.echo(report.as_json(rep.results))
     else:

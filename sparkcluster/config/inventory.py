@@ -87,9 +87,20 @@ class Cluster(_Strict):
     connect_attempts: int = Field(default=3, ge=1, le=10)
 
 
+class FabricFigures(_Strict):
+    """`[fabric]`: what `doctor --fabric` expects of the collective test between the nodes. Unset
+    figures come from the topology (`fabric/verdict`): the field's for a pair of Sparks."""
+    healthy_gbps: float | None = Field(default=None, gt=0)  # below it: WARN (all_gather bus bandwidth)
+    floor_gbps: float | None = Field(default=None, gt=0)  # below it: FAIL
+    max_bytes: int = Field(default=1 << 30, ge=1 << 20, le=4 << 30)  # the largest size tested
+    port: int = Field(default=29517, ge=1, le=65535)  # the ranks' rendezvous on the head's control IP
+    timeout_s: float = Field(default=60.0, gt=0, le=600)  # every rank joined and every size measured
+
+
 class Inventory(_Strict):
     cluster: Cluster
     nodes: list[Node] = Field(min_length=1)  # one Spark is a cluster too (seed 000)
+    fabric: FabricFigures = Field(default_factory=FabricFigures)
     path: Path | None = Field(default=None, exclude=True)
     # node -> the SSH user's home there, learnt from the facts (shared with the copies `only` makes)
     _homes: dict[str, str] = PrivateAttr(default_factory=dict)

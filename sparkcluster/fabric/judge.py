@@ -33,7 +33,10 @@ from sparkcluster.checks import Result
 from sparkcluster.fabric.nccl_log import FabricLog, ProbeResult, largest
 
 Topology = Literal["single", "pair", "rail", "ring"]
-TRANSPORT, BANDWIDTH = "fabric.transport", "fabric.bandwidth"
+TRANSPORT, BANDWIDTH, DIRECTION = "fabric.transport", "fabric.bandwidth", "fabric.direction"
+# a direction slower than this share of the fastest one is a fault of its sender's egress (a healthy
+# link carries the same rate both ways)
+ASYMMETRY = 0.5
 MiB = 1 << 20
 
 
@@ -192,8 +195,31 @@ def judge_bandwidth(results: list[ProbeResult], expect: Expectation, nodes: list
     return Result(BANDWIDTH, where, "ok", f"{figure}" + (f" (healthy from {healthy:g} GB/s)" if healthy else ""))
 
 
+def judge_directions(results: list[ProbeResult], rank_node: dict[int, str]) -> list[Result]:
+    """One result per node that sends: the rate of each rank-to-next transfer, one direction at a
+    time (the probe's p2p). A node whose sending is much slower than the fastest direction is named:
+    the collective's figure alone cannot say which end of a link is slow."""
+    p2p = [r for r in results if r.op == "p2p" and r.src is not None and r.dst is not None]
+    if not p2p:
+        return []
+    best = max(r.algbw_gbps for r in p2p)
+    out: dict[str, Result] = {}
+    for r in sorted(p2p, key=lambda x: x.algbw_gbps):
+        src, dst = rank_node.get(r.src, f"rank {r.src}"), rank_node.get(r.dst, f"rank {r.dst}")
+        if src == dst or src in out:
+            continue
+        line = f"{src} -> {dst}: {r.algbw_gbps:g} GB/s ({_size(r.nbytes)}, the fastest direction {best:g})"
+        if best > 0 and r.algbw_gbps < ASYMMETRY * best:
+            out[src] = Result(DIRECTION, src, "fail", f"sending is slow: {line}",
+                              f"check {src}'s egress: the link's speed and any traffic shaping (tc qdisc) on its "
+                              "interfaces, the cable, and the port's error counters")
+        else:
+            out[src] = Result(DIRECTION, src, "ok", line)
+    return [out[n] for n in sorted(out)]
+
+
 def judge(logs: dict[str, FabricLog], expect: Expectation, facts: dict[str, NodeFacts] | None = None,
-          results: list[ProbeResult] | None = None) -> list[Result]:
+          results: list[ProbeResult] | None = None, rank_node: dict[int, str] | None = None) -> list[Result]:
     """Every verdict of one fabric test: a transport result per node (in the order given), then the
     bandwidth. `results` default to the probe's lines found in the logs (rank 0's node prints them)."""
     facts = facts or {}
@@ -201,5 +227,6 @@ def judge(logs: dict[str, FabricLog], expect: Expectation, facts: dict[str, Node
     if results is None:
         results = [res for log in logs.values() for res in log.results]
     failed = any(r.status == "fail" for r in out)
-    out.append(judge_bandwidth(results, expect, list(logs), failed))
+    out.append(judge_bandwidth([r for r in results if r.op != "p2p"], expect, list(logs), failed))
+    out += judge_directions(results, rank_node or {})
     return out

@@ -114,6 +114,8 @@ class ProbeResult:
     busbw_gbps: float
     ranks: int | None = None
     backend: str | None = None
+    src: int | None = None  # p2p: the sending rank
+    dst: int | None = None  # p2p: the receiving rank
 
 
 @dataclass
@@ -164,7 +166,8 @@ def _result(obj: dict) -> ProbeResult | None:
     try:
         return ProbeResult(op=str(obj["op"]), nbytes=int(obj["bytes"]), time_us=float(obj["time_us"]),
                            algbw_gbps=float(obj["algbw_GBps"]), busbw_gbps=float(obj["busbw_GBps"]),
-                           ranks=obj.get("ranks"), backend=obj.get("backend"))
+                           ranks=obj.get("ranks"), backend=obj.get("backend"),
+                           src=obj.get("src"), dst=obj.get("dst"))
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -39,7 +39,8 @@ import time
 MARKER = "SPARKCLUSTER_FABRIC "
 MiB = 1 << 20
 GiB = 1 << 30
-OPS = ("all_gather", "all_reduce")
+OPS = ("all_gather", "all_reduce")  # collectives, at every size
+P2P_MAX_BYTES = 256 << 20  # one direction's transfer (p2p): enough to leave latency behind
 FLOAT_BYTES = 4  # float32 elements
 
 
@@ -100,15 +101,15 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--sizes", help="comma-separated sizes instead (e.g. 1M,16M)")
     p.add_argument("--iters", type=int, default=10, help="timed iterations per size")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations per size first")
-    p.add_argument("--ops", default=",".join(OPS), help="all_gather,all_reduce")
+    p.add_argument("--ops", default=",".join(OPS), help="all_gather,all_reduce[,p2p] (p2p: each rank to the next, one direction at a time)")
     p.add_argument("--init-timeout", type=float, default=30.0,
                    help="seconds to wait for every rank to join (and for one collective)")
     args = p.parse_args(argv)
     args.sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes \
         else default_sizes(parse_size(args.max_bytes))
     args.ops = [o for o in args.ops.split(",") if o]
-    if any(o not in OPS for o in args.ops):
-        p.error(f"--ops: choose from {', '.join(OPS)}")
+    if any(o not in (*OPS, "p2p") for o in args.ops):
+        p.error(f"--ops: choose from {', '.join(OPS)}, p2p")
     return args
 
 
@@ -134,6 +135,30 @@ class Bench:
             return (lambda: self.dist.all_gather(parts, inp)), (out, inp)
         buf = t.ones(nbytes // FLOAT_BYTES, dtype=t.float32, device=self.device)
         return (lambda: self.dist.all_reduce(buf)), (buf,)
+
+    def directions(self, rank: int, nbytes: int, iters: int) -> list[float]:
+        """Seconds per transfer of `nbytes` from each rank to the next (rank r's entry: r -> r+1),
+        one direction at a time, timed by the receiver. A collective's figure is the cluster's; a
+        direction's names the node whose sending is slow (a rate-limited or half-broken egress)."""
+        t, n = self.torch, self.world
+        buf = t.ones(max(1, nbytes // FLOAT_BYTES), dtype=t.float32, device=self.device)
+        times = t.zeros(n, dtype=t.float64, device=self.device)
+        for src in range(n):
+            dst = (src + 1) % n
+            self.slowest(0.0)  # nobody starts the next direction before the last one is done
+            if rank not in (src, dst):
+                continue
+            peer = dst if rank == src else src
+            self.dist.send(buf, peer) if rank == src else self.dist.recv(buf, peer)  # warm-up
+            self.sync()
+            start = time.perf_counter()
+            for _ in range(iters):
+                self.dist.send(buf, peer) if rank == src else self.dist.recv(buf, peer)
+            self.sync()
+            if rank == dst:
+                times[src] = (time.perf_counter() - start) / max(iters, 1)
+        self.dist.all_reduce(times)  # every entry was written by one receiver only
+        return [float(x) for x in times.tolist()]
 
     def slowest(self, seconds: float) -> float:
         """The largest of every rank's time (a collective lasts until its last rank is done)."""
@@ -189,7 +214,7 @@ def main(argv=None) -> int:
     count, code = 0, 0
     try:
         for op in args.ops:
-            for size in args.sizes:
+            for size in args.sizes if op in OPS else []:
                 nbytes = rounded_size(size, env["world"])
                 seconds = bench.measure(op, nbytes, args.iters, args.warmup)
                 algbw, busbw = bandwidth(op, nbytes, seconds, env["world"])
@@ -198,6 +223,15 @@ def main(argv=None) -> int:
                     emit({"op": op, "bytes": nbytes, "ranks": env["world"], "backend": backend,
                           "time_us": round(seconds * 1e6, 1), "algbw_GBps": round(algbw, 3),
                           "busbw_GBps": round(busbw, 3)})
+        if "p2p" in args.ops and env["world"] > 1:
+            nbytes = rounded_size(min(args.sizes[-1], P2P_MAX_BYTES), 1)
+            for src, seconds in enumerate(bench.directions(env["rank"], nbytes, max(1, args.iters // 2))):
+                count += 1
+                if env["rank"] == 0:
+                    emit({"op": "p2p", "src": src, "dst": (src + 1) % env["world"], "bytes": nbytes,
+                          "ranks": env["world"], "backend": backend, "time_us": round(seconds * 1e6, 1),
+                          "algbw_GBps": round(nbytes / seconds / 1e9 if seconds > 0 else 0.0, 3),
+                          "busbw_GBps": round(nbytes / seconds / 1e9 if seconds > 0 else 0.0, 3)})
         if env["rank"] == 0:
             emit({"done": True, "ranks": env["world"], "backend": backend, "results": count})
     except Exception as exc:

@@ -1,0 +1,100 @@
+"""The fabric test from start to verdict, as `doctor --fabric` and `up` run it: the ranks launched
+in the cluster's containers (`launch`), their output parsed (`nccl_log`), judged (`judge`) against
+what the inventory says the fabric is, with the facts `doctor` gathered naming a likely cause."""
+
+from __future__ import annotations
+
+from sparkcluster.checks import Result
+from sparkcluster.config import profile as profiles
+from sparkcluster.config.images import image_ref
+from sparkcluster.config.inventory import Inventory
+from sparkcluster.fabric import judge, launch, nccl_log
+from sparkcluster.facts import HostFacts
+from sparkcluster.remote.fanout import Cluster
+
+RUN = "fabric.run"
+
+
+def expectation(inv: Inventory) -> judge.Expectation:
+    """The inventory's fabric: RoCE links when a node has data-plane HCAs and there is a peer to reach;
+    a pair when every node has two rails, one rail otherwise (N nodes: a ring or a switch, #27)."""
+    multi = len(inv.nodes) > 1
+    rails = min(len(n.data_plane) for n in inv.nodes)
+    topology = "single" if not multi else ("pair" if len(inv.nodes) == 2 and rails >= 2 else
+                                          "rail" if len(inv.nodes) == 2 else "ring")
+    return judge.Expectation(roce=multi, topology=topology, healthy_gbps=inv.fabric.healthy_gbps,
+                             floor_gbps=inv.fabric.floor_gbps)
+
+
+def node_facts(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts],
+               placements: dict[str, launch.Placement]) -> dict[str, judge.NodeFacts]:
+    """What can explain a fallback to sockets, per node: the rank container's devices, each HCA's
+    RoCE v2 IPv4 GID (from the facts), and the NCCL variables the ranks get."""
+    out = {}
+    for n in inv.nodes:
+        f = facts.get(n.name)
+        gid_ok = {h: any(g.roce_v2 and g.ipv4 is not None for g in f.gids.get(h, [])) for h in n.hcas} if f else {}
+        env = {k: v for k, v in profiles.container_env(prof, inv, n).items() if k.startswith("NCCL_")}
+        p = placements.get(n.name)
+        out[n.name] = judge.NodeFacts(infiniband_dev=p.has_ib_devices if p else None, hca_gid_ok=gid_ok, env=env)
+    return out
+
+
+def probe_args(inv: Inventory) -> list[str]:
+    # the rendezvous gets a third of the test's bound; the rest is for the sizes
+    return ["--max-bytes", str(inv.fabric.max_bytes), "--ops", "all_gather,all_reduce,p2p",
+            "--init-timeout", f"{max(10.0, inv.fabric.timeout_s / 3):g}"]
+
+
+def summarise(run: launch.Run) -> dict[str, nccl_log.FabricLog]:
+    """Each node's ranks' output, parsed together (a node's ranks share its transports)."""
+    by_node: dict[str, list[str]] = {}
+    for r in run.ranks:
+        by_node.setdefault(r.node, []).append(r.output)
+    return {node: nccl_log.parse_many(texts) for node, texts in by_node.items()}
+
+
+def failed_ranks(run: launch.Run, logs: dict[str, nccl_log.FabricLog], inv: Inventory) -> list[Result]:
+    """A rank that exited non-zero with nothing NCCL said to explain it: the probe's own last lines."""
+    out = []
+    for r in run.ranks:
+        log = logs.get(r.node)
+        if r.exit_code == 0 or (log is not None and log.failures()):
+            continue  # judge names NCCL's reason
+        tail = "\n".join(r.output.strip().splitlines()[-6:]) or "(no output)"
+        out.append(Result(RUN, r.node, "fail", f"rank {r.rank} exited {r.exit_code}: {tail}",
+                          f"every rank must reach {inv.head.control_ip}:{inv.fabric.port} (the head's control IP, "
+                          "[fabric] port): check the control links and that the port is free on the head"))
+    return out
+
+
+def rank_nodes(inv: Inventory) -> dict[int, str]:
+    return {rank: node for node, ranks in launch.rank_env(inv, 0).items() for rank in ranks}
+
+
+def run(cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str,
+        facts: dict[str, HostFacts]) -> list[Result]:
+    """The test on every node of `inv`, judged. Never leaves a container or a process behind."""
+    r = launch.run(cluster, inv, prof, image, inv.fabric.port, probe_args(inv))
+    logs = summarise(r)
+    out = failed_ranks(r, logs, inv)
+    out += judge.judge(logs, expectation(inv), node_facts(inv, prof, facts, r.placements),
+                       rank_node=rank_nodes(inv))
+    return out
+
+
+def preconditions(inv: Inventory, prof: profiles.Profile | None, rep) -> Result | None:
+    """Why the test cannot run at all (one FAIL for the cluster), or None."""
+    where = "+".join(n.name for n in inv.nodes)
+    if prof is None:
+        return Result(RUN, where, "fail", "the fabric test runs in the cluster's containers, which a profile shapes",
+                      "pass --profile NAME (or set cluster.profile in the inventory)")
+    if rep.unreachable:
+        return Result(RUN, where, "fail", f"not every node answers ({', '.join(sorted(rep.unreachable))})",
+                      "fix ssh.reachable first: a collective needs every node")
+    image = image_ref(inv, prof)
+    missing = sorted(n for n, f in rep.facts.items() if not f.image_id)
+    if missing:
+        return Result(RUN, where, "fail", f"the cluster image {image} is not on {', '.join(missing)}",
+                      f"`sparkcluster up --profile {prof.name}` builds and distributes it (and runs this test)")
+    return None
