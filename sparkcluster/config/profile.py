@@ -200,6 +200,10 @@ class Profile(_Strict):
     hybrid: bool = False
     allow_high_gpu_memory_utilization: bool = False
     drop_page_cache: bool = False  # sync; echo 3 > /proc/sys/vm/drop_caches before the load
+    # `up` measures the fabric between the nodes (`doctor --fabric`) whenever it creates the
+    # containers, and stops before `vllm serve` on a FAIL (a fabric that works slowly is the field's
+    # most common silent failure); false skips it
+    fabric_test: bool = True
     # free disk the preflight asks for: the built image (NGC vLLM ~9 GB base plus Ray, room to
     # build) and the model in the HF cache (0: already there, or not ours to judge)
     image_disk_gb: float = Field(default=30.0, ge=0)

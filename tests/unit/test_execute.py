@@ -49,6 +49,15 @@ class FakePlan:
         return list(self._s)
 
 
+@pytest.fixture(autouse=True)
+def fabric_measured(monkeypatch):
+    """The fabric stage's test itself runs on the testbed (test_fabric) and in test_fabric_measure;
+    here the fake engines have no ranks to run, so it reports a healthy fabric."""
+    from sparkcluster.checks import Result
+    from sparkcluster.fabric import measure
+    monkeypatch.setattr(measure, "run", lambda *a, **kw: [Result("fabric.bandwidth", "a+b", "ok", "1 GB/s")])
+
+
 def fake_run(steps) -> execute.Run:
     return execute.Run(cluster=None, plan=FakePlan(steps), facts={}, secrets={}, progress=Recorder())
 
@@ -308,6 +317,7 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     r = execute.Run(Cluster(inv, hosts), plan, facts, secrets, Recorder())
     execute.execute(r)
     planned = [s.id for s in plan.steps() if s.stage != "preflight"]
+    assert "fabric/spark-head/test" in planned
     assert [i for i, _ in events] == planned
     assert dict(events)["image/spark-worker/receive"] == "skipped: it already holds the head's image"
     assert all(o == "done" for i, o in events if i != "image/spark-worker/receive" and not o.startswith("skipped: "))
@@ -413,7 +423,7 @@ def test_up_runs_the_plan_and_sums_it_up(monkeypatch, events):
     cluster, go = up_over(monkeypatch, lambda spec: spec.env)
     out = go()
     assert not out.unchanged and out.pid == 77 and out.model == "testbed-tiny"
-    assert set(out.seconds) == {"image", "weights", "containers", "ray", "probe", "serve"}
+    assert set(out.seconds) == {"image", "weights", "containers", "ray", "fabric", "probe", "serve"}
     assert events[:2] == [("preflight/spark-head/facts", "done"), ("preflight/spark-worker/facts", "done")]
 
 

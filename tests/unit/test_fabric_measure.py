@@ -85,3 +85,35 @@ def test_a_result_of_several_nodes_shows_in_each_column():
                  Console(file=buf, width=120))
     row = next(line for line in buf.getvalue().splitlines() if line.startswith("fabric.bandwidth"))
     assert row.count("FAIL") == 2
+
+
+def test_up_measures_the_fabric_only_when_it_creates_the_containers_of_several_nodes():
+    from types import SimpleNamespace
+
+    from sparkcluster.config import profile as profiles
+    from sparkcluster.up.stages import collective
+
+    inv, prof = inventory.parse(PAIR), profiles.load_profile("testbed")
+    plan = SimpleNamespace(inventory=inv, profile=prof, containers=["spec"])
+    (step,) = collective.steps(plan)
+    assert step.id == "fabric/a/test" and "before vllm serve" in step.description
+    assert collective.steps(SimpleNamespace(inventory=inv, profile=prof, containers=[])) == []
+    off = prof.model_copy(update={"fabric_test": False})
+    assert collective.steps(SimpleNamespace(inventory=inv, profile=off, containers=["spec"])) == []
+
+
+def test_a_fabric_fail_stops_up_naming_the_node(monkeypatch):
+    from types import SimpleNamespace
+
+    import pytest
+
+    from sparkcluster.errors import StageError
+    from sparkcluster.up.stages import collective
+
+    monkeypatch.setattr(measure, "run", lambda *a, **kw: [
+        Result("fabric.transport", "b", "fail", "NCCL uses TCP sockets; likely cause: no /dev/infiniband", "add it"),
+        Result("fabric.bandwidth", "a+b", "ok", "fine")])
+    r = SimpleNamespace(cluster=None, inv=None, plan=SimpleNamespace(profile=None, image="i", facts={}))
+    with pytest.raises(StageError) as e:
+        collective.run_test(r)
+    assert "stage 'fabric' failed on b" in str(e.value) and e.value.fix == "add it"

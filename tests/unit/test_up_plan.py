@@ -257,7 +257,8 @@ def test_render_lists_stages_in_order(prof):
     plan = make_plan(make_inventory(), prof, facts(), serving=False, replace=False)
     out = plan.render()
     headers = [line.strip("[]") for line in out.splitlines() if line.startswith("[")]
-    assert list(STAGES) == ["preflight", "replace", "image", "weights", "containers", "ray", "probe", "serve"]
+    assert list(STAGES) == ["preflight", "replace", "image", "weights", "containers", "ray", "fabric", "probe",
+                           "serve"]
     assert headers == [s for s in STAGES if s != "replace"]  # nothing to replace: no such stage
     assert out.splitlines()[0] == (f"plan for profile 'testbed' on cluster 'pair' (image {plan.image}):")
     # head container created before the worker's

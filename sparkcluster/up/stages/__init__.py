@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from sparkcluster.up.stages import containers, gate, image, probe, ray, replace, serve, weights
+from sparkcluster.up.stages import collective, containers, gate, image, probe, ray, replace, serve, weights
 
 # stage name -> its module, in the order the stages run
 STAGES: dict[str, ModuleType] = {"preflight": gate, "replace": replace, "image": image, "weights": weights,
-                                 "containers": containers, "ray": ray, "probe": probe, "serve": serve}
+                                 "containers": containers, "ray": ray, "fabric": collective, "probe": probe,
+                                 "serve": serve}
