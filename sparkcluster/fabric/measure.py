@@ -5,6 +5,7 @@ what the inventory says the fabric is, with the facts `doctor` gathered naming a
 from __future__ import annotations
 
 from sparkcluster.checks import Result
+from sparkcluster.errors import SparkError
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
@@ -41,9 +42,12 @@ def node_facts(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFact
 
 
 def probe_args(inv: Inventory) -> list[str]:
-    # the rendezvous gets a third of the test's bound; the rest is for the sizes
+    # a third of the test's bound for the rendezvous, half for the measurements (the probe takes fewer
+    # iterations on a slow link and skips the largest sizes once that is spent), the rest for
+    # starting the interpreter and torch in each rank
+    t = inv.fabric.timeout_s
     return ["--max-bytes", str(inv.fabric.max_bytes), "--ops", "all_gather,all_reduce,p2p",
-            "--init-timeout", f"{max(10.0, inv.fabric.timeout_s / 3):g}"]
+            "--init-timeout", f"{max(10.0, t / 3):g}", "--budget", f"{t / 2:g}"]
 
 
 def summarise(run: launch.Run) -> dict[str, nccl_log.FabricLog]:
@@ -75,7 +79,10 @@ def rank_nodes(inv: Inventory) -> dict[int, str]:
 def run(cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str,
         facts: dict[str, HostFacts]) -> list[Result]:
     """The test on every node of `inv`, judged. Never leaves a container or a process behind."""
-    r = launch.run(cluster, inv, prof, image, inv.fabric.port, probe_args(inv))
+    try:
+        r = launch.run(cluster, inv, prof, image, inv.fabric.port, probe_args(inv))
+    except SparkError as e:  # it could not run (a server running, an engine refusing): one FAIL, its fix
+        return [Result(RUN, "+".join(n.name for n in inv.nodes), "fail", e.message, e.fix)]
     logs = summarise(r)
     out = failed_ranks(r, logs, inv)
     out += judge.judge(logs, expectation(inv), node_facts(inv, prof, facts, r.placements),

@@ -40,7 +40,7 @@ MARKER = "SPARKCLUSTER_FABRIC "
 MiB = 1 << 20
 GiB = 1 << 30
 OPS = ("all_gather", "all_reduce")  # collectives, at every size
-P2P_MAX_BYTES = 256 << 20  # one direction's transfer (p2p): enough to leave latency behind
+P2P_MAX_BYTES = 64 << 20  # one direction's transfer (p2p): enough to leave latency behind
 FLOAT_BYTES = 4  # float32 elements
 
 
@@ -102,6 +102,9 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=10, help="timed iterations per size")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations per size first")
     p.add_argument("--ops", default=",".join(OPS), help="all_gather,all_reduce[,p2p] (p2p: each rank to the next, one direction at a time)")
+    p.add_argument("--budget", type=float, default=40.0,
+                   help="seconds for every measurement after the rendezvous; fewer iterations on a slow link, "
+                        "and the largest sizes skipped once it is spent")
     p.add_argument("--init-timeout", type=float, default=30.0,
                    help="seconds to wait for every rank to join (and for one collective)")
     args = p.parse_args(argv)
@@ -136,7 +139,7 @@ class Bench:
         buf = t.ones(nbytes // FLOAT_BYTES, dtype=t.float32, device=self.device)
         return (lambda: self.dist.all_reduce(buf)), (buf,)
 
-    def directions(self, rank: int, nbytes: int, iters: int) -> list[float]:
+    def directions(self, rank: int, nbytes: int, iters: int, budget_s: float) -> list[float]:
         """Seconds per transfer of `nbytes` from each rank to the next (rank r's entry: r -> r+1),
         one direction at a time, timed by the receiver. A collective's figure is the cluster's; a
         direction's names the node whose sending is slow (a rate-limited or half-broken egress)."""
@@ -149,14 +152,21 @@ class Bench:
             if rank not in (src, dst):
                 continue
             peer = dst if rank == src else src
-            self.dist.send(buf, peer) if rank == src else self.dist.recv(buf, peer)  # warm-up
+            start = time.perf_counter()
+            self.dist.send(buf, peer) if rank == src else self.dist.recv(buf, peer)  # warm-up, timed
+            self.sync()
+            first = time.perf_counter() - start
+            # how many fit this direction's part of the budget: the receiver's count, sent to the sender
+            count = t.tensor([max(1, min(iters, int(budget_s / n / first) if first > 0 else iters))],
+                             dtype=t.int64, device=self.device)
+            self.dist.send(count, peer) if rank == dst else self.dist.recv(count, peer)
             self.sync()
             start = time.perf_counter()
-            for _ in range(iters):
+            for _ in range(int(count.item())):
                 self.dist.send(buf, peer) if rank == src else self.dist.recv(buf, peer)
             self.sync()
             if rank == dst:
-                times[src] = (time.perf_counter() - start) / max(iters, 1)
+                times[src] = (time.perf_counter() - start) / int(count.item())
         self.dist.all_reduce(times)  # every entry was written by one receiver only
         return [float(x) for x in times.tolist()]
 
@@ -166,18 +176,28 @@ class Bench:
         self.dist.all_reduce(v, op=self.dist.ReduceOp.MAX)
         return float(v.item())
 
-    def measure(self, op: str, nbytes: int, iters: int, warmup: int) -> float:
-        """Mean seconds per iteration of `op` at `nbytes`, the slowest rank's."""
+    def measure(self, op: str, nbytes: int, iters: int, warmup: int, budget_s: float) -> float:
+        """Mean seconds per iteration of `op` at `nbytes`, the slowest rank's. The first call, timed,
+        decides how many more fit in `budget_s` (at least one timed, at most `warmup` + `iters`), the
+        same on every rank since every rank takes the slowest's time: a slow link shortens the test
+        instead of stretching it past its bound."""
         run, buffers = self.collective(op, nbytes)
-        for _ in range(warmup):
+        self.slowest(0.0)
+        start = time.perf_counter()
+        run()
+        self.sync()
+        first = self.slowest(time.perf_counter() - start)
+        fits = int(budget_s / first) if first > 0 else warmup + iters
+        warm, timed = min(warmup - 1, max(0, fits - iters)), max(1, min(iters, fits - 1))
+        for _ in range(max(0, warm)):
             run()
         self.sync()
         self.slowest(0.0)  # every rank starts the timed loop together
         start = time.perf_counter()
-        for _ in range(iters):
+        for _ in range(timed):
             run()
         self.sync()
-        elapsed = (time.perf_counter() - start) / max(iters, 1)
+        elapsed = (time.perf_counter() - start) / timed
         del buffers, run
         return self.slowest(elapsed)
 
@@ -213,19 +233,25 @@ def main(argv=None) -> int:
     bench = Bench(torch, dist, device, env["world"])
     count, code = 0, 0
     try:
-        for op in args.ops:
-            for size in args.sizes if op in OPS else []:
-                nbytes = rounded_size(size, env["world"])
-                seconds = bench.measure(op, nbytes, args.iters, args.warmup)
-                algbw, busbw = bandwidth(op, nbytes, seconds, env["world"])
-                count += 1
+        started = time.monotonic()
+        collectives = [(op, size) for op in args.ops if op in OPS for size in args.sizes]
+        share = args.budget / (len(collectives) + ("p2p" in args.ops))  # each measurement's part of it
+        for op, size in collectives:
+            if bench.slowest(time.monotonic() - started) > args.budget:  # every rank stops together
                 if env["rank"] == 0:
-                    emit({"op": op, "bytes": nbytes, "ranks": env["world"], "backend": backend,
-                          "time_us": round(seconds * 1e6, 1), "algbw_GBps": round(algbw, 3),
-                          "busbw_GBps": round(busbw, 3)})
+                    emit({"skipped": f"{op} at {size} bytes: the {args.budget:g}s budget is spent"})
+                continue
+            nbytes = rounded_size(size, env["world"])
+            seconds = bench.measure(op, nbytes, args.iters, args.warmup, share)
+            algbw, busbw = bandwidth(op, nbytes, seconds, env["world"])
+            count += 1
+            if env["rank"] == 0:
+                emit({"op": op, "bytes": nbytes, "ranks": env["world"], "backend": backend,
+                      "time_us": round(seconds * 1e6, 1), "algbw_GBps": round(algbw, 3),
+                      "busbw_GBps": round(busbw, 3)})
         if "p2p" in args.ops and env["world"] > 1:
             nbytes = rounded_size(min(args.sizes[-1], P2P_MAX_BYTES), 1)
-            for src, seconds in enumerate(bench.directions(env["rank"], nbytes, max(1, args.iters // 2))):
+            for src, seconds in enumerate(bench.directions(env["rank"], nbytes, max(1, args.iters // 2), share)):
                 count += 1
                 if env["rank"] == 0:
                     emit({"op": "p2p", "src": src, "dst": (src + 1) % env["world"], "bytes": nbytes,

@@ -51,8 +51,10 @@ def test_up_serves_tp2_across_both_hosts(testbed, serving):
     assert testbed.image_id(HEAD, ref) == testbed.image_id(WORKER, ref)
     # a rank runs in the worker's container: its Ray worker process is there
     assert "ray::" in testbed.sh(WORKER, "ps -eo args").stdout
-    for stage in ("preflight", "image", "containers", "ray", "probe", "serve"):
+    for stage in ("preflight", "image", "containers", "ray", "fabric", "probe", "serve"):
         assert f"✓ {stage}" in serving.stderr
+    # the fabric was measured in the new containers before anything was served (issue 26)
+    assert re.search(r"✓ fabric .*all_gather busbw [0-9.]+ GB/s", serving.stderr), serving.stderr
 
 
 def test_chat_completion_with_key(serving):

@@ -71,6 +71,12 @@ PROD_FLAGS = ("--gpus all --device=/dev/infiniband --cap-add=IPC_LOCK --ulimit m
               "--network host --ipc host --shm-size 1g")
 
 
+# `doctor --fabric` on the testbed: gloo over veths between namespaces on two shared cores (no GPU, no
+# NCCL), a few hundred MB/s; the field's figures are a real pair's RDMA. Sizes up to 64 MiB keep the
+# test within 30 s on two cores.
+FABRIC_LINES = ["[fabric]", "healthy_gbps = 0.1", "floor_gbps = 0.04", f"max_bytes = {64 << 20}", "timeout_s = 30"]
+
+
 @dataclass(frozen=True)
 class HostSpec:
     name: str
@@ -704,7 +710,7 @@ rm -f /run/docker.pid /run/docker.sock
         out = ["# sparkcluster inventory for the two-host testbed (written by tests/testbed)",
                f"# cabling: {m.spec}",
                "[cluster]", 'name = "testbed"', 'ssh_config = "ssh_config"', 'known_hosts = "known_hosts"',
-               'profile = "testbed"', f'pip_index_url = "{PIP_INDEX_URL}"', hub.INVENTORY_LINE, ""]
+               'profile = "testbed"', f'pip_index_url = "{PIP_INDEX_URL}"', hub.INVENTORY_LINE, "", *FABRIC_LINES, ""]
         names = {h: list(CROSSED if (crossed and h == WORKER) else NETDEVS) for h in HOSTS}
         out += cabling.inventory_nodes(m, [(h, SPECS[h].role, SPECS[h].octet) for h in HOSTS], names)
         return "\n".join(out)
@@ -1077,6 +1083,8 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                     f"echo {DRIVER} > /run/nvidia-standin/driver_version"]
             self.sh(h, " ; ".join(cmds), check=False)
             self.start_earlyoom(h)
+            self.unshape_egress(h)
+            self.show_uverbs(h)
         # the network as the default cabling mode has it: links, addresses, HCA states, speeds, GIDs
         self.unplug_third()
         self._update(cabling=cabling.parse(os.environ.get(cabling.ENV)).spec)
@@ -1108,6 +1116,26 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
     def _dp_index(self, host: str, ifname: str) -> int:
         names = self.worker_netdevs() if host == WORKER else list(NETDEVS)
         return names.index(ifname)
+
+    def shape_egress(self, host: str, ifname: str, rate: str = "200mbit") -> None:
+        """Slow what `host` sends on `ifname` with a token bucket (tc tbf), as a link that trained at a
+        lower speed or a half-broken port would. Undo: unshape_egress (reset does it too)."""
+        self.sh(host, f"tc qdisc replace dev {shlex.quote(ifname)} root tbf rate {shlex.quote(rate)} "
+                      "burst 256kb latency 400ms")
+
+    def unshape_egress(self, host: str, ifname: str | None = None) -> None:
+        names = [ifname] if ifname else self.worker_netdevs() if host == WORKER else list(NETDEVS)
+        self.sh(host, " ; ".join(f"tc qdisc del dev {shlex.quote(n)} root 2>/dev/null" for n in names) + " ; true",
+                check=False)
+
+    def hide_uverbs(self, host: str) -> None:
+        """Take the uverbs devices out of the host's /dev/infiniband, so a container made with
+        --device=/dev/infiniband has no RDMA device (seed 002's worker). Undo: show_uverbs."""
+        self.sh(host, "mkdir -p /run/testbed/uverbs-aside && mv /dev/infiniband/uverbs* /run/testbed/uverbs-aside/")
+
+    def show_uverbs(self, host: str) -> None:
+        self.sh(host, "[ -d /run/testbed/uverbs-aside ] && mv /run/testbed/uverbs-aside/* /dev/infiniband/ "
+                      "2>/dev/null; true", check=False)
 
     def link_down(self, host: str, ifname: str) -> None:
         """Take a link down on a host (data plane netdev, or LAN_IF for the LAN). Undo: link_up."""
