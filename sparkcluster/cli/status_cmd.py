@@ -58,6 +58,8 @@ def render(st: status_mod.ClusterStatus) -> Group:
             ("requests_running", "running", _count), ("requests_waiting", "waiting", _count),
             ("kv_cache_usage", "KV cache", lambda v: f"{v * 100:.1f}%"),
             ("generation_tokens_total", "tokens generated", _count)) if key in m))
+    if st.nccl and st.state != "down":  # what the engine's own NCCL chose, per node
+        lines.append("nccl: " + "  ".join(f"{node} {what}" for node, what in st.nccl.items()))
     sup = st.supervisor
     if sup and st.state != "down":
         restarts = len(sup.get("restarts") or [])

@@ -277,12 +277,21 @@ def per_host_env(profile: Profile, inventory: "Inventory", node: "Node | str") -
     return env
 
 
+ENGINE_NCCL_LOG_DIR = "/var/log/sparkcluster"
+ENGINE_NCCL_LOG = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
+                   "NCCL_DEBUG_FILE": f"{ENGINE_NCCL_LOG_DIR}/nccl.%h.%p.log"}
+
+
 def container_env(profile: Profile, inventory: "Inventory", node: "Node | str") -> dict[str, str]:
     """Everything a node's container is started with (no secrets: those go to the exec)."""
     env = profile.forwarded_env()
     env.update(per_host_env(profile, inventory, node))
     env["RAY_memory_usage_threshold"] = repr(float(profile.env.ray_memory_usage_threshold))
     env["VLLM_CONFIG_ROOT"] = profile.env.vllm_config_root
+    # every rank's NCCL says at init which transport it chose, into a file of its own in the container
+    # (never the server's log); `status` reads them (day2/engine_nccl). A profile's own NCCL_DEBUG wins.
+    for k, v in ENGINE_NCCL_LOG.items():
+        env.setdefault(k, v)
     if is_hub_model(profile.model):
         # the weights stage staged the snapshot on every node: no rank may reach for the hub
         env["HF_HUB_OFFLINE"] = "1"

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from sparkcluster import log
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import deployments, ray_members
+from sparkcluster.day2 import deployments, engine_nccl, ray_members
 from sparkcluster.day2 import endpoint as endpoint_mod
 from sparkcluster.facts import parsers, section, split_sections
 from sparkcluster.labels import CLUSTER_LABEL, PROFILE_LABEL, container_name
@@ -56,6 +56,7 @@ class ClusterStatus:
     engine_responds: bool | None = None  # a one-token completion answered within its bound
     metrics: dict[str, float] = field(default_factory=dict)  # from /metrics, by endpoint.METRICS
     supervisor: dict | None = None  # the head supervisor's state file (node/), None: none written
+    nccl: dict[str, str] = field(default_factory=dict)  # node -> what its ranks' NCCL chose (engine_nccl)
     journal: list[dict] = field(default_factory=list)  # its last entries
     problems: list[str] = field(default_factory=list)
 
@@ -83,6 +84,7 @@ def node_script(inv: Inventory, node: str) -> str:
                         f"[ -z \"$ids\" ] && echo '[]' || {docker} inspect $ids"),
         section("ray", ray_members.state_api_command(), stderr=False),
         head_container_script(container_name(inv.cluster.name, "head", node)),
+        engine_nccl.section_script(f"{CLUSTER_LABEL}={inv.cluster.name}", DOCKER_BOUND_S),
     ]
     return "\n".join(parts) + "\n"
 
@@ -120,6 +122,7 @@ class NodeReport:
     containers: list[dict] | None  # docker inspect of ours; None when its Docker did not answer
     ray: list[dict] | None = None
     head_view: tuple = (None, None, [])
+    nccl: str = ""  # the telling lines of its ranks' NCCL files
 
 
 def _one(host, inv: Inventory) -> NodeReport:
@@ -151,7 +154,8 @@ def _one(host, inv: Inventory) -> NodeReport:
     view = head_container_view(s)
     if view[1] is not None and now is not None and isinstance(view[1].get("updated"), (int, float)):
         view[1]["age_s"] = round(now - view[1]["updated"], 1)  # both by the head's own clock
-    return NodeReport(st, ours, ray, view)
+    nccl = s["nccl"].out if "nccl" in s and s["nccl"].rc == 0 else ""
+    return NodeReport(st, ours, ray, view, nccl)
 
 
 def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatus]:
@@ -186,7 +190,7 @@ def _look(address: str | None, port: int, api_key: str | None) -> "endpoint_mod.
 
 def _judge_reports(inv: Inventory, reports: dict, unreachable: dict, addresses: dict,
                    engine: "endpoint_mod.EngineView") -> ClusterStatus:
-    nodes, ray_rows, pid, sup, journal = [], None, None, None, []
+    nodes, ray_rows, pid, sup, journal, nccl = [], None, None, None, [], {}
     for n in inv.nodes:
         if n.name in unreachable:
             nodes.append(NodeStatus(n.name, reachable=False, error=unreachable[n.name].message.removeprefix(f"{n.name}: ")))
@@ -196,13 +200,20 @@ def _judge_reports(inv: Inventory, reports: dict, unreachable: dict, addresses: 
             nodes.append(NodeStatus(n.name, reachable=False, error=str(r)))
             continue
         nodes.append(r.status)
+        nccl[n.name] = r.nccl
         if n.name == inv.head.name:
             ray_rows = r.ray
             if r.status.state == "running":
                 pid, sup, journal = r.head_view
     address = addresses.get(inv.head.name)
     endpoint = f"http://{address}:{inv.cluster.api_port}" if address else ""
-    return judge(inv, nodes, ray_rows, endpoint, engine, pid, sup, journal)
+    st = judge(inv, nodes, ray_rows, endpoint, engine, pid, sup, journal)
+    if pid is not None:  # only a running server's ranks: an old server's files say nothing of now
+        st.nccl, problems = engine_nccl.summaries(inv, nccl)
+        st.problems += problems
+        if problems and st.state == "healthy":
+            st.state = "degraded"
+    return st
 
 
 def stale_after_s(sup: dict) -> float:

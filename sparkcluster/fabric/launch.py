@@ -159,7 +159,9 @@ def run_ranks(cluster: Cluster, inv: Inventory, placements: dict[str, Placement]
     def one(job) -> RankOutput:
         (n, r), env = job
         api = cluster.hosts[n].docker().api
-        res = run_in(api, placements[n].container, ["python3", PROBE_PATH, *probe_args], warn=True, environment=env)
+        # the container's NCCL_DEBUG_FILE is the engine's: the probe's NCCL lines come back on its output
+        argv = ["sh", "-c", 'unset NCCL_DEBUG_FILE; exec python3 "$@"', "sh", PROBE_PATH, *probe_args]
+        res = run_in(api, placements[n].container, argv, warn=True, environment=env)
         return RankOutput(n, r, res.exit_code, res.stdout)
 
     got = run_each(((f"{n}#{r}", ((n, r), env)) for (n, r), env in jobs), one)

@@ -1,0 +1,52 @@
+"""Which transport the serving engine's own NCCL chose, per rank: read from the files every rank's
+NCCL writes at init (`NCCL_DEBUG=INFO`, `NCCL_DEBUG_SUBSYS=INIT,NET`, `NCCL_DEBUG_FILE`, set in every
+container by `config/profile.container_env`), parsed by the fabric test's parser and judged by its
+verdicts. The fabric test says what the links can do; this says what the engine actually does with
+them (a rank that fell back to TCP sockets while the cluster has RoCE links is a problem `status`
+shows). A CPU engine (the testbed's) runs no NCCL and writes no such file: nothing is said."""
+
+from __future__ import annotations
+
+import shlex
+
+from sparkcluster.config.inventory import Inventory
+from sparkcluster.config.profile import ENGINE_NCCL_LOG_DIR
+from sparkcluster.facts import section
+
+# only the lines that say what NCCL chose (and its warnings), from the newest files: a rank of an
+# earlier server leaves its file behind until the container goes
+WANTED = r"NCCL version|Using network|NET/IB : |NET/Socket : |via |NCCL WARN|nRanks|Init COMPLETE"
+MAX_FILES = 16
+MAX_LINES = 600
+
+
+def section_script(cluster_label: str, bound_s: int) -> str:
+    """A status section: in each of this node's running containers of the cluster, the newest NCCL
+    files' telling lines (each line already carries its host and PID)."""
+    inner = (f"ls -t {ENGINE_NCCL_LOG_DIR}/nccl.*.log 2>/dev/null | head -n {MAX_FILES} | "
+             f"xargs -r grep -h -E {shlex.quote(WANTED)} | tail -n {MAX_LINES}")
+    docker = f"timeout -k 1 {bound_s} docker"
+    return section("nccl", f"for c in $({docker} ps -q --filter label={shlex.quote(cluster_label)}); do "
+                           f"{docker} exec $c sh -c {shlex.quote(inner)}; done; true")
+
+
+def summaries(inv: Inventory, texts: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Per node, what its ranks' NCCL chose (nodes without an NCCL file are left out), and the
+    problems: NCCL on sockets while the deployment has RoCE links between its nodes, or NCCL's own
+    failure, named per node."""
+    if not any(t.strip() for t in texts.values()):
+        return {}, []
+    from sparkcluster.fabric import judge, nccl_log  # only where an engine ran NCCL (status stays light)
+
+    logs = {n: nccl_log.parse(t) for n, t in texts.items() if t.strip()}
+    logs = {n: log for n, log in logs.items() if log.ranks}
+    if not logs:
+        return {}, []
+    expect = judge.Expectation(roce=len(inv.nodes) > 1, topology="pair" if len(inv.nodes) == 2 else "ring")
+    out, problems = {}, []
+    for node, log in logs.items():
+        r = judge.judge_node(node, log, expect, {}, logs)
+        out[node] = "; ".join(sorted({x.summary() for x in log.ranks}))
+        if r.status == "fail":
+            problems.append(f"{node}: the engine's NCCL: {r.detail}" + (f" (fix: {r.fix})" if r.fix else ""))
+    return out, problems
