@@ -3,50 +3,35 @@ captured real NCCL 2.28.9 logs (tests/captured/nccl/, see its README) stand in f
 
 from pathlib import Path
 
-from sparkcluster.config import inventory, profile as profiles
+from sparkcluster.config import profile as profiles
 from sparkcluster.day2 import engine_nccl, status
 from sparkcluster.facts import split_sections
+from tests.unit.conftest import make_inventory
 
 CAPTURED = Path(__file__).resolve().parents[1] / "captured" / "nccl"
-PAIR = inventory.parse("""
-[cluster]
-name = "pair"
-[[nodes]]
-name = "a"
-role = "head"
-ssh = "u@a"
-control_if = "enp1s0f1np1"
-control_ip = "10.0.0.1"
-data_plane = [{ netdev = "enp1s0f1np1", hca = "rocep1s0f1" }]
-[[nodes]]
-name = "b"
-role = "worker"
-ssh = "u@b"
-control_if = "enp1s0f1np1"
-control_ip = "10.0.0.2"
-data_plane = [{ netdev = "enp1s0f1np1", hca = "rocep1s0f1" }]
-""")
+PAIR = make_inventory()
+HEAD, WORKER = "spark-head", "spark-worker"
 
 
 def test_no_nccl_file_says_nothing():  # a CPU engine (the testbed's) runs no NCCL
-    assert engine_nccl.summaries(PAIR, {"a": "", "b": ""}) == ({}, [])
+    assert engine_nccl.summaries(PAIR, {HEAD: "", WORKER: ""}) == ({}, [])
 
 
 def test_ranks_on_sockets_in_a_roce_pair_are_a_problem_on_their_node():
     sock = (CAPTURED / "socket.log").read_text()
-    got, problems = engine_nccl.summaries(PAIR, {"a": sock, "b": sock})
-    assert "NET/Socket" in got["a"] and "NET/Socket" in got["b"]
-    assert any(p.startswith("b: the engine's NCCL:") and "TCP sockets" in p for p in problems), problems
+    got, problems = engine_nccl.summaries(PAIR, {HEAD: sock, WORKER: sock})
+    assert "NET/Socket" in got[HEAD] and "NET/Socket" in got[WORKER]
+    assert any(p.startswith(f"{WORKER}: the engine's NCCL:") and "TCP sockets" in p for p in problems), problems
 
 
 def test_the_status_section_reads_each_container_and_the_round_trip_parses_it():
-    script = status.node_script(PAIR, "a")
+    script = status.node_script(PAIR, HEAD)
     assert "nccl.*.log" in script and "docker exec" in script
     out = "@@sc@@ nccl\n" + (CAPTURED / "default.log").read_text() + "\n@@sc@@ nccl rc=0\n"
     assert "NCCL INFO" in split_sections(out)["nccl"].out
 
 
 def test_every_container_writes_its_ranks_nccl_init_to_a_file():
-    env = profiles.container_env(profiles.load_profile("testbed"), PAIR, "a")
+    env = profiles.container_env(profiles.load_profile("testbed"), PAIR, HEAD)
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
     assert env["NCCL_DEBUG_FILE"] == f"{profiles.ENGINE_NCCL_LOG_DIR}/nccl.%h.%p.log"
