@@ -35,3 +35,24 @@ def test_every_container_writes_its_ranks_nccl_init_to_a_file():
     env = profiles.container_env(profiles.load_profile("testbed"), PAIR, HEAD)
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
     assert env["NCCL_DEBUG_FILE"] == f"{profiles.ENGINE_NCCL_LOG_DIR}/nccl.%h.%p.log"
+
+
+def test_up_fails_when_the_engines_ranks_use_sockets_and_passes_without_nccl():
+    from types import SimpleNamespace
+
+    import pytest
+
+    from sparkcluster.errors import StageError
+    from sparkcluster.up.stages import serve
+
+    def host(text: str):
+        out = f"@@sc@@ nccl\n{text}\n@@sc@@ nccl rc=0\n"
+        return SimpleNamespace(run=lambda script, timeout, warn: SimpleNamespace(stdout=out))
+
+    sock = (CAPTURED / "socket.log").read_text()
+    r = SimpleNamespace(inv=PAIR, cluster=SimpleNamespace(hosts={HEAD: host(sock), WORKER: host(sock)}))
+    with pytest.raises(StageError) as e:
+        serve.engine_transport(r)
+    assert "stage 'serve' failed on" in str(e.value) and "TCP sockets" in str(e.value)
+    r = SimpleNamespace(inv=PAIR, cluster=SimpleNamespace(hosts={HEAD: host(""), WORKER: host("")}))
+    assert serve.engine_transport(r) == {}

@@ -1,6 +1,6 @@
 """The serve stage: the HF token file on every node, the reasoning-parser plugin, the old server
 stopped when one runs in a kept container, `vllm serve` started inside the head container, the
-wait until it really answers, then one warm-up request."""
+wait until it really answers, then one warm-up request, and the transport every rank's NCCL chose."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from sparkcluster import redact
 from sparkcluster.config import bounds, repos
 from sparkcluster.day2 import endpoint, server, supervision, teardown
+from sparkcluster.errors import StageError, StepFailure
+from sparkcluster.facts import split_sections
 from sparkcluster.remote import retry
 from sparkcluster.up.stages import weights
 from sparkcluster.up.stages.base import Step, fail
@@ -57,6 +59,11 @@ def steps(plan: "Plan") -> list[Step]:
     out.append(Step(STAGE, head, "warm-up", "one warm-up request",
                     "an 8-token chat completion, so the first user request does not pay for JIT compilation",
                     run=warm_up))
+    if len(plan.inventory.nodes) > 1:
+        out.append(Step(STAGE, head, "nccl", "the engine's NCCL transport on every rank",
+                        "each container's NCCL init files (NCCL_DEBUG_FILE): TCP sockets where the nodes have RoCE "
+                        "links fails the stage (an engine without NCCL writes none: nothing to judge)",
+                        run=engine_transport))
     return out
 
 
@@ -124,6 +131,25 @@ def wait_ready(r: "Run") -> float:
                    f"(its state: {st.get('state', 'none')})", sv.describe(), server.supervisor_tail(api, sv.container),
                    "sparkcluster events shows what the supervisor saw; sparkcluster up again")
     return took
+
+
+def engine_transport(r: "Run") -> dict[str, str]:
+    """What every rank's NCCL chose, read from the containers once the engine answers (its ranks have
+    initialised NCCL by then); sockets while the deployment has RoCE links fails `up` on that node."""
+    from sparkcluster.day2 import engine_nccl
+    from sparkcluster.labels import CLUSTER_LABEL
+
+    script = engine_nccl.section_script(f"{CLUSTER_LABEL}={r.inv.cluster.name}", 8)
+    texts = {}
+    for n in r.inv.nodes:
+        got = split_sections(r.cluster.hosts[n.name].run(script, timeout=20, warn=True).stdout).get("nccl")
+        texts[n.name] = got.out if got is not None and got.rc == 0 else ""
+    seen, problems = engine_nccl.summaries(r.inv, texts)
+    if problems:
+        raise StageError(STAGE, [StepFailure(p.split(":", 1)[0], "the engine's NCCL transport", p.split(": ", 1)[1])
+                                 for p in problems],
+                         "`sparkcluster doctor --fabric` names the cause; fix it, then sparkcluster up")
+    return seen
 
 
 def warm_up(r: "Run") -> float:
