@@ -57,9 +57,6 @@ def aside(testbed, sc, tmp_path_factory):
         res = sc("up", "--profile", PROFILE)
         assert res.returncode == 0, res.stdout + res.stderr
     sc("down")
-    # an untagged image holds layers too: a one-node deployment's own build on the worker, left
-    # dangling when the pair's image replaced its tag (test_deployments); nothing can name it again
-    testbed.docker(WORKER, "image prune -f", check=False)
     path = tmp_path_factory.mktemp("aside") / "worker-images.tar"
     mine = set(layers_of(testbed, HEAD, REF))
     tags = [t for t in testbed.docker(WORKER, "images --format '{{.Repository}}:{{.Tag}}'").stdout.split()

@@ -911,7 +911,10 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         return [t for t in tags if t != ref and "<none>" not in t and layers(t) & mine]
 
     def set_images_aside(self, host: str, tags: list[str], path: Path) -> None:
-        """docker save the tags into a file on the controller, then remove them (undo: restore_images)."""
+        """docker save the tags into a file on the controller, then remove them (undo: restore_images).
+        Untagged images go first, for good: they hold layers too (a one-node deployment's own build on
+        a worker, left dangling when the pair's image took its tag), and nothing can name them again."""
+        self.docker(host, "image prune -f", check=False)
         if not tags:
             return
         with open(path, "wb") as f:
