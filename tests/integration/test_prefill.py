@@ -5,7 +5,9 @@ probes wait behind the prefill; the KV cache grows with every chunk. The supervi
 "prefilling" and restarts nothing; the request completes. Then rank 1 stopped in the middle of a
 long prefill is still a wedge, caught within the bound, and restarted.
 
-One `up` of a variant of the `testbed` profile: 4096-token context, 8 tokens per scheduler step.
+One `up` of a variant of the `testbed` profile: 4096-token context (the tiny Llama's whole), 2 tokens
+per scheduler step, so a 4000-token prompt is 2000 steps: 6.7 s at 8 tokens per step on the
+2026-11-24 CI machine was too short to outlast stall_s twice.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ PROMPT_TOKENS = 4000
 
 def variant(tmp_path: Path) -> dict:
     text = (PROFILES / "testbed.toml").read_text()
-    text = text.replace("max_model_len = 1024", "max_model_len = 4096\nmax_num_batched_tokens = 8\nmax_num_seqs = 4")
+    text = text.replace("max_model_len = 1024", "max_model_len = 4096\nmax_num_batched_tokens = 2\nmax_num_seqs = 2")
     head, _, _ = text.partition("[supervisor]")
     text = head + (f"[supervisor]\nprobe_interval_s = 2\nprobe_timeout_s = {PROBE_S}\nstall_s = {STALL_S}\n"
                    "probe_failures = 2\nmax_restarts = 2\nprefill_floor_tok_s = 2000\n")
@@ -75,7 +77,7 @@ def test_a_long_prefill_is_progress_not_a_wedge(testbed, sc, prefill_cluster):
     th.join(600)
     assert got.get("status") == 200, got
     # the scenario held: the prefill outlasted stall_s twice and the probe bound five times over
-    assert got["seconds"] > 2 * STALL_S and got["seconds"] > 5 * PROBE_S, got  # 14-22 s seen on 2 cores
+    assert got["seconds"] > 2 * STALL_S and got["seconds"] > 5 * PROBE_S, got  # steps of 8: 6.7-22 s seen
     events = [e for e in journal(testbed) if e["ts"] > t0]
     assert not [e for e in events if e["event"] in ("wedged", "dead", "vllm serve stopped")], events
     st = sup_state(testbed)
