@@ -117,3 +117,18 @@ def test_a_fabric_fail_stops_up_naming_the_node(monkeypatch):
     with pytest.raises(StageError) as e:
         collective.run_test(r)
     assert "stage 'fabric' failed on b" in str(e.value) and e.value.fix == "add it"
+
+
+def test_the_h100_run_with_both_directions_is_judged_as_a_roce_pair_would_be():
+    """Real NCCL 2.28.9 on one H100, sockets forced, each rank its own NCCL_HOSTID (two "nodes"):
+    the probe at its current revision, directions included (tests/captured/README.md)."""
+    from pathlib import Path
+
+    cap = Path(__file__).resolve().parents[1] / "captured" / "nccl"
+    logs = {n: parse((cap / f"device-p2p-rank{r}.log").read_text()) for r, n in ((0, "a"), (1, "b"))}
+    out = {(r.id, r.node): r for r in judge.judge(logs, judge.Expectation(roce=True, topology="pair"),
+                                                   rank_node={0: "a", 1: "b"})}
+    assert out[("fabric.transport", "b")].status == "fail" and "TCP sockets" in out[("fabric.transport", "b")].detail
+    assert out[("fabric.bandwidth", "a+b")].status == "fail" and "1.851 GB/s at 1 GiB" in out[("fabric.bandwidth", "a+b")].detail
+    assert out[("fabric.direction", "a")].status == "ok" and out[("fabric.direction", "b")].status == "ok"
+    assert "a -> b: 2.064 GB/s" in out[("fabric.direction", "a")].detail
