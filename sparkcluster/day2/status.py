@@ -75,7 +75,10 @@ def node_script(inv: Inventory, node: str) -> str:
     simply print nothing where there is no such head."""
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
     docker = f"timeout -k 1 {DOCKER_BOUND_S} docker"
+    # the containers' NCCL files are read meanwhile (a `docker exec` each), and printed last
     parts = [
+        f'_nccl=$(mktemp) && {{ ( {engine_nccl.section_script(f"{CLUSTER_LABEL}={inv.cluster.name}", DOCKER_BOUND_S)} ) '
+        '>"$_nccl" 2>&1 & _ncclpid=$!; }',
         section("uptime", "cat /proc/uptime; date +%s.%N"),
         section("meminfo", "cat /proc/meminfo"),
         # `docker ps` failing (daemon down) or not returning (daemon hung) fails the section: that
@@ -84,7 +87,7 @@ def node_script(inv: Inventory, node: str) -> str:
                         f"[ -z \"$ids\" ] && echo '[]' || {docker} inspect $ids"),
         section("ray", ray_members.state_api_command(), stderr=False),
         head_container_script(container_name(inv.cluster.name, "head", node)),
-        engine_nccl.section_script(f"{CLUSTER_LABEL}={inv.cluster.name}", DOCKER_BOUND_S),
+        '[ -n "${_ncclpid:-}" ] && wait "$_ncclpid"; [ -n "${_nccl:-}" ] && cat "$_nccl" && rm -f "$_nccl"; true',
     ]
     return "\n".join(parts) + "\n"
 
