@@ -28,6 +28,7 @@ from sparkcluster.config.bounds import SupervisorSettings
 from sparkcluster.config.inventory import describe_validation_error
 from sparkcluster.errors import InputError
 from sparkcluster.movement.hfcache import is_hub_model
+from sparkcluster.node.contract import NCCL_LOG_ENV
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkcluster.config.inventory import Inventory, Node
@@ -200,10 +201,7 @@ class Profile(_Strict):
     hybrid: bool = False
     allow_high_gpu_memory_utilization: bool = False
     drop_page_cache: bool = False  # sync; echo 3 > /proc/sys/vm/drop_caches before the load
-    # `up` measures the fabric between the nodes (`doctor --fabric`) whenever it creates the
-    # containers, and stops before `vllm serve` on a FAIL (a fabric that works slowly is the field's
-    # most common silent failure); false skips it
-    fabric_test: bool = True
+    fabric_test: bool = True  # `up` runs doctor --fabric's test when it creates containers; FAIL stops it
     # free disk the preflight asks for: the built image (NGC vLLM ~9 GB base plus Ray, room to
     # build) and the model in the HF cache (0: already there, or not ours to judge)
     image_disk_gb: float = Field(default=30.0, ge=0)
@@ -277,20 +275,13 @@ def per_host_env(profile: Profile, inventory: "Inventory", node: "Node | str") -
     return env
 
 
-ENGINE_NCCL_LOG_DIR = "/var/log/sparkcluster"
-ENGINE_NCCL_LOG = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
-                   "NCCL_DEBUG_FILE": f"{ENGINE_NCCL_LOG_DIR}/nccl.%h.%p.log"}
-
-
 def container_env(profile: Profile, inventory: "Inventory", node: "Node | str") -> dict[str, str]:
     """Everything a node's container is started with (no secrets: those go to the exec)."""
     env = profile.forwarded_env()
     env.update(per_host_env(profile, inventory, node))
     env["RAY_memory_usage_threshold"] = repr(float(profile.env.ray_memory_usage_threshold))
     env["VLLM_CONFIG_ROOT"] = profile.env.vllm_config_root
-    # every rank's NCCL says at init which transport it chose, into a file of its own in the container
-    # (never the server's log); `status` reads them (day2/engine_nccl). A profile's own NCCL_DEBUG wins.
-    for k, v in ENGINE_NCCL_LOG.items():
+    for k, v in NCCL_LOG_ENV.items():  # read by status (day2/engine_nccl); a profile's own value wins
         env.setdefault(k, v)
     if is_hub_model(profile.model):
         # the weights stage staged the snapshot on every node: no rank may reach for the hub

@@ -10,8 +10,8 @@ from __future__ import annotations
 import shlex
 
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.config.profile import ENGINE_NCCL_LOG_DIR
 from sparkcluster.facts import section
+from sparkcluster.node.contract import NCCL_LOG_DIR
 
 # only the lines that say what NCCL chose (and its warnings), from the newest files: a rank of an
 # earlier server leaves its file behind until the container goes
@@ -23,7 +23,7 @@ MAX_LINES = 600
 def section_script(cluster_label: str, bound_s: int) -> str:
     """A status section: in each of this node's running containers of the cluster, the newest NCCL
     files' telling lines (each line already carries its host and PID)."""
-    inner = (f"ls -t {ENGINE_NCCL_LOG_DIR}/nccl.*.log 2>/dev/null | head -n {MAX_FILES} | "
+    inner = (f"ls -t {NCCL_LOG_DIR}/nccl.*.log 2>/dev/null | head -n {MAX_FILES} | "
              f"xargs -r grep -h -E {shlex.quote(WANTED)} | tail -n {MAX_LINES}")
     docker = f"timeout -k 1 {bound_s} docker"
     return section("nccl", f"for c in $({docker} ps -q --filter label={shlex.quote(cluster_label)}); do "

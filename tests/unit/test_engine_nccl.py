@@ -6,6 +6,7 @@ from pathlib import Path
 from sparkcluster.config import profile as profiles
 from sparkcluster.day2 import engine_nccl, status
 from sparkcluster.facts import split_sections
+from sparkcluster.node import contract
 from tests.unit.conftest import make_inventory
 
 CAPTURED = Path(__file__).resolve().parents[1] / "captured" / "nccl"
@@ -34,7 +35,7 @@ def test_the_status_section_reads_each_container_and_the_round_trip_parses_it():
 def test_every_container_writes_its_ranks_nccl_init_to_a_file():
     env = profiles.container_env(profiles.load_profile("testbed"), PAIR, HEAD)
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
-    assert env["NCCL_DEBUG_FILE"] == f"{profiles.ENGINE_NCCL_LOG_DIR}/nccl.%h.%p.log"
+    assert env["NCCL_DEBUG_FILE"] == f"{contract.NCCL_LOG_DIR}/nccl.%h.%p.log"
 
 
 def test_up_fails_when_the_engines_ranks_use_sockets_and_passes_without_nccl():
