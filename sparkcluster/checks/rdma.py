@@ -11,7 +11,7 @@ from sparkcluster.config.inventory import Node
 from sparkcluster.facts import HostFacts
 
 
-def _gid_v4(f: HostFacts, hca: str) -> list:
+def gid_v4(f: HostFacts, hca: str) -> list:
     """The HCA's RoCE v2 GIDs that carry an IPv4 address, lowest index first."""
     return [g for g in f.gids.get(hca, []) if g.roce_v2 and g.ipv4 is not None]
 
@@ -19,7 +19,7 @@ def _gid_v4(f: HostFacts, hca: str) -> list:
 def gid_index(f: HostFacts, node: Node) -> int | None:
     """The one RoCE v2 IPv4 GID index every data-plane HCA of the node has, else None. An HCA the
     node lacks is rdma.hca's to report, not counted here."""
-    idx = [{g.index for g in _gid_v4(f, h)} for h in node.hcas if h in f.hcas]
+    idx = [{g.index for g in gid_v4(f, h)} for h in node.hcas if h in f.hcas]
     common = set.intersection(*idx) if idx and all(idx) else set()
     return min(common) if common else None
 
@@ -36,7 +36,7 @@ def rdma_gid(ctx: Context, r: Report) -> None:
             if i is not None and i.up and not i.addresses:
                 problems.append(f"{link.hca}: its netdev {link.netdev} is up without an IPv4 address, so the HCA "
                                 "has no RoCE v2 IPv4 GID")
-            elif link.hca in f.hcas and not _gid_v4(f, link.hca):
+            elif link.hca in f.hcas and not gid_v4(f, link.hca):
                 kinds = sorted({g.type for g in f.gids.get(link.hca, [])}) or ["an empty GID table"]
                 problems.append(f"{link.hca} has no RoCE v2 IPv4 GID (has {', '.join(kinds)})")
         if problems:
@@ -46,7 +46,7 @@ def rdma_gid(ctx: Context, r: Report) -> None:
             continue
         idx = gid_index(f, node)
         if idx is None:
-            per = ", ".join(f"{h}: {sorted(g.index for g in _gid_v4(f, h))}" for h in node.hcas if h in f.hcas)
+            per = ", ".join(f"{h}: {sorted(g.index for g in gid_v4(f, h))}" for h in node.hcas if h in f.hcas)
             r.fail(node.name, f"no one GID index holds a RoCE v2 IPv4 GID on every HCA ({per})",
                    "NCCL_IB_GID_INDEX is one number for all of a node's HCAs: configure the addresses alike on "
                    "every port of this node")

@@ -30,10 +30,10 @@ def section_script(cluster_label: str, bound_s: int) -> str:
                            f"{docker} exec $c sh -c {shlex.quote(inner)}; done; true")
 
 
-def summaries(inv: Inventory, texts: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+def summaries(inv: Inventory, texts: dict[str, str]) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """Per node, what its ranks' NCCL chose (nodes without an NCCL file are left out), and the
     problems: NCCL on sockets while the deployment has RoCE links between its nodes, or NCCL's own
-    failure, named per node."""
+    failure, as (node, what) pairs."""
     if not any(t.strip() for t in texts.values()):
         return {}, []
     from sparkcluster.fabric import judge, nccl_log  # only where an engine ran NCCL (status stays light)
@@ -48,5 +48,5 @@ def summaries(inv: Inventory, texts: dict[str, str]) -> tuple[dict[str, str], li
         r = judge.judge_node(node, log, expect, {}, logs)
         out[node] = "; ".join(sorted({x.summary() for x in log.ranks}))
         if r.status == "fail":
-            problems.append(f"{node}: the engine's NCCL: {r.detail}" + (f" (fix: {r.fix})" if r.fix else ""))
+            problems.append((node, r.detail + (f" (fix: {r.fix})" if r.fix else "")))
     return out, problems

@@ -213,7 +213,7 @@ def _judge_reports(inv: Inventory, reports: dict, unreachable: dict, addresses: 
     st = judge(inv, nodes, ray_rows, endpoint, engine, pid, sup, journal)
     if pid is not None:  # only a running server's ranks: an old server's files say nothing of now
         st.nccl, problems = engine_nccl.summaries(inv, nccl)
-        st.problems += problems
+        st.problems += [f"{node}: the engine's NCCL: {what}" for node, what in problems]
         if problems and st.state == "healthy":
             st.state = "degraded"
     return st

@@ -32,8 +32,9 @@ _log = log.get(__name__)
 PROBE_DIR = "/tmp/sparkcluster-fabric"
 PROBE_PATH = f"{PROBE_DIR}/fabric_probe.py"
 FABRIC_LABEL = "org.sparkcluster.fabric"  # a throwaway container of the fabric test, never a serving one
-# NCCL's INIT and NET lines say which transport it chose; ENV which variables it read
-NCCL_LOG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV"}
+# the probe's NCCL lines on its own output: INIT and NET say which transport NCCL chose, ENV which
+# variables it read (the container's NCCL_DEBUG_FILE is the engine's, unset for the probe)
+PROBE_NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV"}
 
 
 # a slim image may carry no procps: the probe's processes are found through /proc, this shell excepted
@@ -73,7 +74,7 @@ class ServerRunning(SparkError):
     pass
 
 
-def _serving_container(api, cluster_name: str, role: str, name: str) -> str | None:
+def _serving_container(api, cluster_name: str, role: str) -> str | None:
     """The running container of this cluster on the node (by label), if any."""
     for c in api.containers(filters={"label": [f"{CLUSTER_LABEL}={cluster_name}", f"{ROLE_LABEL}={role}"]}):
         if FABRIC_LABEL not in (c.get("Labels") or {}):
@@ -93,8 +94,7 @@ def throwaway_spec(inv: Inventory, prof: profiles.Profile, node, image: str) -> 
 def _create_throwaway(api, spec: container_spec.ContainerSpec, created) -> str:
     host_config = {**spec.host_config_kwargs(), "restart_policy": None, "init": True}
     hc = api.create_host_config(**host_config)
-    kwargs = {**spec.create_kwargs(), "command": ["sleep", "infinity"]}
-    kwargs["labels"] = {**kwargs["labels"], FABRIC_LABEL: "1"}
+    kwargs = {**spec.create_kwargs(), "command": ["sleep", "infinity"]}  # the spec's labels mark it a throwaway
     c = api.create_container(host_config=hc, **kwargs)
     created(c["Id"])
     api.start(c["Id"])
@@ -108,7 +108,7 @@ def place(cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str, 
 
     def one(n) -> Placement:
         api = cluster.hosts[n.name].docker().api
-        cid = _serving_container(api, inv.cluster.name, n.role, n.name)
+        cid = _serving_container(api, inv.cluster.name, n.role)
         throwaway = False
         if cid is not None and n.role == "head":
             rec = server.current(api, cid)
@@ -142,7 +142,7 @@ def rank_env(inv: Inventory, port: int) -> dict[str, dict[int, dict[str, str]]]:
     for n in inv.nodes:
         out[n.name] = {}
         for local in range(n.gpus):
-            out[n.name][rank] = {**NCCL_LOG_ENV, "RANK": str(rank), "LOCAL_RANK": str(local),
+            out[n.name][rank] = {**PROBE_NCCL_ENV, "RANK": str(rank), "LOCAL_RANK": str(local),
                                  "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(n.gpus),
                                  "MASTER_ADDR": str(inv.head.control_ip), "MASTER_PORT": str(port)}
             rank += 1
@@ -153,25 +153,17 @@ def run_ranks(cluster: Cluster, inv: Inventory, placements: dict[str, Placement]
               probe_args: list[str]) -> list[RankOutput]:
     """Every rank at once (a collective needs them all), each a `docker exec` that returns when the
     probe exits; the probe bounds its own rendezvous and collectives."""
-    envs = rank_env(inv, port)
-    jobs = [((n, r), env) for n, ranks in envs.items() for r, env in ranks.items()]
+    jobs = {f"{n}#{r}": (n, r, env) for n, ranks in rank_env(inv, port).items() for r, env in ranks.items()}
+    argv = ["sh", "-c", 'unset NCCL_DEBUG_FILE; exec python3 "$@"', "sh", PROBE_PATH, *probe_args]
 
     def one(job) -> RankOutput:
-        (n, r), env = job
-        api = cluster.hosts[n].docker().api
-        # the container's NCCL_DEBUG_FILE is the engine's: the probe's NCCL lines come back on its output
-        argv = ["sh", "-c", 'unset NCCL_DEBUG_FILE; exec python3 "$@"', "sh", PROBE_PATH, *probe_args]
-        res = run_in(api, placements[n].container, argv, warn=True, environment=env)
+        n, r, env = job
+        res = run_in(cluster.hosts[n].docker().api, placements[n].container, argv, warn=True, environment=env)
         return RankOutput(n, r, res.exit_code, res.stdout)
 
-    got = run_each(((f"{n}#{r}", ((n, r), env)) for (n, r), env in jobs), one)
-    outs = []
-    for key, o in got.items():
-        n, r = key.rsplit("#", 1)
-        if o.ok:
-            outs.append(o.value)
-        else:
-            outs.append(RankOutput(n, int(r), -1, f"the rank could not be run: {o.error}"))
+    got = run_each(jobs.items(), one)
+    outs = [o.value if o.ok else RankOutput(jobs[key][0], jobs[key][1], -1, f"the rank could not be run: {o.error}")
+            for key, o in got.items()]
     return sorted(outs, key=lambda x: x.rank)
 
 

@@ -4,11 +4,11 @@ what the inventory says the fabric is, with the facts `doctor` gathered naming a
 
 from __future__ import annotations
 
-from sparkcluster.checks import Result
-from sparkcluster.errors import SparkError
+from sparkcluster.checks import Result, rdma
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
+from sparkcluster.errors import SparkError
 from sparkcluster.fabric import judge, launch, nccl_log
 from sparkcluster.facts import HostFacts
 from sparkcluster.remote.fanout import Cluster
@@ -34,7 +34,7 @@ def node_facts(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFact
     out = {}
     for n in inv.nodes:
         f = facts.get(n.name)
-        gid_ok = {h: any(g.roce_v2 and g.ipv4 is not None for g in f.gids.get(h, [])) for h in n.hcas} if f else {}
+        gid_ok = {h: bool(rdma.gid_v4(f, h)) for h in n.hcas} if f else {}
         env = {k: v for k, v in profiles.container_env(prof, inv, n).items() if k.startswith("NCCL_")}
         p = placements.get(n.name)
         out[n.name] = judge.NodeFacts(infiniband_dev=p.has_ib_devices if p else None, hca_gid_ok=gid_ok, env=env)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sparkcluster.up.stages.base import Step
 from sparkcluster.errors import StageError, StepFailure
+from sparkcluster.up.stages.base import Step
 
 if TYPE_CHECKING:
     from sparkcluster.up.execute import Run
@@ -31,10 +31,8 @@ def steps(plan: "Plan") -> list[Step]:
 
 
 def summary(done: list[tuple[Step, object]]) -> str:
-    for _, results in done:
-        lines = [r.detail for r in results if r.id == "fabric.bandwidth"]
-        return lines[0] if lines else "measured"
-    return "not run"
+    lines = [r.detail for _, results in done for r in results if r.id == "fabric.bandwidth"]
+    return lines[0] if lines else "not run"
 
 
 def run_test(r: "Run") -> list:

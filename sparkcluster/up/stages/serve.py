@@ -140,14 +140,14 @@ def engine_transport(r: "Run") -> dict[str, str]:
     from sparkcluster.labels import CLUSTER_LABEL
 
     script = engine_nccl.section_script(f"{CLUSTER_LABEL}={r.inv.cluster.name}", 8)
-    texts = {}
-    for n in r.inv.nodes:
-        got = split_sections(r.cluster.hosts[n.name].run(script, timeout=20, warn=True).stdout).get("nccl")
-        texts[n.name] = got.out if got is not None and got.rc == 0 else ""
+    def read(host) -> str:
+        got = split_sections(host.run(script, timeout=20, warn=True).stdout).get("nccl")
+        return got.out if got is not None and got.rc == 0 else ""
+
+    texts = r.cluster.each(read, [r.cluster.hosts[n.name] for n in r.inv.nodes]).values_or_raise(STAGE)
     seen, problems = engine_nccl.summaries(r.inv, texts)
     if problems:
-        raise StageError(STAGE, [StepFailure(p.split(":", 1)[0], "the engine's NCCL transport", p.split(": ", 1)[1])
-                                 for p in problems],
+        raise StageError(STAGE, [StepFailure(node, "the engine's NCCL transport", what) for node, what in problems],
                          "`sparkcluster doctor --fabric` names the cause; fix it, then sparkcluster up")
     return seen
 
