@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from sparkcluster.config import topology as topo
 from sparkcluster.errors import InputError
 
 DEFAULT_PATH = Path("~/.config/sparkcluster/cluster.toml")
@@ -85,6 +86,9 @@ class Cluster(_Strict):
     agent_port: int = Field(default=8297, ge=1, le=65535)
     connect_timeout: float = Field(default=5.0, gt=0, le=120)
     connect_attempts: int = Field(default=3, ge=1, le=10)
+    # how the data plane is cabled (config/topology): written by init from the subnets it found,
+    # checked by doctor (net.topology); a ring's order is the nodes' order. Unset: told from the facts
+    topology: topo.Kind | None = None
 
 
 class FabricFigures(_Strict):
@@ -99,7 +103,7 @@ class FabricFigures(_Strict):
 
 class Inventory(_Strict):
     cluster: Cluster
-    nodes: list[Node] = Field(min_length=1)  # one Spark is a cluster too (seed 000)
+    nodes: list[Node] = Field(min_length=1, max_length=topo.MAX_NODES)  # one Spark is a cluster too (seed 000)
     fabric: FabricFigures = Field(default_factory=FabricFigures)
     path: Path | None = Field(default=None, exclude=True)
     # node -> the SSH user's home there, learnt from the facts (shared with the copies `only` makes)
@@ -111,6 +115,8 @@ class Inventory(_Strict):
         heads = [n.name for n in self.nodes if n.role == "head"]
         if len(heads) != 1:
             raise ValueError(f"exactly one node must have role = \"head\" (found {len(heads)})")
+        if self.cluster.topology and (why := topo.nodes_allowed(self.cluster.topology, len(self.nodes))):
+            raise ValueError(f"cluster.topology: {why}")
         return self
 
     def duplicates(self) -> list[str]:

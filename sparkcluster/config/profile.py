@@ -1,13 +1,11 @@
 """Model profiles: what each node's container gets and what `vllm serve` runs.
 
-A profile is `env-profiles/NAME.toml` (or a file in `$SPARKCLUSTER_PROFILES` or
-`~/.config/sparkcluster/profiles/`), validated by pydantic with unknown keys refused. It holds:
-
+A profile is `env-profiles/NAME.toml` (or in `$SPARKCLUSTER_PROFILES`, `~/.config/sparkcluster/profiles/`),
+validated by pydantic with unknown keys refused. It holds:
 - the model, its served name and the image (base, tag, the vLLM version that tag ships, its kind);
-- the variables forwarded to every container at start (docs/field-notes.md, "Bring-up"):
-  the same values on every node, checked equal by the probe (`required_env_names`);
-- the `vllm serve` arguments as typed fields (`[serve]`), turned into argv by `flags.serve_argv`;
-- the names of the secrets the profile uses. Values never live in a profile: `secrets.load_secrets`.
+- the variables forwarded to every container at start, equal on every node (`required_env_names`);
+- the `vllm serve` arguments as typed fields (`[serve]`, argv by `flags.serve_argv`); the names of
+  the secrets the profile uses (values never live in a profile: `secrets.load_secrets`).
 
 Per-host variables are computed per node (`per_host_env`) and kept out of what vLLM's Ray executor
 copies from the driver to the ranks (`non_carry_over_file`; docs/field-notes.md, sparkrun#135).
@@ -26,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sparkcluster.config.bounds import SupervisorSettings
 from sparkcluster.config.inventory import describe_validation_error
+from sparkcluster.config.topology import nccl_env
 from sparkcluster.errors import InputError
 from sparkcluster.movement.hfcache import is_hub_model
 from sparkcluster.node.contract import NCCL_LOG_ENV
@@ -36,14 +35,13 @@ if TYPE_CHECKING:  # pragma: no cover
 PROFILES_ENV_VAR = "SPARKCLUSTER_PROFILES"
 USER_PROFILES = Path("~/.config/sparkcluster/profiles")
 
-# The only secrets sparkcluster knows. Their values come from the environment or a 0600 .env
-# and reach vLLM through the environment of the `docker exec`, never argv (docs/field-notes.md, "Secrets").
+# The only secrets sparkcluster knows: from the environment or a 0600 .env, to vLLM through the
+# environment of the `docker exec`, never argv (docs/field-notes.md, "Secrets").
 SECRET_NAMES: tuple[str, ...] = ("HF_TOKEN", "VLLM_API_KEY")
 SecretName = Literal["HF_TOKEN", "VLLM_API_KEY"]
 
-# Per-host variables, computed from the inventory for each node: interface and HCA names, VLLM_HOST_IP
-# = the node's own control-plane IP, and NCCL_IB_GID_INDEX, which may differ between nodes (owners
-# report 3 on one, 4 or 5 on the other; NCCL reads it per rank: issue 24). docs/field-notes.md.
+# Per-host variables from the inventory: interface and HCA names, VLLM_HOST_IP = the node's control IP,
+# NCCL_IB_GID_INDEX (may differ between nodes, 3 on one, 4 or 5 on the other: issue 24). field-notes.
 PER_HOST_VARS: tuple[str, ...] = (
     "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES",
     "OMPI_MCA_btl_tcp_if_include", "NCCL_IB_GID_INDEX",
@@ -281,7 +279,9 @@ def container_env(profile: Profile, inventory: "Inventory", node: "Node | str") 
     env.update(per_host_env(profile, inventory, node))
     env["RAY_memory_usage_threshold"] = repr(float(profile.env.ray_memory_usage_threshold))
     env["VLLM_CONFIG_ROOT"] = profile.env.vllm_config_root
-    for k, v in NCCL_LOG_ENV.items():  # read by status (day2/engine_nccl); a profile's own value wins
+    # the engine's NCCL log (read by status: day2/engine_nccl) and what the cabling needs of NCCL
+    # (config/topology): a profile's own value wins
+    for k, v in {**NCCL_LOG_ENV, **nccl_env(inventory.cluster.topology)}.items():
         env.setdefault(k, v)
     if is_hub_model(profile.model):
         # the weights stage staged the snapshot on every node: no rank may reach for the hub

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sparkcluster import facts
 from sparkcluster.config import inventory
+from sparkcluster.config import topology as topo
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.facts import access, probes
 from sparkcluster.facts import parsers as P
@@ -106,8 +107,8 @@ def _link_local(d: Discovered, netdev: str) -> list[P.Address]:
 
 
 def addressed_links(found: list[Discovered], per_host: list[list[Link]]) -> list[tuple[list[Link], list[str]]]:
-    """Of each host's ACTIVE links, those NCCL can use: a static IPv4 address on a subnet every other
-    host also has (a RoCE v2 IPv4 GID needs the address; a rail needs both ends), one port per subnet
+    """Of each host's ACTIVE links, those NCCL can use: a static IPv4 address on a subnet another host
+    also has (a RoCE v2 IPv4 GID needs the address; a cable or rail needs both ends), one port per subnet
     (twins on one subnet break routing, eugr/spark-vllm-docker#270). The rest are left out, each with
     a note for the draft saying why."""
     nets = [{a.network for x in links for a in x.addresses} for links in per_host]
@@ -123,7 +124,7 @@ def addressed_links(found: list[Discovered], per_host: list[list[Link]]) -> list
                 notes.append(f"{x.hca} on {x.netdev}: {why}: left out (NCCL needs a RoCE v2 IPv4 GID, which comes "
                              "from a static address; give it one on a /24 of its own to use this rail)")
                 continue
-            shared = [a for a in x.addresses if all(a.network in n for n in others)]
+            shared = [a for a in x.addresses if any(a.network in n for n in others)]
             if not shared:
                 notes.append(f"{x.hca} on {x.netdev}: {', '.join(str(a.network) for a in x.addresses)} is on no other "
                              "host: left out (the far end has no address there, or the port is cabled elsewhere)")
@@ -171,23 +172,40 @@ class Control:
     mtu: int
 
 
-def choose_control(head: list[Link], workers: list[list[Link]]) -> tuple[Control, list[Control]]:
-    """The first head data-plane link (in HCA order) with an IPv4 address on a subnet that every
-    worker also has on one of its data-plane links; each worker's control link is its link there."""
-    for link in head:
-        for addr in link.addresses:
-            picks = []
-            for wl in workers:
-                match = next(((x, a) for x in wl for a in x.addresses
-                              if a.network == addr.network and a.ip != addr.ip), None)
-                if match is None:
-                    break
-                picks.append(Control(match[0].netdev, match[1].ip, match[1].network, match[0].mtu))
-            else:
-                return Control(link.netdev, addr.ip, addr.network, link.mtu), picks
-    raise SparkError("no data-plane subnet is shared by the head and every worker",
+def choose_control(chosen: list[list[Link]], found: list[Discovered]) -> list[Control]:
+    """One control link per host (head first). The first head data-plane link (in HCA order) with an
+    IPv4 address on a subnet every other host has on a data-plane link; where no data-plane subnet
+    reaches every host (a ring or a mesh: each cable joins two), the first other interface whose
+    subnet every host has (the LAN, as owners of rings run Ray and vLLM's control traffic)."""
+    def lan(d: Discovered, data: list[Link]) -> list[Link]:
+        return [Link(n, "", tuple(a for a in i.addresses if usable(a)), i.mtu) for n, i in sorted(d.interfaces.items())
+                if n not in {x.netdev for x in data} and n != "lo" and i.up and not n.startswith(("docker", "br-", "veth"))]
+    for candidates in (chosen, [lan(d, data) for d, data in zip(found, chosen)]):
+        for link in candidates[0]:
+            for addr in link.addresses:
+                picks = []
+                for wl in candidates[1:]:
+                    match = next(((x, a) for x in wl for a in x.addresses
+                                  if a.network == addr.network and a.ip != addr.ip), None)
+                    if match is None:
+                        break
+                    picks.append(Control(match[0].netdev, match[1].ip, match[1].network, match[0].mtu))
+                else:
+                    return [Control(link.netdev, addr.ip, addr.network, link.mtu), *picks]
+    raise SparkError("no subnet is shared by the head and every worker, on the ConnectX-7 links or any other",
                      "give the ConnectX-7 links static IPv4 addresses, one subnet per cable (e.g. 198.19.k.1/24 "
-                     "and 198.19.k.2/24), then run init again")
+                     "and 198.19.k.2/24), and for a ring put every node on one LAN subnet; then run init again")
+
+
+def topology_of(names: list[str], chosen: list[list[Link]]) -> topo.Topology:
+    """The cabling the chosen links' subnets describe (config/topology), as a SparkError when they fit none."""
+    try:
+        return topo.classify({n: [a.network for x in links for a in x.addresses] for n, links in zip(names, chosen)})
+    except topo.Miscabled as e:
+        raise SparkError(f"the data-plane cabling fits no topology sparkcluster knows: {e}",
+                         "cable a pair directly, three to eight nodes through a switch (every rail on every node), "
+                         "three as a mesh or four or more as a ring (each cable a subnet of its own); then run "
+                         "init again") from None
 
 
 def node_names(found: list[Discovered]) -> list[str]:
@@ -220,6 +238,7 @@ class Draft:
     nodes: list[DraftNode]
     ssh_config: Path | None = None
     known_hosts: Path | None = None
+    topology: topo.Topology | None = None
 
 
 def draft(name: str, found: list[Discovered], ssh_config: Path | None = None,
@@ -244,11 +263,11 @@ def draft(name: str, found: list[Discovered], ssh_config: Path | None = None,
                              "give the ConnectX-7 links static IPv4 addresses, one subnet per cable (e.g. 198.19.k.1/24 "
                              "and 198.19.k.2/24), then run init again")
     chosen = [kept for kept, _ in usable_per_host]
-    head_control, worker_controls = choose_control(chosen[0], chosen[1:])
+    names = node_names(found)
+    cabling = topology_of(names, chosen)
     nodes = []
     for i, (d, (_, notes), (links, left_out), ctl, nm) in enumerate(zip(found, per_host, usable_per_host,
-                                                                        [head_control, *worker_controls],
-                                                                        node_names(found))):
+                                                                        choose_control(chosen, found), names)):
         comments = list(notes) + left_out
         gid = node_gid_index(d, links)
         if d.gids and gid is None:
@@ -261,7 +280,9 @@ def draft(name: str, found: list[Discovered], ssh_config: Path | None = None,
             comments.append(f"GPU: nvidia-smi found none ({d.gpu_error or 'no output'}); gpus = 1 assumed: check the driver")
         nodes.append(DraftNode(nm, "head" if i == 0 else "worker", d.target, ctl, links, max(1, len(d.gpus)), comments,
                                gid))
-    return Draft(name, nodes, ssh_config, known_hosts)
+    if cabling.kind == "ring":  # the inventory lists a ring's nodes in cable order, the head first
+        nodes = [next(n for n in nodes if n.name == name) for name in cabling.order]
+    return Draft(name, nodes, ssh_config, known_hosts, cabling)
 
 
 # --- TOML ---------------------------------------------------------------------------------------
@@ -277,7 +298,8 @@ def to_toml(dr: Draft, when: str = "") -> str:
         f"# Written by `sparkcluster init`{' on ' + when if when else ''} from what the hosts reported.",
         "# Review before use:",
         "#  - control_if / control_ip: the first data-plane link (in HCA order) with an IPv4 address on a",
-        "#    subnet the head and the worker(s) share. Ray and vLLM register this address (VLLM_HOST_IP).",
+        "#    subnet the head and the worker(s) share (in a ring or mesh, where each cable joins two nodes,",
+        "#    a LAN subnet every node has). Ray and vLLM register this address (VLLM_HOST_IP).",
         "#  - data_plane: every ACTIVE RoCE HCA whose netdev has a static IPv4 address on a subnet of its",
         "#    own that the other node(s) share, in HCA order; the comments say why any other was left out. NCCL pairs HCAs",
         "#    by list position (NCCL_IB_HCA). Names can differ between nodes when cables sit in other ports.",
@@ -292,6 +314,9 @@ def to_toml(dr: Draft, when: str = "") -> str:
         lines.append(f"ssh_config = {_s(dr.ssh_config)}")
     if dr.known_hosts:
         lines.append(f"known_hosts = {_s(dr.known_hosts)}")
+    if dr.topology is not None and len(dr.nodes) > 1:
+        lines += [f"# cabling: {dr.topology.kind}, from the data-plane subnets: {dr.topology.why}",
+                  f"topology = {_s(dr.topology.kind)}"]
     for n in dr.nodes:
         lines += ["", "[[nodes]]"]
         lines += [f"# {c}" for c in n.comments]

@@ -92,7 +92,7 @@ def test_data_links_drop_link_local_and_bridge_addresses():
 
 def test_control_is_first_shared_subnet_in_hca_order():
     h, w = found()
-    hc, (wc,) = discover.choose_control(discover.data_links(h)[0], [discover.data_links(w)[0]])
+    hc, wc = discover.choose_control([discover.data_links(h)[0], discover.data_links(w)[0]], [h, w])
     assert (hc.netdev, str(hc.ip), hc.mtu) == ("enp1s0f0np0", link_ip(1, 1), 9000)
     assert (wc.netdev, str(wc.ip)) == ("enp1s0f0np0", link_ip(1, 2))
 
@@ -100,13 +100,13 @@ def test_control_is_first_shared_subnet_in_hca_order():
 def test_control_skips_a_head_link_the_worker_does_not_share():
     h, w = found()
     w.interfaces["enp1s0f0np0"].addresses = []  # link 1 unaddressed on the worker
-    hc, (wc,) = discover.choose_control(discover.data_links(h)[0], [discover.data_links(w)[0]])
+    hc, wc = discover.choose_control([discover.data_links(h)[0], discover.data_links(w)[0]], [h, w])
     assert (hc.netdev, str(hc.ip), wc.netdev, str(wc.ip)) == ("enp1s0f1np1", link_ip(2, 1), "enp1s0f1np1", link_ip(2, 2))
 
 
 def test_control_worker_cabled_differently():
     h, w = found(CROSSED)
-    hc, (wc,) = discover.choose_control(discover.data_links(h)[0], [discover.data_links(w)[0]])
+    hc, wc = discover.choose_control([discover.data_links(h)[0], discover.data_links(w)[0]], [h, w])
     # head link 1 (enp1s0f0np0, 198.19.1.0/24) meets the worker's enP2p1s0f0np0
     assert (hc.netdev, wc.netdev, str(wc.ip)) == ("enp1s0f0np0", "enP2p1s0f0np0", link_ip(1, 2))
 
@@ -116,7 +116,7 @@ def test_control_none_shared():
     for i in w.interfaces.values():
         i.addresses = []
     with pytest.raises(SparkError) as e:
-        discover.choose_control(discover.data_links(h)[0], [discover.data_links(w)[0]])
+        discover.choose_control([discover.data_links(h)[0], discover.data_links(w)[0]], [h, w])
     assert "static IPv4" in e.value.fix
 
 

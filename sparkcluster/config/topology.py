@@ -1,0 +1,129 @@
+"""How the Sparks are cabled, told from the subnets of their data-plane ports (issue 27).
+
+Each cable (or each rail through a switch) is a subnet of its own, so which nodes share a subnet
+is the cabling: every node on every rail is a switch (or, with two nodes, a direct pair); each
+subnet on exactly two nodes is a cable, and the cables of three nodes connecting each pair are a
+mesh, those of four or more a ring whose order follows the cables. `init` writes what it found
+into `[cluster] topology`; doctor's `net.topology` checks the facts still say so.
+
+Pure: names and networks in, a `Topology` (or a `Miscabled` saying what does not fit) out.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["single", "direct", "switch", "mesh", "ring"]
+KINDS: tuple[str, ...] = ("single", "direct", "switch", "mesh", "ring")
+MAX_NODES = 8
+
+# What NCCL needs when every cable is a subnet between two nodes and no subnet reaches every node
+# (sparkrun sets these for its three-node ring; missing, the field sees hangs at the first
+# collective: sparkrun#174, #208): route by subnet, never merge the two ports into one NIC, and
+# use NCCL's own IB transport rather than a network plugin that expects a flat fabric.
+POINT_TO_POINT_NCCL_ENV: dict[str, str] = {
+    "NCCL_IB_SUBNET_AWARE_ROUTING": "1",
+    "NCCL_IB_MERGE_NICS": "0",
+    "NCCL_NET_PLUGIN": "none",
+}
+
+
+def nccl_env(kind: str | None) -> dict[str, str]:
+    """The NCCL variables a topology needs in every node's container."""
+    return dict(POINT_TO_POINT_NCCL_ENV) if kind in ("mesh", "ring") else {}
+
+
+def nodes_allowed(kind: str, n: int) -> str | None:
+    """Why `n` nodes cannot be cabled as `kind`, or None."""
+    need = {"single": (1, 1), "direct": (2, 2), "switch": (2, MAX_NODES), "mesh": (3, 3), "ring": (4, MAX_NODES)}[kind]
+    if need[0] <= n <= need[1]:
+        return None
+    span = str(need[0]) if need[0] == need[1] else f"{need[0]} to {need[1]}"
+    return f"a {kind} has {span} nodes, the inventory has {n}"
+
+
+@dataclass(frozen=True)
+class Cable:
+    """One subnet of the data plane and the nodes with an address on it, in node order."""
+    network: ipaddress.IPv4Network
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Topology:
+    kind: Kind
+    order: tuple[str, ...]  # the nodes: inventory order, or the ring's order along its cables
+    cables: tuple[Cable, ...]
+    why: str  # one line: what was found that makes it this kind
+
+    def neighbours(self, node: str) -> list[str]:
+        """The nodes `node` shares a cable (or a rail) with."""
+        return sorted({m for c in self.cables if node in c.nodes for m in c.nodes if m != node},
+                      key=self.order.index)
+
+
+class Miscabled(ValueError):
+    """The subnets fit no topology; the message says which node does not fit and how."""
+
+
+def classify(rails: dict[str, list[ipaddress.IPv4Network]]) -> Topology:
+    """`rails`: node -> the subnets of its data-plane ports, nodes in inventory order (head first).
+    A subnet on a single node is no cable (init leaves such ports out; net.peer judges them)."""
+    names = list(rails)
+    where: dict[ipaddress.IPv4Network, list[str]] = {}
+    for n in names:
+        for net in dict.fromkeys(rails[n]):
+            where.setdefault(net, []).append(n)
+    cables = tuple(Cable(net, tuple(ns)) for net, ns in where.items() if len(ns) > 1)
+    if len(names) == 1:
+        return Topology("single", tuple(names), (), "one node: no cables")
+    if not cables:
+        raise Miscabled("no data-plane subnet is shared by two nodes: the nodes are not cabled to each other "
+                        "(or their ports have no addresses)")
+    lonely = [n for n in names if not any(n in c.nodes for c in cables)]
+    if lonely:
+        raise Miscabled(f"{', '.join(lonely)} share(s) no data-plane subnet with any other node")
+    full = [c for c in cables if len(c.nodes) == len(names)]
+    if len(full) == len(cables):
+        kind: Kind = "direct" if len(names) == 2 else "switch"
+        what = "cable(s) between the two nodes" if kind == "direct" else "rail(s) reaching every node"
+        return Topology(kind, tuple(names), cables, f"{len(cables)} {what}: {_nets(cables)}")
+    partial = [c for c in cables if 2 < len(c.nodes) < len(names)]
+    if full or partial:
+        odd = (partial or [c for c in cables if len(c.nodes) == 2])[0]
+        raise Miscabled(f"{odd.network} reaches {', '.join(odd.nodes)} only, while "
+                        f"{'other rails reach every node' if full else 'a cable joins two nodes'}: a switch must "
+                        "reach every node on every rail, a ring or mesh cable exactly two")
+    links: dict[str, list[str]] = {n: [] for n in names}
+    for c in cables:
+        a, b = c.nodes
+        for x, y in ((a, b), (b, a)):
+            if y not in links[x]:
+                links[x].append(y)
+    if len(names) == 3:
+        missing = [f"{a}-{b}" for i, a in enumerate(names) for b in names[i + 1:] if b not in links[a]]
+        if missing:
+            raise Miscabled(f"three nodes with point-to-point cables form a mesh, but {', '.join(missing)} share no "
+                            "cable: cable every pair (each Spark has two ports)")
+        return Topology("mesh", tuple(names), cables, f"{len(cables)} cables, every pair of the three joined: "
+                                                        f"{_nets(cables)}")
+    wrong = [f"{n} has {len(links[n])} neighbour(s) ({', '.join(links[n]) or 'none'})" for n in names
+             if len(links[n]) != 2]
+    if wrong:
+        raise Miscabled(f"a ring of {len(names)} needs each node cabled to two others: {'; '.join(wrong)}")
+    order = [names[0]]
+    while len(order) < len(names):
+        nxt = next((m for m in links[order[-1]] if m not in order), None)
+        if nxt is None:
+            break
+        order.append(nxt)
+    if len(order) != len(names):
+        raise Miscabled(f"the cables form more than one loop ({' - '.join(order)} closes without "
+                        f"{', '.join(n for n in names if n not in order)}): cable the nodes as one ring")
+    return Topology("ring", tuple(order), cables, f"{len(cables)} cables, one loop: {' - '.join(order)} - {order[0]}")
+
+
+def _nets(cables: tuple[Cable, ...]) -> str:
+    return ", ".join(str(c.network) for c in cables)
