@@ -7,7 +7,7 @@ one-line `fix`.
 
 This module holds what every check is made of (Result, Expect, Context, Report, the `check`
 decorator and REGISTRY) and runs them; the checks themselves live in one module per area:
-`host` (ssh, GPU, docker, memory, disk, clock), `image`, `network` (net.*), `rdma` and `runtime`
+`host` (ssh, GPU, docker, memory, disk, clock), `image`, `network` (net.*), `wiring` (net.topology across N nodes), `rdma` and `runtime`
 (ports, stale Ray, running containers). CHECK_ORDER fixes the order they run and report in.
 """
 
@@ -127,10 +127,11 @@ from sparkcluster.checks import (  # noqa: E402
     network,
     rdma,
     runtime,
+    wiring,
 )
 from sparkcluster.checks.runtime import container_flags  # noqa: E402
 
-AREAS = (host, account, cluster_image, network, rdma, runtime)
+AREAS = (host, account, cluster_image, network, wiring, rdma, runtime)
 
 # The stable order checks run and report in (`doctor`, `doctor --json`, `up`'s preflight).
 CHECK_ORDER = (
@@ -138,7 +139,8 @@ CHECK_ORDER = (
     "account.hf_cache", "account.lock",
     "image.same", "image.base-same", "image.ray",
     "net.control_ip", "net.vllm_host_ip", "net.link", "net.mtu", "net.path_mtu", "net.twins",
-    "rdma.gid", "net.speed", "net.peer", "net.default_route", "rdma.hca",
+    "rdma.gid", "net.speed", "net.peer", "net.default_route", "net.topology", "rdma.hca",
+    "nccl.topology_env",
     "mem.headroom", "mem.earlyoom", "mem.sshd_oom",
     "ports.free", "ray.stale", "disk.free", "clock.skew",
     "containers.forwarded_env", "containers.per_host_env", "containers.flags",

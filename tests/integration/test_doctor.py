@@ -423,8 +423,10 @@ CASES = [
     Case("cabling-link-local", lambda tb, c: tb.set_cabling("link-local"), lambda tb, c: tb.reset(),
          # NVIDIA's default addressing: every twin in 169.254/16. Not a healthy variant by design: the
          # control IP changes per boot and both twins share the one link-local route, on both nodes.
+         # no subnet of their own is left to tell the cabling from (net.topology, on both ends)
          {("net.control_ip", HEAD): "fail", ("net.control_ip", WORKER): "fail",
           ("net.twins", HEAD): "fail", ("net.twins", WORKER): "fail",
+          ("net.topology", HEAD): "fail", ("net.topology", WORKER): "fail",
           ("net.path_mtu", HEAD): ("ok", "fail"), ("net.path_mtu", WORKER): ("ok", "fail")},
          detail={("net.control_ip", WORKER): "chosen anew at each boot", ("net.twins", HEAD): "link-local"},
          fix={("net.control_ip", WORKER): "static address"}),

@@ -556,8 +556,12 @@ def same(a: checks.Result, b: checks.Result) -> bool:
     return (a.status, a.fix) == (b.status, b.fix) and (a.status == "ok" or a.detail == b.detail)
 
 
+# checks whose subject needs more than a pair: broken on one node of four in test_topology.py
+N_NODE_CHECKS = {"net.topology", "nccl.topology_env"}
+
+
 def test_every_check_has_a_break():
-    assert {c[0] for c in CASES} | {"ssh.reachable"} == {cid for cid, _, _ in checks.REGISTRY}
+    assert {c[0] for c in CASES} | {"ssh.reachable"} | N_NODE_CHECKS == {cid for cid, _, _ in checks.REGISTRY}
 
 
 def test_unreachable_worker():

@@ -140,3 +140,110 @@ def test_nine_nodes_are_refused():
     with pytest.raises(Exception) as e:
         inventory.parse(text)
     assert "nodes" in str(getattr(e.value, "details", e.value))
+
+
+# --- doctor across four nodes: each cabling healthy, then broken on one node ---------------------
+
+from sparkcluster import checks, facts  # noqa: E402
+from sparkcluster.facts import parsers as P  # noqa: E402
+
+
+def _four(kind: str, addrs) -> tuple[inventory.Inventory, dict[str, facts.HostFacts]]:
+    names = [f"spark-{i}" for i in range(1, 5)]
+    inv = inventory.Inventory.model_validate({
+        "cluster": {"name": "four", "topology": kind},
+        "nodes": [{"name": n, "role": "head" if i == 1 else "worker", "ssh": n, "control_if": "enP7s7",
+                   "control_ip": f"192.168.1.{10 + i}",
+                   "data_plane": [{"netdev": PORT0[0], "hca": PORT0[1]}, {"netdev": PORT1[0], "hca": PORT1[1]}]}
+                  for i, n in zip(range(1, 5), names)]})
+    found = {}
+    for i, n in zip(range(1, 5), names):
+        d = _host(i, addrs(i))
+        f = facts.HostFacts(node=n, hostname=n)
+        f.interfaces = d.interfaces
+        found[n] = f
+    return inv, found
+
+
+def _switch(i):
+    return None  # the conftest's Spark: 198.19.k.i/24 on every port, a rail per port
+
+
+def _ring(i):
+    nxt, prev = i % 4 + 1, (i - 2) % 4 + 1
+    return {PORT0[0]: [(f"198.19.{10 + min(i, nxt)}{max(i, nxt)}.{i}", 24)],
+            PORT1[0]: [(f"198.19.{10 + min(i, prev)}{max(i, prev)}.{i}", 24)]}
+
+
+def _doctor(inv, found, env=None):
+    for n, f in found.items():
+        f.ours = [{"Config": {"Labels": {"org.sparkcluster.cluster": "four"},
+                              "Env": [f"{k}={v}" for k, v in (env or {}).get(n, {}).items()]},
+                   "State": {"Running": True}}] if env else []
+    ctx = checks.Context(inv, found, {}, checks.Expect())
+    return {(r.id, r.node): r for r in checks.run_checks(ctx, only={"net.topology", "nccl.topology_env"})}
+
+
+@pytest.mark.parametrize("kind, addrs", [("switch", _switch), ("ring", _ring)])
+def test_four_nodes_healthy(kind, addrs):
+    got = _doctor(*_four(kind, addrs))
+    assert {r.status for r in got.values()} == {"ok"}, got
+    if kind == "ring":
+        assert got[("net.topology", "spark-1")].detail == "ring: reaches spark-4, spark-2"
+
+
+def test_switch_rail_on_a_wrong_subnet_fails_that_node_only():
+    inv, found = _four("switch", _switch)
+    found["spark-3"].interfaces[PORT1[0]].addresses = [
+        P.Address(ipaddress.IPv4Address("198.19.99.3"), N("198.19.99.0/24"))]
+    got = _doctor(inv, found)
+    bad = {k: r for k, r in got.items() if r.status != "ok"}
+    assert list(bad) == [("net.topology", "spark-3")], bad
+    assert "lacks 198.19.2.0/24" in bad[("net.topology", "spark-3")].detail
+
+
+def test_ring_cable_unaddressed_fails_its_two_ends_only():
+    inv, found = _four("ring", _ring)
+    found["spark-3"].interfaces[PORT0[0]].addresses = []  # the 3-4 cable, on 3's side
+    got = _doctor(inv, found)
+    bad = sorted(k for k, r in got.items() if r.status != "ok")
+    assert bad == [("net.topology", "spark-3"), ("net.topology", "spark-4")]
+    assert "shares no data-plane subnet with spark-4" in got[("net.topology", "spark-3")].detail
+
+
+def test_inventory_says_switch_where_the_cables_are_a_ring():
+    inv, found = _four("ring", _ring)
+    inv = inv.model_copy(update={"cluster": inv.cluster.model_copy(update={"topology": None})})
+    assert _doctor(inv, found)[("net.topology", "spark-2")].detail.startswith("ring: reaches")
+    inv = inv.model_copy(update={"cluster": inv.cluster.model_copy(update={"topology": "switch"})})
+    got = _doctor(inv, found)
+    assert all(got[("net.topology", n)].status == "fail" for n in found)
+
+
+def test_ring_container_without_the_point_to_point_variables_fails_there_only():
+    inv, found = _four("ring", _ring)
+    need = topology.nccl_env("ring")
+    env = {n: dict(need) for n in found}
+    env["spark-2"].pop("NCCL_IB_SUBNET_AWARE_ROUTING")
+    got = _doctor(inv, found, env)
+    bad = sorted(k for k, r in got.items() if r.status != "ok")
+    assert bad == [("nccl.topology_env", "spark-2")]
+    assert "NCCL_IB_SUBNET_AWARE_ROUTING=1" in got[("nccl.topology_env", "spark-2")].detail
+
+
+def test_a_profile_overriding_a_ring_variable_is_named():
+    inv, found = _four("ring", _ring)
+    for f in found.values():
+        f.ours = []
+    ctx = checks.Context(inv, found, {}, checks.Expect(forwarded_env={"NCCL_IB_MERGE_NICS": "1"}))
+    got = {(r.id, r.node): r for r in checks.run_checks(ctx, only={"nccl.topology_env"})}
+    assert all(got[("nccl.topology_env", n)].status == "fail" for n in found)
+    assert "NCCL_IB_MERGE_NICS=1" in got[("nccl.topology_env", "spark-1")].detail
+
+
+def test_ring_containers_get_the_variables_from_the_topology():
+    from sparkcluster.config import profile as profiles
+    inv, _ = _four("ring", _ring)
+    prof = profiles.load_profile("testbed")
+    env = profiles.container_env(prof, inv, "spark-3")
+    assert {k: env[k] for k in topology.nccl_env("ring")} == topology.nccl_env("ring")

@@ -1,0 +1,93 @@
+"""Cabling checks across N nodes (issue 27): the data-plane subnets still describe the inventory's
+topology, each node reaching the neighbours it must (every node on every rail through a switch, the
+two next to it in a ring, each other in a mesh or a pair), and a ring or mesh carrying the NCCL
+variables point-to-point cabling needs, in the profile and in the running containers."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from sparkcluster.checks import Context, Report, check, container_env, is_running
+from sparkcluster.config import topology as topo
+from sparkcluster.config.inventory import Node
+from sparkcluster.facts import HostFacts
+from sparkcluster.facts.probes import LINK_LOCAL
+
+
+def rails(f: HostFacts, node: Node) -> list[ipaddress.IPv4Network]:
+    """The subnets of the node's data-plane netdevs (link-local ones are no cable of their own)."""
+    return [a.network for nd in node.netdevs for a in (f.interfaces[nd].addresses if nd in f.interfaces else [])
+            if a.ip not in LINK_LOCAL]
+
+
+def must_reach(kind: str, names: list[str], node: str) -> list[str]:
+    """Whom `node` must share a data-plane subnet with: every node through a switch, in a mesh and a
+    pair; in a ring the two next to it in inventory order (the order init found along the cables)."""
+    if kind == "ring":
+        i = names.index(node)
+        return list(dict.fromkeys([names[i - 1], names[(i + 1) % len(names)]]))
+    return [n for n in names if n != node]
+
+
+@check("net.topology", "The data-plane subnets fit the inventory's topology")
+def net_topology(ctx: Context, r: Report) -> None:
+    nodes = ctx.nodes()
+    if len(ctx.inventory.nodes) < 2:
+        for n in nodes:
+            r.skip(n.name, "one node: no cabling to judge")
+        return
+    have = {n.name: rails(ctx.facts[n.name], n) for n in nodes}
+    declared = ctx.inventory.cluster.topology
+    try:
+        found = topo.classify(have) if len(have) == len(ctx.inventory.nodes) else None
+    except topo.Miscabled:
+        found = None
+    names = [n.name for n in ctx.inventory.nodes]
+    kind = declared or (found.kind if found else ("direct" if len(names) == 2 else "switch"))
+    count: dict[ipaddress.IPv4Network, int] = {}
+    for nets in have.values():
+        for net in set(nets):
+            count[net] = count.get(net, 0) + 1
+    for node in nodes:
+        mine = set(have[node.name])
+        missing = [m for m in must_reach(kind, names, node.name)
+                   if m in have and not mine & set(have[m])]
+        # through a switch every rail reaches every node: a subnet most nodes have and this one lacks
+        # is this node's fault, not theirs
+        lacking = ([str(net) for net, c in count.items() if net not in mine and c > len(have) / 2]
+                   if kind == "switch" else [])
+        if lacking or missing:
+            what = (f"lacks {', '.join(lacking)}, which the other nodes' rails are on" if lacking
+                    else f"shares no data-plane subnet with {', '.join(missing)}")
+            r.fail(node.name, f"{kind} cabling: {node.name} {what}",
+                   "through a switch every node needs an address on every rail's subnet; in a ring or mesh each "
+                   "cable is a /24 of its own with both ends on it: check the cable and the port's address, or run "
+                   "`sparkcluster init` again if the cabling changed")
+        elif found is not None and declared and found.kind != declared:
+            r.fail(node.name, f"the inventory says {declared}, the subnets say {found.kind} ({found.why})",
+                   f"set topology = \"{found.kind}\" in [cluster] (or run `sparkcluster init` again)")
+        else:
+            r.ok(node.name, f"{kind}: reaches {', '.join(must_reach(kind, names, node.name))}")
+
+
+@check("nccl.topology_env", "NCCL variables a ring or mesh needs, in the profile and the containers")
+def nccl_topology_env(ctx: Context, r: Report) -> None:
+    need = topo.nccl_env(ctx.inventory.cluster.topology)
+    for node in ctx.nodes():
+        if not need:
+            r.ok(node.name, f"{ctx.inventory.cluster.topology or 'no'} topology: none needed")
+            continue
+        planned = {k: v for k, v in ctx.expect.forwarded_env.items() if k in need and v != need[k]}
+        running = [container_env(c) for c in ctx.ours(node.name) if is_running(c)]
+        stale = sorted({k for env in running for k in need if env.get(k) != need[k]})
+        if planned:
+            r.fail(node.name, f"the profile forwards {', '.join(f'{k}={v}' for k, v in planned.items())}, but a "
+                              f"{ctx.inventory.cluster.topology} needs {', '.join(f'{k}={need[k]}' for k in planned)} "
+                              "(without them the first collective hangs: sparkrun#174, #208)",
+                   "remove those variables from the profile's [env.forward]: sparkcluster sets them for the cabling")
+        elif stale:
+            r.fail(node.name, f"the running container lacks {', '.join(f'{k}={need[k]}' for k in stale)}, which a "
+                              f"{ctx.inventory.cluster.topology} needs (started before the topology was set?)",
+                   "sparkcluster down && sparkcluster up (the containers are started with them)")
+        else:
+            r.ok(node.name, ", ".join(f"{k}={v}" for k, v in need.items()))
