@@ -294,3 +294,28 @@ def needs_root(inventory: "Inventory") -> list[Problem]:
             "remove hf_cache (default: the SSH user's own ~/.cache/huggingface, where `hf download` puts "
             "weights) or set it to a directory that user owns"))
     return out
+
+
+def model_shape(config: dict, tp: int, pp: int, forwarded: dict[str, str] | None = None) -> list[Problem]:
+    """The model's own shape against the profile's parallelism, from the snapshot's config.json
+    (a multimodal model's text part where it has one): attention heads divide by tensor parallel
+    (KV heads divide it, or it divides them: vLLM replicates KV heads below TP), and the layers by
+    pipeline parallel unless VLLM_PP_LAYER_PARTITION splits them by hand (NVIDIA playbooks#63)."""
+    c = config.get("text_config") or config.get("llm_config") or config
+    heads, kv, layers = (c.get(k) for k in ("num_attention_heads", "num_key_value_heads", "num_hidden_layers"))
+    p: list[Problem] = []
+    if isinstance(heads, int) and heads % tp:
+        p.append(Problem("tp-heads", f"the model has {heads} attention heads, which tensor_parallel_size {tp} does "
+                                     "not divide: vLLM refuses to start",
+                         f"set serve.tensor_parallel_size to a divisor of {heads} and pipeline_parallel_size so that "
+                         "TP x PP is still the cluster's GPUs"))
+    if isinstance(kv, int) and kv % tp and tp % kv:
+        p.append(Problem("tp-kv-heads", f"the model has {kv} KV heads and tensor_parallel_size is {tp}: neither "
+                                        "divides the other", f"set serve.tensor_parallel_size to a divisor or a multiple of {kv}"))
+    manual = "VLLM_PP_LAYER_PARTITION" in (forwarded or {})
+    if isinstance(layers, int) and (layers < pp or (layers % pp and not manual)):
+        p.append(Problem("pp-layers", f"the model has {layers} layers, which pipeline_parallel_size {pp} does not "
+                                      "divide into equal stages",
+                         f"set serve.pipeline_parallel_size to a divisor of {layers}, or forward "
+                         "VLLM_PP_LAYER_PARTITION with the layers per stage"))
+    return p

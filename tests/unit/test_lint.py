@@ -267,3 +267,31 @@ def test_settings_that_need_root_are_named():
     for n in d["nodes"]:
         n["ssh"] = f"root@{n['name']}"
     assert not [x for x in lint(prof, make_inventory(d)) if x.rule == "needs-root"]
+
+
+# --- the model's shape against TP x PP (issue 27): read from the staged snapshot's config.json -----
+
+TINY = {"num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2}  # the testbed's tiny Llama
+# Qwen3-235B-A22B's config.json (public, hub): 64 heads, 4 KV heads, 94 layers
+QWEN3_235B = {"num_attention_heads": 64, "num_key_value_heads": 4, "num_hidden_layers": 94}
+
+
+@pytest.mark.parametrize("cfg, tp, pp, rules", [
+    (TINY, 2, 2, []),
+    (TINY, 4, 1, []),
+    (TINY, 3, 1, ["tp-heads", "tp-kv-heads"]),
+    (TINY, 1, 4, ["pp-layers"]),
+    (QWEN3_235B, 4, 2, []),
+    (QWEN3_235B, 2, 4, ["pp-layers"]),
+    (QWEN3_235B, 8, 1, []),  # KV heads replicated: 8 is a multiple of 4
+    ({"text_config": {"num_attention_heads": 6}}, 4, 1, ["tp-heads"]),
+])
+def test_model_shape(cfg, tp, pp, rules):
+    from sparkcluster.config.lint import model_shape
+    assert [p.rule for p in model_shape(cfg, tp, pp)] == rules
+
+
+def test_model_shape_leaves_an_uneven_split_by_hand_alone():
+    from sparkcluster.config.lint import model_shape
+    assert model_shape(QWEN3_235B, 2, 4, {"VLLM_PP_LAYER_PARTITION": "24,24,23,23"}) == []
+    assert [p.rule for p in model_shape(TINY, 1, 3, {"VLLM_PP_LAYER_PARTITION": "1,1,0"})] == ["pp-layers"]

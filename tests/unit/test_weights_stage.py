@@ -123,7 +123,7 @@ def test_dry_run_shows_the_stage_and_never_the_token():
     ids = [s.id for s in plan.steps() if s.stage == "weights"]
     assert ids == ["weights/spark-head/resolve", "weights/spark-head/check", "weights/spark-worker/check",
                    "weights/spark-head/disk", "weights/spark-head/hf-token", "weights/spark-head/download",
-                   "weights/spark-worker/replicate"]
+                   "weights/spark-worker/replicate", "weights/spark-head/shape"]
     text = plan.render()
     assert "https://huggingface.co/api/models/sparkcluster/testbed-tiny/revision/main" in text
     assert "hf_" not in plan.as_json().replace("hf_cache", "").replace("hf-token", "")

@@ -12,11 +12,13 @@ everywhere it moves no bytes: one request to the hub per repository and one stat
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sparkcluster.config import lint
 from sparkcluster.config import repos as needs
 from sparkcluster.day2 import server
 from sparkcluster.errors import InputError
@@ -255,6 +257,10 @@ def steps(plan: "Plan") -> list[Step]:
                             skip=lambda r, n=wk.name, k=k: None if stagings(r)[k].state[n]["missing"]
                             else "it holds the snapshot",
                             run=lambda r, n=wk.name, k=k: stagings(r)[k].replicate(n)))
+    if "model" in want[0].roles:
+        tp, pp = plan.profile.serve.tensor_parallel_size, plan.profile.serve.pipeline_parallel_size
+        out.append(Step(STAGE, head, "shape", f"check the model's heads and layers against TP={tp} x PP={pp}",
+                        f"cat config.json of the verified snapshot of {want[0].repo}", run=_shape))
     plugin = plugin_link(plan.profile, inv.hf_cache(head))
     if plugin:
         k, path, _ = plugin
@@ -288,6 +294,24 @@ def _link_plugin(r: "Run", node: str) -> str:
     target = w.snapshot_file(r.inv.hf_cache(node), st.repo, st.manifest.commit, file)
     r.cluster.hosts[node].run(w.link_command(target, path), timeout=30)
     return path
+
+
+def _shape(r: "Run") -> str:
+    """The model's config.json against TP x PP (config/lint.model_shape), before any container."""
+    st, prof, head = stagings(r)[0], r.plan.profile, r.inv.head.name
+    path = w.snapshot_file(r.inv.hf_cache(head), st.repo, st.manifest.commit, "config.json")
+    res = r.cluster.hosts[head].run(["cat", path], timeout=30, warn=True)
+    try:
+        config = json.loads(res.stdout) if res.ok else None
+    except ValueError:
+        config = None
+    if not isinstance(config, dict):
+        return "no readable config.json in the snapshot: not checked"
+    tp, pp = prof.serve.tensor_parallel_size, prof.serve.pipeline_parallel_size
+    bad = lint.model_shape(config, tp, pp, prof.forwarded_env())
+    if bad:
+        raise fail(STAGE, head, "shape", f"{st.repo}: {bad[0].message}", f"cat {path}", fix=bad[0].fix)
+    return f"TP={tp} x PP={pp} fits the model"
 
 
 OFFLINE_SIGNS = ("OfflineModeIsEnabled", "outgoing traffic has been disabled", "LocalEntryNotFoundError")
