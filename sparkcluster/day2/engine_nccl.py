@@ -42,7 +42,7 @@ def summaries(inv: Inventory, texts: dict[str, str]) -> tuple[dict[str, str], li
     logs = {n: log for n, log in logs.items() if log.ranks}
     if not logs:
         return {}, []
-    expect = judge.Expectation(roce=len(inv.nodes) > 1, topology="pair" if len(inv.nodes) == 2 else "ring")
+    expect = judge.Expectation(roce=len(inv.nodes) > 1, topology=judge.figures_kind(inv))
     out, problems = {}, []
     for node, log in logs.items():
         r = judge.judge_node(node, log, expect, {}, logs)

@@ -74,6 +74,18 @@ class NodeFacts:
     env: dict[str, str] = field(default_factory=dict)  # the NCCL_* variables the rank gets
 
 
+def figures_kind(inv) -> str:
+    """Which of the field's figures (fabric/judge.FIGURES) the cabling is held to: a ring or a mesh
+    (each cable joins two nodes; NVIDIA expects 10 GB/s) is a "ring"; a pair, or nodes through a
+    switch (each node's port runs at a pair's rate), is a "pair" on two rails, a "rail" on one."""
+    if len(inv.nodes) < 2:
+        return "single"
+    kind = inv.cluster.topology or ("direct" if len(inv.nodes) == 2 else "switch")
+    if kind in ("ring", "mesh"):
+        return "ring"
+    return "pair" if min(len(n.data_plane) for n in inv.nodes) >= 2 else "rail"
+
+
 def thresholds(expect: Expectation) -> tuple[float | None, float | None, str]:
     """(healthy, floor, where they come from) for this cluster; None where nothing is known."""
     base = FIGURES.get(expect.topology)

@@ -17,13 +17,9 @@ RUN = "fabric.run"
 
 
 def expectation(inv: Inventory) -> judge.Expectation:
-    """The inventory's fabric: RoCE links when a node has data-plane HCAs and there is a peer to reach;
-    a pair when every node has two rails, one rail otherwise (N nodes: a ring or a switch, #27)."""
-    multi = len(inv.nodes) > 1
-    rails = min(len(n.data_plane) for n in inv.nodes)
-    topology = "single" if not multi else ("pair" if len(inv.nodes) == 2 and rails >= 2 else
-                                          "rail" if len(inv.nodes) == 2 else "ring")
-    return judge.Expectation(roce=multi, topology=topology, healthy_gbps=inv.fabric.healthy_gbps,
+    """The inventory's fabric: RoCE links when there is a peer to reach, and the figures its cabling
+    is held to (`judge.figures_kind`) unless the inventory's [fabric] sets its own."""
+    return judge.Expectation(roce=len(inv.nodes) > 1, topology=judge.figures_kind(inv), healthy_gbps=inv.fabric.healthy_gbps,
                              floor_gbps=inv.fabric.floor_gbps)
 
 

@@ -247,3 +247,11 @@ def test_ring_containers_get_the_variables_from_the_topology():
     prof = profiles.load_profile("testbed")
     env = profiles.container_env(prof, inv, "spark-3")
     assert {k: env[k] for k in topology.nccl_env("ring")} == topology.nccl_env("ring")
+
+
+def test_the_fabric_test_holds_a_ring_to_nvidias_ring_figure_and_a_switch_to_a_pairs():
+    from sparkcluster.fabric import judge
+    ring, _ = _four("ring", _ring)
+    switch = ring.model_copy(update={"cluster": ring.cluster.model_copy(update={"topology": "switch"})})
+    assert judge.figures_kind(ring) == "ring" and judge.thresholds(judge.Expectation(True, "ring"))[0] == 10.0
+    assert judge.figures_kind(switch) == "pair"  # two rails per node, each port at a pair's rate
