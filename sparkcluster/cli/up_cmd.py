@@ -12,6 +12,7 @@ from sparkcluster import redact
 from sparkcluster.cli.common import load_profile_for
 from sparkcluster.cli.main import cli
 from sparkcluster.config import secrets as secret_store
+from sparkcluster.day2 import deployments
 from sparkcluster.up import bringup
 from sparkcluster.up.execute import Progress as StageProgress
 from sparkcluster.up.plan import Plan
@@ -57,12 +58,13 @@ class RichProgress(StageProgress):
               help="Where HF_TOKEN and VLLM_API_KEY live (mode 0600). Default: ./.env, then ~/.config/sparkcluster/.env.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, every command and API call per host; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the steps as a JSON list (id, stage, host, description).")
-@click.option("--node", default=None, help="Run a one-node profile (tensor parallel 1) on this node only.")
+@click.option("--node", "node", multiple=True, help="Run the profile on this node only (repeat for a subset of "
+              "the nodes: a pair of four); the profile's TP x PP is the named nodes' GPUs.")
 @click.option("--replace", is_flag=True, help="Replace what serves another profile on the nodes this run needs.")
 @click.option("--smoke", is_flag=True, help="Once serving: a short single-stream measurement, compared with the "
               "profile's published figure (a warning when far below).")
 @click.pass_obj
-def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_json: bool, node: str | None,
+def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_json: bool, node: tuple[str, ...],
        replace: bool, smoke: bool) -> None:
     """Build, distribute, start Ray on every node and serve the profile's model with TP over Ray."""
     if as_json and not dry_run:
@@ -74,12 +76,12 @@ def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_j
     secrets = secret_store.load_secrets(env_file, prof)
     err = Console(stderr=True, highlight=False)
     result = bringup.run(inv, prof, secrets, RichProgress(err), dry_run=dry_run, replace=replace, node=node,
-                        command=f"up --profile {prof.name}" + (f" --node {node}" if node else ""))
+                        command=f"up --profile {prof.name}" + deployments.node_flags(node))
     if isinstance(result, Plan):
         click.echo(result.as_json() if as_json else result.render())
         return
     if result.unchanged:
-        where = f" on {node}" if node else ""
+        where = f" on {', '.join(node)}" if node else ""
         click.echo(f"nothing to do: {inv.cluster.name} already serves '{prof.name}'{where} (vllm serve pid {result.pid})")
     else:
         total = sum(result.seconds.values())

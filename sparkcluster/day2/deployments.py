@@ -35,15 +35,23 @@ def width(prof) -> int:
     return prof.serve.tensor_parallel_size * prof.serve.pipeline_parallel_size
 
 
-def target(inv: Inventory, prof, node: str | None) -> Inventory:
-    """The nodes a run of `prof` touches: `node` alone, or the whole inventory. A profile narrower
-    than the inventory needs its node named: two single-node deployments may share a pair."""
-    if node:
-        return inv.only([node])
-    if len(inv.nodes) > 1 and width(prof) <= max(n.gpus for n in inv.nodes) < inv.gpu_count:
-        raise InputError(f"profile '{prof.name}' runs on {width(prof)} GPU(s), one node of this inventory",
-                         f"name the node: sparkcluster up --profile {prof.name} --node "
-                         f"{'|'.join(n.name for n in inv.nodes)}")
+def node_flags(nodes) -> str:
+    """` --node A --node B` as the command line names the nodes (empty for the whole inventory)."""
+    return "".join(f" --node {n}" for n in ([nodes] if isinstance(nodes, str) else nodes or ()))
+
+
+def target(inv: Inventory, prof, nodes: tuple[str, ...] | str | None) -> Inventory:
+    """The nodes a run of `prof` touches: those named (`--node`, repeatable), or the whole inventory.
+    A profile narrower than the inventory needs its nodes named: two single-node deployments may
+    share a pair, two pairs a four-node inventory."""
+    if nodes:
+        return inv.only([nodes] if isinstance(nodes, str) else list(nodes))
+    if len(inv.nodes) > 1 and width(prof) < inv.gpu_count:
+        one = width(prof) <= max(n.gpus for n in inv.nodes)
+        raise InputError(f"profile '{prof.name}' runs on {width(prof)} GPU(s), "
+                         f"{'one node' if one else 'some of the nodes'} of this inventory ({inv.gpu_count} GPUs)",
+                         f"name the node{'' if one else 's'}: sparkcluster up --profile {prof.name} --node "
+                         f"{'|'.join(n.name for n in inv.nodes)}{'' if one else ' (repeat --node for each)'}")
     return inv
 
 

@@ -45,7 +45,7 @@ class UpSummary:
 
 
 def run(inv: Inventory, prof: profiles.Profile, secrets: dict[str, str], progress: Progress, *,
-        dry_run: bool = False, replace: bool = False, command: str = "up", node: str | None = None) -> UpSummary | Plan:
+        dry_run: bool = False, replace: bool = False, command: str = "up", node: tuple[str, ...] | str | None = None) -> UpSummary | Plan:
     """`inv` is the whole inventory; the run touches the deployment's nodes only (`node`, or all)."""
     full, inv = inv, deployments.target(inv, prof, node)
     problems = lint.lint(prof, inv)
@@ -62,7 +62,7 @@ def run(inv: Inventory, prof: profiles.Profile, secrets: dict[str, str], progres
         others = deployments.conflicts(found, inv, prof.name)
         if others and not replace:
             what = "; ".join(d.describe() for d in others)
-            flag = f" --node {node}" if node else ""
+            flag = deployments.node_flags(node)
             raise InputError(f"{what} runs on the node(s) this deployment needs; up --profile {prof.name}{flag} "
                              "would replace it (they share the nodes' memory)",
                              f"sparkcluster up --profile {prof.name}{flag} --replace (or sparkcluster down first)")

@@ -60,6 +60,20 @@ def test_target_needs_a_node_for_a_profile_as_wide_as_one_node():
     assert deployments.target(one, tp1, None) is one
 
 
+def test_a_pair_of_four_nodes_is_named_node_by_node():
+    data = {"cluster": {"name": "four", "topology": "switch"}, "nodes": [
+        {"name": f"s{i}", "role": "head" if i == 1 else "worker", "ssh": f"s{i}", "control_if": "e",
+         "control_ip": f"10.0.0.{i}", "data_plane": [{"netdev": "e", "hca": "h"}]} for i in range(1, 5)]}
+    four = make_inventory(data)
+    tp2 = profiles.load_profile("testbed")
+    with pytest.raises(InputError, match="some of the nodes") as e:
+        deployments.target(four, tp2, ())
+    assert "repeat --node" in e.value.fix
+    sub = deployments.target(four, tp2, ("s3", "s4"))
+    assert [(n.name, n.role) for n in sub.nodes] == [("s3", "head"), ("s4", "worker")]
+    assert deployments.node_flags(("s3", "s4")) == " --node s3 --node s4" and deployments.node_flags(()) == ""
+
+
 def test_conflicts_are_other_deployments_sharing_a_node():
     single_a = deployments.Deployment("single", (A,))
     single_b = deployments.Deployment("single", (B,))
