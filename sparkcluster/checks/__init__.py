@@ -52,6 +52,8 @@ class Expect:
     min_driver: str | None = None  # the lowest NVIDIA driver the profile states, e.g. "590.44"
     # docker flags every container must carry, and which must be identical across nodes
     container_flags: dict[str, object] = field(default_factory=dict)
+    # "mp": vLLM's own multi-node launch, no Ray (issue 28): Ray's checks give way to the rendezvous's
+    executor: str = "ray"
 
 
 @dataclass
@@ -124,13 +126,14 @@ from sparkcluster.checks import (  # noqa: E402
     account,
     cluster_image,  # noqa: E402
     host,
+    launch,
     network,
     rdma,
     runtime,
 )
 from sparkcluster.checks.runtime import container_flags  # noqa: E402
 
-AREAS = (host, account, cluster_image, network, rdma, runtime)
+AREAS = (host, account, cluster_image, network, rdma, runtime, launch)
 
 # The stable order checks run and report in (`doctor`, `doctor --json`, `up`'s preflight).
 CHECK_ORDER = (
@@ -140,7 +143,7 @@ CHECK_ORDER = (
     "net.control_ip", "net.vllm_host_ip", "net.link", "net.mtu", "net.path_mtu", "net.twins",
     "rdma.gid", "net.speed", "net.peer", "net.default_route", "rdma.hca",
     "mem.headroom", "mem.earlyoom", "mem.sshd_oom",
-    "ports.free", "ray.stale", "disk.free", "clock.skew",
+    "ports.free", "ray.stale", "mp.rendezvous", "disk.free", "clock.skew",
     "containers.forwarded_env", "containers.per_host_env", "containers.flags",
 )
 if sorted(cid for cid, _, _ in REGISTRY) != sorted(CHECK_ORDER):
