@@ -7,7 +7,7 @@ is a new epoch the workers' agents follow), stop for good when a node runs short
 from __future__ import annotations
 
 import os
-import secrets
+from secrets import token_hex
 import signal
 import subprocess
 import time
@@ -107,7 +107,7 @@ class Supervisor:
         env = {**os.environ, **{k: str(v) for k, v in secrets.items()}}
         os.makedirs(os.path.dirname(SERVE_LOG), exist_ok=True)
         log = open(SERVE_LOG, "ab")
-        self.epoch = secrets.token_hex(4) if self.mp else None
+        self.epoch = token_hex(4) if self.mp else None
         self.proc = subprocess.Popen(desired["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
