@@ -71,6 +71,8 @@ class Supervisor:
                                 "restarts": self.restarts, "causes": self.causes[-5:],
                                 "tokens_per_s": self.rate if self.proc else None, "policy": policy,
                                 "memory_unknown": self.memory_unknown, "epoch": self.epoch if self.proc else None,
+                                **({"executor": "mp", "ranks": {n: (r or {}).get("rank") for n, r in self.reports.items()}}
+                                   if self.mp else {}),
                                 "activity": self.watch.activity if self.watch else ""})
 
     def set_report(self) -> dict:

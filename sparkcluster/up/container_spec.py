@@ -18,7 +18,8 @@ from sparkcluster import node
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.day2 import ray_members
-from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, NODES_LABEL, PROFILE_LABEL, ROLE_LABEL, container_name
+from sparkcluster.labels import (CLUSTER_LABEL, CONFIG_LABEL, EXECUTOR_LABEL, NODES_LABEL, PROFILE_LABEL, ROLE_LABEL,
+                                 container_name)
 from sparkcluster.node import contract
 
 # Docker brings the container back after a reboot or a crash (never after `down`, which removes it);
@@ -155,7 +156,7 @@ def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> 
         # the cache is mounted at the same path; HF_HOME makes every rank look there (weights, token)
         env={**profiles.container_env(prof, inv, node), "HF_HOME": inv.hf_cache(node.name)},
         labels={CLUSTER_LABEL: inv.cluster.name, ROLE_LABEL: node.role, PROFILE_LABEL: prof.name,
-                NODES_LABEL: ",".join(n.name for n in inv.nodes)},
+                NODES_LABEL: ",".join(n.name for n in inv.nodes), EXECUTOR_LABEL: prof.executor},
         shm_size=prof.shm_size,
         binds={inv.hf_cache(node.name): inv.hf_cache(node.name)},
         files={**profiles.container_files(prof), **AGENT_FILES,
