@@ -143,7 +143,7 @@ CHECK_ORDER = (
     "net.control_ip", "net.vllm_host_ip", "net.link", "net.mtu", "net.path_mtu", "net.twins",
     "rdma.gid", "net.speed", "net.peer", "net.default_route", "rdma.hca",
     "mem.headroom", "mem.earlyoom", "mem.sshd_oom",
-    "ports.free", "ray.stale", "mp.rendezvous", "disk.free", "clock.skew",
+    "ports.free", "ray.stale", "net.rendezvous", "disk.free", "clock.skew",
     "containers.forwarded_env", "containers.per_host_env", "containers.flags",
 )
 if sorted(cid for cid, _, _ in REGISTRY) != sorted(CHECK_ORDER):

@@ -1,5 +1,6 @@
-"""vLLM's own multi-node launch (executor "mp", issue 28): what its rendezvous needs, in place of
-Ray's membership and node-IP checks.
+"""The engine's rendezvous between the nodes (issue 28). With executor "mp" (vLLM's own multi-node
+launch) it takes the place of Ray's membership and node-IP checks; its interface half holds for Ray's
+ranks too (their torch.distributed group meets over the same gloo/NCCL sockets).
 
 Every node's `vllm serve` gets `--master-addr` = the head's control IP and `--master-port` =
 the inventory's `master_port` (free on the head: `ports.free`). torch.distributed's gloo and NCCL pick
@@ -28,12 +29,9 @@ def master_problem(address: str) -> str:
     return ""
 
 
-@check("mp.rendezvous", "vLLM's mp rendezvous: head's control IP, not loopback; gloo/NCCL on the control interface")
-def mp_rendezvous(ctx: Context, r: Report) -> None:
-    if ctx.expect.executor != "mp":
-        for node in ctx.nodes():
-            r.skip(node.name, "executor ray: Ray's membership and node IPs are checked instead")
-        return
+@check("net.rendezvous", "The ranks' rendezvous: the head's control IP, not loopback; gloo/NCCL on the control interface")
+def net_rendezvous(ctx: Context, r: Report) -> None:
+    mp = ctx.expect.executor == "mp"
     head = ctx.inventory.head
     master = str(head.control_ip)
     why = master_problem(master)
@@ -55,4 +53,4 @@ def mp_rendezvous(ctx: Context, r: Report) -> None:
                    "these are set per node by sparkcluster: remove them from the profile's forwarded variables, "
                    "then `sparkcluster down && sparkcluster up`")
         else:
-            r.ok(node.name, f"--master-addr {master} --master-port {port}, gloo/NCCL on {node.control_if}")
+            r.ok(node.name, (f"--master-addr {master} --master-port {port}, " if mp else "") + f"gloo/NCCL on {node.control_if}")

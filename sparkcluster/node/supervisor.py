@@ -149,7 +149,7 @@ class Supervisor:
             for peer in self.cfg.get("peers", []):
                 seen: dict = {}
                 peer_memory(peer["ip"], self.cfg["report_port"], seen=seen)
-                self.reports[peer["name"]] = seen["report"]
+                self.reports[peer["name"]] = seen.get("report")
             return ranks_waiting(self.cfg, self.reports, self.generation)
         if not self.cfg.get("ray_argv"):  # one node, no Ray: nothing to wait for
             return None
@@ -174,7 +174,7 @@ class Supervisor:
         for peer in self.cfg.get("peers", []):
             got: dict = {}
             seen[peer["name"]], why = peer_memory(peer["ip"], self.cfg["report_port"], seen=got)
-            self.reports[peer["name"]] = got["report"]
+            self.reports[peer["name"]] = got.get("report")
             if why:
                 unknown[peer["name"]] = why
         if set(unknown) != set(self.memory_unknown):  # journalled when it changes, not every look

@@ -99,17 +99,18 @@ def _ctx(prof, inv, facts_=None):
 def test_the_rendezvous_check_refuses_loopback_and_wrong_interfaces(prof):
     assert launch.master_problem("127.0.0.1") and launch.master_problem("0.0.0.0") and not launch.master_problem("198.19.2.1")
     inv = make_inventory()
-    ok = [r for r in checks.run_checks(_ctx(prof, inv), {"mp.rendezvous"})]
+    ok = [r for r in checks.run_checks(_ctx(prof, inv), {"net.rendezvous"})]
     assert ok and all(r.status == "ok" for r in ok)
     bad = prof.model_copy(update={"env": prof.env.model_copy(update={"forward": {}})})
     ctx = _ctx(bad, inv)
     ctx = checks.Context(inv, ctx.facts, {}, checks.Expect(**{**ctx.expect.__dict__, "per_host_env": {
         n.name: {**ctx.expect.per_host_env[n.name], "GLOO_SOCKET_IFNAME": "lo"} for n in inv.nodes}}))
-    got = checks.run_checks(ctx, {"mp.rendezvous"})
+    got = checks.run_checks(ctx, {"net.rendezvous"})
     assert all(r.status == "fail" and "GLOO_SOCKET_IFNAME is lo" in r.detail for r in got)
     # Ray's checks give way: no Ray in the image to look for, no Ray rows for a ray profile's rendezvous
     assert all(r.status == "skip" for r in checks.run_checks(_ctx(prof, inv), {"image.ray"}))
-    assert all(r.status == "skip" and r.detail for r in checks.run_checks(_ctx(profiles.load_profile("testbed"), inv), {"mp.rendezvous"}))
+    ray = checks.run_checks(_ctx(profiles.load_profile("testbed"), inv), {"net.rendezvous"})
+    assert all(r.status == "ok" and "--master-addr" not in r.detail for r in ray)
 
 
 CFG = {"rank": 1, "report_port": 8297, "head": {"name": HEAD, "ip": "198.19.2.1"},
