@@ -42,9 +42,9 @@ def testbed(request):
 # one run last, in this order, so each finds the cluster the previous one left and its `up` is a
 # no-op (about 2 s against 40-50 s of engine start). Each still brings its own cluster up when run
 # alone or in another order: the order saves time, it is never needed for a result. `test_mp` (the
-`testbed-mp` profile, issue 28) goes just before them: it ends with `down`, which `test_up` starts from.
-SERVING_TAIL = ("tests.integration.test_mp", "tests.integration.test_up", "tests.integration.test_bench", "tests.integration.test_supervisor",
-                "tests.integration.test_fabric")
+# `testbed-mp` profile, issue 28) goes just before them: it ends with `down`, which `test_up` starts from.
+SERVING_TAIL = ("tests.integration.test_mp", "tests.integration.test_up", "tests.integration.test_bench",
+                "tests.integration.test_supervisor", "tests.integration.test_fabric")
 
 
 def _module_rank(item) -> int:
