@@ -750,6 +750,12 @@ class Bench:
         self.rec("reboot_to_serving_s", supervisor.worker_reboot_to_serving(tb, API_KEY))
         say(f"  agent {cpu:.2f}% of a core, {rss:.0f} MB; wedge to serving {self.raw['wedge_to_serving_s'][-1]:.0f}s, "
             f"worker reboot to serving {self.raw['reboot_to_serving_s'][-1]:.0f}s")
+        say(f"executors: up from down, memory and idle CPU of both hosts, with ray and with mp ({REPS}x)")
+        from perf import executors
+
+        self.details["executors"] = executors.measure(tb, self.sc, HOSTS, containers_pss_bytes, REPS)
+        (REPO / "perf" / "executors.md").write_text(executors.render(self.details["executors"], HOSTS,
+                                                                     time.strftime("%Y-%m-%d %H:%M UTC"), REPS))
         say(f"image transfer, base on both hosts: bytes on the link / bytes of the layers the worker lacks ({REPS}x)")
         self.sc("down", timeout=120)
         try:
@@ -885,11 +891,28 @@ def rerender() -> None:
     print(table)
 
 
+def executors_only() -> None:
+    """`python -m perf.run --executors`: only the ray / mp comparison (issue 28), to perf/executors.md."""
+    from perf import executors
+
+    with testbed_lock():
+        started = time.time()
+        tb = testbed()
+        with tempfile.TemporaryDirectory(prefix="sparkcluster-bench-") as wd:
+            raw = executors.measure(tb, CLI(tb, Path(wd)), HOSTS, containers_pss_bytes, REPS)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))
+    table = executors.render(raw, HOSTS, when, REPS)
+    (REPO / "perf" / "executors.md").write_text(table)
+    print(table)
+
+
 def main() -> None:
     if "--render" in sys.argv[1:]:
         return rerender()
     if os.geteuid() != 0:
         die("the testbed needs root (make bench as root, after make testbed-up)")
+    if "--executors" in sys.argv[1:]:
+        return executors_only()
     sys.path.insert(0, str(REPO))
     started = time.time()
     with testbed_lock():

@@ -6,6 +6,7 @@ ROLE_LABEL = f"{LABEL_PREFIX}.role"
 PROFILE_LABEL = f"{LABEL_PREFIX}.profile"
 NODES_LABEL = f"{LABEL_PREFIX}.nodes"  # the deployment's node set, comma-separated
 CONFIG_LABEL = f"{LABEL_PREFIX}.config-hash"  # hash of everything that shaped the container
+EXECUTOR_LABEL = f"{LABEL_PREFIX}.executor"  # "ray" or "mp": how the deployment's ranks span its nodes
 
 
 def container_name(cluster: str, role: str, node: str) -> str:

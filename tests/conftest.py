@@ -41,9 +41,10 @@ def testbed(request):
 # Modules that serve the `testbed` profile with the real engine and leave it serving for the next
 # one run last, in this order, so each finds the cluster the previous one left and its `up` is a
 # no-op (about 2 s against 40-50 s of engine start). Each still brings its own cluster up when run
-# alone or in another order: the order saves time, it is never needed for a result.
-SERVING_TAIL = ("tests.integration.test_up", "tests.integration.test_bench", "tests.integration.test_supervisor",
-                "tests.integration.test_fabric")
+# alone or in another order: the order saves time, it is never needed for a result. `test_mp` (the
+# `testbed-mp` profile, issue 28) goes just before them: it ends with `down`, which `test_up` starts from.
+SERVING_TAIL = ("tests.integration.test_mp", "tests.integration.test_up", "tests.integration.test_bench",
+                "tests.integration.test_supervisor", "tests.integration.test_fabric")
 
 
 def _module_rank(item) -> int:

@@ -52,6 +52,8 @@ class Expect:
     min_driver: str | None = None  # the lowest NVIDIA driver the profile states, e.g. "590.44"
     # docker flags every container must carry, and which must be identical across nodes
     container_flags: dict[str, object] = field(default_factory=dict)
+    # "mp": vLLM's own multi-node launch, no Ray (issue 28): Ray's checks give way to the rendezvous's
+    executor: str = "ray"
 
 
 @dataclass
@@ -124,6 +126,7 @@ from sparkcluster.checks import (  # noqa: E402
     account,
     cluster_image,  # noqa: E402
     host,
+    launch,
     network,
     rdma,
     runtime,
@@ -131,7 +134,7 @@ from sparkcluster.checks import (  # noqa: E402
 )
 from sparkcluster.checks.runtime import container_flags  # noqa: E402
 
-AREAS = (host, account, cluster_image, network, wiring, rdma, runtime)
+AREAS = (host, account, cluster_image, network, wiring, rdma, runtime, launch)
 
 # The stable order checks run and report in (`doctor`, `doctor --json`, `up`'s preflight).
 CHECK_ORDER = (
@@ -142,7 +145,7 @@ CHECK_ORDER = (
     "rdma.gid", "net.speed", "net.peer", "net.default_route", "net.topology", "rdma.hca",
     "nccl.topology_env",
     "mem.headroom", "mem.earlyoom", "mem.sshd_oom",
-    "ports.free", "ray.stale", "disk.free", "clock.skew",
+    "ports.free", "ray.stale", "net.rendezvous", "disk.free", "clock.skew",
     "containers.forwarded_env", "containers.per_host_env", "containers.flags",
 )
 if sorted(cid for cid, _, _ in REGISTRY) != sorted(CHECK_ORDER):

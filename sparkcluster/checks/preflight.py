@@ -27,6 +27,7 @@ def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect
         vllm_version=prof.image.vllm_version,
         min_driver=prof.min_driver,
         container_flags=container_spec.required_flags(prof.ulimit_stack),
+        executor=prof.executor if len(inv.nodes) > 1 else "ray",
     )
 
 
@@ -46,11 +47,12 @@ class PreflightReport:
 
 
 def gather_all(cluster: Cluster, inv: Inventory, image: str | None,
-               base: str | None = None) -> dict[str, facts.HostFacts]:
+               base: str | None = None, ray: bool = True) -> dict[str, facts.HostFacts]:
     """Facts of every connected host (phase 1), then path MTU probes (phase 2), both in parallel."""
     seen = ray_seen.load() if image else {}
-    got = cluster.each(lambda h: facts.gather(h, inv, image, ray_seen=seen, base=base)).values_or_raise("gather facts")
-    ray_seen.remember({f.image_id: f.image_ray for f in got.values() if f.image_id and f.image_ray})
+    got = cluster.each(lambda h: facts.gather(h, inv, image, ray_seen=seen, base=base, ray=ray)).values_or_raise("gather facts")
+    if ray:
+        ray_seen.remember({f.image_id: f.image_ray for f in got.values() if f.image_id and f.image_ray})
     nodes = {n.name: n for n in inv.nodes}
     pings = cluster.each(lambda h: facts.gather_path_mtu(h, facts.path_mtu_probes(nodes[h.name], got)))
     for name, outcome in pings.items():
@@ -75,7 +77,7 @@ def run(inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = N
         unreachable = {name: err.message.removeprefix(f"{name}: ") for name, err in failed.items()}
         if not cluster.hosts:
             cluster = None
-    hosts_facts = gather_all(cluster, inv, expect.image, expect.base_image) if cluster else {}
+    hosts_facts = gather_all(cluster, inv, expect.image, expect.base_image, expect.executor == "ray") if cluster else {}
     ctx = checks.Context(inv, hosts_facts, unreachable, expect)
     return PreflightReport(checks.run_checks(ctx, only), hosts_facts, unreachable), cluster
 

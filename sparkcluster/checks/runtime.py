@@ -7,10 +7,14 @@ from sparkcluster.checks import Context, Report, check, container_env, is_runnin
 from sparkcluster.labels import CLUSTER_LABEL
 
 
-@check("ports.free", "Ray and API ports free or ours")
+@check("ports.free", "Ray (or vLLM's rendezvous) and API ports free or ours")
 def ports_free(ctx: Context, r: Report) -> None:
-    wanted = {ctx.inventory.cluster.ray_port: "Ray GCS", ctx.inventory.cluster.api_port: "vLLM API"}
+    c = ctx.inventory.cluster
     for node in ctx.nodes():
+        # executor "mp": torch.distributed's rendezvous listens on the head only (issue 28)
+        wanted = ({c.master_port: "vLLM's mp rendezvous (master_port)"} if node.role == "head" else {}) \
+            if ctx.expect.executor == "mp" else {c.ray_port: "Ray GCS"}
+        wanted[c.api_port] = "vLLM API"
         f = ctx.facts[node.name]
         ours = {c.get("Id", "") for c in ctx.ours(node.name)}
         ours_running = any(is_running(c) for c in ctx.ours(node.name))

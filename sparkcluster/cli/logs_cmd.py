@@ -16,7 +16,7 @@ from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.day2 import server
 from sparkcluster.errors import InputError
-from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
+from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, ROLE_LABEL
 from sparkcluster.remote.fanout import Cluster, connect_all
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -62,9 +62,12 @@ def logs(obj, node: str | None, follow: bool, since: str | None, tail_lines: int
             if since_ts:
                 kw["since"] = since_ts
             readers = []
-            if c.get("Labels", {}).get(ROLE_LABEL) == "head" and c.get("State") == "running":
+            labels = c.get("Labels", {})
+            # executor "mp": every node's agent runs its own rank of vllm serve (issue 28)
+            mp = labels.get(EXECUTOR_LABEL) == "mp"
+            if (labels.get(ROLE_LABEL) == "head" or mp) and c.get("State") == "running":
                 readers.append(("vllm", lambda: _vllm_log(api, c["Id"], tail_lines, follow)))
-            readers.append(("ray", lambda: api.logs(c["Id"], stream=True, follow=follow, **kw)))
+            readers.append(("agent" if mp else "ray", lambda: api.logs(c["Id"], stream=True, follow=follow, **kw)))
             threads = []
             for label, make in readers:
                 def pump(label=label, make=make):

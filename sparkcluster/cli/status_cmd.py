@@ -36,13 +36,16 @@ def _count(v: float) -> str:
 def render(st: status_mod.ClusterStatus) -> Group:
     colour = {"healthy": "green", "degraded": "bold red", "down": "yellow"}[st.state]
     t = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("node", "container", "state", "ray", "uptime", "MemAvailable"):
+    mp = any(n.executor == "mp" for n in st.nodes)  # vLLM's own launch: each node's rank, no Ray
+    for col in ("node", "container", "state", "rank" if mp else "ray", "uptime", "MemAvailable"):
         t.add_column(col)
     for n in st.nodes:
         if not n.reachable:
             t.add_row(n.node, "-", "[red]unreachable[/]", "-", "-", "-")
             continue
         ray = "-" if n.ray_alive is None else ("alive" if n.ray_alive else "[red]missing[/]")
+        if mp:
+            ray = n.rank or "-" if "alive" in (n.rank or "alive") else f"[red]{n.rank}[/]"
         up = _duration(n.uptime_s)
         mem = f"{n.mem_available_gib} GiB" if n.mem_available_gib is not None else "-"
         t.add_row(n.node, n.container or "-", n.state, ray, up, mem)

@@ -94,6 +94,10 @@ class Gate:
 
 # absent from nvcr.io/nvidia/vllm:25.11-py3 (docs/field-notes.md, "Version-dependent flags")
 _NEWER_THAN_25_11 = Gate(ngc_absent_through=(25, 11), source="seed 002")
+# executor "mp" across nodes (issue 28): --nnodes/--node-rank/--master-addr/--master-port came with the
+# mp executor's multi-node mode (vllm#23691, merged 2025-11-14: first in 0.12.0; NGC 25.11 ships
+# 0.11); --headless is older (data parallel) but starts TP/PP ranks only from that release on
+MP_MULTI_NODE = Gate(since=(0, 12, 0), ngc_absent_through=(25, 11), source="vllm#23691")
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,10 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("reasoning_parser", "--reasoning-parser", value_gates={"super_v3": _NEWER_THAN_25_11}),
     FlagSpec("enable_auto_tool_choice", "--enable-auto-tool-choice", style="bool"),
     FlagSpec("tool_call_parser", "--tool-call-parser"),
+    FlagSpec(None, "--nnodes", gate=MP_MULTI_NODE),
+    FlagSpec(None, "--node-rank", gate=MP_MULTI_NODE),
+    FlagSpec(None, "--master-addr", gate=MP_MULTI_NODE),
+    FlagSpec(None, "--headless", gate=MP_MULTI_NODE),
     # removed from the 26.05 NGC image, which ships vLLM 0.21.0
     FlagSpec(None, "--swap-space",
              gate=Gate(until=(0, 21, 0), ngc_removed_from=(26, 5), source="seed 002")),
@@ -211,6 +219,14 @@ def exec_argv(profile: Profile, **kw) -> list[str]:
     return serve_argv(profile, "ngc", **kw)
 
 
+def rank_args(nnodes: int, rank: int, master_addr: str, master_port: int) -> list[str]:
+    """What executor "mp" adds to one node's `vllm serve`: its rank among the nodes and the head's
+    rendezvous; every node but the head runs headless (its ranks only, no API server)."""
+    argv = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master_addr,
+            "--master-port", str(master_port)]
+    return argv + (["--headless"] if rank > 0 else [])
+
+
 def flag_names(argv: list[str]) -> list[str]:
     """The `--flag` names in an argv ('--x=1' counts as '--x')."""
     return [a.split("=", 1)[0] for a in argv if a.startswith("--")]
@@ -238,6 +254,8 @@ def refusals(profile: Profile) -> list[Refusal]:
     """Every flag, flag value or forwarded variable the profile's image does not accept."""
     img = profile.image
     argv = serve_argv(profile, "vllm-openai")
+    if profile.executor == "mp" and profile.world_size > 1:  # the flags each node's rank gets
+        argv += rank_args(2, 1, "0.0.0.0", 1)
     out: list[Refusal] = []
     seen: set[str] = set()
     for name in flag_names(argv):

@@ -12,4 +12,8 @@ DOCKERFILE = Path(__file__).resolve().parents[2] / "images" / "Dockerfile.vllm-r
 
 
 def image_ref(inv: Inventory, prof) -> str:
+    """The image every node's container runs: with executor "mp" (issue 28) the profile's base image
+    as it is (no Ray layer to add), else the base plus the pinned Ray, built once on the head."""
+    if prof.executor == "mp":
+        return prof.image.ref
     return f"{inv.cluster.image_repo}:{prof.image_tag(RAY_VERSION)}"

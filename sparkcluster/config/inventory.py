@@ -82,6 +82,8 @@ class Cluster(_Strict):
     hf_endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s'\"]+$")
     api_port: int = Field(default=8000, ge=1, le=65535)
     ray_port: int = Field(default=6379, ge=1, le=65535)
+    # executor "mp" (issue 28): vLLM's torch.distributed rendezvous on the head's control IP (vLLM's default)
+    master_port: int = Field(default=29501, ge=1, le=65535)
     # each node's agent reports MemAvailable here, on the node's control IP (read-only figures)
     agent_port: int = Field(default=8297, ge=1, le=65535)
     connect_timeout: float = Field(default=5.0, gt=0, le=120)

@@ -80,12 +80,13 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
                 "port-mismatch",
                 f"serve.port {s.port} differs from the inventory's api_port {inventory.cluster.api_port}",
                 "remove serve.port (the inventory's api_port is used) or make them equal"))
-    if profile.world_size > 1 and s.distributed_executor_backend != "ray":
+    if profile.world_size > 1 and s.distributed_executor_backend != profile.executor:
         p.append(Problem(
             "executor-backend",
-            f"{profile.world_size} ranks across nodes need --distributed-executor-backend ray "
+            f"{profile.world_size} ranks across nodes need --distributed-executor-backend {profile.executor} "
             f"(profile has {s.distributed_executor_backend or 'none'})",
-            "set serve.distributed_executor_backend = \"ray\" (seed 002)"))
+            f"remove serve.distributed_executor_backend, or set executor = \"{s.distributed_executor_backend}\""
+            " (ray: seed 002; mp: vLLM's own multi-node launch)"))
 
     # -- prefix caching on a hybrid model (docs/field-notes.md, "Version-dependent flags")
     if profile.hybrid and s.enable_prefix_caching:

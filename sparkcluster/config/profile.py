@@ -1,15 +1,8 @@
-"""Model profiles: what each node's container gets and what `vllm serve` runs.
-
-A profile is `env-profiles/NAME.toml` (or in `$SPARKCLUSTER_PROFILES`, `~/.config/sparkcluster/profiles/`),
-validated by pydantic with unknown keys refused. It holds:
-- the model, its served name and the image (base, tag, the vLLM version that tag ships, its kind);
-- the variables forwarded to every container at start, equal on every node (`required_env_names`);
-- the `vllm serve` arguments as typed fields (`[serve]`, argv by `flags.serve_argv`); the names of
-  the secrets the profile uses (values never live in a profile: `secrets.load_secrets`).
-
-Per-host variables are computed per node (`per_host_env`) and kept out of what vLLM's Ray executor
-copies from the driver to the ranks (`non_carry_over_file`; docs/field-notes.md, sparkrun#135).
-"""
+"""Model profiles (`env-profiles/NAME.toml`, `$SPARKCLUSTER_PROFILES`, `~/.config/sparkcluster/profiles/`),
+validated by pydantic with unknown keys refused: the model and image, the variables forwarded to every
+container at start (equal on every node: `required_env_names`), the `vllm serve` arguments as typed
+fields (`flags.serve_argv`), the executor, the secrets' names (never values). Per-host variables are
+computed per node (`per_host_env`) and kept out of what Ray's executor copies (sparkrun#135)."""
 
 from __future__ import annotations
 
@@ -42,10 +35,8 @@ SecretName = Literal["HF_TOKEN", "VLLM_API_KEY"]
 
 # Per-host variables from the inventory: interface and HCA names, VLLM_HOST_IP = the node's control IP,
 # NCCL_IB_GID_INDEX (may differ between nodes, 3 on one, 4 or 5 on the other: issue 24). field-notes.
-PER_HOST_VARS: tuple[str, ...] = (
-    "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES",
-    "OMPI_MCA_btl_tcp_if_include", "NCCL_IB_GID_INDEX",
-)
+PER_HOST_VARS: tuple[str, ...] = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA",
+                                  "UCX_NET_DEVICES", "OMPI_MCA_btl_tcp_if_include", "NCCL_IB_GID_INDEX")
 NON_CARRY_OVER_FILENAME = "ray_non_carry_over_env_vars.json"
 # Set by sparkcluster in every container; a profile may not forward these by hand.
 MANAGED_VARS: tuple[str, ...] = PER_HOST_VARS + ("VLLM_CONFIG_ROOT", "RAY_memory_usage_threshold")
@@ -200,6 +191,10 @@ class Profile(_Strict):
     allow_high_gpu_memory_utilization: bool = False
     drop_page_cache: bool = False  # sync; echo 3 > /proc/sys/vm/drop_caches before the load
     fabric_test: bool = True  # `up` runs doctor --fabric's test when it creates containers; FAIL stops it
+    # issue 28: how the ranks span the nodes. ray: a Ray cluster (the image gains a pinned Ray); mp:
+    # vLLM's own multi-node launch (--nnodes/--node-rank/--master-addr, --headless on workers), the base
+    # image served as it is. `serve.distributed_executor_backend` follows it
+    executor: Literal["ray", "mp"] = "ray"
     # free disk the preflight asks for: the built image (NGC vLLM ~9 GB base plus Ray, room to
     # build) and the model in the HF cache (0: already there, or not ours to judge)
     image_disk_gb: float = Field(default=30.0, ge=0)
@@ -226,7 +221,15 @@ class Profile(_Strict):
     supervisor: SupervisorSettings = Field(default_factory=SupervisorSettings)
     path: Path | None = Field(default=None, exclude=True)
 
-    # ---- what `up` needs -------------------------------------------------------------------
+    @model_validator(mode="after")
+    def _executor(self) -> "Profile":
+        backend = self.serve.distributed_executor_backend
+        if self.executor == "mp" and self.world_size > 1 and backend != "mp":
+            if "distributed_executor_backend" in self.serve.model_fields_set:
+                raise ValueError(f"executor = \"mp\" runs vLLM's mp backend: remove serve.distributed_executor_backend ({backend})")
+            object.__setattr__(self, "serve", self.serve.model_copy(update={"distributed_executor_backend": "mp"}))
+        return self
+
 
     def forwarded_env(self) -> dict[str, str]:
         """The variables every container gets at start, identical on every node."""
@@ -248,9 +251,6 @@ class Profile(_Strict):
     @property
     def world_size(self) -> int:
         return self.serve.tensor_parallel_size * self.serve.pipeline_parallel_size
-
-
-# ---- per-node environment ------------------------------------------------------------------
 
 
 def per_host_env(profile: Profile, inventory: "Inventory", node: "Node | str") -> dict[str, str]:
@@ -277,10 +277,10 @@ def container_env(profile: Profile, inventory: "Inventory", node: "Node | str") 
     """Everything a node's container is started with (no secrets: those go to the exec)."""
     env = profile.forwarded_env()
     env.update(per_host_env(profile, inventory, node))
-    env["RAY_memory_usage_threshold"] = repr(float(profile.env.ray_memory_usage_threshold))
+    if profile.executor == "ray":  # Ray's memory monitor: nothing to set where no Ray runs
+        env["RAY_memory_usage_threshold"] = repr(float(profile.env.ray_memory_usage_threshold))
     env["VLLM_CONFIG_ROOT"] = profile.env.vllm_config_root
-    # the engine's NCCL log (read by status: day2/engine_nccl) and what the cabling needs of NCCL
-    # (config/topology): a profile's own value wins
+    # the engine's NCCL log (read by status) and what the cabling needs of NCCL: the profile's value wins
     for k, v in {**NCCL_LOG_ENV, **nccl_env(inventory.cluster.topology)}.items():
         env.setdefault(k, v)
     if is_hub_model(profile.model):
@@ -291,7 +291,8 @@ def container_env(profile: Profile, inventory: "Inventory", node: "Node | str") 
 
 def required_env_names(profile: Profile) -> list[str]:
     """Names the probe must find present and equal in every node's container."""
-    return sorted(set(profile.env.forward) | {"RAY_memory_usage_threshold", "VLLM_CONFIG_ROOT"})
+    managed = {"VLLM_CONFIG_ROOT"} | ({"RAY_memory_usage_threshold"} if profile.executor == "ray" else set())
+    return sorted(set(profile.env.forward) | managed)
 
 
 def non_carry_over_vars(profile: Profile) -> list[str]:
@@ -328,8 +329,6 @@ def reasoning_plugin(profile: Profile, hf_cache: str = "/root/.cache/huggingface
         return None
     return url, str(PurePosixPath(hf_cache) / url.rsplit("/", 1)[-1])
 
-
-# ---- loading ---------------------------------------------------------------------------------
 
 
 def search_path() -> list[Path]:

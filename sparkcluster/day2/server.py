@@ -38,13 +38,18 @@ class ServeSpec:
     model: str  # the served model name clients ask for
     port: int
     plugin: tuple[str, str] | None  # (url, path in container)
+    # executor "mp" (issue 28): (node, container, argv) of each worker's rank, run by its own agent
+    ranks: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
 
     def describe(self) -> str:
         import shlex
 
         env = ", ".join(f"{n}=******" for n in self.secret_names)
         secrets = f" ({env} from a 0600 file)" if env else ""
-        return f"the supervisor in {self.container} runs{secrets}: " + shlex.join(self.argv)
+        out = f"the supervisor in {self.container} runs{secrets}: " + shlex.join(self.argv)
+        for node, container, argv in self.ranks:
+            out += f"; then the agent in {container} ({node}) runs its rank, no secret: " + shlex.join(argv)
+        return out
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,7 @@ def stage_plugin_command(url: str, path: str) -> list[str]:
 
 
 def start(api, spec: ServeSpec, secrets: dict[str, str], profile: str, policy: dict,
-          timeout: float = STARTED_TIMEOUT_S) -> Record:
+          timeout: float = STARTED_TIMEOUT_S, rank_apis: dict | None = None) -> Record:
     """Hand the server to the head's supervisor (node/), which starts it and records its PID.
 
     The secrets go first, into a 0600 file the supervisor reads at each start (a reboot brings the
@@ -101,6 +106,8 @@ def start(api, spec: ServeSpec, secrets: dict[str, str], profile: str, policy: d
     salt, generation = _random.token_hex(8), _random.token_hex(8)
     desired = {"generation": generation, "argv": spec.argv, "model": spec.model, "port": spec.port,
                "profile": profile, "salt": salt, "secrets_digest": secrets_digest(env, salt), "policy": policy}
+    for node, container, argv in spec.ranks:  # executor "mp": each worker's agent first, no secret
+        hand(rank_apis[node], container, {**desired, "argv": list(argv), "salt": "", "secrets_digest": ""})
     api.put_archive(spec.container, "/", files_tar({contract.SECRETS_PATH: json.dumps(env)}, mode=0o600))
     api.put_archive(spec.container, "/", files_tar({contract.DESIRED_PATH + ".new": json.dumps(desired)}))
     run_in(api, spec.container, ["mv", "-f", contract.DESIRED_PATH + ".new", contract.DESIRED_PATH])
@@ -113,6 +120,12 @@ def start(api, spec: ServeSpec, secrets: dict[str, str], profile: str, policy: d
         time.sleep(0.2)
     raise NotReady(f"the supervisor in {spec.container} did not start vllm serve within {timeout:g}s",
                    supervisor_tail(api, spec.container))
+
+
+def hand(api, container: str, desired: dict) -> None:
+    """The desired state into a container, written aside and renamed (never read half-written)."""
+    api.put_archive(container, "/", files_tar({contract.DESIRED_PATH + ".new": json.dumps(desired)}))
+    run_in(api, container, ["mv", "-f", contract.DESIRED_PATH + ".new", contract.DESIRED_PATH])
 
 
 def disable(api, container: str) -> None:

@@ -18,7 +18,7 @@ from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import deployments, engine_nccl, ray_members
 from sparkcluster.day2 import endpoint as endpoint_mod
 from sparkcluster.facts import parsers, section, split_sections
-from sparkcluster.labels import CLUSTER_LABEL, PROFILE_LABEL, container_name
+from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, PROFILE_LABEL, container_name
 from sparkcluster.node import contract
 from sparkcluster.remote.fanout import connect_reachable
 
@@ -38,6 +38,8 @@ class NodeStatus:
     host_uptime_s: float | None = None  # since the node booted (a reboot shows here)
     mem_available_gib: float | None = None
     ray_alive: bool | None = None  # this node's control IP is alive in Ray
+    executor: str = ""  # the container's label: "mp" runs without Ray (issue 28)
+    rank: str = ""  # executor "mp": "rank N alive" / "rank N exited (...)", from the head supervisor's reports
 
 
 @dataclass
@@ -150,6 +152,7 @@ def _one(host, inv: Inventory) -> NodeReport:
         st.state = c.get("State", {}).get("Status", "unknown")
         st.started_at = c.get("State", {}).get("StartedAt", "")
         st.profile = c.get("Config", {}).get("Labels", {}).get(PROFILE_LABEL, "")
+        st.executor = c.get("Config", {}).get("Labels", {}).get(EXECUTOR_LABEL, "ray")
         started = parsers.rfc3339(st.started_at)
         if st.state == "running" and started is not None and now is not None:
             st.uptime_s = round(max(now - started, 0.0), 1)
@@ -260,6 +263,24 @@ def _state_problem(sup: dict) -> str | None:
     return None
 
 
+def _judge_ranks(inv: Inventory, nodes: list[NodeStatus], st: ClusterStatus, pid: int | None) -> None:
+    """Executor "mp": each worker's rank as the head's supervisor last saw it in its agent's report."""
+    ranks = (st.supervisor or {}).get("ranks") or {}
+    epoch = (st.supervisor or {}).get("epoch")
+    for n, ns in zip(inv.nodes, nodes):
+        if n.name == inv.head.name:
+            ns.rank = "rank 0 " + ("alive" if pid else "not running")
+            continue
+        r = ranks.get(n.name)
+        if not r:
+            ns.rank = "unknown"
+            continue
+        alive = r.get("alive") and r.get("epoch") == epoch
+        ns.rank = f"rank {r.get('rank')} " + ("alive" if alive else f"not running ({r.get('exit')})" if r.get("exit") is not None else "not running")
+        if pid and epoch and not alive and ns.state == "running":
+            st.problems.append(f"{n.name}: {ns.rank}")
+
+
 def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, endpoint: str,
           engine: "endpoint_mod.EngineView", pid: int | None, sup: dict | None = None,
           journal: list[dict] | None = None) -> ClusterStatus:
@@ -269,8 +290,11 @@ def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, 
                        health=engine.health, models=engine.models, server_pid=pid,
                        engine_responds=engine.responds, metrics=engine.metrics, supervisor=sup,
                        journal=list(journal or []))
-    if len(inv.nodes) == 1:  # a one-node deployment runs without Ray: nothing to judge there
+    mp = any(ns.executor == "mp" for ns in nodes)
+    if len(inv.nodes) == 1 or mp:  # one node, or vLLM's own launch (issue 28): no Ray to judge
         ray_rows = None
+    if mp:
+        _judge_ranks(inv, nodes, st, pid)
     alive = [r for r in (ray_rows or []) if r.get("state") == "ALIVE"]
     if ray_rows is not None:
         st.ray_nodes = len(alive)
@@ -292,7 +316,7 @@ def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, 
                        if r.get("node_ip") == str(n.control_ip))
             if gpus != n.gpus:
                 st.problems.append(f"{n.name} reports {gpus:g} GPU(s) in Ray, expected {n.gpus}")
-    if ray_rows is None and len(inv.nodes) > 1 and any(ns.state == "running" for ns in nodes):
+    if ray_rows is None and len(inv.nodes) > 1 and not mp and any(ns.state == "running" for ns in nodes):
         st.problems.append("Ray does not answer on the head")
     if any(ns.state == "running" for ns in nodes):
         if engine.health != 200 and pid is None:

@@ -59,7 +59,7 @@ class HostFacts:
 
 
 def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[str, str] | None = None,
-                 base: str | None = None) -> str:
+                 base: str | None = None, ray: bool = True) -> str:
     """One shell script for one host. Every value is quoted; nothing here comes from a user string
     that is not validated by the inventory model."""
     from sparkcluster.remote.lock import lock_path
@@ -69,7 +69,7 @@ def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[s
         probes.HOSTNAME, probes.TIME, probes.GPU, probes.DOCKER, probes.GPU_HOOK, probes.IP,
         probes.carrier([node.control_if, *node.netdevs]), probes.HCA, probes.GIDS, probes.ROUTE,
         probes.MEMINFO, probes.EARLYOOM, probes.SSHD_OOM,
-        probes.listeners([inv.cluster.ray_port, inv.cluster.api_port]), probes.CONTAINERS,
+        probes.listeners([inv.cluster.ray_port, inv.cluster.api_port, inv.cluster.master_port]), probes.CONTAINERS,
         probes.ours(f"{CLUSTER_LABEL}={inv.cluster.name}"), probes.disk(inv.cluster.hf_cache), probes.RAY_SESSIONS,
         A.ACCOUNT, A.access(inv.cluster.hf_cache, lock_path(inv.cluster.name)))]
     if base:
@@ -84,7 +84,7 @@ def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[s
         # an image ID Ray has already run in (ray_seen) needs no container: the ID is its content's digest
         seen = "".join(f"{shlex.quote(i)}) echo {shlex.quote(v + ' (ran in this image ID before)')}; exit 0;; "
                        for i, v in (ray_seen or {}).items())
-        parts.append(section("image_ray", f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit 3; "
+        parts.append(section("image_ray", "echo 'no Ray with executor mp'; exit 0") if not ray else section("image_ray", f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit 3; "
                                           + (f"case \"$id\" in {seen}esac; " if seen else "") +
                                           f"for c in $(docker ps -q --filter label={label} --filter status=running); do "
                                           "[ \"$(docker inspect --format '{{.Image}}' $c)\" = \"$id\" ] && { "
@@ -148,9 +148,9 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
 
 
 def gather(host, inv: Inventory, image: str | None, timeout: float = 60.0,
-           ray_seen: dict[str, str] | None = None, base: str | None = None) -> HostFacts:
+           ray_seen: dict[str, str] | None = None, base: str | None = None, ray: bool = True) -> HostFacts:
     sent = time.time()
-    res = host.run(probe_script(inv, host.node, image, ray_seen, base), timeout=timeout, warn=True)
+    res = host.run(probe_script(inv, host.node, image, ray_seen, base, ray), timeout=timeout, warn=True)
     received = time.time()
     if res.timed_out:
         from sparkcluster.errors import StageError, StepFailure

@@ -32,6 +32,7 @@ import time
 from .contract import CONFIG_PATH
 from .journal import Journal
 from .memreport import node_report, serve_reports
+from .ranks import RankKeeper
 from .shm import ShmJanitor
 from .supervisor import Supervisor
 
@@ -50,12 +51,19 @@ def main(config_path: str = CONFIG_PATH) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    sup = Supervisor(cfg, journal) if cfg["role"] == "head" else None
+    # executor "mp" across nodes: a worker runs its own rank(s) for the head's set (node/ranks)
+    keeper = RankKeeper(cfg, journal) if sup is None and cfg.get("executor") == "mp" else None
+
+    def report() -> dict:
+        extra = {"set": sup.set_report()} if sup is not None and sup.mp else {}
+        return {**node_report(cfg["node"], ray), **extra, **({"rank": keeper.report()} if keeper else {})}
+
     try:
-        serve_reports(cfg["report_ip"], cfg["report_port"], lambda: node_report(cfg["node"], ray))
+        serve_reports(cfg["report_ip"], cfg["report_port"], report)
     except OSError as e:  # the head then judges this node's memory blind: say so, keep Ray and the server
         journal.write("memory report not served", address=f"{cfg['report_ip']}:{cfg['report_port']}", error=str(e))
     janitor = ShmJanitor(journal)
-    sup = Supervisor(cfg, journal) if cfg["role"] == "head" else None
     last_janitor = 0.0
     while not stopping.is_set():
         if ray.poll() is not None:
@@ -66,13 +74,20 @@ def main(config_path: str = CONFIG_PATH) -> int:
                 sup.tick()
             except Exception as e:  # a bug here must not take Ray and the container down with it
                 journal.write("supervisor error", error=f"{type(e).__name__}: {e}")
+        if keeper is not None:
+            try:
+                keeper.tick()
+            except Exception as e:  # as above: the container stays
+                journal.write("rank keeper error", error=f"{type(e).__name__}: {e}")
         if time.time() - last_janitor >= 10:
             last_janitor = time.time()
             janitor.look()
-        interval = float(sup.policy()["interval_s"]) if sup else 5.0
+        interval = float(sup.policy()["interval_s"]) if sup else 2.0 if keeper else 5.0
         stopping.wait(interval)
     if sup is not None:
         sup.stop("the container is stopping")
+    if keeper is not None:
+        keeper.stop("the container is stopping")
     if ray.poll() is None:
         ray.terminate()
         try:

@@ -11,6 +11,7 @@ DESIRED_PATH = "/etc/sparkcluster/serve-desired.json"
 SECRETS_PATH = "/etc/sparkcluster/serve-secrets.json"
 RECORD_PATH = "/run/sparkcluster/serve.json"
 STATE_PATH = "/run/sparkcluster/supervisor.json"
+RANK_PATH = "/run/sparkcluster/rank.json"  # executor "mp": a worker's rank, its epoch and exit (node/ranks)
 JOURNAL_PATH = "/var/log/sparkcluster/journal.jsonl"
 SERVE_LOG = "/var/log/sparkcluster/vllm-serve.log"
 # every rank's NCCL writes at init which transport it chose, to a file of its own (day2/engine_nccl)

@@ -19,13 +19,16 @@ def node_report(node: str, ray: subprocess.Popen) -> dict:
     return {"node": node, "mem_available": avail, "ray_alive": ray.poll() is None, "ts": time.time()}
 
 
-def peer_memory(ip: str, port: int, timeout: float = 1.0) -> tuple[int | None, str]:
+def peer_memory(ip: str, port: int, timeout: float = 1.0, seen: dict | None = None) -> tuple[int | None, str]:
     """A peer's MemAvailable from its report, or (None, why not): a report that does not answer is
-    unknown memory, never "enough"."""
+    unknown memory, never "enough". `seen` gets the whole report under "report" (None unanswered)."""
+    seen = {} if seen is None else seen
+    seen["report"] = None
     try:
         with urllib.request.urlopen(f"http://{ip}:{port}/", timeout=timeout) as r:
-            value = json.loads(r.read()).get("mem_available")
-    except (OSError, ValueError) as e:
+            seen["report"] = json.loads(r.read())
+            value = seen["report"].get("mem_available")
+    except (OSError, ValueError, AttributeError) as e:
         return None, f"its memory report at {ip}:{port} does not answer ({e})"
     if not isinstance(value, int):
         return None, f"its memory report at {ip}:{port} has no MemAvailable"

@@ -1,11 +1,13 @@
 """The head's supervisor: starts `vllm serve` when `up` asks (desired state file, secrets in a 0600
-file beside it), waits until every node is a Ray member before any (re)start, looks at the engine
-every interval, and acts on the verdict (verdict.py) within its bounds: restart with backoff,
-stop for good when a node runs short of memory."""
+file beside it), waits until every node is a Ray member before any (re)start (executor "mp": until
+every worker's agent holds the server, node/ranks), looks at the engine every interval, and acts on
+the verdict (verdict.py) within its bounds: restart with backoff (with "mp", the whole set: each start
+is a new epoch the workers' agents follow), stop for good when a node runs short of memory."""
 
 from __future__ import annotations
 
 import os
+from secrets import token_hex
 import signal
 import subprocess
 import time
@@ -29,6 +31,7 @@ from .contract import (
 )
 from .journal import Journal, read_json, write_json
 from .memreport import peer_memory
+from .ranks import rank_problem, ranks_waiting
 from .readings import alive_gpus, engine_figures, http_status, mem_available, one_token, progress_figures, ray_rows
 from .verdict import Look, Watch, backoff, restarts_left, verdict
 
@@ -49,6 +52,9 @@ class Supervisor:
         self._last_count: tuple[float, float] | None = None
         self._policy: dict = dict(DEFAULT_POLICY)
         self.memory_unknown: dict[str, str] = {}  # peer -> why its memory is not known now
+        self.mp = cfg.get("executor") == "mp"  # every node runs its own rank(s): node/ranks
+        self.epoch: str | None = None  # executor "mp": this start of the set (a fresh token per start)
+        self.reports: dict[str, dict | None] = {}  # peer -> its last report (None: unanswered)
 
     # -- state
     def set_state(self, state: str, **detail) -> None:
@@ -64,8 +70,15 @@ class Supervisor:
                                 "generation": self.generation, "pid": self.proc.pid if self.proc else None,
                                 "restarts": self.restarts, "causes": self.causes[-5:],
                                 "tokens_per_s": self.rate if self.proc else None, "policy": policy,
-                                "memory_unknown": self.memory_unknown,
+                                "memory_unknown": self.memory_unknown, "epoch": self.epoch if self.proc else None,
+                                **({"executor": "mp", "ranks": {n: (r or {}).get("rank") for n, r in self.reports.items()}}
+                                   if self.mp else {}),
                                 "activity": self.watch.activity if self.watch else ""})
+
+    def set_report(self) -> dict:
+        """What the workers' agents follow (executor "mp"): the server, this start's epoch, and
+        whether a set runs now (its ranks are wanted)."""
+        return {"generation": self.generation, "epoch": self.epoch, "run": self.proc is not None}
 
     def policy(self, desired: dict | None = None) -> dict:
         """The bounds of the desired state just read (each tick reads it once), else the last known."""
@@ -96,13 +109,15 @@ class Supervisor:
         env = {**os.environ, **{k: str(v) for k, v in secrets.items()}}
         os.makedirs(os.path.dirname(SERVE_LOG), exist_ok=True)
         log = open(SERVE_LOG, "ab")
+        self.epoch = token_hex(4) if self.mp else None
         self.proc = subprocess.Popen(desired["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         record = {k: desired.get(k) for k in ("profile", "model", "port", "salt", "secrets_digest", "generation", "policy")}
         write_json(RECORD_PATH, {**record, "pid": self.proc.pid, "exec_id": "", "started_at": time.time()})
         self.watch = Watch(started=time.time())
-        self.journal.write("vllm serve started", pid=self.proc.pid, generation=desired.get("generation"))
+        self.journal.write("vllm serve started", pid=self.proc.pid, generation=desired.get("generation"),
+                           **({"epoch": self.epoch} if self.mp else {}))
         self.set_state(STARTING)
 
     def stop(self, why: str) -> None:
@@ -130,6 +145,12 @@ class Supervisor:
     # -- looks
     def nodes_ready(self) -> str | None:
         """None when every node is a live Ray member with its GPUs, else what is missing."""
+        if self.mp:
+            for peer in self.cfg.get("peers", []):
+                seen: dict = {}
+                peer_memory(peer["ip"], self.cfg["report_port"], seen=seen)
+                self.reports[peer["name"]] = seen.get("report")
+            return ranks_waiting(self.cfg, self.reports, self.generation)
         if not self.cfg.get("ray_argv"):  # one node, no Ray: nothing to wait for
             return None
         try:
@@ -151,7 +172,9 @@ class Supervisor:
             seen[self.cfg["node"]] = mem_available(f.read())
         unknown = {}
         for peer in self.cfg.get("peers", []):
-            seen[peer["name"]], why = peer_memory(peer["ip"], self.cfg["report_port"])
+            got: dict = {}
+            seen[peer["name"]], why = peer_memory(peer["ip"], self.cfg["report_port"], seen=got)
+            self.reports[peer["name"]] = got.get("report")
             if why:
                 unknown[peer["name"]] = why
         if set(unknown) != set(self.memory_unknown):  # journalled when it changes, not every look
@@ -166,6 +189,8 @@ class Supervisor:
                     low_memory=self.low_memory(policy))
         if not look.alive:
             return look
+        if self.mp:
+            look.ranks_gone = rank_problem(self.cfg, self.reports, self.epoch, self.watch.started, look.now)
         look.health = http_status(f"{base}/health", 3)
         if look.health != 200:
             return look

@@ -18,6 +18,7 @@ class Look:
     progress: dict[str, float] = field(default_factory=dict)  # every progress series (readings.PROGRESS)
     probe: str | None = None  # None: not probed this time; "" ok; else why it failed
     low_memory: dict[str, int] = field(default_factory=dict)  # node -> MemAvailable bytes, below the floor
+    ranks_gone: str = ""  # executor "mp": why a worker's rank of this set is gone (node/ranks)
 
 
 @dataclass
@@ -77,6 +78,8 @@ def verdict(w: Watch, look: Look, policy: dict) -> tuple[str, str] | None:
         w.low_memory_samples = 0
     if not look.alive:
         return "dead", "the vllm serve process exited"
+    if look.ranks_gone:
+        return "dead", look.ranks_gone
     if not w.ready:
         if look.health == 200 and look.probe == "":
             w.ready, w.progressed_at = True, look.now

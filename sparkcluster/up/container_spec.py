@@ -18,7 +18,8 @@ from sparkcluster import node
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.day2 import ray_members
-from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, NODES_LABEL, PROFILE_LABEL, ROLE_LABEL, container_name
+from sparkcluster.labels import (CLUSTER_LABEL, CONFIG_LABEL, EXECUTOR_LABEL, NODES_LABEL, PROFILE_LABEL, ROLE_LABEL,
+                                 container_name)
 from sparkcluster.node import contract
 
 # Docker brings the container back after a reboot or a crash (never after `down`, which removes it);
@@ -133,8 +134,16 @@ class ContainerSpec:
 
 
 def uses_ray(inv: Inventory, prof: profiles.Profile) -> bool:
-    """Ray spans the nodes of a multi-node deployment; one node needs it only if the profile asks."""
+    """Ray spans the nodes of a multi-node deployment unless the profile's executor is vLLM's own
+    (mp, issue 28); one node needs it only if the profile asks."""
+    if prof.executor == "mp":
+        return False
     return len(inv.nodes) > 1 or prof.serve.distributed_executor_backend == "ray"
+
+
+def node_rank(inv: Inventory, node: str) -> int:
+    """A node's `--node-rank` with executor "mp": the head is 0, the workers follow in inventory order."""
+    return [n.name for n in (inv.head, *inv.workers)].index(node)
 
 
 def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> ContainerSpec:
@@ -147,19 +156,23 @@ def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> 
         # the cache is mounted at the same path; HF_HOME makes every rank look there (weights, token)
         env={**profiles.container_env(prof, inv, node), "HF_HOME": inv.hf_cache(node.name)},
         labels={CLUSTER_LABEL: inv.cluster.name, ROLE_LABEL: node.role, PROFILE_LABEL: prof.name,
-                NODES_LABEL: ",".join(n.name for n in inv.nodes)},
+                NODES_LABEL: ",".join(n.name for n in inv.nodes), EXECUTOR_LABEL: prof.executor},
         shm_size=prof.shm_size,
         binds={inv.hf_cache(node.name): inv.hf_cache(node.name)},
         files={**profiles.container_files(prof), **AGENT_FILES,
-               contract.CONFIG_PATH: json.dumps(agent_config(inv, node, uses_ray(inv, prof)), sort_keys=True)},
+               contract.CONFIG_PATH: json.dumps(agent_config(inv, node, uses_ray(inv, prof), prof.executor), sort_keys=True)},
         ulimit_stack=prof.ulimit_stack,
     )
 
 
-def agent_config(inv: Inventory, node: Node, ray: bool = True) -> dict:
+def agent_config(inv: Inventory, node: Node, ray: bool = True, executor: str = "ray") -> dict:
     """What the node agent needs to know (sparkcluster/node): no secret. Without Ray (one node), the agent
-    is the container's only long-lived process and starts the server without a membership wait."""
+    is the container's only long-lived process and starts the server without a membership wait. With
+    executor "mp" on several nodes every agent runs its node's rank(s) of `vllm serve` (node/ranks)."""
+    mp = executor == "mp" and len(inv.nodes) > 1
     return {
+        **({"executor": "mp", "rank": node_rank(inv, node.name),
+            "head": {"name": inv.head.name, "ip": str(inv.head.control_ip)}} if mp else {}),
         "node": node.name, "role": node.role, "ray_argv": ray_start_argv(inv, node) if ray else [],
         "report_ip": str(node.control_ip), "report_port": inv.cluster.agent_port,
         "state_api": ray_members.STATE_API_URL,

@@ -15,14 +15,14 @@ from urllib.parse import urlsplit
 
 from sparkcluster import redact
 from sparkcluster.config import profile as profiles
-from sparkcluster.config.flags import exec_argv
+from sparkcluster.config.flags import exec_argv, rank_args
 from sparkcluster.config.images import RAY_VERSION, image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import server
 from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
-from sparkcluster.up.container_spec import ContainerSpec, spec_for
+from sparkcluster.up.container_spec import ContainerSpec, node_rank, spec_for
 from sparkcluster.up.stages import STAGES
 from sparkcluster.up.stages.base import Step
 
@@ -91,6 +91,10 @@ def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts
     image = image_ref(inv, prof)
     head = inv.head.name
     head_id = facts[head].image_id
+    if head_id is None and prof.executor == "mp":  # served as it is: nothing to build (issue 28)
+        raise InputError(f"{head} has no {image}: executor \"mp\" serves the profile's base image as it is",
+                         f"on {head}: docker pull {image} (nvcr.io needs `docker login nvcr.io` first), then "
+                         "sparkcluster up: the workers get it from the head")
     build = _build_args(inv, prof) if head_id is None else None
     send_to = [w.name for w in inv.workers if head_id is None or facts[w.name].image_id != head_id]
 
@@ -139,13 +143,23 @@ def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts
     to_create = [] if keep else [specs[inv.head.name], *[specs[w.name] for w in inv.workers]]
     sv = server.ServeSpec(
         container=specs[head].name,
-        argv=exec_argv(prof, port=inv.cluster.api_port, hf_cache=inv.hf_cache(inv.head.name)),
+        argv=exec_argv(prof, port=inv.cluster.api_port, hf_cache=inv.hf_cache(inv.head.name)) + _rank(inv, prof, head),
         secret_names=profiles.secret_env_names(prof),
         model=prof.served_model_name,
         port=prof.serve.port or inv.cluster.api_port,
         plugin=profiles.reasoning_plugin(prof, inv.hf_cache(inv.head.name)),
+        ranks=tuple((w.name, specs[w.name].name, tuple(exec_argv(prof, port=inv.cluster.api_port,
+                     hf_cache=inv.hf_cache(w.name)) + _rank(inv, prof, w.name))) for w in inv.workers
+                    if _rank(inv, prof, w.name)),
     )
     return _with_steps(Plan(inv, prof, image, specs[head].name, build, send_to, remove, to_create, sv, **common), STAGES)
+
+
+def _rank(inv: Inventory, prof: profiles.Profile, node: str) -> list[str]:
+    """Executor "mp" on several nodes: the node's rank and the head's rendezvous (issue 28)."""
+    if prof.executor != "mp" or len(inv.nodes) < 2:
+        return []
+    return rank_args(len(inv.nodes), node_rank(inv, node), str(inv.head.control_ip), inv.cluster.master_port)
 
 
 def _with_steps(plan: Plan, stages: Iterable[str]) -> Plan:

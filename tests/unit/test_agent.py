@@ -246,7 +246,7 @@ def test_a_peer_whose_memory_report_does_not_answer_is_journalled_once_and_repor
 
     monkeypatch.setattr(supervisor, "STATE_PATH", str(tmp_path / "state"))
     answers = {"198.19.2.2": (None, "its memory report at 198.19.2.2:8297 does not answer (timed out)")}
-    monkeypatch.setattr(supervisor, "peer_memory", lambda ip, port: answers.get(ip, (64 * 2**30, "")))
+    monkeypatch.setattr(supervisor, "peer_memory", lambda ip, port, seen=None: answers.get(ip, (64 * 2**30, "")))
     monkeypatch.setattr(memreport, "peer_memory", supervisor.peer_memory)
     cfg = {"node": "spark-head", "report_port": 8297, "peers": [{"name": "spark-worker", "ip": "198.19.2.2"}]}
     sup = supervisor.Supervisor(cfg, Journal(str(tmp_path / "journal")))

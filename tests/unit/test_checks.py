@@ -448,6 +448,10 @@ def nccl_ib_hca_wrong(s):
     s.set_env(W, "NCCL_IB_HCA", "rocep1s0f1,rocep1s0f0,roceP2p1s0f0,roceP2p1s0f1")
 
 
+def gloo_on_another_interface(s):
+    s.set_env(W, "GLOO_SOCKET_IFNAME", "enP7s7")
+
+
 def no_infiniband_device(s):
     s.facts[W].ours[0]["HostConfig"]["Devices"] = []
 
@@ -525,6 +529,8 @@ CASES = [
     ("containers.forwarded_env", W, "fail", forwarded_missing, {}),
     ("containers.forwarded_env", W, "fail", forwarded_different, {}),
     ("containers.per_host_env", W, "fail", nccl_ib_hca_wrong, {}),
+    # the rendezvous names the interface gloo meets on; the container's per-host row flips with it
+    ("net.rendezvous", W, "fail", gloo_on_another_interface, {("containers.per_host_env", W): "fail"}),
     ("containers.flags", W, "fail", no_infiniband_device, {}),
     ("containers.flags", W, "fail", no_ipc_lock, {}),
     ("containers.flags", W, "fail", no_memlock_ulimit, {}),

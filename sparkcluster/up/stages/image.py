@@ -50,6 +50,8 @@ def steps(plan: "Plan") -> list[Step]:
                         run=lambda r, w=w: send(r, w), when=when,
                         skip=(lambda r, w=w: _same_image(r, w)) if when else None))
     for n in inv.nodes:
+        if plan.profile.executor == "mp":  # no Ray in the image to check (issue 28)
+            break
         if n.name in plan.send_to or plan.build is not None or not plan.facts[n.name].image_ray:
             out.append(Step(STAGE, n.name, "ray-version", "check ray in the image", ray_version_command(plan.image),
                             run=lambda r, n=n.name: ray_in_image(r, n), parallel="ray-version"))

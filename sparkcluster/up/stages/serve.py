@@ -97,7 +97,8 @@ def start(r: "Run") -> None:
     prof = r.plan.profile
     try:
         r.put(server.start(r.cluster.head.docker().api, r.plan.serve, r.secrets, prof.name,
-                                bounds.policy(prof.supervisor, prof.ready_timeout_s)))
+                           bounds.policy(prof.supervisor, prof.ready_timeout_s),
+                           rank_apis={n: r.cluster.hosts[n].docker().api for n, _c, _a in r.plan.serve.ranks}))
     except server.NotReady as e:
         raise fail(STAGE, r.cluster.head.name, "start vllm serve", e.reason, r.plan.serve.describe(), e.tail,
                    "sparkcluster events shows the supervisor's journal; sparkcluster down, then sparkcluster up") from None
