@@ -126,15 +126,15 @@ from sparkcluster.checks import (  # noqa: E402
     account,
     cluster_image,  # noqa: E402
     host,
-    launch,
     network,
     rdma,
+    rendezvous,
     runtime,
     wiring,
 )
 from sparkcluster.checks.runtime import container_flags  # noqa: E402
 
-AREAS = (host, account, cluster_image, network, wiring, rdma, runtime, launch)
+AREAS = (host, account, cluster_image, network, wiring, rdma, runtime, rendezvous)
 
 # The stable order checks run and report in (`doctor`, `doctor --json`, `up`'s preflight).
 CHECK_ORDER = (

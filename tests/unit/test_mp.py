@@ -10,7 +10,7 @@ import pytest
 from conftest import make_inventory
 
 from sparkcluster import checks
-from sparkcluster.checks import launch
+from sparkcluster.checks import rendezvous
 from sparkcluster.checks.preflight import expectations
 from sparkcluster.config import flags, lint
 from sparkcluster.config import profile as profiles
@@ -97,7 +97,7 @@ def _ctx(prof, inv, facts_=None):
 
 
 def test_the_rendezvous_check_refuses_loopback_and_wrong_interfaces(prof):
-    assert launch.master_problem("127.0.0.1") and launch.master_problem("0.0.0.0") and not launch.master_problem("198.19.2.1")
+    assert rendezvous.master_problem("127.0.0.1") and rendezvous.master_problem("0.0.0.0") and not rendezvous.master_problem("198.19.2.1")
     inv = make_inventory()
     ok = [r for r in checks.run_checks(_ctx(prof, inv), {"net.rendezvous"})]
     assert ok and all(r.status == "ok" for r in ok)
