@@ -7,11 +7,11 @@ is a new epoch the workers' agents follow), stop for good when a node runs short
 from __future__ import annotations
 
 import os
-from secrets import token_hex
 import signal
 import subprocess
 import time
 import urllib.request
+from secrets import token_hex
 
 from .contract import (
     DEFAULT_POLICY,
