@@ -29,8 +29,8 @@ IDS = [
     "account.hf_cache", "account.lock", "image.same", "image.base-same",
     "image.ray",
     "net.control_ip", "net.vllm_host_ip", "net.link", "net.mtu", "net.path_mtu", "net.twins", "rdma.gid", "net.speed",
-    "net.peer", "net.default_route", "rdma.hca", "mem.headroom",
-    "mem.earlyoom", "mem.sshd_oom", "ports.free", "ray.stale", "disk.free", "clock.skew",
+    "net.peer", "net.default_route", "net.topology", "rdma.hca", "nccl.topology_env", "mem.headroom",
+    "mem.earlyoom", "mem.sshd_oom", "ports.free", "ray.stale", "net.rendezvous", "disk.free", "clock.skew",
     "containers.forwarded_env", "containers.per_host_env", "containers.flags",
 ]
 # WARNs a healthy testbed may show: sshd cannot get OOMScoreAdjust -1000 here (no CAP_SYS_RESOURCE),
