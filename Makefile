@@ -28,8 +28,10 @@ test: deps venv
 unit: venv
 	$(BIN)/python -m pytest -ra tests/unit
 
+# HOSTS=N (2 to 8): N simulated Sparks, beyond the pair cabled through a switch (issue 27)
+HOSTS ?= 2
 testbed-up: deps venv
-	$(BIN)/python -m tests.testbed up
+	SPARKCLUSTER_TESTBED_HOSTS=$(HOSTS) $(BIN)/python -m tests.testbed up
 
 testbed-down: venv
 	$(BIN)/python -m tests.testbed down

@@ -48,7 +48,28 @@ STATE = Path(os.environ.get("SPARKCLUSTER_TESTBED_DIR", REPO / ".testbed"))
 BIN = HERE / "standin_bin"
 
 HEAD, WORKER = "spark-head", "spark-worker"
-HOSTS = (HEAD, WORKER)
+HOSTS = (HEAD, WORKER)  # the pair: what every suite but the N-node one runs on
+# `make testbed-up HOSTS=N` (issue 27): N hosts, 2 by default; beyond the pair every data-plane link
+# goes through a switch (a bridge per link in a namespace of its own), as a rail of a Spark switch does
+HOSTS_ENV = "SPARKCLUSTER_TESTBED_HOSTS"
+MAX_HOSTS = 8
+SWITCH_NS = "sctb-switch"
+
+
+def host_names(n: int) -> tuple[str, ...]:
+    """The testbed's hosts when it has `n`: the pair, then spark-worker-3 .. spark-worker-N."""
+    return (HEAD, WORKER, *(f"spark-worker-{i}" for i in range(3, n + 1)))
+
+
+def hosts_wanted() -> int:
+    """How many hosts a bring-up makes ($SPARKCLUSTER_TESTBED_HOSTS, default 2)."""
+    raw = os.environ.get(HOSTS_ENV, "").strip() or "2"
+    if not raw.isdigit() or not 2 <= int(raw) <= MAX_HOSTS:
+        raise TestbedError(f"{HOSTS_ENV}={raw!r}: the testbed has 2 to {MAX_HOSTS} hosts")
+    return int(raw)
+
+
+ALL_HOSTS = host_names(MAX_HOSTS)  # what teardown looks for, whatever a bring-up made
 # the SSH user on both hosts, as on a Spark: an ordinary account in `docker` (user-setup.sh); tests
 # read who it is from the facts file (`ssh_account()`), never from here
 SSH_USER, SSH_UID = "spark", 1000
@@ -98,6 +119,8 @@ class HostSpec:
 SPECS = {
     HEAD: HostSpec(HEAD, "head", "sctb-head", "198.18.0.1", "198.18.0.2", 1),
     WORKER: HostSpec(WORKER, "worker", "sctb-worker", "198.18.0.5", "198.18.0.6", 2),
+    **{h: HostSpec(h, "worker", f"sctb-w{i + 1}", f"198.18.0.{4 * i + 1}", f"198.18.0.{4 * i + 2}", i + 1)
+       for i, h in enumerate(ALL_HOSTS) if i >= 2},
 }
 MIRROR_IP = SPECS[HEAD].ctl_ip
 PIP_INDEX_URL = f"http://{MIRROR_IP}:{MIRROR_PORT}/simple"
@@ -169,6 +192,12 @@ class Testbed:
         self.built_here = False
 
     # ---------------------------------------------------------------- paths
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """This testbed's hosts: as many as its bring-up made (the pair unless HOSTS=N said more)."""
+        n = self._state().get("n_hosts") if self.state_file.exists() else None
+        return host_names(n or hosts_wanted())
+
     @property
     def facts_file(self) -> Path:
         """Who the testbed's SSH user is (ssh_user, uid, gid, home, hf_cache): tests read it."""
@@ -283,7 +312,8 @@ class Testbed:
                 raise TestbedError("leftovers of an earlier testbed exist (" + ", ".join(self._leftovers()) +
                                    "); run `make testbed-down` first")
             t0 = time.monotonic()
-            self._save({"phase": "starting", "hosts": {}, "created_dirs": [], "started": time.time()})
+            self._save({"phase": "starting", "hosts": {}, "created_dirs": [], "started": time.time(),
+                        "n_hosts": hosts_wanted()})
             try:
                 self._build()
             except BaseException:
@@ -300,23 +330,23 @@ class Testbed:
         os.chmod(self.dir, 0o700)
         prep = self._prepare_caches_async()
         self._keys()
-        for h in HOSTS:
+        for h in self.hosts:
             self._start_host(h)
         self._network()
-        for h in HOSTS:
+        for h in self.hosts:
             self._setup_host(h)
-        for h in HOSTS:
+        for h in self.hosts:
             self._apply_cabling(h)  # needs the fake HCAs and speed files host-setup.sh made
         self._write_client_files()
-        for h in HOSTS:
+        for h in self.hosts:
             self.start_sshd(h)
             self.start_dockerd(h, wait=False)
-        for h in HOSTS:
+        for h in self.hosts:
             self._wait_dockerd(h)
         prep.result()
         self._start_mirror()
         self._base_image()
-        for h in HOSTS:
+        for h in self.hosts:
             self._wait_ssh(h)
 
     # caches: rootfs tarball and wheels, built in a thread while the hosts come up
@@ -340,7 +370,7 @@ class Testbed:
         ak = self.dir / "authorized_keys"
         ak.write_text((self.identity.with_suffix(".pub")).read_text())
         os.chmod(ak, 0o600)
-        for h in HOSTS:
+        for h in self.hosts:
             d = self.host_dir(h)
             d.mkdir(parents=True, exist_ok=True)
             key = d / "ssh_host_ed25519_key"
@@ -410,7 +440,7 @@ class Testbed:
         # is down and its connected route is gone): a catch-all unreachable route, no forwarding, no NAT
         run(["ip", "route", "replace", "unreachable", TESTBED_NET, "metric", "4242"])
         self._update(guard_route=True)
-        for h in HOSTS:
+        for h in self.hosts:
             s = SPECS[h]
             run(["ip", "link", "add", s.ctl_if, "type", "veth", "peer", "name", LAN_IF, "netns", h])
             run(["ip", "addr", "add", f"{s.ctl_ip}/30", "dev", s.ctl_if])
@@ -419,12 +449,38 @@ class Testbed:
                        f"&& ip route add default via {s.ctl_ip} dev {LAN_IF}")
         mode = self.cabling
         self._update(cabling=mode.spec)
+        if len(self.hosts) > 2:
+            self._switch(mode.mtu)
+            log(f"network: {len(self.hosts)} LAN veths in 198.18.0.0/27; 4 rails 198.19.{{1..4}}.0/24 through a "
+                f"switch ({SWITCH_NS}), cabling {mode.spec}")
+            return
         for k, nd in enumerate(NETDEVS):
             # one veth pair per netdev, each end created directly in its host; which are cabled (up),
             # their addresses, HCA states and GID tables come from the cabling mode (_apply_cabling)
             self._veth(k, nd, nd, mode.mtu)
         log(f"network: LAN veths 198.18.0.0/30, 198.18.0.4/30; 4 data-plane veths 198.19.{{1..4}}.0/24, "
             f"cabling {mode.spec}")
+
+    def _switch(self, mtu: int) -> None:
+        """Three or more hosts: a switch of its own (a namespace with a bridge per rail k); each
+        host's netdev k is a veth whose far end is a port of bridge k. Which ports carry a cable, their
+        addresses and the rest come from the cabling mode on each host (an uncabled port: the host's
+        end admin-down, so the switch's port has no carrier, as an empty cage)."""
+        run(["ip", "netns", "add", SWITCH_NS])
+        self._update(switch=True)
+        sw = ["ip", "-n", SWITCH_NS]
+        run(sw + ["link", "set", "lo", "up"])
+        for k in range(len(NETDEVS)):
+            run(sw + ["link", "add", f"rail{k + 1}", "mtu", str(mtu), "type", "bridge"])
+            run(sw + ["link", "set", f"rail{k + 1}", "up"])
+        for h in self.hosts:
+            for k, nd in enumerate(NETDEVS):
+                port = f"p{SPECS[h].octet}r{k + 1}"
+                run(["ip", "link", "add", "tbtmp-h", "netns", h, "mtu", str(mtu), "type", "veth",
+                     "peer", "name", port, "netns", SWITCH_NS, "mtu", str(mtu)])
+                run(["ip", "-n", h, "link", "set", "tbtmp-h", "name", nd])
+                run(sw + ["link", "set", port, "master", f"rail{k + 1}"])
+                run(sw + ["link", "set", port, "up"])
 
     def _veth(self, k: int, head_nd: str, worker_nd: str, mtu: int) -> None:
         run(["ip", "link", "add", "tbtmp-h", "netns", HEAD, "mtu", str(mtu), "type", "veth",
@@ -455,7 +511,7 @@ class Testbed:
         the default) and rewrite cluster.toml to match. Undo: set_cabling() or reset()."""
         m = cabling.parse(mode if mode is not None else os.environ.get(cabling.ENV))
         self._update(cabling=m.spec)
-        for h in HOSTS:
+        for h in self.hosts:
             self._apply_cabling(h)
         return self.write_inventory(crossed=self._state().get("crossed", False))
 
@@ -520,7 +576,7 @@ class Testbed:
         d = self.host_dir(host)
         s = SPECS[host]
         (d / "etc-hosts").write_text(
-            f"127.0.0.1\tlocalhost\n127.0.1.1\t{host}\n{SPECS[HEAD].lan_ip}\t{HEAD}\n{SPECS[WORKER].lan_ip}\t{WORKER}\n"
+            f"127.0.0.1\tlocalhost\n127.0.1.1\t{host}\n" + "".join(f"{SPECS[h].lan_ip}\t{h}\n" for h in self.hosts) +
             "::1\tlocalhost ip6-localhost ip6-loopback\n")
         # a resolver that answers "port unreachable" at once instead of timing out
         (d / "resolv.conf").write_text(f"nameserver {s.ctl_ip}\noptions timeout:1 attempts:1\n")
@@ -681,7 +737,7 @@ rm -f /run/docker.pid /run/docker.sock
     # ---------------------------------------------------------------- client files
     def _write_client_files(self) -> None:
         lines = []
-        for h in HOSTS:
+        for h in self.hosts:
             s = SPECS[h]
             lines.append(f"""Host {h}
   HostName {s.lan_ip}
@@ -697,7 +753,7 @@ rm -f /run/docker.pid /run/docker.sock
         self.ssh_config.write_text("\n".join(lines))
         self.facts_file.write_text(json.dumps(self.account(), indent=2) + "\n")
         kh = []
-        for h in HOSTS:
+        for h in self.hosts:
             pub = (self.host_dir(h) / "ssh_host_ed25519_key.pub").read_text().split()
             kh.append(f"{h},{SPECS[h].lan_ip} {pub[0]} {pub[1]}")
         self.known_hosts.write_text("\n".join(kh) + "\n")
@@ -707,12 +763,15 @@ rm -f /run/docker.pid /run/docker.sock
         """cluster.toml for the current cabling mode (or `mode`): the data plane lists the cabled
         twins that have an IPv4 address, as `sparkcluster init` would."""
         m = cabling.parse(mode) if mode is not None else self.cabling
-        out = ["# sparkcluster inventory for the two-host testbed (written by tests/testbed)",
-               f"# cabling: {m.spec}",
+        hosts = self.hosts
+        many = len(hosts) > 2  # through the testbed's switch: every rail on every host
+        out = [f"# sparkcluster inventory for the {len(hosts)}-host testbed (written by tests/testbed)",
+               f"# cabling: {m.spec}" + (", through a switch" if many else ""),
                "[cluster]", 'name = "testbed"', 'ssh_config = "ssh_config"', 'known_hosts = "known_hosts"',
-               'profile = "testbed"', f'pip_index_url = "{PIP_INDEX_URL}"', hub.INVENTORY_LINE, "", *FABRIC_LINES, ""]
-        names = {h: list(CROSSED if (crossed and h == WORKER) else NETDEVS) for h in HOSTS}
-        out += cabling.inventory_nodes(m, [(h, SPECS[h].role, SPECS[h].octet) for h in HOSTS], names)
+               f'profile = "{"testbed-pp" if len(hosts) == 4 else "testbed"}"', f'pip_index_url = "{PIP_INDEX_URL}"',
+               hub.INVENTORY_LINE, *(['topology = "switch"'] if many else []), "", *FABRIC_LINES, ""]
+        names = {h: list(CROSSED if (crossed and h == WORKER) else NETDEVS) for h in hosts}
+        out += cabling.inventory_nodes(m, [(h, SPECS[h].role, SPECS[h].octet) for h in hosts], names)
         return "\n".join(out)
 
     def write_inventory(self, crossed: bool = False, path: Path | None = None, mode: str | None = None) -> Path:
@@ -778,13 +837,13 @@ rm -f /run/docker.pid /run/docker.sock
             for old in artifacts.CACHE.glob("engine-image-*.tar"):
                 old.unlink()  # an image of older inputs is never used again
             tmp.replace(tar)
-            hosts = [WORKER]
+            hosts = list(self.hosts[1:])
         else:
-            hosts = list(HOSTS)
+            hosts = list(self.hosts)
         import concurrent.futures as cf
         with cf.ThreadPoolExecutor(len(hosts)) as ex:
             list(ex.map(lambda h: self._load_tar(h, tar), hosts))
-        log(f"engine image {BASE_IMAGE} ({VLLM_VERSION}) on {', '.join(HOSTS)} in {time.monotonic() - t0:.1f}s")
+        log(f"engine image {BASE_IMAGE} ({VLLM_VERSION}) on {', '.join(self.hosts)} in {time.monotonic() - t0:.1f}s")
         return self.image_id(HEAD, BASE_IMAGE)
 
     def _load_tar(self, host: str, tar: Path) -> None:
@@ -800,7 +859,7 @@ rm -f /run/docker.pid /run/docker.sock
         self._update(hub_pid=h.pid)
         log(f"model hub: {h.endpoint} ({TINY_MODEL} and the gated and synthetic repos)")
 
-    def place_model(self, hosts=HOSTS) -> None:
+    def place_model(self, hosts=None) -> None:
         """The tiny model in each host's HF cache, laid out as after a download (a knob: the weights
         stage normally fetches it from the hub)."""
         src = self.ensure_model()
@@ -810,7 +869,7 @@ rm -f /run/docker.pid /run/docker.sock
         data = run(["tar", "-C", str(tree), "-cf", "-", "."], text=False).stdout
         acct = ssh_account(self)
         cache, owner = shlex.quote(acct["hf_cache"]), f"{acct['uid']}:{acct['gid']}"
-        for h in hosts:
+        for h in hosts or self.hosts:
             # the SSH user's own files, as its own `hf download` would leave them
             self.sh(h, f"mkdir -p {cache} && tar -C {cache} --no-same-owner -xf - && chown -R {owner} {shlex.quote(acct['home'])}/.cache",
                     input=data, text=False)
@@ -876,14 +935,15 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         cached = st.get("ray_image", {})
         base = self.image_id(HEAD, BASE_IMAGE)
         if not force and cached.get("tag") == tag and cached.get("id") and cached.get("base") == base and \
-                all(self.image_id(h, tag) == cached["id"] for h in HOSTS):
+                all(self.image_id(h, tag) == cached["id"] for h in self.hosts):
             return tag
         t0 = time.monotonic()
         self.docker(HEAD, f"build --network host --build-arg PIP_INDEX_URL={PIP_INDEX_URL} "
                           f"--build-arg PIP_TRUSTED_HOST={MIRROR_IP} --build-arg RAY_VERSION={RAY_VERSION} "
                           f"-f {REPO / 'images/Dockerfile.vllm-ray'} -t {tag} {REPO / 'images'}", timeout=900)
         t1 = time.monotonic()
-        self.copy_image(tag, HEAD, WORKER)
+        for w in self.hosts[1:]:
+            self.copy_image(tag, HEAD, w)
         iid = self.image_id(HEAD, tag)
         self._update(ray_image={"tag": tag, "id": iid, "base": base, "build_s": round(t1 - t0, 1),
                                 "copy_s": round(time.monotonic() - t1, 1)})
@@ -939,7 +999,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         out = []
         if st.get("phase") != "up":
             out.append(f"bring-up did not finish (phase {st.get('phase')!r})")
-        for h in HOSTS:
+        for h in self.hosts:
             hs = st.get("hosts", {}).get(h, {})
             if not _alive(hs.get("init_pid")):
                 out.append(f"{h}: init process is gone")
@@ -960,7 +1020,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         if not _alive(st.get("mirror_pid")) or not artifacts.mirror_ok(PIP_INDEX_URL):
             out.append("pip mirror not answering")
         if not out:
-            for h, ref in ((HEAD, BASE_IMAGE), (WORKER, BASE_IMAGE), (HEAD, STANDIN_IMAGE)):
+            for h, ref in (*((h, BASE_IMAGE) for h in self.hosts), (HEAD, STANDIN_IMAGE)):
                 if not self.image_id(h, ref):
                     out.append(f"{ref} missing on {h}")
         return out
@@ -978,7 +1038,9 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
     def _leftovers(self) -> list[str]:
         out = []
         ns = run(["ip", "netns", "list"], check=False).stdout
-        for h in HOSTS:
+        if re.search(rf"^{SWITCH_NS}\b", ns, re.M):
+            out.append(f"netns {SWITCH_NS}")
+        for h in ALL_HOSTS:
             if re.search(rf"^{h}\b", ns, re.M):
                 out.append(f"netns {h}")
             if run(["ip", "link", "show", SPECS[h].ctl_if], check=False).returncode == 0:
@@ -988,14 +1050,14 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
     def _down(self) -> None:
         st = self._state()
         hosts = st.get("hosts", {})
-        for h in HOSTS:
+        for h in ALL_HOSTS:
             pid = hosts.get(h, {}).get("init_pid")
             if _alive(pid):
                 try:
                     self.stop_dockerd(h, timeout=15)
                 except Exception as e:  # noqa: BLE001 - teardown continues
                     log(f"{h}: stopping dockerd: {e}")
-        for h in HOSTS:
+        for h in ALL_HOSTS:
             hs = hosts.get(h, {})
             for key in ("init_pid", "unshare_pid"):
                 pid = hs.get(key)
@@ -1003,7 +1065,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
         # the kernel kills everything in a PID namespace when its init dies; wait for it
-        for h in HOSTS:
+        for h in ALL_HOSTS:
             for key in ("init_pid", "unshare_pid"):
                 pid = hosts.get(h, {}).get(key)
                 for _ in range(30):
@@ -1014,8 +1076,9 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                         break  # gone, not merely a zombie
                     time.sleep(0.1)
         run(["ip", "netns", "del", cabling.THIRD_NS], check=False)  # a third machine a test plugged in
+        run(["ip", "netns", "del", SWITCH_NS], check=False)  # the switch of three or more hosts
         # anything else still inside a host's netns (should be nothing)
-        for h in HOSTS:
+        for h in ALL_HOSTS:
             p = run(["ip", "netns", "pids", h], check=False)
             for pid in p.stdout.split():
                 with contextlib.suppress(ProcessLookupError, ValueError):
@@ -1026,7 +1089,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         if _alive(mp):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(mp, signal.SIGTERM)
-        for h in HOSTS:
+        for h in ALL_HOSTS:
             for _ in range(50):
                 if run(["ip", "netns", "pids", h], check=False).stdout.strip() == "":
                     break
@@ -1046,7 +1109,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                 with contextlib.suppress(OSError):
                     os.rmdir("/run/netns")
         # loop devices of our disk images (autoclear normally detaches them with the mount namespace)
-        for h in HOSTS:
+        for h in ALL_HOSTS:
             img = self.host_dir(h) / "docker.img"
             for _ in range(50):
                 p = run(["losetup", "-j", str(img)], check=False)
@@ -1070,11 +1133,11 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
 
     def reset(self) -> None:
         """Undo every knob (idempotent): what a test left broken is repaired before the next one."""
-        for h in HOSTS:
+        for h in self.hosts:
             run(["ip", "link", "set", SPECS[h].ctl_if, "up"], check=False)
         if self._state().get("crossed"):
             self.cable_worker(False)
-        for h in HOSTS:
+        for h in self.hosts:
             self.restore_host_key(h)
             if self.sh(h, "[ -s /run/sshd.pid ] && kill -0 $(cat /run/sshd.pid)", check=False).returncode != 0:
                 self.start_sshd(h)
@@ -1091,7 +1154,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         # the network as the default cabling mode has it: links, addresses, HCA states, speeds, GIDs
         self.unplug_third()
         self._update(cabling=cabling.parse(os.environ.get(cabling.ENV)).spec)
-        for h in HOSTS:
+        for h in self.hosts:
             self._apply_cabling(h)
         self.write_inventory(crossed=False)
         if not self.ssh_config.exists() or not self.known_hosts.exists():

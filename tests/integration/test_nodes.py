@@ -1,0 +1,124 @@
+"""Four Sparks through a switch (issue 27), on the real engine: the testbed grown to four hosts
+(`HOSTS=4`: every data-plane rail a bridge in a switch namespace of its own), then
+
+- `doctor` healthy on all four, the cabling told as a switch; one host's rail moved to a subnet the
+  others lack fails `net.topology` on that host only;
+- `up --profile testbed-pp`: TP=2 x PP=2 over Ray across the four hosts, an answer through all four
+  ranks, `status` listing four nodes; a reboot of the last worker brought back by the supervisor;
+  `down` leaves nothing on any host.
+
+It needs four hosts: it runs last (tests/conftest.py), tears down the pair this session built and
+brings up four; on a testbed this session did not build (a developer's `make testbed-up`) it runs only
+when that testbed already has four hosts (`make testbed-up HOSTS=4`), and says so otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.integration import helpers
+from tests.integration.helpers import ours
+
+pytestmark = pytest.mark.testbed
+FOUR = ("spark-head", "spark-worker", "spark-worker-3", "spark-worker-4")
+HEAD, LAST = FOUR[0], FOUR[-1]
+HEAD_C = "sparkcluster-testbed-head"
+BASE = "http://198.18.0.2:8000"
+RAIL2 = "enP2p1s0f1np1"  # the second cabled rail (198.19.4.0/24); not the control link
+
+
+@pytest.fixture(scope="module")
+def four(testbed):
+    if len(testbed.hosts) != 4:
+        if not testbed.built_here:
+            pytest.skip("the testbed in use has two hosts and this session did not build it: "
+                        "`make testbed-down && make testbed-up HOSTS=4` to run the four-node suite")
+        testbed.down()
+        os.environ["SPARKCLUSTER_TESTBED_HOSTS"] = "4"
+        try:
+            testbed.up()
+        finally:
+            os.environ.pop("SPARKCLUSTER_TESTBED_HOSTS", None)
+        testbed.built_here = True
+    assert testbed.hosts == FOUR
+    yield testbed
+
+
+def doctor(sc, four) -> dict:
+    res = sc("doctor", "--json", timeout=180)
+    assert res.returncode in (0, 1), res.stdout + res.stderr
+    return {(c["id"], c["node"]): c for c in json.loads(res.stdout)["checks"]}
+
+
+def test_doctor_on_four_hosts_through_a_switch(sc, four):
+    rows = doctor(sc, four)
+    bad = {k: r for k, r in rows.items() if r["status"] not in ("ok", "skip")
+           and k[0] not in ("mem.sshd_oom", "image.same")}  # the testbed's known WARNs (test_doctor)
+    assert bad == {}, bad
+    for n in FOUR:
+        assert rows[("net.topology", n)]["detail"].startswith("switch: reaches"), rows[("net.topology", n)]
+        assert rows[("net.path_mtu", n)]["status"] == "ok"
+
+
+def test_a_rail_on_the_wrong_subnet_fails_that_host_only(sc, four):
+    base = doctor(sc, four)
+    try:
+        four.set_addresses("spark-worker-3", RAIL2, ["198.19.99.3/24"])
+        rows = doctor(sc, four)
+    finally:
+        four.reset()
+    assert rows[("net.topology", "spark-worker-3")]["status"] == "fail"
+    assert "lacks 198.19.4.0/24" in rows[("net.topology", "spark-worker-3")]["detail"]
+    for n in FOUR:
+        if n != "spark-worker-3":
+            assert rows[("net.topology", n)]["status"] == base[("net.topology", n)]["status"] == "ok"
+
+
+@pytest.fixture(scope="module")
+def pp_up(four, sc):
+    sc("down")
+    t = time.monotonic()
+    res = sc("up", "--profile", "testbed-pp", timeout=1200)
+    assert res.returncode == 0, res.stdout + res.stderr
+    print(f"up --profile testbed-pp on four hosts: {time.monotonic() - t:.1f}s")
+    yield
+    sc("down")
+
+
+def test_tp2_pp2_answers_through_four_ranks(four, sc, pp_up):
+    assert helpers.answers(BASE, "testbed-tiny", max_tokens=8)
+    st = json.loads(sc("status", "--json").stdout)
+    assert st["state"] == "healthy", st["problems"]
+    assert [n["node"] for n in st["nodes"]] == list(FOUR) and st["ray_nodes"] == 4
+    for n in FOUR:
+        assert ours(four, n), n
+    # one rank per host: each worker container runs a Ray worker of vLLM's
+    for n in FOUR[1:]:
+        c = ours(four, n)[0]
+        procs = four.sh(n, f"docker exec {c} ps -eo args").stdout
+        assert "RayWorkerWrapper" in procs or "ray::" in procs, procs
+
+
+def test_a_worker_reboot_is_brought_back(four, sc, pp_up):
+    t = time.time()
+    four.reboot(LAST)
+
+    def serving() -> bool:
+        res = four.sh(HEAD, f"docker exec {HEAD_C} cat /run/sparkcluster/supervisor.json", check=False)
+        try:
+            sup = json.loads(res.stdout)
+        except ValueError:
+            return False
+        return sup.get("state") == "serving" and sup.get("since", 0) > t and helpers.answers(BASE, "testbed-tiny")
+
+    assert helpers.wait_for(serving, 420, step=3.0), sc("status").stdout
+
+
+def test_down_leaves_nothing_on_any_host(four, sc, pp_up):
+    res = sc("down")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert all(ours(four, n) == [] for n in FOUR)
