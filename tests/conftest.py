@@ -43,9 +43,8 @@ def testbed(request):
 # no-op (about 2 s against 40-50 s of engine start). Each still brings its own cluster up when run
 # alone or in another order: the order saves time, it is never needed for a result. `test_mp` (the
 # `testbed-mp` profile, issue 28) goes just before them: it ends with `down`, which `test_up` starts from.
-# `test_nodes` (issue 27) ends the session: it replaces the pair with four hosts.
 SERVING_TAIL = ("tests.integration.test_mp", "tests.integration.test_up", "tests.integration.test_bench",
-                "tests.integration.test_supervisor", "tests.integration.test_fabric", "tests.integration.test_nodes")
+                "tests.integration.test_supervisor", "tests.integration.test_fabric")
 
 
 def _module_rank(item) -> int:
