@@ -31,8 +31,17 @@ def summary(done: list[tuple[Step, object]]) -> str:
 def container_env(r: "Run", node: str, container: str) -> dict[str, str]:
     # a failed exec (no such container, the engine refusing) fails the step as what it is: never
     # read as a container missing its variables
-    out = run_in(r.cluster.hosts[node].docker().api, container, ["env"]).stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    api = r.cluster.hosts[node].docker().api
+    for _ in range(2):
+        out = run_in(api, container, ["env"]).stdout
+        env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        if env:
+            return env
+    # `env` always prints PATH and HOSTNAME: an empty answer is output lost on the way (seen on four
+    # loaded testbed hosts), never a container without its variables
+    raise fail(STAGE, node, "variables in the container", "`docker exec env` exited 0 twice and printed nothing",
+               f"docker exec {container} env", out[-500:], "run sparkcluster up again; if it repeats, check the "
+               "node's Docker engine (`docker exec CONTAINER env` there)")
 
 
 def check_env(r: "Run", node: str, container: str) -> int:
