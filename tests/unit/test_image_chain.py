@@ -83,3 +83,15 @@ CUT, RELAY = transfer.STREAM_CUT, transfer.RELAY_FAILED
 def test_a_failed_chain_names_the_first_node_at_fault(sender_ok, codes, named):
     got = image_chain.culprit(sender_ok, list(zip(["spark-2", "spark-3", "spark-4"], codes)), "spark-1")
     assert got == named
+
+
+# ---- the chain run on this machine: the real snippets over loopback, a fake docker per node ----
+
+def test_distribute_moves_one_stream_through_three_workers(tmp_path):
+    from chain_fakes import world3
+    r, dirs, head = world3(tmp_path)
+    notes = {w: image_chain.receive(r, w) for w in ("w1", "w2", "w3")}  # the first step moves it to all
+    assert notes["w2"].startswith("received from w1 along the chain (127.0.0.2 -> 127.0.0.3)")
+    loaded = [(d / "loaded.0").read_bytes() for d in dirs]
+    assert loaded[0] == loaded[1] == loaded[2] and len(loaded[0]) > 0
+    assert len(head.started) == 1  # one docker save
