@@ -71,6 +71,15 @@ def delta(image: ImageLayers, worker_chains: list[list[str]], elide: bool = True
     return Delta(n, held, move, elide, skip, keep)
 
 
+def shared_delta(image: ImageLayers, workers: list[tuple[list[list[str]], bool]]) -> Delta:
+    """What one stream to several workers (a chain) carries, `workers` being each one's (layer
+    chains, elide): only the layers every one of them holds stay behind (the smallest held
+    prefix), so each still gets every layer it lacks; a store that cannot skip layers makes the
+    stream carry the whole image for all."""
+    elide = all(e for _, e in workers)
+    return min((delta(image, chains, elide) for chains, _ in workers), key=lambda d: d.held)
+
+
 def mb(n: int | None) -> str:
     if n is None:
         return "size unknown"

@@ -20,12 +20,23 @@ import shlex
 RECEIVER = r"""
 import socket, struct, subprocess, sys
 bind, peer = sys.argv[1], sys.argv[2]
-# the sink: docker load (the image), or "stdout" (a byte pipe: the weights' tar of files)
-to_stdout = sys.argv[3:] == ["stdout"]
+# the sink: docker load (the image), or "stdout" (a byte pipe: the weights' tar of files);
+# "next=ADDR,PORT,SRC": a relay, forwarding every frame to the next node's receiver as it arrives
+to_stdout = "stdout" in sys.argv[3:]
+hop = [a[5:].split(",") for a in sys.argv[3:] if a.startswith("next=")]
 s = socket.socket()
 s.bind((bind, 0))
 s.listen(1)
 s.settimeout(60)
+nxt, relay_err = None, ""
+if hop:
+    dst, port, src = hop[0][0], int(hop[0][1]), hop[0][2]
+    try:
+        nxt = socket.create_connection((dst, port), timeout=30, source_address=(src, 0))
+        nxt.settimeout(600)
+    except OSError as e:
+        print("relay: cannot reach the next hop %s:%d from %s: %s" % (dst, port, src, e), file=sys.stderr, flush=True)
+        sys.exit(76)  # transfer.RELAY_FAILED
 print("@@port %d" % s.getsockname()[1], file=sys.stderr, flush=True)
 while True:
     c, addr = s.accept()
@@ -37,6 +48,7 @@ c.settimeout(600)
 f = c.makefile("rb", buffering=1 << 20)
 load = None if to_stdout else subprocess.Popen(["docker", "load"], stdin=subprocess.PIPE)
 sink = sys.stdout.buffer if to_stdout else load.stdin
+sink_err = ""
 done = False
 try:
     while True:
@@ -50,10 +62,31 @@ try:
         b = f.read(n)
         if len(b) < n:
             break
-        sink.write(b)
+        # forwarded first, so the next node receives while this one writes; a next hop that stops
+        # taking data ends the relay, never this node's own copy
+        if nxt is not None:
+            try:
+                nxt.sendall(h + b)
+            except OSError as e:
+                relay_err = "relay: the next hop %s:%d stopped taking data: %s" % (dst, port, e)
+                print(relay_err, file=sys.stderr, flush=True)
+                nxt.close()
+                nxt = None
+        if sink is not None:
+            try:
+                sink.write(b)
+            except OSError as e:
+                sink_err = "receive: the sink stopped taking data: %s" % e
+                print(sink_err, file=sys.stderr, flush=True)
+                sink = None
+                if nxt is None:
+                    break  # nothing left to feed
 except (OSError, socket.timeout) as e:
     print("receive: %s" % e, file=sys.stderr)
 if not done:
+    # closed without the end frame: the next node sees a cut stream and loads nothing either
+    if nxt is not None:
+        nxt.close()
     if load:
         load.kill()
         load.wait()
@@ -62,8 +95,33 @@ if not done:
         sys.stdout.flush()
         print("receive: the stream ended before the sender finished", file=sys.stderr)
     sys.exit(75)  # transfer.STREAM_CUT
-sink.close()
-sys.exit(load.wait() if load else 0)
+if nxt is not None:
+    try:
+        nxt.sendall(struct.pack(">I", 0))
+        nxt.shutdown(socket.SHUT_WR)
+    except OSError as e:
+        relay_err = "relay: the next hop %s:%d did not take the end of the stream: %s" % (dst, port, e)
+        print(relay_err, file=sys.stderr, flush=True)
+        nxt = None
+rc = 0
+if sink is not None:
+    try:
+        sink.close()
+    except OSError as e:
+        sink_err = sink_err or "receive: the sink stopped taking data: %s" % e
+if load:
+    rc = load.wait()
+if sink_err and not rc:
+    rc = 1
+if nxt is not None:
+    try:
+        nxt.recv(1)  # the next node closes when it is done (its own load, and its next hop's)
+    except OSError:
+        pass
+if relay_err and not rc:
+    print("relay: this node's own copy is complete; the nodes after it did not get theirs", file=sys.stderr, flush=True)
+    rc = 76  # transfer.RELAY_FAILED
+sys.exit(rc)
 """
 
 # A plain byte pipe for files (the weights stage), with the receiver's "stdout" sink: the same
@@ -202,6 +260,9 @@ print("@@dropped %d %d" % (ndrop, dropped), file=sys.stderr, flush=True)
 
 # the receiver's exit status when the connection ended before the sender's end frame
 STREAM_CUT = 75
+# a relaying receiver's exit status when the next hop could not be reached or stopped taking data
+# (its own copy, when it started, is complete: a failure of its own exits with that failure's status)
+RELAY_FAILED = 76
 
 # what `docker info` lists in DriverStatus when images live in containerd (Docker 24+ with the
 # containerd image store enabled; the default for fresh installs from Docker 29)
@@ -215,8 +276,18 @@ def elides(driver_status: list | tuple) -> bool:
     return not any(CONTAINERD_STORE in str(v) for pair in driver_status for v in pair)
 
 
-def receive_command(bind_ip: str, peer_ip: str) -> str:
-    return "python3 -c " + shlex.quote(RECEIVER) + " " + shlex.quote(bind_ip) + " " + shlex.quote(peer_ip)
+def next_hop(dst_ip: str, port: int, src_ip: str) -> str:
+    """The receiver's argument that makes it a relay: forward to `dst_ip:port`, sending from `src_ip`."""
+    for a in (dst_ip, src_ip):
+        if not a or any(c in a for c in ", \t\n"):
+            raise ValueError(f"not an address: {a!r}")
+    return f"next={dst_ip},{int(port)},{src_ip}"
+
+
+def receive_command(bind_ip: str, peer_ip: str, forward: str | None = None) -> str:
+    """`forward`: next_hop(...) to relay the stream to the next node as it arrives."""
+    return ("python3 -c " + shlex.quote(RECEIVER) + " " + shlex.quote(bind_ip) + " " + shlex.quote(peer_ip)
+            + (" " + shlex.quote(forward) if forward else ""))
 
 
 def send_command(image: str, dst_ip: str, port: int, src_ip: str, skip: list[str] | tuple[str, ...] = (),

@@ -40,7 +40,10 @@ def steps(plan: "Plan") -> list[Step]:
         out.append(Step(STAGE, head, "build", "build the cluster image",
                         f"Engine API build: docker build --network host {args} -t {plan.image} -f {DOCKERFILE.name} .",
                         run=build))
-    for w in plan.send_to:
+    if len(plan.send_to) > 1:  # one docker save feeds a chain through the workers (issue 27)
+        from sparkcluster.up.stages import image_chain
+        out += image_chain.steps(plan)
+    for w in plan.send_to if len(plan.send_to) == 1 else ():
         node = inv.node(w)
         # after a build the head's new ID is known only at run time: the worker may already hold it
         when = "the head's image ID, read after the build, differs from this node's" if plan.build is not None else ""
@@ -165,7 +168,13 @@ def _disk_needed(r: "Run", head, worker, size: int, layers: list[str]) -> int | 
 def run_delta(r: "Run", worker: str) -> layers.Delta:
     """The same computation as the plan's (planned_layers), over the head's image as it is now:
     after a build, its layers are read from the engine."""
-    hf, wf = r.facts[r.inv.head.name], r.facts[worker]
+    wf = r.facts[worker]
+    return layers.delta(head_layers(r), wf.layer_chains, _elides(wf))
+
+
+def head_layers(r: "Run") -> layers.ImageLayers:
+    """The head's image's layers as they are now (after a build, read from the engine)."""
+    hf = r.facts[r.inv.head.name]
     info = head_image(r)
     if hf.image_layers is not None and hf.image_layers.id == info["Id"]:
         img = hf.image_layers
@@ -177,15 +186,12 @@ def run_delta(r: "Run", worker: str) -> layers.Delta:
         except (docker.errors.APIError, EngineUnreachable):
             sizes = None
         img = layers.ImageLayers(info["Id"], diff_ids, sizes)
-    return layers.delta(img, wf.layer_chains, _elides(wf))
+    return img
 
 
-def send(r: "Run", worker_name: str) -> str:
+def check_disk(r: "Run", worker_name: str, d: layers.Delta, size: int, image_layers: list[str]) -> None:
+    """Fails naming the worker when its docker root lacks the room docker load needs."""
     head, worker = r.cluster.head, r.cluster.hosts[worker_name]
-    info = head_image(r)
-    head_id = info["Id"]
-    size, image_layers = info.get("Size", 0), (info.get("RootFS") or {}).get("Layers") or []
-    d = run_delta(r, worker_name)
     wf = r.facts[worker.name]
     free = list(wf.disks.values())[0].available if wf.disks else None
     elided_need = d.elide and d.held > 0 and d.move_bytes is not None
@@ -203,6 +209,15 @@ def send(r: "Run", worker_name: str) -> str:
                       else f"the whole {size / 2**30:.1f} GiB image before storing the layers the node lacks)"),
                    fix=f"free {(need * 1.05 - free) / 2**30:.1f} GiB more on {worker.name} (`docker image prune -a` "
                        "removes the images no container uses), then sparkcluster up")
+
+
+def send(r: "Run", worker_name: str) -> str:
+    head, worker = r.cluster.head, r.cluster.hosts[worker_name]
+    info = head_image(r)
+    head_id = info["Id"]
+    size, image_layers = info.get("Size", 0), (info.get("RootFS") or {}).get("Layers") or []
+    d = run_delta(r, worker_name)
+    check_disk(r, worker_name, d, size, image_layers)
     try:
         sent, secs = _stream(r, worker, d, d.move_bytes if d.elide and d.move_bytes else size)
     except StageError as e:
