@@ -85,8 +85,9 @@ def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_j
         click.echo(f"nothing to do: {inv.cluster.name} already serves '{prof.name}'{where} (vllm serve pid {result.pid})")
     else:
         total = sum(result.seconds.values())
-        click.echo(f"serving '{result.model}' with tensor parallel {prof.serve.tensor_parallel_size} "
-                   f"in {total:.0f}s")
+        pp = prof.serve.pipeline_parallel_size
+        click.echo(f"serving '{result.model}' with tensor parallel {prof.serve.tensor_parallel_size}"
+                   + (f" x pipeline parallel {pp}" if pp > 1 else "") + f" in {total:.0f}s")
     auth = ' -H "Authorization: Bearer $VLLM_API_KEY"' if "VLLM_API_KEY" in secrets else ""
     click.echo(f"endpoint: {result.endpoint}")
     click.echo(f"model:    {result.model}")
