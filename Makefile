@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all deps venv test unit demo testbed-up testbed-down bench clean
+.PHONY: all deps venv test unit demo testbed-up testbed-down bench bench-nodes clean
 
 all: venv
 
@@ -41,6 +41,13 @@ demo: deps venv
 
 bench: venv
 	$(BIN)/python -m perf.run
+
+# the four-node figures (issue 27) on a four-host testbed of their own: perf/nodes.md
+bench-nodes: deps venv
+	$(BIN)/python -m tests.testbed down
+	SPARKCLUSTER_TESTBED_HOSTS=4 $(BIN)/python -m tests.testbed up
+	$(BIN)/python -m perf.nodes
+	$(BIN)/python -m tests.testbed down
 
 clean: testbed-down
 	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,131 @@
+"""Four Sparks (issue 27): the figures `make bench` cannot take on the pair, on a four-host testbed
+(`make testbed-up HOSTS=4`, then `python -m perf.nodes`; it refuses any other testbed).
+
+- image distribution: the image stage of `up --profile testbed-pp` when three workers lack the
+  cluster image's Ray layer, divided by the same when one worker lacks it (the same bytes per
+  worker, the same links: the switch's rails). Each `up` is stopped with Ctrl-C once its image
+  stage is done (nothing else is measured there).
+- doctor: the doctor's work in-process on all four nodes (preflight.run, connections in parallel)
+  divided by the slowest node alone (its own connection, probe script and path-MTU pings).
+
+Writes perf/nodes.md. REPS from $BENCH_REPS (default 3).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from perf.run import CLI, say
+from sparkcluster import log
+from sparkcluster.config import images
+from sparkcluster.config import inventory as inventories
+from sparkcluster.config import profile as profiles
+from tests.testbed.testbed import Testbed
+
+PROFILE = "testbed-pp"
+OUT = Path(__file__).resolve().parent / "nodes.md"
+
+
+def image_stage(tb: Testbed, sc: CLI, image: str, lacking: list[str]) -> float:
+    """Seconds of the image stage when the workers in `lacking` lack the cluster image."""
+    for w in lacking:
+        if tb.image_id(w, image):
+            tb.docker(w, f"rmi {image}")
+
+    def stop_after_image(line: str, p) -> None:
+        if line.startswith("✓ image"):
+            p.send_signal(signal.SIGINT)
+
+    r = sc("up", "--profile", PROFILE, check=False, on_line=stop_after_image, timeout=900)
+    t0, t1 = r.at("▸ image"), r.at("✓ image")
+    if t1 is None:
+        raise SystemExit(f"bench: up did not finish its image stage\n{r.stderr}")
+    head = tb.image_id(tb.hosts[0], image)
+    if any(tb.image_id(w, image) != head for w in lacking):
+        raise SystemExit("bench: a worker's image ID differs from the head's after the stage")
+    sc("down", timeout=300, check=False)
+    return t1 - t0
+
+
+def doctor_ratio(inv, prof) -> tuple[float, dict[str, float]]:
+    from sparkcluster import facts
+    from sparkcluster.checks import preflight
+    from sparkcluster.remote.fanout import connect_all
+
+    expect = preflight.expectations(inv, prof)
+
+    def every() -> tuple[float, dict]:
+        t = time.time()
+        rep, cluster = preflight.run(inv, prof)
+        if cluster:
+            cluster.close()
+        return time.time() - t, rep.facts
+
+    _, ref = every()  # the facts the path-MTU probes need, and a warm start
+    t_all, _ = every()
+    alone = {}
+    for node in inv.nodes:
+        t = time.time()
+        h = connect_all(inv, [node]).values_or_raise("connect")[node.name]
+        try:
+            facts.gather(h, inv, expect.image)
+            facts.gather_path_mtu(h, facts.path_mtu_probes(node, ref))
+        finally:
+            h.close()
+        alone[node.name] = time.time() - t
+    return t_all, alone
+
+
+def main() -> int:
+    tb = Testbed()
+    if len(tb.hosts) != 4 or tb.problems():
+        raise SystemExit("perf.nodes needs a healthy four-host testbed: make testbed-down && make testbed-up HOSTS=4")
+    reps = int(os.environ.get("BENCH_REPS", "3"))
+    workdir = Path(os.environ.get("BENCH_WORKDIR", "/tmp/sparkcluster-bench-nodes"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    os.environ["XDG_STATE_HOME"] = str(workdir / "state-inprocess")
+    log.configure("warning")
+    sc = CLI(tb, workdir)
+    inv, prof = inventories.load(tb.inventory), profiles.load_profile(PROFILE)
+    image = images.image_ref(inv, prof)
+    sc("down", timeout=300, check=False)
+    workers = list(tb.hosts[1:])
+    one, three, dr = [], [], []
+    for i in range(reps):
+        one.append(image_stage(tb, sc, image, workers[:1]))
+        three.append(image_stage(tb, sc, image, workers))
+        t_all, alone = doctor_ratio(inv, prof)
+        dr.append(t_all / max(alone.values()))
+        say(f"  #{i}: image stage, one worker lacking {one[-1]:.1f}s, three {three[-1]:.1f}s "
+            f"({three[-1] / one[-1]:.2f}); doctor four {t_all:.2f}s, slowest alone {max(alone.values()):.2f}s "
+            f"({dr[-1]:.2f})")
+    ratio = [t / o for t, o in zip(three, one)]
+
+    def row(name, unit, target, xs, ok=None):
+        med = statistics.median(xs)
+        verdict = "-" if ok is None else ("yes" if ok(med) else "**no**")
+        return f"| {name} | {med:.2f} | {min(xs):.2f} | {max(xs):.2f} | {unit} | {target} | {verdict} |"
+
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = "\n".join([
+        f"Four Sparks through a switch (issue 27), {when}: the four-host testbed (HOSTS=4), real vLLM 0.32 CPU "
+        f"image, {reps} repetition(s); median, min, max.", "",
+        "| figure | median | min | max | unit | target | met |", "|---|---:|---:|---:|---|---|---|",
+        row("image distribution: three workers lacking / one worker lacking (image stage)", "ratio", "<= 1.2", ratio,
+            lambda m: m <= 1.2),
+        row("  ... image stage, one worker lacking", "s", "-", one),
+        row("  ... image stage, three workers lacking (one stream along the chain)", "s", "-", three),
+        row("doctor on four nodes / slowest node alone (in-process)", "ratio", "<= 1.25", dr, lambda m: m <= 1.25),
+        "", "The weights still go from the head to each worker (no chain yet): no weights figure here.", ""])
+    OUT.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
