@@ -1,8 +1,11 @@
-"""Four Sparks through a switch (issue 27), on the real engine: the testbed grown to four hosts
-(`HOSTS=4`: every data-plane rail a bridge in a switch namespace of its own), then
+"""Four Sparks (issue 27), on the real engine: the testbed grown to four hosts, cabled through a
+switch (`HOSTS=4`: every data-plane rail a bridge in a switch namespace of its own) or as a ring
+(`HOSTS=4` with `SPARKCLUSTER_TESTBED_CABLING=ring`: each host's port 0 to the next host's port 1,
+the control plane on a LAN), then
 
-- `doctor` healthy on all four, the cabling told as a switch; one host's rail moved to a subnet the
-  others lack fails `net.topology` on that host only;
+- `doctor` healthy on all four, the cabling told as what it is; through a switch, one host's rail
+  moved to a subnet the others lack fails `net.topology` on that host only; in a ring, one end of a
+  cable without its address fails it on that cable's two ends only;
 - `up --profile testbed-pp`: TP=2 x PP=2 over Ray across the four hosts, an answer through all four
   ranks, `status` listing four nodes; a reboot of the last worker brought back by the supervisor;
   `down` leaves nothing on any host.
@@ -40,23 +43,29 @@ def four(testbed):
     yield testbed
 
 
+def wiring(tb) -> str:
+    return tb._state().get("wiring", "switch")
+
+
 def doctor(sc, four) -> dict:
     res = sc("doctor", "--json", timeout=180)
     assert res.returncode in (0, 1), res.stdout + res.stderr
     return {(c["id"], c["node"]): c for c in json.loads(res.stdout)["checks"]}
 
 
-def test_doctor_on_four_hosts_through_a_switch(sc, four):
+def test_doctor_on_four_hosts(sc, four):
     rows = doctor(sc, four)
     bad = {k: r for k, r in rows.items() if r["status"] not in ("ok", "skip")
            and k[0] not in ("mem.sshd_oom", "image.same")}  # the testbed's known WARNs (test_doctor)
     assert bad == {}, bad
     for n in FOUR:
-        assert rows[("net.topology", n)]["detail"].startswith("switch: reaches"), rows[("net.topology", n)]
+        assert rows[("net.topology", n)]["detail"].startswith(f"{wiring(four)}: reaches"), rows[("net.topology", n)]
         assert rows[("net.path_mtu", n)]["status"] == "ok"
 
 
 def test_a_rail_on_the_wrong_subnet_fails_that_host_only(sc, four):
+    if wiring(four) != "switch":
+        pytest.skip("a switch's fault: this testbed is cabled as a ring")
     base = doctor(sc, four)
     try:
         four.set_addresses("spark-worker-3", RAIL2, ["198.19.99.3/24"])
@@ -68,6 +77,21 @@ def test_a_rail_on_the_wrong_subnet_fails_that_host_only(sc, four):
     for n in FOUR:
         if n != "spark-worker-3":
             assert rows[("net.topology", n)]["status"] == base[("net.topology", n)]["status"] == "ok"
+
+
+def test_a_ring_cable_without_its_address_fails_its_two_ends_only(sc, four):
+    if wiring(four) != "ring":
+        pytest.skip("a ring's fault: this testbed is cabled through a switch")
+    try:
+        # spark-worker-3's port 0 (both twins) leaves for spark-worker-4: cable 3
+        for nd in ("enp1s0f0np0", "enP2p1s0f0np0"):
+            four.set_addresses("spark-worker-3", nd, [])
+        rows = doctor(sc, four)
+    finally:
+        four.reset()
+    failed = sorted(n for n in FOUR if rows[("net.topology", n)]["status"] == "fail")
+    assert failed == ["spark-worker-3", "spark-worker-4"], {n: rows[("net.topology", n)] for n in FOUR}
+    assert "shares no data-plane subnet with spark-worker-4" in rows[("net.topology", "spark-worker-3")]["detail"]
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,11 @@ Modes (`SPARKCLUSTER_TESTBED_CABLING`, or `Testbed.set_cabling`), each optionall
 - link-local: port 1 cabled, each twin with a 169.254/16 address only (NVIDIA's guide default).
 - one-subnet: port 1 cabled, both twins on the first twin's /24 (eugr/spark-vllm-docker#270).
 - twin-no-ipv4: port 1 cabled, the enP2 twin up without IPv4 (the data plane lists one twin).
+- ring (three or more hosts, issue 27; wired so at bring-up): each host's port 0 cabled to the next
+  host's port 1, the last to the first; each twin pair of a cable on a /24 of its own
+  (198.19.(20+i).0/24 and 198.19.(40+i).0/24 for the cable leaving host i, numbered from 1); no cable
+  reaches every host, so the control plane is a LAN every host shares (`lan0`, 198.19.200.0/24, a
+  bridge in the switch namespace), as owners of rings run it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ NETDEVS = ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1")
 HCAS = ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")
 HCA_OF = dict(zip(NETDEVS, HCAS))
 CONTROL_LINK = 1  # enp1s0f1np1: the control plane in every mode (198.19.2.x in static modes)
-MODES = ("one-cable", "two-cables", "link-local", "one-subnet", "twin-no-ipv4")
+MODES = ("one-cable", "two-cables", "link-local", "one-subnet", "twin-no-ipv4", "ring")
+RING_LAN_IF, RING_LAN = "lan0", "198.19.200"
 DEFAULT = "one-cable"
 MTUS = (1500, 9000, 9216)
 SPEED_MBPS = 200000
@@ -49,7 +55,7 @@ class Mode:
 
     @property
     def cabled_ports(self) -> tuple[int, ...]:
-        return (0, 1) if self.name == "two-cables" else (1,)
+        return (0, 1) if self.name in ("two-cables", "ring") else (1,)
 
 
 def parse(spec: str | None) -> Mode:
@@ -78,10 +84,15 @@ def cabled(mode: Mode, k: int) -> bool:
     return port_of(NETDEVS[k]) in mode.cabled_ports
 
 
-def addresses(mode: Mode, k: int, octet: int) -> list[str]:
-    """IPv4 addresses (with prefix) of link k's end on the host numbered `octet` (1 head, 2 worker)."""
+def addresses(mode: Mode, k: int, octet: int, n: int = 2) -> list[str]:
+    """IPv4 addresses (with prefix) of link k's end on the host numbered `octet` (1 head, 2 worker)
+    of `n` hosts."""
     if not cabled(mode, k):
         return []
+    if mode.name == "ring":
+        # port 0's twins leave for the next host (cable `octet`), port 1's arrive from the previous one
+        cable = octet if port_of(NETDEVS[k]) == 0 else (octet - 2) % n + 1
+        return [f"198.19.{(40 if is_p2(NETDEVS[k]) else 20) + cable}.{octet}/24"]
     nd = NETDEVS[k]
     if mode.name == "link-local":
         # picked at random on a real Spark; fixed here so tests can name them
@@ -96,6 +107,8 @@ def addresses(mode: Mode, k: int, octet: int) -> list[str]:
 
 def control(mode: Mode, octet: int) -> tuple[str, str]:
     """The control plane (control_if, control_ip) of the host numbered `octet`."""
+    if mode.name == "ring":
+        return RING_LAN_IF, f"{RING_LAN}.{octet}"
     return NETDEVS[CONTROL_LINK], addresses(mode, CONTROL_LINK, octet)[0].split("/")[0]
 
 
@@ -169,14 +182,14 @@ def address_commands(netdev: str, want: list[str]) -> list[str]:
     return cmds
 
 
-def host_commands(mode: Mode, octet: int, names: list[str], macs: dict[str, str]) -> list[str]:
+def host_commands(mode: Mode, octet: int, names: list[str], macs: dict[str, str], n: int = 2) -> list[str]:
     """Everything that puts one host in `mode`. `names[k]`: this host's netdev at the end of link k
     (the worker's differ when it is re-cabled); `macs`: netdev -> MAC, for the link-local GIDs. The
     HCA on a netdev follows the netdev's name, as on hardware."""
     cmds = []
     for k, nd in enumerate(names):
         up = cabled(mode, k)
-        want = addresses(mode, k, octet)
+        want = addresses(mode, k, octet, n)
         state, phys = hca_state(mode, k)
         hca = HCA_OF[nd]
         cmds.append(f"ip link set dev {nd} mtu {mode.mtu} {'up' if up else 'down'}")
@@ -203,7 +216,7 @@ def inventory_nodes(mode: Mode, hosts: list[tuple[str, str, int]], names: dict[s
         nds = names[h]
         ctl_if, ctl_ip = control(mode, octet)
         out += ["[[nodes]]", f'name = "{h}"', f'role = "{role}"', f'ssh = "{h}"',
-                f'control_if = "{nds[NETDEVS.index(ctl_if)]}"', f'control_ip = "{ctl_ip}"', f"mtu = {mode.mtu}",
+                f'control_if = "{nds[NETDEVS.index(ctl_if)] if ctl_if in NETDEVS else ctl_if}"', f'control_ip = "{ctl_ip}"', f"mtu = {mode.mtu}",
                 "data_plane = ["]
         out += [f'  {{ netdev = "{nds[k]}", hca = "{HCA_OF[nds[k]]}" }},' for k in data_plane(mode)]
         out += ["]", ""]

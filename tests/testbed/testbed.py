@@ -449,6 +449,12 @@ class Testbed:
                        f"&& ip route add default via {s.ctl_ip} dev {LAN_IF}")
         mode = self.cabling
         self._update(cabling=mode.spec)
+        if mode.name == "ring":
+            self._ring(mode.mtu)
+            log(f"network: {len(self.hosts)} LAN veths in 198.18.0.0/27; a ring of {len(self.hosts)} cables (each "
+                f"twin pair on /24s of its own), the control plane on a LAN ({cabling.RING_LAN}.0/24)")
+            return
+        self._update(wiring="switch" if len(self.hosts) > 2 else "pair")
         if len(self.hosts) > 2:
             self._switch(mode.mtu)
             log(f"network: {len(self.hosts)} LAN veths in 198.18.0.0/27; 4 rails 198.19.{{1..4}}.0/24 through a "
@@ -460,6 +466,35 @@ class Testbed:
             self._veth(k, nd, nd, mode.mtu)
         log(f"network: LAN veths 198.18.0.0/30, 198.18.0.4/30; 4 data-plane veths 198.19.{{1..4}}.0/24, "
             f"cabling {mode.spec}")
+
+    def _ring(self, mtu: int) -> None:
+        """Three or more hosts cabled as a ring: host i's port 0 twins to host i+1's port 1 twins (the
+        last to the first), a veth per twin; and a LAN all hosts share (`lan0` on a bridge in the
+        switch namespace) for the control plane, since no cable reaches every host."""
+        hosts = self.hosts
+        if len(hosts) < 3:
+            raise TestbedError("the ring cabling needs three or more hosts (HOSTS=3 or more)")
+        self._update(wiring="ring")
+        run(["ip", "netns", "add", SWITCH_NS])
+        sw = ["ip", "-n", SWITCH_NS]
+        run(sw + ["link", "set", "lo", "up"])
+        run(sw + ["link", "add", "lan", "type", "bridge"])
+        run(sw + ["link", "set", "lan", "up"])
+        for h in hosts:
+            port = f"p{SPECS[h].octet}lan"
+            run(["ip", "link", "add", "tbtmp-h", "netns", h, "type", "veth", "peer", "name", port, "netns", SWITCH_NS])
+            run(["ip", "-n", h, "link", "set", "tbtmp-h", "name", cabling.RING_LAN_IF])
+            run(sw + ["link", "set", port, "master", "lan"])
+            run(sw + ["link", "set", port, "up"])
+            run(["ip", "-n", h, "addr", "add", f"{cabling.RING_LAN}.{SPECS[h].octet}/24", "dev", cabling.RING_LAN_IF])
+            run(["ip", "-n", h, "link", "set", cabling.RING_LAN_IF, "up"])
+        for i, h in enumerate(hosts):
+            nxt = hosts[(i + 1) % len(hosts)]
+            for out_k, in_k in ((0, 1), (2, 3)):  # port 0's twins to the next host's port 1 twins
+                run(["ip", "link", "add", "tbtmp-a", "netns", h, "mtu", str(mtu), "type", "veth",
+                     "peer", "name", "tbtmp-b", "netns", nxt, "mtu", str(mtu)])
+                run(["ip", "-n", h, "link", "set", "tbtmp-a", "name", NETDEVS[out_k]])
+                run(["ip", "-n", nxt, "link", "set", "tbtmp-b", "name", NETDEVS[in_k]])
 
     def _switch(self, mtu: int) -> None:
         """Three or more hosts: a switch of its own (a namespace with a bridge per rail k); each
@@ -504,12 +539,15 @@ class Testbed:
         names = self._names(host)
         macs = cabling.parse_macs(self.sh(host, cabling.mac_query(names)).stdout)
         octet = SPECS[host].octet
-        self.sh(host, "set -e\n" + "\n".join(cabling.host_commands(self.cabling, octet, names, macs)))
+        self.sh(host, "set -e\n" + "\n".join(cabling.host_commands(self.cabling, octet, names, macs, len(self.hosts))))
 
     def set_cabling(self, mode: str | None = None) -> Path:
         """Re-cable and re-address both hosts as `mode` ("two-cables", "one-cable@1500", ...; None:
         the default) and rewrite cluster.toml to match. Undo: set_cabling() or reset()."""
         m = cabling.parse(mode if mode is not None else os.environ.get(cabling.ENV))
+        if (m.name == "ring") != (self._state().get("wiring") == "ring"):
+            raise TestbedError("a ring is wired at bring-up (SPARKCLUSTER_TESTBED_CABLING=ring with HOSTS=3 or more), "
+                               "and a ring's hosts cannot be re-cabled as a pair or through a switch")
         self._update(cabling=m.spec)
         for h in self.hosts:
             self._apply_cabling(h)
@@ -766,10 +804,11 @@ rm -f /run/docker.pid /run/docker.sock
         hosts = self.hosts
         many = len(hosts) > 2  # through the testbed's switch: every rail on every host
         out = [f"# sparkcluster inventory for the {len(hosts)}-host testbed (written by tests/testbed)",
-               f"# cabling: {m.spec}" + (", through a switch" if many else ""),
+               f"# cabling: {m.spec}" + (", through a switch" if many and m.name != "ring" else ""),
                "[cluster]", 'name = "testbed"', 'ssh_config = "ssh_config"', 'known_hosts = "known_hosts"',
                f'profile = "{"testbed-pp" if len(hosts) == 4 else "testbed"}"', f'pip_index_url = "{PIP_INDEX_URL}"',
-               hub.INVENTORY_LINE, *(['topology = "switch"'] if many else []), "", *FABRIC_LINES, ""]
+               hub.INVENTORY_LINE, *([f'topology = "{"ring" if m.name == "ring" else "switch"}"'] if many else []),
+               "", *FABRIC_LINES, ""]
         names = {h: list(CROSSED if (crossed and h == WORKER) else NETDEVS) for h in hosts}
         out += cabling.inventory_nodes(m, [(h, SPECS[h].role, SPECS[h].octet) for h in hosts], names)
         return "\n".join(out)
@@ -1153,7 +1192,8 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             self.show_uverbs(h)
         # the network as the default cabling mode has it: links, addresses, HCA states, speeds, GIDs
         self.unplug_third()
-        self._update(cabling=cabling.parse(os.environ.get(cabling.ENV)).spec)
+        ring = self._state().get("wiring") == "ring"
+        self._update(cabling=cabling.parse("ring" if ring else os.environ.get(cabling.ENV)).spec)
         for h in self.hosts:
             self._apply_cabling(h)
         self.write_inventory(crossed=False)

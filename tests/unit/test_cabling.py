@@ -149,3 +149,20 @@ def test_an_ipv6_address_first_moves_the_ipv4_gid_to_index_5():
     rows = C.gid_entries("enp1s0f1np1", "4c:bb:47:21:00:02", ["198.19.2.2/24"], ("fd00:19::2:2",))
     assert rows[2][0] == "fd00:0019:0000:0000:0000:0000:0002:0002"
     assert [i for i, r in enumerate(rows) if r[1] == "RoCE v2" and r[0] == C.mapped_gid("198.19.2.2")] == [5]
+
+
+def test_ring_of_four_each_cable_a_pair_of_subnets_shared_by_its_two_ends_only():
+    """Host i's port 0 twins meet host i+1's port 1 twins (the last meets the first): each subnet on
+    exactly two hosts, what config/topology reads as a ring in the hosts' order."""
+    import ipaddress
+
+    from sparkcluster.config import topology
+
+    m = C.parse("ring")
+    rails = {o: [ipaddress.ip_interface(a).network for k in range(4) for a in C.addresses(m, k, o, 4)]
+             for o in (1, 2, 3, 4)}
+    assert all(len(nets) == 4 for nets in rails.values())
+    t = topology.classify({f"h{o}": nets for o, nets in rails.items()})
+    assert t.kind == "ring" and t.order == ("h1", "h2", "h3", "h4")
+    assert C.control(m, 3) == ("lan0", "198.19.200.3")
+    assert C.data_plane(m) == [0, 1, 2, 3]
