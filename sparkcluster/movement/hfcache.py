@@ -231,11 +231,13 @@ def blobs_dir(hf_cache: str, repo: str) -> str:
     return str(PurePosixPath(hub_dir(hf_cache)) / repo_folder(repo) / "blobs")
 
 
-def receive_command(hf_cache: str, repo: str, bind_ip: str, peer_ip: str) -> str:
-    """On the worker: the image transfer's one-shot receiver (one connection, from the head's
-    address only) feeding tar into the incoming folder; `check` adopts what matches its name."""
+def receive_command(hf_cache: str, repo: str, bind_ip: str, peer_ip: str, forward: str | None = None) -> str:
+    """On the worker: the image transfer's one-shot receiver (one connection, from the sender's
+    address only) feeding tar into the incoming folder; `check` adopts what matches its name.
+    `forward` (transfer.next_hop): relay the stream to the next worker of a chain as it arrives."""
     d = shlex.quote(incoming_dir(hf_cache, repo))
-    return (f"set -o pipefail; umask 022; mkdir -p {d} && " + py(transfer.RECEIVER, bind_ip, peer_ip, "stdout")
+    return (f"set -o pipefail; umask 022; mkdir -p {d} && "
+            + py(transfer.RECEIVER, bind_ip, peer_ip, "stdout", *([forward] if forward else []))
             + f" | tar -x -f - -C {d}")
 
 

@@ -25,6 +25,7 @@ from sparkcluster.errors import InputError
 from sparkcluster.movement import hfcache as w
 from sparkcluster.movement import transfer
 from sparkcluster.remote.fanout import run_each
+from sparkcluster.up.stages import weights_chain
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
@@ -252,11 +253,13 @@ def steps(plan: "Plan") -> list[Step]:
             out.append(Step(STAGE, wk.name, _act("replicate", k, need), f"receive the files of {need.repo} it lacks from the head, "
                             "verify them",
                             f"{head}: tar of the missing blobs | tcp {inv.head.control_ip} -> {wk.control_ip} | "
-                            f"{wk.name}: tar -x, each file checked against its hash (one connection, head's address only)",
+                            f"{wk.name}: tar -x, each file checked against its hash (one connection, head's address only)"
+                            + ("; with two or more workers lacking files, one stream along the chain head -> "
+                               "worker -> ..., each relaying to the next as it receives" if len(inv.workers) > 1 else ""),
                             when="this node lacks files",
                             skip=lambda r, n=wk.name, k=k: None if stagings(r)[k].state[n]["missing"]
                             else "it holds the snapshot",
-                            run=lambda r, n=wk.name, k=k: stagings(r)[k].replicate(n)))
+                            run=lambda r, n=wk.name, k=k: weights_chain.replicate(r, stagings(r)[k], k, n)))
     if "model" in want[0].roles:
         tp, pp = plan.profile.serve.tensor_parallel_size, plan.profile.serve.pipeline_parallel_size
         out.append(Step(STAGE, head, "shape", f"check the model's heads and layers against TP={tp} x PP={pp}",
