@@ -1,0 +1,72 @@
+"""The weights along the chain (issue 27), over loopback with the real receiver, relay and sender
+scripts and real tar: the head on 127.0.0.1, three workers on 127.0.0.2-4, each with an HF cache of
+its own; the check that adopts files is a fake that reports what arrived."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from types import SimpleNamespace
+
+from chain_fakes import IPS, world3
+
+from sparkcluster.movement import hfcache as w
+from sparkcluster.up.stages import weights_chain
+
+REPO = "org/model"
+FILES = {hashlib.sha256(f"file {i}".encode() * 5000).hexdigest(): f"file {i}".encode() * 5000 for i in range(3)}
+
+
+class FakeStaging:
+    """What weights_chain needs of a Staging: the state of each node's check, the head's cache."""
+
+    def __init__(self, caches: dict[str, Path], lacking: dict[str, list[str]]):
+        self.repo, self.caches, self.moved = REPO, caches, {}
+        self.cache = str(caches["head"])
+        self.progress = SimpleNamespace(bytes=lambda *a: None)
+        self.state = {n: {"missing": list(b), "missing_bytes": sum(len(FILES[x]) for x in b)}
+                      for n, b in lacking.items()}
+        self.single: list[str] = []
+
+    def check(self, node: str) -> dict:
+        got = Path(w.incoming_dir(str(self.caches[node]), REPO))
+        arrived = {p.name for p in got.glob("*")} if got.exists() else set()
+        self.state[node]["missing"] = [b for b in self.state[node]["missing"] if b not in arrived]
+        return self.state[node]
+
+    def replicate(self, node: str) -> str:
+        self.single.append(node)
+        return f"sent to {node} alone"
+
+
+def world(tmp_path, lacking):
+    r, _, _ = world3(tmp_path)
+    caches = {n: tmp_path / f"hf-{n}" for n in IPS}
+    blobs = Path(w.blobs_dir(str(caches["head"]), REPO))
+    blobs.mkdir(parents=True)
+    for name, data in FILES.items():
+        (blobs / name).write_bytes(data)
+    r.inv.hf_cache = lambda n: str(caches[n])
+    return r, FakeStaging(caches, lacking), caches
+
+
+def test_two_or_more_workers_lacking_get_one_stream_along_the_chain(tmp_path):
+    names = list(FILES)
+    r, st, caches = world(tmp_path, {"head": [], "w1": names, "w2": names[:1], "w3": names[1:]})
+    notes = {n: weights_chain.replicate(r, st, 0, n) for n in ("w1", "w2", "w3")}
+    assert st.single == []
+    assert "received from head along the chain (127.0.0.1 -> 127.0.0.2)" in notes["w1"]
+    assert "received from w2 along the chain (127.0.0.3 -> 127.0.0.4)" in notes["w3"]
+    for n in ("w1", "w2", "w3"):
+        got = Path(w.incoming_dir(str(caches[n]), REPO))
+        # every file any of them lacked reached each (the union), byte for byte
+        assert {p.name: p.read_bytes() for p in got.iterdir()} == FILES
+        assert st.state[n]["missing"] == []
+    # the head's one sender: a single command on the head
+    assert len(r.cluster.head.started) == 1
+
+
+def test_one_worker_lacking_is_sent_to_alone(tmp_path):
+    r, st, _ = world(tmp_path, {"head": [], "w1": [], "w2": list(FILES), "w3": []})
+    assert weights_chain.replicate(r, st, 0, "w2") == "sent to w2 alone"
+    assert st.single == ["w2"]
