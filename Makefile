@@ -42,10 +42,14 @@ demo: deps venv
 bench: venv
 	$(BIN)/python -m perf.run
 
-# the four-node figures (issue 27) on a four-host testbed of their own: perf/nodes.md
+# the four-node figures (issue 27) on four-host testbeds of their own, through a switch and as a ring:
+# perf/nodes-switch.md, perf/nodes-ring.md
 bench-nodes: deps venv
 	$(BIN)/python -m tests.testbed down
 	SPARKCLUSTER_TESTBED_HOSTS=4 $(BIN)/python -m tests.testbed up
+	$(BIN)/python -m perf.nodes
+	$(BIN)/python -m tests.testbed down
+	SPARKCLUSTER_TESTBED_HOSTS=4 SPARKCLUSTER_TESTBED_CABLING=ring $(BIN)/python -m tests.testbed up
 	$(BIN)/python -m perf.nodes
 	$(BIN)/python -m tests.testbed down
 

@@ -8,7 +8,8 @@
 - doctor: the doctor's work in-process on all four nodes (preflight.run, connections in parallel)
   divided by the slowest node alone (its own connection, probe script and path-MTU pings).
 
-Writes perf/nodes.md. REPS from $BENCH_REPS (default 3).
+Writes perf/nodes-switch.md or perf/nodes-ring.md (SPARKCLUSTER_TESTBED_CABLING=ring at bring-up).
+REPS from $BENCH_REPS (default 3).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from sparkcluster.config import profile as profiles
 from tests.testbed.testbed import Testbed
 
 PROFILE = "testbed-pp"
-OUT = Path(__file__).resolve().parent / "nodes.md"
+HERE = Path(__file__).resolve().parent
 
 
 def image_stage(tb: Testbed, sc: CLI, image: str, lacking: list[str]) -> float:
@@ -86,6 +87,8 @@ def main() -> int:
     if len(tb.hosts) != 4 or tb.problems():
         raise SystemExit("perf.nodes needs a healthy four-host testbed: make testbed-down && make testbed-up HOSTS=4")
     reps = int(os.environ.get("BENCH_REPS", "3"))
+    wiring = tb._state().get("wiring", "switch")
+    out = HERE / f"nodes-{wiring}.md"
     workdir = Path(os.environ.get("BENCH_WORKDIR", "/tmp/sparkcluster-bench-nodes"))
     workdir.mkdir(parents=True, exist_ok=True)
     os.environ["XDG_STATE_HOME"] = str(workdir / "state-inprocess")
@@ -113,7 +116,8 @@ def main() -> int:
 
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = "\n".join([
-        f"Four Sparks through a switch (issue 27), {when}: the four-host testbed (HOSTS=4), real vLLM 0.32 CPU "
+        f"Four Sparks, {'a ring' if wiring == 'ring' else 'through a switch'} (issue 27), {when}: the four-host "
+        f"testbed (HOSTS=4{', cabling ring' if wiring == 'ring' else ''}), real vLLM 0.32 CPU "
         f"image, {reps} repetition(s); median, min, max.", "",
         "| figure | median | min | max | unit | target | met |", "|---|---:|---:|---:|---|---|---|",
         row("image distribution: three workers lacking / one worker lacking (image stage)", "ratio", "<= 1.2", ratio,
@@ -122,7 +126,7 @@ def main() -> int:
         row("  ... image stage, three workers lacking (one stream along the chain)", "s", "-", three),
         row("doctor on four nodes / slowest node alone (in-process)", "ratio", "<= 1.25", dr, lambda m: m <= 1.25),
         "", "No weights figure: the testbed's model is 1.7 MB, so a ratio of it measures start-up, not the link.", ""])
-    OUT.write_text(text)
+    out.write_text(text)
     print(text)
     return 0
 
