@@ -81,9 +81,12 @@ def rdma_hca(ctx: Context, r: Report) -> None:
         # NCCL pairs the HCAs of two nodes by list position: entry k must be the two ends of one cable
         # (same subnet), or the pairs time out. A port on the subnet of another of the head's entries
         # is cabled in another order than listed (re-cabled, inventory not updated).
+        # In a ring or mesh each port meets a different neighbour and NCCL routes by subnet
+        # (NCCL_IB_SUBNET_AWARE_ROUTING, nccl.topology_env): there is no position to pair.
         crossed = []
         head = ctx.inventory.head
-        if node.name != head.name and head.name in ctx.facts:
+        by_position = ctx.inventory.cluster.topology not in ("ring", "mesh")
+        if by_position and node.name != head.name and head.name in ctx.facts:
             hf = ctx.facts[head.name]
             for k, mine in enumerate(node.data_plane):
                 a = _subnets(f, mine.netdev)
