@@ -70,3 +70,11 @@ def test_one_worker_lacking_is_sent_to_alone(tmp_path):
     r, st, _ = world(tmp_path, {"head": [], "w1": [], "w2": list(FILES), "w3": []})
     assert weights_chain.replicate(r, st, 0, "w2") == "sent to w2 alone"
     assert st.single == ["w2"]
+
+
+def test_a_worker_the_chain_reached_reports_it_rather_than_being_skipped(tmp_path):
+    names = list(FILES)
+    r, st, _ = world(tmp_path, {"head": [], "w1": names, "w2": names, "w3": []})
+    weights_chain.replicate(r, st, 0, "w1")
+    assert st.state["w2"]["missing"] == [] and weights_chain.reached(r, 0, "w2")
+    assert not weights_chain.reached(r, 0, "w3")

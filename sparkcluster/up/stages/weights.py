@@ -258,7 +258,7 @@ def steps(plan: "Plan") -> list[Step]:
                                "worker -> ..., each relaying to the next as it receives" if len(inv.workers) > 1 else ""),
                             when="this node lacks files",
                             skip=lambda r, n=wk.name, k=k: None if stagings(r)[k].state[n]["missing"]
-                            else "it holds the snapshot",
+                            or weights_chain.reached(r, k, n) else "it holds the snapshot",
                             run=lambda r, n=wk.name, k=k: weights_chain.replicate(r, stagings(r)[k], k, n)))
     if "model" in want[0].roles:
         tp, pp = plan.profile.serve.tensor_parallel_size, plan.profile.serve.pipeline_parallel_size

@@ -43,6 +43,13 @@ def replicate(r: "Run", st, k: int, worker: str) -> str:
     return note if note is not None else st.replicate(worker)
 
 
+def reached(r: "Run", k: int, worker: str) -> bool:
+    """Whether repository `k`'s chain, run by an earlier worker's step, brought `worker` its files
+    (its step then reports that, rather than being skipped as holding them all along)."""
+    done = r.find(WeightsChained)
+    return done is not None and worker in done.notes.get(k, {})
+
+
 def distribute(r: "Run", st, lacking: list[str]) -> dict[str, str]:
     head = r.cluster.head
     hops = chain.plan(r.inv, r.facts, lacking)
