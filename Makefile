@@ -39,8 +39,11 @@ testbed-down: venv
 demo: deps venv
 	$(BIN)/python -m tests.demo
 
+# the pair's figures (perf.run, on the testbed that is up), then the four-node ones (bench-nodes),
+# which end by bringing the pair back up
 bench: venv
 	$(BIN)/python -m perf.run
+	$(MAKE) bench-nodes
 
 # the four-node figures (issue 27) on four-host testbeds of their own, through a switch and as a ring:
 # perf/nodes-switch.md, perf/nodes-ring.md
@@ -52,6 +55,7 @@ bench-nodes: deps venv
 	SPARKCLUSTER_TESTBED_HOSTS=4 SPARKCLUSTER_TESTBED_CABLING=ring $(BIN)/python -m tests.testbed up
 	$(BIN)/python -m perf.nodes
 	$(BIN)/python -m tests.testbed down
+	$(BIN)/python -m tests.testbed up
 
 clean: testbed-down
 	rm -rf $(VENV) *.egg-info
