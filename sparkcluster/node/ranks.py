@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 import urllib.request
 
 from .contract import DESIRED_PATH, RANK_PATH, SERVE_LOG
 from .journal import Journal, read_json, write_json
+from .procgroup import stop_group
 
 RANK_START_S = 60.0  # a worker's rank must be running for the head's epoch within this bound
 STOP_GRACE_S = 15.0
@@ -92,19 +92,8 @@ class RankKeeper:
         if self.proc is None:
             return
         pid = self.proc.pid
-        for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(pid, sig)
-                os.killpg(pid, signal.SIGCONT)  # a stopped rank (SIGSTOP) must run to act on SIGTERM
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        self.exit = stop_group(self.proc, STOP_GRACE_S)
         self.journal.write("rank stopped", rank=self.cfg["rank"], epoch=self.epoch, pid=pid, why=why)
-        self.exit = self.proc.poll()
         self.proc = None
         self.save()
 

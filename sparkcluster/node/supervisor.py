@@ -7,7 +7,6 @@ is a new epoch the workers' agents follow), stop for good when a node runs short
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 import urllib.request
@@ -31,6 +30,7 @@ from .contract import (
 )
 from .journal import Journal, read_json, write_json
 from .memreport import peer_memory
+from .procgroup import stop_group
 from .ranks import rank_problem, ranks_waiting
 from .readings import alive_gpus, engine_figures, http_status, mem_available, one_token, progress_figures, ray_rows
 from .verdict import Look, Watch, backoff, restarts_left, verdict
@@ -125,17 +125,8 @@ class Supervisor:
             return
         grace = float(self.policy()["stop_grace_s"])
         pid = self.proc.pid
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        self.journal.write("vllm serve stopped", pid=pid, why=why, exit=self.proc.poll())
+        code = stop_group(self.proc, grace)
+        self.journal.write("vllm serve stopped", pid=pid, why=why, exit=code)
         self.proc = None
         try:
             os.unlink(RECORD_PATH)  # a stale record would name a PID that may be reused
