@@ -38,7 +38,7 @@ def container_env(r: "Run", node: str, container: str) -> dict[str, str]:
         if env:
             return env
     # `env` always prints PATH and HOSTNAME: an empty answer is output lost on the way (seen on four
-    # loaded testbed hosts), never a container without its variables
+    # hosts under load), never a container without its variables
     raise fail(STAGE, node, "variables in the container", "`docker exec env` exited 0 twice and printed nothing",
                f"docker exec {container} env", out[-500:], "run sparkcluster up again; if it repeats, check the "
                "node's Docker engine (`docker exec CONTAINER env` there)")
