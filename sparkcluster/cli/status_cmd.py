@@ -5,16 +5,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import click
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
 
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.config import secrets as secret_store
 from sparkcluster.day2 import fleet, supervision
 from sparkcluster.day2 import status as status_mod
+
+if TYPE_CHECKING:  # rich only where a table is drawn: `status --json` is polled by scripts
+    from rich.console import Group
 
 EXIT = {"healthy": 0, "degraded": 1, "down": 3}
 
@@ -34,6 +36,9 @@ def _count(v: float) -> str:
 
 
 def render(st: status_mod.ClusterStatus) -> Group:
+    from rich.console import Group
+    from rich.table import Table
+
     colour = {"healthy": "green", "degraded": "bold red", "down": "yellow"}[st.state]
     t = Table(box=None, pad_edge=False, header_style="bold")
     mp = any(n.executor == "mp" for n in st.nodes)  # vLLM's own launch: each node's rank, no Ray
@@ -81,6 +86,8 @@ def render(st: status_mod.ClusterStatus) -> Group:
 
 
 def render_all(sts: list[status_mod.ClusterStatus]) -> Group:
+    from rich.console import Group
+
     if len(sts) == 1:
         return render(sts[0])
     parts = []
@@ -122,6 +129,9 @@ def status(obj, as_json: bool, every: bool, on_change: str | None, watch: bool, 
     inv = obj.inventory()
     key = secret_store.load_secrets(env_file, names=["VLLM_API_KEY"]).get("VLLM_API_KEY")
     if watch and not as_json:
+        from rich.console import Console
+        from rich.live import Live
+
         console = Console()
         try:
             with Live(console=console, auto_refresh=False) as live:
@@ -138,5 +148,7 @@ def status(obj, as_json: bool, every: bool, on_change: str | None, watch: bool, 
         # one deployment keeps the single object it always printed; --all (or several) the list
         click.echo(redact.mask(fleet_json(sts) if every or len(sts) > 1 else sts[0].as_json()))
     else:
+        from rich.console import Console
+
         Console(soft_wrap=True).print(render_all(sts), highlight=False)
     raise click.exceptions.Exit(EXIT[overall(sts)])

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from sparkcluster import redact
 from sparkcluster.config.flags import BY_FLAG, flag_names, flag_value, refusals, serve_argv
-from sparkcluster.config.profile import MANAGED_VARS, SECRET_NAMES, Profile, guess_image_kind
+from sparkcluster.config.profile import MANAGED_VARS, Profile, guess_image_kind
+from sparkcluster.config.secrets import SECRET_NAMES
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkcluster.config.inventory import Inventory

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sparkcluster.config.bounds import SupervisorSettings
 from sparkcluster.config.inventory import describe_validation_error
+from sparkcluster.config.secrets import SECRET_NAMES
 from sparkcluster.config.topology import nccl_env
 from sparkcluster.errors import InputError
 from sparkcluster.movement.hfcache import is_hub_model
@@ -28,9 +29,6 @@ if TYPE_CHECKING:  # pragma: no cover
 PROFILES_ENV_VAR = "SPARKCLUSTER_PROFILES"
 USER_PROFILES = Path("~/.config/sparkcluster/profiles")
 
-# The only secrets sparkcluster knows: from the environment or a 0600 .env, to vLLM through the
-# environment of the `docker exec`, never argv (docs/field-notes.md, "Secrets").
-SECRET_NAMES: tuple[str, ...] = ("HF_TOKEN", "VLLM_API_KEY")
 SecretName = Literal["HF_TOKEN", "VLLM_API_KEY"]
 
 # Per-host variables from the inventory: interface and HCA names, VLLM_HOST_IP = the node's control IP,

@@ -18,11 +18,15 @@ from typing import TYPE_CHECKING
 from dotenv import dotenv_values
 
 from sparkcluster import redact
-from sparkcluster.config.profile import SECRET_NAMES
 from sparkcluster.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkcluster.config.profile import Profile
+
+# The only secrets sparkcluster knows: from the environment or a 0600 .env, to vLLM through the
+# environment of the `docker exec`, never argv (docs/field-notes.md, "Secrets"). Here, not in the
+# profile module, so a command that reads a secret need not import the profile's models.
+SECRET_NAMES: tuple[str, ...] = ("HF_TOKEN", "VLLM_API_KEY")
 
 ENV_FILE_VAR = "SPARKCLUSTER_ENV_FILE"
 DEFAULT_ENV_FILES = (Path(".env"), Path("~/.config/sparkcluster/.env"))

@@ -74,13 +74,12 @@ SSH_BOUND_S = 12  # status answers within 15 s whatever a node's daemon does
 def node_script(inv: Inventory, node: str) -> str:
     """Every node answers as a possible head (deployments decide which node heads which), so one
     round trip per node serves every deployment: Ray's state API and the head container's sections
-    simply print nothing where there is no such head."""
+    simply print nothing where there is no such head. One `docker exec` per running container of
+    ours (each costs a process start in the container on a busy node)."""
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
     docker = f"timeout -k 1 {DOCKER_BOUND_S} docker"
-    # the containers' NCCL files are read meanwhile (a `docker exec` each), and printed last
+    head = shlex.quote(container_name(inv.cluster.name, "head", node))
     parts = [
-        f'_nccl=$(mktemp) && {{ ( {engine_nccl.section_script(f"{CLUSTER_LABEL}={inv.cluster.name}", DOCKER_BOUND_S)} ) '
-        '>"$_nccl" 2>&1 & _ncclpid=$!; }',
         section("uptime", "cat /proc/uptime; date +%s.%N"),
         section("meminfo", "cat /proc/meminfo"),
         # `docker ps` failing (daemon down) or not returning (daemon hung) fails the section: that
@@ -88,8 +87,11 @@ def node_script(inv: Inventory, node: str) -> str:
         section("ours", f"ids=$({docker} ps -aq --filter label={label}) || exit $?; "
                         f"[ -z \"$ids\" ] && echo '[]' || {docker} inspect $ids"),
         section("ray", ray_members.state_api_command(), stderr=False),
-        head_container_script(container_name(inv.cluster.name, "head", node)),
-        '[ -n "${_ncclpid:-}" ] && wait "$_ncclpid"; [ -n "${_nccl:-}" ] && cat "$_nccl" && rm -f "$_nccl"; true',
+        f"_running=$({docker} ps --filter label={label} --filter status=running --format '{{{{.Names}}}}' 2>/dev/null)",
+        # the other containers' ranks' NCCL files; the head container reads its own in its exec
+        section("nccl", f"for c in $_running; do [ \"$c\" = {head} ] || {docker} exec \"$c\" sh -c "
+                        f"{shlex.quote(engine_nccl.reader())}; done; true"),
+        f"if printf '%s\\n' \"$_running\" | grep -qxF {head}; then {head_container_script(head)}; fi",
     ]
     return "\n".join(parts) + "\n"
 
@@ -97,14 +99,16 @@ def node_script(inv: Inventory, node: str) -> str:
 def head_container_script(container: str) -> str:
     """One `docker exec` in the head container printing its own sections: the server's record and
     whether its PID still runs (the shell's kill: slim images have no procps), the supervisor's
-    state and its last journal entries. No such container: no sections, so no server."""
+    state and its last journal entries, and its ranks' NCCL lines. No such container: no sections,
+    so no server. `container` is already quoted for the shell."""
     inner = "\n".join([
         section("record", f"cat {contract.RECORD_PATH}"),
         section("alive", f"kill -0 \"$(sed -n 's/.*\"pid\": *\\([0-9][0-9]*\\).*/\\1/p' {contract.RECORD_PATH})\""),
         section("supervisor", f"cat {contract.STATE_PATH}"),
         section("journal", f"tail -n 5 {contract.JOURNAL_PATH}"),
+        section("head_nccl", engine_nccl.reader()),
     ])
-    return f"timeout -k 1 {DOCKER_BOUND_S} docker exec {shlex.quote(container)} sh -c {shlex.quote(inner)} 2>/dev/null"
+    return f"timeout -k 1 {DOCKER_BOUND_S} docker exec {container} sh -c {shlex.quote(inner)} 2>/dev/null"
 
 
 def head_container_view(s: dict) -> tuple[int | None, dict | None, list[dict]]:
@@ -160,7 +164,7 @@ def _one(host, inv: Inventory) -> NodeReport:
     view = head_container_view(s)
     if view[1] is not None and now is not None and isinstance(view[1].get("updated"), (int, float)):
         view[1]["age_s"] = round(now - view[1]["updated"], 1)  # both by the head's own clock
-    nccl = s["nccl"].out if "nccl" in s and s["nccl"].rc == 0 else ""
+    nccl = "".join(s[k].out for k in ("head_nccl", "nccl") if k in s and s[k].rc == 0)
     return NodeReport(st, ours, ray, view, nccl)
 
 

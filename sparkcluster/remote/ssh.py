@@ -97,6 +97,11 @@ class Host:
         self._docker = None
         self.lost = ""  # why the connection was declared dead (no keepalive answer), else ""
         transport = conn.client.get_transport()
+        if transport is not None and isinstance(transport.sock, socket.socket):
+            # each command is a few small packets each way (channel open, exec, EOF, exit status):
+            # with Nagle's algorithm one of them waits for the host's delayed ACK, 40 ms on Linux,
+            # per command. OpenSSH sets TCP_NODELAY on its sessions too; paramiko does not.
+            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if transport is not None:
             threading.Thread(target=self._watch, args=(transport,), daemon=True, name=f"keepalive-{self.name}").start()
 
