@@ -7,8 +7,8 @@ API request is a `docker system dial-stdio` channel), so one invocation opens on
 host. Nothing outside this module and `dockerapi` touches paramiko.
 
 Host keys are checked strictly against known_hosts: an unknown key is refused with its fingerprint,
-a changed key with the `ssh-keygen -R` hint; neither is ever added. Fabric's Connection defaults to
-AutoAddPolicy, so the policy is replaced explicitly.
+a changed key with the `ssh-keygen -R` hint; neither is ever added (`target.Link` resolves the
+ssh_config; the policy here is set on its client, and on each ProxyJump hop's).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Sequence
 
 import paramiko
-from fabric import Config, Connection
 
 from sparkcluster import log, redact
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.errors import AuthError, CommandFailed, ConnectError, HostKeyError
 from sparkcluster.remote import retry
+from sparkcluster.remote.target import Link, load_config, parse_target
 
 _log = log.get(__name__)
 
@@ -90,7 +90,7 @@ KEEPALIVE_DEAD_S = 15.0  # no reply to a keepalive for this long: the host is go
 class Host:
     """A connected node. Create with `connect()`; close with `close()`."""
 
-    def __init__(self, node: Node, conn: Connection):
+    def __init__(self, node: Node, conn: Link):
         self.node = node
         self.name = node.name
         self._conn = conn
@@ -276,41 +276,24 @@ class Settings:
         return cls(inv.resolve(c.ssh_config), inv.resolve(c.known_hosts), c.connect_timeout, c.connect_attempts)
 
 
-def _parse_target(target: str) -> tuple[str | None, str, int | None]:
-    user, _, rest = target.rpartition("@")
-    host, port = rest, None
-    if rest.startswith("["):
-        host, _, p = rest[1:].partition("]")
-        port = int(p[1:]) if p.startswith(":") else None
-    elif rest.count(":") == 1:
-        host, p = rest.split(":")
-        port = int(p)
-    return (user or None), host, port
-
-
-def _make_connection(node: Node, settings: Settings) -> tuple[Connection, list[Path]]:
-    cfg = Config(runtime_ssh_path=str(settings.ssh_config)) if settings.ssh_config else Config()
-    if settings.ssh_config:
-        cfg.load_ssh_config()
-    user, host, port = _parse_target(node.ssh)
-    conn = Connection(host, user=user, port=port, config=cfg, connect_timeout=int(max(1, settings.connect_timeout)),
-                      connect_kwargs={"banner_timeout": settings.connect_timeout,
-                                      "auth_timeout": settings.connect_timeout,
-                                      "allow_agent": False})
+def _make_connection(node: Node, settings: Settings) -> tuple[Link, list[Path]]:
+    config = load_config(settings.ssh_config)
+    alias = parse_target(node.ssh)[1]
     files: list[Path] = []
     if settings.known_hosts:
         files.append(settings.known_hosts)
-    for f in conn.ssh_config.get("userknownhostsfile", "").split():
+    for f in config.lookup(alias).get("userknownhostsfile", "").split():
         files.append(Path(f).expanduser())
     if not files:
         files.append(Path("~/.ssh/known_hosts").expanduser())
-    for f in files:
-        if f.is_file():
-            conn.client.load_host_keys(str(f))
-    conn.client.set_missing_host_key_policy(_StrictPolicy(node.name, files))
-    if conn.ssh_config.get("identitiesonly", "no").lower() == "yes":
-        conn.connect_kwargs["look_for_keys"] = False
-    return conn, files
+
+    def prepare(client: paramiko.SSHClient) -> None:
+        for f in files:
+            if f.is_file():
+                client.load_host_keys(str(f))
+        client.set_missing_host_key_policy(_StrictPolicy(node.name, files))
+
+    return Link.resolve(node.ssh, config, float(int(max(1, settings.connect_timeout))), prepare), files
 
 
 def connect(node: Node, settings: Settings) -> Host:
@@ -347,5 +330,5 @@ def connect(node: Node, settings: Settings) -> Host:
                            f"check that {node.ssh} is up and its sshd listens on port {conn.port}") from None
 
 
-def _known_hosts_name(conn: Connection) -> str:
+def _known_hosts_name(conn: Link) -> str:
     return conn.host if conn.port == 22 else f"[{conn.host}]:{conn.port}"

@@ -1,0 +1,107 @@
+"""Where a node's `ssh` target leads: the alias resolved through ssh_config as OpenSSH would
+(HostName, User, Port, IdentityFile, IdentitiesOnly, UserKnownHostsFile, ProxyCommand, ProxyJump),
+and a paramiko client ready to open with those settings.
+
+paramiko alone: the configuration library that used to wrap it imported a task runner (and with it
+`unittest` and YAML) into every command, a twentieth of a second that `status --json`, polled by
+scripts, does not spend on what it does not use.
+"""
+
+from __future__ import annotations
+
+import getpass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import paramiko
+
+# read in this order when the inventory names no ssh_config; the first value of an option wins
+DEFAULT_CONFIGS = (Path("~/.ssh/config"), Path("/etc/ssh/ssh_config"))
+
+
+def parse_target(target: str) -> tuple[str | None, str, int | None]:
+    """`user@host:port`, `[v6]:port`, `alias` -> (user, host, port), absent parts None."""
+    user, _, rest = target.rpartition("@")
+    host, port = rest, None
+    if rest.startswith("["):
+        host, _, p = rest[1:].partition("]")
+        port = int(p[1:]) if p.startswith(":") else None
+    elif rest.count(":") == 1:
+        host, p = rest.split(":")
+        port = int(p)
+    return (user or None), host, port
+
+
+def load_config(path: Path | None) -> paramiko.SSHConfig:
+    cfg = paramiko.SSHConfig()
+    for p in [path] if path else [p.expanduser() for p in DEFAULT_CONFIGS]:
+        if p.is_file():
+            with p.open() as f:
+                cfg.parse(f)
+    return cfg
+
+
+@dataclass
+class Link:
+    """One node's SSH connection: the resolved address, the paramiko client, what opens it."""
+
+    alias: str
+    host: str
+    port: int
+    user: str
+    options: dict  # the ssh_config lookup for the alias
+    timeout: float
+    config: paramiko.SSHConfig
+    prepare: Callable[[paramiko.SSHClient], None]  # host keys and their policy, for every client
+    client: paramiko.SSHClient = field(default_factory=paramiko.SSHClient)
+    connect_kwargs: dict = field(default_factory=dict)
+    _hops: list = field(default_factory=list)  # ProxyJump's own links, closed with this one
+
+    @classmethod
+    def resolve(cls, target: str, config: paramiko.SSHConfig, timeout: float,
+                prepare: Callable[[paramiko.SSHClient], None]) -> "Link":
+        user, alias, port = parse_target(target)
+        opts = dict(config.lookup(alias))
+        link = cls(alias, opts.get("hostname", alias), port or int(opts.get("port", 22)),
+                   user or opts.get("user") or getpass.getuser(), opts, timeout, config, prepare)
+        keys = [str(Path(k).expanduser()) for k in opts.get("identityfile", [])]
+        link.connect_kwargs = {"banner_timeout": timeout, "auth_timeout": timeout, "allow_agent": False,
+                               **({"key_filename": keys} if keys else {}),
+                               **({"look_for_keys": False} if opts.get("identitiesonly", "no").lower() == "yes" else {})}
+        prepare(link.client)
+        return link
+
+    def _channel_through(self, transport: paramiko.Transport):
+        return transport.open_channel("direct-tcpip", (self.host, self.port), ("", 0), timeout=self.timeout)
+
+    def _sock(self):
+        """What carries the connection when ssh_config says so: ProxyJump's hops in turn (each
+        resolved through the same config, its host key checked the same way), or ProxyCommand;
+        None for a direct TCP connection."""
+        jump = self.options.get("proxyjump", "none")
+        if jump.lower() != "none":
+            via = None
+            for hop in jump.split(","):
+                link = Link.resolve(hop.strip(), self.config, self.timeout, self.prepare)
+                link.client.connect(link.host, port=link.port, username=link.user, timeout=self.timeout,
+                                    sock=link._channel_through(via) if via else None, **link.connect_kwargs)
+                self._hops.append(link)
+                via = link.client.get_transport()
+            return self._channel_through(via)
+        command = self.options.get("proxycommand", "none")
+        return paramiko.ProxyCommand(command) if command.lower() != "none" else None
+
+    def open(self) -> None:
+        try:
+            self.client.connect(self.host, port=self.port, username=self.user, timeout=self.timeout,
+                                sock=self._sock(), **self.connect_kwargs)
+        except BaseException:
+            self.close()  # a retry resolves the hops again
+            raise
+
+    def close(self) -> None:
+        self.client.close()
+        for link in reversed(self._hops):
+            link.client.close()
+        self._hops.clear()
