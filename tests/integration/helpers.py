@@ -10,6 +10,10 @@ from pathlib import Path
 
 API_KEY = "sk-testbed-4f9c1e2a7b"
 HF_TOKEN = "hf_testbedTOKEN1234567890"
+HEAD, WORKER = "spark-head", "spark-worker"
+HEAD_C = "sparkcluster-testbed-head"
+CONTAINERS = {HEAD: HEAD_C, WORKER: "sparkcluster-testbed-worker-spark-worker"}
+BASE = "http://198.18.0.2:8000"
 
 
 def ours(testbed, host: str) -> list[str]:
@@ -85,6 +89,38 @@ def answers(base: str, model: str, max_tokens: int = 2, api_key: str = API_KEY) 
         return r.status_code == 200 and r.json()["usage"]["completion_tokens"] == max_tokens
     except (httpx.HTTPError, ValueError, KeyError):
         return False
+
+
+def sup_state(testbed) -> dict:
+    """The head supervisor's state file; {} when it cannot be read."""
+    import json
+
+    res = testbed.sh(HEAD, f"docker exec {HEAD_C} cat /run/sparkcluster/supervisor.json", check=False)
+    try:
+        return json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else {}
+    except ValueError:
+        return {}
+
+
+def journal(testbed, host: str = HEAD) -> list[dict]:
+    """The agent's journal in `host`'s container of the pair (the head's by default)."""
+    import json
+
+    out = testbed.sh(host, f"docker exec {CONTAINERS[host]} cat /var/log/sparkcluster/journal.jsonl", check=False).stdout
+    return [json.loads(x) for x in out.splitlines() if x.strip()]
+
+
+def serving_again(testbed, since: float, timeout: float, step: float = 2.0, tail=None) -> float:
+    """Seconds until the head supervisor says serving (since `since`) and a completion answers;
+    else an AssertionError ending with the journal (`tail()`, the head's by default)."""
+    import json
+
+    t0 = time.monotonic()
+    if not wait_for(lambda: (st := sup_state(testbed)).get("state") == "serving" and st.get("since", 0) > since
+                    and answers(BASE, "testbed-tiny"), timeout, step=step):
+        said = tail() if tail else "\n".join(json.dumps(e) for e in journal(testbed)[-12:])
+        raise AssertionError(f"not serving again within {timeout:.0f}s; the journal ends:\n{said}")
+    return time.monotonic() - t0
 
 
 def wait_for(cond, timeout: float, step: float = 0.2):

@@ -17,27 +17,14 @@ import time
 import pytest
 
 from tests.integration import helpers
+from tests.integration.helpers import BASE, CONTAINERS, HEAD, WORKER, journal, ours, sup_state
 from tests.integration.helpers import answers as answers_at
-from tests.integration.helpers import ours
 
 pytestmark = pytest.mark.testbed
-HEAD, WORKER = "spark-head", "spark-worker"
-HEAD_C, WORKER_C = "sparkcluster-testbed-head", "sparkcluster-testbed-worker-spark-worker"
-CONTAINERS = {HEAD: HEAD_C, WORKER: WORKER_C}
-BASE = "http://198.18.0.2:8000"
+WORKER_C = CONTAINERS[WORKER]
 BASE_IMAGE = "nvcr.io/nvidia/vllm:26.05.post1-py3"
 BACK_WITHIN_S = 240  # stop, backoff (5 s), the worker's agent follows within a look, ~40 s load on two cores
 RANK1 = "VLLM::Worker_TP1"  # the rank's process title (setproctitle) in the worker container
-
-
-def sup_state(testbed) -> dict:
-    res = testbed.sh(HEAD, f"docker exec {HEAD_C} cat /run/sparkcluster/supervisor.json", check=False)
-    return json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else {}
-
-
-def journal(testbed, host: str = HEAD) -> list[dict]:
-    out = testbed.sh(host, f"docker exec {CONTAINERS[host]} cat /var/log/sparkcluster/journal.jsonl", check=False).stdout
-    return [json.loads(x) for x in out.splitlines() if x.strip()]
 
 
 def answers() -> bool:
@@ -45,12 +32,8 @@ def answers() -> bool:
 
 
 def serving_again(testbed, since: float, timeout: float = BACK_WITHIN_S) -> float:
-    t0 = time.monotonic()
-    if not helpers.wait_for(lambda: (sup_state(testbed).get("state") == "serving"
-                                     and sup_state(testbed).get("since", 0) > since and answers()), timeout, step=2.0):
-        tail = "\n".join(json.dumps(e) for e in journal(testbed)[-12:] + journal(testbed, WORKER)[-6:])
-        raise AssertionError(f"not serving again within {timeout}s; the journals end:\n{tail}")
-    return time.monotonic() - t0
+    return helpers.serving_again(testbed, since, timeout, tail=lambda: "\n".join(
+        json.dumps(e) for e in journal(testbed)[-12:] + journal(testbed, WORKER)[-6:]))
 
 
 def rank1_pids(testbed) -> list[str]:

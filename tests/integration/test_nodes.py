@@ -122,16 +122,7 @@ def test_tp2_pp2_answers_through_four_ranks(four, sc, pp_up):
 def test_a_worker_reboot_is_brought_back(four, sc, pp_up):
     t = time.time()
     four.reboot(LAST)
-
-    def serving() -> bool:
-        res = four.sh(HEAD, f"docker exec {HEAD_C} cat /run/sparkcluster/supervisor.json", check=False)
-        try:
-            sup = json.loads(res.stdout)
-        except ValueError:
-            return False
-        return sup.get("state") == "serving" and sup.get("since", 0) > t and helpers.answers(BASE, "testbed-tiny")
-
-    assert helpers.wait_for(serving, 420, step=3.0), sc("status").stdout
+    helpers.serving_again(four, t, 420, step=3.0)
 
 
 def test_down_leaves_nothing_on_any_host(four, sc, pp_up):

@@ -22,7 +22,8 @@ import httpx
 import pytest
 
 from tests.integration.helpers import API_KEY, wait_for
-from tests.integration.test_supervisor import BASE, HEAD_C, WORKER, journal, rank1_pids, serving_again, sup_state
+from tests.integration.helpers import BASE, HEAD_C, WORKER, journal, sup_state
+from tests.integration.test_supervisor import rank1_pids, serving_again
 
 pytestmark = pytest.mark.testbed
 PROFILES = Path(__file__).resolve().parents[2] / "env-profiles"

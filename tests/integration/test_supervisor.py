@@ -24,25 +24,13 @@ import httpx
 import pytest
 
 from tests.integration import helpers
+from tests.integration.helpers import BASE, CONTAINERS, HEAD, WORKER, journal, ours, sup_state
 from tests.integration.helpers import answers as answers_at
-from tests.integration.helpers import ours
 
 pytestmark = pytest.mark.testbed
-HEAD, WORKER = "spark-head", "spark-worker"
-HEAD_C, WORKER_C = "sparkcluster-testbed-head", "sparkcluster-testbed-worker-spark-worker"
-BASE = "http://198.18.0.2:8000"
 BACK_WITHIN_S = 240  # a restart: stop, backoff (5-10 s), Ray membership, ~40 s load on two cores
 REBOOT_BACK_WITHIN_S = 420  # plus Ray's own reconnect timeout when the head went away under the worker
-
-
-def sup_state(testbed) -> dict:
-    res = testbed.sh(HEAD, f"docker exec {HEAD_C} cat /run/sparkcluster/supervisor.json", check=False)
-    return json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else {}
-
-
-def journal(testbed) -> list[dict]:
-    out = testbed.sh(HEAD, f"docker exec {HEAD_C} cat /var/log/sparkcluster/journal.jsonl", check=False).stdout
-    return [json.loads(x) for x in out.splitlines() if x.strip()]
+WORKER_C = CONTAINERS[WORKER]
 
 
 def answers() -> bool:
@@ -58,11 +46,7 @@ def wait_for(what: str, cond, timeout: float, testbed, interval: float = 2.0):
 
 
 def serving_again(testbed, since: float, timeout: float = BACK_WITHIN_S) -> float:
-    """Seconds until the supervisor says serving (after `since`) and a completion answers."""
-    t0 = time.monotonic()
-    wait_for("serving again", lambda: sup_state(testbed).get("state") == "serving"
-             and sup_state(testbed).get("since", 0) > since and answers(), timeout, testbed)
-    return time.monotonic() - t0
+    return helpers.serving_again(testbed, since, timeout)
 
 
 def rank1_pids(testbed) -> list[str]:
