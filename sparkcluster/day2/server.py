@@ -25,6 +25,7 @@ from sparkcluster.up.container_spec import files_tar
 
 LOG_PATH = contract.SERVE_LOG
 RECORD_PATH = contract.RECORD_PATH
+RUNNING_EVERY_S = 1.0  # how often wait_ready asks whether the server's process still runs
 STARTED_TIMEOUT_S = 30.0  # the supervisor looks every interval_s (2 s), then waits for Ray membership
 
 _log = log.get(__name__)
@@ -201,11 +202,16 @@ def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, 
     started = time.monotonic()
     deadline = started + timeout
     last = "the server has not opened its port yet"
+    looked = 0.0
     with httpx.Client() as client:
         def answered() -> float | None:
-            nonlocal last
-            if not running(api, rec):
-                raise NotReady("vllm serve exited", log_tail(api, spec.container))
+            nonlocal last, looked
+            # whether the process still runs is a `docker exec` on the head: once a second, not at
+            # every poll, so the node starting the engine does not spend a core on being asked
+            if time.monotonic() - looked >= RUNNING_EVERY_S:
+                looked = time.monotonic()
+                if not running(api, rec):
+                    raise NotReady("vllm serve exited", log_tail(api, spec.container))
             code = health(client, base)
             if code == 200:
                 ok, why = one_token(client, base, spec.model, hdrs, timeout=min(30.0, max(1.0, deadline - time.monotonic())))
@@ -220,7 +226,7 @@ def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, 
                 on_wait(last, time.monotonic() - started)
             return None
 
-        took = retry.poll(answered, timeout=timeout, interval=0.2, what="vllm serve")
+        took = retry.poll(answered, timeout=timeout, interval=0.1, what="vllm serve")
     if took is None:
         raise NotReady(f"not ready after {timeout:g}s: {last}", log_tail(api, spec.container))
     return took

@@ -66,33 +66,30 @@ def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[s
 
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
     parts = [p.script() for p in (
-        probes.HOSTNAME, probes.TIME, probes.GPU_HOOK, probes.IP,
+        probes.HOSTNAME, probes.TIME, probes.GPU, probes.DOCKER, probes.GPU_HOOK, probes.IP,
         probes.carrier([node.control_if, *node.netdevs]), probes.HCA, probes.GIDS, probes.ROUTE,
         probes.MEMINFO, probes.EARLYOOM, probes.SSHD_OOM,
-        probes.listeners([inv.cluster.ray_port, inv.cluster.api_port, inv.cluster.master_port]), probes.RAY_SESSIONS,
+        probes.listeners([inv.cluster.ray_port, inv.cluster.api_port, inv.cluster.master_port]), probes.CONTAINERS,
+        probes.ours(f"{CLUSTER_LABEL}={inv.cluster.name}"), probes.disk(inv.cluster.hf_cache), probes.RAY_SESSIONS,
         A.ACCOUNT, A.access(inv.cluster.hf_cache, lock_path(inv.cluster.name)))]
-    # what waits on dockerd, the driver or the disk runs at the same time, each job's sections in turn
-    jobs = [probes.GPU.script(), probes.DOCKER.script(), probes.disk(inv.cluster.hf_cache).script(),
-            probes.CONTAINERS.script() + "\n" + probes.ours(f"{CLUSTER_LABEL}={inv.cluster.name}").script()]
     if base:
-        jobs.append(probes.image_layers("base", base).script())
+        parts.append(probes.image_layers("base", base).script())
     if image:
         img = shlex.quote(image)
         # which layers a worker lacks: the image's layers here, and every layer chain this node holds
-        jobs += [probes.image_layers("image_layers", image).script(), probes.LAYER_CHAINS.script()]
+        parts += [probes.image_layers("image_layers", image).script(), probes.LAYER_CHAINS.script()]
+        parts.append(section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}"))
         # our running container on this image runs `ray start` as its main process, which proves
         # Ray works in it; otherwise start `ray --version` in a throwaway container
         # an image ID Ray has already run in (ray_seen) needs no container: the ID is its content's digest
         seen = "".join(f"{shlex.quote(i)}) echo {shlex.quote(v + ' (ran in this image ID before)')}; exit 0;; "
                        for i, v in (ray_seen or {}).items())
-        jobs.append(section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}") + "\n" + (
-            section("image_ray", "echo 'no Ray with executor mp'; exit 0") if not ray else section("image_ray", f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit 3; "
+        parts.append(section("image_ray", "echo 'no Ray with executor mp'; exit 0") if not ray else section("image_ray", f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit 3; "
                                           + (f"case \"$id\" in {seen}esac; " if seen else "") +
                                           f"for c in $(docker ps -q --filter label={label} --filter status=running); do "
                                           "[ \"$(docker inspect --format '{{.Image}}' $c)\" = \"$id\" ] && { "
                                           f"echo \"ray, version $(docker image inspect --format '{{{{index .Config.Labels \"org.sparkcluster.ray-version\"}}}}' {img}) (running in $c)\"; exit 0; }}; done; "
-                                          f"docker run --rm --network none --entrypoint ray {img} --version")))
-    parts.append(probes.concurrently(jobs))
+                                          f"docker run --rm --network none --entrypoint ray {img} --version"))
     return "\n".join(parts) + "\n"
 
 

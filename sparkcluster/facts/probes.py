@@ -153,16 +153,6 @@ def script(probes: list[Probe]) -> str:
     return "\n".join(p.script() for p in probes) + "\n"
 
 
-def concurrently(parts: list[str]) -> str:
-    """Shell that runs `parts` (each a section or several) at the same time and prints their
-    outputs whole, one after the other: each Docker call is a round trip to dockerd, and a dozen
-    of them one after another were most of a preflight. Without a temporary directory, in turn."""
-    jobs = "\n".join(f'( {part}\n) > "$_cc/{i}" 2>&1 &' for i, part in enumerate(parts))
-    outs = " ".join(f'"$_cc/{i}"' for i in range(len(parts)))
-    in_turn = "\n".join(parts)
-    return f'if _cc=$(mktemp -d 2>/dev/null); then\n{jobs}\nwait\ncat {outs}\nrm -rf "$_cc"\nelse\n{in_turn}\nfi'
-
-
 def value(probe: Probe, sections: dict[str, Section], default=None):
     """The parsed output of a probe that exited 0; `default` when it failed or did not run."""
     s = sections.get(probe.name)

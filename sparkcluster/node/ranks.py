@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import urllib.request
 
 from .contract import DESIRED_PATH, RANK_PATH, SERVE_LOG

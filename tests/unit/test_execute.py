@@ -261,6 +261,9 @@ class FakeEngine:
     def inspect_container(self, name):
         return {"State": {"Running": True}}
 
+    def logs(self, name, tail="all"):  # what `ray start --head` prints once its runtime runs
+        return b"2026-11-24 23:26:26,774\tSUCC scripts.py:1085 -- \x1b[32mRay runtime started.\x1b[39m\n"
+
     def exec_create(self, container, cmd, environment=None, **kw):
         self.calls.append("exec " + " ".join(cmd[:2]))
         return {"Id": "env" if cmd == ["env"] else "serve"}

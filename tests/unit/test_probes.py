@@ -131,21 +131,3 @@ def test_image_layers_passes_a_hostile_ref_as_one_argument(shell, tmp_path, name
     got = probes.value(probes.image_layers("base", name), secs)
     assert got.id == "sha256:x" and got.layers == ("sha256:a",) and got.sizes == (7,)
     assert (tmp_path / "ref.txt").read_text() == name
-
-
-def test_sections_run_at_the_same_time_come_out_whole_and_so_without_a_temporary_directory():
-    """The facts script's Docker and driver probes run as concurrent jobs: each job's sections
-    come out whole (none interleaved), and where no temporary directory can be made they run in turn."""
-    import subprocess
-
-    from sparkcluster.facts import split_sections
-    from sparkcluster.facts.probes import concurrently, section
-
-    jobs = [section("slow", "sleep 0.2; echo one; echo two"),
-            section("fast", "echo three") + "\n" + section("failing", "echo four; exit 3")]
-    for env in ({}, {"TMPDIR": "/nonexistent/sparkcluster-test"}):
-        out = subprocess.run(["bash", "-c", concurrently(jobs)], capture_output=True, text=True, check=True,
-                             env={"PATH": "/usr/bin:/bin", **env}).stdout
-        s = split_sections(out)
-        assert (s["slow"].out.strip(), s["slow"].rc) == ("one\ntwo", 0)
-        assert (s["fast"].out.strip(), s["failing"].out.strip(), s["failing"].rc) == ("three", "four", 3)

@@ -74,7 +74,8 @@ def steps(plan: "Plan") -> list[Step]:
                         parallel="" if spec.role == "head" else "create-workers"))
         if spec.role == "head" and spec.command:
             out.append(Step(STAGE, spec.node, "ray-head", "wait for the Ray head",
-                            f"Ray's state API answers on {spec.node} within {ray.RAY_HEAD_TIMEOUT_S:g}s, "
+                            f"`ray start --head` says its runtime started (or Ray's state API answers) on {spec.node} "
+                            f"within {ray.RAY_HEAD_TIMEOUT_S:g}s, "
                             f"while {spec.name} keeps running",
                             run=lambda r, spec=spec: ray.wait_head(r, spec)))
     return out

@@ -1,10 +1,11 @@
-"""The Ray waits: the head answers on its state API (in the containers stage, before any worker
+"""The Ray waits: the head's runtime has started (in the containers stage, before any worker
 container is created, so workers never race a head still starting), then every node is a member
 at its control IP with its GPUs. A container that exits meanwhile fails at once with its logs."""
 
 from __future__ import annotations
 
 import shlex
+import time
 from typing import TYPE_CHECKING
 
 from sparkcluster import redact
@@ -22,6 +23,10 @@ STAGE = "ray"
 RAY_HEAD_TIMEOUT_S = 60.0
 RAY_JOIN_TIMEOUT_S = 90.0
 POLL_S = 0.25
+# what `ray start --head` prints once its GCS and raylet run (ray/scripts/scripts.py): all a worker
+# joins. The state API (the dashboard) answers most of a second later; it is asked too, as a fallback
+RAY_STARTED = "Ray runtime started."
+RAY_STARTED_GRACE_S = 15.0
 
 
 def steps(plan: "Plan") -> list[Step]:
@@ -66,7 +71,14 @@ def wait_head(r: "Run", spec: ContainerSpec) -> None:
         err = container_failed(r, spec)
         if err:
             raise err
-        return True if membership(r) else None
+        logs = r.cluster.head.docker().api.logs(spec.name, tail=100).decode(errors="replace")
+        if RAY_STARTED in logs:
+            return True
+        # the state API only once the line is overdue: a dashboard still starting can hold the
+        # request for its whole 2 s bound, long after the runtime has said it started
+        return True if time.monotonic() - began > RAY_STARTED_GRACE_S and membership(r) else None
+
+    began = time.monotonic()
 
     if retry.poll(answered, timeout=RAY_HEAD_TIMEOUT_S, interval=POLL_S, what="the Ray head") is None:
         logs = r.cluster.head.docker().api.logs(spec.name, tail=15).decode(errors="replace")

@@ -125,7 +125,7 @@ def wait_ready(r: "Run") -> float:
         return True if st.get("state") == "serving" and st.get("generation") == r.get(server.Record).generation else None
 
     bound = SUPERVISOR_CONFIRM_S + r.plan.profile.supervisor.probe_timeout_s
-    if retry.poll(watching, timeout=bound, interval=0.5, what="the supervisor") is None:
+    if retry.poll(watching, timeout=bound, interval=0.25, what="the supervisor") is None:
         st = supervision.state(api, sv.container) or {}
         raise fail(STAGE, head.name, "wait until ready",
                    f"the server answers, but the supervisor has not seen it serve within {bound:g}s "
