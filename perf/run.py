@@ -451,6 +451,7 @@ class Bench:
         self.sampler = Sampler(tb.pid("spark-worker"), self.worker.control_if, ["sctb-head", "sctb-worker"])
         self.raw: dict[str, list] = {}
         self.figures: list[Figure] = []
+        self.aliases: set[str] = set()  # the worker's other tags of the cluster image, put back at the end
         self.details: dict = {}
 
     def rec(self, key: str, value) -> None:
@@ -468,9 +469,21 @@ class Bench:
         return min(times) if times else None
 
     def worker_rmi(self) -> None:
-        # the worker may lack it already (set aside with every image sharing its layers)
-        if self.tb.image_id("spark-worker", self.image):
-            self.tb.docker("spark-worker", f"rmi {self.image}")
+        """The cluster image off the worker: its tag, and any other tag of the same image ID (the
+        testbed's own cache tag), or `docker rmi` only untags and every layer stays; those tags
+        are put back by `restore_aliases`."""
+        iid = self.tb.image_id("spark-worker", self.image)
+        if not iid:  # the worker may lack it already (set aside with every image sharing its layers)
+            return
+        tags = json.loads(self.tb.docker("spark-worker", f"image inspect --format '{{{{json .RepoTags}}}}' {iid}").stdout)
+        others = [t for t in tags or [] if t != self.image]
+        self.aliases.update(others)
+        self.tb.docker("spark-worker", " ".join(["rmi", self.image, *others]))
+
+    def restore_aliases(self) -> None:
+        for tag in sorted(self.aliases):
+            if self.tb.image_id("spark-worker", self.image) and not self.tb.image_id("spark-worker", tag):
+                self.tb.docker("spark-worker", f"tag {self.image} {tag}")
 
     def serving(self) -> bool:
         r = self.sc("status", "--json", check=False)
@@ -624,6 +637,8 @@ class Bench:
                 p.send_signal(signal.SIGINT)
         self.worker_rmi()
         lacking, n_lack, n_all = self.lacking_bytes()
+        if not n_lack:
+            raise SystemExit("bench: the worker still holds every layer of the cluster image after its rmi")
         with self.sampler:
             r = self.sc("up", "--profile", PROFILE, check=False, on_line=stop_after_image)
         t_img, t_img_ok = r.at("▸ image"), r.at("✓ image")
@@ -778,6 +793,7 @@ class Bench:
             self.restore_worker(aside)
             if tb.image_id("spark-worker", self.image) is None:
                 tb.copy_image(self.image)
+        self.restore_aliases()
         if was_serving:
             say("leaving the cluster serving, as it was")
             self.sc("up", "--profile", PROFILE, timeout=600)
