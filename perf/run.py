@@ -521,7 +521,7 @@ class Bench:
             "Ray head started -> worker create (0.25 s poll)": wc["created"] - hc["ray"],
             "worker joined -> ray stage done (0.25 s poll)": t_ray_ok - wc["ray"],
             "probe, then serve exec": sv["started_at"] - t_ray_ok - segs["fabric: the collective test (stage)"],
-            "server ready -> serve done (0.2 s poll, warm-up)": t_serve_ok - probe.ready_at,
+            "server ready -> serve done (0.1 s poll, supervisor, warm-up)": t_serve_ok - probe.ready_at,
             "summary and exit": r.t1 - t_serve_ok,
         }
         link, lan = self.sampler.delta(t_img, t_img_ok)
