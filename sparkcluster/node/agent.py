@@ -42,7 +42,7 @@ BUSY_LOOK_S = 0.25  # the supervisor's look while a server starts: `up` is waiti
 WAKE_S = 0.1  # how often a wait looks whether the controller changed the desired state
 
 
-def _changed() -> float | None:
+def _changed() -> int | None:
     try:
         return os.stat(DESIRED_PATH).st_mtime_ns
     except OSError:

@@ -4,7 +4,7 @@
 on a node. It fails loudly: a non-zero exit or a timeout raises `CommandFailed` carrying the result,
 unless the caller passes `warn=True` and reads the result itself; `Host.docker()` gives a Docker Engine API client that rides the same SSH connection (each
 API request is a `docker system dial-stdio` channel), so one invocation opens one connection per
-host. Nothing outside this module and `dockerapi` touches paramiko.
+host. Nothing outside `remote/` (this module, `target` and `dockerapi`) touches paramiko.
 
 Host keys are checked strictly against known_hosts: an unknown key is refused with its fingerprint,
 a changed key with the `ssh-keygen -R` hint; neither is ever added (`target.Link` resolves the
