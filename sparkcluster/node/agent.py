@@ -30,7 +30,7 @@ import subprocess
 import threading
 import time
 
-from .contract import CONFIG_PATH, DESIRED_PATH, RESTARTING, STARTING, WAITING
+from .contract import CONFIG_PATH, DESIRED_PATH, STARTING, WAITING
 from .journal import Journal
 from .memreport import node_report, serve_reports
 from .ranks import RankKeeper
@@ -105,8 +105,8 @@ def main(config_path: str = CONFIG_PATH) -> int:
             last_janitor = time.time()
             janitor.look()
         interval = float(sup.policy()["interval_s"]) if sup else 2.0 if keeper else 5.0
-        if sup is not None and sup.state in (STARTING, WAITING, RESTARTING):
-            interval = min(interval, BUSY_LOOK_S)  # `up` waits on what this look says
+        if sup is not None and sup.state in (WAITING, STARTING):
+            interval = min(interval, BUSY_LOOK_S)  # `up` waits on what this look says (not a restart's backoff)
         wait_or_wake(stopping, interval)
     if sup is not None:
         sup.stop("the container is stopping")

@@ -46,7 +46,6 @@ def load_config(path: Path | None) -> paramiko.SSHConfig:
 class Link:
     """One node's SSH connection: the resolved address, the paramiko client, what opens it."""
 
-    alias: str
     host: str
     port: int
     user: str
@@ -63,7 +62,7 @@ class Link:
                 prepare: Callable[[paramiko.SSHClient], None]) -> "Link":
         user, alias, port = parse_target(target)
         opts = dict(config.lookup(alias))
-        link = cls(alias, opts.get("hostname", alias), port or int(opts.get("port", 22)),
+        link = cls(opts.get("hostname", alias), port or int(opts.get("port", 22)),
                    user or opts.get("user") or getpass.getuser(), opts, timeout, config, prepare)
         keys = [str(Path(k).expanduser()) for k in opts.get("identityfile", [])]
         link.connect_kwargs = {"banner_timeout": timeout, "auth_timeout": timeout, "allow_agent": False,

@@ -260,10 +260,9 @@ def test_the_fabric_test_holds_a_ring_to_nvidias_ring_figure_and_a_switch_to_a_p
 def test_a_rings_ports_are_not_paired_by_position_with_the_heads():
     """rdma.hca's pairing of entry k with the head's entry k holds for a pair or a switch; in a ring
     a worker's port 1 meets the previous node's port 0, and NCCL routes by subnet."""
-    from sparkcluster.facts import parsers as P2
     inv, found = _four("ring", _ring)
     for f in found.values():
-        f.hcas = {PORT0[1]: P2.Hca(PORT0[1], "4: ACTIVE", [PORT0[0]]), PORT1[1]: P2.Hca(PORT1[1], "4: ACTIVE", [PORT1[0]])}
+        f.hcas = {PORT0[1]: P.Hca(PORT0[1], "4: ACTIVE", [PORT0[0]]), PORT1[1]: P.Hca(PORT1[1], "4: ACTIVE", [PORT1[0]])}
     ctx = checks.Context(inv, found, {}, checks.Expect())
     got = {(r.id, r.node): r for r in checks.run_checks(ctx, only={"rdma.hca"})}
     assert {r.status for r in got.values()} == {"ok"}, got
