@@ -17,9 +17,11 @@ IDLE_WINDOW_S = 30.0
 SETTLE_S = 10.0  # after `up` returns: the warm-up request's tail and the first supervisor looks
 PROFILES = {"ray": "testbed", "mp": "testbed-mp"}
 # CPU ticks (utime + stime) of every process in a docker container of the host
-CPU_OF_CONTAINERS = ("t=0; for p in /proc/[0-9]*; do grep -qs docker \"$p/cgroup\" || continue; "
-                     "s=$(cut -d')' -f2- \"$p/stat\" 2>/dev/null) || continue; set -- $s; "
-                     "t=$((t + ${12:-0} + ${13:-0})); done; echo $t")
+CPU_OF_CONTAINERS = (
+    't=0; for p in /proc/[0-9]*; do grep -qs docker "$p/cgroup" || continue; '
+    "s=$(cut -d')' -f2- \"$p/stat\" 2>/dev/null) || continue; set -- $s; "
+    "t=$((t + ${12:-0} + ${13:-0})); done; echo $t"
+)
 
 
 def containers_cpu_ticks(tb, host: str) -> int:
@@ -55,15 +57,23 @@ def measure(tb, sc, hosts, pss, reps: int) -> dict[str, dict[str, list[float]]]:
 def render(raw: dict, hosts, when: str, reps: int) -> str:
     med = {e: {k: statistics.median(v) for k, v in figs.items()} for e, figs in raw.items()}
     ratio = [m / r for m, r in zip(raw["mp"]["up_wall_s"], raw["ray"]["up_wall_s"])]
-    out = [f"Executor comparison (issue 28), {when}: the testbed, real vLLM 0.32 CPU build, tiny Llama, TP=2 "
-           f"across both hosts; median of {reps} repetition(s) (min-max)", "",
-           "| figure | ray (`testbed`) | mp (`testbed-mp`) | unit |", "|---|---:|---:|---|",
-           f"| up from down: wall time | {med['ray']['up_wall_s']:.1f} | {med['mp']['up_wall_s']:.1f} | s |"]
+    out = [
+        f"Executor comparison (issue 28), {when}: the testbed, real vLLM 0.32 CPU build, tiny Llama, TP=2 "
+        f"across both hosts; median of {reps} repetition(s) (min-max)",
+        "",
+        "| figure | ray (`testbed`) | mp (`testbed-mp`) | unit |",
+        "|---|---:|---:|---|",
+        f"| up from down: wall time | {med['ray']['up_wall_s']:.1f} | {med['mp']['up_wall_s']:.1f} | s |",
+    ]
     for h in hosts:
-        out.append(f"| memory of {h}'s containers, serving idle (PSS) | {med['ray'][f'pss_gib_{h}']:.2f} | "
-                   f"{med['mp'][f'pss_gib_{h}']:.2f} | GiB |")
+        out.append(
+            f"| memory of {h}'s containers, serving idle (PSS) | {med['ray'][f'pss_gib_{h}']:.2f} | "
+            f"{med['mp'][f'pss_gib_{h}']:.2f} | GiB |"
+        )
     for h in hosts:
-        out.append(f"| CPU of {h}'s containers, serving idle ({IDLE_WINDOW_S:.0f} s) | "
-                   f"{med['ray'][f'idle_cpu_pct_{h}']:.1f} | {med['mp'][f'idle_cpu_pct_{h}']:.1f} | % of a core |")
+        out.append(
+            f"| CPU of {h}'s containers, serving idle ({IDLE_WINDOW_S:.0f} s) | "
+            f"{med['ray'][f'idle_cpu_pct_{h}']:.1f} | {med['mp'][f'idle_cpu_pct_{h}']:.1f} | % of a core |"
+        )
     out += ["", f"up from down, mp / ray: {statistics.median(ratio):.3f} (min {min(ratio):.3f}, max {max(ratio):.3f})"]
     return "\n".join(out) + "\n"

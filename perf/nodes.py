@@ -104,9 +104,11 @@ def main() -> int:
         three.append(image_stage(tb, sc, image, workers))
         t_all, alone = doctor_ratio(inv, prof)
         dr.append(t_all / max(alone.values()))
-        say(f"  #{i}: image stage, one worker lacking {one[-1]:.1f}s, three {three[-1]:.1f}s "
+        say(
+            f"  #{i}: image stage, one worker lacking {one[-1]:.1f}s, three {three[-1]:.1f}s "
             f"({three[-1] / one[-1]:.2f}); doctor four {t_all:.2f}s, slowest alone {max(alone.values()):.2f}s "
-            f"({dr[-1]:.2f})")
+            f"({dr[-1]:.2f})"
+        )
     ratio = [t / o for t, o in zip(three, one)]
 
     def row(name, unit, target, xs, ok=None):
@@ -115,17 +117,29 @@ def main() -> int:
         return f"| {name} | {med:.2f} | {min(xs):.2f} | {max(xs):.2f} | {unit} | {target} | {verdict} |"
 
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = "\n".join([
-        f"Four Sparks, {'a ring' if wiring == 'ring' else 'through a switch'} (issue 27), {when}: the four-host "
-        f"testbed (HOSTS=4{', cabling ring' if wiring == 'ring' else ''}), real vLLM 0.32 CPU "
-        f"image, {reps} repetition(s); median, min, max.", "",
-        "| figure | median | min | max | unit | target | met |", "|---|---:|---:|---:|---|---|---|",
-        row("image distribution: three workers lacking / one worker lacking (image stage)", "ratio", "<= 1.2", ratio,
-            lambda m: m <= 1.2),
-        row("  ... image stage, one worker lacking", "s", "-", one),
-        row("  ... image stage, three workers lacking (one stream along the chain)", "s", "-", three),
-        row("doctor on four nodes / slowest node alone (in-process)", "ratio", "<= 1.25", dr, lambda m: m <= 1.25),
-        "", "No weights figure: the testbed's model is 1.7 MB, so a ratio of it measures start-up, not the link.", ""])
+    text = "\n".join(
+        [
+            f"Four Sparks, {'a ring' if wiring == 'ring' else 'through a switch'} (issue 27), {when}: the four-host "
+            f"testbed (HOSTS=4{', cabling ring' if wiring == 'ring' else ''}), real vLLM 0.32 CPU "
+            f"image, {reps} repetition(s); median, min, max.",
+            "",
+            "| figure | median | min | max | unit | target | met |",
+            "|---|---:|---:|---:|---|---|---|",
+            row(
+                "image distribution: three workers lacking / one worker lacking (image stage)",
+                "ratio",
+                "<= 1.2",
+                ratio,
+                lambda m: m <= 1.2,
+            ),
+            row("  ... image stage, one worker lacking", "s", "-", one),
+            row("  ... image stage, three workers lacking (one stream along the chain)", "s", "-", three),
+            row("doctor on four nodes / slowest node alone (in-process)", "ratio", "<= 1.25", dr, lambda m: m <= 1.25),
+            "",
+            "No weights figure: the testbed's model is 1.7 MB, so a ratio of it measures start-up, not the link.",
+            "",
+        ]
+    )
     out.write_text(text)
     print(text)
     return 0

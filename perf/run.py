@@ -59,6 +59,7 @@ def die(msg: str) -> None:
 
 # --- the lock ------------------------------------------------------------------------------------
 
+
 @contextmanager
 def testbed_lock():
     with open(LOCK_PATH, "a") as f:
@@ -75,6 +76,7 @@ def testbed_lock():
 
 # --- statistics ----------------------------------------------------------------------------------
 
+
 @dataclass
 class Figure:
     key: str
@@ -90,9 +92,19 @@ class Figure:
         return statistics.median(self.values)
 
     def as_dict(self) -> dict:
-        return {"key": self.key, "title": self.title, "unit": self.unit, "target": self.target,
-                "median": self.median, "min": min(self.values), "max": max(self.values), "n": len(self.values),
-                "values": self.values, "met": self.ok, "note": self.note}
+        return {
+            "key": self.key,
+            "title": self.title,
+            "unit": self.unit,
+            "target": self.target,
+            "median": self.median,
+            "min": min(self.values),
+            "max": max(self.values),
+            "n": len(self.values),
+            "values": self.values,
+            "met": self.ok,
+            "note": self.note,
+        }
 
 
 def fmt(x: float, unit: str) -> str:
@@ -109,6 +121,7 @@ def fmt(x: float, unit: str) -> str:
 
 # --- the testbed and the CLI ---------------------------------------------------------------------
 
+
 def testbed():
     from tests.testbed.testbed import Testbed
 
@@ -118,8 +131,11 @@ def testbed():
         die("the testbed is not up: run `make testbed-up` first (then `make bench`)")
     problems = tb.problems()
     if problems:
-        die("the testbed is up but unhealthy:\n  " + "\n  ".join(problems) +
-            "\nfix it (or ask whoever is using it) before `make bench`")
+        die(
+            "the testbed is up but unhealthy:\n  "
+            + "\n  ".join(problems)
+            + "\nfix it (or ask whoever is using it) before `make bench`"
+        )
     return tb
 
 
@@ -156,8 +172,14 @@ class CLI:
         env_file.write_text(f"VLLM_API_KEY={API_KEY}\nHF_TOKEN={HF_TOKEN}\n")
         env_file.chmod(0o600)
         self.env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "HF_TOKEN")}
-        self.env.update({"SPARKCLUSTER_ENV_FILE": str(env_file), "XDG_STATE_HOME": str(workdir / "state"),
-                         "COLUMNS": "200", "PYTHONUNBUFFERED": "1"})
+        self.env.update(
+            {
+                "SPARKCLUSTER_ENV_FILE": str(env_file),
+                "XDG_STATE_HOME": str(workdir / "state"),
+                "COLUMNS": "200",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
 
     def __call__(self, *args: str, check: bool = True, on_line=None, timeout: float = 600) -> Run:
         argv = [sys.executable, "-m", "sparkcluster", "--inventory", str(self.tb.inventory), *args]
@@ -165,8 +187,9 @@ class CLI:
         out: list[str] = []
         lines: list[tuple[float, str]] = []
         t0 = time.time()
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
-                             cwd=str(REPO), bufsize=1)
+        p = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env, cwd=str(REPO), bufsize=1
+        )
         reader = threading.Thread(target=lambda: out.append(p.stdout.read()), daemon=True)
         reader.start()
         timer = threading.Timer(timeout, p.kill)
@@ -193,6 +216,7 @@ HOSTS: tuple[str, ...] = ("spark-head", "spark-worker")
 
 
 # --- counters ------------------------------------------------------------------------------------
+
 
 def sysfs_bytes(ifname: str) -> int:
     base = Path("/sys/class/net") / ifname / "statistics"
@@ -230,6 +254,7 @@ class Sampler:
         def loop():
             while not self._stop.wait(SAMPLE_S):
                 self.samples.append(self.sample())
+
         self._thread = threading.Thread(target=loop, daemon=True)
         self._thread.start()
         return self
@@ -271,6 +296,7 @@ class Sampler:
 
 # --- host timestamps -----------------------------------------------------------------------------
 
+
 def rfc3339(ts: str) -> float:
     """Docker's RFC 3339 timestamps with nanoseconds -> epoch seconds."""
     m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", ts.strip())
@@ -290,7 +316,9 @@ def our_container(tb, host: str) -> str:
 def container_times(tb, host: str) -> dict[str, float]:
     """Created, started, and the moment its `ray start` said "Ray runtime started." (docker logs -t)."""
     name = our_container(tb, host)
-    created, started = tb.docker(host, f"inspect --format '{{{{.Created}}}} {{{{.State.StartedAt}}}}' {name}").stdout.split()
+    created, started = tb.docker(
+        host, f"inspect --format '{{{{.Created}}}} {{{{.State.StartedAt}}}}' {name}"
+    ).stdout.split()
     line = tb.sh(host, f"docker logs -t {name} 2>&1 | grep -m1 'Ray runtime started'", check=False).stdout.strip()
     if not line:
         raise SystemExit(f"bench: no 'Ray runtime started' in the log of {name} on {host}")
@@ -300,8 +328,10 @@ def container_times(tb, host: str) -> dict[str, float]:
 # proportional set size of every process in a docker container of the host (Ray, vLLM's API
 # server, engine core and rank): what serving costs the one machine both hosts share, shared pages
 # counted once
-PSS_OF_CONTAINERS = ("t=0; for p in /proc/[0-9]*; do grep -qs docker \"$p/cgroup\" || continue; "
-                     "k=$(awk '/^Pss:/{print $2}' \"$p/smaps_rollup\" 2>/dev/null); t=$((t + ${k:-0})); done; echo $t")
+PSS_OF_CONTAINERS = (
+    't=0; for p in /proc/[0-9]*; do grep -qs docker "$p/cgroup" || continue; '
+    "k=$(awk '/^Pss:/{print $2}' \"$p/smaps_rollup\" 2>/dev/null); t=$((t + ${k:-0})); done; echo $t"
+)
 
 
 def containers_pss_bytes(tb, host: str) -> int:
@@ -340,16 +370,23 @@ class ReadyProbe:
                         if c.get(f"{self.base}/health").status_code == 200:
                             if self.health_at is None:
                                 self.health_at = time.time()
-                            r = c.post(f"{self.base}/v1/chat/completions", timeout=30,
-                                       headers={"Authorization": f"Bearer {API_KEY}"},
-                                       json={"model": self.model, "max_tokens": 1,
-                                             "messages": [{"role": "user", "content": "ping"}]})
+                            r = c.post(
+                                f"{self.base}/v1/chat/completions",
+                                timeout=30,
+                                headers={"Authorization": f"Bearer {API_KEY}"},
+                                json={
+                                    "model": self.model,
+                                    "max_tokens": 1,
+                                    "messages": [{"role": "user", "content": "ping"}],
+                                },
+                            )
                             if r.status_code == 200:
                                 self.ready_at = time.time()
                                 return
                     except httpx.HTTPError:
                         pass
                     self._stop.wait(0.05)
+
         self._thread = threading.Thread(target=loop, daemon=True)
         self._thread.start()
         return self
@@ -361,6 +398,7 @@ class ReadyProbe:
 
 # --- the baseline: docker save | ssh | docker load over the same control link --------------------
 
+
 class Baseline:
     """A throwaway second sshd on the worker, bound to its control address only, that accepts one
     throwaway key kept on the head; removed (process, keys, config) at exit."""
@@ -371,11 +409,16 @@ class Baseline:
     def __enter__(self) -> "Baseline":
         d, tb, W, H = BASELINE_DIR, self.tb, "spark-worker", "spark-head"
         self.__exit__()
-        pub = tb.sh(H, f"mkdir -p -m 700 {d} && ssh-keygen -q -t ed25519 -N '' -C sparkcluster-bench -f {d}/id && "
-                       f"cat {d}/id.pub").stdout
+        pub = tb.sh(
+            H,
+            f"mkdir -p -m 700 {d} && ssh-keygen -q -t ed25519 -N '' -C sparkcluster-bench -f {d}/id && cat {d}/id.pub",
+        ).stdout
         tb.sh(W, f"mkdir -p -m 700 {d} && ssh-keygen -q -t ed25519 -N '' -f {d}/host_key")
         tb.sh(W, f"cat > {d}/authorized_keys && chmod 600 {d}/authorized_keys", input=pub)
-        tb.sh(W, f"cat > {d}/sshd_config", input=f"""# sparkcluster bench: save-ssh-load baseline only
+        tb.sh(
+            W,
+            f"cat > {d}/sshd_config",
+            input=f"""# sparkcluster bench: save-ssh-load baseline only
 ListenAddress {self.worker_ip}:{BASELINE_PORT}
 HostKey {d}/host_key
 PidFile {d}/sshd.pid
@@ -388,14 +431,20 @@ UsePAM no
 StrictModes no
 X11Forwarding no
 PrintMotd no
-""")
-        tb.sh(W, f"/usr/sbin/sshd -t -f {d}/sshd_config && /usr/sbin/sshd -f {d}/sshd_config -E {d}/sshd.log && "
-                 f"for i in $(seq 100); do ss -Hltn 'sport = :{BASELINE_PORT}' | grep -q . && break; sleep 0.05; done")
+""",
+        )
+        tb.sh(
+            W,
+            f"/usr/sbin/sshd -t -f {d}/sshd_config && /usr/sbin/sshd -f {d}/sshd_config -E {d}/sshd.log && "
+            f"for i in $(seq 100); do ss -Hltn 'sport = :{BASELINE_PORT}' | grep -q . && break; sleep 0.05; done",
+        )
         kt, key = tb.sh(W, f"cat {d}/host_key.pub").stdout.split()[:2]
         tb.sh(H, f"cat > {d}/known_hosts", input=f"[{self.worker_ip}]:{BASELINE_PORT} {kt} {key}\n")
-        self.ssh = (f"ssh -i {d}/id -o BatchMode=yes -o IdentitiesOnly=yes -o UserKnownHostsFile={d}/known_hosts "
-                    f"-o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes -b {self.head_ip} "
-                    f"-p {BASELINE_PORT} root@{self.worker_ip}")
+        self.ssh = (
+            f"ssh -i {d}/id -o BatchMode=yes -o IdentitiesOnly=yes -o UserKnownHostsFile={d}/known_hosts "
+            f"-o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes -b {self.head_ip} "
+            f"-p {BASELINE_PORT} root@{self.worker_ip}"
+        )
         tb.sh(H, f"{self.ssh} true", timeout=30)
         return self
 
@@ -428,6 +477,7 @@ print(json.dumps(out))
 
 
 # --- the bench -----------------------------------------------------------------------------------
+
 
 class Bench:
     def __init__(self, tb, workdir: Path):
@@ -462,9 +512,12 @@ class Bench:
 
     def loaded_at(self, since: float) -> float | None:
         """When the worker's dockerd finished loading the image: its `load` image event."""
-        out = self.tb.docker("spark-worker", f"events --since {int(since) - 1} --until {int(time.time()) + 2} "
-                                             "--filter type=image --filter event=load --format '{{.TimeNano}}'",
-                             check=False).stdout.split()
+        out = self.tb.docker(
+            "spark-worker",
+            f"events --since {int(since) - 1} --until {int(time.time()) + 2} "
+            "--filter type=image --filter event=load --format '{{.TimeNano}}'",
+            check=False,
+        ).stdout.split()
         times = [int(x) / 1e9 for x in out if x.isdigit() and int(x) / 1e9 >= since]
         return min(times) if times else None
 
@@ -475,7 +528,9 @@ class Bench:
         iid = self.tb.image_id("spark-worker", self.image)
         if not iid:  # the worker may lack it already (set aside with every image sharing its layers)
             return
-        tags = json.loads(self.tb.docker("spark-worker", f"image inspect --format '{{{{json .RepoTags}}}}' {iid}").stdout)
+        tags = json.loads(
+            self.tb.docker("spark-worker", f"image inspect --format '{{{{json .RepoTags}}}}' {iid}").stdout
+        )
         others = [t for t in tags or [] if t != self.image]
         self.aliases.update(others)
         self.tb.docker("spark-worker", " ".join(["rmi", self.image, *others]))
@@ -497,7 +552,11 @@ class Bench:
         self.sc("down", timeout=120)
         with self.sampler, ReadyProbe(self.endpoint, self.prof.served_model_name) as probe:
             r = self.sc("up", "--profile", PROFILE, timeout=600)
-        hc, wc, sv = container_times(self.tb, "spark-head"), container_times(self.tb, "spark-worker"), serve_record(self.tb)
+        hc, wc, sv = (
+            container_times(self.tb, "spark-head"),
+            container_times(self.tb, "spark-worker"),
+            serve_record(self.tb),
+        )
         if probe.ready_at is None:
             raise SystemExit("bench: the 50 ms readiness probe never saw the server ready")
         t_pre, t_pre_ok = r.at("▸ preflight"), r.at("✓ preflight")
@@ -534,8 +593,10 @@ class Bench:
         self.rec("image_same_s", t_img_ok - t_img)
         self.rec("image_same_link_bytes", link)
         self.rec("conns_up_down", r.conns)
-        say(f"  up from down #{i}: {r.wall:.2f}s, critical path {cp:.2f}s ({r.wall / cp:.2f}); "
-            f"image stage {t_img_ok - t_img:.2f}s, {link} B on the link; ssh {r.conns}")
+        say(
+            f"  up from down #{i}: {r.wall:.2f}s, critical path {cp:.2f}s ({r.wall / cp:.2f}); "
+            f"image stage {t_img_ok - t_img:.2f}s, {link} B on the link; ssh {r.conns}"
+        )
 
     # 1, 2, 4, 6 on a serving cluster
     def on_serving(self, i: int) -> None:
@@ -562,15 +623,18 @@ class Bench:
         self.rec("conns_up_serving", r.conns)
 
         from sparkcluster.day2 import status as status_mod
+
         t = time.time()
         status_mod.collect_all(self.inv, API_KEY)
         self.rec("status_inprocess", time.time() - t)
         self.rec("serving_pss_gib", sum(containers_pss_bytes(self.tb, h) for h in HOSTS) / 2**30)
 
         both, single = self.fanout(i)
-        say(f"  serving #{i}: doctor {self.raw['doctor_cli_wall'][-1]:.2f}s, status {self.raw['status_wall'][-1]:.2f}s, "
+        say(
+            f"  serving #{i}: doctor {self.raw['doctor_cli_wall'][-1]:.2f}s, status {self.raw['status_wall'][-1]:.2f}s, "
             f"up {r.wall:.2f}s (unchanged: {before == after}); in-process both {both:.2f}s vs single "
-            + ", ".join(f"{k} {v:.2f}s" for k, v in single.items()))
+            + ", ".join(f"{k} {v:.2f}s" for k, v in single.items())
+        )
 
     def fanout(self, i: int) -> tuple[float, dict[str, float]]:
         """The doctor's work in-process: all nodes through preflight.run (parallel), and each node
@@ -614,19 +678,27 @@ class Bench:
         return t_both, single
 
     def worker_layers(self) -> list[list[str]]:
-        out = self.tb.sh("spark-worker", "ids=$(docker image ls -q --no-trunc | sort -u); [ -z \"$ids\" ] || "
-                                         "docker image inspect --format '{{json .RootFS.Layers}}' $ids").stdout
+        out = self.tb.sh(
+            "spark-worker",
+            'ids=$(docker image ls -q --no-trunc | sort -u); [ -z "$ids" ] || '
+            "docker image inspect --format '{{json .RootFS.Layers}}' $ids",
+        ).stdout
         return [json.loads(x) or [] for x in out.split()]
 
     def lacking_bytes(self) -> tuple[int, int, int]:
         """(tar bytes of the cluster image's layers the worker lacks, layers lacking, layers): the
         worker's holdings as sparkcluster sees them (the longest bottom-up prefix of any image)."""
         from sparkcluster.movement import layers
+
         mine = self._head_layers()
         if not hasattr(self, "_tar_sizes"):
-            self._tar_sizes = json.loads(self.tb.sh(
-                "spark-head", f"set -o pipefail; docker save {self.image} | python3 -c {shlex.quote(LAYER_TAR_SIZES)}",
-                timeout=600).stdout)
+            self._tar_sizes = json.loads(
+                self.tb.sh(
+                    "spark-head",
+                    f"set -o pipefail; docker save {self.image} | python3 -c {shlex.quote(LAYER_TAR_SIZES)}",
+                    timeout=600,
+                ).stdout
+            )
         held = layers.held_prefix(mine, self.worker_layers())
         return sum(self._tar_sizes[d] for d in mine[held:]), len(mine) - held, len(mine)
 
@@ -635,6 +707,7 @@ class Bench:
         def stop_after_image(line: str, p) -> None:
             if line.startswith("✓ image"):
                 p.send_signal(signal.SIGINT)
+
         self.worker_rmi()
         lacking, n_lack, n_all = self.lacking_bytes()
         if not n_lack:
@@ -652,8 +725,10 @@ class Bench:
         self.rec("delta_ratio", link / max(lacking, 1))
         self.rec("delta_stage_s", t_img_ok - t_img)
         self.details["delta_layers"] = {"lacking": n_lack, "of": n_all}
-        say(f"  delta #{i}: {n_lack} of {n_all} layers lacking, {lacking:,} B of layer tars; {link:,} B on the link "
-            f"({link / max(lacking, 1):.3f}), image stage {t_img_ok - t_img:.2f}s")
+        say(
+            f"  delta #{i}: {n_lack} of {n_all} layers lacking, {lacking:,} B of layer tars; {link:,} B on the link "
+            f"({link / max(lacking, 1):.3f}), image stage {t_img_ok - t_img:.2f}s"
+        )
 
     def worker_bare(self, aside: Path) -> None:
         """The worker lacks every layer of the cluster image: the images sharing any are set aside
@@ -689,6 +764,7 @@ class Bench:
             def stop_after_image(line: str, p) -> None:
                 if line.startswith("✓ image"):
                     p.send_signal(signal.SIGINT)  # only the image stage is measured: Ctrl-C, rolled back
+
             self.worker_rmi()
             with self.sampler:
                 r = self.sc("up", "--profile", PROFILE, check=False, on_line=stop_after_image)
@@ -707,8 +783,10 @@ class Bench:
             self.rec("xfer_sc_link_bytes", link)
             self.rec("xfer_sc_lan_bytes", lan)
             self.rec("xfer_sc_stage_s", t_img_ok - t_img)
-            say(f"  transfer #{i} sparkcluster: {loaded - t_img:.2f}s to loaded, {win[1] - win[0]:.2f}s on the link "
-                f"({link:,} B), image stage {t_img_ok - t_img:.2f}s, controller LAN {lan:,} B")
+            say(
+                f"  transfer #{i} sparkcluster: {loaded - t_img:.2f}s to loaded, {win[1] - win[0]:.2f}s on the link "
+                f"({link:,} B), image stage {t_img_ok - t_img:.2f}s, controller LAN {lan:,} B"
+            )
 
         def theirs() -> None:
             self.worker_rmi()
@@ -725,10 +803,12 @@ class Bench:
             self.rec("xfer_base_s", loaded - t0)
             self.rec("xfer_base_link_s", win[1] - win[0])
             self.rec("xfer_base_wall", t1 - t0)
-            say(f"  transfer #{i} save-ssh-load: {loaded - t0:.2f}s to loaded, {win[1] - win[0]:.2f}s on the link, "
-                f"{t1 - t0:.2f}s wall")
+            say(
+                f"  transfer #{i} save-ssh-load: {loaded - t0:.2f}s to loaded, {win[1] - win[0]:.2f}s on the link, "
+                f"{t1 - t0:.2f}s wall"
+            )
 
-        for step in ((ours, theirs) if i % 2 == 0 else (theirs, ours)):
+        for step in (ours, theirs) if i % 2 == 0 else (theirs, ours):
             step()
         if self.tb.image_id("spark-worker", self.image) != self.tb.image_id("spark-head", self.image):
             raise SystemExit("bench: the worker's image ID differs from the head's after the transfer")
@@ -763,14 +843,17 @@ class Bench:
         self.rec("agent_rss_mb", rss)
         self.rec("wedge_to_serving_s", supervisor.wedge_to_serving(tb, API_KEY))
         self.rec("reboot_to_serving_s", supervisor.worker_reboot_to_serving(tb, API_KEY))
-        say(f"  agent {cpu:.2f}% of a core, {rss:.0f} MB; wedge to serving {self.raw['wedge_to_serving_s'][-1]:.0f}s, "
-            f"worker reboot to serving {self.raw['reboot_to_serving_s'][-1]:.0f}s")
+        say(
+            f"  agent {cpu:.2f}% of a core, {rss:.0f} MB; wedge to serving {self.raw['wedge_to_serving_s'][-1]:.0f}s, "
+            f"worker reboot to serving {self.raw['reboot_to_serving_s'][-1]:.0f}s"
+        )
         say(f"executors: up from down, memory and idle CPU of both hosts, with ray and with mp ({REPS}x)")
         from perf import executors
 
         self.details["executors"] = executors.measure(tb, self.sc, HOSTS, containers_pss_bytes, REPS)
-        (REPO / "perf" / "executors.md").write_text(executors.render(self.details["executors"], HOSTS,
-                                                                     time.strftime("%Y-%m-%d %H:%M UTC"), REPS))
+        (REPO / "perf" / "executors.md").write_text(
+            executors.render(self.details["executors"], HOSTS, time.strftime("%Y-%m-%d %H:%M UTC"), REPS)
+        )
         say(f"image transfer, base on both hosts: bytes on the link / bytes of the layers the worker lacks ({REPS}x)")
         self.sc("down", timeout=120)
         try:
@@ -805,71 +888,253 @@ class Bench:
         def conns(cmd: str, title: str) -> None:
             for h in HOSTS:
                 v = [float(c[h]) for c in R[cmd]]
-                F.append(Figure(f"{cmd}_{h}", f"SSH connections to {h}: {title}", "count", "1",
-                                v, all(x == 1 for x in v)))
+                F.append(
+                    Figure(f"{cmd}_{h}", f"SSH connections to {h}: {title}", "count", "1", v, all(x == 1 for x in v))
+                )
 
-        F.append(Figure("doctor_fanout", "doctor fan-out: both nodes / slower node alone (in-process)", "ratio",
-                        "<= 1.25", R["fanout_ratio"], statistics.median(R["fanout_ratio"]) <= 1.25))
+        F.append(
+            Figure(
+                "doctor_fanout",
+                "doctor fan-out: both nodes / slower node alone (in-process)",
+                "ratio",
+                "<= 1.25",
+                R["fanout_ratio"],
+                statistics.median(R["fanout_ratio"]) <= 1.25,
+            )
+        )
         F.append(Figure("doctor_cli_wall", "doctor wall time, CLI, both nodes", "s", "-", R["doctor_cli_wall"], None))
         conns("conns_doctor", "doctor")
         conns("conns_up_serving", "up on a serving cluster")
         conns("conns_up_down", "up from down")
         conns("conns_status", "status")
-        F.append(Figure("up_overhead", "up from down: wall / critical path", "ratio", "<= 1.10",
-                        R["up_down_ratio"], statistics.median(R["up_down_ratio"]) <= 1.10))
+        F.append(
+            Figure(
+                "up_overhead",
+                "up from down: wall / critical path",
+                "ratio",
+                "<= 1.10",
+                R["up_down_ratio"],
+                statistics.median(R["up_down_ratio"]) <= 1.10,
+            )
+        )
         F.append(Figure("up_down_wall", "up from down: wall time", "s", "-", R["up_down_wall"], None))
-        F.append(Figure("serving_pss", "memory of both hosts' containers while serving (PSS)", "GiB", "<= 6",
-                        R["serving_pss_gib"], all(x <= 6 for x in R["serving_pss_gib"])))
+        F.append(
+            Figure(
+                "serving_pss",
+                "memory of both hosts' containers while serving (PSS)",
+                "GiB",
+                "<= 6",
+                R["serving_pss_gib"],
+                all(x <= 6 for x in R["serving_pss_gib"]),
+            )
+        )
         F.append(Figure("up_down_cp", "up from down: critical path (host timestamps)", "s", "-", R["up_down_cp"], None))
-        F.append(Figure("up_serving_wall", "up on a cluster already serving: wall time", "s", "< 2",
-                        R["up_serving_wall"], max(R["up_serving_wall"]) < 2))
-        F.append(Figure("up_serving_unchanged", "  ... containers and server PID unchanged (1 = yes)", "count", "1",
-                        R["up_serving_unchanged"], all(x == 1 for x in R["up_serving_unchanged"])))
-        F.append(Figure("image_controller_bytes", "image transfer: bytes on the controller's LAN veths", "bytes",
-                        f"0 image bytes (< {size // 1000:,} = 0.1% of the image)", [float(x) for x in R["xfer_sc_lan_bytes"]],
-                        max(R["xfer_sc_lan_bytes"]) < size / 1000,
-                        note=f"image {size:,} B; these bytes are the SSH session's own traffic (an upper bound)"))
-        F.append(Figure("image_link_bytes", "image transfer: bytes on the head-worker control link", "bytes", "-",
-                        [float(x) for x in R["xfer_sc_link_bytes"]], None))
+        F.append(
+            Figure(
+                "up_serving_wall",
+                "up on a cluster already serving: wall time",
+                "s",
+                "< 2",
+                R["up_serving_wall"],
+                max(R["up_serving_wall"]) < 2,
+            )
+        )
+        F.append(
+            Figure(
+                "up_serving_unchanged",
+                "  ... containers and server PID unchanged (1 = yes)",
+                "count",
+                "1",
+                R["up_serving_unchanged"],
+                all(x == 1 for x in R["up_serving_unchanged"]),
+            )
+        )
+        F.append(
+            Figure(
+                "image_controller_bytes",
+                "image transfer: bytes on the controller's LAN veths",
+                "bytes",
+                f"0 image bytes (< {size // 1000:,} = 0.1% of the image)",
+                [float(x) for x in R["xfer_sc_lan_bytes"]],
+                max(R["xfer_sc_lan_bytes"]) < size / 1000,
+                note=f"image {size:,} B; these bytes are the SSH session's own traffic (an upper bound)",
+            )
+        )
+        F.append(
+            Figure(
+                "image_link_bytes",
+                "image transfer: bytes on the head-worker control link",
+                "bytes",
+                "-",
+                [float(x) for x in R["xfer_sc_link_bytes"]],
+                None,
+            )
+        )
         if R.get("delta_ratio"):
-            F.append(Figure("image_delta_ratio", "image transfer, base on both: link bytes / bytes of the layers "
-                            "the worker lacks", "ratio", "<= 1.05", R["delta_ratio"],
-                            statistics.median(R["delta_ratio"]) <= 1.05,
-                            note="denominator: those layers' tars as docker save emits them; the link counts "
-                                 "TCP/IP and ACKs both ways"))
-            F.append(Figure("image_delta_bytes", "  ... bytes on the link", "bytes", "-",
-                            [float(x) for x in R["delta_link_bytes"]], None))
-            F.append(Figure("image_delta_lacking", "  ... bytes of the layers the worker lacks", "bytes", "-",
-                            [float(x) for x in R["delta_lacking_bytes"]], None))
+            F.append(
+                Figure(
+                    "image_delta_ratio",
+                    "image transfer, base on both: link bytes / bytes of the layers the worker lacks",
+                    "ratio",
+                    "<= 1.05",
+                    R["delta_ratio"],
+                    statistics.median(R["delta_ratio"]) <= 1.05,
+                    note="denominator: those layers' tars as docker save emits them; the link counts "
+                    "TCP/IP and ACKs both ways",
+                )
+            )
+            F.append(
+                Figure(
+                    "image_delta_bytes",
+                    "  ... bytes on the link",
+                    "bytes",
+                    "-",
+                    [float(x) for x in R["delta_link_bytes"]],
+                    None,
+                )
+            )
+            F.append(
+                Figure(
+                    "image_delta_lacking",
+                    "  ... bytes of the layers the worker lacks",
+                    "bytes",
+                    "-",
+                    [float(x) for x in R["delta_lacking_bytes"]],
+                    None,
+                )
+            )
             F.append(Figure("image_delta_stage_s", "  ... image stage time", "s", "-", R["delta_stage_s"], None))
-        F.append(Figure("image_throughput", "image transfer, worker lacks all: sparkcluster / save-ssh-load throughput", "ratio",
-                        ">= 0.90", R["xfer_ratio"], statistics.median(R["xfer_ratio"]) >= 0.90))
-        F.append(Figure("image_sc_mbps", "image transfer: sparkcluster, stage start to loaded", "MB/s", "-",
-                        [size / s / 1e6 for s in R["xfer_sc_s"]], None))
-        F.append(Figure("image_base_mbps", "image transfer: save-ssh-load, start to loaded", "MB/s", "-",
-                        [size / s / 1e6 for s in R["xfer_base_s"]], None))
-        F.append(Figure("image_sc_link_mbps", "  ... sparkcluster, bytes on the wire only", "MB/s", "-",
-                        [size / s / 1e6 for s in R["xfer_sc_link_s"]], None))
-        F.append(Figure("image_base_link_mbps", "  ... save-ssh-load, bytes on the wire only", "MB/s", "-",
-                        [size / s / 1e6 for s in R["xfer_base_link_s"]], None))
-        F.append(Figure("image_same_s", "identical image IDs: image stage time", "s", "< 1",
-                        R["image_same_s"], max(R["image_same_s"]) < 1))
-        F.append(Figure("image_same_bytes", "identical image IDs: bytes on the control link", "bytes",
-                        f"0 (< {LINK_NOISE // 1024} KiB: no image moved)", [float(x) for x in R["image_same_link_bytes"]],
-                        max(R["image_same_link_bytes"]) < LINK_NOISE))
+        F.append(
+            Figure(
+                "image_throughput",
+                "image transfer, worker lacks all: sparkcluster / save-ssh-load throughput",
+                "ratio",
+                ">= 0.90",
+                R["xfer_ratio"],
+                statistics.median(R["xfer_ratio"]) >= 0.90,
+            )
+        )
+        F.append(
+            Figure(
+                "image_sc_mbps",
+                "image transfer: sparkcluster, stage start to loaded",
+                "MB/s",
+                "-",
+                [size / s / 1e6 for s in R["xfer_sc_s"]],
+                None,
+            )
+        )
+        F.append(
+            Figure(
+                "image_base_mbps",
+                "image transfer: save-ssh-load, start to loaded",
+                "MB/s",
+                "-",
+                [size / s / 1e6 for s in R["xfer_base_s"]],
+                None,
+            )
+        )
+        F.append(
+            Figure(
+                "image_sc_link_mbps",
+                "  ... sparkcluster, bytes on the wire only",
+                "MB/s",
+                "-",
+                [size / s / 1e6 for s in R["xfer_sc_link_s"]],
+                None,
+            )
+        )
+        F.append(
+            Figure(
+                "image_base_link_mbps",
+                "  ... save-ssh-load, bytes on the wire only",
+                "MB/s",
+                "-",
+                [size / s / 1e6 for s in R["xfer_base_link_s"]],
+                None,
+            )
+        )
+        F.append(
+            Figure(
+                "image_same_s",
+                "identical image IDs: image stage time",
+                "s",
+                "< 1",
+                R["image_same_s"],
+                max(R["image_same_s"]) < 1,
+            )
+        )
+        F.append(
+            Figure(
+                "image_same_bytes",
+                "identical image IDs: bytes on the control link",
+                "bytes",
+                f"0 (< {LINK_NOISE // 1024} KiB: no image moved)",
+                [float(x) for x in R["image_same_link_bytes"]],
+                max(R["image_same_link_bytes"]) < LINK_NOISE,
+            )
+        )
         if R.get("agent_cpu_pct"):
-            F.append(Figure("agent_cpu", "supervisor on the head, serving idle: CPU", "% of a core", "< 1",
-                            R["agent_cpu_pct"], max(R["agent_cpu_pct"]) < 1))
-            F.append(Figure("agent_rss", "supervisor on the head: memory (RSS)", "MB", "< 100",
-                            R["agent_rss_mb"], max(R["agent_rss_mb"]) < 100))
-            F.append(Figure("wedge_to_serving", "rank 1 stopped (SIGSTOP) to serving again, no controller", "s", "-",
-                            R["wedge_to_serving_s"], None))
-            F.append(Figure("reboot_to_serving", "worker reboot to serving again, no controller", "s", "-",
-                            R["reboot_to_serving_s"], None))
-        F.append(Figure("status_wall", "status --json on a serving cluster: wall time", "s", "< 1",
-                        R["status_wall"], max(R["status_wall"]) < 1))
-        F.append(Figure("status_inprocess", "  ... the same status, in-process (no interpreter start-up)", "s", "-",
-                        R["status_inprocess"], None))
+            F.append(
+                Figure(
+                    "agent_cpu",
+                    "supervisor on the head, serving idle: CPU",
+                    "% of a core",
+                    "< 1",
+                    R["agent_cpu_pct"],
+                    max(R["agent_cpu_pct"]) < 1,
+                )
+            )
+            F.append(
+                Figure(
+                    "agent_rss",
+                    "supervisor on the head: memory (RSS)",
+                    "MB",
+                    "< 100",
+                    R["agent_rss_mb"],
+                    max(R["agent_rss_mb"]) < 100,
+                )
+            )
+            F.append(
+                Figure(
+                    "wedge_to_serving",
+                    "rank 1 stopped (SIGSTOP) to serving again, no controller",
+                    "s",
+                    "-",
+                    R["wedge_to_serving_s"],
+                    None,
+                )
+            )
+            F.append(
+                Figure(
+                    "reboot_to_serving",
+                    "worker reboot to serving again, no controller",
+                    "s",
+                    "-",
+                    R["reboot_to_serving_s"],
+                    None,
+                )
+            )
+        F.append(
+            Figure(
+                "status_wall",
+                "status --json on a serving cluster: wall time",
+                "s",
+                "< 1",
+                R["status_wall"],
+                max(R["status_wall"]) < 1,
+            )
+        )
+        F.append(
+            Figure(
+                "status_inprocess",
+                "  ... the same status, in-process (no interpreter start-up)",
+                "s",
+                "-",
+                R["status_inprocess"],
+                None,
+            )
+        )
         return F
 
 
@@ -878,18 +1143,28 @@ def median_dicts(rows: list[dict]) -> dict:
 
 
 def render(figures: list[Figure], details: dict, when: str) -> str:
-    out = [f"sparkcluster bench, {when} (testbed, {os.cpu_count()} CPUs; median of {REPS} "
-           "repetitions, min-max)", "",
-           "| figure | median | min | max | unit | target | met |", "|---|---:|---:|---:|---|---|---|"]
+    out = [
+        f"sparkcluster bench, {when} (testbed, {os.cpu_count()} CPUs; median of {REPS} repetitions, min-max)",
+        "",
+        "| figure | median | min | max | unit | target | met |",
+        "|---|---:|---:|---:|---|---|---|",
+    ]
     for f in figures:
         met = "-" if f.ok is None else ("yes" if f.ok else "**no**")
-        out.append(f"| {f.title} | {fmt(f.median, f.unit)} | {fmt(min(f.values), f.unit)} | {fmt(max(f.values), f.unit)} "
-                   f"| {f.unit} | {f.target} | {met} |")
+        out.append(
+            f"| {f.title} | {fmt(f.median, f.unit)} | {fmt(min(f.values), f.unit)} | {fmt(max(f.values), f.unit)} "
+            f"| {f.unit} | {f.target} | {met} |"
+        )
     if "up_down_breakdown" in details:
         b = details["up_down_breakdown"]
-        out += ["", "Where `up` from down spends its time (medians, seconds; the critical path's segments are",
-                "from the hosts' own timestamps, the rest is sparkcluster's overhead):", "",
-                "| part | s |", "|---|---:|"]
+        out += [
+            "",
+            "Where `up` from down spends its time (medians, seconds; the critical path's segments are",
+            "from the hosts' own timestamps, the rest is sparkcluster's overhead):",
+            "",
+            "| part | s |",
+            "|---|---:|",
+        ]
         for k, v in b["critical_path"].items():
             out.append(f"| critical path: {k} | {v:.2f} |")
         for k, v in b["overhead"].items():
@@ -939,21 +1214,35 @@ def main() -> None:
             b.run()
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))
     details = dict(b.details)
-    details["up_down_breakdown"] = {"critical_path": median_dicts(b.raw["up_down_segments"]),
-                                    "overhead": median_dicts(b.raw["up_down_gaps"]),
-                                    "stages": median_dicts(b.raw["up_down_stages"])}
+    details["up_down_breakdown"] = {
+        "critical_path": median_dicts(b.raw["up_down_segments"]),
+        "overhead": median_dicts(b.raw["up_down_gaps"]),
+        "stages": median_dicts(b.raw["up_down_stages"]),
+    }
     details["fanout_single_s"] = b.raw["fanout_single"]
     details["fanout_both_s"] = b.raw["fanout_both"]
     details["baseline_wall_s"] = b.raw["xfer_base_wall"]
     details["transfer_image_stage_s"] = b.raw["xfer_sc_stage_s"]
     details["bench_seconds"] = round(time.time() - started, 1)
-    RESULTS_JSON.write_text(json.dumps({"when": when, "reps": REPS, "cpus": os.cpu_count(),
-                                        "figures": [f.as_dict() for f in b.figures], "details": details,
-                                        "raw": b.raw}, indent=2))
+    RESULTS_JSON.write_text(
+        json.dumps(
+            {
+                "when": when,
+                "reps": REPS,
+                "cpus": os.cpu_count(),
+                "figures": [f.as_dict() for f in b.figures],
+                "details": details,
+                "raw": b.raw,
+            },
+            indent=2,
+        )
+    )
     table = render(b.figures, details, when)
     RESULTS_MD.write_text(table)
     print(table)
-    say(f"done in {time.time() - started:.0f}s; wrote {RESULTS_JSON.relative_to(REPO)} and {RESULTS_MD.relative_to(REPO)}")
+    say(
+        f"done in {time.time() - started:.0f}s; wrote {RESULTS_JSON.relative_to(REPO)} and {RESULTS_MD.relative_to(REPO)}"
+    )
 
 
 if __name__ == "__main__":

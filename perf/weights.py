@@ -38,13 +38,14 @@ def _profile_dir(bench) -> Path:
     d = Path(bench.sc.env.get("XDG_STATE_HOME", "/tmp")).parent / "bench-profiles"
     d.mkdir(parents=True, exist_ok=True)
     src = (Path(__file__).resolve().parents[1] / "env-profiles" / "testbed.toml").read_text()
-    (d / f"{PROFILE}.toml").write_text(re.sub(r'(?m)^model = .*$', f'model = "{SYNTHETIC}"', src))
+    (d / f"{PROFILE}.toml").write_text(re.sub(r"(?m)^model = .*$", f'model = "{SYNTHETIC}"', src))
     bench.sc.env["SPARKCLUSTER_PROFILES"] = str(d)
     return d
 
 
 def _lan_worker_bytes() -> int:
     from perf.run import sysfs_bytes
+
     return sysfs_bytes("sctb-worker")
 
 
@@ -78,8 +79,11 @@ def weights_round(bench, baseline, i: int) -> None:
         tb.sh("spark-worker", f"rm -rf {d} && mkdir -p {d}")
         with bench.sampler:
             t0 = time.time()
-            tb.sh("spark-head", f"set -o pipefail; tar -C {_cache()}/{REPO_DIR}/blobs -cf - . | {baseline.ssh} tar -C {d} -xf -",
-                  timeout=1800)
+            tb.sh(
+                "spark-head",
+                f"set -o pipefail; tar -C {_cache()}/{REPO_DIR}/blobs -cf - . | {baseline.ssh} tar -C {d} -xf -",
+                timeout=1800,
+            )
             t1 = time.time()
         tb.sh("spark-worker", f"rm -rf {d}", check=False)
         win = bench.sampler.window(t0, t1)
@@ -87,7 +91,7 @@ def weights_round(bench, baseline, i: int) -> None:
             raise SystemExit("bench: no baseline transfer seen on the control link")
         bench.rec("w_base_s", win[1] - win[0])
 
-    for step in ((ours, theirs) if i % 2 == 0 else (theirs, ours)):
+    for step in (ours, theirs) if i % 2 == 0 else (theirs, ours):
         step()
     bench.rec("w_repl_ratio", bench.raw["w_base_s"][-1] / bench.raw["w_repl_s"][-1])
 
@@ -103,18 +107,58 @@ def weights_present(bench, run, hub_bytes_before: int) -> None:
 
 def weights_figures(bench) -> list:
     from perf.run import Figure
+
     R, F = bench.raw, []
     if "w_hub_ratio" in R:
-        F.append(Figure("weights_hub_ratio", "hub bytes for a fresh two-node stage / model size", "ratio", "1.0",
-                        R["w_hub_ratio"], all(abs(x - 1.0) < 0.01 for x in R["w_hub_ratio"])))
-        F.append(Figure("weights_controller_bytes", "bytes to the worker through the controller during that stage "
-                        "(SSH control traffic only)", "bytes", "control only", R["w_ctrl_worker_bytes"],
-                        all(x < 1 << 20 for x in R["w_ctrl_worker_bytes"])))
-        F.append(Figure("weights_repl_ratio", "replication throughput / tar | ssh | tar", "ratio", ">= 0.90",
-                        R["w_repl_ratio"], all(x >= 0.90 for x in R["w_repl_ratio"])))
+        F.append(
+            Figure(
+                "weights_hub_ratio",
+                "hub bytes for a fresh two-node stage / model size",
+                "ratio",
+                "1.0",
+                R["w_hub_ratio"],
+                all(abs(x - 1.0) < 0.01 for x in R["w_hub_ratio"]),
+            )
+        )
+        F.append(
+            Figure(
+                "weights_controller_bytes",
+                "bytes to the worker through the controller during that stage (SSH control traffic only)",
+                "bytes",
+                "control only",
+                R["w_ctrl_worker_bytes"],
+                all(x < 1 << 20 for x in R["w_ctrl_worker_bytes"]),
+            )
+        )
+        F.append(
+            Figure(
+                "weights_repl_ratio",
+                "replication throughput / tar | ssh | tar",
+                "ratio",
+                ">= 0.90",
+                R["w_repl_ratio"],
+                all(x >= 0.90 for x in R["w_repl_ratio"]),
+            )
+        )
     if "w_present_s" in R:
-        F.append(Figure("weights_present_s", "weights stage with the snapshot on every node", "s", "< 1",
-                        R["w_present_s"], all(x < 1.0 for x in R["w_present_s"])))
-        F.append(Figure("weights_present_hub_bytes", "hub bytes with the snapshot on every node", "bytes", "0",
-                        [float(x) for x in R["w_present_hub_bytes"]], all(x == 0 for x in R["w_present_hub_bytes"])))
+        F.append(
+            Figure(
+                "weights_present_s",
+                "weights stage with the snapshot on every node",
+                "s",
+                "< 1",
+                R["w_present_s"],
+                all(x < 1.0 for x in R["w_present_s"]),
+            )
+        )
+        F.append(
+            Figure(
+                "weights_present_hub_bytes",
+                "hub bytes with the snapshot on every node",
+                "bytes",
+                "0",
+                [float(x) for x in R["w_present_hub_bytes"]],
+                all(x == 0 for x in R["w_present_hub_bytes"]),
+            )
+        )
     return F

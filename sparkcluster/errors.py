@@ -61,8 +61,15 @@ class StageError(SparkError):
 class StepFailure:
     """What went wrong with one step on one host: enough to act on without a log."""
 
-    def __init__(self, host: str, step: str, reason: str, command: str | None = None,
-                 output_tail: str = "", fix: str | None = None):
+    def __init__(
+        self,
+        host: str,
+        step: str,
+        reason: str,
+        command: str | None = None,
+        output_tail: str = "",
+        fix: str | None = None,
+    ):
         self.host = host
         self.step = step
         self.reason = reason
@@ -87,8 +94,9 @@ class CommandFailed(SparkError):
 
     def __init__(self, result):
         how = f"timed out after {result.duration:.0f}s" if result.timed_out else f"exit {result.exit_code}"
-        super().__init__(f"{result.host}: command failed ({how}): {result.command[:160]}",
-                         details=result.tail().splitlines())
+        super().__init__(
+            f"{result.host}: command failed ({how}): {result.command[:160]}", details=result.tail().splitlines()
+        )
         self.result = result
         self.host = result.host
         self.reason = how
@@ -99,8 +107,10 @@ class EngineUnreachable(SparkError):
     "not found": an unreachable engine says nothing about what exists on the node."""
 
     def __init__(self, host: str, what: str, error: BaseException):
-        super().__init__(f"{host}: the Docker Engine did not answer ({what}: {error})",
-                         f"check dockerd on {host} (systemctl status docker), then retry")
+        super().__init__(
+            f"{host}: the Docker Engine did not answer ({what}: {error})",
+            f"check dockerd on {host} (systemctl status docker), then retry",
+        )
         self.host = host
 
 

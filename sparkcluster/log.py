@@ -65,8 +65,9 @@ def configure(level: str = "warning", fmt: str = "text") -> Path:
     # every command appends at debug level: bounded, so months of use do not fill a laptop's disk
     file_handler = logging.handlers.RotatingFileHandler(path, maxBytes=5 * 2**20, backupCount=2)
     file_handler.setLevel(logging.DEBUG)
-    file_handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        processor=structlog.processors.JSONRenderer(), foreign_pre_chain=pre_chain))
+    file_handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(processor=structlog.processors.JSONRenderer(), foreign_pre_chain=pre_chain)
+    )
 
     root = logging.getLogger()
     root.handlers[:] = [stderr_handler, file_handler]

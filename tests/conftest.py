@@ -17,6 +17,7 @@ def _skip_reason() -> str | None:
     if os.environ.get("SPARKCLUSTER_SKIP_TESTBED"):
         return "SPARKCLUSTER_SKIP_TESTBED is set"
     from tests.testbed.testbed import preflight
+
     return preflight()
 
 
@@ -26,6 +27,7 @@ def testbed(request):
     if reason:
         pytest.skip(f"testbed unavailable: {reason}")
     from tests.testbed.testbed import Testbed
+
     tb = Testbed()
     st = tb._state()
     if st and not tb.problems():
@@ -43,8 +45,13 @@ def testbed(request):
 # no-op (about 2 s against 40-50 s of engine start). Each still brings its own cluster up when run
 # alone or in another order: the order saves time, it is never needed for a result. `test_mp` (the
 # `testbed-mp` profile, issue 28) goes just before them: it ends with `down`, which `test_up` starts from.
-SERVING_TAIL = ("tests.integration.test_mp", "tests.integration.test_up", "tests.integration.test_bench",
-                "tests.integration.test_supervisor", "tests.integration.test_fabric")
+SERVING_TAIL = (
+    "tests.integration.test_mp",
+    "tests.integration.test_up",
+    "tests.integration.test_bench",
+    "tests.integration.test_supervisor",
+    "tests.integration.test_fabric",
+)
 
 
 def _module_rank(item) -> int:

@@ -47,15 +47,23 @@ def main() -> int:
     key = env_file.read_text().split("=", 1)[1].strip()
     client = openai.OpenAI(base_url=endpoint, api_key=key, timeout=60)
     question = "Say hello from two DGX Sparks."
-    answer = client.chat.completions.create(model="testbed-tiny", max_tokens=16, temperature=0,
-                                            messages=[{"role": "user", "content": question}])
+    answer = client.chat.completions.create(
+        model="testbed-tiny", max_tokens=16, temperature=0, messages=[{"role": "user", "content": question}]
+    )
     print(f"demo: asked {question!r}")
     # the tiny model's weights are random: its words mean nothing, but every token was computed by
     # the real vLLM engine across both ranks (rank 0 on spark-head, rank 1 on spark-worker)
-    print(f"demo: answer ({answer.usage.completion_tokens} tokens from the real vLLM engine, tensor parallel 2; "
-          f"random weights, so gibberish): {answer.choices[0].message.content!r}")
-    st = subprocess.run([sys.executable, "-m", "sparkcluster", "--inventory", str(tb.inventory), "status"],
-                        env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    print(
+        f"demo: answer ({answer.usage.completion_tokens} tokens from the real vLLM engine, tensor parallel 2; "
+        f"random weights, so gibberish): {answer.choices[0].message.content!r}"
+    )
+    st = subprocess.run(
+        [sys.executable, "-m", "sparkcluster", "--inventory", str(tb.inventory), "status"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     print(st.stdout, end="")
     print("demo: tear down with: sparkcluster --inventory .testbed/cluster.toml down && make testbed-down")
     return 0

@@ -35,8 +35,11 @@ def progress(text: str) -> tuple[int, int] | None:
 def failure_reason(output: str) -> tuple[str, bool]:
     """(one line for the user, whether the endpoint did not answer) from a failed level's output."""
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
-    unreachable = re.search(r"Cannot connect to host|Connection refused|ClientConnectorError|"
-                            r"Server disconnected|All connection attempts failed", output)
+    unreachable = re.search(
+        r"Cannot connect to host|Connection refused|ClientConnectorError|"
+        r"Server disconnected|All connection attempts failed",
+        output,
+    )
     # vLLM 0.32 lists failed requests as "Error N: <message>" (a one-line HTTP reason, or a traceback)
     m = re.search(r"^Error \d+: (?!Traceback)(.+)$", output, re.M)
     if m:
@@ -58,8 +61,16 @@ _METRICS: list[tuple[str, str]] = [
 for _m in ("ttft", "tpot", "itl", "e2el"):
     _METRICS += [(f"{_m}_mean_ms", f"mean_{_m}_ms"), (f"{_m}_p50_ms", f"p50_{_m}_ms"), (f"{_m}_p99_ms", f"p99_{_m}_ms")]
 
-COLUMNS: list[str] = ["concurrency", "num_prompts", "input_len", "output_len", "completed", "errors",
-                      "duration_s", *[c for c, _ in _METRICS]]
+COLUMNS: list[str] = [
+    "concurrency",
+    "num_prompts",
+    "input_len",
+    "output_len",
+    "completed",
+    "errors",
+    "duration_s",
+    *[c for c, _ in _METRICS],
+]
 METRIC_COLUMNS = [c for c, _ in _METRICS]
 # throughputs: more is better; latencies: less is better
 HIGHER_IS_BETTER = {"request_throughput", "output_tok_s", "total_tok_s"}
@@ -108,13 +119,18 @@ def level_error(doc: dict, output: str, level: Level, base_url: str) -> SparkErr
         return None
     why, unreachable = failure_reason(output)
     if unreachable:
-        return SparkError(f"the endpoint {base_url} did not answer the benchmark at concurrency "
-                          f"{level.concurrency}: {why}", "sparkcluster status; sparkcluster logs")
+        return SparkError(
+            f"the endpoint {base_url} did not answer the benchmark at concurrency {level.concurrency}: {why}",
+            "sparkcluster status; sparkcluster logs",
+        )
     if "Unauthorized" in why or "401" in why:
-        return InputError(f"the endpoint refused the benchmark's API key at concurrency {level.concurrency}: {why}",
-                          "set VLLM_API_KEY to the key the cluster was started with (--env-file or the environment)")
-    return SparkError(f"no request completed at concurrency {level.concurrency}: {why}",
-                      f"read {level.name}.log in the run folder")
+        return InputError(
+            f"the endpoint refused the benchmark's API key at concurrency {level.concurrency}: {why}",
+            "set VLLM_API_KEY to the key the cluster was started with (--env-file or the environment)",
+        )
+    return SparkError(
+        f"no request completed at concurrency {level.concurrency}: {why}", f"read {level.name}.log in the run folder"
+    )
 
 
 def decode_tok_s(row: dict) -> float | None:
@@ -186,9 +202,21 @@ def profile_hash(prof) -> str:
     return hashlib.sha256(prof.model_dump_json().encode()).hexdigest()
 
 
-def run_record(*, cluster: str, prof, image: str, image_id: str, vllm_version: str, nodes: dict,
-               levels: list[Level], target: Target, started_at: str, finished_at: str,
-               interrupted: bool, failed: str = "") -> dict:
+def run_record(
+    *,
+    cluster: str,
+    prof,
+    image: str,
+    image_id: str,
+    vllm_version: str,
+    nodes: dict,
+    levels: list[Level],
+    target: Target,
+    started_at: str,
+    finished_at: str,
+    interrupted: bool,
+    failed: str = "",
+) -> dict:
     from sparkcluster import __version__
 
     return {
@@ -238,8 +266,7 @@ def resolve_run(spec: str, root: Path) -> Path:
     for c in candidates:
         if c is not None and (c / "results.csv").is_file():
             return c
-    raise InputError(f"--compare {spec}: no results.csv there or under {root}",
-                     f"give a run folder (ls {root})")
+    raise InputError(f"--compare {spec}: no results.csv there or under {root}", f"give a run folder (ls {root})")
 
 
 # ---- comparison --------------------------------------------------------------------------------

@@ -57,8 +57,14 @@ class Sweep:
     failed: str = ""  # why the sweep stopped early, else ""
 
 
-def run_sweep(head: "Head", levels: list[Level], target: Target, secrets: dict[str, str], run_dir: Path,
-              on_progress: Callable[[Level, int, int], None] | None = None) -> Sweep:
+def run_sweep(
+    head: "Head",
+    levels: list[Level],
+    target: Target,
+    secrets: dict[str, str],
+    run_dir: Path,
+    on_progress: Callable[[Level, int, int], None] | None = None,
+) -> Sweep:
     """Each level in turn; its raw JSON lands in the run folder as soon as it is measured, so an
     interruption or a failed level keeps every level before it."""
     import secrets as _random
@@ -90,12 +96,16 @@ def run_sweep(head: "Head", levels: list[Level], target: Target, secrets: dict[s
 # ---- the cluster side: the only calls into ssh/fanout/serve and the Docker API ----------------
 
 
-NODE_FACTS = ("echo \"hostname=$(hostname)\"; echo \"kernel=$(uname -r)\"; "
-              "echo \"gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)\"; "
-              "echo \"mem_total_kb=$(awk '/^MemTotal/ {print $2}' /proc/meminfo)\"; "
-              "echo \"docker=$(docker version --format '{{.Server.Version}}' 2>/dev/null)\"; true")
-VLLM_VERSION = ("python3 -c 'import importlib.metadata as m; print(m.version(\"vllm\"))' 2>/dev/null "
-                "|| vllm --version 2>/dev/null | tail -1")
+NODE_FACTS = (
+    'echo "hostname=$(hostname)"; echo "kernel=$(uname -r)"; '
+    'echo "gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"; '
+    "echo \"mem_total_kb=$(awk '/^MemTotal/ {print $2}' /proc/meminfo)\"; "
+    "echo \"docker=$(docker version --format '{{.Server.Version}}' 2>/dev/null)\"; true"
+)
+VLLM_VERSION = (
+    "python3 -c 'import importlib.metadata as m; print(m.version(\"vllm\"))' 2>/dev/null "
+    "|| vllm --version 2>/dev/null | tail -1"
+)
 
 
 def parse_facts(text: str) -> dict[str, str]:
@@ -123,20 +133,27 @@ class Head:
         import docker
 
         from sparkcluster.day2 import server
+
         fix = "start it with: sparkcluster up --profile NAME"
         try:
             info = self.api.inspect_container(self.container)
         except docker.errors.NotFound:
-            raise SparkError(f"no cluster is serving: {self.host.name} has no container {self.container}", fix) from None
+            raise SparkError(
+                f"no cluster is serving: {self.host.name} has no container {self.container}", fix
+            ) from None
         except docker.errors.DockerException as e:
-            raise SparkError(f"{self.host.name}: cannot ask its Docker engine about {self.container}: {e}",
-                             "sparkcluster doctor shows why") from None
+            raise SparkError(
+                f"{self.host.name}: cannot ask its Docker engine about {self.container}: {e}",
+                "sparkcluster doctor shows why",
+            ) from None
         if not info.get("State", {}).get("Running"):
             raise SparkError(f"no cluster is serving: {self.container} on {self.host.name} is not running", fix)
         rec = server.read_record(self.api, self.container)
         if rec is None or not server.running(self.api, rec):
-            raise SparkError(f"no cluster is serving: vllm serve is not running in {self.container}",
-                             "sparkcluster up --profile NAME starts it; sparkcluster logs shows why it stopped")
+            raise SparkError(
+                f"no cluster is serving: vllm serve is not running in {self.container}",
+                "sparkcluster up --profile NAME starts it; sparkcluster logs shows why it stopped",
+            )
         return rec, info
 
     def image(self, info: dict) -> tuple[str, str]:
@@ -148,8 +165,14 @@ class Head:
 
     # -- one level -------------------------------------------------------------------------------
 
-    def run_level(self, level: Level, target: Target, secrets: dict[str, str], rid: str,
-                  on_progress: Callable[[Level, int, int], None] | None = None) -> LevelResult:
+    def run_level(
+        self,
+        level: Level,
+        target: Target,
+        secrets: dict[str, str],
+        rid: str,
+        on_progress: Callable[[Level, int, int], None] | None = None,
+    ) -> LevelResult:
         """Run one level to the end. Ctrl-C stops it and raises Interrupted; a failed benchmark
         raises SparkError with its last lines."""
         folder = level_dir(rid, level)
@@ -167,20 +190,30 @@ class Head:
             why, unreachable = failure_reason(output)
             tail = [ln for ln in output.replace("\r", "\n").splitlines() if ln.strip()][-8:]
             if unreachable:
-                raise SparkError(f"the endpoint {target.base_url} did not answer the benchmark at concurrency "
-                                 f"{level.concurrency}: {why}", "sparkcluster status; sparkcluster logs "
-                                 f"{self.host.name}", details=tail)
+                raise SparkError(
+                    f"the endpoint {target.base_url} did not answer the benchmark at concurrency "
+                    f"{level.concurrency}: {why}",
+                    f"sparkcluster status; sparkcluster logs {self.host.name}",
+                    details=tail,
+                )
             if code == 127:  # the shell found no `vllm` to exec
-                raise SparkError(f"{self.container} has no `vllm` command on its PATH: {why}",
-                                 "the profile's image must ship vLLM (NGC vllm images and vllm-openai do)")
-            raise SparkError(f"vllm bench serve failed at concurrency {level.concurrency} (exit {code}): {why}",
-                             "see the lines above; the levels before it are kept", details=tail)
+                raise SparkError(
+                    f"{self.container} has no `vllm` command on its PATH: {why}",
+                    "the profile's image must ship vLLM (NGC vllm images and vllm-openai do)",
+                )
+            raise SparkError(
+                f"vllm bench serve failed at concurrency {level.concurrency} (exit {code}): {why}",
+                "see the lines above; the levels before it are kept",
+                details=tail,
+            )
         try:
             raw = self._read(f"{folder}/{RESULT_FILE}")
             doc = json.loads(raw)
         except (ValueError, SparkError) as e:
-            raise SparkError(f"vllm bench serve wrote no readable result at concurrency {level.concurrency}: {e}",
-                             "run it again with -vv and read the debug log") from None
+            raise SparkError(
+                f"vllm bench serve wrote no readable result at concurrency {level.concurrency}: {e}",
+                "run it again with -vv and read the debug log",
+            ) from None
         return LevelResult(doc, raw, output)
 
     def _wait(self, exec_id: str, level: Level, folder: str, on_progress) -> int:
@@ -271,18 +304,23 @@ def check_endpoint(address: str, target: Target, port: int, secrets: dict[str, s
     with httpx.Client() as client:
         code = endpoint.health(client, base)
         if code != 200:
-            raise SparkError(f"the endpoint {base} does not answer (/health: {code or 'no answer'})",
-                             "sparkcluster status shows what is down; sparkcluster logs shows why")
+            raise SparkError(
+                f"the endpoint {base} does not answer (/health: {code or 'no answer'})",
+                "sparkcluster status shows what is down; sparkcluster logs shows why",
+            )
         ok, why = endpoint.one_token(client, base, target.model, endpoint.headers(secrets), timeout=60)
     if ok:
         return
     if "HTTP 401" in why:
-        raise InputError(f"the endpoint {base} refuses the API key: {why}",
-                         "set VLLM_API_KEY to the key the cluster was started with (--env-file or the environment)")
+        raise InputError(
+            f"the endpoint {base} refuses the API key: {why}",
+            "set VLLM_API_KEY to the key the cluster was started with (--env-file or the environment)",
+        )
     if why.startswith("completion answered HTTP"):
         # an answer is an endpoint that works; the chat route may be what it refuses (a model without
         # a chat template) while the benchmark's /v1/completions is fine: let the level say
         _log.warning("chat completion refused before the benchmark", reason=why)
         return
-    raise SparkError(f"the endpoint {base} answers /health but not a completion: {why}",
-                     "sparkcluster status; sparkcluster logs")
+    raise SparkError(
+        f"the endpoint {base} answers /health but not a completion: {why}", "sparkcluster status; sparkcluster logs"
+    )

@@ -25,8 +25,14 @@ def judge_smoke(tok_s: float | None, expected: float | None, floor: float = SMOK
     return "ok" if tok_s >= floor * expected else "slow"
 
 
-def smoke(head: "Head", target: Target, secrets: dict[str, str], expected: float | None,
-          output_len: int = 128, prompts: int = 3) -> tuple[float | None, float | None, str]:
+def smoke(
+    head: "Head",
+    target: Target,
+    secrets: dict[str, str],
+    expected: float | None,
+    output_len: int = 128,
+    prompts: int = 3,
+) -> tuple[float | None, float | None, str]:
     """A short single-stream run: (decode tok/s, the profile's expected figure, verdict)."""
     level = Level(1, prompts, 128, output_len)
     rid = "smoke-" + run_id()
@@ -59,6 +65,8 @@ def smoke_message(tok_s: float | None, expected: float | None, verdict: str) -> 
     if verdict == "unknown":
         return f"smoke: {got} (the profile states no published figure to compare with)"
     if verdict == "slow":
-        return (f"smoke: {got}, far below the {expected:g} tok/s published for this profile "
-                f"(under {SMOKE_FLOOR:.0%}): check sparkcluster doctor (RoCE, MTU, NCCL falling back to TCP)")
+        return (
+            f"smoke: {got}, far below the {expected:g} tok/s published for this profile "
+            f"(under {SMOKE_FLOOR:.0%}): check sparkcluster doctor (RoCE, MTU, NCCL falling back to TCP)"
+        )
     return f"smoke: {got} (published: {expected:g} tok/s)"

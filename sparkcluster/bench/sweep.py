@@ -42,16 +42,19 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
     """'1,2,4' -> (1, 2, 4), in the order given, duplicates refused."""
     parts = [p.strip() for p in str(text).split(",")]
     if not parts or any(p == "" for p in parts):
-        raise InputError(f"--concurrency {text!r}: give a comma-separated list of positive integers",
-                         "e.g. --concurrency 1,4,16")
+        raise InputError(
+            f"--concurrency {text!r}: give a comma-separated list of positive integers", "e.g. --concurrency 1,4,16"
+        )
     out: list[int] = []
     for p in parts:
         if not re.fullmatch(r"[0-9]+", p):
             raise InputError(f"--concurrency {text!r}: {p!r} is not a positive integer", "e.g. --concurrency 1,4,16")
         n = int(p)
         if n < 1:
-            raise InputError(f"--concurrency {text!r}: a concurrency of {n} sends no request",
-                             "use 1 or more, e.g. --concurrency 1,4,16")
+            raise InputError(
+                f"--concurrency {text!r}: a concurrency of {n} sends no request",
+                "use 1 or more, e.g. --concurrency 1,4,16",
+            )
         if n > MAX_CONCURRENCY:
             raise InputError(f"--concurrency {text!r}: {n} is more than {MAX_CONCURRENCY}", "use a smaller level")
         if n in out:
@@ -66,8 +69,12 @@ def prompts_for(concurrency: int) -> int:
     return max(MIN_PROMPTS, 4 * concurrency)
 
 
-def plan(concurrency: Iterable[int], input_len: int = DEFAULT_INPUT_LEN, output_len: int = DEFAULT_OUTPUT_LEN,
-         num_prompts: int | None = None) -> list[Level]:
+def plan(
+    concurrency: Iterable[int],
+    input_len: int = DEFAULT_INPUT_LEN,
+    output_len: int = DEFAULT_OUTPUT_LEN,
+    num_prompts: int | None = None,
+) -> list[Level]:
     for name, v in (("--input-len", input_len), ("--output-len", output_len)):
         if v < 1:
             raise InputError(f"{name} {v}: must be at least 1", f"e.g. {name} 128")
@@ -112,8 +119,9 @@ def target_for(prof, api_port: int, tokenizer: str | None = None) -> Target:
         host = "127.0.0.1"  # a wildcard bind answers on loopback
     if ":" in host:
         host = f"[{host}]"
-    return Target(f"http://{host}:{port}", prof.served_model_name, tokenizer or prof.model,
-                  prof.serve.trust_remote_code)
+    return Target(
+        f"http://{host}:{port}", prof.served_model_name, tokenizer or prof.model, prof.serve.trust_remote_code
+    )
 
 
 def arg_value(name: str, v: str) -> str:
@@ -129,7 +137,9 @@ def arg_value(name: str, v: str) -> str:
 def bench_argv(level: Level, target: Target, result_dir: str, seed: int = 0) -> list[str]:
     """The exact `vllm bench serve` argv for one level. Every value is in --flag=value form."""
     argv = [
-        "vllm", "bench", "serve",
+        "vllm",
+        "bench",
+        "serve",
         "--backend=vllm",
         arg_value("--base-url", target.base_url),
         "--endpoint=/v1/completions",
@@ -180,10 +190,12 @@ def stop_argv(folder: str, grace_s: float = 15.0) -> list[str]:
     ticks = int(grace_s * 10)
     # alive = its /proc entry exists and is not a zombie (kill -0 also succeeds on a zombie, which
     # would hold the loop for the whole grace where the exec's parent reaps late)
-    script = ('alive() { s=$(sed "s/.*) //" "/proc/$1/stat" 2>/dev/null | cut -c1); [ -n "$s" ] && [ "$s" != Z ]; }; '
-              'p=$(cat "$1/pid" 2>/dev/null) || exit 0; [ -n "$p" ] || exit 0; kill -INT "$p" 2>/dev/null || exit 0; '
-              f'i=0; while alive "$p"; do i=$((i+1)); [ $i -gt {ticks} ] && {{ kill -KILL "$p"; exit 0; }}; '
-              'sleep 0.1; done')
+    script = (
+        'alive() { s=$(sed "s/.*) //" "/proc/$1/stat" 2>/dev/null | cut -c1); [ -n "$s" ] && [ "$s" != Z ]; }; '
+        'p=$(cat "$1/pid" 2>/dev/null) || exit 0; [ -n "$p" ] || exit 0; kill -INT "$p" 2>/dev/null || exit 0; '
+        f'i=0; while alive "$p"; do i=$((i+1)); [ $i -gt {ticks} ] && {{ kill -KILL "$p"; exit 0; }}; '
+        "sleep 0.1; done"
+    )
     return ["sh", "-c", script, "sh", folder]
 
 
@@ -191,6 +203,5 @@ def describe(level: Level, target: Target, folder: str, container: str, secrets:
     """The command as a user could type it (for logs and errors): secrets by name only."""
     import shlex
 
-    env = " ".join(f"-e {k}=******" if k == "OPENAI_API_KEY" else f"-e {k}={v}"
-                   for k, v in exec_env(secrets).items())
+    env = " ".join(f"-e {k}=******" if k == "OPENAI_API_KEY" else f"-e {k}={v}" for k, v in exec_env(secrets).items())
     return redact.mask(f"docker exec {env} {container} " + shlex.join(bench_argv(level, target, folder)))

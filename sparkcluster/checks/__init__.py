@@ -67,8 +67,11 @@ class Context:
         return [n for n in self.inventory.nodes if n.name in self.facts]
 
     def ours(self, node: str) -> list[dict]:
-        return [c for c in self.facts[node].ours
-                if c.get("Config", {}).get("Labels", {}).get(CLUSTER_LABEL) == self.inventory.cluster.name]
+        return [
+            c
+            for c in self.facts[node].ours
+            if c.get("Config", {}).get("Labels", {}).get(CLUSTER_LABEL) == self.inventory.cluster.name
+        ]
 
 
 class Report:
@@ -98,18 +101,22 @@ REGISTRY: list[tuple[str, str, CheckFn]] = []
 
 def check(check_id: str, title: str):
     """Register `fn(ctx, report)` under `check_id`; the registered function returns its results."""
+
     def deco(fn: Callable[[Context, Report], None]) -> CheckFn:
         @functools.wraps(fn)
         def run(ctx: Context) -> list[Result]:
             report = Report(check_id)
             fn(ctx, report)
             return report.results
+
         REGISTRY.append((check_id, title, run))
         return run
+
     return deco
 
 
 # --- what several areas read in a container's `docker inspect` ----------------------------------
+
 
 def container_env(c: dict) -> dict[str, str]:
     return dict(e.split("=", 1) for e in (c.get("Config", {}).get("Env") or []) if "=" in e)
@@ -138,15 +145,41 @@ AREAS = (host, account, cluster_image, network, wiring, rdma, runtime, rendezvou
 
 # The stable order checks run and report in (`doctor`, `doctor --json`, `up`'s preflight).
 CHECK_ORDER = (
-    "ssh.reachable", "gpu.gb10", "gpu.driver", "account.docker", "docker.engine", "docker.gpu_runtime",
-    "account.hf_cache", "account.lock",
-    "image.same", "image.base-same", "image.ray",
-    "net.control_ip", "net.vllm_host_ip", "net.link", "net.mtu", "net.path_mtu", "net.twins",
-    "rdma.gid", "net.speed", "net.peer", "net.default_route", "net.topology", "rdma.hca",
+    "ssh.reachable",
+    "gpu.gb10",
+    "gpu.driver",
+    "account.docker",
+    "docker.engine",
+    "docker.gpu_runtime",
+    "account.hf_cache",
+    "account.lock",
+    "image.same",
+    "image.base-same",
+    "image.ray",
+    "net.control_ip",
+    "net.vllm_host_ip",
+    "net.link",
+    "net.mtu",
+    "net.path_mtu",
+    "net.twins",
+    "rdma.gid",
+    "net.speed",
+    "net.peer",
+    "net.default_route",
+    "net.topology",
+    "rdma.hca",
     "nccl.topology_env",
-    "mem.headroom", "mem.earlyoom", "mem.sshd_oom",
-    "ports.free", "ray.stale", "net.rendezvous", "disk.free", "clock.skew",
-    "containers.forwarded_env", "containers.per_host_env", "containers.flags",
+    "mem.headroom",
+    "mem.earlyoom",
+    "mem.sshd_oom",
+    "ports.free",
+    "ray.stale",
+    "net.rendezvous",
+    "disk.free",
+    "clock.skew",
+    "containers.forwarded_env",
+    "containers.per_host_env",
+    "containers.flags",
 )
 if sorted(cid for cid, _, _ in REGISTRY) != sorted(CHECK_ORDER):
     raise ImportError("sparkcluster.checks: CHECK_ORDER and the registered checks differ")
@@ -154,6 +187,7 @@ REGISTRY.sort(key=lambda entry: CHECK_ORDER.index(entry[0]))
 
 
 # --- running them -------------------------------------------------------------------------------
+
 
 def run_checks(ctx: Context, only: set[str] | None = None) -> list[Result]:
     results = []

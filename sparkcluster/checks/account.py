@@ -27,11 +27,17 @@ def account_docker(ctx: Context, r: Report) -> None:
         elif not socket_denied(f.docker_error):
             continue  # the engine itself is down or broken: docker.engine says so
         elif "docker" in a.db_groups:
-            r.fail(n, f"{a.user} was added to the docker group after this login session began ({f.docker_error})",
-                   f"log in again on {n} (a new session picks up the group), then rerun")
+            r.fail(
+                n,
+                f"{a.user} was added to the docker group after this login session began ({f.docker_error})",
+                f"log in again on {n} (a new session picks up the group), then rerun",
+            )
         else:
-            r.fail(n, f"{a.user} is not in the docker group: the Docker socket refuses it",
-                   f"on {n}: sudo usermod -aG docker {a.user}, then log in again (a new session picks up the group)")
+            r.fail(
+                n,
+                f"{a.user} is not in the docker group: the Docker socket refuses it",
+                f"on {n}: sudo usermod -aG docker {a.user}, then log in again (a new session picks up the group)",
+            )
 
 
 @check("account.hf_cache", "The SSH user may write its HF cache")
@@ -42,13 +48,19 @@ def account_hf_cache(ctx: Context, r: Report) -> None:
             continue
         who = a.user
         if not x.cache_writable:
-            r.fail(n, f"{x.cache}: {x.cache_nearest} is owned by {x.cache_nearest_owner or 'another account'}, "
-                      f"{who} may not write it",
-                   f"on {n}: sudo chown -R {who}: {x.cache_nearest}, or set hf_cache in the inventory to a "
-                   f"directory {who} owns")
+            r.fail(
+                n,
+                f"{x.cache}: {x.cache_nearest} is owned by {x.cache_nearest_owner or 'another account'}, "
+                f"{who} may not write it",
+                f"on {n}: sudo chown -R {who}: {x.cache_nearest}, or set hf_cache in the inventory to a "
+                f"directory {who} owns",
+            )
         elif x.foreign:
-            r.warn(n, f"{x.foreign} is owned by {x.foreign_owner}, not {who}: {who}'s own `hf` cannot update that cache",
-                   f"on {n}: sudo chown -R {who}: {x.cache}")
+            r.warn(
+                n,
+                f"{x.foreign} is owned by {x.foreign_owner}, not {who}: {who}'s own `hf` cannot update that cache",
+                f"on {n}: sudo chown -R {who}: {x.cache}",
+            )
         else:
             r.ok(n, x.cache)
 
@@ -60,10 +72,17 @@ def account_lock(ctx: Context, r: Report) -> None:
         if x is None:
             continue
         if not x.flock:
-            r.fail(n, "flock is not installed (util-linux): the cluster lock needs it", f"on {n}: sudo apt install util-linux")
+            r.fail(
+                n,
+                "flock is not installed (util-linux): the cluster lock needs it",
+                f"on {n}: sudo apt install util-linux",
+            )
         elif not x.lock_ok:
-            r.fail(n, f"cannot take the lock {x.lock}: {x.lock_blocker or 'not writable'}",
-                   f"on {n}: sudo rm -rf {x.lock.rsplit('/', 1)[0]} (made by another tool); sparkcluster makes "
-                   "it again, open to every account")
+            r.fail(
+                n,
+                f"cannot take the lock {x.lock}: {x.lock_blocker or 'not writable'}",
+                f"on {n}: sudo rm -rf {x.lock.rsplit('/', 1)[0]} (made by another tool); sparkcluster makes "
+                "it again, open to every account",
+            )
         else:
             r.ok(n, x.lock)

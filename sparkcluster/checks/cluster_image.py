@@ -16,11 +16,15 @@ def image_same(ctx: Context, r: Report) -> None:
     ref = ids.get(head)
     for n, i in ids.items():
         if i is None:
-            r.warn(n, f"{img} is not on this node yet",
-                   "sparkcluster up builds it on the head and sends it to the workers")
+            r.warn(
+                n, f"{img} is not on this node yet", "sparkcluster up builds it on the head and sends it to the workers"
+            )
         elif ref is not None and i != ref:
-            r.fail(n, f"{img} is {i[:19]} here but {ref[:19]} on {head}",
-                   "run sparkcluster up: it re-sends the head's image to nodes whose image ID differs")
+            r.fail(
+                n,
+                f"{img} is {i[:19]} here but {ref[:19]} on {head}",
+                "run sparkcluster up: it re-sends the head's image to nodes whose image ID differs",
+            )
         else:
             r.ok(n, i[:19])
 
@@ -41,9 +45,12 @@ def image_base_same(ctx: Context, r: Report) -> None:
     where = head if head in ids else "another node"
     for n, i in ids.items():
         if i != ref:
-            r.warn(n, f"{base} is {i[:19]} here but {ref[:19]} on {where}: the whole cluster image will move to it",
-                   f"on every node: docker pull {base} (or docker save {base} on {where} and docker load it here), "
-                   "then sparkcluster doctor")
+            r.warn(
+                n,
+                f"{base} is {i[:19]} here but {ref[:19]} on {where}: the whole cluster image will move to it",
+                f"on every node: docker pull {base} (or docker save {base} on {where} and docker load it here), "
+                "then sparkcluster doctor",
+            )
         else:
             r.ok(n, i[:19])
 
@@ -61,5 +68,8 @@ def image_ray(ctx: Context, r: Report) -> None:
         if f.image_ray:
             r.ok(n, f.image_ray)
         else:
-            r.fail(n, f"`ray --version` failed in {ctx.expect.image}: {f.image_ray_error}",
-                   "rebuild with images/Dockerfile.vllm-ray (NGC 26.05 dropped Ray): sparkcluster up does this")
+            r.fail(
+                n,
+                f"`ray --version` failed in {ctx.expect.image}: {f.image_ray_error}",
+                "rebuild with images/Dockerfile.vllm-ray (NGC 26.05 dropped Ray): sparkcluster up does this",
+            )

@@ -14,6 +14,7 @@ def _gib(n: int) -> str:
 
 # --- reachability and GPU -----------------------------------------------------------------------
 
+
 @check("ssh.reachable", "SSH reachable")
 def ssh_reachable(ctx: Context, r: Report) -> None:
     for n in ctx.facts:
@@ -26,11 +27,17 @@ def ssh_reachable(ctx: Context, r: Report) -> None:
 def gpu_gb10(ctx: Context, r: Report) -> None:
     for n, f in ctx.facts.items():
         if not f.gpus:
-            r.fail(n, f"nvidia-smi found no GPU: {f.gpu_error or 'no output'}",
-                   "check the NVIDIA driver on this node (nvidia-smi must list the GB10)")
+            r.fail(
+                n,
+                f"nvidia-smi found no GPU: {f.gpu_error or 'no output'}",
+                "check the NVIDIA driver on this node (nvidia-smi must list the GB10)",
+            )
         elif not all("GB10" in g.name for g in f.gpus):
-            r.fail(n, f"GPU is {', '.join(g.name for g in f.gpus)}, not a GB10",
-                   "sparkcluster targets DGX Spark (GB10); check the inventory points at the Sparks")
+            r.fail(
+                n,
+                f"GPU is {', '.join(g.name for g in f.gpus)}, not a GB10",
+                "sparkcluster targets DGX Spark (GB10); check the inventory points at the Sparks",
+            )
         else:
             # memory.total is [N/A] on GB10 (unified memory): expected, not an error
             r.ok(n, f"{f.gpus[0].name}, sm {f.gpus[0].compute_cap}")
@@ -58,18 +65,25 @@ def gpu_driver(ctx: Context, r: Report) -> None:
     for n, d in drivers.items():
         have = driver_version(d)
         if need and (have is None or have < driver_version(need)):
-            r.fail(n, f"driver {d} is older than {need}, the profile's min_driver",
-                   f"update the NVIDIA driver on {n} to {need} or later and reboot it (or serve an image "
-                   "built for this driver and lower min_driver)")
+            r.fail(
+                n,
+                f"driver {d} is older than {need}, the profile's min_driver",
+                f"update the NVIDIA driver on {n} to {need} or later and reboot it (or serve an image "
+                "built for this driver and lower min_driver)",
+            )
         elif d != ref:
-            r.warn(n, f"driver {d} here, {ref} on {head}",
-                   "nothing requires equal drivers; update the older one when convenient, so both ranks "
-                   "run the same CUDA stack")
+            r.warn(
+                n,
+                f"driver {d} here, {ref} on {head}",
+                "nothing requires equal drivers; update the older one when convenient, so both ranks "
+                "run the same CUDA stack",
+            )
         else:
             r.ok(n, d)
 
 
 # --- docker -------------------------------------------------------------------------------------
+
 
 @check("docker.engine", "Docker engine reachable")
 def docker_engine(ctx: Context, r: Report) -> None:
@@ -79,8 +93,11 @@ def docker_engine(ctx: Context, r: Report) -> None:
         elif "permission denied while trying to connect to the docker" in f.docker_error.lower() and f.account:
             continue  # the engine may be fine: the socket refuses this account (account.docker says so)
         else:
-            r.fail(n, f"docker info failed: {f.docker_error}",
-                   "start the Docker daemon (systemctl start docker) and make sure this user may use it")
+            r.fail(
+                n,
+                f"docker info failed: {f.docker_error}",
+                "start the Docker daemon (systemctl start docker) and make sure this user may use it",
+            )
 
 
 @check("docker.gpu_runtime", "GPU runtime usable by Docker")
@@ -91,11 +108,15 @@ def docker_gpu_runtime(ctx: Context, r: Report) -> None:
         if f.gpu_hook or "nvidia" in f.docker.runtimes:
             r.ok(n, f.gpu_hook or "nvidia runtime")
         else:
-            r.fail(n, "neither nvidia-container-runtime-hook nor an nvidia runtime found",
-                   "install the NVIDIA Container Toolkit (nvidia-container-toolkit) and restart Docker")
+            r.fail(
+                n,
+                "neither nvidia-container-runtime-hook nor an nvidia runtime found",
+                "install the NVIDIA Container Toolkit (nvidia-container-toolkit) and restart Docker",
+            )
 
 
 # --- memory -------------------------------------------------------------------------------------
+
 
 @check("mem.headroom", "MemAvailable covers the profile's memory")
 def mem_headroom(ctx: Context, r: Report) -> None:
@@ -109,13 +130,22 @@ def mem_headroom(ctx: Context, r: Report) -> None:
         else:
             need = int((frac or 0) * f.mem.total)
         left = f.mem.available - need
-        detail = f"MemAvailable {_gib(f.mem.available)}" + (f", profile needs {_gib(need)}, leaves {_gib(left)}" if need else "")
+        detail = f"MemAvailable {_gib(f.mem.available)}" + (
+            f", profile needs {_gib(need)}, leaves {_gib(left)}" if need else ""
+        )
         if left < 0:
-            r.fail(n, detail, "lower gpu_memory_utilization in the profile or free memory on the node "
-                              "(MemAvailable, not MemFree, is what counts; drop caches with `sync; echo 3 > /proc/sys/vm/drop_caches`)")
+            r.fail(
+                n,
+                detail,
+                "lower gpu_memory_utilization in the profile or free memory on the node "
+                "(MemAvailable, not MemFree, is what counts; drop caches with `sync; echo 3 > /proc/sys/vm/drop_caches`)",
+            )
         elif left < MEM_HEADROOM_FLOOR:
-            r.warn(n, detail + " (under the 6 GiB floor)",
-                   "lower gpu_memory_utilization (0.70-0.80 survives on unified memory) or stop other work on the node")
+            r.warn(
+                n,
+                detail + " (under the 6 GiB floor)",
+                "lower gpu_memory_utilization (0.70-0.80 survives on unified memory) or stop other work on the node",
+            )
         else:
             r.ok(n, detail)
 
@@ -126,8 +156,11 @@ def mem_earlyoom(ctx: Context, r: Report) -> None:
         if f.earlyoom:
             r.ok(n, "running")
         else:
-            r.warn(n, "earlyoom is not running: a memory spike can freeze the host until sshd stops answering",
-                   "apt install earlyoom && systemctl enable --now earlyoom")
+            r.warn(
+                n,
+                "earlyoom is not running: a memory spike can freeze the host until sshd stops answering",
+                "apt install earlyoom && systemctl enable --now earlyoom",
+            )
 
 
 @check("mem.sshd_oom", "sshd protected from the OOM killer")
@@ -137,11 +170,15 @@ def mem_sshd_oom(ctx: Context, r: Report) -> None:
         if v is not None and v < 0:
             r.ok(n, f"oom_score_adj {v}")
         else:
-            r.warn(n, f"sshd oom_score_adj is {v if v is not None else 'unknown'}",
-                   "systemctl edit ssh: [Service] OOMScoreAdjust=-1000, then systemctl restart ssh")
+            r.warn(
+                n,
+                f"sshd oom_score_adj is {v if v is not None else 'unknown'}",
+                "systemctl edit ssh: [Service] OOMScoreAdjust=-1000, then systemctl restart ssh",
+            )
 
 
 # --- disk and clock -----------------------------------------------------------------------------
+
 
 @check("disk.free", "Free disk for the image and the model cache")
 def disk_free(ctx: Context, r: Report) -> None:
@@ -155,9 +192,13 @@ def disk_free(ctx: Context, r: Report) -> None:
         image_ready = f.image_id is not None
         problems = []
         if not image_ready and docker_disk.available < ctx.expect.image_disk_bytes:
-            problems.append(f"{root} has {_gib(docker_disk.available)} free, the image needs {_gib(ctx.expect.image_disk_bytes)}")
+            problems.append(
+                f"{root} has {_gib(docker_disk.available)} free, the image needs {_gib(ctx.expect.image_disk_bytes)}"
+            )
         if cache_disk.available < ctx.expect.model_disk_bytes:
-            problems.append(f"{cache_disk.mount} has {_gib(cache_disk.available)} free, the model needs {_gib(ctx.expect.model_disk_bytes)}")
+            problems.append(
+                f"{cache_disk.mount} has {_gib(cache_disk.available)} free, the model needs {_gib(ctx.expect.model_disk_bytes)}"
+            )
         if problems:
             r.fail(n, "; ".join(problems), "free space (docker system prune, old models in the HF cache) on this node")
         else:

@@ -46,11 +46,14 @@ class PreflightReport:
         return not self.failed
 
 
-def gather_all(cluster: Cluster, inv: Inventory, image: str | None,
-               base: str | None = None, ray: bool = True) -> dict[str, facts.HostFacts]:
+def gather_all(
+    cluster: Cluster, inv: Inventory, image: str | None, base: str | None = None, ray: bool = True
+) -> dict[str, facts.HostFacts]:
     """Facts of every connected host (phase 1), then path MTU probes (phase 2), both in parallel."""
     seen = ray_seen.load() if image else {}
-    got = cluster.each(lambda h: facts.gather(h, inv, image, ray_seen=seen, base=base, ray=ray)).values_or_raise("gather facts")
+    got = cluster.each(lambda h: facts.gather(h, inv, image, ray_seen=seen, base=base, ray=ray)).values_or_raise(
+        "gather facts"
+    )
     if ray:
         ray_seen.remember({f.image_id: f.image_ray for f in got.values() if f.image_id and f.image_ray})
     nodes = {n.name: n for n in inv.nodes}
@@ -63,8 +66,9 @@ def gather_all(cluster: Cluster, inv: Inventory, image: str | None,
     return got
 
 
-def run(inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = None,
-        cluster: Cluster | None = None) -> tuple[PreflightReport, Cluster | None]:
+def run(
+    inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = None, cluster: Cluster | None = None
+) -> tuple[PreflightReport, Cluster | None]:
     """Checks over every node. Unreachable nodes become ssh.reachable FAIL rows, not exceptions.
 
     Returns the connected cluster too (None when no host was reachable) so `up` goes on with the
@@ -80,4 +84,3 @@ def run(inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = N
     hosts_facts = gather_all(cluster, inv, expect.image, expect.base_image, expect.executor == "ray") if cluster else {}
     ctx = checks.Context(inv, hosts_facts, unreachable, expect)
     return PreflightReport(checks.run_checks(ctx, only), hosts_facts, unreachable), cluster
-

@@ -34,27 +34,38 @@ def rdma_gid(ctx: Context, r: Report) -> None:
         for link in node.data_plane:
             i = f.interfaces.get(link.netdev)
             if i is not None and i.up and not i.addresses:
-                problems.append(f"{link.hca}: its netdev {link.netdev} is up without an IPv4 address, so the HCA "
-                                "has no RoCE v2 IPv4 GID")
+                problems.append(
+                    f"{link.hca}: its netdev {link.netdev} is up without an IPv4 address, so the HCA "
+                    "has no RoCE v2 IPv4 GID"
+                )
             elif link.hca in f.hcas and not gid_v4(f, link.hca):
                 kinds = sorted({g.type for g in f.gids.get(link.hca, [])}) or ["an empty GID table"]
                 problems.append(f"{link.hca} has no RoCE v2 IPv4 GID (has {', '.join(kinds)})")
         if problems:
-            r.fail(node.name, "; ".join(problems),
-                   "give each data-plane netdev a static IPv4 address (the kernel then adds the RoCE v2 GID), "
-                   "or drop the HCA from data_plane; check with `cat /sys/class/infiniband/HCA/ports/1/gid_attrs/types/3`")
+            r.fail(
+                node.name,
+                "; ".join(problems),
+                "give each data-plane netdev a static IPv4 address (the kernel then adds the RoCE v2 GID), "
+                "or drop the HCA from data_plane; check with `cat /sys/class/infiniband/HCA/ports/1/gid_attrs/types/3`",
+            )
             continue
         idx = gid_index(f, node)
         if idx is None:
             per = ", ".join(f"{h}: {sorted(g.index for g in gid_v4(f, h))}" for h in node.hcas if h in f.hcas)
-            r.fail(node.name, f"no one GID index holds a RoCE v2 IPv4 GID on every HCA ({per})",
-                   "NCCL_IB_GID_INDEX is one number for all of a node's HCAs: configure the addresses alike on "
-                   "every port of this node")
+            r.fail(
+                node.name,
+                f"no one GID index holds a RoCE v2 IPv4 GID on every HCA ({per})",
+                "NCCL_IB_GID_INDEX is one number for all of a node's HCAs: configure the addresses alike on "
+                "every port of this node",
+            )
         elif node.gid_index is not None and node.gid_index != idx:
             # another node's index may differ (issue 24): each node's container gets its own
-            r.fail(node.name, f"the inventory's gid_index {node.gid_index} (NCCL_IB_GID_INDEX) is not the RoCE v2 "
-                              f"IPv4 GID, which sits at index {idx}",
-                   f"set gid_index = {idx} for {node.name} in the inventory, then sparkcluster down && sparkcluster up")
+            r.fail(
+                node.name,
+                f"the inventory's gid_index {node.gid_index} (NCCL_IB_GID_INDEX) is not the RoCE v2 "
+                f"IPv4 GID, which sits at index {idx}",
+                f"set gid_index = {idx} for {node.name} in the inventory, then sparkcluster down && sparkcluster up",
+            )
         else:
             r.ok(node.name, f"index {idx} on {', '.join(h for h in node.hcas if h in f.hcas)}")
 
@@ -93,27 +104,41 @@ def rdma_hca(ctx: Context, r: Report) -> None:
                 peer = [j for j, ref in enumerate(head.data_plane) if a & _subnets(hf, ref.netdev)]
                 if peer and k not in peer:
                     ref = head.data_plane[peer[0]]
-                    crossed.append(f"entry {k + 1} {mine.hca}/{mine.netdev} is cabled to {head.name}'s entry {peer[0] + 1} "
-                                   f"{ref.hca}/{ref.netdev} ({', '.join(map(str, sorted(a)))}), not to its entry {k + 1}")
+                    crossed.append(
+                        f"entry {k + 1} {mine.hca}/{mine.netdev} is cabled to {head.name}'s entry {peer[0] + 1} "
+                        f"{ref.hca}/{ref.netdev} ({', '.join(map(str, sorted(a)))}), not to its entry {k + 1}"
+                    )
         problems += crossed
         if problems:
             # every HCA's state, so a cable in the other port shows at a glance
-            mapping = ", ".join(f"{h.name}->{'/'.join(h.netdevs)} {h.state or '?'}" for h in f.hcas.values()) or "none found"
+            mapping = (
+                ", ".join(f"{h.name}->{'/'.join(h.netdevs)} {h.state or '?'}" for h in f.hcas.values()) or "none found"
+            )
             moved = _other_port_active(f, node, down)
             if moved:
-                problems.append(f"likely cause: the cable sits in the other port ({', '.join(moved)} ACTIVE, not in data_plane)")
-            fix = ("fix data_plane for this node in the inventory (`ibdev2netdev` on the node shows the pairs); "
-                   "NCCL pairs HCAs by list position, one wrong entry gives ibv_modify_qp timeouts")
+                problems.append(
+                    f"likely cause: the cable sits in the other port ({', '.join(moved)} ACTIVE, not in data_plane)"
+                )
+            fix = (
+                "fix data_plane for this node in the inventory (`ibdev2netdev` on the node shows the pairs); "
+                "NCCL pairs HCAs by list position, one wrong entry gives ibv_modify_qp timeouts"
+            )
             if crossed and len(crossed) == len(problems):
-                fix = (f"order data_plane for {node.name} as its ports are cabled: entry k must share a subnet with "
-                       f"{head.name}'s entry k (`ip -br addr` on both nodes); NCCL pairs HCAs by list position")
+                fix = (
+                    f"order data_plane for {node.name} as its ports are cabled: entry k must share a subnet with "
+                    f"{head.name}'s entry k (`ip -br addr` on both nodes); NCCL pairs HCAs by list position"
+                )
             elif down and moved and len(down) + 1 == len(problems):
-                fix = (f"move the cable to the port data_plane names, or run `sparkcluster init` again to list "
-                       f"{', '.join(moved)} instead (NCCL pairs HCAs by list position)")
+                fix = (
+                    f"move the cable to the port data_plane names, or run `sparkcluster init` again to list "
+                    f"{', '.join(moved)} instead (NCCL pairs HCAs by list position)"
+                )
             elif down and len(down) == len(problems):
                 # the pairing is right, the port is not up: the inventory is not what to change
-                fix = (f"bring the RoCE port up: check the cable of {', '.join(link.netdev for link in down)} and "
-                       "`ip link set IF up` (`ibdev2netdev` must show it Up, port state 4: ACTIVE)")
+                fix = (
+                    f"bring the RoCE port up: check the cable of {', '.join(link.netdev for link in down)} and "
+                    "`ip link set IF up` (`ibdev2netdev` must show it Up, port state 4: ACTIVE)"
+                )
             r.fail(node.name, "; ".join(problems) + f" (on this node: {mapping})", fix)
         else:
             r.ok(node.name, ",".join(node.hcas))

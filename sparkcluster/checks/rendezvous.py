@@ -29,7 +29,9 @@ def master_problem(address: str) -> str:
     return ""
 
 
-@check("net.rendezvous", "The ranks' rendezvous: the head's control IP, not loopback; gloo/NCCL on the control interface")
+@check(
+    "net.rendezvous", "The ranks' rendezvous: the head's control IP, not loopback; gloo/NCCL on the control interface"
+)
 def net_rendezvous(ctx: Context, r: Report) -> None:
     mp = ctx.expect.executor == "mp"
     head = ctx.inventory.head
@@ -38,8 +40,12 @@ def net_rendezvous(ctx: Context, r: Report) -> None:
     port = ctx.inventory.cluster.master_port
     for node in ctx.nodes():
         if why:
-            r.fail(node.name, why, f"set {head.name}'s control_ip in the inventory to its address on {head.control_if} "
-                   "(sparkcluster init finds it), then sparkcluster up")
+            r.fail(
+                node.name,
+                why,
+                f"set {head.name}'s control_ip in the inventory to its address on {head.control_if} "
+                "(sparkcluster init finds it), then sparkcluster up",
+            )
             continue
         planned = ctx.expect.per_host_env.get(node.name, {})
         running = [container_env(c) for c in ctx.ours(node.name) if is_running(c)]
@@ -47,10 +53,18 @@ def net_rendezvous(ctx: Context, r: Report) -> None:
         for var in IFNAME_VARS:
             for where, env in (("the profile", planned), *(("the running container", e) for e in running)):
                 if env and env.get(var) != node.control_if:
-                    bad.append(f"{var} is {env.get(var) or 'unset'} in {where}, not the control interface {node.control_if}")
+                    bad.append(
+                        f"{var} is {env.get(var) or 'unset'} in {where}, not the control interface {node.control_if}"
+                    )
         if bad:
-            r.fail(node.name, "; ".join(sorted(set(bad))),
-                   "these are set per node by sparkcluster: remove them from the profile's forwarded variables, "
-                   "then `sparkcluster down && sparkcluster up`")
+            r.fail(
+                node.name,
+                "; ".join(sorted(set(bad))),
+                "these are set per node by sparkcluster: remove them from the profile's forwarded variables, "
+                "then `sparkcluster down && sparkcluster up`",
+            )
         else:
-            r.ok(node.name, (f"--master-addr {master} --master-port {port}, " if mp else "") + f"gloo/NCCL on {node.control_if}")
+            r.ok(
+                node.name,
+                (f"--master-addr {master} --master-port {port}, " if mp else "") + f"gloo/NCCL on {node.control_if}",
+            )

@@ -41,8 +41,11 @@ def table(results: list[Result], nodes: list[str], console: Console) -> None:
     if problems:
         console.print()
     for r in problems:
-        console.print(f"[{STYLE[r.status]}]{r.status.upper()}[/] {r.id} on {r.node}: {redact.mask(r.detail)}",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"[{STYLE[r.status]}]{r.status.upper()}[/] {r.id} on {r.node}: {redact.mask(r.detail)}",
+            highlight=False,
+            soft_wrap=True,
+        )
         if r.fix:
             console.print(f"     fix: {redact.mask(r.fix)}", highlight=False, soft_wrap=True)
 

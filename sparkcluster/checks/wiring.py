@@ -16,8 +16,12 @@ from sparkcluster.facts.probes import LINK_LOCAL
 
 def rails(f: HostFacts, node: Node) -> list[ipaddress.IPv4Network]:
     """The subnets of the node's data-plane netdevs (link-local ones are no cable of their own)."""
-    return [a.network for nd in node.netdevs for a in (f.interfaces[nd].addresses if nd in f.interfaces else [])
-            if a.ip not in LINK_LOCAL]
+    return [
+        a.network
+        for nd in node.netdevs
+        for a in (f.interfaces[nd].addresses if nd in f.interfaces else [])
+        if a.ip not in LINK_LOCAL
+    ]
 
 
 def must_reach(kind: str, names: list[str], node: str) -> list[str]:
@@ -50,22 +54,31 @@ def net_topology(ctx: Context, r: Report) -> None:
             count[net] = count.get(net, 0) + 1
     for node in nodes:
         mine = set(have[node.name])
-        missing = [m for m in must_reach(kind, names, node.name)
-                   if m in have and not mine & set(have[m])]
+        missing = [m for m in must_reach(kind, names, node.name) if m in have and not mine & set(have[m])]
         # through a switch every rail reaches every node: a subnet most nodes have and this one lacks
         # is this node's fault, not theirs
-        lacking = ([str(net) for net, c in count.items() if net not in mine and c > len(have) / 2]
-                   if kind == "switch" else [])
+        lacking = (
+            [str(net) for net, c in count.items() if net not in mine and c > len(have) / 2] if kind == "switch" else []
+        )
         if lacking or missing:
-            what = (f"lacks {', '.join(lacking)}, which the other nodes' rails are on" if lacking
-                    else f"shares no data-plane subnet with {', '.join(missing)}")
-            r.fail(node.name, f"{kind} cabling: {node.name} {what}",
-                   "through a switch every node needs an address on every rail's subnet; in a ring or mesh each "
-                   "cable is a /24 of its own with both ends on it: check the cable and the port's address, or run "
-                   "`sparkcluster init` again if the cabling changed")
+            what = (
+                f"lacks {', '.join(lacking)}, which the other nodes' rails are on"
+                if lacking
+                else f"shares no data-plane subnet with {', '.join(missing)}"
+            )
+            r.fail(
+                node.name,
+                f"{kind} cabling: {node.name} {what}",
+                "through a switch every node needs an address on every rail's subnet; in a ring or mesh each "
+                "cable is a /24 of its own with both ends on it: check the cable and the port's address, or run "
+                "`sparkcluster init` again if the cabling changed",
+            )
         elif found is not None and declared and found.kind != declared:
-            r.fail(node.name, f"the inventory says {declared}, the subnets say {found.kind} ({found.why})",
-                   f"set topology = \"{found.kind}\" in [cluster] (or run `sparkcluster init` again)")
+            r.fail(
+                node.name,
+                f"the inventory says {declared}, the subnets say {found.kind} ({found.why})",
+                f'set topology = "{found.kind}" in [cluster] (or run `sparkcluster init` again)',
+            )
         else:
             r.ok(node.name, f"{kind}: reaches {', '.join(must_reach(kind, names, node.name))}")
 
@@ -81,13 +94,19 @@ def nccl_topology_env(ctx: Context, r: Report) -> None:
         running = [container_env(c) for c in ctx.ours(node.name) if is_running(c)]
         stale = sorted({k for env in running for k in need if env.get(k) != need[k]})
         if planned:
-            r.fail(node.name, f"the profile forwards {', '.join(f'{k}={v}' for k, v in planned.items())}, but a "
-                              f"{ctx.inventory.cluster.topology} needs {', '.join(f'{k}={need[k]}' for k in planned)} "
-                              "(without them the first collective hangs: sparkrun#174, #208)",
-                   "remove those variables from the profile's [env.forward]: sparkcluster sets them for the cabling")
+            r.fail(
+                node.name,
+                f"the profile forwards {', '.join(f'{k}={v}' for k, v in planned.items())}, but a "
+                f"{ctx.inventory.cluster.topology} needs {', '.join(f'{k}={need[k]}' for k in planned)} "
+                "(without them the first collective hangs: sparkrun#174, #208)",
+                "remove those variables from the profile's [env.forward]: sparkcluster sets them for the cabling",
+            )
         elif stale:
-            r.fail(node.name, f"the running container lacks {', '.join(f'{k}={need[k]}' for k in stale)}, which a "
-                              f"{ctx.inventory.cluster.topology} needs (started before the topology was set?)",
-                   "sparkcluster down && sparkcluster up (the containers are started with them)")
+            r.fail(
+                node.name,
+                f"the running container lacks {', '.join(f'{k}={need[k]}' for k in stale)}, which a "
+                f"{ctx.inventory.cluster.topology} needs (started before the topology was set?)",
+                "sparkcluster down && sparkcluster up (the containers are started with them)",
+            )
         else:
             r.ok(node.name, ", ".join(f"{k}={v}" for k, v in need.items()))

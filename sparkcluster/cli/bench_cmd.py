@@ -20,11 +20,19 @@ from sparkcluster.config import secrets as secret_store
 from sparkcluster.errors import InputError, SparkError
 
 # the figures the terminal table shows (the CSV has them all)
-_SHOWN = [("c", "concurrency", "{:d}"), ("ok", "completed", "{:d}"), ("err", "errors", "{:d}"),
-          ("req/s", "request_throughput", "{:.2f}"), ("out tok/s", "output_tok_s", "{:.1f}"),
-          ("total tok/s", "total_tok_s", "{:.1f}"), ("TTFT p50", "ttft_p50_ms", "{:.0f}"),
-          ("TTFT p99", "ttft_p99_ms", "{:.0f}"), ("TPOT p50", "tpot_p50_ms", "{:.1f}"),
-          ("TPOT p99", "tpot_p99_ms", "{:.1f}"), ("ITL p99", "itl_p99_ms", "{:.1f}")]
+_SHOWN = [
+    ("c", "concurrency", "{:d}"),
+    ("ok", "completed", "{:d}"),
+    ("err", "errors", "{:d}"),
+    ("req/s", "request_throughput", "{:.2f}"),
+    ("out tok/s", "output_tok_s", "{:.1f}"),
+    ("total tok/s", "total_tok_s", "{:.1f}"),
+    ("TTFT p50", "ttft_p50_ms", "{:.0f}"),
+    ("TTFT p99", "ttft_p99_ms", "{:.0f}"),
+    ("TPOT p50", "tpot_p50_ms", "{:.1f}"),
+    ("TPOT p99", "tpot_p99_ms", "{:.1f}"),
+    ("ITL p99", "itl_p99_ms", "{:.1f}"),
+]
 
 
 def _fmt(fmt: str, v) -> str:
@@ -46,8 +54,13 @@ def results_table(rows: list[dict]) -> Table:
 
 
 def comparison_table(changes: list[B.Change], tolerance: float) -> Table:
-    t = Table(box=None, pad_edge=False, header_style="bold",
-              caption=f"regression: worse by more than {tolerance:g}% (any new error)", caption_justify="left")
+    t = Table(
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+        caption=f"regression: worse by more than {tolerance:g}% (any new error)",
+        caption_justify="left",
+    )
     for col in ("c", "figure", "before", "after", "change", ""):
         t.add_column(col, justify="left" if col in ("figure", "") else "right")
     for ch in changes:
@@ -59,30 +72,81 @@ def comparison_table(changes: list[B.Change], tolerance: float) -> Table:
 
 
 @cli.command()
-@click.option("--profile", "-p", "profile_name", default=None,
-              help="The profile you expect to be serving (default: whatever the cluster serves).")
-@click.option("--concurrency", "-c", default=",".join(map(str, B.DEFAULT_CONCURRENCY)), show_default=True,
-              help="Comma-separated concurrency levels, one run of vllm bench serve each.")
-@click.option("--input-len", default=B.DEFAULT_INPUT_LEN, show_default=True, type=int,
-              help="Prompt tokens per request (random dataset).")
-@click.option("--output-len", default=B.DEFAULT_OUTPUT_LEN, show_default=True, type=int,
-              help="Generated tokens per request (EOS ignored, so exactly this many).")
-@click.option("--num-prompts", default=None, type=int,
-              help=f"Requests per level (default: 4 x concurrency, at least {B.MIN_PROMPTS}).")
-@click.option("--tokenizer", default=None,
-              help="Tokenizer path or id inside the head container (default: the profile's model, from the HF cache).")
-@click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Run folder (default: $XDG_STATE_HOME/sparkcluster/bench/<cluster>/<UTC time>/).")
-@click.option("--compare", "compare_to", default=None,
-              help="Run folder (or its name) to compare with (default: the previous run of the same profile).")
-@click.option("--tolerance", default=10.0, show_default=True, type=float,
-              help="Percent a figure may worsen before it is marked a regression.")
+@click.option(
+    "--profile",
+    "-p",
+    "profile_name",
+    default=None,
+    help="The profile you expect to be serving (default: whatever the cluster serves).",
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    default=",".join(map(str, B.DEFAULT_CONCURRENCY)),
+    show_default=True,
+    help="Comma-separated concurrency levels, one run of vllm bench serve each.",
+)
+@click.option(
+    "--input-len",
+    default=B.DEFAULT_INPUT_LEN,
+    show_default=True,
+    type=int,
+    help="Prompt tokens per request (random dataset).",
+)
+@click.option(
+    "--output-len",
+    default=B.DEFAULT_OUTPUT_LEN,
+    show_default=True,
+    type=int,
+    help="Generated tokens per request (EOS ignored, so exactly this many).",
+)
+@click.option(
+    "--num-prompts",
+    default=None,
+    type=int,
+    help=f"Requests per level (default: 4 x concurrency, at least {B.MIN_PROMPTS}).",
+)
+@click.option(
+    "--tokenizer",
+    default=None,
+    help="Tokenizer path or id inside the head container (default: the profile's model, from the HF cache).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Run folder (default: $XDG_STATE_HOME/sparkcluster/bench/<cluster>/<UTC time>/).",
+)
+@click.option(
+    "--compare",
+    "compare_to",
+    default=None,
+    help="Run folder (or its name) to compare with (default: the previous run of the same profile).",
+)
+@click.option(
+    "--tolerance",
+    default=10.0,
+    show_default=True,
+    type=float,
+    help="Percent a figure may worsen before it is marked a regression.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where VLLM_API_KEY lives.")
 @click.pass_obj
-def bench(obj, profile_name: str | None, concurrency: str, input_len: int, output_len: int,
-          num_prompts: int | None, tokenizer: str | None, out: Path | None, compare_to: str | None,
-          tolerance: float, as_json: bool, env_file: Path | None) -> None:
+def bench(
+    obj,
+    profile_name: str | None,
+    concurrency: str,
+    input_len: int,
+    output_len: int,
+    num_prompts: int | None,
+    tokenizer: str | None,
+    out: Path | None,
+    compare_to: str | None,
+    tolerance: float,
+    as_json: bool,
+    env_file: Path | None,
+) -> None:
     """Measure throughput and latency of the serving cluster with vLLM's own `vllm bench serve`."""
     # everything the user typed is checked before any connection is opened
     levels = B.plan(B.parse_concurrency(concurrency), input_len, output_len, num_prompts)
@@ -103,9 +167,11 @@ def bench(obj, profile_name: str | None, concurrency: str, input_len: int, outpu
         head = B.head_for(cluster, inv)
         rec, info = head.serving()
         if wanted is not None and rec.profile != wanted.name:
-            raise InputError(f"the cluster serves profile '{rec.profile}', not '{wanted.name}'",
-                             f"leave out --profile to measure '{rec.profile}', or "
-                             f"sparkcluster up --profile {wanted.name} --replace first")
+            raise InputError(
+                f"the cluster serves profile '{rec.profile}', not '{wanted.name}'",
+                f"leave out --profile to measure '{rec.profile}', or "
+                f"sparkcluster up --profile {wanted.name} --replace first",
+            )
         prof = wanted or profiles.load_profile(rec.profile)
         target = B.target_for(prof, inv.cluster.api_port, tokenizer)
         port = prof.serve.port or inv.cluster.api_port
@@ -114,11 +180,19 @@ def bench(obj, profile_name: str | None, concurrency: str, input_len: int, outpu
         vllm_version = head.vllm_version()
         nodes = B.node_facts(cluster)
         run_dir = B.new_run_dir(inv.cluster.name, out, started)
-        err.print(f"measuring '{prof.name}' ({target.model}) on {inv.cluster.name}: "
-                  f"{len(levels)} level(s), {input_len} in / {output_len} out; results in {run_dir}")
+        err.print(
+            f"measuring '{prof.name}' ({target.model}) on {inv.cluster.name}: "
+            f"{len(levels)} level(s), {input_len} in / {output_len} out; results in {run_dir}"
+        )
 
-        bars = Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err, transient=False)
+        bars = Progress(
+            TextColumn("  {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=False,
+        )
         tasks: dict[str, int] = {}
 
         def on_progress(level: B.Level, done: int, total: int) -> None:
@@ -133,16 +207,32 @@ def bench(obj, profile_name: str | None, concurrency: str, input_len: int, outpu
                 sweep = B.run_sweep(head, levels, target, secrets, run_dir, on_progress)
             except SparkError as e:  # keep what was measured, then report the failure
                 error = e
-                sweep.rows = [B.row_from_result(json.loads((run_dir / f"{lv.name}.json").read_text()), lv)
-                              for lv in levels if (run_dir / f"{lv.name}.json").is_file()]
+                sweep.rows = [
+                    B.row_from_result(json.loads((run_dir / f"{lv.name}.json").read_text()), lv)
+                    for lv in levels
+                    if (run_dir / f"{lv.name}.json").is_file()
+                ]
                 sweep.failed = e.message
 
     finished = datetime.now(timezone.utc)
     B.write_csv(run_dir / "results.csv", sweep.rows)
-    B.write_json(run_dir / "run.json", B.run_record(
-        cluster=inv.cluster.name, prof=prof, image=image, image_id=image_id, vllm_version=vllm_version,
-        nodes=nodes, levels=levels, target=target, started_at=started.isoformat(), finished_at=finished.isoformat(),
-        interrupted=sweep.interrupted, failed=sweep.failed))
+    B.write_json(
+        run_dir / "run.json",
+        B.run_record(
+            cluster=inv.cluster.name,
+            prof=prof,
+            image=image,
+            image_id=image_id,
+            vllm_version=vllm_version,
+            nodes=nodes,
+            levels=levels,
+            target=target,
+            started_at=started.isoformat(),
+            finished_at=finished.isoformat(),
+            interrupted=sweep.interrupted,
+            failed=sweep.failed,
+        ),
+    )
     chart_note = B.write_chart(run_dir / "chart.png", sweep.rows, f"{prof.name} on {inv.cluster.name}")
     chart = None if chart_note else run_dir / "chart.png"
 
@@ -151,12 +241,19 @@ def bench(obj, profile_name: str | None, concurrency: str, input_len: int, outpu
     changes = B.compare(B.read_csv(baseline_dir / "results.csv"), sweep.rows, tolerance) if baseline_dir else []
 
     summary = {
-        "run_dir": str(run_dir), "profile": prof.name, "profile_hash": B.profile_hash(prof),
-        "vllm_version": vllm_version, "image_id": image_id, "rows": sweep.rows,
-        "csv": str(run_dir / "results.csv"), "chart": str(chart) if chart else None,
+        "run_dir": str(run_dir),
+        "profile": prof.name,
+        "profile_hash": B.profile_hash(prof),
+        "vllm_version": vllm_version,
+        "image_id": image_id,
+        "rows": sweep.rows,
+        "csv": str(run_dir / "results.csv"),
+        "chart": str(chart) if chart else None,
         "compared_with": str(baseline_dir) if baseline_dir else None,
-        "changes": [vars(c) for c in changes], "regressions": sum(c.regression for c in changes),
-        "interrupted": sweep.interrupted, "failed": sweep.failed,
+        "changes": [vars(c) for c in changes],
+        "regressions": sum(c.regression for c in changes),
+        "interrupted": sweep.interrupted,
+        "failed": sweep.failed,
     }
     if as_json:
         click.echo(redact.mask(json.dumps(summary, indent=2)))
@@ -176,6 +273,7 @@ def bench(obj, profile_name: str | None, concurrency: str, input_len: int, outpu
     if error is not None:
         raise error
     if sweep.interrupted:
-        err.print(f"interrupted: stopped the benchmark in the head container; kept {len(sweep.rows)} level(s) "
-                  f"in {run_dir}")
+        err.print(
+            f"interrupted: stopped the benchmark in the head container; kept {len(sweep.rows)} level(s) in {run_dir}"
+        )
         raise click.exceptions.Exit(130)

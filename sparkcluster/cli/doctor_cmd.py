@@ -12,12 +12,20 @@ from sparkcluster.errors import EXIT_FAILED, EXIT_OK
 
 
 @cli.command()
-@click.option("--profile", "-p", "profile_name", default=None,
-              help="Judge against this profile (default: the inventory's cluster.profile).")
+@click.option(
+    "--profile",
+    "-p",
+    "profile_name",
+    default=None,
+    help="Judge against this profile (default: the inventory's cluster.profile).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
-@click.option("--fabric", is_flag=True,
-              help="Also measure the fabric: all_gather, all_reduce and each direction between the nodes, "
-                   "in containers of the cluster image with the ranks' own environment (fabric.*).")
+@click.option(
+    "--fabric",
+    is_flag=True,
+    help="Also measure the fabric: all_gather, all_reduce and each direction between the nodes, "
+    "in containers of the cluster image with the ranks' own environment (fabric.*).",
+)
 @click.pass_obj
 def doctor(obj, profile_name: str | None, as_json: bool, fabric: bool) -> None:
     """Check every node for what breaks two-Spark clusters; a fix for every failure."""

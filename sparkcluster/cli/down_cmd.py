@@ -14,16 +14,22 @@ from sparkcluster.remote.lock import NodeLocks
 def _refuse_unknown(node: str | None, profile_name: str | None, chosen: list, unknown: dict[str, str]) -> None:
     """`down --node X` (or `--profile P`) where what runs cannot be read: never "no deployment"."""
     if node and node in unknown:
-        raise SparkError(f"{node}: cannot tell what runs there, so nothing was taken down: {unknown[node]}",
-                         f"check that {node} answers (ssh, then `docker ps` there), then sparkcluster down --node {node}")
+        raise SparkError(
+            f"{node}: cannot tell what runs there, so nothing was taken down: {unknown[node]}",
+            f"check that {node} answers (ssh, then `docker ps` there), then sparkcluster down --node {node}",
+        )
     if profile_name and unknown and not chosen:
         names = ", ".join(f"{n} ({why})" for n, why in sorted(unknown.items()))
-        raise SparkError(f"no deployment of '{profile_name}' on the nodes that answer; cannot read {names}",
-                         f"check those nodes, then sparkcluster down --profile {profile_name}")
+        raise SparkError(
+            f"no deployment of '{profile_name}' on the nodes that answer; cannot read {names}",
+            f"check those nodes, then sparkcluster down --profile {profile_name}",
+        )
 
 
 @cli.command()
-@click.option("--purge-gcs", is_flag=True, help="Also remove Ray session state on the hosts and check port 6379 is free.")
+@click.option(
+    "--purge-gcs", is_flag=True, help="Also remove Ray session state on the hosts and check port 6379 is free."
+)
 @click.option("--node", default=None, help="Only the deployment(s) on this node (a pair it belongs to goes whole).")
 @click.option("--profile", "profile_name", default=None, help="Only the deployment(s) of this profile.")
 @click.pass_obj
@@ -46,8 +52,12 @@ def down(obj, purge_gcs: bool, node: str | None, profile_name: str | None) -> No
         names = sorted({x for d in chosen for x in d.nodes} | ({n.name for n in full.nodes} if everything else set()))
         inv = full.only(names) if names else full
         if not names:
-            click.echo("no deployment " + " ".join(x for x in (f"on {node}" if node else "",
-                                                             f"of '{profile_name}'" if profile_name else "") if x))
+            click.echo(
+                "no deployment "
+                + " ".join(
+                    x for x in (f"on {node}" if node else "", f"of '{profile_name}'" if profile_name else "") if x
+                )
+            )
             return
         reachable = [n for n in inv.nodes if n.name in cluster.hosts]
         with NodeLocks(cluster, full.only([n.name for n in reachable]), "down"):

@@ -18,10 +18,16 @@ from sparkcluster.remote.fanout import connect_all
 
 
 @cli.command()
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new entries until Ctrl-C (which never stops anything).")
+@click.option(
+    "--follow", "-f", is_flag=True, help="Keep printing new entries until Ctrl-C (which never stops anything)."
+)
 @click.option("--last", default=50, show_default=True, help="Entries to start from.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per entry.")
-@click.option("--node", default=None, help="The deployment's head node (a one-node deployment's node); default: the inventory's head.")
+@click.option(
+    "--node",
+    default=None,
+    help="The deployment's head node (a one-node deployment's node); default: the inventory's head.",
+)
 @click.pass_obj
 def events(obj, follow: bool, last: int, as_json: bool, node: str | None) -> None:
     """The supervisor's journal on the head: what it saw and what it did."""
@@ -34,8 +40,9 @@ def events(obj, follow: bool, last: int, as_json: bool, node: str | None) -> Non
     try:
         api.inspect_container(name)
     except docker.errors.NotFound:
-        raise InputError(f"no head container {name} on {head.name}: nothing has been started there",
-                         "sparkcluster up --profile NAME") from None
+        raise InputError(
+            f"no head container {name} on {head.name}: nothing has been started there", "sparkcluster up --profile NAME"
+        ) from None
 
     def show(entries: list[dict]) -> None:
         for e in entries:

@@ -23,26 +23,51 @@ def _abs(p: Path | None) -> Path | None:
 @cli.command()
 @click.option("--head", "head", required=True, metavar="TARGET", help="The head: ssh config alias or user@host[:port].")
 @click.option("--worker", "workers", required=True, multiple=True, metavar="TARGET", help="A worker (repeat for more).")
-@click.option("--ssh-config", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="ssh client config to use (default: ~/.ssh/config).")
-@click.option("--known-hosts", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="known_hosts to check host keys against (unknown keys are refused).")
+@click.option(
+    "--ssh-config",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="ssh client config to use (default: ~/.ssh/config).",
+)
+@click.option(
+    "--known-hosts",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="known_hosts to check host keys against (unknown keys are refused).",
+)
 @click.option("--name", default="sparks", show_default=True, help="Cluster name.")
-@click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Where to write the draft (default: --inventory, $SPARKCLUSTER_INVENTORY, else ~/.config/sparkcluster/cluster.toml).")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Where to write the draft (default: --inventory, $SPARKCLUSTER_INVENTORY, else ~/.config/sparkcluster/cluster.toml).",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 @click.pass_obj
-def init(obj, head: str, workers: tuple[str, ...], ssh_config: Path | None, known_hosts: Path | None,
-         name: str, output: Path | None, force: bool) -> None:
+def init(
+    obj,
+    head: str,
+    workers: tuple[str, ...],
+    ssh_config: Path | None,
+    known_hosts: Path | None,
+    name: str,
+    output: Path | None,
+    force: bool,
+) -> None:
     """Discover the hosts and write a draft inventory to review."""
     out = (output or obj.inventory_path or inventory.default_path()).expanduser()
     # everything the user typed is checked before any connection
     if out.exists() and not force:
-        raise InputError(f"{out} already exists; not overwriting it",
-                         "pass --force to replace it, or --output PATH to write elsewhere")
+        raise InputError(
+            f"{out} already exists; not overwriting it",
+            "pass --force to replace it, or --output PATH to write elsewhere",
+        )
     if not re.match(inventory._NAME, name):
-        raise InputError(f"--name {name!r} is not a valid cluster name",
-                         "use letters, digits, '.', '_' or '-' (up to 63, starting with a letter or digit)")
+        raise InputError(
+            f"--name {name!r} is not a valid cluster name",
+            "use letters, digits, '.', '_' or '-' (up to 63, starting with a letter or digit)",
+        )
     targets = [head, *workers]
     if len(set(targets)) != len(targets):
         raise InputError("the same ssh target is given twice", "each --head/--worker must be a different host")
@@ -63,15 +88,28 @@ def init(obj, head: str, workers: tuple[str, ...], ssh_config: Path | None, know
     os.replace(tmp, out)
     click.echo(f"wrote {out} ({HEADER_NOTE})")
     for n in inv.nodes:
-        click.echo(f"  {n.role:6} {n.name}: control {n.control_if} {n.control_ip}, "
-                   f"data plane {', '.join(f'{link.hca}->{link.netdev}' for link in n.data_plane)}")
+        click.echo(
+            f"  {n.role:6} {n.name}: control {n.control_if} {n.control_ip}, "
+            f"data plane {', '.join(f'{link.hca}->{link.netdev}' for link in n.data_plane)}"
+        )
     # who sparkcluster logs in as on each node, and where the HF cache will be (its ~/.cache/huggingface)
     for n, d in zip(inv.nodes, found):
         a = d.account
         if a is not None:
-            cache = (a.home.rstrip("/") + inv.cluster.hf_cache[1:]) if inv.cluster.hf_cache.startswith("~") else inv.cluster.hf_cache
-            grp = "root" if a.uid == 0 else ("in docker" if "docker" in a.groups else
-                                              "NOT in docker: sudo usermod -aG docker " + a.user + ", then log in again")
+            cache = (
+                (a.home.rstrip("/") + inv.cluster.hf_cache[1:])
+                if inv.cluster.hf_cache.startswith("~")
+                else inv.cluster.hf_cache
+            )
+            grp = (
+                "root"
+                if a.uid == 0
+                else (
+                    "in docker"
+                    if "docker" in a.groups
+                    else "NOT in docker: sudo usermod -aG docker " + a.user + ", then log in again"
+                )
+            )
             click.echo(f"  {n.name}: ssh user {a.user} (uid {a.uid}, {grp}), HF cache {cache}")
     # what was found but not listed, and why: never dropped silently (link-local, no address, twins)
     for dn in dr.nodes:

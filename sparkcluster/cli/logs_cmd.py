@@ -31,7 +31,9 @@ def parse_duration(text: str) -> int:
 
 @cli.command()
 @click.argument("node", required=False)
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until Ctrl-C (which never stops the service).")
+@click.option(
+    "--follow", "-f", is_flag=True, help="Keep printing new lines until Ctrl-C (which never stops the service)."
+)
 @click.option("--since", default=None, help="Only container lines newer than this (e.g. 10m, 2h).")
 @click.option("--tail", "tail_lines", default=200, show_default=True, help="Lines of each log to start from.")
 @click.pass_obj
@@ -51,6 +53,7 @@ def logs(obj, node: str | None, follow: bool, since: str | None, tail_lines: int
     res.values_or_raise("connect")
     cluster = Cluster(inv, res.succeeded)
     with cluster:
+
         def stream(host) -> None:
             api = host.docker().api
             found = api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={inv.cluster.name}"})
@@ -70,6 +73,7 @@ def logs(obj, node: str | None, follow: bool, since: str | None, tail_lines: int
             readers.append(("agent" if mp else "ray", lambda: api.logs(c["Id"], stream=True, follow=follow, **kw)))
             threads = []
             for label, make in readers:
+
                 def pump(label=label, make=make):
                     buf = b""
                     for chunk in make():
@@ -79,6 +83,7 @@ def logs(obj, node: str | None, follow: bool, since: str | None, tail_lines: int
                             emit(f"{host.name} {label}", line.decode(errors="replace"))
                     if buf:
                         emit(f"{host.name} {label}", buf.decode(errors="replace"))
+
                 t = threading.Thread(target=pump, daemon=True)
                 t.start()
                 threads.append(t)

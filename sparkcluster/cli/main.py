@@ -66,17 +66,30 @@ class _LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, self.COMMANDS.get(name) or self.commands[name].get_short_help_str())
-                for name in self.list_commands(ctx)]
+        rows = [
+            (name, self.COMMANDS.get(name) or self.commands[name].get_short_help_str())
+            for name in self.list_commands(ctx)
+        ]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--inventory", "-i", "inventory_path", type=click.Path(path_type=Path), default=None,
-              help="Inventory TOML (default: $SPARKCLUSTER_INVENTORY, else ~/.config/sparkcluster/cluster.toml).")
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="Format of log lines on stderr.")
+@click.option(
+    "--inventory",
+    "-i",
+    "inventory_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Inventory TOML (default: $SPARKCLUSTER_INVENTORY, else ~/.config/sparkcluster/cluster.toml).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Format of log lines on stderr.",
+)
 @click.option("-v", "--verbose", count=True, help="More log output on stderr (-v info, -vv debug).")
 @click.version_option(__version__, prog_name="sparkcluster")
 @click.pass_context

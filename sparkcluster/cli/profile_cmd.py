@@ -104,27 +104,44 @@ def _resolved(p: Profile, inv, secrets: dict[str, str], ray_version: str) -> dic
         out["reasoning_plugin"] = {"url": plugin[0], "path": plugin[1]}
     if inv:
         for node in inv.nodes:
-            out["nodes"].append({
-                "name": node.name,
-                "role": node.role,
-                "per_host_env": per_host_env(p, inv, node),
-                "container_env": container_env(p, inv, node),
-            })
+            out["nodes"].append(
+                {
+                    "name": node.name,
+                    "role": node.role,
+                    "per_host_env": per_host_env(p, inv, node),
+                    "container_env": container_env(p, inv, node),
+                }
+            )
     return out
 
 
 @profile_group.command("show")
 @click.argument("name")
-@click.option("--inventory", "-i", "inventory_path", type=click.Path(path_type=Path), default=None,
-              help="Inventory TOML (overrides the global --inventory).")
-@click.option("--env-file", type=click.Path(path_type=Path), default=None,
-              help="The .env holding HF_TOKEN / VLLM_API_KEY (mode 0600); values are never shown.")
-@click.option("--ray-version", default=DEFAULT_RAY_VERSION, show_default=True,
-              help="Ray version of the built image (for its tag).")
+@click.option(
+    "--inventory",
+    "-i",
+    "inventory_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Inventory TOML (overrides the global --inventory).",
+)
+@click.option(
+    "--env-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The .env holding HF_TOKEN / VLLM_API_KEY (mode 0600); values are never shown.",
+)
+@click.option(
+    "--ray-version",
+    default=DEFAULT_RAY_VERSION,
+    show_default=True,
+    help="Ray version of the built image (for its tag).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def show_cmd(ctx: click.Context, name: str, inventory_path: Path | None, env_file: Path | None,
-             ray_version: str, as_json: bool) -> None:
+def show_cmd(
+    ctx: click.Context, name: str, inventory_path: Path | None, env_file: Path | None, ray_version: str, as_json: bool
+) -> None:
     """What each node's container gets for profile NAME, and the serve command (secrets masked)."""
     p = load_profile(name)
     inv = _inventory(ctx, inventory_path)
@@ -138,8 +155,10 @@ def show_cmd(ctx: click.Context, name: str, inventory_path: Path | None, env_fil
     img = r["image"]
     _echo(f"image:   {img['base']}  (kind {img['kind']}, vLLM {img['vllm_version'] or 'not stated'})")
     _echo(f"built:   {img['built'] or '<image_repo>:' + img['built_tag']}  (Ray {ray_version})")
-    _echo(f"docker run: --shm-size {r['shm_size']}; drop page cache before load: "
-          f"{'yes' if r['drop_page_cache'] else 'no'}")
+    _echo(
+        f"docker run: --shm-size {r['shm_size']}; drop page cache before load: "
+        f"{'yes' if r['drop_page_cache'] else 'no'}"
+    )
     _echo(f"file in every container: {r['non_carry_over_file']['path']}")
     _echo(f"  {r['non_carry_over_file']['content']}")
     if r["reasoning_plugin"]:
@@ -157,15 +176,23 @@ def show_cmd(ctx: click.Context, name: str, inventory_path: Path | None, env_fil
             for k, v in node["container_env"].items():
                 tag = "  (per host)" if k in node["per_host_env"] else ""
                 _echo(f"  {k}={v}{tag}")
-    _echo("vllm serve (docker exec in the head container), exec environment: "
-          + " ".join(f"{k}={v}" for k, v in r["secrets_exec_env"].items()))
+    _echo(
+        "vllm serve (docker exec in the head container), exec environment: "
+        + " ".join(f"{k}={v}" for k, v in r["secrets_exec_env"].items())
+    )
     _echo(f"  {shlex.join(r['serve_argv'])}")
 
 
 @profile_group.command("lint")
 @click.argument("name")
-@click.option("--inventory", "-i", "inventory_path", type=click.Path(path_type=Path), default=None,
-              help="Inventory TOML (overrides the global --inventory).")
+@click.option(
+    "--inventory",
+    "-i",
+    "inventory_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Inventory TOML (overrides the global --inventory).",
+)
 @click.pass_context
 def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None) -> None:
     """Check profile NAME against the field's rules; exit 1 listing every problem."""

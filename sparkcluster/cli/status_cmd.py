@@ -58,14 +58,25 @@ def render(st: status_mod.ClusterStatus) -> Group:
     if st.ray_nodes is not None:
         lines.append(f"ray: {st.ray_nodes} nodes, {st.ray_gpus:g} GPUs")
     if st.endpoint and st.state != "down":
-        lines.append(f"endpoint: {st.endpoint}  health: {st.health or 'no answer'}  models: {', '.join(st.models) or '-'}"
-                     + (f"  vllm serve pid {st.server_pid}" if st.server_pid else ""))
+        lines.append(
+            f"endpoint: {st.endpoint}  health: {st.health or 'no answer'}  models: {', '.join(st.models) or '-'}"
+            + (f"  vllm serve pid {st.server_pid}" if st.server_pid else "")
+        )
     if st.metrics and st.state != "down":
         m = st.metrics
-        lines.append("serving: " + "  ".join(f"{label} {fmt(m[key])}" for key, label, fmt in (
-            ("requests_running", "running", _count), ("requests_waiting", "waiting", _count),
-            ("kv_cache_usage", "KV cache", lambda v: f"{v * 100:.1f}%"),
-            ("generation_tokens_total", "tokens generated", _count)) if key in m))
+        lines.append(
+            "serving: "
+            + "  ".join(
+                f"{label} {fmt(m[key])}"
+                for key, label, fmt in (
+                    ("requests_running", "running", _count),
+                    ("requests_waiting", "waiting", _count),
+                    ("kv_cache_usage", "KV cache", lambda v: f"{v * 100:.1f}%"),
+                    ("generation_tokens_total", "tokens generated", _count),
+                )
+                if key in m
+            )
+        )
     if st.nccl and st.state != "down":  # what the engine's own NCCL chose, per node
         lines.append("nccl: " + "  ".join(f"{node} {what}" for node, what in st.nccl.items()))
     sup = st.supervisor
@@ -73,9 +84,12 @@ def render(st: status_mod.ClusterStatus) -> Group:
         restarts = len(sup.get("restarts") or [])
         rate = sup.get("tokens_per_s")
         stale = isinstance(sup.get("age_s"), (int, float)) and sup["age_s"] > status_mod.stale_after_s(sup)
-        lines.append(f"supervisor: {sup.get('state')}" + (f" (stale: written {sup['age_s']:.0f}s ago)" if stale else "")
-                     + f"  restarts: {restarts} of {sup.get('policy', {}).get('max_restarts', '?')}"
-                     + (f"  generating {rate:.1f} tok/s" if rate is not None and not stale else ""))
+        lines.append(
+            f"supervisor: {sup.get('state')}"
+            + (f" (stale: written {sup['age_s']:.0f}s ago)" if stale else "")
+            + f"  restarts: {restarts} of {sup.get('policy', {}).get('max_restarts', '?')}"
+            + (f"  generating {rate:.1f} tok/s" if rate is not None and not stale else "")
+        )
         if sup.get("activity") and not stale:  # a long prompt being prefilled: progress, not a wedge
             lines.append(f"  {redact.mask(sup['activity'])}")
         for e in st.journal[-3:]:
@@ -113,17 +127,27 @@ def fleet_json(sts: list[status_mod.ClusterStatus]) -> str:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-@click.option("--all", "every", is_flag=True, help="Every deployment on the inventory's nodes (the JSON lists them); "
-              "exits 0 only when every one serves: a fleet check for cron or a timer.")
-@click.option("--on-change", default=None, metavar="CMD",
-              help="Run CMD (through sh) for each deployment whose state changed since the last status run on this "
-                   "machine; SPARKCLUSTER_DEPLOYMENT, _PROFILE, _NODES, _STATE, _PREVIOUS_STATE, _PROBLEMS in its env.")
+@click.option(
+    "--all",
+    "every",
+    is_flag=True,
+    help="Every deployment on the inventory's nodes (the JSON lists them); "
+    "exits 0 only when every one serves: a fleet check for cron or a timer.",
+)
+@click.option(
+    "--on-change",
+    default=None,
+    metavar="CMD",
+    help="Run CMD (through sh) for each deployment whose state changed since the last status run on this "
+    "machine; SPARKCLUSTER_DEPLOYMENT, _PROFILE, _NODES, _STATE, _PREVIOUS_STATE, _PROBLEMS in its env.",
+)
 @click.option("--watch", is_flag=True, help="Refresh in place every --interval seconds until Ctrl-C.")
 @click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
 @click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where VLLM_API_KEY lives.")
 @click.pass_obj
-def status(obj, as_json: bool, every: bool, on_change: str | None, watch: bool, interval: float,
-           env_file: Path | None) -> None:
+def status(
+    obj, as_json: bool, every: bool, on_change: str | None, watch: bool, interval: float, env_file: Path | None
+) -> None:
     """Per deployment and node: container, Ray membership, endpoint health and model, serving
     figures, the supervisor, container uptime, MemAvailable."""
     inv = obj.inventory()

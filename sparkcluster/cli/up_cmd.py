@@ -32,7 +32,9 @@ class RichProgress(StageProgress):
         if self._bars:
             self._bars.stop()
             self._bars = None
-        self.c.print(f"[green]✓ {name}[/] {seconds:.1f}s" + (f"  [dim]{redact.mask(note)}[/]" if note else ""), highlight=False)
+        self.c.print(
+            f"[green]✓ {name}[/] {seconds:.1f}s" + (f"  [dim]{redact.mask(note)}[/]" if note else ""), highlight=False
+        )
 
     def info(self, text: str) -> None:
         # the same waiting line every second is noise; print it when it changes
@@ -43,8 +45,14 @@ class RichProgress(StageProgress):
 
     def bytes(self, node: str, sent: int, total: int) -> None:
         if self._bars is None:
-            self._bars = Progress(TextColumn("  {task.description}"), BarColumn(), DownloadColumn(),
-                                  TransferSpeedColumn(), console=self.c, transient=False)
+            self._bars = Progress(
+                TextColumn("  {task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                console=self.c,
+                transient=False,
+            )
             self._bars.start()
         if node not in self._tasks:
             self._tasks[node] = self._bars.add_task(node if "->" in node else f"image -> {node}", total=total or None)
@@ -54,18 +62,41 @@ class RichProgress(StageProgress):
 
 @cli.command()
 @click.option("--profile", "-p", "profile_name", default=None, help="Profile to serve (default: the inventory's).")
-@click.option("--env-file", type=click.Path(path_type=Path), default=None,
-              help="Where HF_TOKEN and VLLM_API_KEY live (mode 0600). Default: ./.env, then ~/.config/sparkcluster/.env.")
+@click.option(
+    "--env-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where HF_TOKEN and VLLM_API_KEY live (mode 0600). Default: ./.env, then ~/.config/sparkcluster/.env.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan, every command and API call per host; change nothing.")
-@click.option("--json", "as_json", is_flag=True, help="With --dry-run: the steps as a JSON list (id, stage, host, description).")
-@click.option("--node", "node", multiple=True, help="Run the profile on this node only (repeat for a subset of "
-              "the nodes: a pair of four); the profile's TP x PP is the named nodes' GPUs.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="With --dry-run: the steps as a JSON list (id, stage, host, description)."
+)
+@click.option(
+    "--node",
+    "node",
+    multiple=True,
+    help="Run the profile on this node only (repeat for a subset of "
+    "the nodes: a pair of four); the profile's TP x PP is the named nodes' GPUs.",
+)
 @click.option("--replace", is_flag=True, help="Replace what serves another profile on the nodes this run needs.")
-@click.option("--smoke", is_flag=True, help="Once serving: a short single-stream measurement, compared with the "
-              "profile's published figure (a warning when far below).")
+@click.option(
+    "--smoke",
+    is_flag=True,
+    help="Once serving: a short single-stream measurement, compared with the "
+    "profile's published figure (a warning when far below).",
+)
 @click.pass_obj
-def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_json: bool, node: tuple[str, ...],
-       replace: bool, smoke: bool) -> None:
+def up(
+    obj,
+    profile_name: str | None,
+    env_file: Path | None,
+    dry_run: bool,
+    as_json: bool,
+    node: tuple[str, ...],
+    replace: bool,
+    smoke: bool,
+) -> None:
     """Build, distribute, start Ray on every node and serve the profile's model with TP over Ray."""
     if as_json and not dry_run:
         raise click.UsageError("--json goes with --dry-run (a real up logs its steps with --log-format json)")
@@ -75,26 +106,42 @@ def up(obj, profile_name: str | None, env_file: Path | None, dry_run: bool, as_j
         raise click.UsageError("no profile: pass --profile NAME (see `sparkcluster profile list`)")
     secrets = secret_store.load_secrets(env_file, prof)
     err = Console(stderr=True, highlight=False)
-    result = bringup.run(inv, prof, secrets, RichProgress(err), dry_run=dry_run, replace=replace, node=node,
-                        command=f"up --profile {prof.name}" + deployments.node_flags(node))
+    result = bringup.run(
+        inv,
+        prof,
+        secrets,
+        RichProgress(err),
+        dry_run=dry_run,
+        replace=replace,
+        node=node,
+        command=f"up --profile {prof.name}" + deployments.node_flags(node),
+    )
     if isinstance(result, Plan):
         click.echo(result.as_json() if as_json else result.render())
         return
     if result.unchanged:
         where = f" on {', '.join(node)}" if node else ""
-        click.echo(f"nothing to do: {inv.cluster.name} already serves '{prof.name}'{where} (vllm serve pid {result.pid})")
+        click.echo(
+            f"nothing to do: {inv.cluster.name} already serves '{prof.name}'{where} (vllm serve pid {result.pid})"
+        )
     else:
         total = sum(result.seconds.values())
         pp = prof.serve.pipeline_parallel_size
-        click.echo(f"serving '{result.model}' with tensor parallel {prof.serve.tensor_parallel_size}"
-                   + (f" x pipeline parallel {pp}" if pp > 1 else "") + f" in {total:.0f}s")
+        click.echo(
+            f"serving '{result.model}' with tensor parallel {prof.serve.tensor_parallel_size}"
+            + (f" x pipeline parallel {pp}" if pp > 1 else "")
+            + f" in {total:.0f}s"
+        )
     auth = ' -H "Authorization: Bearer $VLLM_API_KEY"' if "VLLM_API_KEY" in secrets else ""
     click.echo(f"endpoint: {result.endpoint}")
     click.echo(f"model:    {result.model}")
-    click.echo(f"try:      curl -s {result.endpoint}/chat/completions{auth} -H 'Content-Type: application/json' "
-               f"-d '{{\"model\": \"{result.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
+    click.echo(
+        f"try:      curl -s {result.endpoint}/chat/completions{auth} -H 'Content-Type: application/json' "
+        f'-d \'{{"model": "{result.model}", "messages": [{{"role": "user", "content": "Hello"}}]}}\''
+    )
     if smoke:
         from sparkcluster.day2.deployments import target
+
         _smoke(target(inv, prof, node), prof, secrets, err)
 
 

@@ -28,8 +28,13 @@ def weights() -> None:
 
 
 @weights.command()
-@click.option("--profile", "-p", "profile_name", default=None,
-              help="Profile whose repositories to stage (default: the inventory's).")
+@click.option(
+    "--profile",
+    "-p",
+    "profile_name",
+    default=None,
+    help="Profile whose repositories to stage (default: the inventory's).",
+)
 @click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where HF_TOKEN lives (mode 0600).")
 @click.option("--verify", is_flag=True, help="Hash every file again on every node (not only new or changed ones).")
 @click.pass_obj
@@ -42,23 +47,32 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
         raise click.UsageError("no profile: pass --profile NAME (see `sparkcluster profile list`)")
     want = stage.wanted(prof)
     if not want:
-        raise InputError(f"profile '{prof.name}' serves {prof.model}, a path inside the container, not a hub model",
-                         "nothing to pull: place that path on every node yourself")
+        raise InputError(
+            f"profile '{prof.name}' serves {prof.model}, a path inside the container, not a hub model",
+            "nothing to pull: place that path on every node yourself",
+        )
     secrets = secret_store.load_secrets(env_file, prof)
     image = image_ref(inv, prof)
     err = Console(stderr=True, highlight=False)
-    with Cluster.connect(inv) as cluster, ClusterLock(cluster.head, inv.cluster.name, f"weights pull --profile {prof.name}"):
+    with (
+        Cluster.connect(inv) as cluster,
+        ClusterLock(cluster.head, inv.cluster.name, f"weights pull --profile {prof.name}"),
+    ):
         learn_homes(cluster)  # the HF cache's `~`, and whom the download's files belong to
-        sts = [stage.Staging(cluster, inv, image, need.repo, need.revision, secrets, RichProgress(err), need)
-               for need in want]
+        sts = [
+            stage.Staging(cluster, inv, image, need.repo, need.revision, secrets, RichProgress(err), need)
+            for need in want
+        ]
         for st in sts:
             st.resolve()
             st.check_all(rehash=verify)
         for st in sts:
             if not st.lacking():
                 m = st.manifest
-                click.echo(f"{m.repo}@{m.commit[:12]} ({st.role}, {m.size / 1e9:.2f} GB) is complete and verified "
-                           "on every node")
+                click.echo(
+                    f"{m.repo}@{m.commit[:12]} ({st.role}, {m.size / 1e9:.2f} GB) is complete and verified "
+                    "on every node"
+                )
         lacking = [st for st in sts if st.lacking()]
         if not lacking:
             return
@@ -69,10 +83,12 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
             if image_id(cluster.head, image) is None:
                 image = prof.image.ref
             if image_id(cluster.head, image) is None:
-                raise InputError(f"the head has neither the cluster image {image_ref(inv, prof)} nor its base "
-                                 f"{prof.image.ref}, one of which does the download",
-                                 f"docker pull {prof.image.ref} on {inv.head.name}, or sparkcluster up --profile "
-                                 f"{prof.name} (it builds the image and stages the weights)")
+                raise InputError(
+                    f"the head has neither the cluster image {image_ref(inv, prof)} nor its base "
+                    f"{prof.image.ref}, one of which does the download",
+                    f"docker pull {prof.image.ref} on {inv.head.name}, or sparkcluster up --profile "
+                    f"{prof.name} (it builds the image and stages the weights)",
+                )
             lacking[0].write_token()
         for st in lacking:
             st.image = image
@@ -103,18 +119,33 @@ def profile_repos(prof, per_node: dict[str, list[dict]]) -> list[dict]:
     for need in stage.wanted(prof) if prof is not None else []:
         nodes = {}
         for n, snaps in per_node.items():
-            got = [s for s in snaps if s["repo"] == need.repo
-                   and (need.revision in s["refs"] or s["commit"] == need.revision)]
+            got = [
+                s
+                for s in snaps
+                if s["repo"] == need.repo and (need.revision in s["refs"] or s["commit"] == need.revision)
+            ]
             nodes[n] = [f"{s['commit'][:12]} {'partial' if s['broken'] else 'complete'}" for s in got] or ["not cached"]
-        out.append({"role": need.role, "repo": need.repo, "revision": need.revision,
-                    "files": list(need.files) if need.files is not None else None, "weights": need.weights,
-                    "nodes": nodes})
+        out.append(
+            {
+                "role": need.role,
+                "repo": need.repo,
+                "revision": need.revision,
+                "files": list(need.files) if need.files is not None else None,
+                "weights": need.weights,
+                "nodes": nodes,
+            }
+        )
     return out
 
 
 @weights.command()
-@click.option("--profile", "-p", "profile_name", default=None,
-              help="List the repositories this profile needs (default: the inventory's profile).")
+@click.option(
+    "--profile",
+    "-p",
+    "profile_name",
+    default=None,
+    help="List the repositories this profile needs (default: the inventory's profile).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Per node, the snapshots as JSON.")
 @click.pass_obj
 def status(obj, profile_name: str | None, as_json: bool) -> None:
@@ -127,14 +158,23 @@ def status(obj, profile_name: str | None, as_json: bool) -> None:
     needed = profile_repos(prof, per_node)
     if as_json:
         # the per-node listing as before; with --profile, the profile's repositories beside it
-        click.echo(json.dumps(per_node if profile_name is None else {"profile": prof.name, "needs": needed,
-                                                                     "nodes": per_node}, indent=2))
+        click.echo(
+            json.dumps(
+                per_node if profile_name is None else {"profile": prof.name, "needs": needed, "nodes": per_node},
+                indent=2,
+            )
+        )
         return
     if needed:
         click.echo(f"profile {prof.name} needs:")
         for x in needed:
-            what = (f" (only {', '.join(x['files'])})" if x["files"] is not None
-                    else "" if x["weights"] else " (without weight files)")
+            what = (
+                f" (only {', '.join(x['files'])})"
+                if x["files"] is not None
+                else ""
+                if x["weights"]
+                else " (without weight files)"
+            )
             click.echo(f"  {x['role']}: {x['repo']}@{x['revision']}{what}")
             for n, states in x["nodes"].items():
                 click.echo(f"    {n}: {'; '.join(states)}")
@@ -144,8 +184,10 @@ def status(obj, profile_name: str | None, as_json: bool) -> None:
         for s in snaps:
             refs = f" ({', '.join(s['refs'])})" if s["refs"] else ""
             partial = f", {s['partial_bytes'] / 1e9:.2f} GB downloading" if s["partial_bytes"] else ""
-            click.echo(f"  {s['repo']}@{s['commit'][:12]}{refs}: {s['files']} files, {s['size'] / 1e9:.2f} GB, "
-                       f"{state_word(s)}{partial}")
+            click.echo(
+                f"  {s['repo']}@{s['commit'][:12]}{refs}: {s['files']} files, {s['size'] / 1e9:.2f} GB, "
+                f"{state_word(s)}{partial}"
+            )
 
 
 @weights.command()
@@ -159,8 +201,10 @@ def rm(obj, repo: str, commit: str | None, yes: bool) -> None:
     inv = obj.inventory()
     with Cluster.connect(inv) as cluster, ClusterLock(cluster.head, inv.cluster.name, f"weights rm {repo}"):
         per_node = _status(cluster, inv)
-        targets = {n: sorted({s["commit"] for s in snaps if s["repo"] == repo and (commit is None or s["commit"] == commit)})
-                   for n, snaps in per_node.items()}
+        targets = {
+            n: sorted({s["commit"] for s in snaps if s["repo"] == repo and (commit is None or s["commit"] == commit)})
+            for n, snaps in per_node.items()
+        }
         if not any(targets.values()):
             click.echo(f"{repo}{'@' + commit if commit else ''} is not cached on any node")
             return

@@ -40,5 +40,8 @@ class SupervisorSettings(BaseModel):
 def policy(settings: SupervisorSettings, ready_timeout_s: float) -> dict:
     """The bounds as the agent reads them (contract.DEFAULT_POLICY's names)."""
     doc = settings.model_dump()
-    return {**{k: v for k, v in doc.items() if k not in ("enabled", "prefill_floor_tok_s")}, "act": settings.enabled,
-            "ready_timeout_s": float(ready_timeout_s)}
+    return {
+        **{k: v for k, v in doc.items() if k not in ("enabled", "prefill_floor_tok_s")},
+        "act": settings.enabled,
+        "ready_timeout_s": float(ready_timeout_s),
+    }

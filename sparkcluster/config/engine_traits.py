@@ -43,10 +43,14 @@ class EngineTraits:
 
     def node_ip_consequence(self) -> str:
         if self.checks_unique_node_ips:
-            return (f"vLLM {self.vllm_version} would stop at start-up with "
-                    "\"Every node should have a unique IP address\" or wait on a placement group")
-        return (f"vLLM {self.vllm_version} (Ray executor V2) does not check node IPs itself and "
-                "would serve with ranks reached at the wrong address")
+            return (
+                f"vLLM {self.vllm_version} would stop at start-up with "
+                '"Every node should have a unique IP address" or wait on a placement group'
+            )
+        return (
+            f"vLLM {self.vllm_version} (Ray executor V2) does not check node IPs itself and "
+            "would serve with ranks reached at the wrong address"
+        )
 
 
 def traits(vllm_version: str, forwarded_env: dict[str, str] | None = None) -> EngineTraits:

@@ -76,11 +76,14 @@ class Gate:
                 return why
         rel = ngc_release(tag) if image_kind == "ngc" else None
         if rel and self.ngc_absent_through and rel <= self.ngc_absent_through:
-            return (f"NGC image {tag} {self.verb} it (absent from NGC "
-                    f"{_fmt_ngc(self.ngc_absent_through)} and older; {self.source})")
+            return (
+                f"NGC image {tag} {self.verb} it (absent from NGC "
+                f"{_fmt_ngc(self.ngc_absent_through)} and older; {self.source})"
+            )
         if rel and self.ngc_removed_from and rel >= self.ngc_removed_from:
-            return (f"NGC image {tag} {self.verb} it (removed from NGC "
-                    f"{_fmt_ngc(self.ngc_removed_from)} on; {self.source})")
+            return (
+                f"NGC image {tag} {self.verb} it (removed from NGC {_fmt_ngc(self.ngc_removed_from)} on; {self.source})"
+            )
         return None
 
     def _version_refusal(self, vllm_version: str) -> str | None:
@@ -122,8 +125,7 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("kv_cache_dtype", "--kv-cache-dtype"),
     FlagSpec("attention_backend", "--attention-backend"),
     # 25.11 accepts only auto|float32
-    FlagSpec("mamba_ssm_cache_dtype", "--mamba-ssm-cache-dtype",
-             value_gates={"float16": _NEWER_THAN_25_11}),
+    FlagSpec("mamba_ssm_cache_dtype", "--mamba-ssm-cache-dtype", value_gates={"float16": _NEWER_THAN_25_11}),
     FlagSpec("max_model_len", "--max-model-len"),
     FlagSpec("gpu_memory_utilization", "--gpu-memory-utilization"),
     FlagSpec("max_cudagraph_capture_size", "--max-cudagraph-capture-size", gate=_NEWER_THAN_25_11),
@@ -145,8 +147,7 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec(None, "--master-addr", gate=MP_MULTI_NODE),
     FlagSpec(None, "--headless", gate=MP_MULTI_NODE),
     # removed from the 26.05 NGC image, which ships vLLM 0.21.0
-    FlagSpec(None, "--swap-space",
-             gate=Gate(until=(0, 21, 0), ngc_removed_from=(26, 5), source="seed 002")),
+    FlagSpec(None, "--swap-space", gate=Gate(until=(0, 21, 0), ngc_removed_from=(26, 5), source="seed 002")),
 )
 BY_FLAG: dict[str, FlagSpec] = {f.flag: f for f in FLAGS}
 
@@ -154,8 +155,11 @@ BY_FLAG: dict[str, FlagSpec] = {f.flag: f for f in FLAGS}
 # VLLM_USE_FLASHINFER_MOE_FP4, VLLM_USE_FLASHINFER_MOE_FP8, ... (the VLLM_USE_FLASHINFER_MOE_*
 # family) in favour of --moe-backend; they log "Unknown vLLM environment variable" and do nothing.
 ENV_GATES: tuple[tuple[Callable[[str], bool], str, Gate], ...] = (
-    (lambda n: n.startswith("VLLM_USE_FLASHINFER_MOE_"), "VLLM_USE_FLASHINFER_MOE_*",
-     Gate(until=(0, 23, 0), source="seed 001", verb="ignores")),
+    (
+        lambda n: n.startswith("VLLM_USE_FLASHINFER_MOE_"),
+        "VLLM_USE_FLASHINFER_MOE_*",
+        Gate(until=(0, 23, 0), source="seed 001", verb="ignores"),
+    ),
 )
 
 
@@ -177,8 +181,13 @@ def _as_args(spec: FlagSpec, value) -> list[str]:
     return [spec.flag, _fmt_value(value)]
 
 
-def serve_argv(profile: Profile, image_kind: str | None = None, *, port: int | None = None,
-               hf_cache: str = "/root/.cache/huggingface") -> list[str]:
+def serve_argv(
+    profile: Profile,
+    image_kind: str | None = None,
+    *,
+    port: int | None = None,
+    hf_cache: str = "/root/.cache/huggingface",
+) -> list[str]:
     """The `vllm serve ...` argv for the profile.
 
     image_kind: "ngc" (default from the profile's image) prefixes `vllm serve`; "vllm-openai"
@@ -222,8 +231,16 @@ def exec_argv(profile: Profile, **kw) -> list[str]:
 def rank_args(nnodes: int, rank: int, master_addr: str, master_port: int) -> list[str]:
     """What executor "mp" adds to one node's `vllm serve`: its rank among the nodes and the head's
     rendezvous; every node but the head runs headless (its ranks only, no API server)."""
-    argv = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master_addr,
-            "--master-port", str(master_port)]
+    argv = [
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(rank),
+        "--master-addr",
+        master_addr,
+        "--master-port",
+        str(master_port),
+    ]
     return argv + (["--headless"] if rank > 0 else [])
 
 

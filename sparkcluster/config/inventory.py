@@ -23,7 +23,9 @@ ENV_VAR = "SPARKCLUSTER_INVENTORY"
 HOME_HF_CACHE = "~/.cache/huggingface"
 
 _NAME = r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$"
-_TARGET = re.compile(r"^(?:(?P<user>[a-zA-Z0-9._-]+)@)?(?P<host>[a-zA-Z0-9._-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?$")
+_TARGET = re.compile(
+    r"^(?:(?P<user>[a-zA-Z0-9._-]+)@)?(?P<host>[a-zA-Z0-9._-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?$"
+)
 
 
 class _Strict(BaseModel):
@@ -96,6 +98,7 @@ class Cluster(_Strict):
 class FabricFigures(_Strict):
     """`[fabric]`: what `doctor --fabric` expects of the collective test between the nodes. Unset
     figures come from the topology (`fabric/verdict`): the field's for a pair of Sparks."""
+
     healthy_gbps: float | None = Field(default=None, gt=0)  # below it: WARN (all_gather bus bandwidth)
     floor_gbps: float | None = Field(default=None, gt=0)  # below it: FAIL
     max_bytes: int = Field(default=1 << 30, ge=1 << 20, le=4 << 30)  # the largest size tested
@@ -116,7 +119,7 @@ class Inventory(_Strict):
     def _shape(self) -> "Inventory":
         heads = [n.name for n in self.nodes if n.role == "head"]
         if len(heads) != 1:
-            raise ValueError(f"exactly one node must have role = \"head\" (found {len(heads)})")
+            raise ValueError(f'exactly one node must have role = "head" (found {len(heads)})')
         if self.cluster.topology and (why := topo.nodes_allowed(self.cluster.topology, len(self.nodes))):
             raise ValueError(f"cluster.topology: {why}")
         return self
@@ -161,8 +164,9 @@ class Inventory(_Strict):
         for n in self.nodes:
             if n.name == name:
                 return n
-        raise InputError(f"no node named {name!r} in the inventory",
-                         f"choose one of: {', '.join(n.name for n in self.nodes)}")
+        raise InputError(
+            f"no node named {name!r} in the inventory", f"choose one of: {', '.join(n.name for n in self.nodes)}"
+        )
 
     def set_home(self, node: str, home: str, owner: str = "") -> None:
         self._homes[node] = home
@@ -224,18 +228,21 @@ def parse(text: str, source: str = "inventory", path: Path | None = None) -> Inv
         inv = Inventory.model_validate({**data, "path": path})
     except ValidationError as e:
         lines = describe_validation_error(source, e)
-        raise InputError(f"{source}: {len(lines)} problem(s) in the inventory",
-                         "correct the fields listed above", details=lines) from None
+        raise InputError(
+            f"{source}: {len(lines)} problem(s) in the inventory", "correct the fields listed above", details=lines
+        ) from None
     dup = [f"{source}: {line}" for line in inv.duplicates()]
     if dup:
-        raise InputError(f"{source}: {len(dup)} problem(s) in the inventory", "correct the fields listed above",
-                         details=dup)
+        raise InputError(
+            f"{source}: {len(dup)} problem(s) in the inventory", "correct the fields listed above", details=dup
+        )
     return inv
 
 
 def load(path: Path | None = None) -> Inventory:
     path = (path or default_path()).expanduser()
     if not path.is_file():
-        raise InputError(f"no inventory at {path}",
-                         "pass --inventory PATH, set $SPARKCLUSTER_INVENTORY, or run 'sparkcluster init'")
+        raise InputError(
+            f"no inventory at {path}", "pass --inventory PATH, set $SPARKCLUSTER_INVENTORY, or run 'sparkcluster init'"
+        )
     return parse(path.read_text(), source=str(path), path=path.resolve())

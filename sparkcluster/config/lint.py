@@ -57,12 +57,15 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
 
     # -- memory on unified memory (docs/field-notes.md, "Memory on a unified-memory machine")
     if s.gpu_memory_utilization > MAX_GPU_MEMORY_UTILIZATION and not profile.allow_high_gpu_memory_utilization:
-        p.append(Problem(
-            "gpu-memory-utilization",
-            f"--gpu-memory-utilization {s.gpu_memory_utilization} is above {MAX_GPU_MEMORY_UTILIZATION} "
-            "on unified memory: the host starves (sshd stops answering)",
-            "lower serve.gpu_memory_utilization to 0.70-0.80, or set "
-            "allow_high_gpu_memory_utilization = true if you mean it"))
+        p.append(
+            Problem(
+                "gpu-memory-utilization",
+                f"--gpu-memory-utilization {s.gpu_memory_utilization} is above {MAX_GPU_MEMORY_UTILIZATION} "
+                "on unified memory: the host starves (sshd stops answering)",
+                "lower serve.gpu_memory_utilization to 0.70-0.80, or set "
+                "allow_high_gpu_memory_utilization = true if you mean it",
+            )
+        )
 
     # -- parallelism vs the cluster
     if inventory is not None:
@@ -70,34 +73,46 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
         # a profile as wide as one node runs there alone (`up --node`), the pair free for another
         one_node = len(inventory.nodes) > 1 and profile.world_size in {n.gpus for n in inventory.nodes}
         if profile.world_size != gpus and not one_node:
-            p.append(Problem(
-                "tp-pp-gpus",
-                f"tensor_parallel_size x pipeline_parallel_size = {s.tensor_parallel_size} x "
-                f"{s.pipeline_parallel_size} = {profile.world_size}, but the cluster has {gpus} GPU(s)",
-                f"set serve.tensor_parallel_size x serve.pipeline_parallel_size = {gpus}"))
+            p.append(
+                Problem(
+                    "tp-pp-gpus",
+                    f"tensor_parallel_size x pipeline_parallel_size = {s.tensor_parallel_size} x "
+                    f"{s.pipeline_parallel_size} = {profile.world_size}, but the cluster has {gpus} GPU(s)",
+                    f"set serve.tensor_parallel_size x serve.pipeline_parallel_size = {gpus}",
+                )
+            )
         p.extend(needs_root(inventory))
         if s.port is not None and s.port != inventory.cluster.api_port:
-            p.append(Problem(
-                "port-mismatch",
-                f"serve.port {s.port} differs from the inventory's api_port {inventory.cluster.api_port}",
-                "remove serve.port (the inventory's api_port is used) or make them equal"))
+            p.append(
+                Problem(
+                    "port-mismatch",
+                    f"serve.port {s.port} differs from the inventory's api_port {inventory.cluster.api_port}",
+                    "remove serve.port (the inventory's api_port is used) or make them equal",
+                )
+            )
     if profile.world_size > 1 and s.distributed_executor_backend != profile.executor:
-        p.append(Problem(
-            "executor-backend",
-            f"{profile.world_size} ranks across nodes need --distributed-executor-backend {profile.executor} "
-            f"(profile has {s.distributed_executor_backend or 'none'})",
-            f"remove serve.distributed_executor_backend, or set executor = \"{s.distributed_executor_backend}\""
-            " (ray: seed 002; mp: vLLM's own multi-node launch)"))
+        p.append(
+            Problem(
+                "executor-backend",
+                f"{profile.world_size} ranks across nodes need --distributed-executor-backend {profile.executor} "
+                f"(profile has {s.distributed_executor_backend or 'none'})",
+                f'remove serve.distributed_executor_backend, or set executor = "{s.distributed_executor_backend}"'
+                " (ray: seed 002; mp: vLLM's own multi-node launch)",
+            )
+        )
 
     # -- prefix caching on a hybrid model (docs/field-notes.md, "Version-dependent flags")
     if profile.hybrid and s.enable_prefix_caching:
         mnbt = s.max_num_batched_tokens or VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS
         if mnbt < MAMBA_ALIGNED_BLOCK_SIZE:
-            p.append(Problem(
-                "prefix-caching-hybrid",
-                f"prefix caching on a hybrid (Mamba) model forces block_size {MAMBA_ALIGNED_BLOCK_SIZE}, "
-                f"above --max-num-batched-tokens {mnbt}: start-up asserts",
-                "set serve.max_num_batched_tokens = 8192 (seed 004), or disable prefix caching"))
+            p.append(
+                Problem(
+                    "prefix-caching-hybrid",
+                    f"prefix caching on a hybrid (Mamba) model forces block_size {MAMBA_ALIGNED_BLOCK_SIZE}, "
+                    f"above --max-num-batched-tokens {mnbt}: start-up asserts",
+                    "set serve.max_num_batched_tokens = 8192 (seed 004), or disable prefix caching",
+                )
+            )
 
     # -- tool calling needs both flags: HTTP 400 on tool_choice "auto" (docs/field-notes.md, "Version-dependent flags")
     has_auto = "--enable-auto-tool-choice" in flags
@@ -105,117 +120,169 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
     if has_auto != has_parser:
         missing = "--tool-call-parser" if has_auto else "--enable-auto-tool-choice"
         present = "--enable-auto-tool-choice" if has_auto else "--tool-call-parser"
-        p.append(Problem(
-            "tool-choice-pair",
-            f"{present} without {missing}: clients sending tool_choice \"auto\" get HTTP 400",
-            "set both serve.enable_auto_tool_choice = true and serve.tool_call_parser "
-            "(matching the model family), or neither"))
+        p.append(
+            Problem(
+                "tool-choice-pair",
+                f'{present} without {missing}: clients sending tool_choice "auto" get HTTP 400',
+                "set both serve.enable_auto_tool_choice = true and serve.tool_call_parser "
+                "(matching the model family), or neither",
+            )
+        )
 
     # -- quantization flag vs checkpoint format (docs/field-notes.md, "Version-dependent flags")
     quant = flag_value(argv, "--quantization")
     if profile.checkpoint_format == "modelopt" and quant != "modelopt":
-        p.append(Problem(
-            "quantization",
-            f"ModelOpt NVFP4 checkpoint needs --quantization modelopt (profile has {quant or 'none'})",
-            "set serve.quantization = \"modelopt\""))
+        p.append(
+            Problem(
+                "quantization",
+                f"ModelOpt NVFP4 checkpoint needs --quantization modelopt (profile has {quant or 'none'})",
+                'set serve.quantization = "modelopt"',
+            )
+        )
     # naming the checkpoint's own format is harmless: seed 004 serves RedHatAI's NVFP4 checkpoint
     # with --quantization compressed-tensors
     if profile.checkpoint_format == "compressed-tensors" and quant not in (None, "compressed-tensors"):
-        p.append(Problem(
-            "quantization",
-            f"compressed-tensors checkpoint must not pass --quantization {quant}",
-            "remove serve.quantization: vLLM detects compressed-tensors itself"))
+        p.append(
+            Problem(
+                "quantization",
+                f"compressed-tensors checkpoint must not pass --quantization {quant}",
+                "remove serve.quantization: vLLM detects compressed-tensors itself",
+            )
+        )
 
     p += _speculative_problems(s.speculative_config)
 
     # -- the image kind and the `vllm serve` prefix (docs/field-notes.md, "Version-dependent flags")
     guessed = guess_image_kind(profile.image.base)
     if guessed and guessed != profile.image.kind:
-        p.append(Problem(
-            "image-kind",
-            f"image {profile.image.base} is a {guessed} image but the profile says kind = "
-            f"\"{profile.image.kind}\"",
-            f"set image.kind = \"{guessed}\""))
+        p.append(
+            Problem(
+                "image-kind",
+                f'image {profile.image.base} is a {guessed} image but the profile says kind = "{profile.image.kind}"',
+                f'set image.kind = "{guessed}"',
+            )
+        )
     prefix = [t for t in [profile.model, *extra] if t in ("vllm", "serve") or t.startswith("vllm serve")]
     if prefix:
-        p.append(Problem(
-            "image-kind",
-            f"`vllm serve` appears in the model or extra flags ({' '.join(prefix)}): "
-            "`vllm serve vllm serve` fails with \"unrecognized arguments\"",
-            "remove it: sparkcluster adds `vllm serve` for NGC images, and vllm/vllm-openai "
-            "images have it as entrypoint"))
+        p.append(
+            Problem(
+                "image-kind",
+                f"`vllm serve` appears in the model or extra flags ({' '.join(prefix)}): "
+                '`vllm serve vllm serve` fails with "unrecognized arguments"',
+                "remove it: sparkcluster adds `vllm serve` for NGC images, and vllm/vllm-openai "
+                "images have it as entrypoint",
+            )
+        )
 
     # -- secrets stay off command lines and out of the forwarded variables (docs/field-notes.md, "Secrets")
     api_key_flags = [f for f in flag_names(extra) if f == "--api-key"]
     if api_key_flags:
-        p.append(Problem(
-            "secret-on-command-line",
-            "--api-key in serve.extra_flags puts the API key on a command line (`ps` shows it)",
-            "remove --api-key: the key reaches vllm as VLLM_API_KEY in the exec environment"))
+        p.append(
+            Problem(
+                "secret-on-command-line",
+                "--api-key in serve.extra_flags puts the API key on a command line (`ps` shows it)",
+                "remove --api-key: the key reaches vllm as VLLM_API_KEY in the exec environment",
+            )
+        )
     leaked = [i for i, t in enumerate(extra) if _looks_secret(t)]
     if leaked:
-        p.append(Problem(
-            "secret-on-command-line",
-            f"serve.extra_flags{leaked} looks like a secret value",
-            "remove it; secrets come from the environment or a 0600 .env"))
+        p.append(
+            Problem(
+                "secret-on-command-line",
+                f"serve.extra_flags{leaked} looks like a secret value",
+                "remove it; secrets come from the environment or a 0600 .env",
+            )
+        )
     if _looks_secret(profile.model) or (profile.served_name and _looks_secret(profile.served_name)):
-        p.append(Problem("secret-on-command-line", "model or served_name looks like a secret value",
-                         "remove it; secrets come from the environment or a 0600 .env"))
+        p.append(
+            Problem(
+                "secret-on-command-line",
+                "model or served_name looks like a secret value",
+                "remove it; secrets come from the environment or a 0600 .env",
+            )
+        )
     for name, value in profile.env.forward.items():
         if name in SECRET_NAMES or _SECRET_NAME.search(name):
-            p.append(Problem(
-                "secret-in-forwarded-vars",
-                f"env.forward.{name}: a secret in the container's start environment "
-                "(visible in docker inspect, copied to every rank)",
-                f"remove {name} from env.forward; list it in secrets (value from the environment "
-                "or a 0600 .env, passed to the exec only)"))
+            p.append(
+                Problem(
+                    "secret-in-forwarded-vars",
+                    f"env.forward.{name}: a secret in the container's start environment "
+                    "(visible in docker inspect, copied to every rank)",
+                    f"remove {name} from env.forward; list it in secrets (value from the environment "
+                    "or a 0600 .env, passed to the exec only)",
+                )
+            )
         elif _looks_secret(value):
-            p.append(Problem(
-                "secret-in-forwarded-vars",
-                f"env.forward.{name}: the value looks like a secret",
-                f"remove {name} from env.forward; keep secrets in a 0600 .env"))
+            p.append(
+                Problem(
+                    "secret-in-forwarded-vars",
+                    f"env.forward.{name}: the value looks like a secret",
+                    f"remove {name} from env.forward; keep secrets in a 0600 .env",
+                )
+            )
 
     # -- sparkcluster sets these itself, per node or for all
     for name in profile.env.forward:
         if name in MANAGED_VARS:
-            p.append(Problem(
-                "managed-var-forwarded",
-                f"env.forward.{name}: sparkcluster sets it (per node from the inventory, or from "
-                "the profile's env settings); a forwarded value would be wrong on some node",
-                f"remove {name} from env.forward"))
+            p.append(
+                Problem(
+                    "managed-var-forwarded",
+                    f"env.forward.{name}: sparkcluster sets it (per node from the inventory, or from "
+                    "the profile's env settings); a forwarded value would be wrong on some node",
+                    f"remove {name} from env.forward",
+                )
+            )
 
     # -- flags given twice (extra_flags must not shadow a typed field)
     for f in sorted(set(flag_names(extra))):
         spec = BY_FLAG.get(f)
         if spec and spec.field:
-            p.append(Problem(
-                "duplicate-flag",
-                f"{f} in serve.extra_flags duplicates the typed field serve.{spec.field}",
-                f"set serve.{spec.field} and remove {f} from serve.extra_flags"))
+            p.append(
+                Problem(
+                    "duplicate-flag",
+                    f"{f} in serve.extra_flags duplicates the typed field serve.{spec.field}",
+                    f"set serve.{spec.field} and remove {f} from serve.extra_flags",
+                )
+            )
         elif f in ("--served-model-name", "--host", "--port", "--reasoning-parser-plugin"):
-            p.append(Problem(
-                "duplicate-flag", f"{f} in serve.extra_flags is set by sparkcluster from the profile",
-                f"remove {f} from serve.extra_flags"))
+            p.append(
+                Problem(
+                    "duplicate-flag",
+                    f"{f} in serve.extra_flags is set by sparkcluster from the profile",
+                    f"remove {f} from serve.extra_flags",
+                )
+            )
 
     # -- the reasoning-parser plugin only registers a parser; it still has to be named
     if s.reasoning_parser_plugin_url and not s.reasoning_parser:
-        p.append(Problem(
-            "reasoning-plugin",
-            "serve.reasoning_parser_plugin_url is set but serve.reasoning_parser is not",
-            "set serve.reasoning_parser to the parser the plugin registers (e.g. super_v3, seed 002)"))
+        p.append(
+            Problem(
+                "reasoning-plugin",
+                "serve.reasoning_parser_plugin_url is set but serve.reasoning_parser is not",
+                "set serve.reasoning_parser to the parser the plugin registers (e.g. super_v3, seed 002)",
+            )
+        )
 
     # -- version gates (docs/field-notes.md, "Version-dependent flags")
     img = profile.image
     for r in refusals(profile):
         if r.kind == "env":
-            p.append(Problem(
-                "env-version", f"env.forward.{r.item}: {r.reason}",
-                "use serve.moe_backend (--moe-backend marlin on sm_121, seed 001) and drop the variable"))
+            p.append(
+                Problem(
+                    "env-version",
+                    f"env.forward.{r.item}: {r.reason}",
+                    "use serve.moe_backend (--moe-backend marlin on sm_121, seed 001) and drop the variable",
+                )
+            )
         else:
-            p.append(Problem(
-                "flag-version", f"{r.item}: image {img.ref} (vLLM {img.vllm_version or 'not stated'}) does not accept "
-                f"it: {r.reason}",
-                "remove the flag or use a newer image (and set image.vllm_version to what it ships)"))
+            p.append(
+                Problem(
+                    "flag-version",
+                    f"{r.item}: image {img.ref} (vLLM {img.vllm_version or 'not stated'}) does not accept "
+                    f"it: {r.reason}",
+                    "remove the flag or use a newer image (and set image.vllm_version to what it ships)",
+                )
+            )
     p += supervisor_bounds(profile)
     return p
 
@@ -233,12 +300,15 @@ def supervisor_bounds(profile: Profile) -> list[Problem]:
     step = s.max_num_batched_tokens or DEFAULT_STEP_TOKENS
     step_s = step / sv.prefill_floor_tok_s
     if sv.stall_s < 2 * step_s:
-        return [Problem(
-            "supervisor-stall",
-            f"[supervisor] stall_s {sv.stall_s:g} s is under twice one scheduler step ({step} tokens at "
-            f"{sv.prefill_floor_tok_s:g} tok/s = {step_s:.0f} s): a long prefill would read as a wedge",
-            f"raise [supervisor] stall_s to {2 * step_s:.0f} or more (or lower serve.max_num_batched_tokens, "
-            "or state the setup's prefill rate in [supervisor] prefill_floor_tok_s)")]
+        return [
+            Problem(
+                "supervisor-stall",
+                f"[supervisor] stall_s {sv.stall_s:g} s is under twice one scheduler step ({step} tokens at "
+                f"{sv.prefill_floor_tok_s:g} tok/s = {step_s:.0f} s): a long prefill would read as a wedge",
+                f"raise [supervisor] stall_s to {2 * step_s:.0f} or more (or lower serve.max_num_batched_tokens, "
+                "or state the setup's prefill rate in [supervisor] prefill_floor_tok_s)",
+            )
+        ]
     return []
 
 
@@ -253,11 +323,14 @@ def _speculative_problems(spec: dict | None) -> list[Problem]:
     if not spec or spec.get("method") != "draft_model":
         return []
     drafter = spec.get("model")
-    return [Problem(
-        "speculative-method",
-        f"speculative_config method \"draft_model\" runs the drafter {drafter or '(none given)'} as a "
-        "full model: generation is slower than with an MTP drafter (seed 004: +40% after switching)",
-        "set serve.speculative_config.method = \"mtp\", keeping the drafter as model (seed 004)")]
+    return [
+        Problem(
+            "speculative-method",
+            f'speculative_config method "draft_model" runs the drafter {drafter or "(none given)"} as a '
+            "full model: generation is slower than with an MTP drafter (seed 004: +40% after switching)",
+            'set serve.speculative_config.method = "mtp", keeping the drafter as model (seed 004)',
+        )
+    ]
 
 
 def memory_sum_problems(profiles: Sequence[Profile]) -> list[Problem]:
@@ -275,12 +348,15 @@ def memory_sum_problems(profiles: Sequence[Profile]) -> list[Problem]:
     if len(profiles) < 2 or total <= MAX_GPU_MEMORY_UTILIZATION:
         return []
     parts = " + ".join(f"{p.name} {p.serve.gpu_memory_utilization}" for p in profiles)
-    return [Problem(
-        "memory-sum",
-        f"--gpu-memory-utilization on one node sums to {total} ({parts}), above "
-        f"{MAX_GPU_MEMORY_UTILIZATION} of the shared unified pool: the host starves",
-        f"lower the profiles' serve.gpu_memory_utilization to sum to {MAX_GPU_MEMORY_UTILIZATION} "
-        "or less, or plan one of them on another node")]
+    return [
+        Problem(
+            "memory-sum",
+            f"--gpu-memory-utilization on one node sums to {total} ({parts}), above "
+            f"{MAX_GPU_MEMORY_UTILIZATION} of the shared unified pool: the host starves",
+            f"lower the profiles' serve.gpu_memory_utilization to sum to {MAX_GPU_MEMORY_UTILIZATION} "
+            "or less, or plan one of them on another node",
+        )
+    ]
 
 
 def needs_root(inventory: "Inventory") -> list[Problem]:
@@ -290,11 +366,15 @@ def needs_root(inventory: "Inventory") -> list[Problem]:
     cache = inventory.cluster.hf_cache
     as_root = all(n.ssh.startswith("root@") for n in inventory.nodes)  # root said so itself
     if not as_root and any(cache == d or cache.startswith(d + "/") for d in ROOT_ONLY_DIRS):
-        out.append(Problem(
-            "needs-root", f"hf_cache {cache} is under a directory only root may write: the SSH user "
-            "(an ordinary account on a Spark) cannot create or update the weights there",
-            "remove hf_cache (default: the SSH user's own ~/.cache/huggingface, where `hf download` puts "
-            "weights) or set it to a directory that user owns"))
+        out.append(
+            Problem(
+                "needs-root",
+                f"hf_cache {cache} is under a directory only root may write: the SSH user "
+                "(an ordinary account on a Spark) cannot create or update the weights there",
+                "remove hf_cache (default: the SSH user's own ~/.cache/huggingface, where `hf download` puts "
+                "weights) or set it to a directory that user owns",
+            )
+        )
     return out
 
 
@@ -307,17 +387,31 @@ def model_shape(config: dict, tp: int, pp: int, forwarded: dict[str, str] | None
     heads, kv, layers = (c.get(k) for k in ("num_attention_heads", "num_key_value_heads", "num_hidden_layers"))
     p: list[Problem] = []
     if isinstance(heads, int) and heads % tp:
-        p.append(Problem("tp-heads", f"the model has {heads} attention heads, which tensor_parallel_size {tp} does "
-                                     "not divide: vLLM refuses to start",
-                         f"set serve.tensor_parallel_size to a divisor of {heads} and pipeline_parallel_size so that "
-                         "TP x PP is still the cluster's GPUs"))
+        p.append(
+            Problem(
+                "tp-heads",
+                f"the model has {heads} attention heads, which tensor_parallel_size {tp} does "
+                "not divide: vLLM refuses to start",
+                f"set serve.tensor_parallel_size to a divisor of {heads} and pipeline_parallel_size so that "
+                "TP x PP is still the cluster's GPUs",
+            )
+        )
     if isinstance(kv, int) and kv % tp and tp % kv:
-        p.append(Problem("tp-kv-heads", f"the model has {kv} KV heads and tensor_parallel_size is {tp}: neither "
-                                        "divides the other", f"set serve.tensor_parallel_size to a divisor or a multiple of {kv}"))
+        p.append(
+            Problem(
+                "tp-kv-heads",
+                f"the model has {kv} KV heads and tensor_parallel_size is {tp}: neither divides the other",
+                f"set serve.tensor_parallel_size to a divisor or a multiple of {kv}",
+            )
+        )
     manual = "VLLM_PP_LAYER_PARTITION" in (forwarded or {})
     if isinstance(layers, int) and (layers < pp or (layers % pp and not manual)):
-        p.append(Problem("pp-layers", f"the model has {layers} layers, which pipeline_parallel_size {pp} does not "
-                                      "divide into equal stages",
-                         f"set serve.pipeline_parallel_size to a divisor of {layers}, or forward "
-                         "VLLM_PP_LAYER_PARTITION with the layers per stage"))
+        p.append(
+            Problem(
+                "pp-layers",
+                f"the model has {layers} layers, which pipeline_parallel_size {pp} does not divide into equal stages",
+                f"set serve.pipeline_parallel_size to a divisor of {layers}, or forward "
+                "VLLM_PP_LAYER_PARTITION with the layers per stage",
+            )
+        )
     return p

@@ -33,8 +33,15 @@ SecretName = Literal["HF_TOKEN", "VLLM_API_KEY"]
 
 # Per-host variables from the inventory: interface and HCA names, VLLM_HOST_IP = the node's control IP,
 # NCCL_IB_GID_INDEX (may differ between nodes, 3 on one, 4 or 5 on the other: issue 24). field-notes.
-PER_HOST_VARS: tuple[str, ...] = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA",
-                                  "UCX_NET_DEVICES", "OMPI_MCA_btl_tcp_if_include", "NCCL_IB_GID_INDEX")
+PER_HOST_VARS: tuple[str, ...] = (
+    "VLLM_HOST_IP",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_IB_HCA",
+    "UCX_NET_DEVICES",
+    "OMPI_MCA_btl_tcp_if_include",
+    "NCCL_IB_GID_INDEX",
+)
 NON_CARRY_OVER_FILENAME = "ray_non_carry_over_env_vars.json"
 # Set by sparkcluster in every container; a profile may not forward these by hand.
 MANAGED_VARS: tuple[str, ...] = PER_HOST_VARS + ("VLLM_CONFIG_ROOT", "RAY_memory_usage_threshold")
@@ -66,8 +73,9 @@ class Image(_Strict):
         if self.kind is None:
             guessed = guess_image_kind(self.base)
             if guessed is None:
-                raise ValueError(f"kind: cannot tell the image kind from base {self.base!r}; "
-                                 "set kind = \"ngc\" or \"vllm-openai\"")
+                raise ValueError(
+                    f'kind: cannot tell the image kind from base {self.base!r}; set kind = "ngc" or "vllm-openai"'
+                )
             object.__setattr__(self, "kind", guessed)
         return self
 
@@ -101,7 +109,7 @@ class EnvSettings(_Strict):
             out = {}
             for k, val in v.items():
                 if isinstance(val, bool):
-                    raise ValueError(f"{k}: write the value as a string (\"1\" or \"0\"), not a boolean")
+                    raise ValueError(f'{k}: write the value as a string ("1" or "0"), not a boolean')
                 out[k] = str(val) if isinstance(val, (int, float)) else val
             return out
         return v
@@ -224,10 +232,11 @@ class Profile(_Strict):
         backend = self.serve.distributed_executor_backend
         if self.executor == "mp" and self.world_size > 1 and backend != "mp":
             if "distributed_executor_backend" in self.serve.model_fields_set:
-                raise ValueError(f"executor = \"mp\" runs vLLM's mp backend: remove serve.distributed_executor_backend ({backend})")
+                raise ValueError(
+                    f'executor = "mp" runs vLLM\'s mp backend: remove serve.distributed_executor_backend ({backend})'
+                )
             object.__setattr__(self, "serve", self.serve.model_copy(update={"distributed_executor_backend": "mp"}))
         return self
-
 
     def forwarded_env(self) -> dict[str, str]:
         """The variables every container gets at start, identical on every node."""
@@ -328,7 +337,6 @@ def reasoning_plugin(profile: Profile, hf_cache: str = "/root/.cache/huggingface
     return url, str(PurePosixPath(hf_cache) / url.rsplit("/", 1)[-1])
 
 
-
 def search_path() -> list[Path]:
     dirs: list[Path] = []
     env = os.environ.get(PROFILES_ENV_VAR)
@@ -365,8 +373,9 @@ def find(name: str) -> Path:
         if p.is_file():
             return p
     names = ", ".join(available()) or "none"
-    raise InputError(f"no profile named {name!r}",
-                     f"choose one of: {names} (searched: {', '.join(str(d) for d in search_path())})")
+    raise InputError(
+        f"no profile named {name!r}", f"choose one of: {names} (searched: {', '.join(str(d) for d in search_path())})"
+    )
 
 
 def parse(text: str, name: str, source: str = "profile", path: Path | None = None) -> Profile:
@@ -376,13 +385,15 @@ def parse(text: str, name: str, source: str = "profile", path: Path | None = Non
         raise InputError(f"{source}: not valid TOML: {e}", "fix the syntax at the position shown") from None
     lines = [f"{source}: {k}: set from the file name/location, remove it" for k in ("name", "path") if k in data]
     try:
-        prof = Profile.model_validate({**{k: v for k, v in data.items() if k not in ("name", "path")},
-                                       "name": name, "path": path})
+        prof = Profile.model_validate(
+            {**{k: v for k, v in data.items() if k not in ("name", "path")}, "name": name, "path": path}
+        )
     except ValidationError as e:
         lines += describe_validation_error(source, e)
     if lines:
-        raise InputError(f"{source}: {len(lines)} problem(s) in the profile",
-                         "correct the fields listed above", details=lines)
+        raise InputError(
+            f"{source}: {len(lines)} problem(s) in the profile", "correct the fields listed above", details=lines
+        )
     return prof
 
 
@@ -394,4 +405,3 @@ def load_profile(name: str) -> Profile:
     except OSError as e:
         raise InputError(f"cannot read {path}: {e.strerror}", "check the file's permissions") from None
     return parse(text, name=path.stem, source=str(path), path=path.resolve())
-

@@ -48,8 +48,13 @@ class Need:
         return ", ".join(self.roles)
 
     def describe(self) -> str:
-        only = (f" (only {', '.join(self.files)})" if self.files is not None
-                else "" if self.weights else " (without weight files)")
+        only = (
+            f" (only {', '.join(self.files)})"
+            if self.files is not None
+            else ""
+            if self.weights
+            else " (without weight files)"
+        )
         return f"{self.role} {self.repo}@{self.revision}{only}"
 
     def keeps(self, path: str) -> bool:

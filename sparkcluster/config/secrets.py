@@ -55,8 +55,9 @@ def check_mode(path: Path) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{path} is not a regular file", "point --env-file at the .env file")
     if st.st_mode & 0o077:
-        raise InputError(f"{path} is readable by group or others (mode {stat.S_IMODE(st.st_mode):04o})",
-                         f"chmod 600 {path}")
+        raise InputError(
+            f"{path} is readable by group or others (mode {stat.S_IMODE(st.st_mode):04o})", f"chmod 600 {path}"
+        )
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -73,9 +74,14 @@ def read_env_file(path: Path) -> dict[str, str]:
     return values
 
 
-def load_secrets(env_file: Path | None = None, profile: "Profile | None" = None, *,
-                 names: Iterable[str] | None = None, environ: Mapping[str, str] | None = None,
-                 required: bool = False) -> dict[str, str]:
+def load_secrets(
+    env_file: Path | None = None,
+    profile: "Profile | None" = None,
+    *,
+    names: Iterable[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    required: bool = False,
+) -> dict[str, str]:
     """The secrets the profile needs, by name: {name: value}; names not found are left out.
 
     The process environment wins over the .env (python-dotenv's own rule). env_file None means
@@ -103,8 +109,9 @@ def load_secrets(env_file: Path | None = None, profile: "Profile | None" = None,
         missing = [n for n in wanted if n not in out]
         if missing:
             where = f"the environment or {path}" if path else "the environment or a .env"
-            raise InputError(f"missing secret(s): {', '.join(missing)}",
-                             f"set them in {where} (a .env must have mode 0600)")
+            raise InputError(
+                f"missing secret(s): {', '.join(missing)}", f"set them in {where} (a .env must have mode 0600)"
+            )
     return out
 
 

@@ -47,6 +47,7 @@ def nodes_allowed(kind: str, n: int) -> str | None:
 @dataclass(frozen=True)
 class Cable:
     """One subnet of the data plane and the nodes with an address on it, in node order."""
+
     network: ipaddress.IPv4Network
     nodes: tuple[str, ...]
 
@@ -60,8 +61,7 @@ class Topology:
 
     def neighbours(self, node: str) -> list[str]:
         """The nodes `node` shares a cable (or a rail) with."""
-        return sorted({m for c in self.cables if node in c.nodes for m in c.nodes if m != node},
-                      key=self.order.index)
+        return sorted({m for c in self.cables if node in c.nodes for m in c.nodes if m != node}, key=self.order.index)
 
 
 class Miscabled(ValueError):
@@ -80,8 +80,10 @@ def classify(rails: dict[str, list[ipaddress.IPv4Network]]) -> Topology:
     if len(names) == 1:
         return Topology("single", tuple(names), (), "one node: no cables")
     if not cables:
-        raise Miscabled("no data-plane subnet is shared by two nodes: the nodes are not cabled to each other "
-                        "(or their ports have no addresses)")
+        raise Miscabled(
+            "no data-plane subnet is shared by two nodes: the nodes are not cabled to each other "
+            "(or their ports have no addresses)"
+        )
     lonely = [n for n in names if not any(n in c.nodes for c in cables)]
     if lonely:
         raise Miscabled(f"{', '.join(lonely)} share(s) no data-plane subnet with any other node")
@@ -93,9 +95,11 @@ def classify(rails: dict[str, list[ipaddress.IPv4Network]]) -> Topology:
     partial = [c for c in cables if 2 < len(c.nodes) < len(names)]
     if full or partial:
         odd = (partial or [c for c in cables if len(c.nodes) == 2])[0]
-        raise Miscabled(f"{odd.network} reaches {', '.join(odd.nodes)} only, while "
-                        f"{'other rails reach every node' if full else 'a cable joins two nodes'}: a switch must "
-                        "reach every node on every rail, a ring or mesh cable exactly two")
+        raise Miscabled(
+            f"{odd.network} reaches {', '.join(odd.nodes)} only, while "
+            f"{'other rails reach every node' if full else 'a cable joins two nodes'}: a switch must "
+            "reach every node on every rail, a ring or mesh cable exactly two"
+        )
     links: dict[str, list[str]] = {n: [] for n in names}
     for c in cables:
         a, b = c.nodes
@@ -103,14 +107,18 @@ def classify(rails: dict[str, list[ipaddress.IPv4Network]]) -> Topology:
             if y not in links[x]:
                 links[x].append(y)
     if len(names) == 3:
-        missing = [f"{a}-{b}" for i, a in enumerate(names) for b in names[i + 1:] if b not in links[a]]
+        missing = [f"{a}-{b}" for i, a in enumerate(names) for b in names[i + 1 :] if b not in links[a]]
         if missing:
-            raise Miscabled(f"three nodes with point-to-point cables form a mesh, but {', '.join(missing)} share no "
-                            "cable: cable every pair (each Spark has two ports)")
-        return Topology("mesh", tuple(names), cables, f"{len(cables)} cables, every pair of the three joined: "
-                                                        f"{_nets(cables)}")
-    wrong = [f"{n} has {len(links[n])} neighbour(s) ({', '.join(links[n]) or 'none'})" for n in names
-             if len(links[n]) != 2]
+            raise Miscabled(
+                f"three nodes with point-to-point cables form a mesh, but {', '.join(missing)} share no "
+                "cable: cable every pair (each Spark has two ports)"
+            )
+        return Topology(
+            "mesh", tuple(names), cables, f"{len(cables)} cables, every pair of the three joined: {_nets(cables)}"
+        )
+    wrong = [
+        f"{n} has {len(links[n])} neighbour(s) ({', '.join(links[n]) or 'none'})" for n in names if len(links[n]) != 2
+    ]
     if wrong:
         raise Miscabled(f"a ring of {len(names)} needs each node cabled to two others: {'; '.join(wrong)}")
     order = [names[0]]
@@ -120,8 +128,10 @@ def classify(rails: dict[str, list[ipaddress.IPv4Network]]) -> Topology:
             break
         order.append(nxt)
     if len(order) != len(names):
-        raise Miscabled(f"the cables form more than one loop ({' - '.join(order)} closes without "
-                        f"{', '.join(n for n in names if n not in order)}): cable the nodes as one ring")
+        raise Miscabled(
+            f"the cables form more than one loop ({' - '.join(order)} closes without "
+            f"{', '.join(n for n in names if n not in order)}): cable the nodes as one ring"
+        )
     return Topology("ring", tuple(order), cables, f"{len(cables)} cables, one loop: {' - '.join(order)} - {order[0]}")
 
 

@@ -48,10 +48,12 @@ def target(inv: Inventory, prof, nodes: tuple[str, ...] | str | None) -> Invento
         return inv.only([nodes] if isinstance(nodes, str) else list(nodes))
     if len(inv.nodes) > 1 and width(prof) < inv.gpu_count:
         one = width(prof) <= max(n.gpus for n in inv.nodes)
-        raise InputError(f"profile '{prof.name}' runs on {width(prof)} GPU(s), "
-                         f"{'one node' if one else 'some of the nodes'} of this inventory ({inv.gpu_count} GPUs)",
-                         f"name the node{'' if one else 's'}: sparkcluster up --profile {prof.name} --node "
-                         f"{'|'.join(n.name for n in inv.nodes)}{'' if one else ' (repeat --node for each)'}")
+        raise InputError(
+            f"profile '{prof.name}' runs on {width(prof)} GPU(s), "
+            f"{'one node' if one else 'some of the nodes'} of this inventory ({inv.gpu_count} GPUs)",
+            f"name the node{'' if one else 's'}: sparkcluster up --profile {prof.name} --node "
+            f"{'|'.join(n.name for n in inv.nodes)}{'' if one else ' (repeat --node for each)'}",
+        )
     return inv
 
 
@@ -77,8 +79,9 @@ def group(inv: Inventory, containers_by_node: dict[str, list[dict]]) -> list[Dep
 def on(cluster, inv: Inventory) -> tuple[list[Deployment], dict[str, str]]:
     """The deployments on the connected nodes of `cluster`, and the nodes whose containers could
     not be read, with why (their Docker does not answer): what runs there is unknown, never "none"."""
-    lists = cluster.each(lambda h: h.docker().api.containers(
-        all=True, filters={"label": f"{CLUSTER_LABEL}={inv.cluster.name}"}))
+    lists = cluster.each(
+        lambda h: h.docker().api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={inv.cluster.name}"})
+    )
     unread = {n: str(o.error) for n, o in lists.items() if not o.ok}
     return group(inv, {n: o.value for n, o in lists.items() if o.ok}), unread
 

@@ -45,8 +45,9 @@ def parse_metrics(text: str, wanted: dict[str, str] = METRICS) -> dict[str, floa
     return {wanted[k]: v for k, v in readings.prometheus(text, wanted).items()}
 
 
-def look(endpoint: str, api_key: str | None, model: str | None = None,
-         probe_timeout: float = PROBE_TIMEOUT_S) -> EngineView:
+def look(
+    endpoint: str, api_key: str | None, model: str | None = None, probe_timeout: float = PROBE_TIMEOUT_S
+) -> EngineView:
     """/health, then (only when 200) /v1/models, /metrics and a one-token completion to the served
     model (or `model`). Never raises for what the endpoint answers."""
     view = EngineView()
@@ -79,6 +80,7 @@ def look(endpoint: str, api_key: str | None, model: str | None = None,
 
 # ---- the endpoint's own answers, over HTTP (httpx): shared by up, status and bench
 
+
 def warm_up(base: str, model: str, secrets: dict[str, str]) -> float:
     """One short completion, so the first user request does not pay for the JIT compilation.
     Best effort, as before: its answer is not judged, only its time is reported."""
@@ -93,11 +95,16 @@ def headers(secrets: dict[str, str]) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def one_token(client: httpx.Client, base: str, model: str, hdrs: dict[str, str], timeout: float,
-              max_tokens: int = 1) -> tuple[bool, str]:
+def one_token(
+    client: httpx.Client, base: str, model: str, hdrs: dict[str, str], timeout: float, max_tokens: int = 1
+) -> tuple[bool, str]:
     try:
-        r = client.post(f"{base}/v1/chat/completions", headers=hdrs, timeout=timeout,
-                        json=readings.one_token_body(model, max_tokens))
+        r = client.post(
+            f"{base}/v1/chat/completions",
+            headers=hdrs,
+            timeout=timeout,
+            json=readings.one_token_body(model, max_tokens),
+        )
     except httpx.TimeoutException:
         return False, f"a {max_tokens}-token completion did not return within {timeout:g}s"
     except httpx.HTTPError as e:

@@ -23,15 +23,20 @@ MAX_LINES = 600
 def reader() -> str:
     """Shell run inside a container: the newest NCCL files' telling lines (each line already
     carries its host and PID)."""
-    return (f"ls -t {NCCL_LOG_DIR}/nccl.*.log 2>/dev/null | head -n {MAX_FILES} | "
-            f"xargs -r grep -h -E {shlex.quote(WANTED)} | tail -n {MAX_LINES}")
+    return (
+        f"ls -t {NCCL_LOG_DIR}/nccl.*.log 2>/dev/null | head -n {MAX_FILES} | "
+        f"xargs -r grep -h -E {shlex.quote(WANTED)} | tail -n {MAX_LINES}"
+    )
 
 
 def section_script(cluster_label: str, bound_s: int) -> str:
     """A section: `reader` in each of this node's running containers of the cluster."""
     docker = f"timeout -k 1 {bound_s} docker"
-    return section("nccl", f"for c in $({docker} ps -q --filter label={shlex.quote(cluster_label)}); do "
-                           f"{docker} exec $c sh -c {shlex.quote(reader())}; done; true")
+    return section(
+        "nccl",
+        f"for c in $({docker} ps -q --filter label={shlex.quote(cluster_label)}); do "
+        f"{docker} exec $c sh -c {shlex.quote(reader())}; done; true",
+    )
 
 
 def summaries(inv: Inventory, texts: dict[str, str]) -> tuple[dict[str, str], list[tuple[str, str]]]:

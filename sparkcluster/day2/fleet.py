@@ -30,10 +30,14 @@ def changes(before: dict[str, str], now: dict[str, str]) -> list[tuple[str, str,
 
 def hook_env(deployment: str, previous: str, state: str, st=None) -> dict[str, str]:
     profile, _, nodes = deployment.partition("@")
-    return {"SPARKCLUSTER_DEPLOYMENT": deployment, "SPARKCLUSTER_PROFILE": profile,
-            "SPARKCLUSTER_NODES": nodes.replace("+", ","), "SPARKCLUSTER_STATE": state,
-            "SPARKCLUSTER_PREVIOUS_STATE": previous,
-            "SPARKCLUSTER_PROBLEMS": redact.mask("\n".join(st.problems)) if st is not None else ""}
+    return {
+        "SPARKCLUSTER_DEPLOYMENT": deployment,
+        "SPARKCLUSTER_PROFILE": profile,
+        "SPARKCLUSTER_NODES": nodes.replace("+", ","),
+        "SPARKCLUSTER_STATE": state,
+        "SPARKCLUSTER_PREVIOUS_STATE": previous,
+        "SPARKCLUSTER_PROBLEMS": redact.mask("\n".join(st.problems)) if st is not None else "",
+    }
 
 
 def notify_changes(cluster: str, sts: list, command: str) -> list[str]:
@@ -62,8 +66,12 @@ def notify_changes(cluster: str, sts: list, command: str) -> list[str]:
             why = f"could not start: {e}"
         if why:
             _log.warning("on-change command failed", deployment=key, state=state, why=why)
-            warnings.append(redact.mask(f"--on-change command {why} for {key} ({previous or 'new'} -> {state}); "
-                                        "it runs again for this change at the next status"))
+            warnings.append(
+                redact.mask(
+                    f"--on-change command {why} for {key} ({previous or 'new'} -> {state}); "
+                    "it runs again for this change at the next status"
+                )
+            )
             continue
         _log.info("on-change command ran", deployment=key, state=state)
         if state == "gone":

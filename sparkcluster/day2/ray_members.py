@@ -15,8 +15,10 @@ STATE_API_URL = "http://127.0.0.1:8265/api/v0/nodes?limit=100"
 
 def state_api_command() -> str:
     url = shlex.quote(STATE_API_URL)
-    return (f"curl -s -m 2 {url} || python3 -c 'import sys,urllib.request; "
-            f"sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())' {url}")
+    return (
+        f"curl -s -m 2 {url} || python3 -c 'import sys,urllib.request; "
+        f"sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())' {url}"
+    )
 
 
 def parse_state_api(text: str) -> list[dict]:
@@ -28,8 +30,15 @@ def nodes_from_state_api(text: str) -> list["RayNode"] | None:
     """None when the API did not answer (dashboard not up yet), else Ray's nodes."""
     if not text.strip().startswith("{"):
         return None
-    return [RayNode(r.get("node_ip", ""), r.get("state") == "ALIVE", float(r.get("resources_total", {}).get("GPU", 0)),
-                    r.get("node_name", "")) for r in parse_state_api(text)]
+    return [
+        RayNode(
+            r.get("node_ip", ""),
+            r.get("state") == "ALIVE",
+            float(r.get("resources_total", {}).get("GPU", 0)),
+            r.get("node_name", ""),
+        )
+        for r in parse_state_api(text)
+    ]
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,8 @@ def membership_problems(inv: Inventory, nodes: list[RayNode]) -> list[str]:
             problems.append(f"{node.name} reports {sum(n.gpus for n in got):g} GPU(s), expected {node.gpus}")
     strangers = [n.ip for n in alive if n.ip not in want]
     if strangers:
-        problems.append(f"Ray has node(s) at {', '.join(strangers)}, which is no inventory control IP "
-                        "(a link-local, docker-bridge or LAN address registered instead)")
+        problems.append(
+            f"Ray has node(s) at {', '.join(strangers)}, which is no inventory control IP "
+            "(a link-local, docker-bridge or LAN address registered instead)"
+        )
     return problems

@@ -90,12 +90,25 @@ def token_file_command(hf_cache: str) -> str:
 
 def stage_plugin_command(url: str, path: str) -> list[str]:
     # fetched once into the mounted HF cache, so restarts reuse it (docs/field-notes.md, "Bring-up")
-    return ["sh", "-c", 'test -s "$2" || curl -fsSL --retry 3 -o "$2.part" "$1" && mv -f "$2.part" "$2" 2>/dev/null; test -s "$2"',
-            "sh", url, path]
+    return [
+        "sh",
+        "-c",
+        'test -s "$2" || curl -fsSL --retry 3 -o "$2.part" "$1" && mv -f "$2.part" "$2" 2>/dev/null; test -s "$2"',
+        "sh",
+        url,
+        path,
+    ]
 
 
-def start(api, spec: ServeSpec, secrets: dict[str, str], profile: str, policy: dict,
-          timeout: float = STARTED_TIMEOUT_S, rank_apis: dict | None = None) -> Record:
+def start(
+    api,
+    spec: ServeSpec,
+    secrets: dict[str, str],
+    profile: str,
+    policy: dict,
+    timeout: float = STARTED_TIMEOUT_S,
+    rank_apis: dict | None = None,
+) -> Record:
     """Hand the server to the head's supervisor (node/), which starts it and records its PID.
 
     The secrets go first, into a 0600 file the supervisor reads at each start (a reboot brings the
@@ -105,8 +118,16 @@ def start(api, spec: ServeSpec, secrets: dict[str, str], profile: str, policy: d
 
     env = {k: v for k, v in secrets.items() if k in spec.secret_names}
     salt, generation = _random.token_hex(8), _random.token_hex(8)
-    desired = {"generation": generation, "argv": spec.argv, "model": spec.model, "port": spec.port,
-               "profile": profile, "salt": salt, "secrets_digest": secrets_digest(env, salt), "policy": policy}
+    desired = {
+        "generation": generation,
+        "argv": spec.argv,
+        "model": spec.model,
+        "port": spec.port,
+        "profile": profile,
+        "salt": salt,
+        "secrets_digest": secrets_digest(env, salt),
+        "policy": policy,
+    }
     for node, container, argv in spec.ranks:  # executor "mp": each worker's agent first, no secret
         hand(rank_apis[node], container, {**desired, "argv": list(argv), "salt": "", "secrets_digest": ""})
     api.put_archive(spec.container, "/", files_tar({contract.SECRETS_PATH: json.dumps(env)}, mode=0o600))
@@ -119,8 +140,10 @@ def start(api, spec: ServeSpec, secrets: dict[str, str], profile: str, policy: d
             _log.info("vllm serve started", container=spec.container, pid=rec.pid)
             return rec
         time.sleep(0.2)
-    raise NotReady(f"the supervisor in {spec.container} did not start vllm serve within {timeout:g}s",
-                   supervisor_tail(api, spec.container))
+    raise NotReady(
+        f"the supervisor in {spec.container} did not start vllm serve within {timeout:g}s",
+        supervisor_tail(api, spec.container),
+    )
 
 
 def hand(api, container: str, desired: dict) -> None:
@@ -192,8 +215,9 @@ class NotReady(Exception):
         self.tail = tail
 
 
-def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, str], timeout: float,
-               on_wait=None) -> float:
+def wait_ready(
+    api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, str], timeout: float, on_wait=None
+) -> float:
     """Block until /health is 200 AND a one-token completion succeeds; returns the seconds waited.
 
     Raises NotReady with the reason when the server dies or the bound passes.
@@ -204,6 +228,7 @@ def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, 
     last = "the server has not opened its port yet"
     looked = 0.0
     with httpx.Client() as client:
+
         def answered() -> float | None:
             nonlocal last, looked
             # whether the process still runs is a `docker exec` on the head: once a second, not at
@@ -214,7 +239,9 @@ def wait_ready(api, rec: Record, spec: ServeSpec, base: str, secrets: dict[str, 
                     raise NotReady("vllm serve exited", log_tail(api, spec.container))
             code = health(client, base)
             if code == 200:
-                ok, why = one_token(client, base, spec.model, hdrs, timeout=min(30.0, max(1.0, deadline - time.monotonic())))
+                ok, why = one_token(
+                    client, base, spec.model, hdrs, timeout=min(30.0, max(1.0, deadline - time.monotonic()))
+                )
                 if ok:
                     return time.monotonic() - started
                 last = f"/health answers 200 but {why}"

@@ -84,13 +84,19 @@ def node_script(inv: Inventory, node: str) -> str:
         section("meminfo", "cat /proc/meminfo"),
         # `docker ps` failing (daemon down) or not returning (daemon hung) fails the section: that
         # is "docker not answering", never "no container"
-        section("ours", f"ids=$({docker} ps -aq --filter label={label}) || exit $?; "
-                        f"[ -z \"$ids\" ] && echo '[]' || {docker} inspect $ids"),
+        section(
+            "ours",
+            f"ids=$({docker} ps -aq --filter label={label}) || exit $?; "
+            f"[ -z \"$ids\" ] && echo '[]' || {docker} inspect $ids",
+        ),
         section("ray", ray_members.state_api_command(), stderr=False),
         f"_running=$({docker} ps --filter label={label} --filter status=running --format '{{{{.Names}}}}' 2>/dev/null)",
         # the other containers' ranks' NCCL files; the head container reads its own in its exec
-        section("nccl", f"for c in $_running; do [ \"$c\" = {head} ] || {docker} exec \"$c\" sh -c "
-                        f"{shlex.quote(engine_nccl.reader())}; done; true"),
+        section(
+            "nccl",
+            f'for c in $_running; do [ "$c" = {head} ] || {docker} exec "$c" sh -c '
+            f"{shlex.quote(engine_nccl.reader())}; done; true",
+        ),
         f"if printf '%s\\n' \"$_running\" | grep -qxF {head}; then {head_container_script(head)}; fi",
     ]
     return "\n".join(parts) + "\n"
@@ -101,13 +107,15 @@ def head_container_script(container: str) -> str:
     whether its PID still runs (the shell's kill: slim images have no procps), the supervisor's
     state and its last journal entries, and its ranks' NCCL lines. No such container: no sections,
     so no server. `container` is already quoted for the shell."""
-    inner = "\n".join([
-        section("record", f"cat {contract.RECORD_PATH}"),
-        section("alive", f"kill -0 \"$(sed -n 's/.*\"pid\": *\\([0-9][0-9]*\\).*/\\1/p' {contract.RECORD_PATH})\""),
-        section("supervisor", f"cat {contract.STATE_PATH}"),
-        section("journal", f"tail -n 5 {contract.JOURNAL_PATH}"),
-        section("head_nccl", engine_nccl.reader()),
-    ])
+    inner = "\n".join(
+        [
+            section("record", f"cat {contract.RECORD_PATH}"),
+            section("alive", f'kill -0 "$(sed -n \'s/.*"pid": *\\([0-9][0-9]*\\).*/\\1/p\' {contract.RECORD_PATH})"'),
+            section("supervisor", f"cat {contract.STATE_PATH}"),
+            section("journal", f"tail -n 5 {contract.JOURNAL_PATH}"),
+            section("head_nccl", engine_nccl.reader()),
+        ]
+    )
     return f"timeout -k 1 {DOCKER_BOUND_S} docker exec {container} sh -c {shlex.quote(inner)} 2>/dev/null"
 
 
@@ -117,8 +125,11 @@ def head_container_view(s: dict) -> tuple[int | None, dict | None, list[dict]]:
     if "record" in s and s["record"].rc == 0 and "alive" in s and s["alive"].rc == 0:
         pid = (parsers.json_object(s["record"].out) or {}).get("pid")
     sup = parsers.json_object(s["supervisor"].out) if "supervisor" in s and s["supervisor"].rc == 0 else None
-    journal = [e for e in (parsers.json_object(x) for x in s["journal"].out.splitlines())
-               if e] if "journal" in s and s["journal"].rc == 0 else []
+    journal = (
+        [e for e in (parsers.json_object(x) for x in s["journal"].out.splitlines()) if e]
+        if "journal" in s and s["journal"].rc == 0
+        else []
+    )
     return pid, sup or None, journal
 
 
@@ -146,8 +157,11 @@ def _one(host, inv: Inventory) -> NodeReport:
     if "ours" not in s or s["ours"].rc != 0:
         st.state = DOCKER_SILENT
         got = s["ours"] if "ours" in s else None
-        st.error = (f"`docker ps` did not return within {DOCKER_BOUND_S}s" if got is None or got.rc in (124, 137)
-                    else (parsers.last_line(got.out) or f"`docker ps` exited {got.rc}"))
+        st.error = (
+            f"`docker ps` did not return within {DOCKER_BOUND_S}s"
+            if got is None or got.rc in (124, 137)
+            else (parsers.last_line(got.out) or f"`docker ps` exited {got.rc}")
+        )
         return NodeReport(st, None)
     ours = parsers.json_list(s["ours"].out)
     if ours:
@@ -179,12 +193,19 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
             early = pool.submit(_look, addresses.get(inv.head.name), inv.cluster.api_port, api_key)
             per_node = cluster.each(lambda h: _one(h, inv))
             reports = {n: o.value if o.ok else o.error for n, o in per_node.items()}
-            found = deployments.group(inv, {n: r.containers for n, r in reports.items()
-                                            if isinstance(r, NodeReport) and r.containers is not None})
+            found = deployments.group(
+                inv,
+                {n: r.containers for n, r in reports.items() if isinstance(r, NodeReport) and r.containers is not None},
+            )
             subs = [inv.only(list(d.nodes)) for d in found] or [inv]
-            looks = {sub.head.name: (early if sub.head.name == inv.head.name else
-                                     pool.submit(_look, addresses.get(sub.head.name), sub.cluster.api_port, api_key))
-                     for sub in subs}
+            looks = {
+                sub.head.name: (
+                    early
+                    if sub.head.name == inv.head.name
+                    else pool.submit(_look, addresses.get(sub.head.name), sub.cluster.api_port, api_key)
+                )
+                for sub in subs
+            }
             out = []
             for sub, d in zip(subs, found or [None]):
                 st = _judge_reports(sub, reports, unreachable, addresses, looks[sub.head.name].result())
@@ -198,12 +219,15 @@ def _look(address: str | None, port: int, api_key: str | None) -> "endpoint_mod.
     return endpoint_mod.look(f"http://{address}:{port}", api_key) if address else endpoint_mod.EngineView()
 
 
-def _judge_reports(inv: Inventory, reports: dict, unreachable: dict, addresses: dict,
-                   engine: "endpoint_mod.EngineView") -> ClusterStatus:
+def _judge_reports(
+    inv: Inventory, reports: dict, unreachable: dict, addresses: dict, engine: "endpoint_mod.EngineView"
+) -> ClusterStatus:
     nodes, ray_rows, pid, sup, journal, nccl = [], None, None, None, [], {}
     for n in inv.nodes:
         if n.name in unreachable:
-            nodes.append(NodeStatus(n.name, reachable=False, error=unreachable[n.name].message.removeprefix(f"{n.name}: ")))
+            nodes.append(
+                NodeStatus(n.name, reachable=False, error=unreachable[n.name].message.removeprefix(f"{n.name}: "))
+            )
             continue
         r = reports.get(n.name)
         if not isinstance(r, NodeReport):
@@ -239,27 +263,37 @@ def supervisor_problem(sup: dict | None) -> str | None:
         return None
     age = sup.get("age_s")
     if isinstance(age, (int, float)) and age > stale_after_s(sup):
-        return (f"supervisor: stale: its last state ({sup.get('state')}) is {age:.0f}s old, so it is not "
-                f"watching; see sparkcluster events and the head container's log")
+        return (
+            f"supervisor: stale: its last state ({sup.get('state')}) is {age:.0f}s old, so it is not "
+            f"watching; see sparkcluster events and the head container's log"
+        )
     said = [x for x in (_state_problem(sup), _memory_unknown(sup)) if x]
     return "; ".join(said) or None
 
 
 def _memory_unknown(sup: dict) -> str | None:
     unknown = sup.get("memory_unknown") or {}
-    return ("supervisor: memory unknown on " + "; ".join(f"{n}: {why}" for n, why in sorted(unknown.items()))
-            if unknown else None)
+    return (
+        "supervisor: memory unknown on " + "; ".join(f"{n}: {why}" for n, why in sorted(unknown.items()))
+        if unknown
+        else None
+    )
 
 
 def _state_problem(sup: dict) -> str | None:
     state, causes = sup.get("state"), sup.get("causes") or []
     last = causes[-1]["cause"] if causes else ""
     if state == contract.LIMIT:
-        return (f"supervisor: restart limit reached ({len(sup.get('restarts') or [])} restarts); last causes: "
-                + "; ".join(f"{c.get('kind')}: {c.get('cause')}" for c in causes[-3:]) + ". Fix the cause, then sparkcluster up")
+        return (
+            f"supervisor: restart limit reached ({len(sup.get('restarts') or [])} restarts); last causes: "
+            + "; ".join(f"{c.get('kind')}: {c.get('cause')}" for c in causes[-3:])
+            + ". Fix the cause, then sparkcluster up"
+        )
     if state == contract.MEMORY:
-        return (f"supervisor: vllm serve stopped and not restarted: {last}. Lower gpu_memory_utilization "
-                "or set enforce_eager in the profile, then sparkcluster up")
+        return (
+            f"supervisor: vllm serve stopped and not restarted: {last}. Lower gpu_memory_utilization "
+            "or set enforce_eager in the profile, then sparkcluster up"
+        )
     if state == contract.FAILED:
         return f"supervisor: vllm serve failed to start: {last}; see sparkcluster logs and sparkcluster events"
     if state in (contract.RESTARTING, contract.WAITING) or (state == contract.STARTING and causes):
@@ -280,20 +314,38 @@ def _judge_ranks(inv: Inventory, nodes: list[NodeStatus], st: ClusterStatus, pid
             ns.rank = "unknown"
             continue
         alive = r.get("alive") and r.get("epoch") == epoch
-        ns.rank = f"rank {r.get('rank')} " + ("alive" if alive else f"not running ({r.get('exit')})" if r.get("exit") is not None else "not running")
+        ns.rank = f"rank {r.get('rank')} " + (
+            "alive" if alive else f"not running ({r.get('exit')})" if r.get("exit") is not None else "not running"
+        )
         if pid and epoch and not alive and ns.state == "running":
             st.problems.append(f"{n.name}: {ns.rank}")
 
 
-def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, endpoint: str,
-          engine: "endpoint_mod.EngineView", pid: int | None, sup: dict | None = None,
-          journal: list[dict] | None = None) -> ClusterStatus:
+def judge(
+    inv: Inventory,
+    nodes: list[NodeStatus],
+    ray_rows: list[dict] | None,
+    endpoint: str,
+    engine: "endpoint_mod.EngineView",
+    pid: int | None,
+    sup: dict | None = None,
+    journal: list[dict] | None = None,
+) -> ClusterStatus:
     """Pure: healthy only when every node's container runs, Ray has every node alive at its
     control IP with its GPUs, and the endpoint answers with the model."""
-    st = ClusterStatus(inv.cluster.name, "healthy", nodes, endpoint=f"{endpoint}/v1" if endpoint else "",
-                       health=engine.health, models=engine.models, server_pid=pid,
-                       engine_responds=engine.responds, metrics=engine.metrics, supervisor=sup,
-                       journal=list(journal or []))
+    st = ClusterStatus(
+        inv.cluster.name,
+        "healthy",
+        nodes,
+        endpoint=f"{endpoint}/v1" if endpoint else "",
+        health=engine.health,
+        models=engine.models,
+        server_pid=pid,
+        engine_responds=engine.responds,
+        metrics=engine.metrics,
+        supervisor=sup,
+        journal=list(journal or []),
+    )
     mp = any(ns.executor == "mp" for ns in nodes)
     if len(inv.nodes) == 1 or mp:  # one node, or vLLM's own launch (issue 28): no Ray to judge
         ray_rows = None
@@ -316,8 +368,11 @@ def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, 
         elif ns.ray_alive is False:
             st.problems.append(f"{n.name} is not alive in Ray at {n.control_ip}")
         elif ns.ray_alive:
-            gpus = sum(float(r.get("resources_total", {}).get("GPU", 0)) for r in alive
-                       if r.get("node_ip") == str(n.control_ip))
+            gpus = sum(
+                float(r.get("resources_total", {}).get("GPU", 0))
+                for r in alive
+                if r.get("node_ip") == str(n.control_ip)
+            )
             if gpus != n.gpus:
                 st.problems.append(f"{n.name} reports {gpus:g} GPU(s) in Ray, expected {n.gpus}")
     if ray_rows is None and len(inv.nodes) > 1 and not mp and any(ns.state == "running" for ns in nodes):
@@ -325,8 +380,10 @@ def judge(inv: Inventory, nodes: list[NodeStatus], ray_rows: list[dict] | None, 
     if any(ns.state == "running" for ns in nodes):
         if engine.health != 200 and pid is None:
             # vLLM's API server exits 0 when a rank dies: its exit status proves nothing
-            st.problems.append(f"vllm serve is not running (endpoint /health: {engine.health or 'no answer'}); "
-                               "see why with: sparkcluster logs " + inv.head.name)
+            st.problems.append(
+                f"vllm serve is not running (endpoint /health: {engine.health or 'no answer'}); "
+                "see why with: sparkcluster logs " + inv.head.name
+            )
         elif engine.health != 200:
             st.problems.append(f"endpoint /health: {engine.health or 'no answer'}")
         elif engine.responds is False and not (sup or {}).get("activity"):

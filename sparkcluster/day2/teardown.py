@@ -71,8 +71,10 @@ def ours(host: Host, cluster: str) -> list[dict]:
 def kill_command(pid: int, grace: float) -> str:
     """TERM, wait up to `grace` seconds, then KILL (run inside the container: the PID is its own)."""
     p = int(pid)
-    return (f"kill -TERM {p} 2>/dev/null || exit 0; i=0; while kill -0 {p} 2>/dev/null; do "
-            f"i=$((i+1)); [ $i -gt {int(grace * 10)} ] && {{ kill -KILL {p}; echo killed; exit 0; }}; sleep 0.1; done; echo stopped")
+    return (
+        f"kill -TERM {p} 2>/dev/null || exit 0; i=0; while kill -0 {p} 2>/dev/null; do "
+        f"i=$((i+1)); [ $i -gt {int(grace * 10)} ] && {{ kill -KILL {p}; echo killed; exit 0; }}; sleep 0.1; done; echo stopped"
+    )
 
 
 def stop_server(host: Host, container: str, grace: float = STOP_GRACE_S) -> ServerStop:
@@ -124,8 +126,10 @@ def remove_containers(host: Host, cluster: str, only: set[str] | None = None) ->
 # containers run with --ipc host, so what a stopped engine leaves there outlives its container and
 # holds memory until the host reboots. Only the names our own containers' processes map or hold
 # open are ever removed: another program's segments on the host are not ours to judge.
-SHM_SEGMENTS = ("cat /proc/[0-9]*/maps 2>/dev/null | grep -o '/dev/shm/psm_[0-9a-zA-Z_]*'; "
-                "ls -l /proc/[0-9]*/fd 2>/dev/null | grep -o '/dev/shm/psm_[0-9a-zA-Z_]*'; true")
+SHM_SEGMENTS = (
+    "cat /proc/[0-9]*/maps 2>/dev/null | grep -o '/dev/shm/psm_[0-9a-zA-Z_]*'; "
+    "ls -l /proc/[0-9]*/fd 2>/dev/null | grep -o '/dev/shm/psm_[0-9a-zA-Z_]*'; true"
+)
 _SHM_NAME = readings.SHM_SEGMENT
 
 
@@ -150,12 +154,17 @@ def remove_shm(host: Host, cid: str, names: list[str]) -> None:
 
 def purge_gcs_command(ray_port: int) -> str:
     """Ray session dirs left on the host, then who (if anyone) still holds the GCS port."""
-    return ("rm -rf /tmp/ray/session_* /tmp/ray/session_latest 2>/dev/null; "
-            f"ss -Htlnp {shlex.quote(f'( sport = :{int(ray_port)} )')}")
+    return (
+        "rm -rf /tmp/ray/session_* /tmp/ray/session_latest 2>/dev/null; "
+        f"ss -Htlnp {shlex.quote(f'( sport = :{int(ray_port)} )')}"
+    )
 
 
-def _segments_in_use(cluster: Cluster, name: str, only_ids: dict[str, set[str]] | None) -> dict[str, dict[str, list[str]]]:
+def _segments_in_use(
+    cluster: Cluster, name: str, only_ids: dict[str, set[str]] | None
+) -> dict[str, dict[str, list[str]]]:
     """node -> container ID -> the /dev/shm segments its processes use, read before the server stops."""
+
     def read(host: Host) -> dict[str, list[str]]:
         out = {}
         for c in ours(host, name):
@@ -166,7 +175,9 @@ def _segments_in_use(cluster: Cluster, name: str, only_ids: dict[str, set[str]] 
     return {node: o.value for node, o in cluster.each(read).items() if o.ok}
 
 
-def down(cluster: Cluster, only_ids: dict[str, set[str]] | None = None, purge_gcs: bool = False) -> dict[str, NodeTeardown]:
+def down(
+    cluster: Cluster, only_ids: dict[str, set[str]] | None = None, purge_gcs: bool = False
+) -> dict[str, NodeTeardown]:
     """Stop the server, then remove containers on every reachable node: workers first, then head."""
     inv = cluster.inventory
     name = inv.cluster.name
@@ -197,7 +208,9 @@ def down(cluster: Cluster, only_ids: dict[str, set[str]] | None = None, purge_gc
                 out[node].errors.append(str(o.error))
     if purge_gcs:
         # the port check is the command's output, not its status: read it whatever the exit
-        for node, o in cluster.each(lambda h: h.run(purge_gcs_command(inv.cluster.ray_port), timeout=20, warn=True)).items():
+        for node, o in cluster.each(
+            lambda h: h.run(purge_gcs_command(inv.cluster.ray_port), timeout=20, warn=True)
+        ).items():
             if not o.ok:
                 out[node].errors = [str(o.error)]
             elif o.value.stdout.strip():

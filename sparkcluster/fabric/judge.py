@@ -48,8 +48,11 @@ class Figures:
 
 
 FIGURES: dict[str, Figures] = {
-    "pair": Figures(21.875, 11.85, "a pair on both twins of one cable: 23.7 GB/s healthy, NVIDIA warns "
-                    "below 21.875 (dgx-spark-playbooks PR #103)"),
+    "pair": Figures(
+        21.875,
+        11.85,
+        "a pair on both twins of one cable: 23.7 GB/s healthy, NVIDIA warns below 21.875 (dgx-spark-playbooks PR #103)",
+    ),
     "rail": Figures(11.35, 6.15, "one HCA per node: about 12.3 GB/s (tonyd2wild/dgx-spark PR #35)"),
     "ring": Figures(10.0, 5.0, "a ring: NVIDIA warns below 10 GB/s (dgx-spark-playbooks PR #103)"),
 }
@@ -110,30 +113,47 @@ def _env(node: str, log: FabricLog | None, facts: dict[str, NodeFacts]) -> dict[
     return {k: v for r in (log.ranks if log else []) for k, v in r.env.items()}
 
 
-def socket_causes(node: str, log: FabricLog | None, facts: dict[str, NodeFacts],
-                  logs: dict[str, FabricLog]) -> list[tuple[str, str]]:
+def socket_causes(
+    node: str, log: FabricLog | None, facts: dict[str, NodeFacts], logs: dict[str, FabricLog]
+) -> list[tuple[str, str]]:
     """Each likely reason NCCL uses (or would use) sockets on `node`, as (cause, fix), most certain
     first: a missing device, an HCA without a GID, a variable set elsewhere but not here, NCCL's own."""
     f = facts.get(node, NodeFacts())
     out: list[tuple[str, str]] = []
     if f.infiniband_dev is False:
-        out.append(("no /dev/infiniband in the container",
-                    "create the container with --device=/dev/infiniband (and IPC_LOCK, memlock unlimited)"))
+        out.append(
+            (
+                "no /dev/infiniband in the container",
+                "create the container with --device=/dev/infiniband (and IPC_LOCK, memlock unlimited)",
+            )
+        )
     for hca, ok in sorted(f.hca_gid_ok.items()):
         if not ok:
-            out.append((f"HCA {hca} of NCCL_IB_HCA has no usable RoCE v2 IPv4 GID",
-                        f"give {hca}'s interface its IPv4 address (the GID follows it), or drop it from NCCL_IB_HCA"))
+            out.append(
+                (
+                    f"HCA {hca} of NCCL_IB_HCA has no usable RoCE v2 IPv4 GID",
+                    f"give {hca}'s interface its IPv4 address (the GID follows it), or drop it from NCCL_IB_HCA",
+                )
+            )
     mine = _env(node, log, facts)
     for var in ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME"):
         elsewhere = sorted(n for n in set(logs) | set(facts) if n != node and var in _env(n, logs.get(n), facts))
         if var not in mine and elsewhere:
-            out.append((f"{var} is not set on this node (set on {', '.join(elsewhere)})",
-                        f"pass {var} to this node's ranks as to the others"))
+            out.append(
+                (
+                    f"{var} is not set on this node (set on {', '.join(elsewhere)})",
+                    f"pass {var} to this node's ranks as to the others",
+                )
+            )
     if mine.get("NCCL_IB_DISABLE") == "1":
         out.append(("NCCL_IB_DISABLE=1", "unset NCCL_IB_DISABLE"))
     if log and any(r.ib_no_device for r in log.ranks):
-        out.append(("NCCL found no RDMA device (NET/IB : No device found)",
-                    "check /dev/infiniband in the container and that NCCL_IB_HCA names active ports"))
+        out.append(
+            (
+                "NCCL found no RDMA device (NET/IB : No device found)",
+                "check /dev/infiniband in the container and that NCCL_IB_HCA names active ports",
+            )
+        )
     return out
 
 
@@ -146,14 +166,20 @@ def _nccl_fix(failures: list[str]) -> str:
     return "read the rank's NCCL log (NCCL_DEBUG=INFO) for the first WARN"
 
 
-def judge_node(node: str, log: FabricLog | None, expect: Expectation, facts: dict[str, NodeFacts],
-               logs: dict[str, FabricLog]) -> Result:
+def judge_node(
+    node: str, log: FabricLog | None, expect: Expectation, facts: dict[str, NodeFacts], logs: dict[str, FabricLog]
+) -> Result:
     """The transport verdict for one node."""
     if log is None or not log.ranks:  # gloo, or no NCCL output: judge the facts alone
         causes = socket_causes(node, None, facts, logs) if expect.roce else []
         if causes:
-            return Result(TRANSPORT, node, "fail", "no NCCL log here, but NCCL would fall back to sockets: "
-                          + "; ".join(c for c, _ in causes), causes[0][1])
+            return Result(
+                TRANSPORT,
+                node,
+                "fail",
+                "no NCCL log here, but NCCL would fall back to sockets: " + "; ".join(c for c, _ in causes),
+                causes[0][1],
+            )
         return Result(TRANSPORT, node, "ok", "no NCCL on this node's ranks (gloo backend)")
     failures = log.failures()
     if failures and not any(r.init_complete for r in log.ranks) and not log.results:
@@ -171,12 +197,22 @@ def judge_node(node: str, log: FabricLog | None, expect: Expectation, facts: dic
         causes = socket_causes(node, log, facts, logs)
         cause = "; ".join(c for c, _ in causes) or "no cause found in the facts"
         fix = causes[0][1] if causes else "run `sparkcluster doctor` on this node (rdma.*, containers.*)"
-        return Result(TRANSPORT, node, "fail", f"NCCL {version} uses TCP sockets though the inventory has RoCE "
-                      f"links ({summary}); likely cause: {cause}", fix)
+        return Result(
+            TRANSPORT,
+            node,
+            "fail",
+            f"NCCL {version} uses TCP sockets though the inventory has RoCE links ({summary}); likely cause: {cause}",
+            fix,
+        )
     ib = {d.name for r in log.ranks for d in r.ib_devices}
     if expect.topology == "pair" and expect.roce and any("NET/IB" in r.kinds() for r in log.ranks) and len(ib) < 2:
-        return Result(TRANSPORT, node, "warn", f"NCCL {version}: {summary}: one HCA of the twin pair only",
-                      "list both twins in NCCL_IB_HCA and check the other's port is ACTIVE")
+        return Result(
+            TRANSPORT,
+            node,
+            "warn",
+            f"NCCL {version}: {summary}: one HCA of the twin pair only",
+            "list both twins in NCCL_IB_HCA and check the other's port is ACTIVE",
+        )
     return Result(TRANSPORT, node, "ok", f"NCCL {version}: {summary}")
 
 
@@ -184,8 +220,7 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / 1024 / MiB:g} GiB" if nbytes >= 1024 * MiB else f"{nbytes / MiB:g} MiB"
 
 
-def judge_bandwidth(results: list[ProbeResult], expect: Expectation, nodes: list[str],
-                    failed: bool = False) -> Result:
+def judge_bandwidth(results: list[ProbeResult], expect: Expectation, nodes: list[str], failed: bool = False) -> Result:
     """The bandwidth verdict, on the largest all_gather's bus bandwidth; one result for the cluster
     (named after its nodes: a collective's speed belongs to no single node)."""
     where = "+".join(nodes)
@@ -193,17 +228,32 @@ def judge_bandwidth(results: list[ProbeResult], expect: Expectation, nodes: list
     if top is None:
         if failed:
             return Result(BANDWIDTH, where, "skip", "no figures: NCCL did not start (see fabric.transport)")
-        return Result(BANDWIDTH, where, "fail", "the test produced no all_gather figure",
-                      "run the probe by hand with NCCL_DEBUG=INFO and read its output")
+        return Result(
+            BANDWIDTH,
+            where,
+            "fail",
+            "the test produced no all_gather figure",
+            "run the probe by hand with NCCL_DEBUG=INFO and read its output",
+        )
     healthy, floor, source = thresholds(expect)
     figure = f"all_gather busbw {top.busbw_gbps:g} GB/s at {_size(top.nbytes)}"
     if floor is not None and top.busbw_gbps < floor:
-        return Result(BANDWIDTH, where, "fail", f"{figure}, below the floor {floor:g} GB/s ({source})",
-                      "check the transport (sockets or a mismatched NCCL give about 3 GB/s), the links' speed "
-                      "and MTU 9000 on both twins")
+        return Result(
+            BANDWIDTH,
+            where,
+            "fail",
+            f"{figure}, below the floor {floor:g} GB/s ({source})",
+            "check the transport (sockets or a mismatched NCCL give about 3 GB/s), the links' speed "
+            "and MTU 9000 on both twins",
+        )
     if healthy is not None and top.busbw_gbps < healthy:
-        return Result(BANDWIDTH, where, "warn", f"{figure}, below the healthy {healthy:g} GB/s ({source})",
-                      "check MTU 9000 on both twins and that NCCL_IB_HCA lists both HCAs of the pair")
+        return Result(
+            BANDWIDTH,
+            where,
+            "warn",
+            f"{figure}, below the healthy {healthy:g} GB/s ({source})",
+            "check MTU 9000 on both twins and that NCCL_IB_HCA lists both HCAs of the pair",
+        )
     return Result(BANDWIDTH, where, "ok", f"{figure}" + (f" (healthy from {healthy:g} GB/s)" if healthy else ""))
 
 
@@ -222,16 +272,26 @@ def judge_directions(results: list[ProbeResult], rank_node: dict[int, str]) -> l
             continue
         line = f"{src} -> {dst}: {r.algbw_gbps:g} GB/s ({_size(r.nbytes)}, the fastest direction {best:g})"
         if best > 0 and r.algbw_gbps < ASYMMETRY * best:
-            out[src] = Result(DIRECTION, src, "fail", f"sending is slow: {line}",
-                              f"check {src}'s egress: the link's speed and any traffic shaping (tc qdisc) on its "
-                              "interfaces, the cable, and the port's error counters")
+            out[src] = Result(
+                DIRECTION,
+                src,
+                "fail",
+                f"sending is slow: {line}",
+                f"check {src}'s egress: the link's speed and any traffic shaping (tc qdisc) on its "
+                "interfaces, the cable, and the port's error counters",
+            )
         else:
             out[src] = Result(DIRECTION, src, "ok", line)
     return [out[n] for n in sorted(out)]
 
 
-def judge(logs: dict[str, FabricLog], expect: Expectation, facts: dict[str, NodeFacts] | None = None,
-          results: list[ProbeResult] | None = None, rank_node: dict[int, str] | None = None) -> list[Result]:
+def judge(
+    logs: dict[str, FabricLog],
+    expect: Expectation,
+    facts: dict[str, NodeFacts] | None = None,
+    results: list[ProbeResult] | None = None,
+    rank_node: dict[int, str] | None = None,
+) -> list[Result]:
     """Every verdict of one fabric test: a transport result per node (in the order given), then the
     bandwidth. `results` default to the probe's lines found in the logs (rank 0's node prints them)."""
     facts = facts or {}

@@ -38,9 +38,11 @@ PROBE_NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV"}
 
 
 # a slim image may carry no procps: the probe's processes are found through /proc, this shell excepted
-KILL_PROBES = ('for p in /proc/[0-9]*; do [ "${p#/proc/}" = "$$" ] && continue; '
-               f'case "$(tr "\\0" " " < "$p/cmdline" 2>/dev/null)" in *{PROBE_PATH}*) kill -9 "${{p#/proc/}}";; esac; '
-               f'done; rm -rf {PROBE_DIR}; true')
+KILL_PROBES = (
+    'for p in /proc/[0-9]*; do [ "${p#/proc/}" = "$$" ] && continue; '
+    f'case "$(tr "\\0" " " < "$p/cmdline" 2>/dev/null)" in *{PROBE_PATH}*) kill -9 "${{p#/proc/}}";; esac; '
+    f"done; rm -rf {PROBE_DIR}; true"
+)
 
 
 def probe_source() -> str:
@@ -50,6 +52,7 @@ def probe_source() -> str:
 @dataclass(frozen=True)
 class Placement:
     """Where one node's ranks run."""
+
     node: str
     container: str  # ID
     throwaway: bool
@@ -86,9 +89,18 @@ def throwaway_spec(inv: Inventory, prof: profiles.Profile, node, image: str) -> 
     """The node's serving container as `up` would make it, renamed, with a sleep for its process."""
     spec = container_spec.spec_for(inv, prof, node, image)
     return container_spec.ContainerSpec(
-        node=spec.node, role=spec.role, name=f"{spec.name}-fabric", image=spec.image, command=[],
-        env=spec.env, labels={**spec.labels, FABRIC_LABEL: "1"}, shm_size=spec.shm_size, binds=spec.binds,
-        files={}, ulimit_stack=spec.ulimit_stack)
+        node=spec.node,
+        role=spec.role,
+        name=f"{spec.name}-fabric",
+        image=spec.image,
+        command=[],
+        env=spec.env,
+        labels={**spec.labels, FABRIC_LABEL: "1"},
+        shm_size=spec.shm_size,
+        binds=spec.binds,
+        files={},
+        ulimit_stack=spec.ulimit_stack,
+    )
 
 
 def _create_throwaway(api, spec: container_spec.ContainerSpec, created) -> str:
@@ -101,7 +113,9 @@ def _create_throwaway(api, spec: container_spec.ContainerSpec, created) -> str:
     return c["Id"]
 
 
-def place(cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str, made: dict[str, str]) -> dict[str, Placement]:
+def place(
+    cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str, made: dict[str, str]
+) -> dict[str, Placement]:
     """A container for every node's ranks. `made` hears each throwaway container as soon as it
     exists (node -> ID), so the caller removes it whatever fails later."""
     lock = threading.Lock()
@@ -113,9 +127,11 @@ def place(cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str, 
         if cid is not None and n.role == "head":
             rec = server.current(api, cid)
             if rec is not None:
-                raise ServerRunning(f"{n.name}: vllm serve (pid {rec.pid}) is running; the fabric test would compete "
-                                    "with it for the links and the GPUs",
-                                    "run `sparkcluster down` first, or test while nothing serves")
+                raise ServerRunning(
+                    f"{n.name}: vllm serve (pid {rec.pid}) is running; the fabric test would compete "
+                    "with it for the links and the GPUs",
+                    "run `sparkcluster down` first, or test while nothing serves",
+                )
         if cid is None:
             stale = api.containers(all=True, filters={"label": [f"{CLUSTER_LABEL}={inv.cluster.name}", FABRIC_LABEL]})
             for c in stale:  # an earlier test killed before its clean-up
@@ -124,6 +140,7 @@ def place(cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str, 
             def remember(x: str) -> None:
                 with lock:
                     made[n.name] = x
+
             cid = _create_throwaway(api, throwaway_spec(inv, prof, n, image), remember)
             throwaway = True
         api.put_archive(cid, "/", container_spec.files_tar({PROBE_PATH: probe_source()}))
@@ -142,15 +159,22 @@ def rank_env(inv: Inventory, port: int) -> dict[str, dict[int, dict[str, str]]]:
     for n in inv.nodes:
         out[n.name] = {}
         for local in range(n.gpus):
-            out[n.name][rank] = {**PROBE_NCCL_ENV, "RANK": str(rank), "LOCAL_RANK": str(local),
-                                 "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(n.gpus),
-                                 "MASTER_ADDR": str(inv.head.control_ip), "MASTER_PORT": str(port)}
+            out[n.name][rank] = {
+                **PROBE_NCCL_ENV,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(local),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(n.gpus),
+                "MASTER_ADDR": str(inv.head.control_ip),
+                "MASTER_PORT": str(port),
+            }
             rank += 1
     return out
 
 
-def run_ranks(cluster: Cluster, inv: Inventory, placements: dict[str, Placement], port: int,
-              probe_args: list[str]) -> list[RankOutput]:
+def run_ranks(
+    cluster: Cluster, inv: Inventory, placements: dict[str, Placement], port: int, probe_args: list[str]
+) -> list[RankOutput]:
     """Every rank at once (a collective needs them all), each a `docker exec` that returns when the
     probe exits; the probe bounds its own rendezvous and collectives."""
     jobs = {f"{n}#{r}": (n, r, env) for n, ranks in rank_env(inv, port).items() for r, env in ranks.items()}
@@ -162,8 +186,10 @@ def run_ranks(cluster: Cluster, inv: Inventory, placements: dict[str, Placement]
         return RankOutput(n, r, res.exit_code, res.stdout)
 
     got = run_each(jobs.items(), one)
-    outs = [o.value if o.ok else RankOutput(jobs[key][0], jobs[key][1], -1, f"the rank could not be run: {o.error}")
-            for key, o in got.items()]
+    outs = [
+        o.value if o.ok else RankOutput(jobs[key][0], jobs[key][1], -1, f"the rank could not be run: {o.error}")
+        for key, o in got.items()
+    ]
     return sorted(outs, key=lambda x: x.rank)
 
 
@@ -189,8 +215,7 @@ def clean_up(cluster: Cluster, placements: dict[str, Placement], made: dict[str,
     return problems
 
 
-def run(cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str, port: int,
-        probe_args: list[str]) -> Run:
+def run(cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str, port: int, probe_args: list[str]) -> Run:
     made: dict[str, str] = {}
     out = Run()
     try:

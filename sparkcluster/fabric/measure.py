@@ -19,12 +19,17 @@ RUN = "fabric.run"
 def expectation(inv: Inventory) -> judge.Expectation:
     """The inventory's fabric: RoCE links when there is a peer to reach, and the figures its cabling
     is held to (`judge.figures_kind`) unless the inventory's [fabric] sets its own."""
-    return judge.Expectation(roce=len(inv.nodes) > 1, topology=judge.figures_kind(inv), healthy_gbps=inv.fabric.healthy_gbps,
-                             floor_gbps=inv.fabric.floor_gbps)
+    return judge.Expectation(
+        roce=len(inv.nodes) > 1,
+        topology=judge.figures_kind(inv),
+        healthy_gbps=inv.fabric.healthy_gbps,
+        floor_gbps=inv.fabric.floor_gbps,
+    )
 
 
-def node_facts(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts],
-               placements: dict[str, launch.Placement]) -> dict[str, judge.NodeFacts]:
+def node_facts(
+    inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts], placements: dict[str, launch.Placement]
+) -> dict[str, judge.NodeFacts]:
     """What can explain a fallback to sockets, per node: the rank container's devices, each HCA's
     RoCE v2 IPv4 GID (from the facts), and the NCCL variables the ranks get."""
     out = {}
@@ -42,8 +47,16 @@ def probe_args(inv: Inventory) -> list[str]:
     # iterations on a slow link and skips the largest sizes once that is spent), the rest for
     # starting the interpreter and torch in each rank
     t = inv.fabric.timeout_s
-    return ["--max-bytes", str(inv.fabric.max_bytes), "--ops", "all_gather,all_reduce,p2p",
-            "--init-timeout", f"{max(10.0, t / 3):g}", "--budget", f"{t / 2:g}"]
+    return [
+        "--max-bytes",
+        str(inv.fabric.max_bytes),
+        "--ops",
+        "all_gather,all_reduce,p2p",
+        "--init-timeout",
+        f"{max(10.0, t / 3):g}",
+        "--budget",
+        f"{t / 2:g}",
+    ]
 
 
 def summarise(run: launch.Run) -> dict[str, nccl_log.FabricLog]:
@@ -62,9 +75,16 @@ def failed_ranks(run: launch.Run, logs: dict[str, nccl_log.FabricLog], inv: Inve
         if r.exit_code == 0 or (log is not None and log.failures()):
             continue  # judge names NCCL's reason
         tail = "\n".join(r.output.strip().splitlines()[-6:]) or "(no output)"
-        out.append(Result(RUN, r.node, "fail", f"rank {r.rank} exited {r.exit_code}: {tail}",
-                          f"every rank must reach {inv.head.control_ip}:{inv.fabric.port} (the head's control IP, "
-                          "[fabric] port): check the control links and that the port is free on the head"))
+        out.append(
+            Result(
+                RUN,
+                r.node,
+                "fail",
+                f"rank {r.rank} exited {r.exit_code}: {tail}",
+                f"every rank must reach {inv.head.control_ip}:{inv.fabric.port} (the head's control IP, "
+                "[fabric] port): check the control links and that the port is free on the head",
+            )
+        )
     return out
 
 
@@ -72,8 +92,9 @@ def rank_nodes(inv: Inventory) -> dict[int, str]:
     return {rank: node for node, ranks in launch.rank_env(inv, 0).items() for rank in ranks}
 
 
-def run(cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str,
-        facts: dict[str, HostFacts]) -> list[Result]:
+def run(
+    cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str, facts: dict[str, HostFacts]
+) -> list[Result]:
     """The test on every node of `inv`, judged. Never leaves a container or a process behind."""
     try:
         r = launch.run(cluster, inv, prof, image, inv.fabric.port, probe_args(inv))
@@ -81,8 +102,7 @@ def run(cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str,
         return [Result(RUN, "+".join(n.name for n in inv.nodes), "fail", e.message, e.fix)]
     logs = summarise(r)
     out = failed_ranks(r, logs, inv)
-    out += judge.judge(logs, expectation(inv), node_facts(inv, prof, facts, r.placements),
-                       rank_node=rank_nodes(inv))
+    out += judge.judge(logs, expectation(inv), node_facts(inv, prof, facts, r.placements), rank_node=rank_nodes(inv))
     return out
 
 
@@ -90,14 +110,29 @@ def preconditions(inv: Inventory, prof: profiles.Profile | None, rep) -> Result 
     """Why the test cannot run at all (one FAIL for the cluster), or None."""
     where = "+".join(n.name for n in inv.nodes)
     if prof is None:
-        return Result(RUN, where, "fail", "the fabric test runs in the cluster's containers, which a profile shapes",
-                      "pass --profile NAME (or set cluster.profile in the inventory)")
+        return Result(
+            RUN,
+            where,
+            "fail",
+            "the fabric test runs in the cluster's containers, which a profile shapes",
+            "pass --profile NAME (or set cluster.profile in the inventory)",
+        )
     if rep.unreachable:
-        return Result(RUN, where, "fail", f"not every node answers ({', '.join(sorted(rep.unreachable))})",
-                      "fix ssh.reachable first: a collective needs every node")
+        return Result(
+            RUN,
+            where,
+            "fail",
+            f"not every node answers ({', '.join(sorted(rep.unreachable))})",
+            "fix ssh.reachable first: a collective needs every node",
+        )
     image = image_ref(inv, prof)
     missing = sorted(n for n, f in rep.facts.items() if not f.image_id)
     if missing:
-        return Result(RUN, where, "fail", f"the cluster image {image} is not on {', '.join(missing)}",
-                      f"`sparkcluster up --profile {prof.name}` builds and distributes it (and runs this test)")
+        return Result(
+            RUN,
+            where,
+            "fail",
+            f"the cluster image {image} is not on {', '.join(missing)}",
+            f"`sparkcluster up --profile {prof.name}` builds and distributes it (and runs this test)",
+        )
     return None

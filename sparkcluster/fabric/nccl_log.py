@@ -27,14 +27,18 @@ from dataclasses import dataclass, field
 
 MARKER = "SPARKCLUSTER_FABRIC "  # the probe's prefix (sparkcluster/node/fabric_probe.py)
 
-_LINE = re.compile(r"^(?:\[[^\]]*\]\s+)?(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] "
-                   r"(?:(?P<src>\S+) )?NCCL (?P<level>INFO|WARN|TRACE) (?P<msg>.*)$")
+_LINE = re.compile(
+    r"^(?:\[[^\]]*\]\s+)?(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] "
+    r"(?:(?P<src>\S+) )?NCCL (?P<level>INFO|WARN|TRACE) (?P<msg>.*)$"
+)
 _VERSION = re.compile(r"^NCCL version (\S+)")
 _NETWORK = re.compile(r"^Using network (\S+)")
 _IB_USING = re.compile(r"^NET/IB : Using(?P<devs>(?: \[\d+\]\S+)*)\s*(?:\[RO\])?; OOB (?P<oob>\S+)")
 _IB_DEV = re.compile(r"\[(\d+)\]([^:\s]+):(\d+)(?::[^/\s]*)?/(\S+)")
-_IB_GID = re.compile(r"^NET/IB: (?:NCCL (?:Merged)?Dev \d+ )?(?:Ib)?Dev (\d+) Port (\d+) qpn \d+ "
-                     r"mtu (\d+) GID (-?\d+)")
+_IB_GID = re.compile(
+    r"^NET/IB: (?:NCCL (?:Merged)?Dev \d+ )?(?:Ib)?Dev (\d+) Port (\d+) qpn \d+ "
+    r"mtu (\d+) GID (-?\d+)"
+)
 _SOCK_USING = re.compile(r"^NET/Socket : Using((?: \[\d+\]\S+)+)")
 _SOCK_IF = re.compile(r"\[(\d+)\]([^:\s]+):(\S+?)<\d+>")
 _VIA = re.compile(r"^Channel \d+/\d+ : \d+\[\d+\] -> \d+\[\d+\] (?:\[\w+\] )?via (\S+)")
@@ -42,8 +46,10 @@ _INIT = re.compile(r"^ncclCommInitRank\w* comm \S+ rank (\d+) nranks (\d+) cudaD
 _NODES = re.compile(r"^comm \S+ rank (\d+) nRanks (\d+) nNodes (\d+)")
 _ENV = re.compile(r"^(NCCL_[A-Z_]+) set (?:by environment )?to (\S+)")
 _PLUGIN_FAIL = re.compile(r"^Failed to initialize NET plugin (\S+)")
-_PY_ERROR = re.compile(r"(?:^\[rank\d+\]: )?(torch\.distributed\.\w+Error|\w*DistBackendError|"
-                       r"\w*DistNetworkError|\w*DistStoreError): (.*)$")
+_PY_ERROR = re.compile(
+    r"(?:^\[rank\d+\]: )?(torch\.distributed\.\w+Error|\w*DistBackendError|"
+    r"\w*DistNetworkError|\w*DistStoreError): (.*)$"
+)
 
 
 @dataclass
@@ -152,7 +158,7 @@ def result_line(line: str) -> dict | None:
     with an "op" (the captured logs' earlier probe printed those)."""
     text = line.strip()
     if text.startswith(MARKER):
-        text = text[len(MARKER):]
+        text = text[len(MARKER) :]
     elif not (text.startswith("{") and '"op"' in text):
         return None
     try:
@@ -164,10 +170,17 @@ def result_line(line: str) -> dict | None:
 
 def _result(obj: dict) -> ProbeResult | None:
     try:
-        return ProbeResult(op=str(obj["op"]), nbytes=int(obj["bytes"]), time_us=float(obj["time_us"]),
-                           algbw_gbps=float(obj["algbw_GBps"]), busbw_gbps=float(obj["busbw_GBps"]),
-                           ranks=obj.get("ranks"), backend=obj.get("backend"),
-                           src=obj.get("src"), dst=obj.get("dst"))
+        return ProbeResult(
+            op=str(obj["op"]),
+            nbytes=int(obj["bytes"]),
+            time_us=float(obj["time_us"]),
+            algbw_gbps=float(obj["algbw_GBps"]),
+            busbw_gbps=float(obj["busbw_GBps"]),
+            ranks=obj.get("ranks"),
+            backend=obj.get("backend"),
+            src=obj.get("src"),
+            dst=obj.get("dst"),
+        )
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -58,20 +58,44 @@ class HostFacts:
     access: A.Access | None = None  # may it write the HF cache and take the lock
 
 
-def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[str, str] | None = None,
-                 base: str | None = None, ray: bool = True) -> str:
+def probe_script(
+    inv: Inventory,
+    node: Node,
+    image: str | None,
+    ray_seen: dict[str, str] | None = None,
+    base: str | None = None,
+    ray: bool = True,
+) -> str:
     """One shell script for one host. Every value is quoted; nothing here comes from a user string
     that is not validated by the inventory model."""
     from sparkcluster.remote.lock import lock_path
 
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
-    parts = [p.script() for p in (
-        probes.HOSTNAME, probes.TIME, probes.GPU, probes.DOCKER, probes.GPU_HOOK, probes.IP,
-        probes.carrier([node.control_if, *node.netdevs]), probes.HCA, probes.GIDS, probes.ROUTE,
-        probes.MEMINFO, probes.EARLYOOM, probes.SSHD_OOM,
-        probes.listeners([inv.cluster.ray_port, inv.cluster.api_port, inv.cluster.master_port]), probes.CONTAINERS,
-        probes.ours(f"{CLUSTER_LABEL}={inv.cluster.name}"), probes.disk(inv.cluster.hf_cache), probes.RAY_SESSIONS,
-        A.ACCOUNT, A.access(inv.cluster.hf_cache, lock_path(inv.cluster.name)))]
+    parts = [
+        p.script()
+        for p in (
+            probes.HOSTNAME,
+            probes.TIME,
+            probes.GPU,
+            probes.DOCKER,
+            probes.GPU_HOOK,
+            probes.IP,
+            probes.carrier([node.control_if, *node.netdevs]),
+            probes.HCA,
+            probes.GIDS,
+            probes.ROUTE,
+            probes.MEMINFO,
+            probes.EARLYOOM,
+            probes.SSHD_OOM,
+            probes.listeners([inv.cluster.ray_port, inv.cluster.api_port, inv.cluster.master_port]),
+            probes.CONTAINERS,
+            probes.ours(f"{CLUSTER_LABEL}={inv.cluster.name}"),
+            probes.disk(inv.cluster.hf_cache),
+            probes.RAY_SESSIONS,
+            A.ACCOUNT,
+            A.access(inv.cluster.hf_cache, lock_path(inv.cluster.name)),
+        )
+    ]
     if base:
         parts.append(probes.image_layers("base", base).script())
     if image:
@@ -82,14 +106,23 @@ def probe_script(inv: Inventory, node: Node, image: str | None, ray_seen: dict[s
         # our running container on this image runs `ray start` as its main process, which proves
         # Ray works in it; otherwise start `ray --version` in a throwaway container
         # an image ID Ray has already run in (ray_seen) needs no container: the ID is its content's digest
-        seen = "".join(f"{shlex.quote(i)}) echo {shlex.quote(v + ' (ran in this image ID before)')}; exit 0;; "
-                       for i, v in (ray_seen or {}).items())
-        parts.append(section("image_ray", "echo 'no Ray with executor mp'; exit 0") if not ray else section("image_ray", f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit 3; "
-                                          + (f"case \"$id\" in {seen}esac; " if seen else "") +
-                                          f"for c in $(docker ps -q --filter label={label} --filter status=running); do "
-                                          "[ \"$(docker inspect --format '{{.Image}}' $c)\" = \"$id\" ] && { "
-                                          f"echo \"ray, version $(docker image inspect --format '{{{{index .Config.Labels \"org.sparkcluster.ray-version\"}}}}' {img}) (running in $c)\"; exit 0; }}; done; "
-                                          f"docker run --rm --network none --entrypoint ray {img} --version"))
+        seen = "".join(
+            f"{shlex.quote(i)}) echo {shlex.quote(v + ' (ran in this image ID before)')}; exit 0;; "
+            for i, v in (ray_seen or {}).items()
+        )
+        parts.append(
+            section("image_ray", "echo 'no Ray with executor mp'; exit 0")
+            if not ray
+            else section(
+                "image_ray",
+                f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit 3; "
+                + (f'case "$id" in {seen}esac; ' if seen else "")
+                + f"for c in $(docker ps -q --filter label={label} --filter status=running); do "
+                '[ "$(docker inspect --format \'{{.Image}}\' $c)" = "$id" ] && { '
+                f'echo "ray, version $(docker image inspect --format \'{{{{index .Config.Labels "org.sparkcluster.ray-version"}}}}\' {img}) (running in $c)"; exit 0; }}; done; '
+                f"docker run --rm --network none --entrypoint ray {img} --version",
+            )
+        )
     return "\n".join(parts) + "\n"
 
 
@@ -147,16 +180,25 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
     return f
 
 
-def gather(host, inv: Inventory, image: str | None, timeout: float = 60.0,
-           ray_seen: dict[str, str] | None = None, base: str | None = None, ray: bool = True) -> HostFacts:
+def gather(
+    host,
+    inv: Inventory,
+    image: str | None,
+    timeout: float = 60.0,
+    ray_seen: dict[str, str] | None = None,
+    base: str | None = None,
+    ray: bool = True,
+) -> HostFacts:
     sent = time.time()
     res = host.run(probe_script(inv, host.node, image, ray_seen, base, ray), timeout=timeout, warn=True)
     received = time.time()
     if res.timed_out:
         from sparkcluster.errors import StageError, StepFailure
 
-        raise StageError("facts", [StepFailure(host.name, "gather facts", f"timed out after {timeout:g}s",
-                                               "facts script", res.tail())])
+        raise StageError(
+            "facts",
+            [StepFailure(host.name, "gather facts", f"timed out after {timeout:g}s", "facts script", res.tail())],
+        )
     got = parse(host.node, res.stdout, sent, received)
     if got.account and got.account.home:
         inv.set_home(host.node.name, got.account.home, got.account.owner)  # the HF cache's `~`, resolved on the node
@@ -164,6 +206,7 @@ def gather(host, inv: Inventory, image: str | None, timeout: float = 60.0,
 
 
 # --- phase 2: path MTU, which needs the peers' addresses from phase 1 -----------------------------
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -215,6 +258,9 @@ def gather_path_mtu(host, ps: list[Probe], timeout: float = 20.0) -> list[P.Ping
     for p in ps:
         sec = sections.get(_ping(p).name, Section(124, "no result: the probe did not finish"))
         mac = probes.value(probes.neigh(p.netdev, p.peer_ip), sections, "")
-        out.append(P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, sec.rc == 0,
-                                P.ping_reason(sec.out), ping_command(p), mac))
+        out.append(
+            P.PingResult(
+                p.netdev, p.peer_node, p.peer_ip, p.size, sec.rc == 0, P.ping_reason(sec.out), ping_command(p), mac
+            )
+        )
     return out

@@ -66,6 +66,7 @@ def parse_discovery(target: str, text: str) -> Discovered:
 
 # --- pure choices -------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Link:
     netdev: str
@@ -119,20 +120,29 @@ def addressed_links(found: list[Discovered], per_host: list[list[Link]]) -> list
         for x in links:
             ll = _link_local(d, x.netdev)
             if not x.addresses:
-                why = (f"only link-local {', '.join(f'{a.ip}/{a.network.prefixlen}' for a in ll)}" if ll
-                       else "up without an IPv4 address")
-                notes.append(f"{x.hca} on {x.netdev}: {why}: left out (NCCL needs a RoCE v2 IPv4 GID, which comes "
-                             "from a static address; give it one on a /24 of its own to use this rail)")
+                why = (
+                    f"only link-local {', '.join(f'{a.ip}/{a.network.prefixlen}' for a in ll)}"
+                    if ll
+                    else "up without an IPv4 address"
+                )
+                notes.append(
+                    f"{x.hca} on {x.netdev}: {why}: left out (NCCL needs a RoCE v2 IPv4 GID, which comes "
+                    "from a static address; give it one on a /24 of its own to use this rail)"
+                )
                 continue
             shared = [a for a in x.addresses if any(a.network in n for n in others)]
             if not shared:
-                notes.append(f"{x.hca} on {x.netdev}: {', '.join(str(a.network) for a in x.addresses)} is on no other "
-                             "host: left out (the far end has no address there, or the port is cabled elsewhere)")
+                notes.append(
+                    f"{x.hca} on {x.netdev}: {', '.join(str(a.network) for a in x.addresses)} is on no other "
+                    "host: left out (the far end has no address there, or the port is cabled elsewhere)"
+                )
                 continue
             twin = next((seen[a.network] for a in shared if a.network in seen), None)
             if twin is not None:
-                notes.append(f"{x.hca} on {x.netdev}: shares {shared[0].network} with {twin}: left out (one subnet per "
-                             "netdev, or the kernel sends both rails' traffic out of one port; eugr/spark-vllm-docker#270)")
+                notes.append(
+                    f"{x.hca} on {x.netdev}: shares {shared[0].network} with {twin}: left out (one subnet per "
+                    "netdev, or the kernel sends both rails' traffic out of one port; eugr/spark-vllm-docker#270)"
+                )
                 continue
             for a in shared:
                 seen[a.network] = x.netdev
@@ -144,16 +154,20 @@ def addressed_links(found: list[Discovered], per_host: list[list[Link]]) -> list
 def link_local_error(found: list[Discovered], per_host: list[list[Link]]) -> SparkError:
     """Every ACTIVE port carries only link-local addresses (NVIDIA's default): say what was found and
     why a static scheme is proposed instead."""
-    seen = "; ".join(f"{d.target}: " + ", ".join(f"{x.netdev} {a.ip}/{a.network.prefixlen}"
-                                                 for x in links for a in _link_local(d, x.netdev))
-                     for d, links in zip(found, per_host))
+    seen = "; ".join(
+        f"{d.target}: "
+        + ", ".join(f"{x.netdev} {a.ip}/{a.network.prefixlen}" for x in links for a in _link_local(d, x.netdev))
+        for d, links in zip(found, per_host)
+    )
     twins = sorted({x.netdev for links in per_host for x in links}, key=str.lower)  # port order
     scheme = ", ".join(f"{nd} 198.19.{k + 1}.N/24" for k, nd in enumerate(twins))
-    return SparkError(f"the ConnectX-7 ports have only link-local addresses ({seen}): they work for a quick test, but "
-                      "they are picked anew at each boot (so an inventory naming them goes stale) and every port "
-                      "shares the one 169.254.0.0/16 route, so traffic can leave by the wrong port",
-                      f"give each port a static address on a /24 of its own, N = 1 on the head, 2 on the worker "
-                      f"({scheme}), e.g. with netplan, then run init again")
+    return SparkError(
+        f"the ConnectX-7 ports have only link-local addresses ({seen}): they work for a quick test, but "
+        "they are picked anew at each boot (so an inventory naming them goes stale) and every port "
+        "shares the one 169.254.0.0/16 route, so traffic can leave by the wrong port",
+        f"give each port a static address on a /24 of its own, N = 1 on the head, 2 on the worker "
+        f"({scheme}), e.g. with netplan, then run init again",
+    )
 
 
 def node_gid_index(d: Discovered, links: list[Link]) -> int | None:
@@ -177,24 +191,32 @@ def choose_control(chosen: list[list[Link]], found: list[Discovered]) -> list[Co
     IPv4 address on a subnet every other host has on a data-plane link; where no data-plane subnet
     reaches every host (a ring or a mesh: each cable joins two), the first other interface whose
     subnet every host has (the LAN, as owners of rings run Ray and vLLM's control traffic)."""
+
     def lan(d: Discovered, data: list[Link]) -> list[Link]:
-        return [Link(n, "", tuple(a for a in i.addresses if usable(a)), i.mtu) for n, i in sorted(d.interfaces.items())
-                if n not in {x.netdev for x in data} and n != "lo" and i.up and not n.startswith(("docker", "br-", "veth"))]
+        return [
+            Link(n, "", tuple(a for a in i.addresses if usable(a)), i.mtu)
+            for n, i in sorted(d.interfaces.items())
+            if n not in {x.netdev for x in data} and n != "lo" and i.up and not n.startswith(("docker", "br-", "veth"))
+        ]
+
     for candidates in (chosen, [lan(d, data) for d, data in zip(found, chosen)]):
         for link in candidates[0]:
             for addr in link.addresses:
                 picks = []
                 for wl in candidates[1:]:
-                    match = next(((x, a) for x in wl for a in x.addresses
-                                  if a.network == addr.network and a.ip != addr.ip), None)
+                    match = next(
+                        ((x, a) for x in wl for a in x.addresses if a.network == addr.network and a.ip != addr.ip), None
+                    )
                     if match is None:
                         break
                     picks.append(Control(match[0].netdev, match[1].ip, match[1].network, match[0].mtu))
                 else:
                     return [Control(link.netdev, addr.ip, addr.network, link.mtu), *picks]
-    raise SparkError("no subnet is shared by the head and every worker, on the ConnectX-7 links or any other",
-                     "give the ConnectX-7 links static IPv4 addresses, one subnet per cable (e.g. 198.19.k.1/24 "
-                     "and 198.19.k.2/24), and for a ring put every node on one LAN subnet; then run init again")
+    raise SparkError(
+        "no subnet is shared by the head and every worker, on the ConnectX-7 links or any other",
+        "give the ConnectX-7 links static IPv4 addresses, one subnet per cable (e.g. 198.19.k.1/24 "
+        "and 198.19.k.2/24), and for a ring put every node on one LAN subnet; then run init again",
+    )
 
 
 def topology_of(names: list[str], chosen: list[list[Link]]) -> topo.Topology:
@@ -202,10 +224,12 @@ def topology_of(names: list[str], chosen: list[list[Link]]) -> topo.Topology:
     try:
         return topo.classify({n: [a.network for x in links for a in x.addresses] for n, links in zip(names, chosen)})
     except topo.Miscabled as e:
-        raise SparkError(f"the data-plane cabling fits no topology sparkcluster knows: {e}",
-                         "cable a pair directly, three to eight nodes through a switch (every rail on every node), "
-                         "three as a mesh or four or more as a ring (each cable a subnet of its own); then run "
-                         "init again") from None
+        raise SparkError(
+            f"the data-plane cabling fits no topology sparkcluster knows: {e}",
+            "cable a pair directly, three to eight nodes through a switch (every rail on every node), "
+            "three as a mesh or four or more as a ring (each cable a subnet of its own); then run "
+            "init again",
+        ) from None
 
 
 def node_names(found: list[Discovered]) -> list[str]:
@@ -241,51 +265,62 @@ class Draft:
     topology: topo.Topology | None = None
 
 
-def draft(name: str, found: list[Discovered], ssh_config: Path | None = None,
-          known_hosts: Path | None = None) -> Draft:
+def draft(name: str, found: list[Discovered], ssh_config: Path | None = None, known_hosts: Path | None = None) -> Draft:
     """found[0] is the head, the rest are workers."""
     per_host = [data_links(d) for d in found]
     for d, (links, notes) in zip(found, per_host):
         if not links:
-            raise SparkError(f"{d.target}: no ACTIVE RoCE HCA with a netdev found"
-                             + (f" ({'; '.join(notes)})" if notes else " (/sys/class/infiniband is empty)"),
-                             "check the QSFP cables and that the ConnectX-7 driver (mlx5_ib) is loaded "
-                             "(`ibdev2netdev` on the host shows the pairs)")
+            raise SparkError(
+                f"{d.target}: no ACTIVE RoCE HCA with a netdev found"
+                + (f" ({'; '.join(notes)})" if notes else " (/sys/class/infiniband is empty)"),
+                "check the QSFP cables and that the ConnectX-7 driver (mlx5_ib) is loaded "
+                "(`ibdev2netdev` on the host shows the pairs)",
+            )
     active = [links for links, _ in per_host]
     usable_per_host = addressed_links(found, active)
-    if all(not kept for kept, _ in usable_per_host) and any(_link_local(d, x.netdev) for d, links in zip(found, active)
-                                                            for x in links):
+    if all(not kept for kept, _ in usable_per_host) and any(
+        _link_local(d, x.netdev) for d, links in zip(found, active) for x in links
+    ):
         raise link_local_error(found, active)
     for d, (kept, left_out) in zip(found, usable_per_host):
         if not kept:
-            raise SparkError(f"{d.target}: no ACTIVE ConnectX-7 port has a static IPv4 address on a subnet the other "
-                             f"host(s) share ({'; '.join(left_out)})",
-                             "give the ConnectX-7 links static IPv4 addresses, one subnet per cable (e.g. 198.19.k.1/24 "
-                             "and 198.19.k.2/24), then run init again")
+            raise SparkError(
+                f"{d.target}: no ACTIVE ConnectX-7 port has a static IPv4 address on a subnet the other "
+                f"host(s) share ({'; '.join(left_out)})",
+                "give the ConnectX-7 links static IPv4 addresses, one subnet per cable (e.g. 198.19.k.1/24 "
+                "and 198.19.k.2/24), then run init again",
+            )
     chosen = [kept for kept, _ in usable_per_host]
     names = node_names(found)
     cabling = topology_of(names, chosen)
     nodes = []
-    for i, (d, (_, notes), (links, left_out), ctl, nm) in enumerate(zip(found, per_host, usable_per_host,
-                                                                        choose_control(chosen, found), names)):
+    for i, (d, (_, notes), (links, left_out), ctl, nm) in enumerate(
+        zip(found, per_host, usable_per_host, choose_control(chosen, found), names)
+    ):
         comments = list(notes) + left_out
         gid = node_gid_index(d, links)
         if d.gids and gid is None:
-            comments.append("no GID index holds a RoCE v2 IPv4 GID on every HCA of this node: gid_index left out "
-                            "(NCCL picks one; doctor's rdma.gid says which HCA lacks it)")
+            comments.append(
+                "no GID index holds a RoCE v2 IPv4 GID on every HCA of this node: gid_index left out "
+                "(NCCL picks one; doctor's rdma.gid says which HCA lacks it)"
+            )
         if d.gpus:
             g = d.gpus[0]
             comments.append(f"GPU: {len(d.gpus)} x {g.name}, driver {g.driver}, compute capability {g.compute_cap}")
         else:
-            comments.append(f"GPU: nvidia-smi found none ({d.gpu_error or 'no output'}); gpus = 1 assumed: check the driver")
-        nodes.append(DraftNode(nm, "head" if i == 0 else "worker", d.target, ctl, links, max(1, len(d.gpus)), comments,
-                               gid))
+            comments.append(
+                f"GPU: nvidia-smi found none ({d.gpu_error or 'no output'}); gpus = 1 assumed: check the driver"
+            )
+        nodes.append(
+            DraftNode(nm, "head" if i == 0 else "worker", d.target, ctl, links, max(1, len(d.gpus)), comments, gid)
+        )
     if cabling.kind == "ring":  # the inventory lists a ring's nodes in cable order, the head first
         nodes = [next(n for n in nodes if n.name == name) for name in cabling.order]
     return Draft(name, nodes, ssh_config, known_hosts, cabling)
 
 
 # --- TOML ---------------------------------------------------------------------------------------
+
 
 def _s(v: object) -> str:
     """A TOML basic string (JSON string escapes are valid TOML)."""
@@ -315,8 +350,10 @@ def to_toml(dr: Draft, when: str = "") -> str:
     if dr.known_hosts:
         lines.append(f"known_hosts = {_s(dr.known_hosts)}")
     if dr.topology is not None and len(dr.nodes) > 1:
-        lines += [f"# cabling: {dr.topology.kind}, from the data-plane subnets: {dr.topology.why}",
-                  f"topology = {_s(dr.topology.kind)}"]
+        lines += [
+            f"# cabling: {dr.topology.kind}, from the data-plane subnets: {dr.topology.why}",
+            f"topology = {_s(dr.topology.kind)}",
+        ]
     for n in dr.nodes:
         lines += ["", "[[nodes]]"]
         lines += [f"# {c}" for c in n.comments]
@@ -331,8 +368,10 @@ def to_toml(dr: Draft, when: str = "") -> str:
             f"gpus = {n.gpus}",
         ]
         if n.gid_index is not None:
-            lines += ["# RoCE v2 IPv4 GID index on every data-plane HCA: sparkcluster sets NCCL_IB_GID_INDEX from it",
-                      f"gid_index = {n.gid_index}"]
+            lines += [
+                "# RoCE v2 IPv4 GID index on every data-plane HCA: sparkcluster sets NCCL_IB_GID_INDEX from it",
+                f"gid_index = {n.gid_index}",
+            ]
         lines += ["data_plane = ["]
         for link in n.links:
             where = ", ".join(f"{a.ip}/{a.network.prefixlen}" for a in link.addresses) or "no IPv4 address"
@@ -349,19 +388,28 @@ def render(dr: Draft, source: str, when: str = "") -> tuple[str, inventory.Inven
 
 # --- I/O: connect and run the script ------------------------------------------------------------
 
+
 def provisional_node(target: str, role: str, index: int) -> inventory.Node:
     """A Node good enough for ssh.connect (which uses only name and ssh) before anything is known;
     named after the target's host so messages say which host they are about."""
     m = inventory._TARGET.match(target)
     if not m:
-        raise InputError(f"--{role} {target!r} is not an ssh config alias or user@host[:port]",
-                         "pass a Host alias from your ssh config, or user@host[:port]")
+        raise InputError(
+            f"--{role} {target!r} is not an ssh config alias or user@host[:port]",
+            "pass a Host alias from your ssh config, or user@host[:port]",
+        )
     host = m.group("host").strip("[]")
     name = host if _NAME.match(host) else (f"worker-{index}" if role == "worker" else "head")
-    return inventory.Node.model_validate({
-        "name": name, "role": role, "ssh": target,
-        "control_if": "unknown", "control_ip": "0.0.0.0", "data_plane": [{"netdev": "unknown", "hca": "unknown"}],
-    })
+    return inventory.Node.model_validate(
+        {
+            "name": name,
+            "role": role,
+            "ssh": target,
+            "control_if": "unknown",
+            "control_ip": "0.0.0.0",
+            "data_plane": [{"netdev": "unknown", "hca": "unknown"}],
+        }
+    )
 
 
 def discover_hosts(targets: list[str], settings: ssh.Settings, timeout: float = 30.0) -> list[Discovered]:

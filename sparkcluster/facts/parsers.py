@@ -39,6 +39,7 @@ def json_object(text: str) -> dict | None:
 
 # --- nvidia-smi ---------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Gpu:
     name: str
@@ -58,6 +59,7 @@ def nvidia_smi_csv(text: str) -> list[Gpu]:
 
 
 # --- docker -------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class DockerInfo:
@@ -136,12 +138,21 @@ def docker_ps_json(text: str) -> list[Container]:
         if not line.startswith("{"):
             continue
         d = json.loads(line)
-        out.append(Container(d.get("ID", ""), d.get("Names", ""), d.get("Image", ""), d.get("State", ""),
-                             d.get("Command", "").strip('"'), _labels(d.get("Labels", ""))))
+        out.append(
+            Container(
+                d.get("ID", ""),
+                d.get("Names", ""),
+                d.get("Image", ""),
+                d.get("State", ""),
+                d.get("Command", "").strip('"'),
+                _labels(d.get("Labels", "")),
+            )
+        )
     return out
 
 
 # --- network ------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Address:
@@ -167,8 +178,14 @@ def ip_addr_json(text: str) -> dict[str, Interface]:
     out = {}
     for d in json.loads(text or "[]"):
         flags = d.get("flags", [])
-        iface = Interface(d["ifname"], int(d.get("mtu", 0)), "UP" in flags, "LOWER_UP" in flags,
-                          d.get("operstate", "UNKNOWN"), mac=str(d.get("address", "")).lower())
+        iface = Interface(
+            d["ifname"],
+            int(d.get("mtu", 0)),
+            "UP" in flags,
+            "LOWER_UP" in flags,
+            d.get("operstate", "UNKNOWN"),
+            mac=str(d.get("address", "")).lower(),
+        )
         for a in d.get("addr_info", []):
             if a.get("family") == "inet":
                 net = ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
@@ -263,8 +280,9 @@ def gid_lines(text: str) -> dict[str, list[Gid]]:
         parts = line.split("|")
         if len(parts) != 5 or not parts[1].isdigit():
             continue
-        out.setdefault(parts[0], []).append(Gid(parts[0], int(parts[1]), parts[2].strip(), parts[3].strip(),
-                                                parts[4].strip()))
+        out.setdefault(parts[0], []).append(
+            Gid(parts[0], int(parts[1]), parts[2].strip(), parts[3].strip(), parts[4].strip())
+        )
     for gids in out.values():
         gids.sort(key=lambda g: g.index)
     return out
@@ -294,7 +312,9 @@ class Listener:
     container: str  # full container id from the process's cgroup, "" when on the host
 
 
-_SS = re.compile(r"^\S+\s+\d+\s+\d+\s+(?P<local>\S+)\s+\S+(?:\s+users:\(\(\"(?P<proc>[^\"]*)\",pid=(?P<pid>\d+)[^)]*\)[^ ]*)?.*?(?:container=(?P<cid>[0-9a-f]*))?$")
+_SS = re.compile(
+    r"^\S+\s+\d+\s+\d+\s+(?P<local>\S+)\s+\S+(?:\s+users:\(\(\"(?P<proc>[^\"]*)\",pid=(?P<pid>\d+)[^)]*\)[^ ]*)?.*?(?:container=(?P<cid>[0-9a-f]*))?$"
+)
 
 
 def ss_listeners(text: str) -> list[Listener]:
@@ -308,12 +328,20 @@ def ss_listeners(text: str) -> list[Listener]:
         addr, _, port = local.rpartition(":")
         if not port.isdigit():
             continue
-        out.append(Listener(addr, int(port), m.group("proc") or "?", int(m.group("pid")) if m.group("pid") else None,
-                            m.group("cid") or ""))
+        out.append(
+            Listener(
+                addr,
+                int(port),
+                m.group("proc") or "?",
+                int(m.group("pid")) if m.group("pid") else None,
+                m.group("cid") or "",
+            )
+        )
     return out
 
 
 # --- memory and disk ----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class MemInfo:
@@ -367,11 +395,13 @@ class PingResult:
 def uptime_and_clock(text: str) -> tuple[float | None, float | None]:
     """`cat /proc/uptime; date +%s.%N`: seconds since boot, and the node's clock (epoch seconds)."""
     lines = text.split("\n")
+
     def num(i: int, word: int) -> float | None:
         try:
             return float(lines[i].split()[word])
         except (IndexError, ValueError):
             return None
+
     return num(0, 0), num(1, 0)
 
 

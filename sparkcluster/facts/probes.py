@@ -47,7 +47,7 @@ def split_sections(text: str) -> dict[str, Section]:
     name, buf = None, []
     for line in text.splitlines():
         if line.startswith(SECTION + " "):
-            rest = line[len(SECTION) + 1:]
+            rest = line[len(SECTION) + 1 :]
             if " rc=" in rest and name is not None and rest.startswith(name + " rc="):
                 out[name] = Section(int(rest.rsplit("rc=", 1)[1] or 1), "\n".join(buf))
                 name, buf = None, []
@@ -73,46 +73,65 @@ class Probe:
 HOSTNAME = Probe("hostname", "hostname", lambda out: out.strip())
 TIME = Probe("time", "date +%s.%N", lambda out: float(out.strip()))
 DOCKER = Probe("docker", "docker info --format '{{json .}}'", P.docker_info)
-GPU_HOOK = Probe("gpu_hook", "command -v nvidia-container-runtime-hook nvidia-ctk nvidia-container-runtime | head -1",
-                 lambda out: out.strip())
+GPU_HOOK = Probe(
+    "gpu_hook",
+    "command -v nvidia-container-runtime-hook nvidia-ctk nvidia-container-runtime | head -1",
+    lambda out: out.strip(),
+)
 MEMINFO = Probe("meminfo", "cat /proc/meminfo", P.meminfo)
 EARLYOOM = Probe("earlyoom", "pgrep -x earlyoom", lambda out: True)
 SSHD_OOM = Probe("sshd_oom", "cat /proc/$(pgrep -o -x sshd)/oom_score_adj", lambda out: int(out.strip()))
 CONTAINERS = Probe("containers", "docker ps -a --no-trunc --format '{{json .}}'", P.docker_ps_json)
 RAY_SESSIONS = Probe("ray_sessions", "ls -d /tmp/ray/session_* 2>/dev/null", lambda out: out.split())
-GPU = Probe("gpu", "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader",
-            P.nvidia_smi_csv)
+GPU = Probe(
+    "gpu", "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader", P.nvidia_smi_csv
+)
 IP = Probe("ip", "ip -j addr show", P.ip_addr_json)
 # each RoCE HCA: port 1 state and the netdev(s) it sits on (what `ibdev2netdev` prints, from sysfs)
-HCA = Probe("hca", "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] || continue; "
-                   "printf '%s|%s|%s\\n' \"${d##*/}\" \"$(cat \"$d/ports/1/state\" 2>/dev/null)\" "
-                   "\"$(ls \"$d/device/net\" 2>/dev/null | tr '\\n' ' ')\"; done", P.hca_lines)
+HCA = Probe(
+    "hca",
+    'for d in /sys/class/infiniband/*; do [ -e "$d" ] || continue; '
+    'printf \'%s|%s|%s\\n\' "${d##*/}" "$(cat "$d/ports/1/state" 2>/dev/null)" '
+    "\"$(ls \"$d/device/net\" 2>/dev/null | tr '\\n' ' ')\"; done",
+    P.hca_lines,
+)
 # each HCA's GID table: only the filled entries. A real table has 256 entries per port, mostly zero
 # GIDs whose attribute files refuse to be read (EINVAL): `read` (a builtin) keeps it to no fork per entry.
-GIDS = Probe("gids", "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] || continue; p=\"$d/ports/1\"; "
-                     "for g in \"$p\"/gids/*; do [ -e \"$g\" ] || continue; n=${g##*/}; v=; read -r v 2>/dev/null < \"$g\"; "
-                     "[ -n \"$v\" ] && [ \"$v\" != 0000:0000:0000:0000:0000:0000:0000:0000 ] || continue; "
-                     "t=; read -r t 2>/dev/null < \"$p/gid_attrs/types/$n\"; "
-                     "nd=; read -r nd 2>/dev/null < \"$p/gid_attrs/ndevs/$n\"; "
-                     "printf '%s|%s|%s|%s|%s\\n' \"${d##*/}\" \"$n\" \"$v\" \"$t\" \"$nd\"; "
-                     "done; done", P.gid_lines)
+GIDS = Probe(
+    "gids",
+    'for d in /sys/class/infiniband/*; do [ -e "$d" ] || continue; p="$d/ports/1"; '
+    'for g in "$p"/gids/*; do [ -e "$g" ] || continue; n=${g##*/}; v=; read -r v 2>/dev/null < "$g"; '
+    '[ -n "$v" ] && [ "$v" != 0000:0000:0000:0000:0000:0000:0000:0000 ] || continue; '
+    't=; read -r t 2>/dev/null < "$p/gid_attrs/types/$n"; '
+    'nd=; read -r nd 2>/dev/null < "$p/gid_attrs/ndevs/$n"; '
+    'printf \'%s|%s|%s|%s|%s\\n\' "${d##*/}" "$n" "$v" "$t" "$nd"; '
+    "done; done",
+    P.gid_lines,
+)
 ROUTE = Probe("route", "ip -j route show default", P.default_route_devs)
 
 
 def listeners(ports: list[int]) -> Probe:
     """Who listens on these TCP ports, each line with the container (from the cgroup) it runs in."""
     sel = " or ".join(f"sport = :{int(p)}" for p in ports)
-    return Probe("listeners", f"ss -Htlnp '( {sel} )' | while read -r l; do "
-                              "p=$(printf '%s' \"$l\" | sed -n 's/.*pid=\\([0-9]*\\).*/\\1/p'); "
-                              "c=$(grep -o -E '[0-9a-f]{64}' /proc/$p/cgroup 2>/dev/null | head -1); "
-                              "printf '%s container=%s\\n' \"$l\" \"$c\"; done", P.ss_listeners)
+    return Probe(
+        "listeners",
+        f"ss -Htlnp '( {sel} )' | while read -r l; do "
+        "p=$(printf '%s' \"$l\" | sed -n 's/.*pid=\\([0-9]*\\).*/\\1/p'); "
+        "c=$(grep -o -E '[0-9a-f]{64}' /proc/$p/cgroup 2>/dev/null | head -1); "
+        'printf \'%s container=%s\\n\' "$l" "$c"; done',
+        P.ss_listeners,
+    )
 
 
 def ours(label: str) -> Probe:
     """`docker inspect` of the containers carrying `label` (key=value), `[]` when none."""
     q = shlex.quote(label)
-    return Probe("ours", f"ids=$(docker ps -aq --filter label={q}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids",
-                 P.json_list)
+    return Probe(
+        "ours",
+        f"ids=$(docker ps -aq --filter label={q}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids",
+        P.json_list,
+    )
 
 
 def _shell_path(p: str) -> str:
@@ -123,18 +142,25 @@ def _shell_path(p: str) -> str:
 
 def disk(hf_cache: str) -> Probe:
     """df of docker's root and of the model cache (its nearest existing parent: nothing is created)."""
-    return Probe("disk", "d=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) && [ -d \"$d\" ] || d=/var/lib/docker; "
-                         "df -PB1 \"$d\"; "
-                         f"p={_shell_path(hf_cache)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -PB1 \"$p\"",
-                 P.df_lines)
+    return Probe(
+        "disk",
+        "d=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) && [ -d \"$d\" ] || d=/var/lib/docker; "
+        'df -PB1 "$d"; '
+        f'p={_shell_path(hf_cache)}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -PB1 "$p"',
+        P.df_lines,
+    )
 
 
 def carrier(ifnames: list[str]) -> Probe:
     """Carrier and speed of each named netdev (`-` when sysfs has no value)."""
     ifs = " ".join(shlex.quote(i) for i in dict.fromkeys(ifnames))
-    return Probe("carrier", f"for i in {ifs}; do printf '%s %s %s\\n' \"$i\" "
-                            "\"$(cat \"/sys/class/net/$i/carrier\" 2>/dev/null || echo -)\" "
-                            "\"$(cat \"/sys/class/net/$i/speed\" 2>/dev/null || echo -)\"; done", P.carrier_lines)
+    return Probe(
+        "carrier",
+        f"for i in {ifs}; do printf '%s %s %s\\n' \"$i\" "
+        '"$(cat "/sys/class/net/$i/carrier" 2>/dev/null || echo -)" '
+        '"$(cat "/sys/class/net/$i/speed" 2>/dev/null || echo -)"; done',
+        P.carrier_lines,
+    )
 
 
 def ping(netdev: str, peer_ip: str, size: int) -> Probe:
@@ -145,8 +171,9 @@ def ping(netdev: str, peer_ip: str, size: int) -> Probe:
 
 def neigh(netdev: str, peer_ip: str) -> Probe:
     """Who answered `peer_ip` on `netdev` (its MAC), read right after a ping filled the entry."""
-    return Probe(f"neigh {netdev} {peer_ip}", shlex.join(["ip", "neigh", "show", "to", peer_ip, "dev", netdev]),
-                 P.neigh_mac)
+    return Probe(
+        f"neigh {netdev} {peer_ip}", shlex.join(["ip", "neigh", "show", "to", peer_ip, "dev", netdev]), P.neigh_mac
+    )
 
 
 def script(probes: list[Probe]) -> str:
@@ -165,10 +192,18 @@ def image_layers(name: str, ref: str) -> Probe:
     """One image's ID, its diff IDs bottom up (JSON) and `docker history` sizes in bytes, oldest
     first: what the image stage compares with the layers a worker holds. Exits 3 when absent."""
     img = shlex.quote(ref)
-    return Probe(name, f"docker image inspect --format '{{{{.Id}}}} {{{{json .RootFS.Layers}}}}' {img} 2>/dev/null || exit 3; "
-                       f"docker history --no-trunc -H=false --format '{{{{.Size}}}}' {img} | tac", P.image_layers)
+    return Probe(
+        name,
+        f"docker image inspect --format '{{{{.Id}}}} {{{{json .RootFS.Layers}}}}' {img} 2>/dev/null || exit 3; "
+        f"docker history --no-trunc -H=false --format '{{{{.Size}}}}' {img} | tac",
+        P.image_layers,
+    )
 
 
 # every image's diff IDs bottom up, one JSON list a line: which layer chains the node holds
-LAYER_CHAINS = Probe("layer_chains", "ids=$(docker image ls -q --no-trunc | sort -u); [ -z \"$ids\" ] || "
-                                     "docker image inspect --format '{{json .RootFS.Layers}}' $ids", P.layer_chains)
+LAYER_CHAINS = Probe(
+    "layer_chains",
+    'ids=$(docker image ls -q --no-trunc | sort -u); [ -z "$ids" ] || '
+    "docker image inspect --format '{{json .RootFS.Layers}}' $ids",
+    P.layer_chains,
+)

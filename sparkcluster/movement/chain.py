@@ -43,7 +43,7 @@ def hop(inv: "Inventory", facts: dict[str, "HostFacts"], a: str, b: str) -> Hop:
         theirs = [addr for nd in nb.netdevs if nd in fb.interfaces for addr in fb.interfaces[nd].addresses]
         for nd in na.netdevs:
             iface = fa.interfaces.get(nd)
-            for mine in (iface.addresses if iface else []):
+            for mine in iface.addresses if iface else []:
                 for other in theirs:
                     if other.network == mine.network and other.ip != mine.ip:
                         return Hop(a, str(mine.ip), b, str(other.ip), str(mine.network))
@@ -60,6 +60,8 @@ def describe(hops: list[Hop], i: int) -> str:
     """What hop i's receiving node does: from whom, over which addresses, forwarding to whom."""
     h = hops[i]
     nxt = hops[i + 1] if i + 1 < len(hops) else None
-    return (f"from {h.src} over {h.src_ip} -> {h.dst_ip} ({h.via})"
-            + (f", forwarding to {nxt.dst} over {nxt.src_ip} -> {nxt.dst_ip} ({nxt.via}) as it arrives"
-               if nxt else ", the end of the chain"))
+    return f"from {h.src} over {h.src_ip} -> {h.dst_ip} ({h.via})" + (
+        f", forwarding to {nxt.dst} over {nxt.src_ip} -> {nxt.dst_ip} ({nxt.via}) as it arrives"
+        if nxt
+        else ", the end of the chain"
+    )

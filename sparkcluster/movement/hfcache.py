@@ -57,10 +57,16 @@ class Manifest:
 
     def request(self, hash_unverified: bool = True, rehash: bool = False) -> str:
         """The JSON the node program's `check` reads on stdin."""
-        return json.dumps({"folder": repo_folder(self.repo), "commit": self.commit,
-                           "ref": None if self.revision == self.commit else self.revision, "hash": hash_unverified,
-                           "rehash": rehash,
-                           "files": [{"path": f.path, "size": f.size, "blob": f.blob} for f in self.files]})
+        return json.dumps(
+            {
+                "folder": repo_folder(self.repo),
+                "commit": self.commit,
+                "ref": None if self.revision == self.commit else self.revision,
+                "hash": hash_unverified,
+                "rehash": rehash,
+                "files": [{"path": f.path, "size": f.size, "blob": f.blob} for f in self.files],
+            }
+        )
 
 
 def is_hub_model(model: str) -> bool:
@@ -70,7 +76,7 @@ def is_hub_model(model: str) -> bool:
 
 def check_repo(repo: str) -> str:
     if not _REPO.fullmatch(repo) or ".." in repo:
-        raise InputError(f"'{repo}' is not a hub model id (expected ORG/NAME)", "set model = \"ORG/NAME\" in the profile")
+        raise InputError(f"'{repo}' is not a hub model id (expected ORG/NAME)", 'set model = "ORG/NAME" in the profile')
     return repo
 
 
@@ -91,8 +97,12 @@ def hub_dir(hf_cache: str) -> str:
 def safe_path(p: str) -> str:
     """A file path from the hub, accepted only if it stays inside the snapshot folder."""
     pp = PurePosixPath(p)
-    if (not p or pp.is_absolute() or any(part in ("", ".", "..") for part in p.split("/"))
-            or any(ord(c) < 32 or c == "\x7f" for c in p)):
+    if (
+        not p
+        or pp.is_absolute()
+        or any(part in ("", ".", "..") for part in p.split("/"))
+        or any(ord(c) < 32 or c == "\x7f" for c in p)
+    ):
         raise ValueError(f"unsafe file path from the hub: {p!r}")
     return p
 
@@ -112,8 +122,9 @@ def parse_resolve(out: str, repo: str, revision: str, endpoint: str) -> Manifest
     for f in got.get("files") or []:
         blob, size = f.get("blob") or "", f.get("size")
         if not _BLOB.fullmatch(blob) or not isinstance(size, int) or size < 0:
-            raise InputError(f"the hub listed {f.get('path')!r} of {repo} without a size or hash",
-                             f"check hf_endpoint ({endpoint})")
+            raise InputError(
+                f"the hub listed {f.get('path')!r} of {repo} without a size or hash", f"check hf_endpoint ({endpoint})"
+            )
         try:
             files.append(File(safe_path(f["path"]), size, blob, bool(f.get("lfs"))))
         except ValueError as e:
@@ -126,27 +137,42 @@ def resolve_error(got: dict, repo: str, revision: str, endpoint: str) -> InputEr
     page = f"{endpoint.rstrip('/')}/{repo}"
     if code == "GatedRepo" or status in (401, 403) and code != "RepoNotFound":
         if status == 401:
-            return InputError(f"{repo} is gated and this run has no HF token",
-                              f"accept its licence at {page}, put HF_TOKEN=... in the .env (mode 0600), then sparkcluster up")
-        return InputError(f"{repo} is gated and the HF token has no access to it (licence not accepted, or a token without read access)",
-                          f"accept the licence at {page} with the token's account, then sparkcluster up")
+            return InputError(
+                f"{repo} is gated and this run has no HF token",
+                f"accept its licence at {page}, put HF_TOKEN=... in the .env (mode 0600), then sparkcluster up",
+            )
+        return InputError(
+            f"{repo} is gated and the HF token has no access to it (licence not accepted, or a token without read access)",
+            f"accept the licence at {page} with the token's account, then sparkcluster up",
+        )
     if code == "RevisionNotFound":
-        return InputError(f"revision '{revision}' does not exist in {repo}",
-                          f"set revision to a branch, tag or commit listed at {page}/tree/main")
+        return InputError(
+            f"revision '{revision}' does not exist in {repo}",
+            f"set revision to a branch, tag or commit listed at {page}/tree/main",
+        )
     if code == "RepoNotFound" or status == 404:
-        return InputError(f"model {repo} does not exist on {endpoint} (or it is private and the token cannot see it)",
-                          "check model in the profile (ORG/NAME as on the hub) and HF_TOKEN")
+        return InputError(
+            f"model {repo} does not exist on {endpoint} (or it is private and the token cannot see it)",
+            "check model in the profile (ORG/NAME as on the hub) and HF_TOKEN",
+        )
     if code == "Unreachable":
-        return HubUnavailable(f"the head cannot reach the hub at {endpoint}: {got.get('message')}",
-                          "check the head's network (or set hf_endpoint in the inventory to a mirror)")
+        return HubUnavailable(
+            f"the head cannot reach the hub at {endpoint}: {got.get('message')}",
+            "check the head's network (or set hf_endpoint in the inventory to a mirror)",
+        )
     if isinstance(status, int) and status >= 500:
-        return HubUnavailable(f"the hub answered {status} for {repo}@{revision}: {got.get('message')}",
-                              "try again later (or set hf_endpoint to a mirror)")
-    return InputError(f"the hub answered {status} for {repo}@{revision}: {got.get('message')}",
-                      "try again later (or set hf_endpoint to a mirror)")
+        return HubUnavailable(
+            f"the hub answered {status} for {repo}@{revision}: {got.get('message')}",
+            "try again later (or set hf_endpoint to a mirror)",
+        )
+    return InputError(
+        f"the hub answered {status} for {repo}@{revision}: {got.get('message')}",
+        "try again later (or set hf_endpoint to a mirror)",
+    )
 
 
 # ---- command lines (every value quoted; the token never appears: it goes on stdin) ----
+
 
 def py(script: str, *args: str) -> str:
     return "python3 -c " + shlex.quote(script) + "".join(" " + shlex.quote(a) for a in args)
@@ -186,8 +212,14 @@ def rm_command(hf_cache: str, repo: str, commit: str) -> str:
     return py(NODE, "rm", hub_dir(hf_cache), repo_folder(repo), commit)
 
 
-def download_command(image: str, hf_cache: str, endpoint: str | None, m: Manifest,
-                     only: tuple[str, ...] | None = None, user: str | None = None) -> str:
+def download_command(
+    image: str,
+    hf_cache: str,
+    endpoint: str | None,
+    m: Manifest,
+    only: tuple[str, ...] | None = None,
+    user: str | None = None,
+) -> str:
     """A throwaway container of the cluster image (it has huggingface_hub) fetches the snapshot into
     the head's cache. The token, if any, is the 0600 file HF_HOME/token. A download an earlier run
     left behind (Ctrl-C kills the client, not the container) is removed first; the new one resumes
@@ -199,9 +231,27 @@ def download_command(image: str, hf_cache: str, endpoint: str | None, m: Manifes
         env += ["-e", f"HF_ENDPOINT={endpoint}"]
     if user:
         env = ["--user", user, "-e", "HOME=/tmp", *env]
-    argv = ["docker", "run", "--rm", "--name", DOWNLOAD_CONTAINER, "--network", "host", *env,
-            "-v", f"{hf_cache}:{hf_cache}", "--entrypoint", "python3", image, "-c", DOWNLOAD,
-            m.repo, m.commit, repo_folder(m.repo), *(safe_path(p) for p in only or ())]
+    argv = [
+        "docker",
+        "run",
+        "--rm",
+        "--name",
+        DOWNLOAD_CONTAINER,
+        "--network",
+        "host",
+        *env,
+        "-v",
+        f"{hf_cache}:{hf_cache}",
+        "--entrypoint",
+        "python3",
+        image,
+        "-c",
+        DOWNLOAD,
+        m.repo,
+        m.commit,
+        repo_folder(m.repo),
+        *(safe_path(p) for p in only or ()),
+    ]
     return f"docker rm -f {DOWNLOAD_CONTAINER} >/dev/null 2>&1; " + shlex.join(argv)
 
 
@@ -236,9 +286,11 @@ def receive_command(hf_cache: str, repo: str, bind_ip: str, peer_ip: str, forwar
     address only) feeding tar into the incoming folder; `check` adopts what matches its name.
     `forward` (transfer.next_hop): relay the stream to the next worker of a chain as it arrives."""
     d = shlex.quote(incoming_dir(hf_cache, repo))
-    return (f"set -o pipefail; umask 022; mkdir -p {d} && "
-            + py(transfer.RECEIVER, bind_ip, peer_ip, "stdout", *([forward] if forward else []))
-            + f" | tar -x -f - -C {d}")
+    return (
+        f"set -o pipefail; umask 022; mkdir -p {d} && "
+        + py(transfer.RECEIVER, bind_ip, peer_ip, "stdout", *([forward] if forward else []))
+        + f" | tar -x -f - -C {d}"
+    )
 
 
 def send_command(hf_cache: str, repo: str, blobs: list[str], dst_ip: str, port: int, src_ip: str) -> str:
@@ -248,8 +300,10 @@ def send_command(hf_cache: str, repo: str, blobs: list[str], dst_ip: str, port: 
         if not _BLOB.fullmatch(b):
             raise ValueError(f"not a blob name: {b!r}")
     names = base64.b64encode(b"".join(b.encode() + b"\0" for b in blobs)).decode()
-    return (f"set -o pipefail; cd {shlex.quote(blobs_dir(hf_cache, repo))} && echo {names} | base64 -d | "
-            "tar --null -T - -c -f - | " + py(transfer.STREAM_SENDER, dst_ip, str(int(port)), src_ip))
+    return (
+        f"set -o pipefail; cd {shlex.quote(blobs_dir(hf_cache, repo))} && echo {names} | base64 -d | "
+        "tar --null -T - -c -f - | " + py(transfer.STREAM_SENDER, dst_ip, str(int(port)), src_ip)
+    )
 
 
 def parse_json(out: str) -> dict | list:
@@ -260,12 +314,15 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def describe_download(image: str, m: Manifest | None, endpoint: str, hf_cache: str, repo: str | None = None,
-                      user: str | None = None) -> str:
+def describe_download(
+    image: str, m: Manifest | None, endpoint: str, hf_cache: str, repo: str | None = None, user: str | None = None
+) -> str:
     """What the download step prints (the program's text is left out; the token is a file)."""
     what = f"{m.repo}@{m.commit}" if m else f"{repo} at the resolved commit"
     as_user = f"--user {user} " if user else ""
-    return (f"docker run --rm --name {DOWNLOAD_CONTAINER} --network host {as_user}-e HF_HOME={hf_cache} "
-            f"-e HF_ENDPOINT={endpoint} -v {hf_cache}:{hf_cache} {image}: huggingface_hub snapshot_download {what} "
-            "(resumes .incomplete files; "
-            "token from HF_HOME/token, mode 0600)")
+    return (
+        f"docker run --rm --name {DOWNLOAD_CONTAINER} --network host {as_user}-e HF_HOME={hf_cache} "
+        f"-e HF_ENDPOINT={endpoint} -v {hf_cache}:{hf_cache} {image}: huggingface_hub snapshot_download {what} "
+        "(resumes .incomplete files; "
+        "token from HF_HOME/token, mode 0600)"
+    )

@@ -91,5 +91,6 @@ def describe(d: Delta, worker: str) -> str:
         return f"all {d.total} layers ({mb(d.move_bytes)}) to {worker}: its image store cannot skip layers it holds"
     if d.held == d.total:
         return f"no layer data to {worker} (it holds all {d.total} layers): manifest and config only"
-    return (f"{d.moving} of {d.total} layers ({mb(d.move_bytes)}) to {worker}"
-            + (f"; it holds the bottom {d.held}" if d.held else "; it holds none of them"))
+    return f"{d.moving} of {d.total} layers ({mb(d.move_bytes)}) to {worker}" + (
+        f"; it holds the bottom {d.held}" if d.held else "; it holds none of them"
+    )

@@ -286,14 +286,28 @@ def next_hop(dst_ip: str, port: int, src_ip: str) -> str:
 
 def receive_command(bind_ip: str, peer_ip: str, forward: str | None = None) -> str:
     """`forward`: next_hop(...) to relay the stream to the next node as it arrives."""
-    return ("python3 -c " + shlex.quote(RECEIVER) + " " + shlex.quote(bind_ip) + " " + shlex.quote(peer_ip)
-            + (" " + shlex.quote(forward) if forward else ""))
+    return (
+        "python3 -c "
+        + shlex.quote(RECEIVER)
+        + " "
+        + shlex.quote(bind_ip)
+        + " "
+        + shlex.quote(peer_ip)
+        + (" " + shlex.quote(forward) if forward else "")
+    )
 
 
-def send_command(image: str, dst_ip: str, port: int, src_ip: str, skip: list[str] | tuple[str, ...] = (),
-                 keep: list[str] | tuple[str, ...] = ()) -> str:
+def send_command(
+    image: str,
+    dst_ip: str,
+    port: int,
+    src_ip: str,
+    skip: list[str] | tuple[str, ...] = (),
+    keep: list[str] | tuple[str, ...] = (),
+) -> str:
     """`skip`: diff IDs (sha256:<hex>) the worker holds, left out of the stream; `keep`: the image's
     other diff IDs (their blobs are sent without hashing). No skip: every byte goes, unhashed."""
+
     def hexes(ds, sign: str) -> list[str]:
         out = []
         for d in ds:
@@ -302,18 +316,30 @@ def send_command(image: str, dst_ip: str, port: int, src_ip: str, skip: list[str
                 raise ValueError(f"not a sha256 diff ID: {d!r}")
             out.append(sign + h)
         return out
+
     args = hexes(skip, "-") + (hexes(keep, "+") if skip else [])
-    return ("set -o pipefail; docker save " + shlex.quote(image) + " | python3 -c " + shlex.quote(SENDER) + " "
-            + shlex.quote(dst_ip) + " " + str(int(port)) + " " + shlex.quote(src_ip)
-            + "".join(" " + a for a in args))
+    return (
+        "set -o pipefail; docker save "
+        + shlex.quote(image)
+        + " | python3 -c "
+        + shlex.quote(SENDER)
+        + " "
+        + shlex.quote(dst_ip)
+        + " "
+        + str(int(port))
+        + " "
+        + shlex.quote(src_ip)
+        + "".join(" " + a for a in args)
+    )
 
 
 def bash(cmd: str) -> list[str]:
     return ["bash", "-c", cmd]
 
 
-def disk_needed(size: int, layers: list[str], present: list[tuple[list[str], int]],
-                layer_sizes: list[int] | None = None) -> int:
+def disk_needed(
+    size: int, layers: list[str], present: list[tuple[list[str], int]], layer_sizes: list[int] | None = None
+) -> int:
     """Bytes `docker load` needs free on the receiving node's docker root.
 
     docker load first unpacks the whole saved image into a temporary directory under the docker
@@ -329,7 +355,7 @@ def disk_needed(size: int, layers: list[str], present: list[tuple[list[str], int
     prefix = max((_common_prefix(ls, layers) for ls, _ in present), default=0)
     if prefix == len(layers):
         return size
-    shared = max((sz for ls, sz in present if ls and layers[:len(ls)] == ls), default=0)
+    shared = max((sz for ls, sz in present if ls and layers[: len(ls)] == ls), default=0)
     if layer_sizes is not None and len(layer_sizes) <= len(layers):
         surely_inside = max(prefix - (len(layers) - len(layer_sizes)), 0)
         shared = max(shared, sum(layer_sizes[:surely_inside]))
@@ -346,8 +372,10 @@ def _common_prefix(a: list[str], b: list[str]) -> int:
 
 
 def describe(image: str, src_node: str, src_ip: str, dst_node: str, dst_ip: str) -> str:
-    return (f"{src_node}: docker save {image} | drop the layer tars {dst_node} holds | tcp {src_ip} -> {dst_ip} | "
-            f"{dst_node}: docker load (one connection, head's address only; image ID verified after)")
+    return (
+        f"{src_node}: docker save {image} | drop the layer tars {dst_node} holds | tcp {src_ip} -> {dst_ip} | "
+        f"{dst_node}: docker load (one connection, head's address only; image ID verified after)"
+    )
 
 
 def announced_port(recv) -> int | None:

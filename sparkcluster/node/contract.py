@@ -16,7 +16,11 @@ JOURNAL_PATH = "/var/log/sparkcluster/journal.jsonl"
 SERVE_LOG = "/var/log/sparkcluster/vllm-serve.log"
 # every rank's NCCL writes at init which transport it chose, to a file of its own (day2/engine_nccl)
 NCCL_LOG_DIR = "/var/log/sparkcluster"
-NCCL_LOG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": f"{NCCL_LOG_DIR}/nccl.%h.%p.log"}
+NCCL_LOG_ENV = {
+    "NCCL_DEBUG": "INFO",
+    "NCCL_DEBUG_SUBSYS": "INIT,NET",
+    "NCCL_DEBUG_FILE": f"{NCCL_LOG_DIR}/nccl.%h.%p.log",
+}
 JOURNAL_KEEP = 2000  # lines kept when the journal is trimmed
 
 # supervisor states (status shows them verbatim)

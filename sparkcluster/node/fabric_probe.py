@@ -85,9 +85,13 @@ def rank_env(environ=os.environ) -> dict:
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not environ.get(k)]
     if missing:
         raise ValueError(f"{', '.join(missing)} not set (set them as torchrun does)")
-    return {"rank": int(environ["RANK"]), "world": int(environ["WORLD_SIZE"]),
-            "local_rank": int(environ.get("LOCAL_RANK", "0")),
-            "addr": environ["MASTER_ADDR"], "port": environ["MASTER_PORT"]}
+    return {
+        "rank": int(environ["RANK"]),
+        "world": int(environ["WORLD_SIZE"]),
+        "local_rank": int(environ.get("LOCAL_RANK", "0")),
+        "addr": environ["MASTER_ADDR"],
+        "port": environ["MASTER_PORT"],
+    }
 
 
 def emit(record: dict) -> None:
@@ -101,15 +105,28 @@ def arguments(argv=None) -> argparse.Namespace:
     p.add_argument("--sizes", help="comma-separated sizes instead (e.g. 1M,16M)")
     p.add_argument("--iters", type=int, default=10, help="timed iterations per size")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations per size first")
-    p.add_argument("--ops", default=",".join(OPS), help="all_gather,all_reduce[,p2p] (p2p: each rank to the next, one direction at a time)")
-    p.add_argument("--budget", type=float, default=40.0,
-                   help="seconds for every measurement after the rendezvous; fewer iterations on a slow link, "
-                        "and the largest sizes skipped once it is spent")
-    p.add_argument("--init-timeout", type=float, default=30.0,
-                   help="seconds to wait for every rank to join (and for one collective)")
+    p.add_argument(
+        "--ops",
+        default=",".join(OPS),
+        help="all_gather,all_reduce[,p2p] (p2p: each rank to the next, one direction at a time)",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=40.0,
+        help="seconds for every measurement after the rendezvous; fewer iterations on a slow link, "
+        "and the largest sizes skipped once it is spent",
+    )
+    p.add_argument(
+        "--init-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for every rank to join (and for one collective)",
+    )
     args = p.parse_args(argv)
-    args.sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes \
-        else default_sizes(parse_size(args.max_bytes))
+    args.sizes = (
+        [parse_size(s) for s in args.sizes.split(",")] if args.sizes else default_sizes(parse_size(args.max_bytes))
+    )
     args.ops = [o for o in args.ops.split(",") if o]
     if any(o not in (*OPS, "p2p") for o in args.ops):
         p.error(f"--ops: choose from {', '.join(OPS)}, p2p")
@@ -157,8 +174,11 @@ class Bench:
             self.sync()
             first = time.perf_counter() - start
             # how many fit this direction's part of the budget: the receiver's count, sent to the sender
-            count = t.tensor([max(1, min(iters, int(budget_s / n / first) if first > 0 else iters))],
-                             dtype=t.int64, device=self.device)
+            count = t.tensor(
+                [max(1, min(iters, int(budget_s / n / first) if first > 0 else iters))],
+                dtype=t.int64,
+                device=self.device,
+            )
             self.dist.send(count, peer) if rank == dst else self.dist.recv(count, peer)
             self.sync()
             start = time.perf_counter()
@@ -220,11 +240,14 @@ def main(argv=None) -> int:
     timeout = datetime.timedelta(seconds=args.init_timeout)
     try:
         kwargs = {"device_id": device} if backend == "nccl" else {}  # NCCL's init now, not lazily
-        dist.init_process_group(backend, init_method="env://", rank=env["rank"],
-                                world_size=env["world"], timeout=timeout, **kwargs)
+        dist.init_process_group(
+            backend, init_method="env://", rank=env["rank"], world_size=env["world"], timeout=timeout, **kwargs
+        )
     except Exception as exc:  # a peer that never came, an address out of reach, NCCL's own refusal
-        why = f"rank {env['rank']} of {env['world']} could not start {backend} with " \
-              f"{env['addr']}:{env['port']} (timeout {args.init_timeout:g}s): {exc}"
+        why = (
+            f"rank {env['rank']} of {env['world']} could not start {backend} with "
+            f"{env['addr']}:{env['port']} (timeout {args.init_timeout:g}s): {exc}"
+        )
         emit({"error": why, "rank": env["rank"], "stage": "init"})
         print(f"fabric_probe: {why}", file=sys.stderr, flush=True)
         if dist.is_initialized():  # a group NCCL refused still holds its store and watchdog
@@ -246,23 +269,39 @@ def main(argv=None) -> int:
             algbw, busbw = bandwidth(op, nbytes, seconds, env["world"])
             count += 1
             if env["rank"] == 0:
-                emit({"op": op, "bytes": nbytes, "ranks": env["world"], "backend": backend,
-                      "time_us": round(seconds * 1e6, 1), "algbw_GBps": round(algbw, 3),
-                      "busbw_GBps": round(busbw, 3)})
+                emit(
+                    {
+                        "op": op,
+                        "bytes": nbytes,
+                        "ranks": env["world"],
+                        "backend": backend,
+                        "time_us": round(seconds * 1e6, 1),
+                        "algbw_GBps": round(algbw, 3),
+                        "busbw_GBps": round(busbw, 3),
+                    }
+                )
         if "p2p" in args.ops and env["world"] > 1:
             nbytes = rounded_size(min(args.sizes[-1], P2P_MAX_BYTES), 1)
             for src, seconds in enumerate(bench.directions(env["rank"], nbytes, max(1, args.iters // 2), share)):
                 count += 1
                 if env["rank"] == 0:
-                    emit({"op": "p2p", "src": src, "dst": (src + 1) % env["world"], "bytes": nbytes,
-                          "ranks": env["world"], "backend": backend, "time_us": round(seconds * 1e6, 1),
-                          "algbw_GBps": round(nbytes / seconds / 1e9 if seconds > 0 else 0.0, 3),
-                          "busbw_GBps": round(nbytes / seconds / 1e9 if seconds > 0 else 0.0, 3)})
+                    emit(
+                        {
+                            "op": "p2p",
+                            "src": src,
+                            "dst": (src + 1) % env["world"],
+                            "bytes": nbytes,
+                            "ranks": env["world"],
+                            "backend": backend,
+                            "time_us": round(seconds * 1e6, 1),
+                            "algbw_GBps": round(nbytes / seconds / 1e9 if seconds > 0 else 0.0, 3),
+                            "busbw_GBps": round(nbytes / seconds / 1e9 if seconds > 0 else 0.0, 3),
+                        }
+                    )
         if env["rank"] == 0:
             emit({"done": True, "ranks": env["world"], "backend": backend, "results": count})
     except Exception as exc:
-        emit({"error": f"rank {env['rank']}: {type(exc).__name__}: {exc}", "rank": env["rank"],
-              "stage": "collective"})
+        emit({"error": f"rank {env['rank']}: {type(exc).__name__}: {exc}", "rank": env["rank"], "stage": "collective"})
         print(f"fabric_probe: rank {env['rank']}: {exc}", file=sys.stderr, flush=True)
         code = 1
     finally:

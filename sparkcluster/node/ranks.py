@@ -49,9 +49,14 @@ class RankKeeper:
 
     def report(self) -> dict:
         desired = read_json(DESIRED_PATH) or {}
-        return {"rank": self.cfg["rank"], "generation": desired.get("generation"), "epoch": self.epoch,
-                "alive": self.proc is not None and self.proc.poll() is None,
-                "pid": self.proc.pid if self.proc else None, "exit": self.exit}
+        return {
+            "rank": self.cfg["rank"],
+            "generation": desired.get("generation"),
+            "epoch": self.epoch,
+            "alive": self.proc is not None and self.proc.poll() is None,
+            "pid": self.proc.pid if self.proc else None,
+            "exit": self.exit,
+        }
 
     def save(self) -> None:
         write_json(RANK_PATH, {"epoch": self.epoch, "pid": self.proc.pid if self.proc else None, "exit": self.exit})
@@ -69,8 +74,11 @@ class RankKeeper:
             self.save()
         if published is None:  # the head does not answer (rebooting?): leave the rank as it is
             return
-        want = (published.get("epoch") if desired and published.get("run")
-                and published.get("generation") == desired.get("generation") else None)
+        want = (
+            published.get("epoch")
+            if desired and published.get("run") and published.get("generation") == desired.get("generation")
+            else None
+        )
         if self.proc is not None and want != self.epoch:
             self.stop("the head no longer runs this set" if want is None else "the head started a new set")
         if self.proc is None and want is not None and want != self.epoch:
@@ -80,8 +88,9 @@ class RankKeeper:
         os.makedirs(os.path.dirname(SERVE_LOG), exist_ok=True)
         log = open(SERVE_LOG, "ab")
         # no secret: a headless rank serves no API and finds the weights in its own HF cache
-        self.proc = subprocess.Popen(desired["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            desired["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         log.close()
         self.epoch, self.exit = epoch, None
         self.save()

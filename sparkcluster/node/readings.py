@@ -42,8 +42,17 @@ KV_USAGE = "vllm:kv_cache_usage_perc"
 # stand still until the whole prompt is in; the scheduler's KV-cache usage grows with every chunk
 # it schedules (SchedulerStats.kv_cache_usage, published each step), and the request counters and
 # queue gauges move whenever work comes or goes.
-PROGRESS = (GENERATED, "vllm:prompt_tokens_total", KV_USAGE, RUNNING, WAITING, "vllm:request_success_total",
-            "vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:iteration_tokens_total_count")
+PROGRESS = (
+    GENERATED,
+    "vllm:prompt_tokens_total",
+    KV_USAGE,
+    RUNNING,
+    WAITING,
+    "vllm:request_success_total",
+    "vllm:num_preemptions_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:iteration_tokens_total_count",
+)
 
 
 def engine_figures(metrics: str) -> tuple[float | None, float | None]:
@@ -58,6 +67,7 @@ def progress_figures(metrics: str) -> dict[str, float]:
 
 
 # ---- /proc/meminfo -----------------------------------------------------------------------------
+
 
 def meminfo(text: str) -> dict[str, int]:
     """/proc/meminfo as {field: bytes} (fields in kB converted; counts left as they are)."""
@@ -76,6 +86,7 @@ def mem_available(text: str) -> int | None:
 
 # ---- Ray's state API (/api/v0/nodes) -----------------------------------------------------------
 
+
 def ray_rows(text: str) -> list[dict]:
     """Ray state API `/api/v0/nodes`: {"data": {"result": {"result": [{node_ip, state, resources_total}]}}}."""
     try:
@@ -90,8 +101,11 @@ def ray_rows(text: str) -> list[dict]:
 
 def alive_gpus(rows: list[dict], ip: str) -> float:
     """GPUs Ray counts on its live nodes at `ip`."""
-    return sum(float(r.get("resources_total", {}).get("GPU", 0)) for r in rows
-               if r.get("state") == "ALIVE" and r.get("node_ip") == ip)
+    return sum(
+        float(r.get("resources_total", {}).get("GPU", 0))
+        for r in rows
+        if r.get("state") == "ALIVE" and r.get("node_ip") == ip
+    )
 
 
 # ---- shared-memory segments vLLM's processes create (multiprocessing) ---------------------------
@@ -100,6 +114,7 @@ SHM_SEGMENT = re.compile(r"/dev/shm/psm_[0-9a-zA-Z_]+")
 
 
 # ---- the endpoint ------------------------------------------------------------------------------
+
 
 def one_token_body(model: str, max_tokens: int = 1) -> dict:
     """The completion every probe sends (agent, status, up, bench): one short chat turn."""
@@ -117,11 +132,14 @@ def http_status(url: str, timeout: float) -> int | None:
 
 
 def one_token(base: str, model: str, api_key: str | None, timeout: float) -> str:
-    """"" when a one-token completion returns within `timeout`, else why not."""
+    """ "" when a one-token completion returns within `timeout`, else why not."""
     body = json.dumps(one_token_body(model)).encode()
-    req = urllib.request.Request(f"{base}/v1/chat/completions", data=body, method="POST",
-                                 headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {api_key}"} if api_key else {})})
+    req = urllib.request.Request(
+        f"{base}/v1/chat/completions",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout):
             return ""

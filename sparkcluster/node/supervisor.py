@@ -66,14 +66,28 @@ class Supervisor:
     def save(self) -> None:
         policy = self.policy()
         self.restarts = [t for t in self.restarts if time.time() - t < float(policy["restart_window_s"])]
-        write_json(STATE_PATH, {"state": self.state, "since": self.since, "updated": time.time(),
-                                "generation": self.generation, "pid": self.proc.pid if self.proc else None,
-                                "restarts": self.restarts, "causes": self.causes[-5:],
-                                "tokens_per_s": self.rate if self.proc else None, "policy": policy,
-                                "memory_unknown": self.memory_unknown, "epoch": self.epoch if self.proc else None,
-                                **({"executor": "mp", "ranks": {n: (r or {}).get("rank") for n, r in self.reports.items()}}
-                                   if self.mp else {}),
-                                "activity": self.watch.activity if self.watch else ""})
+        write_json(
+            STATE_PATH,
+            {
+                "state": self.state,
+                "since": self.since,
+                "updated": time.time(),
+                "generation": self.generation,
+                "pid": self.proc.pid if self.proc else None,
+                "restarts": self.restarts,
+                "causes": self.causes[-5:],
+                "tokens_per_s": self.rate if self.proc else None,
+                "policy": policy,
+                "memory_unknown": self.memory_unknown,
+                "epoch": self.epoch if self.proc else None,
+                **(
+                    {"executor": "mp", "ranks": {n: (r or {}).get("rank") for n, r in self.reports.items()}}
+                    if self.mp
+                    else {}
+                ),
+                "activity": self.watch.activity if self.watch else "",
+            },
+        )
 
     def set_report(self) -> dict:
         """What the workers' agents follow (executor "mp"): the server, this start's epoch, and
@@ -110,14 +124,26 @@ class Supervisor:
         os.makedirs(os.path.dirname(SERVE_LOG), exist_ok=True)
         log = open(SERVE_LOG, "ab")
         self.epoch = token_hex(4) if self.mp else None
-        self.proc = subprocess.Popen(desired["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            desired["argv"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
-        record = {k: desired.get(k) for k in ("profile", "model", "port", "salt", "secrets_digest", "generation", "policy")}
+        record = {
+            k: desired.get(k) for k in ("profile", "model", "port", "salt", "secrets_digest", "generation", "policy")
+        }
         write_json(RECORD_PATH, {**record, "pid": self.proc.pid, "exec_id": "", "started_at": time.time()})
         self.watch = Watch(started=time.time())
-        self.journal.write("vllm serve started", pid=self.proc.pid, generation=desired.get("generation"),
-                           **({"epoch": self.epoch} if self.mp else {}))
+        self.journal.write(
+            "vllm serve started",
+            pid=self.proc.pid,
+            generation=desired.get("generation"),
+            **({"epoch": self.epoch} if self.mp else {}),
+        )
         self.set_state(STARTING)
 
     def stop(self, why: str) -> None:
@@ -169,15 +195,21 @@ class Supervisor:
             if why:
                 unknown[peer["name"]] = why
         if set(unknown) != set(self.memory_unknown):  # journalled when it changes, not every look
-            self.journal.write("memory unknown" if unknown else "memory known again",
-                               nodes=sorted(unknown) or sorted(self.memory_unknown), why=unknown or None)
+            self.journal.write(
+                "memory unknown" if unknown else "memory known again",
+                nodes=sorted(unknown) or sorted(self.memory_unknown),
+                why=unknown or None,
+            )
         self.memory_unknown = unknown
         return {n: v for n, v in seen.items() if v is not None and v < floor}
 
     def look(self, desired: dict, policy: dict) -> Look:
         base = f"http://127.0.0.1:{desired['port']}"
-        look = Look(now=time.time(), alive=self.proc is not None and self.proc.poll() is None,
-                    low_memory=self.low_memory(policy))
+        look = Look(
+            now=time.time(),
+            alive=self.proc is not None and self.proc.poll() is None,
+            low_memory=self.low_memory(policy),
+        )
         if not look.alive:
             return look
         if self.mp:
@@ -199,8 +231,12 @@ class Supervisor:
         due = not self.watch.ready or look.now - self.last_probe >= float(policy["probe_interval_s"])
         if due:
             self.last_probe = look.now
-            look.probe = one_token(base, desired["model"], (read_json(SECRETS_PATH) or {}).get("VLLM_API_KEY"),
-                                   float(policy["probe_timeout_s"]))
+            look.probe = one_token(
+                base,
+                desired["model"],
+                (read_json(SECRETS_PATH) or {}).get("VLLM_API_KEY"),
+                float(policy["probe_timeout_s"]),
+            )
         return look
 
     # -- one turn of the loop
@@ -257,8 +293,11 @@ class Supervisor:
         self.journal.write(kind, cause=cause)
         self.stop(cause)
         if kind == "memory":
-            self.set_state(MEMORY, cause=cause, fix="lower gpu_memory_utilization or add enforce_eager in the "
-                           "profile, then sparkcluster up")
+            self.set_state(
+                MEMORY,
+                cause=cause,
+                fix="lower gpu_memory_utilization or add enforce_eager in the profile, then sparkcluster up",
+            )
         elif self.first_start:
             self.set_state(FAILED, cause=cause)
         elif restarts_left(self.restarts, time.time(), policy) <= 0:

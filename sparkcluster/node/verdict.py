@@ -36,8 +36,9 @@ class Watch:
 
 
 def _work(look: Look) -> tuple[float, float]:
-    return look.progress.get("vllm:num_requests_running", look.running or 0.0), \
-        look.progress.get("vllm:num_requests_waiting", 0.0)
+    return look.progress.get("vllm:num_requests_running", look.running or 0.0), look.progress.get(
+        "vllm:num_requests_waiting", 0.0
+    )
 
 
 def _moved(before: dict[str, float], now: dict[str, float]) -> list[str]:
@@ -55,8 +56,9 @@ def progress(w: Watch, look: Look) -> bool:
     if running and moved and gen not in moved:
         kv = look.progress.get("vllm:kv_cache_usage_perc")
         evidence = ", ".join(m.removeprefix("vllm:") for m in moved)
-        w.activity = (f"prefilling: {running:g} request(s) running, no token generated yet, {evidence} moving"
-                      + (f" (KV cache {kv * 100:.1f}%)" if kv is not None else ""))
+        w.activity = f"prefilling: {running:g} request(s) running, no token generated yet, {evidence} moving" + (
+            f" (KV cache {kv * 100:.1f}%)" if kv is not None else ""
+        )
     elif gen in moved or not running:
         w.activity = ""
     if look.progress:
@@ -72,8 +74,10 @@ def verdict(w: Watch, look: Look, policy: dict) -> tuple[str, str] | None:
         w.low_memory_samples += 1
         if w.low_memory_samples >= int(policy["memory_samples"]):
             nodes = ", ".join(f"{n} {v / 2**30:.1f} GiB" for n, v in sorted(look.low_memory.items()))
-            return "memory", (f"MemAvailable below the floor of {policy['memory_floor_gib']:g} GiB for "
-                              f"{w.low_memory_samples} samples ({nodes})")
+            return "memory", (
+                f"MemAvailable below the floor of {policy['memory_floor_gib']:g} GiB for "
+                f"{w.low_memory_samples} samples ({nodes})"
+            )
     else:
         w.low_memory_samples = 0
     if not look.alive:
@@ -105,12 +109,16 @@ def verdict(w: Watch, look: Look, policy: dict) -> tuple[str, str] | None:
         else:
             w.probe_failures += 1
             if w.probe_failures >= int(policy["probe_failures"]):
-                return "wedged", (f"/health is 200 but {look.probe}, {w.probe_failures} times in a row, "
-                                  f"with no progress for {still:.0f}s")
+                return "wedged", (
+                    f"/health is 200 but {look.probe}, {w.probe_failures} times in a row, "
+                    f"with no progress for {still:.0f}s"
+                )
     if look.progress and still >= float(policy["stall_s"]):
         running, waiting = _work(look)
-        return "wedged", (f"{running:g} request(s) running and {waiting:g} waiting with no progress of any kind "
-                          f"(tokens, KV cache, queue) for {still:.0f}s")
+        return "wedged", (
+            f"{running:g} request(s) running and {waiting:g} waiting with no progress of any kind "
+            f"(tokens, KV cache, queue) for {still:.0f}s"
+        )
     return None
 
 

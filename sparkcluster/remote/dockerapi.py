@@ -22,8 +22,14 @@ from sparkcluster.errors import CommandFailed, EngineUnreachable
 
 # What "the engine did not answer" looks like from the SDK over our SSH channel. Anything the
 # engine itself answers (docker.errors.NotFound for absent, APIError otherwise) passes through.
-UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, paramiko.SSHException,
-               EOFError, ConnectionError, TimeoutError)
+UNREACHABLE = (
+    requests.exceptions.ConnectionError,
+    requests.exceptions.Timeout,
+    paramiko.SSHException,
+    EOFError,
+    ConnectionError,
+    TimeoutError,
+)
 
 API_VERSION = "1.41"  # Docker 20.10 and newer; DGX OS ships newer engines, all of which accept it
 BASE_URL = "http+docker://ssh"
@@ -73,6 +79,7 @@ class GuardedAPI:
                 return attr(*args, **kwargs)
             except UNREACHABLE as e:
                 raise EngineUnreachable(self._host, name, e) from e
+
         return call
 
 
@@ -98,8 +105,14 @@ def run_in(api, container: str, argv: list[str], *, warn: bool = False, environm
     ex = api.exec_create(container, argv, environment=environment)
     out = api.exec_start(ex["Id"]).decode(errors="replace")
     code = api.exec_inspect(ex["Id"]).get("ExitCode")
-    res = CommandResult(getattr(api, "host", "the node"), redact.mask(f"docker exec {container} {shlex.join(argv)}"),
-                        1 if code is None else int(code), out, "", time.monotonic() - started)
+    res = CommandResult(
+        getattr(api, "host", "the node"),
+        redact.mask(f"docker exec {container} {shlex.join(argv)}"),
+        1 if code is None else int(code),
+        out,
+        "",
+        time.monotonic() - started,
+    )
     if not res.ok and not warn:
         raise CommandFailed(res)
     return res

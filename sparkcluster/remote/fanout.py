@@ -142,4 +142,3 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
-

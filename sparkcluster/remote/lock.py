@@ -45,12 +45,16 @@ def lock_command(cluster: str, holder: str) -> str:
     d, lock = shlex.quote(LOCK_DIR), shlex.quote(lock_path(cluster))
     who = shlex.quote(f"{LOCK_DIR}/{cluster}.holder.")
     # the holder file is best effort (a directory another tool made unwritable still locks)
-    inner = (f"w={who}$(id -u); {{ printf '%s\\n' \"$1\" > \"$w.part\" && mv -f \"$w.part\" \"$w\"; }} 2>/dev/null; "
-             "echo '@@locked' >&2; exec cat >/dev/null")
+    inner = (
+        f'w={who}$(id -u); {{ printf \'%s\\n\' "$1" > "$w.part" && mv -f "$w.part" "$w"; }} 2>/dev/null; '
+        "echo '@@locked' >&2; exec cat >/dev/null"
+    )
     newest = f"$(cat \"$(ls -t {who}* 2>/dev/null | grep -v '[.]part$' | head -1)\" 2>/dev/null)"
-    return (f"{{ [ -d {d} ] || {{ mkdir -m 1777 {d} 2>/dev/null || [ -d {d} ]; }}; }} && {{ [ -d {lock} ] || mkdir {lock} 2>/dev/null || [ -d {lock} ]; }} "
-            f"&& flock -n -E {BUSY} {lock} sh -c {shlex.quote(inner)} sh {shlex.quote(holder)}"
-            f" || {{ rc=$?; [ $rc -eq {BUSY} ] && echo \"@@held {newest}\" >&2; exit $rc; }}")
+    return (
+        f"{{ [ -d {d} ] || {{ mkdir -m 1777 {d} 2>/dev/null || [ -d {d} ]; }}; }} && {{ [ -d {lock} ] || mkdir {lock} 2>/dev/null || [ -d {lock} ]; }} "
+        f"&& flock -n -E {BUSY} {lock} sh -c {shlex.quote(inner)} sh {shlex.quote(holder)}"
+        f' || {{ rc=$?; [ $rc -eq {BUSY} ] && echo "@@held {newest}" >&2; exit $rc; }}'
+    )
 
 
 class ClusterLock:
@@ -66,12 +70,16 @@ class ClusterLock:
                 return self
             if line.startswith("@@held"):
                 proc.close()
-                raise LockHeld(f"cluster '{self.cluster}' is locked by {line[len('@@held '):].strip() or 'another run'} "
-                               f"(on {self.head.name})",
-                               "wait for that run to finish (the lock goes with its SSH connection)")
+                raise LockHeld(
+                    f"cluster '{self.cluster}' is locked by {line[len('@@held ') :].strip() or 'another run'} "
+                    f"(on {self.head.name})",
+                    "wait for that run to finish (the lock goes with its SSH connection)",
+                )
         res = proc.wait()
-        raise SparkError(f"{self.head.name}: could not take the cluster lock: {res.tail(3) or f'exit {res.exit_code}'}",
-                         f"check that flock exists and {LOCK_DIR} is writable on {self.head.name}")
+        raise SparkError(
+            f"{self.head.name}: could not take the cluster lock: {res.tail(3) or f'exit {res.exit_code}'}",
+            f"check that flock exists and {LOCK_DIR} is writable on {self.head.name}",
+        )
 
     def __exit__(self, *exc) -> None:
         if self._proc is not None:

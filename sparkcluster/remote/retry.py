@@ -27,8 +27,10 @@ class Transient(Exception):
 def _before_sleep(what: str):
     def hook(state) -> None:
         err = state.outcome.exception()
-        _log.info("retrying", what=what, attempt=state.attempt_number,
-                     sleep=round(state.next_action.sleep, 2), error=str(err))
+        _log.info(
+            "retrying", what=what, attempt=state.attempt_number, sleep=round(state.next_action.sleep, 2), error=str(err)
+        )
+
     return hook
 
 

@@ -135,19 +135,25 @@ class Host:
         """A new session channel; a connection that is gone is a ConnectError naming the host."""
         transport = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
-            raise ConnectError(self.name, self.lost or "the SSH connection was lost", "check the host's network and sshd, then retry")
+            raise ConnectError(
+                self.name, self.lost or "the SSH connection was lost", "check the host's network and sshd, then retry"
+            )
         try:
             return transport.open_session(timeout=timeout)
         except (paramiko.SSHException, EOFError, OSError) as e:  # it died between the check and the open
-            raise ConnectError(self.name, self.lost or f"the SSH connection was lost ({e})",
-                               "check the host's network and sshd, then retry") from None
+            raise ConnectError(
+                self.name,
+                self.lost or f"the SSH connection was lost ({e})",
+                "check the host's network and sshd, then retry",
+            ) from None
 
     @property
     def address(self) -> str:
         return self._conn.host
 
-    def run(self, cmd: str | Sequence[str], timeout: float = 30.0, stdin: bytes | None = None, *,
-            warn: bool = False) -> CommandResult:
+    def run(
+        self, cmd: str | Sequence[str], timeout: float = 30.0, stdin: bytes | None = None, *, warn: bool = False
+    ) -> CommandResult:
         """Run a command and wait for it. Raises `CommandFailed` when it exits non-zero or times out,
         unless `warn` (then the caller reads `ok`, `exit_code` and the output itself)."""
         line = command_line(cmd)
@@ -171,8 +177,12 @@ class Host:
                     err += chan.recv_stderr(65536)
                     continue
                 # the exit status can arrive before the last data is read: stop only at EOF too
-                if chan.exit_status_ready() and chan.eof_received and not chan.recv_ready() \
-                        and not chan.recv_stderr_ready():
+                if (
+                    chan.exit_status_ready()
+                    and chan.eof_received
+                    and not chan.recv_ready()
+                    and not chan.recv_stderr_ready()
+                ):
                     break
                 if time.monotonic() > deadline:
                     timed_out = True
@@ -183,10 +193,18 @@ class Host:
             timed_out, code = True, -1
         finally:
             chan.close()
-        res = CommandResult(self.name, shown, code, out.decode(errors="replace"), err.decode(errors="replace"),
-                     time.monotonic() - started, timed_out)
-        _log.debug("ran", host=self.name, command=shown, exit_code=code, seconds=round(res.duration, 3),
-                   timed_out=timed_out)
+        res = CommandResult(
+            self.name,
+            shown,
+            code,
+            out.decode(errors="replace"),
+            err.decode(errors="replace"),
+            time.monotonic() - started,
+            timed_out,
+        )
+        _log.debug(
+            "ran", host=self.name, command=shown, exit_code=code, seconds=round(res.duration, 3), timed_out=timed_out
+        )
         if not res.ok and not warn:
             raise CommandFailed(res)
         return res
@@ -256,8 +274,15 @@ class RemoteProcess:
             self._chan.close()
         code = -1 if timed_out else self._chan.recv_exit_status()
         self._pump()
-        return CommandResult(self.host, self.command, code, self._out.decode(errors="replace"),
-                      self._err_all.decode(errors="replace"), time.monotonic() - self._started, timed_out)
+        return CommandResult(
+            self.host,
+            self.command,
+            code,
+            self._out.decode(errors="replace"),
+            self._err_all.decode(errors="replace"),
+            time.monotonic() - self._started,
+            timed_out,
+        )
 
     def close(self) -> None:
         self._chan.close()
@@ -311,14 +336,20 @@ def connect(node: Node, settings: Settings) -> Host:
                 f"if the host was reinstalled, remove the old key with: ssh-keygen -f {files[0]} -R {_known_hosts_name(conn)}",
             ) from None
         except paramiko.AuthenticationException as e:
-            raise AuthError(node.name, f"authentication refused for {conn.user}@{conn.host}: {e}",
-                            "check the key named by IdentityFile in your ssh config and the host's authorized_keys") from None
+            raise AuthError(
+                node.name,
+                f"authentication refused for {conn.user}@{conn.host}: {e}",
+                "check the key named by IdentityFile in your ssh config and the host's authorized_keys",
+            ) from None
         except paramiko.SSHException as e:
             if "not found in known_hosts" in str(e):
                 raise HostKeyError(node.name, str(e), f"add the host key to {files[0]}") from None
             raise retry.Transient(node.name, f"SSH handshake with {conn.host}:{conn.port} failed: {e}") from None
         except (socket.timeout, TimeoutError) as e:
-            raise retry.Transient(node.name, f"no answer from {conn.host}:{conn.port} within {settings.connect_timeout:g}s ({e or 'timeout'})") from None
+            raise retry.Transient(
+                node.name,
+                f"no answer from {conn.host}:{conn.port} within {settings.connect_timeout:g}s ({e or 'timeout'})",
+            ) from None
         except (OSError, EOFError) as e:
             raise retry.Transient(node.name, f"cannot reach {conn.host}:{conn.port}: {e}") from None
         return Host(node, conn)
@@ -326,8 +357,11 @@ def connect(node: Node, settings: Settings) -> Host:
     try:
         return retry.transient(attempt, attempts=settings.attempts, what=f"ssh {node.name}")
     except retry.Transient as e:
-        raise ConnectError(node.name, f"{e.message} (after {settings.attempts} attempt(s))",
-                           f"check that {node.ssh} is up and its sshd listens on port {conn.port}") from None
+        raise ConnectError(
+            node.name,
+            f"{e.message} (after {settings.attempts} attempt(s))",
+            f"check that {node.ssh} is up and its sshd listens on port {conn.port}",
+        ) from None
 
 
 def _known_hosts_name(conn: Link) -> str:

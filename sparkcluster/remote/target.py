@@ -58,16 +58,28 @@ class Link:
     _hops: list = field(default_factory=list)  # ProxyJump's own links, closed with this one
 
     @classmethod
-    def resolve(cls, target: str, config: paramiko.SSHConfig, timeout: float,
-                prepare: Callable[[paramiko.SSHClient], None]) -> "Link":
+    def resolve(
+        cls, target: str, config: paramiko.SSHConfig, timeout: float, prepare: Callable[[paramiko.SSHClient], None]
+    ) -> "Link":
         user, alias, port = parse_target(target)
         opts = dict(config.lookup(alias))
-        link = cls(opts.get("hostname", alias), port or int(opts.get("port", 22)),
-                   user or opts.get("user") or getpass.getuser(), opts, timeout, config, prepare)
+        link = cls(
+            opts.get("hostname", alias),
+            port or int(opts.get("port", 22)),
+            user or opts.get("user") or getpass.getuser(),
+            opts,
+            timeout,
+            config,
+            prepare,
+        )
         keys = [str(Path(k).expanduser()) for k in opts.get("identityfile", [])]
-        link.connect_kwargs = {"banner_timeout": timeout, "auth_timeout": timeout, "allow_agent": False,
-                               **({"key_filename": keys} if keys else {}),
-                               **({"look_for_keys": False} if opts.get("identitiesonly", "no").lower() == "yes" else {})}
+        link.connect_kwargs = {
+            "banner_timeout": timeout,
+            "auth_timeout": timeout,
+            "allow_agent": False,
+            **({"key_filename": keys} if keys else {}),
+            **({"look_for_keys": False} if opts.get("identitiesonly", "no").lower() == "yes" else {}),
+        }
         prepare(link.client)
         return link
 
@@ -83,8 +95,14 @@ class Link:
             via = None
             for hop in jump.split(","):
                 link = Link.resolve(hop.strip(), self.config, self.timeout, self.prepare)
-                link.client.connect(link.host, port=link.port, username=link.user, timeout=self.timeout,
-                                    sock=link._channel_through(via) if via else None, **link.connect_kwargs)
+                link.client.connect(
+                    link.host,
+                    port=link.port,
+                    username=link.user,
+                    timeout=self.timeout,
+                    sock=link._channel_through(via) if via else None,
+                    **link.connect_kwargs,
+                )
                 self._hops.append(link)
                 via = link.client.get_transport()
             return self._channel_through(via)
@@ -93,8 +111,14 @@ class Link:
 
     def open(self) -> None:
         try:
-            self.client.connect(self.host, port=self.port, username=self.user, timeout=self.timeout,
-                                sock=self._sock(), **self.connect_kwargs)
+            self.client.connect(
+                self.host,
+                port=self.port,
+                username=self.user,
+                timeout=self.timeout,
+                sock=self._sock(),
+                **self.connect_kwargs,
+            )
         except BaseException:
             self.close()  # a retry resolves the hops again
             raise

@@ -44,15 +44,26 @@ class UpSummary:
     seconds: dict[str, float]
 
 
-def run(inv: Inventory, prof: profiles.Profile, secrets: dict[str, str], progress: Progress, *,
-        dry_run: bool = False, replace: bool = False, command: str = "up", node: tuple[str, ...] | str | None = None) -> UpSummary | Plan:
+def run(
+    inv: Inventory,
+    prof: profiles.Profile,
+    secrets: dict[str, str],
+    progress: Progress,
+    *,
+    dry_run: bool = False,
+    replace: bool = False,
+    command: str = "up",
+    node: tuple[str, ...] | str | None = None,
+) -> UpSummary | Plan:
     """`inv` is the whole inventory; the run touches the deployment's nodes only (`node`, or all)."""
     full, inv = inv, deployments.target(inv, prof, node)
     problems = lint.lint(prof, inv)
     if problems:
-        raise InputError(f"profile '{prof.name}' fails lint ({len(problems)} problem(s))",
-                         f"fix the profile, then check with: sparkcluster profile lint {prof.name}",
-                         details=[p.line() for p in problems])
+        raise InputError(
+            f"profile '{prof.name}' fails lint ({len(problems)} problem(s))",
+            f"fix the profile, then check with: sparkcluster profile lint {prof.name}",
+            details=[p.line() for p in problems],
+        )
     t0 = time.monotonic()
     progress.stage("preflight")
     # one connection per node for the whole run; a node this run does not touch may be away
@@ -63,9 +74,11 @@ def run(inv: Inventory, prof: profiles.Profile, secrets: dict[str, str], progres
         if others and not replace:
             what = "; ".join(d.describe() for d in others)
             flag = deployments.node_flags(node)
-            raise InputError(f"{what} runs on the node(s) this deployment needs; up --profile {prof.name}{flag} "
-                             "would replace it (they share the nodes' memory)",
-                             f"sparkcluster up --profile {prof.name}{flag} --replace (or sparkcluster down first)")
+            raise InputError(
+                f"{what} runs on the node(s) this deployment needs; up --profile {prof.name}{flag} "
+                "would replace it (they share the nodes' memory)",
+                f"sparkcluster up --profile {prof.name}{flag} --replace (or sparkcluster down first)",
+            )
         # the deployments replaced elsewhere too (a pair, when one of its nodes is wanted alone)
         away = [d for d in others if set(d.nodes) != {n.name for n in inv.nodes}]
         touched = full.only(sorted({n.name for n in inv.nodes} | {x for d in away for x in d.nodes}))
@@ -73,8 +86,18 @@ def run(inv: Inventory, prof: profiles.Profile, secrets: dict[str, str], progres
         # a dry run changes nothing, so it neither takes nor waits for the lock
         with contextlib.nullcontext() if dry_run else NodeLocks(everyone, touched, command):
             cluster = Cluster(inv, {n.name: everyone.hosts[n.name] for n in inv.nodes})
-            return _run_locked(cluster, inv, prof, secrets, progress, dry_run, replace or bool(others), t0,
-                               away=[Away(d, full.only(list(d.nodes))) for d in away], reach=everyone.hosts)
+            return _run_locked(
+                cluster,
+                inv,
+                prof,
+                secrets,
+                progress,
+                dry_run,
+                replace or bool(others),
+                t0,
+                away=[Away(d, full.only(list(d.nodes))) for d in away],
+                reach=everyone.hosts,
+            )
 
 
 def _all_reachable(touched: Inventory, unreachable: dict) -> None:
@@ -85,15 +108,23 @@ def _all_reachable(touched: Inventory, unreachable: dict) -> None:
     errors = list(missing.values())
     if len(errors) == 1 and isinstance(errors[0], SparkError):
         raise errors[0]
-    raise StageError("connect", [StepFailure(n, "connect", getattr(e, "message", str(e)), fix=getattr(e, "fix", None))
-                                 for n, e in missing.items()])
+    raise StageError(
+        "connect",
+        [
+            StepFailure(n, "connect", getattr(e, "message", str(e)), fix=getattr(e, "fix", None))
+            for n, e in missing.items()
+        ],
+    )
 
 
 def _old_server(cluster: Cluster, inv: Inventory, facts) -> server.Record | None:
     """The server that runs in our head container now, if any. An engine that does not answer
     fails here (EngineUnreachable): it is never taken for "no server", which would restart one."""
-    heads = [c for c in facts[inv.head.name].ours if c.get("Config", {}).get("Labels", {}).get(ROLE_LABEL) == "head"
-             and c.get("State", {}).get("Running")]
+    heads = [
+        c
+        for c in facts[inv.head.name].ours
+        if c.get("Config", {}).get("Labels", {}).get(ROLE_LABEL) == "head" and c.get("State", {}).get("Running")
+    ]
     return server.current(cluster.head.docker().api, heads[0]["Id"]) if heads else None
 
 
@@ -101,16 +132,29 @@ def _wedged(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secrets: d
     """Why the server that runs this profile does not serve, or "": `/health` alone says 200 while
     an engine is stuck, so "already serving" needs a one-token completion too."""
     port = prof.serve.port or inv.cluster.api_port
-    view = endpoint.look(f"http://{cluster.head.address}:{port}", secrets.get("VLLM_API_KEY"),
-                         prof.served_model_name, probe_timeout=WEDGE_PROBE_S)
+    view = endpoint.look(
+        f"http://{cluster.head.address}:{port}",
+        secrets.get("VLLM_API_KEY"),
+        prof.served_model_name,
+        probe_timeout=WEDGE_PROBE_S,
+    )
     if view.health != 200:
         return f"/health answers {view.health or 'nothing'}"
     return "" if view.responds is not False else f"/health is 200 but {view.probe}"
 
 
-def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secrets: dict[str, str],
-                progress: Progress, dry_run: bool, replace: bool, t0: float, away: list | None = None,
-                reach: dict | None = None) -> UpSummary | Plan:
+def _run_locked(
+    cluster: Cluster,
+    inv: Inventory,
+    prof: profiles.Profile,
+    secrets: dict[str, str],
+    progress: Progress,
+    dry_run: bool,
+    replace: bool,
+    t0: float,
+    away: list | None = None,
+    reach: dict | None = None,
+) -> UpSummary | Plan:
     report = gate.check(cluster, inv, prof)
     old = _old_server(cluster, inv, report.facts)
     wanted = {k: v for k, v in secrets.items() if k in profiles.secret_env_names(prof)}
@@ -120,8 +164,9 @@ def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secret
     serving = bool(old and old.profile == prof.name and old.started_with(wanted) and old.policy == policy)
     wedged = _wedged(cluster, inv, prof, secrets) if serving else ""
     serving = serving and not wedged
-    plan = make_plan(inv, prof, report.facts, serving, replace, old_server=old, secret_names=secrets.keys(),
-                     away=away or ())
+    plan = make_plan(
+        inv, prof, report.facts, serving, replace, old_server=old, secret_names=secrets.keys(), away=away or ()
+    )
     if wedged:
         plan.notes.insert(0, f"the running vllm serve (pid {old.pid}) is wedged: {wedged}; it is restarted")
     progress.done("preflight", time.monotonic() - t0, f"{len(report.results)} checks")
@@ -146,13 +191,21 @@ def _run_locked(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secret
         if lost and not isinstance(e, KeyboardInterrupt):
             # the root cause: a host stopped answering; what failed on it after is only a symptom
             others = [f for f in getattr(e, "failures", []) if f.host not in lost]
-            fix = (f"rolled back on the hosts that answer; {', '.join(lost)} could not be rolled back: check its "
-                   "network, then sparkcluster down (removes what is left there) and sparkcluster up")
-            raise StageError(r.stage, [StepFailure(n, r.stage, why, fix=fix) for n, why in lost.items()] + others,
-                             fix) from e
+            fix = (
+                f"rolled back on the hosts that answer; {', '.join(lost)} could not be rolled back: check its "
+                "network, then sparkcluster down (removes what is left there) and sparkcluster up"
+            )
+            raise StageError(
+                r.stage, [StepFailure(n, r.stage, why, fix=fix) for n, why in lost.items()] + others, fix
+            ) from e
         raise
-    return UpSummary(False, f"http://{cluster.head.address}:{plan.serve.port}/v1", plan.serve.model, r.get(server.Record).pid,
-                     r.seconds)
+    return UpSummary(
+        False,
+        f"http://{cluster.head.address}:{plan.serve.port}/v1",
+        plan.serve.model,
+        r.get(server.Record).pid,
+        r.seconds,
+    )
 
 
 def rollback(r: Run) -> None:
@@ -167,4 +220,3 @@ def rollback(r: Run) -> None:
         for node, o in teardown.down(r.cluster, only_ids=created.containers).items():
             if not o.ok:
                 _log.warning("rollback: could not clean a node", node=node, errors=o.errors)
-

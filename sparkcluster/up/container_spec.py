@@ -18,8 +18,15 @@ from sparkcluster import node
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.day2 import ray_members
-from sparkcluster.labels import (CLUSTER_LABEL, CONFIG_LABEL, EXECUTOR_LABEL, NODES_LABEL, PROFILE_LABEL, ROLE_LABEL,
-                                 container_name)
+from sparkcluster.labels import (
+    CLUSTER_LABEL,
+    CONFIG_LABEL,
+    EXECUTOR_LABEL,
+    NODES_LABEL,
+    PROFILE_LABEL,
+    ROLE_LABEL,
+    container_name,
+)
 from sparkcluster.node import contract
 
 # Docker brings the container back after a reboot or a crash (never after `down`, which removes it);
@@ -31,7 +38,11 @@ def agent_files() -> dict[str, str]:
     """The node agent's files as the container holds them: the `node/` package under AGENT_DIR and
     its launcher as AGENT_DIR's `__main__.py` (so `python3 AGENT_DIR` runs it)."""
     here = Path(node.__file__).parent
-    files = {f"{contract.AGENT_DIR}/node/{p.name}": p.read_text() for p in sorted(here.glob("*.py")) if p.name != "launcher.py"}
+    files = {
+        f"{contract.AGENT_DIR}/node/{p.name}": p.read_text()
+        for p in sorted(here.glob("*.py"))
+        if p.name != "launcher.py"
+    }
     files[f"{contract.AGENT_DIR}/__main__.py"] = (here / "launcher.py").read_text()
     return files
 
@@ -53,8 +64,12 @@ def required_flags(ulimit_stack: int | None = None) -> dict[str, object]:
         "IpcMode": "host",
         "CapAdd": sorted(CAP_ADD),
         "Devices": sorted((d.split(":")[0], d.split(":")[1]) for d in DEVICES),
-        "Ulimits": sorted([(MEMLOCK["Name"], MEMLOCK["Soft"], MEMLOCK["Hard"]),
-                           *([("stack", ulimit_stack, ulimit_stack)] if ulimit_stack else [])]),
+        "Ulimits": sorted(
+            [
+                (MEMLOCK["Name"], MEMLOCK["Soft"], MEMLOCK["Hard"]),
+                *([("stack", ulimit_stack, ulimit_stack)] if ulimit_stack else []),
+            ]
+        ),
     }
 
 
@@ -82,24 +97,42 @@ class ContainerSpec:
     ulimit_stack: int | None = None  # bytes, soft = hard (seed 004); None: Docker's default
 
     def config_hash(self) -> str:
-        doc = json.dumps({"image": self.image, "command": self.command, "env": self.env, "shm": self.shm_size,
-                          "binds": self.binds, "files": self.files, "flags": [DEVICES, CAP_ADD, MEMLOCK],
-                          **({"stack": self.ulimit_stack} if self.ulimit_stack else {})},
-                         sort_keys=True)
+        doc = json.dumps(
+            {
+                "image": self.image,
+                "command": self.command,
+                "env": self.env,
+                "shm": self.shm_size,
+                "binds": self.binds,
+                "files": self.files,
+                "flags": [DEVICES, CAP_ADD, MEMLOCK],
+                **({"stack": self.ulimit_stack} if self.ulimit_stack else {}),
+            },
+            sort_keys=True,
+        )
         return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
     def create_kwargs(self) -> dict:
         """Arguments for docker's APIClient.create_container (host_config built separately)."""
         labels = {**self.labels, CONFIG_LABEL: self.config_hash()}
-        return {"image": self.image, "name": self.name, "command": self.agent_command(), "entrypoint": [],
-                "environment": self.env, "labels": labels, "detach": True}
+        return {
+            "image": self.image,
+            "name": self.name,
+            "command": self.agent_command(),
+            "entrypoint": [],
+            "environment": self.env,
+            "labels": labels,
+            "detach": True,
+        }
 
     def host_config_kwargs(self) -> dict:
         """Arguments for APIClient.create_host_config. Never a memory cap: unified memory."""
         return {
             "network_mode": "host",
             "ipc_mode": "host",
-            "device_requests": [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}],
+            "device_requests": [
+                {"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}
+            ],
             "devices": list(DEVICES),
             "cap_add": list(CAP_ADD),
             "ulimits": [dict(MEMLOCK), *self.stack_ulimit()],
@@ -111,11 +144,29 @@ class ContainerSpec:
 
     def docker_run_equivalent(self) -> str:
         """What the API call amounts to, as the `docker run` line a person would type (for --dry-run)."""
-        argv = ["docker", "run", "-d", "--name", self.name, "--gpus", "all", "--device=/dev/infiniband",
-                "--cap-add=IPC_LOCK", "--ulimit", "memlock=-1:-1",
-                *(["--ulimit", f"stack={self.ulimit_stack}"] if self.ulimit_stack else []),
-                "--network", "host", "--ipc", "host",
-                "--shm-size", self.shm_size, "--restart", RESTART_POLICY["Name"], "--init"]
+        argv = [
+            "docker",
+            "run",
+            "-d",
+            "--name",
+            self.name,
+            "--gpus",
+            "all",
+            "--device=/dev/infiniband",
+            "--cap-add=IPC_LOCK",
+            "--ulimit",
+            "memlock=-1:-1",
+            *(["--ulimit", f"stack={self.ulimit_stack}"] if self.ulimit_stack else []),
+            "--network",
+            "host",
+            "--ipc",
+            "host",
+            "--shm-size",
+            self.shm_size,
+            "--restart",
+            RESTART_POLICY["Name"],
+            "--init",
+        ]
         for h, c in self.binds.items():
             argv += ["-v", f"{h}:{c}"]
         for k, v in {**self.labels, CONFIG_LABEL: self.config_hash()}.items():
@@ -155,12 +206,22 @@ def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> 
         command=ray_start_argv(inv, node) if uses_ray(inv, prof) else [],
         # the cache is mounted at the same path; HF_HOME makes every rank look there (weights, token)
         env={**profiles.container_env(prof, inv, node), "HF_HOME": inv.hf_cache(node.name)},
-        labels={CLUSTER_LABEL: inv.cluster.name, ROLE_LABEL: node.role, PROFILE_LABEL: prof.name,
-                NODES_LABEL: ",".join(n.name for n in inv.nodes), EXECUTOR_LABEL: prof.executor},
+        labels={
+            CLUSTER_LABEL: inv.cluster.name,
+            ROLE_LABEL: node.role,
+            PROFILE_LABEL: prof.name,
+            NODES_LABEL: ",".join(n.name for n in inv.nodes),
+            EXECUTOR_LABEL: prof.executor,
+        },
         shm_size=prof.shm_size,
         binds={inv.hf_cache(node.name): inv.hf_cache(node.name)},
-        files={**profiles.container_files(prof), **AGENT_FILES,
-               contract.CONFIG_PATH: json.dumps(agent_config(inv, node, uses_ray(inv, prof), prof.executor), sort_keys=True)},
+        files={
+            **profiles.container_files(prof),
+            **AGENT_FILES,
+            contract.CONFIG_PATH: json.dumps(
+                agent_config(inv, node, uses_ray(inv, prof), prof.executor), sort_keys=True
+            ),
+        },
         ulimit_stack=prof.ulimit_stack,
     )
 
@@ -171,10 +232,20 @@ def agent_config(inv: Inventory, node: Node, ray: bool = True, executor: str = "
     executor "mp" on several nodes every agent runs its node's rank(s) of `vllm serve` (node/ranks)."""
     mp = executor == "mp" and len(inv.nodes) > 1
     return {
-        **({"executor": "mp", "rank": node_rank(inv, node.name),
-            "head": {"name": inv.head.name, "ip": str(inv.head.control_ip)}} if mp else {}),
-        "node": node.name, "role": node.role, "ray_argv": ray_start_argv(inv, node) if ray else [],
-        "report_ip": str(node.control_ip), "report_port": inv.cluster.agent_port,
+        **(
+            {
+                "executor": "mp",
+                "rank": node_rank(inv, node.name),
+                "head": {"name": inv.head.name, "ip": str(inv.head.control_ip)},
+            }
+            if mp
+            else {}
+        ),
+        "node": node.name,
+        "role": node.role,
+        "ray_argv": ray_start_argv(inv, node) if ray else [],
+        "report_ip": str(node.control_ip),
+        "report_port": inv.cluster.agent_port,
         "state_api": ray_members.STATE_API_URL,
         "nodes": [{"name": n.name, "ip": str(n.control_ip), "gpus": n.gpus} for n in inv.nodes],
         "peers": [{"name": n.name, "ip": str(n.control_ip)} for n in inv.nodes if n.name != node.name],

@@ -140,7 +140,9 @@ def walk(r: Run, steps: list[Step]) -> list[tuple[Step, Any]]:
             by_host: dict[str, list[Step]] = {}
             for s in batch:
                 by_host.setdefault(s.host, []).append(s)
-            got = run_each(by_host.items(), lambda steps: {s.id: run_step(r, s) for s in steps}).values_or_raise(r.stage)
+            got = run_each(by_host.items(), lambda steps: {s.id: run_step(r, s) for s in steps}).values_or_raise(
+                r.stage
+            )
             values = {i: v for per_host in got.values() for i, v in per_host.items()}
         done += [(s, values[s.id]) for s in batch if values[s.id] is not SKIPPED]
     return done

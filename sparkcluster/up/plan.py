@@ -50,7 +50,9 @@ class Plan:
         return list(self._steps)
 
     def render(self) -> str:
-        lines = [f"plan for profile '{self.profile.name}' on cluster '{self.inventory.cluster.name}' (image {self.image}):"]
+        lines = [
+            f"plan for profile '{self.profile.name}' on cluster '{self.inventory.cluster.name}' (image {self.image}):"
+        ]
         lines += [f"  note: {n}" for n in self.notes]
         if self.unchanged:
             lines.append("  nothing to do: the cluster already serves this profile")
@@ -85,29 +87,43 @@ def _names(current: dict[str, list[dict]]) -> str:
     return ", ".join(c.get("Name", "").lstrip("/") for cs in current.values() for c in cs)
 
 
-def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts], serving: bool,
-              replace: bool, *, old_server: server.Record | None = None, secret_names: Iterable[str] = (),
-              away: Iterable = ()) -> Plan:
+def make_plan(
+    inv: Inventory,
+    prof: profiles.Profile,
+    facts: dict[str, HostFacts],
+    serving: bool,
+    replace: bool,
+    *,
+    old_server: server.Record | None = None,
+    secret_names: Iterable[str] = (),
+    away: Iterable = (),
+) -> Plan:
     image = image_ref(inv, prof)
     head = inv.head.name
     head_id = facts[head].image_id
     if head_id is None and prof.executor == "mp":  # served as it is: nothing to build (issue 28)
-        raise InputError(f"{head} has no {image}: executor \"mp\" serves the profile's base image as it is",
-                         f"on {head}: docker pull {image} (nvcr.io needs `docker login nvcr.io` first), then "
-                         "sparkcluster up: the workers get it from the head")
+        raise InputError(
+            f'{head} has no {image}: executor "mp" serves the profile\'s base image as it is',
+            f"on {head}: docker pull {image} (nvcr.io needs `docker login nvcr.io` first), then "
+            "sparkcluster up: the workers get it from the head",
+        )
     build = _build_args(inv, prof) if head_id is None else None
     send_to = [w.name for w in inv.workers if head_id is None or facts[w.name].image_id != head_id]
 
     specs = {n.name: spec_for(inv, prof, n, image) for n in inv.nodes}
     current = {n.name: list(facts[n.name].ours) for n in inv.nodes}
-    other_profiles = sorted({c.get("Config", {}).get("Labels", {}).get(PROFILE_LABEL, "?")
-                             for cs in current.values() for c in cs} - {prof.name})
+    other_profiles = sorted(
+        {c.get("Config", {}).get("Labels", {}).get(PROFILE_LABEL, "?") for cs in current.values() for c in cs}
+        - {prof.name}
+    )
     notes = []
     if other_profiles:
         what = f"profile '{', '.join(other_profiles)}' (containers: " + _names(current) + ")"
         if not replace:
-            raise InputError(f"the cluster runs {what}; up --profile {prof.name} would replace it",
-                             f"sparkcluster up --profile {prof.name} --replace (or sparkcluster down first)")
+            raise InputError(
+                f"the cluster runs {what}; up --profile {prof.name} would replace it",
+                f"sparkcluster up --profile {prof.name} --replace (or sparkcluster down first)",
+            )
         notes.append(f"replacing {what}")
 
     def fits(node: str) -> bool:
@@ -121,21 +137,36 @@ def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts
         env = dict(e.split("=", 1) for e in (c.get("Config", {}).get("Env") or []) if "=" in e)
         # the config hash leaves the profile out: another profile's container can match it, and
         # kept, it would still carry that profile's label
-        return (bool(c.get("State", {}).get("Running"))
-                and labels.get(PROFILE_LABEL) == prof.name
-                and labels.get(CONFIG_LABEL) == specs[node].config_hash()
-                and all(env.get(k) == v for k, v in specs[node].env.items())
-                and facts[node].image_id is not None and c.get("Image") == facts[node].image_id
-                and node not in send_to and build is None)
+        return (
+            bool(c.get("State", {}).get("Running"))
+            and labels.get(PROFILE_LABEL) == prof.name
+            and labels.get(CONFIG_LABEL) == specs[node].config_hash()
+            and all(env.get(k) == v for k, v in specs[node].env.items())
+            and facts[node].image_id is not None
+            and c.get("Image") == facts[node].image_id
+            and node not in send_to
+            and build is None
+        )
 
     keep = all(fits(n.name) for n in inv.nodes)
-    if not keep and not other_profiles and any(current.values()) and (
-            not all(current.values()) or not all(c.get("State", {}).get("Running") for cs in current.values() for c in cs)):
+    if (
+        not keep
+        and not other_profiles
+        and any(current.values())
+        and (
+            not all(current.values())
+            or not all(c.get("State", {}).get("Running") for cs in current.values() for c in cs)
+        )
+    ):
         # what a killed run leaves (a head holding the GCS port, no worker): say so, then replace it
-        notes.append("stale state left behind, not a running cluster (containers: " + _names(current) +
-                     "): removed first, as `sparkcluster down --purge-gcs` would")
-    common = dict(facts=facts, old_server=old_server, secret_names=frozenset(secret_names), notes=notes,
-                  away=list(away))
+        notes.append(
+            "stale state left behind, not a running cluster (containers: "
+            + _names(current)
+            + "): removed first, as `sparkcluster down --purge-gcs` would"
+        )
+    common = dict(
+        facts=facts, old_server=old_server, secret_names=frozenset(secret_names), notes=notes, away=list(away)
+    )
     if keep and serving and not common["away"]:
         plan = Plan(inv, prof, image, specs[head].name, None, [], {}, [], None, unchanged=True, **common)
         return _with_steps(plan, ["preflight"])
@@ -148,11 +179,21 @@ def make_plan(inv: Inventory, prof: profiles.Profile, facts: dict[str, HostFacts
         model=prof.served_model_name,
         port=prof.serve.port or inv.cluster.api_port,
         plugin=profiles.reasoning_plugin(prof, inv.hf_cache(inv.head.name)),
-        ranks=tuple((w.name, specs[w.name].name, tuple(exec_argv(prof, port=inv.cluster.api_port,
-                     hf_cache=inv.hf_cache(w.name)) + _rank(inv, prof, w.name))) for w in inv.workers
-                    if _rank(inv, prof, w.name)),
+        ranks=tuple(
+            (
+                w.name,
+                specs[w.name].name,
+                tuple(
+                    exec_argv(prof, port=inv.cluster.api_port, hf_cache=inv.hf_cache(w.name)) + _rank(inv, prof, w.name)
+                ),
+            )
+            for w in inv.workers
+            if _rank(inv, prof, w.name)
+        ),
     )
-    return _with_steps(Plan(inv, prof, image, specs[head].name, build, send_to, remove, to_create, sv, **common), STAGES)
+    return _with_steps(
+        Plan(inv, prof, image, specs[head].name, build, send_to, remove, to_create, sv, **common), STAGES
+    )
 
 
 def _rank(inv: Inventory, prof: profiles.Profile, node: str) -> list[str]:

@@ -37,12 +37,12 @@ def env_file(tmp_path_factory) -> Path:
 def sc(testbed, env_file, tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
 
-    def run(*args: str, timeout: float = 600, inventory: Path | None = None, check: bool = False,
-            env: dict | None = None) -> subprocess.CompletedProcess:
+    def run(
+        *args: str, timeout: float = 600, inventory: Path | None = None, check: bool = False, env: dict | None = None
+    ) -> subprocess.CompletedProcess:
         argv = [*CLI, "--inventory", str(inventory or testbed.inventory), *args]
         full_env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "HF_TOKEN")}
-        full_env.update({"SPARKCLUSTER_ENV_FILE": str(env_file), "XDG_STATE_HOME": str(state),
-                         "COLUMNS": "200"})
+        full_env.update({"SPARKCLUSTER_ENV_FILE": str(env_file), "XDG_STATE_HOME": str(state), "COLUMNS": "200"})
         full_env.update(env or {})
         res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=full_env)
         if check and res.returncode != 0:

@@ -39,9 +39,11 @@ def inventory_variant(testbed, tmp_path: Path, edit) -> Path:
 
 def worker_block_edit(old: str, new: str):
     """Replace `old` by `new` in the worker's [[nodes]] block only."""
+
     def edit(text: str) -> str:
         head, worker = text.split('name = "spark-worker"')
         return head + 'name = "spark-worker"' + worker.replace(old, new)
+
     return edit
 
 
@@ -59,11 +61,13 @@ def debug_log_lines(sc, since: str = "") -> list[str]:
 
 def utc_now() -> str:
     from datetime import datetime, timezone
+
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # structlog's own form
 
 
 def _timestamp(line: str) -> str:
     import json
+
     try:
         return str(json.loads(line).get("timestamp", ""))
     except ValueError:
@@ -75,8 +79,14 @@ def popen_sc(testbed, sc, env_file, *args: str, env: dict | None = None) -> subp
     full = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "HF_TOKEN")}
     full.update({"SPARKCLUSTER_ENV_FILE": str(env_file), "XDG_STATE_HOME": str(sc.state_dir), "COLUMNS": "200"})
     full.update(env or {})
-    return subprocess.Popen([sys.executable, "-m", "sparkcluster", "--inventory", str(testbed.inventory), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "sparkcluster", "--inventory", str(testbed.inventory), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full,
+        start_new_session=True,
+    )
 
 
 def answers(base: str, model: str, max_tokens: int = 2, api_key: str = API_KEY) -> bool:
@@ -84,8 +94,12 @@ def answers(base: str, model: str, max_tokens: int = 2, api_key: str = API_KEY) 
     import httpx
 
     try:
-        r = httpx.post(f"{base}/v1/chat/completions", headers={"Authorization": f"Bearer {api_key}"}, timeout=20,
-                       json={"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]})
+        r = httpx.post(
+            f"{base}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=20,
+            json={"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]},
+        )
         return r.status_code == 200 and r.json()["usage"]["completion_tokens"] == max_tokens
     except (httpx.HTTPError, ValueError, KeyError):
         return False
@@ -106,7 +120,9 @@ def journal(testbed, host: str = HEAD) -> list[dict]:
     """The agent's journal in `host`'s container of the pair (the head's by default)."""
     import json
 
-    out = testbed.sh(host, f"docker exec {CONTAINERS[host]} cat /var/log/sparkcluster/journal.jsonl", check=False).stdout
+    out = testbed.sh(
+        host, f"docker exec {CONTAINERS[host]} cat /var/log/sparkcluster/journal.jsonl", check=False
+    ).stdout
     return [json.loads(x) for x in out.splitlines() if x.strip()]
 
 
@@ -116,8 +132,15 @@ def serving_again(testbed, since: float, timeout: float, step: float = 2.0, tail
     import json
 
     t0 = time.monotonic()
-    if not wait_for(lambda: (st := sup_state(testbed)).get("state") == "serving" and st.get("since", 0) > since
-                    and answers(BASE, "testbed-tiny"), timeout, step=step):
+    if not wait_for(
+        lambda: (
+            (st := sup_state(testbed)).get("state") == "serving"
+            and st.get("since", 0) > since
+            and answers(BASE, "testbed-tiny")
+        ),
+        timeout,
+        step=step,
+    ):
         said = tail() if tail else "\n".join(json.dumps(e) for e in journal(testbed)[-12:])
         raise AssertionError(f"not serving again within {timeout:.0f}s; the journal ends:\n{said}")
     return time.monotonic() - t0
@@ -136,6 +159,7 @@ def wait_for(cond, timeout: float, step: float = 0.2):
 
 
 # ---- the testbed's SSH user (an ordinary account in `docker`, as on a Spark) --------------------
+
 
 def account() -> dict:
     """Who the testbed's SSH user is, from the testbed's facts file (ssh_user, uid, gid, home,
@@ -156,5 +180,7 @@ def as_user(cmd: str) -> str:
     import shlex
 
     a = account()
-    return (f"setpriv --reuid={int(a['uid'])} --regid={int(a['gid'])} --init-groups "
-            f"env HOME={shlex.quote(a['home'])} sh -c {shlex.quote(cmd)}")
+    return (
+        f"setpriv --reuid={int(a['uid'])} --regid={int(a['gid'])} --init-groups "
+        f"env HOME={shlex.quote(a['home'])} sh -c {shlex.quote(cmd)}"
+    )

@@ -52,8 +52,19 @@ def serving(testbed, sc):
 class TestBench:
     def test_sweep_writes_csv_json_png_and_prints_the_table(self, sc):
         # short prompts and answers: what is tested is the run folder and the table, not the engine
-        res = sc("bench", "--concurrency", "1,4", "--num-prompts", "8", "--input-len", "64", "--output-len", "16",
-                 *EXTRA, timeout=600)
+        res = sc(
+            "bench",
+            "--concurrency",
+            "1,4",
+            "--num-prompts",
+            "8",
+            "--input-len",
+            "64",
+            "--output-len",
+            "16",
+            *EXTRA,
+            timeout=600,
+        )
         assert res.returncode == 0, res.stdout + res.stderr
         run_dir = runs(sc)[-1]
         for name in ("c1.json", "c4.json", "results.csv", "run.json", "chart.png"):
@@ -69,20 +80,51 @@ class TestBench:
 
     def test_second_run_compares_with_the_first_as_json(self, sc):
         before = runs(sc)[-1]
-        res = sc("bench", "-c", "1", "--num-prompts", "2", "--input-len", "64", "--output-len", "16", "--json",
-                 *EXTRA, timeout=600)
+        res = sc(
+            "bench",
+            "-c",
+            "1",
+            "--num-prompts",
+            "2",
+            "--input-len",
+            "64",
+            "--output-len",
+            "16",
+            "--json",
+            *EXTRA,
+            timeout=600,
+        )
         assert res.returncode == 0, res.stdout + res.stderr
         summary = json.loads(res.stdout)
         assert summary["compared_with"] == str(before)
         assert [r["concurrency"] for r in summary["rows"]] == [1]
         assert {c["metric"] for c in summary["changes"]} >= {"output_tok_s", "ttft_p99_ms"}
 
-    def test_api_key_never_on_a_command_line_and_ctrl_c_stops_the_benchmark_in_the_container(self, testbed, sc,
-                                                                                              env_file, tmp_path):
+    def test_api_key_never_on_a_command_line_and_ctrl_c_stops_the_benchmark_in_the_container(
+        self, testbed, sc, env_file, tmp_path
+    ):
         out = tmp_path / "interrupted"
-        p = subprocess.Popen([*CLI, "--inventory", str(testbed.inventory), "bench", "-c", "1,2", "--num-prompts",
-                              "400", "--output-len", "256", "--out", str(out), *EXTRA],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=sc_env(sc, env_file))
+        p = subprocess.Popen(
+            [
+                *CLI,
+                "--inventory",
+                str(testbed.inventory),
+                "bench",
+                "-c",
+                "1,2",
+                "--num-prompts",
+                "400",
+                "--output-len",
+                "256",
+                "--out",
+                str(out),
+                *EXTRA,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=sc_env(sc, env_file),
+        )
         try:
             assert wait_for(lambda: bench_procs(testbed) or p.poll() is not None, 120), "the benchmark never started"
             seen = bench_procs(testbed)
@@ -103,10 +145,13 @@ class TestBench:
         # the endpoint still serves: stopping the benchmark never touches vllm serve
         assert sc("status", timeout=60).returncode == 0
 
-    @pytest.mark.parametrize("args, words", [
-        (["--concurrency", "0"], "a concurrency of 0"),
-        (["--profile", "qwen3-30b"], "serves profile 'testbed', not 'qwen3-30b'"),
-    ])
+    @pytest.mark.parametrize(
+        "args, words",
+        [
+            (["--concurrency", "0"], "a concurrency of 0"),
+            (["--profile", "qwen3-30b"], "serves profile 'testbed', not 'qwen3-30b'"),
+        ],
+    )
     def test_bad_input_exit_2(self, sc, args, words):
         res = sc("bench", *args, timeout=120)
         assert res.returncode == 2, res.stdout + res.stderr

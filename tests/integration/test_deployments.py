@@ -34,7 +34,9 @@ def fleet(sc, *extra: str, env: dict | None = None) -> tuple[int, dict]:
 def test_one_model_per_node_then_the_pair_replaces_them(testbed, sc, env_file, tmp_path):
     sc("down")
     # both at once: each run locks only its own node
-    procs = {node: popen_sc(testbed, sc, env_file, "up", "--profile", SINGLE, "--node", node) for node in (HEAD, WORKER)}
+    procs = {
+        node: popen_sc(testbed, sc, env_file, "up", "--profile", SINGLE, "--node", node) for node in (HEAD, WORKER)
+    }
     outs = {node: p.communicate(timeout=900) for node, p in procs.items()}
     for node, p in procs.items():
         assert p.returncode == 0, outs[node][0] + outs[node][1]

@@ -25,13 +25,41 @@ NODES = (HEAD, WORKER)
 
 # Every check id `doctor` reports, in its stable order (sparkcluster/checks.py REGISTRY).
 IDS = [
-    "ssh.reachable", "gpu.gb10", "gpu.driver", "account.docker", "docker.engine", "docker.gpu_runtime",
-    "account.hf_cache", "account.lock", "image.same", "image.base-same",
+    "ssh.reachable",
+    "gpu.gb10",
+    "gpu.driver",
+    "account.docker",
+    "docker.engine",
+    "docker.gpu_runtime",
+    "account.hf_cache",
+    "account.lock",
+    "image.same",
+    "image.base-same",
     "image.ray",
-    "net.control_ip", "net.vllm_host_ip", "net.link", "net.mtu", "net.path_mtu", "net.twins", "rdma.gid", "net.speed",
-    "net.peer", "net.default_route", "net.topology", "rdma.hca", "nccl.topology_env", "mem.headroom",
-    "mem.earlyoom", "mem.sshd_oom", "ports.free", "ray.stale", "net.rendezvous", "disk.free", "clock.skew",
-    "containers.forwarded_env", "containers.per_host_env", "containers.flags",
+    "net.control_ip",
+    "net.vllm_host_ip",
+    "net.link",
+    "net.mtu",
+    "net.path_mtu",
+    "net.twins",
+    "rdma.gid",
+    "net.speed",
+    "net.peer",
+    "net.default_route",
+    "net.topology",
+    "rdma.hca",
+    "nccl.topology_env",
+    "mem.headroom",
+    "mem.earlyoom",
+    "mem.sshd_oom",
+    "ports.free",
+    "ray.stale",
+    "net.rendezvous",
+    "disk.free",
+    "clock.skew",
+    "containers.forwarded_env",
+    "containers.per_host_env",
+    "containers.flags",
 ]
 # WARNs a healthy testbed may show: sshd cannot get OOMScoreAdjust -1000 here (no CAP_SYS_RESOURCE),
 # and the cluster image is missing until the first `up` builds it.
@@ -57,8 +85,11 @@ def healthy(testbed, sc):
     if any(ours(testbed, h) for h in NODES):
         sc("down", "--purge-gcs", timeout=300)
     rc, doc, rows = doctor(sc)
-    bad = {k: (r["status"], r["detail"]) for k, r in rows.items()
-           if r["status"] == "fail" or (r["status"] == "warn" and k[0] not in KNOWN_WARNS)}
+    bad = {
+        k: (r["status"], r["detail"])
+        for k, r in rows.items()
+        if r["status"] == "fail" or (r["status"] == "warn" and k[0] not in KNOWN_WARNS)
+    }
     assert not bad, f"the testbed is not healthy before the doctor cases: {bad}"
     return rc, doc, rows
 
@@ -81,12 +112,14 @@ def inventory_variant(testbed, tmp_path: Path, edit: Callable[[str], str] = lamb
 
 def set_in_node(node: str, key: str, value: str) -> Callable[[str], str]:
     """Edit `key = "..."` inside the [[nodes]] block of `node`."""
+
     def edit(text: str) -> str:
         head, sep, rest = text.partition(f'name = "{node}"')
         block, nxt, tail = rest.partition("[[nodes]]")
         block, n = re.subn(rf'(?m)^{key} = ".*"$', f'{key} = "{value}"', block, count=1)
         assert n == 1, (node, key)
         return head + sep + block + nxt + tail
+
     edit.__name__ = f"set_{key}"
     return edit
 
@@ -98,11 +131,13 @@ def running_containers(testbed, host: str) -> list[str]:
 def image_ref(testbed) -> str:
     from sparkcluster.cli.common import load_profile_for
     from sparkcluster.config import images, inventory
+
     inv = inventory.load(testbed.inventory)
     return images.image_ref(inv, load_profile_for(inv, None))
 
 
 # --------------------------------------------------------------------------------------- healthy
+
 
 def test_healthy_cluster_passes_every_check(healthy, sc):
     rc, doc, rows = healthy
@@ -111,11 +146,30 @@ def test_healthy_cluster_passes_every_check(healthy, sc):
     for (cid, node), r in rows.items():
         assert r["status"] in ("ok", "skip") or (r["status"] == "warn" and cid in KNOWN_WARNS), r
     # the checks that judge the bare hosts are OK, not merely skipped
-    for cid in ("ssh.reachable", "gpu.gb10", "gpu.driver", "docker.engine", "docker.gpu_runtime",
-                "account.docker", "account.hf_cache", "account.lock",
-                "net.control_ip", "net.link", "net.mtu", "net.path_mtu", "net.twins", "rdma.gid", "net.speed",
-                "net.peer", "net.default_route", "rdma.hca", "mem.earlyoom",
-                "ports.free", "disk.free", "clock.skew"):
+    for cid in (
+        "ssh.reachable",
+        "gpu.gb10",
+        "gpu.driver",
+        "docker.engine",
+        "docker.gpu_runtime",
+        "account.docker",
+        "account.hf_cache",
+        "account.lock",
+        "net.control_ip",
+        "net.link",
+        "net.mtu",
+        "net.path_mtu",
+        "net.twins",
+        "rdma.gid",
+        "net.speed",
+        "net.peer",
+        "net.default_route",
+        "rdma.hca",
+        "mem.earlyoom",
+        "ports.free",
+        "disk.free",
+        "clock.skew",
+    ):
         for n in NODES:
             assert rows[(cid, n)]["status"] == "ok", rows[(cid, n)]
 
@@ -145,6 +199,7 @@ def test_json_has_stable_ids_and_documented_shape(healthy):
 
 
 # --------------------------------------------------------------------------------------- broken
+
 
 @dataclass
 class Case:
@@ -193,6 +248,7 @@ def _worker_gid_index_3_then_shifted(tb, ctx):
     def edit(text: str) -> str:
         head, sep, rest = text.partition('name = "spark-worker"')
         return head + sep + rest.replace("mtu = 9000\n", "mtu = 9000\ngid_index = 3\n", 1)
+
     inv = inventory_variant(tb, ctx["tmp"], edit)
     assert "gid_index = 3" in inv.read_text()
     tb.shift_gids(WORKER)
@@ -246,11 +302,15 @@ WORKER_SKIPS = {(cid, WORKER): "skip" for cid in IDS if cid != "ssh.reachable"}
 
 # --- the SSH user's own rights (an ordinary account in docker, as on a Spark; who it is: facts.json)
 
+
 def _leave_docker_group(tb, ctx):
     # the worker's own /etc/group (a bind mount: rewritten in place, never replaced)
     u = account()["ssh_user"]
-    tb.sh(WORKER, f"cp /etc/group /run/testbed/group.saved && sed -E '/^docker:/ {{ s/([:,]){u}(,|$)/\\1/; s/,$//; }}' "
-                  "/run/testbed/group.saved > /run/testbed/group.new && cat /run/testbed/group.new > /etc/group")
+    tb.sh(
+        WORKER,
+        f"cp /etc/group /run/testbed/group.saved && sed -E '/^docker:/ {{ s/([:,]){u}(,|$)/\\1/; s/,$//; }}' "
+        "/run/testbed/group.saved > /run/testbed/group.new && cat /run/testbed/group.new > /etc/group",
+    )
 
 
 def _rejoin_docker_group(tb, ctx):
@@ -261,7 +321,10 @@ def _root_files_in_cache(tb, ctx):
     # what a container running as root would leave in the user's cache
     # the cache's own folders are the user's (made as the user first, when a fresh worker has none)
     tb.sh(WORKER, as_user(f"mkdir -p {account()['hf_cache']}/hub"))
-    tb.sh(WORKER, f"mkdir -p {account()['hf_cache']}/hub/models--root--left && chown -R 0:0 {account()['hf_cache']}/hub/models--root--left")
+    tb.sh(
+        WORKER,
+        f"mkdir -p {account()['hf_cache']}/hub/models--root--left && chown -R 0:0 {account()['hf_cache']}/hub/models--root--left",
+    )
 
 
 def _no_root_files(tb, ctx):
@@ -270,170 +333,338 @@ def _no_root_files(tb, ctx):
 
 def _foreign_lock_dir(tb, ctx):
     # /tmp/sparkcluster made by another tool as root, closed to others
-    tb.sh(WORKER, "rm -rf /tmp/sparkcluster.saved; { [ ! -e /tmp/sparkcluster ] || mv /tmp/sparkcluster /tmp/sparkcluster.saved; } "
-                  "&& mkdir -m 755 /tmp/sparkcluster")
+    tb.sh(
+        WORKER,
+        "rm -rf /tmp/sparkcluster.saved; { [ ! -e /tmp/sparkcluster ] || mv /tmp/sparkcluster /tmp/sparkcluster.saved; } "
+        "&& mkdir -m 755 /tmp/sparkcluster",
+    )
 
 
 def _lock_dir_back(tb, ctx):
-    tb.sh(WORKER, "rm -rf /tmp/sparkcluster; [ ! -e /tmp/sparkcluster.saved ] || mv /tmp/sparkcluster.saved /tmp/sparkcluster")
+    tb.sh(
+        WORKER,
+        "rm -rf /tmp/sparkcluster; [ ! -e /tmp/sparkcluster.saved ] || mv /tmp/sparkcluster.saved /tmp/sparkcluster",
+    )
 
 
 ENGINE_ROWS = ("docker.engine", "docker.gpu_runtime", "image.same", "image.base-same", "image.ray")
 
 CASES = [
     # the socket refuses the worker's user: its row names the group fix; the engine's rows cannot judge
-    Case("account.docker", _leave_docker_group, _rejoin_docker_group,
-         {("account.docker", WORKER): "fail", **{(cid, WORKER): "skip" for cid in ENGINE_ROWS}},
-         detail={("account.docker", WORKER): "not in the docker group"},
-         fix={("account.docker", WORKER): "usermod -aG docker"}),
-    Case("account.hf_cache", _root_files_in_cache, _no_root_files, {("account.hf_cache", WORKER): "warn"},
-         detail={("account.hf_cache", WORKER): "owned by root"}, fix={("account.hf_cache", WORKER): "chown -R"}),
-    Case("account.lock", _foreign_lock_dir, _lock_dir_back, {("account.lock", WORKER): "fail"},
-         detail={("account.lock", WORKER): "/tmp/sparkcluster owned by root"}, fix={("account.lock", WORKER): "rm -rf"}),
-    Case("net.mtu", lambda tb, c: tb.set_mtu(WORKER, DATA_LINK, 1500), lambda tb, c: tb.set_mtu(WORKER, DATA_LINK, 9000),
-         # 9000-byte frames no longer cross that link either way: the worker cannot send them, the
-         # head's are dropped at the worker's end. Same subject (the link's MTU), so path MTU fails
-         # on both nodes, and nothing else changes.
-         {("net.mtu", WORKER): "fail", ("net.path_mtu", WORKER): "fail", ("net.path_mtu", HEAD): "fail"},
-         detail={("net.mtu", WORKER): f"{DATA_LINK} is 1500", ("net.path_mtu", HEAD): "9000-byte",
-                 ("net.path_mtu", WORKER): "9000-byte"},
-         fix={("net.mtu", WORKER): "mtu 9000", ("net.path_mtu", HEAD): "MTU 9000", ("net.path_mtu", WORKER): "MTU 9000"}),
-    Case("net.link", lambda tb, c: tb.link_down(WORKER, DOWN_LINK), lambda tb, c: tb.link_up(WORKER, DOWN_LINK),
-         # one end of a cable administratively down: the far end (the head's port) loses carrier, as a
-         # real QSFP link does, and no frame crosses that link in either direction. Same subject.
-         {("net.link", WORKER): "fail", ("net.link", HEAD): "fail",
-          ("net.path_mtu", WORKER): "fail", ("net.path_mtu", HEAD): "fail"},
-         detail={("net.link", WORKER): f"{DOWN_LINK} administratively down", ("net.link", HEAD): f"{DOWN_LINK} has no carrier"},
-         fix={("net.link", WORKER): "ip link set", ("net.link", HEAD): "QSFP"}),
-    Case("rdma.hca-down", lambda tb, c: tb.set_hca_state(HEAD, "roceP2p1s0f1", "1: DOWN"),
-         lambda tb, c: tb.set_hca_state(HEAD, "roceP2p1s0f1", "4: ACTIVE"),
-         # the detail shows every HCA's state (port 0's are DOWN too: no cable there)
-         {("rdma.hca", HEAD): "fail"},
-         detail={("rdma.hca", HEAD): "roceP2p1s0f1 port 1 is '1: DOWN'"},
-         fix={("rdma.hca", HEAD): "bring the RoCE port up: check the cable of enP2p1s0f1np1"}),
-    Case("rdma.hca-cable-in-other-port", _cable_in_port0, _cable_back,
-         # the worker's sysfs as after moving its cable to port 0: port 1's HCAs DOWN, port 0's ACTIVE
-         {("rdma.hca", WORKER): "fail"},
-         detail={("rdma.hca", WORKER): "likely cause: the cable sits in the other port (rocep1s0f0, roceP2p1s0f0 ACTIVE"},
-         fix={("rdma.hca", WORKER): "move the cable"}),
-    Case("rdma.hca-crossed", _cross, lambda tb, c: tb.cable_worker(False),
-         # the worker re-cabled, its inventory not rewritten. On the worker each HCA still sits on its
-         # own netdev (they are renamed together, as on hardware), but its entry k is now the far end of
-         # another head entry: NCCL would pair HCAs that share no cable. The listed control_if
-         # (enp1s0f1np1) is now the port of head link 4, so the control IP is not on it either: the
-         # same stale data_plane/control_if of this one node.
-         {("rdma.hca", WORKER): "fail", ("net.control_ip", WORKER): "fail"},
-         detail={("rdma.hca", WORKER): "entry 1 rocep1s0f1/enp1s0f1np1 is cabled to spark-head's entry 2 "
-                                       "roceP2p1s0f1/enP2p1s0f1np1",
-                 ("net.control_ip", WORKER): "198.19.2.2 is not on enp1s0f1np1"},
-         fix={("rdma.hca", WORKER): "order data_plane for spark-worker", ("net.control_ip", WORKER): "control_ip"}),
-    Case("rdma.hca-crossed-inventory-rewritten", lambda tb, c: tb.cable_worker(True), lambda tb, c: tb.cable_worker(False),
-         # the same re-cabled worker with its inventory rewritten (entry k is again the far end of the
-         # head's entry k, under other names): nothing to report, no row changes
-         {}),
-    Case("gpu.driver", lambda tb, c: tb.set_driver_version(WORKER, "570.00"), lambda tb, c: tb.set_driver_version(WORKER),
-         # owners update their Sparks on different days: a WARN naming both versions (issue 24)
-         {("gpu.driver", WORKER): "warn"},
-         detail={("gpu.driver", WORKER): "driver 570.00 here, 580.95.05 on spark-head"},
-         fix={("gpu.driver", WORKER): "update the older one"}),
-    Case("ssh.reachable", lambda tb, c: tb.stop_sshd(WORKER), lambda tb, c: tb.start_sshd(WORKER),
-         # nothing else about the worker can be judged; on the head, only what compares it with the
-         # worker (clock skew, path MTU to the worker's addresses) has nothing to compare with
-         {**WORKER_SKIPS, ("ssh.reachable", WORKER): "fail", ("clock.skew", HEAD): "skip", ("net.path_mtu", HEAD): "skip"},
-         detail={("ssh.reachable", WORKER): "198.18.0.6"}, fix={("ssh.reachable", WORKER): "ssh"}),
-    Case("docker.engine", _stop_dockerd, lambda tb, c: tb.start_dockerd(WORKER),
-         {("docker.engine", WORKER): "fail", ("docker.gpu_runtime", WORKER): "skip",
-          ("account.docker", WORKER): "skip",  # a stopped engine is not the account's fault
-          ("image.base-same", WORKER): "skip",
-          ("image.same", WORKER): "skip", ("image.ray", WORKER): "skip"},
-         detail={("docker.engine", WORKER): "docker info failed"}, fix={("docker.engine", WORKER): "start the Docker daemon"}),
-    Case("ports.free", _hold_port, lambda tb, c: c["holder"].release() if "holder" in c else None,
-         {("ports.free", HEAD): "fail"},
-         # the holder is root's: to the Spark's ordinary user ss does not name it
-         detail={("ports.free", HEAD): "8000 (vLLM API) is held by a process of another account"},
-         fix={("ports.free", HEAD): "stop that process"}),
-    Case("disk.free", _fill_disk, _unfill_disk,
-         # the image's absence on the worker is the precondition (image.same WARN "not on this node
-         # yet", image.ray not run), the filled disk is the break
-         {("disk.free", WORKER): "fail", ("image.same", WORKER): "warn", ("image.ray", WORKER): "skip"},
-         detail={("disk.free", WORKER): "the image needs 4.0 GiB"}, fix={("disk.free", WORKER): "docker system prune"}),
-    Case("mem.earlyoom", lambda tb, c: tb.stop_earlyoom(WORKER), lambda tb, c: tb.start_earlyoom(WORKER),
-         {("mem.earlyoom", WORKER): "warn"},
-         detail={("mem.earlyoom", WORKER): "not running"}, fix={("mem.earlyoom", WORKER): "systemctl enable --now earlyoom"}),
-    Case("net.control_ip-link-local",
-         lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(WORKER, "control_ip", "169.254.10.2")), _noop,
-         {("net.control_ip", WORKER): "fail"},
-         detail={("net.control_ip", WORKER): "link-local"}, fix={("net.control_ip", WORKER): "static address"}),
-    Case("net.control_ip-docker-bridge",
-         lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(WORKER, "control_ip", "172.17.0.5")), _noop,
-         {("net.control_ip", WORKER): "fail"},
-         detail={("net.control_ip", WORKER): "docker bridge"}, fix={("net.control_ip", WORKER): "enp1s0f1np1"}),
-    Case("net.control_ip-wrong-if",
-         # an existing interface, but not the one holding the control IP
-         lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(HEAD, "control_if", "enP2p1s0f1np1")), _noop,
-         {("net.control_ip", HEAD): "fail"},
-         detail={("net.control_ip", HEAD): "198.19.2.1 is not on enP2p1s0f1np1"}, fix={("net.control_ip", HEAD): "control_ip"}),
-    Case("net.control_ip-missing-if",
-         # a name the head does not have: net.link, which checks control_if exists too, says so as well
-         lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(HEAD, "control_if", "enp9s9")), _noop,
-         {("net.control_ip", HEAD): "fail", ("net.link", HEAD): "fail"},
-         detail={("net.control_ip", HEAD): "enp9s9 does not exist", ("net.link", HEAD): "enp9s9 missing"},
-         fix={("net.control_ip", HEAD): "control_if"}),
+    Case(
+        "account.docker",
+        _leave_docker_group,
+        _rejoin_docker_group,
+        {("account.docker", WORKER): "fail", **{(cid, WORKER): "skip" for cid in ENGINE_ROWS}},
+        detail={("account.docker", WORKER): "not in the docker group"},
+        fix={("account.docker", WORKER): "usermod -aG docker"},
+    ),
+    Case(
+        "account.hf_cache",
+        _root_files_in_cache,
+        _no_root_files,
+        {("account.hf_cache", WORKER): "warn"},
+        detail={("account.hf_cache", WORKER): "owned by root"},
+        fix={("account.hf_cache", WORKER): "chown -R"},
+    ),
+    Case(
+        "account.lock",
+        _foreign_lock_dir,
+        _lock_dir_back,
+        {("account.lock", WORKER): "fail"},
+        detail={("account.lock", WORKER): "/tmp/sparkcluster owned by root"},
+        fix={("account.lock", WORKER): "rm -rf"},
+    ),
+    Case(
+        "net.mtu",
+        lambda tb, c: tb.set_mtu(WORKER, DATA_LINK, 1500),
+        lambda tb, c: tb.set_mtu(WORKER, DATA_LINK, 9000),
+        # 9000-byte frames no longer cross that link either way: the worker cannot send them, the
+        # head's are dropped at the worker's end. Same subject (the link's MTU), so path MTU fails
+        # on both nodes, and nothing else changes.
+        {("net.mtu", WORKER): "fail", ("net.path_mtu", WORKER): "fail", ("net.path_mtu", HEAD): "fail"},
+        detail={
+            ("net.mtu", WORKER): f"{DATA_LINK} is 1500",
+            ("net.path_mtu", HEAD): "9000-byte",
+            ("net.path_mtu", WORKER): "9000-byte",
+        },
+        fix={("net.mtu", WORKER): "mtu 9000", ("net.path_mtu", HEAD): "MTU 9000", ("net.path_mtu", WORKER): "MTU 9000"},
+    ),
+    Case(
+        "net.link",
+        lambda tb, c: tb.link_down(WORKER, DOWN_LINK),
+        lambda tb, c: tb.link_up(WORKER, DOWN_LINK),
+        # one end of a cable administratively down: the far end (the head's port) loses carrier, as a
+        # real QSFP link does, and no frame crosses that link in either direction. Same subject.
+        {
+            ("net.link", WORKER): "fail",
+            ("net.link", HEAD): "fail",
+            ("net.path_mtu", WORKER): "fail",
+            ("net.path_mtu", HEAD): "fail",
+        },
+        detail={
+            ("net.link", WORKER): f"{DOWN_LINK} administratively down",
+            ("net.link", HEAD): f"{DOWN_LINK} has no carrier",
+        },
+        fix={("net.link", WORKER): "ip link set", ("net.link", HEAD): "QSFP"},
+    ),
+    Case(
+        "rdma.hca-down",
+        lambda tb, c: tb.set_hca_state(HEAD, "roceP2p1s0f1", "1: DOWN"),
+        lambda tb, c: tb.set_hca_state(HEAD, "roceP2p1s0f1", "4: ACTIVE"),
+        # the detail shows every HCA's state (port 0's are DOWN too: no cable there)
+        {("rdma.hca", HEAD): "fail"},
+        detail={("rdma.hca", HEAD): "roceP2p1s0f1 port 1 is '1: DOWN'"},
+        fix={("rdma.hca", HEAD): "bring the RoCE port up: check the cable of enP2p1s0f1np1"},
+    ),
+    Case(
+        "rdma.hca-cable-in-other-port",
+        _cable_in_port0,
+        _cable_back,
+        # the worker's sysfs as after moving its cable to port 0: port 1's HCAs DOWN, port 0's ACTIVE
+        {("rdma.hca", WORKER): "fail"},
+        detail={
+            ("rdma.hca", WORKER): "likely cause: the cable sits in the other port (rocep1s0f0, roceP2p1s0f0 ACTIVE"
+        },
+        fix={("rdma.hca", WORKER): "move the cable"},
+    ),
+    Case(
+        "rdma.hca-crossed",
+        _cross,
+        lambda tb, c: tb.cable_worker(False),
+        # the worker re-cabled, its inventory not rewritten. On the worker each HCA still sits on its
+        # own netdev (they are renamed together, as on hardware), but its entry k is now the far end of
+        # another head entry: NCCL would pair HCAs that share no cable. The listed control_if
+        # (enp1s0f1np1) is now the port of head link 4, so the control IP is not on it either: the
+        # same stale data_plane/control_if of this one node.
+        {("rdma.hca", WORKER): "fail", ("net.control_ip", WORKER): "fail"},
+        detail={
+            ("rdma.hca", WORKER): "entry 1 rocep1s0f1/enp1s0f1np1 is cabled to spark-head's entry 2 "
+            "roceP2p1s0f1/enP2p1s0f1np1",
+            ("net.control_ip", WORKER): "198.19.2.2 is not on enp1s0f1np1",
+        },
+        fix={("rdma.hca", WORKER): "order data_plane for spark-worker", ("net.control_ip", WORKER): "control_ip"},
+    ),
+    Case(
+        "rdma.hca-crossed-inventory-rewritten",
+        lambda tb, c: tb.cable_worker(True),
+        lambda tb, c: tb.cable_worker(False),
+        # the same re-cabled worker with its inventory rewritten (entry k is again the far end of the
+        # head's entry k, under other names): nothing to report, no row changes
+        {},
+    ),
+    Case(
+        "gpu.driver",
+        lambda tb, c: tb.set_driver_version(WORKER, "570.00"),
+        lambda tb, c: tb.set_driver_version(WORKER),
+        # owners update their Sparks on different days: a WARN naming both versions (issue 24)
+        {("gpu.driver", WORKER): "warn"},
+        detail={("gpu.driver", WORKER): "driver 570.00 here, 580.95.05 on spark-head"},
+        fix={("gpu.driver", WORKER): "update the older one"},
+    ),
+    Case(
+        "ssh.reachable",
+        lambda tb, c: tb.stop_sshd(WORKER),
+        lambda tb, c: tb.start_sshd(WORKER),
+        # nothing else about the worker can be judged; on the head, only what compares it with the
+        # worker (clock skew, path MTU to the worker's addresses) has nothing to compare with
+        {
+            **WORKER_SKIPS,
+            ("ssh.reachable", WORKER): "fail",
+            ("clock.skew", HEAD): "skip",
+            ("net.path_mtu", HEAD): "skip",
+        },
+        detail={("ssh.reachable", WORKER): "198.18.0.6"},
+        fix={("ssh.reachable", WORKER): "ssh"},
+    ),
+    Case(
+        "docker.engine",
+        _stop_dockerd,
+        lambda tb, c: tb.start_dockerd(WORKER),
+        {
+            ("docker.engine", WORKER): "fail",
+            ("docker.gpu_runtime", WORKER): "skip",
+            ("account.docker", WORKER): "skip",  # a stopped engine is not the account's fault
+            ("image.base-same", WORKER): "skip",
+            ("image.same", WORKER): "skip",
+            ("image.ray", WORKER): "skip",
+        },
+        detail={("docker.engine", WORKER): "docker info failed"},
+        fix={("docker.engine", WORKER): "start the Docker daemon"},
+    ),
+    Case(
+        "ports.free",
+        _hold_port,
+        lambda tb, c: c["holder"].release() if "holder" in c else None,
+        {("ports.free", HEAD): "fail"},
+        # the holder is root's: to the Spark's ordinary user ss does not name it
+        detail={("ports.free", HEAD): "8000 (vLLM API) is held by a process of another account"},
+        fix={("ports.free", HEAD): "stop that process"},
+    ),
+    Case(
+        "disk.free",
+        _fill_disk,
+        _unfill_disk,
+        # the image's absence on the worker is the precondition (image.same WARN "not on this node
+        # yet", image.ray not run), the filled disk is the break
+        {("disk.free", WORKER): "fail", ("image.same", WORKER): "warn", ("image.ray", WORKER): "skip"},
+        detail={("disk.free", WORKER): "the image needs 4.0 GiB"},
+        fix={("disk.free", WORKER): "docker system prune"},
+    ),
+    Case(
+        "mem.earlyoom",
+        lambda tb, c: tb.stop_earlyoom(WORKER),
+        lambda tb, c: tb.start_earlyoom(WORKER),
+        {("mem.earlyoom", WORKER): "warn"},
+        detail={("mem.earlyoom", WORKER): "not running"},
+        fix={("mem.earlyoom", WORKER): "systemctl enable --now earlyoom"},
+    ),
+    Case(
+        "net.control_ip-link-local",
+        lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(WORKER, "control_ip", "169.254.10.2")),
+        _noop,
+        {("net.control_ip", WORKER): "fail"},
+        detail={("net.control_ip", WORKER): "link-local"},
+        fix={("net.control_ip", WORKER): "static address"},
+    ),
+    Case(
+        "net.control_ip-docker-bridge",
+        lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(WORKER, "control_ip", "172.17.0.5")),
+        _noop,
+        {("net.control_ip", WORKER): "fail"},
+        detail={("net.control_ip", WORKER): "docker bridge"},
+        fix={("net.control_ip", WORKER): "enp1s0f1np1"},
+    ),
+    Case(
+        "net.control_ip-wrong-if",
+        # an existing interface, but not the one holding the control IP
+        lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(HEAD, "control_if", "enP2p1s0f1np1")),
+        _noop,
+        {("net.control_ip", HEAD): "fail"},
+        detail={("net.control_ip", HEAD): "198.19.2.1 is not on enP2p1s0f1np1"},
+        fix={("net.control_ip", HEAD): "control_ip"},
+    ),
+    Case(
+        "net.control_ip-missing-if",
+        # a name the head does not have: net.link, which checks control_if exists too, says so as well
+        lambda tb, c: inventory_variant(tb, c["tmp"], set_in_node(HEAD, "control_if", "enp9s9")),
+        _noop,
+        {("net.control_ip", HEAD): "fail", ("net.link", HEAD): "fail"},
+        detail={("net.control_ip", HEAD): "enp9s9 does not exist", ("net.link", HEAD): "enp9s9 missing"},
+        fix={("net.control_ip", HEAD): "control_if"},
+    ),
     # ---- issue 17: the checks real cabling needs, each on one node
-    Case("net.path_mtu-every-probe",
-         _worker_rails_at_1500, lambda tb, c: tb.reset(),
-         # both of the worker's rails at 1500: both of its probes are reported, not only the last one
-         {("net.mtu", WORKER): "fail", ("net.path_mtu", WORKER): "fail", ("net.path_mtu", HEAD): "fail"},
-         detail={("net.path_mtu", WORKER): "2 of 2 probe(s)", ("net.path_mtu", HEAD): "2 of 2 probe(s)"},
-         fix={("net.path_mtu", WORKER): "MTU 9000"}),
-    Case("net.twins", _twin_on_control_subnet, lambda tb, c: tb.reset(),
-         # the extra address makes extra path MTU probes (to and from 198.19.2.4); whether a probe that
-         # crosses the other twin's cable is answered depends on the hosts' ARP/rp_filter defaults
-         {("net.twins", WORKER): "fail", ("net.path_mtu", WORKER): ("ok", "fail"), ("net.path_mtu", HEAD): ("ok", "fail")},
-         detail={("net.twins", WORKER): "enp1s0f1np1 and enP2p1s0f1np1 (twins of one port) share 198.19.2.0/24"},
-         fix={("net.twins", WORKER): "its own subnet"}),
-    Case("rdma.gid-twin-without-ipv4", lambda tb, c: tb.set_addresses(WORKER, DATA_LINK, []), lambda tb, c: tb.reset(),
-         # the twin stays up, its HCA loses its IPv4 GIDs; with no peer address on that subnet neither
-         # node probes that rail (path MTU stays OK with one probe fewer)
-         {("rdma.gid", WORKER): "fail"},
-         detail={("rdma.gid", WORKER): "roceP2p1s0f1: its netdev enP2p1s0f1np1 is up without an IPv4 address"},
-         fix={("rdma.gid", WORKER): "static IPv4 address"}),
-    Case("rdma.gid-index-differs", lambda tb, c: tb.shift_gids(WORKER), lambda tb, c: tb.reset(),
-         # the worker's IPv4 GIDs sit at 5 (an IPv6 address came first), the head's at 3: owners report
-         # exactly that, and each node gets its own NCCL_IB_GID_INDEX (issue 24): nothing to report
-         {}),
-    Case("rdma.gid-index-not-the-inventorys", _worker_gid_index_3_then_shifted, lambda tb, c: tb.reset(),
-         # the worker's inventory says 3 (its NCCL_IB_GID_INDEX), its IPv4 GIDs now sit at 5
-         {("rdma.gid", WORKER): "fail"},
-         detail={("rdma.gid", WORKER): "the inventory's gid_index 3 (NCCL_IB_GID_INDEX) is not the RoCE v2 IPv4 GID, "
-                                       "which sits at index 5"},
-         fix={("rdma.gid", WORKER): "gid_index = 5 for spark-worker"}),
-    Case("net.speed", lambda tb, c: tb.set_speed(HEAD, DATA_LINK, 100000), lambda tb, c: tb.set_speed(HEAD, DATA_LINK),
-         {("net.speed", HEAD): "warn"},
-         detail={("net.speed", HEAD): "rail roceP2p1s0f1/enP2p1s0f1np1 at 100 Gb/s"}, fix={("net.speed", HEAD): "firmware"}),
-    Case("net.peer-third-machine", lambda tb, c: tb.plug_third(HEAD, "enp1s0f0np0") and None, lambda tb, c: tb.unplug_third(),
-         # the head's spare port cabled to a machine that is no cluster node (eugr#40): flagged on the
-         # head, which has it; the worker's port 0 had no cable before and has none now
-         {("net.peer", HEAD): "warn"},
-         detail={("net.peer", HEAD): "enp1s0f0np0 (198.19.100.0/24)"}, fix={("net.peer", HEAD): "data_plane"}),
-    Case("net.default_route", lambda tb, c: tb.set_default_route(WORKER, "enp1s0f1np1", "198.19.2.1"),
-         lambda tb, c: tb.reset(),
-         {("net.default_route", WORKER): "warn"},
-         detail={("net.default_route", WORKER): "enp1s0f1np1, a ConnectX-7 port"}, fix={("net.default_route", WORKER): "10 GbE"}),
-    Case("cabling-link-local", lambda tb, c: tb.set_cabling("link-local"), lambda tb, c: tb.reset(),
-         # NVIDIA's default addressing: every twin in 169.254/16. Not a healthy variant by design: the
-         # control IP changes per boot and both twins share the one link-local route, on both nodes.
-         # no subnet of their own is left to tell the cabling from (net.topology, on both ends)
-         {("net.control_ip", HEAD): "fail", ("net.control_ip", WORKER): "fail",
-          ("net.twins", HEAD): "fail", ("net.twins", WORKER): "fail",
-          ("net.topology", HEAD): "fail", ("net.topology", WORKER): "fail",
-          ("net.path_mtu", HEAD): ("ok", "fail"), ("net.path_mtu", WORKER): ("ok", "fail")},
-         detail={("net.control_ip", WORKER): "chosen anew at each boot", ("net.twins", HEAD): "link-local"},
-         fix={("net.control_ip", WORKER): "static address"}),
-    Case("cabling-one-subnet", lambda tb, c: tb.set_cabling("one-subnet"), lambda tb, c: tb.reset(),
-         {("net.twins", HEAD): "fail", ("net.twins", WORKER): "fail",
-          ("net.path_mtu", HEAD): ("ok", "fail"), ("net.path_mtu", WORKER): ("ok", "fail")},
-         detail={("net.twins", HEAD): "share 198.19.2.0/24"}),
+    Case(
+        "net.path_mtu-every-probe",
+        _worker_rails_at_1500,
+        lambda tb, c: tb.reset(),
+        # both of the worker's rails at 1500: both of its probes are reported, not only the last one
+        {("net.mtu", WORKER): "fail", ("net.path_mtu", WORKER): "fail", ("net.path_mtu", HEAD): "fail"},
+        detail={("net.path_mtu", WORKER): "2 of 2 probe(s)", ("net.path_mtu", HEAD): "2 of 2 probe(s)"},
+        fix={("net.path_mtu", WORKER): "MTU 9000"},
+    ),
+    Case(
+        "net.twins",
+        _twin_on_control_subnet,
+        lambda tb, c: tb.reset(),
+        # the extra address makes extra path MTU probes (to and from 198.19.2.4); whether a probe that
+        # crosses the other twin's cable is answered depends on the hosts' ARP/rp_filter defaults
+        {
+            ("net.twins", WORKER): "fail",
+            ("net.path_mtu", WORKER): ("ok", "fail"),
+            ("net.path_mtu", HEAD): ("ok", "fail"),
+        },
+        detail={("net.twins", WORKER): "enp1s0f1np1 and enP2p1s0f1np1 (twins of one port) share 198.19.2.0/24"},
+        fix={("net.twins", WORKER): "its own subnet"},
+    ),
+    Case(
+        "rdma.gid-twin-without-ipv4",
+        lambda tb, c: tb.set_addresses(WORKER, DATA_LINK, []),
+        lambda tb, c: tb.reset(),
+        # the twin stays up, its HCA loses its IPv4 GIDs; with no peer address on that subnet neither
+        # node probes that rail (path MTU stays OK with one probe fewer)
+        {("rdma.gid", WORKER): "fail"},
+        detail={("rdma.gid", WORKER): "roceP2p1s0f1: its netdev enP2p1s0f1np1 is up without an IPv4 address"},
+        fix={("rdma.gid", WORKER): "static IPv4 address"},
+    ),
+    Case(
+        "rdma.gid-index-differs",
+        lambda tb, c: tb.shift_gids(WORKER),
+        lambda tb, c: tb.reset(),
+        # the worker's IPv4 GIDs sit at 5 (an IPv6 address came first), the head's at 3: owners report
+        # exactly that, and each node gets its own NCCL_IB_GID_INDEX (issue 24): nothing to report
+        {},
+    ),
+    Case(
+        "rdma.gid-index-not-the-inventorys",
+        _worker_gid_index_3_then_shifted,
+        lambda tb, c: tb.reset(),
+        # the worker's inventory says 3 (its NCCL_IB_GID_INDEX), its IPv4 GIDs now sit at 5
+        {("rdma.gid", WORKER): "fail"},
+        detail={
+            ("rdma.gid", WORKER): "the inventory's gid_index 3 (NCCL_IB_GID_INDEX) is not the RoCE v2 IPv4 GID, "
+            "which sits at index 5"
+        },
+        fix={("rdma.gid", WORKER): "gid_index = 5 for spark-worker"},
+    ),
+    Case(
+        "net.speed",
+        lambda tb, c: tb.set_speed(HEAD, DATA_LINK, 100000),
+        lambda tb, c: tb.set_speed(HEAD, DATA_LINK),
+        {("net.speed", HEAD): "warn"},
+        detail={("net.speed", HEAD): "rail roceP2p1s0f1/enP2p1s0f1np1 at 100 Gb/s"},
+        fix={("net.speed", HEAD): "firmware"},
+    ),
+    Case(
+        "net.peer-third-machine",
+        lambda tb, c: tb.plug_third(HEAD, "enp1s0f0np0") and None,
+        lambda tb, c: tb.unplug_third(),
+        # the head's spare port cabled to a machine that is no cluster node (eugr#40): flagged on the
+        # head, which has it; the worker's port 0 had no cable before and has none now
+        {("net.peer", HEAD): "warn"},
+        detail={("net.peer", HEAD): "enp1s0f0np0 (198.19.100.0/24)"},
+        fix={("net.peer", HEAD): "data_plane"},
+    ),
+    Case(
+        "net.default_route",
+        lambda tb, c: tb.set_default_route(WORKER, "enp1s0f1np1", "198.19.2.1"),
+        lambda tb, c: tb.reset(),
+        {("net.default_route", WORKER): "warn"},
+        detail={("net.default_route", WORKER): "enp1s0f1np1, a ConnectX-7 port"},
+        fix={("net.default_route", WORKER): "10 GbE"},
+    ),
+    Case(
+        "cabling-link-local",
+        lambda tb, c: tb.set_cabling("link-local"),
+        lambda tb, c: tb.reset(),
+        # NVIDIA's default addressing: every twin in 169.254/16. Not a healthy variant by design: the
+        # control IP changes per boot and both twins share the one link-local route, on both nodes.
+        # no subnet of their own is left to tell the cabling from (net.topology, on both ends)
+        {
+            ("net.control_ip", HEAD): "fail",
+            ("net.control_ip", WORKER): "fail",
+            ("net.twins", HEAD): "fail",
+            ("net.twins", WORKER): "fail",
+            ("net.topology", HEAD): "fail",
+            ("net.topology", WORKER): "fail",
+            ("net.path_mtu", HEAD): ("ok", "fail"),
+            ("net.path_mtu", WORKER): ("ok", "fail"),
+        },
+        detail={("net.control_ip", WORKER): "chosen anew at each boot", ("net.twins", HEAD): "link-local"},
+        fix={("net.control_ip", WORKER): "static address"},
+    ),
+    Case(
+        "cabling-one-subnet",
+        lambda tb, c: tb.set_cabling("one-subnet"),
+        lambda tb, c: tb.reset(),
+        {
+            ("net.twins", HEAD): "fail",
+            ("net.twins", WORKER): "fail",
+            ("net.path_mtu", HEAD): ("ok", "fail"),
+            ("net.path_mtu", WORKER): ("ok", "fail"),
+        },
+        detail={("net.twins", HEAD): "share 198.19.2.0/24"},
+    ),
 ]
 
 
@@ -479,6 +710,7 @@ def test_breaking_one_subject_fails_only_its_check(testbed, sc, healthy, case, t
 
 # --------------------------------------------------------------------------------------- cabling modes
 
+
 @pytest.mark.parametrize("mode", ["two-cables", "one-cable@1500", "one-cable@9216", "two-cables@1500", "twin-no-ipv4"])
 def test_healthy_cabling_modes_pass_like_the_default(testbed, sc, healthy, mode):
     """Every healthy cabling mode (issue 17) gives the same statuses as the default one-cable pair;
@@ -504,12 +736,27 @@ def test_init_drafts_what_doctor_passes_on_every_healthy_mode(testbed, sc, healt
     """`init` on a cabling mode (issue 17) writes the ports the testbed's own inventory lists, with
     gid_index 3, and doctor with that draft judges the network exactly as with the testbed's."""
     from sparkcluster.config import inventory
+
     _, _, base = healthy
     out = tmp_path / "draft.toml"
     try:
         ref = inventory.load(testbed.set_cabling(mode))
-        res = sc("init", "--head", HEAD, "--worker", WORKER, "--ssh-config", str(testbed.ssh_config),
-                 "--known-hosts", str(testbed.known_hosts), "--name", "testbed", "-o", str(out), inventory=out)
+        res = sc(
+            "init",
+            "--head",
+            HEAD,
+            "--worker",
+            WORKER,
+            "--ssh-config",
+            str(testbed.ssh_config),
+            "--known-hosts",
+            str(testbed.known_hosts),
+            "--name",
+            "testbed",
+            "-o",
+            str(out),
+            inventory=out,
+        )
         assert res.returncode == 0, res.stdout + res.stderr
         draft = inventory.load(out)
         for n in NODES:
@@ -525,13 +772,19 @@ def test_init_drafts_what_doctor_passes_on_every_healthy_mode(testbed, sc, healt
             assert "rocep1s0f0" in res.stdout and "left out" in res.stdout  # port 0: no cable, said so
         acct = account()  # init names the SSH user and the HF cache its home gives, per node
         for n in NODES:
-            assert (f"{n}: ssh user {acct['ssh_user']} (uid {acct['uid']}, in docker), HF cache {acct['hf_cache']}"
-                    in res.stdout), res.stdout
+            assert (
+                f"{n}: ssh user {acct['ssh_user']} (uid {acct['uid']}, in docker), HF cache {acct['hf_cache']}"
+                in res.stdout
+            ), res.stdout
         _, _, rows = doctor(sc, out)
     finally:
         testbed.reset()
-    changed = {(i, n): (base[(i, n)]["status"], rows[(i, n)]["status"]) for i in NET_IDS for n in NODES
-               if base[(i, n)]["status"] != rows[(i, n)]["status"]}
+    changed = {
+        (i, n): (base[(i, n)]["status"], rows[(i, n)]["status"])
+        for i in NET_IDS
+        for n in NODES
+        if base[(i, n)]["status"] != rows[(i, n)]["status"]
+    }
     assert changed == {}
 
 
@@ -544,8 +797,9 @@ def test_min_driver_fails_only_the_node_that_lacks_it(testbed, sc, healthy, tmp_
     (d / "testbed-min-driver.toml").write_text('min_driver = "580.95"\n' + text)
     try:
         testbed.set_driver_version(WORKER, "570.00")
-        res = sc("doctor", "--json", "--profile", "testbed-min-driver", env={"SPARKCLUSTER_PROFILES": str(d)},
-                 timeout=120)
+        res = sc(
+            "doctor", "--json", "--profile", "testbed-min-driver", env={"SPARKCLUSTER_PROFILES": str(d)}, timeout=120
+        )
     finally:
         testbed.set_driver_version(WORKER)
     assert res.returncode == 1, res.stdout + res.stderr

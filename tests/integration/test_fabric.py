@@ -64,9 +64,12 @@ def test_healthy_fabric_passes_in_throwaway_containers(testbed, sc, down_with_im
     sc("down")
     got = fabric(sc)
     assert {k: c["status"] for k, c in got.items()} == {
-        ("fabric.transport", HEAD): "ok", ("fabric.transport", WORKER): "ok",
+        ("fabric.transport", HEAD): "ok",
+        ("fabric.transport", WORKER): "ok",
         ("fabric.bandwidth", f"{HEAD}+{WORKER}"): "ok",
-        ("fabric.direction", HEAD): "ok", ("fabric.direction", WORKER): "ok"}, got
+        ("fabric.direction", HEAD): "ok",
+        ("fabric.direction", WORKER): "ok",
+    }, got
     assert "gloo" in got[("fabric.transport", WORKER)]["detail"]
     assert "all_gather busbw" in got[("fabric.bandwidth", f"{HEAD}+{WORKER}")]["detail"]
     nothing_left(testbed)

@@ -35,16 +35,20 @@ HOSTILE = f"""a;b $(touch {PWNED}-1) `touch {PWNED}-2` 'single' "double"  two  s
 
 # --- helpers ---------------------------------------------------------------------------------
 
+
 def state(testbed, host: str) -> dict[str, object]:
     """What sparkcluster could have changed on a host: containers, images, its files, processes."""
     sh = lambda cmd: testbed.sh(host, cmd, check=False).stdout  # noqa: E731
-    procs = sorted(line.strip() for line in sh("ps -eo pid,args --no-headers").splitlines()
-                   if "ps -eo pid,args" not in line)
+    procs = sorted(
+        line.strip() for line in sh("ps -eo pid,args --no-headers").splitlines() if "ps -eo pid,args" not in line
+    )
     return {
         "containers": sh("docker ps -a --no-trunc --format '{{.ID}} {{.Names}} {{.State}}' | sort"),
         "images": sh("docker images -a -q --no-trunc | sort"),
-        "files": sh(f"find /tmp/sparkcluster /run/sparkcluster /var/lib/sparkcluster {account()['home']}/.cache -printf '%p %s %T@\\n' "
-                    "2>/dev/null | sort"),
+        "files": sh(
+            f"find /tmp/sparkcluster /run/sparkcluster /var/lib/sparkcluster {account()['home']}/.cache -printf '%p %s %T@\\n' "
+            "2>/dev/null | sort"
+        ),
         "processes": procs,
     }
 
@@ -76,8 +80,9 @@ def fingerprint(pub: Path) -> str:
     return out.split()[1]
 
 
-def inventory_variant(testbed, d: Path, *, known_hosts: Path | None = None, identity: Path | None = None,
-                      text: str | None = None) -> Path:
+def inventory_variant(
+    testbed, d: Path, *, known_hosts: Path | None = None, identity: Path | None = None, text: str | None = None
+) -> Path:
     """The testbed's inventory with its own ssh_config (UserKnownHostsFile / IdentityFile replaced)."""
     kh = known_hosts or testbed.known_hosts
     cfg = re.sub(r"UserKnownHostsFile \S+", f"UserKnownHostsFile {kh}", testbed.ssh_config.read_text())
@@ -116,10 +121,12 @@ def hostile_profile_dir(d: Path) -> Path:
 
 # --- 1-4: access faults ----------------------------------------------------------------------
 
+
 def test_unknown_host_key_refused_with_fingerprint(testbed, sc, tmp_path):
     kh = tmp_path / "known_hosts"
-    kh.write_text("".join(line for line in testbed.known_hosts.read_text().splitlines(True)
-                          if not line.startswith(WORKER)))
+    kh.write_text(
+        "".join(line for line in testbed.known_hosts.read_text().splitlines(True) if not line.startswith(WORKER))
+    )
     kept = kh.read_text()
     inv = inventory_variant(testbed, tmp_path, known_hosts=kh)
     fp = fingerprint(testbed.host_dir(WORKER) / "ssh_host_ed25519_key.pub")
@@ -193,6 +200,7 @@ def test_sshd_stopped_fails_bounded_naming_host(testbed, sc):
 
 # --- 19, 17b, 18b: bad input is refused before any connection -----------------------------------
 
+
 def test_malformed_inventory_or_profile_before_any_connection(testbed, sc, tmp_path):
     text = testbed.inventory_text()
     text = text.replace('name = "testbed"\n', f'name = "testbed"\nsecret_thing = "{HF_TOKEN}"\n', 1)
@@ -201,8 +209,11 @@ def test_malformed_inventory_or_profile_before_any_connection(testbed, sc, tmp_p
     bad_inv.write_text(text)
     profiles = tmp_path / "profiles"
     profiles.mkdir()
-    (profiles / "testbed-tp4.toml").write_text((ROOT / "env-profiles" / "testbed-standin.toml").read_text()
-                                               .replace("tensor_parallel_size = 2", "tensor_parallel_size = 4"))
+    (profiles / "testbed-tp4.toml").write_text(
+        (ROOT / "env-profiles" / "testbed-standin.toml")
+        .read_text()
+        .replace("tensor_parallel_size = 2", "tensor_parallel_size = 4")
+    )
     conns = accepted(testbed)
     for cmd in (["up", "--profile", "testbed-standin"], ["doctor"]):
         res = sc(*cmd, inventory=bad_inv)
@@ -235,7 +246,8 @@ def test_world_readable_env_refused_before_any_connection(testbed, sc, tmp_path)
 def test_newline_in_forwarded_value_refused_before_any_connection(testbed, sc, tmp_path):
     text = (ROOT / "env-profiles" / "testbed-standin.toml").read_text()
     (tmp_path / "testbed-newline.toml").write_text(
-        text.replace("[env.forward]\n", '[env.forward]\nSC_MULTILINE = "line one\\nline two"\n'))
+        text.replace("[env.forward]\n", '[env.forward]\nSC_MULTILINE = "line one\\nline two"\n')
+    )
     conns = accepted(testbed)
     res = sc("up", "--profile", "testbed-newline", env={"SPARKCLUSTER_PROFILES": str(tmp_path)})
     assert res.returncode == 2, res.stderr
@@ -246,6 +258,7 @@ def test_newline_in_forwarded_value_refused_before_any_connection(testbed, sc, t
 
 
 # --- 9: the dry run changes nothing ------------------------------------------------------------
+
 
 def test_dry_run_on_bare_cluster_prints_plan_changes_nothing(testbed, sc):
     from sparkcluster.config import inventory, profile
@@ -275,6 +288,7 @@ def test_dry_run_on_bare_cluster_prints_plan_changes_nothing(testbed, sc):
 
 # --- 20, 17, 18: one `up` of a hostile profile, a second `up` against the lock ----------------
 
+
 @pytest.fixture(scope="module")
 def hostile(testbed, sc, env_file, tmp_path_factory):
     """`up --profile testbed-hostile` on a bare cluster in the background (JSON logs, -vv), while
@@ -286,8 +300,9 @@ def hostile(testbed, sc, env_file, tmp_path_factory):
         Path(f"{PWNED}-{i}").unlink(missing_ok=True)
     assert sc("down").returncode == 0
     full_env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "HF_TOKEN")}
-    full_env.update({"SPARKCLUSTER_ENV_FILE": str(env_file), "XDG_STATE_HOME": str(sc.state_dir),
-                     "COLUMNS": "200", **env})
+    full_env.update(
+        {"SPARKCLUSTER_ENV_FILE": str(env_file), "XDG_STATE_HOME": str(sc.state_dir), "COLUMNS": "200", **env}
+    )
     out_path, err_path = d / "up.out", d / "up.err"
     seen: dict[str, list[str]] = {"controller": [], HEAD: [], WORKER: []}
     samples = {"controller": 0, HEAD: 0, WORKER: 0}
@@ -304,8 +319,22 @@ def hostile(testbed, sc, env_file, tmp_path_factory):
 
     with out_path.open("w") as out, err_path.open("w") as err:
         t0 = time.monotonic()
-        proc = subprocess.Popen([*CLI, "--inventory", str(testbed.inventory), "--log-format", "json", "-vv",
-                                 "up", "--profile", "testbed-hostile"], stdout=out, stderr=err, env=full_env)
+        proc = subprocess.Popen(
+            [
+                *CLI,
+                "--inventory",
+                str(testbed.inventory),
+                "--log-format",
+                "json",
+                "-vv",
+                "up",
+                "--profile",
+                "testbed-hostile",
+            ],
+            stdout=out,
+            stderr=err,
+            env=full_env,
+        )
         thread = None
         last_remote = 0.0
         try:
@@ -328,8 +357,16 @@ def hostile(testbed, sc, env_file, tmp_path_factory):
             proc.wait()
             if thread is not None:
                 thread.join()
-    yield {"rc": proc.returncode, "pid": proc.pid, "stdout": out_path.read_text(), "stderr": err_path.read_text(),
-           "second": second, "seen": seen, "samples": samples, "env": env}
+    yield {
+        "rc": proc.returncode,
+        "pid": proc.pid,
+        "stdout": out_path.read_text(),
+        "stderr": err_path.read_text(),
+        "second": second,
+        "seen": seen,
+        "samples": samples,
+        "env": env,
+    }
     sc("down")
 
 
@@ -368,8 +405,17 @@ def test_secrets_never_visible(testbed, sc, hostile):
     dry = sc("up", "--profile", "testbed-hostile", "--dry-run", env=hostile["env"])
     assert dry.returncode == 0, dry.stderr
     logs = sc("logs", HEAD, "--tail", "50", env=hostile["env"])
-    no_secret(hostile["stdout"], hostile["stderr"], again.stdout, again.stderr, dry.stdout, dry.stderr,
-              logs.stdout, logs.stderr, "\n".join(debug_log_lines(sc)))
+    no_secret(
+        hostile["stdout"],
+        hostile["stderr"],
+        again.stdout,
+        again.stderr,
+        dry.stdout,
+        dry.stderr,
+        logs.stdout,
+        logs.stderr,
+        "\n".join(debug_log_lines(sc)),
+    )
 
 
 def test_hostile_forwarded_value_arrives_byte_for_byte(testbed, sc, hostile):

@@ -59,8 +59,11 @@ def aside(testbed, sc, tmp_path_factory):
     sc("down")
     path = tmp_path_factory.mktemp("aside") / "worker-images.tar"
     mine = set(layers_of(testbed, HEAD, REF))
-    tags = [t for t in testbed.docker(WORKER, "images --format '{{.Repository}}:{{.Tag}}'").stdout.split()
-            if "<none>" not in t and t != REF and set(layers_of(testbed, WORKER, t)) & mine]
+    tags = [
+        t
+        for t in testbed.docker(WORKER, "images --format '{{.Repository}}:{{.Tag}}'").stdout.split()
+        if "<none>" not in t and t != REF and set(layers_of(testbed, WORKER, t)) & mine
+    ]
     testbed.set_images_aside(WORKER, tags, path)
     try:
         yield tags
@@ -75,8 +78,9 @@ def worker_bare(testbed, sc, aside):
     sc("down")
     good = testbed.image_id(HEAD, REF)
     testbed.docker(WORKER, f"rmi -f {REF} {BASE}", check=False)
-    assert all(not set(ch) & set(layers_of(testbed, HEAD, REF)) for ch in chains(testbed, WORKER)), \
+    assert all(not set(ch) & set(layers_of(testbed, HEAD, REF)) for ch in chains(testbed, WORKER)), (
         "the worker still holds a layer of REF"
+    )
     before = images(testbed, WORKER)
     try:
         yield good, before
@@ -89,8 +93,11 @@ def worker_bare(testbed, sc, aside):
 
 
 def chains(testbed, host: str) -> list[list[str]]:
-    out = testbed.sh(host, "ids=$(docker image ls -q --no-trunc | sort -u); [ -z \"$ids\" ] || "
-                           "docker image inspect --format '{{json .RootFS.Layers}}' $ids").stdout
+    out = testbed.sh(
+        host,
+        'ids=$(docker image ls -q --no-trunc | sort -u); [ -z "$ids" ] || '
+        "docker image inspect --format '{{json .RootFS.Layers}}' $ids",
+    ).stdout
     return [json.loads(x) or [] for x in out.split()]
 
 
@@ -104,8 +111,9 @@ def test_base_present_moves_only_the_ray_layers(testbed, sc, worker_bare):
     assert res.returncode == 0, res.stdout + res.stderr
     assert testbed.image_id(WORKER, REF) == good
     # what moved is about the Ray layers, far less than the image
-    ray_bytes = sum(int(x) for x in testbed.docker(HEAD, f"history -H=false --format '{{{{.Size}}}}' {REF}")
-                    .stdout.split()) - int(testbed.docker(HEAD, f"image inspect --format '{{{{.Size}}}}' {BASE}").stdout)
+    ray_bytes = sum(
+        int(x) for x in testbed.docker(HEAD, f"history -H=false --format '{{{{.Size}}}}' {REF}").stdout.split()
+    ) - int(testbed.docker(HEAD, f"image inspect --format '{{{{.Size}}}}' {BASE}").stdout)
     assert sent_mb(res.stderr) * 1e6 <= ray_bytes * 1.2 + 1e6, res.stderr
     assert f"{n_all - n_base} of {n_all} layers" in res.stderr
 
@@ -127,8 +135,10 @@ def test_base_different_warns_and_moves_the_layers_above_the_difference(testbed,
     # the same tag on the worker, another image ID over the same layers (a re-push that changed the
     # config only): no container is run to make it
     testbed.copy_image(BASE, HEAD, WORKER)
-    testbed.sh(WORKER, f"printf 'FROM {BASE}\\nLABEL org.sparkcluster.test=re-pushed\\n' | "
-                       f"docker build -q --network none -t {BASE} -")
+    testbed.sh(
+        WORKER,
+        f"printf 'FROM {BASE}\\nLABEL org.sparkcluster.test=re-pushed\\n' | docker build -q --network none -t {BASE} -",
+    )
     other = testbed.image_id(WORKER, BASE)
     assert other != testbed.image_id(HEAD, BASE)
     res = sc("doctor", "--profile", PROFILE, "--json", timeout=120)
@@ -170,12 +180,17 @@ def test_cut_layer_stream_leaves_no_image_and_the_next_up_succeeds(testbed, sc, 
         # exists), kill the sender on the head (python3 reading docker save): the stream stops mid-way
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if testbed.sh(WORKER, "ls -d /var/lib/docker/tmp/docker-import-* >/dev/null 2>&1", check=False).returncode == 0:
+            if (
+                testbed.sh(WORKER, "ls -d /var/lib/docker/tmp/docker-import-* >/dev/null 2>&1", check=False).returncode
+                == 0
+            ):
                 break
             time.sleep(0.02)
         else:
             return
-        pid = testbed.sh(HEAD, "pgrep -f '^python3 -c .import hashlib, os, re, socket' | head -1", check=False).stdout.strip()
+        pid = testbed.sh(
+            HEAD, "pgrep -f '^python3 -c .import hashlib, os, re, socket' | head -1", check=False
+        ).stdout.strip()
         if pid.isdigit():
             testbed.sh(HEAD, f"kill -KILL {pid}", check=False)
             killed.append(pid)
@@ -185,7 +200,9 @@ def test_cut_layer_stream_leaves_no_image_and_the_next_up_succeeds(testbed, sc, 
     res = sc("up", "--profile", PROFILE)
     t.join(timeout=10)
     assert killed, "the sender was never seen on the head"
-    err = stage_failed(res, "image", HEAD) if "failed on spark-head" in res.stderr else stage_failed(res, "image", WORKER)
+    err = (
+        stage_failed(res, "image", HEAD) if "failed on spark-head" in res.stderr else stage_failed(res, "image", WORKER)
+    )
     assert "send the image: transfer failed" in err, err
     assert testbed.image_id(WORKER, REF) is None
     assert images(testbed, WORKER) == before, "a partial image was left on the worker"

@@ -32,10 +32,13 @@ KNOBS_NAME = "standin-knobs.json"  # in the SSH user's HF cache (the containers'
 
 def knobs_path() -> str:
     return f"{hf_cache()}/{KNOBS_NAME}"
+
+
 RAY_PROCS = ("vllm", "raylet", "gcs_server")
 
 
 # --- helpers -----------------------------------------------------------------------------------
+
 
 def sc_env(sc, env_file) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "HF_TOKEN")}
@@ -45,8 +48,13 @@ def sc_env(sc, env_file) -> dict:
 
 def sc_popen(testbed, sc, env_file, *args: str) -> subprocess.Popen:
     """The real CLI in the background (same environment as `sc`)."""
-    return subprocess.Popen([*CLI, "--inventory", str(testbed.inventory), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=sc_env(sc, env_file))
+    return subprocess.Popen(
+        [*CLI, "--inventory", str(testbed.inventory), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=sc_env(sc, env_file),
+    )
 
 
 def procs(testbed, host: str) -> list[str]:
@@ -67,8 +75,9 @@ def client(timeout: float = 30) -> openai.OpenAI:
 
 
 def chat(max_tokens: int = 8) -> str:
-    r = client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                         max_tokens=max_tokens)
+    r = client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=max_tokens
+    )
     return r.choices[0].message.content
 
 
@@ -93,6 +102,7 @@ def up_ok(sc) -> subprocess.CompletedProcess:
 
 # --- A: one `up` (raced by a second one), everything that reads or loads a serving cluster -----
 
+
 @pytest.fixture(scope="class")
 def raced_up(testbed, sc, env_file):
     """Two concurrent `up` runs from down: the first proceeds, the second must fail at once."""
@@ -100,7 +110,9 @@ def raced_up(testbed, sc, env_file):
     first = sc_popen(testbed, sc, env_file, "up", "--profile", "testbed-standin")
     try:
         # the first run holds the lock from connect to the end; its head container proves it is in
-        assert wait_for(lambda: ours(testbed, HEAD) or first.poll() is not None, 120), "first up never created a container"
+        assert wait_for(lambda: ours(testbed, HEAD) or first.poll() is not None, 120), (
+            "first up never created a container"
+        )
         t = time.monotonic()
         second = sc("up", "--profile", "testbed-standin", timeout=60)
         second_s = time.monotonic() - t
@@ -149,8 +161,20 @@ class TestServing:
         assert wait_for(lambda: status_json(sc)[0] == 0, 60, step=1), status_json(sc)
 
     def test_status_watch_refreshes_and_exits_cleanly_on_sigint(self, testbed, sc, env_file):
-        argv = ["timeout", "--preserve-status", "-s", "INT", "4",
-                *CLI, "--inventory", str(testbed.inventory), "status", "--watch", "--interval", "0.5"]
+        argv = [
+            "timeout",
+            "--preserve-status",
+            "-s",
+            "INT",
+            "4",
+            *CLI,
+            "--inventory",
+            str(testbed.inventory),
+            "status",
+            "--watch",
+            "--interval",
+            "0.5",
+        ]
         env = sc_env(sc, env_file) | {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"}
         res = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env)
         assert res.returncode == 0, res.stdout + res.stderr
@@ -193,7 +217,8 @@ class TestServing:
         def one(i: int) -> None:
             try:
                 stream = client(timeout=60).chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": f"hello {i}"}], max_tokens=64, stream=True)
+                    model=MODEL, messages=[{"role": "user", "content": f"hello {i}"}], max_tokens=64, stream=True
+                )
                 text, finished = "", None
                 for chunk in stream:
                     if chunk.choices:
@@ -227,7 +252,9 @@ class TestServing:
         assert len(worker_c) == 1
 
         def restarts() -> int:
-            out = testbed.docker(WORKER, f"inspect -f '{{{{.RestartCount}}}} {{{{.State.Status}}}}' {worker_c[0]}").stdout
+            out = testbed.docker(
+                WORKER, f"inspect -f '{{{{.RestartCount}}}} {{{{.State.Status}}}}' {worker_c[0]}"
+            ).stdout
             count, state = out.split()
             return int(count) if state == "running" else -1
 
@@ -245,7 +272,11 @@ class TestServing:
         def stream() -> None:
             try:
                 s = client(timeout=60).chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": "tell a long story"}], max_tokens=4000, stream=True)
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "tell a long story"}],
+                    max_tokens=4000,
+                    stream=True,
+                )
                 for _ in s:
                     got["chunks"] += 1
                 got["end"] = "completed"
@@ -271,6 +302,7 @@ class TestServing:
 
 
 # --- B: a killed `up`, the stale head it leaves, `down` with the worker unreachable, down state --
+
 
 def kill_up_once_ray_head_runs(testbed, sc, env_file) -> list[str]:
     """`up` SIGKILLed once Ray's head runs in its new container (the containers/ray stage): no
@@ -309,7 +341,9 @@ class TestStaleAndUnreachable:
         stale_id = testbed.docker(HEAD, "ps -aq --no-trunc --filter label=org.sparkcluster.cluster").stdout.split()
         res = up_ok(sc)
         assert "stale state" in res.stderr and "down --purge-gcs" in res.stderr, res.stderr
-        assert testbed.docker(HEAD, "ps -aq --no-trunc --filter label=org.sparkcluster.cluster").stdout.split() != stale_id
+        assert (
+            testbed.docker(HEAD, "ps -aq --no-trunc --filter label=org.sparkcluster.cluster").stdout.split() != stale_id
+        )
         assert chat()
 
     def test_down_with_worker_unreachable_cleans_head_reports_worker(self, testbed, sc):
@@ -355,7 +389,6 @@ class TestStaleAndUnreachable:
             assert testbed.sh(HEAD, f"kill -0 {holder.pid_in_host}", check=False).returncode == 0
             assert ours(testbed, HEAD) == [] and ours(testbed, WORKER) == []
 
-
     def test_down_purge_gcs_clears_a_stale_head_then_up_succeeds(self, testbed, sc, env_file):
         assert kill_up_once_ray_head_runs(testbed, sc, env_file) == ["sparkcluster-testbed-head"]
         res = sc("down", "--purge-gcs", timeout=120)
@@ -369,6 +402,7 @@ class TestStaleAndUnreachable:
 
 
 # --- C: the worker's LAN lost while Ray forms ----------------------------------------------------
+
 
 class TestWorkerLanLostDuringUp:
     def test_up_fails_bounded_names_worker_rolls_back_then_up_works(self, testbed, sc, env_file):

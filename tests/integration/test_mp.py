@@ -32,8 +32,12 @@ def answers() -> bool:
 
 
 def serving_again(testbed, since: float, timeout: float = BACK_WITHIN_S) -> float:
-    return helpers.serving_again(testbed, since, timeout, tail=lambda: "\n".join(
-        json.dumps(e) for e in journal(testbed)[-12:] + journal(testbed, WORKER)[-6:]))
+    return helpers.serving_again(
+        testbed,
+        since,
+        timeout,
+        tail=lambda: "\n".join(json.dumps(e) for e in journal(testbed)[-12:] + journal(testbed, WORKER)[-6:]),
+    )
 
 
 def rank1_pids(testbed) -> list[str]:

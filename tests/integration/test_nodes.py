@@ -37,8 +37,10 @@ RAIL2 = "enP2p1s0f1np1"  # the second cabled rail (198.19.4.0/24); not the contr
 @pytest.fixture(scope="module")
 def four(testbed):
     if len(testbed.hosts) != 4:
-        pytest.skip("needs a four-host testbed, which the suite's 45 minutes in CI cannot afford beside the "
-                    "pair: `make testbed-down && make testbed-up HOSTS=4`, then run this module alone")
+        pytest.skip(
+            "needs a four-host testbed, which the suite's 45 minutes in CI cannot afford beside the "
+            "pair: `make testbed-down && make testbed-up HOSTS=4`, then run this module alone"
+        )
     assert testbed.hosts == FOUR
     yield testbed
 
@@ -55,8 +57,11 @@ def doctor(sc, four) -> dict:
 
 def test_doctor_on_four_hosts(sc, four):
     rows = doctor(sc, four)
-    bad = {k: r for k, r in rows.items() if r["status"] not in ("ok", "skip")
-           and k[0] not in ("mem.sshd_oom", "image.same")}  # the testbed's known WARNs (test_doctor)
+    bad = {
+        k: r
+        for k, r in rows.items()
+        if r["status"] not in ("ok", "skip") and k[0] not in ("mem.sshd_oom", "image.same")
+    }  # the testbed's known WARNs (test_doctor)
     assert bad == {}, bad
     for n in FOUR:
         assert rows[("net.topology", n)]["detail"].startswith(f"{wiring(four)}: reaches"), rows[("net.topology", n)]

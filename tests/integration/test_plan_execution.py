@@ -30,7 +30,7 @@ def executed(sc, env: dict | None = None) -> list[dict]:
     for line in res.stderr.splitlines():
         # a progress bar may share the line's start with a log line: read from the first brace
         if '"event": "step"' in line:
-            events.append(json.loads(line[line.index("{"):]))
+            events.append(json.loads(line[line.index("{") :]))
     assert API_KEY not in res.stderr and HF_TOKEN not in res.stderr
     return events
 

@@ -35,8 +35,10 @@ def variant(tmp_path: Path) -> dict:
     text = (PROFILES / "testbed.toml").read_text()
     text = text.replace("max_model_len = 1024", "max_model_len = 4096\nmax_num_batched_tokens = 2\nmax_num_seqs = 2")
     head, _, _ = text.partition("[supervisor]")
-    text = head + (f"[supervisor]\nprobe_interval_s = 2\nprobe_timeout_s = {PROBE_S}\nstall_s = {STALL_S}\n"
-                   "probe_failures = 2\nmax_restarts = 2\nprefill_floor_tok_s = 2000\n")
+    text = head + (
+        f"[supervisor]\nprobe_interval_s = 2\nprobe_timeout_s = {PROBE_S}\nstall_s = {STALL_S}\n"
+        "probe_failures = 2\nmax_restarts = 2\nprefill_floor_tok_s = 2000\n"
+    )
     d = tmp_path / "profiles"
     d.mkdir(exist_ok=True)
     (d / "testbed-prefill.toml").write_text(text)
@@ -49,8 +51,12 @@ def long_completion(out: dict, seed: int) -> None:
     ids = [rnd.randrange(10, 2000) for _ in range(PROMPT_TOKENS)]
     t = time.monotonic()
     try:
-        r = httpx.post(f"{BASE}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=600,
-                       json={"model": "testbed-tiny", "prompt": ids, "max_tokens": 4})
+        r = httpx.post(
+            f"{BASE}/v1/completions",
+            headers={"Authorization": f"Bearer {API_KEY}"},
+            timeout=600,
+            json={"model": "testbed-tiny", "prompt": ids, "max_tokens": 4},
+        )
         out["status"], out["body"] = r.status_code, r.text[:300]
     except httpx.HTTPError as e:
         out["status"], out["body"] = None, str(e)
@@ -96,8 +102,11 @@ def test_a_wedge_in_the_middle_of_a_long_prefill_is_still_caught(testbed, sc, pr
     stopped = time.time()
     try:
         testbed.sh(WORKER, "kill -STOP " + " ".join(pids))
-        wedged = wait_for(lambda: [e for e in journal(testbed) if e["event"] == "wedged" and e["ts"] > stopped],
-                          STALL_S + 4 * PROBE_S + 30, step=1)
+        wedged = wait_for(
+            lambda: [e for e in journal(testbed) if e["event"] == "wedged" and e["ts"] > stopped],
+            STALL_S + 4 * PROBE_S + 30,
+            step=1,
+        )
         assert wedged, journal(testbed)[-12:]
     finally:
         testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)

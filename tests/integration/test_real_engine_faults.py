@@ -27,8 +27,9 @@ def status(sc) -> dict:
 def test_wrong_worker_control_interface_caught_before_serve(testbed, sc, tmp_path):
     sc("down")
     # the worker's other cabled twin: GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME would name it
-    inv = inventory_variant(testbed, tmp_path, worker_block_edit('control_if = "enp1s0f1np1"',
-                                                                 'control_if = "enP2p1s0f1np1"'))
+    inv = inventory_variant(
+        testbed, tmp_path, worker_block_edit('control_if = "enp1s0f1np1"', 'control_if = "enP2p1s0f1np1"')
+    )
     res = sc("up", "--profile", "testbed", inventory=inv, timeout=120)
     assert res.returncode != 0
     assert "net.control_ip" in res.stderr and "spark-worker" in res.stderr, res.stderr

@@ -61,16 +61,18 @@ def endpoint(out: str) -> str:
 
 def ask(base_url: str) -> None:
     client = openai.OpenAI(base_url=base_url, api_key=API_KEY, timeout=60)
-    r = client.chat.completions.create(model="testbed-tiny", messages=[{"role": "user", "content": "hi"}],
-                                       max_tokens=4, temperature=0)
+    r = client.chat.completions.create(
+        model="testbed-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
+    )
     assert r.usage.completion_tokens == 4
 
 
 @pytest.fixture(scope="module")
 def own_hub(testbed, sc, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("repos")
-    srv = make_server(build_hub(artifacts.model_dir(), tmp / "hub-state", synthetic_mb=0,
-                                tiny_sha=artifacts.TINY_REVISION), HUB_IP, 0)
+    srv = make_server(
+        build_hub(artifacts.model_dir(), tmp / "hub-state", synthetic_mb=0, tiny_sha=artifacts.TINY_REVISION), HUB_IP, 0
+    )
     serve_forever_in_thread(srv)
     ep = f"http://{HUB_IP}:{srv.server_address[1]}"
     testbed_text = (Path(__file__).resolve().parents[2] / "env-profiles" / "testbed.toml").read_text()
@@ -82,6 +84,7 @@ def own_hub(testbed, sc, tmp_path_factory):
         head, sep, worker = text.partition('name = "spark-worker"')
         head = head.replace("mtu = 9000\n", "mtu = 9000\ngid_index = 3\n", 1)
         return head + sep + worker.replace("mtu = 9000\n", "mtu = 9000\ngid_index = 5\n", 1)
+
     inv = inventory_variant(testbed, tmp, edit)
     sc("down", "--purge-gcs", timeout=300)
     _wipe_extra(testbed)
@@ -124,8 +127,11 @@ def test_every_repository_staged_and_served_offline_with_the_hub_stopped(testbed
         assert "model.safetensors" in _files(testbed, h, DRAFT)
     res = sc("weights", "status", "--profile", "testbed-repos", inventory=inv, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
-    for line in (f"model: {TINY}@main", f"tokenizer: {TOKENIZER}@main (without weight files)",
-                 f"draft model: {DRAFT}@main"):
+    for line in (
+        f"model: {TINY}@main",
+        f"tokenizer: {TOKENIZER}@main (without weight files)",
+        f"draft model: {DRAFT}@main",
+    ):
         assert line in res.stdout, res.stdout
     assert "not cached" not in res.stdout and "partial" not in res.stdout
 

@@ -85,8 +85,10 @@ def test_a_stopped_rank_is_named_by_status_then_restarted_by_the_supervisor(test
         testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
     wedges = [e for e in journal(testbed) if e["event"] == "wedged" and e["ts"] > t]
     # the stopped rank stops every progress series and the probes: whichever bound comes first (issue 25)
-    assert wedges and ("one-token completion did not return within 15s" in wedges[0]["cause"]
-                       or "no progress of any kind" in wedges[0]["cause"]), wedges
+    assert wedges and (
+        "one-token completion did not return within 15s" in wedges[0]["cause"]
+        or "no progress of any kind" in wedges[0]["cause"]
+    ), wedges
     assert len(sup_state(testbed)["restarts"]) == 1
     code, st = status(sc)
     assert code == 0 and st["state"] == "healthy" and st["supervisor"]["state"] == "serving", st["problems"]
@@ -115,8 +117,11 @@ def test_past_the_restart_limit_it_stays_down_and_status_says_why(testbed, sc, f
         code, st = status(sc)
         assert code != 0
         limit = [p for p in st["problems"] if "restart limit reached" in p]
-        assert limit and ("wedged: /health is 200 but a one-token completion" in limit[0]
-                          or "wedged: " in limit[0] and "no progress of any kind" in limit[0]), st["problems"]
+        assert limit and (
+            "wedged: /health is 200 but a one-token completion" in limit[0]
+            or "wedged: " in limit[0]
+            and "no progress of any kind" in limit[0]
+        ), st["problems"]
         # the kill shows as the process gone, or as /health failing first (vLLM answers 503 meanwhile)
         assert "dead: " in limit[0], limit[0]
         events = sc("events", "--last", "20")

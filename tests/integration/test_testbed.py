@@ -37,9 +37,17 @@ def _client(tb, host: str, known_hosts=None) -> paramiko.SSHClient:
     c = paramiko.SSHClient()
     c.load_host_keys(str(known_hosts or cfg["userknownhostsfile"]))
     c.set_missing_host_key_policy(paramiko.RejectPolicy())
-    c.connect(cfg["hostname"], port=int(cfg.get("port", 22)), username=cfg["user"],
-              key_filename=cfg["identityfile"][0], look_for_keys=False, allow_agent=False, timeout=10,
-              banner_timeout=10, auth_timeout=10)
+    c.connect(
+        cfg["hostname"],
+        port=int(cfg.get("port", 22)),
+        username=cfg["user"],
+        key_filename=cfg["identityfile"][0],
+        look_for_keys=False,
+        allow_agent=False,
+        timeout=10,
+        banner_timeout=10,
+        auth_timeout=10,
+    )
     return c
 
 
@@ -67,8 +75,11 @@ def _name(prefix: str) -> str:
 def test_paramiko_strict_host_keys(testbed, host):
     c = _client(testbed, host)
     try:
-        rc, out = _run(c, "hostname; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,"
-                          "compute_cap --format=csv,noheader")
+        rc, out = _run(
+            c,
+            "hostname; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,"
+            "compute_cap --format=csv,noheader",
+        )
         assert rc == 0
         lines = out.splitlines()
         assert lines[0] == host
@@ -127,17 +138,36 @@ def test_ssh_user_is_an_ordinary_docker_member_and_root_may_not_log_in(testbed):
     in `docker`, no sudo); root login is refused; the Docker socket is the docker group's."""
     acct = json.loads(testbed.facts_file.read_text())
     for h in (HEAD, WORKER):
-        got = testbed.ssh(h, 'id -un; id -u; id -Gn; printf "%s\\n" "$HOME"; stat -c "%G %a" /run/docker.sock; '
-                             'docker version --format "{{.Server.Version}}" >/dev/null && echo docker-ok; '
-                             'sudo -n true 2>/dev/null && echo SUDO || echo no-sudo').stdout.splitlines()
+        got = testbed.ssh(
+            h,
+            'id -un; id -u; id -Gn; printf "%s\\n" "$HOME"; stat -c "%G %a" /run/docker.sock; '
+            'docker version --format "{{.Server.Version}}" >/dev/null && echo docker-ok; '
+            "sudo -n true 2>/dev/null && echo SUDO || echo no-sudo",
+        ).stdout.splitlines()
         assert got[0] == acct["ssh_user"] and got[1] == str(acct["uid"]) and got[3] == acct["home"], got
         assert "docker" in got[2].split() and got[4] == "docker 660", got
         assert got[5:] == ["docker-ok", "no-sudo"], got
         assert "PermitRootLogin no" in (testbed.host_dir(h) / "sshd_config").read_text()
         spec = SPECS[h]
-        p = run(["ssh", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={testbed.known_hosts}",
-                 "-o", "StrictHostKeyChecking=yes", "-i", str(testbed.identity), "-o", "IdentitiesOnly=yes",
-                 f"root@{spec.lan_ip}", "true"], check=False, timeout=30)
+        p = run(
+            [
+                "ssh",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                f"UserKnownHostsFile={testbed.known_hosts}",
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-i",
+                str(testbed.identity),
+                "-o",
+                "IdentitiesOnly=yes",
+                f"root@{spec.lan_ip}",
+                "true",
+            ],
+            check=False,
+            timeout=30,
+        )
         assert p.returncode == 255 and "Permission denied" in p.stderr, p.stderr
 
 
@@ -145,8 +175,11 @@ def test_ssh_user_is_an_ordinary_docker_member_and_root_may_not_log_in(testbed):
 def test_hosts_are_isolated(testbed):
     ids = {}
     for h in HOSTS:
-        out = testbed.sh(h, "hostname; ps -e -o comm= | sort -u | tr '\\n' ' '; echo; "
-                            "docker info --format '{{.ID}} {{.DockerRootDir}}'; df -P /var/lib/docker | tail -1").stdout
+        out = testbed.sh(
+            h,
+            "hostname; ps -e -o comm= | sort -u | tr '\\n' ' '; echo; "
+            "docker info --format '{{.ID}} {{.DockerRootDir}}'; df -P /var/lib/docker | tail -1",
+        ).stdout
         lines = out.splitlines()
         assert lines[0] == h
         assert "dockerd" in lines[1] and "sshd" in lines[1]
@@ -163,24 +196,32 @@ def test_hosts_are_isolated(testbed):
         testbed.sh(HEAD, f"rm -f {marker}")
     # the controller has no GPU stand-in on its PATH and no route into the data plane
     import shutil
+
     assert shutil.which("nvidia-smi") is None
 
 
 def test_fake_hcas_and_devices(testbed):
     # default cabling (issue 17): one cable on port 1; port 0's HCAs DOWN, its netdevs admin-down
     from tests.testbed import cabling
+
     mode = testbed.cabling
     for h in HOSTS:
-        out = testbed.sh(h, "for d in /sys/class/infiniband/*; do echo ${d##*/} $(cat $d/ports/1/state | tr -d ' ') "
-                            "$(cat $d/ports/1/link_layer) $(ls $d/device/net); done").stdout.split("\n")
+        out = testbed.sh(
+            h,
+            "for d in /sys/class/infiniband/*; do echo ${d##*/} $(cat $d/ports/1/state | tr -d ' ') "
+            "$(cat $d/ports/1/link_layer) $(ls $d/device/net); done",
+        ).stdout.split("\n")
         rows = {line.split()[0]: line.split()[1:] for line in out if line.strip()}
         for k, (hca, nd) in enumerate(zip(HCAS, NETDEVS)):
             want = "4:ACTIVE" if cabling.cabled(mode, k) else "1:DOWN"
             assert rows[hca] == [want, "Ethernet", nd]
         # the RoCE v2 IPv4 GID of each addressed twin at index 3
-        assert testbed.sh(h, "cat /sys/class/infiniband/rocep1s0f1/ports/1/gid_attrs/types/3").stdout.strip() == "RoCE v2"
-        assert testbed.sh(h, "cat /sys/class/infiniband/rocep1s0f1/ports/1/gids/3").stdout.strip() == \
-            cabling.mapped_gid(SPECS[h].control_ip)
+        assert (
+            testbed.sh(h, "cat /sys/class/infiniband/rocep1s0f1/ports/1/gid_attrs/types/3").stdout.strip() == "RoCE v2"
+        )
+        assert testbed.sh(
+            h, "cat /sys/class/infiniband/rocep1s0f1/ports/1/gids/3"
+        ).stdout.strip() == cabling.mapped_gid(SPECS[h].control_ip)
         dev = testbed.sh(h, "stat -c '%n %t %T' /dev/infiniband/uverbs*").stdout.split("\n")
         assert [line.split()[1:] for line in dev if line] == [["e7", f"{192 + i:x}"] for i in range(4)]
         assert testbed.sh(h, "cat /sys/class/net/enp1s0f1np1/mtu").stdout.strip() == "9000"
@@ -195,6 +236,7 @@ def _ping(tb, host, ifname, peer, size=8972):
 
 def test_jumbo_frames_on_every_link_then_mtu_break(testbed):
     from tests.testbed import cabling
+
     wnd = testbed.worker_netdevs()
     for k, nd in enumerate(NETDEVS):
         if not cabling.cabled(testbed.cabling, k):
@@ -226,8 +268,10 @@ def test_hosts_cannot_reach_each_other_over_the_lan(testbed):
 
 def test_default_route_trap_is_reproduced(testbed):
     """Without VLLM_HOST_IP, vLLM takes the default-route interface's IP: the LAN, not the control plane."""
-    probe = ("import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
-             "s.connect(('8.8.8.8', 80)); print(s.getsockname()[0])")
+    probe = (
+        "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+        "s.connect(('8.8.8.8', 80)); print(s.getsockname()[0])"
+    )
     for h in HOSTS:
         out = testbed.sh(h, f"python3 -c {shlex.quote(probe)}").stdout.strip()
         assert out == SPECS[h].lan_ip != SPECS[h].control_ip
@@ -239,16 +283,22 @@ def test_default_route_trap_is_reproduced(testbed):
 def test_production_container_sees_hardware(testbed, containers):
     testbed.ray_image()  # puts an image on the worker too (the NGC stand-in lives on the head only)
     from tests.testbed.testbed import RAY_IMAGE
+
     for h in HOSTS:
         image = BASE_IMAGE if h == HEAD else RAY_IMAGE
         name = _name("hw")
-        p = testbed.docker(h, f"run --rm --name {name} --label {LABEL} {PROD_FLAGS} {image} bash -c "
-                              + shlex.quote("hostname; ls /sys/class/net | tr '\\n' ' '; echo; "
-                                            "cat /sys/class/infiniband/rocep1s0f1/ports/1/state; "
-                                            "ls /sys/class/infiniband/rocep1s0f1/device/net; "
-                                            "ls /dev/infiniband | tr '\\n' ' '; echo; "
-                                            "nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader; "
-                                            "ulimit -l; cat /sys/class/net/enp1s0f1np1/mtu"))
+        p = testbed.docker(
+            h,
+            f"run --rm --name {name} --label {LABEL} {PROD_FLAGS} {image} bash -c "
+            + shlex.quote(
+                "hostname; ls /sys/class/net | tr '\\n' ' '; echo; "
+                "cat /sys/class/infiniband/rocep1s0f1/ports/1/state; "
+                "ls /sys/class/infiniband/rocep1s0f1/device/net; "
+                "ls /dev/infiniband | tr '\\n' ' '; echo; "
+                "nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader; "
+                "ulimit -l; cat /sys/class/net/enp1s0f1np1/mtu"
+            ),
+        )
         lines = p.stdout.splitlines()
         assert lines[0] == h
         for nd in NETDEVS:
@@ -268,19 +318,25 @@ def test_production_container_sees_hardware(testbed, containers):
         assert info["DeviceRequests"][0]["Count"] == -1
         assert info["Devices"][0]["PathOnHost"] == "/dev/infiniband"
     # without --gpus / --device the stand-ins are not injected, as on a real Spark
-    p = testbed.docker(HEAD, f"run --rm --label {LABEL} --network host {BASE_IMAGE} bash -c "
-                             "'command -v nvidia-smi || echo none; ls /sys/class/infiniband 2>/dev/null || echo noib'")
+    p = testbed.docker(
+        HEAD,
+        f"run --rm --label {LABEL} --network host {BASE_IMAGE} bash -c "
+        "'command -v nvidia-smi || echo none; ls /sys/class/infiniband 2>/dev/null || echo noib'",
+    )
     assert p.stdout.split() == ["none", "noib"]
 
 
 # ---------------------------------------------------------------- images and Ray
 def test_ray_image_built_on_head_and_copied(testbed):
     from tests.testbed.testbed import RAY_IMAGE, RAY_VERSION
+
     tag = testbed.ray_image()
     assert tag == RAY_IMAGE
     ids = {h: testbed.image_id(h, tag) for h in HOSTS}
     assert ids[HEAD] and ids[HEAD] == ids[WORKER]
-    label = testbed.docker(HEAD, f"image inspect --format '{{{{index .Config.Labels \"org.sparkcluster.ray-version\"}}}}' {tag}")
+    label = testbed.docker(
+        HEAD, f"image inspect --format '{{{{index .Config.Labels \"org.sparkcluster.ray-version\"}}}}' {tag}"
+    )
     assert label.stdout.strip() == RAY_VERSION
     for h in HOSTS:
         out = testbed.docker(h, f"run --rm --network none {tag} ray --version").stdout
@@ -294,14 +350,22 @@ def test_two_node_ray_cluster_over_the_data_plane(testbed, containers):
     head_ip, worker_ip = SPECS[HEAD].control_ip, SPECS[WORKER].control_ip
     hn, wn = _name("rayhead"), _name("rayworker")
     common = f"-d --label {LABEL} {PROD_FLAGS} -e RAY_memory_usage_threshold=1.0 {tag}"
-    testbed.docker(HEAD, f"run --name {hn} {common} ray start --head --node-ip-address {head_ip} --num-gpus 1 "
-                         "--disable-usage-stats --include-dashboard=false --block")
-    testbed.docker(WORKER, f"run --name {wn} {common} ray start --address {head_ip}:6379 "
-                           f"--node-ip-address {worker_ip} --num-gpus 1 --disable-usage-stats --block")
-    probe = ("import json, ray; ray.init(address='auto', logging_level='ERROR'); "
-             "n=[x for x in ray.nodes() if x['Alive']]; "
-             "print(json.dumps({'nodes': sorted(x['NodeManagerAddress'] for x in n), "
-             "'gpus': ray.cluster_resources().get('GPU', 0)}))")
+    testbed.docker(
+        HEAD,
+        f"run --name {hn} {common} ray start --head --node-ip-address {head_ip} --num-gpus 1 "
+        "--disable-usage-stats --include-dashboard=false --block",
+    )
+    testbed.docker(
+        WORKER,
+        f"run --name {wn} {common} ray start --address {head_ip}:6379 "
+        f"--node-ip-address {worker_ip} --num-gpus 1 --disable-usage-stats --block",
+    )
+    probe = (
+        "import json, ray; ray.init(address='auto', logging_level='ERROR'); "
+        "n=[x for x in ray.nodes() if x['Alive']]; "
+        "print(json.dumps({'nodes': sorted(x['NodeManagerAddress'] for x in n), "
+        "'gpus': ray.cluster_resources().get('GPU', 0)}))"
+    )
     deadline = time.monotonic() + 120
     last = None
     while time.monotonic() < deadline:
@@ -357,8 +421,9 @@ def test_knobs_break_and_restore(testbed):
     assert testbed.disk_free_mb(WORKER) > 5000
     # a foreign process holds a port
     with testbed.hold_port(HEAD, 6379):
-        out = testbed.sh(HEAD, "ss -Hltnp 'sport = :6379' 2>/dev/null || netstat -ltnp 2>/dev/null | grep :6379",
-                         check=False).stdout
+        out = testbed.sh(
+            HEAD, "ss -Hltnp 'sport = :6379' 2>/dev/null || netstat -ltnp 2>/dev/null | grep :6379", check=False
+        ).stdout
         assert "6379" in out and "python3" in out
     assert "6379" not in testbed.sh(HEAD, "ss -Hltn 'sport = :6379'", check=False).stdout
 
@@ -368,6 +433,7 @@ def test_knob_rewire_worker(testbed):
     path = testbed.cable_worker(crossed=True)
     try:
         from sparkcluster.config import inventory
+
         inv = inventory.load(path)
         w = inv.node(WORKER)
         assert w.control_if == "enP2p1s0f1np1" and str(w.control_ip) == "198.19.2.2"
@@ -426,7 +492,9 @@ def test_knob_kill_container(testbed, containers):
     testbed.docker(HEAD, f"run -d --name {name} --label {LABEL} {BASE_IMAGE} sleep 600")
     testbed.kill_container(HEAD, name)
     for _ in range(50):
-        st = testbed.docker(HEAD, f"inspect --format '{{{{.State.Running}}}} {{{{.State.ExitCode}}}}' {name}").stdout.split()
+        st = testbed.docker(
+            HEAD, f"inspect --format '{{{{.State.Running}}}} {{{{.State.ExitCode}}}}' {name}"
+        ).stdout.split()
         if st[0] == "false":
             break
         time.sleep(0.1)
@@ -444,6 +512,7 @@ def test_sh_reports_failures(testbed):
 def test_cabling_modes_switch_and_reset(testbed):
     from sparkcluster.config import inventory
     from tests.testbed import cabling
+
     try:
         path = testbed.set_cabling("two-cables@9216")
         inv = inventory.load(path)
@@ -453,12 +522,16 @@ def test_cabling_modes_switch_and_reset(testbed):
         testbed.set_cabling("twin-no-ipv4")
         assert testbed.sh(WORKER, "ip -4 -o addr show dev enP2p1s0f1np1").stdout.strip() == ""
         assert testbed.sh(WORKER, "cat /sys/class/net/enP2p1s0f1np1/operstate").stdout.strip() == "up"
-        assert testbed.sh(WORKER, "ls /sys/class/infiniband/roceP2p1s0f1/ports/1/gid_attrs/types").stdout.split() == ["0", "1"]
+        assert testbed.sh(WORKER, "ls /sys/class/infiniband/roceP2p1s0f1/ports/1/gid_attrs/types").stdout.split() == [
+            "0",
+            "1",
+        ]
         testbed.set_cabling("link-local")
         assert "169.254.2.1/16" in testbed.sh(HEAD, "ip -4 -o addr show dev enp1s0f1np1").stdout
     finally:
         testbed.reset()
     import os
+
     assert testbed.cabling == cabling.parse(os.environ.get(cabling.ENV))
     assert testbed.sh(HEAD, "cat /sys/class/net/enp1s0f0np0/operstate").stdout.strip() == "down"
     assert "198.19.2.1/24" in testbed.sh(HEAD, "ip -4 -o addr show dev enp1s0f1np1").stdout
@@ -476,6 +549,7 @@ def test_third_machine_knob(testbed):
     import subprocess
 
     from tests.testbed import cabling
+
     assert cabling.THIRD_NS not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert testbed.sh(HEAD, "cat /sys/class/infiniband/rocep1s0f0/ports/1/state").stdout.strip() == "1: DOWN"
     # the pair's veth for that link is back, renamed as before and (no cable in this mode) down

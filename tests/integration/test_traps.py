@@ -43,6 +43,8 @@ KNOBS_NAME = "standin-knobs.json"  # in the SSH user's HF cache (the containers'
 
 def knobs_path() -> str:
     return f"{hf_cache()}/{KNOBS_NAME}"
+
+
 WORKER_CONTAINER = "sparkcluster-testbed-worker-spark-worker"
 HEAD_CONTAINER = "sparkcluster-testbed-head"
 PROFILES = Path(__file__).resolve().parents[2] / "env-profiles"
@@ -51,6 +53,7 @@ REAL_PROFILE_TEXT = (PROFILES / "testbed.toml").read_text()
 
 
 # --- helpers ---------------------------------------------------------------------------------------
+
 
 def nothing_left(testbed) -> None:
     for h in (HEAD, WORKER):
@@ -78,8 +81,9 @@ def preflight_failed(res, check_id: str, node: str) -> str:
     return err
 
 
-def profile_variant(tmp_path: Path, name: str, top: dict | None = None, serve: str = "", forward: str = "",
-                    real: bool = False) -> dict:
+def profile_variant(
+    tmp_path: Path, name: str, top: dict | None = None, serve: str = "", forward: str = "", real: bool = False
+) -> dict:
     """A copy of the testbed-standin profile (or with `real`, the real engine's `testbed`) under another
     name in a directory put on $SPARKCLUSTER_PROFILES; `top` replaces top-level keys' values."""
     text = REAL_PROFILE_TEXT if real else PROFILE_TEXT
@@ -105,8 +109,11 @@ class Knobs:
         self.before = r.stdout if r.returncode == 0 else None
 
     def set(self, **knobs) -> None:
-        self.tb.sh(self.host, as_user(f"mkdir -p {os.path.dirname(knobs_path())} && cat > {knobs_path()}"),
-                   input=json.dumps(knobs))
+        self.tb.sh(
+            self.host,
+            as_user(f"mkdir -p {os.path.dirname(knobs_path())} && cat > {knobs_path()}"),
+            input=json.dumps(knobs),
+        )
 
     def restore(self) -> None:
         if self.before is None:
@@ -141,11 +148,13 @@ def down_around(testbed, sc):
 
 # --- issue 5: the traps of seed 002 ----------------------------------------------------------------
 
+
 def test_worker_image_differs_is_resent(testbed, sc, down_around):
     """A different image under the cluster tag on the worker: up re-sends the head's, IDs end equal."""
     good = down_around[HEAD]
-    odd = testbed.sh(WORKER, f"printf 'FROM {REF}\\nLABEL org.sparkcluster.test=odd-image\\n' | "
-                             f"docker build -q -t {REF} -").stdout.strip()
+    odd = testbed.sh(
+        WORKER, f"printf 'FROM {REF}\\nLABEL org.sparkcluster.test=odd-image\\n' | docker build -q -t {REF} -"
+    ).stdout.strip()
     try:
         assert testbed.image_id(WORKER, REF) == odd != good
         res = sc("up", "--profile", "testbed-standin")
@@ -153,8 +162,11 @@ def test_worker_image_differs_is_resent(testbed, sc, down_around):
         # the transfer's progress bar, then its size, duration and rate; the odd image holds every
         # layer of the head's (issue 16), so only the manifest and config move
         assert re.search(r"image -> spark-worker .*[kM]B", res.stderr), res.stderr
-        assert re.search(r"✓ image .*sent to spark-worker: \d+\.\d MB in \d+\.\ds, \d+\.\d MB/s "
-                         r"\(no layer data \(it holds all \d+ layers\)", res.stderr), res.stderr
+        assert re.search(
+            r"✓ image .*sent to spark-worker: \d+\.\d MB in \d+\.\ds, \d+\.\d MB/s "
+            r"\(no layer data \(it holds all \d+ layers\)",
+            res.stderr,
+        ), res.stderr
         assert image_ids(testbed) == {HEAD: good, WORKER: good}
         down = sc("down")
         assert down.returncode == 0, down.stderr
@@ -175,9 +187,24 @@ def test_worker_without_forwarded_vars(testbed, sc):
     cfg, hc = info["Config"], info["HostConfig"]
     env = [e for e in cfg["Env"] if not e.startswith("FLASHINFER_DISABLE_VERSION_CHECK=")]
     assert len(env) == len(cfg["Env"]) - 1
-    argv = ["create", "--name", WORKER_CONTAINER, "--gpus", "all", "--device=/dev/infiniband",
-            "--cap-add=IPC_LOCK", "--ulimit", "memlock=-1:-1", "--network", "host", "--ipc", "host",
-            "--init", "--shm-size", f"{hc['ShmSize']}b"]
+    argv = [
+        "create",
+        "--name",
+        WORKER_CONTAINER,
+        "--gpus",
+        "all",
+        "--device=/dev/infiniband",
+        "--cap-add=IPC_LOCK",
+        "--ulimit",
+        "memlock=-1:-1",
+        "--network",
+        "host",
+        "--ipc",
+        "host",
+        "--init",
+        "--shm-size",
+        f"{hc['ShmSize']}b",
+    ]
     for b in hc.get("Binds") or []:
         argv += ["-v", b]
     for k, v in cfg["Labels"].items():
@@ -187,12 +214,18 @@ def test_worker_without_forwarded_vars(testbed, sc):
     argv += ["--entrypoint", "", cfg["Image"], *cfg["Cmd"]]
     # the files sparkcluster wrote into the container (the node agent, its configuration) go along
     keep = "/tmp/trap-worker-files"
-    testbed.sh(WORKER, f"rm -rf {keep} && mkdir -p {keep} && docker cp {WORKER_CONTAINER}:/opt/sparkcluster {keep}/opt "
-                       f"&& docker cp {WORKER_CONTAINER}:/etc/sparkcluster {keep}/etc")
+    testbed.sh(
+        WORKER,
+        f"rm -rf {keep} && mkdir -p {keep} && docker cp {WORKER_CONTAINER}:/opt/sparkcluster {keep}/opt "
+        f"&& docker cp {WORKER_CONTAINER}:/etc/sparkcluster {keep}/etc",
+    )
     testbed.docker(WORKER, f"rm -f {WORKER_CONTAINER}")
     testbed.docker(WORKER, shlex.join(argv))
-    testbed.sh(WORKER, f"docker cp {keep}/opt {WORKER_CONTAINER}:/opt/sparkcluster && "
-                       f"docker cp {keep}/etc {WORKER_CONTAINER}:/etc/sparkcluster && docker start {WORKER_CONTAINER}")
+    testbed.sh(
+        WORKER,
+        f"docker cp {keep}/opt {WORKER_CONTAINER}:/opt/sparkcluster && "
+        f"docker cp {keep}/etc {WORKER_CONTAINER}:/etc/sparkcluster && docker start {WORKER_CONTAINER}",
+    )
 
     # the inventory's default profile is the real engine's: doctor is asked about the one running
     doc = json.loads(sc("doctor", "--profile", "testbed-standin", "--json").stdout)
@@ -207,8 +240,11 @@ def test_worker_without_forwarded_vars(testbed, sc):
     assert "nothing to do" not in res.stdout, "up kept a worker container without the forwarded variables"
     assert "✓ probe" in res.stderr
     for h in (HEAD, WORKER):
-        got = testbed.sh(h, "docker inspect --format '{{json .Config.Env}}' $(docker ps -q --filter "
-                            "label=org.sparkcluster.cluster=testbed)").stdout
+        got = testbed.sh(
+            h,
+            "docker inspect --format '{{json .Config.Env}}' $(docker ps -q --filter "
+            "label=org.sparkcluster.cluster=testbed)",
+        ).stdout
         assert "FLASHINFER_DISABLE_VERSION_CHECK=1" in got, (h, got)
     assert sc("down").returncode == 0
     nothing_left(testbed)
@@ -238,7 +274,9 @@ def test_ray_missing_from_the_image(testbed, sc, down_around):
 def test_wrong_control_ip(testbed, sc, tmp_path):
     """The worker's control_ip is an address of another of its interfaces (data link 4, the control
     link's twin in the default one-cable testbed)."""
-    inv = inventory_variant(testbed, tmp_path, worker_block_edit('control_ip = "198.19.2.2"', 'control_ip = "198.19.4.2"'))
+    inv = inventory_variant(
+        testbed, tmp_path, worker_block_edit('control_ip = "198.19.2.2"', 'control_ip = "198.19.4.2"')
+    )
     err = preflight_failed(sc("up", "--profile", "testbed-standin", inventory=inv), "net.control_ip", WORKER)
     assert "198.19.4.2 is not on enp1s0f1np1 (198.19.2.2)" in err
     nothing_left(testbed)
@@ -273,8 +311,11 @@ def test_stale_ray_container_holds_6379(testbed, sc):
     it running (it is not ours to kill)."""
     name = "trap-stale-ray"
     try:
-        testbed.docker(HEAD, f"run -d --name {name} --network host --entrypoint '' {REF} "
-                             "ray start --head --port 6379 --include-dashboard=false --disable-usage-stats --block")
+        testbed.docker(
+            HEAD,
+            f"run -d --name {name} --network host --entrypoint '' {REF} "
+            "ray start --head --port 6379 --include-dashboard=false --disable-usage-stats --block",
+        )
         deadline = time.monotonic() + 60
         while not listeners(testbed, HEAD, 6379):
             assert time.monotonic() < deadline, testbed.docker(HEAD, f"logs {name}", check=False).stdout
@@ -282,8 +323,11 @@ def test_stale_ray_container_holds_6379(testbed, sc):
         res = sc("up", "--profile", "testbed-standin")
         err = preflight_failed(res, "ports.free", HEAD)
         # the Ray head is root's: to the Spark's ordinary user ss does not name it (ray.stale does)
-        assert re.search(r"\[spark-head\] step 'ports.free': 6379 \(Ray GCS\) is held by "
-                         r"(.* in container [0-9a-f]{12}|a process of another account)", err), err
+        assert re.search(
+            r"\[spark-head\] step 'ports.free': 6379 \(Ray GCS\) is held by "
+            r"(.* in container [0-9a-f]{12}|a process of another account)",
+            err,
+        ), err
         assert f"[spark-head] step 'ray.stale': Ray runs in a container sparkcluster did not start: {name}" in err
         assert ours(testbed, HEAD) == [] and ours(testbed, WORKER) == []
         assert testbed.docker(HEAD, f"inspect --format '{{{{.State.Running}}}}' {name}").stdout.strip() == "true"
@@ -299,8 +343,11 @@ def test_flag_the_image_rejects(testbed, sc, tmp_path):
     res = sc("up", "--profile", "trap-swap", env=env)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "error: profile 'trap-swap' fails lint" in res.stderr
-    assert re.search(r"\[flag-version\] --swap-space: image nvcr.io/nvidia/vllm:26.05.post1-py3 \(vLLM 0.32.0\) "
-                     r"does not accept it", res.stderr), res.stderr
+    assert re.search(
+        r"\[flag-version\] --swap-space: image nvcr.io/nvidia/vllm:26.05.post1-py3 \(vLLM 0.32.0\) "
+        r"does not accept it",
+        res.stderr,
+    ), res.stderr
     assert re.search(r"^fix: \S", res.stderr, re.M)
     assert {h: testbed.connections_logged(h) for h in (HEAD, WORKER)} == before, "lint failure touched a host"
     nothing_left(testbed)
@@ -325,8 +372,9 @@ def test_worker_dies_while_ray_forms(testbed, sc, env_file):
     try:
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
-            st = testbed.docker(WORKER, f"inspect --format '{{{{.State.Running}}}} {{{{.State.Pid}}}}' {WORKER_CONTAINER}",
-                                check=False).stdout.split()
+            st = testbed.docker(
+                WORKER, f"inspect --format '{{{{.State.Running}}}} {{{{.State.Pid}}}}' {WORKER_CONTAINER}", check=False
+            ).stdout.split()
             if st and st[0] == "true" and st[1] != "0":
                 testbed.kill_container(WORKER, WORKER_CONTAINER)
                 killed = True
@@ -348,6 +396,7 @@ def test_worker_dies_while_ray_forms(testbed, sc, env_file):
 
 # --- issue 7: field traps 11-15 --------------------------------------------------------------------
 
+
 def test_vllm_host_ip_forwarded_is_refused(testbed, sc, tmp_path):
     env = profile_variant(tmp_path, "trap-hostip", forward='VLLM_HOST_IP = "198.19.2.1"')
     res = sc("up", "--profile", "trap-hostip", env=env)
@@ -357,21 +406,33 @@ def test_vllm_host_ip_forwarded_is_refused(testbed, sc, tmp_path):
     nothing_left(testbed)
 
 
-@pytest.mark.parametrize("bad_ip, why", [("169.254.7.2", "is link-local"), ("172.17.0.2", "is a docker bridge address")])
+@pytest.mark.parametrize(
+    "bad_ip, why", [("169.254.7.2", "is link-local"), ("172.17.0.2", "is a docker bridge address")]
+)
 def test_control_ip_link_local_or_docker_bridge(testbed, sc, tmp_path, bad_ip, why):
-    inv = inventory_variant(testbed, tmp_path, worker_block_edit('control_ip = "198.19.2.2"', f'control_ip = "{bad_ip}"'))
+    inv = inventory_variant(
+        testbed, tmp_path, worker_block_edit('control_ip = "198.19.2.2"', f'control_ip = "{bad_ip}"')
+    )
     err = preflight_failed(sc("up", "--profile", "testbed-standin", inventory=inv), "net.control_ip", WORKER)
     assert f"control IP {bad_ip} {why}" in err
     assert "vllm serve" not in err.split("error:")[0]
     nothing_left(testbed)
 
 
-@pytest.mark.parametrize("old, new, check_id, detail", [
-    # NCCL_IB_HCA would name an HCA the worker lacks
-    ('hca = "roceP2p1s0f1"', 'hca = "mlx5_9"', "rdma.hca", "mlx5_9 missing"),
-    # NCCL_SOCKET_IFNAME (the control interface) would name a netdev the worker lacks
-    ('control_if = "enp1s0f1np1"', 'control_if = "enp9s0f1np1"', "net.control_ip", "interface enp9s0f1np1 does not exist"),
-])
+@pytest.mark.parametrize(
+    "old, new, check_id, detail",
+    [
+        # NCCL_IB_HCA would name an HCA the worker lacks
+        ('hca = "roceP2p1s0f1"', 'hca = "mlx5_9"', "rdma.hca", "mlx5_9 missing"),
+        # NCCL_SOCKET_IFNAME (the control interface) would name a netdev the worker lacks
+        (
+            'control_if = "enp1s0f1np1"',
+            'control_if = "enp9s0f1np1"',
+            "net.control_ip",
+            "interface enp9s0f1np1 does not exist",
+        ),
+    ],
+)
 def test_per_node_nccl_names_wrong_fail_fast(testbed, sc, tmp_path, old, new, check_id, detail):
     inv = inventory_variant(testbed, tmp_path, worker_block_edit(old, new))
     t0 = time.monotonic()
@@ -408,8 +469,11 @@ def test_worker_disk_too_full_for_the_image(testbed, sc, tmp_path, down_around):
         res = sc("up", "--profile", "trap-smalldisk", env=env)
         err = stage_failed(res, "image", WORKER)
         size = int(testbed.docker(HEAD, f"image inspect --format '{{{{.Size}}}}' {REF}").stdout)
-        assert re.search(r"receive the image: not enough disk: 0\.\d GiB free in /var/lib/docker; docker load "
-                         rf"needs {2 * size / 2**30:.1f} GiB \(it unpacks the whole {size / 2**30:.1f} GiB image", err), err
+        assert re.search(
+            r"receive the image: not enough disk: 0\.\d GiB free in /var/lib/docker; docker load "
+            rf"needs {2 * size / 2**30:.1f} GiB \(it unpacks the whole {size / 2**30:.1f} GiB image",
+            err,
+        ), err
         assert images(testbed, WORKER) == before and testbed.image_id(HEAD, REF) == good
         nothing_left(testbed)
 
@@ -446,8 +510,11 @@ def test_health_200_while_completions_hang(testbed, sc, tmp_path):
         res = sc("up", "--profile", "trap-hang", env=env)
         took = time.monotonic() - t0
         err = stage_failed(res, "serve", HEAD)
-        assert re.search(r"wait until ready: not ready after 15s: /health answers 200 but a 1-token completion "
-                         r"did not return within [\d.]+s", err), err
+        assert re.search(
+            r"wait until ready: not ready after 15s: /health answers 200 but a 1-token completion "
+            r"did not return within [\d.]+s",
+            err,
+        ), err
         assert "rolling back what this run created" in err
         assert took < 90, f"up took {took:.0f}s with a 15 s bound"
     finally:
@@ -470,11 +537,15 @@ def test_sigint_during_serve_rolls_back(testbed, sc, env_file):
                 lines.append(line)
                 if "waiting for the server" in line:
                     waiting.set()
+
         t = threading.Thread(target=read, daemon=True)
         t.start()
         assert waiting.wait(120), "".join(lines)
-        read_rec = lambda: testbed.sh(HEAD, f"docker exec {HEAD_CONTAINER} cat /run/sparkcluster/serve.json",  # noqa: E731
-                                      check=False).stdout.strip()
+        read_rec = lambda: testbed.sh(
+            HEAD,
+            f"docker exec {HEAD_CONTAINER} cat /run/sparkcluster/serve.json",  # noqa: E731
+            check=False,
+        ).stdout.strip()
         assert wait_for(read_rec, 30), "the supervisor recorded no server"
         pid_rec = read_rec()
         pid = json.loads(pid_rec)["pid"]
@@ -489,8 +560,9 @@ def test_sigint_during_serve_rolls_back(testbed, sc, env_file):
     assert rc == 130, err
     assert "rolling back what this run created" in err and re.search(r"^(aborted|interrupted)$", err, re.M), err
     new_log = "\n".join(debug_log_lines(sc, since))
-    assert any('"event": "vllm serve stopped"' in line and f'"pid": {pid},' in line
-               for line in new_log.splitlines()), new_log[-2000:]
+    assert any('"event": "vllm serve stopped"' in line and f'"pid": {pid},' in line for line in new_log.splitlines()), (
+        new_log[-2000:]
+    )
     for h in (HEAD, WORKER):
         assert "vllm" not in testbed.sh(h, "ps -eo args").stdout
     nothing_left(testbed)

@@ -61,13 +61,21 @@ def test_chat_completion_with_key(serving):
     client = openai.OpenAI(base_url=endpoint(serving.stdout), api_key=API_KEY, timeout=30)
     # the tiny model's weights are random: its 8 tokens may decode to nothing printable, so the
     # proof is the token count, through both ranks, and a response of the right shape
-    r = client.chat.completions.create(model="testbed-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
-                                       temperature=0)
+    r = client.chat.completions.create(
+        model="testbed-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0
+    )
     assert r.usage.completion_tokens == 8 and r.choices[0].finish_reason == "length"
     assert r.choices[0].message.content is not None
-    chunks = list(client.chat.completions.create(model="testbed-tiny", messages=[{"role": "user", "content": "hi"}],
-                                                  max_tokens=8, temperature=0, stream=True,
-                                                  stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="testbed-tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[-1].usage.completion_tokens == 8
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     # greedy decoding: streamed and whole answers agree
@@ -78,7 +86,10 @@ def test_rank_1_runs_on_the_worker(testbed, serving):
     # vLLM's own log: the rank actors, one on each host's control address
     log = testbed.sh(HEAD, "docker exec sparkcluster-testbed-head cat /var/log/sparkcluster/vllm-serve.log").stdout
     assert "ip=198.19.2.2" in log, log[-3000:]
-    assert "RayWorkerProc" in testbed.sh(WORKER, "ps -eo args").stdout or "ray::" in testbed.sh(WORKER, "ps -eo args").stdout
+    assert (
+        "RayWorkerProc" in testbed.sh(WORKER, "ps -eo args").stdout
+        or "ray::" in testbed.sh(WORKER, "ps -eo args").stdout
+    )
 
 
 def test_models_and_the_metrics_status_reads(serving):
@@ -103,8 +114,11 @@ def test_status_healthy_with_serving_figures(sc, serving):
 
 
 def test_chat_without_key_is_401(serving):
-    r = httpx.post(endpoint(serving.stdout) + "/chat/completions", timeout=10,
-                   json={"model": "testbed-tiny", "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        endpoint(serving.stdout) + "/chat/completions",
+        timeout=10,
+        json={"model": "testbed-tiny", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 401
 
 
@@ -149,10 +163,18 @@ def test_a_new_api_key_restarts_only_the_server(testbed, sc, serving, tmp_path):
     assert server_pid_and_start(testbed)[0] != pid
     assert {h: testbed.sh(h, "docker ps -q --no-trunc").stdout.split() for h in (HEAD, WORKER)} == containers
     client = openai.OpenAI(base_url=endpoint(res.stdout), api_key="sk-rotated-0123456789", timeout=30)
-    assert client.chat.completions.create(model="testbed-tiny", max_tokens=4,
-                                          messages=[{"role": "user", "content": "hi"}]).usage.completion_tokens == 4
-    old = httpx.post(endpoint(res.stdout) + "/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
-                     json={"model": "testbed-tiny", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+    assert (
+        client.chat.completions.create(
+            model="testbed-tiny", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+        ).usage.completion_tokens
+        == 4
+    )
+    old = httpx.post(
+        endpoint(res.stdout) + "/chat/completions",
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        json={"model": "testbed-tiny", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=10,
+    )
     assert old.status_code == 401
 
 

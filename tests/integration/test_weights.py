@@ -65,7 +65,9 @@ def not_the_users(testbed) -> dict[str, list[str]]:
     not update them): sparkcluster leaves none, whoever wrote them."""
     uid, out = account()["uid"], {}
     for h in (HEAD, WORKER):
-        got = testbed.sh(h, f"find {cache()} ! -uid {int(uid)} -printf '%u %p\\n' 2>/dev/null | head -5").stdout.split("\n")
+        got = testbed.sh(h, f"find {cache()} ! -uid {int(uid)} -printf '%u %p\\n' 2>/dev/null | head -5").stdout.split(
+            "\n"
+        )
         if any(got):
             out[h] = [x for x in got if x]
     return out
@@ -137,19 +139,25 @@ def test_the_hub_failing_mid_file_then_resuming(testbed, sc, hub_reset, down_fir
 def _profile(tmp_path: Path, **changes: str) -> Path:
     text = (Path(__file__).parents[2] / "env-profiles" / "testbed.toml").read_text()
     for k, v in changes.items():
-        text = re.sub(rf'(?m)^{k} = .*$', f'{k} = "{v}"', text) if re.search(rf'(?m)^{k} = ', text) \
-            else text.replace('served_name =', f'{k} = "{v}"\nserved_name =', 1)
+        text = (
+            re.sub(rf"(?m)^{k} = .*$", f'{k} = "{v}"', text)
+            if re.search(rf"(?m)^{k} = ", text)
+            else text.replace("served_name =", f'{k} = "{v}"\nserved_name =', 1)
+        )
     d = tmp_path / "profiles"
     d.mkdir(exist_ok=True)
     (d / "tb-weights.toml").write_text(text)
     return d
 
 
-@pytest.mark.parametrize("changes,words", [
-    ({"model": "sparkcluster/no-such-model"}, "does not exist"),
-    ({"revision": "no-such-branch"}, "revision 'no-such-branch' does not exist"),
-    ({"model": GATED}, "has no access"),  # the suite's HF_TOKEN is not granted
-])
+@pytest.mark.parametrize(
+    "changes,words",
+    [
+        ({"model": "sparkcluster/no-such-model"}, "does not exist"),
+        ({"revision": "no-such-branch"}, "revision 'no-such-branch' does not exist"),
+        ({"model": GATED}, "has no access"),  # the suite's HF_TOKEN is not granted
+    ],
+)
 def test_bad_input_is_one_line_before_anything_moves(testbed, sc, tmp_path, hub_reset, changes, words):
     env = {"SPARKCLUSTER_PROFILES": str(_profile(tmp_path, **changes))}
     res = sc("weights", "pull", "--profile", "tb-weights", env=env)

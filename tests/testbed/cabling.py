@@ -128,6 +128,7 @@ def speed(mode: Mode, k: int) -> int:
 
 # --- GID tables -----------------------------------------------------------------------------------
 
+
 def mapped_gid(ip: str) -> str:
     """The RoCE v2 GID of an IPv4 address (::ffff:a.b.c.d), written as sysfs prints GIDs."""
     return _gid_text(ipaddress.IPv6Address(f"::ffff:{ip}"))
@@ -142,11 +143,12 @@ def link_local_gid(mac: str) -> str:
 
 def _gid_text(ip: ipaddress.IPv6Address) -> str:
     h = ip.packed.hex()
-    return ":".join(h[i:i + 4] for i in range(0, 32, 4))
+    return ":".join(h[i : i + 4] for i in range(0, 32, 4))
 
 
-def gid_entries(netdev: str, mac: str | None, ipv4s: list[str],
-                ipv6s: tuple[str, ...] = ()) -> list[tuple[str, str | None, str | None]]:
+def gid_entries(
+    netdev: str, mac: str | None, ipv4s: list[str], ipv6s: tuple[str, ...] = ()
+) -> list[tuple[str, str | None, str | None]]:
     """(gid, type, ndev) per index, as the mlx5 driver fills a port's table: the link-local GID as
     RoCE v1 then v2 (only while the netdev is up: `mac` None otherwise), then each IPv4 address as
     v1 then v2 (so the first RoCE v2 IPv4 GID sits at index 3), then zero GIDs with no attributes.
@@ -161,8 +163,10 @@ def gid_entries(netdev: str, mac: str | None, ipv4s: list[str],
 def gid_commands(hca: str, netdev: str, mac: str | None, ipv4s: list[str], ipv6s: tuple[str, ...] = ()) -> list[str]:
     """Shell that rewrites the fake HCA's GID table (host-setup.sh made the directories)."""
     p = f"/sys/class/infiniband/{hca}/ports/1"
-    cmds = [f"mkdir -p {p}/gids {p}/gid_attrs/types {p}/gid_attrs/ndevs",
-            f"rm -f {p}/gids/* {p}/gid_attrs/types/* {p}/gid_attrs/ndevs/*"]
+    cmds = [
+        f"mkdir -p {p}/gids {p}/gid_attrs/types {p}/gid_attrs/ndevs",
+        f"rm -f {p}/gids/* {p}/gid_attrs/types/* {p}/gid_attrs/ndevs/*",
+    ]
     for i, (gid, kind, ndev) in enumerate(gid_entries(netdev, mac, ipv4s, ipv6s)):
         cmds.append(f"echo {gid} > {p}/gids/{i}")
         if kind:
@@ -172,12 +176,15 @@ def gid_commands(hca: str, netdev: str, mac: str | None, ipv4s: list[str], ipv6s
 
 # --- applying a mode to a host --------------------------------------------------------------------
 
+
 def address_commands(netdev: str, want: list[str]) -> list[str]:
     """Idempotent: add what is missing, delete other IPv4 addresses; nothing is flushed, so a live
     control link never loses its address for a moment."""
     keep = " ".join(want)
-    cmds = [f"for a in $(ip -4 -o addr show dev {netdev} | awk '{{print $4}}'); do "
-            f"case ' {keep} ' in *\" $a \"*) ;; *) ip addr del \"$a\" dev {netdev};; esac; done"]
+    cmds = [
+        f"for a in $(ip -4 -o addr show dev {netdev} | awk '{{print $4}}'); do "
+        f'case \' {keep} \' in *" $a "*) ;; *) ip addr del "$a" dev {netdev};; esac; done'
+    ]
     cmds += [f"ip addr replace {a} dev {netdev}" for a in want]
     return cmds
 
@@ -194,15 +201,17 @@ def host_commands(mode: Mode, octet: int, names: list[str], macs: dict[str, str]
         hca = HCA_OF[nd]
         cmds.append(f"ip link set dev {nd} mtu {mode.mtu} {'up' if up else 'down'}")
         cmds += address_commands(nd, want)
-        cmds += [f"echo {shlex.quote(state)} > /sys/class/infiniband/{hca}/ports/1/state",
-                 f"echo {shlex.quote(phys)} > /sys/class/infiniband/{hca}/ports/1/phys_state",
-                 f"echo {speed(mode, k)} > /run/testbed/speed/{NETDEVS[k]}"]
+        cmds += [
+            f"echo {shlex.quote(state)} > /sys/class/infiniband/{hca}/ports/1/state",
+            f"echo {shlex.quote(phys)} > /sys/class/infiniband/{hca}/ports/1/phys_state",
+            f"echo {speed(mode, k)} > /run/testbed/speed/{NETDEVS[k]}",
+        ]
         cmds += gid_commands(hca, nd, macs.get(nd) if up else None, want)
     return cmds
 
 
 def mac_query(names: list[str]) -> str:
-    return "for i in " + " ".join(names) + "; do printf '%s %s\\n' \"$i\" \"$(cat /sys/class/net/$i/address)\"; done"
+    return "for i in " + " ".join(names) + '; do printf \'%s %s\\n\' "$i" "$(cat /sys/class/net/$i/address)"; done'
 
 
 def parse_macs(text: str) -> dict[str, str]:
@@ -215,15 +224,23 @@ def inventory_nodes(mode: Mode, hosts: list[tuple[str, str, int]], names: dict[s
     for h, role, octet in hosts:
         nds = names[h]
         ctl_if, ctl_ip = control(mode, octet)
-        out += ["[[nodes]]", f'name = "{h}"', f'role = "{role}"', f'ssh = "{h}"',
-                f'control_if = "{nds[NETDEVS.index(ctl_if)] if ctl_if in NETDEVS else ctl_if}"', f'control_ip = "{ctl_ip}"', f"mtu = {mode.mtu}",
-                "data_plane = ["]
+        out += [
+            "[[nodes]]",
+            f'name = "{h}"',
+            f'role = "{role}"',
+            f'ssh = "{h}"',
+            f'control_if = "{nds[NETDEVS.index(ctl_if)] if ctl_if in NETDEVS else ctl_if}"',
+            f'control_ip = "{ctl_ip}"',
+            f"mtu = {mode.mtu}",
+            "data_plane = [",
+        ]
         out += [f'  {{ netdev = "{nds[k]}", hca = "{HCA_OF[nds[k]]}" }},' for k in data_plane(mode)]
         out += ["]", ""]
     return out
 
 
 # --- a third machine (not a cluster node) in a port -----------------------------------------------
+
 
 def third_plug_commands(host_ns: str, netdev: str, other_ns: str, other_nd: str, mtu: int) -> list[list[str]]:
     """Root-namespace commands that unplug link `netdev` from the pair and plug `host_ns`'s end into
@@ -232,11 +249,45 @@ def third_plug_commands(host_ns: str, netdev: str, other_ns: str, other_nd: str,
     return [
         ["ip", "netns", "add", THIRD_NS],
         ["ip", "-n", host_ns, "link", "del", netdev],  # the pair's veth: both ends go
-        ["ip", "link", "add", "tbtmp-h", "netns", host_ns, "mtu", str(mtu), "type", "veth",
-         "peer", "name", "eth0", "netns", THIRD_NS, "mtu", str(mtu)],
+        [
+            "ip",
+            "link",
+            "add",
+            "tbtmp-h",
+            "netns",
+            host_ns,
+            "mtu",
+            str(mtu),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            THIRD_NS,
+            "mtu",
+            str(mtu),
+        ],
         ["ip", "-n", host_ns, "link", "set", "tbtmp-h", "name", netdev],
-        ["ip", "link", "add", "tbtmp-o", "netns", other_ns, "mtu", str(mtu), "type", "veth",
-         "peer", "name", "spare0", "netns", THIRD_NS, "mtu", str(mtu)],
+        [
+            "ip",
+            "link",
+            "add",
+            "tbtmp-o",
+            "netns",
+            other_ns,
+            "mtu",
+            str(mtu),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "spare0",
+            "netns",
+            THIRD_NS,
+            "mtu",
+            str(mtu),
+        ],
         ["ip", "-n", other_ns, "link", "set", "tbtmp-o", "name", other_nd],
         ["ip", "-n", THIRD_NS, "link", "set", "lo", "up"],
         ["ip", "-n", THIRD_NS, "addr", "add", f"{THIRD_NET}.3/24", "dev", "eth0"],
@@ -252,8 +303,25 @@ def third_unplug_commands(host_ns: str, netdev: str, other_ns: str, other_nd: st
         ["ip", "-n", host_ns, "link", "del", netdev],
         ["ip", "-n", other_ns, "link", "del", other_nd],
         ["ip", "netns", "del", THIRD_NS],
-        ["ip", "link", "add", "tbtmp-h", "netns", host_ns, "mtu", str(mtu), "type", "veth",
-         "peer", "name", "tbtmp-w", "netns", other_ns, "mtu", str(mtu)],
+        [
+            "ip",
+            "link",
+            "add",
+            "tbtmp-h",
+            "netns",
+            host_ns,
+            "mtu",
+            str(mtu),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "tbtmp-w",
+            "netns",
+            other_ns,
+            "mtu",
+            str(mtu),
+        ],
         ["ip", "-n", host_ns, "link", "set", "tbtmp-h", "name", netdev],
         ["ip", "-n", other_ns, "link", "set", "tbtmp-w", "name", other_nd],
     ]
@@ -261,5 +329,7 @@ def third_unplug_commands(host_ns: str, netdev: str, other_ns: str, other_nd: st
 
 def rebind_speed(names_and_files: list[tuple[str, str]]) -> str:
     """A new netdev has a fresh sysfs entry: bind the testbed's speed file onto it again."""
-    return " ; ".join(f"umount /sys/class/net/{nd}/speed 2>/dev/null; "
-                      f"mount --bind /run/testbed/speed/{f} /sys/class/net/{nd}/speed" for nd, f in names_and_files)
+    return " ; ".join(
+        f"umount /sys/class/net/{nd}/speed 2>/dev/null; mount --bind /run/testbed/speed/{f} /sys/class/net/{nd}/speed"
+        for nd, f in names_and_files
+    )

@@ -88,8 +88,10 @@ DISK_GB = 12
 SYS_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # production container flags (seed 002)
-PROD_FLAGS = ("--gpus all --device=/dev/infiniband --cap-add=IPC_LOCK --ulimit memlock=-1:-1 "
-              "--network host --ipc host --shm-size 1g")
+PROD_FLAGS = (
+    "--gpus all --device=/dev/infiniband --cap-add=IPC_LOCK --ulimit memlock=-1:-1 "
+    "--network host --ipc host --shm-size 1g"
+)
 
 
 # `doctor --fabric` on the testbed: gloo over veths between namespaces on two shared cores (no GPU, no
@@ -119,8 +121,11 @@ class HostSpec:
 SPECS = {
     HEAD: HostSpec(HEAD, "head", "sctb-head", "198.18.0.1", "198.18.0.2", 1),
     WORKER: HostSpec(WORKER, "worker", "sctb-worker", "198.18.0.5", "198.18.0.6", 2),
-    **{h: HostSpec(h, "worker", f"sctb-w{i + 1}", f"198.18.0.{4 * i + 1}", f"198.18.0.{4 * i + 2}", i + 1)
-       for i, h in enumerate(ALL_HOSTS) if i >= 2},
+    **{
+        h: HostSpec(h, "worker", f"sctb-w{i + 1}", f"198.18.0.{4 * i + 1}", f"198.18.0.{4 * i + 2}", i + 1)
+        for i, h in enumerate(ALL_HOSTS)
+        if i >= 2
+    },
 }
 MIRROR_IP = SPECS[HEAD].ctl_ip
 PIP_INDEX_URL = f"http://{MIRROR_IP}:{MIRROR_PORT}/simple"
@@ -148,8 +153,9 @@ def preflight() -> str | None:
     for tool in ("unshare", "nsenter", "ip", "sshd", "dockerd", "runc", "containerd", "ssh-keygen", "debootstrap"):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             return f"{tool} is missing (run `make deps`)"
-    p = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount", "--uts", "true"],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        ["unshare", "--net", "--pid", "--fork", "--mount", "--uts", "true"], capture_output=True, text=True
+    )
     if p.returncode != 0:
         return f"cannot create namespaces here: {p.stderr.strip()}"
     return None
@@ -160,11 +166,17 @@ class PortHolder:
 
     def __init__(self, tb: "Testbed", host: str, port: int, addr: str = "0.0.0.0"):
         self.tb, self.host, self.port = tb, host, port
-        code = ("import socket,time,os;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
-                f"s.bind(({addr!r},{port}));s.listen(16);print(os.getpid(),flush=True);time.sleep(10**9)")
-        self.proc = subprocess.Popen(tb.nsenter_argv(host) + ["python3", "-c", code],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+        code = (
+            "import socket,time,os;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+            f"s.bind(({addr!r},{port}));s.listen(16);print(os.getpid(),flush=True);time.sleep(10**9)"
+        )
+        self.proc = subprocess.Popen(
+            tb.nsenter_argv(host) + ["python3", "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         line = self.proc.stdout.readline().strip()
         if not line:
             raise TestbedError(f"could not hold port {port} on {host}: {self.proc.stderr.read()}")
@@ -269,18 +281,37 @@ class Testbed:
 
     # ---------------------------------------------------------------- running things on a host
     def nsenter_argv(self, host: str) -> list[str]:
-        return ["nsenter", "-t", str(self.pid(host)), "-n", "-m", "-u", "-i", "-p", "--",
-                "env", "-i", f"PATH={HOST_PATH}", "HOME=/root", "LANG=C.UTF-8", "USER=root", "LOGNAME=root",
-                f"HOSTNAME={host}"]
+        return [
+            "nsenter",
+            "-t",
+            str(self.pid(host)),
+            "-n",
+            "-m",
+            "-u",
+            "-i",
+            "-p",
+            "--",
+            "env",
+            "-i",
+            f"PATH={HOST_PATH}",
+            "HOME=/root",
+            "LANG=C.UTF-8",
+            "USER=root",
+            "LOGNAME=root",
+            f"HOSTNAME={host}",
+        ]
 
-    def sh(self, host: str, cmd: str, check: bool = True, input=None, timeout: float | None = 300,
-           text: bool = True) -> subprocess.CompletedProcess:
+    def sh(
+        self, host: str, cmd: str, check: bool = True, input=None, timeout: float | None = 300, text: bool = True
+    ) -> subprocess.CompletedProcess:
         """Run a shell command "on the host" (its namespaces), independent of sshd and sparkcluster."""
         argv = self.nsenter_argv(host) + ["bash", "-c", cmd]
         p = subprocess.run(argv, input=input, timeout=timeout, capture_output=True, text=text, cwd="/")
         if check and p.returncode != 0:
-            raise TestbedError(f"[{host}] command failed ({p.returncode}): {cmd}\n"
-                               f"stdout: {(p.stdout or '')[-3000:]}\nstderr: {(p.stderr or '')[-3000:]}")
+            raise TestbedError(
+                f"[{host}] command failed ({p.returncode}): {cmd}\n"
+                f"stdout: {(p.stdout or '')[-3000:]}\nstderr: {(p.stderr or '')[-3000:]}"
+            )
         return p
 
     def docker(self, host: str, args: str, check: bool = True, timeout: float | None = 600):
@@ -306,14 +337,27 @@ class Testbed:
                 if not problems:
                     log("testbed is already up and healthy; reusing it")
                     return self
-                raise TestbedError("a testbed is already up but unhealthy:\n  " + "\n  ".join(problems) +
-                                   "\nrun `make testbed-down` (python -m tests.testbed down) first")
+                raise TestbedError(
+                    "a testbed is already up but unhealthy:\n  "
+                    + "\n  ".join(problems)
+                    + "\nrun `make testbed-down` (python -m tests.testbed down) first"
+                )
             if self._leftovers():
-                raise TestbedError("leftovers of an earlier testbed exist (" + ", ".join(self._leftovers()) +
-                                   "); run `make testbed-down` first")
+                raise TestbedError(
+                    "leftovers of an earlier testbed exist ("
+                    + ", ".join(self._leftovers())
+                    + "); run `make testbed-down` first"
+                )
             t0 = time.monotonic()
-            self._save({"phase": "starting", "hosts": {}, "created_dirs": [], "started": time.time(),
-                        "n_hosts": hosts_wanted()})
+            self._save(
+                {
+                    "phase": "starting",
+                    "hosts": {},
+                    "created_dirs": [],
+                    "started": time.time(),
+                    "n_hosts": hosts_wanted(),
+                }
+            )
             try:
                 self._build()
             except BaseException:
@@ -352,6 +396,7 @@ class Testbed:
     # caches: rootfs tarball and wheels, built in a thread while the hosts come up
     def _prepare_caches_async(self):
         import concurrent.futures as cf
+
         ex = cf.ThreadPoolExecutor(max_workers=2)
         futs = [ex.submit(artifacts.ensure_rootfs_tar), ex.submit(artifacts.ensure_wheels)]
 
@@ -360,12 +405,25 @@ class Testbed:
                 for f in futs:
                     f.result()
                 ex.shutdown()
+
         return _F()
 
     def _keys(self) -> None:
         if not self.identity.exists():
-            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sparkcluster-testbed-controller",
-                 "-f", str(self.identity)])
+            run(
+                [
+                    "ssh-keygen",
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    "sparkcluster-testbed-controller",
+                    "-f",
+                    str(self.identity),
+                ]
+            )
         os.chmod(self.identity, 0o600)
         ak = self.dir / "authorized_keys"
         ak.write_text((self.identity.with_suffix(".pub")).read_text())
@@ -396,20 +454,42 @@ class Testbed:
         st = self._state()
         st["hosts"].setdefault(host, {})["netns"] = host
         self._save(st)
-        init = ("import os,signal,time\n"
-                "signal.signal(signal.SIGTERM, lambda *a: os._exit(0))\n"
-                "signal.signal(signal.SIGINT, lambda *a: os._exit(0))\n"
-                "while True:\n"
-                "    try:\n"
-                "        os.wait()\n"
-                "    except ChildProcessError:\n"
-                "        time.sleep(0.5)\n")
+        init = (
+            "import os,signal,time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: os._exit(0))\n"
+            "signal.signal(signal.SIGINT, lambda *a: os._exit(0))\n"
+            "while True:\n"
+            "    try:\n"
+            "        os.wait()\n"
+            "    except ChildProcessError:\n"
+            "        time.sleep(0.5)\n"
+        )
         with open(d / "init.log", "ab") as logf:
-            p = subprocess.Popen(["ip", "netns", "exec", host, "unshare", "--pid", "--fork", "--mount-proc",
-                                  "--mount", "--uts", "--ipc", "--propagation", "private",
-                                  SYS_PYTHON, "-c", init],
-                                 stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
-                                 cwd="/")
+            p = subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    host,
+                    "unshare",
+                    "--pid",
+                    "--fork",
+                    "--mount-proc",
+                    "--mount",
+                    "--uts",
+                    "--ipc",
+                    "--propagation",
+                    "private",
+                    SYS_PYTHON,
+                    "-c",
+                    init,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=logf,
+                start_new_session=True,
+                cwd="/",
+            )
         child = None
         for _ in range(200):
             try:
@@ -419,8 +499,10 @@ class Testbed:
             if kids:
                 c = int(kids[0])
                 try:
-                    if os.readlink(f"/proc/{c}/ns/pid") != os.readlink("/proc/self/ns/pid") and \
-                            b"python3" in Path(f"/proc/{c}/cmdline").read_bytes():
+                    if (
+                        os.readlink(f"/proc/{c}/ns/pid") != os.readlink("/proc/self/ns/pid")
+                        and b"python3" in Path(f"/proc/{c}/cmdline").read_bytes()
+                    ):
                         child = c
                         break
                 except OSError:
@@ -445,27 +527,36 @@ class Testbed:
             run(["ip", "link", "add", s.ctl_if, "type", "veth", "peer", "name", LAN_IF, "netns", h])
             run(["ip", "addr", "add", f"{s.ctl_ip}/30", "dev", s.ctl_if])
             run(["ip", "link", "set", s.ctl_if, "up"])
-            self.sh(h, f"ip link set lo up && ip addr add {s.lan_ip}/30 dev {LAN_IF} && ip link set {LAN_IF} up "
-                       f"&& ip route add default via {s.ctl_ip} dev {LAN_IF}")
+            self.sh(
+                h,
+                f"ip link set lo up && ip addr add {s.lan_ip}/30 dev {LAN_IF} && ip link set {LAN_IF} up "
+                f"&& ip route add default via {s.ctl_ip} dev {LAN_IF}",
+            )
         mode = self.cabling
         self._update(cabling=mode.spec)
         if mode.name == "ring":
             self._ring(mode.mtu)
-            log(f"network: {len(self.hosts)} LAN veths in 198.18.0.0/27; a ring of {len(self.hosts)} cables (each "
-                f"twin pair on /24s of its own), the control plane on a LAN ({cabling.RING_LAN}.0/24)")
+            log(
+                f"network: {len(self.hosts)} LAN veths in 198.18.0.0/27; a ring of {len(self.hosts)} cables (each "
+                f"twin pair on /24s of its own), the control plane on a LAN ({cabling.RING_LAN}.0/24)"
+            )
             return
         self._update(wiring="switch" if len(self.hosts) > 2 else "pair")
         if len(self.hosts) > 2:
             self._switch(mode.mtu)
-            log(f"network: {len(self.hosts)} LAN veths in 198.18.0.0/27; 4 rails 198.19.{{1..4}}.0/24 through a "
-                f"switch ({SWITCH_NS}), cabling {mode.spec}")
+            log(
+                f"network: {len(self.hosts)} LAN veths in 198.18.0.0/27; 4 rails 198.19.{{1..4}}.0/24 through a "
+                f"switch ({SWITCH_NS}), cabling {mode.spec}"
+            )
             return
         for k, nd in enumerate(NETDEVS):
             # one veth pair per netdev, each end created directly in its host; which are cabled (up),
             # their addresses, HCA states and GID tables come from the cabling mode (_apply_cabling)
             self._veth(k, nd, nd, mode.mtu)
-        log(f"network: LAN veths 198.18.0.0/30, 198.18.0.4/30; 4 data-plane veths 198.19.{{1..4}}.0/24, "
-            f"cabling {mode.spec}")
+        log(
+            f"network: LAN veths 198.18.0.0/30, 198.18.0.4/30; 4 data-plane veths 198.19.{{1..4}}.0/24, "
+            f"cabling {mode.spec}"
+        )
 
     def _ring(self, mtu: int) -> None:
         """Three or more hosts cabled as a ring: host i's port 0 twins to host i+1's port 1 twins (the
@@ -491,8 +582,27 @@ class Testbed:
         for i, h in enumerate(hosts):
             nxt = hosts[(i + 1) % len(hosts)]
             for out_k, in_k in ((0, 1), (2, 3)):  # port 0's twins to the next host's port 1 twins
-                run(["ip", "link", "add", "tbtmp-a", "netns", h, "mtu", str(mtu), "type", "veth",
-                     "peer", "name", "tbtmp-b", "netns", nxt, "mtu", str(mtu)])
+                run(
+                    [
+                        "ip",
+                        "link",
+                        "add",
+                        "tbtmp-a",
+                        "netns",
+                        h,
+                        "mtu",
+                        str(mtu),
+                        "type",
+                        "veth",
+                        "peer",
+                        "name",
+                        "tbtmp-b",
+                        "netns",
+                        nxt,
+                        "mtu",
+                        str(mtu),
+                    ]
+                )
                 run(["ip", "-n", h, "link", "set", "tbtmp-a", "name", NETDEVS[out_k]])
                 run(["ip", "-n", nxt, "link", "set", "tbtmp-b", "name", NETDEVS[in_k]])
 
@@ -511,15 +621,53 @@ class Testbed:
         for h in self.hosts:
             for k, nd in enumerate(NETDEVS):
                 port = f"p{SPECS[h].octet}r{k + 1}"
-                run(["ip", "link", "add", "tbtmp-h", "netns", h, "mtu", str(mtu), "type", "veth",
-                     "peer", "name", port, "netns", SWITCH_NS, "mtu", str(mtu)])
+                run(
+                    [
+                        "ip",
+                        "link",
+                        "add",
+                        "tbtmp-h",
+                        "netns",
+                        h,
+                        "mtu",
+                        str(mtu),
+                        "type",
+                        "veth",
+                        "peer",
+                        "name",
+                        port,
+                        "netns",
+                        SWITCH_NS,
+                        "mtu",
+                        str(mtu),
+                    ]
+                )
                 run(["ip", "-n", h, "link", "set", "tbtmp-h", "name", nd])
                 run(sw + ["link", "set", port, "master", f"rail{k + 1}"])
                 run(sw + ["link", "set", port, "up"])
 
     def _veth(self, k: int, head_nd: str, worker_nd: str, mtu: int) -> None:
-        run(["ip", "link", "add", "tbtmp-h", "netns", HEAD, "mtu", str(mtu), "type", "veth",
-             "peer", "name", "tbtmp-w", "netns", WORKER, "mtu", str(mtu)])
+        run(
+            [
+                "ip",
+                "link",
+                "add",
+                "tbtmp-h",
+                "netns",
+                HEAD,
+                "mtu",
+                str(mtu),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "tbtmp-w",
+                "netns",
+                WORKER,
+                "mtu",
+                str(mtu),
+            ]
+        )
         run(["ip", "-n", HEAD, "link", "set", "tbtmp-h", "name", head_nd])
         run(["ip", "-n", WORKER, "link", "set", "tbtmp-w", "name", worker_nd])
 
@@ -546,8 +694,10 @@ class Testbed:
         the default) and rewrite cluster.toml to match. Undo: set_cabling() or reset()."""
         m = cabling.parse(mode if mode is not None else os.environ.get(cabling.ENV))
         if (m.name == "ring") != (self._state().get("wiring") == "ring"):
-            raise TestbedError("a ring is wired at bring-up (SPARKCLUSTER_TESTBED_CABLING=ring with HOSTS=3 or more), "
-                               "and a ring's hosts cannot be re-cabled as a pair or through a switch")
+            raise TestbedError(
+                "a ring is wired at bring-up (SPARKCLUSTER_TESTBED_CABLING=ring with HOSTS=3 or more), "
+                "and a ring's hosts cannot be re-cabled as a pair or through a switch"
+            )
         self._update(cabling=m.spec)
         for h in self.hosts:
             self._apply_cabling(h)
@@ -572,8 +722,13 @@ class Testbed:
         cmds = []
         for k, nd in enumerate(names):
             if cabling.cabled(self.cabling, k):
-                cmds += cabling.gid_commands(HCA_OF[nd], nd, macs.get(nd), cabling.addresses(self.cabling, k, octet),
-                                             (f"fd00:19::{k + 1}:{octet}",))
+                cmds += cabling.gid_commands(
+                    HCA_OF[nd],
+                    nd,
+                    macs.get(nd),
+                    cabling.addresses(self.cabling, k, octet),
+                    (f"fd00:19::{k + 1}:{octet}",),
+                )
         self.sh(host, "set -e\n" + "\n".join(cmds))
 
     def set_default_route(self, host: str, ifname: str, via: str) -> None:
@@ -590,7 +745,11 @@ class Testbed:
         for argv in cabling.third_plug_commands(host, ifname, other, other_nd, self.cabling.mtu):
             run(argv)
         self._update(third={"host": host, "ifname": ifname})
-        self.sh(host, cabling.rebind_speed([(ifname, NETDEVS[k])]) + f"; echo {cabling.SPEED_MBPS} > /run/testbed/speed/{NETDEVS[k]}")
+        self.sh(
+            host,
+            cabling.rebind_speed([(ifname, NETDEVS[k])])
+            + f"; echo {cabling.SPEED_MBPS} > /run/testbed/speed/{NETDEVS[k]}",
+        )
         self.sh(other, cabling.rebind_speed([(other_nd, NETDEVS[k])]))
         self.set_hca_state(host, HCA_OF[ifname], "4: ACTIVE")
         self.set_addresses(host, ifname, [f"{cabling.THIRD_NET}.1/24"])
@@ -614,8 +773,10 @@ class Testbed:
         d = self.host_dir(host)
         s = SPECS[host]
         (d / "etc-hosts").write_text(
-            f"127.0.0.1\tlocalhost\n127.0.1.1\t{host}\n" + "".join(f"{SPECS[h].lan_ip}\t{h}\n" for h in self.hosts) +
-            "::1\tlocalhost ip6-localhost ip6-loopback\n")
+            f"127.0.0.1\tlocalhost\n127.0.1.1\t{host}\n"
+            + "".join(f"{SPECS[h].lan_ip}\t{h}\n" for h in self.hosts)
+            + "::1\tlocalhost ip6-localhost ip6-loopback\n"
+        )
         # a resolver that answers "port unreachable" at once instead of timing out
         (d / "resolv.conf").write_text(f"nameserver {s.ctl_ip}\noptions timeout:1 attempts:1\n")
         (d / "etc-docker").mkdir(exist_ok=True)
@@ -626,13 +787,33 @@ class Testbed:
         if artifacts.loop_devices_work():
             img.unlink(missing_ok=True)
             with open(img, "wb") as f:
-                f.truncate(DISK_GB * 1024 ** 3)
-            run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1",
-                 "-L", f"{host}-docker", str(img)])
+                f.truncate(DISK_GB * 1024**3)
+            run(
+                [
+                    "mkfs.ext4",
+                    "-q",
+                    "-F",
+                    "-m",
+                    "0",
+                    "-E",
+                    "lazy_itable_init=1,lazy_journal_init=1",
+                    "-L",
+                    f"{host}-docker",
+                    str(img),
+                ]
+            )
             disk = str(img)
-        env = {"TB_NAME": host, "TB_REPO": str(REPO), "TB_STATE": str(d), "TB_BIN": str(BIN), "TB_DISK": disk,
-               "TB_DISK_MB": str(8 * 1024), "TB_NETDEVS": " ".join(NETDEVS), "TB_HCAS": " ".join(HCAS),
-               "TB_DRIVER": DRIVER}
+        env = {
+            "TB_NAME": host,
+            "TB_REPO": str(REPO),
+            "TB_STATE": str(d),
+            "TB_BIN": str(BIN),
+            "TB_DISK": disk,
+            "TB_DISK_MB": str(8 * 1024),
+            "TB_NETDEVS": " ".join(NETDEVS),
+            "TB_HCAS": " ".join(HCAS),
+            "TB_DRIVER": DRIVER,
+        }
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         self.sh(host, f"export {exports}; bash {shlex.quote(str(HERE / 'host-setup.sh'))}")
         # the account sparkcluster logs in as (root may not log in: sshd's PermitRootLogin no), with
@@ -641,20 +822,33 @@ class Testbed:
         st = self._state()
         st["hosts"][host]["disk"] = disk
         self._save(st)
-        log(f"{host}: private /run /tmp /var/lib/docker ({'ext4 on loop' if disk else 'tmpfs'}), "
-            "fake HCAs, nvidia-smi stand-in")
+        log(
+            f"{host}: private /run /tmp /var/lib/docker ({'ext4 on loop' if disk else 'tmpfs'}), "
+            "fake HCAs, nvidia-smi stand-in"
+        )
 
     def add_ssh_user(self, host: str) -> None:
         """The Spark's SSH user on `host` (tests/testbed/user-setup.sh): uid SSH_UID, its own home,
         a member of `docker`, no sudo rule; its authorized_keys the controller's key."""
-        self.sh(host, f"TB_USER={SSH_USER} TB_UID={SSH_UID} bash {shlex.quote(str(HERE / 'user-setup.sh'))}",
-                input=(self.dir / "authorized_keys").read_text())
+        self.sh(
+            host,
+            f"TB_USER={SSH_USER} TB_UID={SSH_UID} bash {shlex.quote(str(HERE / 'user-setup.sh'))}",
+            input=(self.dir / "authorized_keys").read_text(),
+        )
 
     def account(self) -> dict:
         """Who the testbed's SSH user is (written to facts.json with the client files)."""
         home = f"/home/{SSH_USER}"
-        return {"ssh_user": SSH_USER, "uid": SSH_UID, "gid": SSH_UID, "home": home, "groups": [SSH_USER, "docker"],
-                "hf_cache": f"{home}/.cache/huggingface", "root_login": False, "sudo": False}
+        return {
+            "ssh_user": SSH_USER,
+            "uid": SSH_UID,
+            "gid": SSH_UID,
+            "home": home,
+            "groups": [SSH_USER, "docker"],
+            "hf_cache": f"{home}/.cache/huggingface",
+            "root_login": False,
+            "sudo": False,
+        }
 
     # ---------------------------------------------------------------- sshd
     def _sshd_config(self, host: str) -> Path:
@@ -663,7 +857,7 @@ class Testbed:
         cfg.write_text(f"""# testbed sshd for {host}
 ListenAddress {SPECS[host].lan_ip}
 Port 22
-HostKey {d / 'ssh_host_ed25519_key'}
+HostKey {d / "ssh_host_ed25519_key"}
 PidFile /run/sshd.pid
 AuthorizedKeysFile .ssh/authorized_keys
 PubkeyAuthentication yes
@@ -682,9 +876,12 @@ Subsystem sftp /usr/lib/openssh/sftp-server
     def start_sshd(self, host: str) -> None:
         """Start the host's sshd (logs to hosts/<host>/sshd.log)."""
         cfg = self._sshd_config(host)
-        self.sh(host, f"/usr/sbin/sshd -t -f {cfg} && /usr/sbin/sshd -f {cfg} -E {self.sshd_log(host)} && "
-                      f"for i in $(seq 100); do ss -Hltn 'sport = :22' | grep -q {SPECS[host].lan_ip} && break; "
-                      "sleep 0.05; done; ss -Hltn 'sport = :22' | grep -q . || { echo 'sshd is not listening' >&2; exit 1; }")
+        self.sh(
+            host,
+            f"/usr/sbin/sshd -t -f {cfg} && /usr/sbin/sshd -f {cfg} -E {self.sshd_log(host)} && "
+            f"for i in $(seq 100); do ss -Hltn 'sport = :22' | grep -q {SPECS[host].lan_ip} && break; "
+            "sleep 0.05; done; ss -Hltn 'sport = :22' | grep -q . || { echo 'sshd is not listening' >&2; exit 1; }",
+        )
         # A hardened Spark also gives sshd OOMScoreAdjust=-1000; lowering an OOM score needs
         # CAP_SYS_RESOURCE, which this sandbox withholds, so doctor's mem.sshd_oom warns here.
         self.start_earlyoom(host)
@@ -692,15 +889,24 @@ Subsystem sftp /usr/lib/openssh/sftp-server
     def start_earlyoom(self, host: str) -> None:
         """earlyoom, as a hardened Spark runs it (seed 002). A real process in the host's PID
         namespace; both hosts watch this one machine's memory, as both share it."""
-        self.sh(host, "pgrep -x earlyoom >/dev/null || { setsid earlyoom -r 0 </dev/null >/dev/null 2>&1 & }", timeout=20)
+        self.sh(
+            host, "pgrep -x earlyoom >/dev/null || { setsid earlyoom -r 0 </dev/null >/dev/null 2>&1 & }", timeout=20
+        )
 
     def stop_earlyoom(self, host: str) -> None:
-        self.sh(host, "pkill -x earlyoom; for i in $(seq 50); do pgrep -x earlyoom >/dev/null || exit 0; sleep 0.1; done", check=False)
+        self.sh(
+            host,
+            "pkill -x earlyoom; for i in $(seq 50); do pgrep -x earlyoom >/dev/null || exit 0; sleep 0.1; done",
+            check=False,
+        )
 
     def stop_sshd(self, host: str) -> None:
         """Stop the listening sshd (established sessions survive, as with a real `kill`)."""
-        self.sh(host, "[ -s /run/sshd.pid ] && kill $(cat /run/sshd.pid) || true; "
-                      "for i in $(seq 50); do [ -e /run/sshd.pid ] || exit 0; sleep 0.1; done; rm -f /run/sshd.pid")
+        self.sh(
+            host,
+            "[ -s /run/sshd.pid ] && kill $(cat /run/sshd.pid) || true; "
+            "for i in $(seq 50); do [ -e /run/sshd.pid ] || exit 0; sleep 0.1; done; rm -f /run/sshd.pid",
+        )
 
     def _wait_ssh(self, host: str, timeout: float = 20) -> None:
         end = time.monotonic() + timeout
@@ -717,8 +923,10 @@ Subsystem sftp /usr/lib/openssh/sftp-server
         """Start the host's own dockerd (own containerd, data root /var/lib/docker, /run/docker.sock).
         Its default runtime stays `runc`, found first on dockerd's PATH in /run/testbed/bin: the
         testbed-runc wrapper (see standin_bin/testbed-runc), so `docker info` reads as on a Spark."""
-        args = ("dockerd --data-root /var/lib/docker --exec-root /run/docker --pidfile /run/docker.pid "
-                "-H unix:///run/docker.sock --add-runtime nvidia=nvidia-container-runtime --log-level warn")
+        args = (
+            "dockerd --data-root /var/lib/docker --exec-root /run/docker --pidfile /run/docker.pid "
+            "-H unix:///run/docker.sock --add-runtime nvidia=nvidia-container-runtime --log-level warn"
+        )
         self.sh(host, f"PATH=/run/testbed/bin:$PATH setsid {args} </dev/null >>{self.dockerd_log(host)} 2>&1 &")
         if wait:
             self._wait_dockerd(host)
@@ -739,7 +947,9 @@ Subsystem sftp /usr/lib/openssh/sftp-server
 
     def stop_dockerd(self, host: str, timeout: float = 30) -> None:
         """Stop the host's dockerd (and its containerd) like `systemctl stop docker`."""
-        self.sh(host, f"""
+        self.sh(
+            host,
+            f"""
 pid=$(cat /run/docker.pid 2>/dev/null || true)
 [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
 for i in $(seq {int(timeout * 10)}); do [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
@@ -747,7 +957,10 @@ for i in $(seq {int(timeout * 10)}); do [ -n "$pid" ] && kill -0 "$pid" 2>/dev/n
 pkill -x containerd 2>/dev/null || true
 for i in $(seq 50); do pgrep -x containerd >/dev/null || break; sleep 0.1; done
 rm -f /run/docker.pid /run/docker.sock
-""", check=False, timeout=timeout + 20)
+""",
+            check=False,
+            timeout=timeout + 20,
+        )
 
     def reboot(self, host: str) -> None:
         """What a reboot does to a node's containers: dockerd and everything under it stops (the
@@ -768,8 +981,11 @@ rm -f /run/docker.pid /run/docker.sock
             self.sh(host, f"nsenter -t {pid} -m -p umount /proc/meminfo", check=False)
             return
         fake = "/run/testbed-meminfo"
-        self.sh(host, f"docker exec {container} sh -c 'sed \"s/^MemAvailable:.*/MemAvailable:   {int(mem_available_kib)} kB/\" "
-                      f"/proc/meminfo > {fake}'")
+        self.sh(
+            host,
+            f'docker exec {container} sh -c \'sed "s/^MemAvailable:.*/MemAvailable:   {int(mem_available_kib)} kB/" '
+            f"/proc/meminfo > {fake}'",
+        )
         self.sh(host, f"nsenter -t {pid} -m -p mount --bind {fake} /proc/meminfo")
 
     # ---------------------------------------------------------------- client files
@@ -803,12 +1019,21 @@ rm -f /run/docker.pid /run/docker.sock
         m = cabling.parse(mode) if mode is not None else self.cabling
         hosts = self.hosts
         many = len(hosts) > 2  # through the testbed's switch: every rail on every host
-        out = [f"# sparkcluster inventory for the {len(hosts)}-host testbed (written by tests/testbed)",
-               f"# cabling: {m.spec}" + (", through a switch" if many and m.name != "ring" else ""),
-               "[cluster]", 'name = "testbed"', 'ssh_config = "ssh_config"', 'known_hosts = "known_hosts"',
-               f'profile = "{"testbed-pp" if len(hosts) == 4 else "testbed"}"', f'pip_index_url = "{PIP_INDEX_URL}"',
-               hub.INVENTORY_LINE, *([f'topology = "{"ring" if m.name == "ring" else "switch"}"'] if many else []),
-               "", *FABRIC_LINES, ""]
+        out = [
+            f"# sparkcluster inventory for the {len(hosts)}-host testbed (written by tests/testbed)",
+            f"# cabling: {m.spec}" + (", through a switch" if many and m.name != "ring" else ""),
+            "[cluster]",
+            'name = "testbed"',
+            'ssh_config = "ssh_config"',
+            'known_hosts = "known_hosts"',
+            f'profile = "{"testbed-pp" if len(hosts) == 4 else "testbed"}"',
+            f'pip_index_url = "{PIP_INDEX_URL}"',
+            hub.INVENTORY_LINE,
+            *([f'topology = "{"ring" if m.name == "ring" else "switch"}"'] if many else []),
+            "",
+            *FABRIC_LINES,
+            "",
+        ]
         names = {h: list(CROSSED if (crossed and h == WORKER) else NETDEVS) for h in hosts}
         out += cabling.inventory_nodes(m, [(h, SPECS[h].role, SPECS[h].octet) for h in hosts], names)
         return "\n".join(out)
@@ -822,9 +1047,23 @@ rm -f /run/docker.pid /run/docker.sock
     def _start_mirror(self) -> None:
         artifacts.build_simple_index()
         logf = open(self.dir / "mirror.log", "ab")
-        p = subprocess.Popen([sys.executable, "-m", "http.server", str(MIRROR_PORT), "--bind", MIRROR_IP,
-                              "--directory", str(artifacts.MIRROR_ROOT)],
-                             stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, cwd="/")
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "http.server",
+                str(MIRROR_PORT),
+                "--bind",
+                MIRROR_IP,
+                "--directory",
+                str(artifacts.MIRROR_ROOT),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=logf,
+            start_new_session=True,
+            cwd="/",
+        )
         self._update(mirror_pid=p.pid)
         for _ in range(100):
             if artifacts.mirror_ok(PIP_INDEX_URL):
@@ -839,12 +1078,21 @@ rm -f /run/docker.pid /run/docker.sock
         The engine image is on BOTH hosts, as after `docker pull` on each Spark; the stand-in of
         vLLM 0.21 on the head only."""
         t0 = time.monotonic()
-        changes = ["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                   "ENV LANG=C.UTF-8", "ENV PYTHONUNBUFFERED=1", "WORKDIR /workspace", 'CMD ["/bin/bash"]']
+        changes = [
+            "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "ENV LANG=C.UTF-8",
+            "ENV PYTHONUNBUFFERED=1",
+            "WORKDIR /workspace",
+            'CMD ["/bin/bash"]',
+        ]
         ch = " ".join(f"--change {shlex.quote(c)}" for c in changes)
         with open(ROOTFS_TAR, "rb") as f:
-            p = subprocess.run(self.nsenter_argv(HEAD) + ["bash", "-c", f"docker import {ch} - {ROOTFS_IMAGE}"],
-                               stdin=f, capture_output=True, text=True)
+            p = subprocess.run(
+                self.nsenter_argv(HEAD) + ["bash", "-c", f"docker import {ch} - {ROOTFS_IMAGE}"],
+                stdin=f,
+                capture_output=True,
+                text=True,
+            )
         if p.returncode != 0:
             raise TestbedError(f"docker import failed: {p.stderr}")
         self.refresh_vllm_standin()
@@ -860,16 +1108,21 @@ rm -f /run/docker.pid /run/docker.sock
         t0 = time.monotonic()
         if not tar.exists():
             ctx = artifacts.engine_build_context(self.dir / "engine-build")
-            self.docker(HEAD, f"build --network host --build-arg ROOTFS={ROOTFS_IMAGE} "
-                              f"--build-arg PIP_INDEX_URL={PIP_INDEX_URL} --build-arg PIP_TRUSTED_HOST={MIRROR_IP} "
-                              f"-t {BASE_IMAGE} {ctx}", timeout=1500)
+            self.docker(
+                HEAD,
+                f"build --network host --build-arg ROOTFS={ROOTFS_IMAGE} "
+                f"--build-arg PIP_INDEX_URL={PIP_INDEX_URL} --build-arg PIP_TRUSTED_HOST={MIRROR_IP} "
+                f"-t {BASE_IMAGE} {ctx}",
+                timeout=1500,
+            )
             shutil.rmtree(ctx, ignore_errors=True)
             self.docker(HEAD, "builder prune -af", check=False)
             log(f"engine image {BASE_IMAGE} built on {HEAD} in {time.monotonic() - t0:.1f}s")
             tmp = tar.with_suffix(".tmp")
             with open(tmp, "wb") as f:
-                res = subprocess.run(self.nsenter_argv(HEAD) + ["docker", "save", BASE_IMAGE], stdout=f,
-                                     stderr=subprocess.PIPE)
+                res = subprocess.run(
+                    self.nsenter_argv(HEAD) + ["docker", "save", BASE_IMAGE], stdout=f, stderr=subprocess.PIPE
+                )
             if res.returncode != 0:
                 tmp.unlink(missing_ok=True)
                 raise TestbedError(f"docker save {BASE_IMAGE}: {res.stderr!r}")
@@ -880,6 +1133,7 @@ rm -f /run/docker.pid /run/docker.sock
         else:
             hosts = list(self.hosts)
         import concurrent.futures as cf
+
         with cf.ThreadPoolExecutor(len(hosts)) as ex:
             list(ex.map(lambda h: self._load_tar(h, tar), hosts))
         log(f"engine image {BASE_IMAGE} ({VLLM_VERSION}) on {', '.join(self.hosts)} in {time.monotonic() - t0:.1f}s")
@@ -910,8 +1164,12 @@ rm -f /run/docker.pid /run/docker.sock
         cache, owner = shlex.quote(acct["hf_cache"]), f"{acct['uid']}:{acct['gid']}"
         for h in hosts or self.hosts:
             # the SSH user's own files, as its own `hf download` would leave them
-            self.sh(h, f"mkdir -p {cache} && tar -C {cache} --no-same-owner -xf - && chown -R {owner} {shlex.quote(acct['home'])}/.cache",
-                    input=data, text=False)
+            self.sh(
+                h,
+                f"mkdir -p {cache} && tar -C {cache} --no-same-owner -xf - && chown -R {owner} {shlex.quote(acct['home'])}/.cache",
+                input=data,
+                text=False,
+            )
         shutil.rmtree(tree, ignore_errors=True)
 
     def ensure_model(self) -> Path:
@@ -921,9 +1179,12 @@ rm -f /run/docker.pid /run/docker.sock
         if not (src / "model.safetensors").exists():
             t0 = time.monotonic()
             tmp = Path(f"/tmp/tb-model-{os.getpid()}")
-            self.sh(HEAD, f"rm -rf {tmp} && mkdir -p {tmp} && docker run --rm --network none -v {tmp}:/out "
-                          f"-v {artifacts.MODEL_SCRIPT}:/build.py:ro {BASE_IMAGE} python3 /build.py /out/model",
-                    timeout=300)
+            self.sh(
+                HEAD,
+                f"rm -rf {tmp} && mkdir -p {tmp} && docker run --rm --network none -v {tmp}:/out "
+                f"-v {artifacts.MODEL_SCRIPT}:/build.py:ro {BASE_IMAGE} python3 /build.py /out/model",
+                timeout=300,
+            )
             staging = src.with_suffix(".tmp")
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
@@ -942,8 +1203,11 @@ rm -f /run/docker.pid /run/docker.sock
         ctx.mkdir(parents=True)
         src = ctx / "vllm"
         if artifacts.STANDIN_VLLM.is_dir() and any(artifacts.STANDIN_VLLM.iterdir()):
-            shutil.copytree(artifacts.STANDIN_VLLM, src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info",
-                                                                                      "build", ".pytest_cache"))
+            shutil.copytree(
+                artifacts.STANDIN_VLLM,
+                src,
+                ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".pytest_cache"),
+            )
         else:
             src.mkdir()
         (ctx / "install-standin.sh").write_text(artifacts.INSTALL_STANDIN)
@@ -958,8 +1222,12 @@ RUN PIP_BREAK_SYSTEM_PACKAGES=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK
 ENV VLLM_VERSION_STANDIN=1
 LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vllm (testbed stand-in)"
 """)
-        self.docker(HEAD, f"build -q --network host --build-arg PIP_INDEX_URL={PIP_INDEX_URL} "
-                          f"--build-arg PIP_TRUSTED_HOST={MIRROR_IP} -t {STANDIN_IMAGE} {ctx}", timeout=600)
+        self.docker(
+            HEAD,
+            f"build -q --network host --build-arg PIP_INDEX_URL={PIP_INDEX_URL} "
+            f"--build-arg PIP_TRUSTED_HOST={MIRROR_IP} -t {STANDIN_IMAGE} {ctx}",
+            timeout=600,
+        )
         self.docker(HEAD, "image prune -f", check=False)
         return self.image_id(HEAD, STANDIN_IMAGE)
 
@@ -973,28 +1241,46 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         st = self._state()
         cached = st.get("ray_image", {})
         base = self.image_id(HEAD, BASE_IMAGE)
-        if not force and cached.get("tag") == tag and cached.get("id") and cached.get("base") == base and \
-                all(self.image_id(h, tag) == cached["id"] for h in self.hosts):
+        if (
+            not force
+            and cached.get("tag") == tag
+            and cached.get("id")
+            and cached.get("base") == base
+            and all(self.image_id(h, tag) == cached["id"] for h in self.hosts)
+        ):
             return tag
         t0 = time.monotonic()
-        self.docker(HEAD, f"build --network host --build-arg PIP_INDEX_URL={PIP_INDEX_URL} "
-                          f"--build-arg PIP_TRUSTED_HOST={MIRROR_IP} --build-arg RAY_VERSION={RAY_VERSION} "
-                          f"-f {REPO / 'images/Dockerfile.vllm-ray'} -t {tag} {REPO / 'images'}", timeout=900)
+        self.docker(
+            HEAD,
+            f"build --network host --build-arg PIP_INDEX_URL={PIP_INDEX_URL} "
+            f"--build-arg PIP_TRUSTED_HOST={MIRROR_IP} --build-arg RAY_VERSION={RAY_VERSION} "
+            f"-f {REPO / 'images/Dockerfile.vllm-ray'} -t {tag} {REPO / 'images'}",
+            timeout=900,
+        )
         t1 = time.monotonic()
         for w in self.hosts[1:]:
             self.copy_image(tag, HEAD, w)
         iid = self.image_id(HEAD, tag)
-        self._update(ray_image={"tag": tag, "id": iid, "base": base, "build_s": round(t1 - t0, 1),
-                                "copy_s": round(time.monotonic() - t1, 1)})
+        self._update(
+            ray_image={
+                "tag": tag,
+                "id": iid,
+                "base": base,
+                "build_s": round(t1 - t0, 1),
+                "copy_s": round(time.monotonic() - t1, 1),
+            }
+        )
         log(f"ray image {tag} {iid[:19]}: build {t1 - t0:.1f}s, save|load {time.monotonic() - t1:.1f}s")
         return tag
 
     def copy_image(self, ref: str, src: str = HEAD, dst: str = WORKER) -> None:
         """docker save on src piped into docker load on dst."""
-        save = subprocess.Popen(self.nsenter_argv(src) + ["docker", "save", ref], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-        load = subprocess.run(self.nsenter_argv(dst) + ["docker", "load", "-q"], stdin=save.stdout,
-                              capture_output=True, text=True)
+        save = subprocess.Popen(
+            self.nsenter_argv(src) + ["docker", "save", ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        load = subprocess.run(
+            self.nsenter_argv(dst) + ["docker", "load", "-q"], stdin=save.stdout, capture_output=True, text=True
+        )
         save.stdout.close()
         save.wait()
         if save.returncode != 0 or load.returncode != 0:
@@ -1002,9 +1288,11 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
 
     def images_sharing_layers(self, host: str, ref: str) -> list[str]:
         """Tags on host, other than ref, whose images hold any of ref's layers (docker load skips those)."""
+
         def layers(r: str) -> set[str]:
             out = self.docker(host, f"image inspect --format '{{{{json .RootFS.Layers}}}}' {shlex.quote(r)}").stdout
             return set(json.loads(out) or [])
+
         mine = layers(ref)
         tags = self.docker(host, "images --format '{{.Repository}}:{{.Tag}}'").stdout.split()
         return [t for t in tags if t != ref and "<none>" not in t and layers(t) & mine]
@@ -1066,8 +1354,13 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
 
     def status(self) -> dict:
         st = self._state()
-        return {"state": st.get("phase", "down"), "problems": self.problems() if st else [],
-                "dir": str(self.dir), "hosts": st.get("hosts", {}), "up_seconds": st.get("up_seconds")}
+        return {
+            "state": st.get("phase", "down"),
+            "problems": self.problems() if st else [],
+            "dir": str(self.dir),
+            "hosts": st.get("hosts", {}),
+            "up_seconds": st.get("up_seconds"),
+        }
 
     # ---------------------------------------------------------------- down
     def down(self) -> None:
@@ -1135,8 +1428,10 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                 time.sleep(0.1)
             run(["ip", "netns", "del", h], check=False)
             run(["ip", "link", "del", SPECS[h].ctl_if], check=False)
-        if st.get("guard_route") or run(["ip", "route", "show", "type", "unreachable", TESTBED_NET],
-                                        check=False).stdout.strip():
+        if (
+            st.get("guard_route")
+            or run(["ip", "route", "show", "type", "unreachable", TESTBED_NET], check=False).stdout.strip()
+        ):
             run(["ip", "route", "del", "unreachable", TESTBED_NET, "metric", "4242"], check=False)
         nm = st.get("netns_mount")
         if nm and not nm.get("was_mounted") and not run(["ip", "netns", "list"], check=False).stdout.strip():
@@ -1162,8 +1457,16 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         for d in reversed(st.get("created_dirs", [])):
             with contextlib.suppress(OSError):
                 os.rmdir(d)
-        for name in ("state.json", "state.tmp", "ssh_config", "known_hosts", "cluster.toml", "authorized_keys",
-                     "id_ed25519", "id_ed25519.pub"):
+        for name in (
+            "state.json",
+            "state.tmp",
+            "ssh_config",
+            "known_hosts",
+            "cluster.toml",
+            "authorized_keys",
+            "id_ed25519",
+            "id_ed25519.pub",
+        ):
             (self.dir / name).unlink(missing_ok=True)
         shutil.rmtree(self.dir / "hosts", ignore_errors=True)
         shutil.rmtree(self.dir / "base-build", ignore_errors=True)
@@ -1183,9 +1486,12 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             if self.sh(h, "docker version >/dev/null 2>&1", check=False, timeout=30).returncode != 0:
                 self.stop_dockerd(h)
                 self.start_dockerd(h)
-            cmds = [f"ip link set dev {LAN_IF} up", f"ip route replace default via {SPECS[h].ctl_ip} dev {LAN_IF}",
-                    "rm -f /var/lib/docker/.testbed-fill",
-                    f"echo {DRIVER} > /run/nvidia-standin/driver_version"]
+            cmds = [
+                f"ip link set dev {LAN_IF} up",
+                f"ip route replace default via {SPECS[h].ctl_ip} dev {LAN_IF}",
+                "rm -f /var/lib/docker/.testbed-fill",
+                f"echo {DRIVER} > /run/nvidia-standin/driver_version",
+            ]
             self.sh(h, " ; ".join(cmds), check=False)
             self.start_earlyoom(h)
             self.unshape_egress(h)
@@ -1211,8 +1517,11 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
     def set_hca_state(self, host: str, hca: str, state: str = "1: DOWN") -> None:
         """Write /sys/class/infiniband/<hca>/ports/1/state (undo: state="4: ACTIVE")."""
         phys = "5: LinkUp" if state.startswith("4") else "3: Disabled"
-        self.sh(host, f"d=/sys/class/infiniband/{hca}/ports/1; [ -d $d ] && echo {shlex.quote(state)} > $d/state "
-                      f"&& echo {shlex.quote(phys)} > $d/phys_state")
+        self.sh(
+            host,
+            f"d=/sys/class/infiniband/{hca}/ports/1; [ -d $d ] && echo {shlex.quote(state)} > $d/state "
+            f"&& echo {shlex.quote(phys)} > $d/phys_state",
+        )
 
     def set_speed(self, host: str, ifname: str, mbps: int = 200000) -> None:
         """What /sys/class/net/<if>/speed reads on the host (data-plane netdevs; default 200000)."""
@@ -1226,13 +1535,18 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
     def shape_egress(self, host: str, ifname: str, rate: str = "200mbit") -> None:
         """Slow what `host` sends on `ifname` with a token bucket (tc tbf), as a link that trained at a
         lower speed or a half-broken port would. Undo: unshape_egress (reset does it too)."""
-        self.sh(host, f"tc qdisc replace dev {shlex.quote(ifname)} root tbf rate {shlex.quote(rate)} "
-                      "burst 256kb latency 400ms")
+        self.sh(
+            host,
+            f"tc qdisc replace dev {shlex.quote(ifname)} root tbf rate {shlex.quote(rate)} burst 256kb latency 400ms",
+        )
 
     def unshape_egress(self, host: str, ifname: str | None = None) -> None:
         names = [ifname] if ifname else self.worker_netdevs() if host == WORKER else list(NETDEVS)
-        self.sh(host, " ; ".join(f"tc qdisc del dev {shlex.quote(n)} root 2>/dev/null" for n in names) + " ; true",
-                check=False)
+        self.sh(
+            host,
+            " ; ".join(f"tc qdisc del dev {shlex.quote(n)} root 2>/dev/null" for n in names) + " ; true",
+            check=False,
+        )
 
     def hide_uverbs(self, host: str) -> None:
         """Take the uverbs devices out of the host's /dev/infiniband, so a container made with
@@ -1240,8 +1554,11 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         self.sh(host, "mkdir -p /run/testbed/uverbs-aside && mv /dev/infiniband/uverbs* /run/testbed/uverbs-aside/")
 
     def show_uverbs(self, host: str) -> None:
-        self.sh(host, "[ -d /run/testbed/uverbs-aside ] && mv /run/testbed/uverbs-aside/* /dev/infiniband/ "
-                      "2>/dev/null; true", check=False)
+        self.sh(
+            host,
+            "[ -d /run/testbed/uverbs-aside ] && mv /run/testbed/uverbs-aside/* /dev/infiniband/ 2>/dev/null; true",
+            check=False,
+        )
 
     def link_down(self, host: str, ifname: str) -> None:
         """Take a link down on a host (data plane netdev, or LAN_IF for the LAN). Undo: link_up."""
@@ -1271,15 +1588,22 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         cur = self.worker_netdevs()
         new = list(CROSSED if crossed else NETDEVS)
         if cur != new:
-            ren = " && ".join(f"ip link set dev {a} down && ip link set dev {a} name tbren{k}"
-                              for k, a in enumerate(cur))
-            ren += " && " + " && ".join(f"ip link set dev tbren{k} name {b} && ip link set dev {b} up"
-                                        for k, b in enumerate(new))
+            ren = " && ".join(
+                f"ip link set dev {a} down && ip link set dev {a} name tbren{k}" for k, a in enumerate(cur)
+            )
+            ren += " && " + " && ".join(
+                f"ip link set dev tbren{k} name {b} && ip link set dev {b} up" for k, b in enumerate(new)
+            )
             self.sh(WORKER, ren)
             # a rename drops the mounts on the old sysfs entries: bind each port's speed file again
-            self.sh(WORKER, " ; ".join(f"umount /sys/class/net/{b}/speed 2>/dev/null; "
-                                       f"mount --bind /run/testbed/speed/{NETDEVS[k]} /sys/class/net/{b}/speed"
-                                       for k, b in enumerate(new)))
+            self.sh(
+                WORKER,
+                " ; ".join(
+                    f"umount /sys/class/net/{b}/speed 2>/dev/null; "
+                    f"mount --bind /run/testbed/speed/{NETDEVS[k]} /sys/class/net/{b}/speed"
+                    for k, b in enumerate(new)
+                ),
+            )
         self._update(crossed=crossed)
         self._apply_cabling(WORKER)  # the renamed ports: up/down, HCA states and GIDs by their new names
         return self.write_inventory(crossed=crossed)
@@ -1320,8 +1644,11 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         free = self.disk_free_mb(host)
         size = max(free - int(leave_mb), 0)
         if size:
-            self.sh(host, f"fallocate -l {size}M /var/lib/docker/.testbed-fill || "
-                          f"dd if=/dev/zero of=/var/lib/docker/.testbed-fill bs=1M count={size} status=none")
+            self.sh(
+                host,
+                f"fallocate -l {size}M /var/lib/docker/.testbed-fill || "
+                f"dd if=/dev/zero of=/var/lib/docker/.testbed-fill bs=1M count={size} status=none",
+            )
 
     def fill_disk_during_load(self, host: str, leave_mb: int, within_s: float = 120) -> threading.Thread:
         """After fill_disk: a thread that waits until docker load starts unpacking on host (its
@@ -1329,12 +1656,14 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         another writer on the same disk would (undo: unfill_disk)."""
         # fills only once the load has begun, and gives up when the base fill is gone
         # (unfill_disk): a late fill must not outlive its test
-        script = (f"found=; for i in $(seq {int(within_s * 20)}); do [ -e /var/lib/docker/.testbed-fill ] || exit 0; "
-                  "ls -d /var/lib/docker/tmp/docker-import-* >/dev/null 2>&1 && { found=1; break; }; sleep 0.05; done; "
-                  "[ -n \"$found\" ] && [ -e /var/lib/docker/.testbed-fill ] || exit 0; "
-                  "free=$(( $(df -Pk /var/lib/docker | tail -1 | awk '{print $4}') / 1024 )); "
-                  f"[ $free -gt {int(leave_mb)} ] && fallocate -l $(( free - {int(leave_mb)} ))M "
-                  "/var/lib/docker/.testbed-fill-late; true")
+        script = (
+            f"found=; for i in $(seq {int(within_s * 20)}); do [ -e /var/lib/docker/.testbed-fill ] || exit 0; "
+            "ls -d /var/lib/docker/tmp/docker-import-* >/dev/null 2>&1 && { found=1; break; }; sleep 0.05; done; "
+            '[ -n "$found" ] && [ -e /var/lib/docker/.testbed-fill ] || exit 0; '
+            "free=$(( $(df -Pk /var/lib/docker | tail -1 | awk '{print $4}') / 1024 )); "
+            f"[ $free -gt {int(leave_mb)} ] && fallocate -l $(( free - {int(leave_mb)} ))M "
+            "/var/lib/docker/.testbed-fill-late; true"
+        )
         t = threading.Thread(target=self.sh, args=(host, script), kwargs={"timeout": within_s + 30}, daemon=True)
         t.start()
         return t
@@ -1366,8 +1695,11 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
     def connections_logged(self, host: str) -> int:
         """sshd 'Accepted publickey' lines so far (for benchmarks counting SSH connections)."""
         try:
-            return sum(1 for line in self.sshd_log(host).read_text(errors="replace").splitlines()
-                       if "Accepted publickey" in line)
+            return sum(
+                1
+                for line in self.sshd_log(host).read_text(errors="replace").splitlines()
+                if "Accepted publickey" in line
+            )
         except OSError:
             return 0
 

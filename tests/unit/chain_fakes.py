@@ -27,8 +27,9 @@ def world3(tmp_path):
         d.mkdir()
         (d / "image.tar").write_bytes(SAVED)
         env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "FAKE_DIR": str(d)}
-        hosts[n] = Host(n, env, (lambda d=d: HEAD_ID if (d / "loaded-ok").exists() else None) if n != "head"
-                        else (lambda: HEAD_ID))
+        hosts[n] = Host(
+            n, env, (lambda d=d: HEAD_ID if (d / "loaded-ok").exists() else None) if n != "head" else (lambda: HEAD_ID)
+        )
         if n != "head":
             dirs.append(d)
     nodes = {n: SimpleNamespace(name=n, control_ip=ip, netdevs=[]) for n, ip in IPS.items()}
@@ -37,11 +38,15 @@ def world3(tmp_path):
     facts["head"].image_layers = ImageLayers(HEAD_ID, (), ())
     inv = SimpleNamespace(head=nodes["head"], node=nodes.get, workers=[nodes[w] for w in ("w1", "w2", "w3")])
     state = {}
-    r = SimpleNamespace(cluster=SimpleNamespace(head=hosts["head"], hosts=hosts), facts=facts, inv=inv,
-                        plan=SimpleNamespace(image="img:1", send_to=["w1", "w2", "w3"]),
-                        progress=SimpleNamespace(bytes=lambda *a: None),
-                        find=lambda kind: state.get(kind, HeadImage({"Id": HEAD_ID, "Size": 400_000,
-                                                                     "RootFS": {"Layers": []}})
-                                                    if kind is HeadImage else None),
-                        put=lambda v: state.setdefault(type(v), v))
+    r = SimpleNamespace(
+        cluster=SimpleNamespace(head=hosts["head"], hosts=hosts),
+        facts=facts,
+        inv=inv,
+        plan=SimpleNamespace(image="img:1", send_to=["w1", "w2", "w3"]),
+        progress=SimpleNamespace(bytes=lambda *a: None),
+        find=lambda kind: state.get(
+            kind, HeadImage({"Id": HEAD_ID, "Size": 400_000, "RootFS": {"Layers": []}}) if kind is HeadImage else None
+        ),
+        put=lambda v: state.setdefault(type(v), v),
+    )
     return r, dirs, hosts["head"]

@@ -18,8 +18,12 @@ from sparkcluster.config import inventory
 CAPTURED = Path(__file__).resolve().parents[1] / "captured"
 
 # netdev, HCA, subnet index k (198.19.k.0/24)
-LINKS = [("enp1s0f0np0", "rocep1s0f0", 1), ("enp1s0f1np1", "rocep1s0f1", 2),
-         ("enP2p1s0f0np0", "roceP2p1s0f0", 3), ("enP2p1s0f1np1", "roceP2p1s0f1", 4)]
+LINKS = [
+    ("enp1s0f0np0", "rocep1s0f0", 1),
+    ("enp1s0f1np1", "rocep1s0f1", 2),
+    ("enP2p1s0f0np0", "roceP2p1s0f0", 3),
+    ("enP2p1s0f1np1", "roceP2p1s0f1", 4),
+]
 CONTROL_IF = "enp1s0f1np1"
 NODES = [("spark-head", "head", 1), ("spark-worker", "worker", 2)]
 
@@ -41,9 +45,16 @@ def inventory_dict() -> dict:
     return {
         "cluster": {"name": "pair"},
         "nodes": [
-            {"name": name, "role": role, "ssh": f"spark@{name}", "control_if": CONTROL_IF,
-             "control_ip": control_ip(host), "mtu": 9000, "gpus": 1,
-             "data_plane": [{"netdev": nd, "hca": hca} for nd, hca, _ in LINKS]}
+            {
+                "name": name,
+                "role": role,
+                "ssh": f"spark@{name}",
+                "control_if": CONTROL_IF,
+                "control_ip": control_ip(host),
+                "mtu": 9000,
+                "gpus": 1,
+                "data_plane": [{"netdev": nd, "hca": hca} for nd, hca, _ in LINKS],
+            }
             for name, role, host in NODES
         ],
     }
@@ -64,15 +75,47 @@ def make_inventory(data: dict | None = None, homes: bool = True) -> inventory.In
     return inv
 
 
-def _iface(index: int, name: str, mtu: int, flags: list[str], operstate: str, mac: str, addrs: list[tuple[str, int]]) -> dict:
+def _iface(
+    index: int, name: str, mtu: int, flags: list[str], operstate: str, mac: str, addrs: list[tuple[str, int]]
+) -> dict:
     # the shape `ip -j addr show` prints (see tests/captured/vm-ip-addr.json)
-    info = [{"family": "inet", "local": a, "prefixlen": p, "broadcast": "", "scope": "global", "label": name,
-             "valid_life_time": 4294967295, "preferred_life_time": 4294967295} for a, p in addrs]
-    info.append({"family": "inet6", "local": f"fe80::{index}", "prefixlen": 64, "scope": "link",
-                 "valid_life_time": 4294967295, "preferred_life_time": 4294967295})
-    return {"ifindex": index, "ifname": name, "flags": flags, "mtu": mtu, "qdisc": "mq", "operstate": operstate,
-            "group": "default", "txqlen": 1000, "link_type": "ether", "address": mac,
-            "broadcast": "ff:ff:ff:ff:ff:ff", "addr_info": info}
+    info = [
+        {
+            "family": "inet",
+            "local": a,
+            "prefixlen": p,
+            "broadcast": "",
+            "scope": "global",
+            "label": name,
+            "valid_life_time": 4294967295,
+            "preferred_life_time": 4294967295,
+        }
+        for a, p in addrs
+    ]
+    info.append(
+        {
+            "family": "inet6",
+            "local": f"fe80::{index}",
+            "prefixlen": 64,
+            "scope": "link",
+            "valid_life_time": 4294967295,
+            "preferred_life_time": 4294967295,
+        }
+    )
+    return {
+        "ifindex": index,
+        "ifname": name,
+        "flags": flags,
+        "mtu": mtu,
+        "qdisc": "mq",
+        "operstate": operstate,
+        "group": "default",
+        "txqlen": 1000,
+        "link_type": "ether",
+        "address": mac,
+        "broadcast": "ff:ff:ff:ff:ff:ff",
+        "addr_info": info,
+    }
 
 
 def spark_ip_json(host: int, links=None, mtu: int = 9000) -> str:
@@ -83,8 +126,17 @@ def spark_ip_json(host: int, links=None, mtu: int = 9000) -> str:
     out.append(_iface(2, "enP7s7", 1500, up, "UP", f"4c:bb:47:00:00:0{host}", [(f"192.168.1.{10 + host}", 24)]))
     for i, (nd, _hca, k) in enumerate(links):
         out.append(_iface(3 + i, nd, mtu, up, "UP", f"4c:bb:47:2{i}:00:0{host}", [(link_ip(k, host), 24)]))
-    out.append(_iface(9, "docker0", 1500, ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP"], "DOWN",
-                      "02:42:ac:11:00:01", [("172.17.0.1", 16)]))
+    out.append(
+        _iface(
+            9,
+            "docker0",
+            1500,
+            ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP"],
+            "DOWN",
+            "02:42:ac:11:00:01",
+            [("172.17.0.1", 16)],
+        )
+    )
     return json.dumps(out)
 
 
@@ -108,8 +160,12 @@ def gid_text(host: int, links=None) -> str:
     for i, (nd, hca, k) in enumerate(links):
         ll = f"fe80:0000:0000:0000:4ebb:47ff:fe2{i}:000{host}"
         v4 = mapped_gid(link_ip(k, host))
-        out += [f"{hca}|0|{ll}|IB/RoCE v1|{nd}", f"{hca}|1|{ll}|RoCE v2|{nd}",
-                f"{hca}|2|{v4}|IB/RoCE v1|{nd}", f"{hca}|3|{v4}|RoCE v2|{nd}"]
+        out += [
+            f"{hca}|0|{ll}|IB/RoCE v1|{nd}",
+            f"{hca}|1|{ll}|RoCE v2|{nd}",
+            f"{hca}|2|{v4}|IB/RoCE v1|{nd}",
+            f"{hca}|3|{v4}|RoCE v2|{nd}",
+        ]
     return "\n".join(out) + "\n"
 
 

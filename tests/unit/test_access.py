@@ -14,14 +14,22 @@ import pytest
 from sparkcluster.facts import access as A
 from sparkcluster.facts import probes
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                reason="needs root to run the probe as another account (setpriv)")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root to run the probe as another account (setpriv)",
+)
 
 
 def run(probe: probes.Probe, home: Path, uid: int | None = None):
     pre = [] if uid is None else ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
-    res = subprocess.run([*pre, "bash", "-c", probes.script([probe])], capture_output=True, text=True, timeout=30,
-                         env={"PATH": os.environ["PATH"], "HOME": str(home)}, cwd="/")
+    res = subprocess.run(
+        [*pre, "bash", "-c", probes.script([probe])],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": os.environ["PATH"], "HOME": str(home)},
+        cwd="/",
+    )
     return probes.value(probe, probes.split_sections(res.stdout))
 
 

@@ -17,7 +17,7 @@ from sparkcluster.node.verdict import Look, Watch, backoff, restarts_left, verdi
 
 CAPTURED = Path(__file__).parents[1] / "captured"
 P = {**contract.DEFAULT_POLICY, "stall_s": 30.0, "ready_timeout_s": 100.0}
-HOSTILE_ARGS = ["a;b", "$(touch pwned)", "`id`", "it's \"quoted\"", "  spaced  ", "*", "", "back\\slash", "ünï"]
+HOSTILE_ARGS = ["a;b", "$(touch pwned)", "`id`", 'it\'s "quoted"', "  spaced  ", "*", "", "back\\slash", "ünï"]
 
 
 def ready_watch() -> Watch:
@@ -50,15 +50,27 @@ def test_dead_after_consecutive_health_failures_only():
 
 def figures(running=0.0, waiting=0.0, generated=500.0, prompt=9000.0, kv=0.02) -> dict[str, float]:
     """The progress series as vLLM 0.32 names them (tests/captured/vllm-0.32-metrics.txt)."""
-    return {"vllm:num_requests_running": running, "vllm:num_requests_waiting": waiting,
-            "vllm:generation_tokens_total": generated, "vllm:prompt_tokens_total": prompt,
-            "vllm:kv_cache_usage_perc": kv, "vllm:request_success_total": 40.0}
+    return {
+        "vllm:num_requests_running": running,
+        "vllm:num_requests_waiting": waiting,
+        "vllm:generation_tokens_total": generated,
+        "vllm:prompt_tokens_total": prompt,
+        "vllm:kv_cache_usage_perc": kv,
+        "vllm:request_success_total": 40.0,
+    }
 
 
 def look(now, probe=None, **fig) -> Look:
     f = figures(**fig)
-    return Look(now=now, alive=True, health=200, running=f["vllm:num_requests_running"],
-                generated=f["vllm:generation_tokens_total"], progress=f, probe=probe)
+    return Look(
+        now=now,
+        alive=True,
+        health=200,
+        running=f["vllm:num_requests_running"],
+        generated=f["vllm:generation_tokens_total"],
+        progress=f,
+        probe=probe,
+    )
 
 
 TIMEOUT = "a one-token completion did not return within 20s"
@@ -84,7 +96,9 @@ def test_wedged_when_work_runs_and_nothing_progresses_for_the_window():
     assert verdict(w, look(10.0, running=2), P) is None
     assert verdict(w, look(30.0, running=2), P) is None
     kind, cause = verdict(w, look(40.0, running=2), P)
-    assert kind == "wedged" and "2 request(s) running" in cause and "no progress of any kind" in cause and "30s" in cause
+    assert (
+        kind == "wedged" and "2 request(s) running" in cause and "no progress of any kind" in cause and "30s" in cause
+    )
 
 
 def test_a_long_prefill_is_progress_not_a_wedge_and_is_named_prefilling():
@@ -94,8 +108,10 @@ def test_a_long_prefill_is_progress_not_a_wedge_and_is_named_prefilling():
     w = ready_watch()
     assert verdict(w, look(2.0, running=1, kv=0.02), P) is None
     for i in range(1, 60):  # ten times stall_s (30 s), each look a 5 s step, each probe timing out
-        assert verdict(w, look(2.0 + 5 * i, probe=TIMEOUT if i % 3 == 0 else None, running=1, kv=0.02 + i * 0.01),
-                       P) is None, i
+        assert (
+            verdict(w, look(2.0 + 5 * i, probe=TIMEOUT if i % 3 == 0 else None, running=1, kv=0.02 + i * 0.01), P)
+            is None
+        ), i
     assert w.activity.startswith("prefilling: 1 request(s) running, no token generated yet")
     assert "kv_cache_usage_perc" in w.activity and "KV cache 61.0%" in w.activity
     # the prompt is in: tokens flow, the activity ends
@@ -156,8 +172,15 @@ def test_supervisor_starts_hostile_argv_uninterpreted_and_stops_it(tmp_path, mon
         monkeypatch.setattr(supervisor, name, str(tmp_path / name.lower()))
     Path(supervisor.SECRETS_PATH).write_text(json.dumps({"VLLM_API_KEY": "k-secret"}))
     script = "import os,sys,time; print(*sys.argv[1:], sep='\\n'); print('key', os.environ['VLLM_API_KEY'] == 'k-secret', flush=True); time.sleep(60)"
-    desired = {"generation": "g1", "argv": [sys.executable, "-c", script, *HOSTILE_ARGS], "model": "m", "port": 1,
-               "profile": "p", "salt": "s", "secrets_digest": "d"}
+    desired = {
+        "generation": "g1",
+        "argv": [sys.executable, "-c", script, *HOSTILE_ARGS],
+        "model": "m",
+        "port": 1,
+        "profile": "p",
+        "salt": "s",
+        "secrets_digest": "d",
+    }
     sup = supervisor.Supervisor({"node": "n", "nodes": [], "peers": []}, Journal(str(tmp_path / "journal")))
     monkeypatch.chdir(tmp_path)
     sup.start(desired)
@@ -178,8 +201,11 @@ def test_supervisor_starts_hostile_argv_uninterpreted_and_stops_it(tmp_path, mon
 def test_resumes_restart_count_and_final_verdicts_after_a_container_restart(tmp_path, monkeypatch):
     for name in ("RECORD_PATH", "STATE_PATH"):
         monkeypatch.setattr(supervisor, name, str(tmp_path / name.lower()))
-    Path(supervisor.STATE_PATH).write_text(json.dumps({"generation": "g1", "state": contract.LIMIT, "restarts": [1.0, 2.0, 3.0],
-                                                  "causes": [{"kind": "wedged"}]}))
+    Path(supervisor.STATE_PATH).write_text(
+        json.dumps(
+            {"generation": "g1", "state": contract.LIMIT, "restarts": [1.0, 2.0, 3.0], "causes": [{"kind": "wedged"}]}
+        )
+    )
     sup = supervisor.Supervisor({"node": "n"}, Journal(str(tmp_path / "journal")))
     sup.adopt({"generation": "g1"})
     assert (sup.state, sup.restarts, sup.first_start) == (contract.LIMIT, [1.0, 2.0, 3.0], False)
@@ -222,16 +248,28 @@ def test_up_says_serving_only_once_the_supervisor_has_seen_it_serve(monkeypatch)
     from sparkcluster.day2 import server, supervision
     from sparkcluster.errors import StageError
     from sparkcluster.up.stages import serve as serve_stage
-    states = iter([None, {"state": "starting", "generation": "g1"}, {"state": "serving", "generation": "g0"},
-                   {"state": "serving", "generation": "g1"}])
+
+    states = iter(
+        [
+            None,
+            {"state": "starting", "generation": "g1"},
+            {"state": "serving", "generation": "g0"},
+            {"state": "serving", "generation": "g1"},
+        ]
+    )
     monkeypatch.setattr(server, "wait_ready", lambda *a, **kw: 3.0)
     monkeypatch.setattr(supervision, "state", lambda api, c: next(states))
     monkeypatch.setattr(server, "supervisor_tail", lambda api, c: "journal tail")
     prof = SimpleNamespace(ready_timeout_s=60, model="m", supervisor=SimpleNamespace(probe_timeout_s=1.0))
     sv = SimpleNamespace(container="c", describe=lambda: "the supervisor in c runs: vllm serve m")
     head = SimpleNamespace(name="spark-head", address="198.18.0.2", docker=lambda: SimpleNamespace(api=None))
-    r = SimpleNamespace(plan=SimpleNamespace(serve=sv, profile=prof), cluster=SimpleNamespace(head=head),
-                        get=lambda kind: SimpleNamespace(generation="g1"), secrets={}, progress=None)
+    r = SimpleNamespace(
+        plan=SimpleNamespace(serve=sv, profile=prof),
+        cluster=SimpleNamespace(head=head),
+        get=lambda kind: SimpleNamespace(generation="g1"),
+        secrets={},
+        progress=None,
+    )
     monkeypatch.setattr(serve_stage, "_base", lambda r: "http://x")
     assert serve_stage.wait_ready(r) == 3.0  # a serving state of another generation did not count
     monkeypatch.setattr(supervision, "state", lambda api, c: {"state": "starting", "generation": "g1"})

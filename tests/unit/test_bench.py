@@ -54,17 +54,27 @@ def target(**kw) -> B.Target:
 
 # ---- the sweep ---------------------------------------------------------------------------------
 
+
 def test_concurrency_list_parses_in_order():
     assert B.parse_concurrency("1,4") == (1, 4)
     assert B.parse_concurrency(" 16, 2 ,8") == (16, 2, 8)
     assert B.parse_concurrency(",".join(map(str, B.DEFAULT_CONCURRENCY))) == B.DEFAULT_CONCURRENCY
 
 
-@pytest.mark.parametrize("text, words", [
-    ("0", "a concurrency of 0"), ("1,0", "a concurrency of 0"), ("-1", "not a positive integer"),
-    ("1,,2", "comma-separated"), ("", "comma-separated"), ("two", "not a positive integer"),
-    ("1.5", "not a positive integer"), ("4,4", "given twice"), ("99999", "more than"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("0", "a concurrency of 0"),
+        ("1,0", "a concurrency of 0"),
+        ("-1", "not a positive integer"),
+        ("1,,2", "comma-separated"),
+        ("", "comma-separated"),
+        ("two", "not a positive integer"),
+        ("1.5", "not a positive integer"),
+        ("4,4", "given twice"),
+        ("99999", "more than"),
+    ],
+)
 def test_bad_concurrency_is_one_input_error(text, words):
     with pytest.raises(InputError) as e:
         B.parse_concurrency(text)
@@ -83,14 +93,30 @@ def test_plan_defaults_prompts_per_level_and_respects_overrides():
 
 # ---- the argv --------------------------------------------------------------------------------
 
+
 def test_bench_argv_is_exact():
     lv = B.Level(4, 8, 32, 16)
     assert B.bench_argv(lv, target(), "/tmp/sparkcluster-bench/r1/c4") == [
-        "vllm", "bench", "serve", "--backend=vllm", "--base-url=http://127.0.0.1:8000",
-        "--endpoint=/v1/completions", "--model=tiny", "--tokenizer=/work/proto/tiny", "--dataset-name=random",
-        "--random-input-len=32", "--random-output-len=16", "--num-prompts=8", "--max-concurrency=4",
-        "--ignore-eos", "--percentile-metrics=ttft,tpot,itl,e2el", "--metric-percentiles=50,99", "--seed=0",
-        "--save-result", "--result-dir=/tmp/sparkcluster-bench/r1/c4", "--result-filename=result.json",
+        "vllm",
+        "bench",
+        "serve",
+        "--backend=vllm",
+        "--base-url=http://127.0.0.1:8000",
+        "--endpoint=/v1/completions",
+        "--model=tiny",
+        "--tokenizer=/work/proto/tiny",
+        "--dataset-name=random",
+        "--random-input-len=32",
+        "--random-output-len=16",
+        "--num-prompts=8",
+        "--max-concurrency=4",
+        "--ignore-eos",
+        "--percentile-metrics=ttft,tpot,itl,e2el",
+        "--metric-percentiles=50,99",
+        "--seed=0",
+        "--save-result",
+        "--result-dir=/tmp/sparkcluster-bench/r1/c4",
+        "--result-filename=result.json",
     ]
     assert B.bench_argv(lv, target(trust_remote_code=True), "/d")[-1] == "--trust-remote-code"
 
@@ -142,7 +168,11 @@ def test_stop_kills_the_level_by_its_pid_file(tmp_path):
     container the shim) reaping it late is no reason to wait out the grace."""
     folder = tmp_path / "c1"
     # SIGINT's default action even when this suite runs with SIGINT ignored (a background job)
-    sleeper = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_DFL); time.sleep(60)"]
+    sleeper = [
+        sys.executable,
+        "-c",
+        "import signal, time; signal.signal(signal.SIGINT, signal.SIG_DFL); time.sleep(60)",
+    ]
     proc = subprocess.Popen(B.exec_argv(str(folder), sleeper))
     try:
         for _ in range(100):
@@ -158,8 +188,12 @@ def test_stop_kills_the_level_by_its_pid_file(tmp_path):
         proc.kill()
     # one that ignores SIGINT gets SIGKILL after the grace
     folder2 = tmp_path / "c2"
-    stubborn = subprocess.Popen(B.exec_argv(str(folder2), [sys.executable, "-c",
-                                "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"]))
+    stubborn = subprocess.Popen(
+        B.exec_argv(
+            str(folder2),
+            [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"],
+        )
+    )
     try:
         for _ in range(100):
             if (folder2 / "pid").is_file() and (folder2 / "pid").read_text().strip():
@@ -202,6 +236,7 @@ def test_level_dir_refuses_a_run_id_that_escapes():
 
 # ---- what the benchmark printed ---------------------------------------------------------------
 
+
 def test_progress_from_the_captured_tqdm_bar():
     assert B.progress(C4_OUT) == (8, 8)
     head = C4_OUT.split("12%")[0] + "12%|█▎        | 1/8 [00:00<00:01,  5.61it/s]"
@@ -233,18 +268,23 @@ def test_real_all_failed_levels_exit_0_but_are_errors():
 
 
 def test_failure_reason_names_the_error_and_spots_an_unreachable_endpoint():
-    out = ("Starting initial single prompt test run...\nTraceback (most recent call last):\n  File x\n"
-           "aiohttp.client_exceptions.ClientConnectorError: Cannot connect to host 127.0.0.1:8000 ssl:default "
-           "[Connect call failed ('127.0.0.1', 8000)]\n")
+    out = (
+        "Starting initial single prompt test run...\nTraceback (most recent call last):\n  File x\n"
+        "aiohttp.client_exceptions.ClientConnectorError: Cannot connect to host 127.0.0.1:8000 ssl:default "
+        "[Connect call failed ('127.0.0.1', 8000)]\n"
+    )
     why, unreachable = B.failure_reason(out)
     assert why.startswith("aiohttp.client_exceptions.ClientConnectorError") and unreachable
-    why, unreachable = B.failure_reason("ValueError: Initial test run failed - Please make sure benchmark "
-                                        "arguments are correctly specified. Error: Unauthorized\n")
+    why, unreachable = B.failure_reason(
+        "ValueError: Initial test run failed - Please make sure benchmark "
+        "arguments are correctly specified. Error: Unauthorized\n"
+    )
     assert "Unauthorized" in why and not unreachable
     assert B.failure_reason("") == ("no output", False)
 
 
 # ---- JSON -> row -> CSV ----------------------------------------------------------------------
+
 
 def test_row_from_the_captured_level_json():
     lv = B.Level(4, 8, 32, 16)
@@ -313,6 +353,7 @@ def test_decode_speed_is_from_tpot():
 
 # ---- the run folder ----------------------------------------------------------------------------
 
+
 def test_run_folder_under_the_state_dir(tmp_path, monkeypatch):
     from datetime import datetime, timezone
 
@@ -354,10 +395,22 @@ def test_previous_run_is_the_newest_of_the_same_profile(tmp_path):
 
 def test_run_record_names_profile_hash_image_and_version():
     prof = tb_profile()
-    rec = B.run_record(cluster="pair", prof=prof, image="repo:tag", image_id="sha256:abc", vllm_version="0.32.0",
-                       nodes={"spark-head": {"hostname": "h"}}, levels=B.plan((1, 4)), target=target(),
-                       started_at="s", finished_at="f", interrupted=False)
-    assert rec["profile"] == "testbed" and rec["profile_hash"] == B.profile_hash(prof) and len(rec["profile_hash"]) == 64
+    rec = B.run_record(
+        cluster="pair",
+        prof=prof,
+        image="repo:tag",
+        image_id="sha256:abc",
+        vllm_version="0.32.0",
+        nodes={"spark-head": {"hostname": "h"}},
+        levels=B.plan((1, 4)),
+        target=target(),
+        started_at="s",
+        finished_at="f",
+        interrupted=False,
+    )
+    assert (
+        rec["profile"] == "testbed" and rec["profile_hash"] == B.profile_hash(prof) and len(rec["profile_hash"]) == 64
+    )
     assert (rec["image_id"], rec["vllm_version"]) == ("sha256:abc", "0.32.0")
     assert [lv["concurrency"] for lv in rec["levels"]] == [1, 4]
     json.dumps(rec)
@@ -368,16 +421,27 @@ def test_run_record_names_profile_hash_image_and_version():
 def test_node_facts_parse():
     text = "hostname=spark-head\nkernel=6.11.0-1016-nvidia\ngpu=NVIDIA GB10, 580.95.05\nmem_total_kb=128452892\ndocker=28.3.3\n"
     assert B.parse_facts(text + "garbage line\nWeird Key=x\n") == {
-        "hostname": "spark-head", "kernel": "6.11.0-1016-nvidia", "gpu": "NVIDIA GB10, 580.95.05",
-        "mem_total_kb": "128452892", "docker": "28.3.3"}
+        "hostname": "spark-head",
+        "kernel": "6.11.0-1016-nvidia",
+        "gpu": "NVIDIA GB10, 580.95.05",
+        "mem_total_kb": "128452892",
+        "docker": "28.3.3",
+    }
 
 
 # ---- comparison --------------------------------------------------------------------------------
 
+
 def test_compare_marks_regressions_in_each_figures_bad_direction():
     old = B.row_from_result(C4_JSON)
-    new = dict(old, output_tok_s=old["output_tok_s"] * 0.85, ttft_p99_ms=old["ttft_p99_ms"] * 1.05,
-               tpot_p50_ms=old["tpot_p50_ms"] * 1.2, total_tok_s=old["total_tok_s"] * 1.5, errors=1)
+    new = dict(
+        old,
+        output_tok_s=old["output_tok_s"] * 0.85,
+        ttft_p99_ms=old["ttft_p99_ms"] * 1.05,
+        tpot_p50_ms=old["tpot_p50_ms"] * 1.2,
+        total_tok_s=old["total_tok_s"] * 1.5,
+        errors=1,
+    )
     changes = {c.metric: c for c in B.compare([old], [new], tolerance_pct=10)}
     assert changes["output_tok_s"].regression and changes["output_tok_s"].pct == pytest.approx(-15)
     assert not changes["ttft_p99_ms"].regression  # 5% worse: within tolerance
@@ -386,11 +450,15 @@ def test_compare_marks_regressions_in_each_figures_bad_direction():
     assert changes["errors"].regression
     assert not any(c.regression for c in B.compare([old], [old], 0))
     assert B.compare([old], [dict(old, concurrency=32)], 10) == []  # only levels both runs measured
-    assert all(c.pct is None and not c.regression for c in B.compare([dict(old, itl_p99_ms=None)], [old])
-               if c.metric == "itl_p99_ms")
+    assert all(
+        c.pct is None and not c.regression
+        for c in B.compare([dict(old, itl_p99_ms=None)], [old])
+        if c.metric == "itl_p99_ms"
+    )
 
 
 # ---- chart -------------------------------------------------------------------------------------
+
 
 def test_chart_is_a_png(tmp_path):
     rows = [dict(B.row_from_result(C4_JSON), concurrency=c) for c in (1, 2, 4)]
@@ -406,6 +474,7 @@ def test_chart_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch):
 
 
 # ---- smoke -------------------------------------------------------------------------------------
+
 
 def test_smoke_verdict():
     assert B.judge_smoke(30.0, 30.0) == "ok"
@@ -435,6 +504,7 @@ def test_profile_expected_decode_is_optional_and_positive():
 
 # ---- a fake head container ---------------------------------------------------------------------
 
+
 def tar_of(name: str, data: bytes) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -448,8 +518,13 @@ class FakeAPI:
     """The head container's Docker API as Head uses it; `vllm bench serve` answers with the
     captured JSON (its concurrency and prompt count set from the argv)."""
 
-    def __init__(self, fail_at: int | None = None, running_polls: int = 2, serving_profile: str = "testbed",
-                 unauthorized_at: int | None = None):
+    def __init__(
+        self,
+        fail_at: int | None = None,
+        running_polls: int = 2,
+        serving_profile: str = "testbed",
+        unauthorized_at: int | None = None,
+    ):
         self.unauthorized_at = unauthorized_at
         self.files: dict[str, bytes] = {}
         self.execs: dict[str, dict] = {}
@@ -462,8 +537,11 @@ class FakeAPI:
     def inspect_container(self, name):
         if name != "sparkcluster-pair-head":
             raise docker.errors.NotFound("no such container")
-        return {"Image": "sha256:feed", "Config": {"Image": "sparkcluster/vllm-ray:26.05.post1-py3-ray2.60.0"},
-                "State": {"Running": self.container_running}}
+        return {
+            "Image": "sha256:feed",
+            "Config": {"Image": "sparkcluster/vllm-ray:26.05.post1-py3-ray2.60.0"},
+            "State": {"Running": self.container_running},
+        }
 
     def exec_create(self, container, cmd, environment=None, stdout=True, stderr=True):
         eid = f"exec{len(self.execs)}"
@@ -481,15 +559,17 @@ class FakeAPI:
             if c == self.fail_at:
                 self.files[f"{folder}/bench.log"] = (
                     b"Traceback (most recent call last):\naiohttp.client_exceptions.ClientConnectorError: "
-                    b"Cannot connect to host 127.0.0.1:8000 ssl:default\n")
+                    b"Cannot connect to host 127.0.0.1:8000 ssl:default\n"
+                )
                 e["exit"] = 1
             elif c == self.unauthorized_at:  # what vLLM 0.32 does: exit 0, every request failed
                 self.files[f"{folder}/bench.log"] = UNAUTH_OUT.encode()
                 self.files[f"{folder}/result.json"] = json.dumps(dict(UNAUTH_JSON, max_concurrency=c)).encode()
                 e["exit"] = 0
             else:
-                doc = dict(C4_JSON, max_concurrency=c, num_prompts=int(flags["--num-prompts"]),
-                           output_throughput=100.0 * c)
+                doc = dict(
+                    C4_JSON, max_concurrency=c, num_prompts=int(flags["--num-prompts"]), output_throughput=100.0 * c
+                )
                 self.files[f"{folder}/bench.log"] = C4_OUT.encode()
                 self.files[f"{folder}/result.json"] = json.dumps(doc).encode()
                 e["exit"] = 0
@@ -536,8 +616,13 @@ def fake_head(api: FakeAPI) -> B.Head:
 def test_run_level_reports_progress_and_returns_the_json():
     api = FakeAPI()
     seen = []
-    res = fake_head(api).run_level(B.Level(4, 16, 32, 16), target(), {"VLLM_API_KEY": API_KEY}, "r1",
-                                   on_progress=lambda lv, d, t: seen.append((lv.concurrency, d, t)))
+    res = fake_head(api).run_level(
+        B.Level(4, 16, 32, 16),
+        target(),
+        {"VLLM_API_KEY": API_KEY},
+        "r1",
+        on_progress=lambda lv, d, t: seen.append((lv.concurrency, d, t)),
+    )
     doc, out = res.doc, res.output
     assert doc["max_concurrency"] == 4 and doc["num_prompts"] == 16 and json.loads(res.raw) == doc
     assert seen == [(4, 8, 8)] and "Serving Benchmark Result" in out
@@ -578,8 +663,10 @@ def test_ctrl_c_stops_the_level_in_the_container_and_keeps_earlier_levels(tmp_pa
     def run_level(level, *a, **kw):
         calls["n"] += 1
         if calls["n"] == 2:
+
             def interrupt(_):
                 raise KeyboardInterrupt
+
             monkeypatch.setattr(B.time, "sleep", interrupt)
         else:
             api.running_polls = 1
@@ -632,6 +719,7 @@ def test_smoke_measures_single_stream_and_judges_it():
 
 # ---- the command end to end, against the fake head ---------------------------------------------
 
+
 class FakeCluster:
     def __init__(self, api):
         self.head = FakeHost(api)
@@ -664,8 +752,13 @@ def cli_env(tmp_path, monkeypatch):
     monkeypatch.setattr(B, "check_endpoint", lambda *a: checked.append(a))
     monkeypatch.setattr(B, "node_facts", lambda cluster: {"spark-head": {"hostname": "spark-head"}})
     monkeypatch.setattr("sparkcluster.remote.ssh.connect", lambda *a: (_ for _ in ()).throw(AssertionError("ssh")))
-    yield {"dir": tmp_path, "inventory": inv, "api": api, "checked": checked,
-           "root": tmp_path / "state" / "sparkcluster" / "bench" / "pair"}
+    yield {
+        "dir": tmp_path,
+        "inventory": inv,
+        "api": api,
+        "checked": checked,
+        "root": tmp_path / "state" / "sparkcluster" / "bench" / "pair",
+    }
     with redact._lock:
         redact._values.discard(API_KEY)
 
@@ -680,8 +773,15 @@ def test_bench_writes_csv_json_png_and_prints_the_table(cli_env, capsys):
     rc, out, err = run(capsys, cli_env, "bench", "--concurrency", "1,4", "--num-prompts", "8")
     assert rc == 0, err
     (run_dir,) = cli_env["root"].iterdir()
-    assert sorted(p.name for p in run_dir.iterdir()) == ["c1.json", "c1.log", "c4.json", "c4.log", "chart.png",
-                                                         "results.csv", "run.json"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "c1.json",
+        "c1.log",
+        "c4.json",
+        "c4.log",
+        "chart.png",
+        "results.csv",
+        "run.json",
+    ]
     assert_csv_matches_json(run_dir, [1, 4])
     (raw,) = [v for k, v in cli_env["api"].files.items() if k.endswith("/c4/result.json")]
     assert (run_dir / "c4.json").read_bytes() == raw  # the level's JSON exactly as vLLM wrote it
@@ -710,16 +810,19 @@ def test_bench_compare_marks_a_regression(cli_env, capsys, tmp_path):
     assert rc == 0 and "REGRESSION" in out and "output_tok_s" in out and "-90.0%" in out
 
 
-@pytest.mark.parametrize("args, rc, words", [
-    (["--concurrency", "0"], 2, "a concurrency of 0"),
-    (["--concurrency", "1,x"], 2, "not a positive integer"),
-    (["--profile", "qwen3-30b"], 2, "serves profile 'testbed', not 'qwen3-30b'"),
-    (["--profile", "no-such"], 2, "no profile named"),
-    (["--compare", "nowhere"], 2, "no results.csv"),
-    (["--tolerance", "-1"], 2, "--tolerance"),
-    (["--tokenizer", "--"], 2, "--tokenizer"),
-    (["--tokenizer", "a\nb"], 2, "--tokenizer"),
-])
+@pytest.mark.parametrize(
+    "args, rc, words",
+    [
+        (["--concurrency", "0"], 2, "a concurrency of 0"),
+        (["--concurrency", "1,x"], 2, "not a positive integer"),
+        (["--profile", "qwen3-30b"], 2, "serves profile 'testbed', not 'qwen3-30b'"),
+        (["--profile", "no-such"], 2, "no profile named"),
+        (["--compare", "nowhere"], 2, "no results.csv"),
+        (["--tolerance", "-1"], 2, "--tolerance"),
+        (["--tokenizer", "--"], 2, "--tokenizer"),
+        (["--tokenizer", "a\nb"], 2, "--tokenizer"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(cli_env, capsys, args, rc, words):
     code, out, err = run(capsys, cli_env, "bench", *args)
     assert code == rc and words in err and "fix:" in err
@@ -734,8 +837,11 @@ def test_no_cluster_serving_is_exit_1(cli_env, capsys):
 
 def test_unreachable_endpoint_is_exit_1_and_keeps_nothing_half_written(cli_env, capsys, monkeypatch):
     def refuse(*a):
-        raise SparkError("the endpoint http://198.18.0.2:8000 does not answer (/health: no answer)",
-                         "sparkcluster status shows what is down")
+        raise SparkError(
+            "the endpoint http://198.18.0.2:8000 does not answer (/health: no answer)",
+            "sparkcluster status shows what is down",
+        )
+
     monkeypatch.setattr(B, "check_endpoint", refuse)
     code, _, err = run(capsys, cli_env, "bench", "-c", "1")
     assert code == 1 and "does not answer" in err and "fix:" in err
@@ -756,9 +862,13 @@ def test_check_endpoint_key_refused_is_input_error(monkeypatch):
     monkeypatch.setattr(endpoint, "one_token", lambda *a, **k: (False, "completion answered HTTP 401: nope"))
     with pytest.raises(InputError, match="refuses the API key"):
         B.check_endpoint("198.18.0.2", target(), 8000, {"VLLM_API_KEY": "wrong"})
-    monkeypatch.setattr(endpoint, "one_token", lambda *a, **k: (False, "completion answered HTTP 400: no chat template"))
+    monkeypatch.setattr(
+        endpoint, "one_token", lambda *a, **k: (False, "completion answered HTTP 400: no chat template")
+    )
     B.check_endpoint("198.18.0.2", target(), 8000, {})  # answers: the benchmark's own route decides
-    monkeypatch.setattr(endpoint, "one_token", lambda *a, **k: (False, "a 1-token completion did not return within 60s"))
+    monkeypatch.setattr(
+        endpoint, "one_token", lambda *a, **k: (False, "a 1-token completion did not return within 60s")
+    )
     with pytest.raises(SparkError, match="not a completion"):
         B.check_endpoint("198.18.0.2", target(), 8000, {})
     monkeypatch.setattr(endpoint, "health", lambda client, base: None)
@@ -777,6 +887,7 @@ def test_ctrl_c_in_the_command_keeps_the_measured_levels_and_exits_130(cli_env, 
 
             def interrupt(_):
                 raise KeyboardInterrupt
+
             monkeypatch.setattr(B.time, "sleep", interrupt)
         return r
 

@@ -18,7 +18,7 @@ NAMES = {"spark-head": list(C.NETDEVS), "spark-worker": list(C.NETDEVS)}
 
 
 def inv(mode: C.Mode, names=None) -> inventory.Inventory:
-    text = "\n".join(['[cluster]', 'name = "testbed"', ""] + C.inventory_nodes(mode, [H, W], names or NAMES))
+    text = "\n".join(["[cluster]", 'name = "testbed"', ""] + C.inventory_nodes(mode, [H, W], names or NAMES))
     return inventory.parse(text)
 
 
@@ -39,7 +39,10 @@ def test_default_one_cable_on_port_1():
     assert C.control(m, 1) == ("enp1s0f1np1", "198.19.2.1") and C.control(m, 2) == ("enp1s0f1np1", "198.19.2.2")
     i = inv(m)
     for n in i.nodes:
-        assert [(x.netdev, x.hca) for x in n.data_plane] == [("enp1s0f1np1", "rocep1s0f1"), ("enP2p1s0f1np1", "roceP2p1s0f1")]
+        assert [(x.netdev, x.hca) for x in n.data_plane] == [
+            ("enp1s0f1np1", "rocep1s0f1"),
+            ("enP2p1s0f1np1", "roceP2p1s0f1"),
+        ]
         assert n.mtu == 9000
 
 
@@ -86,12 +89,15 @@ def _run_in(tmp_path, cmds: list[str]) -> None:
     subprocess.run(["bash", "-c", script], check=True, timeout=20)
 
 
-@pytest.mark.parametrize("spec,want", [
-    ("one-cable", {"rocep1s0f1": 3, "roceP2p1s0f1": 3}),
-    ("two-cables", {"rocep1s0f0": 3, "rocep1s0f1": 3, "roceP2p1s0f0": 3, "roceP2p1s0f1": 3}),
-    ("twin-no-ipv4", {"rocep1s0f1": 3}),
-    ("link-local", {"rocep1s0f1": 3, "roceP2p1s0f1": 3}),
-])
+@pytest.mark.parametrize(
+    "spec,want",
+    [
+        ("one-cable", {"rocep1s0f1": 3, "roceP2p1s0f1": 3}),
+        ("two-cables", {"rocep1s0f0": 3, "rocep1s0f1": 3, "roceP2p1s0f0": 3, "roceP2p1s0f1": 3}),
+        ("twin-no-ipv4", {"rocep1s0f1": 3}),
+        ("link-local", {"rocep1s0f1": 3, "roceP2p1s0f1": 3}),
+    ],
+)
 def test_gid_tables_written_by_the_mode_read_back_by_the_probe(tmp_path, spec, want):
     m = C.parse(spec)
     macs = {nd: f"4c:bb:47:2{k}:00:01" for k, nd in enumerate(C.NETDEVS)}
@@ -99,11 +105,18 @@ def test_gid_tables_written_by_the_mode_read_back_by_the_probe(tmp_path, spec, w
     for k, nd in enumerate(C.NETDEVS):
         cmds += C.gid_commands(C.HCA_OF[nd], nd, macs[nd] if C.cabled(m, k) else None, C.addresses(m, k, 1))
     _run_in(tmp_path, cmds)
-    out = subprocess.run(["bash", "-c", GIDS.command.replace("/sys/class/infiniband", f"{tmp_path}/sys/class/infiniband")],
-                         capture_output=True, text=True, timeout=20).stdout
+    out = subprocess.run(
+        ["bash", "-c", GIDS.command.replace("/sys/class/infiniband", f"{tmp_path}/sys/class/infiniband")],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    ).stdout
     got = P.gid_lines(out)
-    v4 = {h: min(g.index for g in gs if g.roce_v2 and g.ipv4) for h, gs in got.items()
-          if any(g.roce_v2 and g.ipv4 for g in gs)}
+    v4 = {
+        h: min(g.index for g in gs if g.roce_v2 and g.ipv4)
+        for h, gs in got.items()
+        if any(g.roce_v2 and g.ipv4 for g in gs)
+    }
     assert v4 == want
     # the twin without IPv4 still has its link-local GIDs (it is up), but no IPv4 one
     if spec == "twin-no-ipv4":
@@ -122,7 +135,10 @@ def test_recabled_worker_names_follow_the_link():
     w = i.node("spark-worker")
     # head link 2 (enp1s0f1np1, the control link) ends at the worker's enP2p1s0f1np1
     assert (w.control_if, str(w.control_ip)) == ("enP2p1s0f1np1", "198.19.2.2")
-    assert [(x.netdev, x.hca) for x in w.data_plane] == [("enP2p1s0f1np1", "roceP2p1s0f1"), ("enp1s0f1np1", "rocep1s0f1")]
+    assert [(x.netdev, x.hca) for x in w.data_plane] == [
+        ("enP2p1s0f1np1", "roceP2p1s0f1"),
+        ("enp1s0f1np1", "rocep1s0f1"),
+    ]
     cmds = C.host_commands(C.parse(None), 2, crossed, {})
     assert "echo '4: ACTIVE' > /sys/class/infiniband/roceP2p1s0f1/ports/1/state" in cmds
     assert "echo '1: DOWN' > /sys/class/infiniband/rocep1s0f0/ports/1/state" in cmds
@@ -137,7 +153,8 @@ def test_third_machine_plug_and_unplug():
     unplug = C.third_unplug_commands("spark-head", "enp1s0f0np0", "spark-worker", "enp1s0f0np0", 9000)
     assert ["ip", "netns", "del", C.THIRD_NS] in unplug and unplug[-1][-1] == "enp1s0f0np0"
     assert C.rebind_speed([("enp1s0f0np0", "enp1s0f0np0")]).endswith(
-        "mount --bind /run/testbed/speed/enp1s0f0np0 /sys/class/net/enp1s0f0np0/speed")
+        "mount --bind /run/testbed/speed/enp1s0f0np0 /sys/class/net/enp1s0f0np0/speed"
+    )
 
 
 def test_mac_query_round_trip():
@@ -159,8 +176,9 @@ def test_ring_of_four_each_cable_a_pair_of_subnets_shared_by_its_two_ends_only()
     from sparkcluster.config import topology
 
     m = C.parse("ring")
-    rails = {o: [ipaddress.ip_interface(a).network for k in range(4) for a in C.addresses(m, k, o, 4)]
-             for o in (1, 2, 3, 4)}
+    rails = {
+        o: [ipaddress.ip_interface(a).network for k in range(4) for a in C.addresses(m, k, o, 4)] for o in (1, 2, 3, 4)
+    }
     assert all(len(nets) == 4 for nets in rails.values())
     t = topology.classify({f"h{o}": nets for o, nets in rails.items()})
     assert t.kind == "ring" and t.order == ("h1", "h2", "h3", "h4")

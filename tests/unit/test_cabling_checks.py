@@ -43,9 +43,11 @@ def test_path_mtu_reports_every_failing_probe_even_after_a_passing_one():
     first = pings[0]
     tl = P.ping_reason(cap("vm-ping-eth0-1472-toolarge.txt"))
     # two probes out of one netdev: a failing one, then a passing one to a second peer address
-    s.facts[W].path_mtu = [dataclasses.replace(first, ok=False, detail=tl),
-                           dataclasses.replace(first, peer_ip="198.19.1.9"),
-                           dataclasses.replace(pings[2], ok=False, detail="")]
+    s.facts[W].path_mtu = [
+        dataclasses.replace(first, ok=False, detail=tl),
+        dataclasses.replace(first, peer_ip="198.19.1.9"),
+        dataclasses.replace(pings[2], ok=False, detail=""),
+    ]
     r = results(s)[("net.path_mtu", W)]
     assert r.status == "fail"
     assert r.detail.startswith("2 of 3 probe(s)")
@@ -110,8 +112,9 @@ def test_gid_index_differs_between_nodes_each_node_gets_its_own():
     # issue 24: index 3 on the head, 5 on the worker (an IPv6 address came first there) is fine, as long
     # as each node's NCCL_IB_GID_INDEX is its own and stays out of what vLLM copies from the driver
     s = one_cable()
-    s.facts[W].gids = {h: [dataclasses.replace(g, index=g.index + 2) if g.ipv4 else g for g in gs]
-                       for h, gs in s.facts[W].gids.items()}
+    s.facts[W].gids = {
+        h: [dataclasses.replace(g, index=g.index + 2) if g.ipv4 else g for g in gs] for h, gs in s.facts[W].gids.items()
+    }
     got = results(s)
     assert got[("rdma.gid", W)].status == "ok" and got[("rdma.gid", W)].detail.startswith("index 5 on ")
     assert got[("rdma.gid", H)].status == "ok"

@@ -34,8 +34,12 @@ IMAGE = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.49.2"
 IMAGE_ID = "sha256:3f9c2d1e8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e"
 BASE_IMAGE = "nvcr.io/nvidia/vllm:26.05.post1-py3"
 BASE = P.image_layers(f'sha256:{"b" * 64} ["sha256:{"1" * 64}","sha256:{"2" * 64}"]\n9000000000\n')
-FORWARDED = {"VLLM_NVFP4_GEMM_BACKEND": "marlin", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm",
-             "VLLM_USE_FLASHINFER_MOE_FP4": "0", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+FORWARDED = {
+    "VLLM_NVFP4_GEMM_BACKEND": "marlin",
+    "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm",
+    "VLLM_USE_FLASHINFER_MOE_FP4": "0",
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+}
 HEAD_INSPECT = json.loads(cap("gb10-docker-inspect-head.json"))[0]
 HEAD_CID = HEAD_INSPECT["Id"]
 WORKER_CID = "7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e6f1a0d9c8b"
@@ -44,11 +48,16 @@ MEMINFO = "MemTotal:       125276348 kB\nMemFree:         3187216 kB\nMemAvailab
 # account in docker, as on a Spark), and the Docker probe as the socket refuses one outside docker
 _AA = facts.split_sections(cap("testbed-account-access-probe.txt"))
 ACCOUNT = _AA["account"].out
-ACCESS = (_AA["access"].out.replace("cache_ok /home/spark\n", "cache_ok /home/spark/.cache/huggingface\n")
-          .replace("testbed.lock", "pair.lock"))
+ACCESS = (
+    _AA["access"]
+    .out.replace("cache_ok /home/spark\n", "cache_ok /home/spark/.cache/huggingface\n")
+    .replace("testbed.lock", "pair.lock")
+)
 DOCKER_DENIED = P.last_line(facts.split_sections(cap("testbed-docker-denied-probe.txt"))["docker"].out)
-DF = ("Filesystem            1-blocks         Used     Available Capacity Mounted on\n"
-      "/dev/nvme0n1p2 3936818520064 412043304960 1324727701504      24% /\n")
+DF = (
+    "Filesystem            1-blocks         Used     Available Capacity Mounted on\n"
+    "/dev/nvme0n1p2 3936818520064 412043304960 1324727701504      24% /\n"
+)
 
 
 @dataclass
@@ -87,8 +96,15 @@ def _container_inspect(name: str, role: str, host: int) -> dict:
         c["Name"] = f"/sparkcluster-pair-worker-{name}"
         c["Config"]["Labels"]["org.sparkcluster.role"] = "worker"
         c["Config"]["Hostname"] = name
-        c["Config"]["Cmd"] = ["ray", "start", "--address", f"{control_ip(1)}:6379",
-                              "--node-ip-address", control_ip(host), "--block"]
+        c["Config"]["Cmd"] = [
+            "ray",
+            "start",
+            "--address",
+            f"{control_ip(1)}:6379",
+            "--node-ip-address",
+            control_ip(host),
+            "--block",
+        ]
     env = [e for e in c["Config"]["Env"] if not e.startswith("VLLM_HOST_IP=")]
     c["Config"]["Env"] = env + [f"VLLM_HOST_IP={control_ip(host)}"]
     return c
@@ -97,8 +113,18 @@ def _container_inspect(name: str, role: str, host: int) -> dict:
 def _ps_line(c: dict) -> str:
     labels = ",".join(f"{k}={v}" for k, v in sorted(c["Config"]["Labels"].items()))
     cmd = " ".join(c["Config"]["Entrypoint"] + c["Config"]["Cmd"])
-    return json.dumps({"Command": f'"{cmd}"', "ID": c["Id"], "Image": c["Config"]["Image"], "Labels": labels,
-                       "Names": c["Name"].lstrip("/"), "Networks": "host", "State": "running", "Status": "Up 38 minutes"})
+    return json.dumps(
+        {
+            "Command": f'"{cmd}"',
+            "ID": c["Id"],
+            "Image": c["Config"]["Image"],
+            "Labels": labels,
+            "Names": c["Name"].lstrip("/"),
+            "Networks": "host",
+            "State": "running",
+            "Status": "Up 38 minutes",
+        }
+    )
 
 
 def _host_facts(name: str, role: str, host: int) -> facts.HostFacts:
@@ -121,7 +147,8 @@ def _host_facts(name: str, role: str, host: int) -> facts.HostFacts:
         # the head container (host network) holds Ray's GCS port and the API port
         f.listeners = P.ss_listeners(
             f'LISTEN 0      4096         0.0.0.0:6379       0.0.0.0:*    users:(("gcs_server",pid=48391,fd=21)) container={HEAD_CID}\n'
-            f'LISTEN 0      2048         0.0.0.0:8000       0.0.0.0:*    users:(("python3",pid=49120,fd=27)) container={HEAD_CID}\n')
+            f'LISTEN 0      2048         0.0.0.0:8000       0.0.0.0:*    users:(("python3",pid=49120,fd=27)) container={HEAD_CID}\n'
+        )
         # the captured ps: our head plus an exited hand-made Ray container (not running: not a problem)
         f.containers = P.docker_ps_json(cap("gb10-docker-ps.jsonl"))
     else:
@@ -143,11 +170,20 @@ def healthy() -> State:
     ok_line = P.last_line(cap("vm-ping-lo-8972.txt"))
     for node in inv.nodes:
         peer_if = {str(a.ip): i.mac for n, f in hf.items() for i in f.interfaces.values() for a in i.addresses}
-        hf[node.name].path_mtu = [P.PingResult(p.netdev, p.peer_node, p.peer_ip, p.size, True, ok_line,
-                                               facts.ping_command(p), peer_if[p.peer_ip])
-                                  for p in facts.path_mtu_probes(node, hf)]
-    expect = dict(image=IMAGE, base_image=BASE_IMAGE, forwarded_env=dict(FORWARDED), gpu_memory_utilization=0.75,
-                  image_disk_bytes=30 * GiB, model_disk_bytes=100 * GiB)
+        hf[node.name].path_mtu = [
+            P.PingResult(
+                p.netdev, p.peer_node, p.peer_ip, p.size, True, ok_line, facts.ping_command(p), peer_if[p.peer_ip]
+            )
+            for p in facts.path_mtu_probes(node, hf)
+        ]
+    expect = dict(
+        image=IMAGE,
+        base_image=BASE_IMAGE,
+        forwarded_env=dict(FORWARDED),
+        gpu_memory_utilization=0.75,
+        image_disk_bytes=30 * GiB,
+        model_disk_bytes=100 * GiB,
+    )
     return State(inv_data, hf, {}, expect)
 
 
@@ -160,6 +196,7 @@ BASELINE = results(healthy())
 
 # --- the healthy cluster ------------------------------------------------------------------------
 
+
 def test_healthy_cluster_all_ok():
     bad = [r for r in BASELINE.values() if r.status != "ok"]
     assert bad == []
@@ -171,8 +208,7 @@ def test_healthy_path_mtu_pairs_every_link_both_ways():
     s = healthy()
     for name, host in ((H, 1), (W, 2)):
         peer = 2 if host == 1 else 1
-        assert {p.netdev: p.peer_ip for p in s.facts[name].path_mtu} == {
-            nd: link_ip(k, peer) for nd, _, k in LINKS}
+        assert {p.netdev: p.peer_ip for p in s.facts[name].path_mtu} == {nd: link_ip(k, peer) for nd, _, k in LINKS}
 
 
 def test_no_profile_skips_what_it_cannot_judge():
@@ -185,6 +221,7 @@ def test_no_profile_skips_what_it_cannot_judge():
 
 
 # --- one break per case -------------------------------------------------------------------------
+
 
 def _set_control_ip(s: State, node: str, ip: str, iface: str | None = "control") -> None:
     """The inventory names `ip` as the node's control IP; sparkcluster started its container with
@@ -201,6 +238,7 @@ def _set_control_ip(s: State, node: str, ip: str, iface: str | None = "control")
 
 def _addr(ip: str, prefix: int) -> P.Address:
     import ipaddress
+
     return P.Address(ipaddress.IPv4Address(ip), ipaddress.IPv4Network(f"{ip}/{prefix}", strict=False))
 
 
@@ -243,8 +281,9 @@ def added_to_docker_not_relogged(s):
 
 
 def cache_root_owned(s):
-    s.facts[W].access = A.parse_access(ACCESS.replace("cache_ok /home/spark/.cache/huggingface",
-                                                      "cache_denied root /home/spark/.cache"))
+    s.facts[W].access = A.parse_access(
+        ACCESS.replace("cache_ok /home/spark/.cache/huggingface", "cache_denied root /home/spark/.cache")
+    )
 
 
 def cache_holds_root_files(s):
@@ -252,7 +291,9 @@ def cache_holds_root_files(s):
 
 
 def lock_dir_foreign(s):
-    s.facts[W].access = A.parse_access(ACCESS.replace("lock_ok /tmp/sparkcluster/pair.lock", "lock_denied bob /tmp/sparkcluster"))
+    s.facts[W].access = A.parse_access(
+        ACCESS.replace("lock_ok /tmp/sparkcluster/pair.lock", "lock_denied bob /tmp/sparkcluster")
+    )
 
 
 def no_flock(s):
@@ -280,7 +321,9 @@ def base_differs(s):
 
 def ray_missing(s):
     s.facts[W].image_ray = None
-    s.facts[W].image_ray_error = 'docker: Error response from daemon: failed to create task for container: exec: "ray": executable file not found in $PATH: unknown'
+    s.facts[
+        W
+    ].image_ray_error = 'docker: Error response from daemon: failed to create task for container: exec: "ray": executable file not found in $PATH: unknown'
 
 
 def control_link_local(s):
@@ -325,7 +368,8 @@ def mtu_1500(s):
 def path_mtu_fails(s):
     k = next(i for i, p in enumerate(s.facts[W].path_mtu) if p.netdev == "enP2p1s0f0np0")
     s.facts[W].path_mtu[k] = dataclasses.replace(
-        s.facts[W].path_mtu[k], ok=False, detail=P.last_line(cap("vm-ping-eth0-1472-toolarge.txt")))
+        s.facts[W].path_mtu[k], ok=False, detail=P.last_line(cap("vm-ping-eth0-1472-toolarge.txt"))
+    )
 
 
 def twins_share_subnet(s):
@@ -346,8 +390,10 @@ def hca_without_v4_gid(s):
 
 def gid_index_shifted(s):
     # one more IPv6 address on every worker port pushes the IPv4 GIDs two entries down: index 5, not 3
-    s.facts[W].gids = {h: [dataclasses.replace(g, index=g.index + 2 if g.ipv4 else g.index) for g in gs]
-                       for h, gs in s.facts[W].gids.items()}
+    s.facts[W].gids = {
+        h: [dataclasses.replace(g, index=g.index + 2 if g.ipv4 else g.index) for g in gs]
+        for h, gs in s.facts[W].gids.items()
+    }
 
 
 def gid_index_shifted_under_the_inventory(s):
@@ -381,13 +427,19 @@ def hca_missing(s):
 
 def hca_wrong_netdev(s):
     # the worker's cables sit in the other ports: its HCAs pair with the netdevs the other way round
-    swapped = [("enp1s0f1np1", "rocep1s0f0", 0), ("enp1s0f0np0", "rocep1s0f1", 0),
-               ("enP2p1s0f0np0", "roceP2p1s0f0", 0), ("enP2p1s0f1np1", "roceP2p1s0f1", 0)]
+    swapped = [
+        ("enp1s0f1np1", "rocep1s0f0", 0),
+        ("enp1s0f0np0", "rocep1s0f1", 0),
+        ("enP2p1s0f0np0", "roceP2p1s0f0", 0),
+        ("enP2p1s0f1np1", "roceP2p1s0f1", 0),
+    ]
     s.facts[W].hcas = P.hca_lines(hca_text(swapped))
 
 
 def mem_low(s):
-    s.facts[W].mem = P.meminfo("MemTotal:       125276348 kB\nMemFree:          412000 kB\nMemAvailable:    3145728 kB\n")
+    s.facts[W].mem = P.meminfo(
+        "MemTotal:       125276348 kB\nMemFree:          412000 kB\nMemAvailable:    3145728 kB\n"
+    )
 
 
 def no_earlyoom(s):
@@ -407,14 +459,24 @@ def port_8000_foreign(s):
 def port_6379_other_container(s):
     s.facts[W].listeners = P.ss_listeners(
         'LISTEN 0      4096         0.0.0.0:6379       0.0.0.0:*    users:(("gcs_server",pid=777,fd=21)) '
-        'container=9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e6f1a0d9c8b7a6f5e4d3c2b1a0f\n')
+        "container=9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e6f1a0d9c8b7a6f5e4d3c2b1a0f\n"
+    )
 
 
 def foreign_ray(s):
-    s.facts[W].containers += P.docker_ps_json(json.dumps({
-        "Command": '"/opt/nvidia/nvidia_entrypoint.sh ray start --head --block"', "ID": "1" * 64,
-        "Image": "nvcr.io/nvidia/vllm:25.11-py3", "Labels": "com.nvidia.volumes.needed=nvidia_driver",
-        "Names": "vllm_node", "State": "running", "Status": "Up 2 days"}))
+    s.facts[W].containers += P.docker_ps_json(
+        json.dumps(
+            {
+                "Command": '"/opt/nvidia/nvidia_entrypoint.sh ray start --head --block"',
+                "ID": "1" * 64,
+                "Image": "nvcr.io/nvidia/vllm:25.11-py3",
+                "Labels": "com.nvidia.volumes.needed=nvidia_driver",
+                "Names": "vllm_node",
+                "State": "running",
+                "Status": "Up 2 days",
+            }
+        )
+    )
 
 
 def ours_exited(s):
@@ -461,8 +523,9 @@ def no_ipc_lock(s):
 
 
 def no_memlock_ulimit(s):
-    s.facts[W].ours[0]["HostConfig"]["Ulimits"] = [u for u in s.facts[W].ours[0]["HostConfig"]["Ulimits"]
-                                                   if u["Name"] != "memlock"]
+    s.facts[W].ours[0]["HostConfig"]["Ulimits"] = [
+        u for u in s.facts[W].ours[0]["HostConfig"]["Ulimits"] if u["Name"] != "memlock"
+    ]
 
 
 def memory_cap_on_head(s):
@@ -473,8 +536,13 @@ def memory_cap_on_worker(s):
     s.facts[W].ours[0]["HostConfig"]["Memory"] = 64 * GiB
 
 
-REFUSED = {("docker.engine", W): "skip", ("docker.gpu_runtime", W): "skip", ("image.same", W): "skip",
-           ("image.ray", W): "skip", ("image.base-same", W): "skip"}
+REFUSED = {
+    ("docker.engine", W): "skip",
+    ("docker.gpu_runtime", W): "skip",
+    ("image.same", W): "skip",
+    ("image.ray", W): "skip",
+    ("image.base-same", W): "skip",
+}
 
 # (check id, node that must flip, status, break, {other rows that change by design: status})
 CASES = [
@@ -482,9 +550,19 @@ CASES = [
     ("gpu.driver", W, "warn", other_driver, {}),
     ("gpu.driver", W, "fail", below_min_driver, {}),
     # with no engine there is nothing to ask about runtimes or images: those rows skip on that node
-    ("docker.engine", W, "fail", docker_down,
-     {("docker.gpu_runtime", W): "skip", ("image.same", W): "skip", ("image.ray", W): "skip",
-      ("image.base-same", W): "skip", ("account.docker", W): "skip"}),
+    (
+        "docker.engine",
+        W,
+        "fail",
+        docker_down,
+        {
+            ("docker.gpu_runtime", W): "skip",
+            ("image.same", W): "skip",
+            ("image.ray", W): "skip",
+            ("image.base-same", W): "skip",
+            ("account.docker", W): "skip",
+        },
+    ),
     ("docker.gpu_runtime", W, "fail", no_gpu_runtime, {}),
     # the socket refuses the SSH user: its row names the group fix; the engine's rows cannot judge
     ("account.docker", W, "fail", not_in_docker_group, REFUSED),
@@ -593,8 +671,12 @@ def test_mem_headroom_fails_before_start_when_profile_needs_more():
     s = healthy()
     for name in (H, W):
         s.facts[name].ours = []  # nothing running yet: the profile's share must still fit
-    s.facts[H].mem = P.meminfo("MemTotal:       125276348 kB\nMemFree:        90000000 kB\nMemAvailable:  118000000 kB\n")
-    s.facts[W].mem = P.meminfo("MemTotal:       125276348 kB\nMemFree:        40000000 kB\nMemAvailable:   60000000 kB\n")
+    s.facts[H].mem = P.meminfo(
+        "MemTotal:       125276348 kB\nMemFree:        90000000 kB\nMemAvailable:  118000000 kB\n"
+    )
+    s.facts[W].mem = P.meminfo(
+        "MemTotal:       125276348 kB\nMemFree:        40000000 kB\nMemAvailable:   60000000 kB\n"
+    )
     got = {(r.id, r.node): r for r in checks.run_checks(s.ctx(), only={"mem.headroom"})}
     assert got[("mem.headroom", W)].status == "fail"
     assert "profile needs" in got[("mem.headroom", W)].detail
@@ -699,8 +781,10 @@ def test_a_stopped_engine_is_not_blamed_on_the_account():
 
 # ss as the SSH user (an ordinary account): no `users:((...))` for root's processes, so no pid and no
 # container; the probe's loop still appends ` container=`
-HIDDEN = ("LISTEN 0      4096         0.0.0.0:6379       0.0.0.0:*     container=\n"
-          "LISTEN 0      2048         0.0.0.0:8000       0.0.0.0:*     container=\n")
+HIDDEN = (
+    "LISTEN 0      4096         0.0.0.0:6379       0.0.0.0:*     container=\n"
+    "LISTEN 0      2048         0.0.0.0:8000       0.0.0.0:*     container=\n"
+)
 
 
 def test_ports_held_by_our_running_head_are_ours_when_ss_hides_the_owner():

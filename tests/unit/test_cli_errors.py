@@ -56,8 +56,13 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setattr("sparkcluster.remote.ssh.connect", no_connect)
     inv = tmp_path / "cluster.toml"
     inv.write_text(inventory_toml())
-    yield {"dir": tmp_path, "env_file": envf, "inventory": inv, "connects": connects,
-           "debug_log": tmp_path / "state" / "sparkcluster" / "debug.log"}
+    yield {
+        "dir": tmp_path,
+        "env_file": envf,
+        "inventory": inv,
+        "connects": connects,
+        "debug_log": tmp_path / "state" / "sparkcluster" / "debug.log",
+    }
     with redact._lock:
         redact._values.discard(SECRET)
         redact._values.discard(API_KEY)
@@ -97,6 +102,7 @@ def test_unexpected_error_masks_secrets_in_message_and_traceback(env, capsys):
 
 def test_spark_error_with_secret_is_masked(env, capsys):
     from sparkcluster.errors import SparkError
+
     redact.register(SECRET)
 
     @click.command("fail")
@@ -141,8 +147,11 @@ def test_newline_in_forwarded_value_refused_in_one_line(env, capsys, monkeypatch
 
 def test_malformed_inventory_one_line_per_problem(env, capsys):
     bad = env["dir"] / "bad.toml"
-    bad.write_text(inventory_toml(extra_cluster=f'api_token = "{SECRET}"', head_ip="198.19.2.300",
-                                  extra_node=f'password = "{API_KEY}"'))
+    bad.write_text(
+        inventory_toml(
+            extra_cluster=f'api_token = "{SECRET}"', head_ip="198.19.2.300", extra_node=f'password = "{API_KEY}"'
+        )
+    )
     for cmd in (["up", "--profile", "testbed"], ["doctor"], ["up", "--profile", "testbed", "--dry-run"]):
         rc, out, err = run(capsys, "--inventory", str(bad), *cmd)
         assert rc == 2, err
@@ -159,8 +168,11 @@ def test_malformed_inventory_one_line_per_problem(env, capsys):
 def test_tp_not_matching_gpus_refused_before_any_connection(env, capsys, monkeypatch):
     profiles = env["dir"] / "profiles"
     profiles.mkdir()
-    text = (ROOT / "env-profiles" / "testbed.toml").read_text().replace(
-        "tensor_parallel_size = 2", "tensor_parallel_size = 4")
+    text = (
+        (ROOT / "env-profiles" / "testbed.toml")
+        .read_text()
+        .replace("tensor_parallel_size = 2", "tensor_parallel_size = 4")
+    )
     (profiles / "testbed-tp4.toml").write_text(text)
     monkeypatch.setenv("SPARKCLUSTER_PROFILES", str(profiles))
     rc, out, err = run(capsys, "--inventory", str(env["inventory"]), "up", "--profile", "testbed-tp4")
@@ -174,6 +186,7 @@ def test_tp_not_matching_gpus_refused_before_any_connection(env, capsys, monkeyp
 def test_json_log_masks_registered_secret(env, capsys):
     """Whatever a log call carries, both sinks (stderr JSON, the debug log) get it masked."""
     from sparkcluster import log
+
     redact.register(SECRET)
     log.configure(level="debug", fmt="json")
     log.get("test").info("event", header=f"Bearer {SECRET}", nested={"k": [SECRET]})
@@ -185,8 +198,10 @@ def test_json_log_masks_registered_secret(env, capsys):
 
 def test_a_subcommand_imports_only_its_own_module():
     """`status` must not pay for `up`'s or `doctor`'s imports (start-up is most of its time)."""
-    code = ("import sys; from sparkcluster.cli.main import main; main(['status', '--help']); "
-            "print(sorted(m for m in sys.modules if m.startswith('sparkcluster.cli.')))")
+    code = (
+        "import sys; from sparkcluster.cli.main import main; main(['status', '--help']); "
+        "print(sorted(m for m in sys.modules if m.startswith('sparkcluster.cli.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = out.strip().splitlines()[-1]
     assert "sparkcluster.cli.status_cmd" in loaded

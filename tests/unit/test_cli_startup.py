@@ -5,9 +5,11 @@ figure itself is measured by `make bench`, never asserted here)."""
 import subprocess
 import sys
 
-PROBE = ("import sys; from sparkcluster.cli.main import main; rc = main({argv!r}); "
-         "heavy = sorted(m for m in sys.modules if m.endswith('_cmd') or m.split('.')[0] in "
-         "('structlog', 'pydantic', 'docker', 'paramiko', 'rich', 'httpx')); print(heavy)")
+PROBE = (
+    "import sys; from sparkcluster.cli.main import main; rc = main({argv!r}); "
+    "heavy = sorted(m for m in sys.modules if m.endswith('_cmd') or m.split('.')[0] in "
+    "('structlog', 'pydantic', 'docker', 'paramiko', 'rich', 'httpx')); print(heavy)"
+)
 
 
 def loaded(argv: list[str]) -> list[str]:
@@ -23,8 +25,9 @@ def test_help_and_version_import_no_command():
 def test_help_lists_every_command_with_its_line():
     from sparkcluster.cli.main import _LazyGroup
 
-    out = subprocess.run([sys.executable, "-m", "sparkcluster", "--help"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "sparkcluster", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     flat = " ".join(out.split())
     for name, line in _LazyGroup.COMMANDS.items():
         assert f"{name} {line}" in flat

@@ -49,18 +49,33 @@ def specs(inv, prof):
 
 # ---- ray start ----------------------------------------------------------------------------------
 
+
 def test_ray_start_head_argv_exact():
     inv = make_inventory()
     assert ray_start_argv(inv, inv.head) == [
-        "ray", "start", "--head", "--port=6379", "--dashboard-host=127.0.0.1",
-        "--node-ip-address=198.19.2.1", "--num-gpus=1", "--disable-usage-stats", "--block"]
+        "ray",
+        "start",
+        "--head",
+        "--port=6379",
+        "--dashboard-host=127.0.0.1",
+        "--node-ip-address=198.19.2.1",
+        "--num-gpus=1",
+        "--disable-usage-stats",
+        "--block",
+    ]
 
 
 def test_ray_start_worker_argv_exact():
     inv = make_inventory()
     assert ray_start_argv(inv, inv.workers[0]) == [
-        "ray", "start", "--address=198.19.2.1:6379",
-        "--node-ip-address=198.19.2.2", "--num-gpus=1", "--disable-usage-stats", "--block"]
+        "ray",
+        "start",
+        "--address=198.19.2.1:6379",
+        "--node-ip-address=198.19.2.2",
+        "--num-gpus=1",
+        "--disable-usage-stats",
+        "--block",
+    ]
 
 
 def test_ray_start_follows_inventory_port_and_gpus():
@@ -82,6 +97,7 @@ def test_ray_start_node_ip_is_control_ip_not_a_data_link(inv):
 
 
 # ---- spec_for -----------------------------------------------------------------------------------
+
 
 def test_host_config_identical_on_head_and_worker(inv, prof):
     head, worker = specs(inv, prof)
@@ -115,8 +131,9 @@ def test_spec_differs_only_in_role_and_per_host_values(inv, prof):
     assert head.shm_size == worker.shm_size
     assert head.binds == worker.binds
     # the agent's configuration names the node and its role; every other file is the same
-    assert {k: v for k, v in head.files.items() if k != contract.CONFIG_PATH} == \
-        {k: v for k, v in worker.files.items() if k != contract.CONFIG_PATH}
+    assert {k: v for k, v in head.files.items() if k != contract.CONFIG_PATH} == {
+        k: v for k, v in worker.files.items() if k != contract.CONFIG_PATH
+    }
     assert {k: head.files[k] for k in AGENT_FILES} == AGENT_FILES
     assert head.files[f"{contract.AGENT_DIR}/__main__.py"].endswith("sys.exit(main(*sys.argv[1:]))\n")
     cfg_h, cfg_w = json.loads(head.files[contract.CONFIG_PATH]), json.loads(worker.files[contract.CONFIG_PATH])
@@ -169,8 +186,7 @@ def test_no_secret_names_in_container_env(inv, prof):
 def test_container_files_carry_the_non_carry_over_list(inv, prof):
     head, _ = specs(inv, prof)
     path, text = profile.non_carry_over_file(prof)
-    assert head.files == {path: text, **AGENT_FILES,
-                          contract.CONFIG_PATH: head.files[contract.CONFIG_PATH]}
+    assert head.files == {path: text, **AGENT_FILES, contract.CONFIG_PATH: head.files[contract.CONFIG_PATH]}
 
 
 def test_config_hash_stable_and_sensitive(inv, prof):
@@ -188,8 +204,11 @@ def test_config_hash_stable_and_sensitive(inv, prof):
 
 
 def test_config_hash_follows_profile_forwarded_vars(inv, prof):
-    other = prof.model_copy(update={"env": prof.env.model_copy(
-        update={"forward": {**prof.env.forward, "VLLM_NVFP4_GEMM_BACKEND": "marlin"}})})
+    other = prof.model_copy(
+        update={
+            "env": prof.env.model_copy(update={"forward": {**prof.env.forward, "VLLM_NVFP4_GEMM_BACKEND": "marlin"}})
+        }
+    )
     assert spec_for(inv, other, inv.head, IMAGE).config_hash() != spec_for(inv, prof, inv.head, IMAGE).config_hash()
 
 
@@ -208,6 +227,7 @@ def test_create_kwargs_labels_include_config_hash(inv, prof):
 
 # ---- docker run equivalent ----------------------------------------------------------------------
 
+
 def test_docker_run_equivalent_splits_back_with_every_flag(inv, prof):
     for spec in specs(inv, prof):
         argv = shlex.split(spec.docker_run_equivalent())
@@ -216,15 +236,20 @@ def test_docker_run_equivalent_splits_back_with_every_flag(inv, prof):
         assert "--cap-add=IPC_LOCK" in argv
         i = argv.index("--ulimit")
         assert argv[i + 1] == "memlock=-1:-1"
-        for flag, value in (("--network", "host"), ("--ipc", "host"), ("--gpus", "all"),
-                            ("--shm-size", spec.shm_size), ("--name", spec.name)):
+        for flag, value in (
+            ("--network", "host"),
+            ("--ipc", "host"),
+            ("--gpus", "all"),
+            ("--shm-size", spec.shm_size),
+            ("--name", spec.name),
+        ):
             assert argv[argv.index(flag) + 1] == value
         assert argv[argv.index("--restart") + 1] == "unless-stopped" and "--init" in argv
         # image, then the node agent's command verbatim
         n = len(spec.agent_command())
         assert argv[-n:] == spec.agent_command()
         assert argv[-n - 1] == spec.image
-        assert argv[-n - 3:-n - 1] == ["--entrypoint", ""]
+        assert argv[-n - 3 : -n - 1] == ["--entrypoint", ""]
         envs = [argv[j + 1] for j, a in enumerate(argv) if a == "-e"]
         assert envs == [f"{k}={v}" for k, v in spec.env.items()]
         labels = [argv[j + 1] for j, a in enumerate(argv) if a == "--label"]
@@ -240,10 +265,13 @@ def test_docker_run_equivalent_quotes_hostile_values(inv, prof):
 
 # ---- files tar ----------------------------------------------------------------------------------
 
+
 def test_files_tar_round_trips():
-    files = {"/etc/sparkcluster/vllm/ray_non_carry_over_env_vars.json": '["VLLM_HOST_IP"]\n',
-             "/etc/sparkcluster/other.txt": "héllo\nwörld",
-             "/top.txt": ""}
+    files = {
+        "/etc/sparkcluster/vllm/ray_non_carry_over_env_vars.json": '["VLLM_HOST_IP"]\n',
+        "/etc/sparkcluster/other.txt": "héllo\nwörld",
+        "/top.txt": "",
+    }
     with tarfile.open(fileobj=io.BytesIO(files_tar(files))) as tar:
         members = {m.name: m for m in tar.getmembers()}
         for path, text in files.items():
@@ -256,7 +284,9 @@ def test_files_tar_round_trips():
         # each directory once, before its files
         names = [m.name for m in tar.getmembers()]
         assert names.count("etc/sparkcluster") == 1
-        assert names.index("etc/sparkcluster/vllm") < names.index("etc/sparkcluster/vllm/ray_non_carry_over_env_vars.json")
+        assert names.index("etc/sparkcluster/vllm") < names.index(
+            "etc/sparkcluster/vllm/ray_non_carry_over_env_vars.json"
+        )
 
 
 def test_files_tar_extracts_to_the_right_place(tmp_path, prof):
@@ -268,6 +298,7 @@ def test_files_tar_extracts_to_the_right_place(tmp_path, prof):
 
 
 # ---- Engine API calls (tiny fake API) ------------------------------------------------------------
+
 
 class FakeAPI:
     def __init__(self):
@@ -330,8 +361,11 @@ def test_a_container_created_and_never_started_is_recorded_for_the_rollback(inv,
     head, _ = specs(inv, prof)
     owned: dict = {}
     host = SimpleNamespace(name=head.node, docker=lambda: SimpleNamespace(api=api))
-    r = SimpleNamespace(cluster=SimpleNamespace(hosts={head.node: host}),
-                        find=lambda kind: owned.get(kind), put=lambda v: owned.setdefault(type(v), v))
+    r = SimpleNamespace(
+        cluster=SimpleNamespace(hosts={head.node: host}),
+        find=lambda kind: owned.get(kind),
+        put=lambda v: owned.setdefault(type(v), v),
+    )
     with pytest.raises(StageError, match="error gathering device information"):
         stage.create(r, head)
     assert owned[Created].containers == {head.node: {"c0ffee"}}
@@ -350,5 +384,8 @@ def test_each_node_mounts_its_own_ssh_users_cache():
     head, worker = specs(inv, profile.load_profile("testbed"))
     assert head.binds == {"/home/alice/.cache/huggingface": "/home/alice/.cache/huggingface"}
     assert worker.binds == {"/home/bob/.cache/huggingface": "/home/bob/.cache/huggingface"}
-    assert (head.env["HF_HOME"], worker.env["HF_HOME"]) == ("/home/alice/.cache/huggingface", "/home/bob/.cache/huggingface")
+    assert (head.env["HF_HOME"], worker.env["HF_HOME"]) == (
+        "/home/alice/.cache/huggingface",
+        "/home/bob/.cache/huggingface",
+    )
     assert inv.owner("spark-b") == "1001:1001"

@@ -25,10 +25,13 @@ def c(name: str, profile: str, nodes: str | None, cluster: str | None = None) ->
 
 
 def test_group_by_profile_and_node_set():
-    found = deployments.group(INV, {
-        A: [c("s-head", "single", A)],
-        B: [c("s-head", "single", B), c("other", "x", B, cluster="another-cluster")],
-    })
+    found = deployments.group(
+        INV,
+        {
+            A: [c("s-head", "single", A)],
+            B: [c("s-head", "single", B), c("other", "x", B, cluster="another-cluster")],
+        },
+    )
     assert [d.key for d in found] == [f"single@{A}", f"single@{B}"]
     pair = deployments.group(INV, {A: [c("h", "pair", f"{A},{B}")], B: [c("w", "pair", f"{A},{B}")]})
     assert [(d.key, d.containers) for d in pair] == [(f"pair@{A}+{B}", {A: ["h"], B: ["w"]})]
@@ -40,12 +43,16 @@ def test_group_by_profile_and_node_set():
 def test_group_reads_docker_inspect_too():
     """status finds deployments in its SSH round trip's `docker inspect` output (Config.Labels,
     Name), the Engine API lists them as Labels and Names: the same deployments either way."""
+
     def inspected(name, profile, nodes):
         ps = c(name, profile, nodes)
         return {"Name": ps["Names"][0], "Config": {"Labels": ps["Labels"]}, "State": {"Status": "running"}}
 
     found = deployments.group(INV, {A: [inspected("s-head", "single", A)], B: [inspected("s-head", "single", B)]})
-    assert [(d.key, d.containers) for d in found] == [(f"single@{A}", {A: ["s-head"]}), (f"single@{B}", {B: ["s-head"]})]
+    assert [(d.key, d.containers) for d in found] == [
+        (f"single@{A}", {A: ["s-head"]}),
+        (f"single@{B}", {B: ["s-head"]}),
+    ]
 
 
 def test_target_needs_a_node_for_a_profile_as_wide_as_one_node():
@@ -61,9 +68,20 @@ def test_target_needs_a_node_for_a_profile_as_wide_as_one_node():
 
 
 def test_a_pair_of_four_nodes_is_named_node_by_node():
-    data = {"cluster": {"name": "four", "topology": "switch"}, "nodes": [
-        {"name": f"s{i}", "role": "head" if i == 1 else "worker", "ssh": f"s{i}", "control_if": "e",
-         "control_ip": f"10.0.0.{i}", "data_plane": [{"netdev": "e", "hca": "h"}]} for i in range(1, 5)]}
+    data = {
+        "cluster": {"name": "four", "topology": "switch"},
+        "nodes": [
+            {
+                "name": f"s{i}",
+                "role": "head" if i == 1 else "worker",
+                "ssh": f"s{i}",
+                "control_if": "e",
+                "control_ip": f"10.0.0.{i}",
+                "data_plane": [{"netdev": "e", "hca": "h"}],
+            }
+            for i in range(1, 5)
+        ],
+    }
     four = make_inventory(data)
     tp2 = profiles.load_profile("testbed")
     with pytest.raises(InputError, match="some of the nodes") as e:
@@ -88,18 +106,26 @@ def test_conflicts_are_other_deployments_sharing_a_node():
 
 def test_on_change_reports_changes_appearances_and_departures():
     assert fleet.changes({"a@x": "healthy", "b@y": "healthy"}, {"a@x": "degraded", "c@z": "healthy"}) == [
-        ("a@x", "healthy", "degraded"), ("c@z", "", "healthy"), ("b@y", "healthy", "gone")]
+        ("a@x", "healthy", "degraded"),
+        ("c@z", "", "healthy"),
+        ("b@y", "healthy", "gone"),
+    ]
     assert fleet.changes({"a@x": "healthy"}, {"a@x": "healthy"}) == []
 
 
 def test_on_change_command_gets_hostile_text_as_data(tmp_path):
     class St:
-        problems = ["it's $(touch pwned) `id` \"quoted\""]
+        problems = ['it\'s $(touch pwned) `id` "quoted"']
 
     env = fleet.hook_env("single@spark-a", "healthy", "degraded", St())
     assert env["SPARKCLUSTER_NODES"] == "spark-a" and env["SPARKCLUSTER_PROFILE"] == "single"
-    out = subprocess.run(["sh", "-c", 'printf "%s|%s|%s" "$SPARKCLUSTER_DEPLOYMENT" "$SPARKCLUSTER_STATE" '
-                          '"$SPARKCLUSTER_PROBLEMS"'], env=env, cwd=tmp_path, capture_output=True, text=True)
+    out = subprocess.run(
+        ["sh", "-c", 'printf "%s|%s|%s" "$SPARKCLUSTER_DEPLOYMENT" "$SPARKCLUSTER_STATE" "$SPARKCLUSTER_PROBLEMS"'],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert out.stdout == "single@spark-a|degraded|" + St.problems[0]
     assert not (tmp_path / "pwned").exists()
 
@@ -117,7 +143,7 @@ def test_a_failing_on_change_command_warns_and_its_change_is_offered_again(tmp_p
     assert fleet.notify_changes("c", [st], failing)  # offered again: still not delivered
     assert seen.read_text().split() == ["degraded", "degraded"]
     assert fleet.notify_changes("c", [st], f'echo "$SPARKCLUSTER_STATE" >> {seen}') == []  # delivered
-    assert fleet.notify_changes("c", [st], f'echo again >> {seen}') == []  # nothing changed since
+    assert fleet.notify_changes("c", [st], f"echo again >> {seen}") == []  # nothing changed since
     assert seen.read_text().split() == ["degraded", "degraded", "degraded"]
 
 

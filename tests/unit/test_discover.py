@@ -16,26 +16,36 @@ from sparkcluster.facts import discover
 from sparkcluster.facts import parsers as P
 
 # the worker cabled into the other ports: same subnets, other netdev/HCA names (sparkrun#135)
-CROSSED = [("enP2p1s0f0np0", "roceP2p1s0f0", 1), ("enP2p1s0f1np1", "roceP2p1s0f1", 2),
-           ("enp1s0f0np0", "rocep1s0f0", 3), ("enp1s0f1np1", "rocep1s0f1", 4)]
+CROSSED = [
+    ("enP2p1s0f0np0", "roceP2p1s0f0", 1),
+    ("enP2p1s0f1np1", "roceP2p1s0f1", 2),
+    ("enp1s0f0np0", "rocep1s0f0", 3),
+    ("enp1s0f1np1", "rocep1s0f1", 4),
+]
 
 
 def output(hostname: str, host: int, links=None, hcas: str | None = None, gpu: tuple[int, str] = (0, None)) -> str:
     rc, text = gpu
-    return "".join(f"{facts.SECTION} {n}\n{o}\n{facts.SECTION} {n} rc={r}\n" for n, r, o in [
-        ("hostname", 0, hostname),
-        ("gpu", rc, text if text is not None else cap("gb10-nvidia-smi.csv").strip()),
-        ("ip", 0, spark_ip_json(host, links)),
-        ("hca", 0, hca_text(links) if hcas is None else hcas),
-    ])
+    return "".join(
+        f"{facts.SECTION} {n}\n{o}\n{facts.SECTION} {n} rc={r}\n"
+        for n, r, o in [
+            ("hostname", 0, hostname),
+            ("gpu", rc, text if text is not None else cap("gb10-nvidia-smi.csv").strip()),
+            ("ip", 0, spark_ip_json(host, links)),
+            ("hca", 0, hca_text(links) if hcas is None else hcas),
+        ]
+    )
 
 
 def found(worker_links=None, **kw) -> list[discover.Discovered]:
-    return [discover.parse_discovery("spark-head", output("spark-head", 1)),
-            discover.parse_discovery("root@192.168.1.12", output("spark-worker", 2, worker_links, **kw))]
+    return [
+        discover.parse_discovery("spark-head", output("spark-head", 1)),
+        discover.parse_discovery("root@192.168.1.12", output("spark-worker", 2, worker_links, **kw)),
+    ]
 
 
 # --- the script and its parsing -----------------------------------------------------------------
+
 
 def test_discovery_script_is_read_only_and_sectioned():
     s = discover.discovery_script()
@@ -62,6 +72,7 @@ def test_parse_discovery_without_nvidia_smi():
 
 # --- pure choices -------------------------------------------------------------------------------
 
+
 def test_data_links_in_hca_order_not_ascii_order():
     d = found()[0]
     # sysfs lists roceP2... before rocep1... (ASCII); the draft keeps port order
@@ -72,8 +83,10 @@ def test_data_links_in_hca_order_not_ascii_order():
 
 
 def test_data_links_leave_out_down_and_netdevless_hcas():
-    hcas = ("rocep1s0f0|4: ACTIVE|enp1s0f0np0 \nrocep1s0f1|1: DOWN|enp1s0f1np1 \n"
-            "roceP2p1s0f0|4: ACTIVE|\nroceP2p1s0f1|4: ACTIVE|enP2p1s0f1np1 \n")
+    hcas = (
+        "rocep1s0f0|4: ACTIVE|enp1s0f0np0 \nrocep1s0f1|1: DOWN|enp1s0f1np1 \n"
+        "roceP2p1s0f0|4: ACTIVE|\nroceP2p1s0f1|4: ACTIVE|enP2p1s0f1np1 \n"
+    )
     d = discover.parse_discovery("h", output("h", 1, hcas=hcas))
     links, notes = discover.data_links(d)
     assert [x.netdev for x in links] == ["enp1s0f0np0", "enP2p1s0f1np1"]
@@ -101,7 +114,12 @@ def test_control_skips_a_head_link_the_worker_does_not_share():
     h, w = found()
     w.interfaces["enp1s0f0np0"].addresses = []  # link 1 unaddressed on the worker
     hc, wc = discover.choose_control([discover.data_links(h)[0], discover.data_links(w)[0]], [h, w])
-    assert (hc.netdev, str(hc.ip), wc.netdev, str(wc.ip)) == ("enp1s0f1np1", link_ip(2, 1), "enp1s0f1np1", link_ip(2, 2))
+    assert (hc.netdev, str(hc.ip), wc.netdev, str(wc.ip)) == (
+        "enp1s0f1np1",
+        link_ip(2, 1),
+        "enp1s0f1np1",
+        link_ip(2, 2),
+    )
 
 
 def test_control_worker_cabled_differently():
@@ -123,6 +141,7 @@ def test_control_none_shared():
 def test_node_names():
     def d(name):
         return discover.Discovered("t", hostname=name)
+
     assert discover.node_names([d("spark-1a2b"), d("spark-3c4d")]) == ["spark-1a2b", "spark-3c4d"]
     assert discover.node_names([d("spark"), d("spark")]) == ["spark", "spark-worker"]
     assert discover.node_names([d(""), d("bad name!"), d("x")]) == ["spark-head", "spark-worker-1", "x"]
@@ -139,12 +158,13 @@ def test_provisional_node():
 
 # --- draft and TOML -----------------------------------------------------------------------------
 
+
 def test_draft_round_trips_through_inventory_parse(tmp_path):
-    dr = discover.draft("pair", found(CROSSED), tmp_path / "my ssh \"config\"", tmp_path / "kh")
+    dr = discover.draft("pair", found(CROSSED), tmp_path / 'my ssh "config"', tmp_path / "kh")
     text, inv = discover.render(dr, source="draft.toml", when="2026-11-22 03:30 UTC")
     assert text.startswith("# sparkcluster inventory -- draft: review before use.")
     assert inventory.parse(text) == inv
-    assert inv.cluster.ssh_config == tmp_path / "my ssh \"config\"" and inv.cluster.known_hosts == tmp_path / "kh"
+    assert inv.cluster.ssh_config == tmp_path / 'my ssh "config"' and inv.cluster.known_hosts == tmp_path / "kh"
     head, worker = inv.nodes
     assert (head.name, head.role, head.ssh) == ("spark-head", "head", "spark-head")
     assert (worker.name, worker.role, worker.ssh) == ("spark-worker", "worker", "root@192.168.1.12")
@@ -152,8 +172,11 @@ def test_draft_round_trips_through_inventory_parse(tmp_path):
     assert head.netdevs == [nd for nd, _, _ in LINKS]
     # HCA order on the worker, each HCA paired with the netdev it sits on there
     assert [(x.hca, x.netdev) for x in worker.data_plane] == [
-        ("rocep1s0f0", "enp1s0f0np0"), ("rocep1s0f1", "enp1s0f1np1"),
-        ("roceP2p1s0f0", "enP2p1s0f0np0"), ("roceP2p1s0f1", "enP2p1s0f1np1")]
+        ("rocep1s0f0", "enp1s0f0np0"),
+        ("rocep1s0f1", "enp1s0f1np1"),
+        ("roceP2p1s0f0", "enP2p1s0f0np0"),
+        ("roceP2p1s0f1", "enP2p1s0f1np1"),
+    ]
     assert (head.control_if, str(head.control_ip)) == ("enp1s0f0np0", "198.19.1.1")
     assert (worker.control_if, str(worker.control_ip)) == ("enP2p1s0f0np0", "198.19.1.2")
     assert head.mtu == worker.mtu == 9000 and head.gpus == worker.gpus == 1
@@ -184,6 +207,7 @@ def test_draft_no_hca_is_an_error():
 
 # --- the command --------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def fake_hosts(monkeypatch):
     calls = []
@@ -199,8 +223,21 @@ def fake_hosts(monkeypatch):
 def test_init_writes_draft_and_refuses_to_overwrite(tmp_path, capsys, fake_hosts):
     out = tmp_path / "conf" / "cluster.toml"
     kh = tmp_path / "known_hosts"
-    rc = main(["init", "--head", "spark-head", "--worker", "root@spark-worker:2222", "--known-hosts", str(kh),
-               "--name", "pair", "-o", str(out)])
+    rc = main(
+        [
+            "init",
+            "--head",
+            "spark-head",
+            "--worker",
+            "root@spark-worker:2222",
+            "--known-hosts",
+            str(kh),
+            "--name",
+            "pair",
+            "-o",
+            str(out),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     text = out.read_text()
     inv = inventory.load(out)
@@ -228,12 +265,18 @@ def test_init_defaults_to_global_inventory_path(tmp_path, capsys, fake_hosts):
     assert inventory.load(out).cluster.name == "sparks"
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["--head", "root@bad host", "--worker", "b"], "--head 'root@bad host' is not an ssh config alias"),
-    (["--head", "a", "--worker", "a"], "the same ssh target is given twice"),
-    (["--head", "a", "--worker", "b", "--name", "bad name"], "--name 'bad name' is not a valid cluster name"),
-    (["--head", "a", "--worker", "b", "--ssh-config", "/nonexistent/ssh_config"], "no ssh config at /nonexistent/ssh_config"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["--head", "root@bad host", "--worker", "b"], "--head 'root@bad host' is not an ssh config alias"),
+        (["--head", "a", "--worker", "a"], "the same ssh target is given twice"),
+        (["--head", "a", "--worker", "b", "--name", "bad name"], "--name 'bad name' is not a valid cluster name"),
+        (
+            ["--head", "a", "--worker", "b", "--ssh-config", "/nonexistent/ssh_config"],
+            "no ssh config at /nonexistent/ssh_config",
+        ),
+    ],
+)
 def test_init_bad_input_before_connecting(tmp_path, capsys, fake_hosts, argv, msg):
     rc = main(["init", *argv, "-o", str(tmp_path / "x.toml")])
     err = capsys.readouterr().err

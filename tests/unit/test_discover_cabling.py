@@ -45,16 +45,24 @@ def out(hostname: str, host: int, active, addressed=None, addrs=None) -> str:
     addressed = active if addressed is None else addressed
     down = [x for x in LINKS if x not in active]
     gids = gid_text(host, [x for x in addressed])
-    return "".join(f"{facts.SECTION} {n}\n{o}\n{facts.SECTION} {n} rc={r}\n" for n, r, o in [
-        ("hostname", 0, hostname), ("gpu", 0, cap("gb10-nvidia-smi.csv").strip()),
-        ("ip", 0, _ip_json(host, addressed, down, addrs)), ("hca", 0, _hcas(active)), ("gids", 0, gids)])
+    return "".join(
+        f"{facts.SECTION} {n}\n{o}\n{facts.SECTION} {n} rc={r}\n"
+        for n, r, o in [
+            ("hostname", 0, hostname),
+            ("gpu", 0, cap("gb10-nvidia-smi.csv").strip()),
+            ("ip", 0, _ip_json(host, addressed, down, addrs)),
+            ("hca", 0, _hcas(active)),
+            ("gids", 0, gids),
+        ]
+    )
 
 
 def pair(active, addressed=None, worker_addressed=None, addrs=None, worker_addrs=None):
     h = discover.parse_discovery("spark-head", out("spark-head", 1, active, addressed, addrs))
-    w = discover.parse_discovery("root@spark-worker", out("spark-worker", 2, active,
-                                                           addressed if worker_addressed is None else worker_addressed,
-                                                           worker_addrs))
+    w = discover.parse_discovery(
+        "root@spark-worker",
+        out("spark-worker", 2, active, addressed if worker_addressed is None else worker_addressed, worker_addrs),
+    )
     return [h, w]
 
 
@@ -65,7 +73,10 @@ def render(found):
 def test_one_cable_on_port_1():
     text, inv = render(pair(PORT1))
     for n, host in zip(inv.nodes, (1, 2)):
-        assert [(x.hca, x.netdev) for x in n.data_plane] == [("rocep1s0f1", "enp1s0f1np1"), ("roceP2p1s0f1", "enP2p1s0f1np1")]
+        assert [(x.hca, x.netdev) for x in n.data_plane] == [
+            ("rocep1s0f1", "enp1s0f1np1"),
+            ("roceP2p1s0f1", "enP2p1s0f1np1"),
+        ]
         assert (n.control_if, str(n.control_ip)) == ("enp1s0f1np1", link_ip(2, host))
         assert n.gid_index == 3
     # port 0's HCAs are DOWN: left out, and the draft says so
@@ -134,8 +145,9 @@ def test_gid_index_left_out_only_where_the_node_has_none():
 def test_gid_index_drafted_per_node():
     # issue 24: index 3 on the head, 5 on the worker; each node gets its own NCCL_IB_GID_INDEX
     f = pair(PORT1)
-    f[1].gids = {h: [dataclasses.replace(g, index=g.index + 2) if g.ipv4 else g for g in gs]
-                 for h, gs in f[1].gids.items()}
+    f[1].gids = {
+        h: [dataclasses.replace(g, index=g.index + 2) if g.ipv4 else g for g in gs] for h, gs in f[1].gids.items()
+    }
     text, inv = render(f)
     assert [n.gid_index for n in inv.nodes] == [3, 5]
     assert "gid_index left out" not in text

@@ -20,7 +20,9 @@ def test_parse_metrics_real_vllm_0_32():
 
 
 def test_parse_metrics_ignores_comments_other_names_and_garbage():
-    text = ("# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n"
-            'vllm:num_requests_running{engine="0"} 3\n'
-            'vllm:num_requests_running_other 9\nnot a sample\nvllm:kv_cache_usage_perc{a="}"} nan-ish\n')
+    text = (
+        "# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0"} 3\n'
+        'vllm:num_requests_running_other 9\nnot a sample\nvllm:kv_cache_usage_perc{a="}"} nan-ish\n'
+    )
     assert parse_metrics(text) == {"requests_running": 3.0}

@@ -50,8 +50,13 @@ def test_up_fails_when_the_engines_ranks_use_sockets_and_passes_without_nccl():
 
     def cluster(text: str) -> Cluster:
         out = f"@@sc@@ nccl\n{text}\n@@sc@@ nccl rc=0\n"
-        return Cluster(PAIR, {n: SimpleNamespace(name=n, run=lambda script, timeout, warn: SimpleNamespace(stdout=out))
-                              for n in (HEAD, WORKER)})
+        return Cluster(
+            PAIR,
+            {
+                n: SimpleNamespace(name=n, run=lambda script, timeout, warn: SimpleNamespace(stdout=out))
+                for n in (HEAD, WORKER)
+            },
+        )
 
     r = SimpleNamespace(inv=PAIR, cluster=cluster((CAPTURED / "socket.log").read_text()))
     with pytest.raises(StageError) as e:

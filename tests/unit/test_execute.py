@@ -55,6 +55,7 @@ def fabric_measured(monkeypatch):
     here the fake engines have no ranks to run, so it reports a healthy fabric."""
     from sparkcluster.checks import Result
     from sparkcluster.fabric import measure
+
     monkeypatch.setattr(measure, "run", lambda *a, **kw: [Result("fabric.bandwidth", "a+b", "ok", "1 GB/s")])
 
 
@@ -71,21 +72,27 @@ def events(monkeypatch):
 
 def test_walk_runs_in_order_and_reports_each_step(events):
     ran = []
-    steps = [Step("image", HEAD, "a", "a", run=lambda r: ran.append("a")),
-             Step("image", WORKER, "b", "b", run=lambda r: ran.append("b"), when="x",
-                  skip=lambda r: "not needed"),
-             Step("image", WORKER, "c", "c", run=lambda r: ran.append("c") or "note")]
+    steps = [
+        Step("image", HEAD, "a", "a", run=lambda r: ran.append("a")),
+        Step("image", WORKER, "b", "b", run=lambda r: ran.append("b"), when="x", skip=lambda r: "not needed"),
+        Step("image", WORKER, "c", "c", run=lambda r: ran.append("c") or "note"),
+    ]
     done = execute.walk(fake_run(steps), steps)
     assert ran == ["a", "c"]
     assert [(s.action, v) for s, v in done] == [("a", None), ("c", "note")]
-    assert events == [("image/spark-head/a", "done"), ("image/spark-worker/b", "skipped: not needed"),
-                      ("image/spark-worker/c", "done")]
+    assert events == [
+        ("image/spark-head/a", "done"),
+        ("image/spark-worker/b", "skipped: not needed"),
+        ("image/spark-worker/c", "done"),
+    ]
 
 
 def test_parallel_steps_run_at_once():
     barrier = threading.Barrier(2, timeout=5)
-    steps = [Step("probe", h, "env", "env", run=lambda r: barrier.wait() is not None, parallel="probe")
-             for h in (HEAD, WORKER)]
+    steps = [
+        Step("probe", h, "env", "env", run=lambda r: barrier.wait() is not None, parallel="probe")
+        for h in (HEAD, WORKER)
+    ]
     assert len(execute._batches(steps)) == 1
     done = execute.walk(fake_run(steps), steps)  # would time out on the barrier if run one by one
     assert [s.host for s, _ in done] == [HEAD, WORKER]
@@ -96,6 +103,7 @@ def test_a_failed_command_fails_the_stage_naming_host_step_command_and_tail(even
 
     def boom(r):
         raise CommandFailed(res)
+
     steps = [Step("containers", WORKER, "drop-page-cache", "drop the page cache", run=boom)]
     with pytest.raises(StageError) as e:
         execute.walk(fake_run(steps), steps)
@@ -108,8 +116,11 @@ def test_a_failed_command_fails_the_stage_naming_host_step_command_and_tail(even
 def test_an_unreachable_engine_is_a_failure_naming_the_node(events):
     def boom(r):
         raise EngineUnreachable(HEAD, "inspect_image", ConnectionError("channel closed"))
-    steps = [Step("image", HEAD, "receive", "receive the image from the head", run=boom, parallel="p"),
-             Step("image", WORKER, "receive", "receive the image from the head", run=lambda r: None, parallel="p")]
+
+    steps = [
+        Step("image", HEAD, "receive", "receive the image from the head", run=boom, parallel="p"),
+        Step("image", WORKER, "receive", "receive the image from the head", run=lambda r: None, parallel="p"),
+    ]
     with pytest.raises(StageError) as e:
         execute.walk(fake_run(steps), steps)
     assert [f.host for f in e.value.failures] == [HEAD]
@@ -127,11 +138,16 @@ def test_execute_reports_each_stage_with_steps_and_always_the_image(events):
     steps = [Step("probe", HEAD, "env", "env", run=lambda r: 3), Step("probe", WORKER, "env", "env", run=lambda r: 4)]
     r = fake_run(steps)
     execute.execute(r)
-    assert r.progress.lines == ["stage image", "done image: in place on every node",
-                                "stage probe", "done probe: 7 variables right on 2 nodes"]
+    assert r.progress.lines == [
+        "stage image",
+        "done image: in place on every node",
+        "stage probe",
+        "done probe: 7 variables right on 2 nodes",
+    ]
 
 
 # ---- the plan as data ---------------------------------------------------------------------------
+
 
 def bare_plan(monkeypatch, **kw):
     monkeypatch.setenv("HF_TOKEN", "hf_plan_secret_value_42")
@@ -147,8 +163,14 @@ def test_every_side_effect_is_a_step_with_a_stable_unique_id(monkeypatch):
     assert len(ids) == len(set(ids))
     assert all(s.id == f"{s.stage}/{s.host}/{s.action}" for s in plan.steps())
     assert [s.stage for s in plan.steps()] == sorted((s.stage for s in plan.steps()), key=list(STAGES).index)
-    for want in ("serve/spark-head/hf-token", "serve/spark-worker/hf-token", "containers/spark-head/ray-head",
-                 "ray/spark-head/membership", "serve/spark-head/warm-up", "image/spark-head/build"):
+    for want in (
+        "serve/spark-head/hf-token",
+        "serve/spark-worker/hf-token",
+        "containers/spark-head/ray-head",
+        "ray/spark-head/membership",
+        "serve/spark-head/warm-up",
+        "image/spark-head/build",
+    ):
         assert want in ids, ids
     assert all(s.run is not None for s in plan.steps() if s.stage != "preflight")
     # the same inputs make the same plan
@@ -180,10 +202,17 @@ def test_removal_is_one_step_per_container_workers_first(monkeypatch):
     prof = profiles.load_profile("testbed")
 
     def c(name, role):
-        return {"Id": name + "-id", "Name": "/" + name, "State": {"Running": True},
-                "Config": {"Labels": {"org.sparkcluster.role": role, "org.sparkcluster.profile": "testbed"}}}
-    facts = {HEAD: HostFacts(HEAD, hostname=HEAD, ours=[c("h1", "head")]),
-             WORKER: HostFacts(WORKER, hostname=WORKER, ours=[c("w1", "worker"), c("w2", "worker")])}
+        return {
+            "Id": name + "-id",
+            "Name": "/" + name,
+            "State": {"Running": True},
+            "Config": {"Labels": {"org.sparkcluster.role": role, "org.sparkcluster.profile": "testbed"}},
+        }
+
+    facts = {
+        HEAD: HostFacts(HEAD, hostname=HEAD, ours=[c("h1", "head")]),
+        WORKER: HostFacts(WORKER, hostname=WORKER, ours=[c("w1", "worker"), c("w2", "worker")]),
+    }
     plan = make_plan(make_inventory(), prof, facts, serving=False, replace=False)
     removes = [s for s in plan.steps() if s.action.startswith("remove-")]
     assert [(s.host, s.what) for s in removes] == [(WORKER, "remove w1"), (WORKER, "remove w2"), (HEAD, "remove h1")]
@@ -192,11 +221,13 @@ def test_removal_is_one_step_per_container_workers_first(monkeypatch):
 
 # ---- the runner and the engine fail loudly, narrowly ----------------------------------------------
 
+
 def test_command_failed_carries_the_result_and_fanout_names_it():
     res = CommandResult(HEAD, "false", 3, "", "went wrong\n", 0.1)
 
     def fn(_):
         raise CommandFailed(res)
+
     with pytest.raises(StageError) as e:
         run_each([(HEAD, None)], fn).values_or_raise("serve")
     f = e.value.failures[0]
@@ -224,6 +255,7 @@ def test_guarded_api_tells_unreachable_from_not_found():
 
 def test_poll_based_waits_give_up_in_time():
     from sparkcluster.remote import retry
+
     t = time.monotonic()
     assert retry.poll(lambda: None, timeout=0.3, interval=0.05, what="x") is None
     assert time.monotonic() - t < 2
@@ -287,15 +319,36 @@ class FakeHost:
         self.ran.append(cmd)
         out = "ray, version 2.60.0"
         if "8265" in cmd:  # Ray's state API: both nodes alive at their control IPs with their GPUs
-            out = json.dumps({"data": {"result": {"result": [
-                {"node_ip": str(n.control_ip), "state": "ALIVE", "resources_total": {"GPU": n.gpus}}
-                for n in self.inv.nodes]}}})
+            out = json.dumps(
+                {
+                    "data": {
+                        "result": {
+                            "result": [
+                                {"node_ip": str(n.control_ip), "state": "ALIVE", "resources_total": {"GPU": n.gpus}}
+                                for n in self.inv.nodes
+                            ]
+                        }
+                    }
+                }
+            )
         elif "blobs=true" in cmd:  # the weights stage's resolver: a one-file snapshot
-            out = json.dumps({"sha": "c" * 40, "files": [{"path": "model.safetensors", "size": 10, "blob": "a" * 64, "lfs": True}]})
+            out = json.dumps(
+                {"sha": "c" * 40, "files": [{"path": "model.safetensors", "size": 10, "blob": "a" * 64, "lfs": True}]}
+            )
         elif "models--" in str(stdin or b"")[:200] or ("python3 -c" in cmd and " check " in cmd):
             # the weights stage's node check: every node already holds the snapshot
-            out = json.dumps({"missing": [], "missing_bytes": 0, "present_bytes": 10, "partial_bytes": 0,
-                              "corrupt": [], "adopted": 0, "free": 10**12, "free_path": "/"})
+            out = json.dumps(
+                {
+                    "missing": [],
+                    "missing_bytes": 0,
+                    "present_bytes": 10,
+                    "partial_bytes": 0,
+                    "corrupt": [],
+                    "adopted": 0,
+                    "free": 10**12,
+                    "free_path": "/",
+                }
+            )
         return CommandResult(self.name, cmd, 0, out, "", 0.01)
 
 
@@ -326,8 +379,12 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     assert all(o == "done" for i, o in events if i != "image/spark-worker/receive" and not o.startswith("skipped: "))
     # the snapshot is in place on both nodes: the weights stage moves nothing
     assert {i for i, o in events if o.startswith("skipped")} == {
-        "image/spark-worker/receive", "weights/spark-head/disk", "weights/spark-head/hf-token",
-        "weights/spark-head/download", "weights/spark-worker/replicate"}
+        "image/spark-worker/receive",
+        "weights/spark-head/disk",
+        "weights/spark-head/hf-token",
+        "weights/spark-head/download",
+        "weights/spark-worker/replicate",
+    }
     assert r.get(Created).containers == {HEAD: {specs[HEAD].name + "-id"}, WORKER: {specs[WORKER].name + "-id"}}
     assert r.get(server.Record).pid == 77
     assert hosts[HEAD].engine.calls[0] == "build"
@@ -337,8 +394,10 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
 
 # ---- the readiness wait (retry.poll) ----------------------------------------------------------------
 
+
 def test_wait_ready_outcomes(monkeypatch):
     from sparkcluster.day2 import server
+
     spec = server.ServeSpec("c", ["vllm"], [], "m", 8000, None)
     rec = server.Record(1, "e", "p", "m", 8000, 0.0)
     monkeypatch.setattr(server, "log_tail", lambda api, c: "last lines")
@@ -364,6 +423,7 @@ def test_wait_ready_outcomes(monkeypatch):
 
 
 # ---- up's order, rollback and summary, over fake hosts -------------------------------------------------
+
 
 class TrackingEngine(FakeEngine):
     """Also lists and removes what it created, as `teardown` asks by label and ID."""
@@ -408,6 +468,7 @@ def up_over(monkeypatch, env_of):
     from sparkcluster.day2 import server
     from sparkcluster.up import bringup
     from sparkcluster.up.stages import gate as preflight_stage
+
     inv, prof = make_inventory(), profiles.load_profile("testbed")
     cluster, specs = fake_cluster(inv, prof, env_of)
     facts = {n.name: HostFacts(n.name, hostname=n.name, image_id=IMAGE_ID, image_ray="2.60.0") for n in inv.nodes}
@@ -432,8 +493,10 @@ def test_up_runs_the_plan_and_sums_it_up(monkeypatch, events):
 
 def test_a_failed_stage_rolls_back_what_this_run_created(monkeypatch, events):
     # the worker's container lacks a forwarded variable: the probe fails after both were created
-    cluster, go = up_over(monkeypatch, lambda spec: {k: v for k, v in spec.env.items() if k != "VLLM_HOST_IP"}
-                          if spec.role == "worker" else spec.env)
+    cluster, go = up_over(
+        monkeypatch,
+        lambda spec: {k: v for k, v in spec.env.items() if k != "VLLM_HOST_IP"} if spec.role == "worker" else spec.env,
+    )
     with pytest.raises(StageError) as e:
         go()
     assert e.value.stage == "probe" and e.value.failures[0].host == WORKER
@@ -444,6 +507,7 @@ def test_a_failed_stage_rolls_back_what_this_run_created(monkeypatch, events):
 
 
 # ---- the page cache, dropped without sudo ------------------------------------------------------
+
 
 class _Host:
     def __init__(self, res):
@@ -474,7 +538,9 @@ def test_page_cache_is_dropped_through_docker_or_refused_in_one_line():
     r = SimpleNamespace(plan=plan, cluster=SimpleNamespace(hosts={WORKER: ok}))
     cstage.drop_page_cache(r, WORKER)
     assert ok.cmds == [cstage.drop_caches_command(plan.image)]
-    denied = "docker: permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock"
+    denied = (
+        "docker: permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock"
+    )
     bad = _Host(CommandResult(WORKER, "x", 126, "", denied + "\n", 0.1))
     r.cluster.hosts = {WORKER: bad}
     with pytest.raises(StageError) as e:

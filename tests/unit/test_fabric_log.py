@@ -50,8 +50,11 @@ def test_ib_missing_log_keeps_nccls_own_reason():
     log = parsed("ib_missing.log")
     assert len(log.ranks) == 2 and all(r.rank is None for r in log.ranks)  # failed before init named it
     assert log.ranks[0].env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
-    assert log.failures() == ["Failed to initialize any NET plugin", "Failed to initialize NET plugin IB",
-                              "NET/IB : No device found"]
+    assert log.failures() == [
+        "Failed to initialize any NET plugin",
+        "Failed to initialize NET plugin IB",
+        "NET/IB : No device found",
+    ]
     assert log.results == [] and not log.done
     assert any("DistBackendError" in e for e in log.python_errors)
 
@@ -90,8 +93,10 @@ def test_net_ib_format_from_nccls_source():
     """The NET/IB lines as src/transport/net_ib/init.cc and connect.cc print them (no HCA here to
     capture them from: this is their real format, written by hand)."""
     r = nccl_log.parse(IB_LINES).ranks[0]
-    assert [(d.index, d.name, d.port, d.link) for d in r.ib_devices] == \
-        [(0, "rocep1s0f1", 1, "RoCE"), (1, "roceP2p1s0f1", 1, "RoCE")]
+    assert [(d.index, d.name, d.port, d.link) for d in r.ib_devices] == [
+        (0, "rocep1s0f1", 1, "RoCE"),
+        (1, "roceP2p1s0f1", 1, "RoCE"),
+    ]
     assert r.ib_oob == "enp1s0f1np1:10.0.0.1<0>" and r.network == "IB"
     assert r.gid_indexes == {"roceP2p1s0f1": 3}
     assert r.kinds() == {"NET/IB"} and r.transports == {"NET/IB/0/GDRDMA", "NET/IB/1"}
@@ -100,9 +105,16 @@ def test_net_ib_format_from_nccls_source():
     assert [d.name for d in rail.ranks[0].ib_devices] == ["mlx5_0", "mlx5_1"]
 
 
-@pytest.mark.parametrize("transport,kind", [("NET/IB/0/GDRDMA", "NET/IB"), ("NET/Socket/0", "NET/Socket"),
-                                            ("P2P/CUMEM", "P2P"), ("P2P/IPC/read", "P2P"),
-                                            ("SHM/direct/direct", "SHM")])
+@pytest.mark.parametrize(
+    "transport,kind",
+    [
+        ("NET/IB/0/GDRDMA", "NET/IB"),
+        ("NET/Socket/0", "NET/Socket"),
+        ("P2P/CUMEM", "P2P"),
+        ("P2P/IPC/read", "P2P"),
+        ("SHM/direct/direct", "SHM"),
+    ],
+)
 def test_transport_kind(transport, kind):
     assert nccl_log.transport_kind(transport) == kind
 

@@ -47,8 +47,10 @@ def test_equal_directions_pass_and_no_p2p_says_nothing():
 
 
 def test_probe_p2p_lines_are_parsed_with_their_ends():
-    line = ('SPARKCLUSTER_FABRIC {"algbw_GBps": 0.5, "backend": "gloo", "busbw_GBps": 0.5, "bytes": 1048576, '
-            '"dst": 0, "op": "p2p", "ranks": 2, "src": 1, "time_us": 2000.0}')
+    line = (
+        'SPARKCLUSTER_FABRIC {"algbw_GBps": 0.5, "backend": "gloo", "busbw_GBps": 0.5, "bytes": 1048576, '
+        '"dst": 0, "op": "p2p", "ranks": 2, "src": 1, "time_us": 2000.0}'
+    )
     (r,) = parse(line).results
     assert (r.op, r.src, r.dst, r.algbw_gbps) == ("p2p", 1, 0, 0.5)
 
@@ -81,8 +83,9 @@ def test_the_cleanup_shell_spares_itself():
 
 def test_a_result_of_several_nodes_shows_in_each_column():
     buf = io.StringIO()
-    report.table([Result("fabric.bandwidth", "a+b", "fail", "slow", "fix it")], ["a", "b"],
-                 Console(file=buf, width=120))
+    report.table(
+        [Result("fabric.bandwidth", "a+b", "fail", "slow", "fix it")], ["a", "b"], Console(file=buf, width=120)
+    )
     row = next(line for line in buf.getvalue().splitlines() if line.startswith("fabric.bandwidth"))
     assert row.count("FAIL") == 2
 
@@ -110,9 +113,16 @@ def test_a_fabric_fail_stops_up_naming_the_node(monkeypatch):
     from sparkcluster.errors import StageError
     from sparkcluster.up.stages import collective
 
-    monkeypatch.setattr(measure, "run", lambda *a, **kw: [
-        Result("fabric.transport", "b", "fail", "NCCL uses TCP sockets; likely cause: no /dev/infiniband", "add it"),
-        Result("fabric.bandwidth", "a+b", "ok", "fine")])
+    monkeypatch.setattr(
+        measure,
+        "run",
+        lambda *a, **kw: [
+            Result(
+                "fabric.transport", "b", "fail", "NCCL uses TCP sockets; likely cause: no /dev/infiniband", "add it"
+            ),
+            Result("fabric.bandwidth", "a+b", "ok", "fine"),
+        ],
+    )
     r = SimpleNamespace(cluster=None, inv=None, plan=SimpleNamespace(profile=None, image="i", facts={}))
     with pytest.raises(StageError) as e:
         collective.run_test(r)
@@ -126,9 +136,14 @@ def test_the_h100_run_with_both_directions_is_judged_as_a_roce_pair_would_be():
 
     cap = Path(__file__).resolve().parents[1] / "captured" / "nccl"
     logs = {n: parse((cap / f"device-p2p-rank{r}.log").read_text()) for r, n in ((0, "a"), (1, "b"))}
-    out = {(r.id, r.node): r for r in judge.judge(logs, judge.Expectation(roce=True, topology="pair"),
-                                                   rank_node={0: "a", 1: "b"})}
+    out = {
+        (r.id, r.node): r
+        for r in judge.judge(logs, judge.Expectation(roce=True, topology="pair"), rank_node={0: "a", 1: "b"})
+    }
     assert out[("fabric.transport", "b")].status == "fail" and "TCP sockets" in out[("fabric.transport", "b")].detail
-    assert out[("fabric.bandwidth", "a+b")].status == "fail" and "1.851 GB/s at 1 GiB" in out[("fabric.bandwidth", "a+b")].detail
+    assert (
+        out[("fabric.bandwidth", "a+b")].status == "fail"
+        and "1.851 GB/s at 1 GiB" in out[("fabric.bandwidth", "a+b")].detail
+    )
     assert out[("fabric.direction", "a")].status == "ok" and out[("fabric.direction", "b")].status == "ok"
     assert "a -> b: 2.064 GB/s" in out[("fabric.direction", "a")].detail

@@ -42,8 +42,10 @@ def test_socket_log_on_a_roce_pair_fails_naming_node_and_cause():
 
 def test_socket_fallback_cause_from_gid_and_missing_variable():
     logs = {"a": parsed("socket.log"), "b": parsed("socket_lo.log")}
-    facts = {"a": NodeFacts(hca_gid_ok={"rocep1s0f1": True, "roceP2p1s0f1": False}, env={"NCCL_DEBUG": "INFO"}),
-             "b": NodeFacts(env={"NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1", "NCCL_SOCKET_IFNAME": "lo"})}
+    facts = {
+        "a": NodeFacts(hca_gid_ok={"rocep1s0f1": True, "roceP2p1s0f1": False}, env={"NCCL_DEBUG": "INFO"}),
+        "b": NodeFacts(env={"NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1", "NCCL_SOCKET_IFNAME": "lo"}),
+    }
     a = judge.judge_node("a", logs["a"], PAIR, facts, logs)
     assert a.status == "fail"
     assert "HCA roceP2p1s0f1 of NCCL_IB_HCA has no usable RoCE v2 IPv4 GID" in a.detail
@@ -82,15 +84,25 @@ def result(busbw: float, nbytes: int = 1 << 30) -> ProbeResult:
     return ProbeResult("all_gather", nbytes, 1.0, busbw * 2, busbw, 2, "nccl")
 
 
-@pytest.mark.parametrize("busbw,status", [(23.7, "ok"), (21.9, "ok"), (21.0, "warn"), (18.9, "warn"),
-                                          (12.3, "warn"), (11.0, "fail"), (3.04, "fail")])
+@pytest.mark.parametrize(
+    "busbw,status",
+    [(23.7, "ok"), (21.9, "ok"), (21.0, "warn"), (18.9, "warn"), (12.3, "warn"), (11.0, "fail"), (3.04, "fail")],
+)
 def test_pair_figures(busbw, status):
     assert judge.judge_bandwidth([result(busbw)], PAIR, ["a", "b"]).status == status
 
 
-@pytest.mark.parametrize("topology,busbw,status", [("rail", 12.3, "ok"), ("rail", 10.0, "warn"),
-                                                   ("rail", 5.0, "fail"), ("ring", 10.5, "ok"),
-                                                   ("ring", 9.0, "warn"), ("ring", 4.0, "fail")])
+@pytest.mark.parametrize(
+    "topology,busbw,status",
+    [
+        ("rail", 12.3, "ok"),
+        ("rail", 10.0, "warn"),
+        ("rail", 5.0, "fail"),
+        ("ring", 10.5, "ok"),
+        ("ring", 9.0, "warn"),
+        ("ring", 4.0, "fail"),
+    ],
+)
 def test_rail_and_ring_figures(topology, busbw, status):
     expect = Expectation(roce=True, topology=topology)
     assert judge.judge_bandwidth([result(busbw)], expect, ["a", "b", "c"]).status == status
@@ -110,13 +122,16 @@ def test_inventory_figures_replace_the_fields():
 
 
 def test_one_hca_of_the_twin_pair_warns():
-    text = ("s:1:1 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:10.0.0.1<0>\n"
-            "s:1:1 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/IB/0\n")
+    text = (
+        "s:1:1 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:10.0.0.1<0>\n"
+        "s:1:1 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/IB/0\n"
+    )
     r = judge.judge_node("spark-1", nccl_log.parse(text), PAIR, {}, {})
     assert r.status == "warn" and "rocep1s0f1" in r.detail
 
 
 # --- the run on real GPUs (perf/README.md, "The fabric test on real GPUs") -----------------------
+
 
 def device(run: str) -> dict[str, nccl_log.FabricLog]:
     return {f"node-{i}": parsed(f"device-{run}-rank{i}.log") for i in (0, 1)}

@@ -19,16 +19,38 @@ H, W = "spark-head", "spark-worker"
 
 def sections(pairs: list[tuple[str, int, str]]) -> str:
     """Output in the shape probe_script's sections print."""
-    return "".join(f"{facts.SECTION} {name}\n{out}{'' if out.endswith(chr(10)) or not out else chr(10)}"
-                   f"{facts.SECTION} {name} rc={rc}\n" for name, rc, out in pairs)
+    return "".join(
+        f"{facts.SECTION} {name}\n{out}{'' if out.endswith(chr(10)) or not out else chr(10)}"
+        f"{facts.SECTION} {name} rc={rc}\n"
+        for name, rc, out in pairs
+    )
 
 
 # --- split_sections / parse on real output ------------------------------------------------------
 
+
 def test_split_sections_captured_probe():
     s = facts.split_sections(cap("vm-probe.txt"))
-    assert list(s) == ["hostname", "time", "gpu", "docker", "gpu_hook", "ip", "carrier", "hca", "meminfo", "earlyoom",
-                       "sshd_oom", "listeners", "containers", "ours", "disk", "ray_sessions", "image", "image_ray"]
+    assert list(s) == [
+        "hostname",
+        "time",
+        "gpu",
+        "docker",
+        "gpu_hook",
+        "ip",
+        "carrier",
+        "hca",
+        "meminfo",
+        "earlyoom",
+        "sshd_oom",
+        "listeners",
+        "containers",
+        "ours",
+        "disk",
+        "ray_sessions",
+        "image",
+        "image_ray",
+    ]
     assert s["hostname"] == facts.Section(0, "vm")
     assert s["gpu"].rc == 127 and "nvidia-smi: command not found" in s["gpu"].out
     assert s["image_ray"].rc == 3  # the image is not there: not an error of its own
@@ -72,26 +94,32 @@ def test_parse_captured_probe_vm_without_gpu_or_dockerd():
 def test_parse_gb10_probe():
     inv = make_inventory()
     inspect = cap("gb10-docker-inspect-head.json")
-    text = sections([
-        ("hostname", 0, "spark-head"),
-        ("time", 0, "1795317600.250000000"),
-        ("gpu", 0, cap("gb10-nvidia-smi.csv")),
-        ("docker", 0, cap("gb10-docker-info.json")),
-        ("gpu_hook", 0, "/usr/bin/nvidia-container-runtime-hook"),
-        ("ip", 0, spark_ip_json(1)),
-        ("carrier", 0, carrier_text() + "enp1s0f0np0x - -\n"),
-        ("hca", 0, hca_text()),
-        ("meminfo", 0, cap("vm-meminfo.txt")),
-        ("earlyoom", 0, "1234"),
-        ("sshd_oom", 0, "-1000"),
-        ("listeners", 0, ""),
-        ("containers", 0, cap("gb10-docker-ps.jsonl")),
-        ("ours", 0, inspect),
-        ("disk", 0, cap("vm-df.txt")),
-        ("ray_sessions", 0, "/tmp/ray/session_2026-11-21_22-03-55_118733_1\n/tmp/ray/session_latest"),
-        ("image", 0, "sha256:3f9c2d1e8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e"),
-        ("image_ray", 0, "2026-11-21 22:41:09,118\tINFO usage_lib.py:441 -- Usage stats collection is enabled.\nray, version 2.49.2"),
-    ])
+    text = sections(
+        [
+            ("hostname", 0, "spark-head"),
+            ("time", 0, "1795317600.250000000"),
+            ("gpu", 0, cap("gb10-nvidia-smi.csv")),
+            ("docker", 0, cap("gb10-docker-info.json")),
+            ("gpu_hook", 0, "/usr/bin/nvidia-container-runtime-hook"),
+            ("ip", 0, spark_ip_json(1)),
+            ("carrier", 0, carrier_text() + "enp1s0f0np0x - -\n"),
+            ("hca", 0, hca_text()),
+            ("meminfo", 0, cap("vm-meminfo.txt")),
+            ("earlyoom", 0, "1234"),
+            ("sshd_oom", 0, "-1000"),
+            ("listeners", 0, ""),
+            ("containers", 0, cap("gb10-docker-ps.jsonl")),
+            ("ours", 0, inspect),
+            ("disk", 0, cap("vm-df.txt")),
+            ("ray_sessions", 0, "/tmp/ray/session_2026-11-21_22-03-55_118733_1\n/tmp/ray/session_latest"),
+            ("image", 0, "sha256:3f9c2d1e8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e"),
+            (
+                "image_ray",
+                0,
+                "2026-11-21 22:41:09,118\tINFO usage_lib.py:441 -- Usage stats collection is enabled.\nray, version 2.49.2",
+            ),
+        ]
+    )
     f = facts.parse(inv.node(H), text, 1795317600.0, 1795317600.0)
     assert f.clock_offset == pytest.approx(0.25)
     assert f.gpus[0].name == "NVIDIA GB10" and f.gpus[0].memory_total == "[N/A]"
@@ -122,7 +150,9 @@ def test_parse_image_ray_failure_and_missing_sections():
 
 
 def test_parse_sshd_oom_garbage():
-    f = facts.parse(make_inventory().node(H), sections([("sshd_oom", 0, "cat: /proc//oom_score_adj: No such file")]), 0, 0)
+    f = facts.parse(
+        make_inventory().node(H), sections([("sshd_oom", 0, "cat: /proc//oom_score_adj: No such file")]), 0, 0
+    )
     assert f.sshd_oom_score_adj is None
 
 
@@ -158,7 +188,7 @@ def test_probe_script_asks_for_the_inventory_interfaces_and_ports():
     # control_if first, no duplicates (it is also a data-plane link)
     assert "for i in enp1s0f1np1 enp1s0f0np0 enP2p1s0f0np0 enP2p1s0f1np1; do" in script
     assert "sport = :6380 or sport = :8123" in script
-    assert "image" not in facts.split_sections(script.replace("; echo \"", "\necho \""))  # no image sections
+    assert "image" not in facts.split_sections(script.replace('; echo "', '\necho "'))  # no image sections
     assert "docker image inspect" not in script
 
 
@@ -180,6 +210,7 @@ def test_probe_script_runs_and_does_not_execute_values(tmp_path):
 
 # --- path MTU -----------------------------------------------------------------------------------
 
+
 def two_spark_facts(worker_links=None) -> dict[str, facts.HostFacts]:
     out = {}
     for name, host, links in ((H, 1, None), (W, 2, worker_links)):
@@ -200,8 +231,12 @@ def test_path_mtu_probes_pair_by_subnet_both_directions():
 
 def test_path_mtu_probes_worker_cabled_differently():
     # the worker's cables sit in the other ports: same subnets, other netdev names
-    swapped = [("enp1s0f1np1", "rocep1s0f1", 1), ("enp1s0f0np0", "rocep1s0f0", 2),
-               ("enP2p1s0f1np1", "roceP2p1s0f1", 3), ("enP2p1s0f0np0", "roceP2p1s0f0", 4)]
+    swapped = [
+        ("enp1s0f1np1", "rocep1s0f1", 1),
+        ("enp1s0f0np0", "rocep1s0f0", 2),
+        ("enP2p1s0f1np1", "roceP2p1s0f1", 3),
+        ("enP2p1s0f0np0", "roceP2p1s0f0", 4),
+    ]
     inv = make_inventory()
     got = two_spark_facts(swapped)
     pairs = {(p.netdev, p.peer_ip) for p in facts.path_mtu_probes(inv.node(H), got)}
@@ -225,8 +260,20 @@ def test_path_mtu_probes_uses_node_mtu_and_skips_unpaired():
 def test_ping_command_and_script_are_quoted():
     p = facts.Probe("enP2p1s0f0np0", W, "198.19.3.2", 8972)
     assert facts.ping_command(p) == "ping -M do -c 1 -W 1 -s 8972 -I enP2p1s0f0np0 198.19.3.2"
-    assert shlex.split(facts.ping_command(p)) == ["ping", "-M", "do", "-c", "1", "-W", "1", "-s", "8972",
-                                                  "-I", "enP2p1s0f0np0", "198.19.3.2"]
+    assert shlex.split(facts.ping_command(p)) == [
+        "ping",
+        "-M",
+        "do",
+        "-c",
+        "1",
+        "-W",
+        "1",
+        "-s",
+        "8972",
+        "-I",
+        "enP2p1s0f0np0",
+        "198.19.3.2",
+    ]
     script = facts.path_mtu_script([p, facts.Probe("enp1s0f0np0", W, "198.19.1.2", 8972)])
     assert script.count("ping -M do") == 2
     assert f"echo '{facts.SECTION} ping enP2p1s0f0np0 198.19.3.2'" in script
@@ -246,8 +293,11 @@ class FakeHost:
 
 
 def test_gather_path_mtu_from_captured_pings():
-    probes = [facts.Probe("lo", "peer", "127.0.0.1", 8972), facts.Probe("eth0", "gw", "192.0.2.1", 1472),
-              facts.Probe("vlan9", "x", "10.9.9.9", 1472)]  # last: no section in the output
+    probes = [
+        facts.Probe("lo", "peer", "127.0.0.1", 8972),
+        facts.Probe("eth0", "gw", "192.0.2.1", 1472),
+        facts.Probe("vlan9", "x", "10.9.9.9", 1472),
+    ]  # last: no section in the output
     host = FakeHost(cap("vm-path-mtu.txt"))
     got = facts.gather_path_mtu(host, probes)
     assert host.ran == [facts.path_mtu_script(probes)]
@@ -261,11 +311,17 @@ def test_gather_path_mtu_from_captured_pings():
 def test_gather_path_mtu_keeps_every_probe_of_one_netdev():
     # real: two probes out of eth0, the first too large, the second to an absent peer; a third, passing
     # one on eth0 must not hide them (each probe is its own result, in order)
-    probes = [facts.Probe("eth0", "gw", "192.0.2.1", 1472), facts.Probe("eth0", "x", "192.0.2.77", 1372),
-              facts.Probe("lo", "peer", "127.0.0.1", 8972)]
+    probes = [
+        facts.Probe("eth0", "gw", "192.0.2.1", 1472),
+        facts.Probe("eth0", "x", "192.0.2.77", 1372),
+        facts.Probe("lo", "peer", "127.0.0.1", 8972),
+    ]
     got = facts.gather_path_mtu(FakeHost(cap("vm-path-mtu.txt")), probes)
-    assert [(p.netdev, p.peer_ip, p.ok) for p in got] == [("eth0", "192.0.2.1", False), ("eth0", "192.0.2.77", False),
-                                                          ("lo", "127.0.0.1", True)]
+    assert [(p.netdev, p.peer_ip, p.ok) for p in got] == [
+        ("eth0", "192.0.2.1", False),
+        ("eth0", "192.0.2.77", False),
+        ("lo", "127.0.0.1", True),
+    ]
     assert "mtu=1400" in got[0].detail
 
 

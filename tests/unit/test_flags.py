@@ -99,14 +99,34 @@ def test_port_and_hf_cache():
 
 def test_testbed_argv():
     argv = serve_argv(load_profile("testbed"))
-    assert argv == ["vllm", "serve", "sparkcluster/testbed-tiny", "--served-model-name", "testbed-tiny",
-                    "--host", "0.0.0.0", "--port", "8000", "--tensor-parallel-size", "2",
-                    "--pipeline-parallel-size", "1", "--distributed-executor-backend", "ray",
-                    "--max-model-len", "1024", "--gpu-memory-utilization", "0.2", "--enforce-eager"]
+    assert argv == [
+        "vllm",
+        "serve",
+        "sparkcluster/testbed-tiny",
+        "--served-model-name",
+        "testbed-tiny",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "2",
+        "--pipeline-parallel-size",
+        "1",
+        "--distributed-executor-backend",
+        "ray",
+        "--max-model-len",
+        "1024",
+        "--gpu-memory-utilization",
+        "0.2",
+        "--enforce-eager",
+    ]
 
 
 def test_optional_bools_and_json():
-    p = variant(serve__enable_prefix_caching=False, serve__speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    p = variant(
+        serve__enable_prefix_caching=False, serve__speculative_config={"method": "mtp", "num_speculative_tokens": 2}
+    )
     argv = serve_argv(p)
     assert "--no-enable-prefix-caching" in argv
     assert flag_value(argv, "--speculative-config") == '{"method":"mtp","num_speculative_tokens":2}'

@@ -58,8 +58,10 @@ def test_snapshot_download_gives_the_standard_cache_layout(hub, model, tmp_path)
 
 def test_model_info_lists_sizes_and_lfs_sha256(hub, model, tmp_path):
     _, ep = hub
-    code = (f"from huggingface_hub import HfApi; i = HfApi().model_info({TINY!r}, files_metadata=True); "
-            "print(i.sha); [print(s.rfilename, s.size, s.lfs.sha256 if s.lfs else '-') for s in i.siblings]")
+    code = (
+        f"from huggingface_hub import HfApi; i = HfApi().model_info({TINY!r}, files_metadata=True); "
+        "print(i.sha); [print(s.rfilename, s.size, s.lfs.sha256 if s.lfs else '-') for s in i.siblings]"
+    )
     r = _client(ep, tmp_path, code)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.split("\n")
@@ -68,13 +70,16 @@ def test_model_info_lists_sizes_and_lfs_sha256(hub, model, tmp_path):
     assert files["config.json"][1] == "-"
 
 
-@pytest.mark.parametrize("token,kind", [(None, "GatedRepoError"), (REFUSED_TOKEN, "GatedRepoError"),
-                                        (GRANTED_TOKEN, "ok")])
+@pytest.mark.parametrize(
+    "token,kind", [(None, "GatedRepoError"), (REFUSED_TOKEN, "GatedRepoError"), (GRANTED_TOKEN, "ok")]
+)
 def test_gated_repo_needs_a_granted_token(hub, tmp_path, token, kind):
     _, ep = hub
-    code = ("from huggingface_hub import hf_hub_download\nfrom huggingface_hub.errors import GatedRepoError\n"
-            f"try:\n    hf_hub_download({GATED!r}, 'config.json'); print('ok')\n"
-            "except GatedRepoError as e:\n    print('GatedRepoError', e.response.status_code)\n")
+    code = (
+        "from huggingface_hub import hf_hub_download\nfrom huggingface_hub.errors import GatedRepoError\n"
+        f"try:\n    hf_hub_download({GATED!r}, 'config.json'); print('ok')\n"
+        "except GatedRepoError as e:\n    print('GatedRepoError', e.response.status_code)\n"
+    )
     r = _client(ep, tmp_path, code, token)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[0] == kind
@@ -86,10 +91,12 @@ def test_gated_repo_needs_a_granted_token(hub, tmp_path, token, kind):
 
 def test_missing_repo_revision_and_file(hub, tmp_path):
     _, ep = hub
-    code = ("from huggingface_hub import HfApi, hf_hub_download\nfrom huggingface_hub import errors\n"
-            "for f in (lambda: HfApi().model_info('nobody/none'), lambda: HfApi().model_info("
-            f"{TINY!r}, revision='v9'), lambda: hf_hub_download({TINY!r}, 'nope.bin')):\n"
-            "    try:\n        f()\n    except Exception as e:\n        print(type(e).__name__)\n")
+    code = (
+        "from huggingface_hub import HfApi, hf_hub_download\nfrom huggingface_hub import errors\n"
+        "for f in (lambda: HfApi().model_info('nobody/none'), lambda: HfApi().model_info("
+        f"{TINY!r}, revision='v9'), lambda: hf_hub_download({TINY!r}, 'nope.bin')):\n"
+        "    try:\n        f()\n    except Exception as e:\n        print(type(e).__name__)\n"
+    )
     r = _client(ep, tmp_path, code)
     assert r.stdout.split() == ["RepositoryNotFoundError", "RevisionNotFoundError", "RemoteEntryNotFoundError"]
 
@@ -110,6 +117,7 @@ def test_start_hub_runs_a_process_with_knobs_and_stats(model, tmp_path):
     import socket
 
     from tests.testbed.hub import knobs, start_hub, stats, stop_hub
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -126,6 +134,7 @@ def test_knobs_fail_status_and_rate(hub, tmp_path):
     import time
     import urllib.error
     import urllib.request
+
     h, ep = hub
     url = f"{ep}/{TINY}/resolve/main/config.json"
     h.set_knobs({"fail_status": 500})

@@ -31,9 +31,16 @@ def plan_for(kind, held):
     return make_plan(inv, profiles.load_profile("testbed"), found, serving=False, replace=False)
 
 
-@pytest.mark.parametrize("kind, addrs", [
-    ("switch", [("198.19.1.1", "198.19.1.2"), ("198.19.1.2", "198.19.1.3"), ("198.19.1.3", "198.19.1.4")]),
-    ("ring", [("198.19.112.1", "198.19.112.2"), ("198.19.123.2", "198.19.123.3"), ("198.19.134.3", "198.19.134.4")])])
+@pytest.mark.parametrize(
+    "kind, addrs",
+    [
+        ("switch", [("198.19.1.1", "198.19.1.2"), ("198.19.1.2", "198.19.1.3"), ("198.19.1.3", "198.19.1.4")]),
+        (
+            "ring",
+            [("198.19.112.1", "198.19.112.2"), ("198.19.123.2", "198.19.123.3"), ("198.19.134.3", "198.19.134.4")],
+        ),
+    ],
+)
 def test_three_workers_receive_along_one_chain(kind, addrs):
     plan = plan_for(kind, {"spark-2": 2, "spark-3": 1, "spark-4": 2})
     recv = [s for s in plan.steps() if s.stage == "image" and s.action == "receive"]
@@ -72,14 +79,17 @@ def test_one_worker_is_sent_to_as_before():
 CUT, RELAY = transfer.STREAM_CUT, transfer.RELAY_FAILED
 
 
-@pytest.mark.parametrize("sender_ok, codes, named", [
-    (True, [0, 0, 0], None),
-    (False, [CUT, CUT, CUT], "spark-1"),  # docker save died: the head
-    (True, [0, 1, CUT], "spark-3"),  # spark-3's docker load failed; spark-4 was cut under it
-    (True, [RELAY, -1, CUT], "spark-3"),  # spark-3 lost: its own failure before spark-2's relay
-    (True, [0, RELAY, CUT], "spark-3"),  # spark-3 could not reach spark-4
-    (True, [0, 0, CUT], "spark-4"),
-])
+@pytest.mark.parametrize(
+    "sender_ok, codes, named",
+    [
+        (True, [0, 0, 0], None),
+        (False, [CUT, CUT, CUT], "spark-1"),  # docker save died: the head
+        (True, [0, 1, CUT], "spark-3"),  # spark-3's docker load failed; spark-4 was cut under it
+        (True, [RELAY, -1, CUT], "spark-3"),  # spark-3 lost: its own failure before spark-2's relay
+        (True, [0, RELAY, CUT], "spark-3"),  # spark-3 could not reach spark-4
+        (True, [0, 0, CUT], "spark-4"),
+    ],
+)
 def test_a_failed_chain_names_the_first_node_at_fault(sender_ok, codes, named):
     got = image_chain.culprit(sender_ok, list(zip(["spark-2", "spark-3", "spark-4"], codes)), "spark-1")
     assert got == named
@@ -87,8 +97,10 @@ def test_a_failed_chain_names_the_first_node_at_fault(sender_ok, codes, named):
 
 # ---- the chain run on this machine: the real snippets over loopback, a fake docker per node ----
 
+
 def test_distribute_moves_one_stream_through_three_workers(tmp_path):
     from chain_fakes import world3
+
     r, dirs, head = world3(tmp_path)
     notes = {w: image_chain.receive(r, w) for w in ("w1", "w2", "w3")}  # the first step moves it to all
     assert notes["w2"].startswith("received from w1 along the chain (127.0.0.2 -> 127.0.0.3)")

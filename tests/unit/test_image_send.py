@@ -24,7 +24,9 @@ from sparkcluster.up.stages.image import HeadImage
 HEAD, WORKER = "spark-head", "spark-worker"
 IMAGE = "sparkcluster/vllm-ray:test"
 CLASSIC = P.DockerInfo("20.10.24+dfsg1", "/var/lib/docker", ("runc",), "runc", (("Backing Filesystem", "extfs"),))
-CONTAINERD = P.DockerInfo("29.0.0", "/var/lib/docker", ("runc",), "runc", (("driver-type", "io.containerd.snapshotter.v1"),))
+CONTAINERD = P.DockerInfo(
+    "29.0.0", "/var/lib/docker", ("runc",), "runc", (("driver-type", "io.containerd.snapshotter.v1"),)
+)
 
 # docker load's failure when the archive lacks a layer the daemon does not hold (seen on 20.10.24)
 FAKE_DOCKER = r"""#!/bin/sh
@@ -74,8 +76,13 @@ class Proc:
     def wait(self):
         out, rest = self.p.communicate(timeout=30)
         self.err += rest.splitlines()
-        return Res(ok=self.p.returncode == 0, exit_code=self.p.returncode, stdout=out, stderr="\n".join(self.err),
-                   command=self.command)
+        return Res(
+            ok=self.p.returncode == 0,
+            exit_code=self.p.returncode,
+            stdout=out,
+            stderr="\n".join(self.err),
+            command=self.command,
+        )
 
 
 class Host:
@@ -87,6 +94,7 @@ class Host:
         i = self.ids()
         if i is None:
             import docker.errors
+
             raise docker.errors.NotFound("no such image")
         return {"Id": i}
 
@@ -115,15 +123,26 @@ def world(tmp_path):
 
     def make(worker_chains, docker=CLASSIC):
         node = lambda n: SimpleNamespace(name=n, control_ip="127.0.0.1")  # noqa: E731
-        facts = {HEAD: HostFacts(HEAD, docker=CLASSIC, image_id=HEAD_ID,
-                                 image_layers=ImageLayers(HEAD_ID, (BASE_ID, RAY_ID), (300_000, 100_000))),
-                 WORKER: HostFacts(WORKER, docker=docker, layer_chains=worker_chains)}
+        facts = {
+            HEAD: HostFacts(
+                HEAD,
+                docker=CLASSIC,
+                image_id=HEAD_ID,
+                image_layers=ImageLayers(HEAD_ID, (BASE_ID, RAY_ID), (300_000, 100_000)),
+            ),
+            WORKER: HostFacts(WORKER, docker=docker, layer_chains=worker_chains),
+        }
         inv = SimpleNamespace(head=node(HEAD), node=node)
         progress = SimpleNamespace(bytes=lambda *a: None)
-        return SimpleNamespace(cluster=SimpleNamespace(head=head, hosts={HEAD: head, WORKER: worker}),
-                               facts=facts, inv=inv, plan=SimpleNamespace(image=IMAGE), progress=progress,
-                               find=lambda kind: HeadImage({"Id": HEAD_ID, "Size": 400_000,
-                                                            "RootFS": {"Layers": [BASE_ID, RAY_ID]}}))
+        return SimpleNamespace(
+            cluster=SimpleNamespace(head=head, hosts={HEAD: head, WORKER: worker}),
+            facts=facts,
+            inv=inv,
+            plan=SimpleNamespace(image=IMAGE),
+            progress=progress,
+            find=lambda kind: HeadImage({"Id": HEAD_ID, "Size": 400_000, "RootFS": {"Layers": [BASE_ID, RAY_ID]}}),
+        )
+
     return tmp_path, make, head
 
 
@@ -162,8 +181,10 @@ def test_a_layer_lost_since_preflight_resends_the_whole_image(world):
     tmp, make, _ = world
     (tmp / "fail-load-once").touch()
     note = image_stage.send(make([[BASE_ID]]), WORKER)
-    assert loaded(tmp) == [["aaaa/layer.tar", "cfg.json", "manifest.json"],
-                           ["aaaa/layer.tar", "bbbb/layer.tar", "cfg.json", "manifest.json"]]
+    assert loaded(tmp) == [
+        ["aaaa/layer.tar", "cfg.json", "manifest.json"],
+        ["aaaa/layer.tar", "bbbb/layer.tar", "cfg.json", "manifest.json"],
+    ]
     assert "2 of 2 layers" in note
 
 
@@ -178,7 +199,7 @@ def test_an_id_mismatch_names_both_ids(world):
 
 def test_a_cut_stream_fails_on_the_head_and_loads_nothing(world):
     tmp, make, _ = world
-    (tmp / "image.tar").write_bytes(SAVED[:512 + len(RAY_TAR)])  # docker save died after the first layer
+    (tmp / "image.tar").write_bytes(SAVED[: 512 + len(RAY_TAR)])  # docker save died after the first layer
     with pytest.raises(StageError) as e:
         image_stage.send(make([[BASE_ID]]), WORKER)
     assert "stage 'image' failed on spark-head: send the image: transfer failed" in str(e.value)

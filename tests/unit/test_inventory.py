@@ -87,30 +87,61 @@ def test_unknown_node_name():
     assert "spark-head, spark-worker" in e.value.fix
 
 
-@pytest.mark.parametrize("text,line", [
-    (replace('gpus = 1', 'gpus = 1\ncolour = "red"'), "cluster.toml: nodes[0].colour: unknown key"),
-    (replace('api_port = 8000', 'api_port = 8000\nbogus = 1'), "cluster.toml: cluster.bogus: unknown key"),
-    (replace('"198.19.2.2"', '"198.19.2.300"'), "cluster.toml: nodes[1].control_ip: Input is not a valid IPv4 address"),
-    (replace('"198.19.2.2"', '"fe80::1"'), "cluster.toml: nodes[1].control_ip: Input is not a valid IPv4 address"),
-    (replace('ssh = "spark-head"', 'ssh = "root@spark head"'),
-     "cluster.toml: nodes[0].ssh: Value error, expected an ssh config alias or user@host[:port]"),
-    (replace('ssh = "spark-head"', 'ssh = "spark-head; rm -rf /"'),
-     "cluster.toml: nodes[0].ssh: Value error, expected an ssh config alias or user@host[:port]"),
-    (replace('role = "worker"', 'role = "head"'),
-     'cluster.toml: (top level): Value error, exactly one node must have role = "head" (found 2)'),
-    (replace('role = "head"', 'role = "worker"'),
-     'cluster.toml: (top level): Value error, exactly one node must have role = "head" (found 0)'),
-    (replace('name = "spark-worker"', 'name = "spark-head"'),
-     "cluster.toml: nodes[1].name: 'spark-head' is already used by nodes[0]"),
-    (replace('"198.19.2.2"', '"198.19.2.1"'),
-     "cluster.toml: nodes[1].control_ip: '198.19.2.1' is already used by nodes[0]"),
-    (replace('ssh = "root@198.51.100.7:2222"', 'ssh = "spark-head"'),
-     "cluster.toml: nodes[1].ssh: 'spark-head' is already used by nodes[0]"),
-    (replace('role = "worker"', 'role = "boss"'), "cluster.toml: nodes[1].role: Input should be 'head' or 'worker'"),
-    (replace('mtu = 9000', 'mtu = 100000'), "cluster.toml: nodes[0].mtu: Input should be less than or equal to 9216"),
-    (replace('hca = "rocep1s0f0" },\n  { netdev = "enp1s0f0np0"', 'hca = "rocep1s0f0 x" },\n  { netdev = "enp1s0f0np0"'),
-     "cluster.toml: nodes[1].data_plane[0].hca: String should match pattern '^[a-zA-Z0-9._-]{1,64}$'"),
-])
+@pytest.mark.parametrize(
+    "text,line",
+    [
+        (replace("gpus = 1", 'gpus = 1\ncolour = "red"'), "cluster.toml: nodes[0].colour: unknown key"),
+        (replace("api_port = 8000", "api_port = 8000\nbogus = 1"), "cluster.toml: cluster.bogus: unknown key"),
+        (
+            replace('"198.19.2.2"', '"198.19.2.300"'),
+            "cluster.toml: nodes[1].control_ip: Input is not a valid IPv4 address",
+        ),
+        (replace('"198.19.2.2"', '"fe80::1"'), "cluster.toml: nodes[1].control_ip: Input is not a valid IPv4 address"),
+        (
+            replace('ssh = "spark-head"', 'ssh = "root@spark head"'),
+            "cluster.toml: nodes[0].ssh: Value error, expected an ssh config alias or user@host[:port]",
+        ),
+        (
+            replace('ssh = "spark-head"', 'ssh = "spark-head; rm -rf /"'),
+            "cluster.toml: nodes[0].ssh: Value error, expected an ssh config alias or user@host[:port]",
+        ),
+        (
+            replace('role = "worker"', 'role = "head"'),
+            'cluster.toml: (top level): Value error, exactly one node must have role = "head" (found 2)',
+        ),
+        (
+            replace('role = "head"', 'role = "worker"'),
+            'cluster.toml: (top level): Value error, exactly one node must have role = "head" (found 0)',
+        ),
+        (
+            replace('name = "spark-worker"', 'name = "spark-head"'),
+            "cluster.toml: nodes[1].name: 'spark-head' is already used by nodes[0]",
+        ),
+        (
+            replace('"198.19.2.2"', '"198.19.2.1"'),
+            "cluster.toml: nodes[1].control_ip: '198.19.2.1' is already used by nodes[0]",
+        ),
+        (
+            replace('ssh = "root@198.51.100.7:2222"', 'ssh = "spark-head"'),
+            "cluster.toml: nodes[1].ssh: 'spark-head' is already used by nodes[0]",
+        ),
+        (
+            replace('role = "worker"', 'role = "boss"'),
+            "cluster.toml: nodes[1].role: Input should be 'head' or 'worker'",
+        ),
+        (
+            replace("mtu = 9000", "mtu = 100000"),
+            "cluster.toml: nodes[0].mtu: Input should be less than or equal to 9216",
+        ),
+        (
+            replace(
+                'hca = "rocep1s0f0" },\n  { netdev = "enp1s0f0np0"',
+                'hca = "rocep1s0f0 x" },\n  { netdev = "enp1s0f0np0"',
+            ),
+            "cluster.toml: nodes[1].data_plane[0].hca: String should match pattern '^[a-zA-Z0-9._-]{1,64}$'",
+        ),
+    ],
+)
 def test_one_line_per_bad_field(text, line):
     err = bad(text)
     assert err.details == [line]
@@ -119,14 +150,16 @@ def test_one_line_per_bad_field(text, line):
 
 
 def test_several_bad_fields_several_lines():
-    text = replace('gpus = 1', 'gpus = 1\ncolour = "red"')
+    text = replace("gpus = 1", 'gpus = 1\ncolour = "red"')
     text = text.replace('"198.19.2.2"', '"198.19.2.300"').replace('ssh = "spark-head"', 'ssh = "a b"')
     err = bad(text)
-    assert sorted(err.details) == sorted([
-        "cluster.toml: nodes[0].colour: unknown key",
-        "cluster.toml: nodes[0].ssh: Value error, expected an ssh config alias or user@host[:port]",
-        "cluster.toml: nodes[1].control_ip: Input is not a valid IPv4 address",
-    ])
+    assert sorted(err.details) == sorted(
+        [
+            "cluster.toml: nodes[0].colour: unknown key",
+            "cluster.toml: nodes[0].ssh: Value error, expected an ssh config alias or user@host[:port]",
+            "cluster.toml: nodes[1].control_ip: Input is not a valid IPv4 address",
+        ]
+    )
     assert err.message == "cluster.toml: 3 problem(s) in the inventory"
 
 
@@ -141,7 +174,7 @@ def test_missing_field():
 
 
 def test_one_node_is_an_inventory_too_and_none_is_not():
-    one = GOOD[: GOOD.index("[[nodes]]\nname = \"spark-worker\"")]
+    one = GOOD[: GOOD.index('[[nodes]]\nname = "spark-worker"')]
     inv = inventory.parse(one, "cluster.toml")
     assert [n.name for n in inv.nodes] == ["spark-head"] and inv.head.name == "spark-head" and not inv.workers
     none = GOOD[: GOOD.index("[[nodes]]")]
@@ -159,7 +192,7 @@ def test_only_keeps_the_named_nodes_and_makes_one_the_head():
 
 
 def test_toml_syntax_error():
-    err = bad(replace('[cluster]', '[cluster'))
+    err = bad(replace("[cluster]", "[cluster"))
     assert err.message.startswith("cluster.toml: not valid TOML: ")
     assert "line 2" in err.message
     assert err.details == [] and err.fix == "fix the syntax at the position shown"
@@ -175,11 +208,12 @@ def test_missing_file(tmp_path):
 
 def test_secrets_not_echoed():
     # a value typed into the wrong key is not printed back (it might be a token)
-    err = bad(replace('api_port = 8000', 'api_port = 8000\nhf_token = "hf_abcdefghijklmnopqrstuvwxyz012345"'))
+    err = bad(replace("api_port = 8000", 'api_port = 8000\nhf_token = "hf_abcdefghijklmnopqrstuvwxyz012345"'))
     assert "hf_abcdef" not in " ".join(err.details)
 
 
 # --- through the CLI ----------------------------------------------------------------------------
+
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     rc = main(list(argv))
@@ -189,7 +223,7 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_cli_bad_inventory_one_line_per_problem(tmp_path, capsys):
     p = tmp_path / "bad.toml"
-    p.write_text(replace('gpus = 1', 'gpus = 1\ncolour = "red"').replace('"198.19.2.2"', '"198.19.2.300"'))
+    p.write_text(replace("gpus = 1", 'gpus = 1\ncolour = "red"').replace('"198.19.2.2"', '"198.19.2.300"'))
     rc, out, err = run_cli(capsys, "-i", str(p), "doctor")
     assert rc == 2
     assert out == ""

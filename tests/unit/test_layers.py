@@ -19,7 +19,9 @@ B1, B2, RAY, OTHER = ("sha256:" + c * 64 for c in "1234")
 BASE = ImageLayers("sha256:" + "b" * 64, (B1, B2), (2_000_000_000, 700_000_000))
 IMAGE = ImageLayers("sha256:" + "e" * 64, (B1, B2, RAY), (2_000_000_000, 700_000_000, 50_000_000))
 CLASSIC = P.DockerInfo("20.10.24+dfsg1", "/var/lib/docker", ("runc",), "runc", (("Backing Filesystem", "extfs"),))
-CONTAINERD = P.DockerInfo("29.0.0", "/var/lib/docker", ("runc",), "runc", (("driver-type", "io.containerd.snapshotter.v1"),))
+CONTAINERD = P.DockerInfo(
+    "29.0.0", "/var/lib/docker", ("runc",), "runc", (("driver-type", "io.containerd.snapshotter.v1"),)
+)
 
 
 def test_base_present_moves_only_the_ray_layer():
@@ -70,15 +72,24 @@ def test_sizes_from_history_only_when_one_entry_per_layer():
 
 # ---- the plan (what --dry-run prints) -----------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def prof() -> profiles.Profile:
     return profiles.load_profile("testbed")
 
 
 def _facts(head_image, worker_image, worker_chains, worker_docker=CLASSIC) -> dict[str, HostFacts]:
-    return {HEAD: HostFacts(HEAD, docker=CLASSIC, image_id=head_image.id if head_image else None,
-                            image_layers=head_image, base=BASE, layer_chains=[list(BASE.layers)]),
-            WORKER: HostFacts(WORKER, docker=worker_docker, image_id=worker_image, layer_chains=worker_chains)}
+    return {
+        HEAD: HostFacts(
+            HEAD,
+            docker=CLASSIC,
+            image_id=head_image.id if head_image else None,
+            image_layers=head_image,
+            base=BASE,
+            layer_chains=[list(BASE.layers)],
+        ),
+        WORKER: HostFacts(WORKER, docker=worker_docker, image_id=worker_image, layer_chains=worker_chains),
+    }
 
 
 def _receive(plan):
@@ -105,11 +116,14 @@ def test_dry_run_before_a_build_counts_the_base_layers(prof):
 
 
 def test_dry_run_says_when_the_worker_store_gets_everything(prof):
-    plan = make_plan(make_inventory(), prof, _facts(IMAGE, None, [list(BASE.layers)], CONTAINERD),
-                     serving=False, replace=False)
+    plan = make_plan(
+        make_inventory(), prof, _facts(IMAGE, None, [list(BASE.layers)], CONTAINERD), serving=False, replace=False
+    )
     assert "all 3 layers (2.75 GB) to spark-worker: its image store cannot skip" in _receive(plan).description
 
 
 def test_identical_ids_plan_no_receive(prof):
-    plan = make_plan(make_inventory(), prof, _facts(IMAGE, IMAGE.id, [list(IMAGE.layers)]), serving=False, replace=False)
+    plan = make_plan(
+        make_inventory(), prof, _facts(IMAGE, IMAGE.id, [list(IMAGE.layers)]), serving=False, replace=False
+    )
     assert not [s for s in plan.steps() if s.action == "receive"]

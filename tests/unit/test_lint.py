@@ -63,8 +63,9 @@ def test_tp_pp_must_equal_gpu_count():
     assert lint(p) == []  # cluster rule: skipped without an inventory
     probs = lint(p, INV)
     assert rules(probs) == ["tp-pp-gpus"]
-    assert probs[0].message == ("tensor_parallel_size x pipeline_parallel_size = 4 x 1 = 4, "
-                                "but the cluster has 2 GPU(s)")
+    assert probs[0].message == (
+        "tensor_parallel_size x pipeline_parallel_size = 4 x 1 = 4, but the cluster has 2 GPU(s)"
+    )
     # as wide as one node: it runs there alone (`up --node`); on that one node it fits exactly
     single = variant(serve__tensor_parallel_size=1, serve__pipeline_parallel_size=1)
     assert rules(lint(single, INV)) == []
@@ -82,8 +83,9 @@ def test_prefix_caching_on_hybrid_needs_aligned_block_size():
     assert rules(probs) == ["prefix-caching-hybrid"]
     assert "block_size 2128, above --max-num-batched-tokens 2048" in probs[0].message
     assert "8192" in probs[0].fix
-    assert rules(lint(variant(serve__enable_prefix_caching=True, serve__max_num_batched_tokens=2048))) == \
-        ["prefix-caching-hybrid"]
+    assert rules(lint(variant(serve__enable_prefix_caching=True, serve__max_num_batched_tokens=2048))) == [
+        "prefix-caching-hybrid"
+    ]
     assert lint(variant(serve__enable_prefix_caching=True, serve__max_num_batched_tokens=2128)) == []
     assert lint(variant(serve__enable_prefix_caching=True, serve__max_num_batched_tokens=8192)) == []
     # not hybrid: no rule
@@ -98,8 +100,13 @@ def test_tool_choice_needs_parser_and_vice_versa():
     assert rules(probs) == ["tool-choice-pair"]
     assert probs[0].message.startswith("--tool-call-parser without --enable-auto-tool-choice")
     # both given through extra flags: the pair is complete (only the duplicate-flag rule speaks)
-    probs = lint(variant(serve__enable_auto_tool_choice=False, serve__tool_call_parser=None,
-                         serve__extra_flags=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]))
+    probs = lint(
+        variant(
+            serve__enable_auto_tool_choice=False,
+            serve__tool_call_parser=None,
+            serve__extra_flags=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+        )
+    )
     assert rules(probs) == ["duplicate-flag", "duplicate-flag"]
 
 
@@ -189,22 +196,38 @@ def test_port_mismatch_with_inventory():
 
 
 def test_flags_rejected_by_ngc_25_11():
-    probs = lint(variant(image__tag="25.11-py3", image__vllm_version="0.11.0",
-                         env__forward={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}))
+    probs = lint(
+        variant(
+            image__tag="25.11-py3", image__vllm_version="0.11.0", env__forward={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+        )
+    )
     assert set(rules(probs)) == {"flag-version"}
     items = sorted(p.message.split(":", 1)[0] for p in probs)
-    assert items == sorted(["--moe-backend", "--max-cudagraph-capture-size", "--async-scheduling",
-                            "--reasoning-parser-plugin", "--reasoning-parser super_v3"])
+    assert items == sorted(
+        [
+            "--moe-backend",
+            "--max-cudagraph-capture-size",
+            "--async-scheduling",
+            "--reasoning-parser-plugin",
+            "--reasoning-parser super_v3",
+        ]
+    )
     moe = next(p for p in probs if p.message.startswith("--moe-backend"))
     assert "nvcr.io/nvidia/vllm:25.11-py3 (vLLM 0.11.0)" in moe.message
     assert "absent from NGC 25.11 and older" in moe.message
 
 
 def test_mamba_float16_rejected_by_25_11():
-    p = variant(image__tag="25.11-py3", image__vllm_version="0.11.0", serve__moe_backend=None,
-                serve__max_cudagraph_capture_size=None, serve__async_scheduling=False,
-                serve__reasoning_parser="qwen3", serve__reasoning_parser_plugin_url=None,
-                serve__mamba_ssm_cache_dtype="float16")
+    p = variant(
+        image__tag="25.11-py3",
+        image__vllm_version="0.11.0",
+        serve__moe_backend=None,
+        serve__max_cudagraph_capture_size=None,
+        serve__async_scheduling=False,
+        serve__reasoning_parser="qwen3",
+        serve__reasoning_parser_plugin_url=None,
+        serve__mamba_ssm_cache_dtype="float16",
+    )
     probs = lint(p)
     assert rules(probs) == ["flag-version"]
     assert probs[0].message.startswith("--mamba-ssm-cache-dtype float16: image nvcr.io/nvidia/vllm:25.11-py3")
@@ -216,26 +239,47 @@ def test_swap_space_gone_from_26_05():
     assert rules(probs) == ["flag-version"]
     assert probs[0].message.startswith("--swap-space: image nvcr.io/nvidia/vllm:26.05.post1-py3 (vLLM 0.21.0)")
     # a vllm-openai image at 0.21.0 refuses it by version too
-    probs = lint(variant(image__base="vllm/vllm-openai", image__tag="v0.21.0", image__kind="vllm-openai",
-                         serve__extra_flags=["--swap-space", "0"]))
+    probs = lint(
+        variant(
+            image__base="vllm/vllm-openai",
+            image__tag="v0.21.0",
+            image__kind="vllm-openai",
+            serve__extra_flags=["--swap-space", "0"],
+        )
+    )
     assert rules(probs) == ["flag-version"]
     assert "gone from vLLM 0.21.0" in probs[0].message
     # an older NGC image still takes it
-    assert lint(variant(image__tag="26.04-py3", image__vllm_version="0.19.0",
-                        serve__extra_flags=["--swap-space", "0"])) == []
+    assert (
+        lint(variant(image__tag="26.04-py3", image__vllm_version="0.19.0", serve__extra_flags=["--swap-space", "0"]))
+        == []
+    )
 
 
 def test_flashinfer_moe_env_ignored_from_023():
-    probs = lint(variant(image__base="vllm/vllm-openai", image__tag="nightly", image__kind="vllm-openai",
-                         image__vllm_version="0.23.1"))
+    probs = lint(
+        variant(
+            image__base="vllm/vllm-openai",
+            image__tag="nightly",
+            image__kind="vllm-openai",
+            image__vllm_version="0.23.1",
+        )
+    )
     assert rules(probs) == ["env-version"]
     assert probs[0].message.startswith("env.forward.VLLM_USE_FLASHINFER_MOE_FP4: vLLM 0.23.1 ignores it")
     assert "--moe-backend" in probs[0].fix
 
 
 def test_every_problem_at_once():
-    probs = lint(variant(serve__gpu_memory_utilization=0.95, serve__tool_call_parser=None,
-                         serve__quantization="fp4", serve__tensor_parallel_size=4), INV)
+    probs = lint(
+        variant(
+            serve__gpu_memory_utilization=0.95,
+            serve__tool_call_parser=None,
+            serve__quantization="fp4",
+            serve__tensor_parallel_size=4,
+        ),
+        INV,
+    )
     assert set(rules(probs)) == {"gpu-memory-utilization", "tp-pp-gpus", "tool-choice-pair", "quantization"}
 
 
@@ -276,22 +320,27 @@ TINY = {"num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers":
 QWEN3_235B = {"num_attention_heads": 64, "num_key_value_heads": 4, "num_hidden_layers": 94}
 
 
-@pytest.mark.parametrize("cfg, tp, pp, rules", [
-    (TINY, 2, 2, []),
-    (TINY, 4, 1, []),
-    (TINY, 3, 1, ["tp-heads", "tp-kv-heads"]),
-    (TINY, 1, 4, ["pp-layers"]),
-    (QWEN3_235B, 4, 2, []),
-    (QWEN3_235B, 2, 4, ["pp-layers"]),
-    (QWEN3_235B, 8, 1, []),  # KV heads replicated: 8 is a multiple of 4
-    ({"text_config": {"num_attention_heads": 6}}, 4, 1, ["tp-heads"]),
-])
+@pytest.mark.parametrize(
+    "cfg, tp, pp, rules",
+    [
+        (TINY, 2, 2, []),
+        (TINY, 4, 1, []),
+        (TINY, 3, 1, ["tp-heads", "tp-kv-heads"]),
+        (TINY, 1, 4, ["pp-layers"]),
+        (QWEN3_235B, 4, 2, []),
+        (QWEN3_235B, 2, 4, ["pp-layers"]),
+        (QWEN3_235B, 8, 1, []),  # KV heads replicated: 8 is a multiple of 4
+        ({"text_config": {"num_attention_heads": 6}}, 4, 1, ["tp-heads"]),
+    ],
+)
 def test_model_shape(cfg, tp, pp, rules):
     from sparkcluster.config.lint import model_shape
+
     assert [p.rule for p in model_shape(cfg, tp, pp)] == rules
 
 
 def test_model_shape_leaves_an_uneven_split_by_hand_alone():
     from sparkcluster.config.lint import model_shape
+
     assert model_shape(QWEN3_235B, 2, 4, {"VLLM_PP_LAYER_PARTITION": "24,24,23,23"}) == []
     assert [p.rule for p in model_shape(TINY, 1, 3, {"VLLM_PP_LAYER_PARTITION": "1,1,0"})] == ["pp-layers"]

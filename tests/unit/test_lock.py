@@ -35,8 +35,12 @@ class Holder(StderrLines):
 
     def __init__(self, cluster: str, holder: str, cwd, as_uid: int | None = None):
         pre = [] if as_uid is None else ["setpriv", f"--reuid={as_uid}", f"--regid={as_uid}", "--clear-groups"]
-        super().__init__([*pre, "bash", "-c", lock.lock_command(cluster, holder)], cwd=cwd,
-                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        super().__init__(
+            [*pre, "bash", "-c", lock.lock_command(cluster, holder)],
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+        )
 
     def release(self) -> int:
         self.p.stdin.close()
@@ -144,6 +148,7 @@ def test_holder_text_names_the_command():
 
 # ---- teardown: stop vllm serve by PID -----------------------------------------------------------
 
+
 def reaped(argv: list[str]) -> subprocess.Popen:
     """A child whose exit is reaped at once (as the container's shim reaps an exec'd process)."""
     p = subprocess.Popen(argv, start_new_session=True)
@@ -204,8 +209,7 @@ def test_kill_command_pid_must_be_an_integer():
 
 def test_purge_gcs_command():
     cmd = teardown.purge_gcs_command(6379)
-    assert cmd == ("rm -rf /tmp/ray/session_* /tmp/ray/session_latest 2>/dev/null; "
-                   "ss -Htlnp '( sport = :6379 )'")
+    assert cmd == ("rm -rf /tmp/ray/session_* /tmp/ray/session_latest 2>/dev/null; ss -Htlnp '( sport = :6379 )'")
     assert "'( sport = :6400 )'" in teardown.purge_gcs_command(6400)
     with pytest.raises(ValueError):
         teardown.purge_gcs_command("6379 ); reboot; (")  # type: ignore[arg-type]
@@ -219,8 +223,10 @@ def request_cleanup():
         shutil.rmtree(p, ignore_errors=True)
 
 
-needs_two_accounts = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                        reason="needs root to run the lock as two different accounts (setpriv)")
+needs_two_accounts = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root to run the lock as two different accounts (setpriv)",
+)
 
 
 @needs_flock

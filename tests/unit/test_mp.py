@@ -31,14 +31,18 @@ def prof() -> profiles.Profile:
 
 
 def facts(head_image=IMAGE_ID, worker_image=IMAGE_ID) -> dict[str, HostFacts]:
-    return {HEAD: HostFacts(HEAD, hostname=HEAD, image_id=head_image),
-            WORKER: HostFacts(WORKER, hostname=WORKER, image_id=worker_image)}
+    return {
+        HEAD: HostFacts(HEAD, hostname=HEAD, image_id=head_image),
+        WORKER: HostFacts(WORKER, hostname=WORKER, image_id=worker_image),
+    }
 
 
 def test_the_profile_setting_picks_the_backend_and_ray_stays_the_default(prof):
     assert prof.executor == "mp" and prof.serve.distributed_executor_backend == "mp"
     assert profiles.load_profile("testbed").executor == "ray"
-    text = profiles.find("testbed-mp").read_text().replace('[serve]\n', '[serve]\ndistributed_executor_backend = "ray"\n')
+    text = (
+        profiles.find("testbed-mp").read_text().replace("[serve]\n", '[serve]\ndistributed_executor_backend = "ray"\n')
+    )
     with pytest.raises(InputError):
         profiles.parse(text, "x")
 
@@ -63,10 +67,10 @@ def test_the_plan_serves_the_base_image_as_it_is_with_a_rank_per_node(prof):
     assert not [s for s in plan.steps() if s.action == "ray-version" or s.stage == "ray"]
     master = ["--master-addr", str(inv.head.control_ip), "--master-port", str(inv.cluster.master_port)]
     head = plan.serve.argv
-    assert head[head.index("--nnodes"):] == ["--nnodes", "2", "--node-rank", "0", *master]
+    assert head[head.index("--nnodes") :] == ["--nnodes", "2", "--node-rank", "0", *master]
     [(node, container, argv)] = plan.serve.ranks
     assert node == WORKER and container.endswith(WORKER)
-    assert list(argv[argv.index("--nnodes"):]) == ["--nnodes", "2", "--node-rank", "1", *master, "--headless"]
+    assert list(argv[argv.index("--nnodes") :]) == ["--nnodes", "2", "--node-rank", "1", *master, "--headless"]
     # --dry-run shows every node's command
     text = plan.render()
     assert "--node-rank 0" in text and "--node-rank 1" in text and "--headless" in text
@@ -97,14 +101,29 @@ def _ctx(prof, inv, facts_=None):
 
 
 def test_the_rendezvous_check_refuses_loopback_and_wrong_interfaces(prof):
-    assert rendezvous.master_problem("127.0.0.1") and rendezvous.master_problem("0.0.0.0") and not rendezvous.master_problem("198.19.2.1")
+    assert (
+        rendezvous.master_problem("127.0.0.1")
+        and rendezvous.master_problem("0.0.0.0")
+        and not rendezvous.master_problem("198.19.2.1")
+    )
     inv = make_inventory()
     ok = [r for r in checks.run_checks(_ctx(prof, inv), {"net.rendezvous"})]
     assert ok and all(r.status == "ok" for r in ok)
     bad = prof.model_copy(update={"env": prof.env.model_copy(update={"forward": {}})})
     ctx = _ctx(bad, inv)
-    ctx = checks.Context(inv, ctx.facts, {}, checks.Expect(**{**ctx.expect.__dict__, "per_host_env": {
-        n.name: {**ctx.expect.per_host_env[n.name], "GLOO_SOCKET_IFNAME": "lo"} for n in inv.nodes}}))
+    ctx = checks.Context(
+        inv,
+        ctx.facts,
+        {},
+        checks.Expect(
+            **{
+                **ctx.expect.__dict__,
+                "per_host_env": {
+                    n.name: {**ctx.expect.per_host_env[n.name], "GLOO_SOCKET_IFNAME": "lo"} for n in inv.nodes
+                },
+            }
+        ),
+    )
     got = checks.run_checks(ctx, {"net.rendezvous"})
     assert all(r.status == "fail" and "GLOO_SOCKET_IFNAME is lo" in r.detail for r in got)
     # Ray's checks give way: no Ray in the image to look for, no Ray rows for a ray profile's rendezvous
@@ -113,8 +132,12 @@ def test_the_rendezvous_check_refuses_loopback_and_wrong_interfaces(prof):
     assert all(r.status == "ok" and "--master-addr" not in r.detail for r in ray)
 
 
-CFG = {"rank": 1, "report_port": 8297, "head": {"name": HEAD, "ip": "198.19.2.1"},
-       "peers": [{"name": WORKER, "ip": "198.19.2.2"}]}
+CFG = {
+    "rank": 1,
+    "report_port": 8297,
+    "head": {"name": HEAD, "ip": "198.19.2.1"},
+    "peers": [{"name": WORKER, "ip": "198.19.2.2"}],
+}
 
 
 def test_the_head_waits_for_every_worker_agent_then_judges_its_rank():

@@ -24,6 +24,7 @@ def probe_section(name: str) -> facts.Section:
 
 # --- small helpers ------------------------------------------------------------------------------
 
+
 def test_last_line_skips_trailing_blank_lines():
     assert P.last_line(cap("vm-ping-eth0-1472-toolarge.txt")).startswith("1 packets transmitted, 0 received, +1 errors")
     assert P.last_line("") == ""
@@ -55,6 +56,7 @@ def test_json_list_with_docker_daemon_down():
 
 # --- nvidia-smi ---------------------------------------------------------------------------------
 
+
 def test_nvidia_smi_gb10_memory_na():
     gpus = P.nvidia_smi_csv(cap("gb10-nvidia-smi.csv"))
     assert gpus == [P.Gpu("NVIDIA GB10", "580.95.05", "[N/A]", "12.1")]
@@ -75,21 +77,36 @@ def test_nvidia_smi_missing_prints_nothing_parseable():
 
 # --- docker -------------------------------------------------------------------------------------
 
+
 def test_docker_info_gb10():
     d = P.docker_info(cap("gb10-docker-info.json"))
-    assert d == P.DockerInfo("28.3.3", "/var/lib/docker", ("io.containerd.runc.v2", "nvidia", "runc"), "runc",
-                             (("Backing Filesystem", "extfs"), ("Supports d_type", "true"), ("Using metacopy", "false"),
-                              ("Native Overlay Diff", "true"), ("userxattr", "false")))
+    assert d == P.DockerInfo(
+        "28.3.3",
+        "/var/lib/docker",
+        ("io.containerd.runc.v2", "nvidia", "runc"),
+        "runc",
+        (
+            ("Backing Filesystem", "extfs"),
+            ("Supports d_type", "true"),
+            ("Using metacopy", "false"),
+            ("Native Overlay Diff", "true"),
+            ("userxattr", "false"),
+        ),
+    )
     # Docker 28.3 on a Spark keeps the classic overlay2 store: docker load skips the layers it holds
     from sparkcluster.movement import transfer
+
     assert transfer.elides(d.driver_status)
 
 
 def test_docker_info_containerd_image_store():
     # the shape `docker info` has with the containerd image store (DriverStatus names the snapshotter)
-    d = P.docker_info('{"ServerVersion": "29.0.0", "Driver": "overlayfs", '
-                      '"DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}')
+    d = P.docker_info(
+        '{"ServerVersion": "29.0.0", "Driver": "overlayfs", '
+        '"DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}'
+    )
     from sparkcluster.movement import transfer
+
     assert not transfer.elides(d.driver_status)
 
 
@@ -143,6 +160,7 @@ def test_labels_value_with_equals_sign():
 
 # --- network ------------------------------------------------------------------------------------
 
+
 def test_ip_addr_json_vm():
     ifs = P.ip_addr_json(cap("vm-ip-addr.json"))
     assert set(ifs) == {"lo", "ifb0", "ifb1", "eth0"}
@@ -175,15 +193,15 @@ def test_carrier_lines_captured():
 
 def test_carrier_lines_missing_and_speed():
     text = "enp1s0f0np0 1 200000\nenp1s0f1np1 0 -1\nenP2p1s0f0np0 - -\nbroken\n"
-    assert P.carrier_lines(text) == [("enp1s0f0np0", True, 200000), ("enp1s0f1np1", False, None),
-                                     ("enP2p1s0f0np0", None, None)]
+    assert P.carrier_lines(text) == [
+        ("enp1s0f0np0", True, 200000),
+        ("enp1s0f1np1", False, None),
+        ("enP2p1s0f0np0", None, None),
+    ]
 
 
 def test_hca_lines():
-    text = ("rocep1s0f0|4: ACTIVE|enp1s0f0np0 \n"
-            "rocep1s0f1|1: DOWN|enp1s0f1np1 \n"
-            "roceP2p1s0f0|4: ACTIVE|\n"
-            "garbage\n")
+    text = "rocep1s0f0|4: ACTIVE|enp1s0f0np0 \nrocep1s0f1|1: DOWN|enp1s0f1np1 \nroceP2p1s0f0|4: ACTIVE|\ngarbage\n"
     h = P.hca_lines(text)
     assert h["rocep1s0f0"] == P.Hca("rocep1s0f0", "4: ACTIVE", ("enp1s0f0np0",))
     assert h["rocep1s0f0"].active
@@ -211,20 +229,24 @@ def test_ss_listeners_plain_capture():
     assert [(x.port, x.process) for x in got] == [(8000, "python3"), (2024, "?")]
     assert got[1].pid is None  # no users:(( )) when ss may not see the owner
     assert P.ss_listeners(cap("vm-ss-listen-8000.txt"))[0].pid == int(
-        cap("vm-ss-listen-8000.txt").split("pid=")[1].split(",")[0])
+        cap("vm-ss-listen-8000.txt").split("pid=")[1].split(",")[0]
+    )
     assert P.ss_listeners(cap("vm-ss-empty.txt")) == []
 
 
 def test_ss_listener_in_container_and_ipv6():
     cid = "5b1c0e7f2a9d4c3b8e6f1a0d9c8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b"
-    text = (f'LISTEN 0      4096         0.0.0.0:6379       0.0.0.0:*    users:(("gcs_server",pid=48391,fd=21)) container={cid}\n'
-            'LISTEN 0      2048            [::]:8000          [::]:*    users:(("python3",pid=1200,fd=7),("python3",pid=1201,fd=7)) container=\n')
+    text = (
+        f'LISTEN 0      4096         0.0.0.0:6379       0.0.0.0:*    users:(("gcs_server",pid=48391,fd=21)) container={cid}\n'
+        'LISTEN 0      2048            [::]:8000          [::]:*    users:(("python3",pid=1200,fd=7),("python3",pid=1201,fd=7)) container=\n'
+    )
     a, b = P.ss_listeners(text)
     assert (a.port, a.process, a.pid, a.container) == (6379, "gcs_server", 48391, cid)
     assert (b.address, b.port, b.process, b.pid, b.container) == ("[::]", 8000, "python3", 1200, "")
 
 
 # --- memory and disk ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["vm-meminfo.txt", "host-meminfo.txt"])
 def test_meminfo_captured(name):
@@ -257,15 +279,18 @@ def test_df_lines_in_probe_with_error_line():
 
 
 def test_df_lines_two_mounts_in_order():
-    text = ("Filesystem            1-blocks         Used     Available Capacity Mounted on\n"
-            "/dev/nvme0n1p2 3936818520064 412043304960 3324727701504      12% /\n"
-            "/dev/nvme1n1p1 3936818520064 100000000000 3636818520064       3% /data\n")
+    text = (
+        "Filesystem            1-blocks         Used     Available Capacity Mounted on\n"
+        "/dev/nvme0n1p2 3936818520064 412043304960 3324727701504      12% /\n"
+        "/dev/nvme1n1p1 3936818520064 100000000000 3636818520064       3% /data\n"
+    )
     d = P.df_lines(text)
     assert list(d) == ["/", "/data"]
     assert d["/data"].available == 3636818520064
 
 
 # --- path MTU -----------------------------------------------------------------------------------
+
 
 def test_ping_results_captured():
     secs = facts.split_sections(cap("vm-path-mtu.txt"))
@@ -277,6 +302,7 @@ def test_ping_results_captured():
 
 
 # --- from the testbed (real dockerd) ------------------------------------------------------------
+
 
 def test_testbed_docker_info():
     d = P.docker_info(cap("testbed-head-docker-info.json"))
@@ -304,6 +330,7 @@ def test_testbed_docker_inspect():
 
 
 # ---- status: the node's uptime and clock, docker's timestamps ----------------------------------
+
 
 def test_uptime_and_clock_from_proc_uptime_and_date():
     # `cat /proc/uptime; date +%s.%N` on a testbed host

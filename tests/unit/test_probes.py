@@ -31,6 +31,7 @@ def shell(tmp_path):
         r = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=20)
         assert not (tmp_path / "CANARY").exists(), "a name ran as a command"
         return r.stdout
+
     return run
 
 
@@ -39,7 +40,8 @@ def test_ping_and_neigh_pass_hostile_names_as_one_argument(shell, name):
     script = probes.script([probes.ping(name, "198.19.2.2", 8972), probes.neigh(name, "198.19.2.2")])
     secs = probes.split_sections(shell(script))
     assert secs[f"ping {name} 198.19.2.2"].out.strip() == (
-        f"ping <-M> <do> <-c> <1> <-W> <1> <-s> <8972> <-I> <{name}> <198.19.2.2>")
+        f"ping <-M> <do> <-c> <1> <-W> <1> <-s> <8972> <-I> <{name}> <198.19.2.2>"
+    )
     assert secs[f"neigh {name} 198.19.2.2"].out.strip() == f"ip <neigh> <show> <to> <198.19.2.2> <dev> <{name}>"
 
 
@@ -70,11 +72,13 @@ def test_gid_probe_reads_a_sysfs_shaped_tree(tmp_path):
     base = tmp_path / "sys/class/infiniband/rocep1s0f1/ports/1"
     for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
         (base / sub).mkdir(parents=True)
-    rows = {0: ("fe80:0000:0000:0000:4ebb:47ff:fe21:0001", "IB/RoCE v1"),
-            1: ("fe80:0000:0000:0000:4ebb:47ff:fe21:0001", "RoCE v2"),
-            2: ("0000:0000:0000:0000:0000:ffff:c613:0201", "IB/RoCE v1"),
-            3: ("0000:0000:0000:0000:0000:ffff:c613:0201", "RoCE v2"),
-            4: ("0000:0000:0000:0000:0000:0000:0000:0000", None)}
+    rows = {
+        0: ("fe80:0000:0000:0000:4ebb:47ff:fe21:0001", "IB/RoCE v1"),
+        1: ("fe80:0000:0000:0000:4ebb:47ff:fe21:0001", "RoCE v2"),
+        2: ("0000:0000:0000:0000:0000:ffff:c613:0201", "IB/RoCE v1"),
+        3: ("0000:0000:0000:0000:0000:ffff:c613:0201", "RoCE v2"),
+        4: ("0000:0000:0000:0000:0000:0000:0000:0000", None),
+    }
     for i, (gid, kind) in rows.items():
         (base / "gids" / str(i)).write_text(gid + "\n")
         if kind:
@@ -89,8 +93,8 @@ def test_gid_probe_reads_a_sysfs_shaped_tree(tmp_path):
 
 
 def test_section_names_with_quotes_round_trip(shell):
-    text = shell(probes.section("it's a \"name\"", "echo hi"))
-    assert probes.split_sections(text) == {"it's a \"name\"": probes.Section(0, "hi\n")}
+    text = shell(probes.section('it\'s a "name"', "echo hi"))
+    assert probes.split_sections(text) == {'it\'s a "name"': probes.Section(0, "hi\n")}
 
 
 def test_ping_reason_on_captured_pings():
@@ -101,8 +105,9 @@ def test_neigh_and_route_parsers():
     # the shapes `ip neigh show to IP dev IF` and `ip -j route show default` print
     assert P.neigh_mac("198.19.2.2 lladdr 4C:BB:47:21:00:02 REACHABLE\n") == "4c:bb:47:21:00:02"
     assert P.neigh_mac("198.19.2.2  FAILED\n") == ""
-    assert P.default_route_devs('[{"dst":"default","gateway":"192.168.1.1","dev":"enP7s7","protocol":"dhcp",'
-                                '"metric":100,"flags":[]}]') == ["enP7s7"]
+    assert P.default_route_devs(
+        '[{"dst":"default","gateway":"192.168.1.1","dev":"enP7s7","protocol":"dhcp","metric":100,"flags":[]}]'
+    ) == ["enP7s7"]
     assert P.default_route_devs("") == [] and P.default_route_devs("not json") == []
 
 
@@ -124,8 +129,10 @@ def test_listeners_ports_are_integers_only():
 def test_image_layers_passes_a_hostile_ref_as_one_argument(shell, tmp_path, name):
     # a stand-in docker that keeps the ref it was given: it arrives whole, and nothing in it runs
     f = tmp_path / "bin" / "docker"
-    f.write_text("#!/bin/bash\n[ \"$1\" = image ] && { printf '%s' \"$5\" > ref.txt; echo 'sha256:x [\"sha256:a\"]'; exit 0; }\n"
-                 "[ \"$1\" = history ] && { echo 7; echo 0; exit 0; }\nexit 1\n")
+    f.write_text(
+        '#!/bin/bash\n[ "$1" = image ] && { printf \'%s\' "$5" > ref.txt; echo \'sha256:x ["sha256:a"]\'; exit 0; }\n'
+        '[ "$1" = history ] && { echo 7; echo 0; exit 0; }\nexit 1\n'
+    )
     f.chmod(0o755)
     secs = probes.split_sections(shell(probes.image_layers("base", name).script()))
     got = probes.value(probes.image_layers("base", name), secs)

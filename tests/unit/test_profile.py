@@ -211,9 +211,11 @@ def test_int_values_in_forward_become_strings():
 
 
 def test_bad_fields_one_line_each_no_values_echoed():
-    text = MINIMAL.replace('model = "org/model"', 'model = "org/model"\nbogus = 1\nshm_size = "lots"') + \
-        '[serve]\ngpu_memory_utilization = 1.5\ntensor_parallel_size = 0\n' \
+    text = (
+        MINIMAL.replace('model = "org/model"', 'model = "org/model"\nbogus = 1\nshm_size = "lots"')
+        + "[serve]\ngpu_memory_utilization = 1.5\ntensor_parallel_size = 0\n"
         '[env.forward]\n"BAD NAME" = "hf_supersecretvaluexyz123"\n'
+    )
     with pytest.raises(InputError) as ei:
         parse(text, name="mini", source="mini.toml")
     err = ei.value

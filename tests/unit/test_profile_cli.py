@@ -19,8 +19,7 @@ TOKEN = "hf_clitokenvalue0123456789"
 def _isolated(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    for n in ("HF_TOKEN", "VLLM_API_KEY", "SPARKCLUSTER_ENV_FILE", "SPARKCLUSTER_INVENTORY",
-              "SPARKCLUSTER_PROFILES"):
+    for n in ("HF_TOKEN", "VLLM_API_KEY", "SPARKCLUSTER_ENV_FILE", "SPARKCLUSTER_INVENTORY", "SPARKCLUSTER_PROFILES"):
         monkeypatch.delenv(n, raising=False)
 
 
@@ -33,8 +32,16 @@ def run(capsys, *argv):
 def test_list(capsys):
     rc, out, _ = run(capsys, "profile", "list")
     assert rc == 0
-    for name in ("nemotron", "qwen3-30b", "qwen3-122b", "testbed", "testbed-standin",
-                 "qwen36-35b-fp8-single", "qwen36-35b-nvfp4-mtp", "gemma4-26b-fp8-mtp"):
+    for name in (
+        "nemotron",
+        "qwen3-30b",
+        "qwen3-122b",
+        "testbed",
+        "testbed-standin",
+        "qwen36-35b-fp8-single",
+        "qwen36-35b-nvfp4-mtp",
+        "gemma4-26b-fp8-mtp",
+    ):
         assert name in out
 
 
@@ -73,9 +80,11 @@ def test_lint_without_inventory_says_so(capsys):
 
 def test_lint_failures_one_line_each_exit_1(capsys, tmp_path, monkeypatch):
     src = (Path(__file__).resolve().parents[2] / "env-profiles" / "nemotron.toml").read_text()
-    bad = (src.replace("gpu_memory_utilization = 0.75", "gpu_memory_utilization = 0.9")
-              .replace("tensor_parallel_size = 2", "tensor_parallel_size = 4")
-              .replace('quantization = "modelopt"', 'quantization = "fp4"'))
+    bad = (
+        src.replace("gpu_memory_utilization = 0.75", "gpu_memory_utilization = 0.9")
+        .replace("tensor_parallel_size = 2", "tensor_parallel_size = 4")
+        .replace('quantization = "modelopt"', 'quantization = "fp4"')
+    )
     d = tmp_path / "profiles"
     d.mkdir()
     (d / "broken.toml").write_text(bad)

@@ -26,7 +26,9 @@ def test_remember_then_load_keeps_only_the_version_line():
 
 
 def test_only_real_ids_and_real_ray_lines_are_remembered():
-    ray_seen.remember({"sha256:short": "ray, version 1", ID_A: "bash: ray: command not found", ID_B: "ray, version 2.60.0"})
+    ray_seen.remember(
+        {"sha256:short": "ray, version 1", ID_A: "bash: ray: command not found", ID_B: "ray, version 2.60.0"}
+    )
     assert ray_seen.load() == {ID_B: "ray, version 2.60.0"}
     # a running container on an image without the version label prints an empty version
     ray_seen.remember({ID_A: "ray, version  (running in 1234abcd)"})
@@ -65,11 +67,16 @@ def test_probe_script_skips_the_container_for_a_seen_id_only(tmp_path):
     script = facts.probe_script(inv, node, "repo/img:tag", {ID_A: "ray, version 2.60.0"})
     section = [p for p in script.split("\n") if "image_ray" in p and "docker image inspect" in p][0]
     fake = tmp_path / "docker"
-    fake.write_text('#!/bin/sh\nif [ "$1" = image ]; then echo "$FAKE_ID"; exit 0; fi\n'
-                    'if [ "$1" = ps ]; then exit 0; fi\nif [ "$1" = run ]; then echo "ray, version from a container"; exit 0; fi\n')
+    fake.write_text(
+        '#!/bin/sh\nif [ "$1" = image ]; then echo "$FAKE_ID"; exit 0; fi\n'
+        'if [ "$1" = ps ]; then exit 0; fi\nif [ "$1" = run ]; then echo "ray, version from a container"; exit 0; fi\n'
+    )
     fake.chmod(0o755)
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
-    for fid, want in ((ID_A, "ray, version 2.60.0 (ran in this image ID before)"), (ID_B, "ray, version from a container")):
+    for fid, want in (
+        (ID_A, "ray, version 2.60.0 (ran in this image ID before)"),
+        (ID_B, "ray, version from a container"),
+    ):
         out = subprocess.run(["bash", "-c", section], capture_output=True, text=True, env=env | {"FAKE_ID": fid}).stdout
         assert want in out, out
 

@@ -13,10 +13,17 @@ HEAD_IP, WORKER_IP = "198.19.2.1", "198.19.2.2"
 
 def nodes_line(rows: list[dict]) -> str:
     """The Ray state API document (`/api/v0/nodes`) for these rows, as the head's curl prints it."""
-    result = [{"node_id": f"id{i}", "node_ip": r["ip"], "is_head_node": i == 0,
-               "state": "ALIVE" if r["alive"] else "DEAD", "node_name": r.get("host", ""),
-               "resources_total": {"CPU": 2.0, "GPU": r["gpus"], f"node:{r['ip']}": 1.0}}
-              for i, r in enumerate(rows)]
+    result = [
+        {
+            "node_id": f"id{i}",
+            "node_ip": r["ip"],
+            "is_head_node": i == 0,
+            "state": "ALIVE" if r["alive"] else "DEAD",
+            "node_name": r.get("host", ""),
+            "resources_total": {"CPU": 2.0, "GPU": r["gpus"], f"node:{r['ip']}": 1.0},
+        }
+        for i, r in enumerate(rows)
+    ]
     return json.dumps({"result": True, "msg": "", "data": {"result": {"total": len(result), "result": result}}})
 
 
@@ -25,8 +32,10 @@ def parse_membership(text: str):
 
 
 def good_rows() -> list[dict]:
-    return [{"ip": HEAD_IP, "alive": True, "gpus": 1.0, "host": "spark-head"},
-            {"ip": WORKER_IP, "alive": True, "gpus": 1.0, "host": "spark-worker"}]
+    return [
+        {"ip": HEAD_IP, "alive": True, "gpus": 1.0, "host": "spark-head"},
+        {"ip": WORKER_IP, "alive": True, "gpus": 1.0, "host": "spark-worker"},
+    ]
 
 
 def test_inventory_ips_are_what_the_tests_assume():
@@ -35,8 +44,10 @@ def test_inventory_ips_are_what_the_tests_assume():
 
 
 def test_state_api_document_to_nodes():
-    assert parse_membership(nodes_line(good_rows())) == [RayNode(HEAD_IP, True, 1.0, "spark-head"),
-                                                         RayNode(WORKER_IP, True, 1.0, "spark-worker")]
+    assert parse_membership(nodes_line(good_rows())) == [
+        RayNode(HEAD_IP, True, 1.0, "spark-head"),
+        RayNode(WORKER_IP, True, 1.0, "spark-worker"),
+    ]
 
 
 def test_dead_node_and_gpu_as_float():
@@ -91,7 +102,8 @@ def test_gpu_count_wrong():
     assert problems == ["spark-worker reports 0 GPU(s), expected 1"]
     rows[1]["gpus"] = 2.0
     assert membership_problems(make_inventory(), parse_membership(nodes_line(rows))) == [
-        "spark-worker reports 2 GPU(s), expected 1"]
+        "spark-worker reports 2 GPU(s), expected 1"
+    ]
 
 
 def test_gpu_count_from_inventory():

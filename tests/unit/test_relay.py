@@ -80,8 +80,7 @@ def test_a_chain_of_three_delivers_identical_bytes_to_every_hop(nodes, tmp_path)
     procs, port = start_chain(nodes)
     try:
         with open(tmp_path / "payload", "rb") as src:
-            send = Proc(sender(port), os.environ,
-                        stdout=subprocess.DEVNULL, stdin=src)
+            send = Proc(sender(port), os.environ, stdout=subprocess.DEVNULL, stdin=src)
             assert send.wait() == 0, send.lines
         assert [p.wait() for p in procs] == [0, 0, 0], [p.lines for p in procs]
     finally:
@@ -94,8 +93,7 @@ def test_a_chain_feeds_docker_load_on_every_hop(nodes, tmp_path):
     payload = os.urandom(2 * (1 << 20))
     procs, port = start_chain(nodes, sink=None)
     try:
-        send = Proc(sender(port), os.environ,
-                    stdout=subprocess.DEVNULL, stdin=subprocess.PIPE)
+        send = Proc(sender(port), os.environ, stdout=subprocess.DEVNULL, stdin=subprocess.PIPE)
         send.p.stdin.write(payload)
         send.p.stdin.close()
         assert send.wait() == 0, send.lines
@@ -110,8 +108,7 @@ def test_a_chain_feeds_docker_load_on_every_hop(nodes, tmp_path):
 def test_a_sender_killed_mid_way_cuts_every_hop(nodes, sink):
     procs, port = start_chain(nodes, sink=sink)
     try:
-        send = Proc(sender(port), os.environ,
-                    stdout=subprocess.DEVNULL, stdin=subprocess.PIPE)
+        send = Proc(sender(port), os.environ, stdout=subprocess.DEVNULL, stdin=subprocess.PIPE)
         send.p.stdin.write(os.urandom(3 * (1 << 20)))
         send.p.stdin.flush()
         send.wait_for("@@sent ")
@@ -133,8 +130,11 @@ def test_a_sender_killed_mid_way_cuts_every_hop(nodes, sink):
 def test_a_next_hop_that_refuses_is_reported_by_the_relay(nodes):
     # the last hop relays to a port where nothing listens: it says so before announcing its own port
     d, env = nodes[0]
-    p = Proc(transfer.receive_command(HOPS[0], HEAD, transfer.next_hop("127.0.0.9", 9, HOPS[0])), env,
-             stdout=subprocess.DEVNULL)
+    p = Proc(
+        transfer.receive_command(HOPS[0], HEAD, transfer.next_hop("127.0.0.9", 9, HOPS[0])),
+        env,
+        stdout=subprocess.DEVNULL,
+    )
     assert p.wait() == transfer.RELAY_FAILED
     assert any(line.startswith("relay: cannot reach the next hop 127.0.0.9:9 from 127.0.0.2") for line in p.lines)
     assert not any(line.startswith("@@port") for line in p.lines)
@@ -146,8 +146,7 @@ def test_a_next_hop_lost_mid_way_is_the_relays_failure_and_its_own_copy_is_whole
     try:
         procs[1].p.kill()  # the second hop dies after accepting the relay's connection
         procs[1].wait()
-        send = Proc(sender(port), os.environ,
-                    stdout=subprocess.DEVNULL, stdin=subprocess.PIPE)
+        send = Proc(sender(port), os.environ, stdout=subprocess.DEVNULL, stdin=subprocess.PIPE)
         send.p.stdin.write(payload)
         send.p.stdin.close()
         assert send.wait() == 0, send.lines  # the head's stream to the first hop is whole
@@ -155,22 +154,21 @@ def test_a_next_hop_lost_mid_way_is_the_relays_failure_and_its_own_copy_is_whole
     finally:
         kill_all(procs)
     assert any("stopped taking data" in line for line in procs[0].lines) or any(
-        "did not take the end" in line for line in procs[0].lines), procs[0].lines
+        "did not take the end" in line for line in procs[0].lines
+    ), procs[0].lines
     assert (nodes[0][0] / "out").read_bytes() == payload
 
 
 def test_a_relay_accepts_only_its_upstream(nodes, tmp_path):
     procs, port = start_chain(nodes, hops=HOPS[:2])
     try:
-        stranger = Proc(sender(port, "127.0.0.7"), os.environ,
-                        stdout=subprocess.DEVNULL, stdin=subprocess.PIPE)
+        stranger = Proc(sender(port, "127.0.0.7"), os.environ, stdout=subprocess.DEVNULL, stdin=subprocess.PIPE)
         stranger.p.stdin.write(b"not from the head")
         stranger.p.stdin.close()
         stranger.wait()
         time.sleep(0.3)
         assert procs[0].p.poll() is None and procs[1].p.poll() is None
-        send = Proc(sender(port), os.environ,
-                    stdout=subprocess.DEVNULL, stdin=subprocess.PIPE)
+        send = Proc(sender(port), os.environ, stdout=subprocess.DEVNULL, stdin=subprocess.PIPE)
         send.p.stdin.write(b"from the head")
         send.p.stdin.close()
         assert send.wait() == 0

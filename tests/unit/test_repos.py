@@ -25,7 +25,8 @@ def test_seed_004_profiles_need_their_second_repository():
     got = repos.needed(profiles.load_profile("qwen36-35b-nvfp4-mtp"))
     assert [(n.roles, n.repo, n.revision, n.weights) for n in got] == [
         (("model",), "RedHatAI/Qwen3.6-35B-A3B-NVFP4", "main", True),
-        (("tokenizer",), "Qwen/Qwen3.6-35B-A3B", "main", False)]
+        (("tokenizer",), "Qwen/Qwen3.6-35B-A3B", "main", False),
+    ]
     # the tokenizer repository is the full BF16 model: only its small files are staged
     tok = got[1]
     assert tok.keeps("tokenizer.json") and tok.keeps("tokenizer_config.json") and tok.keeps("config.json")
@@ -34,29 +35,42 @@ def test_seed_004_profiles_need_their_second_repository():
     got = repos.needed(profiles.load_profile("gemma4-26b-fp8-mtp"))
     assert [(n.roles, n.repo, n.weights) for n in got] == [
         (("model",), "google/gemma-4-26B-A4B-it", True),
-        (("draft model",), "google/gemma-4-26B-A4B-it-assistant", True)]
+        (("draft model",), "google/gemma-4-26B-A4B-it-assistant", True),
+    ]
 
 
 def test_seed_002_plugin_is_a_file_of_the_model_repository():
     got = repos.needed(profiles.load_profile("nemotron"))
     assert [(n.roles, n.repo, n.files) for n in got] == [
-        (("model", "reasoning-parser plugin"), "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4", None)]
-    assert repos.plugin_file(PLUGIN) == ("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4", "main",
-                                         "super_v3_reasoning_parser.py")
+        (("model", "reasoning-parser plugin"), "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4", None)
+    ]
+    assert repos.plugin_file(PLUGIN) == (
+        "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4",
+        "main",
+        "super_v3_reasoning_parser.py",
+    )
     assert repos.plugin_file("https://example.com/x/y/raw/main/p.py") is None
 
 
 def test_tokenizer_draft_and_plugin_from_other_repositories():
-    p = variant(tokenizer="sparkcluster/testbed-tiny-tokenizer",
-                speculative_config={"method": "draft_model", "model": "sparkcluster/testbed-tiny-draft",
-                                    "revision": "v1", "num_speculative_tokens": 1},
-                reasoning_parser="x", reasoning_parser_plugin_url="https://huggingface.co/org/plugins/resolve/abc/p/x.py")
+    p = variant(
+        tokenizer="sparkcluster/testbed-tiny-tokenizer",
+        speculative_config={
+            "method": "draft_model",
+            "model": "sparkcluster/testbed-tiny-draft",
+            "revision": "v1",
+            "num_speculative_tokens": 1,
+        },
+        reasoning_parser="x",
+        reasoning_parser_plugin_url="https://huggingface.co/org/plugins/resolve/abc/p/x.py",
+    )
     got = repos.needed(p)
     assert [n.describe() for n in got] == [
         "model sparkcluster/testbed-tiny@main",
         "tokenizer sparkcluster/testbed-tiny-tokenizer@main (without weight files)",
         "draft model sparkcluster/testbed-tiny-draft@v1",
-        "reasoning-parser plugin org/plugins@abc (only p/x.py)"]
+        "reasoning-parser plugin org/plugins@abc (only p/x.py)",
+    ]
     assert got[3].keeps("p/x.py") and not got[3].keeps("README.md")
 
 
@@ -80,25 +94,36 @@ def plan_for(prof):
 
 
 def test_dry_run_lists_each_repository():
-    p = variant(tokenizer="sparkcluster/testbed-tiny-tokenizer",
-                speculative_config={"method": "draft_model", "model": "sparkcluster/testbed-tiny-draft",
-                                    "num_speculative_tokens": 1})
+    p = variant(
+        tokenizer="sparkcluster/testbed-tiny-tokenizer",
+        speculative_config={
+            "method": "draft_model",
+            "model": "sparkcluster/testbed-tiny-draft",
+            "num_speculative_tokens": 1,
+        },
+    )
     plan = plan_for(p)
     steps = [s for s in plan.steps() if s.stage == "weights"]
     assert len({s.id for s in plan.steps()}) == len(plan.steps())
     resolve = [s.what for s in steps if s.action.startswith("resolve")]
-    assert resolve == ["resolve the model sparkcluster/testbed-tiny@main to a commit on the hub",
-                       "resolve the tokenizer sparkcluster/testbed-tiny-tokenizer@main (without weight files) to a "
-                       "commit on the hub",
-                       "resolve the draft model sparkcluster/testbed-tiny-draft@main to a commit on the hub"]
+    assert resolve == [
+        "resolve the model sparkcluster/testbed-tiny@main to a commit on the hub",
+        "resolve the tokenizer sparkcluster/testbed-tiny-tokenizer@main (without weight files) to a commit on the hub",
+        "resolve the draft model sparkcluster/testbed-tiny-draft@main to a commit on the hub",
+    ]
     assert [s.host for s in steps if s.action.startswith("check")] == ["spark-head", "spark-worker"] * 3
     assert [s.id for s in steps if s.host == "spark-worker" and s.action.startswith("replicate")] == [
-        "weights/spark-worker/replicate", "weights/spark-worker/replicate-tokenizer",
-        "weights/spark-worker/replicate-draft-model"]
+        "weights/spark-worker/replicate",
+        "weights/spark-worker/replicate-tokenizer",
+        "weights/spark-worker/replicate-draft-model",
+    ]
     assert [s.action for s in steps].count("disk") == 1 and [s.action for s in steps].count("hf-token") == 1
     downloads = [s.what for s in steps if s.action.startswith("download")]
-    assert [t.split()[1] for t in downloads] == ["sparkcluster/testbed-tiny", "sparkcluster/testbed-tiny-tokenizer",
-                                                 "sparkcluster/testbed-tiny-draft"]
+    assert [t.split()[1] for t in downloads] == [
+        "sparkcluster/testbed-tiny",
+        "sparkcluster/testbed-tiny-tokenizer",
+        "sparkcluster/testbed-tiny-draft",
+    ]
     assert len([s for s in steps if s.action.startswith("replicate")]) == 3
     text = plan.render()
     for repo in ("testbed-tiny-tokenizer", "testbed-tiny-draft"):

@@ -91,4 +91,6 @@ def test_required(tmp_path):
 
 def test_masked():
     assert masked({"HF_TOKEN": TOKEN}, ["HF_TOKEN", "VLLM_API_KEY"]) == {
-        "HF_TOKEN": "******", "VLLM_API_KEY": "(not set)"}
+        "HF_TOKEN": "******",
+        "VLLM_API_KEY": "(not set)",
+    }

@@ -54,10 +54,29 @@ def test_loads_and_lints_clean(name):
 def test_seed_000_command_line():
     argv = serve_argv(load_profile("qwen36-35b-fp8-single"))
     # seed 000, "compose.yml", command: vllm serve Qwen/Qwen3.6-35B-A3B-FP8 ...
-    seed = ["--host", "0.0.0.0", "--port", "8000", "--tensor-parallel-size", "1",
-            "--gpu-memory-utilization", "0.70", "--max-model-len", "32768", "--kv-cache-dtype", "fp8",
-            "--max-num-batched-tokens", "8192", "--enable-prefix-caching", "--trust-remote-code",
-            "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder", "--reasoning-parser", "qwen3"]
+    seed = [
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "1",
+        "--gpu-memory-utilization",
+        "0.70",
+        "--max-model-len",
+        "32768",
+        "--kv-cache-dtype",
+        "fp8",
+        "--max-num-batched-tokens",
+        "8192",
+        "--enable-prefix-caching",
+        "--trust-remote-code",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "qwen3_coder",
+        "--reasoning-parser",
+        "qwen3",
+    ]
     assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3.6-35B-A3B-FP8"]
     assert pairs(argv[3:]) == pairs(seed + ["--pipeline-parallel-size", "1"])
 
@@ -65,13 +84,33 @@ def test_seed_000_command_line():
 def test_seed_004_qwen_command_line():
     argv = serve_argv(load_profile("qwen36-35b-nvfp4-mtp"))
     # seed 004, vllm-qwen36 unit, ExecStart after the image nvcr.io/nvidia/vllm:26.04-py3
-    seed = ["--tokenizer", "Qwen/Qwen3.6-35B-A3B", "--quantization", "compressed-tensors",
-            "--kv-cache-dtype", "fp8", "--trust-remote-code", "--max-model-len", "131072",
-            "--gpu-memory-utilization", "0.55", "--enable-auto-tool-choice",
-            "--tool-call-parser", "qwen3_coder", "--reasoning-parser", "qwen3",
-            "--speculative-config", '{"method":"mtp","num_speculative_tokens":2}',
-            "--enable-prefix-caching", "--max-num-batched-tokens", "8192",
-            "--host", "0.0.0.0", "--port", "8000"]
+    seed = [
+        "--tokenizer",
+        "Qwen/Qwen3.6-35B-A3B",
+        "--quantization",
+        "compressed-tensors",
+        "--kv-cache-dtype",
+        "fp8",
+        "--trust-remote-code",
+        "--max-model-len",
+        "131072",
+        "--gpu-memory-utilization",
+        "0.55",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "qwen3_coder",
+        "--reasoning-parser",
+        "qwen3",
+        "--speculative-config",
+        '{"method":"mtp","num_speculative_tokens":2}',
+        "--enable-prefix-caching",
+        "--max-num-batched-tokens",
+        "8192",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+    ]
     assert argv[:3] == ["vllm", "serve", "RedHatAI/Qwen3.6-35B-A3B-NVFP4"]
     assert pairs(argv[3:]) == pairs(seed + ALWAYS_TP1)
 
@@ -81,13 +120,29 @@ def test_seed_004_gemma_command_line():
     argv = serve_argv(p)
     # seed 004, vllm-gemma4 unit, ExecStart after the image vllm/vllm-openai:gemma4-0505-arm64-cu130,
     # whose entrypoint is `vllm serve`: the model comes first, no prefix
-    seed = ["--quantization", "fp8", "--kv-cache-dtype", "fp8", "--trust-remote-code",
-            "--max-model-len", "65536", "--gpu-memory-utilization", "0.80",
-            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-            "--speculative-config",
-            '{"method":"mtp","model":"google/gemma-4-26B-A4B-it-assistant","num_speculative_tokens":4}',
-            "--enable-prefix-caching", "--host", "0.0.0.0", "--max-num-batched-tokens", "8192",
-            "--port", "8000"]
+    seed = [
+        "--quantization",
+        "fp8",
+        "--kv-cache-dtype",
+        "fp8",
+        "--trust-remote-code",
+        "--max-model-len",
+        "65536",
+        "--gpu-memory-utilization",
+        "0.80",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--speculative-config",
+        '{"method":"mtp","model":"google/gemma-4-26B-A4B-it-assistant","num_speculative_tokens":4}',
+        "--enable-prefix-caching",
+        "--host",
+        "0.0.0.0",
+        "--max-num-batched-tokens",
+        "8192",
+        "--port",
+        "8000",
+    ]
     assert p.image.kind == "vllm-openai"
     assert argv[0] == "google/gemma-4-26B-A4B-it"
     assert pairs(argv[1:]) == pairs(seed + ALWAYS_TP1)
@@ -96,12 +151,14 @@ def test_seed_004_gemma_command_line():
 def test_seed_004_container_settings():
     for name in ("qwen36-35b-nvfp4-mtp", "gemma4-26b-fp8-mtp"):
         p = load_profile(name)
-        assert p.ulimit_stack == 67108864      # seed 004: --ulimit stack=67108864
-        assert p.drop_page_cache               # seed 004: ExecStartPre drop_caches
-        assert p.image.vllm_version is None    # seed 004 names no vLLM version
-        assert p.secrets == []                 # seed 004 passes no HF_TOKEN or VLLM_API_KEY
+        assert p.ulimit_stack == 67108864  # seed 004: --ulimit stack=67108864
+        assert p.drop_page_cache  # seed 004: ExecStartPre drop_caches
+        assert p.image.vllm_version is None  # seed 004 names no vLLM version
+        assert p.secrets == []  # seed 004 passes no HF_TOKEN or VLLM_API_KEY
     assert load_profile("qwen36-35b-nvfp4-mtp").forwarded_env() == {
-        "VLLM_FLASHINFER_MOE_BACKEND": "latency", "VLLM_USE_V1": "1"}
+        "VLLM_FLASHINFER_MOE_BACKEND": "latency",
+        "VLLM_USE_V1": "1",
+    }
     assert load_profile("gemma4-26b-fp8-mtp").forwarded_env() == {"VLLM_DISABLE_COMPILE_CACHE": "1"}
 
 
@@ -143,8 +200,10 @@ def test_prefix_caching_hybrid_on_qwen36():
         assert rules(probs) == ["prefix-caching-hybrid"]
         assert "8192" in probs[0].fix
     assert lint(variant("qwen36-35b-nvfp4-mtp", serve__max_num_batched_tokens=2128)) == []
-    assert lint(variant("qwen36-35b-nvfp4-mtp", serve__max_num_batched_tokens=None,
-                        serve__enable_prefix_caching=False)) == []
+    assert (
+        lint(variant("qwen36-35b-nvfp4-mtp", serve__max_num_batched_tokens=None, serve__enable_prefix_caching=False))
+        == []
+    )
 
 
 def test_compressed_tensors_may_name_its_own_format():
@@ -171,17 +230,25 @@ def test_mtp_with_or_without_a_drafter_passes():
 
 
 def test_memory_sum_on_one_node():
-    gemma = load_profile("gemma4-26b-fp8-mtp")          # 0.80
-    qwen = load_profile("qwen36-35b-nvfp4-mtp")          # 0.55
+    gemma = load_profile("gemma4-26b-fp8-mtp")  # 0.80
+    qwen = load_profile("qwen36-35b-nvfp4-mtp")  # 0.55
     assert memory_sum_problems([gemma]) == []
     assert memory_sum_problems([]) == []
     # seed 004's Spark 1 before the clean-up: Qwen3.6 at 0.55 plus a Nano sidecar at 0.20
     sidecar = variant("qwen36-35b-fp8-single", serve__gpu_memory_utilization=0.20)
     assert memory_sum_problems([qwen, sidecar]) == []
-    assert memory_sum_problems([variant("qwen36-35b-fp8-single", serve__gpu_memory_utilization=0.45),
-                                variant("gemma4-26b-fp8-mtp", serve__gpu_memory_utilization=0.40)]) == []
+    assert (
+        memory_sum_problems(
+            [
+                variant("qwen36-35b-fp8-single", serve__gpu_memory_utilization=0.45),
+                variant("gemma4-26b-fp8-mtp", serve__gpu_memory_utilization=0.40),
+            ]
+        )
+        == []
+    )
     probs = memory_sum_problems([gemma, qwen])
     assert rules(probs) == ["memory-sum"]
-    assert probs[0].message.startswith("--gpu-memory-utilization on one node sums to 1.35 "
-                                       "(gemma4-26b-fp8-mtp 0.8 + qwen36-35b-nvfp4-mtp 0.55)")
+    assert probs[0].message.startswith(
+        "--gpu-memory-utilization on one node sums to 1.35 (gemma4-26b-fp8-mtp 0.8 + qwen36-35b-nvfp4-mtp 0.55)"
+    )
     assert "another node" in probs[0].fix

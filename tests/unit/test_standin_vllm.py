@@ -29,6 +29,7 @@ from vllm_standin.cli import main  # noqa: E402
 
 # -- CLI ---------------------------------------------------------------------------------------
 
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
@@ -60,22 +61,72 @@ def test_no_abbreviations(capsys):
 
 def test_real_flags_accepted(monkeypatch):
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
-    a = parse_args([
-        "serve", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4",
-        "--host", "0.0.0.0", "--port", "8000", "-tp", "2", "-pp", "1", "-dp", "1",
-        "--distributed-executor-backend", "ray", "--max-model-len", "1M",
-        "--gpu-memory-utilization", "0.75", "--kv-cache-dtype", "fp8", "--dtype", "auto",
-        "-q", "modelopt", "--moe-backend", "marlin", "--mamba-ssm-cache-dtype", "float32",
-        "--max-num-batched-tokens", "8192", "--max-num-seqs", "8", "--no-enable-prefix-caching",
-        "--enable-chunked-prefill", "--async-scheduling", "--max-cudagraph-capture-size", "128",
-        "--trust-remote-code", "--reasoning-parser", "super_v3",
-        "--reasoning-parser-plugin", "/root/.cache/huggingface/super_v3_reasoning_parser.py",
-        "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
-        "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}',
-        "--enforce-eager", "--served-model-name", "nemotron", "nemo",
-        "--download-dir", "/models", "--load-format", "safetensors", "--api-key", "k",
-        "--uvicorn-log-level", "warning", "--disable-log-requests", "--generation-config", "vllm",
-    ])
+    a = parse_args(
+        [
+            "serve",
+            "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "8000",
+            "-tp",
+            "2",
+            "-pp",
+            "1",
+            "-dp",
+            "1",
+            "--distributed-executor-backend",
+            "ray",
+            "--max-model-len",
+            "1M",
+            "--gpu-memory-utilization",
+            "0.75",
+            "--kv-cache-dtype",
+            "fp8",
+            "--dtype",
+            "auto",
+            "-q",
+            "modelopt",
+            "--moe-backend",
+            "marlin",
+            "--mamba-ssm-cache-dtype",
+            "float32",
+            "--max-num-batched-tokens",
+            "8192",
+            "--max-num-seqs",
+            "8",
+            "--no-enable-prefix-caching",
+            "--enable-chunked-prefill",
+            "--async-scheduling",
+            "--max-cudagraph-capture-size",
+            "128",
+            "--trust-remote-code",
+            "--reasoning-parser",
+            "super_v3",
+            "--reasoning-parser-plugin",
+            "/root/.cache/huggingface/super_v3_reasoning_parser.py",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "qwen3_coder",
+            "--speculative-config",
+            '{"method": "mtp", "num_speculative_tokens": 1}',
+            "--enforce-eager",
+            "--served-model-name",
+            "nemotron",
+            "nemo",
+            "--download-dir",
+            "/models",
+            "--load-format",
+            "safetensors",
+            "--api-key",
+            "k",
+            "--uvicorn-log-level",
+            "warning",
+            "--disable-log-requests",
+            "--generation-config",
+            "vllm",
+        ]
+    )
     assert a.model == "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4"
     assert a.tensor_parallel_size == 2 and a.distributed_executor_backend == "ray"
     assert a.max_model_len == 2**20
@@ -109,8 +160,9 @@ def test_console_script_and_help():
     env = {**os.environ, "PYTHONPATH": str(STANDIN)}
     out = subprocess.run([str(STANDIN / "bin" / "vllm"), "--version"], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "0.21.0"
-    out = subprocess.run([sys.executable, "-m", "vllm_standin", "serve", "--help"],
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_standin", "serve", "--help"], capture_output=True, text=True, env=env
+    )
     assert out.returncode == 0 and "--tensor-parallel-size" in out.stdout
     assert "--swap-space" not in out.stdout
 
@@ -118,22 +170,37 @@ def test_console_script_and_help():
 # -- environment copy to the ranks -------------------------------------------------------------
 
 DRIVER_ENV = {
-    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "VLLM_HOST_IP": "198.19.2.1", "VLLM_API_KEY": "k",
-    "NCCL_SOCKET_IFNAME": "enp1s0f1np1", "NCCL_IB_HCA": "rocep1s0f1", "UCX_NET_DEVICES": "enp1s0f1np1",
-    "HF_TOKEN": "t", "HF_HOME": "/hf", "GLOO_SOCKET_IFNAME": "enp1s0f1np1", "OMPI_MCA_x": "1",
-    "FLASHINFER_DISABLE_VERSION_CHECK": "1", "CUTE_DSL_ARCH": "sm_121a", "CUDA_VISIBLE_DEVICES": "0",
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+    "VLLM_HOST_IP": "198.19.2.1",
+    "VLLM_API_KEY": "k",
+    "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
+    "NCCL_IB_HCA": "rocep1s0f1",
+    "UCX_NET_DEVICES": "enp1s0f1np1",
+    "HF_TOKEN": "t",
+    "HF_HOME": "/hf",
+    "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
+    "OMPI_MCA_x": "1",
+    "FLASHINFER_DISABLE_VERSION_CHECK": "1",
+    "CUTE_DSL_ARCH": "sm_121a",
+    "CUDA_VISIBLE_DEVICES": "0",
     "PATH": "/usr/bin",
 }
 
 
 def test_env_copy_prefixes_and_exclusions():
     plan = ray_env.plan_env_copy(DRIVER_ENV, {"NCCL_SOCKET_IFNAME", "UCX_NET_DEVICES", "NOT_SET"})
-    assert set(plan.copied) == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN", "VLLM_API_KEY", "NCCL_IB_HCA",
-                                "HF_TOKEN", "HF_HOME"}
+    assert set(plan.copied) == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN", "VLLM_API_KEY", "NCCL_IB_HCA", "HF_TOKEN", "HF_HOME"}
     assert plan.skipped_non_carry_over == ["NCCL_SOCKET_IFNAME", "UCX_NET_DEVICES"]
     assert plan.skipped_worker_specific == ["VLLM_HOST_IP"]
-    for name in ("GLOO_SOCKET_IFNAME", "OMPI_MCA_x", "FLASHINFER_DISABLE_VERSION_CHECK",
-                 "CUTE_DSL_ARCH", "CUDA_VISIBLE_DEVICES", "PATH", "VLLM_HOST_IP"):
+    for name in (
+        "GLOO_SOCKET_IFNAME",
+        "OMPI_MCA_x",
+        "FLASHINFER_DISABLE_VERSION_CHECK",
+        "CUTE_DSL_ARCH",
+        "CUDA_VISIBLE_DEVICES",
+        "PATH",
+        "VLLM_HOST_IP",
+    ):
         assert name not in plan.copied
 
 
@@ -159,6 +226,7 @@ def test_non_carry_over_file_defaults_and_bad_json(tmp_path, monkeypatch):
 
 # -- NCCL selection over a fake sysfs ----------------------------------------------------------
 
+
 @pytest.fixture
 def fake_sys(tmp_path):
     net = tmp_path / "class" / "net"
@@ -177,22 +245,30 @@ def fake_sys(tmp_path):
 
 
 def _ifaces(root: Path) -> dict[str, str | None]:
-    addrs = {"lo": "127.0.0.1", "docker0": "172.17.0.1", "enp1s0f0np0": "198.19.1.1",
-             "enp1s0f1np1": "198.19.2.1", "enP2p1s0f0np0": None}
+    addrs = {
+        "lo": "127.0.0.1",
+        "docker0": "172.17.0.1",
+        "enp1s0f0np0": "198.19.1.1",
+        "enp1s0f1np1": "198.19.2.1",
+        "enP2p1s0f0np0": None,
+    }
     return {n: addrs.get(n) for n in sorted(os.listdir(root / "class" / "net"))}
 
 
-@pytest.mark.parametrize("spec,expected", [
-    ("enp1s0f1np1", ["enp1s0f1np1"]),
-    ("enp", ["enp1s0f0np0", "enp1s0f1np1"]),           # prefix match
-    ("=enp1s0f1np1", ["enp1s0f1np1"]),                  # exact
-    ("=enp1", []),                                      # exact, no such name
-    ("eth9,enp1s0f0np0", ["enp1s0f0np0"]),              # comma list
-    ("^lo,docker,enp1s0f0", ["enp1s0f1np1"]),           # exclusion
-    ("enP2p1s0f0np0", []),                              # exists but has no address
-    ("eth0", []),                                       # not on this node
-    (None, ["enp1s0f0np0", "enp1s0f1np1"]),             # default skips lo and docker
-])
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ("enp1s0f1np1", ["enp1s0f1np1"]),
+        ("enp", ["enp1s0f0np0", "enp1s0f1np1"]),  # prefix match
+        ("=enp1s0f1np1", ["enp1s0f1np1"]),  # exact
+        ("=enp1", []),  # exact, no such name
+        ("eth9,enp1s0f0np0", ["enp1s0f0np0"]),  # comma list
+        ("^lo,docker,enp1s0f0", ["enp1s0f1np1"]),  # exclusion
+        ("enP2p1s0f0np0", []),  # exists but has no address
+        ("eth0", []),  # not on this node
+        (None, ["enp1s0f0np0", "enp1s0f1np1"]),  # default skips lo and docker
+    ],
+)
 def test_socket_ifname_matching(fake_sys, spec, expected):
     assert [n for n, _ in nccl.select_socket_ifaces(spec, _ifaces(fake_sys))] == expected
 
@@ -212,7 +288,10 @@ def test_ib_hca_selection_and_transport(fake_sys):
     env = {"NCCL_SOCKET_IFNAME": "enp1s0f1np1", "NCCL_IB_HCA": "rocep1s0f0,rocep1s0f1:1"}
     rep = nccl.nccl_report(env, ifs, hcas, uv)
     assert rep.ok and rep.transport == "IB"
-    assert ("INFO", "NET/IB : Using [0]rocep1s0f0:1/RoCE [1]rocep1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:198.19.2.1<0>") in rep.lines
+    assert (
+        "INFO",
+        "NET/IB : Using [0]rocep1s0f0:1/RoCE [1]rocep1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:198.19.2.1<0>",
+    ) in rep.lines
     # exclusion list: everything active but the excluded one
     rep = nccl.nccl_report({**env, "NCCL_IB_HCA": "^rocep1s0f1"}, ifs, hcas, uv)
     assert rep.ok and any("Using [0]rocep1s0f0:1/RoCE [RO]" in t for _, t in rep.lines)
@@ -249,9 +328,17 @@ def test_silent_tcp_fallback_without_uverbs(fake_sys):
 
 # -- cluster checks ------------------------------------------------------------------------------
 
+
 def _rep(rank, ip, node_ip=None, node="n", **env):
-    return {"rank": rank, "ip": ip, "node_ip": node_ip or ip, "node_id": node, "hostname": f"h{rank}",
-            "pid": 100 + rank, "env": env}
+    return {
+        "rank": rank,
+        "ip": ip,
+        "node_ip": node_ip or ip,
+        "node_id": node,
+        "hostname": f"h{rank}",
+        "pid": 100 + rank,
+        "env": env,
+    }
 
 
 def test_unique_ip_check_exact_message():
@@ -259,7 +346,8 @@ def test_unique_ip_check_exact_message():
     assert checks.unique_ip_error(reports, "198.19.2.1") == (
         "Every node should have a unique IP address. Got 2 nodes with 1 unique IP addresses. "
         "Please check your network configuration. If you set `VLLM_HOST_IP` environment variable, "
-        "make sure it is unique for each node.")
+        "make sure it is unique for each node."
+    )
     ok = [_rep(0, "198.19.2.1", node="A"), _rep(1, "198.19.2.2", node="B")]
     assert checks.unique_ip_error(ok, "198.19.2.1") is None
     # a driver whose VLLM_HOST_IP is none of the nodes' IPs: 3 IPs for 2 nodes
@@ -269,8 +357,10 @@ def test_unique_ip_check_exact_message():
 
 
 def test_rank_ip_must_be_its_ray_node_ip():
-    reports = [_rep(0, "198.19.2.1", node="A"),
-               _rep(1, "169.254.3.7", "198.19.2.2", node="B", VLLM_HOST_IP="169.254.3.7")]
+    reports = [
+        _rep(0, "198.19.2.1", node="A"),
+        _rep(1, "169.254.3.7", "198.19.2.2", node="B", VLLM_HOST_IP="169.254.3.7"),
+    ]
     msg = checks.ip_node_mismatch_error(reports)
     assert "rank 1" in msg and "169.254.3.7" in msg and "198.19.2.2" in msg and "VLLM_HOST_IP" in msg
     assert checks.ip_node_mismatch_error([_rep(0, "198.19.2.1"), _rep(1, "198.19.2.2")]) is None
@@ -283,13 +373,16 @@ def test_required_env_agreement():
     r1 = _rep(1, "198.19.2.2", VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
     assert checks.required_env_error(model, [_rep(0, "198.19.2.1", **good), r1]) == (
         "rank 1 (198.19.2.2): FLASHINFER_DISABLE_VERSION_CHECK is unset while rank 0 has '1'; "
-        "ranks selected different kernels and the first all-reduce failed")
+        "ranks selected different kernels and the first all-reduce failed"
+    )
     r1 = _rep(1, "198.19.2.2", **{**good, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "0"})
-    assert "rank 1 (198.19.2.2): VLLM_ALLOW_LONG_MAX_MODEL_LEN='0' while rank 0 has '1'" in \
-        checks.required_env_error(model, [_rep(0, "198.19.2.1", **good), r1])
+    assert "rank 1 (198.19.2.2): VLLM_ALLOW_LONG_MAX_MODEL_LEN='0' while rank 0 has '1'" in checks.required_env_error(
+        model, [_rep(0, "198.19.2.1", **good), r1]
+    )
     r0 = _rep(0, "198.19.2.1", FLASHINFER_DISABLE_VERSION_CHECK="1")
     assert checks.required_env_error(model, [r0, _rep(1, "198.19.2.2", **good)]).startswith(
-        "rank 0 (198.19.2.1): VLLM_ALLOW_LONG_MAX_MODEL_LEN is unset while rank 1 has '1'")
+        "rank 0 (198.19.2.1): VLLM_ALLOW_LONG_MAX_MODEL_LEN is unset while rank 1 has '1'"
+    )
     none = [_rep(0, "198.19.2.1"), _rep(1, "198.19.2.2")]
     assert "unset on all 2 rank(s)" in checks.required_env_error(model, none)
     assert checks.required_env_error("some/other-model", none) is None
@@ -297,6 +390,7 @@ def test_required_env_agreement():
 
 
 # -- knobs and IP discovery -----------------------------------------------------------------------
+
 
 def test_knobs(tmp_path):
     env = {"HF_HOME": str(tmp_path)}
@@ -316,12 +410,14 @@ def test_get_ip(tmp_path):
         "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n"
         "enp1s0f1np1\t0002130A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
         "enp1s0f0np0\t00000000\t0102130A\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
-        "enp1s0f1np1\t00000000\t0102130A\t0003\t0\t0\t50\t00000000\t0\t0\t0\n")
+        "enp1s0f1np1\t00000000\t0102130A\t0003\t0\t0\t50\t00000000\t0\t0\t0\n"
+    )
     assert network_utils.default_route_iface(str(route)) == "enp1s0f1np1"
     assert network_utils.iface_ipv4("lo") == "127.0.0.1"
 
 
 # -- the HTTP API, world size 1 without Ray, in a subprocess ---------------------------------------
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -330,8 +426,11 @@ def _free_port() -> int:
 
 
 def _req(url, data=None, headers=None, timeout=10):
-    req = urllib.request.Request(url, data=json.dumps(data).encode() if data is not None else None,
-                                 headers={"content-type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(data).encode() if data is not None else None,
+        headers={"content-type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read()
@@ -342,12 +441,34 @@ def _req(url, data=None, headers=None, timeout=10):
 def test_http_api_auth_and_graceful_sigterm(tmp_path):
     (tmp_path / "standin-knobs.json").write_text(json.dumps({"load_seconds": 0.3}))
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(STANDIN), "HF_HOME": str(tmp_path), "VLLM_API_KEY": "sek",
-           "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "FLASHINFER_DISABLE_VERSION_CHECK": "1",
-           "VLLM_HOST_IP": "127.0.0.1"}
-    proc = subprocess.Popen([sys.executable, "-m", "vllm_standin", "serve", "sparkcluster/testbed-tiny",
-                             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(STANDIN),
+        "HF_HOME": str(tmp_path),
+        "VLLM_API_KEY": "sek",
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+        "FLASHINFER_DISABLE_VERSION_CHECK": "1",
+        "VLLM_HOST_IP": "127.0.0.1",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vllm_standin",
+            "serve",
+            "sparkcluster/testbed-tiny",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(100):
@@ -363,14 +484,20 @@ def test_http_api_auth_and_graceful_sigterm(tmp_path):
         assert _req(base + "/v1/models") == (401, b'{"error": "Unauthorized"}')
         status, body = _req(base + "/v1/models", headers=auth)
         assert status == 200 and json.loads(body)["data"][0]["id"] == "tiny"
-        status, body = _req(base + "/v1/chat/completions", {"model": "tiny", "max_tokens": 4,
-                            "messages": [{"role": "user", "content": "hi"}]}, auth)
+        status, body = _req(
+            base + "/v1/chat/completions",
+            {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+            auth,
+        )
         j = json.loads(body)
         assert status == 200 and len(j["choices"][0]["message"]["content"].split()) == 4
         assert j["usage"]["completion_tokens"] == 4
-        status, body = _req(base + "/v1/chat/completions", {"model": "tiny", "max_tokens": 3, "stream": True,
-                            "messages": [{"role": "user", "content": "hi"}]}, auth)
-        events = [e[len("data: "):] for e in body.decode().split("\n\n") if e.startswith("data: ")]
+        status, body = _req(
+            base + "/v1/chat/completions",
+            {"model": "tiny", "max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            auth,
+        )
+        events = [e[len("data: ") :] for e in body.decode().split("\n\n") if e.startswith("data: ")]
         assert status == 200 and events[-1] == "[DONE]"
         deltas = [json.loads(e)["choices"][0]["delta"].get("content") for e in events[1:-2]]
         assert len(deltas) == 3 and all(deltas)
@@ -378,8 +505,12 @@ def test_http_api_auth_and_graceful_sigterm(tmp_path):
         text = body.decode()
         assert status == 200
         assert 'vllm:generation_tokens_total{engine="0",model_name="tiny"} 7.0' in text
-        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prompt_tokens_total",
-                     "vllm:time_to_first_token_seconds_bucket"):
+        for name in (
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:prompt_tokens_total",
+            "vllm:time_to_first_token_seconds_bucket",
+        ):
             assert name + "{" in text
         (tmp_path / "standin-knobs.json").write_text(json.dumps({"hang_completions": True}))
         with pytest.raises(OSError):  # socket timeout: the engine is "stuck"

@@ -23,9 +23,14 @@ def ray_row(ip: str, head: bool, state: str = "ALIVE", gpus: float = 1.0) -> dic
         "state": state,
         "state_message": None,
         "node_name": ip,
-        "resources_total": {"CPU": 2.0, "GPU": gpus, "memory": 17179869184.0,
-                            "object_store_memory": 2147483648.0, f"node:{ip}": 1.0,
-                            **({"node:__internal_head__": 1.0} if head else {})},
+        "resources_total": {
+            "CPU": 2.0,
+            "GPU": gpus,
+            "memory": 17179869184.0,
+            "object_store_memory": 2147483648.0,
+            f"node:{ip}": 1.0,
+            **({"node:__internal_head__": 1.0} if head else {}),
+        },
         "labels": {"ray.io/node_id": ("a" if head else "b") * 56},
         "start_time_ms": 1795000000000,
         "end_time_ms": 0,
@@ -33,15 +38,34 @@ def ray_row(ip: str, head: bool, state: str = "ALIVE", gpus: float = 1.0) -> dic
 
 
 def ray_doc(rows: list[dict]) -> str:
-    return json.dumps({"result": True, "msg": "", "data": {"result": {
-        "total": len(rows), "num_after_truncation": len(rows), "num_filtered": len(rows),
-        "result": rows, "partial_failure_warning": "", "warnings": None}}})
+    return json.dumps(
+        {
+            "result": True,
+            "msg": "",
+            "data": {
+                "result": {
+                    "total": len(rows),
+                    "num_after_truncation": len(rows),
+                    "num_filtered": len(rows),
+                    "result": rows,
+                    "partial_failure_warning": "",
+                    "warnings": None,
+                }
+            },
+        }
+    )
 
 
 def running(name: str, role: str) -> NodeStatus:
-    return NodeStatus(name, container=f"sparkcluster-pair-{role}" + ("" if role == "head" else f"-{name}"),
-                      state="running", started_at="2026-11-22T03:00:00Z", profile="testbed",
-                      uptime_s=1000.0, mem_available_gib=80.0)
+    return NodeStatus(
+        name,
+        container=f"sparkcluster-pair-{role}" + ("" if role == "head" else f"-{name}"),
+        state="running",
+        started_at="2026-11-22T03:00:00Z",
+        profile="testbed",
+        uptime_s=1000.0,
+        mem_available_gib=80.0,
+    )
 
 
 def healthy_inputs():
@@ -57,10 +81,13 @@ def verdict(nodes, rows, health=200, models=("testbed-tiny",), pid=4242, respond
 
 # ---- parse_ray_nodes ----------------------------------------------------------------------------
 
+
 def test_parse_ray_nodes_realistic_document():
     rows = parse_ray_nodes(ray_doc([ray_row(HEAD_IP, True), ray_row(WORKER_IP, False)]))
     assert [(r["node_ip"], r["is_head_node"], r["state"]) for r in rows] == [
-        (HEAD_IP, True, "ALIVE"), (WORKER_IP, False, "ALIVE")]
+        (HEAD_IP, True, "ALIVE"),
+        (WORKER_IP, False, "ALIVE"),
+    ]
     assert rows[0]["resources_total"]["GPU"] == 1.0
 
 
@@ -72,8 +99,16 @@ def test_parse_ray_nodes_bad_input():
 
 def test_parse_ray_nodes_other_json_is_no_rows():
     # whatever else answers on the dashboard port must not crash status
-    for text in ("null", "[]", "5", '"x"', '{"data": null}', '{"data": {"result": null}}',
-                 '{"data": {"result": {"result": null}}}', '{"data": []}'):
+    for text in (
+        "null",
+        "[]",
+        "5",
+        '"x"',
+        '{"data": null}',
+        '{"data": {"result": null}}',
+        '{"data": {"result": {"result": null}}}',
+        '{"data": []}',
+    ):
         assert parse_ray_nodes(text) == [], text
 
 
@@ -83,6 +118,7 @@ def test_parse_ray_nodes_list_result_and_junk_rows():
 
 
 # ---- judge --------------------------------------------------------------------------------------
+
 
 def test_healthy():
     nodes, rows = healthy_inputs()
@@ -195,6 +231,7 @@ def test_unreachable_node_is_not_down():
 
 # ---- node_script --------------------------------------------------------------------------------
 
+
 def test_every_node_answers_as_a_possible_head_in_its_one_round_trip():
     """Deployments decide which node heads which: each node's script asks Ray and its own head
     container's name, so one round trip per node serves every deployment."""
@@ -218,8 +255,9 @@ def test_engine_dead_is_reported_whatever_the_exit_status():
     nodes, rows = healthy_inputs()
     st = verdict(nodes, rows, health=None, models=(), pid=None)
     assert st.state == "degraded"
-    assert st.problems == ["vllm serve is not running (endpoint /health: no answer); "
-                           "see why with: sparkcluster logs spark-head"]
+    assert st.problems == [
+        "vllm serve is not running (endpoint /health: no answer); see why with: sparkcluster logs spark-head"
+    ]
 
 
 def test_not_probed_without_the_key_is_not_a_wedge():
@@ -253,6 +291,7 @@ def test_the_head_containers_sections_give_pid_supervisor_and_journal():
 
 # ---- a node whose Docker does not answer (issue 23) ---------------------------------------------
 
+
 class _Host:
     """A node whose SSH round trip printed `out` (sections as node_script prints them)."""
 
@@ -261,11 +300,13 @@ class _Host:
 
     def run(self, script, timeout, warn):
         from types import SimpleNamespace
+
         return SimpleNamespace(stdout=self.out, ok=False)
 
 
 def _printed(**sections) -> str:
     from sparkcluster.facts.probes import SECTION
+
     return "\n".join(f"{SECTION} {name}\n{text}\n{SECTION} {name} rc={rc}" for name, (text, rc) in sections.items())
 
 
@@ -295,7 +336,10 @@ def test_a_hung_docker_is_named_with_its_bound_and_the_cluster_is_not_called_dow
     for out in (hung, cut):
         st = _one(_Host("spark-head", out), make_inventory()).status
         assert st.state == DOCKER_SILENT and f"did not return within {DOCKER_BOUND_S}s" in st.error
-    nodes = [NodeStatus("spark-head", state=DOCKER_SILENT, error="x"), NodeStatus("spark-worker", state=DOCKER_SILENT, error="x")]
+    nodes = [
+        NodeStatus("spark-head", state=DOCKER_SILENT, error="x"),
+        NodeStatus("spark-worker", state=DOCKER_SILENT, error="x"),
+    ]
     assert verdict(nodes, None, health=None, models=(), pid=None).state == "degraded"
 
 
@@ -315,15 +359,27 @@ def test_a_supervisor_state_older_than_a_few_looks_is_stale_not_current():
     said = supervisor_problem({**sup, "age_s": 95.0})
     assert said.startswith("supervisor: stale: its last state (serving) is 95s old")
     nodes, rows = healthy_inputs()
-    st = judge(make_inventory(), nodes, rows, ENDPOINT, EngineView(200, ["testbed-tiny"], True, ""), 4242,
-               {**sup, "age_s": 95.0})
+    st = judge(
+        make_inventory(),
+        nodes,
+        rows,
+        ENDPOINT,
+        EngineView(200, ["testbed-tiny"], True, ""),
+        4242,
+        {**sup, "age_s": 95.0},
+    )
     assert st.state == "degraded" and any("stale" in p for p in st.problems)
 
 
 def test_a_peer_whose_memory_is_unknown_shows_in_status():
     from sparkcluster.day2.status import supervisor_problem
 
-    sup = {"state": "serving", "policy": {"interval_s": 2.0}, "age_s": 1.0,
-           "memory_unknown": {"spark-worker": "its memory report at 198.19.2.2:8297 does not answer (timed out)"}}
-    assert supervisor_problem(sup) == ("supervisor: memory unknown on spark-worker: its memory report at "
-                                       "198.19.2.2:8297 does not answer (timed out)")
+    sup = {
+        "state": "serving",
+        "policy": {"interval_s": 2.0},
+        "age_s": 1.0,
+        "memory_unknown": {"spark-worker": "its memory report at 198.19.2.2:8297 does not answer (timed out)"},
+    }
+    assert supervisor_problem(sup) == (
+        "supervisor: memory unknown on spark-worker: its memory report at 198.19.2.2:8297 does not answer (timed out)"
+    )

@@ -108,8 +108,14 @@ def test_remove_shm_command_only_ever_names_our_segments():
     from sparkcluster.day2.teardown import SHM_SEGMENTS, remove_shm_command
 
     assert remove_shm_command(["/dev/shm/psm_18a7fb82"]) == ["rm", "-f", "--", "/dev/shm/psm_18a7fb82"]
-    for hostile in ("/dev/shm/psm_x; rm -rf /", "/dev/shm/../etc/passwd", "/dev/shm/psm_$(id)", "/tmp/psm_1",
-                    "/dev/shm/psm_1\n/etc/shadow", "-rf"):
+    for hostile in (
+        "/dev/shm/psm_x; rm -rf /",
+        "/dev/shm/../etc/passwd",
+        "/dev/shm/psm_$(id)",
+        "/tmp/psm_1",
+        "/dev/shm/psm_1\n/etc/shadow",
+        "-rf",
+    ):
         with pytest.raises(ValueError):
             remove_shm_command([hostile])
     # the listing script runs as it is in any POSIX shell, with nothing to list

@@ -50,14 +50,17 @@ def test_twins_of_one_cable_are_one_neighbour():
     assert t.kind == "ring" and len(t.cables) == 8
 
 
-@pytest.mark.parametrize("rails, words", [
-    ({"a": [C_AB], "b": [C_AB], "c": [R1]}, "c share(s) no data-plane subnet"),
-    ({"a": [C_AB, C_AC], "b": [C_AB, C_BC], "c": [C_BC]}, "a-c share no cable"),
-    ({"a": [R1, C_AB], "b": [R1, C_AB], "c": [R1]}, "reaches a, b only"),
-    ({"a": [C_AB, C_DA], "b": [C_AB], "c": [C_CD], "d": [C_CD, C_DA]}, "b has 1 neighbour(s)"),
-    ({n: [C_AB] for n in "ab"} | {n: [C_CD] for n in "cd"}, "each node cabled to two others"),
-    ({"a": [], "b": []}, "not cabled to each other"),
-])
+@pytest.mark.parametrize(
+    "rails, words",
+    [
+        ({"a": [C_AB], "b": [C_AB], "c": [R1]}, "c share(s) no data-plane subnet"),
+        ({"a": [C_AB, C_AC], "b": [C_AB, C_BC], "c": [C_BC]}, "a-c share no cable"),
+        ({"a": [R1, C_AB], "b": [R1, C_AB], "c": [R1]}, "reaches a, b only"),
+        ({"a": [C_AB, C_DA], "b": [C_AB], "c": [C_CD], "d": [C_CD, C_DA]}, "b has 1 neighbour(s)"),
+        ({n: [C_AB] for n in "ab"} | {n: [C_CD] for n in "cd"}, "each node cabled to two others"),
+        ({"a": [], "b": []}, "not cabled to each other"),
+    ],
+)
 def test_cablings_that_fit_nothing_say_which_node_and_how(rails, words):
     with pytest.raises(topology.Miscabled) as e:
         topology.classify(rails)
@@ -67,20 +70,38 @@ def test_cablings_that_fit_nothing_say_which_node_and_how(rails, words):
 def test_two_loops_are_not_one_ring():
     nets = [N(f"198.19.{k}.0/24") for k in range(20, 26)]
     # a-b-c-a and d-e-f-d: each node has two neighbours, yet no single ring
-    rails = {"a": [nets[0], nets[2]], "b": [nets[0], nets[1]], "c": [nets[1], nets[2]],
-             "d": [nets[3], nets[5]], "e": [nets[3], nets[4]], "f": [nets[4], nets[5]]}
+    rails = {
+        "a": [nets[0], nets[2]],
+        "b": [nets[0], nets[1]],
+        "c": [nets[1], nets[2]],
+        "d": [nets[3], nets[5]],
+        "e": [nets[3], nets[4]],
+        "f": [nets[4], nets[5]],
+    }
     with pytest.raises(topology.Miscabled, match="more than one loop"):
         topology.classify(rails)
 
 
 def test_only_a_ring_or_mesh_gets_the_point_to_point_nccl_variables():
-    assert topology.nccl_env("ring") == topology.nccl_env("mesh") == {
-        "NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_MERGE_NICS": "0", "NCCL_NET_PLUGIN": "none"}
+    assert (
+        topology.nccl_env("ring")
+        == topology.nccl_env("mesh")
+        == {"NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_MERGE_NICS": "0", "NCCL_NET_PLUGIN": "none"}
+    )
     assert topology.nccl_env("switch") == topology.nccl_env("direct") == topology.nccl_env(None) == {}
 
 
-@pytest.mark.parametrize("kind, n, ok", [("direct", 2, True), ("direct", 3, False), ("mesh", 3, True),
-                                         ("ring", 3, False), ("ring", 8, True), ("switch", 5, True)])
+@pytest.mark.parametrize(
+    "kind, n, ok",
+    [
+        ("direct", 2, True),
+        ("direct", 3, False),
+        ("mesh", 3, True),
+        ("ring", 3, False),
+        ("ring", 8, True),
+        ("switch", 5, True),
+    ],
+)
 def test_the_inventory_refuses_a_topology_its_node_count_cannot_have(kind, n, ok):
     assert (topology.nodes_allowed(kind, n) is None) == ok
 
@@ -106,13 +127,18 @@ def test_init_drafts_a_ring_in_cable_order_with_the_lan_as_control():
     # cabled 1-2, 2-3, 3-4, 4-1; port 0 to the next node, port 1 to the previous; given as 1, 3, 2, 4
     def addrs(i):
         nxt, prev = i % 4 + 1, (i - 2) % 4 + 1
-        return {PORT0[0]: [(f"198.19.{10 + min(i, nxt)}{max(i, nxt)}.{i}", 24)],
-                PORT1[0]: [(f"198.19.{10 + min(i, prev)}{max(i, prev)}.{i}", 24)]}
+        return {
+            PORT0[0]: [(f"198.19.{10 + min(i, nxt)}{max(i, nxt)}.{i}", 24)],
+            PORT1[0]: [(f"198.19.{10 + min(i, prev)}{max(i, prev)}.{i}", 24)],
+        }
+
     found = [_host(i, addrs(i)) for i in (1, 3, 2, 4)]
     text, inv = discover.render(discover.draft("ring", found), source="draft.toml")
     assert inv.cluster.topology == "ring"
-    assert [n.name for n in inv.nodes] in (["spark-1", "spark-2", "spark-3", "spark-4"],
-                                           ["spark-1", "spark-4", "spark-3", "spark-2"])
+    assert [n.name for n in inv.nodes] in (
+        ["spark-1", "spark-2", "spark-3", "spark-4"],
+        ["spark-1", "spark-4", "spark-3", "spark-2"],
+    )
     assert inv.nodes[0].role == "head" and all(n.role == "worker" for n in inv.nodes[1:])
     # no data-plane subnet reaches every node: the 10 GbE LAN carries Ray's and vLLM's control traffic
     assert {n.control_if for n in inv.nodes} == {"enP7s7"}
@@ -128,6 +154,7 @@ def test_init_refuses_a_half_ring_naming_the_node():
         if i > 1:
             a[PORT1[0]] = [(f"198.19.{19 + i}.{i}", 24)]
         return a
+
     with pytest.raises(SparkError) as e:
         discover.draft("half", [_host(i, addrs(i)) for i in range(1, 5)])
     assert "spark-1 has 1 neighbour(s) (spark-2)" in str(e.value) and "ring" in e.value.fix
@@ -136,7 +163,9 @@ def test_init_refuses_a_half_ring_naming_the_node():
 def test_nine_nodes_are_refused():
     text = "[cluster]\nname='x'\n" + "".join(
         f"[[nodes]]\nname='n{i}'\nrole='{'head' if i == 0 else 'worker'}'\nssh='n{i}'\ncontrol_if='e'\n"
-        f"control_ip='10.0.0.{i + 1}'\ndata_plane=[{{netdev='e', hca='h'}}]\n" for i in range(9))
+        f"control_ip='10.0.0.{i + 1}'\ndata_plane=[{{netdev='e', hca='h'}}]\n"
+        for i in range(9)
+    )
     with pytest.raises(Exception) as e:
         inventory.parse(text)
     assert "nodes" in str(getattr(e.value, "details", e.value))
@@ -150,12 +179,22 @@ from sparkcluster.facts import parsers as P  # noqa: E402
 
 def _four(kind: str, addrs) -> tuple[inventory.Inventory, dict[str, facts.HostFacts]]:
     names = [f"spark-{i}" for i in range(1, 5)]
-    inv = inventory.Inventory.model_validate({
-        "cluster": {"name": "four", "topology": kind},
-        "nodes": [{"name": n, "role": "head" if i == 1 else "worker", "ssh": n, "control_if": "enP7s7",
-                   "control_ip": f"192.168.1.{10 + i}",
-                   "data_plane": [{"netdev": PORT0[0], "hca": PORT0[1]}, {"netdev": PORT1[0], "hca": PORT1[1]}]}
-                  for i, n in zip(range(1, 5), names)]})
+    inv = inventory.Inventory.model_validate(
+        {
+            "cluster": {"name": "four", "topology": kind},
+            "nodes": [
+                {
+                    "name": n,
+                    "role": "head" if i == 1 else "worker",
+                    "ssh": n,
+                    "control_if": "enP7s7",
+                    "control_ip": f"192.168.1.{10 + i}",
+                    "data_plane": [{"netdev": PORT0[0], "hca": PORT0[1]}, {"netdev": PORT1[0], "hca": PORT1[1]}],
+                }
+                for i, n in zip(range(1, 5), names)
+            ],
+        }
+    )
     found = {}
     for i, n in zip(range(1, 5), names):
         d = _host(i, addrs(i))
@@ -171,15 +210,27 @@ def _switch(i):
 
 def _ring(i):
     nxt, prev = i % 4 + 1, (i - 2) % 4 + 1
-    return {PORT0[0]: [(f"198.19.{10 + min(i, nxt)}{max(i, nxt)}.{i}", 24)],
-            PORT1[0]: [(f"198.19.{10 + min(i, prev)}{max(i, prev)}.{i}", 24)]}
+    return {
+        PORT0[0]: [(f"198.19.{10 + min(i, nxt)}{max(i, nxt)}.{i}", 24)],
+        PORT1[0]: [(f"198.19.{10 + min(i, prev)}{max(i, prev)}.{i}", 24)],
+    }
 
 
 def _doctor(inv, found, env=None):
     for n, f in found.items():
-        f.ours = [{"Config": {"Labels": {"org.sparkcluster.cluster": "four"},
-                              "Env": [f"{k}={v}" for k, v in (env or {}).get(n, {}).items()]},
-                   "State": {"Running": True}}] if env else []
+        f.ours = (
+            [
+                {
+                    "Config": {
+                        "Labels": {"org.sparkcluster.cluster": "four"},
+                        "Env": [f"{k}={v}" for k, v in (env or {}).get(n, {}).items()],
+                    },
+                    "State": {"Running": True},
+                }
+            ]
+            if env
+            else []
+        )
     ctx = checks.Context(inv, found, {}, checks.Expect())
     return {(r.id, r.node): r for r in checks.run_checks(ctx, only={"net.topology", "nccl.topology_env"})}
 
@@ -195,7 +246,8 @@ def test_four_nodes_healthy(kind, addrs):
 def test_switch_rail_on_a_wrong_subnet_fails_that_node_only():
     inv, found = _four("switch", _switch)
     found["spark-3"].interfaces[PORT1[0]].addresses = [
-        P.Address(ipaddress.IPv4Address("198.19.99.3"), N("198.19.99.0/24"))]
+        P.Address(ipaddress.IPv4Address("198.19.99.3"), N("198.19.99.0/24"))
+    ]
     got = _doctor(inv, found)
     bad = {k: r for k, r in got.items() if r.status != "ok"}
     assert list(bad) == [("net.topology", "spark-3")], bad
@@ -243,6 +295,7 @@ def test_a_profile_overriding_a_ring_variable_is_named():
 
 def test_ring_containers_get_the_variables_from_the_topology():
     from sparkcluster.config import profile as profiles
+
     inv, _ = _four("ring", _ring)
     prof = profiles.load_profile("testbed")
     env = profiles.container_env(prof, inv, "spark-3")
@@ -251,6 +304,7 @@ def test_ring_containers_get_the_variables_from_the_topology():
 
 def test_the_fabric_test_holds_a_ring_to_nvidias_ring_figure_and_a_switch_to_a_pairs():
     from sparkcluster.fabric import judge
+
     ring, _ = _four("ring", _ring)
     switch = ring.model_copy(update={"cluster": ring.cluster.model_copy(update={"topology": "switch"})})
     assert judge.figures_kind(ring) == "ring" and judge.thresholds(judge.Expectation(True, "ring"))[0] == 10.0
@@ -262,7 +316,10 @@ def test_a_rings_ports_are_not_paired_by_position_with_the_heads():
     a worker's port 1 meets the previous node's port 0, and NCCL routes by subnet."""
     inv, found = _four("ring", _ring)
     for f in found.values():
-        f.hcas = {PORT0[1]: P.Hca(PORT0[1], "4: ACTIVE", [PORT0[0]]), PORT1[1]: P.Hca(PORT1[1], "4: ACTIVE", [PORT1[0]])}
+        f.hcas = {
+            PORT0[1]: P.Hca(PORT0[1], "4: ACTIVE", [PORT0[0]]),
+            PORT1[1]: P.Hca(PORT1[1], "4: ACTIVE", [PORT1[0]]),
+        }
     ctx = checks.Context(inv, found, {}, checks.Expect())
     got = {(r.id, r.node): r for r in checks.run_checks(ctx, only={"rdma.hca"})}
     assert {r.status for r in got.values()} == {"ok"}, got

@@ -23,11 +23,12 @@ HOSTILE_IP = "1.2.3.4; rm -rf / $(id)"
 
 # ---- command strings ----------------------------------------------------------------------------
 
+
 def test_send_command_quotes_image_and_ips():
     cmd = transfer.send_command(HOSTILE_IMAGE, HOSTILE_IP, 40123, "5.6.7.8 && $(id)")
     words = shlex.split(cmd)
     i = words.index("save")
-    assert words[i - 1:i + 2] == ["docker", "save", HOSTILE_IMAGE]
+    assert words[i - 1 : i + 2] == ["docker", "save", HOSTILE_IMAGE]
     assert words[-3:] == [HOSTILE_IP, "40123", "5.6.7.8 && $(id)"]  # no layer to skip: no more words
     assert transfer.SENDER in words
     assert cmd.startswith("set -o pipefail; ")
@@ -43,7 +44,7 @@ def test_receive_command_quotes_ips():
     words = shlex.split(cmd)
     assert transfer.RECEIVER in words
     j = words.index(transfer.RECEIVER)
-    assert words[j + 1:j + 3] == [HOSTILE_IP, "9.9.9.9 `id`"]
+    assert words[j + 1 : j + 3] == [HOSTILE_IP, "9.9.9.9 `id`"]
     assert words[-2:] == [HOSTILE_IP, "9.9.9.9 `id`"]  # docker load runs inside the receiver
 
 
@@ -223,6 +224,7 @@ def test_disk_needed_for_an_image_without_layers_is_the_safe_bound():
 
 # ---- leaving out the layers the worker holds ----------------------------------------------------
 
+
 def _layer(seed: bytes, n: int = 5000) -> tuple[bytes, str]:
     data = archive([("f", seed * n)])  # a layer tar; its sha256 is its diff ID
     return data, hashlib.sha256(data).hexdigest()
@@ -250,13 +252,31 @@ def _names(tar_bytes: bytes) -> list[str]:
 def test_v1_layout_leaves_out_the_held_layer_tars_by_their_hash(fake_env):
     # Docker 20.10-24: `<v1 id>/layer.tar`, a name that says nothing about the diff ID
     (base, base_id), (ray, _) = _layer(b"base"), _layer(b"ray")
-    image = archive([("aaaa/VERSION", b"1.0"), ("aaaa/json", b"{}"), ("aaaa/layer.tar", ray),
-                     ("bbbb/VERSION", b"1.0"), ("bbbb/json", b"{}"), ("bbbb/layer.tar", base),
-                     ("cfg.json", b"{}"), ("manifest.json", b"[]"), ("repositories", b"{}")])
+    image = archive(
+        [
+            ("aaaa/VERSION", b"1.0"),
+            ("aaaa/json", b"{}"),
+            ("aaaa/layer.tar", ray),
+            ("bbbb/VERSION", b"1.0"),
+            ("bbbb/json", b"{}"),
+            ("bbbb/layer.tar", base),
+            ("cfg.json", b"{}"),
+            ("manifest.json", b"[]"),
+            ("repositories", b"{}"),
+        ]
+    )
     send, recv, got = _run(fake_env, image, ["sha256:" + base_id])
     assert send.p.returncode == 0 and recv.p.returncode == 0, (send.lines, recv.lines)
-    assert _names(got) == ["aaaa/VERSION", "aaaa/json", "aaaa/layer.tar", "bbbb/VERSION", "bbbb/json",
-                           "cfg.json", "manifest.json", "repositories"]
+    assert _names(got) == [
+        "aaaa/VERSION",
+        "aaaa/json",
+        "aaaa/layer.tar",
+        "bbbb/VERSION",
+        "bbbb/json",
+        "cfg.json",
+        "manifest.json",
+        "repositories",
+    ]
     with tarfile.open(fileobj=io.BytesIO(got)) as t:
         assert t.extractfile("aaaa/layer.tar").read() == ray
     assert f"@@dropped 1 {len(base)}" in send.lines
@@ -266,8 +286,15 @@ def test_v1_layout_leaves_out_the_held_layer_tars_by_their_hash(fake_env):
 def test_oci_layout_leaves_out_held_blobs_by_name(fake_env):
     # Docker 25 and later: `blobs/sha256/<diff id>` for an uncompressed layer
     (base, base_id), (ray, ray_id) = _layer(b"base"), _layer(b"ray")
-    image = archive([(f"blobs/sha256/{base_id}", base), (f"blobs/sha256/{ray_id}", ray),
-                     ("blobs/sha256/" + "c" * 64, b"{}"), ("index.json", b"{}"), ("manifest.json", b"[]")])
+    image = archive(
+        [
+            (f"blobs/sha256/{base_id}", base),
+            (f"blobs/sha256/{ray_id}", ray),
+            ("blobs/sha256/" + "c" * 64, b"{}"),
+            ("index.json", b"{}"),
+            ("manifest.json", b"[]"),
+        ]
+    )
     send, recv, got = _run(fake_env, image, ["sha256:" + base_id], ["sha256:" + ray_id])
     assert send.p.returncode == 0 and recv.p.returncode == 0, (send.lines, recv.lines)
     assert _names(got) == [f"blobs/sha256/{ray_id}", "blobs/sha256/" + "c" * 64, "index.json", "manifest.json"]
@@ -301,7 +328,7 @@ def test_a_cut_stream_loads_nothing(fake_env, skip):
     # input cleanly, or a tar cut at an entry boundary would load as a short archive
     (base, base_id), (ray, _) = _layer(b"base"), _layer(b"ray")
     whole = archive([("aaaa/layer.tar", ray), ("bbbb/layer.tar", base), ("manifest.json", b"[]")])
-    cut = whole[:512 + len(ray) + (-len(ray)) % 512]  # exactly after the first entry
+    cut = whole[: 512 + len(ray) + (-len(ray)) % 512]  # exactly after the first entry
     send, recv, got = _run(fake_env, cut, ["sha256:" + base_id] if skip else [])
     assert send.p.returncode != 0
     assert recv.p.returncode == 75
@@ -316,7 +343,9 @@ def test_send_command_refuses_a_skip_that_is_not_a_digest():
     cmd = transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", ["sha256:" + "a" * 64], ["sha256:" + "b" * 64])
     assert shlex.split(cmd)[-2:] == ["-" + "a" * 64, "+" + "b" * 64]
     # nothing to leave out: the image's diff IDs are not needed either
-    assert shlex.split(transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", [], ["sha256:" + "b" * 64]))[-1] == "5.6.7.8"
+    assert (
+        shlex.split(transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", [], ["sha256:" + "b" * 64]))[-1] == "5.6.7.8"
+    )
 
 
 def test_containerd_image_store_gets_the_whole_image():

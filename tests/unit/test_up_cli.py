@@ -45,8 +45,12 @@ def test_dry_run_json_lists_the_steps(env, capsys):
     out = capsys.readouterr()
     assert rc == 0, out.err
     steps = json.loads(out.out)
-    assert steps[0] == {"id": "preflight/spark-head/facts", "stage": "preflight", "host": "spark-head",
-                        "description": "facts and checks: one read-only probe script, then path-MTU pings"}
+    assert steps[0] == {
+        "id": "preflight/spark-head/facts",
+        "stage": "preflight",
+        "host": "spark-head",
+        "description": "facts and checks: one read-only probe script, then path-MTU pings",
+    }
     assert any(s["id"] == "serve/spark-worker/hf-token" for s in steps)
     assert SECRET not in out.out + out.err
 

@@ -38,21 +38,32 @@ def prof() -> profiles.Profile:
     return profiles.load_profile("testbed")
 
 
-def facts(head_image: str | None = None, worker_image: str | None = None,
-          head_ours: list[dict] | None = None, worker_ours: list[dict] | None = None) -> dict[str, HostFacts]:
-    return {HEAD: HostFacts(HEAD, hostname=HEAD, image_id=head_image, ours=head_ours or []),
-            WORKER: HostFacts(WORKER, hostname=WORKER, image_id=worker_image, ours=worker_ours or [])}
+def facts(
+    head_image: str | None = None,
+    worker_image: str | None = None,
+    head_ours: list[dict] | None = None,
+    worker_ours: list[dict] | None = None,
+) -> dict[str, HostFacts]:
+    return {
+        HEAD: HostFacts(HEAD, hostname=HEAD, image_id=head_image, ours=head_ours or []),
+        WORKER: HostFacts(WORKER, hostname=WORKER, image_id=worker_image, ours=worker_ours or []),
+    }
 
 
-def inspect(spec, image_id: str, running: bool = True, config_hash: str | None = None,
-            profile_name: str | None = None) -> dict:
+def inspect(
+    spec, image_id: str, running: bool = True, config_hash: str | None = None, profile_name: str | None = None
+) -> dict:
     """What `docker inspect` says about a container made from `spec`."""
     labels = {**spec.labels, CONFIG_LABEL: config_hash or spec.config_hash()}
     if profile_name:
         labels[PROFILE_LABEL] = profile_name
-    return {"Id": spec.name + "-id", "Name": "/" + spec.name, "Image": image_id,
-            "State": {"Status": "running" if running else "exited", "Running": running},
-            "Config": {"Labels": labels, "Env": [f"{k}={v}" for k, v in spec.env.items()]}}
+    return {
+        "Id": spec.name + "-id",
+        "Name": "/" + spec.name,
+        "Image": image_id,
+        "State": {"Status": "running" if running else "exited", "Running": running},
+        "Config": {"Labels": labels, "Env": [f"{k}={v}" for k, v in spec.env.items()]},
+    }
 
 
 def running_facts(inv, prof, **kw) -> dict[str, HostFacts]:
@@ -62,6 +73,7 @@ def running_facts(inv, prof, **kw) -> dict[str, HostFacts]:
 
 
 # ---- (a) bare cluster ---------------------------------------------------------------------------
+
 
 def test_bare_cluster_builds_sends_creates_and_serves(prof, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_from_the_environment_123")
@@ -96,10 +108,13 @@ def test_bare_cluster_build_uses_pip_mirror(prof):
     data = inventory_dict()
     data["cluster"]["pip_index_url"] = "http://mirror.lan:3141/simple"
     plan = make_plan(make_inventory(data), prof, facts(), serving=False, replace=False)
-    assert plan.build == {"BASE_IMAGE": "nvcr.io/nvidia/vllm:26.05.post1-py3", "RAY_VERSION": RAY_VERSION,
-                          "PIP_INDEX_URL": "http://mirror.lan:3141/simple",
-                          # pip ignores a plain-http index unless its host is trusted
-                          "PIP_TRUSTED_HOST": "mirror.lan"}
+    assert plan.build == {
+        "BASE_IMAGE": "nvcr.io/nvidia/vllm:26.05.post1-py3",
+        "RAY_VERSION": RAY_VERSION,
+        "PIP_INDEX_URL": "http://mirror.lan:3141/simple",
+        # pip ignores a plain-http index unless its host is trusted
+        "PIP_TRUSTED_HOST": "mirror.lan",
+    }
     assert "--build-arg PIP_INDEX_URL=http://mirror.lan:3141/simple" in plan.render()
 
 
@@ -111,6 +126,7 @@ def test_https_mirror_is_not_marked_trusted(prof):
 
 
 # ---- (b) image on the head only -----------------------------------------------------------------
+
 
 def test_image_on_head_only_is_sent_not_built(prof):
     plan = make_plan(make_inventory(), prof, facts(IMAGE_ID, None), serving=False, replace=False)
@@ -132,6 +148,7 @@ def test_same_image_everywhere_no_build_no_send(prof):
 
 
 # ---- (c) nothing to do --------------------------------------------------------------------------
+
 
 def test_same_image_matching_containers_and_serving_is_unchanged(prof):
     inv = make_inventory()
@@ -196,6 +213,7 @@ def test_running_cluster_being_recreated_is_not_called_stale(prof):
 
 # ---- (d) another profile running ----------------------------------------------------------------
 
+
 def test_other_profile_running_needs_replace(prof):
     inv = make_inventory()
     f = running_facts(inv, prof, profile_name="qwen3-30b")
@@ -236,6 +254,7 @@ def test_replace_recreates_containers_whose_config_matches_another_profile(prof)
 
 # ---- (e) rendering --------------------------------------------------------------------------------
 
+
 def leaky_profile() -> profiles.Profile:
     text = (REPO / "env-profiles" / "testbed.toml").read_text()
     assert "[env.forward]\n" in text
@@ -257,8 +276,7 @@ def test_render_lists_stages_in_order(prof):
     plan = make_plan(make_inventory(), prof, facts(), serving=False, replace=False)
     out = plan.render()
     headers = [line.strip("[]") for line in out.splitlines() if line.startswith("[")]
-    assert list(STAGES) == ["preflight", "replace", "image", "weights", "containers", "ray", "fabric", "probe",
-                           "serve"]
+    assert list(STAGES) == ["preflight", "replace", "image", "weights", "containers", "ray", "fabric", "probe", "serve"]
     assert headers == [s for s in STAGES if s != "replace"]  # nothing to replace: no such stage
     assert out.splitlines()[0] == (f"plan for profile 'testbed' on cluster 'pair' (image {plan.image}):")
     # head container created before the worker's
@@ -281,20 +299,27 @@ def test_render_with_plugin_and_page_cache():
 
 # ---- serve: LAUNCH, describe, plugin staging -------------------------------------------------------
 
-HOSTILE_ARGS = ["a;b", "$(touch pwned)", "`id`", "it's \"quoted\"", "  spaced  ", "*", "", "back\\slash", "ünï"]
+HOSTILE_ARGS = ["a;b", "$(touch pwned)", "`id`", 'it\'s "quoted"', "  spaced  ", "*", "", "back\\slash", "ünï"]
 
 
 def spec(argv: list[str]) -> server.ServeSpec:
-    return server.ServeSpec(container="sparkcluster-pair-head", argv=argv, secret_names=["HF_TOKEN", "VLLM_API_KEY"],
-                           model="m", port=8000, plugin=None)
+    return server.ServeSpec(
+        container="sparkcluster-pair-head",
+        argv=argv,
+        secret_names=["HF_TOKEN", "VLLM_API_KEY"],
+        model="m",
+        port=8000,
+        plugin=None,
+    )
 
 
 def test_describe_never_holds_a_secret_value():
     redact.register("hf_SECRETVALUE_0123456789")
     s = spec(["vllm", "serve", "m", "--api-key-file", "/x"])
     d = s.describe()
-    assert d.startswith("the supervisor in sparkcluster-pair-head runs (HF_TOKEN=******, VLLM_API_KEY=****** "
-                        "from a 0600 file): ")
+    assert d.startswith(
+        "the supervisor in sparkcluster-pair-head runs (HF_TOKEN=******, VLLM_API_KEY=****** from a 0600 file): "
+    )
     assert "hf_SECRETVALUE_0123456789" not in d
     assert shlex.split(d.split(": ", 1)[1]) == ["vllm", "serve", "m", "--api-key-file", "/x"]
 
@@ -330,6 +355,7 @@ def test_stage_plugin_command_failure_and_hostile_url(tmp_path):
 
 # ---- server.start / read_record against a tiny fake Docker API ----------------------------------------
 
+
 class FakeAPI:
     """A head container whose supervisor starts what the desired-state file asks for (PID 4242)."""
 
@@ -346,8 +372,9 @@ class FakeAPI:
             if self.supervisor:
                 desired = json.loads(self.archives[cmd[3]])
                 rec = {k: desired[k] for k in ("profile", "model", "port", "salt", "secrets_digest", "generation")}
-                self.archives[server.RECORD_PATH] = json.dumps({**rec, "pid": 4242, "exec_id": "",
-                                                               "started_at": 1.0}).encode()
+                self.archives[server.RECORD_PATH] = json.dumps(
+                    {**rec, "pid": 4242, "exec_id": "", "started_at": 1.0}
+                ).encode()
         return {"Id": "exec1"}
 
     def exec_start(self, exec_id, detach=False):
@@ -375,12 +402,19 @@ def test_start_hands_the_server_to_the_supervisor_with_secrets_in_a_private_file
     s = spec(["vllm", "serve", "m"])
     secrets = {"HF_TOKEN": "hf_tok_value_1", "VLLM_API_KEY": "key_value_2", "OTHER": "nope"}
     rec = server.start(api, s, secrets, "testbed", {"max_restarts": 3})
-    assert json.loads(api.archives[contract.SECRETS_PATH]) == {"HF_TOKEN": "hf_tok_value_1", "VLLM_API_KEY": "key_value_2"}
+    assert json.loads(api.archives[contract.SECRETS_PATH]) == {
+        "HF_TOKEN": "hf_tok_value_1",
+        "VLLM_API_KEY": "key_value_2",
+    }
     assert api.modes[contract.SECRETS_PATH] == 0o600
     desired = json.loads(api.archives[contract.DESIRED_PATH])
     assert desired["argv"] == s.argv and desired["policy"] == {"max_restarts": 3} and desired["model"] == "m"
     # no secret in the desired state, the record, or any command
-    for text in (api.archives[contract.DESIRED_PATH].decode(), api.archives[server.RECORD_PATH].decode(), repr(api.execs)):
+    for text in (
+        api.archives[contract.DESIRED_PATH].decode(),
+        api.archives[server.RECORD_PATH].decode(),
+        repr(api.execs),
+    ):
         assert not any(v in text for v in secrets.values())
     assert (rec.pid, rec.profile, rec.model, rec.port, rec.container) == (4242, "testbed", "m", 8000, s.container)
     assert rec.generation == desired["generation"] and rec.started_with({k: secrets[k] for k in s.secret_names})

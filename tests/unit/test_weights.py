@@ -57,12 +57,15 @@ def test_resolve_gives_commit_sizes_and_hashes(hub, model):
     assert resolve(ep, TINY, m.commit).commit == m.commit
 
 
-@pytest.mark.parametrize("repo,rev,token,words", [
-    ("nobody/none", "main", "", "does not exist"),
-    (TINY, "v9", "", "revision 'v9' does not exist"),
-    (GATED, "main", "", "no HF token"),
-    (GATED, "main", REFUSED_TOKEN, "has no access"),
-])
+@pytest.mark.parametrize(
+    "repo,rev,token,words",
+    [
+        ("nobody/none", "main", "", "does not exist"),
+        (TINY, "v9", "", "revision 'v9' does not exist"),
+        (GATED, "main", "", "no HF token"),
+        (GATED, "main", REFUSED_TOKEN, "has no access"),
+    ],
+)
 def test_resolve_errors_are_one_line_with_a_fix(hub, repo, rev, token, words):
     _, ep = hub
     with pytest.raises(InputError) as e:
@@ -163,8 +166,11 @@ def test_replication_over_loopback_sends_only_the_missing_files(hub, model, tmp_
     check(head, m)
     _place(worker, m, model, skip="model.safetensors")
     need = check(worker, m)["missing"]
-    recv = subprocess.Popen(["bash", "-c", w.receive_command(str(worker), TINY, "127.0.0.1", "127.0.0.1")],
-                            stderr=subprocess.PIPE, text=True)
+    recv = subprocess.Popen(
+        ["bash", "-c", w.receive_command(str(worker), TINY, "127.0.0.1", "127.0.0.1")],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     port = int(recv.stderr.readline().split()[1])
     snd = sh(w.send_command(str(head), TINY, need, "127.0.0.1", port, "127.0.0.1"))
     assert snd.returncode == 0, snd.stderr
@@ -225,8 +231,15 @@ def test_hostile_values_stay_quoted_in_commands():
         w.rm_command("/c", TINY, "main; rm -rf /")
 
 
-@pytest.mark.parametrize("path,blob,size", [("../../etc/cron.d/x", "a" * 64, 1), ("ok.json", "$(id)", 1),
-                                            ("ok.json", "a" * 40, -1), ("ok.json", "a" * 40, None)])
+@pytest.mark.parametrize(
+    "path,blob,size",
+    [
+        ("../../etc/cron.d/x", "a" * 64, 1),
+        ("ok.json", "$(id)", 1),
+        ("ok.json", "a" * 40, -1),
+        ("ok.json", "a" * 40, None),
+    ],
+)
 def test_a_hostile_listing_from_the_hub_is_refused(path, blob, size):
     out = json.dumps({"sha": "c" * 40, "files": [{"path": path, "size": size, "blob": blob, "lfs": False}]})
     with pytest.raises(InputError):
@@ -236,5 +249,6 @@ def test_a_hostile_listing_from_the_hub_is_refused(path, blob, size):
 def test_a_5xx_or_unreachable_hub_is_hub_unavailable():
     for got in ({"error": "", "status": 503, "message": "down"}, {"error": "Unreachable", "status": 0, "message": "x"}):
         assert isinstance(w.resolve_error(got, TINY, "main", "http://hub"), w.HubUnavailable)
-    assert not isinstance(w.resolve_error({"error": "RepoNotFound", "status": 404}, TINY, "main", "http://hub"),
-                          w.HubUnavailable)
+    assert not isinstance(
+        w.resolve_error({"error": "RepoNotFound", "status": 404}, TINY, "main", "http://hub"), w.HubUnavailable
+    )

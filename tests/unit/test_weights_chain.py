@@ -24,8 +24,9 @@ class FakeStaging:
         self.repo, self.caches, self.moved = REPO, caches, {}
         self.cache = str(caches["head"])
         self.progress = SimpleNamespace(bytes=lambda *a: None)
-        self.state = {n: {"missing": list(b), "missing_bytes": sum(len(FILES[x]) for x in b)}
-                      for n, b in lacking.items()}
+        self.state = {
+            n: {"missing": list(b), "missing_bytes": sum(len(FILES[x]) for x in b)} for n, b in lacking.items()
+        }
         self.single: list[str] = []
 
     def check(self, node: str) -> dict:

@@ -57,8 +57,13 @@ class LocalHost:
     def run(self, cmd, timeout=30.0, stdin=None, warn=False):
         c = self._local(cmd)
         # HOME as the SSH user's on a Spark: `weights status|rm` learn it there (the cache's `~`)
-        r = subprocess.run(["bash", "-c", c], input=stdin, capture_output=True, timeout=timeout,
-                           env={**os.environ, "HOME": "/home/spark"})
+        r = subprocess.run(
+            ["bash", "-c", c],
+            input=stdin,
+            capture_output=True,
+            timeout=timeout,
+            env={**os.environ, "HOME": "/home/spark"},
+        )
         res = CommandResult(self.name, c, r.returncode, r.stdout.decode(), r.stderr.decode(), 0.0)
         assert warn or res.ok, res.stderr
         return res
@@ -105,12 +110,18 @@ def download_here(hf_home: Path, endpoint: str, m: w.Manifest, only=()) -> subpr
     """The download program as the head's container runs it (here: with this venv's huggingface_hub)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_HOME=str(hf_home), HF_ENDPOINT=endpoint)
-    return subprocess.run([sys.executable, "-c", w.DOWNLOAD, m.repo, m.commit, w.repo_folder(m.repo), *only],
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", w.DOWNLOAD, m.repo, m.commit, w.repo_folder(m.repo), *only],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def staging(tmp_path, ep, repo=TINY, secrets=None):
     from sparkcluster.remote.fanout import Cluster
+
     inv = loopback_inventory(ep)
     hosts = {n.name: LocalHost(n.name, tmp_path / n.name) for n in inv.nodes}
     return stage.Staging(Cluster(inv, hosts), inv, "img", repo, "main", secrets or {}, Bars()), hosts
@@ -121,9 +132,16 @@ def test_dry_run_shows_the_stage_and_never_the_token():
     facts = {n.name: HostFacts(n.name, hostname=n.name) for n in inv.nodes}
     plan = make_plan(inv, prof, facts, serving=False, replace=False, secret_names=["HF_TOKEN"])
     ids = [s.id for s in plan.steps() if s.stage == "weights"]
-    assert ids == ["weights/spark-head/resolve", "weights/spark-head/check", "weights/spark-worker/check",
-                   "weights/spark-head/disk", "weights/spark-head/hf-token", "weights/spark-head/download",
-                   "weights/spark-worker/replicate", "weights/spark-head/shape"]
+    assert ids == [
+        "weights/spark-head/resolve",
+        "weights/spark-head/check",
+        "weights/spark-worker/check",
+        "weights/spark-head/disk",
+        "weights/spark-head/hf-token",
+        "weights/spark-head/download",
+        "weights/spark-worker/replicate",
+        "weights/spark-head/shape",
+    ]
     text = plan.render()
     assert "https://huggingface.co/api/models/sparkcluster/testbed-tiny/revision/main" in text
     assert "hf_" not in plan.as_json().replace("hf_cache", "").replace("hf-token", "")

@@ -12,6 +12,14 @@ from types import ModuleType
 from sparkcluster.up.stages import collective, containers, gate, image, probe, ray, replace, serve, weights
 
 # stage name -> its module, in the order the stages run
-STAGES: dict[str, ModuleType] = {"preflight": gate, "replace": replace, "image": image, "weights": weights,
-                                 "containers": containers, "ray": ray, "fabric": collective, "probe": probe,
-                                 "serve": serve}
+STAGES: dict[str, ModuleType] = {
+    "preflight": gate,
+    "replace": replace,
+    "image": image,
+    "weights": weights,
+    "containers": containers,
+    "ray": ray,
+    "fabric": collective,
+    "probe": probe,
+    "serve": serve,
+}

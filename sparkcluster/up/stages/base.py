@@ -46,7 +46,8 @@ class Step:
         return {"id": self.id, "stage": self.stage, "host": self.host, "description": self.description}
 
 
-def fail(stage: str, host: str, step: str, reason: str, command: str | None = None, tail: str = "",
-         fix: str | None = None) -> StageError:
+def fail(
+    stage: str, host: str, step: str, reason: str, command: str | None = None, tail: str = "", fix: str | None = None
+) -> StageError:
     """A stage failure naming the host, the step, the command and its last lines."""
     return StageError(stage, [StepFailure(host, step, reason, command, tail, fix)], fix)

@@ -22,12 +22,18 @@ def steps(plan: "Plan") -> list[Step]:
     if not plan.containers or len(inv.nodes) < 2 or not plan.profile.fabric_test:
         return []
     f = inv.fabric
-    return [Step(STAGE, inv.head.name, "test",
-                 f"measure the fabric between {len(inv.nodes)} nodes",
-                 f"all_gather, all_reduce up to {f.max_bytes >> 20} MiB and each direction, one rank per GPU in the "
-                 f"new containers (rendezvous {inv.head.control_ip}:{f.port}, within {f.timeout_s:g}s); a FAIL stops "
-                 "before vllm serve",
-                 run=run_test)]
+    return [
+        Step(
+            STAGE,
+            inv.head.name,
+            "test",
+            f"measure the fabric between {len(inv.nodes)} nodes",
+            f"all_gather, all_reduce up to {f.max_bytes >> 20} MiB and each direction, one rank per GPU in the "
+            f"new containers (rendezvous {inv.head.control_ip}:{f.port}, within {f.timeout_s:g}s); a FAIL stops "
+            "before vllm serve",
+            run=run_test,
+        )
+    ]
 
 
 def summary(done: list[tuple[Step, object]]) -> str:
@@ -41,7 +47,9 @@ def run_test(r: "Run") -> list:
     results = measure.run(r.cluster, r.inv, r.plan.profile, r.plan.image, r.plan.facts)
     bad = [x for x in results if x.status == "fail"]
     if bad:
-        raise StageError(STAGE, [StepFailure(x.node, "measure the fabric", f"{x.id}: {x.detail}", None, "", x.fix)
-                                 for x in bad],
-                         None)
+        raise StageError(
+            STAGE,
+            [StepFailure(x.node, "measure the fabric", f"{x.id}: {x.detail}", None, "", x.fix) for x in bad],
+            None,
+        )
     return results

@@ -30,9 +30,26 @@ def drop_caches_command(image: str) -> str:
     every node by this stage), root inside, writes the host's drop_caches bind-mounted into it
     (Docker mounts /proc/sys read-only in containers); `sync` is global. Where a security module
     refuses that write, the same as a privileged container, which Docker grants any member of docker."""
+
     def run(*extra: str) -> str:
-        return shlex.join(["docker", "run", "--rm", *extra, "--network", "none", "-v", "/proc/sys/vm/drop_caches:/run/drop_caches",
-                           "--entrypoint", "sh", image, "-c", "sync && echo 3 > /run/drop_caches"])
+        return shlex.join(
+            [
+                "docker",
+                "run",
+                "--rm",
+                *extra,
+                "--network",
+                "none",
+                "-v",
+                "/proc/sys/vm/drop_caches:/run/drop_caches",
+                "--entrypoint",
+                "sh",
+                image,
+                "-c",
+                "sync && echo 3 > /run/drop_caches",
+            ]
+        )
+
     return f"{run()} || {run('--privileged')}"
 
 
@@ -56,28 +73,57 @@ def steps(plan: "Plan") -> list[Step]:
             if name not in plan.remove.get(node, []):
                 continue
             is_head = c.get("Config", {}).get("Labels", {}).get(ROLE_LABEL) == "head"
-            how = ("stop vllm serve by its PID (TERM, then KILL after 30s), then " if is_head else "")
-            out.append(Step(STAGE, node, f"remove-{name}", f"remove {name}",
-                            f"{how}Engine API: docker rm -f {c.get('Id', name)[:12]} (this container only, by ID)",
-                            run=lambda r, node=node, cid=c.get("Id", name), h=is_head: remove(r, node, cid, h),
-                            parallel="" if is_head else "remove-workers"))
+            how = "stop vllm serve by its PID (TERM, then KILL after 30s), then " if is_head else ""
+            out.append(
+                Step(
+                    STAGE,
+                    node,
+                    f"remove-{name}",
+                    f"remove {name}",
+                    f"{how}Engine API: docker rm -f {c.get('Id', name)[:12]} (this container only, by ID)",
+                    run=lambda r, node=node, cid=c.get("Id", name), h=is_head: remove(r, node, cid, h),
+                    parallel="" if is_head else "remove-workers",
+                )
+            )
     if plan.containers and plan.profile.drop_page_cache:
         for n in inv.nodes:
-            out.append(Step(STAGE, n.name, "drop-page-cache", "drop the page cache", drop_caches_command(plan.image),
-                            run=lambda r, n=n.name: drop_page_cache(r, n),
-                            parallel="drop-page-cache"))
+            out.append(
+                Step(
+                    STAGE,
+                    n.name,
+                    "drop-page-cache",
+                    "drop the page cache",
+                    drop_caches_command(plan.image),
+                    run=lambda r, n=n.name: drop_page_cache(r, n),
+                    parallel="drop-page-cache",
+                )
+            )
     for spec in plan.containers:
         files = ", ".join(spec.files) or "none"
-        out.append(Step(STAGE, spec.node, "create", f"create {spec.name}",
-                        f"Engine API create+start (files: {files}): {spec.docker_run_equivalent()}",
-                        run=lambda r, spec=spec: create(r, spec),
-                        parallel="" if spec.role == "head" else "create-workers"))
+        out.append(
+            Step(
+                STAGE,
+                spec.node,
+                "create",
+                f"create {spec.name}",
+                f"Engine API create+start (files: {files}): {spec.docker_run_equivalent()}",
+                run=lambda r, spec=spec: create(r, spec),
+                parallel="" if spec.role == "head" else "create-workers",
+            )
+        )
         if spec.role == "head" and spec.command:
-            out.append(Step(STAGE, spec.node, "ray-head", "wait for the Ray head",
-                            f"`ray start --head` says its runtime started (or Ray's state API answers) on {spec.node} "
-                            f"within {ray.RAY_HEAD_TIMEOUT_S:g}s, "
-                            f"while {spec.name} keeps running",
-                            run=lambda r, spec=spec: ray.wait_head(r, spec)))
+            out.append(
+                Step(
+                    STAGE,
+                    spec.node,
+                    "ray-head",
+                    "wait for the Ray head",
+                    f"`ray start --head` says its runtime started (or Ray's state API answers) on {spec.node} "
+                    f"within {ray.RAY_HEAD_TIMEOUT_S:g}s, "
+                    f"while {spec.name} keeps running",
+                    run=lambda r, spec=spec: ray.wait_head(r, spec),
+                )
+            )
     return out
 
 
@@ -98,12 +144,20 @@ def drop_page_cache(r: "Run", node: str) -> None:
     res = r.cluster.hosts[node].run(drop_caches_command(r.plan.image), timeout=120, warn=True)
     if not res.ok:
         lines = [ln.strip() for ln in (res.stderr or res.stdout).splitlines() if ln.strip()]
-        why = next((ln for ln in lines if "rror" in ln or "denied" in ln or "not permitted" in ln), lines[-1] if lines else "")
-        raise fail(STAGE, node, "drop the page cache",
-                   f"could not drop the page cache through Docker (a container of {r.plan.image}): "
-                   f"{why or f'exit {res.exit_code}'}", res.command, res.tail(),
-                   "set drop_page_cache = false in the profile (drop it yourself first if you like: "
-                   f"`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches` on {node}), then sparkcluster up")
+        why = next(
+            (ln for ln in lines if "rror" in ln or "denied" in ln or "not permitted" in ln), lines[-1] if lines else ""
+        )
+        raise fail(
+            STAGE,
+            node,
+            "drop the page cache",
+            f"could not drop the page cache through Docker (a container of {r.plan.image}): "
+            f"{why or f'exit {res.exit_code}'}",
+            res.command,
+            res.tail(),
+            "set drop_page_cache = false in the profile (drop it yourself first if you like: "
+            f"`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches` on {node}), then sparkcluster up",
+        )
 
 
 def create(r: "Run", spec: ContainerSpec) -> str:
@@ -111,6 +165,9 @@ def create(r: "Run", spec: ContainerSpec) -> str:
     created = r.find(Created) or r.put(Created())
     try:
         cid = create_and_start(host.docker().api, spec, lambda cid: created.add(host.name, cid))
-    except (docker.errors.APIError, EngineUnreachable) as e:  # the engine refused or did not answer: name the node and the call
+    except (
+        docker.errors.APIError,
+        EngineUnreachable,
+    ) as e:  # the engine refused or did not answer: name the node and the call
         raise fail(STAGE, host.name, f"create {spec.name}", str(e), spec.docker_run_equivalent()) from None
     return cid

@@ -22,8 +22,10 @@ REPAIRED_BY_UP = {"image.same", "image.ray", "containers.forwarded_env", "contai
 
 
 def steps(inv: "Inventory") -> list[Step]:
-    return [Step(STAGE, n.name, "facts", "facts and checks", "one read-only probe script, then path-MTU pings")
-            for n in inv.nodes]
+    return [
+        Step(STAGE, n.name, "facts", "facts and checks", "one read-only probe script, then path-MTU pings")
+        for n in inv.nodes
+    ]
 
 
 def check(cluster: "Cluster", inv: "Inventory", prof: "Profile") -> preflight.PreflightReport:

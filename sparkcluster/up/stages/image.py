@@ -37,27 +37,53 @@ def steps(plan: "Plan") -> list[Step]:
     out = []
     if plan.build is not None:
         args = " ".join(f"--build-arg {k}={v}" for k, v in plan.build.items())
-        out.append(Step(STAGE, head, "build", "build the cluster image",
-                        f"Engine API build: docker build --network host {args} -t {plan.image} -f {DOCKERFILE.name} .",
-                        run=build))
+        out.append(
+            Step(
+                STAGE,
+                head,
+                "build",
+                "build the cluster image",
+                f"Engine API build: docker build --network host {args} -t {plan.image} -f {DOCKERFILE.name} .",
+                run=build,
+            )
+        )
     if len(plan.send_to) > 1:  # one docker save feeds a chain through the workers (issue 27)
         from sparkcluster.up.stages import image_chain
+
         out += image_chain.steps(plan)
     for w in plan.send_to if len(plan.send_to) == 1 else ():
         node = inv.node(w)
         # after a build the head's new ID is known only at run time: the worker may already hold it
         when = "the head's image ID, read after the build, differs from this node's" if plan.build is not None else ""
-        out.append(Step(STAGE, w, "receive", "receive the image from the head",
-                        transfer.describe(plan.image, head, str(inv.head.control_ip), w, str(node.control_ip))
-                        + "; " + planned_layers(plan, w),
-                        run=lambda r, w=w: send(r, w), when=when,
-                        skip=(lambda r, w=w: _same_image(r, w)) if when else None))
+        out.append(
+            Step(
+                STAGE,
+                w,
+                "receive",
+                "receive the image from the head",
+                transfer.describe(plan.image, head, str(inv.head.control_ip), w, str(node.control_ip))
+                + "; "
+                + planned_layers(plan, w),
+                run=lambda r, w=w: send(r, w),
+                when=when,
+                skip=(lambda r, w=w: _same_image(r, w)) if when else None,
+            )
+        )
     for n in inv.nodes:
         if plan.profile.executor == "mp":  # no Ray in the image to check (issue 28)
             break
         if n.name in plan.send_to or plan.build is not None or not plan.facts[n.name].image_ray:
-            out.append(Step(STAGE, n.name, "ray-version", "check ray in the image", ray_version_command(plan.image),
-                            run=lambda r, n=n.name: ray_in_image(r, n), parallel="ray-version"))
+            out.append(
+                Step(
+                    STAGE,
+                    n.name,
+                    "ray-version",
+                    "check ray in the image",
+                    ray_version_command(plan.image),
+                    run=lambda r, n=n.name: ray_in_image(r, n),
+                    parallel="ray-version",
+                )
+            )
     return out
 
 
@@ -75,9 +101,11 @@ def planned_layers(plan: "Plan", worker: str) -> str:
     if hf.base is not None:
         # the build's own layers are known only after it; the base's are known now
         d = layers.delta(hf.base, f.layer_chains, _elides(f))
-        return (f"the layers the build adds, plus {d.moving} of the base's {d.total} layers "
-                f"({layers.mb(d.move_bytes)}) to {worker}"
-                + ("" if d.elide else ": its image store cannot skip layers it holds"))
+        return (
+            f"the layers the build adds, plus {d.moving} of the base's {d.total} layers "
+            f"({layers.mb(d.move_bytes)}) to {worker}"
+            + ("" if d.elide else ": its image store cannot skip layers it holds")
+        )
     return f"the whole image to {worker} (the head's layers are known only after the build)"
 
 
@@ -118,16 +146,31 @@ def build(r: "Run") -> str:
     ctx.seek(0)
     tail: list[str] = []
     try:
-        for chunk in api.build(fileobj=ctx, custom_context=True, tag=plan.image, buildargs=plan.build,
-                               network_mode="host", rm=True, forcerm=True, decode=True, pull=False):
+        for chunk in api.build(
+            fileobj=ctx,
+            custom_context=True,
+            tag=plan.image,
+            buildargs=plan.build,
+            network_mode="host",
+            rm=True,
+            forcerm=True,
+            decode=True,
+            pull=False,
+        ):
             if "stream" in chunk:
                 tail.extend(x for x in chunk["stream"].splitlines() if x.strip())
                 tail = tail[-20:]
             if "error" in chunk:
-                raise fail(STAGE, head.name, "docker build", chunk["error"].strip(),
-                           f"docker build -t {plan.image} images/", "\n".join(tail),
-                           "read the build output above; the base image must exist on the head "
-                           f"(docker pull {plan.profile.image.ref})")
+                raise fail(
+                    STAGE,
+                    head.name,
+                    "docker build",
+                    chunk["error"].strip(),
+                    f"docker build -t {plan.image} images/",
+                    "\n".join(tail),
+                    "read the build output above; the base image must exist on the head "
+                    f"(docker pull {plan.profile.image.ref})",
+                )
     except StageError:
         raise
     except (docker.errors.DockerException, EngineUnreachable, *dockerapi.UNREACHABLE) as e:
@@ -140,8 +183,15 @@ def ray_in_image(r: "Run", node: str) -> str:
     cmd = ray_version_command(r.plan.image)
     res = r.cluster.hosts[node].run(cmd, timeout=120, warn=True)
     if not res.ok:
-        raise fail(STAGE, node, "ray in the image", "`ray --version` failed in the image", cmd, res.tail(),
-                   "the image must be built from images/Dockerfile.vllm-ray (NGC 26.05 has no Ray)")
+        raise fail(
+            STAGE,
+            node,
+            "ray in the image",
+            "`ray --version` failed in the image",
+            cmd,
+            res.tail(),
+            "the image must be built from images/Dockerfile.vllm-ray (NGC 26.05 has no Ray)",
+        )
     return res.stdout.strip()
 
 
@@ -201,14 +251,21 @@ def check_disk(r: "Run", worker_name: str, d: layers.Delta, size: int, image_lay
     else:
         need = _disk_needed(r, head, worker, size, image_layers) if free is not None and size else None
     if free is not None and need and free < need * 1.05:
-        raise fail(STAGE, worker.name, "receive the image",
-                   f"not enough disk: {free / 2**30:.1f} GiB free in "
-                   f"{wf.docker.root_dir if wf.docker else 'the docker root'}; docker load needs "
-                   f"{need / 2**30:.1f} GiB (it unpacks "
-                   + (f"the {(d.move_bytes or 0) / 2**30:.1f} GiB of layers it lacks before storing them)" if elided_need
-                      else f"the whole {size / 2**30:.1f} GiB image before storing the layers the node lacks)"),
-                   fix=f"free {(need * 1.05 - free) / 2**30:.1f} GiB more on {worker.name} (`docker image prune -a` "
-                       "removes the images no container uses), then sparkcluster up")
+        raise fail(
+            STAGE,
+            worker.name,
+            "receive the image",
+            f"not enough disk: {free / 2**30:.1f} GiB free in "
+            f"{wf.docker.root_dir if wf.docker else 'the docker root'}; docker load needs "
+            f"{need / 2**30:.1f} GiB (it unpacks "
+            + (
+                f"the {(d.move_bytes or 0) / 2**30:.1f} GiB of layers it lacks before storing them)"
+                if elided_need
+                else f"the whole {size / 2**30:.1f} GiB image before storing the layers the node lacks)"
+            ),
+            fix=f"free {(need * 1.05 - free) / 2**30:.1f} GiB more on {worker.name} (`docker image prune -a` "
+            "removes the images no container uses), then sparkcluster up",
+        )
 
 
 def send(r: "Run", worker_name: str) -> str:
@@ -231,28 +288,49 @@ def send(r: "Run", worker_name: str) -> str:
         sent, secs = _stream(r, worker, d, size)
     got = image_id(worker, r.plan.image)
     if got != head_id:
-        raise fail(STAGE, worker.name, "verify the image",
-                   f"image ID after the transfer is {got} on {worker.name}, {head_id} on {head.name}")
+        raise fail(
+            STAGE,
+            worker.name,
+            "verify the image",
+            f"image ID after the transfer is {got} on {worker.name}, {head_id} on {head.name}",
+        )
     # the bar's own rate needs samples over time; a fast link sends in one burst after docker save
     # has prepared the stream, so the whole transfer's rate is stated here
-    what = (layers.describe(d, worker.name).replace(f" to {worker.name}", "") if d.elide
-            else f"the whole image: {worker.name}'s containerd image store cannot skip layers it holds")
-    return f"sent to {worker.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, {sent / 1e6 / max(secs, 1e-3):.1f} MB/s ({what})"
+    what = (
+        layers.describe(d, worker.name).replace(f" to {worker.name}", "")
+        if d.elide
+        else f"the whole image: {worker.name}'s containerd image store cannot skip layers it holds"
+    )
+    return (
+        f"sent to {worker.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, {sent / 1e6 / max(secs, 1e-3):.1f} MB/s ({what})"
+    )
 
 
 def _stream(r: "Run", worker, d: layers.Delta, expect: int) -> tuple[int, float]:
     """One head-to-worker stream; returns (bytes sent, seconds)."""
     head, wf = r.cluster.head, r.facts[worker.name]
     wnode, hnode = r.inv.node(worker.name), r.inv.head
-    recv = worker.start(transfer.bash(transfer.receive_command(str(wnode.control_ip), str(hnode.control_ip))), timeout=3600)
+    recv = worker.start(
+        transfer.bash(transfer.receive_command(str(wnode.control_ip), str(hnode.control_ip))), timeout=3600
+    )
     port = transfer.announced_port(recv)
     if port is None:
         res = recv.wait()
-        raise fail(STAGE, worker.name, "start the receiver", "the receiver did not start",
-                   "python3 receiver (runs docker load)", res.tail())
+        raise fail(
+            STAGE,
+            worker.name,
+            "start the receiver",
+            "the receiver did not start",
+            "python3 receiver (runs docker load)",
+            res.tail(),
+        )
     t0 = time.monotonic()
-    snd = head.start(transfer.bash(transfer.send_command(r.plan.image, str(wnode.control_ip), port,
-                                                         str(hnode.control_ip), d.skip, d.keep)), timeout=3600)
+    snd = head.start(
+        transfer.bash(
+            transfer.send_command(r.plan.image, str(wnode.control_ip), port, str(hnode.control_ip), d.skip, d.keep)
+        ),
+        timeout=3600,
+    )
     sent = transfer.follow_sender(snd, lambda n: r.progress.bytes(worker.name, n, max(expect, n)))
     sres, rres = snd.wait(), recv.wait()
     if not rres.ok or not sres.ok:
@@ -265,7 +343,13 @@ def _stream(r: "Run", worker, d: layers.Delta, expect: int) -> tuple[int, float]
         df = worker.run(f"df -Pk {shlex.quote(root)} | tail -1", timeout=20, warn=True)
         if df.ok and len(df.stdout.split()) > 3 and df.stdout.split()[3].isdigit():
             extra += f"; {int(df.stdout.split()[3]) // 1024} MiB free in {root} on {worker.name}"
-        raise fail(STAGE, bad.name, "send the image", f"transfer failed (exit {res.exit_code}){extra}",
-                   res.command[:160], res.tail(),
-                   f"check free disk and the link between {head.name} and {worker.name}, then sparkcluster up")
+        raise fail(
+            STAGE,
+            bad.name,
+            "send the image",
+            f"transfer failed (exit {res.exit_code}){extra}",
+            res.command[:160],
+            res.tail(),
+            f"check free disk and the link between {head.name} and {worker.name}, then sparkcluster up",
+        )
     return sent, time.monotonic() - t0

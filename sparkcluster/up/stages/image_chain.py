@@ -36,13 +36,25 @@ def steps(plan: "Plan") -> list[Step]:
     when = "the head's image ID, read after the build, differs from this node's" if plan.build is not None else ""
     out = []
     for i, h in enumerate(hops):
-        first = (f"{head}: one docker save {plan.image} for the {len(hops)} workers, leaving out the layers every one "
-                 f"of them holds ({planned_layers(plan, [x.dst for x in hops])}); " if i == 0 else "")
-        out.append(Step(STAGE, h.dst, "receive", f"receive the image from {h.src} along the chain",
-                        first + chain.describe(hops, i) + f"; {h.dst}: docker load (one connection, {h.src}'s "
-                        "address only; image ID verified after)",
-                        run=lambda r, w=h.dst: receive(r, w), when=when,
-                        skip=(lambda r, w=h.dst: img._same_image(r, w)) if when else None))
+        first = (
+            f"{head}: one docker save {plan.image} for the {len(hops)} workers, leaving out the layers every one "
+            f"of them holds ({planned_layers(plan, [x.dst for x in hops])}); "
+            if i == 0
+            else ""
+        )
+        out.append(
+            Step(
+                STAGE,
+                h.dst,
+                "receive",
+                f"receive the image from {h.src} along the chain",
+                first + chain.describe(hops, i) + f"; {h.dst}: docker load (one connection, {h.src}'s "
+                "address only; image ID verified after)",
+                run=lambda r, w=h.dst: receive(r, w),
+                when=when,
+                skip=(lambda r, w=h.dst: img._same_image(r, w)) if when else None,
+            )
+        )
     return out
 
 
@@ -73,8 +85,12 @@ def receive(r: "Run", worker: str) -> str:
     got = img.image_id(r.cluster.hosts[worker], r.plan.image)
     head_id = img.head_image(r)["Id"]
     if got != head_id:
-        raise fail(STAGE, worker, "verify the image",
-                   f"image ID after the transfer is {got} on {worker}, {head_id} on {r.inv.head.name}")
+        raise fail(
+            STAGE,
+            worker,
+            "verify the image",
+            f"image ID after the transfer is {got} on {worker}, {head_id} on {r.inv.head.name}",
+        )
     return note
 
 
@@ -100,11 +116,13 @@ def distribute(r: "Run") -> dict[str, str]:
         _log.warning("a worker lacks a layer it held at preflight; sending the whole image along the chain")
         d = layers.Delta(d.total, 0, None, d.elide)
         sent, secs = _stream(r, hops, d, size)
-    what = (layers.describe(d, "each").replace(" to each", "") if d.elide
-            else "the whole image: a containerd image store in the chain cannot skip layers it holds")
+    what = (
+        layers.describe(d, "each").replace(" to each", "")
+        if d.elide
+        else "the whole image: a containerd image store in the chain cannot skip layers it holds"
+    )
     rate = f"{sent / 1e6:.1f} MB in {secs:.1f}s, {sent / 1e6 / max(secs, 1e-3):.1f} MB/s"
-    return {h.dst: f"received from {h.src} along the chain ({h.src_ip} -> {h.dst_ip}): {rate} ({what})"
-            for h in hops}
+    return {h.dst: f"received from {h.src} along the chain ({h.src_ip} -> {h.dst_ip}): {rate} ({what})" for h in hops}
 
 
 def _stream(r: "Run", hops: list[chain.Hop], d: layers.Delta, expect: int) -> tuple[int, float]:
@@ -123,16 +141,30 @@ def _stream(r: "Run", hops: list[chain.Hop], d: layers.Delta, expect: int) -> tu
             res = recv.wait()
             _close(procs, h.dst)
             if res.exit_code == transfer.RELAY_FAILED and nxt:
-                raise fail(STAGE, h.dst, "start the relay", f"{h.dst} cannot reach {nxt.dst} at {nxt.dst_ip}:{port} "
-                           f"from {nxt.src_ip}", "python3 receiver (runs docker load, relays)", res.tail(),
-                           f"check the link between {h.dst} and {nxt.dst} ({nxt.via}), then sparkcluster up")
-            raise fail(STAGE, h.dst, "start the receiver", "the receiver did not start",
-                       "python3 receiver (runs docker load)", res.tail())
+                raise fail(
+                    STAGE,
+                    h.dst,
+                    "start the relay",
+                    f"{h.dst} cannot reach {nxt.dst} at {nxt.dst_ip}:{port} from {nxt.src_ip}",
+                    "python3 receiver (runs docker load, relays)",
+                    res.tail(),
+                    f"check the link between {h.dst} and {nxt.dst} ({nxt.via}), then sparkcluster up",
+                )
+            raise fail(
+                STAGE,
+                h.dst,
+                "start the receiver",
+                "the receiver did not start",
+                "python3 receiver (runs docker load)",
+                res.tail(),
+            )
         port = got
     t0 = time.monotonic()
     first = hops[0]
-    snd = head.start(transfer.bash(transfer.send_command(r.plan.image, first.dst_ip, port, first.src_ip,
-                                                         d.skip, d.keep)), timeout=3600)
+    snd = head.start(
+        transfer.bash(transfer.send_command(r.plan.image, first.dst_ip, port, first.src_ip, d.skip, d.keep)),
+        timeout=3600,
+    )
     sent = transfer.follow_sender(snd, lambda n: r.progress.bytes(first.dst, n, max(expect, n)))
     sres = snd.wait()
     results = {h.dst: procs[h.dst].wait() for h in hops}
@@ -140,17 +172,29 @@ def _stream(r: "Run", hops: list[chain.Hop], d: layers.Delta, expect: int) -> tu
     if bad is None:
         return sent, time.monotonic() - t0
     order = [h.dst for h in hops]
-    after = [w for w in order[order.index(bad) + 1:]] if bad in order else order
+    after = [w for w in order[order.index(bad) + 1 :]] if bad in order else order
     cut = [w for w in after if results[w].exit_code == transfer.STREAM_CUT]
     res = sres if bad == head.name else results[bad]
     up = next((h for h in hops if h.dst == bad), None)
-    how = ("could not forward to the next node: its own copy is whole" if res.exit_code == transfer.RELAY_FAILED
-           else f"transfer failed (exit {res.exit_code})")
-    raise fail(STAGE, bad, "send the image", how + (f"; {', '.join(cut)} got a cut stream and loaded nothing"
-                                                    if cut else ""),
-               res.command[:160], res.tail(),
-               (f"check free disk on {bad} and the link between {up.src} and {bad} ({up.via})" if up
-                else f"check `docker save {r.plan.image}` on {head.name}") + ", then sparkcluster up")
+    how = (
+        "could not forward to the next node: its own copy is whole"
+        if res.exit_code == transfer.RELAY_FAILED
+        else f"transfer failed (exit {res.exit_code})"
+    )
+    raise fail(
+        STAGE,
+        bad,
+        "send the image",
+        how + (f"; {', '.join(cut)} got a cut stream and loaded nothing" if cut else ""),
+        res.command[:160],
+        res.tail(),
+        (
+            f"check free disk on {bad} and the link between {up.src} and {bad} ({up.via})"
+            if up
+            else f"check `docker save {r.plan.image}` on {head.name}"
+        )
+        + ", then sparkcluster up",
+    )
 
 
 def culprit(sender_ok: bool, codes: list[tuple[str, int]], head: str) -> str | None:

@@ -18,9 +18,18 @@ STAGE = "probe"
 
 
 def steps(plan: "Plan") -> list[Step]:
-    return [Step(STAGE, spec.node, "env", "variables in the container", f"docker exec {spec.name} env",
-                 run=lambda r, spec=spec: check_env(r, spec.node, spec.name), parallel="probe")
-            for spec in plan.containers]
+    return [
+        Step(
+            STAGE,
+            spec.node,
+            "env",
+            "variables in the container",
+            f"docker exec {spec.name} env",
+            run=lambda r, spec=spec: check_env(r, spec.node, spec.name),
+            parallel="probe",
+        )
+        for spec in plan.containers
+    ]
 
 
 def summary(done: list[tuple[Step, object]]) -> str:
@@ -39,9 +48,15 @@ def container_env(r: "Run", node: str, container: str) -> dict[str, str]:
             return env
     # `env` always prints PATH and HOSTNAME: an empty answer is output lost on the way (seen on four
     # hosts under load), never a container without its variables
-    raise fail(STAGE, node, "variables in the container", "`docker exec env` exited 0 twice and printed nothing",
-               f"docker exec {container} env", out[-500:], "run sparkcluster up again; if it repeats, check the "
-               "node's Docker engine (`docker exec CONTAINER env` there)")
+    raise fail(
+        STAGE,
+        node,
+        "variables in the container",
+        "`docker exec env` exited 0 twice and printed nothing",
+        f"docker exec {container} env",
+        out[-500:],
+        "run sparkcluster up again; if it repeats, check the node's Docker engine (`docker exec CONTAINER env` there)",
+    )
 
 
 def check_env(r: "Run", node: str, container: str) -> int:
@@ -52,10 +67,23 @@ def check_env(r: "Run", node: str, container: str) -> int:
     per_host = profiles.per_host_env(r.plan.profile, r.inv, node)
     bad_host = [f"{k}={env.get(k, '(unset)')} (want {v})" for k, v in per_host.items() if env.get(k) != v]
     if missing or wrong or bad_host:
-        reason = "; ".join(x for x in (f"missing {', '.join(missing)}" if missing else "",
-                                       f"different {', '.join(wrong)}" if wrong else "",
-                                       ", ".join(bad_host)) if x)
-        raise fail(STAGE, node, "variables in the container", reason, f"docker exec {container} env", "",
-                   "these must be in the container at its start on every node (docker exec -e reaches rank 0 "
-                   "only): sparkcluster down, then sparkcluster up recreates both containers")
+        reason = "; ".join(
+            x
+            for x in (
+                f"missing {', '.join(missing)}" if missing else "",
+                f"different {', '.join(wrong)}" if wrong else "",
+                ", ".join(bad_host),
+            )
+            if x
+        )
+        raise fail(
+            STAGE,
+            node,
+            "variables in the container",
+            reason,
+            f"docker exec {container} env",
+            "",
+            "these must be in the container at its start on every node (docker exec -e reaches rank 0 "
+            "only): sparkcluster down, then sparkcluster up recreates both containers",
+        )
     return len(want) + len(per_host)

@@ -32,9 +32,16 @@ RAY_STARTED_GRACE_S = 15.0
 def steps(plan: "Plan") -> list[Step]:
     if not plan.containers or not plan.containers[0].command:  # none created, or no Ray (one node)
         return []
-    return [Step(STAGE, plan.inventory.head.name, "membership", "wait for Ray membership",
-                 f"every node at its control IP with its GPUs, within {RAY_JOIN_TIMEOUT_S:g}s",
-                 run=wait_membership)]
+    return [
+        Step(
+            STAGE,
+            plan.inventory.head.name,
+            "membership",
+            "wait for Ray membership",
+            f"every node at its control IP with its GPUs, within {RAY_JOIN_TIMEOUT_S:g}s",
+            run=wait_membership,
+        )
+    ]
 
 
 def summary(done: list[tuple[Step, object]]) -> str:
@@ -53,11 +60,19 @@ def container_failed(r: "Run", spec: ContainerSpec) -> StageError | None:
     fix = None
     if "already" in logs and ("6379" in logs or "running" in logs):
         fix = "a stale Ray head holds the GCS port: sparkcluster down --purge-gcs, then sparkcluster up"
-    return fail(STAGE, host.name, f"{spec.role} container {spec.name}",
-                f"the container exited ({info['State'].get('ExitCode')})" if not restarted else
-                f"the container exited and Docker restarted it ({restarted} time(s))", shlex.join(spec.command), logs,
-                fix or f"read the container's last lines above (exit 137: killed, e.g. out of memory on {host.name}); "
-                       "sparkcluster doctor, then sparkcluster up")
+    return fail(
+        STAGE,
+        host.name,
+        f"{spec.role} container {spec.name}",
+        f"the container exited ({info['State'].get('ExitCode')})"
+        if not restarted
+        else f"the container exited and Docker restarted it ({restarted} time(s))",
+        shlex.join(spec.command),
+        logs,
+        fix
+        or f"read the container's last lines above (exit 137: killed, e.g. out of memory on {host.name}); "
+        "sparkcluster doctor, then sparkcluster up",
+    )
 
 
 def membership(r: "Run") -> list[ray_members.RayNode] | None:
@@ -82,8 +97,14 @@ def wait_head(r: "Run", spec: ContainerSpec) -> None:
 
     if retry.poll(answered, timeout=RAY_HEAD_TIMEOUT_S, interval=POLL_S, what="the Ray head") is None:
         logs = r.cluster.head.docker().api.logs(spec.name, tail=15).decode(errors="replace")
-        raise fail(STAGE, r.cluster.head.name, "Ray head", f"Ray did not answer within {RAY_HEAD_TIMEOUT_S:g}s",
-                   shlex.join(spec.command), redact.mask(logs))
+        raise fail(
+            STAGE,
+            r.cluster.head.name,
+            "Ray head",
+            f"Ray did not answer within {RAY_HEAD_TIMEOUT_S:g}s",
+            shlex.join(spec.command),
+            redact.mask(logs),
+        )
 
 
 def wait_membership(r: "Run") -> str:
@@ -104,7 +125,11 @@ def wait_membership(r: "Run") -> str:
 
     got = retry.poll(formed, timeout=RAY_JOIN_TIMEOUT_S, interval=POLL_S, what="Ray membership")
     if got is None:
-        raise fail(STAGE, r.inv.head.name, "wait for Ray membership",
-                   f"not formed within {RAY_JOIN_TIMEOUT_S:g}s: {'; '.join(problems)}",
-                   fix="check the control link between the nodes (sparkcluster doctor), then sparkcluster up")
+        raise fail(
+            STAGE,
+            r.inv.head.name,
+            "wait for Ray membership",
+            f"not formed within {RAY_JOIN_TIMEOUT_S:g}s: {'; '.join(problems)}",
+            fix="check the control link between the nodes (sparkcluster doctor), then sparkcluster up",
+        )
     return got

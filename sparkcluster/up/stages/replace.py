@@ -34,9 +34,16 @@ def steps(plan: "Plan") -> list[Step]:
     for a in plan.away:
         d = a.deployment
         held = "; ".join(f"{n}: {', '.join(cs)}" for n, cs in sorted(d.containers.items())) or "its containers"
-        out.append(Step(STAGE, a.inventory.head.name, f"down-{d.profile}",
-                        f"take down {d.describe()} first (it shares this deployment's nodes)",
-                        f"stop its vllm serve by PID, then remove {held}", run=lambda r, a=a: down(r, a)))
+        out.append(
+            Step(
+                STAGE,
+                a.inventory.head.name,
+                f"down-{d.profile}",
+                f"take down {d.describe()} first (it shares this deployment's nodes)",
+                f"stop its vllm serve by PID, then remove {held}",
+                run=lambda r, a=a: down(r, a),
+            )
+        )
     return out
 
 
@@ -46,8 +53,13 @@ def down(r: "Run", a: Away) -> str:
     errors = [(n, e) for n, o in outcomes.items() for e in o.errors]
     if errors:
         node, why = errors[0]
-        raise fail(STAGE, node, f"take down {a.deployment.describe()}", why,
-                   fix=f"sparkcluster down --profile {a.deployment.profile}, then sparkcluster up again")
+        raise fail(
+            STAGE,
+            node,
+            f"take down {a.deployment.describe()}",
+            why,
+            fix=f"sparkcluster down --profile {a.deployment.profile}, then sparkcluster up again",
+        )
     return a.deployment.describe()
 
 

@@ -35,35 +35,79 @@ def steps(plan: "Plan") -> list[Step]:
         # runtime_env (it shows on their command lines); huggingface_hub reads the token file in
         # the mounted cache instead, as after `huggingface-cli login`
         for n in inv.nodes:
-            out.append(Step(STAGE, n.name, "hf-token", "write the HF token file",
-                            f"{server.token_file_command(inv.hf_cache(n.name))}  (HF_TOKEN=****** on stdin over SSH)",
-                            run=lambda r, n=n.name: write_token(r, n), parallel="hf-token"))
+            out.append(
+                Step(
+                    STAGE,
+                    n.name,
+                    "hf-token",
+                    "write the HF token file",
+                    f"{server.token_file_command(inv.hf_cache(n.name))}  (HF_TOKEN=****** on stdin over SSH)",
+                    run=lambda r, n=n.name: write_token(r, n),
+                    parallel="hf-token",
+                )
+            )
     if sv.plugin and not repos.plugin_file(sv.plugin[0]):
         # a plugin from a hub repository is staged and linked by the weights stage on every node
-        out.append(Step(STAGE, head, "plugin", "stage the reasoning-parser plugin",
-                        f"docker exec --user {inv.owner(head) or 'root'} -e HF_TOKEN=****** {sv.container} " + shlex.join(server.stage_plugin_command(*sv.plugin)),
-                        run=stage_plugin))
+        out.append(
+            Step(
+                STAGE,
+                head,
+                "plugin",
+                "stage the reasoning-parser plugin",
+                f"docker exec --user {inv.owner(head) or 'root'} -e HF_TOKEN=****** {sv.container} "
+                + shlex.join(server.stage_plugin_command(*sv.plugin)),
+                run=stage_plugin,
+            )
+        )
     if plan.old_server is not None and not plan.containers:
         pid = plan.old_server.pid
-        out.append(Step(STAGE, head, "stop-old", f"stop the running vllm serve (pid {pid})",
-                        f"the supervisor is told no server is wanted, then stops pid {pid} (SIGTERM, "
-                        f"SIGKILL after {teardown.STOP_GRACE_S:g}s)",
-                        when=f"pid {pid} still runs as the recorded server",
-                        skip=lambda r: _old_gone(r, pid),
-                        run=lambda r: teardown.stop_server(r.cluster.head, r.plan.serve.container)))
+        out.append(
+            Step(
+                STAGE,
+                head,
+                "stop-old",
+                f"stop the running vllm serve (pid {pid})",
+                f"the supervisor is told no server is wanted, then stops pid {pid} (SIGTERM, "
+                f"SIGKILL after {teardown.STOP_GRACE_S:g}s)",
+                when=f"pid {pid} still runs as the recorded server",
+                skip=lambda r: _old_gone(r, pid),
+                run=lambda r: teardown.stop_server(r.cluster.head, r.plan.serve.container),
+            )
+        )
     out.append(Step(STAGE, head, "start", "start vllm serve", sv.describe(), run=start))
-    out.append(Step(STAGE, head, "ready", "wait until ready",
-                    f"/health is 200 and a one-token chat completion succeeds, within {plan.profile.ready_timeout_s}s; "
-                    "then the supervisor reports it serving",
-                    run=wait_ready))
-    out.append(Step(STAGE, head, "warm-up", "one warm-up request",
-                    "an 8-token chat completion, so the first user request does not pay for JIT compilation",
-                    run=warm_up))
+    out.append(
+        Step(
+            STAGE,
+            head,
+            "ready",
+            "wait until ready",
+            f"/health is 200 and a one-token chat completion succeeds, within {plan.profile.ready_timeout_s}s; "
+            "then the supervisor reports it serving",
+            run=wait_ready,
+        )
+    )
+    out.append(
+        Step(
+            STAGE,
+            head,
+            "warm-up",
+            "one warm-up request",
+            "an 8-token chat completion, so the first user request does not pay for JIT compilation",
+            run=warm_up,
+        )
+    )
     if len(plan.inventory.nodes) > 1:
-        out.append(Step(STAGE, head, "nccl", "the engine's NCCL transport on every rank",
-                        "each container's NCCL init files (NCCL_DEBUG_FILE): TCP sockets where the nodes have RoCE "
-                        "links fails the stage (an engine without NCCL writes none: nothing to judge)",
-                        run=engine_transport))
+        out.append(
+            Step(
+                STAGE,
+                head,
+                "nccl",
+                "the engine's NCCL transport on every rank",
+                "each container's NCCL init files (NCCL_DEBUG_FILE): TCP sockets where the nodes have RoCE "
+                "links fails the stage (an engine without NCCL writes none: nothing to judge)",
+                run=engine_transport,
+            )
+        )
     return out
 
 
@@ -72,7 +116,9 @@ def summary(done: list[tuple[Step, object]]) -> str:
 
 
 def write_token(r: "Run", node: str) -> None:
-    r.cluster.hosts[node].run(server.token_file_command(r.inv.hf_cache(node)), timeout=30, stdin=r.secrets["HF_TOKEN"].encode())
+    r.cluster.hosts[node].run(
+        server.token_file_command(r.inv.hf_cache(node)), timeout=30, stdin=r.secrets["HF_TOKEN"].encode()
+    )
 
 
 def stage_plugin(r: "Run") -> None:
@@ -84,8 +130,14 @@ def stage_plugin(r: "Run") -> None:
     ex = api.exec_create(sv.container, argv, environment=env, user=r.inv.owner(head.name) or "")
     out = api.exec_start(ex["Id"]).decode(errors="replace")
     if api.exec_inspect(ex["Id"]).get("ExitCode", 1) != 0:
-        raise fail(STAGE, head.name, "stage the reasoning-parser plugin", f"fetch of {sv.plugin[0]} failed",
-                   shlex.join(argv), redact.mask(out))
+        raise fail(
+            STAGE,
+            head.name,
+            "stage the reasoning-parser plugin",
+            f"fetch of {sv.plugin[0]} failed",
+            shlex.join(argv),
+            redact.mask(out),
+        )
 
 
 def _old_gone(r: "Run", pid: int) -> str | None:
@@ -96,12 +148,26 @@ def _old_gone(r: "Run", pid: int) -> str | None:
 def start(r: "Run") -> None:
     prof = r.plan.profile
     try:
-        r.put(server.start(r.cluster.head.docker().api, r.plan.serve, r.secrets, prof.name,
-                           bounds.policy(prof.supervisor, prof.ready_timeout_s),
-                           rank_apis={n: r.cluster.hosts[n].docker().api for n, _c, _a in r.plan.serve.ranks}))
+        r.put(
+            server.start(
+                r.cluster.head.docker().api,
+                r.plan.serve,
+                r.secrets,
+                prof.name,
+                bounds.policy(prof.supervisor, prof.ready_timeout_s),
+                rank_apis={n: r.cluster.hosts[n].docker().api for n, _c, _a in r.plan.serve.ranks},
+            )
+        )
     except server.NotReady as e:
-        raise fail(STAGE, r.cluster.head.name, "start vllm serve", e.reason, r.plan.serve.describe(), e.tail,
-                   "sparkcluster events shows the supervisor's journal; sparkcluster down, then sparkcluster up") from None
+        raise fail(
+            STAGE,
+            r.cluster.head.name,
+            "start vllm serve",
+            e.reason,
+            r.plan.serve.describe(),
+            e.tail,
+            "sparkcluster events shows the supervisor's journal; sparkcluster down, then sparkcluster up",
+        ) from None
 
 
 def _base(r: "Run") -> str:
@@ -112,25 +178,48 @@ def wait_ready(r: "Run") -> float:
     sv, head = r.plan.serve, r.cluster.head
     api = head.docker().api
     try:
-        took = server.wait_ready(api, r.get(server.Record), sv, _base(r), r.secrets, r.plan.profile.ready_timeout_s,
-                                 on_wait=lambda why, s: r.progress.info(f"waiting for the server ({s:.0f}s): {why}"))
+        took = server.wait_ready(
+            api,
+            r.get(server.Record),
+            sv,
+            _base(r),
+            r.secrets,
+            r.plan.profile.ready_timeout_s,
+            on_wait=lambda why, s: r.progress.info(f"waiting for the server ({s:.0f}s): {why}"),
+        )
     except server.NotReady as e:
         reason = weights.offline_miss(e.tail or "", r.plan.profile.model) or e.reason
-        raise fail(STAGE, head.name, "wait until ready", reason, sv.describe(), e.tail,
-                   "read the server's log above (sparkcluster logs spark-head); fix, then sparkcluster up") from None
+        raise fail(
+            STAGE,
+            head.name,
+            "wait until ready",
+            reason,
+            sv.describe(),
+            e.tail,
+            "read the server's log above (sparkcluster logs spark-head); fix, then sparkcluster up",
+        ) from None
+
     # `up` says serving only once the supervisor watches a server it has seen answer: a wedge in the
     # next second is then its to catch (it only judges an engine it has seen ready)
     def watching() -> bool | None:
         st = supervision.state(api, sv.container) or {}
-        return True if st.get("state") == "serving" and st.get("generation") == r.get(server.Record).generation else None
+        return (
+            True if st.get("state") == "serving" and st.get("generation") == r.get(server.Record).generation else None
+        )
 
     bound = SUPERVISOR_CONFIRM_S + r.plan.profile.supervisor.probe_timeout_s
     if retry.poll(watching, timeout=bound, interval=0.25, what="the supervisor") is None:
         st = supervision.state(api, sv.container) or {}
-        raise fail(STAGE, head.name, "wait until ready",
-                   f"the server answers, but the supervisor has not seen it serve within {bound:g}s "
-                   f"(its state: {st.get('state', 'none')})", sv.describe(), server.supervisor_tail(api, sv.container),
-                   "sparkcluster events shows what the supervisor saw; sparkcluster up again")
+        raise fail(
+            STAGE,
+            head.name,
+            "wait until ready",
+            f"the server answers, but the supervisor has not seen it serve within {bound:g}s "
+            f"(its state: {st.get('state', 'none')})",
+            sv.describe(),
+            server.supervisor_tail(api, sv.container),
+            "sparkcluster events shows what the supervisor saw; sparkcluster up again",
+        )
     return took
 
 
@@ -141,6 +230,7 @@ def engine_transport(r: "Run") -> dict[str, str]:
     from sparkcluster.labels import CLUSTER_LABEL
 
     script = engine_nccl.section_script(f"{CLUSTER_LABEL}={r.inv.cluster.name}", 8)
+
     def read(host) -> str:
         got = split_sections(host.run(script, timeout=20, warn=True).stdout).get("nccl")
         return got.out if got is not None and got.rc == 0 else ""
@@ -148,8 +238,11 @@ def engine_transport(r: "Run") -> dict[str, str]:
     texts = r.cluster.each(read, [r.cluster.hosts[n.name] for n in r.inv.nodes]).values_or_raise(STAGE)
     seen, problems = engine_nccl.summaries(r.inv, texts)
     if problems:
-        raise StageError(STAGE, [StepFailure(node, "the engine's NCCL transport", what) for node, what in problems],
-                         "`sparkcluster doctor --fabric` names the cause; fix it, then sparkcluster up")
+        raise StageError(
+            STAGE,
+            [StepFailure(node, "the engine's NCCL transport", what) for node, what in problems],
+            "`sparkcluster doctor --fabric` names the cause; fix it, then sparkcluster up",
+        )
     return seen
 
 

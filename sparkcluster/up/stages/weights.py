@@ -74,8 +74,11 @@ class Staging:
 
     def resolve(self) -> w.Manifest:
         head = self.cluster.head
-        res = head.run(w.resolve_command(endpoint(self.inv), self.repo, self.revision), timeout=60,
-                       stdin=self.secrets.get("HF_TOKEN", "").encode())
+        res = head.run(
+            w.resolve_command(endpoint(self.inv), self.repo, self.revision),
+            timeout=60,
+            stdin=self.secrets.get("HF_TOKEN", "").encode(),
+        )
         try:
             self.manifest = self._only(w.parse_resolve(res.stdout, self.repo, self.revision, endpoint(self.inv)))
         except w.HubUnavailable as e:
@@ -105,19 +108,25 @@ class Staging:
             return m
         lost = [p for p in self.need.files or () if p not in {f.path for f in m.files}]
         if lost:
-            raise InputError(f"{', '.join(lost)} is not in {self.repo}@{self.revision} ({self.role})",
-                             f"check the URL in the profile against {endpoint(self.inv).rstrip('/')}/{self.repo}")
+            raise InputError(
+                f"{', '.join(lost)} is not in {self.repo}@{self.revision} ({self.role})",
+                f"check the URL in the profile against {endpoint(self.inv).rstrip('/')}/{self.repo}",
+            )
         return dataclasses.replace(m, files=tuple(f for f in m.files if self.need.keeps(f.path)))
 
     def check(self, node: str, hash_unverified: bool = True, rehash: bool = False) -> dict:
-        res = self.cluster.hosts[node].run(w.check_command(self.inv.hf_cache(node)), timeout=3600,
-                                           stdin=self.manifest.request(hash_unverified, rehash).encode())
+        res = self.cluster.hosts[node].run(
+            w.check_command(self.inv.hf_cache(node)),
+            timeout=3600,
+            stdin=self.manifest.request(hash_unverified, rehash).encode(),
+        )
         self.state[node] = got = w.parse_json(res.stdout)
         return got
 
     def check_all(self, rehash: bool = False) -> None:
-        run_each([(n.name, n.name) for n in self.inv.nodes],
-                 lambda n: self.check(n, rehash=rehash)).values_or_raise(STAGE)
+        run_each([(n.name, n.name) for n in self.inv.nodes], lambda n: self.check(n, rehash=rehash)).values_or_raise(
+            STAGE
+        )
 
     def disk(self) -> None:
         disk([self])
@@ -128,14 +137,16 @@ class Staging:
 
     def write_token(self) -> None:
         if "HF_TOKEN" in self.secrets:
-            self.cluster.head.run(server.token_file_command(self.cache), timeout=30,
-                                  stdin=self.secrets["HF_TOKEN"].encode())
+            self.cluster.head.run(
+                server.token_file_command(self.cache), timeout=30, stdin=self.secrets["HF_TOKEN"].encode()
+            )
 
     def download(self) -> str:
         head, m = self.cluster.head, self.manifest
         before = self.state[head.name]["present_bytes"]
-        cmd = w.download_command(self.image, self.cache, self.inv.cluster.hf_endpoint, m, self.only,
-                                 user=self.inv.owner(head.name))
+        cmd = w.download_command(
+            self.image, self.cache, self.inv.cluster.hf_endpoint, m, self.only, user=self.inv.owner(head.name)
+        )
         proc = head.start(transfer.bash(cmd), timeout=24 * 3600)
         t0 = time.monotonic()
         try:
@@ -150,15 +161,26 @@ class Staging:
             head.run(w.stop_download_command(), timeout=60, warn=True)
             raise
         if not res.ok:
-            raise fail(STAGE, head.name, "download the weights", f"the download of {self.repo}@{m.commit[:12]} failed "
-                       f"(exit {res.exit_code}); what arrived is kept and the next run resumes it",
-                       w.describe_download(self.image, m, endpoint(self.inv), self.cache), res.tail(),
-                       f"check the head's link to {endpoint(self.inv)}, then sparkcluster up")
+            raise fail(
+                STAGE,
+                head.name,
+                "download the weights",
+                f"the download of {self.repo}@{m.commit[:12]} failed "
+                f"(exit {res.exit_code}); what arrived is kept and the next run resumes it",
+                w.describe_download(self.image, m, endpoint(self.inv), self.cache),
+                res.tail(),
+                f"check the head's link to {endpoint(self.inv)}, then sparkcluster up",
+            )
         after = self.check(head.name)
         if after["missing"]:
-            raise fail(STAGE, head.name, "verify the weights",
-                       f"{len(after['missing'])} file(s) of {self.repo} did not match their hash after the download "
-                       "(removed; the next run fetches them again)", fix="sparkcluster up")
+            raise fail(
+                STAGE,
+                head.name,
+                "verify the weights",
+                f"{len(after['missing'])} file(s) of {self.repo} did not match their hash after the download "
+                "(removed; the next run fetches them again)",
+                fix="sparkcluster up",
+            )
         self.moved[f"hub -> {head.name}"] = after["present_bytes"] - before
         return f"downloaded {(after['present_bytes'] - before) / 1e9:.2f} GB in {time.monotonic() - t0:.1f}s"
 
@@ -166,36 +188,65 @@ class Staging:
         head, worker = self.cluster.head, self.cluster.hosts[worker_name]
         s, hnode, wnode = self.state[worker_name], self.inv.head, self.inv.node(worker_name)
         blobs, total = s["missing"], s["missing_bytes"]
-        recv = worker.start(transfer.bash(w.receive_command(self.inv.hf_cache(worker_name), self.repo, str(wnode.control_ip),
-                                                            str(hnode.control_ip))), timeout=24 * 3600)
+        recv = worker.start(
+            transfer.bash(
+                w.receive_command(
+                    self.inv.hf_cache(worker_name), self.repo, str(wnode.control_ip), str(hnode.control_ip)
+                )
+            ),
+            timeout=24 * 3600,
+        )
         port = transfer.announced_port(recv)
         if port is None:
             res = recv.wait()
-            raise fail(STAGE, worker.name, "start the receiver", "the receiver did not start",
-                       "python3 receiver | tar -x", res.tail())
+            raise fail(
+                STAGE,
+                worker.name,
+                "start the receiver",
+                "the receiver did not start",
+                "python3 receiver | tar -x",
+                res.tail(),
+            )
         t0 = time.monotonic()
-        snd = head.start(transfer.bash(w.send_command(self.cache, self.repo, blobs, str(wnode.control_ip), port,
-                                                      str(hnode.control_ip))), timeout=24 * 3600)
-        sent = transfer.follow_sender(snd, lambda n: self.progress.bytes(f"{head.name} -> {worker.name}",
-                                                                         min(n, total), total))
+        snd = head.start(
+            transfer.bash(
+                w.send_command(self.cache, self.repo, blobs, str(wnode.control_ip), port, str(hnode.control_ip))
+            ),
+            timeout=24 * 3600,
+        )
+        sent = transfer.follow_sender(
+            snd, lambda n: self.progress.bytes(f"{head.name} -> {worker.name}", min(n, total), total)
+        )
         sres, rres = snd.wait(), recv.wait()
         secs = time.monotonic() - t0
         # whatever arrived whole is adopted (it matches its name), the rest is dropped: never served
         after = self.check(worker.name)
         if not rres.ok or not sres.ok:
             bad, res = (worker, rres) if not rres.ok else (head, sres)
-            raise fail(STAGE, bad.name, "replicate the weights",
-                       f"transfer to {worker.name} failed (exit {res.exit_code}); {len(after['missing'])} file(s) "
-                       "still missing there, the next run sends only those", res.command[:160], res.tail(),
-                       f"check free disk on {worker.name} and the link between {head.name} and {worker.name}, "
-                       "then sparkcluster up")
+            raise fail(
+                STAGE,
+                bad.name,
+                "replicate the weights",
+                f"transfer to {worker.name} failed (exit {res.exit_code}); {len(after['missing'])} file(s) "
+                "still missing there, the next run sends only those",
+                res.command[:160],
+                res.tail(),
+                f"check free disk on {worker.name} and the link between {head.name} and {worker.name}, "
+                "then sparkcluster up",
+            )
         if after["missing"]:
-            raise fail(STAGE, worker.name, "verify the weights",
-                       f"{len(after['missing'])} file(s) sent to {worker.name} did not match their hash (removed)",
-                       fix=f"check the link between {head.name} and {worker.name}, then sparkcluster up")
+            raise fail(
+                STAGE,
+                worker.name,
+                "verify the weights",
+                f"{len(after['missing'])} file(s) sent to {worker.name} did not match their hash (removed)",
+                fix=f"check the link between {head.name} and {worker.name}, then sparkcluster up",
+            )
         self.moved[worker.name] = sent
-        return (f"sent to {worker.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, "
-                f"{sent / 1e6 / max(secs, 1e-3):.1f} MB/s, verified")
+        return (
+            f"sent to {worker.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, "
+            f"{sent / 1e6 / max(secs, 1e-3):.1f} MB/s, verified"
+        )
 
 
 def disk(stagings: list[Staging]) -> None:
@@ -205,11 +256,15 @@ def disk(stagings: list[Staging]) -> None:
         s, need = lacking[0].state[n], sum(st.need_bytes(n) for st in lacking) * DISK_MARGIN
         if s["free"] < need:
             what = ", ".join(st.repo for st in lacking)
-            raise fail(STAGE, n, "check free disk",
-                       f"not enough disk for {what}: {w.gib(s['free'])} free in {s['free_path']}, "
-                       f"the missing files need {w.gib(need)}",
-                       fix=f"free {w.gib(need - s['free'])} in {s['free_path']} on {n} (`sparkcluster weights status` "
-                           "lists the cached models; `sparkcluster weights rm` removes one), then sparkcluster up")
+            raise fail(
+                STAGE,
+                n,
+                "check free disk",
+                f"not enough disk for {what}: {w.gib(s['free'])} free in {s['free_path']}, "
+                f"the missing files need {w.gib(need)}",
+                fix=f"free {w.gib(need - s['free'])} in {s['free_path']} on {n} (`sparkcluster weights status` "
+                "lists the cached models; `sparkcluster weights rm` removes one), then sparkcluster up",
+            )
 
 
 def steps(plan: "Plan") -> list[Step]:
@@ -223,54 +278,124 @@ def steps(plan: "Plan") -> list[Step]:
     token = " (HF token on stdin)" if "HF_TOKEN" in plan.secret_names else ""
     out = []
     for k, need in enumerate(want):
-        out.append(Step(STAGE, head, _act("resolve", k, need), f"resolve the {need.describe()} to a commit on the hub",
-                        f"GET {ep}/api/models/{need.repo}/revision/{need.revision} from {head}{token}",
-                        run=lambda r, k=k: _resolve(r, k)))
+        out.append(
+            Step(
+                STAGE,
+                head,
+                _act("resolve", k, need),
+                f"resolve the {need.describe()} to a commit on the hub",
+                f"GET {ep}/api/models/{need.repo}/revision/{need.revision} from {head}{token}",
+                run=lambda r, k=k: _resolve(r, k),
+            )
+        )
     for k, need in enumerate(want):
         for n in inv.nodes:
-            out.append(Step(STAGE, n.name, _act("check", k, need), f"check the HF cache against {need.repo} ({need.role})",
-                            f"in {w.hub_dir(inv.hf_cache(n.name))}: every file's size, the hash of any file not "
-                            "verified before; links the snapshot when complete",
-                            run=lambda r, n=n.name, k=k: stagings(r)[k].check(n), parallel=f"weights-check-{k}"))
+            out.append(
+                Step(
+                    STAGE,
+                    n.name,
+                    _act("check", k, need),
+                    f"check the HF cache against {need.repo} ({need.role})",
+                    f"in {w.hub_dir(inv.hf_cache(n.name))}: every file's size, the hash of any file not "
+                    "verified before; links the snapshot when complete",
+                    run=lambda r, n=n.name, k=k: stagings(r)[k].check(n),
+                    parallel=f"weights-check-{k}",
+                )
+            )
     lacks = "a node lacks files of a snapshot"
-    out.append(Step(STAGE, head, "disk", "check free disk on every node that lacks files",
-                    "the HF cache's filesystem has room for the missing files of every repository", when=lacks,
-                    skip=lambda r: None if any(st.lacking() for st in stagings(r)) else "every node holds every snapshot",
-                    run=lambda r: disk(stagings(r))))
+    out.append(
+        Step(
+            STAGE,
+            head,
+            "disk",
+            "check free disk on every node that lacks files",
+            "the HF cache's filesystem has room for the missing files of every repository",
+            when=lacks,
+            skip=lambda r: None if any(st.lacking() for st in stagings(r)) else "every node holds every snapshot",
+            run=lambda r: disk(stagings(r)),
+        )
+    )
     if "HF_TOKEN" in plan.secret_names:
-        out.append(Step(STAGE, head, "hf-token", "write the HF token file for the download",
-                        f"{server.token_file_command(inv.hf_cache(head))}  (HF_TOKEN=****** on stdin over SSH)",
-                        when="the head lacks files",
-                        skip=lambda r: None if any(not _head_complete(r, k) for k in range(len(stagings(r))))
-                        else "the head holds every snapshot",
-                        run=lambda r: stagings(r)[0].write_token()))
+        out.append(
+            Step(
+                STAGE,
+                head,
+                "hf-token",
+                "write the HF token file for the download",
+                f"{server.token_file_command(inv.hf_cache(head))}  (HF_TOKEN=****** on stdin over SSH)",
+                when="the head lacks files",
+                skip=lambda r: (
+                    None
+                    if any(not _head_complete(r, k) for k in range(len(stagings(r))))
+                    else "the head holds every snapshot"
+                ),
+                run=lambda r: stagings(r)[0].write_token(),
+            )
+        )
     for k, need in enumerate(want):
-        out.append(Step(STAGE, head, _act("download", k, need), f"download {need.repo} ({need.role}) once, into the head's HF cache",
-                        w.describe_download(plan.image, None, ep, inv.hf_cache(head), need.repo, inv.owner(head)),
-                        when="the head lacks files", skip=lambda r, k=k: _head_complete(r, k),
-                        run=lambda r, k=k: stagings(r)[k].download()))
+        out.append(
+            Step(
+                STAGE,
+                head,
+                _act("download", k, need),
+                f"download {need.repo} ({need.role}) once, into the head's HF cache",
+                w.describe_download(plan.image, None, ep, inv.hf_cache(head), need.repo, inv.owner(head)),
+                when="the head lacks files",
+                skip=lambda r, k=k: _head_complete(r, k),
+                run=lambda r, k=k: stagings(r)[k].download(),
+            )
+        )
         for wk in inv.workers:
-            out.append(Step(STAGE, wk.name, _act("replicate", k, need), f"receive the files of {need.repo} it lacks from the head, "
-                            "verify them",
-                            f"{head}: tar of the missing blobs | tcp {inv.head.control_ip} -> {wk.control_ip} | "
-                            f"{wk.name}: tar -x, each file checked against its hash (one connection, head's address only)"
-                            + ("; with two or more workers lacking files, one stream along the chain head -> "
-                               "worker -> ..., each relaying to the next as it receives" if len(inv.workers) > 1 else ""),
-                            when="this node lacks files",
-                            skip=lambda r, n=wk.name, k=k: None if stagings(r)[k].state[n]["missing"]
-                            or weights_chain.reached(r, k, n) else "it holds the snapshot",
-                            run=lambda r, n=wk.name, k=k: weights_chain.replicate(r, stagings(r)[k], k, n)))
+            out.append(
+                Step(
+                    STAGE,
+                    wk.name,
+                    _act("replicate", k, need),
+                    f"receive the files of {need.repo} it lacks from the head, verify them",
+                    f"{head}: tar of the missing blobs | tcp {inv.head.control_ip} -> {wk.control_ip} | "
+                    f"{wk.name}: tar -x, each file checked against its hash (one connection, head's address only)"
+                    + (
+                        "; with two or more workers lacking files, one stream along the chain head -> "
+                        "worker -> ..., each relaying to the next as it receives"
+                        if len(inv.workers) > 1
+                        else ""
+                    ),
+                    when="this node lacks files",
+                    skip=lambda r, n=wk.name, k=k: (
+                        None
+                        if stagings(r)[k].state[n]["missing"] or weights_chain.reached(r, k, n)
+                        else "it holds the snapshot"
+                    ),
+                    run=lambda r, n=wk.name, k=k: weights_chain.replicate(r, stagings(r)[k], k, n),
+                )
+            )
     if "model" in want[0].roles:
         tp, pp = plan.profile.serve.tensor_parallel_size, plan.profile.serve.pipeline_parallel_size
-        out.append(Step(STAGE, head, "shape", f"check the model's heads and layers against TP={tp} x PP={pp}",
-                        f"cat config.json of the verified snapshot of {want[0].repo}", run=_shape))
+        out.append(
+            Step(
+                STAGE,
+                head,
+                "shape",
+                f"check the model's heads and layers against TP={tp} x PP={pp}",
+                f"cat config.json of the verified snapshot of {want[0].repo}",
+                run=_shape,
+            )
+        )
     plugin = plugin_link(plan.profile, inv.hf_cache(head))
     if plugin:
         k, path, _ = plugin
         for n in inv.nodes:
-            out.append(Step(STAGE, n.name, "plugin", "link the reasoning-parser plugin where the serve command reads it",
-                            f"ln -sfn <its file in the verified snapshot of {want[k].repo}> {path}",
-                            run=lambda r, n=n.name: _link_plugin(r, n), parallel="weights-plugin"))
+            out.append(
+                Step(
+                    STAGE,
+                    n.name,
+                    "plugin",
+                    "link the reasoning-parser plugin where the serve command reads it",
+                    f"ln -sfn <its file in the verified snapshot of {want[k].repo}> {path}",
+                    run=lambda r, n=n.name: _link_plugin(r, n),
+                    parallel="weights-plugin",
+                )
+            )
     return out
 
 
@@ -324,8 +449,10 @@ def offline_miss(tail: str, model: str) -> str | None:
     """The reason to give when a rank wanted something from the hub the weights stage did not stage
     (the containers run with HF_HUB_OFFLINE=1), else None."""
     if any(s in tail for s in OFFLINE_SIGNS):
-        return (f"a rank looked for a file of {model} that is not in its HF cache and may not reach the hub "
-                "(HF_HUB_OFFLINE=1): the staged snapshot lacks what the engine asked for")
+        return (
+            f"a rank looked for a file of {model} that is not in its HF cache and may not reach the hub "
+            "(HF_HUB_OFFLINE=1): the staged snapshot lacks what the engine asked for"
+        )
     return None
 
 
@@ -340,8 +467,14 @@ def stagings(r: "Run") -> list[Staging]:
     """One Staging per repository the profile needs, made at the stage's first step."""
     found = r.find(Stagings)
     if found is None:
-        found = r.put(Stagings([Staging(r.cluster, r.inv, r.plan.image, need.repo, need.revision, r.secrets,
-                                        r.progress, need) for need in wanted(r.plan.profile)]))
+        found = r.put(
+            Stagings(
+                [
+                    Staging(r.cluster, r.inv, r.plan.image, need.repo, need.revision, r.secrets, r.progress, need)
+                    for need in wanted(r.plan.profile)
+                ]
+            )
+        )
     return found.items
 
 

@@ -60,8 +60,9 @@ def distribute(r: "Run", st, lacking: list[str]) -> dict[str, str]:
     for i in reversed(range(len(hops))):
         h, nxt = hops[i], (hops[i + 1] if i + 1 < len(hops) else None)
         fwd = transfer.next_hop(nxt.dst_ip, port, nxt.src_ip) if nxt else None
-        recv = r.cluster.hosts[h.dst].start(transfer.bash(w.receive_command(r.inv.hf_cache(h.dst), st.repo, h.dst_ip,
-                                                                            h.src_ip, fwd)), timeout=24 * 3600)
+        recv = r.cluster.hosts[h.dst].start(
+            transfer.bash(w.receive_command(r.inv.hf_cache(h.dst), st.repo, h.dst_ip, h.src_ip, fwd)), timeout=24 * 3600
+        )
         procs[h.dst] = recv
         got = transfer.announced_port(recv)
         if got is None:
@@ -69,18 +70,29 @@ def distribute(r: "Run", st, lacking: list[str]) -> dict[str, str]:
             for n, p in procs.items():
                 if n != h.dst:
                     p.close()
-            what = (f"{h.dst} cannot reach {nxt.dst} at {nxt.dst_ip}:{port} from {nxt.src_ip}"
-                    if res.exit_code == transfer.RELAY_FAILED and nxt else "the receiver did not start")
-            raise fail(STAGE, h.dst, "start the receiver", what, "python3 receiver | tar -x (relays)", res.tail(),
-                       f"check the link between {h.dst} and {nxt.dst} ({nxt.via}), then sparkcluster up" if nxt
-                       else None)
+            what = (
+                f"{h.dst} cannot reach {nxt.dst} at {nxt.dst_ip}:{port} from {nxt.src_ip}"
+                if res.exit_code == transfer.RELAY_FAILED and nxt
+                else "the receiver did not start"
+            )
+            raise fail(
+                STAGE,
+                h.dst,
+                "start the receiver",
+                what,
+                "python3 receiver | tar -x (relays)",
+                res.tail(),
+                f"check the link between {h.dst} and {nxt.dst} ({nxt.via}), then sparkcluster up" if nxt else None,
+            )
         port = got
     first = hops[0]
     t0 = time.monotonic()
-    snd = head.start(transfer.bash(w.send_command(st.cache, st.repo, blobs, first.dst_ip, port, first.src_ip)),
-                     timeout=24 * 3600)
-    sent = transfer.follow_sender(snd, lambda n: st.progress.bytes(f"{head.name} -> chain of {len(hops)}",
-                                                                   min(n, total), total))
+    snd = head.start(
+        transfer.bash(w.send_command(st.cache, st.repo, blobs, first.dst_ip, port, first.src_ip)), timeout=24 * 3600
+    )
+    sent = transfer.follow_sender(
+        snd, lambda n: st.progress.bytes(f"{head.name} -> chain of {len(hops)}", min(n, total), total)
+    )
     sres = snd.wait()
     results = {h.dst: procs[h.dst].wait() for h in hops}
     secs = time.monotonic() - t0
@@ -90,16 +102,26 @@ def distribute(r: "Run", st, lacking: list[str]) -> dict[str, str]:
     if bad is not None:
         res = sres if bad == head.name else results[bad]
         still = {n: len(a["missing"]) for n, a in after.items() if a["missing"]}
-        raise fail(STAGE, bad, "replicate the weights",
-                   f"the chain failed at {bad} (exit {res.exit_code}); "
-                   + ", ".join(f"{n}: {c} file(s) still missing" for n, c in still.items())
-                   + " (the next run sends only those)", res.command[:160], res.tail(),
-                   f"check free disk on {bad} and its links, then sparkcluster up")
+        raise fail(
+            STAGE,
+            bad,
+            "replicate the weights",
+            f"the chain failed at {bad} (exit {res.exit_code}); "
+            + ", ".join(f"{n}: {c} file(s) still missing" for n, c in still.items())
+            + " (the next run sends only those)",
+            res.command[:160],
+            res.tail(),
+            f"check free disk on {bad} and its links, then sparkcluster up",
+        )
     for n, a in after.items():
         if a["missing"]:
-            raise fail(STAGE, n, "verify the weights",
-                       f"{len(a['missing'])} file(s) that reached {n} along the chain did not match their hash (removed)",
-                       fix=f"check {n}'s links, then sparkcluster up")
+            raise fail(
+                STAGE,
+                n,
+                "verify the weights",
+                f"{len(a['missing'])} file(s) that reached {n} along the chain did not match their hash (removed)",
+                fix=f"check {n}'s links, then sparkcluster up",
+            )
     for n in lacking:
         st.moved[n] = sent
     rate = f"{sent / 1e6:.1f} MB in {secs:.1f}s, {sent / 1e6 / max(secs, 1e-3):.1f} MB/s"

@@ -41,9 +41,12 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 
 def build_hub(model_dir: Path, state_dir: Path, *, synthetic_mb: int = 300, tiny_sha: str | None = None) -> Hub:
     memo = state_dir / "hashes"
-    repos = [Repo(TINY, model_dir, memo_dir=memo, sha=tiny_sha or "").load(),
-             Repo(GATED, model_dir, gated=True, memo_dir=memo).load(),
-             Repo(TOKENIZER, model_dir, memo_dir=memo).load(), Repo(DRAFT, model_dir, memo_dir=memo).load()]
+    repos = [
+        Repo(TINY, model_dir, memo_dir=memo, sha=tiny_sha or "").load(),
+        Repo(GATED, model_dir, gated=True, memo_dir=memo).load(),
+        Repo(TOKENIZER, model_dir, memo_dir=memo).load(),
+        Repo(DRAFT, model_dir, memo_dir=memo).load(),
+    ]
     if synthetic_mb:
         repos.append(Repo(SYNTHETIC, synthetic_repo(state_dir / "synthetic", synthetic_mb), memo_dir=memo).load())
     return Hub(repos, {GRANTED_TOKEN})
@@ -64,8 +67,9 @@ class Running:
         self.server.server_close()
 
 
-def serve_in_thread(model_dir: Path, state_dir: Path, host: str = "127.0.0.1", port: int = 0,
-                    synthetic_mb: int = 300) -> Running:
+def serve_in_thread(
+    model_dir: Path, state_dir: Path, host: str = "127.0.0.1", port: int = 0, synthetic_mb: int = 300
+) -> Running:
     srv = make_server(build_hub(model_dir, state_dir, synthetic_mb=synthetic_mb), host, port)
     serve_forever_in_thread(srv)
     return Running(srv.RequestHandlerClass.hub, srv)
@@ -77,20 +81,43 @@ class HubProcess:
     endpoint: str
 
 
-def start_hub(host: str = HUB_IP, port: int = HUB_PORT, *, model_dir: Path | None = None,
-              state_dir: Path | None = None, synthetic_mb: int = 300, log_path: Path | None = None,
-              timeout: float = 120.0) -> HubProcess:
+def start_hub(
+    host: str = HUB_IP,
+    port: int = HUB_PORT,
+    *,
+    model_dir: Path | None = None,
+    state_dir: Path | None = None,
+    synthetic_mb: int = 300,
+    log_path: Path | None = None,
+    timeout: float = 120.0,
+) -> HubProcess:
     """Start the hub as a process of its own; returns once it answers. Defaults: the tiny model
     artifacts.py built, state (hash memo, the synthetic repo) in the testbed cache."""
     from .. import artifacts
+
     model_dir = model_dir or artifacts.model_dir()
     state_dir = state_dir or artifacts.CACHE / "hub"
-    argv = [sys.executable, "-m", "tests.testbed.hub", "--host", host, "--port", str(port), "--model-dir",
-            str(model_dir), "--state-dir", str(state_dir), "--synthetic-mb", str(synthetic_mb),
-            "--tiny-sha", artifacts.TINY_REVISION]
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.testbed.hub",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--model-dir",
+        str(model_dir),
+        "--state-dir",
+        str(state_dir),
+        "--synthetic-mb",
+        str(synthetic_mb),
+        "--tiny-sha",
+        artifacts.TINY_REVISION,
+    ]
     logf = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
-                         cwd=str(REPO_ROOT))
+    p = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, cwd=str(REPO_ROOT)
+    )
     endpoint = f"http://{host}:{port}"
     deadline = time.monotonic() + timeout  # the first start hashes the synthetic repo once
     while time.monotonic() < deadline:
@@ -121,7 +148,11 @@ def stats(endpoint: str) -> dict:
 def knobs(endpoint: str, **values) -> dict:
     """Set faults on a running hub: fail_after (bytes into a file) + fail_times, fail_status (e.g.
     500), rate_bps, bytes_served=0 to reset the counter, reset=True for all."""
-    req = urllib.request.Request(f"{endpoint}/_hub/knobs", data=json.dumps(values).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{endpoint}/_hub/knobs",
+        data=json.dumps(values).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=5) as r:
         return json.load(r)

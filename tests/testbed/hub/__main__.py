@@ -14,7 +14,8 @@ ap.add_argument("--state-dir", type=Path, required=True)
 ap.add_argument("--synthetic-mb", type=int, default=300)
 ap.add_argument("--tiny-sha", default="")
 a = ap.parse_args()
-srv = make_server(build_hub(a.model_dir, a.state_dir, synthetic_mb=a.synthetic_mb, tiny_sha=a.tiny_sha or None),
-                  a.host, a.port)
+srv = make_server(
+    build_hub(a.model_dir, a.state_dir, synthetic_mb=a.synthetic_mb, tiny_sha=a.tiny_sha or None), a.host, a.port
+)
 print(f"testbed hub on http://{a.host}:{srv.server_address[1]}", flush=True)
 srv.serve_forever()

@@ -124,9 +124,14 @@ class Hub:
 
     def stats(self) -> dict:
         k = self.knobs
-        return {"bytes_served": k.bytes_served, "requests": len(k.requests), "fail_times": k.fail_times,
-                "repos": {r.repo_id: {"sha": r.sha, "size": sum(f.size for f in r.files.values())}
-                          for r in self.repos.values()}}
+        return {
+            "bytes_served": k.bytes_served,
+            "requests": len(k.requests),
+            "fail_times": k.fail_times,
+            "repos": {
+                r.repo_id: {"sha": r.sha, "size": sum(f.size for f in r.files.values())} for r in self.repos.values()
+            },
+        }
 
     def set_knobs(self, values: dict) -> None:
         with self.lock:
@@ -156,8 +161,9 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     # ---- plumbing ----
-    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
-              ctype: str = "application/json") -> None:
+    def _send(
+        self, status: int, body: bytes = b"", headers: dict[str, str] | None = None, ctype: str = "application/json"
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -180,11 +186,19 @@ class Handler(BaseHTTPRequestHandler):
             token = auth[7:] if auth.startswith("Bearer ") else ""
             url = f"http://{self.headers.get('Host', 'hub')}/{repo_id}"
             if not token:
-                raise HubError(401, "GatedRepo", f"Access to model {repo_id} is restricted. You must have access "
-                               f"to it and be authenticated to access it. Visit {url} to ask for access.")
+                raise HubError(
+                    401,
+                    "GatedRepo",
+                    f"Access to model {repo_id} is restricted. You must have access "
+                    f"to it and be authenticated to access it. Visit {url} to ask for access.",
+                )
             if token not in self.hub.tokens:
-                raise HubError(403, "GatedRepo", f"Access to model {repo_id} is restricted and you are not in the "
-                               f"authorized list. Visit {url} to ask for access.")
+                raise HubError(
+                    403,
+                    "GatedRepo",
+                    f"Access to model {repo_id} is restricted and you are not in the "
+                    f"authorized list. Visit {url} to ask for access.",
+                )
         return repo
 
     @staticmethod
@@ -227,12 +241,31 @@ class Handler(BaseHTTPRequestHandler):
             entries = [_tree_entry(f) for p, f in repo.files.items() if p.startswith(prefix)]
             return self._send(200, json.dumps(entries).encode())
         blobs = query.get("blobs", ["false"])[0].lower() == "true"
-        siblings = [({"rfilename": f.path, "size": f.size, "blobId": f.git_sha1,
-                      **({"lfs": {"sha256": f.sha256, "size": f.size, "pointerSize": 134}} if f.lfs else {})}
-                     if blobs else {"rfilename": f.path}) for f in repo.files.values()]
-        info = {"_id": repo.sha[:24], "id": repo.repo_id, "modelId": repo.repo_id, "sha": repo.sha,
-                "private": False, "gated": "manual" if repo.gated else False, "disabled": False,
-                "tags": [], "siblings": siblings, "lastModified": "2026-01-01T00:00:00.000Z"}
+        siblings = [
+            (
+                {
+                    "rfilename": f.path,
+                    "size": f.size,
+                    "blobId": f.git_sha1,
+                    **({"lfs": {"sha256": f.sha256, "size": f.size, "pointerSize": 134}} if f.lfs else {}),
+                }
+                if blobs
+                else {"rfilename": f.path}
+            )
+            for f in repo.files.values()
+        ]
+        info = {
+            "_id": repo.sha[:24],
+            "id": repo.repo_id,
+            "modelId": repo.repo_id,
+            "sha": repo.sha,
+            "private": False,
+            "gated": "manual" if repo.gated else False,
+            "disabled": False,
+            "tags": [],
+            "siblings": siblings,
+            "lastModified": "2026-01-01T00:00:00.000Z",
+        }
         self._send(200, json.dumps(info).encode())
 
     def _resolve(self, m: re.Match) -> None:
@@ -252,8 +285,13 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(416, b"", {"Content-Range": f"bytes */{f.size}"})
         length = end - start + 1
         self.send_response(206 if rng and mr else 200)
-        hdrs = {"Content-Type": "application/octet-stream", "Content-Length": str(length),
-                "Accept-Ranges": "bytes", "X-Repo-Commit": repo.sha, "ETag": f'"{f.etag}"'}
+        hdrs = {
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(length),
+            "Accept-Ranges": "bytes",
+            "X-Repo-Commit": repo.sha,
+            "ETag": f'"{f.etag}"',
+        }
         if f.lfs:
             hdrs.update({"X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(f.size)})
         if rng and mr:

@@ -40,19 +40,33 @@ def build(out: Path) -> None:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=2048,
+        special_tokens=specials,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator([CORPUS] * 50, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", pad_token="</s>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>"
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=2048, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                      bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
-                      tie_word_embeddings=False, torch_dtype="bfloat16")
+    cfg = LlamaConfig(
+        vocab_size=2048,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
     gen = out / "generation_config.json"

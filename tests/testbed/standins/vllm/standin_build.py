@@ -3,6 +3,7 @@
 It lets `pip install /path/to/tests/testbed/standins/vllm` work with no package index and no
 setuptools/wheel installed (build isolation or not): the wheel is zipped here by hand.
 """
+
 from __future__ import annotations
 
 import base64
@@ -94,6 +95,5 @@ def build_sdist(sdist_directory, config_settings=None):
         for rel in ("pyproject.toml", "standin_build.py", "README.md"):
             if os.path.exists(os.path.join(HERE, rel)):
                 t.add(os.path.join(HERE, rel), f"{base}/{rel}")
-        t.add(os.path.join(HERE, NAME), f"{base}/{NAME}",
-              filter=lambda ti: None if "__pycache__" in ti.name else ti)
+        t.add(os.path.join(HERE, NAME), f"{base}/{NAME}", filter=lambda ti: None if "__pycache__" in ti.name else ti)
     return name

@@ -1,4 +1,5 @@
 """`python3 -m vllm_standin ...` == `vllm ...` (test double of vLLM; see package docstring)."""
+
 import sys
 
 from vllm_standin.cli import main

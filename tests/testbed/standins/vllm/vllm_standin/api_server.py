@@ -4,6 +4,7 @@ Start-up order as in vLLM: the port is bound (not listened on) first, the engine
 cluster, ranks, checks, "weight loading"), and only then does the socket listen and
 `Starting vLLM API server 0 on http://HOST:PORT` / `Application startup complete.` appear.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,10 +28,53 @@ logger = init_logger(__name__)
 DRAIN_SECONDS = 5.0
 DEFAULT_MAX_TOKENS = 16
 DEFAULT_MAX_MODEL_LEN = 4096
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 class Aborted(Exception):
@@ -67,8 +111,11 @@ class Engine:
         self.executor = executor
         self.model = args.model
         self.served = list(args.served_model_name or [args.model])
-        self.max_model_len = (args.max_model_len if args.max_model_len and args.max_model_len > 0
-                              else checks.MODEL_DERIVED_MAX_LEN.get(args.model, DEFAULT_MAX_MODEL_LEN))
+        self.max_model_len = (
+            args.max_model_len
+            if args.max_model_len and args.max_model_len > 0
+            else checks.MODEL_DERIVED_MAX_LEN.get(args.model, DEFAULT_MAX_MODEL_LEN)
+        )
         self.lock = threading.Lock()
         self.running = 0
         self.inflight = 0
@@ -197,8 +244,7 @@ class ApiError(Exception):
         self.status, self.message, self.etype, self.param = status, message, etype, param
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.etype, "param": self.param,
-                          "code": self.status}}
+        return {"error": {"message": self.message, "type": self.etype, "param": self.param, "code": self.status}}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -286,9 +332,14 @@ class Handler(BaseHTTPRequestHandler):
         except ApiError as e:
             self._json(e.status, e.body())
         except EngineDeadError:
-            self._json(500, ApiError(
-                500, "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-                "InternalServerError").body())
+            self._json(
+                500,
+                ApiError(
+                    500,
+                    "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                    "InternalServerError",
+                ).body(),
+            )
         except Aborted:
             self.close_connection = True
         except (BrokenPipeError, ConnectionResetError):
@@ -325,16 +376,40 @@ class Handler(BaseHTTPRequestHandler):
     def h_models(self):
         eng = self.engine
         created = int(time.time())
-        self._json(200, {"object": "list", "data": [
-            {"id": n, "object": "model", "created": created, "owned_by": "vllm", "root": eng.model,
-             "parent": None, "max_model_len": eng.max_model_len,
-             "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
-                             "created": created, "allow_create_engine": False,
-                             "allow_sampling": True, "allow_logprobs": True,
-                             "allow_search_indices": False, "allow_view": True,
-                             "allow_fine_tuning": False, "organization": "*", "group": None,
-                             "is_blocking": False}]}
-            for n in eng.served]})
+        self._json(
+            200,
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": n,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "vllm",
+                        "root": eng.model,
+                        "parent": None,
+                        "max_model_len": eng.max_model_len,
+                        "permission": [
+                            {
+                                "id": f"modelperm-{uuid.uuid4().hex}",
+                                "object": "model_permission",
+                                "created": created,
+                                "allow_create_engine": False,
+                                "allow_sampling": True,
+                                "allow_logprobs": True,
+                                "allow_search_indices": False,
+                                "allow_view": True,
+                                "allow_fine_tuning": False,
+                                "organization": "*",
+                                "group": None,
+                                "is_blocking": False,
+                            }
+                        ],
+                    }
+                    for n in eng.served
+                ],
+            },
+        )
 
     def _common(self, req: dict, prompt_tokens: int) -> tuple[str, int, bool, int]:
         eng = self.engine
@@ -348,10 +423,14 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
             raise ApiError(400, f"max_tokens must be at least 1, got {mt}.", param="max_tokens")
         if prompt_tokens + mt > eng.max_model_len:
-            raise ApiError(400, (
-                f"This model's maximum context length is {eng.max_model_len} tokens. However, you "
-                f"requested {prompt_tokens + mt} tokens ({prompt_tokens} in the messages, {mt} in "
-                "the completion). Please reduce the length of the messages or completion."))
+            raise ApiError(
+                400,
+                (
+                    f"This model's maximum context length is {eng.max_model_len} tokens. However, you "
+                    f"requested {prompt_tokens + mt} tokens ({prompt_tokens} in the messages, {mt} in "
+                    "the completion). Please reduce the length of the messages or completion."
+                ),
+            )
         seed = req.get("seed")
         if not isinstance(seed, int):
             seed = sum(map(ord, json.dumps(req.get("messages", req.get("prompt", "")))))
@@ -363,9 +442,11 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(msgs, list) or not msgs:
             raise ApiError(400, "messages: Field required (a non-empty list)", param="messages")
         if req.get("tool_choice") == "auto" and not (
-                self.engine.args.enable_auto_tool_choice and self.engine.args.tool_call_parser):
-            raise ApiError(400, '"auto" tool choice requires --enable-auto-tool-choice and '
-                                "--tool-call-parser to be set")
+            self.engine.args.enable_auto_tool_choice and self.engine.args.tool_call_parser
+        ):
+            raise ApiError(
+                400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+            )
         ptoks = sum(_words(m.get("content", "")) for m in msgs if isinstance(m, dict)) + 3 * len(msgs)
         model, mt, explicit, seed = self._common(req, ptoks)
         self._run(req, "chat", model, ptoks, mt, explicit, seed)
@@ -391,21 +472,53 @@ class Handler(BaseHTTPRequestHandler):
             for i, w in enumerate(gen):
                 words.append(w if i == 0 else " " + w)
             text = "".join(words)
-            usage = {"prompt_tokens": ptoks, "total_tokens": ptoks + len(words),
-                     "completion_tokens": len(words), "prompt_tokens_details": None}
+            usage = {
+                "prompt_tokens": ptoks,
+                "total_tokens": ptoks + len(words),
+                "completion_tokens": len(words),
+                "prompt_tokens_details": None,
+            }
             if kind == "chat":
-                choice = {"index": 0, "message": {
-                    "role": "assistant", "content": text, "refusal": None, "annotations": None,
-                    "audio": None, "function_call": None, "tool_calls": [],
-                    "reasoning_content": None},
-                    "logprobs": None, "finish_reason": finish, "stop_reason": None}
+                choice = {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": text,
+                        "refusal": None,
+                        "annotations": None,
+                        "audio": None,
+                        "function_call": None,
+                        "tool_calls": [],
+                        "reasoning_content": None,
+                    },
+                    "logprobs": None,
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                }
             else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
-                          "stop_reason": None, "prompt_logprobs": None}
-            self._json(200, {"id": rid, "object": obj, "created": created, "model": model,
-                             "choices": [choice], "service_tier": None,
-                             "system_fingerprint": None, "usage": usage,
-                             "prompt_logprobs": None, "kv_transfer_params": None})
+                choice = {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                    "prompt_logprobs": None,
+                }
+            self._json(
+                200,
+                {
+                    "id": rid,
+                    "object": obj,
+                    "created": created,
+                    "model": model,
+                    "choices": [choice],
+                    "service_tier": None,
+                    "system_fingerprint": None,
+                    "usage": usage,
+                    "prompt_logprobs": None,
+                    "kv_transfer_params": None,
+                },
+            )
             return
         # -- streaming (SSE over chunked transfer encoding) --
         include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
@@ -424,30 +537,50 @@ class Handler(BaseHTTPRequestHandler):
         def choice(delta_text, fr=None, first=False):
             if kind == "chat":
                 delta = {"role": "assistant", "content": ""} if first else {"content": delta_text}
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": fr,
-                        **({"stop_reason": None} if fr else {})}
-            return {"index": 0, "text": delta_text, "logprobs": None, "finish_reason": fr,
-                    "stop_reason": None}
+                return {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": fr,
+                    **({"stop_reason": None} if fr else {}),
+                }
+            return {"index": 0, "text": delta_text, "logprobs": None, "finish_reason": fr, "stop_reason": None}
 
         n = 0
         try:
             if kind == "chat":
-                chunk({"id": rid, "object": cobj, "created": created, "model": model,
-                       "choices": [choice("", first=True)]})
+                chunk(
+                    {"id": rid, "object": cobj, "created": created, "model": model, "choices": [choice("", first=True)]}
+                )
             for i, w in enumerate(gen):
                 n += 1
-                chunk({"id": rid, "object": cobj, "created": created, "model": model,
-                       "choices": [choice(w if i == 0 else " " + w)]})
-            chunk({"id": rid, "object": cobj, "created": created, "model": model,
-                   "choices": [choice("", fr=finish)]})
+                chunk(
+                    {
+                        "id": rid,
+                        "object": cobj,
+                        "created": created,
+                        "model": model,
+                        "choices": [choice(w if i == 0 else " " + w)],
+                    }
+                )
+            chunk({"id": rid, "object": cobj, "created": created, "model": model, "choices": [choice("", fr=finish)]})
             if include_usage:
-                chunk({"id": rid, "object": cobj, "created": created, "model": model,
-                       "choices": [], "usage": {"prompt_tokens": ptoks,
-                                                "total_tokens": ptoks + n,
-                                                "completion_tokens": n}})
+                chunk(
+                    {
+                        "id": rid,
+                        "object": cobj,
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": {"prompt_tokens": ptoks, "total_tokens": ptoks + n, "completion_tokens": n},
+                    }
+                )
         except EngineDeadError:
-            err = ApiError(500, "EngineCore encountered an issue. See stack trace (above) for "
-                                "the root cause.", "InternalServerError").body()
+            err = ApiError(
+                500,
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                "InternalServerError",
+            ).body()
             chunk(err)
         except Aborted:
             # the engine aborted the request on shutdown: end the stream
@@ -532,9 +665,16 @@ def run_server(args) -> int:
             "Initializing a V1 LLM engine (v%s) with config: model=%r, tensor_parallel_size=%d, "
             "pipeline_parallel_size=%d, distributed_executor_backend=%s, max_model_len=%s, "
             "gpu_memory_utilization=%s, enforce_eager=%s, kv_cache_dtype=%s, quantization=%s",
-            __version__, args.model, args.tensor_parallel_size, args.pipeline_parallel_size,
-            args.distributed_executor_backend, args.max_model_len, args.gpu_memory_utilization,
-            args.enforce_eager, args.kv_cache_dtype, args.quantization,
+            __version__,
+            args.model,
+            args.tensor_parallel_size,
+            args.pipeline_parallel_size,
+            args.distributed_executor_backend,
+            args.max_model_len,
+            args.gpu_memory_utilization,
+            args.enforce_eager,
+            args.kv_cache_dtype,
+            args.quantization,
         )
         executor.start()
     except Interrupted:
@@ -552,10 +692,15 @@ def run_server(args) -> int:
     engine = Engine(args, executor)
     logger.info("init engine (profile, create kv cache, warmup model) took %.2f seconds", 0.05)
 
-    handler = type("BoundHandler", (Handler,), {
-        "engine": engine, "api_key": args.api_key,
-        "access_log": not args.disable_uvicorn_access_log,
-    })
+    handler = type(
+        "BoundHandler",
+        (Handler,),
+        {
+            "engine": engine,
+            "api_key": args.api_key,
+            "access_log": not args.disable_uvicorn_access_log,
+        },
+    )
     server = ThreadingHTTPServer((host, args.port), handler, bind_and_activate=False)
     server.socket.close()
     server.socket = sock
@@ -573,16 +718,22 @@ def run_server(args) -> int:
 
     logger.info("Starting vLLM API server 0 on http://%s:%d", host, args.port)
     logger.info("Available routes are:")
-    for route, methods in (("/health", "GET"), ("/metrics", "GET"), ("/version", "GET"),
-                           ("/v1/models", "GET"), ("/v1/chat/completions", "POST"),
-                           ("/v1/completions", "POST")):
+    for route, methods in (
+        ("/health", "GET"),
+        ("/metrics", "GET"),
+        ("/version", "GET"),
+        ("/v1/models", "GET"),
+        ("/v1/chat/completions", "POST"),
+        ("/v1/completions", "POST"),
+    ):
         logger.info("Route: %s, Methods: %s", route, methods)
     uvicorn(f"Started server process [{os.getpid()}]")
     uvicorn("Waiting for application startup.")
     uvicorn("Application startup complete.")
 
-    serve_thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                                    name="http", daemon=True)
+    serve_thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="http", daemon=True
+    )
     serve_thread.start()
     stats = threading.Thread(target=_log_stats, args=(engine, stop), daemon=True)
     if not args.disable_log_stats:
@@ -607,8 +758,7 @@ def run_server(args) -> int:
     while engine.inflight > 0 and time.time() < engine.drain_deadline + 1.0:
         time.sleep(0.05)
     if engine.inflight > 0:
-        logger.warning("%d request(s) still in flight after %.0f s; aborting them.",
-                       engine.inflight, DRAIN_SECONDS)
+        logger.warning("%d request(s) still in flight after %.0f s; aborting them.", engine.inflight, DRAIN_SECONDS)
     uvicorn("Waiting for application shutdown.")
     uvicorn("Application shutdown complete.")
     uvicorn(f"Finished server process [{os.getpid()}]")
@@ -630,6 +780,10 @@ def _log_stats(engine: Engine, stop: threading.Event) -> None:
         logger.info(
             "Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f "
             "tokens/s, Running: %d reqs, Waiting: 0 reqs, GPU KV cache usage: %.1f%%, Prefix "
-            "cache hit rate: 0.0%%", (p - last_p) / dt, (g - last_g) / dt, running,
-            min(100.0, running * 1.0))
+            "cache hit rate: 0.0%%",
+            (p - last_p) / dt,
+            (g - last_g) / dt,
+            running,
+            min(100.0, running * 1.0),
+        )
         last_p, last_g, last_t = p, g, now

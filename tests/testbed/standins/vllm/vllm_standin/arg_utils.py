@@ -5,6 +5,7 @@ argparse's `vllm: error: unrecognized arguments: ...` and exit status 2. `--swap
 rejected: the NGC 26.05 image this stands in for no longer has it. As in vLLM's
 FlexibleArgumentParser, `--max_model_len` is read as `--max-model-len`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,9 @@ def human_readable_int(value: str) -> int:
             return -1
         raise argparse.ArgumentTypeError(f"Invalid number format: {value!r}")
     number, suffix = m.groups()
-    mult = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-            "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}.get(suffix, 1)
+    mult = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}.get(
+        suffix, 1
+    )
     if suffix == "" and "." in number:
         raise argparse.ArgumentTypeError(f"Decimals are not allowed without a suffix: {value!r}")
     return int(float(number) * mult)
@@ -53,18 +55,17 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     fe.add_argument("--host", default=None, help="Host name (default 0.0.0.0).")
     fe.add_argument("--port", type=int, default=8000)
     fe.add_argument("--uds", default=None)
-    fe.add_argument("--uvicorn-log-level", default="info",
-                    choices=["critical", "debug", "error", "info", "trace", "warning"])
+    fe.add_argument(
+        "--uvicorn-log-level", default="info", choices=["critical", "debug", "error", "info", "trace", "warning"]
+    )
     fe.add_argument("--disable-uvicorn-access-log", action="store_true")
     fe.add_argument("--allow-credentials", action="store_true")
     fe.add_argument("--allowed-origins", type=json_arg, default=["*"])
     fe.add_argument("--allowed-methods", type=json_arg, default=["*"])
     fe.add_argument("--allowed-headers", type=json_arg, default=["*"])
-    fe.add_argument("--api-key", default=None,
-                    help="If provided, the server will require this key in the header.")
+    fe.add_argument("--api-key", default=None, help="If provided, the server will require this key in the header.")
     fe.add_argument("--chat-template", default=None)
-    fe.add_argument("--chat-template-content-format", default="auto",
-                    choices=["auto", "string", "openai"])
+    fe.add_argument("--chat-template-content-format", default="auto", choices=["auto", "string", "openai"])
     fe.add_argument("--response-role", default="assistant")
     fe.add_argument("--ssl-keyfile", default=None)
     fe.add_argument("--ssl-certfile", default=None)
@@ -85,8 +86,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     fe.add_argument("--disable-fastapi-docs", action="store_true")
     fe.add_argument("--max-log-len", type=int, default=None)
     fe.add_argument("--enable-log-requests", action=BOOL, default=False)
-    fe.add_argument("--disable-log-requests", action="store_true",
-                    help="[DEPRECATED] Disable logging requests.")
+    fe.add_argument("--disable-log-requests", action="store_true", help="[DEPRECATED] Disable logging requests.")
     fe.add_argument("--disable-log-stats", action="store_true")
     fe.add_argument("--headless", action="store_true")
     fe.add_argument("--api-server-count", "-asc", type=int, default=1)
@@ -96,8 +96,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     mc.add_argument("--tokenizer", default=None)
     mc.add_argument("--tokenizer-mode", default="auto")
     mc.add_argument("--trust-remote-code", action=BOOL, default=False)
-    mc.add_argument("--dtype", default="auto",
-                    choices=["auto", "bfloat16", "float", "float16", "float32", "half"])
+    mc.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float", "float16", "float32", "half"])
     mc.add_argument("--seed", type=int, default=None)
     mc.add_argument("--hf-config-path", default=None)
     mc.add_argument("--allowed-local-media-path", default="")
@@ -132,8 +131,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     lc.add_argument("--pt-load-map-location", default="cpu")
 
     pc = p.add_argument_group("ParallelConfig")
-    pc.add_argument("--distributed-executor-backend", default=None,
-                    choices=["external_launcher", "mp", "ray", "uni"])
+    pc.add_argument("--distributed-executor-backend", default=None, choices=["external_launcher", "mp", "ray", "uni"])
     pc.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
     pc.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     pc.add_argument("--decode-context-parallel-size", "-dcp", type=int, default=1)
@@ -156,19 +154,19 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     cc.add_argument("--block-size", type=int, default=None)
     cc.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     cc.add_argument("--kv-cache-memory-bytes", type=human_readable_int, default=None)
-    cc.add_argument("--kv-cache-dtype", default="auto",
-                    choices=["auto", "bfloat16", "fp8", "fp8_ds_mla", "fp8_e4m3", "fp8_e5m2",
-                             "fp8_inc"])
+    cc.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "fp8", "fp8_ds_mla", "fp8_e4m3", "fp8_e5m2", "fp8_inc"],
+    )
     cc.add_argument("--num-gpu-blocks-override", type=int, default=None)
     cc.add_argument("--enable-prefix-caching", action=BOOL, default=None)
     cc.add_argument("--prefix-caching-hash-algo", default="sha256")
     cc.add_argument("--cpu-offload-gb", type=float, default=0)
     cc.add_argument("--calculate-kv-scales", action=BOOL, default=False)
     cc.add_argument("--kv-sharing-fast-prefill", action=BOOL, default=False)
-    cc.add_argument("--mamba-cache-dtype", default="auto",
-                    choices=["auto", "bfloat16", "float16", "float32"])
-    cc.add_argument("--mamba-ssm-cache-dtype", default="auto",
-                    choices=["auto", "bfloat16", "float16", "float32"])
+    cc.add_argument("--mamba-cache-dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    cc.add_argument("--mamba-ssm-cache-dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
 
     sc = p.add_argument_group("SchedulerConfig")
     sc.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None)
@@ -237,7 +235,7 @@ def normalize_argv(argv: list[str]) -> list[str]:
     for a in argv:
         m = _FLAG_RE.match(a)
         if m and "_" in m.group(0):
-            a = m.group(0).replace("_", "-") + a[m.end():]
+            a = m.group(0).replace("_", "-") + a[m.end() :]
         out.append(a)
     return out
 

@@ -3,6 +3,7 @@
 Each rank report is a dict: rank, ip (vLLM's get_ip() in the rank), node_ip (Ray's node IP),
 node_id, hostname, pid, env (selected variables of the rank's own process).
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -53,10 +54,7 @@ def required_env(model: str) -> tuple[str, ...]:
 
 def reported_env(environ: dict[str, str], extra: Iterable[str] = ()) -> dict[str, str]:
     names = set(extra)
-    return {
-        k: v for k, v in environ.items()
-        if k.startswith(REPORTED_PREFIXES) or k in names
-    }
+    return {k: v for k, v in environ.items() if k.startswith(REPORTED_PREFIXES) or k in names}
 
 
 def unique_ip_error(reports: list[dict], driver_ip: str | None = None) -> str | None:
@@ -107,7 +105,9 @@ def required_env_error(model: str, reports: list[dict]) -> str | None:
             if v == vals[0]:
                 continue
             if v is None:
-                return f"rank {r['rank']} ({r['ip']}): {name} is unset while rank {r0['rank']} has {vals[0]!r}; {_CRASH}"
+                return (
+                    f"rank {r['rank']} ({r['ip']}): {name} is unset while rank {r0['rank']} has {vals[0]!r}; {_CRASH}"
+                )
             if vals[0] is None:
                 return f"rank {r0['rank']} ({r0['ip']}): {name} is unset while rank {r['rank']} has {v!r}; {_CRASH}"
             return f"rank {r['rank']} ({r['ip']}): {name}={v!r} while rank {r0['rank']} has {vals[0]!r}; {_CRASH}"

@@ -1,4 +1,5 @@
 """Entry point of the `vllm` console script (test double; see package docstring)."""
+
 from __future__ import annotations
 
 import sys

@@ -5,6 +5,7 @@ A JSON object in `standin-knobs.json` inside the Hugging Face cache dir (`$HF_HO
 toggle it while the server runs. A missing file means defaults; a broken one logs a warning and
 means defaults.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """vLLM-style logging for the test double: `INFO 11-22 03:15:02 [file.py:123] message` on stderr."""
+
 from __future__ import annotations
 
 import logging

@@ -6,6 +6,7 @@ collectors that read them from sysfs, so unit tests can feed a fake tree.
 List syntax as NCCL's NCCL_SOCKET_IFNAME / NCCL_IB_HCA: comma-separated prefixes, a leading `^`
 excludes, a leading `=` (after any `^`) asks exact names; IB entries may carry `:port`.
 """
+
 from __future__ import annotations
 
 import glob
@@ -100,7 +101,9 @@ def collect_hcas(ib_sysfs_dir: str = "/sys/class/infiniband") -> dict[str, dict[
             if not p.isdigit():
                 continue
             ports[int(p)] = HcaPort(
-                hca, int(p), _read(os.path.join(pdir, p, "state")),
+                hca,
+                int(p),
+                _read(os.path.join(pdir, p, "state")),
                 _read(os.path.join(pdir, p, "link_layer")) or "Ethernet",
             )
         out[hca] = ports
@@ -131,13 +134,18 @@ class NcclReport:
 
 
 _NCCL_RESULTS = {
-    "internal": ("internal error - please report this issue to the NCCL developers",
-                 "ncclInternalError: Internal check failed."),
-    "invalid": ("invalid usage (run with NCCL_DEBUG=WARN for details)",
-                "ncclInvalidUsage: This usually reflects invalid usage of NCCL library."),
-    "remote": ("remote process exited or there was a network error",
-               "ncclRemoteError: A call failed possibly due to a network error or a remote "
-               "process exiting prematurely."),
+    "internal": (
+        "internal error - please report this issue to the NCCL developers",
+        "ncclInternalError: Internal check failed.",
+    ),
+    "invalid": (
+        "invalid usage (run with NCCL_DEBUG=WARN for details)",
+        "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.",
+    ),
+    "remote": (
+        "remote process exited or there was a network error",
+        "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
+    ),
 }
 
 
@@ -150,7 +158,9 @@ def _nccl_error(kind: str, last_error: str) -> str:
     )
 
 
-def select_hcas(spec: str | None, hcas: dict[str, dict[int, HcaPort]]) -> tuple[list[HcaPort], str | None, list[tuple[str, str]]]:
+def select_hcas(
+    spec: str | None, hcas: dict[str, dict[int, HcaPort]]
+) -> tuple[list[HcaPort], str | None, list[tuple[str, str]]]:
     """-> (selected active ports, error or None, log lines)."""
     lines: list[tuple[str, str]] = []
     all_ports = [p for ports in hcas.values() for p in ports.values()]
@@ -168,27 +178,38 @@ def select_hcas(spec: str | None, hcas: dict[str, dict[int, HcaPort]]) -> tuple[
             lines.append(("WARN", "NET/IB : No device found."))
             have = ", ".join(sorted(hcas)) or "none"
             want = f"{name}:{port}" if port != -1 else name
-            return [], _nccl_error(
-                "invalid",
-                f"NET/IB : No device found. NCCL_IB_HCA={spec!r} names {want}, which this node "
-                f"does not have (present in /sys/class/infiniband: {have})",
-            ), lines
+            return (
+                [],
+                _nccl_error(
+                    "invalid",
+                    f"NET/IB : No device found. NCCL_IB_HCA={spec!r} names {want}, which this node "
+                    f"does not have (present in /sys/class/infiniband: {have})",
+                ),
+                lines,
+            )
         for p in matched:
             if p.state != ACTIVE:
-                lines.append(("WARN", f"NET/IB : {p.hca}:{p.port} port state is '{p.state or 'unknown'}', expected '{ACTIVE}'"))
-                return [], _nccl_error(
-                    "remote",
-                    f"NET/IB : ibv_modify_qp failed with 110 Connection timed out, on dev "
-                    f"{p.hca}:{p.port}, curr state INIT, next state RTR "
-                    f"(port state '{p.state or 'unknown'}', expected '{ACTIVE}')",
-                ), lines
+                lines.append(
+                    ("WARN", f"NET/IB : {p.hca}:{p.port} port state is '{p.state or 'unknown'}', expected '{ACTIVE}'")
+                )
+                return (
+                    [],
+                    _nccl_error(
+                        "remote",
+                        f"NET/IB : ibv_modify_qp failed with 110 Connection timed out, on dev "
+                        f"{p.hca}:{p.port}, curr state INIT, next state RTR "
+                        f"(port state '{p.state or 'unknown'}', expected '{ACTIVE}')",
+                    ),
+                    lines,
+                )
             if p not in selected:
                 selected.append(p)
     return selected, None, lines
 
 
-def nccl_report(env: dict[str, str], ifaces: dict[str, str | None],
-                hcas: dict[str, dict[int, HcaPort]], uverbs: bool) -> NcclReport:
+def nccl_report(
+    env: dict[str, str], ifaces: dict[str, str | None], hcas: dict[str, dict[int, HcaPort]], uverbs: bool
+) -> NcclReport:
     rep = NcclReport()
     socks = select_socket_ifaces(env.get("NCCL_SOCKET_IFNAME"), ifaces)
     if not socks:
@@ -197,8 +218,11 @@ def nccl_report(env: dict[str, str], ifaces: dict[str, str | None],
         rep.error = _nccl_error(
             "internal",
             "Bootstrap : no socket interface found"
-            + (f" (NCCL_SOCKET_IFNAME={env['NCCL_SOCKET_IFNAME']!r}; interfaces with an address"
-               f" on this node: {have})" if env.get("NCCL_SOCKET_IFNAME") else ""),
+            + (
+                f" (NCCL_SOCKET_IFNAME={env['NCCL_SOCKET_IFNAME']!r}; interfaces with an address on this node: {have})"
+                if env.get("NCCL_SOCKET_IFNAME")
+                else ""
+            ),
         )
         return rep
     oob = f"{socks[0][0]}:{socks[0][1]}<0>"

@@ -3,6 +3,7 @@
 No packet is sent: the default route is read from /proc/net/route and the interface address
 with the SIOCGIFADDR ioctl.
 """
+
 from __future__ import annotations
 
 import fcntl

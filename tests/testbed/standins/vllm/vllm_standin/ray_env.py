@@ -7,6 +7,7 @@ VLLM_HOST_PORT, LOCAL_RANK, CUDA_VISIBLE_DEVICES) and every name listed in
 ~/.config/vllm). Anything else (GLOO_*, OMPI_*, FLASHINFER_*, CUTE_DSL_*, ...) a rank has only if
 the `ray start` of its own node had it.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,7 @@ logger = init_logger(__name__)
 
 DEFAULT_ENV_VAR_PREFIXES = ("VLLM_", "NCCL_", "UCX_", "HF_", "HUGGING_FACE_", "LMCACHE_")
 DEFAULT_EXTRA_ENV_VARS = ("PYTHONHASHSEED",)
-WORKER_SPECIFIC_ENV_VARS = frozenset(
-    {"VLLM_HOST_IP", "VLLM_HOST_PORT", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES"}
-)
+WORKER_SPECIFIC_ENV_VARS = frozenset({"VLLM_HOST_IP", "VLLM_HOST_PORT", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES"})
 
 
 def config_root(environ: dict[str, str] | None = None) -> str:
@@ -43,9 +42,7 @@ def load_non_carry_over(path: str) -> set[str]:
                 return set(json.load(f))
         return set()
     except (json.JSONDecodeError, TypeError):
-        logger.warning(
-            "Failed to parse %s. Using an empty set for non-carry-over env vars.", path
-        )
+        logger.warning("Failed to parse %s. Using an empty set for non-carry-over env vars.", path)
         return set()
 
 
@@ -78,9 +75,7 @@ def get_env_vars_to_copy(environ: dict[str, str] | None = None, destination: str
     path = non_carry_over_file(env)
     plan = plan_env_copy(env, load_non_carry_over(path), path)
     logger.info("Env var prefixes to copy: %s", sorted(DEFAULT_ENV_VAR_PREFIXES))
-    logger.info(
-        "Copying the following environment variables to %s: %s", destination, sorted(plan.copied)
-    )
+    logger.info("Copying the following environment variables to %s: %s", destination, sorted(plan.copied))
     if plan.non_carry_over:
         logger.info("RAY_NON_CARRY_OVER_ENV_VARS from config: %s", sorted(plan.non_carry_over))
     if plan.skipped_non_carry_over:

@@ -3,6 +3,7 @@ vLLM's RayDistributedExecutor) and an in-process one for world size 1 without Ra
 
 `ray` is imported only here, only when the Ray executor starts.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,14 @@ logger = init_logger(__name__)
 
 
 # Per-host settings worth showing per rank (a head value copied over a worker's shows up here).
-PER_HOST_VARS = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_DISABLE",
-                 "UCX_NET_DEVICES", "GLOO_SOCKET_IFNAME")
+PER_HOST_VARS = (
+    "VLLM_HOST_IP",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_IB_HCA",
+    "NCCL_IB_DISABLE",
+    "UCX_NET_DEVICES",
+    "GLOO_SOCKET_IFNAME",
+)
 
 
 class Interrupted(Exception):
@@ -52,7 +59,12 @@ class BaseExecutor:
         for r in self.reports:
             logger.info(
                 "Worker rank %d: hostname=%s pid=%d ip=%s ray_node_ip=%s node_id=%s",
-                r["rank"], r["hostname"], r["pid"], r["ip"], r["node_ip"], r["node_id"][:12],
+                r["rank"],
+                r["hostname"],
+                r["pid"],
+                r["ip"],
+                r["node_ip"],
+                r["node_id"][:12],
             )
             shown = {k: r["env"].get(k) for k in PER_HOST_VARS if k in r["env"]}
             logger.info("Worker rank %d network environment: %s", r["rank"], shown)
@@ -62,8 +74,11 @@ class BaseExecutor:
             return
         for r in sorted(self.reports, key=lambda r: r["rank"]):
             for level, text in r["nccl"]["lines"]:
-                print(f"{_worker_prefix(r)} {r['hostname']}:{r['pid']}:{r['pid']} [0] NCCL {level} {text}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{_worker_prefix(r)} {r['hostname']}:{r['pid']}:{r['pid']} [0] NCCL {level} {text}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         for r in sorted(self.reports, key=lambda r: r["rank"]):
             if r["nccl"]["error"]:
                 from vllm_standin.nccl import DistBackendError
@@ -162,8 +177,7 @@ class RayExecutor(BaseExecutor):
             )
         if ray.cluster_resources().get("GPU", 0) < self.world_size:
             logger.warning(
-                "The number of required GPUs exceeds the total number of available GPUs in the "
-                "placement group."
+                "The number of required GPUs exceeds the total number of available GPUs in the placement group."
             )
 
         specs: list[dict[str, float]] = [{"GPU": 1.0} for _ in range(self.world_size)]
@@ -193,8 +207,10 @@ class RayExecutor(BaseExecutor):
         n_nodes = len({r["node_id"] for r in self.reports})
         logger.info(
             "Ranks are hosted by %d Ray node(s) %s; rank IPs %s; driver IP %s",
-            n_nodes, sorted({r["node_ip"] for r in self.reports}),
-            [r["ip"] for r in self.reports], driver_ip,
+            n_nodes,
+            sorted({r["node_ip"] for r in self.reports}),
+            [r["ip"] for r in self.reports],
+            driver_ip,
         )
         err = checks.unique_ip_error(self.reports, driver_ip)
         if err:
@@ -239,7 +255,9 @@ class RayExecutor(BaseExecutor):
                     "Check `ray status` and `ray list nodes` to see if you have enough resources, "
                     "and make sure the IP addresses used by ray cluster are the same as "
                     "VLLM_HOST_IP environment variable specified in each node if you are running "
-                    "on a multi-node.", int(time.time() - s), specs,
+                    "on a multi-node.",
+                    int(time.time() - s),
+                    specs,
                 )
         total = sum(sp.get("GPU", 0) for sp in specs)
         if total > 1:

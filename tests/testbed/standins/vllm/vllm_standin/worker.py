@@ -4,14 +4,32 @@ A rank reports what vLLM/NCCL would see from its own process on its own node: it
 get_ip() computes it, Ray's node IP, hostname, selected environment variables, and NCCL's
 interface/HCA selection. `step` stands in for one forward pass (every rank runs each token).
 """
+
 from __future__ import annotations
 
 import os
 import socket
 
 VOCAB = (
-    "spark", "tensor", "parallel", "ray", "node", "token", "cluster", "grace", "blackwell",
-    "kernel", "rank", "socket", "cache", "batch", "model", "stream", "warm", "ready", "fast",
+    "spark",
+    "tensor",
+    "parallel",
+    "ray",
+    "node",
+    "token",
+    "cluster",
+    "grace",
+    "blackwell",
+    "kernel",
+    "rank",
+    "socket",
+    "cache",
+    "batch",
+    "model",
+    "stream",
+    "warm",
+    "ready",
+    "fast",
     "quiet",
 )
 
