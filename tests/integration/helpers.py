@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import UTC
 from pathlib import Path
 
 API_KEY = "sk-testbed-4f9c1e2a7b"
@@ -60,9 +61,9 @@ def debug_log_lines(sc, since: str = "") -> list[str]:
 
 
 def utc_now() -> str:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # structlog's own form
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # structlog's own form
 
 
 def _timestamp(line: str) -> str:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -143,7 +143,7 @@ def test_healthy_cluster_passes_every_check(healthy, sc):
     rc, doc, rows = healthy
     assert rc == 0 and doc["ok"] is True
     assert sorted(rows) == sorted((i, n) for i in IDS for n in NODES)
-    for (cid, node), r in rows.items():
+    for (cid, _node), r in rows.items():
         assert r["status"] in ("ok", "skip") or (r["status"] == "warn" and cid in KNOWN_WARNS), r
     # the checks that judge the bare hosts are OK, not merely skipped
     for cid in (

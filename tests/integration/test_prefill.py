@@ -21,8 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.helpers import API_KEY, wait_for
-from tests.integration.helpers import BASE, HEAD_C, WORKER, journal, sup_state
+from tests.integration.helpers import API_KEY, BASE, HEAD_C, WORKER, journal, sup_state, wait_for
 from tests.integration.test_supervisor import rank1_pids, serving_again
 
 pytestmark = pytest.mark.testbed

@@ -30,7 +30,7 @@ from tests.testbed.hub.server import make_server, serve_forever_in_thread
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
-SPEC = '{ method = "mtp", model = "%s", num_speculative_tokens = 1 }' % DRAFT
+SPEC = f'{{ method = "mtp", model = "{DRAFT}", num_speculative_tokens = 1 }}'
 
 
 def _profiles(tmp_path, testbed_text: str) -> dict:

@@ -541,11 +541,12 @@ def test_sigint_during_serve_rolls_back(testbed, sc, env_file):
         t = threading.Thread(target=read, daemon=True)
         t.start()
         assert waiting.wait(120), "".join(lines)
-        read_rec = lambda: testbed.sh(
-            HEAD,
-            f"docker exec {HEAD_CONTAINER} cat /run/sparkcluster/serve.json",  # noqa: E731
-            check=False,
-        ).stdout.strip()
+
+        def read_rec() -> str:
+            return testbed.sh(
+                HEAD, f"docker exec {HEAD_CONTAINER} cat /run/sparkcluster/serve.json", check=False
+            ).stdout.strip()
+
         assert wait_for(read_rec, 30), "the supervisor recorded no server"
         pid_rec = read_rec()
         pid = json.loads(pid_rec)["pid"]

@@ -164,7 +164,7 @@ def preflight() -> str | None:
 class PortHolder:
     """A non-sparkcluster process holding a TCP port on a host; release() ends it."""
 
-    def __init__(self, tb: "Testbed", host: str, port: int, addr: str = "0.0.0.0"):
+    def __init__(self, tb: Testbed, host: str, port: int, addr: str = "0.0.0.0"):
         self.tb, self.host, self.port = tb, host, port
         code = (
             "import socket,time,os;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
@@ -325,7 +325,7 @@ class Testbed:
         return run(self.ssh_argv(host) + [cmd], check=check, timeout=timeout)
 
     # ---------------------------------------------------------------- up
-    def up(self) -> "Testbed":
+    def up(self) -> Testbed:
         """Bring the testbed up, or reuse a healthy one; refuse on a half-broken one."""
         err = preflight()
         if err:
@@ -1704,7 +1704,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             return 0
 
 
-def ssh_account(tb: "Testbed | None" = None) -> dict:
+def ssh_account(tb: Testbed | None = None) -> dict:
     """Who the testbed's SSH user is, from its facts file (ssh_user, uid, gid, home, hf_cache)."""
     tb = tb or Testbed()
     try:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from datetime import UTC
 from pathlib import Path
 
 import docker
@@ -355,10 +356,10 @@ def test_decode_speed_is_from_tpot():
 
 
 def test_run_folder_under_the_state_dir(tmp_path, monkeypatch):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    now = datetime(2026, 11, 23, 2, 14, 25, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 23, 2, 14, 25, tzinfo=UTC)
     d = B.new_run_dir("pair", now=now)
     assert d == tmp_path / "state" / "sparkcluster" / "bench" / "pair" / "20261123T021425Z" and d.is_dir()
     assert B.new_run_dir("pair", now=now).name == "20261123T021425Z-2"

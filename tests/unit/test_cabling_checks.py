@@ -144,9 +144,9 @@ def test_hca_down_shows_all_four_states_and_the_other_port():
     # the worker's cable sits in port 0 while the inventory lists port 1
     s = one_cable()
     f = s.facts[W]
-    for nd, hca, _ in PORT1:
+    for _nd, hca, _ in PORT1:
         f.hcas[hca] = dataclasses.replace(f.hcas[hca], state="1: DOWN")
-    for nd, hca, _ in PORT0:
+    for _nd, hca, _ in PORT0:
         f.hcas[hca] = dataclasses.replace(f.hcas[hca], state="4: ACTIVE")
     r = results(s)[("rdma.hca", W)]
     assert r.status == "fail"

@@ -44,9 +44,8 @@ def test_up_fails_when_the_engines_ranks_use_sockets_and_passes_without_nccl():
     import pytest
 
     from sparkcluster.errors import StageError
-    from sparkcluster.up.stages import serve
-
     from sparkcluster.remote.fanout import Cluster
+    from sparkcluster.up.stages import serve
 
     def cluster(text: str) -> Cluster:
         out = f"@@sc@@ nccl\n{text}\n@@sc@@ nccl rc=0\n"

@@ -22,7 +22,7 @@ def plan_for(kind, held):
     inv, found = _four(kind, _switch if kind == "switch" else _ring)
     for n in inv.nodes:
         inv.set_home(n.name, "/home/spark", "1000:1000")
-    for n, f in found.items():
+    for f in found.values():
         f.docker = CLASSIC
     found["spark-1"].image_id = HEAD_ID
     found["spark-1"].image_layers = ImageLayers(HEAD_ID, tuple(L), (5_000_000_000, 300_000_000, 90_000_000))

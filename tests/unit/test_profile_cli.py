@@ -93,9 +93,9 @@ def test_lint_failures_one_line_each_exit_1(capsys, tmp_path, monkeypatch):
     assert rc == 1
     lines = out.strip().splitlines()
     assert len(lines) == 3
-    assert any(l.startswith("broken: [gpu-memory-utilization]") for l in lines)
-    assert any(l.startswith("broken: [tp-pp-gpus]") for l in lines)
-    assert any(l.startswith("broken: [quantization]") for l in lines)
+    assert any(line.startswith("broken: [gpu-memory-utilization]") for line in lines)
+    assert any(line.startswith("broken: [tp-pp-gpus]") for line in lines)
+    assert any(line.startswith("broken: [quantization]") for line in lines)
     assert "Traceback" not in out + err
 
 

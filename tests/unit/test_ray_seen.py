@@ -55,7 +55,7 @@ def test_unreadable_or_foreign_file_is_empty(state):
     (state / "sparkcluster").mkdir()
     ray_seen.path().write_text("[1, 2")
     assert ray_seen.load() == {}
-    ray_seen.path().write_text('{"not an id": "ray, version 1", "%s": 5}' % ID_A)
+    ray_seen.path().write_text(f'{{"not an id": "ray, version 1", "{ID_A}": 5}}')
     assert ray_seen.load() == {}
 
 

@@ -58,7 +58,7 @@ class Repo:
     files: dict[str, RepoFile] = field(default_factory=dict)
     sha: str = ""
 
-    def load(self) -> "Repo":
+    def load(self) -> Repo:
         for p in sorted(self.root.rglob("*")):
             if p.is_file() and not p.name.startswith("."):
                 rel = p.relative_to(self.root).as_posix()

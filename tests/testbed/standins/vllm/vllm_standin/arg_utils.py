@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm",
         allow_abbrev=False,
-        description="vLLM CLI (test double standing in for vLLM %s)" % __version__,
+        description=f"vLLM CLI (test double standing in for vLLM {__version__})",
     )
     parser.add_argument("-v", "--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="subparser", metavar="{chat,complete,serve,bench,collect-env,run-batch}")

@@ -6,7 +6,7 @@ node_id, hostname, pid, env (selected variables of the rank's own process).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 # Variables a served model needs on every rank, identical everywhere (the test double's table).
 MODEL_REQUIRED_ENV: dict[str, tuple[str, ...]] = {
