@@ -2,7 +2,7 @@
 TP=2 over Ray (`testbed`) and with vLLM's own multi-node launch (`testbed-mp`).
 
 Per executor, REPS times: `up` from down (wall time, the CLI's), then, serving idle (no request),
-the memory of both hosts' containers (PSS, shared pages counted once: run.PSS_OF_CONTAINERS) and their
+the memory of both hosts' containers (PSS, shared pages counted once: memory.PSS_OF_CONTAINERS) and their
 CPU over IDLE_WINDOW_S (the CPU time of every process in a docker container of the host, from
 /proc/<pid>/stat). Figures: up(mp) / up(ray), and each executor's memory and idle CPU per host.
 `python -m perf.run --executors` runs this alone and writes perf/executors.md.
@@ -40,7 +40,7 @@ def idle_cpu_pct(tb, hosts) -> dict[str, float]:
 def measure(tb, sc, hosts, pss, reps: int) -> dict[str, dict[str, list[float]]]:
     """{executor: {figure: [value per repetition]}}; leaves the cluster down."""
     raw: dict[str, dict[str, list[float]]] = {e: {} for e in PROFILES}
-    for i in range(reps):
+    for _ in range(reps):
         for executor, profile in PROFILES.items():
             sc("down", timeout=180)
             r = sc("up", "--profile", profile, timeout=900)

@@ -14,25 +14,26 @@ REPS from $BENCH_REPS (default 3).
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import statistics
-import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-from perf.run import CLI, say
+from perf import doctor, testbed
+from perf.cli import CLI
+from perf.figures import say
 from sparkcluster import log
 from sparkcluster.config import images
 from sparkcluster.config import inventory as inventories
 from sparkcluster.config import profile as profiles
-from tests.testbed.testbed import Testbed
 
 PROFILE = "testbed-pp"
 HERE = Path(__file__).resolve().parent
 
 
-def image_stage(tb: Testbed, sc: CLI, image: str, lacking: list[str]) -> float:
+def image_stage(tb: testbed.Testbed, sc: CLI, image: str, lacking: list[str]) -> float:
     """Seconds of the image stage when the workers in `lacking` lack the cluster image."""
     for w in lacking:
         if tb.image_id(w, image):
@@ -53,47 +54,23 @@ def image_stage(tb: Testbed, sc: CLI, image: str, lacking: list[str]) -> float:
     return t1 - t0
 
 
-def doctor_ratio(inv, prof) -> tuple[float, dict[str, float]]:
-    from sparkcluster import facts
-    from sparkcluster.checks import preflight
-    from sparkcluster.remote.fanout import connect_all
-
-    expect = preflight.expectations(inv, prof)
-
-    def every() -> tuple[float, dict]:
-        t = time.time()
-        rep, cluster = preflight.run(inv, prof)
-        if cluster:
-            cluster.close()
-        return time.time() - t, rep.facts
-
-    _, ref = every()  # the facts the path-MTU probes need, and a warm start
-    t_all, _ = every()
-    alone = {}
-    for node in inv.nodes:
-        t = time.time()
-        h = connect_all(inv, [node]).values_or_raise("connect")[node.name]
-        try:
-            facts.gather(h, inv, expect.image)
-            facts.gather_path_mtu(h, facts.path_mtu_probes(node, ref))
-        finally:
-            h.close()
-        alone[node.name] = time.time() - t
-    return t_all, alone
-
-
-def main() -> int:
-    tb = Testbed()
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="python -m perf.nodes",
+        description="Four Sparks (issue 27): image distribution to three workers / one, doctor on four / the "
+        "slowest alone, on a four-host testbed; writes perf/nodes-<wiring>.md. BENCH_REPS sets the repetitions.",
+    ).parse_args(argv)
+    tb = testbed.Testbed()
     if len(tb.hosts) != 4 or tb.problems():
         raise SystemExit("perf.nodes needs a healthy four-host testbed: make testbed-down && make testbed-up HOSTS=4")
     reps = int(os.environ.get("BENCH_REPS", "3"))
-    wiring = tb._state().get("wiring", "switch")
+    wiring = testbed.wiring(tb)
     out = HERE / f"nodes-{wiring}.md"
     workdir = Path(os.environ.get("BENCH_WORKDIR", "/tmp/sparkcluster-bench-nodes"))
     workdir.mkdir(parents=True, exist_ok=True)
     os.environ["XDG_STATE_HOME"] = str(workdir / "state-inprocess")
     log.configure("warning")
-    sc = CLI(tb, workdir)
+    sc = CLI(tb, workdir, hosts=tuple(tb.hosts))
     inv, prof = inventories.load(tb.inventory), profiles.load_profile(PROFILE)
     image = images.image_ref(inv, prof)
     sc("down", timeout=300, check=False)
@@ -102,7 +79,7 @@ def main() -> int:
     for i in range(reps):
         one.append(image_stage(tb, sc, image, workers[:1]))
         three.append(image_stage(tb, sc, image, workers))
-        t_all, alone = doctor_ratio(inv, prof)
+        t_all, alone = doctor.fanout(inv, prof)
         dr.append(t_all / max(alone.values()))
         say(
             f"  #{i}: image stage, one worker lacking {one[-1]:.1f}s, three {three[-1]:.1f}s "
@@ -116,7 +93,7 @@ def main() -> int:
         verdict = "-" if ok is None else ("yes" if ok(med) else "**no**")
         return f"| {name} | {med:.2f} | {min(xs):.2f} | {max(xs):.2f} | {unit} | {target} | {verdict} |"
 
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     text = "\n".join(
         [
             f"Four Sparks, {'a ring' if wiring == 'ring' else 'through a switch'} (issue 27), {when}: the four-host "

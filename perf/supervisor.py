@@ -4,6 +4,7 @@ worker reboot to serving again, and the supervisor's own CPU and memory on the h
 The wedge is rank 1's worker stopped with SIGSTOP (as in tests/integration/test_supervisor.py); a
 reboot is the testbed's knob (the worker's dockerd and everything under it stopped and started).
 "serving again" is the supervisor saying so and a completion answering, polled every 0.5 s.
+Once each whatever BENCH_REPS: the testbed profile allows two restarts an hour.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from __future__ import annotations
 import json
 import time
 
-from tests.integration.helpers import answers
+from perf import testbed
+from perf.figures import Figure, info, say
 
 HEAD_C = "sparkcluster-testbed-head"
-BASE = "http://198.18.0.2:8000"
+BASE = f"http://{testbed.lan_ip('spark-head')}:8000"
 CPU_WINDOW_S = 60.0
 AGENT = "^python3 /opt/sparkcluster "  # the agent, not tini in front of it
 
@@ -25,7 +27,7 @@ def _state(tb) -> dict:
 
 
 def _answers(api_key: str) -> bool:
-    return answers(BASE, "testbed-tiny", api_key=api_key)
+    return testbed.answers(BASE, "testbed-tiny", api_key=api_key)
 
 
 def _serving_again(tb, since: float, api_key: str, timeout: float) -> float:
@@ -71,3 +73,46 @@ def agent_cost(tb) -> tuple[float, float]:
     b, t1 = ticks(), time.monotonic()
     rss_kb = int(tb.sh("spark-head", f"awk '/^VmRSS/ {{print $2}}' /proc/{pid}/status").stdout.strip())
     return 100.0 * (b - a) / hz / (t1 - t0), rss_kb / 1024
+
+
+def measure(s) -> None:
+    """On the serving cluster of session `s`: the agent's cost, then a wedge, then a worker reboot."""
+    cpu, rss = agent_cost(s.tb)
+    s.rec("agent_cpu_pct", cpu)
+    s.rec("agent_rss_mb", rss)
+    s.rec("wedge_to_serving_s", wedge_to_serving(s.tb, testbed.API_KEY))
+    s.rec("reboot_to_serving_s", worker_reboot_to_serving(s.tb, testbed.API_KEY))
+    say(
+        f"  agent {cpu:.2f}% of a core, {rss:.0f} MB; wedge to serving {s.last('wedge_to_serving_s'):.0f}s, "
+        f"worker reboot to serving {s.last('reboot_to_serving_s'):.0f}s"
+    )
+
+
+def figures(R: dict) -> list[Figure]:
+    if not R.get("agent_cpu_pct"):
+        return []
+    return [
+        Figure(
+            "agent_cpu",
+            "supervisor on the head, serving idle: CPU",
+            "% of a core",
+            "< 1",
+            R["agent_cpu_pct"],
+            max(R["agent_cpu_pct"]) < 1,
+        ),
+        Figure(
+            "agent_rss",
+            "supervisor on the head: memory (RSS)",
+            "MB",
+            "< 100",
+            R["agent_rss_mb"],
+            max(R["agent_rss_mb"]) < 100,
+        ),
+        info(
+            "wedge_to_serving",
+            "rank 1 stopped (SIGSTOP) to serving again, no controller",
+            "s",
+            R["wedge_to_serving_s"],
+        ),
+        info("reboot_to_serving", "worker reboot to serving again, no controller", "s", R["reboot_to_serving_s"]),
+    ]

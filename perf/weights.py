@@ -1,7 +1,7 @@
 """Issue 15's budgets, measured on the testbed with its hub (`tests/testbed/hub`). Called from
-bench/run.py's Bench (the lead wires it: `weights_round(bench, baseline, i)` per repetition inside the
-`with Baseline(...)` block, `weights_present(bench, run)` on each up of `up_from_down`, then
-`weights_figures(bench)` into make_figures). Not run by its author: no testbed was free.
+perf/run.py with its Session as `bench` (the lead wires it: `weights_round(bench, baseline, i)` per
+repetition inside the `with image.Baseline(...)` block, `weights_present(bench, run)` on each `up` of
+`up.measure_from_down`, then `weights_figures(bench)` into `run.figures`). Not run by its author: no testbed was free.
 
 Figures:
 - hub bytes for a fresh two-node stage / the repo's size (budget 1.0: fetched once, not per node);
@@ -19,18 +19,18 @@ import re
 import time
 from pathlib import Path
 
-from tests.testbed.hub import HUB_IP, HUB_PORT, SYNTHETIC, knobs, stats
+from perf import testbed
+from perf.counters import sysfs_bytes
+from perf.figures import Figure
 
-HUB = f"http://{HUB_IP}:{HUB_PORT}"
+SYNTHETIC = testbed.SYNTHETIC
 PROFILE = "bench-weights"
 REPO_DIR = f"hub/models--{SYNTHETIC.replace('/', '--')}"
 
 
 def _cache() -> str:
     """The SSH user's HF cache on the hosts, from the testbed's facts file."""
-    from tests.testbed.testbed import ssh_account
-
-    return ssh_account()["hf_cache"]
+    return testbed.hf_cache()
 
 
 def _profile_dir(bench) -> Path:
@@ -44,21 +44,19 @@ def _profile_dir(bench) -> Path:
 
 
 def _lan_worker_bytes() -> int:
-    from perf.run import sysfs_bytes
-
-    return sysfs_bytes("sctb-worker")
+    return sysfs_bytes(testbed.lan_veth("spark-worker"))
 
 
 def weights_round(bench, baseline, i: int) -> None:
     _profile_dir(bench)
-    tb, size = bench.tb, stats(HUB)["repos"][SYNTHETIC]["size"]
+    tb, size = bench.tb, testbed.hub_stats()["repos"][SYNTHETIC]["size"]
     # 1. fresh on both nodes: the hub serves it once; nothing reaches the worker through the controller
     for h in ("spark-head", "spark-worker"):
         tb.sh(h, f"rm -rf {_cache()}/{REPO_DIR}")
-    knobs(HUB, bytes_served=0)
+    testbed.hub_knobs(bytes_served=0)
     lan0 = _lan_worker_bytes()
     bench.sc("weights", "pull", "--profile", PROFILE, timeout=1800)
-    bench.rec("w_hub_ratio", stats(HUB)["bytes_served"] / size)
+    bench.rec("w_hub_ratio", testbed.hub_stats()["bytes_served"] / size)
     bench.rec("w_ctrl_worker_bytes", _lan_worker_bytes() - lan0)
 
     # 2. replication alone (worker emptied), then the raw baseline over the same link, order alternated
@@ -102,12 +100,10 @@ def weights_present(bench, run, hub_bytes_before: int) -> None:
     m = re.search(r"✓ weights ([0-9.]+)s", run.stderr)
     if m:
         bench.rec("w_present_s", float(m.group(1)))
-    bench.rec("w_present_hub_bytes", stats(HUB)["bytes_served"] - hub_bytes_before)
+    bench.rec("w_present_hub_bytes", testbed.hub_stats()["bytes_served"] - hub_bytes_before)
 
 
 def weights_figures(bench) -> list:
-    from perf.run import Figure
-
     R, F = bench.raw, []
     if "w_hub_ratio" in R:
         F.append(

@@ -1,0 +1,379 @@
+"""Image distribution's figures: the worker lacking every layer (sparkcluster against
+`docker save | ssh | docker load` over the same link, to the worker's dockerd `load` event), the base
+on both hosts (bytes on the link against the bytes of the layers the worker lacks), identical image
+IDs (recorded by `up` from down, perf/up.py), and what crosses the controller.
+
+It changes the worker's images and puts them back: `worker_rmi` removes the cluster image (with any
+other tag of its ID, put back by `restore_aliases`), `worker_bare` sets aside every image sharing a
+layer with it (`restore_worker` loads them back).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import statistics
+import time
+from pathlib import Path
+
+from perf.counters import LINK_NOISE
+from perf.figures import Figure, info
+from perf.figures import say as _say
+from perf.session import PROFILE
+
+BASELINE_DIR = "/tmp/sparkcluster-bench-baseline"  # on each host (each host has a private /tmp)
+BASELINE_PORT = 2222
+
+# the bytes of each layer as docker save emits it (its tar), by diff ID: what "the layers the
+# worker lacks" weigh on the wire before TCP/IP. Run on the head, reading docker save.
+LAYER_TAR_SIZES = r"""
+import hashlib, json, sys, tarfile
+out = {}
+with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as t:
+    for m in t:
+        if m.isfile() and (m.name.endswith("/layer.tar") or "/blobs/sha256/" in "/" + m.name):
+            h, f = hashlib.sha256(), t.extractfile(m)
+            while True:
+                b = f.read(1 << 20)
+                if not b:
+                    break
+                h.update(b)
+            out["sha256:" + h.hexdigest()] = m.size
+print(json.dumps(out))
+"""
+
+
+class Baseline:
+    """A throwaway second sshd on the worker, bound to its control address only, that accepts one
+    throwaway key kept on the head; removed (process, keys, config) at exit."""
+
+    def __init__(self, tb, head_ip: str, worker_ip: str):
+        self.tb, self.head_ip, self.worker_ip = tb, head_ip, worker_ip
+
+    def __enter__(self) -> Baseline:
+        d, tb, W, H = BASELINE_DIR, self.tb, "spark-worker", "spark-head"
+        self.__exit__()
+        pub = tb.sh(
+            H,
+            f"mkdir -p -m 700 {d} && ssh-keygen -q -t ed25519 -N '' -C sparkcluster-bench -f {d}/id && cat {d}/id.pub",
+        ).stdout
+        tb.sh(W, f"mkdir -p -m 700 {d} && ssh-keygen -q -t ed25519 -N '' -f {d}/host_key")
+        tb.sh(W, f"cat > {d}/authorized_keys && chmod 600 {d}/authorized_keys", input=pub)
+        tb.sh(
+            W,
+            f"cat > {d}/sshd_config",
+            input=f"""# sparkcluster bench: save-ssh-load baseline only
+ListenAddress {self.worker_ip}:{BASELINE_PORT}
+HostKey {d}/host_key
+PidFile {d}/sshd.pid
+AuthorizedKeysFile {d}/authorized_keys
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+UsePAM no
+StrictModes no
+X11Forwarding no
+PrintMotd no
+""",
+        )
+        tb.sh(
+            W,
+            f"/usr/sbin/sshd -t -f {d}/sshd_config && /usr/sbin/sshd -f {d}/sshd_config -E {d}/sshd.log && "
+            f"for i in $(seq 100); do ss -Hltn 'sport = :{BASELINE_PORT}' | grep -q . && break; sleep 0.05; done",
+        )
+        kt, key = tb.sh(W, f"cat {d}/host_key.pub").stdout.split()[:2]
+        tb.sh(H, f"cat > {d}/known_hosts", input=f"[{self.worker_ip}]:{BASELINE_PORT} {kt} {key}\n")
+        self.ssh = (
+            f"ssh -i {d}/id -o BatchMode=yes -o IdentitiesOnly=yes -o UserKnownHostsFile={d}/known_hosts "
+            f"-o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes -b {self.head_ip} "
+            f"-p {BASELINE_PORT} root@{self.worker_ip}"
+        )
+        tb.sh(H, f"{self.ssh} true", timeout=30)
+        return self
+
+    def command(self, image: str) -> str:
+        return f"set -o pipefail; docker save {image} | {self.ssh} docker load -q"
+
+    def __exit__(self, *exc) -> None:
+        d = BASELINE_DIR
+        self.tb.sh("spark-worker", f"[ -f {d}/sshd.pid ] && kill $(cat {d}/sshd.pid); rm -rf {d}", check=False)
+        self.tb.sh("spark-head", f"rm -rf {d}", check=False)
+
+
+def _stop_after_image(line: str, p) -> None:
+    if line.startswith("✓ image"):
+        p.send_signal(signal.SIGINT)  # only the image stage is measured: Ctrl-C, `up` rolls back
+
+
+class Images:
+    """The image figures of one run, on its session `s` (testbed, CLI, counters, raw records)."""
+
+    def __init__(self, s):
+        self.s, self.tb, self.image = s, s.tb, s.image
+        self.aliases: set[str] = set()  # the worker's other tags of the cluster image, put back at the end
+        self._tar_sizes: dict[str, int] | None = None
+
+    def size(self) -> int:
+        return int(self.tb.docker("spark-head", f"image inspect --format '{{{{.Size}}}}' {self.image}").stdout)
+
+    def loaded_at(self, since: float) -> float | None:
+        """When the worker's dockerd finished loading the image: its `load` image event."""
+        out = self.tb.docker(
+            "spark-worker",
+            f"events --since {int(since) - 1} --until {int(time.time()) + 2} "
+            "--filter type=image --filter event=load --format '{{.TimeNano}}'",
+            check=False,
+        ).stdout.split()
+        times = [int(x) / 1e9 for x in out if x.isdigit() and int(x) / 1e9 >= since]
+        return min(times) if times else None
+
+    def worker_rmi(self) -> None:
+        """The cluster image off the worker: its tag, and any other tag of the same image ID (the
+        testbed's own cache tag), or `docker rmi` only untags and every layer stays; those tags
+        are put back by `restore_aliases`."""
+        iid = self.tb.image_id("spark-worker", self.image)
+        if not iid:  # the worker may lack it already (set aside with every image sharing its layers)
+            return
+        tags = json.loads(
+            self.tb.docker("spark-worker", f"image inspect --format '{{{{json .RepoTags}}}}' {iid}").stdout
+        )
+        others = [t for t in tags or [] if t != self.image]
+        self.aliases.update(others)
+        self.tb.docker("spark-worker", " ".join(["rmi", self.image, *others]))
+
+    def restore_aliases(self) -> None:
+        for tag in sorted(self.aliases):
+            if self.tb.image_id("spark-worker", self.image) and not self.tb.image_id("spark-worker", tag):
+                self.tb.docker("spark-worker", f"tag {self.image} {tag}")
+
+    def same_on_both(self) -> bool:
+        return self.tb.image_id("spark-worker", self.image) == self.tb.image_id("spark-head", self.image)
+
+    def worker_layers(self) -> list[list[str]]:
+        out = self.tb.sh(
+            "spark-worker",
+            'ids=$(docker image ls -q --no-trunc | sort -u); [ -z "$ids" ] || '
+            "docker image inspect --format '{{json .RootFS.Layers}}' $ids",
+        ).stdout
+        return [json.loads(x) or [] for x in out.split()]
+
+    def lacking_bytes(self) -> tuple[int, int, int]:
+        """(tar bytes of the cluster image's layers the worker lacks, layers lacking, layers): the
+        worker's holdings as sparkcluster sees them (the longest bottom-up prefix of any image)."""
+        from sparkcluster.movement import layers
+
+        mine = self._head_layers()
+        if self._tar_sizes is None:
+            self._tar_sizes = json.loads(
+                self.tb.sh(
+                    "spark-head",
+                    f"set -o pipefail; docker save {self.image} | python3 -c {shlex.quote(LAYER_TAR_SIZES)}",
+                    timeout=600,
+                ).stdout
+            )
+        held = layers.held_prefix(mine, self.worker_layers())
+        return sum(self._tar_sizes[d] for d in mine[held:]), len(mine) - held, len(mine)
+
+    def _worker_tags(self) -> list[str]:
+        out = self.tb.docker("spark-worker", "images --format '{{.Repository}}:{{.Tag}}'").stdout.split()
+        return [t for t in out if "<none>" not in t]
+
+    def _layers_on(self, host: str, ref: str) -> list[str]:
+        out = self.tb.docker(host, f"image inspect --format '{{{{json .RootFS.Layers}}}}' {shlex.quote(ref)}").stdout
+        return json.loads(out) or []
+
+    def _head_layers(self) -> list[str]:
+        return self._layers_on("spark-head", self.image)
+
+    def worker_bare(self, aside: Path) -> None:
+        """The worker lacks every layer of the cluster image: the images sharing any are set aside
+        (docker save to the controller, then removed); `restore_worker` loads them back."""
+        if self.tb.image_id("spark-worker", self.image):
+            self.worker_rmi()
+        # the cluster image is gone from the worker first, so its layers are named from the head
+        mine = set(self._head_layers())
+        tags = [t for t in self._worker_tags() if set(self._layers_on("spark-worker", t)) & mine]
+        self.tb.set_images_aside("spark-worker", tags, aside)
+        lacking, n_lack, n_all = self.lacking_bytes()
+        if n_lack != n_all:
+            raise SystemExit(f"bench: the worker still holds {n_all - n_lack} of the image's layers")
+        _say(f"  worker set bare: {', '.join(tags) or 'nothing to set aside'}")
+
+    def restore_worker(self, aside: Path) -> None:
+        self.tb.restore_images("spark-worker", aside)
+
+    def delta(self, i: int) -> str:
+        """The base on both hosts (as after docker pull on each Spark): only the Ray layers move.
+        Returns the progress line."""
+        s = self.s
+        self.worker_rmi()
+        lacking, n_lack, n_all = self.lacking_bytes()
+        if not n_lack:
+            raise SystemExit("bench: the worker still holds every layer of the cluster image after its rmi")
+        with s.sampler:
+            r = s.sc("up", "--profile", PROFILE, check=False, on_line=_stop_after_image)
+        t_img, t_img_ok = r.at("▸ image"), r.at("✓ image")
+        if t_img_ok is None:
+            raise SystemExit(f"bench: up did not finish its image stage\n{r.stderr}")
+        link, _ = s.sampler.delta(t_img, t_img_ok)
+        if not self.same_on_both():
+            raise SystemExit("bench: the worker's image ID differs from the head's after the transfer")
+        s.rec("delta_link_bytes", link)
+        s.rec("delta_lacking_bytes", lacking)
+        s.rec("delta_ratio", link / max(lacking, 1))
+        s.rec("delta_stage_s", t_img_ok - t_img)
+        s.details["delta_layers"] = {"lacking": n_lack, "of": n_all}
+        return (
+            f"  delta #{i}: {n_lack} of {n_all} layers lacking, {lacking:,} B of layer tars; {link:,} B on the link "
+            f"({link / max(lacking, 1):.3f}), image stage {t_img_ok - t_img:.2f}s"
+        )
+
+    def transfer(self, i: int, baseline: Baseline) -> None:
+        """The image goes head -> worker, the worker lacking every layer: sparkcluster's image
+        stage, then the baseline (order alternates), each to the worker's `load` event."""
+        s = self.s
+
+        def ours() -> None:
+            self.worker_rmi()
+            with s.sampler:
+                r = s.sc("up", "--profile", PROFILE, check=False, on_line=_stop_after_image)
+            t_img, t_img_ok = r.at("▸ image"), r.at("✓ image")
+            if t_img_ok is None:
+                raise SystemExit(f"bench: up did not finish its image stage\n{r.stderr}")
+            win = s.sampler.window(t_img, t_img_ok)
+            link, lan = s.sampler.delta(t_img, t_img_ok)
+            if win is None:
+                raise SystemExit("bench: no transfer seen on the control link during the image stage")
+            loaded = self.loaded_at(t_img)
+            if loaded is None:
+                raise SystemExit("bench: no `load` event from the worker's dockerd")
+            s.rec("xfer_sc_s", loaded - t_img)
+            s.rec("xfer_sc_link_s", win[1] - win[0])
+            s.rec("xfer_sc_link_bytes", link)
+            s.rec("xfer_sc_lan_bytes", lan)
+            s.rec("xfer_sc_stage_s", t_img_ok - t_img)
+            _say(
+                f"  transfer #{i} sparkcluster: {loaded - t_img:.2f}s to loaded, {win[1] - win[0]:.2f}s on the link "
+                f"({link:,} B), image stage {t_img_ok - t_img:.2f}s, controller LAN {lan:,} B"
+            )
+
+        def theirs() -> None:
+            self.worker_rmi()
+            with s.sampler:
+                t0 = time.time()
+                self.tb.sh("spark-head", baseline.command(self.image), timeout=600)
+                t1 = time.time()
+            win = s.sampler.window(t0, t1)
+            if win is None:
+                raise SystemExit("bench: no transfer seen on the control link for the baseline")
+            loaded = self.loaded_at(t0)
+            if loaded is None:
+                raise SystemExit("bench: no `load` event from the worker's dockerd")
+            s.rec("xfer_base_s", loaded - t0)
+            s.rec("xfer_base_link_s", win[1] - win[0])
+            s.rec("xfer_base_wall", t1 - t0)
+            _say(
+                f"  transfer #{i} save-ssh-load: {loaded - t0:.2f}s to loaded, {win[1] - win[0]:.2f}s on the link, "
+                f"{t1 - t0:.2f}s wall"
+            )
+
+        for step in (ours, theirs) if i % 2 == 0 else (theirs, ours):
+            step()
+        if not self.same_on_both():
+            raise SystemExit("bench: the worker's image ID differs from the head's after the transfer")
+        s.rec("xfer_ratio", s.raw["xfer_base_s"][-1] / s.raw["xfer_sc_s"][-1])
+
+
+def figures(R: dict, size: int) -> list[Figure]:
+    """The image rows of the table; `size`: the cluster image's size in bytes."""
+    F = [
+        Figure(
+            "image_controller_bytes",
+            "image transfer: bytes on the controller's LAN veths",
+            "bytes",
+            f"0 image bytes (< {size // 1000:,} = 0.1% of the image)",
+            [float(x) for x in R["xfer_sc_lan_bytes"]],
+            max(R["xfer_sc_lan_bytes"]) < size / 1000,
+            note=f"image {size:,} B; these bytes are the SSH session's own traffic (an upper bound)",
+        ),
+        info(
+            "image_link_bytes",
+            "image transfer: bytes on the head-worker control link",
+            "bytes",
+            [float(x) for x in R["xfer_sc_link_bytes"]],
+        ),
+    ]
+    if R.get("delta_ratio"):
+        F += [
+            Figure(
+                "image_delta_ratio",
+                "image transfer, base on both: link bytes / bytes of the layers the worker lacks",
+                "ratio",
+                "<= 1.05",
+                R["delta_ratio"],
+                statistics.median(R["delta_ratio"]) <= 1.05,
+                note="denominator: those layers' tars as docker save emits them; the link counts "
+                "TCP/IP and ACKs both ways",
+            ),
+            info("image_delta_bytes", "  ... bytes on the link", "bytes", [float(x) for x in R["delta_link_bytes"]]),
+            info(
+                "image_delta_lacking",
+                "  ... bytes of the layers the worker lacks",
+                "bytes",
+                [float(x) for x in R["delta_lacking_bytes"]],
+            ),
+            info("image_delta_stage_s", "  ... image stage time", "s", R["delta_stage_s"]),
+        ]
+    F += [
+        Figure(
+            "image_throughput",
+            "image transfer, worker lacks all: sparkcluster / save-ssh-load throughput",
+            "ratio",
+            ">= 0.90",
+            R["xfer_ratio"],
+            statistics.median(R["xfer_ratio"]) >= 0.90,
+        ),
+        info(
+            "image_sc_mbps",
+            "image transfer: sparkcluster, stage start to loaded",
+            "MB/s",
+            [size / s / 1e6 for s in R["xfer_sc_s"]],
+        ),
+        info(
+            "image_base_mbps",
+            "image transfer: save-ssh-load, start to loaded",
+            "MB/s",
+            [size / s / 1e6 for s in R["xfer_base_s"]],
+        ),
+        info(
+            "image_sc_link_mbps",
+            "  ... sparkcluster, bytes on the wire only",
+            "MB/s",
+            [size / s / 1e6 for s in R["xfer_sc_link_s"]],
+        ),
+        info(
+            "image_base_link_mbps",
+            "  ... save-ssh-load, bytes on the wire only",
+            "MB/s",
+            [size / s / 1e6 for s in R["xfer_base_link_s"]],
+        ),
+        Figure(
+            "image_same_s",
+            "identical image IDs: image stage time",
+            "s",
+            "< 1",
+            R["image_same_s"],
+            max(R["image_same_s"]) < 1,
+        ),
+        Figure(
+            "image_same_bytes",
+            "identical image IDs: bytes on the control link",
+            "bytes",
+            f"0 (< {LINK_NOISE // 1024} KiB: no image moved)",
+            [float(x) for x in R["image_same_link_bytes"]],
+            max(R["image_same_link_bytes"]) < LINK_NOISE,
+        ),
+    ]
+    return F

@@ -1,0 +1,112 @@
+"""The one door from perf/ to the testbed (tests/testbed and its hub): every other perf module
+reaches the testbed through this one, and none imports `tests`.
+
+Why one door: the bench measures sparkcluster as a user runs it; the testbed is test scaffolding
+(namespaces, a stand-in hub, host knobs). Kept in one small module, what the bench relies on is
+named in one place, and a bench on real Sparks would replace this module, not the figures.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import sys
+from contextlib import contextmanager
+
+from tests.integration.helpers import API_KEY, HF_TOKEN, answers
+from tests.testbed.hub import HUB_IP, HUB_PORT, SYNTHETIC, knobs, stats
+from tests.testbed.testbed import SPECS, Testbed, ssh_account
+
+__all__ = [
+    "API_KEY",
+    "HF_TOKEN",
+    "HOSTS",
+    "HUB",
+    "LOCK_PATH",
+    "SYNTHETIC",
+    "Testbed",
+    "answers",
+    "connect",
+    "hf_cache",
+    "hub_knobs",
+    "hub_stats",
+    "lan_ip",
+    "lan_veth",
+    "locked",
+    "wiring",
+]
+
+LOCK_PATH = "/tmp/sparkcluster-testbed.lock"  # the testbed's cooperative lock (tests/README.md)
+HOSTS: tuple[str, ...] = ("spark-head", "spark-worker")  # the pair `make bench` measures
+HUB = f"http://{HUB_IP}:{HUB_PORT}"
+
+
+def _say(msg: str) -> None:
+    from perf.figures import say
+
+    say(msg)
+
+
+@contextmanager
+def locked():
+    """Hold the testbed's cooperative lock (fcntl.flock) for the whole run, waiting if it is held."""
+    with open(LOCK_PATH, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(f"waiting for the testbed lock ({LOCK_PATH}): another run is using the testbed")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def connect(hosts: int | None = None) -> Testbed:
+    """The testbed that is up and healthy (with `hosts` hosts when given), or exit 2 saying why."""
+    tb = Testbed()
+    st = tb._state()
+    if not st or st.get("phase") != "up":
+        _die("the testbed is not up: run `make testbed-up` first (then `make bench`)")
+    if hosts is not None and len(tb.hosts) != hosts:
+        _die(f"this needs a {hosts}-host testbed: make testbed-down && make testbed-up HOSTS={hosts}")
+    problems = tb.problems()
+    if problems:
+        _die(
+            "the testbed is up but unhealthy:\n  "
+            + "\n  ".join(problems)
+            + "\nfix it (or ask whoever is using it) before `make bench`"
+        )
+    return tb
+
+
+def _die(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def wiring(tb: Testbed) -> str:
+    """How the testbed's hosts are cabled: "switch" or "ring" (SPARKCLUSTER_TESTBED_CABLING)."""
+    return tb._state().get("wiring", "switch")
+
+
+def lan_ip(host: str) -> str:
+    """The host's LAN address (where the endpoint listens)."""
+    return SPECS[host].lan_ip
+
+
+def lan_veth(host: str) -> str:
+    """The controller-side end of the host's LAN veth: every byte between the controller and it."""
+    return SPECS[host].ctl_if
+
+
+def hf_cache() -> str:
+    """The SSH user's HF cache on the hosts, from the testbed's facts file."""
+    return ssh_account()["hf_cache"]
+
+
+def hub_stats() -> dict:
+    return stats(HUB)
+
+
+def hub_knobs(**values) -> dict:
+    return knobs(HUB, **values)
