@@ -27,12 +27,13 @@ import tempfile
 import time
 
 from perf.cli import REPO
+from perf.session import PROFILE
 
 # the commands whose wall time is a ratio, with the argv they run with (on a serving cluster)
 COMMANDS: dict[str, tuple[str, ...]] = {
     "doctor": ("doctor",),
     "status": ("status", "--json"),
-    "up_serving": ("up", "--profile", "testbed"),
+    "up_serving": ("up", "--profile", PROFILE),
 }
 
 # a module the command tried and lacked (an optional dependency) is tried again: the same lookup;

@@ -9,9 +9,9 @@ named in one place, and a bench on real Sparks would replace this module, not th
 from __future__ import annotations
 
 import fcntl
-import sys
 from contextlib import contextmanager
 
+from perf.figures import die, say
 from tests.integration.helpers import API_KEY, HF_TOKEN, answers
 from tests.testbed.hub import HUB_IP, HUB_PORT, SYNTHETIC, knobs, stats
 from tests.testbed.testbed import SPECS, Testbed, ssh_account
@@ -40,12 +40,6 @@ HOSTS: tuple[str, ...] = ("spark-head", "spark-worker")  # the pair `make bench`
 HUB = f"http://{HUB_IP}:{HUB_PORT}"
 
 
-def _say(msg: str) -> None:
-    from perf.figures import say
-
-    say(msg)
-
-
 @contextmanager
 def locked():
     """Hold the testbed's cooperative lock (fcntl.flock) for the whole run, waiting if it is held."""
@@ -53,7 +47,7 @@ def locked():
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            _say(f"waiting for the testbed lock ({LOCK_PATH}): another run is using the testbed")
+            say(f"waiting for the testbed lock ({LOCK_PATH}): another run is using the testbed")
             fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -61,27 +55,20 @@ def locked():
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def connect(hosts: int | None = None) -> Testbed:
-    """The testbed that is up and healthy (with `hosts` hosts when given), or exit 2 saying why."""
+def connect() -> Testbed:
+    """The testbed that is up and healthy, or exit 2 saying why."""
     tb = Testbed()
     st = tb._state()
     if not st or st.get("phase") != "up":
-        _die("the testbed is not up: run `make testbed-up` first (then `make bench`)")
-    if hosts is not None and len(tb.hosts) != hosts:
-        _die(f"this needs a {hosts}-host testbed: make testbed-down && make testbed-up HOSTS={hosts}")
+        die("the testbed is not up: run `make testbed-up` first (then `make bench`)")
     problems = tb.problems()
     if problems:
-        _die(
+        die(
             "the testbed is up but unhealthy:\n  "
             + "\n  ".join(problems)
             + "\nfix it (or ask whoever is using it) before `make bench`"
         )
     return tb
-
-
-def _die(msg: str) -> None:
-    print(f"bench: {msg}", file=sys.stderr)
-    sys.exit(2)
 
 
 def wiring(tb: Testbed) -> str:

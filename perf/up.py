@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from perf.figures import Figure, at_most_median, info
+from perf.figures import Figure, at_most_median, info, median_dicts
 from perf.hosts import ReadyProbe, container_times, serve_record, serving_identity
 from perf.session import PROFILE
 
@@ -115,8 +115,6 @@ def figures(R: dict) -> list[Figure]:
 
 def breakdown(R: dict) -> dict:
     """Where `up` from down spends its time (medians): the table under perf/results.md's figures."""
-    from perf.figures import median_dicts
-
     return {
         "critical_path": median_dicts(R["up_down_segments"]),
         "overhead": median_dicts(R["up_down_gaps"]),
