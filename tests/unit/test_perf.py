@@ -185,3 +185,31 @@ def test_run_arguments():
         run.parse_args(["--render", "--executors"])
     with pytest.raises(SystemExit):
         run.parse_args(["--bogus"])
+
+
+def test_floors_measure_records_each_command_against_its_floor(monkeypatch):
+    """floors.measure on a made-up session: the imports are learnt once per command (under
+    -X importtime), then each repetition records the floors and wall / floor."""
+    from types import SimpleNamespace
+
+    learnt = []
+
+    def sc(*args, check=True, python_flags=()):
+        assert python_flags == ("-X", "importtime") and not check
+        learnt.append(args)
+        return SimpleNamespace(stderr=IMPORTTIME)
+
+    sc.env = {}
+    raw: dict = {}
+    s = SimpleNamespace(sc=sc, inv=None, prof=None, floor_imports={}, details={}, raw=raw)
+    s.rec = lambda k, v: raw.setdefault(k, []).append(v)
+    monkeypatch.setattr(floors, "startup_s", lambda modules, env: 0.25)
+    monkeypatch.setattr(
+        floors, "per_host", lambda inv, prof: {"spark-head": {"connect": 0.1, "round_trip": 0.05, "facts": 0.25}}
+    )
+    for _ in range(2):
+        ratios = floors.measure(s, {"doctor": 0.9, "status": 0.8, "up_serving": 1.2})
+    assert learnt == list(floors.COMMANDS.values())  # once each, not per repetition
+    assert ratios == pytest.approx({"doctor": 0.9 / 0.6, "status": 0.8 / 0.4, "up_serving": 1.2 / 0.6})
+    assert raw["status_floor_ratio"] == pytest.approx([2.0, 2.0])
+    assert s.details["floor_modules_imported"] == {k: 4 for k in floors.COMMANDS}
