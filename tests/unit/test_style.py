@@ -8,9 +8,11 @@ virtual environment's bin/), then on PATH, so that the version that judges is th
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,13 @@ def ruff() -> str:
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([ruff(), *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_the_pinned_ruff_judges():
+    dev = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    pin = next(re.fullmatch(r"ruff==(\S+)", d).group(1) for d in dev if d.startswith("ruff=="))
+    found = _run("--version").stdout.split()[-1]
+    assert found == pin, f"ruff {found} found, pyproject.toml pins {pin}: pip install -e '.[dev]'"
 
 
 def test_formatted():
