@@ -24,7 +24,7 @@ from sparkcluster.errors import InputError, SparkError, StageError, StepFailure
 from sparkcluster.labels import ROLE_LABEL
 from sparkcluster.remote.fanout import Cluster, connect_reachable
 from sparkcluster.remote.lock import NodeLocks
-from sparkcluster.up.execute import Progress, Run, execute, record_preflight
+from sparkcluster.up.execute import Progress, UpRun, execute, record_preflight
 from sparkcluster.up.plan import Plan, make_plan
 from sparkcluster.up.stages import gate
 from sparkcluster.up.stages.containers import Created
@@ -178,7 +178,7 @@ def _run_locked(
     if plan.unchanged:
         port = prof.serve.port or inv.cluster.api_port
         return UpSummary(True, f"http://{cluster.head.address}:{port}/v1", prof.served_model_name, old.pid, {})
-    r = Run(cluster, plan, report.facts, secrets, progress, reach=dict(reach or cluster.hosts))
+    r = UpRun(cluster, plan, report.facts, secrets, progress, reach=dict(reach or cluster.hosts))
     try:
         execute(r)
     except BaseException as e:  # a failed stage, Ctrl-C, or a bug: undo this run's changes, then report
@@ -208,7 +208,7 @@ def _run_locked(
     )
 
 
-def rollback(r: Run) -> None:
+def rollback(r: UpRun) -> None:
     """Stop what this run started and remove what it created; leave everything else alone."""
     if r.find(server.Record) is not None:
         try:

@@ -40,7 +40,7 @@ class Progress:
 
 
 @dataclass
-class Run:
+class UpRun:
     """What the steps of one `up` share while they run: the connections, the plan, and each stage's
     own state (what it created, started or read), kept by its type: the stage that writes a value
     owns its type (`put`), a later stage or the rollback reads it (`get`, or `find` when the stage
@@ -102,7 +102,7 @@ def _as_stage_error(step: Step, e: BaseException) -> StageError | None:
     return None  # a bug: the CLI logs its traceback
 
 
-def run_step(r: Run, step: Step) -> Any:
+def run_step(r: UpRun, step: Step) -> Any:
     reason = step.skip(r) if step.skip else None
     if reason:
         event(step, f"skipped: {reason}")
@@ -130,7 +130,7 @@ def _batches(steps: list[Step]) -> list[list[Step]]:
     return out
 
 
-def walk(r: Run, steps: list[Step]) -> list[tuple[Step, Any]]:
+def walk(r: UpRun, steps: list[Step]) -> list[tuple[Step, Any]]:
     done: list[tuple[Step, Any]] = []
     for batch in _batches(steps):
         if len(batch) == 1:
@@ -148,7 +148,7 @@ def walk(r: Run, steps: list[Step]) -> list[tuple[Step, Any]]:
     return done
 
 
-def execute(r: Run) -> None:
+def execute(r: UpRun) -> None:
     """Every stage after preflight, in order; each prints its duration and what it did."""
     for stage in list(STAGES)[1:]:
         steps = [s for s in r.plan.steps() if s.stage == stage]

@@ -59,8 +59,8 @@ def fabric_measured(monkeypatch):
     monkeypatch.setattr(measure, "run", lambda *a, **kw: [Result("fabric.bandwidth", "a+b", "ok", "1 GB/s")])
 
 
-def fake_run(steps) -> execute.Run:
-    return execute.Run(cluster=None, plan=FakePlan(steps), facts={}, secrets={}, progress=Recorder())
+def fake_run(steps) -> execute.UpRun:
+    return execute.UpRun(cluster=None, plan=FakePlan(steps), facts={}, secrets={}, progress=Recorder())
 
 
 @pytest.fixture
@@ -370,7 +370,7 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     monkeypatch.setattr(server, "start", lambda *a, **kw: server.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
     monkeypatch.setattr(supervision, "state", lambda *a: {"state": "serving", "generation": ""})
     monkeypatch.setattr(endpoint, "warm_up", lambda *a, **kw: 0.5)
-    r = execute.Run(Cluster(inv, hosts), plan, facts, secrets, Recorder())
+    r = execute.UpRun(Cluster(inv, hosts), plan, facts, secrets, Recorder())
     execute.execute(r)
     planned = [s.id for s in plan.steps() if s.stage != "preflight"]
     assert "fabric/spark-head/test" in planned

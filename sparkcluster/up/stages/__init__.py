@@ -2,7 +2,7 @@
 
 Each module holds its stage's steps (`steps(plan)`, what the plan prints) together with the mechanics
 those steps run, so the two cannot drift; a `summary` of what its steps did; and the state its steps
-leave for later ones, a type of its own kept in the run (`Run.put`, `Run.get`).
+leave for later ones, a type of its own kept in the run (`UpRun.put`, `UpRun.get`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from sparkcluster import redact
 from sparkcluster.errors import StageError, StepFailure
 
 if TYPE_CHECKING:
-    from sparkcluster.up.execute import Run
+    from sparkcluster.up.execute import UpRun
 
 
 @dataclass(frozen=True)
@@ -26,9 +26,9 @@ class Step:
     action: str  # stable within a plan: the last part of the id
     what: str  # what a person reads
     detail: str = ""  # the command or API call it amounts to (masked whenever shown)
-    run: Callable[["Run"], Any] | None = field(default=None, repr=False, compare=False)
+    run: Callable[["UpRun"], Any] | None = field(default=None, repr=False, compare=False)
     when: str = ""  # decided at run time: the condition checked just before running
-    skip: Callable[["Run"], str | None] | None = field(default=None, repr=False, compare=False)
+    skip: Callable[["UpRun"], str | None] | None = field(default=None, repr=False, compare=False)
     # consecutive steps with the same key run at once (one thread per host); "" runs alone
     parallel: str = ""
 

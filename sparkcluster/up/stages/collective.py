@@ -11,7 +11,7 @@ from sparkcluster.errors import StageError, StepFailure
 from sparkcluster.up.stages.base import Step
 
 if TYPE_CHECKING:
-    from sparkcluster.up.execute import Run
+    from sparkcluster.up.execute import UpRun
     from sparkcluster.up.plan import Plan
 
 STAGE = "fabric"
@@ -41,7 +41,7 @@ def summary(done: list[tuple[Step, object]]) -> str:
     return lines[0] if lines else "not run"
 
 
-def run_test(r: "Run") -> list:
+def run_test(r: "UpRun") -> list:
     from sparkcluster.fabric import measure
 
     results = measure.run(r.cluster, r.inv, r.plan.profile, r.plan.image, r.plan.facts)

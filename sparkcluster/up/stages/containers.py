@@ -18,7 +18,7 @@ from sparkcluster.up.stages import ray
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
-    from sparkcluster.up.execute import Run
+    from sparkcluster.up.execute import UpRun
     from sparkcluster.up.plan import Plan
 
 STAGE = "containers"
@@ -131,14 +131,14 @@ def summary(done: list[tuple[Step, object]]) -> str:
     return f"{sum(1 for s, _ in done if s.action == 'create')} created"
 
 
-def remove(r: "Run", node: str, cid: str, is_head: bool) -> None:
+def remove(r: "UpRun", node: str, cid: str, is_head: bool) -> None:
     host = r.cluster.hosts[node]
     if is_head:
         teardown.stop_server(host, cid)
     teardown.remove_container(host, cid)
 
 
-def drop_page_cache(r: "Run", node: str) -> None:
+def drop_page_cache(r: "UpRun", node: str) -> None:
     # a failure fails the stage in one line: the profile asked for the memory this frees before the
     # load, so it is never skipped quietly
     res = r.cluster.hosts[node].run(drop_caches_command(r.plan.image), timeout=120, warn=True)
@@ -160,7 +160,7 @@ def drop_page_cache(r: "Run", node: str) -> None:
         )
 
 
-def create(r: "Run", spec: ContainerSpec) -> str:
+def create(r: "UpRun", spec: ContainerSpec) -> str:
     host = r.cluster.hosts[spec.node]
     created = r.find(Created) or r.put(Created())
     try:

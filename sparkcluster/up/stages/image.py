@@ -21,7 +21,7 @@ from sparkcluster.remote import dockerapi
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
-    from sparkcluster.up.execute import Run
+    from sparkcluster.up.execute import UpRun
     from sparkcluster.up.plan import Plan
 
 _log = log.get(__name__)
@@ -121,11 +121,11 @@ class HeadImage:
     info: dict
 
 
-def head_image(r: "Run") -> dict:
+def head_image(r: "UpRun") -> dict:
     return (r.find(HeadImage) or r.put(HeadImage(r.cluster.head.docker().api.inspect_image(r.plan.image)))).info
 
 
-def _same_image(r: "Run", worker: str) -> str | None:
+def _same_image(r: "UpRun", worker: str) -> str | None:
     return "it already holds the head's image" if r.facts[worker].image_id == head_image(r)["Id"] else None
 
 
@@ -137,7 +137,7 @@ def image_id(host, image: str) -> str | None:
         return None
 
 
-def build(r: "Run") -> str:
+def build(r: "UpRun") -> str:
     head, plan = r.cluster.head, r.plan
     api = head.docker().api
     ctx = io.BytesIO()
@@ -179,7 +179,7 @@ def build(r: "Run") -> str:
     return "built on " + head.name
 
 
-def ray_in_image(r: "Run", node: str) -> str:
+def ray_in_image(r: "UpRun", node: str) -> str:
     cmd = ray_version_command(r.plan.image)
     res = r.cluster.hosts[node].run(cmd, timeout=120, warn=True)
     if not res.ok:
@@ -195,7 +195,7 @@ def ray_in_image(r: "Run", node: str) -> str:
     return res.stdout.strip()
 
 
-def _disk_needed(r: "Run", head, worker, size: int, layers: list[str]) -> int | None:
+def _disk_needed(r: "UpRun", head, worker, size: int, layers: list[str]) -> int | None:
     """What docker load will need on the worker, from the layers it already holds; None when the
     engines cannot say (the transfer then goes ahead, and a full disk fails it cleanly)."""
     try:
@@ -215,14 +215,14 @@ def _disk_needed(r: "Run", head, worker, size: int, layers: list[str]) -> int | 
     return transfer.disk_needed(size, layers, present, sizes)
 
 
-def run_delta(r: "Run", worker: str) -> layers.Delta:
+def run_delta(r: "UpRun", worker: str) -> layers.Delta:
     """The same computation as the plan's (planned_layers), over the head's image as it is now:
     after a build, its layers are read from the engine."""
     wf = r.facts[worker]
     return layers.delta(head_layers(r), wf.layer_chains, _elides(wf))
 
 
-def head_layers(r: "Run") -> layers.ImageLayers:
+def head_layers(r: "UpRun") -> layers.ImageLayers:
     """The head's image's layers as they are now (after a build, read from the engine)."""
     hf = r.facts[r.inv.head.name]
     info = head_image(r)
@@ -239,7 +239,7 @@ def head_layers(r: "Run") -> layers.ImageLayers:
     return img
 
 
-def check_disk(r: "Run", worker_name: str, d: layers.Delta, size: int, image_layers: list[str]) -> None:
+def check_disk(r: "UpRun", worker_name: str, d: layers.Delta, size: int, image_layers: list[str]) -> None:
     """Fails naming the worker when its docker root lacks the room docker load needs."""
     head, worker = r.cluster.head, r.cluster.hosts[worker_name]
     wf = r.facts[worker.name]
@@ -268,7 +268,7 @@ def check_disk(r: "Run", worker_name: str, d: layers.Delta, size: int, image_lay
         )
 
 
-def send(r: "Run", worker_name: str) -> str:
+def send(r: "UpRun", worker_name: str) -> str:
     head, worker = r.cluster.head, r.cluster.hosts[worker_name]
     info = head_image(r)
     head_id = info["Id"]
@@ -306,7 +306,7 @@ def send(r: "Run", worker_name: str) -> str:
     )
 
 
-def _stream(r: "Run", worker, d: layers.Delta, expect: int) -> tuple[int, float]:
+def _stream(r: "UpRun", worker, d: layers.Delta, expect: int) -> tuple[int, float]:
     """One head-to-worker stream; returns (bytes sent, seconds)."""
     head, wf = r.cluster.head, r.facts[worker.name]
     wnode, hnode = r.inv.node(worker.name), r.inv.head

@@ -22,7 +22,7 @@ from sparkcluster.up.stages import image as img
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
-    from sparkcluster.up.execute import Run
+    from sparkcluster.up.execute import UpRun
     from sparkcluster.up.plan import Plan
 
 _log = log.get(__name__)
@@ -77,7 +77,7 @@ class Chained:
     notes: dict[str, str]
 
 
-def receive(r: "Run", worker: str) -> str:
+def receive(r: "UpRun", worker: str) -> str:
     done = r.find(Chained) or r.put(Chained(distribute(r)))
     note = done.notes.get(worker)
     if note is None:  # not in the chain run (it held the image then): nothing of ours moved to it
@@ -94,7 +94,7 @@ def receive(r: "Run", worker: str) -> str:
     return note
 
 
-def distribute(r: "Run") -> dict[str, str]:
+def distribute(r: "UpRun") -> dict[str, str]:
     """Moves the image to every worker of the plan that lacks it now; returns a note per worker."""
     info = img.head_image(r)
     need = [w for w in r.plan.send_to if r.facts[w].image_id != info["Id"]]
@@ -125,7 +125,7 @@ def distribute(r: "Run") -> dict[str, str]:
     return {h.dst: f"received from {h.src} along the chain ({h.src_ip} -> {h.dst_ip}): {rate} ({what})" for h in hops}
 
 
-def _stream(r: "Run", hops: list[chain.Hop], d: layers.Delta, expect: int) -> tuple[int, float]:
+def _stream(r: "UpRun", hops: list[chain.Hop], d: layers.Delta, expect: int) -> tuple[int, float]:
     """Receivers from the tail back, then the one sender; returns (bytes sent, seconds)."""
     head = r.cluster.head
     procs: dict[str, object] = {}

@@ -11,7 +11,7 @@ from sparkcluster.remote.dockerapi import run_in
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
-    from sparkcluster.up.execute import Run
+    from sparkcluster.up.execute import UpRun
     from sparkcluster.up.plan import Plan
 
 STAGE = "probe"
@@ -37,7 +37,7 @@ def summary(done: list[tuple[Step, object]]) -> str:
     return f"{sum(counts)} variables right on {len(counts)} nodes"
 
 
-def container_env(r: "Run", node: str, container: str) -> dict[str, str]:
+def container_env(r: "UpRun", node: str, container: str) -> dict[str, str]:
     # a failed exec (no such container, the engine refusing) fails the step as what it is: never
     # read as a container missing its variables
     api = r.cluster.hosts[node].docker().api
@@ -59,7 +59,7 @@ def container_env(r: "Run", node: str, container: str) -> dict[str, str]:
     )
 
 
-def check_env(r: "Run", node: str, container: str) -> int:
+def check_env(r: "UpRun", node: str, container: str) -> int:
     want = r.plan.profile.forwarded_env()
     env = container_env(r, node, container)
     missing = [k for k in want if k not in env]

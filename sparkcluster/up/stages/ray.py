@@ -16,7 +16,7 @@ from sparkcluster.up.container_spec import ContainerSpec
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
-    from sparkcluster.up.execute import Run
+    from sparkcluster.up.execute import UpRun
     from sparkcluster.up.plan import Plan
 
 STAGE = "ray"
@@ -48,7 +48,7 @@ def summary(done: list[tuple[Step, object]]) -> str:
     return next((v for s, v in done if s.action == "membership"), "")
 
 
-def container_failed(r: "Run", spec: ContainerSpec) -> StageError | None:
+def container_failed(r: "UpRun", spec: ContainerSpec) -> StageError | None:
     host = r.cluster.hosts[spec.node]
     api = host.docker().api
     info = api.inspect_container(spec.name)
@@ -75,13 +75,13 @@ def container_failed(r: "Run", spec: ContainerSpec) -> StageError | None:
     )
 
 
-def membership(r: "Run") -> list[ray_members.RayNode] | None:
+def membership(r: "UpRun") -> list[ray_members.RayNode] | None:
     """Ray's nodes, or None while its state API does not answer yet (not answering is expected)."""
     res = r.cluster.head.run(ray_members.state_api_command(), timeout=10, warn=True)
     return ray_members.nodes_from_state_api(res.stdout) if res.ok else None
 
 
-def wait_head(r: "Run", spec: ContainerSpec) -> None:
+def wait_head(r: "UpRun", spec: ContainerSpec) -> None:
     def answered() -> bool | None:
         err = container_failed(r, spec)
         if err:
@@ -107,7 +107,7 @@ def wait_head(r: "Run", spec: ContainerSpec) -> None:
         )
 
 
-def wait_membership(r: "Run") -> str:
+def wait_membership(r: "UpRun") -> str:
     problems = ["no answer from Ray yet"]
 
     def formed() -> str | None:

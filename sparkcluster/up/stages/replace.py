@@ -15,7 +15,7 @@ from sparkcluster.remote.fanout import Cluster
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
-    from sparkcluster.up.execute import Run
+    from sparkcluster.up.execute import UpRun
     from sparkcluster.up.plan import Plan
 
 STAGE = "replace"
@@ -47,7 +47,7 @@ def steps(plan: "Plan") -> list[Step]:
     return out
 
 
-def down(r: "Run", a: Away) -> str:
+def down(r: "UpRun", a: Away) -> str:
     hosts = {n: r.reach[n] for n in a.deployment.nodes}
     outcomes = teardown.down(Cluster(a.inventory, hosts))
     errors = [(n, e) for n, o in outcomes.items() for e in o.errors]

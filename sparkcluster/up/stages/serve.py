@@ -17,7 +17,7 @@ from sparkcluster.up.stages import weights
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
-    from sparkcluster.up.execute import Run
+    from sparkcluster.up.execute import UpRun
     from sparkcluster.up.plan import Plan
 
 STAGE = "serve"
@@ -115,13 +115,13 @@ def summary(done: list[tuple[Step, object]]) -> str:
     return f"ready after {sum(v for s, v in done if s.action in ('ready', 'warm-up')):.1f}s"
 
 
-def write_token(r: "Run", node: str) -> None:
+def write_token(r: "UpRun", node: str) -> None:
     r.cluster.hosts[node].run(
         server.token_file_command(r.inv.hf_cache(node)), timeout=30, stdin=r.secrets["HF_TOKEN"].encode()
     )
 
 
-def stage_plugin(r: "Run") -> None:
+def stage_plugin(r: "UpRun") -> None:
     sv, head = r.plan.serve, r.cluster.head
     api = head.docker().api
     env = {k: v for k, v in r.secrets.items() if k == "HF_TOKEN"}
@@ -140,12 +140,12 @@ def stage_plugin(r: "Run") -> None:
         )
 
 
-def _old_gone(r: "Run", pid: int) -> str | None:
+def _old_gone(r: "UpRun", pid: int) -> str | None:
     rec = server.current(r.cluster.head.docker().api, r.plan.serve.container)
     return None if rec is not None and rec.pid == pid else "it no longer runs"
 
 
-def start(r: "Run") -> None:
+def start(r: "UpRun") -> None:
     prof = r.plan.profile
     try:
         r.put(
@@ -170,11 +170,11 @@ def start(r: "Run") -> None:
         ) from None
 
 
-def _base(r: "Run") -> str:
+def _base(r: "UpRun") -> str:
     return f"http://{r.cluster.head.address}:{r.plan.serve.port}"
 
 
-def wait_ready(r: "Run") -> float:
+def wait_ready(r: "UpRun") -> float:
     sv, head = r.plan.serve, r.cluster.head
     api = head.docker().api
     try:
@@ -223,7 +223,7 @@ def wait_ready(r: "Run") -> float:
     return took
 
 
-def engine_transport(r: "Run") -> dict[str, str]:
+def engine_transport(r: "UpRun") -> dict[str, str]:
     """What every rank's NCCL chose, read from the containers once the engine answers (its ranks have
     initialised NCCL by then); sockets while the deployment has RoCE links fails `up` on that node."""
     from sparkcluster.day2 import engine_nccl
@@ -246,5 +246,5 @@ def engine_transport(r: "Run") -> dict[str, str]:
     return seen
 
 
-def warm_up(r: "Run") -> float:
+def warm_up(r: "UpRun") -> float:
     return endpoint.warm_up(_base(r), r.plan.serve.model, r.secrets)

@@ -29,7 +29,7 @@ from sparkcluster.up.stages import weights_chain
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
-    from sparkcluster.up.execute import Progress, Run
+    from sparkcluster.up.execute import Progress, UpRun
     from sparkcluster.up.plan import Plan
 
 STAGE = "weights"
@@ -416,7 +416,7 @@ def plugin_link(prof, hf_cache: str) -> tuple[int, str, str] | None:
     return k, at[1], got[2]
 
 
-def _link_plugin(r: "Run", node: str) -> str:
+def _link_plugin(r: "UpRun", node: str) -> str:
     k, path, file = plugin_link(r.plan.profile, r.inv.hf_cache(r.inv.head.name))
     st = stagings(r)[k]
     target = w.snapshot_file(r.inv.hf_cache(node), st.repo, st.manifest.commit, file)
@@ -424,7 +424,7 @@ def _link_plugin(r: "Run", node: str) -> str:
     return path
 
 
-def _shape(r: "Run") -> str:
+def _shape(r: "UpRun") -> str:
     """The model's config.json against TP x PP (config/lint.model_shape), before any container."""
     st, prof, head = stagings(r)[0], r.plan.profile, r.inv.head.name
     path = w.snapshot_file(r.inv.hf_cache(head), st.repo, st.manifest.commit, "config.json")
@@ -463,7 +463,7 @@ class Stagings:
     items: list[Staging]
 
 
-def stagings(r: "Run") -> list[Staging]:
+def stagings(r: "UpRun") -> list[Staging]:
     """One Staging per repository the profile needs, made at the stage's first step."""
     found = r.find(Stagings)
     if found is None:
@@ -478,12 +478,12 @@ def stagings(r: "Run") -> list[Staging]:
     return found.items
 
 
-def _resolve(r: "Run", k: int) -> str:
+def _resolve(r: "UpRun", k: int) -> str:
     st = stagings(r)[k]
     return f"{st.repo}@{st.resolve().commit[:12]}"
 
 
-def _head_complete(r: "Run", k: int) -> str | None:
+def _head_complete(r: "UpRun", k: int) -> str | None:
     return None if stagings(r)[k].state[r.inv.head.name]["missing"] else "the head holds the snapshot"
 
 

@@ -19,7 +19,7 @@ from sparkcluster.up.stages.base import fail
 from sparkcluster.up.stages.image_chain import culprit
 
 if TYPE_CHECKING:
-    from sparkcluster.up.execute import Run
+    from sparkcluster.up.execute import UpRun
 
 STAGE = "weights"
 
@@ -31,7 +31,7 @@ class WeightsChained:
     notes: dict[int, dict[str, str]] = field(default_factory=dict)
 
 
-def replicate(r: "Run", st, k: int, worker: str) -> str:
+def replicate(r: "UpRun", st, k: int, worker: str) -> str:
     """`worker`'s replicate step of repository `k`: the first such step that runs moves the files to
     every worker that lacks some (along the chain when there are two or more); each step then says
     what reached its worker."""
@@ -43,14 +43,14 @@ def replicate(r: "Run", st, k: int, worker: str) -> str:
     return note if note is not None else st.replicate(worker)
 
 
-def reached(r: "Run", k: int, worker: str) -> bool:
+def reached(r: "UpRun", k: int, worker: str) -> bool:
     """Whether repository `k`'s chain, run by an earlier worker's step, brought `worker` its files
     (its step then reports that, rather than being skipped as holding them all along)."""
     done = r.find(WeightsChained)
     return done is not None and worker in done.notes.get(k, {})
 
 
-def distribute(r: "Run", st, lacking: list[str]) -> dict[str, str]:
+def distribute(r: "UpRun", st, lacking: list[str]) -> dict[str, str]:
     head = r.cluster.head
     hops = chain.plan(r.inv, r.facts, lacking)
     blobs = list(dict.fromkeys(b for n in lacking for b in st.state[n]["missing"]))
