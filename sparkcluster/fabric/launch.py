@@ -68,7 +68,9 @@ class RankOutput:
 
 
 @dataclass
-class Run:
+class FabricTest:
+    """One fabric test as it ran: where each node's ranks were placed and what each rank printed."""
+
     placements: dict[str, Placement] = field(default_factory=dict)
     ranks: list[RankOutput] = field(default_factory=list)
 
@@ -215,9 +217,11 @@ def clean_up(cluster: Cluster, placements: dict[str, Placement], made: dict[str,
     return problems
 
 
-def run(cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str, port: int, probe_args: list[str]) -> Run:
+def run(
+    cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str, port: int, probe_args: list[str]
+) -> FabricTest:
     made: dict[str, str] = {}
-    out = Run()
+    out = FabricTest()
     try:
         out.placements = place(cluster, inv, prof, image, made)
         out.ranks = run_ranks(cluster, inv, out.placements, port, probe_args)

@@ -59,7 +59,7 @@ def probe_args(inv: Inventory) -> list[str]:
     ]
 
 
-def summarise(run: launch.Run) -> dict[str, nccl_log.FabricLog]:
+def summarise(run: launch.FabricTest) -> dict[str, nccl_log.FabricLog]:
     """Each node's ranks' output, parsed together (a node's ranks share its transports)."""
     by_node: dict[str, list[str]] = {}
     for r in run.ranks:
@@ -67,7 +67,7 @@ def summarise(run: launch.Run) -> dict[str, nccl_log.FabricLog]:
     return {node: nccl_log.parse_many(texts) for node, texts in by_node.items()}
 
 
-def failed_ranks(run: launch.Run, logs: dict[str, nccl_log.FabricLog], inv: Inventory) -> list[Result]:
+def failed_ranks(run: launch.FabricTest, logs: dict[str, nccl_log.FabricLog], inv: Inventory) -> list[Result]:
     """A rank that exited non-zero with nothing NCCL said to explain it: the probe's own last lines."""
     out = []
     for r in run.ranks:
