@@ -68,7 +68,7 @@ class Node(_Strict):
         return [link.netdev for link in self.data_plane]
 
 
-class Cluster(_Strict):
+class ClusterSettings(_Strict):
     name: str = Field(pattern=_NAME)
     # optional ssh client config and known_hosts, relative to the inventory file
     ssh_config: Path | None = None
@@ -107,7 +107,7 @@ class FabricFigures(_Strict):
 
 
 class Inventory(_Strict):
-    cluster: Cluster
+    cluster: ClusterSettings
     nodes: list[Node] = Field(min_length=1, max_length=topo.MAX_NODES)  # one Spark is a cluster too (seed 000)
     fabric: FabricFigures = Field(default_factory=FabricFigures)
     path: Path | None = Field(default=None, exclude=True)

@@ -25,7 +25,7 @@ HOSTS = (HEAD, WORKER)
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "sparkcluster"]
 
-# cluster defaults (inventory.Cluster): connect_timeout 5 s x 3 attempts, back-off 0.5 s + 1 s
+# cluster defaults (inventory.ClusterSettings): connect_timeout 5 s x 3 attempts, back-off 0.5 s + 1 s
 CONNECT_TIMEOUT, ATTEMPTS, BACKOFF = 5.0, 3, 1.5
 
 PWNED = "/tmp/sc-faults-pwned"
