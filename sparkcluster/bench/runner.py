@@ -279,15 +279,15 @@ def node_facts(cluster) -> dict[str, dict]:
 
 
 def connect(inv):
-    """The cluster's hosts (fanout.Cluster); the head must answer, a worker may not."""
-    from sparkcluster.remote.fanout import Cluster, connect_all
+    """The cluster's hosts (fanout.ConnectedHosts); the head must answer, a worker may not."""
+    from sparkcluster.remote.fanout import ConnectedHosts, connect_all
 
     res = connect_all(inv)
     if inv.head.name in res.failed:
         for h in res.succeeded.values():
             h.close()
         raise res.failed[inv.head.name]  # a ConnectError names the head and the fix
-    return Cluster(inv, res.succeeded)
+    return ConnectedHosts(inv, res.succeeded)
 
 
 def head_for(cluster, inv) -> Head:

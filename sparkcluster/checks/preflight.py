@@ -9,7 +9,7 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.facts import ray_seen
-from sparkcluster.remote.fanout import Cluster, connect_reachable
+from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 from sparkcluster.up import container_spec
 
 
@@ -47,7 +47,7 @@ class PreflightReport:
 
 
 def gather_all(
-    cluster: Cluster, inv: Inventory, image: str | None, base: str | None = None, ray: bool = True
+    cluster: ConnectedHosts, inv: Inventory, image: str | None, base: str | None = None, ray: bool = True
 ) -> dict[str, facts.HostFacts]:
     """Facts of every connected host (phase 1), then path MTU probes (phase 2), both in parallel."""
     seen = ray_seen.load() if image else {}
@@ -67,8 +67,8 @@ def gather_all(
 
 
 def run(
-    inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = None, cluster: Cluster | None = None
-) -> tuple[PreflightReport, Cluster | None]:
+    inv: Inventory, prof: profiles.Profile | None, only: set[str] | None = None, cluster: ConnectedHosts | None = None
+) -> tuple[PreflightReport, ConnectedHosts | None]:
     """Checks over every node. Unreachable nodes become ssh.reachable FAIL rows, not exceptions.
 
     Returns the connected cluster too (None when no host was reachable) so `up` goes on with the

@@ -7,7 +7,7 @@ import click
 from sparkcluster.cli.main import cli
 from sparkcluster.day2 import deployments, teardown
 from sparkcluster.errors import EXIT_FAILED, ConnectError, SparkError
-from sparkcluster.remote.fanout import Cluster, connect_reachable
+from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 from sparkcluster.remote.lock import NodeLocks
 
 
@@ -64,9 +64,11 @@ def down(obj, purge_gcs: bool, node: str | None, profile_name: str | None) -> No
             outcomes = {}
             for d in chosen:  # each deployment by itself: its own head's server stopped first
                 sub = full.only(list(d.nodes))
-                outcomes.update(teardown.down(Cluster(sub, {n: h for n, h in cluster.hosts.items() if n in d.nodes})))
+                outcomes.update(
+                    teardown.down(ConnectedHosts(sub, {n: h for n, h in cluster.hosts.items() if n in d.nodes}))
+                )
             if everything:  # and whatever else carries our label (a killed run's leftovers)
-                for n, o in teardown.down(Cluster(inv, cluster.hosts), purge_gcs=purge_gcs).items():
+                for n, o in teardown.down(ConnectedHosts(inv, cluster.hosts), purge_gcs=purge_gcs).items():
                     if n in outcomes:
                         outcomes[n].removed += o.removed
                         outcomes[n].errors += o.errors

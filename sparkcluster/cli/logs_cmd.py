@@ -17,7 +17,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.day2 import server
 from sparkcluster.errors import InputError
 from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, ROLE_LABEL
-from sparkcluster.remote.fanout import Cluster, connect_all
+from sparkcluster.remote.fanout import ConnectedHosts, connect_all
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -51,7 +51,7 @@ def logs(obj, node: str | None, follow: bool, since: str | None, tail_lines: int
 
     res = connect_all(inv, targets)
     res.values_or_raise("connect")
-    cluster = Cluster(inv, res.succeeded)
+    cluster = ConnectedHosts(inv, res.succeeded)
     with cluster:
 
         def stream(host) -> None:

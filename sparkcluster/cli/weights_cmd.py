@@ -16,7 +16,7 @@ from sparkcluster.config.images import image_ref
 from sparkcluster.errors import InputError
 from sparkcluster.facts.access import learn_homes
 from sparkcluster.movement import hfcache as w
-from sparkcluster.remote.fanout import Cluster
+from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.remote.lock import ClusterLock
 from sparkcluster.up.stages import weights as stage
 from sparkcluster.up.stages.image import image_id
@@ -55,7 +55,7 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
     image = image_ref(inv, prof)
     err = Console(stderr=True, highlight=False)
     with (
-        Cluster.connect(inv) as cluster,
+        ConnectedHosts.connect(inv) as cluster,
         ClusterLock(cluster.head, inv.cluster.name, f"weights pull --profile {prof.name}"),
     ):
         learn_homes(cluster)  # the HF cache's `~`, and whom the download's files belong to
@@ -100,7 +100,7 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
             click.echo(f"{st.repo}@{st.manifest.commit[:12]} ({st.role}) staged on every node")
 
 
-def _status(cluster: Cluster, inv) -> dict[str, list[dict]]:
+def _status(cluster: ConnectedHosts, inv) -> dict[str, list[dict]]:
     learn_homes(cluster)
     got = cluster.each(lambda h: w.parse_json(h.run(w.status_command(inv.hf_cache(h.name)), timeout=120).stdout))
     return got.values_or_raise("weights")
@@ -153,7 +153,7 @@ def status(obj, profile_name: str | None, as_json: bool) -> None:
     each repository the profile needs (model, tokenizer, draft model, plugin file) and where it is."""
     inv = obj.inventory()
     prof = load_profile_for(inv, profile_name)
-    with Cluster.connect(inv) as cluster:
+    with ConnectedHosts.connect(inv) as cluster:
         per_node = _status(cluster, inv)
     needed = profile_repos(prof, per_node)
     if as_json:
@@ -199,7 +199,7 @@ def rm(obj, repo: str, commit: str | None, yes: bool) -> None:
     """Remove a model's snapshot(s) from every node's HF cache (`down` never does)."""
     w.check_repo(repo)
     inv = obj.inventory()
-    with Cluster.connect(inv) as cluster, ClusterLock(cluster.head, inv.cluster.name, f"weights rm {repo}"):
+    with ConnectedHosts.connect(inv) as cluster, ClusterLock(cluster.head, inv.cluster.name, f"weights rm {repo}"):
         per_node = _status(cluster, inv)
         targets = {
             n: sorted({s["commit"] for s in snaps if s["repo"] == repo and (commit is None or s["commit"] == commit)})

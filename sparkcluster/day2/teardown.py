@@ -20,7 +20,7 @@ from sparkcluster.errors import SparkError
 from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
 from sparkcluster.node import readings
 from sparkcluster.remote.dockerapi import run_in
-from sparkcluster.remote.fanout import Cluster
+from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.remote.ssh import Host
 
 _log = log.get(__name__)
@@ -161,7 +161,7 @@ def purge_gcs_command(ray_port: int) -> str:
 
 
 def _segments_in_use(
-    cluster: Cluster, name: str, only_ids: dict[str, set[str]] | None
+    cluster: ConnectedHosts, name: str, only_ids: dict[str, set[str]] | None
 ) -> dict[str, dict[str, list[str]]]:
     """node -> container ID -> the /dev/shm segments its processes use, read before the server stops."""
 
@@ -176,7 +176,7 @@ def _segments_in_use(
 
 
 def down(
-    cluster: Cluster, only_ids: dict[str, set[str]] | None = None, purge_gcs: bool = False
+    cluster: ConnectedHosts, only_ids: dict[str, set[str]] | None = None, purge_gcs: bool = False
 ) -> dict[str, NodeTeardown]:
     """Stop the server, then remove containers on every reachable node: workers first, then head."""
     inv = cluster.inventory

@@ -24,7 +24,7 @@ from sparkcluster.day2 import server
 from sparkcluster.errors import SparkError
 from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
 from sparkcluster.remote.dockerapi import run_in
-from sparkcluster.remote.fanout import Cluster, run_each
+from sparkcluster.remote.fanout import ConnectedHosts, run_each
 from sparkcluster.up import container_spec
 
 _log = log.get(__name__)
@@ -116,7 +116,7 @@ def _create_throwaway(api, spec: container_spec.ContainerSpec, created) -> str:
 
 
 def place(
-    cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str, made: dict[str, str]
+    cluster: ConnectedHosts, inv: Inventory, prof: profiles.Profile, image: str, made: dict[str, str]
 ) -> dict[str, Placement]:
     """A container for every node's ranks. `made` hears each throwaway container as soon as it
     exists (node -> ID), so the caller removes it whatever fails later."""
@@ -175,7 +175,7 @@ def rank_env(inv: Inventory, port: int) -> dict[str, dict[int, dict[str, str]]]:
 
 
 def run_ranks(
-    cluster: Cluster, inv: Inventory, placements: dict[str, Placement], port: int, probe_args: list[str]
+    cluster: ConnectedHosts, inv: Inventory, placements: dict[str, Placement], port: int, probe_args: list[str]
 ) -> list[RankOutput]:
     """Every rank at once (a collective needs them all), each a `docker exec` that returns when the
     probe exits; the probe bounds its own rendezvous and collectives."""
@@ -195,7 +195,7 @@ def run_ranks(
     return sorted(outs, key=lambda x: x.rank)
 
 
-def clean_up(cluster: Cluster, placements: dict[str, Placement], made: dict[str, str]) -> list[str]:
+def clean_up(cluster: ConnectedHosts, placements: dict[str, Placement], made: dict[str, str]) -> list[str]:
     """Remove every throwaway container; in a serving container, stop any probe still running.
     Returns what could not be cleaned (never raises: the verdict is already in hand)."""
     problems = []
@@ -218,7 +218,7 @@ def clean_up(cluster: Cluster, placements: dict[str, Placement], made: dict[str,
 
 
 def run(
-    cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str, port: int, probe_args: list[str]
+    cluster: ConnectedHosts, inv: Inventory, prof: profiles.Profile, image: str, port: int, probe_args: list[str]
 ) -> FabricTest:
     made: dict[str, str] = {}
     out = FabricTest()

@@ -11,7 +11,7 @@ from sparkcluster.config.inventory import Inventory
 from sparkcluster.errors import SparkError
 from sparkcluster.fabric import judge, launch, nccl_log
 from sparkcluster.facts import HostFacts
-from sparkcluster.remote.fanout import Cluster
+from sparkcluster.remote.fanout import ConnectedHosts
 
 RUN = "fabric.run"
 
@@ -93,7 +93,7 @@ def rank_nodes(inv: Inventory) -> dict[int, str]:
 
 
 def run(
-    cluster: Cluster, inv: Inventory, prof: profiles.Profile, image: str, facts: dict[str, HostFacts]
+    cluster: ConnectedHosts, inv: Inventory, prof: profiles.Profile, image: str, facts: dict[str, HostFacts]
 ) -> list[Result]:
     """The test on every node of `inv`, judged. Never leaves a container or a process behind."""
     try:

@@ -88,7 +88,9 @@ def connect_all(inv: Inventory, nodes: list[Node] | None = None) -> GroupResult[
     return run_each(((n.name, n) for n in targets), lambda n: ssh.connect(n, settings))
 
 
-def connect_reachable(inv: Inventory, nodes: list[Node] | None = None) -> tuple["Cluster", dict[str, SparkError]]:
+def connect_reachable(
+    inv: Inventory, nodes: list[Node] | None = None
+) -> tuple["ConnectedHosts", dict[str, SparkError]]:
     """Connect to every node at once and go on with those that answer: for the commands that
     report on (or clean) what they can reach. An unreachable node is a value; a bug still raises."""
     res = connect_all(inv, nodes)
@@ -97,10 +99,10 @@ def connect_reachable(inv: Inventory, nodes: list[Node] | None = None) -> tuple[
         for h in res.succeeded.values():
             h.close()
         raise bugs[0]
-    return Cluster(inv, res.succeeded), dict(res.failed)
+    return ConnectedHosts(inv, res.succeeded), dict(res.failed)
 
 
-class Cluster:
+class ConnectedHosts:
     """The connected hosts of one invocation; closes them all on exit."""
 
     def __init__(self, inv: Inventory, hosts: dict[str, ssh.Host]):
@@ -108,7 +110,7 @@ class Cluster:
         self.hosts = hosts
 
     @classmethod
-    def connect(cls, inv: Inventory, nodes: list[Node] | None = None) -> "Cluster":
+    def connect(cls, inv: Inventory, nodes: list[Node] | None = None) -> "ConnectedHosts":
         """Every node (or `nodes`) connected, or an error naming each that is not."""
         res = connect_all(inv, nodes)
         if res.failed:
@@ -137,7 +139,7 @@ class Cluster:
         for h in self.hosts.values():
             h.close()
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> "ConnectedHosts":
         return self
 
     def __exit__(self, *exc) -> None:

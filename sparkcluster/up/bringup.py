@@ -22,7 +22,7 @@ from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import deployments, endpoint, server, teardown
 from sparkcluster.errors import InputError, SparkError, StageError, StepFailure
 from sparkcluster.labels import ROLE_LABEL
-from sparkcluster.remote.fanout import Cluster, connect_reachable
+from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.up.execute import Progress, UpRun, execute, record_preflight
 from sparkcluster.up.plan import Plan, make_plan
@@ -85,7 +85,7 @@ def run(
         _all_reachable(touched, unreachable)
         # a dry run changes nothing, so it neither takes nor waits for the lock
         with contextlib.nullcontext() if dry_run else NodeLocks(everyone, touched, command):
-            cluster = Cluster(inv, {n.name: everyone.hosts[n.name] for n in inv.nodes})
+            cluster = ConnectedHosts(inv, {n.name: everyone.hosts[n.name] for n in inv.nodes})
             return _run_locked(
                 cluster,
                 inv,
@@ -117,7 +117,7 @@ def _all_reachable(touched: Inventory, unreachable: dict) -> None:
     )
 
 
-def _old_server(cluster: Cluster, inv: Inventory, facts) -> server.Record | None:
+def _old_server(cluster: ConnectedHosts, inv: Inventory, facts) -> server.Record | None:
     """The server that runs in our head container now, if any. An engine that does not answer
     fails here (EngineUnreachable): it is never taken for "no server", which would restart one."""
     heads = [
@@ -128,7 +128,7 @@ def _old_server(cluster: Cluster, inv: Inventory, facts) -> server.Record | None
     return server.current(cluster.head.docker().api, heads[0]["Id"]) if heads else None
 
 
-def _wedged(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secrets: dict[str, str]) -> str:
+def _wedged(cluster: ConnectedHosts, inv: Inventory, prof: profiles.Profile, secrets: dict[str, str]) -> str:
     """Why the server that runs this profile does not serve, or "": `/health` alone says 200 while
     an engine is stuck, so "already serving" needs a one-token completion too."""
     port = prof.serve.port or inv.cluster.api_port
@@ -144,7 +144,7 @@ def _wedged(cluster: Cluster, inv: Inventory, prof: profiles.Profile, secrets: d
 
 
 def _run_locked(
-    cluster: Cluster,
+    cluster: ConnectedHosts,
     inv: Inventory,
     prof: profiles.Profile,
     secrets: dict[str, str],

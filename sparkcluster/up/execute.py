@@ -17,7 +17,7 @@ import docker.errors
 from sparkcluster import log
 from sparkcluster.errors import CommandFailed, SparkError, StageError, StepFailure
 from sparkcluster.facts import HostFacts
-from sparkcluster.remote.fanout import Cluster, run_each
+from sparkcluster.remote.fanout import ConnectedHosts, run_each
 from sparkcluster.up.plan import Plan
 from sparkcluster.up.stages import STAGES
 from sparkcluster.up.stages.base import Step
@@ -46,7 +46,7 @@ class UpRun:
     owns its type (`put`), a later stage or the rollback reads it (`get`, or `find` when the stage
     may not have run)."""
 
-    cluster: Cluster
+    cluster: ConnectedHosts
     plan: Plan
     facts: dict[str, HostFacts]
     secrets: dict[str, str]

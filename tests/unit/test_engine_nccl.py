@@ -44,12 +44,12 @@ def test_up_fails_when_the_engines_ranks_use_sockets_and_passes_without_nccl():
     import pytest
 
     from sparkcluster.errors import StageError
-    from sparkcluster.remote.fanout import Cluster
+    from sparkcluster.remote.fanout import ConnectedHosts
     from sparkcluster.up.stages import serve
 
-    def cluster(text: str) -> Cluster:
+    def cluster(text: str) -> ConnectedHosts:
         out = f"@@sc@@ nccl\n{text}\n@@sc@@ nccl rc=0\n"
-        return Cluster(
+        return ConnectedHosts(
             PAIR,
             {
                 n: SimpleNamespace(name=n, run=lambda script, timeout, warn: SimpleNamespace(stdout=out))

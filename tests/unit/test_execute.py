@@ -355,7 +355,7 @@ class FakeHost:
 def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     from sparkcluster.config.images import image_ref
     from sparkcluster.day2 import server
-    from sparkcluster.remote.fanout import Cluster
+    from sparkcluster.remote.fanout import ConnectedHosts
     from sparkcluster.up.container_spec import spec_for
 
     inv, prof = make_inventory(), profiles.load_profile("testbed")
@@ -370,7 +370,7 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     monkeypatch.setattr(server, "start", lambda *a, **kw: server.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
     monkeypatch.setattr(supervision, "state", lambda *a: {"state": "serving", "generation": ""})
     monkeypatch.setattr(endpoint, "warm_up", lambda *a, **kw: 0.5)
-    r = execute.UpRun(Cluster(inv, hosts), plan, facts, secrets, Recorder())
+    r = execute.UpRun(ConnectedHosts(inv, hosts), plan, facts, secrets, Recorder())
     execute.execute(r)
     planned = [s.id for s in plan.steps() if s.stage != "preflight"]
     assert "fabric/spark-head/test" in planned
@@ -449,7 +449,7 @@ class TrackingEngine(FakeEngine):
 
 def fake_cluster(inv, prof, env_of):
     from sparkcluster.config.images import image_ref
-    from sparkcluster.remote.fanout import Cluster
+    from sparkcluster.remote.fanout import ConnectedHosts
     from sparkcluster.up.container_spec import spec_for
 
     specs = {n.name: spec_for(inv, prof, n, image_ref(inv, prof)) for n in inv.nodes}
@@ -459,7 +459,7 @@ def fake_cluster(inv, prof, env_of):
         h = FakeHost(n, inv, lambda node: env_of(specs[node]))
         h.engine = TrackingEngine(n.name, h.engine.env_of, labels.get)
         hosts[n.name] = h
-    return Cluster(inv, hosts), specs
+    return ConnectedHosts(inv, hosts), specs
 
 
 def up_over(monkeypatch, env_of):

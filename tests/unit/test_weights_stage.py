@@ -120,11 +120,11 @@ def download_here(hf_home: Path, endpoint: str, m: w.Manifest, only=()) -> subpr
 
 
 def staging(tmp_path, ep, repo=TINY, secrets=None):
-    from sparkcluster.remote.fanout import Cluster
+    from sparkcluster.remote.fanout import ConnectedHosts
 
     inv = loopback_inventory(ep)
     hosts = {n.name: LocalHost(n.name, tmp_path / n.name) for n in inv.nodes}
-    return stage.Staging(Cluster(inv, hosts), inv, "img", repo, "main", secrets or {}, Bars()), hosts
+    return stage.Staging(ConnectedHosts(inv, hosts), inv, "img", repo, "main", secrets or {}, Bars()), hosts
 
 
 def test_dry_run_shows_the_stage_and_never_the_token():
@@ -222,7 +222,7 @@ def test_cli_pull_status_rm_over_loopback(hub, model, tmp_path, monkeypatch, cap
 
     from sparkcluster.cli import main as cli_main
     from sparkcluster.cli import weights_cmd as cli_weights
-    from sparkcluster.remote.fanout import Cluster
+    from sparkcluster.remote.fanout import ConnectedHosts
 
     _, ep = hub
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
@@ -231,7 +231,7 @@ def test_cli_pull_status_rm_over_loopback(hub, model, tmp_path, monkeypatch, cap
     m = st.resolve()
     assert download_here(tmp_path / "spark-head", ep, m).returncode == 0
     monkeypatch.setattr(cli_main.Invocation, "inventory", lambda self: inv)
-    monkeypatch.setattr(Cluster, "connect", classmethod(lambda cls, i, nodes=None: Cluster(inv, hosts)))
+    monkeypatch.setattr(ConnectedHosts, "connect", classmethod(lambda cls, i, nodes=None: ConnectedHosts(inv, hosts)))
     monkeypatch.setattr(cli_weights, "ClusterLock", lambda *a: contextlib.nullcontext())
     monkeypatch.setattr(cli_weights.secret_store, "load_secrets", lambda *a: {})
     prof = profiles.load_profile("testbed")

@@ -13,7 +13,7 @@ from sparkcluster.up.stages.base import Step
 if TYPE_CHECKING:
     from sparkcluster.config.inventory import Inventory
     from sparkcluster.config.profile import Profile
-    from sparkcluster.remote.fanout import Cluster
+    from sparkcluster.remote.fanout import ConnectedHosts
 
 STAGE = "preflight"
 # checks that `up` itself repairs, so they do not block it: the image stage builds and sends the
@@ -28,7 +28,7 @@ def steps(inv: "Inventory") -> list[Step]:
     ]
 
 
-def check(cluster: "Cluster", inv: "Inventory", prof: "Profile") -> preflight.PreflightReport:
+def check(cluster: "ConnectedHosts", inv: "Inventory", prof: "Profile") -> preflight.PreflightReport:
     """Facts and checks on every host; any failure `up` cannot repair stops here, before a change."""
     report, _ = preflight.run(inv, prof, cluster=cluster)
     blocking = [r for r in report.failed if r.id not in REPAIRED_BY_UP]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import teardown
 from sparkcluster.day2.deployments import Deployment
-from sparkcluster.remote.fanout import Cluster
+from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def steps(plan: "Plan") -> list[Step]:
 
 def down(r: "UpRun", a: Away) -> str:
     hosts = {n: r.reach[n] for n in a.deployment.nodes}
-    outcomes = teardown.down(Cluster(a.inventory, hosts))
+    outcomes = teardown.down(ConnectedHosts(a.inventory, hosts))
     errors = [(n, e) for n, o in outcomes.items() for e in o.errors]
     if errors:
         node, why = errors[0]
