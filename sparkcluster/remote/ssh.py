@@ -7,7 +7,7 @@ API request is a `docker system dial-stdio` channel), so one invocation opens on
 host. Nothing outside `remote/` (this module, `target` and `dockerapi`) touches paramiko.
 
 Host keys are checked strictly against known_hosts: an unknown key is refused with its fingerprint,
-a changed key with the `ssh-keygen -R` hint; neither is ever added (`target.Link` resolves the
+a changed key with the `ssh-keygen -R` hint; neither is ever added (`target.SshConnection` resolves the
 ssh_config; the policy here is set on its client, and on each ProxyJump hop's).
 """
 
@@ -29,7 +29,7 @@ from sparkcluster import log, redact
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.errors import AuthError, CommandFailed, ConnectError, HostKeyError
 from sparkcluster.remote import retry
-from sparkcluster.remote.target import Link, load_config, parse_target
+from sparkcluster.remote.target import SshConnection, load_config, parse_target
 
 _log = log.get(__name__)
 
@@ -90,7 +90,7 @@ KEEPALIVE_DEAD_S = 15.0  # no reply to a keepalive for this long: the host is go
 class Host:
     """A connected node. Create with `connect()`; close with `close()`."""
 
-    def __init__(self, node: Node, conn: Link):
+    def __init__(self, node: Node, conn: SshConnection):
         self.node = node
         self.name = node.name
         self._conn = conn
@@ -301,7 +301,7 @@ class Settings:
         return cls(inv.resolve(c.ssh_config), inv.resolve(c.known_hosts), c.connect_timeout, c.connect_attempts)
 
 
-def _make_connection(node: Node, settings: Settings) -> tuple[Link, list[Path]]:
+def _make_connection(node: Node, settings: Settings) -> tuple[SshConnection, list[Path]]:
     config = load_config(settings.ssh_config)
     alias = parse_target(node.ssh)[1]
     files: list[Path] = []
@@ -318,7 +318,7 @@ def _make_connection(node: Node, settings: Settings) -> tuple[Link, list[Path]]:
                 client.load_host_keys(str(f))
         client.set_missing_host_key_policy(_StrictPolicy(node.name, files))
 
-    return Link.resolve(node.ssh, config, float(int(max(1, settings.connect_timeout))), prepare), files
+    return SshConnection.resolve(node.ssh, config, float(int(max(1, settings.connect_timeout))), prepare), files
 
 
 def connect(node: Node, settings: Settings) -> Host:
@@ -364,5 +364,5 @@ def connect(node: Node, settings: Settings) -> Host:
         ) from None
 
 
-def _known_hosts_name(conn: Link) -> str:
+def _known_hosts_name(conn: SshConnection) -> str:
     return conn.host if conn.port == 22 else f"[{conn.host}]:{conn.port}"

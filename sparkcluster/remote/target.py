@@ -43,7 +43,7 @@ def load_config(path: Path | None) -> paramiko.SSHConfig:
 
 
 @dataclass
-class Link:
+class SshConnection:
     """One node's SSH connection: the resolved address, the paramiko client, what opens it."""
 
     host: str
@@ -55,15 +55,15 @@ class Link:
     prepare: Callable[[paramiko.SSHClient], None]  # host keys and their policy, for every client
     client: paramiko.SSHClient = field(default_factory=paramiko.SSHClient)
     connect_kwargs: dict = field(default_factory=dict)
-    _hops: list = field(default_factory=list)  # ProxyJump's own links, closed with this one
+    _hops: list = field(default_factory=list)  # ProxyJump's own connections, closed with this one
 
     @classmethod
     def resolve(
         cls, target: str, config: paramiko.SSHConfig, timeout: float, prepare: Callable[[paramiko.SSHClient], None]
-    ) -> "Link":
+    ) -> "SshConnection":
         user, alias, port = parse_target(target)
         opts = dict(config.lookup(alias))
-        link = cls(
+        conn = cls(
             opts.get("hostname", alias),
             port or int(opts.get("port", 22)),
             user or opts.get("user") or getpass.getuser(),
@@ -73,15 +73,15 @@ class Link:
             prepare,
         )
         keys = [str(Path(k).expanduser()) for k in opts.get("identityfile", [])]
-        link.connect_kwargs = {
+        conn.connect_kwargs = {
             "banner_timeout": timeout,
             "auth_timeout": timeout,
             "allow_agent": False,
             **({"key_filename": keys} if keys else {}),
             **({"look_for_keys": False} if opts.get("identitiesonly", "no").lower() == "yes" else {}),
         }
-        prepare(link.client)
-        return link
+        prepare(conn.client)
+        return conn
 
     def _channel_through(self, transport: paramiko.Transport):
         return transport.open_channel("direct-tcpip", (self.host, self.port), ("", 0), timeout=self.timeout)
@@ -94,17 +94,17 @@ class Link:
         if jump.lower() != "none":
             via = None
             for hop in jump.split(","):
-                link = Link.resolve(hop.strip(), self.config, self.timeout, self.prepare)
-                link.client.connect(
-                    link.host,
-                    port=link.port,
-                    username=link.user,
+                conn = SshConnection.resolve(hop.strip(), self.config, self.timeout, self.prepare)
+                conn.client.connect(
+                    conn.host,
+                    port=conn.port,
+                    username=conn.user,
                     timeout=self.timeout,
-                    sock=link._channel_through(via) if via else None,
-                    **link.connect_kwargs,
+                    sock=conn._channel_through(via) if via else None,
+                    **conn.connect_kwargs,
                 )
-                self._hops.append(link)
-                via = link.client.get_transport()
+                self._hops.append(conn)
+                via = conn.client.get_transport()
             return self._channel_through(via)
         command = self.options.get("proxycommand", "none")
         return paramiko.ProxyCommand(command) if command.lower() != "none" else None
@@ -125,6 +125,6 @@ class Link:
 
     def close(self) -> None:
         self.client.close()
-        for link in reversed(self._hops):
-            link.client.close()
+        for conn in reversed(self._hops):
+            conn.client.close()
         self._hops.clear()
