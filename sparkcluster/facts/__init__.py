@@ -209,14 +209,16 @@ def gather(
 
 
 @dataclass(frozen=True)
-class Probe:
+class PathMtuPing:
+    """One don't-fragment ping of phase 2: out of `netdev` to a peer's address, `size` bytes of payload."""
+
     netdev: str
     peer_node: str
     peer_ip: str
     size: int
 
 
-def path_mtu_probes(node: Node, facts: dict[str, HostFacts]) -> list[Probe]:
+def path_mtu_probes(node: Node, facts: dict[str, HostFacts]) -> list[PathMtuPing]:
     """For each data-plane netdev of `node`, every peer address on one of its subnets on another
     node: one probe per direction and per peer (each node probes from its own side)."""
     mine = facts[node.name].interfaces
@@ -232,24 +234,24 @@ def path_mtu_probes(node: Node, facts: dict[str, HostFacts]) -> list[Probe]:
                 for oi in of.interfaces.values():
                     for oa in oi.addresses:
                         if oa.network == addr.network and oa.ip != addr.ip:
-                            out.append(Probe(netdev, other, str(oa.ip), node.mtu - 28))
+                            out.append(PathMtuPing(netdev, other, str(oa.ip), node.mtu - 28))
     return list(dict.fromkeys(out))
 
 
-def _ping(p: Probe) -> probes.Probe:
+def _ping(p: PathMtuPing) -> probes.Probe:
     return probes.ping(p.netdev, p.peer_ip, p.size)
 
 
-def ping_command(p: Probe) -> str:
+def ping_command(p: PathMtuPing) -> str:
     return _ping(p).command
 
 
-def path_mtu_script(ps: list[Probe]) -> str:
+def path_mtu_script(ps: list[PathMtuPing]) -> str:
     # the neighbour entry right after each ping says who answered (a third machine or a cluster node)
     return "\n".join(x for p in ps for x in (_ping(p).script(), probes.neigh(p.netdev, p.peer_ip).script())) + "\n"
 
 
-def gather_path_mtu(host, ps: list[Probe], timeout: float = 20.0) -> list[P.PingResult]:
+def gather_path_mtu(host, ps: list[PathMtuPing], timeout: float = 20.0) -> list[P.PingResult]:
     if not ps:
         return []
     res = host.run(path_mtu_script(ps), timeout=timeout, warn=True)

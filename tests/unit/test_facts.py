@@ -223,8 +223,8 @@ def test_path_mtu_probes_pair_by_subnet_both_directions():
     got = two_spark_facts()
     head = facts.path_mtu_probes(inv.node(H), got)
     worker = facts.path_mtu_probes(inv.node(W), got)
-    assert head == [facts.Probe(nd, W, link_ip(k, 2), 8972) for nd, _, k in LINKS]
-    assert worker == [facts.Probe(nd, H, link_ip(k, 1), 8972) for nd, _, k in LINKS]
+    assert head == [facts.PathMtuPing(nd, W, link_ip(k, 2), 8972) for nd, _, k in LINKS]
+    assert worker == [facts.PathMtuPing(nd, H, link_ip(k, 1), 8972) for nd, _, k in LINKS]
     # docker0 (172.17/16 on both) is not a data-plane link: never probed
     assert all(not p.peer_ip.startswith("172.17.") for p in head + worker)
 
@@ -258,7 +258,7 @@ def test_path_mtu_probes_uses_node_mtu_and_skips_unpaired():
 
 
 def test_ping_command_and_script_are_quoted():
-    p = facts.Probe("enP2p1s0f0np0", W, "198.19.3.2", 8972)
+    p = facts.PathMtuPing("enP2p1s0f0np0", W, "198.19.3.2", 8972)
     assert facts.ping_command(p) == "ping -M do -c 1 -W 1 -s 8972 -I enP2p1s0f0np0 198.19.3.2"
     assert shlex.split(facts.ping_command(p)) == [
         "ping",
@@ -274,7 +274,7 @@ def test_ping_command_and_script_are_quoted():
         "enP2p1s0f0np0",
         "198.19.3.2",
     ]
-    script = facts.path_mtu_script([p, facts.Probe("enp1s0f0np0", W, "198.19.1.2", 8972)])
+    script = facts.path_mtu_script([p, facts.PathMtuPing("enp1s0f0np0", W, "198.19.1.2", 8972)])
     assert script.count("ping -M do") == 2
     assert f"echo '{facts.SECTION} ping enP2p1s0f0np0 198.19.3.2'" in script
     assert facts.path_mtu_script([]) == "\n"
@@ -294,9 +294,9 @@ class FakeHost:
 
 def test_gather_path_mtu_from_captured_pings():
     probes = [
-        facts.Probe("lo", "peer", "127.0.0.1", 8972),
-        facts.Probe("eth0", "gw", "192.0.2.1", 1472),
-        facts.Probe("vlan9", "x", "10.9.9.9", 1472),
+        facts.PathMtuPing("lo", "peer", "127.0.0.1", 8972),
+        facts.PathMtuPing("eth0", "gw", "192.0.2.1", 1472),
+        facts.PathMtuPing("vlan9", "x", "10.9.9.9", 1472),
     ]  # last: no section in the output
     host = FakeHost(cap("vm-path-mtu.txt"))
     got = facts.gather_path_mtu(host, probes)
@@ -312,9 +312,9 @@ def test_gather_path_mtu_keeps_every_probe_of_one_netdev():
     # real: two probes out of eth0, the first too large, the second to an absent peer; a third, passing
     # one on eth0 must not hide them (each probe is its own result, in order)
     probes = [
-        facts.Probe("eth0", "gw", "192.0.2.1", 1472),
-        facts.Probe("eth0", "x", "192.0.2.77", 1372),
-        facts.Probe("lo", "peer", "127.0.0.1", 8972),
+        facts.PathMtuPing("eth0", "gw", "192.0.2.1", 1472),
+        facts.PathMtuPing("eth0", "x", "192.0.2.77", 1372),
+        facts.PathMtuPing("lo", "peer", "127.0.0.1", 8972),
     ]
     got = facts.gather_path_mtu(FakeHost(cap("vm-path-mtu.txt")), probes)
     assert [(p.netdev, p.peer_ip, p.ok) for p in got] == [

@@ -54,7 +54,7 @@ def test_carrier_reads_sysfs_for_hostile_names_without_running_them(shell, name)
 
 
 def test_path_mtu_script_from_facts_is_quoted(shell):
-    ps = [facts.Probe(n, "w", "198.19.2.2", 8972) for n in HOSTILE]
+    ps = [facts.PathMtuPing(n, "w", "198.19.2.2", 8972) for n in HOSTILE]
     secs = probes.split_sections(shell(facts.path_mtu_script(ps)))
     assert len(secs) == 2 * len(HOSTILE)
 
