@@ -118,7 +118,8 @@ def check(check_id: str, title: str):
 # --- what several areas read in a container's `docker inspect` ----------------------------------
 
 
-def container_env(c: dict) -> dict[str, str]:
+def inspect_env(c: dict) -> dict[str, str]:
+    """The variables a container was created with, as its `docker inspect` records them."""
     return dict(e.split("=", 1) for e in (c.get("Config", {}).get("Env") or []) if "=" in e)
 
 

@@ -3,7 +3,7 @@ containers carry the forwarded and per-host variables and identical docker flags
 
 from __future__ import annotations
 
-from sparkcluster.checks import Context, Report, check, container_env, is_running
+from sparkcluster.checks import Context, Report, check, inspect_env, is_running
 from sparkcluster.labels import CLUSTER_LABEL
 
 
@@ -90,7 +90,7 @@ def containers_forwarded_env(ctx: Context, r: Report) -> None:
         running = [c for c in ctx.ours(node.name) if is_running(c)]
         if not running or not want:
             continue
-        env = container_env(running[0])
+        env = inspect_env(running[0])
         missing = [k for k in want if k not in env]
         wrong = [k for k in want if k in env and env[k] != want[k]]
         if missing or wrong:
@@ -119,7 +119,7 @@ def containers_per_host_env(ctx: Context, r: Report) -> None:
         want = ctx.expect.per_host_env.get(node.name, {})
         if not running or not want:
             continue
-        env = container_env(running[0])
+        env = inspect_env(running[0])
         # VLLM_HOST_IP is judged by net.vllm_host_ip (with its own fix); not reported twice
         wrong = [
             f"{k}={env.get(k, '(unset)')} (want {v})"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from sparkcluster.checks import Context, Report, check, container_env, is_running
+from sparkcluster.checks import Context, Report, check, inspect_env, is_running
 from sparkcluster.config import topology as topo
 from sparkcluster.config.inventory import Node
 from sparkcluster.facts import HostFacts
@@ -91,7 +91,7 @@ def nccl_topology_env(ctx: Context, r: Report) -> None:
             r.ok(node.name, f"{ctx.inventory.cluster.topology or 'no'} topology: none needed")
             continue
         planned = {k: v for k, v in ctx.expect.forwarded_env.items() if k in need and v != need[k]}
-        running = [container_env(c) for c in ctx.ours(node.name) if is_running(c)]
+        running = [inspect_env(c) for c in ctx.ours(node.name) if is_running(c)]
         stale = sorted({k for env in running for k in need if env.get(k) != need[k]})
         if planned:
             r.fail(
