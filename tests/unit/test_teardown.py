@@ -152,5 +152,5 @@ def test_the_variable_probe_fails_as_a_failed_exec_not_as_missing_variables():
 
     r = SimpleNamespace(cluster=SimpleNamespace(hosts={"spark-worker": Host(NoEnv())}))
     with pytest.raises(CommandFailed, match="exit 126") as e:
-        probe.container_env(r, "spark-worker", "c")
+        probe.env_in_container(r, "spark-worker", "c")
     assert "OCI runtime exec failed" in "\n".join(e.value.details)

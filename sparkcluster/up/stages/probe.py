@@ -37,7 +37,8 @@ def summary(done: list[tuple[Step, object]]) -> str:
     return f"{sum(counts)} variables right on {len(counts)} nodes"
 
 
-def container_env(r: "UpRun", node: str, container: str) -> dict[str, str]:
+def env_in_container(r: "UpRun", node: str, container: str) -> dict[str, str]:
+    """The variables the container's processes see, read with `docker exec env`."""
     # a failed exec (no such container, the engine refusing) fails the step as what it is: never
     # read as a container missing its variables
     api = r.cluster.hosts[node].docker().api
@@ -61,7 +62,7 @@ def container_env(r: "UpRun", node: str, container: str) -> dict[str, str]:
 
 def check_env(r: "UpRun", node: str, container: str) -> int:
     want = r.plan.profile.forwarded_env()
-    env = container_env(r, node, container)
+    env = env_in_container(r, node, container)
     missing = [k for k in want if k not in env]
     wrong = [k for k, v in want.items() if k in env and env[k] != v]
     per_host = profiles.per_host_env(r.plan.profile, r.inv, node)
