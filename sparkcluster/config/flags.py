@@ -219,7 +219,7 @@ def serve_argv(
     return argv
 
 
-def exec_argv(profile: Profile, **kw) -> list[str]:
+def supervised_argv(profile: Profile, **kw) -> list[str]:
     """The argv the supervisor runs in the head container: always with `vllm serve`.
 
     The container's foreground process is the node agent, never the image's entrypoint, so even a

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from sparkcluster import redact
 from sparkcluster.config import profile as profiles
-from sparkcluster.config.flags import exec_argv, rank_args
+from sparkcluster.config.flags import supervised_argv, rank_args
 from sparkcluster.config.images import RAY_VERSION, image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import server
@@ -174,7 +174,8 @@ def make_plan(
     to_create = [] if keep else [specs[inv.head.name], *[specs[w.name] for w in inv.workers]]
     sv = server.ServeSpec(
         container=specs[head].name,
-        argv=exec_argv(prof, port=inv.cluster.api_port, hf_cache=inv.hf_cache(inv.head.name)) + _rank(inv, prof, head),
+        argv=supervised_argv(prof, port=inv.cluster.api_port, hf_cache=inv.hf_cache(inv.head.name))
+        + _rank(inv, prof, head),
         secret_names=profiles.secret_env_names(prof),
         model=prof.served_model_name,
         port=prof.serve.port or inv.cluster.api_port,
@@ -184,7 +185,8 @@ def make_plan(
                 w.name,
                 specs[w.name].name,
                 tuple(
-                    exec_argv(prof, port=inv.cluster.api_port, hf_cache=inv.hf_cache(w.name)) + _rank(inv, prof, w.name)
+                    supervised_argv(prof, port=inv.cluster.api_port, hf_cache=inv.hf_cache(w.name))
+                    + _rank(inv, prof, w.name)
                 ),
             )
             for w in inv.workers

@@ -11,7 +11,7 @@ from sparkcluster import redact
 from sparkcluster.config.flags import (
     FLAGS,
     Gate,
-    exec_argv,
+    supervised_argv,
     flag_names,
     flag_value,
     ngc_release,
@@ -170,4 +170,4 @@ def test_refusals_empty_for_seed_profiles():
 def test_exec_argv_always_prefixed():
     p = variant(image__base="vllm/vllm-openai", image__tag="v0.21.0", image__kind="vllm-openai")
     assert serve_argv(p)[0] == p.model
-    assert exec_argv(p)[:3] == ["vllm", "serve", p.model]
+    assert supervised_argv(p)[:3] == ["vllm", "serve", p.model]
