@@ -15,7 +15,7 @@ from sparkcluster.config import secrets as secret_store
 from sparkcluster.config.images import image_ref
 from sparkcluster.errors import InputError
 from sparkcluster.facts.access import learn_homes
-from sparkcluster.movement import hfcache as w
+from sparkcluster.movement import hfcache
 from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.remote.lock import ClusterLock
 from sparkcluster.up.stages import weights as stage
@@ -102,7 +102,9 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
 
 def _status(cluster: ConnectedHosts, inv) -> dict[str, list[dict]]:
     learn_homes(cluster)
-    got = cluster.each(lambda h: w.parse_json(h.run(w.status_command(inv.hf_cache(h.name)), timeout=120).stdout))
+    got = cluster.each(
+        lambda h: hfcache.parse_json(h.run(hfcache.status_command(inv.hf_cache(h.name)), timeout=120).stdout)
+    )
     return got.values_or_raise("weights")
 
 
@@ -197,7 +199,7 @@ def status(obj, profile_name: str | None, as_json: bool) -> None:
 @click.pass_obj
 def rm(obj, repo: str, commit: str | None, yes: bool) -> None:
     """Remove a model's snapshot(s) from every node's HF cache (`down` never does)."""
-    w.check_repo(repo)
+    hfcache.check_repo(repo)
     inv = obj.inventory()
     with ConnectedHosts.connect(inv) as cluster, ClusterLock(cluster.head, inv.cluster.name, f"weights rm {repo}"):
         per_node = _status(cluster, inv)
@@ -215,5 +217,7 @@ def rm(obj, repo: str, commit: str | None, yes: bool) -> None:
             raise click.exceptions.Abort()
         for n, cs in targets.items():
             for c in cs:
-                got = w.parse_json(cluster.hosts[n].run(w.rm_command(inv.hf_cache(n), repo, c), timeout=600).stdout)
+                got = hfcache.parse_json(
+                    cluster.hosts[n].run(hfcache.rm_command(inv.hf_cache(n), repo, c), timeout=600).stdout
+                )
                 click.echo(f"{n}: removed {repo}@{c[:12]}, freed {got['freed'] / 1e9:.2f} GB")

@@ -22,7 +22,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from sparkcluster.movement import hfcache as w
+from sparkcluster.movement import hfcache
 from tests.integration.helpers import API_KEY, hf_cache, inventory_variant
 from tests.testbed import artifacts
 from tests.testbed.hub import DRAFT, HUB_IP, TINY, TOKENIZER, build_hub
@@ -45,11 +45,11 @@ def _profiles(tmp_path, testbed_text: str) -> dict:
 def _wipe_extra(testbed) -> None:
     for h in (HEAD, WORKER):
         cache = hf_cache()  # the SSH user's, from the testbed's facts file
-        testbed.sh(h, f"rm -rf {cache}/hub/{w.repo_folder(TOKENIZER)} {cache}/hub/{w.repo_folder(DRAFT)}")
+        testbed.sh(h, f"rm -rf {cache}/hub/{hfcache.repo_folder(TOKENIZER)} {cache}/hub/{hfcache.repo_folder(DRAFT)}")
 
 
 def _files(testbed, host: str, repo: str) -> list[str]:
-    got = testbed.sh(host, f"ls {hf_cache()}/hub/{w.repo_folder(repo)}/snapshots/*/", check=False).stdout.split()
+    got = testbed.sh(host, f"ls {hf_cache()}/hub/{hfcache.repo_folder(repo)}/snapshots/*/", check=False).stdout.split()
     return sorted(got)
 
 

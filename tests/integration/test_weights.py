@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkcluster.movement import hfcache as w
+from sparkcluster.movement import hfcache
 from tests.integration.helpers import account, hf_cache
 from tests.testbed import artifacts
 from tests.testbed.hub import GATED, GRANTED_TOKEN, HUB_IP, HUB_PORT, TINY, knobs, stats
@@ -29,7 +29,7 @@ def cache() -> str:
 
 
 def repo_dir() -> str:
-    return f"{cache()}/hub/{w.repo_folder(TINY)}"
+    return f"{cache()}/hub/{hfcache.repo_folder(TINY)}"
 
 
 def model_size() -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sparkcluster.errors import InputError
-from sparkcluster.movement import hfcache as w
+from sparkcluster.movement import hfcache
 from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, TINY, serve_in_thread
 
 
@@ -39,10 +39,10 @@ def hub(model, tmp_path_factory):
     running.server.server_close()
 
 
-def resolve(ep: str, repo: str, rev: str = "main", token: str = "") -> w.Manifest:
-    r = sh(w.resolve_command(ep, repo, rev), token)
+def resolve(ep: str, repo: str, rev: str = "main", token: str = "") -> hfcache.Manifest:
+    r = sh(hfcache.resolve_command(ep, repo, rev), token)
     assert r.returncode == 0, r.stderr
-    return w.parse_resolve(r.stdout, repo, rev, ep)
+    return hfcache.parse_resolve(r.stdout, repo, rev, ep)
 
 
 def test_resolve_gives_commit_sizes_and_hashes(hub, model):
@@ -85,19 +85,19 @@ def test_unreachable_hub():
         resolve("http://127.0.0.1:9", TINY)
 
 
-def _place(cache: Path, m: w.Manifest, model: Path, skip: str = "") -> None:
+def _place(cache: Path, m: hfcache.Manifest, model: Path, skip: str = "") -> None:
     """Put the files where a download puts them (blobs named by hash), then `check` links them."""
-    blobs = Path(w.blobs_dir(str(cache), m.repo))
+    blobs = Path(hfcache.blobs_dir(str(cache), m.repo))
     blobs.mkdir(parents=True, exist_ok=True)
     for f in m.files:
         if f.path != skip:
             (blobs / f.blob).write_bytes((model / f.path).read_bytes())
 
 
-def check(cache: Path, m: w.Manifest, hash_unverified: bool = True) -> dict:
-    r = sh(w.check_command(str(cache)), m.request(hash_unverified))
+def check(cache: Path, m: hfcache.Manifest, hash_unverified: bool = True) -> dict:
+    r = sh(hfcache.check_command(str(cache)), m.request(hash_unverified))
     assert r.returncode == 0, r.stderr
-    return w.parse_json(r.stdout)
+    return hfcache.parse_json(r.stdout)
 
 
 def test_check_links_a_complete_snapshot_and_then_trusts_its_stamp(hub, model, tmp_path):
@@ -106,13 +106,13 @@ def test_check_links_a_complete_snapshot_and_then_trusts_its_stamp(hub, model, t
     _place(tmp_path, m, model)
     got = check(tmp_path, m)
     assert got["missing"] == [] and got["present_bytes"] == m.size and got["free"] > 0
-    snap = tmp_path / "hub" / w.repo_folder(TINY) / "snapshots" / m.commit
+    snap = tmp_path / "hub" / hfcache.repo_folder(TINY) / "snapshots" / m.commit
     assert (snap / "sub" / "extra.txt").read_text() == "x\n"
     assert (snap.parent.parent / "refs" / "main").read_text() == m.commit
     # unchanged files are trusted without hashing: fast enough for "< 1 s when present"
     assert check(tmp_path, m, hash_unverified=False)["missing"] == []
-    st = sh(w.status_command(str(tmp_path)))
-    [s] = w.parse_json(st.stdout)
+    st = sh(hfcache.status_command(str(tmp_path)))
+    [s] = hfcache.parse_json(st.stdout)
     assert s["repo"] == TINY and s["commit"] == m.commit and s["verified"] and s["refs"] == ["main"]
 
 
@@ -122,7 +122,7 @@ def test_check_replaces_a_corrupted_file(hub, model, tmp_path):
     _place(tmp_path, m, model)
     check(tmp_path, m)
     big = next(f for f in m.files if f.lfs)
-    p = Path(w.blobs_dir(str(tmp_path), TINY)) / big.blob
+    p = Path(hfcache.blobs_dir(str(tmp_path), TINY)) / big.blob
     data = bytearray(p.read_bytes())
     data[1000] ^= 1  # one byte changed
     p.write_bytes(bytes(data))
@@ -136,15 +136,15 @@ def test_rehash_finds_a_change_that_kept_size_and_mtime(hub, model, tmp_path):
     _place(tmp_path, m, model)
     check(tmp_path, m)
     big = next(f for f in m.files if f.lfs)
-    p = Path(w.blobs_dir(str(tmp_path), TINY)) / big.blob
+    p = Path(hfcache.blobs_dir(str(tmp_path), TINY)) / big.blob
     st = p.stat()
     data = bytearray(p.read_bytes())
     data[3] ^= 1
     p.write_bytes(bytes(data))
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert check(tmp_path, m)["missing"] == []  # the stamp is trusted
-    r = sh(w.check_command(str(tmp_path)), m.request(rehash=True))
-    assert w.parse_json(r.stdout)["corrupt"] == [big.blob]
+    r = sh(hfcache.check_command(str(tmp_path)), m.request(rehash=True))
+    assert hfcache.parse_json(r.stdout)["corrupt"] == [big.blob]
 
 
 def test_check_says_what_is_missing(hub, model, tmp_path):
@@ -155,7 +155,7 @@ def test_check_says_what_is_missing(hub, model, tmp_path):
     big = next(f for f in m.files if f.lfs)
     assert got["missing"] == [big.blob] and got["missing_bytes"] == big.size
     # no snapshot is linked while a file is missing: a partial snapshot is never served
-    assert not (tmp_path / "hub" / w.repo_folder(TINY) / "snapshots").exists()
+    assert not (tmp_path / "hub" / hfcache.repo_folder(TINY) / "snapshots").exists()
 
 
 def test_replication_over_loopback_sends_only_the_missing_files(hub, model, tmp_path):
@@ -167,17 +167,17 @@ def test_replication_over_loopback_sends_only_the_missing_files(hub, model, tmp_
     _place(worker, m, model, skip="model.safetensors")
     need = check(worker, m)["missing"]
     recv = subprocess.Popen(
-        ["bash", "-c", w.receive_command(str(worker), TINY, "127.0.0.1", "127.0.0.1")],
+        ["bash", "-c", hfcache.receive_command(str(worker), TINY, "127.0.0.1", "127.0.0.1")],
         stderr=subprocess.PIPE,
         text=True,
     )
     port = int(recv.stderr.readline().split()[1])
-    snd = sh(w.send_command(str(head), TINY, need, "127.0.0.1", port, "127.0.0.1"))
+    snd = sh(hfcache.send_command(str(head), TINY, need, "127.0.0.1", port, "127.0.0.1"))
     assert snd.returncode == 0, snd.stderr
     assert recv.wait(timeout=30) == 0
     got = check(worker, m)
     assert got["missing"] == [] and got["adopted"] == 1
-    snap = worker / "hub" / w.repo_folder(TINY) / "snapshots" / m.commit
+    snap = worker / "hub" / hfcache.repo_folder(TINY) / "snapshots" / m.commit
     assert (snap / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
 
 
@@ -186,7 +186,7 @@ def test_a_damaged_delivery_is_not_adopted(hub, model, tmp_path):
     m = resolve(ep, TINY)
     big = next(f for f in m.files if f.lfs)
     _place(tmp_path, m, model, skip="model.safetensors")
-    inc = Path(w.incoming_dir(str(tmp_path), TINY))
+    inc = Path(hfcache.incoming_dir(str(tmp_path), TINY))
     inc.mkdir(parents=True)
     (inc / big.blob).write_bytes((model / "model.safetensors").read_bytes()[:-1])  # cut short
     got = check(tmp_path, m)
@@ -198,37 +198,39 @@ def test_rm_removes_the_snapshot_and_its_blobs(hub, model, tmp_path):
     m = resolve(ep, TINY)
     _place(tmp_path, m, model)
     check(tmp_path, m)
-    r = sh(w.rm_command(str(tmp_path), TINY, m.commit))
+    r = sh(hfcache.rm_command(str(tmp_path), TINY, m.commit))
     assert r.returncode == 0, r.stderr
-    assert w.parse_json(r.stdout)["freed"] == m.size
-    assert not (tmp_path / "hub" / w.repo_folder(TINY)).exists()
+    assert hfcache.parse_json(r.stdout)["freed"] == m.size
+    assert not (tmp_path / "hub" / hfcache.repo_folder(TINY)).exists()
 
 
 @pytest.mark.parametrize("bad", ["../etc", "a/b/c", "a b/c", "a/$(id)", "a/b;rm", "-x/y", "a/.."])
 def test_hostile_repo_ids_are_refused(bad):
     with pytest.raises(InputError):
-        w.repo_folder(bad)
+        hfcache.repo_folder(bad)
 
 
 @pytest.mark.parametrize("bad", ["../x", "a/../b", "$(id)", "a b", "-rf", "x\n"])
 def test_hostile_revisions_are_refused(bad):
     with pytest.raises(InputError):
-        w.check_revision(bad)
+        hfcache.check_revision(bad)
 
 
 @pytest.mark.parametrize("bad", ["/etc/passwd", "../x", "a/../../x", "a//b", "a\nb", ""])
 def test_hostile_file_paths_are_refused(bad):
     with pytest.raises(ValueError):
-        w.safe_path(bad)
+        hfcache.safe_path(bad)
 
 
 def test_hostile_values_stay_quoted_in_commands():
-    cmd = w.download_command("img:1", "/c ache/$(id)", "http://h;rm -rf /", w.Manifest(TINY, "main", "a" * 40, ()))
+    cmd = hfcache.download_command(
+        "img:1", "/c ache/$(id)", "http://h;rm -rf /", hfcache.Manifest(TINY, "main", "a" * 40, ())
+    )
     assert "HF_ENDPOINT=http://h;rm -rf /" in shlex.split(cmd.split("; ", 1)[1])
     with pytest.raises(ValueError):
-        w.send_command("/c", TINY, ["$(id)"], "1.2.3.4", 1, "1.2.3.5")
+        hfcache.send_command("/c", TINY, ["$(id)"], "1.2.3.4", 1, "1.2.3.5")
     with pytest.raises(InputError):
-        w.rm_command("/c", TINY, "main; rm -rf /")
+        hfcache.rm_command("/c", TINY, "main; rm -rf /")
 
 
 @pytest.mark.parametrize(
@@ -243,12 +245,13 @@ def test_hostile_values_stay_quoted_in_commands():
 def test_a_hostile_listing_from_the_hub_is_refused(path, blob, size):
     out = json.dumps({"sha": "c" * 40, "files": [{"path": path, "size": size, "blob": blob, "lfs": False}]})
     with pytest.raises(InputError):
-        w.parse_resolve(out, TINY, "main", "http://hub")
+        hfcache.parse_resolve(out, TINY, "main", "http://hub")
 
 
 def test_a_5xx_or_unreachable_hub_is_hub_unavailable():
     for got in ({"error": "", "status": 503, "message": "down"}, {"error": "Unreachable", "status": 0, "message": "x"}):
-        assert isinstance(w.resolve_error(got, TINY, "main", "http://hub"), w.HubUnavailable)
+        assert isinstance(hfcache.resolve_error(got, TINY, "main", "http://hub"), hfcache.HubUnavailable)
     assert not isinstance(
-        w.resolve_error({"error": "RepoNotFound", "status": 404}, TINY, "main", "http://hub"), w.HubUnavailable
+        hfcache.resolve_error({"error": "RepoNotFound", "status": 404}, TINY, "main", "http://hub"),
+        hfcache.HubUnavailable,
     )

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from chain_fakes import IPS, world3
 
-from sparkcluster.movement import hfcache as w
+from sparkcluster.movement import hfcache
 from sparkcluster.up.stages import weights_chain
 
 REPO = "org/model"
@@ -30,7 +30,7 @@ class FakeStaging:
         self.single: list[str] = []
 
     def check(self, node: str) -> dict:
-        got = Path(w.incoming_dir(str(self.caches[node]), REPO))
+        got = Path(hfcache.incoming_dir(str(self.caches[node]), REPO))
         arrived = {p.name for p in got.glob("*")} if got.exists() else set()
         self.state[node]["missing"] = [b for b in self.state[node]["missing"] if b not in arrived]
         return self.state[node]
@@ -43,7 +43,7 @@ class FakeStaging:
 def world(tmp_path, lacking):
     r, _, _ = world3(tmp_path)
     caches = {n: tmp_path / f"hf-{n}" for n in IPS}
-    blobs = Path(w.blobs_dir(str(caches["head"]), REPO))
+    blobs = Path(hfcache.blobs_dir(str(caches["head"]), REPO))
     blobs.mkdir(parents=True)
     for name, data in FILES.items():
         (blobs / name).write_bytes(data)
@@ -59,7 +59,7 @@ def test_two_or_more_workers_lacking_get_one_stream_along_the_chain(tmp_path):
     assert "received from head along the chain (127.0.0.1 -> 127.0.0.2)" in notes["w1"]
     assert "received from w2 along the chain (127.0.0.3 -> 127.0.0.4)" in notes["w3"]
     for n in ("w1", "w2", "w3"):
-        got = Path(w.incoming_dir(str(caches[n]), REPO))
+        got = Path(hfcache.incoming_dir(str(caches[n]), REPO))
         # every file any of them lacked reached each (the union), byte for byte
         assert {p.name: p.read_bytes() for p in got.iterdir()} == FILES
         assert st.state[n]["missing"] == []

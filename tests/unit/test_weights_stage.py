@@ -15,7 +15,7 @@ from conftest import inventory_dict, make_inventory
 from sparkcluster.config import profile as profiles
 from sparkcluster.errors import InputError, StageError
 from sparkcluster.facts import HostFacts
-from sparkcluster.movement import hfcache as w
+from sparkcluster.movement import hfcache
 from sparkcluster.remote.ssh import CommandResult
 from sparkcluster.up.execute import Progress
 from sparkcluster.up.plan import make_plan
@@ -106,12 +106,12 @@ def loopback_inventory(endpoint: str):
     return make_inventory(d)
 
 
-def download_here(hf_home: Path, endpoint: str, m: w.Manifest, only=()) -> subprocess.CompletedProcess:
+def download_here(hf_home: Path, endpoint: str, m: hfcache.Manifest, only=()) -> subprocess.CompletedProcess:
     """The download program as the head's container runs it (here: with this venv's huggingface_hub)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_HOME=str(hf_home), HF_ENDPOINT=endpoint)
     return subprocess.run(
-        [sys.executable, "-c", w.DOWNLOAD, m.repo, m.commit, w.repo_folder(m.repo), *only],
+        [sys.executable, "-c", hfcache.DOWNLOAD, m.repo, m.commit, hfcache.repo_folder(m.repo), *only],
         env=env,
         capture_output=True,
         text=True,
@@ -176,7 +176,7 @@ def test_replicate_sends_only_what_the_worker_lacks_and_verifies(hub, model, tmp
     st.disk()
     note = st.replicate("spark-worker")
     assert "verified" in note and st.moved["spark-worker"] > m.size  # tar headers
-    snap = tmp_path / "spark-worker" / "hub" / w.repo_folder(TINY) / "snapshots" / m.commit
+    snap = tmp_path / "spark-worker" / "hub" / hfcache.repo_folder(TINY) / "snapshots" / m.commit
     assert (snap / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
     # everything in place: a second run moves nothing and takes well under a second
     t = time.monotonic()
@@ -186,7 +186,7 @@ def test_replicate_sends_only_what_the_worker_lacks_and_verifies(hub, model, tmp
     assert st.lacking() == [] and time.monotonic() - t < 3.0
     # one byte changed on the worker: found, removed, sent again
     blob = next(f.blob for f in m.files if f.lfs)
-    p = tmp_path / "spark-worker" / "hub" / w.repo_folder(TINY) / "blobs" / blob
+    p = tmp_path / "spark-worker" / "hub" / hfcache.repo_folder(TINY) / "blobs" / blob
     data = bytearray(p.read_bytes())
     data[7] ^= 0xFF
     p.write_bytes(bytes(data))
@@ -287,8 +287,8 @@ def test_tokenizer_repository_is_staged_without_its_weights_and_replicated(hub, 
     st.need = Need(("tokenizer",), TINY, "main", None, weights=False)
     m = st.resolve()
     assert [f.path for f in m.files] == ["config.json"] and st.only == ("config.json",)
-    cmd = w.download_command("img", CACHE, ep, m, st.only)
-    assert cmd.endswith(f"{w.repo_folder(TINY)} config.json")
+    cmd = hfcache.download_command("img", CACHE, ep, m, st.only)
+    assert cmd.endswith(f"{hfcache.repo_folder(TINY)} config.json")
     assert download_here(tmp_path / "spark-head", ep, m, st.only).returncode == 0
     st.check_all()
     assert st.lacking() == ["spark-worker"]
@@ -296,10 +296,10 @@ def test_tokenizer_repository_is_staged_without_its_weights_and_replicated(hub, 
     st.check_all()
     assert st.lacking() == []
     for n in ("spark-head", "spark-worker"):
-        snap = tmp_path / n / "hub" / w.repo_folder(TINY) / "snapshots" / m.commit
+        snap = tmp_path / n / "hub" / hfcache.repo_folder(TINY) / "snapshots" / m.commit
         assert sorted(p.name for p in snap.iterdir()) == ["config.json"]
         assert (snap / "config.json").read_bytes() == (model / "config.json").read_bytes()
-        blobs = tmp_path / n / "hub" / w.repo_folder(TINY) / "blobs"
+        blobs = tmp_path / n / "hub" / hfcache.repo_folder(TINY) / "blobs"
         assert sum(p.stat().st_size for p in blobs.iterdir()) < 2**20  # the 3 MiB safetensors never came
 
 
@@ -315,8 +315,8 @@ def test_plugin_file_is_staged_alone_and_linked_where_the_serve_command_reads_it
     st.check_all()
     st.replicate("spark-worker")
     for n, h in hosts.items():
-        target = w.snapshot_file(CACHE, TINY, m.commit, "config.json")
-        h.run(w.link_command(target, f"{CACHE}/config.json"))
+        target = hfcache.snapshot_file(CACHE, TINY, m.commit, "config.json")
+        h.run(hfcache.link_command(target, f"{CACHE}/config.json"))
         assert (tmp_path / n / "config.json").read_bytes() == (model / "config.json").read_bytes()
     missing = Need(("reasoning-parser plugin",), TINY, "main", ("nope.py",))
     st2, _ = staging(tmp_path, ep)

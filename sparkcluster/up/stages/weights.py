@@ -22,7 +22,7 @@ from sparkcluster.config import lint
 from sparkcluster.config import repos as needs
 from sparkcluster.day2 import server
 from sparkcluster.errors import InputError
-from sparkcluster.movement import hfcache as w
+from sparkcluster.movement import hfcache
 from sparkcluster.movement import transfer
 from sparkcluster.remote.fanout import run_each
 from sparkcluster.up.stages import weights_chain
@@ -38,15 +38,15 @@ DISK_MARGIN = 1.02  # the cache's own files (locks, refs, stamps) and filesystem
 
 
 def endpoint(inv) -> str:
-    return inv.cluster.hf_endpoint or w.PUBLIC_HUB
+    return inv.cluster.hf_endpoint or hfcache.PUBLIC_HUB
 
 
 def wanted(prof) -> list[needs.Need]:
     """The repositories the profile needs from the hub, each checked; empty when none (a model that
     is a path inside the container, and nothing else from the hub)."""
     for need in needs.needed(prof):
-        w.check_repo(need.repo)
-        w.check_revision(need.revision)
+        hfcache.check_repo(need.repo)
+        hfcache.check_revision(need.revision)
     return needs.needed(prof)
 
 
@@ -60,7 +60,7 @@ class Staging:
     secrets: dict[str, str]
     progress: "Progress"
     need: needs.Need | None = None  # which files of the snapshot are staged; None: all of them
-    manifest: w.Manifest | None = None
+    manifest: hfcache.Manifest | None = None
     state: dict[str, dict] = field(default_factory=dict)  # node -> the node program's last `check`
     moved: dict[str, int] = field(default_factory=dict)  # "hub -> head" / worker -> bytes
 
@@ -72,20 +72,20 @@ class Staging:
     def lacking(self) -> list[str]:
         return [n for n, s in self.state.items() if s["missing"]]
 
-    def resolve(self) -> w.Manifest:
+    def resolve(self) -> hfcache.Manifest:
         head = self.cluster.head
         res = head.run(
-            w.resolve_command(endpoint(self.inv), self.repo, self.revision),
+            hfcache.resolve_command(endpoint(self.inv), self.repo, self.revision),
             timeout=60,
             stdin=self.secrets.get("HF_TOKEN", "").encode(),
         )
         try:
-            self.manifest = self._only(w.parse_resolve(res.stdout, self.repo, self.revision, endpoint(self.inv)))
-        except w.HubUnavailable as e:
+            self.manifest = self._only(hfcache.parse_resolve(res.stdout, self.repo, self.revision, endpoint(self.inv)))
+        except hfcache.HubUnavailable as e:
             # weights already staged need no hub: go on with the listing the head kept when it
             # verified them (the check on every node still decides whether anything is missing)
-            got = head.run(w.cached_command(self.cache, self.repo, self.revision), timeout=60, warn=True)
-            kept = w.parse_cached(got.stdout, self.repo, self.revision) if got.ok else None
+            got = head.run(hfcache.cached_command(self.cache, self.repo, self.revision), timeout=60, warn=True)
+            kept = hfcache.parse_cached(got.stdout, self.repo, self.revision) if got.ok else None
             if kept is None:
                 raise e from None
             self.progress.info(f"{e.message}; using the snapshot {kept.commit[:12]} the head verified before")
@@ -103,7 +103,7 @@ class Staging:
             return None
         return tuple(f.path for f in self.manifest.files)
 
-    def _only(self, m: w.Manifest) -> w.Manifest:
+    def _only(self, m: hfcache.Manifest) -> hfcache.Manifest:
         if self.need is None:
             return m
         lost = [p for p in self.need.files or () if p not in {f.path for f in m.files}]
@@ -116,11 +116,11 @@ class Staging:
 
     def check(self, node: str, hash_unverified: bool = True, rehash: bool = False) -> dict:
         res = self.cluster.hosts[node].run(
-            w.check_command(self.inv.hf_cache(node)),
+            hfcache.check_command(self.inv.hf_cache(node)),
             timeout=3600,
             stdin=self.manifest.request(hash_unverified, rehash).encode(),
         )
-        self.state[node] = got = w.parse_json(res.stdout)
+        self.state[node] = got = hfcache.parse_json(res.stdout)
         return got
 
     def check_all(self, rehash: bool = False) -> None:
@@ -144,7 +144,7 @@ class Staging:
     def download(self) -> str:
         head, m = self.cluster.head, self.manifest
         before = self.state[head.name]["present_bytes"]
-        cmd = w.download_command(
+        cmd = hfcache.download_command(
             self.image, self.cache, self.inv.cluster.hf_endpoint, m, self.only, user=self.inv.owner(head.name)
         )
         proc = head.start(transfer.bash(cmd), timeout=24 * 3600)
@@ -158,7 +158,7 @@ class Staging:
             res = proc.wait()
         except BaseException:
             # what arrived stays as .incomplete files for the next run to resume
-            head.run(w.stop_download_command(), timeout=60, warn=True)
+            head.run(hfcache.stop_download_command(), timeout=60, warn=True)
             raise
         if not res.ok:
             raise fail(
@@ -167,7 +167,7 @@ class Staging:
                 "download the weights",
                 f"the download of {self.repo}@{m.commit[:12]} failed "
                 f"(exit {res.exit_code}); what arrived is kept and the next run resumes it",
-                w.describe_download(self.image, m, endpoint(self.inv), self.cache),
+                hfcache.describe_download(self.image, m, endpoint(self.inv), self.cache),
                 res.tail(),
                 f"check the head's link to {endpoint(self.inv)}, then sparkcluster up",
             )
@@ -190,7 +190,7 @@ class Staging:
         blobs, total = s["missing"], s["missing_bytes"]
         recv = worker.start(
             transfer.bash(
-                w.receive_command(
+                hfcache.receive_command(
                     self.inv.hf_cache(worker_name), self.repo, str(wnode.control_ip), str(hnode.control_ip)
                 )
             ),
@@ -210,7 +210,7 @@ class Staging:
         t0 = time.monotonic()
         snd = head.start(
             transfer.bash(
-                w.send_command(self.cache, self.repo, blobs, str(wnode.control_ip), port, str(hnode.control_ip))
+                hfcache.send_command(self.cache, self.repo, blobs, str(wnode.control_ip), port, str(hnode.control_ip))
             ),
             timeout=24 * 3600,
         )
@@ -260,9 +260,9 @@ def disk(stagings: list[Staging]) -> None:
                 STAGE,
                 n,
                 "check free disk",
-                f"not enough disk for {what}: {w.gib(s['free'])} free in {s['free_path']}, "
-                f"the missing files need {w.gib(need)}",
-                fix=f"free {w.gib(need - s['free'])} in {s['free_path']} on {n} (`sparkcluster weights status` "
+                f"not enough disk for {what}: {hfcache.gib(s['free'])} free in {s['free_path']}, "
+                f"the missing files need {hfcache.gib(need)}",
+                fix=f"free {hfcache.gib(need - s['free'])} in {s['free_path']} on {n} (`sparkcluster weights status` "
                 "lists the cached models; `sparkcluster weights rm` removes one), then sparkcluster up",
             )
 
@@ -296,7 +296,7 @@ def steps(plan: "Plan") -> list[Step]:
                     n.name,
                     _act("check", k, need),
                     f"check the HF cache against {need.repo} ({need.role})",
-                    f"in {w.hub_dir(inv.hf_cache(n.name))}: every file's size, the hash of any file not "
+                    f"in {hfcache.hub_dir(inv.hf_cache(n.name))}: every file's size, the hash of any file not "
                     "verified before; links the snapshot when complete",
                     run=lambda r, n=n.name, k=k: stagings(r)[k].check(n),
                     parallel=f"weights-check-{k}",
@@ -339,7 +339,7 @@ def steps(plan: "Plan") -> list[Step]:
                 head,
                 _act("download", k, need),
                 f"download {need.repo} ({need.role}) once, into the head's HF cache",
-                w.describe_download(plan.image, None, ep, inv.hf_cache(head), need.repo, inv.owner(head)),
+                hfcache.describe_download(plan.image, None, ep, inv.hf_cache(head), need.repo, inv.owner(head)),
                 when="the head lacks files",
                 skip=lambda r, k=k: _head_complete(r, k),
                 run=lambda r, k=k: stagings(r)[k].download(),
@@ -419,15 +419,15 @@ def plugin_link(prof, hf_cache: str) -> tuple[int, str, str] | None:
 def _link_plugin(r: "UpRun", node: str) -> str:
     k, path, file = plugin_link(r.plan.profile, r.inv.hf_cache(r.inv.head.name))
     st = stagings(r)[k]
-    target = w.snapshot_file(r.inv.hf_cache(node), st.repo, st.manifest.commit, file)
-    r.cluster.hosts[node].run(w.link_command(target, path), timeout=30)
+    target = hfcache.snapshot_file(r.inv.hf_cache(node), st.repo, st.manifest.commit, file)
+    r.cluster.hosts[node].run(hfcache.link_command(target, path), timeout=30)
     return path
 
 
 def _shape(r: "UpRun") -> str:
     """The model's config.json against TP x PP (config/lint.model_shape), before any container."""
     st, prof, head = stagings(r)[0], r.plan.profile, r.inv.head.name
-    path = w.snapshot_file(r.inv.hf_cache(head), st.repo, st.manifest.commit, "config.json")
+    path = hfcache.snapshot_file(r.inv.hf_cache(head), st.repo, st.manifest.commit, "config.json")
     res = r.cluster.hosts[head].run(["cat", path], timeout=30, warn=True)
     try:
         config = json.loads(res.stdout) if res.ok else None

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sparkcluster.movement import chain, transfer
-from sparkcluster.movement import hfcache as w
+from sparkcluster.movement import hfcache
 from sparkcluster.up.stages.base import fail
 from sparkcluster.up.stages.image_chain import culprit
 
@@ -61,7 +61,8 @@ def distribute(r: "UpRun", st, lacking: list[str]) -> dict[str, str]:
         h, nxt = hops[i], (hops[i + 1] if i + 1 < len(hops) else None)
         fwd = transfer.next_hop(nxt.dst_ip, port, nxt.src_ip) if nxt else None
         recv = r.cluster.hosts[h.dst].start(
-            transfer.bash(w.receive_command(r.inv.hf_cache(h.dst), st.repo, h.dst_ip, h.src_ip, fwd)), timeout=24 * 3600
+            transfer.bash(hfcache.receive_command(r.inv.hf_cache(h.dst), st.repo, h.dst_ip, h.src_ip, fwd)),
+            timeout=24 * 3600,
         )
         procs[h.dst] = recv
         got = transfer.announced_port(recv)
@@ -88,7 +89,8 @@ def distribute(r: "UpRun", st, lacking: list[str]) -> dict[str, str]:
     first = hops[0]
     t0 = time.monotonic()
     snd = head.start(
-        transfer.bash(w.send_command(st.cache, st.repo, blobs, first.dst_ip, port, first.src_ip)), timeout=24 * 3600
+        transfer.bash(hfcache.send_command(st.cache, st.repo, blobs, first.dst_ip, port, first.src_ip)),
+        timeout=24 * 3600,
     )
     sent = transfer.follow_sender(
         snd, lambda n: st.progress.bytes(f"{head.name} -> chain of {len(hops)}", min(n, total), total)
