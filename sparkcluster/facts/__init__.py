@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.facts import access as A
-from sparkcluster.facts import parsers as P
-from sparkcluster.facts import probes
+from sparkcluster.facts import parsers, probes
 from sparkcluster.labels import CLUSTER_LABEL
 from sparkcluster.movement.layers import ImageLayers
 
@@ -27,20 +26,20 @@ class HostFacts:
     node: str
     hostname: str = ""
     clock_offset: float | None = None  # host clock minus controller clock, seconds
-    gpus: list[P.Gpu] = field(default_factory=list)
+    gpus: list[parsers.Gpu] = field(default_factory=list)
     gpu_error: str = ""
-    docker: P.DockerInfo | None = None
+    docker: parsers.DockerInfo | None = None
     docker_error: str = ""
     gpu_hook: str = ""
-    interfaces: dict[str, P.Interface] = field(default_factory=dict)
-    hcas: dict[str, P.Hca] = field(default_factory=dict)
-    gids: dict[str, list[P.Gid]] = field(default_factory=dict)  # hca -> filled GID table entries
+    interfaces: dict[str, parsers.Interface] = field(default_factory=dict)
+    hcas: dict[str, parsers.Hca] = field(default_factory=dict)
+    gids: dict[str, list[parsers.Gid]] = field(default_factory=dict)  # hca -> filled GID table entries
     default_routes: list[str] = field(default_factory=list)  # netdevs the default route(s) leave by
-    mem: P.MemInfo | None = None
+    mem: parsers.MemInfo | None = None
     earlyoom: bool = False
     sshd_oom_score_adj: int | None = None
-    listeners: list[P.Listener] = field(default_factory=list)
-    containers: list[P.Container] = field(default_factory=list)
+    listeners: list[parsers.Listener] = field(default_factory=list)
+    containers: list[parsers.Container] = field(default_factory=list)
     ours: list[dict] = field(default_factory=list)  # docker inspect of sparkcluster's containers
     image_id: str | None = None
     image_ray: str | None = None  # `ray --version` output in the cluster image, if it runs
@@ -48,11 +47,11 @@ class HostFacts:
     image_layers: ImageLayers | None = None  # the cluster image's diff IDs and layer sizes
     base: ImageLayers | None = None  # the profile's base image, when the node has it
     layer_chains: list[list[str]] = field(default_factory=list)  # diff IDs of every image on the node
-    disks: dict[str, P.Disk] = field(default_factory=dict)
+    disks: dict[str, parsers.Disk] = field(default_factory=dict)
     ray_sessions: list[str] = field(default_factory=list)
     # phase 2: every path MTU probe from this node, one per (netdev, peer address): a passing probe
     # must never hide a failing one on the same netdev
-    path_mtu: list[P.PingResult] = field(default_factory=list)
+    path_mtu: list[parsers.PingResult] = field(default_factory=list)
     path_mtu_error: str = ""  # the probes could not run at all (the node stopped answering, a timeout)
     account: A.Account | None = None  # the SSH user: name, uid, gid, groups, home
     access: A.Access | None = None  # may it write the HF cache and take the lock
@@ -139,31 +138,31 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
         f.clock_offset = float(t.out.strip()) - (sent_at + received_at) / 2
     g = get("gpu")
     if g.rc == 0:
-        f.gpus = P.nvidia_smi_csv(g.out)
+        f.gpus = parsers.nvidia_smi_csv(g.out)
     else:
-        f.gpu_error = P.last_line(g.out) or f"nvidia-smi exited {g.rc}"
+        f.gpu_error = parsers.last_line(g.out) or f"nvidia-smi exited {g.rc}"
     d = get("docker")
     if d.rc == 0:
-        f.docker = P.docker_info(d.out)
+        f.docker = parsers.docker_info(d.out)
     else:
-        f.docker_error = P.last_line(d.out) or f"docker info exited {d.rc}"
+        f.docker_error = parsers.last_line(d.out) or f"docker info exited {d.rc}"
     f.gpu_hook = get("gpu_hook").out.strip() if get("gpu_hook").rc == 0 else ""
-    f.interfaces = P.ip_addr_json(get("ip").out) if get("ip").rc == 0 else {}
-    for name, carrier, speed in P.carrier_lines(get("carrier").out):
+    f.interfaces = parsers.ip_addr_json(get("ip").out) if get("ip").rc == 0 else {}
+    for name, carrier, speed in parsers.carrier_lines(get("carrier").out):
         if name in f.interfaces:
             f.interfaces[name].carrier = carrier
             f.interfaces[name].speed_mbps = speed
-    f.hcas = P.hca_lines(get("hca").out)
-    f.gids = P.gid_lines(get("gids").out)
+    f.hcas = parsers.hca_lines(get("hca").out)
+    f.gids = parsers.gid_lines(get("gids").out)
     f.default_routes = probes.value(probes.ROUTE, s, [])
-    f.mem = P.meminfo(get("meminfo").out) if get("meminfo").rc == 0 else None
+    f.mem = parsers.meminfo(get("meminfo").out) if get("meminfo").rc == 0 else None
     f.earlyoom = get("earlyoom").rc == 0
     so = get("sshd_oom")
     f.sshd_oom_score_adj = int(so.out.strip()) if so.rc == 0 and so.out.strip().lstrip("-").isdigit() else None
-    f.listeners = P.ss_listeners(get("listeners").out)
-    f.containers = P.docker_ps_json(get("containers").out) if get("containers").rc == 0 else []
-    f.ours = P.json_list(get("ours").out) if get("ours").rc == 0 else []
-    f.disks = P.df_lines(get("disk").out)
+    f.listeners = parsers.ss_listeners(get("listeners").out)
+    f.containers = parsers.docker_ps_json(get("containers").out) if get("containers").rc == 0 else []
+    f.ours = parsers.json_list(get("ours").out) if get("ours").rc == 0 else []
+    f.disks = parsers.df_lines(get("disk").out)
     f.ray_sessions = [x for x in get("ray_sessions").out.split() if x]
     f.account = probes.value(A.ACCOUNT, s)
     f.access = probes.value(A.access("", ""), s)
@@ -174,9 +173,9 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
         f.image_id = get("image").out.strip() if get("image").rc == 0 else None
         ir = get("image_ray")
         if ir.rc == 0:
-            f.image_ray = P.last_line(ir.out)
+            f.image_ray = parsers.last_line(ir.out)
         elif ir.rc != 3:
-            f.image_ray_error = P.last_line(ir.out) or f"exited {ir.rc}"
+            f.image_ray_error = parsers.last_line(ir.out) or f"exited {ir.rc}"
     return f
 
 
@@ -251,7 +250,7 @@ def path_mtu_script(ps: list[PathMtuPing]) -> str:
     return "\n".join(x for p in ps for x in (_ping(p).script(), probes.neigh(p.netdev, p.peer_ip).script())) + "\n"
 
 
-def gather_path_mtu(host, ps: list[PathMtuPing], timeout: float = 20.0) -> list[P.PingResult]:
+def gather_path_mtu(host, ps: list[PathMtuPing], timeout: float = 20.0) -> list[parsers.PingResult]:
     if not ps:
         return []
     res = host.run(path_mtu_script(ps), timeout=timeout, warn=True)
@@ -261,8 +260,15 @@ def gather_path_mtu(host, ps: list[PathMtuPing], timeout: float = 20.0) -> list[
         sec = sections.get(_ping(p).name, Section(124, "no result: the probe did not finish"))
         mac = probes.value(probes.neigh(p.netdev, p.peer_ip), sections, "")
         out.append(
-            P.PingResult(
-                p.netdev, p.peer_node, p.peer_ip, p.size, sec.rc == 0, P.ping_reason(sec.out), ping_command(p), mac
+            parsers.PingResult(
+                p.netdev,
+                p.peer_node,
+                p.peer_ip,
+                p.size,
+                sec.rc == 0,
+                parsers.ping_reason(sec.out),
+                ping_command(p),
+                mac,
             )
         )
     return out

@@ -18,8 +18,7 @@ from sparkcluster import facts
 from sparkcluster.config import inventory
 from sparkcluster.config import topology as topo
 from sparkcluster.errors import InputError, SparkError
-from sparkcluster.facts import access, probes
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import access, parsers, probes
 from sparkcluster.remote import fanout, ssh
 
 LINK_LOCAL, DOCKER_DEFAULT_BRIDGE = probes.LINK_LOCAL, probes.DOCKER_DEFAULT_BRIDGE
@@ -36,11 +35,11 @@ def discovery_script() -> str:
 class Discovered:
     target: str  # the ssh target the user gave
     hostname: str = ""
-    gpus: list[P.Gpu] = field(default_factory=list)
+    gpus: list[parsers.Gpu] = field(default_factory=list)
     gpu_error: str = ""
-    interfaces: dict[str, P.Interface] = field(default_factory=dict)
-    hcas: dict[str, P.Hca] = field(default_factory=dict)
-    gids: dict[str, list[P.Gid]] = field(default_factory=dict)
+    interfaces: dict[str, parsers.Interface] = field(default_factory=dict)
+    hcas: dict[str, parsers.Hca] = field(default_factory=dict)
+    gids: dict[str, list[parsers.Gid]] = field(default_factory=dict)
     account: access.Account | None = None  # the SSH user: its home holds the default HF cache
 
 
@@ -53,13 +52,13 @@ def parse_discovery(target: str, text: str) -> Discovered:
     d = Discovered(target, hostname=get("hostname").out.strip())
     g = get("gpu")
     if g.rc == 0:
-        d.gpus = P.nvidia_smi_csv(g.out)
+        d.gpus = parsers.nvidia_smi_csv(g.out)
     else:
-        d.gpu_error = P.last_line(g.out) or f"nvidia-smi exited {g.rc}"
+        d.gpu_error = parsers.last_line(g.out) or f"nvidia-smi exited {g.rc}"
     if get("ip").rc == 0:
-        d.interfaces = P.ip_addr_json(get("ip").out)
-    d.hcas = P.hca_lines(get("hca").out)
-    d.gids = P.gid_lines(get("gids").out)
+        d.interfaces = parsers.ip_addr_json(get("ip").out)
+    d.hcas = parsers.hca_lines(get("hca").out)
+    d.gids = parsers.gid_lines(get("gids").out)
     d.account = probes.value(access.ACCOUNT, s)
     return d
 
@@ -71,7 +70,7 @@ def parse_discovery(target: str, text: str) -> Discovered:
 class Link:
     netdev: str
     hca: str
-    addresses: tuple[P.Address, ...]  # usable IPv4 (no link-local, no docker bridge)
+    addresses: tuple[parsers.Address, ...]  # usable IPv4 (no link-local, no docker bridge)
     mtu: int
 
 
@@ -80,7 +79,7 @@ def _hca_order(name: str) -> tuple[str, str]:
     return name.lower(), name
 
 
-def usable(addr: P.Address) -> bool:
+def usable(addr: parsers.Address) -> bool:
     return addr.ip not in LINK_LOCAL and addr.ip not in DOCKER_DEFAULT_BRIDGE
 
 
@@ -102,7 +101,7 @@ def data_links(d: Discovered) -> tuple[list[Link], list[str]]:
     return links, notes
 
 
-def _link_local(d: Discovered, netdev: str) -> list[P.Address]:
+def _link_local(d: Discovered, netdev: str) -> list[parsers.Address]:
     i = d.interfaces.get(netdev)
     return [a for a in (i.addresses if i else []) if a.ip in LINK_LOCAL]
 

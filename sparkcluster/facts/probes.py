@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable
 
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import parsers
 
 SECTION = "@@sc@@"
 
@@ -72,28 +72,30 @@ class Probe:
 
 HOSTNAME = Probe("hostname", "hostname", lambda out: out.strip())
 TIME = Probe("time", "date +%s.%N", lambda out: float(out.strip()))
-DOCKER = Probe("docker", "docker info --format '{{json .}}'", P.docker_info)
+DOCKER = Probe("docker", "docker info --format '{{json .}}'", parsers.docker_info)
 GPU_HOOK = Probe(
     "gpu_hook",
     "command -v nvidia-container-runtime-hook nvidia-ctk nvidia-container-runtime | head -1",
     lambda out: out.strip(),
 )
-MEMINFO = Probe("meminfo", "cat /proc/meminfo", P.meminfo)
+MEMINFO = Probe("meminfo", "cat /proc/meminfo", parsers.meminfo)
 EARLYOOM = Probe("earlyoom", "pgrep -x earlyoom", lambda out: True)
 SSHD_OOM = Probe("sshd_oom", "cat /proc/$(pgrep -o -x sshd)/oom_score_adj", lambda out: int(out.strip()))
-CONTAINERS = Probe("containers", "docker ps -a --no-trunc --format '{{json .}}'", P.docker_ps_json)
+CONTAINERS = Probe("containers", "docker ps -a --no-trunc --format '{{json .}}'", parsers.docker_ps_json)
 RAY_SESSIONS = Probe("ray_sessions", "ls -d /tmp/ray/session_* 2>/dev/null", lambda out: out.split())
 GPU = Probe(
-    "gpu", "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader", P.nvidia_smi_csv
+    "gpu",
+    "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader",
+    parsers.nvidia_smi_csv,
 )
-IP = Probe("ip", "ip -j addr show", P.ip_addr_json)
+IP = Probe("ip", "ip -j addr show", parsers.ip_addr_json)
 # each RoCE HCA: port 1 state and the netdev(s) it sits on (what `ibdev2netdev` prints, from sysfs)
 HCA = Probe(
     "hca",
     'for d in /sys/class/infiniband/*; do [ -e "$d" ] || continue; '
     'printf \'%s|%s|%s\\n\' "${d##*/}" "$(cat "$d/ports/1/state" 2>/dev/null)" '
     "\"$(ls \"$d/device/net\" 2>/dev/null | tr '\\n' ' ')\"; done",
-    P.hca_lines,
+    parsers.hca_lines,
 )
 # each HCA's GID table: only the filled entries. A real table has 256 entries per port, mostly zero
 # GIDs whose attribute files refuse to be read (EINVAL): `read` (a builtin) keeps it to no fork per entry.
@@ -106,9 +108,9 @@ GIDS = Probe(
     'nd=; read -r nd 2>/dev/null < "$p/gid_attrs/ndevs/$n"; '
     'printf \'%s|%s|%s|%s|%s\\n\' "${d##*/}" "$n" "$v" "$t" "$nd"; '
     "done; done",
-    P.gid_lines,
+    parsers.gid_lines,
 )
-ROUTE = Probe("route", "ip -j route show default", P.default_route_devs)
+ROUTE = Probe("route", "ip -j route show default", parsers.default_route_devs)
 
 
 def listeners(ports: list[int]) -> Probe:
@@ -120,7 +122,7 @@ def listeners(ports: list[int]) -> Probe:
         "p=$(printf '%s' \"$l\" | sed -n 's/.*pid=\\([0-9]*\\).*/\\1/p'); "
         "c=$(grep -o -E '[0-9a-f]{64}' /proc/$p/cgroup 2>/dev/null | head -1); "
         'printf \'%s container=%s\\n\' "$l" "$c"; done',
-        P.ss_listeners,
+        parsers.ss_listeners,
     )
 
 
@@ -130,7 +132,7 @@ def ours(label: str) -> Probe:
     return Probe(
         "ours",
         f"ids=$(docker ps -aq --filter label={q}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids",
-        P.json_list,
+        parsers.json_list,
     )
 
 
@@ -147,7 +149,7 @@ def disk(hf_cache: str) -> Probe:
         "d=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) && [ -d \"$d\" ] || d=/var/lib/docker; "
         'df -PB1 "$d"; '
         f'p={_shell_path(hf_cache)}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -PB1 "$p"',
-        P.df_lines,
+        parsers.df_lines,
     )
 
 
@@ -159,20 +161,22 @@ def carrier(ifnames: list[str]) -> Probe:
         f"for i in {ifs}; do printf '%s %s %s\\n' \"$i\" "
         '"$(cat "/sys/class/net/$i/carrier" 2>/dev/null || echo -)" '
         '"$(cat "/sys/class/net/$i/speed" 2>/dev/null || echo -)"; done',
-        P.carrier_lines,
+        parsers.carrier_lines,
     )
 
 
 def ping(netdev: str, peer_ip: str, size: int) -> Probe:
     """Path MTU: one unfragmentable ping of `size` payload bytes out of `netdev`."""
     cmd = shlex.join(["ping", "-M", "do", "-c", "1", "-W", "1", "-s", str(int(size)), "-I", netdev, peer_ip])
-    return Probe(f"ping {netdev} {peer_ip}", cmd, P.ping_reason)
+    return Probe(f"ping {netdev} {peer_ip}", cmd, parsers.ping_reason)
 
 
 def neigh(netdev: str, peer_ip: str) -> Probe:
     """Who answered `peer_ip` on `netdev` (its MAC), read right after a ping filled the entry."""
     return Probe(
-        f"neigh {netdev} {peer_ip}", shlex.join(["ip", "neigh", "show", "to", peer_ip, "dev", netdev]), P.neigh_mac
+        f"neigh {netdev} {peer_ip}",
+        shlex.join(["ip", "neigh", "show", "to", peer_ip, "dev", netdev]),
+        parsers.neigh_mac,
     )
 
 
@@ -196,7 +200,7 @@ def image_layers(name: str, ref: str) -> Probe:
         name,
         f"docker image inspect --format '{{{{.Id}}}} {{{{json .RootFS.Layers}}}}' {img} 2>/dev/null || exit 3; "
         f"docker history --no-trunc -H=false --format '{{{{.Size}}}}' {img} | tac",
-        P.image_layers,
+        parsers.image_layers,
     )
 
 
@@ -205,5 +209,5 @@ LAYER_CHAINS = Probe(
     "layer_chains",
     'ids=$(docker image ls -q --no-trunc | sort -u); [ -z "$ids" ] || '
     "docker image inspect --format '{{json .RootFS.Layers}}' $ids",
-    P.layer_chains,
+    parsers.layer_chains,
 )

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from sparkcluster.config import inventory
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import parsers
 from sparkcluster.facts.probes import GIDS
 from tests.testbed import cabling as C
 
@@ -111,7 +111,7 @@ def test_gid_tables_written_by_the_mode_read_back_by_the_probe(tmp_path, spec, w
         text=True,
         timeout=20,
     ).stdout
-    got = P.gid_lines(out)
+    got = parsers.gid_lines(out)
     v4 = {
         h: min(g.index for g in gs if g.roce_v2 and g.ipv4)
         for h, gs in got.items()

@@ -10,7 +10,7 @@ from test_checks import H, W, _addr, healthy, results
 
 from sparkcluster import checks, facts
 from sparkcluster.config import profile as profiles
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import parsers
 
 PORT1 = [link for link in LINKS if link[0].endswith("np1")]  # enp1s0f1np1, enP2p1s0f1np1
 PORT0 = [link for link in LINKS if link[0].endswith("np0")]
@@ -41,7 +41,7 @@ def test_path_mtu_reports_every_failing_probe_even_after_a_passing_one():
     s = healthy()
     pings = s.facts[W].path_mtu
     first = pings[0]
-    tl = P.ping_reason(cap("vm-ping-eth0-1472-toolarge.txt"))
+    tl = parsers.ping_reason(cap("vm-ping-eth0-1472-toolarge.txt"))
     # two probes out of one netdev: a failing one, then a passing one to a second peer address
     s.facts[W].path_mtu = [
         dataclasses.replace(first, ok=False, detail=tl),
@@ -160,7 +160,7 @@ def test_hca_down_shows_all_four_states_and_the_other_port():
 
 def test_owner_published_ibstat_one_cable_in_port_0():
     # real: geerlingguy/sbc-reviews#92, ibstat on a Dell Pro Max GB10 (cable in port 0)
-    states = P.ibstat_states(cap("gb10-ibstat-one-cable.txt"))
+    states = parsers.ibstat_states(cap("gb10-ibstat-one-cable.txt"))
     assert states == {"roceP2p1s0f0": "4: ACTIVE", "roceP2p1s0f1": "1: DOWN", "rocep1s0f0": "4: ACTIVE"}
     s = one_cable()  # the inventory lists port 1's HCAs
     f = s.facts[W]

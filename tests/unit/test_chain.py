@@ -7,8 +7,7 @@ import ipaddress
 
 from test_topology import PORT0, _four, _ring, _switch
 
-from sparkcluster.facts import HostFacts
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import HostFacts, parsers
 from sparkcluster.movement import chain
 
 
@@ -58,13 +57,13 @@ def test_no_facts_or_no_address_falls_back_to_the_control_ips():
     found["spark-2"] = HostFacts(
         "spark-2",
         interfaces={
-            PORT0[0]: P.Interface(
+            PORT0[0]: parsers.Interface(
                 PORT0[0],
                 9000,
                 True,
                 True,
                 "UP",
-                [P.Address(ipaddress.IPv4Address("10.9.9.2"), ipaddress.IPv4Network("10.9.9.0/24"))],
+                [parsers.Address(ipaddress.IPv4Address("10.9.9.2"), ipaddress.IPv4Network("10.9.9.0/24"))],
             )
         },
     )

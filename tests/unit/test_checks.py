@@ -27,13 +27,13 @@ from sparkcluster import checks, facts
 from sparkcluster.checks import GiB
 from sparkcluster.config import profile as profiles
 from sparkcluster.facts import access as A
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import parsers
 
 H, W = "spark-head", "spark-worker"
 IMAGE = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.49.2"
 IMAGE_ID = "sha256:3f9c2d1e8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e"
 BASE_IMAGE = "nvcr.io/nvidia/vllm:26.05.post1-py3"
-BASE = P.image_layers(f'sha256:{"b" * 64} ["sha256:{"1" * 64}","sha256:{"2" * 64}"]\n9000000000\n')
+BASE = parsers.image_layers(f'sha256:{"b" * 64} ["sha256:{"1" * 64}","sha256:{"2" * 64}"]\n9000000000\n')
 FORWARDED = {
     "VLLM_NVFP4_GEMM_BACKEND": "marlin",
     "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm",
@@ -53,7 +53,7 @@ ACCESS = (
     .out.replace("cache_ok /home/spark\n", "cache_ok /home/spark/.cache/huggingface\n")
     .replace("testbed.lock", "pair.lock")
 )
-DOCKER_DENIED = P.last_line(facts.split_sections(cap("testbed-docker-denied-probe.txt"))["docker"].out)
+DOCKER_DENIED = parsers.last_line(facts.split_sections(cap("testbed-docker-denied-probe.txt"))["docker"].out)
 DF = (
     "Filesystem            1-blocks         Used     Available Capacity Mounted on\n"
     "/dev/nvme0n1p2 3936818520064 412043304960 1324727701504      24% /\n"
@@ -129,34 +129,34 @@ def _ps_line(c: dict) -> str:
 
 def _host_facts(name: str, role: str, host: int) -> facts.HostFacts:
     f = facts.HostFacts(node=name, hostname=name, clock_offset=0.010 * host)
-    f.gpus = P.nvidia_smi_csv(cap("gb10-nvidia-smi.csv"))
-    f.docker = P.docker_info(cap("gb10-docker-info.json"))
+    f.gpus = parsers.nvidia_smi_csv(cap("gb10-nvidia-smi.csv"))
+    f.docker = parsers.docker_info(cap("gb10-docker-info.json"))
     f.gpu_hook = "/usr/bin/nvidia-container-runtime-hook"
-    f.interfaces = P.ip_addr_json(spark_ip_json(host))
-    for nd, carrier, speed in P.carrier_lines(carrier_text()):
+    f.interfaces = parsers.ip_addr_json(spark_ip_json(host))
+    for nd, carrier, speed in parsers.carrier_lines(carrier_text()):
         f.interfaces[nd].carrier, f.interfaces[nd].speed_mbps = carrier, speed
-    f.hcas = P.hca_lines(hca_text())
-    f.gids = P.gid_lines(gid_text(host))
+    f.hcas = parsers.hca_lines(hca_text())
+    f.gids = parsers.gid_lines(gid_text(host))
     f.default_routes = ["enP7s7"]
-    f.mem = P.meminfo(MEMINFO)
+    f.mem = parsers.meminfo(MEMINFO)
     f.earlyoom = True
     f.sshd_oom_score_adj = -1000
     ours = _container_inspect(name, role, host)
     f.ours = [ours]
     if role == "head":
         # the head container (host network) holds Ray's GCS port and the API port
-        f.listeners = P.ss_listeners(
+        f.listeners = parsers.ss_listeners(
             f'LISTEN 0      4096         0.0.0.0:6379       0.0.0.0:*    users:(("gcs_server",pid=48391,fd=21)) container={HEAD_CID}\n'
             f'LISTEN 0      2048         0.0.0.0:8000       0.0.0.0:*    users:(("python3",pid=49120,fd=27)) container={HEAD_CID}\n'
         )
         # the captured ps: our head plus an exited hand-made Ray container (not running: not a problem)
-        f.containers = P.docker_ps_json(cap("gb10-docker-ps.jsonl"))
+        f.containers = parsers.docker_ps_json(cap("gb10-docker-ps.jsonl"))
     else:
-        f.containers = P.docker_ps_json(_ps_line(ours))
+        f.containers = parsers.docker_ps_json(_ps_line(ours))
     f.image_id = IMAGE_ID
     f.image_ray = "ray, version 2.49.2"
     f.base = BASE
-    f.disks = P.df_lines(DF)
+    f.disks = parsers.df_lines(DF)
     f.ray_sessions = ["/tmp/ray/session_2026-11-21_22-03-55_118733_1", "/tmp/ray/session_latest"]
     f.account = A.parse_account(ACCOUNT)
     f.access = A.parse_access(ACCESS)
@@ -167,11 +167,11 @@ def healthy() -> State:
     inv_data = inventory_dict()
     hf = {name: _host_facts(name, role, host) for name, role, host in NODES}
     inv = make_inventory(inv_data)
-    ok_line = P.last_line(cap("vm-ping-lo-8972.txt"))
+    ok_line = parsers.last_line(cap("vm-ping-lo-8972.txt"))
     for node in inv.nodes:
         peer_if = {str(a.ip): i.mac for n, f in hf.items() for i in f.interfaces.values() for a in i.addresses}
         hf[node.name].path_mtu = [
-            P.PingResult(
+            parsers.PingResult(
                 p.netdev, p.peer_node, p.peer_ip, p.size, True, ok_line, facts.ping_command(p), peer_if[p.peer_ip]
             )
             for p in facts.path_mtu_probes(node, hf)
@@ -236,14 +236,14 @@ def _set_control_ip(s: State, node: str, ip: str, iface: str | None = "control")
         i.addresses = [a for a in i.addresses if str(a.ip) != old] + [_addr(ip, 24 if iface == "control" else 16)]
 
 
-def _addr(ip: str, prefix: int) -> P.Address:
+def _addr(ip: str, prefix: int) -> parsers.Address:
     import ipaddress
 
-    return P.Address(ipaddress.IPv4Address(ip), ipaddress.IPv4Network(f"{ip}/{prefix}", strict=False))
+    return parsers.Address(ipaddress.IPv4Address(ip), ipaddress.IPv4Network(f"{ip}/{prefix}", strict=False))
 
 
 def non_gb10(s):
-    s.facts[W].gpus = P.nvidia_smi_csv("NVIDIA H100 80GB HBM3, 580.95.05, 81559 MiB, 9.0\n")
+    s.facts[W].gpus = parsers.nvidia_smi_csv("NVIDIA H100 80GB HBM3, 580.95.05, 81559 MiB, 9.0\n")
 
 
 def other_driver(s):
@@ -259,7 +259,7 @@ def below_min_driver(s):
 def docker_down(s):
     f = s.facts[W]
     sec = facts.split_sections(cap("vm-probe.txt"))["docker"]  # real: the CLI without a daemon
-    f.docker, f.docker_error = None, P.last_line(sec.out)
+    f.docker, f.docker_error = None, parsers.last_line(sec.out)
     f.image_id = f.image_ray = None  # `docker image inspect` fails too
 
 
@@ -368,7 +368,7 @@ def mtu_1500(s):
 def path_mtu_fails(s):
     k = next(i for i, p in enumerate(s.facts[W].path_mtu) if p.netdev == "enP2p1s0f0np0")
     s.facts[W].path_mtu[k] = dataclasses.replace(
-        s.facts[W].path_mtu[k], ok=False, detail=P.last_line(cap("vm-ping-eth0-1472-toolarge.txt"))
+        s.facts[W].path_mtu[k], ok=False, detail=parsers.last_line(cap("vm-ping-eth0-1472-toolarge.txt"))
     )
 
 
@@ -433,11 +433,11 @@ def hca_wrong_netdev(s):
         ("enP2p1s0f0np0", "roceP2p1s0f0", 0),
         ("enP2p1s0f1np1", "roceP2p1s0f1", 0),
     ]
-    s.facts[W].hcas = P.hca_lines(hca_text(swapped))
+    s.facts[W].hcas = parsers.hca_lines(hca_text(swapped))
 
 
 def mem_low(s):
-    s.facts[W].mem = P.meminfo(
+    s.facts[W].mem = parsers.meminfo(
         "MemTotal:       125276348 kB\nMemFree:          412000 kB\nMemAvailable:    3145728 kB\n"
     )
 
@@ -453,18 +453,18 @@ def sshd_oom_zero(s):
 def port_8000_foreign(s):
     # real: a host process (python3 -m http.server) holding 8000, as the probe's listener loop printed it
     sec = facts.split_sections(cap("vm-probe.txt"))["listeners"]
-    s.facts[H].listeners = [ls for ls in s.facts[H].listeners if ls.port != 8000] + P.ss_listeners(sec.out)
+    s.facts[H].listeners = [ls for ls in s.facts[H].listeners if ls.port != 8000] + parsers.ss_listeners(sec.out)
 
 
 def port_6379_other_container(s):
-    s.facts[W].listeners = P.ss_listeners(
+    s.facts[W].listeners = parsers.ss_listeners(
         'LISTEN 0      4096         0.0.0.0:6379       0.0.0.0:*    users:(("gcs_server",pid=777,fd=21)) '
         "container=9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e6f1a0d9c8b7a6f5e4d3c2b1a0f\n"
     )
 
 
 def foreign_ray(s):
-    s.facts[W].containers += P.docker_ps_json(
+    s.facts[W].containers += parsers.docker_ps_json(
         json.dumps(
             {
                 "Command": '"/opt/nvidia/nvidia_entrypoint.sh ray start --head --block"',
@@ -487,7 +487,7 @@ def ours_exited(s):
 
 
 def disk_small(s):
-    s.facts[W].disks = P.df_lines(DF.replace("1324727701504", str(20 * GiB)))
+    s.facts[W].disks = parsers.df_lines(DF.replace("1324727701504", str(20 * GiB)))
 
 
 def clock_40s(s):
@@ -671,10 +671,10 @@ def test_mem_headroom_fails_before_start_when_profile_needs_more():
     s = healthy()
     for name in (H, W):
         s.facts[name].ours = []  # nothing running yet: the profile's share must still fit
-    s.facts[H].mem = P.meminfo(
+    s.facts[H].mem = parsers.meminfo(
         "MemTotal:       125276348 kB\nMemFree:        90000000 kB\nMemAvailable:  118000000 kB\n"
     )
-    s.facts[W].mem = P.meminfo(
+    s.facts[W].mem = parsers.meminfo(
         "MemTotal:       125276348 kB\nMemFree:        40000000 kB\nMemAvailable:   60000000 kB\n"
     )
     got = {(r.id, r.node): r for r in checks.run_checks(s.ctx(), only={"mem.headroom"})}
@@ -789,13 +789,13 @@ HIDDEN = (
 
 def test_ports_held_by_our_running_head_are_ours_when_ss_hides_the_owner():
     s = healthy()
-    s.facts[H].listeners = P.ss_listeners(HIDDEN)
+    s.facts[H].listeners = parsers.ss_listeners(HIDDEN)
     assert results(s)[("ports.free", H)].status == "ok"
 
 
 def test_ports_hidden_from_the_user_with_none_of_ours_running_are_held():
     s = healthy()
-    s.facts[H].listeners = P.ss_listeners(HIDDEN)
+    s.facts[H].listeners = parsers.ss_listeners(HIDDEN)
     for n in (H, W):
         s.facts[n].ours = []
     r = results(s)[("ports.free", H)]

@@ -12,8 +12,7 @@ from sparkcluster import facts
 from sparkcluster.cli.main import main
 from sparkcluster.config import inventory
 from sparkcluster.errors import InputError, SparkError
-from sparkcluster.facts import discover
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import discover, parsers
 
 # the worker cabled into the other ports: same subnets, other netdev/HCA names (sparkrun#135)
 CROSSED = [
@@ -98,7 +97,7 @@ def test_data_links_leave_out_down_and_netdevless_hcas():
 def test_data_links_drop_link_local_and_bridge_addresses():
     d = found()[0]
     iface = d.interfaces["enp1s0f0np0"]
-    iface.addresses = [P.Address(ipaddress.IPv4Address("169.254.3.1"), ipaddress.IPv4Network("169.254.0.0/16"))]
+    iface.addresses = [parsers.Address(ipaddress.IPv4Address("169.254.3.1"), ipaddress.IPv4Network("169.254.0.0/16"))]
     links, _ = discover.data_links(d)
     assert links[0].netdev == "enp1s0f0np0" and links[0].addresses == ()
 

@@ -11,7 +11,7 @@ from conftest import LINKS, cap, carrier_text, hca_text, inventory_dict, link_ip
 
 from sparkcluster import facts
 from sparkcluster.errors import StageError
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import parsers
 from sparkcluster.remote.ssh import CommandResult as Result
 
 H, W = "spark-head", "spark-worker"
@@ -205,7 +205,7 @@ def test_probe_script_runs_and_does_not_execute_values(tmp_path):
     s = facts.split_sections(res.stdout)
     assert {"hostname", "meminfo", "disk"} <= set(s)
     assert s["meminfo"].rc == 0
-    assert P.df_lines(s["disk"].out)  # the HF cache's filesystem (or its nearest existing parent's)
+    assert parsers.df_lines(s["disk"].out)  # the HF cache's filesystem (or its nearest existing parent's)
 
 
 # --- path MTU -----------------------------------------------------------------------------------
@@ -214,7 +214,7 @@ def test_probe_script_runs_and_does_not_execute_values(tmp_path):
 def two_spark_facts(worker_links=None) -> dict[str, facts.HostFacts]:
     out = {}
     for name, host, links in ((H, 1, None), (W, 2, worker_links)):
-        out[name] = facts.HostFacts(node=name, interfaces=P.ip_addr_json(spark_ip_json(host, links)))
+        out[name] = facts.HostFacts(node=name, interfaces=parsers.ip_addr_json(spark_ip_json(host, links)))
     return out
 
 
@@ -340,7 +340,7 @@ def test_parse_testbed_probe():
     stamp = float(facts.split_sections(text)["time"].out)
     f = facts.parse(inv.node(H), text, stamp, stamp)
     assert f.hostname == "spark-head" and f.clock_offset == pytest.approx(0.0)
-    assert f.gpus == [P.Gpu("NVIDIA GB10", "580.95.05", "[N/A]", "12.1")]
+    assert f.gpus == [parsers.Gpu("NVIDIA GB10", "580.95.05", "[N/A]", "12.1")]
     assert f.docker is not None and f.docker.root_dir == "/var/lib/docker"
     assert set(f.hcas) == {hca for _, hca, _ in LINKS} and all(h.active for h in f.hcas.values())
     assert {h.name: h.netdevs for h in f.hcas.values()} == {hca: (nd,) for nd, hca, _ in LINKS}

@@ -15,16 +15,15 @@ from types import SimpleNamespace
 import pytest
 
 from sparkcluster.errors import StageError
-from sparkcluster.facts import HostFacts
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import HostFacts, parsers
 from sparkcluster.movement.layers import ImageLayers
 from sparkcluster.up.stages import image as image_stage
 from sparkcluster.up.stages.image import HeadImage
 
 HEAD, WORKER = "spark-head", "spark-worker"
 IMAGE = "sparkcluster/vllm-ray:test"
-CLASSIC = P.DockerInfo("20.10.24+dfsg1", "/var/lib/docker", ("runc",), "runc", (("Backing Filesystem", "extfs"),))
-CONTAINERD = P.DockerInfo(
+CLASSIC = parsers.DockerInfo("20.10.24+dfsg1", "/var/lib/docker", ("runc",), "runc", (("Backing Filesystem", "extfs"),))
+CONTAINERD = parsers.DockerInfo(
     "29.0.0", "/var/lib/docker", ("runc",), "runc", (("driver-type", "io.containerd.snapshotter.v1"),)
 )
 

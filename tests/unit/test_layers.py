@@ -8,8 +8,7 @@ import pytest
 from conftest import make_inventory
 
 from sparkcluster.config import profile as profiles
-from sparkcluster.facts import HostFacts
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import HostFacts, parsers
 from sparkcluster.movement import layers
 from sparkcluster.movement.layers import ImageLayers
 from sparkcluster.up.plan import make_plan
@@ -18,8 +17,8 @@ HEAD, WORKER = "spark-head", "spark-worker"
 B1, B2, RAY, OTHER = ("sha256:" + c * 64 for c in "1234")
 BASE = ImageLayers("sha256:" + "b" * 64, (B1, B2), (2_000_000_000, 700_000_000))
 IMAGE = ImageLayers("sha256:" + "e" * 64, (B1, B2, RAY), (2_000_000_000, 700_000_000, 50_000_000))
-CLASSIC = P.DockerInfo("20.10.24+dfsg1", "/var/lib/docker", ("runc",), "runc", (("Backing Filesystem", "extfs"),))
-CONTAINERD = P.DockerInfo(
+CLASSIC = parsers.DockerInfo("20.10.24+dfsg1", "/var/lib/docker", ("runc",), "runc", (("Backing Filesystem", "extfs"),))
+CONTAINERD = parsers.DockerInfo(
     "29.0.0", "/var/lib/docker", ("runc",), "runc", (("driver-type", "io.containerd.snapshotter.v1"),)
 )
 

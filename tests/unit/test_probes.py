@@ -10,8 +10,7 @@ import pytest
 from conftest import cap
 
 from sparkcluster import facts
-from sparkcluster.facts import parsers as P
-from sparkcluster.facts import probes
+from sparkcluster.facts import parsers, probes
 
 HOSTILE = ["with space", "it's", 'say"hi"', "$(touch CANARY)", "a;touch CANARY", "`touch CANARY`", "x\\y", "-I"]
 
@@ -63,7 +62,7 @@ def test_fixed_probes_run_with_bash_on_a_machine_without_hcas(shell):
     # the GID and HCA loops must print nothing (and not fail the script) where /sys/class/infiniband is absent
     secs = probes.split_sections(shell(probes.script([probes.HCA, probes.GIDS, probes.ROUTE])))
     assert set(secs) == {"hca", "gids", "route"}
-    assert P.gid_lines(secs["gids"].out) == {} or os.path.isdir("/sys/class/infiniband")
+    assert parsers.gid_lines(secs["gids"].out) == {} or os.path.isdir("/sys/class/infiniband")
 
 
 def test_gid_probe_reads_a_sysfs_shaped_tree(tmp_path):
@@ -85,7 +84,7 @@ def test_gid_probe_reads_a_sysfs_shaped_tree(tmp_path):
             (base / "gid_attrs/types" / str(i)).write_text(kind + "\n")
             (base / "gid_attrs/ndevs" / str(i)).write_text("enp1s0f1np1\n")
     cmd = probes.GIDS.command.replace("/sys/class/infiniband", str(tmp_path / "sys/class/infiniband"))
-    got = P.gid_lines(subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=10).stdout)
+    got = parsers.gid_lines(subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=10).stdout)
     gids = got["rocep1s0f1"]
     assert [g.index for g in gids] == [0, 1, 2, 3]  # the zero GID is not printed
     v2 = [g for g in gids if g.roce_v2 and g.ipv4]
@@ -98,17 +97,17 @@ def test_section_names_with_quotes_round_trip(shell):
 
 
 def test_ping_reason_on_captured_pings():
-    assert "mtu=1400" in P.ping_reason(cap("vm-ping-eth0-1472-toolarge.txt"))
+    assert "mtu=1400" in parsers.ping_reason(cap("vm-ping-eth0-1472-toolarge.txt"))
 
 
 def test_neigh_and_route_parsers():
     # the shapes `ip neigh show to IP dev IF` and `ip -j route show default` print
-    assert P.neigh_mac("198.19.2.2 lladdr 4C:BB:47:21:00:02 REACHABLE\n") == "4c:bb:47:21:00:02"
-    assert P.neigh_mac("198.19.2.2  FAILED\n") == ""
-    assert P.default_route_devs(
+    assert parsers.neigh_mac("198.19.2.2 lladdr 4C:BB:47:21:00:02 REACHABLE\n") == "4c:bb:47:21:00:02"
+    assert parsers.neigh_mac("198.19.2.2  FAILED\n") == ""
+    assert parsers.default_route_devs(
         '[{"dst":"default","gateway":"192.168.1.1","dev":"enP7s7","protocol":"dhcp","metric":100,"flags":[]}]'
     ) == ["enP7s7"]
-    assert P.default_route_devs("") == [] and P.default_route_devs("not json") == []
+    assert parsers.default_route_devs("") == [] and parsers.default_route_devs("not json") == []
 
 
 @pytest.mark.parametrize("name", HOSTILE)

@@ -174,7 +174,7 @@ def test_nine_nodes_are_refused():
 # --- doctor across four nodes: each cabling healthy, then broken on one node ---------------------
 
 from sparkcluster import checks, facts  # noqa: E402
-from sparkcluster.facts import parsers as P  # noqa: E402
+from sparkcluster.facts import parsers  # noqa: E402
 
 
 def _four(kind: str, addrs) -> tuple[inventory.Inventory, dict[str, facts.HostFacts]]:
@@ -246,7 +246,7 @@ def test_four_nodes_healthy(kind, addrs):
 def test_switch_rail_on_a_wrong_subnet_fails_that_node_only():
     inv, found = _four("switch", _switch)
     found["spark-3"].interfaces[PORT1[0]].addresses = [
-        P.Address(ipaddress.IPv4Address("198.19.99.3"), N("198.19.99.0/24"))
+        parsers.Address(ipaddress.IPv4Address("198.19.99.3"), N("198.19.99.0/24"))
     ]
     got = _doctor(inv, found)
     bad = {k: r for k, r in got.items() if r.status != "ok"}
@@ -317,8 +317,8 @@ def test_a_rings_ports_are_not_paired_by_position_with_the_heads():
     inv, found = _four("ring", _ring)
     for f in found.values():
         f.hcas = {
-            PORT0[1]: P.Hca(PORT0[1], "4: ACTIVE", [PORT0[0]]),
-            PORT1[1]: P.Hca(PORT1[1], "4: ACTIVE", [PORT1[0]]),
+            PORT0[1]: parsers.Hca(PORT0[1], "4: ACTIVE", [PORT0[0]]),
+            PORT1[1]: parsers.Hca(PORT1[1], "4: ACTIVE", [PORT1[0]]),
         }
     ctx = checks.Context(inv, found, {}, checks.Expect())
     got = {(r.id, r.node): r for r in checks.run_checks(ctx, only={"rdma.hca"})}
