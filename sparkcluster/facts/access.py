@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from sparkcluster.facts.probes import Probe, script, split_sections
+from sparkcluster.facts.probes import Probe, script, shell_path, split_sections
 
 
 @dataclass(frozen=True)
@@ -39,14 +39,6 @@ ACCOUNT = Probe(
     'u=$(id -un); printf "%s\\n" "$u" "$(id -u)" "$(id -g)" "$(id -Gn)" "$(id -Gn "$u")" "$HOME"',
     parse_account,
 )
-
-
-def shell_path(p: str) -> str:
-    """A path from the inventory as shell text: `~/rest` is the SSH user's home on that node."""
-    if p == "~" or p.startswith("~/"):
-        rest = p[2:]
-        return '"$HOME"' + ("/" + shlex.quote(rest) if rest else "")
-    return shlex.quote(p)
 
 
 @dataclass(frozen=True)

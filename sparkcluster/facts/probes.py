@@ -136,10 +136,12 @@ def ours(label: str) -> Probe:
     )
 
 
-def _shell_path(p: str) -> str:
-    from sparkcluster.facts.access import shell_path  # `~/` is the SSH user's home on the node
-
-    return shell_path(p)
+def shell_path(p: str) -> str:
+    """A path from the inventory as shell text: `~/rest` is the SSH user's home on that node."""
+    if p == "~" or p.startswith("~/"):
+        rest = p[2:]
+        return '"$HOME"' + ("/" + shlex.quote(rest) if rest else "")
+    return shlex.quote(p)
 
 
 def disk(hf_cache: str) -> Probe:
@@ -148,7 +150,7 @@ def disk(hf_cache: str) -> Probe:
         "disk",
         "d=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) && [ -d \"$d\" ] || d=/var/lib/docker; "
         'df -PB1 "$d"; '
-        f'p={_shell_path(hf_cache)}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -PB1 "$p"',
+        f'p={shell_path(hf_cache)}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -PB1 "$p"',
         parsers.df_lines,
     )
 
