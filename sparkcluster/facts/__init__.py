@@ -12,8 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from sparkcluster.config.inventory import Inventory, Node
-from sparkcluster.facts import access as A
-from sparkcluster.facts import parsers, probes
+from sparkcluster.facts import access, parsers, probes
 from sparkcluster.labels import CLUSTER_LABEL
 from sparkcluster.movement.layers import ImageLayers
 
@@ -53,8 +52,8 @@ class HostFacts:
     # must never hide a failing one on the same netdev
     path_mtu: list[parsers.PingResult] = field(default_factory=list)
     path_mtu_error: str = ""  # the probes could not run at all (the node stopped answering, a timeout)
-    account: A.Account | None = None  # the SSH user: name, uid, gid, groups, home
-    access: A.Access | None = None  # may it write the HF cache and take the lock
+    account: access.Account | None = None  # the SSH user: name, uid, gid, groups, home
+    access: access.Access | None = None  # may it write the HF cache and take the lock
 
 
 def probe_script(
@@ -91,8 +90,8 @@ def probe_script(
             probes.ours(f"{CLUSTER_LABEL}={inv.cluster.name}"),
             probes.disk(inv.cluster.hf_cache),
             probes.RAY_SESSIONS,
-            A.ACCOUNT,
-            A.access(inv.cluster.hf_cache, lock_path(inv.cluster.name)),
+            access.ACCOUNT,
+            access.access(inv.cluster.hf_cache, lock_path(inv.cluster.name)),
         )
     ]
     if base:
@@ -164,8 +163,8 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
     f.ours = parsers.json_list(get("ours").out) if get("ours").rc == 0 else []
     f.disks = parsers.df_lines(get("disk").out)
     f.ray_sessions = [x for x in get("ray_sessions").out.split() if x]
-    f.account = probes.value(A.ACCOUNT, s)
-    f.access = probes.value(A.access("", ""), s)
+    f.account = probes.value(access.ACCOUNT, s)
+    f.access = probes.value(access.access("", ""), s)
     f.base = probes.value(probes.image_layers("base", ""), s)
     f.image_layers = probes.value(probes.image_layers("image_layers", ""), s)
     f.layer_chains = probes.value(probes.LAYER_CHAINS, s, [])

@@ -26,8 +26,7 @@ from conftest import (
 from sparkcluster import checks, facts
 from sparkcluster.checks import GiB
 from sparkcluster.config import profile as profiles
-from sparkcluster.facts import access as A
-from sparkcluster.facts import parsers
+from sparkcluster.facts import access, parsers
 
 H, W = "spark-head", "spark-worker"
 IMAGE = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.49.2"
@@ -158,8 +157,8 @@ def _host_facts(name: str, role: str, host: int) -> facts.HostFacts:
     f.base = BASE
     f.disks = parsers.df_lines(DF)
     f.ray_sessions = ["/tmp/ray/session_2026-11-21_22-03-55_118733_1", "/tmp/ray/session_latest"]
-    f.account = A.parse_account(ACCOUNT)
-    f.access = A.parse_access(ACCESS)
+    f.account = access.parse_account(ACCOUNT)
+    f.access = access.parse_access(ACCESS)
     return f
 
 
@@ -270,34 +269,36 @@ def _socket_refuses(f):
 
 def not_in_docker_group(s):
     f = s.facts[W]
-    f.account = A.parse_account(ACCOUNT.replace("spark docker\n", "spark\n"))
+    f.account = access.parse_account(ACCOUNT.replace("spark docker\n", "spark\n"))
     _socket_refuses(f)
 
 
 def added_to_docker_not_relogged(s):
     f = s.facts[W]
-    f.account = A.parse_account(ACCOUNT.replace("spark docker\nspark docker", "spark\nspark docker"))
+    f.account = access.parse_account(ACCOUNT.replace("spark docker\nspark docker", "spark\nspark docker"))
     _socket_refuses(f)
 
 
 def cache_root_owned(s):
-    s.facts[W].access = A.parse_access(
+    s.facts[W].access = access.parse_access(
         ACCESS.replace("cache_ok /home/spark/.cache/huggingface", "cache_denied root /home/spark/.cache")
     )
 
 
 def cache_holds_root_files(s):
-    s.facts[W].access = A.parse_access(ACCESS + "cache_foreign root /home/spark/.cache/huggingface/hub/models--o--m\n")
+    s.facts[W].access = access.parse_access(
+        ACCESS + "cache_foreign root /home/spark/.cache/huggingface/hub/models--o--m\n"
+    )
 
 
 def lock_dir_foreign(s):
-    s.facts[W].access = A.parse_access(
+    s.facts[W].access = access.parse_access(
         ACCESS.replace("lock_ok /tmp/sparkcluster/pair.lock", "lock_denied bob /tmp/sparkcluster")
     )
 
 
 def no_flock(s):
-    s.facts[W].access = A.parse_access(ACCESS + "lock_noflock\n")
+    s.facts[W].access = access.parse_access(ACCESS + "lock_noflock\n")
 
 
 def no_gpu_runtime(s):
