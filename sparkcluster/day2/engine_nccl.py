@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.facts import section
+from sparkcluster.facts.probes import section
 from sparkcluster.node.contract import NCCL_LOG_DIR
 
 # only the lines that say what NCCL chose (and its warnings), from the newest files: a rank of an

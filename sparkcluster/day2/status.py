@@ -17,7 +17,8 @@ from sparkcluster import log
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import deployments, engine_nccl, ray_members
 from sparkcluster.day2 import endpoint as endpoint_mod
-from sparkcluster.facts import parsers, section, split_sections
+from sparkcluster.facts import parsers
+from sparkcluster.facts.probes import section, split_sections
 from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, PROFILE_LABEL, container_name
 from sparkcluster.node import contract
 from sparkcluster.remote.fanout import connect_reachable

@@ -16,9 +16,6 @@ from sparkcluster.facts import access, parsers, probes
 from sparkcluster.labels import CLUSTER_LABEL
 from sparkcluster.movement.layers import ImageLayers
 
-# the section markers and their parser live with the probes; kept here under their old names
-SECTION, Section, section, split_sections = probes.SECTION, probes.Section, probes.section, probes.split_sections
-
 
 @dataclass
 class HostFacts:
@@ -100,7 +97,7 @@ def probe_script(
         img = shlex.quote(image)
         # which layers a worker lacks: the image's layers here, and every layer chain this node holds
         parts += [probes.image_layers("image_layers", image).script(), probes.LAYER_CHAINS.script()]
-        parts.append(section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}"))
+        parts.append(probes.section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}"))
         # our running container on this image runs `ray start` as its main process, which proves
         # Ray works in it; otherwise start `ray --version` in a throwaway container
         # an image ID Ray has already run in (ray_seen) needs no container: the ID is its content's digest
@@ -109,9 +106,9 @@ def probe_script(
             for i, v in (ray_seen or {}).items()
         )
         parts.append(
-            section("image_ray", "echo 'no Ray with executor mp'; exit 0")
+            probes.section("image_ray", "echo 'no Ray with executor mp'; exit 0")
             if not ray
-            else section(
+            else probes.section(
                 "image_ray",
                 f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit 3; "
                 + (f'case "$id" in {seen}esac; ' if seen else "")
@@ -125,11 +122,11 @@ def probe_script(
 
 
 def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFacts:
-    s = split_sections(text)
+    s = probes.split_sections(text)
     f = HostFacts(node=node.name)
 
-    def get(name: str) -> Section:
-        return s.get(name, Section(127, ""))
+    def get(name: str) -> probes.Section:
+        return s.get(name, probes.Section(127, ""))
 
     f.hostname = get("hostname").out.strip()
     t = get("time")
@@ -253,10 +250,10 @@ def gather_path_mtu(host, ps: list[PathMtuPing], timeout: float = 20.0) -> list[
     if not ps:
         return []
     res = host.run(path_mtu_script(ps), timeout=timeout, warn=True)
-    sections = split_sections(res.stdout)
+    sections = probes.split_sections(res.stdout)
     out = []
     for p in ps:
-        sec = sections.get(_ping(p).name, Section(124, "no result: the probe did not finish"))
+        sec = sections.get(_ping(p).name, probes.Section(124, "no result: the probe did not finish"))
         mac = probes.value(probes.neigh(p.netdev, p.peer_ip), sections, "")
         out.append(
             parsers.PingResult(

@@ -14,7 +14,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkcluster import facts
 from sparkcluster.config import inventory
 from sparkcluster.config import topology as topo
 from sparkcluster.errors import InputError, SparkError
@@ -44,10 +43,10 @@ class Discovered:
 
 
 def parse_discovery(target: str, text: str) -> Discovered:
-    s = facts.split_sections(text)
+    s = probes.split_sections(text)
 
-    def get(name: str) -> facts.Section:
-        return s.get(name, facts.Section(127, ""))
+    def get(name: str) -> probes.Section:
+        return s.get(name, probes.Section(127, ""))
 
     d = Discovered(target, hostname=get("hostname").out.strip())
     g = get("gpu")

@@ -26,7 +26,7 @@ from conftest import (
 from sparkcluster import checks, facts
 from sparkcluster.checks import GiB
 from sparkcluster.config import profile as profiles
-from sparkcluster.facts import access, parsers
+from sparkcluster.facts import access, parsers, probes
 
 H, W = "spark-head", "spark-worker"
 IMAGE = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.49.2"
@@ -45,14 +45,14 @@ WORKER_CID = "7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b5b1c0e7f2a9d4c3b8e6f1a0d9c8b"
 MEMINFO = "MemTotal:       125276348 kB\nMemFree:         3187216 kB\nMemAvailable:   73400320 kB\n"
 # the SSH user as the account and access probes print it on the testbed's hosts (an ordinary
 # account in docker, as on a Spark), and the Docker probe as the socket refuses one outside docker
-_AA = facts.split_sections(cap("testbed-account-access-probe.txt"))
+_AA = probes.split_sections(cap("testbed-account-access-probe.txt"))
 ACCOUNT = _AA["account"].out
 ACCESS = (
     _AA["access"]
     .out.replace("cache_ok /home/spark\n", "cache_ok /home/spark/.cache/huggingface\n")
     .replace("testbed.lock", "pair.lock")
 )
-DOCKER_DENIED = parsers.last_line(facts.split_sections(cap("testbed-docker-denied-probe.txt"))["docker"].out)
+DOCKER_DENIED = parsers.last_line(probes.split_sections(cap("testbed-docker-denied-probe.txt"))["docker"].out)
 DF = (
     "Filesystem            1-blocks         Used     Available Capacity Mounted on\n"
     "/dev/nvme0n1p2 3936818520064 412043304960 1324727701504      24% /\n"
@@ -257,7 +257,7 @@ def below_min_driver(s):
 
 def docker_down(s):
     f = s.facts[W]
-    sec = facts.split_sections(cap("vm-probe.txt"))["docker"]  # real: the CLI without a daemon
+    sec = probes.split_sections(cap("vm-probe.txt"))["docker"]  # real: the CLI without a daemon
     f.docker, f.docker_error = None, parsers.last_line(sec.out)
     f.image_id = f.image_ray = None  # `docker image inspect` fails too
 
@@ -453,7 +453,7 @@ def sshd_oom_zero(s):
 
 def port_8000_foreign(s):
     # real: a host process (python3 -m http.server) holding 8000, as the probe's listener loop printed it
-    sec = facts.split_sections(cap("vm-probe.txt"))["listeners"]
+    sec = probes.split_sections(cap("vm-probe.txt"))["listeners"]
     s.facts[H].listeners = [ls for ls in s.facts[H].listeners if ls.port != 8000] + parsers.ss_listeners(sec.out)
 
 

@@ -8,11 +8,10 @@ import tomllib
 import pytest
 from conftest import LINKS, cap, hca_text, link_ip, spark_ip_json
 
-from sparkcluster import facts
 from sparkcluster.cli.main import main
 from sparkcluster.config import inventory
 from sparkcluster.errors import InputError, SparkError
-from sparkcluster.facts import discover, parsers
+from sparkcluster.facts import discover, parsers, probes
 
 # the worker cabled into the other ports: same subnets, other netdev/HCA names (sparkrun#135)
 CROSSED = [
@@ -26,7 +25,7 @@ CROSSED = [
 def output(hostname: str, host: int, links=None, hcas: str | None = None, gpu: tuple[int, str] = (0, None)) -> str:
     rc, text = gpu
     return "".join(
-        f"{facts.SECTION} {n}\n{o}\n{facts.SECTION} {n} rc={r}\n"
+        f"{probes.SECTION} {n}\n{o}\n{probes.SECTION} {n} rc={r}\n"
         for n, r, o in [
             ("hostname", 0, hostname),
             ("gpu", rc, text if text is not None else cap("gb10-nvidia-smi.csv").strip()),

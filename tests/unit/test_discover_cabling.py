@@ -9,9 +9,8 @@ import json
 import pytest
 from conftest import LINKS, cap, gid_text, hca_text, link_ip, spark_ip_json
 
-from sparkcluster import facts
 from sparkcluster.errors import SparkError
-from sparkcluster.facts import discover
+from sparkcluster.facts import discover, probes
 
 PORT1 = [link for link in LINKS if link[0].endswith("np1")]
 PORT0 = [link for link in LINKS if link[0].endswith("np0")]
@@ -46,7 +45,7 @@ def out(hostname: str, host: int, active, addressed=None, addrs=None) -> str:
     down = [x for x in LINKS if x not in active]
     gids = gid_text(host, [x for x in addressed])
     return "".join(
-        f"{facts.SECTION} {n}\n{o}\n{facts.SECTION} {n} rc={r}\n"
+        f"{probes.SECTION} {n}\n{o}\n{probes.SECTION} {n} rc={r}\n"
         for n, r, o in [
             ("hostname", 0, hostname),
             ("gpu", 0, cap("gb10-nvidia-smi.csv").strip()),

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from sparkcluster.config import profile as profiles
 from sparkcluster.day2 import engine_nccl, status
-from sparkcluster.facts import split_sections
+from sparkcluster.facts.probes import split_sections
 from sparkcluster.node import contract
 from tests.unit.conftest import make_inventory
 

@@ -11,7 +11,7 @@ from conftest import LINKS, cap, carrier_text, hca_text, inventory_dict, link_ip
 
 from sparkcluster import facts
 from sparkcluster.errors import StageError
-from sparkcluster.facts import parsers
+from sparkcluster.facts import parsers, probes
 from sparkcluster.remote.ssh import CommandResult as Result
 
 H, W = "spark-head", "spark-worker"
@@ -20,8 +20,8 @@ H, W = "spark-head", "spark-worker"
 def sections(pairs: list[tuple[str, int, str]]) -> str:
     """Output in the shape probe_script's sections print."""
     return "".join(
-        f"{facts.SECTION} {name}\n{out}{'' if out.endswith(chr(10)) or not out else chr(10)}"
-        f"{facts.SECTION} {name} rc={rc}\n"
+        f"{probes.SECTION} {name}\n{out}{'' if out.endswith(chr(10)) or not out else chr(10)}"
+        f"{probes.SECTION} {name} rc={rc}\n"
         for name, rc, out in pairs
     )
 
@@ -30,7 +30,7 @@ def sections(pairs: list[tuple[str, int, str]]) -> str:
 
 
 def test_split_sections_captured_probe():
-    s = facts.split_sections(cap("vm-probe.txt"))
+    s = probes.split_sections(cap("vm-probe.txt"))
     assert list(s) == [
         "hostname",
         "time",
@@ -51,30 +51,30 @@ def test_split_sections_captured_probe():
         "image",
         "image_ray",
     ]
-    assert s["hostname"] == facts.Section(0, "vm")
+    assert s["hostname"] == probes.Section(0, "vm")
     assert s["gpu"].rc == 127 and "nvidia-smi: command not found" in s["gpu"].out
     assert s["image_ray"].rc == 3  # the image is not there: not an error of its own
-    assert s["earlyoom"] == facts.Section(1, "")
+    assert s["earlyoom"] == probes.Section(1, "")
 
 
 def test_split_sections_truncated_output_drops_the_open_section():
     text = cap("vm-probe.txt")
-    cut = text[: text.index(f"{facts.SECTION} meminfo rc=")]
-    s = facts.split_sections(cut)
+    cut = text[: text.index(f"{probes.SECTION} meminfo rc=")]
+    s = probes.split_sections(cut)
     assert "meminfo" not in s and "hca" in s
 
 
 def test_split_sections_marker_like_text_inside_a_section():
-    text = sections([("a", 0, f"{facts.SECTION} b rc=5\nline"), ("c", 2, "x")])
-    s = facts.split_sections(text)
+    text = sections([("a", 0, f"{probes.SECTION} b rc=5\nline"), ("c", 2, "x")])
+    s = probes.split_sections(text)
     # a stray end marker of another section does not close this one (it opens "b rc=5")
-    assert s["c"] == facts.Section(2, "x")
+    assert s["c"] == probes.Section(2, "x")
 
 
 def test_parse_captured_probe_vm_without_gpu_or_dockerd():
     inv = make_inventory()
     node = inv.node(H)
-    stamp = float(facts.split_sections(cap("vm-probe.txt"))["time"].out)
+    stamp = float(probes.split_sections(cap("vm-probe.txt"))["time"].out)
     f = facts.parse(node, cap("vm-probe.txt"), stamp - 1.0, stamp + 1.0)
     assert f.node == H and f.hostname == "vm"
     assert f.clock_offset == pytest.approx(0.0, abs=1e-3)
@@ -188,7 +188,7 @@ def test_probe_script_asks_for_the_inventory_interfaces_and_ports():
     # control_if first, no duplicates (it is also a data-plane link)
     assert "for i in enp1s0f1np1 enp1s0f0np0 enP2p1s0f0np0 enP2p1s0f1np1; do" in script
     assert "sport = :6380 or sport = :8123" in script
-    assert "image" not in facts.split_sections(script.replace('; echo "', '\necho "'))  # no image sections
+    assert "image" not in probes.split_sections(script.replace('; echo "', '\necho "'))  # no image sections
     assert "docker image inspect" not in script
 
 
@@ -202,7 +202,7 @@ def test_probe_script_runs_and_does_not_execute_values(tmp_path):
     subprocess.run(["bash", "-n", "-c", script], check=True)
     res = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert not (tmp_path / "INJECTED").exists() and not (tmp_path / "INJECTED2").exists()
-    s = facts.split_sections(res.stdout)
+    s = probes.split_sections(res.stdout)
     assert {"hostname", "meminfo", "disk"} <= set(s)
     assert s["meminfo"].rc == 0
     assert parsers.df_lines(s["disk"].out)  # the HF cache's filesystem (or its nearest existing parent's)
@@ -276,7 +276,7 @@ def test_ping_command_and_script_are_quoted():
     ]
     script = facts.path_mtu_script([p, facts.PathMtuPing("enp1s0f0np0", W, "198.19.1.2", 8972)])
     assert script.count("ping -M do") == 2
-    assert f"echo '{facts.SECTION} ping enP2p1s0f0np0 198.19.3.2'" in script
+    assert f"echo '{probes.SECTION} ping enP2p1s0f0np0 198.19.3.2'" in script
     assert facts.path_mtu_script([]) == "\n"
 
 
@@ -337,7 +337,7 @@ def test_gather_parses_and_times_out():
 def test_parse_testbed_probe():
     inv = make_inventory()
     text = cap("testbed-head-probe.txt")
-    stamp = float(facts.split_sections(text)["time"].out)
+    stamp = float(probes.split_sections(text)["time"].out)
     f = facts.parse(inv.node(H), text, stamp, stamp)
     assert f.hostname == "spark-head" and f.clock_offset == pytest.approx(0.0)
     assert f.gpus == [parsers.Gpu("NVIDIA GB10", "580.95.05", "[N/A]", "12.1")]

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkcluster import facts
-from sparkcluster.facts import parsers
+from sparkcluster.facts import parsers, probes
 
 CAPTURED = Path(__file__).resolve().parents[1] / "captured"
 
@@ -18,8 +17,8 @@ def cap(name: str) -> str:
     return (CAPTURED / name).read_text()
 
 
-def probe_section(name: str) -> facts.Section:
-    return facts.split_sections(cap("vm-probe.txt"))[name]
+def probe_section(name: str) -> probes.Section:
+    return probes.split_sections(cap("vm-probe.txt"))[name]
 
 
 # --- small helpers ------------------------------------------------------------------------------
@@ -297,7 +296,7 @@ def test_df_lines_two_mounts_in_order():
 
 
 def test_ping_results_captured():
-    secs = facts.split_sections(cap("vm-path-mtu.txt"))
+    secs = probes.split_sections(cap("vm-path-mtu.txt"))
     assert secs["ping lo 127.0.0.1"].rc == 0
     too_big = secs["ping eth0 192.0.2.1"]
     assert too_big.rc == 1 and "message too long, mtu=1400" in too_big.out

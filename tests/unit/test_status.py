@@ -270,8 +270,7 @@ def test_the_head_containers_sections_give_pid_supervisor_and_journal():
     """What `head_container_script` prints, as sections: a running server's PID, the supervisor's
     state and its journal; a PID that no longer runs is no server; no container, nothing."""
     from sparkcluster.day2.status import head_container_view
-    from sparkcluster.facts import split_sections
-    from sparkcluster.facts.probes import SECTION
+    from sparkcluster.facts.probes import SECTION, split_sections
 
     rec = '{"profile": "testbed", "model": "testbed-tiny", "port": 8000, "pid": 412, "started_at": 1.0}'
     sup = '{"state": "serving", "since": 1.0, "updated": 2.0, "pid": 412, "restarts": []}'

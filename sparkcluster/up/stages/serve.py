@@ -11,7 +11,7 @@ from sparkcluster import redact
 from sparkcluster.config import bounds, repos
 from sparkcluster.day2 import endpoint, server, supervision, teardown
 from sparkcluster.errors import StageError, StepFailure
-from sparkcluster.facts import split_sections
+from sparkcluster.facts.probes import split_sections
 from sparkcluster.remote import retry
 from sparkcluster.up.stages import weights
 from sparkcluster.up.stages.base import Step, fail
