@@ -14,7 +14,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.config import secrets as secret_store
 from sparkcluster.day2 import deployments
 from sparkcluster.up import bringup
-from sparkcluster.up.execute import Progress as StageProgress
+from sparkcluster.up.execute import StageProgress
 from sparkcluster.up.plan import Plan
 
 

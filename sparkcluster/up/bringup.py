@@ -24,7 +24,7 @@ from sparkcluster.errors import InputError, SparkError, StageError, StepFailure
 from sparkcluster.labels import ROLE_LABEL
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 from sparkcluster.remote.lock import NodeLocks
-from sparkcluster.up.execute import Progress, UpRun, execute, record_preflight
+from sparkcluster.up.execute import StageProgress, UpRun, execute, record_preflight
 from sparkcluster.up.plan import Plan, make_plan
 from sparkcluster.up.stages import gate
 from sparkcluster.up.stages.containers import Created
@@ -48,7 +48,7 @@ def run(
     inv: Inventory,
     prof: profiles.Profile,
     secrets: dict[str, str],
-    progress: Progress,
+    progress: StageProgress,
     *,
     dry_run: bool = False,
     replace: bool = False,
@@ -148,7 +148,7 @@ def _run_locked(
     inv: Inventory,
     prof: profiles.Profile,
     secrets: dict[str, str],
-    progress: Progress,
+    progress: StageProgress,
     dry_run: bool,
     replace: bool,
     t0: float,

@@ -30,7 +30,7 @@ T = TypeVar("T")
 ALWAYS_REPORTED = {"image"}
 
 
-class Progress:
+class StageProgress:
     """What the user sees: each stage with its duration. Replaced by the CLI with a rich display."""
 
     def stage(self, name: str) -> None: ...
@@ -50,7 +50,7 @@ class UpRun:
     plan: Plan
     facts: dict[str, HostFacts]
     secrets: dict[str, str]
-    progress: Progress
+    progress: StageProgress
     seconds: dict[str, float] = field(default_factory=dict)
     stage: str = "image"
     owned: dict[type, Any] = field(default_factory=dict, repr=False)  # each stage's state, by its type

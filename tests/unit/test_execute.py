@@ -30,7 +30,7 @@ from sparkcluster.up.stages.containers import Created
 HEAD, WORKER = "spark-head", "spark-worker"
 
 
-class Recorder(execute.Progress):
+class Recorder(execute.StageProgress):
     def __init__(self):
         self.lines: list[str] = []
 

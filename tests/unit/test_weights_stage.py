@@ -17,7 +17,7 @@ from sparkcluster.errors import InputError, StageError
 from sparkcluster.facts import HostFacts
 from sparkcluster.movement import hfcache
 from sparkcluster.remote.ssh import CommandResult
-from sparkcluster.up.execute import Progress
+from sparkcluster.up.execute import StageProgress
 from sparkcluster.up.plan import make_plan
 from sparkcluster.up.stages import weights as stage
 from tests.testbed.hub import SYNTHETIC, TINY, serve_in_thread
@@ -75,7 +75,7 @@ class LocalHost:
         pass
 
 
-class Bars(Progress):
+class Bars(StageProgress):
     def __init__(self):
         self.seen: list[tuple[str, int, int]] = []
 

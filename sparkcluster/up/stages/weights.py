@@ -29,7 +29,7 @@ from sparkcluster.up.stages import weights_chain
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
-    from sparkcluster.up.execute import Progress, UpRun
+    from sparkcluster.up.execute import StageProgress, UpRun
     from sparkcluster.up.plan import Plan
 
 STAGE = "weights"
@@ -58,7 +58,7 @@ class Staging:
     repo: str
     revision: str
     secrets: dict[str, str]
-    progress: "Progress"
+    progress: "StageProgress"
     need: needs.Need | None = None  # which files of the snapshot are staged; None: all of them
     manifest: hfcache.Manifest | None = None
     state: dict[str, dict] = field(default_factory=dict)  # node -> the node program's last `check`
