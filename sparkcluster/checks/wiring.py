@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 
 from sparkcluster.checks import Context, Report, check, inspect_env, is_running
-from sparkcluster.config import topology as topo
+from sparkcluster.config import topology
 from sparkcluster.config.inventory import Node
 from sparkcluster.facts import HostFacts
 from sparkcluster.facts.probes import LINK_LOCAL
@@ -43,8 +43,8 @@ def net_topology(ctx: Context, r: Report) -> None:
     have = {n.name: rails(ctx.facts[n.name], n) for n in nodes}
     declared = ctx.inventory.cluster.topology
     try:
-        found = topo.classify(have) if len(have) == len(ctx.inventory.nodes) else None
-    except topo.Miscabled:
+        found = topology.classify(have) if len(have) == len(ctx.inventory.nodes) else None
+    except topology.Miscabled:
         found = None
     names = [n.name for n in ctx.inventory.nodes]
     kind = declared or (found.kind if found else ("direct" if len(names) == 2 else "switch"))
@@ -85,7 +85,7 @@ def net_topology(ctx: Context, r: Report) -> None:
 
 @check("nccl.topology_env", "NCCL variables a ring or mesh needs, in the profile and the containers")
 def nccl_topology_env(ctx: Context, r: Report) -> None:
-    need = topo.nccl_env(ctx.inventory.cluster.topology)
+    need = topology.nccl_env(ctx.inventory.cluster.topology)
     for node in ctx.nodes():
         if not need:
             r.ok(node.name, f"{ctx.inventory.cluster.topology or 'no'} topology: none needed")

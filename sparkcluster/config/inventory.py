@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from sparkcluster.config import topology as topo
+from sparkcluster.config.topology import MAX_NODES, Kind, nodes_allowed
 from sparkcluster.errors import InputError
 
 DEFAULT_PATH = Path("~/.config/sparkcluster/cluster.toml")
@@ -92,7 +92,7 @@ class ClusterSettings(_Strict):
     connect_attempts: int = Field(default=3, ge=1, le=10)
     # how the data plane is cabled (config/topology): written by init from the subnets it found,
     # checked by doctor (net.topology); a ring's order is the nodes' order. Unset: told from the facts
-    topology: topo.Kind | None = None
+    topology: Kind | None = None
 
 
 class FabricFigures(_Strict):
@@ -108,7 +108,7 @@ class FabricFigures(_Strict):
 
 class Inventory(_Strict):
     cluster: ClusterSettings
-    nodes: list[Node] = Field(min_length=1, max_length=topo.MAX_NODES)  # one Spark is a cluster too (seed 000)
+    nodes: list[Node] = Field(min_length=1, max_length=MAX_NODES)  # one Spark is a cluster too (seed 000)
     fabric: FabricFigures = Field(default_factory=FabricFigures)
     path: Path | None = Field(default=None, exclude=True)
     # node -> the SSH user's home there, learnt from the facts (shared with the copies `only` makes)
@@ -120,7 +120,7 @@ class Inventory(_Strict):
         heads = [n.name for n in self.nodes if n.role == "head"]
         if len(heads) != 1:
             raise ValueError(f'exactly one node must have role = "head" (found {len(heads)})')
-        if self.cluster.topology and (why := topo.nodes_allowed(self.cluster.topology, len(self.nodes))):
+        if self.cluster.topology and (why := nodes_allowed(self.cluster.topology, len(self.nodes))):
             raise ValueError(f"cluster.topology: {why}")
         return self
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkcluster.config import inventory
-from sparkcluster.config import topology as topo
+from sparkcluster.config.topology import Miscabled, Topology, classify
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.facts import access, parsers, probes
 from sparkcluster.remote import fanout, ssh
@@ -217,11 +217,11 @@ def choose_control(chosen: list[list[Link]], found: list[Discovered]) -> list[Co
     )
 
 
-def topology_of(names: list[str], chosen: list[list[Link]]) -> topo.Topology:
+def topology_of(names: list[str], chosen: list[list[Link]]) -> Topology:
     """The cabling the chosen links' subnets describe (config/topology), as a SparkError when they fit none."""
     try:
-        return topo.classify({n: [a.network for x in links for a in x.addresses] for n, links in zip(names, chosen)})
-    except topo.Miscabled as e:
+        return classify({n: [a.network for x in links for a in x.addresses] for n, links in zip(names, chosen)})
+    except Miscabled as e:
         raise SparkError(
             f"the data-plane cabling fits no topology sparkcluster knows: {e}",
             "cable a pair directly, three to eight nodes through a switch (every rail on every node), "
@@ -260,7 +260,7 @@ class Draft:
     nodes: list[DraftNode]
     ssh_config: Path | None = None
     known_hosts: Path | None = None
-    topology: topo.Topology | None = None
+    topology: Topology | None = None
 
 
 def draft(name: str, found: list[Discovered], ssh_config: Path | None = None, known_hosts: Path | None = None) -> Draft:
