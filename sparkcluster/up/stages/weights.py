@@ -18,12 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sparkcluster.config import lint
-from sparkcluster.config import repos as needs
+from sparkcluster.config import lint, repos
 from sparkcluster.day2 import server
 from sparkcluster.errors import InputError
-from sparkcluster.movement import hfcache
-from sparkcluster.movement import transfer
+from sparkcluster.movement import hfcache, transfer
 from sparkcluster.remote.fanout import run_each
 from sparkcluster.up.stages import weights_chain
 from sparkcluster.up.stages.base import Step, fail
@@ -41,13 +39,13 @@ def endpoint(inv) -> str:
     return inv.cluster.hf_endpoint or hfcache.PUBLIC_HUB
 
 
-def wanted(prof) -> list[needs.Need]:
+def wanted(prof) -> list[repos.Need]:
     """The repositories the profile needs from the hub, each checked; empty when none (a model that
     is a path inside the container, and nothing else from the hub)."""
-    for need in needs.needed(prof):
+    for need in repos.needed(prof):
         hfcache.check_repo(need.repo)
         hfcache.check_revision(need.revision)
-    return needs.needed(prof)
+    return repos.needed(prof)
 
 
 @dataclass
@@ -59,7 +57,7 @@ class Staging:
     revision: str
     secrets: dict[str, str]
     progress: "StageProgress"
-    need: needs.Need | None = None  # which files of the snapshot are staged; None: all of them
+    need: repos.Need | None = None  # which files of the snapshot are staged; None: all of them
     manifest: hfcache.Manifest | None = None
     state: dict[str, dict] = field(default_factory=dict)  # node -> the node program's last `check`
     moved: dict[str, int] = field(default_factory=dict)  # "hub -> head" / worker -> bytes
@@ -399,7 +397,7 @@ def steps(plan: "Plan") -> list[Step]:
     return out
 
 
-def _act(action: str, k: int, need: needs.Need) -> str:
+def _act(action: str, k: int, need: repos.Need) -> str:
     """Step actions stay unique: the model's as before, the others' named by their role."""
     return action if k == 0 else f"{action}-{need.roles[0].replace(' ', '-')}"
 
@@ -409,7 +407,7 @@ def plugin_link(prof, hf_cache: str) -> tuple[int, str, str] | None:
     of a reasoning-parser plugin staged from the hub, else None."""
     from sparkcluster.config import profile as profiles
 
-    got, at = needs.plugin_file(prof.serve.reasoning_parser_plugin_url), profiles.reasoning_plugin(prof, hf_cache)
+    got, at = repos.plugin_file(prof.serve.reasoning_parser_plugin_url), profiles.reasoning_plugin(prof, hf_cache)
     if not got or not at:
         return None
     k = next(i for i, need in enumerate(wanted(prof)) if (need.repo, need.revision) == got[:2])
