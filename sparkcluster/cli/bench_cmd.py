@@ -16,7 +16,7 @@ from sparkcluster import bench as B
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.config import profile as profiles
-from sparkcluster.config import secrets as secret_store
+from sparkcluster.config.secrets import load_secrets
 from sparkcluster.errors import InputError, SparkError
 
 # the figures the terminal table shows (the CSV has them all)
@@ -158,7 +158,7 @@ def bench(
     wanted = profiles.load_profile(profile_name) if profile_name else None
     root = B.runs_root(inv.cluster.name)
     baseline_dir = B.resolve_run(compare_to, root) if compare_to else None
-    secrets = secret_store.load_secrets(env_file, names=["VLLM_API_KEY"])
+    secrets = load_secrets(env_file, names=["VLLM_API_KEY"])
     err = Console(stderr=True, highlight=False)
 
     started = datetime.now(timezone.utc)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import click
 
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
-from sparkcluster.config import secrets as secret_store
+from sparkcluster.config.secrets import load_secrets
 from sparkcluster.day2 import fleet, supervision
 from sparkcluster.day2 import status as status_mod
 
@@ -151,7 +150,7 @@ def status(
     """Per deployment and node: container, Ray membership, endpoint health and model, serving
     figures, the supervisor, container uptime, MemAvailable."""
     inv = obj.inventory()
-    key = secret_store.load_secrets(env_file, names=["VLLM_API_KEY"]).get("VLLM_API_KEY")
+    key = load_secrets(env_file, names=["VLLM_API_KEY"]).get("VLLM_API_KEY")
     if watch and not as_json:
         from rich.console import Console
         from rich.live import Live

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from sparkcluster import redact
 from sparkcluster.cli.common import load_profile_for
 from sparkcluster.cli.main import cli
-from sparkcluster.config import secrets as secret_store
+from sparkcluster.config.secrets import load_secrets
 from sparkcluster.day2 import deployments
 from sparkcluster.up import bringup
 from sparkcluster.up.execute import StageProgress
@@ -104,7 +104,7 @@ def up(
     prof = load_profile_for(inv, profile_name)
     if prof is None:
         raise click.UsageError("no profile: pass --profile NAME (see `sparkcluster profile list`)")
-    secrets = secret_store.load_secrets(env_file, prof)
+    secrets = load_secrets(env_file, prof)
     err = Console(stderr=True, highlight=False)
     result = bringup.run(
         inv,

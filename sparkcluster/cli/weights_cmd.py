@@ -11,14 +11,14 @@ from rich.console import Console
 from sparkcluster.cli.common import load_profile_for
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.up_cmd import RichProgress
-from sparkcluster.config import secrets as secret_store
 from sparkcluster.config.images import image_ref
+from sparkcluster.config.secrets import load_secrets
 from sparkcluster.errors import InputError
 from sparkcluster.facts.access import learn_homes
 from sparkcluster.movement import hfcache
 from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.remote.lock import ClusterLock
-from sparkcluster.up.stages import weights as stage
+from sparkcluster.up.stages import weights as weights_stage
 from sparkcluster.up.stages.image import image_id
 
 
@@ -45,13 +45,13 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
     prof = load_profile_for(inv, profile_name)
     if prof is None:
         raise click.UsageError("no profile: pass --profile NAME (see `sparkcluster profile list`)")
-    want = stage.wanted(prof)
+    want = weights_stage.wanted(prof)
     if not want:
         raise InputError(
             f"profile '{prof.name}' serves {prof.model}, a path inside the container, not a hub model",
             "nothing to pull: place that path on every node yourself",
         )
-    secrets = secret_store.load_secrets(env_file, prof)
+    secrets = load_secrets(env_file, prof)
     image = image_ref(inv, prof)
     err = Console(stderr=True, highlight=False)
     with (
@@ -60,7 +60,7 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
     ):
         learn_homes(cluster)  # the HF cache's `~`, and whom the download's files belong to
         sts = [
-            stage.Staging(cluster, inv, image, need.repo, need.revision, secrets, RichProgress(err), need)
+            weights_stage.Staging(cluster, inv, image, need.repo, need.revision, secrets, RichProgress(err), need)
             for need in want
         ]
         for st in sts:
@@ -76,7 +76,7 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
         lacking = [st for st in sts if st.lacking()]
         if not lacking:
             return
-        stage.disk(lacking)
+        weights_stage.disk(lacking)
         if any(inv.head.name in st.lacking() for st in lacking):
             # the download runs in a throwaway container: the cluster image once `up` built it, else
             # the profile's base image (vLLM ships huggingface_hub), so weights can be staged first
@@ -118,7 +118,7 @@ def profile_repos(prof, per_node: dict[str, list[dict]]) -> list[dict]:
     """Each repository the profile needs, and per node the snapshots of it cached there (a
     revision that is a branch or tag matches by ref, a commit by itself)."""
     out = []
-    for need in stage.wanted(prof) if prof is not None else []:
+    for need in weights_stage.wanted(prof) if prof is not None else []:
         nodes = {}
         for n, snaps in per_node.items():
             got = [

@@ -19,7 +19,7 @@ from sparkcluster.movement import hfcache
 from sparkcluster.remote.ssh import CommandResult
 from sparkcluster.up.execute import StageProgress
 from sparkcluster.up.plan import make_plan
-from sparkcluster.up.stages import weights as stage
+from sparkcluster.up.stages import weights
 from tests.testbed.hub import SYNTHETIC, TINY, serve_in_thread
 
 CACHE = "/home/spark/.cache/huggingface"
@@ -124,7 +124,7 @@ def staging(tmp_path, ep, repo=TINY, secrets=None):
 
     inv = loopback_inventory(ep)
     hosts = {n.name: LocalHost(n.name, tmp_path / n.name) for n in inv.nodes}
-    return stage.Staging(ConnectedHosts(inv, hosts), inv, "img", repo, "main", secrets or {}, Bars()), hosts
+    return weights.Staging(ConnectedHosts(inv, hosts), inv, "img", repo, "main", secrets or {}, Bars()), hosts
 
 
 def test_dry_run_shows_the_stage_and_never_the_token():
@@ -221,7 +221,7 @@ def test_cli_pull_status_rm_over_loopback(hub, model, tmp_path, monkeypatch, cap
     import contextlib
 
     from sparkcluster.cli import main as cli_main
-    from sparkcluster.cli import weights_cmd as cli_weights
+    from sparkcluster.cli import weights_cmd
     from sparkcluster.remote.fanout import ConnectedHosts
 
     _, ep = hub
@@ -232,10 +232,10 @@ def test_cli_pull_status_rm_over_loopback(hub, model, tmp_path, monkeypatch, cap
     assert download_here(tmp_path / "spark-head", ep, m).returncode == 0
     monkeypatch.setattr(cli_main.Invocation, "inventory", lambda self: inv)
     monkeypatch.setattr(ConnectedHosts, "connect", classmethod(lambda cls, i, nodes=None: ConnectedHosts(inv, hosts)))
-    monkeypatch.setattr(cli_weights, "ClusterLock", lambda *a: contextlib.nullcontext())
-    monkeypatch.setattr(cli_weights.secret_store, "load_secrets", lambda *a: {})
+    monkeypatch.setattr(weights_cmd, "ClusterLock", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(weights_cmd, "load_secrets", lambda *a: {})
     prof = profiles.load_profile("testbed")
-    monkeypatch.setattr(cli_weights, "load_profile_for", lambda i, n: prof)
+    monkeypatch.setattr(weights_cmd, "load_profile_for", lambda i, n: prof)
     assert cli_main.main(["weights", "pull", "--profile", "testbed"]) == 0
     out = capsys.readouterr().out
     assert "sent to spark-worker" in out and "staged on every node" in out
@@ -252,8 +252,8 @@ def test_cli_pull_status_rm_over_loopback(hub, model, tmp_path, monkeypatch, cap
 
 def test_a_rank_reaching_for_the_hub_is_named():
     tail = "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested files in the disk cache"
-    assert "HF_HUB_OFFLINE=1" in stage.offline_miss(tail, TINY)
-    assert stage.offline_miss("CUDA out of memory", TINY) is None
+    assert "HF_HUB_OFFLINE=1" in weights.offline_miss(tail, TINY)
+    assert weights.offline_miss("CUDA out of memory", TINY) is None
 
 
 def test_staged_weights_need_no_hub(hub, tmp_path):
