@@ -11,7 +11,7 @@ import click
 
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
-from sparkcluster.config import inventory as inv_mod
+from sparkcluster.config import inventory
 from sparkcluster.config.flags import serve_argv
 from sparkcluster.config.inventory import HOME_HF_CACHE
 from sparkcluster.config.lint import CLUSTER_RULES, lint
@@ -36,14 +36,14 @@ DEFAULT_RAY_VERSION = "2.60.0"
 def _inventory(ctx: click.Context, local: Path | None, *, required: bool = False):
     """The inventory when one is named or exists at the default path; else None."""
     if local is not None:
-        return inv_mod.load(local)
+        return inventory.load(local)
     obj = ctx.find_root().obj
-    if obj is not None and (obj.inventory_path is not None or os.environ.get(inv_mod.ENV_VAR)):
+    if obj is not None and (obj.inventory_path is not None or os.environ.get(inventory.ENV_VAR)):
         return obj.inventory()
-    if inv_mod.default_path().is_file():
-        return obj.inventory() if obj is not None else inv_mod.load()
+    if inventory.default_path().is_file():
+        return obj.inventory() if obj is not None else inventory.load()
     if required:
-        return inv_mod.load()  # raises the usual "no inventory" InputError
+        return inventory.load()  # raises the usual "no inventory" InputError
     return None
 
 
