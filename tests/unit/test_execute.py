@@ -467,12 +467,12 @@ def up_over(monkeypatch, env_of):
 
     from sparkcluster.day2 import server
     from sparkcluster.up import bringup
-    from sparkcluster.up.stages import gate as preflight_stage
+    from sparkcluster.up.stages import gate
 
     inv, prof = make_inventory(), profiles.load_profile("testbed")
     cluster, specs = fake_cluster(inv, prof, env_of)
     facts = {n.name: HostFacts(n.name, hostname=n.name, image_id=IMAGE_ID, image_ray="2.60.0") for n in inv.nodes}
-    monkeypatch.setattr(preflight_stage, "check", lambda c, i, p: SimpleNamespace(facts=facts, results=[1, 2]))
+    monkeypatch.setattr(gate, "check", lambda c, i, p: SimpleNamespace(facts=facts, results=[1, 2]))
     monkeypatch.setattr(server, "wait_ready", lambda *a, **kw: 1.0)
     # the supervisor in the head container starts the server (tested in test_agent / test_serve_start)
     monkeypatch.setattr(server, "start", lambda *a, **kw: server.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
@@ -524,7 +524,7 @@ def test_page_cache_is_dropped_through_docker_or_refused_in_one_line():
     a fix, never skipped quietly."""
     from types import SimpleNamespace
 
-    from sparkcluster.up.stages import containers as cstage
+    from sparkcluster.up.stages import containers
 
     prof = profiles.load_profile("testbed").model_copy(update={"drop_page_cache": True})
     facts = {h: HostFacts(h, hostname=h) for h in (HEAD, WORKER)}
@@ -536,15 +536,15 @@ def test_page_cache_is_dropped_through_docker_or_refused_in_one_line():
     assert plan.image in drops[0].detail and "sudo" not in drops[0].detail
     ok = _Host(CommandResult(WORKER, "x", 0, "", "", 0.1))
     r = SimpleNamespace(plan=plan, cluster=SimpleNamespace(hosts={WORKER: ok}))
-    cstage.drop_page_cache(r, WORKER)
-    assert ok.cmds == [cstage.drop_caches_command(plan.image)]
+    containers.drop_page_cache(r, WORKER)
+    assert ok.cmds == [containers.drop_caches_command(plan.image)]
     denied = (
         "docker: permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock"
     )
     bad = _Host(CommandResult(WORKER, "x", 126, "", denied + "\n", 0.1))
     r.cluster.hosts = {WORKER: bad}
     with pytest.raises(StageError) as e:
-        cstage.drop_page_cache(r, WORKER)
+        containers.drop_page_cache(r, WORKER)
     f = e.value.failures[0]
     assert f.host == WORKER and "could not drop the page cache" in f.reason and "permission denied" in f.reason
     assert "\n" not in f.reason and "drop_page_cache = false" in f.fix
