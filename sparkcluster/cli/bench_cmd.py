@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sparkcluster import bench as B
+from sparkcluster import bench as bench_pkg  # `bench` is this module's command
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.config import profile as profiles
@@ -53,7 +53,7 @@ def results_table(rows: list[dict]) -> Table:
     return t
 
 
-def comparison_table(changes: list[B.Change], tolerance: float) -> Table:
+def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table:
     t = Table(
         box=None,
         pad_edge=False,
@@ -82,20 +82,20 @@ def comparison_table(changes: list[B.Change], tolerance: float) -> Table:
 @click.option(
     "--concurrency",
     "-c",
-    default=",".join(map(str, B.DEFAULT_CONCURRENCY)),
+    default=",".join(map(str, bench_pkg.DEFAULT_CONCURRENCY)),
     show_default=True,
     help="Comma-separated concurrency levels, one run of vllm bench serve each.",
 )
 @click.option(
     "--input-len",
-    default=B.DEFAULT_INPUT_LEN,
+    default=bench_pkg.DEFAULT_INPUT_LEN,
     show_default=True,
     type=int,
     help="Prompt tokens per request (random dataset).",
 )
 @click.option(
     "--output-len",
-    default=B.DEFAULT_OUTPUT_LEN,
+    default=bench_pkg.DEFAULT_OUTPUT_LEN,
     show_default=True,
     type=int,
     help="Generated tokens per request (EOS ignored, so exactly this many).",
@@ -104,7 +104,7 @@ def comparison_table(changes: list[B.Change], tolerance: float) -> Table:
     "--num-prompts",
     default=None,
     type=int,
-    help=f"Requests per level (default: 4 x concurrency, at least {B.MIN_PROMPTS}).",
+    help=f"Requests per level (default: 4 x concurrency, at least {bench_pkg.MIN_PROMPTS}).",
 )
 @click.option(
     "--tokenizer",
@@ -149,22 +149,22 @@ def bench(
 ) -> None:
     """Measure throughput and latency of the serving cluster with vLLM's own `vllm bench serve`."""
     # everything the user typed is checked before any connection is opened
-    levels = B.plan(B.parse_concurrency(concurrency), input_len, output_len, num_prompts)
+    levels = bench_pkg.plan(bench_pkg.parse_concurrency(concurrency), input_len, output_len, num_prompts)
     if tolerance < 0:
         raise InputError(f"--tolerance {tolerance:g}: must be 0 or more", "e.g. --tolerance 10")
     if tokenizer is not None:
-        B.arg_value("--tokenizer", tokenizer)
+        bench_pkg.arg_value("--tokenizer", tokenizer)
     inv = obj.inventory()
     wanted = profiles.load_profile(profile_name) if profile_name else None
-    root = B.runs_root(inv.cluster.name)
-    baseline_dir = B.resolve_run(compare_to, root) if compare_to else None
+    root = bench_pkg.runs_root(inv.cluster.name)
+    baseline_dir = bench_pkg.resolve_run(compare_to, root) if compare_to else None
     secrets = load_secrets(env_file, names=["VLLM_API_KEY"])
     err = Console(stderr=True, highlight=False)
 
     started = datetime.now(timezone.utc)
-    cluster = B.connect(inv)
+    cluster = bench_pkg.connect(inv)
     with cluster:
-        head = B.head_for(cluster, inv)
+        head = bench_pkg.head_for(cluster, inv)
         rec, info = head.serving()
         if wanted is not None and rec.profile != wanted.name:
             raise InputError(
@@ -173,13 +173,13 @@ def bench(
                 f"sparkcluster up --profile {wanted.name} --replace first",
             )
         prof = wanted or profiles.load_profile(rec.profile)
-        target = B.target_for(prof, inv.cluster.api_port, tokenizer)
+        target = bench_pkg.target_for(prof, inv.cluster.api_port, tokenizer)
         port = prof.serve.port or inv.cluster.api_port
-        B.check_endpoint(cluster.head.address, target, port, secrets)
+        bench_pkg.check_endpoint(cluster.head.address, target, port, secrets)
         image, image_id = head.image(info)
         vllm_version = head.vllm_version()
-        nodes = B.node_facts(cluster)
-        run_dir = B.new_run_dir(inv.cluster.name, out, started)
+        nodes = bench_pkg.node_facts(cluster)
+        run_dir = bench_pkg.new_run_dir(inv.cluster.name, out, started)
         err.print(
             f"measuring '{prof.name}' ({target.model}) on {inv.cluster.name}: "
             f"{len(levels)} level(s), {input_len} in / {output_len} out; results in {run_dir}"
@@ -195,30 +195,30 @@ def bench(
         )
         tasks: dict[str, int] = {}
 
-        def on_progress(level: B.Level, done: int, total: int) -> None:
+        def on_progress(level: bench_pkg.Level, done: int, total: int) -> None:
             if level.name not in tasks:
                 tasks[level.name] = bars.add_task(f"concurrency {level.concurrency}", total=total)
             bars.update(tasks[level.name], completed=done, total=total)
 
-        sweep = B.Sweep(run_dir)
+        sweep = bench_pkg.Sweep(run_dir)
         error = None
         with bars:
             try:
-                sweep = B.run_sweep(head, levels, target, secrets, run_dir, on_progress)
+                sweep = bench_pkg.run_sweep(head, levels, target, secrets, run_dir, on_progress)
             except SparkError as e:  # keep what was measured, then report the failure
                 error = e
                 sweep.rows = [
-                    B.row_from_result(json.loads((run_dir / f"{lv.name}.json").read_text()), lv)
+                    bench_pkg.row_from_result(json.loads((run_dir / f"{lv.name}.json").read_text()), lv)
                     for lv in levels
                     if (run_dir / f"{lv.name}.json").is_file()
                 ]
                 sweep.failed = e.message
 
     finished = datetime.now(timezone.utc)
-    B.write_csv(run_dir / "results.csv", sweep.rows)
-    B.write_json(
+    bench_pkg.write_csv(run_dir / "results.csv", sweep.rows)
+    bench_pkg.write_json(
         run_dir / "run.json",
-        B.run_record(
+        bench_pkg.run_record(
             cluster=inv.cluster.name,
             prof=prof,
             image=image,
@@ -233,17 +233,21 @@ def bench(
             failed=sweep.failed,
         ),
     )
-    chart_note = B.write_chart(run_dir / "chart.png", sweep.rows, f"{prof.name} on {inv.cluster.name}")
+    chart_note = bench_pkg.write_chart(run_dir / "chart.png", sweep.rows, f"{prof.name} on {inv.cluster.name}")
     chart = None if chart_note else run_dir / "chart.png"
 
     if baseline_dir is None:
-        baseline_dir = B.previous_run(root, prof.name, exclude=run_dir)
-    changes = B.compare(B.read_csv(baseline_dir / "results.csv"), sweep.rows, tolerance) if baseline_dir else []
+        baseline_dir = bench_pkg.previous_run(root, prof.name, exclude=run_dir)
+    changes = (
+        bench_pkg.compare(bench_pkg.read_csv(baseline_dir / "results.csv"), sweep.rows, tolerance)
+        if baseline_dir
+        else []
+    )
 
     summary = {
         "run_dir": str(run_dir),
         "profile": prof.name,
-        "profile_hash": B.profile_hash(prof),
+        "profile_hash": bench_pkg.profile_hash(prof),
         "vllm_version": vllm_version,
         "image_id": image_id,
         "rows": sweep.rows,
