@@ -12,7 +12,7 @@ from conftest import LINKS, cap, carrier_text, hca_text, inventory_dict, link_ip
 from sparkcluster import facts
 from sparkcluster.errors import StageError
 from sparkcluster.facts import parsers, probes
-from sparkcluster.remote.ssh import CommandResult as Result
+from sparkcluster.remote.ssh import CommandResult
 
 H, W = "spark-head", "spark-worker"
 
@@ -289,7 +289,7 @@ class FakeHost:
 
     def run(self, cmd, timeout=30.0, stdin=None, warn=False):
         self.ran.append(cmd)
-        return Result(self.name, "script", -1 if self.timed_out else 0, self.stdout, "", 0.1, self.timed_out)
+        return CommandResult(self.name, "script", -1 if self.timed_out else 0, self.stdout, "", 0.1, self.timed_out)
 
 
 def test_gather_path_mtu_from_captured_pings():

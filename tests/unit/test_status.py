@@ -8,7 +8,7 @@ import json
 from conftest import make_inventory
 
 from sparkcluster.day2.endpoint import EngineView
-from sparkcluster.day2.ray_members import parse_state_api as parse_ray_nodes
+from sparkcluster.day2.ray_members import parse_state_api
 from sparkcluster.day2.status import NodeStatus, judge, node_script
 
 HEAD_IP, WORKER_IP = "198.19.2.1", "198.19.2.2"
@@ -79,11 +79,11 @@ def verdict(nodes, rows, health=200, models=("testbed-tiny",), pid=4242, respond
     return judge(make_inventory(), nodes, rows, ENDPOINT, engine, pid)
 
 
-# ---- parse_ray_nodes ----------------------------------------------------------------------------
+# ---- parse_state_api ----------------------------------------------------------------------------
 
 
 def test_parse_ray_nodes_realistic_document():
-    rows = parse_ray_nodes(ray_doc([ray_row(HEAD_IP, True), ray_row(WORKER_IP, False)]))
+    rows = parse_state_api(ray_doc([ray_row(HEAD_IP, True), ray_row(WORKER_IP, False)]))
     assert [(r["node_ip"], r["is_head_node"], r["state"]) for r in rows] == [
         (HEAD_IP, True, "ALIVE"),
         (WORKER_IP, False, "ALIVE"),
@@ -92,9 +92,9 @@ def test_parse_ray_nodes_realistic_document():
 
 
 def test_parse_ray_nodes_bad_input():
-    assert parse_ray_nodes("") == []
-    assert parse_ray_nodes("curl: (7) Failed to connect to 127.0.0.1 port 8265") == []
-    assert parse_ray_nodes(json.dumps({"result": False, "msg": "boom", "data": {}})) == []
+    assert parse_state_api("") == []
+    assert parse_state_api("curl: (7) Failed to connect to 127.0.0.1 port 8265") == []
+    assert parse_state_api(json.dumps({"result": False, "msg": "boom", "data": {}})) == []
 
 
 def test_parse_ray_nodes_other_json_is_no_rows():
@@ -109,12 +109,12 @@ def test_parse_ray_nodes_other_json_is_no_rows():
         '{"data": {"result": {"result": null}}}',
         '{"data": []}',
     ):
-        assert parse_ray_nodes(text) == [], text
+        assert parse_state_api(text) == [], text
 
 
 def test_parse_ray_nodes_list_result_and_junk_rows():
     doc = json.dumps({"data": {"result": [ray_row(HEAD_IP, True), "junk", 3]}})
-    assert [r["node_ip"] for r in parse_ray_nodes(doc)] == [HEAD_IP]
+    assert [r["node_ip"] for r in parse_state_api(doc)] == [HEAD_IP]
 
 
 # ---- judge --------------------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def test_parse_ray_nodes_list_result_and_junk_rows():
 
 def test_healthy():
     nodes, rows = healthy_inputs()
-    st = verdict(nodes, parse_ray_nodes(ray_doc(rows)))
+    st = verdict(nodes, parse_state_api(ray_doc(rows)))
     assert st.state == "healthy", st.problems
     assert st.problems == []
     assert st.ray_nodes == 2 and st.ray_gpus == 2.0
