@@ -67,11 +67,11 @@ def run_sweep(
 ) -> Sweep:
     """Each level in turn; its raw JSON lands in the run folder as soon as it is measured, so an
     interruption or a failed level keeps every level before it."""
-    import secrets as _random
+    from secrets import token_hex  # the standard library's; a parameter here is called secrets
 
     sweep = Sweep(run_dir)
     # the folder in the container is this run's alone, whatever --out is called
-    rid = f"{run_id()}-{_random.token_hex(3)}"
+    rid = f"{run_id()}-{token_hex(3)}"
     try:
         for level in levels:
             res = head.run_level(level, target, secrets, rid, on_progress=on_progress)

@@ -114,10 +114,10 @@ def start(
     The secrets go first, into a 0600 file the supervisor reads at each start (a reboot brings the
     server back without the controller); then the desired state, written aside and renamed, so the
     supervisor never reads half of it."""
-    import secrets as _random
+    from secrets import token_hex  # the standard library's; a parameter here is called secrets
 
     env = {k: v for k, v in secrets.items() if k in spec.secret_names}
-    salt, generation = _random.token_hex(8), _random.token_hex(8)
+    salt, generation = token_hex(8), token_hex(8)
     desired = {
         "generation": generation,
         "argv": spec.argv,
