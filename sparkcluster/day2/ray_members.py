@@ -7,10 +7,7 @@ from dataclasses import dataclass
 
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.node import readings
-
-# Ray's state API (what `ray list nodes` reads), served by the dashboard on the head's loopback.
-# One HTTP request from the head host: far cheaper than starting a Ray driver to ask.
-STATE_API_URL = "http://127.0.0.1:8265/api/v0/nodes?limit=100"
+from sparkcluster.node.contract import STATE_API_URL
 
 
 def state_api_command() -> str:

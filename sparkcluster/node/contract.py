@@ -22,6 +22,10 @@ NCCL_LOG_ENV = {
     "NCCL_DEBUG_FILE": f"{NCCL_LOG_DIR}/nccl.%h.%p.log",
 }
 JOURNAL_KEEP = 2000  # lines kept when the journal is trimmed
+# Ray's state API (what `ray list nodes` reads), served by the dashboard on the head's loopback: the
+# agent reads it from inside the head container, the controller from the head host (day2/ray_members).
+# One HTTP request: far cheaper than starting a Ray driver to ask.
+STATE_API_URL = "http://127.0.0.1:8265/api/v0/nodes?limit=100"
 
 # supervisor states (status shows them verbatim)
 IDLE, WAITING, STARTING, SERVING, RESTARTING = "idle", "waiting for nodes", "starting", "serving", "restarting"

@@ -17,7 +17,6 @@ from typing import Callable
 from sparkcluster import node
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.inventory import Inventory, Node
-from sparkcluster.day2 import ray_members
 from sparkcluster.labels import (
     CLUSTER_LABEL,
     CONFIG_LABEL,
@@ -246,7 +245,7 @@ def agent_config(inv: Inventory, node: Node, ray: bool = True, executor: str = "
         "ray_argv": ray_start_argv(inv, node) if ray else [],
         "report_ip": str(node.control_ip),
         "report_port": inv.cluster.agent_port,
-        "state_api": ray_members.STATE_API_URL,
+        "state_api": contract.STATE_API_URL,
         "nodes": [{"name": n.name, "ip": str(n.control_ip), "gpus": n.gpus} for n in inv.nodes],
         "peers": [{"name": n.name, "ip": str(n.control_ip)} for n in inv.nodes if n.name != node.name],
     }
