@@ -8,9 +8,9 @@ from sparkcluster import checks, facts
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
+from sparkcluster.container.spec import required_flags
 from sparkcluster.facts import ray_seen
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
-from sparkcluster.up import container_spec
 
 
 def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect:
@@ -26,7 +26,7 @@ def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect
         model_disk_bytes=int(prof.model_disk_gb * checks.GiB),
         vllm_version=prof.image.vllm_version,
         min_driver=prof.min_driver,
-        container_flags=container_spec.required_flags(prof.ulimit_stack),
+        container_flags=required_flags(prof.ulimit_stack),
         executor=prof.executor if len(inv.nodes) > 1 else "ray",
     )
 

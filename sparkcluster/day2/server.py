@@ -16,12 +16,12 @@ import docker.errors
 import httpx
 
 from sparkcluster import log, redact
+from sparkcluster.container.spec import files_tar
 from sparkcluster.day2.endpoint import headers, health, one_token
 from sparkcluster.errors import SparkError
 from sparkcluster.node import contract
 from sparkcluster.remote import retry
 from sparkcluster.remote.dockerapi import run_in
-from sparkcluster.up.container_spec import files_tar
 
 LOG_PATH = contract.SERVE_LOG
 RECORD_PATH = contract.RECORD_PATH

@@ -3,7 +3,7 @@ with exactly the environment, devices and flags the serving ranks get.
 
 The serving containers are used when they run and no server does (a server would compete for the
 links and the GPUs, and its figures would not be the fabric's); when a node has none, a throwaway
-container is made from the same specification (`up/container_spec.spec_for`) with a sleep as its
+container is made from the same specification (`up/spec_for`) with a sleep as its
 foreground process, and removed afterwards, whatever happened. Each rank is a `docker exec` of the
 standard-library-plus-torch probe (`node/fabric_probe.py`), started on every node at once; its
 output (NCCL's INFO log and the probe's result lines) comes back as a value per rank.
@@ -17,15 +17,16 @@ from pathlib import Path
 
 import docker
 
-from sparkcluster import log, node as node_pkg
+from sparkcluster import log
+from sparkcluster import node as node_pkg
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.inventory import Inventory
+from sparkcluster.container.spec import ContainerSpec, files_tar, spec_for
 from sparkcluster.day2 import server
 from sparkcluster.errors import SparkError
 from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
 from sparkcluster.remote.dockerapi import run_in
 from sparkcluster.remote.fanout import ConnectedHosts, run_each
-from sparkcluster.up import container_spec
 
 _log = log.get(__name__)
 
@@ -87,10 +88,10 @@ def _serving_container(api, cluster_name: str, role: str) -> str | None:
     return None
 
 
-def throwaway_spec(inv: Inventory, prof: profiles.Profile, node, image: str) -> container_spec.ContainerSpec:
+def throwaway_spec(inv: Inventory, prof: profiles.Profile, node, image: str) -> ContainerSpec:
     """The node's serving container as `up` would make it, renamed, with a sleep for its process."""
-    spec = container_spec.spec_for(inv, prof, node, image)
-    return container_spec.ContainerSpec(
+    spec = spec_for(inv, prof, node, image)
+    return ContainerSpec(
         node=spec.node,
         role=spec.role,
         name=f"{spec.name}-fabric",
@@ -105,7 +106,7 @@ def throwaway_spec(inv: Inventory, prof: profiles.Profile, node, image: str) -> 
     )
 
 
-def _create_throwaway(api, spec: container_spec.ContainerSpec, created) -> str:
+def _create_throwaway(api, spec: ContainerSpec, created) -> str:
     host_config = {**spec.host_config_kwargs(), "restart_policy": None, "init": True}
     hc = api.create_host_config(**host_config)
     kwargs = {**spec.create_kwargs(), "command": ["sleep", "infinity"]}  # the spec's labels mark it a throwaway
@@ -145,7 +146,7 @@ def place(
 
             cid = _create_throwaway(api, throwaway_spec(inv, prof, n, image), remember)
             throwaway = True
-        api.put_archive(cid, "/", container_spec.files_tar({PROBE_PATH: probe_source()}))
+        api.put_archive(cid, "/", files_tar({PROBE_PATH: probe_source()}))
         devs = run_in(api, cid, ["sh", "-c", "ls /dev/infiniband 2>/dev/null"], warn=True)
         return Placement(n.name, cid, throwaway, "uverbs" in devs.stdout)
 

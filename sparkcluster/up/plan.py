@@ -15,14 +15,14 @@ from urllib.parse import urlsplit
 
 from sparkcluster import redact
 from sparkcluster.config import profile as profiles
-from sparkcluster.config.flags import supervised_argv, rank_args
+from sparkcluster.config.flags import rank_args, supervised_argv
 from sparkcluster.config.images import RAY_VERSION, image_ref
 from sparkcluster.config.inventory import Inventory
+from sparkcluster.container.spec import ContainerSpec, node_rank, spec_for
 from sparkcluster.day2 import server
 from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
-from sparkcluster.up.container_spec import ContainerSpec, node_rank, spec_for
 from sparkcluster.up.stages import STAGES
 from sparkcluster.up.stages.base import Step
 

@@ -15,9 +15,9 @@ import pytest
 from conftest import inventory_dict, make_inventory
 
 from sparkcluster.config import inventory, profile
+from sparkcluster.container.spec import AGENT_FILES, create_and_start, files_tar, ray_start_argv, spec_for
 from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, PROFILE_LABEL, ROLE_LABEL
 from sparkcluster.node import contract
-from sparkcluster.up.container_spec import AGENT_FILES, create_and_start, files_tar, ray_start_argv, spec_for
 
 DATA = Path(__file__).parent / "data"
 IMAGE = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.60.0"

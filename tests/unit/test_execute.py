@@ -354,9 +354,9 @@ class FakeHost:
 
 def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     from sparkcluster.config.images import image_ref
+    from sparkcluster.container.spec import spec_for
     from sparkcluster.day2 import server
     from sparkcluster.remote.fanout import ConnectedHosts
-    from sparkcluster.up.container_spec import spec_for
 
     inv, prof = make_inventory(), profiles.load_profile("testbed")
     specs = {n.name: spec_for(inv, prof, n, image_ref(inv, prof)) for n in inv.nodes}
@@ -449,8 +449,8 @@ class TrackingEngine(FakeEngine):
 
 def fake_cluster(inv, prof, env_of):
     from sparkcluster.config.images import image_ref
+    from sparkcluster.container.spec import spec_for
     from sparkcluster.remote.fanout import ConnectedHosts
-    from sparkcluster.up.container_spec import spec_for
 
     specs = {n.name: spec_for(inv, prof, n, image_ref(inv, prof)) for n in inv.nodes}
     labels = {s.name: s.labels for s in specs.values()}

@@ -15,10 +15,10 @@ from sparkcluster.checks.preflight import expectations
 from sparkcluster.config import flags, lint
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
+from sparkcluster.container.spec import agent_config, spec_for, uses_ray
 from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
 from sparkcluster.node import ranks
-from sparkcluster.up.container_spec import agent_config, spec_for, uses_ray
 from sparkcluster.up.plan import make_plan
 
 HEAD, WORKER = "spark-head", "spark-worker"

@@ -18,12 +18,12 @@ from conftest import inventory_dict, make_inventory
 from sparkcluster import redact
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import RAY_VERSION, image_ref
+from sparkcluster.container.spec import files_tar, spec_for
 from sparkcluster.day2 import endpoint, server
 from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
 from sparkcluster.node import contract
-from sparkcluster.up.container_spec import files_tar, spec_for
 from sparkcluster.up.plan import Plan, make_plan
 from sparkcluster.up.stages import STAGES
 

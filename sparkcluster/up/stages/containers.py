@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import docker.errors
 
+from sparkcluster.container.spec import ContainerSpec, create_and_start
 from sparkcluster.day2 import teardown
 from sparkcluster.errors import EngineUnreachable
 from sparkcluster.labels import ROLE_LABEL
-from sparkcluster.up.container_spec import ContainerSpec, create_and_start
 from sparkcluster.up.stages import ray
 from sparkcluster.up.stages.base import Step, fail
 

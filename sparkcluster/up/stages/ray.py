@@ -9,10 +9,10 @@ import time
 from typing import TYPE_CHECKING
 
 from sparkcluster import redact
+from sparkcluster.container.spec import ContainerSpec
 from sparkcluster.day2 import ray_members
 from sparkcluster.errors import StageError
 from sparkcluster.remote import retry
-from sparkcluster.up.container_spec import ContainerSpec
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
