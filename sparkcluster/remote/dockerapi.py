@@ -19,6 +19,7 @@ from requests.adapters import HTTPAdapter
 
 from sparkcluster import redact
 from sparkcluster.errors import CommandFailed, EngineUnreachable
+from sparkcluster.remote.result import CommandResult
 
 # What "the engine did not answer" looks like from the SDK over our SSH channel. Anything the
 # engine itself answers (docker.errors.NotFound for absent, APIError otherwise) passes through.
@@ -99,8 +100,6 @@ def run_in(api, container: str, argv: list[str], *, warn: bool = False, environm
     non-zero exit raises `CommandFailed` naming the node, the container and the command, unless the
     caller passes `warn=True` and judges the result itself. An engine that does not answer raises
     `EngineUnreachable` (GuardedAPI). Returns a CommandResult (stdout and stderr in stdout)."""
-    from sparkcluster.remote.ssh import CommandResult  # ssh imports this module when it opens Docker
-
     started = time.monotonic()
     ex = api.exec_create(container, argv, environment=environment)
     out = api.exec_start(ex["Id"]).decode(errors="replace")

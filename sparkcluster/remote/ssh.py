@@ -29,28 +29,10 @@ from sparkcluster import log, redact
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.errors import AuthError, CommandFailed, ConnectError, HostKeyError
 from sparkcluster.remote import retry
+from sparkcluster.remote.result import CommandResult
 from sparkcluster.remote.target import SshConnection, load_config, parse_target
 
 _log = log.get(__name__)
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    host: str
-    command: str  # as run, with secrets masked
-    exit_code: int
-    stdout: str
-    stderr: str
-    duration: float
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
-
-    def tail(self, lines: int = 10) -> str:
-        text = (self.stderr.strip() + "\n" + self.stdout.strip()).strip() if self.stderr.strip() else self.stdout
-        return redact.mask("\n".join(text.splitlines()[-lines:]))
 
 
 def command_line(cmd: str | Sequence[str]) -> str:
@@ -220,6 +202,8 @@ class Host:
     def docker(self):
         """A docker SDK client over this host's SSH connection (created once)."""
         if self._docker is None:
+            # imported here for start-up speed: the docker SDK (and requests) loads only when a command
+            # talks to an engine; dockerapi never imports this module
             from sparkcluster.remote.dockerapi import client_over
 
             self._docker = client_over(self._conn.client, self.name)
