@@ -20,7 +20,7 @@ from sparkcluster.errors import CommandFailed, EngineUnreachable, StageError
 from sparkcluster.facts import HostFacts
 from sparkcluster.remote import dockerapi
 from sparkcluster.remote.fanout import run_each
-from sparkcluster.remote.ssh import CommandResult
+from sparkcluster.remote.result import CommandResult
 from sparkcluster.up import execute
 from sparkcluster.up.plan import make_plan
 from sparkcluster.up.stages import STAGES

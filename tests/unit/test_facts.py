@@ -12,7 +12,7 @@ from conftest import LINKS, cap, carrier_text, hca_text, inventory_dict, link_ip
 from sparkcluster import facts
 from sparkcluster.errors import StageError
 from sparkcluster.facts import parsers, probes
-from sparkcluster.remote.ssh import CommandResult
+from sparkcluster.remote.result import CommandResult
 
 H, W = "spark-head", "spark-worker"
 

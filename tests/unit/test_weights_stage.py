@@ -16,7 +16,7 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.errors import InputError, StageError
 from sparkcluster.facts import HostFacts
 from sparkcluster.movement import hfcache
-from sparkcluster.remote.ssh import CommandResult
+from sparkcluster.remote.result import CommandResult
 from sparkcluster.up.execute import StageProgress
 from sparkcluster.up.plan import make_plan
 from sparkcluster.up.stages import weights
