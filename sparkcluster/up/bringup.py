@@ -24,7 +24,7 @@ from sparkcluster.errors import InputError, SparkError, StageError, StepFailure
 from sparkcluster.labels import ROLE_LABEL
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 from sparkcluster.remote.lock import NodeLocks
-from sparkcluster.up.execute import StageProgress, UpRun, execute, record_preflight
+from sparkcluster.up.execute import StageProgress, UpRun, execute, record_before_plan
 from sparkcluster.up.plan import Plan, make_plan
 from sparkcluster.up.stages import gate
 from sparkcluster.up.stages.containers import Created
@@ -172,7 +172,7 @@ def _run_locked(
     progress.done("preflight", time.monotonic() - t0, f"{len(report.results)} checks")
     if dry_run:
         return plan
-    record_preflight(plan)
+    record_before_plan(plan)
     for note in plan.notes:
         progress.info(note)
     if plan.unchanged:

@@ -26,8 +26,6 @@ _log = log.get(__name__)
 _steps_log = log.get(log.STEPS_LOGGER)
 SKIPPED = object()
 T = TypeVar("T")
-# the image stage is reported even when it has nothing to do: "in place on every node" is news
-ALWAYS_REPORTED = {"image"}
 
 
 class StageProgress:
@@ -52,7 +50,7 @@ class UpRun:
     secrets: dict[str, str]
     progress: StageProgress
     seconds: dict[str, float] = field(default_factory=dict)
-    stage: str = "image"
+    stage: str = ""  # the stage being walked
     owned: dict[type, Any] = field(default_factory=dict, repr=False)  # each stage's state, by its type
     reach: dict[str, Any] = field(default_factory=dict, repr=False)  # every connected host, by name (replace)
 
@@ -81,11 +79,11 @@ def event(step: Step, outcome: str, seconds: float | None = None) -> None:
     _steps_log.info("step", **fields)
 
 
-def record_preflight(plan: Plan) -> None:
-    """Preflight ran before the plan could exist (the plan is made from its facts): its steps are
-    reported done as soon as there is a plan to report them against."""
+def record_before_plan(plan: Plan) -> None:
+    """A stage that ran before the plan could exist (preflight: the plan is made from its facts) has
+    its steps reported done as soon as there is a plan to report them against."""
     for s in plan.steps():
-        if s.stage == "preflight":
+        if STAGES[s.stage].before_plan:
             event(s, "done")
 
 
@@ -149,14 +147,16 @@ def walk(r: UpRun, steps: list[Step]) -> list[tuple[Step, Any]]:
 
 
 def execute(r: UpRun) -> None:
-    """Every stage after preflight, in order; each prints its duration and what it did."""
-    for stage in list(STAGES)[1:]:
-        steps = [s for s in r.plan.steps() if s.stage == stage]
-        if not steps and stage not in ALWAYS_REPORTED:
+    """Every stage that runs on the plan, in order; each prints its duration and what it did."""
+    for stage in STAGES.values():
+        if stage.before_plan:
             continue
-        r.stage = stage
-        r.progress.stage(stage)
+        steps = [s for s in r.plan.steps() if s.stage == stage.name]
+        if not steps and not stage.always_reported:
+            continue
+        r.stage = stage.name
+        r.progress.stage(stage.name)
         t = time.monotonic()
         done = walk(r, steps)
-        r.seconds[stage] = time.monotonic() - t
-        r.progress.done(stage, r.seconds[stage], STAGES[stage].summary(done))
+        r.seconds[stage.name] = time.monotonic() - t
+        r.progress.done(stage.name, r.seconds[stage.name], stage.summary(done))

@@ -24,7 +24,7 @@ from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
 from sparkcluster.up.stages import STAGES
-from sparkcluster.up.stages.base import Step
+from sparkcluster.up.stages.base import Stage, Step
 
 
 @dataclass
@@ -169,7 +169,8 @@ def make_plan(
     )
     if keep and serving and not common["away"]:
         plan = Plan(inv, prof, image, specs[head].name, None, [], {}, [], None, unchanged=True, **common)
-        return _with_steps(plan, ["preflight"])
+        # nothing to do: the plan holds only the steps that ran before it
+        return _with_steps(plan, [s for s in STAGES.values() if s.before_plan])
     remove = {} if keep else {n: [c.get("Name", "").lstrip("/") for c in cs] for n, cs in current.items() if cs}
     to_create = [] if keep else [specs[inv.head.name], *[specs[w.name] for w in inv.workers]]
     sv = server.ServeSpec(
@@ -194,7 +195,7 @@ def make_plan(
         ),
     )
     return _with_steps(
-        Plan(inv, prof, image, specs[head].name, build, send_to, remove, to_create, sv, **common), STAGES
+        Plan(inv, prof, image, specs[head].name, build, send_to, remove, to_create, sv, **common), STAGES.values()
     )
 
 
@@ -205,8 +206,7 @@ def _rank(inv: Inventory, prof: profiles.Profile, node: str) -> list[str]:
     return rank_args(len(inv.nodes), node_rank(inv, node), str(inv.head.control_ip), inv.cluster.master_port)
 
 
-def _with_steps(plan: Plan, stages: Iterable[str]) -> Plan:
+def _with_steps(plan: Plan, stages: Iterable[Stage]) -> Plan:
     for stage in stages:
-        mod = STAGES[stage]
-        plan._steps += mod.steps(plan.inventory) if stage == "preflight" else mod.steps(plan)
+        plan._steps += stage.steps(plan)
     return plan

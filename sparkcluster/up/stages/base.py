@@ -1,10 +1,15 @@
-"""A step: the unit of both the plan and its execution.
+"""A step, the unit of both the plan and its execution, and a stage, what every stage of `up` is.
 
 A step is data (a stable id `stage/host/action`, the host, what a person reads, the command or API
 call it amounts to) plus the function that performs it. `make_plan` builds the list once; `--dry-run`
 prints it, and the executor walks that same list, so what runs is what was printed. A step that
 depends on what an earlier step did says in the plan what it will check (`when`), and its `skip`
 function checks exactly that.
+
+A stage is declared once, as a `Stage`: its name, its steps (what the plan prints and the executor
+runs), a summary of what they did, and the state they leave for later stages and the rollback (a
+type of its own per stage, kept in the run by `UpRun.put`). The registry (`up/stages/__init__`)
+lists every stage as one; the plan and the executor read these fields and name no stage.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from sparkcluster.errors import StageError, StepFailure
 
 if TYPE_CHECKING:
     from sparkcluster.up.execute import UpRun
+    from sparkcluster.up.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -51,3 +57,23 @@ def fail(
 ) -> StageError:
     """A stage failure naming the host, the step, the command and its last lines."""
     return StageError(stage, [StepFailure(host, step, reason, command, tail, fix)], fix)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """The contract every stage of `up` keeps.
+
+    `steps(plan)` is pure over the plan (no host touched): what `--dry-run` prints and the executor
+    walks. `summary(done)` says in one line what the steps that ran did, from their return values.
+    `leaves` names the types of the state its steps put in the run for later stages and the rollback
+    (none when it leaves nothing). A stage whose steps run before the plan can exist
+    (`before_plan`: preflight, whose facts the plan is made from) is reported done once there is a
+    plan, never walked. A stage with nothing to do is left out of the progress unless
+    `always_reported` (its "nothing to do" is news)."""
+
+    name: str
+    steps: Callable[["Plan"], list[Step]]
+    summary: Callable[[list[tuple[Step, Any]]], str]
+    leaves: tuple[type, ...] = ()
+    before_plan: bool = False
+    always_reported: bool = False

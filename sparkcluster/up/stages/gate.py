@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from sparkcluster.config.inventory import Inventory
     from sparkcluster.config.profile import Profile
     from sparkcluster.remote.fanout import ConnectedHosts
+    from sparkcluster.up.plan import Plan
 
 STAGE = "preflight"
 # checks that `up` itself repairs, so they do not block it: the image stage builds and sends the
@@ -21,11 +22,15 @@ STAGE = "preflight"
 REPAIRED_BY_UP = {"image.same", "image.ray", "containers.forwarded_env", "containers.per_host_env", "containers.flags"}
 
 
-def steps(inv: "Inventory") -> list[Step]:
+def steps(plan: "Plan") -> list[Step]:
     return [
         Step(STAGE, n.name, "facts", "facts and checks", "one read-only probe script, then path-MTU pings")
-        for n in inv.nodes
+        for n in plan.inventory.nodes
     ]
+
+
+def summary(done: list[tuple[Step, object]]) -> str:
+    return f"facts and checks on {len(done)} nodes"
 
 
 def check(cluster: "ConnectedHosts", inv: "Inventory", prof: "Profile") -> preflight.PreflightReport:

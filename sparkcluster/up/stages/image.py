@@ -47,10 +47,6 @@ def steps(plan: "Plan") -> list[Step]:
                 run=build,
             )
         )
-    if len(plan.send_to) > 1:  # one docker save feeds a chain through the workers (issue 27)
-        from sparkcluster.up.stages import image_chain
-
-        out += image_chain.steps(plan)
     for w in plan.send_to if len(plan.send_to) == 1 else ():
         node = inv.node(w)
         # after a build the head's new ID is known only at run time: the worker may already hold it

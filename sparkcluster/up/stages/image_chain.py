@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from sparkcluster import log
 from sparkcluster.errors import StageError
 from sparkcluster.movement import chain, layers, transfer
-from sparkcluster.up.stages import image as img
+from sparkcluster.up.stages import image
 from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
@@ -26,11 +26,14 @@ if TYPE_CHECKING:
     from sparkcluster.up.plan import Plan
 
 _log = log.get(__name__)
-STAGE = img.STAGE
+STAGE = image.STAGE
 
 
 def steps(plan: "Plan") -> list[Step]:
-    """One "receive" step per worker of plan.send_to, in chain order."""
+    """One "receive" step per worker of plan.send_to, in chain order, when there are several (one
+    worker gets the image from `image.send`)."""
+    if len(plan.send_to) < 2:  # one docker save feeds a chain through the workers (issue 27)
+        return []
     inv, head = plan.inventory, plan.inventory.head.name
     hops = chain.plan(inv, plan.facts, plan.send_to)
     when = "the head's image ID, read after the build, differs from this node's" if plan.build is not None else ""
@@ -52,7 +55,7 @@ def steps(plan: "Plan") -> list[Step]:
                 "address only; image ID verified after)",
                 run=lambda r, w=h.dst: receive(r, w),
                 when=when,
-                skip=(lambda r, w=h.dst: img._same_image(r, w)) if when else None,
+                skip=(lambda r, w=h.dst: image._same_image(r, w)) if when else None,
             )
         )
     return out
@@ -65,7 +68,7 @@ def planned_layers(plan: "Plan", workers: list[str]) -> str:
     if hf is None or any(f is None for f in wfs):
         return "layers: unknown (no facts)"
     if plan.build is None and hf.image_layers is not None:
-        d = layers.shared_delta(hf.image_layers, [(f.layer_chains, img._elides(f)) for f in wfs])
+        d = layers.shared_delta(hf.image_layers, [(f.layer_chains, image._elides(f)) for f in wfs])
         return layers.describe(d, "each").replace("(it holds", "(they hold").replace("; it holds", "; they hold")
     return "the whole image, or the layers the build adds (known only after it)"
 
@@ -81,9 +84,9 @@ def receive(r: "UpRun", worker: str) -> str:
     done = r.find(Chained) or r.put(Chained(distribute(r)))
     note = done.notes.get(worker)
     if note is None:  # not in the chain run (it held the image then): nothing of ours moved to it
-        return img.send(r, worker)
-    got = img.image_id(r.cluster.hosts[worker], r.plan.image)
-    head_id = img.head_image(r)["Id"]
+        return image.send(r, worker)
+    got = image.image_id(r.cluster.hosts[worker], r.plan.image)
+    head_id = image.head_image(r)["Id"]
     if got != head_id:
         raise fail(
             STAGE,
@@ -96,16 +99,16 @@ def receive(r: "UpRun", worker: str) -> str:
 
 def distribute(r: "UpRun") -> dict[str, str]:
     """Moves the image to every worker of the plan that lacks it now; returns a note per worker."""
-    info = img.head_image(r)
+    info = image.head_image(r)
     need = [w for w in r.plan.send_to if r.facts[w].image_id != info["Id"]]
     if len(need) < 2:
-        return {w: img.send(r, w) for w in need}
+        return {w: image.send(r, w) for w in need}
     hops = chain.plan(r.inv, r.facts, need)
     wfs = [r.facts[h.dst] for h in hops]
-    d = layers.shared_delta(img.head_layers(r), [(f.layer_chains, img._elides(f)) for f in wfs])
+    d = layers.shared_delta(image.head_layers(r), [(f.layer_chains, image._elides(f)) for f in wfs])
     size, image_layers = info.get("Size", 0), (info.get("RootFS") or {}).get("Layers") or []
     for h in hops:
-        img.check_disk(r, h.dst, d, size, image_layers)
+        image.check_disk(r, h.dst, d, size, image_layers)
     try:
         sent, secs = _stream(r, hops, d, d.move_bytes if d.elide and d.move_bytes else size)
     except StageError as e:

@@ -13,8 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sparkcluster.movement import chain, transfer
-from sparkcluster.movement import hfcache
+from sparkcluster.movement import chain, hfcache, transfer
 from sparkcluster.up.stages.base import fail
 from sparkcluster.up.stages.image_chain import culprit
 
