@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sparkcluster import log, redact
+from sparkcluster import __version__, log, redact
 from sparkcluster.bench.sweep import Level, Target
 from sparkcluster.errors import InputError, SparkError
 
@@ -217,8 +217,6 @@ def run_record(
     interrupted: bool,
     failed: str = "",
 ) -> dict:
-    from sparkcluster import __version__
-
     return {
         "cluster": cluster,
         "profile": prof.name,

@@ -32,6 +32,7 @@ from sparkcluster.bench.sweep import (
 )
 from sparkcluster.day2 import endpoint
 from sparkcluster.errors import InputError, SparkError
+from sparkcluster.labels import container_name
 
 _log = log.get("sparkcluster.bench")  # the logger name of the single module this was
 
@@ -132,7 +133,7 @@ class Head:
         """(server.Record, container inspect) of the running server, or raise 'no cluster serving'."""
         import docker
 
-        from sparkcluster.day2 import server
+        from sparkcluster.day2 import server  # for start-up speed: it loads the Docker SDK
 
         fix = "start it with: sparkcluster up --profile NAME"
         try:
@@ -280,6 +281,7 @@ def node_facts(cluster) -> dict[str, dict]:
 
 def connect(inv):
     """The cluster's hosts (fanout.ConnectedHosts); the head must answer, a worker may not."""
+    # for start-up speed: paramiko loads only when a benchmark connects (`bench --compare` reads files)
     from sparkcluster.remote.fanout import ConnectedHosts, connect_all
 
     res = connect_all(inv)
@@ -291,8 +293,6 @@ def connect(inv):
 
 
 def head_for(cluster, inv) -> Head:
-    from sparkcluster.labels import container_name
-
     return Head(cluster.hosts[inv.head.name], container_name(inv.cluster.name, "head", inv.head.name))
 
 

@@ -9,6 +9,7 @@ from sparkcluster.bench.results import decode_tok_s, row_from_result, run_id
 from sparkcluster.bench.runner import Head, Interrupted
 from sparkcluster.bench.sweep import Level, Target, target_for
 from sparkcluster.errors import SparkError
+from sparkcluster.labels import container_name
 
 _log = log.get("sparkcluster.bench")  # the logger name of the single module this was
 
@@ -51,8 +52,6 @@ def smoke(
 
 def smoke_after_up(host, inv, prof, secrets: dict[str, str]) -> tuple[float | None, float | None, str]:
     """`up --smoke` in one call: host is the connected head (ssh.Host) `up` already holds."""
-    from sparkcluster.labels import container_name
-
     head = Head(host, container_name(inv.cluster.name, "head", inv.head.name))
     return smoke(head, target_for(prof, inv.cluster.api_port), secrets, prof.expected_decode_tok_s)
 

@@ -36,8 +36,8 @@ def doctor(obj, profile_name: str | None, as_json: bool, fabric: bool) -> None:
         rep, cluster = preflight.run(inv, prof)
     try:
         if fabric:
-            from sparkcluster.config.images import image_ref
-            from sparkcluster.fabric import measure
+            from sparkcluster.config.images import image_ref  # only `doctor --fabric` needs these two
+            from sparkcluster.fabric import measure  # (the fabric test loads the Docker SDK)
 
             blocked = measure.preconditions(inv, prof, rep)
             if blocked is not None:

@@ -32,7 +32,7 @@ class Invocation:
 
     def inventory(self) -> inventory.Inventory:
         if self._inventory is None:
-            from sparkcluster.config import inventory
+            from sparkcluster.config import inventory  # for start-up speed: pydantic loads when asked for
 
             self._inventory = inventory.load(self.inventory_path)
         return self._inventory
@@ -95,7 +95,7 @@ class _LazyGroup(click.Group):
 @click.pass_context
 def cli(ctx: click.Context, inventory_path: Path | None, log_format: str, verbose: int) -> None:
     """Bring two DGX Sparks from bare to serving a model with tensor parallelism."""
-    from sparkcluster import log
+    from sparkcluster import log  # for start-up speed: structlog loads only once a command runs
 
     level = {0: "warning", 1: "info"}.get(verbose, "debug")
     log.configure(level=level, fmt=log_format)
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         e.show()
         return EXIT_USAGE if e.exit_code == 2 else e.exit_code
     except Exception:  # a bug: the user gets one line, the log gets the traceback
-        from sparkcluster import log
+        from sparkcluster import log  # for start-up speed: structlog loads only when needed
 
         path = log.debug_log_path()
         try:

@@ -140,14 +140,14 @@ def up(
         f'-d \'{{"model": "{result.model}", "messages": [{{"role": "user", "content": "Hello"}}]}}\''
     )
     if smoke:
-        from sparkcluster.day2.deployments import target
+        from sparkcluster.day2.deployments import target  # only `up --smoke` needs it
 
         _smoke(target(inv, prof, node), prof, secrets, err)
 
 
 def _smoke(inv, prof, secrets: dict[str, str], err: Console) -> None:
     """`vllm bench serve` at concurrency 1 inside the head container, after the endpoint is ready."""
-    from sparkcluster import bench
+    from sparkcluster import bench  # only `up --smoke` loads the benchmark
 
     with bench.connect(inv) as cluster:
         tok_s, expected, verdict = bench.smoke_after_up(cluster.hosts[inv.head.name], inv, prof, secrets)

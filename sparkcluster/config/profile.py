@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+import sparkcluster
 from sparkcluster.config.bounds import SupervisorSettings
 from sparkcluster.config.inventory import describe_validation_error
 from sparkcluster.config.secrets import SECRET_NAMES
@@ -342,8 +343,6 @@ def search_path() -> list[Path]:
     env = os.environ.get(PROFILES_ENV_VAR)
     if env:
         dirs.extend(Path(p).expanduser() for p in env.split(os.pathsep) if p)
-    import sparkcluster
-
     dirs.append(Path(sparkcluster.__file__).resolve().parent.parent / "env-profiles")
     dirs.append(USER_PROFILES.expanduser())
     return dirs

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from sparkcluster.config.inventory import Inventory, Node
+from sparkcluster.errors import StageError, StepFailure
 from sparkcluster.facts import access, parsers, probes
 from sparkcluster.labels import CLUSTER_LABEL
 from sparkcluster.movement.layers import ImageLayers
@@ -63,7 +64,7 @@ def probe_script(
 ) -> str:
     """One shell script for one host. Every value is quoted; nothing here comes from a user string
     that is not validated by the inventory model."""
-    from sparkcluster.remote.lock import lock_path
+    from sparkcluster.remote.lock import lock_path  # for start-up speed: facts load without paramiko
 
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
     parts = [
@@ -188,8 +189,6 @@ def gather(
     res = host.run(probe_script(inv, host.node, image, ray_seen, base, ray), timeout=timeout, warn=True)
     received = time.time()
     if res.timed_out:
-        from sparkcluster.errors import StageError, StepFailure
-
         raise StageError(
             "facts",
             [StepFailure(host.name, "gather facts", f"timed out after {timeout:g}s", "facts script", res.tail())],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from sparkcluster.errors import SparkError
 from sparkcluster.facts.probes import Probe, script, shell_path, split_sections
 
 
@@ -107,8 +108,6 @@ def learn_homes(cluster) -> None:
         sec = split_sections(res.stdout).get(ACCOUNT.name)
         acct = parse_account(sec.out) if sec and sec.rc == 0 else None
         if acct is None or not acct.home:
-            from sparkcluster.errors import SparkError
-
             raise SparkError(
                 f"{host.name}: could not learn the SSH user's home (id, $HOME)",
                 "check that the SSH user has a home directory on this node",

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sparkcluster.errors import StageError, StepFailure
+from sparkcluster.fabric import measure
 from sparkcluster.up.stages.base import Step
 
 if TYPE_CHECKING:
@@ -42,8 +43,6 @@ def summary(done: list[tuple[Step, object]]) -> str:
 
 
 def run_test(r: "UpRun") -> list:
-    from sparkcluster.fabric import measure
-
     results = measure.run(r.cluster, r.inv, r.plan.profile, r.plan.image, r.plan.facts)
     bad = [x for x in results if x.status == "fail"]
     if bad:

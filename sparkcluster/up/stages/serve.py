@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 
 from sparkcluster import redact
 from sparkcluster.config import bounds, repos
-from sparkcluster.day2 import endpoint, server, supervision, teardown
+from sparkcluster.day2 import endpoint, engine_nccl, server, supervision, teardown
 from sparkcluster.errors import StageError, StepFailure
 from sparkcluster.facts.probes import split_sections
+from sparkcluster.labels import CLUSTER_LABEL
 from sparkcluster.remote import retry
 from sparkcluster.up.stages import weights
 from sparkcluster.up.stages.base import Step, fail
@@ -226,9 +227,6 @@ def wait_ready(r: "UpRun") -> float:
 def engine_transport(r: "UpRun") -> dict[str, str]:
     """What every rank's NCCL chose, read from the containers once the engine answers (its ranks have
     initialised NCCL by then); sockets while the deployment has RoCE links fails `up` on that node."""
-    from sparkcluster.day2 import engine_nccl
-    from sparkcluster.labels import CLUSTER_LABEL
-
     script = engine_nccl.section_script(f"{CLUSTER_LABEL}={r.inv.cluster.name}", 8)
 
     def read(host) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sparkcluster.config import lint, repos
+from sparkcluster.config import profile as profiles
 from sparkcluster.day2 import server
 from sparkcluster.errors import InputError
 from sparkcluster.movement import hfcache, transfer
@@ -405,8 +406,6 @@ def _act(action: str, k: int, need: repos.Need) -> str:
 def plugin_link(prof, hf_cache: str) -> tuple[int, str, str] | None:
     """(index of its repository in `wanted`, the path the serve command passes, the file in the repo)
     of a reasoning-parser plugin staged from the hub, else None."""
-    from sparkcluster.config import profile as profiles
-
     got, at = repos.plugin_file(prof.serve.reasoning_parser_plugin_url), profiles.reasoning_plugin(prof, hf_cache)
     if not got or not at:
         return None
