@@ -1,0 +1,186 @@
+"""The package's imports, read with ast (nothing imported): the floors hold and nothing goes round.
+
+No import circle (an import under `if TYPE_CHECKING:` is for the type checker only and does not
+count; a lazy import inside a function does); no import of `up/` from the packages below it; a lazy
+import says why it is lazy; and no alias hides the module or name it stands for from grep.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "sparkcluster"
+# the floors below `up`: none of them may reach up into one command's package
+BELOW_UP = ("checks", "fabric", "day2", "facts", "remote", "config", "movement", "node", "container")
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _type_only(tree: ast.AST) -> set[int]:
+    """The ids of the nodes under `if TYPE_CHECKING:`."""
+    out: set[int] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test):
+            out |= {id(x) for x in ast.walk(n)}
+    return out
+
+
+def _imports(module: str, path: Path) -> list[tuple[ast.stmt, str, str, str | None]]:
+    """(statement, imported module, imported name, alias) for every import not under TYPE_CHECKING."""
+    tree = ast.parse(path.read_text())
+    skip = _type_only(tree)
+    out = []
+    for n in ast.walk(tree):
+        if id(n) in skip:
+            continue
+        if isinstance(n, ast.Import):
+            out += [(n, a.name, a.name.rpartition(".")[2], a.asname) for a in n.names]
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                pkg = module if path.name == "__init__.py" else module.rpartition(".")[0]
+                for _ in range(n.level - 1):
+                    pkg = pkg.rpartition(".")[0]
+                base = f"{pkg}.{base}" if base else pkg
+            out += [(n, base, a.name, a.asname) for a in n.names]
+    return out
+
+
+def _target(base: str, name: str) -> str | None:
+    """The package module an import reaches: `from a import b` reaches a.b when that is a module."""
+    for cand in (f"{base}.{name}", base):
+        while cand and cand not in MODULES:
+            cand = cand.rpartition(".")[0]
+        if cand:
+            return cand
+    return None
+
+
+def graph() -> dict[str, set[str]]:
+    g: dict[str, set[str]] = {m: set() for m in MODULES}
+    for m, p in MODULES.items():
+        for _, base, name, _ in _imports(m, p):
+            if base.split(".")[0] == "sparkcluster":
+                t = _target(base, name)
+                if t and t != m:
+                    g[m].add(t)
+    return g
+
+
+def circles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle():
+    g = graph()
+    assert circles(g) == [], {tuple(c): sorted(f"{a} -> {b}" for a in c for b in g[a] if b in c) for c in circles(g)}
+
+
+def test_the_circle_finder_finds_one():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_nothing_below_up_imports_up():
+    upward = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph().items()
+        if m.split(".")[1:2] and m.split(".")[1] in BELOW_UP
+        for t in targets
+        if t == "sparkcluster.up" or t.startswith("sparkcluster.up.")
+    )
+    assert upward == []
+
+
+def test_type_only_imports_below_up_do_not_reach_up_either():
+    """Even for the type checker: a floor below `up` knows nothing of it."""
+    upward = []
+    for m, p in MODULES.items():
+        if m.split(".")[1:2] and m.split(".")[1] in BELOW_UP:
+            for n in ast.walk(ast.parse(p.read_text())):
+                if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("sparkcluster.up"):
+                    upward.append(f"{m}:{n.lineno}")
+                elif isinstance(n, ast.ImportFrom) and n.module == "sparkcluster":
+                    upward += [f"{m}:{n.lineno}" for a in n.names if a.name == "up"]
+                elif isinstance(n, ast.Import):
+                    upward += [f"{m}:{n.lineno}" for a in n.names if a.name.startswith("sparkcluster.up")]
+    assert upward == []
+
+
+def test_a_lazy_import_says_why():
+    """An import inside a function is there for start-up speed or for one flag's sake, and says so
+    on its line or the line above; one that would close a circle is caught by the test above."""
+    silent = []
+    for m, p in MODULES.items():
+        lines = p.read_text().splitlines()
+        tree = ast.parse("\n".join(lines))
+        skip = _type_only(tree)
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for n in ast.walk(fn):
+                if id(n) in skip or not isinstance(n, (ast.Import, ast.ImportFrom)):
+                    continue
+                names = [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]
+                if not any(x.split(".")[0] == "sparkcluster" for x in names):
+                    continue
+                here, above = lines[n.lineno - 1], lines[n.lineno - 2].strip()
+                if "#" not in here and not above.startswith("#"):
+                    silent.append(f"{m}:{n.lineno}: {here.strip()}")
+    assert silent == []
+
+
+def test_no_alias_hides_a_module():
+    """`import x as y` only where y still says x (`profile as profiles`, `main as cli_main`): an
+    alias such as `w` or `P` defeats grep. Third-party conventions (`torch.distributed as dist`)
+    are not ours to rename."""
+    hidden = []
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "perf").rglob("*.py")]
+    for p in files:
+        if "testbed" in p.relative_to(ROOT).parts and "hub" in p.parts:
+            continue
+        module = _name(p) if p.is_relative_to(PACKAGE) else ""
+        for n, base, name, alias in _imports(module, p):
+            ours = base.split(".")[0] in ("sparkcluster", "tests", "perf") or n.__class__ is ast.ImportFrom and n.level
+            stem = name.lower().strip("_")[: max(3, len(name.strip("_")) - 1)]  # inventory as inventories
+            if alias and ours and stem not in alias.lower():
+                hidden.append(f"{p.relative_to(ROOT)}:{n.lineno}: {name} as {alias}")
+    assert hidden == []
