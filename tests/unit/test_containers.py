@@ -350,7 +350,7 @@ def test_a_container_created_and_never_started_is_recorded_for_the_rollback(inv,
     import docker.errors
 
     from sparkcluster.errors import StageError
-    from sparkcluster.up.stages import containers as stage
+    from sparkcluster.up.stages import containers
     from sparkcluster.up.stages.containers import Created
 
     class Refusing(FakeAPI):
@@ -367,7 +367,7 @@ def test_a_container_created_and_never_started_is_recorded_for_the_rollback(inv,
         put=lambda v: owned.setdefault(type(v), v),
     )
     with pytest.raises(StageError, match="error gathering device information"):
-        stage.create(r, head)
+        containers.create(r, head)
     assert owned[Created].containers == {head.node: {"c0ffee"}}
 
 
