@@ -5,7 +5,7 @@ results in a `Report` that stamps them with that id. A check reports only on the
 judge; `run_checks` marks the rest SKIP. Every WARN or FAIL has a one-line cause (`detail`) and a
 one-line `fix`.
 
-`base` holds what every check is made of (Result, Expect, Context, Report, the `check` decorator
+`registry` holds what every check is made of (Result, Expect, Context, Report, the `check` decorator
 and REGISTRY); this package runs them; the checks themselves live in one module per area:
 `host` (ssh, GPU, docker, memory, disk, clock), `image`, `network` (net.*), `wiring` (net.topology across N nodes), `rdma` and `runtime`
 (ports, stale Ray, running containers). CHECK_ORDER fixes the order they run and report in.
@@ -13,9 +13,9 @@ and REGISTRY); this package runs them; the checks themselves live in one module 
 
 from __future__ import annotations
 
-# Importing an area registers its checks in REGISTRY (checks.base, which imports no area).
+# Importing an area registers its checks in REGISTRY (checks.registry, which imports no area).
 from sparkcluster.checks import account, cluster_image, host, network, rdma, rendezvous, runtime, wiring
-from sparkcluster.checks.base import REGISTRY, Context, Expect, GiB, Result
+from sparkcluster.checks.registry import REGISTRY, Context, Expect, GiB, Result
 from sparkcluster.checks.runtime import container_flags
 
 AREAS = (host, account, cluster_image, network, wiring, rdma, runtime, rendezvous)

@@ -4,7 +4,7 @@ it): it must reach Docker, write its HF cache, and take the cluster lock. Disk i
 
 from __future__ import annotations
 
-from sparkcluster.checks.base import Context, Report, check
+from sparkcluster.checks.registry import Context, Report, check
 
 # what `docker info` prints when the socket refuses this account (the Docker CLI's own wording)
 SOCKET_DENIED = "permission denied while trying to connect to the docker"

@@ -3,7 +3,7 @@ nodes, and `ray` runs in it."""
 
 from __future__ import annotations
 
-from sparkcluster.checks.base import Context, Report, check
+from sparkcluster.checks.registry import Context, Report, check
 
 
 @check("image.same", "Cluster image present, same ID everywhere")

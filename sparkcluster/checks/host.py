@@ -3,7 +3,7 @@ runtime, memory headroom and OOM protection, free disk, and clock agreement."""
 
 from __future__ import annotations
 
-from sparkcluster.checks.base import Context, GiB, Report, check, is_running
+from sparkcluster.checks.registry import Context, GiB, Report, check, is_running
 
 MEM_HEADROOM_FLOOR = 6 * GiB  # seed 002's watchdog warns under 6 GB of MemAvailable
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from sparkcluster.checks.base import Context, Report, check, inspect_env, is_running
+from sparkcluster.checks.registry import Context, Report, check, inspect_env, is_running
 from sparkcluster.config import engine_traits
 from sparkcluster.facts import HostFacts
 from sparkcluster.facts.probes import CX7_SPEED_MBPS, DOCKER_DEFAULT_BRIDGE, LINK_LOCAL

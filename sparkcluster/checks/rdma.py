@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from sparkcluster.checks.base import Context, Report, check
+from sparkcluster.checks.registry import Context, Report, check
 from sparkcluster.config.inventory import Node
 from sparkcluster.facts import HostFacts
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from sparkcluster.checks.base import Context, Report, check, inspect_env, is_running
+from sparkcluster.checks.registry import Context, Report, check, inspect_env, is_running
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 

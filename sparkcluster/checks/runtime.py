@@ -3,7 +3,7 @@ containers carry the forwarded and per-host variables and identical docker flags
 
 from __future__ import annotations
 
-from sparkcluster.checks.base import Context, Report, check, inspect_env, is_running
+from sparkcluster.checks.registry import Context, Report, check, inspect_env, is_running
 from sparkcluster.labels import CLUSTER_LABEL
 
 

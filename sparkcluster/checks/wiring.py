@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from sparkcluster.checks.base import Context, Report, check, inspect_env, is_running
+from sparkcluster.checks.registry import Context, Report, check, inspect_env, is_running
 from sparkcluster.config import topology
 from sparkcluster.config.inventory import Node
 from sparkcluster.facts import HostFacts

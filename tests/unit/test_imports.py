@@ -184,3 +184,12 @@ def test_no_alias_hides_a_module():
             if alias and ours and stem not in alias.lower():
                 hidden.append(f"{p.relative_to(ROOT)}:{n.lineno}: {name} as {alias}")
     assert hidden == []
+
+
+def test_no_two_modules_with_one_name():
+    """README: one module per job, no two modules with one name (a package's `__init__` aside)."""
+    seen: dict[str, list[str]] = {}
+    for m, p in MODULES.items():
+        if p.name != "__init__.py":
+            seen.setdefault(p.stem, []).append(m)
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}
