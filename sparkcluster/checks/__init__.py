@@ -16,7 +16,6 @@ from __future__ import annotations
 # Importing an area registers its checks in REGISTRY (checks.registry, which imports no area).
 from sparkcluster.checks import account, cluster_image, host, network, rdma, rendezvous, runtime, wiring
 from sparkcluster.checks.registry import REGISTRY, Context, Expect, GiB, Result
-from sparkcluster.checks.runtime import container_flags
 
 AREAS = (host, account, cluster_image, network, wiring, rdma, runtime, rendezvous)
 
@@ -82,4 +81,4 @@ def titles() -> dict[str, str]:
     return {cid: title for cid, title, _ in REGISTRY}
 
 
-__all__ = ["Result", "Expect", "Context", "GiB", "REGISTRY", "run_checks", "titles", "container_flags"]
+__all__ = ["Result", "Expect", "Context", "GiB", "REGISTRY", "run_checks", "titles"]
