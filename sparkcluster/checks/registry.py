@@ -7,8 +7,9 @@ the package that imports it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.facts import HostFacts

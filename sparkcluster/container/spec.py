@@ -10,9 +10,9 @@ import json
 import shlex
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from sparkcluster import node
 from sparkcluster.config import profile as profiles

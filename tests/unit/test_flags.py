@@ -11,13 +11,13 @@ from sparkcluster import redact
 from sparkcluster.config.flags import (
     FLAGS,
     Gate,
-    supervised_argv,
     flag_names,
     flag_value,
     ngc_release,
     parse_version,
     refusals,
     serve_argv,
+    supervised_argv,
 )
 from sparkcluster.config.profile import Profile, load_profile
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from sparkcluster.up.plan import Plan
 
 
-def _image_steps(plan: "Plan") -> list[Step]:
+def _image_steps(plan: Plan) -> list[Step]:
     """The build and one worker's send (`image`), or one save fed along a chain through several
     workers (`image_chain`, issue 27): each module gives its steps only when they apply."""
     return image.steps(plan) + image_chain.steps(plan)

@@ -14,8 +14,9 @@ lists every stage as one; the plan and the executor read these fields and name n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from sparkcluster import redact
 from sparkcluster.errors import StageError, StepFailure
@@ -32,9 +33,9 @@ class Step:
     action: str  # stable within a plan: the last part of the id
     what: str  # what a person reads
     detail: str = ""  # the command or API call it amounts to (masked whenever shown)
-    run: Callable[["UpRun"], Any] | None = field(default=None, repr=False, compare=False)
+    run: Callable[[UpRun], Any] | None = field(default=None, repr=False, compare=False)
     when: str = ""  # decided at run time: the condition checked just before running
-    skip: Callable[["UpRun"], str | None] | None = field(default=None, repr=False, compare=False)
+    skip: Callable[[UpRun], str | None] | None = field(default=None, repr=False, compare=False)
     # consecutive steps with the same key run at once (one thread per host); "" runs alone
     parallel: str = ""
 
@@ -72,7 +73,7 @@ class Stage:
     `always_reported` (its "nothing to do" is news)."""
 
     name: str
-    steps: Callable[["Plan"], list[Step]]
+    steps: Callable[[Plan], list[Step]]
     summary: Callable[[list[tuple[Step, Any]]], str]
     leaves: tuple[type, ...] = ()
     before_plan: bool = False
