@@ -65,7 +65,7 @@ def run(
             details=[p.line() for p in problems],
         )
     t0 = time.monotonic()
-    progress.stage("preflight")
+    progress.stage(gate.STAGE)
     # one connection per node for the whole run; a node this run does not touch may be away
     everyone, unreachable = connect_reachable(full)
     with everyone:
@@ -169,7 +169,7 @@ def _run_locked(
     )
     if wedged:
         plan.notes.insert(0, f"the running vllm serve (pid {old.pid}) is wedged: {wedged}; it is restarted")
-    progress.done("preflight", time.monotonic() - t0, f"{len(report.results)} checks")
+    progress.done(gate.STAGE, time.monotonic() - t0, f"{len(report.results)} checks")
     if dry_run:
         return plan
     record_before_plan(plan)
