@@ -2,5 +2,6 @@
 
 `up` creates the containers from it, `checks` judge running containers against it, `fabric` makes
 its throwaway containers from it and `day2` ships files into them with it: all import it downward,
-and it imports only `config`, `labels` and the node contract, never one command's package.
+and it imports only `config`, `labels` and `node` (the agent's files and their contract), never
+one command's package.
 """

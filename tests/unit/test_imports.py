@@ -193,3 +193,12 @@ def test_no_two_modules_with_one_name():
         if p.name != "__init__.py":
             seen.setdefault(p.stem, []).append(m)
     assert {k: v for k, v in seen.items() if len(v) > 1} == {}
+
+
+def test_the_container_spec_stands_on_config_labels_and_node_only():
+    """`container/` is read by up, checks, fabric and day2: it reaches none of them, nor facts or remote."""
+    allowed = ("sparkcluster.config", "sparkcluster.labels", "sparkcluster.node", "sparkcluster.container")
+    g = graph()
+    reached = {t for m in g if m.startswith("sparkcluster.container") for t in g[m]}
+    outside = sorted(t for t in reached if not any(t == a or t.startswith(a + ".") for a in allowed))
+    assert reached and outside == []
