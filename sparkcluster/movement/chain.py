@@ -47,7 +47,12 @@ def hop(inv: "Inventory", facts: dict[str, "HostFacts"], a: str, b: str) -> Hop:
                 for other in theirs:
                     if other.network == mine.network and other.ip != mine.ip:
                         return Hop(a, str(mine.ip), b, str(other.ip), str(mine.network))
-    return Hop(a, str(na.control_ip), b, str(nb.control_ip), "the control link")
+    return control(inv, a, b)
+
+
+def control(inv: "Inventory", a: str, b: str) -> Hop:
+    """`a` to `b` over their control IPs: a single worker's stream, and a chain's fallback."""
+    return Hop(a, str(inv.node(a).control_ip), b, str(inv.node(b).control_ip), "the control link")
 
 
 def plan(inv: "Inventory", facts: dict[str, "HostFacts"], workers: list[str] | tuple[str, ...]) -> list[Hop]:

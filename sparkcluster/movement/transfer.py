@@ -124,48 +124,18 @@ if relay_err and not rc:
 sys.exit(rc)
 """
 
-# A plain byte pipe for files (the weights stage), with the receiver's "stdout" sink: the same
-# one-shot connection and framing, so a cut stream ends in STREAM_CUT, never in a short tar.
-STREAM_SENDER = r"""
-import socket, struct, sys, time
+# What every sender script starts with, after its own imports (socket, struct, sys, time): the one
+# connection from the sender's own address to the receiver's announced port (argv[1:4]: the
+# receiver's address and port, the sender's address); `out` sends one frame (4-byte length, then
+# data) and says "@@sent N" on stderr at most four times a second, for the controller's progress
+# bar; `pump` frames a file to its end; `finish` sends the end frame and waits for the receiver to
+# close, which it does once its own sink and the next hop's are done.
+FRAMING = r"""
 dst, port, src = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 s = socket.create_connection((dst, port), timeout=30, source_address=(src, 0))
 s.settimeout(600)
 inp = sys.stdin.buffer
 sent, last = 0, 0.0
-while True:
-    b = inp.read(1 << 20)
-    if not b:
-        break
-    s.sendall(struct.pack(">I", len(b)) + b)
-    sent += len(b)
-    now = time.monotonic()
-    if now - last > 0.25:
-        print("@@sent %d" % sent, file=sys.stderr, flush=True)
-        last = now
-s.sendall(struct.pack(">I", 0))
-s.shutdown(socket.SHUT_WR)
-s.recv(1)
-print("@@sent %d" % sent, file=sys.stderr, flush=True)
-"""
-
-# Reads `docker save` on stdin and sends it framed, leaving out the layer tars whose diff ID the
-# worker holds: it holds those chains, and docker load does not open their files. Layer files
-# named by their digest (`blobs/sha256/<hex>`, the OCI layout of Docker 25 and later, where an
-# uncompressed layer's digest is its diff ID) are judged by name without reading them; a
-# `<v1 id>/layer.tar` (Docker 20.10 to 24) names no diff ID, nor would a blob whose digest is not
-# one of the image's diff IDs, so such a file is hashed while spooled to disk, then sent or dropped.
-# Every other entry (manifest.json, the config, VERSION/json, index.json) passes through byte for byte.
-SENDER = r"""
-import hashlib, os, re, socket, struct, sys, tempfile, time
-dst, port, src = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-# argv[4:]: "-<hex>" a diff ID to leave out, "+<hex>" one of the image's other diff IDs
-skip = {a[1:] for a in sys.argv[4:] if a[0] == "-"}
-keep = {a[1:] for a in sys.argv[4:] if a[0] == "+"}
-s = socket.create_connection((dst, port), timeout=30, source_address=(src, 0))
-s.settimeout(600)
-inp = sys.stdin.buffer
-sent, last, dropped, ndrop = 0, 0.0, 0, 0
 def out(b):
     global sent, last
     if not b:
@@ -176,6 +146,38 @@ def out(b):
     if now - last > 0.25:
         print("@@sent %d" % sent, file=sys.stderr, flush=True)
         last = now
+def pump(f):
+    while True:
+        b = f.read(1 << 20)
+        if not b:
+            break
+        out(b)
+def finish():
+    s.sendall(struct.pack(">I", 0))
+    s.shutdown(socket.SHUT_WR)
+    s.recv(1)
+    print("@@sent %d" % sent, file=sys.stderr, flush=True)
+"""
+
+# A plain byte pipe for files (the weights stage), with the receiver's "stdout" sink: the same
+# one-shot connection and framing, so a cut stream ends in STREAM_CUT, never in a short tar.
+STREAM_SENDER = "\nimport socket, struct, sys, time" + FRAMING + "pump(inp)\nfinish()\n"
+
+# Reads `docker save` on stdin and sends it framed, leaving out the layer tars whose diff ID the
+# worker holds: it holds those chains, and docker load does not open their files. Layer files
+# named by their digest (`blobs/sha256/<hex>`, the OCI layout of Docker 25 and later, where an
+# uncompressed layer's digest is its diff ID) are judged by name without reading them; a
+# `<v1 id>/layer.tar` (Docker 20.10 to 24) names no diff ID, nor would a blob whose digest is not
+# one of the image's diff IDs, so such a file is hashed while spooled to disk, then sent or dropped.
+# Every other entry (manifest.json, the config, VERSION/json, index.json) passes through byte for byte.
+SENDER = (
+    "\nimport hashlib, os, re, socket, struct, sys, tempfile, time"
+    + FRAMING
+    + r"""
+# argv[4:]: "-<hex>" a diff ID to leave out, "+<hex>" one of the image's other diff IDs
+skip = {a[1:] for a in sys.argv[4:] if a[0] == "-"}
+keep = {a[1:] for a in sys.argv[4:] if a[0] == "+"}
+dropped, ndrop = 0, 0
 def read(n):
     b = inp.read(n)
     if len(b) != n:
@@ -204,11 +206,7 @@ while True:
         raise SystemExit("docker save: archive ended early")
     if h == b"\0" * 512:
         out(meta + h)
-        while True:
-            b = inp.read(1 << 20)
-            if not b:
-                break
-            out(b)
+        pump(inp)
         break
     n, kind = size(h), h[156:157]
     if kind in (b"x", b"L", b"g"):
@@ -240,23 +238,17 @@ while True:
             else:
                 out(meta + h)
                 t.seek(0)
-                while True:
-                    b = t.read(1 << 20)
-                    if not b:
-                        break
-                    out(b)
+                pump(t)
                 out(pad)
         meta = b""
     else:
         out(meta + h)
         meta = b""
         copy(blocks(n), out)
-s.sendall(struct.pack(">I", 0))
-s.shutdown(socket.SHUT_WR)
-s.recv(1)
-print("@@sent %d" % sent, file=sys.stderr, flush=True)
+finish()
 print("@@dropped %d %d" % (ndrop, dropped), file=sys.stderr, flush=True)
 """
+)
 
 # the receiver's exit status when the connection ended before the sender's end frame
 STREAM_CUT = 75
@@ -376,21 +368,3 @@ def describe(image: str, src_node: str, src_ip: str, dst_node: str, dst_ip: str)
         f"{src_node}: docker save {image} | drop the layer tars {dst_node} holds | tcp {src_ip} -> {dst_ip} | "
         f"{dst_node}: docker load (one connection, head's address only; image ID verified after)"
     )
-
-
-def announced_port(recv) -> int | None:
-    """The port a started receiver listens on ("@@port N" on its stderr), or None when it ended first."""
-    for line in recv.stderr_lines():
-        if line.startswith("@@port "):
-            return int(line.split()[1])
-    return None
-
-
-def follow_sender(snd, on_sent) -> int:
-    """Reads a sender's "@@sent N" lines until it ends, calling on_sent(N); returns the last N."""
-    sent = 0
-    for line in snd.stderr_lines():
-        if line.startswith("@@sent "):
-            sent = int(line.split()[1])
-            on_sent(sent)
-    return sent

@@ -12,6 +12,7 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.movement import transfer
 from sparkcluster.movement.layers import ImageLayers
 from sparkcluster.up.plan import make_plan
+from sparkcluster.movement import stream
 from sparkcluster.up.stages import image_chain
 
 HEAD_ID = "sha256:" + "ab" * 32
@@ -91,7 +92,7 @@ CUT, RELAY = transfer.STREAM_CUT, transfer.RELAY_FAILED
     ],
 )
 def test_a_failed_chain_names_the_first_node_at_fault(sender_ok, codes, named):
-    got = image_chain.culprit(sender_ok, list(zip(["spark-2", "spark-3", "spark-4"], codes)), "spark-1")
+    got = stream.culprit(sender_ok, list(zip(["spark-2", "spark-3", "spark-4"], codes)), "spark-1")
     assert got == named
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import shlex
 import tarfile
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,7 +15,7 @@ import docker.errors
 from sparkcluster import log
 from sparkcluster.config.images import DOCKERFILE
 from sparkcluster.errors import EngineUnreachable, StageError
-from sparkcluster.movement import layers, transfer
+from sparkcluster.movement import chain, layers, stream, transfer
 from sparkcluster.remote import dockerapi
 from sparkcluster.up.stages.base import Step, fail
 
@@ -265,87 +264,88 @@ def check_disk(r: "UpRun", worker_name: str, d: layers.Delta, size: int, image_l
 
 
 def send(r: "UpRun", worker_name: str) -> str:
-    head, worker = r.cluster.head, r.cluster.hosts[worker_name]
-    info = head_image(r)
-    head_id = info["Id"]
-    size, image_layers = info.get("Size", 0), (info.get("RootFS") or {}).get("Layers") or []
-    d = run_delta(r, worker_name)
-    check_disk(r, worker_name, d, size, image_layers)
-    try:
-        sent, secs = _stream(r, worker, d, d.move_bytes if d.elide and d.move_bytes else size)
-    except StageError as e:
-        # the worker lost a layer since preflight (an image removed meanwhile): docker load names the
-        # missing file; the whole image then goes once more
-        tails = " ".join(f.output_tail for f in e.failures).lower()
-        if not d.skip or "no such file" not in tails:
-            raise
-        _log.warning("the worker lacks a layer it held at preflight; sending the whole image", node=worker.name)
-        d = layers.Delta(d.total, 0, None, d.elide)
-        sent, secs = _stream(r, worker, d, size)
-    got = image_id(worker, r.plan.image)
-    if got != head_id:
-        raise fail(
-            STAGE,
-            worker.name,
-            "verify the image",
-            f"image ID after the transfer is {got} on {worker.name}, {head_id} on {head.name}",
-        )
+    """The image to one worker, over the control link."""
+    got, d = stream_image(r, [chain.control(r.inv, r.inv.head.name, worker_name)], run_delta(r, worker_name))
+    verify(r, worker_name)
     # the bar's own rate needs samples over time; a fast link sends in one burst after docker save
     # has prepared the stream, so the whole transfer's rate is stated here
     what = (
-        layers.describe(d, worker.name).replace(f" to {worker.name}", "")
+        layers.describe(d, worker_name).replace(f" to {worker_name}", "")
         if d.elide
-        else f"the whole image: {worker.name}'s containerd image store cannot skip layers it holds"
+        else f"the whole image: {worker_name}'s containerd image store cannot skip layers it holds"
     )
-    return (
-        f"sent to {worker.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, {sent / 1e6 / max(secs, 1e-3):.1f} MB/s ({what})"
-    )
+    return f"sent to {worker_name}: {got.rate} ({what})"
 
 
-def _stream(r: "UpRun", worker, d: layers.Delta, expect: int) -> tuple[int, float]:
-    """One head-to-worker stream; returns (bytes sent, seconds)."""
-    head, wf = r.cluster.head, r.facts[worker.name]
-    wnode, hnode = r.inv.node(worker.name), r.inv.head
-    recv = worker.start(
-        transfer.bash(transfer.receive_command(str(wnode.control_ip), str(hnode.control_ip))), timeout=3600
-    )
-    port = transfer.announced_port(recv)
-    if port is None:
-        res = recv.wait()
+def verify(r: "UpRun", worker: str) -> None:
+    """The worker's image ID is the head's: docker load checked every layer against the config,
+    whose digest is the ID."""
+    got, head_id = image_id(r.cluster.hosts[worker], r.plan.image), head_image(r)["Id"]
+    if got != head_id:
         raise fail(
             STAGE,
-            worker.name,
-            "start the receiver",
-            "the receiver did not start",
-            "python3 receiver (runs docker load)",
-            res.tail(),
+            worker,
+            "verify the image",
+            f"image ID after the transfer is {got} on {worker}, {head_id} on {r.inv.head.name}",
         )
-    t0 = time.monotonic()
-    snd = head.start(
-        transfer.bash(
-            transfer.send_command(r.plan.image, str(wnode.control_ip), port, str(hnode.control_ip), d.skip, d.keep)
-        ),
+
+
+def stream_image(r: "UpRun", hops: list[chain.Hop], d: layers.Delta) -> tuple[stream.Streamed, layers.Delta]:
+    """One docker save along `hops` (one hop: a single worker), leaving out the layers `d` says
+    every receiving node holds, after checking each has the disk docker load needs. Returns the
+    stream and what it carried."""
+    info = head_image(r)
+    size, image_layers = info.get("Size", 0), (info.get("RootFS") or {}).get("Layers") or []
+    for h in hops:
+        check_disk(r, h.dst, d, size, image_layers)
+    try:
+        return _stream(r, hops, d, d.move_bytes if d.elide and d.move_bytes else size), d
+    except StageError as e:
+        # a worker lost a layer since preflight (an image removed meanwhile): docker load names the
+        # missing file; the whole image then goes once more
+        if not d.skip or "no such file" not in " ".join(f.output_tail for f in e.failures).lower():
+            raise
+        _log.warning(
+            "a worker lacks a layer it held at preflight; sending the whole image", nodes=[h.dst for h in hops]
+        )
+        d = layers.Delta(d.total, 0, None, d.elide)
+        return _stream(r, hops, d, size), d
+
+
+def _stream(r: "UpRun", hops: list[chain.Hop], d: layers.Delta, expect: int) -> stream.Streamed:
+    """One stream of the image; fails naming the node at fault (stream.culprit)."""
+    first, image = hops[0], r.plan.image
+    got = stream.run(
+        STAGE,
+        r.cluster.hosts,
+        hops,
+        receive=lambda h, fwd: transfer.receive_command(h.dst_ip, h.src_ip, fwd),
+        send=lambda port: transfer.send_command(image, first.dst_ip, port, first.src_ip, d.skip, d.keep),
+        on_sent=lambda n: r.progress.bytes(first.dst, n, max(expect, n)),
+        sink="docker load",
         timeout=3600,
     )
-    sent = transfer.follow_sender(snd, lambda n: r.progress.bytes(worker.name, n, max(expect, n)))
-    sres, rres = snd.wait(), recv.wait()
-    if not rres.ok or not sres.ok:
-        # a cut stream (the receiver's exit 75) is the sender's story when the sender failed too
-        cut = rres.exit_code == transfer.STREAM_CUT and not sres.ok
-        bad, res = (worker, rres) if not rres.ok and not cut else (head, sres)
-        left = image_id(worker, r.plan.image)
-        extra = "" if left is None else f" (an image {left[:19]} is left on {worker.name})"
-        root = wf.docker.root_dir if wf.docker else "/var/lib/docker"
-        df = worker.run(f"df -Pk {shlex.quote(root)} | tail -1", timeout=20, warn=True)
-        if df.ok and len(df.stdout.split()) > 3 and df.stdout.split()[3].isdigit():
-            extra += f"; {int(df.stdout.split()[3]) // 1024} MiB free in {root} on {worker.name}"
-        raise fail(
-            STAGE,
-            bad.name,
-            "send the image",
-            f"transfer failed (exit {res.exit_code}){extra}",
-            res.command[:160],
-            res.tail(),
-            f"check free disk and the link between {head.name} and {worker.name}, then sparkcluster up",
-        )
-    return sent, time.monotonic() - t0
+    if got.blame is None:
+        return got
+    res = got.result
+    how = (
+        "could not forward to the next node: its own copy is whole"
+        if res.exit_code == transfer.RELAY_FAILED
+        else f"transfer failed (exit {res.exit_code})"
+    )
+    if len(hops) == 1:  # a single worker: what the failure left on it
+        how += _left_on(r, first.dst)
+    cut = f"; {', '.join(got.cut)} got a cut stream and loaded nothing" if got.cut else ""
+    raise got.failure(STAGE, "send the image", how + cut, f"`docker save {image}`")
+
+
+def _left_on(r: "UpRun", node: str) -> str:
+    """What a failed transfer left on the node: an image, and the room in its docker root."""
+    host, wf = r.cluster.hosts[node], r.facts[node]
+    left = image_id(host, r.plan.image)
+    extra = "" if left is None else f" (an image {left[:19]} is left on {node})"
+    root = wf.docker.root_dir if wf.docker else "/var/lib/docker"
+    df = host.run(f"df -Pk {shlex.quote(root)} | tail -1", timeout=20, warn=True)
+    if df.ok and len(df.stdout.split()) > 3 and df.stdout.split()[3].isdigit():
+        extra += f"; {int(df.stdout.split()[3]) // 1024} MiB free in {root} on {node}"
+    return extra

@@ -22,7 +22,7 @@ from sparkcluster.config import lint, repos
 from sparkcluster.config import profile as profiles
 from sparkcluster.day2 import server
 from sparkcluster.errors import InputError
-from sparkcluster.movement import hfcache, transfer
+from sparkcluster.movement import chain, hfcache, transfer
 from sparkcluster.remote.fanout import run_each
 from sparkcluster.up.stages import weights_chain
 from sparkcluster.up.stages.base import Step, fail
@@ -184,68 +184,11 @@ class Staging:
         return f"downloaded {(after['present_bytes'] - before) / 1e9:.2f} GB in {time.monotonic() - t0:.1f}s"
 
     def replicate(self, worker_name: str) -> str:
-        head, worker = self.cluster.head, self.cluster.hosts[worker_name]
-        s, hnode, wnode = self.state[worker_name], self.inv.head, self.inv.node(worker_name)
-        blobs, total = s["missing"], s["missing_bytes"]
-        recv = worker.start(
-            transfer.bash(
-                hfcache.receive_command(
-                    self.inv.hf_cache(worker_name), self.repo, str(wnode.control_ip), str(hnode.control_ip)
-                )
-            ),
-            timeout=24 * 3600,
+        """The files `worker_name` lacks, from the head over the control link, verified there."""
+        got = weights_chain.stream_files(
+            self, self.cluster.hosts, self.inv, [chain.control(self.inv, self.inv.head.name, worker_name)]
         )
-        port = transfer.announced_port(recv)
-        if port is None:
-            res = recv.wait()
-            raise fail(
-                STAGE,
-                worker.name,
-                "start the receiver",
-                "the receiver did not start",
-                "python3 receiver | tar -x",
-                res.tail(),
-            )
-        t0 = time.monotonic()
-        snd = head.start(
-            transfer.bash(
-                hfcache.send_command(self.cache, self.repo, blobs, str(wnode.control_ip), port, str(hnode.control_ip))
-            ),
-            timeout=24 * 3600,
-        )
-        sent = transfer.follow_sender(
-            snd, lambda n: self.progress.bytes(f"{head.name} -> {worker.name}", min(n, total), total)
-        )
-        sres, rres = snd.wait(), recv.wait()
-        secs = time.monotonic() - t0
-        # whatever arrived whole is adopted (it matches its name), the rest is dropped: never served
-        after = self.check(worker.name)
-        if not rres.ok or not sres.ok:
-            bad, res = (worker, rres) if not rres.ok else (head, sres)
-            raise fail(
-                STAGE,
-                bad.name,
-                "replicate the weights",
-                f"transfer to {worker.name} failed (exit {res.exit_code}); {len(after['missing'])} file(s) "
-                "still missing there, the next run sends only those",
-                res.command[:160],
-                res.tail(),
-                f"check free disk on {worker.name} and the link between {head.name} and {worker.name}, "
-                "then sparkcluster up",
-            )
-        if after["missing"]:
-            raise fail(
-                STAGE,
-                worker.name,
-                "verify the weights",
-                f"{len(after['missing'])} file(s) sent to {worker.name} did not match their hash (removed)",
-                fix=f"check the link between {head.name} and {worker.name}, then sparkcluster up",
-            )
-        self.moved[worker.name] = sent
-        return (
-            f"sent to {worker.name}: {sent / 1e6:.1f} MB in {secs:.1f}s, "
-            f"{sent / 1e6 / max(secs, 1e-3):.1f} MB/s, verified"
-        )
+        return f"sent to {worker_name}: {got.rate}, verified"
 
 
 def disk(stagings: list[Staging]) -> None:

@@ -1,0 +1,150 @@
+"""One stream of bytes from the head along one or more nodes, run the same way for the image and
+for the weights: the receivers started first, from the chain's tail back (a relay must know its
+downstream's port before it announces its own), the one sender started against the first
+receiver's announced port, its byte count followed for the progress bar, every end waited for,
+and one rule (`culprit`) for the node a failed stream names. A single worker is a chain of one
+hop (`chain.control`), so the single send and the chain are one choreography.
+
+What moves stays with the stage: it gives the command each end runs, and words a failed
+transfer with what it knows (an image left behind, the files still missing).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from sparkcluster.errors import StageError, StepFailure
+from sparkcluster.movement import transfer
+from sparkcluster.movement.chain import Hop
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A finished stream: the bytes the sender sent, how long it took, each end's result, and the
+    node to name when it failed (None when every end succeeded)."""
+
+    hops: list[Hop]
+    sent: int
+    secs: float
+    sender: object  # the sender's CommandResult
+    receivers: dict[str, object]  # node -> its receiver's CommandResult, in chain order
+    blame: str | None
+
+    @property
+    def result(self):
+        """The blamed end's result (the sender's when the head is blamed)."""
+        return self.sender if self.blame == self.hops[0].src else self.receivers[self.blame]
+
+    @property
+    def upstream(self) -> Hop | None:
+        """The hop into the blamed node; None when the head is blamed."""
+        return next((h for h in self.hops if h.dst == self.blame), None)
+
+    @property
+    def cut(self) -> list[str]:
+        """The nodes after the blamed one whose stream was cut under them: they loaded nothing."""
+        order = [h.dst for h in self.hops]
+        after = order[order.index(self.blame) + 1 :] if self.blame in order else order
+        return [n for n in after if self.receivers[n].exit_code == transfer.STREAM_CUT]
+
+    def failure(self, stage: str, step: str, reason: str, source: str) -> StageError:
+        """The stage's failure naming the blamed node, its command and last lines, and where to
+        look: its disk and the link into it, or for the head, `source` (what its sender reads)
+        and its link to the first node."""
+        bad, res, up, first = self.blame, self.result, self.upstream, self.hops[0]
+        fix = (
+            f"check free disk on {bad} and the link between {up.src} and {bad} ({up.via})"
+            if up
+            else f"check {source} on {bad} and the link between {bad} and {first.dst} ({first.via})"
+        ) + ", then sparkcluster up"
+        return StageError(stage, [StepFailure(bad, step, reason, res.command[:160], res.tail(), fix)], fix)
+
+    @property
+    def rate(self) -> str:
+        return f"{self.sent / 1e6:.1f} MB in {self.secs:.1f}s, {self.sent / 1e6 / max(self.secs, 1e-3):.1f} MB/s"
+
+
+def run(
+    stage: str,
+    hosts: Mapping[str, object],
+    hops: list[Hop],
+    receive: Callable[[Hop, str | None], str],
+    send: Callable[[int], str],
+    on_sent: Callable[[int], None],
+    sink: str,
+    timeout: float,
+) -> Streamed:
+    """Streams along `hops` (head first). `receive(hop, forward)`: the shell command of hop.dst's
+    receiver (`forward`: its relay argument, None at the chain's end); `send(port)`: the head's
+    sender to the first receiver's port; `sink`: what each receiver feeds (for a failure's
+    command). A receiver that does not start fails here, naming its node."""
+    procs: dict[str, object] = {}
+    port = 0
+    for i in reversed(range(len(hops))):
+        h, nxt = hops[i], (hops[i + 1] if i + 1 < len(hops) else None)
+        fwd = transfer.next_hop(nxt.dst_ip, port, nxt.src_ip) if nxt else None
+        recv = hosts[h.dst].start(transfer.bash(receive(h, fwd)), timeout=timeout)
+        procs[h.dst] = recv
+        got = announced_port(recv)
+        if got is None:
+            res = recv.wait()
+            for n, p in procs.items():  # they would wait a minute for a sender that never comes
+                if n != h.dst:
+                    p.close()
+            raise _did_not_start(stage, h, nxt, port, res, f"python3 receiver (runs {sink}{', relays' if nxt else ''})")
+        port = got
+    t0 = time.monotonic()
+    snd = hosts[hops[0].src].start(transfer.bash(send(port)), timeout=timeout)
+    sent = follow_sender(snd, on_sent)
+    sres = snd.wait()
+    results = {h.dst: procs[h.dst].wait() for h in hops}
+    secs = time.monotonic() - t0
+    bad = culprit(sres.ok, [(h.dst, results[h.dst].exit_code) for h in hops], hops[0].src)
+    return Streamed(hops, sent, secs, sres, results, bad)
+
+
+def _did_not_start(stage: str, h: Hop, nxt: Hop | None, port: int, res, command: str) -> StageError:
+    if res.exit_code == transfer.RELAY_FAILED and nxt:
+        what = f"{h.dst} cannot reach {nxt.dst} at {nxt.dst_ip}:{port} from {nxt.src_ip}"
+        fix = f"check the link between {h.dst} and {nxt.dst} ({nxt.via}), then sparkcluster up"
+        return StageError(stage, [StepFailure(h.dst, "start the relay", what, command, res.tail(), fix)], fix)
+    return StageError(
+        stage, [StepFailure(h.dst, "start the receiver", "the receiver did not start", command, res.tail())]
+    )
+
+
+def culprit(sender_ok: bool, codes: list[tuple[str, int]], head: str) -> str | None:
+    """The node to name for a stream that failed, or None when every hop succeeded. `codes`: each
+    receiver's exit status in chain order. A failure of a node's own (its sink, the node lost)
+    comes first; then the head's sender (everything after it is only cut); then a relay that could
+    not forward; then the first node whose stream was cut under it."""
+    own = [n for n, c in codes if c not in (0, transfer.STREAM_CUT, transfer.RELAY_FAILED)]
+    if own:
+        return own[0]
+    if not sender_ok:
+        return head
+    for want in (transfer.RELAY_FAILED, transfer.STREAM_CUT):
+        hit = [n for n, c in codes if c == want]
+        if hit:
+            return hit[0]
+    return None
+
+
+def announced_port(recv) -> int | None:
+    """The port a started receiver listens on ("@@port N" on its stderr), or None when it ended first."""
+    for line in recv.stderr_lines():
+        if line.startswith("@@port "):
+            return int(line.split()[1])
+    return None
+
+
+def follow_sender(snd, on_sent) -> int:
+    """Reads a sender's "@@sent N" lines until it ends, calling on_sent(N); returns the last N."""
+    sent = 0
+    for line in snd.stderr_lines():
+        if line.startswith("@@sent "):
+            sent = int(line.split()[1])
+            on_sent(sent)
+    return sent
