@@ -32,6 +32,7 @@ from sparkcluster.bench.sweep import (
 )
 from sparkcluster.day2 import endpoint
 from sparkcluster.errors import InputError, SparkError
+from sparkcluster.facts.parsers import ContainerInspect, container_inspect
 from sparkcluster.labels import container_name
 
 _log = log.get("sparkcluster.bench")  # the logger name of the single module this was
@@ -137,7 +138,7 @@ class Head:
 
         fix = "start it with: sparkcluster up --profile NAME"
         try:
-            info = self.api.inspect_container(self.container)
+            info = container_inspect(self.api.inspect_container(self.container))
         except docker.errors.NotFound:
             raise SparkError(
                 f"no cluster is serving: {self.host.name} has no container {self.container}", fix
@@ -147,7 +148,7 @@ class Head:
                 f"{self.host.name}: cannot ask its Docker engine about {self.container}: {e}",
                 "sparkcluster doctor shows why",
             ) from None
-        if not info.get("State", {}).get("Running"):
+        if not info.running:
             raise SparkError(f"no cluster is serving: {self.container} on {self.host.name} is not running", fix)
         rec = server.read_record(self.api, self.container)
         if rec is None or not server.running(self.api, rec):
@@ -157,8 +158,8 @@ class Head:
             )
         return rec, info
 
-    def image(self, info: dict) -> tuple[str, str]:
-        return info.get("Config", {}).get("Image", ""), info.get("Image", "")
+    def image(self, info: ContainerInspect) -> tuple[str, str]:
+        return info.image, info.image_id
 
     def vllm_version(self) -> str:
         code, out = self._exec(["sh", "-c", VLLM_VERSION], {})

@@ -3,7 +3,7 @@ runtime, memory headroom and OOM protection, free disk, and clock agreement."""
 
 from __future__ import annotations
 
-from sparkcluster.checks.registry import Context, GiB, Report, check, is_running
+from sparkcluster.checks.registry import Context, GiB, Report, check
 
 MEM_HEADROOM_FLOOR = 6 * GiB  # seed 002's watchdog warns under 6 GB of MemAvailable
 
@@ -124,7 +124,7 @@ def mem_headroom(ctx: Context, r: Report) -> None:
     for n, f in ctx.facts.items():
         if not f.mem:
             continue
-        if any(is_running(c) for c in ctx.ours(n)):
+        if any(c.running for c in ctx.ours(n)):
             # already serving: the model's memory is in use, MemAvailable is what is left
             need = 0
         else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from sparkcluster.checks.registry import Context, Report, check, inspect_env, is_running
+from sparkcluster.checks.registry import Context, Report, check
 from sparkcluster.config import engine_traits
 from sparkcluster.facts import HostFacts
 from sparkcluster.facts.probes import CX7_SPEED_MBPS, DOCKER_DEFAULT_BRIDGE, LINK_LOCAL
@@ -81,7 +81,7 @@ def net_control_ip(ctx: Context, r: Report) -> None:
 def net_vllm_host_ip(ctx: Context, r: Report) -> None:
     for node in ctx.nodes():
         planned = ctx.expect.per_host_env.get(node.name, {}).get("VLLM_HOST_IP")
-        running = [inspect_env(c).get("VLLM_HOST_IP") for c in ctx.ours(node.name) if is_running(c)]
+        running = [c.env.get("VLLM_HOST_IP") for c in ctx.ours(node.name) if c.running]
         values = [v for v in [planned, *running] if v is not None]
         bad = [v for v in values if v != str(node.control_ip)]
         if bad:

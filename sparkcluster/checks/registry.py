@@ -1,7 +1,6 @@
 """What every check is made of: `Result`, `Expect`, `Context`, `Report`, the `check` decorator and
-`REGISTRY`, and what several areas read in a container's `docker inspect`. The areas import it, and
-the package (`checks/__init__`) imports the areas: nothing here imports an area, so no area imports
-the package that imports it.
+`REGISTRY`. The areas import it, and the package (`checks/__init__`) imports the areas: nothing here
+imports an area, so no area imports the package that imports it.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from typing import Literal
 
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.facts import HostFacts
+from sparkcluster.facts.parsers import ContainerInspect
 from sparkcluster.labels import CLUSTER_LABEL
 
 Status = Literal["ok", "warn", "fail", "skip"]
@@ -60,12 +60,8 @@ class Context:
     def nodes(self) -> list[Node]:
         return [n for n in self.inventory.nodes if n.name in self.facts]
 
-    def ours(self, node: str) -> list[dict]:
-        return [
-            c
-            for c in self.facts[node].ours
-            if c.get("Config", {}).get("Labels", {}).get(CLUSTER_LABEL) == self.inventory.cluster.name
-        ]
+    def ours(self, node: str) -> list[ContainerInspect]:
+        return [c for c in self.facts[node].ours if c.labels.get(CLUSTER_LABEL) == self.inventory.cluster.name]
 
 
 class Report:
@@ -107,15 +103,3 @@ def check(check_id: str, title: str):
         return run
 
     return deco
-
-
-# --- what several areas read in a container's `docker inspect` ----------------------------------
-
-
-def inspect_env(c: dict) -> dict[str, str]:
-    """The variables a container was created with, as its `docker inspect` records them."""
-    return dict(e.split("=", 1) for e in (c.get("Config", {}).get("Env") or []) if "=" in e)
-
-
-def is_running(c: dict) -> bool:
-    return bool(c.get("State", {}).get("Running"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from sparkcluster.checks.registry import Context, Report, check, inspect_env, is_running
+from sparkcluster.checks.registry import Context, Report, check
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
@@ -48,7 +48,7 @@ def net_rendezvous(ctx: Context, r: Report) -> None:
             )
             continue
         planned = ctx.expect.per_host_env.get(node.name, {})
-        running = [inspect_env(c) for c in ctx.ours(node.name) if is_running(c)]
+        running = [c.env for c in ctx.ours(node.name) if c.running]
         bad = []
         for var in IFNAME_VARS:
             for where, env in (("the profile", planned), *(("the running container", e) for e in running)):

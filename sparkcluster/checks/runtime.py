@@ -1,9 +1,17 @@
 """Runtime checks: the Ray and API ports are free, no stale Ray is left, and the running
-containers carry the forwarded and per-host variables and identical docker flags."""
+containers carry the forwarded and per-host variables and identical docker flags.
+
+`env_verdict` is the one judgement of "the container has the right variables": these checks
+apply it to what `docker inspect` says, the probe stage to what `docker exec env` prints in the
+new containers, and the plan to decide whether the running containers can be kept."""
 
 from __future__ import annotations
 
-from sparkcluster.checks.registry import Context, Report, check, inspect_env, is_running
+from dataclasses import dataclass
+from typing import Mapping
+
+from sparkcluster.checks.registry import Context, Report, check
+from sparkcluster.facts.parsers import FLAG_KEYS
 from sparkcluster.labels import CLUSTER_LABEL
 
 
@@ -19,8 +27,8 @@ def ports_free(ctx: Context, r: Report) -> None:
         )
         wanted[c.api_port] = "vLLM API"
         f = ctx.facts[node.name]
-        ours = {c.get("Id", "") for c in ctx.ours(node.name)}
-        ours_running = any(is_running(c) for c in ctx.ours(node.name))
+        ours = {c.id for c in ctx.ours(node.name)}
+        ours_running = any(c.running for c in ctx.ours(node.name))
         bad = []
         for ls in f.listeners:
             if ls.port not in wanted:
@@ -51,13 +59,13 @@ def ports_free(ctx: Context, r: Report) -> None:
 def ray_stale(ctx: Context, r: Report) -> None:
     for node in ctx.nodes():
         f = ctx.facts[node.name]
-        ours = {c.get("Id", "") for c in ctx.ours(node.name)}
+        ours = {c.id for c in ctx.ours(node.name)}
         foreign = [
             c
             for c in f.containers
             if c.state == "running" and c.id not in ours and "ray start" in c.command and CLUSTER_LABEL not in c.labels
         ]
-        exited = [c.get("Name", "").lstrip("/") for c in ctx.ours(node.name) if not is_running(c)]
+        exited = [c.name for c in ctx.ours(node.name) if not c.running]
         if foreign:
             r.fail(
                 node.name,
@@ -70,7 +78,7 @@ def ray_stale(ctx: Context, r: Report) -> None:
                 f"stopped sparkcluster container(s) left behind: {', '.join(exited)}",
                 "sparkcluster down --purge-gcs",
             )
-        elif f.ray_sessions and not any(is_running(c) for c in ctx.ours(node.name)):
+        elif f.ray_sessions and not any(c.running for c in ctx.ours(node.name)):
             r.warn(
                 node.name,
                 f"{len(f.ray_sessions)} Ray session dir(s) in /tmp/ray with no Ray running",
@@ -83,28 +91,56 @@ def ray_stale(ctx: Context, r: Report) -> None:
 # --- running containers -------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class EnvVerdict:
+    """What a container's environment lacks of what it must carry from its start: the names that
+    must be equal everywhere and are missing or different, and the node's own values that are
+    wrong (`NAME=got (want value)`)."""
+
+    missing: tuple[str, ...] = ()
+    different: tuple[str, ...] = ()
+    per_host: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.different or self.per_host)
+
+    def reason(self) -> str:
+        return "; ".join(
+            x
+            for x in (
+                f"missing {', '.join(self.missing)}" if self.missing else "",
+                f"different {', '.join(self.different)}" if self.different else "",
+                *self.per_host,
+            )
+            if x
+        )
+
+
+def env_verdict(
+    env: Mapping[str, str], same: Mapping[str, str], per_host: Mapping[str, str] | None = None
+) -> EnvVerdict:
+    """`env` (a container's) against `same` (what every node's container carries alike) and
+    `per_host` (this node's own values, from the inventory)."""
+    return EnvVerdict(
+        tuple(k for k in same if k not in env),
+        tuple(k for k, v in same.items() if k in env and env[k] != v),
+        tuple(f"{k}={env.get(k, '(unset)')} (want {v})" for k, v in (per_host or {}).items() if env.get(k) != v),
+    )
+
+
 @check("containers.forwarded_env", "Forwarded variables present and equal in every container")
 def containers_forwarded_env(ctx: Context, r: Report) -> None:
     want = ctx.expect.forwarded_env
     for node in ctx.nodes():
-        running = [c for c in ctx.ours(node.name) if is_running(c)]
+        running = [c for c in ctx.ours(node.name) if c.running]
         if not running or not want:
             continue
-        env = inspect_env(running[0])
-        missing = [k for k in want if k not in env]
-        wrong = [k for k in want if k in env and env[k] != want[k]]
-        if missing or wrong:
-            detail = "; ".join(
-                x
-                for x in (
-                    f"missing {', '.join(missing)}" if missing else "",
-                    f"different {', '.join(wrong)}" if wrong else "",
-                )
-                if x
-            )
+        v = env_verdict(running[0].env, want)
+        if not v.ok:
             r.fail(
                 node.name,
-                detail + " in the container (set at its start)",
+                v.reason() + " in the container (set at its start)",
                 "these must be in every container at start; docker exec -e reaches rank 0 only: "
                 "sparkcluster down && sparkcluster up",
             )
@@ -115,60 +151,29 @@ def containers_forwarded_env(ctx: Context, r: Report) -> None:
 @check("containers.per_host_env", "Per-host variables right for each node")
 def containers_per_host_env(ctx: Context, r: Report) -> None:
     for node in ctx.nodes():
-        running = [c for c in ctx.ours(node.name) if is_running(c)]
+        running = [c for c in ctx.ours(node.name) if c.running]
         want = ctx.expect.per_host_env.get(node.name, {})
         if not running or not want:
             continue
-        env = inspect_env(running[0])
         # VLLM_HOST_IP is judged by net.vllm_host_ip (with its own fix); not reported twice
-        wrong = [
-            f"{k}={env.get(k, '(unset)')} (want {v})"
-            for k, v in want.items()
-            if k != "VLLM_HOST_IP" and env.get(k) != v
-        ]
-        if wrong:
+        v = env_verdict(running[0].env, {}, {k: x for k, x in want.items() if k != "VLLM_HOST_IP"})
+        if not v.ok:
             r.fail(
                 node.name,
-                "; ".join(wrong),
+                v.reason(),
                 "per-host values come from the inventory; fix it, then sparkcluster down && sparkcluster up",
             )
         else:
             r.ok(node.name, f"{len(want)} variables")
 
 
-FLAG_KEYS = (
-    "Devices",
-    "CapAdd",
-    "Ulimits",
-    "NetworkMode",
-    "IpcMode",
-    "ShmSize",
-    "DeviceRequests",
-    "Memory",
-    "Privileged",
-)
-
-
-def container_flags(c: dict) -> dict[str, object]:
-    hc = c.get("HostConfig", {}) or {}
-    flags = {k: hc.get(k) for k in FLAG_KEYS}
-    flags["Devices"] = sorted((d.get("PathOnHost"), d.get("PathInContainer")) for d in (flags["Devices"] or []))
-    # the docker CLI stores --cap-add=IPC_LOCK as "CAP_IPC_LOCK", the Engine API as given: same flag
-    flags["CapAdd"] = sorted(c.upper().removeprefix("CAP_") for c in (flags["CapAdd"] or []))
-    flags["Ulimits"] = sorted((u.get("Name"), u.get("Soft"), u.get("Hard")) for u in (flags["Ulimits"] or []))
-    flags["DeviceRequests"] = sorted(
-        str(sorted((k, str(v)) for k, v in d.items())) for d in (flags["DeviceRequests"] or [])
-    )
-    return flags
-
-
 @check("containers.flags", "Docker flags identical on every node")
 def containers_flags(ctx: Context, r: Report) -> None:
     per_node = {}
     for node in ctx.nodes():
-        running = [c for c in ctx.ours(node.name) if is_running(c)]
+        running = [c for c in ctx.ours(node.name) if c.running]
         if running:
-            per_node[node.name] = container_flags(running[0])
+            per_node[node.name] = running[0].flags
     if not per_node:
         return
     head = ctx.inventory.head.name

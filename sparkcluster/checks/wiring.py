@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from sparkcluster.checks.registry import Context, Report, check, inspect_env, is_running
+from sparkcluster.checks.registry import Context, Report, check
 from sparkcluster.config import topology
 from sparkcluster.config.inventory import Node
 from sparkcluster.facts import HostFacts
@@ -91,7 +91,7 @@ def nccl_topology_env(ctx: Context, r: Report) -> None:
             r.ok(node.name, f"{ctx.inventory.cluster.topology or 'no'} topology: none needed")
             continue
         planned = {k: v for k, v in ctx.expect.forwarded_env.items() if k in need and v != need[k]}
-        running = [inspect_env(c) for c in ctx.ours(node.name) if is_running(c)]
+        running = [c.env for c in ctx.ours(node.name) if c.running]
         stale = sorted({k for env in running for k in need if env.get(k) != need[k]})
         if planned:
             r.fail(

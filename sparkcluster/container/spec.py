@@ -56,7 +56,7 @@ MEMLOCK = {"Name": "memlock", "Soft": -1, "Hard": -1}
 
 
 def required_flags(ulimit_stack: int | None = None) -> dict[str, object]:
-    """The flags every node's container must carry, in the form `checks.runtime.container_flags` reads
+    """The flags every node's container must carry, in the form `ContainerInspect.flags` reads
     them back from `docker inspect`."""
     return {
         "NetworkMode": "host",

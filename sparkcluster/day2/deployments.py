@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from sparkcluster import log
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.errors import InputError
+from sparkcluster.facts.parsers import ContainerInspect
 from sparkcluster.labels import CLUSTER_LABEL, NODES_LABEL, PROFILE_LABEL
 
 _log = log.get(__name__)
@@ -57,14 +58,14 @@ def target(inv: Inventory, prof, nodes: tuple[str, ...] | str | None) -> Invento
     return inv
 
 
-def group(inv: Inventory, containers_by_node: dict[str, list[dict]]) -> list[Deployment]:
-    """Pure: containers (as the Engine API lists them, or as `docker inspect` prints them: status
-    reads them in its SSH round trip) -> deployments, in inventory order. A container without the
-    node-set label (made before deployments existed) belongs to every node of its profile."""
+def group(inv: Inventory, containers_by_node: dict[str, list[dict | ContainerInspect]]) -> list[Deployment]:
+    """Pure: containers (as the Engine API lists them, or as `docker inspect` describes them:
+    status reads them in its SSH round trip) -> deployments, in inventory order. A container
+    without the node-set label (made before deployments existed) belongs to every node of its profile."""
     found: dict[tuple[str, tuple[str, ...]], Deployment] = {}
     for n in inv.nodes:
         for c in containers_by_node.get(n.name, []):
-            labels = c.get("Labels") or (c.get("Config") or {}).get("Labels") or {}
+            name, labels = (c.name or "?", c.labels) if isinstance(c, ContainerInspect) else _listed(c)
             if labels.get(CLUSTER_LABEL) != inv.cluster.name:
                 continue
             prof = labels.get(PROFILE_LABEL, "?")
@@ -72,8 +73,13 @@ def group(inv: Inventory, containers_by_node: dict[str, list[dict]]) -> list[Dep
             if not nodes:
                 nodes = tuple(m.name for m in inv.nodes)
             d = found.setdefault((prof, nodes), Deployment(prof, nodes))
-            d.containers.setdefault(n.name, []).append((c.get("Names") or [c.get("Name") or "?"])[0].lstrip("/"))
+            d.containers.setdefault(n.name, []).append(name)
     return list(found.values())
+
+
+def _listed(c: dict) -> tuple[str, dict[str, str]]:
+    """A container's name and labels as the Engine API's list (`docker ps`) gives them."""
+    return (c.get("Names") or ["?"])[0].lstrip("/"), c.get("Labels") or {}
 
 
 def on(cluster, inv: Inventory) -> tuple[list[Deployment], dict[str, str]]:

@@ -140,7 +140,7 @@ class NodeReport:
     members and the head container's server, supervisor state and journal."""
 
     status: NodeStatus
-    containers: list[dict] | None  # docker inspect of ours; None when its Docker did not answer
+    containers: list[parsers.ContainerInspect] | None  # docker inspect of ours; None when its Docker did not answer
     ray: list[dict] | None = None
     head_view: tuple = (None, None, [])
     nccl: str = ""  # the telling lines of its ranks' NCCL files
@@ -164,14 +164,14 @@ def _one(host, inv: Inventory) -> NodeReport:
             else (parsers.last_line(got.out) or f"`docker ps` exited {got.rc}")
         )
         return NodeReport(st, None)
-    ours = parsers.json_list(s["ours"].out)
+    ours = parsers.docker_inspect_json(s["ours"].out)
     if ours:
         c = ours[0]
-        st.container = c.get("Name", "").lstrip("/")
-        st.state = c.get("State", {}).get("Status", "unknown")
-        st.started_at = c.get("State", {}).get("StartedAt", "")
-        st.profile = c.get("Config", {}).get("Labels", {}).get(PROFILE_LABEL, "")
-        st.executor = c.get("Config", {}).get("Labels", {}).get(EXECUTOR_LABEL, "ray")
+        st.container = c.name
+        st.state = c.status
+        st.started_at = c.started_at
+        st.profile = c.labels.get(PROFILE_LABEL, "")
+        st.executor = c.labels.get(EXECUTOR_LABEL, "ray")
         started = parsers.rfc3339(st.started_at)
         if st.state == "running" and started is not None and now is not None:
             st.uptime_s = round(max(now - started, 0.0), 1)

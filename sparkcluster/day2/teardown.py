@@ -17,6 +17,7 @@ import docker.errors
 from sparkcluster import log
 from sparkcluster.day2 import server
 from sparkcluster.errors import SparkError
+from sparkcluster.facts.parsers import container_inspect
 from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
 from sparkcluster.node import readings
 from sparkcluster.remote.dockerapi import run_in
@@ -82,10 +83,10 @@ def stop_server(host: Host, container: str, grace: float = STOP_GRACE_S) -> Serv
     recorded server, and stop it by PID ourselves when it has not within the grace."""
     api = host.docker().api
     try:
-        info = api.inspect_container(container)
+        info = container_inspect(api.inspect_container(container))
     except docker.errors.NotFound:  # gone already
         return ServerStop(Stop.NO_CONTAINER)
-    if not info.get("State", {}).get("Running"):
+    if not info.running:
         return ServerStop(Stop.CONTAINER_NOT_RUNNING)
     rec = server.read_record(api, container)
     server.disable(api, container)

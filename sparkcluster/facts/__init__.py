@@ -37,7 +37,7 @@ class HostFacts:
     sshd_oom_score_adj: int | None = None
     listeners: list[parsers.Listener] = field(default_factory=list)
     containers: list[parsers.Container] = field(default_factory=list)
-    ours: list[dict] = field(default_factory=list)  # docker inspect of sparkcluster's containers
+    ours: list[parsers.ContainerInspect] = field(default_factory=list)  # docker inspect of sparkcluster's containers
     image_id: str | None = None
     image_ray: str | None = None  # `ray --version` output in the cluster image, if it runs
     image_ray_error: str = ""
@@ -158,7 +158,7 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
     f.sshd_oom_score_adj = int(so.out.strip()) if so.rc == 0 and so.out.strip().lstrip("-").isdigit() else None
     f.listeners = parsers.ss_listeners(get("listeners").out)
     f.containers = parsers.docker_ps_json(get("containers").out) if get("containers").rc == 0 else []
-    f.ours = parsers.json_list(get("ours").out) if get("ours").rc == 0 else []
+    f.ours = parsers.docker_inspect_json(get("ours").out) if get("ours").rc == 0 else []
     f.disks = parsers.df_lines(get("disk").out)
     f.ray_sessions = [x for x in get("ray_sessions").out.split() if x]
     f.account = probes.value(access.ACCOUNT, s)

@@ -151,6 +151,78 @@ def docker_ps_json(text: str) -> list[Container]:
     return out
 
 
+# --- docker inspect -----------------------------------------------------------------------------
+
+# The HostConfig flags every node's container must carry alike: the checks compare them across
+# nodes and against what `container_spec.required_flags` states in the same form.
+FLAG_KEYS = (
+    "Devices",
+    "CapAdd",
+    "Ulimits",
+    "NetworkMode",
+    "IpcMode",
+    "ShmSize",
+    "DeviceRequests",
+    "Memory",
+    "Privileged",
+)
+
+
+@dataclass(frozen=True)
+class ContainerInspect:
+    """A container as `docker inspect` (or the Engine API's inspect) describes it, reduced to what
+    sparkcluster reads. Built once, here, from the JSON; everything else reads these fields."""
+
+    id: str = ""
+    name: str = ""  # without docker's leading "/"
+    image: str = ""  # Config.Image: the reference it was created from
+    image_id: str = ""  # Image: the ID it runs
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # Config.Env: what its processes start with
+    running: bool = False
+    status: str = "unknown"  # State.Status: created, running, exited, ...
+    started_at: str = ""  # RFC 3339
+    exit_code: int | None = None
+    restart_count: int = 0
+    flags: dict[str, object] = field(default_factory=dict)  # HostConfig's FLAG_KEYS, normalised
+
+
+def container_inspect(d: dict) -> ContainerInspect:
+    """One container of `docker inspect`'s JSON list (or `APIClient.inspect_container`'s dict)."""
+    config, state = d.get("Config") or {}, d.get("State") or {}
+    return ContainerInspect(
+        id=d.get("Id", ""),
+        name=d.get("Name", "").lstrip("/"),
+        image=config.get("Image", ""),
+        image_id=d.get("Image", ""),
+        labels=dict(config.get("Labels") or {}),
+        env=dict(e.split("=", 1) for e in (config.get("Env") or []) if "=" in e),
+        running=bool(state.get("Running")),
+        status=state.get("Status", "unknown"),
+        started_at=state.get("StartedAt", ""),
+        exit_code=state.get("ExitCode"),
+        restart_count=int(d.get("RestartCount") or 0),
+        flags=_flags(d.get("HostConfig") or {}),
+    )
+
+
+def _flags(hc: dict) -> dict[str, object]:
+    flags = {k: hc.get(k) for k in FLAG_KEYS}
+    flags["Devices"] = sorted((d.get("PathOnHost"), d.get("PathInContainer")) for d in (flags["Devices"] or []))
+    # the docker CLI stores --cap-add=IPC_LOCK as "CAP_IPC_LOCK", the Engine API as given: same flag
+    flags["CapAdd"] = sorted(c.upper().removeprefix("CAP_") for c in (flags["CapAdd"] or []))
+    flags["Ulimits"] = sorted((u.get("Name"), u.get("Soft"), u.get("Hard")) for u in (flags["Ulimits"] or []))
+    flags["DeviceRequests"] = sorted(
+        str(sorted((k, str(v)) for k, v in d.items())) for d in (flags["DeviceRequests"] or [])
+    )
+    return flags
+
+
+def docker_inspect_json(text: str) -> list[ContainerInspect]:
+    """`docker inspect ID...` (a JSON list; `[]` when there is none)."""
+    return [container_inspect(d) for d in json_list(text)]
+
+
 # --- network ------------------------------------------------------------------------------------
 
 

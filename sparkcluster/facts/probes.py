@@ -132,7 +132,7 @@ def ours(label: str) -> Probe:
     return Probe(
         "ours",
         f"ids=$(docker ps -aq --filter label={q}); [ -z \"$ids\" ] && echo '[]' || docker inspect $ids",
-        parsers.json_list,
+        parsers.docker_inspect_json,
     )
 
 

@@ -120,12 +120,8 @@ def _all_reachable(touched: Inventory, unreachable: dict) -> None:
 def _old_server(cluster: ConnectedHosts, inv: Inventory, facts) -> server.Record | None:
     """The server that runs in our head container now, if any. An engine that does not answer
     fails here (EngineUnreachable): it is never taken for "no server", which would restart one."""
-    heads = [
-        c
-        for c in facts[inv.head.name].ours
-        if c.get("Config", {}).get("Labels", {}).get(ROLE_LABEL) == "head" and c.get("State", {}).get("Running")
-    ]
-    return server.current(cluster.head.docker().api, heads[0]["Id"]) if heads else None
+    heads = [c for c in facts[inv.head.name].ours if c.labels.get(ROLE_LABEL) == "head" and c.running]
+    return server.current(cluster.head.docker().api, heads[0].id) if heads else None
 
 
 def _wedged(cluster: ConnectedHosts, inv: Inventory, prof: profiles.Profile, secrets: dict[str, str]) -> str:

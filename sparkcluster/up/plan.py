@@ -14,6 +14,7 @@ from typing import Iterable
 from urllib.parse import urlsplit
 
 from sparkcluster import redact
+from sparkcluster.checks.runtime import env_verdict
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.flags import rank_args, supervised_argv
 from sparkcluster.config.images import RAY_VERSION, image_ref
@@ -22,6 +23,7 @@ from sparkcluster.container.spec import ContainerSpec, node_rank, spec_for
 from sparkcluster.day2 import server
 from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
+from sparkcluster.facts.parsers import ContainerInspect
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
 from sparkcluster.up.stages import STAGES
 from sparkcluster.up.stages.base import Stage, Step
@@ -83,8 +85,8 @@ def _build_args(inv: Inventory, prof: profiles.Profile) -> dict[str, str]:
     return build
 
 
-def _names(current: dict[str, list[dict]]) -> str:
-    return ", ".join(c.get("Name", "").lstrip("/") for cs in current.values() for c in cs)
+def _names(current: dict[str, list[ContainerInspect]]) -> str:
+    return ", ".join(c.name for cs in current.values() for c in cs)
 
 
 def make_plan(
@@ -112,10 +114,7 @@ def make_plan(
 
     specs = {n.name: spec_for(inv, prof, n, image) for n in inv.nodes}
     current = {n.name: list(facts[n.name].ours) for n in inv.nodes}
-    other_profiles = sorted(
-        {c.get("Config", {}).get("Labels", {}).get(PROFILE_LABEL, "?") for cs in current.values() for c in cs}
-        - {prof.name}
-    )
+    other_profiles = sorted({c.labels.get(PROFILE_LABEL, "?") for cs in current.values() for c in cs} - {prof.name})
     notes = []
     if other_profiles:
         what = f"profile '{', '.join(other_profiles)}' (containers: " + _names(current) + ")"
@@ -131,19 +130,17 @@ def make_plan(
         if len(cs) != 1:
             return False
         c = cs[0]
-        labels = c.get("Config", {}).get("Labels", {})
         # the labels are what was asked; the container's own env is what its ranks get (a
         # container recreated by hand can carry our labels without the forwarded variables)
-        env = dict(e.split("=", 1) for e in (c.get("Config", {}).get("Env") or []) if "=" in e)
         # the config hash leaves the profile out: another profile's container can match it, and
         # kept, it would still carry that profile's label
         return (
-            bool(c.get("State", {}).get("Running"))
-            and labels.get(PROFILE_LABEL) == prof.name
-            and labels.get(CONFIG_LABEL) == specs[node].config_hash()
-            and all(env.get(k) == v for k, v in specs[node].env.items())
+            c.running
+            and c.labels.get(PROFILE_LABEL) == prof.name
+            and c.labels.get(CONFIG_LABEL) == specs[node].config_hash()
+            and env_verdict(c.env, specs[node].env).ok
             and facts[node].image_id is not None
-            and c.get("Image") == facts[node].image_id
+            and c.image_id == facts[node].image_id
             and node not in send_to
             and build is None
         )
@@ -153,10 +150,7 @@ def make_plan(
         not keep
         and not other_profiles
         and any(current.values())
-        and (
-            not all(current.values())
-            or not all(c.get("State", {}).get("Running") for cs in current.values() for c in cs)
-        )
+        and (not all(current.values()) or not all(c.running for cs in current.values() for c in cs))
     ):
         # what a killed run leaves (a head holding the GCS port, no worker): say so, then replace it
         notes.append(
@@ -171,7 +165,7 @@ def make_plan(
         plan = Plan(inv, prof, image, specs[head].name, None, [], {}, [], None, unchanged=True, **common)
         # nothing to do: the plan holds only the steps that ran before it
         return _with_steps(plan, [s for s in STAGES.values() if s.before_plan])
-    remove = {} if keep else {n: [c.get("Name", "").lstrip("/") for c in cs] for n, cs in current.items() if cs}
+    remove = {} if keep else {n: [c.name for c in cs] for n, cs in current.items() if cs}
     to_create = [] if keep else [specs[inv.head.name], *[specs[w.name] for w in inv.workers]]
     sv = server.ServeSpec(
         container=specs[head].name,

@@ -691,7 +691,7 @@ def test_ctrl_c_stops_the_level_in_the_container_and_keeps_earlier_levels(tmp_pa
 def test_serving_states():
     api = FakeAPI()
     rec, info = fake_head(api).serving()
-    assert rec.profile == "testbed" and info["Image"] == "sha256:feed"
+    assert rec.profile == "testbed" and info.image_id == "sha256:feed"
     api.container_running = False
     with pytest.raises(SparkError, match="no cluster is serving"):
         fake_head(api).serving()

@@ -67,8 +67,13 @@ class State:
     facts: dict[str, facts.HostFacts]
     unreachable: dict[str, str] = field(default_factory=dict)
     expect: dict = field(default_factory=dict)
+    # what `docker inspect` prints of our containers on each node, parsed into the facts by `ctx()`
+    inspect: dict[str, list[dict]] = field(default_factory=dict)
 
     def ctx(self) -> checks.Context:
+        for name, ours in self.inspect.items():
+            if name in self.facts:
+                self.facts[name].ours = parsers.docker_inspect_json(json.dumps(ours))
         inv = make_inventory(self.inv)
         exp = dict(self.expect)
         # per-host values are what sparkcluster derives from the inventory (profile.per_host_env)
@@ -79,13 +84,13 @@ class State:
         return next(n for n in self.inv["nodes"] if n["name"] == name)
 
     def env(self, name: str) -> list[str]:
-        return self.facts[name].ours[0]["Config"]["Env"]
+        return self.inspect[name][0]["Config"]["Env"]
 
     def set_env(self, name: str, key: str, value: str | None) -> None:
         env = [e for e in self.env(name) if not e.startswith(key + "=")]
         if value is not None:
             env.append(f"{key}={value}")
-        self.facts[name].ours[0]["Config"]["Env"] = env
+        self.inspect[name][0]["Config"]["Env"] = env
 
 
 def _container_inspect(name: str, role: str, host: int) -> dict:
@@ -126,7 +131,7 @@ def _ps_line(c: dict) -> str:
     )
 
 
-def _host_facts(name: str, role: str, host: int) -> facts.HostFacts:
+def _host_facts(name: str, role: str, host: int, ours: dict) -> facts.HostFacts:
     f = facts.HostFacts(node=name, hostname=name, clock_offset=0.010 * host)
     f.gpus = parsers.nvidia_smi_csv(cap("gb10-nvidia-smi.csv"))
     f.docker = parsers.docker_info(cap("gb10-docker-info.json"))
@@ -140,8 +145,6 @@ def _host_facts(name: str, role: str, host: int) -> facts.HostFacts:
     f.mem = parsers.meminfo(MEMINFO)
     f.earlyoom = True
     f.sshd_oom_score_adj = -1000
-    ours = _container_inspect(name, role, host)
-    f.ours = [ours]
     if role == "head":
         # the head container (host network) holds Ray's GCS port and the API port
         f.listeners = parsers.ss_listeners(
@@ -164,7 +167,8 @@ def _host_facts(name: str, role: str, host: int) -> facts.HostFacts:
 
 def healthy() -> State:
     inv_data = inventory_dict()
-    hf = {name: _host_facts(name, role, host) for name, role, host in NODES}
+    ours = {name: [_container_inspect(name, role, host)] for name, role, host in NODES}
+    hf = {name: _host_facts(name, role, host, ours[name][0]) for name, role, host in NODES}
     inv = make_inventory(inv_data)
     ok_line = parsers.last_line(cap("vm-ping-lo-8972.txt"))
     for node in inv.nodes:
@@ -183,7 +187,7 @@ def healthy() -> State:
         image_disk_bytes=30 * GiB,
         model_disk_bytes=100 * GiB,
     )
-    return State(inv_data, hf, {}, expect)
+    return State(inv_data, hf, {}, expect, ours)
 
 
 def results(state: State) -> dict[tuple[str, str], checks.Result]:
@@ -481,10 +485,10 @@ def foreign_ray(s):
 
 
 def ours_exited(s):
-    old = copy.deepcopy(s.facts[W].ours[0])
+    old = copy.deepcopy(s.inspect[W][0])
     old["Id"], old["Name"] = "2" * 64, "/sparkcluster-pair-worker-old"
     old["State"] = {**old["State"], "Status": "exited", "Running": False, "ExitCode": 137}
-    s.facts[W].ours.append(old)
+    s.inspect[W].append(old)
 
 
 def disk_small(s):
@@ -516,25 +520,25 @@ def gloo_on_another_interface(s):
 
 
 def no_infiniband_device(s):
-    s.facts[W].ours[0]["HostConfig"]["Devices"] = []
+    s.inspect[W][0]["HostConfig"]["Devices"] = []
 
 
 def no_ipc_lock(s):
-    s.facts[W].ours[0]["HostConfig"]["CapAdd"] = None
+    s.inspect[W][0]["HostConfig"]["CapAdd"] = None
 
 
 def no_memlock_ulimit(s):
-    s.facts[W].ours[0]["HostConfig"]["Ulimits"] = [
-        u for u in s.facts[W].ours[0]["HostConfig"]["Ulimits"] if u["Name"] != "memlock"
+    s.inspect[W][0]["HostConfig"]["Ulimits"] = [
+        u for u in s.inspect[W][0]["HostConfig"]["Ulimits"] if u["Name"] != "memlock"
     ]
 
 
 def memory_cap_on_head(s):
-    s.facts[H].ours[0]["HostConfig"]["Memory"] = 64 * GiB
+    s.inspect[H][0]["HostConfig"]["Memory"] = 64 * GiB
 
 
 def memory_cap_on_worker(s):
-    s.facts[W].ours[0]["HostConfig"]["Memory"] = 64 * GiB
+    s.inspect[W][0]["HostConfig"]["Memory"] = 64 * GiB
 
 
 REFUSED = {
@@ -671,7 +675,7 @@ def test_unreachable_worker():
 def test_mem_headroom_fails_before_start_when_profile_needs_more():
     s = healthy()
     for name in (H, W):
-        s.facts[name].ours = []  # nothing running yet: the profile's share must still fit
+        s.inspect[name] = []  # nothing running yet: the profile's share must still fit
     s.facts[H].mem = parsers.meminfo(
         "MemTotal:       125276348 kB\nMemFree:        90000000 kB\nMemAvailable:  118000000 kB\n"
     )
@@ -704,7 +708,7 @@ def test_cap_add_spelling_cli_vs_engine_api():
     # real: the docker CLI stores --cap-add=IPC_LOCK as CAP_IPC_LOCK (tests/captured/testbed-head-docker-inspect.json)
     cli_caps = json.loads(cap("testbed-head-docker-inspect.json"))[0]["HostConfig"]["CapAdd"]
     s = healthy()
-    s.facts[H].ours[0]["HostConfig"]["CapAdd"] = cli_caps
+    s.inspect[H][0]["HostConfig"]["CapAdd"] = cli_caps
     got = results(s)
     assert got[("containers.flags", H)].status == got[("containers.flags", W)].status == "ok"
 
@@ -798,6 +802,6 @@ def test_ports_hidden_from_the_user_with_none_of_ours_running_are_held():
     s = healthy()
     s.facts[H].listeners = parsers.ss_listeners(HIDDEN)
     for n in (H, W):
-        s.facts[n].ours = []
+        s.inspect[n] = []
     r = results(s)[("ports.free", H)]
     assert r.status == "fail" and "another account" in r.detail

@@ -11,6 +11,7 @@ from conftest import make_inventory
 from sparkcluster.config import profile as profiles
 from sparkcluster.day2 import deployments, fleet
 from sparkcluster.errors import InputError
+from sparkcluster.facts import parsers as P
 from sparkcluster.labels import CLUSTER_LABEL, NODES_LABEL, PROFILE_LABEL
 
 INV = make_inventory()
@@ -46,7 +47,9 @@ def test_group_reads_docker_inspect_too():
 
     def inspected(name, profile, nodes):
         ps = c(name, profile, nodes)
-        return {"Name": ps["Names"][0], "Config": {"Labels": ps["Labels"]}, "State": {"Status": "running"}}
+        return P.container_inspect(
+            {"Name": ps["Names"][0], "Config": {"Labels": ps["Labels"]}, "State": {"Status": "running"}}
+        )
 
     found = deployments.group(INV, {A: [inspected("s-head", "single", A)], B: [inspected("s-head", "single", B)]})
     assert [(d.key, d.containers) for d in found] == [

@@ -18,6 +18,7 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.day2 import endpoint, supervision
 from sparkcluster.errors import CommandFailed, EngineUnreachable, StageError
 from sparkcluster.facts import HostFacts
+from sparkcluster.facts import parsers as P
 from sparkcluster.remote import dockerapi
 from sparkcluster.remote.fanout import run_each
 from sparkcluster.remote.result import CommandResult
@@ -202,12 +203,14 @@ def test_removal_is_one_step_per_container_workers_first(monkeypatch):
     prof = profiles.load_profile("testbed")
 
     def c(name, role):
-        return {
-            "Id": name + "-id",
-            "Name": "/" + name,
-            "State": {"Running": True},
-            "Config": {"Labels": {"org.sparkcluster.role": role, "org.sparkcluster.profile": "testbed"}},
-        }
+        return P.container_inspect(
+            {
+                "Id": name + "-id",
+                "Name": "/" + name,
+                "State": {"Running": True},
+                "Config": {"Labels": {"org.sparkcluster.role": role, "org.sparkcluster.profile": "testbed"}},
+            }
+        )
 
     facts = {
         HEAD: HostFacts(HEAD, hostname=HEAD, ours=[c("h1", "head")]),

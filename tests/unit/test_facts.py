@@ -132,7 +132,7 @@ def test_parse_gb10_probe():
     assert all(h.active for h in f.hcas.values()) and len(f.hcas) == 4
     assert f.earlyoom and f.sshd_oom_score_adj == -1000
     assert [c.name for c in f.containers] == ["sparkcluster-pair-head", "vllm_node"]
-    assert f.ours[0]["Name"] == "/sparkcluster-pair-head"
+    assert f.ours[0].name == "sparkcluster-pair-head"
     assert f.image_ray == "ray, version 2.49.2"
     assert len(f.ray_sessions) == 2
 

@@ -220,13 +220,15 @@ def _doctor(inv, found, env=None):
     for n, f in found.items():
         f.ours = (
             [
-                {
-                    "Config": {
-                        "Labels": {"org.sparkcluster.cluster": "four"},
-                        "Env": [f"{k}={v}" for k, v in (env or {}).get(n, {}).items()],
-                    },
-                    "State": {"Running": True},
-                }
+                parsers.container_inspect(
+                    {
+                        "Config": {
+                            "Labels": {"org.sparkcluster.cluster": "four"},
+                            "Env": [f"{k}={v}" for k, v in (env or {}).get(n, {}).items()],
+                        },
+                        "State": {"Running": True},
+                    }
+                )
             ]
             if env
             else []

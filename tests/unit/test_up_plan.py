@@ -3,6 +3,7 @@ spec it carries, whose argv no shell ever interprets (LAUNCH run locally)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import shlex
@@ -22,6 +23,7 @@ from sparkcluster.container.spec import files_tar, spec_for
 from sparkcluster.day2 import endpoint, server
 from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
+from sparkcluster.facts import parsers as P
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
 from sparkcluster.node import contract
 from sparkcluster.up.plan import Plan, make_plan
@@ -45,8 +47,12 @@ def facts(
     worker_ours: list[dict] | None = None,
 ) -> dict[str, HostFacts]:
     return {
-        HEAD: HostFacts(HEAD, hostname=HEAD, image_id=head_image, ours=head_ours or []),
-        WORKER: HostFacts(WORKER, hostname=WORKER, image_id=worker_image, ours=worker_ours or []),
+        HEAD: HostFacts(
+            HEAD, hostname=HEAD, image_id=head_image, ours=P.docker_inspect_json(json.dumps(head_ours or []))
+        ),
+        WORKER: HostFacts(
+            WORKER, hostname=WORKER, image_id=worker_image, ours=P.docker_inspect_json(json.dumps(worker_ours or []))
+        ),
     }
 
 
@@ -175,11 +181,12 @@ def test_matching_containers_but_not_serving_only_serves(prof):
 def test_stale_config_hash_recreates_both(prof):
     inv = make_inventory()
     f = running_facts(inv, prof)
-    f[WORKER].ours[0]["Config"]["Labels"][CONFIG_LABEL] = "0" * 16
+    c = f[WORKER].ours[0]
+    f[WORKER].ours[0] = dataclasses.replace(c, labels={**c.labels, CONFIG_LABEL: "0" * 16})
     plan = make_plan(inv, prof, f, serving=True, replace=False)
     assert not plan.unchanged
     assert [c.node for c in plan.containers] == [HEAD, WORKER]
-    assert plan.remove == {HEAD: [f[HEAD].ours[0]["Name"][1:]], WORKER: [f[WORKER].ours[0]["Name"][1:]]}
+    assert plan.remove == {HEAD: [f[HEAD].ours[0].name], WORKER: [f[WORKER].ours[0].name]}
 
 
 def test_exited_container_or_other_image_recreates(prof):
@@ -187,7 +194,7 @@ def test_exited_container_or_other_image_recreates(prof):
     plan = make_plan(inv, prof, running_facts(inv, prof, running=False), serving=True, replace=False)
     assert not plan.unchanged and len(plan.containers) == 2
     f = running_facts(inv, prof)
-    f[HEAD].ours[0]["Image"] = OTHER_ID
+    f[HEAD].ours[0] = dataclasses.replace(f[HEAD].ours[0], image_id=OTHER_ID)
     plan = make_plan(inv, prof, f, serving=True, replace=False)
     assert not plan.unchanged and len(plan.containers) == 2
 
@@ -198,7 +205,7 @@ def test_head_left_by_a_killed_run_is_stale_state_removed_first(prof):
     f = running_facts(inv, prof, running=False)
     f[WORKER].ours = []
     plan = make_plan(inv, prof, f, serving=False, replace=False)
-    head_name = f[HEAD].ours[0]["Name"][1:]
+    head_name = f[HEAD].ours[0].name
     assert any("stale state" in n and head_name in n and "down --purge-gcs" in n for n in plan.notes), plan.notes
     assert plan.remove == {HEAD: [head_name]}
     assert [c.node for c in plan.containers] == [HEAD, WORKER]
@@ -230,13 +237,13 @@ def test_other_profile_running_with_replace(prof):
     plan = make_plan(inv, prof, f, serving=False, replace=True)
     assert not plan.unchanged
     assert any("replacing" in n and "qwen3-30b" in n for n in plan.notes)
-    assert plan.remove == {HEAD: [f[HEAD].ours[0]["Name"][1:]], WORKER: [f[WORKER].ours[0]["Name"][1:]]}
+    assert plan.remove == {HEAD: [f[HEAD].ours[0].name], WORKER: [f[WORKER].ours[0].name]}
     assert [c.node for c in plan.containers] == [HEAD, WORKER]
     assert all(c.labels[PROFILE_LABEL] == prof.name for c in plan.containers)
     assert plan.serve is not None
     rendered = plan.render()
     assert "note: replacing" in rendered
-    assert f"remove {f[HEAD].ours[0]['Name'][1:]}" in rendered
+    assert f"remove {f[HEAD].ours[0].name}" in rendered
 
 
 def test_replace_recreates_containers_whose_config_matches_another_profile(prof):

@@ -69,10 +69,10 @@ def steps(plan: "Plan") -> list[Step]:
     # workers before the head, as `down` does: a worker's raylet outlives no head it waits for
     for node in [*(w.name for w in inv.workers), inv.head.name]:
         for c in plan.facts[node].ours:
-            name = c.get("Name", "").lstrip("/")
+            name = c.name
             if name not in plan.remove.get(node, []):
                 continue
-            is_head = c.get("Config", {}).get("Labels", {}).get(ROLE_LABEL) == "head"
+            is_head = c.labels.get(ROLE_LABEL) == "head"
             how = "stop vllm serve by its PID (TERM, then KILL after 30s), then " if is_head else ""
             out.append(
                 Step(
@@ -80,8 +80,8 @@ def steps(plan: "Plan") -> list[Step]:
                     node,
                     f"remove-{name}",
                     f"remove {name}",
-                    f"{how}Engine API: docker rm -f {c.get('Id', name)[:12]} (this container only, by ID)",
-                    run=lambda r, node=node, cid=c.get("Id", name), h=is_head: remove(r, node, cid, h),
+                    f"{how}Engine API: docker rm -f {(c.id or name)[:12]} (this container only, by ID)",
+                    run=lambda r, node=node, cid=c.id or name, h=is_head: remove(r, node, cid, h),
                     parallel="" if is_head else "remove-workers",
                 )
             )

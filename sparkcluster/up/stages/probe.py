@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sparkcluster.checks.runtime import env_verdict
 from sparkcluster.config import profile as profiles
 from sparkcluster.remote.dockerapi import run_in
 from sparkcluster.up.stages.base import Step, fail
@@ -62,26 +63,14 @@ def env_in_container(r: "UpRun", node: str, container: str) -> dict[str, str]:
 
 def check_env(r: "UpRun", node: str, container: str) -> int:
     want = r.plan.profile.forwarded_env()
-    env = env_in_container(r, node, container)
-    missing = [k for k in want if k not in env]
-    wrong = [k for k, v in want.items() if k in env and env[k] != v]
     per_host = profiles.per_host_env(r.plan.profile, r.inv, node)
-    bad_host = [f"{k}={env.get(k, '(unset)')} (want {v})" for k, v in per_host.items() if env.get(k) != v]
-    if missing or wrong or bad_host:
-        reason = "; ".join(
-            x
-            for x in (
-                f"missing {', '.join(missing)}" if missing else "",
-                f"different {', '.join(wrong)}" if wrong else "",
-                ", ".join(bad_host),
-            )
-            if x
-        )
+    v = env_verdict(env_in_container(r, node, container), want, per_host)
+    if not v.ok:
         raise fail(
             STAGE,
             node,
             "variables in the container",
-            reason,
+            v.reason(),
             f"docker exec {container} env",
             "",
             "these must be in the container at its start on every node (docker exec -e reaches rank 0 "

@@ -12,6 +12,7 @@ from sparkcluster import redact
 from sparkcluster.container.spec import ContainerSpec
 from sparkcluster.day2 import ray_members
 from sparkcluster.errors import StageError
+from sparkcluster.facts.parsers import container_inspect
 from sparkcluster.remote import retry
 from sparkcluster.up.stages.base import Step, fail
 
@@ -51,10 +52,10 @@ def summary(done: list[tuple[Step, object]]) -> str:
 def container_failed(r: "UpRun", spec: ContainerSpec) -> StageError | None:
     host = r.cluster.hosts[spec.node]
     api = host.docker().api
-    info = api.inspect_container(spec.name)
+    info = container_inspect(api.inspect_container(spec.name))
     # created by this run: a restart (the restart policy) means its process died during bring-up
-    restarted = int(info.get("RestartCount") or 0)
-    if info.get("State", {}).get("Running") and not restarted:
+    restarted = info.restart_count
+    if info.running and not restarted:
         return None
     logs = redact.mask(api.logs(spec.name, tail=15).decode(errors="replace"))
     fix = None
@@ -64,7 +65,7 @@ def container_failed(r: "UpRun", spec: ContainerSpec) -> StageError | None:
         STAGE,
         host.name,
         f"{spec.role} container {spec.name}",
-        f"the container exited ({info['State'].get('ExitCode')})"
+        f"the container exited ({info.exit_code})"
         if not restarted
         else f"the container exited and Docker restarted it ({restarted} time(s))",
         shlex.join(spec.command),
