@@ -39,6 +39,36 @@ def test_json_list_docker_inspect():
     assert got[0]["State"]["Running"] is True
 
 
+def test_docker_inspect_typed_view():
+    (c,) = P.docker_inspect_json(cap("gb10-docker-inspect-head.json"))
+    raw = json.loads(cap("gb10-docker-inspect-head.json"))[0]
+    assert (c.id, c.name, c.image, c.image_id) == (
+        raw["Id"],
+        "sparkcluster-pair-head",
+        raw["Config"]["Image"],
+        raw["Image"],
+    )
+    assert c.running and c.status == "running" and c.exit_code == 0 and c.restart_count == 0
+    assert c.started_at == raw["State"]["StartedAt"]
+    assert c.labels == raw["Config"]["Labels"] and c.labels["org.sparkcluster.role"] == "head"
+    # Env as docker lists it (NAME=value); a value holding "=" is kept whole
+    assert len(c.env) == len(raw["Config"]["Env"])
+    assert all(f"{k}={v}" in raw["Config"]["Env"] for k, v in c.env.items())
+    assert P.container_inspect({"Config": {"Env": ["A=b=c", "NOVALUE"]}}).env == {"A": "b=c"}
+    assert c.flags["NetworkMode"] == "host" and c.flags["Memory"] == 0
+    assert c.flags["Devices"] == [("/dev/infiniband", "/dev/infiniband")]
+    assert P.docker_inspect_json("[]\n") == []
+
+
+def test_docker_inspect_flags_read_the_cli_and_the_api_alike():
+    (cli,) = P.docker_inspect_json(cap("testbed-head-docker-inspect.json"))
+    assert cli.flags["CapAdd"] == ["IPC_LOCK"]  # the CLI stores CAP_IPC_LOCK
+    assert ("memlock", -1, -1) in cli.flags["Ulimits"]
+    assert not cli.running and cli.status == "created"
+    # the Engine API's inspect of a container it never saw start: no State, no Config at all
+    assert P.container_inspect({"Id": "x"}) == P.ContainerInspect(id="x", flags=P.container_inspect({}).flags)
+
+
 def test_json_list_single_object_becomes_list():
     assert parsers.json_list('{"a": 1}') == [{"a": 1}]
 

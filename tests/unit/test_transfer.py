@@ -352,3 +352,11 @@ def test_containerd_image_store_gets_the_whole_image():
     assert transfer.elides([["Backing Filesystem", "extfs"], ["Supports d_type", "true"]])
     assert not transfer.elides([["driver-type", "io.containerd.snapshotter.v1"]])
     assert transfer.elides([])
+
+
+def test_both_senders_share_one_framing_and_keep_their_first_line():
+    # one framed-send prelude; each script's own imports stay its first line, which is what `ps`
+    # shows of it (tests/integration/test_image_layers.py finds the image sender by it)
+    assert transfer.FRAMING in transfer.SENDER and transfer.FRAMING in transfer.STREAM_SENDER
+    assert transfer.SENDER.startswith("\nimport hashlib, os, re, socket")
+    assert transfer.STREAM_SENDER.startswith("\nimport socket, struct, sys, time\n")
