@@ -4,8 +4,8 @@ worker's receiver extracting its copy while it relays the stream to the next. Ev
 checks what arrived against the snapshot's hashes and adopts only the files that match (as with
 one worker): a file cut mid-way or altered is dropped, never served. A failed chain names the node
 where it failed (stream.culprit); the nodes after it got a cut stream, and the next run sends
-each only what it still lacks. One worker lacking files: the head sends to it alone (Staging.replicate), the same stream
-over one hop (`stream_files`).
+each only what it still lacks. One worker lacking files: the head sends to it alone
+(Staging.replicate), the same `stream_files` over one hop.
 """
 
 from __future__ import annotations
