@@ -11,7 +11,7 @@ from conftest import make_inventory
 from sparkcluster.config import profile as profiles
 from sparkcluster.day2 import deployments, fleet
 from sparkcluster.errors import InputError
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import parsers
 from sparkcluster.labels import CLUSTER_LABEL, NODES_LABEL, PROFILE_LABEL
 
 INV = make_inventory()
@@ -47,7 +47,7 @@ def test_group_reads_docker_inspect_too():
 
     def inspected(name, profile, nodes):
         ps = c(name, profile, nodes)
-        return P.container_inspect(
+        return parsers.container_inspect(
             {"Name": ps["Names"][0], "Config": {"Labels": ps["Labels"]}, "State": {"Status": "running"}}
         )
 

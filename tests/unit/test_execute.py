@@ -18,7 +18,7 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.day2 import endpoint, supervision
 from sparkcluster.errors import CommandFailed, EngineUnreachable, StageError
 from sparkcluster.facts import HostFacts
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import parsers
 from sparkcluster.remote import dockerapi
 from sparkcluster.remote.fanout import run_each
 from sparkcluster.remote.result import CommandResult
@@ -203,7 +203,7 @@ def test_removal_is_one_step_per_container_workers_first(monkeypatch):
     prof = profiles.load_profile("testbed")
 
     def c(name, role):
-        return P.container_inspect(
+        return parsers.container_inspect(
             {
                 "Id": name + "-id",
                 "Name": "/" + name,

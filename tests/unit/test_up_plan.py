@@ -23,7 +23,7 @@ from sparkcluster.container.spec import files_tar, spec_for
 from sparkcluster.day2 import endpoint, server
 from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import parsers
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
 from sparkcluster.node import contract
 from sparkcluster.up.plan import Plan, make_plan
@@ -48,10 +48,13 @@ def facts(
 ) -> dict[str, HostFacts]:
     return {
         HEAD: HostFacts(
-            HEAD, hostname=HEAD, image_id=head_image, ours=P.docker_inspect_json(json.dumps(head_ours or []))
+            HEAD, hostname=HEAD, image_id=head_image, ours=parsers.docker_inspect_json(json.dumps(head_ours or []))
         ),
         WORKER: HostFacts(
-            WORKER, hostname=WORKER, image_id=worker_image, ours=P.docker_inspect_json(json.dumps(worker_ours or []))
+            WORKER,
+            hostname=WORKER,
+            image_id=worker_image,
+            ours=parsers.docker_inspect_json(json.dumps(worker_ours or [])),
         ),
     }
 
