@@ -7,8 +7,8 @@ new containers, and the plan to decide whether the running containers can be kep
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from sparkcluster.checks.registry import Context, Report, check
 from sparkcluster.facts.parsers import FLAG_KEYS

@@ -50,7 +50,7 @@ def hop(inv: "Inventory", facts: dict[str, "HostFacts"], a: str, b: str) -> Hop:
     return control(inv, a, b)
 
 
-def control(inv: "Inventory", a: str, b: str) -> Hop:
+def control(inv: Inventory, a: str, b: str) -> Hop:
     """`a` to `b` over their control IPs: a single worker's stream, and a chain's fallback."""
     return Hop(a, str(inv.node(a).control_ip), b, str(inv.node(b).control_ip), "the control link")
 

@@ -12,8 +12,8 @@ transfer with what it knows (an image left behind, the files still missing).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from sparkcluster.errors import StageError, StepFailure
 from sparkcluster.movement import transfer

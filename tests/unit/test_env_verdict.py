@@ -54,7 +54,7 @@ def test_checks_probe_and_plan_judge_one_broken_worker_alike(monkeypatch, broken
     assert key in got[(cid, WORKER)].detail
 
     # the probe stage, reading the same environment through `docker exec env`
-    monkeypatch.setattr(probe, "container_env", lambda r, node, name: env)
+    monkeypatch.setattr(probe, "env_in_container", lambda r, node, name: env)
     r = SimpleNamespace(plan=SimpleNamespace(profile=prof), inv=inv)
     with pytest.raises(StageError) as e:
         probe.check_env(r, WORKER, c.name)

@@ -17,8 +17,7 @@ from sparkcluster import redact
 from sparkcluster.config import profile as profiles
 from sparkcluster.day2 import endpoint, supervision
 from sparkcluster.errors import CommandFailed, EngineUnreachable, StageError
-from sparkcluster.facts import HostFacts
-from sparkcluster.facts import parsers
+from sparkcluster.facts import HostFacts, parsers
 from sparkcluster.remote import dockerapi
 from sparkcluster.remote.fanout import run_each
 from sparkcluster.remote.result import CommandResult

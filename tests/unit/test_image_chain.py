@@ -9,10 +9,9 @@ from test_image_send import CLASSIC
 from test_topology import _four, _ring, _switch
 
 from sparkcluster.config import profile as profiles
-from sparkcluster.movement import transfer
+from sparkcluster.movement import stream, transfer
 from sparkcluster.movement.layers import ImageLayers
 from sparkcluster.up.plan import make_plan
-from sparkcluster.movement import stream
 from sparkcluster.up.stages import image_chain
 
 HEAD_ID = "sha256:" + "ab" * 32

@@ -40,7 +40,7 @@ def test_json_list_docker_inspect():
 
 
 def test_docker_inspect_typed_view():
-    (c,) = P.docker_inspect_json(cap("gb10-docker-inspect-head.json"))
+    (c,) = parsers.docker_inspect_json(cap("gb10-docker-inspect-head.json"))
     raw = json.loads(cap("gb10-docker-inspect-head.json"))[0]
     assert (c.id, c.name, c.image, c.image_id) == (
         raw["Id"],
@@ -54,19 +54,21 @@ def test_docker_inspect_typed_view():
     # Env as docker lists it (NAME=value); a value holding "=" is kept whole
     assert len(c.env) == len(raw["Config"]["Env"])
     assert all(f"{k}={v}" in raw["Config"]["Env"] for k, v in c.env.items())
-    assert P.container_inspect({"Config": {"Env": ["A=b=c", "NOVALUE"]}}).env == {"A": "b=c"}
+    assert parsers.container_inspect({"Config": {"Env": ["A=b=c", "NOVALUE"]}}).env == {"A": "b=c"}
     assert c.flags["NetworkMode"] == "host" and c.flags["Memory"] == 0
     assert c.flags["Devices"] == [("/dev/infiniband", "/dev/infiniband")]
-    assert P.docker_inspect_json("[]\n") == []
+    assert parsers.docker_inspect_json("[]\n") == []
 
 
 def test_docker_inspect_flags_read_the_cli_and_the_api_alike():
-    (cli,) = P.docker_inspect_json(cap("testbed-head-docker-inspect.json"))
+    (cli,) = parsers.docker_inspect_json(cap("testbed-head-docker-inspect.json"))
     assert cli.flags["CapAdd"] == ["IPC_LOCK"]  # the CLI stores CAP_IPC_LOCK
     assert ("memlock", -1, -1) in cli.flags["Ulimits"]
     assert not cli.running and cli.status == "created"
     # the Engine API's inspect of a container it never saw start: no State, no Config at all
-    assert P.container_inspect({"Id": "x"}) == P.ContainerInspect(id="x", flags=P.container_inspect({}).flags)
+    assert parsers.container_inspect({"Id": "x"}) == parsers.ContainerInspect(
+        id="x", flags=parsers.container_inspect({}).flags
+    )
 
 
 def test_json_list_single_object_becomes_list():

@@ -22,8 +22,7 @@ from sparkcluster.config.images import RAY_VERSION, image_ref
 from sparkcluster.container.spec import files_tar, spec_for
 from sparkcluster.day2 import endpoint, server
 from sparkcluster.errors import InputError
-from sparkcluster.facts import HostFacts
-from sparkcluster.facts import parsers
+from sparkcluster.facts import HostFacts, parsers
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
 from sparkcluster.node import contract
 from sparkcluster.up.plan import Plan, make_plan

@@ -82,7 +82,8 @@ def stream_files(st, hosts, inv, hops: list[chain.Hop]) -> stream.Streamed:
         raise got.failure(
             STAGE,
             "replicate the weights",
-            f"the transfer failed at {got.blame} (exit {got.result.exit_code}); {still} (the next run sends only those)",
+            f"the transfer failed at {got.blame} (exit {got.result.exit_code}); {still} "
+            "(the next run sends only those)",
             f"the files of {st.repo} in the HF cache",
         )
     for h in hops:
