@@ -277,7 +277,7 @@ def send(r: "UpRun", worker_name: str) -> str:
     return f"sent to {worker_name}: {got.rate} ({what})"
 
 
-def verify(r: "UpRun", worker: str) -> None:
+def verify(r: UpRun, worker: str) -> None:
     """The worker's image ID is the head's: docker load checked every layer against the config,
     whose digest is the ID."""
     got, head_id = image_id(r.cluster.hosts[worker], r.plan.image), head_image(r)["Id"]
@@ -290,7 +290,7 @@ def verify(r: "UpRun", worker: str) -> None:
         )
 
 
-def stream_image(r: "UpRun", hops: list[chain.Hop], d: layers.Delta) -> tuple[stream.Streamed, layers.Delta]:
+def stream_image(r: UpRun, hops: list[chain.Hop], d: layers.Delta) -> tuple[stream.Streamed, layers.Delta]:
     """One docker save along `hops` (one hop: a single worker), leaving out the layers `d` says
     every receiving node holds, after checking each has the disk docker load needs. Returns the
     stream and what it carried."""
@@ -312,7 +312,7 @@ def stream_image(r: "UpRun", hops: list[chain.Hop], d: layers.Delta) -> tuple[st
         return _stream(r, hops, d, size), d
 
 
-def _stream(r: "UpRun", hops: list[chain.Hop], d: layers.Delta, expect: int) -> stream.Streamed:
+def _stream(r: UpRun, hops: list[chain.Hop], d: layers.Delta, expect: int) -> stream.Streamed:
     """One stream of the image; fails naming the node at fault (stream.culprit)."""
     first, image = hops[0], r.plan.image
     got = stream.run(
@@ -339,7 +339,7 @@ def _stream(r: "UpRun", hops: list[chain.Hop], d: layers.Delta, expect: int) -> 
     raise got.failure(STAGE, "send the image", how + cut, f"`docker save {image}`")
 
 
-def _left_on(r: "UpRun", node: str) -> str:
+def _left_on(r: UpRun, node: str) -> str:
     """What a failed transfer left on the node: an image, and the room in its docker root."""
     host, wf = r.cluster.hosts[node], r.facts[node]
     left = image_id(host, r.plan.image)
