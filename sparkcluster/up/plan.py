@@ -131,9 +131,9 @@ def make_plan(
             return False
         c = cs[0]
         # the labels are what was asked; the container's own env is what its ranks get (a
-        # container recreated by hand can carry our labels without the forwarded variables)
-        # the config hash leaves the profile out: another profile's container can match it, and
-        # kept, it would still carry that profile's label
+        # container recreated by hand can carry our labels without the forwarded variables).
+        # The config hash leaves the profile out: another profile's container can match it, and
+        # kept, it would still carry that profile's label.
         return (
             c.running
             and c.labels.get(PROFILE_LABEL) == prof.name
