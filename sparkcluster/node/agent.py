@@ -39,7 +39,6 @@ from .ranks import RankKeeper
 from .shm import ShmJanitor
 from .supervisor import Supervisor
 
-
 BUSY_LOOK_S = 0.25  # the supervisor's look while a server starts: `up` is waiting for it to say serving
 WAKE_S = 0.1  # how often a wait looks whether the controller changed the desired state
 

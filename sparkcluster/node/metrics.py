@@ -20,6 +20,7 @@ against this list, NAMES)."""
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import time
 
@@ -87,7 +88,7 @@ def _escape(value: str) -> str:
 
 
 def _value(v: float) -> str:
-    if v != v:
+    if math.isnan(v):
         return "NaN"
     if v in (float("inf"), float("-inf")):
         return "+Inf" if v > 0 else "-Inf"
