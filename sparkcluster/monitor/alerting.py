@@ -1,0 +1,117 @@
+"""alertmanager.yml and silences. Alerts go to the webhook the owner configures (the secret
+ALERT_WEBHOOK_URL, from the environment or the 0600 .env like the others: seed 004 sends them to a
+Telegram bridge), or nowhere but Alertmanager's own list and `sparkcluster events` when unset.
+
+Grouping: alerts group by name, cluster and node; a group's first notification waits one scrape
+interval (`group_wait`), and a page (the wedge, an unreachable node, a failing endpoint) waits none:
+Prometheus already evaluates the rules at every scrape, so a wedge reaches the webhook within the
+stall bound plus one scrape interval.
+
+A planned `down` or `up` silences its nodes while it runs and a grace period after it (`planned`):
+what it stops and starts is not news. The silence is made by `amtool` inside the Alertmanager
+container, over the Docker API on the head's SSH connection: no port of the head's is opened to the
+controller for it."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+from sparkcluster import log
+from sparkcluster.config.inventory import Inventory
+from sparkcluster.monitor import scrape
+
+WEBHOOK_SECRET = "ALERT_WEBHOOK_URL"
+RECEIVER = "owner"
+GRACE_S = 120.0  # after a planned change: the longest `for` of the rules, a group wait and margin
+PLANNED_BOUND_S = 3600.0  # a planned run's silence ends by itself after this, were the run killed
+
+_log = log.get(__name__)
+
+
+def alertmanager_config(inv: Inventory, webhook_url: str | None) -> dict:
+    receiver: dict = {"name": RECEIVER}
+    if webhook_url:
+        receiver["webhook_configs"] = [{"url": webhook_url, "send_resolved": True, "max_alerts": 0}]
+    wait = f"{inv.monitor.scrape_interval_s:g}s"
+    return {
+        "route": {
+            "receiver": RECEIVER,
+            "group_by": ["alertname", "cluster", "node"],
+            "group_wait": wait,
+            "group_interval": "1m",
+            "repeat_interval": "4h",
+            "routes": [{"matchers": ['severity="page"'], "receiver": RECEIVER, "group_wait": "0s"}],
+        },
+        "receivers": [receiver],
+        # a node that does not answer explains everything else it stops showing
+        "inhibit_rules": [
+            {
+                "source_matchers": ['alertname="SparkNodeUnreachable"'],
+                "target_matchers": ['alertname!="SparkNodeUnreachable"'],
+                "equal": ["cluster", "node"],
+            }
+        ],
+    }
+
+
+def render(doc: dict) -> str:
+    return json.dumps(doc, indent=2)
+
+
+def _rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def amtool(inv: Inventory, *args: str) -> list[str]:
+    """amtool inside the Alertmanager container, pointed at its own listener."""
+    url = f"http://{scrape.reach_ip(inv, inv.head.name)}:{inv.monitor.alertmanager_port}"
+    return ["/bin/amtool", f"--alertmanager.url={url}", *args]
+
+
+def silence_argv(inv: Inventory, nodes: list[str], why: str, end: float) -> list[str]:
+    matchers = [f"cluster={inv.cluster.name}", f"node=~{'|'.join(nodes)}"]
+    return amtool(
+        inv,
+        "silence",
+        "add",
+        "--quiet",
+        "--author=sparkcluster",
+        f"--comment={why}",
+        f"--end={_rfc3339(end)}",
+        *matchers,
+    )
+
+
+def end_argv(inv: Inventory, silence_id: str, end: float) -> list[str]:
+    return amtool(inv, "silence", "update", "--quiet", f"--end={_rfc3339(end)}", silence_id)
+
+
+@contextmanager
+def planned(head, inv: Inventory, nodes: list[str], why: str):
+    """Silence `nodes`' alerts while the block runs and GRACE_S after, when `monitor up` runs on the
+    head (`head`: its ssh.Host); nothing otherwise. A silence that cannot be made is logged, never
+    fatal: monitoring does not stand in the way of `down`."""
+    from sparkcluster.monitor import stack
+
+    silence = None
+    try:
+        api = head.docker().api
+        if stack.running(api, inv, stack.ALERTMANAGER):
+            res = stack.exec_in(
+                api, inv, stack.ALERTMANAGER, silence_argv(inv, nodes, why, time.time() + PLANNED_BOUND_S)
+            )
+            silence = res.stdout.strip().splitlines()[-1] if res.ok and res.stdout.strip() else None
+            _log.info("planned work silenced", silence=silence, nodes=nodes, why=why)
+    except Exception as e:  # noqa: BLE001 - monitoring never fails the command it watches
+        _log.warning("could not silence alerts for planned work", error=str(e))
+    try:
+        yield silence
+    finally:
+        if silence:
+            try:
+                stack.exec_in(head.docker().api, inv, stack.ALERTMANAGER, end_argv(inv, silence, time.time() + GRACE_S))
+            except Exception as e:  # noqa: BLE001 - it ends by itself after PLANNED_BOUND_S
+                _log.warning("could not shorten the planned-work silence", silence=silence, error=str(e))

@@ -1,0 +1,130 @@
+"""`sparkcluster monitor`'s configuration (sparkcluster/monitor): the scrape targets made from the
+inventory and the running deployments, prometheus.yml and alertmanager.yml accepted by Debian's
+`promtool check config` and `amtool check-config` where installed, the containers' specs (listening
+on control IPs, bounded retention, the webhook file 0600 for nobody, node_exporter as the owner),
+the webhook never printed, and the planned-work silence."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sparkcluster.cli.main import cli
+from sparkcluster.config import inventory
+from sparkcluster.day2 import deployments
+from sparkcluster.labels import CLUSTER_LABEL
+from sparkcluster.monitor import alerting, scrape, stack
+
+INV_PATH = Path(__file__).parent / "data" / "profile-cluster.toml"
+HOOK = "https://hooks.example.invalid/T000/secret-hook-value"
+
+
+def inv(extra: str = "") -> inventory.Inventory:
+    return inventory.parse(INV_PATH.read_text() + extra, path=INV_PATH)
+
+
+def served() -> list[scrape.Served]:
+    return [scrape.Served("big", ("spark-a", "spark-b"), 8000), scrape.Served("small", ("spark-b",), 8001)]
+
+
+def test_targets_every_node_agent_and_exporter_and_each_deployment_on_its_head():
+    got = {(t.job, t.address): t.labels for t in scrape.targets(inv(), served(), {"spark-a": 4000})}
+    assert got[("sparkcluster-node", "192.168.100.11:8297")] == {"cluster": "pair", "node": "spark-b", "role": "worker"}
+    assert ("node-exporter", "192.168.100.10:9100") in got and ("node-exporter", "192.168.100.11:9100") in got
+    assert got[("vllm", "192.168.100.10:8000")]["deployment"] == "big@spark-a+spark-b"
+    # a one-node deployment on the worker is served there, and labelled with that node
+    assert got[("vllm", "192.168.100.11:8001")] == {
+        "cluster": "pair",
+        "node": "spark-b",
+        "deployment": "small@spark-b",
+        "profile": "small",
+    }
+    assert got[("gateway", "192.168.100.10:4000")]["node"] == "spark-a"
+
+
+def test_no_node_exporter_when_the_owner_turns_it_off_and_listen_follows_the_setting():
+    i = inv('\n[monitor]\nnode_exporter = false\nlisten = "0.0.0.0"\n')
+    assert not [t for t in scrape.targets(i, []) if t.job == "node-exporter"]
+    assert scrape.listen_ip(i, "spark-a") == "0.0.0.0" and scrape.reach_ip(i, "spark-a") == "192.168.100.10"
+
+
+def test_prometheus_config_evaluates_at_every_scrape_and_promtool_accepts_it(tmp_path):
+    doc = scrape.prometheus_config(inv(), scrape.targets(inv(), served()))
+    assert doc["global"]["evaluation_interval"] == doc["global"]["scrape_interval"] == "10s"
+    assert doc["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["192.168.100.10:9093"]
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (Debian package prometheus)")
+    (tmp_path / "prometheus.yml").write_text(scrape.render(doc))
+    p = subprocess.run(
+        ["promtool", "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True, check=False
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("hook", [HOOK, None])
+def test_alertmanager_config_pages_without_waiting_and_amtool_accepts_it(tmp_path, hook):
+    doc = alerting.alertmanager_config(inv(), hook)
+    page = next(r for r in doc["route"]["routes"] if 'severity="page"' in r["matchers"])
+    assert page["group_wait"] == "0s" and doc["route"]["group_wait"] == "10s"  # at most one scrape interval
+    assert ("webhook_configs" in doc["receivers"][0]) == bool(hook)
+    if shutil.which("amtool") is None:
+        pytest.skip("amtool is not installed (Debian package prometheus-alertmanager)")
+    (tmp_path / "am.yml").write_text(alerting.render(doc))
+    p = subprocess.run(
+        ["amtool", "check-config", str(tmp_path / "am.yml")], capture_output=True, text=True, check=False
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def _tar_members(blob: bytes) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(blob)) as t:
+        return {m.name: m for m in t.getmembers()}
+
+
+def test_specs_listen_on_control_ips_bound_retention_and_keep_the_webhook_for_nobody():
+    i = inv()
+    am_yml = alerting.render(alerting.alertmanager_config(i, HOOK))
+    specs = {(s.component, s.node): s for s in stack.specs(i, "{}", am_yml, {"spark-b": "1001:1001"})}
+    prom = specs[("prometheus", "spark-a")]
+    assert "--web.listen-address=192.168.100.10:9090" in prom.args
+    assert "--storage.tsdb.retention.time=15d" in prom.args and "--storage.tsdb.retention.size=4GB" in prom.args
+    assert prom.volumes == {"sparkcluster-pair-prometheus-data": "/prometheus"}
+    assert f"{scrape.RULES_DIR}/sparkcluster.yml" in prom.files
+    am = specs[("alertmanager", "spark-a")]
+    assert "--cluster.listen-address=" in am.args and "--web.listen-address=192.168.100.10:9093" in am.args
+    members = _tar_members(stack.files_tar(am.files, am.user))
+    secret = members[stack.AM_CONFIG.lstrip("/")]
+    assert (secret.mode, secret.uid, secret.gid) == (0o600, 65534, 65534)
+    ne = specs[("node-exporter", "spark-b")]
+    assert ne.user == "1001:1001" and ne.read_only == {"/proc", "/sys", "/"}
+    assert "--web.listen-address=192.168.100.11:9100" in ne.args
+    assert HOOK not in json.dumps([s.describe() for s in specs.values()])
+
+
+def test_monitoring_containers_are_no_deployment_and_down_leaves_them():
+    i = inv()
+    labels = stack.labels(i, stack.PROMETHEUS)
+    assert CLUSTER_LABEL not in labels  # teardown removes what carries it; deployments count it
+    assert deployments.group(i, {"spark-a": [{"Names": ["/x"], "Labels": labels}]}) == []
+
+
+def test_monitor_config_prints_no_webhook(tmp_path, monkeypatch):
+    monkeypatch.setenv("ALERT_WEBHOOK_URL", HOOK)
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, ["-i", str(INV_PATH), "monitor", "config", "--alertmanager"], obj=None)
+    assert r.exit_code == 0, r.output
+    assert HOOK not in r.output and "webhook_configs" in r.output
+
+
+def test_planned_silence_covers_the_nodes_until_the_end_given():
+    argv = alerting.silence_argv(inv(), ["spark-a", "spark-b"], "sparkcluster down", 0.0)
+    assert argv[:2] == ["/bin/amtool", "--alertmanager.url=http://192.168.100.10:9093"]
+    assert "cluster=pair" in argv and "node=~spark-a|spark-b" in argv and "--end=1970-01-01T00:00:00Z" in argv
+    assert alerting.end_argv(inv(), "abc", 60.0)[-2:] == ["--end=1970-01-01T00:01:00Z", "abc"]
