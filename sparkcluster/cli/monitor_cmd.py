@@ -13,26 +13,12 @@ from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.errors import EXIT_FAILED, InputError
-from sparkcluster.remote.fanout import Cluster, connect_reachable
+from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 
 
 @cli.group()
 def monitor() -> None:
     """Prometheus, Alertmanager and node_exporter for the cluster: up, down, config."""
-
-
-def _served(inv: Inventory, found) -> list:
-    from sparkcluster.config import profile as profiles
-    from sparkcluster.monitor.scrape import Served
-
-    out = []
-    for d in found:
-        try:
-            port = profiles.load_profile(d.profile).serve.port or inv.cluster.api_port
-        except InputError:  # a profile this controller does not have: the inventory's port
-            port = inv.cluster.api_port
-        out.append(Served(d.profile, d.nodes, port))
-    return out
 
 
 def _configs(inv: Inventory, served: list, env_file) -> tuple[str, str, bool]:
@@ -45,7 +31,7 @@ def _configs(inv: Inventory, served: list, env_file) -> tuple[str, str, bool]:
     return prom, am, bool(webhook)
 
 
-def _owners(cluster: Cluster) -> dict[str, str]:
+def _owners(cluster: ConnectedHosts) -> dict[str, str]:
     got = cluster.each(lambda h: h.run("echo $(id -u):$(id -g)").stdout.strip())
     return {n: o.value for n, o in got.items() if o.ok and o.value}
 
@@ -74,7 +60,7 @@ def monitor_up(obj, env_file, dry_run: bool) -> None:
             err = unreachable[inv.head.name]
             raise InputError(f"{inv.head.name} (the head) does not answer: {err.message}", err.fix)
         found, unread = deployments.on(cluster, inv)
-        served = _served(inv, found)
+        served = scrape.served(inv, found)
         prom, am, webhook = _configs(inv, served, env_file)
         specs = stack.specs(inv, prom, am, _owners(cluster))
         for t in scrape.targets(inv, served):

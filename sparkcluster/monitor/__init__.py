@@ -5,5 +5,5 @@ and the gateway where one runs. The alert rules (rules/) and the Grafana dashboa
 ship with the package; `sparkcluster monitor up|down` (cli/monitor_cmd) starts and stops the stack.
 
 Modules: `scrape` (prometheus.yml from the inventory and the running deployments), `alerting`
-(alertmanager.yml: the owner's webhook, the grouping; silences for planned work), `stack` (the
-containers)."""
+(alertmanager.yml: the owner's webhook, the grouping; silences), `stack` (the containers),
+`planned` (what `up` and `down` do to monitoring: silences, new targets), `dashboards` (Grafana's)."""

@@ -7,28 +7,21 @@ interval (`group_wait`), and a page (the wedge, an unreachable node, a failing e
 Prometheus already evaluates the rules at every scrape, so a wedge reaches the webhook within the
 stall bound plus one scrape interval.
 
-A planned `down` or `up` silences its nodes while it runs and a grace period after it (`planned`):
-what it stops and starts is not news. The silence is made by `amtool` inside the Alertmanager
-container, over the Docker API on the head's SSH connection: no port of the head's is opened to the
-controller for it."""
+A planned `down` or `up` silences its nodes while it runs and a grace period after it
+(monitor/planned): what it stops and starts is not news. The silence is made by `amtool` inside the
+Alertmanager container, over the Docker API on the head's SSH connection: no port of the head's is
+opened to the controller for it."""
 
 from __future__ import annotations
 
 import json
-import time
-from contextlib import contextmanager
 from datetime import UTC, datetime
 
-from sparkcluster import log
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.monitor import scrape
 
 WEBHOOK_SECRET = "ALERT_WEBHOOK_URL"
 RECEIVER = "owner"
-GRACE_S = 120.0  # after a planned change: the longest `for` of the rules, a group wait and margin
-PLANNED_BOUND_S = 3600.0  # a planned run's silence ends by itself after this, were the run killed
-
-_log = log.get(__name__)
 
 
 def alertmanager_config(inv: Inventory, webhook_url: str | None) -> dict:
@@ -77,7 +70,6 @@ def silence_argv(inv: Inventory, nodes: list[str], why: str, end: float) -> list
         inv,
         "silence",
         "add",
-        "--quiet",
         "--author=sparkcluster",
         f"--comment={why}",
         f"--end={_rfc3339(end)}",
@@ -86,32 +78,4 @@ def silence_argv(inv: Inventory, nodes: list[str], why: str, end: float) -> list
 
 
 def end_argv(inv: Inventory, silence_id: str, end: float) -> list[str]:
-    return amtool(inv, "silence", "update", "--quiet", f"--end={_rfc3339(end)}", silence_id)
-
-
-@contextmanager
-def planned(head, inv: Inventory, nodes: list[str], why: str):
-    """Silence `nodes`' alerts while the block runs and GRACE_S after, when `monitor up` runs on the
-    head (`head`: its ssh.Host); nothing otherwise. A silence that cannot be made is logged, never
-    fatal: monitoring does not stand in the way of `down`."""
-    from sparkcluster.monitor import stack
-
-    silence = None
-    try:
-        api = head.docker().api
-        if stack.running(api, inv, stack.ALERTMANAGER):
-            res = stack.exec_in(
-                api, inv, stack.ALERTMANAGER, silence_argv(inv, nodes, why, time.time() + PLANNED_BOUND_S)
-            )
-            silence = res.stdout.strip().splitlines()[-1] if res.ok and res.stdout.strip() else None
-            _log.info("planned work silenced", silence=silence, nodes=nodes, why=why)
-    except Exception as e:  # noqa: BLE001 - monitoring never fails the command it watches
-        _log.warning("could not silence alerts for planned work", error=str(e))
-    try:
-        yield silence
-    finally:
-        if silence:
-            try:
-                stack.exec_in(head.docker().api, inv, stack.ALERTMANAGER, end_argv(inv, silence, time.time() + GRACE_S))
-            except Exception as e:  # noqa: BLE001 - it ends by itself after PLANNED_BOUND_S
-                _log.warning("could not shorten the planned-work silence", silence=silence, error=str(e))
+    return amtool(inv, "silence", "update", f"--end={_rfc3339(end)}", silence_id)

@@ -30,6 +30,22 @@ class Served:
         return f"{self.profile}@{'+'.join(self.nodes)}"
 
 
+def served(inv: Inventory, found) -> list[Served]:
+    """The running deployments (day2/deployments) with their API ports (the profile's, else the
+    inventory's when this controller has no such profile)."""
+    from sparkcluster.config import profile as profiles
+    from sparkcluster.errors import InputError
+
+    out = []
+    for d in found:
+        try:
+            port = profiles.load_profile(d.profile).serve.port or inv.cluster.api_port
+        except InputError:
+            port = inv.cluster.api_port
+        out.append(Served(d.profile, tuple(d.nodes), port))
+    return out
+
+
 @dataclass(frozen=True)
 class Target:
     job: str

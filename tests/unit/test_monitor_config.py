@@ -128,3 +128,82 @@ def test_planned_silence_covers_the_nodes_until_the_end_given():
     assert argv[:2] == ["/bin/amtool", "--alertmanager.url=http://192.168.100.10:9093"]
     assert "cluster=pair" in argv and "node=~spark-a|spark-b" in argv and "--end=1970-01-01T00:00:00Z" in argv
     assert alerting.end_argv(inv(), "abc", 60.0)[-2:] == ["--end=1970-01-01T00:01:00Z", "abc"]
+
+
+class FakeAPI:
+    """The Docker Engine API of one node, as far as monitor/planned uses it."""
+
+    def __init__(self, monitoring: bool, deployments: list[dict] | None = None):
+        self.monitoring, self.deployments, self.calls = monitoring, deployments or [], []
+
+    def containers(self, all=False, filters=None):
+        label = (filters or {}).get("label", "")
+        if label.startswith("org.sparkcluster.monitor="):
+            names = ["/sparkcluster-pair-alertmanager", "/sparkcluster-pair-prometheus"] if self.monitoring else []
+            return [{"Names": [n], "State": "running"} for n in names]
+        return self.deployments
+
+    def exec_create(self, container, argv, environment=None):
+        self.calls.append(("exec", container, argv))
+        return {"Id": "e1"}
+
+    def exec_start(self, exec_id):
+        return b"6a1f-silence-id\n"
+
+    def exec_inspect(self, exec_id):
+        return {"ExitCode": 0}
+
+    def put_archive(self, container, path, data):
+        self.calls.append(("put", container, _tar_members(data)))
+
+    def kill(self, container, signal=None):
+        self.calls.append(("kill", container, signal))
+
+
+class FakeHost:
+    def __init__(self, name, api):
+        self.name, self.api = name, api
+
+    def docker(self):
+        return type("D", (), {"api": self.api})()
+
+
+def test_planned_work_is_silenced_then_the_new_deployment_scraped():
+    from sparkcluster.monitor import planned
+
+    served_now = [
+        {
+            "Names": ["/sparkcluster-pair-head"],
+            "Labels": {CLUSTER_LABEL: "pair", "org.sparkcluster.profile": "p", "org.sparkcluster.nodes": "spark-a"},
+        }
+    ]
+    head = FakeAPI(True, served_now)
+    hosts = {"spark-a": FakeHost("spark-a", head), "spark-b": FakeHost("spark-b", FakeAPI(False))}
+    with planned.planned(hosts, inv(), ["spark-a"], "sparkcluster up") as silence:
+        assert silence == "6a1f-silence-id"
+        assert head.calls[0][0] == "exec" and "node=~spark-a" in head.calls[0][2]
+    kinds = [c[0] for c in head.calls]
+    assert kinds == ["exec", "exec", "put", "kill"]
+    assert head.calls[1][2][-1] == "6a1f-silence-id"  # the silence now ends GRACE_S after the work
+    members = head.calls[2][2]
+    assert members[stack.PROM_CONFIG.lstrip("/")].isfile() and head.calls[3] == (
+        "kill",
+        "sparkcluster-pair-prometheus",
+        "SIGHUP",
+    )
+
+
+def test_planned_work_without_monitoring_touches_nothing_and_a_failure_is_not_the_commands():
+    from sparkcluster.monitor import planned
+
+    head = FakeAPI(False)
+    with planned.planned({"spark-a": FakeHost("spark-a", head)}, inv(), ["spark-a"], "sparkcluster down"):
+        pass
+    assert head.calls == []
+
+    class Broken(FakeAPI):
+        def containers(self, all=False, filters=None):
+            raise OSError("the engine does not answer")
+
+    with planned.planned({"spark-a": FakeHost("spark-a", Broken(True))}, inv(), ["spark-a"], "x") as silence:
+        assert silence is None
