@@ -79,3 +79,48 @@ def silence_argv(inv: Inventory, nodes: list[str], why: str, end: float) -> list
 
 def end_argv(inv: Inventory, silence_id: str, end: float) -> list[str]:
     return amtool(inv, "silence", "update", f"--end={_rfc3339(end)}", silence_id)
+
+
+def _epoch(stamp: str) -> float:
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except (ValueError, AttributeError):
+        return 0.0
+
+
+def alert_entries(doc) -> list[dict]:
+    """Alertmanager's alerts (`amtool alert query -o json`: its API v2 list) as journal-like entries
+    for `events`: {ts, event, node, summary, ...}, oldest first."""
+    out = []
+    for a in doc if isinstance(doc, list) else []:
+        labels, ann = a.get("labels") or {}, a.get("annotations") or {}
+        state = (a.get("status") or {}).get("state", "active")
+        out.append(
+            {
+                "ts": _epoch(a.get("startsAt", "")),
+                "event": f"alert {labels.get('alertname', '?')}" + ("" if state == "active" else f" ({state})"),
+                "source": "alertmanager",
+                **{k: labels[k] for k in ("node", "deployment", "severity") if k in labels},
+                **({"summary": ann["summary"]} if "summary" in ann else {}),
+            }
+        )
+    return sorted(out, key=lambda e: e["ts"])
+
+
+def alerts(api, inv: Inventory) -> list[dict]:
+    """The alerts Alertmanager holds now (silenced ones included), as entries; [] where monitoring
+    does not run or does not answer."""
+    from sparkcluster.monitor import stack
+
+    if not stack.running(api, inv, stack.ALERTMANAGER):
+        return []
+    res = stack.exec_in(
+        api,
+        inv,
+        stack.ALERTMANAGER,
+        amtool(inv, "alert", "query", "--active", "--silenced", "--inhibited", "-o", "json"),
+    )
+    try:
+        return alert_entries(json.loads(res.stdout)) if res.ok else []
+    except ValueError:
+        return []

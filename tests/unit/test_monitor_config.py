@@ -207,3 +207,16 @@ def test_planned_work_without_monitoring_touches_nothing_and_a_failure_is_not_th
 
     with planned.planned({"spark-a": FakeHost("spark-a", Broken(True))}, inv(), ["spark-a"], "x") as silence:
         assert silence is None
+
+
+def test_alertmanagers_alerts_read_as_events_oldest_first():
+    doc = json.loads((Path(__file__).parents[1] / "captured" / "alertmanager-0.25-alert-query.json").read_text())
+    got = alerting.alert_entries(doc)
+    assert [e["event"] for e in sorted(got, key=lambda e: e["event"])] == [
+        "alert SparkNodeUnreachable",
+        "alert SparkRestartLoop (suppressed)",
+    ]
+    unreachable = next(e for e in got if e["event"] == "alert SparkNodeUnreachable")
+    assert unreachable["node"] == "spark-b" and unreachable["summary"] == "pair: spark-b does not answer Prometheus"
+    assert unreachable["ts"] > 1.7e9 and [e["ts"] for e in got] == sorted(e["ts"] for e in got)
+    assert alerting.alert_entries({"not": "a list"}) == []
