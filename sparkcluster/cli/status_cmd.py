@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -124,6 +126,11 @@ def fleet_json(sts: list[status_mod.ClusterStatus]) -> str:
     return json.dumps({"state": overall(sts), "deployments": [asdict(st) for st in sts]}, indent=2)
 
 
+def _textual() -> bool:
+    """Textual (the full-screen view) is installed; without it --watch refreshes a table in place."""
+    return importlib.util.find_spec("textual") is not None
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @click.option(
@@ -151,6 +158,11 @@ def status(
     figures, the supervisor, container uptime, MemAvailable."""
     inv = obj.inventory()
     key = load_secrets(env_file, names=["VLLM_API_KEY"]).get("VLLM_API_KEY")
+    if watch and not as_json and sys.stdout.isatty() and _textual():
+        from sparkcluster.day2 import live  # a full-screen view: sparklines, the journal
+
+        live.run(lambda: status_mod.collect_all(inv, key), interval)
+        return
     if watch and not as_json:
         from rich.console import Console
         from rich.live import Live
