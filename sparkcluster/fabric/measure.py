@@ -9,8 +9,7 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.errors import SparkError
-from sparkcluster.fabric import judge, launch, nccl_log
-from sparkcluster.fabric import record
+from sparkcluster.fabric import judge, launch, nccl_log, record
 from sparkcluster.facts import HostFacts
 from sparkcluster.remote.fanout import ConnectedHosts
 
