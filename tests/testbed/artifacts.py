@@ -253,7 +253,14 @@ def monitor_debs() -> Path:
     if {d.name.split("_")[0] for d in debs} >= set(MONITOR_PACKAGES):
         return MONITOR_DEBS
     MONITOR_DEBS.mkdir(parents=True, exist_ok=True)
-    run(["apt-get", "download", *MONITOR_PACKAGES], cwd=str(MONITOR_DEBS), timeout=600)
+    # those install-deps.sh (or an owner) installed are already in apt's own cache
+    for d in sorted(Path("/var/cache/apt/archives").glob("*.deb")):
+        if d.name.split("_")[0] in MONITOR_PACKAGES:
+            shutil.copy2(d, MONITOR_DEBS / d.name)
+    have = {d.name.split("_")[0] for d in MONITOR_DEBS.glob("*.deb")}
+    missing = [p for p in MONITOR_PACKAGES if p not in have]
+    if missing:
+        run(["apt-get", "download", *missing], cwd=str(MONITOR_DEBS), timeout=600)
     return MONITOR_DEBS
 
 

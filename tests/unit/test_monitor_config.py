@@ -220,3 +220,45 @@ def test_alertmanagers_alerts_read_as_events_oldest_first():
     assert unreachable["node"] == "spark-b" and unreachable["summary"] == "pair: spark-b does not answer Prometheus"
     assert unreachable["ts"] > 1.7e9 and [e["ts"] for e in got] == sorted(e["ts"] for e in got)
     assert alerting.alert_entries({"not": "a list"}) == []
+
+
+def test_start_replaces_the_container_pulls_a_missing_image_and_writes_files_before_starting():
+    import docker.errors
+
+    calls = []
+
+    class API:
+        def remove_container(self, name, force=False):
+            calls.append(("remove", name))
+            raise docker.errors.NotFound("none")
+
+        def inspect_image(self, image):
+            raise docker.errors.ImageNotFound("absent")
+
+        def pull(self, image):
+            calls.append(("pull", image))
+
+        def create_host_config(self, **kw):
+            calls.append(("host_config", kw))
+            return kw
+
+        def create_container(self, image, **kw):
+            calls.append(("create", image, kw))
+            return {"Id": "c1"}
+
+        def put_archive(self, cid, path, data):
+            calls.append(("put", cid, sorted(_tar_members(data))))
+
+        def start(self, cid):
+            calls.append(("start", cid))
+
+    i = inv()
+    spec = next(s for s in stack.specs(i, "{}", "{}", {}) if s.component == stack.PROMETHEUS)
+    assert stack.start(API(), i, spec) == "c1"
+    assert [c[0] for c in calls] == ["remove", "pull", "host_config", "create", "put", "start"]
+    hc, create = calls[2][1], calls[3][2]
+    assert hc["network_mode"] == "host" and hc["restart_policy"] == {"Name": "unless-stopped"}
+    assert hc["binds"] == {"sparkcluster-pair-prometheus-data": {"bind": "/prometheus", "mode": "rw"}}
+    assert create["entrypoint"] == ["/bin/prometheus"] and create["user"] == "65534:65534"
+    assert create["labels"] == {"org.sparkcluster.monitor": "pair", "org.sparkcluster.monitor.component": "prometheus"}
+    assert "etc/prometheus/prometheus.yml" in calls[4][2] and "etc/prometheus/rules/sparkcluster.yml" in calls[4][2]
