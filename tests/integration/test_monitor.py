@@ -6,6 +6,9 @@ cluster (the real vLLM CPU engine, TP=2 over Ray) walks through, in order:
 - every target healthy: each node's agent, each node_exporter, the engine's /metrics;
 - the dashboards' queries against this Prometheus: each returns data, except those whose source the
   testbed lacks (NVML power, clock and temperature; RDMA port counters; speculative decoding);
+- `status --html` with the last hour's charts from this Prometheus (a headless Chromium screenshot
+  where Debian's chromium is installed) and the full-screen `status --watch` (an SVG): both kept
+  under SPARKCLUSTER_ARTIFACTS, else the testbed's folder's artifacts/, for README;
 - rank 1's worker stopped (SIGSTOP) under load: SparkEngineWedged reaches the owner's webhook (a
   receiver on the controller's side of the head's LAN link: the testbed's own address) within the
   profile's stall bound plus a scrape interval and the supervisor's probe bound; the supervisor
@@ -21,11 +24,15 @@ downloadable on this machine (tests/testbed/artifacts.py, monitor_debs), as debo
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import threading
 import time
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 import pytest
@@ -172,6 +179,54 @@ def test_the_dashboards_queries_return_data_where_the_testbed_has_the_source(tes
         stop.set()
     assert not empty, empty
     print("queries without a source here:", absent)
+
+
+def artifacts(testbed) -> Path:
+    d = Path(os.environ.get("SPARKCLUSTER_ARTIFACTS") or testbed.dir / "artifacts")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def test_the_html_report_renders_the_testbeds_status_with_its_charts(testbed, sc, monitored):
+    out = artifacts(testbed) / "status.html"
+    res = sc("status", "--html", str(out))
+    assert out.is_file(), res.stdout + res.stderr
+    page = out.read_text()
+    assert "spark-head" in page and "spark-worker" in page and "The last hour (Prometheus)" in page, res.stderr
+    assert helpers.API_KEY not in page
+    chromium = shutil.which("chromium")
+    if chromium:  # the screenshot README shows
+        png = out.with_name("status-html.png")
+        subprocess.run(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={out.parent / 'chromium'}",
+             "--window-size=1100,1000", f"--screenshot={png}", out.as_uri()],
+            capture_output=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert png.is_file() and png.stat().st_size > 10_000
+
+
+def test_the_live_view_renders_the_testbeds_status(testbed, monitored):
+    import asyncio
+
+    from sparkcluster.config import inventory
+    from sparkcluster.day2 import live
+    from sparkcluster.day2 import status as status_mod
+
+    inv = inventory.load(testbed.inventory)
+
+    async def drive() -> str:
+        app = live.LiveView(lambda: status_mod.collect_all(inv, helpers.API_KEY), interval=1.0)
+        async with app.run_test(size=(140, 40)) as pilot:
+            for _ in range(200):
+                await pilot.pause(0.1)
+                if app.refreshes >= 3:
+                    break
+            assert app.refreshes >= 3
+            return app.export_screenshot()
+
+    svg = asyncio.run(drive())
+    assert "spark-head" in svg and "spark-worker" in svg
+    (artifacts(testbed) / "status-watch.svg").write_text(svg)
 
 
 def test_a_stopped_rank_fires_the_wedge_alert_to_the_webhook(testbed, sc, monitored, receiver):
