@@ -312,6 +312,11 @@ def cluster() -> dict:
         ],
     )
     lay.add(
+        "CPU per process (each rank's progress)",
+        [(f"rate(sparkcluster_process_cpu_seconds_total{{{NODE}}}[{RI}])", "{{node}} {{process}} {{pid}}")],
+        "percentunit",
+    )
+    lay.add(
         "Targets up",
         [(f"up{{{C}}}", "{{job}} {{node}}")],
         kind="state-timeline",

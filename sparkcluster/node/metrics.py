@@ -57,6 +57,10 @@ NAMES: dict[str, tuple[str, str]] = {
     "sparkcluster_fabric_transport_info": ("gauge", "The transport NCCL chose in the last fabric test (value 1)."),
     "sparkcluster_fabric_measured_timestamp_seconds": ("gauge", "When the last fabric test ran."),
     "sparkcluster_rank_alive": ("gauge", "Executor mp: 1 while this node's rank of the head's set runs."),
+    "sparkcluster_process_cpu_seconds_total": (
+        "counter",
+        "CPU time of each process in this node's container (the ranks among them): a stopped rank's stands still.",
+    ),
     "sparkcluster_supervisor_state": ("gauge", "1 for the supervisor's current state, 0 for the others."),
     "sparkcluster_supervisor_state_since_timestamp_seconds": ("gauge", "When the supervisor entered its state."),
     "sparkcluster_supervisor_restarts": ("gauge", "Restarts within the restart window."),
@@ -243,6 +247,34 @@ def supervisor_samples(sup, now: float) -> list[tuple[str, dict, float]]:
     return s
 
 
+def processes(proc: str = "/proc", min_cpu_s: float = 1.0, skip: int | None = None) -> list[tuple[str, dict, float]]:
+    """CPU seconds of every process of this container (its own pid namespace: the agent's children,
+    Ray's, vLLM's ranks) that has used at least `min_cpu_s`, labelled by pid and its title (comm, as
+    vLLM and Ray set it: "VLLM::Worker_TP1", "ray::RayWorkerWr"). Per-rank progress for any executor:
+    the rate of a rank that makes no progress (stopped, or blocked in a collective that never
+    completes while it spins, which shows as the opposite) tells it apart from its peers."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = []
+    try:
+        pids = [p for p in os.listdir(proc) if p.isdigit() and int(p) != skip]
+    except OSError:
+        return out
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:  # gone since the listing
+            continue
+        title, _, rest = stat.partition(" (")[2].rpartition(") ")
+        fields = rest.split()
+        if len(fields) < 13:
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        if cpu >= min_cpu_s:
+            out.append(("sparkcluster_process_cpu_seconds_total", {"pid": pid, "process": title}, cpu))
+    return out
+
+
 def disks(paths) -> dict[str, tuple[int, int]]:
     """{path: (bytes free to the user, size)} for each path that exists."""
     out = {}
@@ -271,6 +303,7 @@ class Exporter:
         s = node_samples(
             self.cfg, mem, self.ray.poll() is None, self.nvml.readings(), read_json(FABRIC_PATH), disks(self.paths)
         )
+        s += processes(skip=os.getpid())
         if self.keeper is not None:
             s += rank_samples(self.keeper.report())
         if self.sup is not None:

@@ -94,6 +94,7 @@ def test_every_name_written_is_declared_and_promtool_accepts_the_text():
     fabric = {"busbw_gbps": 1.0, "floor_gbps": 1.0, "transport": "IB", "ts": 1.0}
     s = metrics.node_samples(CFG, "MemAvailable: 1 kB\nMemTotal: 2 kB\n", True, gpus, fabric, {"/": (1, 2)})
     s += metrics.supervisor_samples(sup, time.time()) + metrics.rank_samples({"rank": 1, "alive": True})
+    s += metrics.processes(min_cpu_s=0.0)
     assert {n for n, _, _ in s} <= set(metrics.NAMES)
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -116,3 +117,22 @@ def test_the_agent_endpoint_answers_the_report_and_the_metrics():
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         assert r.read() == b"sparkcluster_ray_alive 1\n"
+
+
+def test_process_cpu_from_a_proc_tree_each_rank_by_pid_and_title(tmp_path):
+    tick = __import__("os").sysconf("SC_CLK_TCK")
+
+    def proc(pid: int, comm: str, utime: int, stime: int) -> None:
+        d = tmp_path / str(pid)
+        d.mkdir()
+        # the layout of /proc/PID/stat (proc(5)): pid (comm) state ppid ... utime stime ...
+        rest = ["S", "1", "1", "1", "0", "-1", "4194560", "0", "0", "0", "0", str(utime), str(stime), "0", "0"]
+        (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(rest) + "\n")
+
+    proc(1, "tini", 0, 1)
+    proc(40, "VLLM::Worker_TP1", 30 * tick, 10 * tick)
+    proc(41, "ray::Ray (odd) )", 5 * tick, 0)
+    proc(42, "python3", 9 * tick, 0)
+    (tmp_path / "self").mkdir()
+    got = {(lab["pid"], lab["process"]): v for _, lab, v in metrics.processes(str(tmp_path), skip=42)}
+    assert got == {("40", "VLLM::Worker_TP1"): 40.0, ("41", "ray::Ray (odd) )"): 5.0}
