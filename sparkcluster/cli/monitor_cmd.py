@@ -12,7 +12,10 @@ import click
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.config.inventory import Inventory
+from sparkcluster.config.secrets import load_secrets
+from sparkcluster.day2 import deployments
 from sparkcluster.errors import EXIT_FAILED, InputError
+from sparkcluster.monitor import alerting, scrape, stack
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 
 
@@ -22,9 +25,6 @@ def monitor() -> None:
 
 
 def _configs(inv: Inventory, served: list, env_file) -> tuple[str, str, bool]:
-    from sparkcluster.config.secrets import load_secrets
-    from sparkcluster.monitor import alerting, scrape
-
     webhook = load_secrets(env_file, names=[alerting.WEBHOOK_SECRET]).get(alerting.WEBHOOK_SECRET)
     prom = scrape.render(scrape.prometheus_config(inv, scrape.targets(inv, served)))
     am = alerting.render(alerting.alertmanager_config(inv, webhook))
@@ -50,9 +50,6 @@ env_option = click.option(
 @click.pass_obj
 def monitor_up(obj, env_file, dry_run: bool) -> None:
     """Start (or replace) the monitoring containers with a configuration made from what runs now."""
-    from sparkcluster.day2 import deployments
-    from sparkcluster.monitor import scrape, stack
-
     inv = obj.inventory()
     cluster, unreachable = connect_reachable(inv)
     with cluster:
@@ -98,8 +95,6 @@ def monitor_up(obj, env_file, dry_run: bool) -> None:
 @click.pass_obj
 def monitor_down(obj, purge_data: bool) -> None:
     """Remove the monitoring containers on every node (their data stays unless --purge-data)."""
-    from sparkcluster.monitor import stack
-
     inv = obj.inventory()
     cluster, unreachable = connect_reachable(inv)
     with cluster:

@@ -132,12 +132,12 @@ def _textual() -> bool:
 
 
 def _write_html(inv, sts, path: Path) -> None:
-    from sparkcluster.day2 import html_report
+    from sparkcluster.day2 import html_report  # only where --html is asked: status --json stays light
 
     charts = {}
     try:
-        from sparkcluster.monitor import history
-        from sparkcluster.remote.fanout import connect_all
+        from sparkcluster.monitor import history  # only where --html is asked, as above
+        from sparkcluster.remote.fanout import connect_all  # as above
 
         res = connect_all(inv, [inv.head])
         host = res.succeeded.get(inv.head.name)

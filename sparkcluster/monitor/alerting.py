@@ -18,7 +18,7 @@ import json
 from datetime import UTC, datetime
 
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.monitor import scrape
+from sparkcluster.monitor import scrape, stack
 
 WEBHOOK_SECRET = "ALERT_WEBHOOK_URL"
 RECEIVER = "owner"
@@ -110,8 +110,6 @@ def alert_entries(doc) -> list[dict]:
 def alerts(api, inv: Inventory) -> list[dict]:
     """The alerts Alertmanager holds now (silenced ones included), as entries; [] where monitoring
     does not run or does not answer."""
-    from sparkcluster.monitor import stack
-
     if not stack.running(api, inv, stack.ALERTMANAGER):
         return []
     res = stack.exec_in(

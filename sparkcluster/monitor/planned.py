@@ -12,7 +12,9 @@ from contextlib import contextmanager
 
 from sparkcluster import log
 from sparkcluster.config.inventory import Inventory
+from sparkcluster.day2 import deployments
 from sparkcluster.monitor import alerting, scrape, stack
+from sparkcluster.remote.fanout import ConnectedHosts
 
 GRACE_S = 120.0  # after planned work: the longest `for` of the rules, a group wait, and margin
 BOUND_S = 3600.0  # a planned run's silence ends by itself after this, were the run killed
@@ -22,9 +24,6 @@ _log = log.get(__name__)
 
 def retarget(hosts: dict, inv: Inventory) -> None:
     """prometheus.yml made again from the deployments running now, and Prometheus told to reload."""
-    from sparkcluster.day2 import deployments
-    from sparkcluster.remote.fanout import ConnectedHosts
-
     found, _ = deployments.on(ConnectedHosts(inv, hosts), inv)
     text = scrape.render(scrape.prometheus_config(inv, scrape.targets(inv, scrape.served(inv, found))))
     api = hosts[inv.head.name].docker().api

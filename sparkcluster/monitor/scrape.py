@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 
 from sparkcluster.config.inventory import Inventory
+from sparkcluster.errors import InputError
 
 RULES_DIR = "/etc/prometheus/rules"  # where stack.py puts rules/*.yml in the container
 AGENT_JOB, NODE_EXPORTER_JOB, VLLM_JOB, GATEWAY_JOB = "sparkcluster-node", "node-exporter", "vllm", "gateway"
@@ -33,8 +34,7 @@ class Served:
 def served(inv: Inventory, found) -> list[Served]:
     """The running deployments (day2/deployments) with their API ports (the profile's, else the
     inventory's when this controller has no such profile)."""
-    from sparkcluster.config import profile as profiles
-    from sparkcluster.errors import InputError
+    from sparkcluster.config import profile as profiles  # the profiles' models only where a port is needed
 
     out = []
     for d in found:

@@ -199,7 +199,7 @@ def running(api, inv: Inventory, component: str) -> bool:
 
 
 def exec_in(api, inv: Inventory, component: str, argv: list[str]):
-    from sparkcluster.remote.dockerapi import run_in
+    from sparkcluster.remote.dockerapi import run_in  # Docker's SDK only where a command runs in a container
 
     return run_in(api, container(inv, component), argv, warn=True)
 
