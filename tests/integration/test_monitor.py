@@ -45,7 +45,7 @@ from tests.testbed.testbed import SPECS
 
 pytestmark = pytest.mark.testbed
 SCRAPE_S = 2.0  # the testbed inventory's [monitor] scrape_interval_s
-PROM = f"http://{SPECS[HEAD].lan_ip}:9090"
+PROM = ""  # Prometheus on the head's control IP (from the testbed inventory: `monitored`)
 # sources the testbed does not have: no NVML (CPU engine), no HCA counters, no draft model
 ABSENT_HERE = ("sparkcluster_gpu_", "node_infiniband_", "spec_decode_")
 
@@ -120,6 +120,10 @@ def receiver(testbed):
 
 @pytest.fixture(scope="module")
 def monitored(testbed, sc, receiver):
+    global PROM
+    from sparkcluster.config import inventory
+
+    PROM = f"http://{inventory.load(testbed.inventory).head.control_ip}:9090"
     testbed.monitor_image()
     if sup_state(testbed).get("state") != "serving" or not helpers.answers(BASE, "testbed-tiny"):
         res = sc("up", "--profile", "testbed", timeout=900)
@@ -274,7 +278,7 @@ def test_a_planned_down_fires_nothing(testbed, sc, monitored, receiver):
     assert res.returncode == 0, res.stdout + res.stderr
     time.sleep(30 + 5 * SCRAPE_S)  # the longest `for` of the rules, and some evaluations
     assert receiver.firing(t) == [], receiver.firing(t)
-    with urllib.request.urlopen(f"http://{SPECS[HEAD].lan_ip}:9093/api/v2/silences", timeout=10) as r:
+    with urllib.request.urlopen(PROM.replace(":9090", ":9093") + "/api/v2/silences", timeout=10) as r:
         silences = json.loads(r.read())
     assert any(s["comment"] == "sparkcluster down" and s["createdBy"] == "sparkcluster" for s in silences), silences
     res = sc("up", "--profile", "testbed", timeout=900)  # the next tests find it serving
