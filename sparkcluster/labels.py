@@ -11,3 +11,8 @@ EXECUTOR_LABEL = f"{LABEL_PREFIX}.executor"  # "ray" or "mp": how the deployment
 
 def container_name(cluster: str, role: str, node: str) -> str:
     return f"sparkcluster-{cluster}-{role}-{node}" if role == "worker" else f"sparkcluster-{cluster}-head"
+
+
+# monitoring's containers (sparkcluster/monitor): their own label, so that `down` (which removes what
+# carries CLUSTER_LABEL) leaves monitoring running, and deployments never count them
+MONITOR_LABEL = f"{LABEL_PREFIX}.monitor"

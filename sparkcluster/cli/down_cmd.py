@@ -7,6 +7,7 @@ import click
 from sparkcluster.cli.main import cli
 from sparkcluster.day2 import deployments, teardown
 from sparkcluster.errors import EXIT_FAILED, ConnectError, SparkError
+from sparkcluster.monitor.planned import planned
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 from sparkcluster.remote.lock import NodeLocks
 
@@ -60,7 +61,10 @@ def down(obj, purge_gcs: bool, node: str | None, profile_name: str | None) -> No
             )
             return
         reachable = [n for n in inv.nodes if n.name in cluster.hosts]
-        with NodeLocks(cluster, full.only([n.name for n in reachable]), "down"):
+        with (
+            NodeLocks(cluster, full.only([n.name for n in reachable]), "down"),
+            planned(cluster.hosts, full, [n.name for n in inv.nodes], "sparkcluster down"),
+        ):
             outcomes = {}
             for d in chosen:  # each deployment by itself: its own head's server stopped first
                 sub = full.only(list(d.nodes))

@@ -1,5 +1,6 @@
 """`sparkcluster events [--follow] [--json]`: the head supervisor's journal (sparkcluster/node): what it saw
-and what it did (started, wedged, restarted, stopped for memory, resumed after a reboot)."""
+and what it did (started, wedged, restarted, stopped for memory, resumed after a reboot), and where
+monitoring runs, the alerts Alertmanager holds."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.day2 import supervision
 from sparkcluster.errors import InputError
 from sparkcluster.labels import container_name
+from sparkcluster.monitor import alerting
 from sparkcluster.remote.fanout import connect_all
 
 
@@ -48,13 +50,17 @@ def events(obj, follow: bool, last: int, as_json: bool, node: str | None) -> Non
         for e in entries:
             click.echo(redact.mask(json.dumps(e) if as_json else supervision.format_entry(e)))
 
-    entries = supervision.journal(api, name)
+    def read() -> list[dict]:
+        # with monitoring (sparkcluster monitor up) the alerts Alertmanager holds come in among them
+        return sorted(supervision.journal(api, name) + alerting.alerts(api, inv), key=lambda e: e.get("ts", 0))
+
+    entries = read()
     show(entries[-last:] if last else entries)
     seen = entries[-1]["ts"] if entries else 0.0
     try:
         while follow:
             time.sleep(1.0)
-            new = [e for e in supervision.journal(api, name) if e.get("ts", 0) > seen]
+            new = [e for e in read() if e.get("ts", 0) > seen]
             if new:
                 show(new)
                 seen = new[-1]["ts"]

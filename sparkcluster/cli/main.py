@@ -51,6 +51,7 @@ class _LazyGroup(click.Group):
         "events": "The supervisor's journal on the head: what it saw and what it did.",
         "init": "Discover the hosts and write a draft inventory to review.",
         "logs": "The containers' logs (Ray) and vllm serve's log, from any node.",
+        "monitor": "Prometheus, Alertmanager and node_exporter for the cluster: up, down, config.",
         "profile": "Model profiles: list, show what each node gets, lint.",
         "status": "Per deployment and node: container, Ray membership, endpoint, supervisor.",
         "up": "Build, distribute, start Ray on every node and serve the profile's model.",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -124,6 +126,32 @@ def fleet_json(sts: list[status_mod.ClusterStatus]) -> str:
     return json.dumps({"state": overall(sts), "deployments": [asdict(st) for st in sts]}, indent=2)
 
 
+def _textual() -> bool:
+    """Textual (the full-screen view) is installed; without it --watch refreshes a table in place."""
+    return importlib.util.find_spec("textual") is not None
+
+
+def _write_html(inv, sts, path: Path) -> None:
+    from sparkcluster.day2 import html_report  # only where --html is asked: status --json stays light
+
+    charts = {}
+    try:
+        from sparkcluster.monitor import history  # only where --html is asked, as above
+        from sparkcluster.remote.fanout import connect_all  # as above
+
+        res = connect_all(inv, [inv.head])
+        host = res.succeeded.get(inv.head.name)
+        if host is not None:
+            try:
+                charts = history.charts(host.docker().api, inv)
+            finally:
+                host.close()
+    except Exception as e:  # noqa: BLE001 - the page is written without charts, and says nothing false
+        click.echo(f"warning: no charts from Prometheus: {redact.mask(str(e))}", err=True)
+    path.write_text(html_report.render(sts, charts))
+    click.echo(f"wrote {path}", err=True)
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @click.option(
@@ -143,14 +171,33 @@ def fleet_json(sts: list[status_mod.ClusterStatus]) -> str:
 @click.option("--watch", is_flag=True, help="Refresh in place every --interval seconds until Ctrl-C.")
 @click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
 @click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where VLLM_API_KEY lives.")
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Also write the status as one static HTML page (with the last hour's charts where monitoring runs).",
+)
 @click.pass_obj
 def status(
-    obj, as_json: bool, every: bool, on_change: str | None, watch: bool, interval: float, env_file: Path | None
+    obj,
+    as_json: bool,
+    every: bool,
+    on_change: str | None,
+    watch: bool,
+    interval: float,
+    env_file: Path | None,
+    html_path: Path | None,
 ) -> None:
     """Per deployment and node: container, Ray membership, endpoint health and model, serving
     figures, the supervisor, container uptime, MemAvailable."""
     inv = obj.inventory()
     key = load_secrets(env_file, names=["VLLM_API_KEY"]).get("VLLM_API_KEY")
+    if watch and not as_json and sys.stdout.isatty() and _textual():
+        from sparkcluster.day2 import live  # a full-screen view: sparklines, the journal
+
+        live.run(lambda: status_mod.collect_all(inv, key), interval)
+        return
     if watch and not as_json:
         from rich.console import Console
         from rich.live import Live
@@ -164,6 +211,8 @@ def status(
         except KeyboardInterrupt:
             return
     sts = status_mod.collect_all(inv, key)
+    if html_path is not None:
+        _write_html(inv, sts, html_path)
     if on_change:
         for line in fleet.notify_changes(inv.cluster.name, sts, on_change):
             click.echo(f"warning: {line}", err=True)

@@ -106,10 +106,32 @@ class FabricFigures(_Strict):
     timeout_s: float = Field(default=60.0, gt=0, le=600)  # every rank joined and every size measured
 
 
+class MonitorSettings(_Strict):
+    """`[monitor]`: what `sparkcluster monitor up` runs (sparkcluster/monitor). The images are pinned
+    releases of the upstream ones (an owner may pin by digest: `prom/prometheus@sha256:...`); each
+    is started with its binary named (/bin/prometheus, /bin/alertmanager, /bin/node_exporter), so an
+    image built otherwise (the testbed's, from Debian's packages) needs only those paths."""
+
+    prometheus_image: str = Field(default="prom/prometheus:v3.5.0", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9._/:@-]*$")
+    alertmanager_image: str = Field(default="prom/alertmanager:v0.28.1", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9._/:@-]*$")
+    node_exporter_image: str = Field(default="prom/node-exporter:v1.9.1", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9._/:@-]*$")
+    node_exporter: bool = True  # host counters (RDMA ports, filesystems, memory) on every node
+    scrape_interval_s: float = Field(default=10.0, ge=1, le=300)  # also the rules' evaluation interval
+    retention_time: str = Field(default="15d", pattern=r"^[0-9]+[smhdwy]$")
+    retention_size: str = Field(default="4GB", pattern=r"^[0-9]+(B|KB|MB|GB|TB)$")
+    # where Prometheus, Alertmanager and node_exporter listen: "control" (each on its node's control
+    # IP, reachable from the cluster's own network only) or an address the owner chooses (0.0.0.0)
+    listen: str = Field(default="control", pattern=r"^(control|[0-9.]+)$")
+    prometheus_port: int = Field(default=9090, ge=1, le=65535)
+    alertmanager_port: int = Field(default=9093, ge=1, le=65535)
+    node_exporter_port: int = Field(default=9100, ge=1, le=65535)
+
+
 class Inventory(_Strict):
     cluster: ClusterSettings
     nodes: list[Node] = Field(min_length=1, max_length=MAX_NODES)  # one Spark is a cluster too (seed 000)
     fabric: FabricFigures = Field(default_factory=FabricFigures)
+    monitor: MonitorSettings = Field(default_factory=MonitorSettings)
     path: Path | None = Field(default=None, exclude=True)
     # node -> the SSH user's home there, learnt from the facts (shared with the copies `only` makes)
     _homes: dict[str, str] = PrivateAttr(default_factory=dict)

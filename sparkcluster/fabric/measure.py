@@ -9,7 +9,7 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.errors import SparkError
-from sparkcluster.fabric import judge, launch, nccl_log
+from sparkcluster.fabric import judge, launch, nccl_log, record
 from sparkcluster.facts import HostFacts
 from sparkcluster.remote.fanout import ConnectedHosts
 
@@ -103,6 +103,7 @@ def run(
     logs = summarise(r)
     out = failed_ranks(r, logs, inv)
     out += judge.judge(logs, expectation(inv), node_facts(inv, prof, facts, r.placements), rank_node=rank_nodes(inv))
+    record.write(cluster, r.placements, record.figures(logs, expectation(inv)))  # for node/metrics
     return out
 
 

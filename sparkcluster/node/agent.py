@@ -5,7 +5,8 @@ Why it lives here: the container is what Docker restarts (restart policy `unless
 reboot of a node brings back Ray and this agent together, with no unit file on the host and nothing
 to install beside the image. On every node it owns `ray start --block` (when Ray exits, the agent
 exits and Docker restarts the container, which re-joins Ray at the node's control IP), reports the
-node's MemAvailable on a read-only HTTP endpoint at the node's control IP, and removes the
+node's MemAvailable on a read-only HTTP endpoint at the node's control IP (and its metrics for
+Prometheus at `/metrics` there, node/metrics), and removes the
 /dev/shm segments its container's processes mapped once none of them maps them any more. On the
 head it also supervises the engine: it starts `vllm serve` when `up` asks (desired state in
 DESIRED_PATH, secrets in a 0600 file beside it), waits until every node is a Ray member before
@@ -33,10 +34,10 @@ import time
 from .contract import CONFIG_PATH, DESIRED_PATH, STARTING, WAITING
 from .journal import Journal
 from .memreport import node_report, serve_reports
+from .metrics import Exporter
 from .ranks import RankKeeper
 from .shm import ShmJanitor
 from .supervisor import Supervisor
-
 
 BUSY_LOOK_S = 0.25  # the supervisor's look while a server starts: `up` is waiting for it to say serving
 WAKE_S = 0.1  # how often a wait looks whether the controller changed the desired state
@@ -82,7 +83,7 @@ def main(config_path: str = CONFIG_PATH) -> int:
         return {**node_report(cfg["node"], ray), **extra, **({"rank": keeper.report()} if keeper else {})}
 
     try:
-        serve_reports(cfg["report_ip"], cfg["report_port"], report)
+        serve_reports(cfg["report_ip"], cfg["report_port"], report, Exporter(cfg, ray, sup, keeper).text)
     except OSError as e:  # the head then judges this node's memory blind: say so, keep Ray and the server
         journal.write("memory report not served", address=f"{cfg['report_ip']}:{cfg['report_port']}", error=str(e))
     janitor = ShmJanitor(journal)

@@ -13,6 +13,8 @@ RECORD_PATH = "/run/sparkcluster/serve.json"
 STATE_PATH = "/run/sparkcluster/supervisor.json"
 RANK_PATH = "/run/sparkcluster/rank.json"  # executor "mp": a worker's rank, its epoch and exit (node/ranks)
 JOURNAL_PATH = "/var/log/sparkcluster/journal.jsonl"
+# the last fabric test's figures on this node, written by the controller (fabric/record), read by node/metrics
+FABRIC_PATH = "/var/log/sparkcluster/fabric.json"
 SERVE_LOG = "/var/log/sparkcluster/vllm-serve.log"
 # every rank's NCCL writes at init which transport it chose, to a file of its own (day2/engine_nccl)
 NCCL_LOG_DIR = "/var/log/sparkcluster"

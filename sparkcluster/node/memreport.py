@@ -1,5 +1,6 @@
 """Each node's memory report: MemAvailable (and whether Ray runs) on a read-only HTTP endpoint at
-the node's control IP, which the head's supervisor reads for its peers."""
+the node's control IP, which the head's supervisor reads for its peers. The same endpoint answers
+`/metrics` (node/metrics) for Prometheus: one listener per node, one port to open."""
 
 from __future__ import annotations
 
@@ -35,12 +36,17 @@ def peer_memory(ip: str, port: int, timeout: float = 1.0, seen: dict | None = No
     return value, ""
 
 
-def serve_reports(address: str, port: int, report) -> None:
+def serve_reports(address: str, port: int, report, metrics=None) -> None:
+    """`/` the report (JSON), `/metrics` the text `metrics()` returns (Prometheus' format)."""
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
-            body = json.dumps(report()).encode()
+            if metrics is not None and self.path.split("?")[0] == "/metrics":
+                body, kind = metrics().encode(), "text/plain; version=0.0.4; charset=utf-8"
+            else:
+                body, kind = json.dumps(report()).encode(), "application/json"
             self.send_response(200)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

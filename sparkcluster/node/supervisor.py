@@ -55,6 +55,13 @@ class Supervisor:
         self.mp = cfg.get("executor") == "mp"  # every node runs its own rank(s): node/ranks
         self.epoch: str | None = None  # executor "mp": this start of the set (a fresh token per start)
         self.reports: dict[str, dict | None] = {}  # peer -> its last report (None: unanswered)
+        # what node/metrics exports beside the state file: counters since this container started,
+        # the last probe, the last look, every node's MemAvailable as last read (None: unanswered)
+        self.counts: dict[str, int] = {}
+        self.last_probe_s: float | None = None
+        self.last_probe_ok: bool | None = None
+        self.last_look: float | None = None
+        self.memory_seen: dict[str, int | None] = {}
 
     # -- state
     def set_state(self, state: str, **detail) -> None:
@@ -201,6 +208,7 @@ class Supervisor:
                 why=unknown or None,
             )
         self.memory_unknown = unknown
+        self.memory_seen = dict(seen)
         return {n: v for n, v in seen.items() if v is not None and v < floor}
 
     def look(self, desired: dict, policy: dict) -> Look:
@@ -231,13 +239,19 @@ class Supervisor:
         due = not self.watch.ready or look.now - self.last_probe >= float(policy["probe_interval_s"])
         if due:
             self.last_probe = look.now
+            t0 = time.monotonic()
             look.probe = one_token(
                 base,
                 desired["model"],
                 (read_json(SECRETS_PATH) or {}).get("VLLM_API_KEY"),
                 float(policy["probe_timeout_s"]),
             )
+            self.last_probe_s, self.last_probe_ok = time.monotonic() - t0, look.probe == ""
+            self.count("probe:ok" if look.probe == "" else "probe:failed")
         return look
+
+    def count(self, key: str) -> None:
+        self.counts = {**self.counts, key: self.counts.get(key, 0) + 1}  # a new dict: /metrics reads it
 
     # -- one turn of the loop
     def tick(self) -> None:
@@ -271,6 +285,7 @@ class Supervisor:
             self.start(desired)
             return
         look = self.look(desired, policy)
+        self.last_look = look.now
         before = self.watch.activity
         found = verdict(self.watch, look, policy)
         if self.watch.activity and not before:  # journalled when it starts, with its evidence
@@ -287,10 +302,12 @@ class Supervisor:
             if not self.causes or self.causes[-1]["cause"] != cause:
                 self.causes.append({"ts": time.time(), "kind": kind, "cause": cause})
                 self.journal.write(kind, cause=cause, action="none: supervision is off in the profile")
+                self.count(f"verdict:{kind}")
             self.save()
             return
         self.causes.append({"ts": time.time(), "kind": kind, "cause": cause})
         self.journal.write(kind, cause=cause)
+        self.count(f"verdict:{kind}")
         self.stop(cause)
         if kind == "memory":
             self.set_state(
@@ -304,5 +321,6 @@ class Supervisor:
             self.set_state(LIMIT, cause=cause, restarts=len(self.restarts))
         else:
             self.restarts.append(time.time())
+            self.count("restarts")
             self.next_start = time.time() + backoff(self.restarts, time.time(), policy)
             self.set_state(RESTARTING, cause=cause, attempt=len(self.restarts))

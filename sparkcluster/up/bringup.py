@@ -22,6 +22,7 @@ from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import deployments, endpoint, server, teardown
 from sparkcluster.errors import InputError, SparkError, StageError, StepFailure
 from sparkcluster.labels import ROLE_LABEL
+from sparkcluster.monitor.planned import planned
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.up.execute import StageProgress, UpRun, execute, record_before_plan
@@ -84,7 +85,13 @@ def run(
         touched = full.only(sorted({n.name for n in inv.nodes} | {x for d in away for x in d.nodes}))
         _all_reachable(touched, unreachable)
         # a dry run changes nothing, so it neither takes nor waits for the lock
-        with contextlib.nullcontext() if dry_run else NodeLocks(everyone, touched, command):
+        with (
+            contextlib.nullcontext() if dry_run else NodeLocks(everyone, touched, command),
+            # monitoring, where it runs: the touched nodes silenced, the new deployment scraped after
+            contextlib.nullcontext()
+            if dry_run
+            else planned(everyone.hosts, full, [n.name for n in touched.nodes], f"sparkcluster {command}"),
+        ):
             cluster = ConnectedHosts(inv, {n.name: everyone.hosts[n.name] for n in inv.nodes})
             return _run_locked(
                 cluster,

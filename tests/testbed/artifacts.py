@@ -240,6 +240,40 @@ def engine_build_context(ctx: Path) -> Path:
     return ctx
 
 
+# ---------------------------------------------------------------- the monitoring image
+MONITOR_IMAGE = "sparkcluster-testbed/monitor:bookworm"  # Prometheus, Alertmanager, node_exporter (Debian's)
+MONITOR_PACKAGES = ("prometheus", "prometheus-alertmanager", "prometheus-node-exporter")
+MONITOR_DEBS = CACHE / "monitor-debs"
+
+
+def monitor_debs() -> Path:
+    """Debian's packages of the monitoring stand-in, downloaded once with `apt-get download` (from
+    this machine's own Debian sources, like debootstrap's rootfs) and kept in the cache."""
+    debs = sorted(MONITOR_DEBS.glob("*.deb"))
+    if {d.name.split("_")[0] for d in debs} >= set(MONITOR_PACKAGES):
+        return MONITOR_DEBS
+    MONITOR_DEBS.mkdir(parents=True, exist_ok=True)
+    # those install-deps.sh (or an owner) installed are already in apt's own cache
+    for d in sorted(Path("/var/cache/apt/archives").glob("*.deb")):
+        if d.name.split("_")[0] in MONITOR_PACKAGES:
+            shutil.copy2(d, MONITOR_DEBS / d.name)
+    have = {d.name.split("_")[0] for d in MONITOR_DEBS.glob("*.deb")}
+    missing = [p for p in MONITOR_PACKAGES if p not in have]
+    if missing:
+        run(["apt-get", "download", *missing], cwd=str(MONITOR_DEBS), timeout=600)
+    return MONITOR_DEBS
+
+
+def monitor_build_context(ctx: Path) -> Path:
+    shutil.rmtree(ctx, ignore_errors=True)
+    (ctx / "debs").mkdir(parents=True)
+    shutil.copy2(IMAGES / "Dockerfile.monitor", ctx / "Dockerfile")
+    for d in sorted(monitor_debs().glob("*.deb")):
+        if d.name.split("_")[0] in MONITOR_PACKAGES:
+            shutil.copy2(d, ctx / "debs" / d.name)
+    return ctx
+
+
 def model_key() -> str:
     return _tree_digest(MODEL_SCRIPT, extra=f"{VLLM_VERSION}|{TINY_MODEL}|{TINY_REVISION}")
 

@@ -1033,6 +1033,13 @@ rm -f /run/docker.pid /run/docker.sock
             "",
             *FABRIC_LINES,
             "",
+            # monitoring (sparkcluster monitor up): Debian's packages in one stand-in image (monitor_image)
+            "[monitor]",
+            f'prometheus_image = "{artifacts.MONITOR_IMAGE}"',
+            f'alertmanager_image = "{artifacts.MONITOR_IMAGE}"',
+            f'node_exporter_image = "{artifacts.MONITOR_IMAGE}"',
+            "scrape_interval_s = 2",
+            "",
         ]
         names = {h: list(CROSSED if (crossed and h == WORKER) else NETDEVS) for h in hosts}
         out += cabling.inventory_nodes(m, [(h, SPECS[h].role, SPECS[h].octet) for h in hosts], names)
@@ -1271,6 +1278,21 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             }
         )
         log(f"ray image {tag} {iid[:19]}: build {t1 - t0:.1f}s, save|load {time.monotonic() - t1:.1f}s")
+        return tag
+
+    def monitor_image(self, tag: str = artifacts.MONITOR_IMAGE) -> str:
+        """images/Dockerfile.monitor (Debian's prometheus, prometheus-alertmanager and
+        prometheus-node-exporter on the testbed's rootfs) built on the head and copied to every other
+        host (node_exporter runs on each). The testbed inventory's [monitor] names it for all three
+        images. Returns the tag."""
+        if all(self.image_id(h, tag) for h in self.hosts):
+            return tag
+        t0 = time.monotonic()
+        ctx = artifacts.monitor_build_context(self.dir / "monitor-build")
+        self.docker(HEAD, f"build -q --build-arg ROOTFS={ROOTFS_IMAGE} -t {tag} {ctx}", timeout=600)
+        for h in self.hosts[1:]:
+            self.copy_image(tag, HEAD, h)
+        log(f"monitor image {tag} built and copied in {time.monotonic() - t0:.1f}s")
         return tag
 
     def copy_image(self, ref: str, src: str = HEAD, dst: str = WORKER) -> None:

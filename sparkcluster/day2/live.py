@@ -1,0 +1,131 @@
+"""`status --watch` as a full-screen view (Textual): per deployment its state, problems and a
+sparkline of tokens per second; per node its MemAvailable and headroom above the profile's memory
+floor, with a sparkline of the headroom; the supervisor journal's last entries. Every refresh is one
+`status` round trip (day2/status.collect_all), run off the screen's thread so the view never stalls.
+
+Why here and not in the monitoring stack: it needs nothing running beyond what `status` reads (no
+Prometheus), and its history is the refreshes it has seen (a minute or two at the default 2 s).
+Textual is imported only by this module, only when `--watch` runs on a terminal."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable
+
+from textual.app import App, ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import Footer, Header, Label, RichLog, Sparkline
+
+from sparkcluster.day2 import supervision
+from sparkcluster.day2.status import ClusterStatus
+
+KEEP = 90  # refreshes of history per sparkline
+JOURNAL_LINES = 12
+
+
+def _id(text: str) -> str:
+    return "w-" + re.sub(r"[^a-zA-Z0-9_-]", "_", text)
+
+
+def floor_gib(st: ClusterStatus) -> float | None:
+    policy = (st.supervisor or {}).get("policy") or {}
+    return float(policy["memory_floor_gib"]) if "memory_floor_gib" in policy else None
+
+
+def readings(sts: list[ClusterStatus]) -> dict[str, tuple[str, float | None]]:
+    """What one refresh adds to each sparkline: key -> (the line beside it, the value)."""
+    out: dict[str, tuple[str, float | None]] = {}
+    for st in sts:
+        name = st.deployment or st.cluster
+        tok = (st.supervisor or {}).get("tokens_per_s")
+        problems = f"  {'; '.join(st.problems)}" if st.problems else ""
+        sup = (st.supervisor or {}).get("state", "no supervisor")
+        line = f"{name}  {st.state.upper()}  supervisor: {sup}  tok/s: {'-' if tok is None else f'{tok:.1f}'}{problems}"
+        out[f"tok {name}"] = (line, tok)
+        floor = floor_gib(st)
+        for n in st.nodes:
+            if f"mem {n.node}" in out:
+                continue
+            avail = n.mem_available_gib
+            head = None if avail is None or floor is None else avail - floor
+            text = f"  {n.node}  {n.state}  MemAvailable {'-' if avail is None else f'{avail:.1f}'} GiB"
+            text += "" if head is None else f"  headroom {head:.1f} GiB"
+            out[f"mem {n.node}"] = (text, head if head is not None else avail)
+    return out
+
+
+class LiveView(App):
+    """The view; `collect` is one status round trip (day2/status.collect_all bound to the inventory)."""
+
+    TITLE = "sparkcluster status --watch"
+    BINDINGS = [("q", "quit", "Quit")]  # noqa: RUF012 (Textual's class attribute)
+    CSS = """
+    .row { height: 3; }
+    .row Label { width: 1fr; content-align: left middle; }
+    .row Sparkline { width: 40; margin: 1 1; }
+    #journal { height: 14; border: round $primary; }
+    """
+
+    def __init__(self, collect: Callable[[], list[ClusterStatus]], interval: float = 2.0):
+        super().__init__()
+        self.collect, self.interval = collect, interval
+        self.history: dict[str, deque[float]] = {}
+        self.refreshes = 0
+        self._busy = False
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=True)
+        yield VerticalScroll(id="rows")
+        yield RichLog(id="journal", max_lines=200, wrap=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#journal", RichLog).border_title = "the supervisor's journal"
+        self.tick()
+        self.set_interval(self.interval, self.tick)
+
+    def tick(self) -> None:
+        if self._busy:
+            return
+        self._busy = True
+        self.run_worker(self._collect, thread=True, exclusive=True)
+
+    def _collect(self) -> None:
+        try:
+            sts = self.collect()
+        except Exception as e:  # noqa: BLE001 - the view stays up and says why
+            self.call_from_thread(self.notify, f"status failed: {e}", severity="error")
+            sts = None
+        self.call_from_thread(self.show, sts)
+
+    def show(self, sts: list[ClusterStatus] | None) -> None:
+        self._busy = False
+        if sts is None:
+            return
+        self.refreshes += 1
+        rows = self.query_one("#rows", VerticalScroll)
+        for key, (text, value) in readings(sts).items():
+            h = self.history.setdefault(key, deque(maxlen=KEEP))
+            if value is not None:
+                h.append(float(value))
+            wid = _id(key)
+            found = rows.query(f"#{wid}")
+            if not found:
+                rows.mount(
+                    Horizontal(
+                        Label(text, id=f"{wid}-label"), Sparkline(list(h), id=f"{wid}-spark"), id=wid, classes="row"
+                    )
+                )
+            else:
+                self.query_one(f"#{wid}-label", Label).update(text)
+                self.query_one(f"#{wid}-spark", Sparkline).data = list(h)
+        log = self.query_one("#journal", RichLog)
+        log.clear()
+        for st in sts:
+            for e in st.journal[-JOURNAL_LINES:]:
+                log.write(supervision.format_entry(e))
+
+
+def run(collect: Callable[[], list[ClusterStatus]], interval: float) -> None:
+    LiveView(collect, interval).run()

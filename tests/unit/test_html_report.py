@@ -1,0 +1,111 @@
+"""`status --html` (sparkcluster/day2/html_report, monitor/history): the page from a status snapshot
+and Prometheus' charts (promtool's `query range -o json` as Debian's promtool 2.42 prints it) is
+well formed, masks secrets, draws a chart per series; and headless Chromium (Debian's package)
+opens it and takes a screenshot, kept where SPARKCLUSTER_ARTIFACTS points."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from sparkcluster import redact
+from sparkcluster.config import inventory
+from sparkcluster.day2 import html_report
+from sparkcluster.day2.status import ClusterStatus, NodeStatus
+from sparkcluster.monitor import history
+
+INV = inventory.parse((Path(__file__).parent / "data" / "profile-cluster.toml").read_text())
+# the shape Debian's promtool 2.42 prints for `query range -o json` (checked on this machine kind)
+MATRIX = (
+    '[{"metric":{"cluster":"pair","deployment":"big@spark-a+spark-b"},'
+    '"values":[[1795601836,"10"],[1795601838,"12.5"],[1795601840,"NaN"],[1795601842,"11"]]}]'
+)
+SECRET = "sk-live-do-not-print-1234"
+
+
+def statuses() -> list[ClusterStatus]:
+    nodes = [
+        NodeStatus(
+            "spark-a", container="sparkcluster-pair-head", state="running", mem_available_gib=40.0, ray_alive=True
+        ),
+        NodeStatus("spark-b", reachable=False, error="ssh: timed out"),
+    ]
+    sup = {"state": "serving", "tokens_per_s": 42.0, "restarts": [1.0], "policy": {"memory_floor_gib": 6.0}}
+    return [
+        ClusterStatus(
+            "pair", "degraded", nodes, profile="big", deployment="big@spark-a+spark-b",
+            endpoint="http://192.168.100.10:8000", health=200, models=["m"], supervisor=sup,
+            metrics={"vllm:num_requests_running": 2.0}, journal=[{"ts": 1.7e9, "event": "state: serving"}],
+            problems=[f"spark-b: unreachable <b>{SECRET}</b>"],
+        )
+    ]  # fmt: skip
+
+
+class Balance(HTMLParser):
+    VOID = frozenset({"meta", "br", "rect", "polyline"})
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.tags = [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID:
+            return
+        assert self.stack and self.stack.pop() == tag, (tag, self.stack)
+
+
+def page() -> str:
+    redact.register(SECRET)
+    charts = history.parse("tok/s {}", "deployment", MATRIX) | history.parse("headroom GiB {}", "peer", "not json")
+    return html_report.render(statuses(), charts, now=1.7e9)
+
+
+def test_the_page_is_well_formed_masks_secrets_and_draws_the_charts():
+    text = page()
+    p = Balance()
+    p.feed(text)
+    assert not p.stack and p.tags.count("svg") == 1 and p.tags.count("polyline") == 1
+    assert SECRET not in text and "&lt;b&gt;" in text  # masked, and markup in a problem is text
+    assert "tok/s big@spark-a+spark-b" in text and "34.0 GiB" in text and "unreachable: ssh: timed out" in text
+    assert history.parse("x {}", "deployment", MATRIX)["x big@spark-a+spark-b"][1] == (1795601838.0, 12.5)
+
+
+def test_headless_chromium_renders_a_screenshot(tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (Debian package chromium)")
+    out_dir = Path(os.environ.get("SPARKCLUSTER_ARTIFACTS", tmp_path))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src, png = out_dir / "status.html", out_dir / "status-html.png"
+    src.write_text(page())
+    png.unlink(missing_ok=True)
+    argv = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    p = subprocess.run(
+        [*argv, "--window-size=1100,900", f"--screenshot={png}", src.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert png.is_file() and png.stat().st_size > 10_000, p.stdout + p.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
