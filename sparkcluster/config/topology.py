@@ -19,20 +19,42 @@ Kind = Literal["single", "direct", "switch", "mesh", "ring"]
 KINDS: tuple[str, ...] = ("single", "direct", "switch", "mesh", "ring")
 MAX_NODES = 8
 
-# What NCCL needs when every cable is a subnet between two nodes and no subnet reaches every node
-# (sparkrun sets these for its three-node ring; missing, the field sees hangs at the first
-# collective: sparkrun#174, #208): route by subnet, never merge the two ports into one NIC, and
-# use NCCL's own IB transport rather than a network plugin that expects a flat fabric.
-POINT_TO_POINT_NCCL_ENV: dict[str, str] = {
-    "NCCL_IB_SUBNET_AWARE_ROUTING": "1",
-    "NCCL_IB_MERGE_NICS": "0",
-    "NCCL_NET_PLUGIN": "none",
+# What NCCL needs of the cabling, in every node's container (the profile's own value wins where a
+# variable is overridable; `nccl.topology_env` judges the rest):
+# - every topology: route by subnet, as NVIDIA's own `spark_cluster_setup.py` exports it for any
+#   cluster of Sparks (dgx-spark-playbooks) -- on a switch or a pair it changes nothing, on
+#   point-to-point cables it is what lets a rank reach the neighbour on each cable's own subnet;
+# - a ring or mesh (every cable a subnet between two nodes, none reaching every node: sparkrun sets
+#   these for its three-node ring, missing, the first collective hangs: sparkrun#174, #208): keep
+#   the two ports apart (NCCL_IB_MERGE_NICS=0, a default a profile may override with a WARN: one
+#   field report runs TP=4 on a ring with it at 1, tonyd2wild GLM-5.3 TP4 #2) and NCCL's own IB
+#   transport rather than a network plugin that expects a flat fabric;
+# - a ring of four or more: rings only. NCCL builds trees as well as rings, a tree's edges include
+#   the diagonals of the ring, which no cable joins, and their queue pairs time out at setup
+#   (eugr spark-vllm-docker docs/NETWORKING.md and cluster_topology.py RING_ENV; MiaAI-Lab
+#   DeepSeek-v4.1-Flash-DGX-Sparks PR #3, GLM-5.3 PR #244). A three-node mesh cables every pair,
+#   so its trees have their edges: NCCL keeps its own choice there.
+EVERY_TOPOLOGY_NCCL_ENV: dict[str, str] = {"NCCL_IB_SUBNET_AWARE_ROUTING": "1"}
+POINT_TO_POINT_NCCL_ENV: dict[str, str] = {"NCCL_IB_MERGE_NICS": "0", "NCCL_NET_PLUGIN": "none"}
+RING_NCCL_ENV: dict[str, str] = {"NCCL_ALGO": "Ring"}
+# the variables above a profile may set otherwise (`nccl.topology_env` WARNs instead of FAILing)
+OVERRIDABLE_NCCL: dict[str, str] = {
+    "NCCL_IB_MERGE_NICS": "a field report runs a ring of four with NCCL_IB_MERGE_NICS=1 (tonyd2wild GLM-5.3 TP4 #2)"
 }
+# the largest ring the field has served a model on (TP=4 over four Sparks: the reports above);
+# a larger ring is cabled and classified alike, but lint WARNs
+FIELD_RING_NODES = 4
 
 
 def nccl_env(kind: str | None) -> dict[str, str]:
-    """The NCCL variables a topology needs in every node's container."""
-    return dict(POINT_TO_POINT_NCCL_ENV) if kind in ("mesh", "ring") else {}
+    """The NCCL variables a topology needs in every node's container (the fabric probe's ranks run
+    in those containers, so they get the same)."""
+    env = dict(EVERY_TOPOLOGY_NCCL_ENV)
+    if kind in ("mesh", "ring"):
+        env.update(POINT_TO_POINT_NCCL_ENV)
+    if kind == "ring":
+        env.update(RING_NCCL_ENV)
+    return env
 
 
 def nodes_allowed(kind: str, n: int) -> str | None:

@@ -34,8 +34,10 @@ PROBE_DIR = "/tmp/sparkcluster-fabric"
 PROBE_PATH = f"{PROBE_DIR}/fabric_probe.py"
 FABRIC_LABEL = "org.sparkcluster.fabric"  # a throwaway container of the fabric test, never a serving one
 # the probe's NCCL lines on its own output: INIT and NET say which transport NCCL chose, ENV which
-# variables it read (the container's NCCL_DEBUG_FILE is the engine's, unset for the probe)
-PROBE_NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV"}
+# variables it read (the container's NCCL_DEBUG_FILE is the engine's, unset for the probe); the
+# container's own variables (the profile's, the cabling's NCCL_ALGO and routing) pass through, and
+# NCCL_CUMEM_ENABLE=0 as vLLM sets it in the engine (the probe sets it itself too, as vLLM does)
+PROBE_NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV", "NCCL_CUMEM_ENABLE": "0"}
 
 
 # a slim image may carry no procps: the probe's processes are found through /proc, this shell excepted

@@ -11,7 +11,8 @@ cluster's containers and run there with the image's python, so it imports nothin
 
 Environment, as torchrun sets it (the controller sets the same itself, one process per GPU):
 RANK, WORLD_SIZE, LOCAL_RANK (default 0), MASTER_ADDR, MASTER_PORT. NCCL's own variables
-(NCCL_DEBUG, NCCL_DEBUG_FILE, NCCL_IB_HCA, ...) pass through untouched.
+(NCCL_DEBUG, NCCL_DEBUG_FILE, NCCL_IB_HCA, the cabling's NCCL_ALGO, ...) pass through untouched,
+except NCCL_CUMEM_ENABLE, set to 0 as vLLM sets it in the engine (ENGINE_NCCL_ENV).
 
 Sizes: powers of 4 from 1 MiB up to --max-bytes (1, 4, 16, 64, 256 MiB, 1 GiB by default), the
 largest always included. A size is what nccl-tests calls it: for all_gather the gathered (output)
@@ -42,6 +43,10 @@ GiB = 1 << 30
 OPS = ("all_gather", "all_reduce")  # collectives, at every size
 P2P_MAX_BYTES = 64 << 20  # one direction's transfer (p2p): enough to leave latency behind
 FLOAT_BYTES = 4  # float32 elements
+# What vLLM sets in every one of its processes before NCCL loads (vllm/env_override.py: cuMem-backed
+# buffers broke collectives and memory accounting, NVIDIA/nccl #1721, #2379): the engine's NCCL runs
+# without cuMem, so the probe's does too, or it would measure a transport the engine never uses.
+ENGINE_NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0"}
 
 
 def default_sizes(max_bytes: int, min_bytes: int = MiB) -> list[int]:
@@ -229,6 +234,7 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"fabric_probe: {exc}", file=sys.stderr, flush=True)
         return 2
+    os.environ.update(ENGINE_NCCL_ENV)  # as vLLM does, unconditionally, before torch loads NCCL
     import torch
     import torch.distributed as dist
 
