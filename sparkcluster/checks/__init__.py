@@ -43,6 +43,7 @@ CHECK_ORDER = (
     "net.peer",
     "net.default_route",
     "net.topology",
+    "net.crossing",
     "rdma.hca",
     "nccl.topology_env",
     "mem.headroom",

@@ -14,7 +14,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.config import inventory
 from sparkcluster.config.flags import serve_argv
 from sparkcluster.config.inventory import HOME_HF_CACHE
-from sparkcluster.config.lint import CLUSTER_RULES, lint
+from sparkcluster.config.lint import CLUSTER_RULES, failures, lint
 from sparkcluster.config.profile import (
     Profile,
     available,
@@ -206,4 +206,5 @@ def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None) -> None
         return
     for prob in problems:
         _echo(f"{p.name}: {prob.line()}")
-    ctx.exit(EXIT_FAILED)
+    if failures(problems):
+        ctx.exit(EXIT_FAILED)

@@ -14,6 +14,7 @@ from sparkcluster import redact
 from sparkcluster.config.flags import BY_FLAG, flag_names, flag_value, refusals, serve_argv
 from sparkcluster.config.profile import MANAGED_VARS, Profile, guess_image_kind
 from sparkcluster.config.secrets import SECRET_NAMES
+from sparkcluster.config.topology import FIELD_RING_NODES
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkcluster.config.inventory import Inventory
@@ -26,7 +27,7 @@ MAX_GPU_MEMORY_UTILIZATION = 0.85
 MAMBA_ALIGNED_BLOCK_SIZE = 2128
 VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
-CLUSTER_RULES = ("tp-pp-gpus", "port-mismatch", "needs-root")
+CLUSTER_RULES = ("tp-pp-gpus", "port-mismatch", "needs-root", "ring-executor", "ring-pp", "ring-size")
 # directories only root may write on a Spark, whose SSH user is an ordinary account in `docker`
 ROOT_ONLY_DIRS = ("/root", "/etc", "/usr", "/var", "/run", "/boot", "/proc", "/sys", "/lib", "/bin", "/sbin")
 
@@ -39,9 +40,15 @@ class Problem:
     rule: str
     message: str
     fix: str
+    severity: str = "fail"  # "warn": said, and `up` goes on
 
     def line(self) -> str:
-        return f"[{self.rule}] {self.message} -- fix: {self.fix}"
+        return f"[{self.rule}]{' warning:' if self.severity == 'warn' else ''} {self.message} -- fix: {self.fix}"
+
+
+def failures(problems: Sequence[Problem]) -> list[Problem]:
+    """The problems that stop `up` (warnings are said and pass)."""
+    return [x for x in problems if x.severity != "warn"]
 
 
 def _looks_secret(value: str) -> bool:
@@ -82,6 +89,7 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
                 )
             )
         p.extend(needs_root(inventory))
+        p.extend(ring_rules(profile, inventory))
         if s.port is not None and s.port != inventory.cluster.api_port:
             p.append(
                 Problem(
@@ -357,6 +365,53 @@ def memory_sum_problems(profiles: Sequence[Profile]) -> list[Problem]:
             "or less, or plan one of them on another node",
         )
     ]
+
+
+def ring_rules(profile: Profile, inventory: "Inventory") -> list[Problem]:
+    """What a ring of four or more serves on (issue 35): TP across the ring with vLLM's own launch
+    (`mp`), ranks in cable order (the inventory lists a ring's nodes along its cables, and
+    `net.topology` fails when they are not). Each node has cables to its two neighbours only, so a
+    rank group whose members are not neighbours talks over no cable at all."""
+    if inventory.cluster.topology != "ring":
+        return []
+    out, n = [], len(inventory.nodes)
+    if profile.executor == "ray":
+        out.append(
+            Problem(
+                "ring-executor",
+                "Ray places vLLM's ranks by IP address, not along the ring's cables, so neighbouring ranks may "
+                "sit on nodes no cable joins (eugr spark-vllm-docker refuses it: a ring needs the native "
+                "backend with fixed rank placement)",
+                'set executor = "mp" (vLLM\'s own multi-node launch: node k of the inventory is node rank k, '
+                "in cable order)",
+            )
+        )
+    if profile.serve.pipeline_parallel_size > 1:
+        pp, tp = profile.serve.pipeline_parallel_size, profile.serve.tensor_parallel_size
+        names = [x.name for x in inventory.nodes]
+        groups = [names[i::tp] for i in range(tp)] if tp <= n and n % tp == 0 else []
+        shown = "; ".join("{" + ",".join(g) + "}" for g in groups) or "groups across the ring"
+        out.append(
+            Problem(
+                "ring-pp",
+                f"pipeline parallel {pp} on a ring: in cable order vLLM's pipeline groups are {shown}, nodes "
+                "across the ring's diagonals that no cable joins (their queue pairs time out); an order that "
+                "keeps every group on a cable (A,B,D,C) has not been run in the field, so it is refused too",
+                f"serve the ring with tensor parallel only: tensor_parallel_size = {inventory.gpu_count}, "
+                'pipeline_parallel_size = 1, executor = "mp" (what the field runs: TP=4 on four Sparks)',
+            )
+        )
+    if n > FIELD_RING_NODES:
+        out.append(
+            Problem(
+                "ring-size",
+                f"a ring of {n}: the field has served models on rings of {FIELD_RING_NODES} Sparks only (TP=4), "
+                "each collective step crosses every cable and a larger ring is not validated for inference",
+                "measure it first (`sparkcluster doctor --fabric`), or cable the Sparks through a switch",
+                severity="warn",
+            )
+        )
+    return out
 
 
 def needs_root(inventory: "Inventory") -> list[Problem]:

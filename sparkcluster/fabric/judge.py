@@ -6,38 +6,51 @@ Why judge behaviour and not configuration: NCCL falls back from RoCE to TCP sock
 word (seed 002's worker lacked /dev/infiniband), and every configured fact can read right while the
 fabric is still slow. The facts serve here only to name the likely cause of what NCCL did.
 
-The figures, NCCL's all_gather bus bandwidth between two DGX Sparks (nccl-tests' all_gather_perf):
-  - 23.7 GB/s healthy, MTU 9000, both twins of the cable in use (NVIDIA/dgx-spark-playbooks PR #103);
-  - 18.9-21.0 GB/s before MTU 9000 (NVIDIA/dgx-spark-playbooks#25);
-  - about 12.3 GB/s with one HCA of the twin pair (tonyd2wild/dgx-spark PR #35);
-  - 3.04 GB/s with a wrong NCCL build (PR #103); TCP sockets give about 3-4 GB/s (the H200 captures
-    in tests/captured/nccl/ read 3.55-3.86);
-  - NVIDIA's setup script warns below 21.875 GB/s on a pair and below 10 GB/s on a ring (PR #103).
-Thresholds (judged on all_gather's busbw at the largest size, where per-call latency no longer
-counts): WARN below the "healthy" figure, FAIL below the "floor".
-  - pair on both twins: healthy 21.875 (NVIDIA's own warning line), floor 11.85 (half of 23.7);
-  - one rail (one HCA per node): healthy 11.35 (12.3 scaled by NVIDIA's 21.875/23.7), floor 6.15;
-  - ring: healthy 10 (NVIDIA), floor 5.
-The floor is half the healthy measurement: every RDMA figure the field reports for that cabling
-(pre-MTU-9000, one HCA of a pair: 12.3 > 11.85) stays above it as a WARN, while the socket and
-broken-build figures (3-4 GB/s) fall far below it. The inventory may set its own `healthy_gbps`
+The figures, NCCL's all_gather bus bandwidth (nccl-tests' all_gather_perf, or this probe) between
+DGX Sparks, judged at the largest size measured (1 GiB by default: `[fabric] max_bytes`), where
+per-call latency no longer counts. WARN below the "healthy" line, FAIL below the "floor".
+  - A pair on both PCIe halves of a 200G port (`rocep1s0f*` is one x4 half of the ConnectX-7,
+    `roceP2p1s0f*` the other; each carries about 100 Gb/s: ServeTheHome on GB10's CX7, eugr
+    spark-vllm-docker docs/NETWORKING.md): healthy pairs measure 20.1-20.4 GB/s at 1 GiB
+    (MiaAI-Lab GLM-5.3 #118, tonyd2wild/dgx-spark PR #35); 23.7 GB/s at 16 GiB, where NVIDIA warns
+    below 21.875 (dgx-spark-playbooks PR #103). The healthy line at 1 GiB is the lowest healthy
+    1 GiB figure with NVIDIA's own margin (20.1 x 21.875 / 23.7 = 18.55); the floor is half that
+    figure (10.05).
+  - One PCIe half (one HCA per cable, or two HCAs of the same half, `rocep1s0f0`+`rocep1s0f1`):
+    about 12.3 GB/s (tonyd2wild/dgx-spark PR #35): healthy 11.35 (with NVIDIA's margin), floor 6.15.
+  - A ring or a three-node mesh: NVIDIA's setup script warns below 10 GB/s on three nodes
+    (dgx-spark-playbooks PR #103), which is the FAIL line here; unpatched NCCL 2.30 measures about
+    21 GB/s all_gather on a three-node mesh (eugr spark-vllm-docker #252), so healthy is 21 with
+    NVIDIA's margin (19.4).
+  - Broken paths: 3.04 GB/s with a wrong NCCL build (PR #103), TCP sockets about 3-4 GB/s (the H200
+    captures in tests/captured/nccl/ read 3.55-3.86): far below every floor.
+Each figure is for 200G ports; a port that negotiated less (a switch's 100G auto-negotiation, a
+400G-to-4x100G breakout: the NVIDIA forum's eight-Spark CRS812 build, tonyd2wild GLM-5.3 4x PR #6)
+scales both lines by its speed over 200G (one PCIe half by its speed over 100G, all it can carry),
+the slowest port of the data plane setting the pace. The inventory may set its own `healthy_gbps`
 and `floor_gbps` (the testbed does: gloo over veths); one node alone has no floor unless set.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from sparkcluster.checks import Result
+from sparkcluster.fabric import signatures
 from sparkcluster.fabric.nccl_log import FabricLog, ProbeResult, largest
 
-Topology = Literal["single", "pair", "rail", "ring"]
-TRANSPORT, BANDWIDTH, DIRECTION = "fabric.transport", "fabric.bandwidth", "fabric.direction"
+Topology = Literal["single", "pair", "half", "ring"]
+TRANSPORT, BANDWIDTH, DIRECTION, CABLING = "fabric.transport", "fabric.bandwidth", "fabric.direction", "fabric.cabling"
 # a direction slower than this share of the fastest one is a fault of its sender's egress (a healthy
 # link carries the same rate both ways)
 ASYMMETRY = 0.5
 MiB = 1 << 20
+PORT_MBPS = 200_000  # a ConnectX-7 port of a Spark, negotiated at full speed
+HALF_MBPS = 100_000  # what one PCIe Gen5 x4 half of the controller carries
+# NVIDIA's margin under its own healthy measurement (21.875 warning line / 23.7 GB/s, PR #103)
+MARGIN = 21.875 / 23.7
 
 
 @dataclass(frozen=True)
@@ -45,16 +58,30 @@ class Figures:
     healthy: float  # GB/s: below it, WARN
     floor: float  # GB/s: below it, FAIL
     source: str
+    full_mbps: int = PORT_MBPS  # the port speed the figures are for
 
 
 FIGURES: dict[str, Figures] = {
     "pair": Figures(
-        21.875,
-        11.85,
-        "a pair on both twins of one cable: 23.7 GB/s healthy, NVIDIA warns below 21.875 (dgx-spark-playbooks PR #103)",
+        round(20.1 * MARGIN, 2),
+        10.05,
+        "both PCIe halves of a 200G port: 20.1-20.4 GB/s at 1 GiB (MiaAI-Lab GLM-5.3 #118, tonyd2wild/dgx-spark "
+        "PR #35) with NVIDIA's margin 21.875/23.7 (dgx-spark-playbooks PR #103); floor half of 20.1",
+        PORT_MBPS,
     ),
-    "rail": Figures(11.35, 6.15, "one HCA per node: about 12.3 GB/s (tonyd2wild/dgx-spark PR #35)"),
-    "ring": Figures(10.0, 5.0, "a ring: NVIDIA warns below 10 GB/s (dgx-spark-playbooks PR #103)"),
+    "half": Figures(
+        round(12.3 * MARGIN, 2),
+        6.15,
+        "one PCIe half of the ConnectX-7 (about 100 Gb/s): about 12.3 GB/s (tonyd2wild/dgx-spark PR #35)",
+        HALF_MBPS,
+    ),
+    "ring": Figures(
+        round(21.0 * MARGIN, 2),
+        10.0,
+        "a ring or mesh: NVIDIA warns below 10 GB/s on three nodes (dgx-spark-playbooks PR #103); unpatched "
+        "NCCL 2.30 gives about 21 GB/s all_gather on a three-node mesh (eugr spark-vllm-docker #252)",
+        PORT_MBPS,
+    ),
 }
 
 
@@ -66,6 +93,7 @@ class Expectation:
     topology: Topology = "pair"
     healthy_gbps: float | None = None  # the inventory's own figures, replacing FIGURES
     floor_gbps: float | None = None
+    port_mbps: int | None = None  # the slowest data-plane port's negotiated speed (None: not known)
 
 
 @dataclass(frozen=True)
@@ -77,25 +105,87 @@ class NodeFacts:
     env: dict[str, str] = field(default_factory=dict)  # the NCCL_* variables the rank gets
 
 
+_HCA = re.compile(r"^roce(?P<half>.+)s0f(?P<port>\d+)$")
+
+
+def pcie_half(hca: str) -> tuple[str, str] | None:
+    """(PCIe half, port) of a Spark's RoCE HCA: `rocep1s0f0` -> ("p1", "0"), `roceP2p1s0f1` ->
+    ("P2p1", "1"); None for a name that does not say (`mlx5_0`)."""
+    m = _HCA.match(hca)
+    return (m.group("half"), m.group("port")) if m else None
+
+
+def halves(hcas: list[str]) -> int:
+    """How many PCIe halves the HCAs span (an HCA of unknown shape counts as one of its own)."""
+    return len({(pcie_half(h) or (h, ""))[0] for h in hcas})
+
+
 def figures_kind(inv) -> str:
-    """Which of the field's figures (fabric/judge.FIGURES) the cabling is held to: a ring or a mesh
-    (each cable joins two nodes; NVIDIA expects 10 GB/s) is a "ring"; a pair, or nodes through a
-    switch (each node's port runs at a pair's rate), is a "pair" on two rails, a "rail" on one."""
+    """Which of the field's figures (FIGURES) the cabling is held to: a ring or a mesh (each cable
+    joins two nodes) is a "ring"; a pair, or nodes through a switch, a "pair" when every node's
+    HCAs span both PCIe halves of the controller, else "half" (two HCAs of one half are one x4
+    link, about 100 Gb/s, not a pair)."""
     if len(inv.nodes) < 2:
         return "single"
     kind = inv.cluster.topology or ("direct" if len(inv.nodes) == 2 else "switch")
     if kind in ("ring", "mesh"):
         return "ring"
-    return "pair" if min(len(n.data_plane) for n in inv.nodes) >= 2 else "rail"
+    return "pair" if min(halves(n.hcas) for n in inv.nodes) >= 2 else "half"
+
+
+def one_twin_cables(node) -> list[str]:
+    """A ring's or mesh's ports carried by one PCIe half only: the port's twin on the other half is
+    not in data_plane, so the cable runs at half its rate."""
+    ports: dict[str, set[str]] = {}
+    for h in node.hcas:
+        hp = pcie_half(h)
+        if hp:
+            ports.setdefault(hp[1], set()).add(hp[0])
+    return [
+        f"port {p} ({', '.join(sorted(f'roce{x}s0f{p}' for x in hs))})"
+        for p, hs in sorted(ports.items())
+        if len(hs) < 2
+    ]
+
+
+def judge_cabling(inv) -> list[Result]:
+    """A ring or mesh cable carried by one twin only: WARN on its node (the figures hold it to
+    the full cable)."""
+    if figures_kind(inv) != "ring":
+        return []
+    out = []
+    for n in inv.nodes:
+        lone = one_twin_cables(n)
+        if lone:
+            out.append(
+                Result(
+                    CABLING,
+                    n.name,
+                    "warn",
+                    f"{'; '.join(lone)} carried by one PCIe half only: that cable runs at about half its "
+                    "200 Gb/s (each x4 half carries about 100 Gb/s: eugr spark-vllm-docker docs/NETWORKING.md)",
+                    "list both twins of each cabled port in data_plane (rocep1s0fN and roceP2p1s0fN with their "
+                    "netdevs), or run `sparkcluster init` again",
+                )
+            )
+        else:
+            out.append(Result(CABLING, n.name, "ok", "every cable on both PCIe halves"))
+    return out
 
 
 def thresholds(expect: Expectation) -> tuple[float | None, float | None, str]:
-    """(healthy, floor, where they come from) for this cluster; None where nothing is known."""
+    """(healthy, floor, where they come from) for this cluster; None where nothing is known. The
+    field's figures scale with the slowest port's negotiated speed below what they were measured at."""
     base = FIGURES.get(expect.topology)
-    healthy = expect.healthy_gbps if expect.healthy_gbps is not None else (base.healthy if base else None)
-    floor = expect.floor_gbps if expect.floor_gbps is not None else (base.floor if base else None)
+    scale, why = 1.0, ""
+    if base and expect.port_mbps and expect.port_mbps < base.full_mbps:
+        scale = expect.port_mbps / base.full_mbps
+        why = f", scaled to a {expect.port_mbps // 1000}G port ({scale:g} of {base.full_mbps // 1000}G)"
+    healthy = expect.healthy_gbps if expect.healthy_gbps is not None else (base.healthy * scale if base else None)
+    floor = expect.floor_gbps if expect.floor_gbps is not None else (base.floor * scale if base else None)
     own = expect.healthy_gbps is not None or expect.floor_gbps is not None
-    return healthy, floor, ("the inventory's figures" if own else (base.source if base else "no figures"))
+    src = "the inventory's figures" if own else (base.source + why if base else "no figures")
+    return (round(healthy, 2) if healthy else healthy), (round(floor, 2) if floor else floor), src
 
 
 def uses_sockets(log: FabricLog) -> bool:
@@ -157,6 +247,17 @@ def socket_causes(
     return out
 
 
+def _cabling(expect: Expectation) -> str:
+    """The topology a signature is read for: point-to-point cables or not."""
+    return "ring" if expect.topology == "ring" else ("single" if expect.topology == "single" else "direct")
+
+
+def named_cause(log: FabricLog, expect: Expectation) -> tuple[str, str] | None:
+    """(cause, fix) when NCCL's own words name a known cause (fabric/signatures)."""
+    text = "\n".join(log.failures() + log.python_errors + log.probe_errors)
+    return signatures.fix_for(text, _cabling(expect))
+
+
 def _nccl_fix(failures: list[str]) -> str:
     text = " ".join(failures)
     if "Duplicate GPU" in text:
@@ -182,6 +283,12 @@ def judge_node(
             )
         return Result(TRANSPORT, node, "ok", "no NCCL on this node's ranks (gloo backend)")
     failures = log.failures()
+    named = named_cause(log, expect)
+    if named is not None:
+        first = next((f for f in failures if signatures.causes(f, _cabling(expect))), None) or (
+            failures[0] if failures else "see the rank's log"
+        )
+        return Result(TRANSPORT, node, "fail", f"NCCL failed: {first}; cause: {named[0]}", named[1])
     if failures and not any(r.init_complete for r in log.ranks) and not log.results:
         why = "; ".join(failures)
         if expect.roce and any("NET plugin" in f for f in failures):
@@ -205,13 +312,13 @@ def judge_node(
             fix,
         )
     ib = {d.name for r in log.ranks for d in r.ib_devices}
-    if expect.topology == "pair" and expect.roce and any("NET/IB" in r.kinds() for r in log.ranks) and len(ib) < 2:
+    if expect.topology == "pair" and expect.roce and any("NET/IB" in r.kinds() for r in log.ranks) and halves(ib) < 2:
         return Result(
             TRANSPORT,
             node,
             "warn",
-            f"NCCL {version}: {summary}: one HCA of the twin pair only",
-            "list both twins in NCCL_IB_HCA and check the other's port is ACTIVE",
+            f"NCCL {version}: {summary}: one PCIe half of the pair only",
+            "list both twins (rocep1s0fN and roceP2p1s0fN) in NCCL_IB_HCA and check the other's port is ACTIVE",
         )
     return Result(TRANSPORT, node, "ok", f"NCCL {version}: {summary}")
 

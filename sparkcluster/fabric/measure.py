@@ -16,14 +16,29 @@ from sparkcluster.remote.fanout import ConnectedHosts
 RUN = "fabric.run"
 
 
-def expectation(inv: Inventory) -> judge.Expectation:
+def port_mbps(inv: Inventory, facts: dict[str, HostFacts] | None) -> int | None:
+    """The slowest negotiated speed among the data-plane ports (sysfs `speed`, in the facts), or
+    None when no port's speed is known."""
+    speeds = [
+        f.interfaces[link.netdev].speed_mbps
+        for n in inv.nodes
+        if (f := (facts or {}).get(n.name)) is not None
+        for link in n.data_plane
+        if link.netdev in f.interfaces and f.interfaces[link.netdev].speed_mbps
+    ]
+    return min(speeds) if speeds else None
+
+
+def expectation(inv: Inventory, facts: dict[str, HostFacts] | None = None) -> judge.Expectation:
     """The inventory's fabric: RoCE links when there is a peer to reach, and the figures its cabling
-    is held to (`judge.figures_kind`) unless the inventory's [fabric] sets its own."""
+    is held to (`judge.figures_kind`, scaled by the ports' negotiated speed) unless the inventory's
+    [fabric] sets its own."""
     return judge.Expectation(
         roce=len(inv.nodes) > 1,
         topology=judge.figures_kind(inv),
         healthy_gbps=inv.fabric.healthy_gbps,
         floor_gbps=inv.fabric.floor_gbps,
+        port_mbps=port_mbps(inv, facts),
     )
 
 
@@ -102,9 +117,10 @@ def run(
         return [Result(RUN, "+".join(n.name for n in inv.nodes), "fail", e.message, e.fix)]
     logs = summarise(r)
     out = failed_ranks(r, logs, inv)
-    out += judge.judge(logs, expectation(inv), node_facts(inv, prof, facts, r.placements), rank_node=rank_nodes(inv))
-    record.write(cluster, r.placements, record.figures(logs, expectation(inv)))  # for node/metrics
-    return out
+    expect = expectation(inv, facts)
+    out += judge.judge(logs, expect, node_facts(inv, prof, facts, r.placements), rank_node=rank_nodes(inv))
+    record.write(cluster, r.placements, record.figures(logs, expect))  # for node/metrics
+    return out + judge.judge_cabling(inv)
 
 
 def preconditions(inv: Inventory, prof: profiles.Profile | None, rep) -> Result | None:

@@ -58,7 +58,11 @@ def run(
 ) -> UpSummary | Plan:
     """`inv` is the whole inventory; the run touches the deployment's nodes only (`node`, or all)."""
     full, inv = inv, deployments.target(inv, prof, node)
-    problems = lint.lint(prof, inv)
+    found = lint.lint(prof, inv)
+    for w in found:
+        if w.severity == "warn":
+            progress.info(f"lint: {w.line()}")
+    problems = lint.failures(found)
     if problems:
         raise InputError(
             f"profile '{prof.name}' fails lint ({len(problems)} problem(s))",

@@ -646,7 +646,7 @@ def same(a: checks.Result, b: checks.Result) -> bool:
 
 
 # checks whose subject needs more than a pair: broken on one node of four in test_topology.py
-N_NODE_CHECKS = {"net.topology", "nccl.topology_env"}
+N_NODE_CHECKS = {"net.topology", "nccl.topology_env", "net.crossing"}
 
 
 def test_every_check_has_a_break():

@@ -86,7 +86,9 @@ def result(busbw: float, nbytes: int = 1 << 30) -> ProbeResult:
 
 @pytest.mark.parametrize(
     "busbw,status",
-    [(23.7, "ok"), (21.9, "ok"), (21.0, "warn"), (18.9, "warn"), (12.3, "warn"), (11.0, "fail"), (3.04, "fail")],
+    # healthy pairs measure 20.1-20.4 GB/s at 1 GiB (MiaAI-Lab GLM-5.3 #118, tonyd2wild/dgx-spark PR #35):
+    # they pass; 18.9 (before MTU 9000, PR #25) passes the 1 GiB line too; one half (12.3) WARNs
+    [(23.7, "ok"), (20.1, "ok"), (20.4, "ok"), (18.0, "warn"), (12.3, "warn"), (10.0, "fail"), (3.04, "fail")],
 )
 def test_pair_figures(busbw, status):
     assert judge.judge_bandwidth([result(busbw)], PAIR, ["a", "b"]).status == status
@@ -95,15 +97,16 @@ def test_pair_figures(busbw, status):
 @pytest.mark.parametrize(
     "topology,busbw,status",
     [
-        ("rail", 12.3, "ok"),
-        ("rail", 10.0, "warn"),
-        ("rail", 5.0, "fail"),
-        ("ring", 10.5, "ok"),
-        ("ring", 9.0, "warn"),
-        ("ring", 4.0, "fail"),
+        ("half", 12.3, "ok"),
+        ("half", 10.0, "warn"),
+        ("half", 5.0, "fail"),
+        # unpatched NCCL's three-node mesh (eugr #252: about 21) passes; NVIDIA's 10 is the FAIL line
+        ("ring", 21.0, "ok"),
+        ("ring", 12.0, "warn"),
+        ("ring", 9.0, "fail"),
     ],
 )
-def test_rail_and_ring_figures(topology, busbw, status):
+def test_half_and_ring_figures(topology, busbw, status):
     expect = Expectation(roce=True, topology=topology)
     assert judge.judge_bandwidth([result(busbw)], expect, ["a", "b", "c"]).status == status
 

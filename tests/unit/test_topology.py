@@ -82,13 +82,12 @@ def test_two_loops_are_not_one_ring():
         topology.classify(rails)
 
 
-def test_only_a_ring_or_mesh_gets_the_point_to_point_nccl_variables():
-    assert (
-        topology.nccl_env("ring")
-        == topology.nccl_env("mesh")
-        == {"NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_MERGE_NICS": "0", "NCCL_NET_PLUGIN": "none"}
-    )
-    assert topology.nccl_env("switch") == topology.nccl_env("direct") == topology.nccl_env(None) == {}
+def test_a_ring_gets_rings_only_a_mesh_the_point_to_point_variables_every_topology_subnet_routing():
+    p2p = {"NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_MERGE_NICS": "0", "NCCL_NET_PLUGIN": "none"}
+    assert topology.nccl_env("mesh") == p2p
+    assert topology.nccl_env("ring") == {**p2p, "NCCL_ALGO": "Ring"}
+    every = {"NCCL_IB_SUBNET_AWARE_ROUTING": "1"}  # as NVIDIA's spark_cluster_setup.py exports it
+    assert topology.nccl_env("switch") == topology.nccl_env("direct") == topology.nccl_env(None) == every
 
 
 @pytest.mark.parametrize(
@@ -289,10 +288,30 @@ def test_a_profile_overriding_a_ring_variable_is_named():
     inv, found = _four("ring", _ring)
     for f in found.values():
         f.ours = []
-    ctx = checks.Context(inv, found, {}, checks.Expect(forwarded_env={"NCCL_IB_MERGE_NICS": "1"}))
+    ctx = checks.Context(inv, found, {}, checks.Expect(forwarded_env={"NCCL_ALGO": "Tree"}))
     got = {(r.id, r.node): r for r in checks.run_checks(ctx, only={"nccl.topology_env"})}
     assert all(got[("nccl.topology_env", n)].status == "fail" for n in found)
-    assert "NCCL_IB_MERGE_NICS=1" in got[("nccl.topology_env", "spark-1")].detail
+    assert "NCCL_ALGO=Tree" in got[("nccl.topology_env", "spark-1")].detail
+
+
+def test_merge_nics_on_a_ring_is_an_overridable_default_that_warns():
+    """One field report runs TP=4 on a ring with NCCL_IB_MERGE_NICS=1 (tonyd2wild GLM-5.3 TP4 #2): the
+    profile's value wins (the container gets it) and doctor WARNs, naming the report."""
+    from sparkcluster.config import profile as profiles
+
+    inv, found = _four("ring", _ring)
+    need = topology.nccl_env("ring")
+    env = {n: {**need, "NCCL_IB_MERGE_NICS": "1"} for n in found}
+    _doctor(inv, found, env)  # the running containers carry the override
+    ctx = checks.Context(inv, found, {}, checks.Expect(forwarded_env={"NCCL_IB_MERGE_NICS": "1"}))
+    got = {(r.id, r.node): r for r in checks.run_checks(ctx, only={"nccl.topology_env"})}
+    assert all(got[("nccl.topology_env", n)].status == "warn" for n in found), got
+    assert "GLM-5.3 TP4 #2" in got[("nccl.topology_env", "spark-1")].detail
+    prof = profiles.load_profile("testbed")
+    prof = prof.model_copy(
+        update={"env": prof.env.model_copy(update={"forward": {**prof.env.forward, "NCCL_IB_MERGE_NICS": "1"}})}
+    )
+    assert profiles.container_env(prof, inv, "spark-2")["NCCL_IB_MERGE_NICS"] == "1"
 
 
 def test_ring_containers_get_the_variables_from_the_topology():
@@ -309,8 +328,9 @@ def test_the_fabric_test_holds_a_ring_to_nvidias_ring_figure_and_a_switch_to_a_p
 
     ring, _ = _four("ring", _ring)
     switch = ring.model_copy(update={"cluster": ring.cluster.model_copy(update={"topology": "switch"})})
-    assert judge.figures_kind(ring) == "ring" and judge.thresholds(judge.Expectation(True, "ring"))[0] == 10.0
-    assert judge.figures_kind(switch) == "pair"  # two rails per node, each port at a pair's rate
+    assert judge.figures_kind(ring) == "ring" and judge.thresholds(judge.Expectation(True, "ring"))[:2] == (19.38, 10.0)
+    # rocep1s0f0 and rocep1s0f1 are the two ports of ONE PCIe half (about 100 Gb/s): not a pair
+    assert judge.figures_kind(switch) == "half"
 
 
 def test_a_rings_ports_are_not_paired_by_position_with_the_heads():
