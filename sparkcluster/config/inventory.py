@@ -48,8 +48,8 @@ class Node(_Strict):
     data_plane: list[DataLink] = Field(min_length=1)
     mtu: int = Field(default=9000, ge=576, le=9216)
     gpus: int = Field(default=1, ge=1, le=8)
-    # RoCE v2 GID index of the data-plane HCAs (written by init from the GID table; doctor checks it):
-    # sparkcluster sets NCCL_IB_GID_INDEX from it. None: NCCL picks one itself.
+    # an older init's RoCE v2 GID index: ignored (issue 35), NCCL finds each HCA's at every start;
+    # accepted so that an inventory carrying it still loads, and doctor's rdma.gid says to remove it
     gid_index: int | None = Field(default=None, ge=0, le=255)
 
     @field_validator("ssh")

@@ -33,7 +33,8 @@ USER_PROFILES = Path("~/.config/sparkcluster/profiles")
 SecretName = Literal["HF_TOKEN", "VLLM_API_KEY"]
 
 # Per-host variables from the inventory: interface and HCA names, VLLM_HOST_IP = the node's control IP,
-# NCCL_IB_GID_INDEX (may differ between nodes, 3 on one, 4 or 5 on the other: issue 24). field-notes.
+# NCCL_IB_GID_INDEX: never set (NCCL picks each HCA's index at start: checks/rdma), listed so that a
+# profile cannot forward one and vLLM never copies one from the driver. field-notes.
 PER_HOST_VARS: tuple[str, ...] = (
     "VLLM_HOST_IP",
     "NCCL_SOCKET_IFNAME",
@@ -274,10 +275,8 @@ def per_host_env(profile: Profile, inventory: "Inventory", node: "Node | str") -
         "UCX_NET_DEVICES": node.control_if,
         "OMPI_MCA_btl_tcp_if_include": node.control_if,
     }
-    # issue 17: the RoCE v2 IPv4 GID index found in this node's GID tables (init writes each node's own
-    # to the inventory, doctor's rdma.gid checks it still holds); without it NCCL guesses
-    if node.gid_index is not None:
-        env["NCCL_IB_GID_INDEX"] = str(node.gid_index)
+    # NCCL_IB_GID_INDEX is never set (issue 35): NCCL >= 2.21 finds each HCA's RoCE v2 IPv4 GID at
+    # every start, where a number pinned at init goes stale when the GID table moves (checks/rdma)
     return env
 
 

@@ -297,10 +297,11 @@ def draft(name: str, found: list[Discovered], ssh_config: Path | None = None, kn
     ):
         comments = list(notes) + left_out
         gid = node_gid_index(d, links)
-        if d.gids and gid is None:
+        lacking = [x.hca for x in links if not any(g.roce_v2 and g.ipv4 is not None for g in d.gids.get(x.hca, []))]
+        if d.gids and lacking:
             comments.append(
-                "no GID index holds a RoCE v2 IPv4 GID on every HCA of this node: gid_index left out "
-                "(NCCL picks one; doctor's rdma.gid says which HCA lacks it)"
+                f"{', '.join(lacking)} has no RoCE v2 IPv4 GID yet (doctor's rdma.gid checks it; NCCL picks "
+                "each HCA's GID index itself at every start)"
             )
         if d.gpus:
             g = d.gpus[0]
@@ -337,8 +338,8 @@ def to_toml(dr: Draft, when: str = "") -> str:
         "#    own that the other node(s) share, in HCA order; the comments say why any other was left out. NCCL pairs HCAs",
         "#    by list position (NCCL_IB_HCA). Names can differ between nodes when cables sit in other ports.",
         "#  - mtu: the control link's MTU as found; every data-plane link is checked against it.",
-        "#  - gid_index: the GID table index holding the RoCE v2 IPv4 GID on every data-plane HCA of",
-        "#    that node (its NCCL_IB_GID_INDEX; may differ between nodes); left out when they disagree.",
+        "#  - no gid_index: NCCL finds each HCA's RoCE v2 IPv4 GID itself at every start (a pinned",
+        "#    NCCL_IB_GID_INDEX goes stale when reboots move the GID table).",
         "",
         "[cluster]",
         f"name = {_s(dr.name)}",
@@ -365,11 +366,6 @@ def to_toml(dr: Draft, when: str = "") -> str:
             f"mtu = {n.control.mtu}",
             f"gpus = {n.gpus}",
         ]
-        if n.gid_index is not None:
-            lines += [
-                "# RoCE v2 IPv4 GID index on every data-plane HCA: sparkcluster sets NCCL_IB_GID_INDEX from it",
-                f"gid_index = {n.gid_index}",
-            ]
         lines += ["data_plane = ["]
         for link in n.links:
             where = ", ".join(f"{a.ip}/{a.network.prefixlen}" for a in link.addresses) or "no IPv4 address"

@@ -592,20 +592,18 @@ CASES = [
         lambda tb, c: tb.shift_gids(WORKER),
         lambda tb, c: tb.reset(),
         # the worker's IPv4 GIDs sit at 5 (an IPv6 address came first), the head's at 3: owners report
-        # exactly that, and each node gets its own NCCL_IB_GID_INDEX (issue 24): nothing to report
+        # exactly that (issue 24), and NCCL finds each node's own (issue 35): nothing to report
         {},
     ),
     Case(
         "rdma.gid-index-not-the-inventorys",
         _worker_gid_index_3_then_shifted,
         lambda tb, c: tb.reset(),
-        # the worker's inventory says 3 (its NCCL_IB_GID_INDEX), its IPv4 GIDs now sit at 5
-        {("rdma.gid", WORKER): "fail"},
-        detail={
-            ("rdma.gid", WORKER): "the inventory's gid_index 3 (NCCL_IB_GID_INDEX) is not the RoCE v2 IPv4 GID, "
-            "which sits at index 5"
-        },
-        fix={("rdma.gid", WORKER): "gid_index = 5 for spark-worker"},
+        # an older init wrote 3 into the worker's inventory, its IPv4 GIDs now sit at 5: the pin is
+        # ignored (issue 35: NCCL finds each HCA's GID at every start), doctor says to remove it
+        {("rdma.gid", WORKER): "warn"},
+        detail={("rdma.gid", WORKER): "the inventory's gid_index 3 is ignored"},
+        fix={("rdma.gid", WORKER): "remove gid_index from spark-worker"},
     ),
     Case(
         "net.speed",
@@ -734,7 +732,7 @@ NET_IDS = [i for i in IDS if i.startswith(("net.", "rdma.")) and i != "net.vllm_
 @pytest.mark.parametrize("mode", ["one-cable", "two-cables", "twin-no-ipv4", "one-cable@1500"])
 def test_init_drafts_what_doctor_passes_on_every_healthy_mode(testbed, sc, healthy, mode, tmp_path):
     """`init` on a cabling mode (issue 17) writes the ports the testbed's own inventory lists, with
-    gid_index 3, and doctor with that draft judges the network exactly as with the testbed's."""
+    no gid_index (issue 35), and doctor with that draft judges the network exactly as with the testbed's."""
     from sparkcluster.config import inventory
 
     _, _, base = healthy
@@ -762,7 +760,7 @@ def test_init_drafts_what_doctor_passes_on_every_healthy_mode(testbed, sc, healt
         for n in NODES:
             d, r = draft.node(n), ref.node(n)
             assert [(x.netdev, x.hca) for x in d.data_plane] == [(x.netdev, x.hca) for x in r.data_plane]
-            assert (d.mtu, d.gid_index) == (r.mtu, 3)
+            assert (d.mtu, d.gid_index) == (r.mtu, None)  # no GID index drafted (issue 35)
             # init's control plane: the first link in HCA order with a shared subnet (port 0's with two cables)
             if mode.startswith("two-cables"):
                 assert (d.control_if, str(d.control_ip)) == ("enp1s0f0np0", f"198.19.1.{1 if n == HEAD else 2}")

@@ -402,7 +402,8 @@ def gid_index_shifted(s):
 
 
 def gid_index_shifted_under_the_inventory(s):
-    # the worker's inventory (and its container) say index 3; its IPv4 GIDs now sit at 5
+    # an older init wrote index 3 into the worker's inventory (and its container); its IPv4 GIDs now
+    # sit at 5: the pin is ignored (NCCL finds the GID itself), doctor WARNs to remove it
     s.node(W)["gid_index"] = 3
     s.set_env(W, "NCCL_IB_GID_INDEX", "3")
     gid_index_shifted(s)
@@ -592,7 +593,7 @@ CASES = [
     ("net.twins", W, "fail", twins_share_subnet, {}),
     ("rdma.gid", W, "fail", twin_up_without_ipv4, {}),
     ("rdma.gid", W, "fail", hca_without_v4_gid, {}),
-    ("rdma.gid", W, "fail", gid_index_shifted_under_the_inventory, {}),
+    ("rdma.gid", W, "warn", gid_index_shifted_under_the_inventory, {}),
     ("net.speed", W, "warn", rail_degraded, {}),
     ("net.peer", W, "fail", peer_is_third_machine, {}),
     ("net.default_route", W, "warn", default_route_on_cx7, {}),
