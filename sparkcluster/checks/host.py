@@ -4,6 +4,7 @@ runtime, memory headroom and OOM protection, free disk, and clock agreement."""
 from __future__ import annotations
 
 from sparkcluster.checks.registry import Context, GiB, Report, check
+from sparkcluster.node.readings import headroom
 
 MEM_HEADROOM_FLOOR = 6 * GiB  # seed 002's watchdog warns under 6 GB of MemAvailable
 
@@ -124,12 +125,9 @@ def mem_headroom(ctx: Context, r: Report) -> None:
     for n, f in ctx.facts.items():
         if not f.mem:
             continue
-        if any(c.running for c in ctx.ours(n)):
-            # already serving: the model's memory is in use, MemAvailable is what is left
-            need = 0
-        else:
-            need = int((frac or 0) * f.mem.total)
-        left = f.mem.available - need
+        # already serving: the model's memory is in use, MemAvailable is what is left
+        running = any(c.running for c in ctx.ours(n))
+        need, left = headroom(f.mem.total, f.mem.available, frac or 0, running)
         detail = f"MemAvailable {_gib(f.mem.available)}" + (
             f", profile needs {_gib(need)}, leaves {_gib(left)}" if need else ""
         )

@@ -31,17 +31,24 @@ class SupervisorSettings(BaseModel):
     # for good (seed 000: +47 GB in 6 s on unified memory, and the host stopped answering SSH)
     memory_floor_gib: float = Field(default=6.0, ge=0)
     memory_samples: int = Field(default=3, ge=1)
+    # before any restart, wait at most this long until every node's MemAvailable covers the engine's
+    # gpu_memory_utilization of MemTotal plus memory_floor_gib (doctor's mem.headroom arithmetic):
+    # a killed engine's shared and CUDA memory takes seconds to tens of seconds to come back, and a
+    # relaunch into that window is how Spark hosts wedge (MiaAI-Lab GLM-5.3 #193;
+    # NVIDIA/open-gpu-kernel-modules#1358). Never back within it: stopped, the state says so
+    memory_wait_s: float = Field(default=300.0, ge=0)
     # restarts of a wedged or dead engine, at most max_restarts in restart_window_s (eugr/spark-vllm-
     # docker#257: unbounded restarts leaked memory until the host needed a physical reset)
     max_restarts: int = Field(default=3, ge=0)
     restart_window_s: float = Field(default=3600.0, ge=60)
 
 
-def policy(settings: SupervisorSettings, ready_timeout_s: float) -> dict:
+def policy(settings: SupervisorSettings, ready_timeout_s: float, gpu_memory_utilization: float = 0.0) -> dict:
     """The bounds as the agent reads them (contract.DEFAULT_POLICY's names)."""
     doc = settings.model_dump()
     return {
         **{k: v for k, v in doc.items() if k not in ("enabled", "prefill_floor_tok_s")},
         "act": settings.enabled,
         "ready_timeout_s": float(ready_timeout_s),
+        "memory_need_fraction": float(gpu_memory_utilization),
     }

@@ -297,7 +297,14 @@ def _state_problem(sup: dict) -> str | None:
         )
     if state == contract.FAILED:
         return f"supervisor: vllm serve failed to start: {last}; see sparkcluster logs and sparkcluster events"
-    if state in (contract.RESTARTING, contract.WAITING) or (state == contract.STARTING and causes):
+    if state == contract.NO_MEMORY:
+        return (
+            f"supervisor: vllm serve not restarted: {last}. Find what holds the memory (a leftover "
+            "process, /dev/shm, the page cache), then sparkcluster up"
+        )
+    if state in (contract.RESTARTING, contract.WAITING, contract.MEMORY_WAIT) or (
+        state == contract.STARTING and causes
+    ):
         return f"supervisor: {state} (after: {last})" if last else f"supervisor: {state}"
     return None
 

@@ -32,6 +32,9 @@ STATE_API_URL = "http://127.0.0.1:8265/api/v0/nodes?limit=100"
 # supervisor states (status shows them verbatim)
 IDLE, WAITING, STARTING, SERVING, RESTARTING = "idle", "waiting for nodes", "starting", "serving", "restarting"
 LIMIT, MEMORY, FAILED = "restart limit reached", "stopped: memory floor", "failed to start"
+# before a restart: every node's MemAvailable must cover the engine again (issue 35)
+MEMORY_WAIT, NO_MEMORY = "waiting for memory to come back", "stopped: memory did not come back"
+FINAL = (LIMIT, MEMORY, FAILED, NO_MEMORY)  # nothing is started again until `up`
 
 DEFAULT_POLICY = {
     "interval_s": 2.0,  # one look at the engine and the nodes
@@ -42,6 +45,10 @@ DEFAULT_POLICY = {
     "health_failures": 3,  # consecutive failed /health after the engine served: gone
     "memory_floor_gib": 6.0,
     "memory_samples": 3,  # consecutive samples below the floor on any node
+    # before a restart, every node's MemAvailable must leave the floor after the engine's share
+    # (memory_need_fraction of MemTotal: the profile's gpu_memory_utilization), within this bound
+    "memory_wait_s": 300.0,
+    "memory_need_fraction": 0.0,
     "max_restarts": 3,
     "restart_window_s": 3600.0,
     "backoff_s": 5.0,  # doubled per restart in the window, at most 60 s

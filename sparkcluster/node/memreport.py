@@ -11,13 +11,19 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .readings import mem_available
+from .readings import mem_available, mem_total
 
 
 def node_report(node: str, ray: subprocess.Popen) -> dict:
     with open("/proc/meminfo") as f:
-        avail = mem_available(f.read())
-    return {"node": node, "mem_available": avail, "ray_alive": ray.poll() is None, "ts": time.time()}
+        text = f.read()
+    return {
+        "node": node,
+        "mem_available": mem_available(text),
+        "mem_total": mem_total(text),  # the supervisor's wait before a restart needs the pool's size
+        "ray_alive": ray.poll() is None,
+        "ts": time.time(),
+    }
 
 
 def peer_memory(ip: str, port: int, timeout: float = 1.0, seen: dict | None = None) -> tuple[int | None, str]:

@@ -17,8 +17,11 @@ from .contract import (
     DESIRED_PATH,
     FAILED,
     IDLE,
+    FINAL,
     LIMIT,
     MEMORY,
+    MEMORY_WAIT,
+    NO_MEMORY,
     RECORD_PATH,
     RESTARTING,
     SECRETS_PATH,
@@ -32,8 +35,17 @@ from .journal import Journal, read_json, write_json
 from .memreport import peer_memory
 from .procgroup import stop_group
 from .ranks import rank_problem, ranks_waiting
-from .readings import alive_gpus, engine_figures, http_status, mem_available, one_token, progress_figures, ray_rows
-from .verdict import Look, Watch, backoff, restarts_left, verdict
+from .readings import (
+    alive_gpus,
+    engine_figures,
+    http_status,
+    mem_available,
+    mem_total,
+    one_token,
+    progress_figures,
+    ray_rows,
+)
+from .verdict import Look, Watch, backoff, memory_for_restart, memory_wait, restarts_left, verdict
 
 
 class Supervisor:
@@ -62,6 +74,7 @@ class Supervisor:
         self.last_probe_ok: bool | None = None
         self.last_look: float | None = None
         self.memory_seen: dict[str, int | None] = {}
+        self.memory_wait_since: float | None = None  # a restart waiting for memory to come back
 
     # -- state
     def set_state(self, state: str, **detail) -> None:
@@ -117,12 +130,13 @@ class Supervisor:
         if before.get("generation") == self.generation:
             self.restarts, self.causes = list(before.get("restarts") or []), list(before.get("causes") or [])
             self.first_start = False
-            self.state = before.get("state") if before.get("state") in (LIMIT, MEMORY, FAILED) else self.state
+            self.state = before.get("state") if before.get("state") in FINAL else self.state
             self.journal.write("resumed after the container restarted", state=self.state, restarts=len(self.restarts))
         else:
             self.restarts, self.causes, self.first_start = [], [], True
-            if self.state in (LIMIT, MEMORY, FAILED):
+            if self.state in FINAL:
                 self.state = IDLE
+        self.memory_wait_since = None
 
     # -- the engine
     def start(self, desired: dict) -> None:
@@ -211,6 +225,49 @@ class Supervisor:
         self.memory_seen = dict(seen)
         return {n: v for n, v in seen.items() if v is not None and v < floor}
 
+    def node_memory(self) -> dict[str, tuple[int | None, int | None]]:
+        """Every node's (MemTotal, MemAvailable): this node's /proc/meminfo, the peers' reports."""
+        with open("/proc/meminfo") as f:
+            text = f.read()
+        out = {self.cfg["node"]: (mem_total(text), mem_available(text))}
+        for peer in self.cfg.get("peers", []):
+            got: dict = {}
+            avail, _ = peer_memory(peer["ip"], self.cfg["report_port"], seen=got)
+            self.reports[peer["name"]] = got.get("report")
+            total = (got.get("report") or {}).get("mem_total")
+            out[peer["name"]] = (total if isinstance(total, int) else None, avail)
+        return out
+
+    def memory_before_restart(self, policy: dict) -> bool:
+        """True while a restart must wait for memory (journalled when the wait starts and ends);
+        past the bound, the server is stopped for good with what was seen."""
+        covered, seen = memory_for_restart(self.node_memory(), policy)
+        now = time.time()
+        step = memory_wait(self.memory_wait_since, now, covered, policy)
+        if step == "go":
+            if self.memory_wait_since is not None:
+                self.journal.write("memory came back", waited_s=round(now - self.memory_wait_since, 1), seen=seen)
+                self.memory_wait_since = None
+            return False
+        if step == "give-up":
+            cause = f"memory did not come back within {float(policy['memory_wait_s']):g}s: " + "; ".join(
+                f"{n}: {v}" for n, v in sorted(seen.items())
+            )
+            self.causes.append({"ts": now, "kind": "memory-wait", "cause": cause})
+            self.journal.write("memory did not come back", waited_s=round(now - self.memory_wait_since, 1), seen=seen)
+            self.memory_wait_since = None
+            self.set_state(
+                NO_MEMORY,
+                cause=cause,
+                fix="find what holds the memory (a leftover process, /dev/shm, the page cache), then sparkcluster up",
+            )
+            return True
+        if self.memory_wait_since is None:
+            self.memory_wait_since = now
+            self.journal.write("waiting for memory to come back", seen=seen, bound_s=float(policy["memory_wait_s"]))
+        self.set_state(MEMORY_WAIT, seen=seen)
+        return True
+
     def look(self, desired: dict, policy: dict) -> Look:
         base = f"http://127.0.0.1:{desired['port']}"
         look = Look(
@@ -267,7 +324,7 @@ class Supervisor:
         policy = self.policy(desired)
         if desired.get("generation") != self.generation:
             self.adopt(desired)
-        if self.state in (LIMIT, MEMORY, FAILED):
+        if self.state in FINAL:
             self.save()
             return
         if self.proc is None:
@@ -275,6 +332,10 @@ class Supervisor:
                 return
             if not self.first_start and not policy.get("act", True):
                 self.set_state(IDLE, why="supervision is off in the profile: nothing is restarted")
+                return
+            # a restart (after a verdict, or this container's own restart) waits until the killed
+            # engine's memory is back on every node: relaunching into it wedges hosts (issue 35)
+            if not self.first_start and self.memory_before_restart(policy):
                 return
             missing = self.nodes_ready()
             if missing:

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .readings import headroom
+
+GiB = 2**30
+
 
 @dataclass
 class Look:
@@ -130,3 +134,36 @@ def restarts_left(restarts: list[float], now: float, policy: dict) -> int:
 def backoff(restarts: list[float], now: float, policy: dict) -> float:
     recent = [t for t in restarts if now - t < float(policy["restart_window_s"])]
     return min(60.0, float(policy["backoff_s"]) * 2 ** max(0, len(recent) - 1))
+
+
+def memory_for_restart(nodes: dict[str, tuple[int | None, int | None]], policy: dict) -> tuple[bool, dict[str, str]]:
+    """Before a restart: does every node's MemAvailable cover the engine again? `nodes`: node ->
+    (MemTotal, MemAvailable) in bytes, None where unknown (unknown is never "enough"). The need is
+    doctor's `mem.headroom` arithmetic (readings.headroom: gpu_memory_utilization of MemTotal) and
+    the bar the floor the supervisor stops the engine at while serving, so a restart never starts
+    into a node it would stop at once. Returns (every node covered, what each node showed)."""
+    frac = float(policy.get("memory_need_fraction") or 0.0)
+    floor = float(policy["memory_floor_gib"]) * GiB
+    ok, seen = True, {}
+    for node, (total, available) in nodes.items():
+        if total is None or available is None:
+            ok = False
+            seen[node] = "memory unknown (no report)"
+            continue
+        need, left = headroom(total, available, frac)
+        covered = left >= floor
+        ok = ok and covered
+        seen[node] = (
+            f"MemAvailable {available / GiB:.1f} GiB, the engine needs {need / GiB:.1f} GiB and "
+            f"{floor / GiB:g} GiB must stay free: {'covered' if covered else f'{(floor - left) / GiB:.1f} GiB short'}"
+        )
+    return ok, seen
+
+
+def memory_wait(waiting_since: float | None, now: float, covered: bool, policy: dict) -> str:
+    """ "go" (start now), "wait" (within the bound), or "give-up" (the bound is spent)."""
+    if covered:
+        return "go"
+    if waiting_since is not None and now - waiting_since > float(policy["memory_wait_s"]):
+        return "give-up"
+    return "wait"
