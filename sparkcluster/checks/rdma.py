@@ -94,6 +94,11 @@ def rdma_hca(ctx: Context, r: Report) -> None:
         by_position = ctx.inventory.cluster.topology not in ("ring", "mesh")
         if by_position and node.name != head.name and head.name in ctx.facts:
             hf = ctx.facts[head.name]
+            head_nets = set().union(*(_subnets(hf, ref.netdev) for ref in head.data_plane))
+            # a pair cut from a ring (`--node` of two neighbours): one cable joins them, each node's
+            # other port faces a third node; NCCL routes by subnet there, no position to pair
+            by_position = all(_subnets(f, mine.netdev) & head_nets for mine in node.data_plane)
+        if by_position and node.name != head.name and head.name in ctx.facts:
             for k, mine in enumerate(node.data_plane):
                 a = _subnets(f, mine.netdev)
                 peer = [j for j, ref in enumerate(head.data_plane) if a & _subnets(hf, ref.netdev)]

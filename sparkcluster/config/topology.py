@@ -66,6 +66,32 @@ def nodes_allowed(kind: str, n: int) -> str | None:
     return f"a {kind} has {span} nodes, the inventory has {n}"
 
 
+def subset(kind: str | None, order: list[str], chosen: list[str]) -> str | None:
+    """What `chosen` (some nodes of a cluster cabled as `kind`, `order` its nodes in cable order) is
+    cabled as on its own: one node is "single"; two nodes of a ring next to each other, or any two of
+    a mesh, share one cable: a "direct" pair; all of them are what the whole is. Raises Miscabled for
+    a part that no topology serves: two nodes of a ring no cable joins, or a stretch of a ring (a
+    chain, whose NCCL ring would close over a pair no cable joins). A switch's part is a switch."""
+    if len(chosen) == 1:
+        return "single"
+    if kind not in ("ring", "mesh") or len(chosen) == len(order):
+        return "direct" if kind == "direct" or (kind in ("ring", "mesh") and len(chosen) == 2) else kind
+    if kind == "mesh":
+        return "direct"  # two of three: every pair of a mesh has its cable
+    if len(chosen) == 2:
+        i, j = sorted(order.index(n) for n in chosen)
+        if j - i == 1 or (i == 0 and j == len(order) - 1):
+            return "direct"
+        raise Miscabled(
+            f"{chosen[0]} and {chosen[1]} are not next to each other in the ring "
+            f"({' - '.join(order)} - {order[0]}): no cable joins them"
+        )
+    raise Miscabled(
+        f"{', '.join(chosen)} are {len(chosen)} of the ring's {len(order)} nodes: a stretch of a ring is a chain, "
+        "and NCCL's ring over it would close across a pair no cable joins"
+    )
+
+
 @dataclass(frozen=True)
 class Cable:
     """One subnet of the data plane and the nodes with an address on it, in node order."""

@@ -17,6 +17,8 @@ transport/*.cc; checked against the real logs in tests/captured/nccl/):
   ... NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0> [1]...
   ... NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via NET/Socket/0 | NET/IB/0/GDRDMA | P2P/CUMEM | SHM/direct/direct
   [timestamp] host:pid:tid [dev] file.cc:379 NCCL WARN Failed to initialize any NET plugin
+  host:pid:tid [dev] misc/ibvwrap.cc:380 (wrap_ibv_modify_qp) NCCL WARN Call to ibv_modify_qp failed ...
+      (newer NCCL names the function: tests/captured/nccl/published-modify-qp-61-spark-ring.txt)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ MARKER = "SPARKCLUSTER_FABRIC "  # the probe's prefix (sparkcluster/node/fabric_
 
 _LINE = re.compile(
     r"^(?:\[[^\]]*\]\s+)?(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] "
-    r"(?:(?P<src>\S+) )?NCCL (?P<level>INFO|WARN|TRACE) (?P<msg>.*)$"
+    r"(?:(?P<src>\S+) (?:\(\w+\) )?)?NCCL (?P<level>INFO|WARN|TRACE) (?P<msg>.*)$"
 )
 _VERSION = re.compile(r"^NCCL version (\S+)")
 _NETWORK = re.compile(r"^Using network (\S+)")
@@ -44,7 +46,7 @@ _SOCK_IF = re.compile(r"\[(\d+)\]([^:\s]+):(\S+?)<\d+>")
 _VIA = re.compile(r"^Channel \d+/\d+ : \d+\[\d+\] -> \d+\[\d+\] (?:\[\w+\] )?via (\S+)")
 _INIT = re.compile(r"^ncclCommInitRank\w* comm \S+ rank (\d+) nranks (\d+) cudaDev (\d+)")
 _NODES = re.compile(r"^comm \S+ rank (\d+) nRanks (\d+) nNodes (\d+)")
-_ENV = re.compile(r"^(NCCL_[A-Z_]+) set (?:by environment )?to (\S+)")
+_ENV = re.compile(r"^(NCCL_[A-Z_]+) set (?:by environment )?to (\S+?)\.?$")
 _PLUGIN_FAIL = re.compile(r"^Failed to initialize NET plugin (\S+)")
 _PY_ERROR = re.compile(
     r"(?:^\[rank\d+\]: )?(torch\.distributed\.\w+Error|\w*DistBackendError|"
