@@ -1,10 +1,12 @@
 """Four Sparks (issue 27): the figures `make bench` cannot take on the pair, on a four-host testbed
 (`make testbed-up HOSTS=4`, then `python -m perf.nodes`; it refuses any other testbed).
 
-- image distribution: the image stage of `up --profile testbed-pp` when three workers lack the
-  cluster image's Ray layer, divided by the same when one worker lacks it (the same bytes per
-  worker, the same links: the switch's rails). Each `up` is stopped with Ctrl-C once its image
-  stage is done (nothing else is measured there).
+- image distribution: the image stage of `up` when three workers lack the cluster image, divided
+  by the same when one worker lacks it (the same bytes per worker, the same links). Through a switch
+  the profile is `testbed-pp` (TP=2 x PP=2 over Ray: the Ray layer is what travels); on a ring it is
+  `testbed-ring` (TP=4 with `mp`, the only layout lint accepts on a ring, issue 35: the base image
+  itself travels, as `mp` serves it as it is). Each `up` is stopped with Ctrl-C once its image stage
+  is done (nothing else is measured there).
 - doctor: the doctor's work in-process on all four nodes (preflight.run, connections in parallel)
   divided by the slowest node alone (its own connection, probe script and path-MTU pings).
 
@@ -29,11 +31,11 @@ from sparkcluster.config import images
 from sparkcluster.config import inventory as inventories
 from sparkcluster.config import profile as profiles
 
-PROFILE = "testbed-pp"
+PROFILES = {"switch": "testbed-pp", "ring": "testbed-ring"}  # what lint accepts on each cabling
 HERE = Path(__file__).resolve().parent
 
 
-def image_stage(tb: testbed.Testbed, sc: CLI, image: str, lacking: list[str]) -> float:
+def image_stage(tb: testbed.Testbed, sc: CLI, image: str, lacking: list[str], profile: str) -> float:
     """Seconds of the image stage when the workers in `lacking` lack the cluster image."""
     for w in lacking:
         if tb.image_id(w, image):
@@ -43,7 +45,7 @@ def image_stage(tb: testbed.Testbed, sc: CLI, image: str, lacking: list[str]) ->
         if line.startswith("✓ image"):
             p.send_signal(signal.SIGINT)
 
-    r = sc("up", "--profile", PROFILE, check=False, on_line=stop_after_image, timeout=900)
+    r = sc("up", "--profile", profile, check=False, on_line=stop_after_image, timeout=900)
     t0, t1 = r.at("▸ image"), r.at("✓ image")
     if t1 is None:
         raise SystemExit(f"bench: up did not finish its image stage\n{r.stderr}")
@@ -71,14 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["XDG_STATE_HOME"] = str(workdir / "state-inprocess")
     log.configure("warning")
     sc = CLI(tb, workdir, hosts=tuple(tb.hosts))
-    inv, prof = inventories.load(tb.inventory), profiles.load_profile(PROFILE)
+    profile = PROFILES.get(wiring, PROFILES["switch"])
+    inv, prof = inventories.load(tb.inventory), profiles.load_profile(profile)
     image = images.image_ref(inv, prof)
     sc("down", timeout=300, check=False)
     workers = list(tb.hosts[1:])
     one, three, dr = [], [], []
     for i in range(reps):
-        one.append(image_stage(tb, sc, image, workers[:1]))
-        three.append(image_stage(tb, sc, image, workers))
+        one.append(image_stage(tb, sc, image, workers[:1], profile))
+        three.append(image_stage(tb, sc, image, workers, profile))
         t_all, alone = doctor.fanout(inv, prof)
         dr.append(t_all / max(alone.values()))
         say(
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         [
             f"Four Sparks, {'a ring' if wiring == 'ring' else 'through a switch'} (issue 27), {when}: the four-host "
             f"testbed (HOSTS=4{', cabling ring' if wiring == 'ring' else ''}), real vLLM 0.32 CPU "
-            f"image, {reps} repetition(s); median, min, max.",
+            f"image, profile {profile}, {reps} repetition(s); median, min, max.",
             "",
             "| figure | median | min | max | unit | target | met |",
             "|---|---:|---:|---:|---|---|---|",

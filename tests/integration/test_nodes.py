@@ -6,9 +6,13 @@ the control plane on a LAN), then
 - `doctor` healthy on all four, the cabling told as what it is; through a switch, one host's rail
   moved to a subnet the others lack fails `net.topology` on that host only; in a ring, one end of a
   cable without its address fails it on that cable's two ends only;
-- `up --profile testbed-pp`: TP=2 x PP=2 over Ray across the four hosts, an answer through all four
-  ranks, `status` listing four nodes; a reboot of the last worker brought back by the supervisor;
-  `down` leaves nothing on any host.
+- through a switch, `up --profile testbed-pp`: TP=2 x PP=2 over Ray across the four hosts; on a ring
+  (issue 35), lint refuses that profile (Ray places ranks by IP, PP=2's groups sit on the ring's
+  diagonals) with the reason, and `up --profile testbed-ring` serves TP=4 with `mp` in cable order,
+  every container carrying NCCL_ALGO=Ring. Either way an answer through all four ranks, `status`
+  listing four nodes; a reboot of the last worker brought back by the supervisor; `down` leaves
+  nothing on any host. (The CPU engine's collectives run gloo over the LAN, never NCCL: what the
+  ring's cables do to NCCL is shown by the unit tests on captured output and by the GPU capture.)
 
 It needs four hosts, so it runs only on a testbed that has them (`make testbed-up HOSTS=4`, then this
 module alone); on the pair it skips, saying so. Not in CI: bringing four hosts up and serving on them
@@ -99,24 +103,54 @@ def test_a_ring_cable_without_its_address_fails_its_two_ends_only(sc, four):
     assert "shares no data-plane subnet with spark-worker-4" in rows[("net.topology", "spark-worker-3")]["detail"]
 
 
+def serving_profile(tb) -> str:
+    """What lint accepts on the testbed's cabling: TP x PP over Ray through a switch, TP=4 with `mp`
+    on a ring (issue 35)."""
+    return "testbed-ring" if wiring(tb) == "ring" else "testbed-pp"
+
+
+def test_a_ring_refuses_ray_and_pipeline_parallel_in_lint_with_the_reason(sc, four):
+    if wiring(four) != "ring":
+        pytest.skip("a ring's rule: this testbed is cabled through a switch")
+    res = sc("profile", "lint", "testbed-pp")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "[ring-executor]" in res.stdout and "by IP address, not along the ring's cables" in res.stdout
+    assert "[ring-pp]" in res.stdout and "{spark-head,spark-worker-3}; {spark-worker,spark-worker-4}" in res.stdout
+    res = sc("up", "--profile", "testbed-pp", "--dry-run")
+    assert res.returncode != 0 and "fails lint" in res.stdout + res.stderr
+    assert sc("profile", "lint", "testbed-ring").returncode == 0
+
+
 @pytest.fixture(scope="module")
 def pp_up(four, sc):
     sc("down")
     t = time.monotonic()
-    res = sc("up", "--profile", "testbed-pp", timeout=1200)
+    profile = serving_profile(four)
+    res = sc("up", "--profile", profile, timeout=1200)
     assert res.returncode == 0, res.stdout + res.stderr
-    print(f"up --profile testbed-pp on four hosts: {time.monotonic() - t:.1f}s")
+    print(f"up --profile {profile} on four hosts: {time.monotonic() - t:.1f}s")
     yield
     sc("down")
 
 
-def test_tp2_pp2_answers_through_four_ranks(four, sc, pp_up):
+def test_four_ranks_answer_on_every_host(four, sc, pp_up):
     assert helpers.answers(BASE, "testbed-tiny", max_tokens=8)
     st = json.loads(sc("status", "--json").stdout)
     assert st["state"] == "healthy", st["problems"]
-    assert [n["node"] for n in st["nodes"]] == list(FOUR) and st["ray_nodes"] == 4
+    assert [n["node"] for n in st["nodes"]] == list(FOUR)
     for n in FOUR:
         assert ours(four, n), n
+    if wiring(four) == "ring":
+        # vLLM's own launch, node rank k on the k-th node in cable order; the ring's NCCL variables
+        for k, n in enumerate(FOUR):
+            c = ours(four, n)[0]
+            env = four.sh(n, f"docker exec {c} printenv NCCL_ALGO NCCL_IB_SUBNET_AWARE_ROUTING").stdout.split()
+            assert env == ["Ring", "1"], (n, env)
+            if k:
+                procs = four.sh(n, f"docker exec {c} ps -eo args").stdout
+                assert f"--node-rank {k}" in procs and "--headless" in procs, procs
+        return
+    assert st["ray_nodes"] == 4
     # one rank per host: each worker container runs a Ray worker of vLLM's
     for n in FOUR[1:]:
         c = ours(four, n)[0]

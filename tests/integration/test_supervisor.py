@@ -8,6 +8,9 @@
   says "restart limit reached" with the causes;
 - a reboot of the worker, then of both nodes (the testbed's knob: dockerd and everything under it
   stopped, started again): serving again with no controller command;
+- a killed rank while the worker's memory comes back slowly (the same stand-in, its real value
+  returning seconds later: issue 35): the supervisor waits "for memory to come back" and starts
+  the server again only once it has;
 - a node's MemAvailable below the floor (a stand-in at the OS boundary, as lxcfs does: the worker
   container's /proc/meminfo): the server stopped and not restarted, the reason in `status`;
 - `down`, then a reboot: nothing comes back.
@@ -131,6 +134,40 @@ def test_past_the_restart_limit_it_stays_down_and_status_says_why(testbed, sc, f
         res = sc("up", "--profile", "testbed", timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
     assert sup_state(testbed)["restarts"] == [] and answers()
+
+
+def test_a_restart_waits_until_the_memory_comes_back(testbed, sc, fresh):
+    """Issue 35: after a kill, the head restarts in seconds while the killed engine's memory is still
+    being reclaimed. The worker's MemAvailable reads low (above the serving floor, below what a
+    restart needs: the testbed profile's 0.2 of MemTotal plus the 6 GiB floor) and comes back 20 s
+    later: the restart waits, journalled with what it saw, and starts only after the return."""
+    assert answers()
+    meminfo = testbed.sh(WORKER, f"docker exec {WORKER_C} cat /proc/meminfo").stdout
+    total_kib = int(next(x for x in meminfo.splitlines() if x.startswith("MemTotal:")).split()[1])
+    floor_kib, need_kib = 6 * 1024 * 1024, int(0.2 * total_kib)
+    t = time.time()
+    back = testbed.meminfo_returning(WORKER, WORKER_C, floor_kib + need_kib // 2, after_s=20)
+    try:
+        testbed.sh(WORKER, "kill -KILL " + " ".join(rank1_pids(testbed)))
+        wait_for(
+            "waiting for memory",
+            lambda: sup_state(testbed).get("state") == "waiting for memory to come back",
+            90,
+            testbed,
+            interval=0.5,
+        )
+        serving_again(testbed, t)
+    finally:
+        back["timer"].cancel()
+        testbed.set_meminfo(WORKER, WORKER_C, None)
+    events = [e for e in journal(testbed) if e["ts"] > t]
+    waited = [e for e in events if e["event"] == "waiting for memory to come back"]
+    assert waited and "short" in waited[0]["seen"][WORKER], waited
+    came = [e for e in events if e["event"] == "memory came back"]
+    started = [e for e in events if e["event"] == "vllm serve started"]
+    assert came and started and back["at"] is not None
+    assert started[0]["ts"] >= came[0]["ts"] >= back["at"] - 3  # the supervisor looks every 2 s
+    print(f"memory back after {back['at'] - t:.0f}s, serving again after {started[0]['ts'] - t:.0f}s")
 
 
 def test_a_worker_reboot_comes_back_serving_without_the_controller(testbed, sc, fresh):

@@ -988,6 +988,24 @@ rm -f /run/docker.pid /run/docker.sock
         )
         self.sh(host, f"nsenter -t {pid} -m -p mount --bind {fake} /proc/meminfo")
 
+    def meminfo_returning(self, host: str, container: str, low_kib: int, after_s: float) -> dict:
+        """The slow-returning memory of a killed engine (issue 35), at the same OS boundary as
+        set_meminfo: the container's MemAvailable reads `low_kib` now and its real value again
+        `after_s` seconds later, as tens of GiB of shared and CUDA memory come back after a kill on
+        a Spark (MiaAI-Lab GLM-5.3 #193). Returns {"timer": the pending restore (cancel() it in a
+        test's finally), "at": the time.time() of the restore once done}."""
+        self.set_meminfo(host, container, low_kib)
+        out: dict = {"at": None}
+
+        def restore() -> None:
+            self.set_meminfo(host, container, None)
+            out["at"] = time.time()
+
+        out["timer"] = threading.Timer(after_s, restore)
+        out["timer"].daemon = True
+        out["timer"].start()
+        return out
+
     # ---------------------------------------------------------------- client files
     def _write_client_files(self) -> None:
         lines = []

@@ -122,7 +122,7 @@ def test_memory_that_never_comes_back_gives_up_with_a_clear_state(tmp_path, monk
 
 
 def test_the_first_start_up_asked_for_does_not_wait(tmp_path, monkeypatch):
-    sup, desired = _restarting(tmp_path, monkeypatch, {"spark-head": (TOTAL, 0)})
+    sup, _ = _restarting(tmp_path, monkeypatch, {"spark-head": (TOTAL, 0)})
     sup.first_start = True  # `up`'s own start: preflight's mem.headroom judged it already
     try:
         sup.tick()
