@@ -310,3 +310,12 @@ def test_the_ring_capture_shows_the_ring_variables_and_cumem_off_taking_effect()
     tuning = (NCCL / "device-ring-tuning-rank0.log").read_text()
     algos = {line.split("Algo ")[1].split()[0] for line in tuning.splitlines() if " -> Algo " in line}
     assert algos == {"RING"}  # NCCL built its trees at init, and ran every collective on rings
+
+
+def test_the_engines_own_nccl_failure_gets_the_same_fix_in_status():
+    from sparkcluster.day2 import engine_nccl
+
+    line = (NCCL / "published-regmr-enomem-nccl-tests-206.txt").read_text().strip()
+    text = (NCCL / "device-ring-rank1.log").read_text() + f"spark-2:901:950 [0] {line}\n"
+    _, problems = engine_nccl.summaries(ring_inv(), {"spark-2": text})
+    assert problems and problems[0][0] == "spark-2" and "kho=off" in problems[0][1]
