@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from sparkcluster.config.topology import MAX_NODES, Kind, nodes_allowed
+from sparkcluster.config.topology import MAX_NODES, Kind, Miscabled, nodes_allowed, subset
 from sparkcluster.errors import InputError
 
 DEFAULT_PATH = Path("~/.config/sparkcluster/cluster.toml")
@@ -171,8 +171,8 @@ class Inventory(_Strict):
         # judged as what the part is (issue 35): two neighbours of a ring are a direct pair, with
         # a pair's NCCL variables and figures, not the ring's
         try:
-            kind = topo.subset(self.cluster.topology, [n.name for n in self.nodes], [n.name for n in chosen])
-        except topo.Miscabled as e:
+            kind = subset(self.cluster.topology, [n.name for n in self.nodes], [n.name for n in chosen])
+        except Miscabled as e:
             raise InputError(
                 f"--node {' --node '.join(n.name for n in chosen)}: {e}",
                 "run on the whole ring, on one node, or on two nodes a cable joins",

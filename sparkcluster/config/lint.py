@@ -367,7 +367,7 @@ def memory_sum_problems(profiles: Sequence[Profile]) -> list[Problem]:
     ]
 
 
-def ring_rules(profile: Profile, inventory: "Inventory") -> list[Problem]:
+def ring_rules(profile: Profile, inventory: Inventory) -> list[Problem]:
     """What a ring of four or more serves on (issue 35): TP across the ring with vLLM's own launch
     (`mp`), ranks in cable order (the inventory lists a ring's nodes along its cables, and
     `net.topology` fails when they are not). Each node has cables to its two neighbours only, so a

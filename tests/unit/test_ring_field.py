@@ -17,7 +17,7 @@ from sparkcluster.errors import InputError
 from sparkcluster.fabric import judge, measure, nccl_log, signatures
 from sparkcluster.fabric.nccl_log import ProbeResult
 from sparkcluster.facts import HostFacts
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import parsers
 from sparkcluster.node import fabric_probe
 
 NCCL = Path(__file__).parents[1] / "captured" / "nccl"
@@ -123,8 +123,8 @@ def test_a_pair_cut_from_a_ring_is_not_held_to_position_pairing():
     inv, found = _four("ring", _ring)
     for f in found.values():
         f.hcas = {
-            PORT0[1]: P.Hca(PORT0[1], "4: ACTIVE", [PORT0[0]]),
-            PORT1[1]: P.Hca(PORT1[1], "4: ACTIVE", [PORT1[0]]),
+            PORT0[1]: parsers.Hca(PORT0[1], "4: ACTIVE", [PORT0[0]]),
+            PORT1[1]: parsers.Hca(PORT1[1], "4: ACTIVE", [PORT1[0]]),
         }
     pair = inv.only(["spark-1", "spark-2"])
     ctx = checks.Context(pair, {n: found[n] for n in ("spark-1", "spark-2")}, {}, checks.Expect())
@@ -214,7 +214,9 @@ def test_the_slowest_data_plane_port_sets_the_pace():
     facts = {}
     for n, speed in (("spark-1", 200_000), ("spark-2", 100_000)):
         f = HostFacts(node=n, hostname=n)
-        f.interfaces = {nd: P.Interface(nd, 9000, True, True, "UP", speed_mbps=speed) for nd in (PORT0[0], PORT1[0])}
+        f.interfaces = {
+            nd: parsers.Interface(nd, 9000, True, True, "UP", speed_mbps=speed) for nd in (PORT0[0], PORT1[0])
+        }
         facts[n] = f
     assert measure.port_mbps(inv, facts) == 100_000 and measure.expectation(inv, facts).port_mbps == 100_000
     assert measure.port_mbps(inv, None) is None
