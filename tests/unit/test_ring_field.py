@@ -16,8 +16,7 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.errors import InputError
 from sparkcluster.fabric import judge, measure, nccl_log, signatures
 from sparkcluster.fabric.nccl_log import ProbeResult
-from sparkcluster.facts import HostFacts
-from sparkcluster.facts import parsers
+from sparkcluster.facts import HostFacts, parsers
 from sparkcluster.node import fabric_probe
 
 NCCL = Path(__file__).parents[1] / "captured" / "nccl"
