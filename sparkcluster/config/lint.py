@@ -27,7 +27,7 @@ MAX_GPU_MEMORY_UTILIZATION = 0.85
 MAMBA_ALIGNED_BLOCK_SIZE = 2128
 VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
-CLUSTER_RULES = ("tp-pp-gpus", "port-mismatch", "needs-root", "ring-executor", "ring-pp", "ring-size")
+CLUSTER_RULES = ("tp-pp-gpus", "port-mismatch", "needs-root", "ring-executor", "ring-pp", "ring-order", "ring-size")
 # directories only root may write on a Spark, whose SSH user is an ordinary account in `docker`
 ROOT_ONLY_DIRS = ("/root", "/etc", "/usr", "/var", "/run", "/boot", "/proc", "/sys", "/lib", "/bin", "/sbin")
 
@@ -399,6 +399,15 @@ def ring_rules(profile: Profile, inventory: Inventory) -> list[Problem]:
                 "keeps every group on a cable (A,B,D,C) has not been run in the field, so it is refused too",
                 f"serve the ring with tensor parallel only: tensor_parallel_size = {inventory.gpu_count}, "
                 'pipeline_parallel_size = 1, executor = "mp" (what the field runs: TP=4 on four Sparks)',
+            )
+        )
+    if inventory.nodes[0].role != "head":
+        out.append(
+            Problem(
+                "ring-order",
+                f"the ring's inventory lists {inventory.nodes[0].name} before the head {inventory.head.name}: vLLM's "
+                "node ranks run head first, then the workers in inventory order, which is then not cable order",
+                "list the nodes from the head along the cables (as `sparkcluster init` writes a ring)",
             )
         )
     if n > FIELD_RING_NODES:

@@ -63,6 +63,15 @@ def test_tp_across_the_ring_with_mp_passes_lint():
     assert lint.lint(profiles.load_profile("testbed-ring"), ring_inv()) == []
 
 
+def test_a_ring_listed_from_another_node_than_the_head_is_refused():
+    """`--node-rank` runs head first, then the workers in inventory order: cable order only when the
+    inventory starts at the head (container/spec.node_rank)."""
+    inv = ring_inv()
+    nodes = [inv.nodes[1], inv.nodes[0], *inv.nodes[2:]]
+    got = rules(lint.lint(profiles.load_profile("testbed-ring"), inv.model_copy(update={"nodes": nodes})))
+    assert set(got) == {"ring-order"} and "before the head spark-1" in got["ring-order"].message
+
+
 def test_the_same_profile_through_a_switch_is_not_judged_by_ring_rules():
     inv = ring_inv()
     switch = inv.model_copy(update={"cluster": inv.cluster.model_copy(update={"topology": "switch"})})
