@@ -129,3 +129,22 @@ def test_the_first_start_up_asked_for_does_not_wait(tmp_path, monkeypatch):
         assert sup.proc is not None
     finally:
         sup.stop("test")
+
+
+def test_each_nodes_report_carries_the_pool_size_the_wait_needs(monkeypatch):
+    from sparkcluster.node import memreport
+
+    class Ray:
+        def poll(self):
+            return None
+
+    text = (CAPTURED / "host-meminfo.txt").read_text()
+    real_open = open
+    monkeypatch.setattr(
+        "builtins.open",
+        lambda path, *a, **kw: (
+            __import__("io").StringIO(text) if path == "/proc/meminfo" else real_open(path, *a, **kw)
+        ),
+    )
+    got = memreport.node_report("spark-worker", Ray())
+    assert got["mem_total"] == readings.mem_total(text) and got["mem_available"] == readings.mem_available(text)
