@@ -52,6 +52,7 @@ class HostFacts:
     path_mtu_error: str = ""  # the probes could not run at all (the node stopped answering, a timeout)
     account: access.Account | None = None  # the SSH user: name, uid, gid, groups, home
     access: access.Access | None = None  # may it write the HF cache and take the lock
+    traits: parsers.Traits = field(default_factory=parsers.Traits)  # what drifts: kernel, BIOS, HCA links (issue 39)
 
 
 def probe_script(
@@ -90,6 +91,7 @@ def probe_script(
             probes.RAY_SESSIONS,
             access.ACCOUNT,
             access.access(inv.cluster.hf_cache, lock_path(inv.cluster.name)),
+            *probes.TRAITS,
         )
     ]
     if base:
@@ -166,6 +168,7 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
     f.base = probes.value(probes.image_layers("base", ""), s)
     f.image_layers = probes.value(probes.image_layers("image_layers", ""), s)
     f.layer_chains = probes.value(probes.LAYER_CHAINS, s, [])
+    f.traits = probes.traits(s)
     if "image" in s:
         f.image_id = get("image").out.strip() if get("image").rc == 0 else None
         ir = get("image_ray")
