@@ -215,7 +215,8 @@ def gpu_clocks(ctx: Context, r: Report) -> None:
                 "pstate": g.pstate,
                 "reasons": ",".join(g.reasons),
             }
-            what = f"SM {g.sm_mhz} of {g.sm_max_mhz} MHz, {g.temperature_c} C, {g.pstate}, reasons {','.join(g.reasons) or 'none'}"
+            reasons = ",".join(g.reasons) or "none"
+            what = f"SM {g.sm_mhz} of {g.sm_max_mhz} MHz, {g.temperature_c} C, {g.pstate}, reasons {reasons}"
             if _bad(r, n, kb.matching("gpu.clocks", signals), what):
                 said = True
                 break

@@ -22,7 +22,6 @@ from conftest import (
     make_inventory,
     spark_ip_json,
 )
-
 from drift_fakes import DRIFT_CASES, healthy_traits
 
 from sparkcluster import checks, facts
