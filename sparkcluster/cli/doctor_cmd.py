@@ -48,6 +48,9 @@ def doctor(obj, profile_name: str | None, as_json: bool, fabric: bool) -> None:
     finally:
         if cluster:
             cluster.close()
+    from sparkcluster.day2 import known_good  # what drifted since the last good serve (issue 39)
+
+    rep.results.extend(known_good.doctor_results(inv.cluster.name, known_good.load(inv.cluster.name), rep.facts))
     if as_json:
         click.echo(report.as_json(rep.results))
     else:
