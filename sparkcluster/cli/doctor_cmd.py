@@ -50,7 +50,11 @@ def doctor(obj, profile_name: str | None, as_json: bool, fabric: bool) -> None:
             cluster.close()
     from sparkcluster.day2 import known_good  # what drifted since the last good serve (issue 39)
 
-    rep.results.extend(known_good.doctor_results(inv.cluster.name, known_good.load(inv.cluster.name), rep.facts))
+    rep.results.extend(
+        known_good.doctor_results(
+            inv.cluster.name, known_good.load(inv.cluster.name), rep.facts, [n.name for n in inv.nodes]
+        )
+    )
     if as_json:
         click.echo(report.as_json(rep.results))
     else:

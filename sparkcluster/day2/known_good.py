@@ -15,7 +15,7 @@ meant to be that record (its answers a field of it), not a second one. Everythin
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
 from sparkcluster.log import state_dir
@@ -149,18 +149,23 @@ def append(cluster: str, rec: GoodRecord) -> None:
 # --- what doctor says ------------------------------------------------------------------------------
 
 
-def doctor_results(cluster: str, history: list[GoodRecord], facts: dict) -> list:
-    """`drift.since_good`, one row per node that a record holds: WARN naming what changed since the
-    last good serve that included the node, OK when nothing did."""
+def doctor_results(cluster: str, history: list[GoodRecord], facts: dict, nodes: list[str]) -> list:
+    """`drift.since_good`, one row per node: WARN naming what changed on the host since the last good
+    serve that included it, OK when nothing did. The image is left to `status`, which knows the
+    deployment (doctor judges whichever profile it is given)."""
     from sparkcluster.checks import Result
 
     out = []
-    for node, f in facts.items():
+    for node in nodes:
+        f = facts.get(node)
+        if f is None:
+            out.append(Result("drift.since_good", node, "skip", "unreachable"))
+            continue
         rec = last_for_node(history, node)
         if rec is None:
             out.append(Result("drift.since_good", node, "skip", "no good serve recorded with this node yet"))
             continue
-        changes = drift(rec, {node: node_now(f)})
+        changes = drift(rec, {node: replace(node_now(f), image_id="")})
         if changes:
             out.append(
                 Result(

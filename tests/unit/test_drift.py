@@ -191,7 +191,10 @@ def test_doctor_rows_warn_on_the_drifted_node_only():
 
     rec = _rec(**{"spark-a": KG.NodeRecord(KERNEL_GOOD), "spark-b": KG.NodeRecord(KERNEL_GOOD)})
     rows = {
-        r.node: r for r in KG.doctor_results("c", [rec], {"spark-a": host(KERNEL_GOOD), "spark-b": host(KERNEL_KHO)})
+        r.node: r
+        for r in KG.doctor_results(
+            "c", [rec], {"spark-a": host(KERNEL_GOOD), "spark-b": host(KERNEL_KHO)}, ["spark-a", "spark-b"]
+        )
     }
     assert rows["spark-a"].status == "ok"
     assert (
@@ -199,4 +202,5 @@ def test_doctor_rows_warn_on_the_drifted_node_only():
         and f"kernel {KERNEL_GOOD} -> {KERNEL_KHO} on spark-b" in rows["spark-b"].detail
     )
     assert rows["spark-b"].fix
-    assert KG.doctor_results("c", [], {"spark-a": host(KERNEL_GOOD)})[0].status == "skip"
+    assert KG.doctor_results("c", [], {"spark-a": host(KERNEL_GOOD)}, ["spark-a"])[0].status == "skip"
+    assert KG.doctor_results("c", [rec], {}, ["spark-b"])[0].detail == "unreachable"
