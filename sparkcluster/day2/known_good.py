@@ -18,6 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
+from sparkcluster.checks.registry import Result
 from sparkcluster.log import state_dir
 
 HISTORY = 20
@@ -153,8 +154,6 @@ def doctor_results(cluster: str, history: list[GoodRecord], facts: dict, nodes: 
     """`drift.since_good`, one row per node: WARN naming what changed on the host since the last good
     serve that included it, OK when nothing did. The image is left to `status`, which knows the
     deployment (doctor judges whichever profile it is given)."""
-    from sparkcluster.checks import Result
-
     out = []
     for node in nodes:
         f = facts.get(node)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from sparkcluster import log
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import deployments, engine_nccl, ray_members
+from sparkcluster.day2 import deployments, engine_nccl, known_good, ray_members
 from sparkcluster.day2 import endpoint as endpoint_mod
 from sparkcluster.facts import parsers
 from sparkcluster.facts.probes import section, split_sections
@@ -227,8 +227,6 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
 def _drift(cluster: str, st: ClusterStatus) -> list[str]:
     """What changed on the deployment's nodes since its last good serve (kernel and image: what the
     one round trip reads; `doctor` compares the rest)."""
-    from sparkcluster.day2 import known_good
-
     rec = known_good.last_for(known_good.load(cluster), st.deployment)
     if rec is None:
         return []

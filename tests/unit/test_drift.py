@@ -10,9 +10,9 @@ from conftest import cap
 from drift_fakes import FW, KERNEL_GOOD, KERNEL_KHO
 
 from sparkcluster.config import known_bad
-from sparkcluster.day2 import known_good as KG
+from sparkcluster.day2 import known_good
 from sparkcluster.errors import InputError
-from sparkcluster.facts import parsers as P
+from sparkcluster.facts import parsers
 from sparkcluster.facts import probes
 
 # --- parsers and probes -------------------------------------------------------------------------------
@@ -28,19 +28,19 @@ def test_real_probe_output_of_a_vm_parses_to_what_it_has():
 
 
 def test_kho_tell_from_the_published_meminfo():
-    got = P.meminfo_kib(cap("gb10-meminfo-cma-kho.txt"))
+    got = parsers.meminfo_kib(cap("gb10-meminfo-cma-kho.txt"))
     assert got == {"CmaTotal": 0, "CmaFree": 940604}
 
 
 def test_nvidia_smi_clocks_real_h100_line():
-    (g,) = P.gpu_clocks_csv(cap("h100-nvidia-smi-clocks.csv"))
+    (g,) = parsers.gpu_clocks_csv(cap("h100-nvidia-smi-clocks.csv"))
     assert (g.sm_mhz, g.sm_max_mhz, g.temperature_c, g.pstate, g.reasons) == (345, 1980, 39, "P0", ("gpu_idle",))
-    (na,) = P.gpu_clocks_csv("[N/A], [N/A], 41, P8, [N/A]\n")
+    (na,) = parsers.gpu_clocks_csv("[N/A], [N/A], 41, P8, [N/A]\n")
     assert na.sm_mhz is None and na.reasons == ()
 
 
 def test_hca_link_lines_documented_shape_and_a_missing_attribute():
-    got = P.hca_link_lines(f"rocep1s0f1|4|32.0 GT/s PCIe|4|32.0 GT/s PCIe|{FW}\nroceP2p1s0f1|2|32 GT/s|4||{FW}\n")
+    got = parsers.hca_link_lines(f"rocep1s0f1|4|32.0 GT/s PCIe|4|32.0 GT/s PCIe|{FW}\nroceP2p1s0f1|2|32 GT/s|4||{FW}\n")
     assert got["rocep1s0f1"].width == 4 and got["rocep1s0f1"].speed_gts == 32.0
     assert got["roceP2p1s0f1"].width == 2 and got["roceP2p1s0f1"].max_speed_gts is None
 
@@ -58,17 +58,17 @@ def test_hca_link_probe_reads_a_sysfs_tree(tmp_path):
 
 
 def test_earlyoom_args_forms():
-    assert P.earlyoom_args("earlyoom -m 2 -s 80 --prefer x ").swap_pct == 80
-    assert P.earlyoom_args("earlyoom -m2,1 -s80 ").mem_pct == 2
-    assert P.earlyoom_args("earlyoom --swap=50 ").swap_pct == 50
+    assert parsers.earlyoom_args("earlyoom -m 2 -s 80 --prefer x ").swap_pct == 80
+    assert parsers.earlyoom_args("earlyoom -m2,1 -s80 ").mem_pct == 2
+    assert parsers.earlyoom_args("earlyoom --swap=50 ").swap_pct == 50
 
 
 def test_bios_date_and_dgx_release_and_toolkit():
-    assert P.dmi_date("03/18/2026\n") == "2026-03-18" and P.dmi_date("garbage") == ""
+    assert parsers.dmi_date("03/18/2026\n") == "2026-03-18" and parsers.dmi_date("garbage") == ""
     # documented shape of /etc/dgx-release (NVIDIA DGX OS user guide)
-    kv = P.key_values('DGX_NAME="DGX Spark"\nDGX_SWBUILD_VERSION="7.2.3"\n# comment\n')
+    kv = parsers.key_values('DGX_NAME="DGX Spark"\nDGX_SWBUILD_VERSION="7.2.3"\n# comment\n')
     assert kv["DGX_SWBUILD_VERSION"] == "7.2.3"
-    assert P.toolkit_version("NVIDIA Container Toolkit CLI version 1.17.8\ncommit: x\n") == "1.17.8"
+    assert parsers.toolkit_version("NVIDIA Container Toolkit CLI version 1.17.8\ncommit: x\n") == "1.17.8"
 
 
 # --- the known-bad list ------------------------------------------------------------------------------
@@ -142,8 +142,8 @@ def test_a_bad_entry_is_an_error_naming_it(text, says):
 # --- the known-good record -----------------------------------------------------------------------------
 
 
-def _rec(**nodes) -> KG.GoodRecord:
-    return KG.GoodRecord(
+def _rec(**nodes) -> known_good.GoodRecord:
+    return known_good.GoodRecord(
         deployment="testbed@spark-a+spark-b",
         at="2026-11-20T09:00:00Z",
         profile="testbed",
@@ -159,26 +159,26 @@ def _rec(**nodes) -> KG.GoodRecord:
 def test_drift_names_what_changed_node_by_node():
     rec = _rec(
         **{
-            "spark-a": KG.NodeRecord("6.17.0-1032-nvidia", "580.95.05", FW),
-            "spark-b": KG.NodeRecord("6.17.0-1032-nvidia", "580.95.05", FW),
+            "spark-a": known_good.NodeRecord("6.17.0-1032-nvidia", "580.95.05", FW),
+            "spark-b": known_good.NodeRecord("6.17.0-1032-nvidia", "580.95.05", FW),
         }
     )
     now = {
-        "spark-a": KG.NodeRecord("6.17.0-1032-nvidia", "580.95.05", FW),
-        "spark-b": KG.NodeRecord("7.0.0-1019-nvidia", "580.95.05", ""),  # firmware unknown now: not drift
+        "spark-a": known_good.NodeRecord("6.17.0-1032-nvidia", "580.95.05", FW),
+        "spark-b": known_good.NodeRecord("7.0.0-1019-nvidia", "580.95.05", ""),  # firmware unknown now: not drift
     }
-    (c,) = KG.drift(rec, now)
+    (c,) = known_good.drift(rec, now)
     assert c.line() == "kernel 6.17.0-1032-nvidia -> 7.0.0-1019-nvidia on spark-b since the serve of 11-20"
-    assert KG.drift(rec, {"spark-a": now["spark-a"]}) == []
+    assert known_good.drift(rec, {"spark-a": now["spark-a"]}) == []
 
 
 def test_history_is_short_and_newest_last(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    for i in range(KG.HISTORY + 3):
-        KG.append("c", _rec(**{"spark-a": KG.NodeRecord(kernel=f"k{i}")}))
-    got = KG.load("c")
-    assert len(got) == KG.HISTORY and got[-1].nodes["spark-a"].kernel == f"k{KG.HISTORY + 2}"
-    assert KG.last_for_node(got, "spark-a") is got[-1] and KG.last_for_node(got, "spark-z") is None
+    for i in range(known_good.HISTORY + 3):
+        known_good.append("c", _rec(**{"spark-a": known_good.NodeRecord(kernel=f"k{i}")}))
+    got = known_good.load("c")
+    assert len(got) == known_good.HISTORY and got[-1].nodes["spark-a"].kernel == f"k{known_good.HISTORY + 2}"
+    assert known_good.last_for_node(got, "spark-a") is got[-1] and known_good.last_for_node(got, "spark-z") is None
 
 
 def test_doctor_rows_warn_on_the_drifted_node_only():
@@ -186,13 +186,13 @@ def test_doctor_rows_warn_on_the_drifted_node_only():
 
     def host(kernel: str) -> facts.HostFacts:
         f = facts.HostFacts(node="x")
-        f.traits = P.Traits(kernel=kernel)
+        f.traits = parsers.Traits(kernel=kernel)
         return f
 
-    rec = _rec(**{"spark-a": KG.NodeRecord(KERNEL_GOOD), "spark-b": KG.NodeRecord(KERNEL_GOOD)})
+    rec = _rec(**{"spark-a": known_good.NodeRecord(KERNEL_GOOD), "spark-b": known_good.NodeRecord(KERNEL_GOOD)})
     rows = {
         r.node: r
-        for r in KG.doctor_results(
+        for r in known_good.doctor_results(
             "c", [rec], {"spark-a": host(KERNEL_GOOD), "spark-b": host(KERNEL_KHO)}, ["spark-a", "spark-b"]
         )
     }
@@ -202,8 +202,8 @@ def test_doctor_rows_warn_on_the_drifted_node_only():
         and f"kernel {KERNEL_GOOD} -> {KERNEL_KHO} on spark-b" in rows["spark-b"].detail
     )
     assert rows["spark-b"].fix
-    assert KG.doctor_results("c", [], {"spark-a": host(KERNEL_GOOD)}, ["spark-a"])[0].status == "skip"
-    assert KG.doctor_results("c", [rec], {}, ["spark-b"])[0].detail == "unreachable"
+    assert known_good.doctor_results("c", [], {"spark-a": host(KERNEL_GOOD)}, ["spark-a"])[0].status == "skip"
+    assert known_good.doctor_results("c", [rec], {}, ["spark-b"])[0].detail == "unreachable"
 
 
 def test_the_readme_example_of_a_user_entry_loads():
