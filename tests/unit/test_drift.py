@@ -12,8 +12,7 @@ from drift_fakes import FW, KERNEL_GOOD, KERNEL_KHO
 from sparkcluster.config import known_bad
 from sparkcluster.day2 import known_good
 from sparkcluster.errors import InputError
-from sparkcluster.facts import parsers
-from sparkcluster.facts import probes
+from sparkcluster.facts import parsers, probes
 
 # --- parsers and probes -------------------------------------------------------------------------------
 
