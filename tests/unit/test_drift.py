@@ -212,3 +212,25 @@ def test_the_readme_example_of_a_user_entry_loads():
     start = text.index("# ~/.config/sparkcluster/known_bad.toml")
     kb = known_bad.parse(text[start : text.index("```", start)], "README")
     assert [e.id for e in kb.matching("host.kernel", {"kernel": "6.17.0-1030-nvidia"})] == ["our-kernel-1030"]
+
+
+def test_status_says_what_changed_on_the_deployments_nodes(tmp_path, monkeypatch):
+    from sparkcluster.day2 import status
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    img = "sha256:" + "a" * 64
+    known_good.append(
+        "c", _rec(**{n: known_good.NodeRecord(KERNEL_GOOD, image_id=img) for n in ("spark-a", "spark-b")})
+    )
+    st = status.ClusterStatus(
+        "c",
+        "healthy",
+        [
+            status.NodeStatus("spark-a", kernel=KERNEL_GOOD, image_id=img),
+            status.NodeStatus("spark-b", kernel=KERNEL_KHO, image_id=img),
+        ],
+        deployment="testbed@spark-a+spark-b",
+    )
+    assert status._drift("c", st) == [f"kernel {KERNEL_GOOD} -> {KERNEL_KHO} on spark-b since the serve of 11-20"]
+    st.deployment = "other@spark-a"
+    assert status._drift("c", st) == []
