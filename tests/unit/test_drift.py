@@ -234,3 +234,15 @@ def test_status_says_what_changed_on_the_deployments_nodes(tmp_path, monkeypatch
     assert status._drift("c", st) == [f"kernel {KERNEL_GOOD} -> {KERNEL_KHO} on spark-b since the serve of 11-20"]
     st.deployment = "other@spark-a"
     assert status._drift("c", st) == []
+
+
+def test_the_nccl_the_ranks_loaded_from_their_files():
+    from pathlib import Path
+
+    from sparkcluster.day2 import engine_nccl
+
+    # real NCCL 2.28.9 output (tests/captured/nccl, two ranks on one H100 host)
+    d = Path(__file__).resolve().parents[1] / "captured" / "nccl"
+    text = (d / "device-socket-rank0.log").read_text()
+    assert engine_nccl.versions({"spark-a": text, "spark-b": ""}) == {"spark-a": "2.28.9+cuda13.0"}
+    assert engine_nccl.versions({"spark-a": ""}) == {}
