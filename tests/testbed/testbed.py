@@ -1513,10 +1513,18 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                 f"ip route replace default via {SPECS[h].ctl_ip} dev {LAN_IF}",
                 "rm -f /var/lib/docker/.testbed-fill",
                 f"echo {DRIVER} > /run/nvidia-standin/driver_version",
-                # issue 39's stand-ins: the real kernel string and meminfo, every HCA at x4
+                # issue 39's stand-ins: the real kernel string and meminfo; every HCA's PCIe link at
+                # Gen5 x4 and its firmware, and the GPU and toolkit stand-ins as host-setup.sh installs
+                # them (so a testbed built before them gets them too)
                 "umount /proc/sys/kernel/osrelease 2>/dev/null",
                 "umount /proc/meminfo 2>/dev/null",
-                "for f in /sys/class/infiniband/*/device/current_link_width; do echo 4 > $f; done",
+                "for d in /sys/class/infiniband/*; do echo 4 > $d/device/current_link_width; "
+                "echo 4 > $d/device/max_link_width; echo '32.0 GT/s PCIe' > $d/device/current_link_speed; "
+                "echo '32.0 GT/s PCIe' > $d/device/max_link_speed; echo 28.45.4028 > $d/fw_ver; done",
+                "mountpoint -q /usr/local/sbin && install -m 755 "
+                f"{shlex.quote(str(BIN / 'nvidia-smi'))} {shlex.quote(str(BIN / 'nvidia-ctk'))} /usr/local/sbin/",
+                # /usr/local/sbin and /usr/local/bin are the host's own mounts (host-setup.sh, user-setup.sh)
+                "mountpoint -q /usr/local/bin && ln -sfn /usr/local/sbin/nvidia-ctk /usr/local/bin/nvidia-ctk",
             ]
             self.sh(h, " ; ".join(cmds), check=False)
             self.start_earlyoom(h)
