@@ -37,6 +37,7 @@ CHECK_ORDER = (
     "image.same",
     "image.base-same",
     "image.ray",
+    "image.nccl",
     "net.control_ip",
     "net.vllm_host_ip",
     "net.link",

@@ -240,3 +240,20 @@ def mem_earlyoom_args(ctx: Context, r: Report) -> None:
         )
         if not _bad(r, n, kb.matching("mem.earlyoom_args", signals), what):
             r.ok(n, what)
+
+
+@check("image.nccl", "The image's NCCL: not a build on the known-bad list")
+def image_nccl(ctx: Context, r: Report) -> None:
+    kb = _list(ctx)
+    for n, f in ctx.facts.items():
+        got = f.image_nccl
+        if got is None:
+            r.skip(n, "the node has no cluster image to read")
+            continue
+        if not got.version:
+            r.skip(n, "the image carries no NCCL (a CPU engine)")
+            continue
+        said = f"NCCL {got.version} ({got.build} build)"
+        signals = {"nccl_version": got.version, "nccl_build": got.build, "nodes": len(ctx.inventory.nodes)}
+        if not _bad(r, n, kb.matching("image.nccl", signals), said):
+            r.ok(n, said)

@@ -37,7 +37,7 @@ class NodeRecord:
     kernel: str = ""
     driver: str = ""
     cx7_firmware: str = ""  # the data-plane HCAs' fw_ver, distinct values joined by ","
-    nccl: str = ""  # the NCCL the image loads (version and pip or system build), "" until read
+    nccl: str = ""  # the NCCL the image loads ("2.28.9 pip"), else the version the ranks logged
     image_id: str = ""
 
 
@@ -83,10 +83,12 @@ def node_now(f) -> NodeRecord:
     """A node's record from its facts (`facts.HostFacts`)."""
     t = f.traits
     fw = ",".join(sorted({x.fw for x in t.hca_links.values() if x.fw}))
+    nccl = f.image_nccl
     return NodeRecord(
         kernel=t.kernel,
         driver=f.gpus[0].driver if f.gpus else "",
         cx7_firmware=fw,
+        nccl=f"{nccl.version} {nccl.build}" if nccl is not None and nccl.version else "",
         image_id=f.image_id or "",
     )
 
@@ -152,8 +154,8 @@ def append(cluster: str, rec: GoodRecord) -> None:
 
 def doctor_results(cluster: str, history: list[GoodRecord], facts: dict, nodes: list[str]) -> list:
     """`drift.since_good`, one row per node: WARN naming what changed on the host since the last good
-    serve that included it, OK when nothing did. The image is left to `status`, which knows the
-    deployment (doctor judges whichever profile it is given)."""
+    serve that included it, OK when nothing did. The image and its NCCL are left to `status`, which
+    knows the deployment (doctor judges whichever profile it is given)."""
     out = []
     for node in nodes:
         f = facts.get(node)
@@ -164,7 +166,7 @@ def doctor_results(cluster: str, history: list[GoodRecord], facts: dict, nodes: 
         if rec is None:
             out.append(Result("drift.since_good", node, "skip", "no good serve recorded with this node yet"))
             continue
-        changes = drift(rec, {node: replace(node_now(f), image_id="")})
+        changes = drift(rec, {node: replace(node_now(f), image_id="", nccl="")})
         if changes:
             out.append(
                 Result(

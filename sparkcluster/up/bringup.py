@@ -264,7 +264,7 @@ def remember_good(
             if n.name in facts:
                 rec = known_good.node_now(facts[n.name])
                 nodes[n.name] = known_good.NodeRecord(
-                    rec.kernel, rec.driver, rec.cx7_firmware, nccl.get(n.name, ""), image_id or rec.image_id
+                    rec.kernel, rec.driver, rec.cx7_firmware, rec.nccl or nccl.get(n.name, ""), image_id or rec.image_id
                 )
         known_good.append(
             inv.cluster.name,

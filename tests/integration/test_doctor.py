@@ -40,6 +40,7 @@ IDS = [
     "image.same",
     "image.base-same",
     "image.ray",
+    "image.nccl",
     "net.control_ip",
     "net.vllm_host_ip",
     "net.link",

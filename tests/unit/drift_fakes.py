@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from conftest import LINKS, cap
 
-from sparkcluster.facts import parsers
+from sparkcluster.facts import image_nccl, parsers
 
 # kernels as the public reports print them (MiaAI-Lab GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47: 6.17.0-1031-nvidia;
 # MiaAI-Lab DeepSeek-v4.1-Flash-DGX-Sparks#23 and DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#259: 7.0.0-1019-nvidia)
@@ -26,6 +26,11 @@ def hca_link_text(width: int = 4, only: str | None = None, fw: str = FW) -> str:
         w = width if only in (None, hca) else 4
         lines.append(f"{hca}|{w}|32.0 GT/s PCIe|4|32.0 GT/s PCIe|{fw}\n")
     return "".join(lines)
+
+
+def healthy_image_nccl(image_id: str) -> image_nccl.ImageNccl:
+    """DGX OS's own libnccl2 2.28.9 in an NGC image (the system build, as `dpkg-query -W libnccl2` prints it)."""
+    return image_nccl.parse(f"id {image_id}\nsystem 2.28.9-1+cuda13.0\ncuda 13.0.1\n")
 
 
 def healthy_traits() -> parsers.Traits:
@@ -97,7 +102,15 @@ def earlyoom_defaults(s):
     s.facts["spark-worker"].traits.earlyoom = parsers.earlyoom_args("earlyoom -r 3600 ")
 
 
+def image_nccl_pip_2_28_9(s):
+    # the pip wheel's METADATA version, read in the image (the fact's shape: facts/image_nccl.py)
+    s.facts["spark-worker"].image_nccl = image_nccl.parse(
+        f"id {s.facts['spark-worker'].image_id}\npip 2.28.9\nsystem 2.28.9-1+cuda13.0\ncuda 13.0.1\n"
+    )
+
+
 DRIFT_CASES = [
+    ("image.nccl", "spark-worker", "warn", image_nccl_pip_2_28_9, {}),
     ("host.kernel", "spark-worker", "fail", kernel_7_kho, {}),
     ("host.kernel", "spark-worker", "warn", kernel_differs, {}),
     ("host.bios", "spark-worker", "warn", bios_before_2026_04, {}),

@@ -22,7 +22,7 @@ from conftest import (
     make_inventory,
     spark_ip_json,
 )
-from drift_fakes import DRIFT_CASES, healthy_traits
+from drift_fakes import DRIFT_CASES, healthy_image_nccl, healthy_traits
 
 from sparkcluster import checks, facts
 from sparkcluster.checks import GiB
@@ -164,6 +164,7 @@ def _host_facts(name: str, role: str, host: int, ours: dict) -> facts.HostFacts:
     f.account = access.parse_account(ACCOUNT)
     f.access = access.parse_access(ACCESS)
     f.traits = healthy_traits()
+    f.image_nccl = healthy_image_nccl(IMAGE_ID)
     return f
 
 

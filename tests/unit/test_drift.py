@@ -246,3 +246,43 @@ def test_the_nccl_the_ranks_loaded_from_their_files():
     text = (d / "device-socket-rank0.log").read_text()
     assert engine_nccl.versions({"spark-a": text, "spark-b": ""}) == {"spark-a": "2.28.9+cuda13.0"}
     assert engine_nccl.versions({"spark-a": ""}) == {}
+
+
+# --- the image's NCCL ------------------------------------------------------------------------------
+
+IMG_ID = "sha256:" + "c" * 64
+
+
+def test_image_nccl_pip_wins_over_system_and_versions_are_plain():
+    from sparkcluster.facts import image_nccl
+
+    both = image_nccl.parse(f"id {IMG_ID}\npip 2.28.9\nsystem 2.28.9-1+cuda13.0\ncuda 13.0.1\n")
+    assert (both.version, both.build, both.cuda) == ("2.28.9", "pip", "13.0.1")
+    sys_only = image_nccl.parse(f"id {IMG_ID}\nsystem 2.27.7-1+cuda12.9\ncuda 12.9.1\n")
+    assert (sys_only.version, sys_only.build) == ("2.27.7", "system")
+    assert image_nccl.parse(f"id {IMG_ID}\ncuda \n").version == ""
+    assert image_nccl.parse("Error: No such image\n") is None
+
+
+def test_image_nccl_reads_nothing_of_this_vm_and_the_cache_skips_the_container(tmp_path, monkeypatch):
+    from sparkcluster.facts import image_nccl
+
+    # the in-image script, run here: no NCCL, no CUDA (real output of this dev VM)
+    out = subprocess.run(["sh", "-c", image_nccl.INSIDE], capture_output=True, text=True, check=True).stdout
+    assert image_nccl.parse(f"id {IMG_ID}\n{out}").build == ""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    found = image_nccl.parse(f"id {IMG_ID}\npip 2.28.9\ncuda 13.0.1\n")
+    image_nccl.remember([found])
+    cached = image_nccl.load()
+    assert cached == {IMG_ID: "pip 2.28.9\ncuda 13.0.1"}
+    cmd = image_nccl.probe("repo/img:tag", cached).command
+    assert "case " in cmd and "docker run" in cmd  # the container only for an ID not in the cache
+    # the cached answer, printed as the probe would, parses to what was read
+    assert image_nccl.parse(f"id {IMG_ID}\n{cached[IMG_ID]}\n") == found
+
+
+def test_known_bad_catches_the_pip_2_28_9_build_not_dgx_os_own():
+    kb = known_bad.load()
+    pip = {"nccl_version": "2.28.9", "nccl_build": "pip", "nodes": 2}
+    assert [e.id for e in kb.matching("image.nccl", pip)] == ["nccl-pip-2.28.9-hang"]
+    assert kb.matching("image.nccl", {**pip, "nccl_build": "system"}) == []
