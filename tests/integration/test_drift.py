@@ -89,7 +89,7 @@ def test_drift_between_two_doctors_after_the_kernel_changes(testbed, sc):
     res = sc("up", "--profile", "testbed-standin", timeout=900)
     assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
     try:
-        history = json.loads((sc.state_dir / "known-good-testbed.json").read_text())["records"]
+        history = json.loads((sc.state_dir / "sparkcluster" / "known-good-testbed.json").read_text())["records"]
         last = history[-1]
         assert last["deployment"] == f"testbed-standin@{HEAD}+{WORKER}", last
         assert set(last["nodes"]) == {HEAD, WORKER} and all(n["kernel"] for n in last["nodes"].values())
