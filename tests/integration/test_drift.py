@@ -86,7 +86,7 @@ def test_hca_at_x2_warns_on_that_node_only(testbed, sc):
 
 
 def test_drift_between_two_doctors_after_the_kernel_changes(testbed, sc):
-    res = sc("up", "--profile", "testbed-standin", timeout=900)
+    res = sc("up", "--profile", "testbed-standin", "--replace", timeout=900)
     assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
     try:
         history = json.loads((sc.state_dir / "sparkcluster" / "known-good-testbed.json").read_text())["records"]
