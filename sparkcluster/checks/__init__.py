@@ -8,22 +8,27 @@ one-line `fix`.
 `registry` holds what every check is made of (Result, Expect, Context, Report, the `check` decorator
 and REGISTRY); this package runs them; the checks themselves live in one module per area:
 `host` (ssh, GPU, docker, memory, disk, clock), `image`, `network` (net.*), `wiring` (net.topology across N nodes), `rdma` and `runtime`
-(ports, stale Ray, running containers). CHECK_ORDER fixes the order they run and report in.
+(ports, stale Ray, running containers), `drift` (what changes on one node: kernel, BIOS, HCA links,
+clocks, earlyoom; issue 39). CHECK_ORDER fixes the order they run and report in.
 """
 
 from __future__ import annotations
 
 # Importing an area registers its checks in REGISTRY (checks.registry, which imports no area).
-from sparkcluster.checks import account, cluster_image, host, network, rdma, rendezvous, runtime, wiring
+from sparkcluster.checks import account, cluster_image, drift, host, network, rdma, rendezvous, runtime, wiring
 from sparkcluster.checks.registry import REGISTRY, Context, Expect, GiB, Result
 
-AREAS = (host, account, cluster_image, network, wiring, rdma, runtime, rendezvous)
+AREAS = (host, account, cluster_image, network, wiring, rdma, runtime, rendezvous, drift)
 
 # The stable order checks run and report in (`doctor`, `doctor --json`, `up`'s preflight).
 CHECK_ORDER = (
     "ssh.reachable",
     "gpu.gb10",
     "gpu.driver",
+    "gpu.clocks",
+    "host.kernel",
+    "host.bios",
+    "host.versions",
     "account.docker",
     "docker.engine",
     "docker.gpu_runtime",
@@ -32,6 +37,7 @@ CHECK_ORDER = (
     "image.same",
     "image.base-same",
     "image.ray",
+    "image.nccl",
     "net.control_ip",
     "net.vllm_host_ip",
     "net.link",
@@ -45,9 +51,12 @@ CHECK_ORDER = (
     "net.topology",
     "net.crossing",
     "rdma.hca",
+    "rdma.pcie",
+    "rdma.firmware",
     "nccl.topology_env",
     "mem.headroom",
     "mem.earlyoom",
+    "mem.earlyoom_args",
     "mem.sshd_oom",
     "ports.free",
     "ray.stale",

@@ -9,7 +9,7 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.container.spec import required_flags
-from sparkcluster.facts import ray_seen
+from sparkcluster.facts import image_nccl, ray_seen
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 
 
@@ -51,11 +51,13 @@ def gather_all(
 ) -> dict[str, facts.HostFacts]:
     """Facts of every connected host (phase 1), then path MTU probes (phase 2), both in parallel."""
     seen = ray_seen.load() if image else {}
-    got = cluster.each(lambda h: facts.gather(h, inv, image, ray_seen=seen, base=base, ray=ray)).values_or_raise(
-        "gather facts"
-    )
+    nccl_seen = image_nccl.load() if image else {}
+    got = cluster.each(
+        lambda h: facts.gather(h, inv, image, ray_seen=seen, base=base, ray=ray, nccl_seen=nccl_seen)
+    ).values_or_raise("gather facts")
     if ray:
         ray_seen.remember({f.image_id: f.image_ray for f in got.values() if f.image_id and f.image_ray})
+    image_nccl.remember([f.image_nccl for f in got.values() if f.image_nccl is not None])
     nodes = {n.name: n for n in inv.nodes}
     pings = cluster.each(lambda h: facts.gather_path_mtu(h, facts.path_mtu_probes(nodes[h.name], got)))
     for name, outcome in pings.items():

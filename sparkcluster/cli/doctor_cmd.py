@@ -8,6 +8,7 @@ from rich.console import Console
 from sparkcluster.checks import preflight, report
 from sparkcluster.cli.common import load_profile_for
 from sparkcluster.cli.main import cli
+from sparkcluster.day2 import known_good
 from sparkcluster.errors import EXIT_FAILED, EXIT_OK
 
 
@@ -48,6 +49,12 @@ def doctor(obj, profile_name: str | None, as_json: bool, fabric: bool) -> None:
     finally:
         if cluster:
             cluster.close()
+    # what drifted since the last good serve (issue 39)
+    rep.results.extend(
+        known_good.doctor_results(
+            inv.cluster.name, known_good.load(inv.cluster.name), rep.facts, [n.name for n in inv.nodes]
+        )
+    )
     if as_json:
         click.echo(report.as_json(rep.results))
     else:

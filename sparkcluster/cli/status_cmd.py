@@ -95,6 +95,8 @@ def render(st: status_mod.ClusterStatus) -> Group:
             lines.append(f"  {redact.mask(sup['activity'])}")
         for e in st.journal[-3:]:
             lines.append("  " + redact.mask(supervision.format_entry(e)))
+    for d in st.drift:
+        lines.append(f"[yellow]drift:[/] {redact.mask(d)}")
     for p in st.problems:
         lines.append(f"[red]problem:[/] {redact.mask(p)}")
     return Group(*lines)

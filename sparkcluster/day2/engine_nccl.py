@@ -59,3 +59,18 @@ def summaries(inv: Inventory, texts: dict[str, str]) -> tuple[dict[str, str], li
         if r.status == "fail":
             problems.append((node, r.detail + (f" (fix: {r.fix})" if r.fix else "")))
     return out, problems
+
+
+def versions(texts: dict[str, str]) -> dict[str, str]:
+    """Per node, the NCCL version its ranks loaded ("2.28.9+cuda13.0"; several joined by ","), from
+    the same files: what the known-good record keeps (issue 39). Nodes without a file are left out."""
+    if not any(t.strip() for t in texts.values()):
+        return {}
+    from sparkcluster.fabric import nccl_log  # only where an engine ran NCCL (status stays light)
+
+    out = {}
+    for node, text in texts.items():
+        found = sorted({r.version for r in nccl_log.parse(text).ranks if r.version})
+        if found:
+            out[node] = ",".join(found)
+    return out

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from sparkcluster import log
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import deployments, engine_nccl, ray_members
+from sparkcluster.day2 import deployments, engine_nccl, known_good, ray_members
 from sparkcluster.day2 import endpoint as endpoint_mod
 from sparkcluster.facts import parsers
 from sparkcluster.facts.probes import section, split_sections
@@ -41,6 +41,8 @@ class NodeStatus:
     ray_alive: bool | None = None  # this node's control IP is alive in Ray
     executor: str = ""  # the container's label: "mp" runs without Ray (issue 28)
     rank: str = ""  # executor "mp": "rank N alive" / "rank N exited (...)", from the head supervisor's reports
+    kernel: str = ""  # what the known-good record compares (issue 39)
+    image_id: str = ""  # our container's image
 
 
 @dataclass
@@ -62,6 +64,7 @@ class ClusterStatus:
     nccl: dict[str, str] = field(default_factory=dict)  # node -> what its ranks' NCCL chose (engine_nccl)
     journal: list[dict] = field(default_factory=list)  # its last entries
     problems: list[str] = field(default_factory=list)
+    drift: list[str] = field(default_factory=list)  # since the deployment's last good serve (issue 39)
 
     def as_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -83,6 +86,7 @@ def node_script(inv: Inventory, node: str) -> str:
     parts = [
         section("uptime", "cat /proc/uptime; date +%s.%N"),
         section("meminfo", "cat /proc/meminfo"),
+        section("kernel", "cat /proc/sys/kernel/osrelease"),
         # `docker ps` failing (daemon down) or not returning (daemon hung) fails the section: that
         # is "docker not answering", never "no container"
         section(
@@ -155,6 +159,8 @@ def _one(host, inv: Inventory) -> NodeReport:
         st.host_uptime_s, now = parsers.uptime_and_clock(s["uptime"].out)
     if "meminfo" in s and s["meminfo"].rc == 0:
         st.mem_available_gib = round(parsers.meminfo(s["meminfo"].out).available / 2**30, 1)
+    if "kernel" in s and s["kernel"].rc == 0:
+        st.kernel = s["kernel"].out.strip()
     if "ours" not in s or s["ours"].rc != 0:
         st.state = DOCKER_SILENT
         got = s["ours"] if "ours" in s else None
@@ -172,6 +178,7 @@ def _one(host, inv: Inventory) -> NodeReport:
         st.started_at = c.started_at
         st.profile = c.labels.get(PROFILE_LABEL, "")
         st.executor = c.labels.get(EXECUTOR_LABEL, "ray")
+        st.image_id = c.image_id
         started = parsers.rfc3339(st.started_at)
         if st.state == "running" and started is not None and now is not None:
             st.uptime_s = round(max(now - started, 0.0), 1)
@@ -212,8 +219,19 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
                 st = _judge_reports(sub, reports, unreachable, addresses, looks[sub.head.name].result())
                 if d is not None:
                     st.profile, st.deployment = d.profile, d.key
+                    st.drift = _drift(inv.cluster.name, st)
                 out.append(st)
     return out
+
+
+def _drift(cluster: str, st: ClusterStatus) -> list[str]:
+    """What changed on the deployment's nodes since its last good serve (kernel and image: what the
+    one round trip reads; `doctor` compares the rest)."""
+    rec = known_good.last_for(known_good.load(cluster), st.deployment)
+    if rec is None:
+        return []
+    now = {n.node: known_good.NodeRecord(kernel=n.kernel, image_id=n.image_id) for n in st.nodes}
+    return [c.line() for c in known_good.drift(rec, now)]
 
 
 def _look(address: str | None, port: int, api_key: str | None) -> "endpoint_mod.EngineView":

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.errors import StageError, StepFailure
-from sparkcluster.facts import access, parsers, probes
+from sparkcluster.facts import access, image_nccl, parsers, probes
 from sparkcluster.labels import CLUSTER_LABEL
 from sparkcluster.movement.layers import ImageLayers
 
@@ -52,6 +52,8 @@ class HostFacts:
     path_mtu_error: str = ""  # the probes could not run at all (the node stopped answering, a timeout)
     account: access.Account | None = None  # the SSH user: name, uid, gid, groups, home
     access: access.Access | None = None  # may it write the HF cache and take the lock
+    image_nccl: image_nccl.ImageNccl | None = None  # the NCCL the cluster image loads (issue 39)
+    traits: parsers.Traits = field(default_factory=parsers.Traits)  # what drifts: kernel, BIOS, HCA links (issue 39)
 
 
 def probe_script(
@@ -61,6 +63,7 @@ def probe_script(
     ray_seen: dict[str, str] | None = None,
     base: str | None = None,
     ray: bool = True,
+    nccl_seen: dict[str, str] | None = None,
 ) -> str:
     """One shell script for one host. Every value is quoted; nothing here comes from a user string
     that is not validated by the inventory model."""
@@ -90,6 +93,7 @@ def probe_script(
             probes.RAY_SESSIONS,
             access.ACCOUNT,
             access.access(inv.cluster.hf_cache, lock_path(inv.cluster.name)),
+            *probes.TRAITS,
         )
     ]
     if base:
@@ -99,6 +103,7 @@ def probe_script(
         # which layers a worker lacks: the image's layers here, and every layer chain this node holds
         parts += [probes.image_layers("image_layers", image).script(), probes.LAYER_CHAINS.script()]
         parts.append(probes.section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}"))
+        parts.append(image_nccl.probe(image, nccl_seen).script())  # the NCCL it loads (issue 39)
         # our running container on this image runs `ray start` as its main process, which proves
         # Ray works in it; otherwise start `ray --version` in a throwaway container
         # an image ID Ray has already run in (ray_seen) needs no container: the ID is its content's digest
@@ -166,6 +171,8 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
     f.base = probes.value(probes.image_layers("base", ""), s)
     f.image_layers = probes.value(probes.image_layers("image_layers", ""), s)
     f.layer_chains = probes.value(probes.LAYER_CHAINS, s, [])
+    f.traits = probes.traits(s)
+    f.image_nccl = probes.value(image_nccl.probe(""), s)
     if "image" in s:
         f.image_id = get("image").out.strip() if get("image").rc == 0 else None
         ir = get("image_ray")
@@ -184,9 +191,11 @@ def gather(
     ray_seen: dict[str, str] | None = None,
     base: str | None = None,
     ray: bool = True,
+    nccl_seen: dict[str, str] | None = None,
 ) -> HostFacts:
     sent = time.time()
-    res = host.run(probe_script(inv, host.node, image, ray_seen, base, ray), timeout=timeout, warn=True)
+    script = probe_script(inv, host.node, image, ray_seen, base, ray, nccl_seen)
+    res = host.run(script, timeout=timeout, warn=True)
     received = time.time()
     if res.timed_out:
         raise StageError(

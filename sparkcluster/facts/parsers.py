@@ -486,3 +486,165 @@ def rfc3339(text: str) -> float | None:
     tz = "+00:00" if m.group(3) == "Z" else m.group(3)
     base = datetime.fromisoformat(m.group(1) + tz).timestamp()
     return base + (float("0." + m.group(2)) if m.group(2) else 0.0)
+
+
+# --- what drifts on a node (issue 39): kernel, CMA, BIOS, HCA links and firmware, GPU clocks, -----
+# --- earlyoom's thresholds, DGX OS and the container toolkit --------------------------------------
+
+
+def key_values(text: str) -> dict[str, str]:
+    """`KEY=value` lines (`/etc/dgx-release`, os-release style; the BIOS probe's `name=value`), quotes dropped."""
+    out = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep and k.strip() and not k.lstrip().startswith("#"):
+            out[k.strip()] = v.strip().strip('"').strip("'")
+    return out
+
+
+def meminfo_kib(text: str) -> dict[str, int]:
+    """Lines of /proc/meminfo as kB figures by name (`CmaTotal:  0 kB` -> {"CmaTotal": 0})."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^(\w+):\s+(\d+)", line)
+        if m:
+            out[m.group(1)] = int(m.group(2))
+    return out
+
+
+def dmi_date(text: str) -> str:
+    """`/sys/class/dmi/id/bios_date` (SMBIOS: MM/DD/YYYY) as an ISO date, "" when it is not one."""
+    m = re.fullmatch(r"(\d\d)/(\d\d)/(\d{4})", text.strip())
+    return f"{m.group(3)}-{m.group(1)}-{m.group(2)}" if m else ""
+
+
+@dataclass(frozen=True)
+class HcaLink:
+    """One HCA's PCIe link (its PCI device's sysfs attributes) and its firmware (`fw_ver`)."""
+
+    hca: str
+    width: int | None  # lanes now (current_link_width)
+    speed_gts: float | None  # GT/s now (current_link_speed: "32.0 GT/s PCIe")
+    max_width: int | None
+    max_speed_gts: float | None
+    fw: str
+
+
+def _int(s: str) -> int | None:
+    return int(s) if s.strip().isdigit() else None
+
+
+def _gts(s: str) -> float | None:
+    m = re.match(r"\s*([\d.]+)\s*GT/s", s)
+    return float(m.group(1)) if m else None
+
+
+def hca_link_lines(text: str) -> dict[str, HcaLink]:
+    """`hca|current_link_width|current_link_speed|max_link_width|max_link_speed|fw_ver` per line."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 6 or not parts[0]:
+            continue
+        name, w, s, mw, ms, fw = (p.strip() for p in parts)
+        out[name] = HcaLink(name, _int(w), _gts(s), _int(mw), _gts(ms), fw)
+    return out
+
+
+# nvmlClocksEventReasons (nvml.h): the bits of `clocks_event_reasons.active`
+CLOCK_EVENT_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+@dataclass(frozen=True)
+class GpuClocks:
+    sm_mhz: int | None
+    sm_max_mhz: int | None
+    temperature_c: int | None
+    pstate: str
+    reasons: tuple[str, ...]  # names of the active clock event (throttle) reasons
+
+
+def gpu_clocks_csv(text: str) -> list[GpuClocks]:
+    """`nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,temperature.gpu,pstate,clocks_event_reasons.active
+    --format=csv,noheader,nounits`: one line per GPU; `[N/A]` (or `[Not Supported]`) is None."""
+    out = []
+    for line in text.strip().splitlines():
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) < 5:
+            continue
+        try:
+            mask = int(cols[4], 16) if cols[4].lower().startswith("0x") else None
+        except ValueError:
+            mask = None
+        reasons = tuple(n for bit, n in CLOCK_EVENT_REASONS.items() if mask is not None and mask & bit)
+        out.append(GpuClocks(_int(cols[0]), _int(cols[1]), _int(cols[2]), cols[3], reasons))
+    return out
+
+
+@dataclass(frozen=True)
+class EarlyoomArgs:
+    """earlyoom's thresholds as it runs (its command line): SIGTERM below `mem_pct` % of memory
+    available AND below `swap_pct` % of swap free (both at once: earlyoom's README)."""
+
+    mem_pct: float
+    swap_pct: float
+    args: str
+
+
+def _pct(args: list[str], short: str, long: str, default: float) -> float:
+    for i, a in enumerate(args):
+        val = None
+        if a in (short, long) and i + 1 < len(args):
+            val = args[i + 1]
+        elif a.startswith(short) and len(a) > len(short) and not a.startswith("--"):
+            val = a[len(short) :]
+        elif a.startswith(long + "="):
+            val = a[len(long) + 1 :]
+        if val is not None:
+            try:
+                return float(val.split(",")[0])
+            except ValueError:
+                return default
+    return default
+
+
+def earlyoom_args(text: str) -> EarlyoomArgs:
+    """earlyoom's /proc/PID/cmdline with its NULs made spaces (`earlyoom -m 2 -s 80 --prefer ...`);
+    the defaults are 10 and 10 (earlyoom's README)."""
+    args = text.strip().split()[1:]
+    return EarlyoomArgs(_pct(args, "-m", "--mem", 10.0), _pct(args, "-s", "--swap", 10.0), " ".join(args))
+
+
+def toolkit_version(text: str) -> str:
+    """`nvidia-ctk --version`'s first line: "NVIDIA Container Toolkit CLI version 1.17.8" -> "1.17.8"."""
+    m = re.search(r"version\s+(\S+)", text)
+    return m.group(1) if m else ""
+
+
+@dataclass
+class Traits:
+    """What a node is, as far as drift goes (issue 39): each a probe of its own; "" or None where the
+    node did not say (a VM without DMI, a host without HCAs, a driver that lacks a field)."""
+
+    kernel: str = ""
+    cma_total_kb: int | None = None
+    cma_free_kb: int | None = None
+    swap_total_kb: int | None = None
+    bios_vendor: str = ""
+    bios_version: str = ""
+    bios_date: str = ""  # ISO
+    hca_links: dict[str, HcaLink] = field(default_factory=dict)
+    gpu_clocks: list[GpuClocks] = field(default_factory=list)
+    earlyoom: EarlyoomArgs | None = None
+    dgx_os: str = ""
+    toolkit: str = ""

@@ -213,3 +213,57 @@ LAYER_CHAINS = Probe(
     "docker image inspect --format '{{json .RootFS.Layers}}' $ids",
     parsers.layer_chains,
 )
+
+
+# --- what drifts on a node (issue 39): one probe each, readable without root ------------------------
+
+KERNEL = Probe("kernel", "cat /proc/sys/kernel/osrelease", lambda out: out.strip())  # what `uname -r` prints
+# the 7.0 kernel's KHO tell: CmaTotal 0 with CmaFree above it (NV-Kernels #590); swap for earlyoom's
+CMA = Probe("cma", "grep -E '^(CmaTotal|CmaFree|SwapTotal):' /proc/meminfo", parsers.meminfo_kib)
+BIOS = Probe(
+    "bios",
+    "cd /sys/class/dmi/id && for f in bios_vendor bios_version bios_date; do printf '%s=' $f; cat $f; done",
+    parsers.key_values,
+)
+# each HCA's PCI device: its PCIe link now and at most, and the firmware (all world-readable)
+HCA_LINK = Probe(
+    "hca_link",
+    'for d in /sys/class/infiniband/*; do [ -e "$d" ] || continue; v=; for a in current_link_width '
+    'current_link_speed max_link_width max_link_speed; do x=; read -r x 2>/dev/null < "$d/device/$a"; v="$v|$x"; '
+    'done; f=; read -r f 2>/dev/null < "$d/fw_ver"; printf \'%s%s|%s\\n\' "${d##*/}" "$v" "$f"; done',
+    parsers.hca_link_lines,
+)
+GPU_CLOCKS = Probe(
+    "gpu_clocks",
+    "nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,temperature.gpu,pstate,clocks_event_reasons.active "
+    "--format=csv,noheader,nounits",
+    parsers.gpu_clocks_csv,
+)
+EARLYOOM_ARGS = Probe(
+    "earlyoom_args", "p=$(pgrep -o -x earlyoom) && tr '\\0' ' ' < /proc/$p/cmdline", parsers.earlyoom_args
+)
+DGX_RELEASE = Probe("dgx_release", "cat /etc/dgx-release", parsers.key_values)
+TOOLKIT = Probe("toolkit", "nvidia-ctk --version | head -1", parsers.toolkit_version)
+
+TRAITS = (KERNEL, CMA, BIOS, HCA_LINK, GPU_CLOCKS, EARLYOOM_ARGS, DGX_RELEASE, TOOLKIT)
+
+
+def traits(sections: dict[str, Section]) -> parsers.Traits:
+    """The drift probes' answers as one `Traits`; what a node did not answer stays unknown."""
+    mem = value(CMA, sections, {})
+    bios = value(BIOS, sections, {})
+    dgx = value(DGX_RELEASE, sections, {})
+    return parsers.Traits(
+        kernel=value(KERNEL, sections, ""),
+        cma_total_kb=mem.get("CmaTotal"),
+        cma_free_kb=mem.get("CmaFree"),
+        swap_total_kb=mem.get("SwapTotal"),
+        bios_vendor=bios.get("bios_vendor", ""),
+        bios_version=bios.get("bios_version", ""),
+        bios_date=parsers.dmi_date(bios.get("bios_date", "")),
+        hca_links=value(HCA_LINK, sections, {}),
+        gpu_clocks=value(GPU_CLOCKS, sections, []),
+        earlyoom=value(EARLYOOM_ARGS, sections),
+        dgx_os=dgx.get("DGX_OTA_VERSION") or dgx.get("DGX_SWBUILD_VERSION", ""),
+        toolkit=value(TOOLKIT, sections, ""),
+    )

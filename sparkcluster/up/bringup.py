@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from sparkcluster import log
 from sparkcluster.config import bounds, lint
 from sparkcluster.config import profile as profiles
+from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import deployments, endpoint, server, teardown
+from sparkcluster.day2 import deployments, endpoint, engine_nccl, known_good, server, teardown
 from sparkcluster.errors import InputError, SparkError, StageError, StepFailure
-from sparkcluster.labels import ROLE_LABEL
+from sparkcluster.facts.probes import split_sections
+from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
 from sparkcluster.monitor.planned import planned
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 from sparkcluster.remote.lock import NodeLocks
@@ -29,7 +31,9 @@ from sparkcluster.up.execute import StageProgress, UpRun, execute, record_before
 from sparkcluster.up.plan import Plan, make_plan
 from sparkcluster.up.stages import gate
 from sparkcluster.up.stages.containers import Created
+from sparkcluster.up.stages.image import HeadImage
 from sparkcluster.up.stages.replace import Away
+from sparkcluster.up.stages.weights import Stagings
 
 _log = log.get(__name__)
 # how long a serving engine may take to answer one token before `up` calls it wedged
@@ -184,6 +188,7 @@ def _run_locked(
         progress.info(note)
     if plan.unchanged:
         port = prof.serve.port or inv.cluster.api_port
+        remember_good(inv, prof, report.facts, report.facts[inv.head.name].image_id or "", "", cluster)
         return UpSummary(True, f"http://{cluster.head.address}:{port}/v1", prof.served_model_name, old.pid, {})
     r = UpRun(cluster, plan, report.facts, secrets, progress, reach=dict(reach or cluster.hosts))
     try:
@@ -206,6 +211,7 @@ def _run_locked(
                 r.stage, [StepFailure(n, r.stage, why, fix=fix) for n, why in lost.items()] + others, fix
             ) from e
         raise
+    remember_good(inv, prof, report.facts, _served_image_id(r), _revision(r), cluster)
     return UpSummary(
         False,
         f"http://{cluster.head.address}:{plan.serve.port}/v1",
@@ -213,6 +219,73 @@ def _run_locked(
         r.get(server.Record).pid,
         r.seconds,
     )
+
+
+def _served_image_id(r: UpRun) -> str:
+    got = r.find(HeadImage)
+    return (got.info.get("Id", "") if got else "") or r.facts[r.inv.head.name].image_id or ""
+
+
+def _revision(r: UpRun) -> str:
+    """The commit the profile's model resolved to in the weights stage ("" when it did not run)."""
+    got = r.find(Stagings)
+    first = got.items[0] if got and got.items else None
+    return first.manifest.commit if first is not None and first.manifest is not None else ""
+
+
+def _nccl_loaded(cluster: ConnectedHosts, inv: Inventory) -> dict[str, str]:
+    """Per node, the NCCL version the serving ranks loaded, from their NCCL files ({} on a CPU engine)."""
+    script = engine_nccl.section_script(f"{CLUSTER_LABEL}={inv.cluster.name}", 8)
+
+    def read(host) -> str:
+        got = split_sections(host.run(script, timeout=20, warn=True).stdout).get("nccl")
+        return got.out if got is not None and got.rc == 0 else ""
+
+    texts = cluster.each(read, [cluster.hosts[n.name] for n in inv.nodes if n.name in cluster.hosts])
+    return engine_nccl.versions({n: o.value for n, o in texts.items() if o.ok})
+
+
+def remember_good(
+    inv: Inventory,
+    prof: profiles.Profile,
+    facts: dict,
+    image_id: str,
+    revision: str,
+    cluster: ConnectedHosts | None = None,
+) -> None:
+    """The known-good record (issue 39): `up` ends serving and its probe answered. Never fails `up`."""
+    # lazy: start-up speed; bench's modules (about 40 ms) serve this record only, once up ends serving
+    from sparkcluster.bench.results import profile_hash
+
+    try:
+        key = f"{prof.name}@{'+'.join(n.name for n in inv.nodes)}"
+        before = known_good.last_for(known_good.load(inv.cluster.name), key)
+        if not revision and before is not None and before.profile_hash == profile_hash(prof):
+            revision = before.model_revision  # "already serving": the weights stage did not run
+        nccl = _nccl_loaded(cluster, inv) if cluster is not None else {}
+        nodes = {}
+        for n in inv.nodes:
+            if n.name in facts:
+                rec = known_good.node_now(facts[n.name])
+                nodes[n.name] = known_good.NodeRecord(
+                    rec.kernel, rec.driver, rec.cx7_firmware, rec.nccl or nccl.get(n.name, ""), image_id or rec.image_id
+                )
+        known_good.append(
+            inv.cluster.name,
+            known_good.GoodRecord(
+                deployment=key,
+                at=known_good.now_utc(),
+                profile=prof.name,
+                profile_hash=profile_hash(prof),
+                image=image_ref(inv, prof),
+                vllm_version=prof.image.vllm_version or "",
+                model=prof.model,
+                model_revision=revision or prof.revision or "main",
+                nodes=nodes,
+            ),
+        )
+    except Exception as e:  # the record is for later diagnosis; serving matters more
+        _log.warning("could not record the known-good serve", error=str(e))
 
 
 def rollback(r: UpRun) -> None:

@@ -44,7 +44,7 @@ mkdir -p /run/testbed/sbin
 mount -t tmpfs -o mode=755,size=16m tb-sbin /run/testbed/sbin
 cp -a /usr/local/sbin/. /run/testbed/sbin/ 2>/dev/null || true   # keep what the machine has there
 mount --move /run/testbed/sbin /usr/local/sbin
-install -m 755 "$TB_BIN/nvidia-smi" "$TB_BIN/ibdev2netdev" "$TB_BIN/nvidia-container-runtime-hook" /usr/local/sbin/
+install -m 755 "$TB_BIN/nvidia-smi" "$TB_BIN/ibdev2netdev" "$TB_BIN/nvidia-container-runtime-hook" "$TB_BIN/nvidia-ctk" /usr/local/sbin/
 # the NVIDIA toolkit's runtime (registered as dockerd's `nvidia` runtime, like on a Spark) and, first
 # on dockerd's PATH only, `runc` itself: both are testbed-runc, which edits the bundle and execs the real runc
 install -m 755 "$TB_BIN/testbed-runc" /usr/local/sbin/nvidia-container-runtime
@@ -75,6 +75,11 @@ for i in "${!hcas[@]}"; do
   echo "1: CA" > "$d/node_type"
   echo "MT4129" > "$d/hca_type"
   echo "$nd" > "$d/device/net/$nd/ifname"
+  # the PCI device's link and the firmware, as a GB10's ConnectX-7 reads them (Gen5 x4; issue 39's
+  # rdma.pcie and rdma.firmware; the testbed narrows one with Testbed.set_hca_link_width)
+  echo 4 > "$d/device/current_link_width"; echo 4 > "$d/device/max_link_width"
+  echo "32.0 GT/s PCIe" > "$d/device/current_link_speed"; echo "32.0 GT/s PCIe" > "$d/device/max_link_speed"
+  echo "28.45.4028" > "$d/fw_ver"
   # the GID table (gids/N, gid_attrs/types/N, gid_attrs/ndevs/N): empty here; the testbed writes it
   # from the cabling mode (tests/testbed/cabling.py), a RoCE v2 IPv4 GID per address at index 3
   mkdir -p "$d/ports/1/gids" "$d/ports/1/gid_attrs/types" "$d/ports/1/gid_attrs/ndevs"

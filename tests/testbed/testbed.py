@@ -1531,6 +1531,18 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                 f"ip route replace default via {SPECS[h].ctl_ip} dev {LAN_IF}",
                 "rm -f /var/lib/docker/.testbed-fill",
                 f"echo {DRIVER} > /run/nvidia-standin/driver_version",
+                # issue 39's stand-ins: the real kernel string and meminfo; every HCA's PCIe link at
+                # Gen5 x4 and its firmware, and the GPU and toolkit stand-ins as host-setup.sh installs
+                # them (so a testbed built before them gets them too)
+                "umount /proc/sys/kernel/osrelease 2>/dev/null",
+                "umount /proc/meminfo 2>/dev/null",
+                "for d in /sys/class/infiniband/*; do echo 4 > $d/device/current_link_width; "
+                "echo 4 > $d/device/max_link_width; echo '32.0 GT/s PCIe' > $d/device/current_link_speed; "
+                "echo '32.0 GT/s PCIe' > $d/device/max_link_speed; echo 28.45.4028 > $d/fw_ver; done",
+                "mountpoint -q /usr/local/sbin && install -m 755 "
+                f"{shlex.quote(str(BIN / 'nvidia-smi'))} {shlex.quote(str(BIN / 'nvidia-ctk'))} /usr/local/sbin/",
+                # /usr/local/sbin and /usr/local/bin are the host's own mounts (host-setup.sh, user-setup.sh)
+                "mountpoint -q /usr/local/bin && ln -sfn /usr/local/sbin/nvidia-ctk /usr/local/bin/nvidia-ctk",
             ]
             self.sh(h, " ; ".join(cmds), check=False)
             self.start_earlyoom(h)
@@ -1562,6 +1574,35 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             f"d=/sys/class/infiniband/{hca}/ports/1; [ -d $d ] && echo {shlex.quote(state)} > $d/state "
             f"&& echo {shlex.quote(phys)} > $d/phys_state",
         )
+
+    # --- what drifts on a node (issue 39): the testbed's hosts share one kernel, so each reads its own
+    # stand-in, bound over the file at the OS boundary in the host's own mount namespace
+
+    def set_kernel(self, host: str, release: str | None = None) -> None:
+        """What /proc/sys/kernel/osrelease (`uname -r`'s answer) reads on the host; None: the real one."""
+        cmd = "umount /proc/sys/kernel/osrelease 2>/dev/null; true"
+        if release is not None:
+            cmd += (
+                f"; printf '%s\\n' {shlex.quote(release)} > /run/testbed/osrelease"
+                " && mount --bind /run/testbed/osrelease /proc/sys/kernel/osrelease"
+            )
+        self.sh(host, cmd)
+
+    def set_cma(self, host: str, total_kb: int | None = None, free_kb: int = 0) -> None:
+        """The host's /proc/meminfo with CmaTotal/CmaFree as given (a copy taken now, the rest of the
+        real file kept: its other figures hold still until undone); None: the real file."""
+        cmd = "umount /proc/meminfo 2>/dev/null; true"
+        if total_kb is not None:
+            cmd += (
+                "; grep -v -E '^Cma(Total|Free):' /proc/meminfo > /run/testbed/meminfo"
+                f" && printf 'CmaTotal:     %8d kB\\nCmaFree:      %8d kB\\n' {int(total_kb)} {int(free_kb)}"
+                " >> /run/testbed/meminfo && mount --bind /run/testbed/meminfo /proc/meminfo"
+            )
+        self.sh(host, cmd)
+
+    def set_hca_link_width(self, host: str, hca: str, width: int = 4) -> None:
+        """An HCA's PCIe link width (/sys/class/infiniband/<hca>/device/current_link_width; undo: 4)."""
+        self.sh(host, f"echo {int(width)} > /sys/class/infiniband/{shlex.quote(hca)}/device/current_link_width")
 
     def set_speed(self, host: str, ifname: str, mbps: int = 200000) -> None:
         """What /sys/class/net/<if>/speed reads on the host (data-plane netdevs; default 200000)."""

@@ -42,7 +42,7 @@ if ! mountpoint -q /usr/local/bin; then
   mkdir -p /run/testbed/ubin/up /run/testbed/ubin/work
   mount -t overlay tb-ubin -o lowerdir=/usr/local/bin,upperdir=/run/testbed/ubin/up,workdir=/run/testbed/ubin/work /usr/local/bin
 fi
-for b in nvidia-smi ibdev2netdev nvidia-container-runtime-hook; do
+for b in nvidia-smi ibdev2netdev nvidia-container-runtime-hook nvidia-ctk; do
   [ -e "/usr/local/sbin/$b" ] && ln -sfn "/usr/local/sbin/$b" "/usr/local/bin/$b"
 done
 # the Docker socket belongs to group docker (dockerd does so itself when the group exists at its start)

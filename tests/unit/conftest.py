@@ -13,7 +13,17 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from sparkcluster.config import inventory
+
+
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path_factory, monkeypatch):
+    """What sparkcluster keeps on the controller (the known-good record, ray_seen, the debug log) goes
+    to a folder of the test's own, never the user's ~/.local/state."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
 
 CAPTURED = Path(__file__).resolve().parents[1] / "captured"
 

@@ -1,0 +1,183 @@
+"""The known-good record (issue 39 item 4): what every node was when a deployment last served well,
+so that `doctor` and `status` can say what drifted since, node by node ("kernel 6.17.0-1032-nvidia ->
+7.0.0-1019-nvidia on spark-b since the serve of 11-20").
+
+`up` appends a record each time it ends serving with its probe answered (a fresh bring-up, or "already
+serving" confirmed by the one-token probe): per node the kernel, driver, ConnectX-7 firmware, NCCL
+build and image ID; for the deployment the vLLM version, the model's revision and the profile's hash.
+A short history (HISTORY records) is kept on the controller beside the other per-deployment state
+(`status --on-change`'s memory): `<state>/known-good-<cluster>.json`, newest last.
+
+The issue on published speed keeps a correctness canary's "record of its last good serve"; this is
+meant to be that record (its answers a field of it), not a second one. Everything but the file is pure.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+
+from sparkcluster.checks.registry import Result
+from sparkcluster.log import state_dir
+
+HISTORY = 20
+# what a node record holds, as a drift line names it
+NODE_FIELDS = {
+    "kernel": "kernel",
+    "driver": "driver",
+    "cx7_firmware": "ConnectX-7 firmware",
+    "nccl": "NCCL",
+    "image_id": "image",
+}
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    kernel: str = ""
+    driver: str = ""
+    cx7_firmware: str = ""  # the data-plane HCAs' fw_ver, distinct values joined by ","
+    nccl: str = ""  # the NCCL the image loads ("2.28.9 pip"), else the version the ranks logged
+    image_id: str = ""
+
+
+@dataclass(frozen=True)
+class GoodRecord:
+    deployment: str  # PROFILE@NODE+NODE
+    at: str  # ISO UTC
+    profile: str
+    profile_hash: str
+    image: str
+    vllm_version: str
+    model: str
+    model_revision: str  # the commit the weights resolved to (else the profile's revision)
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict) -> GoodRecord:
+        nodes = {n: NodeRecord(**{k: v for k, v in r.items() if k in NODE_FIELDS}) for n, r in d["nodes"].items()}
+        keep = {k: d.get(k, "") for k in GoodRecord.__dataclass_fields__ if k != "nodes"}
+        return GoodRecord(**keep, nodes=nodes)
+
+    def day(self) -> str:
+        """The serve's day as a drift line says it: MM-DD."""
+        return self.at[5:10]
+
+
+@dataclass(frozen=True)
+class Change:
+    node: str
+    what: str  # a NODE_FIELDS key
+    before: str
+    after: str
+    since: str  # the record's day
+
+    def line(self) -> str:
+        return f"{NODE_FIELDS[self.what]} {self.before} -> {self.after} on {self.node} since the serve of {self.since}"
+
+
+def node_now(f) -> NodeRecord:
+    """A node's record from its facts (`facts.HostFacts`)."""
+    t = f.traits
+    fw = ",".join(sorted({x.fw for x in t.hca_links.values() if x.fw}))
+    nccl = f.image_nccl
+    return NodeRecord(
+        kernel=t.kernel,
+        driver=f.gpus[0].driver if f.gpus else "",
+        cx7_firmware=fw,
+        nccl=f"{nccl.version} {nccl.build}" if nccl is not None and nccl.version else "",
+        image_id=f.image_id or "",
+    )
+
+
+def drift(record: GoodRecord, now: dict[str, NodeRecord]) -> list[Change]:
+    """Pure: what differs, node by node, between the record and what the nodes are now. A value
+    unknown on either side is not drift (a probe that did not answer says nothing changed)."""
+    out = []
+    for node, then in record.nodes.items():
+        cur = now.get(node)
+        if cur is None:
+            continue
+        for what in NODE_FIELDS:
+            a, b = getattr(then, what), getattr(cur, what)
+            if a and b and a != b:
+                out.append(Change(node, what, _short(a), _short(b), record.day()))
+    return out
+
+
+def _short(v: str) -> str:
+    return v[:19] if v.startswith("sha256:") else v
+
+
+def last_for_node(history: list[GoodRecord], node: str) -> GoodRecord | None:
+    return next((r for r in reversed(history) if node in r.nodes), None)
+
+
+def last_for(history: list[GoodRecord], deployment: str) -> GoodRecord | None:
+    return next((r for r in reversed(history) if r.deployment == deployment), None)
+
+
+def now_utc() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- the file --------------------------------------------------------------------------------------
+
+
+def path_for(cluster: str):
+    return state_dir() / f"known-good-{cluster}.json"
+
+
+def load(cluster: str) -> list[GoodRecord]:
+    try:
+        doc = json.loads(path_for(cluster).read_text())
+        return [GoodRecord.from_json(d) for d in doc.get("records", [])]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def append(cluster: str, rec: GoodRecord) -> None:
+    """Add a record (newest last), keeping the last HISTORY; the file is replaced whole."""
+    records = [*load(cluster), rec][-HISTORY:]
+    p = path_for(cluster)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"records": [r.to_json() for r in records]}, indent=2) + "\n")
+    tmp.replace(p)
+
+
+# --- what doctor says ------------------------------------------------------------------------------
+
+
+def doctor_results(cluster: str, history: list[GoodRecord], facts: dict, nodes: list[str]) -> list:
+    """`drift.since_good`, one row per node: WARN naming what changed on the host since the last good
+    serve that included it, OK when nothing did. The image and its NCCL are left to `status`, which
+    knows the deployment (doctor judges whichever profile it is given)."""
+    out = []
+    for node in nodes:
+        f = facts.get(node)
+        if f is None:
+            out.append(Result("drift.since_good", node, "skip", "unreachable"))
+            continue
+        rec = last_for_node(history, node)
+        if rec is None:
+            out.append(Result("drift.since_good", node, "skip", "no good serve recorded with this node yet"))
+            continue
+        changes = drift(rec, {node: replace(node_now(f), image_id="", nccl="")})
+        if changes:
+            out.append(
+                Result(
+                    "drift.since_good",
+                    node,
+                    "warn",
+                    "; ".join(c.line() for c in changes) + f" ({rec.deployment})",
+                    f"nothing to do while it serves as it did; if it no longer does, start with this change "
+                    f"(the other checks judge each against the known-bad list; history in {path_for(cluster)})",
+                )
+            )
+        else:
+            out.append(Result("drift.since_good", node, "ok", f"as at the serve of {rec.at[:10]} ({rec.deployment})"))
+    return out

@@ -1,0 +1,114 @@
+"""Drift caught before it bites (issue 39) on the testbed: the trap facts read through the real
+probes on stand-ins the testbed binds per host (its hosts share one kernel), and the known-good
+record that `up` leaves.
+
+- a node whose stand-in reports the 7.0 kernel with CmaTotal 0 (and CmaFree above it) FAILs
+  host.kernel there only, with the fix (kho=off or the 6.17 kernel);
+- an HCA whose PCIe link reads x2 on one node WARNs rdma.pcie there only;
+- after `up` served (the test double, profile testbed-standin), a second `doctor` after the kernel
+  string changed on the worker says what drifted since that serve, on the worker only, and `status`
+  says it too.
+
+Each knob is undone in `finally` (and by `Testbed.reset()`); the module ends with the cluster down.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.integration.helpers import ours
+
+pytestmark = pytest.mark.testbed
+HEAD, WORKER = "spark-head", "spark-worker"
+KHO_KERNEL = "7.0.0-1019-nvidia"
+
+
+def doctor(sc) -> dict[tuple[str, str], dict]:
+    res = sc("doctor", "--json", timeout=120)
+    assert res.returncode in (0, 1), f"doctor exited {res.returncode}\n{res.stdout}\n{res.stderr}"
+    return {(c["id"], c["node"]): c for c in json.loads(res.stdout)["checks"]}
+
+
+def worker_hca(testbed) -> str:
+    from sparkcluster.config import inventory
+
+    inv = inventory.load(testbed.inventory)
+    return next(n for n in inv.nodes if n.name == WORKER).hcas[0]
+
+
+@pytest.fixture(autouse=True)
+def _reset_after(testbed):
+    yield
+    testbed.reset()
+
+
+def test_kernel_7_with_cma_0_fails_on_that_node_only(testbed, sc):
+    try:
+        testbed.set_kernel(WORKER, KHO_KERNEL)
+        testbed.set_cma(WORKER, total_kb=0, free_kb=940604)
+        rows = doctor(sc)
+    finally:
+        testbed.set_cma(WORKER, None)
+        testbed.set_kernel(WORKER, None)
+    r = rows[("host.kernel", WORKER)]
+    assert r["status"] == "fail", r
+    assert KHO_KERNEL in r["detail"] and "kernel-7.0-kho-cma" in r["detail"], r
+    assert "kho=off" in r["fix"] and "6.17" in r["fix"], r
+    assert rows[("host.kernel", HEAD)]["status"] == "ok", rows[("host.kernel", HEAD)]
+
+
+def test_kernel_7_without_the_tell_is_only_named_as_different(testbed, sc):
+    try:
+        testbed.set_kernel(WORKER, KHO_KERNEL)
+        testbed.set_cma(WORKER, total_kb=0, free_kb=0)  # booted with kho=off: CmaFree reads 0
+        rows = doctor(sc)
+    finally:
+        testbed.set_cma(WORKER, None)
+        testbed.set_kernel(WORKER, None)
+    r = rows[("host.kernel", WORKER)]
+    assert r["status"] == "warn" and "on its peers" in r["detail"], r
+    assert rows[("host.kernel", HEAD)]["status"] == "ok"
+
+
+def test_hca_at_x2_warns_on_that_node_only(testbed, sc):
+    hca = worker_hca(testbed)
+    try:
+        testbed.set_hca_link_width(WORKER, hca, 2)
+        rows = doctor(sc)
+    finally:
+        testbed.set_hca_link_width(WORKER, hca, 4)
+    r = rows[("rdma.pcie", WORKER)]
+    assert r["status"] == "warn" and f"{hca} at x2" in r["detail"] and "cx7-pcie-narrow" in r["detail"], r
+    assert "fwupdmgr" in r["fix"], r
+    assert rows[("rdma.pcie", HEAD)]["status"] == "ok", rows[("rdma.pcie", HEAD)]
+
+
+def test_drift_between_two_doctors_after_the_kernel_changes(testbed, sc):
+    res = sc("up", "--profile", "testbed-standin", "--replace", timeout=900)
+    assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
+    try:
+        history = json.loads((sc.state_dir / "sparkcluster" / "known-good-testbed.json").read_text())["records"]
+        last = history[-1]
+        assert last["deployment"] == f"testbed-standin@{HEAD}+{WORKER}", last
+        assert set(last["nodes"]) == {HEAD, WORKER} and all(n["kernel"] for n in last["nodes"].values())
+        assert last["profile_hash"] and last["model_revision"] and last["image"]
+
+        before = doctor(sc)
+        assert before[("drift.since_good", WORKER)]["status"] == "ok", before[("drift.since_good", WORKER)]
+        real = last["nodes"][WORKER]["kernel"]
+        try:
+            testbed.set_kernel(WORKER, KHO_KERNEL)
+            after = doctor(sc)
+            status = sc("status", timeout=60)
+        finally:
+            testbed.set_kernel(WORKER, None)
+        r = after[("drift.since_good", WORKER)]
+        assert r["status"] == "warn", r
+        assert f"kernel {real} -> {KHO_KERNEL} on {WORKER} since the serve of {last['at'][5:10]}" in r["detail"], r
+        assert after[("drift.since_good", HEAD)]["status"] == "ok", after[("drift.since_good", HEAD)]
+        assert f"kernel {real} -> {KHO_KERNEL} on {WORKER}" in status.stdout, status.stdout
+    finally:
+        sc("down", timeout=300)
+    assert ours(testbed, HEAD) == [] and ours(testbed, WORKER) == []

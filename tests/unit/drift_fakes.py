@@ -1,0 +1,123 @@
+"""A healthy Spark's drift facts (issue 39) and one break per drift check, for test_checks' cases.
+
+Where the text is real output it comes from tests/captured (sources in its README); the rest is in
+the documented shape of its source, said beside each (no GB10 was at hand to capture them).
+"""
+
+from __future__ import annotations
+
+from conftest import LINKS, cap
+
+from sparkcluster.facts import image_nccl, parsers
+
+# kernels as the public reports print them (MiaAI-Lab GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47: 6.17.0-1031-nvidia;
+# MiaAI-Lab DeepSeek-v4.1-Flash-DGX-Sparks#23 and DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#259: 7.0.0-1019-nvidia)
+KERNEL_GOOD = "6.17.0-1031-nvidia"
+KERNEL_KHO = "7.0.0-1019-nvidia"
+# documented shape: Linux Documentation/ABI/testing/sysfs-bus-pci (current_link_speed "32.0 GT/s PCIe",
+# current_link_width a lane count); firmware as ibstat prints it on a GB10 (geerlingguy/sbc-reviews#92)
+FW = "28.45.4028"
+
+
+def hca_link_text(width: int = 4, only: str | None = None, fw: str = FW) -> str:
+    """What the hca_link probe prints for the pair's HCAs: every link x4 at Gen5, or `only` at `width`."""
+    lines = []
+    for _, hca, _ in LINKS:
+        w = width if only in (None, hca) else 4
+        lines.append(f"{hca}|{w}|32.0 GT/s PCIe|4|32.0 GT/s PCIe|{fw}\n")
+    return "".join(lines)
+
+
+def healthy_image_nccl(image_id: str) -> image_nccl.ImageNccl:
+    """DGX OS's own libnccl2 2.28.9 in an NGC image (the system build, as `dpkg-query -W libnccl2` prints it)."""
+    return image_nccl.parse(f"id {image_id}\nsystem 2.28.9-1+cuda13.0\ncuda 13.0.1\n")
+
+
+def healthy_traits() -> parsers.Traits:
+    cma = parsers.meminfo_kib("CmaTotal:              0 kB\nCmaFree:               0 kB\nSwapTotal:      16777212 kB\n")
+    return parsers.Traits(
+        kernel=KERNEL_GOOD,
+        cma_total_kb=cma["CmaTotal"],
+        cma_free_kb=cma["CmaFree"],
+        swap_total_kb=cma["SwapTotal"],
+        # documented shape: SMBIOS type 0 as /sys/class/dmi/id shows it (bios_date MM/DD/YYYY)
+        bios_vendor="NVIDIA",
+        bios_version="5.36_0ACUM018",
+        bios_date=parsers.dmi_date("05/12/2026"),
+        hca_links=parsers.hca_link_lines(hca_link_text()),
+        # real: nvidia-smi on an H100 (tests/captured/h100-nvidia-smi-clocks.csv): idle, the GpuIdle reason only
+        gpu_clocks=parsers.gpu_clocks_csv(cap("h100-nvidia-smi-clocks.csv")),
+        # sparkrun's thresholds (spark-arena/sparkrun#77) as /proc/PID/cmdline reads with its NULs made spaces
+        earlyoom=parsers.earlyoom_args("earlyoom -m 2 -s 80 --prefer (^|/)(vllm|ray)$ --avoid (^|/)(sshd|dockerd)$ "),
+        dgx_os="7.2.3",
+        toolkit=parsers.toolkit_version("NVIDIA Container Toolkit CLI version 1.17.8\ncommit: 1b8f2a1\n"),
+    )
+
+
+# --- one break per drift check (test_checks.CASES) ------------------------------------------------
+
+
+def kernel_7_kho(s):
+    s.facts["spark-worker"].traits.kernel = KERNEL_KHO
+    tell = parsers.meminfo_kib(cap("gb10-meminfo-cma-kho.txt"))  # real: CmaTotal 0, CmaFree 940604 kB
+    s.facts["spark-worker"].traits.cma_total_kb = tell["CmaTotal"]
+    s.facts["spark-worker"].traits.cma_free_kb = tell["CmaFree"]
+
+
+def kernel_differs(s):
+    s.facts["spark-worker"].traits.kernel = "6.17.0-1032-nvidia"
+
+
+def bios_before_2026_04(s):
+    s.facts["spark-worker"].traits.bios_date = parsers.dmi_date("01/20/2026")
+
+
+def bios_differs(s):
+    s.facts["spark-worker"].traits.bios_version = "5.36_0ACUM020"
+
+
+def docker_differs(s):
+    d = s.facts["spark-worker"].docker
+    s.facts["spark-worker"].docker = parsers.DockerInfo(
+        "29.0.1", d.root_dir, d.runtimes, d.default_runtime, d.driver_status
+    )
+
+
+def hca_at_x2(s):
+    hca = LINKS[-1][1]
+    s.facts["spark-worker"].traits.hca_links = parsers.hca_link_lines(hca_link_text(width=2, only=hca))
+
+
+def firmware_differs(s):
+    s.facts["spark-worker"].traits.hca_links = parsers.hca_link_lines(hca_link_text(fw="28.43.1014"))
+
+
+def gpu_thermal_slowdown(s):
+    # the captured line with HwThermalSlowdown (0x40) and SwThermalSlowdown (0x20) active besides GpuIdle
+    line = cap("h100-nvidia-smi-clocks.csv").replace("0x0000000000000001", "0x0000000000000061")
+    s.facts["spark-worker"].traits.gpu_clocks = parsers.gpu_clocks_csv(line)
+
+
+def earlyoom_defaults(s):
+    s.facts["spark-worker"].traits.earlyoom = parsers.earlyoom_args("earlyoom -r 3600 ")
+
+
+def image_nccl_pip_2_28_9(s):
+    # the pip wheel's METADATA version, read in the image (the fact's shape: facts/image_nccl.py)
+    s.facts["spark-worker"].image_nccl = image_nccl.parse(
+        f"id {s.facts['spark-worker'].image_id}\npip 2.28.9\nsystem 2.28.9-1+cuda13.0\ncuda 13.0.1\n"
+    )
+
+
+DRIFT_CASES = [
+    ("image.nccl", "spark-worker", "warn", image_nccl_pip_2_28_9, {}),
+    ("host.kernel", "spark-worker", "fail", kernel_7_kho, {}),
+    ("host.kernel", "spark-worker", "warn", kernel_differs, {}),
+    ("host.bios", "spark-worker", "warn", bios_before_2026_04, {}),
+    ("host.bios", "spark-worker", "warn", bios_differs, {}),
+    ("host.versions", "spark-worker", "warn", docker_differs, {}),
+    ("rdma.pcie", "spark-worker", "warn", hca_at_x2, {}),
+    ("rdma.firmware", "spark-worker", "warn", firmware_differs, {}),
+    ("gpu.clocks", "spark-worker", "warn", gpu_thermal_slowdown, {}),
+    ("mem.earlyoom_args", "spark-worker", "warn", earlyoom_defaults, {}),
+]

@@ -1,0 +1,288 @@
+"""Drift (issue 39): the trap probes' parsers on captured output, the known-bad list as data, and the
+known-good record's diff. The checks themselves break one node each in test_checks (drift_fakes)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from conftest import cap
+from drift_fakes import FW, KERNEL_GOOD, KERNEL_KHO
+
+from sparkcluster.config import known_bad
+from sparkcluster.day2 import known_good
+from sparkcluster.errors import InputError
+from sparkcluster.facts import parsers, probes
+
+# --- parsers and probes -------------------------------------------------------------------------------
+
+
+def test_real_probe_output_of_a_vm_parses_to_what_it_has():
+    # real: the drift probes run with bash on the dev VM (no DMI, no HCA, no GPU, earlyoom -r 0)
+    t = probes.traits(probes.split_sections(cap("vm-traits-probe.txt")))
+    assert t.kernel == "6.18.44-fc-v657"
+    assert t.swap_total_kb == 0 and t.cma_total_kb is None  # a kernel without CMA prints no Cma lines
+    assert t.bios_version == "" and t.hca_links == {} and t.gpu_clocks == [] and t.toolkit == ""
+    assert (t.earlyoom.mem_pct, t.earlyoom.swap_pct, t.earlyoom.args) == (10, 10, "-r 0")
+
+
+def test_kho_tell_from_the_published_meminfo():
+    got = parsers.meminfo_kib(cap("gb10-meminfo-cma-kho.txt"))
+    assert got == {"CmaTotal": 0, "CmaFree": 940604}
+
+
+def test_nvidia_smi_clocks_real_h100_line():
+    (g,) = parsers.gpu_clocks_csv(cap("h100-nvidia-smi-clocks.csv"))
+    assert (g.sm_mhz, g.sm_max_mhz, g.temperature_c, g.pstate, g.reasons) == (345, 1980, 39, "P0", ("gpu_idle",))
+    (na,) = parsers.gpu_clocks_csv("[N/A], [N/A], 41, P8, [N/A]\n")
+    assert na.sm_mhz is None and na.reasons == ()
+
+
+def test_hca_link_lines_documented_shape_and_a_missing_attribute():
+    got = parsers.hca_link_lines(f"rocep1s0f1|4|32.0 GT/s PCIe|4|32.0 GT/s PCIe|{FW}\nroceP2p1s0f1|2|32 GT/s|4||{FW}\n")
+    assert got["rocep1s0f1"].width == 4 and got["rocep1s0f1"].speed_gts == 32.0
+    assert got["roceP2p1s0f1"].width == 2 and got["roceP2p1s0f1"].max_speed_gts is None
+
+
+def test_hca_link_probe_reads_a_sysfs_tree(tmp_path):
+    d = tmp_path / "rocep1s0f0"
+    (d / "device").mkdir(parents=True)
+    for name, v in (("current_link_width", "2"), ("current_link_speed", "32.0 GT/s PCIe"), ("max_link_width", "4")):
+        (d / "device" / name).write_text(v + "\n")
+    (d / "fw_ver").write_text(FW + "\n")
+    cmd = probes.HCA_LINK.command.replace("/sys/class/infiniband", str(tmp_path))
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, check=True).stdout
+    x = probes.HCA_LINK.parse(out)["rocep1s0f0"]
+    assert (x.width, x.speed_gts, x.max_width, x.max_speed_gts, x.fw) == (2, 32.0, 4, None, FW)
+
+
+def test_earlyoom_args_forms():
+    assert parsers.earlyoom_args("earlyoom -m 2 -s 80 --prefer x ").swap_pct == 80
+    assert parsers.earlyoom_args("earlyoom -m2,1 -s80 ").mem_pct == 2
+    assert parsers.earlyoom_args("earlyoom --swap=50 ").swap_pct == 50
+
+
+def test_bios_date_and_dgx_release_and_toolkit():
+    assert parsers.dmi_date("03/18/2026\n") == "2026-03-18" and parsers.dmi_date("garbage") == ""
+    # documented shape of /etc/dgx-release (NVIDIA DGX OS user guide)
+    kv = parsers.key_values('DGX_NAME="DGX Spark"\nDGX_SWBUILD_VERSION="7.2.3"\n# comment\n')
+    assert kv["DGX_SWBUILD_VERSION"] == "7.2.3"
+    assert parsers.toolkit_version("NVIDIA Container Toolkit CLI version 1.17.8\ncommit: x\n") == "1.17.8"
+
+
+# --- the known-bad list ------------------------------------------------------------------------------
+
+
+def test_shipped_list_validates_and_has_one_entry_per_trap():
+    kb = known_bad.load()
+    ids = {e.id for e in kb.entry}
+    assert {"kernel-7.0-kho-cma", "bios-before-2026-04", "cx7-pcie-narrow", "earlyoom-defaults-with-swap"} <= ids
+    assert all(e.why and e.fix and e.source for e in kb.entry)
+
+
+def test_kho_entry_matches_the_tell_only():
+    kb = known_bad.load()
+    bad = {"kernel": KERNEL_KHO, "cma_total_kb": 0, "cma_free_kb": 940604}
+    assert [e.id for e in kb.matching("host.kernel", bad)] == ["kernel-7.0-kho-cma"]
+    assert kb.matching("host.kernel", {**bad, "cma_free_kb": 0}) == []  # kho=off: CmaFree reads 0
+    assert kb.matching("host.kernel", {**bad, "kernel": KERNEL_GOOD}) == []
+    assert kb.matching("host.kernel", {"kernel": KERNEL_KHO}) == []  # unknown CMA is not bad
+
+
+def test_nccl_failure_causes_carried_for_the_fabric_test():
+    kb = known_bad.load()
+    line = "spark-b:123:456 [0] NCCL WARN Call to ibv_modify_qp failed with 110 Connection timed out"
+    assert [e.id for e in kb.matching("nccl.failure", {"log": line, "topology": "ring"})] == [
+        "qp-timeout-point-to-point"
+    ]
+    assert [e.id for e in kb.matching("nccl.failure", {"log": line, "topology": "direct"})] == ["qp-timeout-pair"]
+    enomem = "NCCL WARN Call to ibv_reg_mr_iova2 failed with error Cannot allocate memory"
+    assert [e.id for e in kb.matching("nccl.failure", {"log": enomem})] == ["kernel-cma-regmr"]
+
+
+def test_user_file_beside_the_inventory_extends_and_replaces(tmp_path):
+    (tmp_path / "known_bad.toml").write_text(
+        '[[entry]]\nid = "cx7-pcie-narrow"\ncheck = "rdma.pcie"\nseverity = "ok"\n'
+        'when = { link_width = { lt = 4 } }\nwhy = "ours run at x2 on purpose"\nsource = ["the owner"]\nfix = "-"\n'
+        '[[entry]]\nid = "our-kernel"\ncheck = "host.kernel"\nwhen = { kernel = { regex = "^6\\\\.17\\\\.0-1030" } }\n'
+        'why = "hangs here"\nsource = ["our notes"]\nfix = "boot 1031"\n'
+    )
+    kb = known_bad.load(tmp_path / "cluster.toml")
+    assert next(e for e in kb.entry if e.id == "cx7-pcie-narrow").severity == "ok"
+    assert [e.id for e in kb.matching("host.kernel", {"kernel": "6.17.0-1030-nvidia"})] == ["our-kernel"]
+    assert len(kb.entry) == len(known_bad.load().entry) + 1
+
+
+@pytest.mark.parametrize(
+    "text,says",
+    [
+        ('[[entry]]\nid = "x"\ncheck = "host.nope"\nwhen = {}\nwhy = "w"\nsource = ["s"]\nfix = "f"\n', "host.nope"),
+        (
+            '[[entry]]\nid = "x"\ncheck = "host.kernel"\nwhen = { knl = { eq = 1 } }\nwhy = "w"\nsource = ["s"]\nfix = "f"\n',
+            "knl",
+        ),
+        (
+            '[[entry]]\nid = "x"\ncheck = "host.kernel"\nwhen = { kernel = { like = "7" } }\nwhy = "w"\nsource = ["s"]\nfix = "f"\n',
+            "like",
+        ),
+        (
+            '[[entry]]\nid = "x"\ncheck = "host.kernel"\nwhen = { kernel = { eq = "7" } }\nwhy = "w"\nfix = "f"\n',
+            "source",
+        ),
+        ("[[entry]\n", "not valid TOML"),
+    ],
+)
+def test_a_bad_entry_is_an_error_naming_it(text, says):
+    with pytest.raises(InputError) as e:
+        known_bad.parse(text, "known_bad.toml")
+    assert says in e.value.message and "known_bad.toml" in e.value.message
+
+
+# --- the known-good record -----------------------------------------------------------------------------
+
+
+def _rec(**nodes) -> known_good.GoodRecord:
+    return known_good.GoodRecord(
+        deployment="testbed@spark-a+spark-b",
+        at="2026-11-20T09:00:00Z",
+        profile="testbed",
+        profile_hash="h",
+        image="img",
+        vllm_version="0.32.0",
+        model="m",
+        model_revision="abc",
+        nodes=nodes,
+    )
+
+
+def test_drift_names_what_changed_node_by_node():
+    rec = _rec(
+        **{
+            "spark-a": known_good.NodeRecord("6.17.0-1032-nvidia", "580.95.05", FW),
+            "spark-b": known_good.NodeRecord("6.17.0-1032-nvidia", "580.95.05", FW),
+        }
+    )
+    now = {
+        "spark-a": known_good.NodeRecord("6.17.0-1032-nvidia", "580.95.05", FW),
+        "spark-b": known_good.NodeRecord("7.0.0-1019-nvidia", "580.95.05", ""),  # firmware unknown now: not drift
+    }
+    (c,) = known_good.drift(rec, now)
+    assert c.line() == "kernel 6.17.0-1032-nvidia -> 7.0.0-1019-nvidia on spark-b since the serve of 11-20"
+    assert known_good.drift(rec, {"spark-a": now["spark-a"]}) == []
+
+
+def test_history_is_short_and_newest_last(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    for i in range(known_good.HISTORY + 3):
+        known_good.append("c", _rec(**{"spark-a": known_good.NodeRecord(kernel=f"k{i}")}))
+    got = known_good.load("c")
+    assert len(got) == known_good.HISTORY and got[-1].nodes["spark-a"].kernel == f"k{known_good.HISTORY + 2}"
+    assert known_good.last_for_node(got, "spark-a") is got[-1] and known_good.last_for_node(got, "spark-z") is None
+
+
+def test_doctor_rows_warn_on_the_drifted_node_only():
+    from sparkcluster import facts
+
+    def host(kernel: str) -> facts.HostFacts:
+        f = facts.HostFacts(node="x")
+        f.traits = parsers.Traits(kernel=kernel)
+        return f
+
+    rec = _rec(**{"spark-a": known_good.NodeRecord(KERNEL_GOOD), "spark-b": known_good.NodeRecord(KERNEL_GOOD)})
+    rows = {
+        r.node: r
+        for r in known_good.doctor_results(
+            "c", [rec], {"spark-a": host(KERNEL_GOOD), "spark-b": host(KERNEL_KHO)}, ["spark-a", "spark-b"]
+        )
+    }
+    assert rows["spark-a"].status == "ok"
+    assert (
+        rows["spark-b"].status == "warn"
+        and f"kernel {KERNEL_GOOD} -> {KERNEL_KHO} on spark-b" in rows["spark-b"].detail
+    )
+    assert rows["spark-b"].fix
+    assert known_good.doctor_results("c", [], {"spark-a": host(KERNEL_GOOD)}, ["spark-a"])[0].status == "skip"
+    assert known_good.doctor_results("c", [rec], {}, ["spark-b"])[0].detail == "unreachable"
+
+
+def test_the_readme_example_of_a_user_entry_loads():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = text.index("# ~/.config/sparkcluster/known_bad.toml")
+    kb = known_bad.parse(text[start : text.index("```", start)], "README")
+    assert [e.id for e in kb.matching("host.kernel", {"kernel": "6.17.0-1030-nvidia"})] == ["our-kernel-1030"]
+
+
+def test_status_says_what_changed_on_the_deployments_nodes(tmp_path, monkeypatch):
+    from sparkcluster.day2 import status
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    img = "sha256:" + "a" * 64
+    known_good.append(
+        "c", _rec(**{n: known_good.NodeRecord(KERNEL_GOOD, image_id=img) for n in ("spark-a", "spark-b")})
+    )
+    st = status.ClusterStatus(
+        "c",
+        "healthy",
+        [
+            status.NodeStatus("spark-a", kernel=KERNEL_GOOD, image_id=img),
+            status.NodeStatus("spark-b", kernel=KERNEL_KHO, image_id=img),
+        ],
+        deployment="testbed@spark-a+spark-b",
+    )
+    assert status._drift("c", st) == [f"kernel {KERNEL_GOOD} -> {KERNEL_KHO} on spark-b since the serve of 11-20"]
+    st.deployment = "other@spark-a"
+    assert status._drift("c", st) == []
+
+
+def test_the_nccl_the_ranks_loaded_from_their_files():
+    from pathlib import Path
+
+    from sparkcluster.day2 import engine_nccl
+
+    # real NCCL 2.28.9 output (tests/captured/nccl, two ranks on one H100 host)
+    d = Path(__file__).resolve().parents[1] / "captured" / "nccl"
+    text = (d / "device-socket-rank0.log").read_text()
+    assert engine_nccl.versions({"spark-a": text, "spark-b": ""}) == {"spark-a": "2.28.9+cuda13.0"}
+    assert engine_nccl.versions({"spark-a": ""}) == {}
+
+
+# --- the image's NCCL ------------------------------------------------------------------------------
+
+IMG_ID = "sha256:" + "c" * 64
+
+
+def test_image_nccl_pip_wins_over_system_and_versions_are_plain():
+    from sparkcluster.facts import image_nccl
+
+    both = image_nccl.parse(f"id {IMG_ID}\npip 2.28.9\nsystem 2.28.9-1+cuda13.0\ncuda 13.0.1\n")
+    assert (both.version, both.build, both.cuda) == ("2.28.9", "pip", "13.0.1")
+    sys_only = image_nccl.parse(f"id {IMG_ID}\nsystem 2.27.7-1+cuda12.9\ncuda 12.9.1\n")
+    assert (sys_only.version, sys_only.build) == ("2.27.7", "system")
+    assert image_nccl.parse(f"id {IMG_ID}\ncuda \n").version == ""
+    assert image_nccl.parse("Error: No such image\n") is None
+
+
+def test_image_nccl_reads_nothing_of_this_vm_and_the_cache_skips_the_container(tmp_path, monkeypatch):
+    from sparkcluster.facts import image_nccl
+
+    # the in-image script, run here: no NCCL, no CUDA (real output of this dev VM)
+    out = subprocess.run(["sh", "-c", image_nccl.INSIDE], capture_output=True, text=True, check=True).stdout
+    assert image_nccl.parse(f"id {IMG_ID}\n{out}").build == ""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    found = image_nccl.parse(f"id {IMG_ID}\npip 2.28.9\ncuda 13.0.1\n")
+    image_nccl.remember([found])
+    cached = image_nccl.load()
+    assert cached == {IMG_ID: "pip 2.28.9\ncuda 13.0.1"}
+    cmd = image_nccl.probe("repo/img:tag", cached).command
+    assert "case " in cmd and "docker run" in cmd  # the container only for an ID not in the cache
+    # the cached answer, printed as the probe would, parses to what was read
+    assert image_nccl.parse(f"id {IMG_ID}\n{cached[IMG_ID]}\n") == found
+
+
+def test_known_bad_catches_the_pip_2_28_9_build_not_dgx_os_own():
+    kb = known_bad.load()
+    pip = {"nccl_version": "2.28.9", "nccl_build": "pip", "nodes": 2}
+    assert [e.id for e in kb.matching("image.nccl", pip)] == ["nccl-pip-2.28.9-hang"]
+    assert kb.matching("image.nccl", {**pip, "nccl_build": "system"}) == []
