@@ -1,0 +1,134 @@
+"""Yours against a record: a measured run set beside a published record (or the cluster's own
+baseline) at the same conditions, figure by figure, as a ratio. Pure.
+
+What is compared, and what is not (never silently):
+- Refused: another model, another node count (the whole record), and every run of the record whose
+  conditions (prompt and answer lengths, concurrency) this run did not measure: each refusal says the
+  `sparkcluster bench` options that measure them.
+- Flagged: another harness (aiperf or llama-benchy against vLLM's bench: each defines prefill speed on its
+  own prompts and TTFT), another harness version, another dataset (SPEED-Bench against random prompts),
+  another accelerator. The ratios are still given, with the flags beside them.
+- The ratio is yours over theirs for throughputs and theirs over yours for latencies, so below 1 is
+  always worse; a figure is short when its ratio is under 1 - tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from sparkcluster.bench.record import THROUGHPUTS, PerfRecord
+
+HARNESS_NOTES = {
+    frozenset({"aiperf", "vllm-bench-serve"}): "aiperf's prefill is prompt tokens over TTFT on its dataset's "
+    "prompts; vLLM's bench here sends random prompts: decode speed (per request, after the first token) is "
+    "defined alike",
+    frozenset({"llama-benchy", "vllm-bench-serve"}): "llama-benchy's pp/tg figures time prompt processing and "
+    "generation separately (tg with --exact-tg); vLLM's bench times whole requests",
+}
+
+
+@dataclass(frozen=True)
+class Ratio:
+    run: str  # the record's run id
+    conditions: str
+    concurrency: int
+    figure: str
+    ours: float
+    theirs: float
+    ratio: float
+    short: bool
+
+
+@dataclass
+class Standing:
+    source: str
+    tolerance_pct: float
+    ratios: list[Ratio] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """short: some figure falls short; ok: every compared figure holds; refused: nothing comparable."""
+        if not self.ratios:
+            return "refused"
+        return "short" if any(r.short for r in self.ratios) else "ok"
+
+    @property
+    def worst(self) -> Ratio | None:
+        return min(self.ratios, key=lambda r: r.ratio) if self.ratios else None
+
+    def to_json(self) -> dict:
+        return {
+            "source": self.source,
+            "verdict": self.verdict,
+            "tolerance_pct": self.tolerance_pct,
+            "ratios": [asdict(r) for r in self.ratios],
+            "refused": self.refused,
+            "flags": self.flags,
+        }
+
+
+def bench_options(key: tuple[int, int, int]) -> str:
+    n_in, n_out, c = key
+    return f"--input-len {n_in} --output-len {n_out} --concurrency {c}"
+
+
+def against(ours: PerfRecord, theirs: PerfRecord, tolerance_pct: float = 10.0) -> Standing:
+    st = Standing(theirs.source.url, tolerance_pct)
+    m_ours, m_theirs = ours.software.model, theirs.software.model
+    if m_ours and m_theirs and m_ours != m_theirs:
+        st.refused.append(f"the record is of {m_theirs}, this run of {m_ours}: another model is not compared")
+        return st
+    if ours.hardware.nodes != theirs.hardware.nodes:
+        st.refused.append(
+            f"the record ran on {theirs.hardware.nodes} node(s), this run on {ours.hardware.nodes}: "
+            "another node count is not compared"
+        )
+        return st
+    h_ours, h_theirs = ours.harness, theirs.harness
+    if h_ours.name != h_theirs.name:
+        note = HARNESS_NOTES.get(frozenset({h_ours.name, h_theirs.name}), "the two harnesses define figures apart")
+        st.flags.append(f"harness: the record used {h_theirs.name} {h_theirs.version}, this run {h_ours.name} ({note})")
+    elif h_ours.version != h_theirs.version:
+        st.flags.append(
+            f"harness version: the record used {h_theirs.name} {h_theirs.version}, this run {h_ours.version}"
+        )
+    if ours.hardware.accelerator != theirs.hardware.accelerator:
+        st.flags.append(
+            f"accelerator: the record ran on {theirs.hardware.accelerator}, this run on {ours.hardware.accelerator}"
+        )
+    datasets: set[str] = set()
+    for run in theirs.runs:
+        key = run.conditions.key
+        mine = ours.run_at(key)
+        if mine is None:
+            st.refused.append(
+                f"not measured here: {run.conditions.describe()} (run {run.id}); "
+                f"sparkcluster bench {bench_options(key)} measures it"
+            )
+            continue
+        if mine.conditions.dataset != run.conditions.dataset:
+            datasets.add(
+                f"dataset: the record's prompts are {run.conditions.dataset}, this run's {mine.conditions.dataset}"
+            )
+        theirs_f, ours_f = run.figures.present(), mine.figures.present()
+        for fig, t in theirs_f.items():
+            o = ours_f.get(fig)
+            if o is None:
+                continue
+            ratio = o / t if fig in THROUGHPUTS else t / o
+            st.ratios.append(
+                Ratio(
+                    run.id,
+                    run.conditions.describe(),
+                    run.conditions.concurrency,
+                    fig,
+                    o,
+                    t,
+                    ratio,
+                    ratio < 1.0 - tolerance_pct / 100.0,
+                )
+            )
+    st.flags.extend(sorted(datasets))
+    return st

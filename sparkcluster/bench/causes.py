@@ -1,0 +1,235 @@
+"""Why a run falls short of its record: the likely causes, ranked by a stated rule from what the
+cluster knows. Pure: fed the cluster's facts (`ClusterView`) and the record.
+
+The rule. Only a fact that is wrong on its own (the fabric, the MTU, the twins) or that differs from
+what the record ran with (image, vLLM, driver, model revision, kernel) is a cause. Causes are ranked
+by class, most likely first, because of how much speed each has been seen to cost on Sparks:
+
+1. fabric (multi-node only): the engine's NCCL on TCP sockets while the nodes have RoCE links (seed 002:
+   silent, and every decode step pays for it); the round trip between the ranks above
+   `RTT_SLOW_MS` (a direct QSFP link answers in tens of microseconds; tensor parallelism crosses it
+   twice per layer per decode step, so a millisecond more is most of a step); the fabric test's bus
+   bandwidth below its floor (fabric/judge.py's figures).
+2. mtu: a data-plane netdev below the inventory's MTU (field notes: 1500 on the QSFP links halves NCCL's
+   throughput).
+3. twins (multi-node only): a node whose `NCCL_IB_HCA` names one HCA of its port, so NCCL uses half of
+   it (NVIDIA's two-Spark recipes: "use both twins").
+4. image: another image than the record's (its registry digest, else its name).
+5. vllm: another vLLM version.
+6. driver: another NVIDIA driver than the record's.
+7. model: another revision of the weights.
+8. kernel: another kernel, where the record names one.
+
+Within a class, the nodes go in inventory order. The same list is returned whether or not the run fell
+short; the caller shows it when it did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sparkcluster.bench.record import PerfRecord
+
+RTT_SLOW_MS = 1.0
+CLASSES = ("fabric", "mtu", "twins", "image", "vllm", "driver", "model", "kernel")
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    kernel: str = ""
+    driver: str = ""
+    mtu_expected: int | None = None
+    mtus: dict[str, int] = field(default_factory=dict)  # data-plane netdev -> MTU seen on it
+    hcas: tuple[str, ...] = ()  # NCCL_IB_HCA, from the inventory
+    nccl_transport: str = ""  # what the engine's NCCL chose here (day2/engine_nccl's summary), "" unknown
+    rtt_ms: float | None = None  # from the head to this node's control IP (the ranks' path); None: the head
+    rtt_error: str = ""  # why no round trip was measured (no answer at all is the worst case)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    nodes: tuple[NodeView, ...]
+    roce: bool = False  # the inventory has RoCE data-plane links between its nodes
+    image: str = ""  # the base image the profile serves (the cluster's own adds only Ray on top)
+    image_digests: tuple[str, ...] = ()  # the head image's registry digests (sha256:...)
+    vllm_version: str = ""
+    model_revision: str = ""
+    fabric_busbw_gbps: float | None = None  # the latest fabric test's largest all_gather, when known
+    fabric_floor_gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class Cause:
+    area: str  # one of CLASSES
+    node: str | None
+    says: str
+    fix: str
+
+    def line(self) -> str:
+        where = f"{self.node}: " if self.node else ""
+        return f"[{self.area}] {where}{self.says} -- fix: {self.fix}"
+
+
+def rank(view: ClusterView, record: PerfRecord) -> list[Cause]:
+    """Every cause the facts support, most likely first (the module's rule)."""
+    found: list[Cause] = []
+    multi = len(view.nodes) > 1
+    if multi:
+        found += _fabric(view)
+        found += _twins(view)
+    found += _mtu(view)
+    found += _software(view, record)
+    order = {c: i for i, c in enumerate(CLASSES)}
+    names = [n.name for n in view.nodes]
+    return sorted(found, key=lambda c: (order[c.area], names.index(c.node) if c.node in names else -1))
+
+
+def _fabric(view: ClusterView) -> list[Cause]:
+    out = []
+    for n in view.nodes:
+        if view.roce and n.nccl_transport.startswith("NET/Socket"):
+            out.append(
+                Cause(
+                    "fabric",
+                    n.name,
+                    f"the engine's NCCL runs over TCP sockets ({n.nccl_transport}) while the nodes have RoCE links",
+                    "sparkcluster doctor --fabric names why (HCAs, GID index, /dev/infiniband in the container)",
+                )
+            )
+        if n.rtt_ms is not None and n.rtt_ms > RTT_SLOW_MS:
+            out.append(
+                Cause(
+                    "fabric",
+                    n.name,
+                    f"the round trip between the ranks (head to {n.name}) takes {n.rtt_ms:.2f} ms, above "
+                    f"{RTT_SLOW_MS:g} ms: every decode step waits on it",
+                    "check the link between the nodes (a queueing discipline, a switch in between, a busy link); "
+                    "sparkcluster doctor --fabric measures it",
+                )
+            )
+        elif n.rtt_error:
+            out.append(
+                Cause(
+                    "fabric",
+                    n.name,
+                    f"the head gets no answer from {n.name}'s control address: {n.rtt_error}",
+                    "sparkcluster doctor",
+                )
+            )
+    floor, bw = view.fabric_floor_gbps, view.fabric_busbw_gbps
+    if floor is not None and bw is not None and bw < floor:
+        out.append(
+            Cause(
+                "fabric",
+                None,
+                f"the fabric test's all_gather reached {bw:.2f} GB/s, below its floor of {floor:g} GB/s",
+                "sparkcluster doctor --fabric (transport, direction and per-node verdicts)",
+            )
+        )
+    return out
+
+
+def _mtu(view: ClusterView) -> list[Cause]:
+    out = []
+    for n in view.nodes:
+        if n.mtu_expected is None:
+            continue
+        low = {nd: m for nd, m in sorted(n.mtus.items()) if m < n.mtu_expected}
+        if low:
+            seen = ", ".join(f"{nd} {m}" for nd, m in low.items())
+            out.append(
+                Cause(
+                    "mtu",
+                    n.name,
+                    f"data-plane MTU below the inventory's {n.mtu_expected}: {seen}",
+                    f"set MTU {n.mtu_expected} on those links (sparkcluster doctor's net.mtu says how)",
+                )
+            )
+    return out
+
+
+def _twins(view: ClusterView) -> list[Cause]:
+    out = []
+    for n in view.nodes:
+        if len(n.hcas) == 1:
+            out.append(
+                Cause(
+                    "twins",
+                    n.name,
+                    f"NCCL_IB_HCA names one HCA ({n.hcas[0]}): NCCL uses half of the port "
+                    "(NVIDIA's two-Spark recipes use both twins)",
+                    "list both twins of the cabled port in the inventory's data_plane (sparkcluster init finds them)",
+                )
+            )
+    return out
+
+
+def _software(view: ClusterView, record: PerfRecord) -> list[Cause]:
+    sw = record.software
+    out = []
+    if sw.image_digest and view.image_digests:
+        if sw.image_digest not in view.image_digests:
+            out.append(
+                Cause(
+                    "image",
+                    None,
+                    f"the image differs from the record's ({sw.image or 'image'} {sw.image_digest[:19]}...; "
+                    f"here {view.image or 'the head image'})",
+                    f"pull the record's image by digest ({sw.image_digest}) and serve it",
+                )
+            )
+    elif sw.image and view.image and not _same_image(sw.image, view.image):
+        out.append(
+            Cause(
+                "image",
+                None,
+                f"another image than the record's: {view.image} here, {sw.image} there",
+                "serve the record's image (profile's [image])",
+            )
+        )
+    if sw.backend_version and view.vllm_version and _ver(sw.backend_version) != _ver(view.vllm_version):
+        out.append(
+            Cause(
+                "vllm",
+                None,
+                f"vLLM {view.vllm_version} here, {sw.backend_version} in the record",
+                "serve the vLLM the record names (image.vllm_version)",
+            )
+        )
+    if sw.driver:
+        for n in view.nodes:
+            if n.driver and n.driver != sw.driver:
+                out.append(
+                    Cause(
+                        "driver",
+                        n.name,
+                        f"NVIDIA driver {n.driver}, the record's {sw.driver}",
+                        "install the record's driver, or measure a record of your own",
+                    )
+                )
+    if sw.model_revision and view.model_revision and view.model_revision != sw.model_revision:
+        out.append(
+            Cause(
+                "model",
+                None,
+                f"weights revision {view.model_revision[:12]} here, {sw.model_revision[:12]} in the record",
+                f"set revision = {sw.model_revision!r} in the profile",
+            )
+        )
+    if sw.kernel:
+        kernels = {k.strip() for k in sw.kernel.split(",")}
+        for n in view.nodes:
+            if n.kernel and n.kernel not in kernels:
+                out.append(
+                    Cause("kernel", n.name, f"kernel {n.kernel}, the record's {sw.kernel}", "boot the record's kernel")
+                )
+    return out
+
+
+def _same_image(a: str, b: str) -> bool:
+    return a.split("@")[0].strip() == b.split("@")[0].strip()
+
+
+def _ver(v: str) -> str:
+    return v.strip().lstrip("v")
