@@ -44,13 +44,21 @@ from sparkcluster.bench.runner import (
     Interrupted,
     LevelResult,
     Sweep,
+    ClusterFacts,
     check_endpoint,
+    cluster_facts,
     connect,
+    engine_nccl_texts,
+    model_revision,
+    parse_mtus,
+    parse_rtt,
+    rank_rtts,
     head_for,
     node_facts,
     parse_facts,
     run_sweep,
 )
+from sparkcluster.bench import against, causes, measured, record
 from sparkcluster.bench.smoke import SMOKE_FLOOR, judge_smoke, smoke, smoke_after_up, smoke_message
 from sparkcluster.bench.sweep import (
     CONTAINER_ROOT,
@@ -75,6 +83,7 @@ from sparkcluster.bench.sweep import (
     parse_concurrency,
     plan,
     prompts_for,
+    repeated,
     stop_argv,
     target_for,
 )
@@ -90,6 +99,7 @@ __all__ = [
     "parse_concurrency",
     "prompts_for",
     "plan",
+    "repeated",
     "CONTAINER_ROOT",
     "RESULT_FILE",
     "LOG_FILE",
@@ -146,5 +156,17 @@ __all__ = [
     "connect",
     "head_for",
     "check_endpoint",
+    "ClusterFacts",
+    "cluster_facts",
+    "engine_nccl_texts",
+    "model_revision",
+    "parse_mtus",
+    "parse_rtt",
+    "rank_rtts",
     "time",
+    # issue 38: records, yours against a record, the causes (used as modules: B.record.load, ...)
+    "record",
+    "measured",
+    "against",
+    "causes",
 ]

@@ -132,3 +132,38 @@ def against(ours: PerfRecord, theirs: PerfRecord, tolerance_pct: float = 10.0) -
             )
     st.flags.extend(sorted(datasets))
     return st
+
+
+def write_chart(path, st: Standing, title: str = "") -> str | None:
+    """against.png: each compared figure, yours beside the record's, with the ratio above the pair.
+    Returns why it was skipped, or None."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display on a controller over SSH
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no comparison chart: matplotlib is not installed (pip install 'sparkcluster[plot]')"
+    if not st.ratios:
+        return "no comparison chart: nothing was comparable"
+    labels = [f"{r.figure}\nc{r.concurrency}" for r in st.ratios]
+    xs = list(range(len(st.ratios)))
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(xs) + 2), 4.5))
+    # each pair on its own scale: the record's figure is 1, yours is the ratio (below 1 is worse)
+    ax.bar([x - 0.2 for x in xs], [1.0] * len(xs), width=0.4, label="record", color="tab:gray")
+    colors = ["tab:red" if r.short else "tab:green" for r in st.ratios]
+    ax.bar([x + 0.2 for x in xs], [r.ratio for r in st.ratios], width=0.4, label="yours", color=colors)
+    for x, r in zip(xs, st.ratios, strict=True):
+        ax.annotate(
+            f"{r.ratio:.2f}\n({r.ours:.4g} / {r.theirs:.4g})", (x + 0.2, r.ratio), ha="center", va="bottom", fontsize=8
+        )
+    ax.axhline(1.0 - st.tolerance_pct / 100.0, color="tab:red", linestyle="--", linewidth=1, label="short below")
+    ax.set_xticks(xs, labels, fontsize=8)
+    ax.set_ylabel("yours / record (latencies inverted)")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_ylim(0, max(1.3, max(r.ratio for r in st.ratios) * 1.25))
+    ax.set_title(title or st.source, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None

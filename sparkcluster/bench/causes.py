@@ -13,7 +13,7 @@ by class, most likely first, because of how much speed each has been seen to cos
 2. mtu: a data-plane netdev below the inventory's MTU (field notes: 1500 on the QSFP links halves NCCL's
    throughput).
 3. twins (multi-node only): a node whose `NCCL_IB_HCA` names one HCA of its port, so NCCL uses half of
-   it (NVIDIA's two-Spark recipes: "use both twins").
+   it (NVIDIA's two-Spark recipes: "use both twins"), against a published record or beside a node with two.
 4. image: another image than the record's (its registry digest, else its name).
 5. vllm: another vLLM version.
 6. driver: another NVIDIA driver than the record's.
@@ -77,7 +77,7 @@ def rank(view: ClusterView, record: PerfRecord) -> list[Cause]:
     multi = len(view.nodes) > 1
     if multi:
         found += _fabric(view)
-        found += _twins(view)
+        found += _twins(view, record)
     found += _mtu(view)
     found += _software(view, record)
     order = {c: i for i, c in enumerate(CLASSES)}
@@ -149,10 +149,12 @@ def _mtu(view: ClusterView) -> list[Cause]:
     return out
 
 
-def _twins(view: ClusterView) -> list[Cause]:
+def _twins(view: ClusterView, record: PerfRecord) -> list[Cause]:
+    # one HCA is wrong against a published record (its recipes use both twins) or beside a node with two
+    both = record.kind == "published" or any(len(n.hcas) > 1 for n in view.nodes)
     out = []
     for n in view.nodes:
-        if len(n.hcas) == 1:
+        if both and len(n.hcas) == 1:
             out.append(
                 Cause(
                     "twins",
@@ -233,3 +235,49 @@ def _same_image(a: str, b: str) -> bool:
 
 def _ver(v: str) -> str:
     return v.strip().lstrip("v")
+
+
+def view_from(
+    inv,
+    nodes: list[str],
+    facts: dict[str, dict],
+    rtts: dict[str, tuple[float | None, str]],
+    transports: dict[str, str],
+    *,
+    image: str = "",
+    image_digests: tuple[str, ...] = (),
+    vllm_version: str = "",
+    model_revision: str = "",
+) -> ClusterView:
+    """The view `rank` reads, from the inventory and what bench gathered (runner.node_facts, rank_rtts,
+    engine_nccl_texts summarised, the head image's digests)."""
+    from sparkcluster.bench.runner import parse_mtus
+
+    out = []
+    for name in nodes:
+        node = inv.node(name)
+        f = facts.get(name, {})
+        gpu = [p.strip() for p in (f.get("gpu") or "").split(",")]
+        mtus = parse_mtus(f.get("mtus", ""))
+        rtt, why = rtts.get(name, (None, ""))
+        out.append(
+            NodeView(
+                name,
+                kernel=f.get("kernel", ""),
+                driver=gpu[1] if len(gpu) > 1 else "",
+                mtu_expected=node.mtu,
+                mtus={nd: mtus[nd] for nd in node.netdevs if nd in mtus},
+                hcas=tuple(node.hcas),
+                nccl_transport=transports.get(name, ""),
+                rtt_ms=rtt,
+                rtt_error=why,
+            )
+        )
+    return ClusterView(
+        nodes=tuple(out),
+        roce=len(out) > 1 and all(n.hcas for n in out),
+        image=image,
+        image_digests=image_digests,
+        vllm_version=vllm_version,
+        model_revision=model_revision,
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shlex
 import tarfile
 import time
 from dataclasses import dataclass, field
@@ -102,8 +103,12 @@ NODE_FACTS = (
     'echo "hostname=$(hostname)"; echo "kernel=$(uname -r)"; '
     'echo "gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"; '
     "echo \"mem_total_kb=$(awk '/^MemTotal/ {print $2}' /proc/meminfo)\"; "
-    "echo \"docker=$(docker version --format '{{.Server.Version}}' 2>/dev/null)\"; true"
+    "echo \"docker=$(docker version --format '{{.Server.Version}}' 2>/dev/null)\"; "
+    # every netdev's MTU (the record's cause ranking compares the data plane's with the inventory's)
+    'echo "mtus=$(for d in /sys/class/net/*; do printf \'%s:%s,\' "${d##*/}" "$(cat $d/mtu 2>/dev/null)"; done)"; true'
 )
+# the round trip from the head to a peer's control address, where the ranks' traffic goes: 5 pings in ~1 s
+RTT = re.compile(r"= [0-9.]+/([0-9.]+)/[0-9.]+/[0-9.]+ ms")
 VLLM_VERSION = (
     "python3 -c 'import importlib.metadata as m; print(m.version(\"vllm\"))' 2>/dev/null "
     "|| vllm --version 2>/dev/null | tail -1"
@@ -160,6 +165,16 @@ class Head:
 
     def image(self, info: ContainerInspect) -> tuple[str, str]:
         return info.image, info.image_id
+
+    def repo_digests(self, image_id: str) -> list[str]:
+        """The registry digests (sha256:...) of the head's image: what a published record names."""
+        import docker
+
+        try:
+            info = self.api.inspect_image(image_id)
+        except docker.errors.DockerException:
+            return []
+        return [d.split("@", 1)[1] for d in info.get("RepoDigests") or [] if "@" in d]
 
     def vllm_version(self) -> str:
         code, out = self._exec(["sh", "-c", VLLM_VERSION], {})
@@ -271,13 +286,94 @@ class Head:
             return f.read() if f else b""
 
 
-def node_facts(cluster) -> dict[str, dict]:
-    """A few facts per node for run.json; an unreachable node is recorded as such."""
+def node_facts(cluster, inv=None) -> dict[str, dict]:
+    """A few facts per node for run.json; an unreachable node is recorded as such. With the
+    inventory, also the image ID of each node's sparkcluster container (`image_id`)."""
     out: dict[str, dict] = {}
-    res = cluster.each(lambda h: h.run(NODE_FACTS, timeout=20))
+    script = NODE_FACTS
+    if inv is not None:
+        from sparkcluster.labels import CLUSTER_LABEL
+
+        label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
+        script += (
+            f'; echo "image_id=$(docker ps -q --filter label={label} | head -1 | '
+            "xargs -r docker inspect -f '{{.Image}}' 2>/dev/null)\""
+        )
+    res = cluster.each(lambda h: h.run(script, timeout=20))
     for name, o in res.items():
         out[name] = parse_facts(o.value.stdout) if o.ok else {"error": str(o.error)}
     return out
+
+
+def parse_mtus(text: str) -> dict[str, int]:
+    """`mtus=` of NODE_FACTS: 'lo:65536,enp1s0f1np1:9000,' -> {netdev: MTU}."""
+    out = {}
+    for part in (text or "").split(","):
+        nd, sep, m = part.partition(":")
+        if sep and m.strip().isdigit():
+            out[nd.strip()] = int(m)
+    return out
+
+
+def parse_rtt(ping_output: str) -> float | None:
+    """The average round trip in ms from `ping -q`'s summary, or None when nothing answered."""
+    m = RTT.search(ping_output or "")
+    return float(m.group(1)) if m else None
+
+
+def rank_rtts(cluster, inv) -> dict[str, tuple[float | None, str]]:
+    """From the head to every other node's control address (where the ranks talk): (ms, why none)."""
+    head = cluster.head
+    out: dict[str, tuple[float | None, str]] = {}
+    for n in inv.nodes:
+        if n.name == inv.head.name:
+            continue
+        cmd = ["ping", "-n", "-q", "-c", "5", "-i", "0.2", "-W", "1", str(n.control_ip)]
+        try:
+            res = head.run(cmd, timeout=15, warn=True)
+        except SparkError as e:
+            out[n.name] = (None, e.message)
+            continue
+        rtt = parse_rtt(res.stdout)
+        why = "" if rtt is not None else (res.stdout + res.stderr).strip().splitlines()[-1:] or ["no answer"]
+        out[n.name] = (rtt, "" if rtt is not None else str(why[0]))
+    return out
+
+
+def engine_nccl_texts(cluster, inv) -> dict[str, str]:
+    """Per node, the lines the engine's NCCL wrote at init in sparkcluster's containers there
+    (day2/engine_nccl's reader); "" where none (a CPU engine writes none)."""
+    from sparkcluster.day2 import engine_nccl
+    from sparkcluster.labels import CLUSTER_LABEL
+
+    label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
+    cmd = (
+        f"for c in $(timeout 10 docker ps -q --filter label={label}); do "
+        f"timeout 10 docker exec $c sh -c {shlex.quote(engine_nccl.reader())}; done; true"
+    )
+    res = cluster.each(lambda h: h.run(cmd, timeout=30, warn=True))
+    return {name: (o.value.stdout if o.ok else "") for name, o in res.items()}
+
+
+def model_revision(cluster, inv, prof) -> str:
+    """The commit the profile's model resolves to in the head's HF cache ("" when not a hub model or
+    not there). A revision that is already a commit is its own answer."""
+    from sparkcluster.movement import hfcache
+
+    if not hfcache.is_hub_model(prof.model):
+        return ""
+    rev = prof.revision or "main"
+    if re.fullmatch(r"[0-9a-f]{40}", rev):
+        return rev
+    cache = inv.hf_cache(inv.head.name, unresolved_ok=True)
+    ref = f"{hfcache.hub_dir(cache)}/{hfcache.repo_folder(prof.model)}/refs/{rev}"
+    path = '"$HOME"/' + shlex.quote(ref[2:]) if ref.startswith("~/") else shlex.quote(ref)
+    try:
+        res = cluster.head.run(f"cat {path}", timeout=10, warn=True)
+    except SparkError:
+        return ""
+    out = res.stdout.strip()
+    return out if re.fullmatch(r"[0-9a-f]{40}", out) else ""
 
 
 def connect(inv):
@@ -324,4 +420,27 @@ def check_endpoint(address: str, target: Target, port: int, secrets: dict[str, s
         return
     raise SparkError(
         f"the endpoint {base} answers /health but not a completion: {why}", "sparkcluster status; sparkcluster logs"
+    )
+
+
+@dataclass
+class ClusterFacts:
+    """What bench learns about the cluster before it measures: run.json's node facts, and the
+    provenance and cause-ranking facts of issue 38."""
+
+    nodes: dict[str, dict] = field(default_factory=dict)
+    rtts: dict[str, tuple[float | None, str]] = field(default_factory=dict)
+    nccl_texts: dict[str, str] = field(default_factory=dict)
+    model_revision: str = ""
+    image_digests: list[str] = field(default_factory=list)
+
+
+def cluster_facts(cluster, inv, prof, head: Head, image_id: str) -> ClusterFacts:
+    """Every fact in one place (the calls a unit test replaces with one fake)."""
+    return ClusterFacts(
+        nodes=node_facts(cluster, inv),
+        rtts=rank_rtts(cluster, inv),
+        nccl_texts=engine_nccl_texts(cluster, inv),
+        model_revision=model_revision(cluster, inv, prof),
+        image_digests=head.repo_digests(image_id) if image_id else [],
     )

@@ -1,5 +1,6 @@
 """`sparkcluster bench`: a concurrency sweep of `vllm bench serve` against the serving cluster,
-tabled in the terminal, kept as CSV + JSON + PNG in a run folder, compared with an earlier run."""
+tabled in the terminal, kept as CSV + JSON + PNG and a performance record in a run folder, compared
+with an earlier run, a published record or the cluster's own baseline (issue 38)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -16,7 +18,8 @@ from sparkcluster import bench as bench_pkg  # `bench` is this module's command
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.config import profile as profiles
-from sparkcluster.config.secrets import load_secrets
+from sparkcluster.config import secrets as secret_store
+from sparkcluster.day2 import engine_nccl
 from sparkcluster.errors import InputError, SparkError
 
 # the figures the terminal table shows (the CSV has them all)
@@ -71,6 +74,83 @@ def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table
     return t
 
 
+def against_table(st: B.against.Standing) -> Table:
+    t = Table(
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+        caption=f"ratio: yours / record (latencies inverted); short below {1 - st.tolerance_pct / 100:.2f}",
+        caption_justify="left",
+    )
+    for col in ("conditions", "figure", "yours", "record", "ratio", ""):
+        t.add_column(col, justify="left" if col in ("conditions", "figure", "") else "right")
+    for r in st.ratios:
+        mark = "[bold red]SHORT[/]" if r.short else ""
+        t.add_row(r.conditions, r.figure, f"{r.ours:.4g}", f"{r.theirs:.4g}", f"{r.ratio:.2f}", mark)
+    return t
+
+
+def _record_target(spec: str | None, root: Path) -> tuple[str | None, Path | None]:
+    """--compare SPEC: ("record", path) for a .perf.toml file, ("published"|"baseline", None), or
+    ("run", folder) for an earlier run; (None, None) without --compare."""
+    if spec is None:
+        return None, None
+    if spec in ("published", "baseline"):
+        return spec, None
+    p = Path(spec).expanduser()
+    if B.record.is_record_file(p):
+        if not p.is_file():
+            raise InputError(f"--compare {spec}: no such performance record", "give the path of a .perf.toml file")
+        return "record", p
+    return "run", B.resolve_run(spec, root)
+
+
+def baseline_path(root: Path, profile: str) -> Path:
+    return root / "baselines" / f"{profile}{B.record.SUFFIX}"
+
+
+def _record_for(kind: str | None, path: Path | None, prof, root: Path):
+    if kind == "record":
+        return B.record.load(path)
+    if kind == "published":
+        rec = B.record.published_for(prof)
+        if rec is None:
+            raise InputError(
+                f"profile '{prof.name}' ships no performance record ({prof.name}{B.record.SUFFIX} beside it)",
+                "give a record: --compare PATH.perf.toml, or keep a run as this cluster's baseline: --keep-baseline",
+            )
+        return rec
+    if kind == "baseline":
+        p = baseline_path(root, prof.name)
+        if not p.is_file():
+            raise InputError(
+                f"this cluster keeps no baseline for profile '{prof.name}'",
+                "measure one and keep it: sparkcluster bench --keep-baseline",
+            )
+        return B.record.load(p)
+    return None
+
+
+def levels_from(rec) -> list[B.Level]:
+    """A record's conditions as levels: its concurrency, prompt and answer lengths, request count."""
+    out: list[B.Level] = []
+    for run in rec.runs:
+        c = run.conditions
+        out += B.plan([c.concurrency], c.input_tokens, c.output_tokens, c.requests)
+    return out
+
+
+def deployment_nodes(inv, prof) -> list[str]:
+    """The nodes the serving profile spans: from the head, in inventory order, until its GPUs are met."""
+    names, gpus = [], 0
+    for n in [inv.head, *[x for x in inv.nodes if x.name != inv.head.name]]:
+        if gpus >= prof.world_size:
+            break
+        names.append(n.name)
+        gpus += n.gpus
+    return names
+
+
 @cli.command()
 @click.option(
     "--profile",
@@ -82,23 +162,22 @@ def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table
 @click.option(
     "--concurrency",
     "-c",
-    default=",".join(map(str, bench_pkg.DEFAULT_CONCURRENCY)),
-    show_default=True,
-    help="Comma-separated concurrency levels, one run of vllm bench serve each.",
+    default=None,
+    help="Comma-separated concurrency levels, one run of vllm bench serve each "
+    f"[default: {','.join(map(str, B.DEFAULT_CONCURRENCY))}, or the compared record's].",
 )
 @click.option(
     "--input-len",
-    default=bench_pkg.DEFAULT_INPUT_LEN,
-    show_default=True,
+    default=None,
     type=int,
-    help="Prompt tokens per request (random dataset).",
+    help=f"Prompt tokens per request (random dataset) [default: {B.DEFAULT_INPUT_LEN}, or the compared record's].",
 )
 @click.option(
     "--output-len",
-    default=bench_pkg.DEFAULT_OUTPUT_LEN,
-    show_default=True,
+    default=None,
     type=int,
-    help="Generated tokens per request (EOS ignored, so exactly this many).",
+    help="Generated tokens per request (EOS ignored, so exactly this many) "
+    f"[default: {B.DEFAULT_OUTPUT_LEN}, or the compared record's].",
 )
 @click.option(
     "--num-prompts",
@@ -121,7 +200,17 @@ def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table
     "--compare",
     "compare_to",
     default=None,
-    help="Run folder (or its name) to compare with (default: the previous run of the same profile).",
+    help="What to compare with: an earlier run folder (or its name; default: the previous run of the same "
+    "profile), a performance record (PATH.perf.toml), 'published' (the record shipped beside the serving "
+    "profile) or 'baseline' (the run this cluster kept with --keep-baseline). Against a record, the levels "
+    "default to its conditions.",
+)
+@click.option("--repeat", default=1, show_default=True, type=int, help="Measure each level this many times.")
+@click.option(
+    "--keep-baseline",
+    is_flag=True,
+    help="Keep this run's record as the cluster's baseline for the profile (--compare baseline; a later "
+    "run below it by more than --tolerance says so).",
 )
 @click.option(
     "--tolerance",
@@ -136,29 +225,40 @@ def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table
 def bench(
     obj,
     profile_name: str | None,
-    concurrency: str,
-    input_len: int,
-    output_len: int,
+    concurrency: str | None,
+    input_len: int | None,
+    output_len: int | None,
     num_prompts: int | None,
     tokenizer: str | None,
     out: Path | None,
     compare_to: str | None,
+    repeat: int,
+    keep_baseline: bool,
     tolerance: float,
     as_json: bool,
     env_file: Path | None,
 ) -> None:
     """Measure throughput and latency of the serving cluster with vLLM's own `vllm bench serve`."""
     # everything the user typed is checked before any connection is opened
-    levels = bench_pkg.plan(bench_pkg.parse_concurrency(concurrency), input_len, output_len, num_prompts)
+    explicit = any(v is not None for v in (concurrency, input_len, output_len, num_prompts))
+    levels = B.plan(
+        B.parse_concurrency(concurrency or ",".join(map(str, B.DEFAULT_CONCURRENCY))),
+        B.DEFAULT_INPUT_LEN if input_len is None else input_len,
+        B.DEFAULT_OUTPUT_LEN if output_len is None else output_len,
+        num_prompts,
+    )
+    B.repeated(levels, repeat)
     if tolerance < 0:
         raise InputError(f"--tolerance {tolerance:g}: must be 0 or more", "e.g. --tolerance 10")
     if tokenizer is not None:
         bench_pkg.arg_value("--tokenizer", tokenizer)
     inv = obj.inventory()
     wanted = profiles.load_profile(profile_name) if profile_name else None
-    root = bench_pkg.runs_root(inv.cluster.name)
-    baseline_dir = bench_pkg.resolve_run(compare_to, root) if compare_to else None
-    secrets = load_secrets(env_file, names=["VLLM_API_KEY"])
+    root = B.runs_root(inv.cluster.name)
+    target_kind, target_path = _record_target(compare_to, root)
+    baseline_dir = target_path if target_kind == "run" else None
+    reference = _record_for(target_kind, target_path, wanted, root) if wanted or target_kind == "record" else None
+    secrets = secret_store.load_secrets(env_file, names=["VLLM_API_KEY"])
     err = Console(stderr=True, highlight=False)
 
     started = datetime.now(timezone.utc)
@@ -173,16 +273,25 @@ def bench(
                 f"sparkcluster up --profile {wanted.name} --replace first",
             )
         prof = wanted or profiles.load_profile(rec.profile)
-        target = bench_pkg.target_for(prof, inv.cluster.api_port, tokenizer)
+        if reference is None and target_kind in ("published", "baseline"):
+            reference = _record_for(target_kind, target_path, prof, root)
+        if reference is not None and not explicit:
+            levels = levels_from(reference)  # the record's own conditions
+        levels = B.repeated(levels, repeat)
+        target = B.target_for(prof, inv.cluster.api_port, tokenizer)
         port = prof.serve.port or inv.cluster.api_port
         bench_pkg.check_endpoint(cluster.head.address, target, port, secrets)
         image, image_id = head.image(info)
         vllm_version = head.vllm_version()
-        nodes = bench_pkg.node_facts(cluster)
-        run_dir = bench_pkg.new_run_dir(inv.cluster.name, out, started)
+        facts = B.cluster_facts(cluster, inv, prof, head, image_id)
+        nodes = facts.nodes
+        run_dir = B.new_run_dir(inv.cluster.name, out, started)
+        n_in = sorted({lv.input_len for lv in levels})
+        n_out = sorted({lv.output_len for lv in levels})
         err.print(
             f"measuring '{prof.name}' ({target.model}) on {inv.cluster.name}: "
-            f"{len(levels)} level(s), {input_len} in / {output_len} out; results in {run_dir}"
+            f"{len(levels)} level(s), {'/'.join(map(str, n_in))} in / {'/'.join(map(str, n_out))} out; "
+            f"results in {run_dir}"
         )
 
         bars = Progress(
@@ -244,6 +353,60 @@ def bench(
         else []
     )
 
+    dep = deployment_nodes(inv, prof)
+    transports, _ = engine_nccl.summaries(inv, {n: facts.nccl_texts.get(n, "") for n in dep})
+    measured = B.measured.build(
+        sweep.rows,
+        B.measured.Provenance(
+            cluster=inv.cluster.name,
+            nodes={n: nodes.get(n, {}) for n in dep},
+            image=prof.image.ref,
+            image_ids={n: nodes.get(n, {}).get("image_id", "") for n in dep if nodes.get(n, {}).get("image_id")},
+            image_digest=facts.image_digests[0] if facts.image_digests else "",
+            vllm_version=vllm_version,
+            model=prof.model,
+            model_revision=facts.model_revision,
+            profile=prof.name,
+            profile_hash=B.profile_hash(prof),
+            nccl_texts=facts.nccl_texts,
+            nccl_transport=transports,
+            topology=inv.cluster.topology,
+            gpus=prof.world_size,
+        ),
+        harness_version=vllm_version,
+        argv=B.bench_argv(levels[0], target, "RESULT_DIR") if levels else [],
+        measured_at=started.date(),
+        source=str(run_dir),
+    )
+    record_file = run_dir / f"record{B.record.SUFFIX}" if measured else None
+    if measured:
+        B.record.write(record_file, measured)
+    kept = None
+    if keep_baseline and measured and not sweep.interrupted and not error:
+        kept = baseline_path(root, prof.name)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        B.record.write(kept, measured)
+    if reference is None and target_kind is None and baseline_path(root, prof.name).is_file() and not kept:
+        reference, target_kind = B.record.load(baseline_path(root, prof.name)), "baseline"
+    standing, found, against_chart = None, [], None
+    if reference is not None and measured is not None:
+        standing = B.against.against(measured, reference, tolerance)
+        if standing.verdict == "short":
+            view = B.causes.view_from(
+                inv,
+                dep,
+                nodes,
+                facts.rtts,
+                transports,
+                image=prof.image.ref,
+                image_digests=tuple(facts.image_digests),
+                vllm_version=vllm_version,
+                model_revision=facts.model_revision,
+            )
+            found = B.causes.rank(view, reference)
+        note = B.against.write_chart(run_dir / "against.png", standing, f"{prof.name}: yours against {target_kind}")
+        against_chart = None if note else run_dir / "against.png"
+
     summary = {
         "run_dir": str(run_dir),
         "profile": prof.name,
@@ -258,6 +421,18 @@ def bench(
         "regressions": sum(c.regression for c in changes),
         "interrupted": sweep.interrupted,
         "failed": sweep.failed,
+        "record": str(record_file) if record_file else None,
+        "baseline_kept": str(kept) if kept else None,
+        "against": (
+            {
+                **standing.to_json(),
+                "kind": target_kind,
+                "causes": [vars(c) for c in found],
+                "chart": str(against_chart) if against_chart else None,
+            }
+            if standing
+            else None
+        ),
     }
     if as_json:
         click.echo(redact.mask(json.dumps(summary, indent=2)))
@@ -269,9 +444,17 @@ def bench(
             con.print(comparison_table(changes, tolerance))
         elif not compare_to:
             con.print("no earlier run of this profile to compare with")
+        if standing is not None:
+            _print_standing(con, standing, target_kind, found)
         con.print(f"\nresults: {run_dir / 'results.csv'}")
         if chart:
             con.print(f"chart:   {chart}")
+        if record_file:
+            con.print(f"record:  {record_file}")
+        if against_chart:
+            con.print(f"against: {against_chart}")
+        if kept:
+            con.print(f"kept as this cluster's baseline for '{prof.name}': {kept}")
     if chart_note:
         err.print(chart_note)
     if error is not None:
@@ -281,3 +464,27 @@ def bench(
             f"interrupted: stopped the benchmark in the head container; kept {len(sweep.rows)} level(s) in {run_dir}"
         )
         raise click.exceptions.Exit(130)
+
+
+def _print_standing(con: Console, st, kind: str | None, found: list) -> None:
+    what = {"baseline": "this cluster's baseline", "published": "the published record"}.get(kind or "", "the record")
+    con.print(f"\nagainst {what} ({escape(st.source)}):")
+    if st.ratios:
+        con.print(against_table(st))
+    for f in st.flags:
+        con.print(f"[yellow]flagged[/] {escape(f)}")
+    for r in st.refused:
+        con.print(f"[yellow]not compared[/] {escape(r)}")
+    if st.verdict == "short":
+        w = st.worst
+        con.print(
+            f"[bold red]SHORT[/]: {w.figure} {w.ours:.4g} against {w.theirs:.4g} ({w.ratio:.2f}) at {w.conditions}"
+        )
+        if found:
+            con.print("likely causes, most likely first (sparkcluster/bench/causes.py states the rule):")
+            for i, c in enumerate(found, 1):
+                con.print(f"  {i}. {escape(c.line())}")
+        else:
+            con.print("no cause found in the cluster's facts (fabric, MTU, twins, image, vLLM, driver, weights)")
+    elif st.verdict == "ok":
+        con.print("[green]holds[/]: every compared figure within the tolerance")

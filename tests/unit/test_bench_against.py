@@ -1,0 +1,140 @@
+"""Issue 38 through the command: `bench` writes its record, `--compare` takes a published record, the
+cluster's baseline or a record file (the levels default to the record's conditions), refuses or flags
+what it cannot compare, and names the likely causes when the run falls short. Against the fake head
+of test_bench (its levels answer the captured vLLM 0.32 result, 100 output tok/s per concurrency)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sparkcluster import bench as B
+from sparkcluster.bench import record as R
+from sparkcluster.cli.bench_cmd import _record_for, deployment_nodes
+from sparkcluster.config.profile import load_profile
+from sparkcluster.errors import InputError
+from tests.unit.test_bench import cli_env, run  # noqa: F401 (the fixture and its runner)
+
+
+def record_file(
+    tmp_path, output_tok_s: float, c: int = 1, n_in: int = 512, n_out: int = 128, harness="vllm-bench-serve"
+):
+    text = f"""
+kind = "measured"
+[source]
+url = "elsewhere"
+measured_at = 2026-11-20
+[hardware]
+nodes = 2
+gpus = 2
+accelerator = "CPU (no NVIDIA GPU seen)"
+[harness]
+name = "{harness}"
+version = "0.32.0"
+[software]
+model = "sparkcluster/testbed-tiny"
+[[runs]]
+id = "c{c}"
+[runs.conditions]
+input_tokens = {n_in}
+output_tokens = {n_out}
+concurrency = {c}
+dataset = "random"
+requests = 8
+[runs.figures]
+output_tok_s = {output_tok_s}
+"""
+    p = tmp_path / "theirs.perf.toml"
+    p.write_text(text)
+    return p
+
+
+def test_every_run_leaves_its_record_with_the_levels_it_measured(cli_env, capsys):
+    rc, out, err = run(capsys, cli_env, "bench", "-c", "1,4", "--num-prompts", "8", "--repeat", "2", "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    rec = R.load(__import__("pathlib").Path(summary["record"]))
+    assert rec.kind == "measured" and rec.software.profile == "testbed" and rec.hardware.nodes == 2
+    assert [(r.conditions.concurrency, r.repetitions) for r in rec.runs] == [(1, 2), (4, 2)]
+    assert rec.run_at((512, 128, 4)).figures.output_tok_s == pytest.approx(400.0)
+    assert rec.harness.argv[:3] == ["vllm", "bench", "serve"]
+
+
+def test_compare_published_runs_the_records_conditions_and_holds(cli_env, capsys):
+    """The testbed profile's shipped record is 512 in / 128 out at c1 and c4 (README's run)."""
+    rc, out, err = run(capsys, cli_env, "bench", "--compare", "published", "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert [r["concurrency"] for r in summary["rows"]] == [1, 4]
+    against = summary["against"]
+    assert against["kind"] == "published" and against["verdict"] == "ok" and not against["refused"]
+    assert {r["figure"] for r in against["ratios"]} == {"output_tok_s", "ttft_ms_p99"}
+    assert against["chart"].endswith("against.png")
+
+
+def test_a_run_short_of_a_record_names_the_fabric_first(cli_env, capsys, tmp_path, monkeypatch):
+    theirs = record_file(tmp_path, output_tok_s=1000.0)
+    facts = B.ClusterFacts(
+        nodes={"spark-head": {"kernel": "6.1"}, "spark-worker": {"kernel": "6.1"}},
+        rtts={"spark-worker": (40.3, "")},
+    )
+    monkeypatch.setattr(B, "cluster_facts", lambda *a: facts)
+    rc, out, err = run(capsys, cli_env, "bench", "--compare", str(theirs), "--out", str(tmp_path / "run"))
+    assert rc == 0, err
+    assert "SHORT" in out and "output_tok_s 100 against 1000 (0.10)" in out
+    assert "1. [fabric] spark-worker: the round trip between the ranks" in out and "40.30 ms" in out
+    assert (tmp_path / "run" / "against.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_other_conditions_are_not_compared_and_say_how_to_measure_them(cli_env, capsys, tmp_path):
+    theirs = record_file(tmp_path, output_tok_s=10.0, n_in=8192, n_out=256)
+    rc, out, _ = run(capsys, cli_env, "bench", "-c", "1", "--compare", str(theirs), "--json")
+    against = json.loads(out)["against"]
+    assert rc == 0 and against["verdict"] == "refused" and not against["ratios"]
+    assert "--input-len 8192 --output-len 256 --concurrency 1" in against["refused"][0]
+
+
+def test_another_harness_is_compared_only_with_a_flag(cli_env, capsys, tmp_path):
+    theirs = record_file(tmp_path, output_tok_s=90.0, harness="llama-benchy")
+    rc, out, _ = run(capsys, cli_env, "bench", "--compare", str(theirs))
+    assert rc == 0 and "flagged harness: the record used llama-benchy 0.32.0" in out and "holds" in out
+
+
+def test_a_kept_baseline_is_compared_by_default_and_on_request(cli_env, capsys):
+    rc, out, _ = run(capsys, cli_env, "bench", "-c", "1", "--num-prompts", "8", "--keep-baseline")
+    assert rc == 0 and "kept as this cluster's baseline for 'testbed'" in out
+    assert (cli_env["root"] / "baselines" / "testbed.perf.toml").is_file()
+    rc, out, _ = run(capsys, cli_env, "bench", "-c", "1", "--num-prompts", "8", "--json")
+    assert json.loads(out)["against"]["kind"] == "baseline" and json.loads(out)["against"]["verdict"] == "ok"
+    rc, out, _ = run(capsys, cli_env, "bench", "--compare", "baseline", "--json")
+    assert [r["concurrency"] for r in json.loads(out)["rows"]] == [1]  # the baseline's own conditions
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--compare", "nowhere.perf.toml"], "no such performance record"),
+        (["--compare", "baseline"], "keeps no baseline for profile 'testbed'"),
+        (["--repeat", "0"], "--repeat 0"),
+    ],
+)
+def test_bad_compare_targets_are_one_line_and_exit_2(cli_env, capsys, args, words):
+    code, _, err = run(capsys, cli_env, "bench", *args)
+    assert code == 2 and words in err and "fix:" in err
+
+
+def test_a_profile_without_a_record_says_how_to_get_one(tmp_path):
+    with pytest.raises(InputError) as e:
+        _record_for("published", None, load_profile("nemotron"), tmp_path)
+    assert "ships no performance record" in e.value.message and "--keep-baseline" in e.value.fix
+
+
+def test_the_deployment_spans_the_nodes_its_gpus_need():
+    from tests.unit.test_cli_errors import inventory_toml
+
+    from sparkcluster.config.inventory import parse as parse_inventory
+
+    inv = parse_inventory(inventory_toml())
+    assert deployment_nodes(inv, load_profile("testbed")) == ["spark-head", "spark-worker"]
+    assert deployment_nodes(inv, load_profile("testbed-single")) == ["spark-head"]
