@@ -43,6 +43,7 @@ from sparkcluster.bench.runner import (
     Head,
     Interrupted,
     LevelResult,
+    LoadedRtt,
     Sweep,
     ClusterFacts,
     check_endpoint,
@@ -146,6 +147,7 @@ __all__ = [
     # runner
     "Interrupted",
     "LevelResult",
+    "LoadedRtt",
     "Sweep",
     "run_sweep",
     "NODE_FACTS",

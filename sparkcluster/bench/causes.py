@@ -8,7 +8,8 @@ by class, most likely first, because of how much speed each has been seen to cos
 1. fabric (multi-node only): the engine's NCCL on TCP sockets while the nodes have RoCE links (seed 002:
    silent, and every decode step pays for it); the round trip between the ranks above
    `RTT_SLOW_MS` (a direct QSFP link answers in tens of microseconds; tensor parallelism crosses it
-   twice per layer per decode step, so a millisecond more is most of a step); the fabric test's bus
+   twice per layer per decode step, so a millisecond more is most of a step), or above
+   `RTT_LOADED_SLOW_MS` while the benchmark runs (the link queues the ranks' traffic); the fabric test's bus
    bandwidth below its floor (fabric/judge.py's figures).
 2. mtu: a data-plane netdev below the inventory's MTU (field notes: 1500 on the QSFP links halves NCCL's
    throughput).
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 from sparkcluster.bench.record import PerfRecord
 
 RTT_SLOW_MS = 1.0
+# under the benchmark's own load: a few ms of scheduling on a busy host is noise, more is a queueing link
+RTT_LOADED_SLOW_MS = 5.0
 CLASSES = ("fabric", "mtu", "twins", "image", "vllm", "driver", "model", "kernel")
 
 
@@ -45,6 +48,7 @@ class NodeView:
     nccl_transport: str = ""  # what the engine's NCCL chose here (day2/engine_nccl's summary), "" unknown
     rtt_ms: float | None = None  # from the head to this node's control IP (the ranks' path); None: the head
     rtt_error: str = ""  # why no round trip was measured (no answer at all is the worst case)
+    rtt_loaded_ms: float | None = None  # the same, measured while the benchmark ran
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,18 @@ def _fabric(view: ClusterView) -> list[Cause]:
                     f"{RTT_SLOW_MS:g} ms: every decode step waits on it",
                     "check the link between the nodes (a queueing discipline, a switch in between, a busy link); "
                     "sparkcluster doctor --fabric measures it",
+                )
+            )
+        elif n.rtt_loaded_ms is not None and n.rtt_loaded_ms > RTT_LOADED_SLOW_MS:
+            idle = f", {n.rtt_ms:.2f} ms idle" if n.rtt_ms is not None else ""
+            out.append(
+                Cause(
+                    "fabric",
+                    n.name,
+                    f"under the benchmark's load the round trip between the ranks (head to {n.name}) rose to "
+                    f"{n.rtt_loaded_ms:.2f} ms{idle}: the link queues the ranks' traffic (a slow or shaped link)",
+                    "check the link's speed and any queueing discipline on it; sparkcluster doctor --fabric "
+                    "measures its bandwidth",
                 )
             )
         elif n.rtt_error:
@@ -244,6 +260,7 @@ def view_from(
     rtts: dict[str, tuple[float | None, str]],
     transports: dict[str, str],
     *,
+    loaded_rtts: dict[str, tuple[float | None, str]] | None = None,
     image: str = "",
     image_digests: tuple[str, ...] = (),
     vllm_version: str = "",
@@ -271,6 +288,7 @@ def view_from(
                 nccl_transport=transports.get(name, ""),
                 rtt_ms=rtt,
                 rtt_error=why,
+                rtt_loaded_ms=(loaded_rtts or {}).get(name, (None, ""))[0],
             )
         )
     return ClusterView(

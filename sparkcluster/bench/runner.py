@@ -321,23 +321,52 @@ def parse_rtt(ping_output: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def rank_rtts(cluster, inv) -> dict[str, tuple[float | None, str]]:
-    """From the head to every other node's control address (where the ranks talk): (ms, why none)."""
+def rank_rtts(cluster, inv, count: int = 5, deadline_s: int | None = None) -> dict[str, tuple[float | None, str]]:
+    """From the head to every other node's control address (where the ranks talk): (ms, why none).
+    `count` pings 0.2 s apart, or as many as fit in `deadline_s`."""
     head = cluster.head
     out: dict[str, tuple[float | None, str]] = {}
     for n in inv.nodes:
         if n.name == inv.head.name:
             continue
-        cmd = ["ping", "-n", "-q", "-c", "5", "-i", "0.2", "-W", "1", str(n.control_ip)]
+        cmd = ["ping", "-n", "-q", "-i", "0.2", "-W", "1", "-c", str(count)]
+        if deadline_s:
+            cmd += ["-w", str(deadline_s)]
+        cmd.append(str(n.control_ip))
         try:
-            res = head.run(cmd, timeout=15, warn=True)
+            res = head.run(cmd, timeout=(deadline_s or count) + 15, warn=True)
         except SparkError as e:
             out[n.name] = (None, e.message)
             continue
         rtt = parse_rtt(res.stdout)
-        why = "" if rtt is not None else (res.stdout + res.stderr).strip().splitlines()[-1:] or ["no answer"]
-        out[n.name] = (rtt, "" if rtt is not None else str(why[0]))
+        lines = (res.stdout + res.stderr).strip().splitlines()
+        out[n.name] = (rtt, "" if rtt is not None else (lines[-1] if lines else "no answer"))
     return out
+
+
+class LoadedRtt:
+    """The same round trips measured while the benchmark runs (in a thread, over the head's SSH
+    connection): a link that only queues under the ranks' traffic (a shaped or slow link) shows here."""
+
+    def __init__(self, cluster, inv, seconds: int = 8):
+        import threading
+
+        self.result: dict[str, tuple[float | None, str]] = {}
+        self._thread = threading.Thread(target=self._run, args=(cluster, inv, seconds), daemon=True)
+
+    def _run(self, cluster, inv, seconds: int) -> None:
+        try:
+            self.result = rank_rtts(cluster, inv, count=seconds * 5, deadline_s=seconds)
+        except Exception as e:  # noqa: BLE001 -- a fact not learnt, never a failed benchmark
+            _log.info("no round trip under load", error=str(e))
+
+    def start(self) -> LoadedRtt:
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float = 30.0) -> dict[str, tuple[float | None, str]]:
+        self._thread.join(timeout)
+        return self.result
 
 
 def engine_nccl_texts(cluster, inv) -> dict[str, str]:
@@ -431,6 +460,7 @@ class ClusterFacts:
     nodes: dict[str, dict] = field(default_factory=dict)
     rtts: dict[str, tuple[float | None, str]] = field(default_factory=dict)
     nccl_texts: dict[str, str] = field(default_factory=dict)
+    loaded_rtts: dict[str, tuple[float | None, str]] = field(default_factory=dict)  # set while measuring
     model_revision: str = ""
     image_digests: list[str] = field(default_factory=list)
 

@@ -311,6 +311,7 @@ def bench(
 
         sweep = bench_pkg.Sweep(run_dir)
         error = None
+        loaded = B.LoadedRtt(cluster, inv).start() if len(deployment_nodes(inv, prof)) > 1 else None
         with bars:
             try:
                 sweep = bench_pkg.run_sweep(head, levels, target, secrets, run_dir, on_progress)
@@ -322,6 +323,8 @@ def bench(
                     if (run_dir / f"{lv.name}.json").is_file()
                 ]
                 sweep.failed = e.message
+        if loaded is not None:
+            facts.loaded_rtts = loaded.join()
 
     finished = datetime.now(timezone.utc)
     bench_pkg.write_csv(run_dir / "results.csv", sweep.rows)
@@ -398,6 +401,7 @@ def bench(
                 nodes,
                 facts.rtts,
                 transports,
+                loaded_rtts=facts.loaded_rtts,
                 image=prof.image.ref,
                 image_digests=tuple(facts.image_digests),
                 vllm_version=vllm_version,

@@ -315,6 +315,7 @@ def test_a_healthy_cluster_at_the_records_stack_has_no_cause():
         (dict(node="spark-b", node_nccl_transport="NET/Socket enp1s0f1np1"), "fabric", "spark-b"),
         (dict(node="spark-b", node_rtt_ms=40.2), "fabric", "spark-b"),
         (dict(node="spark-b", node_rtt_error="100% packet loss"), "fabric", "spark-b"),
+        (dict(node="spark-b", node_rtt_loaded_ms=80.0), "fabric", "spark-b"),
         (dict(fabric_busbw_gbps=4.1, fabric_floor_gbps=11.85), "fabric", None),
         (dict(node="spark-a", node_mtus={"enp1s0f1np1": 1500, "enP2p1s0f1np1": 9000}), "mtu", "spark-a"),
         (dict(node="spark-b", node_hcas=("rocep1s0f1",)), "twins", "spark-b"),
@@ -349,3 +350,50 @@ def test_without_a_registry_digest_the_image_is_judged_by_its_name():
     view = healthy(image_digests=(), image="vllm/vllm-openai:v0.24.0")
     (cause,) = C.rank(view, QWEN)
     assert cause.area == "image" and "v0.24.0" in cause.says
+
+
+def test_the_facts_bench_reads_parse_from_captured_output():
+    from sparkcluster.bench.runner import parse_mtus, parse_rtt
+
+    # iputils ping -q's summary (Debian 12), and one that got no answer
+    assert (
+        parse_rtt(
+            "5 packets transmitted, 5 received, 0% packet loss, time 812ms\n"
+            "rtt min/avg/max/mdev = 0.041/0.050/0.061/0.007 ms\n"
+        )
+        == 0.05
+    )
+    assert parse_rtt("5 packets transmitted, 0 received, 100% packet loss, time 4090ms\n") is None
+    assert parse_mtus("lo:65536,enp1s0f1np1:9000,enP2p1s0f1np1:1500,") == {
+        "lo": 65536,
+        "enp1s0f1np1": 9000,
+        "enP2p1s0f1np1": 1500,
+    }
+
+
+def test_the_view_takes_only_the_deployments_data_plane_from_the_facts():
+    from tests.unit.test_cli_errors import inventory_toml
+
+    from sparkcluster.config.inventory import parse as parse_inventory
+
+    inv = parse_inventory(inventory_toml())
+    facts = {
+        "spark-head": {"kernel": "6.17", "gpu": "NVIDIA GB10, 580.159.03", "mtus": "lo:65536,enp1s0f1np1:1500,"},
+        "spark-worker": {"kernel": "6.17", "gpu": "NVIDIA GB10, 580.159.03", "mtus": "enp1s0f1np1:9000,"},
+    }
+    view = C.view_from(
+        inv,
+        ["spark-head", "spark-worker"],
+        facts,
+        {"spark-worker": (0.05, "")},
+        {},
+        loaded_rtts={"spark-worker": (0.09, "")},
+    )
+    head, worker = view.nodes
+    assert head.mtus == {"enp1s0f1np1": 1500} and head.driver == "580.159.03" and head.mtu_expected == 9000
+    assert worker.rtt_ms == 0.05 and worker.rtt_loaded_ms == 0.09 and view.roce
+    assert [(c.area, c.node) for c in C.rank(view, QWEN)] == [
+        ("mtu", "spark-head"),
+        ("twins", "spark-head"),
+        ("twins", "spark-worker"),
+    ]
