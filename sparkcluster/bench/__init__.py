@@ -46,6 +46,7 @@ from sparkcluster.bench.runner import (
     LoadedRtt,
     Sweep,
     ClusterFacts,
+    ask_canary,
     check_endpoint,
     cluster_facts,
     connect,
@@ -59,7 +60,7 @@ from sparkcluster.bench.runner import (
     parse_facts,
     run_sweep,
 )
-from sparkcluster.bench import against, causes, measured, record
+from sparkcluster.bench import against, canary, causes, measured, record
 from sparkcluster.bench.smoke import SMOKE_FLOOR, judge_smoke, smoke, smoke_after_up, smoke_message
 from sparkcluster.bench.sweep import (
     CONTAINER_ROOT,
@@ -159,6 +160,7 @@ __all__ = [
     "head_for",
     "check_endpoint",
     "ClusterFacts",
+    "ask_canary",
     "cluster_facts",
     "engine_nccl_texts",
     "model_revision",
@@ -171,4 +173,5 @@ __all__ = [
     "measured",
     "against",
     "causes",
+    "canary",
 ]

@@ -474,3 +474,33 @@ def cluster_facts(cluster, inv, prof, head: Head, image_id: str) -> ClusterFacts
         model_revision=model_revision(cluster, inv, prof),
         image_digests=head.repo_digests(image_id) if image_id else [],
     )
+
+
+def ask_canary(address: str, port: int, model: str, secrets: dict[str, str]) -> list:
+    """The canary's prompts, one request at a time from the controller, greedily (bench/canary)."""
+    import httpx
+
+    from sparkcluster.bench import canary
+
+    base = f"http://{address}:{port}"
+    out = []
+    with httpx.Client() as client:
+        for prompt in canary.PROMPTS:
+            try:
+                r = client.post(
+                    f"{base}/v1/completions",
+                    json=canary.request_body(model, prompt),
+                    headers=endpoint.headers(secrets),
+                    timeout=120,
+                )
+            except httpx.HTTPError as e:
+                raise SparkError(
+                    f"the canary's completion failed: {e}", "sparkcluster status; sparkcluster logs"
+                ) from None
+            if r.status_code != 200:
+                raise SparkError(
+                    f"the canary's completion answered HTTP {r.status_code}: {redact.mask(r.text[:200])}",
+                    "sparkcluster status; sparkcluster logs",
+                )
+            out.append(canary.answer_from(prompt, r.json()))
+    return out

@@ -219,6 +219,15 @@ def deployment_nodes(inv, prof) -> list[str]:
     type=float,
     help="Percent a figure may worsen before it is marked a regression.",
 )
+@click.option(
+    "--canary",
+    "canary",
+    is_flag=True,
+    help="Instead of measuring speed: ask the correctness canary's fixed prompts greedily and compare the "
+    "answers with the deployment's last good serve (taken the first time; exit 1 when a deterministic "
+    "model's answers changed).",
+)
+@click.option("--canary-retake", is_flag=True, help="With --canary: take the canary anew (after a change you meant).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where VLLM_API_KEY lives.")
 @click.pass_obj
@@ -235,6 +244,8 @@ def bench(
     repeat: int,
     keep_baseline: bool,
     tolerance: float,
+    canary: bool,
+    canary_retake: bool,
     as_json: bool,
     env_file: Path | None,
 ) -> None:
@@ -283,6 +294,15 @@ def bench(
         bench_pkg.check_endpoint(cluster.head.address, target, port, secrets)
         image, image_id = head.image(info)
         vllm_version = head.vllm_version()
+        if canary or canary_retake:
+            meta = {
+                "profile_hash": B.profile_hash(prof),
+                "image_id": image_id,
+                "model_revision": B.model_revision(cluster, inv, prof),
+                "vllm_version": vllm_version,
+            }
+            _canary(inv, prof, cluster.head.address, port, target.model, secrets, meta, canary_retake, as_json)
+            return
         facts = B.cluster_facts(cluster, inv, prof, head, image_id)
         nodes = facts.nodes
         run_dir = B.new_run_dir(inv.cluster.name, out, started)
@@ -492,3 +512,42 @@ def _print_standing(con: Console, st, kind: str | None, found: list) -> None:
             con.print("no cause found in the cluster's facts (fabric, MTU, twins, image, vLLM, driver, weights)")
     elif st.verdict == "ok":
         con.print("[green]holds[/]: every compared figure within the tolerance")
+
+
+def _canary(inv, prof, address: str, port: int, model: str, secrets, meta: dict, retake: bool, as_json: bool) -> None:
+    """`bench --canary`: take the deployment's canary, or compare with the one kept (bench/canary)."""
+    K = B.canary
+    deployment = f"{prof.name}@{'+'.join(deployment_nodes(inv, prof))}"
+    path = K.path_for(inv.cluster.name, deployment)
+    stored = None if retake else K.load(path)
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if stored is None or stored.profile != prof.name:
+        first = B.ask_canary(address, port, model, secrets)
+        second = B.ask_canary(address, port, model, secrets)
+        rec = K.take(first, second, deployment=deployment, profile=prof.name, taken_at=now, **meta)
+        K.save(path, rec)
+        det = "deterministic" if rec.deterministic else "NOT deterministic (later differences are told, not problems)"
+        doc = {"canary": "taken", "deployment": deployment, "deterministic": rec.deterministic, "file": str(path)}
+        click.echo(json.dumps(doc, indent=2) if as_json else f"canary taken for {deployment}: {det}; kept in {path}")
+        return
+    verdict = K.compare(stored, B.ask_canary(address, port, model, secrets), **meta)
+    if verdict.state == "same":  # the record is of the last good serve: what served it now
+        stored.taken_at, stored.profile_hash = now, meta["profile_hash"]
+        stored.image_id, stored.model_revision, stored.vllm_version = (
+            meta["image_id"],
+            meta["model_revision"],
+            meta["vllm_version"],
+        )
+        K.save(path, stored)
+    doc = {
+        "canary": verdict.state,
+        "deployment": deployment,
+        "problem": verdict.problem,
+        "changed": list(verdict.changed),
+        "since": list(verdict.since),
+        "says": verdict.says,
+        "file": str(path),
+    }
+    click.echo(json.dumps(doc, indent=2) if as_json else f"canary of {deployment}: {verdict.says}")
+    if verdict.problem:
+        raise click.exceptions.Exit(1)

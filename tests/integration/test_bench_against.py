@@ -68,3 +68,16 @@ def test_with_the_ranks_link_delayed_the_run_falls_short_and_names_the_fabric(te
     first = got["causes"][0]
     assert first["area"] == "fabric" and first["node"] == "spark-worker", (how, got["causes"])
     assert "round trip between the ranks" in first["says"]
+
+
+def test_the_canary_is_taken_and_a_rerun_of_the_same_model_is_unchanged(sc, serving):
+    """The real engine's greedy answers with their token ids: taken (two passes, deterministic on the
+    CPU build), then asked again: the same. (A changed answer is the unit tests' subject: the testbed's
+    hub holds one revision of the tiny model.)"""
+    res = sc("bench", "--canary-retake", "--json", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    taken = json.loads(res.stdout)
+    assert taken["canary"] == "taken" and taken["deterministic"] is True, taken
+    res = sc("bench", "--canary", "--json", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert json.loads(res.stdout)["canary"] == "same"

@@ -138,3 +138,29 @@ def test_the_deployment_spans_the_nodes_its_gpus_need():
     inv = parse_inventory(inventory_toml())
     assert deployment_nodes(inv, load_profile("testbed")) == ["spark-head", "spark-worker"]
     assert deployment_nodes(inv, load_profile("testbed-single")) == ["spark-head"]
+
+
+def test_canary_is_taken_then_compared_and_a_changed_answer_exits_1(cli_env, capsys, monkeypatch):
+    from sparkcluster.bench import canary as K
+
+    asked = []
+    answers = [[K.Answer(p, "ok", (1, 2)) for p in K.PROMPTS]]
+
+    def ask(address, port, model, secrets):
+        asked.append(model)
+        return answers[0]
+
+    monkeypatch.setattr(B, "ask_canary", ask)
+    monkeypatch.setattr(B, "model_revision", lambda *a: "r1")
+    rc, out, err = run(capsys, cli_env, "bench", "--canary", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["canary"] == "taken" and doc["deterministic"] and len(asked) == 2  # two passes when taken
+    assert asked == ["testbed-tiny", "testbed-tiny"] and not list(cli_env["root"].glob("*/results.csv"))
+    rc, out, _ = run(capsys, cli_env, "bench", "--canary")
+    assert rc == 0 and "unchanged" in out
+    answers[0] = [K.Answer(p, "loop", (9, 9)) for p in K.PROMPTS]
+    monkeypatch.setattr(B, "model_revision", lambda *a: "r2")
+    rc, out, _ = run(capsys, cli_env, "bench", "--canary", "--json")
+    doc = json.loads(out)
+    assert rc == 1 and doc["canary"] == "changed" and doc["problem"] and doc["since"] == ["model revision r1 -> r2"]
