@@ -428,6 +428,10 @@ def bench(
                 model_revision=facts.model_revision,
             )
             found = B.causes.rank(view, reference)
+        B.write_json(
+            run_dir / "against.json",
+            {**standing.to_json(), "profile": prof.name, "kind": target_kind, "causes": [vars(c) for c in found]},
+        )
         note = B.against.write_chart(run_dir / "against.png", standing, f"{prof.name}: yours against {target_kind}")
         against_chart = None if note else run_dir / "against.png"
 

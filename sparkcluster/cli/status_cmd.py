@@ -95,9 +95,40 @@ def render(st: status_mod.ClusterStatus) -> Group:
             lines.append(f"  {redact.mask(sup['activity'])}")
         for e in st.journal[-3:]:
             lines.append("  " + redact.mask(supervision.format_entry(e)))
+    speed = speed_line(st.cluster, st.profile) if st.profile and st.state != "down" else None
+    if speed:
+        lines.append(speed)
     for p in st.problems:
         lines.append(f"[red]problem:[/] {redact.mask(p)}")
     return Group(*lines)
+
+
+def speed_line(cluster: str, profile: str) -> str | None:
+    """The newest `bench` of this profile against a record (issue 38), from this machine's run folders
+    (bench writes against.json beside its results): the worst figure's ratio and the verdict."""
+    import json
+
+    from sparkcluster import log
+
+    root = log.state_dir() / "bench" / cluster
+    if not root.is_dir():
+        return None
+    for f in sorted(root.glob("*/against.json"), key=lambda p: p.parent.name, reverse=True):
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if doc.get("profile") != profile or not doc.get("ratios"):
+            continue
+        worst = min(doc["ratios"], key=lambda r: r["ratio"])
+        verdict = "[bold red]short[/]" if doc.get("verdict") == "short" else "holds"
+        cause = (doc.get("causes") or [{}])[0].get("area")
+        return (
+            f"speed: {verdict} against the {doc.get('kind') or 'record'} (bench {f.parent.name}): "
+            f"{worst['figure']} {worst['ratio']:.2f} of it at {worst['conditions']}"
+            + (f"; likely cause: {cause}" if cause else "")
+        )
+    return None
 
 
 def render_all(sts: list[status_mod.ClusterStatus]) -> Group:

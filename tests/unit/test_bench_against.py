@@ -164,3 +164,17 @@ def test_canary_is_taken_then_compared_and_a_changed_answer_exits_1(cli_env, cap
     rc, out, _ = run(capsys, cli_env, "bench", "--canary", "--json")
     doc = json.loads(out)
     assert rc == 1 and doc["canary"] == "changed" and doc["problem"] and doc["since"] == ["model revision r1 -> r2"]
+
+
+def test_status_shows_the_newest_comparison_of_the_serving_profile(cli_env, capsys, tmp_path, monkeypatch):
+    from sparkcluster.cli.status_cmd import speed_line
+
+    assert speed_line("pair", "testbed") is None
+    theirs = record_file(tmp_path, output_tok_s=1000.0)
+    facts = B.ClusterFacts(nodes={"spark-head": {}, "spark-worker": {}}, rtts={"spark-worker": (40.3, "")})
+    monkeypatch.setattr(B, "cluster_facts", lambda *a: facts)
+    rc, _, err = run(capsys, cli_env, "bench", "--compare", str(theirs))
+    assert rc == 0, err
+    line = speed_line("pair", "testbed")
+    assert "short" in line and "output_tok_s 0.10 of it at 512 in / 128 out at concurrency 1" in line
+    assert line.endswith("likely cause: fabric") and speed_line("pair", "nemotron") is None
