@@ -85,7 +85,9 @@ def against_table(st: B.against.Standing) -> Table:
     for col in ("conditions", "figure", "yours", "record", "ratio", ""):
         t.add_column(col, justify="left" if col in ("conditions", "figure", "") else "right")
     for r in st.ratios:
-        mark = "[bold red]SHORT[/]" if r.short else ""
+        mark = "" if not r.short else "[bold red]SHORT[/]"
+        if r.short and r.figure in B.against.TAIL_FIGURES:
+            mark = "[yellow]short (a p99: not judged)[/]"
         t.add_row(r.conditions, r.figure, f"{r.ours:.4g}", f"{r.theirs:.4g}", f"{r.ratio:.2f}", mark)
     return t
 

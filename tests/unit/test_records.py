@@ -391,3 +391,11 @@ def test_the_view_takes_only_the_deployments_data_plane_from_the_facts():
         ("twins", "spark-head"),
         ("twins", "spark-worker"),
     ]
+
+
+def test_a_p99_alone_falling_short_is_shown_but_does_not_decide():
+    base = build([row(1, 20.0, 100.0, 48.0)])
+    tail = build([dict(row(1, 20.0, 100.0, 48.0), ttft_p99_ms=600.0)])
+    st = A.against(tail, base)
+    p99 = next(r for r in st.ratios if r.figure == "ttft_ms_p99")
+    assert p99.short and st.verdict == "ok" and st.worst.figure != "ttft_ms_p99"
