@@ -14,6 +14,7 @@ HF cache, and the requests do not cross the controller's network, which is not w
 
 import time  # re-exported: tests patch `bench.time.sleep` (the module runner.Head polls with)
 
+from sparkcluster.bench import against, canary, causes, measured, record
 from sparkcluster.bench.results import (
     COLUMNS,
     HIGHER_IS_BETTER,
@@ -40,27 +41,26 @@ from sparkcluster.bench.results import (
 from sparkcluster.bench.runner import (
     NODE_FACTS,
     VLLM_VERSION,
+    ClusterFacts,
     Head,
     Interrupted,
     LevelResult,
     LoadedRtt,
     Sweep,
-    ClusterFacts,
     ask_canary,
     check_endpoint,
     cluster_facts,
     connect,
     engine_nccl_texts,
+    head_for,
     model_revision,
+    node_facts,
+    parse_facts,
     parse_mtus,
     parse_rtt,
     rank_rtts,
-    head_for,
-    node_facts,
-    parse_facts,
     run_sweep,
 )
-from sparkcluster.bench import against, canary, causes, measured, record
 from sparkcluster.bench.smoke import SMOKE_FLOOR, judge_smoke, smoke, smoke_after_up, smoke_message
 from sparkcluster.bench.sweep import (
     CONTAINER_ROOT,

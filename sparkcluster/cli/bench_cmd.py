@@ -5,7 +5,7 @@ with an earlier run, a published record or the cluster's own baseline (issue 38)
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from pathlib import Path
 
 import click
@@ -526,7 +526,7 @@ def _canary(inv, prof, address: str, port: int, model: str, secrets, meta: dict,
     deployment = f"{prof.name}@{'+'.join(deployment_nodes(inv, prof))}"
     path = K.path_for(inv.cluster.name, deployment)
     stored = None if retake else K.load(path)
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    now = datetime.now(UTC).isoformat(timespec="seconds")
     if stored is None or stored.profile != prof.name:
         first = B.ask_canary(address, port, model, secrets)
         second = B.ask_canary(address, port, model, secrets)

@@ -14,7 +14,14 @@ from sparkcluster.bench import record as R
 from sparkcluster.cli.bench_cmd import _record_for, deployment_nodes
 from sparkcluster.config.profile import load_profile
 from sparkcluster.errors import InputError
-from tests.unit.test_bench import cli_env, run  # noqa: F401 (the fixture and its runner)
+from tests.unit import test_bench
+from tests.unit.test_bench import run
+
+
+@pytest.fixture
+def cli_env(tmp_path, monkeypatch):
+    """test_bench's fake head and inventory (its fixture, reused)."""
+    yield from test_bench.cli_env.__wrapped__(tmp_path, monkeypatch)
 
 
 def record_file(
@@ -131,9 +138,8 @@ def test_a_profile_without_a_record_says_how_to_get_one(tmp_path):
 
 
 def test_the_deployment_spans_the_nodes_its_gpus_need():
-    from tests.unit.test_cli_errors import inventory_toml
-
     from sparkcluster.config.inventory import parse as parse_inventory
+    from tests.unit.test_cli_errors import inventory_toml
 
     inv = parse_inventory(inventory_toml())
     assert deployment_nodes(inv, load_profile("testbed")) == ["spark-head", "spark-worker"]

@@ -366,9 +366,8 @@ def test_the_facts_bench_reads_parse_from_captured_output():
 
 
 def test_the_view_takes_only_the_deployments_data_plane_from_the_facts():
-    from tests.unit.test_cli_errors import inventory_toml
-
     from sparkcluster.config.inventory import parse as parse_inventory
+    from tests.unit.test_cli_errors import inventory_toml
 
     inv = parse_inventory(inventory_toml())
     facts = {
