@@ -398,3 +398,21 @@ def test_a_p99_alone_falling_short_is_shown_but_does_not_decide():
     st = A.against(tail, base)
     p99 = next(r for r in st.ratios if r.figure == "ttft_ms_p99")
     assert p99.short and st.verdict == "ok" and st.worst.figure != "ttft_ms_p99"
+
+
+def test_the_readme_catalogue_shows_each_records_figures_exactly():
+    import re
+
+    rows = {}
+    for line in (REPO / "README.md").read_text().splitlines():
+        m = re.match(r"\| `([a-z0-9.-]+)` \| [^|]+ \| (\d) \| ([\d.,]+) / ([\d.,]+) \| ([\d-]+) \|", line)
+        if m:
+            rows[m.group(1)] = m.groups()[1:]
+    published = {p.name[: -len(R.SUFFIX)]: R.load(p) for p in shipped_records() if R.load(p).kind == "published"}
+    assert set(rows) == set(published)
+    for name, (nodes, decode, prefill, date) in rows.items():
+        rec = published[name]
+        (run,) = rec.runs
+        assert (int(nodes), date) == (rec.hardware.nodes, rec.source.measured_at.isoformat()), name
+        assert float(decode.replace(",", "")) == run.figures.decode_tok_s, name
+        assert float(prefill.replace(",", "")) == run.figures.prefill_tok_s, name
