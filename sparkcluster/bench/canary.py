@@ -176,6 +176,17 @@ def save(path: Path, rec: CanaryRecord) -> None:
     tmp.replace(path)  # one record of the last good serve, never half written
 
 
+def check_path(record_path: Path) -> Path:
+    """Where the latest comparison's verdict is kept, beside the record (what `status` shows)."""
+    return record_path.with_name(record_path.stem + ".last.json")
+
+
+def save_check(record_path: Path, verdict: Verdict, at: str) -> None:
+    doc = {"at": at, "state": verdict.state, "changed": list(verdict.changed), "since": list(verdict.since)}
+    doc["says"] = verdict.says
+    check_path(record_path).write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def load(path: Path) -> CanaryRecord | None:
     try:
         return CanaryRecord.from_json(json.loads(path.read_text()))

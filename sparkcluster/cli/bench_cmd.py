@@ -537,6 +537,7 @@ def _canary(inv, prof, address: str, port: int, model: str, secrets, meta: dict,
         click.echo(json.dumps(doc, indent=2) if as_json else f"canary taken for {deployment}: {det}; kept in {path}")
         return
     verdict = K.compare(stored, B.ask_canary(address, port, model, secrets), **meta)
+    K.save_check(path, verdict, now)
     if verdict.state == "same":  # the record is of the last good serve: what served it now
         stored.taken_at, stored.profile_hash = now, meta["profile_hash"]
         stored.image_id, stored.model_revision, stored.vllm_version = (

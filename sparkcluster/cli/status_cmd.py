@@ -98,9 +98,36 @@ def render(st: status_mod.ClusterStatus) -> Group:
     speed = speed_line(st.cluster, st.profile) if st.profile and st.state != "down" else None
     if speed:
         lines.append(speed)
+    canary = canary_line(st.cluster, st.profile) if st.profile and st.state != "down" else None
+    if canary:
+        lines.append(canary)
     for p in st.problems:
         lines.append(f"[red]problem:[/] {redact.mask(p)}")
     return Group(*lines)
+
+
+def canary_line(cluster: str, profile: str) -> str | None:
+    """The latest correctness-canary check of this profile's deployment made from this machine
+    (`bench --canary`, issue 38): same, changed (a problem) or differs (a nondeterministic model)."""
+    import json
+
+    from sparkcluster import log
+
+    folder = log.state_dir() / "canary" / cluster
+    checks = sorted(folder.glob(f"{profile}@*.last.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for f in checks:
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        state = {"changed": "[bold red]changed[/]", "differs": "differs (nondeterministic by design)"}.get(
+            doc.get("state"), doc.get("state")
+        )
+        since = f" since {', '.join(doc['since'])}" if doc.get("since") else ""
+        return f"canary: {state} at {doc.get('at')}{since}" + (
+            f" ({len(doc.get('changed') or [])} answer(s))" if doc.get("changed") else ""
+        )
+    return None
 
 
 def speed_line(cluster: str, profile: str) -> str | None:

@@ -170,6 +170,11 @@ def test_canary_is_taken_then_compared_and_a_changed_answer_exits_1(cli_env, cap
     rc, out, _ = run(capsys, cli_env, "bench", "--canary", "--json")
     doc = json.loads(out)
     assert rc == 1 and doc["canary"] == "changed" and doc["problem"] and doc["since"] == ["model revision r1 -> r2"]
+    from sparkcluster.cli.status_cmd import canary_line
+
+    line = canary_line("pair", "testbed")
+    assert line.startswith("canary: [bold red]changed[/] at ") and "since model revision r1 -> r2 (3 answer(s))" in line
+    assert canary_line("pair", "nemotron") is None
 
 
 def test_status_shows_the_newest_comparison_of_the_serving_profile(cli_env, capsys, tmp_path, monkeypatch):
