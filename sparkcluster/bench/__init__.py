@@ -14,7 +14,7 @@ HF cache, and the requests do not cross the controller's network, which is not w
 
 import time  # re-exported: tests patch `bench.time.sleep` (the module runner.Head polls with)
 
-from sparkcluster.bench import against, canary, causes, measured, record
+from sparkcluster.bench import against, benchy, canary, causes, measured, record
 from sparkcluster.bench.results import (
     COLUMNS,
     HIGHER_IS_BETTER,
@@ -59,6 +59,7 @@ from sparkcluster.bench.runner import (
     parse_mtus,
     parse_rtt,
     rank_rtts,
+    row_for,
     run_sweep,
 )
 from sparkcluster.bench.smoke import SMOKE_FLOOR, judge_smoke, smoke, smoke_after_up, smoke_message
@@ -167,6 +168,7 @@ __all__ = [
     "parse_mtus",
     "parse_rtt",
     "rank_rtts",
+    "row_for",
     "time",
     # issue 38: records, yours against a record, the causes (used as modules: B.record.load, ...)
     "record",
@@ -174,4 +176,5 @@ __all__ = [
     "against",
     "causes",
     "canary",
+    "benchy",
 ]

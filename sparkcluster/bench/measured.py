@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from sparkcluster.bench.record import PerfRecord
 
+# the prompts each harness sends: vLLM bench's random tokens, llama-benchy's book (its --book-url default)
+DATASETS = {"vllm-bench-serve": "random", "llama-benchy": "gutenberg:1661 (llama-benchy's default book)"}
 # NVIDIA's GPUs name themselves in nvidia-smi's first column; a node without one (the testbed) is a CPU
 _NCCL_VERSION = re.compile(r"NCCL version ([0-9]+\.[0-9]+\.[0-9]+)")
 
@@ -46,7 +48,9 @@ def figures_of(row: dict) -> dict[str, float]:
     tpot, ttft, n_in = row.get("tpot_mean_ms"), row.get("ttft_mean_ms"), row.get("input_len")
     if tpot:
         out["decode_tok_s"] = 1000.0 / tpot
-    if ttft and n_in:
+    if row.get("prefill_tok_s"):  # a harness that measures it itself (llama-benchy)
+        out["prefill_tok_s"] = float(row["prefill_tok_s"])
+    elif ttft and n_in:
         out["prefill_tok_s"] = n_in * 1000.0 / ttft
     for fig, col in (
         ("output_tok_s", "output_tok_s"),
@@ -100,6 +104,7 @@ def build(
     *,
     harness_version: str,
     argv: list[str],
+    harness: str = "vllm-bench-serve",
     measured_at: dt.date,
     source: str,
 ) -> PerfRecord | None:
@@ -123,7 +128,7 @@ def build(
                 "input_tokens": n_in,
                 "output_tokens": n_out,
                 "concurrency": c,
-                "dataset": "random",
+                "dataset": DATASETS.get(harness, "random"),
                 "requests": int(group[0].get("num_prompts") or 0) or None,
             },
             "figures": mean,
@@ -147,7 +152,7 @@ def build(
                 "label": f"cluster {prov.cluster}",
                 "topology": prov.topology,
             },
-            "harness": {"name": "vllm-bench-serve", "version": harness_version or "unknown", "argv": argv},
+            "harness": {"name": harness, "version": harness_version or "unknown", "argv": argv},
             "software": {
                 "backend": "vllm",
                 "backend_version": prov.vllm_version or None,

@@ -41,6 +41,15 @@ _log = log.get("sparkcluster.bench")  # the logger name of the single module thi
 # ---- the sweep, driven through a Head ----------------------------------------------------------
 
 
+def row_for(harness: str, doc: dict, level: Level) -> dict:
+    """A level's result file as a CSV row, by the harness that wrote it."""
+    if harness == "llama-benchy":
+        from sparkcluster.bench import benchy
+
+        return benchy.row_from_result(doc, level)
+    return row_from_result(doc, level)
+
+
 class Interrupted(Exception):
     """Ctrl-C during a level: the level was stopped inside the container."""
 
@@ -67,6 +76,7 @@ def run_sweep(
     secrets: dict[str, str],
     run_dir: Path,
     on_progress: Callable[[Level, int, int], None] | None = None,
+    harness: str = "vllm-bench-serve",
 ) -> Sweep:
     """Each level in turn; its raw JSON lands in the run folder as soon as it is measured, so an
     interruption or a failed level keeps every level before it."""
@@ -77,10 +87,10 @@ def run_sweep(
     rid = f"{run_id()}-{token_hex(3)}"
     try:
         for level in levels:
-            res = head.run_level(level, target, secrets, rid, on_progress=on_progress)
+            res = head.run_level(level, target, secrets, rid, on_progress=on_progress, harness=harness)
             (run_dir / f"{level.name}.json").write_bytes(res.raw)
             (run_dir / f"{level.name}.log").write_text(res.output)
-            sweep.rows.append(row_from_result(res.doc, level))
+            sweep.rows.append(row_for(harness, res.doc, level))
             if on_progress is not None:  # a level too quick for a poll still shows as done
                 on_progress(level, level.num_prompts, level.num_prompts)
             err = level_error(res.doc, res.output, level, target.base_url)
@@ -176,6 +186,19 @@ class Head:
             return []
         return [d.split("@", 1)[1] for d in info.get("RepoDigests") or [] if "@" in d]
 
+    def setup_benchy(self, pip_index_url: str | None = None) -> None:
+        """llama-benchy in its own virtualenv in the head container, installed once (bench/benchy)."""
+        from sparkcluster.bench import benchy
+
+        code, out = self._exec(benchy.setup_argv(pip_index_url), {})
+        if code != 0:
+            tail = [ln for ln in out.splitlines() if ln.strip()][-6:]
+            raise SparkError(
+                f"could not install llama-benchy {benchy.VERSION} in {self.container} (exit {code})",
+                "the head container needs PyPI (or the inventory's pip_index_url); or use --harness vllm-bench-serve",
+                details=tail,
+            )
+
     def vllm_version(self) -> str:
         code, out = self._exec(["sh", "-c", VLLM_VERSION], {})
         return out.strip().splitlines()[-1] if code == 0 and out.strip() else ""
@@ -189,12 +212,20 @@ class Head:
         secrets: dict[str, str],
         rid: str,
         on_progress: Callable[[Level, int, int], None] | None = None,
+        harness: str = "vllm-bench-serve",
     ) -> LevelResult:
         """Run one level to the end. Ctrl-C stops it and raises Interrupted; a failed benchmark
         raises SparkError with its last lines."""
         folder = level_dir(rid, level)
-        argv = exec_argv(folder, bench_argv(level, target, folder))
-        _log.info("bench level", command=describe(level, target, folder, self.container, secrets))
+        if harness == "llama-benchy":
+            from sparkcluster.bench import benchy
+
+            inner = benchy.bench_argv(level, target, f"{folder}/{RESULT_FILE}")
+            _log.info("bench level", command=redact.mask(shlex.join(inner)), harness=harness)
+        else:
+            inner = bench_argv(level, target, folder)
+            _log.info("bench level", command=describe(level, target, folder, self.container, secrets))
+        argv = exec_argv(folder, inner)
         ex = self.api.exec_create(self.container, argv, environment=exec_env(secrets), stdout=False, stderr=False)
         try:
             self.api.exec_start(ex["Id"], detach=True)

@@ -74,6 +74,10 @@ def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table
     return t
 
 
+# the harnesses bench runs itself; a record's aiperf figures are compared with vLLM's bench, flagged
+RUNNABLE = ("vllm-bench-serve", "llama-benchy")
+
+
 def against_table(st: B.against.Standing) -> Table:
     t = Table(
         box=None,
@@ -209,6 +213,14 @@ def deployment_nodes(inv, prof) -> list[str]:
 )
 @click.option("--repeat", default=1, show_default=True, type=int, help="Measure each level this many times.")
 @click.option(
+    "--harness",
+    type=click.Choice(RUNNABLE),
+    default=None,
+    help="What measures: vLLM's own bench (in the image), or llama-benchy "
+    f"{B.benchy.VERSION} (installed once in a virtualenv of its own in the head container) "
+    "[default: the compared record's harness where it runs here, else vllm-bench-serve].",
+)
+@click.option(
     "--keep-baseline",
     is_flag=True,
     help="Keep this run's record as the cluster's baseline for the profile (--compare baseline; a later "
@@ -244,6 +256,7 @@ def bench(
     out: Path | None,
     compare_to: str | None,
     repeat: int,
+    harness: str | None,
     keep_baseline: bool,
     tolerance: float,
     canary: bool,
@@ -291,6 +304,9 @@ def bench(
         if reference is not None and not explicit:
             levels = levels_from(reference)  # the record's own conditions
         levels = B.repeated(levels, repeat)
+        if harness is None:
+            named = reference.harness.name if reference is not None else ""
+            harness = named if named in RUNNABLE else "vllm-bench-serve"
         target = B.target_for(prof, inv.cluster.api_port, tokenizer)
         port = prof.serve.port or inv.cluster.api_port
         bench_pkg.check_endpoint(cluster.head.address, target, port, secrets)
@@ -307,6 +323,9 @@ def bench(
             return
         facts = B.cluster_facts(cluster, inv, prof, head, image_id)
         nodes = facts.nodes
+        if harness == "llama-benchy":
+            err.print(f"llama-benchy {B.benchy.VERSION} in {head.container} (installed once, in its own virtualenv)")
+            head.setup_benchy(inv.cluster.pip_index_url)
         run_dir = B.new_run_dir(inv.cluster.name, out, started)
         n_in = sorted({lv.input_len for lv in levels})
         n_out = sorted({lv.output_len for lv in levels})
@@ -336,11 +355,11 @@ def bench(
         loaded = B.LoadedRtt(cluster, inv).start() if len(deployment_nodes(inv, prof)) > 1 else None
         with bars:
             try:
-                sweep = bench_pkg.run_sweep(head, levels, target, secrets, run_dir, on_progress)
+                sweep = B.run_sweep(head, levels, target, secrets, run_dir, on_progress, harness=harness)
             except SparkError as e:  # keep what was measured, then report the failure
                 error = e
                 sweep.rows = [
-                    bench_pkg.row_from_result(json.loads((run_dir / f"{lv.name}.json").read_text()), lv)
+                    B.row_for(harness, json.loads((run_dir / f"{lv.name}.json").read_text()), lv)
                     for lv in levels
                     if (run_dir / f"{lv.name}.json").is_file()
                 ]
@@ -398,8 +417,13 @@ def bench(
             topology=inv.cluster.topology,
             gpus=prof.world_size,
         ),
-        harness_version=vllm_version,
-        argv=B.bench_argv(levels[0], target, "RESULT_DIR") if levels else [],
+        harness=harness,
+        harness_version=B.benchy.VERSION if harness == "llama-benchy" else vllm_version,
+        argv=(
+            B.benchy.bench_argv(levels[0], target, "RESULT_FILE")
+            if harness == "llama-benchy"
+            else B.bench_argv(levels[0], target, "RESULT_DIR")
+        ),
         measured_at=started.date(),
         source=str(run_dir),
     )

@@ -104,7 +104,7 @@ def test_other_conditions_are_not_compared_and_say_how_to_measure_them(cli_env, 
 
 def test_another_harness_is_compared_only_with_a_flag(cli_env, capsys, tmp_path):
     theirs = record_file(tmp_path, output_tok_s=90.0, harness="llama-benchy")
-    rc, out, _ = run(capsys, cli_env, "bench", "--compare", str(theirs))
+    rc, out, _ = run(capsys, cli_env, "bench", "--compare", str(theirs), "--harness", "vllm-bench-serve")
     assert rc == 0 and "flagged harness: the record used llama-benchy 0.32.0" in out and "holds" in out
 
 
@@ -189,3 +189,96 @@ def test_status_shows_the_newest_comparison_of_the_serving_profile(cli_env, caps
     line = speed_line("pair", "testbed")
     assert "short" in line and "output_tok_s 0.10 of it at 512 in / 128 out at concurrency 1" in line
     assert line.endswith("likely cause: fabric") and speed_line("pair", "nemotron") is None
+
+
+# ---- llama-benchy --------------------------------------------------------------------------------------
+
+BENCHY_JSON = (test_bench.Path(__file__).resolve().parents[1] / "captured" / "llama-benchy-0.4.0-c1.json").read_text()
+
+
+class BenchyAPI(test_bench.FakeAPI):
+    """The fake head, answering llama-benchy's level with its captured-format JSON."""
+
+    def exec_start(self, exec_id, detach=False):
+        e = self.execs[exec_id]
+        cmd = e["cmd"]
+        if cmd[:3] == ["sh", "-c", B.LAUNCH] and cmd[5] == f"{B.benchy.VENV}/bin/python":
+            folder, argv = cmd[4], cmd[5:]
+            out = next(a.split("=", 1)[1] for a in argv if a.startswith("--save-result="))
+            self.files[f"{folder}/pid"] = b"77\n"
+            self.files[f"{folder}/bench.log"] = b"llama-benchy (0.4.0)\n"
+            self.files[out] = BENCHY_JSON.encode()
+            e["exit"] = 0
+            return None
+        return super().exec_start(exec_id, detach)
+
+
+def test_the_argv_keeps_the_key_off_the_command_line_and_names_the_records_conditions():
+    level = B.Level(1, 8, 8192, 256)
+    target = B.Target("http://127.0.0.1:8000", "nvidia/qwen", "nvidia/Qwen3.6-27B-NVFP4")
+    argv = B.benchy.bench_argv(level, target, "/tmp/x/result.json")
+    assert argv[:3] == [f"{B.benchy.VENV}/bin/python", "-c", B.benchy.LAUNCHER]
+    assert "--base-url=http://127.0.0.1:8000/v1" in argv and "--served-model-name=nvidia/qwen" in argv
+    i = argv.index("--pp")
+    assert argv[i : i + 4] == ["--pp", "8192", "--tg", "256"] and "--exact-tg" in argv and "--skip-coherence" in argv
+    assert not [a for a in argv[3:] if "api-key" in a]
+    setup = " ".join(B.benchy.setup_argv("http://mirror/simple"))
+    assert f"llama-benchy=={B.benchy.VERSION}" in setup and "--index-url http://mirror/simple" in setup
+
+
+def test_a_benchy_result_is_the_same_row_and_record_figures():
+    row = B.benchy.row_from_result(__import__("json").loads(BENCHY_JSON), B.Level(1, 8, 512, 128))
+    assert row["output_tok_s"] == 41.0 and row["tpot_mean_ms"] == pytest.approx(1000 / 41.0)
+    assert row["prefill_tok_s"] == 2150.0 and row["ttft_mean_ms"] == 250.0 and row["completed"] == 3
+    figs = B.measured.figures_of(row)
+    assert figs["decode_tok_s"] == pytest.approx(41.0) and figs["prefill_tok_s"] == 2150.0
+
+
+def test_a_llama_benchy_record_is_measured_with_llama_benchy_and_compared_unflagged(
+    cli_env, capsys, tmp_path, monkeypatch
+):
+    api = BenchyAPI()
+    monkeypatch.setattr(B, "connect", lambda inv: test_bench.FakeCluster(api))
+    theirs = tmp_path / "benchy.perf.toml"
+    text = record_file(tmp_path, output_tok_s=40.0, harness="llama-benchy").read_text()
+    theirs.write_text(
+        text.replace('version = "0.32.0"', f'version = "{B.benchy.VERSION}"').replace(
+            '"random"', '"gutenberg:1661 (llama-benchy\'s default book)"'
+        )
+    )
+    rc, out, err = run(capsys, cli_env, "bench", "--compare", str(theirs), "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert summary["against"]["verdict"] == "ok" and summary["against"]["flags"] == []
+    rec = R.load(test_bench.Path(summary["record"]))
+    assert rec.harness.name == "llama-benchy" and rec.harness.version == B.benchy.VERSION
+    installs = [c for c in api.commands() if "venv" in " ".join(c)]
+    assert len(installs) == 1  # the virtualenv, once, before the levels
+    for c in api.commands():
+        assert test_bench.API_KEY not in " ".join(c)
+
+
+def test_the_launcher_hands_llama_benchy_the_key_inside_the_process_only(tmp_path):
+    """Through a real Python: a stand-in `llama_benchy` module sees the key in its argv, while the
+    process's own command line (/proc/PID/cmdline, what `ps` shows) never has it."""
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "llama_benchy"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text(
+        "import os, sys\n"
+        "cmdline = open(f'/proc/{os.getpid()}/cmdline', 'rb').read().decode().split('\\0')\n"
+        "print(repr(sys.argv[1:]), 'sk-launch' in ' '.join(cmdline))\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path), "OPENAI_API_KEY": "sk-launch", "PATH": "/usr/bin:/bin"}
+    got = subprocess.run(
+        [sys.executable, "-c", B.benchy.LAUNCHER, "--pp", "64"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert got.strip() == "['--pp', '64', '--api-key', 'sk-launch'] False"
+    env.pop("OPENAI_API_KEY")
+    got = subprocess.run(
+        [sys.executable, "-c", B.benchy.LAUNCHER, "--pp", "64"], env=env, capture_output=True, text=True
+    )
+    assert got.stdout.strip() == "['--pp', '64'] False"
