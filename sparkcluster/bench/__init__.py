@@ -15,6 +15,7 @@ HF cache, and the requests do not cross the controller's network, which is not w
 import time  # re-exported: tests patch `bench.time.sleep` (the module runner.Head polls with)
 
 from sparkcluster.bench import against, benchy, canary, causes, measured, record
+from sparkcluster.bench.causes import parse_mtus
 from sparkcluster.bench.results import (
     COLUMNS,
     HIGHER_IS_BETTER,
@@ -56,7 +57,6 @@ from sparkcluster.bench.runner import (
     model_revision,
     node_facts,
     parse_facts,
-    parse_mtus,
     parse_rtt,
     rank_rtts,
     row_for,

@@ -253,6 +253,16 @@ def _ver(v: str) -> str:
     return v.strip().lstrip("v")
 
 
+def parse_mtus(text: str) -> dict[str, int]:
+    """`mtus=` of bench's node facts (runner.NODE_FACTS): 'lo:65536,enp1s0f1np1:9000,' -> {netdev: MTU}."""
+    out = {}
+    for part in (text or "").split(","):
+        nd, sep, m = part.partition(":")
+        if sep and m.strip().isdigit():
+            out[nd.strip()] = int(m)
+    return out
+
+
 def view_from(
     inv,
     nodes: list[str],
@@ -268,8 +278,6 @@ def view_from(
 ) -> ClusterView:
     """The view `rank` reads, from the inventory and what bench gathered (runner.node_facts, rank_rtts,
     engine_nccl_texts summarised, the head image's digests)."""
-    from sparkcluster.bench.runner import parse_mtus
-
     out = []
     for name in nodes:
         node = inv.node(name)

@@ -14,6 +14,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 
+from sparkcluster import __version__
 from sparkcluster.bench.record import PerfRecord
 
 # the prompts each harness sends: vLLM bench's random tokens, llama-benchy's book (its --book-url default)
@@ -175,6 +176,4 @@ def build(
 
 
 def _version() -> str:
-    from sparkcluster import __version__
-
     return __version__

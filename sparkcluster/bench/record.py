@@ -29,6 +29,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sparkcluster.config.inventory import describe_validation_error
 from sparkcluster.errors import InputError
 
 SCHEMA_VERSION = 1
@@ -188,8 +189,6 @@ def is_record_file(path: Path) -> bool:
 
 
 def parse(text: str, source: str = "record") -> PerfRecord:
-    from sparkcluster.config.inventory import describe_validation_error
-
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

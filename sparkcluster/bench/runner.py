@@ -11,11 +11,12 @@ import re
 import shlex
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Callable
 
 from sparkcluster import log, redact
+from sparkcluster.bench import benchy, canary
 from sparkcluster.bench.results import failure_reason, level_error, progress, row_from_result, run_id
 from sparkcluster.bench.sweep import (
     _RUN_ID,
@@ -31,10 +32,11 @@ from sparkcluster.bench.sweep import (
     level_dir,
     stop_argv,
 )
-from sparkcluster.day2 import endpoint
+from sparkcluster.day2 import endpoint, engine_nccl
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.facts.parsers import ContainerInspect, container_inspect
-from sparkcluster.labels import container_name
+from sparkcluster.labels import CLUSTER_LABEL, container_name
+from sparkcluster.movement import hfcache
 
 _log = log.get("sparkcluster.bench")  # the logger name of the single module this was
 
@@ -44,8 +46,6 @@ _log = log.get("sparkcluster.bench")  # the logger name of the single module thi
 def row_for(harness: str, doc: dict, level: Level) -> dict:
     """A level's result file as a CSV row, by the harness that wrote it."""
     if harness == "llama-benchy":
-        from sparkcluster.bench import benchy
-
         return benchy.row_from_result(doc, level)
     return row_from_result(doc, level)
 
@@ -70,7 +70,7 @@ class Sweep:
 
 
 def run_sweep(
-    head: "Head",
+    head: Head,
     levels: list[Level],
     target: Target,
     secrets: dict[str, str],
@@ -188,8 +188,6 @@ class Head:
 
     def setup_benchy(self, pip_index_url: str | None = None) -> None:
         """llama-benchy in its own virtualenv in the head container, installed once (bench/benchy)."""
-        from sparkcluster.bench import benchy
-
         code, out = self._exec(benchy.setup_argv(pip_index_url), {})
         if code != 0:
             tail = [ln for ln in out.splitlines() if ln.strip()][-6:]
@@ -218,8 +216,6 @@ class Head:
         raises SparkError with its last lines."""
         folder = level_dir(rid, level)
         if harness == "llama-benchy":
-            from sparkcluster.bench import benchy
-
             inner = benchy.bench_argv(level, target, f"{folder}/{RESULT_FILE}")
             _log.info("bench level", command=redact.mask(shlex.join(inner)), harness=harness)
         else:
@@ -323,8 +319,6 @@ def node_facts(cluster, inv=None) -> dict[str, dict]:
     out: dict[str, dict] = {}
     script = NODE_FACTS
     if inv is not None:
-        from sparkcluster.labels import CLUSTER_LABEL
-
         label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
         script += (
             f'; echo "image_id=$(docker ps -q --filter label={label} | head -1 | '
@@ -333,16 +327,6 @@ def node_facts(cluster, inv=None) -> dict[str, dict]:
     res = cluster.each(lambda h: h.run(script, timeout=20))
     for name, o in res.items():
         out[name] = parse_facts(o.value.stdout) if o.ok else {"error": str(o.error)}
-    return out
-
-
-def parse_mtus(text: str) -> dict[str, int]:
-    """`mtus=` of NODE_FACTS: 'lo:65536,enp1s0f1np1:9000,' -> {netdev: MTU}."""
-    out = {}
-    for part in (text or "").split(","):
-        nd, sep, m = part.partition(":")
-        if sep and m.strip().isdigit():
-            out[nd.strip()] = int(m)
     return out
 
 
@@ -403,9 +387,6 @@ class LoadedRtt:
 def engine_nccl_texts(cluster, inv) -> dict[str, str]:
     """Per node, the lines the engine's NCCL wrote at init in sparkcluster's containers there
     (day2/engine_nccl's reader); "" where none (a CPU engine writes none)."""
-    from sparkcluster.day2 import engine_nccl
-    from sparkcluster.labels import CLUSTER_LABEL
-
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
     cmd = (
         f"for c in $(timeout 10 docker ps -q --filter label={label}); do "
@@ -418,8 +399,6 @@ def engine_nccl_texts(cluster, inv) -> dict[str, str]:
 def model_revision(cluster, inv, prof) -> str:
     """The commit the profile's model resolves to in the head's HF cache ("" when not a hub model or
     not there). A revision that is already a commit is its own answer."""
-    from sparkcluster.movement import hfcache
-
     if not hfcache.is_hub_model(prof.model):
         return ""
     rev = prof.revision or "main"
@@ -510,8 +489,6 @@ def cluster_facts(cluster, inv, prof, head: Head, image_id: str) -> ClusterFacts
 def ask_canary(address: str, port: int, model: str, secrets: dict[str, str]) -> list:
     """The canary's prompts, one request at a time from the controller, greedily (bench/canary)."""
     import httpx
-
-    from sparkcluster.bench import canary
 
     base = f"http://{address}:{port}"
     out = []

@@ -9,9 +9,9 @@ vllm/benchmarks/lib/endpoint_request_func.py turns into the Authorization header
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
-from typing import Iterable
 
 from sparkcluster import redact
 from sparkcluster.errors import InputError

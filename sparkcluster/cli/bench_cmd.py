@@ -5,7 +5,7 @@ with an earlier run, a published record or the cluster's own baseline (issue 38)
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -18,7 +18,7 @@ from sparkcluster import bench as bench_pkg  # `bench` is this module's command
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.config import profile as profiles
-from sparkcluster.config import secrets as secret_store
+from sparkcluster.config.secrets import load_secrets
 from sparkcluster.day2 import engine_nccl
 from sparkcluster.errors import InputError, SparkError
 
@@ -78,7 +78,7 @@ def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table
 RUNNABLE = ("vllm-bench-serve", "llama-benchy")
 
 
-def against_table(st: B.against.Standing) -> Table:
+def against_table(st: bench_pkg.against.Standing) -> Table:
     t = Table(
         box=None,
         pad_edge=False,
@@ -90,7 +90,7 @@ def against_table(st: B.against.Standing) -> Table:
         t.add_column(col, justify="left" if col in ("conditions", "figure", "") else "right")
     for r in st.ratios:
         mark = "" if not r.short else "[bold red]SHORT[/]"
-        if r.short and r.figure in B.against.TAIL_FIGURES:
+        if r.short and r.figure in bench_pkg.against.TAIL_FIGURES:
             mark = "[yellow]short (a p99: not judged)[/]"
         t.add_row(r.conditions, r.figure, f"{r.ours:.4g}", f"{r.theirs:.4g}", f"{r.ratio:.2f}", mark)
     return t
@@ -104,25 +104,25 @@ def _record_target(spec: str | None, root: Path) -> tuple[str | None, Path | Non
     if spec in ("published", "baseline"):
         return spec, None
     p = Path(spec).expanduser()
-    if B.record.is_record_file(p):
+    if bench_pkg.record.is_record_file(p):
         if not p.is_file():
             raise InputError(f"--compare {spec}: no such performance record", "give the path of a .perf.toml file")
         return "record", p
-    return "run", B.resolve_run(spec, root)
+    return "run", bench_pkg.resolve_run(spec, root)
 
 
 def baseline_path(root: Path, profile: str) -> Path:
-    return root / "baselines" / f"{profile}{B.record.SUFFIX}"
+    return root / "baselines" / f"{profile}{bench_pkg.record.SUFFIX}"
 
 
 def _record_for(kind: str | None, path: Path | None, prof, root: Path):
     if kind == "record":
-        return B.record.load(path)
+        return bench_pkg.record.load(path)
     if kind == "published":
-        rec = B.record.published_for(prof)
+        rec = bench_pkg.record.published_for(prof)
         if rec is None:
             raise InputError(
-                f"profile '{prof.name}' ships no performance record ({prof.name}{B.record.SUFFIX} beside it)",
+                f"profile '{prof.name}' ships no performance record ({prof.name}{bench_pkg.record.SUFFIX} beside it)",
                 "give a record: --compare PATH.perf.toml, or keep a run as this cluster's baseline: --keep-baseline",
             )
         return rec
@@ -133,16 +133,16 @@ def _record_for(kind: str | None, path: Path | None, prof, root: Path):
                 f"this cluster keeps no baseline for profile '{prof.name}'",
                 "measure one and keep it: sparkcluster bench --keep-baseline",
             )
-        return B.record.load(p)
+        return bench_pkg.record.load(p)
     return None
 
 
-def levels_from(rec) -> list[B.Level]:
+def levels_from(rec) -> list[bench_pkg.Level]:
     """A record's conditions as levels: its concurrency, prompt and answer lengths, request count."""
-    out: list[B.Level] = []
+    out: list[bench_pkg.Level] = []
     for run in rec.runs:
         c = run.conditions
-        out += B.plan([c.concurrency], c.input_tokens, c.output_tokens, c.requests)
+        out += bench_pkg.plan([c.concurrency], c.input_tokens, c.output_tokens, c.requests)
     return out
 
 
@@ -170,20 +170,21 @@ def deployment_nodes(inv, prof) -> list[str]:
     "-c",
     default=None,
     help="Comma-separated concurrency levels, one run of vllm bench serve each "
-    f"[default: {','.join(map(str, B.DEFAULT_CONCURRENCY))}, or the compared record's].",
+    f"[default: {','.join(map(str, bench_pkg.DEFAULT_CONCURRENCY))}, or the compared record's].",
 )
 @click.option(
     "--input-len",
     default=None,
     type=int,
-    help=f"Prompt tokens per request (random dataset) [default: {B.DEFAULT_INPUT_LEN}, or the compared record's].",
+    help="Prompt tokens per request (random dataset) "
+    f"[default: {bench_pkg.DEFAULT_INPUT_LEN}, or the compared record's].",
 )
 @click.option(
     "--output-len",
     default=None,
     type=int,
     help="Generated tokens per request (EOS ignored, so exactly this many) "
-    f"[default: {B.DEFAULT_OUTPUT_LEN}, or the compared record's].",
+    f"[default: {bench_pkg.DEFAULT_OUTPUT_LEN}, or the compared record's].",
 )
 @click.option(
     "--num-prompts",
@@ -217,7 +218,7 @@ def deployment_nodes(inv, prof) -> list[str]:
     type=click.Choice(RUNNABLE),
     default=None,
     help="What measures: vLLM's own bench (in the image), or llama-benchy "
-    f"{B.benchy.VERSION} (installed once in a virtualenv of its own in the head container) "
+    f"{bench_pkg.benchy.VERSION} (installed once in a virtualenv of its own in the head container) "
     "[default: the compared record's harness where it runs here, else vllm-bench-serve].",
 )
 @click.option(
@@ -267,27 +268,27 @@ def bench(
     """Measure throughput and latency of the serving cluster with vLLM's own `vllm bench serve`."""
     # everything the user typed is checked before any connection is opened
     explicit = any(v is not None for v in (concurrency, input_len, output_len, num_prompts))
-    levels = B.plan(
-        B.parse_concurrency(concurrency or ",".join(map(str, B.DEFAULT_CONCURRENCY))),
-        B.DEFAULT_INPUT_LEN if input_len is None else input_len,
-        B.DEFAULT_OUTPUT_LEN if output_len is None else output_len,
+    levels = bench_pkg.plan(
+        bench_pkg.parse_concurrency(concurrency or ",".join(map(str, bench_pkg.DEFAULT_CONCURRENCY))),
+        bench_pkg.DEFAULT_INPUT_LEN if input_len is None else input_len,
+        bench_pkg.DEFAULT_OUTPUT_LEN if output_len is None else output_len,
         num_prompts,
     )
-    B.repeated(levels, repeat)
+    bench_pkg.repeated(levels, repeat)
     if tolerance < 0:
         raise InputError(f"--tolerance {tolerance:g}: must be 0 or more", "e.g. --tolerance 10")
     if tokenizer is not None:
         bench_pkg.arg_value("--tokenizer", tokenizer)
     inv = obj.inventory()
     wanted = profiles.load_profile(profile_name) if profile_name else None
-    root = B.runs_root(inv.cluster.name)
+    root = bench_pkg.runs_root(inv.cluster.name)
     target_kind, target_path = _record_target(compare_to, root)
     baseline_dir = target_path if target_kind == "run" else None
     reference = _record_for(target_kind, target_path, wanted, root) if wanted or target_kind == "record" else None
-    secrets = secret_store.load_secrets(env_file, names=["VLLM_API_KEY"])
+    secrets = load_secrets(env_file, names=["VLLM_API_KEY"])
     err = Console(stderr=True, highlight=False)
 
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     cluster = bench_pkg.connect(inv)
     with cluster:
         head = bench_pkg.head_for(cluster, inv)
@@ -303,30 +304,32 @@ def bench(
             reference = _record_for(target_kind, target_path, prof, root)
         if reference is not None and not explicit:
             levels = levels_from(reference)  # the record's own conditions
-        levels = B.repeated(levels, repeat)
+        levels = bench_pkg.repeated(levels, repeat)
         if harness is None:
             named = reference.harness.name if reference is not None else ""
             harness = named if named in RUNNABLE else "vllm-bench-serve"
-        target = B.target_for(prof, inv.cluster.api_port, tokenizer)
+        target = bench_pkg.target_for(prof, inv.cluster.api_port, tokenizer)
         port = prof.serve.port or inv.cluster.api_port
         bench_pkg.check_endpoint(cluster.head.address, target, port, secrets)
         image, image_id = head.image(info)
         vllm_version = head.vllm_version()
         if canary or canary_retake:
             meta = {
-                "profile_hash": B.profile_hash(prof),
+                "profile_hash": bench_pkg.profile_hash(prof),
                 "image_id": image_id,
-                "model_revision": B.model_revision(cluster, inv, prof),
+                "model_revision": bench_pkg.model_revision(cluster, inv, prof),
                 "vllm_version": vllm_version,
             }
             _canary(inv, prof, cluster.head.address, port, target.model, secrets, meta, canary_retake, as_json)
             return
-        facts = B.cluster_facts(cluster, inv, prof, head, image_id)
+        facts = bench_pkg.cluster_facts(cluster, inv, prof, head, image_id)
         nodes = facts.nodes
         if harness == "llama-benchy":
-            err.print(f"llama-benchy {B.benchy.VERSION} in {head.container} (installed once, in its own virtualenv)")
+            err.print(
+                f"llama-benchy {bench_pkg.benchy.VERSION} in {head.container} (installed once, in its own virtualenv)"
+            )
             head.setup_benchy(inv.cluster.pip_index_url)
-        run_dir = B.new_run_dir(inv.cluster.name, out, started)
+        run_dir = bench_pkg.new_run_dir(inv.cluster.name, out, started)
         n_in = sorted({lv.input_len for lv in levels})
         n_out = sorted({lv.output_len for lv in levels})
         err.print(
@@ -352,14 +355,14 @@ def bench(
 
         sweep = bench_pkg.Sweep(run_dir)
         error = None
-        loaded = B.LoadedRtt(cluster, inv).start() if len(deployment_nodes(inv, prof)) > 1 else None
+        loaded = bench_pkg.LoadedRtt(cluster, inv).start() if len(deployment_nodes(inv, prof)) > 1 else None
         with bars:
             try:
-                sweep = B.run_sweep(head, levels, target, secrets, run_dir, on_progress, harness=harness)
+                sweep = bench_pkg.run_sweep(head, levels, target, secrets, run_dir, on_progress, harness=harness)
             except SparkError as e:  # keep what was measured, then report the failure
                 error = e
                 sweep.rows = [
-                    B.row_for(harness, json.loads((run_dir / f"{lv.name}.json").read_text()), lv)
+                    bench_pkg.row_for(harness, json.loads((run_dir / f"{lv.name}.json").read_text()), lv)
                     for lv in levels
                     if (run_dir / f"{lv.name}.json").is_file()
                 ]
@@ -367,7 +370,7 @@ def bench(
         if loaded is not None:
             facts.loaded_rtts = loaded.join()
 
-    finished = datetime.now(timezone.utc)
+    finished = datetime.now(UTC)
     bench_pkg.write_csv(run_dir / "results.csv", sweep.rows)
     bench_pkg.write_json(
         run_dir / "run.json",
@@ -399,9 +402,9 @@ def bench(
 
     dep = deployment_nodes(inv, prof)
     transports, _ = engine_nccl.summaries(inv, {n: facts.nccl_texts.get(n, "") for n in dep})
-    measured = B.measured.build(
+    measured = bench_pkg.measured.build(
         sweep.rows,
-        B.measured.Provenance(
+        bench_pkg.measured.Provenance(
             cluster=inv.cluster.name,
             nodes={n: nodes.get(n, {}) for n in dep},
             image=prof.image.ref,
@@ -411,37 +414,37 @@ def bench(
             model=prof.model,
             model_revision=facts.model_revision,
             profile=prof.name,
-            profile_hash=B.profile_hash(prof),
+            profile_hash=bench_pkg.profile_hash(prof),
             nccl_texts=facts.nccl_texts,
             nccl_transport=transports,
             topology=inv.cluster.topology,
             gpus=prof.world_size,
         ),
         harness=harness,
-        harness_version=B.benchy.VERSION if harness == "llama-benchy" else vllm_version,
+        harness_version=bench_pkg.benchy.VERSION if harness == "llama-benchy" else vllm_version,
         argv=(
-            B.benchy.bench_argv(levels[0], target, "RESULT_FILE")
+            bench_pkg.benchy.bench_argv(levels[0], target, "RESULT_FILE")
             if harness == "llama-benchy"
-            else B.bench_argv(levels[0], target, "RESULT_DIR")
+            else bench_pkg.bench_argv(levels[0], target, "RESULT_DIR")
         ),
         measured_at=started.date(),
         source=str(run_dir),
     )
-    record_file = run_dir / f"record{B.record.SUFFIX}" if measured else None
+    record_file = run_dir / f"record{bench_pkg.record.SUFFIX}" if measured else None
     if measured:
-        B.record.write(record_file, measured)
+        bench_pkg.record.write(record_file, measured)
     kept = None
     if keep_baseline and measured and not sweep.interrupted and not error:
         kept = baseline_path(root, prof.name)
         kept.parent.mkdir(parents=True, exist_ok=True)
-        B.record.write(kept, measured)
+        bench_pkg.record.write(kept, measured)
     if reference is None and target_kind is None and baseline_path(root, prof.name).is_file() and not kept:
-        reference, target_kind = B.record.load(baseline_path(root, prof.name)), "baseline"
+        reference, target_kind = bench_pkg.record.load(baseline_path(root, prof.name)), "baseline"
     standing, found, against_chart = None, [], None
     if reference is not None and measured is not None:
-        standing = B.against.against(measured, reference, tolerance)
+        standing = bench_pkg.against.against(measured, reference, tolerance)
         if standing.verdict == "short":
-            view = B.causes.view_from(
+            view = bench_pkg.causes.view_from(
                 inv,
                 dep,
                 nodes,
@@ -453,12 +456,14 @@ def bench(
                 vllm_version=vllm_version,
                 model_revision=facts.model_revision,
             )
-            found = B.causes.rank(view, reference)
-        B.write_json(
+            found = bench_pkg.causes.rank(view, reference)
+        bench_pkg.write_json(
             run_dir / "against.json",
             {**standing.to_json(), "profile": prof.name, "kind": target_kind, "causes": [vars(c) for c in found]},
         )
-        note = B.against.write_chart(run_dir / "against.png", standing, f"{prof.name}: yours against {target_kind}")
+        note = bench_pkg.against.write_chart(
+            run_dir / "against.png", standing, f"{prof.name}: yours against {target_kind}"
+        )
         against_chart = None if note else run_dir / "against.png"
 
     summary = {
@@ -546,21 +551,21 @@ def _print_standing(con: Console, st, kind: str | None, found: list) -> None:
 
 def _canary(inv, prof, address: str, port: int, model: str, secrets, meta: dict, retake: bool, as_json: bool) -> None:
     """`bench --canary`: take the deployment's canary, or compare with the one kept (bench/canary)."""
-    K = B.canary
+    K = bench_pkg.canary
     deployment = f"{prof.name}@{'+'.join(deployment_nodes(inv, prof))}"
     path = K.path_for(inv.cluster.name, deployment)
     stored = None if retake else K.load(path)
     now = datetime.now(UTC).isoformat(timespec="seconds")
     if stored is None or stored.profile != prof.name:
-        first = B.ask_canary(address, port, model, secrets)
-        second = B.ask_canary(address, port, model, secrets)
+        first = bench_pkg.ask_canary(address, port, model, secrets)
+        second = bench_pkg.ask_canary(address, port, model, secrets)
         rec = K.take(first, second, deployment=deployment, profile=prof.name, taken_at=now, **meta)
         K.save(path, rec)
         det = "deterministic" if rec.deterministic else "NOT deterministic (later differences are told, not problems)"
         doc = {"canary": "taken", "deployment": deployment, "deterministic": rec.deterministic, "file": str(path)}
         click.echo(json.dumps(doc, indent=2) if as_json else f"canary taken for {deployment}: {det}; kept in {path}")
         return
-    verdict = K.compare(stored, B.ask_canary(address, port, model, secrets), **meta)
+    verdict = K.compare(stored, bench_pkg.ask_canary(address, port, model, secrets), **meta)
     K.save_check(path, verdict, now)
     if verdict.state == "same":  # the record is of the last good serve: what served it now
         stored.taken_at, stored.profile_hash = now, meta["profile_hash"]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from sparkcluster import redact
+from sparkcluster import log, redact
 from sparkcluster.cli.main import cli
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.day2 import fleet, supervision
@@ -111,8 +111,6 @@ def canary_line(cluster: str, profile: str) -> str | None:
     (`bench --canary`, issue 38): same, changed (a problem) or differs (a nondeterministic model)."""
     import json
 
-    from sparkcluster import log
-
     folder = log.state_dir() / "canary" / cluster
     checks = sorted(folder.glob(f"{profile}@*.last.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     for f in checks:
@@ -134,8 +132,6 @@ def speed_line(cluster: str, profile: str) -> str | None:
     """The newest `bench` of this profile against a record (issue 38), from this machine's run folders
     (bench writes against.json beside its results): the worst figure's ratio and the verdict."""
     import json
-
-    from sparkcluster import log
 
     root = log.state_dir() / "bench" / cluster
     if not root.is_dir():

@@ -753,9 +753,11 @@ def cli_env(tmp_path, monkeypatch):
     inv.write_text(inventory_toml())
     api = FakeAPI()
     checked = []
-    monkeypatch.setattr(B, "connect", lambda inv: FakeCluster(api))
-    monkeypatch.setattr(B, "check_endpoint", lambda *a: checked.append(a))
-    monkeypatch.setattr(B, "cluster_facts", lambda *a: B.ClusterFacts(nodes={"spark-head": {"hostname": "spark-head"}}))
+    monkeypatch.setattr(bench, "connect", lambda inv: FakeCluster(api))
+    monkeypatch.setattr(bench, "check_endpoint", lambda *a: checked.append(a))
+    monkeypatch.setattr(
+        bench, "cluster_facts", lambda *a: bench.ClusterFacts(nodes={"spark-head": {"hostname": "spark-head"}})
+    )
     monkeypatch.setattr("sparkcluster.remote.ssh.connect", lambda *a: (_ for _ in ()).throw(AssertionError("ssh")))
     yield {
         "dir": tmp_path,

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from sparkcluster import bench as B
-from sparkcluster.bench import record as R
+from sparkcluster import bench
+from sparkcluster.bench import record
 from sparkcluster.cli.bench_cmd import _record_for, deployment_nodes
 from sparkcluster.config.profile import load_profile
 from sparkcluster.errors import InputError
@@ -61,7 +61,7 @@ def test_every_run_leaves_its_record_with_the_levels_it_measured(cli_env, capsys
     rc, out, err = run(capsys, cli_env, "bench", "-c", "1,4", "--num-prompts", "8", "--repeat", "2", "--json")
     assert rc == 0, err
     summary = json.loads(out)
-    rec = R.load(__import__("pathlib").Path(summary["record"]))
+    rec = record.load(__import__("pathlib").Path(summary["record"]))
     assert rec.kind == "measured" and rec.software.profile == "testbed" and rec.hardware.nodes == 2
     assert [(r.conditions.concurrency, r.repetitions) for r in rec.runs] == [(1, 2), (4, 2)]
     assert rec.run_at((512, 128, 4)).figures.output_tok_s == pytest.approx(400.0)
@@ -82,11 +82,11 @@ def test_compare_published_runs_the_records_conditions_and_holds(cli_env, capsys
 
 def test_a_run_short_of_a_record_names_the_fabric_first(cli_env, capsys, tmp_path, monkeypatch):
     theirs = record_file(tmp_path, output_tok_s=1000.0)
-    facts = B.ClusterFacts(
+    facts = bench.ClusterFacts(
         nodes={"spark-head": {"kernel": "6.1"}, "spark-worker": {"kernel": "6.1"}},
         rtts={"spark-worker": (40.3, "")},
     )
-    monkeypatch.setattr(B, "cluster_facts", lambda *a: facts)
+    monkeypatch.setattr(bench, "cluster_facts", lambda *a: facts)
     rc, out, err = run(capsys, cli_env, "bench", "--compare", str(theirs), "--out", str(tmp_path / "run"))
     assert rc == 0, err
     assert "SHORT" in out and "output_tok_s 100 against 1000 (0.10)" in out
@@ -147,17 +147,17 @@ def test_the_deployment_spans_the_nodes_its_gpus_need():
 
 
 def test_canary_is_taken_then_compared_and_a_changed_answer_exits_1(cli_env, capsys, monkeypatch):
-    from sparkcluster.bench import canary as K
+    from sparkcluster.bench import canary
 
     asked = []
-    answers = [[K.Answer(p, "ok", (1, 2)) for p in K.PROMPTS]]
+    answers = [[canary.Answer(p, "ok", (1, 2)) for p in canary.PROMPTS]]
 
     def ask(address, port, model, secrets):
         asked.append(model)
         return answers[0]
 
-    monkeypatch.setattr(B, "ask_canary", ask)
-    monkeypatch.setattr(B, "model_revision", lambda *a: "r1")
+    monkeypatch.setattr(bench, "ask_canary", ask)
+    monkeypatch.setattr(bench, "model_revision", lambda *a: "r1")
     rc, out, err = run(capsys, cli_env, "bench", "--canary", "--json")
     assert rc == 0, err
     doc = json.loads(out)
@@ -165,8 +165,8 @@ def test_canary_is_taken_then_compared_and_a_changed_answer_exits_1(cli_env, cap
     assert asked == ["testbed-tiny", "testbed-tiny"] and not list(cli_env["root"].glob("*/results.csv"))
     rc, out, _ = run(capsys, cli_env, "bench", "--canary")
     assert rc == 0 and "unchanged" in out
-    answers[0] = [K.Answer(p, "loop", (9, 9)) for p in K.PROMPTS]
-    monkeypatch.setattr(B, "model_revision", lambda *a: "r2")
+    answers[0] = [canary.Answer(p, "loop", (9, 9)) for p in canary.PROMPTS]
+    monkeypatch.setattr(bench, "model_revision", lambda *a: "r2")
     rc, out, _ = run(capsys, cli_env, "bench", "--canary", "--json")
     doc = json.loads(out)
     assert rc == 1 and doc["canary"] == "changed" and doc["problem"] and doc["since"] == ["model revision r1 -> r2"]
@@ -182,8 +182,8 @@ def test_status_shows_the_newest_comparison_of_the_serving_profile(cli_env, caps
 
     assert speed_line("pair", "testbed") is None
     theirs = record_file(tmp_path, output_tok_s=1000.0)
-    facts = B.ClusterFacts(nodes={"spark-head": {}, "spark-worker": {}}, rtts={"spark-worker": (40.3, "")})
-    monkeypatch.setattr(B, "cluster_facts", lambda *a: facts)
+    facts = bench.ClusterFacts(nodes={"spark-head": {}, "spark-worker": {}}, rtts={"spark-worker": (40.3, "")})
+    monkeypatch.setattr(bench, "cluster_facts", lambda *a: facts)
     rc, _, err = run(capsys, cli_env, "bench", "--compare", str(theirs))
     assert rc == 0, err
     line = speed_line("pair", "testbed")
@@ -202,7 +202,7 @@ class BenchyAPI(test_bench.FakeAPI):
     def exec_start(self, exec_id, detach=False):
         e = self.execs[exec_id]
         cmd = e["cmd"]
-        if cmd[:3] == ["sh", "-c", B.LAUNCH] and cmd[5] == f"{B.benchy.VENV}/bin/python":
+        if cmd[:3] == ["sh", "-c", bench.LAUNCH] and cmd[5] == f"{bench.benchy.VENV}/bin/python":
             folder, argv = cmd[4], cmd[5:]
             out = next(a.split("=", 1)[1] for a in argv if a.startswith("--save-result="))
             self.files[f"{folder}/pid"] = b"77\n"
@@ -214,23 +214,23 @@ class BenchyAPI(test_bench.FakeAPI):
 
 
 def test_the_argv_keeps_the_key_off_the_command_line_and_names_the_records_conditions():
-    level = B.Level(1, 8, 8192, 256)
-    target = B.Target("http://127.0.0.1:8000", "nvidia/qwen", "nvidia/Qwen3.6-27B-NVFP4")
-    argv = B.benchy.bench_argv(level, target, "/tmp/x/result.json")
-    assert argv[:3] == [f"{B.benchy.VENV}/bin/python", "-c", B.benchy.LAUNCHER]
+    level = bench.Level(1, 8, 8192, 256)
+    target = bench.Target("http://127.0.0.1:8000", "nvidia/qwen", "nvidia/Qwen3.6-27B-NVFP4")
+    argv = bench.benchy.bench_argv(level, target, "/tmp/x/result.json")
+    assert argv[:3] == [f"{bench.benchy.VENV}/bin/python", "-c", bench.benchy.LAUNCHER]
     assert "--base-url=http://127.0.0.1:8000/v1" in argv and "--served-model-name=nvidia/qwen" in argv
     i = argv.index("--pp")
     assert argv[i : i + 4] == ["--pp", "8192", "--tg", "256"] and "--exact-tg" in argv and "--skip-coherence" in argv
     assert not [a for a in argv[3:] if "api-key" in a]
-    setup = " ".join(B.benchy.setup_argv("http://mirror/simple"))
-    assert f"llama-benchy=={B.benchy.VERSION}" in setup and "--index-url http://mirror/simple" in setup
+    setup = " ".join(bench.benchy.setup_argv("http://mirror/simple"))
+    assert f"llama-benchy=={bench.benchy.VERSION}" in setup and "--index-url http://mirror/simple" in setup
 
 
 def test_a_benchy_result_is_the_same_row_and_record_figures():
-    row = B.benchy.row_from_result(__import__("json").loads(BENCHY_JSON), B.Level(1, 8, 512, 128))
+    row = bench.benchy.row_from_result(__import__("json").loads(BENCHY_JSON), bench.Level(1, 8, 512, 128))
     assert row["output_tok_s"] == 41.0 and row["tpot_mean_ms"] == pytest.approx(1000 / 41.0)
     assert row["prefill_tok_s"] == 2150.0 and row["ttft_mean_ms"] == 250.0 and row["completed"] == 3
-    figs = B.measured.figures_of(row)
+    figs = bench.measured.figures_of(row)
     assert figs["decode_tok_s"] == pytest.approx(41.0) and figs["prefill_tok_s"] == 2150.0
 
 
@@ -238,11 +238,11 @@ def test_a_llama_benchy_record_is_measured_with_llama_benchy_and_compared_unflag
     cli_env, capsys, tmp_path, monkeypatch
 ):
     api = BenchyAPI()
-    monkeypatch.setattr(B, "connect", lambda inv: test_bench.FakeCluster(api))
+    monkeypatch.setattr(bench, "connect", lambda inv: test_bench.FakeCluster(api))
     theirs = tmp_path / "benchy.perf.toml"
     text = record_file(tmp_path, output_tok_s=40.0, harness="llama-benchy").read_text()
     theirs.write_text(
-        text.replace('version = "0.32.0"', f'version = "{B.benchy.VERSION}"').replace(
+        text.replace('version = "0.32.0"', f'version = "{bench.benchy.VERSION}"').replace(
             '"random"', '"gutenberg:1661 (llama-benchy\'s default book)"'
         )
     )
@@ -250,8 +250,8 @@ def test_a_llama_benchy_record_is_measured_with_llama_benchy_and_compared_unflag
     assert rc == 0, err
     summary = json.loads(out)
     assert summary["against"]["verdict"] == "ok" and summary["against"]["flags"] == []
-    rec = R.load(test_bench.Path(summary["record"]))
-    assert rec.harness.name == "llama-benchy" and rec.harness.version == B.benchy.VERSION
+    rec = record.load(test_bench.Path(summary["record"]))
+    assert rec.harness.name == "llama-benchy" and rec.harness.version == bench.benchy.VERSION
     installs = [c for c in api.commands() if "venv" in " ".join(c)]
     assert len(installs) == 1  # the virtualenv, once, before the levels
     for c in api.commands():
@@ -274,11 +274,11 @@ def test_the_launcher_hands_llama_benchy_the_key_inside_the_process_only(tmp_pat
     )
     env = {"PYTHONPATH": str(tmp_path), "OPENAI_API_KEY": "sk-launch", "PATH": "/usr/bin:/bin"}
     got = subprocess.run(
-        [sys.executable, "-c", B.benchy.LAUNCHER, "--pp", "64"], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", bench.benchy.LAUNCHER, "--pp", "64"], env=env, capture_output=True, text=True, check=True
     ).stdout
     assert got.strip() == "['--pp', '64', '--api-key', 'sk-launch'] False"
     env.pop("OPENAI_API_KEY")
     got = subprocess.run(
-        [sys.executable, "-c", B.benchy.LAUNCHER, "--pp", "64"], env=env, capture_output=True, text=True
+        [sys.executable, "-c", bench.benchy.LAUNCHER, "--pp", "64"], env=env, capture_output=True, text=True
     )
     assert got.stdout.strip() == "['--pp', '64'] False"

@@ -9,10 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkcluster.bench import against as A
-from sparkcluster.bench import causes as C
-from sparkcluster.bench import measured as M
-from sparkcluster.bench import record as R
+from sparkcluster.bench import against, causes, measured, record
 from sparkcluster.config.lint import lint
 from sparkcluster.config.profile import available, load_profile
 from sparkcluster.errors import InputError
@@ -22,14 +19,14 @@ PROFILES = REPO / "env-profiles"
 
 
 def shipped_records() -> list[Path]:
-    return sorted(PROFILES.glob("*" + R.SUFFIX))
+    return sorted(PROFILES.glob("*" + record.SUFFIX))
 
 
 # ---- the format ------------------------------------------------------------------------------------
 
 
 def test_at_least_twelve_spark_profiles_ship_a_published_record_on_one_and_two_nodes():
-    published = [R.load(p) for p in shipped_records() if R.load(p).kind == "published"]
+    published = [record.load(p) for p in shipped_records() if record.load(p).kind == "published"]
     assert len(published) >= 12
     assert {r.hardware.nodes for r in published} >= {1, 2}
     assert all(r.hardware.accelerator == "NVIDIA GB10" for r in published)
@@ -37,8 +34,8 @@ def test_at_least_twelve_spark_profiles_ship_a_published_record_on_one_and_two_n
 
 @pytest.mark.parametrize("path", shipped_records(), ids=lambda p: p.name)
 def test_every_shipped_record_is_valid_beside_a_lint_clean_profile_it_matches(path):
-    rec = R.load(path)
-    name = path.name[: -len(R.SUFFIX)]
+    rec = record.load(path)
+    name = path.name[: -len(record.SUFFIX)]
     assert name in available(), f"{path.name} has no profile beside it"
     prof = load_profile(name)
     assert lint(prof) == [], [p.line() for p in lint(prof)]
@@ -60,13 +57,13 @@ def test_records_are_not_profiles():
 
 def test_round_trip_keeps_every_field():
     for path in shipped_records():
-        rec = R.load(path)
-        assert R.parse(R.dumps(rec)) == rec
+        rec = record.load(path)
+        assert record.parse(record.dumps(rec)) == rec
 
 
 def test_a_published_figure_is_kept_exactly():
     """The record of qwen36-27b-nvfp4-tp2 carries NVIDIA's performance.yaml figures as published."""
-    rec = R.load(PROFILES / "qwen36-27b-nvfp4-tp2.perf.toml")
+    rec = record.load(PROFILES / "qwen36-27b-nvfp4-tp2.perf.toml")
     (run,) = rec.runs
     assert run.conditions.key == (8192, 256, 1) and run.conditions.dataset == "nvidia/SPEED-Bench"
     assert run.figures.decode_tok_s == 43.58 and run.figures.prefill_tok_s == 1806.92
@@ -100,8 +97,8 @@ decode_tok_s = 69.0
 
 
 def test_a_minimal_record_holds_only_what_is_required():
-    rec = R.parse(MINIMAL)
-    assert rec.software == R.Software() and rec.runs[0].figures.present() == {"decode_tok_s": 69.0}
+    rec = record.parse(MINIMAL)
+    assert rec.software == record.Software() and rec.runs[0].figures.present() == {"decode_tok_s": 69.0}
 
 
 @pytest.mark.parametrize(
@@ -120,14 +117,14 @@ def test_a_minimal_record_holds_only_what_is_required():
 )
 def test_a_record_missing_what_is_required_is_refused_naming_it(edit, says):
     with pytest.raises(InputError) as e:
-        R.parse(edit(MINIMAL), "x.perf.toml")
+        record.parse(edit(MINIMAL), "x.perf.toml")
     assert says in " ".join(e.value.details) + e.value.message
 
 
 def test_two_runs_at_the_same_conditions_are_refused():
     text = MINIMAL + MINIMAL[MINIMAL.index("[[runs]]") :].replace('id = "c1"', 'id = "c1b"')
     with pytest.raises(InputError) as e:
-        R.parse(text)
+        record.parse(text)
     assert "share their conditions" in " ".join(e.value.details)
 
 
@@ -153,7 +150,7 @@ def row(c: int, tpot: float, ttft: float, out: float, n_in: int = 512, n_out: in
     }
 
 
-PROV = M.Provenance(
+PROV = measured.Provenance(
     cluster="pair",
     nodes={
         "spark-a": {"kernel": "6.17.0-1014-nvidia", "gpu": "NVIDIA GB10, 580.159.03"},
@@ -173,8 +170,8 @@ PROV = M.Provenance(
 )
 
 
-def build(rows: list[dict]) -> R.PerfRecord:
-    rec = M.build(
+def build(rows: list[dict]) -> record.PerfRecord:
+    rec = measured.build(
         rows,
         PROV,
         harness_version="0.28.0",
@@ -195,7 +192,7 @@ def test_a_bench_run_becomes_a_record_with_provenance_from_the_facts():
     assert sw.nccl_transport == {"spark-a": "NET/IB rocep1s0f1 GID 3"} and sw.profile_hash == "b" * 64
     c1 = rec.run_at((8192, 256, 1))
     assert c1.figures.decode_tok_s == pytest.approx(40.0) and c1.figures.prefill_tok_s == pytest.approx(2048.0)
-    assert R.parse(R.dumps(rec)) == rec
+    assert record.parse(record.dumps(rec)) == rec
 
 
 def test_repeated_levels_are_one_run_with_their_count_and_spread():
@@ -208,7 +205,7 @@ def test_repeated_levels_are_one_run_with_their_count_and_spread():
 
 def test_a_run_that_measured_nothing_is_no_record():
     dead = dict(row(1, 20.0, 100.0, 48.0), completed=0)
-    assert M.build([dead], PROV, harness_version="x", argv=[], measured_at=dt.date.today(), source="x") is None
+    assert measured.build([dead], PROV, harness_version="x", argv=[], measured_at=dt.date.today(), source="x") is None
 
 
 # ---- yours against a record -------------------------------------------------------------------------
@@ -218,7 +215,7 @@ QWEN_TP2 = PROFILES / "qwen36-27b-nvfp4-tp2.perf.toml"
 
 def test_a_run_at_the_records_conditions_is_a_ratio_per_figure_flagged_across_harnesses():
     ours = build([row(1, 1000 / 40.0, 8192 * 1000 / 1900.0, 39.0, 8192, 256)])
-    st = A.against(ours, R.load(QWEN_TP2), tolerance_pct=10)
+    st = against.against(ours, record.load(QWEN_TP2), tolerance_pct=10)
     got = {r.figure: r for r in st.ratios}
     assert got["decode_tok_s"].ratio == pytest.approx(40.0 / 43.58) and not got["decode_tok_s"].short
     assert got["prefill_tok_s"].ratio == pytest.approx(1900.0 / 1806.92)
@@ -229,30 +226,30 @@ def test_a_run_at_the_records_conditions_is_a_ratio_per_figure_flagged_across_ha
 
 def test_a_run_well_below_the_record_is_short():
     ours = build([row(1, 1000 / 12.0, 8192 * 1000 / 1800.0, 11.0, 8192, 256)])
-    st = A.against(ours, R.load(QWEN_TP2))
+    st = against.against(ours, record.load(QWEN_TP2))
     assert st.verdict == "short" and st.worst.figure == "decode_tok_s"
     assert st.worst.ratio == pytest.approx(12.0 / 43.58)
 
 
 def test_other_conditions_are_refused_with_the_options_that_measure_them():
     ours = build([row(1, 25.0, 100.0, 39.0)])  # 512 in / 128 out
-    st = A.against(ours, R.load(QWEN_TP2))
+    st = against.against(ours, record.load(QWEN_TP2))
     assert st.verdict == "refused" and not st.ratios
     assert "--input-len 8192 --output-len 256 --concurrency 1" in st.refused[0]
 
 
 def test_another_model_or_node_count_is_refused_whole():
     ours = build([row(1, 25.0, 4000.0, 39.0, 8192, 256)])
-    other = R.load(PROFILES / "minimax-m27-nvfp4-tp2.perf.toml")
-    assert "another model" in A.against(ours, other).refused[0]
-    single = R.load(PROFILES / "qwen36-27b-nvfp4-single.perf.toml")
-    assert "1 node(s), this run on 2" in A.against(ours, single).refused[0]
+    other = record.load(PROFILES / "minimax-m27-nvfp4-tp2.perf.toml")
+    assert "another model" in against.against(ours, other).refused[0]
+    single = record.load(PROFILES / "qwen36-27b-nvfp4-single.perf.toml")
+    assert "1 node(s), this run on 2" in against.against(ours, single).refused[0]
 
 
 def test_latencies_are_inverted_so_below_one_is_worse():
     base = build([row(1, 20.0, 100.0, 48.0)])
     slow = build([row(1, 40.0, 100.0, 24.0)])
-    st = A.against(slow, base)
+    st = against.against(slow, base)
     itl = next(r for r in st.ratios if r.figure == "itl_ms_p50")
     assert itl.ratio == pytest.approx(0.5) and itl.short and not st.flags
 
@@ -260,9 +257,9 @@ def test_latencies_are_inverted_so_below_one_is_worse():
 # ---- causes ------------------------------------------------------------------------------------------
 
 
-def healthy(**over) -> C.ClusterView:
+def healthy(**over) -> causes.ClusterView:
     nodes = (
-        C.NodeView(
+        causes.NodeView(
             "spark-a",
             kernel="6.17.0-1014-nvidia",
             driver="580.159.03",
@@ -271,7 +268,7 @@ def healthy(**over) -> C.ClusterView:
             hcas=("rocep1s0f1", "roceP2p1s0f1"),
             nccl_transport="NET/IB rocep1s0f1,roceP2p1s0f1 GID 3",
         ),
-        C.NodeView(
+        causes.NodeView(
             "spark-b",
             kernel="6.17.0-1014-nvidia",
             driver="580.159.03",
@@ -282,7 +279,7 @@ def healthy(**over) -> C.ClusterView:
             rtt_ms=0.04,
         ),
     )
-    view = C.ClusterView(
+    view = causes.ClusterView(
         nodes=nodes,
         roce=True,
         image="vllm/vllm-openai:v0.28.0",
@@ -293,7 +290,7 @@ def healthy(**over) -> C.ClusterView:
     return _replace(view, **over)
 
 
-def _replace(view: C.ClusterView, node: str | None = None, **over) -> C.ClusterView:
+def _replace(view: causes.ClusterView, node: str | None = None, **over) -> causes.ClusterView:
     import dataclasses
 
     node_over = {k[5:]: v for k, v in over.items() if k.startswith("node_")}
@@ -302,11 +299,11 @@ def _replace(view: C.ClusterView, node: str | None = None, **over) -> C.ClusterV
     return dataclasses.replace(view, nodes=nodes, **rest)
 
 
-QWEN = R.load(QWEN_TP2)
+QWEN = record.load(QWEN_TP2)
 
 
 def test_a_healthy_cluster_at_the_records_stack_has_no_cause():
-    assert C.rank(healthy(), QWEN) == []
+    assert causes.rank(healthy(), QWEN) == []
 
 
 @pytest.mark.parametrize(
@@ -326,7 +323,7 @@ def test_a_healthy_cluster_at_the_records_stack_has_no_cause():
     ],
 )
 def test_each_fact_off_on_one_node_is_its_cause_there_only(over, area, node):
-    got = C.rank(healthy(**over), QWEN)
+    got = causes.rank(healthy(**over), QWEN)
     assert [(c.area, c.node) for c in got] == [(area, node)], [c.line() for c in got]
 
 
@@ -335,25 +332,26 @@ def test_causes_are_ranked_by_the_stated_class_order_then_inventory_order():
     view = _replace(view, node="spark-b", node_rtt_ms=40.0)
     view = _replace(view, node="spark-a", node_mtus={"enp1s0f1np1": 1500})
     view = _replace(view, node="spark-b", node_mtus={"enp1s0f1np1": 1500})
-    got = [(c.area, c.node) for c in C.rank(view, QWEN)]
+    got = [(c.area, c.node) for c in causes.rank(view, QWEN)]
     assert got == [("fabric", "spark-b"), ("mtu", "spark-a"), ("mtu", "spark-b"), ("vllm", None), ("model", None)]
-    assert "40.00 ms" in C.rank(view, QWEN)[0].says
+    assert "40.00 ms" in causes.rank(view, QWEN)[0].says
 
 
 def test_a_single_node_record_has_no_fabric_or_twins_cause():
-    single = R.load(PROFILES / "qwen36-27b-nvfp4-single.perf.toml")
-    view = C.ClusterView(nodes=(C.NodeView("spark-a", hcas=("rocep1s0f1",), rtt_ms=50.0),), roce=False)
-    assert C.rank(view, single) == []
+    single = record.load(PROFILES / "qwen36-27b-nvfp4-single.perf.toml")
+    view = causes.ClusterView(nodes=(causes.NodeView("spark-a", hcas=("rocep1s0f1",), rtt_ms=50.0),), roce=False)
+    assert causes.rank(view, single) == []
 
 
 def test_without_a_registry_digest_the_image_is_judged_by_its_name():
     view = healthy(image_digests=(), image="vllm/vllm-openai:v0.24.0")
-    (cause,) = C.rank(view, QWEN)
+    (cause,) = causes.rank(view, QWEN)
     assert cause.area == "image" and "v0.24.0" in cause.says
 
 
 def test_the_facts_bench_reads_parse_from_captured_output():
-    from sparkcluster.bench.runner import parse_mtus, parse_rtt
+    from sparkcluster.bench.causes import parse_mtus
+    from sparkcluster.bench.runner import parse_rtt
 
     captured = REPO / "tests" / "captured"
     assert 0 < parse_rtt((captured / "vm-ping-rtt-lo.txt").read_text()) < 1.0
@@ -374,7 +372,7 @@ def test_the_view_takes_only_the_deployments_data_plane_from_the_facts():
         "spark-head": {"kernel": "6.17", "gpu": "NVIDIA GB10, 580.159.03", "mtus": "lo:65536,enp1s0f1np1:1500,"},
         "spark-worker": {"kernel": "6.17", "gpu": "NVIDIA GB10, 580.159.03", "mtus": "enp1s0f1np1:9000,"},
     }
-    view = C.view_from(
+    view = causes.view_from(
         inv,
         ["spark-head", "spark-worker"],
         facts,
@@ -385,7 +383,7 @@ def test_the_view_takes_only_the_deployments_data_plane_from_the_facts():
     head, worker = view.nodes
     assert head.mtus == {"enp1s0f1np1": 1500} and head.driver == "580.159.03" and head.mtu_expected == 9000
     assert worker.rtt_ms == 0.05 and worker.rtt_loaded_ms == 0.09 and view.roce
-    assert [(c.area, c.node) for c in C.rank(view, QWEN)] == [
+    assert [(c.area, c.node) for c in causes.rank(view, QWEN)] == [
         ("mtu", "spark-head"),
         ("twins", "spark-head"),
         ("twins", "spark-worker"),
@@ -395,7 +393,7 @@ def test_the_view_takes_only_the_deployments_data_plane_from_the_facts():
 def test_a_p99_alone_falling_short_is_shown_but_does_not_decide():
     base = build([row(1, 20.0, 100.0, 48.0)])
     tail = build([dict(row(1, 20.0, 100.0, 48.0), ttft_p99_ms=600.0)])
-    st = A.against(tail, base)
+    st = against.against(tail, base)
     p99 = next(r for r in st.ratios if r.figure == "ttft_ms_p99")
     assert p99.short and st.verdict == "ok" and st.worst.figure != "ttft_ms_p99"
 
@@ -408,7 +406,9 @@ def test_the_readme_catalogue_shows_each_records_figures_exactly():
         m = re.match(r"\| `([a-z0-9.-]+)` \| [^|]+ \| (\d) \| ([\d.,]+) / ([\d.,]+) \| ([\d-]+) \|", line)
         if m:
             rows[m.group(1)] = m.groups()[1:]
-    published = {p.name[: -len(R.SUFFIX)]: R.load(p) for p in shipped_records() if R.load(p).kind == "published"}
+    published = {
+        p.name[: -len(record.SUFFIX)]: record.load(p) for p in shipped_records() if record.load(p).kind == "published"
+    }
     assert set(rows) == set(published)
     for name, (nodes, decode, prefill, date) in rows.items():
         rec = published[name]
