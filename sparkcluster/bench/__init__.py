@@ -14,7 +14,7 @@ HF cache, and the requests do not cross the controller's network, which is not w
 
 import time  # re-exported: tests patch `bench.time.sleep` (the module runner.Head polls with)
 
-from sparkcluster.bench import against, benchy, canary, causes, measured, record
+from sparkcluster.bench import against, benchy, canary, causes, measured, perf_record
 from sparkcluster.bench.causes import parse_mtus
 from sparkcluster.bench.results import (
     COLUMNS,
@@ -170,8 +170,8 @@ __all__ = [
     "rank_rtts",
     "row_for",
     "time",
-    # issue 38: records, yours against a record, the causes (used as modules: B.record.load, ...)
-    "record",
+    # issue 38: records, yours against a record, the causes (used as modules: perf_record.load, ...)
+    "perf_record",
     "measured",
     "against",
     "causes",

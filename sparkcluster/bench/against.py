@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from sparkcluster.bench.record import THROUGHPUTS, PerfRecord
+from sparkcluster.bench.perf_record import THROUGHPUTS, PerfRecord
 
 # shown, never deciding the verdict (see the module's docstring)
 TAIL_FIGURES = frozenset({"ttft_ms_p99", "itl_ms_p99"})

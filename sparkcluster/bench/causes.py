@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkcluster.bench.record import PerfRecord
+from sparkcluster.bench.perf_record import PerfRecord
 
 RTT_SLOW_MS = 1.0
 # under the benchmark's own load: a few ms of scheduling on a busy host is noise, more is a queueing link

@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from sparkcluster import __version__
-from sparkcluster.bench.record import PerfRecord
+from sparkcluster.bench.perf_record import PerfRecord
 
 # the prompts each harness sends: vLLM bench's random tokens, llama-benchy's book (its --book-url default)
 DATASETS = {"vllm-bench-serve": "random", "llama-benchy": "gutenberg:1661 (llama-benchy's default book)"}

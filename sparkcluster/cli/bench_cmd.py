@@ -104,7 +104,7 @@ def _record_target(spec: str | None, root: Path) -> tuple[str | None, Path | Non
     if spec in ("published", "baseline"):
         return spec, None
     p = Path(spec).expanduser()
-    if bench_pkg.record.is_record_file(p):
+    if bench_pkg.perf_record.is_record_file(p):
         if not p.is_file():
             raise InputError(f"--compare {spec}: no such performance record", "give the path of a .perf.toml file")
         return "record", p
@@ -112,17 +112,18 @@ def _record_target(spec: str | None, root: Path) -> tuple[str | None, Path | Non
 
 
 def baseline_path(root: Path, profile: str) -> Path:
-    return root / "baselines" / f"{profile}{bench_pkg.record.SUFFIX}"
+    return root / "baselines" / f"{profile}{bench_pkg.perf_record.SUFFIX}"
 
 
 def _record_for(kind: str | None, path: Path | None, prof, root: Path):
     if kind == "record":
-        return bench_pkg.record.load(path)
+        return bench_pkg.perf_record.load(path)
     if kind == "published":
-        rec = bench_pkg.record.published_for(prof)
+        rec = bench_pkg.perf_record.published_for(prof)
         if rec is None:
             raise InputError(
-                f"profile '{prof.name}' ships no performance record ({prof.name}{bench_pkg.record.SUFFIX} beside it)",
+                f"profile '{prof.name}' ships no performance record "
+                f"({prof.name}{bench_pkg.perf_record.SUFFIX} beside it)",
                 "give a record: --compare PATH.perf.toml, or keep a run as this cluster's baseline: --keep-baseline",
             )
         return rec
@@ -133,7 +134,7 @@ def _record_for(kind: str | None, path: Path | None, prof, root: Path):
                 f"this cluster keeps no baseline for profile '{prof.name}'",
                 "measure one and keep it: sparkcluster bench --keep-baseline",
             )
-        return bench_pkg.record.load(p)
+        return bench_pkg.perf_record.load(p)
     return None
 
 
@@ -430,16 +431,16 @@ def bench(
         measured_at=started.date(),
         source=str(run_dir),
     )
-    record_file = run_dir / f"record{bench_pkg.record.SUFFIX}" if measured else None
+    record_file = run_dir / f"record{bench_pkg.perf_record.SUFFIX}" if measured else None
     if measured:
-        bench_pkg.record.write(record_file, measured)
+        bench_pkg.perf_record.write(record_file, measured)
     kept = None
     if keep_baseline and measured and not sweep.interrupted and not error:
         kept = baseline_path(root, prof.name)
         kept.parent.mkdir(parents=True, exist_ok=True)
-        bench_pkg.record.write(kept, measured)
+        bench_pkg.perf_record.write(kept, measured)
     if reference is None and target_kind is None and baseline_path(root, prof.name).is_file() and not kept:
-        reference, target_kind = bench_pkg.record.load(baseline_path(root, prof.name)), "baseline"
+        reference, target_kind = bench_pkg.perf_record.load(baseline_path(root, prof.name)), "baseline"
     standing, found, against_chart = None, [], None
     if reference is not None and measured is not None:
         standing = bench_pkg.against.against(measured, reference, tolerance)

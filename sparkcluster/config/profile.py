@@ -358,7 +358,7 @@ def available() -> dict[str, Path]:
         if not d.is_dir():
             continue
         for f in sorted(d.glob("*.toml")):
-            if f.name.endswith(".perf.toml"):  # a profile's performance record, beside it (bench/record.py)
+            if f.name.endswith(".perf.toml"):  # a profile's performance record, beside it (bench/perf_record.py)
                 continue
             found.setdefault(f.stem, f)
     return dict(sorted(found.items()))

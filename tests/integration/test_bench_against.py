@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from sparkcluster.bench import record
+from sparkcluster.bench import perf_record
 from tests.integration.test_bench import EXTRA, HEAD
 
 pytestmark = pytest.mark.testbed
@@ -34,7 +34,7 @@ def healthy_record(testbed, sc, serving, tmp_path):
     res = sc("bench", *SHORT, "--repeat", "2", "--out", str(tmp_path / "healthy"), "--json", timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     path = tmp_path / "healthy" / "record.perf.toml"
-    rec = record.load(path)
+    rec = perf_record.load(path)
     (run,) = rec.runs
     assert run.repetitions == 2 and run.figures.decode_tok_s and rec.hardware.nodes == 2
     assert rec.software.profile == "testbed" and rec.software.image_ids and rec.software.model_revision

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from sparkcluster import bench
-from sparkcluster.bench import record
+from sparkcluster.bench import perf_record
 from sparkcluster.cli.bench_cmd import _record_for, deployment_nodes
 from sparkcluster.config.profile import load_profile
 from sparkcluster.errors import InputError
@@ -61,7 +61,7 @@ def test_every_run_leaves_its_record_with_the_levels_it_measured(cli_env, capsys
     rc, out, err = run(capsys, cli_env, "bench", "-c", "1,4", "--num-prompts", "8", "--repeat", "2", "--json")
     assert rc == 0, err
     summary = json.loads(out)
-    rec = record.load(__import__("pathlib").Path(summary["record"]))
+    rec = perf_record.load(__import__("pathlib").Path(summary["record"]))
     assert rec.kind == "measured" and rec.software.profile == "testbed" and rec.hardware.nodes == 2
     assert [(r.conditions.concurrency, r.repetitions) for r in rec.runs] == [(1, 2), (4, 2)]
     assert rec.run_at((512, 128, 4)).figures.output_tok_s == pytest.approx(400.0)
@@ -250,7 +250,7 @@ def test_a_llama_benchy_record_is_measured_with_llama_benchy_and_compared_unflag
     assert rc == 0, err
     summary = json.loads(out)
     assert summary["against"]["verdict"] == "ok" and summary["against"]["flags"] == []
-    rec = record.load(test_bench.Path(summary["record"]))
+    rec = perf_record.load(test_bench.Path(summary["record"]))
     assert rec.harness.name == "llama-benchy" and rec.harness.version == bench.benchy.VERSION
     installs = [c for c in api.commands() if "venv" in " ".join(c)]
     assert len(installs) == 1  # the virtualenv, once, before the levels

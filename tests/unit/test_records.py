@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkcluster.bench import against, causes, measured, record
+from sparkcluster.bench import against, causes, measured, perf_record
 from sparkcluster.config.lint import lint
 from sparkcluster.config.profile import available, load_profile
 from sparkcluster.errors import InputError
@@ -19,14 +19,14 @@ PROFILES = REPO / "env-profiles"
 
 
 def shipped_records() -> list[Path]:
-    return sorted(PROFILES.glob("*" + record.SUFFIX))
+    return sorted(PROFILES.glob("*" + perf_record.SUFFIX))
 
 
 # ---- the format ------------------------------------------------------------------------------------
 
 
 def test_at_least_twelve_spark_profiles_ship_a_published_record_on_one_and_two_nodes():
-    published = [record.load(p) for p in shipped_records() if record.load(p).kind == "published"]
+    published = [perf_record.load(p) for p in shipped_records() if perf_record.load(p).kind == "published"]
     assert len(published) >= 12
     assert {r.hardware.nodes for r in published} >= {1, 2}
     assert all(r.hardware.accelerator == "NVIDIA GB10" for r in published)
@@ -34,8 +34,8 @@ def test_at_least_twelve_spark_profiles_ship_a_published_record_on_one_and_two_n
 
 @pytest.mark.parametrize("path", shipped_records(), ids=lambda p: p.name)
 def test_every_shipped_record_is_valid_beside_a_lint_clean_profile_it_matches(path):
-    rec = record.load(path)
-    name = path.name[: -len(record.SUFFIX)]
+    rec = perf_record.load(path)
+    name = path.name[: -len(perf_record.SUFFIX)]
     assert name in available(), f"{path.name} has no profile beside it"
     prof = load_profile(name)
     assert lint(prof) == [], [p.line() for p in lint(prof)]
@@ -57,13 +57,13 @@ def test_records_are_not_profiles():
 
 def test_round_trip_keeps_every_field():
     for path in shipped_records():
-        rec = record.load(path)
-        assert record.parse(record.dumps(rec)) == rec
+        rec = perf_record.load(path)
+        assert perf_record.parse(perf_record.dumps(rec)) == rec
 
 
 def test_a_published_figure_is_kept_exactly():
     """The record of qwen36-27b-nvfp4-tp2 carries NVIDIA's performance.yaml figures as published."""
-    rec = record.load(PROFILES / "qwen36-27b-nvfp4-tp2.perf.toml")
+    rec = perf_record.load(PROFILES / "qwen36-27b-nvfp4-tp2.perf.toml")
     (run,) = rec.runs
     assert run.conditions.key == (8192, 256, 1) and run.conditions.dataset == "nvidia/SPEED-Bench"
     assert run.figures.decode_tok_s == 43.58 and run.figures.prefill_tok_s == 1806.92
@@ -97,8 +97,8 @@ decode_tok_s = 69.0
 
 
 def test_a_minimal_record_holds_only_what_is_required():
-    rec = record.parse(MINIMAL)
-    assert rec.software == record.Software() and rec.runs[0].figures.present() == {"decode_tok_s": 69.0}
+    rec = perf_record.parse(MINIMAL)
+    assert rec.software == perf_record.Software() and rec.runs[0].figures.present() == {"decode_tok_s": 69.0}
 
 
 @pytest.mark.parametrize(
@@ -117,14 +117,14 @@ def test_a_minimal_record_holds_only_what_is_required():
 )
 def test_a_record_missing_what_is_required_is_refused_naming_it(edit, says):
     with pytest.raises(InputError) as e:
-        record.parse(edit(MINIMAL), "x.perf.toml")
+        perf_record.parse(edit(MINIMAL), "x.perf.toml")
     assert says in " ".join(e.value.details) + e.value.message
 
 
 def test_two_runs_at_the_same_conditions_are_refused():
     text = MINIMAL + MINIMAL[MINIMAL.index("[[runs]]") :].replace('id = "c1"', 'id = "c1b"')
     with pytest.raises(InputError) as e:
-        record.parse(text)
+        perf_record.parse(text)
     assert "share their conditions" in " ".join(e.value.details)
 
 
@@ -170,7 +170,7 @@ PROV = measured.Provenance(
 )
 
 
-def build(rows: list[dict]) -> record.PerfRecord:
+def build(rows: list[dict]) -> perf_record.PerfRecord:
     rec = measured.build(
         rows,
         PROV,
@@ -192,7 +192,7 @@ def test_a_bench_run_becomes_a_record_with_provenance_from_the_facts():
     assert sw.nccl_transport == {"spark-a": "NET/IB rocep1s0f1 GID 3"} and sw.profile_hash == "b" * 64
     c1 = rec.run_at((8192, 256, 1))
     assert c1.figures.decode_tok_s == pytest.approx(40.0) and c1.figures.prefill_tok_s == pytest.approx(2048.0)
-    assert record.parse(record.dumps(rec)) == rec
+    assert perf_record.parse(perf_record.dumps(rec)) == rec
 
 
 def test_repeated_levels_are_one_run_with_their_count_and_spread():
@@ -215,7 +215,7 @@ QWEN_TP2 = PROFILES / "qwen36-27b-nvfp4-tp2.perf.toml"
 
 def test_a_run_at_the_records_conditions_is_a_ratio_per_figure_flagged_across_harnesses():
     ours = build([row(1, 1000 / 40.0, 8192 * 1000 / 1900.0, 39.0, 8192, 256)])
-    st = against.against(ours, record.load(QWEN_TP2), tolerance_pct=10)
+    st = against.against(ours, perf_record.load(QWEN_TP2), tolerance_pct=10)
     got = {r.figure: r for r in st.ratios}
     assert got["decode_tok_s"].ratio == pytest.approx(40.0 / 43.58) and not got["decode_tok_s"].short
     assert got["prefill_tok_s"].ratio == pytest.approx(1900.0 / 1806.92)
@@ -226,23 +226,23 @@ def test_a_run_at_the_records_conditions_is_a_ratio_per_figure_flagged_across_ha
 
 def test_a_run_well_below_the_record_is_short():
     ours = build([row(1, 1000 / 12.0, 8192 * 1000 / 1800.0, 11.0, 8192, 256)])
-    st = against.against(ours, record.load(QWEN_TP2))
+    st = against.against(ours, perf_record.load(QWEN_TP2))
     assert st.verdict == "short" and st.worst.figure == "decode_tok_s"
     assert st.worst.ratio == pytest.approx(12.0 / 43.58)
 
 
 def test_other_conditions_are_refused_with_the_options_that_measure_them():
     ours = build([row(1, 25.0, 100.0, 39.0)])  # 512 in / 128 out
-    st = against.against(ours, record.load(QWEN_TP2))
+    st = against.against(ours, perf_record.load(QWEN_TP2))
     assert st.verdict == "refused" and not st.ratios
     assert "--input-len 8192 --output-len 256 --concurrency 1" in st.refused[0]
 
 
 def test_another_model_or_node_count_is_refused_whole():
     ours = build([row(1, 25.0, 4000.0, 39.0, 8192, 256)])
-    other = record.load(PROFILES / "minimax-m27-nvfp4-tp2.perf.toml")
+    other = perf_record.load(PROFILES / "minimax-m27-nvfp4-tp2.perf.toml")
     assert "another model" in against.against(ours, other).refused[0]
-    single = record.load(PROFILES / "qwen36-27b-nvfp4-single.perf.toml")
+    single = perf_record.load(PROFILES / "qwen36-27b-nvfp4-single.perf.toml")
     assert "1 node(s), this run on 2" in against.against(ours, single).refused[0]
 
 
@@ -299,7 +299,7 @@ def _replace(view: causes.ClusterView, node: str | None = None, **over) -> cause
     return dataclasses.replace(view, nodes=nodes, **rest)
 
 
-QWEN = record.load(QWEN_TP2)
+QWEN = perf_record.load(QWEN_TP2)
 
 
 def test_a_healthy_cluster_at_the_records_stack_has_no_cause():
@@ -338,7 +338,7 @@ def test_causes_are_ranked_by_the_stated_class_order_then_inventory_order():
 
 
 def test_a_single_node_record_has_no_fabric_or_twins_cause():
-    single = record.load(PROFILES / "qwen36-27b-nvfp4-single.perf.toml")
+    single = perf_record.load(PROFILES / "qwen36-27b-nvfp4-single.perf.toml")
     view = causes.ClusterView(nodes=(causes.NodeView("spark-a", hcas=("rocep1s0f1",), rtt_ms=50.0),), roce=False)
     assert causes.rank(view, single) == []
 
@@ -407,7 +407,9 @@ def test_the_readme_catalogue_shows_each_records_figures_exactly():
         if m:
             rows[m.group(1)] = m.groups()[1:]
     published = {
-        p.name[: -len(record.SUFFIX)]: record.load(p) for p in shipped_records() if record.load(p).kind == "published"
+        p.name[: -len(perf_record.SUFFIX)]: perf_record.load(p)
+        for p in shipped_records()
+        if perf_record.load(p).kind == "published"
     }
     assert set(rows) == set(published)
     for name, (nodes, decode, prefill, date) in rows.items():

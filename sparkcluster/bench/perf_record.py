@@ -229,7 +229,7 @@ def write(path: Path, rec: PerfRecord) -> None:
 
 def dumps(rec: PerfRecord) -> str:
     data = rec.model_dump(mode="python", exclude_none=True)
-    lines = [f"# performance record ({rec.kind}), schema {rec.schema_version}: sparkcluster/bench/record.py"]
+    lines = [f"# performance record ({rec.kind}), schema {rec.schema_version}: sparkcluster/bench/perf_record.py"]
     _table(lines, [], {k: v for k, v in data.items()})
     return "\n".join(lines).rstrip() + "\n"
 
