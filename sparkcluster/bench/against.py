@@ -9,7 +9,9 @@ What is compared, and what is not (never silently):
   own prompts and TTFT), another harness version, another dataset (SPEED-Bench against random prompts),
   another accelerator. The ratios are still given, with the flags beside them.
 - The ratio is yours over theirs for throughputs and theirs over yours for latencies, so below 1 is
-  always worse; a figure is short when its ratio is under 1 - tolerance. The p99 latencies are shown and
+  always worse; a figure is short when its ratio is under 1 - margin, the margin being the tolerance or,
+  where the record measured the figure several times, twice its spread if that is wider (a noisy figure
+  is not called short on noise). The p99 latencies are shown and
   marked but do not decide the verdict: a run of a few requests makes its 99th percentile one request.
 """
 
@@ -41,6 +43,7 @@ class Ratio:
     theirs: float
     ratio: float
     short: bool
+    margin_pct: float = 0.0  # what "short" was judged against (the tolerance, or twice the record's spread)
 
 
 @dataclass
@@ -126,6 +129,7 @@ def against(ours: PerfRecord, theirs: PerfRecord, tolerance_pct: float = 10.0) -
             if o is None:
                 continue
             ratio = o / t if fig in THROUGHPUTS else t / o
+            margin = max(tolerance_pct, 2.0 * run.spread_pct.get(fig, 0.0))
             st.ratios.append(
                 Ratio(
                     run.id,
@@ -135,7 +139,8 @@ def against(ours: PerfRecord, theirs: PerfRecord, tolerance_pct: float = 10.0) -
                     o,
                     t,
                     ratio,
-                    ratio < 1.0 - tolerance_pct / 100.0,
+                    ratio < 1.0 - margin / 100.0,
+                    margin,
                 )
             )
     st.flags.extend(sorted(datasets))

@@ -31,12 +31,12 @@ def serving(testbed, sc):
 @pytest.fixture
 def healthy_record(testbed, sc, serving, tmp_path):
     testbed.unshape_egress(HEAD, CONTROL_IF)
-    res = sc("bench", *SHORT, "--repeat", "2", "--out", str(tmp_path / "healthy"), "--json", timeout=600)
+    res = sc("bench", *SHORT, "--repeat", "3", "--out", str(tmp_path / "healthy"), "--json", timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     path = tmp_path / "healthy" / "record.perf.toml"
     rec = perf_record.load(path)
     (run,) = rec.runs
-    assert run.repetitions == 2 and run.figures.decode_tok_s and rec.hardware.nodes == 2
+    assert run.repetitions == 3 and run.figures.decode_tok_s and rec.hardware.nodes == 2
     assert rec.software.profile == "testbed" and rec.software.image_ids and rec.software.model_revision
     return path
 

@@ -418,3 +418,14 @@ def test_the_readme_catalogue_shows_each_records_figures_exactly():
         assert (int(nodes), date) == (rec.hardware.nodes, rec.source.measured_at.isoformat()), name
         assert float(decode.replace(",", "")) == run.figures.decode_tok_s, name
         assert float(prefill.replace(",", "")) == run.figures.prefill_tok_s, name
+
+
+def test_a_figure_the_record_saw_spread_widely_is_judged_against_twice_its_spread():
+    noisy = build([row(1, 20.0, 100.0, 48.0), row(1, 20.0, 100.0, 32.0)])  # output 40 +- 28%
+    (run,) = noisy.runs
+    assert run.spread_pct["output_tok_s"] == pytest.approx(28.28, abs=0.01)
+    st = against.against(build([row(1, 20.0, 100.0, 30.0)]), noisy, tolerance_pct=10)
+    out = next(r for r in st.ratios if r.figure == "output_tok_s")
+    assert out.ratio == pytest.approx(0.75) and out.margin_pct == pytest.approx(56.57, abs=0.01) and not out.short
+    steady = next(r for r in st.ratios if r.figure == "decode_tok_s")
+    assert steady.margin_pct == 10 and not steady.short
