@@ -49,6 +49,7 @@ SERVING_TAIL = (
     "tests.integration.test_mp",
     "tests.integration.test_up",
     "tests.integration.test_bench",
+    "tests.integration.test_bench_against",
     "tests.integration.test_monitor",
     "tests.integration.test_supervisor",
     "tests.integration.test_fabric",

@@ -14,6 +14,8 @@ HF cache, and the requests do not cross the controller's network, which is not w
 
 import time  # re-exported: tests patch `bench.time.sleep` (the module runner.Head polls with)
 
+from sparkcluster.bench import against, benchy, canary, causes, measured, perf_record
+from sparkcluster.bench.causes import parse_mtus
 from sparkcluster.bench.results import (
     COLUMNS,
     HIGHER_IS_BETTER,
@@ -40,15 +42,24 @@ from sparkcluster.bench.results import (
 from sparkcluster.bench.runner import (
     NODE_FACTS,
     VLLM_VERSION,
+    ClusterFacts,
     Head,
     Interrupted,
     LevelResult,
+    LoadedRtt,
     Sweep,
+    ask_canary,
     check_endpoint,
+    cluster_facts,
     connect,
+    engine_nccl_texts,
     head_for,
+    model_revision,
     node_facts,
     parse_facts,
+    parse_rtt,
+    rank_rtts,
+    row_for,
     run_sweep,
 )
 from sparkcluster.bench.smoke import SMOKE_FLOOR, judge_smoke, smoke, smoke_after_up, smoke_message
@@ -75,6 +86,7 @@ from sparkcluster.bench.sweep import (
     parse_concurrency,
     plan,
     prompts_for,
+    repeated,
     stop_argv,
     target_for,
 )
@@ -90,6 +102,7 @@ __all__ = [
     "parse_concurrency",
     "prompts_for",
     "plan",
+    "repeated",
     "CONTAINER_ROOT",
     "RESULT_FILE",
     "LOG_FILE",
@@ -136,6 +149,7 @@ __all__ = [
     # runner
     "Interrupted",
     "LevelResult",
+    "LoadedRtt",
     "Sweep",
     "run_sweep",
     "NODE_FACTS",
@@ -146,5 +160,21 @@ __all__ = [
     "connect",
     "head_for",
     "check_endpoint",
+    "ClusterFacts",
+    "ask_canary",
+    "cluster_facts",
+    "engine_nccl_texts",
+    "model_revision",
+    "parse_mtus",
+    "parse_rtt",
+    "rank_rtts",
+    "row_for",
     "time",
+    # issue 38: records, yours against a record, the causes (used as modules: perf_record.load, ...)
+    "perf_record",
+    "measured",
+    "against",
+    "causes",
+    "canary",
+    "benchy",
 ]

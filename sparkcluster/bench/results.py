@@ -12,7 +12,7 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sparkcluster import __version__, log, redact
@@ -149,7 +149,7 @@ def runs_root(cluster: str) -> Path:
 
 
 def run_id(now: datetime | None = None) -> str:
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     return now.strftime("%Y%m%dT%H%M%SZ")
 
 

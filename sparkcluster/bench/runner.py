@@ -8,13 +8,15 @@ from __future__ import annotations
 import io
 import json
 import re
+import shlex
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Callable
 
 from sparkcluster import log, redact
+from sparkcluster.bench import benchy, canary
 from sparkcluster.bench.results import failure_reason, level_error, progress, row_from_result, run_id
 from sparkcluster.bench.sweep import (
     _RUN_ID,
@@ -30,14 +32,22 @@ from sparkcluster.bench.sweep import (
     level_dir,
     stop_argv,
 )
-from sparkcluster.day2 import endpoint
+from sparkcluster.day2 import endpoint, engine_nccl
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.facts.parsers import ContainerInspect, container_inspect
-from sparkcluster.labels import container_name
+from sparkcluster.labels import CLUSTER_LABEL, container_name
+from sparkcluster.movement import hfcache
 
 _log = log.get("sparkcluster.bench")  # the logger name of the single module this was
 
 # ---- the sweep, driven through a Head ----------------------------------------------------------
+
+
+def row_for(harness: str, doc: dict, level: Level) -> dict:
+    """A level's result file as a CSV row, by the harness that wrote it."""
+    if harness == "llama-benchy":
+        return benchy.row_from_result(doc, level)
+    return row_from_result(doc, level)
 
 
 class Interrupted(Exception):
@@ -60,12 +70,13 @@ class Sweep:
 
 
 def run_sweep(
-    head: "Head",
+    head: Head,
     levels: list[Level],
     target: Target,
     secrets: dict[str, str],
     run_dir: Path,
     on_progress: Callable[[Level, int, int], None] | None = None,
+    harness: str = "vllm-bench-serve",
 ) -> Sweep:
     """Each level in turn; its raw JSON lands in the run folder as soon as it is measured, so an
     interruption or a failed level keeps every level before it."""
@@ -76,10 +87,10 @@ def run_sweep(
     rid = f"{run_id()}-{token_hex(3)}"
     try:
         for level in levels:
-            res = head.run_level(level, target, secrets, rid, on_progress=on_progress)
+            res = head.run_level(level, target, secrets, rid, on_progress=on_progress, harness=harness)
             (run_dir / f"{level.name}.json").write_bytes(res.raw)
             (run_dir / f"{level.name}.log").write_text(res.output)
-            sweep.rows.append(row_from_result(res.doc, level))
+            sweep.rows.append(row_for(harness, res.doc, level))
             if on_progress is not None:  # a level too quick for a poll still shows as done
                 on_progress(level, level.num_prompts, level.num_prompts)
             err = level_error(res.doc, res.output, level, target.base_url)
@@ -102,8 +113,12 @@ NODE_FACTS = (
     'echo "hostname=$(hostname)"; echo "kernel=$(uname -r)"; '
     'echo "gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"; '
     "echo \"mem_total_kb=$(awk '/^MemTotal/ {print $2}' /proc/meminfo)\"; "
-    "echo \"docker=$(docker version --format '{{.Server.Version}}' 2>/dev/null)\"; true"
+    "echo \"docker=$(docker version --format '{{.Server.Version}}' 2>/dev/null)\"; "
+    # every netdev's MTU (the record's cause ranking compares the data plane's with the inventory's)
+    'echo "mtus=$(for d in /sys/class/net/*; do printf \'%s:%s,\' "${d##*/}" "$(cat $d/mtu 2>/dev/null)"; done)"; true'
 )
+# the round trip from the head to a peer's control address, where the ranks' traffic goes: 5 pings in ~1 s
+RTT = re.compile(r"= [0-9.]+/([0-9.]+)/[0-9.]+/[0-9.]+ ms")
 VLLM_VERSION = (
     "python3 -c 'import importlib.metadata as m; print(m.version(\"vllm\"))' 2>/dev/null "
     "|| vllm --version 2>/dev/null | tail -1"
@@ -161,6 +176,27 @@ class Head:
     def image(self, info: ContainerInspect) -> tuple[str, str]:
         return info.image, info.image_id
 
+    def repo_digests(self, image_id: str) -> list[str]:
+        """The registry digests (sha256:...) of the head's image: what a published record names."""
+        import docker
+
+        try:
+            info = self.api.inspect_image(image_id)
+        except docker.errors.DockerException:
+            return []
+        return [d.split("@", 1)[1] for d in info.get("RepoDigests") or [] if "@" in d]
+
+    def setup_benchy(self, pip_index_url: str | None = None) -> None:
+        """llama-benchy in its own virtualenv in the head container, installed once (bench/benchy)."""
+        code, out = self._exec(benchy.setup_argv(pip_index_url), {})
+        if code != 0:
+            tail = [ln for ln in out.splitlines() if ln.strip()][-6:]
+            raise SparkError(
+                f"could not install llama-benchy {benchy.VERSION} in {self.container} (exit {code})",
+                "the head container needs PyPI (or the inventory's pip_index_url); or use --harness vllm-bench-serve",
+                details=tail,
+            )
+
     def vllm_version(self) -> str:
         code, out = self._exec(["sh", "-c", VLLM_VERSION], {})
         return out.strip().splitlines()[-1] if code == 0 and out.strip() else ""
@@ -174,12 +210,18 @@ class Head:
         secrets: dict[str, str],
         rid: str,
         on_progress: Callable[[Level, int, int], None] | None = None,
+        harness: str = "vllm-bench-serve",
     ) -> LevelResult:
         """Run one level to the end. Ctrl-C stops it and raises Interrupted; a failed benchmark
         raises SparkError with its last lines."""
         folder = level_dir(rid, level)
-        argv = exec_argv(folder, bench_argv(level, target, folder))
-        _log.info("bench level", command=describe(level, target, folder, self.container, secrets))
+        if harness == "llama-benchy":
+            inner = benchy.bench_argv(level, target, f"{folder}/{RESULT_FILE}")
+            _log.info("bench level", command=redact.mask(shlex.join(inner)), harness=harness)
+        else:
+            inner = bench_argv(level, target, folder)
+            _log.info("bench level", command=describe(level, target, folder, self.container, secrets))
+        argv = exec_argv(folder, inner)
         ex = self.api.exec_create(self.container, argv, environment=exec_env(secrets), stdout=False, stderr=False)
         try:
             self.api.exec_start(ex["Id"], detach=True)
@@ -271,13 +313,106 @@ class Head:
             return f.read() if f else b""
 
 
-def node_facts(cluster) -> dict[str, dict]:
-    """A few facts per node for run.json; an unreachable node is recorded as such."""
+def node_facts(cluster, inv=None) -> dict[str, dict]:
+    """A few facts per node for run.json; an unreachable node is recorded as such. With the
+    inventory, also the image ID of each node's sparkcluster container (`image_id`)."""
     out: dict[str, dict] = {}
-    res = cluster.each(lambda h: h.run(NODE_FACTS, timeout=20))
+    script = NODE_FACTS
+    if inv is not None:
+        label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
+        script += (
+            f'; echo "image_id=$(docker ps -q --filter label={label} | head -1 | '
+            "xargs -r docker inspect -f '{{.Image}}' 2>/dev/null)\""
+        )
+    res = cluster.each(lambda h: h.run(script, timeout=20))
     for name, o in res.items():
         out[name] = parse_facts(o.value.stdout) if o.ok else {"error": str(o.error)}
     return out
+
+
+def parse_rtt(ping_output: str) -> float | None:
+    """The average round trip in ms from `ping -q`'s summary, or None when nothing answered."""
+    m = RTT.search(ping_output or "")
+    return float(m.group(1)) if m else None
+
+
+def rank_rtts(cluster, inv, count: int = 5, deadline_s: int | None = None) -> dict[str, tuple[float | None, str]]:
+    """From the head to every other node's control address (where the ranks talk): (ms, why none).
+    `count` pings 0.2 s apart, or as many as fit in `deadline_s`."""
+    head = cluster.head
+    out: dict[str, tuple[float | None, str]] = {}
+    for n in inv.nodes:
+        if n.name == inv.head.name:
+            continue
+        cmd = ["ping", "-n", "-q", "-i", "0.2", "-W", "1", "-c", str(count)]
+        if deadline_s:
+            cmd += ["-w", str(deadline_s)]
+        cmd.append(str(n.control_ip))
+        try:
+            res = head.run(cmd, timeout=(deadline_s or count) + 15, warn=True)
+        except SparkError as e:
+            out[n.name] = (None, e.message)
+            continue
+        rtt = parse_rtt(res.stdout)
+        lines = (res.stdout + res.stderr).strip().splitlines()
+        out[n.name] = (rtt, "" if rtt is not None else (lines[-1] if lines else "no answer"))
+    return out
+
+
+class LoadedRtt:
+    """The same round trips measured while the benchmark runs (in a thread, over the head's SSH
+    connection): a link that only queues under the ranks' traffic (a shaped or slow link) shows here."""
+
+    def __init__(self, cluster, inv, seconds: int = 8):
+        import threading
+
+        self.result: dict[str, tuple[float | None, str]] = {}
+        self._thread = threading.Thread(target=self._run, args=(cluster, inv, seconds), daemon=True)
+
+    def _run(self, cluster, inv, seconds: int) -> None:
+        try:
+            self.result = rank_rtts(cluster, inv, count=seconds * 5, deadline_s=seconds)
+        except Exception as e:  # noqa: BLE001 -- a fact not learnt, never a failed benchmark
+            _log.info("no round trip under load", error=str(e))
+
+    def start(self) -> LoadedRtt:
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float = 30.0) -> dict[str, tuple[float | None, str]]:
+        self._thread.join(timeout)
+        return self.result
+
+
+def engine_nccl_texts(cluster, inv) -> dict[str, str]:
+    """Per node, the lines the engine's NCCL wrote at init in sparkcluster's containers there
+    (day2/engine_nccl's reader); "" where none (a CPU engine writes none)."""
+    label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
+    cmd = (
+        f"for c in $(timeout 10 docker ps -q --filter label={label}); do "
+        f"timeout 10 docker exec $c sh -c {shlex.quote(engine_nccl.reader())}; done; true"
+    )
+    res = cluster.each(lambda h: h.run(cmd, timeout=30, warn=True))
+    return {name: (o.value.stdout if o.ok else "") for name, o in res.items()}
+
+
+def model_revision(cluster, inv, prof) -> str:
+    """The commit the profile's model resolves to in the head's HF cache ("" when not a hub model or
+    not there). A revision that is already a commit is its own answer."""
+    if not hfcache.is_hub_model(prof.model):
+        return ""
+    rev = prof.revision or "main"
+    if re.fullmatch(r"[0-9a-f]{40}", rev):
+        return rev
+    cache = inv.hf_cache(inv.head.name, unresolved_ok=True)
+    ref = f"{hfcache.hub_dir(cache)}/{hfcache.repo_folder(prof.model)}/refs/{rev}"
+    path = '"$HOME"/' + shlex.quote(ref[2:]) if ref.startswith("~/") else shlex.quote(ref)
+    try:
+        res = cluster.head.run(f"cat {path}", timeout=10, warn=True)
+    except SparkError:
+        return ""
+    out = res.stdout.strip()
+    return out if re.fullmatch(r"[0-9a-f]{40}", out) else ""
 
 
 def connect(inv):
@@ -325,3 +460,55 @@ def check_endpoint(address: str, target: Target, port: int, secrets: dict[str, s
     raise SparkError(
         f"the endpoint {base} answers /health but not a completion: {why}", "sparkcluster status; sparkcluster logs"
     )
+
+
+@dataclass
+class ClusterFacts:
+    """What bench learns about the cluster before it measures: run.json's node facts, and the
+    provenance and cause-ranking facts of issue 38."""
+
+    nodes: dict[str, dict] = field(default_factory=dict)
+    rtts: dict[str, tuple[float | None, str]] = field(default_factory=dict)
+    nccl_texts: dict[str, str] = field(default_factory=dict)
+    loaded_rtts: dict[str, tuple[float | None, str]] = field(default_factory=dict)  # set while measuring
+    model_revision: str = ""
+    image_digests: list[str] = field(default_factory=list)
+
+
+def cluster_facts(cluster, inv, prof, head: Head, image_id: str) -> ClusterFacts:
+    """Every fact in one place (the calls a unit test replaces with one fake)."""
+    return ClusterFacts(
+        nodes=node_facts(cluster, inv),
+        rtts=rank_rtts(cluster, inv),
+        nccl_texts=engine_nccl_texts(cluster, inv),
+        model_revision=model_revision(cluster, inv, prof),
+        image_digests=head.repo_digests(image_id) if image_id else [],
+    )
+
+
+def ask_canary(address: str, port: int, model: str, secrets: dict[str, str]) -> list:
+    """The canary's prompts, one request at a time from the controller, greedily (bench/canary)."""
+    import httpx
+
+    base = f"http://{address}:{port}"
+    out = []
+    with httpx.Client() as client:
+        for prompt in canary.PROMPTS:
+            try:
+                r = client.post(
+                    f"{base}/v1/completions",
+                    json=canary.request_body(model, prompt),
+                    headers=endpoint.headers(secrets),
+                    timeout=120,
+                )
+            except httpx.HTTPError as e:
+                raise SparkError(
+                    f"the canary's completion failed: {e}", "sparkcluster status; sparkcluster logs"
+                ) from None
+            if r.status_code != 200:
+                raise SparkError(
+                    f"the canary's completion answered HTTP {r.status_code}: {redact.mask(r.text[:200])}",
+                    "sparkcluster status; sparkcluster logs",
+                )
+            out.append(canary.answer_from(prompt, r.json()))
+    return out

@@ -27,7 +27,7 @@ def judge_smoke(tok_s: float | None, expected: float | None, floor: float = SMOK
 
 
 def smoke(
-    head: "Head",
+    head: Head,
     target: Target,
     secrets: dict[str, str],
     expected: float | None,

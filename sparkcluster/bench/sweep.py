@@ -9,9 +9,9 @@ vllm/benchmarks/lib/endpoint_request_func.py turns into the Authorization header
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
-from typing import Iterable
 
 from sparkcluster import redact
 from sparkcluster.errors import InputError
@@ -32,10 +32,12 @@ class Level:
     num_prompts: int
     input_len: int
     output_len: int
+    # "-r2" for a level's second repetition (`--repeat`), "-2" for a second level at one concurrency
+    suffix: str = ""
 
     @property
     def name(self) -> str:
-        return f"c{self.concurrency}"
+        return f"c{self.concurrency}{self.suffix}"
 
 
 def parse_concurrency(text: str) -> tuple[int, ...]:
@@ -84,6 +86,19 @@ def plan(
     if not levels:
         raise InputError("no concurrency level to measure", "e.g. --concurrency 1,4,16")
     return levels
+
+
+def repeated(levels: list[Level], repeat: int = 1) -> list[Level]:
+    """Each level `repeat` times in a row, every one with a name of its own (its run folder files)."""
+    if not 1 <= repeat <= 20:
+        raise InputError(f"--repeat {repeat}: must be 1 to 20", "e.g. --repeat 3")
+    out: list[Level] = []
+    seen: dict[str, int] = {}
+    for lv in levels:
+        n = seen[lv.name] = seen.get(lv.name, 0) + 1
+        base = replace(lv, suffix=f"-{n}") if n > 1 else lv
+        out += [replace(base, suffix=base.suffix + (f"-r{i}" if i > 1 else "")) for i in range(1, repeat + 1)]
+    return out
 
 
 # ---- the command line inside the head container ------------------------------------------------

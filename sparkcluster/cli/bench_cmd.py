@@ -1,14 +1,16 @@
 """`sparkcluster bench`: a concurrency sweep of `vllm bench serve` against the serving cluster,
-tabled in the terminal, kept as CSV + JSON + PNG in a run folder, compared with an earlier run."""
+tabled in the terminal, kept as CSV + JSON + PNG and a performance record in a run folder, compared
+with an earlier run, a published record or the cluster's own baseline (issue 38)."""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -17,6 +19,7 @@ from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.secrets import load_secrets
+from sparkcluster.day2 import engine_nccl
 from sparkcluster.errors import InputError, SparkError
 
 # the figures the terminal table shows (the CSV has them all)
@@ -71,6 +74,90 @@ def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table
     return t
 
 
+# the harnesses bench runs itself; a record's aiperf figures are compared with vLLM's bench, flagged
+RUNNABLE = ("vllm-bench-serve", "llama-benchy")
+
+
+def against_table(st: bench_pkg.against.Standing) -> Table:
+    t = Table(
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+        caption=f"ratio: yours / record (latencies inverted); short below {1 - st.tolerance_pct / 100:.2f}",
+        caption_justify="left",
+    )
+    for col in ("conditions", "figure", "yours", "record", "ratio", ""):
+        t.add_column(col, justify="left" if col in ("conditions", "figure", "") else "right")
+    for r in st.ratios:
+        mark = "" if not r.short else "[bold red]SHORT[/]"
+        if r.short and r.figure in bench_pkg.against.TAIL_FIGURES:
+            mark = "[yellow]short (a p99: not judged)[/]"
+        t.add_row(r.conditions, r.figure, f"{r.ours:.4g}", f"{r.theirs:.4g}", f"{r.ratio:.2f}", mark)
+    return t
+
+
+def _record_target(spec: str | None, root: Path) -> tuple[str | None, Path | None]:
+    """--compare SPEC: ("record", path) for a .perf.toml file, ("published"|"baseline", None), or
+    ("run", folder) for an earlier run; (None, None) without --compare."""
+    if spec is None:
+        return None, None
+    if spec in ("published", "baseline"):
+        return spec, None
+    p = Path(spec).expanduser()
+    if bench_pkg.perf_record.is_record_file(p):
+        if not p.is_file():
+            raise InputError(f"--compare {spec}: no such performance record", "give the path of a .perf.toml file")
+        return "record", p
+    return "run", bench_pkg.resolve_run(spec, root)
+
+
+def baseline_path(root: Path, profile: str) -> Path:
+    return root / "baselines" / f"{profile}{bench_pkg.perf_record.SUFFIX}"
+
+
+def _record_for(kind: str | None, path: Path | None, prof, root: Path):
+    if kind == "record":
+        return bench_pkg.perf_record.load(path)
+    if kind == "published":
+        rec = bench_pkg.perf_record.published_for(prof)
+        if rec is None:
+            raise InputError(
+                f"profile '{prof.name}' ships no performance record "
+                f"({prof.name}{bench_pkg.perf_record.SUFFIX} beside it)",
+                "give a record: --compare PATH.perf.toml, or keep a run as this cluster's baseline: --keep-baseline",
+            )
+        return rec
+    if kind == "baseline":
+        p = baseline_path(root, prof.name)
+        if not p.is_file():
+            raise InputError(
+                f"this cluster keeps no baseline for profile '{prof.name}'",
+                "measure one and keep it: sparkcluster bench --keep-baseline",
+            )
+        return bench_pkg.perf_record.load(p)
+    return None
+
+
+def levels_from(rec) -> list[bench_pkg.Level]:
+    """A record's conditions as levels: its concurrency, prompt and answer lengths, request count."""
+    out: list[bench_pkg.Level] = []
+    for run in rec.runs:
+        c = run.conditions
+        out += bench_pkg.plan([c.concurrency], c.input_tokens, c.output_tokens, c.requests)
+    return out
+
+
+def deployment_nodes(inv, prof) -> list[str]:
+    """The nodes the serving profile spans: from the head, in inventory order, until its GPUs are met."""
+    names, gpus = [], 0
+    for n in [inv.head, *[x for x in inv.nodes if x.name != inv.head.name]]:
+        if gpus >= prof.world_size:
+            break
+        names.append(n.name)
+        gpus += n.gpus
+    return names
+
+
 @cli.command()
 @click.option(
     "--profile",
@@ -82,23 +169,23 @@ def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table
 @click.option(
     "--concurrency",
     "-c",
-    default=",".join(map(str, bench_pkg.DEFAULT_CONCURRENCY)),
-    show_default=True,
-    help="Comma-separated concurrency levels, one run of vllm bench serve each.",
+    default=None,
+    help="Comma-separated concurrency levels, one run of vllm bench serve each "
+    f"[default: {','.join(map(str, bench_pkg.DEFAULT_CONCURRENCY))}, or the compared record's].",
 )
 @click.option(
     "--input-len",
-    default=bench_pkg.DEFAULT_INPUT_LEN,
-    show_default=True,
+    default=None,
     type=int,
-    help="Prompt tokens per request (random dataset).",
+    help="Prompt tokens per request (random dataset) "
+    f"[default: {bench_pkg.DEFAULT_INPUT_LEN}, or the compared record's].",
 )
 @click.option(
     "--output-len",
-    default=bench_pkg.DEFAULT_OUTPUT_LEN,
-    show_default=True,
+    default=None,
     type=int,
-    help="Generated tokens per request (EOS ignored, so exactly this many).",
+    help="Generated tokens per request (EOS ignored, so exactly this many) "
+    f"[default: {bench_pkg.DEFAULT_OUTPUT_LEN}, or the compared record's].",
 )
 @click.option(
     "--num-prompts",
@@ -121,7 +208,25 @@ def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table
     "--compare",
     "compare_to",
     default=None,
-    help="Run folder (or its name) to compare with (default: the previous run of the same profile).",
+    help="What to compare with: an earlier run folder (or its name; default: the previous run of the same "
+    "profile), a performance record (PATH.perf.toml), 'published' (the record shipped beside the serving "
+    "profile) or 'baseline' (the run this cluster kept with --keep-baseline). Against a record, the levels "
+    "default to its conditions.",
+)
+@click.option("--repeat", default=1, show_default=True, type=int, help="Measure each level this many times.")
+@click.option(
+    "--harness",
+    type=click.Choice(RUNNABLE),
+    default=None,
+    help="What measures: vLLM's own bench (in the image), or llama-benchy "
+    f"{bench_pkg.benchy.VERSION} (installed once in a virtualenv of its own in the head container) "
+    "[default: the compared record's harness where it runs here, else vllm-bench-serve].",
+)
+@click.option(
+    "--keep-baseline",
+    is_flag=True,
+    help="Keep this run's record as the cluster's baseline for the profile (--compare baseline; a later "
+    "run below it by more than --tolerance says so).",
 )
 @click.option(
     "--tolerance",
@@ -130,26 +235,47 @@ def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table
     type=float,
     help="Percent a figure may worsen before it is marked a regression.",
 )
+@click.option(
+    "--canary",
+    "canary",
+    is_flag=True,
+    help="Instead of measuring speed: ask the correctness canary's fixed prompts greedily and compare the "
+    "answers with the deployment's last good serve (taken the first time; exit 1 when a deterministic "
+    "model's answers changed).",
+)
+@click.option("--canary-retake", is_flag=True, help="With --canary: take the canary anew (after a change you meant).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where VLLM_API_KEY lives.")
 @click.pass_obj
 def bench(
     obj,
     profile_name: str | None,
-    concurrency: str,
-    input_len: int,
-    output_len: int,
+    concurrency: str | None,
+    input_len: int | None,
+    output_len: int | None,
     num_prompts: int | None,
     tokenizer: str | None,
     out: Path | None,
     compare_to: str | None,
+    repeat: int,
+    harness: str | None,
+    keep_baseline: bool,
     tolerance: float,
+    canary: bool,
+    canary_retake: bool,
     as_json: bool,
     env_file: Path | None,
 ) -> None:
     """Measure throughput and latency of the serving cluster with vLLM's own `vllm bench serve`."""
     # everything the user typed is checked before any connection is opened
-    levels = bench_pkg.plan(bench_pkg.parse_concurrency(concurrency), input_len, output_len, num_prompts)
+    explicit = any(v is not None for v in (concurrency, input_len, output_len, num_prompts))
+    levels = bench_pkg.plan(
+        bench_pkg.parse_concurrency(concurrency or ",".join(map(str, bench_pkg.DEFAULT_CONCURRENCY))),
+        bench_pkg.DEFAULT_INPUT_LEN if input_len is None else input_len,
+        bench_pkg.DEFAULT_OUTPUT_LEN if output_len is None else output_len,
+        num_prompts,
+    )
+    bench_pkg.repeated(levels, repeat)
     if tolerance < 0:
         raise InputError(f"--tolerance {tolerance:g}: must be 0 or more", "e.g. --tolerance 10")
     if tokenizer is not None:
@@ -157,11 +283,13 @@ def bench(
     inv = obj.inventory()
     wanted = profiles.load_profile(profile_name) if profile_name else None
     root = bench_pkg.runs_root(inv.cluster.name)
-    baseline_dir = bench_pkg.resolve_run(compare_to, root) if compare_to else None
+    target_kind, target_path = _record_target(compare_to, root)
+    baseline_dir = target_path if target_kind == "run" else None
+    reference = _record_for(target_kind, target_path, wanted, root) if wanted or target_kind == "record" else None
     secrets = load_secrets(env_file, names=["VLLM_API_KEY"])
     err = Console(stderr=True, highlight=False)
 
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     cluster = bench_pkg.connect(inv)
     with cluster:
         head = bench_pkg.head_for(cluster, inv)
@@ -173,16 +301,42 @@ def bench(
                 f"sparkcluster up --profile {wanted.name} --replace first",
             )
         prof = wanted or profiles.load_profile(rec.profile)
+        if reference is None and target_kind in ("published", "baseline"):
+            reference = _record_for(target_kind, target_path, prof, root)
+        if reference is not None and not explicit:
+            levels = levels_from(reference)  # the record's own conditions
+        levels = bench_pkg.repeated(levels, repeat)
+        if harness is None:
+            named = reference.harness.name if reference is not None else ""
+            harness = named if named in RUNNABLE else "vllm-bench-serve"
         target = bench_pkg.target_for(prof, inv.cluster.api_port, tokenizer)
         port = prof.serve.port or inv.cluster.api_port
         bench_pkg.check_endpoint(cluster.head.address, target, port, secrets)
         image, image_id = head.image(info)
         vllm_version = head.vllm_version()
-        nodes = bench_pkg.node_facts(cluster)
+        if canary or canary_retake:
+            meta = {
+                "profile_hash": bench_pkg.profile_hash(prof),
+                "image_id": image_id,
+                "model_revision": bench_pkg.model_revision(cluster, inv, prof),
+                "vllm_version": vllm_version,
+            }
+            _canary(inv, prof, cluster.head.address, port, target.model, secrets, meta, canary_retake, as_json)
+            return
+        facts = bench_pkg.cluster_facts(cluster, inv, prof, head, image_id)
+        nodes = facts.nodes
+        if harness == "llama-benchy":
+            err.print(
+                f"llama-benchy {bench_pkg.benchy.VERSION} in {head.container} (installed once, in its own virtualenv)"
+            )
+            head.setup_benchy(inv.cluster.pip_index_url)
         run_dir = bench_pkg.new_run_dir(inv.cluster.name, out, started)
+        n_in = sorted({lv.input_len for lv in levels})
+        n_out = sorted({lv.output_len for lv in levels})
         err.print(
             f"measuring '{prof.name}' ({target.model}) on {inv.cluster.name}: "
-            f"{len(levels)} level(s), {input_len} in / {output_len} out; results in {run_dir}"
+            f"{len(levels)} level(s), {'/'.join(map(str, n_in))} in / {'/'.join(map(str, n_out))} out; "
+            f"results in {run_dir}"
         )
 
         bars = Progress(
@@ -202,19 +356,22 @@ def bench(
 
         sweep = bench_pkg.Sweep(run_dir)
         error = None
+        loaded = bench_pkg.LoadedRtt(cluster, inv).start() if len(deployment_nodes(inv, prof)) > 1 else None
         with bars:
             try:
-                sweep = bench_pkg.run_sweep(head, levels, target, secrets, run_dir, on_progress)
+                sweep = bench_pkg.run_sweep(head, levels, target, secrets, run_dir, on_progress, harness=harness)
             except SparkError as e:  # keep what was measured, then report the failure
                 error = e
                 sweep.rows = [
-                    bench_pkg.row_from_result(json.loads((run_dir / f"{lv.name}.json").read_text()), lv)
+                    bench_pkg.row_for(harness, json.loads((run_dir / f"{lv.name}.json").read_text()), lv)
                     for lv in levels
                     if (run_dir / f"{lv.name}.json").is_file()
                 ]
                 sweep.failed = e.message
+        if loaded is not None:
+            facts.loaded_rtts = loaded.join()
 
-    finished = datetime.now(timezone.utc)
+    finished = datetime.now(UTC)
     bench_pkg.write_csv(run_dir / "results.csv", sweep.rows)
     bench_pkg.write_json(
         run_dir / "run.json",
@@ -244,6 +401,72 @@ def bench(
         else []
     )
 
+    dep = deployment_nodes(inv, prof)
+    transports, _ = engine_nccl.summaries(inv, {n: facts.nccl_texts.get(n, "") for n in dep})
+    measured = bench_pkg.measured.build(
+        sweep.rows,
+        bench_pkg.measured.Provenance(
+            cluster=inv.cluster.name,
+            nodes={n: nodes.get(n, {}) for n in dep},
+            image=prof.image.ref,
+            image_ids={n: nodes.get(n, {}).get("image_id", "") for n in dep if nodes.get(n, {}).get("image_id")},
+            image_digest=facts.image_digests[0] if facts.image_digests else "",
+            vllm_version=vllm_version,
+            model=prof.model,
+            model_revision=facts.model_revision,
+            profile=prof.name,
+            profile_hash=bench_pkg.profile_hash(prof),
+            nccl_texts=facts.nccl_texts,
+            nccl_transport=transports,
+            topology=inv.cluster.topology,
+            gpus=prof.world_size,
+        ),
+        harness=harness,
+        harness_version=bench_pkg.benchy.VERSION if harness == "llama-benchy" else vllm_version,
+        argv=(
+            bench_pkg.benchy.bench_argv(levels[0], target, "RESULT_FILE")
+            if harness == "llama-benchy"
+            else bench_pkg.bench_argv(levels[0], target, "RESULT_DIR")
+        ),
+        measured_at=started.date(),
+        source=str(run_dir),
+    )
+    record_file = run_dir / f"record{bench_pkg.perf_record.SUFFIX}" if measured else None
+    if measured:
+        bench_pkg.perf_record.write(record_file, measured)
+    kept = None
+    if keep_baseline and measured and not sweep.interrupted and not error:
+        kept = baseline_path(root, prof.name)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        bench_pkg.perf_record.write(kept, measured)
+    if reference is None and target_kind is None and baseline_path(root, prof.name).is_file() and not kept:
+        reference, target_kind = bench_pkg.perf_record.load(baseline_path(root, prof.name)), "baseline"
+    standing, found, against_chart = None, [], None
+    if reference is not None and measured is not None:
+        standing = bench_pkg.against.against(measured, reference, tolerance)
+        if standing.verdict == "short":
+            view = bench_pkg.causes.view_from(
+                inv,
+                dep,
+                nodes,
+                facts.rtts,
+                transports,
+                loaded_rtts=facts.loaded_rtts,
+                image=prof.image.ref,
+                image_digests=tuple(facts.image_digests),
+                vllm_version=vllm_version,
+                model_revision=facts.model_revision,
+            )
+            found = bench_pkg.causes.rank(view, reference)
+        bench_pkg.write_json(
+            run_dir / "against.json",
+            {**standing.to_json(), "profile": prof.name, "kind": target_kind, "causes": [vars(c) for c in found]},
+        )
+        note = bench_pkg.against.write_chart(
+            run_dir / "against.png", standing, f"{prof.name}: yours against {target_kind}"
+        )
+        against_chart = None if note else run_dir / "against.png"
+
     summary = {
         "run_dir": str(run_dir),
         "profile": prof.name,
@@ -258,6 +481,18 @@ def bench(
         "regressions": sum(c.regression for c in changes),
         "interrupted": sweep.interrupted,
         "failed": sweep.failed,
+        "record": str(record_file) if record_file else None,
+        "baseline_kept": str(kept) if kept else None,
+        "against": (
+            {
+                **standing.to_json(),
+                "kind": target_kind,
+                "causes": [vars(c) for c in found],
+                "chart": str(against_chart) if against_chart else None,
+            }
+            if standing
+            else None
+        ),
     }
     if as_json:
         click.echo(redact.mask(json.dumps(summary, indent=2)))
@@ -269,9 +504,17 @@ def bench(
             con.print(comparison_table(changes, tolerance))
         elif not compare_to:
             con.print("no earlier run of this profile to compare with")
+        if standing is not None:
+            _print_standing(con, standing, target_kind, found)
         con.print(f"\nresults: {run_dir / 'results.csv'}")
         if chart:
             con.print(f"chart:   {chart}")
+        if record_file:
+            con.print(f"record:  {record_file}")
+        if against_chart:
+            con.print(f"against: {against_chart}")
+        if kept:
+            con.print(f"kept as this cluster's baseline for '{prof.name}': {kept}")
     if chart_note:
         err.print(chart_note)
     if error is not None:
@@ -281,3 +524,67 @@ def bench(
             f"interrupted: stopped the benchmark in the head container; kept {len(sweep.rows)} level(s) in {run_dir}"
         )
         raise click.exceptions.Exit(130)
+
+
+def _print_standing(con: Console, st, kind: str | None, found: list) -> None:
+    what = {"baseline": "this cluster's baseline", "published": "the published record"}.get(kind or "", "the record")
+    con.print(f"\nagainst {what} ({escape(st.source)}):")
+    if st.ratios:
+        con.print(against_table(st))
+    for f in st.flags:
+        con.print(f"[yellow]flagged[/] {escape(f)}")
+    for r in st.refused:
+        con.print(f"[yellow]not compared[/] {escape(r)}")
+    if st.verdict == "short":
+        w = st.worst
+        con.print(
+            f"[bold red]SHORT[/]: {w.figure} {w.ours:.4g} against {w.theirs:.4g} ({w.ratio:.2f}) at {w.conditions}"
+        )
+        if found:
+            con.print("likely causes, most likely first (sparkcluster/bench/causes.py states the rule):")
+            for i, c in enumerate(found, 1):
+                con.print(f"  {i}. {escape(c.line())}")
+        else:
+            con.print("no cause found in the cluster's facts (fabric, MTU, twins, image, vLLM, driver, weights)")
+    elif st.verdict == "ok":
+        con.print("[green]holds[/]: every compared figure within the tolerance")
+
+
+def _canary(inv, prof, address: str, port: int, model: str, secrets, meta: dict, retake: bool, as_json: bool) -> None:
+    """`bench --canary`: take the deployment's canary, or compare with the one kept (bench/canary)."""
+    K = bench_pkg.canary
+    deployment = f"{prof.name}@{'+'.join(deployment_nodes(inv, prof))}"
+    path = K.path_for(inv.cluster.name, deployment)
+    stored = None if retake else K.load(path)
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    if stored is None or stored.profile != prof.name:
+        first = bench_pkg.ask_canary(address, port, model, secrets)
+        second = bench_pkg.ask_canary(address, port, model, secrets)
+        rec = K.take(first, second, deployment=deployment, profile=prof.name, taken_at=now, **meta)
+        K.save(path, rec)
+        det = "deterministic" if rec.deterministic else "NOT deterministic (later differences are told, not problems)"
+        doc = {"canary": "taken", "deployment": deployment, "deterministic": rec.deterministic, "file": str(path)}
+        click.echo(json.dumps(doc, indent=2) if as_json else f"canary taken for {deployment}: {det}; kept in {path}")
+        return
+    verdict = K.compare(stored, bench_pkg.ask_canary(address, port, model, secrets), **meta)
+    K.save_check(path, verdict, now)
+    if verdict.state == "same":  # the record is of the last good serve: what served it now
+        stored.taken_at, stored.profile_hash = now, meta["profile_hash"]
+        stored.image_id, stored.model_revision, stored.vllm_version = (
+            meta["image_id"],
+            meta["model_revision"],
+            meta["vllm_version"],
+        )
+        K.save(path, stored)
+    doc = {
+        "canary": verdict.state,
+        "deployment": deployment,
+        "problem": verdict.problem,
+        "changed": list(verdict.changed),
+        "since": list(verdict.since),
+        "says": verdict.says,
+        "file": str(path),
+    }
+    click.echo(json.dumps(doc, indent=2) if as_json else f"canary of {deployment}: {verdict.says}")
+    if verdict.problem:
+        raise click.exceptions.Exit(1)

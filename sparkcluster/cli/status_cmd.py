@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from sparkcluster import redact
+from sparkcluster import log, redact
 from sparkcluster.cli.main import cli
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.day2 import fleet, supervision
@@ -97,9 +97,63 @@ def render(st: status_mod.ClusterStatus) -> Group:
             lines.append("  " + redact.mask(supervision.format_entry(e)))
     for d in st.drift:
         lines.append(f"[yellow]drift:[/] {redact.mask(d)}")
+    speed = speed_line(st.cluster, st.profile) if st.profile and st.state != "down" else None
+    if speed:
+        lines.append(speed)
+    canary = canary_line(st.cluster, st.profile) if st.profile and st.state != "down" else None
+    if canary:
+        lines.append(canary)
     for p in st.problems:
         lines.append(f"[red]problem:[/] {redact.mask(p)}")
     return Group(*lines)
+
+
+def canary_line(cluster: str, profile: str) -> str | None:
+    """The latest correctness-canary check of this profile's deployment made from this machine
+    (`bench --canary`, issue 38): same, changed (a problem) or differs (a nondeterministic model)."""
+    import json
+
+    folder = log.state_dir() / "canary" / cluster
+    checks = sorted(folder.glob(f"{profile}@*.last.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for f in checks:
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        state = {"changed": "[bold red]changed[/]", "differs": "differs (nondeterministic by design)"}.get(
+            doc.get("state"), doc.get("state")
+        )
+        since = f" since {', '.join(doc['since'])}" if doc.get("since") else ""
+        return f"canary: {state} at {doc.get('at')}{since}" + (
+            f" ({len(doc.get('changed') or [])} answer(s))" if doc.get("changed") else ""
+        )
+    return None
+
+
+def speed_line(cluster: str, profile: str) -> str | None:
+    """The newest `bench` of this profile against a record (issue 38), from this machine's run folders
+    (bench writes against.json beside its results): the worst figure's ratio and the verdict."""
+    import json
+
+    root = log.state_dir() / "bench" / cluster
+    if not root.is_dir():
+        return None
+    for f in sorted(root.glob("*/against.json"), key=lambda p: p.parent.name, reverse=True):
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if doc.get("profile") != profile or not doc.get("ratios"):
+            continue
+        worst = min(doc["ratios"], key=lambda r: r["ratio"])
+        verdict = "[bold red]short[/]" if doc.get("verdict") == "short" else "holds"
+        cause = (doc.get("causes") or [{}])[0].get("area")
+        return (
+            f"speed: {verdict} against the {doc.get('kind') or 'record'} (bench {f.parent.name}): "
+            f"{worst['figure']} {worst['ratio']:.2f} of it at {worst['conditions']}"
+            + (f"; likely cause: {cause}" if cause else "")
+        )
+    return None
 
 
 def render_all(sts: list[status_mod.ClusterStatus]) -> Group:

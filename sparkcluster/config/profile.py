@@ -65,7 +65,10 @@ class Image(_Strict):
     tag: str = Field(pattern=_DOCKER_TAG.pattern)
     # None: the profile's source does not say which vLLM the tag ships (seed 004 names neither of its
     # images' versions); version gates then judge only by the NGC release in the tag.
-    vllm_version: str | None = Field(default=None, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?([.+-]?[a-zA-Z0-9.]*)?$")
+    # a PEP 440 local part is allowed: NVIDIA's recipes name builds such as 0.26.1rc1.dev1231+g7a9993878
+    vllm_version: str | None = Field(
+        default=None, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?([.+-]?[a-zA-Z0-9.]*)?(\+[a-zA-Z0-9.]+)?$"
+    )
     # ngc: pass-through entrypoint, takes the full `vllm serve ...`;
     # vllm-openai: `vllm serve` is the entrypoint, takes only model + flags (docs/field-notes.md).
     kind: Literal["ngc", "vllm-openai"] | None = None
@@ -354,6 +357,8 @@ def available() -> dict[str, Path]:
         if not d.is_dir():
             continue
         for f in sorted(d.glob("*.toml")):
+            if f.name.endswith(".perf.toml"):  # a profile's performance record, beside it (bench/perf_record.py)
+                continue
             found.setdefault(f.stem, f)
     return dict(sorted(found.items()))
 

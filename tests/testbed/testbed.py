@@ -1621,6 +1621,18 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             f"tc qdisc replace dev {shlex.quote(ifname)} root tbf rate {shlex.quote(rate)} burst 256kb latency 400ms",
         )
 
+    def delay_egress(self, host: str, ifname: str, delay_ms: int = 20) -> str:
+        """Delay what `host` sends on `ifname`: netem's fixed delay where the kernel has sch_netem, else
+        a token bucket slow enough (256 kbit/s, a short burst) that every decode step's few KB of
+        tensor-parallel traffic queue behind each other. Returns which one ("netem" or "tbf"). Undo:
+        unshape_egress (reset does it too)."""
+        dev = shlex.quote(ifname)
+        got = self.sh(host, f"tc qdisc replace dev {dev} root netem delay {int(delay_ms)}ms", check=False)
+        if got.returncode == 0:
+            return "netem"
+        self.sh(host, f"tc qdisc replace dev {dev} root tbf rate 256kbit burst 1600 latency 2s")
+        return "tbf"
+
     def unshape_egress(self, host: str, ifname: str | None = None) -> None:
         names = [ifname] if ifname else self.worker_netdevs() if host == WORKER else list(NETDEVS)
         self.sh(

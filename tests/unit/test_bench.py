@@ -755,7 +755,9 @@ def cli_env(tmp_path, monkeypatch):
     checked = []
     monkeypatch.setattr(bench, "connect", lambda inv: FakeCluster(api))
     monkeypatch.setattr(bench, "check_endpoint", lambda *a: checked.append(a))
-    monkeypatch.setattr(bench, "node_facts", lambda cluster: {"spark-head": {"hostname": "spark-head"}})
+    monkeypatch.setattr(
+        bench, "cluster_facts", lambda *a: bench.ClusterFacts(nodes={"spark-head": {"hostname": "spark-head"}})
+    )
     monkeypatch.setattr("sparkcluster.remote.ssh.connect", lambda *a: (_ for _ in ()).throw(AssertionError("ssh")))
     yield {
         "dir": tmp_path,
@@ -784,6 +786,7 @@ def test_bench_writes_csv_json_png_and_prints_the_table(cli_env, capsys):
         "c4.json",
         "c4.log",
         "chart.png",
+        "record.perf.toml",
         "results.csv",
         "run.json",
     ]

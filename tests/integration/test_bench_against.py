@@ -1,0 +1,83 @@
+"""Issue 38 on the testbed: `bench --compare` against a record of the testbed profile made on a healthy
+run in the same test. Undisturbed, the comparison holds; with the link between the ranks delayed (tc
+netem where the kernel has it, else a token bucket slow enough that each decode step's few KB of
+tensor-parallel traffic queue), it falls short and names the fabric first.
+
+One `up` for the module, a no-op when the cluster already serves `testbed` (test_bench's). The run is
+short (c1, 64 in / 16 out, 4 prompts): the CPU engine's decode steps, not the prompt, are what the delay
+slows.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sparkcluster.bench import perf_record
+from tests.integration.test_bench import EXTRA, HEAD
+
+pytestmark = pytest.mark.testbed
+CONTROL_IF = "enp1s0f1np1"  # the testbed's control link: where gloo carries the ranks' traffic
+SHORT = ["-c", "1", "--num-prompts", "4", "--input-len", "64", "--output-len", "16", *EXTRA]
+
+
+@pytest.fixture(scope="module")
+def serving(testbed, sc):
+    res = sc("up", "--profile", "testbed", "--replace", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.fixture
+def healthy_record(testbed, sc, serving, tmp_path):
+    testbed.unshape_egress(HEAD, CONTROL_IF)
+    res = sc("bench", *SHORT, "--repeat", "3", "--out", str(tmp_path / "healthy"), "--json", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    path = tmp_path / "healthy" / "record.perf.toml"
+    rec = perf_record.load(path)
+    (run,) = rec.runs
+    assert run.repetitions == 3 and run.figures.decode_tok_s and rec.hardware.nodes == 2
+    assert rec.software.profile == "testbed" and rec.software.image_ids and rec.software.model_revision
+    return path
+
+
+def against(sc, record, out, tolerance: str) -> dict:
+    res = sc("bench", "--compare", str(record), "--tolerance", tolerance, "--out", str(out), "--json", timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return json.loads(res.stdout)["against"]
+
+
+def test_undisturbed_the_run_holds_against_the_healthy_record(sc, healthy_record, tmp_path):
+    # the record's own conditions (c1, 64 in / 16 out) without typing them; two cores shared with the
+    # engine make run-to-run noise large, hence the wide tolerance: the delayed case falls far below it
+    got = against(sc, healthy_record, tmp_path / "again", "40")
+    assert got["verdict"] == "ok", got
+    assert {r["figure"] for r in got["ratios"]} >= {"decode_tok_s", "output_tok_s"} and not got["refused"]
+    assert (tmp_path / "again" / "against.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_with_the_ranks_link_delayed_the_run_falls_short_and_names_the_fabric(testbed, sc, healthy_record, tmp_path):
+    how = testbed.delay_egress(HEAD, CONTROL_IF)
+    try:
+        got = against(sc, healthy_record, tmp_path / "delayed", "40")
+    finally:
+        testbed.unshape_egress(HEAD, CONTROL_IF)
+    assert got["verdict"] == "short", (how, got)
+    decode = next(r for r in got["ratios"] if r["figure"] == "decode_tok_s")
+    assert decode["short"] and decode["ratio"] < 0.6, (how, decode)
+    first = got["causes"][0]
+    assert first["area"] == "fabric" and first["node"] == "spark-worker", (how, got["causes"])
+    assert "round trip between the ranks" in first["says"]
+
+
+def test_the_canary_is_taken_and_a_rerun_of_the_same_model_is_unchanged(sc, serving):
+    """The real engine's greedy answers with their token ids: taken (two passes, deterministic on the
+    CPU build), then asked again: the same. (A changed answer is the unit tests' subject: the testbed's
+    hub holds one revision of the tiny model.)"""
+    res = sc("bench", "--canary-retake", "--json", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    taken = json.loads(res.stdout)
+    assert taken["canary"] == "taken" and taken["deterministic"] is True, taken
+    res = sc("bench", "--canary", "--json", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert json.loads(res.stdout)["canary"] == "same"

@@ -1,0 +1,284 @@
+"""Issue 38 through the command: `bench` writes its record, `--compare` takes a published record, the
+cluster's baseline or a record file (the levels default to the record's conditions), refuses or flags
+what it cannot compare, and names the likely causes when the run falls short. Against the fake head
+of test_bench (its levels answer the captured vLLM 0.32 result, 100 output tok/s per concurrency)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sparkcluster import bench
+from sparkcluster.bench import perf_record
+from sparkcluster.cli.bench_cmd import _record_for, deployment_nodes
+from sparkcluster.config.profile import load_profile
+from sparkcluster.errors import InputError
+from tests.unit import test_bench
+from tests.unit.test_bench import run
+
+
+@pytest.fixture
+def cli_env(tmp_path, monkeypatch):
+    """test_bench's fake head and inventory (its fixture, reused)."""
+    yield from test_bench.cli_env.__wrapped__(tmp_path, monkeypatch)
+
+
+def record_file(
+    tmp_path, output_tok_s: float, c: int = 1, n_in: int = 512, n_out: int = 128, harness="vllm-bench-serve"
+):
+    text = f"""
+kind = "measured"
+[source]
+url = "elsewhere"
+measured_at = 2026-11-20
+[hardware]
+nodes = 2
+gpus = 2
+accelerator = "CPU (no NVIDIA GPU seen)"
+[harness]
+name = "{harness}"
+version = "0.32.0"
+[software]
+model = "sparkcluster/testbed-tiny"
+[[runs]]
+id = "c{c}"
+[runs.conditions]
+input_tokens = {n_in}
+output_tokens = {n_out}
+concurrency = {c}
+dataset = "random"
+requests = 8
+[runs.figures]
+output_tok_s = {output_tok_s}
+"""
+    p = tmp_path / "theirs.perf.toml"
+    p.write_text(text)
+    return p
+
+
+def test_every_run_leaves_its_record_with_the_levels_it_measured(cli_env, capsys):
+    rc, out, err = run(capsys, cli_env, "bench", "-c", "1,4", "--num-prompts", "8", "--repeat", "2", "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    rec = perf_record.load(__import__("pathlib").Path(summary["record"]))
+    assert rec.kind == "measured" and rec.software.profile == "testbed" and rec.hardware.nodes == 2
+    assert [(r.conditions.concurrency, r.repetitions) for r in rec.runs] == [(1, 2), (4, 2)]
+    assert rec.run_at((512, 128, 4)).figures.output_tok_s == pytest.approx(400.0)
+    assert rec.harness.argv[:3] == ["vllm", "bench", "serve"]
+
+
+def test_compare_published_runs_the_records_conditions_and_holds(cli_env, capsys):
+    """The testbed profile's shipped record is 512 in / 128 out at c1 and c4 (README's run)."""
+    rc, out, err = run(capsys, cli_env, "bench", "--compare", "published", "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert [r["concurrency"] for r in summary["rows"]] == [1, 4]
+    against = summary["against"]
+    assert against["kind"] == "published" and against["verdict"] == "ok" and not against["refused"]
+    assert {r["figure"] for r in against["ratios"]} == {"output_tok_s", "ttft_ms_p99"}
+    assert against["chart"].endswith("against.png")
+
+
+def test_a_run_short_of_a_record_names_the_fabric_first(cli_env, capsys, tmp_path, monkeypatch):
+    theirs = record_file(tmp_path, output_tok_s=1000.0)
+    facts = bench.ClusterFacts(
+        nodes={"spark-head": {"kernel": "6.1"}, "spark-worker": {"kernel": "6.1"}},
+        rtts={"spark-worker": (40.3, "")},
+    )
+    monkeypatch.setattr(bench, "cluster_facts", lambda *a: facts)
+    rc, out, err = run(capsys, cli_env, "bench", "--compare", str(theirs), "--out", str(tmp_path / "run"))
+    assert rc == 0, err
+    assert "SHORT" in out and "output_tok_s 100 against 1000 (0.10)" in out
+    assert "1. [fabric] spark-worker: the round trip between the ranks" in out and "40.30 ms" in out
+    assert (tmp_path / "run" / "against.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_other_conditions_are_not_compared_and_say_how_to_measure_them(cli_env, capsys, tmp_path):
+    theirs = record_file(tmp_path, output_tok_s=10.0, n_in=8192, n_out=256)
+    rc, out, _ = run(capsys, cli_env, "bench", "-c", "1", "--compare", str(theirs), "--json")
+    against = json.loads(out)["against"]
+    assert rc == 0 and against["verdict"] == "refused" and not against["ratios"]
+    assert "--input-len 8192 --output-len 256 --concurrency 1" in against["refused"][0]
+
+
+def test_another_harness_is_compared_only_with_a_flag(cli_env, capsys, tmp_path):
+    theirs = record_file(tmp_path, output_tok_s=90.0, harness="llama-benchy")
+    rc, out, _ = run(capsys, cli_env, "bench", "--compare", str(theirs), "--harness", "vllm-bench-serve")
+    assert rc == 0 and "flagged harness: the record used llama-benchy 0.32.0" in out and "holds" in out
+
+
+def test_a_kept_baseline_is_compared_by_default_and_on_request(cli_env, capsys):
+    rc, out, _ = run(capsys, cli_env, "bench", "-c", "1", "--num-prompts", "8", "--keep-baseline")
+    assert rc == 0 and "kept as this cluster's baseline for 'testbed'" in out
+    assert (cli_env["root"] / "baselines" / "testbed.perf.toml").is_file()
+    rc, out, _ = run(capsys, cli_env, "bench", "-c", "1", "--num-prompts", "8", "--json")
+    assert json.loads(out)["against"]["kind"] == "baseline" and json.loads(out)["against"]["verdict"] == "ok"
+    rc, out, _ = run(capsys, cli_env, "bench", "--compare", "baseline", "--json")
+    assert [r["concurrency"] for r in json.loads(out)["rows"]] == [1]  # the baseline's own conditions
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--compare", "nowhere.perf.toml"], "no such performance record"),
+        (["--compare", "baseline"], "keeps no baseline for profile 'testbed'"),
+        (["--repeat", "0"], "--repeat 0"),
+    ],
+)
+def test_bad_compare_targets_are_one_line_and_exit_2(cli_env, capsys, args, words):
+    code, _, err = run(capsys, cli_env, "bench", *args)
+    assert code == 2 and words in err and "fix:" in err
+
+
+def test_a_profile_without_a_record_says_how_to_get_one(tmp_path):
+    with pytest.raises(InputError) as e:
+        _record_for("published", None, load_profile("nemotron"), tmp_path)
+    assert "ships no performance record" in e.value.message and "--keep-baseline" in e.value.fix
+
+
+def test_the_deployment_spans_the_nodes_its_gpus_need():
+    from sparkcluster.config.inventory import parse as parse_inventory
+    from tests.unit.test_cli_errors import inventory_toml
+
+    inv = parse_inventory(inventory_toml())
+    assert deployment_nodes(inv, load_profile("testbed")) == ["spark-head", "spark-worker"]
+    assert deployment_nodes(inv, load_profile("testbed-single")) == ["spark-head"]
+
+
+def test_canary_is_taken_then_compared_and_a_changed_answer_exits_1(cli_env, capsys, monkeypatch):
+    from sparkcluster.bench import canary
+
+    asked = []
+    answers = [[canary.Answer(p, "ok", (1, 2)) for p in canary.PROMPTS]]
+
+    def ask(address, port, model, secrets):
+        asked.append(model)
+        return answers[0]
+
+    monkeypatch.setattr(bench, "ask_canary", ask)
+    monkeypatch.setattr(bench, "model_revision", lambda *a: "r1")
+    rc, out, err = run(capsys, cli_env, "bench", "--canary", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["canary"] == "taken" and doc["deterministic"] and len(asked) == 2  # two passes when taken
+    assert asked == ["testbed-tiny", "testbed-tiny"] and not list(cli_env["root"].glob("*/results.csv"))
+    rc, out, _ = run(capsys, cli_env, "bench", "--canary")
+    assert rc == 0 and "unchanged" in out
+    answers[0] = [canary.Answer(p, "loop", (9, 9)) for p in canary.PROMPTS]
+    monkeypatch.setattr(bench, "model_revision", lambda *a: "r2")
+    rc, out, _ = run(capsys, cli_env, "bench", "--canary", "--json")
+    doc = json.loads(out)
+    assert rc == 1 and doc["canary"] == "changed" and doc["problem"] and doc["since"] == ["model revision r1 -> r2"]
+    from sparkcluster.cli.status_cmd import canary_line
+
+    line = canary_line("pair", "testbed")
+    assert line.startswith("canary: [bold red]changed[/] at ") and "since model revision r1 -> r2 (3 answer(s))" in line
+    assert canary_line("pair", "nemotron") is None
+
+
+def test_status_shows_the_newest_comparison_of_the_serving_profile(cli_env, capsys, tmp_path, monkeypatch):
+    from sparkcluster.cli.status_cmd import speed_line
+
+    assert speed_line("pair", "testbed") is None
+    theirs = record_file(tmp_path, output_tok_s=1000.0)
+    facts = bench.ClusterFacts(nodes={"spark-head": {}, "spark-worker": {}}, rtts={"spark-worker": (40.3, "")})
+    monkeypatch.setattr(bench, "cluster_facts", lambda *a: facts)
+    rc, _, err = run(capsys, cli_env, "bench", "--compare", str(theirs))
+    assert rc == 0, err
+    line = speed_line("pair", "testbed")
+    assert "short" in line and "output_tok_s 0.10 of it at 512 in / 128 out at concurrency 1" in line
+    assert line.endswith("likely cause: fabric") and speed_line("pair", "nemotron") is None
+
+
+# ---- llama-benchy --------------------------------------------------------------------------------------
+
+BENCHY_JSON = (test_bench.Path(__file__).resolve().parents[1] / "captured" / "llama-benchy-0.4.0-c1.json").read_text()
+
+
+class BenchyAPI(test_bench.FakeAPI):
+    """The fake head, answering llama-benchy's level with its captured-format JSON."""
+
+    def exec_start(self, exec_id, detach=False):
+        e = self.execs[exec_id]
+        cmd = e["cmd"]
+        if cmd[:3] == ["sh", "-c", bench.LAUNCH] and cmd[5] == f"{bench.benchy.VENV}/bin/python":
+            folder, argv = cmd[4], cmd[5:]
+            out = next(a.split("=", 1)[1] for a in argv if a.startswith("--save-result="))
+            self.files[f"{folder}/pid"] = b"77\n"
+            self.files[f"{folder}/bench.log"] = b"llama-benchy (0.4.0)\n"
+            self.files[out] = BENCHY_JSON.encode()
+            e["exit"] = 0
+            return None
+        return super().exec_start(exec_id, detach)
+
+
+def test_the_argv_keeps_the_key_off_the_command_line_and_names_the_records_conditions():
+    level = bench.Level(1, 8, 8192, 256)
+    target = bench.Target("http://127.0.0.1:8000", "nvidia/qwen", "nvidia/Qwen3.6-27B-NVFP4")
+    argv = bench.benchy.bench_argv(level, target, "/tmp/x/result.json")
+    assert argv[:3] == [f"{bench.benchy.VENV}/bin/python", "-c", bench.benchy.LAUNCHER]
+    assert "--base-url=http://127.0.0.1:8000/v1" in argv and "--served-model-name=nvidia/qwen" in argv
+    i = argv.index("--pp")
+    assert argv[i : i + 4] == ["--pp", "8192", "--tg", "256"] and "--exact-tg" in argv and "--skip-coherence" in argv
+    assert not [a for a in argv[3:] if "api-key" in a]
+    setup = " ".join(bench.benchy.setup_argv("http://mirror/simple"))
+    assert f"llama-benchy=={bench.benchy.VERSION}" in setup and "--index-url http://mirror/simple" in setup
+
+
+def test_a_benchy_result_is_the_same_row_and_record_figures():
+    row = bench.benchy.row_from_result(__import__("json").loads(BENCHY_JSON), bench.Level(1, 8, 512, 128))
+    assert row["output_tok_s"] == 41.0 and row["tpot_mean_ms"] == pytest.approx(1000 / 41.0)
+    assert row["prefill_tok_s"] == 2150.0 and row["ttft_mean_ms"] == 250.0 and row["completed"] == 3
+    figs = bench.measured.figures_of(row)
+    assert figs["decode_tok_s"] == pytest.approx(41.0) and figs["prefill_tok_s"] == 2150.0
+
+
+def test_a_llama_benchy_record_is_measured_with_llama_benchy_and_compared_unflagged(
+    cli_env, capsys, tmp_path, monkeypatch
+):
+    api = BenchyAPI()
+    monkeypatch.setattr(bench, "connect", lambda inv: test_bench.FakeCluster(api))
+    theirs = tmp_path / "benchy.perf.toml"
+    text = record_file(tmp_path, output_tok_s=40.0, harness="llama-benchy").read_text()
+    theirs.write_text(
+        text.replace('version = "0.32.0"', f'version = "{bench.benchy.VERSION}"').replace(
+            '"random"', '"gutenberg:1661 (llama-benchy\'s default book)"'
+        )
+    )
+    rc, out, err = run(capsys, cli_env, "bench", "--compare", str(theirs), "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert summary["against"]["verdict"] == "ok" and summary["against"]["flags"] == []
+    rec = perf_record.load(test_bench.Path(summary["record"]))
+    assert rec.harness.name == "llama-benchy" and rec.harness.version == bench.benchy.VERSION
+    installs = [c for c in api.commands() if "venv" in " ".join(c)]
+    assert len(installs) == 1  # the virtualenv, once, before the levels
+    for c in api.commands():
+        assert test_bench.API_KEY not in " ".join(c)
+
+
+def test_the_launcher_hands_llama_benchy_the_key_inside_the_process_only(tmp_path):
+    """Through a real Python: a stand-in `llama_benchy` module sees the key in its argv, while the
+    process's own command line (/proc/PID/cmdline, what `ps` shows) never has it."""
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "llama_benchy"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text(
+        "import os, sys\n"
+        "cmdline = open(f'/proc/{os.getpid()}/cmdline', 'rb').read().decode().split('\\0')\n"
+        "print(repr(sys.argv[1:]), 'sk-launch' in ' '.join(cmdline))\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path), "OPENAI_API_KEY": "sk-launch", "PATH": "/usr/bin:/bin"}
+    got = subprocess.run(
+        [sys.executable, "-c", bench.benchy.LAUNCHER, "--pp", "64"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert got.strip() == "['--pp', '64', '--api-key', 'sk-launch'] False"
+    env.pop("OPENAI_API_KEY")
+    got = subprocess.run(
+        [sys.executable, "-c", bench.benchy.LAUNCHER, "--pp", "64"], env=env, capture_output=True, text=True
+    )
+    assert got.stdout.strip() == "['--pp', '64'] False"
