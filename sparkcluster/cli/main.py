@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     except SparkError as err:
         _print_error(err)
         return err.exit_code
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except click.exceptions.Abort as e:  # click makes Ctrl-C an Abort too
+        click.echo("interrupted" if isinstance(e.__cause__, KeyboardInterrupt) else "aborted", err=True)
         return 130
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

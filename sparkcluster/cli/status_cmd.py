@@ -19,7 +19,9 @@ from sparkcluster.day2 import status as status_mod
 if TYPE_CHECKING:  # rich only where a table is drawn: `status --json` is polled by scripts
     from rich.console import Group
 
-EXIT = {"healthy": 0, "degraded": 1, "down": 3}
+from sparkcluster.errors import EXIT_DOWN, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+
+EXIT = {"healthy": EXIT_OK, "degraded": EXIT_FAILED, "down": EXIT_DOWN, "unreachable": EXIT_UNREACHABLE}
 
 
 def _duration(s: float | None) -> str:
@@ -38,9 +40,10 @@ def _count(v: float) -> str:
 
 def render(st: status_mod.ClusterStatus) -> Group:
     from rich.console import Group
+    from rich.markup import escape
     from rich.table import Table
 
-    colour = {"healthy": "green", "degraded": "bold red", "down": "yellow"}[st.state]
+    colour = {"healthy": "green", "degraded": "bold red", "down": "yellow", "unreachable": "bold red"}[st.state]
     t = Table(box=None, pad_edge=False, header_style="bold")
     mp = any(n.executor == "mp" for n in st.nodes)  # vLLM's own launch: each node's rank, no Ray
     for col in ("node", "container", "state", "rank" if mp else "ray", "uptime", "MemAvailable"):
@@ -96,7 +99,9 @@ def render(st: status_mod.ClusterStatus) -> Group:
         for e in st.journal[-3:]:
             lines.append("  " + redact.mask(supervision.format_entry(e)))
     for p in st.problems:
-        lines.append(f"[red]problem:[/] {redact.mask(p)}")
+        lines.append(f"[red]problem:[/] {escape(redact.mask(p))}")
+    if st.fix:
+        lines.append(f"fix: {escape(redact.mask(st.fix))}")
     return Group(*lines)
 
 
@@ -114,9 +119,11 @@ def render_all(sts: list[status_mod.ClusterStatus]) -> Group:
 
 
 def overall(sts: list[status_mod.ClusterStatus]) -> str:
-    """healthy only when every deployment is; down when all are."""
+    """healthy only when every deployment is; down (or unreachable) when all are."""
     states = {st.state for st in sts}
-    return "healthy" if states == {"healthy"} else "down" if states == {"down"} else "degraded"
+    if len(states) == 1 and states <= {"healthy", "down", "unreachable"}:
+        return states.pop()
+    return "degraded"
 
 
 def fleet_json(sts: list[status_mod.ClusterStatus]) -> str:

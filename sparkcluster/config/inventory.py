@@ -88,7 +88,8 @@ class ClusterSettings(_Strict):
     master_port: int = Field(default=29501, ge=1, le=65535)
     # each node's agent reports MemAvailable here, on the node's control IP (read-only figures)
     agent_port: int = Field(default=8297, ge=1, le=65535)
-    connect_timeout: float = Field(default=5.0, gt=0, le=120)
+    # every attempt of a connection together; unset: ssh_config's ConnectTimeout, else 10 s (remote/ssh)
+    connect_timeout: float | None = Field(default=None, gt=0, le=120)
     connect_attempts: int = Field(default=3, ge=1, le=10)
     # how the data plane is cabled (config/topology): written by init from the subnets it found,
     # checked by doctor (net.topology); a ring's order is the nodes' order. Unset: told from the facts

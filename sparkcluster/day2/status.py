@@ -32,7 +32,7 @@ class NodeStatus:
     reachable: bool = True
     error: str = ""
     container: str = ""  # name
-    state: str = "absent"  # running | exited | absent | docker not answering (DOCKER_SILENT)
+    state: str = "absent"  # running | exited | absent | docker not answering (DOCKER_SILENT) | unreachable
     started_at: str = ""
     profile: str = ""
     uptime_s: float | None = None  # the container's, by the node's own clock
@@ -46,7 +46,7 @@ class NodeStatus:
 @dataclass
 class ClusterStatus:
     cluster: str
-    state: str  # healthy | degraded | down
+    state: str  # healthy | degraded | down | unreachable (no node answered: nothing is known)
     nodes: list[NodeStatus]
     profile: str = ""  # the deployment's (from its containers' labels); "" when down
     deployment: str = ""  # PROFILE@NODE+NODE
@@ -62,12 +62,14 @@ class ClusterStatus:
     nccl: dict[str, str] = field(default_factory=dict)  # node -> what its ranks' NCCL chose (engine_nccl)
     journal: list[dict] = field(default_factory=list)  # its last entries
     problems: list[str] = field(default_factory=list)
+    fix: str = ""  # what to do about the nodes that did not answer, each named
 
     def as_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
 
 DOCKER_SILENT = "docker not answering"
+UNREACHABLE = "unreachable"  # a node (or every node: the cluster) that SSH did not reach
 DOCKER_BOUND_S = 8  # each docker command on a node; the whole round trip is bounded by SSH_BOUND_S
 SSH_BOUND_S = 12  # status answers within 15 s whatever a node's daemon does
 
@@ -226,13 +228,12 @@ def _judge_reports(
     nodes, ray_rows, pid, sup, journal, nccl = [], None, None, None, [], {}
     for n in inv.nodes:
         if n.name in unreachable:
-            nodes.append(
-                NodeStatus(n.name, reachable=False, error=unreachable[n.name].message.removeprefix(f"{n.name}: "))
-            )
+            error = unreachable[n.name].message.removeprefix(f"{n.name}: ")
+            nodes.append(NodeStatus(n.name, reachable=False, error=error, state=UNREACHABLE))
             continue
         r = reports.get(n.name)
         if not isinstance(r, NodeReport):
-            nodes.append(NodeStatus(n.name, reachable=False, error=str(r)))
+            nodes.append(NodeStatus(n.name, reachable=False, error=str(r), state=UNREACHABLE))
             continue
         nodes.append(r.status)
         nccl[n.name] = r.nccl
@@ -243,6 +244,8 @@ def _judge_reports(
     address = addresses.get(inv.head.name)
     endpoint = f"http://{address}:{inv.cluster.api_port}" if address else ""
     st = judge(inv, nodes, ray_rows, endpoint, engine, pid, sup, journal)
+    fixes = [e.fix for name, e in unreachable.items() if getattr(e, "fix", None) and name in {n.name for n in inv.nodes}]
+    st.fix = "; ".join(dict.fromkeys(fixes))
     if pid is not None:  # only a running server's ranks: an old server's files say nothing of now
         st.nccl, problems = engine_nccl.summaries(inv, nccl)
         st.problems += [f"{node}: the engine's NCCL: {what}" for node, what in problems]
@@ -395,7 +398,9 @@ def judge(
     said = supervisor_problem(sup)
     if said and any(ns.state == "running" for ns in nodes):
         st.problems.append(said)
-    if all(ns.reachable and ns.state == "absent" for ns in nodes):
+    if not any(ns.reachable for ns in nodes):
+        st.state = UNREACHABLE
+    elif all(ns.reachable and ns.state == "absent" for ns in nodes):
         st.state = "down"
     elif st.problems:
         st.state = "degraded"

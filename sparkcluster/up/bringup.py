@@ -20,10 +20,10 @@ from sparkcluster.config import bounds, lint
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import deployments, endpoint, server, teardown
-from sparkcluster.errors import InputError, SparkError, StageError, StepFailure
+from sparkcluster.errors import InputError, StageError, StepFailure
 from sparkcluster.labels import ROLE_LABEL
 from sparkcluster.monitor.planned import planned
-from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
+from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.up.execute import StageProgress, UpRun, execute, record_before_plan
 from sparkcluster.up.plan import Plan, make_plan
@@ -112,16 +112,7 @@ def _all_reachable(touched: Inventory, unreachable: dict) -> None:
     missing = {n.name: unreachable[n.name] for n in touched.nodes if n.name in unreachable}
     if not missing:
         return
-    errors = list(missing.values())
-    if len(errors) == 1 and isinstance(errors[0], SparkError):
-        raise errors[0]
-    raise StageError(
-        "connect",
-        [
-            StepFailure(n, "connect", getattr(e, "message", str(e)), fix=getattr(e, "fix", None))
-            for n, e in missing.items()
-        ],
-    )
+    raise unreachable_error(missing)
 
 
 def _old_server(cluster: ConnectedHosts, inv: Inventory, facts) -> server.Record | None:
