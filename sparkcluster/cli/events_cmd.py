@@ -23,7 +23,7 @@ from sparkcluster.remote.fanout import ConnectedHosts
 @click.option(
     "--follow", "-f", is_flag=True, help="Keep printing new entries until Ctrl-C (which never stops anything)."
 )
-@click.option("--last", default=50, show_default=True, help="Entries to start from.")
+@click.option("--last", default=50, show_default=True, type=click.IntRange(min=0), help="Entries to start from.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per entry.")
 @click.option(
     "--node",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from sparkcluster import __version__, redact
-from sparkcluster.errors import EXIT_USAGE, SparkError
+from sparkcluster.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, SparkError
 
 if TYPE_CHECKING:  # structlog and pydantic are imported by the commands that use them, not by --help
     from sparkcluster.config import inventory
@@ -111,25 +111,65 @@ def _print_error(err: SparkError) -> None:
         click.echo(redact.mask(f"fix: {err.fix}"), err=True)
 
 
+def _wants_json(argv: list[str]) -> bool:
+    """`--json` anywhere among the options (before a `--`): a failure is then JSON on stdout too."""
+    args = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in args
+
+
+def failure_json(message: str, exit_code: int, fix: str | None = None, node: str | None = None, details=()) -> str:
+    """The one shape of every failure under `--json` (README, "Exit codes"): what a script reads
+    instead of parsing stderr. The human lines still go to stderr."""
+    import json
+
+    body = {
+        "ok": False,
+        "message": message,
+        "fix": fix,
+        "node": node,
+        "exit_code": exit_code,
+        "details": list(details),
+    }
+    return redact.mask(json.dumps(body, indent=2))
+
+
+def _node_of(err: BaseException) -> str | None:
+    failures = getattr(err, "failures", None)
+    if failures:
+        return ", ".join(sorted({f.host for f in failures}))
+    return getattr(err, "host", None)
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = _wants_json(args)
+
+    def failed(message: str, code: int, fix: str | None = None, node: str | None = None, details=()) -> int:
+        if as_json:
+            click.echo(failure_json(message, code, fix, node, details))
+        return code
+
     try:
-        rc = cli.main(args=argv, prog_name="sparkcluster", standalone_mode=False)
+        rc = cli.main(args=args, prog_name="sparkcluster", standalone_mode=False)
         # with standalone_mode off, click returns a command's Exit code instead of raising it
         return rc if isinstance(rc, int) else 0
     except SparkError as err:
         _print_error(err)
-        return err.exit_code
+        return failed(err.message, err.exit_code, err.fix, _node_of(err), err.details)
     except click.exceptions.Abort as e:  # click makes Ctrl-C an Abort too
-        click.echo("interrupted" if isinstance(e.__cause__, KeyboardInterrupt) else "aborted", err=True)
-        return 130
+        what = "interrupted" if isinstance(e.__cause__, KeyboardInterrupt) else "aborted"
+        click.echo(what, err=True)
+        return failed(what, EXIT_INTERRUPTED)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
-        return 130
+        return failed("interrupted", EXIT_INTERRUPTED)
     except click.exceptions.Exit as e:
         return e.exit_code
     except click.ClickException as e:
         e.show()
-        return EXIT_USAGE if e.exit_code == 2 else e.exit_code
+        code = EXIT_USAGE if e.exit_code == 2 else e.exit_code
+        ctx = getattr(e, "ctx", None)
+        return failed(e.format_message(), code, f"see: {ctx.command_path if ctx else 'sparkcluster'} --help")
     except Exception:  # a bug: the user gets one line, the log gets the traceback
         from sparkcluster import log  # for start-up speed: structlog loads only when needed
 
@@ -141,9 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         exc = sys.exc_info()[1]
-        click.echo(redact.mask(f"error: unexpected {type(exc).__name__}: {exc}"), err=True)
+        message = f"unexpected {type(exc).__name__}: {exc}"
+        click.echo(redact.mask(f"error: {message}"), err=True)
         click.echo(f"details: {path}", err=True)
-        return 70
+        return failed(message, EXIT_BUG, f"a bug in sparkcluster: please report it with {path}")
 
 
 def run() -> None:

@@ -24,6 +24,14 @@ from sparkcluster.errors import EXIT_DOWN, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABL
 EXIT = {"healthy": EXIT_OK, "degraded": EXIT_FAILED, "down": EXIT_DOWN, "unreachable": EXIT_UNREACHABLE}
 
 
+def _interval(v: float) -> float:
+    import math
+
+    if not math.isfinite(v) or v < 0.5:
+        raise click.BadParameter(f"{v} is not a number of seconds of at least 0.5", param_hint="--interval")
+    return v
+
+
 def _duration(s: float | None) -> str:
     if s is None:
         return "-"
@@ -176,7 +184,13 @@ def _write_html(inv, sts, path: Path) -> None:
     "machine; SPARKCLUSTER_DEPLOYMENT, _PROFILE, _NODES, _STATE, _PREVIOUS_STATE, _PROBLEMS in its env.",
 )
 @click.option("--watch", is_flag=True, help="Refresh in place every --interval seconds until Ctrl-C.")
-@click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
+@click.option(
+    "--interval",
+    default=2.0,
+    show_default=True,
+    callback=lambda ctx, param, v: _interval(v),
+    help="Seconds between refreshes with --watch (at least 0.5).",
+)
 @click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where VLLM_API_KEY lives.")
 @click.option(
     "--html",

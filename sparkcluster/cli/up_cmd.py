@@ -18,6 +18,13 @@ from sparkcluster.up.execute import StageProgress
 from sparkcluster.up.plan import Plan
 
 
+def _distinct(nodes: tuple[str, ...]) -> tuple[str, ...]:
+    twice = sorted({n for n in nodes if nodes.count(n) > 1})
+    if twice:
+        raise click.BadParameter(f"{', '.join(twice)} given more than once", param_hint="--node")
+    return nodes
+
+
 class RichProgress(StageProgress):
     def __init__(self, console: Console):
         self.c = console
@@ -76,6 +83,7 @@ class RichProgress(StageProgress):
     "--node",
     "node",
     multiple=True,
+    callback=lambda ctx, param, v: _distinct(v),
     help="Run the profile on this node only (repeat for a subset of "
     "the nodes: a pair of four); the profile's TP x PP is the named nodes' GPUs.",
 )

@@ -400,7 +400,9 @@ def load_profile(name: str) -> Profile:
     """Load a profile by name (search path) or by a path to a .toml file."""
     path = find(name)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as e:
         raise InputError(f"cannot read {path}: {e.strerror}", "check the file's permissions") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text (byte {e.start}); TOML files are UTF-8", "save it as UTF-8") from None
     return parse(text, name=path.stem, source=str(path), path=path.resolve())
