@@ -219,3 +219,131 @@ def test_ctrl_c_while_connecting_acts_at_once(silent, home):
         p.kill()
     assert p.returncode == 130, err
     assert err.strip().splitlines() == ["interrupted"], err
+
+
+# --- 2, 3. files the owner cannot read or write, and input that is not what it should be ---------
+
+
+def test_an_unwritable_debug_log_never_fails_a_command(home):
+    """After one `sudo sparkcluster ...` the debug log is root's: every command still works, says
+    once where its debug log went instead, and how to take the folder back. (The suite runs as root,
+    to whom a mode means nothing: the log's place is taken by a folder, which no one can open as a file.)"""
+    log = home["dir"] / "state" / "sparkcluster" / "debug.log"
+    log.mkdir(parents=True)
+    rc, out, err, _ = sparkcluster(home, "profile", "lint", "testbed")
+    assert rc == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and f"cannot write the debug log ({log}" in warnings[0], err
+    assert "fix: sudo chown -R" in err and "unexpected" not in err
+
+
+def test_an_unreadable_inventory_is_one_line_and_exit_2_however_it_was_found(home, monkeypatch, capsys):
+    """In process (the suite runs as root, who reads any mode): reading the file is refused as
+    it is for its owner after `sudo` wrote it 0600."""
+    from sparkcluster.cli import main as cli_main
+
+    d = home["dir"]
+    inv = write(home, "cluster.toml", pair_toml(22))
+    default = home["home"] / ".config" / "sparkcluster" / "cluster.toml"
+    default.parent.mkdir(parents=True)
+    default.write_text(pair_toml(22))
+    real = Path.read_bytes
+
+    def refused(self):
+        if self.name == "cluster.toml":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    monkeypatch.setenv("HOME", str(home["home"]))
+    monkeypatch.setenv("XDG_STATE_HOME", str(d / "state"))
+    monkeypatch.delenv("SPARKCLUSTER_INVENTORY", raising=False)
+    for argv, env, how in (
+        (["-i", str(inv), "status"], None, "--inventory"),
+        (["status"], str(inv), "$SPARKCLUSTER_INVENTORY"),
+        (["status", "--json"], None, "the default path"),
+        (["profile", "lint", "testbed"], str(inv), "$SPARKCLUSTER_INVENTORY"),
+    ):
+        if env:
+            monkeypatch.setenv("SPARKCLUSTER_INVENTORY", env)
+        else:
+            monkeypatch.delenv("SPARKCLUSTER_INVENTORY", raising=False)
+        rc = cli_main.main(argv)
+        out, err = capsys.readouterr()
+        assert rc == 2, (argv, err)
+        assert "cannot read the inventory" in err and f"(from {how}): Permission denied" in err, (argv, err)
+        assert "fix:" in err and "Traceback" not in err
+        if "--json" in argv:
+            assert json.loads(out)["exit_code"] == 2
+
+
+def test_a_non_utf8_inventory_is_one_line_and_exit_2(home):
+    inv = home["dir"] / "latin1.toml"
+    inv.write_bytes(pair_toml(22).replace('name = "pair"', 'name = "pair" # Sparks im B\xfcro').encode("latin-1"))
+    for argv, env in ((["-i", str(inv), "status"], {}), (["doctor", "--json"], {"SPARKCLUSTER_INVENTORY": str(inv)})):
+        rc, out, err, _ = sparkcluster(home, *argv, env=env)
+        assert rc == 2, err
+        assert "not UTF-8" in err and "fix: save it as UTF-8" in err
+        if "--json" in argv:
+            assert json.loads(out)["exit_code"] == 2
+
+
+def test_an_over_long_ssh_host_is_refused_by_lint_and_every_command(home):
+    inv = write(home, "long.toml", pair_toml(22, head="h" * 5000))
+    for argv in (["status"], ["doctor", "--json"], ["profile", "lint", "testbed"]):
+        rc, out, err, _ = sparkcluster(home, "-i", str(inv), *argv)
+        assert rc == 2, (argv, err)
+        assert "nodes[0].ssh: host name too long (5000 characters)" in err, err
+        assert "h" * 100 not in err  # the value is not echoed
+        if "--json" in argv:
+            body = json.loads(out)
+            assert body["ok"] is False and body["exit_code"] == 2 and "problem(s)" in body["message"]
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "0", "inf"])
+def test_status_watch_interval_must_be_a_sensible_number(home, value):
+    inv = write(home, "cluster.toml", pair_toml(22))
+    rc, out, err, _ = sparkcluster(home, "-i", str(inv), "status", "--watch", "--interval", value)
+    assert rc == 2
+    assert "--interval" in err and "at least 0.5" in err and "Traceback" not in err
+
+
+# --- 8. smaller cases ------------------------------------------------------------------------------
+
+
+def test_smaller_mistakes_are_refused_before_any_connection(silent, home):
+    inv = write(home, "cluster.toml", pair_toml(silent.port))
+    nine = ["--worker", *" --worker ".join(f"w{i}" for i in range(8)).split()]
+    cases = [
+        (["init", "--head", "h", *nine, "-o", str(home["dir"] / "new.toml")], "9 hosts given"),
+        (["-i", str(inv), "events", "--last", "-5"], "--last"),
+        (["-i", str(inv), "up", "--profile", "testbed", "--node", "spark-a", "--node", "spark-a"], "more than once"),
+    ]
+    for argv, said in cases:
+        rc, out, err, _ = sparkcluster(home, *argv)
+        assert rc == 2, (argv, err)
+        assert said in err, (argv, err)
+    for ip in ("127.0.0.1", "0.0.0.0"):
+        bad = write(home, "bad.toml", pair_toml(silent.port).replace("192.168.100.10", ip))
+        rc, out, err, _ = sparkcluster(home, "-i", str(bad), "profile", "lint", "testbed")
+        assert rc == 2 and f"nodes[0].control_ip: {ip} is not an address other nodes can reach" in err, err
+    bad = write(home, "bad.toml", pair_toml(silent.port).replace('name = "spark-b"', 'name = "spark b"'))
+    rc, out, err, _ = sparkcluster(home, "-i", str(bad), "status")
+    assert rc == 2 and "nodes[1].name: expected a name of letters, digits" in err and "^[" not in err, err
+    assert silent.accepted == 0
+
+
+# --- --json: a failure is JSON too -----------------------------------------------------------------
+
+
+def test_json_failures_have_one_shape(home):
+    inv = write(home, "cluster.toml", pair_toml(22))
+    for argv in (
+        ["-i", str(inv), "weights", "status", "--json", "--bogus"],
+        ["-i", str(home["dir"] / "missing.toml"), "bench", "--json"],
+        ["-i", str(inv), "profile", "show", "no-such-profile", "--json"],
+    ):
+        rc, out, err, _ = sparkcluster(home, *argv)
+        body = json.loads(out)
+        assert set(body) == {"ok", "message", "fix", "node", "exit_code", "details"}, body
+        assert body["ok"] is False and body["exit_code"] == rc == 2 and body["fix"], body
