@@ -16,7 +16,7 @@ from sparkcluster import bench as bench_pkg  # `bench` is this module's command
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.config import profile as profiles
-from sparkcluster.config.secrets import load_secrets
+from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.errors import InputError, SparkError
 
 # the figures the terminal table shows (the CSV has them all)
@@ -131,7 +131,12 @@ def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table
     help="Percent a figure may worsen before it is marked a regression.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
-@click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where VLLM_API_KEY lives.")
+@click.option(
+    "--env-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help=f"Where VLLM_API_KEY lives (mode 0600); {ENV_FILE_HELP}.",
+)
 @click.pass_obj
 def bench(
     obj,

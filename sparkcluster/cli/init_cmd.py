@@ -11,9 +11,9 @@ import click
 
 from sparkcluster.cli.main import cli
 from sparkcluster.config import inventory
+from sparkcluster.config.topology import MAX_NODES
 from sparkcluster.errors import InputError
 from sparkcluster.facts import discover
-from sparkcluster.config.topology import MAX_NODES
 from sparkcluster.remote import ssh
 
 

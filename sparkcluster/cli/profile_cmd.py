@@ -26,7 +26,7 @@ from sparkcluster.config.profile import (
     required_env_names,
     secret_env_names,
 )
-from sparkcluster.config.secrets import load_secrets, masked
+from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets, masked
 from sparkcluster.errors import EXIT_FAILED
 
 # the Dockerfile's default pin (images/Dockerfile.vllm-ray ARG RAY_VERSION)
@@ -129,7 +129,7 @@ def _resolved(p: Profile, inv, secrets: dict[str, str], ray_version: str) -> dic
     "--env-file",
     type=click.Path(path_type=Path),
     default=None,
-    help="The .env holding HF_TOKEN / VLLM_API_KEY (mode 0600); values are never shown.",
+    help=f"The .env holding HF_TOKEN / VLLM_API_KEY (mode 0600; {ENV_FILE_HELP}); values are never shown.",
 )
 @click.option(
     "--ray-version",

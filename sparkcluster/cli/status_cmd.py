@@ -12,7 +12,7 @@ import click
 
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
-from sparkcluster.config.secrets import load_secrets
+from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.day2 import fleet, supervision
 from sparkcluster.day2 import status as status_mod
 
@@ -191,7 +191,12 @@ def _write_html(inv, sts, path: Path) -> None:
     callback=lambda ctx, param, v: _interval(v),
     help="Seconds between refreshes with --watch (at least 0.5).",
 )
-@click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where VLLM_API_KEY lives.")
+@click.option(
+    "--env-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help=f"Where VLLM_API_KEY lives (mode 0600); {ENV_FILE_HELP}.",
+)
 @click.option(
     "--html",
     "html_path",

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from sparkcluster import redact
 from sparkcluster.cli.common import load_profile_for
 from sparkcluster.cli.main import cli
-from sparkcluster.config.secrets import load_secrets
+from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.day2 import deployments
 from sparkcluster.up import bringup
 from sparkcluster.up.execute import StageProgress
@@ -73,7 +73,7 @@ class RichProgress(StageProgress):
     "--env-file",
     type=click.Path(path_type=Path),
     default=None,
-    help="Where HF_TOKEN and VLLM_API_KEY live (mode 0600). Default: ./.env, then ~/.config/sparkcluster/.env.",
+    help=f"Where HF_TOKEN and VLLM_API_KEY live (mode 0600); {ENV_FILE_HELP}.",
 )
 @click.option("--dry-run", is_flag=True, help="Print the plan, every command and API call per host; change nothing.")
 @click.option(

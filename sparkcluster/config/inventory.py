@@ -71,7 +71,9 @@ class Node(_Strict):
     def _reachable_ip(cls, v: ipaddress.IPv4Address) -> ipaddress.IPv4Address:
         # the address the other nodes reach this one at (Ray's node IP, VLLM_HOST_IP)
         if v.is_loopback or v.is_unspecified or v.is_multicast or v.is_link_local:
-            raise ValueError(f"{v} is not an address other nodes can reach; use this node's address on its control link")
+            raise ValueError(
+                f"{v} is not an address other nodes can reach; use this node's address on its control link"
+            )
         return v
 
     @property

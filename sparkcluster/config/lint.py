@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 from sparkcluster import redact
 from sparkcluster.config.flags import BY_FLAG, flag_names, flag_value, refusals, serve_argv
 from sparkcluster.config.profile import MANAGED_VARS, Profile, guess_image_kind
-from sparkcluster.config.secrets import SECRET_NAMES
+from sparkcluster.config.secrets import SECRET_NAMES, SECRET_VALUE
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkcluster.config.inventory import Inventory
@@ -30,7 +30,7 @@ CLUSTER_RULES = ("tp-pp-gpus", "port-mismatch", "needs-root")
 # directories only root may write on a Spark, whose SSH user is an ordinary account in `docker`
 ROOT_ONLY_DIRS = ("/root", "/etc", "/usr", "/var", "/run", "/boot", "/proc", "/sys", "/lib", "/bin", "/sbin")
 
-_SECRET_VALUE = re.compile(r"(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|nvapi-[A-Za-z0-9_-]{16,})")
+_SECRET_VALUE = SECRET_VALUE
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|PRIVATE_KEY|CREDENTIAL)", re.I)
 
 

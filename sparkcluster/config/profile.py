@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 import sparkcluster
 from sparkcluster.config.bounds import SupervisorSettings
 from sparkcluster.config.inventory import describe_validation_error
-from sparkcluster.config.secrets import SECRET_NAMES
+from sparkcluster.config.secrets import SECRET_NAMES, register_written
 from sparkcluster.config.topology import nccl_env
 from sparkcluster.errors import InputError
 from sparkcluster.movement.hfcache import is_hub_model
@@ -393,6 +393,7 @@ def parse(text: str, name: str, source: str = "profile", path: Path | None = Non
         raise InputError(
             f"{source}: {len(lines)} problem(s) in the profile", "correct the fields listed above", details=lines
         )
+    register_written(prof)
     return prof
 
 

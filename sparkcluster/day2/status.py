@@ -244,7 +244,9 @@ def _judge_reports(
     address = addresses.get(inv.head.name)
     endpoint = f"http://{address}:{inv.cluster.api_port}" if address else ""
     st = judge(inv, nodes, ray_rows, endpoint, engine, pid, sup, journal)
-    fixes = [e.fix for name, e in unreachable.items() if getattr(e, "fix", None) and name in {n.name for n in inv.nodes}]
+    fixes = [
+        e.fix for name, e in unreachable.items() if getattr(e, "fix", None) and name in {n.name for n in inv.nodes}
+    ]
     st.fix = "; ".join(dict.fromkeys(fixes))
     if pid is not None:  # only a running server's ranks: an old server's files say nothing of now
         st.nccl, problems = engine_nccl.summaries(inv, nccl)

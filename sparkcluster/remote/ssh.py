@@ -345,7 +345,9 @@ def connect(node: Node, settings: Settings) -> Host:
         except Silent as e:  # waiting again would spend the same time for the same silence
             raise ConnectError(
                 node.name,
-                f"{e}" + ("" if e.closed else f" (waited {bound:g}s)") + ": a hung sshd, or not an SSH server on that port",
+                f"{e}"
+                + ("" if e.closed else f" (waited {bound:g}s)")
+                + ": a hung sshd, or not an SSH server on that port",
                 f"check sshd on {node.name} (systemctl status ssh) and that {conn.port} is its SSH port",
             ) from None
         except paramiko.BadHostKeyException as e:

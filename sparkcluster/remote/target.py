@@ -51,7 +51,9 @@ class Silent(Exception):
     service on the port), or closed it before its SSH greeting. Waiting longer would not help."""
 
     def __init__(self, host: str, port: int, closed: bool = False):
-        super().__init__(f"{host}:{port} accepted TCP but " + ("closed it before" if closed else "never sent") + " its SSH greeting")
+        super().__init__(
+            f"{host}:{port} accepted TCP but " + ("closed it before" if closed else "never sent") + " its SSH greeting"
+        )
         self.closed = closed
 
 

@@ -347,3 +347,38 @@ def test_json_failures_have_one_shape(home):
         body = json.loads(out)
         assert set(body) == {"ok", "message", "fix", "node", "exit_code", "details"}, body
         assert body["ok"] is False and body["exit_code"] == rc == 2 and body["fix"], body
+
+
+# --- 5, 6. secrets written into a profile; another project's ./.env --------------------------------
+
+WRITTEN_TOKEN = "hf_WrittenIntoTheProfile0123456789"
+WRITTEN_KEY = "sk-written-into-extra-flags-0123456789"
+
+
+def test_profile_show_masks_secrets_written_into_the_profile(home):
+    profiles = home["dir"] / "profiles"
+    profiles.mkdir()
+    text = (ROOT / "env-profiles" / "testbed.toml").read_text()
+    text = text.replace("[env.forward]\n", f'[env.forward]\nHF_TOKEN = "{WRITTEN_TOKEN}"\n')
+    text = text.replace("[serve]\n", f'[serve]\nextra_flags = ["--api-key", "{WRITTEN_KEY}"]\n', 1)
+    (profiles / "leaky.toml").write_text(text)
+    env = {"SPARKCLUSTER_PROFILES": str(profiles)}
+    inv = write(home, "cluster.toml", pair_toml(22))
+    for argv in (["profile", "show", "leaky"], ["profile", "show", "leaky", "--json"], ["profile", "lint", "leaky"]):
+        rc, out, err, _ = sparkcluster(home, "-i", str(inv), *argv, env=env)
+        assert WRITTEN_TOKEN not in out + err and WRITTEN_KEY not in out + err, (argv, out, err)
+        assert "******" in out or rc == 1, (argv, out, err)
+
+
+def test_another_projects_dot_env_in_the_current_folder_is_not_read(home, silent):
+    dot_env = home["cwd"] / ".env"
+    dot_env.write_text("DATABASE_URL=postgres://someone/else\n")
+    dot_env.chmod(0o644)
+    inv = write(home, "cluster.toml", pair_toml(silent.port, "connect_timeout = 1"))
+    rc, out, err, _ = sparkcluster(home, "-i", str(inv), "profile", "show", "testbed")
+    assert rc == 0, err
+    assert "chmod" not in err and ".env" not in err
+    rc, out, err, _ = sparkcluster(home, "-i", str(inv), "status", "--json")
+    assert rc == 4 and "chmod" not in err, err  # it went on to connect: the .env did not block it
+    rc, out, err, _ = sparkcluster(home, "up", "--help")
+    assert "./.env is read only when named" in " ".join(out.split())
