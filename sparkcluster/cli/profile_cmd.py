@@ -14,7 +14,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.config import inventory
 from sparkcluster.config.flags import serve_argv
 from sparkcluster.config.inventory import HOME_HF_CACHE
-from sparkcluster.config.lint import CLUSTER_RULES, lint
+from sparkcluster.config.lint import CLUSTER_RULES, lint, unchecked_flags
 from sparkcluster.config.profile import (
     Profile,
     available,
@@ -201,6 +201,9 @@ def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None) -> None
     if inv is None:
         _echo(f"note: no inventory; skipped the cluster rules ({', '.join(CLUSTER_RULES)})", err=True)
     problems = lint(p, inv)
+    unchecked = unchecked_flags(p)
+    if unchecked:
+        _echo(f"note: {unchecked}", err=True)
     if not problems:
         _echo(f"{p.name}: ok")
         return

@@ -48,6 +48,56 @@ def _looks_secret(value: str) -> bool:
     return bool(_SECRET_VALUE.search(value)) or redact.mask(value) != value
 
 
+def _flag_set(profile: Profile):
+    from sparkcluster.config.flags import parse_version
+    from sparkcluster.config.vllm_flag_sets import FLAG_SETS
+
+    v = profile.image.vllm_version
+    if not v:
+        return None
+    return next((fs for k, fs in FLAG_SETS.items() if parse_version(k) == parse_version(v)), None)
+
+
+def unchecked_flags(profile: Profile) -> str | None:
+    """Why the profile's extra flags could not be checked against its vLLM's, or None."""
+    extra = flag_names(list(profile.serve.extra_flags))
+    if not extra or _flag_set(profile) is not None:
+        return None
+    v = profile.image.vllm_version
+    what = f"vLLM {v}'s flags are not known here" if v else "the profile states no image.vllm_version"
+    return f"serve.extra_flags went unchecked ({', '.join(extra)}): {what}"
+
+
+def _unknown_flags(profile: Profile, extra: list[str]) -> list[Problem]:
+    """Extra flags the profile's vLLM does not accept (a typo fails here, not at the serve stage
+    after build, image, weights and Ray), with the closest spelling."""
+    import difflib
+
+    fs = _flag_set(profile)
+    if fs is None:
+        return []
+    known = set(fs.flags) | set(BY_FLAG)
+    out = []
+    for flag in dict.fromkeys(flag_names(extra)):
+        name = flag.replace("_", "-")  # vLLM reads --max_model_len as --max-model-len
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+        if not close and not fs.complete:
+            continue  # a partial set: a real flag may be missing from it
+        out.append(
+            Problem(
+                "unknown-vllm-flag",
+                f"serve.extra_flags: {flag} is not a flag of vLLM {fs.version}"
+                + (f" (did you mean {close[0]}?)" if close else ""),
+                f"replace it with {close[0]}"
+                if close
+                else f"remove it (vllm serve --help=all lists vLLM {fs.version}'s)",
+            )
+        )
+    return out
+
+
 def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem]:
     p: list[Problem] = []
     s = profile.serve
@@ -173,6 +223,8 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
                 "images have it as entrypoint",
             )
         )
+
+    p.extend(_unknown_flags(profile, extra))
 
     # -- secrets stay off command lines and out of the forwarded variables (docs/field-notes.md, "Secrets")
     api_key_flags = [f for f in flag_names(extra) if f == "--api-key"]

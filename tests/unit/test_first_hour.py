@@ -382,3 +382,37 @@ def test_another_projects_dot_env_in_the_current_folder_is_not_read(home, silent
     assert rc == 4 and "chmod" not in err, err  # it went on to connect: the .env did not block it
     rc, out, err, _ = sparkcluster(home, "up", "--help")
     assert "./.env is read only when named" in " ".join(out.split())
+
+
+# --- 4. a typo in a vLLM flag is caught by lint ---------------------------------------------------
+
+
+def _profile_with(home, name: str, version: str | None, flags: str) -> dict:
+    profiles = home["dir"] / "profiles"
+    profiles.mkdir(exist_ok=True)
+    text = (ROOT / "env-profiles" / "testbed.toml").read_text()
+    text = text.replace('vllm_version = "0.32.0"', f'vllm_version = "{version}"' if version else "")
+    text = text.replace("[serve]\n", f"[serve]\nextra_flags = {flags}\n", 1)
+    (profiles / f"{name}.toml").write_text(text)
+    return {"SPARKCLUSTER_PROFILES": str(profiles)}
+
+
+def test_a_misspelt_vllm_flag_fails_lint_with_the_closest_spelling(home):
+    env = _profile_with(home, "typo", "0.21.0", '["--max-modle-len", "2048", "--max_num_seqs", "4"]')
+    rc, out, err, _ = sparkcluster(home, "profile", "lint", "typo", env=env)
+    assert rc == 1, out + err
+    said = [line for line in out.splitlines() if "unknown-vllm-flag" in line]
+    assert said == [
+        "typo: [unknown-vllm-flag] serve.extra_flags: --max-modle-len is not a flag of vLLM 0.21.0 "
+        "(did you mean --max-model-len?) -- fix: replace it with --max-model-len"
+    ], out  # --max_num_seqs is vLLM's own spelling of --max-num-seqs
+    inv = write(home, "cluster.toml", pair_toml(22))
+    rc, out, err, _ = sparkcluster(home, "-i", str(inv), "up", "--profile", "typo", "--dry-run", env=env)
+    assert rc == 2 and "--max-modle-len" in err and "did you mean --max-model-len" in err, err
+
+
+def test_flags_of_a_vllm_version_not_known_here_go_unchecked_and_lint_says_so(home):
+    env = _profile_with(home, "newer", "0.99.0", '["--max-modle-len", "2048"]')
+    rc, out, err, _ = sparkcluster(home, "profile", "lint", "newer", env=env)
+    assert "unknown-vllm-flag" not in out
+    assert "note: serve.extra_flags went unchecked (--max-modle-len): vLLM 0.99.0's flags are not known here" in err
