@@ -54,7 +54,7 @@ class _LazyGroup(click.Group):
         "monitor": "Prometheus, Alertmanager and node_exporter for the cluster: up, down, config.",
         "profile": "Model profiles: list, show what each node gets, lint.",
         "status": "Per deployment and node: container, Ray membership, endpoint, supervisor.",
-        "up": "Build, distribute, start Ray on every node and serve the profile's model.",
+        "up": "Build, distribute, start the containers on every node and serve the profile's model.",
         "weights": "Model weights in the nodes' HF caches: stage, list, remove.",
     }
 
@@ -95,7 +95,12 @@ class _LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="sparkcluster")
 @click.pass_context
 def cli(ctx: click.Context, inventory_path: Path | None, log_format: str, verbose: int) -> None:
-    """Bring two DGX Sparks from bare to serving a model with tensor parallelism."""
+    """Bring one to eight DGX Sparks from bare to serving a model (tensor and pipeline parallel, over Ray or
+    vLLM's own multi-node launch).
+
+    Exit codes: 0 ok, 1 a check or stage failed (status: degraded), 2 bad input (nothing touched),
+    3 status: down, 4 a node could not be reached, 70 a bug (see the debug log), 130 Ctrl-C.
+    """
     from sparkcluster import log  # for start-up speed: structlog loads only once a command runs
 
     level = {0: "warning", 1: "info"}.get(verbose, "debug")

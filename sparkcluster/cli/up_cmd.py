@@ -105,7 +105,10 @@ def up(
     replace: bool,
     smoke: bool,
 ) -> None:
-    """Build, distribute, start Ray on every node and serve the profile's model with TP over Ray."""
+    """Build, distribute, start the containers on every node and serve the profile's model.
+
+    Across the nodes with the profile's executor: Ray (the default) or vLLM's own multi-node launch (mp).
+    """
     if as_json and not dry_run:
         raise click.UsageError("--json goes with --dry-run (a real up logs its steps with --log-format json)")
     inv = obj.inventory()
