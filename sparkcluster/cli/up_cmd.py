@@ -77,6 +77,12 @@ class RichProgress(StageProgress):
 )
 @click.option("--dry-run", is_flag=True, help="Print the plan, every command and API call per host; change nothing.")
 @click.option(
+    "--offline",
+    is_flag=True,
+    help="With --dry-run: the plan from the inventory and profile alone, connecting to nothing; "
+    "it says which decisions wait for the nodes' facts.",
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="With --dry-run: the steps as a JSON list (id, stage, host, description)."
 )
 @click.option(
@@ -100,6 +106,7 @@ def up(
     profile_name: str | None,
     env_file: Path | None,
     dry_run: bool,
+    offline: bool,
     as_json: bool,
     node: tuple[str, ...],
     replace: bool,
@@ -111,6 +118,8 @@ def up(
     """
     if as_json and not dry_run:
         raise click.UsageError("--json goes with --dry-run (a real up logs its steps with --log-format json)")
+    if offline and not dry_run:
+        raise click.UsageError("--offline goes with --dry-run (a real up needs the nodes)")
     inv = obj.inventory()
     prof = load_profile_for(inv, profile_name)
     if prof is None:
@@ -123,6 +132,7 @@ def up(
         secrets,
         RichProgress(err),
         dry_run=dry_run,
+        offline=offline,
         replace=replace,
         node=node,
         command=f"up --profile {prof.name}" + deployments.node_flags(node),

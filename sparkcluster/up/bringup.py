@@ -1,4 +1,4 @@
-"""`up`: from two bare Sparks to a TP=2 endpoint that answers.
+"""`up`: from bare Sparks to an endpoint that answers.
 
 The flow is the architecture: lint, connect, lock, gather facts and check (preflight), make a plan
 from the facts (`plan.make_plan`: the ordered steps of every stage), then execute those same steps
@@ -26,7 +26,7 @@ from sparkcluster.monitor.planned import planned
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.up.execute import StageProgress, UpRun, execute, record_before_plan
-from sparkcluster.up.plan import Plan, make_plan
+from sparkcluster.up.plan import Plan, make_offline_plan, make_plan
 from sparkcluster.up.stages import gate
 from sparkcluster.up.stages.containers import Created
 from sparkcluster.up.stages.replace import Away
@@ -52,6 +52,7 @@ def run(
     progress: StageProgress,
     *,
     dry_run: bool = False,
+    offline: bool = False,
     replace: bool = False,
     command: str = "up",
     node: tuple[str, ...] | str | None = None,
@@ -65,6 +66,8 @@ def run(
             f"fix the profile, then check with: sparkcluster profile lint {prof.name}",
             details=[p.line() for p in problems],
         )
+    if offline:  # the plan before any node answers (or exists): a dry run that connects to nothing
+        return make_offline_plan(inv, prof, secret_names=secrets.keys())
     t0 = time.monotonic()
     progress.stage(gate.STAGE)
     # one connection per node for the whole run; a node this run does not touch may be away

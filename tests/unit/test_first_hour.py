@@ -416,3 +416,24 @@ def test_flags_of_a_vllm_version_not_known_here_go_unchecked_and_lint_says_so(ho
     rc, out, err, _ = sparkcluster(home, "profile", "lint", "newer", env=env)
     assert "unknown-vllm-flag" not in out
     assert "note: serve.extra_flags went unchecked (--max-modle-len): vLLM 0.99.0's flags are not known here" in err
+
+
+# --- 9. the plan before any Spark answers ---------------------------------------------------------
+
+
+def test_up_dry_run_offline_prints_the_plan_from_the_inventory_alone(silent, home):
+    inv = write(home, "cluster.toml", pair_toml(silent.port))
+    rc, out, err, _ = sparkcluster(home, "-i", str(inv), "up", "--profile", "testbed", "--dry-run", "--offline")
+    assert rc == 0, err
+    assert silent.accepted == 0  # nothing was asked
+    assert "note: made from the inventory and the profile alone (--offline): no node was asked" in out
+    assert "waits for facts: whether the head holds the cluster image (assumed: missing, so it is built)" in out
+    for stage in ("[preflight]", "[image]", "[weights]", "[containers]", "[serve]"):
+        assert stage in out, out
+    rc, out, err, _ = sparkcluster(
+        home, "-i", str(inv), "up", "--profile", "testbed", "--dry-run", "--offline", "--json"
+    )
+    steps = json.loads(out)
+    assert {s["host"] for s in steps} == {"spark-a", "spark-b"} and any(s["stage"] == "serve" for s in steps)
+    rc, out, err, _ = sparkcluster(home, "-i", str(inv), "up", "--profile", "testbed", "--offline")
+    assert rc == 2 and "--offline goes with --dry-run" in err
