@@ -457,3 +457,18 @@ def test_up_dry_run_offline_prints_the_plan_from_the_inventory_alone(silent, hom
     assert {s["host"] for s in steps} == {"spark-a", "spark-b"} and any(s["stage"] == "serve" for s in steps)
     rc, out, err, _ = sparkcluster(home, "-i", str(inv), "up", "--profile", "testbed", "--offline")
     assert rc == 2 and "--offline goes with --dry-run" in err
+
+
+def test_readme_inventories_are_complete_and_valid():
+    """README's inventories (a pair, four through a switch, a ring) load as they are."""
+    import re
+
+    from sparkcluster.config import inventory
+
+    text = (ROOT / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", text, re.S) if "[[nodes]]" in b]
+    loaded = {}
+    for b in blocks:
+        inv = inventory.parse(b, source="README")
+        loaded[(len(inv.nodes), inv.cluster.topology)] = inv
+    assert {(2, None), (4, "switch"), (4, "ring")} <= set(loaded), sorted(loaded, key=str)
