@@ -153,7 +153,12 @@ def test_every_command_ends_within_the_connect_timeout_naming_each_node(silent, 
         # meanwhile, no timeout in the inventory or ssh_config: the documented default (every
         # attempt together) keeps `status` within the 15 s README promises
         default = pool.submit(sparkcluster, home, "status", inventory=write(home, "d.toml", pair_toml(silent.port)))
+        target = f"spark@127.0.0.1:{silent.port}"
+        init = pool.submit(sparkcluster, home, "init", "--head", target, "--worker", f"spark@localhost:{silent.port}")
         runs = list(pool.map(lambda c: (c, sparkcluster(home, *c[0], inventory=inv)), SILENT_COMMANDS))
+        rc, out, err, secs = init.result()
+        assert rc == 4 and "2 nodes could not be reached" in err and "never sent its SSH greeting" in err, err
+        assert_one_clear_line(err)
         rc, out, err, secs = default.result()
     from sparkcluster.remote.ssh import DEFAULT_CONNECT_TIMEOUT_S
 
@@ -329,6 +334,8 @@ def test_smaller_mistakes_are_refused_before_any_connection(silent, home):
         rc, out, err, _ = sparkcluster(home, *argv)
         assert rc == 2, (argv, err)
         assert said in err, (argv, err)
+    rc, out, err, _ = sparkcluster(home, "init", "--head", "spark@" + "h" * 5000, "--worker", "spark-b")
+    assert rc == 2 and "host name too long (5000 characters)" in err, err
     for ip in ("127.0.0.1", "0.0.0.0"):
         bad = write(home, "bad.toml", pair_toml(silent.port).replace("192.168.100.10", ip))
         rc, out, err, _ = sparkcluster(home, "-i", str(bad), "profile", "lint", "testbed")
