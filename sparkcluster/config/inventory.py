@@ -66,16 +66,6 @@ class Node(_Strict):
             raise ValueError("port out of range 1-65535")
         return v
 
-    @field_validator("control_ip")
-    @classmethod
-    def _reachable_ip(cls, v: ipaddress.IPv4Address) -> ipaddress.IPv4Address:
-        # the address the other nodes reach this one at (Ray's node IP, VLLM_HOST_IP)
-        if v.is_loopback or v.is_unspecified or v.is_multicast or v.is_link_local:
-            raise ValueError(
-                f"{v} is not an address other nodes can reach; use this node's address on its control link"
-            )
-        return v
-
     @property
     def hcas(self) -> list[str]:
         return [link.hca for link in self.data_plane]

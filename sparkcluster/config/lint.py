@@ -26,7 +26,7 @@ MAX_GPU_MEMORY_UTILIZATION = 0.85
 MAMBA_ALIGNED_BLOCK_SIZE = 2128
 VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
-CLUSTER_RULES = ("tp-pp-gpus", "port-mismatch", "needs-root")
+CLUSTER_RULES = ("tp-pp-gpus", "port-mismatch", "needs-root", "control-ip")
 # directories only root may write on a Spark, whose SSH user is an ordinary account in `docker`
 ROOT_ONLY_DIRS = ("/root", "/etc", "/usr", "/var", "/run", "/boot", "/proc", "/sys", "/lib", "/bin", "/sbin")
 
@@ -118,6 +118,18 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
                 "allow_high_gpu_memory_utilization = true if you mean it",
             )
         )
+
+    # -- the address every other node reaches a node at (Ray's node IP, VLLM_HOST_IP, the rendezvous)
+    for n in inventory.nodes if inventory is not None else ():
+        ip = n.control_ip
+        if ip.is_loopback or ip.is_unspecified or ip.is_multicast:  # link-local is fine: a direct cable may use it
+            p.append(
+                Problem(
+                    "control-ip",
+                    f"nodes.{n.name}.control_ip {ip} is not an address the other nodes can reach",
+                    f"set it to {n.name}'s address on {n.control_if} (ip -4 addr show {n.control_if} there)",
+                )
+            )
 
     # -- parallelism vs the cluster
     if inventory is not None:

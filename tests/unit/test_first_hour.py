@@ -339,7 +339,10 @@ def test_smaller_mistakes_are_refused_before_any_connection(silent, home):
     for ip in ("127.0.0.1", "0.0.0.0"):
         bad = write(home, "bad.toml", pair_toml(silent.port).replace("192.168.100.10", ip))
         rc, out, err, _ = sparkcluster(home, "-i", str(bad), "profile", "lint", "testbed")
-        assert rc == 2 and f"nodes[0].control_ip: {ip} is not an address other nodes can reach" in err, err
+        assert rc == 1 and f"[control-ip] nodes.spark-a.control_ip {ip} is not an address" in out, out + err
+        assert "-- fix: set it to spark-a's address on enp1s0f1np1" in out
+        rc, out, err, _ = sparkcluster(home, "-i", str(bad), "up", "--profile", "testbed", "--dry-run")
+        assert rc == 2 and "[control-ip]" in err, err
     bad = write(home, "bad.toml", pair_toml(silent.port).replace('name = "spark-b"', 'name = "spark b"'))
     rc, out, err, _ = sparkcluster(home, "-i", str(bad), "status")
     assert rc == 2 and "nodes[1].name: expected a name of letters, digits" in err and "^[" not in err, err
