@@ -482,3 +482,11 @@ def test_readme_inventories_are_complete_and_valid():
         inv = inventory.parse(b, source="README")
         loaded[(len(inv.nodes), inv.cluster.topology)] = inv
     assert {(2, None), (4, "switch"), (4, "ring")} <= set(loaded), sorted(loaded, key=str)
+
+
+def test_the_stored_vllm_032_flags_are_the_captured_parsers():
+    from sparkcluster.config.vllm_flag_sets import FLAG_SETS
+
+    captured = (ROOT / "tests" / "captured" / "vllm-0.32-serve-flags.txt").read_text().split()
+    assert FLAG_SETS["0.32.0"].complete and FLAG_SETS["0.32.0"].flags == frozenset(captured)
+    assert {"--max-model-len", "--headless", "--nnodes", "--no-enable-prefix-caching"} <= FLAG_SETS["0.32.0"].flags
