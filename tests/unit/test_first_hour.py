@@ -325,27 +325,30 @@ def test_status_watch_interval_must_be_a_sensible_number(home, value):
 def test_smaller_mistakes_are_refused_before_any_connection(silent, home):
     inv = write(home, "cluster.toml", pair_toml(silent.port))
     nine = ["--worker", *" --worker ".join(f"w{i}" for i in range(8)).split()]
-    cases = [
-        (["init", "--head", "h", *nine, "-o", str(home["dir"] / "new.toml")], "9 hosts given"),
-        (["-i", str(inv), "events", "--last", "-5"], "--last"),
-        (["-i", str(inv), "up", "--profile", "testbed", "--node", "spark-a", "--node", "spark-a"], "more than once"),
+    loop = {
+        ip: write(home, f"bad-{ip}.toml", pair_toml(silent.port).replace("192.168.100.10", ip))
+        for ip in ("127.0.0.1", "0.0.0.0")
+    }
+    spaced = write(home, "spaced.toml", pair_toml(silent.port).replace('name = "spark-b"', 'name = "spark b"'))
+    lint_says = "[control-ip] nodes.spark-a.control_ip {ip} is not an address"
+    cases = [  # argv, exit code, what stdout + stderr must say
+        (["init", "--head", "h", *nine, "-o", str(home["dir"] / "new.toml")], 2, "9 hosts given"),
+        (["init", "--head", "spark@" + "h" * 5000, "--worker", "spark-b"], 2, "host name too long (5000 characters)"),
+        (["-i", str(inv), "events", "--last", "-5"], 2, "--last"),
+        (["-i", str(inv), "up", "--profile", "testbed", "--node", "spark-a", "--node", "spark-a"], 2, "more than once"),
+        (["-i", str(spaced), "status"], 2, "nodes[1].name: expected a name of letters, digits"),
     ]
-    for argv, said in cases:
-        rc, out, err, _ = sparkcluster(home, *argv)
-        assert rc == 2, (argv, err)
-        assert said in err, (argv, err)
-    rc, out, err, _ = sparkcluster(home, "init", "--head", "spark@" + "h" * 5000, "--worker", "spark-b")
-    assert rc == 2 and "host name too long (5000 characters)" in err, err
-    for ip in ("127.0.0.1", "0.0.0.0"):
-        bad = write(home, "bad.toml", pair_toml(silent.port).replace("192.168.100.10", ip))
-        rc, out, err, _ = sparkcluster(home, "-i", str(bad), "profile", "lint", "testbed")
-        assert rc == 1 and f"[control-ip] nodes.spark-a.control_ip {ip} is not an address" in out, out + err
-        assert "-- fix: set it to spark-a's address on enp1s0f1np1" in out
-        rc, out, err, _ = sparkcluster(home, "-i", str(bad), "up", "--profile", "testbed", "--dry-run")
-        assert rc == 2 and "[control-ip]" in err, err
-    bad = write(home, "bad.toml", pair_toml(silent.port).replace('name = "spark-b"', 'name = "spark b"'))
-    rc, out, err, _ = sparkcluster(home, "-i", str(bad), "status")
-    assert rc == 2 and "nodes[1].name: expected a name of letters, digits" in err and "^[" not in err, err
+    for ip, bad in loop.items():
+        cases.append((["-i", str(bad), "profile", "lint", "testbed"], 1, lint_says.format(ip=ip)))
+        cases.append(
+            (["-i", str(bad), "profile", "lint", "testbed"], 1, "fix: set it to spark-a's address on enp1s0f1np1")
+        )
+        cases.append((["-i", str(bad), "up", "--profile", "testbed", "--dry-run"], 2, lint_says.format(ip=ip)))
+    with ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(lambda c: sparkcluster(home, *c[0]), cases))
+    for (argv, want, said), (rc, out, err, _) in zip(cases, runs):
+        assert rc == want and said in out + err, (argv, rc, out, err)
+        assert "^[" not in err and "Traceback" not in err
     assert silent.accepted == 0
 
 
