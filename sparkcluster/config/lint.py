@@ -6,14 +6,16 @@ cluster (`CLUSTER_RULES`) run only when an inventory is given.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from sparkcluster import redact
-from sparkcluster.config.flags import BY_FLAG, flag_names, flag_value, refusals, serve_argv
+from sparkcluster.config.flags import BY_FLAG, flag_names, flag_value, parse_version, refusals, serve_argv
 from sparkcluster.config.profile import MANAGED_VARS, Profile, guess_image_kind
 from sparkcluster.config.secrets import SECRET_NAMES, SECRET_VALUE
+from sparkcluster.config.vllm_flag_sets import FLAG_SETS
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkcluster.config.inventory import Inventory
@@ -49,9 +51,6 @@ def _looks_secret(value: str) -> bool:
 
 
 def _flag_set(profile: Profile):
-    from sparkcluster.config.flags import parse_version
-    from sparkcluster.config.vllm_flag_sets import FLAG_SETS
-
     v = profile.image.vllm_version
     if not v:
         return None
@@ -71,8 +70,6 @@ def unchecked_flags(profile: Profile) -> str | None:
 def _unknown_flags(profile: Profile, extra: list[str]) -> list[Problem]:
     """Extra flags the profile's vLLM does not accept (a typo fails here, not at the serve stage
     after build, image, weights and Ray), with the closest spelling."""
-    import difflib
-
     fs = _flag_set(profile)
     if fs is None:
         return []

@@ -366,7 +366,7 @@ def connect(node: Node, settings: Settings) -> Host:
             if "not found in known_hosts" in str(e):
                 raise HostKeyError(node.name, str(e), f"add the host key to {files[0]}") from None
             raise retry.Transient(node.name, f"SSH handshake with {conn.host}:{conn.port} failed: {e}") from None
-        except (socket.timeout, TimeoutError) as e:
+        except TimeoutError as e:  # socket.timeout is TimeoutError
             raise retry.Transient(
                 node.name, f"no answer from {conn.host}:{conn.port} within {bound:g}s ({e or 'timeout'})"
             ) from None

@@ -113,7 +113,7 @@ class SshConnection:
         try:
             sock.settimeout(max(0.05, self.timeout - (time.monotonic() - started)))
             first = sock.recv(1, socket.MSG_PEEK)
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:  # socket.timeout is TimeoutError
             sock.close()
             raise Silent(self.host, self.port) from None
         except BaseException:
