@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from sparkcluster import log
@@ -21,7 +20,7 @@ from sparkcluster.facts import parsers
 from sparkcluster.facts.probes import section, split_sections
 from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, PROFILE_LABEL, container_name
 from sparkcluster.node import contract
-from sparkcluster.remote.fanout import connect_reachable
+from sparkcluster.remote.fanout import Background, connect_reachable
 
 _log = log.get(__name__)
 
@@ -191,30 +190,29 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
     cluster, unreachable = connect_reachable(inv)
     with cluster:
         addresses = {n: h.address for n, h in cluster.hosts.items()}
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            # the inventory's head is the usual deployment's head: its endpoint is asked meanwhile
-            early = pool.submit(_look, addresses.get(inv.head.name), inv.cluster.api_port, api_key)
-            per_node = cluster.each(lambda h: _one(h, inv))
-            reports = {n: o.value if o.ok else o.error for n, o in per_node.items()}
-            found = deployments.group(
-                inv,
-                {n: r.containers for n, r in reports.items() if isinstance(r, NodeReport) and r.containers is not None},
+        # the inventory's head is the usual deployment's head: its endpoint is asked meanwhile
+        early = Background(_look, addresses.get(inv.head.name), inv.cluster.api_port, api_key)
+        per_node = cluster.each(lambda h: _one(h, inv))
+        reports = {n: o.value if o.ok else o.error for n, o in per_node.items()}
+        found = deployments.group(
+            inv,
+            {n: r.containers for n, r in reports.items() if isinstance(r, NodeReport) and r.containers is not None},
+        )
+        subs = [inv.only(list(d.nodes)) for d in found] or [inv]
+        looks = {
+            sub.head.name: (
+                early
+                if sub.head.name == inv.head.name
+                else Background(_look, addresses.get(sub.head.name), sub.cluster.api_port, api_key)
             )
-            subs = [inv.only(list(d.nodes)) for d in found] or [inv]
-            looks = {
-                sub.head.name: (
-                    early
-                    if sub.head.name == inv.head.name
-                    else pool.submit(_look, addresses.get(sub.head.name), sub.cluster.api_port, api_key)
-                )
-                for sub in subs
-            }
-            out = []
-            for sub, d in zip(subs, found or [None]):
-                st = _judge_reports(sub, reports, unreachable, addresses, looks[sub.head.name].result())
-                if d is not None:
-                    st.profile, st.deployment = d.profile, d.key
-                out.append(st)
+            for sub in subs
+        }
+        out = []
+        for sub, d in zip(subs, found or [None]):
+            st = _judge_reports(sub, reports, unreachable, addresses, looks[sub.head.name].result())
+            if d is not None:
+                st.profile, st.deployment = d.profile, d.key
+            out.append(st)
     return out
 
 

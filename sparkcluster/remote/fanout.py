@@ -99,6 +99,31 @@ def run_each(items: Iterable[tuple[str, K]], fn: Callable[[K], T], max_workers: 
     return result
 
 
+class Background(Generic[T]):
+    """One call on a daemon thread, its value (or error) read later with `result()`: for a wait
+    that must not hold up Ctrl-C or the process's exit (a pool's workers are joined at exit)."""
+
+    def __init__(self, fn: Callable[..., T], *args) -> None:
+        self._done = threading.Event()
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(fn, *args), daemon=True, name="background").start()
+
+    def _run(self, fn: Callable[..., T], *args) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to whoever reads the result
+            self._error = e
+        self._done.set()
+
+    def result(self) -> T:
+        while not self._done.wait(0.5):
+            pass
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
 def unreachable_error(failed: dict[str, BaseException]) -> BaseException:
     """The connection failures of several nodes as one error naming each of them, with each one's
     fix (they differ: another port, another key); one node's failure as it is. A bug stays a bug."""
