@@ -32,6 +32,7 @@ class SilentHost:
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
         self.accepted = 0
+        self.held_s: list[float] = []  # per connection the client closed: seconds it was open
         self._held: list[socket.socket] = []
         self._changed = threading.Condition()
         threading.Thread(target=self._serve, daemon=True).start()
@@ -46,10 +47,26 @@ class SilentHost:
                 self._held.append(conn)
                 self.accepted += 1
                 self._changed.notify_all()
+            threading.Thread(target=self._watch, args=(conn, time.monotonic()), daemon=True).start()
+
+    def _watch(self, conn: socket.socket, accepted: float) -> None:
+        """How long the client kept the connection before it gave up (closed it)."""
+        try:
+            while conn.recv(4096):
+                pass
+        except OSError:
+            return
+        with self._changed:
+            self.held_s.append(time.monotonic() - accepted)
+            self._changed.notify_all()
 
     def wait_accepted(self, n: int, timeout: float = 30.0) -> bool:
         with self._changed:
             return self._changed.wait_for(lambda: self.accepted >= n, timeout)
+
+    def wait_closed(self, n: int, timeout: float = 30.0) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self.held_s) >= n, timeout)
 
     def close(self) -> None:
         self.sock.close()
@@ -152,7 +169,8 @@ def test_every_command_ends_within_the_connect_timeout_naming_each_node(silent, 
     with ThreadPoolExecutor(6) as pool:
         # meanwhile, no timeout in the inventory or ssh_config: the documented default (every
         # attempt together) keeps `status` within the 15 s README promises
-        default = pool.submit(sparkcluster, home, "status", inventory=write(home, "d.toml", pair_toml(silent.port)))
+        other = SilentHost()
+        default = pool.submit(sparkcluster, home, "status", inventory=write(home, "d.toml", pair_toml(other.port)))
         target = f"spark@127.0.0.1:{silent.port}"
         init = pool.submit(sparkcluster, home, "init", "--head", target, "--worker", f"spark@localhost:{silent.port}")
         runs = list(pool.map(lambda c: (c, sparkcluster(home, *c[0], inventory=inv)), SILENT_COMMANDS))
@@ -164,7 +182,11 @@ def test_every_command_ends_within_the_connect_timeout_naming_each_node(silent, 
 
     assert rc == 4 and f"(waited {DEFAULT_CONNECT_TIMEOUT_S:g}s)" in out, out + err
     assert_one_clear_line(err)
-    assert secs < 15, secs
+    # each connection was given up within README's 15 s (measured at the host: the interpreter's
+    # start on a loaded machine is no part of the bound), and not retried: one per node
+    assert other.wait_closed(2), other.held_s
+    other.close()
+    assert other.accepted == 2 and len(other.held_s) == 2 and max(other.held_s) < 15, other.held_s
     for (argv, want), (rc, out, err, _secs) in runs:
         assert rc == want, (argv, rc, out, err)
         assert_one_clear_line(err)
