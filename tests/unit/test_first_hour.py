@@ -247,7 +247,11 @@ def test_ctrl_c_while_connecting_acts_at_once(silent, home, argv):
     try:
         assert silent.wait_accepted(2), "the CLI never connected"
         p.send_signal(signal.SIGINT)
+        signalled = time.monotonic()
         out, err = p.communicate(timeout=20)  # the connect timeout is 60 s: ending here is the point
+        assert silent.wait_closed(2)
+        # the connections went with the process, far within their 60 s (README: Ctrl-C acts at once)
+        assert time.monotonic() - signalled < 20
     finally:
         p.kill()
     assert p.returncode == 130, err
