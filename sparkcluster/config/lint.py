@@ -73,7 +73,8 @@ def _unknown_flags(profile: Profile, extra: list[str]) -> list[Problem]:
     fs = _flag_set(profile)
     if fs is None:
         return []
-    known = set(fs.flags) | (set() if fs.complete else set(BY_FLAG))  # a partial set: ours are real too
+    # the flag table's own flags are judged by their version gates (flag-version), not here
+    known = set(fs.flags) | set(BY_FLAG)
     out = []
     for flag in dict.fromkeys(flag_names(extra)):
         # vLLM reads --max_model_len as --max-model-len, and --compilation-config.mode=3 as a key of

@@ -336,7 +336,10 @@ def connect(node: Node, settings: Settings) -> Host:
     deadline = time.monotonic() + bound
     fix = f"check that {node.name} ({node.ssh}) is up and its sshd listens on port {conn.port}"
 
+    tries = []
+
     def attempt() -> Host:
+        tries.append(1)
         conn.set_timeout(max(0.1, deadline - time.monotonic()))
         try:
             conn.open()
@@ -380,7 +383,7 @@ def connect(node: Node, settings: Settings) -> Host:
         # the next attempt starts only while there is time left for it to finish
         return retry.transient(attempt, attempts=settings.attempts, what=f"ssh {node.name}", within=bound * 0.8)
     except retry.Transient as e:
-        raise ConnectError(node.name, e.message, fix) from None
+        raise ConnectError(node.name, f"{e.message} (after {len(tries)} attempt(s))", fix) from None
 
 
 def _known_hosts_name(conn: SshConnection) -> str:

