@@ -520,3 +520,13 @@ def test_the_stored_vllm_032_flags_are_the_captured_parsers():
     captured = (ROOT / "tests" / "captured" / "vllm-0.32-serve-flags.txt").read_text().split()
     assert FLAG_SETS["0.32.0"].complete and FLAG_SETS["0.32.0"].flags == frozenset(captured)
     assert {"--max-model-len", "--headless", "--nnodes", "--no-enable-prefix-caching"} <= FLAG_SETS["0.32.0"].flags
+
+
+def test_the_connect_timeout_is_the_inventorys_else_ssh_configs_else_the_default():
+    from sparkcluster.remote.ssh import DEFAULT_CONNECT_TIMEOUT_S, Settings
+
+    assert DEFAULT_CONNECT_TIMEOUT_S < 15  # README: status answers within 15 s
+    assert Settings(None, None, 3.0, 3).timeout_for({"connecttimeout": "7"}) == 3.0
+    assert Settings(None, None, None, 3).timeout_for({"connecttimeout": "7"}) == 7.0
+    assert Settings(None, None, None, 3).timeout_for({"connecttimeout": "soon"}) == DEFAULT_CONNECT_TIMEOUT_S
+    assert Settings(None, None, None, 3).timeout_for({}) == DEFAULT_CONNECT_TIMEOUT_S
