@@ -45,7 +45,7 @@ SECRETISH_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|PRIVA
 SECRET_VALUE = re.compile(r"(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|nvapi-[A-Za-z0-9_-]{16,})")
 
 
-def register_written(profile: "Profile") -> None:
+def register_written(profile: Profile) -> None:
     """Secrets written into the profile itself (lint refuses them, `up` with it): registered the
     moment the profile is read, so `profile show`, `--dry-run` and the logs mask them as they mask
     any other secret."""
