@@ -158,6 +158,7 @@ SILENT_COMMANDS = [
     (["logs"], 4),
     (["logs", "spark-b"], 4),
     (["events"], 4),
+    (["monitor", "up"], 4),
 ]
 
 
@@ -191,13 +192,19 @@ def test_every_command_ends_within_the_connect_timeout_naming_each_node(silent, 
         assert rc == want, (argv, rc, out, err)
         assert_one_clear_line(err)
         text = out + err
-        named = ["spark-b"] if argv[-1] == "spark-b" else ["spark-a"] if argv == ["events"] else ["spark-a", "spark-b"]
+        named = (
+            ["spark-b"]
+            if argv[-1] == "spark-b"
+            else ["spark-a"]
+            if argv in (["events"], ["monitor", "up"])
+            else ["spark-a", "spark-b"]
+        )
         for node in named if argv != ["doctor", "--json"] else []:
             said = [line for line in text.splitlines() if node in line and "never sent its SSH greeting" in line]
             assert said and all("(waited 1s)" in line for line in said), (argv, node, text)
         fixes = [line for line in text.splitlines() if line.strip().startswith("fix:") or '"fix"' in line]
         assert fixes, (argv, text)
-        if argv not in (["events"], ["logs", "spark-b"], ["doctor"], ["doctor", "--json"]):
+        if argv not in (["events"], ["logs", "spark-b"], ["doctor"], ["doctor", "--json"], ["monitor", "up"]):
             assert "spark-a" in fixes[0] and "spark-b" in fixes[0], (argv, fixes)  # each node's fix
         assert "No existing session" not in text
         if argv[-1] == "--json" and argv[0] == "status":
