@@ -118,7 +118,11 @@ def home(tmp_path):
         for k, v in os.environ.items()
         if not k.startswith(("SPARKCLUSTER_", "HF_", "VLLM_", "XDG_")) and k not in ("HOME", "PYTHONPATH")
     }
-    env.update(HOME=str(h), XDG_STATE_HOME=str(tmp_path / "state"), PYTHONPATH=str(ROOT), COLUMNS="200")
+    tmp = tmp_path / "tmp"  # where a debug log that cannot be written goes instead
+    tmp.mkdir()
+    env.update(
+        HOME=str(h), XDG_STATE_HOME=str(tmp_path / "state"), PYTHONPATH=str(ROOT), COLUMNS="200", TMPDIR=str(tmp)
+    )
     return {"dir": tmp_path, "home": h, "cwd": work, "env": env}
 
 
@@ -278,6 +282,7 @@ def test_an_unwritable_debug_log_never_fails_a_command(home):
     assert rc == 0, err
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and f"cannot write the debug log ({log}" in warnings[0], err
+    assert f"writing {home['dir'] / 'tmp' / f'sparkcluster-{os.getuid()}' / 'debug.log'} instead" in warnings[0]
     assert "fix: sudo chown -R" in err and "unexpected" not in err
 
 
