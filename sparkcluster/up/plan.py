@@ -203,6 +203,8 @@ OFFLINE_ASSUMED = (
     "waits for facts: the SSH user's home on each node (the HF cache is shown as {hf_cache})",
     "waits for facts: which weight files each node caches, and the model's shape (checked by the weights stage)",
     "waits for facts: whether the same profile already serves (assumed: nothing serves)",
+    "waits for facts: whether another deployment runs on these nodes (assumed: none; up would need --replace)",
+    "waits for facts: the checks of preflight (doctor's), which can stop the run before any step",
 )
 
 
