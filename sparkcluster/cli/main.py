@@ -170,11 +170,13 @@ def main(argv: list[str] | None = None) -> int:
         return failed("interrupted", EXIT_INTERRUPTED)
     except click.exceptions.Exit as e:
         return e.exit_code
-    except click.ClickException as e:
-        e.show()
+    except click.ClickException as e:  # a bad command line: one line and where the options are
         code = EXIT_USAGE if e.exit_code == 2 else e.exit_code
         ctx = getattr(e, "ctx", None)
-        return failed(e.format_message(), code, f"see: {ctx.command_path if ctx else 'sparkcluster'} --help")
+        fix = f"see {ctx.command_path if ctx else 'sparkcluster'} --help"
+        click.echo(f"error: {e.format_message()}", err=True)
+        click.echo(f"fix: {fix}", err=True)
+        return failed(e.format_message(), code, fix)
     except Exception:  # a bug: the user gets one line, the log gets the traceback
         from sparkcluster import log  # for start-up speed: structlog loads only when needed
 

@@ -354,7 +354,9 @@ def test_status_watch_interval_must_be_a_sensible_number(home, value):
     inv = write(home, "cluster.toml", pair_toml(22))
     rc, out, err, _ = sparkcluster(home, "-i", str(inv), "status", "--watch", "--interval", value)
     assert rc == 2
-    assert "--interval" in err and "at least 0.5" in err and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: Invalid value for --interval") and "at least 0.5" in lines[0]
+    assert lines[1] == "fix: see sparkcluster status --help", err
 
 
 # --- 8. smaller cases ------------------------------------------------------------------------------
