@@ -10,6 +10,10 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAILED = 1  # a check or a stage failed
 EXIT_USAGE = 2  # bad command line, inventory or profile: nothing was touched
+EXIT_DOWN = 3  # status: nothing of sparkcluster's runs
+EXIT_UNREACHABLE = 4  # a node (status: every node) could not be reached over SSH
+EXIT_BUG = 70  # a bug in sparkcluster: the traceback is in the debug log (EX_SOFTWARE)
+EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
 class SparkError(Exception):
@@ -31,6 +35,8 @@ class InputError(SparkError):
 
 class ConnectError(SparkError):
     """A host could not be reached or refused us."""
+
+    exit_code = EXIT_UNREACHABLE
 
     def __init__(self, host: str, message: str, fix: str | None = None, **kw):
         super().__init__(f"{host}: {message}", fix, **kw)

@@ -21,8 +21,41 @@ def state_dir() -> Path:
     return Path(os.environ.get("XDG_STATE_HOME", "~/.local/state")).expanduser() / "sparkcluster"
 
 
+_in_use: Path | None = None  # where this process writes its debug log (configure decides)
+
+
 def debug_log_path() -> Path:
-    return state_dir() / "debug.log"
+    return _in_use or state_dir() / "debug.log"
+
+
+def _fallback_path() -> Path:
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"sparkcluster-{os.getuid()}" / "debug.log"
+
+
+def _file_handler(path: Path) -> logging.Handler:
+    """The debug log, or (when it cannot be written: a `sudo sparkcluster ...` left it root's) one in
+    the temporary folder, said once on stderr: a log must never be why a command fails."""
+    global _in_use
+    reasons = []
+    for p in (path, _fallback_path()):
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            handler = logging.handlers.RotatingFileHandler(p, maxBytes=5 * 2**20, backupCount=2)
+        except OSError as e:
+            reasons.append(f"{p}: {e.strerror or e}")
+            continue
+        _in_use = p
+        if reasons:
+            sys.stderr.write(
+                f"warning: cannot write the debug log ({reasons[0]}); writing {p} instead\n"
+                f"fix: sudo chown -R $(id -un) {path.parent}\n"
+            )
+        return handler
+    _in_use = None
+    sys.stderr.write(f"warning: no debug log ({'; '.join(reasons)})\n")
+    return logging.NullHandler()
 
 
 def _redact(_logger, _method, event_dict):
@@ -45,8 +78,9 @@ class _LevelOrSteps(logging.Filter):
 
 
 def configure(level: str = "warning", fmt: str = "text") -> Path:
+    global _in_use
+    _in_use = None
     path = debug_log_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
 
     renderer = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     pre_chain = [
@@ -62,13 +96,17 @@ def configure(level: str = "warning", fmt: str = "text") -> Path:
     else:
         stderr_handler.setLevel(wanted)
     stderr_handler.setFormatter(structlog.stdlib.ProcessorFormatter(processor=renderer, foreign_pre_chain=pre_chain))
+    # paramiko logs its transport thread's failures (a host that never sends its greeting) as
+    # tracebacks: the debug log keeps them, the terminal gets the one line the CLI makes of the error
+    stderr_handler.addFilter(lambda record: not record.name.startswith("paramiko"))
     # every command appends at debug level: bounded, so months of use do not fill a laptop's disk
-    file_handler = logging.handlers.RotatingFileHandler(path, maxBytes=5 * 2**20, backupCount=2)
+    file_handler = _file_handler(path)
     file_handler.setLevel(logging.DEBUG)
     file_handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(processor=structlog.processors.JSONRenderer(), foreign_pre_chain=pre_chain)
     )
 
+    logging.raiseExceptions = False  # a log write that fails (disk full) is not the command's failure
     root = logging.getLogger()
     root.handlers[:] = [stderr_handler, file_handler]
     root.setLevel(logging.DEBUG)
@@ -88,7 +126,7 @@ def configure(level: str = "warning", fmt: str = "text") -> Path:
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,
     )
-    return path
+    return _in_use or path
 
 
 def get(name: str = "sparkcluster"):

@@ -21,7 +21,7 @@ def ssh_reachable(ctx: Context, r: Report) -> None:
     for n in ctx.facts:
         r.ok(n, ctx.facts[n].hostname)
     for n, why in ctx.unreachable.items():
-        r.fail(n, why, "check the host is up and `ssh <target>` works from this machine")
+        r.fail(n, why, f"check that {n} is up and `ssh {ctx.inventory.node(n).ssh}` works from this machine")
 
 
 @check("gpu.gb10", "GPU present, a GB10")

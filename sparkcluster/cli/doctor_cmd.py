@@ -29,7 +29,7 @@ from sparkcluster.errors import EXIT_FAILED, EXIT_OK
 )
 @click.pass_obj
 def doctor(obj, profile_name: str | None, as_json: bool, fabric: bool) -> None:
-    """Check every node for what breaks two-Spark clusters; a fix for every failure."""
+    """Check every node for what breaks Spark clusters; a fix for every failure."""
     inv = obj.inventory()
     prof = load_profile_for(inv, profile_name)
     err = Console(stderr=True)

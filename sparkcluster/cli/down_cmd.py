@@ -6,9 +6,9 @@ import click
 
 from sparkcluster.cli.main import cli
 from sparkcluster.day2 import deployments, teardown
-from sparkcluster.errors import EXIT_FAILED, ConnectError, SparkError
+from sparkcluster.errors import EXIT_FAILED, SparkError
 from sparkcluster.monitor.planned import planned
-from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
+from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error
 from sparkcluster.remote.lock import NodeLocks
 
 
@@ -42,8 +42,7 @@ def down(obj, purge_gcs: bool, node: str | None, profile_name: str | None) -> No
         full.node(node)  # an unknown name is an input error
     cluster, unreachable = connect_reachable(full)
     if not cluster.hosts:
-        first = next(iter(unreachable.values()))
-        raise ConnectError("all nodes", f"no node reachable ({first.message})", first.fix)
+        raise unreachable_error(unreachable)
     with cluster:
         found, unread = deployments.on(cluster, full)
         chosen = deployments.select(found, node, profile_name)

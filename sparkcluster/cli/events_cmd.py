@@ -16,14 +16,14 @@ from sparkcluster.day2 import supervision
 from sparkcluster.errors import InputError
 from sparkcluster.labels import container_name
 from sparkcluster.monitor import alerting
-from sparkcluster.remote.fanout import connect_all
+from sparkcluster.remote.fanout import ConnectedHosts
 
 
 @cli.command()
 @click.option(
     "--follow", "-f", is_flag=True, help="Keep printing new entries until Ctrl-C (which never stops anything)."
 )
-@click.option("--last", default=50, show_default=True, help="Entries to start from.")
+@click.option("--last", default=50, show_default=True, type=click.IntRange(min=0), help="Entries to start from.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per entry.")
 @click.option(
     "--node",
@@ -35,8 +35,7 @@ def events(obj, follow: bool, last: int, as_json: bool, node: str | None) -> Non
     """The supervisor's journal on the head: what it saw and what it did."""
     inv = obj.inventory()
     head = inv.node(node) if node else inv.head
-    res = connect_all(inv, [head])
-    host = res.values_or_raise("connect")[head.name]
+    host = ConnectedHosts.connect(inv, [head]).hosts[head.name]
     name = container_name(inv.cluster.name, "head", head.name)
     api = host.docker().api
     try:

@@ -11,6 +11,7 @@ import click
 
 from sparkcluster.cli.main import cli
 from sparkcluster.config import inventory
+from sparkcluster.config.topology import MAX_NODES
 from sparkcluster.errors import InputError
 from sparkcluster.facts import discover
 from sparkcluster.remote import ssh
@@ -69,6 +70,11 @@ def init(
             "use letters, digits, '.', '_' or '-' (up to 63, starting with a letter or digit)",
         )
     targets = [head, *workers]
+    if len(targets) > MAX_NODES:
+        raise InputError(
+            f"{len(targets)} hosts given; an inventory holds at most {MAX_NODES} nodes (one head)",
+            f"give the head and at most {MAX_NODES - 1} --worker",
+        )
     if len(set(targets)) != len(targets):
         raise InputError("the same ssh target is given twice", "each --head/--worker must be a different host")
     for i, t in enumerate(targets):
@@ -76,7 +82,7 @@ def init(
     ssh_config, known_hosts = _abs(ssh_config), _abs(known_hosts)
     if ssh_config is not None and not ssh_config.is_file():
         raise InputError(f"no ssh config at {ssh_config}", "pass an existing file to --ssh-config")
-    settings = ssh.Settings(ssh_config, known_hosts, connect_timeout=5.0, attempts=2)
+    settings = ssh.Settings(ssh_config, known_hosts, connect_timeout=None, attempts=2)
 
     found = discover.discover_hosts(targets, settings)
     dr = discover.draft(name, found, ssh_config, known_hosts)

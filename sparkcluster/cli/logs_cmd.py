@@ -17,7 +17,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.day2 import server
 from sparkcluster.errors import InputError
 from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, ROLE_LABEL
-from sparkcluster.remote.fanout import ConnectedHosts, connect_all
+from sparkcluster.remote.fanout import ConnectedHosts
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -49,9 +49,7 @@ def logs(obj, node: str | None, follow: bool, since: str | None, tail_lines: int
             sys.stdout.write(redact.mask(f"{name} | {line}") + "\n")
             sys.stdout.flush()
 
-    res = connect_all(inv, targets)
-    res.values_or_raise("connect")
-    cluster = ConnectedHosts(inv, res.succeeded)
+    cluster = ConnectedHosts.connect(inv, targets)
     with cluster:
 
         def stream(host) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from sparkcluster import __version__, redact
-from sparkcluster.errors import EXIT_USAGE, SparkError
+from sparkcluster.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, SparkError
 
 if TYPE_CHECKING:  # structlog and pydantic are imported by the commands that use them, not by --help
     from sparkcluster.config import inventory
@@ -54,7 +54,7 @@ class _LazyGroup(click.Group):
         "monitor": "Prometheus, Alertmanager and node_exporter for the cluster: up, down, config.",
         "profile": "Model profiles: list, show what each node gets, lint.",
         "status": "Per deployment and node: container, Ray membership, endpoint, supervisor.",
-        "up": "Build, distribute, start Ray on every node and serve the profile's model.",
+        "up": "Build, distribute, start the containers on every node and serve the profile's model.",
         "weights": "Model weights in the nodes' HF caches: stage, list, remove.",
     }
 
@@ -95,7 +95,12 @@ class _LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="sparkcluster")
 @click.pass_context
 def cli(ctx: click.Context, inventory_path: Path | None, log_format: str, verbose: int) -> None:
-    """Bring two DGX Sparks from bare to serving a model with tensor parallelism."""
+    """Bring one to eight DGX Sparks from bare to serving a model (tensor and pipeline parallel, over Ray or
+    vLLM's own multi-node launch).
+
+    Exit codes: 0 ok, 1 a check or stage failed (status: degraded), 2 bad input (nothing touched),
+    3 status: down, 4 a node could not be reached, 70 a bug (see the debug log), 130 Ctrl-C.
+    """
     from sparkcluster import log  # for start-up speed: structlog loads only once a command runs
 
     level = {0: "warning", 1: "info"}.get(verbose, "debug")
@@ -111,25 +116,67 @@ def _print_error(err: SparkError) -> None:
         click.echo(redact.mask(f"fix: {err.fix}"), err=True)
 
 
+def _wants_json(argv: list[str]) -> bool:
+    """`--json` anywhere among the options (before a `--`): a failure is then JSON on stdout too."""
+    args = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in args
+
+
+def failure_json(message: str, exit_code: int, fix: str | None = None, node: str | None = None, details=()) -> str:
+    """The one shape of every failure under `--json` (README, "Exit codes"): what a script reads
+    instead of parsing stderr. The human lines still go to stderr."""
+    import json
+
+    body = {
+        "ok": False,
+        "message": message,
+        "fix": fix,
+        "node": node,
+        "exit_code": exit_code,
+        "details": list(details),
+    }
+    return redact.mask(json.dumps(body, indent=2))
+
+
+def _node_of(err: BaseException) -> str | None:
+    failures = getattr(err, "failures", None)
+    if failures:
+        return ", ".join(sorted({f.host for f in failures}))
+    return getattr(err, "host", None)
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = _wants_json(args)
+
+    def failed(message: str, code: int, fix: str | None = None, node: str | None = None, details=()) -> int:
+        if as_json:
+            click.echo(failure_json(message, code, fix, node, details))
+        return code
+
     try:
-        rc = cli.main(args=argv, prog_name="sparkcluster", standalone_mode=False)
+        rc = cli.main(args=args, prog_name="sparkcluster", standalone_mode=False)
         # with standalone_mode off, click returns a command's Exit code instead of raising it
         return rc if isinstance(rc, int) else 0
     except SparkError as err:
         _print_error(err)
-        return err.exit_code
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return 130
+        return failed(err.message, err.exit_code, err.fix, _node_of(err), err.details)
+    except click.exceptions.Abort as e:  # click makes Ctrl-C an Abort too
+        what = "interrupted" if isinstance(e.__cause__, KeyboardInterrupt) else "aborted"
+        click.echo(what, err=True)
+        return failed(what, EXIT_INTERRUPTED)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
-        return 130
+        return failed("interrupted", EXIT_INTERRUPTED)
     except click.exceptions.Exit as e:
         return e.exit_code
-    except click.ClickException as e:
-        e.show()
-        return EXIT_USAGE if e.exit_code == 2 else e.exit_code
+    except click.ClickException as e:  # a bad command line: one line and where the options are
+        code = EXIT_USAGE if e.exit_code == 2 else e.exit_code
+        ctx = getattr(e, "ctx", None)
+        fix = f"see {ctx.command_path if ctx else 'sparkcluster'} --help"
+        click.echo(f"error: {e.format_message()}", err=True)
+        click.echo(f"fix: {fix}", err=True)
+        return failed(e.format_message(), code, fix)
     except Exception:  # a bug: the user gets one line, the log gets the traceback
         from sparkcluster import log  # for start-up speed: structlog loads only when needed
 
@@ -141,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         exc = sys.exc_info()[1]
-        click.echo(redact.mask(f"error: unexpected {type(exc).__name__}: {exc}"), err=True)
+        message = f"unexpected {type(exc).__name__}: {exc}"
+        click.echo(redact.mask(f"error: {message}"), err=True)
         click.echo(f"details: {path}", err=True)
-        return 70
+        return failed(message, EXIT_BUG, f"a bug in sparkcluster: please report it with {path}")
 
 
 def run() -> None:

@@ -14,7 +14,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.day2 import deployments
-from sparkcluster.errors import EXIT_FAILED, InputError
+from sparkcluster.errors import EXIT_FAILED, ConnectError
 from sparkcluster.monitor import alerting, scrape, stack
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 
@@ -55,7 +55,9 @@ def monitor_up(obj, env_file, dry_run: bool) -> None:
     with cluster:
         if inv.head.name not in cluster.hosts:
             err = unreachable[inv.head.name]
-            raise InputError(f"{inv.head.name} (the head) does not answer: {err.message}", err.fix)
+            # a node out of reach is exit 4 (README, "Exit codes"), not bad input
+            why = err.message.removeprefix(f"{inv.head.name}: ")
+            raise ConnectError(inv.head.name, f"the head does not answer: {why}", err.fix)
         found, unread = deployments.on(cluster, inv)
         served = scrape.served(inv, found)
         prom, am, webhook = _configs(inv, served, env_file)

@@ -14,7 +14,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.config import inventory
 from sparkcluster.config.flags import serve_argv
 from sparkcluster.config.inventory import HOME_HF_CACHE
-from sparkcluster.config.lint import CLUSTER_RULES, failures, lint
+from sparkcluster.config.lint import CLUSTER_RULES, failures, lint, unchecked_flags
 from sparkcluster.config.profile import (
     Profile,
     available,
@@ -26,7 +26,7 @@ from sparkcluster.config.profile import (
     required_env_names,
     secret_env_names,
 )
-from sparkcluster.config.secrets import load_secrets, masked
+from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets, masked
 from sparkcluster.errors import EXIT_FAILED
 
 # the Dockerfile's default pin (images/Dockerfile.vllm-ray ARG RAY_VERSION)
@@ -129,7 +129,7 @@ def _resolved(p: Profile, inv, secrets: dict[str, str], ray_version: str) -> dic
     "--env-file",
     type=click.Path(path_type=Path),
     default=None,
-    help="The .env holding HF_TOKEN / VLLM_API_KEY (mode 0600); values are never shown.",
+    help=f"The .env holding HF_TOKEN / VLLM_API_KEY (mode 0600; {ENV_FILE_HELP}); values are never shown.",
 )
 @click.option(
     "--ray-version",
@@ -201,6 +201,9 @@ def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None) -> None
     if inv is None:
         _echo(f"note: no inventory; skipped the cluster rules ({', '.join(CLUSTER_RULES)})", err=True)
     problems = lint(p, inv)
+    unchecked = unchecked_flags(p)
+    if unchecked:
+        _echo(f"note: {unchecked}", err=True)
     if not problems:
         _echo(f"{p.name}: ok")
         return

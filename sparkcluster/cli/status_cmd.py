@@ -12,14 +12,24 @@ import click
 
 from sparkcluster import log, redact
 from sparkcluster.cli.main import cli
-from sparkcluster.config.secrets import load_secrets
+from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.day2 import fleet, supervision
 from sparkcluster.day2 import status as status_mod
 
 if TYPE_CHECKING:  # rich only where a table is drawn: `status --json` is polled by scripts
     from rich.console import Group
 
-EXIT = {"healthy": 0, "degraded": 1, "down": 3}
+from sparkcluster.errors import EXIT_DOWN, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+
+EXIT = {"healthy": EXIT_OK, "degraded": EXIT_FAILED, "down": EXIT_DOWN, "unreachable": EXIT_UNREACHABLE}
+
+
+def _interval(v: float) -> float:
+    import math
+
+    if not math.isfinite(v) or v < 0.5:
+        raise click.BadParameter(f"{v} is not a number of seconds of at least 0.5", param_hint="--interval")
+    return v
 
 
 def _duration(s: float | None) -> str:
@@ -38,9 +48,10 @@ def _count(v: float) -> str:
 
 def render(st: status_mod.ClusterStatus) -> Group:
     from rich.console import Group
+    from rich.markup import escape
     from rich.table import Table
 
-    colour = {"healthy": "green", "degraded": "bold red", "down": "yellow"}[st.state]
+    colour = {"healthy": "green", "degraded": "bold red", "down": "yellow", "unreachable": "bold red"}[st.state]
     t = Table(box=None, pad_edge=False, header_style="bold")
     mp = any(n.executor == "mp" for n in st.nodes)  # vLLM's own launch: each node's rank, no Ray
     for col in ("node", "container", "state", "rank" if mp else "ray", "uptime", "MemAvailable"):
@@ -104,7 +115,9 @@ def render(st: status_mod.ClusterStatus) -> Group:
     if canary:
         lines.append(canary)
     for p in st.problems:
-        lines.append(f"[red]problem:[/] {redact.mask(p)}")
+        lines.append(f"[red]problem:[/] {escape(redact.mask(p))}")
+    if st.fix:
+        lines.append(f"fix: {escape(redact.mask(st.fix))}")
     return Group(*lines)
 
 
@@ -170,9 +183,11 @@ def render_all(sts: list[status_mod.ClusterStatus]) -> Group:
 
 
 def overall(sts: list[status_mod.ClusterStatus]) -> str:
-    """healthy only when every deployment is; down when all are."""
+    """healthy only when every deployment is; down (or unreachable) when all are."""
     states = {st.state for st in sts}
-    return "healthy" if states == {"healthy"} else "down" if states == {"down"} else "degraded"
+    if len(states) == 1 and states <= {"healthy", "down", "unreachable"}:
+        return states.pop()
+    return "degraded"
 
 
 def fleet_json(sts: list[status_mod.ClusterStatus]) -> str:
@@ -225,8 +240,19 @@ def _write_html(inv, sts, path: Path) -> None:
     "machine; SPARKCLUSTER_DEPLOYMENT, _PROFILE, _NODES, _STATE, _PREVIOUS_STATE, _PROBLEMS in its env.",
 )
 @click.option("--watch", is_flag=True, help="Refresh in place every --interval seconds until Ctrl-C.")
-@click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
-@click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where VLLM_API_KEY lives.")
+@click.option(
+    "--interval",
+    default=2.0,
+    show_default=True,
+    callback=lambda ctx, param, v: _interval(v),
+    help="Seconds between refreshes with --watch (at least 0.5).",
+)
+@click.option(
+    "--env-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help=f"Where VLLM_API_KEY lives (mode 0600); {ENV_FILE_HELP}.",
+)
 @click.option(
     "--html",
     "html_path",

@@ -11,11 +11,18 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from sparkcluster import redact
 from sparkcluster.cli.common import load_profile_for
 from sparkcluster.cli.main import cli
-from sparkcluster.config.secrets import load_secrets
+from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.day2 import deployments
 from sparkcluster.up import bringup
 from sparkcluster.up.execute import StageProgress
 from sparkcluster.up.plan import Plan
+
+
+def _distinct(nodes: tuple[str, ...]) -> tuple[str, ...]:
+    twice = sorted({n for n in nodes if nodes.count(n) > 1})
+    if twice:
+        raise click.BadParameter(f"{', '.join(twice)} given more than once", param_hint="--node")
+    return nodes
 
 
 class RichProgress(StageProgress):
@@ -66,9 +73,15 @@ class RichProgress(StageProgress):
     "--env-file",
     type=click.Path(path_type=Path),
     default=None,
-    help="Where HF_TOKEN and VLLM_API_KEY live (mode 0600). Default: ./.env, then ~/.config/sparkcluster/.env.",
+    help=f"Where HF_TOKEN and VLLM_API_KEY live (mode 0600); {ENV_FILE_HELP}.",
 )
 @click.option("--dry-run", is_flag=True, help="Print the plan, every command and API call per host; change nothing.")
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="With --dry-run: the plan from the inventory and profile alone, connecting to nothing; "
+    "it says which decisions wait for the nodes' facts.",
+)
 @click.option(
     "--json", "as_json", is_flag=True, help="With --dry-run: the steps as a JSON list (id, stage, host, description)."
 )
@@ -76,6 +89,7 @@ class RichProgress(StageProgress):
     "--node",
     "node",
     multiple=True,
+    callback=lambda ctx, param, v: _distinct(v),
     help="Run the profile on this node only (repeat for a subset of "
     "the nodes: a pair of four); the profile's TP x PP is the named nodes' GPUs.",
 )
@@ -92,14 +106,20 @@ def up(
     profile_name: str | None,
     env_file: Path | None,
     dry_run: bool,
+    offline: bool,
     as_json: bool,
     node: tuple[str, ...],
     replace: bool,
     smoke: bool,
 ) -> None:
-    """Build, distribute, start Ray on every node and serve the profile's model with TP over Ray."""
+    """Build, distribute, start the containers on every node and serve the profile's model.
+
+    Across the nodes with the profile's executor: Ray (the default) or vLLM's own multi-node launch (mp).
+    """
     if as_json and not dry_run:
         raise click.UsageError("--json goes with --dry-run (a real up logs its steps with --log-format json)")
+    if offline and not dry_run:
+        raise click.UsageError("--offline goes with --dry-run (a real up needs the nodes)")
     inv = obj.inventory()
     prof = load_profile_for(inv, profile_name)
     if prof is None:
@@ -112,6 +132,7 @@ def up(
         secrets,
         RichProgress(err),
         dry_run=dry_run,
+        offline=offline,
         replace=replace,
         node=node,
         command=f"up --profile {prof.name}" + deployments.node_flags(node),

@@ -12,7 +12,7 @@ from sparkcluster.cli.common import load_profile_for
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.up_cmd import RichProgress
 from sparkcluster.config.images import image_ref
-from sparkcluster.config.secrets import load_secrets
+from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.errors import InputError
 from sparkcluster.facts.access import learn_homes
 from sparkcluster.movement import hfcache
@@ -35,7 +35,12 @@ def weights() -> None:
     default=None,
     help="Profile whose repositories to stage (default: the inventory's).",
 )
-@click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where HF_TOKEN lives (mode 0600).")
+@click.option(
+    "--env-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help=f"Where HF_TOKEN lives (mode 0600); {ENV_FILE_HELP}.",
+)
 @click.option("--verify", is_flag=True, help="Hash every file again on every node (not only new or changed ones).")
 @click.pass_obj
 def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> None:

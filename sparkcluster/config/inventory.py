@@ -55,8 +55,15 @@ class Node(_Strict):
     @field_validator("ssh")
     @classmethod
     def _target(cls, v: str) -> str:
-        if not _TARGET.match(v):
-            raise ValueError("expected an ssh config alias or user@host[:port]")
+        m = _TARGET.match(v)
+        if not m:
+            raise ValueError("expected an ssh config alias or user@host[:port], e.g. spark@192.168.1.11")
+        host = m.group("host")
+        # what a resolver accepts (RFC 1035): a longer name fails at connect time, far from here
+        if not host.startswith("[") and (len(host) > 253 or any(len(label) > 63 for label in host.split("."))):
+            raise ValueError(f"host name too long ({len(host)} characters): at most 253, each part between dots 63")
+        if m.group("port") and not 1 <= int(m.group("port")) <= 65535:
+            raise ValueError("port out of range 1-65535")
         return v
 
     @property
@@ -88,7 +95,8 @@ class ClusterSettings(_Strict):
     master_port: int = Field(default=29501, ge=1, le=65535)
     # each node's agent reports MemAvailable here, on the node's control IP (read-only figures)
     agent_port: int = Field(default=8297, ge=1, le=65535)
-    connect_timeout: float = Field(default=5.0, gt=0, le=120)
+    # every attempt of a connection together; unset: ssh_config's ConnectTimeout, else 10 s (remote/ssh)
+    connect_timeout: float | None = Field(default=None, gt=0, le=120)
     connect_attempts: int = Field(default=3, ge=1, le=10)
     # how the data plane is cabled (config/topology): written by init from the subnets it found,
     # checked by doctor (net.topology); a ring's order is the nodes' order. Unset: told from the facts
@@ -239,14 +247,44 @@ def default_path() -> Path:
     return Path(env) if env else DEFAULT_PATH.expanduser()
 
 
+_LETTERS = "letters, digits, '.', '_' or '-'"
+# what a field's pattern means, in words: a regular expression is no message for a new owner
+PATTERN_WORDS = {
+    _NAME: f"a name of {_LETTERS}, starting with a letter or digit, at most 63 characters",
+    r"^[a-zA-Z0-9._-]{1,15}$": f"an interface name of {_LETTERS}, at most 15 characters",
+    r"^[a-zA-Z0-9._-]{1,64}$": f"an HCA name of {_LETTERS}, at most 64 characters",
+    r"^[a-z0-9_]+$": "lower-case letters, digits and '_' only",
+    r"^[a-z0-9_-]+$": "lower-case letters, digits, '_' and '-' only",
+    r"^[^\s]+$": "one word, without spaces",
+    r"^https?://[^\s]+$": "an http:// or https:// URL without spaces",
+    r"^https?://[^\s'\"]+$": "an http:// or https:// URL without spaces or quotes",
+    r"^[0-9]+[bkmgBKMG]?$": "a size such as 64g",
+    r"^(/|~/)[^:\n]*$": "an absolute path, or one starting with ~/",
+}
+
+
+def _pattern_words(pattern: str) -> str:
+    if pattern in PATTERN_WORDS:
+        return PATTERN_WORDS[pattern]
+    if pattern.startswith("^/"):
+        return "an absolute path of letters, digits, '.', '_', '/' or '-'"
+    if pattern.startswith("^[a-z0-9]"):
+        return "lower-case letters, digits, '.', '_', '/' or '-', starting with a letter or digit"
+    if "\\." in pattern and pattern.startswith("^[0-9]"):
+        return "a version such as 0.21.0"
+    return "not in the form this field takes (see README's example)"
+
+
 def describe_validation_error(source: str, err: ValidationError) -> list[str]:
-    """One line per bad field, never echoing values that could be secrets."""
+    """One line per bad field, never echoing values that could be secrets, nor a regular expression."""
     lines = []
     for e in err.errors():
         loc = ".".join(str(x) if not isinstance(x, int) else f"[{x}]" for x in e["loc"]).replace(".[", "[")
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
+        elif e["type"] == "string_pattern_mismatch":
+            msg = "expected " + _pattern_words(str((e.get("ctx") or {}).get("pattern", "")))
         lines.append(f"{source}: {loc or '(top level)'}: {msg}")
     return lines
 
@@ -271,10 +309,30 @@ def parse(text: str, source: str = "inventory", path: Path | None = None) -> Inv
     return inv
 
 
+def _found_through(explicit: bool) -> str:
+    if explicit:
+        return "--inventory"
+    return f"${ENV_VAR}" if os.environ.get(ENV_VAR) else "the default path"
+
+
 def load(path: Path | None = None) -> Inventory:
+    explicit = path is not None
     path = (path or default_path()).expanduser()
     if not path.is_file():
         raise InputError(
-            f"no inventory at {path}", "pass --inventory PATH, set $SPARKCLUSTER_INVENTORY, or run 'sparkcluster init'"
+            f"no inventory at {path}" + ("" if explicit else f" ({_found_through(False)})"),
+            "pass --inventory PATH, set $SPARKCLUSTER_INVENTORY, or run 'sparkcluster init'",
         )
-    return parse(path.read_text(), source=str(path), path=path.resolve())
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise InputError(
+            f"cannot read the inventory {path} (from {_found_through(explicit)}): {e.strerror or e}",
+            f"make it readable by you (ls -l {path}), or pass --inventory PATH",
+        ) from None
+    except UnicodeDecodeError as e:
+        raise InputError(
+            f"{path}: not UTF-8 text (byte {e.start}); TOML files are UTF-8",
+            f"save it as UTF-8 (iconv -f LATIN1 -t UTF-8 {path})",
+        ) from None
+    return parse(text, source=str(path), path=path.resolve())

@@ -6,15 +6,17 @@ cluster (`CLUSTER_RULES`) run only when an inventory is given.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from sparkcluster import redact
-from sparkcluster.config.flags import BY_FLAG, flag_names, flag_value, refusals, serve_argv
+from sparkcluster.config.flags import BY_FLAG, flag_names, flag_value, parse_version, refusals, serve_argv
 from sparkcluster.config.profile import MANAGED_VARS, Profile, guess_image_kind
-from sparkcluster.config.secrets import SECRET_NAMES
+from sparkcluster.config.secrets import SECRET_NAMES, SECRET_VALUE
 from sparkcluster.config.topology import FIELD_RING_NODES
+from sparkcluster.config.vllm_flag_sets import FLAG_SETS
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkcluster.config.inventory import Inventory
@@ -27,11 +29,20 @@ MAX_GPU_MEMORY_UTILIZATION = 0.85
 MAMBA_ALIGNED_BLOCK_SIZE = 2128
 VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
-CLUSTER_RULES = ("tp-pp-gpus", "port-mismatch", "needs-root", "ring-executor", "ring-pp", "ring-order", "ring-size")
+CLUSTER_RULES = (
+    "tp-pp-gpus",
+    "port-mismatch",
+    "needs-root",
+    "control-ip",
+    "ring-executor",
+    "ring-pp",
+    "ring-order",
+    "ring-size",
+)
 # directories only root may write on a Spark, whose SSH user is an ordinary account in `docker`
 ROOT_ONLY_DIRS = ("/root", "/etc", "/usr", "/var", "/run", "/boot", "/proc", "/sys", "/lib", "/bin", "/sbin")
 
-_SECRET_VALUE = re.compile(r"(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|nvapi-[A-Za-z0-9_-]{16,})")
+_SECRET_VALUE = SECRET_VALUE
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|PRIVATE_KEY|CREDENTIAL)", re.I)
 
 
@@ -55,6 +66,54 @@ def _looks_secret(value: str) -> bool:
     return bool(_SECRET_VALUE.search(value)) or redact.mask(value) != value
 
 
+def _flag_set(profile: Profile):
+    v = profile.image.vllm_version
+    if not v:
+        return None
+    return next((fs for k, fs in FLAG_SETS.items() if parse_version(k) == parse_version(v)), None)
+
+
+def unchecked_flags(profile: Profile) -> str | None:
+    """Why the profile's extra flags could not be checked against its vLLM's, or None."""
+    extra = flag_names(list(profile.serve.extra_flags))
+    if not extra or _flag_set(profile) is not None:
+        return None
+    v = profile.image.vllm_version
+    what = f"vLLM {v}'s flags are not known here" if v else "the profile states no image.vllm_version"
+    return f"serve.extra_flags went unchecked ({', '.join(extra)}): {what}"
+
+
+def _unknown_flags(profile: Profile, extra: list[str]) -> list[Problem]:
+    """Extra flags the profile's vLLM does not accept (a typo fails here, not at the serve stage
+    after build, image, weights and Ray), with the closest spelling."""
+    fs = _flag_set(profile)
+    if fs is None:
+        return []
+    # the flag table's own flags are judged by their version gates (flag-version), not here
+    known = set(fs.flags) | set(BY_FLAG)
+    out = []
+    for flag in dict.fromkeys(flag_names(extra)):
+        # vLLM reads --max_model_len as --max-model-len, and --compilation-config.mode=3 as a key of
+        # --compilation-config's JSON
+        name = flag.split(".", 1)[0].replace("_", "-")
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+        if not close and not fs.complete:
+            continue  # a partial set: a real flag may be missing from it
+        out.append(
+            Problem(
+                "unknown-vllm-flag",
+                f"serve.extra_flags: {flag} is not a flag of vLLM {fs.version}"
+                + (f" (did you mean {close[0]}?)" if close else ""),
+                f"replace it with {close[0]}"
+                if close
+                else f"remove it (vllm serve --help=all lists vLLM {fs.version}'s)",
+            )
+        )
+    return out
+
+
 def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem]:
     p: list[Problem] = []
     s = profile.serve
@@ -73,6 +132,18 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
                 "allow_high_gpu_memory_utilization = true if you mean it",
             )
         )
+
+    # -- the address every other node reaches a node at (Ray's node IP, VLLM_HOST_IP, the rendezvous)
+    for n in inventory.nodes if inventory is not None else ():
+        ip = n.control_ip
+        if ip.is_loopback or ip.is_unspecified or ip.is_multicast:  # link-local is fine: a direct cable may use it
+            p.append(
+                Problem(
+                    "control-ip",
+                    f"nodes.{n.name}.control_ip {ip} is not an address the other nodes can reach",
+                    f"set it to {n.name}'s address on {n.control_if} (ip -4 addr show {n.control_if} there)",
+                )
+            )
 
     # -- parallelism vs the cluster
     if inventory is not None:
@@ -181,6 +252,8 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
                 "images have it as entrypoint",
             )
         )
+
+    p.extend(_unknown_flags(profile, extra))
 
     # -- secrets stay off command lines and out of the forwarded variables (docs/field-notes.md, "Secrets")
     api_key_flags = [f for f in flag_names(extra) if f == "--api-key"]

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 import sparkcluster
 from sparkcluster.config.bounds import SupervisorSettings
 from sparkcluster.config.inventory import describe_validation_error
-from sparkcluster.config.secrets import SECRET_NAMES
+from sparkcluster.config.secrets import SECRET_NAMES, register_written
 from sparkcluster.config.topology import nccl_env
 from sparkcluster.errors import InputError
 from sparkcluster.movement.hfcache import is_hub_model
@@ -397,6 +397,7 @@ def parse(text: str, name: str, source: str = "profile", path: Path | None = Non
         raise InputError(
             f"{source}: {len(lines)} problem(s) in the profile", "correct the fields listed above", details=lines
         )
+    register_written(prof)
     return prof
 
 
@@ -404,7 +405,9 @@ def load_profile(name: str) -> Profile:
     """Load a profile by name (search path) or by a path to a .toml file."""
     path = find(name)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as e:
         raise InputError(f"cannot read {path}: {e.strerror}", "check the file's permissions") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text (byte {e.start}); TOML files are UTF-8", "save it as UTF-8") from None
     return parse(text, name=path.stem, source=str(path), path=path.resolve())

@@ -4,6 +4,11 @@ Values are registered with `redact` the moment they are read, so any later outpu
 They are returned to the caller, who passes them in the environment of the `docker exec` that runs
 `vllm serve` (Docker API exec environment), never on a command line (`ps` shows argv;
 docs/field-notes.md, "Secrets"). A `.env` readable by group or others is refused.
+
+Which `.env`: `--env-file`, else `$SPARKCLUSTER_ENV_FILE`, else `~/.config/sparkcluster/.env`. A
+`./.env` in the current folder is never read unless named: the folder is wherever the owner happens
+to stand, and its `.env` is usually another project's (issue 34: one of mode 0644 holding nothing of
+ours blocked `status`, and the fix offered was to chmod someone else's file).
 """
 
 from __future__ import annotations
@@ -29,21 +34,44 @@ if TYPE_CHECKING:  # pragma: no cover
 SECRET_NAMES: tuple[str, ...] = ("HF_TOKEN", "VLLM_API_KEY")
 
 ENV_FILE_VAR = "SPARKCLUSTER_ENV_FILE"
-DEFAULT_ENV_FILES = (Path(".env"), Path("~/.config/sparkcluster/.env"))
+DEFAULT_ENV_FILE = Path("~/.config/sparkcluster/.env")
+ENV_FILE_HELP = "default: $SPARKCLUSTER_ENV_FILE, else ~/.config/sparkcluster/.env; ./.env is read only when named"
 
 # names whose values are treated as secret wherever they show up
 SECRETISH_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|PRIVATE_KEY|CREDENTIAL)", re.I)
+
+
+# values that are secrets whatever their name: Hugging Face, OpenAI-style and NGC API keys
+SECRET_VALUE = re.compile(r"(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|nvapi-[A-Za-z0-9_-]{16,})")
+
+
+def register_written(profile: Profile) -> None:
+    """Secrets written into the profile itself (lint refuses them, `up` with it): registered the
+    moment the profile is read, so `profile show`, `--dry-run` and the logs mask them as they mask
+    any other secret."""
+    for name, value in profile.env.forward.items():
+        secretish = bool(SECRETISH_NAME.search(name)) and len(value) >= 8 and not value.startswith("/")
+        if name in SECRET_NAMES or secretish or SECRET_VALUE.search(value):
+            redact.register(value)
+    flags = profile.serve.extra_flags
+    for i, token in enumerate(flags):
+        if token.startswith("--api-key="):
+            redact.register(token.partition("=")[2])
+        elif token == "--api-key" and i + 1 < len(flags):
+            redact.register(flags[i + 1])
+        for found in SECRET_VALUE.findall(token):
+            redact.register(found)
+    for text in (profile.model, profile.served_name or ""):
+        for found in SECRET_VALUE.findall(text):
+            redact.register(found)
 
 
 def default_env_file() -> Path | None:
     env = os.environ.get(ENV_FILE_VAR)
     if env:
         return Path(env).expanduser()
-    for p in DEFAULT_ENV_FILES:
-        p = p.expanduser()
-        if p.is_file():
-            return p
-    return None
+    p = DEFAULT_ENV_FILE.expanduser()
+    return p if p.is_file() else None
 
 
 def check_mode(path: Path) -> None:
@@ -55,9 +83,13 @@ def check_mode(path: Path) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{path} is not a regular file", "point --env-file at the .env file")
     if st.st_mode & 0o077:
-        raise InputError(
-            f"{path} is readable by group or others (mode {stat.S_IMODE(st.st_mode):04o})", f"chmod 600 {path}"
-        )
+        mode = f"mode {stat.S_IMODE(st.st_mode):04o}"
+        if st.st_uid != os.getuid():  # not the owner's to chmod: never advise changing another's file
+            raise InputError(
+                f"{path} is readable by group or others ({mode}) and belongs to uid {st.st_uid}, not you",
+                "put HF_TOKEN / VLLM_API_KEY in a file of your own with mode 0600 and pass --env-file",
+            )
+        raise InputError(f"{path} is readable by group or others ({mode})", f"chmod 600 {path}")
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -85,7 +117,7 @@ def load_secrets(
     """The secrets the profile needs, by name: {name: value}; names not found are left out.
 
     The process environment wins over the .env (python-dotenv's own rule). env_file None means
-    $SPARKCLUSTER_ENV_FILE, else ./.env, else ~/.config/sparkcluster/.env, else none. A given
+    $SPARKCLUSTER_ENV_FILE, else ~/.config/sparkcluster/.env, else none (never ./.env unnamed). A given
     env_file that does not exist is an error. required=True raises InputError naming the missing.
     """
     wanted = list(names) if names is not None else (list(profile.secrets) if profile else list(SECRET_NAMES))

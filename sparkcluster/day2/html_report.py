@@ -19,6 +19,7 @@ body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1d2330; backg
 h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
 .state { display: inline-block; padding: 2px 8px; border-radius: 4px; color: #fff; font-weight: 600; }
 .healthy { background: #2e7d32; } .degraded { background: #ef6c00; } .down { background: #c62828; }
+.unreachable { background: #6a1b9a; }
 table { border-collapse: collapse; margin: 8px 0; } td, th { border: 1px solid #d0d7de; padding: 4px 10px; }
 th { background: #eef1f4; text-align: left; } .problems li { color: #c62828; }
 .chart { display: inline-block; margin: 8px 16px 8px 0; } .chart span { display: block; font-size: 12px; }

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from sparkcluster import log
@@ -21,7 +20,7 @@ from sparkcluster.facts import parsers
 from sparkcluster.facts.probes import section, split_sections
 from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, PROFILE_LABEL, container_name
 from sparkcluster.node import contract
-from sparkcluster.remote.fanout import connect_reachable
+from sparkcluster.remote.fanout import Background, connect_reachable
 
 _log = log.get(__name__)
 
@@ -32,7 +31,7 @@ class NodeStatus:
     reachable: bool = True
     error: str = ""
     container: str = ""  # name
-    state: str = "absent"  # running | exited | absent | docker not answering (DOCKER_SILENT)
+    state: str = "absent"  # running | exited | absent | docker not answering (DOCKER_SILENT) | unreachable
     started_at: str = ""
     profile: str = ""
     uptime_s: float | None = None  # the container's, by the node's own clock
@@ -48,7 +47,7 @@ class NodeStatus:
 @dataclass
 class ClusterStatus:
     cluster: str
-    state: str  # healthy | degraded | down
+    state: str  # healthy | degraded | down | unreachable (no node answered: nothing is known)
     nodes: list[NodeStatus]
     profile: str = ""  # the deployment's (from its containers' labels); "" when down
     deployment: str = ""  # PROFILE@NODE+NODE
@@ -65,12 +64,14 @@ class ClusterStatus:
     journal: list[dict] = field(default_factory=list)  # its last entries
     problems: list[str] = field(default_factory=list)
     drift: list[str] = field(default_factory=list)  # since the deployment's last good serve (issue 39)
+    fix: str = ""  # what to do about the nodes that did not answer, each named
 
     def as_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
 
 DOCKER_SILENT = "docker not answering"
+UNREACHABLE = "unreachable"  # a node (or every node: the cluster) that SSH did not reach
 DOCKER_BOUND_S = 8  # each docker command on a node; the whole round trip is bounded by SSH_BOUND_S
 SSH_BOUND_S = 12  # status answers within 15 s whatever a node's daemon does
 
@@ -196,31 +197,30 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
     cluster, unreachable = connect_reachable(inv)
     with cluster:
         addresses = {n: h.address for n, h in cluster.hosts.items()}
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            # the inventory's head is the usual deployment's head: its endpoint is asked meanwhile
-            early = pool.submit(_look, addresses.get(inv.head.name), inv.cluster.api_port, api_key)
-            per_node = cluster.each(lambda h: _one(h, inv))
-            reports = {n: o.value if o.ok else o.error for n, o in per_node.items()}
-            found = deployments.group(
-                inv,
-                {n: r.containers for n, r in reports.items() if isinstance(r, NodeReport) and r.containers is not None},
+        # the inventory's head is the usual deployment's head: its endpoint is asked meanwhile
+        early = Background(_look, addresses.get(inv.head.name), inv.cluster.api_port, api_key)
+        per_node = cluster.each(lambda h: _one(h, inv))
+        reports = {n: o.value if o.ok else o.error for n, o in per_node.items()}
+        found = deployments.group(
+            inv,
+            {n: r.containers for n, r in reports.items() if isinstance(r, NodeReport) and r.containers is not None},
+        )
+        subs = [inv.only(list(d.nodes)) for d in found] or [inv]
+        looks = {
+            sub.head.name: (
+                early
+                if sub.head.name == inv.head.name
+                else Background(_look, addresses.get(sub.head.name), sub.cluster.api_port, api_key)
             )
-            subs = [inv.only(list(d.nodes)) for d in found] or [inv]
-            looks = {
-                sub.head.name: (
-                    early
-                    if sub.head.name == inv.head.name
-                    else pool.submit(_look, addresses.get(sub.head.name), sub.cluster.api_port, api_key)
-                )
-                for sub in subs
-            }
-            out = []
-            for sub, d in zip(subs, found or [None]):
-                st = _judge_reports(sub, reports, unreachable, addresses, looks[sub.head.name].result())
-                if d is not None:
-                    st.profile, st.deployment = d.profile, d.key
-                    st.drift = _drift(inv.cluster.name, st)
-                out.append(st)
+            for sub in subs
+        }
+        out = []
+        for sub, d in zip(subs, found or [None]):
+            st = _judge_reports(sub, reports, unreachable, addresses, looks[sub.head.name].result())
+            if d is not None:
+                st.profile, st.deployment = d.profile, d.key
+                st.drift = _drift(inv.cluster.name, st)
+            out.append(st)
     return out
 
 
@@ -244,13 +244,12 @@ def _judge_reports(
     nodes, ray_rows, pid, sup, journal, nccl = [], None, None, None, [], {}
     for n in inv.nodes:
         if n.name in unreachable:
-            nodes.append(
-                NodeStatus(n.name, reachable=False, error=unreachable[n.name].message.removeprefix(f"{n.name}: "))
-            )
+            error = unreachable[n.name].message.removeprefix(f"{n.name}: ")
+            nodes.append(NodeStatus(n.name, reachable=False, error=error, state=UNREACHABLE))
             continue
         r = reports.get(n.name)
         if not isinstance(r, NodeReport):
-            nodes.append(NodeStatus(n.name, reachable=False, error=str(r)))
+            nodes.append(NodeStatus(n.name, reachable=False, error=str(r), state=UNREACHABLE))
             continue
         nodes.append(r.status)
         nccl[n.name] = r.nccl
@@ -261,6 +260,10 @@ def _judge_reports(
     address = addresses.get(inv.head.name)
     endpoint = f"http://{address}:{inv.cluster.api_port}" if address else ""
     st = judge(inv, nodes, ray_rows, endpoint, engine, pid, sup, journal)
+    fixes = [
+        e.fix for name, e in unreachable.items() if getattr(e, "fix", None) and name in {n.name for n in inv.nodes}
+    ]
+    st.fix = "; ".join(dict.fromkeys(fixes))
     if pid is not None:  # only a running server's ranks: an old server's files say nothing of now
         st.nccl, problems = engine_nccl.summaries(inv, nccl)
         st.problems += [f"{node}: the engine's NCCL: {what}" for node, what in problems]
@@ -420,7 +423,9 @@ def judge(
     said = supervisor_problem(sup)
     if said and any(ns.state == "running" for ns in nodes):
         st.problems.append(said)
-    if all(ns.reachable and ns.state == "absent" for ns in nodes):
+    if not any(ns.reachable for ns in nodes):
+        st.state = UNREACHABLE
+    elif all(ns.reachable and ns.state == "absent" for ns in nodes):
         st.state = "down"
     elif st.problems:
         st.state = "degraded"

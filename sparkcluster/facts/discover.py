@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from sparkcluster.config import inventory
 from sparkcluster.config.topology import Miscabled, Topology, classify
 from sparkcluster.errors import InputError, SparkError
@@ -394,16 +396,20 @@ def provisional_node(target: str, role: str, index: int) -> inventory.Node:
         )
     host = m.group("host").strip("[]")
     name = host if _NAME.match(host) else (f"worker-{index}" if role == "worker" else "head")
-    return inventory.Node.model_validate(
-        {
-            "name": name,
-            "role": role,
-            "ssh": target,
-            "control_if": "unknown",
-            "control_ip": "0.0.0.0",
-            "data_plane": [{"netdev": "unknown", "hca": "unknown"}],
-        }
-    )
+    try:
+        return inventory.Node.model_validate(
+            {
+                "name": name,
+                "role": role,
+                "ssh": target,
+                "control_if": "unknown",
+                "control_ip": "192.0.2.1",  # TEST-NET-1: a placeholder, never used (the facts tell)
+                "data_plane": [{"netdev": "unknown", "hca": "unknown"}],
+            }
+        )
+    except ValidationError as e:  # the target itself (an over-long host name)
+        lines = inventory.describe_validation_error(f"--{role} {target[:40]!r}", e)
+        raise InputError(lines[0], "pass a Host alias from your ssh config, or user@host[:port]") from None
 
 
 def discover_hosts(targets: list[str], settings: ssh.Settings, timeout: float = 30.0) -> list[Discovered]:
@@ -418,10 +424,7 @@ def discover_hosts(targets: list[str], settings: ssh.Settings, timeout: float = 
     hosts = res.succeeded
     try:
         if res.failed:
-            errors = list(res.failed.values())
-            if len(errors) == 1 and isinstance(errors[0], SparkError):
-                raise errors[0]
-            res.values_or_raise("connect")
+            raise fanout.unreachable_error(res.failed)
         script = discovery_script()
 
         def one(h: ssh.Host) -> Discovered:

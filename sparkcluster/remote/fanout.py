@@ -6,13 +6,13 @@ decides whether a stage fails as a whole.
 
 from __future__ import annotations
 
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Generic, Iterable, TypeVar
 
 from sparkcluster.config.inventory import Inventory, Node
-from sparkcluster.errors import CommandFailed, SparkError, StageError, StepFailure
+from sparkcluster.errors import CommandFailed, ConnectError, SparkError, StageError, StepFailure
 from sparkcluster.remote import ssh
 
 K = TypeVar("K")
@@ -73,12 +73,71 @@ def run_each(items: Iterable[tuple[str, K]], fn: Callable[[K], T], max_workers: 
                 raise
             return HostOutcome(name, None, e, time.monotonic() - started)
 
-    with ThreadPoolExecutor(max_workers=max_workers or len(pairs), thread_name_prefix="fanout") as pool:
-        futures = [pool.submit(one, name, item) for name, item in pairs]
-        for f in futures:
-            o = f.result()
-            result[o.host] = o
+    # daemon threads, not a pool: Ctrl-C ends the wait at once and the process exits without
+    # joining a thread still blocked on a silent host (a pool's workers are joined at exit)
+    outcomes: dict[int, HostOutcome[T]] = {}
+    done = threading.Condition()
+    slots = threading.Semaphore(max_workers or len(pairs))
+
+    def worker(i: int, name: str, item: K) -> None:
+        with slots:
+            try:
+                o = one(name, item)
+            except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt in a worker: the host's outcome
+                o = HostOutcome(name, None, e)
+        with done:
+            outcomes[i] = o
+            done.notify()
+
+    for i, (name, item) in enumerate(pairs):
+        threading.Thread(target=worker, args=(i, name, item), daemon=True, name=f"fanout-{name}").start()
+    with done:
+        while len(outcomes) < len(pairs):
+            done.wait(0.5)
+    for i in range(len(pairs)):
+        result[outcomes[i].host] = outcomes[i]
     return result
+
+
+class Background(Generic[T]):
+    """One call on a daemon thread, its value (or error) read later with `result()`: for a wait
+    that must not hold up Ctrl-C or the process's exit (a pool's workers are joined at exit)."""
+
+    def __init__(self, fn: Callable[..., T], *args) -> None:
+        self._done = threading.Event()
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(fn, *args), daemon=True, name="background").start()
+
+    def _run(self, fn: Callable[..., T], *args) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to whoever reads the result
+            self._error = e
+        self._done.set()
+
+    def result(self) -> T:
+        while not self._done.wait(0.5):
+            pass
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
+def unreachable_error(failed: dict[str, BaseException]) -> BaseException:
+    """The connection failures of several nodes as one error naming each of them, with each one's
+    fix (they differ: another port, another key); one node's failure as it is. A bug stays a bug."""
+    errors = list(failed.values())
+    if len(errors) == 1 or not all(isinstance(e, SparkError) for e in errors):
+        return next((e for e in errors if not isinstance(e, SparkError)), errors[0])
+    if not all(isinstance(e, ConnectError) for e in errors):
+        try:
+            GroupResult({h: HostOutcome(h, None, e) for h, e in failed.items()}).values_or_raise("connect")
+        except StageError as stage:
+            return stage
+    names = ", ".join(failed)
+    fixes = "; ".join(dict.fromkeys(e.fix for e in errors if e.fix))
+    return ConnectError(names, f"{len(errors)} nodes could not be reached", fixes, details=[e.message for e in errors])
 
 
 def connect_all(inv: Inventory, nodes: list[Node] | None = None) -> GroupResult[ssh.Host]:
@@ -116,11 +175,7 @@ class ConnectedHosts:
         if res.failed:
             for h in res.succeeded.values():
                 h.close()
-            errors = list(res.failed.values())
-            first = errors[0]
-            if len(errors) == 1 and isinstance(first, SparkError):
-                raise first
-            res.values_or_raise("connect")
+            raise unreachable_error(res.failed)
         return cls(inv, {name: o.value for name, o in res.items()})
 
     @property

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Callable, TypeVar
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_before_delay, wait_exponential
 
 from sparkcluster import log
 
@@ -34,11 +34,18 @@ def _before_sleep(what: str):
     return hook
 
 
-def transient(fn: Callable[[], T], *, attempts: int, what: str, max_wait: float = 4.0) -> T:
-    """Call fn, retrying only on `Transient`, at most `attempts` times with exponential back-off."""
+def transient(
+    fn: Callable[[], T], *, attempts: int, what: str, max_wait: float = 4.0, within: float | None = None
+) -> T:
+    """Call fn, retrying only on `Transient`, at most `attempts` times with exponential back-off,
+    and (with `within`) never starting an attempt that would begin later than `within` seconds
+    after the first: a bound the caller promised holds for the retries together."""
+    stop = stop_after_attempt(attempts)
+    if within is not None:
+        stop = stop | stop_before_delay(within)
     for attempt in Retrying(
         retry=retry_if_exception_type(Transient),
-        stop=stop_after_attempt(attempts),
+        stop=stop,
         wait=wait_exponential(multiplier=0.5, max=max_wait),
         before_sleep=_before_sleep(what),
         reraise=True,

@@ -27,10 +27,10 @@ import paramiko
 
 from sparkcluster import log, redact
 from sparkcluster.config.inventory import Inventory, Node
-from sparkcluster.errors import AuthError, CommandFailed, ConnectError, HostKeyError
+from sparkcluster.errors import AuthError, CommandFailed, ConnectError, HostKeyError, InputError
 from sparkcluster.remote import retry
 from sparkcluster.remote.result import CommandResult
-from sparkcluster.remote.target import SshConnection, load_config, parse_target
+from sparkcluster.remote.target import Silent, SshConnection, load_config, parse_target
 
 _log = log.get(__name__)
 
@@ -272,17 +272,39 @@ class RemoteProcess:
         self._chan.close()
 
 
+# the connect timeout when neither the inventory ([cluster] connect_timeout) nor ssh_config
+# (ConnectTimeout) sets one: every attempt together, so that `status` answers within README's 15 s
+# even when a host accepts TCP and never speaks
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+
+
 @dataclass(frozen=True)
 class Settings:
     ssh_config: Path | None
     known_hosts: Path | None
-    connect_timeout: float
+    connect_timeout: float | None  # None: ssh_config's ConnectTimeout, else DEFAULT_CONNECT_TIMEOUT_S
     attempts: int
 
     @classmethod
     def from_inventory(cls, inv: Inventory) -> "Settings":
         c = inv.cluster
-        return cls(inv.resolve(c.ssh_config), inv.resolve(c.known_hosts), c.connect_timeout, c.connect_attempts)
+        config = inv.resolve(c.ssh_config)
+        if config is not None and not config.is_file():
+            raise InputError(
+                f"{inv.path or 'inventory'}: cluster.ssh_config {config} does not exist",
+                "correct cluster.ssh_config (relative to the inventory's folder), or remove it to use ~/.ssh/config",
+            )
+        return cls(config, inv.resolve(c.known_hosts), c.connect_timeout, c.connect_attempts)
+
+    def timeout_for(self, options: dict) -> float:
+        """The inventory's connect timeout, else the host's ssh_config ConnectTimeout, else the default."""
+        if self.connect_timeout is not None:
+            return float(self.connect_timeout)
+        try:
+            configured = float(options.get("connecttimeout", ""))
+        except ValueError:
+            configured = 0.0
+        return configured if configured > 0 else DEFAULT_CONNECT_TIMEOUT_S
 
 
 def _make_connection(node: Node, settings: Settings) -> tuple[SshConnection, list[Path]]:
@@ -302,17 +324,35 @@ def _make_connection(node: Node, settings: Settings) -> tuple[SshConnection, lis
                 client.load_host_keys(str(f))
         client.set_missing_host_key_policy(_StrictPolicy(node.name, files))
 
-    return SshConnection.resolve(node.ssh, config, float(int(max(1, settings.connect_timeout))), prepare), files
+    timeout = settings.timeout_for(config.lookup(alias))
+    return SshConnection.resolve(node.ssh, config, timeout, prepare), files
 
 
 def connect(node: Node, settings: Settings) -> Host:
+    """One connection to `node`, within its connect timeout whatever the host does (retries
+    included), or a ConnectError naming the node and what to check."""
     conn, files = _make_connection(node, settings)
+    bound = conn.timeout
+    deadline = time.monotonic() + bound
+    fix = f"check that {node.name} ({node.ssh}) is up and its sshd listens on port {conn.port}"
+
+    tries = []
 
     def attempt() -> Host:
+        tries.append(1)
+        conn.set_timeout(max(0.1, deadline - time.monotonic()))
         try:
             conn.open()
         except HostKeyError:
             raise
+        except Silent as e:  # waiting again would spend the same time for the same silence
+            raise ConnectError(
+                node.name,
+                f"{e}"
+                + ("" if e.closed else f" (waited {bound:g}s)")
+                + ": a hung sshd, or not an SSH server on that port",
+                f"check sshd on {node.name} (systemctl status ssh) and that {conn.port} is its SSH port",
+            ) from None
         except paramiko.BadHostKeyException as e:
             raise HostKeyError(
                 node.name,
@@ -329,23 +369,21 @@ def connect(node: Node, settings: Settings) -> Host:
             if "not found in known_hosts" in str(e):
                 raise HostKeyError(node.name, str(e), f"add the host key to {files[0]}") from None
             raise retry.Transient(node.name, f"SSH handshake with {conn.host}:{conn.port} failed: {e}") from None
-        except (socket.timeout, TimeoutError) as e:
+        except TimeoutError as e:  # socket.timeout is TimeoutError
             raise retry.Transient(
-                node.name,
-                f"no answer from {conn.host}:{conn.port} within {settings.connect_timeout:g}s ({e or 'timeout'})",
+                node.name, f"no answer from {conn.host}:{conn.port} within {bound:g}s ({e or 'timeout'})"
             ) from None
+        except UnicodeError as e:  # a name the resolver cannot encode (a label over 63 characters)
+            raise ConnectError(node.name, f"{conn.host[:80]!r} is not a host name ({e})", fix) from None
         except (OSError, EOFError) as e:
             raise retry.Transient(node.name, f"cannot reach {conn.host}:{conn.port}: {e}") from None
         return Host(node, conn)
 
     try:
-        return retry.transient(attempt, attempts=settings.attempts, what=f"ssh {node.name}")
+        # the next attempt starts only while there is time left for it to finish
+        return retry.transient(attempt, attempts=settings.attempts, what=f"ssh {node.name}", within=bound * 0.8)
     except retry.Transient as e:
-        raise ConnectError(
-            node.name,
-            f"{e.message} (after {settings.attempts} attempt(s))",
-            f"check that {node.ssh} is up and its sshd listens on port {conn.port}",
-        ) from None
+        raise ConnectError(node.name, f"{e.message} (after {len(tries)} attempt(s))", fix) from None
 
 
 def _known_hosts_name(conn: SshConnection) -> str:

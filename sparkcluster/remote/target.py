@@ -10,6 +10,8 @@ scripts, does not spend on what it does not use.
 from __future__ import annotations
 
 import getpass
+import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -34,12 +36,25 @@ def parse_target(target: str) -> tuple[str | None, str, int | None]:
 
 
 def load_config(path: Path | None) -> paramiko.SSHConfig:
+    """The ssh_config named by the inventory (which must exist: a typo would silently connect with
+    other settings), else OpenSSH's defaults where they exist."""
     cfg = paramiko.SSHConfig()
     for p in [path] if path else [p.expanduser() for p in DEFAULT_CONFIGS]:
         if p.is_file():
             with p.open() as f:
                 cfg.parse(f)
     return cfg
+
+
+class Silent(Exception):
+    """The host accepted the TCP connection and then said nothing (a hung sshd, a tarpit, another
+    service on the port), or closed it before its SSH greeting. Waiting longer would not help."""
+
+    def __init__(self, host: str, port: int, closed: bool = False):
+        super().__init__(
+            f"{host}:{port} accepted TCP but " + ("closed it before" if closed else "never sent") + " its SSH greeting"
+        )
+        self.closed = closed
 
 
 @dataclass
@@ -83,6 +98,32 @@ class SshConnection:
         prepare(conn.client)
         return conn
 
+    def set_timeout(self, seconds: float) -> None:
+        """What is left of the connect timeout bounds the next attempt: TCP, greeting, key exchange
+        and authentication together (paramiko takes one bound for each)."""
+        self.timeout = seconds
+        self.connect_kwargs.update(banner_timeout=seconds, auth_timeout=seconds)
+
+    def _direct(self) -> socket.socket:
+        """A direct TCP connection whose host has begun its SSH greeting: a host that accepts and
+        never speaks is told apart from a slow handshake here, within the timeout, without paramiko's
+        transport thread (whose failures would otherwise be logged as tracebacks)."""
+        started = time.monotonic()
+        sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        try:
+            sock.settimeout(max(0.05, self.timeout - (time.monotonic() - started)))
+            first = sock.recv(1, socket.MSG_PEEK)
+        except TimeoutError:  # socket.timeout is TimeoutError
+            sock.close()
+            raise Silent(self.host, self.port) from None
+        except BaseException:
+            sock.close()
+            raise
+        if not first:
+            sock.close()
+            raise Silent(self.host, self.port, closed=True)
+        return sock
+
     def _channel_through(self, transport: paramiko.Transport):
         return transport.open_channel("direct-tcpip", (self.host, self.port), ("", 0), timeout=self.timeout)
 
@@ -116,7 +157,7 @@ class SshConnection:
                 port=self.port,
                 username=self.user,
                 timeout=self.timeout,
-                sock=self._sock(),
+                sock=self._sock() or self._direct(),
                 **self.connect_kwargs,
             )
         except BaseException:

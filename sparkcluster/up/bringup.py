@@ -1,4 +1,4 @@
-"""`up`: from two bare Sparks to a TP=2 endpoint that answers.
+"""`up`: from bare Sparks to an endpoint that answers.
 
 The flow is the architecture: lint, connect, lock, gather facts and check (preflight), make a plan
 from the facts (`plan.make_plan`: the ordered steps of every stage), then execute those same steps
@@ -21,14 +21,14 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import deployments, endpoint, engine_nccl, known_good, server, teardown
-from sparkcluster.errors import InputError, SparkError, StageError, StepFailure
+from sparkcluster.errors import InputError, StageError, StepFailure
 from sparkcluster.facts.probes import split_sections
 from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
 from sparkcluster.monitor.planned import planned
-from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
+from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.up.execute import StageProgress, UpRun, execute, record_before_plan
-from sparkcluster.up.plan import Plan, make_plan
+from sparkcluster.up.plan import Plan, make_offline_plan, make_plan
 from sparkcluster.up.stages import gate
 from sparkcluster.up.stages.containers import Created
 from sparkcluster.up.stages.image import HeadImage
@@ -56,6 +56,7 @@ def run(
     progress: StageProgress,
     *,
     dry_run: bool = False,
+    offline: bool = False,
     replace: bool = False,
     command: str = "up",
     node: tuple[str, ...] | str | None = None,
@@ -73,6 +74,8 @@ def run(
             f"fix the profile, then check with: sparkcluster profile lint {prof.name}",
             details=[p.line() for p in problems],
         )
+    if offline:  # the plan before any node answers (or exists): a dry run that connects to nothing
+        return make_offline_plan(inv, prof, secret_names=secrets.keys())
     t0 = time.monotonic()
     progress.stage(gate.STAGE)
     # one connection per node for the whole run; a node this run does not touch may be away
@@ -120,16 +123,7 @@ def _all_reachable(touched: Inventory, unreachable: dict) -> None:
     missing = {n.name: unreachable[n.name] for n in touched.nodes if n.name in unreachable}
     if not missing:
         return
-    errors = list(missing.values())
-    if len(errors) == 1 and isinstance(errors[0], SparkError):
-        raise errors[0]
-    raise StageError(
-        "connect",
-        [
-            StepFailure(n, "connect", getattr(e, "message", str(e)), fix=getattr(e, "fix", None))
-            for n, e in missing.items()
-        ],
-    )
+    raise unreachable_error(missing)
 
 
 def _old_server(cluster: ConnectedHosts, inv: Inventory, facts) -> server.Record | None:

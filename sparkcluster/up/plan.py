@@ -193,6 +193,43 @@ def make_plan(
     )
 
 
+# what an offline plan assumes in place of each fact it would read: said in the plan, so the reader
+# knows which of its steps may change once the nodes answer
+OFFLINE_ASSUMED = (
+    "made from the inventory and the profile alone (--offline): no node was asked",
+    "waits for facts: whether the head holds the cluster image (assumed: {image})",
+    "waits for facts: which workers lack the head's image (assumed: every worker)",
+    "waits for facts: which of sparkcluster's containers exist (assumed: none, so all are created)",
+    "waits for facts: the SSH user's home on each node (the HF cache is shown as {hf_cache})",
+    "waits for facts: which weight files each node caches, and the model's shape (checked by the weights stage)",
+    "waits for facts: whether the same profile already serves (assumed: nothing serves)",
+    "waits for facts: whether another deployment runs on these nodes (assumed: none; up would need --replace)",
+    "waits for facts: the checks of preflight (doctor's), which can stop the run before any step",
+)
+
+
+def offline_facts(inv: Inventory, prof: profiles.Profile) -> dict[str, HostFacts]:
+    """Facts of nodes that have nothing yet: no container, no image on a worker. The head has the
+    image only where nothing can make it there (executor "mp" serves the base image as pulled)."""
+    facts = {n.name: HostFacts(n.name) for n in inv.nodes}
+    if prof.executor == "mp":
+        facts[inv.head.name].image_id = "(the head's pulled image)"
+    for n in inv.nodes:
+        if n.name not in inv._homes:
+            inv.set_home(n.name, "~")
+    return facts
+
+
+def make_offline_plan(inv: Inventory, prof: profiles.Profile, secret_names: Iterable[str] = ()) -> Plan:
+    """The plan from the inventory and the profile alone (`up --dry-run --offline`): the same
+    `make_plan` over facts of bare nodes, with what it assumed said in its notes. Pure."""
+    plan = make_plan(inv, prof, offline_facts(inv, prof), serving=False, replace=False, secret_names=secret_names)
+    image = "pulled by you on the head" if prof.executor == "mp" else "missing, so it is built"
+    hf_cache = inv.hf_cache(inv.head.name)
+    plan.notes[:0] = [n.format(image=image, hf_cache=hf_cache) for n in OFFLINE_ASSUMED]
+    return plan
+
+
 def _rank(inv: Inventory, prof: profiles.Profile, node: str) -> list[str]:
     """Executor "mp" on several nodes: the node's rank and the head's rendezvous (issue 28)."""
     if prof.executor != "mp" or len(inv.nodes) < 2:

@@ -354,14 +354,36 @@ def test_flag_the_image_rejects(testbed, sc, tmp_path):
 
 
 def test_flag_unknown_to_vllm_but_not_to_lint(testbed, sc, tmp_path):
-    """A typo lint cannot know about: the REAL engine's parser exits with `unrecognized arguments`
-    (exit 2 after about 13 s of imports), shown in the log tail, and the run's containers are rolled back."""
-    env = profile_variant(tmp_path, "trap-typo", serve='extra_flags = ["--max-model-length", "4096"]', real=True)
+    """A typo lint cannot know about (the profile states a vLLM version whose flags sparkcluster does
+    not hold, so lint says the flags went unchecked): the REAL engine's parser exits with
+    `unrecognized arguments` (exit 2 after about 13 s of imports), shown in the log tail, and the
+    run's containers are rolled back. (With the version it knows, lint refuses the typo: below.)"""
+    env = profile_variant(
+        tmp_path,
+        "trap-typo",
+        top={"vllm_version": '"0.32.1"'},
+        serve='extra_flags = ["--max-model-length", "4096"]',
+        real=True,
+    )
+    lint = sc("profile", "lint", "trap-typo", env=env)
+    assert "note: serve.extra_flags went unchecked (--max-model-length)" in lint.stderr, lint.stderr
     res = sc("up", "--profile", "trap-typo", env=env)
     err = stage_failed(res, "serve", HEAD)
     assert "wait until ready: vllm serve exited" in err
     assert "unrecognized arguments: --max-model-length" in err
     assert "rolling back what this run created" in err
+    nothing_left(testbed)
+
+
+def test_flag_typo_caught_by_lint_before_any_connection(testbed, sc, tmp_path):
+    """vLLM 0.32.0's flags are known (config/vllm_flag_sets): the same typo fails lint with the
+    closest spelling, exit 2, no host touched (issue 34 item 4)."""
+    env = profile_variant(tmp_path, "trap-typo-known", serve='extra_flags = ["--max-model-length", "4096"]', real=True)
+    before = {h: testbed.connections_logged(h) for h in (HEAD, WORKER)}
+    res = sc("up", "--profile", "trap-typo-known", env=env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "--max-model-length is not a flag of vLLM 0.32.0 (did you mean --max-model-len?)" in res.stderr
+    assert {h: testbed.connections_logged(h) for h in (HEAD, WORKER)} == before, "lint failure touched a host"
     nothing_left(testbed)
 
 

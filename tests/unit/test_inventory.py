@@ -99,19 +99,19 @@ def test_unknown_node_name():
         (replace('"198.19.2.2"', '"fe80::1"'), "cluster.toml: nodes[1].control_ip: Input is not a valid IPv4 address"),
         (
             replace('ssh = "spark-head"', 'ssh = "root@spark head"'),
-            "cluster.toml: nodes[0].ssh: Value error, expected an ssh config alias or user@host[:port]",
+            "cluster.toml: nodes[0].ssh: expected an ssh config alias or user@host[:port], e.g. spark@192.168.1.11",
         ),
         (
             replace('ssh = "spark-head"', 'ssh = "spark-head; rm -rf /"'),
-            "cluster.toml: nodes[0].ssh: Value error, expected an ssh config alias or user@host[:port]",
+            "cluster.toml: nodes[0].ssh: expected an ssh config alias or user@host[:port], e.g. spark@192.168.1.11",
         ),
         (
             replace('role = "worker"', 'role = "head"'),
-            'cluster.toml: (top level): Value error, exactly one node must have role = "head" (found 2)',
+            'cluster.toml: (top level): exactly one node must have role = "head" (found 2)',
         ),
         (
             replace('role = "head"', 'role = "worker"'),
-            'cluster.toml: (top level): Value error, exactly one node must have role = "head" (found 0)',
+            'cluster.toml: (top level): exactly one node must have role = "head" (found 0)',
         ),
         (
             replace('name = "spark-worker"', 'name = "spark-head"'),
@@ -138,7 +138,7 @@ def test_unknown_node_name():
                 'hca = "rocep1s0f0" },\n  { netdev = "enp1s0f0np0"',
                 'hca = "rocep1s0f0 x" },\n  { netdev = "enp1s0f0np0"',
             ),
-            "cluster.toml: nodes[1].data_plane[0].hca: String should match pattern '^[a-zA-Z0-9._-]{1,64}$'",
+            "cluster.toml: nodes[1].data_plane[0].hca: expected an HCA name of letters, digits, '.', '_' or '-', at most 64 characters",
         ),
     ],
 )
@@ -156,7 +156,7 @@ def test_several_bad_fields_several_lines():
     assert sorted(err.details) == sorted(
         [
             "cluster.toml: nodes[0].colour: unknown key",
-            "cluster.toml: nodes[0].ssh: Value error, expected an ssh config alias or user@host[:port]",
+            "cluster.toml: nodes[0].ssh: expected an ssh config alias or user@host[:port], e.g. spark@192.168.1.11",
             "cluster.toml: nodes[1].control_ip: Input is not a valid IPv4 address",
         ]
     )

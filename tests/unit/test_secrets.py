@@ -64,15 +64,35 @@ def test_environment_only(monkeypatch):
     assert load_secrets() == {"VLLM_API_KEY": "sk-onlyinenvironment0123"}
 
 
-def test_default_env_file_in_cwd(tmp_path):
-    _env_file(tmp_path)  # ./.env (cwd is tmp_path)
+def test_a_dot_env_in_the_current_folder_is_not_read_unless_named(tmp_path, monkeypatch):
+    """Another project's ./.env (0644, nothing of ours) neither blocks nor feeds a command (issue 34)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    _env_file(tmp_path, 0o644)  # ./.env (cwd is tmp_path)
+    assert load_secrets() == {}
+    with pytest.raises(InputError):  # named, it is read, and its mode checked
+        load_secrets(tmp_path / ".env")
+
+
+def test_default_env_file_is_ours_and_its_mode_is_checked(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    (home / ".config" / "sparkcluster").mkdir(parents=True)
+    f = home / ".config" / "sparkcluster" / ".env"
+    f.write_text(f"HF_TOKEN={TOKEN}\n")
+    f.chmod(0o600)
     assert load_secrets()["HF_TOKEN"] == TOKEN
-
-
-def test_default_bad_mode_refused(tmp_path):
-    _env_file(tmp_path, 0o644)
-    with pytest.raises(InputError):
+    f.chmod(0o644)
+    with pytest.raises(InputError) as ei:
         load_secrets()
+    assert ei.value.fix == f"chmod 600 {f}"
+
+
+def test_another_users_env_file_is_never_to_be_chmodded(tmp_path):
+    f = _env_file(tmp_path, 0o644)
+    os.chown(f, 4242, 4242)
+    with pytest.raises(InputError) as ei:
+        load_secrets(f)
+    assert "belongs to uid 4242" in ei.value.message and "chmod" not in ei.value.fix
 
 
 def test_missing_explicit_file(tmp_path):

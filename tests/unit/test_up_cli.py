@@ -28,7 +28,9 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKCLUSTER_ENV_FILE", str(envf))
     inv = make_inventory()
 
-    def fake_run(inventory, prof, secrets, progress, *, dry_run=False, replace=False, command="up", node=None):
+    def fake_run(
+        inventory, prof, secrets, progress, *, dry_run=False, offline=False, replace=False, command="up", node=None
+    ):
         assert dry_run
         facts = {n.name: HostFacts(n.name, hostname=n.name) for n in inv.nodes}
         return make_plan(inv, prof, facts, serving=False, replace=replace, secret_names=secrets)
