@@ -103,14 +103,17 @@ def render(st: status_mod.ClusterStatus) -> Group:
 def render_all(sts: list[status_mod.ClusterStatus]) -> Group:
     from rich.console import Group
 
+    gw = sts[0].gateway if sts else None
+    said = f"gateway: {gw['container']} on {gw['node']} port {gw['port']}: {gw['state']}" if gw else ""
+    tail = [said + " (routes: sparkcluster gateway status)"] if gw else []
     if len(sts) == 1:
-        return render(sts[0])
+        return Group(render(sts[0]), *tail)
     parts = []
     for st in sts:
         parts.append(f"[bold]deployment {st.deployment}[/]")
         parts.append(render(st))
         parts.append("")
-    return Group(*parts)
+    return Group(*parts, *tail)
 
 
 def overall(sts: list[status_mod.ClusterStatus]) -> str:

@@ -19,7 +19,7 @@ from sparkcluster.day2 import deployments, engine_nccl, ray_members
 from sparkcluster.day2 import endpoint as endpoint_mod
 from sparkcluster.facts import parsers
 from sparkcluster.facts.probes import section, split_sections
-from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, PROFILE_LABEL, container_name
+from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, PORT_LABEL, PROFILE_LABEL, container_name, is_gateway
 from sparkcluster.node import contract
 from sparkcluster.remote.fanout import connect_reachable
 
@@ -62,6 +62,8 @@ class ClusterStatus:
     nccl: dict[str, str] = field(default_factory=dict)  # node -> what its ranks' NCCL chose (engine_nccl)
     journal: list[dict] = field(default_factory=list)  # its last entries
     problems: list[str] = field(default_factory=list)
+    # the cluster's gateway (issue 36), the same for every deployment: node, container, state, port
+    gateway: dict | None = None
 
     def as_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -144,6 +146,7 @@ class NodeReport:
     ray: list[dict] | None = None
     head_view: tuple = (None, None, [])
     nccl: str = ""  # the telling lines of its ranks' NCCL files
+    gateway: dict | None = None  # the gateway's container on this node, if it runs here
 
 
 def _one(host, inv: Inventory) -> NodeReport:
@@ -164,7 +167,17 @@ def _one(host, inv: Inventory) -> NodeReport:
             else (parsers.last_line(got.out) or f"`docker ps` exited {got.rc}")
         )
         return NodeReport(st, None)
-    ours = parsers.docker_inspect_json(s["ours"].out)
+    ours, gateway = [], None
+    for c in parsers.docker_inspect_json(s["ours"].out):  # the gateway is no node's deployment container
+        if is_gateway(c.labels):
+            gateway = {
+                "node": host.name,
+                "container": c.name,
+                "state": c.status,
+                "port": int(c.labels.get(PORT_LABEL) or 0),
+            }
+        else:
+            ours.append(c)
     if ours:
         c = ours[0]
         st.container = c.name
@@ -180,7 +193,7 @@ def _one(host, inv: Inventory) -> NodeReport:
     if view[1] is not None and now is not None and isinstance(view[1].get("updated"), (int, float)):
         view[1]["age_s"] = round(now - view[1]["updated"], 1)  # both by the head's own clock
     nccl = "".join(s[k].out for k in ("head_nccl", "nccl") if k in s and s[k].rc == 0)
-    return NodeReport(st, ours, ray, view, nccl)
+    return NodeReport(st, ours, ray, view, nccl, gateway)
 
 
 def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatus]:
@@ -207,11 +220,13 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
                 )
                 for sub in subs
             }
+            gateway = next((r.gateway for r in reports.values() if isinstance(r, NodeReport) and r.gateway), None)
             out = []
             for sub, d in zip(subs, found or [None]):
                 st = _judge_reports(sub, reports, unreachable, addresses, looks[sub.head.name].result())
                 if d is not None:
                     st.profile, st.deployment = d.profile, d.key
+                st.gateway = gateway
                 out.append(st)
     return out
 

@@ -382,3 +382,29 @@ def test_a_peer_whose_memory_is_unknown_shows_in_status():
     assert supervisor_problem(sup) == (
         "supervisor: memory unknown on spark-worker: its memory report at 198.19.2.2:8297 does not answer (timed out)"
     )
+
+
+def test_the_gateways_container_is_shown_apart_never_as_the_nodes_container():
+    """Issue 36: `docker inspect` of ours on the head lists the gateway too; the node's row is the
+    deployment's container, and the gateway is reported on its own."""
+    import json
+
+    from sparkcluster.day2.status import _one
+    from sparkcluster.labels import CLUSTER_LABEL, GATEWAY_ROLE, PORT_LABEL, ROLE_LABEL
+
+    def inspected(name, labels):
+        return {"Name": f"/{name}", "Config": {"Labels": labels}, "State": {"Status": "running", "StartedAt": ""}}
+
+    listed = [
+        inspected("sparkcluster-pair-gateway", {CLUSTER_LABEL: "pair", ROLE_LABEL: GATEWAY_ROLE, PORT_LABEL: "4000"}),
+        inspected("sparkcluster-pair-head", {CLUSTER_LABEL: "pair", ROLE_LABEL: "head"}),
+    ]
+    out = _printed(uptime=("5000.0 1.0\n1763900000.0", 0), meminfo=(MEMINFO, 0), ours=(json.dumps(listed), 0))
+    got = _one(_Host("spark-head", out), make_inventory())
+    assert got.status.container == "sparkcluster-pair-head" and len(got.containers) == 1
+    assert got.gateway == {
+        "node": "spark-head",
+        "container": "sparkcluster-pair-gateway",
+        "state": "running",
+        "port": 4000,
+    }
