@@ -12,7 +12,7 @@ import httpx
 from sparkcluster import redact
 from sparkcluster.container.spec import files_tar
 from sparkcluster.errors import SparkError
-from sparkcluster.labels import CLUSTER_LABEL, GATEWAY_ROLE, ROLE_LABEL
+from sparkcluster.labels import CLUSTER_LABEL, PORT_LABEL, is_gateway
 from sparkcluster.remote import retry
 from sparkcluster.remote.dockerapi import run_in
 
@@ -23,14 +23,25 @@ READY_TIMEOUT_S = 60.0
 
 def find(api, cluster: str) -> dict | None:
     """The gateway container of this cluster on the node (the Engine API's list entry), or None."""
-    found = api.containers(all=True, filters={"label": [f"{CLUSTER_LABEL}={cluster}", f"{ROLE_LABEL}={GATEWAY_ROLE}"]})
-    return found[0] if found else None
+    ours = api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={cluster}"})
+    return next((c for c in ours if is_gateway(c.get("Labels"))), None)
+
+
+def ports(hosts: dict, cluster: str) -> dict[str, int]:
+    """node -> the gateway's port, where one runs (`hosts`: the connected hosts by name): monitoring
+    scrapes its /metrics there."""
+    out = {}
+    for name, host in hosts.items():
+        c = find(host.docker().api, cluster)
+        if c is not None and c.get("State") == "running":
+            out[name] = int((c.get("Labels") or {}).get(PORT_LABEL) or 0)
+    return {n: p for n, p in out.items() if p}
 
 
 def deployment_image(api, cluster: str) -> str | None:
     """The image a deployment's container on the node runs: the gateway's, since it has what it needs."""
     for c in api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={cluster}"}):
-        if (c.get("Labels") or {}).get(ROLE_LABEL) != GATEWAY_ROLE and c.get("Image"):
+        if not is_gateway(c.get("Labels")) and c.get("Image"):
             return c["Image"]
     return None
 

@@ -211,3 +211,24 @@ def test_a_port_held_by_another_program_stops_before_anything_is_created():
 
     with pytest.raises(SparkError, match="port 4000 on spark-head is held by another program"):
         deploy.apply(API(), make(), host)
+
+
+def test_monitoring_finds_the_gateway_to_scrape():
+    """`monitor up` and the retarget after planned work scrape the gateway's /metrics where it runs."""
+    from types import SimpleNamespace
+
+    from sparkcluster.gateway import deploy
+    from sparkcluster.labels import CLUSTER_LABEL, GATEWAY_ROLE, PORT_LABEL, ROLE_LABEL
+    from sparkcluster.monitor import scrape
+
+    gw = {"State": "running", "Labels": {CLUSTER_LABEL: "pair", ROLE_LABEL: GATEWAY_ROLE, PORT_LABEL: "4000"}}
+    head = {"State": "running", "Labels": {CLUSTER_LABEL: "pair", ROLE_LABEL: "head"}}
+
+    def host(listed):
+        api = SimpleNamespace(containers=lambda all, filters: listed)
+        return SimpleNamespace(docker=lambda: SimpleNamespace(api=api))
+
+    ports = deploy.ports({A: host([head, gw]), B: host([head])}, "pair")
+    assert ports == {A: 4000}
+    jobs = [(t.job, t.address) for t in scrape.targets(INV, [], ports)]
+    assert (scrape.GATEWAY_JOB, f"{INV.node(A).control_ip}:4000") in jobs
