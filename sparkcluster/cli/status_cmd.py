@@ -105,7 +105,12 @@ def render_all(sts: list[status_mod.ClusterStatus]) -> Group:
 
     gw = sts[0].gateway if sts else None
     said = f"gateway: {gw['container']} on {gw['node']} port {gw['port']}: {gw['state']}" if gw else ""
-    tail = [said + " (routes: sparkcluster gateway status)"] if gw else []
+    models = (gw or {}).get("models")
+    if models is not None:
+        said += "  models: " + (
+            ", ".join(n if ok else f"[red]{n} (out of rotation)[/]" for n, ok in models.items()) or "none"
+        )
+    tail = [said + "  (sparkcluster gateway status says why)"] if gw else []
     if len(sts) == 1:
         return Group(render(sts[0]), *tail)
     parts = []

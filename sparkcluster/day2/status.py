@@ -13,6 +13,8 @@ import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
+import httpx
+
 from sparkcluster import log
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import deployments, engine_nccl, ray_members
@@ -221,6 +223,11 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
                 for sub in subs
             }
             gateway = next((r.gateway for r in reports.values() if isinstance(r, NodeReport) and r.gateway), None)
+            routed = (
+                pool.submit(_routed, addresses.get(gateway["node"]), gateway["port"])
+                if gateway and gateway["state"] == "running"
+                else None
+            )
             out = []
             for sub, d in zip(subs, found or [None]):
                 st = _judge_reports(sub, reports, unreachable, addresses, looks[sub.head.name].result())
@@ -228,7 +235,21 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
                     st.profile, st.deployment = d.profile, d.key
                 st.gateway = gateway
                 out.append(st)
+            if routed is not None:
+                gateway["models"] = routed.result()
     return out
+
+
+def _routed(address: str | None, port: int) -> dict[str, bool] | None:
+    """The gateway's models, each in rotation or not (its /health, which needs no key); None when
+    it does not answer."""
+    if not address:
+        return None
+    try:
+        got = httpx.get(f"http://{address}:{port}/health", timeout=2.0).json().get("models")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return {str(k): bool(v) for k, v in got.items()} if isinstance(got, dict) else None
 
 
 def _look(address: str | None, port: int, api_key: str | None) -> "endpoint_mod.EngineView":

@@ -176,7 +176,10 @@ class Gateway:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def alive(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        """Liveness, and each model name with whether a deployment serving it is in rotation: no
+        key, no reason (those are `/gateway/status`'s), as much as `/metrics` shows already."""
+        up = {n: any(r.up for r in self.table.serving(n)) for n in self.table.names()}
+        return JSONResponse({"status": "ok", "models": up})
 
     def forwarder(self, endpoint: str):
         anthropic = endpoint.startswith("/v1/messages")

@@ -115,7 +115,8 @@ def test_one_endpoint_for_two_deployments(testbed, sc, env_file, env):
     metrics = httpx.get(f"{GW}/metrics", timeout=5).text
     assert f'sparkcluster_gateway_request_seconds_count{{model="{WORKER_MODEL}"}}' in metrics
     st = sc("status", "--all", env=env)
-    assert f"gateway: {GW_CONTAINER} on {HEAD} port 4000: running" in st.stdout, st.stdout
+    line = f"gateway: {GW_CONTAINER} on {HEAD} port 4000: running  models: {HEAD_MODEL}, {WORKER_MODEL}, {ALIAS}"
+    assert line in st.stdout, st.stdout
     gst = sc("gateway", "status", env=env)
     assert gst.returncode == 0 and gst.stdout.count("in rotation") == 2, gst.stdout + gst.stderr
     export = sc("gateway", "export", "--litellm", env=env)

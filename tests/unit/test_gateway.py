@@ -107,6 +107,9 @@ def test_a_restarting_deployment_gets_503_with_retry_after_and_the_other_keeps_a
     assert len(a.seen) == seen
     status = httpx.get(f"{sg.url}/gateway/status", headers=BEARER).json()
     assert [x["in_rotation"] for x in status["routes"]] == [False, True]
+    # what `sparkcluster status` reads without a key: names and rotation, no reason
+    alive = httpx.get(f"{sg.url}/health").json()
+    assert alive == {"status": "ok", "models": {"reasoner": False, "think": False, "vision": True}}
     a.state, a.causes = contract.SERVING, []
     until(lambda: in_rotation(gw, "reasoner@spark-a"), what="back in rotation")
     assert httpx.post(f"{sg.url}/v1/chat/completions", json={"model": "reasoner"}, headers=BEARER).status_code == 200

@@ -408,3 +408,31 @@ def test_the_gateways_container_is_shown_apart_never_as_the_nodes_container():
         "state": "running",
         "port": 4000,
     }
+
+
+def test_status_reads_the_gateways_models_from_its_health(monkeypatch):
+    """Issue 36: `status` shows which models the gateway routes (its /health needs no key)."""
+    from types import SimpleNamespace
+
+    import httpx
+
+    from sparkcluster.cli.status_cmd import render_all
+    from sparkcluster.day2 import status as status_mod
+
+    answer = {"status": "ok", "models": {"a": True, "b": False}}
+    monkeypatch.setattr(httpx, "get", lambda url, timeout: SimpleNamespace(json=lambda: answer))
+    assert status_mod._routed("198.18.0.2", 4000) == {"a": True, "b": False}
+
+    def refused(url, timeout):
+        raise httpx.ConnectError("refused")
+
+    monkeypatch.setattr(httpx, "get", refused)
+    assert status_mod._routed("198.18.0.2", 4000) is None
+    st = verdict([running("spark-head", "head"), running("spark-worker", "worker")], [ray_row(HEAD_IP, True)])
+    st.gateway = {"node": "spark-head", "container": "g", "state": "running", "port": 4000, "models": answer["models"]}
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(render_all([st]))
+    text = console.export_text()
+    assert "gateway: g on spark-head port 4000: running  models: a, b (out of rotation)" in text
