@@ -36,7 +36,7 @@ def _refuse_unknown(node: str | None, profile_name: str | None, chosen: list, un
 @click.pass_obj
 def down(obj, purge_gcs: bool, node: str | None, profile_name: str | None) -> None:
     """Stop vllm serve by its PID, then remove sparkcluster's containers, workers before the head;
-    every deployment, or those on --node / of --profile."""
+    every deployment and the gateway, or those on --node / of --profile (the gateway stays)."""
     full = obj.inventory()
     if node:
         full.node(node)  # an unknown name is an input error
@@ -71,7 +71,9 @@ def down(obj, purge_gcs: bool, node: str | None, profile_name: str | None) -> No
                     teardown.down(ConnectedHosts(sub, {n: h for n, h in cluster.hosts.items() if n in d.nodes}))
                 )
             if everything:  # and whatever else carries our label (a killed run's leftovers)
-                for n, o in teardown.down(ConnectedHosts(inv, cluster.hosts), purge_gcs=purge_gcs).items():
+                for n, o in teardown.down(
+                    ConnectedHosts(inv, cluster.hosts), purge_gcs=purge_gcs, gateway=True
+                ).items():
                     if n in outcomes:
                         outcomes[n].removed += o.removed
                         outcomes[n].errors += o.errors

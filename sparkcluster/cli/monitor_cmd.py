@@ -15,6 +15,7 @@ from sparkcluster.config.inventory import Inventory
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.day2 import deployments
 from sparkcluster.errors import EXIT_FAILED, ConnectError
+from sparkcluster.gateway import deploy
 from sparkcluster.monitor import alerting, scrape, stack
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 
@@ -24,9 +25,9 @@ def monitor() -> None:
     """Prometheus, Alertmanager and node_exporter for the cluster: up, down, config."""
 
 
-def _configs(inv: Inventory, served: list, env_file) -> tuple[str, str, bool]:
+def _configs(inv: Inventory, served: list, env_file, gateways: dict[str, int]) -> tuple[str, str, bool]:
     webhook = load_secrets(env_file, names=[alerting.WEBHOOK_SECRET]).get(alerting.WEBHOOK_SECRET)
-    prom = scrape.render(scrape.prometheus_config(inv, scrape.targets(inv, served)))
+    prom = scrape.render(scrape.prometheus_config(inv, scrape.targets(inv, served, gateways)))
     am = alerting.render(alerting.alertmanager_config(inv, webhook))
     return prom, am, bool(webhook)
 
@@ -60,9 +61,10 @@ def monitor_up(obj, env_file, dry_run: bool) -> None:
             raise ConnectError(inv.head.name, f"the head does not answer: {why}", err.fix)
         found, unread = deployments.on(cluster, inv)
         served = scrape.served(inv, found)
-        prom, am, webhook = _configs(inv, served, env_file)
+        gateways = deploy.ports(cluster.hosts, inv.cluster.name)
+        prom, am, webhook = _configs(inv, served, env_file, gateways)
         specs = stack.specs(inv, prom, am, _owners(cluster))
-        for t in scrape.targets(inv, served):
+        for t in scrape.targets(inv, served, gateways):
             click.echo(f"target {t.job} {t.address} ({', '.join(f'{k}={v}' for k, v in t.labels.items())})")
         if not webhook:
             click.echo("no ALERT_WEBHOOK_URL: alerts stay in Alertmanager and `sparkcluster events`")
@@ -120,5 +122,5 @@ def monitor_down(obj, purge_data: bool) -> None:
 def monitor_config(obj, env_file, alertmanager: bool) -> None:
     """Print the configuration `monitor up` writes for the inventory alone (no deployment: offline)."""
     inv = obj.inventory()
-    prom, am, _ = _configs(inv, [], env_file)
+    prom, am, _ = _configs(inv, [], env_file, {})
     click.echo(redact.mask(am if alertmanager else prom))

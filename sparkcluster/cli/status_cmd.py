@@ -172,14 +172,22 @@ def speed_line(cluster: str, profile: str) -> str | None:
 def render_all(sts: list[status_mod.ClusterStatus]) -> Group:
     from rich.console import Group
 
+    gw = sts[0].gateway if sts else None
+    said = f"gateway: {gw['container']} on {gw['node']} port {gw['port']}: {gw['state']}" if gw else ""
+    models = (gw or {}).get("models")
+    if models is not None:
+        said += "  models: " + (
+            ", ".join(n if ok else f"[red]{n} (out of rotation)[/]" for n, ok in models.items()) or "none"
+        )
+    tail = [said + "  (sparkcluster gateway status says why)"] if gw else []
     if len(sts) == 1:
-        return render(sts[0])
+        return Group(render(sts[0]), *tail)
     parts = []
     for st in sts:
         parts.append(f"[bold]deployment {st.deployment}[/]")
         parts.append(render(st))
         parts.append("")
-    return Group(*parts)
+    return Group(*parts, *tail)
 
 
 def overall(sts: list[status_mod.ClusterStatus]) -> str:

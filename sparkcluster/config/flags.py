@@ -203,8 +203,8 @@ def serve_argv(
     argv.append(profile.model)
     if profile.revision:
         argv += ["--revision", profile.revision]
-    if profile.served_name:
-        argv += ["--served-model-name", profile.served_name]
+    if profile.served_name or profile.aliases:
+        argv += ["--served-model-name", profile.served_model_name, *profile.aliases]
     argv += ["--host", s.host, "--port", str(s.port or port or 8000)]
     plugin = reasoning_plugin(profile, hf_cache)
     for spec in FLAGS:

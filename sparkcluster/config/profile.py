@@ -11,7 +11,7 @@ import os
 import re
 import tomllib
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -193,6 +193,9 @@ class Profile(_Strict):
     description: str = ""
     model: str = Field(min_length=1, pattern=r"^[^\s]+$")  # HF id or a path inside the container
     served_name: str | None = Field(default=None, pattern=r"^[^\s]+$")
+    # more names the engine answers to (vLLM's --served-model-name takes several): the gateway routes
+    # each of them to this deployment, and the request body passes through untouched (issue 36)
+    aliases: list[Annotated[str, Field(pattern=r"^[^\s,]+$")]] = Field(default_factory=list)
     # the hub revision to serve (branch, tag or commit); unset: main. The weights stage resolves it
     revision: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
     # how the checkpoint is quantized: decides what --quantization must be
@@ -259,6 +262,11 @@ class Profile(_Strict):
     @property
     def served_model_name(self) -> str:
         return self.served_name or self.model
+
+    @property
+    def served_names(self) -> list[str]:
+        """Every name the engine answers to: the served name, then the aliases (issue 36)."""
+        return list(dict.fromkeys([self.served_model_name, *self.aliases]))
 
     @property
     def world_size(self) -> int:

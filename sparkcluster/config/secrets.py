@@ -33,6 +33,10 @@ if TYPE_CHECKING:  # pragma: no cover
 # profile module, so a command that reads a secret need not import the profile's models.
 SECRET_NAMES: tuple[str, ...] = ("HF_TOKEN", "VLLM_API_KEY")
 
+# the gateway's client keys (issue 36): one or more, comma-separated, read as the others are; they
+# reach the gateway only in its 0600 config file inside its container, never argv or output
+GATEWAY_KEYS = "GATEWAY_API_KEYS"
+
 ENV_FILE_VAR = "SPARKCLUSTER_ENV_FILE"
 DEFAULT_ENV_FILE = Path("~/.config/sparkcluster/.env")
 ENV_FILE_HELP = "default: $SPARKCLUSTER_ENV_FILE, else ~/.config/sparkcluster/.env; ./.env is read only when named"
@@ -150,3 +154,11 @@ def load_secrets(
 def masked(secrets: Mapping[str, str], names: Iterable[str]) -> dict[str, str]:
     """name -> '******' when set, '(not set)' otherwise: what `profile show` prints."""
     return {n: (redact.MASK if secrets.get(n) else "(not set)") for n in names}
+
+
+def split_keys(value: str | None) -> list[str]:
+    """The gateway's client keys from GATEWAY_API_KEYS ("k1,k2"), each registered for masking."""
+    keys = [k.strip() for k in (value or "").split(",") if k.strip()]
+    for k in keys:
+        redact.register(k)
+    return keys

@@ -12,7 +12,7 @@ from sparkcluster import log
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.errors import InputError
 from sparkcluster.facts.parsers import ContainerInspect
-from sparkcluster.labels import CLUSTER_LABEL, NODES_LABEL, PROFILE_LABEL
+from sparkcluster.labels import CLUSTER_LABEL, NODES_LABEL, PROFILE_LABEL, is_gateway
 
 _log = log.get(__name__)
 
@@ -66,8 +66,8 @@ def group(inv: Inventory, containers_by_node: dict[str, list[dict | ContainerIns
     for n in inv.nodes:
         for c in containers_by_node.get(n.name, []):
             name, labels = (c.name or "?", c.labels) if isinstance(c, ContainerInspect) else _listed(c)
-            if labels.get(CLUSTER_LABEL) != inv.cluster.name:
-                continue
+            if labels.get(CLUSTER_LABEL) != inv.cluster.name or is_gateway(labels):
+                continue  # the gateway (issue 36) serves no model of its own: it is no deployment
             prof = labels.get(PROFILE_LABEL, "?")
             nodes = tuple(x for x in (labels.get(NODES_LABEL) or "").split(",") if x)
             if not nodes:

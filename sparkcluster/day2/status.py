@@ -12,13 +12,15 @@ import json
 import shlex
 from dataclasses import asdict, dataclass, field
 
+import httpx
+
 from sparkcluster import log
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import deployments, engine_nccl, known_good, ray_members
 from sparkcluster.day2 import endpoint as endpoint_mod
 from sparkcluster.facts import parsers
 from sparkcluster.facts.probes import section, split_sections
-from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, PROFILE_LABEL, container_name
+from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, PORT_LABEL, PROFILE_LABEL, container_name, is_gateway
 from sparkcluster.node import contract
 from sparkcluster.remote.fanout import Background, connect_reachable
 
@@ -65,6 +67,8 @@ class ClusterStatus:
     problems: list[str] = field(default_factory=list)
     drift: list[str] = field(default_factory=list)  # since the deployment's last good serve (issue 39)
     fix: str = ""  # what to do about the nodes that did not answer, each named
+    # the cluster's gateway (issue 36), the same for every deployment: node, container, state, port
+    gateway: dict | None = None
 
     def as_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -149,6 +153,7 @@ class NodeReport:
     ray: list[dict] | None = None
     head_view: tuple = (None, None, [])
     nccl: str = ""  # the telling lines of its ranks' NCCL files
+    gateway: dict | None = None  # the gateway's container on this node, if it runs here
 
 
 def _one(host, inv: Inventory) -> NodeReport:
@@ -171,7 +176,17 @@ def _one(host, inv: Inventory) -> NodeReport:
             else (parsers.last_line(got.out) or f"`docker ps` exited {got.rc}")
         )
         return NodeReport(st, None)
-    ours = parsers.docker_inspect_json(s["ours"].out)
+    ours, gateway = [], None
+    for c in parsers.docker_inspect_json(s["ours"].out):  # the gateway is no node's deployment container
+        if is_gateway(c.labels):
+            gateway = {
+                "node": host.name,
+                "container": c.name,
+                "state": c.status,
+                "port": int(c.labels.get(PORT_LABEL) or 0),
+            }
+        else:
+            ours.append(c)
     if ours:
         c = ours[0]
         st.container = c.name
@@ -188,7 +203,7 @@ def _one(host, inv: Inventory) -> NodeReport:
     if view[1] is not None and now is not None and isinstance(view[1].get("updated"), (int, float)):
         view[1]["age_s"] = round(now - view[1]["updated"], 1)  # both by the head's own clock
     nccl = "".join(s[k].out for k in ("head_nccl", "nccl") if k in s and s[k].rc == 0)
-    return NodeReport(st, ours, ray, view, nccl)
+    return NodeReport(st, ours, ray, view, nccl, gateway)
 
 
 def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatus]:
@@ -214,13 +229,22 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
             )
             for sub in subs
         }
+        gateway = next((r.gateway for r in reports.values() if isinstance(r, NodeReport) and r.gateway), None)
+        routed = (
+            Background(_routed, addresses.get(gateway["node"]), gateway["port"])
+            if gateway and gateway["state"] == "running"
+            else None
+        )
         out = []
         for sub, d in zip(subs, found or [None]):
             st = _judge_reports(sub, reports, unreachable, addresses, looks[sub.head.name].result())
             if d is not None:
                 st.profile, st.deployment = d.profile, d.key
                 st.drift = _drift(inv.cluster.name, st)
+            st.gateway = gateway
             out.append(st)
+        if routed is not None:
+            gateway["models"] = routed.result()
     return out
 
 
@@ -232,6 +256,18 @@ def _drift(cluster: str, st: ClusterStatus) -> list[str]:
         return []
     now = {n.node: known_good.NodeRecord(kernel=n.kernel, image_id=n.image_id) for n in st.nodes}
     return [c.line() for c in known_good.drift(rec, now)]
+
+
+def _routed(address: str | None, port: int) -> dict[str, bool] | None:
+    """The gateway's models, each in rotation or not (its /health, which needs no key); None when
+    it does not answer."""
+    if not address:
+        return None
+    try:
+        got = httpx.get(f"http://{address}:{port}/health", timeout=2.0).json().get("models")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return {str(k): bool(v) for k, v in got.items()} if isinstance(got, dict) else None
 
 
 def _look(address: str | None, port: int, api_key: str | None) -> "endpoint_mod.EngineView":

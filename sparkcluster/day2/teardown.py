@@ -18,7 +18,7 @@ from sparkcluster import log
 from sparkcluster.day2 import server
 from sparkcluster.errors import SparkError
 from sparkcluster.facts.parsers import container_inspect
-from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
+from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL, is_gateway
 from sparkcluster.node import readings
 from sparkcluster.remote.dockerapi import run_in
 from sparkcluster.remote.fanout import ConnectedHosts
@@ -113,10 +113,14 @@ def remove_container(host: Host, cid: str) -> bool:
     return True
 
 
-def remove_containers(host: Host, cluster: str, only: set[str] | None = None) -> list[str]:
+def remove_containers(host: Host, cluster: str, only: set[str] | None = None, gateway: bool = False) -> list[str]:
+    """Our containers on the host (or those of `only`); the gateway's only when `gateway`: taking one
+    deployment down leaves the gateway routing the others."""
     removed = []
     for c in ours(host, cluster):
         if only is not None and c["Id"] not in only:
+            continue
+        if not gateway and is_gateway(c.get("Labels")):
             continue
         if remove_container(host, c["Id"]):
             removed.append(c["Names"][0].lstrip("/"))
@@ -177,9 +181,10 @@ def _segments_in_use(
 
 
 def down(
-    cluster: ConnectedHosts, only_ids: dict[str, set[str]] | None = None, purge_gcs: bool = False
+    cluster: ConnectedHosts, only_ids: dict[str, set[str]] | None = None, purge_gcs: bool = False, gateway: bool = False
 ) -> dict[str, NodeTeardown]:
-    """Stop the server, then remove containers on every reachable node: workers first, then head."""
+    """Stop the server, then remove containers on every reachable node: workers first, then head;
+    the gateway's too when `gateway` (`down` of everything)."""
     inv = cluster.inventory
     name = inv.cluster.name
     out = {h: NodeTeardown(h) for h in cluster.hosts}
@@ -199,7 +204,7 @@ def down(
                 remove_shm(host, cid, names)
             except (docker.errors.APIError, SparkError) as e:
                 _log.warning("could not remove shared-memory segments", host=host.name, error=str(e))
-        return remove_containers(host, name, None if only_ids is None else only_ids.get(host.name, set()))
+        return remove_containers(host, name, None if only_ids is None else only_ids.get(host.name, set()), gateway)
 
     for group in (cluster.workers, [head] if head is not None else []):
         for node, o in cluster.each(remove, group).items():

@@ -27,7 +27,7 @@ def figures(logs: dict[str, FabricLog], expect: judge.Expectation, now: float | 
     _, floor, _ = judge.thresholds(expect)
     out = {}
     for node, lg in logs.items():
-        kinds = sorted(lg.kinds())
+        kinds = sorted({k for r in lg.ranks for k in r.kinds()})  # every rank of the node's log
         net = [k for k in kinds if k.startswith(("NET/", "COLLNET/"))]
         out[node] = {
             "busbw_gbps": top.busbw_gbps if top else None,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.errors import StageError, StepFailure
 from sparkcluster.facts import access, image_nccl, parsers, probes
-from sparkcluster.labels import CLUSTER_LABEL
+from sparkcluster.labels import CLUSTER_LABEL, is_gateway
 from sparkcluster.movement.layers import ImageLayers
 
 
@@ -37,7 +37,8 @@ class HostFacts:
     sshd_oom_score_adj: int | None = None
     listeners: list[parsers.Listener] = field(default_factory=list)
     containers: list[parsers.Container] = field(default_factory=list)
-    ours: list[parsers.ContainerInspect] = field(default_factory=list)  # docker inspect of sparkcluster's containers
+    # docker inspect of sparkcluster's deployment containers (the gateway's is none: labels.is_gateway)
+    ours: list[parsers.ContainerInspect] = field(default_factory=list)
     image_id: str | None = None
     image_ray: str | None = None  # `ray --version` output in the cluster image, if it runs
     image_ray_error: str = ""
@@ -163,7 +164,11 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
     f.sshd_oom_score_adj = int(so.out.strip()) if so.rc == 0 and so.out.strip().lstrip("-").isdigit() else None
     f.listeners = parsers.ss_listeners(get("listeners").out)
     f.containers = parsers.docker_ps_json(get("containers").out) if get("containers").rc == 0 else []
-    f.ours = parsers.docker_inspect_json(get("ours").out) if get("ours").rc == 0 else []
+    f.ours = [
+        c
+        for c in (parsers.docker_inspect_json(get("ours").out) if get("ours").rc == 0 else [])
+        if not is_gateway(c.labels)
+    ]
     f.disks = parsers.df_lines(get("disk").out)
     f.ray_sessions = [x for x in get("ray_sessions").out.split() if x]
     f.account = probes.value(access.ACCOUNT, s)

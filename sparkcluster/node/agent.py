@@ -15,7 +15,9 @@ for good when a node runs short of memory. What it sees and does goes to a journ
 
 Why not Ray for the worker's memory: Ray reports a container's cgroup usage, not the node's
 MemAvailable (ray/_private/utils.py `get_used_memory`), and asking Ray anything else needs a driver
-of a few hundred MB in this process. The endpoint answers only figures; it takes no input.
+of a few hundred MB in this process. The endpoint answers only figures; it takes no input. On the
+head it also carries the supervisor's state file, which the gateway (sparkcluster/gateway) reads to
+take a deployment out of rotation on the supervisor's verdict.
 
 This package runs inside the image's own Python: standard library only. Its files are shipped into
 every container (node/ under contract.AGENT_DIR, with launcher.py as its __main__.py), so a change
@@ -31,8 +33,8 @@ import subprocess
 import threading
 import time
 
-from .contract import CONFIG_PATH, DESIRED_PATH, STARTING, WAITING
-from .journal import Journal
+from .contract import CONFIG_PATH, DESIRED_PATH, STARTING, STATE_PATH, WAITING
+from .journal import Journal, read_json
 from .memreport import node_report, serve_reports
 from .metrics import Exporter
 from .ranks import RankKeeper
@@ -60,6 +62,16 @@ def wait_or_wake(stopping: threading.Event, seconds: float) -> None:
             return
 
 
+def report(cfg: dict, ray: subprocess.Popen, sup: Supervisor | None, keeper: RankKeeper | None) -> dict:
+    """What this node's report endpoint answers: its memory and Ray; on the head also the
+    supervisor's published state (as `status` reads it), from which the gateway takes a deployment
+    out of rotation; with executor "mp" the head's set and each worker's rank."""
+    extra = {"set": sup.set_report()} if sup is not None and sup.mp else {}
+    if sup is not None:
+        extra["supervisor"] = read_json(STATE_PATH)
+    return {**node_report(cfg["node"], ray), **extra, **({"rank": keeper.report()} if keeper else {})}
+
+
 def main(config_path: str = CONFIG_PATH) -> int:
     with open(config_path) as f:
         cfg = json.load(f)
@@ -78,12 +90,13 @@ def main(config_path: str = CONFIG_PATH) -> int:
     # executor "mp" across nodes: a worker runs its own rank(s) for the head's set (node/ranks)
     keeper = RankKeeper(cfg, journal) if sup is None and cfg.get("executor") == "mp" else None
 
-    def report() -> dict:
-        extra = {"set": sup.set_report()} if sup is not None and sup.mp else {}
-        return {**node_report(cfg["node"], ray), **extra, **({"rank": keeper.report()} if keeper else {})}
-
     try:
-        serve_reports(cfg["report_ip"], cfg["report_port"], report, Exporter(cfg, ray, sup, keeper).text)
+        serve_reports(
+            cfg["report_ip"],
+            cfg["report_port"],
+            lambda: report(cfg, ray, sup, keeper),
+            Exporter(cfg, ray, sup, keeper).text,
+        )
     except OSError as e:  # the head then judges this node's memory blind: say so, keep Ray and the server
         journal.write("memory report not served", address=f"{cfg['report_ip']}:{cfg['report_port']}", error=str(e))
     janitor = ShmJanitor(journal)

@@ -369,6 +369,8 @@ class Supervisor:
         self.causes.append({"ts": time.time(), "kind": kind, "cause": cause})
         self.journal.write(kind, cause=cause)
         self.count(f"verdict:{kind}")
+        # published before the stop, which may take stop_grace_s: the gateway acts on the verdict now
+        self.save()
         self.stop(cause)
         if kind == "memory":
             self.set_state(

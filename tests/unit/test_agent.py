@@ -297,3 +297,47 @@ def test_a_peer_whose_memory_report_does_not_answer_is_journalled_once_and_repor
     sup.low_memory(policy)
     events = [json.loads(x)["event"] for x in (tmp_path / "journal").read_text().splitlines()]
     assert events == ["memory unknown", "memory known again"]
+
+
+def test_the_heads_report_carries_the_supervisors_state_for_the_gateway(tmp_path, monkeypatch):
+    """Issue 36: the gateway reads the supervisor's verdict from the head agent's report."""
+    import json
+    import subprocess
+
+    from sparkcluster.node import agent
+
+    state = tmp_path / "supervisor.json"
+    state.write_text(json.dumps({"state": "restarting", "causes": [{"cause": "wedged"}]}))
+    monkeypatch.setattr(agent, "STATE_PATH", str(state))
+    ray = subprocess.Popen(["true"])
+    ray.wait()
+    sup = agent.Supervisor({"node": "spark-head", "role": "head"}, journal=None)
+    head = agent.report({"node": "spark-head"}, ray, sup, None)
+    assert head["supervisor"]["state"] == "restarting" and head["mem_available"] > 0
+    assert "supervisor" not in agent.report({"node": "spark-worker"}, ray, None, None)
+
+
+def test_a_verdict_is_published_before_the_engine_is_stopped(tmp_path, monkeypatch):
+    """Issue 36: the stop may take the whole stop grace; the state file must say the verdict
+    meanwhile, so the gateway takes the deployment out of rotation at once."""
+    from types import SimpleNamespace
+
+    for name in ("RECORD_PATH", "STATE_PATH", "DESIRED_PATH"):
+        monkeypatch.setattr(supervisor, name, str(tmp_path / name.lower()))
+    Path(supervisor.DESIRED_PATH).write_text(json.dumps({"generation": "g1", "argv": ["x"], "port": 1, "model": "m"}))
+    sup = supervisor.Supervisor({"node": "n"}, Journal(str(tmp_path / "journal")))
+    sup.generation, sup.state, sup.first_start = "g1", contract.SERVING, False
+    sup.proc, sup.watch = SimpleNamespace(pid=4242), ready_watch()
+    monkeypatch.setattr(sup, "look", lambda desired, policy: Look(now=time.time(), alive=True))
+    monkeypatch.setattr(supervisor, "verdict", lambda w, look, policy: ("wedged", "no progress for 60s"))
+    seen = {}
+
+    def stop(why):
+        seen.update(json.loads(Path(supervisor.STATE_PATH).read_text()))
+        sup.proc = None
+
+    monkeypatch.setattr(sup, "stop", stop)
+    sup.tick()
+    assert seen["state"] == contract.SERVING and seen["causes"][-1]["cause"] == "no progress for 60s"
+    assert seen["causes"][-1]["ts"] >= seen["since"]
+    assert json.loads(Path(supervisor.STATE_PATH).read_text())["state"] == contract.RESTARTING

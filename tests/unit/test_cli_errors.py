@@ -207,3 +207,10 @@ def test_a_subcommand_imports_only_its_own_module():
     assert "sparkcluster.cli.status_cmd" in loaded
     for other in ("up", "doctor", "init", "profile", "logs", "down"):
         assert f"sparkcluster.cli.{other}'" not in loaded, loaded
+
+
+def test_gateway_up_without_a_client_key_is_refused_before_any_connection(env, capsys):
+    rc, out, err = run(capsys, "--inventory", str(env["inventory"]), "gateway", "up", "--dry-run")
+    assert rc == 2 and "the gateway needs at least one client key" in err and "GATEWAY_API_KEYS" in err
+    assert env["connects"] == []
+    no_secret(out, err)

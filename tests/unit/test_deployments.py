@@ -162,3 +162,13 @@ def test_down_node_refuses_when_what_runs_there_cannot_be_read():
     with pytest.raises(SparkError, match="no deployment of 'single' on the nodes that answer; cannot read spark-b"):
         _refuse_unknown(None, "single", [], silent)
     _refuse_unknown("spark-a", None, [], silent)  # another node: what it runs was read
+
+
+def test_the_gateway_is_no_deployment():
+    """Issue 36: the gateway's container carries the cluster's label but serves no model of its own:
+    it never shows as a deployment (so `down --node` never takes it for one, nor status for a node's)."""
+    from sparkcluster.labels import GATEWAY_ROLE, ROLE_LABEL
+
+    gw = {"Names": ["/sparkcluster-x-gateway"], "Labels": {CLUSTER_LABEL: INV.cluster.name, ROLE_LABEL: GATEWAY_ROLE}}
+    found = deployments.group(INV, {A: [gw, c("s-head", "single", A)], B: [c("s-head", "single", B)]})
+    assert [d.key for d in found] == [f"single@{A}", f"single@{B}"]

@@ -354,3 +354,24 @@ def test_parse_testbed_probe():
     assert list(f.disks) == ["/var/lib/docker", "/root/.cache"]
     assert f.image_id.startswith("sha256:") and f.image_ray == "ray, version 2.60.0"
     assert f.ours == [] and f.containers == [] and f.listeners == []
+
+
+def test_the_gateways_container_is_not_among_the_deployments_containers():
+    """Issue 36: `up`, its plan and the checks read `ours` as the deployments' containers; the
+    gateway's (same cluster label, role "gateway") has its own lifecycle and is left out."""
+    import json
+
+    from sparkcluster.labels import CLUSTER_LABEL, GATEWAY_ROLE, ROLE_LABEL
+
+    listed = [
+        {"Name": "/sparkcluster-pair-gateway", "Config": {"Labels": {CLUSTER_LABEL: "pair", ROLE_LABEL: GATEWAY_ROLE}}},
+        {"Name": "/sparkcluster-pair-head", "Config": {"Labels": {CLUSTER_LABEL: "pair", ROLE_LABEL: "head"}}},
+    ]
+    text = cap("vm-probe.txt")
+    start = text.index("@@sc@@ ours\n")
+    end = text.index("@@sc@@ ours rc=0")
+    text = text[:start] + "@@sc@@ ours\n" + json.dumps(listed) + "\n" + text[end:]
+    inv = make_inventory()
+    stamp = float(probes.split_sections(text)["time"].out)
+    f = facts.parse(inv.node(H), text, stamp - 1.0, stamp + 1.0)
+    assert [c.name for c in f.ours] == ["sparkcluster-pair-head"]

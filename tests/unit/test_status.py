@@ -382,3 +382,57 @@ def test_a_peer_whose_memory_is_unknown_shows_in_status():
     assert supervisor_problem(sup) == (
         "supervisor: memory unknown on spark-worker: its memory report at 198.19.2.2:8297 does not answer (timed out)"
     )
+
+
+def test_the_gateways_container_is_shown_apart_never_as_the_nodes_container():
+    """Issue 36: `docker inspect` of ours on the head lists the gateway too; the node's row is the
+    deployment's container, and the gateway is reported on its own."""
+    import json
+
+    from sparkcluster.day2.status import _one
+    from sparkcluster.labels import CLUSTER_LABEL, GATEWAY_ROLE, PORT_LABEL, ROLE_LABEL
+
+    def inspected(name, labels):
+        return {"Name": f"/{name}", "Config": {"Labels": labels}, "State": {"Status": "running", "StartedAt": ""}}
+
+    listed = [
+        inspected("sparkcluster-pair-gateway", {CLUSTER_LABEL: "pair", ROLE_LABEL: GATEWAY_ROLE, PORT_LABEL: "4000"}),
+        inspected("sparkcluster-pair-head", {CLUSTER_LABEL: "pair", ROLE_LABEL: "head"}),
+    ]
+    out = _printed(uptime=("5000.0 1.0\n1763900000.0", 0), meminfo=(MEMINFO, 0), ours=(json.dumps(listed), 0))
+    got = _one(_Host("spark-head", out), make_inventory())
+    assert got.status.container == "sparkcluster-pair-head" and len(got.containers) == 1
+    assert got.gateway == {
+        "node": "spark-head",
+        "container": "sparkcluster-pair-gateway",
+        "state": "running",
+        "port": 4000,
+    }
+
+
+def test_status_reads_the_gateways_models_from_its_health(monkeypatch):
+    """Issue 36: `status` shows which models the gateway routes (its /health needs no key)."""
+    from types import SimpleNamespace
+
+    import httpx
+
+    from sparkcluster.cli.status_cmd import render_all
+    from sparkcluster.day2 import status as status_mod
+
+    answer = {"status": "ok", "models": {"a": True, "b": False}}
+    monkeypatch.setattr(httpx, "get", lambda url, timeout: SimpleNamespace(json=lambda: answer))
+    assert status_mod._routed("198.18.0.2", 4000) == {"a": True, "b": False}
+
+    def refused(url, timeout):
+        raise httpx.ConnectError("refused")
+
+    monkeypatch.setattr(httpx, "get", refused)
+    assert status_mod._routed("198.18.0.2", 4000) is None
+    st = verdict([running("spark-head", "head"), running("spark-worker", "worker")], [ray_row(HEAD_IP, True)])
+    st.gateway = {"node": "spark-head", "container": "g", "state": "running", "port": 4000, "models": answer["models"]}
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(render_all([st]))
+    text = console.export_text()
+    assert "gateway: g on spark-head port 4000: running  models: a, b (out of rotation)" in text

@@ -154,3 +154,18 @@ def test_the_variable_probe_fails_as_a_failed_exec_not_as_missing_variables():
     with pytest.raises(CommandFailed, match="exit 126") as e:
         probe.env_in_container(r, "spark-worker", "c")
     assert "OCI runtime exec failed" in "\n".join(e.value.details)
+
+
+def test_a_deployments_teardown_leaves_the_gateway_and_down_of_everything_removes_it(monkeypatch):
+    """Issue 36: `down --node X` leaves the gateway routing the rest; `down` removes it with the rest."""
+    from sparkcluster.labels import GATEWAY_ROLE, ROLE_LABEL
+
+    listed = [
+        {"Id": "head1", "Names": ["/sparkcluster-x-head"], "Labels": {ROLE_LABEL: "head"}},
+        {"Id": "gw1", "Names": ["/sparkcluster-x-gateway"], "Labels": {ROLE_LABEL: GATEWAY_ROLE}},
+    ]
+    monkeypatch.setattr(teardown, "ours", lambda host, cluster: listed)
+    api = API()
+    assert teardown.remove_containers(Host(api), "x") == ["sparkcluster-x-head"] and api.removed == ["head1"]
+    api = API()
+    assert teardown.remove_containers(Host(api), "x", gateway=True) == ["sparkcluster-x-head", "sparkcluster-x-gateway"]

@@ -1,0 +1,220 @@
+"""`sparkcluster gateway up|down|status|events|export`: one endpoint for every model on the cluster
+(sparkcluster/gateway). `up` routes over every deployment running now; run it again after `up` or
+`down` of a deployment to add or drop its routes (the running gateway re-reads its config in place)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import httpx
+
+from sparkcluster import redact
+from sparkcluster.cli.main import cli
+from sparkcluster.config import profile as profiles
+from sparkcluster.config import secrets as secret_store
+from sparkcluster.day2 import deployments, supervision
+from sparkcluster.errors import EXIT_FAILED, InputError, SparkError
+from sparkcluster.gateway import deploy, litellm, rollout
+from sparkcluster.labels import PORT_LABEL
+from sparkcluster.remote.fanout import connect_reachable
+from sparkcluster.remote.lock import NodeLocks
+
+
+@cli.group()
+def gateway() -> None:
+    """One endpoint for every model: up, down, status, events, export --litellm."""
+
+
+def _env_file_option(f):
+    return click.option(
+        "--env-file",
+        type=click.Path(path_type=Path),
+        default=None,
+        help=f"A .env (mode 0600) with {secret_store.GATEWAY_KEYS} and VLLM_API_KEY.",
+    )(f)
+
+
+def _secrets(env_file: Path | None) -> tuple[dict[str, str], list[str]]:
+    got = secret_store.load_secrets(env_file, names=["VLLM_API_KEY", secret_store.GATEWAY_KEYS])
+    return got, secret_store.split_keys(got.get(secret_store.GATEWAY_KEYS))
+
+
+def _routes(obj, node_name: str | None):
+    """Connect, find the deployments and their profiles: (inventory, gateway node, cluster, found,
+    profiles, nodes that could not be read)."""
+
+    inv = obj.inventory()
+    node = inv.node(node_name) if node_name else inv.head
+    cluster, unreachable = connect_reachable(inv)
+    if node.name not in cluster.hosts:
+        cluster.close()
+        err = unreachable[node.name]
+        raise SparkError(f"{node.name} (the gateway's node) is unreachable: {err.message}", err.fix)
+    found, unread = deployments.on(cluster, inv)
+    try:
+        loaded = {d.profile: profiles.load_profile(d.profile) for d in found}
+    except SparkError:
+        cluster.close()
+        raise
+    missing = {**{n: e.message for n, e in unreachable.items()}, **unread}
+    return inv, node, cluster, found, loaded, missing
+
+
+@gateway.command("up")
+@click.option("--node", "node_name", default=None, help="Where the gateway runs (default: the inventory's head).")
+@click.option("--port", default=4000, show_default=True, type=click.IntRange(1, 65535), help="Its port on that node.")
+@click.option("--drain-s", default=30, show_default=True, type=click.IntRange(0, 3600), help="Drain bound on stop.")
+@click.option("--image", default=None, help="Image to run it from (default: the one a deployment there runs).")
+@click.option("--tls-cert", default=None, help="Certificate file on the node (PEM): serve HTTPS.")
+@click.option("--tls-key", default=None, help="Its private key file on the node (PEM).")
+@click.option("--dry-run", is_flag=True, help="Print the plan (keys masked) and change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: the steps as JSON.")
+@_env_file_option
+@click.pass_obj
+def gateway_up(obj, node_name, port, drain_s, image, tls_cert, tls_key, dry_run, as_json, env_file) -> None:
+    """Start (or update) the gateway over every deployment running now."""
+
+    if bool(tls_cert) != bool(tls_key):
+        raise InputError("--tls-cert and --tls-key go together", "give both, or neither")
+    secrets, keys = _secrets(env_file)
+    if not keys:  # before any connection
+        raise InputError(
+            "the gateway needs at least one client key",
+            f"set {secret_store.GATEWAY_KEYS}=KEY[,KEY...] in the environment or a .env of mode 0600",
+        )
+    inv, node, cluster, found, loaded, missing = _routes(obj, node_name)
+    with cluster:
+        api = cluster.hosts[node.name].docker().api
+        running = deploy.find(api, inv.cluster.name)
+        img = image or deploy.deployment_image(api, inv.cluster.name) or (running or {}).get("Image")
+        tls = {"cert": tls_cert, "key": tls_key} if tls_cert else {}
+        p = rollout.make(inv, node.name, found, loaded, secrets, keys, img, running, port, drain_s, tls)
+        for n, why in sorted(missing.items()):
+            click.echo(f"warning: {n}: cannot read what runs there, so its deployments are not routed: {why}", err=True)
+        if dry_run:
+            click.echo(p.as_json() if as_json else p.render())
+            return
+        click.echo(p.render())
+        with NodeLocks(cluster, inv.only([node.name]), "gateway up"):
+            got = deploy.apply(api, p, cluster.hosts[node.name], say=click.echo)
+    _show(got, node.name, port)
+
+
+def _show(got: dict, node: str, port: int) -> None:
+    click.echo(f"gateway on {node} port {port}: models {', '.join(got.get('models') or []) or 'none'}")
+    for r in got.get("routes", []):
+        state = "in rotation" if r.get("in_rotation") else f"OUT: {r.get('reason')}"
+        click.echo(f"  {', '.join(r.get('models', []))} -> {r.get('deployment')} ({r.get('upstream')}): {state}")
+
+
+@gateway.command("down")
+@click.pass_obj
+def gateway_down(obj) -> None:
+    """Stop the gateway (its streams drain first) and remove its container; deployments stay."""
+
+    inv = obj.inventory()
+    cluster, unreachable = connect_reachable(inv)
+    removed = []
+    with cluster:
+        for name, host in cluster.hosts.items():
+            api = host.docker().api
+            c = deploy.find(api, inv.cluster.name)
+            if c is not None:
+                deploy.stop(api, c["Id"])
+                removed.append(f"{name}: removed {c['Names'][0].lstrip('/')} (port {c['Labels'].get(PORT_LABEL)})")
+    for line in removed:
+        click.echo(line)
+    if not removed:
+        click.echo("no gateway" + (" on the nodes that answer" if unreachable else ""))
+    for n, e in sorted(unreachable.items()):
+        click.echo(f"{n}: UNREACHABLE, not looked at: {e.message}")
+    if unreachable:
+        raise click.exceptions.Exit(EXIT_FAILED)
+
+
+@gateway.command("status")
+@click.option("--json", "as_json", is_flag=True, help="As JSON.")
+@_env_file_option
+@click.pass_obj
+def gateway_status(obj, as_json: bool, env_file) -> None:
+    """Where the gateway runs, and what it routes (each deployment in rotation or why not)."""
+
+    _, keys = _secrets(env_file)
+    inv = obj.inventory()
+    cluster, _ = connect_reachable(inv)
+    out = []
+    with cluster:
+        for name, host in cluster.hosts.items():
+            c = deploy.find(host.docker().api, inv.cluster.name)
+            if c is None:
+                continue
+            port = int((c.get("Labels") or {}).get(PORT_LABEL) or 0)
+            row = {"node": name, "container": c["Names"][0].lstrip("/"), "state": c.get("State"), "port": port}
+            if keys and c.get("State") == "running":
+                try:
+                    row.update(deploy.ask(host.address, port, keys[0]))
+                except httpx.HTTPError as e:
+                    row["error"] = f"does not answer: {type(e).__name__}"
+            out.append(row)
+    if as_json:
+        click.echo(redact.mask(json.dumps({"gateways": out}, indent=2)))
+    elif not out:
+        click.echo("no gateway: sparkcluster gateway up")
+    for row in [] if as_json else out:
+        click.echo(f"gateway {row['container']} on {row['node']} port {row['port']}: {row['state']}")
+        if "error" in row:
+            click.echo(f"  {row['error']}")
+        elif "routes" in row:
+            _show(row, row["node"], row["port"])
+        elif not keys:
+            click.echo(f"  (set {secret_store.GATEWAY_KEYS} to see what it routes)")
+    if not out or any(r.get("state") != "running" or "error" in r for r in out):
+        raise click.exceptions.Exit(EXIT_FAILED)
+
+
+@gateway.command("export")
+@click.option("--litellm", "as_litellm", is_flag=True, required=True, help="A LiteLLM proxy config (the only format).")
+@click.option("--out", "out_path", type=click.Path(path_type=Path), default=None, help="Write here, not stdout.")
+@_env_file_option
+@click.pass_obj
+def gateway_export(obj, as_litellm: bool, out_path: Path | None, env_file) -> None:
+    """Write a LiteLLM proxy config for the same deployments (secrets as os.environ references)."""
+
+    secrets = secret_store.load_secrets(env_file, names=["VLLM_API_KEY"])
+    inv, _, cluster, found, loaded, missing = _routes(obj, None)
+    with cluster:
+        pass
+    for n, why in sorted(missing.items()):
+        click.echo(f"warning: {n}: cannot read what runs there, so its deployments are left out: {why}", err=True)
+    text = litellm.render(rollout.upstreams(inv, found, loaded), inv.cluster.name, bool(secrets.get("VLLM_API_KEY")))
+    if out_path is None:
+        click.echo(text, nl=False)
+    else:
+        out_path.write_text(text)
+        click.echo(f"wrote {out_path} ({sum(len(loaded[d.profile].served_names) for d in found)} model entries)")
+
+
+@gateway.command("events")
+@click.option("--last", default=50, show_default=True, help="Entries to show.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per entry, as the gateway wrote it.")
+@click.pass_obj
+def gateway_events(obj, last: int, as_json: bool) -> None:
+    """The gateway's journal: started, config reloaded, each deployment in or out of rotation and why."""
+
+    inv = obj.inventory()
+    cluster, _ = connect_reachable(inv)
+    shown = False
+    with cluster:
+        for host in cluster.hosts.values():
+            api = host.docker().api
+            c = deploy.find(api, inv.cluster.name)
+            if c is None:
+                continue
+            shown = True
+            for e in deploy.journal(api, c["Id"])[-last:]:
+                click.echo(redact.mask(json.dumps(e) if as_json else supervision.format_entry(e)))
+    if not shown:
+        click.echo("no gateway: sparkcluster gateway up")
+        raise click.exceptions.Exit(EXIT_FAILED)

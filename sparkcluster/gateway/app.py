@@ -1,0 +1,270 @@
+"""The gateway as an ASGI app: the OpenAI and Anthropic routes passed through by `model`, the
+merged `/v1/models`, the gateway's `/metrics`, its liveness (`/health`) and what it routes
+(`/gateway/status`). The supervisor's verdicts are read every `poll_s`, and the config file is
+read again when it changes, so `gateway up` with new routes replaces them without dropping a stream.
+
+What answers what, before any upstream is asked: no key or a wrong one, 401; a body naming no model,
+400; a model no deployment serves, 404 naming those that exist; every deployment serving it out of
+rotation, 503 with Retry-After and the supervisor's reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route as Path
+
+from . import auth, health, proxy
+from .figures import Metrics
+from .routes import Table, Unavailable
+
+# vLLM 0.32 serves every one of these itself, Anthropic's two included: nothing is translated
+FORWARDED = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+)
+
+
+def model_of(body: bytes) -> str | None:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    name = doc.get("model") if isinstance(doc, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+class Gateway:
+    def __init__(self, cfg: dict, config_path: str | None = None):
+        self.keys: list[str] = list(cfg.get("keys") or [])
+        self.table = Table.from_config(cfg)
+        self.poll_s = float(cfg.get("poll_s", 1.0))
+        self.metrics = Metrics()
+        self.config_path = config_path
+        self._config_mtime = self._mtime()
+        self.client: httpx.AsyncClient | None = None
+
+    # -- the supervisor's verdicts, and the config when it changes
+    def _mtime(self) -> int | None:
+        try:
+            return os.stat(self.config_path).st_mtime_ns if self.config_path else None
+        except OSError:
+            return None
+
+    def reload_if_changed(self) -> None:
+        seen = self._mtime()
+        if seen is None or seen == self._config_mtime:
+            return
+        try:
+            with open(self.config_path) as f:
+                cfg = json.load(f)
+        except (OSError, ValueError):  # caught mid-write (it is renamed into place): the next look has it
+            return
+        self._config_mtime = seen
+        self.keys = list(cfg.get("keys") or [])
+        self.table.adopt(Table.from_config(cfg))
+        self.poll_s = float(cfg.get("poll_s", self.poll_s))
+        health.event("config reloaded", routes=[r.key for r in self.table.routes])
+
+    async def refresh(self) -> None:
+        """One look at every deployment's supervisor; a change of rotation is journalled."""
+        routes = list(self.table.routes)
+        verdicts = await asyncio.gather(*(health.look(self.client, r.supervisor) for r in routes))
+        for r, v in zip(routes, verdicts):
+            if (r.up, r.reason) != (v.up, v.reason) and (r.up != v.up or not v.up):
+                health.event(
+                    "in rotation" if v.up else "out of rotation",
+                    deployment=r.key,
+                    models=list(r.names),
+                    reason=v.reason,
+                )
+            r.up, r.reason, r.retry_after = v.up, v.reason, v.retry_after
+            for n in r.names:
+                self.metrics.route_up.labels(n, r.key).set(1 if v.up else 0)
+
+    async def _watch(self) -> None:
+        while True:
+            self.reload_if_changed()
+            try:
+                await self.refresh()
+            except Exception as e:  # noqa: BLE001 (a bug here must not stop the routing)
+                health.event("health look failed", error=f"{type(e).__name__}: {e}")
+            await asyncio.sleep(self.poll_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app):
+        # no read timeout: a long generation may be silent for minutes (a prefill); a wedge is the
+        # supervisor's to find, and a client leaving cancels its request
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=5.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+        watcher = asyncio.create_task(self._watch())
+        health.event("gateway started", routes=[r.key for r in self.table.routes], models=self.table.names())
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            await self.client.aclose()
+            health.event("gateway stopped")
+
+    # -- the routes
+    def authorized(self, headers) -> bool:
+        return auth.allowed(auth.presented(headers), self.keys)
+
+    async def models(self, request: Request) -> Response:
+        if not self.authorized(request.headers):
+            return _refusal(401, "missing or wrong API key", "authentication_error", False)
+        up = [r for r in self.table.routes if r.up]
+
+        async def listed(r) -> list[dict]:
+            try:
+                got = await self.client.get(
+                    f"{r.upstream}/v1/models",
+                    headers={"authorization": f"Bearer {r.api_key}"} if r.api_key else {},
+                    timeout=3.0,
+                )
+                got.raise_for_status()
+                return [m for m in got.json().get("data", []) if isinstance(m, dict) and "id" in m]
+            except (httpx.HTTPError, ValueError, AttributeError):
+                return []
+
+        seen: dict[str, dict] = {}
+        for entries in await asyncio.gather(*(listed(r) for r in up)):
+            for m in entries:
+                seen.setdefault(m["id"], m)
+        data = [
+            seen.pop(n, {"id": n, "object": "model", "created": 0, "owned_by": "sparkcluster"})
+            for n in self.table.names()
+        ]
+        return JSONResponse({"object": "list", "data": data + list(seen.values())})
+
+    async def status(self, request: Request) -> Response:
+        if not self.authorized(request.headers):
+            return _refusal(401, "missing or wrong API key", "authentication_error", False)
+        return JSONResponse(
+            {
+                "models": self.table.names(),
+                "routes": [
+                    {
+                        "deployment": r.key,
+                        "models": list(r.names),
+                        "upstream": r.upstream,
+                        "in_rotation": r.up,
+                        "reason": r.reason,
+                        "in_flight": r.in_flight,
+                    }
+                    for r in self.table.routes
+                ],
+            }
+        )
+
+    async def metrics_page(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def alive(self, request: Request) -> Response:
+        """Liveness, and each model name with whether a deployment serving it is in rotation: no
+        key, no reason (those are `/gateway/status`'s), as much as `/metrics` shows already."""
+        up = {n: any(r.up for r in self.table.serving(n)) for n in self.table.names()}
+        return JSONResponse({"status": "ok", "models": up})
+
+    def forwarder(self, endpoint: str):
+        anthropic = endpoint.startswith("/v1/messages")
+
+        async def app(scope, receive, send) -> None:
+            request = Request(scope, receive)
+            if not self.authorized(request.headers):
+                await proxy.send_error(
+                    send,
+                    401,
+                    "missing or wrong API key",
+                    "authentication_error",
+                    anthropic,
+                    {"WWW-Authenticate": "Bearer"},
+                )
+                self.metrics.requests.labels("", endpoint, "401").inc()
+                return
+            try:
+                body = await request.body()
+            except ClientDisconnect:  # gone before its request was in: nothing was sent upstream
+                return
+            model = model_of(body)
+            if model is None:
+                await proxy.send_error(send, 400, "the request body names no model", "invalid_request_error", anthropic)
+                return
+            picked = self.table.pick(model)
+            if picked is None:
+                names = ", ".join(self.table.names()) or "none"
+                await proxy.send_error(
+                    send, 404, f"model '{model}' is not served here; models: {names}", "not_found_error", anthropic
+                )
+                self.metrics.requests.labels(model, endpoint, "404").inc()
+                return
+            if isinstance(picked, Unavailable):
+                await proxy.send_error(
+                    send,
+                    503,
+                    f"model '{model}' is unavailable: " + "; ".join(picked.reasons),
+                    "overloaded_error" if anthropic else "service_unavailable",
+                    anthropic,
+                    {"Retry-After": picked.retry_after},
+                )
+                self.metrics.requests.labels(model, endpoint, "503").inc()
+                return
+            await proxy.forward(
+                self.client,
+                picked,
+                scope,
+                receive,
+                send,
+                body,
+                metrics=self.metrics,
+                model=model,
+                endpoint=endpoint,
+                anthropic=anthropic,
+            )
+
+        return app
+
+    def app(self) -> Starlette:
+        paths = [
+            Path("/health", self.alive, methods=["GET"]),
+            Path("/metrics", self.metrics_page, methods=["GET"]),
+            Path("/v1/models", self.models, methods=["GET"]),
+            Path("/gateway/status", self.status, methods=["GET"]),
+            *(Path(p, _Asgi(self.forwarder(p)), methods=["POST"]) for p in FORWARDED),
+        ]
+        return Starlette(routes=paths, lifespan=self.lifespan)
+
+
+class _Asgi:
+    """An ASGI callable Starlette mounts as it is (a plain function would be taken for a
+    request -> response endpoint)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self.app(scope, receive, send)
+
+
+def _refusal(status: int, message: str, kind: str, anthropic: bool) -> Response:
+    return Response(
+        proxy.error_body(status, message, kind, anthropic),
+        status_code=status,
+        media_type="application/json",
+        headers={"WWW-Authenticate": "Bearer"} if status == 401 else None,
+    )

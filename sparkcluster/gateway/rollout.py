@@ -1,0 +1,289 @@
+"""What `sparkcluster gateway up` does, as steps made from the inventory, the deployments found
+on the hosts, their profiles and the secrets; `--dry-run` prints them (keys masked) and the command
+walks those same steps.
+
+The gateway runs on the head (or the node the owner names) in a container of its own, made from
+the image a deployment there already runs (vLLM's image has Starlette, uvicorn, httpx and
+prometheus-client), with host networking so it reaches every deployment's head at its control
+address, and Docker's restart policy as the engines' containers have. Its code is shipped into the
+container as the node agent's is; its config (routes, the client keys, the deployments' own
+`VLLM_API_KEY`) is a 0600 file written through the Docker API, renamed into place, so keys never
+reach a command line, `docker inspect` or a log. A config that changed while the code, image and
+port did not is written in place and re-read by the running gateway (no stream is dropped);
+anything else replaces the container, which drains its streams for `drain_s` on the way out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkcluster import redact
+from sparkcluster.config.inventory import Inventory
+from sparkcluster.config.secrets import GATEWAY_KEYS
+from sparkcluster.errors import InputError
+from sparkcluster.gateway import SHIPPED
+from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, GATEWAY_ROLE, PORT_LABEL, ROLE_LABEL, gateway_name
+from sparkcluster.node import contract
+from sparkcluster.up.stages.base import Step
+
+CODE_DIR = "/opt/sparkcluster-gateway"  # `python3 CODE_DIR CONFIG` runs its __main__.py
+CONFIG_PATH = "/etc/sparkcluster/gateway.json"
+DEFAULT_PORT = 4000  # LiteLLM's and sparkrun's proxy port: clients configured for those find it
+DEFAULT_DRAIN_S = 30
+RESTART_POLICY = {"Name": "unless-stopped"}
+LAUNCHER = (
+    '"""The gateway container\'s entry point (sparkcluster/gateway/rollout.py ships it)."""\n'
+    "import sys\n\nfrom sparkcluster.gateway.entrypoint import main\n\nsys.exit(main(*sys.argv[1:]))\n"
+)
+
+
+def code_files() -> dict[str, str]:
+    """The gateway's modules as its container holds them: a package `sparkcluster` with only the
+    gateway and the node contract it reads the supervisor's states from (standard library, plus
+    what vLLM's image has)."""
+    here = Path(__file__).parent
+    files = {f"{CODE_DIR}/sparkcluster/gateway/{m}.py": (here / f"{m}.py").read_text() for m in SHIPPED}
+    files[f"{CODE_DIR}/sparkcluster/__init__.py"] = '"""The parts of sparkcluster the gateway runs."""\n'
+    files[f"{CODE_DIR}/sparkcluster/node/__init__.py"] = '"""The node contract only."""\n'
+    files[f"{CODE_DIR}/sparkcluster/node/contract.py"] = Path(contract.__file__).read_text()
+    files[f"{CODE_DIR}/__main__.py"] = LAUNCHER
+    return files
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One deployment as the gateway routes to it (no secret here)."""
+
+    key: str
+    names: tuple[str, ...]
+    url: str  # its head's endpoint at the control address
+    supervisor: str  # its head agent's report
+
+
+def upstreams(inv: Inventory, found, profiles: dict) -> list[Upstream]:
+    """Pure: the deployments found on the hosts (day2/deployments) -> what the gateway routes, in
+    the order found. `profiles` maps a profile name to its loaded profile."""
+    out = []
+    for d in found:
+        prof = profiles[d.profile]
+        head = inv.only(list(d.nodes)).head
+        port = prof.serve.port or inv.cluster.api_port
+        out.append(
+            Upstream(
+                d.key,
+                tuple(prof.served_names),
+                f"http://{head.control_ip}:{port}",
+                f"http://{head.control_ip}:{inv.cluster.agent_port}/",
+            )
+        )
+    return out
+
+
+def duplicates(ups: list[Upstream]) -> dict[str, list[str]]:
+    """name -> the deployments serving it, where more than one does (replicas to the gateway)."""
+    seen: dict[str, list[str]] = {}
+    for u in ups:
+        for n in u.names:
+            seen.setdefault(n, []).append(u.key)
+    return {n: keys for n, keys in seen.items() if len(keys) > 1}
+
+
+@dataclass
+class GatewayPlan:
+    inventory: Inventory
+    node: str
+    image: str
+    port: int
+    drain_s: int
+    routes: list[Upstream]
+    keys: list[str] = field(repr=False)
+    upstream_key: str | None = field(default=None, repr=False)
+    tls: dict[str, str] = field(default_factory=dict)  # cert/key: paths on the node, mounted read-only
+    running: dict | None = None  # the gateway container there now (the Engine API's list entry)
+    _steps: list[Step] = field(default_factory=list, repr=False)
+
+    @property
+    def container(self) -> str:
+        return gateway_name(self.inventory.cluster.name)
+
+    def config(self) -> dict:
+        """The gateway's config file, secrets included: only ever written into its container."""
+        return {
+            "host": "0.0.0.0",
+            "port": self.port,
+            "drain_s": self.drain_s,
+            "poll_s": 1.0,
+            "keys": list(self.keys),
+            **({"tls": {k: f"/etc/sparkcluster/tls/{Path(v).name}" for k, v in self.tls.items()}} if self.tls else {}),
+            "deployments": [
+                {
+                    "key": u.key,
+                    "names": list(u.names),
+                    "upstream": u.url,
+                    "supervisor": u.supervisor,
+                    "api_key": self.upstream_key,
+                }
+                for u in self.routes
+            ],
+        }
+
+    def binds(self) -> dict[str, str]:
+        return {str(Path(p).parent): "/etc/sparkcluster/tls" for p in self.tls.values()}
+
+    def config_hash(self) -> str:
+        """What needs a new container when it changes: image, code, port, drain, TLS. Routes and
+        keys do not: the running gateway re-reads its config file."""
+        doc = json.dumps(
+            {"image": self.image, "files": code_files(), "port": self.port, "drain": self.drain_s, "tls": self.tls},
+            sort_keys=True,
+        )
+        return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+    def labels(self) -> dict[str, str]:
+        return {
+            CLUSTER_LABEL: self.inventory.cluster.name,
+            ROLE_LABEL: GATEWAY_ROLE,
+            PORT_LABEL: str(self.port),
+            CONFIG_LABEL: self.config_hash(),
+        }
+
+    def keep_running(self) -> bool:
+        r = self.running
+        return (
+            bool(r) and r.get("State") == "running" and (r.get("Labels") or {}).get(CONFIG_LABEL) == self.config_hash()
+        )
+
+    def command(self) -> list[str]:
+        return ["python3", CODE_DIR, CONFIG_PATH]
+
+    def create_kwargs(self) -> dict:
+        return {
+            "image": self.image,
+            "name": self.container,
+            "command": self.command(),
+            "entrypoint": [],
+            "labels": self.labels(),
+            "detach": True,
+            "stop_signal": "SIGTERM",
+            "stop_timeout": self.drain_s + 5,  # uvicorn drains for drain_s, then Docker's SIGKILL
+        }
+
+    def host_config_kwargs(self) -> dict:
+        return {
+            "network_mode": "host",
+            "restart_policy": dict(RESTART_POLICY),
+            "init": True,
+            "binds": {h: {"bind": c, "mode": "ro"} for h, c in self.binds().items()},
+        }
+
+    def docker_run_equivalent(self) -> str:
+        argv = ["docker", "run", "-d", "--name", self.container, "--network", "host", "--restart", "unless-stopped"]
+        argv += ["--init", "--stop-timeout", str(self.drain_s + 5)]
+        for h, c in self.binds().items():
+            argv += ["-v", f"{h}:{c}:ro"]
+        for k, v in self.labels().items():
+            argv += ["--label", f"{k}={v}"]
+        return shlex.join([*argv, "--entrypoint", "", self.image, *self.command()])
+
+    def describe_routes(self) -> list[str]:
+        lines = [f"{', '.join(u.names)} -> {u.key} at {u.url}" for u in self.routes]
+        for name, keys in duplicates(self.routes).items():
+            lines.append(
+                f"'{name}' is served by {len(keys)} deployments ({', '.join(keys)}): replicas, fewest in flight"
+            )
+        return lines
+
+    def steps(self) -> list[Step]:
+        return list(self._steps)
+
+    def render(self) -> str:
+        where = f"{self.node} port {self.port}"
+        lines = [f"gateway plan on cluster '{self.inventory.cluster.name}' ({where}, image {self.image}):"]
+        lines += [f"  route: {r}" for r in self.describe_routes()] or ["  route: none (no deployment runs)"]
+        for s in self._steps:
+            lines.append(f"  {s.id}: {s.what}")
+            if s.detail:
+                lines.append(f"      {s.detail}")
+        return redact.mask("\n".join(lines))
+
+    def as_json(self) -> str:
+        return redact.mask(json.dumps([s.public() for s in self._steps], indent=2))
+
+
+def make(
+    inv: Inventory,
+    node: str,
+    found,
+    profiles: dict,
+    secrets: dict[str, str],
+    keys: list[str],
+    image: str | None,
+    running: dict | None,
+    port: int = DEFAULT_PORT,
+    drain_s: int = DEFAULT_DRAIN_S,
+    tls: dict[str, str] | None = None,
+) -> GatewayPlan:
+    """Pure: the plan and its steps (the step functions take the command's context: see
+    cli/gateway_cmd.py)."""
+    if not keys:
+        raise InputError(
+            "the gateway needs at least one client key",
+            f"set {GATEWAY_KEYS}=KEY[,KEY...] in the environment or a .env of mode 0600",
+        )
+    if image is None:
+        raise InputError(
+            f"no sparkcluster image on {node} to run the gateway from",
+            f"bring a deployment up on {node} first, or pass --image IMAGE (one with Python, Starlette and uvicorn)",
+        )
+    if tls and len({str(Path(v).parent) for v in tls.values()}) > 1:
+        raise InputError(
+            "--tls-cert and --tls-key are in different folders", "put both in one folder (it is mounted read-only)"
+        )
+    p = GatewayPlan(
+        inv, node, image, port, drain_s, upstreams(inv, found, profiles), keys, secrets.get("VLLM_API_KEY"), tls or {}
+    )
+    p.running = running
+    n_keys = f"{len(keys)} client key(s) ******"
+    where = f"{CONFIG_PATH} in {p.container} (mode 0600, through the Docker API)"
+    if p.keep_running():
+        p._steps.append(
+            Step(
+                "gateway",
+                node,
+                "config",
+                f"write the config ({len(p.routes)} route(s), {n_keys}) to {where}; the running gateway re-reads it",
+            )
+        )
+    else:
+        if running:
+            p._steps.append(
+                Step(
+                    "gateway",
+                    node,
+                    "replace",
+                    f"stop {p.container} (its streams drain for up to {drain_s}s), then remove it",
+                )
+            )
+        p._steps.append(Step("gateway", node, "port", f"check that nothing else listens on port {port} on {node}"))
+        p._steps.append(
+            Step(
+                "gateway",
+                node,
+                "create",
+                f"create {p.container}, write its code under {CODE_DIR} and its config ({n_keys}) to {where}, start it",
+                p.docker_run_equivalent(),
+            )
+        )
+    p._steps.append(
+        Step(
+            "gateway",
+            node,
+            "ready",
+            f"wait until the gateway answers on {node} port {port} and has read every deployment's supervisor",
+        )
+    )
+    return p

@@ -1,0 +1,86 @@
+"""The routing table: which deployments serve which model name, and which of them takes a request.
+
+A deployment answers to every name vLLM serves it under (`served_name` and the profile's aliases
+are all `--served-model-name`s), so the request body reaches it untouched and vLLM accepts the name
+it was asked for. Two deployments serving one name are replicas: a request goes to the one in
+rotation with the fewest requests in flight (ties in turn), and while one is out of rotation the
+other takes everything. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Route:
+    """One deployment behind the gateway."""
+
+    key: str  # PROFILE@NODE+NODE, as status names deployments
+    names: tuple[str, ...]  # every model name it serves, the first being its served name
+    upstream: str  # http://CONTROL_IP:PORT of its head
+    supervisor: str  # its head agent's report, which carries the supervisor's state
+    api_key: str | None = None  # the deployment's own VLLM_API_KEY, sent upstream
+    in_flight: int = 0
+    up: bool = False  # in rotation: the supervisor's last verdict says serving
+    reason: str = "not looked at yet"  # why not, when not
+    retry_after: int = 5
+
+    @classmethod
+    def from_config(cls, d: dict) -> Route:
+        return cls(
+            key=d["key"],
+            names=tuple(d["names"]),
+            upstream=d["upstream"].rstrip("/"),
+            supervisor=d["supervisor"],
+            api_key=d.get("api_key") or None,
+        )
+
+
+@dataclass
+class Unavailable:
+    """Every deployment serving the name is out of rotation: why, and when to ask again."""
+
+    reasons: list[str]
+    retry_after: int
+
+
+@dataclass
+class Table:
+    routes: list[Route] = field(default_factory=list)
+    _turn: itertools.count = field(default_factory=itertools.count)
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> Table:
+        return cls([Route.from_config(d) for d in cfg.get("deployments", [])])
+
+    def names(self) -> list[str]:
+        """Every model name routed, in the order the deployments were given, each once."""
+        return list(dict.fromkeys(n for r in self.routes for n in r.names))
+
+    def serving(self, name: str) -> list[Route]:
+        return [r for r in self.routes if name in r.names]
+
+    def pick(self, name: str) -> Route | Unavailable | None:
+        """The deployment that takes a request for `name`; Unavailable when every one serving it is
+        out of rotation; None when none serves it (a 404)."""
+        candidates = self.serving(name)
+        if not candidates:
+            return None
+        up = [r for r in candidates if r.up]
+        if not up:
+            return Unavailable([f"{r.key}: {r.reason}" for r in candidates], min(r.retry_after for r in candidates))
+        least = min(r.in_flight for r in up)
+        tied = [r for r in up if r.in_flight == least]
+        return tied[next(self._turn) % len(tied)]
+
+    def adopt(self, new: Table) -> None:
+        """A new config's routes, keeping what is known of the deployments that stay (their verdict
+        and requests in flight), so a reload neither drops a route in rotation nor loses a count."""
+        old = {(r.key, r.upstream): r for r in self.routes}
+        for r in new.routes:
+            was = old.get((r.key, r.upstream))
+            if was is not None:
+                r.in_flight, r.up, r.reason, r.retry_after = was.in_flight, was.up, was.reason, was.retry_after
+        self.routes = new.routes

@@ -1,0 +1,159 @@
+"""One endpoint for two deployments on the testbed, with the real engine (issue 36): `testbed-single`
+on the head and a variant of it serving another name (and an alias) on the worker, behind one
+gateway on the head. Both answer through it by chat, completions and `/v1/messages`, streaming;
+a wrong key gets 401; keys never reach argv, `docker inspect` or `--dry-run`; with the worker's
+engine stopped (SIGSTOP), its model gets 503 with Retry-After once the supervisor's verdict says so,
+while the head's keeps answering, and it is back in rotation once the supervisor serves it again;
+`down --node` leaves the gateway routing the rest; `down` removes it with everything else.
+
+One shared cluster for the whole test (two engine starts and one restart: a few minutes); every
+wait is on a condition.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tests.integration.helpers import API_KEY, BASE, HEAD, WORKER, ours, popen_sc, wait_for
+
+pytestmark = pytest.mark.testbed
+SINGLE = "testbed-single"
+VARIANT = "testbed-single-vision"  # testbed-single under another served name, with an alias
+HEAD_MODEL, WORKER_MODEL, ALIAS = "testbed-tiny-single", "testbed-tiny-vision", "vision"
+GW_KEY, GW_KEY2 = "gw-testbed-key-7d3a9e01", "gw-second-key-55b2c7e4"
+GW = f"http://{urlsplit(BASE).hostname}:4000"  # the head's address, as the laptop reaches it
+GW_CONTAINER = "sparkcluster-testbed-gateway"
+
+
+def chat(model: str, key: str = GW_KEY, stream: bool = False, **kw) -> httpx.Response:
+    body = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    return httpx.post(
+        f"{GW}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60, **kw
+    )
+
+
+def routes() -> dict:
+    r = httpx.get(f"{GW}/gateway/status", headers={"x-api-key": GW_KEY}, timeout=5)
+    return {x["deployment"]: x for x in r.json()["routes"]}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """The variant profile in a profiles folder of its own, and the gateway's keys."""
+    from pathlib import Path
+
+    folder = tmp_path_factory.mktemp("profiles")
+    text = (Path(__file__).resolve().parents[2] / "env-profiles" / f"{SINGLE}.toml").read_text()
+    text = text.replace(f'served_name = "{HEAD_MODEL}"', f'served_name = "{WORKER_MODEL}"\naliases = ["{ALIAS}"]')
+    (folder / f"{VARIANT}.toml").write_text(text)
+    return {"SPARKCLUSTER_PROFILES": str(folder), "GATEWAY_API_KEYS": f"{GW_KEY},{GW_KEY2}"}
+
+
+def test_one_endpoint_for_two_deployments(testbed, sc, env_file, env):
+    sc("down", env=env)
+    procs = {
+        HEAD: popen_sc(testbed, sc, env_file, "up", "--profile", SINGLE, "--node", HEAD, env=env),
+        WORKER: popen_sc(testbed, sc, env_file, "up", "--profile", VARIANT, "--node", WORKER, env=env),
+    }
+    for node, p in procs.items():
+        out, err = p.communicate(timeout=900)
+        assert p.returncode == 0, f"{node}: {out}{err}"
+
+    # the plan names both routes and shows no key
+    dry = sc("gateway", "up", "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert f"gateway/{HEAD}/create" in dry.stdout and WORKER_MODEL in dry.stdout and ALIAS in dry.stdout
+    for secret in (GW_KEY, GW_KEY2, API_KEY):
+        assert secret not in dry.stdout + dry.stderr
+    up = sc("gateway", "up", env=env, timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert up.stdout.count("in rotation") == 2, up.stdout
+    # the keys are in the 0600 config inside the container only: not in argv, labels or environment
+    inspect = testbed.sh(HEAD, f"docker inspect {GW_CONTAINER}").stdout
+    ps = testbed.sh(HEAD, "ps -eo args").stdout
+    for secret in (GW_KEY, GW_KEY2, API_KEY):
+        assert secret not in inspect and secret not in ps and secret not in up.stdout + up.stderr
+
+    # both models through one endpoint: chat, completions, Anthropic's messages, streaming
+    for model in (HEAD_MODEL, WORKER_MODEL, ALIAS):
+        r = chat(model)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, (model, r.text)
+    r = httpx.post(
+        f"{GW}/v1/completions",
+        json={"model": WORKER_MODEL, "prompt": "hi", "max_tokens": 2},
+        headers={"x-api-key": GW_KEY2},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    r = httpx.post(
+        f"{GW}/v1/messages",
+        json={"model": HEAD_MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-api-key": GW_KEY, "anthropic-version": "2023-06-01"},
+        timeout=60,
+    )
+    assert r.status_code == 200 and r.json()["type"] == "message", r.text
+    with httpx.stream(
+        "POST",
+        f"{GW}/v1/chat/completions",
+        json={"model": WORKER_MODEL, "max_tokens": 4, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": f"Bearer {GW_KEY}"},
+        timeout=60,
+    ) as s:
+        assert s.status_code == 200 and s.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in s.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and len(events) >= 3, events
+    assert chat(HEAD_MODEL, key="wrong").status_code == 401
+    missing = chat("no-such-model")
+    assert missing.status_code == 404 and HEAD_MODEL in missing.text and WORKER_MODEL in missing.text
+    models = httpx.get(f"{GW}/v1/models", headers={"x-api-key": GW_KEY}, timeout=10).json()["data"]
+    assert {m["id"] for m in models} == {HEAD_MODEL, WORKER_MODEL, ALIAS}
+    metrics = httpx.get(f"{GW}/metrics", timeout=5).text
+    assert f'sparkcluster_gateway_request_seconds_count{{model="{WORKER_MODEL}"}}' in metrics
+    st = sc("status", "--all", env=env)
+    line = f"gateway: {GW_CONTAINER} on {HEAD} port 4000: running  models: {HEAD_MODEL}, {WORKER_MODEL}, {ALIAS}"
+    assert line in st.stdout, st.stdout
+    gst = sc("gateway", "status", env=env)
+    assert gst.returncode == 0 and gst.stdout.count("in rotation") == 2, gst.stdout + gst.stderr
+    export = sc("gateway", "export", "--litellm", env=env)
+    assert export.returncode == 0 and f'"openai/{ALIAS}"' in export.stdout and API_KEY not in export.stdout
+
+    # the worker's engine stopped: /health stays 200, the supervisor calls it wedged and restarts it;
+    # the gateway takes it out on that verdict while the head's model keeps answering
+    # the engine's process as the worker host sees it ([E]: the pattern never matches this shell's own line)
+    pids = testbed.sh(WORKER, "pgrep -f 'VLLM::[E]ngineCore' || true").stdout.split()
+    assert pids, testbed.sh(WORKER, "ps -eo pid,args").stdout
+    worker_key = f"{VARIANT}@{WORKER}"
+    t = time.time()
+    try:
+        testbed.sh(WORKER, "kill -STOP " + " ".join(pids))
+        assert wait_for(lambda: not routes()[worker_key]["in_rotation"], 120, step=1), routes()
+        took = time.time() - t
+        refused = chat(WORKER_MODEL)
+        assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0, refused.text
+        assert worker_key in refused.json()["error"]["message"]
+        assert chat(HEAD_MODEL).status_code == 200
+    finally:
+        testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
+    assert wait_for(lambda: routes()[worker_key]["in_rotation"], 300, step=1), routes()
+    said = sc("gateway", "events", env=env).stdout
+    assert "out of rotation" in said and "wedged" in said and "in rotation" in said, said
+    assert chat(WORKER_MODEL).status_code == 200
+    print(f"stopped engine to out of rotation: {took:.0f}s")
+
+    # one deployment down: the gateway stays and routes the other; down removes it with the rest
+    res = sc("down", "--node", WORKER, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert GW_CONTAINER in ours(testbed, HEAD) and ours(testbed, WORKER) == []
+    assert chat(HEAD_MODEL).status_code == 200
+    gone = wait_for(lambda: chat(WORKER_MODEL).status_code == 503, 30, step=0.5)
+    assert gone, chat(WORKER_MODEL).text
+    res = sc("down", env=env)
+    assert res.returncode == 0 and ours(testbed, HEAD) == [], res.stdout + res.stderr
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{GW}/health", timeout=3)
+    print(json.dumps({"wedge_to_503_s": round(took, 1)}))
