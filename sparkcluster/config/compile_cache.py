@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from sparkcluster.config.profile import Profile
 
 KEY_LEN = 16
-KEY_RE = re.compile(r"^[0-9a-f]{%d}$" % KEY_LEN)
+KEY_RE = re.compile(rf"^[0-9a-f]{{{KEY_LEN}}}$")
 STAMP = ".last-start"  # touched by `up` before each start, as the SSH user: eviction's age
 ABOUT = "key.json"  # what the key stands for, for `weights status` and people
 
@@ -113,13 +113,11 @@ def compiled_argv(argv: list[str]) -> list[str]:
 
 def compiler_env(forward: dict[str, str]) -> dict[str, str]:
     return {
-        k: v
-        for k, v in sorted(forward.items())
-        if k.startswith(COMPILER_ENV_PREFIXES) and k not in LOCATION_OR_LOG_ENV
+        k: v for k, v in sorted(forward.items()) if k.startswith(COMPILER_ENV_PREFIXES) and k not in LOCATION_OR_LOG_ENV
     }
 
 
-def factors(prof: "Profile", image: str) -> dict:
+def factors(prof: Profile, image: str) -> dict:
     """What the key is the hash of (also written beside the cache as ABOUT)."""
     argv = supervised_argv(prof)
     return {
@@ -131,7 +129,7 @@ def factors(prof: "Profile", image: str) -> dict:
     }
 
 
-def key(prof: "Profile", image: str) -> str:
+def key(prof: Profile, image: str) -> str:
     doc = json.dumps(factors(prof, image), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(doc.encode()).hexdigest()[:KEY_LEN]
 
@@ -147,5 +145,5 @@ def env(folder: str) -> dict[str, str]:
     return {var: str(PurePosixPath(folder) / sub) for var, sub in ENV.items()}
 
 
-def max_bytes(inv: "Inventory") -> int:
+def max_bytes(inv: Inventory) -> int:
     return int(inv.cluster.compile_cache_max_gb * 2**30)

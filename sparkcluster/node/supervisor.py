@@ -28,6 +28,7 @@ from .contract import (
     STATE_PATH,
     WAITING,
 )
+from .compile_reading import StartReading
 from .journal import Journal, read_json, write_json
 from .memreport import peer_memory
 from .procgroup import stop_group
@@ -62,6 +63,7 @@ class Supervisor:
         self.last_probe_ok: bool | None = None
         self.last_look: float | None = None
         self.memory_seen: dict[str, int | None] = {}
+        self.reading: StartReading | None = None  # this start's compile cache, journalled at serving
 
     # -- state
     def set_state(self, state: str, **detail) -> None:
@@ -129,6 +131,7 @@ class Supervisor:
         secrets = read_json(SECRETS_PATH) or {}
         env = {**os.environ, **{k: str(v) for k, v in secrets.items()}}
         os.makedirs(os.path.dirname(SERVE_LOG), exist_ok=True)
+        self.reading = StartReading(self.cfg.get("compile_cache"), SERVE_LOG)
         log = open(SERVE_LOG, "ab")
         self.epoch = token_hex(4) if self.mp else None
         self.proc = subprocess.Popen(
@@ -293,6 +296,9 @@ class Supervisor:
         if found is None:
             if self.watch.ready:
                 self.first_start = False
+                if self.reading is not None:  # once per start: hit or miss, compile seconds
+                    self.reading.done(self.journal)
+                    self.reading = None
                 self.set_state(SERVING)
             else:
                 self.save()
