@@ -343,3 +343,23 @@ def test_status_reads_sizes_and_the_key_each_container_mounts():
     assert status.mounted_key({"Config": {"Env": ["X=1"]}}) == ""
     assert status.compile_cache_glob("~/.cache/sparkcluster/compile") == '"$HOME"/.cache/sparkcluster/compile/*/'
     assert status.compile_cache_glob("/srv/c c/") == "'/srv/c c'/*/"
+
+
+# ---- make bench's figures (perf/compile_restarts.py), from made-up repetitions ------------------
+
+
+def test_the_bench_figures_hold_warm_and_restart_starts_to_the_budget():
+    from perf import compile_restarts
+
+    raw = {
+        "compile_warm_ratio": [0.42, 0.45],
+        "compile_restart_ratio": [0.40, 0.71],
+        "compile_cold_start_s": [60.0, 62.0],
+        "compile_cold_compile_s": [33.0, 34.0],
+        "compile_warm_start_s": [25.2, 27.9],
+    }
+    figs = {f.key: f for f in compile_restarts.figures(raw)}
+    assert figs["compile_warm"].ok is True and figs["compile_warm"].target == "<= 0.6"
+    assert figs["compile_restart"].ok is False  # one repetition over the budget fails it
+    assert figs["compile_cold_start"].ok is None  # shown, no target
+    assert compile_restarts.figures({}) == []
