@@ -363,3 +363,20 @@ def test_the_bench_figures_hold_warm_and_restart_starts_to_the_budget():
     assert figs["compile_restart"].ok is False  # one repetition over the budget fails it
     assert figs["compile_cold_start"].ok is None  # shown, no target
     assert compile_restarts.figures({}) == []
+
+
+def test_the_fabric_tests_throwaway_never_mounts_the_compile_cache(prof):
+    from sparkcluster.fabric.launch import throwaway_spec
+
+    inv = inv_with_homes()
+    spec = throwaway_spec(inv, prof, inv.head, IMAGE)
+    assert list(spec.binds) == [inv.hf_cache(inv.head.name)]  # Docker would make the key's folder as root
+
+
+def test_lint_refuses_a_profile_that_forwards_a_compile_cache_variable(prof):
+    from sparkcluster.config import lint
+
+    bad = forwarding(prof, VLLM_CACHE_ROOT="/tmp/mine")
+    found = [p for p in lint.lint(bad) if "VLLM_CACHE_ROOT" in p.message]
+    assert found and found[0].rule == "managed-var-forwarded" and "compile cache" in found[0].message
+    assert not [p for p in lint.lint(prof) if p.rule == "managed-var-forwarded"]
