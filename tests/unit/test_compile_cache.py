@@ -380,3 +380,14 @@ def test_lint_refuses_a_profile_that_forwards_a_compile_cache_variable(prof):
     found = [p for p in lint.lint(bad) if "VLLM_CACHE_ROOT" in p.message]
     assert found and found[0].rule == "managed-var-forwarded" and "compile cache" in found[0].message
     assert not [p for p in lint.lint(prof) if p.rule == "managed-var-forwarded"]
+
+
+def test_profile_show_names_the_compile_cache_of_the_profile():
+    from click.testing import CliRunner
+
+    from sparkcluster.cli.main import cli
+
+    data = Path(__file__).parent / "data" / "profile-cluster.toml"
+    out = CliRunner().invoke(cli, ["--inventory", str(data), "profile", "show", "testbed-compile"]).output
+    line = next(x for x in out.splitlines() if x.startswith("compile cache: "))
+    assert "~/.cache/sparkcluster/compile/" in line and "capped at 64 GiB" in line
