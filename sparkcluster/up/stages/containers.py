@@ -185,7 +185,11 @@ def prepare_cache(r: UpRun, node: str, key: str) -> dict:
     about = compile_cache.factors(r.plan.profile, r.plan.image)
     cmd = compile_caches.prepare_command(root, key, compile_cache.max_bytes(r.inv), about)
     res = r.cluster.hosts[node].run(cmd, timeout=600, warn=True)
-    if not res.ok:
+    try:
+        done = compile_caches.parse_result(res.stdout) if res.ok else None
+    except (ValueError, IndexError):
+        done = None
+    if done is None:
         raise fail(
             STAGE,
             node,
@@ -197,9 +201,8 @@ def prepare_cache(r: UpRun, node: str, key: str) -> dict:
             f"on {node}: make {root} the SSH user's (or set cluster.compile_cache in the inventory), "
             "then sparkcluster up",
         )
-    done = compile_caches.parse_result(res.stdout)
     for e in done.get("evicted", []):
-        _log.info("%s: compile cache %s removed (%.2f GiB): over the cap", node, e["key"], e["bytes"] / 2**30)
+        _log.info("compile cache removed: over the cap", host=node, key=e["key"], gib=round(e["bytes"] / 2**30, 2))
     return done
 
 
