@@ -12,6 +12,7 @@ import time
 import urllib.request
 from secrets import token_hex
 
+from .compile_reading import StartReading
 from .contract import (
     DEFAULT_POLICY,
     DESIRED_PATH,
@@ -28,7 +29,6 @@ from .contract import (
     STATE_PATH,
     WAITING,
 )
-from .compile_reading import StartReading
 from .journal import Journal, read_json, write_json
 from .memreport import peer_memory
 from .procgroup import stop_group
