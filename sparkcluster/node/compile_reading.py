@@ -117,6 +117,11 @@ class StartReading:
         self.offset = log_size(log_path)
         self.started = time.monotonic()
         self.files_before = count_files(self.folder) if self.folder else 0
+        if self.folder:  # a start, for the cap's "oldest first" (day2/compile_caches), restarts included
+            try:
+                os.utime(os.path.join(self.folder, OWN_FILES[0]))
+            except OSError:
+                pass
 
     def done(self, journal: Journal) -> Reading | None:
         """Journal the reading once the engine serves; None where the container has no cache."""

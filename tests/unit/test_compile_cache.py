@@ -320,6 +320,12 @@ def test_each_start_is_journalled_once_it_serves(tmp_path):
     with log.open("a") as f:
         f.write("\n".join(lines("vllm-0.32-cpu-compile.log")) + "\n")
     assert again.done(journal).result == "hit"
+    # each start stamps the key (a supervisor restart too), so the cap removes the least recently started
+    stamp = folder / compile_cache.STAMP
+    stamp.write_text("0\n")
+    os.utime(stamp, (1, 1))
+    compile_reading.StartReading({"dir": str(folder)}, str(log))
+    assert stamp.stat().st_mtime > time.time() - 60
     assert compile_reading.StartReading(None, str(log)).done(journal) is None  # no cache: no entry
 
 
