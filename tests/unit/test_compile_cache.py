@@ -397,3 +397,8 @@ def test_profile_show_names_the_compile_cache_of_the_profile():
     out = CliRunner().invoke(cli, ["--inventory", str(data), "profile", "show", "testbed-compile"]).output
     line = next(x for x in out.splitlines() if x.startswith("compile cache: "))
     assert "~/.cache/sparkcluster/compile/" in line and "capped at 64 GiB" in line
+
+
+def test_the_agent_and_the_controller_name_the_same_files():
+    # node/ ships into the container with the standard library only, so it repeats these names
+    assert compile_reading.OWN_FILES == (compile_cache.STAMP, compile_cache.ABOUT)
