@@ -150,7 +150,7 @@ class CacheOwner:
 
     def __init__(self, cfg: dict | None, journal: Journal):
         cfg = cfg or {}
-        self.folder, self.journal, self.last = cfg.get("dir"), journal, 0.0
+        self.folder, self.journal, self.last, self.since = cfg.get("dir"), journal, 0.0, 0.0
         try:
             uid, gid = (int(x) for x in (cfg.get("owner") or "").split(":"))
             self.owner: tuple[int, int] | None = (uid, gid)
@@ -158,19 +158,30 @@ class CacheOwner:
             self.owner = None
 
     def look(self, force: bool = False) -> int:
-        """Files and folders handed over now."""
+        """Files and folders handed over now. Only the folders changed since the last look have
+        their files looked at (a file created there changes its folder's mtime; a file rewritten in
+        place keeps its owner), so a cache of many thousands of files costs a walk of its folders."""
         if not self.folder or self.owner is None or (not force and time.monotonic() - self.last < self.LOOK_S):
             return 0
         self.last = time.monotonic()
+        since, self.since = self.since, time.time() - 2.0  # 2 s of slack for a write during this walk
         uid, gid = self.owner
         changed = 0
-        for d, dirs, files in os.walk(self.folder):
-            for name in (d, *(os.path.join(d, x) for x in dirs + files)):
-                try:
-                    st = os.lstat(name)
-                    if (st.st_uid, st.st_gid) != (uid, gid):
-                        os.lchown(name, uid, gid)
-                        changed += 1
-                except OSError:
-                    pass
+
+        def mine(path: str) -> os.stat_result | None:
+            nonlocal changed
+            try:
+                st = os.lstat(path)
+                if (st.st_uid, st.st_gid) != (uid, gid):
+                    os.lchown(path, uid, gid)
+                    changed += 1
+                return st
+            except OSError:
+                return None
+
+        for d, _dirs, files in os.walk(self.folder):
+            st = mine(d)
+            if st is not None and st.st_mtime >= since:
+                for f in files:
+                    mine(os.path.join(d, f))
         return changed

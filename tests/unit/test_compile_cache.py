@@ -402,3 +402,19 @@ def test_profile_show_names_the_compile_cache_of_the_profile():
 def test_the_agent_and_the_controller_name_the_same_files():
     # node/ ships into the container with the standard library only, so it repeats these names
     assert compile_reading.OWN_FILES == (compile_cache.STAMP, compile_cache.ABOUT)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="handing files to another uid needs root, as the agent is in its container"
+)
+def test_the_owner_keeper_hands_what_root_wrote_to_the_user_and_then_only_what_is_new(tmp_path):
+    (tmp_path / "vllm" / "torch_compile_cache").mkdir(parents=True)
+    (tmp_path / "vllm" / "torch_compile_cache" / "a.so").write_bytes(b"x")
+    (tmp_path / "inductor").mkdir()
+    keeper = compile_reading.CacheOwner({"dir": str(tmp_path), "owner": "4242:4343"}, None)
+    assert keeper.look(force=True) == 5  # the folder, three subfolders, one file
+    assert {(p.stat().st_uid, p.stat().st_gid) for p in tmp_path.rglob("*")} == {(4242, 4343)}
+    assert keeper.look(force=True) == 0
+    (tmp_path / "inductor" / "k.so").write_bytes(b"y")  # the engine (root) writes again
+    assert keeper.look(force=True) == 1
+    assert (tmp_path / "inductor" / "k.so").stat().st_uid == 4242
