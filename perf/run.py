@@ -5,8 +5,8 @@ repetitions (default 5, `BENCH_REPS`), with min and max. Method per figure: perf
 Writes perf/results.json (git-ignored) and perf/results.md, and prints the table.
 
 This module only orders the run and writes the results; each family of figures is measured in its
-own module (doctor, up, status, memory, connections, image, supervisor, executors; the short
-commands' floors in floors), and the testbed is reached through perf/testbed.py alone.
+own module (doctor, up, status, memory, connections, image, supervisor, executors, compile_restarts;
+the short commands' floors in floors), and the testbed is reached through perf/testbed.py alone.
 
 The whole run holds the testbed's cooperative lock (/tmp/sparkcluster-testbed.lock). It uses the
 testbed's cluster as its own: it takes it down and up several times, removes the cluster image on
@@ -24,7 +24,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from perf import connections, doctor, executors, floors, image, memory, status, supervisor, testbed, up
+from perf import (
+    compile_restarts,
+    connections,
+    doctor,
+    executors,
+    floors,
+    image,
+    memory,
+    status,
+    supervisor,
+    testbed,
+    up,
+)
 from perf.cli import CLI, REPO
 from perf.figures import Figure, die, render, say
 from perf.session import PROFILE, REPS, Session
@@ -108,6 +120,11 @@ def bench(s: Session) -> None:
         if tb.image_id("spark-worker", s.image) is None:
             tb.copy_image(s.image)
     img.restore_aliases()
+    say(
+        f"compile caches: engine start cold, warm after down/up, and a supervisor restart "
+        f"({min(reps, compile_restarts.MAX_REPS)}x, {compile_restarts.PROFILE} on spark-head)"
+    )
+    compile_restarts.measure(s)
     if was_serving:
         say("leaving the cluster serving, as it was")
         s.sc("up", "--profile", PROFILE, timeout=600)
@@ -122,6 +139,7 @@ def figures(R: dict, image_size: int, hosts: tuple[str, ...] = testbed.HOSTS) ->
         *memory.figures(R),
         *image.figures(R, image_size),
         *supervisor.figures(R),
+        *compile_restarts.figures(R),
         *status.figures(R),
     ]
 

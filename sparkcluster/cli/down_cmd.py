@@ -1,4 +1,5 @@
-"""`sparkcluster down [--purge-gcs]`: stop the server, remove sparkcluster's containers."""
+"""`sparkcluster down [--purge-gcs] [--purge-caches]`: stop the server, remove sparkcluster's containers;
+the compile caches stay (a restart loads them) unless --purge-caches."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import click
 from sparkcluster.cli.main import cli
 from sparkcluster.day2 import deployments, teardown
 from sparkcluster.errors import EXIT_FAILED, SparkError
+from sparkcluster.facts.access import learn_homes
 from sparkcluster.monitor.planned import planned
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error
 from sparkcluster.remote.lock import NodeLocks
@@ -31,10 +33,15 @@ def _refuse_unknown(node: str | None, profile_name: str | None, chosen: list, un
 @click.option(
     "--purge-gcs", is_flag=True, help="Also remove Ray session state on the hosts and check port 6379 is free."
 )
+@click.option(
+    "--purge-caches",
+    is_flag=True,
+    help="Also remove the compile caches (torch.compile, inductor, Triton, FlashInfer) on the nodes taken down.",
+)
 @click.option("--node", default=None, help="Only the deployment(s) on this node (a pair it belongs to goes whole).")
 @click.option("--profile", "profile_name", default=None, help="Only the deployment(s) of this profile.")
 @click.pass_obj
-def down(obj, purge_gcs: bool, node: str | None, profile_name: str | None) -> None:
+def down(obj, purge_gcs: bool, purge_caches: bool, node: str | None, profile_name: str | None) -> None:
     """Stop vllm serve by its PID, then remove sparkcluster's containers, workers before the head;
     every deployment and the gateway, or those on --node / of --profile (the gateway stays)."""
     full = obj.inventory()
@@ -79,6 +86,13 @@ def down(obj, purge_gcs: bool, node: str | None, profile_name: str | None) -> No
                         outcomes[n].errors += o.errors
                     else:
                         outcomes[n] = o
+            if purge_caches:  # the containers are gone: nothing writes there any more
+                cached = ConnectedHosts(inv, {n.name: cluster.hosts[n.name] for n in reachable})
+                learn_homes(cached)
+                for n, (removed, errors) in teardown.purge_caches(cached).items():
+                    o = outcomes.setdefault(n, teardown.NodeTeardown(n))
+                    o.removed += removed
+                    o.errors += errors
     nothing = True
     for n in inv.nodes:
         if n.name in unreachable:

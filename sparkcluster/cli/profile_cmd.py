@@ -11,8 +11,9 @@ import click
 
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
-from sparkcluster.config import inventory
+from sparkcluster.config import compile_cache, inventory
 from sparkcluster.config.flags import serve_argv
+from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import HOME_HF_CACHE
 from sparkcluster.config.lint import CLUSTER_RULES, failures, lint, unchecked_flags
 from sparkcluster.config.profile import (
@@ -97,6 +98,17 @@ def _resolved(p: Profile, inv, secrets: dict[str, str], ray_version: str) -> dic
         "secrets_exec_env": masked(secrets, secret_env_names(p)),
         "serve_argv": serve_argv(p, port=port, hf_cache=hf_cache),
         "reasoning_plugin": None,
+        # the compile caches' folder on the head and the key of this image, model and flags
+        "compile_cache": (
+            {
+                "dir": compile_cache.key_dir(
+                    inv.compile_cache(inv.head.name, unresolved_ok=True), compile_cache.key(p, image_ref(inv, p))
+                ),
+                "max_gb": inv.cluster.compile_cache_max_gb,
+            }
+            if inv
+            else None
+        ),
         "nodes": [],
     }
     plugin = reasoning_plugin(p, hf_cache)
@@ -165,6 +177,9 @@ def show_cmd(
         _echo(f"reasoning-parser plugin: {r['reasoning_plugin']['url']}")
         _echo(f"  staged at {r['reasoning_plugin']['path']} (HF cache, mounted)")
     _echo("probe: equal on every node: " + ", ".join(r["required_env_names"]))
+    if r["compile_cache"]:
+        cc = r["compile_cache"]
+        _echo(f"compile cache: {cc['dir']}  (this image, model and flags; all keys capped at {cc['max_gb']:g} GiB)")
     if inv is None:
         _echo("forwarded to every container:")
         for k, v in r["forwarded_env"].items():

@@ -89,6 +89,17 @@ def render(st: status_mod.ClusterStatus) -> Group:
                 if key in m
             )
         )
+    caches = [n for n in st.nodes if n.compile_caches_gib is not None]
+    if caches:  # the compile caches a restart loads (down keeps them, down --purge-caches removes them)
+        lines.append(
+            "compile cache: "
+            + "  ".join(
+                f"{n.node} "
+                + (f"{n.compile_cache} {n.compile_cache_gib or 0:.2f} GiB, " if n.compile_cache else "")
+                + f"all {n.compile_caches_gib:.2f} GiB"
+                for n in caches
+            )
+        )
     if st.nccl and st.state != "down":  # what the engine's own NCCL chose, per node
         lines.append("nccl: " + "  ".join(f"{node} {what}" for node, what in st.nccl.items()))
     sup = st.supervisor

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.up_cmd import RichProgress
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
+from sparkcluster.day2 import compile_caches
 from sparkcluster.errors import InputError
 from sparkcluster.facts.access import learn_homes
 from sparkcluster.movement import hfcache
@@ -113,6 +115,16 @@ def _status(cluster: ConnectedHosts, inv) -> dict[str, list[dict]]:
     return got.values_or_raise("weights")
 
 
+def _caches(cluster: ConnectedHosts, inv) -> dict[str, compile_caches.NodeCaches]:
+    """Per node, the compile caches beside the HF cache (homes already learnt by _status)."""
+    got = cluster.each(
+        lambda h: compile_caches.parse_list(
+            h.run(compile_caches.list_command(inv.compile_cache(h.name)), timeout=120).stdout
+        )
+    )
+    return got.values_or_raise("compile caches")
+
+
 def state_word(s: dict) -> str:
     if s["broken"]:
         return f"partial ({s['broken']} of {s['files']} files missing)"
@@ -162,12 +174,20 @@ def status(obj, profile_name: str | None, as_json: bool) -> None:
     prof = load_profile_for(inv, profile_name)
     with ConnectedHosts.connect(inv) as cluster:
         per_node = _status(cluster, inv)
+        caches = _caches(cluster, inv)
     needed = profile_repos(prof, per_node)
     if as_json:
         # the per-node listing as before; with --profile, the profile's repositories beside it
         click.echo(
             json.dumps(
-                per_node if profile_name is None else {"profile": prof.name, "needs": needed, "nodes": per_node},
+                per_node
+                if profile_name is None
+                else {
+                    "profile": prof.name,
+                    "needs": needed,
+                    "nodes": per_node,
+                    "compile_caches": {n: dataclasses.asdict(c) for n, c in caches.items()},
+                },
                 indent=2,
             )
         )
@@ -195,6 +215,14 @@ def status(obj, profile_name: str | None, as_json: bool) -> None:
                 f"  {s['repo']}@{s['commit'][:12]}{refs}: {s['files']} files, {s['size'] / 1e9:.2f} GB, "
                 f"{state_word(s)}{partial}"
             )
+        c = caches.get(n.name)
+        if c is not None:
+            click.echo(
+                f"  compile caches in {c.root}: {len(c.keys)} key(s), {c.bytes / 2**30:.2f} GiB "
+                f"(cap {inv.cluster.compile_cache_max_gb:g} GiB)"
+            )
+            for k in sorted(c.keys, key=lambda k: -k.last_start):
+                click.echo(f"    {compile_caches.describe(k)}")
 
 
 @weights.command()

@@ -21,6 +21,8 @@ from sparkcluster.errors import InputError
 DEFAULT_PATH = Path("~/.config/sparkcluster/cluster.toml")
 ENV_VAR = "SPARKCLUSTER_INVENTORY"
 HOME_HF_CACHE = "~/.cache/huggingface"
+HOME_COMPILE_CACHE = "~/.cache/sparkcluster/compile"  # config/compile_cache
+COMPILE_CACHE_MAX_GB = 64.0  # a 120B model's torch.compile + FlashInfer JIT is a few GB; a Spark has 1-4 TB
 
 _NAME = r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$"
 _TARGET = re.compile(
@@ -87,6 +89,10 @@ class ClusterSettings(_Strict):
     # host path, mounted at the same path in containers; `~/` is the SSH user's home on each node,
     # resolved there with the facts (where that user's own `hf download` puts weights)
     hf_cache: str = Field(default=HOME_HF_CACHE, pattern=r"^(/|~/)[^:\n]*$")
+    # compile and autotune caches (config/compile_cache), beside the HF cache, one folder per key;
+    # their total on each node is kept under compile_cache_max_gb (oldest keys removed first)
+    compile_cache: str = Field(default=HOME_COMPILE_CACHE, pattern=r"^(/|~/)[^:\n]*$")
+    compile_cache_max_gb: float = Field(default=COMPILE_CACHE_MAX_GB, gt=0)
     # the hub the weights come from (a mirror, or the testbed's); unset: the public hub. HF_ENDPOINT
     hf_endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s'\"]+$")
     api_port: int = Field(default=8000, ge=1, le=65535)
@@ -222,14 +228,20 @@ class Inventory(_Strict):
         """The HF cache's host path on `node`: the setting, with a leading `~` made the SSH user's
         home there (from the facts). Unresolved, the setting itself when `unresolved_ok` (what
         `profile show` prints without connecting), else a bug."""
-        p = self.cluster.hf_cache
+        return self._at_home(node, self.cluster.hf_cache, "HF cache", unresolved_ok)
+
+    def compile_cache(self, node: str, unresolved_ok: bool = False) -> str:
+        """The compile caches' folder on `node` (config/compile_cache), resolved as `hf_cache` is."""
+        return self._at_home(node, self.cluster.compile_cache, "compile cache", unresolved_ok)
+
+    def _at_home(self, node: str, p: str, what: str, unresolved_ok: bool) -> str:
         if not p.startswith("~"):
             return p
         home = self._homes.get(node)
         if home is None:
             if unresolved_ok:
                 return p
-            raise RuntimeError(f"{node}: the SSH user's home was not learnt before the HF cache was needed")
+            raise RuntimeError(f"{node}: the SSH user's home was not learnt before the {what} was needed")
         return home.rstrip("/") + p[1:]
 
     def resolve(self, p: Path | None) -> Path | None:

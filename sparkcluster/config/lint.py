@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from sparkcluster import redact
+from sparkcluster.config import compile_cache
 from sparkcluster.config.flags import BY_FLAG, flag_names, flag_value, parse_version, refusals, serve_argv
 from sparkcluster.config.profile import MANAGED_VARS, Profile, guess_image_kind
 from sparkcluster.config.secrets import SECRET_NAMES, SECRET_VALUE
@@ -304,12 +305,16 @@ def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem
 
     # -- sparkcluster sets these itself, per node or for all
     for name in profile.env.forward:
-        if name in MANAGED_VARS:
+        if name in MANAGED_VARS or name in compile_cache.ENV:
             p.append(
                 Problem(
                     "managed-var-forwarded",
                     f"env.forward.{name}: sparkcluster sets it (per node from the inventory, or from "
-                    "the profile's env settings); a forwarded value would be wrong on some node",
+                    "the profile's env settings); a forwarded value would be wrong on some node"
+                    if name not in compile_cache.ENV
+                    else f"env.forward.{name}: sparkcluster points it into the node's compile cache for "
+                    "this image, model and flags (inventory compile_cache); a forwarded folder would be "
+                    "shared by other keys or lost with the container",
                     f"remove {name} from env.forward",
                 )
             )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkcluster import node
+from sparkcluster.config import compile_cache
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.labels import (
@@ -197,6 +198,9 @@ def node_rank(inv: Inventory, node: str) -> int:
 
 
 def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> ContainerSpec:
+    # the compile caches' folder of this image, model and flags only (config/compile_cache): another
+    # key's folder is never in the container
+    cache = compile_cache.key_dir(inv.compile_cache(node.name), compile_cache.key(prof, image))
     return ContainerSpec(
         node=node.name,
         role=node.role,
@@ -204,7 +208,11 @@ def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> 
         image=image,
         command=ray_start_argv(inv, node) if uses_ray(inv, prof) else [],
         # the cache is mounted at the same path; HF_HOME makes every rank look there (weights, token)
-        env={**profiles.container_env(prof, inv, node), "HF_HOME": inv.hf_cache(node.name)},
+        env={
+            **profiles.container_env(prof, inv, node),
+            "HF_HOME": inv.hf_cache(node.name),
+            **compile_cache.env(cache),
+        },
         labels={
             CLUSTER_LABEL: inv.cluster.name,
             ROLE_LABEL: node.role,
@@ -213,12 +221,16 @@ def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> 
             EXECUTOR_LABEL: prof.executor,
         },
         shm_size=prof.shm_size,
-        binds={inv.hf_cache(node.name): inv.hf_cache(node.name)},
+        binds={inv.hf_cache(node.name): inv.hf_cache(node.name), cache: cache},
         files={
             **profiles.container_files(prof),
             **AGENT_FILES,
             contract.CONFIG_PATH: json.dumps(
-                agent_config(inv, node, uses_ray(inv, prof), prof.executor), sort_keys=True
+                {
+                    **agent_config(inv, node, uses_ray(inv, prof), prof.executor),
+                    "compile_cache": {"dir": cache, "owner": inv.owner(node.name)},
+                },
+                sort_keys=True,
             ),
         },
         ulimit_stack=prof.ulimit_stack,

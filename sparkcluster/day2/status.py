@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 import httpx
 
 from sparkcluster import log
+from sparkcluster.config import compile_cache
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import deployments, engine_nccl, known_good, ray_members
 from sparkcluster.day2 import endpoint as endpoint_mod
@@ -44,6 +45,9 @@ class NodeStatus:
     rank: str = ""  # executor "mp": "rank N alive" / "rank N exited (...)", from the head supervisor's reports
     kernel: str = ""  # what the known-good record compares (issue 39)
     image_id: str = ""  # our container's image
+    compile_cache: str = ""  # the compile cache's key its container mounts (config/compile_cache)
+    compile_cache_gib: float | None = None  # that key's size on the node
+    compile_caches_gib: float | None = None  # every key's on the node (the cap's subject)
 
 
 @dataclass
@@ -108,8 +112,39 @@ def node_script(inv: Inventory, node: str) -> str:
             f"{shlex.quote(engine_nccl.reader())}; done; true",
         ),
         f"if printf '%s\\n' \"$_running\" | grep -qxF {head}; then {head_container_script(head)}; fi",
+        # each compile cache's size (day2/compile_caches has the listing with what each is for)
+        section(
+            "compile_cache", f"timeout -k 1 3 du -sk {compile_cache_glob(inv.cluster.compile_cache)} 2>/dev/null; true"
+        ),
     ]
     return "\n".join(parts) + "\n"
+
+
+def compile_cache_glob(root: str) -> str:
+    """The compile caches' key folders for the shell, `~` being the SSH user's home there."""
+    if root.startswith("~/"):
+        return f'"$HOME"/{shlex.quote(root[2:].rstrip("/"))}/*/'
+    return f"{shlex.quote(root.rstrip('/'))}/*/"
+
+
+def compile_cache_sizes(out: str) -> dict[str, float]:
+    """key -> GiB, from `du -sk ROOT/*/`."""
+    sizes = {}
+    for line in out.splitlines():
+        kib, _, path = line.partition("\t")
+        k = path.rstrip("/").rsplit("/", 1)[-1]
+        if kib.strip().isdigit() and compile_cache.KEY_RE.match(k):
+            sizes[k] = int(kib) / 2**20
+    return sizes
+
+
+def mounted_key(container: dict) -> str:
+    """The compile cache's key a container was created with (its VLLM_CACHE_ROOT), or ""."""
+    for e in container.get("Config", {}).get("Env") or []:
+        if e.startswith("VLLM_CACHE_ROOT="):
+            k = e.split("=", 1)[1].rstrip("/").rsplit("/", 2)[-2:][0]
+            return k if compile_cache.KEY_RE.match(k) else ""
+    return ""
 
 
 def head_container_script(container: str) -> str:
@@ -198,6 +233,11 @@ def _one(host, inv: Inventory) -> NodeReport:
         started = parsers.rfc3339(st.started_at)
         if st.state == "running" and started is not None and now is not None:
             st.uptime_s = round(max(now - started, 0.0), 1)
+    if "compile_cache" in s and s["compile_cache"].rc == 0:
+        sizes = compile_cache_sizes(s["compile_cache"].out)
+        st.compile_caches_gib = round(sum(sizes.values()), 2)
+        st.compile_cache = mounted_key(ours[0]) if ours else ""
+        st.compile_cache_gib = round(sizes[st.compile_cache], 2) if st.compile_cache in sizes else None
     ray = ray_members.parse_state_api(s["ray"].out) if "ray" in s else None
     view = head_container_view(s)
     if view[1] is not None and now is not None and isinstance(view[1].get("updated"), (int, float)):

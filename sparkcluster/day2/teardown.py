@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import docker.errors
 
 from sparkcluster import log
-from sparkcluster.day2 import server
+from sparkcluster.day2 import compile_caches, server
 from sparkcluster.errors import SparkError
 from sparkcluster.facts.parsers import container_inspect
 from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL, is_gateway
@@ -221,4 +221,27 @@ def down(
                 out[node].errors = [str(o.error)]
             elif o.value.stdout.strip():
                 out[node].errors = [f"port {inv.cluster.ray_port} is still held: {o.value.stdout.strip()}"]
+    return out
+
+
+def purge_caches(cluster: ConnectedHosts) -> dict[str, tuple[list[str], list[str]]]:
+    """`down --purge-caches`: every compile cache on each node (config/compile_cache), removed as
+    the SSH user once the containers are gone (the SSH user's home learnt first: the caches' `~`).
+    node -> (what went, what could not)."""
+    inv = cluster.inventory
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    for node, o in cluster.each(
+        lambda h: h.run(compile_caches.purge_command(inv.compile_cache(h.name)), timeout=600, warn=True)
+    ).items():
+        if not o.ok:
+            out[node] = ([], [f"purging the compile caches: {o.error}"])
+            continue
+        try:
+            got = compile_caches.parse_result(o.value.stdout)
+        except (ValueError, IndexError, KeyError):
+            out[node] = ([], [f"purging the compile caches: {o.value.tail(1) or f'exit {o.value.exit_code}'}"])
+            continue
+        removed = [f"compile cache {r['key']} ({r['bytes'] / 2**30:.2f} GiB)" for r in got["removed"]]
+        errors = [f"compile cache not removed: {e} (files of another user: sudo rm -rf it)" for e in got["errors"]]
+        out[node] = (removed, errors)
     return out

@@ -91,8 +91,11 @@ def _serving_container(api, cluster_name: str, role: str) -> str | None:
 
 
 def throwaway_spec(inv: Inventory, prof: profiles.Profile, node, image: str) -> ContainerSpec:
-    """The node's serving container as `up` would make it, renamed, with a sleep for its process."""
+    """The node's serving container as `up` would make it, renamed, with a sleep for its process, and
+    without the compile cache's mount: it compiles nothing, and Docker would make a missing folder
+    there as root (up makes it as the SSH user, in the containers stage)."""
     spec = spec_for(inv, prof, node, image)
+    hf = inv.hf_cache(node.name)
     return ContainerSpec(
         node=spec.node,
         role=spec.role,
@@ -102,7 +105,7 @@ def throwaway_spec(inv: Inventory, prof: profiles.Profile, node, image: str) -> 
         env=spec.env,
         labels={**spec.labels, FABRIC_LABEL: "1"},
         shm_size=spec.shm_size,
-        binds=spec.binds,
+        binds={h: c for h, c in spec.binds.items() if h == hf},
         files={},
         ulimit_stack=spec.ulimit_stack,
     )

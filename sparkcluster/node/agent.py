@@ -33,6 +33,7 @@ import subprocess
 import threading
 import time
 
+from .compile_reading import CacheOwner
 from .contract import CONFIG_PATH, DESIRED_PATH, STARTING, STATE_PATH, WAITING
 from .journal import Journal, read_json
 from .memreport import node_report, serve_reports
@@ -100,6 +101,7 @@ def main(config_path: str = CONFIG_PATH) -> int:
     except OSError as e:  # the head then judges this node's memory blind: say so, keep Ray and the server
         journal.write("memory report not served", address=f"{cfg['report_ip']}:{cfg['report_port']}", error=str(e))
     janitor = ShmJanitor(journal)
+    cache_owner = CacheOwner(cfg.get("compile_cache"), journal)  # the engine's cache files, the user's
     last_janitor = 0.0
     while not stopping.is_set():
         if ray.poll() is not None:
@@ -118,6 +120,7 @@ def main(config_path: str = CONFIG_PATH) -> int:
         if time.time() - last_janitor >= 10:
             last_janitor = time.time()
             janitor.look()
+        cache_owner.look()
         interval = float(sup.policy()["interval_s"]) if sup else 2.0 if keeper else 5.0
         if sup is not None and sup.state in (WAITING, STARTING):
             interval = min(interval, BUSY_LOOK_S)  # `up` waits on what this look says (not a restart's backoff)
@@ -126,6 +129,7 @@ def main(config_path: str = CONFIG_PATH) -> int:
         sup.stop("the container is stopping")
     if keeper is not None:
         keeper.stop("the container is stopping")
+    cache_owner.look(force=True)
     if ray.poll() is None:
         ray.terminate()
         try:

@@ -12,6 +12,7 @@ import time
 import urllib.request
 from secrets import token_hex
 
+from .compile_reading import StartReading
 from .contract import (
     DEFAULT_POLICY,
     DESIRED_PATH,
@@ -75,6 +76,7 @@ class Supervisor:
         self.last_look: float | None = None
         self.memory_seen: dict[str, int | None] = {}
         self.memory_wait_since: float | None = None  # a restart waiting for memory to come back
+        self.reading: StartReading | None = None  # this start's compile cache, journalled at serving
 
     # -- state
     def set_state(self, state: str, **detail) -> None:
@@ -143,6 +145,7 @@ class Supervisor:
         secrets = read_json(SECRETS_PATH) or {}
         env = {**os.environ, **{k: str(v) for k, v in secrets.items()}}
         os.makedirs(os.path.dirname(SERVE_LOG), exist_ok=True)
+        self.reading = StartReading(self.cfg.get("compile_cache"), SERVE_LOG)
         log = open(SERVE_LOG, "ab")
         self.epoch = token_hex(4) if self.mp else None
         self.proc = subprocess.Popen(
@@ -354,6 +357,9 @@ class Supervisor:
         if found is None:
             if self.watch.ready:
                 self.first_start = False
+                if self.reading is not None:  # once per start: hit or miss, compile seconds
+                    self.reading.done(self.journal)
+                    self.reading = None
                 self.set_state(SERVING)
             else:
                 self.save()

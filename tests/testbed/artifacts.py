@@ -30,7 +30,9 @@ from .proc import log, run
 
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("SPARKCLUSTER_TESTBED_CACHE", "/var/cache/sparkcluster-testbed"))
-ROOTFS_TAR = CACHE / "base-rootfs-bookworm-v2.tar"  # v2: libnuma1, which vLLM's CPU kernels load
+# v2: libnuma1, which vLLM's CPU kernels load; v3: g++ and python3-dev, which inductor's C++ kernels need
+# (the testbed-compile profile lets the CPU build compile; "InvalidCxxCompiler" without them)
+ROOTFS_TAR = CACHE / "base-rootfs-bookworm-v3.tar"
 WHEELS = CACHE / "wheels"
 MIRROR_ROOT = CACHE / "mirror"
 DEBIAN_MIRROR = os.environ.get("SPARKCLUSTER_TESTBED_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -89,7 +91,8 @@ def ensure_rootfs_tar() -> Path:
         [
             "debootstrap",
             "--variant=minbase",
-            "--include=python3,python3-pip,python3-venv,procps,iproute2,iputils-ping,curl,ca-certificates,libnuma1",
+            "--include=python3,python3-pip,python3-venv,procps,iproute2,iputils-ping,curl,ca-certificates,libnuma1,"
+            "g++,python3-dev",
             "bookworm",
             str(root),
             DEBIAN_MIRROR,

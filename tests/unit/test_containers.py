@@ -113,7 +113,10 @@ def test_host_config_identical_on_head_and_worker(inv, prof):
     assert hc["shm_size"] == prof.shm_size
     cache = inv.hf_cache(inv.head.name)  # the SSH user's ~/.cache/huggingface, learnt per node
     assert cache == "/home/spark/.cache/huggingface"
-    assert hc["binds"] == {cache: {"bind": cache, "mode": "rw"}}
+    assert hc["binds"][cache] == {"bind": cache, "mode": "rw"}
+    # and the compile caches of this image, model and flags (test_compile_cache checks the rest)
+    (compiled,) = set(hc["binds"]) - {cache}
+    assert compiled.startswith("/home/spark/.cache/sparkcluster/compile/")
 
 
 def test_host_config_never_caps_memory(inv, prof):
@@ -382,8 +385,11 @@ def test_each_node_mounts_its_own_ssh_users_cache():
     inv.set_home("spark-a", "/home/alice", "1000:1000")
     inv.set_home("spark-b", "/home/bob/", "1001:1001")
     head, worker = specs(inv, profile.load_profile("testbed"))
-    assert head.binds == {"/home/alice/.cache/huggingface": "/home/alice/.cache/huggingface"}
-    assert worker.binds == {"/home/bob/.cache/huggingface": "/home/bob/.cache/huggingface"}
+    assert head.binds["/home/alice/.cache/huggingface"] == "/home/alice/.cache/huggingface"
+    assert worker.binds["/home/bob/.cache/huggingface"] == "/home/bob/.cache/huggingface"
+    # the compile caches too: each under its own user's home (test_compile_cache has the rest)
+    assert [p for p in head.binds if "/compile/" in p][0].startswith("/home/alice/.cache/sparkcluster/compile/")
+    assert [p for p in worker.binds if "/compile/" in p][0].startswith("/home/bob/.cache/sparkcluster/compile/")
     assert (head.env["HF_HOME"], worker.env["HF_HOME"]) == (
         "/home/alice/.cache/huggingface",
         "/home/bob/.cache/huggingface",

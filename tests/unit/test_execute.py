@@ -333,6 +333,8 @@ class FakeHost:
                     }
                 }
             )
+        elif "python3 -c" in cmd and " prepare " in cmd:  # the compile cache made ready, nothing evicted
+            out = json.dumps({"key": "0" * 16, "evicted": [], "bytes": 0, "errors": []})
         elif "blobs=true" in cmd:  # the weights stage's resolver: a one-file snapshot
             out = json.dumps(
                 {"sha": "c" * 40, "files": [{"path": "model.safetensors", "size": 10, "blob": "a" * 64, "lfs": True}]}

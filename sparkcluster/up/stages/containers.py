@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING
 
 import docker.errors
 
+from sparkcluster import log
+from sparkcluster.config import compile_cache
 from sparkcluster.container.spec import ContainerSpec, create_and_start
-from sparkcluster.day2 import teardown
+from sparkcluster.day2 import compile_caches, teardown
 from sparkcluster.errors import EngineUnreachable
 from sparkcluster.labels import ROLE_LABEL
 from sparkcluster.up.stages import ray
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from sparkcluster.up.plan import Plan
 
 STAGE = "containers"
+_log = log.get(__name__)
 
 
 def drop_caches_command(image: str) -> str:
@@ -98,6 +101,22 @@ def steps(plan: "Plan") -> list[Step]:
                     parallel="drop-page-cache",
                 )
             )
+    key = compile_cache.key(plan.profile, plan.image)
+    for spec in plan.containers:
+        root = inv.compile_cache(spec.node)
+        out.append(
+            Step(
+                STAGE,
+                spec.node,
+                "compile-cache",
+                "make the compile cache ready",
+                f"as the SSH user: mkdir {compile_cache.key_dir(root, key)} (key of image, model and compiling "
+                f"flags) and its tools' folders, stamp its start, remove the oldest other keys while {root} "
+                f"holds over {inv.cluster.compile_cache_max_gb:g} GiB",
+                run=lambda r, node=spec.node, key=key: prepare_cache(r, node, key),
+                parallel="compile-cache",
+            )
+        )
     for spec in plan.containers:
         files = ", ".join(spec.files) or "none"
         out.append(
@@ -158,6 +177,33 @@ def drop_page_cache(r: "UpRun", node: str) -> None:
             "set drop_page_cache = false in the profile (drop it yourself first if you like: "
             f"`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches` on {node}), then sparkcluster up",
         )
+
+
+def prepare_cache(r: UpRun, node: str, key: str) -> dict:
+    """The key's folders made as the SSH user before Docker would make them root's, and the cap kept."""
+    root = r.inv.compile_cache(node)
+    about = compile_cache.factors(r.plan.profile, r.plan.image)
+    cmd = compile_caches.prepare_command(root, key, compile_cache.max_bytes(r.inv), about)
+    res = r.cluster.hosts[node].run(cmd, timeout=600, warn=True)
+    try:
+        done = compile_caches.parse_result(res.stdout) if res.ok else None
+    except (ValueError, IndexError):
+        done = None
+    if done is None:
+        raise fail(
+            STAGE,
+            node,
+            "make the compile cache ready",
+            f"could not make {compile_cache.key_dir(root, key)} as the SSH user: "
+            f"{res.tail(1) or f'exit {res.exit_code}'}",
+            res.command,
+            res.tail(),
+            f"on {node}: make {root} the SSH user's (or set cluster.compile_cache in the inventory), "
+            "then sparkcluster up",
+        )
+    for e in done.get("evicted", []):
+        _log.info("compile cache removed: over the cap", host=node, key=e["key"], gib=round(e["bytes"] / 2**30, 2))
+    return done
 
 
 def create(r: "UpRun", spec: ContainerSpec) -> str:

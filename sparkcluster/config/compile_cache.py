@@ -1,0 +1,149 @@
+"""The compile and autotune caches a node keeps for its serving containers, so that a restart (the
+supervisor's, an upgrade's canary, a worker's reboot, `down` then `up`) loads what the last start
+compiled instead of compiling it again: torch.compile/AOT, inductor, Triton, FlashInfer JIT and
+autotune. On GB10 that compile is minutes per start (issue 40).
+
+One folder per node and SSH user, beside the HF cache (`~/.cache/sparkcluster/compile`, the
+inventory's `compile_cache`), with one subfolder per key. The key is what decides whether compiled
+code may be reused:
+
+- the image reference (vLLM, torch, Triton and FlashInfer versions all come with it; the ID is not
+  known before the image stage builds it, so a tag rebuilt with other contents is caught by vLLM's own
+  hash inside the folder, which covers the vLLM and torch versions);
+- the model and its revision;
+- the `vllm serve` arguments except those that cannot change compiled code (where it listens, what
+  it calls the model, logging, tool and reasoning parsers, the tokenizer); everything else counts,
+  even where vLLM's hash would ignore it, because a needless miss costs one compile and a wrong
+  hit costs a wrong kernel or a hang (cache-key drift: ai-dynamo/dynamo#10695);
+- the profile's forwarded variables that reach the compilers (VLLM_*, TORCH*, TRITON_*,
+  FLASHINFER_*, PYTORCH_*, CUDA_*), less vLLM's own location and logging ones (vLLM 0.32 ignores
+  them in its hash too: `vllm/envs.py`, the list beside VLLM_CACHE_ROOT).
+
+Only the key's own folder is mounted into the container: a cache of another image or other flags
+is never seen by the engine, let alone used. Inside it each tool gets its folder through its own
+variable (`ENV`), so vLLM on a GPU and the CPU build's plain inductor (which bypasses vLLM's cache
+folder: `vllm/platforms/cpu.py`, DYNAMO_TRACE_ONCE) both write there.
+
+The folders' total is capped per node (`compile_cache_max_gb`); before a start the oldest keys
+(by their last start) go first, never the key being started.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
+
+from sparkcluster.config.flags import supervised_argv
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sparkcluster.config.inventory import Inventory
+    from sparkcluster.config.profile import Profile
+
+KEY_LEN = 16
+KEY_RE = re.compile(rf"^[0-9a-f]{{{KEY_LEN}}}$")
+STAMP = ".last-start"  # touched by `up` before each start, as the SSH user: eviction's age
+ABOUT = "key.json"  # what the key stands for, for `weights status` and people
+
+# `vllm serve` flags that cannot change compiled code, with whether they take a value
+RUNTIME_ONLY_FLAGS: dict[str, bool] = {
+    "--host": True,
+    "--port": True,
+    "--served-model-name": True,
+    "--tokenizer": True,
+    "--reasoning-parser": True,
+    "--reasoning-parser-plugin": True,
+    "--tool-call-parser": True,
+    "--enable-auto-tool-choice": False,
+    "--uvicorn-log-level": True,
+    "--disable-log-requests": False,
+    "--enable-log-requests": False,
+    "--disable-log-stats": False,
+    "--api-key": True,
+}
+COMPILER_ENV_PREFIXES = ("VLLM_", "TORCH", "TRITON_", "FLASHINFER_", "PYTORCH_", "CUDA_")
+LOCATION_OR_LOG_ENV = frozenset(
+    {
+        "VLLM_CACHE_ROOT",
+        "VLLM_CONFIG_ROOT",
+        "VLLM_HOST_IP",
+        "VLLM_PORT",
+        "VLLM_API_KEY",
+        "VLLM_LOGGING_LEVEL",
+        "VLLM_LOGGING_PREFIX",
+        "VLLM_LOGGING_STREAM",
+        "VLLM_LOGGING_CONFIG_PATH",
+        "VLLM_LOGGING_COLOR",
+        "VLLM_NO_USAGE_STATS",
+        "VLLM_DO_NOT_TRACK",
+        "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TRITON_CACHE_DIR",
+        "FLASHINFER_WORKSPACE_BASE",
+    }
+)
+
+# variable -> subfolder of the key's folder (inside the container at the same path as on the host)
+ENV: dict[str, str] = {
+    "VLLM_CACHE_ROOT": "vllm",  # torch_compile_cache/<hash>/rank_i_j, AOT, and (GPU) inductor_cache beside
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",  # the CPU build's inductor (vLLM's backend resets it on GPU)
+    "TRITON_CACHE_DIR": "triton",  # ~/.triton/cache otherwise
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer",  # its JIT modules go to <base>/.cache/flashinfer
+    "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "flashinfer-autotune",
+}
+
+
+def compiled_argv(argv: list[str]) -> list[str]:
+    """`argv` without the flags (and their values) that cannot change compiled code."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in RUNTIME_ONLY_FLAGS:
+            skip = RUNTIME_ONLY_FLAGS[name] and "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def compiler_env(forward: dict[str, str]) -> dict[str, str]:
+    return {
+        k: v for k, v in sorted(forward.items()) if k.startswith(COMPILER_ENV_PREFIXES) and k not in LOCATION_OR_LOG_ENV
+    }
+
+
+def factors(prof: Profile, image: str) -> dict:
+    """What the key is the hash of (also written beside the cache as ABOUT)."""
+    argv = supervised_argv(prof)
+    return {
+        "image": image,
+        "model": prof.model,
+        "revision": prof.revision or "main",
+        "argv": compiled_argv(argv[3:]),  # past `vllm serve MODEL`
+        "env": compiler_env(prof.forwarded_env()),
+    }
+
+
+def key(prof: Profile, image: str) -> str:
+    doc = json.dumps(factors(prof, image), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(doc.encode()).hexdigest()[:KEY_LEN]
+
+
+def key_dir(root: str, k: str) -> str:
+    if not KEY_RE.match(k):
+        raise ValueError(f"not a compile-cache key: {k!r}")
+    return str(PurePosixPath(root) / k)
+
+
+def env(folder: str) -> dict[str, str]:
+    """The variables that send each compiler's cache into the key's folder."""
+    return {var: str(PurePosixPath(folder) / sub) for var, sub in ENV.items()}
+
+
+def max_bytes(inv: Inventory) -> int:
+    return int(inv.cluster.compile_cache_max_gb * 2**30)

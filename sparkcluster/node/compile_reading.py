@@ -1,0 +1,187 @@
+"""The compile cache seen from inside the container (config/compile_cache decides its key and
+folder): whether a start of the engine loaded what an earlier start compiled, how long compiling
+took, and whose the files are.
+
+Hit or miss is read from the engine's own lines (vLLM 0.32, cited per pattern below) where they
+exist; the CPU build compiles with plain inductor (DYNAMO_TRACE_ONCE, `vllm/platforms/cpu.py`),
+which says neither, so there the folder tells: files added by this start mean it compiled (a miss),
+a folder that had files and gained none means it loaded them (a hit). Every start's reading goes to
+the journal as one "compile cache" entry, which `events` shows.
+
+The engine runs as root in the container, so what it writes into the mounted folder is root's on
+the host; `CacheOwner` hands every file to the SSH user's uid:gid (from the agent's config), so the
+user can list, evict and purge the caches without sudo (day2/compile_caches). Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+
+from .journal import Journal
+
+# vllm/compilation/backends.py:296: the compiled graph(s) loaded from vLLM's cache
+HIT = re.compile(r"Directly load the compiled graph\(s\) for compile range .* from the cache, took ([0-9.]+) s")
+# vllm/compilation/decorators.py:320: the whole model's AOT artifact loaded
+AOT_HIT = re.compile(r"Directly load AOT compilation from path")
+# vllm/compilation/backends.py:399: a graph compiled now
+MISS = re.compile(r"Compiling a graph for compile range .* takes ([0-9.]+) s")
+# vllm/compilation/monitor.py:20 and decorators.py:708: the total, once per rank
+TOTAL = re.compile(r"torch\.compile (?:and initial profiling/warmup run together )?took ([0-9.]+) s in total")
+# vllm/v1/engine/core.py:396: the engine's init, with the compile time when there was one
+INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took [0-9.]+ s \(compilation: ([0-9.]+) s")
+# vllm/v1/worker/cpu_model_runner.py:87,91: the CPU build compiles during this warm-up
+CPU_WARMUP, CPU_WARMED = "Warming up model for the compilation...", "Warming up done."
+# vllm/logger.py: "%(levelname)s %(asctime)s", asctime as %m-%d %H:%M:%S
+STAMP = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) ")
+OWN_FILES = (".last-start", "key.json")  # written by `up` as the user (day2/compile_caches)
+
+
+@dataclass(frozen=True)
+class Reading:
+    result: str  # "hit", "miss" or "none" (nothing compiled, nothing loaded)
+    compile_s: float | None  # the seconds the engine spent compiling (or loading) this start
+    evidence: str  # "engine log" or "cache folder"
+
+
+def _clock(line: str) -> float | None:
+    m = STAMP.search(line)
+    if not m:
+        return None
+    _mon, day, h, mi, s = (int(x) for x in m.groups())
+    return day * 86400 + h * 3600 + mi * 60 + s
+
+
+def read_lines(lines: list[str], files_before: int = 0, files_added: int = 0) -> Reading:
+    """What one start's engine lines (and its folder before and after) say about the cache."""
+    hits = misses = 0
+    totals: list[float] = []
+    warm_from = warm_to = None
+    for line in lines:
+        if HIT.search(line) or AOT_HIT.search(line):
+            hits += 1
+        if MISS.search(line):
+            misses += 1
+        m = TOTAL.search(line) or INIT.search(line)
+        if m:
+            totals.append(float(m.group(1)))
+        if CPU_WARMUP in line and warm_from is None:
+            warm_from = _clock(line)
+        elif CPU_WARMED in line:
+            warm_to = _clock(line)
+    seconds = max(totals) if totals else None  # the ranks compile at once: the slowest is the cost
+    if seconds is None and warm_from is not None and warm_to is not None:
+        seconds = float(max(0, warm_to - warm_from))
+    if misses:
+        return Reading("miss", seconds, "engine log")
+    if hits:
+        return Reading("hit", seconds, "engine log")
+    if files_added:
+        return Reading("miss", seconds, "cache folder")
+    if files_before:
+        return Reading("hit", seconds, "cache folder")
+    return Reading("none", seconds, "cache folder")
+
+
+def count_files(folder: str) -> int:
+    n = 0
+    for _d, _dirs, files in os.walk(folder):
+        n += sum(1 for f in files if f not in OWN_FILES)
+    return n
+
+
+def log_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def log_lines(path: str, offset: int) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+class StartReading:
+    """One start of the engine, from just before it to its first serving look (the supervisor's)."""
+
+    def __init__(self, cfg: dict | None, log_path: str):
+        self.folder = (cfg or {}).get("dir")
+        self.log_path = log_path
+        self.offset = log_size(log_path)
+        self.started = time.monotonic()
+        self.files_before = count_files(self.folder) if self.folder else 0
+        if self.folder:  # a start, for the cap's "oldest first" (day2/compile_caches), restarts included
+            try:
+                os.utime(os.path.join(self.folder, OWN_FILES[0]))
+            except OSError:
+                pass
+
+    def done(self, journal: Journal) -> Reading | None:
+        """Journal the reading once the engine serves; None where the container has no cache."""
+        if not self.folder:
+            return None
+        added = max(0, count_files(self.folder) - self.files_before)
+        got = read_lines(log_lines(self.log_path, self.offset), self.files_before, added)
+        journal.write(
+            "compile cache",
+            result=got.result,
+            compile_s=got.compile_s,
+            evidence=got.evidence,
+            key=os.path.basename(self.folder.rstrip("/")),
+            files_before=self.files_before,
+            files_added=added,
+            start_s=round(time.monotonic() - self.started, 1),
+        )
+        return got
+
+
+class CacheOwner:
+    """Hands the files the engine wrote into the cache folder to the SSH user (every node's agent,
+    every LOOK_S and when the container stops): root's files there would be the user's to evict."""
+
+    LOOK_S = 30.0
+
+    def __init__(self, cfg: dict | None, journal: Journal):
+        cfg = cfg or {}
+        self.folder, self.journal, self.last, self.since = cfg.get("dir"), journal, 0.0, 0.0
+        try:
+            uid, gid = (int(x) for x in (cfg.get("owner") or "").split(":"))
+            self.owner: tuple[int, int] | None = (uid, gid)
+        except ValueError:
+            self.owner = None
+
+    def look(self, force: bool = False) -> int:
+        """Files and folders handed over now. Only the folders changed since the last look have
+        their files looked at (a file created there changes its folder's mtime; a file rewritten in
+        place keeps its owner), so a cache of many thousands of files costs a walk of its folders."""
+        if not self.folder or self.owner is None or (not force and time.monotonic() - self.last < self.LOOK_S):
+            return 0
+        self.last = time.monotonic()
+        since, self.since = self.since, time.time() - 2.0  # 2 s of slack for a write during this walk
+        uid, gid = self.owner
+        changed = 0
+
+        def mine(path: str) -> os.stat_result | None:
+            nonlocal changed
+            try:
+                st = os.lstat(path)
+                if (st.st_uid, st.st_gid) != (uid, gid):
+                    os.lchown(path, uid, gid)
+                    changed += 1
+                return st
+            except OSError:
+                return None
+
+        for d, _dirs, files in os.walk(self.folder):
+            st = mine(d)
+            if st is not None and st.st_mtime >= since:
+                for f in files:
+                    mine(os.path.join(d, f))
+        return changed
