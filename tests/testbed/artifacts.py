@@ -268,12 +268,21 @@ def monitor_debs() -> Path:
 
 
 def monitor_build_context(ctx: Path) -> Path:
+    """The packages unpacked here, on the controller, into ctx/root (the testbed's rootfs is
+    stripped of dpkg, so the image copies the unpacked tree rather than unpacking in a RUN)."""
     shutil.rmtree(ctx, ignore_errors=True)
-    (ctx / "debs").mkdir(parents=True)
+    (ctx / "root").mkdir(parents=True)
     shutil.copy2(IMAGES / "Dockerfile.monitor", ctx / "Dockerfile")
     for d in sorted(monitor_debs().glob("*.deb")):
         if d.name.split("_")[0] in MONITOR_PACKAGES:
-            shutil.copy2(d, ctx / "debs" / d.name)
+            run(["dpkg-deb", "-x", str(d), str(ctx / "root")], timeout=120)
+    # bookworm's rootfs is merged-/usr (/bin, /sbin, /lib are links into /usr): a package's own
+    # /lib (systemd units) copied over it would replace the link and leave the image no loader
+    for top in ("bin", "sbin", "lib"):
+        src = ctx / "root" / top
+        if src.is_dir() and not src.is_symlink():
+            shutil.copytree(src, ctx / "root" / "usr" / top, symlinks=True, dirs_exist_ok=True)
+            shutil.rmtree(src)
     return ctx
 
 
