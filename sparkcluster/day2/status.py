@@ -138,13 +138,13 @@ def compile_cache_sizes(out: str) -> dict[str, float]:
     return sizes
 
 
-def mounted_key(container: dict) -> str:
+def mounted_key(container: parsers.ContainerInspect) -> str:
     """The compile cache's key a container was created with (its VLLM_CACHE_ROOT), or ""."""
-    for e in container.get("Config", {}).get("Env") or []:
-        if e.startswith("VLLM_CACHE_ROOT="):
-            k = e.split("=", 1)[1].rstrip("/").rsplit("/", 2)[-2:][0]
-            return k if compile_cache.KEY_RE.match(k) else ""
-    return ""
+    root = container.env.get("VLLM_CACHE_ROOT")
+    if not root:
+        return ""
+    k = root.rstrip("/").rsplit("/", 2)[-2:][0]
+    return k if compile_cache.KEY_RE.match(k) else ""
 
 
 def head_container_script(container: str) -> str:

@@ -15,6 +15,7 @@ from conftest import inventory_dict, make_inventory
 from sparkcluster.config import compile_cache, profile
 from sparkcluster.container.spec import spec_for
 from sparkcluster.day2 import compile_caches, status, teardown
+from sparkcluster.facts import parsers
 from sparkcluster.node import compile_reading
 from sparkcluster.node.journal import Journal
 from sparkcluster.remote.fanout import ConnectedHosts
@@ -344,9 +345,11 @@ def test_the_owner_keeper_reads_the_users_uid_and_gid(tmp_path):
 def test_status_reads_sizes_and_the_key_each_container_mounts():
     du = f"1048576\t/home/u/.cache/sparkcluster/compile/{'a' * 16}/\n8\t/home/u/.cache/sparkcluster/compile/junk/\n"
     assert status.compile_cache_sizes(du) == {"a" * 16: 1.0}
-    c = {"Config": {"Env": [f"VLLM_CACHE_ROOT=/home/u/.cache/sparkcluster/compile/{'a' * 16}/vllm", "X=1"]}}
+    c = parsers.container_inspect(
+        {"Config": {"Env": [f"VLLM_CACHE_ROOT=/home/u/.cache/sparkcluster/compile/{'a' * 16}/vllm", "X=1"]}}
+    )
     assert status.mounted_key(c) == "a" * 16
-    assert status.mounted_key({"Config": {"Env": ["X=1"]}}) == ""
+    assert status.mounted_key(parsers.container_inspect({"Config": {"Env": ["X=1"]}})) == ""
     assert status.compile_cache_glob("~/.cache/sparkcluster/compile") == '"$HOME"/.cache/sparkcluster/compile/*/'
     assert status.compile_cache_glob("/srv/c c/") == "'/srv/c c'/*/"
 
