@@ -54,7 +54,7 @@ class AuthError(ConnectError):
 class StageError(SparkError):
     """A stage of a plan failed on one or more hosts."""
 
-    def __init__(self, stage: str, failures: list["StepFailure"], fix: str | None = None):
+    def __init__(self, stage: str, failures: list[StepFailure], fix: str | None = None):
         first = failures[0]
         hosts = ", ".join(sorted({f.host for f in failures}))
         super().__init__(f"stage '{stage}' failed on {hosts}: {first.step}: {first.reason}", fix or first.fix)

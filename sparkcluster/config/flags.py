@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 # one direction only: the profile is data, the flags are built from it (profile never imports flags)
 from sparkcluster.config.profile import Profile, reasoning_plugin

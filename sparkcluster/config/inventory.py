@@ -152,7 +152,7 @@ class Inventory(_Strict):
     _owners: dict[str, str] = PrivateAttr(default_factory=dict)  # node -> the SSH user's "uid:gid"
 
     @model_validator(mode="after")
-    def _shape(self) -> "Inventory":
+    def _shape(self) -> Inventory:
         heads = [n.name for n in self.nodes if n.role == "head"]
         if len(heads) != 1:
             raise ValueError(f'exactly one node must have role = "head" (found {len(heads)})')
@@ -174,7 +174,7 @@ class Inventory(_Strict):
                     first[v] = i
         return lines
 
-    def only(self, names: list[str]) -> "Inventory":
+    def only(self, names: list[str]) -> Inventory:
         """The inventory of a deployment on some of the nodes (in inventory order): the head stays
         head when it is among them, else the first becomes the deployment's head."""
         chosen = [n for n in self.nodes if n.name in names]

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from sparkcluster import redact
 from sparkcluster.config import compile_cache
@@ -115,7 +116,7 @@ def _unknown_flags(profile: Profile, extra: list[str]) -> list[Problem]:
     return out
 
 
-def lint(profile: Profile, inventory: "Inventory | None" = None) -> list[Problem]:
+def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
     p: list[Problem] = []
     s = profile.serve
     argv = serve_argv(profile, "vllm-openai")  # model + flags, no prefix
@@ -501,7 +502,7 @@ def ring_rules(profile: Profile, inventory: Inventory) -> list[Problem]:
     return out
 
 
-def needs_root(inventory: "Inventory") -> list[Problem]:
+def needs_root(inventory: Inventory) -> list[Problem]:
     """Inventory settings only root could honour: `up` runs as the SSH user, on a Spark an ordinary
     account in `docker` (no sudo). `doctor`'s account.* checks judge the nodes themselves."""
     out = []

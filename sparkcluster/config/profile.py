@@ -74,7 +74,7 @@ class Image(_Strict):
     kind: Literal["ngc", "vllm-openai"] | None = None
 
     @model_validator(mode="after")
-    def _kind(self) -> "Image":
+    def _kind(self) -> Image:
         if self.kind is None:
             guessed = guess_image_kind(self.base)
             if guessed is None:
@@ -171,7 +171,7 @@ class Serve(_Strict):
     extra_flags: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _single_rank_executor(self) -> "Serve":
+    def _single_rank_executor(self) -> Serve:
         # The "ray" default is for the pair; one rank on one node needs no executor flag. A backend
         # the profile names explicitly is kept (lint judges it).
         single = self.tensor_parallel_size * self.pipeline_parallel_size == 1
@@ -236,7 +236,7 @@ class Profile(_Strict):
     path: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
-    def _executor(self) -> "Profile":
+    def _executor(self) -> Profile:
         backend = self.serve.distributed_executor_backend
         if self.executor == "mp" and self.world_size > 1 and backend != "mp":
             if "distributed_executor_backend" in self.serve.model_fields_set:
@@ -273,7 +273,7 @@ class Profile(_Strict):
         return self.serve.tensor_parallel_size * self.serve.pipeline_parallel_size
 
 
-def per_host_env(profile: Profile, inventory: "Inventory", node: "Node | str") -> dict[str, str]:
+def per_host_env(profile: Profile, inventory: Inventory, node: Node | str) -> dict[str, str]:
     """The variables whose values differ per node, from the inventory."""
     if isinstance(node, str):
         node = inventory.node(node)
@@ -291,7 +291,7 @@ def per_host_env(profile: Profile, inventory: "Inventory", node: "Node | str") -
     return env
 
 
-def container_env(profile: Profile, inventory: "Inventory", node: "Node | str") -> dict[str, str]:
+def container_env(profile: Profile, inventory: Inventory, node: Node | str) -> dict[str, str]:
     """Everything a node's container is started with (no secrets: those go to the exec)."""
     env = profile.forwarded_env()
     env.update(per_host_env(profile, inventory, node))

@@ -80,7 +80,7 @@ def plugin_file(url: str | None) -> tuple[str, str, str] | None:
     return m[1], m[2], m[3]
 
 
-def needed(prof: "Profile") -> list[Need]:
+def needed(prof: Profile) -> list[Need]:
     """The repositories the profile needs, the model first; one entry per (repo, revision)."""
     wants: list[tuple[str, str, str, str | None]] = []  # role, repo, revision, one file or None
     if is_hub_model(prof.model):

@@ -112,7 +112,7 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 def load_secrets(
     env_file: Path | None = None,
-    profile: "Profile | None" = None,
+    profile: Profile | None = None,
     *,
     names: Iterable[str] | None = None,
     environ: Mapping[str, str] | None = None,

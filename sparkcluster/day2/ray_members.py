@@ -23,7 +23,7 @@ def parse_state_api(text: str) -> list[dict]:
     return readings.ray_rows(text)
 
 
-def nodes_from_state_api(text: str) -> list["RayNode"] | None:
+def nodes_from_state_api(text: str) -> list[RayNode] | None:
     """None when the API did not answer (dashboard not up yet), else Ray's nodes."""
     if not text.strip().startswith("{"):
         return None

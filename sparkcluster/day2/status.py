@@ -310,12 +310,12 @@ def _routed(address: str | None, port: int) -> dict[str, bool] | None:
     return {str(k): bool(v) for k, v in got.items()} if isinstance(got, dict) else None
 
 
-def _look(address: str | None, port: int, api_key: str | None) -> "endpoint_mod.EngineView":
+def _look(address: str | None, port: int, api_key: str | None) -> endpoint_mod.EngineView:
     return endpoint_mod.look(f"http://{address}:{port}", api_key) if address else endpoint_mod.EngineView()
 
 
 def _judge_reports(
-    inv: Inventory, reports: dict, unreachable: dict, addresses: dict, engine: "endpoint_mod.EngineView"
+    inv: Inventory, reports: dict, unreachable: dict, addresses: dict, engine: endpoint_mod.EngineView
 ) -> ClusterStatus:
     nodes, ray_rows, pid, sup, journal, nccl = [], None, None, None, [], {}
     for n in inv.nodes:
@@ -431,7 +431,7 @@ def judge(
     nodes: list[NodeStatus],
     ray_rows: list[dict] | None,
     endpoint: str,
-    engine: "endpoint_mod.EngineView",
+    engine: endpoint_mod.EngineView,
     pid: int | None,
     sup: dict | None = None,
     journal: list[dict] | None = None,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import ipaddress
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from sparkcluster.facts import parsers
 

@@ -28,13 +28,13 @@ class Hop:
     via: str  # the shared subnet, or "the control link"
 
 
-def order(inv: "Inventory", workers: list[str] | tuple[str, ...]) -> list[str]:
+def order(inv: Inventory, workers: list[str] | tuple[str, ...]) -> list[str]:
     """The workers that receive, in inventory order (a ring's cable order)."""
     want = set(workers)
     return [n.name for n in inv.workers if n.name in want]
 
 
-def hop(inv: "Inventory", facts: dict[str, "HostFacts"], a: str, b: str) -> Hop:
+def hop(inv: Inventory, facts: dict[str, HostFacts], a: str, b: str) -> Hop:
     """The addresses of `a` and `b` on the first data-plane subnet they share (in `a`'s port
     order), else their control IPs."""
     na, nb = inv.node(a), inv.node(b)
@@ -55,7 +55,7 @@ def control(inv: Inventory, a: str, b: str) -> Hop:
     return Hop(a, str(inv.node(a).control_ip), b, str(inv.node(b).control_ip), "the control link")
 
 
-def plan(inv: "Inventory", facts: dict[str, "HostFacts"], workers: list[str] | tuple[str, ...]) -> list[Hop]:
+def plan(inv: Inventory, facts: dict[str, HostFacts], workers: list[str] | tuple[str, ...]) -> list[Hop]:
     """The hops head -> w1 -> w2 -> ... over the workers that need the data."""
     names = [inv.head.name, *order(inv, workers)]
     return [hop(inv, facts, a, b) for a, b in zip(names, names[1:])]

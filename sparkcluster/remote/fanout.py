@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Generic, Iterable, TypeVar
+from typing import Generic, TypeVar
 
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.errors import CommandFailed, ConnectError, SparkError, StageError, StepFailure
@@ -147,9 +148,7 @@ def connect_all(inv: Inventory, nodes: list[Node] | None = None) -> GroupResult[
     return run_each(((n.name, n) for n in targets), lambda n: ssh.connect(n, settings))
 
 
-def connect_reachable(
-    inv: Inventory, nodes: list[Node] | None = None
-) -> tuple["ConnectedHosts", dict[str, SparkError]]:
+def connect_reachable(inv: Inventory, nodes: list[Node] | None = None) -> tuple[ConnectedHosts, dict[str, SparkError]]:
     """Connect to every node at once and go on with those that answer: for the commands that
     report on (or clean) what they can reach. An unreachable node is a value; a bug still raises."""
     res = connect_all(inv, nodes)
@@ -169,7 +168,7 @@ class ConnectedHosts:
         self.hosts = hosts
 
     @classmethod
-    def connect(cls, inv: Inventory, nodes: list[Node] | None = None) -> "ConnectedHosts":
+    def connect(cls, inv: Inventory, nodes: list[Node] | None = None) -> ConnectedHosts:
         """Every node (or `nodes`) connected, or an error naming each that is not."""
         res = connect_all(inv, nodes)
         if res.failed:
@@ -194,7 +193,7 @@ class ConnectedHosts:
         for h in self.hosts.values():
             h.close()
 
-    def __enter__(self) -> "ConnectedHosts":
+    def __enter__(self) -> ConnectedHosts:
         return self
 
     def __exit__(self, *exc) -> None:

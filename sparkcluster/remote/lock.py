@@ -62,7 +62,7 @@ class ClusterLock:
         self.head, self.cluster, self.command = head, cluster, command
         self._proc: RemoteProcess | None = None
 
-    def __enter__(self) -> "ClusterLock":
+    def __enter__(self) -> ClusterLock:
         proc = self.head.start(lock_command(self.cluster, holder_text(self.command)), timeout=7 * 24 * 3600)
         for line in proc.stderr_lines():
             if line.startswith("@@locked"):
@@ -96,7 +96,7 @@ class NodeLocks:
         self.locks = [ClusterLock(cluster.hosts[n.name], inv.cluster.name, command) for n in inv.nodes]
         self._taken: list[ClusterLock] = []
 
-    def __enter__(self) -> "NodeLocks":
+    def __enter__(self) -> NodeLocks:
         try:
             for lock in self.locks:
                 self._taken.append(lock.__enter__())

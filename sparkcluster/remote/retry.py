@@ -5,7 +5,8 @@ before each sleep. Authentication and host-key failures are never `Transient`, s
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_before_delay, wait_exponential
 

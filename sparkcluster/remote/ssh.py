@@ -19,9 +19,9 @@ import shlex
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import paramiko
 
@@ -171,7 +171,7 @@ class Host:
                     break
                 time.sleep(0.005)
             code = chan.recv_exit_status() if not timed_out else -1
-        except socket.timeout:
+        except TimeoutError:
             timed_out, code = True, -1
         finally:
             chan.close()
@@ -191,7 +191,7 @@ class Host:
             raise CommandFailed(res)
         return res
 
-    def start(self, cmd: str | Sequence[str], timeout: float = 600.0) -> "RemoteProcess":
+    def start(self, cmd: str | Sequence[str], timeout: float = 600.0) -> RemoteProcess:
         """Start a long-running command; read its stderr lines as they come, then `wait()`."""
         line = command_line(cmd)
         chan = self._channel(30)
@@ -286,7 +286,7 @@ class Settings:
     attempts: int
 
     @classmethod
-    def from_inventory(cls, inv: Inventory) -> "Settings":
+    def from_inventory(cls, inv: Inventory) -> Settings:
         c = inv.cluster
         config = inv.resolve(c.ssh_config)
         if config is not None and not config.is_file():

@@ -12,9 +12,9 @@ from __future__ import annotations
 import getpass
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import paramiko
 
@@ -75,7 +75,7 @@ class SshConnection:
     @classmethod
     def resolve(
         cls, target: str, config: paramiko.SSHConfig, timeout: float, prepare: Callable[[paramiko.SSHClient], None]
-    ) -> "SshConnection":
+    ) -> SshConnection:
         user, alias, port = parse_target(target)
         opts = dict(config.lookup(alias))
         conn = cls(

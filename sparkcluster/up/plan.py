@@ -9,8 +9,8 @@ runs those same steps.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 from urllib.parse import urlsplit
 
 from sparkcluster import redact

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 STAGE = "fabric"
 
 
-def steps(plan: "Plan") -> list[Step]:
+def steps(plan: Plan) -> list[Step]:
     inv = plan.inventory
     if not plan.containers or len(inv.nodes) < 2 or not plan.profile.fabric_test:
         return []
@@ -42,7 +42,7 @@ def summary(done: list[tuple[Step, object]]) -> str:
     return lines[0] if lines else "not run"
 
 
-def run_test(r: "UpRun") -> list:
+def run_test(r: UpRun) -> list:
     results = measure.run(r.cluster, r.inv, r.plan.profile, r.plan.image, r.plan.facts)
     bad = [x for x in results if x.status == "fail"]
     if bad:

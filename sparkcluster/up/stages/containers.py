@@ -66,7 +66,7 @@ class Created:
         self.containers.setdefault(node, set()).add(cid)
 
 
-def steps(plan: "Plan") -> list[Step]:
+def steps(plan: Plan) -> list[Step]:
     inv = plan.inventory
     out = []
     # workers before the head, as `down` does: a worker's raylet outlives no head it waits for
@@ -150,14 +150,14 @@ def summary(done: list[tuple[Step, object]]) -> str:
     return f"{sum(1 for s, _ in done if s.action == 'create')} created"
 
 
-def remove(r: "UpRun", node: str, cid: str, is_head: bool) -> None:
+def remove(r: UpRun, node: str, cid: str, is_head: bool) -> None:
     host = r.cluster.hosts[node]
     if is_head:
         teardown.stop_server(host, cid)
     teardown.remove_container(host, cid)
 
 
-def drop_page_cache(r: "UpRun", node: str) -> None:
+def drop_page_cache(r: UpRun, node: str) -> None:
     # a failure fails the stage in one line: the profile asked for the memory this frees before the
     # load, so it is never skipped quietly
     res = r.cluster.hosts[node].run(drop_caches_command(r.plan.image), timeout=120, warn=True)
@@ -206,7 +206,7 @@ def prepare_cache(r: UpRun, node: str, key: str) -> dict:
     return done
 
 
-def create(r: "UpRun", spec: ContainerSpec) -> str:
+def create(r: UpRun, spec: ContainerSpec) -> str:
     host = r.cluster.hosts[spec.node]
     created = r.find(Created) or r.put(Created())
     try:

@@ -22,7 +22,7 @@ STAGE = "preflight"
 REPAIRED_BY_UP = {"image.same", "image.ray", "containers.forwarded_env", "containers.per_host_env", "containers.flags"}
 
 
-def steps(plan: "Plan") -> list[Step]:
+def steps(plan: Plan) -> list[Step]:
     return [
         Step(STAGE, n.name, "facts", "facts and checks", "one read-only probe script, then path-MTU pings")
         for n in plan.inventory.nodes
@@ -33,7 +33,7 @@ def summary(done: list[tuple[Step, object]]) -> str:
     return f"facts and checks on {len(done)} nodes"
 
 
-def check(cluster: "ConnectedHosts", inv: "Inventory", prof: "Profile") -> preflight.PreflightReport:
+def check(cluster: ConnectedHosts, inv: Inventory, prof: Profile) -> preflight.PreflightReport:
     """Facts and checks on every host; any failure `up` cannot repair stops here, before a change."""
     report, _ = preflight.run(inv, prof, cluster=cluster)
     blocking = [r for r in report.failed if r.id not in REPAIRED_BY_UP]

@@ -31,7 +31,7 @@ def ray_version_command(image: str) -> str:
     return shlex.join(["docker", "run", "--rm", "--network", "none", "--entrypoint", "ray", image, "--version"])
 
 
-def steps(plan: "Plan") -> list[Step]:
+def steps(plan: Plan) -> list[Step]:
     inv, head = plan.inventory, plan.inventory.head.name
     out = []
     if plan.build is not None:
@@ -86,7 +86,7 @@ def _elides(facts) -> bool:
     return facts.docker is not None and transfer.elides(facts.docker.driver_status)
 
 
-def planned_layers(plan: "Plan", worker: str) -> str:
+def planned_layers(plan: Plan, worker: str) -> str:
     """Which layers (count, size) move to `worker`, from the facts gathered in preflight."""
     f, hf = plan.facts.get(worker), plan.facts.get(plan.inventory.head.name)
     if f is None or hf is None:
@@ -116,11 +116,11 @@ class HeadImage:
     info: dict
 
 
-def head_image(r: "UpRun") -> dict:
+def head_image(r: UpRun) -> dict:
     return (r.find(HeadImage) or r.put(HeadImage(r.cluster.head.docker().api.inspect_image(r.plan.image)))).info
 
 
-def _same_image(r: "UpRun", worker: str) -> str | None:
+def _same_image(r: UpRun, worker: str) -> str | None:
     return "it already holds the head's image" if r.facts[worker].image_id == head_image(r)["Id"] else None
 
 
@@ -132,7 +132,7 @@ def image_id(host, image: str) -> str | None:
         return None
 
 
-def build(r: "UpRun") -> str:
+def build(r: UpRun) -> str:
     head, plan = r.cluster.head, r.plan
     api = head.docker().api
     ctx = io.BytesIO()
@@ -174,7 +174,7 @@ def build(r: "UpRun") -> str:
     return "built on " + head.name
 
 
-def ray_in_image(r: "UpRun", node: str) -> str:
+def ray_in_image(r: UpRun, node: str) -> str:
     cmd = ray_version_command(r.plan.image)
     res = r.cluster.hosts[node].run(cmd, timeout=120, warn=True)
     if not res.ok:
@@ -190,7 +190,7 @@ def ray_in_image(r: "UpRun", node: str) -> str:
     return res.stdout.strip()
 
 
-def _disk_needed(r: "UpRun", head, worker, size: int, layers: list[str]) -> int | None:
+def _disk_needed(r: UpRun, head, worker, size: int, layers: list[str]) -> int | None:
     """What docker load will need on the worker, from the layers it already holds; None when the
     engines cannot say (the transfer then goes ahead, and a full disk fails it cleanly)."""
     try:
@@ -210,14 +210,14 @@ def _disk_needed(r: "UpRun", head, worker, size: int, layers: list[str]) -> int 
     return transfer.disk_needed(size, layers, present, sizes)
 
 
-def run_delta(r: "UpRun", worker: str) -> layers.Delta:
+def run_delta(r: UpRun, worker: str) -> layers.Delta:
     """The same computation as the plan's (planned_layers), over the head's image as it is now:
     after a build, its layers are read from the engine."""
     wf = r.facts[worker]
     return layers.delta(head_layers(r), wf.layer_chains, _elides(wf))
 
 
-def head_layers(r: "UpRun") -> layers.ImageLayers:
+def head_layers(r: UpRun) -> layers.ImageLayers:
     """The head's image's layers as they are now (after a build, read from the engine)."""
     hf = r.facts[r.inv.head.name]
     info = head_image(r)
@@ -234,7 +234,7 @@ def head_layers(r: "UpRun") -> layers.ImageLayers:
     return img
 
 
-def check_disk(r: "UpRun", worker_name: str, d: layers.Delta, size: int, image_layers: list[str]) -> None:
+def check_disk(r: UpRun, worker_name: str, d: layers.Delta, size: int, image_layers: list[str]) -> None:
     """Fails naming the worker when its docker root lacks the room docker load needs."""
     head, worker = r.cluster.head, r.cluster.hosts[worker_name]
     wf = r.facts[worker.name]
@@ -263,7 +263,7 @@ def check_disk(r: "UpRun", worker_name: str, d: layers.Delta, size: int, image_l
         )
 
 
-def send(r: "UpRun", worker_name: str) -> str:
+def send(r: UpRun, worker_name: str) -> str:
     """The image to one worker, over the control link."""
     got, d = stream_image(r, [chain.control(r.inv, r.inv.head.name, worker_name)], run_delta(r, worker_name))
     verify(r, worker_name)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 STAGE = image.STAGE
 
 
-def steps(plan: "Plan") -> list[Step]:
+def steps(plan: Plan) -> list[Step]:
     """One "receive" step per worker of plan.send_to, in chain order, when there are several (one
     worker gets the image from `image.send`)."""
     if len(plan.send_to) < 2:  # one docker save feeds a chain through the workers (issue 27)
@@ -57,7 +57,7 @@ def steps(plan: "Plan") -> list[Step]:
     return out
 
 
-def planned_layers(plan: "Plan", workers: list[str]) -> str:
+def planned_layers(plan: Plan, workers: list[str]) -> str:
     """Which layers (count, size) the one stream carries, from the facts gathered in preflight."""
     hf = plan.facts.get(plan.inventory.head.name)
     wfs = [plan.facts.get(w) for w in workers]
@@ -76,7 +76,7 @@ class Chained:
     notes: dict[str, str]
 
 
-def receive(r: "UpRun", worker: str) -> str:
+def receive(r: UpRun, worker: str) -> str:
     done = r.find(Chained) or r.put(Chained(distribute(r)))
     note = done.notes.get(worker)
     if note is None:  # not in the chain run (it held the image then): nothing of ours moved to it
@@ -85,7 +85,7 @@ def receive(r: "UpRun", worker: str) -> str:
     return note
 
 
-def distribute(r: "UpRun") -> dict[str, str]:
+def distribute(r: UpRun) -> dict[str, str]:
     """Moves the image to every worker of the plan that lacks it now; returns a note per worker."""
     info = image.head_image(r)
     need = [w for w in r.plan.send_to if r.facts[w].image_id != info["Id"]]

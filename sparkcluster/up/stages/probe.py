@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 STAGE = "probe"
 
 
-def steps(plan: "Plan") -> list[Step]:
+def steps(plan: Plan) -> list[Step]:
     return [
         Step(
             STAGE,
@@ -38,7 +38,7 @@ def summary(done: list[tuple[Step, object]]) -> str:
     return f"{sum(counts)} variables right on {len(counts)} nodes"
 
 
-def env_in_container(r: "UpRun", node: str, container: str) -> dict[str, str]:
+def env_in_container(r: UpRun, node: str, container: str) -> dict[str, str]:
     """The variables the container's processes see, read with `docker exec env`."""
     # a failed exec (no such container, the engine refusing) fails the step as what it is: never
     # read as a container missing its variables
@@ -61,7 +61,7 @@ def env_in_container(r: "UpRun", node: str, container: str) -> dict[str, str]:
     )
 
 
-def check_env(r: "UpRun", node: str, container: str) -> int:
+def check_env(r: UpRun, node: str, container: str) -> int:
     want = r.plan.profile.forwarded_env()
     per_host = profiles.per_host_env(r.plan.profile, r.inv, node)
     v = env_verdict(env_in_container(r, node, container), want, per_host)

@@ -30,7 +30,7 @@ RAY_STARTED = "Ray runtime started."
 RAY_STARTED_GRACE_S = 15.0
 
 
-def steps(plan: "Plan") -> list[Step]:
+def steps(plan: Plan) -> list[Step]:
     if not plan.containers or not plan.containers[0].command:  # none created, or no Ray (one node)
         return []
     return [
@@ -49,7 +49,7 @@ def summary(done: list[tuple[Step, object]]) -> str:
     return next((v for s, v in done if s.action == "membership"), "")
 
 
-def container_failed(r: "UpRun", spec: ContainerSpec) -> StageError | None:
+def container_failed(r: UpRun, spec: ContainerSpec) -> StageError | None:
     host = r.cluster.hosts[spec.node]
     api = host.docker().api
     info = container_inspect(api.inspect_container(spec.name))
@@ -76,13 +76,13 @@ def container_failed(r: "UpRun", spec: ContainerSpec) -> StageError | None:
     )
 
 
-def membership(r: "UpRun") -> list[ray_members.RayNode] | None:
+def membership(r: UpRun) -> list[ray_members.RayNode] | None:
     """Ray's nodes, or None while its state API does not answer yet (not answering is expected)."""
     res = r.cluster.head.run(ray_members.state_api_command(), timeout=10, warn=True)
     return ray_members.nodes_from_state_api(res.stdout) if res.ok else None
 
 
-def wait_head(r: "UpRun", spec: ContainerSpec) -> None:
+def wait_head(r: UpRun, spec: ContainerSpec) -> None:
     def answered() -> bool | None:
         err = container_failed(r, spec)
         if err:
@@ -108,7 +108,7 @@ def wait_head(r: "UpRun", spec: ContainerSpec) -> None:
         )
 
 
-def wait_membership(r: "UpRun") -> str:
+def wait_membership(r: UpRun) -> str:
     problems = ["no answer from Ray yet"]
 
     def formed() -> str | None:

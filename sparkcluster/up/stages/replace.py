@@ -29,7 +29,7 @@ class Away:
     inventory: Inventory
 
 
-def steps(plan: "Plan") -> list[Step]:
+def steps(plan: Plan) -> list[Step]:
     out = []
     for a in plan.away:
         d = a.deployment
@@ -47,7 +47,7 @@ def steps(plan: "Plan") -> list[Step]:
     return out
 
 
-def down(r: "UpRun", a: Away) -> str:
+def down(r: UpRun, a: Away) -> str:
     hosts = {n: r.reach[n] for n in a.deployment.nodes}
     outcomes = teardown.down(ConnectedHosts(a.inventory, hosts))
     errors = [(n, e) for n, o in outcomes.items() for e in o.errors]

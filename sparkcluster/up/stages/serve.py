@@ -25,7 +25,7 @@ STAGE = "serve"
 SUPERVISOR_CONFIRM_S = 10.0  # its looks are 2 s apart; one of them probes with the profile's bound
 
 
-def steps(plan: "Plan") -> list[Step]:
+def steps(plan: Plan) -> list[Step]:
     sv, inv = plan.serve, plan.inventory
     if sv is None:
         return []
@@ -116,13 +116,13 @@ def summary(done: list[tuple[Step, object]]) -> str:
     return f"ready after {sum(v for s, v in done if s.action in ('ready', 'warm-up')):.1f}s"
 
 
-def write_token(r: "UpRun", node: str) -> None:
+def write_token(r: UpRun, node: str) -> None:
     r.cluster.hosts[node].run(
         server.token_file_command(r.inv.hf_cache(node)), timeout=30, stdin=r.secrets["HF_TOKEN"].encode()
     )
 
 
-def stage_plugin(r: "UpRun") -> None:
+def stage_plugin(r: UpRun) -> None:
     sv, head = r.plan.serve, r.cluster.head
     api = head.docker().api
     env = {k: v for k, v in r.secrets.items() if k == "HF_TOKEN"}
@@ -141,12 +141,12 @@ def stage_plugin(r: "UpRun") -> None:
         )
 
 
-def _old_gone(r: "UpRun", pid: int) -> str | None:
+def _old_gone(r: UpRun, pid: int) -> str | None:
     rec = server.current(r.cluster.head.docker().api, r.plan.serve.container)
     return None if rec is not None and rec.pid == pid else "it no longer runs"
 
 
-def start(r: "UpRun") -> None:
+def start(r: UpRun) -> None:
     prof = r.plan.profile
     try:
         r.put(
@@ -171,11 +171,11 @@ def start(r: "UpRun") -> None:
         ) from None
 
 
-def _base(r: "UpRun") -> str:
+def _base(r: UpRun) -> str:
     return f"http://{r.cluster.head.address}:{r.plan.serve.port}"
 
 
-def wait_ready(r: "UpRun") -> float:
+def wait_ready(r: UpRun) -> float:
     sv, head = r.plan.serve, r.cluster.head
     api = head.docker().api
     try:
@@ -224,7 +224,7 @@ def wait_ready(r: "UpRun") -> float:
     return took
 
 
-def engine_transport(r: "UpRun") -> dict[str, str]:
+def engine_transport(r: UpRun) -> dict[str, str]:
     """What every rank's NCCL chose, read from the containers once the engine answers (its ranks have
     initialised NCCL by then); sockets while the deployment has RoCE links fails `up` on that node."""
     script = engine_nccl.section_script(f"{CLUSTER_LABEL}={r.inv.cluster.name}", 8)
@@ -244,5 +244,5 @@ def engine_transport(r: "UpRun") -> dict[str, str]:
     return seen
 
 
-def warm_up(r: "UpRun") -> float:
+def warm_up(r: UpRun) -> float:
     return endpoint.warm_up(_base(r), r.plan.serve.model, r.secrets)

@@ -57,7 +57,7 @@ class Staging:
     repo: str
     revision: str
     secrets: dict[str, str]
-    progress: "StageProgress"
+    progress: StageProgress
     need: repos.Need | None = None  # which files of the snapshot are staged; None: all of them
     manifest: hfcache.Manifest | None = None
     state: dict[str, dict] = field(default_factory=dict)  # node -> the node program's last `check`
@@ -209,7 +209,7 @@ def disk(stagings: list[Staging]) -> None:
             )
 
 
-def steps(plan: "Plan") -> list[Step]:
+def steps(plan: Plan) -> list[Step]:
     if plan.serve is None:
         return []
     want = wanted(plan.profile)
@@ -356,7 +356,7 @@ def plugin_link(prof, hf_cache: str) -> tuple[int, str, str] | None:
     return k, at[1], got[2]
 
 
-def _link_plugin(r: "UpRun", node: str) -> str:
+def _link_plugin(r: UpRun, node: str) -> str:
     k, path, file = plugin_link(r.plan.profile, r.inv.hf_cache(r.inv.head.name))
     st = stagings(r)[k]
     target = hfcache.snapshot_file(r.inv.hf_cache(node), st.repo, st.manifest.commit, file)
@@ -364,7 +364,7 @@ def _link_plugin(r: "UpRun", node: str) -> str:
     return path
 
 
-def _shape(r: "UpRun") -> str:
+def _shape(r: UpRun) -> str:
     """The model's config.json against TP x PP (config/lint.model_shape), before any container."""
     st, prof, head = stagings(r)[0], r.plan.profile, r.inv.head.name
     path = hfcache.snapshot_file(r.inv.hf_cache(head), st.repo, st.manifest.commit, "config.json")
@@ -403,7 +403,7 @@ class Stagings:
     items: list[Staging]
 
 
-def stagings(r: "UpRun") -> list[Staging]:
+def stagings(r: UpRun) -> list[Staging]:
     """One Staging per repository the profile needs, made at the stage's first step."""
     found = r.find(Stagings)
     if found is None:
@@ -418,12 +418,12 @@ def stagings(r: "UpRun") -> list[Staging]:
     return found.items
 
 
-def _resolve(r: "UpRun", k: int) -> str:
+def _resolve(r: UpRun, k: int) -> str:
     st = stagings(r)[k]
     return f"{st.repo}@{st.resolve().commit[:12]}"
 
 
-def _head_complete(r: "UpRun", k: int) -> str | None:
+def _head_complete(r: UpRun, k: int) -> str | None:
     return None if stagings(r)[k].state[r.inv.head.name]["missing"] else "the head holds the snapshot"
 
 

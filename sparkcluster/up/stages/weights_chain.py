@@ -29,7 +29,7 @@ class WeightsChained:
     notes: dict[int, dict[str, str]] = field(default_factory=dict)
 
 
-def replicate(r: "UpRun", st, k: int, worker: str) -> str:
+def replicate(r: UpRun, st, k: int, worker: str) -> str:
     """`worker`'s replicate step of repository `k`: the first such step that runs moves the files to
     every worker that lacks some (along the chain when there are two or more); each step then says
     what reached its worker."""
@@ -41,14 +41,14 @@ def replicate(r: "UpRun", st, k: int, worker: str) -> str:
     return note if note is not None else st.replicate(worker)
 
 
-def reached(r: "UpRun", k: int, worker: str) -> bool:
+def reached(r: UpRun, k: int, worker: str) -> bool:
     """Whether repository `k`'s chain, run by an earlier worker's step, brought `worker` its files
     (its step then reports that, rather than being skipped as holding them all along)."""
     done = r.find(WeightsChained)
     return done is not None and worker in done.notes.get(k, {})
 
 
-def distribute(r: "UpRun", st, lacking: list[str]) -> dict[str, str]:
+def distribute(r: UpRun, st, lacking: list[str]) -> dict[str, str]:
     """One stream along the chain through the workers `lacking`; returns a note per worker."""
     got = stream_files(st, r.cluster.hosts, r.inv, chain.plan(r.inv, r.facts, lacking))
     return {
