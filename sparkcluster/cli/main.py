@@ -54,8 +54,10 @@ class _LazyGroup(click.Group):
         "logs": "The containers' logs (Ray) and vllm serve's log, from any node.",
         "monitor": "Prometheus, Alertmanager and node_exporter for the cluster: up, down, config.",
         "profile": "Model profiles: list, show what each node gets, lint.",
+        "rollback": "Return a deployment to its last good serve with another image or revision.",
         "status": "Per deployment and node: container, Ray membership, endpoint, supervisor.",
         "up": "Build, distribute, start the containers on every node and serve the profile's model.",
+        "upgrade": "Serve a new image or model revision; roll back by itself unless its canary and bench hold.",
         "weights": "Model weights in the nodes' HF caches: stage, list, remove.",
     }
 

@@ -52,6 +52,18 @@ class GoodRecord:
     model: str
     model_revision: str  # the commit the weights resolved to (else the profile's revision)
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    # what `upgrade` and `rollback` return to (issue 39 item 5): the profile's base image as served
+    base_image: str = ""
+    # the canary of this serve (bench/canary's answers, as JSON) and its one-stream speed, once an
+    # `upgrade` measured them: the next upgrade's canary is judged against these
+    canary: list[dict] = field(default_factory=list)
+    canary_deterministic: bool = True
+    canary_tok_s: float = 0.0
+
+    def canary_answers(self) -> list:
+        from sparkcluster.bench.canary import Answer  # lazy: doctor and status read records without it
+
+        return [Answer(a["prompt"], a.get("text", ""), _ids(a.get("token_ids"))) for a in self.canary]
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -59,7 +71,9 @@ class GoodRecord:
     @staticmethod
     def from_json(d: dict) -> GoodRecord:
         nodes = {n: NodeRecord(**{k: v for k, v in r.items() if k in NODE_FIELDS}) for n, r in d["nodes"].items()}
-        keep = {k: d.get(k, "") for k in GoodRecord.__dataclass_fields__ if k != "nodes"}
+        keep = {k: d[k] for k in GoodRecord.__dataclass_fields__ if k != "nodes" and k in d}
+        for k in ("deployment", "at", "profile", "profile_hash", "image", "vllm_version", "model", "model_revision"):
+            keep.setdefault(k, "")
         return GoodRecord(**keep, nodes=nodes)
 
     def day(self) -> str:
@@ -77,6 +91,37 @@ class Change:
 
     def line(self) -> str:
         return f"{NODE_FIELDS[self.what]} {self.before} -> {self.after} on {self.node} since the serve of {self.since}"
+
+
+def _ids(v) -> tuple[int, ...] | None:
+    return tuple(int(i) for i in v) if isinstance(v, list) else None
+
+
+def answers_json(answers: list) -> list[dict]:
+    """bench/canary's answers as the record keeps them."""
+    return [
+        {"prompt": a.prompt, "text": a.text, "token_ids": list(a.token_ids) if a.token_ids is not None else None}
+        for a in answers
+    ]
+
+
+@dataclass(frozen=True)
+class UpgradeOutcome:
+    """What an `upgrade` or a `rollback` ended as, kept beside the good records: after a refused upgrade
+    nothing is left of the new image or revision but this (what was tried, and why it was refused)."""
+
+    deployment: str
+    at: str
+    image: str  # the base image tried
+    model_revision: str
+    outcome: str  # "kept" | "rolled back" | "rollback"
+    reason: str = ""
+    returned_to: str = ""  # the good serve returned to (its `at`), when rolled back
+
+    def line(self) -> str:
+        why = f": {self.reason}" if self.reason else ""
+        back = f" (returned to the serve of {self.returned_to})" if self.returned_to else ""
+        return f"{self.at} {self.deployment} {self.image}@{self.model_revision[:12]} {self.outcome}{why}{back}"
 
 
 def node_now(f) -> NodeRecord:
@@ -131,22 +176,62 @@ def path_for(cluster: str):
     return state_dir() / f"known-good-{cluster}.json"
 
 
-def load(cluster: str) -> list[GoodRecord]:
+def _doc(cluster: str) -> dict:
     try:
         doc = json.loads(path_for(cluster).read_text())
-        return [GoodRecord.from_json(d) for d in doc.get("records", [])]
-    except (OSError, ValueError, KeyError, TypeError):
+        return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def load(cluster: str) -> list[GoodRecord]:
+    try:
+        return [GoodRecord.from_json(d) for d in _doc(cluster).get("records", [])]
+    except (KeyError, TypeError, AttributeError):
         return []
+
+
+def load_outcomes(cluster: str) -> list[UpgradeOutcome]:
+    try:
+        return [UpgradeOutcome(**d) for d in _doc(cluster).get("upgrades", [])]
+    except (KeyError, TypeError):
+        return []
+
+
+def _write(cluster: str, records: list[GoodRecord], outcomes: list[UpgradeOutcome]) -> None:
+    p = path_for(cluster)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    doc = {"records": [r.to_json() for r in records[-HISTORY:]], "upgrades": [asdict(o) for o in outcomes[-HISTORY:]]}
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(p)  # never half written
 
 
 def append(cluster: str, rec: GoodRecord) -> None:
     """Add a record (newest last), keeping the last HISTORY; the file is replaced whole."""
-    records = [*load(cluster), rec][-HISTORY:]
-    p = path_for(cluster)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"records": [r.to_json() for r in records]}, indent=2) + "\n")
-    tmp.replace(p)
+    _write(cluster, [*load(cluster), rec], load_outcomes(cluster))
+
+
+def replace_newest(cluster: str, rec: GoodRecord) -> None:
+    """The deployment's newest record replaced by `rec` (the canary measured on the serve it records)."""
+    records = load(cluster)
+    for i in range(len(records) - 1, -1, -1):
+        if records[i].deployment == rec.deployment:
+            records[i] = rec
+            break
+    else:
+        records.append(rec)
+    _write(cluster, records, load_outcomes(cluster))
+
+
+def forget_since(cluster: str, deployment: str, at: str) -> None:
+    """The deployment's records taken at or after `at` dropped: an upgrade whose canary failed was never good."""
+    records = [r for r in load(cluster) if r.deployment != deployment or r.at < at]
+    _write(cluster, records, load_outcomes(cluster))
+
+
+def note_outcome(cluster: str, o: UpgradeOutcome) -> None:
+    _write(cluster, load(cluster), [*load_outcomes(cluster), o])
 
 
 # --- what doctor says ------------------------------------------------------------------------------

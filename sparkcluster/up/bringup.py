@@ -12,6 +12,7 @@ is removed; what was already there is left alone unless the plan itself replaced
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -264,20 +265,31 @@ def remember_good(
                 nodes[n.name] = known_good.NodeRecord(
                     rec.kernel, rec.driver, rec.cx7_firmware, rec.nccl or nccl.get(n.name, ""), image_id or rec.image_id
                 )
-        known_good.append(
-            inv.cluster.name,
-            known_good.GoodRecord(
-                deployment=key,
-                at=known_good.now_utc(),
-                profile=prof.name,
-                profile_hash=profile_hash(prof),
-                image=image_ref(inv, prof),
-                vllm_version=prof.image.vllm_version or "",
-                model=prof.model,
-                model_revision=revision or prof.revision or "main",
-                nodes=nodes,
-            ),
+        rec = known_good.GoodRecord(
+            deployment=key,
+            at=known_good.now_utc(),
+            profile=prof.name,
+            profile_hash=profile_hash(prof),
+            image=image_ref(inv, prof),
+            vllm_version=prof.image.vllm_version or "",
+            model=prof.model,
+            model_revision=revision or prof.revision or "main",
+            nodes=nodes,
+            base_image=prof.image.ref,
         )
+        same = before is not None and (before.profile, before.base_image, before.model_revision) == (
+            rec.profile,
+            rec.base_image,
+            rec.model_revision,
+        )
+        if same:  # the same model, revision and image serve again: its canary still holds
+            rec = dataclasses.replace(
+                rec,
+                canary=before.canary,
+                canary_deterministic=before.canary_deterministic,
+                canary_tok_s=before.canary_tok_s,
+            )
+        known_good.append(inv.cluster.name, rec)
     except Exception as e:  # the record is for later diagnosis; serving matters more
         _log.warning("could not record the known-good serve", error=str(e))
 

@@ -1,0 +1,805 @@
+"""`upgrade` and `rollback` (issue 39 item 5): a new image or model revision is kept only once it has
+shown it serves as well as the last good serve did; otherwise the last good serve comes back by itself,
+and the reason is kept.
+
+Why a plan of steps: an upgrade is several `up`s and a judgement between them, and an owner must be
+able to read all of it, the rollback included, before anything moves (`--dry-run`). The steps are
+`up`'s own (`stages/base.Step`, one `Stage` declaration per stage below), walked by `up`'s executor
+(`execute.walk`), so each ends as the same structured `step` event:
+
+  traffic   a gateway in front of the deployment holds its requests (issue 36 plugs in: `gateway_for`)
+  baseline  the last good serve's canary answers and one-stream speed, from the known-good record;
+            measured on the serving deployment first when the record has none yet
+  up        `up` of the profile with the new image or revision: its own plan (distribute: image and
+            weights stages; then containers, ray, probe, serve), printed nested in the dry run
+  canary    the probe (/health and one token), the fixed greedy completions (`bench/canary`) against
+            the last good ones
+  bench     decode tokens/s at concurrency 1 after a few warm-up requests, against a bound times the
+            last good serve's figure
+  prune     only if all of that held: the old image and the old revision's files removed, the new serve
+            recorded as good with its canary (one record, `day2/known_good`, extended, not a second)
+  rollback  only if any of it failed: `up` of the last good image and revision, the new image removed
+            from every node, the record of why kept (`known_good.UpgradeOutcome`)
+
+The old image and revision stay on disk until the new ones are good, so the preflight disk check of the
+new `up` sees them as used space (it asks room for the new image beside the old). A failing step never
+raises out of the walk: it is kept as the reason, and the steps after it read it to decide whether they
+run (their `when` says so in the plan).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, TypeVar
+
+from sparkcluster import log
+from sparkcluster.bench import canary
+from sparkcluster.config import profile as profiles
+from sparkcluster.config.images import image_ref
+from sparkcluster.config.inventory import Inventory
+from sparkcluster.day2 import deployments, known_good
+from sparkcluster.errors import InputError, SparkError
+from sparkcluster.up.execute import StageProgress, walk
+from sparkcluster.up.stages.base import Stage, Step
+
+_log = log.get(__name__)
+T = TypeVar("T")
+
+SPEED_BOUND = 0.8  # the new serve keeps at least this share of the last good serve's one-stream speed
+PROBE_TIMEOUT_S = 60.0
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+# ---- what is judged (pure) ---------------------------------------------------------------------------
+
+
+def judge(
+    up_failed: str = "",
+    probe: str = "",
+    verdict: canary.Verdict | None = None,
+    tok_s: float | None = None,
+    good_tok_s: float = 0.0,
+    bound: float = SPEED_BOUND,
+) -> str:
+    """Why the new serve is refused, or "" when it is good: its `up` failed, its probe did not answer, a
+    deterministic canary answer changed, or its one-stream speed fell below `bound` x the last good one."""
+    if up_failed:
+        return f"up failed: {up_failed}"
+    if probe:
+        return f"the probe failed: {probe}"
+    if verdict is not None and verdict.problem:
+        return verdict.says
+    if tok_s is not None and good_tok_s > 0 and tok_s < bound * good_tok_s:
+        return (
+            f"one-stream decode {tok_s:.1f} tok/s is below {bound:.0%} of the last good serve's {good_tok_s:.1f} tok/s"
+        )
+    return ""
+
+
+def with_image(prof: profiles.Profile, ref: str, vllm_version: str | None = None) -> profiles.Profile:
+    """The profile with another base image (`repository:tag`); the vLLM version it ships when given."""
+    base, sep, tag = ref.rpartition(":")
+    if not sep or "/" in tag or not base:
+        raise InputError(f"--image {ref!r} names no tag", "name the image as repository:tag (a dated tag, not latest)")
+    doc = prof.model_dump()
+    doc["image"] = {**doc["image"], "base": base, "tag": tag, "vllm_version": vllm_version}
+    return _valid(doc, "--image")
+
+
+def with_revision(prof: profiles.Profile, revision: str) -> profiles.Profile:
+    return _valid({**prof.model_dump(), "revision": revision}, "--revision")
+
+
+def _valid(doc: dict, flag: str) -> profiles.Profile:
+    from pydantic import ValidationError
+
+    try:
+        return profiles.Profile.model_validate(doc)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise InputError(f"{flag}: {first['msg']}", f"check the value given to {flag}") from None
+
+
+def profile_at(prof: profiles.Profile, rec: known_good.GoodRecord) -> profiles.Profile:
+    """The profile as it served when `rec` was recorded: its base image and, where the record names a
+    commit other than the profile's own revision, that commit."""
+    out = with_image(prof, rec.base_image, rec.vllm_version or None) if rec.base_image else prof
+    if _COMMIT.match(rec.model_revision) and rec.model_revision != (prof.revision or ""):
+        out = with_revision(out, rec.model_revision)
+    return out
+
+
+def same_serve(a: known_good.GoodRecord, b: known_good.GoodRecord) -> bool:
+    return (a.base_image or a.image, a.model_revision) == (b.base_image or b.image, b.model_revision)
+
+
+def rollback_target(history: list[known_good.GoodRecord], deployment: str) -> known_good.GoodRecord | None:
+    """What `rollback` returns to: the newest good serve of the deployment other than the newest one."""
+    mine = [r for r in history if r.deployment == deployment]
+    if not mine:
+        return None
+    return next((r for r in reversed(mine[:-1]) if not same_serve(r, mine[-1])), None)
+
+
+# ---- the gateway's hook ------------------------------------------------------------------------------
+
+
+class Traffic(Protocol):
+    """A gateway in front of a deployment: `hold` queues new requests (none dropped) while the
+    deployment behind it restarts; `release` lets them through again. Each returns what it did."""
+
+    def hold(self) -> str: ...
+    def release(self) -> str: ...
+
+
+def gateway_for(inv: Inventory, prof: profiles.Profile) -> Traffic | None:
+    """The gateway that fronts this deployment, if any. None until the one endpoint of issue 36 exists:
+    it returns its own `Traffic` here, and the plan's traffic steps then hold and release through it."""
+    return None
+
+
+# ---- the run -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class UpgradeRun:
+    """What an upgrade's steps share: the inventory, both profiles, the last good record, and the state
+    each step leaves (by its type, as `UpRun` keeps it). `refused` is the first reason to roll back."""
+
+    inv: Inventory
+    nodes: tuple[str, ...]
+    new: profiles.Profile
+    old: profiles.Profile
+    good: known_good.GoodRecord
+    secrets: dict[str, str]
+    progress: StageProgress
+    bound: float = SPEED_BOUND
+    traffic: Traffic | None = None
+    stage: str = ""
+    refused: str = ""
+    owned: dict[type, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def deployment(self) -> str:
+        return self.good.deployment
+
+    @property
+    def target(self) -> Inventory:
+        return deployments.target(self.inv, self.new, self.nodes)
+
+    def put(self, value: T) -> T:
+        self.owned[type(value)] = value
+        return value
+
+    def find(self, kind: type[T]) -> T | None:
+        return self.owned.get(kind)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    answers: tuple
+    deterministic: bool
+    tok_s: float
+
+
+@dataclass(frozen=True)
+class Started:
+    at: str  # when the new `up` began: records from then on are the new serve's
+
+
+@dataclass(frozen=True)
+class Measured:
+    answers: tuple = ()
+    verdict: canary.Verdict | None = None
+    tok_s: float | None = None
+
+
+def _address(r: UpgradeRun, prof: profiles.Profile) -> tuple[str, int]:
+    t = r.target
+    return str(t.head.address), prof.serve.port or t.cluster.api_port
+
+
+def _guarded(r: UpgradeRun, what, *args):
+    """A step of the new serve: a failure becomes the reason to roll back, never an exception."""
+    try:
+        return what(r, *args)
+    except SparkError as e:
+        r.refused = r.refused or e.message
+        return e.message
+
+
+def take_baseline(r: UpgradeRun) -> Baseline:
+    from sparkcluster import bench
+
+    g = r.good
+    if g.canary and g.canary_tok_s > 0:
+        return r.put(Baseline(tuple(g.canary_answers()), g.canary_deterministic, g.canary_tok_s))
+    address, port = _address(r, r.old)
+    model = r.old.served_model_name
+    try:
+        first = bench.ask_canary(address, port, model, r.secrets)
+        second = bench.ask_canary(address, port, model, r.secrets)
+        tok_s = bench.ask_speed(address, port, model, r.secrets)
+    except SparkError as e:
+        raise SparkError(
+            f"the last good serve's canary is not recorded and the deployment does not answer it now: {e.message}",
+            f"sparkcluster up --profile {r.old.name}, then sparkcluster upgrade again",
+        ) from None
+    took = canary.take(first, second, deployment=r.deployment, profile=r.old.name, taken_at=known_good.now_utc())
+    known_good.replace_newest(
+        r.inv.cluster.name,
+        replace(
+            g,
+            canary=known_good.answers_json(first),
+            canary_deterministic=took.deterministic,
+            canary_tok_s=round(tok_s, 3),
+        ),
+    )
+    return r.put(Baseline(tuple(first), took.deterministic, tok_s))
+
+
+def bring_up(r: UpgradeRun, prof: profiles.Profile, command: str) -> str:
+    from sparkcluster.up import bringup
+
+    bringup.run(r.inv, prof, r.secrets, r.progress, node=r.nodes or None, command=command)
+    return f"serving {prof.image.ref}"
+
+
+def up_new(r: UpgradeRun) -> str:
+    r.put(Started(known_good.now_utc()))
+    return _guarded(r, bring_up, r.new, f"upgrade --profile {r.new.name}")
+
+
+def probe(r: UpgradeRun) -> str:
+    import httpx
+
+    from sparkcluster.day2 import endpoint
+
+    def ask(r: UpgradeRun) -> str:
+        address, port = _address(r, r.new)
+        base = f"http://{address}:{port}"
+        with httpx.Client() as client:
+            code = endpoint.health(client, base)
+            if code != 200:
+                raise SparkError(f"/health answers {code or 'nothing'}")
+            ok, why = endpoint.one_token(
+                client, base, r.new.served_model_name, endpoint.headers(r.secrets), PROBE_TIMEOUT_S
+            )
+        if not ok:
+            raise SparkError(why)
+        return "answers"
+
+    return _guarded(r, ask)
+
+
+def ask_answers(r: UpgradeRun) -> str:
+    from sparkcluster import bench
+
+    def ask(r: UpgradeRun) -> str:
+        base = r.find(Baseline)
+        address, port = _address(r, r.new)
+        fresh = bench.ask_canary(address, port, r.new.served_model_name, r.secrets)
+        stored = canary.CanaryRecord(
+            r.deployment, r.old.name, r.good.at, base.deterministic, list(base.answers), image_id=r.good.base_image
+        )
+        verdict = canary.compare(stored, fresh, image_id=r.new.image.ref)
+        r.put(Measured(tuple(fresh), verdict))
+        if verdict.problem:
+            r.refused = r.refused or verdict.says
+        return verdict.says
+
+    return _guarded(r, ask)
+
+
+def bench_speed(r: UpgradeRun) -> str:
+    from sparkcluster import bench
+
+    def ask(r: UpgradeRun) -> str:
+        address, port = _address(r, r.new)
+        tok_s = bench.ask_speed(address, port, r.new.served_model_name, r.secrets)
+        got = r.find(Measured) or Measured()
+        r.put(replace(got, tok_s=tok_s))
+        why = judge(tok_s=tok_s, good_tok_s=r.find(Baseline).tok_s, bound=r.bound)
+        r.refused = r.refused or why
+        return why or f"{tok_s:.1f} tok/s (last good: {r.find(Baseline).tok_s:.1f})"
+
+    return _guarded(r, ask)
+
+
+def _connected(r: UpgradeRun):
+    from sparkcluster.remote.fanout import ConnectedHosts
+
+    return ConnectedHosts.connect(r.target)
+
+
+def remove_image(r: UpgradeRun, node: str, ref: str) -> str:
+    """One image reference removed from a node (the image itself goes with its last reference)."""
+    import docker.errors
+
+    with _connected(r) as cluster:
+        try:
+            cluster.hosts[node].docker().api.remove_image(ref)
+        except docker.errors.NotFound:
+            return f"{ref} was not there"
+        except docker.errors.APIError as e:  # in use by a container: kept, and said so
+            _log.warning("could not remove an image", node=node, image=ref, error=str(e))
+            return f"{ref} kept: {e.explanation or e}"
+    return f"removed {ref}"
+
+
+def remove_revision(r: UpgradeRun, node: str, repo: str, commit: str) -> str:
+    from sparkcluster.movement import hfcache
+
+    with _connected(r) as cluster:
+        got = cluster.hosts[node].run(hfcache.rm_command(r.target.hf_cache(node), repo, commit), timeout=600, warn=True)
+    return f"removed {repo}@{commit[:12]}" if got.ok else f"{repo}@{commit[:12]} kept: {got.stderr.strip()[-200:]}"
+
+
+def record_good(r: UpgradeRun) -> str:
+    """The new serve's record (`up` appended it) extended with the canary it just passed."""
+    got = r.find(Measured) or Measured()
+    newest = known_good.last_for(known_good.load(r.inv.cluster.name), r.deployment)
+    if newest is not None and got.answers:
+        known_good.replace_newest(
+            r.inv.cluster.name,
+            replace(
+                newest,
+                canary=known_good.answers_json(list(got.answers)),
+                canary_deterministic=r.find(Baseline).deterministic,
+                canary_tok_s=round(got.tok_s or 0.0, 3),
+            ),
+        )
+    known_good.note_outcome(
+        r.inv.cluster.name,
+        known_good.UpgradeOutcome(
+            r.deployment,
+            known_good.now_utc(),
+            r.new.image.ref,
+            newest.model_revision if newest else "",
+            "kept",
+            f"{got.tok_s or 0:.1f} tok/s",
+        ),
+    )
+    return "recorded as the last good serve"
+
+
+def return_to_good(r: UpgradeRun) -> str:
+    """`up` of the last good image and revision, then the new serve's records dropped."""
+    started = r.find(Started)
+    tried = known_good.last_for(known_good.load(r.inv.cluster.name), r.deployment)
+    if started is not None:  # the new serve's own "good" record (its probe answered) was not good
+        known_good.forget_since(r.inv.cluster.name, r.deployment, started.at)
+    bring_up(r, r.old, f"upgrade --profile {r.old.name} (rolling back)")
+    revision = tried.model_revision if tried is not None and started and tried.at >= started.at else ""
+    known_good.note_outcome(
+        r.inv.cluster.name,
+        known_good.UpgradeOutcome(
+            r.deployment, known_good.now_utc(), r.new.image.ref, revision, "rolled back", r.refused, r.good.at
+        ),
+    )
+    return f"serving {r.old.image.ref} again"
+
+
+def hold(r: UpgradeRun) -> str:
+    return r.traffic.hold()
+
+
+def release(r: UpgradeRun) -> str:
+    return r.traffic.release()
+
+
+# ---- the plan ----------------------------------------------------------------------------------------
+
+
+def _no_gateway(r: UpgradeRun) -> str | None:
+    return None if r.traffic is not None else "no gateway fronts the deployment: clients see the restart"
+
+
+def _after_failure(r: UpgradeRun) -> str | None:
+    return f"refused: {r.refused}" if r.refused else None
+
+
+def _unless_good(r: UpgradeRun) -> str | None:
+    return None if r.refused else "the new serve is good"
+
+
+@dataclass
+class UpgradePlan:
+    """An upgrade's steps, and the `up` plan of the new serve the `up` step walks (None in a rollback)."""
+
+    title: str
+    all_steps: list[Step]
+    up_plan: Any = None  # up.plan.Plan: printed under the up step
+
+    def steps(self) -> list[Step]:
+        return list(self.all_steps)
+
+    def render(self) -> str:
+        from sparkcluster import redact
+
+        lines, stage = [self.title], None
+        for s in self.all_steps:
+            if s.stage != stage:
+                stage = s.stage
+                lines.append(f"[{stage}]")
+            lines.append(f"  {s.host}: {s.what}")
+            if s.when:
+                lines.append(f"      only if {s.when}")
+            if s.detail:
+                lines.append(f"      {s.detail}")
+            if s.stage == "up" and s.action == "new" and self.up_plan is not None:
+                lines += ["      " + ln for ln in self.up_plan.render().splitlines()]
+        return redact.mask("\n".join(lines))
+
+    def as_json(self) -> list[dict]:
+        out = []
+        for s in self.all_steps:
+            out.append(s.public())
+            if s.stage == "up" and s.action == "new" and self.up_plan is not None:
+                out += [{**x, "within": s.id} for x in (p.public() for p in self.up_plan.steps())]
+        return out
+
+
+def upgrade_steps(
+    inv: Inventory, head: str, new: profiles.Profile, old: profiles.Profile, good: known_good.GoodRecord, bound: float
+) -> list[Step]:
+    """Pure: every step of an upgrade from `old` (the last good serve, `good`) to `new`, rollback included."""
+    nodes = sorted(good.nodes) or [head]
+    old_ref, new_ref = image_ref(inv, old), image_ref(inv, new)
+    gone = sorted({old_ref, old.image.ref} - {new_ref, new.image.ref}) if old_ref != new_ref else []
+    fresh = sorted({new_ref} - {old_ref})
+    rev_old = good.model_revision if _COMMIT.match(good.model_revision) and old.model == new.model else ""
+    failed = "any step of the new serve failed"
+    out = [
+        Step(
+            "hold",
+            head,
+            "gateway",
+            "hold the gateway's requests",
+            when="a gateway fronts the deployment",
+            run=hold,
+            skip=_no_gateway,
+        ),
+        Step(
+            "baseline",
+            head,
+            "canary",
+            f"the last good serve's canary ({good.at}, {good.base_image or good.image})",
+            "from the known-good record; when it has none yet: the canary's prompts twice and a one-stream "
+            "bench asked of the serving deployment, kept in the record",
+            run=take_baseline,
+        ),
+        Step(
+            "up",
+            head,
+            "new",
+            f"up --profile {new.name} with image {new.image.ref}"
+            + (f", revision {new.revision}" if new.revision and new.revision != old.revision else ""),
+            "distributes what is new (image, weights), then recreates the containers and serves; the old image "
+            "and revision stay until the canary passes",
+            run=up_new,
+        ),
+        Step(
+            "canary",
+            head,
+            "probe",
+            "the probe: /health and a one-token completion",
+            f"timeout {PROBE_TIMEOUT_S:g}s",
+            run=probe,
+            skip=_after_failure,
+        ),
+        Step(
+            "canary",
+            head,
+            "answers",
+            f"the canary's {len(canary.PROMPTS)} fixed greedy completions against the last good serve's",
+            "/v1/completions temperature 0, seed 0, max_tokens "
+            f"{canary.MAX_TOKENS}; a changed answer of a deterministic model refuses the upgrade",
+            run=ask_answers,
+            skip=_after_failure,
+        ),
+        Step(
+            "bench",
+            head,
+            "speed",
+            "one-stream decode speed after 2 warm-up requests",
+            f"4 requests of 64 tokens at concurrency 1; refused below {bound:.0%} of the last good serve's figure",
+            run=bench_speed,
+            skip=_after_failure,
+        ),
+    ]
+    for n in nodes:
+        for ref in gone:
+            out.append(
+                Step(
+                    "prune",
+                    n,
+                    f"rmi-{ref}",
+                    f"remove the old image {ref}",
+                    f"docker image rm {ref}",
+                    when="the canary and the bench passed",
+                    skip=_after_failure,
+                    run=lambda r, n=n, ref=ref: remove_image(r, n, ref),
+                )
+            )
+        if rev_old and new.revision and new.revision != rev_old:
+            out.append(
+                Step(
+                    "prune",
+                    n,
+                    f"rm-{rev_old[:12]}",
+                    f"remove the old revision's files {old.model}@{rev_old[:12]}",
+                    "sparkcluster weights rm --commit",
+                    when="the canary and the bench passed",
+                    skip=_after_failure,
+                    run=lambda r, n=n: remove_revision(r, n, old.model, rev_old),
+                )
+            )
+    out.append(
+        Step(
+            "prune",
+            head,
+            "record",
+            "record the new serve as the last good one, with its canary",
+            when="the canary and the bench passed",
+            run=record_good,
+            skip=_after_failure,
+        )
+    )
+    out.append(
+        Step(
+            "rollback",
+            head,
+            "up-good",
+            f"up --profile {old.name} with the last good image {old.image.ref}, revision {good.model_revision}",
+            "its plan is made then, from the facts of that moment; the new serve's record is dropped and "
+            "the reason kept",
+            when=failed,
+            run=return_to_good,
+            skip=_unless_good,
+        )
+    )
+    for n in nodes:
+        for ref in fresh:
+            out.append(
+                Step(
+                    "rollback",
+                    n,
+                    f"rmi-{ref}",
+                    f"remove the new image {ref}",
+                    f"docker image rm {ref}",
+                    when=failed,
+                    skip=_unless_good,
+                    run=lambda r, n=n, ref=ref: remove_image(r, n, ref),
+                )
+            )
+    out.append(
+        Step(
+            "release",
+            head,
+            "gateway",
+            "release the gateway's held requests",
+            when="a gateway fronts the deployment",
+            run=release,
+            skip=_no_gateway,
+        )
+    )
+    return out
+
+
+def rollback_steps(inv: Inventory, head: str, back: profiles.Profile, to: known_good.GoodRecord) -> list[Step]:
+    """Pure: `sparkcluster rollback`: the last good serve brought back (its image is kept until then)."""
+    return [
+        Step(
+            "hold",
+            head,
+            "gateway",
+            "hold the gateway's requests",
+            when="a gateway fronts the deployment",
+            run=hold,
+            skip=_no_gateway,
+        ),
+        Step(
+            "rollback",
+            head,
+            "up-good",
+            f"up --profile {back.name} with the good serve of {to.at}: image "
+            f"{back.image.ref}, revision {to.model_revision}",
+            "its plan is made then, from the facts of that moment",
+            run=lambda r: bring_up(r, back, f"rollback --profile {back.name}"),
+        ),
+        Step("rollback", head, "record", "record the rollback", run=lambda r: _note_rollback(r, to)),
+        Step(
+            "release",
+            head,
+            "gateway",
+            "release the gateway's held requests",
+            when="a gateway fronts the deployment",
+            run=release,
+            skip=_no_gateway,
+        ),
+    ]
+
+
+def _note_rollback(r: UpgradeRun, to: known_good.GoodRecord) -> str:
+    known_good.note_outcome(
+        r.inv.cluster.name,
+        known_good.UpgradeOutcome(
+            r.deployment,
+            known_good.now_utc(),
+            to.base_image or to.image,
+            to.model_revision,
+            "rollback",
+            "asked",
+            to.at,
+        ),
+    )
+    return "recorded"
+
+
+def _summary(done: list[tuple[Step, Any]]) -> str:
+    return "; ".join(str(v) for _, v in done if v)
+
+
+def _of(name: str):
+    return lambda plan: [s for s in plan.steps() if s.stage == name]
+
+
+# the stages of an upgrade and of a rollback, in the order they run (the contract of `stages/base`)
+STAGES: dict[str, Stage] = {
+    name: Stage(name, _of(name), _summary, leaves=leaves)
+    for name, leaves in (
+        ("hold", ()),
+        ("baseline", (Baseline,)),
+        ("up", (Started,)),
+        ("canary", (Measured,)),
+        ("bench", (Measured,)),
+        ("prune", ()),
+        ("rollback", ()),
+        ("release", ()),
+    )
+}
+
+
+# ---- the commands ------------------------------------------------------------------------------------
+
+
+class UpgradeRefused(SparkError):
+    """The new serve failed its canary: the last good one serves again."""
+
+
+def _good_record(inv: Inventory, prof: profiles.Profile, nodes) -> known_good.GoodRecord:
+    target = deployments.target(inv, prof, nodes)
+    key = f"{prof.name}@{'+'.join(n.name for n in target.nodes)}"
+    rec = known_good.last_for(known_good.load(inv.cluster.name), key)
+    if rec is None:
+        raise InputError(
+            f"no good serve of {key} is recorded on this machine: an upgrade needs one to return to",
+            f"sparkcluster up --profile {prof.name}{deployments.node_flags(nodes)} (records it once it serves), "
+            "then sparkcluster upgrade",
+        )
+    return rec
+
+
+def plan_upgrade(
+    inv: Inventory,
+    prof: profiles.Profile,
+    image: str | None = None,
+    revision: str | None = None,
+    *,
+    vllm_version: str | None = None,
+    nodes: tuple[str, ...] = (),
+    bound: float = SPEED_BOUND,
+) -> tuple[UpgradePlan, profiles.Profile, profiles.Profile, known_good.GoodRecord]:
+    """The upgrade's plan from the last good serve (the profile as it served then) to the same with
+    `image` and/or `revision`; the new profile and the old one."""
+    if not image and not revision:
+        raise InputError("upgrade to what?", "name a new image (--image REPO:TAG) or a new model revision (--revision)")
+    good = _good_record(inv, prof, nodes)
+    old = profile_at(prof, good)
+    new = with_image(old, image, vllm_version) if image else old
+    new = with_revision(new, revision) if revision else new
+    if new.image.ref == old.image.ref and (new.revision or "") == (old.revision or ""):
+        raise InputError(
+            f"the last good serve of {good.deployment} already has image {new.image.ref}"
+            + (f" and revision {new.revision}" if new.revision else ""),
+            "name a new image (--image REPO:TAG) or a new model revision (--revision)",
+        )
+    head = deployments.target(inv, prof, nodes).head.name
+    title = (
+        f"upgrade of {good.deployment} on cluster '{inv.cluster.name}': {old.image.ref} -> {new.image.ref}"
+        f" (rolls back by itself unless the canary and the bench hold)"
+    )
+    return UpgradePlan(title, upgrade_steps(inv, head, new, old, good, bound)), new, old, good
+
+
+def walk_plan(r: UpgradeRun, plan: UpgradePlan) -> None:
+    """Stage by stage, as `up`'s executor walks its plan; held traffic is released whatever happens."""
+    import time
+
+    def stage(st: Stage) -> None:
+        mine = st.steps(plan)
+        if not mine:
+            return
+        r.stage = st.name
+        r.progress.stage(st.name)
+        t = time.monotonic()
+        done = walk(r, mine)
+        r.progress.done(st.name, time.monotonic() - t, st.summary(done))
+
+    try:
+        for st in STAGES.values():
+            if st.name != "release":
+                stage(st)
+    finally:
+        stage(STAGES["release"])
+
+
+def upgrade(
+    inv: Inventory,
+    prof: profiles.Profile,
+    secrets: dict[str, str],
+    progress: StageProgress,
+    *,
+    image: str | None = None,
+    revision: str | None = None,
+    vllm_version: str | None = None,
+    nodes: tuple[str, ...] = (),
+    bound: float = SPEED_BOUND,
+    dry_run: bool = False,
+) -> UpgradePlan | str:
+    plan, new, old, good = plan_upgrade(inv, prof, image, revision, vllm_version=vllm_version, nodes=nodes, bound=bound)
+    if dry_run:
+        from sparkcluster.up import bringup
+
+        plan.up_plan = bringup.run(inv, new, secrets, progress, dry_run=True, node=nodes or None)
+        return plan
+    r = UpgradeRun(inv, nodes, new, old, good, secrets, progress, bound, gateway_for(inv, new))
+    try:
+        walk_plan(r, plan)
+    except SparkError as e:
+        if not r.refused:
+            raise
+        raise SparkError(
+            f"upgrade to {new.image.ref} refused ({r.refused}) and the rollback failed: {e.message}",
+            f"sparkcluster rollback --profile {prof.name}{deployments.node_flags(nodes)} once the cause is fixed",
+            details=e.details,
+        ) from e
+    if r.refused:
+        raise UpgradeRefused(
+            f"upgrade to {new.image.ref} refused and rolled back: {r.refused}",
+            f"{old.image.ref} serves again; the reason is kept (sparkcluster rollback --history); fix the new "
+            "image or revision, then upgrade again",
+        )
+    return f"{good.deployment} now serves {new.image.ref}; {old.image.ref} pruned"
+
+
+def rollback(
+    inv: Inventory,
+    prof: profiles.Profile,
+    secrets: dict[str, str],
+    progress: StageProgress,
+    *,
+    nodes: tuple[str, ...] = (),
+    dry_run: bool = False,
+) -> UpgradePlan | str:
+    good = _good_record(inv, prof, nodes)
+    to = rollback_target(known_good.load(inv.cluster.name), good.deployment)
+    if to is None:
+        raise InputError(
+            f"{good.deployment} has no earlier good serve with another image or revision to return to",
+            "sparkcluster rollback --history lists the recorded serves and upgrades",
+        )
+    back = profile_at(prof, to)
+    head = deployments.target(inv, prof, nodes).head.name
+    plan = UpgradePlan(
+        f"rollback of {good.deployment} on cluster '{inv.cluster.name}': to the good serve of {to.at} "
+        f"({back.image.ref}, revision {to.model_revision})",
+        rollback_steps(inv, head, back, to),
+    )
+    if dry_run:
+        return plan
+    r = UpgradeRun(inv, nodes, back, back, good, secrets, progress, traffic=gateway_for(inv, back))
+    walk_plan(r, plan)
+    return f"{good.deployment} serves {back.image.ref} again (the good serve of {to.at})"
