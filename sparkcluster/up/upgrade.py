@@ -30,16 +30,23 @@ run (their `when` says so in the plan).
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
-from sparkcluster import log
+import docker.errors
+import httpx
+
+from sparkcluster import bench, log, redact
 from sparkcluster.bench import canary
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import deployments, known_good
+from sparkcluster.day2 import deployments, endpoint, known_good
 from sparkcluster.errors import InputError, SparkError
+from sparkcluster.movement import hfcache
+from sparkcluster.remote.fanout import ConnectedHosts
+from sparkcluster.up import bringup
 from sparkcluster.up.execute import StageProgress, walk
 from sparkcluster.up.stages.base import Stage, Step
 
@@ -195,9 +202,18 @@ class Measured:
     tok_s: float | None = None
 
 
+@dataclass(frozen=True)
+class Address:
+    host: str  # the head as the controller reaches it (its SSH connection's address), as `bench` asks it
+
+
 def _address(r: UpgradeRun, prof: profiles.Profile) -> tuple[str, int]:
-    t = r.target
-    return str(t.head.address), prof.serve.port or t.cluster.api_port
+    got = r.find(Address)
+    if got is None:
+        t = r.target
+        with ConnectedHosts.connect(t, [t.head]) as cluster:
+            got = r.put(Address(cluster.head.address))
+    return got.host, prof.serve.port or r.target.cluster.api_port
 
 
 def _guarded(r: UpgradeRun, what, *args):
@@ -210,7 +226,6 @@ def _guarded(r: UpgradeRun, what, *args):
 
 
 def take_baseline(r: UpgradeRun) -> Baseline:
-    from sparkcluster import bench
 
     g = r.good
     if g.canary and g.canary_tok_s > 0:
@@ -240,7 +255,6 @@ def take_baseline(r: UpgradeRun) -> Baseline:
 
 
 def bring_up(r: UpgradeRun, prof: profiles.Profile, command: str) -> str:
-    from sparkcluster.up import bringup
 
     bringup.run(r.inv, prof, r.secrets, r.progress, node=r.nodes or None, command=command)
     return f"serving {prof.image.ref}"
@@ -252,9 +266,6 @@ def up_new(r: UpgradeRun) -> str:
 
 
 def probe(r: UpgradeRun) -> str:
-    import httpx
-
-    from sparkcluster.day2 import endpoint
 
     def ask(r: UpgradeRun) -> str:
         address, port = _address(r, r.new)
@@ -274,7 +285,6 @@ def probe(r: UpgradeRun) -> str:
 
 
 def ask_answers(r: UpgradeRun) -> str:
-    from sparkcluster import bench
 
     def ask(r: UpgradeRun) -> str:
         base = r.find(Baseline)
@@ -293,7 +303,6 @@ def ask_answers(r: UpgradeRun) -> str:
 
 
 def bench_speed(r: UpgradeRun) -> str:
-    from sparkcluster import bench
 
     def ask(r: UpgradeRun) -> str:
         address, port = _address(r, r.new)
@@ -308,14 +317,12 @@ def bench_speed(r: UpgradeRun) -> str:
 
 
 def _connected(r: UpgradeRun):
-    from sparkcluster.remote.fanout import ConnectedHosts
 
     return ConnectedHosts.connect(r.target)
 
 
 def remove_image(r: UpgradeRun, node: str, ref: str) -> str:
     """One image reference removed from a node (the image itself goes with its last reference)."""
-    import docker.errors
 
     with _connected(r) as cluster:
         try:
@@ -329,7 +336,6 @@ def remove_image(r: UpgradeRun, node: str, ref: str) -> str:
 
 
 def remove_revision(r: UpgradeRun, node: str, repo: str, commit: str) -> str:
-    from sparkcluster.movement import hfcache
 
     with _connected(r) as cluster:
         got = cluster.hosts[node].run(hfcache.rm_command(r.target.hf_cache(node), repo, commit), timeout=600, warn=True)
@@ -416,7 +422,6 @@ class UpgradePlan:
         return list(self.all_steps)
 
     def render(self) -> str:
-        from sparkcluster import redact
 
         lines, stage = [self.title], None
         for s in self.all_steps:
@@ -716,7 +721,6 @@ def plan_upgrade(
 
 def walk_plan(r: UpgradeRun, plan: UpgradePlan) -> None:
     """Stage by stage, as `up`'s executor walks its plan; held traffic is released whatever happens."""
-    import time
 
     def stage(st: Stage) -> None:
         mine = st.steps(plan)
@@ -751,8 +755,6 @@ def upgrade(
 ) -> UpgradePlan | str:
     plan, new, old, good = plan_upgrade(inv, prof, image, revision, vllm_version=vllm_version, nodes=nodes, bound=bound)
     if dry_run:
-        from sparkcluster.up import bringup
-
         plan.up_plan = bringup.run(inv, new, secrets, progress, dry_run=True, node=nodes or None)
         return plan
     r = UpgradeRun(inv, nodes, new, old, good, secrets, progress, bound, gateway_for(inv, new))
