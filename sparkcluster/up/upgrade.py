@@ -452,8 +452,14 @@ def upgrade_steps(
     """Pure: every step of an upgrade from `old` (the last good serve, `good`) to `new`, rollback included."""
     nodes = sorted(good.nodes) or [head]
     old_ref, new_ref = image_ref(inv, old), image_ref(inv, new)
-    gone = sorted({old_ref, old.image.ref} - {new_ref, new.image.ref}) if old_ref != new_ref else []
-    fresh = sorted({new_ref} - {old_ref})
+
+    # only what sparkcluster made or sent: the base image an owner pulled onto the head is theirs (and
+    # `rollback` rebuilds the old cluster image from it)
+    def ours(ref: str, prof: profiles.Profile, node: str) -> list[str]:
+        return [] if node == head and ref == prof.image.ref else [ref]
+
+    gone = {n: ours(old_ref, old, n) if old_ref != new_ref else [] for n in nodes}
+    fresh = {n: ours(new_ref, new, n) if old_ref != new_ref else [] for n in nodes}
     rev_old = good.model_revision if _COMMIT.match(good.model_revision) and old.model == new.model else ""
     failed = "any step of the new serve failed"
     out = [
@@ -515,7 +521,7 @@ def upgrade_steps(
         ),
     ]
     for n in nodes:
-        for ref in gone:
+        for ref in gone[n]:
             out.append(
                 Step(
                     "prune",
@@ -566,7 +572,7 @@ def upgrade_steps(
         )
     )
     for n in nodes:
-        for ref in fresh:
+        for ref in fresh[n]:
             out.append(
                 Step(
                     "rollback",

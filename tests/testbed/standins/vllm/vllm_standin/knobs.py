@@ -3,7 +3,9 @@
 A JSON object in `standin-knobs.json` inside the Hugging Face cache dir (`$HF_HOME`, else
 `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`). Re-read on every use, so a test can
 toggle it while the server runs. A missing file means defaults; a broken one logs a warning and
-means defaults.
+means defaults. `$VLLM_STANDIN_KNOBS` (a JSON object) sets knobs under the file's: an image built
+FROM the double with `ENV VLLM_STANDIN_KNOBS=...` is an image that misbehaves whatever the cache
+holds (the bad new image of an upgrade test).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ DEFAULTS: dict[str, Any] = {
     "pg_wait_seconds": 60.0,
     # timeout of one generation step across all ranks
     "step_timeout_seconds": 60.0,
+    # every generated word reversed: the engine answers, but not what it answered before (a bad image)
+    "garble_answers": False,
     # if an int k: rank k's actor exits on the next request (simulates a dead rank / engine death)
     "kill_rank": None,
     # where a rank looks for RDMA devices (lets a testbed fake HCAs; read on the rank's node)
@@ -47,8 +51,23 @@ def knobs_path(environ: dict[str, str] | None = None) -> str:
     return os.path.join(hf_home(environ), FILENAME)
 
 
+ENV = "VLLM_STANDIN_KNOBS"
+
+
+def _merge(out: dict[str, Any], data) -> None:
+    if isinstance(data, dict):
+        for k, v in data.items():
+            if k in out:
+                out[k] = v
+
+
 def load(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    env = os.environ if environ is None else environ
     out = dict(DEFAULTS)
+    try:
+        _merge(out, json.loads(env.get(ENV) or "{}"))
+    except ValueError:
+        pass
     path = knobs_path(environ)
     try:
         with open(path) as f:
@@ -60,8 +79,5 @@ def load(environ: dict[str, str] | None = None) -> dict[str, Any]:
 
         init_logger(__name__).warning("Ignoring unreadable knob file %s: %s", path, e)
         return out
-    if isinstance(data, dict):
-        for k, v in data.items():
-            if k in out:
-                out[k] = v
+    _merge(out, data)
     return out
