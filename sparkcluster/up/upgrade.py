@@ -108,11 +108,11 @@ def _valid(doc: dict, flag: str) -> profiles.Profile:
         raise InputError(f"{flag}: {first['msg']}", f"check the value given to {flag}") from None
 
 
-def profile_at(prof: profiles.Profile, rec: known_good.GoodRecord) -> profiles.Profile:
-    """The profile as it served when `rec` was recorded: its base image and, where the record names a
-    commit other than the profile's own revision, that commit."""
+def profile_at(prof: profiles.Profile, rec: known_good.GoodRecord, pin: bool = True) -> profiles.Profile:
+    """The profile as it served when `rec` was recorded: its base image and, with `pin` (the revision is
+    what changes), the commit the record names where it is not the profile's own revision."""
     out = with_image(prof, rec.base_image, rec.vllm_version or None) if rec.base_image else prof
-    if _COMMIT.match(rec.model_revision) and rec.model_revision != (prof.revision or ""):
+    if pin and _COMMIT.match(rec.model_revision) and rec.model_revision != (prof.revision or ""):
         out = with_revision(out, rec.model_revision)
     return out
 
@@ -216,13 +216,14 @@ def _address(r: UpgradeRun, prof: profiles.Profile) -> tuple[str, int]:
     return got.host, prof.serve.port or r.target.cluster.api_port
 
 
-def _guarded(r: UpgradeRun, what, *args):
-    """A step of the new serve: a failure becomes the reason to roll back, never an exception."""
+def _guarded(r: UpgradeRun, why, what, *args):
+    """A step of the new serve: a failure becomes the reason to roll back (`why` words it), never an
+    exception."""
     try:
         return what(r, *args)
     except SparkError as e:
-        r.refused = r.refused or e.message
-        return e.message
+        r.refused = r.refused or why(e.message)
+        return r.refused
 
 
 def take_baseline(r: UpgradeRun) -> Baseline:
@@ -262,26 +263,27 @@ def bring_up(r: UpgradeRun, prof: profiles.Profile, command: str) -> str:
 
 def up_new(r: UpgradeRun) -> str:
     r.put(Started(known_good.now_utc()))
-    return _guarded(r, bring_up, r.new, f"upgrade --profile {r.new.name}")
+    return _guarded(r, lambda m: judge(up_failed=m), bring_up, r.new, f"upgrade --profile {r.new.name}")
+
+
+def ask_probe(r: UpgradeRun) -> str:
+    """/health, then a one-token completion of the new serve; a SparkError says what did not answer."""
+    address, port = _address(r, r.new)
+    base = f"http://{address}:{port}"
+    with httpx.Client() as client:
+        code = endpoint.health(client, base)
+        if code != 200:
+            raise SparkError(f"/health answers {code or 'nothing'}")
+        ok, why = endpoint.one_token(
+            client, base, r.new.served_model_name, endpoint.headers(r.secrets), PROBE_TIMEOUT_S
+        )
+    if not ok:
+        raise SparkError(why)
+    return "answers"
 
 
 def probe(r: UpgradeRun) -> str:
-
-    def ask(r: UpgradeRun) -> str:
-        address, port = _address(r, r.new)
-        base = f"http://{address}:{port}"
-        with httpx.Client() as client:
-            code = endpoint.health(client, base)
-            if code != 200:
-                raise SparkError(f"/health answers {code or 'nothing'}")
-            ok, why = endpoint.one_token(
-                client, base, r.new.served_model_name, endpoint.headers(r.secrets), PROBE_TIMEOUT_S
-            )
-        if not ok:
-            raise SparkError(why)
-        return "answers"
-
-    return _guarded(r, ask)
+    return _guarded(r, lambda m: judge(probe=m), ask_probe)
 
 
 def ask_answers(r: UpgradeRun) -> str:
@@ -299,7 +301,7 @@ def ask_answers(r: UpgradeRun) -> str:
             r.refused = r.refused or verdict.says
         return verdict.says
 
-    return _guarded(r, ask)
+    return _guarded(r, str, ask)
 
 
 def bench_speed(r: UpgradeRun) -> str:
@@ -313,7 +315,7 @@ def bench_speed(r: UpgradeRun) -> str:
         r.refused = r.refused or why
         return why or f"{tok_s:.1f} tok/s (last good: {r.find(Baseline).tok_s:.1f})"
 
-    return _guarded(r, ask)
+    return _guarded(r, str, ask)
 
 
 def _connected(r: UpgradeRun):
@@ -708,7 +710,7 @@ def plan_upgrade(
     if not image and not revision:
         raise InputError("upgrade to what?", "name a new image (--image REPO:TAG) or a new model revision (--revision)")
     good = _good_record(inv, prof, nodes)
-    old = profile_at(prof, good)
+    old = profile_at(prof, good, pin=bool(revision))
     new = with_image(old, image, vllm_version) if image else old
     new = with_revision(new, revision) if revision else new
     if new.image.ref == old.image.ref and (new.revision or "") == (old.revision or ""):
@@ -799,7 +801,7 @@ def rollback(
             f"{good.deployment} has no earlier good serve with another image or revision to return to",
             "sparkcluster rollback --history lists the recorded serves and upgrades",
         )
-    back = profile_at(prof, to)
+    back = profile_at(prof, to, pin=to.model_revision != good.model_revision)
     head = deployments.target(inv, prof, nodes).head.name
     plan = UpgradePlan(
         f"rollback of {good.deployment} on cluster '{inv.cluster.name}': to the good serve of {to.at} "

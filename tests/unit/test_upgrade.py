@@ -120,6 +120,7 @@ def test_rollback_returns_to_the_newest_other_serve(prof):
     assert U.rollback_target([b2], a.deployment) is None
     back = U.profile_at(prof, a)
     assert back.image.ref == "repo/x:1" and back.revision == COMMIT
+    assert U.profile_at(prof, a, pin=False).revision == prof.revision  # an image upgrade keeps the profile's
 
 
 # ---- the walk ---------------------------------------------------------------------------------------
@@ -138,13 +139,12 @@ class Calls:
 
         def probe_http(r):
             if probe:
-                r.refused = r.refused or probe
-                return probe
+                raise U.SparkError(probe)
             return "answers"
 
         monkeypatch.setattr(U, "bring_up", bring_up)
         monkeypatch.setattr(U, "_address", lambda r, p: ("198.18.0.2", 8000))
-        monkeypatch.setattr(U, "probe", probe_http)
+        monkeypatch.setattr(U, "ask_probe", probe_http)
         monkeypatch.setattr(U.bench, "ask_canary", lambda *a, **k: list(answers))
         monkeypatch.setattr(U.bench, "ask_speed", lambda *a, **k: tok_s)
         monkeypatch.setattr(U, "remove_image", lambda r, n, ref: self.removed.append((n, ref)) or f"removed {ref}")
@@ -158,9 +158,9 @@ def _upgrade(inv, prof):
     "fault, why",
     [
         (dict(answers=[canary.Answer(a.prompt, "garbled", (7, 7)) for a in GOOD]), "canary answers changed"),
-        (dict(probe="/health answers nothing"), "/health answers nothing"),
+        (dict(probe="/health answers nothing"), "the probe failed: /health answers nothing"),
         (dict(tok_s=10.0), "below 80%"),
-        (dict(up_fails="stage 'serve' failed on spark-head"), "stage 'serve' failed"),
+        (dict(up_fails="stage 'serve' failed on spark-head"), "up failed: stage 'serve' failed"),
     ],
 )
 def test_a_bad_new_serve_is_rolled_back_with_the_reason(inv, prof, monkeypatch, fault, why):
