@@ -227,7 +227,6 @@ def _guarded(r: UpgradeRun, why, what, *args):
 
 
 def take_baseline(r: UpgradeRun) -> Baseline:
-
     g = r.good
     if g.canary and g.canary_tok_s > 0:
         return r.put(Baseline(tuple(g.canary_answers()), g.canary_deterministic, g.canary_tok_s))
@@ -256,7 +255,6 @@ def take_baseline(r: UpgradeRun) -> Baseline:
 
 
 def bring_up(r: UpgradeRun, prof: profiles.Profile, command: str) -> str:
-
     bringup.run(r.inv, prof, r.secrets, r.progress, node=r.nodes or None, command=command)
     return f"serving {prof.image.ref}"
 
@@ -287,7 +285,6 @@ def probe(r: UpgradeRun) -> str:
 
 
 def ask_answers(r: UpgradeRun) -> str:
-
     def ask(r: UpgradeRun) -> str:
         base = r.find(Baseline)
         address, port = _address(r, r.new)
@@ -297,15 +294,13 @@ def ask_answers(r: UpgradeRun) -> str:
         )
         verdict = canary.compare(stored, fresh, image_id=r.new.image.ref)
         r.put(Measured(tuple(fresh), verdict))
-        if verdict.problem:
-            r.refused = r.refused or verdict.says
+        r.refused = r.refused or judge(verdict=verdict)
         return verdict.says
 
     return _guarded(r, str, ask)
 
 
 def bench_speed(r: UpgradeRun) -> str:
-
     def ask(r: UpgradeRun) -> str:
         address, port = _address(r, r.new)
         tok_s = bench.ask_speed(address, port, r.new.served_model_name, r.secrets)
@@ -319,7 +314,6 @@ def bench_speed(r: UpgradeRun) -> str:
 
 
 def _connected(r: UpgradeRun):
-
     return ConnectedHosts.connect(r.target)
 
 
@@ -338,7 +332,6 @@ def remove_image(r: UpgradeRun, node: str, ref: str) -> str:
 
 
 def remove_revision(r: UpgradeRun, node: str, repo: str, commit: str) -> str:
-
     with _connected(r) as cluster:
         got = cluster.hosts[node].run(hfcache.rm_command(r.target.hf_cache(node), repo, commit), timeout=600, warn=True)
     return f"removed {repo}@{commit[:12]}" if got.ok else f"{repo}@{commit[:12]} kept: {got.stderr.strip()[-200:]}"
@@ -424,7 +417,6 @@ class UpgradePlan:
         return list(self.all_steps)
 
     def render(self) -> str:
-
         lines, stage = [self.title], None
         for s in self.all_steps:
             if s.stage != stage:
