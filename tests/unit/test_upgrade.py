@@ -12,7 +12,7 @@ from sparkcluster.bench import canary
 from sparkcluster.config import profile as profiles
 from sparkcluster.day2 import known_good
 from sparkcluster.errors import InputError
-from sparkcluster.up import upgrade as U
+from sparkcluster.up import upgrade
 from sparkcluster.up.execute import StageProgress
 
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -53,7 +53,7 @@ def record(prof, *, at="2026-11-20T10:00:00Z", base=None, revision=COMMIT, answe
 
 def test_the_dry_run_lists_every_stage_the_rollback_included(inv, prof):
     known_good.append(inv.cluster.name, record(prof))
-    plan, new, old, good = U.plan_upgrade(inv, prof, NEW_IMAGE)
+    plan, new, old, good = upgrade.plan_upgrade(inv, prof, NEW_IMAGE)
     stages = list(dict.fromkeys(s.stage for s in plan.steps()))
     assert stages == ["hold", "baseline", "up", "canary", "bench", "prune", "rollback", "release"]
     assert new.image.ref == NEW_IMAGE and old.image.ref == prof.image.ref
@@ -61,8 +61,8 @@ def test_the_dry_run_lists_every_stage_the_rollback_included(inv, prof):
     assert f"up/{HEAD}/new" in ids and f"canary/{HEAD}/probe" in ids and f"canary/{HEAD}/answers" in ids
     assert f"bench/{HEAD}/speed" in ids and f"rollback/{HEAD}/up-good" in ids
     # the old image is pruned from both nodes only once good; the new one removed only on a rollback
-    old_ref = U.image_ref(inv, old)
-    new_ref = U.image_ref(inv, new)
+    old_ref = upgrade.image_ref(inv, old)
+    new_ref = upgrade.image_ref(inv, new)
     prune = {s.id: s for s in plan.steps() if s.stage == "prune"}
     assert {f"prune/{n}/rmi-{old_ref}" for n in (HEAD, WORKER)} <= set(prune)
     assert all(s.when == "the canary and the bench passed" for s in prune.values())
@@ -77,7 +77,7 @@ def test_the_dry_run_lists_every_stage_the_rollback_included(inv, prof):
 def test_a_revision_upgrade_prunes_the_old_revisions_files_once_good(inv, prof):
     known_good.append(inv.cluster.name, record(prof))
     other = "f" * 40
-    plan, new, old, _ = U.plan_upgrade(inv, prof, revision=other)
+    plan, new, old, _ = upgrade.plan_upgrade(inv, prof, revision=other)
     assert new.revision == other and new.image.ref == old.image.ref
     rm = [s for s in plan.steps() if s.stage == "prune" and s.action == f"rm-{COMMIT[:12]}"]
     assert {s.host for s in rm} == {HEAD, WORKER}
@@ -86,12 +86,12 @@ def test_a_revision_upgrade_prunes_the_old_revisions_files_once_good(inv, prof):
 
 def test_an_upgrade_needs_a_good_serve_to_return_to(inv, prof):
     with pytest.raises(InputError, match="no good serve"):
-        U.plan_upgrade(inv, prof, NEW_IMAGE)
+        upgrade.plan_upgrade(inv, prof, NEW_IMAGE)
     known_good.append(inv.cluster.name, record(prof))
     with pytest.raises(InputError, match="already has image"):
-        U.plan_upgrade(inv, prof, prof.image.ref)
+        upgrade.plan_upgrade(inv, prof, prof.image.ref)
     with pytest.raises(InputError, match="names no tag"):
-        U.plan_upgrade(inv, prof, "sparkcluster-testbed/vllm-standin")
+        upgrade.plan_upgrade(inv, prof, "sparkcluster-testbed/vllm-standin")
 
 
 # ---- the decision (pure) ----------------------------------------------------------------------------
@@ -101,26 +101,26 @@ def test_the_decision_names_why():
     stored = canary.CanaryRecord("d", "p", "t", True, GOOD)
     changed = canary.compare(stored, [canary.Answer(a.prompt, "Lyon", (9,)) for a in GOOD])
     same = canary.compare(stored, GOOD)
-    assert U.judge() == ""
-    assert U.judge(verdict=same, tok_s=45.0, good_tok_s=50.0) == ""
-    assert U.judge(up_failed="stage 'serve' failed").startswith("up failed")
-    assert U.judge(probe="/health answers 503") == "the probe failed: /health answers 503"
-    assert "canary answers changed" in U.judge(verdict=changed)
-    assert "below 80%" in U.judge(verdict=same, tok_s=30.0, good_tok_s=50.0)
-    assert U.judge(tok_s=30.0, good_tok_s=0.0) == ""  # nothing to compare with: not a reason
+    assert upgrade.judge() == ""
+    assert upgrade.judge(verdict=same, tok_s=45.0, good_tok_s=50.0) == ""
+    assert upgrade.judge(up_failed="stage 'serve' failed").startswith("up failed")
+    assert upgrade.judge(probe="/health answers 503") == "the probe failed: /health answers 503"
+    assert "canary answers changed" in upgrade.judge(verdict=changed)
+    assert "below 80%" in upgrade.judge(verdict=same, tok_s=30.0, good_tok_s=50.0)
+    assert upgrade.judge(tok_s=30.0, good_tok_s=0.0) == ""  # nothing to compare with: not a reason
     nondet = canary.compare(canary.CanaryRecord("d", "p", "t", False, GOOD), [canary.Answer(GOOD[0].prompt, "x")])
-    assert U.judge(verdict=nondet) == ""  # a model that does not repeat itself: told, never refused
+    assert upgrade.judge(verdict=nondet) == ""  # a model that does not repeat itself: told, never refused
 
 
 def test_rollback_returns_to_the_newest_other_serve(prof):
     a = record(prof, at="2026-11-18T00:00:00Z", base="repo/x:1")
     b = record(prof, at="2026-11-19T00:00:00Z", base="repo/x:2")
     b2 = record(prof, at="2026-11-20T00:00:00Z", base="repo/x:2")
-    assert U.rollback_target([a, b, b2], a.deployment) == a
-    assert U.rollback_target([b2], a.deployment) is None
-    back = U.profile_at(prof, a)
+    assert upgrade.rollback_target([a, b, b2], a.deployment) == a
+    assert upgrade.rollback_target([b2], a.deployment) is None
+    back = upgrade.profile_at(prof, a)
     assert back.image.ref == "repo/x:1" and back.revision == COMMIT
-    assert U.profile_at(prof, a, pin=False).revision == prof.revision  # an image upgrade keeps the profile's
+    assert upgrade.profile_at(prof, a, pin=False).revision == prof.revision  # an image upgrade keeps the profile's
 
 
 # ---- the walk ---------------------------------------------------------------------------------------
@@ -133,25 +133,25 @@ class Calls:
         def bring_up(r, p, command):
             self.ups.append(p.image.ref)
             if up_fails and p.image.ref == NEW_IMAGE:
-                raise U.SparkError(up_fails)
+                raise upgrade.SparkError(up_fails)
             known_good.append(r.inv.cluster.name, record(p, at=known_good.now_utc(), base=p.image.ref, answers=()))
             return f"serving {p.image.ref}"
 
         def probe_http(r):
             if probe:
-                raise U.SparkError(probe)
+                raise upgrade.SparkError(probe)
             return "answers"
 
-        monkeypatch.setattr(U, "bring_up", bring_up)
-        monkeypatch.setattr(U, "_address", lambda r, p: ("198.18.0.2", 8000))
-        monkeypatch.setattr(U, "ask_probe", probe_http)
-        monkeypatch.setattr(U.bench, "ask_canary", lambda *a, **k: list(answers))
-        monkeypatch.setattr(U.bench, "ask_speed", lambda *a, **k: tok_s)
-        monkeypatch.setattr(U, "remove_image", lambda r, n, ref: self.removed.append((n, ref)) or f"removed {ref}")
+        monkeypatch.setattr(upgrade, "bring_up", bring_up)
+        monkeypatch.setattr(upgrade, "_address", lambda r, p: ("198.18.0.2", 8000))
+        monkeypatch.setattr(upgrade, "ask_probe", probe_http)
+        monkeypatch.setattr(upgrade.bench, "ask_canary", lambda *a, **k: list(answers))
+        monkeypatch.setattr(upgrade.bench, "ask_speed", lambda *a, **k: tok_s)
+        monkeypatch.setattr(upgrade, "remove_image", lambda r, n, ref: self.removed.append((n, ref)) or f"removed {ref}")
 
 
 def _upgrade(inv, prof):
-    return U.upgrade(inv, prof, {}, StageProgress(), image=NEW_IMAGE)
+    return upgrade.upgrade(inv, prof, {}, StageProgress(), image=NEW_IMAGE)
 
 
 @pytest.mark.parametrize(
@@ -166,11 +166,11 @@ def _upgrade(inv, prof):
 def test_a_bad_new_serve_is_rolled_back_with_the_reason(inv, prof, monkeypatch, fault, why):
     known_good.append(inv.cluster.name, record(prof))
     calls = Calls(monkeypatch, **fault)
-    with pytest.raises(U.UpgradeRefused, match="refused and rolled back") as e:
+    with pytest.raises(upgrade.UpgradeRefused, match="refused and rolled back") as e:
         _upgrade(inv, prof)
     assert why in e.value.message
     assert calls.ups == [NEW_IMAGE, prof.image.ref]  # the new serve, then the last good one again
-    new_ref = U.image_ref(inv, U.with_image(prof, NEW_IMAGE))
+    new_ref = upgrade.image_ref(inv, upgrade.with_image(prof, NEW_IMAGE))
     assert sorted(calls.removed) == [(HEAD, new_ref), (WORKER, new_ref)]  # the new image only; the old kept
     history = known_good.load(inv.cluster.name)
     assert all(r.base_image == prof.image.ref for r in history)  # nothing left of the new serve ...
@@ -184,7 +184,7 @@ def test_a_good_new_serve_is_kept_and_only_then_the_old_image_pruned(inv, prof, 
     said = _upgrade(inv, prof)
     assert "now serves" in said and calls.ups == [NEW_IMAGE]
     # the cluster image sparkcluster built and sent; the base the owner pulled onto the head stays
-    assert sorted(calls.removed) == [(HEAD, U.image_ref(inv, prof)), (WORKER, U.image_ref(inv, prof))]
+    assert sorted(calls.removed) == [(HEAD, upgrade.image_ref(inv, prof)), (WORKER, upgrade.image_ref(inv, prof))]
     newest = known_good.load(inv.cluster.name)[-1]
     assert newest.base_image == NEW_IMAGE and newest.canary_tok_s == 47.0 and newest.canary
     assert known_good.load_outcomes(inv.cluster.name)[-1].outcome == "kept"
@@ -202,9 +202,9 @@ def test_rollback_on_request_returns_to_the_last_other_good_serve(inv, prof, mon
     known_good.append(inv.cluster.name, record(prof, at="2026-11-19T00:00:00Z"))
     known_good.append(inv.cluster.name, record(prof, at="2026-11-20T00:00:00Z", base=NEW_IMAGE))
     calls = Calls(monkeypatch)
-    plan = U.rollback(inv, prof, {}, StageProgress(), dry_run=True)
+    plan = upgrade.rollback(inv, prof, {}, StageProgress(), dry_run=True)
     assert [s.stage for s in plan.steps()] == ["hold", "rollback", "rollback", "release"]
     assert calls.ups == []  # a dry run moves nothing
-    said = U.rollback(inv, prof, {}, StageProgress())
+    said = upgrade.rollback(inv, prof, {}, StageProgress())
     assert calls.ups == [prof.image.ref] and "again" in said
     assert known_good.load_outcomes(inv.cluster.name)[-1].outcome == "rollback"
