@@ -305,7 +305,7 @@ def bench_speed(r: UpgradeRun) -> str:
         address, port = _address(r, r.new)
         tok_s = bench.ask_speed(address, port, r.new.served_model_name, r.secrets)
         got = r.find(Measured) or Measured()
-        r.put(replace(got, tok_s=tok_s))
+        r.put(Measured(got.answers, got.verdict, tok_s))
         why = judge(tok_s=tok_s, good_tok_s=r.find(Baseline).tok_s, bound=r.bound)
         r.refused = r.refused or why
         return why or f"{tok_s:.1f} tok/s (last good: {r.find(Baseline).tok_s:.1f})"
@@ -656,9 +656,9 @@ STAGES: dict[str, Stage] = {
     name: Stage(name, _of(name), _summary, leaves=leaves)
     for name, leaves in (
         ("hold", ()),
-        ("baseline", (Baseline,)),
+        ("baseline", (Baseline, Address)),
         ("up", (Started,)),
-        ("canary", (Measured,)),
+        ("canary", (Measured, Address)),
         ("bench", (Measured,)),
         ("prune", ()),
         ("rollback", ()),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from sparkcluster.up import stages
+from sparkcluster.up import stages, upgrade
 from sparkcluster.up.stages import STAGES
 from sparkcluster.up.stages.base import Stage
 
@@ -60,7 +60,8 @@ def _state_types_used() -> dict[str, set[str]]:
 
 
 def test_the_state_a_stage_leaves_is_declared():
-    declared = {t.__name__ for s in STAGES.values() for t in s.leaves}
+    # up's stages, and upgrade's (several `up`s and the canary between them, walked the same way)
+    declared = {t.__name__ for s in [*STAGES.values(), *upgrade.STAGES.values()] for t in s.leaves}
     used = _state_types_used()
     # `r.put(server.start(...))`: the serve stage puts the server's Record, returned by a call
     assert used["put"] - {"start"} | {"Record"} == declared and "start" in used["put"]

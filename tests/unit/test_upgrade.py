@@ -147,7 +147,9 @@ class Calls:
         monkeypatch.setattr(upgrade, "ask_probe", probe_http)
         monkeypatch.setattr(upgrade.bench, "ask_canary", lambda *a, **k: list(answers))
         monkeypatch.setattr(upgrade.bench, "ask_speed", lambda *a, **k: tok_s)
-        monkeypatch.setattr(upgrade, "remove_image", lambda r, n, ref: self.removed.append((n, ref)) or f"removed {ref}")
+        monkeypatch.setattr(
+            upgrade, "remove_image", lambda r, n, ref: self.removed.append((n, ref)) or f"removed {ref}"
+        )
 
 
 def _upgrade(inv, prof):
