@@ -5,15 +5,20 @@ actions that reach a host or the endpoint are replaced by recorders."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import make_inventory
 
 from sparkcluster.bench import canary
+from sparkcluster.cli import main as cli_main
 from sparkcluster.config import profile as profiles
 from sparkcluster.day2 import known_good
 from sparkcluster.errors import InputError
-from sparkcluster.up import upgrade
+from sparkcluster.facts import HostFacts
+from sparkcluster.up import bringup, upgrade
 from sparkcluster.up.execute import StageProgress
+from sparkcluster.up.plan import make_plan
 
 HEAD, WORKER = "spark-head", "spark-worker"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -210,3 +215,56 @@ def test_rollback_on_request_returns_to_the_last_other_good_serve(inv, prof, mon
     said = upgrade.rollback(inv, prof, {}, StageProgress())
     assert calls.ups == [prof.image.ref] and "again" in said
     assert known_good.load_outcomes(inv.cluster.name)[-1].outcome == "rollback"
+
+
+# ---- the commands -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_env(tmp_path, monkeypatch, inv):
+    envf = tmp_path / ".env"
+    envf.write_text("HF_TOKEN=hf_upgradeCLIsecret99887766\nVLLM_API_KEY=sk-upgrade-cli-42\n")
+    envf.chmod(0o600)
+    monkeypatch.setenv("SPARKCLUSTER_ENV_FILE", str(envf))
+    monkeypatch.delenv("SPARKCLUSTER_PROFILES", raising=False)
+
+    def dry_up(inventory, prof, secrets, progress, *, dry_run=False, node=None, **kw):
+        assert dry_run  # a dry run of the upgrade is a dry run of its up, nothing more
+        facts = {n.name: HostFacts(n.name, hostname=n.name) for n in inv.nodes}
+        return make_plan(inv, prof, facts, serving=False, replace=False, secret_names=secrets)
+
+    monkeypatch.setattr(bringup, "run", dry_up)
+    monkeypatch.setattr(cli_main.Invocation, "inventory", lambda self: inv)
+    return cli_main
+
+
+def test_upgrade_dry_run_prints_the_new_ups_own_plan_nested(cli_env, inv, prof, capsys):
+    known_good.append(inv.cluster.name, record(prof))
+    assert cli_env.main(["upgrade", "--profile", prof.name, "--image", NEW_IMAGE, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for stage in ("[hold]", "[baseline]", "[up]", "[canary]", "[bench]", "[prune]", "[rollback]", "[release]"):
+        assert stage in out, out
+    assert "      [image]" in out and "      [serve]" in out  # the new up's distribution and serve, nested
+    assert "hf_upgradeCLIsecret" not in out and "sk-upgrade-cli" not in out
+    assert cli_env.main(["upgrade", "--profile", prof.name, "--image", NEW_IMAGE, "--dry-run", "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)
+    nested = [s for s in steps if s.get("within") == f"up/{HEAD}/new"]
+    assert nested and {s["stage"] for s in nested} >= {"image", "serve"}
+
+
+def test_upgrade_without_a_good_serve_is_a_usage_error_with_the_fix(cli_env, prof, capsys):
+    assert cli_env.main(["upgrade", "--profile", prof.name, "--image", NEW_IMAGE]) == 2
+    err = capsys.readouterr().err
+    assert "no good serve" in err and f"fix: sparkcluster up --profile {prof.name}" in err
+
+
+def test_rollback_history_lists_the_serves_and_the_upgrades(cli_env, inv, prof, capsys):
+    known_good.append(inv.cluster.name, record(prof))
+    known_good.note_outcome(
+        inv.cluster.name,
+        known_good.UpgradeOutcome("d", "2026-11-21T00:00:00Z", NEW_IMAGE, COMMIT, "rolled back", "the probe failed"),
+    )
+    assert cli_env.main(["rollback", "--history"]) == 0
+    out = capsys.readouterr().out
+    assert f"good  2026-11-20T10:00:00Z {prof.name}@" in out and "canary 50.0 tok/s" in out
+    assert f"{NEW_IMAGE}@{COMMIT[:12]} rolled back: the probe failed" in out
