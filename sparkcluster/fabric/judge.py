@@ -409,3 +409,41 @@ def judge(
     out.append(judge_bandwidth([r for r in results if r.op != "p2p"], expect, list(logs), failed))
     out += judge_directions(results, rank_node or {})
     return out
+
+
+GPU_SPEED = "fabric.gpu_speed"
+# a node whose fixed GPU workload takes this many times the median node's is named: a GB10 stuck in a
+# low-power state paced a whole TP group at 63 against 94 ms per step (tonyd2wild DeepSeek-V4.1 #1),
+# about 1.5x, with nvidia-smi showing nothing; run-to-run noise of the same product is a few percent
+SLOW_GPU_FACTOR = 1.3
+
+
+def judge_gpu_speed(seconds: dict[str, float | None], factor: float = SLOW_GPU_FACTOR) -> list[Result]:
+    """One row per node: WARN naming a node whose GPU workload took more than `factor` times the median
+    node's (the TP group runs at its slowest GPU's pace), OK otherwise; skipped without two timed nodes."""
+    known = {n: s for n, s in seconds.items() if s}
+    if len(known) < 2:
+        return [Result(GPU_SPEED, n, "skip", "fewer than two nodes timed: nothing to compare with") for n in seconds]
+    ordered = sorted(known.values())
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    out = []
+    for n, s in seconds.items():
+        if not s:
+            out.append(Result(GPU_SPEED, n, "skip", "the GPU workload was not timed here"))
+        elif s > factor * median:
+            out.append(
+                Result(
+                    GPU_SPEED,
+                    n,
+                    "warn",
+                    f"the fixed GPU workload took {s:.3f}s here, {s / median:.1f}x the median node's {median:.3f}s: "
+                    "this GPU will pace the whole TP group (a GB10 held in a low-power state shows nothing in "
+                    "nvidia-smi; tonyd2wild DeepSeek-V4.1 #1)",
+                    f"on {n}: nvidia-smi -q -d PERFORMANCE,CLOCK (clock event reasons), check its cooling and power "
+                    "supply, then reboot it; sparkcluster doctor --fabric times it again",
+                )
+            )
+        else:
+            out.append(Result(GPU_SPEED, n, "ok", f"{s:.3f}s for the fixed GPU workload (median {median:.3f}s)"))
+    return out

@@ -11,6 +11,7 @@ output (NCCL's INFO log and the probe's result lines) comes back as a value per 
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from sparkcluster.config.inventory import Inventory
 from sparkcluster.container.spec import ContainerSpec, files_tar, spec_for
 from sparkcluster.day2 import server
 from sparkcluster.errors import SparkError
+from sparkcluster.fabric.nccl_log import MARKER
 from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
 from sparkcluster.remote.dockerapi import run_in
 from sparkcluster.remote.fanout import ConnectedHosts, run_each
@@ -76,6 +78,8 @@ class FabricTest:
 
     placements: dict[str, Placement] = field(default_factory=dict)
     ranks: list[RankOutput] = field(default_factory=list)
+    # per node, the seconds of the probe's fixed GPU workload (None: it did not run or say)
+    gpu_seconds: dict[str, float | None] = field(default_factory=dict)
 
 
 class ServerRunning(SparkError):
@@ -201,6 +205,33 @@ def run_ranks(
     return sorted(outs, key=lambda x: x.rank)
 
 
+def parse_gpu_time(output: str) -> float | None:
+    """The seconds `fabric_probe.py --gpu-time` printed, or None."""
+    for line in output.splitlines():
+        if line.startswith(MARKER):
+            try:
+                got = json.loads(line[len(MARKER) :]).get("gpu_seconds")
+            except ValueError:
+                continue
+            if isinstance(got, (int, float)) and got > 0:
+                return float(got)
+    return None
+
+
+def time_gpus(cluster: ConnectedHosts, placements: dict[str, Placement]) -> dict[str, float | None]:
+    """The fixed GPU workload on each node, one node at a time (nothing else on the machine's links or
+    GPUs competes with it), after the collective."""
+    out: dict[str, float | None] = {}
+    for n, p in placements.items():
+        try:
+            res = run_in(cluster.hosts[n].docker().api, p.container, ["python3", PROBE_PATH, "--gpu-time"], warn=True)
+            out[n] = parse_gpu_time(res.stdout) if res.exit_code == 0 else None
+        except Exception as e:  # noqa: BLE001 - a node whose time is unknown is skipped, never judged
+            _log.warning("the GPU workload could not be timed", node=n, error=str(e))
+            out[n] = None
+    return out
+
+
 def clean_up(cluster: ConnectedHosts, placements: dict[str, Placement], made: dict[str, str]) -> list[str]:
     """Remove every throwaway container; in a serving container, stop any probe still running.
     Returns what could not be cleaned (never raises: the verdict is already in hand)."""
@@ -231,6 +262,7 @@ def run(
     try:
         out.placements = place(cluster, inv, prof, image, made)
         out.ranks = run_ranks(cluster, inv, out.placements, port, probe_args)
+        out.gpu_seconds = time_gpus(cluster, out.placements)
     finally:
         for line in clean_up(cluster, out.placements, made):
             _log.warning("fabric clean-up", problem=line)

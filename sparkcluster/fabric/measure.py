@@ -119,6 +119,7 @@ def run(
     out = failed_ranks(r, logs, inv)
     expect = expectation(inv, facts)
     out += judge.judge(logs, expect, node_facts(inv, prof, facts, r.placements), rank_node=rank_nodes(inv))
+    out += judge.judge_gpu_speed(r.gpu_seconds)
     record.write(cluster, r.placements, record.figures(logs, expect))  # for node/metrics
     return out + judge.judge_cabling(inv)
 

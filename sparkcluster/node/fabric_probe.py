@@ -128,6 +128,11 @@ def arguments(argv=None) -> argparse.Namespace:
         default=30.0,
         help="seconds to wait for every rank to join (and for one collective)",
     )
+    p.add_argument(
+        "--gpu-time",
+        action="store_true",
+        help="instead: time a fixed GPU workload on this node alone (matrix products) and print the seconds",
+    )
     args = p.parse_args(argv)
     args.sizes = (
         [parse_size(s) for s in args.sizes.split(",")] if args.sizes else default_sizes(parse_size(args.max_bytes))
@@ -227,8 +232,44 @@ class Bench:
         return self.slowest(elapsed)
 
 
+# the fixed workload of --gpu-time (issue 39 item 3): square matrix products, the same on every node,
+# so that a GB10 held in a low-power state that nvidia-smi does not show is named by its time alone
+GPU_SIDE, GPU_CPU_SIDE, GPU_ITERS, GPU_WARMUP, GPU_ROUNDS = 4096, 512, 10, 3, 3
+
+
+def gpu_time(torch) -> dict:
+    """Seconds for GPU_ITERS products of two fixed square matrices on GPU 0 (the CPU, smaller, without
+    one), after GPU_WARMUP untimed ones, the best of GPU_ROUNDS; synchronised so the time is the
+    device's, not the launch's."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    side = GPU_SIDE if cuda else GPU_CPU_SIDE
+    dtype = torch.bfloat16 if cuda else torch.float32
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.rand(side, side, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    b = torch.rand(side, side, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    for _ in range(GPU_WARMUP):
+        a @ b
+    if cuda:
+        torch.cuda.synchronize(device)
+    best = float("inf")
+    for _ in range(GPU_ROUNDS):  # the best round: a moment's interference on the host is not the GPU's pace
+        t = time.perf_counter()
+        for _ in range(GPU_ITERS):
+            a @ b
+        if cuda:
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t)
+    return {"gpu_seconds": round(best, 6), "device": str(device), "side": side}
+
+
 def main(argv=None) -> int:
     args = arguments(argv)
+    if args.gpu_time:
+        import torch
+
+        emit(gpu_time(torch))
+        return 0
     try:
         env = rank_env()
     except ValueError as exc:

@@ -69,6 +69,8 @@ def test_healthy_fabric_passes_in_throwaway_containers(testbed, sc, down_with_im
         ("fabric.bandwidth", f"{HEAD}+{WORKER}"): "ok",
         ("fabric.direction", HEAD): "ok",
         ("fabric.direction", WORKER): "ok",
+        ("fabric.gpu_speed", HEAD): "ok",
+        ("fabric.gpu_speed", WORKER): "ok",
     }, got
     assert "gloo" in got[("fabric.transport", WORKER)]["detail"]
     assert "all_gather busbw" in got[("fabric.bandwidth", f"{HEAD}+{WORKER}")]["detail"]
@@ -98,4 +100,19 @@ def test_a_container_without_rdma_devices_fails_on_that_node(testbed, sc, down_w
     assert worker["status"] == "fail" and "no /dev/infiniband in the container" in worker["detail"], got
     assert "--device=/dev/infiniband" in worker["fix"]
     assert got[("fabric.transport", HEAD)]["status"] == "ok", got
+    nothing_left(testbed)
+
+
+def test_a_slow_gpu_is_named_on_its_node(testbed, sc, down_with_image):
+    """Issue 39 item 3: the fixed GPU workload timed on each node, one at a time; the worker's GPU
+    stand-in made slow (its containers get a quarter of a CPU) is named there only."""
+    testbed.set_gpu_slow(WORKER, 0.25)
+    try:
+        got = fabric(sc)
+    finally:
+        testbed.set_gpu_slow(WORKER, None)
+    worker = got[("fabric.gpu_speed", WORKER)]
+    assert worker["status"] == "warn" and "the median node's" in worker["detail"], got
+    assert "nvidia-smi -q -d PERFORMANCE" in worker["fix"], worker
+    assert got[("fabric.gpu_speed", HEAD)]["status"] == "ok", got
     nothing_left(testbed)

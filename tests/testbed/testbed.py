@@ -1531,6 +1531,11 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                 f"ip route replace default via {SPECS[h].ctl_ip} dev {LAN_IF}",
                 "rm -f /var/lib/docker/.testbed-fill",
                 f"echo {DRIVER} > /run/nvidia-standin/driver_version",
+                "rm -f /run/nvidia-standin/gpu_slow_cpus",
+                # the runtime wrapper as host-setup.sh installs it (a testbed built before set_gpu_slow)
+                "mountpoint -q /usr/local/sbin && install -m 755 "
+                f"{shlex.quote(str(BIN / 'testbed-runc'))} /usr/local/sbin/nvidia-container-runtime",
+                f"[ -d /run/testbed/bin ] && install -m 755 {shlex.quote(str(BIN / 'testbed-runc'))} /run/testbed/bin/runc",
                 # issue 39's stand-ins: the real kernel string and meminfo; every HCA's PCIe link at
                 # Gen5 x4 and its firmware, and the GPU and toolkit stand-ins as host-setup.sh installs
                 # them (so a testbed built before them gets them too)
@@ -1773,6 +1778,13 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
     def set_driver_version(self, host: str, version: str = DRIVER) -> None:
         """What nvidia-smi reports as driver_version on that host (undo: set_driver_version(host))."""
         self.sh(host, f"echo {shlex.quote(version)} > /run/nvidia-standin/driver_version")
+
+    def set_gpu_slow(self, host: str, cpus: float | None) -> None:
+        """The GPU stand-in made slow on that host (issue 39 item 3): every GPU container created there
+        from now on gets `cpus` CPUs' worth of time (the runtime wrapper sets its cgroup quota), so the
+        fabric test's GPU workload, torch on the CPU here, runs slower there only. None undoes it."""
+        f = "/run/nvidia-standin/gpu_slow_cpus"
+        self.sh(host, f"rm -f {f}" if cpus is None else f"echo {float(cpus)} > {f}")
 
     def hold_port(self, host: str, port: int, addr: str = "0.0.0.0") -> PortHolder:
         """A foreign (non-sparkcluster) process listening on host:port; use as a context manager or release()."""

@@ -5,8 +5,10 @@ from pathlib import Path
 import pytest
 
 from sparkcluster.fabric import judge, nccl_log
-from sparkcluster.fabric.judge import Expectation, NodeFacts
+from sparkcluster.fabric.judge import GPU_SPEED, SLOW_GPU_FACTOR, Expectation, NodeFacts, judge_gpu_speed
+from sparkcluster.fabric.launch import parse_gpu_time
 from sparkcluster.fabric.nccl_log import ProbeResult
+from sparkcluster.node import fabric_probe
 
 CAPTURED = Path(__file__).resolve().parents[1] / "captured" / "nccl"
 PAIR = Expectation(roce=True, topology="pair")
@@ -158,3 +160,32 @@ def test_device_default_run_fails_with_nccls_reason():
 def test_device_ib_run_fails_with_nccls_reason():
     out = judge.judge(device("ib"), PAIR)
     assert out[0].status == "fail" and "Failed to initialize any NET plugin" in out[0].detail
+
+
+# ---- the GPU workload per node (issue 39 item 3) ----------------------------------------------------
+
+
+def test_a_gpu_slower_than_the_median_by_the_factor_is_named_there_only():
+    got = {r.node: r for r in judge_gpu_speed({"a": 1.0, "b": 1.05, "c": 0.98, "d": 1.6})}
+    assert got["d"].status == "warn" and got["d"].id == GPU_SPEED and "the median node's" in got["d"].detail
+    assert "nvidia-smi -q -d PERFORMANCE" in got["d"].fix
+    assert {n: r.status for n, r in got.items() if n != "d"} == {"a": "ok", "b": "ok", "c": "ok"}
+    # two nodes: the median is their mean, so only a node near twice the other's time is named
+    pair = {r.node: r.status for r in judge_gpu_speed({"head": 0.2, "worker": 0.8})}
+    assert pair == {"head": "ok", "worker": "warn"}
+    assert {r.status for r in judge_gpu_speed({"head": 0.2, "worker": 0.2 * SLOW_GPU_FACTOR})} == {"ok"}
+    # a node not timed is skipped, never judged; one node has nothing to compare with
+    assert {r.node: r.status for r in judge_gpu_speed({"a": 1.0, "b": None, "c": 1.0})}["b"] == "skip"
+    assert [r.status for r in judge_gpu_speed({"a": 1.0})] == ["skip"]
+    assert judge_gpu_speed({}) == []
+
+
+def test_the_gpu_time_is_read_from_the_probes_line():
+    out = 'NCCL INFO x\nSPARKCLUSTER_FABRIC {"device": "cuda:0", "gpu_seconds": 0.4125, "side": 4096}\n'
+    assert parse_gpu_time(out) == 0.4125
+    assert parse_gpu_time("SPARKCLUSTER_FABRIC {broken\n") is None and parse_gpu_time("") is None
+
+
+def test_the_probe_takes_gpu_time_without_the_ranks_environment():
+    assert fabric_probe.arguments(["--gpu-time"]).gpu_time is True
+    assert fabric_probe.arguments([]).gpu_time is False
