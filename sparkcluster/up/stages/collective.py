@@ -51,4 +51,7 @@ def run_test(r: UpRun) -> list:
             [StepFailure(x.node, "measure the fabric", f"{x.id}: {x.detail}", None, "", x.fix) for x in bad],
             None,
         )
+    for x in results:  # said before `vllm serve` starts (a slow GPU, a fabric below its healthy figure)
+        if x.status == "warn":
+            r.progress.info(f"warning: {x.id} on {x.node}: {x.detail}" + (f" (fix: {x.fix})" if x.fix else ""))
     return results
