@@ -27,8 +27,8 @@ _TQDM = re.compile(r"(\d+)/(\d+) \[")
 def progress(text: str) -> tuple[int, int] | None:
     """The last 'done/total' of tqdm's bar in the benchmark's output, or None before it starts."""
     m = None
-    for m in _TQDM.finditer(text[-4096:]):
-        pass
+    for found in _TQDM.finditer(text[-4096:]):
+        m = found
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 

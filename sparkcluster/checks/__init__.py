@@ -7,9 +7,10 @@ one-line `fix`.
 
 `registry` holds what every check is made of (Result, Expect, Context, Report, the `check` decorator
 and REGISTRY); this package runs them; the checks themselves live in one module per area:
-`host` (ssh, GPU, docker, memory, disk, clock), `image`, `network` (net.*), `wiring` (net.topology across N nodes), `rdma` and `runtime`
-(ports, stale Ray, running containers), `drift` (what changes on one node: kernel, BIOS, HCA links,
-clocks, earlyoom; issue 39). CHECK_ORDER fixes the order they run and report in.
+`host` (ssh, GPU, docker, memory, disk, clock), `image`, `network` (net.*), `wiring` (net.topology
+across N nodes), `rdma` and `runtime` (ports, stale Ray, running containers), `drift` (what changes
+on one node: kernel, BIOS, HCA links, clocks, earlyoom; issue 39). CHECK_ORDER fixes the order they
+run and report in.
 """
 
 from __future__ import annotations

@@ -136,7 +136,8 @@ def mem_headroom(ctx: Context, r: Report) -> None:
                 n,
                 detail,
                 "lower gpu_memory_utilization in the profile or free memory on the node "
-                "(MemAvailable, not MemFree, is what counts; drop caches with `sync; echo 3 > /proc/sys/vm/drop_caches`)",
+                "(MemAvailable, not MemFree, is what counts; "
+                "drop caches with `sync; echo 3 > /proc/sys/vm/drop_caches`)",
             )
         elif left < MEM_HEADROOM_FLOOR:
             r.warn(
@@ -195,7 +196,8 @@ def disk_free(ctx: Context, r: Report) -> None:
             )
         if cache_disk.available < ctx.expect.model_disk_bytes:
             problems.append(
-                f"{cache_disk.mount} has {_gib(cache_disk.available)} free, the model needs {_gib(ctx.expect.model_disk_bytes)}"
+                f"{cache_disk.mount} has {_gib(cache_disk.available)} free, "
+                f"the model needs {_gib(ctx.expect.model_disk_bytes)}"
             )
         if problems:
             r.fail(n, "; ".join(problems), "free space (docker system prune, old models in the HF cache) on this node")

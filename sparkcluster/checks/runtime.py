@@ -70,7 +70,8 @@ def ray_stale(ctx: Context, r: Report) -> None:
             r.fail(
                 node.name,
                 f"Ray runs in a container sparkcluster did not start: {', '.join(c.name for c in foreign)}",
-                f"stop it if it is yours to stop (docker rm -f {foreign[0].name}); two Ray heads cannot share port 6379",
+                f"stop it if it is yours to stop (docker rm -f {foreign[0].name}); "
+                "two Ray heads cannot share port 6379",
             )
         elif exited:
             r.warn(

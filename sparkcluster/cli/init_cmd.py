@@ -42,7 +42,8 @@ def _abs(p: Path | None) -> Path | None:
     "-o",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
-    help="Where to write the draft (default: --inventory, $SPARKCLUSTER_INVENTORY, else ~/.config/sparkcluster/cluster.toml).",
+    help="Where to write the draft "
+    "(default: --inventory, $SPARKCLUSTER_INVENTORY, else ~/.config/sparkcluster/cluster.toml).",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 @click.pass_obj

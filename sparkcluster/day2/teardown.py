@@ -74,7 +74,8 @@ def kill_command(pid: int, grace: float) -> str:
     p = int(pid)
     return (
         f"kill -TERM {p} 2>/dev/null || exit 0; i=0; while kill -0 {p} 2>/dev/null; do "
-        f"i=$((i+1)); [ $i -gt {int(grace * 10)} ] && {{ kill -KILL {p}; echo killed; exit 0; }}; sleep 0.1; done; echo stopped"
+        f"i=$((i+1)); [ $i -gt {int(grace * 10)} ] && {{ kill -KILL {p}; echo killed; exit 0; }}; "
+        "sleep 0.1; done; echo stopped"
     )
 
 

@@ -121,7 +121,9 @@ def probe_script(
                 + (f'case "$id" in {seen}esac; ' if seen else "")
                 + f"for c in $(docker ps -q --filter label={label} --filter status=running); do "
                 '[ "$(docker inspect --format \'{{.Image}}\' $c)" = "$id" ] && { '
-                f'echo "ray, version $(docker image inspect --format \'{{{{index .Config.Labels "org.sparkcluster.ray-version"}}}}\' {img}) (running in $c)"; exit 0; }}; done; '
+                f'echo "ray, version $(docker image inspect '
+                f"--format '{{{{index .Config.Labels \"org.sparkcluster.ray-version\"}}}}' {img}) "
+                '(running in $c)"; exit 0; }; done; '
                 f"docker run --rm --network none --entrypoint ray {img} --version",
             )
         )

@@ -337,7 +337,8 @@ def to_toml(dr: Draft, when: str = "") -> str:
         "#    subnet the head and the worker(s) share (in a ring or mesh, where each cable joins two nodes,",
         "#    a LAN subnet every node has). Ray and vLLM register this address (VLLM_HOST_IP).",
         "#  - data_plane: every ACTIVE RoCE HCA whose netdev has a static IPv4 address on a subnet of its",
-        "#    own that the other node(s) share, in HCA order; the comments say why any other was left out. NCCL pairs HCAs",
+        "#    own that the other node(s) share, in HCA order; the comments say why any other was left out. "
+        "NCCL pairs HCAs",
         "#    by list position (NCCL_IB_HCA). Names can differ between nodes when cables sit in other ports.",
         "#  - mtu: the control link's MTU as found; every data-plane link is checked against it.",
         "#  - no gid_index: NCCL finds each HCA's RoCE v2 IPv4 GID itself at every start (a pinned",

@@ -385,7 +385,9 @@ class Listener:
 
 
 _SS = re.compile(
-    r"^\S+\s+\d+\s+\d+\s+(?P<local>\S+)\s+\S+(?:\s+users:\(\(\"(?P<proc>[^\"]*)\",pid=(?P<pid>\d+)[^)]*\)[^ ]*)?.*?(?:container=(?P<cid>[0-9a-f]*))?$"
+    r"^\S+\s+\d+\s+\d+\s+(?P<local>\S+)\s+\S+"
+    r"(?:\s+users:\(\(\"(?P<proc>[^\"]*)\",pid=(?P<pid>\d+)[^)]*\)[^ ]*)?"
+    r".*?(?:container=(?P<cid>[0-9a-f]*))?$"
 )
 
 

@@ -142,7 +142,8 @@ def resolve_error(got: dict, repo: str, revision: str, endpoint: str) -> InputEr
                 f"accept its licence at {page}, put HF_TOKEN=... in the .env (mode 0600), then sparkcluster up",
             )
         return InputError(
-            f"{repo} is gated and the HF token has no access to it (licence not accepted, or a token without read access)",
+            f"{repo} is gated and the HF token has no access to it "
+            "(licence not accepted, or a token without read access)",
             f"accept the licence at {page} with the token's account, then sparkcluster up",
         )
     if code == "RevisionNotFound":

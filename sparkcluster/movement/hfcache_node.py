@@ -149,8 +149,10 @@ def status(hub):
         for root, _, names in os.walk(os.path.join(repo, "refs")):
             for n in names:
                 with open(os.path.join(root, n)) as f:
-                    refs.setdefault(f.read().strip(), []).append(os.path.relpath(os.path.join(root, n), os.path.join(repo, "refs")))
-        partial = [n for n in os.listdir(os.path.join(repo, "blobs"))] if os.path.isdir(os.path.join(repo, "blobs")) else []
+                    refs.setdefault(f.read().strip(), []).append(
+                        os.path.relpath(os.path.join(root, n), os.path.join(repo, "refs")))
+        partial = ([n for n in os.listdir(os.path.join(repo, "blobs"))]
+                   if os.path.isdir(os.path.join(repo, "blobs")) else [])
         partial = sum(os.path.getsize(os.path.join(repo, "blobs", n)) for n in partial if n.endswith(".incomplete"))
         snaps = os.path.join(repo, "snapshots")
         for commit in sorted(os.listdir(snaps)) if os.path.isdir(snaps) else []:

@@ -219,7 +219,9 @@ while True:
                 if " path=" in rec:
                     longname = rec.split(" path=", 1)[1]
         continue
-    name = longname or (h[345:500].rstrip(b"\0").decode("utf-8", "replace") + "/" if h[345] else "") + h[:100].rstrip(b"\0").decode("utf-8", "replace")
+    name = longname or (
+        (h[345:500].rstrip(b"\0").decode("utf-8", "replace") + "/" if h[345] else "")
+        + h[:100].rstrip(b"\0").decode("utf-8", "replace"))
     longname = None
     m = BLOB.match(name)
     if kind in (b"0", b"\0") and m and m.group(1) in skip:

@@ -51,7 +51,8 @@ def lock_command(cluster: str, holder: str) -> str:
     )
     newest = f"$(cat \"$(ls -t {who}* 2>/dev/null | grep -v '[.]part$' | head -1)\" 2>/dev/null)"
     return (
-        f"{{ [ -d {d} ] || {{ mkdir -m 1777 {d} 2>/dev/null || [ -d {d} ]; }}; }} && {{ [ -d {lock} ] || mkdir {lock} 2>/dev/null || [ -d {lock} ]; }} "
+        f"{{ [ -d {d} ] || {{ mkdir -m 1777 {d} 2>/dev/null || [ -d {d} ]; }}; }} "
+        f"&& {{ [ -d {lock} ] || mkdir {lock} 2>/dev/null || [ -d {lock} ]; }} "
         f"&& flock -n -E {BUSY} {lock} sh -c {shlex.quote(inner)} sh {shlex.quote(holder)}"
         f' || {{ rc=$?; [ $rc -eq {BUSY} ] && echo "@@held {newest}" >&2; exit $rc; }}'
     )

@@ -2,9 +2,10 @@
 
 `Host.run(cmd, timeout) -> CommandResult` is the only way the rest of sparkcluster executes a command
 on a node. It fails loudly: a non-zero exit or a timeout raises `CommandFailed` carrying the result,
-unless the caller passes `warn=True` and reads the result itself; `Host.docker()` gives a Docker Engine API client that rides the same SSH connection (each
-API request is a `docker system dial-stdio` channel), so one invocation opens one connection per
-host. Nothing outside `remote/` (this module, `target` and `dockerapi`) touches paramiko.
+unless the caller passes `warn=True` and reads the result itself; `Host.docker()` gives a Docker
+Engine API client that rides the same SSH connection (each API request is a `docker system
+dial-stdio` channel), so one invocation opens one connection per host. Nothing outside `remote/`
+(this module, `target` and `dockerapi`) touches paramiko.
 
 Host keys are checked strictly against known_hosts: an unknown key is refused with its fingerprint,
 a changed key with the `ssh-keygen -R` hint; neither is ever added (`target.SshConnection` resolves the
@@ -56,7 +57,8 @@ class _StrictPolicy(paramiko.MissingHostKeyPolicy):
             self.node,
             f"host key for {hostname} is not in known_hosts ({key.get_name()} {fingerprint(key)}); refusing to connect",
             f"verify the fingerprint on the host (ssh-keygen -lf /etc/ssh/ssh_host_{_short(key)}_key.pub), "
-            f"then add it to {files} (ssh-keyscan -t {_short(key)} {hostname} >> {self.known_hosts[0] if self.known_hosts else '~/.ssh/known_hosts'})",
+            f"then add it to {files} (ssh-keyscan -t {_short(key)} {hostname} "
+            f">> {self.known_hosts[0] if self.known_hosts else '~/.ssh/known_hosts'})",
         )
 
 
@@ -94,14 +96,15 @@ class Host:
         while transport.is_active():
             answered = threading.Event()
 
-            def ping() -> None:
+            def ping(answered: threading.Event) -> None:
                 try:
                     transport.global_request("keepalive@openssh.com", wait=True)  # any reply (even failure)
                 except Exception:  # noqa: BLE001 - the transport is closing anyway
                     pass
                 answered.set()
 
-            threading.Thread(target=ping, daemon=True).start()
+            # each round's thread gets its own event: a reply that comes late must not answer a later round
+            threading.Thread(target=ping, args=(answered,), daemon=True).start()
             if not answered.wait(KEEPALIVE_DEAD_S):
                 if transport.is_active():
                     self.lost = f"no answer from {self.name} over SSH for {KEEPALIVE_DEAD_S:g}s (connection lost)"
@@ -356,8 +359,10 @@ def connect(node: Node, settings: Settings) -> Host:
         except paramiko.BadHostKeyException as e:
             raise HostKeyError(
                 node.name,
-                f"host key for {e.hostname} has CHANGED (now {e.key.get_name()} {fingerprint(e.key)}); refusing to connect",
-                f"if the host was reinstalled, remove the old key with: ssh-keygen -f {files[0]} -R {_known_hosts_name(conn)}",
+                f"host key for {e.hostname} has CHANGED (now {e.key.get_name()} {fingerprint(e.key)}); "
+                "refusing to connect",
+                "if the host was reinstalled, remove the old key with: "
+                f"ssh-keygen -f {files[0]} -R {_known_hosts_name(conn)}",
             ) from None
         except paramiko.AuthenticationException as e:
             raise AuthError(

@@ -1,9 +1,10 @@
 """The executor: walks the plan's steps, stage by stage, and does nothing the plan does not list.
 
 Steps with the same `parallel` key next to each other run at once, one thread per host (a host's
-own steps keep their order); the others run one after another. Each step ends as one structured `step` event (logger `sparkcluster.steps`) with the id
-the dry run printed and its outcome: `done`, `skipped: <reason>` or `failed`. A step's failure
-ends its stage as a whole, naming the host, the step, the command and its last lines.
+own steps keep their order); the others run one after another. Each step ends as one structured
+`step` event (logger `sparkcluster.steps`) with the id the dry run printed and its outcome: `done`,
+`skipped: <reason>` or `failed`. A step's failure ends its stage as a whole, naming the host, the
+step, the command and its last lines.
 """
 
 from __future__ import annotations
