@@ -10,20 +10,16 @@ image is loaded (as `ray_seen` reasons for Ray).
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import shlex
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkcluster import log
+from sparkcluster.facts.image_memo import IMAGE_ID, ImageMemo
 from sparkcluster.facts.probes import Probe
 
 NAME = "image_nccl"
 KEEP = 20
-_ID = re.compile(r"sha256:[0-9a-f]{64}")
+_MEMO = ImageMemo("nccl-in-images.json", KEEP)
 
 # inside the image: each site-packages Python knows (else the usual places), the pip wheel's
 # METADATA; the Debian package's version; the CUDA the image was built for
@@ -54,7 +50,7 @@ def parse(text: str) -> ImageNccl | None:
         k, _, v = line.strip().partition(" ")
         if k in ("id", "pip", "system", "cuda") and k not in kv:
             kv[k] = v.strip()
-    if not _ID.fullmatch(kv.get("id", "")):
+    if not IMAGE_ID.fullmatch(kv.get("id", "")):
         return None
     if kv.get("pip"):
         version, build = kv["pip"], "pip"
@@ -83,18 +79,12 @@ def probe(image: str, seen: dict[str, str] | None = None) -> Probe:
 
 
 def path() -> Path:
-    return log.state_dir() / "nccl-in-images.json"
+    return _MEMO.path()
 
 
 def load() -> dict[str, str]:
     """image ID -> the lines read in it (without the id line); {} when absent or unreadable."""
-    try:
-        doc = json.loads(path().read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(doc, dict):
-        return {}
-    return {k: v for k, v in doc.items() if isinstance(k, str) and _ID.fullmatch(k) and isinstance(v, str)}
+    return _MEMO.load()
 
 
 def lines(found: ImageNccl) -> str:
@@ -105,18 +95,4 @@ def lines(found: ImageNccl) -> str:
 
 def remember(found: list[ImageNccl]) -> None:
     """Adds what was read, newest last, keeping KEEP; best effort (a failed write only costs a re-read)."""
-    new = {f.image_id: lines(f) for f in found}
-    if not new:
-        return
-    old = load()
-    merged = dict(list(({k: v for k, v in old.items() if k not in new} | new).items())[-KEEP:])
-    if merged == old:
-        return
-    p = path()
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=p.parent, prefix=".nccl-in-images.", delete=False) as f:
-            json.dump(merged, f, indent=1)
-        os.replace(f.name, p)
-    except OSError:
-        pass
+    _MEMO.remember({f.image_id: lines(f) for f in found})

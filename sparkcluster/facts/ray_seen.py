@@ -9,32 +9,23 @@ docker checks ask.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import tempfile
 from pathlib import Path
 
-from sparkcluster import log
+from sparkcluster.facts.image_memo import IMAGE_ID, ImageMemo
 
 KEEP = 20  # most recent IDs; a cluster uses one image at a time
-_ID = re.compile(r"sha256:[0-9a-f]{64}")
 _VERSION = re.compile(r"ray, version \S+")
+_MEMO = ImageMemo("ray-in-images.json", KEEP)
 
 
 def path() -> Path:
-    return log.state_dir() / "ray-in-images.json"
+    return _MEMO.path()
 
 
 def load() -> dict[str, str]:
     """image ID -> the `ray --version` line seen in it; {} when absent or unreadable."""
-    try:
-        doc = json.loads(path().read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(doc, dict):
-        return {}
-    return {k: v for k, v in doc.items() if isinstance(k, str) and _ID.fullmatch(k) and isinstance(v, str)}
+    return _MEMO.load()
 
 
 def version_line(text: str) -> str:
@@ -44,20 +35,6 @@ def version_line(text: str) -> str:
 
 def remember(seen: dict[str, str]) -> None:
     """Adds image ID -> version line pairs as the most recent, keeping KEEP; best effort."""
-    new = {k: version_line(v) for k, v in seen.items() if _ID.fullmatch(k) and _VERSION.fullmatch(version_line(v))}
-    if not new:
-        return
-    old = load()
-    merged = {k: v for k, v in old.items() if k not in new} | new
-    merged = dict(list(merged.items())[-KEEP:])
-    if list(merged.items()) == list(old.items()):
-        return
-    p = path()
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        # a private temporary name: doctor and up may both write, and os.replace keeps the file whole
-        with tempfile.NamedTemporaryFile("w", dir=p.parent, prefix=".ray-in-images.", delete=False) as f:
-            json.dump(merged, f, indent=1)
-        os.replace(f.name, p)
-    except OSError as e:
-        log.get(__name__).debug("could not remember ray in images", error=str(e))
+    _MEMO.remember(
+        {k: version_line(v) for k, v in seen.items() if IMAGE_ID.fullmatch(k) and _VERSION.fullmatch(version_line(v))}
+    )
