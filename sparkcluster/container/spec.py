@@ -264,10 +264,17 @@ def agent_config(inv: Inventory, node: Node, ray: bool = True, executor: str = "
 
 
 def files_tar(files: dict[str, str], mode: int = 0o644) -> bytes:
+    """The files (path -> text), each with `mode`, owned by root, with their folders."""
+    return files_tar_modes({p: (text, mode) for p, text in files.items()})
+
+
+def files_tar_modes(files: dict[str, tuple[str, int]], uid: int = 0, gid: int = 0) -> bytes:
+    """The files (path -> (text, mode)) owned by uid:gid, with their folders (root's, 0755), as one
+    tar for the Engine API's put_archive."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         made: set[str] = set()
-        for path, text in files.items():
+        for path, (text, mode) in files.items():
             parts = path.strip("/").split("/")
             for i in range(1, len(parts)):
                 d = "/".join(parts[:i])
@@ -278,7 +285,7 @@ def files_tar(files: dict[str, str], mode: int = 0o644) -> bytes:
                     made.add(d)
             data = text.encode()
             info = tarfile.TarInfo("/".join(parts))
-            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            info.size, info.mode, info.mtime, info.uid, info.gid = len(data), mode, int(time.time()), uid, gid
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 

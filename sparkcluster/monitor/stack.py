@@ -11,13 +11,11 @@ user (the owner), reading the host's /proc and /sys read-only."""
 
 from __future__ import annotations
 
-import io
-import tarfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkcluster.config.inventory import Inventory
+from sparkcluster.container.spec import files_tar_modes
 from sparkcluster.labels import MONITOR_LABEL
 from sparkcluster.monitor import scrape
 
@@ -125,23 +123,7 @@ def specs(inv: Inventory, prometheus_yml: str, alertmanager_yml: str, owners: di
 def files_tar(files: dict[str, tuple[str, int]], owner: str) -> bytes:
     """The files (text, mode) owned by `owner` ("uid:gid"), with their folders."""
     uid, gid = (int(x) for x in owner.split(":"))
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        made: set[str] = set()
-        for path, (text, mode) in files.items():
-            parts = path.strip("/").split("/")
-            for i in range(1, len(parts)):
-                d = "/".join(parts[:i])
-                if d not in made:
-                    info = tarfile.TarInfo(d)
-                    info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
-                    tar.addfile(info)
-                    made.add(d)
-            data = text.encode()
-            info = tarfile.TarInfo("/".join(parts))
-            info.size, info.mode, info.mtime, info.uid, info.gid = len(data), mode, int(time.time()), uid, gid
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    return files_tar_modes(files, uid, gid)
 
 
 def labels(inv: Inventory, component: str) -> dict[str, str]:
