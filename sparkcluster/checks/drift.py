@@ -156,17 +156,10 @@ def rdma_pcie(ctx: Context, r: Report) -> None:
                 "max_link_width": x.max_width,
                 "max_link_speed_gts": x.max_speed_gts,
             }
-            for e in kb.matching("rdma.pcie", signals):
-                if e.severity != "ok":
-                    found.append((x, e))
-        if not found:
-            r.ok(n, ", ".join(f"{x.hca} x{x.width} {x.speed_gts:g} GT/s" for x in links if x.speed_gts) or "ok")
-            continue
-        worst = next((p for p in found if p[1].severity == "fail"), found[0])
-        x, e = worst
+            found += [(x, e) for e in kb.matching("rdma.pcie", signals) if e.severity != "ok"]
         names = ", ".join(dict.fromkeys(f"{y.hca} at x{y.width} {y.speed_gts or '?'} GT/s" for y, _ in found))
-        detail = f"{names}: {e.why} (known bad: {e.id}; {e.sources()})"
-        (r.fail if e.severity == "fail" else r.warn)(n, detail, e.fix)
+        if not _bad(r, n, [e for _, e in found], names):
+            r.ok(n, ", ".join(f"{x.hca} x{x.width} {x.speed_gts:g} GT/s" for x in links if x.speed_gts) or "ok")
 
 
 @check("rdma.firmware", "ConnectX-7 firmware: the same on every node")
