@@ -26,7 +26,7 @@ from sparkcluster.facts import HostFacts
 from sparkcluster.facts.parsers import ContainerInspect
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
 from sparkcluster.up.stages import STAGES
-from sparkcluster.up.stages.base import Stage, Step
+from sparkcluster.up.stages.base import Stage, Step, render_steps
 
 
 @dataclass
@@ -58,16 +58,7 @@ class Plan:
         lines += [f"  note: {n}" for n in self.notes]
         if self.unchanged:
             lines.append("  nothing to do: the cluster already serves this profile")
-        stage = None
-        for s in self._steps:
-            if s.stage != stage:
-                stage = s.stage
-                lines.append(f"[{stage}]")
-            lines.append(f"  {s.host}: {s.what}")
-            if s.when:
-                lines.append(f"      only if {s.when}")
-            if s.detail:
-                lines.append(f"      {s.detail}")
+        lines += render_steps(self._steps)
         return redact.mask("\n".join(lines))
 
     def as_json(self) -> str:

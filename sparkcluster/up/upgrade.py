@@ -48,7 +48,7 @@ from sparkcluster.movement import hfcache
 from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.up import bringup
 from sparkcluster.up.execute import StageProgress, walk
-from sparkcluster.up.stages.base import Stage, Step
+from sparkcluster.up.stages.base import Stage, Step, render_steps
 
 _log = log.get(__name__)
 T = TypeVar("T")
@@ -417,19 +417,12 @@ class UpgradePlan:
         return list(self.all_steps)
 
     def render(self) -> str:
-        lines, stage = [self.title], None
-        for s in self.all_steps:
-            if s.stage != stage:
-                stage = s.stage
-                lines.append(f"[{stage}]")
-            lines.append(f"  {s.host}: {s.what}")
-            if s.when:
-                lines.append(f"      only if {s.when}")
-            if s.detail:
-                lines.append(f"      {s.detail}")
+        def up_plan(s: Step) -> list[str]:
             if s.stage == "up" and s.action == "new" and self.up_plan is not None:
-                lines += ["      " + ln for ln in self.up_plan.render().splitlines()]
-        return redact.mask("\n".join(lines))
+                return ["      " + ln for ln in self.up_plan.render().splitlines()]
+            return []
+
+        return redact.mask("\n".join([self.title, *render_steps(self.all_steps, up_plan)]))
 
     def as_json(self) -> list[dict]:
         out = []

@@ -53,6 +53,23 @@ class Step:
         return {"id": self.id, "stage": self.stage, "host": self.host, "description": self.description}
 
 
+def render_steps(steps: list[Step], under: Callable[[Step], list[str]] = lambda s: []) -> list[str]:
+    """The steps as the plans print them: grouped under `[stage]`, each with its condition and its
+    command below it, then whatever `under` adds for it (unmasked: the caller masks the whole)."""
+    lines, stage = [], None
+    for s in steps:
+        if s.stage != stage:
+            stage = s.stage
+            lines.append(f"[{stage}]")
+        lines.append(f"  {s.host}: {s.what}")
+        if s.when:
+            lines.append(f"      only if {s.when}")
+        if s.detail:
+            lines.append(f"      {s.detail}")
+        lines += under(s)
+    return lines
+
+
 def fail(
     stage: str, host: str, step: str, reason: str, command: str | None = None, tail: str = "", fix: str | None = None
 ) -> StageError:
