@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import click
+
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.inventory import Inventory
 
@@ -9,3 +11,11 @@ from sparkcluster.config.inventory import Inventory
 def load_profile_for(inv: Inventory, name: str | None) -> profiles.Profile | None:
     name = name or inv.cluster.profile
     return profiles.load_profile(name) if name else None
+
+
+def profile_or_usage(inv: Inventory, name: str | None) -> profiles.Profile:
+    """The named profile, else the inventory's; a usage error when neither names one."""
+    prof = load_profile_for(inv, name)
+    if prof is None:
+        raise click.UsageError("no profile: pass --profile NAME (see `sparkcluster profile list`)")
+    return prof

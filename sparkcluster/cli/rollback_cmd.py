@@ -8,9 +8,10 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.up_cmd import RichProgress
-from sparkcluster.cli.upgrade_cmd import print_plan, profile_or_usage
+from sparkcluster.cli.upgrade_cmd import print_plan
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.day2 import known_good
 from sparkcluster.up import upgrade as upgrades

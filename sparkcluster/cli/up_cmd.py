@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from sparkcluster import redact
-from sparkcluster.cli.common import load_profile_for
+from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.day2 import deployments
@@ -121,9 +121,7 @@ def up(
     if offline and not dry_run:
         raise click.UsageError("--offline goes with --dry-run (a real up needs the nodes)")
     inv = obj.inventory()
-    prof = load_profile_for(inv, profile_name)
-    if prof is None:
-        raise click.UsageError("no profile: pass --profile NAME (see `sparkcluster profile list`)")
+    prof = profile_or_usage(inv, profile_name)
     secrets = load_secrets(env_file, prof)
     err = Console(stderr=True, highlight=False)
     result = bringup.run(

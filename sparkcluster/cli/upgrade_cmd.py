@@ -9,18 +9,11 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from sparkcluster.cli.common import load_profile_for
+from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.up_cmd import RichProgress
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.up import upgrade as upgrades
-
-
-def profile_or_usage(inv, name: str | None):
-    prof = load_profile_for(inv, name)
-    if prof is None:
-        raise click.UsageError("no profile: pass --profile NAME (see `sparkcluster profile list`)")
-    return prof
 
 
 def print_plan(plan: upgrades.UpgradePlan, as_json: bool) -> None:

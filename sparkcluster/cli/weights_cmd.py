@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from sparkcluster.cli.common import load_profile_for
+from sparkcluster.cli.common import load_profile_for, profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.up_cmd import RichProgress
 from sparkcluster.config.images import image_ref
@@ -49,9 +49,7 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
     """Fetch every repository the profile needs (model, tokenizer, draft model, plugin file) once on the
     head and replicate it to every worker, verified."""
     inv = obj.inventory()
-    prof = load_profile_for(inv, profile_name)
-    if prof is None:
-        raise click.UsageError("no profile: pass --profile NAME (see `sparkcluster profile list`)")
+    prof = profile_or_usage(inv, profile_name)
     want = weights_stage.wanted(prof)
     if not want:
         raise InputError(
