@@ -17,6 +17,7 @@ from rich.table import Table
 from sparkcluster import bench as bench_pkg  # `bench` is this module's command
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
+from sparkcluster.cli.options import env_file_option
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.day2 import engine_nccl
@@ -245,12 +246,7 @@ def deployment_nodes(inv, prof) -> list[str]:
 )
 @click.option("--canary-retake", is_flag=True, help="With --canary: take the canary anew (after a change you meant).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
-@click.option(
-    "--env-file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help=f"Where VLLM_API_KEY lives (mode 0600); {ENV_FILE_HELP}.",
-)
+@env_file_option(f"Where VLLM_API_KEY lives (mode 0600); {ENV_FILE_HELP}.")
 @click.pass_obj
 def bench(
     obj,

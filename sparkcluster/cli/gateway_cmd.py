@@ -12,6 +12,7 @@ import httpx
 
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
+from sparkcluster.cli.options import env_file_option
 from sparkcluster.config import profile as profiles
 from sparkcluster.config import secrets as secret_store
 from sparkcluster.day2 import deployments, supervision
@@ -27,13 +28,7 @@ def gateway() -> None:
     """One endpoint for every model: up, down, status, events, export --litellm."""
 
 
-def _env_file_option(f):
-    return click.option(
-        "--env-file",
-        type=click.Path(path_type=Path),
-        default=None,
-        help=f"A .env (mode 0600) with {secret_store.GATEWAY_KEYS} and VLLM_API_KEY.",
-    )(f)
+_env_file_option = env_file_option(f"A .env (mode 0600) with {secret_store.GATEWAY_KEYS} and VLLM_API_KEY.")
 
 
 def _secrets(env_file: Path | None) -> tuple[dict[str, str], list[str]]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from sparkcluster import __version__, redact
+from sparkcluster.cli.options import inventory_option
 from sparkcluster.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, SparkError
 
 if TYPE_CHECKING:  # structlog and pydantic are imported by the commands that use them, not by --help
@@ -79,14 +80,7 @@ class _LazyGroup(click.Group):
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--inventory",
-    "-i",
-    "inventory_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Inventory TOML (default: $SPARKCLUSTER_INVENTORY, else ~/.config/sparkcluster/cluster.toml).",
-)
+@inventory_option("Inventory TOML (default: $SPARKCLUSTER_INVENTORY, else ~/.config/sparkcluster/cluster.toml).")
 @click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),

@@ -5,12 +5,11 @@ what `up` would write (the webhook masked) without starting anything."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
+from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.day2 import deployments
@@ -37,12 +36,7 @@ def _owners(cluster: ConnectedHosts) -> dict[str, str]:
     return {n: o.value for n, o in got.items() if o.ok and o.value}
 
 
-env_option = click.option(
-    "--env-file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="A .env (mode 0600) with ALERT_WEBHOOK_URL (default: as for up).",
-)
+env_option = env_file_option("A .env (mode 0600) with ALERT_WEBHOOK_URL (default: as for up).")
 
 
 @monitor.command("up")

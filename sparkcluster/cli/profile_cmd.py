@@ -11,6 +11,7 @@ import click
 
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
+from sparkcluster.cli.options import env_file_option, inventory_option
 from sparkcluster.config import compile_cache, inventory
 from sparkcluster.config.flags import serve_argv
 from sparkcluster.config.images import image_ref
@@ -129,20 +130,8 @@ def _resolved(p: Profile, inv, secrets: dict[str, str], ray_version: str) -> dic
 
 @profile_group.command("show")
 @click.argument("name")
-@click.option(
-    "--inventory",
-    "-i",
-    "inventory_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Inventory TOML (overrides the global --inventory).",
-)
-@click.option(
-    "--env-file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help=f"The .env holding HF_TOKEN / VLLM_API_KEY (mode 0600; {ENV_FILE_HELP}); values are never shown.",
-)
+@inventory_option("Inventory TOML (overrides the global --inventory).")
+@env_file_option(f"The .env holding HF_TOKEN / VLLM_API_KEY (mode 0600; {ENV_FILE_HELP}); values are never shown.")
 @click.option(
     "--ray-version",
     default=DEFAULT_RAY_VERSION,
@@ -200,14 +189,7 @@ def show_cmd(
 
 @profile_group.command("lint")
 @click.argument("name")
-@click.option(
-    "--inventory",
-    "-i",
-    "inventory_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Inventory TOML (overrides the global --inventory).",
-)
+@inventory_option("Inventory TOML (overrides the global --inventory).")
 @click.pass_context
 def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None) -> None:
     """Check profile NAME against the field's rules; exit 1 listing every problem."""

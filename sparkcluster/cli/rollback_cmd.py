@@ -10,6 +10,7 @@ from rich.console import Console
 
 from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
+from sparkcluster.cli.options import env_file_option
 from sparkcluster.cli.up_cmd import RichProgress
 from sparkcluster.cli.upgrade_cmd import print_plan
 from sparkcluster.config.secrets import load_secrets
@@ -22,7 +23,7 @@ from sparkcluster.up import upgrade as upgrades
     "--profile", "-p", "profile_name", default=None, help="The deployment's profile (default: the inventory's)."
 )
 @click.option("--node", "node", multiple=True, help="The deployment's nodes, as given to up.")
-@click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where HF_TOKEN and VLLM_API_KEY live.")
+@env_file_option("Where HF_TOKEN and VLLM_API_KEY live.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the steps as a JSON list.")
 @click.option("--history", is_flag=True, help="List the recorded good serves and upgrades; change nothing.")

@@ -12,6 +12,7 @@ import click
 
 from sparkcluster import log, redact
 from sparkcluster.cli.main import cli
+from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.day2 import fleet, supervision
 from sparkcluster.day2 import status as status_mod
@@ -266,12 +267,7 @@ def _write_html(inv, sts, path: Path) -> None:
     callback=lambda ctx, param, v: _interval(v),
     help="Seconds between refreshes with --watch (at least 0.5).",
 )
-@click.option(
-    "--env-file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help=f"Where VLLM_API_KEY lives (mode 0600); {ENV_FILE_HELP}.",
-)
+@env_file_option(f"Where VLLM_API_KEY lives (mode 0600); {ENV_FILE_HELP}.")
 @click.option(
     "--html",
     "html_path",

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from sparkcluster import redact
 from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
+from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.day2 import deployments
 from sparkcluster.up import bringup
@@ -69,12 +70,7 @@ class RichProgress(StageProgress):
 
 @cli.command()
 @click.option("--profile", "-p", "profile_name", default=None, help="Profile to serve (default: the inventory's).")
-@click.option(
-    "--env-file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help=f"Where HF_TOKEN and VLLM_API_KEY live (mode 0600); {ENV_FILE_HELP}.",
-)
+@env_file_option(f"Where HF_TOKEN and VLLM_API_KEY live (mode 0600); {ENV_FILE_HELP}.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, every command and API call per host; change nothing.")
 @click.option(
     "--offline",

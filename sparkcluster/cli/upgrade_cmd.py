@@ -11,6 +11,7 @@ from rich.console import Console
 
 from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
+from sparkcluster.cli.options import env_file_option
 from sparkcluster.cli.up_cmd import RichProgress
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.up import upgrade as upgrades
@@ -37,7 +38,7 @@ def print_plan(plan: upgrades.UpgradePlan, as_json: bool) -> None:
     help="Roll back when one-stream decode speed falls below this share of the last good serve's.",
 )
 @click.option("--node", "node", multiple=True, help="The deployment's nodes, as given to up.")
-@click.option("--env-file", type=click.Path(path_type=Path), default=None, help="Where HF_TOKEN and VLLM_API_KEY live.")
+@env_file_option("Where HF_TOKEN and VLLM_API_KEY live.")
 @click.option("--dry-run", is_flag=True, help="Print the whole plan, the rollback included; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the steps as a JSON list.")
 @click.pass_obj

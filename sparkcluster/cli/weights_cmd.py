@@ -11,6 +11,7 @@ from rich.console import Console
 
 from sparkcluster.cli.common import load_profile_for, profile_or_usage
 from sparkcluster.cli.main import cli
+from sparkcluster.cli.options import env_file_option
 from sparkcluster.cli.up_cmd import RichProgress
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
@@ -37,12 +38,7 @@ def weights() -> None:
     default=None,
     help="Profile whose repositories to stage (default: the inventory's).",
 )
-@click.option(
-    "--env-file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help=f"Where HF_TOKEN lives (mode 0600); {ENV_FILE_HELP}.",
-)
+@env_file_option(f"Where HF_TOKEN lives (mode 0600); {ENV_FILE_HELP}.")
 @click.option("--verify", is_flag=True, help="Hash every file again on every node (not only new or changed ones).")
 @click.pass_obj
 def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> None:
