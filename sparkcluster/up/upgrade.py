@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
@@ -433,6 +434,45 @@ class UpgradePlan:
         return out
 
 
+def _hold_step(head: str) -> Step:
+    return Step(
+        "hold",
+        head,
+        "gateway",
+        "hold the gateway's requests",
+        when="a gateway fronts the deployment",
+        run=hold,
+        skip=_no_gateway,
+    )
+
+
+def _release_step(head: str) -> Step:
+    return Step(
+        "release",
+        head,
+        "gateway",
+        "release the gateway's held requests",
+        when="a gateway fronts the deployment",
+        run=release,
+        skip=_no_gateway,
+    )
+
+
+def _remove_image_step(
+    stage: str, node: str, ref: str, which: str, when: str, skip: Callable[[UpgradeRun], str | None]
+) -> Step:
+    return Step(
+        stage,
+        node,
+        f"rmi-{ref}",
+        f"remove the {which} image {ref}",
+        f"docker image rm {ref}",
+        when=when,
+        skip=skip,
+        run=lambda r: remove_image(r, node, ref),
+    )
+
+
 def upgrade_steps(
     inv: Inventory, head: str, new: profiles.Profile, old: profiles.Profile, good: known_good.GoodRecord, bound: float
 ) -> list[Step]:
@@ -450,15 +490,7 @@ def upgrade_steps(
     rev_old = good.model_revision if _COMMIT.match(good.model_revision) and old.model == new.model else ""
     failed = "any step of the new serve failed"
     out = [
-        Step(
-            "hold",
-            head,
-            "gateway",
-            "hold the gateway's requests",
-            when="a gateway fronts the deployment",
-            run=hold,
-            skip=_no_gateway,
-        ),
+        _hold_step(head),
         Step(
             "baseline",
             head,
@@ -509,18 +541,7 @@ def upgrade_steps(
     ]
     for n in nodes:
         for ref in gone[n]:
-            out.append(
-                Step(
-                    "prune",
-                    n,
-                    f"rmi-{ref}",
-                    f"remove the old image {ref}",
-                    f"docker image rm {ref}",
-                    when="the canary and the bench passed",
-                    skip=_after_failure,
-                    run=lambda r, n=n, ref=ref: remove_image(r, n, ref),
-                )
-            )
+            out.append(_remove_image_step("prune", n, ref, "old", "the canary and the bench passed", _after_failure))
         if rev_old and new.revision and new.revision != rev_old:
             out.append(
                 Step(
@@ -560,44 +581,15 @@ def upgrade_steps(
     )
     for n in nodes:
         for ref in fresh[n]:
-            out.append(
-                Step(
-                    "rollback",
-                    n,
-                    f"rmi-{ref}",
-                    f"remove the new image {ref}",
-                    f"docker image rm {ref}",
-                    when=failed,
-                    skip=_unless_good,
-                    run=lambda r, n=n, ref=ref: remove_image(r, n, ref),
-                )
-            )
-    out.append(
-        Step(
-            "release",
-            head,
-            "gateway",
-            "release the gateway's held requests",
-            when="a gateway fronts the deployment",
-            run=release,
-            skip=_no_gateway,
-        )
-    )
+            out.append(_remove_image_step("rollback", n, ref, "new", failed, _unless_good))
+    out.append(_release_step(head))
     return out
 
 
 def rollback_steps(inv: Inventory, head: str, back: profiles.Profile, to: known_good.GoodRecord) -> list[Step]:
     """Pure: `sparkcluster rollback`: the last good serve brought back (its image is kept until then)."""
     return [
-        Step(
-            "hold",
-            head,
-            "gateway",
-            "hold the gateway's requests",
-            when="a gateway fronts the deployment",
-            run=hold,
-            skip=_no_gateway,
-        ),
+        _hold_step(head),
         Step(
             "rollback",
             head,
@@ -608,15 +600,7 @@ def rollback_steps(inv: Inventory, head: str, back: profiles.Profile, to: known_
             run=lambda r: bring_up(r, back, f"rollback --profile {back.name}"),
         ),
         Step("rollback", head, "record", "record the rollback", run=lambda r: _note_rollback(r, to)),
-        Step(
-            "release",
-            head,
-            "gateway",
-            "release the gateway's held requests",
-            when="a gateway fronts the deployment",
-            run=release,
-            skip=_no_gateway,
-        ),
+        _release_step(head),
     ]
 
 
