@@ -5,6 +5,7 @@ with an earlier run, a published record or the cluster's own baseline (issue 38)
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -45,10 +46,16 @@ def _fmt(fmt: str, v) -> str:
     return fmt.format(int(v)) if fmt == "{:d}" else fmt.format(v)
 
 
+def _table(caption: str, columns: Iterable[str], left: tuple[str, ...] = ()) -> Table:
+    """Borderless, a bold header, the caption under it; `left` columns read left, figures right."""
+    t = Table(box=None, pad_edge=False, header_style="bold", caption=caption, caption_justify="left")
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right")
+    return t
+
+
 def results_table(rows: list[dict]) -> Table:
-    t = Table(box=None, pad_edge=False, header_style="bold", caption="latencies in ms", caption_justify="left")
-    for title, _, _ in _SHOWN:
-        t.add_column(title, justify="right")
+    t = _table("latencies in ms", [title for title, _, _ in _SHOWN])
     for r in rows:
         cells = [_fmt(fmt, r.get(key)) for _, key, fmt in _SHOWN]
         if r.get("errors"):
@@ -58,15 +65,11 @@ def results_table(rows: list[dict]) -> Table:
 
 
 def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table:
-    t = Table(
-        box=None,
-        pad_edge=False,
-        header_style="bold",
-        caption=f"regression: worse by more than {tolerance:g}% (any new error)",
-        caption_justify="left",
+    t = _table(
+        f"regression: worse by more than {tolerance:g}% (any new error)",
+        ("c", "figure", "before", "after", "change", ""),
+        left=("figure", ""),
     )
-    for col in ("c", "figure", "before", "after", "change", ""):
-        t.add_column(col, justify="left" if col in ("figure", "") else "right")
     for ch in changes:
         pct = "-" if ch.pct is None else f"{ch.pct:+.1f}%"
         mark = "[bold red]REGRESSION[/]" if ch.regression else ""
@@ -80,15 +83,11 @@ RUNNABLE = ("vllm-bench-serve", "llama-benchy")
 
 
 def against_table(st: bench_pkg.against.Standing) -> Table:
-    t = Table(
-        box=None,
-        pad_edge=False,
-        header_style="bold",
-        caption=f"ratio: yours / record (latencies inverted); short below {1 - st.tolerance_pct / 100:.2f}",
-        caption_justify="left",
+    t = _table(
+        f"ratio: yours / record (latencies inverted); short below {1 - st.tolerance_pct / 100:.2f}",
+        ("conditions", "figure", "yours", "record", "ratio", ""),
+        left=("conditions", "figure", ""),
     )
-    for col in ("conditions", "figure", "yours", "record", "ratio", ""):
-        t.add_column(col, justify="left" if col in ("conditions", "figure", "") else "right")
     for r in st.ratios:
         mark = "" if not r.short else "[bold red]SHORT[/]"
         if r.short and r.figure in bench_pkg.against.TAIL_FIGURES:
