@@ -201,6 +201,15 @@ def _dashboard(uid: str, title: str, lay: _Layout, variables: list[dict], annota
     }
 
 
+def _supervisor_state(lay: _Layout) -> None:
+    """The supervisor's state over time, on the serving and the cluster dashboards alike."""
+    lay.add(
+        "Supervisor state",
+        [(f"sparkcluster_supervisor_state{{{C}}} == 1", "{{node}}: {{state}}")],
+        kind="state-timeline",
+    )
+
+
 def _restart_annotation(sel: str) -> dict:
     return {
         "name": "supervisor restarts",
@@ -218,11 +227,7 @@ def serving() -> dict:
     lay.row("Serving")
     _serving_panels(lay, DEP)
     lay.row("Supervisor")
-    lay.add(
-        "Supervisor state",
-        [(f"sparkcluster_supervisor_state{{{C}}} == 1", "{{node}}: {{state}}")],
-        kind="state-timeline",
-    )
+    _supervisor_state(lay)
     lay.add(
         "One-token probe latency",
         [(f"sparkcluster_probe_duration_seconds{{{C}}}", "{{node}}")],
@@ -299,11 +304,7 @@ def cluster() -> dict:
         kind="table",
     )
     lay.row("Supervisor and targets")
-    lay.add(
-        "Supervisor state",
-        [(f"sparkcluster_supervisor_state{{{C}}} == 1", "{{node}}: {{state}}")],
-        kind="state-timeline",
-    )
+    _supervisor_state(lay)
     lay.add(
         "Restarts and verdicts",
         [
