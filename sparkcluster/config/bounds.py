@@ -52,3 +52,10 @@ def policy(settings: SupervisorSettings, ready_timeout_s: float, gpu_memory_util
         "ready_timeout_s": float(ready_timeout_s),
         "memory_need_fraction": float(gpu_memory_utilization),
     }
+
+
+def profile_policy(prof) -> dict:
+    """The bounds a profile's server runs under: what the serve stage hands the supervisor and what
+    `up` compares with the running server's record to tell "already serving" (one reading, so the
+    two never disagree)."""
+    return policy(prof.supervisor, prof.ready_timeout_s, prof.serve.gpu_memory_utilization)

@@ -166,7 +166,7 @@ def _run_locked(
     wanted = {k: v for k, v in secrets.items() if k in profiles.secret_env_names(prof)}
     # the same profile serves only when its server runs, started with the same secrets and watched
     # by the supervisor with the profile's bounds
-    policy = bounds.policy(prof.supervisor, prof.ready_timeout_s)
+    policy = bounds.profile_policy(prof)
     serving = bool(old and old.profile == prof.name and old.started_with(wanted) and old.policy == policy)
     wedged = _wedged(cluster, inv, prof, secrets) if serving else ""
     serving = serving and not wedged

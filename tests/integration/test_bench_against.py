@@ -17,7 +17,8 @@ import pytest
 from sparkcluster.bench import perf_record
 from tests.integration.test_bench import EXTRA, HEAD
 
-pytestmark = pytest.mark.testbed
+# not in `make test`: `make test-hand` runs it (see tests/README.md: its testbed scenario does not pass yet)
+pytestmark = [pytest.mark.testbed, pytest.mark.handrun]
 CONTROL_IF = "enp1s0f1np1"  # the testbed's control link: where gloo carries the ranks' traffic
 SHORT = ["-c", "1", "--num-prompts", "4", "--input-len", "64", "--output-len", "16", *EXTRA]
 

@@ -52,6 +52,7 @@ IDS = [
     "net.peer",
     "net.default_route",
     "net.topology",
+    "net.crossing",
     "rdma.hca",
     "rdma.pcie",
     "rdma.firmware",

@@ -148,3 +148,18 @@ def test_each_nodes_report_carries_the_pool_size_the_wait_needs(monkeypatch):
     )
     got = memreport.node_report("spark-worker", Ray())
     assert got["mem_total"] == readings.mem_total(text) and got["mem_available"] == readings.mem_available(text)
+
+
+def test_up_and_the_serve_stage_read_the_servers_bounds_in_one_place():
+    """`up` tells "already serving" by comparing the running server's policy with the profile's;
+    the serve stage writes it. Both read bounds.profile_policy (the memory wait's fraction once
+    left `up`'s copy out, so every `up` on a serving cluster restarted the engine)."""
+    import pathlib
+
+    from sparkcluster.config import bounds
+
+    root = pathlib.Path(bounds.__file__).parent.parent
+    callers = [p for p in root.rglob("*.py") if "bounds.policy(" in p.read_text()]
+    assert callers == []
+    used = [p.name for p in root.rglob("*.py") if "bounds.profile_policy(" in p.read_text()]
+    assert sorted(used) == ["bringup.py", "serve.py"]

@@ -155,7 +155,7 @@ def start(r: UpRun) -> None:
                 r.plan.serve,
                 r.secrets,
                 prof.name,
-                bounds.policy(prof.supervisor, prof.ready_timeout_s, prof.serve.gpu_memory_utilization),
+                bounds.profile_policy(prof),
                 rank_apis={n: r.cluster.hosts[n].docker().api for n, _c, _a in r.plan.serve.ranks},
             )
         )
