@@ -16,6 +16,7 @@ from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.day2 import fleet, supervision
 from sparkcluster.day2 import status as status_mod
+from sparkcluster.node import contract
 
 if TYPE_CHECKING:  # rich only where a table is drawn: `status --json` is polled by scripts
     from rich.console import Group
@@ -107,7 +108,7 @@ def render(st: status_mod.ClusterStatus) -> Group:
     if sup and st.state != "down":
         restarts = len(sup.get("restarts") or [])
         rate = sup.get("tokens_per_s")
-        stale = isinstance(sup.get("age_s"), (int, float)) and sup["age_s"] > status_mod.stale_after_s(sup)
+        stale = isinstance(sup.get("age_s"), (int, float)) and sup["age_s"] > contract.stale_after_s(sup)
         lines.append(
             f"supervisor: {sup.get('state')}"
             + (f" (stale: written {sup['age_s']:.0f}s ago)" if stale else "")

@@ -348,19 +348,13 @@ def _judge_reports(
     return st
 
 
-def stale_after_s(sup: dict) -> float:
-    """A state file older than a few of the supervisor's looks is not current: the agent has stopped
-    looking (crash-looping, hung), and what it last wrote is history."""
-    return max(3 * float((sup.get("policy") or {}).get("interval_s", 2.0)), 15.0)
-
-
 def supervisor_problem(sup: dict | None) -> str | None:
     """What the supervisor's state adds to the problems: it has stopped looking, given up, is
     bringing the server back, or cannot see a node's memory."""
     if not sup:
         return None
     age = sup.get("age_s")
-    if isinstance(age, (int, float)) and age > stale_after_s(sup):
+    if isinstance(age, (int, float)) and age > contract.stale_after_s(sup):
         return (
             f"supervisor: stale: its last state ({sup.get('state')}) is {age:.0f}s old, so it is not "
             f"watching; see sparkcluster events and the head container's log"

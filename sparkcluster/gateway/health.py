@@ -18,9 +18,6 @@ from dataclasses import dataclass
 
 from ..node import contract
 
-STALE_LOOKS = 3  # a state older than this many of the supervisor's looks is not current
-STALE_FLOOR_S = 15.0  # as `status` judges it (day2/status.stale_after_s)
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -50,9 +47,8 @@ def judge(report: dict | None, why_not: str = "") -> Verdict:
         return Verdict(False, f"{newest.get('kind', 'fault')}: {last}; the supervisor is stopping it", 10)
     now, updated = report.get("ts"), sup.get("updated")
     if isinstance(now, (int, float)) and isinstance(updated, (int, float)):
-        interval = float((sup.get("policy") or {}).get("interval_s", 2.0))
         age = now - updated
-        if age > max(STALE_LOOKS * interval, STALE_FLOOR_S):
+        if age > contract.stale_after_s(sup):
             return Verdict(False, f"its supervisor is stale ({state}, {age:.0f}s old): it is not watching", 10)
     after = f" (after: {last})" if last else ""
     if state == contract.SERVING:

@@ -55,3 +55,18 @@ DEFAULT_POLICY = {
     "ready_timeout_s": 1800.0,
     "stop_grace_s": 30.0,
 }
+
+# One look reads /health and /metrics (3 s each at most) and may send the one-token probe, which
+# blocks up to probe_timeout_s while a rank is stopped: the state file is not rewritten meanwhile.
+LOOK_BLOCKS_S = 6.0
+
+
+def stale_after_s(sup: dict) -> float:
+    """A state file older than this is not current: the supervisor has stopped looking (crash-
+    looping, hung), and what it last wrote is history. Three looks, plus the longest a look may
+    block on an engine that does not answer (a probe into a stopped rank is the supervisor
+    watching, not hung: judging it stale took a wedged deployment out of rotation and back in
+    before the wedge verdict); never under 15 s. Read by `status` and the gateway alike."""
+    policy = {**DEFAULT_POLICY, **(sup.get("policy") or {})}
+    busy = float(policy["probe_timeout_s"]) + LOOK_BLOCKS_S
+    return max(3 * float(policy["interval_s"]) + busy, 15.0)

@@ -246,6 +246,9 @@ def test_verdicts():
     assert not health.judge({"ts": 1.0}).up  # no server asked for
     stale = health.judge(_report(contract.SERVING, age=60))
     assert not stale.up and "stale" in stale.reason
+    # a look blocked on its probe into a stopped rank (probe_timeout_s 20) is watching, not stale:
+    # the wedge verdict, not staleness, takes it out (a state 17 s old once bounced it out and in)
+    assert health.judge(_report(contract.SERVING, age=25)).up
     limit = health.judge(_report(contract.LIMIT, causes=[{"cause": "wedged twice"}]))
     assert not limit.up and "wedged twice" in limit.reason and limit.retry_after == 60
     unknown = health.judge(_report(contract.SERVING, memory_unknown={"spark-b": "no answer"}))
