@@ -13,6 +13,7 @@ from collections import Counter
 
 from sparkcluster.checks.registry import Context, Report, check
 from sparkcluster.config import known_bad
+from sparkcluster.facts import image_nccl as nccl_in_image
 from sparkcluster.facts.parsers import Traits
 
 
@@ -250,3 +251,39 @@ def image_nccl(ctx: Context, r: Report) -> None:
         signals = {"nccl_version": got.version, "nccl_build": got.build, "nodes": len(ctx.inventory.nodes)}
         if not _bad(r, n, kb.matching("image.nccl", signals), said):
             r.ok(n, said)
+
+
+@check("image.driver", "The image's CUDA driver requirement: met by each node's driver")
+def image_driver(ctx: Context, r: Report) -> None:
+    # an image built for a newer driver than a node has does not start its CUDA there
+    # (eugr/spark-vllm-docker#266: built for 590, refused by 580); facts/image_nccl.py reads the
+    # requirement once per image ID, by NGC's convention or the CUDA base images'
+    for n, f in ctx.facts.items():
+        got = f.image_nccl
+        if got is None:
+            r.skip(n, "the node has no cluster image to read")
+            continue
+        needs = nccl_in_image.driver_needs(got)
+        if not needs:
+            r.skip(n, "the image states no driver requirement (neither CUDA_DRIVER_VERSION nor NVIDIA_REQUIRE_CUDA)")
+            continue
+        drv = _driver(f)
+        if not drv:
+            r.skip(n, "nvidia-smi reported no driver here (gpu.gb10 says why)")
+            continue
+        judged = [(x, x.met_by(drv)) for x in needs]
+        unmet = [x for x, met in judged if met is False]
+        if unmet:
+            x = unmet[0]
+            need = f"the {x.driver} branch" if x.branch else x.driver
+            r.fail(
+                n,
+                f"driver {drv} is older than the image needs ({x.said}: driver {need} or later); its CUDA does "
+                "not start on this node (eugr/spark-vllm-docker#266)",
+                f"update the NVIDIA driver on {n} to {need} or later and reboot it (DGX OS: sudo apt update && "
+                f"sudo apt full-upgrade), or serve an image built for the {drv.split('.')[0]} branch",
+            )
+        elif any(met for _, met in judged):
+            r.ok(n, f"driver {drv} meets {', '.join(x.said for x, met in judged if met)}")
+        else:
+            r.skip(n, f"{needs[0].said}: its lowest driver is not in sparkcluster's table (CUDA release notes)")
