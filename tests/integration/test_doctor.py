@@ -41,6 +41,7 @@ IDS = [
     "image.base-same",
     "image.ray",
     "image.nccl",
+    "image.driver",
     "net.control_ip",
     "net.vllm_host_ip",
     "net.link",
@@ -360,7 +361,8 @@ def _lock_dir_back(tb, ctx):
     )
 
 
-ENGINE_ROWS = ("docker.engine", "docker.gpu_runtime", "image.same", "image.base-same", "image.ray")
+# image.driver reads the cluster image (present once `up` built it): without the engine, unjudged
+ENGINE_ROWS = ("docker.engine", "docker.gpu_runtime", "image.same", "image.base-same", "image.ray", "image.driver")
 
 CASES = [
     # the socket refuses the worker's user: its row names the group fix; the engine's rows cannot judge
@@ -468,11 +470,12 @@ CASES = [
     ),
     Case(
         "gpu.driver",
-        lambda tb, c: tb.set_driver_version(WORKER, "570.00"),
+        # an older driver of the same branch: the image's CUDA still starts (image.driver stays OK)
+        lambda tb, c: tb.set_driver_version(WORKER, "580.82.09"),
         lambda tb, c: tb.set_driver_version(WORKER),
         # owners update their Sparks on different days: a WARN naming both versions (issue 24)
         {("gpu.driver", WORKER): "warn"},
-        detail={("gpu.driver", WORKER): "driver 570.00 here, 580.95.05 on spark-head"},
+        detail={("gpu.driver", WORKER): "driver 580.82.09 here, 580.95.05 on spark-head"},
         fix={("gpu.driver", WORKER): "update the older one"},
     ),
     Case(
@@ -501,6 +504,7 @@ CASES = [
             ("image.base-same", WORKER): "skip",
             ("image.same", WORKER): "skip",
             ("image.ray", WORKER): "skip",
+            ("image.driver", WORKER): "skip",
         },
         detail={("docker.engine", WORKER): "docker info failed"},
         fix={("docker.engine", WORKER): "start the Docker daemon"},
@@ -520,7 +524,12 @@ CASES = [
         _unfill_disk,
         # the image's absence on the worker is the precondition (image.same WARN "not on this node
         # yet", image.ray not run), the filled disk is the break
-        {("disk.free", WORKER): "fail", ("image.same", WORKER): "warn", ("image.ray", WORKER): "skip"},
+        {
+            ("disk.free", WORKER): "fail",
+            ("image.same", WORKER): "warn",
+            ("image.ray", WORKER): "skip",
+            ("image.driver", WORKER): "skip",
+        },
         detail={("disk.free", WORKER): "the image needs 4.0 GiB"},
         fix={("disk.free", WORKER): "docker system prune"},
     ),
