@@ -22,6 +22,7 @@ import json
 import pytest
 
 from tests.integration.helpers import ours
+from tests.testbed.artifacts import BASE_IMAGE
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -95,6 +96,11 @@ def test_image_built_for_a_newer_driver_fails_on_the_node_with_the_older_one(tes
         assert res.returncode in (0, 1), f"doctor exited {res.returncode}\n{res.stdout}\n{res.stderr}"
         return {(c["id"], c["node"]): c for c in json.loads(res.stdout)["checks"]}
 
+    env = testbed.docker(HEAD, "image inspect --format '{{json .Config.Env}}' " + BASE_IMAGE).stdout
+    assert "CUDA_DRIVER_VERSION=580.95.05" in env, (
+        f"the testbed's engine image predates Dockerfile.ngc-standin's CUDA_DRIVER_VERSION ({env.strip()}): "
+        "make testbed-down && make testbed-up builds it once"
+    )
     before = rows()
     for n in (HEAD, WORKER):
         r = before[("image.driver", n)]
