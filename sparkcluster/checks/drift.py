@@ -257,15 +257,22 @@ def image_nccl(ctx: Context, r: Report) -> None:
 def image_driver(ctx: Context, r: Report) -> None:
     # an image built for a newer driver than a node has does not start its CUDA there
     # (eugr/spark-vllm-docker#266: built for 590, refused by 580); facts/image_nccl.py reads the
-    # requirement once per image ID, by NGC's convention or the CUDA base images'
+    # requirement once per image ID, by NGC's convention or the CUDA base images'. A node that does
+    # not hold the image yet (before `up` sends it) is judged by what the head (else a peer) read.
+    readings = {n: f.image_nccl for n, f in ctx.facts.items() if f.image_nccl is not None}
+    head = ctx.inventory.head.name
     for n, f in ctx.facts.items():
-        got = f.image_nccl
-        if got is None:
-            r.skip(n, "the node has no cluster image to read")
+        src = n if n in readings else head if head in readings else next(iter(readings), None)
+        if src is None:
+            r.skip(n, "no node holds the cluster image or its base to read")
             continue
-        needs = nccl_in_image.driver_needs(got)
+        needs = nccl_in_image.driver_needs(readings[src])
+        read_on = "" if src == n else f" (read on {src})"
         if not needs:
-            r.skip(n, "the image states no driver requirement (neither CUDA_DRIVER_VERSION nor NVIDIA_REQUIRE_CUDA)")
+            r.skip(
+                n,
+                f"the image states no driver requirement (no CUDA_DRIVER_VERSION, no NVIDIA_REQUIRE_CUDA){read_on}",
+            )
             continue
         drv = _driver(f)
         if not drv:
@@ -278,12 +285,12 @@ def image_driver(ctx: Context, r: Report) -> None:
             need = f"the {x.driver} branch" if x.branch else x.driver
             r.fail(
                 n,
-                f"driver {drv} is older than the image needs ({x.said}: driver {need} or later); its CUDA does "
-                "not start on this node (eugr/spark-vllm-docker#266)",
+                f"driver {drv} is older than the image needs ({x.said}{read_on}: driver {need} or later); its CUDA "
+                "does not start on this node (eugr/spark-vllm-docker#266)",
                 f"update the NVIDIA driver on {n} to {need} or later and reboot it (DGX OS: sudo apt update && "
                 f"sudo apt full-upgrade), or serve an image built for the {drv.split('.')[0]} branch",
             )
         elif any(met for _, met in judged):
-            r.ok(n, f"driver {drv} meets {', '.join(x.said for x, met in judged if met)}")
+            r.ok(n, f"driver {drv} meets {', '.join(x.said for x, met in judged if met)}{read_on}")
         else:
             r.skip(n, f"{needs[0].said}: its lowest driver is not in sparkcluster's table (CUDA release notes)")

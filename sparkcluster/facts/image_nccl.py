@@ -129,16 +129,21 @@ def driver_needs(found: ImageNccl) -> list[DriverNeed]:
     return out
 
 
-def probe(image: str, seen: dict[str, str] | None = None) -> Probe:
-    """The image's NCCL on this node: what the controller remembers for its ID, else read in a
-    throwaway container. Exits 3 when the node lacks the image."""
-    img = shlex.quote(image)
+def probe(image: str, seen: dict[str, str] | None = None, base: str | None = None) -> Probe:
+    """The image's NCCL and driver need on this node: what the controller remembers for its ID, else
+    read in a throwaway container. Where the node lacks the image (the cluster image before `up`
+    built it) the profile's `base` is read instead: the cluster image is the base with Ray added,
+    which changes neither, so an image built for a newer driver is caught before it is built and
+    sent. Exits 3 when the node has neither."""
+    refs = " ".join(shlex.quote(x) for x in dict.fromkeys((image, base)) if x)
     known = "".join(f"{shlex.quote(i)}) printf '%s\\n' {shlex.quote(t)}; exit 0;; " for i, t in (seen or {}).items())
     return Probe(
         NAME,
-        f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit 3; echo \"id $id\"; "
+        f"for i in {refs}; do "
+        "id=$(docker image inspect --format '{{.Id}}' \"$i\" 2>/dev/null) && break; id=; done; "
+        '[ -n "$id" ] || exit 3; echo "id $id"; '
         + (f'case "$id" in {known}esac; ' if known else "")
-        + f"docker run --rm --network none --entrypoint sh {img} -c {shlex.quote(INSIDE)}",
+        + f'docker run --rm --network none --entrypoint sh "$i" -c {shlex.quote(INSIDE)}',
         parse,
     )
 

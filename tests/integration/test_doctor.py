@@ -361,8 +361,7 @@ def _lock_dir_back(tb, ctx):
     )
 
 
-# image.driver reads the cluster image (present once `up` built it): without the engine, unjudged
-ENGINE_ROWS = ("docker.engine", "docker.gpu_runtime", "image.same", "image.base-same", "image.ray", "image.driver")
+ENGINE_ROWS = ("docker.engine", "docker.gpu_runtime", "image.same", "image.base-same", "image.ray")
 
 CASES = [
     # the socket refuses the worker's user: its row names the group fix; the engine's rows cannot judge
@@ -470,7 +469,7 @@ CASES = [
     ),
     Case(
         "gpu.driver",
-        # an older driver of the same branch: the image's CUDA still starts (image.driver stays OK)
+        # an older driver of the same branch: the engine image's CUDA still starts (image.driver stays OK)
         lambda tb, c: tb.set_driver_version(WORKER, "580.82.09"),
         lambda tb, c: tb.set_driver_version(WORKER),
         # owners update their Sparks on different days: a WARN naming both versions (issue 24)
@@ -504,7 +503,6 @@ CASES = [
             ("image.base-same", WORKER): "skip",
             ("image.same", WORKER): "skip",
             ("image.ray", WORKER): "skip",
-            ("image.driver", WORKER): "skip",
         },
         detail={("docker.engine", WORKER): "docker info failed"},
         fix={("docker.engine", WORKER): "start the Docker daemon"},
@@ -524,12 +522,7 @@ CASES = [
         _unfill_disk,
         # the image's absence on the worker is the precondition (image.same WARN "not on this node
         # yet", image.ray not run), the filled disk is the break
-        {
-            ("disk.free", WORKER): "fail",
-            ("image.same", WORKER): "warn",
-            ("image.ray", WORKER): "skip",
-            ("image.driver", WORKER): "skip",
-        },
+        {("disk.free", WORKER): "fail", ("image.same", WORKER): "warn", ("image.ray", WORKER): "skip"},
         detail={("disk.free", WORKER): "the image needs 4.0 GiB"},
         fix={("disk.free", WORKER): "docker system prune"},
     ),

@@ -400,5 +400,53 @@ def test_image_driver_skips_what_it_cannot_judge():
     f.image_nccl = dataclasses.replace(f.image_nccl, cuda_driver="", require_cuda="")
     assert results(s)[("image.driver", W)].status == "skip"  # a CPU image: no requirement
     s = healthy()
+    for f in s.facts.values():
+        f.image_nccl = None
+    assert results(s)[("image.driver", W)].status == "skip"  # no node holds the image or its base
+
+
+def test_a_node_without_the_image_yet_is_judged_by_what_the_head_read():
+    import dataclasses
+
+    from test_checks import H, W, healthy, results
+
+    # before `up` sent the image (built for 590 on the head) the worker holds nothing to read
+    s = healthy()
+    s.facts[H].image_nccl = dataclasses.replace(s.facts[H].image_nccl, cuda_driver="590.48.01")
+    s.facts[H].gpus = [dataclasses.replace(g, driver="590.48.01") for g in s.facts[H].gpus]
     s.facts[W].image_nccl = None
-    assert results(s)[("image.driver", W)].status == "skip"  # the node lacks the image
+    got = results(s)
+    r = got[("image.driver", W)]
+    assert r.status == "fail" and "(CUDA_DRIVER_VERSION=590.48.01 (read on spark-head)" in r.detail, r
+    assert got[("image.driver", H)].status == "ok"
+
+
+def test_the_probe_reads_the_base_where_the_cluster_image_is_not_built_yet(tmp_path):
+    from drift_fakes import ngc_env
+
+    from sparkcluster.facts import image_nccl
+
+    # a `docker` that holds only the base image: inspect answers its ID, run executes the script with
+    # the image's environment (the NGC 25.10 one)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    env_lines = " ".join(f"{k}={v}" for k, v in ngc_env().items())
+    (bin_ / "docker").write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = image ]; then [ "$5" = base:1 ] && echo ' + IMG_ID + " && exit 0; exit 1; fi\n"
+        'if [ "$1" = run ]; then shift 6; echo "ran $1" >&2; shift 2; exec env -i PATH=/usr/bin:/bin '
+        + env_lines.replace(">", "\\>")
+        + ' sh -c "$1"; fi\nexit 2\n'
+    )
+    (bin_ / "docker").chmod(0o755)
+    env = {"PATH": f"{bin_}:/usr/bin:/bin"}
+
+    def run(image, base):
+        cmd = image_nccl.probe(image, None, base).command
+        return subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env)
+
+    got = run("cluster:1-ray", "base:1")
+    assert got.returncode == 0 and "ran base:1" in got.stderr, got.stderr
+    found = image_nccl.parse(got.stdout)
+    assert found.image_id == IMG_ID and found.cuda_driver == "580.95.05"
+    assert run("cluster:1-ray", None).returncode == 3  # neither held: nothing to read
