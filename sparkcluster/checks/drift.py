@@ -13,7 +13,7 @@ from collections import Counter
 
 from sparkcluster.checks.registry import Context, Report, check
 from sparkcluster.config import known_bad
-from sparkcluster.facts import image_nccl as nccl_in_image
+from sparkcluster.facts.image_nccl import driver_needs
 from sparkcluster.facts.parsers import Traits
 
 
@@ -266,7 +266,7 @@ def image_driver(ctx: Context, r: Report) -> None:
         if src is None:
             r.skip(n, "no node holds the cluster image or its base to read")
             continue
-        needs = nccl_in_image.driver_needs(readings[src])
+        needs = driver_needs(readings[src])
         read_on = "" if src == n else f" (read on {src})"
         if not needs:
             r.skip(
