@@ -282,13 +282,13 @@ def image_driver(ctx: Context, r: Report) -> None:
         unmet = [x for x, met in judged if met is False]
         if unmet:
             x = unmet[0]
-            need = f"the {x.driver} branch" if x.branch else x.driver
+            need = f"driver branch {x.driver} or later" if x.branch else f"driver {x.driver} or later"
             r.fail(
                 n,
-                f"driver {drv} is older than the image needs ({x.said}{read_on}: driver {need} or later); its CUDA "
-                "does not start on this node (eugr/spark-vllm-docker#266)",
-                f"update the NVIDIA driver on {n} to {need} or later and reboot it (DGX OS: sudo apt update && "
-                f"sudo apt full-upgrade), or serve an image built for the {drv.split('.')[0]} branch",
+                f"driver {drv} is older than the image needs ({x.said}{read_on}: {need}); its CUDA does not start "
+                "on this node (eugr/spark-vllm-docker#266)",
+                f"update the NVIDIA driver on {n} ({need}) and reboot it (DGX OS: sudo apt update && sudo apt "
+                f"full-upgrade), or serve an image built for the {drv.split('.')[0]} branch",
             )
         elif any(met for _, met in judged):
             r.ok(n, f"driver {drv} meets {', '.join(x.said for x, met in judged if met)}{read_on}")

@@ -113,7 +113,7 @@ def test_image_built_for_a_newer_driver_fails_on_the_node_with_the_older_one(tes
     r = after[("image.driver", WORKER)]
     assert r["status"] == "fail", r
     assert "570.124.06 is older than the image needs (CUDA_DRIVER_VERSION=580.95.05" in r["detail"], r
-    assert "the 580 branch or later" in r["fix"] and "built for the 570 branch" in r["fix"], r
+    assert "driver branch 580 or later" in r["fix"] and "built for the 570 branch" in r["fix"], r
     assert after[("image.driver", HEAD)]["status"] == "ok", after[("image.driver", HEAD)]
 
 

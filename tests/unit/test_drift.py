@@ -386,7 +386,7 @@ def test_image_driver_fails_only_the_node_whose_driver_is_too_old():
     r = got[("image.driver", W)]
     assert r.status == "fail", r
     assert "580.159.03 is older than the image needs (CUDA_DRIVER_VERSION=590.48.01" in r.detail
-    assert "the 590 branch or later" in r.fix and "built for the 580 branch" in r.fix
+    assert "driver branch 590 or later" in r.fix and "built for the 580 branch" in r.fix
     assert got[("image.driver", H)].status == "ok"
 
 
