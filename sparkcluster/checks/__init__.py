@@ -9,8 +9,8 @@ one-line `fix`.
 and REGISTRY); this package runs them; the checks themselves live in one module per area:
 `host` (ssh, GPU, docker, memory, disk, clock), `image`, `network` (net.*), `wiring` (net.topology
 across N nodes), `rdma` and `runtime` (ports, stale Ray, running containers), `drift` (what changes
-on one node: kernel, BIOS, HCA links, clocks, earlyoom; issue 39). CHECK_ORDER fixes the order they
-run and report in.
+on one node: kernel, BIOS, HCA links, clocks, earlyoom, the image's NCCL and the driver it needs;
+issue 39). CHECK_ORDER fixes the order they run and report in.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ CHECK_ORDER = (
     "image.base-same",
     "image.ray",
     "image.nccl",
+    "image.driver",
     "net.control_ip",
     "net.vllm_host_ip",
     "net.link",

@@ -104,7 +104,8 @@ def probe_script(
         # which layers a worker lacks: the image's layers here, and every layer chain this node holds
         parts += [probes.image_layers("image_layers", image).script(), probes.LAYER_CHAINS.script()]
         parts.append(probes.section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}"))
-        parts.append(image_nccl.probe(image, nccl_seen).script())  # the NCCL it loads (issue 39)
+        # the NCCL it loads and the driver it needs (issue 39); the base's where the image is not built yet
+        parts.append(image_nccl.probe(image, nccl_seen, base).script())
         # our running container on this image runs `ray start` as its main process, which proves
         # Ray works in it; otherwise start `ray --version` in a throwaway container
         # an image ID Ray has already run in (ray_seen) needs no container: the ID is its content's digest

@@ -1,7 +1,24 @@
-"""The NCCL library an image will load, read once per image ID and remembered on the controller
-(issue 39): its version, and whether it is the pip wheel (`nvidia-nccl-cu*`, which pip-installed
-PyTorch loads from its own site-packages) or the system `libnccl2` package. The known-bad list holds
-builds with known hangs (the pip 2.28.9 build hangs TP=2 where DGX OS's 2.28.9 does not: vllm#41725).
+"""The NCCL library an image will load and the NVIDIA driver its CUDA needs, read once per image ID
+and remembered on the controller (issue 39).
+
+NCCL: its version, and whether it is the pip wheel (`nvidia-nccl-cu*`, which pip-installed PyTorch
+loads from its own site-packages) or the system `libnccl2` package. The known-bad list holds builds
+with known hangs (the pip 2.28.9 build hangs TP=2 where DGX OS's 2.28.9 does not: vllm#41725).
+
+The driver: an image says what it needs in its environment, by one of two conventions.
+- NGC images (nvcr.io/nvidia/*, and the Spark images built on them) carry `CUDA_DRIVER_VERSION`, the
+  driver release their CUDA was built with, beside `CUDA_VERSION`. Their entrypoint compares the
+  host driver's branch (the number before the first dot) with it and, where CUDA forward
+  compatibility is unavailable, as on a GB10, prints "This container was built for NVIDIA Driver
+  Release 590.48 or later, but version 580.159.03 was detected and compatibility mode is
+  UNAVAILABLE" and CUDA does not start (NVIDIA's nvidia_entrypoint.sh, e.g. in
+  triton-inference-server/server; on a Spark: eugr/spark-vllm-docker#266).
+- The CUDA base images (nvidia/cuda, gitlab.com/nvidia/container-images/cuda) carry
+  `NVIDIA_REQUIRE_CUDA="cuda>=13.0 brand=...,driver>=...,driver<... ..."`, which the container
+  toolkit (libnvidia-container) checks before the container starts ("requirement error: unsatisfied
+  condition: cuda>=12.8, please update your driver to a newer version"): the driver must support
+  that CUDA. The `brand=` alternatives admit older driver branches through forward compatibility,
+  which a GB10 does not have, so only the `cuda>=` term is read.
 
 Reading it needs a throwaway container of the image (`--network none`, no GPU), so only an image ID
 not seen before costs one; an image ID is its content's digest, so what was read holds wherever the
@@ -10,6 +27,7 @@ image is loaded (as `ray_seen` reasons for Ray).
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +40,7 @@ KEEP = 20
 _MEMO = ImageMemo("nccl-in-images.json", KEEP)
 
 # inside the image: each site-packages Python knows (else the usual places), the pip wheel's
-# METADATA; the Debian package's version; the CUDA the image was built for
+# METADATA; the Debian package's version; the CUDA the image was built for and the driver it needs
 INSIDE = (
     "d=$(python3 -c 'import sys; print(\" \".join(p for p in sys.path if p))' 2>/dev/null) || "
     "d=$(echo /usr/lib/python3*/dist-packages /usr/local/lib/python3*/dist-packages "
@@ -30,7 +48,8 @@ INSIDE = (
     'for p in $d; do for m in "$p"/nvidia_nccl_cu*.dist-info/METADATA; do '
     '[ -f "$m" ] && sed -n \'s/^Version: /pip /p\' "$m"; '
     "done; done; v=$(dpkg-query -W -f '${Version}' libnccl2 2>/dev/null) && echo \"system $v\"; "
-    'echo "cuda ${CUDA_VERSION:-}"; true'
+    'echo "cuda ${CUDA_VERSION:-}"; echo "driver ${CUDA_DRIVER_VERSION:-}"; '
+    'echo "require ${NVIDIA_REQUIRE_CUDA:-}"; true'
 )
 
 
@@ -40,15 +59,18 @@ class ImageNccl:
     version: str  # "2.28.9", "" when the image carries no NCCL
     build: str  # "pip" | "system" | ""
     cuda: str  # the image's CUDA_VERSION, "" when it does not say
+    cuda_driver: str = ""  # the image's CUDA_DRIVER_VERSION (NGC's convention), "" when it does not say
+    require_cuda: str = ""  # the image's NVIDIA_REQUIRE_CUDA (the CUDA base images' convention)
 
 
 def parse(text: str) -> ImageNccl | None:
-    """`id <image ID>`, then `pip <version>` / `system <deb version>` / `cuda <version>` lines. The pip
-    wheel wins: a pip-installed PyTorch loads its own wheel's library, not the system one."""
+    """`id <image ID>`, then `pip <version>` / `system <deb version>` / `cuda <version>` / `driver
+    <version>` / `require <constraint>` lines. The pip wheel wins: a pip-installed PyTorch loads its
+    own wheel's library, not the system one."""
     kv: dict[str, str] = {}
     for line in text.splitlines():
         k, _, v = line.strip().partition(" ")
-        if k in ("id", "pip", "system", "cuda") and k not in kv:
+        if k in ("id", "pip", "system", "cuda", "driver", "require") and k not in kv:
             kv[k] = v.strip()
     if not IMAGE_ID.fullmatch(kv.get("id", "")):
         return None
@@ -58,19 +80,70 @@ def parse(text: str) -> ImageNccl | None:
         version, build = kv["system"].split("-")[0], "system"  # 2.28.9-1+cuda13.0 -> 2.28.9
     else:
         version, build = "", ""
-    return ImageNccl(kv["id"], version, build, kv.get("cuda", ""))
+    return ImageNccl(
+        kv["id"], version, build, kv.get("cuda", ""), kv.get("driver", ""), " ".join(kv.get("require", "").split())
+    )
 
 
-def probe(image: str, seen: dict[str, str] | None = None) -> Probe:
-    """The image's NCCL on this node: what the controller remembers for its ID, else read in a
-    throwaway container. Exits 3 when the node lacks the image."""
-    img = shlex.quote(image)
+# the lowest Linux driver of each CUDA release, from the CUDA Toolkit release notes' table "CUDA
+# Toolkit and Corresponding Driver Versions" (the GA's driver: a driver reports the CUDA release it
+# supports as major.minor, which is what `cuda>=` compares); a newer release not listed is not judged
+CUDA_MIN_DRIVER = {(12, 8): "570.26", (12, 9): "575.51.03", (13, 0): "580.65.06", (13, 1): "590.44.01"}
+_REQUIRE = re.compile(r"(?:^|\s)cuda>=\s*(\d+)\.(\d+)")
+
+
+def _version(v: str) -> tuple[int, ...]:
+    """`580.95.05` -> (580, 95, 5); () when it is not a dotted version."""
+    v = v.strip()
+    return tuple(int(x) for x in v.split(".")) if re.fullmatch(r"\d+(\.\d+)*", v) else ()
+
+
+@dataclass(frozen=True)
+class DriverNeed:
+    """The lowest driver an image's CUDA starts on, as the image says it."""
+
+    said: str  # what the image says: "CUDA_DRIVER_VERSION=590.48.01", "NVIDIA_REQUIRE_CUDA cuda>=13.1"
+    driver: str  # the lowest driver: "590" (a branch) or "590.44.01"; "" when not known
+    branch: bool  # compared by branch only (NGC's entrypoint compares the number before the first dot)
+
+    def met_by(self, driver: str) -> bool | None:
+        """Whether a node's driver (as nvidia-smi prints it) meets it; None when either is unknown."""
+        have, need = _version(driver), _version(self.driver)
+        if not have or not need:
+            return None
+        return have[:1] >= need[:1] if self.branch else have >= need
+
+
+def driver_needs(found: ImageNccl) -> list[DriverNeed]:
+    """What the image says its CUDA needs of the driver: NGC's CUDA_DRIVER_VERSION (by branch) and the
+    `cuda>=` term of NVIDIA_REQUIRE_CUDA (through CUDA_MIN_DRIVER); [] when it says neither."""
+    out = []
+    if _version(found.cuda_driver):
+        out.append(DriverNeed(f"CUDA_DRIVER_VERSION={found.cuda_driver}", found.cuda_driver.split(".")[0], True))
+    m = _REQUIRE.search(found.require_cuda)
+    cuda = (int(m.group(1)), int(m.group(2))) if m else None
+    # an older CUDA than the table's (NGC images say `cuda>=9.0`) is supported by every driver that
+    # drives a GB10 (580 and later): no requirement worth judging
+    if cuda and cuda >= min(CUDA_MIN_DRIVER):
+        out.append(DriverNeed(f"NVIDIA_REQUIRE_CUDA cuda>={cuda[0]}.{cuda[1]}", CUDA_MIN_DRIVER.get(cuda, ""), False))
+    return out
+
+
+def probe(image: str, seen: dict[str, str] | None = None, base: str | None = None) -> Probe:
+    """The image's NCCL and driver need on this node: what the controller remembers for its ID, else
+    read in a throwaway container. Where the node lacks the image (the cluster image before `up`
+    built it) the profile's `base` is read instead: the cluster image is the base with Ray added,
+    which changes neither, so an image built for a newer driver is caught before it is built and
+    sent. Exits 3 when the node has neither."""
+    refs = " ".join(shlex.quote(x) for x in dict.fromkeys((image, base)) if x)
     known = "".join(f"{shlex.quote(i)}) printf '%s\\n' {shlex.quote(t)}; exit 0;; " for i, t in (seen or {}).items())
     return Probe(
         NAME,
-        f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit 3; echo \"id $id\"; "
+        f"for i in {refs}; do "
+        "id=$(docker image inspect --format '{{.Id}}' \"$i\" 2>/dev/null) && break; id=; done; "
+        '[ -n "$id" ] || exit 3; echo "id $id"; '
         + (f'case "$id" in {known}esac; ' if known else "")
-        + f"docker run --rm --network none --entrypoint sh {img} -c {shlex.quote(INSIDE)}",
+        + f'docker run --rm --network none --entrypoint sh "$i" -c {shlex.quote(INSIDE)}',
         parse,
     )
 
@@ -83,14 +156,15 @@ def path() -> Path:
 
 
 def load() -> dict[str, str]:
-    """image ID -> the lines read in it (without the id line); {} when absent or unreadable."""
-    return _MEMO.load()
+    """image ID -> the lines read in it (without the id line); {} when absent or unreadable. What was
+    remembered before the driver requirement was read (no `driver` line) is read again."""
+    return {i: t for i, t in _MEMO.load().items() if any(x.split(" ")[0] == "driver" for x in t.splitlines())}
 
 
 def lines(found: ImageNccl) -> str:
     """What `probe` prints from the cache for this image (after its id line)."""
     out = [f"{found.build} {found.version}"] if found.build else []
-    return "\n".join([*out, f"cuda {found.cuda}"])
+    return "\n".join([*out, f"cuda {found.cuda}", f"driver {found.cuda_driver}", f"require {found.require_cuda}"])
 
 
 def remember(found: list[ImageNccl]) -> None:

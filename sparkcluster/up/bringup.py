@@ -61,8 +61,11 @@ def run(
     replace: bool = False,
     command: str = "up",
     node: tuple[str, ...] | str | None = None,
+    locked: bool = False,
 ) -> UpSummary | Plan:
-    """`inv` is the whole inventory; the run touches the deployment's nodes only (`node`, or all)."""
+    """`inv` is the whole inventory; the run touches the deployment's nodes only (`node`, or all).
+    `locked`: the caller holds the locks of those nodes for longer than this run (an upgrade holds
+    them across its new `up`, its canary and its rollback's `up`), so this run takes none of its own."""
     full, inv = inv, deployments.target(inv, prof, node)
     found = lint.lint(prof, inv)
     for w in found:
@@ -98,7 +101,7 @@ def run(
         _all_reachable(touched, unreachable)
         # a dry run changes nothing, so it neither takes nor waits for the lock
         with (
-            contextlib.nullcontext() if dry_run else NodeLocks(everyone, touched, command),
+            contextlib.nullcontext() if dry_run or locked else NodeLocks(everyone, touched, command),
             # monitoring, where it runs: the touched nodes silenced, the new deployment scraped after
             contextlib.nullcontext()
             if dry_run

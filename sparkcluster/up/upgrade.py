@@ -21,6 +21,10 @@ able to read all of it, the rollback included, before anything moves (`--dry-run
   rollback  only if any of it failed: `up` of the last good image and revision, the new image removed
             from every node, the record of why kept (`known_good.UpgradeOutcome`)
 
+One lock on the deployment's nodes is held for the whole of it (`held`): from before the new `up` to
+after the rollback's `up` or the prune, so no other `up` or `down` starts between the new serve and its
+judgement or its undoing (a concurrent one is refused, naming this run); the `up`s inside take none.
+
 The old image and revision stay on disk until the new ones are good, so the preflight disk check of the
 new `up` sees them as used space (it asks room for the new image beside the old). A failing step never
 raises out of the walk: it is kept as the reason, and the steps after it read it to decide whether they
@@ -29,9 +33,10 @@ run (their `when` says so in the plan).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
@@ -47,6 +52,7 @@ from sparkcluster.day2 import deployments, endpoint, known_good
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.movement import hfcache
 from sparkcluster.remote.fanout import ConnectedHosts
+from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.up import bringup
 from sparkcluster.up.execute import StageProgress, walk
 from sparkcluster.up.stages.base import Stage, Step, render_steps
@@ -256,7 +262,8 @@ def take_baseline(r: UpgradeRun) -> Baseline:
 
 
 def bring_up(r: UpgradeRun, prof: profiles.Profile, command: str) -> str:
-    bringup.run(r.inv, prof, r.secrets, r.progress, node=r.nodes or None, command=command)
+    # the upgrade holds the nodes' locks across every step (`held`): this `up` takes none of its own
+    bringup.run(r.inv, prof, r.secrets, r.progress, node=r.nodes or None, command=command, locked=True)
     return f"serving {prof.image.ref}"
 
 
@@ -696,6 +703,15 @@ def plan_upgrade(
     return UpgradePlan(title, upgrade_steps(inv, head, new, old, good, bound)), new, old, good
 
 
+@contextlib.contextmanager
+def held(r: UpgradeRun, command: str) -> Iterator[None]:
+    """The locks of the deployment's nodes, one for the whole transaction; a run that holds one already
+    makes this fail at once with `LockHeld`, naming it."""
+    target = r.target
+    with ConnectedHosts.connect(target) as cluster, NodeLocks(cluster, target, command):
+        yield
+
+
 def walk_plan(r: UpgradeRun, plan: UpgradePlan) -> None:
     """Stage by stage, as `up`'s executor walks its plan; held traffic is released whatever happens."""
 
@@ -736,7 +752,8 @@ def upgrade(
         return plan
     r = UpgradeRun(inv, nodes, new, old, good, secrets, progress, bound, gateway_for(inv, new))
     try:
-        walk_plan(r, plan)
+        with held(r, f"upgrade --profile {prof.name}"):
+            walk_plan(r, plan)
     except SparkError as e:
         if not r.refused:
             raise
@@ -780,5 +797,6 @@ def rollback(
     if dry_run:
         return plan
     r = UpgradeRun(inv, nodes, back, back, good, secrets, progress, traffic=gateway_for(inv, back))
-    walk_plan(r, plan)
+    with held(r, f"rollback --profile {prof.name}"):
+        walk_plan(r, plan)
     return f"{good.deployment} serves {back.image.ref} again (the good serve of {to.at})"

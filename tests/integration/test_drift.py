@@ -5,6 +5,9 @@ record that `up` leaves.
 - a node whose stand-in reports the 7.0 kernel with CmaTotal 0 (and CmaFree above it) FAILs
   host.kernel there only, with the fix (kho=off or the 6.17 kernel);
 - an HCA whose PCIe link reads x2 on one node WARNs rdma.pcie there only;
+- the engine image says which driver it was built for (`CUDA_DRIVER_VERSION`, as NGC's images do:
+  tests/testbed/images/Dockerfile.ngc-standin); a worker whose stand-in driver is of an older branch
+  FAILs image.driver there only, with the fix (eugr/spark-vllm-docker#266);
 - after `up` served (the test double, profile testbed-standin), a second `doctor` after the kernel
   string changed on the worker says what drifted since that serve, on the worker only, and `status`
   says it too.
@@ -19,6 +22,7 @@ import json
 import pytest
 
 from tests.integration.helpers import ours
+from tests.testbed.artifacts import BASE_IMAGE
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -83,6 +87,34 @@ def test_hca_at_x2_warns_on_that_node_only(testbed, sc):
     assert r["status"] == "warn" and f"{hca} at x2" in r["detail"] and "cx7-pcie-narrow" in r["detail"], r
     assert "fwupdmgr" in r["fix"], r
     assert rows[("rdma.pcie", HEAD)]["status"] == "ok", rows[("rdma.pcie", HEAD)]
+
+
+def test_image_built_for_a_newer_driver_fails_on_the_node_with_the_older_one(testbed, sc):
+    # testbed-mp serves the engine image as it is: the image doctor reads is on both nodes without an `up`
+    def rows() -> dict[tuple[str, str], dict]:
+        res = sc("doctor", "--json", "--profile", "testbed-mp", timeout=120)
+        assert res.returncode in (0, 1), f"doctor exited {res.returncode}\n{res.stdout}\n{res.stderr}"
+        return {(c["id"], c["node"]): c for c in json.loads(res.stdout)["checks"]}
+
+    env = testbed.docker(HEAD, "image inspect --format '{{json .Config.Env}}' " + BASE_IMAGE).stdout
+    assert "CUDA_DRIVER_VERSION=580.95.05" in env, (
+        f"the testbed's engine image predates Dockerfile.ngc-standin's CUDA_DRIVER_VERSION ({env.strip()}): "
+        "make testbed-down && make testbed-up builds it once"
+    )
+    before = rows()
+    for n in (HEAD, WORKER):
+        r = before[("image.driver", n)]
+        assert r["status"] == "ok" and "CUDA_DRIVER_VERSION=580.95.05" in r["detail"], r
+    try:
+        testbed.set_driver_version(WORKER, "570.124.06")
+        after = rows()
+    finally:
+        testbed.set_driver_version(WORKER)
+    r = after[("image.driver", WORKER)]
+    assert r["status"] == "fail", r
+    assert "570.124.06 is older than the image needs (CUDA_DRIVER_VERSION=580.95.05" in r["detail"], r
+    assert "driver branch 580 or later" in r["fix"] and "built for the 570 branch" in r["fix"], r
+    assert after[("image.driver", HEAD)]["status"] == "ok", after[("image.driver", HEAD)]
 
 
 def test_drift_between_two_doctors_after_the_kernel_changes(testbed, sc):

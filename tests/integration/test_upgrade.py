@@ -1,8 +1,8 @@
 """`upgrade` rolls itself back (issue 39 item 5) on the testbed, with the test double (profile
-testbed-standin): a new image that starts but answers wrongly (`garble_answers`), or not at all
-(`hang_completions`), is refused by its canary; the cluster serves the old image again and nothing is
-left of the new one but the record of why. An image that serves as the old one did is kept, and
-`rollback` returns to the old one on request.
+testbed-standin): a new image that starts but answers wrongly (`garble_answers`) is refused by its
+canary, one that answers not at all (`hang_completions`) already by the new `up`'s readiness check;
+either way the cluster serves the old image again and nothing is left of the new one but the record of
+why. An image that serves as the old one did is kept, and `rollback` returns to the old one on request.
 
 The bad images are tagged copies of the double's image told to fail through its environment
 (`ENV VLLM_STANDIN_KNOBS=...`, the double's own knob; sparkcluster never knows it), built on the head
@@ -47,8 +47,19 @@ def record(sc) -> dict:
     return json.loads((sc.state_dir / "sparkcluster" / "known-good-testbed.json").read_text())
 
 
+def double_reads_its_knobs_from_the_environment(testbed) -> bool:
+    """Whether the double's image on the head is one that takes `$VLLM_STANDIN_KNOBS` and knows
+    `garble_answers` (a testbed brought up before they existed keeps an older double)."""
+    code = "from vllm_standin import knobs; assert knobs.ENV and 'garble_answers' in knobs.DEFAULTS"
+    got = testbed.docker(HEAD, f'run --rm --network none --entrypoint python3 {OLD} -c "{code}"', check=False)
+    return got.returncode == 0
+
+
 @pytest.fixture(scope="module")
 def served(testbed, sc):
+    if not double_reads_its_knobs_from_the_environment(testbed):
+        testbed.refresh_vllm_standin()  # the double's current code, as a fresh testbed builds it
+        assert double_reads_its_knobs_from_the_environment(testbed)
     for ref, knobs in KNOBS.items():
         env = f"ENV VLLM_STANDIN_KNOBS='{json.dumps(knobs)}'\n" if knobs else "LABEL upgrade.test=same\n"
         testbed.sh(HEAD, f"docker build -q -t {ref} -", input=f"FROM {OLD}\n{env}", timeout=300)
@@ -73,7 +84,9 @@ def test_the_dry_run_prints_the_whole_plan_and_moves_nothing(testbed, sc, served
     assert testbed.image_id(WORKER, cluster_image(testbed, GARBLED)) is None
 
 
-@pytest.mark.parametrize("bad, why", [(GARBLED, "canary answers changed"), (MUTE, "the probe failed")])
+# an image that answers nothing never gets through the new `up`'s own readiness (a one-token completion
+# within the profile's ready_timeout_s): the upgrade's reason is that `up` failed, and it rolls back the same
+@pytest.mark.parametrize("bad, why", [(GARBLED, "canary answers changed"), (MUTE, "up failed")])
 def test_an_image_that_answers_wrongly_or_not_at_all_is_rolled_back(testbed, sc, served, bad, why):
     res = sc("upgrade", "--profile", PROFILE, "--image", bad, timeout=1800)
     assert res.returncode == 1, f"{res.stdout}\n{res.stderr}"

@@ -6,6 +6,8 @@ the documented shape of its source, said beside each (no GB10 was at hand to cap
 
 from __future__ import annotations
 
+import dataclasses
+
 from conftest import LINKS, cap
 
 from sparkcluster.facts import image_nccl, parsers
@@ -28,9 +30,19 @@ def hca_link_text(width: int = 4, only: str | None = None, fw: str = FW) -> str:
     return "".join(lines)
 
 
+def ngc_env() -> dict[str, str]:
+    """The CUDA part of an NGC image's environment (real: nvcr.io/nvidia/pytorch:25.10-py3, arm64)."""
+    return dict(x.split("=", 1) for x in cap("ngc-pytorch-25.10-arm64-env.txt").splitlines() if "=" in x)
+
+
 def healthy_image_nccl(image_id: str) -> image_nccl.ImageNccl:
-    """DGX OS's own libnccl2 2.28.9 in an NGC image (the system build, as `dpkg-query -W libnccl2` prints it)."""
-    return image_nccl.parse(f"id {image_id}\nsystem 2.28.9-1+cuda13.0\ncuda 13.0.1\n")
+    """DGX OS's own libnccl2 2.28.9 in an NGC image (the system build, as `dpkg-query -W libnccl2` prints
+    it), built for the 580 driver the Sparks run (the real NGC 25.10 environment's CUDA lines)."""
+    env = ngc_env()
+    return image_nccl.parse(
+        f"id {image_id}\nsystem 2.28.9-1+cuda13.0\ncuda {env['CUDA_VERSION']}\n"
+        f"driver {env['CUDA_DRIVER_VERSION']}\nrequire {env['NVIDIA_REQUIRE_CUDA']}\n"
+    )
 
 
 def healthy_traits() -> parsers.Traits:
@@ -104,12 +116,19 @@ def earlyoom_defaults(s):
 
 def image_nccl_pip_2_28_9(s):
     # the pip wheel's METADATA version, read in the image (the fact's shape: facts/image_nccl.py)
-    s.facts["spark-worker"].image_nccl = image_nccl.parse(
-        f"id {s.facts['spark-worker'].image_id}\npip 2.28.9\nsystem 2.28.9-1+cuda13.0\ncuda 13.0.1\n"
-    )
+    f = s.facts["spark-worker"]
+    f.image_nccl = dataclasses.replace(f.image_nccl, version="2.28.9", build="pip")
+
+
+def image_built_for_590(s):
+    # the worker's copy of the image says it was built for driver 590 (eugr/spark-vllm-docker#266: "built
+    # for NVIDIA Driver Release 590.48 or later"; the entrypoint prints CUDA_DRIVER_VERSION less its last part)
+    f = s.facts["spark-worker"]
+    f.image_nccl = dataclasses.replace(f.image_nccl, cuda_driver="590.48.01")
 
 
 DRIFT_CASES = [
+    ("image.driver", "spark-worker", "fail", image_built_for_590, {}),
     ("image.nccl", "spark-worker", "warn", image_nccl_pip_2_28_9, {}),
     ("host.kernel", "spark-worker", "fail", kernel_7_kho, {}),
     ("host.kernel", "spark-worker", "warn", kernel_differs, {}),

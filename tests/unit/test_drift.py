@@ -274,7 +274,7 @@ def test_image_nccl_reads_nothing_of_this_vm_and_the_cache_skips_the_container(t
     found = image_nccl.parse(f"id {IMG_ID}\npip 2.28.9\ncuda 13.0.1\n")
     image_nccl.remember([found])
     cached = image_nccl.load()
-    assert cached == {IMG_ID: "pip 2.28.9\ncuda 13.0.1"}
+    assert cached == {IMG_ID: "pip 2.28.9\ncuda 13.0.1\ndriver \nrequire "}
     cmd = image_nccl.probe("repo/img:tag", cached).command
     assert "case " in cmd and "docker run" in cmd  # the container only for an ID not in the cache
     # the cached answer, printed as the probe would, parses to what was read
@@ -286,3 +286,167 @@ def test_known_bad_catches_the_pip_2_28_9_build_not_dgx_os_own():
     pip = {"nccl_version": "2.28.9", "nccl_build": "pip", "nodes": 2}
     assert [e.id for e in kb.matching("image.nccl", pip)] == ["nccl-pip-2.28.9-hang"]
     assert kb.matching("image.nccl", {**pip, "nccl_build": "system"}) == []
+
+
+# --- the driver the image's CUDA needs ---------------------------------------------------------------
+
+
+def _inside_with(env: dict[str, str]) -> str:
+    """The in-image script run here with an image's environment (what `docker run` of it would give)."""
+    from sparkcluster.facts import image_nccl
+
+    return subprocess.run(
+        ["sh", "-c", image_nccl.INSIDE],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", **env},
+    ).stdout
+
+
+def test_driver_need_read_from_a_real_ngc_environment():
+    from drift_fakes import ngc_env
+
+    from sparkcluster.facts import image_nccl
+
+    # real: nvcr.io/nvidia/pytorch:25.10-py3's CUDA_VERSION, CUDA_DRIVER_VERSION and NVIDIA_REQUIRE_CUDA
+    found = image_nccl.parse(f"id {IMG_ID}\n{_inside_with(ngc_env())}")
+    assert (found.cuda, found.cuda_driver, found.require_cuda) == ("13.0.2.006", "580.95.05", "cuda>=9.0")
+    # NGC's entrypoint compares branches; its `cuda>=9.0` is met by every driver that drives a GB10
+    (need,) = image_nccl.driver_needs(found)
+    assert (need.said, need.driver, need.branch) == ("CUDA_DRIVER_VERSION=580.95.05", "580", True)
+    assert need.met_by("580.95.05") and need.met_by("580.82.09") and need.met_by("590.44.01")
+    assert need.met_by("575.64.05") is False
+    assert need.met_by("[N/A]") is None
+
+
+def test_an_image_built_for_590_refuses_the_580_of_eugr_266():
+    from sparkcluster.facts import image_nccl
+
+    # eugr/spark-vllm-docker#266: "built for NVIDIA Driver Release 590.48 or later, but version 580.159.03
+    # was detected" (the entrypoint prints CUDA_DRIVER_VERSION without its last part)
+    found = image_nccl.parse(
+        f"id {IMG_ID}\n{_inside_with({'CUDA_VERSION': '13.1.1', 'CUDA_DRIVER_VERSION': '590.48.01'})}"
+    )
+    (need,) = image_nccl.driver_needs(found)
+    assert need.met_by("580.159.03") is False
+    assert need.met_by("590.44.01") is True  # the same branch: the entrypoint lets it start
+
+
+def test_cuda_base_image_requirement_only_its_cuda_term_counts():
+    from sparkcluster.facts import image_nccl
+
+    # real: NVIDIA_REQUIRE_CUDA of nvidia/cuda:12.0.0-base-ubuntu22.04 (trimmed): the brand= terms admit
+    # older branches through forward compatibility, which a GB10 does not have; 12.0 is below every GB10 driver
+    real = cap("cuda-12.0.0-base-require.txt").strip()
+    old = image_nccl.parse(f"id {IMG_ID}\n{_inside_with({'NVIDIA_REQUIRE_CUDA': real})}")
+    assert old.require_cuda == real and image_nccl.driver_needs(old) == []
+    # the same shape for CUDA 13.1 (its images begin `cuda>=13.1`): the release notes' 590.44.01
+    new = image_nccl.parse(
+        f"id {IMG_ID}\n{_inside_with({'NVIDIA_REQUIRE_CUDA': real.replace('cuda>=12.0', 'cuda>=13.1')})}"
+    )
+    (need,) = image_nccl.driver_needs(new)
+    assert (need.said, need.driver, need.branch) == ("NVIDIA_REQUIRE_CUDA cuda>=13.1", "590.44.01", False)
+    assert need.met_by("580.95.05") is False and need.met_by("590.44.01") is True
+    # a CUDA release newer than the table: said, but its lowest driver is unknown (not judged)
+    (later,) = image_nccl.driver_needs(image_nccl.parse(f"id {IMG_ID}\nrequire cuda>=13.9\n"))
+    assert later.driver == "" and later.met_by("580.95.05") is None
+
+
+def test_what_was_remembered_before_the_driver_was_read_is_read_again(tmp_path, monkeypatch):
+    import json
+
+    from drift_fakes import healthy_image_nccl
+
+    from sparkcluster.facts import image_nccl
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    image_nccl.path().parent.mkdir(parents=True, exist_ok=True)
+    other = "sha256:" + "d" * 64
+    image_nccl.path().write_text(json.dumps({other: "system 2.28.9\ncuda 13.0.1"}))
+    assert image_nccl.load() == {}  # an entry of the older shape: the container reads it again
+    found = healthy_image_nccl(IMG_ID)
+    image_nccl.remember([found])
+    assert image_nccl.parse(f"id {IMG_ID}\n{image_nccl.load()[IMG_ID]}\n") == found
+
+
+def test_image_driver_fails_only_the_node_whose_driver_is_too_old():
+    import dataclasses
+
+    from test_checks import H, W, healthy, results
+
+    # eugr #266 on a pair: the image (the same on both) built for 590; the head updated to 590.48.01,
+    # the worker still on 580.159.03
+    s = healthy()
+    for n, drv in ((H, "590.48.01"), (W, "580.159.03")):
+        f = s.facts[n]
+        f.image_nccl = dataclasses.replace(f.image_nccl, cuda_driver="590.48.01")
+        f.gpus = [dataclasses.replace(g, driver=drv) for g in f.gpus]
+    got = results(s)
+    r = got[("image.driver", W)]
+    assert r.status == "fail", r
+    assert "580.159.03 is older than the image needs (CUDA_DRIVER_VERSION=590.48.01" in r.detail
+    assert "driver branch 590 or later" in r.fix and "built for the 580 branch" in r.fix
+    assert got[("image.driver", H)].status == "ok"
+
+
+def test_image_driver_skips_what_it_cannot_judge():
+    import dataclasses
+
+    from test_checks import W, healthy, results
+
+    s = healthy()
+    f = s.facts[W]
+    f.image_nccl = dataclasses.replace(f.image_nccl, cuda_driver="", require_cuda="")
+    assert results(s)[("image.driver", W)].status == "skip"  # a CPU image: no requirement
+    s = healthy()
+    for f in s.facts.values():
+        f.image_nccl = None
+    assert results(s)[("image.driver", W)].status == "skip"  # no node holds the image or its base
+
+
+def test_a_node_without_the_image_yet_is_judged_by_what_the_head_read():
+    import dataclasses
+
+    from test_checks import H, W, healthy, results
+
+    # before `up` sent the image (built for 590 on the head) the worker holds nothing to read
+    s = healthy()
+    s.facts[H].image_nccl = dataclasses.replace(s.facts[H].image_nccl, cuda_driver="590.48.01")
+    s.facts[H].gpus = [dataclasses.replace(g, driver="590.48.01") for g in s.facts[H].gpus]
+    s.facts[W].image_nccl = None
+    got = results(s)
+    r = got[("image.driver", W)]
+    assert r.status == "fail" and "(CUDA_DRIVER_VERSION=590.48.01 (read on spark-head)" in r.detail, r
+    assert got[("image.driver", H)].status == "ok"
+
+
+def test_the_probe_reads_the_base_where_the_cluster_image_is_not_built_yet(tmp_path):
+    from drift_fakes import ngc_env
+
+    from sparkcluster.facts import image_nccl
+
+    # a `docker` that holds only the base image: inspect answers its ID, run executes the script with
+    # the image's environment (the NGC 25.10 one)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    env_lines = " ".join(f"{k}={v}" for k, v in ngc_env().items())
+    (bin_ / "docker").write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = image ]; then [ "$5" = base:1 ] && echo ' + IMG_ID + " && exit 0; exit 1; fi\n"
+        'if [ "$1" = run ]; then shift 6; echo "ran $1" >&2; shift 2; exec env -i PATH=/usr/bin:/bin '
+        + env_lines.replace(">", "\\>")
+        + ' sh -c "$1"; fi\nexit 2\n'
+    )
+    (bin_ / "docker").chmod(0o755)
+    env = {"PATH": f"{bin_}:/usr/bin:/bin"}
+
+    def run(image, base):
+        cmd = image_nccl.probe(image, None, base).command
+        return subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env)
+
+    got = run("cluster:1-ray", "base:1")
+    assert got.returncode == 0 and "ran base:1" in got.stderr, got.stderr
+    found = image_nccl.parse(got.stdout)
+    assert found.image_id == IMG_ID and found.cuda_driver == "580.95.05"
+    assert run("cluster:1-ray", None).returncode == 3  # neither held: nothing to read

@@ -6,6 +6,8 @@ actions that reach a host or the endpoint are replaced by recorders."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 
 import pytest
 from conftest import make_inventory
@@ -14,8 +16,11 @@ from sparkcluster.bench import canary
 from sparkcluster.cli import main as cli_main
 from sparkcluster.config import profile as profiles
 from sparkcluster.day2 import known_good
-from sparkcluster.errors import InputError
+from sparkcluster.errors import InputError, LockHeld
 from sparkcluster.facts import HostFacts
+from sparkcluster.remote import lock
+from sparkcluster.remote.fanout import ConnectedHosts
+from sparkcluster.remote.result import CommandResult
 from sparkcluster.up import bringup, upgrade
 from sparkcluster.up.execute import StageProgress
 from sparkcluster.up.plan import make_plan
@@ -51,6 +56,68 @@ def record(prof, *, at="2026-11-20T10:00:00Z", base=None, revision=COMMIT, answe
         canary=known_good.answers_json(answers) if answers else [],
         canary_tok_s=tok_s if answers else 0.0,
     )
+
+
+# ---- the cluster lock, taken for real on this machine -------------------------------------------------
+
+
+class LocalProcess:
+    """The lock command run here with bash: it holds its flock until its stdin closes, as over SSH."""
+
+    def __init__(self, name: str, cmd: str):
+        self.name, self.cmd = name, cmd
+        self.p = subprocess.Popen(
+            ["bash", "-c", cmd], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+
+    def stderr_lines(self):
+        for line in self.p.stderr:
+            yield line.rstrip("\n")
+
+    def close(self):
+        if not self.p.stdin.closed:
+            self.p.stdin.close()
+        self.p.wait(10)
+
+    def wait(self) -> CommandResult:
+        self.close()
+        return CommandResult(self.name, self.cmd, self.p.returncode, "", self.p.stderr.read(), 0.0)
+
+
+class LockHost:
+    """A node whose lock lives in its own folder here (each node of a pair has its own /tmp)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def start(self, cmd: str, timeout: float = 0) -> LocalProcess:
+        return LocalProcess(self.name, cmd.replace(lock.LOCK_DIR, f"{lock.LOCK_DIR}-{self.name}"))
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(autouse=True)
+def local_locks(tmp_path, monkeypatch):
+    """`ConnectedHosts.connect` gives nodes whose lock command runs here, in a folder of the test's."""
+    if shutil.which("flock") is None:
+        pytest.skip("flock (util-linux) not installed")
+    monkeypatch.setattr(lock, "LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setattr(
+        ConnectedHosts,
+        "connect",
+        classmethod(lambda cls, inv, nodes=None: cls(inv, {n.name: LockHost(n.name) for n in inv.nodes})),
+    )
+
+
+def another_up(inv, prof) -> str:
+    """What a concurrent `up` of the deployment meets when it takes the nodes' locks: "" when it gets them."""
+    target = upgrade.deployments.target(inv, prof, ())
+    try:
+        with ConnectedHosts.connect(target) as cluster, lock.NodeLocks(cluster, target, f"up --profile {prof.name}"):
+            return ""
+    except LockHeld as e:
+        return e.message
 
 
 # ---- the plan ---------------------------------------------------------------------------------------
@@ -133,10 +200,11 @@ def test_rollback_returns_to_the_newest_other_serve(prof):
 
 class Calls:
     def __init__(self, monkeypatch, *, probe="", answers=GOOD, tok_s=48.0, up_fails=""):
-        self.ups, self.removed = [], []
+        self.ups, self.removed, self.others = [], [], []
 
         def bring_up(r, p, command):
             self.ups.append(p.image.ref)
+            self.others.append(another_up(r.inv, p))  # a concurrent `up` while this one runs
             if up_fails and p.image.ref == NEW_IMAGE:
                 raise upgrade.SparkError(up_fails)
             known_good.append(r.inv.cluster.name, record(p, at=known_good.now_utc(), base=p.image.ref, answers=()))
@@ -183,6 +251,44 @@ def test_a_bad_new_serve_is_rolled_back_with_the_reason(inv, prof, monkeypatch, 
     assert all(r.base_image == prof.image.ref for r in history)  # nothing left of the new serve ...
     (outcome,) = known_good.load_outcomes(inv.cluster.name)  # ... but the record of why
     assert outcome.outcome == "rolled back" and why in outcome.reason and outcome.image == NEW_IMAGE
+
+
+def test_one_lock_is_held_across_the_upgrade_and_its_rollback(inv, prof, monkeypatch):
+    # the canary fails: the new `up`, the judgement and the rollback's `up` run under one lock, which
+    # refuses a concurrent `up` at each of them, naming the upgrade; it is released at the end
+    known_good.append(inv.cluster.name, record(prof))
+    calls = Calls(monkeypatch, answers=[canary.Answer(a.prompt, "garbled", (7, 7)) for a in GOOD])
+    between = []
+    answers = upgrade.bench.ask_canary
+    monkeypatch.setattr(upgrade.bench, "ask_canary", lambda *a, **k: between.append(another_up(inv, prof)) or answers())
+    with pytest.raises(upgrade.UpgradeRefused):
+        _upgrade(inv, prof)
+    assert calls.ups == [NEW_IMAGE, prof.image.ref]
+    assert len(calls.others) == 2 and between
+    for said in calls.others + between:
+        assert "is locked by" in said and f"(upgrade --profile {prof.name})" in said, said
+    assert another_up(inv, prof) == ""  # released with the upgrade
+
+
+def test_an_upgrade_does_not_start_while_another_run_holds_the_nodes(inv, prof, monkeypatch):
+    known_good.append(inv.cluster.name, record(prof))
+    calls = Calls(monkeypatch)
+    target = upgrade.deployments.target(inv, prof, ())
+    with ConnectedHosts.connect(target) as cluster, lock.NodeLocks(cluster, target, "up --profile other"):
+        with pytest.raises(LockHeld, match=r"\(up --profile other\)"):
+            _upgrade(inv, prof)
+        known_good.append(inv.cluster.name, record(prof, at="2026-11-21T10:00:00Z", base=NEW_IMAGE))
+        with pytest.raises(LockHeld, match=r"\(up --profile other\)"):
+            upgrade.rollback(inv, prof, {}, StageProgress())
+    assert calls.ups == []  # nothing moved
+
+
+def test_the_ups_inside_an_upgrade_take_no_lock_of_their_own(inv, prof, monkeypatch):
+    seen = []
+    monkeypatch.setattr(bringup, "run", lambda *a, **k: seen.append(k))
+    r = upgrade.UpgradeRun(inv, (), prof, prof, record(prof), {}, StageProgress())
+    upgrade.bring_up(r, prof, "upgrade --profile x")
+    assert seen[0]["locked"] is True and seen[0]["command"] == "upgrade --profile x"
 
 
 def test_a_good_new_serve_is_kept_and_only_then_the_old_image_pruned(inv, prof, monkeypatch):
