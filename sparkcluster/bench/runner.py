@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from sparkcluster import log, redact
-from sparkcluster.bench import benchy, canary
+from sparkcluster.bench import benchy
 from sparkcluster.bench.results import failure_reason, level_error, progress, row_from_result, run_id
 from sparkcluster.bench.sweep import (
     _RUN_ID,
@@ -37,6 +37,7 @@ from sparkcluster.errors import InputError, SparkError
 from sparkcluster.facts.parsers import ContainerInspect, container_inspect
 from sparkcluster.labels import CLUSTER_LABEL, container_name
 from sparkcluster.movement import hfcache
+from sparkcluster.node import canary
 
 _log = log.get("sparkcluster.bench")  # the logger name of the single module this was
 

@@ -21,7 +21,7 @@ from sparkcluster.config import bounds, lint
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import deployments, endpoint, engine_nccl, known_good, server, teardown
+from sparkcluster.day2 import canary_watch, deployments, endpoint, engine_nccl, known_good, server, teardown
 from sparkcluster.errors import InputError, StageError, StepFailure
 from sparkcluster.facts.probes import split_sections
 from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
@@ -206,7 +206,7 @@ def _run_locked(
                 r.stage, [StepFailure(n, r.stage, why, fix=fix) for n, why in lost.items()] + others, fix
             ) from e
         raise
-    remember_good(inv, prof, report.facts, _served_image_id(r), _revision(r), cluster)
+    remember_good(inv, prof, report.facts, _served_image_id(r), _revision(r), cluster, r.find(canary_watch.Kept))
     return UpSummary(
         False,
         f"http://{cluster.head.address}:{plan.serve.port}/v1",
@@ -214,6 +214,24 @@ def _run_locked(
         r.get(server.Record).pid,
         r.seconds,
     )
+
+
+def deployment_key(inv: Inventory, prof: profiles.Profile) -> str:
+    """PROFILE@NODE+NODE: the deployment's name in its known-good record."""
+    return f"{prof.name}@{'+'.join(n.name for n in inv.nodes)}"
+
+
+def served_now(r: UpRun) -> dict[str, str]:
+    """What serves now, as the canary names what changed since it was taken (node/canary.since)."""
+    from sparkcluster.bench.results import profile_hash  # lazy: start-up speed
+
+    prof = r.plan.profile
+    return {
+        "image_id": _served_image_id(r),
+        "model_revision": _revision(r),  # unknown (the weights stage did not run): not compared
+        "vllm_version": prof.image.vllm_version or "",
+        "profile_hash": profile_hash(prof),
+    }
 
 
 def _served_image_id(r: UpRun) -> str:
@@ -247,13 +265,16 @@ def remember_good(
     image_id: str,
     revision: str,
     cluster: ConnectedHosts | None = None,
+    kept: canary_watch.Kept | None = None,
 ) -> None:
-    """The known-good record (issue 39): `up` ends serving and its probe answered. Never fails `up`."""
+    """The known-good record (issue 39): `up` ends serving and its probe answered. Never fails `up`.
+    Its canary (issue 38) is what the serve stage's canary step kept, else (nothing restarted) the
+    deployment's last one, carried while the model is the same."""
     # lazy: start-up speed; bench's modules (about 40 ms) serve this record only, once up ends serving
     from sparkcluster.bench.results import profile_hash
 
     try:
-        key = f"{prof.name}@{'+'.join(n.name for n in inv.nodes)}"
+        key = deployment_key(inv, prof)
         before = known_good.last_for(known_good.load(inv.cluster.name), key)
         if not revision and before is not None and before.profile_hash == profile_hash(prof):
             revision = before.model_revision  # "already serving": the weights stage did not run
@@ -282,12 +303,18 @@ def remember_good(
             rec.base_image,
             rec.model_revision,
         )
-        if same:  # the same model, revision and image serve again: its canary still holds
+        if same:  # the same model, revision and image serve again: its one-stream speed still holds
+            rec = dataclasses.replace(rec, canary_tok_s=before.canary_tok_s)
+        if kept is not None:
+            rec = dataclasses.replace(
+                rec, canary=kept.canary, canary_deterministic=kept.deterministic, canary_taken=kept.taken
+            )
+        elif before is not None and before.model == rec.model:  # the reference answers stay until taken anew
             rec = dataclasses.replace(
                 rec,
                 canary=before.canary,
                 canary_deterministic=before.canary_deterministic,
-                canary_tok_s=before.canary_tok_s,
+                canary_taken=before.canary_taken,
             )
         known_good.append(inv.cluster.name, rec)
     except Exception as e:  # the record is for later diagnosis; serving matters more

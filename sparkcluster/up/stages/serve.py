@@ -1,6 +1,7 @@
 """The serve stage: the HF token file on every node, the reasoning-parser plugin, the old server
 stopped when one runs in a kept container, `vllm serve` started inside the head container, the
-wait until it really answers, then one warm-up request, and the transport every rank's NCCL chose."""
+wait until it really answers, then one warm-up request, the transport every rank's NCCL chose, and
+the correctness canary (taken on the first good serve, else compared with the kept answers)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from sparkcluster.day2 import endpoint, engine_nccl, server, supervision, teardo
 from sparkcluster.errors import StageError, StepFailure
 from sparkcluster.facts.probes import split_sections
 from sparkcluster.labels import CLUSTER_LABEL
+from sparkcluster.node import canary
 from sparkcluster.remote import retry
 from sparkcluster.up.stages import weights
 from sparkcluster.up.stages.base import Step, fail
@@ -109,6 +111,19 @@ def steps(plan: Plan) -> list[Step]:
                 run=engine_transport,
             )
         )
+    out.append(
+        Step(
+            STAGE,
+            head,
+            "canary",
+            "the correctness canary",
+            f"the {len(canary.PROMPTS)} fixed prompts answered greedily (token ids, seed {canary.SEED}, "
+            f"{canary.MAX_TOKENS} tokens), one at a time: taken (twice: do they repeat?) on the deployment's first "
+            "good serve, else compared with the answers kept in its known-good record; a difference is a "
+            "journal event and a status line, never a failed up",
+            run=ask_canary,
+        )
+    )
     return out
 
 
@@ -246,3 +261,34 @@ def engine_transport(r: UpRun) -> dict[str, str]:
 
 def warm_up(r: UpRun) -> float:
     return endpoint.warm_up(_base(r), r.plan.serve.model, r.secrets)
+
+
+def ask_canary(r: UpRun) -> str:
+    """The canary of this serve (day2/canary_watch), kept in the run for the known-good record `up`
+    appends once it ends; what it found is handed to the head (journal, status). Never fails `up`."""
+    from sparkcluster import bench  # lazy: start-up speed (bench loads its own modules)
+    from sparkcluster.day2 import canary_watch, known_good
+    from sparkcluster.up.bringup import deployment_key, served_now
+
+    prof, sv, head = r.plan.profile, r.plan.serve, r.cluster.head
+    key = deployment_key(r.inv, prof)
+    try:
+        before = known_good.last_for(known_good.load(r.inv.cluster.name), key)
+        kept = canary_watch.after_serve(
+            before,
+            prof.model,
+            lambda: bench.ask_canary(head.address, sv.port, sv.model, r.secrets),
+            served_now(r),
+            "up",
+        )
+    except Exception as e:  # the canary reports; serving matters more
+        r.progress.info(f"canary: not asked: {e}")
+        return "not asked"
+    r.put(kept)
+    if kept.verdict is not None and kept.verdict.state != "same":
+        r.progress.info(f"canary: {kept.verdict.says}")
+    try:
+        canary_watch.hand(head.docker().api, sv.container, canary_watch.reference(key, prof.name, kept), kept.check)
+    except Exception as e:
+        r.progress.info(f"canary: could not hand it to the head container: {e}")
+    return kept.says()
