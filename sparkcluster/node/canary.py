@@ -210,6 +210,7 @@ def event_name(verdict: Verdict) -> str:
 # ---- in the head container: after the supervisor's own restarts ------------------------------------
 
 IDLE_WAIT_S = 30.0  # how long the check waits for the engine to run no request (then asks anyway)
+IDLE_POLL_S = 1.0
 ASK_TIMEOUT_S = 60.0
 
 
@@ -244,7 +245,7 @@ def _wait_idle(base: str, bound_s: float) -> None:
             return
         if not running:
             return
-        time.sleep(1.0)
+        time.sleep(IDLE_POLL_S)
 
 
 def check_here(journal, desired: dict, after: str) -> Verdict | None:

@@ -274,17 +274,18 @@ def ask_canary(r: UpRun) -> str:
     key = deployment_key(r.inv, prof)
     try:
         before = known_good.last_for(known_good.load(r.inv.cluster.name), key)
-        kept = canary_watch.after_serve(
-            before,
-            prof.model,
-            lambda: bench.ask_canary(head.address, sv.port, sv.model, r.secrets),
-            served_now(r),
-            "up",
+        kept = r.put(
+            canary_watch.after_serve(
+                before,
+                prof.model,
+                lambda: bench.ask_canary(head.address, sv.port, sv.model, r.secrets),
+                served_now(r),
+                "up",
+            )
         )
     except Exception as e:  # the canary reports; serving matters more
         r.progress.info(f"canary: not asked: {e}")
         return "not asked"
-    r.put(kept)
     if kept.verdict is not None and kept.verdict.state != "same":
         r.progress.info(f"canary: {kept.verdict.says}")
     try:
