@@ -462,8 +462,15 @@ def bench(
             run_dir / "against.json",
             {**standing.to_json(), "profile": prof.name, "kind": target_kind, "causes": [vars(c) for c in found]},
         )
+        bench_pkg.against.write_csv(run_dir / "against.csv", standing)
         note = bench_pkg.against.write_chart(
-            run_dir / "against.png", standing, f"{prof.name}: yours against {target_kind}"
+            run_dir / "against.png",
+            standing,
+            f"{prof.name}: yours against "
+            + {"published": "the published record", "baseline": "the cluster's baseline"}.get(
+                target_kind, "the record"
+            ),
+            theirs=target_kind if target_kind in ("published", "baseline") else "record",
         )
         against_chart = None if note else run_dir / "against.png"
 
@@ -489,6 +496,7 @@ def bench(
                 "kind": target_kind,
                 "causes": [vars(c) for c in found],
                 "chart": str(against_chart) if against_chart else None,
+                "csv": str(run_dir / "against.csv"),
             }
             if standing
             else None
@@ -511,8 +519,8 @@ def bench(
             con.print(f"chart:   {chart}")
         if record_file:
             con.print(f"record:  {record_file}")
-        if against_chart:
-            con.print(f"against: {against_chart}")
+        if standing is not None:
+            con.print(f"against: {run_dir / 'against.csv'}" + (f", {against_chart}" if against_chart else ""))
         if kept:
             con.print(f"kept as this cluster's baseline for '{prof.name}': {kept}")
     if chart_note:

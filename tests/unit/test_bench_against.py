@@ -303,3 +303,49 @@ def test_the_launcher_hands_llama_benchy_the_key_inside_the_process_only(tmp_pat
         [sys.executable, "-c", bench.benchy.LAUNCHER, "--pp", "64"], env=env, capture_output=True, text=True
     )
     assert got.stdout.strip() == "['--pp', '64'] False"
+
+
+def test_the_comparison_is_drawn_beside_the_published_figures_from_made_up_figures(tmp_path, monkeypatch):
+    """Item 5: against.png draws each figure in its own panel and unit, the record's bar beside yours,
+    and against.csv holds the same rows; made-up figures shaped like a recipe's performance.yaml."""
+    import csv
+    import struct
+
+    from sparkcluster.bench import against, results
+
+    cond = "8192 in / 256 out at concurrency 1"
+    st = against.Standing(
+        "https://github.com/NVIDIA/local-ai-inference-recipes/.../performance.yaml",
+        10.0,
+        ratios=[
+            against.Ratio("c1", cond, 1, "ttft_ms_p50", 5200.0, 4535.0, 0.872, True, 10.0),
+            against.Ratio("c1", cond, 1, "prefill_tok_s", 1500.0, 1806.92, 0.830, True, 10.0),
+            against.Ratio("c1", cond, 1, "decode_tok_s", 44.1, 43.58, 1.012, False, 10.0),
+        ],
+        flags=["another harness: aiperf 0.12.0 against vllm-bench-serve"],
+    )
+    drawn = against.panels(st)
+    assert list(drawn) == ["decode_tok_s", "prefill_tok_s", "ttft_ms_p50"]  # the record format's order
+    assert drawn["prefill_tok_s"] == [against.Bar("c1\n8192 in / 256 out", 1806.92, 1500.0, 0.830, True)]
+    assert against.unit("decode_tok_s") == "tok/s" and against.unit("ttft_ms_p50").startswith("ms")
+    three, one = tmp_path / "three.png", tmp_path / "one.png"
+    assert (
+        against.write_chart(three, st, "qwen36-27b-nvfp4-tp2: yours against the published record", "published") is None
+    )
+    single = against.Standing(st.source, 10.0, ratios=st.ratios[2:])
+    assert against.write_chart(one, single) is None
+
+    def width(p):
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        return struct.unpack(">I", data[16:20])[0]
+
+    assert width(three) > width(one)  # a panel per figure
+    against.write_csv(tmp_path / "against.csv", st)
+    rows = list(csv.DictReader((tmp_path / "against.csv").open()))
+    assert [r["figure"] for r in rows] == ["ttft_ms_p50", "prefill_tok_s", "decode_tok_s"]
+    assert rows[1]["yours"] == "1500.0" and rows[1]["record"] == "1806.92" and rows[1]["short"] == "True"
+    assert "nothing was comparable" in against.write_chart(tmp_path / "none.png", against.Standing("s", 10.0))
+    monkeypatch.setattr(results, "pyplot", lambda: None)  # the same path as chart.png: one note for both
+    assert "matplotlib is not installed" in against.write_chart(tmp_path / "x.png", st)
+    assert "matplotlib is not installed" in results.write_chart(tmp_path / "y.png", [{"concurrency": 1}])
