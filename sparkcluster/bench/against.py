@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from sparkcluster.bench.perf_record import FIGURES, THROUGHPUTS, PerfRecord
+from sparkcluster.bench.results import NO_MATPLOTLIB, pyplot, save
 
 # shown, never deciding the verdict (see the module's docstring)
 TAIL_FIGURES = frozenset({"ttft_ms_p99", "itl_ms_p99"})
@@ -203,8 +204,6 @@ def write_chart(path, st: Standing, title: str = "", theirs: str = "record") -> 
     """against.png: yours drawn beside the record's figures (a published one, or the baseline), one
     panel per figure in its own unit, the ratio above your bar (red where short). The same drawing
     path as bench's own chart (results.pyplot, results.save). Returns why it was skipped, or None."""
-    from sparkcluster.bench.results import NO_MATPLOTLIB, pyplot, save
-
     plt = pyplot()
     if plt is None:
         return f"no comparison chart: {NO_MATPLOTLIB}"

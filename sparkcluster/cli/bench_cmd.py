@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
-from sparkcluster.day2 import engine_nccl
+from sparkcluster.day2 import canary_watch, engine_nccl, known_good
 from sparkcluster.errors import InputError, SparkError
 
 # the figures the terminal table shows (the CSV has them all)
@@ -562,10 +563,6 @@ def _canary(inv, prof, head, port: int, model: str, secrets, meta: dict, retake:
     """`bench --canary`: compare with the answers kept in the deployment's known-good record, or take
     them (the first time, or `--canary-retake` after a change you meant); told to the head like every
     canary check (day2/canary_watch)."""
-    import dataclasses
-
-    from sparkcluster.day2 import canary_watch, known_good
-
     deployment = f"{prof.name}@{'+'.join(deployment_nodes(inv, prof))}"
     good = known_good.last_for(known_good.load(inv.cluster.name), deployment)
     if good is None:
@@ -584,7 +581,7 @@ def _canary(inv, prof, head, port: int, model: str, secrets, meta: dict, retake:
         kept = canary_watch.compare(good, ask, meta, at, "bench --canary")
     known_good.replace_newest(
         inv.cluster.name,
-        dataclasses.replace(good, canary=kept.canary, canary_deterministic=kept.deterministic, canary_taken=kept.taken),
+        replace(good, canary=kept.canary, canary_deterministic=kept.deterministic, canary_taken=kept.taken),
     )
     try:
         canary_watch.hand(head.api, head.container, canary_watch.reference(deployment, prof.name, kept), kept.check)

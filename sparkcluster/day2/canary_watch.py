@@ -89,8 +89,9 @@ def reference(deployment: str, profile: str, kept: Kept) -> canary.CanaryRecord:
 
 def hand(api, container: str, ref: canary.CanaryRecord, check: dict) -> None:
     """The reference and the check into the head container, and the check as a journal entry."""
+    # lazy: the Docker SDK, loaded only when a check is handed over (status and bench import this module)
     from sparkcluster.container.spec import files_tar
-    from sparkcluster.remote.dockerapi import run_in
+    from sparkcluster.remote.dockerapi import run_in  # (the same)
 
     api.put_archive(
         container,

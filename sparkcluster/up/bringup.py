@@ -30,11 +30,9 @@ from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreac
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.up.execute import StageProgress, UpRun, execute, record_before_plan
 from sparkcluster.up.plan import Plan, make_offline_plan, make_plan
-from sparkcluster.up.stages import gate
+from sparkcluster.up.stages import gate, serve
 from sparkcluster.up.stages.containers import Created
-from sparkcluster.up.stages.image import HeadImage
 from sparkcluster.up.stages.replace import Away
-from sparkcluster.up.stages.weights import Stagings
 
 _log = log.get(__name__)
 # how long a serving engine may take to answer one token before `up` calls it wedged
@@ -206,7 +204,9 @@ def _run_locked(
                 r.stage, [StepFailure(n, r.stage, why, fix=fix) for n, why in lost.items()] + others, fix
             ) from e
         raise
-    remember_good(inv, prof, report.facts, _served_image_id(r), _revision(r), cluster, r.find(canary_watch.Kept))
+    remember_good(
+        inv, prof, report.facts, serve.served_image_id(r), serve.served_revision(r), cluster, r.find(canary_watch.Kept)
+    )
     return UpSummary(
         False,
         f"http://{cluster.head.address}:{plan.serve.port}/v1",
@@ -214,36 +214,6 @@ def _run_locked(
         r.get(server.Record).pid,
         r.seconds,
     )
-
-
-def deployment_key(inv: Inventory, prof: profiles.Profile) -> str:
-    """PROFILE@NODE+NODE: the deployment's name in its known-good record."""
-    return f"{prof.name}@{'+'.join(n.name for n in inv.nodes)}"
-
-
-def served_now(r: UpRun) -> dict[str, str]:
-    """What serves now, as the canary names what changed since it was taken (node/canary.since)."""
-    from sparkcluster.bench.results import profile_hash  # lazy: start-up speed
-
-    prof = r.plan.profile
-    return {
-        "image_id": _served_image_id(r),
-        "model_revision": _revision(r),  # unknown (the weights stage did not run): not compared
-        "vllm_version": prof.image.vllm_version or "",
-        "profile_hash": profile_hash(prof),
-    }
-
-
-def _served_image_id(r: UpRun) -> str:
-    got = r.find(HeadImage)
-    return (got.info.get("Id", "") if got else "") or r.facts[r.inv.head.name].image_id or ""
-
-
-def _revision(r: UpRun) -> str:
-    """The commit the profile's model resolved to in the weights stage ("" when it did not run)."""
-    got = r.find(Stagings)
-    first = got.items[0] if got and got.items else None
-    return first.manifest.commit if first is not None and first.manifest is not None else ""
 
 
 def _nccl_loaded(cluster: ConnectedHosts, inv: Inventory) -> dict[str, str]:
@@ -274,7 +244,7 @@ def remember_good(
     from sparkcluster.bench.results import profile_hash
 
     try:
-        key = deployment_key(inv, prof)
+        key = serve.deployment_key(inv, prof)
         before = known_good.last_for(known_good.load(inv.cluster.name), key)
         if not revision and before is not None and before.profile_hash == profile_hash(prof):
             revision = before.model_revision  # "already serving": the weights stage did not run

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from sparkcluster import redact
 from sparkcluster.config import bounds, repos
-from sparkcluster.day2 import endpoint, engine_nccl, server, supervision, teardown
+from sparkcluster.day2 import canary_watch, endpoint, engine_nccl, known_good, server, supervision, teardown
 from sparkcluster.errors import StageError, StepFailure
 from sparkcluster.facts.probes import split_sections
 from sparkcluster.labels import CLUSTER_LABEL
@@ -18,8 +18,11 @@ from sparkcluster.node import canary
 from sparkcluster.remote import retry
 from sparkcluster.up.stages import weights
 from sparkcluster.up.stages.base import Step, fail
+from sparkcluster.up.stages.image import HeadImage
 
 if TYPE_CHECKING:
+    from sparkcluster.config import profile as profiles
+    from sparkcluster.config.inventory import Inventory
     from sparkcluster.up.execute import UpRun
     from sparkcluster.up.plan import Plan
 
@@ -267,8 +270,6 @@ def ask_canary(r: UpRun) -> str:
     """The canary of this serve (day2/canary_watch), kept in the run for the known-good record `up`
     appends once it ends; what it found is handed to the head (journal, status). Never fails `up`."""
     from sparkcluster import bench  # lazy: start-up speed (bench loads its own modules)
-    from sparkcluster.day2 import canary_watch, known_good
-    from sparkcluster.up.bringup import deployment_key, served_now
 
     prof, sv, head = r.plan.profile, r.plan.serve, r.cluster.head
     key = deployment_key(r.inv, prof)
@@ -293,3 +294,34 @@ def ask_canary(r: UpRun) -> str:
     except Exception as e:
         r.progress.info(f"canary: could not hand it to the head container: {e}")
     return kept.says()
+
+
+def deployment_key(inv: Inventory, prof: profiles.Profile) -> str:
+    """PROFILE@NODE+NODE: the deployment's name in its known-good record."""
+    return f"{prof.name}@{'+'.join(n.name for n in inv.nodes)}"
+
+
+def served_now(r: UpRun) -> dict[str, str]:
+    """What serves now, as the canary names what changed since it was taken (node/canary.since)."""
+    # lazy: start-up speed; bench's modules (about 40 ms) serve the canary only, once up serves
+    from sparkcluster.bench.results import profile_hash
+
+    prof = r.plan.profile
+    return {
+        "image_id": served_image_id(r),
+        "model_revision": served_revision(r),  # unknown (the weights stage did not run): not compared
+        "vllm_version": prof.image.vllm_version or "",
+        "profile_hash": profile_hash(prof),
+    }
+
+
+def served_image_id(r: UpRun) -> str:
+    got = r.find(HeadImage)
+    return (got.info.get("Id", "") if got else "") or r.facts[r.inv.head.name].image_id or ""
+
+
+def served_revision(r: UpRun) -> str:
+    """The commit the profile's model resolved to in the weights stage ("" when it did not run)."""
+    got = r.find(weights.Stagings)
+    first = got.items[0] if got and got.items else None
+    return first.manifest.commit if first is not None and first.manifest is not None else ""
