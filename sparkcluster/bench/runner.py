@@ -487,8 +487,8 @@ def cluster_facts(cluster, inv, prof, head: Head, image_id: str) -> ClusterFacts
     )
 
 
-def ask_canary(address: str, port: int, model: str, secrets: dict[str, str]) -> list:
-    """The canary's prompts, one request at a time from the controller, greedily (bench/canary)."""
+def ask_canary(address: str, port: int, model: str, secrets: dict[str, str], timeout: float = 120) -> list:
+    """The canary's prompts, one request at a time from the controller, greedily (node/canary)."""
     import httpx
 
     base = f"http://{address}:{port}"
@@ -500,7 +500,7 @@ def ask_canary(address: str, port: int, model: str, secrets: dict[str, str]) -> 
                     f"{base}/v1/completions",
                     json=canary.request_body(model, prompt),
                     headers=endpoint.headers(secrets),
-                    timeout=120,
+                    timeout=timeout,
                 )
             except httpx.HTTPError as e:
                 raise SparkError(

@@ -219,7 +219,7 @@ def test_ups_serve_stage_takes_it_then_compares_and_never_fails_up(monkeypatch):
 
     inv, prof = make_inventory(), profiles.load_profile("testbed")
     infos, handed, served = [], [], [SAME]
-    monkeypatch.setattr(bench, "ask_canary", lambda address, port, model, secrets: served[0])
+    monkeypatch.setattr(bench, "ask_canary", lambda address, port, model, secrets, timeout: served[0])
     monkeypatch.setattr(serve, "served_now", lambda r: NOW)
     monkeypatch.setattr(canary_watch, "hand", lambda api, container, ref, check: handed.append(check))
 

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 STAGE = "serve"
 SUPERVISOR_CONFIRM_S = 10.0  # its looks are 2 s apart; one of them probes with the profile's bound
+# one canary answer (16 tokens) within this, else `up` says the canary was not asked and ends serving
+CANARY_TIMEOUT_S = 30.0
 
 
 def steps(plan: Plan) -> list[Step]:
@@ -279,7 +281,7 @@ def ask_canary(r: UpRun) -> str:
             canary_watch.after_serve(
                 before,
                 prof.model,
-                lambda: bench.ask_canary(head.address, sv.port, sv.model, r.secrets),
+                lambda: bench.ask_canary(head.address, sv.port, sv.model, r.secrets, CANARY_TIMEOUT_S),
                 served_now(r),
                 "up",
             )
