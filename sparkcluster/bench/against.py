@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from sparkcluster.bench import results
 from sparkcluster.bench.perf_record import FIGURES, THROUGHPUTS, PerfRecord
-from sparkcluster.bench.results import NO_MATPLOTLIB, pyplot, save
 
 # shown, never deciding the verdict (see the module's docstring)
 TAIL_FIGURES = frozenset({"ttft_ms_p99", "itl_ms_p99"})
@@ -204,9 +204,9 @@ def write_chart(path, st: Standing, title: str = "", theirs: str = "record") -> 
     """against.png: yours drawn beside the record's figures (a published one, or the baseline), one
     panel per figure in its own unit, the ratio above your bar (red where short). The same drawing
     path as bench's own chart (results.pyplot, results.save). Returns why it was skipped, or None."""
-    plt = pyplot()
+    plt = results.pyplot()
     if plt is None:
-        return f"no comparison chart: {NO_MATPLOTLIB}"
+        return f"no comparison chart: {results.NO_MATPLOTLIB}"
     drawn = panels(st)
     if not drawn:
         return "no comparison chart: nothing was comparable"
@@ -230,5 +230,5 @@ def write_chart(path, st: Standing, title: str = "", theirs: str = "record") -> 
         f"{st.source}{flagged[:200]}",
         fontsize=8,
     )
-    save(plt, fig, path)
+    results.save(plt, fig, path)
     return None
