@@ -14,7 +14,7 @@ HF cache, and the requests do not cross the controller's network, which is not w
 
 import time  # re-exported: tests patch `bench.time.sleep` (the module runner.Head polls with)
 
-from sparkcluster.bench import against, benchy, canary, causes, measured, perf_record
+from sparkcluster.bench import against, benchy, causes, measured, perf_record
 from sparkcluster.bench.causes import parse_mtus
 from sparkcluster.bench.results import (
     COLUMNS,
@@ -91,6 +91,7 @@ from sparkcluster.bench.sweep import (
     stop_argv,
     target_for,
 )
+from sparkcluster.node import canary  # the canary's core ships in the head container too (node/canary)
 
 __all__ = [
     # sweep

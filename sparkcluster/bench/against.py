@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from sparkcluster.bench.perf_record import THROUGHPUTS, PerfRecord
+from sparkcluster.bench import results
+from sparkcluster.bench.perf_record import FIGURES, THROUGHPUTS, PerfRecord
 
 # shown, never deciding the verdict (see the module's docstring)
 TAIL_FIGURES = frozenset({"ttft_ms_p99", "itl_ms_p99"})
@@ -147,36 +148,87 @@ def against(ours: PerfRecord, theirs: PerfRecord, tolerance_pct: float = 10.0) -
     return st
 
 
-def write_chart(path, st: Standing, title: str = "") -> str | None:
-    """against.png: each compared figure, yours beside the record's, with the ratio above the pair.
-    Returns why it was skipped, or None."""
-    try:
-        import matplotlib
+CSV_COLUMNS = ("run", "conditions", "concurrency", "figure", "yours", "record", "ratio", "short", "margin_pct")
 
-        matplotlib.use("Agg")  # no display on a controller over SSH
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no comparison chart: matplotlib is not installed (pip install 'sparkcluster[plot]')"
-    if not st.ratios:
+
+def write_csv(path, st: Standing) -> None:
+    """against.csv: one row per compared figure, beside against.json and against.png."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_COLUMNS)
+        for r in st.ratios:
+            w.writerow(
+                [
+                    r.run,
+                    r.conditions,
+                    r.concurrency,
+                    r.figure,
+                    r.ours,
+                    r.theirs,
+                    round(r.ratio, 4),
+                    r.short,
+                    r.margin_pct,
+                ]
+            )
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One pair of bars in a figure's panel: the record's figure and yours at one set of conditions."""
+
+    label: str
+    theirs: float
+    ours: float
+    ratio: float
+    short: bool
+
+
+def panels(st: Standing) -> dict[str, list[Bar]]:
+    """Pure: what against.png draws, one panel per figure (in the record format's order), a pair of
+    bars per compared conditions, in each figure's own unit."""
+    out: dict[str, list[Bar]] = {}
+    order = {f: i for i, f in enumerate(FIGURES)}
+    for r in sorted(st.ratios, key=lambda r: (order.get(r.figure, len(order)), r.concurrency, r.conditions)):
+        label = f"c{r.concurrency}\n{r.conditions.split(' at ')[0]}"
+        out.setdefault(r.figure, []).append(Bar(label, r.theirs, r.ours, r.ratio, r.short))
+    return out
+
+
+def unit(figure: str) -> str:
+    return "tok/s" if figure in THROUGHPUTS else "ms (lower is better)"
+
+
+def write_chart(path, st: Standing, title: str = "", theirs: str = "record") -> str | None:
+    """against.png: yours drawn beside the record's figures (a published one, or the baseline), one
+    panel per figure in its own unit, the ratio above your bar (red where short). The same drawing
+    path as bench's own chart (results.pyplot, results.save). Returns why it was skipped, or None."""
+    plt = results.pyplot()
+    if plt is None:
+        return f"no comparison chart: {results.NO_MATPLOTLIB}"
+    drawn = panels(st)
+    if not drawn:
         return "no comparison chart: nothing was comparable"
-    labels = [f"{r.figure}\nc{r.concurrency}" for r in st.ratios]
-    xs = list(range(len(st.ratios)))
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(xs) + 2), 4.5))
-    # each pair on its own scale: the record's figure is 1, yours is the ratio (below 1 is worse)
-    ax.bar([x - 0.2 for x in xs], [1.0] * len(xs), width=0.4, label="record", color="tab:gray")
-    colors = ["tab:red" if r.short else "tab:green" for r in st.ratios]
-    ax.bar([x + 0.2 for x in xs], [r.ratio for r in st.ratios], width=0.4, label="yours", color=colors)
-    for x, r in zip(xs, st.ratios, strict=True):
-        ax.annotate(
-            f"{r.ratio:.2f}\n({r.ours:.4g} / {r.theirs:.4g})", (x + 0.2, r.ratio), ha="center", va="bottom", fontsize=8
-        )
-    ax.axhline(1.0 - st.tolerance_pct / 100.0, color="tab:red", linestyle="--", linewidth=1, label="short below")
-    ax.set_xticks(xs, labels, fontsize=8)
-    ax.set_ylabel("yours / record (latencies inverted)")
-    ax.legend(loc="upper right", fontsize=8)
-    ax.set_ylim(0, max(1.3, max(r.ratio for r in st.ratios) * 1.25))
-    ax.set_title(title or st.source, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig, axes = plt.subplots(1, len(drawn), figsize=(max(5.0, 3.4 * len(drawn)), 4.6), squeeze=False)
+    for ax, (figure, bars) in zip(axes[0], drawn.items(), strict=True):
+        xs = list(range(len(bars)))
+        ax.bar([x - 0.2 for x in xs], [b.theirs for b in bars], width=0.4, label=theirs, color="tab:gray")
+        colors = ["tab:red" if b.short else "tab:green" for b in bars]
+        ax.bar([x + 0.2 for x in xs], [b.ours for b in bars], width=0.4, label="yours", color=colors)
+        for x, b in zip(xs, bars, strict=True):
+            ax.annotate(f"{b.ratio:.2f}x", (x + 0.2, b.ours), ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(xs, [b.label for b in bars], fontsize=7)
+        ax.set_title(figure, fontsize=9)
+        ax.set_ylabel(unit(figure), fontsize=8)
+        ax.set_ylim(0, max(max(b.theirs, b.ours) for b in bars) * 1.2 or 1.0)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0][0].legend(loc="lower left", fontsize=8)
+    flagged = f"\nflagged: {'; '.join(st.flags)}" if st.flags else ""
+    fig.suptitle(
+        f"{title or 'yours against the record'} ({st.verdict}, short below {1 - st.tolerance_pct / 100:.2f}x)\n"
+        f"{st.source}{flagged[:200]}",
+        fontsize=8,
+    )
+    results.save(plt, fig, path)
     return None

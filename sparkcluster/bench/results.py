@@ -311,15 +311,33 @@ def compare(before: list[dict], after: list[dict], tolerance_pct: float = 10.0) 
 # ---- chart -------------------------------------------------------------------------------------
 
 
-def write_chart(path: Path, rows: list[dict], title: str = "") -> str | None:
-    """chart.png: output tok/s and p99 TTFT against concurrency. Returns why it was skipped, or None."""
+NO_MATPLOTLIB = "matplotlib is not installed (pip install 'sparkcluster[plot]')"
+
+
+def pyplot():
+    """matplotlib's pyplot drawing to files only, or None where matplotlib is not installed: every
+    chart bench draws (chart.png, against.png) starts here and ends in `save`."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")  # no display on a controller over SSH
         import matplotlib.pyplot as plt
     except ImportError:
-        return "no chart: matplotlib is not installed (pip install 'sparkcluster[plot]')"
+        return None
+    return plt
+
+
+def save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_chart(path: Path, rows: list[dict], title: str = "") -> str | None:
+    """chart.png: output tok/s and p99 TTFT against concurrency. Returns why it was skipped, or None."""
+    plt = pyplot()
+    if plt is None:
+        return f"no chart: {NO_MATPLOTLIB}"
     pts = sorted((r for r in rows if r.get("concurrency")), key=lambda r: r["concurrency"])  # levels in any order
     if not pts:
         return "no chart: no level was measured"
@@ -337,7 +355,5 @@ def write_chart(path: Path, rows: list[dict], title: str = "") -> str | None:
     ax2.set_xticks(xs, [str(x) for x in xs])
     if title:
         ax1.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(plt, fig, path)
     return None

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from sparkcluster import log, redact
-from sparkcluster.bench import benchy, canary
+from sparkcluster.bench import benchy
 from sparkcluster.bench.results import failure_reason, level_error, progress, row_from_result, run_id
 from sparkcluster.bench.sweep import (
     _RUN_ID,
@@ -37,6 +37,7 @@ from sparkcluster.errors import InputError, SparkError
 from sparkcluster.facts.parsers import ContainerInspect, container_inspect
 from sparkcluster.labels import CLUSTER_LABEL, container_name
 from sparkcluster.movement import hfcache
+from sparkcluster.node import canary
 
 _log = log.get("sparkcluster.bench")  # the logger name of the single module this was
 
@@ -486,8 +487,8 @@ def cluster_facts(cluster, inv, prof, head: Head, image_id: str) -> ClusterFacts
     )
 
 
-def ask_canary(address: str, port: int, model: str, secrets: dict[str, str]) -> list:
-    """The canary's prompts, one request at a time from the controller, greedily (bench/canary)."""
+def ask_canary(address: str, port: int, model: str, secrets: dict[str, str], timeout: float = 120) -> list:
+    """The canary's prompts, one request at a time from the controller, greedily (node/canary)."""
     import httpx
 
     base = f"http://{address}:{port}"
@@ -499,7 +500,7 @@ def ask_canary(address: str, port: int, model: str, secrets: dict[str, str]) -> 
                     f"{base}/v1/completions",
                     json=canary.request_body(model, prompt),
                     headers=endpoint.headers(secrets),
-                    timeout=120,
+                    timeout=timeout,
                 )
             except httpx.HTTPError as e:
                 raise SparkError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
-from sparkcluster.day2 import engine_nccl
+from sparkcluster.day2 import canary_watch, engine_nccl, known_good
 from sparkcluster.errors import InputError, SparkError
 
 # the figures the terminal table shows (the CSV has them all)
@@ -321,7 +322,7 @@ def bench(
                 "model_revision": bench_pkg.model_revision(cluster, inv, prof),
                 "vllm_version": vllm_version,
             }
-            _canary(inv, prof, cluster.head.address, port, target.model, secrets, meta, canary_retake, as_json)
+            _canary(inv, prof, head, port, target.model, secrets, meta, canary_retake, as_json)
             return
         facts = bench_pkg.cluster_facts(cluster, inv, prof, head, image_id)
         nodes = facts.nodes
@@ -462,8 +463,15 @@ def bench(
             run_dir / "against.json",
             {**standing.to_json(), "profile": prof.name, "kind": target_kind, "causes": [vars(c) for c in found]},
         )
+        bench_pkg.against.write_csv(run_dir / "against.csv", standing)
         note = bench_pkg.against.write_chart(
-            run_dir / "against.png", standing, f"{prof.name}: yours against {target_kind}"
+            run_dir / "against.png",
+            standing,
+            f"{prof.name}: yours against "
+            + {"published": "the published record", "baseline": "the cluster's baseline"}.get(
+                target_kind, "the record"
+            ),
+            theirs=target_kind if target_kind in ("published", "baseline") else "record",
         )
         against_chart = None if note else run_dir / "against.png"
 
@@ -489,6 +497,7 @@ def bench(
                 "kind": target_kind,
                 "causes": [vars(c) for c in found],
                 "chart": str(against_chart) if against_chart else None,
+                "csv": str(run_dir / "against.csv"),
             }
             if standing
             else None
@@ -511,8 +520,8 @@ def bench(
             con.print(f"chart:   {chart}")
         if record_file:
             con.print(f"record:  {record_file}")
-        if against_chart:
-            con.print(f"against: {against_chart}")
+        if standing is not None:
+            con.print(f"against: {run_dir / 'against.csv'}" + (f", {against_chart}" if against_chart else ""))
         if kept:
             con.print(f"kept as this cluster's baseline for '{prof.name}': {kept}")
     if chart_note:
@@ -550,41 +559,49 @@ def _print_standing(con: Console, st, kind: str | None, found: list) -> None:
         con.print("[green]holds[/]: every compared figure within the tolerance")
 
 
-def _canary(inv, prof, address: str, port: int, model: str, secrets, meta: dict, retake: bool, as_json: bool) -> None:
-    """`bench --canary`: take the deployment's canary, or compare with the one kept (bench/canary)."""
-    K = bench_pkg.canary
+def _canary(inv, prof, head, port: int, model: str, secrets, meta: dict, retake: bool, as_json: bool) -> None:
+    """`bench --canary`: compare with the answers kept in the deployment's known-good record, or take
+    them (the first time, or `--canary-retake` after a change you meant); told to the head like every
+    canary check (day2/canary_watch)."""
     deployment = f"{prof.name}@{'+'.join(deployment_nodes(inv, prof))}"
-    path = K.path_for(inv.cluster.name, deployment)
-    stored = None if retake else K.load(path)
-    now = datetime.now(UTC).isoformat(timespec="seconds")
-    if stored is None or stored.profile != prof.name:
-        first = bench_pkg.ask_canary(address, port, model, secrets)
-        second = bench_pkg.ask_canary(address, port, model, secrets)
-        rec = K.take(first, second, deployment=deployment, profile=prof.name, taken_at=now, **meta)
-        K.save(path, rec)
-        det = "deterministic" if rec.deterministic else "NOT deterministic (later differences are told, not problems)"
-        doc = {"canary": "taken", "deployment": deployment, "deterministic": rec.deterministic, "file": str(path)}
-        click.echo(json.dumps(doc, indent=2) if as_json else f"canary taken for {deployment}: {det}; kept in {path}")
-        return
-    verdict = K.compare(stored, bench_pkg.ask_canary(address, port, model, secrets), **meta)
-    K.save_check(path, verdict, now)
-    if verdict.state == "same":  # the record is of the last good serve: what served it now
-        stored.taken_at, stored.profile_hash = now, meta["profile_hash"]
-        stored.image_id, stored.model_revision, stored.vllm_version = (
-            meta["image_id"],
-            meta["model_revision"],
-            meta["vllm_version"],
+    good = known_good.last_for(known_good.load(inv.cluster.name), deployment)
+    if good is None:
+        raise InputError(
+            f"no good serve of {deployment} is recorded on this machine: the canary is kept with it",
+            f"sparkcluster up --profile {prof.name} (records it, and takes the canary)",
         )
-        K.save(path, stored)
+    at = known_good.now_utc()
+
+    def ask():
+        return bench_pkg.ask_canary(head.host.address, port, model, secrets)
+
+    if retake or canary_watch.must_take(good, prof.model):
+        kept = canary_watch.take(ask, meta, at)
+    else:
+        kept = canary_watch.compare(good, ask, meta, at, "bench --canary")
+    known_good.replace_newest(
+        inv.cluster.name,
+        replace(good, canary=kept.canary, canary_deterministic=kept.deterministic, canary_taken=kept.taken),
+    )
+    try:
+        canary_watch.hand(head.api, head.container, canary_watch.reference(deployment, prof.name, kept), kept.check)
+    except Exception as e:  # the record is kept; the head's copy is the supervisor's, refreshed by the next up
+        Console(stderr=True).print(f"could not hand the canary to {head.container}: {escape(str(e))}")
+    path = str(known_good.path_for(inv.cluster.name))
+    v = kept.verdict
+    if v is None:
+        doc = {"canary": "taken", "deployment": deployment, "deterministic": kept.deterministic, "file": path}
+        click.echo(json.dumps(doc, indent=2) if as_json else f"{kept.says()} for {deployment}; kept in {path}")
+        return
     doc = {
-        "canary": verdict.state,
+        "canary": v.state,
         "deployment": deployment,
-        "problem": verdict.problem,
-        "changed": list(verdict.changed),
-        "since": list(verdict.since),
-        "says": verdict.says,
-        "file": str(path),
+        "problem": v.problem,
+        "changed": list(v.changed),
+        "since": list(v.since),
+        "says": v.says,
+        "file": path,
     }
-    click.echo(json.dumps(doc, indent=2) if as_json else f"canary of {deployment}: {verdict.says}")
-    if verdict.problem:
+    click.echo(json.dumps(doc, indent=2) if as_json else f"canary of {deployment}: {v.says}")
+    if v.problem:
         raise click.exceptions.Exit(1)

@@ -124,7 +124,7 @@ def render(st: status_mod.ClusterStatus) -> Group:
     speed = speed_line(st.cluster, st.profile) if st.profile and st.state != "down" else None
     if speed:
         lines.append(speed)
-    canary = canary_line(st.cluster, st.profile) if st.profile and st.state != "down" else None
+    canary = canary_line(st.canary) if st.state != "down" else None
     if canary:
         lines.append(canary)
     for p in st.problems:
@@ -134,26 +134,24 @@ def render(st: status_mod.ClusterStatus) -> Group:
     return Group(*lines)
 
 
-def canary_line(cluster: str, profile: str) -> str | None:
-    """The latest correctness-canary check of this profile's deployment made from this machine
-    (`bench --canary`, issue 38): same, changed (a problem) or differs (a nondeterministic model)."""
-    import json
+def canary_line(check: dict | None) -> str | None:
+    """The head container's last correctness-canary check (node/canary, issue 38), whoever made it (the
+    supervisor after a restart, `up`, `bench --canary`): same, taken, changed (a problem) or differs (a
+    model nondeterministic by design: told only)."""
+    from rich.markup import escape
 
-    folder = log.state_dir() / "canary" / cluster
-    checks = sorted(folder.glob(f"{profile}@*.last.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for f in checks:
-        try:
-            doc = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        state = {"changed": "[bold red]changed[/]", "differs": "differs (nondeterministic by design)"}.get(
-            doc.get("state"), doc.get("state")
-        )
-        since = f" since {', '.join(doc['since'])}" if doc.get("since") else ""
-        return f"canary: {state} at {doc.get('at')}{since}" + (
-            f" ({len(doc.get('changed') or [])} answer(s))" if doc.get("changed") else ""
-        )
-    return None
+    if not check or not check.get("state"):
+        return None
+    state = {"changed": "[bold red]changed[/]", "differs": "differs (nondeterministic by design)"}.get(
+        check["state"], check["state"]
+    )
+    after = f" after {check['after']}" if check.get("after") else ""
+    since = f" since {', '.join(check['since'])}" if check.get("since") else ""
+    n = len(check.get("changed") or [])
+    rest = f" at {check.get('at')}{after}{since}" + (f" ({n} answer(s))" if n else "")
+    if check["state"] == "changed":
+        rest += " -- read a few answers; after a change you meant: sparkcluster bench --canary-retake"
+    return f"canary: {state}" + escape(redact.mask(rest))
 
 
 def speed_line(cluster: str, profile: str) -> str | None:

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 
 from sparkcluster.checks.registry import Result
 from sparkcluster.log import state_dir
+from sparkcluster.node import canary
 
 HISTORY = 20
 # what a node record holds, as a drift line names it
@@ -59,11 +60,30 @@ class GoodRecord:
     canary: list[dict] = field(default_factory=list)
     canary_deterministic: bool = True
     canary_tok_s: float = 0.0
+    # the serve the canary's answers were taken on (at, image_id, model_revision, vllm_version,
+    # profile_hash): they stay the reference across later serves until taken anew, so a difference
+    # says what changed since they were taken (node/canary.since)
+    canary_taken: dict = field(default_factory=dict)
 
-    def canary_answers(self) -> list:
-        from sparkcluster.bench.canary import Answer  # lazy: doctor and status read records without it
+    def canary_answers(self) -> list[canary.Answer]:
+        return answers_from(self.canary)
 
-        return [Answer(a["prompt"], a.get("text", ""), _ids(a.get("token_ids"))) for a in self.canary]
+    def canary_record(self) -> canary.CanaryRecord | None:
+        """The canary as the comparison reads it (None: none taken on this deployment yet)."""
+        if not self.canary:
+            return None
+        t = self.canary_taken
+        return canary.CanaryRecord(
+            deployment=self.deployment,
+            profile=self.profile,
+            taken_at=t.get("at", self.at),
+            deterministic=self.canary_deterministic,
+            answers=self.canary_answers(),
+            profile_hash=t.get("profile_hash", ""),
+            image_id=t.get("image_id", ""),
+            model_revision=t.get("model_revision", ""),
+            vllm_version=t.get("vllm_version", ""),
+        )
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -103,6 +123,11 @@ def answers_json(answers: list) -> list[dict]:
         {"prompt": a.prompt, "text": a.text, "token_ids": list(a.token_ids) if a.token_ids is not None else None}
         for a in answers
     ]
+
+
+def answers_from(docs: list[dict]) -> list[canary.Answer]:
+    """The record's answers (JSON) as node/canary's."""
+    return [canary.Answer(a["prompt"], a.get("text", ""), _ids(a.get("token_ids"))) for a in docs]
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,8 @@ class ClusterStatus:
     supervisor: dict | None = None  # the head supervisor's state file (node/), None: none written
     nccl: dict[str, str] = field(default_factory=dict)  # node -> what its ranks' NCCL chose (engine_nccl)
     journal: list[dict] = field(default_factory=list)  # its last entries
+    # the last correctness-canary check in the head container (node/canary's check_doc), None: none yet
+    canary: dict | None = None
     problems: list[str] = field(default_factory=list)
     drift: list[str] = field(default_factory=list)  # since the deployment's last good serve (issue 39)
     fix: str = ""  # what to do about the nodes that did not answer, each named
@@ -158,6 +160,7 @@ def head_container_script(container: str) -> str:
             section("alive", f'kill -0 "$(sed -n \'s/.*"pid": *\\([0-9][0-9]*\\).*/\\1/p\' {contract.RECORD_PATH})"'),
             section("supervisor", f"cat {contract.STATE_PATH}"),
             section("journal", f"tail -n 5 {contract.JOURNAL_PATH}"),
+            section("canary", f"cat {contract.CANARY_CHECK_PATH}"),
             section("head_nccl", engine_nccl.reader()),
         ]
     )
@@ -189,6 +192,7 @@ class NodeReport:
     head_view: tuple = (None, None, [])
     nccl: str = ""  # the telling lines of its ranks' NCCL files
     gateway: dict | None = None  # the gateway's container on this node, if it runs here
+    canary: dict | None = None  # the head container's last canary check
 
 
 def _one(host, inv: Inventory) -> NodeReport:
@@ -243,7 +247,8 @@ def _one(host, inv: Inventory) -> NodeReport:
     if view[1] is not None and now is not None and isinstance(view[1].get("updated"), (int, float)):
         view[1]["age_s"] = round(now - view[1]["updated"], 1)  # both by the head's own clock
     nccl = "".join(s[k].out for k in ("head_nccl", "nccl") if k in s and s[k].rc == 0)
-    return NodeReport(st, ours, ray, view, nccl, gateway)
+    check = parsers.json_object(s["canary"].out) if "canary" in s and s["canary"].rc == 0 else None
+    return NodeReport(st, ours, ray, view, nccl, gateway, check or None)
 
 
 def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatus]:
@@ -317,7 +322,7 @@ def _look(address: str | None, port: int, api_key: str | None) -> endpoint_mod.E
 def _judge_reports(
     inv: Inventory, reports: dict, unreachable: dict, addresses: dict, engine: endpoint_mod.EngineView
 ) -> ClusterStatus:
-    nodes, ray_rows, pid, sup, journal, nccl = [], None, None, None, [], {}
+    nodes, ray_rows, pid, sup, journal, nccl, check = [], None, None, None, [], {}, None
     for n in inv.nodes:
         if n.name in unreachable:
             error = unreachable[n.name].message.removeprefix(f"{n.name}: ")
@@ -333,9 +338,11 @@ def _judge_reports(
             ray_rows = r.ray
             if r.status.state == "running":
                 pid, sup, journal = r.head_view
+                check = r.canary
     address = addresses.get(inv.head.name)
     endpoint = f"http://{address}:{inv.cluster.api_port}" if address else ""
     st = judge(inv, nodes, ray_rows, endpoint, engine, pid, sup, journal)
+    st.canary = check
     fixes = [
         e.fix for name, e in unreachable.items() if getattr(e, "fix", None) and name in {n.name for n in inv.nodes}
     ]

@@ -16,6 +16,10 @@ JOURNAL_PATH = "/var/log/sparkcluster/journal.jsonl"
 # the last fabric test's figures on this node, written by the controller (fabric/record), read by node/metrics
 FABRIC_PATH = "/var/log/sparkcluster/fabric.json"
 SERVE_LOG = "/var/log/sparkcluster/vllm-serve.log"
+# the correctness canary (node/canary): the reference answers the controller leaves for the supervisor,
+# and the last comparison (after a restart, or made by the controller), which `status` shows
+CANARY_PATH = "/etc/sparkcluster/canary.json"
+CANARY_CHECK_PATH = "/var/log/sparkcluster/canary-check.json"
 # every rank's NCCL writes at init which transport it chose, to a file of its own (day2/engine_nccl)
 NCCL_LOG_DIR = "/var/log/sparkcluster"
 NCCL_LOG_ENV = {

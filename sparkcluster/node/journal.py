@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 from .contract import JOURNAL_KEEP, JOURNAL_PATH
@@ -31,8 +32,13 @@ class Journal:
     def __init__(self, path: str = JOURNAL_PATH):
         self.path = path
         self.lines = 0
+        self._lock = threading.Lock()  # the canary's check (node/canary) writes from a thread of its own
 
     def write(self, event: str, **detail) -> None:
+        with self._lock:
+            self._write(event, detail)
+
+    def _write(self, event: str, detail: dict) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         entry = {"ts": round(time.time(), 3), "event": event, **detail}
         with open(self.path, "a") as f:

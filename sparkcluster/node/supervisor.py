@@ -12,6 +12,7 @@ import time
 import urllib.request
 from secrets import token_hex
 
+from . import canary
 from .compile_reading import StartReading
 from .contract import (
     DEFAULT_POLICY,
@@ -356,6 +357,8 @@ class Supervisor:
             self.journal.write("prefilling", evidence=self.watch.activity)
         if found is None:
             if self.watch.ready:
+                if self.state != SERVING and not self.first_start:  # a restart serves again: its answers (issue 38)
+                    canary.after_restart(self.journal, desired)
                 self.first_start = False
                 if self.reading is not None:  # once per start: hit or miss, compile seconds
                     self.reading.done(self.journal)

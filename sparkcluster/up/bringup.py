@@ -21,7 +21,7 @@ from sparkcluster.config import bounds, lint
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import deployments, endpoint, engine_nccl, known_good, server, teardown
+from sparkcluster.day2 import canary_watch, deployments, endpoint, engine_nccl, known_good, server, teardown
 from sparkcluster.errors import InputError, StageError, StepFailure
 from sparkcluster.facts.probes import split_sections
 from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
@@ -30,11 +30,9 @@ from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreac
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.up.execute import StageProgress, UpRun, execute, record_before_plan
 from sparkcluster.up.plan import Plan, make_offline_plan, make_plan
-from sparkcluster.up.stages import gate
+from sparkcluster.up.stages import gate, serve
 from sparkcluster.up.stages.containers import Created
-from sparkcluster.up.stages.image import HeadImage
 from sparkcluster.up.stages.replace import Away
-from sparkcluster.up.stages.weights import Stagings
 
 _log = log.get(__name__)
 # how long a serving engine may take to answer one token before `up` calls it wedged
@@ -209,7 +207,9 @@ def _run_locked(
                 r.stage, [StepFailure(n, r.stage, why, fix=fix) for n, why in lost.items()] + others, fix
             ) from e
         raise
-    remember_good(inv, prof, report.facts, _served_image_id(r), _revision(r), cluster)
+    remember_good(
+        inv, prof, report.facts, serve.served_image_id(r), serve.served_revision(r), cluster, r.find(canary_watch.Kept)
+    )
     return UpSummary(
         False,
         f"http://{cluster.head.address}:{plan.serve.port}/v1",
@@ -217,18 +217,6 @@ def _run_locked(
         r.get(server.Record).pid,
         r.seconds,
     )
-
-
-def _served_image_id(r: UpRun) -> str:
-    got = r.find(HeadImage)
-    return (got.info.get("Id", "") if got else "") or r.facts[r.inv.head.name].image_id or ""
-
-
-def _revision(r: UpRun) -> str:
-    """The commit the profile's model resolved to in the weights stage ("" when it did not run)."""
-    got = r.find(Stagings)
-    first = got.items[0] if got and got.items else None
-    return first.manifest.commit if first is not None and first.manifest is not None else ""
 
 
 def _nccl_loaded(cluster: ConnectedHosts, inv: Inventory) -> dict[str, str]:
@@ -250,13 +238,16 @@ def remember_good(
     image_id: str,
     revision: str,
     cluster: ConnectedHosts | None = None,
+    kept: canary_watch.Kept | None = None,
 ) -> None:
-    """The known-good record (issue 39): `up` ends serving and its probe answered. Never fails `up`."""
+    """The known-good record (issue 39): `up` ends serving and its probe answered. Never fails `up`.
+    Its canary (issue 38) is what the serve stage's canary step kept, else (nothing restarted) the
+    deployment's last one, carried while the model is the same."""
     # lazy: start-up speed; bench's modules (about 40 ms) serve this record only, once up ends serving
     from sparkcluster.bench.results import profile_hash
 
     try:
-        key = f"{prof.name}@{'+'.join(n.name for n in inv.nodes)}"
+        key = serve.deployment_key(inv, prof)
         before = known_good.last_for(known_good.load(inv.cluster.name), key)
         if not revision and before is not None and before.profile_hash == profile_hash(prof):
             revision = before.model_revision  # "already serving": the weights stage did not run
@@ -285,12 +276,18 @@ def remember_good(
             rec.base_image,
             rec.model_revision,
         )
-        if same:  # the same model, revision and image serve again: its canary still holds
+        if same:  # the same model, revision and image serve again: its one-stream speed still holds
+            rec = dataclasses.replace(rec, canary_tok_s=before.canary_tok_s)
+        if kept is not None:
+            rec = dataclasses.replace(
+                rec, canary=kept.canary, canary_deterministic=kept.deterministic, canary_taken=kept.taken
+            )
+        elif before is not None and before.model == rec.model:  # the reference answers stay until taken anew
             rec = dataclasses.replace(
                 rec,
                 canary=before.canary,
                 canary_deterministic=before.canary_deterministic,
-                canary_tok_s=before.canary_tok_s,
+                canary_taken=before.canary_taken,
             )
         known_good.append(inv.cluster.name, rec)
     except Exception as e:  # the record is for later diagnosis; serving matters more

@@ -82,3 +82,29 @@ def test_the_canary_is_taken_and_a_rerun_of_the_same_model_is_unchanged(sc, serv
     res = sc("bench", "--canary", "--json", timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert json.loads(res.stdout)["canary"] == "same"
+
+
+def test_after_a_restart_the_supervisor_asks_the_canary_and_status_tells_it(testbed, sc, serving):
+    """Item 4 without the controller: the canary is taken (and its copy left in the head container),
+    a killed rank makes the supervisor restart the engine, and once it serves again the supervisor asks
+    the canary from inside the head container: the same model answers the same (the CPU build repeats
+    itself), journalled as `canary: same` after a restart, and `status` shows that check."""
+    import time
+
+    from tests.integration.helpers import WORKER, journal, serving_again, wait_for
+    from tests.integration.test_supervisor import rank1_pids
+
+    res = sc("bench", "--canary-retake", "--json", timeout=300)
+    assert res.returncode == 0 and json.loads(res.stdout)["deterministic"] is True, res.stdout + res.stderr
+    t = time.time()
+    testbed.sh(WORKER, "kill -KILL " + " ".join(rank1_pids(testbed)))
+    serving_again(testbed, t, 240)
+
+    def checked():
+        return [e for e in journal(testbed) if e["ts"] > t and e["event"].startswith("canary: ")]
+
+    got = wait_for(checked, 120, step=2.0)
+    assert got and got[0]["event"] == "canary: same" and got[0]["after"] == "a restart", journal(testbed)[-10:]
+    res = sc("status", "--json")
+    canary = json.loads(res.stdout)["canary"]
+    assert canary["state"] == "same" and canary["after"] == "a restart", canary

@@ -147,9 +147,14 @@ def test_the_deployment_spans_the_nodes_its_gpus_need():
 
 
 def test_canary_is_taken_then_compared_and_a_changed_answer_exits_1(cli_env, capsys, monkeypatch):
+    """`bench --canary` keeps its answers in the deployment's known-good record (the one record of its
+    last good serve) and hands every check to the head container, as `up` and the supervisor do."""
     from sparkcluster.bench import canary
+    from sparkcluster.day2 import canary_watch, known_good
+    from sparkcluster.day2.status import ClusterStatus
 
-    asked = []
+    deployment = "testbed@spark-head+spark-worker"
+    asked, handed = [], []
     answers = [[canary.Answer(p, "ok", (1, 2)) for p in canary.PROMPTS]]
 
     def ask(address, port, model, secrets):
@@ -158,23 +163,39 @@ def test_canary_is_taken_then_compared_and_a_changed_answer_exits_1(cli_env, cap
 
     monkeypatch.setattr(bench, "ask_canary", ask)
     monkeypatch.setattr(bench, "model_revision", lambda *a: "r1")
+    monkeypatch.setattr(canary_watch, "hand", lambda api, container, ref, check: handed.append((container, ref, check)))
+    rc, out, err = run(capsys, cli_env, "bench", "--canary")
+    assert rc == 2 and "no good serve of testbed@spark-head+spark-worker is recorded" in err and not asked
+    model = load_profile("testbed").model
+    good = known_good.GoodRecord(deployment, "2026-11-25T10:00:00Z", "testbed", "h", "img", "0.32.0", model, "r1")
+    known_good.append("pair", good)
     rc, out, err = run(capsys, cli_env, "bench", "--canary", "--json")
     assert rc == 0, err
     doc = json.loads(out)
     assert doc["canary"] == "taken" and doc["deterministic"] and len(asked) == 2  # two passes when taken
     assert asked == ["testbed-tiny", "testbed-tiny"] and not list(cli_env["root"].glob("*/results.csv"))
+    (kept,) = known_good.load("pair")  # the same record, extended: not a second one
+    assert kept.canary_answers() == answers[0] and kept.canary_deterministic
+    assert kept.canary_taken["model_revision"] == "r1"
+    assert handed[-1][1].answers == answers[0] and handed[-1][2]["state"] == "taken"
     rc, out, _ = run(capsys, cli_env, "bench", "--canary")
-    assert rc == 0 and "unchanged" in out
+    assert rc == 0 and "unchanged" in out and handed[-1][2]["state"] == "same"
     answers[0] = [canary.Answer(p, "loop", (9, 9)) for p in canary.PROMPTS]
     monkeypatch.setattr(bench, "model_revision", lambda *a: "r2")
     rc, out, _ = run(capsys, cli_env, "bench", "--canary", "--json")
     doc = json.loads(out)
     assert rc == 1 and doc["canary"] == "changed" and doc["problem"] and doc["since"] == ["model revision r1 -> r2"]
+    # the reference stays what it was: every later check says changed until taken anew
+    assert known_good.load("pair")[-1].canary_answers() != answers[0]
     from sparkcluster.cli.status_cmd import canary_line
 
-    line = canary_line("pair", "testbed")
-    assert line.startswith("canary: [bold red]changed[/] at ") and "since model revision r1 -> r2 (3 answer(s))" in line
-    assert canary_line("pair", "nemotron") is None
+    line = canary_line(handed[-1][2])
+    assert line.startswith("canary: [bold red]changed[/] at ") and "after bench --canary" in line
+    assert "since model revision r1 -> r2 (3 answer(s))" in line and "--canary-retake" in line
+    assert canary_line(None) is None and ClusterStatus("pair", "healthy", []).canary is None
+    rc, out, _ = run(capsys, cli_env, "bench", "--canary-retake", "--json")
+    assert rc == 0 and json.loads(out)["canary"] == "taken"
+    assert known_good.load("pair")[-1].canary_answers() == answers[0]
 
 
 def test_status_shows_the_newest_comparison_of_the_serving_profile(cli_env, capsys, tmp_path, monkeypatch):
@@ -282,3 +303,49 @@ def test_the_launcher_hands_llama_benchy_the_key_inside_the_process_only(tmp_pat
         [sys.executable, "-c", bench.benchy.LAUNCHER, "--pp", "64"], env=env, capture_output=True, text=True
     )
     assert got.stdout.strip() == "['--pp', '64'] False"
+
+
+def test_the_comparison_is_drawn_beside_the_published_figures_from_made_up_figures(tmp_path, monkeypatch):
+    """Item 5: against.png draws each figure in its own panel and unit, the record's bar beside yours,
+    and against.csv holds the same rows; made-up figures shaped like a recipe's performance.yaml."""
+    import csv
+    import struct
+
+    from sparkcluster.bench import against, results
+
+    cond = "8192 in / 256 out at concurrency 1"
+    st = against.Standing(
+        "https://github.com/NVIDIA/local-ai-inference-recipes/.../performance.yaml",
+        10.0,
+        ratios=[
+            against.Ratio("c1", cond, 1, "ttft_ms_p50", 5200.0, 4535.0, 0.872, True, 10.0),
+            against.Ratio("c1", cond, 1, "prefill_tok_s", 1500.0, 1806.92, 0.830, True, 10.0),
+            against.Ratio("c1", cond, 1, "decode_tok_s", 44.1, 43.58, 1.012, False, 10.0),
+        ],
+        flags=["another harness: aiperf 0.12.0 against vllm-bench-serve"],
+    )
+    drawn = against.panels(st)
+    assert list(drawn) == ["decode_tok_s", "prefill_tok_s", "ttft_ms_p50"]  # the record format's order
+    assert drawn["prefill_tok_s"] == [against.Bar("c1\n8192 in / 256 out", 1806.92, 1500.0, 0.830, True)]
+    assert against.unit("decode_tok_s") == "tok/s" and against.unit("ttft_ms_p50").startswith("ms")
+    three, one = tmp_path / "three.png", tmp_path / "one.png"
+    assert (
+        against.write_chart(three, st, "qwen36-27b-nvfp4-tp2: yours against the published record", "published") is None
+    )
+    single = against.Standing(st.source, 10.0, ratios=st.ratios[2:])
+    assert against.write_chart(one, single) is None
+
+    def width(p):
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        return struct.unpack(">I", data[16:20])[0]
+
+    assert width(three) > width(one)  # a panel per figure
+    against.write_csv(tmp_path / "against.csv", st)
+    rows = list(csv.DictReader((tmp_path / "against.csv").open()))
+    assert [r["figure"] for r in rows] == ["ttft_ms_p50", "prefill_tok_s", "decode_tok_s"]
+    assert rows[1]["yours"] == "1500.0" and rows[1]["record"] == "1806.92" and rows[1]["short"] == "True"
+    assert "nothing was comparable" in against.write_chart(tmp_path / "none.png", against.Standing("s", 10.0))
+    monkeypatch.setattr(results, "pyplot", lambda: None)  # the same path as chart.png: one note for both
+    assert "matplotlib is not installed" in against.write_chart(tmp_path / "x.png", st)
+    assert "matplotlib is not installed" in results.write_chart(tmp_path / "y.png", [{"concurrency": 1}])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sparkcluster.day2 import server
+from sparkcluster.day2 import canary_watch, server
 from sparkcluster.up.stages import (
     collective,
     containers,
@@ -55,6 +55,6 @@ STAGES: dict[str, Stage] = {
         Stage(ray.STAGE, ray.steps, ray.summary),
         Stage(collective.STAGE, collective.steps, collective.summary),
         Stage(probe.STAGE, probe.steps, probe.summary),
-        Stage(serve.STAGE, serve.steps, serve.summary, leaves=(server.Record,)),
+        Stage(serve.STAGE, serve.steps, serve.summary, leaves=(server.Record, canary_watch.Kept)),
     )
 }

@@ -1,6 +1,7 @@
 """The serve stage: the HF token file on every node, the reasoning-parser plugin, the old server
 stopped when one runs in a kept container, `vllm serve` started inside the head container, the
-wait until it really answers, then one warm-up request, and the transport every rank's NCCL chose."""
+wait until it really answers, then one warm-up request, the transport every rank's NCCL chose, and
+the correctness canary (taken on the first good serve, else compared with the kept answers)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,26 @@ from typing import TYPE_CHECKING
 
 from sparkcluster import redact
 from sparkcluster.config import bounds, repos
-from sparkcluster.day2 import endpoint, engine_nccl, server, supervision, teardown
+from sparkcluster.day2 import canary_watch, endpoint, engine_nccl, known_good, server, supervision, teardown
 from sparkcluster.errors import StageError, StepFailure
 from sparkcluster.facts.probes import split_sections
 from sparkcluster.labels import CLUSTER_LABEL
+from sparkcluster.node import canary
 from sparkcluster.remote import retry
 from sparkcluster.up.stages import weights
 from sparkcluster.up.stages.base import Step, fail
+from sparkcluster.up.stages.image import HeadImage
 
 if TYPE_CHECKING:
+    from sparkcluster.config import profile as profiles
+    from sparkcluster.config.inventory import Inventory
     from sparkcluster.up.execute import UpRun
     from sparkcluster.up.plan import Plan
 
 STAGE = "serve"
 SUPERVISOR_CONFIRM_S = 10.0  # its looks are 2 s apart; one of them probes with the profile's bound
+# one canary answer (16 tokens) within this, else `up` says the canary was not asked and ends serving
+CANARY_TIMEOUT_S = 30.0
 
 
 def steps(plan: Plan) -> list[Step]:
@@ -109,6 +116,19 @@ def steps(plan: Plan) -> list[Step]:
                 run=engine_transport,
             )
         )
+    out.append(
+        Step(
+            STAGE,
+            head,
+            "canary",
+            "the correctness canary",
+            f"the {len(canary.PROMPTS)} fixed prompts answered greedily (token ids, seed {canary.SEED}, "
+            f"{canary.MAX_TOKENS} tokens), one at a time: taken (twice: do they repeat?) on the deployment's first "
+            "good serve, else compared with the answers kept in its known-good record; a difference is a "
+            "journal event and a status line, never a failed up",
+            run=ask_canary,
+        )
+    )
     return out
 
 
@@ -246,3 +266,64 @@ def engine_transport(r: UpRun) -> dict[str, str]:
 
 def warm_up(r: UpRun) -> float:
     return endpoint.warm_up(_base(r), r.plan.serve.model, r.secrets)
+
+
+def ask_canary(r: UpRun) -> str:
+    """The canary of this serve (day2/canary_watch), kept in the run for the known-good record `up`
+    appends once it ends; what it found is handed to the head (journal, status). Never fails `up`."""
+    from sparkcluster import bench  # lazy: start-up speed (bench loads its own modules)
+
+    prof, sv, head = r.plan.profile, r.plan.serve, r.cluster.head
+    key = deployment_key(r.inv, prof)
+    try:
+        before = known_good.last_for(known_good.load(r.inv.cluster.name), key)
+        kept = r.put(
+            canary_watch.after_serve(
+                before,
+                prof.model,
+                lambda: bench.ask_canary(head.address, sv.port, sv.model, r.secrets, CANARY_TIMEOUT_S),
+                served_now(r),
+                "up",
+            )
+        )
+    except Exception as e:  # the canary reports; serving matters more
+        r.progress.info(f"canary: not asked: {e}")
+        return "not asked"
+    if kept.verdict is not None and kept.verdict.state != "same":
+        r.progress.info(f"canary: {kept.verdict.says}")
+    try:
+        canary_watch.hand(head.docker().api, sv.container, canary_watch.reference(key, prof.name, kept), kept.check)
+    except Exception as e:
+        r.progress.info(f"canary: could not hand it to the head container: {e}")
+    return kept.says()
+
+
+def deployment_key(inv: Inventory, prof: profiles.Profile) -> str:
+    """PROFILE@NODE+NODE: the deployment's name in its known-good record."""
+    return f"{prof.name}@{'+'.join(n.name for n in inv.nodes)}"
+
+
+def served_now(r: UpRun) -> dict[str, str]:
+    """What serves now, as the canary names what changed since it was taken (node/canary.since)."""
+    # lazy: start-up speed; bench's modules (about 40 ms) serve the canary only, once up serves
+    from sparkcluster.bench.results import profile_hash
+
+    prof = r.plan.profile
+    return {
+        "image_id": served_image_id(r),
+        "model_revision": served_revision(r),  # unknown (the weights stage did not run): not compared
+        "vllm_version": prof.image.vllm_version or "",
+        "profile_hash": profile_hash(prof),
+    }
+
+
+def served_image_id(r: UpRun) -> str:
+    got = r.find(HeadImage)
+    return (got.info.get("Id", "") if got else "") or r.facts[r.inv.head.name].image_id or ""
+
+
+def served_revision(r: UpRun) -> str:
+    """The commit the profile's model resolved to in the weights stage ("" when it did not run)."""
+    got = r.find(weights.Stagings)
+    first = got.items[0] if got and got.items else None
+    return first.manifest.commit if first is not None and first.manifest is not None else ""
