@@ -139,6 +139,11 @@ def up(
         click.echo(
             f"nothing to do: {inv.cluster.name} already serves '{prof.name}'{where} (vllm serve pid {result.pid})"
         )
+    elif prof.on_demand.enabled and result.pid is None:
+        click.echo(
+            f"on standby: '{result.model}' starts on demand, through the gateway (sparkcluster gateway up), "
+            f"and stops after {prof.on_demand.idle_ttl_s:g}s idle"
+        )
     else:
         total = sum(result.seconds.values())
         pp = prof.serve.pipeline_parallel_size

@@ -100,20 +100,10 @@ def stage_plugin_command(url: str, path: str) -> list[str]:
     ]
 
 
-def start(
-    api,
-    spec: ServeSpec,
-    secrets: dict[str, str],
-    profile: str,
-    policy: dict,
-    timeout: float = STARTED_TIMEOUT_S,
-    rank_apis: dict | None = None,
-) -> Record:
-    """Hand the server to the head's supervisor (node/), which starts it and records its PID.
-
-    The secrets go first, into a 0600 file the supervisor reads at each start (a reboot brings the
+def _hand_over(api, spec: ServeSpec, secrets: dict[str, str], profile: str, policy: dict, rank_apis) -> str:
+    """The secrets first, into a 0600 file the supervisor reads at each start (a reboot brings the
     server back without the controller); then the desired state, written aside and renamed, so the
-    supervisor never reads half of it."""
+    supervisor never reads half of it. Returns the new generation."""
     from secrets import token_hex  # the standard library's; a parameter here is called secrets
 
     env = {k: v for k, v in secrets.items() if k in spec.secret_names}
@@ -133,6 +123,20 @@ def start(
     api.put_archive(spec.container, "/", files_tar({contract.SECRETS_PATH: json.dumps(env)}, mode=0o600))
     api.put_archive(spec.container, "/", files_tar({contract.DESIRED_PATH + ".new": json.dumps(desired)}))
     run_in(api, spec.container, ["mv", "-f", contract.DESIRED_PATH + ".new", contract.DESIRED_PATH])
+    return generation
+
+
+def start(
+    api,
+    spec: ServeSpec,
+    secrets: dict[str, str],
+    profile: str,
+    policy: dict,
+    timeout: float = STARTED_TIMEOUT_S,
+    rank_apis: dict | None = None,
+) -> Record:
+    """Hand the server to the head's supervisor (node/), which starts it and records its PID."""
+    generation = _hand_over(api, spec, secrets, profile, policy, rank_apis)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rec = read_record(api, spec.container)
@@ -146,6 +150,71 @@ def start(
     )
 
 
+@dataclass(frozen=True)
+class Standby:
+    """A server handed to the supervisor on demand (issue 36): on standby, nothing started."""
+
+    generation: str
+    container: str
+
+
+def standby(
+    api,
+    spec: ServeSpec,
+    secrets: dict[str, str],
+    profile: str,
+    policy: dict,
+    timeout: float = STARTED_TIMEOUT_S,
+    rank_apis: dict | None = None,
+) -> Standby:
+    """Hand the server over on demand: the deployment's wake token first (kept when one is there,
+    so a gateway configured before still wakes it), then the secrets and the desired state; returns
+    once the supervisor says standby for this generation."""
+    ensure_wake_token(api, spec.container)
+    generation = _hand_over(api, spec, secrets, profile, policy, rank_apis)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = _supervisor_state(api, spec.container) or {}
+        if st.get("generation") == generation and st.get("state") in contract.WAKEABLE:
+            _log.info("vllm serve on standby", container=spec.container)
+            return Standby(generation, spec.container)
+        time.sleep(0.2)
+    raise NotReady(
+        f"the supervisor in {spec.container} did not take the server on standby within {timeout:g}s",
+        supervisor_tail(api, spec.container),
+    )
+
+
+def _supervisor_state(api, container: str) -> dict | None:
+    from sparkcluster.day2 import supervision
+
+    return supervision.state(api, container)
+
+
+def read_wake_token(api, container: str) -> str | None:
+    """The deployment's wake token, from its head container (None: not on demand, or no container).
+    Read through the Docker API: it never reaches a command line."""
+    from sparkcluster.day2 import supervision
+
+    try:
+        text = supervision.read_file(api, container, contract.WAKE_PATH)
+    except docker.errors.APIError:
+        return None
+    return text.strip() if text and text.strip() else None
+
+
+def ensure_wake_token(api, container: str) -> str:
+    """The wake token in the head container (0600), made once: random, 192 bits."""
+    from secrets import token_urlsafe
+
+    got = read_wake_token(api, container)
+    if got:
+        return got
+    token = token_urlsafe(24)
+    api.put_archive(container, "/", files_tar({contract.WAKE_PATH: token}, mode=0o600))
+    return token
+
+
 def hand(api, container: str, desired: dict) -> None:
     """The desired state into a container, written aside and renamed (never read half-written)."""
     api.put_archive(container, "/", files_tar({contract.DESIRED_PATH + ".new": json.dumps(desired)}))
@@ -155,7 +224,7 @@ def hand(api, container: str, desired: dict) -> None:
 def disable(api, container: str) -> None:
     """Tell the supervisor no server is wanted (first, so it does not bring a stopped one back).
     Fails loudly: a supervisor left enabled would bring back the server `down` stops."""
-    run_in(api, container, ["rm", "-f", contract.DESIRED_PATH, contract.SECRETS_PATH])
+    run_in(api, container, ["rm", "-f", contract.DESIRED_PATH, contract.SECRETS_PATH, contract.WAKE_PATH])
 
 
 def supervisor_tail(api, container: str, lines: int = 10) -> str:

@@ -476,7 +476,12 @@ def judge(
                 st.problems.append(f"{n.name} reports {gpus:g} GPU(s) in Ray, expected {n.gpus}")
     if ray_rows is None and len(inv.nodes) > 1 and not mp and any(ns.state == "running" for ns in nodes):
         st.problems.append("Ray does not answer on the head")
-    if any(ns.state == "running" for ns in nodes):
+    standby = (sup or {}).get("state") in contract.WAKEABLE and ((sup or {}).get("policy") or {}).get("on_demand")
+    if any(ns.state == "running" for ns in nodes) and standby and pid is None:
+        # on demand (issue 36): no engine until a request wakes it; healthy unless a start was refused
+        if sup.get("state") == contract.REFUSED:
+            st.problems.append(f"on demand: its last start was refused: {sup.get('refusal') or 'not enough memory'}")
+    elif any(ns.state == "running" for ns in nodes):
         if engine.health != 200 and pid is None:
             # vLLM's API server exits 0 when a rank dies: its exit status proves nothing
             st.problems.append(

@@ -211,7 +211,7 @@ def _run_locked(
         False,
         f"http://{cluster.head.address}:{plan.serve.port}/v1",
         plan.serve.model,
-        r.get(server.Record).pid,
+        rec.pid if (rec := r.find(server.Record)) else None,  # None: on standby (on demand)
         r.seconds,
     )
 

@@ -63,8 +63,9 @@ def test_the_state_a_stage_leaves_is_declared():
     # up's stages, and upgrade's (several `up`s and the canary between them, walked the same way)
     declared = {t.__name__ for s in [*STAGES.values(), *upgrade.STAGES.values()] for t in s.leaves}
     used = _state_types_used()
-    # `r.put(server.start(...))`: the serve stage puts the server's Record, returned by a call
-    assert used["put"] - {"start"} | {"Record"} == declared and "start" in used["put"]
+    # `r.put(server.start(...))`: the serve stage puts the server's Record, returned by a call, and
+    # on demand `r.put(server.standby(...))` its Standby
+    assert used["put"] - {"start", "standby"} | {"Record", "Standby"} == declared and "start" in used["put"]
     assert {"Created", "Record"} <= used["read"] <= declared
 
 

@@ -55,6 +55,6 @@ STAGES: dict[str, Stage] = {
         Stage(ray.STAGE, ray.steps, ray.summary),
         Stage(collective.STAGE, collective.steps, collective.summary),
         Stage(probe.STAGE, probe.steps, probe.summary),
-        Stage(serve.STAGE, serve.steps, serve.summary, leaves=(server.Record,)),
+        Stage(serve.STAGE, serve.steps, serve.summary, leaves=(server.Record, server.Standby)),
     )
 }

@@ -75,6 +75,21 @@ def steps(plan: Plan) -> list[Step]:
                 run=lambda r: teardown.stop_server(r.cluster.head, r.plan.serve.container),
             )
         )
+    if plan.profile.on_demand.enabled:
+        # on demand (issue 36): handed over on standby; a request through the gateway starts it
+        out.append(
+            Step(
+                STAGE,
+                head,
+                "standby",
+                "hand vllm serve to the supervisor on standby",
+                f"{sv.describe()}; on demand: not started now (no memory held); a request through the "
+                f"gateway wakes it (a wake token, 0600 in {sv.container}), each start admitted against every "
+                f"node's memory; stopped after {plan.profile.on_demand.idle_ttl_s:g}s idle",
+                run=standby,
+            )
+        )
+        return out
     out.append(Step(STAGE, head, "start", "start vllm serve", sv.describe(), run=start))
     out.append(
         Step(
@@ -113,6 +128,8 @@ def steps(plan: Plan) -> list[Step]:
 
 
 def summary(done: list[tuple[Step, object]]) -> str:
+    if any(s.action == "standby" for s, _ in done):
+        return "on standby (starts on demand)"
     return f"ready after {sum(v for s, v in done if s.action in ('ready', 'warm-up')):.1f}s"
 
 
@@ -164,6 +181,31 @@ def start(r: UpRun) -> None:
             STAGE,
             r.cluster.head.name,
             "start vllm serve",
+            e.reason,
+            r.plan.serve.describe(),
+            e.tail,
+            "sparkcluster events shows the supervisor's journal; sparkcluster down, then sparkcluster up",
+        ) from None
+
+
+def standby(r: UpRun) -> None:
+    prof = r.plan.profile
+    try:
+        r.put(
+            server.standby(
+                r.cluster.head.docker().api,
+                r.plan.serve,
+                r.secrets,
+                prof.name,
+                bounds.profile_policy(prof),
+                rank_apis={n: r.cluster.hosts[n].docker().api for n, _c, _a in r.plan.serve.ranks},
+            )
+        )
+    except server.NotReady as e:
+        raise fail(
+            STAGE,
+            r.cluster.head.name,
+            "hand vllm serve to the supervisor on standby",
             e.reason,
             r.plan.serve.describe(),
             e.tail,
