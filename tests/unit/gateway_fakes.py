@@ -108,7 +108,12 @@ class Engine:
             return JSONResponse({"state": self.state}, status_code=202)
 
         routes = [Route(p, forwarded, methods=["POST"]) for p in FORWARDED]
+
+        async def alive(request: Request):  # vLLM's /health, which the real supervisor reads
+            return JSONResponse({})
+
         routes += [Route("/v1/models", models), Route("/report", report), Route("/report/wake", wake, methods=["POST"])]
+        routes += [Route("/health", alive)]
         return Starlette(routes=routes)
 
     async def stream(self, doc: dict):

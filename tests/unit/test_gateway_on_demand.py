@@ -178,3 +178,83 @@ def test_on_demand_needs_the_supervisor():
         text.replace("[supervisor]\nenabled = false\n", "").replace("true", "true\nidle_ttl_s = 30"), "x"
     )
     assert on.on_demand.enabled and on.on_demand.idle_ttl_s == 30
+
+
+# ---- the two halves together: the gateway, a real agent endpoint and a real supervisor ---------
+
+
+def test_the_gateway_wakes_a_real_supervisor_once_through_the_agents_endpoint(tmp_path, monkeypatch):
+    """The agent's report server (node/memreport) with the real Supervisor's wake behind it, ticked
+    as the agent's loop does; the engine a stand-in on its port, the server's process a sleep."""
+    import socket
+    import sys
+    import threading
+    import time
+
+    from sparkcluster.node import memreport, supervisor
+    from sparkcluster.node.journal import Journal, read_json
+
+    engine = Engine(["vision"])
+    served = Served(engine.app())
+    for name in ("SERVE_LOG", "RECORD_PATH", "STATE_PATH", "SECRETS_PATH", "DESIRED_PATH", "WAKE_PATH"):
+        monkeypatch.setattr(supervisor, name, str(tmp_path / name.lower()))
+    (tmp_path / "wake_path").write_text(TOKEN)
+    desired = {
+        "generation": "g1",
+        "argv": [sys.executable, "-c", "import time; time.sleep(120)"],
+        "model": "vision",
+        "port": served.port,
+        "policy": {"on_demand": True, "idle_ttl_s": 600.0, "interval_s": 0.05},
+    }
+    (tmp_path / "desired_path").write_text(json.dumps(desired))
+    journal = tmp_path / "journal"
+    sup = supervisor.Supervisor({"node": "spark-a", "nodes": [], "peers": []}, Journal(str(journal)))
+    GiB = 2**30
+    monkeypatch.setattr(sup, "node_memory", lambda: {"spark-a": (121 * GiB, 100 * GiB)})
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    memreport.serve_reports(
+        "127.0.0.1",
+        port,
+        lambda: {"node": "spark-a", "ts": time.time(), "supervisor": read_json(supervisor.STATE_PATH)},
+        wake=sup.wake,
+    )
+    stopping = threading.Event()
+
+    def loop():  # the agent's: tick, then wait for the interval or a wake
+        from sparkcluster.node.agent import wait_or_wake
+
+        while not stopping.is_set():
+            sup.tick()
+            wait_or_wake(stopping, 0.05, sup.woken)
+
+    ticking = threading.Thread(target=loop, daemon=True)
+    ticking.start()
+    cfg = config({})
+    cfg["deployments"] = [
+        {
+            "key": "vision@spark-a",
+            "names": ["vision"],
+            "upstream": served.url,
+            "supervisor": f"http://127.0.0.1:{port}/",
+            "nodes": ["spark-a"],
+            "wake_token": TOKEN,
+        }
+    ]
+    gw, sg = start_gateway(cfg)
+    try:
+        until(lambda: gw.table.routes[0].wakeable, what="on standby")
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            codes = list(pool.map(lambda _: _ask(sg.url, "vision").status_code, range(32)))
+        assert set(codes) <= {503, 200} and 503 in codes
+        until(lambda: in_rotation(gw, "vision@spark-a"), timeout=30, what="the woken server in rotation")
+        assert _ask(sg.url, "vision").status_code == 200
+        events = [json.loads(x)["event"] for x in journal.read_text().splitlines()]
+        assert events.count("woken on demand") == 1 and events.count("vllm serve started") == 1, events
+    finally:
+        stopping.set()
+        ticking.join(10)
+        sup.stop("test")
+        sg.stop()
+        served.stop()
