@@ -154,6 +154,8 @@ def up(
         )
     auth = ' -H "Authorization: Bearer $VLLM_API_KEY"' if "VLLM_API_KEY" in secrets else ""
     click.echo(f"endpoint: {result.endpoint}")
+    if inv.cluster.engines_listen == "control":
+        click.echo("door:     the engine listens only on the cluster's addresses: clients come through the gateway")
     click.echo(f"model:    {result.model}")
     click.echo(
         f"try:      curl -s {result.endpoint}/chat/completions{auth} -H 'Content-Type: application/json' "

@@ -17,6 +17,7 @@ import httpx
 
 from sparkcluster import log, redact
 from sparkcluster.container.spec import files_tar
+from sparkcluster.day2 import supervision
 from sparkcluster.day2.endpoint import headers, health, one_token
 from sparkcluster.errors import SparkError
 from sparkcluster.node import contract
@@ -41,6 +42,9 @@ class ServeSpec:
     plugin: tuple[str, str] | None  # (url, path in container)
     # executor "mp" (issue 28): (node, container, argv) of each worker's rank, run by its own agent
     ranks: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+    # where the supervisor asks the engine from inside the head (host networking): loopback for a
+    # wildcard bind, the head's control address when engines listen only there (issue 36)
+    host: str = "127.0.0.1"
 
     def describe(self) -> str:
         import shlex
@@ -67,6 +71,7 @@ class Record:
     secrets_digest: str = ""
     generation: str = ""
     policy: dict | None = None  # the supervisor's bounds it runs under
+    host: str = ""  # where the supervisor asks it ("": loopback, before the only door)
     container: str = ""  # where it runs (not stored: the record is read from the container)
 
     def started_with(self, secrets: dict[str, str]) -> bool:
@@ -113,6 +118,7 @@ def _hand_over(api, spec: ServeSpec, secrets: dict[str, str], profile: str, poli
         "argv": spec.argv,
         "model": spec.model,
         "port": spec.port,
+        "host": spec.host,
         "profile": profile,
         "salt": salt,
         "secrets_digest": secrets_digest(env, salt),
@@ -186,16 +192,12 @@ def standby(
 
 
 def _supervisor_state(api, container: str) -> dict | None:
-    from sparkcluster.day2 import supervision
-
     return supervision.state(api, container)
 
 
 def read_wake_token(api, container: str) -> str | None:
     """The deployment's wake token, from its head container (None: not on demand, or no container).
     Read through the Docker API: it never reaches a command line."""
-    from sparkcluster.day2 import supervision
-
     try:
         text = supervision.read_file(api, container, contract.WAKE_PATH)
     except docker.errors.APIError:

@@ -253,7 +253,7 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
     with cluster:
         addresses = {n: h.address for n, h in cluster.hosts.items()}
         # the inventory's head is the usual deployment's head: its endpoint is asked meanwhile
-        early = Background(_look, addresses.get(inv.head.name), inv.cluster.api_port, api_key)
+        early = Background(_look, cluster.hosts.get(inv.head.name), inv, inv.cluster.api_port, api_key)
         per_node = cluster.each(lambda h: _one(h, inv))
         reports = {n: o.value if o.ok else o.error for n, o in per_node.items()}
         found = deployments.group(
@@ -265,7 +265,7 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
             sub.head.name: (
                 early
                 if sub.head.name == inv.head.name
-                else Background(_look, addresses.get(sub.head.name), sub.cluster.api_port, api_key)
+                else Background(_look, cluster.hosts.get(sub.head.name), sub, sub.cluster.api_port, api_key)
             )
             for sub in subs
         }
@@ -310,8 +310,14 @@ def _routed(address: str | None, port: int) -> dict[str, bool] | None:
     return {str(k): bool(v) for k, v in got.items()} if isinstance(got, dict) else None
 
 
-def _look(address: str | None, port: int, api_key: str | None) -> endpoint_mod.EngineView:
-    return endpoint_mod.look(f"http://{address}:{port}", api_key) if address else endpoint_mod.EngineView()
+def _look(host, inv: Inventory, port: int, api_key: str | None) -> endpoint_mod.EngineView:
+    """The engine of the deployment `inv` headed by `host` (its SSH connection; None: unreachable),
+    asked where the controller reaches it (endpoint.reached: through that connection when engines
+    listen only on the cluster's addresses)."""
+    if host is None:
+        return endpoint_mod.EngineView()
+    with endpoint_mod.reached(host, inv, port) as base:
+        return endpoint_mod.look(base, api_key)
 
 
 def _judge_reports(

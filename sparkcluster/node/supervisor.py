@@ -225,7 +225,8 @@ class Supervisor:
         )
         log.close()
         record = {
-            k: desired.get(k) for k in ("profile", "model", "port", "salt", "secrets_digest", "generation", "policy")
+            k: desired.get(k)
+            for k in ("profile", "model", "port", "host", "salt", "secrets_digest", "generation", "policy")
         }
         write_json(RECORD_PATH, {**record, "pid": self.proc.pid, "exec_id": "", "started_at": time.time()})
         self.watch = Watch(started=time.time())
@@ -342,7 +343,8 @@ class Supervisor:
         return True
 
     def look(self, desired: dict, policy: dict) -> Look:
-        base = f"http://127.0.0.1:{desired['port']}"
+        # the engine's own address: loopback, or the head's control address when it listens only there
+        base = f"http://{desired.get('host') or '127.0.0.1'}:{desired['port']}"
         look = Look(
             now=time.time(),
             alive=self.proc is not None and self.proc.poll() is None,

@@ -213,23 +213,26 @@ def standby(r: UpRun) -> None:
         ) from None
 
 
-def _base(r: UpRun) -> str:
-    return f"http://{r.cluster.head.address}:{r.plan.serve.port}"
+def _reached(r: UpRun):
+    """The engine's base URL from here, for the block's length (through the head's SSH connection
+    when engines listen only on the cluster's addresses)."""
+    return endpoint.reached(r.cluster.head, r.inv, r.plan.serve.port)
 
 
 def wait_ready(r: UpRun) -> float:
     sv, head = r.plan.serve, r.cluster.head
     api = head.docker().api
     try:
-        took = server.wait_ready(
-            api,
-            r.get(server.Record),
-            sv,
-            _base(r),
-            r.secrets,
-            r.plan.profile.ready_timeout_s,
-            on_wait=lambda why, s: r.progress.info(f"waiting for the server ({s:.0f}s): {why}"),
-        )
+        with _reached(r) as base:
+            took = server.wait_ready(
+                api,
+                r.get(server.Record),
+                sv,
+                base,
+                r.secrets,
+                r.plan.profile.ready_timeout_s,
+                on_wait=lambda why, s: r.progress.info(f"waiting for the server ({s:.0f}s): {why}"),
+            )
     except server.NotReady as e:
         reason = weights.offline_miss(e.tail or "", r.plan.profile.model) or e.reason
         raise fail(
@@ -287,4 +290,5 @@ def engine_transport(r: UpRun) -> dict[str, str]:
 
 
 def warm_up(r: UpRun) -> float:
-    return endpoint.warm_up(_base(r), r.plan.serve.model, r.secrets)
+    with _reached(r) as base:
+        return endpoint.warm_up(base, r.plan.serve.model, r.secrets)
