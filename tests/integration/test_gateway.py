@@ -6,6 +6,10 @@ engine stopped (SIGSTOP), its model gets 503 with Retry-After once the superviso
 while the head's keeps answering, and it is back in rotation once the supervisor serves it again;
 `down --node` leaves the gateway routing the rest; `down` removes it with everything else.
 
+The only door (item 2, its own test): with the inventory's engines_listen = "control" the engine
+listens on the head's control address only; the laptop cannot reach it at the head's address, the
+gateway can; `status`, `bench` and a second `up` still work (through the head's SSH connection).
+
 On demand (item 4, its own test): a variant on the worker left on standby by `up`; with the
 worker's MemAvailable stood in low (the testbed's meminfo stand-in) a request is refused for memory,
 naming what holds it, and no engine starts; with memory back, concurrent first requests start it
@@ -24,7 +28,18 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.integration.helpers import API_KEY, BASE, HEAD, HEAD_C, WORKER, ours, popen_sc, wait_for
+from tests.integration.helpers import (
+    API_KEY,
+    BASE,
+    HEAD,
+    HEAD_C,
+    WORKER,
+    inventory_variant,
+    listeners,
+    ours,
+    popen_sc,
+    wait_for,
+)
 
 # not in `make test`: `make test-hand` runs it (see tests/README.md: its testbed scenario does not pass yet)
 pytestmark = [pytest.mark.testbed, pytest.mark.handrun]
@@ -245,4 +260,49 @@ def test_on_demand_standby_started_once_admitted_and_stopped_when_idle(testbed, 
         print(json.dumps({"on_demand_start_s": round(took, 1)}))
     finally:
         res = sc("down", env=env)
+        assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_gateway_as_the_only_door(testbed, sc, env, tmp_path):
+    import tomllib
+
+    inv = inventory_variant(
+        testbed,
+        tmp_path,
+        lambda t: t.replace('name = "testbed"\n', 'name = "testbed"\nengines_listen = "control"\n', 1),
+    )
+    ctl = next(n["control_ip"] for n in tomllib.loads(inv.read_text())["nodes"] if n["name"] == HEAD)
+    sc("down", env=env)
+    try:
+        res = sc("up", "--profile", SINGLE, "--node", HEAD, inventory=inv, env=env, timeout=900)
+        assert res.returncode == 0 and "door:" in res.stdout, res.stdout + res.stderr
+        held = listeners(testbed, HEAD, 8000)
+        assert f"{ctl}:8000" in held and "0.0.0.0:8000" not in held and "*:8000" not in held, held
+        with pytest.raises(httpx.HTTPError):  # the head's own address: nothing listens there
+            httpx.get(f"{BASE}/health", timeout=3)
+        st = sc("status", "--all", inventory=inv, env=env)
+        assert st.returncode == 0 and "healthy" in st.stdout, st.stdout + st.stderr
+        again = sc("up", "--profile", SINGLE, "--node", HEAD, inventory=inv, env=env)
+        assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
+        b = sc(
+            "bench",
+            "--concurrency",
+            "1",
+            "--num-prompts",
+            "2",
+            "--input-len",
+            "16",
+            "--output-len",
+            "4",
+            inventory=inv,
+            env=env,
+            timeout=600,
+        )
+        assert b.returncode == 0, b.stdout + b.stderr
+        up = sc("gateway", "up", inventory=inv, env=env, timeout=300)
+        assert up.returncode == 0 and "in rotation" in up.stdout, up.stdout + up.stderr
+        r = chat(HEAD_MODEL)  # the door: the gateway on the head's address
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+    finally:
+        res = sc("down", inventory=inv, env=env)
         assert res.returncode == 0, res.stdout + res.stderr
