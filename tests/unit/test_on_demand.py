@@ -263,3 +263,17 @@ def test_a_wake_cuts_the_agents_wait_short():
     t0 = __import__("time").monotonic()
     agent.wait_or_wake(stopping, 30.0, woken)
     assert __import__("time").monotonic() - t0 < 5
+
+
+def test_after_a_container_restart_an_on_demand_server_waits_for_a_wake_again(tmp_path, monkeypatch):
+    """A reboot brings the agent back with the server `up` asked for: on demand, that is standby,
+    not an engine holding the node's memory for nobody."""
+    sup, _ = _on_demand(tmp_path, monkeypatch)
+    sup.tick()
+    sup.wake(TOKEN)
+    sup.tick()
+    assert sup.proc is not None
+    sup.stop("the container is stopping")
+    again = supervisor.Supervisor({"node": "spark-head", "nodes": [], "peers": []}, Journal(str(tmp_path / "journal")))
+    again.tick()
+    assert again.proc is None and again.state == contract.STANDBY and again.generation == "g1"
