@@ -5,7 +5,8 @@ repetitions (default 5, `BENCH_REPS`), with min and max. Method per figure: perf
 Writes perf/results.json (git-ignored) and perf/results.md, and prints the table.
 
 This module only orders the run and writes the results; each family of figures is measured in its
-own module (doctor, up, status, memory, connections, image, supervisor, executors, compile_restarts;
+own module (doctor, up, status, memory, connections, image, supervisor, executors, compile_restarts,
+gateway;
 the short commands' floors in floors), and the testbed is reached through perf/testbed.py alone.
 
 The whole run holds the testbed's cooperative lock (/tmp/sparkcluster-testbed.lock). It uses the
@@ -30,6 +31,7 @@ from perf import (
     doctor,
     executors,
     floors,
+    gateway,
     image,
     memory,
     status,
@@ -125,6 +127,8 @@ def bench(s: Session) -> None:
         f"({min(reps, compile_restarts.MAX_REPS)}x, {compile_restarts.PROFILE} on spark-head)"
     )
     compile_restarts.measure(s)
+    say(f"gateway: through it against straight to the engine, interleaved ({reps}x), and its idle memory")
+    gateway.measure(s)
     if was_serving:
         say("leaving the cluster serving, as it was")
         s.sc("up", "--profile", PROFILE, timeout=600)
@@ -140,6 +144,7 @@ def figures(R: dict, image_size: int, hosts: tuple[str, ...] = testbed.HOSTS) ->
         *image.figures(R, image_size),
         *supervisor.figures(R),
         *compile_restarts.figures(R),
+        *gateway.figures(R),
         *status.figures(R),
     ]
 

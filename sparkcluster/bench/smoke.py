@@ -8,6 +8,7 @@ from sparkcluster import log
 from sparkcluster.bench.results import decode_tok_s, row_from_result, run_id
 from sparkcluster.bench.runner import Head, Interrupted
 from sparkcluster.bench.sweep import Level, Target, target_for
+from sparkcluster.config.flags import engine_host
 from sparkcluster.errors import SparkError
 from sparkcluster.labels import container_name
 
@@ -53,7 +54,8 @@ def smoke(
 def smoke_after_up(host, inv, prof, secrets: dict[str, str]) -> tuple[float | None, float | None, str]:
     """`up --smoke` in one call: host is the connected head (ssh.Host) `up` already holds."""
     head = Head(host, container_name(inv.cluster.name, "head", inv.head.name))
-    return smoke(head, target_for(prof, inv.cluster.api_port), secrets, prof.expected_decode_tok_s)
+    target = target_for(prof, inv.cluster.api_port, bind=engine_host(inv, prof))
+    return smoke(head, target, secrets, prof.expected_decode_tok_s)
 
 
 def smoke_message(tok_s: float | None, expected: float | None, verdict: str) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
 from sparkcluster import redact
+from sparkcluster.config.flags import reached_at
 from sparkcluster.errors import InputError
 
 # ---- the sweep ---------------------------------------------------------------------------------
@@ -125,15 +126,12 @@ class Target:
     trust_remote_code: bool = False
 
 
-def target_for(prof, api_port: int, tokenizer: str | None = None) -> Target:
-    """The served endpoint seen from inside the head container (host networking)."""
+def target_for(prof, api_port: int, tokenizer: str | None = None, bind: str | None = None) -> Target:
+    """The served endpoint seen from inside the head container (host networking); `bind`: the
+    address the engine listens on (flags.engine_host), else the profile's serve.host."""
     s = prof.serve
     port = s.port or api_port
-    host = s.host
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"  # a wildcard bind answers on loopback
-    if ":" in host:
-        host = f"[{host}]"
+    host = reached_at(bind or s.host)
     return Target(
         f"http://{host}:{port}", prof.served_model_name, tokenizer or prof.model, prof.serve.trust_remote_code
     )

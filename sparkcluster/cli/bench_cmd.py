@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 from rich.console import Console
@@ -21,8 +22,9 @@ from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config import profile as profiles
+from sparkcluster.config.flags import engine_host
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
-from sparkcluster.day2 import canary_watch, engine_nccl, known_good
+from sparkcluster.day2 import canary_watch, endpoint, engine_nccl, known_good
 from sparkcluster.errors import InputError, SparkError
 
 # the figures the terminal table shows (the CSV has them all)
@@ -310,20 +312,25 @@ def bench(
         if harness is None:
             named = reference.harness.name if reference is not None else ""
             harness = named if named in RUNNABLE else "vllm-bench-serve"
-        target = bench_pkg.target_for(prof, inv.cluster.api_port, tokenizer)
+        # the levels run inside the head container, at the address the engine listens on
+        target = bench_pkg.target_for(prof, inv.cluster.api_port, tokenizer, bind=engine_host(inv, prof))
         port = prof.serve.port or inv.cluster.api_port
-        bench_pkg.check_endpoint(cluster.head.address, target, port, secrets)
-        image, image_id = head.image(info)
-        vllm_version = head.vllm_version()
-        if canary or canary_retake:
-            meta = {
-                "profile_hash": bench_pkg.profile_hash(prof),
-                "image_id": image_id,
-                "model_revision": bench_pkg.model_revision(cluster, inv, prof),
-                "vllm_version": vllm_version,
-            }
-            _canary(inv, prof, head, port, target.model, secrets, meta, canary_retake, as_json)
-            return
+        # the controller's own questions: through the head's SSH connection when engines listen only
+        # on the cluster's addresses (the gateway the only door)
+        with endpoint.reached(cluster.head, inv, port) as base:
+            at = urlsplit(base)
+            bench_pkg.check_endpoint(at.hostname, target, at.port, secrets)
+            image, image_id = head.image(info)
+            vllm_version = head.vllm_version()
+            if canary or canary_retake:
+                meta = {
+                    "profile_hash": bench_pkg.profile_hash(prof),
+                    "image_id": image_id,
+                    "model_revision": bench_pkg.model_revision(cluster, inv, prof),
+                    "vllm_version": vllm_version,
+                }
+                _canary(inv, prof, head, at.hostname, at.port, target.model, secrets, meta, canary_retake, as_json)
+                return
         facts = bench_pkg.cluster_facts(cluster, inv, prof, head, image_id)
         nodes = facts.nodes
         if harness == "llama-benchy":
@@ -559,7 +566,9 @@ def _print_standing(con: Console, st, kind: str | None, found: list) -> None:
         con.print("[green]holds[/]: every compared figure within the tolerance")
 
 
-def _canary(inv, prof, head, port: int, model: str, secrets, meta: dict, retake: bool, as_json: bool) -> None:
+def _canary(
+    inv, prof, head, address: str, port: int, model: str, secrets, meta: dict, retake: bool, as_json: bool
+) -> None:
     """`bench --canary`: compare with the answers kept in the deployment's known-good record, or take
     them (the first time, or `--canary-retake` after a change you meant); told to the head like every
     canary check (day2/canary_watch)."""
@@ -573,7 +582,7 @@ def _canary(inv, prof, head, port: int, model: str, secrets, meta: dict, retake:
     at = known_good.now_utc()
 
     def ask():
-        return bench_pkg.ask_canary(head.host.address, port, model, secrets)
+        return bench_pkg.ask_canary(address, port, model, secrets)
 
     if retake or canary_watch.must_take(good, prof.model):
         kept = canary_watch.take(ask, meta, at)

@@ -139,6 +139,11 @@ def up(
         click.echo(
             f"nothing to do: {inv.cluster.name} already serves '{prof.name}'{where} (vllm serve pid {result.pid})"
         )
+    elif prof.on_demand.enabled and result.pid is None:
+        click.echo(
+            f"on standby: '{result.model}' starts on demand, through the gateway (sparkcluster gateway up), "
+            f"and stops after {prof.on_demand.idle_ttl_s:g}s idle"
+        )
     else:
         total = sum(result.seconds.values())
         pp = prof.serve.pipeline_parallel_size
@@ -149,6 +154,8 @@ def up(
         )
     auth = ' -H "Authorization: Bearer $VLLM_API_KEY"' if "VLLM_API_KEY" in secrets else ""
     click.echo(f"endpoint: {result.endpoint}")
+    if inv.cluster.engines_listen == "control":
+        click.echo("door:     the engine listens only on the cluster's addresses: clients come through the gateway")
     click.echo(f"model:    {result.model}")
     click.echo(
         f"try:      curl -s {result.endpoint}/chat/completions{auth} -H 'Content-Type: application/json' "

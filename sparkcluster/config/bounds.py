@@ -43,14 +43,33 @@ class SupervisorSettings(BaseModel):
     restart_window_s: float = Field(default=3600.0, ge=60)
 
 
-def policy(settings: SupervisorSettings, ready_timeout_s: float, gpu_memory_utilization: float = 0.0) -> dict:
-    """The bounds as the agent reads them (contract.DEFAULT_POLICY's names)."""
+class OnDemandSettings(BaseModel):
+    """A profile's `[on_demand]` table (issue 36): `up` leaves the deployment on standby (image,
+    weights and containers in place, no engine, no memory held); a request through the gateway
+    wakes it through the head's agent, admitted against every node's memory; an engine with no
+    request for idle_ttl_s is stopped again (its containers stay)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    idle_ttl_s: float = Field(default=900.0, ge=10)
+
+
+def policy(
+    settings: SupervisorSettings,
+    ready_timeout_s: float,
+    gpu_memory_utilization: float = 0.0,
+    on_demand: OnDemandSettings | None = None,
+) -> dict:
+    """The bounds as the agent reads them (contract.DEFAULT_POLICY's names); on demand's only when
+    it is on, so a server not on demand runs under the bounds it always did."""
     doc = settings.model_dump()
     return {
         **{k: v for k, v in doc.items() if k not in ("enabled", "prefill_floor_tok_s")},
         "act": settings.enabled,
         "ready_timeout_s": float(ready_timeout_s),
         "memory_need_fraction": float(gpu_memory_utilization),
+        **({"on_demand": True, "idle_ttl_s": float(on_demand.idle_ttl_s)} if on_demand and on_demand.enabled else {}),
     }
 
 
@@ -58,4 +77,4 @@ def profile_policy(prof) -> dict:
     """The bounds a profile's server runs under: what the serve stage hands the supervisor and what
     `up` compares with the running server's record to tell "already serving" (one reading, so the
     two never disagree)."""
-    return policy(prof.supervisor, prof.ready_timeout_s, prof.serve.gpu_memory_utilization)
+    return policy(prof.supervisor, prof.ready_timeout_s, prof.serve.gpu_memory_utilization, prof.on_demand)

@@ -187,6 +187,7 @@ def serve_argv(
     *,
     port: int | None = None,
     hf_cache: str = "/root/.cache/huggingface",
+    host: str | None = None,
 ) -> list[str]:
     """The `vllm serve ...` argv for the profile.
 
@@ -205,7 +206,7 @@ def serve_argv(
         argv += ["--revision", profile.revision]
     if profile.served_name or profile.aliases:
         argv += ["--served-model-name", profile.served_model_name, *profile.aliases]
-    argv += ["--host", s.host, "--port", str(s.port or port or 8000)]
+    argv += ["--host", host or s.host, "--port", str(s.port or port or 8000)]
     plugin = reasoning_plugin(profile, hf_cache)
     for spec in FLAGS:
         if spec.flag == "--reasoning-parser-plugin":
@@ -217,6 +218,21 @@ def serve_argv(
         argv += _as_args(spec, getattr(s, spec.field))
     argv += list(s.extra_flags)
     return argv
+
+
+def engine_host(inv, profile: Profile) -> str:
+    """The address a deployment's engine listens on: its head's control address when the inventory
+    makes the gateway the only door (`engines_listen = "control"`, issue 36), else the profile's
+    serve.host. `inv` is the deployment's inventory (its head is the engine's)."""
+    return str(inv.head.control_ip) if inv.cluster.engines_listen == "control" else profile.serve.host
+
+
+def reached_at(host: str) -> str:
+    """Where the engine bound to `host` is asked from its own node (host networking): a wildcard
+    bind answers on loopback; an IPv6 address in brackets, as a URL wants it."""
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
 
 
 def supervised_argv(profile: Profile, **kw) -> list[str]:

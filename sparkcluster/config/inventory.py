@@ -96,6 +96,10 @@ class ClusterSettings(_Strict):
     # the hub the weights come from (a mirror, or the testbed's); unset: the public hub. HF_ENDPOINT
     hf_endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s'\"]+$")
     api_port: int = Field(default=8000, ge=1, le=65535)
+    # "control": every engine listens only on its head's control address (vLLM's --host; no root
+    # needed), so from outside the cluster the gateway is the only door (issue 36); the controller
+    # reaches an engine through the head's SSH connection. "all": as the profile's serve.host says
+    engines_listen: Literal["all", "control"] = "all"
     ray_port: int = Field(default=6379, ge=1, le=65535)
     # executor "mp" (issue 28): vLLM's torch.distributed rendezvous on the head's control IP (vLLM's default)
     master_port: int = Field(default=29501, ge=1, le=65535)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 import sparkcluster
-from sparkcluster.config.bounds import SupervisorSettings
+from sparkcluster.config.bounds import OnDemandSettings, SupervisorSettings
 from sparkcluster.config.inventory import describe_validation_error
 from sparkcluster.config.secrets import SECRET_NAMES, register_written
 from sparkcluster.config.topology import nccl_env
@@ -233,6 +233,7 @@ class Profile(_Strict):
     env: EnvSettings = Field(default_factory=EnvSettings)
     serve: Serve = Field(default_factory=Serve)
     supervisor: SupervisorSettings = Field(default_factory=SupervisorSettings)
+    on_demand: OnDemandSettings = Field(default_factory=OnDemandSettings)
     path: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
@@ -244,6 +245,15 @@ class Profile(_Strict):
                     f'executor = "mp" runs vLLM\'s mp backend: remove serve.distributed_executor_backend ({backend})'
                 )
             object.__setattr__(self, "serve", self.serve.model_copy(update={"distributed_executor_backend": "mp"}))
+        return self
+
+    @model_validator(mode="after")
+    def _on_demand(self) -> Profile:
+        if self.on_demand.enabled and not self.supervisor.enabled:
+            raise ValueError(
+                "[on_demand] enabled needs the supervisor: it starts and stops the engine "
+                "(set [supervisor] enabled = true, or turn [on_demand] off)"
+            )
         return self
 
     def forwarded_env(self) -> dict[str, str]:

@@ -9,7 +9,9 @@ own `vllm:` names.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 import httpx
@@ -26,6 +28,22 @@ METRICS = {
     "vllm:prompt_tokens_total": "prompt_tokens_total",
     "vllm:request_success_total": "requests_succeeded_total",
 }
+
+
+@contextlib.contextmanager
+def reached(host, inv, port: int) -> Iterator[str]:
+    """The base URL at which the controller asks a deployment's engine: its head's address (`host`,
+    the head's SSH connection; `inv`, the deployment's inventory); or, when engines listen only on
+    the cluster's addresses (the gateway the only door, issue 36), a local port forwarded through
+    that SSH connection to the head's control address, for as long as the block runs."""
+    if inv.cluster.engines_listen != "control":
+        yield f"http://{host.address}:{port}"
+        return
+    from sparkcluster.remote.forward import Forward  # only with engines_listen = "control"
+
+    ip = str(inv.head.control_ip)
+    with Forward(lambda: host.tunnel(ip, port)) as fwd:
+        yield fwd.url()
 
 
 @dataclass

@@ -17,6 +17,7 @@ import httpx
 
 from sparkcluster import log, redact
 from sparkcluster.container.spec import files_tar
+from sparkcluster.day2 import supervision
 from sparkcluster.day2.endpoint import headers, health, one_token
 from sparkcluster.errors import SparkError
 from sparkcluster.node import contract
@@ -41,6 +42,9 @@ class ServeSpec:
     plugin: tuple[str, str] | None  # (url, path in container)
     # executor "mp" (issue 28): (node, container, argv) of each worker's rank, run by its own agent
     ranks: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+    # where the supervisor asks the engine from inside the head (host networking): loopback for a
+    # wildcard bind, the head's control address when engines listen only there (issue 36)
+    host: str = "127.0.0.1"
 
     def describe(self) -> str:
         import shlex
@@ -67,6 +71,7 @@ class Record:
     secrets_digest: str = ""
     generation: str = ""
     policy: dict | None = None  # the supervisor's bounds it runs under
+    host: str = ""  # where the supervisor asks it ("": loopback, before the only door)
     container: str = ""  # where it runs (not stored: the record is read from the container)
 
     def started_with(self, secrets: dict[str, str]) -> bool:
@@ -100,20 +105,10 @@ def stage_plugin_command(url: str, path: str) -> list[str]:
     ]
 
 
-def start(
-    api,
-    spec: ServeSpec,
-    secrets: dict[str, str],
-    profile: str,
-    policy: dict,
-    timeout: float = STARTED_TIMEOUT_S,
-    rank_apis: dict | None = None,
-) -> Record:
-    """Hand the server to the head's supervisor (node/), which starts it and records its PID.
-
-    The secrets go first, into a 0600 file the supervisor reads at each start (a reboot brings the
+def _hand_over(api, spec: ServeSpec, secrets: dict[str, str], profile: str, policy: dict, rank_apis) -> str:
+    """The secrets first, into a 0600 file the supervisor reads at each start (a reboot brings the
     server back without the controller); then the desired state, written aside and renamed, so the
-    supervisor never reads half of it."""
+    supervisor never reads half of it. Returns the new generation."""
     from secrets import token_hex  # the standard library's; a parameter here is called secrets
 
     env = {k: v for k, v in secrets.items() if k in spec.secret_names}
@@ -123,6 +118,7 @@ def start(
         "argv": spec.argv,
         "model": spec.model,
         "port": spec.port,
+        "host": spec.host,
         "profile": profile,
         "salt": salt,
         "secrets_digest": secrets_digest(env, salt),
@@ -133,6 +129,20 @@ def start(
     api.put_archive(spec.container, "/", files_tar({contract.SECRETS_PATH: json.dumps(env)}, mode=0o600))
     api.put_archive(spec.container, "/", files_tar({contract.DESIRED_PATH + ".new": json.dumps(desired)}))
     run_in(api, spec.container, ["mv", "-f", contract.DESIRED_PATH + ".new", contract.DESIRED_PATH])
+    return generation
+
+
+def start(
+    api,
+    spec: ServeSpec,
+    secrets: dict[str, str],
+    profile: str,
+    policy: dict,
+    timeout: float = STARTED_TIMEOUT_S,
+    rank_apis: dict | None = None,
+) -> Record:
+    """Hand the server to the head's supervisor (node/), which starts it and records its PID."""
+    generation = _hand_over(api, spec, secrets, profile, policy, rank_apis)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rec = read_record(api, spec.container)
@@ -146,6 +156,67 @@ def start(
     )
 
 
+@dataclass(frozen=True)
+class Standby:
+    """A server handed to the supervisor on demand (issue 36): on standby, nothing started."""
+
+    generation: str
+    container: str
+
+
+def standby(
+    api,
+    spec: ServeSpec,
+    secrets: dict[str, str],
+    profile: str,
+    policy: dict,
+    timeout: float = STARTED_TIMEOUT_S,
+    rank_apis: dict | None = None,
+) -> Standby:
+    """Hand the server over on demand: the deployment's wake token first (kept when one is there,
+    so a gateway configured before still wakes it), then the secrets and the desired state; returns
+    once the supervisor says standby for this generation."""
+    ensure_wake_token(api, spec.container)
+    generation = _hand_over(api, spec, secrets, profile, policy, rank_apis)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = _supervisor_state(api, spec.container) or {}
+        if st.get("generation") == generation and st.get("state") in contract.WAKEABLE:
+            _log.info("vllm serve on standby", container=spec.container)
+            return Standby(generation, spec.container)
+        time.sleep(0.2)
+    raise NotReady(
+        f"the supervisor in {spec.container} did not take the server on standby within {timeout:g}s",
+        supervisor_tail(api, spec.container),
+    )
+
+
+def _supervisor_state(api, container: str) -> dict | None:
+    return supervision.state(api, container)
+
+
+def read_wake_token(api, container: str) -> str | None:
+    """The deployment's wake token, from its head container (None: not on demand, or no container).
+    Read through the Docker API: it never reaches a command line."""
+    try:
+        text = supervision.read_file(api, container, contract.WAKE_PATH)
+    except docker.errors.APIError:
+        return None
+    return text.strip() if text and text.strip() else None
+
+
+def ensure_wake_token(api, container: str) -> str:
+    """The wake token in the head container (0600), made once: random, 192 bits."""
+    from secrets import token_urlsafe
+
+    got = read_wake_token(api, container)
+    if got:
+        return got
+    token = token_urlsafe(24)
+    api.put_archive(container, "/", files_tar({contract.WAKE_PATH: token}, mode=0o600))
+    return token
+
+
 def hand(api, container: str, desired: dict) -> None:
     """The desired state into a container, written aside and renamed (never read half-written)."""
     api.put_archive(container, "/", files_tar({contract.DESIRED_PATH + ".new": json.dumps(desired)}))
@@ -155,7 +226,7 @@ def hand(api, container: str, desired: dict) -> None:
 def disable(api, container: str) -> None:
     """Tell the supervisor no server is wanted (first, so it does not bring a stopped one back).
     Fails loudly: a supervisor left enabled would bring back the server `down` stops."""
-    run_in(api, container, ["rm", "-f", contract.DESIRED_PATH, contract.SECRETS_PATH])
+    run_in(api, container, ["rm", "-f", contract.DESIRED_PATH, contract.SECRETS_PATH, contract.WAKE_PATH])
 
 
 def supervisor_tail(api, container: str, lines: int = 10) -> str:

@@ -258,7 +258,7 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
     with cluster:
         addresses = {n: h.address for n, h in cluster.hosts.items()}
         # the inventory's head is the usual deployment's head: its endpoint is asked meanwhile
-        early = Background(_look, addresses.get(inv.head.name), inv.cluster.api_port, api_key)
+        early = Background(_look, cluster.hosts.get(inv.head.name), inv, inv.cluster.api_port, api_key)
         per_node = cluster.each(lambda h: _one(h, inv))
         reports = {n: o.value if o.ok else o.error for n, o in per_node.items()}
         found = deployments.group(
@@ -270,7 +270,7 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
             sub.head.name: (
                 early
                 if sub.head.name == inv.head.name
-                else Background(_look, addresses.get(sub.head.name), sub.cluster.api_port, api_key)
+                else Background(_look, cluster.hosts.get(sub.head.name), sub, sub.cluster.api_port, api_key)
             )
             for sub in subs
         }
@@ -315,8 +315,14 @@ def _routed(address: str | None, port: int) -> dict[str, bool] | None:
     return {str(k): bool(v) for k, v in got.items()} if isinstance(got, dict) else None
 
 
-def _look(address: str | None, port: int, api_key: str | None) -> endpoint_mod.EngineView:
-    return endpoint_mod.look(f"http://{address}:{port}", api_key) if address else endpoint_mod.EngineView()
+def _look(host, inv: Inventory, port: int, api_key: str | None) -> endpoint_mod.EngineView:
+    """The engine of the deployment `inv` headed by `host` (its SSH connection; None: unreachable),
+    asked where the controller reaches it (endpoint.reached: through that connection when engines
+    listen only on the cluster's addresses)."""
+    if host is None:
+        return endpoint_mod.EngineView()
+    with endpoint_mod.reached(host, inv, port) as base:
+        return endpoint_mod.look(base, api_key)
 
 
 def _judge_reports(
@@ -483,7 +489,12 @@ def judge(
                 st.problems.append(f"{n.name} reports {gpus:g} GPU(s) in Ray, expected {n.gpus}")
     if ray_rows is None and len(inv.nodes) > 1 and not mp and any(ns.state == "running" for ns in nodes):
         st.problems.append("Ray does not answer on the head")
-    if any(ns.state == "running" for ns in nodes):
+    standby = (sup or {}).get("state") in contract.WAKEABLE and ((sup or {}).get("policy") or {}).get("on_demand")
+    if any(ns.state == "running" for ns in nodes) and standby and pid is None:
+        # on demand (issue 36): no engine until a request wakes it; healthy unless a start was refused
+        if sup.get("state") == contract.REFUSED:
+            st.problems.append(f"on demand: its last start was refused: {sup.get('refusal') or 'not enough memory'}")
+    elif any(ns.state == "running" for ns in nodes):
         if engine.health != 200 and pid is None:
             # vLLM's API server exits 0 when a rank dies: its exit status proves nothing
             st.problems.append(

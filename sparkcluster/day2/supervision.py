@@ -11,7 +11,7 @@ import tarfile
 from sparkcluster.node import contract
 
 
-def _read(api, container: str, path: str) -> str | None:
+def read_file(api, container: str, path: str) -> str | None:
     import docker.errors  # here: `status` imports this module for format_entry and never needs Docker's client
 
     try:
@@ -24,7 +24,7 @@ def _read(api, container: str, path: str) -> str | None:
 
 def state(api, container: str) -> dict | None:
     """The supervisor's state file, or None when it has written none (no server asked for yet)."""
-    text = _read(api, container, contract.STATE_PATH)
+    text = read_file(api, container, contract.STATE_PATH)
     try:
         return json.loads(text) if text else None
     except ValueError:  # caught mid-write: the next look has it
@@ -32,7 +32,7 @@ def state(api, container: str) -> dict | None:
 
 
 def journal(api, container: str, last: int | None = None) -> list[dict]:
-    text = _read(api, container, contract.JOURNAL_PATH) or ""
+    text = read_file(api, container, contract.JOURNAL_PATH) or ""
     entries = []
     for line in text.splitlines():
         try:

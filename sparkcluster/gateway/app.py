@@ -5,7 +5,9 @@ read again when it changes, so `gateway up` with new routes replaces them withou
 
 What answers what, before any upstream is asked: no key or a wrong one, 401; a body naming no model,
 400; a model no deployment serves, 404 naming those that exist; every deployment serving it out of
-rotation, 503 with Retry-After and the supervisor's reason.
+rotation, 503 with Retry-After and the supervisor's reason. A deployment on demand and on standby is
+woken by that request (its head agent's `POST /wake` with the deployment's wake token): 503 with
+Retry-After until its supervisor says serving.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import time
 
 import httpx
 from starlette.applications import Starlette
@@ -54,6 +57,7 @@ class Gateway:
         self.config_path = config_path
         self._config_mtime = self._mtime()
         self.client: httpx.AsyncClient | None = None
+        self._wakes: set[asyncio.Task] = set()  # on demand: wakes in flight (kept, or the loop drops them)
 
     # -- the supervisor's verdicts, and the config when it changes
     def _mtime(self) -> int | None:
@@ -89,7 +93,7 @@ class Gateway:
                     models=list(r.names),
                     reason=v.reason,
                 )
-            r.up, r.reason, r.retry_after = v.up, v.reason, v.retry_after
+            r.up, r.reason, r.retry_after, r.wakeable = v.up, v.reason, v.retry_after, v.wake
             for n in r.names:
                 self.metrics.route_up.labels(n, r.key).set(1 if v.up else 0)
 
@@ -120,6 +124,47 @@ class Gateway:
                 await watcher
             await self.client.aclose()
             health.event("gateway stopped")
+
+    # -- on demand
+    def wake(self, model: str) -> list:
+        """Wake the deployments on standby that serve `model` (one wake per route per look; the
+        supervisor starts an engine once however many reach it). Returns those woken."""
+        now = time.monotonic()
+        picked = self.table.to_wake(model, now, self.poll_s)
+        for r in picked:
+            r.waking, r.woken_at = True, now
+            task = asyncio.get_running_loop().create_task(self._wake(r))
+            self._wakes.add(task)
+            task.add_done_callback(self._wakes.discard)
+        return picked
+
+    async def _wake(self, r) -> None:
+        try:
+            got = await self.client.post(
+                r.supervisor.rstrip("/") + "/wake", headers={"authorization": f"Bearer {r.wake_token}"}, timeout=3.0
+            )
+            outcome = str(got.status_code)
+        except httpx.HTTPError as e:
+            outcome = f"error: {type(e).__name__}"
+        finally:
+            r.waking = False
+        self.metrics.wakes.labels(r.key, "error" if outcome.startswith("error") else outcome).inc()
+        health.event("woken on demand" if outcome == "202" else "wake refused", deployment=r.key, outcome=outcome)
+
+    def unavailable(self, model: str, picked: Unavailable, woken: list) -> str:
+        """The 503's message: why each deployment serving `model` is out, that a start on demand was
+        asked for, and what else is in rotation on the nodes of one on standby (what may hold the
+        memory a refused start needed)."""
+        said = f"model '{model}' is unavailable: " + "; ".join(picked.reasons)
+        if woken:
+            said += f"; starting on demand ({', '.join(r.key for r in woken)}): retry after {picked.retry_after}s"
+        for r in self.table.serving(model):
+            near = self.table.neighbours(r) if r.wakeable else []
+            if near:
+                said += f"; in rotation on {', '.join(r.nodes)}: " + ", ".join(
+                    f"{n.key} ({', '.join(n.names)})" for n in near
+                )
+        return said
 
     # -- the routes
     def authorized(self, headers) -> bool:
@@ -166,6 +211,7 @@ class Gateway:
                         "in_rotation": r.up,
                         "reason": r.reason,
                         "in_flight": r.in_flight,
+                        "on_demand": r.wake_token is not None,
                     }
                     for r in self.table.routes
                 ],
@@ -217,7 +263,7 @@ class Gateway:
                 await proxy.send_error(
                     send,
                     503,
-                    f"model '{model}' is unavailable: " + "; ".join(picked.reasons),
+                    self.unavailable(model, picked, self.wake(model)),
                     "overloaded_error" if anthropic else "service_unavailable",
                     anthropic,
                     {"Retry-After": picked.retry_after},

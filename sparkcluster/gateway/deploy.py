@@ -11,8 +11,9 @@ import httpx
 
 from sparkcluster import redact
 from sparkcluster.container.spec import files_tar
+from sparkcluster.day2 import server
 from sparkcluster.errors import SparkError
-from sparkcluster.labels import CLUSTER_LABEL, PORT_LABEL, is_gateway
+from sparkcluster.labels import CLUSTER_LABEL, PORT_LABEL, container_name, is_gateway
 from sparkcluster.remote import retry
 from sparkcluster.remote.dockerapi import run_in
 
@@ -44,6 +45,23 @@ def deployment_image(api, cluster: str) -> str | None:
         if not is_gateway(c.get("Labels")) and c.get("Image"):
             return c["Image"]
     return None
+
+
+def wake_tokens(hosts: dict, inv, found, profiles: dict) -> dict[str, str]:
+    """deployment key -> its wake token, for every on-demand deployment whose head container
+    answers: read from that container through the Docker API (never a command line), written only
+    into the gateway's 0600 config. The head of the gateway gets no SSH trust and no other secret."""
+    out = {}
+    for d in found:
+        if not profiles[d.profile].on_demand.enabled:
+            continue
+        head = inv.only(list(d.nodes)).head.name
+        if head not in hosts:
+            continue
+        token = server.read_wake_token(hosts[head].docker().api, container_name(inv.cluster.name, "head", head))
+        if token:
+            out[d.key] = token
+    return out
 
 
 def write_config(api, container: str, plan: GatewayPlan) -> None:

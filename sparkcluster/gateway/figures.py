@@ -39,5 +39,12 @@ class Metrics:
             registry=r,
         )
 
+        self.wakes = Counter(
+            f"{p}_wakes",
+            "On-demand wakes sent to a deployment's head agent, by outcome (the agent's HTTP status, or error)",
+            ["deployment", "outcome"],
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

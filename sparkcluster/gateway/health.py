@@ -8,7 +8,9 @@ in its report on the node's control address (node/agent.py). The gateway reads t
 since it last said serving (wedged, dead: the supervisor publishes it before it stops the engine,
 which may take its stop grace), restarting, starting, waiting for nodes, stopped for good (restart
 limit, memory floor, failed start), a peer's memory unknown, a state gone stale, or an agent that
-does not answer each take it out, with that reason and a Retry-After for the client.
+does not answer each take it out, with that reason and a Retry-After for the client. On demand, a
+deployment on standby, or whose last start was refused for memory, is out of rotation but wakeable:
+a request for it wakes its head's agent (app.py), and it enters rotation when the supervisor serves.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class Verdict:
     up: bool
     reason: str = ""
     retry_after: int = 5  # seconds, for the client's Retry-After
+    wake: bool = False  # on demand: on standby (or its last start refused): a request wakes it
 
 
 SERVING = Verdict(True, "serving", 0)
@@ -60,6 +63,10 @@ def judge(report: dict | None, why_not: str = "") -> Verdict:
         return Verdict(False, f"restarting{after}", 10)
     if state in (contract.STARTING, contract.WAITING):
         return Verdict(False, f"{state}{after}", 10)
+    if state == contract.STANDBY:
+        return Verdict(False, "on standby: a request starts it on demand", 10, wake=True)
+    if state == contract.REFUSED:
+        return Verdict(False, f"its last start was refused: {sup.get('refusal') or last}", 30, wake=True)
     if state in (contract.LIMIT, contract.MEMORY, contract.FAILED):
         return Verdict(False, f"{state}{after}; sparkcluster up brings it back", 60)
     return Verdict(False, f"not serving ({state or 'no state'})", 30)

@@ -62,6 +62,8 @@ class Upstream:
     names: tuple[str, ...]
     url: str  # its head's endpoint at the control address
     supervisor: str  # its head agent's report
+    nodes: tuple[str, ...] = ()  # where it runs: a refused start names what else serves there
+    on_demand: bool = False  # on standby until a request wakes it (a profile's [on_demand])
 
 
 def upstreams(inv: Inventory, found, profiles: dict) -> list[Upstream]:
@@ -78,6 +80,8 @@ def upstreams(inv: Inventory, found, profiles: dict) -> list[Upstream]:
                 tuple(prof.served_names),
                 f"http://{head.control_ip}:{port}",
                 f"http://{head.control_ip}:{inv.cluster.agent_port}/",
+                tuple(d.nodes),
+                prof.on_demand.enabled,
             )
         )
     return out
@@ -104,6 +108,8 @@ class GatewayPlan:
     upstream_key: str | None = field(default=None, repr=False)
     tls: dict[str, str] = field(default_factory=dict)  # cert/key: paths on the node, mounted read-only
     running: dict | None = None  # the gateway container there now (the Engine API's list entry)
+    # on demand: deployment key -> its wake token (read from its head container, never shown)
+    wake_tokens: dict[str, str] = field(default_factory=dict, repr=False)
     _steps: list[Step] = field(default_factory=list, repr=False)
 
     @property
@@ -126,6 +132,8 @@ class GatewayPlan:
                     "upstream": u.url,
                     "supervisor": u.supervisor,
                     "api_key": self.upstream_key,
+                    "nodes": list(u.nodes),
+                    **({"wake_token": self.wake_tokens[u.key]} if u.key in self.wake_tokens else {}),
                 }
                 for u in self.routes
             ],
@@ -190,7 +198,17 @@ class GatewayPlan:
         return shlex.join([*argv, "--entrypoint", "", self.image, *self.command()])
 
     def describe_routes(self) -> list[str]:
-        lines = [f"{', '.join(u.names)} -> {u.key} at {u.url}" for u in self.routes]
+        lines = []
+        for u in self.routes:
+            line = f"{', '.join(u.names)} -> {u.key} at {u.url}"
+            if u.on_demand:
+                line += (
+                    " (on demand: a request wakes it through its head's agent)"
+                    if u.key in self.wake_tokens
+                    else " (on demand, but its wake token could not be read: it is not woken; sparkcluster up "
+                    "--profile ... again writes one)"
+                )
+            lines.append(line)
         for name, keys in duplicates(self.routes).items():
             lines.append(
                 f"'{name}' is served by {len(keys)} deployments ({', '.join(keys)}): replicas, fewest in flight"
@@ -226,6 +244,7 @@ def make(
     port: int = DEFAULT_PORT,
     drain_s: int = DEFAULT_DRAIN_S,
     tls: dict[str, str] | None = None,
+    wake_tokens: dict[str, str] | None = None,
 ) -> GatewayPlan:
     """Pure: the plan and its steps (the step functions take the command's context: see
     cli/gateway_cmd.py)."""
@@ -247,6 +266,7 @@ def make(
         inv, node, image, port, drain_s, upstreams(inv, found, profiles), keys, secrets.get("VLLM_API_KEY"), tls or {}
     )
     p.running = running
+    p.wake_tokens = {k: v for k, v in (wake_tokens or {}).items() if v}
     n_keys = f"{len(keys)} client key(s) ******"
     where = f"{CONFIG_PATH} in {p.container} (mode 0600, through the Docker API)"
     if p.keep_running():

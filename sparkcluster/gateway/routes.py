@@ -26,6 +26,11 @@ class Route:
     up: bool = False  # in rotation: the supervisor's last verdict says serving
     reason: str = "not looked at yet"  # why not, when not
     retry_after: int = 5
+    nodes: tuple[str, ...] = ()  # where it runs
+    wake_token: str | None = None  # on demand: what its head agent's POST /wake asks for
+    wakeable: bool = False  # the last verdict: on standby (or a start refused), a request wakes it
+    woken_at: float = 0.0  # when the gateway last sent it a wake (monotonic): one wake per look
+    waking: bool = False  # a wake in flight
 
     @classmethod
     def from_config(cls, d: dict) -> Route:
@@ -35,6 +40,8 @@ class Route:
             upstream=d["upstream"].rstrip("/"),
             supervisor=d["supervisor"],
             api_key=d.get("api_key") or None,
+            nodes=tuple(d.get("nodes") or ()),
+            wake_token=d.get("wake_token") or None,
         )
 
 
@@ -75,6 +82,22 @@ class Table:
         tied = [r for r in up if r.in_flight == least]
         return tied[next(self._turn) % len(tied)]
 
+    def to_wake(self, name: str, now: float, every_s: float) -> list[Route]:
+        """On demand: the deployments serving `name` that a request should wake now: on standby (or
+        refused before), with a wake token, no wake in flight and none sent in the last `every_s`
+        (the supervisor's answer shows at the next look; it starts an engine once however many
+        wakes reach it)."""
+        return [
+            r
+            for r in self.serving(name)
+            if r.wakeable and r.wake_token and not r.waking and now - r.woken_at >= every_s
+        ]
+
+    def neighbours(self, route: Route) -> list[Route]:
+        """The other deployments in rotation on any of `route`'s nodes: what holds memory there, as
+        far as the gateway knows."""
+        return [r for r in self.routes if r is not route and r.up and set(r.nodes) & set(route.nodes)]
+
     def adopt(self, new: Table) -> None:
         """A new config's routes, keeping what is known of the deployments that stay (their verdict
         and requests in flight), so a reload neither drops a route in rotation nor loses a count."""
@@ -83,4 +106,5 @@ class Table:
             was = old.get((r.key, r.upstream))
             if was is not None:
                 r.in_flight, r.up, r.reason, r.retry_after = was.in_flight, was.up, was.reason, was.retry_after
+                r.wakeable, r.woken_at, r.waking = was.wakeable, was.woken_at, was.waking
         self.routes = new.routes

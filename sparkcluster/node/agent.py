@@ -15,9 +15,11 @@ for good when a node runs short of memory. What it sees and does goes to a journ
 
 Why not Ray for the worker's memory: Ray reports a container's cgroup usage, not the node's
 MemAvailable (ray/_private/utils.py `get_used_memory`), and asking Ray anything else needs a driver
-of a few hundred MB in this process. The endpoint answers only figures; it takes no input. On the
+of a few hundred MB in this process. The endpoint answers only figures (but see on demand below). On the
 head it also carries the supervisor's state file, which the gateway (sparkcluster/gateway) reads to
-take a deployment out of rotation on the supervisor's verdict.
+take a deployment out of rotation on the supervisor's verdict, and on the head of an on-demand
+deployment its one input: `POST /wake` with the deployment's wake token (a file `up` wrote, 0600),
+which asks the supervisor to start the engine on standby (node/supervisor).
 
 This package runs inside the image's own Python: standard library only. Its files are shipped into
 every container (node/ under contract.AGENT_DIR, with launcher.py as its __main__.py), so a change
@@ -53,13 +55,14 @@ def _changed() -> int | None:
         return None
 
 
-def wait_or_wake(stopping: threading.Event, seconds: float) -> None:
-    """Wait `seconds`, or less: until the container stops or the controller writes or removes the
-    desired state (`up` asking for a server, `down` for none), which is then acted on at once
-    rather than at the next look. A stat of one file ten times a second costs nothing measurable."""
+def wait_or_wake(stopping: threading.Event, seconds: float, woken: threading.Event | None = None) -> None:
+    """Wait `seconds`, or less: until the container stops, the controller writes or removes the
+    desired state (`up` asking for a server, `down` for none), or a caller wakes a server on standby
+    (`woken`), which is then acted on at once rather than at the next look. A stat of one file ten
+    times a second costs nothing measurable."""
     seen, end = _changed(), time.monotonic() + seconds
     while not stopping.wait(max(0.0, min(WAKE_S, end - time.monotonic()))):
-        if time.monotonic() >= end or _changed() != seen:
+        if time.monotonic() >= end or _changed() != seen or (woken is not None and woken.is_set()):
             return
 
 
@@ -97,6 +100,7 @@ def main(config_path: str = CONFIG_PATH) -> int:
             cfg["report_port"],
             lambda: report(cfg, ray, sup, keeper),
             Exporter(cfg, ray, sup, keeper).text,
+            wake=sup.wake if sup is not None else None,  # on demand: the head's one input
         )
     except OSError as e:  # the head then judges this node's memory blind: say so, keep Ray and the server
         journal.write("memory report not served", address=f"{cfg['report_ip']}:{cfg['report_port']}", error=str(e))
@@ -124,7 +128,7 @@ def main(config_path: str = CONFIG_PATH) -> int:
         interval = float(sup.policy()["interval_s"]) if sup else 2.0 if keeper else 5.0
         if sup is not None and sup.state in (WAITING, STARTING):
             interval = min(interval, BUSY_LOOK_S)  # `up` waits on what this look says (not a restart's backoff)
-        wait_or_wake(stopping, interval)
+        wait_or_wake(stopping, interval, sup.woken if sup is not None else None)
     if sup is not None:
         sup.stop("the container is stopping")
     if keeper is not None:

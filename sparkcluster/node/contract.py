@@ -9,6 +9,9 @@ AGENT_DIR = "/opt/sparkcluster"  # the package's files, as `node/`, and the laun
 CONFIG_PATH = "/etc/sparkcluster/agent.json"
 DESIRED_PATH = "/etc/sparkcluster/serve-desired.json"
 SECRETS_PATH = "/etc/sparkcluster/serve-secrets.json"
+# on demand (issue 36): the one token that lets a caller (the gateway) ask the head agent to start a
+# deployment on standby; 0600, written by `up`, opens nothing else (never the engine's environment)
+WAKE_PATH = "/etc/sparkcluster/wake-token"
 RECORD_PATH = "/run/sparkcluster/serve.json"
 STATE_PATH = "/run/sparkcluster/supervisor.json"
 RANK_PATH = "/run/sparkcluster/rank.json"  # executor "mp": a worker's rank, its epoch and exit (node/ranks)
@@ -39,6 +42,10 @@ LIMIT, MEMORY, FAILED = "restart limit reached", "stopped: memory floor", "faile
 # before a restart: every node's MemAvailable must cover the engine again (issue 35)
 MEMORY_WAIT, NO_MEMORY = "waiting for memory to come back", "stopped: memory did not come back"
 FINAL = (LIMIT, MEMORY, FAILED, NO_MEMORY)  # nothing is started again until `up`
+# on demand (a profile's [on_demand]): the engine is not running and holds no memory until a wake;
+# a wake whose start did not fit a node's memory is refused (not final: the next wake asks again)
+STANDBY, REFUSED = "standby", "refused: not enough memory"
+WAKEABLE = (STANDBY, REFUSED)
 
 DEFAULT_POLICY = {
     "interval_s": 2.0,  # one look at the engine and the nodes
@@ -58,6 +65,10 @@ DEFAULT_POLICY = {
     "backoff_s": 5.0,  # doubled per restart in the window, at most 60 s
     "ready_timeout_s": 1800.0,
     "stop_grace_s": 30.0,
+    # on demand: `up` leaves the engine on standby; a wake starts it after memory admission, and an
+    # engine with no request of anyone but the supervisor's probes for idle_ttl_s goes back to standby
+    "on_demand": False,
+    "idle_ttl_s": 900.0,
 }
 
 # One look reads /health and /metrics (3 s each at most) and may send the one-token probe, which

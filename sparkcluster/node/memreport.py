@@ -11,7 +11,7 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .readings import mem_available, mem_total
+from .readings import held, mem_available, mem_total
 
 
 def node_report(node: str, ray: subprocess.Popen) -> dict:
@@ -21,6 +21,7 @@ def node_report(node: str, ray: subprocess.Popen) -> dict:
         "node": node,
         "mem_available": mem_available(text),
         "mem_total": mem_total(text),  # the supervisor's wait before a restart needs the pool's size
+        "mem_held": held(text),  # what a start refused for memory names (issue 36)
         "ray_alive": ray.poll() is None,
         "ts": time.time(),
     }
@@ -42,20 +43,32 @@ def peer_memory(ip: str, port: int, timeout: float = 1.0, seen: dict | None = No
     return value, ""
 
 
-def serve_reports(address: str, port: int, report, metrics=None) -> None:
-    """`/` the report (JSON), `/metrics` the text `metrics()` returns (Prometheus' format)."""
+def serve_reports(address: str, port: int, report, metrics=None, wake=None) -> None:
+    """`/` the report (JSON), `/metrics` the text `metrics()` returns (Prometheus' format). With
+    `wake` (the head of an on-demand deployment), `POST /wake` is its one input: `wake(token)` with
+    the bearer token presented gets (HTTP status, JSON document); no body is read."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            if metrics is not None and self.path.split("?")[0] == "/metrics":
-                body, kind = metrics().encode(), "text/plain; version=0.0.4; charset=utf-8"
-            else:
-                body, kind = json.dumps(report()).encode(), "application/json"
-            self.send_response(200)
+        def _answer(self, code: int, body: bytes, kind: str) -> None:
+            self.send_response(code)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            if metrics is not None and self.path.split("?")[0] == "/metrics":
+                self._answer(200, metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            else:
+                self._answer(200, json.dumps(report()).encode(), "application/json")
+
+        def do_POST(self):  # noqa: N802
+            if wake is None or self.path.split("?")[0] != "/wake":
+                self._answer(404, b'{"error": "not found"}', "application/json")
+                return
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            code, doc = wake(token.strip() if scheme.lower() == "bearer" else "")
+            self._answer(code, json.dumps(doc).encode(), "application/json")
 
         def log_message(self, *args):  # one line per poll would drown the container's log
             pass

@@ -30,15 +30,17 @@ from .contract import (
     IDLE,
     LIMIT,
     MEMORY,
+    REFUSED,
     RESTARTING,
     SERVING,
+    STANDBY,
     STARTING,
     WAITING,
 )
 from .journal import read_json
 from .readings import meminfo
 
-STATES = (IDLE, WAITING, STARTING, SERVING, RESTARTING, LIMIT, MEMORY, FAILED)
+STATES = (IDLE, WAITING, STARTING, SERVING, RESTARTING, LIMIT, MEMORY, FAILED, STANDBY, REFUSED)
 VERDICT_KINDS = ("dead", "wedged", "not-ready", "memory")
 
 # name -> (type, help): every series this module can write

@@ -88,6 +88,20 @@ def mem_total(text: str) -> int | None:
     return meminfo(text).get("MemTotal")
 
 
+def held(text: str) -> dict[str, int]:
+    """What holds a node's memory as far as /proc/meminfo tells it, in bytes: processes' own pages
+    (AnonPages), shared memory (Shmem: /dev/shm, IPC segments) and the rest that MemAvailable does
+    not count (the kernel and drivers, the GPU's allocations on unified memory). What a refused
+    start names (issue 36)."""
+    m = meminfo(text)
+    total, avail = m.get("MemTotal"), m.get("MemAvailable")
+    anon, shm = m.get("AnonPages", 0), m.get("Shmem", 0)
+    out = {"processes": anon, "shared memory": shm}
+    if total is not None and avail is not None:
+        out["kernel, drivers and GPU"] = max(0, total - avail - anon - shm)
+    return out
+
+
 def headroom(total: int, available: int, fraction: float, running: bool = False) -> tuple[int, int]:
     """(need, left) in bytes: what the engine takes when it starts (gpu_memory_utilization is a
     fraction of the whole unified pool, so of MemTotal; nothing more while it already runs), and

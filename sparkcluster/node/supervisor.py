@@ -2,12 +2,21 @@
 file beside it), waits until every node is a Ray member before any (re)start (executor "mp": until
 every worker's agent holds the server, node/ranks), looks at the engine every interval, and acts on
 the verdict (verdict.py) within its bounds: restart with backoff (with "mp", the whole set: each start
-is a new epoch the workers' agents follow), stop for good when a node runs short of memory."""
+is a new epoch the workers' agents follow), stop for good when a node runs short of memory.
+
+On demand (issue 36; a profile's [on_demand], policy "on_demand"): the server `up` hands over stays
+on standby (no engine, no memory held) until a wake (`wake`, from the agent's `POST /wake` with the
+deployment's wake token); the start it leads to is admitted only when every node has the headroom
+the profile's memory arithmetic asks for, else refused naming what holds the memory; an engine
+with no request but the supervisor's own probes for idle_ttl_s is stopped and back on standby.
+Wakes while it starts or serves change nothing, so concurrent first requests start it once."""
 
 from __future__ import annotations
 
+import hmac
 import os
 import subprocess
+import threading
 import time
 import urllib.request
 from secrets import token_hex
@@ -25,13 +34,17 @@ from .contract import (
     MEMORY_WAIT,
     NO_MEMORY,
     RECORD_PATH,
+    REFUSED,
     RESTARTING,
     SECRETS_PATH,
     SERVE_LOG,
     SERVING,
+    STANDBY,
     STARTING,
     STATE_PATH,
     WAITING,
+    WAKE_PATH,
+    WAKEABLE,
 )
 from .journal import Journal, read_json, write_json
 from .memreport import peer_memory
@@ -40,6 +53,7 @@ from .ranks import rank_problem, ranks_waiting
 from .readings import (
     alive_gpus,
     engine_figures,
+    held,
     http_status,
     mem_available,
     mem_total,
@@ -47,7 +61,17 @@ from .readings import (
     progress_figures,
     ray_rows,
 )
-from .verdict import Look, Watch, backoff, memory_for_restart, memory_wait, restarts_left, verdict
+from .verdict import (
+    Look,
+    Watch,
+    admission,
+    backoff,
+    idle_for,
+    memory_for_restart,
+    memory_wait,
+    restarts_left,
+    verdict,
+)
 
 
 class Supervisor:
@@ -78,6 +102,12 @@ class Supervisor:
         self.memory_seen: dict[str, int | None] = {}
         self.memory_wait_since: float | None = None  # a restart waiting for memory to come back
         self.reading: StartReading | None = None  # this start's compile cache, journalled at serving
+        # on demand: a wake asked for a start (set from the report server's thread), whether an
+        # engine is wanted now (from a wake's admitted start until the idle TTL), the last refusal
+        self.woken = threading.Event()
+        self.wanted = False
+        self.refusal = ""
+        self.held: dict[str, dict] = {}  # node -> what holds its memory (readings.held), as last read
 
     # -- state
     def set_state(self, state: str, **detail) -> None:
@@ -109,6 +139,7 @@ class Supervisor:
                     else {}
                 ),
                 "activity": self.watch.activity if self.watch else "",
+                **({"refusal": self.refusal} if self.refusal else {}),
             },
         )
 
@@ -140,6 +171,42 @@ class Supervisor:
             if self.state in FINAL:
                 self.state = IDLE
         self.memory_wait_since = None
+        self.wanted, self.refusal = False, ""  # on demand: on standby until a wake
+        self.woken.clear()
+
+    # -- on demand
+    def wake(self, token: str) -> tuple[int, dict]:
+        """A caller asks for the engine (the report server's `POST /wake`, another thread): (HTTP
+        status, answer). Only with the deployment's wake token, compared in constant time; only for
+        a server on demand. It sets a flag the next tick acts on: a wake while the engine starts or
+        serves is a no-op, so many wakes start it once."""
+        try:
+            with open(WAKE_PATH) as f:
+                want = f.read().strip()
+        except OSError:
+            want = ""
+        if not want or not hmac.compare_digest(token.encode(), want.encode()):
+            return 401, {"error": "missing or wrong wake token"}
+        if not self._policy.get("on_demand") or self.generation is None:
+            return 409, {"error": "no server on demand here", "state": self.state}
+        self.woken.set()
+        return 202, {"state": self.state}
+
+    def admit(self, policy: dict) -> bool:
+        """A wake's start, admitted only when every node has the profile's headroom; else the state
+        says refused and why (journalled when the refusal changes). Consumes the wake."""
+        self.woken.clear()
+        ok, why = admission(self.node_memory(), self.held, policy)
+        if ok:
+            self.wanted, self.refusal = True, ""
+            self.journal.write("woken on demand", generation=self.generation)
+            return True
+        if why != self.refusal:
+            self.causes.append({"ts": time.time(), "kind": "admission", "cause": why})
+            self.journal.write("start refused: not enough memory", cause=why)
+        self.refusal = why
+        self.set_state(REFUSED, cause=why)
+        return False
 
     # -- the engine
     def start(self, desired: dict) -> None:
@@ -159,7 +226,8 @@ class Supervisor:
         )
         log.close()
         record = {
-            k: desired.get(k) for k in ("profile", "model", "port", "salt", "secrets_digest", "generation", "policy")
+            k: desired.get(k)
+            for k in ("profile", "model", "port", "host", "salt", "secrets_digest", "generation", "policy")
         }
         write_json(RECORD_PATH, {**record, "pid": self.proc.pid, "exec_id": "", "started_at": time.time()})
         self.watch = Watch(started=time.time())
@@ -234,12 +302,15 @@ class Supervisor:
         with open("/proc/meminfo") as f:
             text = f.read()
         out = {self.cfg["node"]: (mem_total(text), mem_available(text))}
+        holders = {self.cfg["node"]: held(text)}
         for peer in self.cfg.get("peers", []):
             got: dict = {}
             avail, _ = peer_memory(peer["ip"], self.cfg["report_port"], seen=got)
             self.reports[peer["name"]] = got.get("report")
             total = (got.get("report") or {}).get("mem_total")
             out[peer["name"]] = (total if isinstance(total, int) else None, avail)
+            holders[peer["name"]] = (got.get("report") or {}).get("mem_held") or {}
+        self.held = holders
         return out
 
     def memory_before_restart(self, policy: dict) -> bool:
@@ -273,7 +344,8 @@ class Supervisor:
         return True
 
     def look(self, desired: dict, policy: dict) -> Look:
-        base = f"http://127.0.0.1:{desired['port']}"
+        # the engine's own address: loopback, or the head's control address when it listens only there
+        base = f"http://{desired.get('host') or '127.0.0.1'}:{desired['port']}"
         look = Look(
             now=time.time(),
             alive=self.proc is not None and self.proc.poll() is None,
@@ -311,6 +383,17 @@ class Supervisor:
             self.count("probe:ok" if look.probe == "" else "probe:failed")
         return look
 
+    def idle_stop(self, idle: float, policy: dict) -> None:
+        """On demand: an engine ready and idle for the TTL is stopped (its container stays) and the
+        server is back on standby until the next wake."""
+        ttl = float(policy["idle_ttl_s"])
+        if not self.watch.ready or idle < ttl:
+            return
+        self.stop(f"idle for {idle:.0f}s (on demand's TTL is {ttl:g}s)")
+        self.wanted = False
+        self.journal.write("idle: stopped after TTL", idle_s=round(idle, 1), ttl_s=ttl)
+        self.set_state(STANDBY, why="idle TTL")
+
     def count(self, key: str) -> None:
         self.counts = {**self.counts, key: self.counts.get(key, 0) + 1}  # a new dict: /metrics reads it
 
@@ -322,7 +405,7 @@ class Supervisor:
         if desired is None or not desired.get("argv"):
             if self.proc is not None:
                 self.stop("disabled (sparkcluster down, or up replacing the server)")
-            self.generation = None
+            self.generation, self.wanted, self.refusal = None, False, ""
             self.set_state(IDLE)
             return
         policy = self.policy(desired)
@@ -332,6 +415,15 @@ class Supervisor:
             self.save()
             return
         if self.proc is None:
+            if policy.get("on_demand") and not self.wanted:
+                if not self.woken.is_set():  # on standby: nothing runs, nothing is held
+                    if self.state not in WAKEABLE:
+                        self.set_state(STANDBY)
+                    else:
+                        self.save()
+                    return
+                if not self.admit(policy):
+                    return
             if time.time() < self.next_start:
                 return
             if not self.first_start and not policy.get("act", True):
@@ -349,6 +441,7 @@ class Supervisor:
                 return
             self.start(desired)
             return
+        self.woken.clear()  # a wake while it starts or serves: nothing to do
         look = self.look(desired, policy)
         self.last_look = look.now
         before = self.watch.activity
@@ -366,6 +459,8 @@ class Supervisor:
                 self.set_state(SERVING)
             else:
                 self.save()
+            if policy.get("on_demand"):
+                self.idle_stop(idle_for(self.watch, look), policy)
             return
         kind, cause = found
         if not policy.get("act", True):  # watched, journalled once, left alone

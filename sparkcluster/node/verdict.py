@@ -37,6 +37,10 @@ class Watch:
     probe_failures: int = 0  # consecutive, each while nothing progressed
     low_memory_samples: int = 0
     activity: str = ""  # "prefilling: <evidence>" while work advances with no token generated yet
+    # on demand: when a request other than the supervisor's own probes was last seen (idle_for)
+    active_at: float = 0.0
+    served: float | None = None  # vllm:request_success_total at the last reading
+    own_probes: int = 0  # the supervisor's successful probes since that reading
 
 
 def _work(look: Look) -> tuple[float, float]:
@@ -167,3 +171,45 @@ def memory_wait(waiting_since: float | None, now: float, covered: bool, policy: 
     if waiting_since is not None and now - waiting_since > float(policy["memory_wait_s"]):
         return "give-up"
     return "wait"
+
+
+SUCCESS = "vllm:request_success_total"
+
+
+def idle_for(w: Watch, look: Look) -> float:
+    """Seconds since the engine last had a request of anyone but the supervisor (on demand's idle
+    TTL). A request is seen as work running or waiting at a look, or as the success counter moving
+    by more than the supervisor's own probes since the last look (a short request between two
+    looks). Until the engine is ready it counts as busy. Updates `w`."""
+    served = look.progress.get(SUCCESS)
+    running, waiting = _work(look)
+    busy = not w.ready or bool(running or waiting) or not w.active_at
+    if served is not None:
+        if w.served is not None and served - w.served > w.own_probes:
+            busy = True
+        w.served, w.own_probes = served, 0
+    if look.probe == "":
+        w.own_probes += 1  # shows in the counter at the next reading
+    if busy:
+        w.active_at = look.now
+    return look.now - w.active_at
+
+
+def admission(nodes: dict[str, tuple[int | None, int | None]], held: dict[str, dict], policy: dict) -> tuple[bool, str]:
+    """Before an on-demand start: every node must have the headroom the profile's memory arithmetic
+    asks for (memory_for_restart: gpu_memory_utilization of MemTotal, and the floor left free), so a
+    deployment shares memory with nothing. Returns (admitted, the refusal: each short node, what it
+    showed and what holds its memory, `held` being node -> {holder: bytes})."""
+    ok, seen = memory_for_restart(nodes, policy)
+    if ok:
+        return True, ""
+    short = []
+    for node, said in sorted(seen.items()):
+        if said.endswith("covered"):
+            continue
+        holders = sorted(
+            ((v, k) for k, v in (held.get(node) or {}).items() if isinstance(v, int) and v > 0), reverse=True
+        )
+        holds = ", ".join(f"{k} {v / GiB:.1f} GiB" for v, k in holders)
+        short.append(f"{node}: {said}" + (f"; held by {holds}" if holds else ""))
+    return False, "; ".join(short)

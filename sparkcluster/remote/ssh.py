@@ -136,6 +136,17 @@ class Host:
     def address(self) -> str:
         return self._conn.host
 
+    def tunnel(self, ip: str, port: int, timeout: float = 10.0):
+        """A channel from this host to ip:port (`direct-tcpip`, as `ssh -L` opens): what
+        remote/forward carries a local connection on. A host whose sshd refuses forwarding raises
+        paramiko's ChannelException."""
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectError(
+                self.name, self.lost or "the SSH connection was lost", "check the host's network and sshd, then retry"
+            )
+        return transport.open_channel("direct-tcpip", (ip, int(port)), ("127.0.0.1", 0), timeout=timeout)
+
     def run(
         self, cmd: str | Sequence[str], timeout: float = 30.0, stdin: bytes | None = None, *, warn: bool = False
     ) -> CommandResult:

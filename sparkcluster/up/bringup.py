@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from sparkcluster import log
 from sparkcluster.config import bounds, lint
 from sparkcluster.config import profile as profiles
+from sparkcluster.config.flags import engine_host, reached_at
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import canary_watch, deployments, endpoint, engine_nccl, known_good, server, teardown
@@ -135,16 +136,19 @@ def _old_server(cluster: ConnectedHosts, inv: Inventory, facts) -> server.Record
     return server.current(cluster.head.docker().api, heads[0].id) if heads else None
 
 
+def _endpoint(cluster: ConnectedHosts, inv: Inventory, port: int) -> str:
+    """The endpoint `up` prints: at the head's address; at its control address when engines listen
+    only there (the gateway the only door: clients go through it)."""
+    host = inv.head.control_ip if inv.cluster.engines_listen == "control" else cluster.head.address
+    return f"http://{host}:{port}/v1"
+
+
 def _wedged(cluster: ConnectedHosts, inv: Inventory, prof: profiles.Profile, secrets: dict[str, str]) -> str:
     """Why the server that runs this profile does not serve, or "": `/health` alone says 200 while
     an engine is stuck, so "already serving" needs a one-token completion too."""
     port = prof.serve.port or inv.cluster.api_port
-    view = endpoint.look(
-        f"http://{cluster.head.address}:{port}",
-        secrets.get("VLLM_API_KEY"),
-        prof.served_model_name,
-        probe_timeout=WEDGE_PROBE_S,
-    )
+    with endpoint.reached(cluster.head, inv, port) as base:
+        view = endpoint.look(base, secrets.get("VLLM_API_KEY"), prof.served_model_name, probe_timeout=WEDGE_PROBE_S)
     if view.health != 200:
         return f"/health answers {view.health or 'nothing'}"
     return "" if view.responds is not False else f"/health is 200 but {view.probe}"
@@ -168,7 +172,15 @@ def _run_locked(
     # the same profile serves only when its server runs, started with the same secrets and watched
     # by the supervisor with the profile's bounds
     policy = bounds.profile_policy(prof)
-    serving = bool(old and old.profile == prof.name and old.started_with(wanted) and old.policy == policy)
+    # ... and asked at the address it listens on now (the inventory's engines_listen, issue 36)
+    asked = reached_at(engine_host(inv, prof))
+    serving = bool(
+        old
+        and old.profile == prof.name
+        and old.started_with(wanted)
+        and old.policy == policy
+        and (old.host or "127.0.0.1") == asked
+    )
     wedged = _wedged(cluster, inv, prof, secrets) if serving else ""
     serving = serving and not wedged
     plan = make_plan(
@@ -185,7 +197,7 @@ def _run_locked(
     if plan.unchanged:
         port = prof.serve.port or inv.cluster.api_port
         remember_good(inv, prof, report.facts, report.facts[inv.head.name].image_id or "", "", cluster)
-        return UpSummary(True, f"http://{cluster.head.address}:{port}/v1", prof.served_model_name, old.pid, {})
+        return UpSummary(True, _endpoint(cluster, inv, port), prof.served_model_name, old.pid, {})
     r = UpRun(cluster, plan, report.facts, secrets, progress, reach=dict(reach or cluster.hosts))
     try:
         execute(r)
@@ -212,9 +224,9 @@ def _run_locked(
     )
     return UpSummary(
         False,
-        f"http://{cluster.head.address}:{plan.serve.port}/v1",
+        _endpoint(cluster, inv, plan.serve.port),
         plan.serve.model,
-        r.get(server.Record).pid,
+        rec.pid if (rec := r.find(server.Record)) else None,  # None: on standby (on demand)
         r.seconds,
     )
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from sparkcluster import redact
 from sparkcluster.checks.runtime import env_verdict
 from sparkcluster.config import profile as profiles
-from sparkcluster.config.flags import rank_args, supervised_argv
+from sparkcluster.config.flags import engine_host, rank_args, reached_at, supervised_argv
 from sparkcluster.config.images import RAY_VERSION, image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.container.spec import ContainerSpec, node_rank, spec_for
@@ -158,9 +158,10 @@ def make_plan(
         return _with_steps(plan, [s for s in STAGES.values() if s.before_plan])
     remove = {} if keep else {n: [c.name for c in cs] for n, cs in current.items() if cs}
     to_create = [] if keep else [specs[inv.head.name], *[specs[w.name] for w in inv.workers]]
+    bind = engine_host(inv, prof)  # the head's control address only, when the gateway is the only door
     sv = server.ServeSpec(
         container=specs[head].name,
-        argv=supervised_argv(prof, port=inv.cluster.api_port, hf_cache=inv.hf_cache(inv.head.name))
+        argv=supervised_argv(prof, port=inv.cluster.api_port, hf_cache=inv.hf_cache(inv.head.name), host=bind)
         + _rank(inv, prof, head),
         secret_names=profiles.secret_env_names(prof),
         model=prof.served_model_name,
@@ -178,6 +179,7 @@ def make_plan(
             for w in inv.workers
             if _rank(inv, prof, w.name)
         ),
+        host=reached_at(bind),
     )
     return _with_steps(
         Plan(inv, prof, image, specs[head].name, build, send_to, remove, to_create, sv, **common), STAGES.values()

@@ -6,6 +6,15 @@ engine stopped (SIGSTOP), its model gets 503 with Retry-After once the superviso
 while the head's keeps answering, and it is back in rotation once the supervisor serves it again;
 `down --node` leaves the gateway routing the rest; `down` removes it with everything else.
 
+The only door (item 2, its own test): with the inventory's engines_listen = "control" the engine
+listens on the head's control address only; the laptop cannot reach it at the head's address, the
+gateway can; `status`, `bench` and a second `up` still work (through the head's SSH connection).
+
+On demand (item 4, its own test): a variant on the worker left on standby by `up`; with the
+worker's MemAvailable stood in low (the testbed's meminfo stand-in) a request is refused for memory,
+naming what holds it, and no engine starts; with memory back, concurrent first requests start it
+once, it answers through the gateway, and after its idle TTL it is stopped again (container kept).
+
 One shared cluster for the whole test (two engine starts and one restart: a few minutes); every
 wait is on a condition.
 """
@@ -19,12 +28,25 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.integration.helpers import API_KEY, BASE, HEAD, WORKER, ours, popen_sc, wait_for
+from tests.integration.helpers import (
+    API_KEY,
+    BASE,
+    HEAD,
+    HEAD_C,
+    WORKER,
+    inventory_variant,
+    listeners,
+    ours,
+    popen_sc,
+    wait_for,
+)
 
 # not in `make test`: `make test-hand` runs it (see tests/README.md: its testbed scenario does not pass yet)
 pytestmark = [pytest.mark.testbed, pytest.mark.handrun]
 SINGLE = "testbed-single"
 VARIANT = "testbed-single-vision"  # testbed-single under another served name, with an alias
+ON_DEMAND = "testbed-single-od"  # testbed-single under another served name, on demand
+OD_MODEL, OD_TTL_S = "testbed-tiny-od", 20
 HEAD_MODEL, WORKER_MODEL, ALIAS = "testbed-tiny-single", "testbed-tiny-vision", "vision"
 GW_KEY, GW_KEY2 = "gw-testbed-key-7d3a9e01", "gw-second-key-55b2c7e4"
 GW = f"http://{urlsplit(BASE).hostname}:4000"  # the head's address, as the laptop reaches it
@@ -52,6 +74,9 @@ def env(tmp_path_factory):
     text = (Path(__file__).resolve().parents[2] / "env-profiles" / f"{SINGLE}.toml").read_text()
     text = text.replace(f'served_name = "{HEAD_MODEL}"', f'served_name = "{WORKER_MODEL}"\naliases = ["{ALIAS}"]')
     (folder / f"{VARIANT}.toml").write_text(text)
+    od = (Path(__file__).resolve().parents[2] / "env-profiles" / f"{SINGLE}.toml").read_text()
+    od = od.replace(f'served_name = "{HEAD_MODEL}"', f'served_name = "{OD_MODEL}"')
+    (folder / f"{ON_DEMAND}.toml").write_text(od + f"\n[on_demand]\nenabled = true\nidle_ttl_s = {OD_TTL_S}\n")
     return {"SPARKCLUSTER_PROFILES": str(folder), "GATEWAY_API_KEYS": f"{GW_KEY},{GW_KEY2}"}
 
 
@@ -158,3 +183,126 @@ def test_one_endpoint_for_two_deployments(testbed, sc, env_file, env):
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{GW}/health", timeout=3)
     print(json.dumps({"wedge_to_503_s": round(took, 1)}))
+
+
+def _engine_pids(testbed, host: str) -> list[str]:
+    return testbed.sh(host, "pgrep -f 'VLLM::[E]ngineCore' || true").stdout.split()
+
+
+def _od_journal(testbed) -> list[dict]:
+    """The on-demand deployment's supervisor journal (its head container on the worker)."""
+    out = testbed.sh(WORKER, f"docker exec {HEAD_C} cat /var/log/sparkcluster/journal.jsonl", check=False).stdout
+    return [json.loads(x) for x in out.splitlines() if x.strip()]
+
+
+def test_on_demand_standby_started_once_admitted_and_stopped_when_idle(testbed, sc, env_file, env):
+    import concurrent.futures
+
+    sc("down", env=env)
+    procs = {
+        HEAD: popen_sc(testbed, sc, env_file, "up", "--profile", SINGLE, "--node", HEAD, env=env),
+        WORKER: popen_sc(testbed, sc, env_file, "up", "--profile", ON_DEMAND, "--node", WORKER, env=env),
+    }
+    for node, p in procs.items():
+        out, err = p.communicate(timeout=900)
+        assert p.returncode == 0, f"{node}: {out}{err}"
+        if node == WORKER:
+            assert "on standby" in out, out
+    od_key = f"{ON_DEMAND}@{WORKER}"
+    try:
+        # up left it on standby: containers in place, no engine, healthy
+        assert ours(testbed, WORKER) and _engine_pids(testbed, WORKER) == []
+        st = sc("status", "--all", env=env)
+        assert st.returncode == 0, st.stdout + st.stderr
+        up = sc("gateway", "up", env=env, timeout=300)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "on demand: a request wakes it" in up.stdout and routes()[od_key]["on_demand"], up.stdout
+        token = testbed.sh(WORKER, f"docker exec {HEAD_C} cat /etc/sparkcluster/wake-token").stdout.strip()
+        assert token and token not in up.stdout + up.stderr
+        assert token not in testbed.sh(HEAD, f"docker inspect {GW_CONTAINER}").stdout
+        assert token not in testbed.sh(HEAD, "ps -eo args").stdout
+
+        # admission: the worker's MemAvailable stood in below the engine's share plus the floor
+        meminfo = testbed.sh(WORKER, f"docker exec {HEAD_C} cat /proc/meminfo").stdout
+        total_kib = int(next(x for x in meminfo.splitlines() if x.startswith("MemTotal:")).split()[1])
+        need_kib = int(0.2 * total_kib)  # testbed-single's gpu_memory_utilization
+        testbed.set_meminfo(WORKER, HEAD_C, need_kib)  # the engine's share, without the 6 GiB floor
+        try:
+            refused = chat(OD_MODEL)
+            assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0, refused.text
+            assert wait_for(lambda: "refused" in routes()[od_key]["reason"], 30, step=0.5), routes()
+            said = chat(OD_MODEL).json()["error"]["message"]
+            assert f"its last start was refused: {WORKER}: MemAvailable" in said and "GiB short" in said, said
+            assert "held by" in said, said
+            assert _engine_pids(testbed, WORKER) == []
+            st = sc("status", "--all", env=env)
+            assert st.returncode == 1 and "its last start was refused" in st.stdout, st.stdout
+        finally:
+            testbed.set_meminfo(WORKER, HEAD_C, None)
+
+        # memory back: concurrent first requests, one start, then it answers through the gateway
+        started = time.time()
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda _: chat(OD_MODEL).status_code, range(8)))
+        assert set(codes) <= {503, 200}, codes
+        assert wait_for(lambda: routes()[od_key]["in_rotation"], 300, step=1), routes()
+        took = time.time() - started
+        r = chat(OD_MODEL)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+        events = [e["event"] for e in _od_journal(testbed) if e["ts"] >= started - 1]
+        assert events.count("vllm serve started") == 1 and events.count("woken on demand") == 1, events
+        assert chat(HEAD_MODEL).status_code == 200  # the other deployment was never touched
+
+        # idle: stopped after its TTL, back on standby, the container kept; a request wakes it again
+        assert wait_for(lambda: "on standby" in routes()[od_key]["reason"], OD_TTL_S + 60, step=1), routes()
+        assert wait_for(lambda: _engine_pids(testbed, WORKER) == [], 60, step=1)
+        assert ours(testbed, WORKER) and "idle: stopped after TTL" in [e["event"] for e in _od_journal(testbed)]
+        print(json.dumps({"on_demand_start_s": round(took, 1)}))
+    finally:
+        res = sc("down", env=env)
+        assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_gateway_as_the_only_door(testbed, sc, env, tmp_path):
+    import tomllib
+
+    inv = inventory_variant(
+        testbed,
+        tmp_path,
+        lambda t: t.replace('name = "testbed"\n', 'name = "testbed"\nengines_listen = "control"\n', 1),
+    )
+    ctl = next(n["control_ip"] for n in tomllib.loads(inv.read_text())["nodes"] if n["name"] == HEAD)
+    sc("down", env=env)
+    try:
+        res = sc("up", "--profile", SINGLE, "--node", HEAD, inventory=inv, env=env, timeout=900)
+        assert res.returncode == 0 and "door:" in res.stdout, res.stdout + res.stderr
+        held = listeners(testbed, HEAD, 8000)
+        assert f"{ctl}:8000" in held and "0.0.0.0:8000" not in held and "*:8000" not in held, held
+        with pytest.raises(httpx.HTTPError):  # the head's own address: nothing listens there
+            httpx.get(f"{BASE}/health", timeout=3)
+        st = sc("status", "--all", inventory=inv, env=env)
+        assert st.returncode == 0 and "healthy" in st.stdout, st.stdout + st.stderr
+        again = sc("up", "--profile", SINGLE, "--node", HEAD, inventory=inv, env=env)
+        assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
+        b = sc(
+            "bench",
+            "--concurrency",
+            "1",
+            "--num-prompts",
+            "2",
+            "--input-len",
+            "16",
+            "--output-len",
+            "4",
+            inventory=inv,
+            env=env,
+            timeout=600,
+        )
+        assert b.returncode == 0, b.stdout + b.stderr
+        up = sc("gateway", "up", inventory=inv, env=env, timeout=300)
+        assert up.returncode == 0 and "in rotation" in up.stdout, up.stdout + up.stderr
+        r = chat(HEAD_MODEL)  # the door: the gateway on the head's address
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+    finally:
+        res = sc("down", inventory=inv, env=env)
+        assert res.returncode == 0, res.stdout + res.stderr

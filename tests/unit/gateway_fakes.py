@@ -66,6 +66,12 @@ class Engine:
     release: threading.Event = field(default_factory=threading.Event)  # lets a held stream finish
     cancelled: threading.Event = field(default_factory=threading.Event)  # a stream was cut off
     finished: threading.Event = field(default_factory=threading.Event)  # a stream ran to its end
+    # on demand: the head agent's POST /wake as the supervisor answers it (the token it wants, every
+    # wake it got, the starts it made: one per wake that found it on standby)
+    wake_token: str | None = None
+    refusal: str = ""
+    wakes: list[str] = field(default_factory=list)
+    starts: int = 0
 
     def app(self) -> Starlette:
         async def forwarded(request: Request):
@@ -88,11 +94,26 @@ class Engine:
                 "causes": self.causes,
                 "policy": {"interval_s": 2.0},
                 "memory_unknown": {},
+                **({"refusal": self.refusal} if self.refusal else {}),
             }
             return JSONResponse({"node": "n", "ts": time.time(), "supervisor": sup})
 
+        async def wake(request: Request):
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            self.wakes.append(token)
+            if self.wake_token is None or scheme.lower() != "bearer" or token != self.wake_token:
+                return JSONResponse({"error": "missing or wrong wake token"}, status_code=401)
+            if self.state in contract.WAKEABLE:  # the supervisor's rule: a wake on standby starts it
+                self.state, self.starts = contract.STARTING, self.starts + 1
+            return JSONResponse({"state": self.state}, status_code=202)
+
         routes = [Route(p, forwarded, methods=["POST"]) for p in FORWARDED]
-        routes += [Route("/v1/models", models), Route("/report", report)]
+
+        async def alive(request: Request):  # vLLM's /health, which the real supervisor reads
+            return JSONResponse({})
+
+        routes += [Route("/v1/models", models), Route("/report", report), Route("/report/wake", wake, methods=["POST"])]
+        routes += [Route("/health", alive)]
         return Starlette(routes=routes)
 
     async def stream(self, doc: dict):

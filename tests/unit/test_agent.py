@@ -3,6 +3,7 @@ its readers over captured text, and a start/stop of a real process with hostile 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -270,7 +271,7 @@ def test_up_says_serving_only_once_the_supervisor_has_seen_it_serve(monkeypatch)
         secrets={},
         progress=None,
     )
-    monkeypatch.setattr(serve_stage, "_base", lambda r: "http://x")
+    monkeypatch.setattr(serve_stage, "_reached", lambda r: contextlib.nullcontext("http://x"))
     assert serve_stage.wait_ready(r) == 3.0  # a serving state of another generation did not count
     monkeypatch.setattr(supervision, "state", lambda api, c: {"state": "starting", "generation": "g1"})
     monkeypatch.setattr(serve_stage, "SUPERVISOR_CONFIRM_S", 0.5)

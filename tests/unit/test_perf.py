@@ -213,3 +213,38 @@ def test_floors_measure_records_each_command_against_its_floor(monkeypatch):
     assert ratios == pytest.approx({"doctor": 0.9 / 0.6, "status": 0.8 / 0.4, "up_serving": 1.2 / 0.6})
     assert raw["status_floor_ratio"] == pytest.approx([2.0, 2.0])
     assert s.details["floor_modules_imported"] == {k: 4 for k in floors.COMMANDS}
+
+
+def test_gateway_rows_from_made_up_figures():
+    """Issue 36's budgets: p50 TTFT added (paired, interleaved repetitions), throughput at
+    concurrency 8 through / direct, the gateway's idle memory; judged on the medians of the pairs."""
+    from perf import gateway
+
+    raw = _raw(reps=5) | {
+        "gw_direct_ttft_p50_ms": [20.0, 21.0, 19.0, 20.5, 22.0],
+        "gw_through_ttft_p50_ms": [23.0, 24.5, 22.0, 30.0, 25.0],  # +3, +3.5, +3, +9.5, +3
+        "gw_direct_c8_tok_s": [400.0, 410.0, 390.0, 405.0, 400.0],
+        "gw_through_c8_tok_s": [392.0, 400.0, 385.0, 380.0, 396.0],  # 0.98, 0.976, 0.987, 0.938, 0.99
+        "gw_idle_pss_mb": [42.0],
+    }
+    figs = run.figures(raw, 2_881_727_000)
+    keys = [f.key for f in figs]
+    assert keys[-1] == "status_inprocess" and keys.count("gateway_ttft_added") == 1
+    rows = _rows(figures.render(figs, {}, "now", reps=5, cpus=2))
+    assert rows["gateway: p50 TTFT added (through - direct, concurrency 1, interleaved)"] == [
+        "3.000",
+        "3.000",
+        "9.500",
+        "ms",
+        "<= 5",
+        "yes",
+    ]
+    assert rows["gateway: output throughput at concurrency 8, through / direct"][3:] == ["ratio", ">= 0.97", "yes"]
+    assert rows["gateway: idle memory (PSS of its container)"][3:] == ["MB", "< 100", "yes"]
+    assert rows["... p50 TTFT straight to the engine (concurrency 1)"][4:] == ["-", "-"]
+    # over budget: the median pair decides, not one slow repetition
+    slow = raw | {"gw_through_c8_tok_s": [380.0, 390.0, 370.0, 400.0, 396.0], "gw_idle_pss_mb": [120.0]}
+    rows = _rows(figures.render(run.figures(slow, 2_881_727_000), {}, "now", reps=5, cpus=2))
+    assert rows["gateway: output throughput at concurrency 8, through / direct"][-1] == "**no**"
+    assert rows["gateway: idle memory (PSS of its container)"][-1] == "**no**"
+    assert gateway.figures(_raw()) == []  # a results.json from before the gateway's family

@@ -436,3 +436,18 @@ def test_status_reads_the_gateways_models_from_its_health(monkeypatch):
     console.print(render_all([st]))
     text = console.export_text()
     assert "gateway: g on spark-head port 4000: running  models: a, b (out of rotation)" in text
+
+
+def test_a_deployment_on_standby_is_healthy_and_a_refused_start_is_degraded_with_why():
+    """On demand (issue 36): no engine until a request wakes it is the state asked for."""
+    sup = {"state": "standby", "updated": 100.0, "age_s": 1.0, "policy": {"interval_s": 2.0, "on_demand": True}}
+    nodes, rows = healthy_inputs()
+    st = judge(make_inventory(), nodes, rows, ENDPOINT, EngineView(None, [], None, ""), None, sup)
+    assert st.state == "healthy" and st.problems == []
+    refused = {**sup, "state": "refused: not enough memory", "refusal": "spark-worker: 4.0 GiB short"}
+    st = judge(make_inventory(), nodes, rows, ENDPOINT, EngineView(None, [], None, ""), None, refused)
+    assert st.state == "degraded"
+    assert st.problems == ["on demand: its last start was refused: spark-worker: 4.0 GiB short"]
+    # the same state of a server not on demand is still "not running"
+    st = judge(make_inventory(), nodes, rows, ENDPOINT, EngineView(None, [], None, ""), None, {**sup, "policy": {}})
+    assert st.state == "degraded" and any("not running" in p for p in st.problems)

@@ -83,7 +83,7 @@ def test_stop_server_outcomes(with_record):
     out = teardown.stop_server(Host(api), "c")
     assert out.stopped and out.pid == 4242 and str(out) == "vllm serve (pid 4242) stopped"
     # the supervisor is told first, so it never brings the stopped server back
-    assert api.execs[0] == ["rm", "-f", contract.DESIRED_PATH, contract.SECRETS_PATH]
+    assert api.execs[0] == ["rm", "-f", contract.DESIRED_PATH, contract.SECRETS_PATH, contract.WAKE_PATH]
     assert not any(c[:2] == ["sh", "-c"] and "kill -TERM" in c[2] for c in api.execs)
 
 

@@ -466,3 +466,71 @@ def test_replace_takes_other_deployments_down_as_steps_of_the_plan(prof):
     out = plan.render()
     assert "[replace]" in out and "take down 'single' on spark-worker first" in out
     assert "spark-worker: sparkcluster-pair-head" in out
+
+
+# ---- on demand (issue 36): up leaves the server on standby ------------------------------------------
+
+
+def _on_demand(prof):
+    return prof.model_copy(update={"on_demand": prof.on_demand.model_copy(update={"enabled": True, "idle_ttl_s": 60})})
+
+
+def test_an_on_demand_profile_is_handed_over_on_standby_with_no_wait_for_an_engine(prof):
+    od = _on_demand(prof)
+    plan = make_plan(make_inventory(), od, facts(), serving=False, replace=False)
+    serve = [s.action for s in plan.steps() if s.stage == "serve"]
+    assert "standby" in serve and not {"start", "ready", "warm-up", "nccl"} & set(serve)
+    # image, weights, containers (and Ray) as for any profile: only the engine waits for a request
+    assert {"image", "weights", "containers", "ray"} <= {s.stage for s in plan.steps()}
+    text = plan.render()
+    assert "hand vllm serve to the supervisor on standby" in text and "stopped after 60s idle" in text
+    from sparkcluster.config import bounds
+
+    pol = bounds.profile_policy(od)
+    assert pol["on_demand"] is True and pol["idle_ttl_s"] == 60.0
+    assert "on_demand" not in bounds.profile_policy(prof)  # a profile not on demand: its bounds as before
+
+
+class StandbyAPI(FakeAPI):
+    """A head container whose supervisor takes what it is handed on standby."""
+
+    def __init__(self):
+        super().__init__(supervisor=False)
+
+    def exec_create(self, container, cmd, environment=None, stdout=True, stderr=True):
+        got = super().exec_create(container, cmd, environment, stdout, stderr)
+        if cmd[:2] == ["mv", "-f"] and cmd[3] == contract.DESIRED_PATH:
+            gen = json.loads(self.archives[contract.DESIRED_PATH])["generation"]
+            self.archives[contract.STATE_PATH] = json.dumps({"state": "standby", "generation": gen}).encode()
+        return got
+
+
+def test_standby_writes_a_private_wake_token_once_and_waits_for_the_supervisor():
+    api = StandbyAPI()
+    s = spec(["vllm", "serve", "m"])
+    got = server.standby(api, s, {"VLLM_API_KEY": "key_value_2"}, "testbed", {"on_demand": True})
+    token = api.archives[contract.WAKE_PATH].decode()
+    assert len(token) >= 32 and api.modes[contract.WAKE_PATH] == 0o600
+    assert got.generation == json.loads(api.archives[contract.DESIRED_PATH])["generation"]
+    assert server.RECORD_PATH not in api.archives  # nothing started
+    # never on a command line, nor in the desired state or the engine's secrets file
+    for text in (
+        repr(api.execs),
+        api.archives[contract.DESIRED_PATH].decode(),
+        api.archives[contract.SECRETS_PATH].decode(),
+    ):
+        assert token not in text
+    # up again keeps it: a gateway configured before still wakes the deployment
+    server.standby(api, s, {"VLLM_API_KEY": "key_value_2"}, "testbed", {"on_demand": True})
+    assert api.archives[contract.WAKE_PATH].decode() == token == server.read_wake_token(api, s.container)
+
+
+def test_standby_fails_with_the_journal_when_the_supervisor_does_not_take_it():
+    with pytest.raises(server.NotReady, match="did not take the server on standby within 0.5s"):
+        server.standby(FakeAPI(supervisor=False), spec(["vllm", "serve", "m"]), {}, "testbed", {}, timeout=0.5)
+
+
+def test_down_removes_the_wake_token_with_the_desired_state():
+    api = FakeAPI()
+    server.disable(api, "c")
+    assert contract.WAKE_PATH in api.execs[-1][1] and contract.DESIRED_PATH in api.execs[-1][1]

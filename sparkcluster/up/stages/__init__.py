@@ -55,6 +55,6 @@ STAGES: dict[str, Stage] = {
         Stage(ray.STAGE, ray.steps, ray.summary),
         Stage(collective.STAGE, collective.steps, collective.summary),
         Stage(probe.STAGE, probe.steps, probe.summary),
-        Stage(serve.STAGE, serve.steps, serve.summary, leaves=(server.Record, canary_watch.Kept)),
+        Stage(serve.STAGE, serve.steps, serve.summary, leaves=(server.Record, server.Standby, canary_watch.Kept)),
     )
 }

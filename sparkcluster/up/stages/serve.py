@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shlex
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from sparkcluster import redact
 from sparkcluster.config import bounds, repos
@@ -82,6 +83,21 @@ def steps(plan: Plan) -> list[Step]:
                 run=lambda r: teardown.stop_server(r.cluster.head, r.plan.serve.container),
             )
         )
+    if plan.profile.on_demand.enabled:
+        # on demand (issue 36): handed over on standby; a request through the gateway starts it
+        out.append(
+            Step(
+                STAGE,
+                head,
+                "standby",
+                "hand vllm serve to the supervisor on standby",
+                f"{sv.describe()}; on demand: not started now (no memory held); a request through the "
+                f"gateway wakes it (a wake token, 0600 in {sv.container}), each start admitted against every "
+                f"node's memory; stopped after {plan.profile.on_demand.idle_ttl_s:g}s idle",
+                run=standby,
+            )
+        )
+        return out
     out.append(Step(STAGE, head, "start", "start vllm serve", sv.describe(), run=start))
     out.append(
         Step(
@@ -133,6 +149,8 @@ def steps(plan: Plan) -> list[Step]:
 
 
 def summary(done: list[tuple[Step, object]]) -> str:
+    if any(s.action == "standby" for s, _ in done):
+        return "on standby (starts on demand)"
     return f"ready after {sum(v for s, v in done if s.action in ('ready', 'warm-up')):.1f}s"
 
 
@@ -191,23 +209,51 @@ def start(r: UpRun) -> None:
         ) from None
 
 
-def _base(r: UpRun) -> str:
-    return f"http://{r.cluster.head.address}:{r.plan.serve.port}"
+def standby(r: UpRun) -> None:
+    prof = r.plan.profile
+    try:
+        r.put(
+            server.standby(
+                r.cluster.head.docker().api,
+                r.plan.serve,
+                r.secrets,
+                prof.name,
+                bounds.profile_policy(prof),
+                rank_apis={n: r.cluster.hosts[n].docker().api for n, _c, _a in r.plan.serve.ranks},
+            )
+        )
+    except server.NotReady as e:
+        raise fail(
+            STAGE,
+            r.cluster.head.name,
+            "hand vllm serve to the supervisor on standby",
+            e.reason,
+            r.plan.serve.describe(),
+            e.tail,
+            "sparkcluster events shows the supervisor's journal; sparkcluster down, then sparkcluster up",
+        ) from None
+
+
+def _reached(r: UpRun):
+    """The engine's base URL from here, for the block's length (through the head's SSH connection
+    when engines listen only on the cluster's addresses)."""
+    return endpoint.reached(r.cluster.head, r.inv, r.plan.serve.port)
 
 
 def wait_ready(r: UpRun) -> float:
     sv, head = r.plan.serve, r.cluster.head
     api = head.docker().api
     try:
-        took = server.wait_ready(
-            api,
-            r.get(server.Record),
-            sv,
-            _base(r),
-            r.secrets,
-            r.plan.profile.ready_timeout_s,
-            on_wait=lambda why, s: r.progress.info(f"waiting for the server ({s:.0f}s): {why}"),
-        )
+        with _reached(r) as base:
+            took = server.wait_ready(
+                api,
+                r.get(server.Record),
+                sv,
+                base,
+                r.secrets,
+                r.plan.profile.ready_timeout_s,
+                on_wait=lambda why, s: r.progress.info(f"waiting for the server ({s:.0f}s): {why}"),
+            )
     except server.NotReady as e:
         reason = weights.offline_miss(e.tail or "", r.plan.profile.model) or e.reason
         raise fail(
@@ -265,7 +311,8 @@ def engine_transport(r: UpRun) -> dict[str, str]:
 
 
 def warm_up(r: UpRun) -> float:
-    return endpoint.warm_up(_base(r), r.plan.serve.model, r.secrets)
+    with _reached(r) as base:
+        return endpoint.warm_up(base, r.plan.serve.model, r.secrets)
 
 
 def ask_canary(r: UpRun) -> str:
@@ -277,15 +324,17 @@ def ask_canary(r: UpRun) -> str:
     key = deployment_key(r.inv, prof)
     try:
         before = known_good.last_for(known_good.load(r.inv.cluster.name), key)
-        kept = r.put(
-            canary_watch.after_serve(
-                before,
-                prof.model,
-                lambda: bench.ask_canary(head.address, sv.port, sv.model, r.secrets, CANARY_TIMEOUT_S),
-                served_now(r),
-                "up",
+        with _reached(r) as base:  # through the head's SSH connection when the gateway is the only door
+            at = urlsplit(base)
+            kept = r.put(
+                canary_watch.after_serve(
+                    before,
+                    prof.model,
+                    lambda: bench.ask_canary(at.hostname, at.port, sv.model, r.secrets, CANARY_TIMEOUT_S),
+                    served_now(r),
+                    "up",
+                )
             )
-        )
     except Exception as e:  # the canary reports; serving matters more
         r.progress.info(f"canary: not asked: {e}")
         return "not asked"

@@ -1,0 +1,152 @@
+"""The gateway's budgets for `make bench` (issue 36): what a request pays for going through the
+gateway rather than straight to the engine, and what the gateway holds while idle.
+
+`testbed-single` on the head, the gateway in front of it (`gateway up`, the bench's own client key).
+Per repetition, the same `vllm bench serve` (sparkcluster's own argv, bench/sweep) runs inside the
+head container against the engine (`http://CONTROL_IP:8000`) and through the gateway
+(`http://CONTROL_IP:4000`), the two interleaved and their order alternating: a TTFT level at
+concurrency 1 and a throughput level at concurrency 8. Figures, each a per-repetition pair (same
+minute, same machine load) judged on the median of the pairs:
+- p50 TTFT through the gateway minus direct: at most 5 ms;
+- output throughput at concurrency 8, through the gateway / direct: at least 0.97;
+- the gateway's idle memory: the PSS of its container's processes (shared pages counted once),
+  once it has judged its route and before any request: under 100 MB.
+Leaves the cluster down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import statistics
+import time
+
+from perf import testbed
+from perf.figures import Figure, info, say
+from sparkcluster.bench import results, sweep
+from sparkcluster.config import profile as profiles
+
+PROFILE = "testbed-single"
+HEAD = "spark-head"
+GW_CONTAINER = "sparkcluster-testbed-gateway"
+GW_PORT = 4000
+GW_KEY = "gw-bench-key-5e0c93a1"  # the bench's own client key (test scaffolding, like the testbed's)
+IDLE_SETTLE_S = 5.0  # a few of its looks at the supervisor after `gateway up` returned
+ADDED_TTFT_MS, THROUGHPUT_RATIO, IDLE_MB = 5.0, 0.97, 100.0
+
+
+LEVELS = {
+    "ttft": sweep.Level(concurrency=1, num_prompts=20, input_len=64, output_len=16),
+    "c8": sweep.Level(concurrency=8, num_prompts=64, input_len=64, output_len=64),
+}
+
+
+def run_level(tb, container: str, target, level, key: str, run_id: str) -> dict:
+    """One `vllm bench serve` level inside `container` on the head; its row (bench/results). The key
+    reaches the exec's environment from stdin, never a command line."""
+    folder = sweep.level_dir(run_id, level)
+    argv = sweep.exec_argv(folder, sweep.bench_argv(level, target, folder))
+    cmd = "read -r k; OPENAI_API_KEY=$k docker exec -e OPENAI_API_KEY -e HF_HUB_OFFLINE=1 " + shlex.join(
+        [container, *argv]
+    )
+    tb.sh(HEAD, cmd, input=key + "\n", timeout=900)
+    doc = json.loads(tb.sh(HEAD, f"docker exec {container} cat {folder}/{sweep.RESULT_FILE}").stdout)
+    tb.sh(HEAD, f"docker exec {container} rm -rf {shlex.quote(folder)}", check=False)
+    return results.row_from_result(doc, level)
+
+
+GATEWAY_PSS = (
+    "t=0; for p in $(docker top {c} -eo pid | tail -n +2); do "
+    "k=$(awk '/^Pss:/{{print $2}}' \"/proc/$p/smaps_rollup\" 2>/dev/null); t=$((t + ${{k:-0}})); done; echo $t"
+)
+
+
+def gateway_pss_mb(tb) -> float:
+    return int(tb.sh(HEAD, GATEWAY_PSS.format(c=GW_CONTAINER)).stdout.strip() or 0) / 1024
+
+
+def measure(s) -> None:
+    """On session `s`: testbed-single and the gateway up, then REPS interleaved pairs; cluster down after."""
+    s.sc("down", timeout=180)
+    s.sc("up", "--profile", PROFILE, "--node", HEAD, timeout=900)
+    s.sc.env["GATEWAY_API_KEYS"] = GW_KEY
+    try:
+        s.sc("gateway", "up", timeout=300)
+        time.sleep(IDLE_SETTLE_S)
+        s.rec("gw_idle_pss_mb", gateway_pss_mb(s.tb))
+        prof = profiles.load_profile(PROFILE)
+        ctl = str(s.head.control_ip)
+        engine = sweep.target_for(prof, s.inv.cluster.api_port)
+        direct = dataclasses.replace(engine, base_url=f"http://{ctl}:{prof.serve.port or s.inv.cluster.api_port}")
+        through = dataclasses.replace(engine, base_url=f"http://{ctl}:{GW_PORT}")
+        container = "sparkcluster-testbed-head"
+        ways = {"direct": (direct, testbed.API_KEY), "gateway": (through, GW_KEY)}
+        for i in range(s.reps):
+            rows: dict[str, dict[str, dict]] = {}
+            order = ("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")
+            for name, level in LEVELS.items():
+                for way in order:
+                    target, key = ways[way]
+                    rows.setdefault(way, {})[name] = run_level(
+                        s.tb, container, target, level, key, f"perf-gw-{i}-{way}"
+                    )
+            d, g = rows["direct"], rows["gateway"]
+            s.rec("gw_direct_ttft_p50_ms", d["ttft"]["ttft_p50_ms"])
+            s.rec("gw_through_ttft_p50_ms", g["ttft"]["ttft_p50_ms"])
+            s.rec("gw_direct_c8_tok_s", d["c8"]["output_tok_s"])
+            s.rec("gw_through_c8_tok_s", g["c8"]["output_tok_s"])
+            say(
+                f"  gateway #{i}: p50 TTFT {d['ttft']['ttft_p50_ms']:.1f} ms direct, "
+                f"{g['ttft']['ttft_p50_ms']:.1f} ms through; c=8 {d['c8']['output_tok_s']:.1f} tok/s direct, "
+                f"{g['c8']['output_tok_s']:.1f} through"
+            )
+    finally:
+        s.sc("gateway", "down", timeout=120, check=False)
+        s.sc.env.pop("GATEWAY_API_KEYS", None)
+        s.sc("down", timeout=180, check=False)
+
+
+def figures(R: dict) -> list[Figure]:
+    """The gateway's rows; none from a results.json written before this family existed."""
+    if not R.get("gw_direct_ttft_p50_ms"):
+        return []
+    added = [g - d for g, d in zip(R["gw_through_ttft_p50_ms"], R["gw_direct_ttft_p50_ms"])]
+    ratio = [g / d for g, d in zip(R["gw_through_c8_tok_s"], R["gw_direct_c8_tok_s"])]
+    medians = (
+        f"medians: direct {statistics.median(R['gw_direct_ttft_p50_ms']):.1f} ms, "
+        f"through {statistics.median(R['gw_through_ttft_p50_ms']):.1f} ms"
+    )
+    return [
+        Figure(
+            "gateway_ttft_added",
+            "gateway: p50 TTFT added (through - direct, concurrency 1, interleaved)",
+            "ms",
+            f"<= {ADDED_TTFT_MS:g}",
+            added,
+            statistics.median(added) <= ADDED_TTFT_MS,
+            note=medians,
+        ),
+        Figure(
+            "gateway_throughput",
+            "gateway: output throughput at concurrency 8, through / direct",
+            "ratio",
+            f">= {THROUGHPUT_RATIO:.2f}",
+            ratio,
+            statistics.median(ratio) >= THROUGHPUT_RATIO,
+        ),
+        Figure(
+            "gateway_idle_pss",
+            "gateway: idle memory (PSS of its container)",
+            "MB",
+            f"< {IDLE_MB:g}",
+            R["gw_idle_pss_mb"],
+            max(R["gw_idle_pss_mb"]) < IDLE_MB,
+        ),
+        info(
+            "gateway_direct_ttft",
+            "... p50 TTFT straight to the engine (concurrency 1)",
+            "ms",
+            R["gw_direct_ttft_p50_ms"],
+        ),
+    ]
