@@ -95,9 +95,8 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
             st.image = image
             if inv.head.name in st.lacking():
                 click.echo(st.download())
-            for wk in inv.workers:
-                if st.state[wk.name]["missing"]:
-                    click.echo(st.replicate(wk.name))
+            for note in st.replicate_all():
+                click.echo(note)
             click.echo(f"{st.repo}@{st.manifest.commit[:12]} ({st.role}) staged on every node")
 
 

@@ -294,16 +294,20 @@ def receive_command(hf_cache: str, repo: str, bind_ip: str, peer_ip: str, forwar
     )
 
 
-def send_command(hf_cache: str, repo: str, blobs: list[str], dst_ip: str, port: int, src_ip: str) -> str:
+def send_command(
+    hf_cache: str, repo: str, blobs: list[str], dst_ip: str, port: int, src_ip: str, rate: float | None = None
+) -> str:
     """On the head: tar of the named blobs into the image transfer's sender. The names travel as
-    base64 of a NUL-separated list, so no name reaches the shell as text."""
+    base64 of a NUL-separated list, so no name reaches the shell as text. `rate`: a cap in bytes a
+    second (the inventory's `replication_max_mb_s`), None for none."""
     for b in blobs:
         if not _BLOB.fullmatch(b):
             raise ValueError(f"not a blob name: {b!r}")
     names = base64.b64encode(b"".join(b.encode() + b"\0" for b in blobs)).decode()
     return (
         f"set -o pipefail; cd {shlex.quote(blobs_dir(hf_cache, repo))} && echo {names} | base64 -d | "
-        "tar --null -T - -c -f - | " + py(transfer.STREAM_SENDER, dst_ip, str(int(port)), src_ip)
+        "tar --null -T - -c -f - | "
+        + py(transfer.STREAM_SENDER, dst_ip, str(int(port)), src_ip, *transfer.rate_arg(rate))
     )
 
 

@@ -3,17 +3,19 @@ lines against hostile input, and a loopback replication through the image transf
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from sparkcluster.errors import InputError
-from sparkcluster.movement import hfcache
+from sparkcluster.movement import hfcache, transfer
 from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, TINY, serve_in_thread
 
 
@@ -255,3 +257,84 @@ def test_a_5xx_or_unreachable_hub_is_hub_unavailable():
         hfcache.resolve_error({"error": "RepoNotFound", "status": 404}, TINY, "main", "http://hub"),
         hfcache.HubUnavailable,
     )
+
+
+def _shards(tmp_path: Path, n: int = 3, size: int = 3 * 2**20 + 7) -> tuple[hfcache.Manifest, Path]:
+    """A repository of `n` incompressible shards, on a head's cache as a download leaves it."""
+    head = tmp_path / "head"
+    blobs = Path(hfcache.blobs_dir(str(head), TINY))
+    blobs.mkdir(parents=True)
+    files = []
+    for i in range(n):
+        data = os.urandom(size)
+        blob = hashlib.sha256(data).hexdigest()
+        (blobs / blob).write_bytes(data)
+        files.append(hfcache.File(f"model-{i + 1:05d}-of-{n:05d}.safetensors", size, blob, True))
+    return hfcache.Manifest(TINY, "main", "c" * 40, tuple(files)), head
+
+
+def _receive(worker: Path) -> tuple[subprocess.Popen, int]:
+    recv = subprocess.Popen(
+        ["bash", "-c", hfcache.receive_command(str(worker), TINY, "127.0.0.1", "127.0.0.1")],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return recv, int(recv.stderr.readline().split()[1])
+
+
+def _sent(stderr: str) -> int:
+    return max(int(line.split()[1]) for line in stderr.splitlines() if line.startswith("@@sent "))
+
+
+def test_a_replication_cut_mid_way_keeps_the_complete_files_and_resends_only_the_rest(tmp_path):
+    """Issue 40: the stream cut in the second of three files (the head's tar ends there, as when the
+    link drops); the worker's check adopts the first, drops the partial second, and the next
+    replication sends only the second and the third."""
+    m, head = _shards(tmp_path)
+    worker = tmp_path / "worker"
+    need = check(worker, m)["missing"]
+    assert len(need) == 3
+    recv, port = _receive(worker)
+    names = base64.b64encode(b"".join(b.encode() + b"\0" for b in need)).decode()
+    cut = 512 + m.files[0].size + 512 + m.files[1].size // 2  # tar headers, the first file, half the second
+    snd = sh(
+        f"cd {shlex.quote(hfcache.blobs_dir(str(head), TINY))} && echo {names} | base64 -d | "
+        f"tar --null -T - -c -f - | head -c {cut} | "
+        + hfcache.py(transfer.STREAM_SENDER, "127.0.0.1", str(port), "127.0.0.1")
+    )
+    assert snd.returncode == 0, snd.stderr
+    assert recv.wait(timeout=30) != 0  # tar saw the archive end inside a file
+    got = check(worker, m)
+    assert got["adopted"] == 1 and got["missing"] == sorted(need[1:]) and got["corrupt"] == []
+    # the next run: only what is still missing goes, and then the snapshot is complete
+    recv, port = _receive(worker)
+    snd = sh(hfcache.send_command(str(head), TINY, got["missing"], "127.0.0.1", port, "127.0.0.1"))
+    assert snd.returncode == 0 and recv.wait(timeout=30) == 0, snd.stderr
+    assert _sent(snd.stderr) < m.files[1].size + m.files[2].size + 4 * 512 + 10240  # two files and tar's own blocks
+    done = check(worker, m)
+    assert done["missing"] == [] and done["adopted"] == 2 and done["present_bytes"] == m.size
+
+
+def test_a_capped_replication_keeps_to_its_rate(tmp_path):
+    """`replication_max_mb_s` (issue 40): the sender paces itself, so the stream never runs faster
+    than the cap (a lower bound on its duration: a busy machine only makes it longer)."""
+    m, head = _shards(tmp_path, n=2, size=2**20)
+    worker = tmp_path / "worker"
+    need = check(worker, m)["missing"]
+    recv, port = _receive(worker)
+    rate = 4e6
+    cmd = hfcache.send_command(str(head), TINY, need, "127.0.0.1", port, "127.0.0.1", rate=rate)
+    assert cmd.endswith(" rate=4000000")
+    t0 = time.monotonic()
+    snd = sh(cmd)
+    took = time.monotonic() - t0
+    assert snd.returncode == 0 and recv.wait(timeout=30) == 0, snd.stderr
+    assert took >= _sent(snd.stderr) / rate
+    assert check(worker, m)["missing"] == []
+
+
+@pytest.mark.parametrize("bad", [0, -1.0])
+def test_a_cap_is_a_positive_rate(bad):
+    with pytest.raises(ValueError):
+        transfer.rate_arg(bad)
+    assert transfer.rate_arg(None) == []
