@@ -5,8 +5,8 @@ repetitions (default 5, `BENCH_REPS`), with min and max. Method per figure: perf
 Writes perf/results.json (git-ignored) and perf/results.md, and prints the table.
 
 This module only orders the run and writes the results; each family of figures is measured in its
-own module (doctor, up, status, memory, connections, image, supervisor, executors, compile_restarts;
-the short commands' floors in floors), and the testbed is reached through perf/testbed.py alone.
+own module (doctor, up, status, memory, connections, image, supervisor and recovery, executors,
+compile_restarts; the short commands' floors in floors), and the testbed is reached through perf/testbed.py alone.
 
 The whole run holds the testbed's cooperative lock (/tmp/sparkcluster-testbed.lock). It uses the
 testbed's cluster as its own: it takes it down and up several times, removes the cluster image on
@@ -32,6 +32,7 @@ from perf import (
     floors,
     image,
     memory,
+    recovery,
     status,
     supervisor,
     testbed,
@@ -139,6 +140,7 @@ def figures(R: dict, image_size: int, hosts: tuple[str, ...] = testbed.HOSTS) ->
         *memory.figures(R),
         *image.figures(R, image_size),
         *supervisor.figures(R),
+        *recovery.figures(R),
         *compile_restarts.figures(R),
         *status.figures(R),
     ]
