@@ -177,3 +177,5 @@ def test_the_scale_repo_is_safetensors_shaped_incompressible_and_made_once(tmp_p
     before = [p.stat().st_mtime_ns for p in shards]
     scale_repo(tmp_path / "scale", 5, shard_mb=2)
     assert [p.stat().st_mtime_ns for p in shards] == before
+    scale_repo(tmp_path / "scale", 4, shard_mb=2)  # another size: the other size's shards go
+    assert sorted(p.name for p in d.glob("*.safetensors")) == [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]

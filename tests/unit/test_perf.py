@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import perf
-from perf import executors, figures, floors, monitoring, recovery, run
+from perf import executors, figures, floors, monitoring, recovery, run, weights_scale
 
 PERF = Path(perf.__file__).resolve().parent
 MODULES = sorted(m.name for m in pkgutil.iter_modules([str(PERF)]))
@@ -280,3 +280,54 @@ def test_recovery_figures_divide_by_the_parts_not_ours():
     # a results.json from before the ratios: the durations only, unjudged
     old = recovery.figures({"wedge_to_serving_s": [63.8], "reboot_to_serving_s": [43.2]})
     assert [f.key for f in old] == ["wedge_to_serving", "reboot_to_serving"] and all(f.ok is None for f in old)
+
+
+def test_weights_at_scale_table_from_made_up_repetitions():
+    """Issue 40 item 1's budgets: replication >= 1.5x tar-ssh-tar and >= 0.8 of min(link, disk),
+    three workers / one <= 1.2, a cut replication resends nothing complete; the hub's leg unjudged."""
+    size = 2 * 10**9
+    W = ["spark-worker", "spark-worker-3", "spark-worker-4"]
+    limits = {
+        "hub_link": 1.2e9,
+        "head_disk": 0.9e9,
+        "link spark-head->spark-worker": 1.0e9,
+        "link spark-worker->spark-worker-3": 1.1e9,
+        "link spark-worker-3->spark-worker-4": 0.4e9,  # the slowest hop bounds the chain
+        **{f"disk {w}": 0.8e9 for w in W},
+    }
+    raw = {
+        "ws_size": [size],
+        "ws_workers": [W],
+        "ws_hub": [[4.0, 1.0], [4.2, 1.0], [3.9, 1.0]],
+        "ws_tar_hub_s": [8.0, 8.0, 8.0],
+        "ws_one_s": [2.8, 3.0, 3.2],  # 667 MB/s at the median
+        "ws_tar_one_s": [5.0, 5.0, 5.0],
+        "ws_all_s": [3.3, 3.9, 3.5],
+        "ws_tar_all_s": [9.0, 9.0, 9.0],
+        "ws_limits": [limits] * 3,
+        "ws_resume": [[1_010_000_000, 1_000_000_000]],
+    }
+    rows = _rows(figures.render(weights_scale.figures(raw), {}, "now", reps=3, cpus=2))
+    assert rows["weights at scale, hub -> head: hub bytes / repository size (fetched once)"][-1] == "yes"
+    assert rows["... hub -> head (the download, verified)"][0] == "500.0"
+    assert rows["... / tar-ssh-tar from the controller (the hub is the testbed's stand-in: not judged)"][-1] == "-"
+    one_tar = rows["weights, head -> one worker: throughput / tar-ssh-tar"]
+    assert one_tar[0] == "1.667" and one_tar[4:] == [">= 1.50", "yes"]
+    one_limit = rows["weights, head -> one worker: throughput / min(link, disk)"]
+    assert one_limit[0] == "0.833" and one_limit[-1] == "yes"  # 667 / min(1000, 800)
+    assert rows["weights, head -> 3 workers along the chain / head -> one (time)"][4:] == ["<= 1.20", "yes"]
+    chain_limit = rows["weights, head -> 3 workers: throughput / min(every hop's link, every disk)"]
+    assert chain_limit[0] == "1.429"  # 571 MB/s over the slowest hop's 400
+    assert rows["weights, head -> 3 workers: throughput / 3 tar-ssh-tar at once"][-1] == "yes"
+    resume = rows["weights cut mid-way, the next pull: link bytes / bytes of the files not complete at the cut"]
+    assert resume[0] == "1.010" and resume[-1] == "yes"
+    # the pair: no chain rows; a slower replication fails its budgets
+    pair = {k: v for k, v in raw.items() if k not in ("ws_all_s", "ws_tar_all_s")} | {
+        "ws_workers": [W[:1]],
+        "ws_one_s": [4.0, 4.0, 4.0],
+    }
+    rows = _rows(figures.render(weights_scale.figures(pair), {}, "now", reps=3, cpus=2))
+    assert not [t for t in rows if "along the chain" in t]
+    assert rows["weights, head -> one worker: throughput / tar-ssh-tar"][-1] == "**no**"  # 1.25
+    assert rows["weights, head -> one worker: throughput / min(link, disk)"][-1] == "**no**"  # 0.625
+    assert weights_scale.figures({}) == []

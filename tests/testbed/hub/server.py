@@ -377,6 +377,10 @@ def scale_repo(dest: Path, total_mb: int, shard_mb: int = 512) -> Path:
     size = total_mb * 2**20 // shards
     (dest / "config.json").write_text(json.dumps({"model_type": "synthetic", "shards": shards}) + "\n")
     index = {"metadata": {"total_size": 0}, "weight_map": {}}
+    names = {f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)}
+    for old in dest.glob("*.safetensors"):  # another size's shards: never served beside these
+        if old.name not in names:
+            old.unlink()
     for i in range(shards):
         p = dest / f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
         name = f"layers.{i}.weight"
