@@ -41,6 +41,7 @@ import shlex
 import subprocess
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from perf import testbed
@@ -233,15 +234,15 @@ class Scale:
         w = self.workers[0]
         self.empty([w])
         inc = f"{self.repo_dir}/.sparkcluster-incoming"
-        shard = self.size // max(1, len(list(self.files.glob("*.safetensors"))))
+        if len(list(self.files.glob("*.safetensors"))) < 2:
+            raise SystemExit("bench: a cut mid-way needs two shards or more (WEIGHTS_MB above 512)")
         cut = threading.Event()
 
         def watch():
+            # tar writes one file after the other: once a second shard has begun, the first is whole
             while not cut.is_set():
-                sizes = [
-                    int(x) for x in self.tb.sh(w, f"stat -c %s {inc}/* 2>/dev/null || true", check=False).stdout.split()
-                ]
-                if len(sizes) >= 2 and max(sizes) >= shard - (1 << 20):
+                out = self.tb.sh(w, f"stat -c %s {inc}/* 2>/dev/null || true", check=False).stdout
+                if sum(int(x) > (1 << 20) for x in out.split()) >= 2:
                     self.tb.sh(w, "pkill -9 -f '^tar -x -f - -C .*sparkcluster-incoming' || true", check=False)
                     cut.set()
                 time.sleep(0.05)
@@ -269,16 +270,13 @@ def measure(s) -> None:
         s.rec("ws_size", x.size)
         s.rec("ws_workers", x.workers)
         ip = x.ip
-        bases = {w: Baseline(s.tb, ip[HEAD], ip[w], w) for w in x.workers}
-        for b in bases.values():
-            b.__enter__()
-        try:
+        with ExitStack() as stack:
+            bases = {w: stack.enter_context(Baseline(s.tb, ip[HEAD], ip[w], w)) for w in x.workers}
             for i in range(min(s.reps, MAX_REPS)):
                 rep(s, x, bases, i)
-        finally:
-            for b in bases.values():
-                b.__exit__()
         s.details["page_cache_dropped"] = all(x.dropped)
+        if not all(x.dropped):
+            say("  the page cache could not be dropped between runs (/proc/sys/vm/drop_caches refused)")
         link, left = x.resume()
         s.rec("ws_resume", [link, left])
         say(f"  cut mid-way, then resumed: {link:,} B on the link for {left:,} B left")
