@@ -331,3 +331,51 @@ def test_weights_at_scale_table_from_made_up_repetitions():
     assert rows["weights, head -> one worker: throughput / tar-ssh-tar"][-1] == "**no**"  # 1.25
     assert rows["weights, head -> one worker: throughput / min(link, disk)"][-1] == "**no**"  # 0.625
     assert weights_scale.figures({}) == []
+
+
+def test_load_keeps_requests_in_flight_and_throughput_reads_the_engines_counter():
+    """perf/load against a stand-in engine: every request asks for the same tokens with ignore_eos,
+    and the throughput is the engine's own counter over the window (no timing asserted)."""
+    import json as _json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from perf import load
+
+    seen, lock = {"tokens": 0, "bodies": []}, threading.Lock()
+
+    class Engine(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = _json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                seen["tokens"] += body["max_tokens"]
+                seen["bodies"].append(body)
+            self._send({"usage": {"completion_tokens": body["max_tokens"]}})
+
+        def do_GET(self):
+            with lock:
+                text = f'vllm:num_requests_running{{model_name="m"}} 1\nvllm:generation_tokens_total{{model_name="m"}} {seen["tokens"]}\n'
+            self._send(text)
+
+        def _send(self, doc):
+            out = doc.encode() if isinstance(doc, str) else _json.dumps(doc).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{srv.server_port}"
+        rate = load.throughput(base, "m", seconds=0.3, concurrency=2, warmup=0.0)
+        assert rate > 0 and load.generated_tokens(base) == seen["tokens"]
+        assert {(b["max_tokens"], b["ignore_eos"], b["model"]) for b in seen["bodies"]} == {
+            (load.MAX_TOKENS, True, "m")
+        }
+    finally:
+        srv.shutdown()
+        srv.server_close()
