@@ -75,9 +75,9 @@ def serving_after(s, since: float, probe: ReadyProbe, timeout: float) -> float:
     raise SystemExit(f"bench: not serving again within {timeout:.0f}s; supervisor: {state(s.tb)}")
 
 
-def engine_start(s, probe: ReadyProbe) -> float:
-    """The restarted engine's start: its serve record's exec to the probe's first answer."""
-    return probe.ready_at - serve_record(s.tb)["started_at"]
+def engine_exec(s) -> float:
+    """When the supervisor ran the restarted engine: its serve record's `started_at`."""
+    return float(serve_record(s.tb)["started_at"])
 
 
 def wedge(s) -> dict:
@@ -97,14 +97,17 @@ def wedge(s) -> dict:
             load.stop()  # the old engine is being stopped: no load into the new one's start
             with ReadyProbe(s.endpoint, model) as probe:
                 end = serving_after(s, t0, probe, 600)
-                engine = engine_start(s, probe)
+                started = engine_exec(s)
         finally:
             tb.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
     return {
         "total": end - t0,
         "stall_bound": stall,
         "detect": v["ts"] - t0,
-        "engine_start": engine,
+        # ours, shown: the old engine's stop, the backoff, the waits for memory and Ray; then noticing
+        "verdict_to_exec": started - v["ts"],
+        "engine_start": probe.ready_at - started,
+        "ready_to_serving": end - probe.ready_at,
         "verdict": v["event"],
         "cause": v.get("cause", ""),
     }
@@ -114,10 +117,10 @@ def reboot(s) -> dict:
     tb, model = s.tb, s.prof.served_model_name
     t0 = time.time()
     tb.reboot(WORKER)
-    verdict_after(tb, t0, 300)  # the old engine is gone: the probe sees only the new one
+    v = verdict_after(tb, t0, 300)  # the old engine is gone: the probe sees only the new one
     with ReadyProbe(s.endpoint, model) as probe:
         end = serving_after(s, t0, probe, 900)
-        engine = engine_start(s, probe)
+        exec_at = engine_exec(s)
     name = our_container(tb, WORKER)
     started = rfc3339(tb.docker(WORKER, f"inspect --format '{{{{.State.StartedAt}}}}' {name}").stdout)
     if started < t0:
@@ -129,11 +132,16 @@ def reboot(s) -> dict:
     ).stdout.strip()
     if not line:
         raise SystemExit(f"bench: no 'Ray runtime started' in the log of {name} since its restart")
+    joined = rfc3339(line.split()[0])
     return {
         "total": end - t0,
         "boot_to_container": started - t0,
-        "ray_join": rfc3339(line.split()[0]) - started,
-        "engine_start": engine,
+        "ray_join": joined - started,
+        "engine_start": probe.ready_at - exec_at,
+        # ours, shown: the verdict, and from the worker's joining to the engine's exec; then noticing
+        "verdict": v["ts"] - t0,
+        "joined_to_exec": exec_at - joined,
+        "ready_to_serving": end - probe.ready_at,
     }
 
 
@@ -182,6 +190,18 @@ def figures(R: dict) -> list[Figure]:
                 "s",
                 [p["engine_start"] for p in w],
             ),
+            info(
+                "recovery_wedge_stop",
+                "  ... ours: verdict to the new exec (stop, backoff, waits)",
+                "s",
+                [p["verdict_to_exec"] for p in w],
+            ),
+            info(
+                "recovery_wedge_notice",
+                "  ... ours: first completion to the supervisor's serving",
+                "s",
+                [p["ready_to_serving"] for p in w],
+            ),
         ]
     elif R.get("wedge_to_serving_s"):  # a results.json from before the ratio
         F.append(info("wedge_to_serving", "rank 1 stopped (SIGSTOP) to serving again", "s", R["wedge_to_serving_s"]))
@@ -209,6 +229,21 @@ def figures(R: dict) -> list[Figure]:
                 "  ... engine start (exec to a completion)",
                 "s",
                 [p["engine_start"] for p in b],
+            ),
+            info(
+                "recovery_reboot_verdict", "  ... the knob to the supervisor's verdict", "s", [p["verdict"] for p in b]
+            ),
+            info(
+                "recovery_reboot_exec",
+                "  ... ours: worker joined Ray to the new exec",
+                "s",
+                [p["joined_to_exec"] for p in b],
+            ),
+            info(
+                "recovery_reboot_notice",
+                "  ... ours: first completion to the supervisor's serving",
+                "s",
+                [p["ready_to_serving"] for p in b],
             ),
         ]
     elif R.get("reboot_to_serving_s"):

@@ -259,8 +259,25 @@ def test_monitoring_figures_from_made_up_windows():
 
 
 def test_recovery_figures_divide_by_the_parts_not_ours():
-    wedge = {"total": 50.0, "stall_bound": 20.0, "detect": 21.5, "engine_start": 25.0, "verdict": "wedged", "cause": ""}
-    reboot = {"total": 40.0, "boot_to_container": 3.0, "ray_join": 6.0, "engine_start": 25.0}
+    wedge = {
+        "total": 50.0,
+        "stall_bound": 20.0,
+        "detect": 21.5,
+        "verdict_to_exec": 2.5,
+        "engine_start": 25.0,
+        "ready_to_serving": 1.0,
+        "verdict": "wedged",
+        "cause": "",
+    }
+    reboot = {
+        "total": 40.0,
+        "boot_to_container": 3.0,
+        "ray_join": 6.0,
+        "engine_start": 25.0,
+        "verdict": 4.0,
+        "joined_to_exec": 5.0,
+        "ready_to_serving": 1.0,
+    }
     assert recovery.not_ours("wedge", wedge) == 45.0
     assert recovery.not_ours("reboot", reboot) == 34.0
     raw = {
@@ -277,6 +294,8 @@ def test_recovery_figures_divide_by_the_parts_not_ours():
     b = rows["worker reboot to serving again / (boot to dockerd and container + Ray join + engine start)"]
     assert b[0] == "1.176" and b[-1] == "**no**"
     assert rows["... the profile's stall bound"][0] == "20.00"
+    assert rows["... ours: verdict to the new exec (stop, backoff, waits)"][0] == "2.50"
+    assert rows["... ours: worker joined Ray to the new exec"][0] == "5.00"
     # a results.json from before the ratios: the durations only, unjudged
     old = recovery.figures({"wedge_to_serving_s": [63.8], "reboot_to_serving_s": [43.2]})
     assert [f.key for f in old] == ["wedge_to_serving", "reboot_to_serving"] and all(f.ok is None for f in old)
