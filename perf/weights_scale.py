@@ -22,9 +22,10 @@ before every transfer, `/proc/sys/vm/drop_caches`, where permitted, else said in
   random bytes, the receiver's first byte to end of stream) and each receiving disk's write rate
   (`dd` with direct I/O and a final fsync, in the HF cache's filesystem; without direct I/O where
   the filesystem refuses it, said in the details);
-- a replication cut mid-way: one worker emptied, its receiving `tar` killed once a shard has
-  arrived whole and the next has begun; the next pull's bytes on the link / the bytes of the files
-  not yet complete at the cut (budget <= 1.05: nothing complete is sent again).
+- a replication cut mid-way: one worker emptied, its stream's receiver killed (as a link that
+  drops) once a shard has arrived whole and the next has begun; the next pull's bytes on the link
+  / the bytes of the files not yet complete at the cut (budget <= 1.05: nothing complete is sent
+  again).
 Budgets (issue 40): replication throughput >= 1.5x `tar | ssh | tar` and >= 0.8 of min(link,
 disk), three workers / one <= 1.2. The hub's leg is shown against the same, not judged: the hub is
 the testbed's stand-in (a Python server), not sparkcluster.
@@ -243,7 +244,8 @@ class Scale:
             while not cut.is_set():
                 out = self.tb.sh(w, f"stat -c %s {inc}/* 2>/dev/null || true", check=False).stdout
                 if sum(int(x) > (1 << 20) for x in out.split()) >= 2:
-                    self.tb.sh(w, "pkill -9 -f '^tar -x -f - -C .*sparkcluster-incoming' || true", check=False)
+                    # the link drops: the stream's receiver ends (its extractor then sees the archive cut)
+                    self.tb.sh(w, "pkill -9 -f '^python3 -c .* stdout$' || true", check=False)
                     cut.set()
                 time.sleep(0.05)
 

@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 
 from sparkcluster.errors import InputError
 from sparkcluster.movement import transfer
-from sparkcluster.movement.hfcache_node import DOWNLOAD, NODE, RESOLVE
+from sparkcluster.movement.hfcache_node import DOWNLOAD, EXTRACT, NODE, RESOLVE
 
 PUBLIC_HUB = "https://huggingface.co"
 DOWNLOAD_CONTAINER = "sparkcluster-weights-download"
@@ -284,13 +284,15 @@ def blobs_dir(hf_cache: str, repo: str) -> str:
 
 def receive_command(hf_cache: str, repo: str, bind_ip: str, peer_ip: str, forward: str | None = None) -> str:
     """On the worker: the image transfer's one-shot receiver (one connection, from the sender's
-    address only) feeding tar into the incoming folder; `check` adopts what matches its name.
+    address only) feeding EXTRACT, which writes each file into the incoming folder and hashes it on
+    the way; `check` adopts what matches its name.
     `forward` (transfer.next_hop): relay the stream to the next worker of a chain as it arrives."""
     d = shlex.quote(incoming_dir(hf_cache, repo))
     return (
         f"set -o pipefail; umask 022; mkdir -p {d} && "
         + py(transfer.RECEIVER, bind_ip, peer_ip, "stdout", *([forward] if forward else []))
-        + f" | tar -x -f - -C {d}"
+        + " | "
+        + py(EXTRACT, incoming_dir(hf_cache, repo))
     )
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from sparkcluster.errors import InputError
 from sparkcluster.movement import hfcache, transfer
+from sparkcluster.movement.hfcache_node import EXTRACT, RECEIVED
 from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, TINY, serve_in_thread
 
 
@@ -338,3 +339,55 @@ def test_a_cap_is_a_positive_rate(bad):
     with pytest.raises(ValueError):
         transfer.rate_arg(bad)
     assert transfer.rate_arg(None) == []
+
+
+def _incoming(cache: Path, files: dict[str, bytes]) -> Path:
+    """What EXTRACT leaves: the files in the incoming folder and its record of what it hashed."""
+    r = sh(
+        "python3 -c "
+        + shlex.quote(
+            "import io, sys, tarfile\n"
+            "t = tarfile.open(fileobj=sys.stdout.buffer, mode='w|', format=tarfile.GNU_FORMAT)\n"
+            "for name, data in eval(sys.stdin.read()).items():\n"
+            "    i = tarfile.TarInfo(name); i.size = len(data); t.addfile(i, io.BytesIO(data))\n"
+            "t.close()\n"
+        )
+        + " | "
+        + hfcache.py(EXTRACT, hfcache.incoming_dir(str(cache), TINY)),
+        repr(files),
+    )
+    assert r.returncode == 0, r.stderr
+    return Path(hfcache.incoming_dir(str(cache), TINY))
+
+
+def test_a_file_hashed_while_received_is_adopted_without_reading_it_again(tmp_path):
+    """EXTRACT hashes each file as it writes it (issue 40: the read-back was 30 % of a replication);
+    `check` trusts that record while the file keeps its size and mtime, and hashes it otherwise."""
+    data = {n: os.urandom(4096 + n) for n in range(3)}
+    blobs = {hashlib.sha256(d).hexdigest(): d for d in data.values()}
+    m = hfcache.Manifest(
+        TINY, "main", "c" * 40, tuple(hfcache.File(f"f{i}", len(d), b, True) for i, (b, d) in enumerate(blobs.items()))
+    )
+    inc = _incoming(tmp_path, blobs)
+    rec = [json.loads(x) for x in (inc / RECEIVED).read_text().splitlines()]
+    assert sorted(r[0] for r in rec) == sorted(blobs) and all(r[0] == r[3] for r in rec)
+    # the proof that it is not read again: a byte changed behind the record's back, size and mtime kept
+    first, second, third = sorted(blobs)
+    p = inc / first
+    st = p.stat()
+    p.write_bytes(b"\0" + blobs[first][1:])
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    # a file changed after it was received (its mtime moved): hashed again, and dropped
+    st = (inc / second).stat()
+    (inc / second).write_bytes(b"\0" + blobs[second][1:])
+    os.utime(inc / second, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # past a coarse clock's tick
+    got = check(tmp_path, m)
+    assert got["adopted"] == 2 and got["missing"] == [second] and not inc.exists()
+
+
+def test_the_extractor_writes_only_blobs_inside_the_incoming_folder(tmp_path):
+    good = os.urandom(100)
+    name = hashlib.sha256(good).hexdigest()
+    inc = _incoming(tmp_path, {"../../escaped": b"x", "config.json": b"{}", name: good})
+    assert sorted(p.name for p in inc.iterdir()) == sorted([name, RECEIVED])
+    assert not list(tmp_path.rglob("escaped"))

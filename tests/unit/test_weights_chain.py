@@ -5,6 +5,7 @@ its own; the check that adopts files is a fake that reports what arrived."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ import pytest
 from chain_fakes import IPS, world3
 
 from sparkcluster.movement import hfcache
+from sparkcluster.movement.hfcache_node import RECEIVED
 from sparkcluster.up.stages import weights_chain
 
 REPO = "org/model"
@@ -63,7 +65,9 @@ def test_two_or_more_workers_lacking_get_one_stream_along_the_chain(tmp_path):
     for n in ("w1", "w2", "w3"):
         got = Path(hfcache.incoming_dir(str(caches[n]), REPO))
         # every file any of them lacked reached each (the union), byte for byte
-        assert {p.name: p.read_bytes() for p in got.iterdir()} == FILES
+        assert {p.name: p.read_bytes() for p in got.iterdir() if p.name != RECEIVED} == FILES
+        # each hashed as it was written: the record `check` adopts from without reading them again
+        assert sorted(json.loads(x)[3] for x in (got / RECEIVED).read_text().splitlines()) == sorted(FILES)
         assert st.state[n]["missing"] == []
     # the head's one sender: a single command on the head
     assert len(r.cluster.head.started) == 1

@@ -315,7 +315,8 @@ def steps(plan: Plan) -> list[Step]:
                     _act("replicate", k, need),
                     f"receive the files of {need.repo} it lacks from the head, verify them",
                     f"{head}: tar of the missing blobs | tcp {inv.head.control_ip} -> {wk.control_ip} | "
-                    f"{wk.name}: tar -x, each file checked against its hash (one connection, head's address only)"
+                    f"{wk.name}: each file written and hashed as it arrives, adopted once it matches "
+                    "(one connection, head's address only)"
                     + (
                         f", at most {inv.cluster.replication_max_mb_s:g} MB/s (replication_max_mb_s)"
                         if inv.cluster.replication_max_mb_s

@@ -75,7 +75,7 @@ def stream_files(st, hosts, inv, hops: list[chain.Hop]) -> stream.Streamed:
             st.cache, st.repo, blobs, first.dst_ip, port, first.src_ip, rate=st.cap_bytes_s
         ),
         on_sent=lambda n: st.progress.bytes(bar, min(n, total), total),
-        sink="tar -x",
+        sink="the extractor (each file hashed as it is written)",
         timeout=24 * 3600,
     )
     after = {n: st.check(n) for n in nodes}
