@@ -138,6 +138,8 @@ def window(s, on: bool) -> dict:
         }
     if on:
         got = query(s, f"max_over_time(scrape_duration_seconds[{int(t1 - t0)}s])")
+        if not got:
+            raise SystemExit(f"bench: Prometheus at {prometheus(s)} has no scrape_duration_seconds")
         out["scrape_s"] = {
             f"{r['metric'].get('job')}@{r['metric'].get('node', '?')}": float(r["value"][1]) for r in got
         }
