@@ -272,16 +272,20 @@ def measure(s) -> None:
         s.rec("ws_size", x.size)
         s.rec("ws_workers", x.workers)
         ip = x.ip
-        with ExitStack() as stack:
-            bases = {w: stack.enter_context(Baseline(s.tb, ip[HEAD], ip[w], w)) for w in x.workers}
-            for i in range(min(s.reps, MAX_REPS)):
-                rep(s, x, bases, i)
+        try:
+            with ExitStack() as stack:
+                bases = {w: stack.enter_context(Baseline(s.tb, ip[HEAD], ip[w], w)) for w in x.workers}
+                for i in range(min(s.reps, MAX_REPS)):
+                    rep(s, x, bases, i)
+            link, left = x.resume()
+            s.rec("ws_resume", [link, left])
+            say(f"  cut mid-way, then resumed: {link:,} B on the link for {left:,} B left")
+        finally:
+            for h in x.hosts:  # the scale repository off every node's HF cache: several GB each
+                s.tb.sh(h, f"rm -rf {shlex.quote(x.repo_dir)}", check=False)
         s.details["page_cache_dropped"] = all(x.dropped)
         if not all(x.dropped):
             say("  the page cache could not be dropped between runs (/proc/sys/vm/drop_caches refused)")
-        link, left = x.resume()
-        s.rec("ws_resume", [link, left])
-        say(f"  cut mid-way, then resumed: {link:,} B on the link for {left:,} B left")
 
 
 def rep(s, x: Scale, bases: dict[str, Baseline], i: int) -> None:
