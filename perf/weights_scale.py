@@ -12,14 +12,15 @@ before every transfer, `/proc/sys/vm/drop_caches`, where permitted, else said in
   bytes (fetched once: hub bytes / size = 1.0);
 - head -> every worker (with three: along the chain): the workers emptied, one pull;
 - head -> one worker: that worker emptied, one pull. A replication's time runs from its first byte
-  on the first worker's control link (sampled every 20 ms) to the CLI's line saying the files were
+  on the first worker's links (control and data plane, sampled every 20 ms) to the CLI's line saying the files were
   received and verified there (verification included);
 - the baselines over the same links: `tar | ssh | tar` of the same files (the blobs folder) from
   the head to a throwaway sshd on each worker's control address, into the same filesystem as the
   HF cache (three workers: three such pipelines at once, as an owner would script it); from the
   controller to the head through the testbed's sshd for the hub's leg;
 - the physical limits, measured in the same run: each link's rate with one raw TCP stream (Python,
-  random bytes, the receiver's first byte to end of stream) and each receiving disk's write rate
+  random bytes, the receiver's first byte to end of stream; a single worker's link is the control
+  link, a chain's hops are the addresses the pull's notes name) and each receiving disk's write rate
   (`dd` with direct I/O and a final fsync, in the HF cache's filesystem; without direct I/O where
   the filesystem refuses it, said in the details);
 - a replication cut mid-way: one worker emptied, its stream's receiver killed (as a link that
@@ -47,6 +48,7 @@ from pathlib import Path
 
 from perf import testbed
 from perf.cli import CLI, REPO
+from perf.counters import Sampler
 from perf.figures import Figure, at_least_median, at_most_median, info, say
 from perf.image import Baseline
 from perf.session import standalone
@@ -57,6 +59,8 @@ MAX_REPS = 3
 HEAD = "spark-head"
 REPL_RATIO, LIMIT_FRACTION, CHAIN_RATIO, RESUME_RATIO = 1.5, 0.8, 1.2, 1.05
 RAW_MAX = 1 << 30  # bytes a raw TCP stream and a disk test write
+# `weights pull`'s note for a worker reached along the chain: which addresses its hop used
+CHAIN_NOTE = re.compile(r"^(\S+): received from (\S+) along the chain \((\S+) -> (\S+)\)", re.M)
 
 # one connection accepted, everything read and dropped; prints bytes and seconds from the first byte
 RAW_RECV = r"""
@@ -111,7 +115,12 @@ class Scale:
         self.repo_dir = f"{self.cache}/hub/models--{testbed.SCALE.replace('/', '--')}"
         self.size = testbed.hub_stats(endpoint)["repos"][testbed.SCALE]["size"]
         self.dropped: list[bool] = []
+        self.hops: dict[tuple[str, str], tuple[str, str]] = {}  # (src, dst) -> (src IP, dst IP) of the chain
         self.ip = {n.name: str(n.control_ip) for n in s.inv.nodes}
+        # the first worker's links, control and data plane: a chain's first hop may take a subnet
+        # the head and it share rather than the control link (as `up` sends it)
+        first = s.inv.node(self.workers[0])
+        self.sampler = Sampler(s.tb.pid(first.name), [first.control_if, *first.netdevs], [testbed.lan_veth(first.name)])
 
     # -- helpers
     def empty(self, hosts) -> None:
@@ -123,9 +132,9 @@ class Scale:
         return self.sc("weights", "pull", "--profile", PROFILE, timeout=7200, merged=True, check=check)
 
     def replication_s(self, r) -> float:
-        """First byte on the first worker's control link to the line saying the last worker's files
-        were received and verified."""
-        win = self.s.sampler.window(r.t0, r.t1)
+        """First byte on the first worker's links to the line saying the last worker's files were
+        received and verified."""
+        win = self.sampler.window(r.t0, r.t1)
         ends = [t for t, line in r.lines if "verified" in line and ("sent to" in line or "received from" in line)]
         if win is None or not ends:
             raise SystemExit(f"bench: no replication seen in this pull\n{r.stderr[-3000:]}")
@@ -144,8 +153,11 @@ class Scale:
 
     def to_workers(self, workers: list[str]) -> float:
         self.empty(workers)
-        with self.s.sampler:
+        with self.sampler:
             r = self.pull()
+        # a chain's hops as the pull chose them (a shared data-plane subnet, else the control IPs)
+        for dst, src, sip, dip in CHAIN_NOTE.findall(r.stderr):
+            self.hops[(src, dst)] = (sip, dip)
         return self.replication_s(r)
 
     # -- theirs
@@ -258,9 +270,9 @@ class Scale:
         left = self.size - sum(int(x) for x in held)
         if left <= 0 or left >= self.size:
             raise SystemExit(f"bench: the cut left {left:,} of {self.size:,} bytes to send: not mid-way")
-        with self.s.sampler:
+        with self.sampler:
             r = self.pull()
-        link, _ = self.s.sampler.delta(r.t0, r.t1)
+        link, _ = self.sampler.delta(r.t0, r.t1)
         return link, left
 
 
@@ -308,13 +320,15 @@ def rep(s, x: Scale, bases: dict[str, Baseline], i: int) -> None:
     for k in order:
         if k in steps:
             steps[k]()
-    hops = list(zip([HEAD, *chain], chain))
+    w1 = one[0]
     s.rec(
         "ws_limits",
         {
             "hub_link": x.link(None, testbed.HUB_IP, HEAD, testbed.lan_ip(HEAD)),
             "head_disk": x.disk(HEAD),
-            **{f"link {a}->{b}": x.link(a, x.ip[a], b, x.ip[b]) for a, b in hops},
+            # a single worker's stream takes the control link; a chain's hops, what the pull chose
+            f"link {HEAD}->{w1}": x.link(HEAD, x.ip[HEAD], w1, x.ip[w1]),
+            **{f"chain {a}->{b}": x.link(a, sip, b, dip) for (a, b), (sip, dip) in x.hops.items()},
             **{f"disk {w}": x.disk(w) for w in chain},
         },
     )
@@ -394,7 +408,7 @@ def figures(R: dict) -> list[Figure]:
     ]
     if R.get("ws_all_s"):
         n = len(R["ws_workers"][0])
-        all_limit = [min(v for k, v in L.items() if k.startswith(("link ", "disk "))) for L in lim]
+        all_limit = [min(v for k, v in L.items() if k.startswith(("chain ", "disk "))) for L in lim]
         F += [
             at_most_median(
                 "ws_all_vs_one",

@@ -309,9 +309,10 @@ def test_weights_at_scale_table_from_made_up_repetitions():
     limits = {
         "hub_link": 1.2e9,
         "head_disk": 0.9e9,
-        "link spark-head->spark-worker": 1.0e9,
-        "link spark-worker->spark-worker-3": 1.1e9,
-        "link spark-worker-3->spark-worker-4": 0.4e9,  # the slowest hop bounds the chain
+        "link spark-head->spark-worker": 1.0e9,  # the control link, a single worker's
+        "chain spark-head->spark-worker": 1.3e9,  # the chain's hops, on the data plane
+        "chain spark-worker->spark-worker-3": 1.1e9,
+        "chain spark-worker-3->spark-worker-4": 0.4e9,  # the slowest hop bounds the chain
         **{f"disk {w}": 0.8e9 for w in W},
     }
     raw = {
@@ -398,3 +399,14 @@ def test_load_keeps_requests_in_flight_and_throughput_reads_the_engines_counter(
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_the_chains_hops_are_read_from_the_pulls_notes():
+    out = (
+        "spark-worker: received from spark-head along the chain (10.10.1.1 -> 10.10.1.2): 2147.5 MB in 9.1s, 236.0 "
+        "MB/s, verified\nspark-worker-3: received from spark-worker along the chain (10.10.1.2 -> 10.10.1.3): ..."
+    )
+    assert weights_scale.CHAIN_NOTE.findall(out) == [
+        ("spark-worker", "spark-head", "10.10.1.1", "10.10.1.2"),
+        ("spark-worker-3", "spark-worker", "10.10.1.2", "10.10.1.3"),
+    ]

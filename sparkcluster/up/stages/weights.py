@@ -196,14 +196,14 @@ class Staging:
         )
         return f"sent to {worker_name}: {got.rate}, verified"
 
-    def replicate_all(self) -> list[str]:
-        """`weights pull`: every worker lacking files gets them, as `up` sends them: one stream along
-        the chain when two or more lack some (over the control links: the pull gathers no facts to
-        find a shared data-plane subnet), else the one alone. A note per worker."""
+    def replicate_all(self, facts: dict | None = None) -> list[str]:
+        """`weights pull`: every worker lacking files gets them as `up` sends them: one stream along
+        the chain when two or more lack some (each hop on a data-plane subnet its nodes share, from
+        `facts`, else over their control IPs), else the one alone. A note per worker."""
         lacking = [n.name for n in self.inv.workers if self.state[n.name]["missing"]]
         if len(lacking) < 2:
             return [self.replicate(n) for n in lacking]
-        hops = [chain.control(self.inv, a, b) for a, b in zip([self.inv.head.name, *lacking], lacking)]
+        hops = chain.plan(self.inv, facts or {}, lacking)
         got = weights_chain.stream_files(self, self.cluster.hosts, self.inv, hops)
         return [
             f"{h.dst}: received from {h.src} along the chain ({h.src_ip} -> {h.dst_ip}): {got.rate}, verified"
