@@ -200,6 +200,12 @@ def rec(s, on: dict, off: dict) -> None:
 
 
 def figures(R: dict) -> list[Figure]:
+    if R.get("mon_error"):  # `make bench` went on without these: a row that says so, not met
+        return [
+            Figure(
+                "mon_error", "monitoring: not measured (the bench's log says why)", "count", "measured", [0.0], False
+            )
+        ]
     if not R.get("mon_tput_ratio"):
         return []
     per_node = {h: [c[h] for c in R["mon_node_cost"]] for h in R["mon_node_cost"][0]}

@@ -256,6 +256,8 @@ def test_monitoring_figures_from_made_up_windows():
     rows = _rows(figures.render(monitoring.figures(raw), {}, "now", reps=5, cpus=2))
     assert rows["serving throughput, monitoring on / off (interleaved)"][-1] == "**no**"
     assert monitoring.figures({}) == []
+    [failed] = monitoring.figures({"mon_error": ["bench: Prometheus did not scrape every target healthy"]})
+    assert failed.ok is False
 
 
 def test_recovery_figures_divide_by_the_parts_not_ours():
