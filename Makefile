@@ -51,11 +51,13 @@ bench: venv
 	$(MAKE) bench-nodes
 
 # the four-node figures (issue 27) on four-host testbeds of their own, through a switch and as a ring:
-# perf/nodes-switch.md, perf/nodes-ring.md
+# perf/nodes-switch.md, perf/nodes-ring.md; weights at scale along the switch's chain (issue 40,
+# WEIGHTS_MB, default 2048): perf/weights_scale.md
 bench-nodes: deps venv
 	$(BIN)/python -m tests.testbed down
 	SPARKCLUSTER_TESTBED_HOSTS=4 $(BIN)/python -m tests.testbed up
 	$(BIN)/python -m perf.nodes
+	$(BIN)/python -m perf.weights_scale
 	$(BIN)/python -m tests.testbed down
 	SPARKCLUSTER_TESTBED_HOSTS=4 SPARKCLUSTER_TESTBED_CABLING=ring $(BIN)/python -m tests.testbed up
 	$(BIN)/python -m perf.nodes

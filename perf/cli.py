@@ -48,8 +48,9 @@ class CliRun:
 
 
 class CLI:
-    def __init__(self, tb, workdir: Path, hosts: tuple[str, ...] = testbed.HOSTS):
+    def __init__(self, tb, workdir: Path, hosts: tuple[str, ...] = testbed.HOSTS, inventory: Path | None = None):
         self.tb, self.hosts = tb, hosts
+        self.inventory = inventory or tb.inventory  # another inventory of the same testbed (perf/weights_scale)
         env_file = workdir / ".env"
         env_file.write_text(f"VLLM_API_KEY={testbed.API_KEY}\nHF_TOKEN={testbed.HF_TOKEN}\n")
         env_file.chmod(0o600)
@@ -64,25 +65,38 @@ class CLI:
         )
 
     def argv(self, *args: str, python_flags: tuple[str, ...] = ()) -> list[str]:
-        return [sys.executable, *python_flags, "-m", "sparkcluster", "--inventory", str(self.tb.inventory), *args]
+        return [sys.executable, *python_flags, "-m", "sparkcluster", "--inventory", str(self.inventory), *args]
 
     def __call__(
-        self, *args: str, check: bool = True, on_line=None, timeout: float = 600, python_flags: tuple[str, ...] = ()
+        self,
+        *args: str,
+        check: bool = True,
+        on_line=None,
+        timeout: float = 600,
+        python_flags: tuple[str, ...] = (),
+        merged: bool = False,
     ) -> CliRun:
+        """`merged`: stdout joins stderr, so its lines get arrival times too (`lines`; `stdout` stays empty)."""
         argv = self.argv(*args, python_flags=python_flags)
         before = {h: self.tb.connections_logged(h) for h in self.hosts}
         out: list[str] = []
         lines: list[tuple[float, str]] = []
         t0 = time.time()
         p = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env, cwd=str(REPO), bufsize=1
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+            text=True,
+            env=self.env,
+            cwd=str(REPO),
+            bufsize=1,
         )
-        reader = threading.Thread(target=lambda: out.append(p.stdout.read()), daemon=True)
+        reader = threading.Thread(target=lambda: out.append("" if merged else p.stdout.read()), daemon=True)
         reader.start()
         timer = threading.Timer(timeout, p.kill)
         timer.start()
         try:
-            for line in p.stderr:
+            for line in p.stdout if merged else p.stderr:
                 lines.append((time.time(), line.rstrip("\n")))
                 if on_line:
                     on_line(line, p)

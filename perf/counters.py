@@ -33,15 +33,18 @@ class Sampler:
     """Samples, every SAMPLE_S: the worker's control-link rx+tx (the head->worker path) and the
     controller-side LAN veths (everything between the controller and the hosts)."""
 
-    def __init__(self, worker_pid: int, worker_if: str, lan_ifs: list[str]):
-        self.worker_pid, self.worker_if, self.lan_ifs = worker_pid, worker_if, lan_ifs
+    def __init__(self, worker_pid: int, worker_if: str | list[str], lan_ifs: list[str]):
+        """`worker_if`: the worker's control link, or several of its links summed (a chain's
+        stream may take a data-plane subnet rather than the control link, perf/weights_scale)."""
+        self.worker_pid, self.lan_ifs = worker_pid, lan_ifs
+        self.worker_ifs = [worker_if] if isinstance(worker_if, str) else list(worker_if)
         self.samples: list[tuple[float, int, int]] = []  # (t, link bytes, lan bytes)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def sample(self) -> tuple[float, int, int]:
-        rx, tx = netns_dev_bytes(self.worker_pid, self.worker_if)
-        return time.time(), rx + tx, sum(sysfs_bytes(i) for i in self.lan_ifs)
+        link = sum(sum(netns_dev_bytes(self.worker_pid, i)) for i in self.worker_ifs)
+        return time.time(), link, sum(sysfs_bytes(i) for i in self.lan_ifs)
 
     def __enter__(self) -> Sampler:
         self.samples = [self.sample()]

@@ -63,6 +63,11 @@ def at_most_median(key: str, title: str, bound: float, values: list[float], note
     return Figure(key, title, "ratio", f"<= {bound:.2f}", values, statistics.median(values) <= bound, note=note)
 
 
+def at_least_median(key: str, title: str, bound: float, values: list[float], note: str = "") -> Figure:
+    """A ratio judged on its median: `>= bound`."""
+    return Figure(key, title, "ratio", f">= {bound:.2f}", values, statistics.median(values) >= bound, note=note)
+
+
 def fmt(x: float, unit: str) -> str:
     if unit == "bytes":
         return f"{x:,.0f}"

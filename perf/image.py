@@ -22,7 +22,7 @@ from perf.figures import Figure, info
 from perf.figures import say as _say
 from perf.session import PROFILE
 
-BASELINE_DIR = "/tmp/sparkcluster-bench-baseline"  # on each host (each host has a private /tmp)
+BASELINE_DIR = "/tmp/sparkcluster-bench-baseline"  # -<worker>, on each host (each host has a private /tmp)
 BASELINE_PORT = 2222
 
 # the bytes of each layer as docker save emits it (its tar), by diff ID: what "the layers the
@@ -48,11 +48,12 @@ class Baseline:
     """A throwaway second sshd on the worker, bound to its control address only, that accepts one
     throwaway key kept on the head; removed (process, keys, config) at exit."""
 
-    def __init__(self, tb, head_ip: str, worker_ip: str):
-        self.tb, self.head_ip, self.worker_ip = tb, head_ip, worker_ip
+    def __init__(self, tb, head_ip: str, worker_ip: str, worker: str = "spark-worker"):
+        self.tb, self.head_ip, self.worker_ip, self.worker = tb, head_ip, worker_ip, worker
+        self.d = f"{BASELINE_DIR}-{worker}"  # one per worker: several may be up at once (perf/weights_scale)
 
     def __enter__(self) -> Baseline:
-        d, tb, W, H = BASELINE_DIR, self.tb, "spark-worker", "spark-head"
+        d, tb, W, H = self.d, self.tb, self.worker, "spark-head"
         self.__exit__()
         pub = tb.sh(
             H,
@@ -97,8 +98,8 @@ PrintMotd no
         return f"set -o pipefail; docker save {image} | {self.ssh} docker load -q"
 
     def __exit__(self, *exc) -> None:
-        d = BASELINE_DIR
-        self.tb.sh("spark-worker", f"[ -f {d}/sshd.pid ] && kill $(cat {d}/sshd.pid); rm -rf {d}", check=False)
+        d = self.d
+        self.tb.sh(self.worker, f"[ -f {d}/sshd.pid ] && kill $(cat {d}/sshd.pid); rm -rf {d}", check=False)
         self.tb.sh("spark-head", f"rm -rf {d}", check=False)
 
 

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             row("  ... image stage, three workers lacking (one stream along the chain)", "s", "-", three),
             row("doctor on four nodes / slowest node alone (in-process)", "ratio", "<= 1.25", dr, lambda m: m <= 1.25),
             "",
-            "No weights figure: the testbed's model is 1.7 MB, so a ratio of it measures start-up, not the link.",
+            "Weights along the chain: perf/weights_scale.md (a repository of its own; the testbed's model is 1.7 MB).",
             "",
         ]
     )

@@ -5,9 +5,9 @@ repetitions (default 5, `BENCH_REPS`), with min and max. Method per figure: perf
 Writes perf/results.json (git-ignored) and perf/results.md, and prints the table.
 
 This module only orders the run and writes the results; each family of figures is measured in its
-own module (doctor, up, status, memory, connections, image, supervisor, executors, compile_restarts,
-gateway;
-the short commands' floors in floors), and the testbed is reached through perf/testbed.py alone.
+own module (doctor, up, status, memory, connections, image, monitoring, supervisor and recovery,
+executors, compile_restarts, gateway; the short commands' floors in floors), and the testbed is
+reached through perf/testbed.py alone.
 
 The whole run holds the testbed's cooperative lock (/tmp/sparkcluster-testbed.lock). It uses the
 testbed's cluster as its own: it takes it down and up several times, removes the cluster image on
@@ -34,6 +34,8 @@ from perf import (
     gateway,
     image,
     memory,
+    monitoring,
+    recovery,
     status,
     supervisor,
     testbed,
@@ -93,6 +95,15 @@ def bench(s: Session) -> None:
     say(f"on a serving cluster: doctor, status --json, up, in-process fan-out, start-up and host floors ({reps}x)")
     for i in range(reps):
         on_serving(s, i)
+    say(
+        f"monitoring (issue 37): its cost on each node, scrape time, throughput on / off, interleaved "
+        f"({max(reps, monitoring.MIN_REPS)}x)"
+    )
+    try:
+        monitoring.measure(s)
+    except (SystemExit, Exception) as e:  # the other families' figures are kept; this one says why not
+        say(f"monitoring not measured: {e}")
+        s.rec("mon_error", str(e)[:300])
     say("supervisor: its own CPU and memory while serving, then a wedge and a worker reboot to serving again")
     supervisor.measure(s)
     say(f"executors: up from down, memory and idle CPU of both hosts, with ray and with mp ({reps}x)")
@@ -142,7 +153,9 @@ def figures(R: dict, image_size: int, hosts: tuple[str, ...] = testbed.HOSTS) ->
         *up.figures(R),
         *memory.figures(R),
         *image.figures(R, image_size),
+        *monitoring.figures(R),
         *supervisor.figures(R),
+        *recovery.figures(R),
         *compile_restarts.figures(R),
         *gateway.figures(R),
         *status.figures(R),

@@ -54,3 +54,34 @@ class Session:
             return json.loads(r.stdout).get("state") == "healthy"
         except ValueError:
             return False
+
+
+def standalone(name: str, description: str, measure, figures, argv: list[str] | None = None) -> int:
+    """`python -m perf.<name>`: one family of figures on the testbed that is up, without the rest of
+    `make bench`: the testbed's lock held, a session of its own, `measure(session)`, then the table
+    of `figures(raw)` (each row with its budget and met or not) printed and written to
+    perf/<name>.md. BENCH_REPS sets the repetitions where the family repeats."""
+    import argparse
+    import tempfile
+    import time
+
+    from perf.cli import REPO
+    from perf.figures import die, render
+
+    argparse.ArgumentParser(prog=f"python -m perf.{name}", description=description).parse_args(argv)
+    if os.geteuid() != 0:
+        die("the testbed needs root (run it as root, after make testbed-up)")
+    with testbed.locked():
+        started = time.time()
+        tb = testbed.connect()
+        with tempfile.TemporaryDirectory(prefix="sparkcluster-bench-") as wd:
+            s = Session(tb, Path(wd))
+            measure(s)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))
+    table = render(figures(s.raw), s.details, when, s.reps)
+    (REPO / "perf" / f"{name}.md").write_text(table)
+    (REPO / "perf" / f"{name}.json").write_text(
+        json.dumps({"when": when, "details": s.details, "raw": s.raw}, indent=2)
+    )
+    print(table)
+    return 0

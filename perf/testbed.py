@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from perf.figures import die, say
 from tests.integration.helpers import API_KEY, HF_TOKEN, answers
-from tests.testbed.hub import HUB_IP, HUB_PORT, SYNTHETIC, knobs, stats
+from tests.testbed.hub import HUB_IP, HUB_PORT, SCALE, SCALE_PORT, SYNTHETIC, knobs, start_hub, stats, stop_hub
 from tests.testbed.testbed import SPECS, Testbed, ssh_account
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "HOSTS",
     "HUB",
     "LOCK_PATH",
+    "SCALE",
     "SYNTHETIC",
     "Testbed",
     "answers",
@@ -32,6 +33,7 @@ __all__ = [
     "lan_ip",
     "lan_veth",
     "locked",
+    "scale_hub",
     "wiring",
 ]
 
@@ -91,9 +93,34 @@ def hf_cache() -> str:
     return ssh_account()["hf_cache"]
 
 
-def hub_stats() -> dict:
-    return stats(HUB)
+def hub_stats(endpoint: str = HUB) -> dict:
+    return stats(endpoint)
 
 
-def hub_knobs(**values) -> dict:
-    return knobs(HUB, **values)
+def hub_knobs(endpoint: str = HUB, **values) -> dict:
+    return knobs(endpoint, **values)
+
+
+@contextmanager
+def scale_hub(size_mb: int):
+    """A hub of its own on the controller's LAN address (port SCALE_PORT) serving the scale repo of
+    `size_mb` MB (issue 40: random safetensors shards, made once in the testbed's cache, hashed once
+    on the first start). Yields (its endpoint, the folder of the repo's files on the controller);
+    stopped at the end."""
+    from tests.testbed import artifacts
+
+    state = artifacts.CACHE / "hub-scale"
+    say(f"the scale hub: {size_mb} MB of random safetensors shards (made and hashed once, in {state})")
+    h = start_hub(
+        HUB_IP,
+        SCALE_PORT,
+        state_dir=state,
+        synthetic_mb=0,
+        scale_mb=size_mb,
+        log_path=state.parent / "hub-scale.log",
+        timeout=3600,
+    )
+    try:
+        yield h.endpoint, state / "scale"
+    finally:
+        stop_hub(h.pid)

@@ -91,13 +91,18 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
                     f"{prof.name} (it builds the image and stages the weights)",
                 )
             lacking[0].write_token()
+        fx = None
+        if any(len([w for w in inv.workers if w.name in st.lacking()]) >= 2 for st in lacking):
+            # a chain's hops go over the data plane where two nodes share a subnet, as `up` sends them
+            from sparkcluster import facts
+
+            fx = cluster.each(lambda h: facts.gather(h, inv, None, ray=False)).values_or_raise("facts")
         for st in lacking:
             st.image = image
             if inv.head.name in st.lacking():
                 click.echo(st.download())
-            for wk in inv.workers:
-                if st.state[wk.name]["missing"]:
-                    click.echo(st.replicate(wk.name))
+            for note in st.replicate_all(fx):
+                click.echo(note)
             click.echo(f"{st.repo}@{st.manifest.commit[:12]} ({st.role}) staged on every node")
 
 

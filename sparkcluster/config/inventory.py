@@ -95,6 +95,9 @@ class ClusterSettings(_Strict):
     compile_cache_max_gb: float = Field(default=COMPILE_CACHE_MAX_GB, gt=0)
     # the hub the weights come from (a mirror, or the testbed's); unset: the public hub. HF_ENDPOINT
     hf_endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s'\"]+$")
+    # a cap on a replication between nodes (the weights' stream from the head, along the chain), in
+    # MB a second, so that it does not starve an engine serving on the same nodes (issue 40); unset: none
+    replication_max_mb_s: float | None = Field(default=None, gt=0)
     api_port: int = Field(default=8000, ge=1, le=65535)
     # "control": every engine listens only on its head's control address (vLLM's --host; no root
     # needed), so from outside the cluster the gateway is the only door (issue 36); the controller

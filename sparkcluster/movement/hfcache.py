@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 
 from sparkcluster.errors import InputError
 from sparkcluster.movement import transfer
-from sparkcluster.movement.hfcache_node import DOWNLOAD, NODE, RESOLVE
+from sparkcluster.movement.hfcache_node import DOWNLOAD, EXTRACT, NODE, RESOLVE
 
 PUBLIC_HUB = "https://huggingface.co"
 DOWNLOAD_CONTAINER = "sparkcluster-weights-download"
@@ -284,26 +284,32 @@ def blobs_dir(hf_cache: str, repo: str) -> str:
 
 def receive_command(hf_cache: str, repo: str, bind_ip: str, peer_ip: str, forward: str | None = None) -> str:
     """On the worker: the image transfer's one-shot receiver (one connection, from the sender's
-    address only) feeding tar into the incoming folder; `check` adopts what matches its name.
+    address only) feeding EXTRACT, which writes each file into the incoming folder and hashes it on
+    the way; `check` adopts what matches its name.
     `forward` (transfer.next_hop): relay the stream to the next worker of a chain as it arrives."""
     d = shlex.quote(incoming_dir(hf_cache, repo))
     return (
         f"set -o pipefail; umask 022; mkdir -p {d} && "
         + py(transfer.RECEIVER, bind_ip, peer_ip, "stdout", *([forward] if forward else []))
-        + f" | tar -x -f - -C {d}"
+        + " | "
+        + py(EXTRACT, incoming_dir(hf_cache, repo))
     )
 
 
-def send_command(hf_cache: str, repo: str, blobs: list[str], dst_ip: str, port: int, src_ip: str) -> str:
+def send_command(
+    hf_cache: str, repo: str, blobs: list[str], dst_ip: str, port: int, src_ip: str, rate: float | None = None
+) -> str:
     """On the head: tar of the named blobs into the image transfer's sender. The names travel as
-    base64 of a NUL-separated list, so no name reaches the shell as text."""
+    base64 of a NUL-separated list, so no name reaches the shell as text. `rate`: a cap in bytes a
+    second (the inventory's `replication_max_mb_s`), None for none."""
     for b in blobs:
         if not _BLOB.fullmatch(b):
             raise ValueError(f"not a blob name: {b!r}")
     names = base64.b64encode(b"".join(b.encode() + b"\0" for b in blobs)).decode()
     return (
         f"set -o pipefail; cd {shlex.quote(blobs_dir(hf_cache, repo))} && echo {names} | base64 -d | "
-        "tar --null -T - -c -f - | " + py(transfer.STREAM_SENDER, dst_ip, str(int(port)), src_ip)
+        "tar --null -T - -c -f - | "
+        + py(transfer.STREAM_SENDER, dst_ip, str(int(port)), src_ip, *transfer.rate_arg(rate))
     )
 
 

@@ -129,13 +129,17 @@ sys.exit(rc)
 # receiver's address and port, the sender's address); `out` sends one frame (4-byte length, then
 # data) and says "@@sent N" on stderr at most four times a second, for the controller's progress
 # bar; `pump` frames a file to its end; `finish` sends the end frame and waits for the receiver to
-# close, which it does once its own sink and the next hop's are done.
+# close, which it does once its own sink and the next hop's are done. An argument "rate=N" caps the
+# stream at N bytes a second (issue 40: a replication must not starve an engine serving on the same
+# nodes): after each frame the sender sleeps until the bytes sent fit the cap since the start, so
+# the link and the receivers' disks see at most that rate, averaged over a frame (1 MiB).
 FRAMING = r"""
 dst, port, src = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rate = next((float(a[5:]) for a in sys.argv[4:] if a.startswith("rate=")), 0.0)
 s = socket.create_connection((dst, port), timeout=30, source_address=(src, 0))
 s.settimeout(600)
 inp = sys.stdin.buffer
-sent, last = 0, 0.0
+sent, last, began = 0, 0.0, time.monotonic()
 def out(b):
     global sent, last
     if not b:
@@ -143,6 +147,9 @@ def out(b):
     s.sendall(struct.pack(">I", len(b)) + b)
     sent += len(b)
     now = time.monotonic()
+    if rate > 0 and sent / rate > now - began:
+        time.sleep(sent / rate - (now - began))
+        now = time.monotonic()
     if now - last > 0.25:
         print("@@sent %d" % sent, file=sys.stderr, flush=True)
         last = now
@@ -325,6 +332,15 @@ def send_command(
         + shlex.quote(src_ip)
         + "".join(" " + a for a in args)
     )
+
+
+def rate_arg(bytes_per_s: float | None) -> list[str]:
+    """A sender's argument that caps its stream (FRAMING), or none for an uncapped one."""
+    if bytes_per_s is None:
+        return []
+    if not bytes_per_s > 0:
+        raise ValueError(f"not a rate: {bytes_per_s!r}")
+    return [f"rate={int(bytes_per_s)}"]
 
 
 def bash(cmd: str) -> list[str]:

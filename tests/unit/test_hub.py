@@ -154,3 +154,28 @@ def test_knobs_fail_status_and_rate(hub, tmp_path):
         h.set_knobs({"rate_bps": None})
     with urllib.request.urlopen(urllib.request.Request(url, headers={"Range": "bytes=5-"}), timeout=5) as r:
         assert r.status == 206 and r.headers["Content-Range"].startswith("bytes 5-")
+
+
+def test_the_scale_repo_is_safetensors_shaped_incompressible_and_made_once(tmp_path):
+    """Issue 40's weights at scale: valid safetensors shards of random data, an index naming them."""
+    import json
+    import struct
+    import zlib
+
+    from tests.testbed.hub.server import scale_repo
+
+    d = scale_repo(tmp_path / "scale", 5, shard_mb=2)
+    shards = sorted(d.glob("*.safetensors"))
+    assert len(shards) == 3 and sum(p.stat().st_size for p in shards) == 3 * (5 * 2**20 // 3)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    for p in shards:
+        b = p.read_bytes()
+        n = struct.unpack("<Q", b[:8])[0]
+        [(name, t)] = [(k, v) for k, v in json.loads(b[8 : 8 + n]).items() if k != "__metadata__"]
+        assert t["dtype"] == "U8" and t["data_offsets"] == [0, len(b) - 8 - n] and index["weight_map"][name] == p.name
+        assert len(zlib.compress(b[8 + n :])) > 0.99 * (len(b) - 8 - n)
+    before = [p.stat().st_mtime_ns for p in shards]
+    scale_repo(tmp_path / "scale", 5, shard_mb=2)
+    assert [p.stat().st_mtime_ns for p in shards] == before
+    scale_repo(tmp_path / "scale", 4, shard_mb=2)  # another size: the other size's shards go
+    assert sorted(p.name for p in d.glob("*.safetensors")) == [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]

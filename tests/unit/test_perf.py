@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import perf
-from perf import executors, figures, floors, run
+from perf import executors, figures, floors, monitoring, recovery, run, weights_scale
 
 PERF = Path(perf.__file__).resolve().parent
 MODULES = sorted(m.name for m in pkgutil.iter_modules([str(PERF)]))
@@ -248,3 +248,202 @@ def test_gateway_rows_from_made_up_figures():
     assert rows["gateway: output throughput at concurrency 8, through / direct"][-1] == "**no**"
     assert rows["gateway: idle memory (PSS of its container)"][-1] == "**no**"
     assert gateway.figures(_raw()) == []  # a results.json from before the gateway's family
+
+
+def _window(agent_cpu, agent_rss, exporter=None, tput=100.0, scrape=None, server=None) -> dict:
+    nodes = {}
+    for h in HOSTS:
+        nodes[h] = {
+            "agent": {"cpu_pct": agent_cpu, "rss_mb": agent_rss},
+            "exporter": {"cpu_pct": exporter[0], "rss_mb": exporter[1]}
+            if exporter
+            else {"cpu_pct": 0.0, "rss_mb": 0.0},
+        }
+    if server:
+        nodes["spark-head"]["server"] = {"cpu_pct": server[0], "rss_mb": server[1]}
+    return {"tput": tput, "nodes": nodes, **({"scrape_s": scrape} if scrape else {})}
+
+
+def test_monitoring_figures_from_made_up_windows():
+    """Each repetition's two windows give the metrics' cost per node (on minus off), the longest
+    scrape and the throughput ratio; the table judges each against issue 37's budget."""
+    from types import SimpleNamespace
+
+    raw: dict = {}
+    s = SimpleNamespace(rec=lambda k, v: raw.setdefault(k, []).append(v))
+    scrapes = {"sparkcluster-node@spark-head": 0.004, "node-exporter@spark-worker": 0.03, "vllm@spark-head": 0.012}
+    for tput_on, exp_cpu in ((99.0, 0.3), (97.0, 0.4), (98.5, 0.5), (98.2, 1.6), (99.5, 0.2)):
+        on = _window(0.25, 30.0, exporter=(exp_cpu, 18.0), tput=tput_on, scrape=scrapes, server=(3.0, 120.0))
+        monitoring.rec(s, on, _window(0.20, 30.0))
+    assert raw["mon_node_cost"][0]["spark-worker"] == pytest.approx((0.35, 18.0))
+    assert raw["mon_scrape_s"] == [0.03] * 5
+    figs = monitoring.figures(raw)
+    rows = _rows(figures.render(figs, {}, "now", reps=5, cpus=2))
+    cpu = rows["metrics on spark-worker (agent's /metrics + node_exporter), serving: CPU more than without"]
+    assert cpu[0] == "0.450" and cpu[3:] == ["% of a core", "< 1", "yes"]  # median 0.45; one window's 1.65 over
+    assert rows["metrics on spark-head: memory (RSS) more than without"][3:] == ["MB", "< 50", "yes"]
+    assert rows["a scrape of every node: the longest scrape_duration_seconds of any target"][3:] == ["s", "< 1", "yes"]
+    tput = rows["serving throughput, monitoring on / off (interleaved)"]
+    assert tput[0] == "0.985" and tput[3:] == ["ratio", ">= 0.98", "yes"]
+    assert rows["... Prometheus + Alertmanager on the head (not in the budget): CPU"][4:] == ["-", "-"]
+    # a slower "on" fails the throughput budget
+    raw["mon_tput_ratio"] = [0.95, 0.97, 0.99, 0.96, 0.975]
+    rows = _rows(figures.render(monitoring.figures(raw), {}, "now", reps=5, cpus=2))
+    assert rows["serving throughput, monitoring on / off (interleaved)"][-1] == "**no**"
+    assert monitoring.figures({}) == []
+    [failed] = monitoring.figures({"mon_error": ["bench: Prometheus did not scrape every target healthy"]})
+    assert failed.ok is False
+
+
+def test_recovery_figures_divide_by_the_parts_not_ours():
+    wedge = {
+        "total": 50.0,
+        "stall_bound": 20.0,
+        "detect": 21.5,
+        "verdict_to_exec": 2.5,
+        "engine_start": 25.0,
+        "ready_to_serving": 1.0,
+        "verdict": "wedged",
+        "cause": "",
+    }
+    reboot = {
+        "total": 40.0,
+        "boot_to_container": 3.0,
+        "ray_join": 6.0,
+        "engine_start": 25.0,
+        "verdict": 4.0,
+        "joined_to_exec": 5.0,
+        "ready_to_serving": 1.0,
+    }
+    assert recovery.not_ours("wedge", wedge) == 45.0
+    assert recovery.not_ours("reboot", reboot) == 34.0
+    raw = {
+        "wedge_to_serving_s": [50.0],
+        "wedge_parts": [wedge],
+        "wedge_ratio": [50.0 / 45.0],
+        "reboot_to_serving_s": [40.0],
+        "reboot_parts": [reboot],
+        "reboot_ratio": [40.0 / 34.0],
+    }
+    rows = _rows(figures.render(recovery.figures(raw), {}, "now", reps=1, cpus=2))
+    w = rows["wedged rank (SIGSTOP, under load) to serving again / (stall bound + engine start)"]
+    assert w == ["1.111", "1.111", "1.111", "ratio", "<= 1.15", "yes"]
+    b = rows["worker reboot to serving again / (boot to dockerd and container + Ray join + engine start)"]
+    assert b[0] == "1.176" and b[-1] == "**no**"
+    assert rows["... the profile's stall bound"][0] == "20.00"
+    assert rows["... ours: verdict to the new exec (stop, backoff, waits)"][0] == "2.50"
+    assert rows["... ours: worker joined Ray to the new exec"][0] == "5.00"
+    # a results.json from before the ratios: the durations only, unjudged
+    old = recovery.figures({"wedge_to_serving_s": [63.8], "reboot_to_serving_s": [43.2]})
+    assert [f.key for f in old] == ["wedge_to_serving", "reboot_to_serving"] and all(f.ok is None for f in old)
+
+
+def test_weights_at_scale_table_from_made_up_repetitions():
+    """Issue 40 item 1's budgets: replication >= 1.5x tar-ssh-tar and >= 0.8 of min(link, disk),
+    three workers / one <= 1.2, a cut replication resends nothing complete; the hub's leg unjudged."""
+    size = 2 * 10**9
+    W = ["spark-worker", "spark-worker-3", "spark-worker-4"]
+    limits = {
+        "hub_link": 1.2e9,
+        "head_disk": 0.9e9,
+        "link spark-head->spark-worker": 1.0e9,  # the control link, a single worker's
+        "chain spark-head->spark-worker": 1.3e9,  # the chain's hops, on the data plane
+        "chain spark-worker->spark-worker-3": 1.1e9,
+        "chain spark-worker-3->spark-worker-4": 0.4e9,  # the slowest hop bounds the chain
+        **{f"disk {w}": 0.8e9 for w in W},
+    }
+    raw = {
+        "ws_size": [size],
+        "ws_workers": [W],
+        "ws_hub": [[4.0, 1.0], [4.2, 1.0], [3.9, 1.0]],
+        "ws_tar_hub_s": [8.0, 8.0, 8.0],
+        "ws_one_s": [2.8, 3.0, 3.2],  # 667 MB/s at the median
+        "ws_tar_one_s": [5.0, 5.0, 5.0],
+        "ws_all_s": [3.3, 3.9, 3.5],
+        "ws_tar_all_s": [9.0, 9.0, 9.0],
+        "ws_limits": [limits] * 3,
+        "ws_resume": [[1_010_000_000, 1_000_000_000]],
+    }
+    rows = _rows(figures.render(weights_scale.figures(raw), {}, "now", reps=3, cpus=2))
+    assert rows["weights at scale, hub -> head: hub bytes / repository size (fetched once)"][-1] == "yes"
+    assert rows["... hub -> head (the download, verified)"][0] == "500.0"
+    assert rows["... / tar-ssh-tar from the controller (the hub is the testbed's stand-in: not judged)"][-1] == "-"
+    one_tar = rows["weights, head -> one worker: throughput / tar-ssh-tar"]
+    assert one_tar[0] == "1.667" and one_tar[4:] == [">= 1.50", "yes"]
+    one_limit = rows["weights, head -> one worker: throughput / min(link, disk)"]
+    assert one_limit[0] == "0.833" and one_limit[-1] == "yes"  # 667 / min(1000, 800)
+    assert rows["weights, head -> 3 workers along the chain / head -> one (time)"][4:] == ["<= 1.20", "yes"]
+    chain_limit = rows["weights, head -> 3 workers: throughput / min(every hop's link, every disk)"]
+    assert chain_limit[0] == "1.429"  # 571 MB/s over the slowest hop's 400
+    assert rows["weights, head -> 3 workers: throughput / 3 tar-ssh-tar at once"][-1] == "yes"
+    resume = rows["weights cut mid-way, the next pull: link bytes / bytes of the files not complete at the cut"]
+    assert resume[0] == "1.010" and resume[-1] == "yes"
+    # the pair: no chain rows; a slower replication fails its budgets
+    pair = {k: v for k, v in raw.items() if k not in ("ws_all_s", "ws_tar_all_s")} | {
+        "ws_workers": [W[:1]],
+        "ws_one_s": [4.0, 4.0, 4.0],
+    }
+    rows = _rows(figures.render(weights_scale.figures(pair), {}, "now", reps=3, cpus=2))
+    assert not [t for t in rows if "along the chain" in t]
+    assert rows["weights, head -> one worker: throughput / tar-ssh-tar"][-1] == "**no**"  # 1.25
+    assert rows["weights, head -> one worker: throughput / min(link, disk)"][-1] == "**no**"  # 0.625
+    assert weights_scale.figures({}) == []
+
+
+def test_load_keeps_requests_in_flight_and_throughput_reads_the_engines_counter():
+    """perf/load against a stand-in engine: every request asks for the same tokens with ignore_eos,
+    and the throughput is the engine's own counter over the window (no timing asserted)."""
+    import json as _json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from perf import load
+
+    seen, lock = {"tokens": 0, "bodies": []}, threading.Lock()
+
+    class Engine(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = _json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                seen["tokens"] += body["max_tokens"]
+                seen["bodies"].append(body)
+            self._send({"usage": {"completion_tokens": body["max_tokens"]}})
+
+        def do_GET(self):
+            with lock:
+                text = f'vllm:num_requests_running{{model_name="m"}} 1\nvllm:generation_tokens_total{{model_name="m"}} {seen["tokens"]}\n'
+            self._send(text)
+
+        def _send(self, doc):
+            out = doc.encode() if isinstance(doc, str) else _json.dumps(doc).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{srv.server_port}"
+        rate = load.throughput(base, "m", seconds=0.3, concurrency=2, warmup=0.0)
+        assert rate > 0 and load.generated_tokens(base) == seen["tokens"]
+        assert {(b["max_tokens"], b["ignore_eos"], b["model"]) for b in seen["bodies"]} == {
+            (load.MAX_TOKENS, True, "m")
+        }
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_the_chains_hops_are_read_from_the_pulls_notes():
+    out = (
+        "spark-worker: received from spark-head along the chain (10.10.1.1 -> 10.10.1.2): 2147.5 MB in 9.1s, 236.0 "
+        "MB/s, verified\nspark-worker-3: received from spark-worker along the chain (10.10.1.2 -> 10.10.1.3): ..."
+    )
+    assert weights_scale.CHAIN_NOTE.findall(out) == [
+        ("spark-worker", "spark-head", "10.10.1.1", "10.10.1.2"),
+        ("spark-worker-3", "spark-worker", "10.10.1.2", "10.10.1.3"),
+    ]

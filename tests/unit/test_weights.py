@@ -3,17 +3,20 @@ lines against hostile input, and a loopback replication through the image transf
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from sparkcluster.errors import InputError
-from sparkcluster.movement import hfcache
+from sparkcluster.movement import hfcache, transfer
+from sparkcluster.movement.hfcache_node import EXTRACT, RECEIVED
 from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, TINY, serve_in_thread
 
 
@@ -255,3 +258,136 @@ def test_a_5xx_or_unreachable_hub_is_hub_unavailable():
         hfcache.resolve_error({"error": "RepoNotFound", "status": 404}, TINY, "main", "http://hub"),
         hfcache.HubUnavailable,
     )
+
+
+def _shards(tmp_path: Path, n: int = 3, size: int = 3 * 2**20 + 7) -> tuple[hfcache.Manifest, Path]:
+    """A repository of `n` incompressible shards, on a head's cache as a download leaves it."""
+    head = tmp_path / "head"
+    blobs = Path(hfcache.blobs_dir(str(head), TINY))
+    blobs.mkdir(parents=True)
+    files = []
+    for i in range(n):
+        data = os.urandom(size)
+        blob = hashlib.sha256(data).hexdigest()
+        (blobs / blob).write_bytes(data)
+        files.append(hfcache.File(f"model-{i + 1:05d}-of-{n:05d}.safetensors", size, blob, True))
+    return hfcache.Manifest(TINY, "main", "c" * 40, tuple(files)), head
+
+
+def _receive(worker: Path) -> tuple[subprocess.Popen, int]:
+    recv = subprocess.Popen(
+        ["bash", "-c", hfcache.receive_command(str(worker), TINY, "127.0.0.1", "127.0.0.1")],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return recv, int(recv.stderr.readline().split()[1])
+
+
+def _sent(stderr: str) -> int:
+    return max(int(line.split()[1]) for line in stderr.splitlines() if line.startswith("@@sent "))
+
+
+def test_a_replication_cut_mid_way_keeps_the_complete_files_and_resends_only_the_rest(tmp_path):
+    """Issue 40: the stream cut in the second of three files (the head's tar ends there, as when the
+    link drops); the worker's check adopts the first, drops the partial second, and the next
+    replication sends only the second and the third."""
+    m, head = _shards(tmp_path)
+    worker = tmp_path / "worker"
+    need = check(worker, m)["missing"]
+    assert len(need) == 3
+    recv, port = _receive(worker)
+    names = base64.b64encode(b"".join(b.encode() + b"\0" for b in need)).decode()
+    cut = 512 + m.files[0].size + 512 + m.files[1].size // 2  # tar headers, the first file, half the second
+    snd = sh(
+        f"cd {shlex.quote(hfcache.blobs_dir(str(head), TINY))} && echo {names} | base64 -d | "
+        f"tar --null -T - -c -f - | head -c {cut} | "
+        + hfcache.py(transfer.STREAM_SENDER, "127.0.0.1", str(port), "127.0.0.1")
+    )
+    assert snd.returncode == 0, snd.stderr
+    assert recv.wait(timeout=30) != 0  # tar saw the archive end inside a file
+    got = check(worker, m)
+    assert got["adopted"] == 1 and got["missing"] == sorted(need[1:]) and got["corrupt"] == []
+    # the next run: only what is still missing goes, and then the snapshot is complete
+    recv, port = _receive(worker)
+    snd = sh(hfcache.send_command(str(head), TINY, got["missing"], "127.0.0.1", port, "127.0.0.1"))
+    assert snd.returncode == 0 and recv.wait(timeout=30) == 0, snd.stderr
+    assert _sent(snd.stderr) < m.files[1].size + m.files[2].size + 4 * 512 + 10240  # two files and tar's own blocks
+    done = check(worker, m)
+    assert done["missing"] == [] and done["adopted"] == 2 and done["present_bytes"] == m.size
+
+
+def test_a_capped_replication_keeps_to_its_rate(tmp_path):
+    """`replication_max_mb_s` (issue 40): the sender paces itself, so the stream never runs faster
+    than the cap (a lower bound on its duration: a busy machine only makes it longer)."""
+    m, head = _shards(tmp_path, n=2, size=2**20)
+    worker = tmp_path / "worker"
+    need = check(worker, m)["missing"]
+    recv, port = _receive(worker)
+    rate = 4e6
+    cmd = hfcache.send_command(str(head), TINY, need, "127.0.0.1", port, "127.0.0.1", rate=rate)
+    assert cmd.endswith(" rate=4000000")
+    t0 = time.monotonic()
+    snd = sh(cmd)
+    took = time.monotonic() - t0
+    assert snd.returncode == 0 and recv.wait(timeout=30) == 0, snd.stderr
+    assert took >= _sent(snd.stderr) / rate
+    assert check(worker, m)["missing"] == []
+
+
+@pytest.mark.parametrize("bad", [0, -1.0])
+def test_a_cap_is_a_positive_rate(bad):
+    with pytest.raises(ValueError):
+        transfer.rate_arg(bad)
+    assert transfer.rate_arg(None) == []
+
+
+def _incoming(cache: Path, files: dict[str, bytes]) -> Path:
+    """What EXTRACT leaves: the files in the incoming folder and its record of what it hashed."""
+    r = sh(
+        "python3 -c "
+        + shlex.quote(
+            "import io, sys, tarfile\n"
+            "t = tarfile.open(fileobj=sys.stdout.buffer, mode='w|', format=tarfile.GNU_FORMAT)\n"
+            "for name, data in eval(sys.stdin.read()).items():\n"
+            "    i = tarfile.TarInfo(name); i.size = len(data); t.addfile(i, io.BytesIO(data))\n"
+            "t.close()\n"
+        )
+        + " | "
+        + hfcache.py(EXTRACT, hfcache.incoming_dir(str(cache), TINY)),
+        repr(files),
+    )
+    assert r.returncode == 0, r.stderr
+    return Path(hfcache.incoming_dir(str(cache), TINY))
+
+
+def test_a_file_hashed_while_received_is_adopted_without_reading_it_again(tmp_path):
+    """EXTRACT hashes each file as it writes it (issue 40: the read-back was 30 % of a replication);
+    `check` trusts that record while the file keeps its size and mtime, and hashes it otherwise."""
+    data = {n: os.urandom(4096 + n) for n in range(3)}
+    blobs = {hashlib.sha256(d).hexdigest(): d for d in data.values()}
+    m = hfcache.Manifest(
+        TINY, "main", "c" * 40, tuple(hfcache.File(f"f{i}", len(d), b, True) for i, (b, d) in enumerate(blobs.items()))
+    )
+    inc = _incoming(tmp_path, blobs)
+    rec = [json.loads(x) for x in (inc / RECEIVED).read_text().splitlines()]
+    assert sorted(r[0] for r in rec) == sorted(blobs) and all(r[0] == r[3] for r in rec)
+    # the proof that it is not read again: a byte changed behind the record's back, size and mtime kept
+    first, second, third = sorted(blobs)
+    p = inc / first
+    st = p.stat()
+    p.write_bytes(b"\0" + blobs[first][1:])
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    # a file changed after it was received (its mtime moved): hashed again, and dropped
+    st = (inc / second).stat()
+    (inc / second).write_bytes(b"\0" + blobs[second][1:])
+    os.utime(inc / second, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # past a coarse clock's tick
+    got = check(tmp_path, m)
+    assert got["adopted"] == 2 and got["missing"] == [second] and not inc.exists()
+
+
+def test_the_extractor_writes_only_blobs_inside_the_incoming_folder(tmp_path):
+    good = os.urandom(100)
+    name = hashlib.sha256(good).hexdigest()
+    inc = _incoming(tmp_path, {"../../escaped": b"x", "config.json": b"{}", name: good})
+    assert sorted(p.name for p in inc.iterdir()) == sorted([name, RECEIVED])
+    assert not list(tmp_path.rglob("escaped"))

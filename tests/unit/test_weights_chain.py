@@ -5,12 +5,15 @@ its own; the check that adopts files is a fake that reports what arrived."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from chain_fakes import IPS, world3
 
 from sparkcluster.movement import hfcache
+from sparkcluster.movement.hfcache_node import RECEIVED
 from sparkcluster.up.stages import weights_chain
 
 REPO = "org/model"
@@ -22,6 +25,7 @@ class FakeStaging:
 
     def __init__(self, caches: dict[str, Path], lacking: dict[str, list[str]]):
         self.repo, self.caches, self.moved = REPO, caches, {}
+        self.cap_bytes_s = None  # the inventory's replication_max_mb_s, in bytes a second
         self.cache = str(caches["head"])
         self.progress = SimpleNamespace(bytes=lambda *a: None)
         self.state = {
@@ -61,7 +65,9 @@ def test_two_or_more_workers_lacking_get_one_stream_along_the_chain(tmp_path):
     for n in ("w1", "w2", "w3"):
         got = Path(hfcache.incoming_dir(str(caches[n]), REPO))
         # every file any of them lacked reached each (the union), byte for byte
-        assert {p.name: p.read_bytes() for p in got.iterdir()} == FILES
+        assert {p.name: p.read_bytes() for p in got.iterdir() if p.name != RECEIVED} == FILES
+        # each hashed as it was written: the record `check` adopts from without reading them again
+        assert sorted(json.loads(x)[3] for x in (got / RECEIVED).read_text().splitlines()) == sorted(FILES)
         assert st.state[n]["missing"] == []
     # the head's one sender: a single command on the head
     assert len(r.cluster.head.started) == 1
@@ -79,3 +85,45 @@ def test_a_worker_the_chain_reached_reports_it_rather_than_being_skipped(tmp_pat
     weights_chain.replicate(r, st, 0, "w1")
     assert st.state["w2"]["missing"] == [] and weights_chain.reached(r, 0, "w2")
     assert not weights_chain.reached(r, 0, "w3")
+
+
+def test_the_inventorys_cap_reaches_the_heads_one_sender(tmp_path):
+    """replication_max_mb_s (issue 40): the stream along the chain is paced by its one sender."""
+    names = list(FILES)
+    r, st, _ = world(tmp_path, {"head": [], "w1": names, "w2": names, "w3": []})
+    st.cap_bytes_s = 5e6
+    weights_chain.replicate(r, st, 0, "w1")
+    [sender] = r.cluster.head.started
+    assert sender.endswith(" rate=5000000") and st.state["w2"]["missing"] == []
+
+
+def test_weights_pull_sends_along_the_chain_too(tmp_path):
+    """`weights pull` (Staging.replicate_all) moves the files as `up` does: one stream along the
+    chain over the control links when two or more workers lack files."""
+    from sparkcluster.up.stages.weights import Staging
+
+    names = list(FILES)
+    r, fake, caches = world(tmp_path, {"head": [], "w1": names, "w2": [], "w3": names[:1]})
+    st = Staging(r.cluster, r.inv, "img:1", REPO, "main", {}, fake.progress)
+    st.state = fake.state
+    st.check = fake.check  # what arrived, as the fake reports it
+    r.inv.cluster = SimpleNamespace(replication_max_mb_s=None)
+    notes = st.replicate_all()
+    assert [n.split(":")[0] for n in notes] == ["w1", "w3"]
+    assert "received from w1 along the chain (127.0.0.2 -> 127.0.0.4)" in notes[1]
+    assert fake.state["w3"]["missing"] == [] and len(r.cluster.head.started) == 1
+
+
+def test_a_cap_is_read_from_the_inventory_in_bytes_a_second():
+    from pydantic import ValidationError
+
+    from sparkcluster.config.inventory import ClusterSettings
+    from sparkcluster.up.stages.weights import Staging
+
+    assert ClusterSettings(name="x", replication_max_mb_s=200).replication_max_mb_s == 200
+    with pytest.raises(ValidationError):
+        ClusterSettings(name="x", replication_max_mb_s=0)
+    inv = SimpleNamespace(cluster=SimpleNamespace(replication_max_mb_s=200.0))
+    assert Staging(None, inv, "", REPO, "main", {}, None).cap_bytes_s == 2e8
+    inv.cluster.replication_max_mb_s = None
+    assert Staging(None, inv, "", REPO, "main", {}, None).cap_bytes_s is None

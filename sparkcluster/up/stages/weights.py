@@ -71,6 +71,12 @@ class Staging:
     def lacking(self) -> list[str]:
         return [n for n, s in self.state.items() if s["missing"]]
 
+    @property
+    def cap_bytes_s(self) -> float | None:
+        """The inventory's cap on a replication between nodes, in bytes a second (None: none)."""
+        cap = self.inv.cluster.replication_max_mb_s
+        return cap * 1e6 if cap else None
+
     def resolve(self) -> hfcache.Manifest:
         head = self.cluster.head
         res = head.run(
@@ -190,6 +196,20 @@ class Staging:
         )
         return f"sent to {worker_name}: {got.rate}, verified"
 
+    def replicate_all(self, facts: dict | None = None) -> list[str]:
+        """`weights pull`: every worker lacking files gets them as `up` sends them: one stream along
+        the chain when two or more lack some (each hop on a data-plane subnet its nodes share, from
+        `facts`, else over their control IPs), else the one alone. A note per worker."""
+        lacking = [n.name for n in self.inv.workers if self.state[n.name]["missing"]]
+        if len(lacking) < 2:
+            return [self.replicate(n) for n in lacking]
+        hops = chain.plan(self.inv, facts or {}, lacking)
+        got = weights_chain.stream_files(self, self.cluster.hosts, self.inv, hops)
+        return [
+            f"{h.dst}: received from {h.src} along the chain ({h.src_ip} -> {h.dst_ip}): {got.rate}, verified"
+            for h in hops
+        ]
+
 
 def disk(stagings: list[Staging]) -> None:
     """Every node that lacks files of any repository has room for all of them (one HF cache)."""
@@ -295,7 +315,13 @@ def steps(plan: Plan) -> list[Step]:
                     _act("replicate", k, need),
                     f"receive the files of {need.repo} it lacks from the head, verify them",
                     f"{head}: tar of the missing blobs | tcp {inv.head.control_ip} -> {wk.control_ip} | "
-                    f"{wk.name}: tar -x, each file checked against its hash (one connection, head's address only)"
+                    f"{wk.name}: each file written and hashed as it arrives, adopted once it matches "
+                    "(one connection, head's address only)"
+                    + (
+                        f", at most {inv.cluster.replication_max_mb_s:g} MB/s (replication_max_mb_s)"
+                        if inv.cluster.replication_max_mb_s
+                        else ""
+                    )
                     + (
                         "; with two or more workers lacking files, one stream along the chain head -> "
                         "worker -> ..., each relaying to the next as it receives"

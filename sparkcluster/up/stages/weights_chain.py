@@ -71,9 +71,11 @@ def stream_files(st, hosts, inv, hops: list[chain.Hop]) -> stream.Streamed:
         hosts,
         hops,
         receive=lambda h, fwd: hfcache.receive_command(inv.hf_cache(h.dst), st.repo, h.dst_ip, h.src_ip, fwd),
-        send=lambda port: hfcache.send_command(st.cache, st.repo, blobs, first.dst_ip, port, first.src_ip),
+        send=lambda port: hfcache.send_command(
+            st.cache, st.repo, blobs, first.dst_ip, port, first.src_ip, rate=st.cap_bytes_s
+        ),
         on_sent=lambda n: st.progress.bytes(bar, min(n, total), total),
-        sink="tar -x",
+        sink="the extractor (each file hashed as it is written)",
         timeout=24 * 3600,
     )
     after = {n: st.check(n) for n in nodes}

@@ -21,11 +21,15 @@ from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-from .server import Hub, Repo, make_server, serve_forever_in_thread, synthetic_repo
+from .server import Hub, Repo, make_server, scale_repo, serve_forever_in_thread, synthetic_repo
 
 TINY = "sparkcluster/testbed-tiny"
 GATED = "sparkcluster/testbed-tiny-gated"
 SYNTHETIC = "sparkcluster/testbed-synthetic"
+# issue 40: weights at scale, several GB of random (incompressible) safetensors shards, served by a
+# hub of its own that the bench starts (perf/weights_scale.py), not by the testbed's
+SCALE = "sparkcluster/testbed-weights-scale"
+SCALE_PORT = 3143
 # issue 24: repositories a profile needs beside its model. Both hold the tiny model's files: a separate
 # tokenizer repository is, like seed 004's Qwen/Qwen3.6-35B-A3B, a whole model of which the tokenizer
 # needs only the small files; the draft stands in for a speculative-decoding drafter.
@@ -39,7 +43,9 @@ INVENTORY_LINE = f'hf_endpoint = "{ENDPOINT}"'  # for the testbed's [cluster] ta
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-def build_hub(model_dir: Path, state_dir: Path, *, synthetic_mb: int = 300, tiny_sha: str | None = None) -> Hub:
+def build_hub(
+    model_dir: Path, state_dir: Path, *, synthetic_mb: int = 300, tiny_sha: str | None = None, scale_mb: int = 0
+) -> Hub:
     memo = state_dir / "hashes"
     repos = [
         Repo(TINY, model_dir, memo_dir=memo, sha=tiny_sha or "").load(),
@@ -49,6 +55,8 @@ def build_hub(model_dir: Path, state_dir: Path, *, synthetic_mb: int = 300, tiny
     ]
     if synthetic_mb:
         repos.append(Repo(SYNTHETIC, synthetic_repo(state_dir / "synthetic", synthetic_mb), memo_dir=memo).load())
+    if scale_mb:
+        repos.append(Repo(SCALE, scale_repo(state_dir / "scale", scale_mb), memo_dir=memo).load())
     return Hub(repos, {GRANTED_TOKEN})
 
 
@@ -90,6 +98,7 @@ def start_hub(
     synthetic_mb: int = 300,
     log_path: Path | None = None,
     timeout: float = 120.0,
+    scale_mb: int = 0,
 ) -> HubProcess:
     """Start the hub as a process of its own; returns once it answers. Defaults: the tiny model
     artifacts.py built, state (hash memo, the synthetic repo) in the testbed cache."""
@@ -113,6 +122,8 @@ def start_hub(
         str(synthetic_mb),
         "--tiny-sha",
         artifacts.TINY_REVISION,
+        "--scale-mb",
+        str(scale_mb),
     ]
     logf = open(log_path, "ab") if log_path else subprocess.DEVNULL
     p = subprocess.Popen(

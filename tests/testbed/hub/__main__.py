@@ -1,4 +1,4 @@
-"""python -m tests.testbed.hub --host IP --port N --model-dir DIR --state-dir DIR [--synthetic-mb N]"""
+"""python -m tests.testbed.hub --host IP --port N --model-dir DIR --state-dir DIR [--synthetic-mb N] [--scale-mb N]"""
 
 import argparse
 from pathlib import Path
@@ -13,9 +13,12 @@ ap.add_argument("--model-dir", type=Path, required=True)
 ap.add_argument("--state-dir", type=Path, required=True)
 ap.add_argument("--synthetic-mb", type=int, default=300)
 ap.add_argument("--tiny-sha", default="")
+ap.add_argument("--scale-mb", type=int, default=0)
 a = ap.parse_args()
 srv = make_server(
-    build_hub(a.model_dir, a.state_dir, synthetic_mb=a.synthetic_mb, tiny_sha=a.tiny_sha or None), a.host, a.port
+    build_hub(a.model_dir, a.state_dir, synthetic_mb=a.synthetic_mb, tiny_sha=a.tiny_sha or None, scale_mb=a.scale_mb),
+    a.host,
+    a.port,
 )
 print(f"testbed hub on http://{a.host}:{srv.server_address[1]}", flush=True)
 srv.serve_forever()

@@ -364,6 +364,50 @@ def synthetic_repo(dest: Path, total_mb: int = 300, shards: int = 3) -> Path:
     return dest
 
 
+def scale_repo(dest: Path, total_mb: int, shard_mb: int = 512) -> Path:
+    """A repo shaped like a real model's of `total_mb` MB (issue 40: weights at scale): shards of at
+    most `shard_mb` MB, each a valid safetensors file (an 8-byte header length, the JSON header, then
+    one U8 tensor) whose data is random, so no link, disk or stream compresses it; their index
+    (`model.safetensors.index.json`) and a config. Made once: shards of the right size are kept."""
+    import os
+    import struct
+
+    dest.mkdir(parents=True, exist_ok=True)
+    shards = max(1, -(-total_mb // shard_mb))
+    size = total_mb * 2**20 // shards
+    (dest / "config.json").write_text(json.dumps({"model_type": "synthetic", "shards": shards}) + "\n")
+    index = {"metadata": {"total_size": 0}, "weight_map": {}}
+    names = {f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)}
+    for old in dest.glob("*.safetensors"):  # another size's shards: never served beside these
+        if old.name not in names:
+            old.unlink()
+    for i in range(shards):
+        p = dest / f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        name = f"layers.{i}.weight"
+        head = json.dumps(
+            {"__metadata__": {"format": "pt"}, name: {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}
+        )
+        n = size - 8 - len(head) - 64  # the tensor fills the rest of the shard
+        head = json.dumps(
+            {"__metadata__": {"format": "pt"}, name: {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}}
+        )
+        head += " " * (size - 8 - n - len(head))  # safetensors pads its header with spaces
+        index["weight_map"][name] = p.name
+        index["metadata"]["total_size"] += n
+        if p.exists() and p.stat().st_size == size:
+            continue
+        with open(p.with_suffix(".part"), "wb") as fh:
+            fh.write(struct.pack("<Q", len(head)) + head.encode())
+            left = n
+            while left:
+                b = os.urandom(min(left, 16 << 20))
+                fh.write(b)
+                left -= len(b)
+        os.replace(p.with_suffix(".part"), p)
+    (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return dest
+
+
 def serve_forever_in_thread(srv: ThreadingHTTPServer) -> threading.Thread:
     t = threading.Thread(target=srv.serve_forever, name="testbed-hub", daemon=True)
     t.start()
