@@ -320,7 +320,7 @@ def _stream(r: UpRun, hops: list[chain.Hop], d: layers.Delta, expect: int) -> st
         r.cluster.hosts,
         hops,
         receive=lambda h, fwd: transfer.receive_command(h.dst_ip, h.src_ip, fwd),
-        send=lambda port: transfer.send_command(image, first.dst_ip, port, first.src_ip, d.skip, d.keep),
+        send=lambda port: transfer.send_command(image, first.dst_ip, port, first.src_ip, d.skip, d.keep, d.order),
         on_sent=lambda n: r.progress.bytes(first.dst, n, max(expect, n)),
         sink="docker load",
         timeout=3600,
