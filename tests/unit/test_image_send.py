@@ -161,6 +161,31 @@ def test_base_held_sends_only_the_ray_layer(world):
     assert "-" + BASE_ID[7:] in head.started[0].split() and "+" + RAY_ID[7:] in head.started[0].split()
 
 
+def test_the_command_carries_the_diff_ids_in_order_so_v1_tars_are_named(world):
+    tmp, make, head = world
+    image_stage.send(make([[BASE_ID]]), WORKER)
+    words = head.started[0].split()
+    assert [w for w in words if w.startswith("=") and len(w) == 65] == ["=" + BASE_ID[7:], "=" + RAY_ID[7:]]
+
+
+def test_the_note_says_when_the_first_byte_left_and_what_the_head_had_to_hash(world):
+    # the stand-in archive's tars sit under directories without a json: both are hashed on the way
+    tmp, make, _ = world
+    note = image_stage.send(make([[BASE_ID]]), WORKER)
+    assert "; the first byte left after " in note and "docker save copies the whole 0.4 MB image" in note
+    assert "; 2 layer tars (0.4 MB) hashed on the head" in note
+
+
+def test_head_time_without_a_byte_or_a_hash_says_nothing():
+    got = SimpleNamespace(first_s=None, sent=0, secs=1.0, counts={})
+    assert image_stage.head_time(got, 10**9) == ""
+    got = SimpleNamespace(first_s=60.0, sent=274_000_000, secs=69.0, counts={"hashed": (0, 0), "dropped": (4, 9)})
+    assert image_stage.head_time(got, 2_900_000_000) == (
+        "; the first byte left after 60.0s (docker save copies the whole 2.90 GB image on the head before it "
+        "streams), the rest took 9.0s"
+    )
+
+
 def test_base_absent_sends_everything_unfiltered(world):
     tmp, make, head = world
     note = image_stage.send(make([]), WORKER)

@@ -274,7 +274,27 @@ def send(r: UpRun, worker_name: str) -> str:
         if d.elide
         else f"the whole image: {worker_name}'s containerd image store cannot skip layers it holds"
     )
-    return f"sent to {worker_name}: {got.rate} ({what})"
+    return f"sent to {worker_name}: {got.rate} ({what}){head_time(got, head_image(r).get('Size', 0))}"
+
+
+def head_time(got: stream.Streamed, size: int) -> str:
+    """Where a transfer's time went on the head, for its note: `docker save` writes the whole image
+    into a temporary directory of its own before the first byte leaves (moby
+    image/tarexport/save.go: MkdirTemp, then archive.Tar of it), whatever the layers left out, so a
+    delta's rate over the whole transfer says little about the link (issue 40 item 5: 274 MB at
+    4 MB/s on a fresh testbed). Layer tars the sender had to read in full to learn which they were
+    are named too."""
+    out = ""
+    if got.first_s is not None and got.sent:
+        after = max(got.secs - got.first_s, 1e-3)
+        out = (
+            f"; the first byte left after {got.first_s:.1f}s (docker save copies the whole "
+            f"{layers.mb(size)} image on the head before it streams), the rest took {after:.1f}s"
+        )
+    n, b = got.counts.get("hashed", (0, 0))
+    if n:
+        out += f"; {n} layer tars ({layers.mb(b)}) hashed on the head: their names did not say which layer"
+    return out
 
 
 def verify(r: UpRun, worker: str) -> None:

@@ -101,5 +101,7 @@ def distribute(r: UpRun) -> dict[str, str]:
         else "the whole image: a containerd image store in the chain cannot skip layers it holds"
     )
     return {
-        h.dst: f"received from {h.src} along the chain ({h.src_ip} -> {h.dst_ip}): {got.rate} ({what})" for h in hops
+        h.dst: f"received from {h.src} along the chain ({h.src_ip} -> {h.dst_ip}): {got.rate} ({what})"
+        + image.head_time(got, info.get("Size", 0))
+        for h in hops
     }
