@@ -3,7 +3,8 @@
 On the stand-in profile (testbed-standin): the cluster image REF is built on the head from BASE
 (a small base on the head only), so the worker's holdings decide what moves:
 
-- base present on the worker: only the layers the Ray build adds move (the plan says how many);
+- base present on the worker: only the layers the Ray build adds move (the plan says how many),
+  and the head names each layer tar without reading it (issue 40);
 - base absent: every layer moves;
 - base different (same tag, another ID on the worker): doctor warns (image.base-same), and the
   layers above the first difference move;
@@ -116,6 +117,27 @@ def test_base_present_moves_only_the_ray_layers(testbed, sc, worker_bare):
     ) - int(testbed.docker(HEAD, f"image inspect --format '{{{{.Size}}}}' {BASE}").stdout)
     assert sent_mb(res.stderr) * 1e6 <= ray_bytes * 1.2 + 1e6, res.stderr
     assert f"{n_all - n_base} of {n_all} layers" in res.stderr
+
+
+def test_base_present_the_head_names_every_layer_without_hashing_it(testbed, sc, worker_bare):
+    """Issue 40 items 5 and 7: with the base on the worker, the head's sender learns which layer
+    each `<v1 id>/layer.tar` of Docker 20.10's archive holds from the json before it, so it neither
+    hashes nor spools any of them (the note names tars it had to hash, and here there are none),
+    and the note says when the first byte left (docker save copies the whole image first) apart
+    from the rest of the transfer."""
+    good, _ = worker_bare
+    testbed.copy_image(BASE, HEAD, WORKER)
+    res = sc("up", "--profile", PROFILE)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert testbed.image_id(WORKER, REF) == good
+    line = next(x for x in res.stderr.splitlines() if "✓ image" in x)
+    assert "hashed on the head" not in line, line
+    m = re.search(
+        r"the first byte left after (\d+\.\d)s \(docker save copies the whole .*\), the rest took (\d+\.\d)s", line
+    )
+    assert m, line
+    n_base, n_all = len(layers_of(testbed, HEAD, BASE)), len(layers_of(testbed, HEAD, REF))
+    assert f"{n_all - n_base} of {n_all} layers" in line, line
 
 
 def test_base_absent_moves_every_layer(testbed, sc, worker_bare):
