@@ -33,6 +33,7 @@ class Streamed:
     blame: str | None
     first_s: float | None = None  # seconds from the sender's start to its first byte (None: it sent none)
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # the sender's "@@<what> N BYTES" lines
+    source: str = ""  # what the sender read, when the stage says (the image: "store" or "save")
 
     @property
     def result(self):
