@@ -2,14 +2,14 @@
 whose image differs (head to worker over the control link, verified by image ID), and check that
 `ray` runs in the image wherever the image is new or its Ray is not known yet.
 
-Layers move as a `docker save` archive into `docker load`, leaving out the tars of the layers the
-worker holds (movement/layers, movement/transfer), not through a registry on the head: on the
-classic image store (a Spark's Docker 28, the testbed's 20.10) `docker pull` skips a layer only
-when the engine already maps its compressed digest to a diff ID, and a head's push recompresses
-every layer into digests no worker has seen, so each worker would download the NGC base once more;
-`docker load` looks layers up by chain ID and needs no such map. The cost kept is docker save's own
-copy of the whole image on the head before it streams; perf/README.md, "How image layers move",
-says what would remove it and why it is not here yet."""
+A worker gets only the layers it lacks, as an archive into `docker load`, which finds the others by
+chain ID. The head reads those layers from its own layer store (movement/layerstore), so what it
+reads follows the delta, not the image; when it cannot, `docker save` with the held layers left
+out (movement/transfer). Not through a registry on the head: on the classic image store (a
+Spark's Docker 28, the testbed's 20.10) `docker pull` skips a layer only when the engine already
+maps its compressed digest to a diff ID, and a head's push recompresses every layer into digests
+no worker has seen, so each worker would download the NGC base once more (perf/README.md, "How
+image layers move")."""
 
 from __future__ import annotations
 
