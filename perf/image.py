@@ -237,28 +237,32 @@ class Images:
         )
 
     def delta_load(self) -> float:
-        """`docker load` alone of the bytes the image stage sent for a delta, timed on the worker:
-        the worker is set back to lacking the same layers (`worker_rmi`), the archive is made once
-        on the head by the stage's own sender (docker save, leaving out what the worker holds) into
-        its own receiver there, copied to the worker's disk (untimed, page-cached), then loaded.
-        The load puts the image back, with the head's ID."""
-        from sparkcluster.movement import layers, transfer
+        """`docker load` alone of the bytes the image stage sends for a delta, timed on the worker:
+        the worker is set back to lacking the same layers (`worker_rmi`), the archive is written
+        once on the head the way the stage writes it (its layer-store reader; docker save through
+        its sender when the store cannot be read, as the stage falls back), copied to the worker's
+        disk (untimed, page-cached), then loaded. The load puts the image back, with the head's ID."""
+        from sparkcluster.movement import layers, layerstore, transfer
 
         tb, f = self.tb, DELTA_ARCHIVE
         self.worker_rmi()
         d = layers.delta(layers.ImageLayers("", tuple(self._head_layers())), self.worker_layers())
-        send = transfer.send_command(self.image, "127.0.0.1", 1, "127.0.0.1", d.skip, d.keep, d.order)
-        assert send.count(" 127.0.0.1 1 127.0.0.1") == 1
-        send = send.replace(" 127.0.0.1 1 127.0.0.1", ' 127.0.0.1 "$port" 127.0.0.1')
-        recv = transfer.receive_command("127.0.0.1", "127.0.0.1", "stdout")
+        iid = tb.image_id("spark-head", self.image)
+        root = tb.docker("spark-head", "info --format '{{.DockerRootDir}}'").stdout.strip()
         try:
-            tb.sh(
-                "spark-head",
-                f"{recv} > {f} 2> {f}.err < /dev/null & r=$!; "
-                f"for i in $(seq 600); do port=$(sed -n 's/^@@port //p' {f}.err); [ -n \"$port\" ] && break; "
-                f"sleep 0.05; done; {send} && wait $r",
-                timeout=600,
-            )
+            read = layerstore.read_command(self.image, iid, root, d.order, d.skip)
+            if tb.sh("spark-head", f"set -o pipefail; {read} > {f}", check=False, timeout=600).returncode != 0:
+                send = transfer.send_command(self.image, "127.0.0.1", 1, "127.0.0.1", d.skip, d.keep, d.order)
+                assert send.count(" 127.0.0.1 1 127.0.0.1") == 1
+                send = send.replace(" 127.0.0.1 1 127.0.0.1", ' 127.0.0.1 "$port" 127.0.0.1')
+                recv = transfer.receive_command("127.0.0.1", "127.0.0.1", "stdout")
+                tb.sh(
+                    "spark-head",
+                    f"{recv} > {f} 2> {f}.err < /dev/null & r=$!; "
+                    f"for i in $(seq 600); do port=$(sed -n 's/^@@port //p' {f}.err); [ -n \"$port\" ] && break; "
+                    f"sleep 0.05; done; {send} && wait $r",
+                    timeout=600,
+                )
             data = tb.sh("spark-head", f"cat {f}", text=False, timeout=600).stdout
             tb.sh("spark-worker", f"cat > {f}", input=data, text=False, timeout=600)
             out = tb.sh(
