@@ -95,6 +95,17 @@ def test_a_failed_chain_names_the_first_node_at_fault(sender_ok, codes, named):
     assert got == named
 
 
+def test_the_plan_says_where_the_head_reads_the_layers():
+    # every worker holds the bottom layer: the delta is read from the head's layer store
+    recv = [s for s in plan_for("switch", {"spark-2": 2, "spark-3": 1, "spark-4": 2}).steps() if s.action == "receive"]
+    assert "from the head's layer store (a throwaway container, the docker root read-only), else docker save" in (
+        recv[0].detail
+    )
+    # one worker holds nothing: nothing is left out, the whole image goes by docker save
+    recv = [s for s in plan_for("switch", {"spark-2": 2, "spark-3": 0, "spark-4": 2}).steps() if s.action == "receive"]
+    assert "layer store" not in recv[0].detail and "docker save" in recv[0].detail
+
+
 # ---- the chain run on this machine: the real snippets over loopback, a fake docker per node ----
 
 
