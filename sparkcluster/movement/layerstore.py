@@ -116,6 +116,8 @@ MOUNT = "/sparkcluster-docker-root"  # where the reader's container sees the doc
 
 def read_command(image: str, image_id: str, root_dir: str, order: tuple[str, ...], skip: tuple[str, ...]) -> str:
     """The reader in a throwaway container of `image` (on the head), writing the archive to stdout."""
+    if not root_dir.startswith("/") or any(c in root_dir for c in ",\n"):
+        raise ValueError(f"not a docker root: {root_dir!r}")
     hexes = [_hex(d) for d in (image_id, *order, *skip)]
     args = [hexes[0], *("=" + h for h in hexes[1 : 1 + len(order)]), *("-" + h for h in hexes[1 + len(order) :])]
     return shlex.join(
@@ -129,8 +131,8 @@ def read_command(image: str, image_id: str, root_dir: str, order: tuple[str, ...
             "none",
             "--user",
             "0:0",
-            "-v",
-            f"{root_dir}:{MOUNT}:ro",
+            "--mount",  # not -v: a root that is not there fails here rather than being created
+            f"type=bind,source={root_dir},target={MOUNT},readonly",
             "--entrypoint",
             "python3",
             image,

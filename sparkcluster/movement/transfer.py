@@ -221,7 +221,7 @@ def v1_layer(v1, data):
 def read(n):
     b = inp.read(n)
     if len(b) != n:
-        raise SystemExit("docker save: archive ended early")
+        raise SystemExit("the image archive ended early (docker save, or the layer store reader, stopped)")
     return b
 def size(h):
     f = h[124:136]
@@ -245,7 +245,7 @@ meta, longname = b"", None
 while True:
     h = inp.read(512)
     if len(h) < 512:
-        raise SystemExit("docker save: archive ended early")
+        raise SystemExit("the image archive ended early (docker save, or the layer store reader, stopped)")
     if h == b"\0" * 512:
         out(meta + h)
         pump(inp)

@@ -65,9 +65,10 @@ SAVED = _tar([("aaaa/layer.tar", RAY_TAR), ("bbbb/layer.tar", BASE_TAR), ("cfg.j
 
 FAKE_RUN = r"""
 import os, sys
-# docker run ... -v ROOT:MOUNT:ro ... --entrypoint python3 IMAGE ARGS: python3 ARGS, MOUNT read from $FAKE_DIR/root
+# docker run ... --mount type=bind,source=ROOT,target=MOUNT,readonly ... --entrypoint python3 IMAGE ARGS:
+# python3 ARGS, MOUNT read from $FAKE_DIR/root
 a = sys.argv[2:]
-mount = a[a.index("-v") + 1].split(":")[1]
+mount = dict(kv.split("=", 1) for kv in a[a.index("--mount") + 1].split(",") if "=" in kv)["target"]
 rest = a[a.index("--entrypoint") + 3 :]
 root = os.environ["FAKE_DIR"] + "/root"
 os.execvp("python3", ["python3"] + [root if x == mount else x for x in rest])

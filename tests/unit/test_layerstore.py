@@ -94,7 +94,7 @@ def test_read_command_runs_a_throwaway_container_with_the_root_read_only():
     assert argv[:2] == ["docker", "run"]
     for flag in (["--rm"], ["--network", "none"], ["--log-driver", "none"], ["--user", "0:0"]):
         assert any(argv[i : i + len(flag)] == flag for i in range(len(argv))), flag
-    assert f"/var/lib/docker:{layerstore.MOUNT}:ro" in argv
+    assert f"type=bind,source=/var/lib/docker,target={layerstore.MOUNT},readonly" in argv
     i = argv.index("-c")
     assert argv[i + 1] == layerstore.READER
     assert argv[i + 2 :] == [layerstore.MOUNT, IMAGE_ID, "repo/img:tag", *("=" + d for d in DIFFS), "-" + DIFFS[0]]
@@ -106,3 +106,9 @@ def test_read_command_refuses_what_is_not_a_digest(bad):
         layerstore.read_command("img", bad, "/var/lib/docker", (), ())
     with pytest.raises(ValueError):
         layerstore.read_command("img", "sha256:" + IMAGE_ID, "/var/lib/docker", (bad,), ())
+
+
+@pytest.mark.parametrize("root", ["relative/docker", "/var/lib/docker,readonly=false", "/a\nb"])
+def test_read_command_refuses_a_root_that_would_change_the_mount(root):
+    with pytest.raises(ValueError):
+        layerstore.read_command("img", "sha256:" + IMAGE_ID, root, (), ())

@@ -376,9 +376,10 @@ def _stream_delta(r: UpRun, hops: list[chain.Hop], d: layers.Delta, expect: int,
         except StageError as e:
             if e.failures[0].host != head:
                 raise
+            tail = [x for x in e.failures[0].output_tail.splitlines() if x.strip()]
             _log.warning(
                 "could not read the layers from the head's layer store; sending them by docker save",
-                reason=e.failures[0].output_tail.splitlines()[-1:] or e.failures[0].reason,
+                reason=" | ".join(tail[-3:]) or e.failures[0].reason,
             )
     return _stream(r, hops, d, expect)
 
