@@ -1,6 +1,7 @@
 """Image distribution's figures: the worker lacking every layer (sparkcluster against
 `docker save | ssh | docker load` over the same link, to the worker's dockerd `load` event), the base
-on both hosts (bytes on the link against the bytes of the layers the worker lacks), identical image
+on both hosts (bytes on the link against the bytes of the layers the worker lacks, and the image
+stage's time against `docker load` alone of the same archive: issue 40 item 7), identical image
 IDs (recorded by `up` from down, perf/up.py), and what crosses the controller.
 
 It changes the worker's images and puts them back: `worker_rmi` removes the cluster image (with any
@@ -24,6 +25,7 @@ from perf.session import PROFILE
 
 BASELINE_DIR = "/tmp/sparkcluster-bench-baseline"  # -<worker>, on each host (each host has a private /tmp)
 BASELINE_PORT = 2222
+DELTA_ARCHIVE = "/var/tmp/sparkcluster-bench-delta.tar"  # on the head, then on the worker (removed after)
 
 # the bytes of each layer as docker save emits it (its tar), by diff ID: what "the layers the
 # worker lacks" weigh on the wire before TCP/IP. Run on the head, reading docker save.
@@ -226,10 +228,55 @@ class Images:
         s.rec("delta_ratio", link / max(lacking, 1))
         s.rec("delta_stage_s", t_img_ok - t_img)
         s.details["delta_layers"] = {"lacking": n_lack, "of": n_all}
+        load_s = self.delta_load()
+        s.rec("delta_load_s", load_s)
+        s.rec("delta_vs_load", (t_img_ok - t_img) / max(load_s, 1e-3))
         return (
             f"  delta #{i}: {n_lack} of {n_all} layers lacking, {lacking:,} B of layer tars; {link:,} B on the link "
-            f"({link / max(lacking, 1):.3f}), image stage {t_img_ok - t_img:.2f}s"
+            f"({link / max(lacking, 1):.3f}), image stage {t_img_ok - t_img:.2f}s; the same archive through "
+            f"docker load alone {load_s:.2f}s ({(t_img_ok - t_img) / max(load_s, 1e-3):.2f}x)"
         )
+
+    def delta_load(self) -> float:
+        """`docker load` alone of the bytes the image stage sends for a delta, timed on the worker:
+        the worker is set back to lacking the same layers (`worker_rmi`), the archive is written
+        once on the head the way the stage writes it (its layer-store reader; docker save through
+        its sender when the store cannot be read, as the stage falls back), copied to the worker's
+        disk (untimed, page-cached), then loaded. The load puts the image back, with the head's ID."""
+        from sparkcluster.movement import layers, layerstore, transfer
+
+        tb, f = self.tb, DELTA_ARCHIVE
+        self.worker_rmi()
+        d = layers.delta(layers.ImageLayers("", tuple(self._head_layers())), self.worker_layers())
+        iid = tb.image_id("spark-head", self.image)
+        root = tb.docker("spark-head", "info --format '{{.DockerRootDir}}'").stdout.strip()
+        try:
+            read = layerstore.read_command(self.image, iid, root, d.order, d.skip)
+            if tb.sh("spark-head", f"set -o pipefail; {read} > {f}", check=False, timeout=600).returncode != 0:
+                send = transfer.send_command(self.image, "127.0.0.1", 1, "127.0.0.1", d.skip, d.keep, d.order)
+                assert send.count(" 127.0.0.1 1 127.0.0.1") == 1
+                send = send.replace(" 127.0.0.1 1 127.0.0.1", ' 127.0.0.1 "$port" 127.0.0.1')
+                recv = transfer.receive_command("127.0.0.1", "127.0.0.1", "stdout")
+                tb.sh(
+                    "spark-head",
+                    f"{recv} > {f} 2> {f}.err < /dev/null & r=$!; "
+                    f"for i in $(seq 600); do port=$(sed -n 's/^@@port //p' {f}.err); [ -n \"$port\" ] && break; "
+                    f"sleep 0.05; done; {send} && wait $r",
+                    timeout=600,
+                )
+            data = tb.sh("spark-head", f"cat {f}", text=False, timeout=600).stdout
+            tb.sh("spark-worker", f"cat > {f}", input=data, text=False, timeout=600)
+            out = tb.sh(
+                "spark-worker",
+                f"t0=$(date +%s.%N); docker load -q -i {f} >/dev/null; t1=$(date +%s.%N); echo $t0 $t1",
+                timeout=600,
+            ).stdout.split()
+        finally:
+            tb.sh("spark-head", f"rm -f {f} {f}.err", check=False)
+            tb.sh("spark-worker", f"rm -f {f}", check=False)
+        if not self.same_on_both():
+            raise SystemExit("bench: docker load of the delta archive did not give the worker the head's image")
+        return float(out[1]) - float(out[0])
 
     def transfer(self, i: int, baseline: Baseline) -> None:
         """The image goes head -> worker, the worker lacking every layer: sparkcluster's image
@@ -326,6 +373,20 @@ def figures(R: dict, size: int) -> list[Figure]:
                 [float(x) for x in R["delta_lacking_bytes"]],
             ),
             info("image_delta_stage_s", "  ... image stage time", "s", R["delta_stage_s"]),
+        ]
+    if R.get("delta_vs_load"):
+        F += [
+            Figure(
+                "image_delta_vs_load",
+                "image transfer, base on both: image stage / docker load of the same bytes alone",
+                "ratio",
+                "<= 1.50",
+                R["delta_vs_load"],
+                statistics.median(R["delta_vs_load"]) <= 1.5,
+                note="denominator: docker load -i, timed on the worker, of the archive the stage sends "
+                "(made by its own sender, page-cached on the worker's disk); issue 40 item 7",
+            ),
+            info("image_delta_load_s", "  ... docker load of those bytes alone", "s", R["delta_load_s"]),
         ]
     F += [
         Figure(

@@ -33,6 +33,7 @@ class Delta:
     elide: bool  # False: the whole image is sent (the store cannot skip layers)
     skip: tuple[str, ...] = ()  # diff IDs the sender leaves out
     keep: tuple[str, ...] = ()  # the image's other diff IDs (sent)
+    order: tuple[str, ...] = ()  # the image's diff IDs bottom up (the sender names v1 layer dirs by them)
 
     @property
     def moving(self) -> int:
@@ -68,7 +69,7 @@ def delta(image: ImageLayers, worker_chains: list[list[str]], elide: bool = True
     skip = tuple(d for d in dict.fromkeys(image.layers[:held]) if d not in moving)
     move = sum(image.sizes[held:]) if image.sizes is not None else None
     keep = tuple(d for d in dict.fromkeys(image.layers) if d not in skip)
-    return Delta(n, held, move, elide, skip, keep)
+    return Delta(n, held, move, elide, skip, keep, tuple(image.layers))
 
 
 def shared_delta(image: ImageLayers, workers: list[tuple[list[list[str]], bool]]) -> Delta:

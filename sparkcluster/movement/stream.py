@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sparkcluster.errors import StageError, StepFailure
 from sparkcluster.movement import transfer
@@ -31,6 +31,9 @@ class Streamed:
     sender: object  # the sender's CommandResult
     receivers: dict[str, object]  # node -> its receiver's CommandResult, in chain order
     blame: str | None
+    first_s: float | None = None  # seconds from the sender's start to its first byte (None: it sent none)
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # the sender's "@@<what> N BYTES" lines
+    source: str = ""  # what the sender read, when the stage says (the image: "store" or "save")
 
     @property
     def result(self):
@@ -97,12 +100,13 @@ def run(
         port = got
     t0 = time.monotonic()
     snd = hosts[hops[0].src].start(transfer.bash(send(port)), timeout=timeout)
-    sent = follow_sender(snd, on_sent)
+    followed = follow_sender(snd, on_sent)
     sres = snd.wait()
     results = {h.dst: procs[h.dst].wait() for h in hops}
     secs = time.monotonic() - t0
     bad = culprit(sres.ok, [(h.dst, results[h.dst].exit_code) for h in hops], hops[0].src)
-    return Streamed(hops, sent, secs, sres, results, bad)
+    first = None if followed.first is None else followed.first - t0
+    return Streamed(hops, followed.sent, secs, sres, results, bad, first, followed.counts)
 
 
 def _did_not_start(stage: str, h: Hop, nxt: Hop | None, port: int, res, command: str) -> StageError:
@@ -140,11 +144,28 @@ def announced_port(recv) -> int | None:
     return None
 
 
-def follow_sender(snd, on_sent) -> int:
-    """Reads a sender's "@@sent N" lines until it ends, calling on_sent(N); returns the last N."""
-    sent = 0
+@dataclass
+class Followed:
+    """What a sender said on stderr: its last byte count, when its first bytes left (monotonic),
+    and its other counts ("@@dropped N BYTES": layers left out; "@@hashed N BYTES": layers it had
+    to read in full to learn which they were)."""
+
+    sent: int = 0
+    first: float | None = None
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def follow_sender(snd, on_sent) -> Followed:
+    """Reads a sender's "@@" lines until it ends, calling on_sent(N) for each "@@sent N"."""
+    f = Followed()
     for line in snd.stderr_lines():
         if line.startswith("@@sent "):
-            sent = int(line.split()[1])
-            on_sent(sent)
-    return sent
+            f.sent = int(line.split()[1])
+            if f.first is None and f.sent:
+                f.first = time.monotonic()
+            on_sent(f.sent)
+        elif line.startswith("@@"):
+            w = line[2:].split()
+            if len(w) == 3 and w[1].isdigit() and w[2].isdigit():
+                f.counts[w[0]] = (int(w[1]), int(w[2]))
+    return f

@@ -171,24 +171,64 @@ def finish():
 STREAM_SENDER = "\nimport socket, struct, sys, time" + FRAMING + "pump(inp)\nfinish()\n"
 
 # Reads `docker save` on stdin and sends it framed, leaving out the layer tars whose diff ID the
-# worker holds: it holds those chains, and docker load does not open their files. Layer files
-# named by their digest (`blobs/sha256/<hex>`, the OCI layout of Docker 25 and later, where an
-# uncompressed layer's digest is its diff ID) are judged by name without reading them; a
-# `<v1 id>/layer.tar` (Docker 20.10 to 24) names no diff ID, nor would a blob whose digest is not
-# one of the image's diff IDs, so such a file is hashed while spooled to disk, then sent or dropped.
-# Every other entry (manifest.json, the config, VERSION/json, index.json) passes through byte for byte.
+# worker holds: it holds those chains, and docker load does not open their files. Every layer file
+# is judged by its name, without reading it, wherever the name can say which layer it is:
+# - `blobs/sha256/<hex>` (the OCI layout of Docker 25 and later): an uncompressed layer's digest is
+#   its diff ID;
+# - `<v1 id>/layer.tar` (Docker 20.10 to 24): the v1 ID is the digest of the directory's own `json`
+#   (which the archive holds just before the tar: `json` sorts before `layer.tar`) with its `id`
+#   removed and its layer's chain ID added (moby image/v1/imagev1.go CreateID, called by
+#   image/tarexport/save.go saveImage; the bottom layers' json got its `os` after the ID was made,
+#   the top layer's before). The sender recomputes that digest for each of the image's chain IDs
+#   (argv "=<hex>": its diff IDs in order) and so learns which layer the directory holds.
+# A layer file that neither names (a json that matches no chain, a blob named by another digest)
+# is hashed while spooled to disk, then sent or dropped: the old way, correct but reading and
+# writing the layer once more on the head. Every other entry (manifest.json, the config,
+# VERSION/json, index.json) passes through byte for byte.
 SENDER = (
-    "\nimport hashlib, os, re, socket, struct, sys, tempfile, time"
+    "\nimport hashlib, os, re, socket, struct, sys, tempfile, time, json"
     + FRAMING
     + r"""
-# argv[4:]: "-<hex>" a diff ID to leave out, "+<hex>" one of the image's other diff IDs
+# argv[4:]: "-<hex>" a diff ID to leave out, "+<hex>" one of the image's other diff IDs, "=<hex>"
+# the image's diff IDs bottom up (with repeats)
 skip = {a[1:] for a in sys.argv[4:] if a[0] == "-"}
 keep = {a[1:] for a in sys.argv[4:] if a[0] == "+"}
-dropped, ndrop = 0, 0
+order = [a[1:] for a in sys.argv[4:] if a[0] == "="]
+chains = []
+for d in order:
+    chains.append(hashlib.sha256(("sha256:%s sha256:%s" % (chains[-1], d)).encode()).hexdigest() if chains else d)
+dropped, ndrop, hashed, nhash = 0, 0, 0, 0
+named = {}  # v1 directory -> the diff ID of the layer it holds
+def members(s):
+    # a JSON object's members as the raw text of each value, as the engine wrote them
+    dec, out, i = json.JSONDecoder(), {}, s.index("{") + 1
+    while True:
+        while s[i] in " \t\r\n,":
+            i += 1
+        if s[i] == "}":
+            return out
+        k, i = dec.raw_decode(s, i)
+        while s[i] in " \t\r\n:":
+            i += 1
+        j = dec.raw_decode(s, i)[1]
+        out[k], i = s[i:j], j
+def v1_layer(v1, data):
+    # the diff ID whose chain makes `v1` the digest of this json (moby's v1.CreateID), else None
+    f = members(data.decode("utf-8"))
+    for with_os in (False, True):
+        c = {k: v for k, v in f.items() if k not in ("id", "parent") and (with_os or k != "os")}
+        if "parent" in f:
+            c["parent"] = json.dumps("sha256:" + json.loads(f["parent"]))
+        for i, chain in enumerate(chains):
+            c["layer_id"] = '"sha256:%s"' % chain
+            text = "{" + ",".join(json.dumps(k) + ":" + c[k] for k in sorted(c)) + "}"
+            if hashlib.sha256(text.encode("utf-8")).hexdigest() == v1:
+                return order[i]
+    return None
 def read(n):
     b = inp.read(n)
     if len(b) != n:
-        raise SystemExit("docker save: archive ended early")
+        raise SystemExit("the image archive ended early (docker save, or the layer store reader, stopped)")
     return b
 def size(h):
     f = h[124:136]
@@ -203,6 +243,8 @@ def copy(n, sink):
         n -= len(b)
         sink(b)
 BLOB = re.compile(r"(?:.*/)?blobs/sha256/([0-9a-f]{64})$")
+V1JSON = re.compile(r"(?:.*/)?([0-9a-f]{64})/json$")
+V1TAR = re.compile(r"(?:.*/)?([0-9a-f]{64})/layer\.tar$")
 # a docker save that dies mid-way closes the pipe like one that finished (and a cut after a layer
 # ends in that layer's own zero blocks): the archive is walked entry by entry even when nothing is
 # left out, and only one that reaches tar's end-of-archive block is complete
@@ -210,7 +252,7 @@ meta, longname = b"", None
 while True:
     h = inp.read(512)
     if len(h) < 512:
-        raise SystemExit("docker save: archive ended early")
+        raise SystemExit("the image archive ended early (docker save, or the layer store reader, stopped)")
     if h == b"\0" * 512:
         out(meta + h)
         pump(inp)
@@ -230,11 +272,25 @@ while True:
         (h[345:500].rstrip(b"\0").decode("utf-8", "replace") + "/" if h[345] else "")
         + h[:100].rstrip(b"\0").decode("utf-8", "replace"))
     longname = None
-    m = BLOB.match(name)
-    if kind in (b"0", b"\0") and m and m.group(1) in skip:
+    m, regular = BLOB.match(name), kind in (b"0", b"\0")
+    v1j = V1JSON.match(name) if regular and skip and n < (1 << 20) else None
+    v1t = V1TAR.match(name) if regular else None
+    if v1t and v1t.group(1) in named:
+        m = BLOB.match("blobs/sha256/" + named[v1t.group(1)])  # judged as the blob it is
+    if v1j:
+        data = read(blocks(n))
+        out(meta + h + data)
+        meta = b""
+        try:
+            d = v1_layer(v1j.group(1), data[:n])
+        except (ValueError, IndexError, UnicodeDecodeError):
+            d = None
+        if d:
+            named[v1j.group(1)] = d
+    elif regular and m and m.group(1) in skip:
         copy(blocks(n), lambda b: None)
         dropped, ndrop, meta = dropped + n, ndrop + 1, b""
-    elif kind in (b"0", b"\0") and skip and not (m and m.group(1) in keep) and (
+    elif regular and skip and not (m and m.group(1) in keep) and (
             name.endswith("/layer.tar") or (m and n > (1 << 20))):
         # a layer whose name does not say its diff ID: hashed on the way, spooled to disk meanwhile
         # (/var/tmp: disk-backed, where /tmp may be memory)
@@ -242,6 +298,7 @@ while True:
         with tempfile.TemporaryFile(dir="/var/tmp" if os.path.isdir("/var/tmp") else None) as t:
             copy(n, lambda b: (sha.update(b), t.write(b)))
             pad = read(blocks(n) - n)
+            hashed, nhash = hashed + n, nhash + 1
             if sha.hexdigest() in skip:
                 dropped, ndrop = dropped + n, ndrop + 1
             else:
@@ -256,6 +313,7 @@ while True:
         copy(blocks(n), out)
 finish()
 print("@@dropped %d %d" % (ndrop, dropped), file=sys.stderr, flush=True)
+print("@@hashed %d %d" % (nhash, hashed), file=sys.stderr, flush=True)
 """
 )
 
@@ -305,9 +363,12 @@ def send_command(
     src_ip: str,
     skip: list[str] | tuple[str, ...] = (),
     keep: list[str] | tuple[str, ...] = (),
+    order: list[str] | tuple[str, ...] = (),
 ) -> str:
     """`skip`: diff IDs (sha256:<hex>) the worker holds, left out of the stream; `keep`: the image's
-    other diff IDs (their blobs are sent without hashing). No skip: every byte goes, unhashed."""
+    other diff IDs (their blobs are sent without hashing); `order`: the image's diff IDs bottom up,
+    from which the sender names a `<v1 id>/layer.tar` without reading it. No skip: every byte goes,
+    unhashed."""
 
     def hexes(ds, sign: str) -> list[str]:
         out = []
@@ -318,7 +379,7 @@ def send_command(
             out.append(sign + h)
         return out
 
-    args = hexes(skip, "-") + (hexes(keep, "+") if skip else [])
+    args = hexes(skip, "-") + (hexes(keep, "+") + hexes(order, "=") if skip else [])
     return (
         "set -o pipefail; docker save "
         + shlex.quote(image)

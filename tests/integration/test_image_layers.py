@@ -3,12 +3,13 @@
 On the stand-in profile (testbed-standin): the cluster image REF is built on the head from BASE
 (a small base on the head only), so the worker's holdings decide what moves:
 
-- base present on the worker: only the layers the Ray build adds move (the plan says how many);
+- base present on the worker: only the layers the Ray build adds move (the plan says how many),
+  read from the head's layer store, not by docker save (issue 40);
 - base absent: every layer moves;
 - base different (same tag, another ID on the worker): doctor warns (image.base-same), and the
   layers above the first difference move;
-- the layer stream cut mid-way: the stage fails naming the transfer, no image is left on the
-  worker, and the next `up` succeeds.
+- the layer stream cut mid-way, and the docker save it falls back to cut too: the stage fails
+  naming the transfer, no image is left on the worker, and the next `up` succeeds.
 
 Every case ends with the cluster down, REF on both nodes with the head's ID, and the worker's
 other images as they were.
@@ -118,6 +119,29 @@ def test_base_present_moves_only_the_ray_layers(testbed, sc, worker_bare):
     assert f"{n_all - n_base} of {n_all} layers" in res.stderr
 
 
+def test_base_present_the_head_reads_only_the_layers_that_move(testbed, sc, worker_bare):
+    """Issue 40 items 5 and 7: with the base on the worker, the plan says the layers the worker
+    lacks are read from the head's layer store, and the stage does so (a throwaway container of
+    the image with the docker root read-only): the note says the bytes came from the layer store,
+    when the first byte left, and names no layer tar the head had to hash; the worker ends with
+    the head's image ID (docker load checked every layer it got against the config)."""
+    good, _ = worker_bare
+    testbed.copy_image(BASE, HEAD, WORKER)
+    assert "read from the head's layer store" in receive_step(sc)
+    res = sc("up", "--profile", PROFILE)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert testbed.image_id(WORKER, REF) == good
+    line = next(x for x in res.stderr.splitlines() if "✓ image" in x)
+    assert "hashed on the head" not in line and "by docker save" not in line, line
+    assert re.search(r"; read from the head's layer store: the first byte left after \d+\.\ds, the rest took", line), (
+        line
+    )
+    n_base, n_all = len(layers_of(testbed, HEAD, BASE)), len(layers_of(testbed, HEAD, REF))
+    assert f"{n_all - n_base} of {n_all} layers" in line, line
+    # the reader's container is gone (--rm), and it left no log (--log-driver none)
+    assert not testbed.docker(HEAD, "ps -aq --filter volume=/sparkcluster-docker-root").stdout.strip()
+
+
 def test_base_absent_moves_every_layer(testbed, sc, worker_bare):
     good, _ = worker_bare
     n_all = len(layers_of(testbed, HEAD, REF))
@@ -174,32 +198,34 @@ def test_cut_layer_stream_leaves_no_image_and_the_next_up_succeeds(testbed, sc, 
     before = images(testbed, WORKER)
 
     killed: list[str] = []
+    stop = threading.Event()
 
     def cut() -> None:
-        # once docker load on the worker is unpacking what arrives (its docker-import-* directory
-        # exists), kill the sender on the head (python3 reading docker save): the stream stops mid-way
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if (
-                testbed.sh(WORKER, "ls -d /var/lib/docker/tmp/docker-import-* >/dev/null 2>&1", check=False).returncode
-                == 0
-            ):
-                break
+        # each time a docker load on the worker starts unpacking what arrives (a new docker-import-*
+        # directory), kill the sender on the head (python3 framing what the layer-store reader or
+        # docker save writes): the layer-store stream is cut, then the docker save it falls back to
+        seen: set[str] = set()
+        deadline = time.monotonic() + 300
+        while not stop.is_set() and time.monotonic() < deadline:
+            dirs = set(
+                testbed.sh(WORKER, "ls -d /var/lib/docker/tmp/docker-import-* 2>/dev/null", check=False).stdout.split()
+            )
+            if dirs - seen:
+                seen |= dirs
+                pid = testbed.sh(
+                    HEAD, "pgrep -f '^python3 -c .import hashlib, os, re, socket' | head -1", check=False
+                ).stdout.strip()
+                if pid.isdigit():
+                    testbed.sh(HEAD, f"kill -KILL {pid}", check=False)
+                    killed.append(pid)
             time.sleep(0.02)
-        else:
-            return
-        pid = testbed.sh(
-            HEAD, "pgrep -f '^python3 -c .import hashlib, os, re, socket' | head -1", check=False
-        ).stdout.strip()
-        if pid.isdigit():
-            testbed.sh(HEAD, f"kill -KILL {pid}", check=False)
-            killed.append(pid)
 
     t = threading.Thread(target=cut, daemon=True)
     t.start()
     res = sc("up", "--profile", PROFILE)
+    stop.set()
     t.join(timeout=10)
-    assert killed, "the sender was never seen on the head"
+    assert len(killed) == 2, f"senders killed: {killed} (the layer store's, then docker save's)"
     err = (
         stage_failed(res, "image", HEAD) if "failed on spark-head" in res.stderr else stage_failed(res, "image", WORKER)
     )

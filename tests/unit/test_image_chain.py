@@ -95,6 +95,17 @@ def test_a_failed_chain_names_the_first_node_at_fault(sender_ok, codes, named):
     assert got == named
 
 
+def test_the_plan_says_where_the_head_reads_the_layers():
+    # every worker holds the bottom layer: the delta is read from the head's layer store
+    recv = [s for s in plan_for("switch", {"spark-2": 2, "spark-3": 1, "spark-4": 2}).steps() if s.action == "receive"]
+    assert "from the head's layer store (a throwaway container, the docker root read-only), else docker save" in (
+        recv[0].detail
+    )
+    # one worker holds nothing: nothing is left out, the whole image goes by docker save
+    recv = [s for s in plan_for("switch", {"spark-2": 2, "spark-3": 0, "spark-4": 2}).steps() if s.action == "receive"]
+    assert "layer store" not in recv[0].detail and "docker save" in recv[0].detail
+
+
 # ---- the chain run on this machine: the real snippets over loopback, a fake docker per node ----
 
 
@@ -107,3 +118,30 @@ def test_distribute_moves_one_stream_through_three_workers(tmp_path):
     loaded = [(d / "loaded.0").read_bytes() for d in dirs]
     assert loaded[0] == loaded[1] == loaded[2] and len(loaded[0]) > 0
     assert len(head.started) == 1  # one docker save
+
+
+def test_distribute_reads_the_delta_from_the_heads_layer_store_once_for_the_chain(tmp_path):
+    # every worker holds the base: the head's layer store gives the Ray layer once, each worker loads it
+    import hashlib
+    import tarfile
+    from io import BytesIO
+
+    from chain_fakes import world3
+    from test_image_send import BASE_ID, BASE_TAR, CONFIG, FAKE_RUN, RAY_ID, RAY_TAR, layer_store
+
+    r, dirs, head = world3(tmp_path)
+    image_id = "sha256:" + hashlib.sha256(CONFIG).hexdigest()
+    (tmp_path / "head" / "fake_run.py").write_text(FAKE_RUN)
+    layer_store(tmp_path / "head" / "root", image_id, CONFIG, [BASE_TAR, RAY_TAR])
+    r.facts["head"].image_id = image_id
+    r.facts["head"].image_layers = ImageLayers(image_id, (BASE_ID, RAY_ID), (300_000, 100_000))
+    for w in ("w1", "w2", "w3"):
+        r.facts[w].layer_chains = [[BASE_ID]]
+    info = {"Id": image_id, "Size": 400_000, "RootFS": {"Layers": [BASE_ID, RAY_ID]}}
+    r.find = lambda kind: image_chain.image.HeadImage(info) if kind is image_chain.image.HeadImage else None
+    notes = image_chain.distribute(r)
+    assert all("read from the head's layer store" in n for n in notes.values()), notes
+    assert len(head.started) == 1 and "docker run --rm" in head.started[0]
+    for d in dirs:
+        with tarfile.open(fileobj=BytesIO((d / "loaded.0").read_bytes())) as t:
+            assert t.getnames() == [image_id[7:] + ".json", RAY_ID[7:] + "/layer.tar", "manifest.json"]

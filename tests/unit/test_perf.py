@@ -66,6 +66,8 @@ def _raw(reps: int = 3, with_floors: bool = True) -> dict:
         "delta_link_bytes": each(274_167_978),
         "delta_lacking_bytes": each(273_775_104),
         "delta_stage_s": each(24.8),
+        "delta_load_s": each(4.1),
+        "delta_vs_load": each(6.05, 1.3, 1.4),
         "xfer_ratio": each(1.08),
         "xfer_sc_s": each(38.8),
         "xfer_base_s": each(42.8),
@@ -120,6 +122,15 @@ def test_results_table_from_made_up_figures():
     assert rows["up on a cluster already serving: wall time"][4:] == ["-", "-"]
     assert rows["image transfer: bytes on the head-worker control link"][0] == "2,946,000,000"
     assert rows["SSH connections to spark-worker: up from down"] == ["1", "1", "1", "count", "1", "yes"]
+    # issue 40 item 7: the image stage for a delta against docker load alone of the same bytes
+    assert rows["image transfer, base on both: image stage / docker load of the same bytes alone"] == [
+        "1.400",
+        "1.300",
+        "6.050",
+        "ratio",
+        "<= 1.50",
+        "yes",
+    ]
 
 
 def test_results_json_from_before_the_floors_still_renders():

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shlex
 import subprocess
 import sys
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 from conftest import StderrLines
@@ -230,12 +232,14 @@ def _layer(seed: bytes, n: int = 5000) -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()
 
 
-def _run(fake_env, image: bytes, skip: list[str], keep: list[str] = ()) -> tuple[Proc, Proc, bytes | None]:
+def _run(
+    fake_env, image: bytes, skip: list[str], keep: list[str] = (), order: list[str] = ()
+) -> tuple[Proc, Proc, bytes | None]:
     tmp, env = fake_env
     (tmp / "image.tar").write_bytes(image)
     recv, port = start_receiver(env, "127.0.0.1", "127.0.0.1")
     try:
-        send = Proc(transfer.send_command("img:1", "127.0.0.1", port, "127.0.0.1", skip, keep), env)
+        send = Proc(transfer.send_command("img:1", "127.0.0.1", port, "127.0.0.1", skip, keep, order), env)
         send.wait()
         recv.wait()
     finally:
@@ -281,6 +285,76 @@ def test_v1_layout_leaves_out_the_held_layer_tars_by_their_hash(fake_env):
         assert t.extractfile("aaaa/layer.tar").read() == ray
     assert f"@@dropped 1 {len(base)}" in send.lines
     assert len(got) < len(image) - len(base) + 1024
+
+
+SAVED = Path(__file__).parents[1] / "captured" / "docker-save-20.10"
+
+
+def _saved_v1_image(tars: dict[str, bytes]) -> tuple[bytes, list[str], list[str]]:
+    """A docker save archive of Docker 20.10 with the real metadata of a testbed image (its
+    `<v1 id>/json` files, config, manifest), `tars[v1 id]` standing in for each layer.tar. Returns
+    it, the image's diff IDs bottom up, and its v1 directories in the same order."""
+    man = json.loads((SAVED / "manifest.json").read_bytes())[0]
+    diffs = json.loads((SAVED / man["Config"]).read_bytes())["rootfs"]["diff_ids"]
+    dirs = [x.split("/")[0] for x in man["Layers"]]
+    entries = [(man["Config"], (SAVED / man["Config"]).read_bytes())]
+    for d in sorted(dirs):  # docker save tars its export directory in name order
+        entries += [(f"{d}/VERSION", b"1.0"), (f"{d}/json", (SAVED / f"{d}_json").read_bytes())]
+        entries.append((f"{d}/layer.tar", tars.get(d, b"")))
+    entries += [(n, (SAVED / n).read_bytes()) for n in ("manifest.json", "repositories")]
+    return archive(entries), diffs, dirs
+
+
+@pytest.mark.parametrize("held", [1, 4, 5])
+def test_v1_layout_names_each_layer_tar_by_its_json_without_reading_it(fake_env, held):
+    # Docker 20.10-24: the v1 ID is the digest of the directory's json with the layer's chain ID in
+    # it, so the sender learns each tar's diff ID before the tar arrives: nothing is hashed or
+    # spooled, and the stand-in tars (whose bytes hash to no diff ID) are judged by name alone
+    man = json.loads((SAVED / "manifest.json").read_bytes())[0]
+    tars = {x.split("/")[0]: os.urandom(3000 + 17 * i) for i, x in enumerate(man["Layers"])}
+    image, diffs, dirs = _saved_v1_image(tars)
+    send, recv, got = _run(fake_env, image, diffs[:held], diffs[held:], diffs)
+    assert send.p.returncode == 0 and recv.p.returncode == 0, (send.lines, recv.lines)
+    gone = {f"{d}/layer.tar" for d in dirs[:held]}
+    assert _names(got) == [n for n in _names(image) if n not in gone]
+    with tarfile.open(fileobj=io.BytesIO(got)) as t:
+        for d in dirs[held:]:
+            assert t.extractfile(f"{d}/layer.tar").read() == tars[d]
+    assert "@@hashed 0 0" in send.lines
+    assert f"@@dropped {held} {sum(len(tars[d]) for d in dirs[:held])}" in send.lines
+
+
+def test_v1_layout_without_the_diff_ids_in_order_falls_back_to_hashing(fake_env):
+    # an older controller's command (no "=" arguments): each tar is hashed on the way, as before
+    man = json.loads((SAVED / "manifest.json").read_bytes())[0]
+    tars = {x.split("/")[0]: os.urandom(2000 + i) for i, x in enumerate(man["Layers"])}
+    image, diffs, dirs = _saved_v1_image(tars)
+    send, recv, got = _run(fake_env, image, diffs[:1], diffs[1:])
+    assert send.p.returncode == 0 and recv.p.returncode == 0, (send.lines, recv.lines)
+    assert f"@@hashed {len(dirs)} {sum(len(t) for t in tars.values())}" in send.lines
+    # the stand-in tars hash to no diff ID: all are sent
+    assert _names(got) == _names(image)
+
+
+def test_a_json_naming_another_chain_is_not_trusted(fake_env):
+    # the bottom layer's json put under the second layer's directory: its digest is not that name,
+    # so that tar is hashed, not judged by a name it does not prove
+    man = json.loads((SAVED / "manifest.json").read_bytes())[0]
+    dirs = [x.split("/")[0] for x in man["Layers"]]
+    base, base_id = _layer(b"base")
+    other = dirs[1]
+    image = archive(
+        [
+            (f"{other}/json", (SAVED / f"{dirs[0]}_json").read_bytes()),
+            (f"{other}/layer.tar", base),
+            ("manifest.json", b"[]"),
+        ]
+    )
+    diffs = json.loads((SAVED / man["Config"]).read_bytes())["rootfs"]["diff_ids"]
+    send, recv, got = _run(fake_env, image, ["sha256:" + base_id], diffs, ["sha256:" + base_id, *diffs[1:]])
+    assert send.p.returncode == 0 and recv.p.returncode == 0, (send.lines, recv.lines)
+    assert f"@@hashed 1 {len(base)}" in send.lines
+    assert _names(got) == [f"{other}/json", "manifest.json"]  # dropped by its hash, which is held
 
 
 def test_oci_layout_leaves_out_held_blobs_by_name(fake_env):

@@ -1,9 +1,19 @@
 """The image stage: build the cluster image on the head when it lacks it, send it to each worker
 whose image differs (head to worker over the control link, verified by image ID), and check that
-`ray` runs in the image wherever the image is new or its Ray is not known yet."""
+`ray` runs in the image wherever the image is new or its Ray is not known yet.
+
+A worker gets only the layers it lacks, as an archive into `docker load`, which finds the others by
+chain ID. The head reads those layers from its own layer store (movement/layerstore), so what it
+reads follows the delta, not the image; when it cannot, `docker save` with the held layers left
+out (movement/transfer). Not through a registry on the head: on the classic image store (a
+Spark's Docker 28, the testbed's 20.10) `docker pull` skips a layer only when the engine already
+maps its compressed digest to a diff ID, and a head's push recompresses every layer into digests
+no worker has seen, so each worker would download the NGC base once more (perf/README.md, "How
+image layers move")."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import shlex
 import tarfile
@@ -15,7 +25,7 @@ import docker.errors
 from sparkcluster import log
 from sparkcluster.config.images import DOCKERFILE
 from sparkcluster.errors import EngineUnreachable, StageError
-from sparkcluster.movement import chain, layers, stream, transfer
+from sparkcluster.movement import chain, layers, layerstore, stream, transfer
 from sparkcluster.remote import dockerapi
 from sparkcluster.up.stages.base import Step, fail
 
@@ -56,7 +66,9 @@ def steps(plan: Plan) -> list[Step]:
                 w,
                 "receive",
                 "receive the image from the head",
-                transfer.describe(plan.image, head, str(inv.head.control_ip), w, str(node.control_ip))
+                (layerstore.describe if _reads_store(plan, [w]) else transfer.describe)(
+                    plan.image, head, str(inv.head.control_ip), w, str(node.control_ip)
+                )
                 + "; "
                 + planned_layers(plan, w),
                 run=lambda r, w=w: send(r, w),
@@ -84,6 +96,20 @@ def steps(plan: Plan) -> list[Step]:
 
 def _elides(facts) -> bool:
     return facts.docker is not None and transfer.elides(facts.docker.driver_status)
+
+
+def _reads_store(plan: Plan, workers: list[str]) -> bool:
+    """Whether the plan expects a delta every receiving worker's store can take (the layers are then
+    read from the head's layer store; _stream_delta)."""
+    hf = plan.facts.get(plan.inventory.head.name)
+    wfs = [plan.facts.get(w) for w in workers]
+    if hf is None or hf.docker is None or any(f is None for f in wfs):
+        return False
+    img = hf.image_layers if plan.build is None and hf.image_layers is not None else hf.base
+    if img is None:
+        return False
+    d = layers.shared_delta(img, [(f.layer_chains, _elides(f)) for f in wfs])
+    return bool(d.skip) and d.elide
 
 
 def planned_layers(plan: Plan, worker: str) -> str:
@@ -274,7 +300,31 @@ def send(r: UpRun, worker_name: str) -> str:
         if d.elide
         else f"the whole image: {worker_name}'s containerd image store cannot skip layers it holds"
     )
-    return f"sent to {worker_name}: {got.rate} ({what})"
+    return f"sent to {worker_name}: {got.rate} ({what}){head_time(got, head_image(r).get('Size', 0))}"
+
+
+def head_time(got: stream.Streamed, size: int) -> str:
+    """Where a transfer's time went on the head, for its note. A delta read from the layer store
+    reads only what moves. `docker save` writes the whole image into a temporary directory of its
+    own before the first byte leaves (moby image/tarexport/save.go: MkdirTemp, then archive.Tar of
+    it), whatever the layers left out, so a delta's rate over the whole transfer said little about
+    the link (issue 40 item 5: 274 MB at 4 MB/s on a fresh testbed). Layer tars the sender had to
+    read in full to learn which they were are named too."""
+    out = ""
+    if got.first_s is not None and got.sent:
+        after = max(got.secs - got.first_s, 1e-3)
+        if got.source == "store":
+            out = f"; read from the head's layer store: the first byte left after {got.first_s:.1f}s"
+        else:
+            out = (
+                f"; by docker save: the first byte left after {got.first_s:.1f}s (it copies the whole "
+                f"{layers.mb(size)} image on the head before it streams)"
+            )
+        out += f", the rest took {after:.1f}s"
+    n, b = got.counts.get("hashed", (0, 0))
+    if n:
+        out += f"; {n} layer tars ({layers.mb(b)}) hashed on the head: their names did not say which layer"
+    return out
 
 
 def verify(r: UpRun, worker: str) -> None:
@@ -291,15 +341,17 @@ def verify(r: UpRun, worker: str) -> None:
 
 
 def stream_image(r: UpRun, hops: list[chain.Hop], d: layers.Delta) -> tuple[stream.Streamed, layers.Delta]:
-    """One docker save along `hops` (one hop: a single worker), leaving out the layers `d` says
-    every receiving node holds, after checking each has the disk docker load needs. Returns the
-    stream and what it carried."""
+    """One stream of the image along `hops` (one hop: a single worker), leaving out the layers `d`
+    says every receiving node holds, after checking each has the disk docker load needs. A delta is
+    read from the head's layer store (movement/layerstore: only what moves is read); when the head
+    cannot read it there, the same delta goes by docker save. Returns the stream and what it carried."""
     info = head_image(r)
     size, image_layers = info.get("Size", 0), (info.get("RootFS") or {}).get("Layers") or []
     for h in hops:
         check_disk(r, h.dst, d, size, image_layers)
+    expect = d.move_bytes if d.elide and d.move_bytes else size
     try:
-        return _stream(r, hops, d, d.move_bytes if d.elide and d.move_bytes else size), d
+        return _stream_delta(r, hops, d, expect, info["Id"]), d
     except StageError as e:
         # a worker lost a layer since preflight (an image removed meanwhile): docker load names the
         # missing file; the whole image then goes once more
@@ -312,19 +364,53 @@ def stream_image(r: UpRun, hops: list[chain.Hop], d: layers.Delta) -> tuple[stre
         return _stream(r, hops, d, size), d
 
 
-def _stream(r: UpRun, hops: list[chain.Hop], d: layers.Delta, expect: int) -> stream.Streamed:
-    """One stream of the image; fails naming the node at fault (stream.culprit)."""
+def _stream_delta(r: UpRun, hops: list[chain.Hop], d: layers.Delta, expect: int, image_id: str) -> stream.Streamed:
+    """The delta from the head's layer store, else by docker save. Only a failure of the head's own
+    end falls back: one of a worker's is the worker's, whichever way the bytes were read."""
+    head = r.inv.head.name
+    hf = r.facts.get(head)
+    if d.skip and d.elide and hf is not None and hf.docker is not None and hf.docker.root_dir:
+        store = (image_id, hf.docker.root_dir)
+        try:
+            return _stream(r, hops, d, expect, store)
+        except StageError as e:
+            if e.failures[0].host != head:
+                raise
+            tail = [x for x in e.failures[0].output_tail.splitlines() if x.strip()]
+            _log.warning(
+                "could not read the layers from the head's layer store; sending them by docker save",
+                reason=" | ".join(tail[-3:]) or e.failures[0].reason,
+            )
+    return _stream(r, hops, d, expect)
+
+
+def _stream(
+    r: UpRun, hops: list[chain.Hop], d: layers.Delta, expect: int, store: tuple[str, str] | None = None
+) -> stream.Streamed:
+    """One stream of the image; fails naming the node at fault (stream.culprit). `store`: (image
+    ID, docker root) to read the layers `d` moves from the head's layer store; None: docker save."""
     first, image = hops[0], r.plan.image
+    if store is None:
+        send = lambda port: transfer.send_command(  # noqa: E731
+            image, first.dst_ip, port, first.src_ip, d.skip, d.keep, d.order
+        )
+        source = f"`docker save {image}`"
+    else:
+        send = lambda port: layerstore.send_command(  # noqa: E731
+            image, store[0], store[1], d.order, d.skip, first.dst_ip, port, first.src_ip
+        )
+        source = f"the layer store under {store[1]} (read by a container of {image})"
     got = stream.run(
         STAGE,
         r.cluster.hosts,
         hops,
         receive=lambda h, fwd: transfer.receive_command(h.dst_ip, h.src_ip, fwd),
-        send=lambda port: transfer.send_command(image, first.dst_ip, port, first.src_ip, d.skip, d.keep),
+        send=send,
         on_sent=lambda n: r.progress.bytes(first.dst, n, max(expect, n)),
         sink="docker load",
         timeout=3600,
     )
+    got = dataclasses.replace(got, source="save" if store is None else "store")
     if got.blame is None:
         return got
     res = got.result
@@ -336,7 +422,7 @@ def _stream(r: UpRun, hops: list[chain.Hop], d: layers.Delta, expect: int) -> st
     if len(hops) == 1:  # a single worker: what the failure left on it
         how += _left_on(r, first.dst)
     cut = f"; {', '.join(got.cut)} got a cut stream and loaded nothing" if got.cut else ""
-    raise got.failure(STAGE, "send the image", how + cut, f"`docker save {image}`")
+    raise got.failure(STAGE, "send the image", how + cut, source)
 
 
 def _left_on(r: UpRun, node: str) -> str:

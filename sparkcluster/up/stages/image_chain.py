@@ -1,5 +1,6 @@
-"""The image to two or more workers along a chain (issue 27): one `docker save` on the head feeds
-the first worker's receiver, which forwards every frame to the next worker's as it arrives, and so
+"""The image to two or more workers along a chain (issue 27): one read of the image on the head (the
+layers the workers lack from its layer store, else `docker save`: image.stream_image) feeds the
+first worker's receiver, which forwards every frame to the next worker's as it arrives, and so
 on, so the head's port carries one copy whatever the number of workers. The layers left out are
 those every receiving worker holds; each node's `docker load` and the image-ID comparison verify
 its own copy. A failure names the first node where it happened; the nodes after it got a cut
@@ -36,8 +37,13 @@ def steps(plan: Plan) -> list[Step]:
     out = []
     for i, h in enumerate(hops):
         first = (
-            f"{head}: one docker save {plan.image} for the {len(hops)} workers, leaving out the layers every one "
-            f"of them holds ({planned_layers(plan, [x.dst for x in hops])}); "
+            f"{head}: one read of {plan.image} for the {len(hops)} workers, leaving out the layers every one "
+            f"of them holds ({planned_layers(plan, [x.dst for x in hops])}): "
+            + (
+                "from the head's layer store (a throwaway container, the docker root read-only), else docker save; "
+                if image._reads_store(plan, [x.dst for x in hops])
+                else "docker save; "
+            )
             if i == 0
             else ""
         )
@@ -101,5 +107,7 @@ def distribute(r: UpRun) -> dict[str, str]:
         else "the whole image: a containerd image store in the chain cannot skip layers it holds"
     )
     return {
-        h.dst: f"received from {h.src} along the chain ({h.src_ip} -> {h.dst_ip}): {got.rate} ({what})" for h in hops
+        h.dst: f"received from {h.src} along the chain ({h.src_ip} -> {h.dst_ip}): {got.rate} ({what})"
+        + image.head_time(got, info.get("Size", 0))
+        for h in hops
     }
