@@ -264,7 +264,7 @@ def test_the_serve_stage_plans_the_canary_last():
         secret_names=[],
         old_server=None,
         containers=[],
-        profile=SimpleNamespace(ready_timeout_s=600),
+        profile=SimpleNamespace(ready_timeout_s=600, on_demand=SimpleNamespace(enabled=False)),
     )
     last = serve.steps(plan)[-1]
     assert last.action == "canary" and "never a failed up" in last.detail and last.run is serve.ask_canary
