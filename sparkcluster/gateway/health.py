@@ -53,7 +53,8 @@ def judge(report: dict | None, why_not: str = "") -> Verdict:
         age = now - updated
         if age > contract.stale_after_s(sup):
             return Verdict(False, f"its supervisor is stale ({state}, {age:.0f}s old): it is not watching", 10)
-    after = f" (after: {last})" if last else ""
+    # the verdict's kind first (wedged, dead, not-ready, memory): what a client and the journal are told
+    after = f" (after {newest.get('kind') or 'a verdict'}: {last})" if last else ""
     if state == contract.SERVING:
         unknown = sup.get("memory_unknown") or {}
         if unknown:
