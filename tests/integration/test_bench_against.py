@@ -30,6 +30,15 @@ def serving(testbed, sc):
 
 
 @pytest.fixture
+def still_serving(testbed, sc, serving):
+    """Serving now: a no-op `up` where it serves, else it brings back what a case before left
+    restarting (the delayed link may end in a wedge verdict and a restart)."""
+    testbed.unshape_egress(HEAD, CONTROL_IF)
+    res = sc("up", "--profile", "testbed", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.fixture
 def healthy_record(testbed, sc, serving, tmp_path):
     testbed.unshape_egress(HEAD, CONTROL_IF)
     res = sc("bench", *SHORT, "--repeat", "3", "--out", str(tmp_path / "healthy"), "--json", timeout=600)
@@ -71,7 +80,7 @@ def test_with_the_ranks_link_delayed_the_run_falls_short_and_names_the_fabric(te
     assert "round trip between the ranks" in first["says"]
 
 
-def test_the_canary_is_taken_and_a_rerun_of_the_same_model_is_unchanged(sc, serving):
+def test_the_canary_is_taken_and_a_rerun_of_the_same_model_is_unchanged(sc, still_serving):
     """The real engine's greedy answers with their token ids: taken (two passes, deterministic on the
     CPU build), then asked again: the same. (A changed answer is the unit tests' subject: the testbed's
     hub holds one revision of the tiny model.)"""
@@ -84,7 +93,7 @@ def test_the_canary_is_taken_and_a_rerun_of_the_same_model_is_unchanged(sc, serv
     assert json.loads(res.stdout)["canary"] == "same"
 
 
-def test_after_a_restart_the_supervisor_asks_the_canary_and_status_tells_it(testbed, sc, serving):
+def test_after_a_restart_the_supervisor_asks_the_canary_and_status_tells_it(testbed, sc, still_serving):
     """Item 4 without the controller: the canary is taken (and its copy left in the head container),
     a killed rank makes the supervisor restart the engine, and once it serves again the supervisor asks
     the canary from inside the head container: the same model answers the same (the CPU build repeats

@@ -1628,14 +1628,17 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
 
     def delay_egress(self, host: str, ifname: str, delay_ms: int = 20) -> str:
         """Delay what `host` sends on `ifname`: netem's fixed delay where the kernel has sch_netem, else
-        a token bucket slow enough (256 kbit/s, a short burst) that every decode step's few KB of
+        a token bucket slow enough (512 kbit/s, a short burst) that every decode step's few KB of
         tensor-parallel traffic queue behind each other. Returns which one ("netem" or "tbf"). Undo:
         unshape_egress (reset does it too)."""
         dev = shlex.quote(ifname)
         got = self.sh(host, f"tc qdisc replace dev {dev} root netem delay {int(delay_ms)}ms", check=False)
         if got.returncode == 0:
             return "netem"
-        self.sh(host, f"tc qdisc replace dev {dev} root tbf rate 256kbit burst 1600 latency 2s")
+        # a queue long enough never to drop (latency 60s): a dropped segment of the ranks' gloo stream
+        # waits out TCP's retransmission backoff, which stalled the engine into a wedge verdict at
+        # 256 kbit with a 2 s queue, where the point is a slow link, not a broken one
+        self.sh(host, f"tc qdisc replace dev {dev} root tbf rate 512kbit burst 1600 latency 60s")
         return "tbf"
 
     def unshape_egress(self, host: str, ifname: str | None = None) -> None:
