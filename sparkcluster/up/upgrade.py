@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 import docker.errors
 import httpx
@@ -223,6 +224,20 @@ def _address(r: UpgradeRun, prof: profiles.Profile) -> tuple[str, int]:
     return got.host, prof.serve.port or r.target.cluster.api_port
 
 
+@contextlib.contextmanager
+def _reached(r: UpgradeRun, prof: profiles.Profile) -> Iterator[tuple[str, int]]:
+    """(address, port) at which the controller asks the engine, for the block's length: the head's
+    address, or a port forwarded through its SSH connection when engines listen only on the
+    cluster's addresses (the gateway the only door: day2/endpoint.reached)."""
+    if r.target.cluster.engines_listen != "control":
+        yield _address(r, prof)
+        return
+    t, port = r.target, prof.serve.port or r.target.cluster.api_port
+    with ConnectedHosts.connect(t, [t.head]) as cluster, endpoint.reached(cluster.head, t, port) as base:
+        at = urlsplit(base)
+        yield at.hostname or "127.0.0.1", at.port or port
+
+
 def _guarded(r: UpgradeRun, why, what, *args):
     """A step of the new serve: a failure becomes the reason to roll back (`why` words it), never an
     exception."""
@@ -237,12 +252,12 @@ def take_baseline(r: UpgradeRun) -> Baseline:
     g = r.good
     if g.canary and g.canary_tok_s > 0:
         return r.put(Baseline(tuple(g.canary_answers()), g.canary_deterministic, g.canary_tok_s))
-    address, port = _address(r, r.old)
     model = r.old.served_model_name
     try:
-        first = bench.ask_canary(address, port, model, r.secrets)
-        second = bench.ask_canary(address, port, model, r.secrets)
-        tok_s = bench.ask_speed(address, port, model, r.secrets)
+        with _reached(r, r.old) as (address, port):
+            first = bench.ask_canary(address, port, model, r.secrets)
+            second = bench.ask_canary(address, port, model, r.secrets)
+            tok_s = bench.ask_speed(address, port, model, r.secrets)
     except SparkError as e:
         raise SparkError(
             f"the last good serve's canary is not recorded and the deployment does not answer it now: {e.message}",
@@ -274,9 +289,8 @@ def up_new(r: UpgradeRun) -> str:
 
 def ask_probe(r: UpgradeRun) -> str:
     """/health, then a one-token completion of the new serve; a SparkError says what did not answer."""
-    address, port = _address(r, r.new)
-    base = f"http://{address}:{port}"
-    with httpx.Client() as client:
+    with _reached(r, r.new) as (address, port), httpx.Client() as client:
+        base = f"http://{address}:{port}"
         code = endpoint.health(client, base)
         if code != 200:
             raise SparkError(f"/health answers {code or 'nothing'}")
@@ -295,8 +309,8 @@ def probe(r: UpgradeRun) -> str:
 def ask_answers(r: UpgradeRun) -> str:
     def ask(r: UpgradeRun) -> str:
         base = r.find(Baseline)
-        address, port = _address(r, r.new)
-        fresh = bench.ask_canary(address, port, r.new.served_model_name, r.secrets)
+        with _reached(r, r.new) as (address, port):
+            fresh = bench.ask_canary(address, port, r.new.served_model_name, r.secrets)
         stored = canary.CanaryRecord(
             r.deployment, r.old.name, r.good.at, base.deterministic, list(base.answers), image_id=r.good.base_image
         )
@@ -310,8 +324,8 @@ def ask_answers(r: UpgradeRun) -> str:
 
 def bench_speed(r: UpgradeRun) -> str:
     def ask(r: UpgradeRun) -> str:
-        address, port = _address(r, r.new)
-        tok_s = bench.ask_speed(address, port, r.new.served_model_name, r.secrets)
+        with _reached(r, r.new) as (address, port):
+            tok_s = bench.ask_speed(address, port, r.new.served_model_name, r.secrets)
         got = r.find(Measured) or Measured()
         r.put(Measured(got.answers, got.verdict, tok_s))
         why = judge(tok_s=tok_s, good_tok_s=r.find(Baseline).tok_s, bound=r.bound)
