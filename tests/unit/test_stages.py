@@ -63,11 +63,11 @@ def test_the_state_a_stage_leaves_is_declared():
     # up's stages, and upgrade's (several `up`s and the canary between them, walked the same way)
     declared = {t.__name__ for s in [*STAGES.values(), *upgrade.STAGES.values()] for t in s.leaves}
     used = _state_types_used()
-    # `r.put(server.start(...))`: the serve stage puts the server's Record, returned by a call, and
-    # `r.put(canary_watch.after_serve(...))` the canary it kept, on demand `r.put(server.standby(...))`
-    # its Standby
-    assert used["put"] - {"start", "after_serve", "standby"} | {"Record", "Kept", "Standby"} == declared
-    assert "start" in used["put"]
+    # `r.put(how(...))`: the serve stage puts what the supervisor was handed, returned by a call
+    # (server.start's Record, or on demand server.standby's Standby), and
+    # `r.put(canary_watch.after_serve(...))` the canary it kept
+    assert used["put"] - {"how", "after_serve"} | {"Record", "Kept", "Standby"} == declared
+    assert "how" in used["put"]
     assert {"Created", "Record"} <= used["read"] <= declared
 
 

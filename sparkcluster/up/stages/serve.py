@@ -185,35 +185,20 @@ def _old_gone(r: UpRun, pid: int) -> str | None:
 
 
 def start(r: UpRun) -> None:
-    prof = r.plan.profile
-    try:
-        r.put(
-            server.start(
-                r.cluster.head.docker().api,
-                r.plan.serve,
-                r.secrets,
-                prof.name,
-                bounds.profile_policy(prof),
-                rank_apis={n: r.cluster.hosts[n].docker().api for n, _c, _a in r.plan.serve.ranks},
-            )
-        )
-    except server.NotReady as e:
-        raise fail(
-            STAGE,
-            r.cluster.head.name,
-            "start vllm serve",
-            e.reason,
-            r.plan.serve.describe(),
-            e.tail,
-            "sparkcluster events shows the supervisor's journal; sparkcluster down, then sparkcluster up",
-        ) from None
+    _hand(r, server.start, "start vllm serve")
 
 
 def standby(r: UpRun) -> None:
+    _hand(r, server.standby, "hand vllm serve to the supervisor on standby")
+
+
+def _hand(r: UpRun, how, what: str) -> None:
+    """The server handed to the head's supervisor (`how`: server.start, or server.standby on
+    demand), its Record or Standby kept in the run; a supervisor that does not take it fails the step."""
     prof = r.plan.profile
     try:
         r.put(
-            server.standby(
+            how(
                 r.cluster.head.docker().api,
                 r.plan.serve,
                 r.secrets,
@@ -226,7 +211,7 @@ def standby(r: UpRun) -> None:
         raise fail(
             STAGE,
             r.cluster.head.name,
-            "hand vllm serve to the supervisor on standby",
+            what,
             e.reason,
             r.plan.serve.describe(),
             e.tail,
