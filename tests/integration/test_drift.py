@@ -8,6 +8,8 @@ record that `up` leaves.
 - the engine image says which driver it was built for (`CUDA_DRIVER_VERSION`, as NGC's images do:
   tests/testbed/images/Dockerfile.ngc-standin); a worker whose stand-in driver is of an older branch
   FAILs image.driver there only, with the fix (eugr/spark-vllm-docker#266);
+- a copy of the engine image with the pip NCCL wheel's 2.28.9 metadata is caught by the known-bad
+  list (image.nccl, the entry's id, source and fix) on both nodes;
 - after `up` served (the test double, profile testbed-standin), a second `doctor` after the kernel
   string changed on the worker says what drifted since that serve, on the worker only, and `status`
   says it too.
@@ -144,3 +146,36 @@ def test_drift_between_two_doctors_after_the_kernel_changes(testbed, sc):
     finally:
         sc("down", timeout=300)
     assert ours(testbed, HEAD) == [] and ours(testbed, WORKER) == []
+
+
+def test_the_known_bad_list_catches_an_image_whose_nccl_is_on_it(testbed, sc, tmp_path):
+    """A copy of the engine image carrying the pip NCCL wheel's metadata at 2.28.9 (the build with
+    TP=2 hangs: vllm#41725; only the wheel's METADATA, which is what the probe reads: the CPU build
+    loads no NCCL), served by a profile of its own: image.nccl WARNs (the entry's severity) on it, with
+    its source and fix; the engine image as it is has no NCCL build to judge (SKIP)."""
+    from sparkcluster.config.profile import find
+
+    tag = "26.05.post1-py3-ncclpip"
+    ref = BASE_IMAGE.rsplit(":", 1)[0] + ":" + tag
+    dockerfile = (
+        f"FROM {BASE_IMAGE}\n"
+        "RUN d=$(python3 -c 'import site; print(site.getsitepackages()[0])')/nvidia_nccl_cu13-2.28.9.dist-info"
+        ' && mkdir -p "$d" && printf "Metadata-Version: 2.1\\nName: nvidia-nccl-cu13\\nVersion: 2.28.9\\n"'
+        ' > "$d/METADATA"\n'
+    )
+    prof = tmp_path / "testbed-mp-ncclpip.toml"
+    prof.write_text(find("testbed-mp").read_text().replace('tag = "26.05.post1-py3"', f'tag = "{tag}"', 1))
+    try:
+        for host in (HEAD, WORKER):
+            testbed.sh(host, f"docker build -q -t {ref} -", input=dockerfile, timeout=300)
+        res = sc("doctor", "--json", "--profile", str(prof), timeout=180)
+        assert res.returncode in (0, 1), f"doctor exited {res.returncode}\n{res.stdout}\n{res.stderr}"
+        rows = {(c["id"], c["node"]): c for c in json.loads(res.stdout)["checks"]}
+        for host in (HEAD, WORKER):
+            r = rows[("image.nccl", host)]
+            assert r["status"] == "warn", r  # the entry's severity (config/known_bad.toml): a hang in minutes
+            assert "known bad: nccl-pip-2.28.9-hang" in r["detail"] and "vllm-project/vllm#41725" in r["detail"], r
+            assert "libnccl2" in r["fix"], r
+    finally:
+        for host in (HEAD, WORKER):
+            testbed.docker(host, f"image rm -f {ref}", check=False)
