@@ -24,6 +24,7 @@ import time
 
 from perf import testbed
 from perf.figures import Figure, info, say
+from perf.session import standalone
 from sparkcluster.bench import results, sweep
 from sparkcluster.config import profile as profiles
 
@@ -150,3 +151,17 @@ def figures(R: dict) -> list[Figure]:
             R["gw_direct_ttft_p50_ms"],
         ),
     ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standalone(
+        "gateway",
+        "The gateway's budgets (issue 36): TTFT added, throughput at c=8 through / direct, idle memory.",
+        measure,
+        figures,
+        argv,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

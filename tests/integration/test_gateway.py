@@ -41,8 +41,7 @@ from tests.integration.helpers import (
     wait_for,
 )
 
-# not in `make test`: `make test-hand` runs it (see tests/README.md: its testbed scenario does not pass yet)
-pytestmark = [pytest.mark.testbed, pytest.mark.handrun]
+pytestmark = pytest.mark.testbed
 SINGLE = "testbed-single"
 VARIANT = "testbed-single-vision"  # testbed-single under another served name, with an alias
 ON_DEMAND = "testbed-single-od"  # testbed-single under another served name, on demand
