@@ -7,7 +7,8 @@ What answers what, before any upstream is asked: no key or a wrong one, 401; a b
 400; a model no deployment serves, 404 naming those that exist; every deployment serving it out of
 rotation, 503 with Retry-After and the supervisor's reason. A deployment on demand and on standby is
 woken by that request (its head agent's `POST /wake` with the deployment's wake token): 503 with
-Retry-After until its supervisor says serving.
+Retry-After until its supervisor says serving. A deployment an upgrade holds (the config's `held`,
+gateway/hold) takes no new request: one for it waits until the hold is released or its bound ends.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ FORWARDED = (
 )
 
 
+HELD_LOOK_S = 0.25  # a held request looks for its deployment this often
+
+
 def model_of(body: bytes) -> str | None:
     try:
         doc = json.loads(body)
@@ -51,7 +55,7 @@ def model_of(body: bytes) -> str | None:
 class Gateway:
     def __init__(self, cfg: dict, config_path: str | None = None):
         self.keys: list[str] = list(cfg.get("keys") or [])
-        self.table = Table.from_config(cfg)
+        self.table = Table.from_config(cfg, time.time())
         self.poll_s = float(cfg.get("poll_s", 1.0))
         self.metrics = Metrics()
         self.config_path = config_path
@@ -77,7 +81,7 @@ class Gateway:
             return
         self._config_mtime = seen
         self.keys = list(cfg.get("keys") or [])
-        self.table.adopt(Table.from_config(cfg))
+        self.table.adopt(Table.from_config(cfg, time.time()))
         self.poll_s = float(cfg.get("poll_s", self.poll_s))
         health.event("config reloaded", routes=[r.key for r in self.table.routes])
 
@@ -212,6 +216,7 @@ class Gateway:
                         "reason": r.reason,
                         "in_flight": r.in_flight,
                         "on_demand": r.wake_token is not None,
+                        "held_s": max(0.0, round(r.held_until - time.time(), 1)),
                     }
                     for r in self.table.routes
                 ],
@@ -251,7 +256,11 @@ class Gateway:
             if model is None:
                 await proxy.send_error(send, 400, "the request body names no model", "invalid_request_error", anthropic)
                 return
-            picked = self.table.pick(model)
+            picked = self.table.pick(model, time.time())
+            while isinstance(picked, Unavailable) and picked.held_until > time.time():
+                # held by an upgrade: wait for the release (or the hold's end), then go on as usual
+                await asyncio.sleep(HELD_LOOK_S)
+                picked = self.table.pick(model, time.time())
             if picked is None:
                 names = ", ".join(self.table.names()) or "none"
                 await proxy.send_error(

@@ -65,10 +65,19 @@ def wake_tokens(hosts: dict, inv, found, profiles: dict) -> dict[str, str]:
 
 
 def write_config(api, container: str, plan: GatewayPlan) -> None:
+    write_doc(api, container, plan.config())
+
+
+def write_doc(api, container: str, doc: dict) -> None:
     """The config (secrets inside) as a 0600 file, written aside and renamed, so the running gateway
     never reads half of it."""
-    api.put_archive(container, "/", files_tar({CONFIG_PATH + ".new": json.dumps(plan.config())}, mode=0o600))
+    api.put_archive(container, "/", files_tar({CONFIG_PATH + ".new": json.dumps(doc)}, mode=0o600))
     run_in(api, container, ["mv", "-f", CONFIG_PATH + ".new", CONFIG_PATH])
+
+
+def read_doc(api, container: str) -> dict:
+    """The running gateway's config, as `write_doc` left it (secrets inside: never printed)."""
+    return json.loads(run_in(api, container, ["cat", CONFIG_PATH]).stdout)
 
 
 def stop(api, cid: str) -> None:

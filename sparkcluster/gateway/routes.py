@@ -31,6 +31,7 @@ class Route:
     wakeable: bool = False  # the last verdict: on standby (or a start refused), a request wakes it
     woken_at: float = 0.0  # when the gateway last sent it a wake (monotonic): one wake per look
     waking: bool = False  # a wake in flight
+    held_until: float = 0.0  # an upgrade holds it (time.time()): new requests wait, none is sent to it
 
     @classmethod
     def from_config(cls, d: dict) -> Route:
@@ -51,6 +52,7 @@ class Unavailable:
 
     reasons: list[str]
     retry_after: int
+    held_until: float = 0.0  # the latest hold of a deployment serving the name: worth waiting for
 
 
 @dataclass
@@ -59,8 +61,15 @@ class Table:
     _turn: itertools.count = field(default_factory=itertools.count)
 
     @classmethod
-    def from_config(cls, cfg: dict) -> Table:
-        return cls([Route.from_config(d) for d in cfg.get("deployments", [])])
+    def from_config(cls, cfg: dict, now: float = 0.0) -> Table:
+        """The config's deployments; `held` maps a deployment to the seconds an upgrade holds it
+        for, counted from `now` (the gateway's own clock when it reads the config)."""
+        routes = [Route.from_config(d) for d in cfg.get("deployments", [])]
+        held = cfg.get("held") or {}
+        for r in routes:
+            if isinstance(held.get(r.key), (int, float)):
+                r.held_until = now + float(held[r.key])
+        return cls(routes)
 
     def names(self) -> list[str]:
         """Every model name routed, in the order the deployments were given, each once."""
@@ -69,15 +78,20 @@ class Table:
     def serving(self, name: str) -> list[Route]:
         return [r for r in self.routes if name in r.names]
 
-    def pick(self, name: str) -> Route | Unavailable | None:
+    def pick(self, name: str, now: float = 0.0) -> Route | Unavailable | None:
         """The deployment that takes a request for `name`; Unavailable when every one serving it is
-        out of rotation; None when none serves it (a 404)."""
+        out of rotation or held (an upgrade: its requests in flight drain, new ones wait); None when
+        none serves it (a 404)."""
         candidates = self.serving(name)
         if not candidates:
             return None
-        up = [r for r in candidates if r.up]
+        up = [r for r in candidates if r.up and r.held_until <= now]
         if not up:
-            return Unavailable([f"{r.key}: {r.reason}" for r in candidates], min(r.retry_after for r in candidates))
+            return Unavailable(
+                [f"{r.key}: {'held for an upgrade' if r.held_until > now else r.reason}" for r in candidates],
+                min(r.retry_after for r in candidates),
+                max(r.held_until for r in candidates),
+            )
         least = min(r.in_flight for r in up)
         tied = [r for r in up if r.in_flight == least]
         return tied[next(self._turn) % len(tied)]

@@ -7,7 +7,7 @@ able to read all of it, the rollback included, before anything moves (`--dry-run
 `up`'s own (`stages/base.Step`, one `Stage` declaration per stage below), walked by `up`'s executor
 (`execute.walk`), so each ends as the same structured `step` event:
 
-  traffic   a gateway in front of the deployment holds its requests (issue 36 plugs in: `gateway_for`)
+  traffic   the gateway in front of the deployment, where one runs, drains and holds its requests (gateway/hold)
   baseline  the last good serve's canary answers and one-stream speed, from the known-good record;
             measured on the serving deployment first when the record has none yet
   up        `up` of the profile with the new image or revision: its own plan (distribute: image and
@@ -148,10 +148,12 @@ class Traffic(Protocol):
     def release(self) -> str: ...
 
 
-def gateway_for(inv: Inventory, prof: profiles.Profile) -> Traffic | None:
-    """The gateway that fronts this deployment, if any. None until the one endpoint of issue 36 exists:
-    it returns its own `Traffic` here, and the plan's traffic steps then hold and release through it."""
-    return None
+def gateway_for(inv: Inventory, deployment: str) -> Traffic | None:
+    """The gateway that routes this deployment (issue 36), if one runs: the plan's traffic steps
+    hold and release through it (gateway/hold)."""
+    from sparkcluster.gateway import hold as gateway_hold  # lazy: only an upgrade or rollback runs it
+
+    return gateway_hold.find(inv, deployment)
 
 
 # ---- the run -----------------------------------------------------------------------------------------
@@ -764,7 +766,7 @@ def upgrade(
     if dry_run:
         plan.up_plan = bringup.run(inv, new, secrets, progress, dry_run=True, node=nodes or None)
         return plan
-    r = UpgradeRun(inv, nodes, new, old, good, secrets, progress, bound, gateway_for(inv, new))
+    r = UpgradeRun(inv, nodes, new, old, good, secrets, progress, bound, gateway_for(inv, good.deployment))
     try:
         with held(r, f"upgrade --profile {prof.name}"):
             walk_plan(r, plan)
@@ -810,7 +812,7 @@ def rollback(
     )
     if dry_run:
         return plan
-    r = UpgradeRun(inv, nodes, back, back, good, secrets, progress, traffic=gateway_for(inv, back))
+    r = UpgradeRun(inv, nodes, back, back, good, secrets, progress, traffic=gateway_for(inv, good.deployment))
     with held(r, f"rollback --profile {prof.name}"):
         walk_plan(r, plan)
     return f"{good.deployment} serves {back.image.ref} again (the good serve of {to.at})"

@@ -103,6 +103,8 @@ def local_locks(tmp_path, monkeypatch):
     if shutil.which("flock") is None:
         pytest.skip("flock (util-linux) not installed")
     monkeypatch.setattr(lock, "LOCK_DIR", str(tmp_path / "locks"))
+    # no gateway in front (its hold is test_gateway_hold's subject)
+    monkeypatch.setattr(upgrade, "gateway_for", lambda inv, deployment: None)
     monkeypatch.setattr(
         ConnectedHosts,
         "connect",

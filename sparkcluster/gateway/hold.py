@@ -1,0 +1,115 @@
+"""An upgrade's hold on the gateway (issue 39 item 5): traffic for the deployment being upgraded is
+drained and held, not dropped. `hold` adds the deployment to the running gateway's config under
+`held` (seconds, counted by the gateway's own clock when it reads the file): from its next look the
+gateway sends that deployment no new request, lets the ones in flight finish, and keeps new ones
+waiting (gateway/app: a held request looks again every quarter second) until `release` takes the
+entry out, or the hold's bound ends and the usual 503 with Retry-After answers. `hold` returns once
+the requests in flight have drained (within `drain_s`), so the old engine stops with none running.
+
+The controller's side only: it reaches the gateway's container through the Docker API of the node
+it runs on, as `gateway up` does; the gateway itself never learns about upgrades.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+
+from sparkcluster.remote.dockerapi import run_in
+
+from . import deploy
+from .rollout import CONFIG_PATH
+
+HOLD_S = 1800.0  # the longest a request waits: an upgrade's up, canary and bench (a cold compile included)
+DRAIN_S = 120.0  # the longest hold() waits for the requests in flight to end
+LOOK_S = 0.5
+
+# inside the gateway's container: its own /gateway/status, asked with one of its keys (read there)
+STATUS = (
+    "import json, sys, urllib.request\n"
+    "cfg = json.load(open(sys.argv[1]))\n"
+    "scheme = 'https' if cfg.get('tls') else 'http'\n"
+    "import ssl\n"
+    "ctx = ssl._create_unverified_context()\n"
+    "req = urllib.request.Request(f\"{scheme}://127.0.0.1:{cfg['port']}/gateway/status\",\n"
+    "    headers={'Authorization': 'Bearer ' + (cfg.get('keys') or [''])[0]})\n"
+    "print(urllib.request.urlopen(req, timeout=3, context=ctx).read().decode())\n"
+)
+
+
+@dataclass
+class GatewayHold:
+    """upgrade.Traffic for the gateway container `container`; `docker` opens the Docker API of the
+    node it runs on (a context manager: connected for each hold and release, not across the upgrade)."""
+
+    docker: object
+    container: str
+    deployment: str  # PROFILE@NODE+NODE, the gateway's route key
+    hold_s: float = HOLD_S
+    drain_s: float = DRAIN_S
+
+    def _set(self, api, held: bool) -> None:
+        doc = deploy.read_doc(api, self.container)
+        holds = dict(doc.get("held") or {})
+        if held:
+            holds[self.deployment] = self.hold_s
+        else:
+            holds.pop(self.deployment, None)
+        doc["held"] = holds
+        deploy.write_doc(api, self.container, doc)
+
+    def route(self, api) -> dict | None:
+        """The deployment as the gateway reports it (in flight, held); None when it does not say."""
+        got = run_in(api, self.container, ["python3", "-c", STATUS, CONFIG_PATH], warn=True)
+        try:
+            routes = json.loads(got.stdout)["routes"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        return next((r for r in routes if r.get("deployment") == self.deployment), None)
+
+    def hold(self) -> str:
+        """Held once the gateway has read the hold (its next look) and the requests in flight ended."""
+        with self.docker() as api:
+            self._set(api, True)
+            deadline = time.monotonic() + self.drain_s
+            r = self.route(api)
+            while time.monotonic() < deadline and (r is None or not r.get("held_s") or r.get("in_flight")):
+                time.sleep(LOOK_S)
+                r = self.route(api)
+        if r is None or not r.get("held_s"):
+            return f"asked {self.container} to hold new requests; it did not confirm within {self.drain_s:g}s"
+        if r.get("in_flight"):
+            return f"new requests held by {self.container}; {r['in_flight']} still in flight after {self.drain_s:g}s"
+        return f"new requests held by {self.container} (at most {self.hold_s:g}s); none in flight"
+
+    def release(self) -> str:
+        with self.docker() as api:
+            self._set(api, False)
+        return f"{self.container} sends requests to {self.deployment} again"
+
+
+def find(inv, deployment: str) -> GatewayHold | None:
+    """The hold on the gateway that routes `deployment`, where one runs on a node of `inv` (one look
+    over SSH); None where none does."""
+    from sparkcluster.remote.fanout import ConnectedHosts  # lazy: the gateway package stays light to import
+
+    with ConnectedHosts.connect(inv) as cluster:
+        for name, host in cluster.hosts.items():
+            api = host.docker().api
+            found = deploy.find(api, inv.cluster.name)
+            if found is None or found.get("State") != "running":
+                continue
+            container = found["Names"][0].lstrip("/")
+            if not any(d.get("key") == deployment for d in deploy.read_doc(api, container).get("deployments", [])):
+                continue
+            node = next(n for n in inv.nodes if n.name == name)
+
+            @contextlib.contextmanager
+            def docker(node=node):
+                with ConnectedHosts.connect(inv, [node]) as one:
+                    yield one.hosts[node.name].docker().api
+
+            return GatewayHold(docker, container, deployment)
+    return None

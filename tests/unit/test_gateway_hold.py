@@ -1,0 +1,109 @@
+"""An upgrade's hold on the gateway (issue 39 item 5, gateway/hold): traffic for the deployment being
+upgraded is drained and held, not dropped. The table keeps a held deployment out of every pick; the
+gateway (stand-in engine on 127.0.0.1) keeps a request for it waiting while held and sends it once the
+config no longer holds it; the controller's GatewayHold writes and removes the hold in the gateway's
+config and waits until the gateway confirms it with nothing in flight."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+
+import httpx
+from gateway_fakes import KEY, Engine, Served, config, in_rotation, start_gateway, until
+
+from sparkcluster.gateway import deploy
+from sparkcluster.gateway import hold as gateway_hold
+from sparkcluster.gateway.routes import Route, Table, Unavailable
+
+BEARER = {"Authorization": f"Bearer {KEY}"}
+
+
+def test_a_held_deployment_is_picked_by_no_request_until_its_hold_ends():
+    table = Table.from_config(
+        {
+            "deployments": [{"key": "m@a", "names": ["m"], "upstream": "http://a", "supervisor": "http://a/r"}],
+            "held": {"m@a": 60},
+        },
+        now=1000.0,
+    )
+    (r,) = table.routes
+    r.up = True
+    got = table.pick("m", now=1001.0)
+    assert isinstance(got, Unavailable) and got.held_until == 1060.0 and "held for an upgrade" in got.reasons[0]
+    assert table.pick("m", now=1061.0) is r  # the hold's bound ended: routed as usual
+    free = Table([Route("m@a", ("m",), "http://a", "http://a/r", up=True)])
+    assert free.pick("m", now=1001.0).key == "m@a"
+
+
+def test_the_gateway_holds_a_request_and_sends_it_once_released(tmp_path):
+    e = Engine(["m"])
+    s = Served(e.app())
+    path = tmp_path / "gateway.json"
+    doc = config({"m@a": (e, s)})
+    path.write_text(json.dumps(doc))
+    gw, sg = start_gateway(json.loads(path.read_text()), str(path))
+    e.release.set()  # the stand-in answers at once
+    answered: list[httpx.Response] = []
+    try:
+        until(lambda: in_rotation(gw, "m@a"), what="in rotation")
+        path.write_text(json.dumps({**doc, "held": {"m@a": 60}}))
+        os.utime(path, ns=(1, 1))
+        until(lambda: gw.table.routes[0].held_until > time.time(), what="the hold read")
+        asker = threading.Thread(
+            target=lambda: answered.append(
+                httpx.post(f"{sg.url}/v1/completions", json={"model": "m"}, headers=BEARER, timeout=30)
+            )
+        )
+        asker.start()
+        status = httpx.get(f"{sg.url}/gateway/status", headers=BEARER).json()["routes"][0]
+        assert status["held_s"] > 0 and status["in_flight"] == 0, status
+        asker.join(1.0)
+        assert asker.is_alive() and not answered  # waiting, not refused with a 503
+        path.write_text(json.dumps(doc))
+        os.utime(path, ns=(2, 2))
+        asker.join(15)
+        assert answered and answered[0].status_code == 200, answered
+    finally:
+        for x in (sg, s):
+            x.stop()
+
+
+class FakeGateway:
+    """The gateway's container as GatewayHold reaches it: its config file, and its status, which
+    confirms a hold from the second look with one request still in flight at the first."""
+
+    def __init__(self):
+        self.doc = {"port": 4000, "keys": [KEY], "deployments": [{"key": "m@a"}]}
+        self.looks = 0
+
+    def read(self, api, container):
+        return json.loads(json.dumps(self.doc))
+
+    def write(self, api, container, doc):
+        self.doc = doc
+
+    def run_in(self, api, container, argv, warn=False):
+        self.looks += 1
+        held = "m@a" in (self.doc.get("held") or {})
+        route = {"deployment": "m@a", "held_s": 1799.0 if held and self.looks > 1 else 0.0, "in_flight": 0}
+        if self.looks == 2:
+            route["in_flight"] = 1
+        return type("R", (), {"stdout": json.dumps({"routes": [route]})})()
+
+
+def test_hold_waits_for_the_gateway_to_confirm_with_nothing_in_flight_and_release_removes_it(monkeypatch):
+    fake = FakeGateway()
+    monkeypatch.setattr(deploy, "read_doc", fake.read)
+    monkeypatch.setattr(deploy, "write_doc", fake.write)
+    monkeypatch.setattr(gateway_hold, "run_in", fake.run_in)
+    monkeypatch.setattr(gateway_hold, "LOOK_S", 0.01)
+    h = gateway_hold.GatewayHold(lambda: contextlib.nullcontext("api"), "sparkcluster-gateway", "m@a")
+    said = h.hold()
+    assert fake.doc["held"] == {"m@a": gateway_hold.HOLD_S} and fake.looks == 3, (fake.looks, said)
+    assert "none in flight" in said
+    assert "again" in h.release() and fake.doc["held"] == {}
+    assert fake.doc["keys"] == [KEY]  # the rest of the config kept as it was
