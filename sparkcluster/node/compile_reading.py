@@ -30,6 +30,9 @@ AOT_HIT = re.compile(r"Directly load AOT compilation from path")
 MISS = re.compile(r"Compiling a graph for compile range .* takes ([0-9.]+) s")
 # vllm/compilation/monitor.py:20 and decorators.py:708: the total, once per rank
 TOTAL = re.compile(r"torch\.compile (?:and initial profiling/warmup run together )?took ([0-9.]+) s in total")
+# vllm/compilation/decorators.py (__call__, after the first AOT compile): the artifact a later start
+# would load was not written, so every start compiles again however warm the folder looks
+SAVE_FAILED = re.compile(r"Cannot save aot compilation to path (\S+), error: (.*)$")
 # vllm/v1/engine/core.py:396: the engine's init, with the compile time when there was one
 INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took [0-9.]+ s \(compilation: ([0-9.]+) s")
 # vllm/v1/worker/cpu_model_runner.py:87,91: the CPU build compiles during this warm-up
@@ -44,6 +47,7 @@ class Reading:
     result: str  # "hit", "miss" or "none" (nothing compiled, nothing loaded)
     compile_s: float | None  # the seconds the engine spent compiling (or loading) this start
     evidence: str  # "engine log" or "cache folder"
+    unsaved: str = ""  # vLLM said it could not save its AOT artifact (why): the next start compiles again
 
 
 def _clock(line: str) -> float | None:
@@ -59,7 +63,11 @@ def read_lines(lines: list[str], files_before: int = 0, files_added: int = 0) ->
     hits = misses = 0
     totals: list[float] = []
     warm_from = warm_to = None
+    unsaved = ""
     for line in lines:
+        failed = SAVE_FAILED.search(line)
+        if failed:
+            unsaved = failed.group(2).strip()[:300]
         if HIT.search(line) or AOT_HIT.search(line):
             hits += 1
         if MISS.search(line):
@@ -75,14 +83,14 @@ def read_lines(lines: list[str], files_before: int = 0, files_added: int = 0) ->
     if seconds is None and warm_from is not None and warm_to is not None:
         seconds = float(max(0, warm_to - warm_from))
     if misses:
-        return Reading("miss", seconds, "engine log")
+        return Reading("miss", seconds, "engine log", unsaved)
     if hits:
-        return Reading("hit", seconds, "engine log")
+        return Reading("hit", seconds, "engine log", unsaved)
     if files_added:
-        return Reading("miss", seconds, "cache folder")
+        return Reading("miss", seconds, "cache folder", unsaved)
     if files_before:
-        return Reading("hit", seconds, "cache folder")
-    return Reading("none", seconds, "cache folder")
+        return Reading("hit", seconds, "cache folder", unsaved)
+    return Reading("none", seconds, "cache folder", unsaved)
 
 
 def count_files(folder: str) -> int:
@@ -138,6 +146,7 @@ class StartReading:
             files_before=self.files_before,
             files_added=added,
             start_s=round(time.monotonic() - self.started, 1),
+            **({"unsaved": got.unsaved} if got.unsaved else {}),
         )
         return got
 

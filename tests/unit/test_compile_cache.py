@@ -421,3 +421,19 @@ def test_the_owner_keeper_hands_what_root_wrote_to_the_user_and_then_only_what_i
     (tmp_path / "inductor" / "k.so").write_bytes(b"y")  # the engine (root) writes again
     assert keeper.look(force=True) == 1
     assert (tmp_path / "inductor" / "k.so").stat().st_uid == 4242
+
+
+def test_an_aot_artifact_vllm_could_not_save_is_told():
+    """vLLM 0.32 logs this when saving its AOT-compiled forward fails (vllm/compilation/decorators.py,
+    the warning after `save_compiled_function`): the folder gained files, yet the next start compiles
+    again; the reading carries why, for the journal. The line is built from vLLM's format string
+    ("Cannot save aot compilation to path %s, error: %s"); its error text is illustrative: no
+    capture of this failure exists here yet."""
+    lines = [
+        "(EngineCore pid=7) WARNING 11-25 14:47:23 [decorators.py:520] Cannot save aot compilation to path "
+        "/root/.cache/vllm/torch_compile_cache/torch_aot_compile/b51a/rank_0_0/model, error: "
+        "Can't pickle <function <lambda>>",
+    ]
+    got = compile_reading.read_lines(lines, files_before=0, files_added=40)
+    assert got.result == "miss" and got.unsaved == "Can't pickle <function <lambda>>"
+    assert compile_reading.read_lines(["nothing"], files_added=1).unsaved == ""
