@@ -91,12 +91,14 @@ class GatewayHold:
 
 
 def find(inv, deployment: str) -> GatewayHold | None:
-    """The hold on the gateway that routes `deployment`, where one runs on a node of `inv` (one look
-    over SSH); None where none does."""
-    from sparkcluster.remote.fanout import ConnectedHosts  # lazy: the gateway package stays light to import
+    """The hold on the gateway that routes `deployment`, where one runs on a node of `inv` that
+    answers (one look over SSH; a node that does not cannot hold anything); None where none does."""
+    # lazy: the gateway package stays light to import
+    from sparkcluster.remote.fanout import ConnectedHosts, connect_all
 
-    with ConnectedHosts.connect(inv) as cluster:
-        for name, host in cluster.hosts.items():
+    res = connect_all(inv, None)
+    try:
+        for name, host in res.succeeded.items():
             api = host.docker().api
             found = deploy.find(api, inv.cluster.name)
             if found is None or found.get("State") != "running":
@@ -112,4 +114,7 @@ def find(inv, deployment: str) -> GatewayHold | None:
                     yield one.hosts[node.name].docker().api
 
             return GatewayHold(docker, container, deployment)
+    finally:
+        for host in res.succeeded.values():
+            host.close()
     return None

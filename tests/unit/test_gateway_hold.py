@@ -107,3 +107,22 @@ def test_hold_waits_for_the_gateway_to_confirm_with_nothing_in_flight_and_releas
     assert "none in flight" in said
     assert "again" in h.release() and fake.doc["held"] == {}
     assert fake.doc["keys"] == [KEY]  # the rest of the config kept as it was
+
+
+def test_find_returns_the_gateway_routing_the_deployment_and_none_elsewhere(monkeypatch):
+    from types import SimpleNamespace
+
+    from conftest import make_inventory
+
+    from sparkcluster.remote import fanout
+
+    closed: list[str] = []
+    host = SimpleNamespace(docker=lambda: SimpleNamespace(api="api-b"), close=lambda: closed.append("b"))
+    monkeypatch.setattr(fanout, "connect_all", lambda inv, nodes: SimpleNamespace(succeeded={"spark-worker": host}))
+    monkeypatch.setattr(deploy, "find", lambda api, cluster: {"State": "running", "Names": ["/sparkcluster-gateway"]})
+    monkeypatch.setattr(deploy, "read_doc", lambda api, c: {"deployments": [{"key": "m@spark-worker"}]})
+    inv = make_inventory()
+    got = gateway_hold.find(inv, "m@spark-worker")
+    assert got is not None and got.container == "sparkcluster-gateway" and got.deployment == "m@spark-worker"
+    assert gateway_hold.find(inv, "other@spark-head") is None  # the gateway there routes no such deployment
+    assert closed == ["b", "b"]  # the look's connections are closed; each hold opens its own
