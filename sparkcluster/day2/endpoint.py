@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
+from sparkcluster.errors import InputError
 from sparkcluster.node import readings
 
 PROBE_TIMEOUT_S = 10.0
@@ -42,6 +43,12 @@ def reached(host, inv, port: int) -> Iterator[str]:
     from sparkcluster.remote.forward import Forward  # only with engines_listen = "control"
 
     ip = str(inv.head.control_ip)
+    try:  # once, so that an sshd refusing to forward is said as such, not read as an engine not answering
+        host.tunnel(ip, port).close()
+    except InputError:
+        raise
+    except Exception:  # noqa: BLE001 - nothing listens there yet: the caller's questions find it not answering
+        pass
     with Forward(lambda: host.tunnel(ip, port)) as fwd:
         yield fwd.url()
 

@@ -259,7 +259,8 @@ def check_here(journal, desired: dict, after: str) -> Verdict | None:
         return None  # no reference yet: `up` takes it once the deployment first serves
     if stored.profile and desired.get("profile") and stored.profile != desired.get("profile"):
         return None  # a reference left by another profile's serve says nothing of this one
-    base = f"http://127.0.0.1:{desired['port']}"
+    # where the engine listens: 127.0.0.1, or the control address alone (the gateway the only door)
+    base = f"http://{desired.get('host') or '127.0.0.1'}:{desired['port']}"
     key = (read_json(SECRETS_PATH) or {}).get("VLLM_API_KEY")
     try:
         _wait_idle(base, IDLE_WAIT_S)

@@ -145,7 +145,15 @@ class Host:
             raise ConnectError(
                 self.name, self.lost or "the SSH connection was lost", "check the host's network and sshd, then retry"
             )
-        return transport.open_channel("direct-tcpip", (ip, int(port)), ("127.0.0.1", 0), timeout=timeout)
+        try:
+            return transport.open_channel("direct-tcpip", (ip, int(port)), ("127.0.0.1", 0), timeout=timeout)
+        except paramiko.ChannelException as e:
+            if e.code == paramiko.common.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED:  # sshd's AllowTcpForwarding no
+                raise InputError(
+                    f"{self.name}: its sshd refuses to forward a connection to {ip}:{port} ({e.text})",
+                    'set AllowTcpForwarding yes in its sshd_config, or engines_listen = "all" in the inventory',
+                ) from None
+            raise  # nothing listens there (connect failed): the caller finds it not answering
 
     def run(
         self, cmd: str | Sequence[str], timeout: float = 30.0, stdin: bytes | None = None, *, warn: bool = False

@@ -219,9 +219,16 @@ def _run_locked(
                 r.stage, [StepFailure(n, r.stage, why, fix=fix) for n, why in lost.items()] + others, fix
             ) from e
         raise
-    remember_good(
-        inv, prof, report.facts, serve.served_image_id(r), serve.served_revision(r), cluster, r.find(canary_watch.Kept)
-    )
+    if r.find(server.Standby) is None:  # on standby (on demand) nothing has served yet: no good serve to record
+        remember_good(
+            inv,
+            prof,
+            report.facts,
+            serve.served_image_id(r),
+            serve.served_revision(r),
+            cluster,
+            r.find(canary_watch.Kept),
+        )
     return UpSummary(
         False,
         _endpoint(cluster, inv, plan.serve.port),

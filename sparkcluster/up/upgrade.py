@@ -687,6 +687,17 @@ def _good_record(inv: Inventory, prof: profiles.Profile, nodes) -> known_good.Go
     return rec
 
 
+def refuse_on_demand(prof: profiles.Profile) -> None:
+    """An upgrade's canary and bench ask a serving engine; an on-demand deployment's `up` leaves it on
+    standby (nothing to ask), so the new serve would always be refused: said before anything moves."""
+    if prof.on_demand.enabled:
+        raise InputError(
+            f"profile '{prof.name}' runs on demand: upgrade cannot judge a serve left on standby",
+            f"set [on_demand] enabled = false in {prof.name} for the upgrade (sparkcluster upgrade serves it "
+            "and canaries it), then turn it back on and run sparkcluster up",
+        )
+
+
 def plan_upgrade(
     inv: Inventory,
     prof: profiles.Profile,
@@ -701,6 +712,7 @@ def plan_upgrade(
     `image` and/or `revision`; the new profile and the old one."""
     if not image and not revision:
         raise InputError("upgrade to what?", "name a new image (--image REPO:TAG) or a new model revision (--revision)")
+    refuse_on_demand(prof)
     good = _good_record(inv, prof, nodes)
     old = profile_at(prof, good, pin=bool(revision))
     new = with_image(old, image, vllm_version) if image else old
@@ -796,6 +808,7 @@ def rollback(
     nodes: tuple[str, ...] = (),
     dry_run: bool = False,
 ) -> UpgradePlan | str:
+    refuse_on_demand(prof)
     good = _good_record(inv, prof, nodes)
     to = rollback_target(known_good.load(inv.cluster.name), good.deployment)
     if to is None:

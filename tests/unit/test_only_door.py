@@ -184,7 +184,57 @@ def test_the_controller_reaches_the_engine_through_the_heads_ssh_when_it_listens
     with endpoint.reached(head, inv, 8000) as base:
         assert base.startswith("http://127.0.0.1:")
         assert httpx.get(f"{base}/health").json() == {"path": "/health"}
-    assert head.tunnels == [(str(inv.head.control_ip), 8000)]
+    assert set(head.tunnels) == {(str(inv.head.control_ip), 8000)}  # a first channel checks forwarding
+
+
+def test_an_sshd_refusing_to_forward_is_said_with_its_fix_not_read_as_an_engine_not_answering(engine):
+    from sparkcluster.errors import InputError
+
+    class Prohibited(FakeHead):
+        def tunnel(self, ip, port, timeout=10.0):
+            raise InputError(
+                f"spark-head: its sshd refuses to forward a connection to {ip}:{port}", "AllowTcpForwarding"
+            )
+
+    with (
+        pytest.raises(InputError, match="refuses to forward"),
+        endpoint.reached(Prohibited(engine), _inv("control"), 8000),
+    ):
+        pass
+
+
+def test_the_tunnel_names_a_prohibited_forward(monkeypatch):
+    """paramiko's ChannelException with code 1 (OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED, what OpenSSH
+    answers under AllowTcpForwarding no) becomes the one-line error; code 2 (connect failed: nothing
+    listens) stays paramiko's, for the caller to find the engine not answering."""
+    import paramiko
+
+    from sparkcluster.errors import InputError
+    from sparkcluster.remote import ssh
+
+    class Transport:
+        def __init__(self, code):
+            self.code = code
+
+        def is_active(self):
+            return True
+
+        def open_channel(self, *a, **k):
+            raise paramiko.ChannelException(
+                self.code, "administratively prohibited" if self.code == 1 else "Connect failed"
+            )
+
+    def host_with(code):
+        h = object.__new__(ssh.Host)
+        h.name = "spark-head"
+        h._conn = type("C", (), {"client": type("Cl", (), {"get_transport": lambda self: Transport(code)})()})()
+        return h
+
+    with pytest.raises(InputError, match="sshd refuses to forward") as got:
+        host_with(1).tunnel("198.19.2.1", 8000)
+    assert "AllowTcpForwarding yes" in got.value.fix
+    with pytest.raises(paramiko.ChannelException):
+        host_with(2).tunnel("198.19.2.1", 8000)
 
 
 def test_by_default_the_controller_asks_the_heads_address(engine):

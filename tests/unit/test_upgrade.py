@@ -376,3 +376,13 @@ def test_rollback_history_lists_the_serves_and_the_upgrades(cli_env, inv, prof, 
     out = capsys.readouterr().out
     assert f"good  2026-11-20T10:00:00Z {prof.name}@" in out and "canary 50.0 tok/s" in out
     assert f"{NEW_IMAGE}@{COMMIT[:12]} rolled back: the probe failed" in out
+
+
+def test_an_on_demand_profile_is_refused_before_anything_moves(prof):
+    from sparkcluster.errors import InputError
+
+    standby = prof.model_copy(update={"on_demand": prof.on_demand.model_copy(update={"enabled": True})})
+    with pytest.raises(InputError, match="runs on demand") as got:
+        upgrade.refuse_on_demand(standby)
+    assert "enabled = false" in got.value.fix
+    upgrade.refuse_on_demand(prof)  # served as usual: nothing refused
