@@ -277,3 +277,40 @@ def test_after_a_container_restart_an_on_demand_server_waits_for_a_wake_again(tm
     again = supervisor.Supervisor({"node": "spark-head", "nodes": [], "peers": []}, Journal(str(tmp_path / "journal")))
     again.tick()
     assert again.proc is None and again.state == contract.STANDBY and again.generation == "g1"
+
+
+def test_a_running_gateway_gets_the_new_wake_token_after_up(monkeypatch):
+    """A new head container has a new wake token: `up` hands it to the gateway already routing the
+    deployment (its config rewritten), so its wakes are not refused with the old one."""
+    from types import SimpleNamespace
+
+    from conftest import make_inventory
+
+    from sparkcluster.config.profile import load_profile
+    from sparkcluster.day2 import server as server_mod
+    from sparkcluster.gateway import deploy as gateway_deploy
+    from sparkcluster.up.stages import serve as serve_stage
+
+    inv, prof = make_inventory(), load_profile("testbed")
+    key = serve_stage.deployment_key(inv, prof)
+    written: list[dict] = []
+    host = SimpleNamespace(docker=lambda: SimpleNamespace(api="api"))
+    r = SimpleNamespace(
+        inv=inv,
+        plan=SimpleNamespace(profile=prof, serve=SimpleNamespace(container="sparkcluster-testbed-head")),
+        cluster=SimpleNamespace(head=host, hosts={"spark-head": host}),
+        progress=SimpleNamespace(info=lambda line: None),
+    )
+    monkeypatch.setattr(server_mod, "read_wake_token", lambda api, c: "new-token")
+    monkeypatch.setattr(gateway_deploy, "find", lambda api, cluster: {"State": "running", "Names": ["/gw"]})
+    monkeypatch.setattr(
+        gateway_deploy, "read_doc", lambda api, c: {"deployments": [{"key": key, "wake_token": "old-token"}]}
+    )
+    monkeypatch.setattr(gateway_deploy, "write_doc", lambda api, c, doc: written.append(doc))
+    serve_stage.hand_wake_token(r)
+    assert written == [{"deployments": [{"key": key, "wake_token": "new-token"}]}]
+    monkeypatch.setattr(
+        gateway_deploy, "read_doc", lambda api, c: {"deployments": [{"key": key, "wake_token": "new-token"}]}
+    )
+    serve_stage.hand_wake_token(r)
+    assert len(written) == 1  # already current: the config is left alone

@@ -190,6 +190,31 @@ def start(r: UpRun) -> None:
 
 def standby(r: UpRun) -> None:
     _hand(r, server.standby, "hand vllm serve to the supervisor on standby")
+    hand_wake_token(r)
+
+
+def hand_wake_token(r: UpRun) -> None:
+    """A gateway already routing this deployment (on one of its nodes) gets the wake token the head
+    holds now: a new head container has a new token, and the gateway's old one would be refused."""
+    from sparkcluster.gateway import deploy as gateway_deploy  # lazy: only on-demand serves need it
+
+    key = deployment_key(r.inv, r.plan.profile)
+    token = server.read_wake_token(r.cluster.head.docker().api, r.plan.serve.container)
+    if not token:
+        return
+    for host in r.cluster.hosts.values():
+        api = host.docker().api
+        found = gateway_deploy.find(api, r.inv.cluster.name)
+        if found is None or found.get("State") != "running":
+            continue
+        container = found["Names"][0].lstrip("/")
+        doc = gateway_deploy.read_doc(api, container)
+        routes = [d for d in doc.get("deployments", []) if d.get("key") == key]
+        if routes and any(d.get("wake_token") != token for d in routes):
+            for d in routes:
+                d["wake_token"] = token
+            gateway_deploy.write_doc(api, container, doc)
+            r.progress.info(f"gateway {container}: the new wake token of {key} handed over")
 
 
 def _hand(r: UpRun, how, what: str) -> None:
