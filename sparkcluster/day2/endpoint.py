@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from sparkcluster.errors import InputError
+from sparkcluster.errors import ConnectError, InputError
 from sparkcluster.node import readings
 
 PROBE_TIMEOUT_S = 10.0
@@ -45,7 +45,7 @@ def reached(host, inv, port: int) -> Iterator[str]:
     ip = str(inv.head.control_ip)
     try:  # once, so that an sshd refusing to forward is said as such, not read as an engine not answering
         host.tunnel(ip, port).close()
-    except InputError:
+    except (InputError, ConnectError):  # forwarding refused, or the SSH connection itself lost
         raise
     except Exception:  # noqa: BLE001 - nothing listens there yet: the caller's questions find it not answering
         pass
