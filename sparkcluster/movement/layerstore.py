@@ -158,18 +158,7 @@ def send_command(
 ) -> str:
     """The reader's archive into the framed sender (which passes it through whole: nothing in it is
     held), to the first receiver's port."""
-    return (
-        "set -o pipefail; "
-        + read_command(image, image_id, root_dir, order, skip)
-        + " | python3 -c "
-        + shlex.quote(transfer.SENDER)
-        + " "
-        + shlex.quote(dst_ip)
-        + " "
-        + str(int(port))
-        + " "
-        + shlex.quote(src_ip)
-    )
+    return transfer.piped_to_sender(read_command(image, image_id, root_dir, order, skip), dst_ip, port, src_ip)
 
 
 def _hex(d: str) -> str:

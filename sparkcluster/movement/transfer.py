@@ -380,18 +380,15 @@ def send_command(
         return out
 
     args = hexes(skip, "-") + (hexes(keep, "+") + hexes(order, "=") if skip else [])
+    return piped_to_sender("docker save " + shlex.quote(image), dst_ip, port, src_ip, args)
+
+
+def piped_to_sender(producer: str, dst_ip: str, port: int, src_ip: str, args: list[str] = ()) -> str:
+    """`producer`'s archive on stdout into the framed sender, to the first receiver's port; the
+    pipeline fails when either side does."""
     return (
-        "set -o pipefail; docker save "
-        + shlex.quote(image)
-        + " | python3 -c "
-        + shlex.quote(SENDER)
-        + " "
-        + shlex.quote(dst_ip)
-        + " "
-        + str(int(port))
-        + " "
-        + shlex.quote(src_ip)
-        + "".join(" " + a for a in args)
+        f"set -o pipefail; {producer} | python3 -c {shlex.quote(SENDER)} "
+        f"{shlex.quote(dst_ip)} {int(port)} {shlex.quote(src_ip)}" + "".join(" " + a for a in args)
     )
 
 
