@@ -75,6 +75,19 @@ def write_doc(api, container: str, doc: dict) -> None:
     run_in(api, container, ["mv", "-f", CONFIG_PATH + ".new", CONFIG_PATH])
 
 
+def routing(api, cluster: str, deployment: str) -> tuple[str, dict] | None:
+    """The running gateway on this node that routes `deployment`, with its config (secrets inside:
+    never printed); None where none does."""
+    found = find(api, cluster)
+    if found is None or found.get("State") != "running":
+        return None
+    container = found["Names"][0].lstrip("/")
+    doc = read_doc(api, container)
+    if not any(d.get("key") == deployment for d in doc.get("deployments", [])):
+        return None
+    return container, doc
+
+
 def read_doc(api, container: str) -> dict:
     """The running gateway's config, as `write_doc` left it (secrets inside: never printed)."""
     return json.loads(run_in(api, container, ["cat", CONFIG_PATH]).stdout)

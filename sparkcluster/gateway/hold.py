@@ -99,13 +99,10 @@ def find(inv, deployment: str) -> GatewayHold | None:
     res = connect_all(inv, None)
     try:
         for name, host in res.succeeded.items():
-            api = host.docker().api
-            found = deploy.find(api, inv.cluster.name)
-            if found is None or found.get("State") != "running":
+            got = deploy.routing(host.docker().api, inv.cluster.name, deployment)
+            if got is None:
                 continue
-            container = found["Names"][0].lstrip("/")
-            if not any(d.get("key") == deployment for d in deploy.read_doc(api, container).get("deployments", [])):
-                continue
+            container = got[0]
             node = next(n for n in inv.nodes if n.name == name)
 
             @contextlib.contextmanager

@@ -204,13 +204,12 @@ def hand_wake_token(r: UpRun) -> None:
         return
     for host in r.cluster.hosts.values():
         api = host.docker().api
-        found = gateway_deploy.find(api, r.inv.cluster.name)
-        if found is None or found.get("State") != "running":
+        got = gateway_deploy.routing(api, r.inv.cluster.name, key)
+        if got is None:
             continue
-        container = found["Names"][0].lstrip("/")
-        doc = gateway_deploy.read_doc(api, container)
-        routes = [d for d in doc.get("deployments", []) if d.get("key") == key]
-        if routes and any(d.get("wake_token") != token for d in routes):
+        container, doc = got
+        routes = [d for d in doc["deployments"] if d.get("key") == key]
+        if any(d.get("wake_token") != token for d in routes):
             for d in routes:
                 d["wake_token"] = token
             gateway_deploy.write_doc(api, container, doc)
