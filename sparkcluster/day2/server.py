@@ -143,17 +143,26 @@ def start(
 ) -> Record:
     """Hand the server to the head's supervisor (node/), which starts it and records its PID."""
     generation = _hand_over(api, spec, secrets, profile, policy, rank_apis)
+
+    def started() -> Record | None:
+        rec = read_record(api, spec.container)
+        return rec if rec is not None and rec.generation == generation else None
+
+    rec = _until(api, spec.container, started, timeout, "start vllm serve")
+    _log.info("vllm serve started", container=spec.container, pid=rec.pid)
+    return rec
+
+
+def _until(api, container: str, got, timeout: float, what: str):
+    """What `got()` returns once it is not None, looked at every 0.2 s; NotReady with the
+    supervisor's last lines when `timeout` passes first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        rec = read_record(api, spec.container)
-        if rec is not None and rec.generation == generation:
-            _log.info("vllm serve started", container=spec.container, pid=rec.pid)
-            return rec
+        found = got()
+        if found is not None:
+            return found
         time.sleep(0.2)
-    raise NotReady(
-        f"the supervisor in {spec.container} did not start vllm serve within {timeout:g}s",
-        supervisor_tail(api, spec.container),
-    )
+    raise NotReady(f"the supervisor in {container} did not {what} within {timeout:g}s", supervisor_tail(api, container))
 
 
 @dataclass(frozen=True)
@@ -178,17 +187,16 @@ def standby(
     once the supervisor says standby for this generation."""
     ensure_wake_token(api, spec.container)
     generation = _hand_over(api, spec, secrets, profile, policy, rank_apis)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def on_standby() -> Standby | None:
         st = _supervisor_state(api, spec.container) or {}
         if st.get("generation") == generation and st.get("state") in contract.WAKEABLE:
-            _log.info("vllm serve on standby", container=spec.container)
             return Standby(generation, spec.container)
-        time.sleep(0.2)
-    raise NotReady(
-        f"the supervisor in {spec.container} did not take the server on standby within {timeout:g}s",
-        supervisor_tail(api, spec.container),
-    )
+        return None
+
+    got = _until(api, spec.container, on_standby, timeout, "take the server on standby")
+    _log.info("vllm serve on standby", container=spec.container)
+    return got
 
 
 def _supervisor_state(api, container: str) -> dict | None:
