@@ -60,7 +60,8 @@ class Gateway:
         self.metrics = Metrics()
         self.config_path = config_path
         self._config_mtime = self._mtime()
-        self.client: httpx.AsyncClient | None = None
+        self.client: httpx.AsyncClient | None = None  # the supervisor's looks, /v1/models, wakes
+        self.relay = None  # the requests passed through (proxy.relay_session)
         self._wakes: set[asyncio.Task] = set()  # on demand: wakes in flight (kept, or the loop drops them)
 
     # -- the supervisor's verdicts, and the config when it changes
@@ -112,12 +113,8 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
-        # no read timeout: a long generation may be silent for minutes (a prefill); a wedge is the
-        # supervisor's to find, and a client leaving cancels its request
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=5.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-        )
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=5.0))
+        self.relay = proxy.relay_session()
         watcher = asyncio.create_task(self._watch())
         health.event("gateway started", routes=[r.key for r in self.table.routes], models=self.table.names())
         try:
@@ -127,6 +124,7 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
             await self.client.aclose()
+            await self.relay.close()
             health.event("gateway stopped")
 
     # -- on demand
@@ -280,7 +278,7 @@ class Gateway:
                 self.metrics.requests.labels(model, endpoint, "503").inc()
                 return
             await proxy.forward(
-                self.client,
+                self.relay,
                 picked,
                 scope,
                 receive,

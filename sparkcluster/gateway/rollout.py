@@ -256,7 +256,8 @@ def make(
     if image is None:
         raise InputError(
             f"no sparkcluster image on {node} to run the gateway from",
-            f"bring a deployment up on {node} first, or pass --image IMAGE (one with Python, Starlette and uvicorn)",
+            f"bring a deployment up on {node} first, or pass --image IMAGE "
+            "(one with what vLLM's has: Python, Starlette, uvicorn, httpx, aiohttp)",
         )
     if tls and len({str(Path(v).parent) for v in tls.values()}) > 1:
         raise InputError(

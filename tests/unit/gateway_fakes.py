@@ -4,6 +4,7 @@ served by a real uvicorn on 127.0.0.1 in a thread, and the gateway itself served
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import threading
 import time
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from sparkcluster.gateway.app import FORWARDED, Gateway
@@ -20,6 +21,7 @@ from sparkcluster.node import contract
 
 KEY = "client-key-0123456789"
 OTHER_KEY = "second-client-key-987"
+GZIPPED = gzip.compress(b'{"served_by": "an encoded answer"}', mtime=0)
 
 
 def until(check, timeout: float = 10.0, what: str = "a condition"):
@@ -78,6 +80,8 @@ class Engine:
             body = await request.body()
             self.seen.append({"path": request.url.path, "body": body, "headers": dict(request.headers)})
             doc = json.loads(body)
+            if doc.get("gzip"):  # an answer in a content encoding: the gateway passes its bytes as they are
+                return Response(GZIPPED, headers={"content-type": "application/json", "content-encoding": "gzip"})
             if doc.get("stream"):
                 return StreamingResponse(self.stream(doc), media_type="text/event-stream")
             return JSONResponse({"path": request.url.path, "model": doc["model"], "served_by": self.names[0]})

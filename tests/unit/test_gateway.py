@@ -11,9 +11,9 @@ import threading
 
 import httpx
 import pytest
-from gateway_fakes import KEY, OTHER_KEY, Engine, Served, config, in_rotation, start_gateway, until
+from gateway_fakes import GZIPPED, KEY, OTHER_KEY, Engine, Served, config, in_rotation, start_gateway, until
 
-from sparkcluster.gateway import auth, health
+from sparkcluster.gateway import auth, health, proxy
 from sparkcluster.gateway.app import FORWARDED
 from sparkcluster.gateway.routes import Route, Table, Unavailable
 from sparkcluster.node import contract
@@ -47,6 +47,22 @@ def test_routes_by_model_and_alias_with_bodies_untouched_and_the_deployments_key
     r = httpx.post(f"{sg.url}/v1/completions", json={"model": "think", "prompt": "x"}, headers=BEARER)
     assert r.json() == {"path": "/v1/completions", "model": "think", "served_by": "reasoner"}
     assert not [s for s in b.seen if s["path"] == "/v1/completions"]
+
+
+def test_an_encoded_answer_and_the_clients_headers_pass_untouched(two):
+    _gw, sg, a, _b = two
+    headers = {**BEARER, "user-agent": "owner-client/1.0", "x-trace": "abc"}
+    with httpx.stream(
+        "POST", f"{sg.url}/v1/chat/completions", json={"model": "reasoner", "gzip": True}, headers=headers
+    ) as r:
+        got = b"".join(r.iter_raw())  # the bytes as they came, not decoded
+    assert r.headers["content-encoding"] == "gzip" and got == GZIPPED
+    sent = a.seen[-1]["headers"]
+    assert sent["user-agent"] == "owner-client/1.0" and sent["x-trace"] == "abc"
+    # the gateway adds none of its own: what the client sent but the hop-by-hop ones, the key replaced
+    mine = {"host", "content-length", "authorization", *proxy.HOP_BY_HOP}
+    client_sent = {k.lower(): v for k, v in r.request.headers.items()}
+    assert {k: v for k, v in sent.items() if k not in mine} == {k: v for k, v in client_sent.items() if k not in mine}
 
 
 @pytest.mark.parametrize("path", FORWARDED)
