@@ -11,6 +11,14 @@ minute, same machine load) judged on the median of the pairs:
 - output throughput at concurrency 8, through the gateway / direct: at least 0.97;
 - the gateway's idle memory: the PSS of its container's processes (shared pages counted once),
   once it has judged its route and before any request: under 100 MB.
+Beside them, for comparison: the same c=8 level through a bare byte relay (uvloop, no HTTP parsed,
+the bytes copied from one socket to the other) in the gateway's container, `http://CONTROL_IP:4001`,
+interleaved with the other two (the gateway always in the middle). It pays per SSE event what any
+Python proxy pays (a wake, a read and a write) and nothing more, so its ratio to direct shows what a
+relay of any kind costs on the testbed, where the CPU engine (its worker pinned to core 0) and the
+load generator already take both cores, and how large the run-to-run noise is: on 2026-11-27 the
+same arm varied by up to 30 % between repetitions minutes apart (direct 825, 677 and 591 tok/s),
+so a 3 % budget needs many repetitions to be judged.
 Leaves the cluster down.
 """
 
@@ -32,9 +40,11 @@ PROFILE = "testbed-single"
 HEAD = "spark-head"
 GW_CONTAINER = "sparkcluster-testbed-gateway"
 GW_PORT = 4000
+RELAY_PORT = 4001
 GW_KEY = "gw-bench-key-5e0c93a1"  # the bench's own client key (test scaffolding, like the testbed's)
 IDLE_SETTLE_S = 5.0  # a few of its looks at the supervisor after `gateway up` returned
 ADDED_TTFT_MS, THROUGHPUT_RATIO, IDLE_MB = 5.0, 0.97, 100.0
+MIN_REPS = 9  # the issue asks for five; the testbed's noise (below) asks for more to judge 3 %
 
 
 LEVELS = {
@@ -45,11 +55,14 @@ LEVELS = {
 }
 
 
-def run_level(tb, container: str, target, level, key: str, run_id: str) -> dict:
+def run_level(tb, container: str, target, level, key: str, run_id: str, cpus: str | None = None) -> dict:
     """One `vllm bench serve` level inside `container` on the head; its row (bench/results). The key
-    reaches the exec's environment from stdin, never a command line."""
+    reaches the exec's environment from stdin, never a command line. `cpus`: the load generator
+    kept on those cores (taskset)."""
     folder = sweep.level_dir(run_id, level)
     argv = sweep.exec_argv(folder, sweep.bench_argv(level, target, folder))
+    if cpus is not None:
+        argv = ["taskset", "-c", cpus, *argv]
     cmd = "read -r k; OPENAI_API_KEY=$k docker exec -e OPENAI_API_KEY -e HF_HUB_OFFLINE=1 " + shlex.join(
         [container, *argv]
     )
@@ -63,6 +76,38 @@ GATEWAY_PSS = (
     "t=0; for p in $(docker top {c} -eo pid | tail -n +2); do "
     "k=$(awk '/^Pss:/{{print $2}}' \"/proc/$p/smaps_rollup\" 2>/dev/null); t=$((t + ${{k:-0}})); done; echo $t"
 )
+
+
+# the floor's relay: bytes both ways, nothing parsed (started in the gateway's container, which has uvloop)
+BARE_RELAY = """
+import asyncio, sys, uvloop
+async def pipe(r, w):
+    try:
+        while data := await r.read(65536):
+            w.write(data)
+            await w.drain()
+    except ConnectionError:
+        pass
+    finally:
+        w.close()
+async def handle(r, w):
+    ur, uw = await asyncio.open_connection(sys.argv[3], int(sys.argv[4]))
+    await asyncio.gather(pipe(r, uw), pipe(ur, w))
+async def main():
+    server = await asyncio.start_server(handle, sys.argv[1], int(sys.argv[2]))
+    async with server:
+        await server.serve_forever()
+uvloop.run(main())
+"""
+
+
+def start_bare_relay(tb, listen: str, upstream: str, upstream_port: int) -> None:
+    argv = ["python3", "-c", BARE_RELAY, listen, str(RELAY_PORT), upstream, str(upstream_port)]
+    tb.sh(HEAD, "docker exec -d " + shlex.join([GW_CONTAINER, *argv]))
+    for _ in range(100):  # listening within seconds; each look is one short exec
+        if tb.sh(HEAD, f"bash -c 'exec 3<>/dev/tcp/{listen}/{RELAY_PORT}'", check=False).returncode == 0:
+            return
+    raise RuntimeError(f"the bare relay did not listen on {listen}:{RELAY_PORT}")
 
 
 def gateway_pss_mb(tb) -> float:
@@ -81,15 +126,20 @@ def measure(s) -> None:
         prof = profiles.load_profile(PROFILE)
         ctl = str(s.head.control_ip)
         engine = sweep.target_for(prof, s.inv.cluster.api_port)
-        direct = dataclasses.replace(engine, base_url=f"http://{ctl}:{prof.serve.port or s.inv.cluster.api_port}")
+        port = prof.serve.port or s.inv.cluster.api_port
+        direct = dataclasses.replace(engine, base_url=f"http://{ctl}:{port}")
         through = dataclasses.replace(engine, base_url=f"http://{ctl}:{GW_PORT}")
+        relayed = dataclasses.replace(engine, base_url=f"http://{ctl}:{RELAY_PORT}")
+        start_bare_relay(s.tb, ctl, ctl, port)
         container = "sparkcluster-testbed-head"
-        ways = {"direct": (direct, testbed.API_KEY), "gateway": (through, GW_KEY)}
-        for i in range(s.reps):
+        ways = {"direct": (direct, testbed.API_KEY), "gateway": (through, GW_KEY), "relay": (relayed, testbed.API_KEY)}
+        for i in range(max(s.reps, MIN_REPS)):
             rows: dict[str, dict[str, dict]] = {}
-            order = ("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")
+            order = ("direct", "gateway", "relay") if i % 2 == 0 else ("relay", "gateway", "direct")
             for name, level in LEVELS.items():
                 for way in order:
+                    if way == "relay" and name != "c8":
+                        continue
                     target, key = ways[way]
                     rows.setdefault(way, {})[name] = run_level(
                         s.tb, container, target, level, key, f"perf-gw-{i}-{way}"
@@ -99,10 +149,11 @@ def measure(s) -> None:
             s.rec("gw_through_ttft_p50_ms", g["ttft"]["ttft_p50_ms"])
             s.rec("gw_direct_c8_tok_s", d["c8"]["output_tok_s"])
             s.rec("gw_through_c8_tok_s", g["c8"]["output_tok_s"])
+            s.rec("gw_relay_c8_tok_s", rows["relay"]["c8"]["output_tok_s"])
             say(
                 f"  gateway #{i}: p50 TTFT {d['ttft']['ttft_p50_ms']:.1f} ms direct, "
                 f"{g['ttft']['ttft_p50_ms']:.1f} ms through; c=8 {d['c8']['output_tok_s']:.1f} tok/s direct, "
-                f"{g['c8']['output_tok_s']:.1f} through"
+                f"{g['c8']['output_tok_s']:.1f} through, {rows['relay']['c8']['output_tok_s']:.1f} bare relay"
             )
     finally:
         s.sc("gateway", "down", timeout=120, check=False)
@@ -145,6 +196,18 @@ def figures(R: dict) -> list[Figure]:
             f"< {IDLE_MB:g}",
             R["gw_idle_pss_mb"],
             max(R["gw_idle_pss_mb"]) < IDLE_MB,
+        ),
+        *(
+            [
+                info(
+                    "gateway_bare_relay",
+                    "... for comparison: throughput at c=8 through a bare byte relay / direct",
+                    "ratio",
+                    [r / d for r, d in zip(R["gw_relay_c8_tok_s"], R["gw_direct_c8_tok_s"])],
+                )
+            ]
+            if R.get("gw_relay_c8_tok_s")
+            else []
         ),
         info(
             "gateway_direct_ttft",
