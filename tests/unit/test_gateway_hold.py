@@ -150,3 +150,52 @@ def test_find_returns_the_gateway_routing_the_deployment_and_none_elsewhere(monk
     assert got is not None and got.container == "sparkcluster-gateway" and got.deployment == "m@spark-worker"
     assert gateway_hold.find(inv, "other@spark-head") is None  # the gateway there routes no such deployment
     assert closed == ["b", "b"]  # the look's connections are closed; each hold opens its own
+
+
+def test_gateway_up_keeps_the_running_gateways_holds_and_their_deadlines(monkeypatch):
+    """`gateway up` during an upgrade writes a new config: the hold in the running gateway's config
+    (its deadline unchanged) is in it, whether the container is kept or replaced; read again just
+    before the write, so a hold released since the plan stays released."""
+    from conftest import make_inventory
+
+    from sparkcluster.config import profile as profiles
+    from sparkcluster.day2.deployments import Deployment
+    from sparkcluster.gateway import rollout
+    from sparkcluster.labels import CONFIG_LABEL
+
+    inv = make_inventory()
+    node = inv.nodes[0].name
+    key = f"testbed-single@{node}"
+    held = {key: 5000.5}
+    running_doc = {"keys": [KEY], "deployments": [{"key": key}], "held_until": held}
+    written: list[dict] = []
+    monkeypatch.setattr(deploy, "read_doc", lambda api, c: json.loads(json.dumps(running_doc)))
+    monkeypatch.setattr(deploy, "write_doc", lambda api, c, doc: written.append(doc))
+    monkeypatch.setattr(deploy, "create", lambda api, plan: written.append(plan.config()))
+    monkeypatch.setattr(deploy, "stop", lambda api, cid: None)
+    monkeypatch.setattr(deploy, "port_holder", lambda host, port: "")
+    monkeypatch.setattr(deploy, "wait_ready", lambda api, c, address, plan: {"routes": []})
+
+    def plan(running):
+        found, loaded = (
+            [Deployment("testbed-single", (node,))],
+            {"testbed-single": profiles.load_profile("testbed-single")},
+        )
+        return rollout.make(inv, node, found, loaded, {}, [KEY], "img:1", running, held=deploy.holds("api", running))
+
+    same = {"Id": "c1", "State": "running", "Labels": {CONFIG_LABEL: plan(None).config_hash()}}
+    kept = plan(same)
+    assert [s.action for s in kept.steps()] == ["config", "ready"] and f"the hold of {key} kept" in kept.render()
+    deploy.apply("api", kept, host=type("H", (), {"address": "h"})())
+    assert written[-1]["held_until"] == held and written[-1]["deployments"][0]["key"] == key
+
+    other = {"Id": "c1", "State": "running", "Labels": {CONFIG_LABEL: "0000"}}
+    replaced = plan(other)
+    assert [s.action for s in replaced.steps()][0] == "replace"
+    deploy.apply("api", replaced, host=type("H", (), {"address": "h"})())
+    assert written[-1]["held_until"] == held  # the new container's config carries the hold
+
+    released = plan(same)
+    running_doc.pop("held_until")  # the upgrade released it after the plan was made
+    deploy.apply("api", released, host=type("H", (), {"address": "h"})())
+    assert "held_until" not in written[-1]
