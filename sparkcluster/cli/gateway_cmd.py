@@ -86,7 +86,8 @@ def gateway_up(obj, node_name, port, drain_s, image, tls_cert, tls_key, dry_run,
         img = image or deploy.deployment_image(api, inv.cluster.name) or (running or {}).get("Image")
         tls = {"cert": tls_cert, "key": tls_key} if tls_cert else {}
         tokens = deploy.wake_tokens(cluster.hosts, inv, found, loaded)
-        p = rollout.make(inv, node.name, found, loaded, secrets, keys, img, running, port, drain_s, tls, tokens)
+        held = deploy.holds(api, running)  # an upgrade's hold, kept (read again just before the write)
+        p = rollout.make(inv, node.name, found, loaded, secrets, keys, img, running, port, drain_s, tls, tokens, held)
         for n, why in sorted(missing.items()):
             click.echo(f"warning: {n}: cannot read what runs there, so its deployments are not routed: {why}", err=True)
         if dry_run:

@@ -7,8 +7,9 @@ What answers what, before any upstream is asked: no key or a wrong one, 401; a b
 400; a model no deployment serves, 404 naming those that exist; every deployment serving it out of
 rotation, 503 with Retry-After and the supervisor's reason. A deployment on demand and on standby is
 woken by that request (its head agent's `POST /wake` with the deployment's wake token): 503 with
-Retry-After until its supervisor says serving. A deployment an upgrade holds (the config's `held`,
-gateway/hold) takes no new request: one for it waits until the hold is released or its bound ends.
+Retry-After until its supervisor says serving. A deployment an upgrade holds (the config's
+`held_until`, gateway/hold) takes no new request: one for it waits until the hold is released or its
+deadline passes.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def model_of(body: bytes) -> str | None:
 class Gateway:
     def __init__(self, cfg: dict, config_path: str | None = None):
         self.keys: list[str] = list(cfg.get("keys") or [])
-        self.table = Table.from_config(cfg, time.time())
+        self.table = Table.from_config(cfg)
         self.poll_s = float(cfg.get("poll_s", 1.0))
         self.metrics = Metrics()
         self.config_path = config_path
@@ -82,7 +83,7 @@ class Gateway:
             return
         self._config_mtime = seen
         self.keys = list(cfg.get("keys") or [])
-        self.table.adopt(Table.from_config(cfg, time.time()))
+        self.table.adopt(Table.from_config(cfg))
         self.poll_s = float(cfg.get("poll_s", self.poll_s))
         health.event("config reloaded", routes=[r.key for r in self.table.routes])
 

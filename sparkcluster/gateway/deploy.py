@@ -93,6 +93,21 @@ def read_doc(api, container: str) -> dict:
     return json.loads(run_in(api, container, ["cat", CONFIG_PATH]).stdout)
 
 
+def holds(api, running: dict | None) -> dict[str, float] | None:
+    """The holds in the running gateway's config (deployment -> its deadline, gateway/hold): an
+    upgrade under way holds one, and a new config keeps them, deadlines unchanged; None where they
+    cannot be read (no gateway running, or its config unreadable)."""
+    if not running or running.get("State") != "running":
+        return None
+    try:
+        held = read_doc(api, running["Id"]).get("held_until")
+    except (SparkError, docker.errors.DockerException, ValueError, AttributeError):
+        return None
+    if not isinstance(held, dict):
+        return {}
+    return {k: float(v) for k, v in held.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def stop(api, cid: str) -> None:
     """SIGTERM; the streams in flight drain for the container's own bound (its stop timeout, drain_s
     plus a margin, set when it was made), then Docker's SIGKILL; then the container goes."""
@@ -174,8 +189,10 @@ def apply(api, plan: GatewayPlan, host, say=lambda line: None) -> dict:
                     "choose another with sparkcluster gateway up --port N",
                 )
         elif step.action == "config":
+            _keep_holds(api, plan)
             write_config(api, container, plan)
         elif step.action == "replace":
+            _keep_holds(api, plan)  # the new container's config carries them
             stop(api, plan.running["Id"])
         elif step.action == "create":
             create(api, plan)
@@ -185,6 +202,14 @@ def apply(api, plan: GatewayPlan, host, say=lambda line: None) -> dict:
             return got
         say(f"{step.id}: done ({time.monotonic() - started:.1f}s)")
     return {}
+
+
+def _keep_holds(api, plan: GatewayPlan) -> None:
+    """The running gateway's holds, read again just before its config is replaced: one released
+    since the plan was made stays released, one taken since is kept."""
+    got = holds(api, plan.running)
+    if got is not None:
+        plan.held = got
 
 
 def journal(api, cid: str) -> list[dict]:

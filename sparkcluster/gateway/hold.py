@@ -1,9 +1,12 @@
 """An upgrade's hold on the gateway (issue 39 item 5): traffic for the deployment being upgraded is
 drained and held, not dropped. `hold` adds the deployment to the running gateway's config under
-`held` (seconds, counted by the gateway's own clock when it reads the file): from its next look the
-gateway sends that deployment no new request, lets the ones in flight finish, and keeps new ones
-waiting (gateway/app: a held request looks again every quarter second) until `release` takes the
-entry out, or the hold's bound ends and the usual 503 with Retry-After answers. `hold` returns once
+`held_until`: the hold's deadline, `HOLD_S` from when the hold began, on the gateway node's own clock
+(read in its container, so the controller's clock never counts). An absolute deadline, so neither a
+reload of the config (`gateway up`, a wake token handed over) nor a new gateway container that
+`gateway up` carries the hold into restarts the bound. From its next look the gateway sends that
+deployment no new request, lets the ones in flight finish, and keeps new ones waiting (gateway/app:
+a held request looks again every quarter second) until `release` takes the entry out, or the
+deadline passes and the usual 503 with Retry-After answers. `hold` returns once
 the requests in flight have drained (within `drain_s`), so the old engine stops with none running.
 
 The controller's side only: it reaches the gateway's container through the Docker API of the node
@@ -26,6 +29,7 @@ HOLD_S = 1800.0  # the longest a request waits: an upgrade's up, canary and benc
 DRAIN_S = 120.0  # the longest hold() waits for the requests in flight to end
 LOOK_S = 0.5
 
+CLOCK = "import time; print(time.time())"  # inside the gateway's container: its node's clock
 # inside the gateway's container: its own /gateway/status, asked with one of its keys (read there)
 STATUS = (
     "import json, sys, urllib.request\n"
@@ -52,13 +56,17 @@ class GatewayHold:
 
     def _set(self, api, held: bool) -> None:
         doc = deploy.read_doc(api, self.container)
-        holds = dict(doc.get("held") or {})
+        holds = dict(doc.get("held_until") or {})
         if held:
-            holds[self.deployment] = self.hold_s
+            holds[self.deployment] = self.clock(api) + self.hold_s
         else:
             holds.pop(self.deployment, None)
-        doc["held"] = holds
+        doc["held_until"] = holds
         deploy.write_doc(api, self.container, doc)
+
+    def clock(self, api) -> float:
+        """time.time() on the gateway's node, the clock the gateway judges the deadline by."""
+        return float(run_in(api, self.container, ["python3", "-c", CLOCK]).stdout.strip())
 
     def route(self, api) -> dict | None:
         """The deployment as the gateway reports it (in flight, held); None when it does not say."""

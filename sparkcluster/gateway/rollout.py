@@ -10,7 +10,9 @@ container as the node agent's is; its config (routes, the client keys, the deplo
 `VLLM_API_KEY`) is a 0600 file written through the Docker API, renamed into place, so keys never
 reach a command line, `docker inspect` or a log. A config that changed while the code, image and
 port did not is written in place and re-read by the running gateway (no stream is dropped);
-anything else replaces the container, which drains its streams for `drain_s` on the way out.
+anything else replaces the container, which drains its streams for `drain_s` on the way out. Either
+way the new config keeps the holds of the running gateway's (an upgrade under way: gateway/hold),
+their deadlines unchanged.
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ class GatewayPlan:
     running: dict | None = None  # the gateway container there now (the Engine API's list entry)
     # on demand: deployment key -> its wake token (read from its head container, never shown)
     wake_tokens: dict[str, str] = field(default_factory=dict, repr=False)
+    # deployment key -> its hold's deadline (gateway/hold), kept from the running gateway's config
+    held: dict[str, float] = field(default_factory=dict)
     _steps: list[Step] = field(default_factory=list, repr=False)
 
     @property
@@ -137,6 +141,7 @@ class GatewayPlan:
                 }
                 for u in self.routes
             ],
+            **({"held_until": dict(self.held)} if self.held else {}),
         }
 
     def binds(self) -> dict[str, str]:
@@ -245,6 +250,7 @@ def make(
     drain_s: int = DEFAULT_DRAIN_S,
     tls: dict[str, str] | None = None,
     wake_tokens: dict[str, str] | None = None,
+    held: dict[str, float] | None = None,
 ) -> GatewayPlan:
     """Pure: the plan and its steps (the step functions take the command's context: see
     cli/gateway_cmd.py)."""
@@ -268,7 +274,10 @@ def make(
     )
     p.running = running
     p.wake_tokens = {k: v for k, v in (wake_tokens or {}).items() if v}
+    p.held = dict(held or {})
     n_keys = f"{len(keys)} client key(s) ******"
+    if p.held:  # an upgrade under way: its hold (and deadline) stays in the config written
+        n_keys += f", the hold of {', '.join(sorted(p.held))} kept"
     where = f"{CONFIG_PATH} in {p.container} (mode 0600, through the Docker API)"
     if p.keep_running():
         p._steps.append(

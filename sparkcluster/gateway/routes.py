@@ -61,14 +61,16 @@ class Table:
     _turn: itertools.count = field(default_factory=itertools.count)
 
     @classmethod
-    def from_config(cls, cfg: dict, now: float = 0.0) -> Table:
-        """The config's deployments; `held` maps a deployment to the seconds an upgrade holds it
-        for, counted from `now` (the gateway's own clock when it reads the config)."""
+    def from_config(cls, cfg: dict) -> Table:
+        """The config's deployments; `held_until` maps a deployment an upgrade holds to the hold's
+        end (time.time() of the gateway's node, written by gateway/hold from that clock): the same
+        deadline however often the config is read again, so a reload never restarts the bound."""
         routes = [Route.from_config(d) for d in cfg.get("deployments", [])]
-        held = cfg.get("held") or {}
+        held = cfg.get("held_until") or {}
         for r in routes:
-            if isinstance(held.get(r.key), (int, float)):
-                r.held_until = now + float(held[r.key])
+            until = held.get(r.key)
+            if isinstance(until, (int, float)) and not isinstance(until, bool):
+                r.held_until = float(until)
         return cls(routes)
 
     def names(self) -> list[str]:

@@ -53,7 +53,8 @@ class UpRun:
     seconds: dict[str, float] = field(default_factory=dict)
     stage: str = ""  # the stage being walked
     owned: dict[type, Any] = field(default_factory=dict, repr=False)  # each stage's state, by its type
-    reach: dict[str, Any] = field(default_factory=dict, repr=False)  # every connected host, by name (replace)
+    # every connected host, by name: replace, and up's wake token handed to the gateway
+    reach: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def inv(self):

@@ -26,9 +26,8 @@ def test_a_held_deployment_is_picked_by_no_request_until_its_hold_ends():
     table = Table.from_config(
         {
             "deployments": [{"key": "m@a", "names": ["m"], "upstream": "http://a", "supervisor": "http://a/r"}],
-            "held": {"m@a": 60},
-        },
-        now=1000.0,
+            "held_until": {"m@a": 1060.0},
+        }
     )
     (r,) = table.routes
     r.up = True
@@ -50,7 +49,7 @@ def test_the_gateway_holds_a_request_and_sends_it_once_released(tmp_path):
     answered: list[httpx.Response] = []
     try:
         until(lambda: in_rotation(gw, "m@a"), what="in rotation")
-        path.write_text(json.dumps({**doc, "held": {"m@a": 60}}))
+        path.write_text(json.dumps({**doc, "held_until": {"m@a": time.time() + 60}}))
         os.utime(path, ns=(1, 1))
         until(lambda: gw.table.routes[0].held_until > time.time(), what="the hold read")
         asker = threading.Thread(
@@ -72,6 +71,28 @@ def test_the_gateway_holds_a_request_and_sends_it_once_released(tmp_path):
             x.stop()
 
 
+def test_a_reload_of_the_config_keeps_the_holds_deadline(tmp_path):
+    """The hold's bound counts from when the hold began: a config written again meanwhile (`gateway
+    up`, a wake token handed over) is read again, and the deadline stays where it was."""
+    e = Engine(["m"])
+    s = Served(e.app())
+    path = tmp_path / "gateway.json"
+    deadline = time.time() + 60
+    doc = config({"m@a": (e, s)}, held_until={"m@a": deadline})
+    path.write_text(json.dumps(doc))
+    gw, sg = start_gateway(json.loads(path.read_text()), str(path))
+    try:
+        assert gw.table.routes[0].held_until == deadline
+        time.sleep(0.05)  # a later read: a bound counted from it would end later
+        path.write_text(json.dumps({**doc, "keys": [*doc["keys"], "third-client-key-000"]}))
+        os.utime(path, ns=(1, 1))
+        until(lambda: "third-client-key-000" in gw.keys, what="the config read again")
+        assert gw.table.routes[0].held_until == deadline
+    finally:
+        for x in (sg, s):
+            x.stop()
+
+
 class FakeGateway:
     """The gateway's container as GatewayHold reaches it: its config file, and its status, which
     confirms a hold from the second look with one request still in flight at the first."""
@@ -87,8 +108,10 @@ class FakeGateway:
         self.doc = doc
 
     def run_in(self, api, container, argv, warn=False):
+        if argv[-1] == gateway_hold.CLOCK:  # the gateway node's clock
+            return type("R", (), {"stdout": "5000.5\n"})()
         self.looks += 1
-        held = "m@a" in (self.doc.get("held") or {})
+        held = "m@a" in (self.doc.get("held_until") or {})
         route = {"deployment": "m@a", "held_s": 1799.0 if held and self.looks > 1 else 0.0, "in_flight": 0}
         if self.looks == 2:
             route["in_flight"] = 1
@@ -103,9 +126,10 @@ def test_hold_waits_for_the_gateway_to_confirm_with_nothing_in_flight_and_releas
     monkeypatch.setattr(gateway_hold, "LOOK_S", 0.01)
     h = gateway_hold.GatewayHold(lambda: contextlib.nullcontext("api"), "sparkcluster-gateway", "m@a")
     said = h.hold()
-    assert fake.doc["held"] == {"m@a": gateway_hold.HOLD_S} and fake.looks == 3, (fake.looks, said)
+    # the deadline on the gateway node's clock: the same however often the gateway reads its config
+    assert fake.doc["held_until"] == {"m@a": 5000.5 + gateway_hold.HOLD_S} and fake.looks == 3, (fake.looks, said)
     assert "none in flight" in said
-    assert "again" in h.release() and fake.doc["held"] == {}
+    assert "again" in h.release() and fake.doc["held_until"] == {}
     assert fake.doc["keys"] == [KEY]  # the rest of the config kept as it was
 
 
@@ -126,3 +150,52 @@ def test_find_returns_the_gateway_routing_the_deployment_and_none_elsewhere(monk
     assert got is not None and got.container == "sparkcluster-gateway" and got.deployment == "m@spark-worker"
     assert gateway_hold.find(inv, "other@spark-head") is None  # the gateway there routes no such deployment
     assert closed == ["b", "b"]  # the look's connections are closed; each hold opens its own
+
+
+def test_gateway_up_keeps_the_running_gateways_holds_and_their_deadlines(monkeypatch):
+    """`gateway up` during an upgrade writes a new config: the hold in the running gateway's config
+    (its deadline unchanged) is in it, whether the container is kept or replaced; read again just
+    before the write, so a hold released since the plan stays released."""
+    from conftest import make_inventory
+
+    from sparkcluster.config import profile as profiles
+    from sparkcluster.day2.deployments import Deployment
+    from sparkcluster.gateway import rollout
+    from sparkcluster.labels import CONFIG_LABEL
+
+    inv = make_inventory()
+    node = inv.nodes[0].name
+    key = f"testbed-single@{node}"
+    held = {key: 5000.5}
+    running_doc = {"keys": [KEY], "deployments": [{"key": key}], "held_until": held}
+    written: list[dict] = []
+    monkeypatch.setattr(deploy, "read_doc", lambda api, c: json.loads(json.dumps(running_doc)))
+    monkeypatch.setattr(deploy, "write_doc", lambda api, c, doc: written.append(doc))
+    monkeypatch.setattr(deploy, "create", lambda api, plan: written.append(plan.config()))
+    monkeypatch.setattr(deploy, "stop", lambda api, cid: None)
+    monkeypatch.setattr(deploy, "port_holder", lambda host, port: "")
+    monkeypatch.setattr(deploy, "wait_ready", lambda api, c, address, plan: {"routes": []})
+
+    def plan(running):
+        found, loaded = (
+            [Deployment("testbed-single", (node,))],
+            {"testbed-single": profiles.load_profile("testbed-single")},
+        )
+        return rollout.make(inv, node, found, loaded, {}, [KEY], "img:1", running, held=deploy.holds("api", running))
+
+    same = {"Id": "c1", "State": "running", "Labels": {CONFIG_LABEL: plan(None).config_hash()}}
+    kept = plan(same)
+    assert [s.action for s in kept.steps()] == ["config", "ready"] and f"the hold of {key} kept" in kept.render()
+    deploy.apply("api", kept, host=type("H", (), {"address": "h"})())
+    assert written[-1]["held_until"] == held and written[-1]["deployments"][0]["key"] == key
+
+    other = {"Id": "c1", "State": "running", "Labels": {CONFIG_LABEL: "0000"}}
+    replaced = plan(other)
+    assert [s.action for s in replaced.steps()][0] == "replace"
+    deploy.apply("api", replaced, host=type("H", (), {"address": "h"})())
+    assert written[-1]["held_until"] == held  # the new container's config carries the hold
+
+    released = plan(same)
+    running_doc.pop("held_until")  # the upgrade released it after the plan was made
+    deploy.apply("api", released, host=type("H", (), {"address": "h"})())
+    assert "held_until" not in written[-1]

@@ -299,6 +299,7 @@ def test_a_running_gateway_gets_the_new_wake_token_after_up(monkeypatch):
         inv=inv,
         plan=SimpleNamespace(profile=prof, serve=SimpleNamespace(container="sparkcluster-testbed-head")),
         cluster=SimpleNamespace(head=host, hosts={"spark-head": host}),
+        reach={"spark-head": host},
         progress=SimpleNamespace(info=lambda line: None),
     )
     monkeypatch.setattr(server_mod, "read_wake_token", lambda api, c: "new-token")
@@ -314,3 +315,50 @@ def test_a_running_gateway_gets_the_new_wake_token_after_up(monkeypatch):
     )
     serve_stage.hand_wake_token(r)
     assert len(written) == 1  # already current: the config is left alone
+
+
+def test_a_gateway_outside_the_deployment_gets_the_new_wake_token_after_up(monkeypatch):
+    """The gateway may run on a node the deployment does not use (`gateway up --node`): `up` looks
+    for it on every node of the inventory that answers, not only the deployment's. A node whose
+    look fails is said, and `up` goes on."""
+    from types import SimpleNamespace
+
+    from conftest import make_inventory
+
+    from sparkcluster.config.profile import load_profile
+    from sparkcluster.day2 import server as server_mod
+    from sparkcluster.errors import EngineUnreachable
+    from sparkcluster.gateway import deploy as gateway_deploy
+    from sparkcluster.up.stages import serve as serve_stage
+
+    inv, prof = make_inventory().only(["spark-head"]), load_profile("testbed-single")
+    key = serve_stage.deployment_key(inv, prof)
+    written: list[tuple[str, dict]] = []
+    said: list[str] = []
+
+    def host(api):
+        return SimpleNamespace(docker=lambda: SimpleNamespace(api=api))
+
+    def find(api, cluster):
+        if api == "api-gone":
+            raise EngineUnreachable("spark-gone", "list containers", ConnectionError("reset"))
+        return {"State": "running", "Names": ["/gw"]} if api == "api-worker" else None
+
+    head = host("api-head")
+    r = SimpleNamespace(
+        inv=inv,
+        plan=SimpleNamespace(profile=prof, serve=SimpleNamespace(container="sparkcluster-testbed-single-head")),
+        cluster=SimpleNamespace(head=head, hosts={"spark-head": head}),
+        reach={"spark-head": head, "spark-worker": host("api-worker"), "spark-gone": host("api-gone")},
+        progress=SimpleNamespace(info=said.append),
+    )
+    monkeypatch.setattr(server_mod, "read_wake_token", lambda api, c: "new-token")
+    monkeypatch.setattr(gateway_deploy, "find", find)
+    monkeypatch.setattr(
+        gateway_deploy, "read_doc", lambda api, c: {"deployments": [{"key": key, "wake_token": "old-token"}]}
+    )
+    monkeypatch.setattr(gateway_deploy, "write_doc", lambda api, c, doc: written.append((api, doc)))
+    serve_stage.hand_wake_token(r)
+    assert written == [("api-worker", {"deployments": [{"key": key, "wake_token": "new-token"}]})]
+    assert any("gw on spark-worker" in line for line in said)
+    assert any("spark-gone" in line and "gateway up" in line for line in said), said

@@ -9,14 +9,17 @@ import shlex
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+import docker.errors
+
 from sparkcluster import redact
 from sparkcluster.config import bounds, repos
 from sparkcluster.day2 import canary_watch, endpoint, engine_nccl, known_good, server, supervision, teardown
-from sparkcluster.errors import StageError, StepFailure
+from sparkcluster.errors import SparkError, StageError, StepFailure
 from sparkcluster.facts.probes import split_sections
 from sparkcluster.labels import CLUSTER_LABEL
 from sparkcluster.node import canary
 from sparkcluster.remote import retry
+from sparkcluster.remote.dockerapi import UNREACHABLE
 from sparkcluster.up.stages import weights
 from sparkcluster.up.stages.base import Step, fail
 from sparkcluster.up.stages.image import HeadImage
@@ -194,26 +197,39 @@ def standby(r: UpRun) -> None:
 
 
 def hand_wake_token(r: UpRun) -> None:
-    """A gateway already routing this deployment (on one of its nodes) gets the wake token the head
-    holds now: a new head container has a new token, and the gateway's old one would be refused."""
+    """Every running gateway that routes this deployment, on any node of the inventory that answers
+    (the gateway may run outside the deployment's nodes: `gateway up --node`), gets the wake token
+    the head holds now: a new head container has a new token, and the gateway's old one would be
+    refused (401 on every wake: 503 for its clients until the next `gateway up`). A node where the
+    look fails is said, never a failed `up`: `sparkcluster gateway up` hands the token over too."""
     from sparkcluster.gateway import deploy as gateway_deploy  # lazy: only on-demand serves need it
 
     key = deployment_key(r.inv, r.plan.profile)
     token = server.read_wake_token(r.cluster.head.docker().api, r.plan.serve.container)
     if not token:
         return
-    for host in r.cluster.hosts.values():
-        api = host.docker().api
-        got = gateway_deploy.routing(api, r.inv.cluster.name, key)
-        if got is None:
-            continue
-        container, doc = got
-        routes = [d for d in doc["deployments"] if d.get("key") == key]
-        if any(d.get("wake_token") != token for d in routes):
+    for name, host in (r.reach or r.cluster.hosts).items():
+        try:
+            api = host.docker().api
+            got = gateway_deploy.routing(api, r.inv.cluster.name, key)
+            if got is None:
+                continue
+            container, doc = got
+            routes = [d for d in doc["deployments"] if d.get("key") == key]
+            if all(d.get("wake_token") == token for d in routes):
+                continue
             for d in routes:
                 d["wake_token"] = token
             gateway_deploy.write_doc(api, container, doc)
-            r.progress.info(f"gateway {container}: the new wake token of {key} handed over")
+        except (SparkError, docker.errors.DockerException, ValueError, *UNREACHABLE) as e:
+            r.progress.info(
+                redact.mask(
+                    f"could not look for a gateway routing {key} on {name} ({type(e).__name__}: {e}); if one "
+                    "runs there, sparkcluster gateway up gives it the new wake token"
+                )
+            )
+            continue
+        r.progress.info(f"gateway {container} on {name}: the new wake token of {key} handed over")
 
 
 def _hand(r: UpRun, how, what: str) -> None:
