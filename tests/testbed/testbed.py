@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import artifacts, cabling, hub
+from . import artifacts, cabling, delay, hub
 from .artifacts import (
     BASE_IMAGE,
     CACHE,
@@ -1627,19 +1627,79 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         )
 
     def delay_egress(self, host: str, ifname: str, delay_ms: int = 20) -> str:
-        """Delay what `host` sends on `ifname`: netem's fixed delay where the kernel has sch_netem, else
-        a token bucket slow enough (512 kbit/s, a short burst) that every decode step's few KB of
-        tensor-parallel traffic queue behind each other. Returns which one ("netem" or "tbf"). Undo:
-        unshape_egress (reset does it too)."""
+        """Delay what crosses `host`'s `ifname` by a fixed time: netem's delay where the kernel has
+        sch_netem, else the NFQUEUE stand-in for it (tests/testbed/delay.py: a reader in the host's
+        namespaces holds each packet for `delay_ms`, then accepts it, in order). Returns which one
+        ("netem", "nfqueue", or "tbf" where neither is possible: a slow token bucket). Undo:
+        unshape_egress (reset does it too).
+
+        The stand-in queues what the host *receives* on `ifname` (INPUT), not what it sends: a packet
+        held in OUTPUT still counts against its TCP socket's small-queue budget (TSQ; netem orphans the
+        packets it delays, NFQUEUE cannot), which serialises a connection's sends behind the delay (8
+        writes of 4 KB then took 147 ms a step against 42 ms on INPUT, a bulk transfer 0.3 MB/s). Every
+        round trip through `ifname` is longer by `delay_ms` either way, which is what this knob is for."""
         dev = shlex.quote(ifname)
         got = self.sh(host, f"tc qdisc replace dev {dev} root netem delay {int(delay_ms)}ms", check=False)
         if got.returncode == 0:
             return "netem"
+        try:
+            self._nfqueue_delay(host, ifname, delay_ms)
+            return "nfqueue"
+        except (RuntimeError, OSError, TestbedError) as e:
+            log(f"[{host}] no NFQUEUE delay on {ifname} ({e}); a token bucket instead")
         # a queue long enough never to drop (latency 60s): a dropped segment of the ranks' gloo stream
         # waits out TCP's retransmission backoff, which stalled the engine into a wedge verdict at
         # 256 kbit with a 2 s queue, where the point is a slow link, not a broken one
         self.sh(host, f"tc qdisc replace dev {dev} root tbf rate 512kbit burst 1600 latency 60s")
         return "tbf"
+
+    def _nfqueue_delay(self, host: str, ifname: str, delay_ms: int) -> None:
+        """Start delay.py's reader in the host and its NFQUEUE rule on `ifname`; state.json keeps its
+        process group and queue number for unshape_egress (which may run in another process)."""
+        self._stop_nfqueue_delays(host, [ifname])
+        held = self._state().get("hosts", {}).get(host, {}).get("delays", {})
+        queue = next(q for q in range(100, 200) if q not in {d["queue"] for d in held.values()})
+        self.host_dir(host).mkdir(parents=True, exist_ok=True)
+        p = delay.start(
+            self.nsenter_argv(host),
+            ifname,
+            delay_ms,
+            queue=queue,
+            chains=("INPUT",),
+            log_path=self.host_dir(host) / "delay.log",
+            python=SYS_PYTHON,
+        )
+        st = self._state()
+        st.setdefault("hosts", {}).setdefault(host, {}).setdefault("delays", {})[ifname] = {
+            "pgid": p.pid,
+            "queue": queue,
+            "delay_ms": delay_ms,
+        }
+        self._save(st)
+
+    def _stop_nfqueue_delays(self, host: str, names: list[str] | None) -> None:
+        """Remove the NFQUEUE rules of `names` (all when None), then end their readers (which accept
+        what they hold first)."""
+        argv = self.nsenter_argv(host)
+        st = self._state()
+        held = st.get("hosts", {}).get(host, {}).get("delays", {})
+        gone = list(held) if names is None else [n for n in names if n in held]
+        readers = []
+        for n in gone:
+            pgid = held.pop(n)["pgid"]
+            try:
+                cmd = Path(f"/proc/{pgid}/cmdline").read_bytes()
+            except OSError:
+                cmd = b""
+            if b"delay.py" in cmd or cmd.startswith(b"nsenter"):  # not a pid reused since
+                readers.append(pgid)
+                delay.pass_through(pgid)  # no more delay before the rule goes: nothing overtakes
+        for n in names or [None]:
+            delay.remove_rules(argv, n)
+        for pgid in readers:
+            delay.end_reader(pgid)
+        if gone:
+            self._save(st)
 
     def unshape_egress(self, host: str, ifname: str | None = None) -> None:
         names = [ifname] if ifname else self.worker_netdevs() if host == WORKER else list(NETDEVS)
@@ -1648,6 +1708,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             " ; ".join(f"tc qdisc del dev {shlex.quote(n)} root 2>/dev/null" for n in names) + " ; true",
             check=False,
         )
+        self._stop_nfqueue_delays(host, [ifname] if ifname else None)
 
     def hide_uverbs(self, host: str) -> None:
         """Take the uverbs devices out of the host's /dev/infiniband, so a container made with
