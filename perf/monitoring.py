@@ -31,10 +31,10 @@ not running at the start.
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 import time
 import urllib.parse
-import urllib.request
 
 from perf import load, supervisor
 from perf.figures import Figure, info, say
@@ -49,15 +49,21 @@ def prometheus(s) -> str:
     return f"http://{s.inv.head.control_ip}:{s.inv.monitor.prometheus_port}"
 
 
+def get_json(s, path: str):
+    """A GET of Prometheus' API from the head (curl in its namespaces): it listens on the cluster's
+    own addresses, which the controller has no route to, as an owner's laptop has none."""
+    got = s.tb.sh("spark-head", "curl -sS --fail -m 10 " + shlex.quote(prometheus(s) + path), timeout=30, check=False)
+    if got.returncode != 0:
+        raise OSError(f"Prometheus at {prometheus(s)} did not answer {path}: {got.stderr.strip()}")
+    return json.loads(got.stdout)
+
+
 def query(s, expr: str) -> list[dict]:
-    url = f"{prometheus(s)}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())["data"]["result"]
+    return get_json(s, "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))["data"]["result"]
 
 
 def targets(s) -> list[dict]:
-    with urllib.request.urlopen(f"{prometheus(s)}/api/v1/targets", timeout=10) as r:
-        return json.loads(r.read())["data"]["activeTargets"]
+    return get_json(s, "/api/v1/targets")["data"]["activeTargets"]
 
 
 def containers(s, host: str) -> list[str]:
