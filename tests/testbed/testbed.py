@@ -1633,11 +1633,14 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         ("netem", "nfqueue", or "tbf" where neither is possible: a slow token bucket). Undo:
         unshape_egress (reset does it too).
 
-        The stand-in queues what the host *receives* on `ifname` (INPUT), not what it sends: a packet
-        held in OUTPUT still counts against its TCP socket's small-queue budget (TSQ; netem orphans the
-        packets it delays, NFQUEUE cannot), which serialises a connection's sends behind the delay (8
-        writes of 4 KB then took 147 ms a step against 42 ms on INPUT, a bulk transfer 0.3 MB/s). Every
-        round trip through `ifname` is longer by `delay_ms` either way, which is what this knob is for."""
+        The stand-in holds what `host` sends at the far end of the cable, in the peer's INPUT (the
+        head's link k ends on the worker's netdev k: `worker_netdevs`), as a long cable would: held in
+        `host`'s OUTPUT, a packet still counts against its TCP socket's small-queue budget (TSQ; netem
+        orphans the packets it delays, NFQUEUE cannot), which serialises a connection's sends behind
+        the delay (8 writes of 4 KB then took 147 ms a step against 42 ms on INPUT, a bulk transfer
+        0.3 MB/s); held in `host`'s own INPUT, ping does not see it (its round trip is timed by the
+        kernel's receive timestamp, taken before the hold). Where no peer is known (a host other than
+        the head of the pair), it holds what `host` receives on `ifname`."""
         dev = shlex.quote(ifname)
         got = self.sh(host, f"tc qdisc replace dev {dev} root netem delay {int(delay_ms)}ms", check=False)
         if got.returncode == 0:
@@ -1657,16 +1660,19 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         """Start delay.py's reader in the host and its NFQUEUE rule on `ifname`; state.json keeps its
         process group and queue number for unshape_egress (which may run in another process)."""
         self._stop_nfqueue_delays(host, [ifname])
-        held = self._state().get("hosts", {}).get(host, {}).get("delays", {})
-        queue = next(q for q in range(100, 200) if q not in {d["queue"] for d in held.values()})
-        self.host_dir(host).mkdir(parents=True, exist_ok=True)
+        at_host, at_if = host, ifname
+        if host == HEAD and ifname in NETDEVS and WORKER in self.hosts:  # the far end of the cable
+            at_host, at_if = WORKER, self.worker_netdevs()[NETDEVS.index(ifname)]
+        held = [d for h in self._state().get("hosts", {}).values() for d in h.get("delays", {}).values()]
+        queue = next(q for q in range(100, 200) if q not in {d["queue"] for d in held})
+        self.host_dir(at_host).mkdir(parents=True, exist_ok=True)
         p = delay.start(
-            self.nsenter_argv(host),
-            ifname,
+            self.nsenter_argv(at_host),
+            at_if,
             delay_ms,
             queue=queue,
             chains=("INPUT",),
-            log_path=self.host_dir(host) / "delay.log",
+            log_path=self.host_dir(at_host) / "delay.log",
             python=SYS_PYTHON,
         )
         st = self._state()
@@ -1674,6 +1680,8 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             "pgid": p.pid,
             "queue": queue,
             "delay_ms": delay_ms,
+            "at_host": at_host,
+            "at_if": at_if,
         }
         self._save(st)
 
@@ -1685,8 +1693,11 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         held = st.get("hosts", {}).get(host, {}).get("delays", {})
         gone = list(held) if names is None else [n for n in names if n in held]
         readers = []
+        ends = []  # where each rule is: (namespace's argv, netdev)
         for n in gone:
-            pgid = held.pop(n)["pgid"]
+            entry = held.pop(n)
+            pgid = entry["pgid"]
+            ends.append((self.nsenter_argv(entry.get("at_host", host)), entry.get("at_if", n)))
             try:
                 cmd = Path(f"/proc/{pgid}/cmdline").read_bytes()
             except OSError:
@@ -1696,6 +1707,8 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                 delay.pass_through(pgid)  # no more delay before the rule goes: nothing overtakes
         for n in names or [None]:
             delay.remove_rules(argv, n)
+        for at_argv, at_if in ends:
+            delay.remove_rules(at_argv, at_if)
         for pgid in readers:
             delay.end_reader(pgid)
         if gone:
