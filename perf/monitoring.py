@@ -23,24 +23,32 @@ Figures:
 An agent keeps the memory it grew to serving /metrics once, so after the first scrape its "off"
 RSS is no lower than its "on": the agents' RSS before any scrape (when monitoring was down at the
 start) is kept in the details (`agent_rss_mb_never_scraped`) to compare.
-The testbed scrapes every 2 s (its inventory's `scrape_interval_s`), five times the default: the
-cost here is an upper bound of the default's. Ends with monitoring down (`monitor down`) if it was
-not running at the start.
+The testbed's inventory scrapes every 2 s (`scrape_interval_s`, so that its alert tests wait
+seconds, not tens of them); an owner's scrapes every 10 s, the default. The budgets are an owner's,
+so monitoring is brought up through a copy of the inventory at the default interval (the same
+cluster, nodes and images; only `[monitor]`'s interval differs), and `SCRAPE_S` in the environment
+sets another. Ends as it found monitoring: down (`monitor down`) if it was not running at the start,
+else brought back through the testbed's own inventory.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 import statistics
 import time
 import urllib.parse
+from pathlib import Path
 
 from perf import load, supervisor
+from perf.cli import CLI
 from perf.figures import Figure, info, say
 from perf.session import PROFILE, standalone
 
 WINDOW_S = 30.0
+SCRAPE_S = float(os.environ.get("SCRAPE_S", "10"))  # an owner's inventory: [monitor] scrape_interval_s' default
 MIN_REPS = 5  # the issue asks for at least five, interleaved
 CPU_BUDGET_PCT, RSS_BUDGET_MB, SCRAPE_BUDGET_S, THROUGHPUT_BUDGET = 1.0, 50.0, 1.0, 0.98
 
@@ -162,7 +170,9 @@ def measure(s) -> None:
             h: supervisor.rss_kb(s.tb, h, [supervisor.agent_pid(s.tb, h)]) / 1024 for h in s.hosts
         }
     s.tb.monitor_image()
-    s.sc("monitor", "up", timeout=600)
+    mon = at_interval(s, SCRAPE_S)
+    mon("monitor", "up", timeout=600)
+    s.details["mon_scrape_interval_s"] = SCRAPE_S
     reps = max(s.reps, MIN_REPS)
     try:
         for i in range(reps):
@@ -181,6 +191,19 @@ def measure(s) -> None:
         switch(s, True)
         if not was_up:
             s.sc("monitor", "down", timeout=300, check=False)
+        else:  # as it was: the testbed inventory's interval
+            s.sc("monitor", "up", timeout=600, check=False)
+
+
+def at_interval(s, seconds: float) -> CLI:
+    """The CLI through a copy of the testbed's inventory whose [monitor] scrapes every `seconds`."""
+    text = Path(s.tb.inventory).read_text()
+    text, n = re.subn(r"(?m)^scrape_interval_s = .*$", f"scrape_interval_s = {seconds:g}", text)
+    if n != 1:
+        raise SystemExit(f"bench: no single scrape_interval_s line in {s.tb.inventory}")
+    inv = s.workdir / f"inventory-scrape-{seconds:g}s.toml"
+    inv.write_text(text)
+    return CLI(s.tb, s.workdir, inventory=inv)
 
 
 def rec(s, on: dict, off: dict) -> None:
@@ -221,7 +244,8 @@ def figures(R: dict) -> list[Figure]:
         F += [
             Figure(
                 f"mon_cpu_{h}",
-                f"metrics on {h} (agent's /metrics + node_exporter), serving: CPU more than without",
+                f"metrics on {h} (agent's /metrics + node_exporter, scraped every {SCRAPE_S:g}s), serving: "
+                "CPU more than without",
                 "% of a core",
                 f"< {CPU_BUDGET_PCT:g}",
                 cpu,

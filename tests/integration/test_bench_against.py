@@ -1,7 +1,8 @@
 """Issue 38 on the testbed: `bench --compare` against a record of the testbed profile made on a healthy
 run in the same test. Undisturbed, the comparison holds; with the link between the ranks delayed (tc
-netem where the kernel has it, else a token bucket slow enough that each decode step's few KB of
-tensor-parallel traffic queue), it falls short and names the fabric first.
+netem where the kernel has it, else the NFQUEUE stand-in of tests/testbed/delay.py), it falls short and
+names the fabric first. The correctness canary: unchanged on a rerun, changed by another revision of
+the model (the hub's `retrained` branch), and asked by the supervisor after its own restart.
 
 One `up` for the module, a no-op when the cluster already serves `testbed` (test_bench's). The run is
 short (c1, 64 in / 16 out, 4 prompts): the CPU engine's decode steps, not the prompt, are what the delay
@@ -11,6 +12,7 @@ slows.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,7 @@ from tests.integration.test_bench import EXTRA, HEAD
 
 # not in `make test`: `make test-hand` runs it (see tests/README.md: its testbed scenario does not pass yet)
 pytestmark = [pytest.mark.testbed, pytest.mark.handrun]
+ROOT = Path(__file__).resolve().parents[2]
 CONTROL_IF = "enp1s0f1np1"  # the testbed's control link: where gloo carries the ranks' traffic
 SHORT = ["-c", "1", "--num-prompts", "4", "--input-len", "64", "--output-len", "16", *EXTRA]
 
@@ -82,8 +85,7 @@ def test_with_the_ranks_link_delayed_the_run_falls_short_and_names_the_fabric(te
 
 def test_the_canary_is_taken_and_a_rerun_of_the_same_model_is_unchanged(sc, still_serving):
     """The real engine's greedy answers with their token ids: taken (two passes, deterministic on the
-    CPU build), then asked again: the same. (A changed answer is the unit tests' subject: the testbed's
-    hub holds one revision of the tiny model.)"""
+    CPU build), then asked again: the same."""
     res = sc("bench", "--canary-retake", "--json", timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     taken = json.loads(res.stdout)
@@ -91,6 +93,32 @@ def test_the_canary_is_taken_and_a_rerun_of_the_same_model_is_unchanged(sc, stil
     res = sc("bench", "--canary", "--json", timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert json.loads(res.stdout)["canary"] == "same"
+
+
+def test_another_revision_of_the_model_changes_the_canary_and_up_says_since_what(sc, still_serving, tmp_path):
+    """The testbed hub's `retrained` branch of the tiny model (its output rows reversed: other greedy
+    answers) served under the same profile name, so the same deployment: `up` fetches that revision,
+    serves it and compares the canary taken on main: changed, since the model revision, in `up`'s
+    output and `status`; back on main, the answers are the same again (the reference is main's until
+    taken anew)."""
+    from tests.testbed.hub import RETRAINED
+
+    res = sc("bench", "--canary-retake", "--json", timeout=300)
+    assert res.returncode == 0 and json.loads(res.stdout)["deterministic"] is True, res.stdout + res.stderr
+    prof = tmp_path / "testbed.toml"  # the name is the deployment's: the same as env-profiles/testbed.toml
+    prof.write_text(f'revision = "{RETRAINED}"\n' + (ROOT / "env-profiles" / "testbed.toml").read_text())
+    try:
+        res = sc("up", "--profile", str(prof), timeout=600)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "canary" in res.stdout and "changed after: model revision" in res.stdout, res.stdout
+        canary = json.loads(sc("status", "--json").stdout)["canary"]
+        assert canary["state"] == "changed" and canary["after"] == "up", canary
+        assert any(s.startswith("model revision ") for s in canary["since"]), canary
+    finally:
+        res = sc("up", "--profile", "testbed", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    canary = json.loads(sc("status", "--json").stdout)["canary"]
+    assert canary["state"] == "same", canary
 
 
 def test_after_a_restart_the_supervisor_asks_the_canary_and_status_tells_it(testbed, sc, still_serving):

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from tests.integration.conftest import CLI
-from tests.integration.helpers import API_KEY, as_user, hf_cache, listeners, ours, wait_for
+from tests.integration.helpers import API_KEY, as_user, hf_cache, listeners, ours, serving_again, wait_for
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -247,9 +247,16 @@ class TestServing:
 
     def test_worker_container_killed_comes_back_by_itself(self, testbed, sc):
         """A crash of the worker's container (its PID 1 killed, as the OOM killer would): Docker's
-        restart policy starts it again, it re-joins Ray, and the cluster is healthy with no `up`."""
+        restart policy starts it again, it re-joins Ray, and the cluster is healthy with no `up`.
+
+        The engine's rank on the worker went with the old container, and an idle engine does not
+        know it until a request reaches that rank (vLLM's Ray executor checks no rank's health): the
+        supervisor's next probe does, and it restarts the engine. So the case waits for serving
+        since the kill, not for the first healthy `status`, which a look between the container's
+        restart and that probe gives (CI, 2026-11-27: `status` healthy, then the chat 500)."""
         worker_c = ours(testbed, WORKER)
         assert len(worker_c) == 1
+        t = time.time()
 
         def restarts() -> int:
             out = testbed.docker(
@@ -261,6 +268,7 @@ class TestServing:
         before = restarts()
         testbed.kill_container(WORKER, worker_c[0])
         assert wait_for(lambda: restarts() > before, 60), testbed.docker(WORKER, "ps -a").stdout
+        serving_again(testbed, t, 240)
         assert wait_for(lambda: status_json(sc)[0] == 0, 180, step=2), status_json(sc)
         assert ours(testbed, WORKER) == worker_c  # the same container, started again
         assert chat()

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, SYNTHETIC, TINY, serve_in_thread
+from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, RETRAINED, SYNTHETIC, TINY, serve_in_thread
 
 pytest.importorskip("huggingface_hub")
 
@@ -20,8 +22,19 @@ def model(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("tiny")
     (d / "config.json").write_text('{"model_type": "llama"}\n')
     (d / "tokenizer.json").write_text('{"version": "1.0"}\n')
-    (d / "model.safetensors").write_bytes(os.urandom(3 * 2**20 + 17))
+    (d / "model.safetensors").write_bytes(_safetensors({"lm_head.weight": [6144, 256], "norm.weight": [17]}))
     return d
+
+
+def _safetensors(shapes: dict[str, list[int]]) -> bytes:
+    """A safetensors file of random BF16 tensors (3 MB and a few bytes with the fixture's shapes)."""
+    header, data = {}, b""
+    for name, shape in shapes.items():
+        n = 2 * shape[0] * (shape[1] if len(shape) > 1 else 1)
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [len(data), len(data) + n]}
+        data += os.urandom(n)
+    head = json.dumps(header).encode()
+    return struct.pack("<Q", len(head)) + head + data
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +192,24 @@ def test_the_scale_repo_is_safetensors_shaped_incompressible_and_made_once(tmp_p
     assert [p.stat().st_mtime_ns for p in shards] == before
     scale_repo(tmp_path / "scale", 4, shard_mb=2)  # another size: the other size's shards go
     assert sorted(p.name for p in d.glob("*.safetensors")) == [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]
+
+
+def test_the_retrained_branch_is_another_revision_whose_output_rows_are_reversed(hub, model, tmp_path):
+    """Issue 38's changed model revision: `snapshot_download(revision="retrained")` gets the branch's
+    own commit and a model whose output projection has its rows in reverse order (every other byte as
+    main's), while main is untouched."""
+    h, ep = hub
+    code = f"from huggingface_hub import snapshot_download as s; print(s({TINY!r}, revision={RETRAINED!r}))"
+    r = _client(ep, tmp_path, code)
+    assert r.returncode == 0, r.stderr
+    snap = Path(r.stdout.strip().splitlines()[-1])
+    branch = h.repos[TINY].branches[RETRAINED]
+    assert branch.sha != h.repos[TINY].sha and snap.name == branch.sha
+    assert (snap.parent.parent / "refs" / RETRAINED).read_text() == branch.sha
+    main, got = (model / "model.safetensors").read_bytes(), (snap / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", main[:8])
+    a, b = json.loads(main[8 : 8 + n])["lm_head.weight"]["data_offsets"]
+    rows = [main[8 + n + a + i * 512 : 8 + n + a + (i + 1) * 512] for i in range(6144)]
+    assert got[8 + n + a : 8 + n + b] == b"".join(reversed(rows))
+    assert got[: 8 + n + a] == main[: 8 + n + a] and got[8 + n + b :] == main[8 + n + b :]
+    assert (snap / "config.json").read_bytes() == (model / "config.json").read_bytes()

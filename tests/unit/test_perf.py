@@ -290,7 +290,10 @@ def test_monitoring_figures_from_made_up_windows():
     assert raw["mon_scrape_s"] == [0.03] * 5
     figs = monitoring.figures(raw)
     rows = _rows(figures.render(figs, {}, "now", reps=5, cpus=2))
-    cpu = rows["metrics on spark-worker (agent's /metrics + node_exporter), serving: CPU more than without"]
+    cpu = rows[
+        f"metrics on spark-worker (agent's /metrics + node_exporter, scraped every {monitoring.SCRAPE_S:g}s), "
+        "serving: CPU more than without"
+    ]
     assert cpu[0] == "0.450" and cpu[3:] == ["% of a core", "< 1", "yes"]  # median 0.45; one window's 1.65 over
     assert rows["metrics on spark-head: memory (RSS) more than without"][3:] == ["MB", "< 50", "yes"]
     assert rows["a scrape of every node: the longest scrape_duration_seconds of any target"][3:] == ["s", "< 1", "yes"]

@@ -1,4 +1,4 @@
-"""The testbed's model hub: serves the tiny model, a gated copy of it, copies of it as a separate
+"""The testbed's model hub: serves the tiny model (and a `retrained` branch of it whose answers differ), a gated copy of it, copies of it as a separate
 tokenizer repository and a draft model (issue 24), and a synthetic repo of a few hundred MB on the controller's LAN address; huggingface_hub reaches it through HF_ENDPOINT (the
 inventory's `hf_endpoint`). See server.py for the protocol and why it is not an existing mirror.
 
@@ -21,9 +21,12 @@ from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-from .server import Hub, Repo, make_server, scale_repo, serve_forever_in_thread, synthetic_repo
+from .server import Hub, Repo, make_server, retrained_copy, scale_repo, serve_forever_in_thread, synthetic_repo
 
 TINY = "sparkcluster/testbed-tiny"
+# a branch of the tiny model whose weights differ (its output rows reversed): another revision of the
+# same repository, whose greedy answers the canary must tell from main's (issue 38)
+RETRAINED = "retrained"
 GATED = "sparkcluster/testbed-tiny-gated"
 SYNTHETIC = "sparkcluster/testbed-synthetic"
 # issue 40: weights at scale, several GB of random (incompressible) safetensors shards, served by a
@@ -48,7 +51,13 @@ def build_hub(
 ) -> Hub:
     memo = state_dir / "hashes"
     repos = [
-        Repo(TINY, model_dir, memo_dir=memo, sha=tiny_sha or "").load(),
+        Repo(
+            TINY,
+            model_dir,
+            memo_dir=memo,
+            sha=tiny_sha or "",
+            branches={RETRAINED: Repo(TINY, retrained_copy(model_dir, state_dir / RETRAINED), memo_dir=memo).load()},
+        ).load(),
         Repo(GATED, model_dir, gated=True, memo_dir=memo).load(),
         Repo(TOKENIZER, model_dir, memo_dir=memo).load(),
         Repo(DRAFT, model_dir, memo_dir=memo).load(),

@@ -57,6 +57,19 @@ class Repo:
     memo_dir: Path | None = None  # where file hashes are remembered between starts
     files: dict[str, RepoFile] = field(default_factory=dict)
     sha: str = ""
+    # other revisions of the same repository by branch name (each served from its own folder, with its
+    # own commit), as a hub repo's branches are: `main` is this one
+    branches: dict[str, Repo] = field(default_factory=dict)
+
+    def at(self, rev: str) -> Repo:
+        """The revision `rev` names (main, a branch or a commit), or RevisionNotFound."""
+        rev = unquote(rev)
+        if rev in ("main", self.sha):
+            return self
+        for name, b in self.branches.items():
+            if rev in (name, b.sha):
+                return b
+        raise HubError(404, "RevisionNotFound", f"Invalid rev id: {rev}")
 
     def load(self) -> Repo:
         for p in sorted(self.root.rglob("*")):
@@ -201,11 +214,6 @@ class Handler(BaseHTTPRequestHandler):
                 )
         return repo
 
-    @staticmethod
-    def _rev(repo: Repo, rev: str) -> None:
-        if unquote(rev) not in ("main", repo.sha):
-            raise HubError(404, "RevisionNotFound", f"Invalid rev id: {unquote(rev)}")
-
     # ---- verbs ----
     def do_HEAD(self) -> None:
         self.do_GET()
@@ -235,7 +243,7 @@ class Handler(BaseHTTPRequestHandler):
     def _api(self, m: re.Match, query: dict) -> None:
         repo = self._repo(m["repo"])
         if m["kind"]:
-            self._rev(repo, m["rev"])
+            repo = repo.at(m["rev"])
         if m["kind"] == "tree":
             prefix = unquote(m["path"] or "/").lstrip("/")
             entries = [_tree_entry(f) for p, f in repo.files.items() if p.startswith(prefix)]
@@ -269,8 +277,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, json.dumps(info).encode())
 
     def _resolve(self, m: re.Match) -> None:
-        repo = self._repo(m["repo"])
-        self._rev(repo, m["rev"])
+        repo = self._repo(m["repo"]).at(m["rev"])
         f = repo.files.get(unquote(m["path"]))
         if f is None:
             raise HubError(404, "EntryNotFound", f"{unquote(m['path'])} does not exist at {repo.sha}")
@@ -405,6 +412,35 @@ def scale_repo(dest: Path, total_mb: int, shard_mb: int = 512) -> Path:
                 left -= len(b)
         os.replace(p.with_suffix(".part"), p)
     (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return dest
+
+
+def retrained_copy(model_dir: Path, dest: Path) -> Path:
+    """Another revision of the tiny model whose greedy answers differ from the original's: the same
+    files, with the rows of its output projection (`lm_head.weight`) in reverse order, so that the
+    token that wins each step is another one (issue 38: the canary must flag a changed revision). Pure
+    byte work on the safetensors file (an 8-byte header length, the JSON header, then the tensors);
+    made once per model: the same input gives the same bytes."""
+    import shutil
+    import struct
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for src in sorted(model_dir.iterdir()):
+        if src.is_file() and src.name != "model.safetensors":
+            shutil.copy2(src, dest / src.name)
+    blob = (model_dir / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + n])
+    t = header["lm_head.weight"]
+    rows, (a, b) = t["shape"][0], t["data_offsets"]
+    base = 8 + n
+    data = blob[base + a : base + b]
+    row = len(data) // rows
+    flipped = b"".join(data[i * row : (i + 1) * row] for i in reversed(range(rows)))
+    out = dest / "model.safetensors"
+    new = blob[: base + a] + flipped + blob[base + b :]
+    if not out.exists() or out.read_bytes() != new:
+        out.write_bytes(new)
     return dest
 
 
