@@ -21,12 +21,15 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # Every test: unit tests, then the testbed suites. The session fixture builds the testbed when
-# none is up and tears down what it built; a testbed that was already up is reused and kept.
+# none is up and tears down what it built; a testbed that was already up is reused and kept. The
+# slowest tests' durations are printed, so that a suite near CI's budget says where its time went.
 test: deps venv
-	$(BIN)/python -m pytest -ra -m "not handrun and not long" tests
+	$(BIN)/python -m pytest -ra --durations=30 -m "not handrun and not long" tests
 
-# by hand, on a testbed: scenarios that pass but would take make test past CI's budget (upgrade
-# and its rollbacks, about 6.5 min); see tests/README.md
+# by hand, on a testbed: scenarios that pass but would take make test past CI's budget (about
+# 50 min on two cores: upgrade and its rollbacks, one model per node, the gateway, image layers,
+# every repository offline and the moving GIDs, vLLM's own launch, long prefills, the slowest traps);
+# see tests/README.md
 test-long: deps venv
 	$(BIN)/python -m pytest -ra -m long tests/integration
 

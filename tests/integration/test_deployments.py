@@ -14,7 +14,9 @@ import pytest
 
 from tests.integration.helpers import answers, ours, popen_sc
 
-pytestmark = pytest.mark.testbed
+# `make test-long`, by hand: it passes, but CI's 50 minutes cannot also hold it (5.7 min on CI's two cores,
+# 2026-11-27; tests/README.md)
+pytestmark = [pytest.mark.testbed, pytest.mark.long]
 HEAD, WORKER = "spark-head", "spark-worker"
 SINGLE = "testbed-single"
 

@@ -41,7 +41,9 @@ from tests.integration.helpers import (
     wait_for,
 )
 
-pytestmark = pytest.mark.testbed
+# `make test-long`, by hand: it passes, but CI's 50 minutes cannot also hold it (6.9 min on CI's two cores,
+# 2026-11-27; tests/README.md)
+pytestmark = [pytest.mark.testbed, pytest.mark.long]
 SINGLE = "testbed-single"
 VARIANT = "testbed-single-vision"  # testbed-single under another served name, with an alias
 ON_DEMAND = "testbed-single-od"  # testbed-single under another served name, on demand

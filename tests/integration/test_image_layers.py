@@ -26,7 +26,9 @@ import pytest
 
 from tests.integration.test_traps import BASE, HEAD, REF, WORKER, images, stage_failed
 
-pytestmark = pytest.mark.testbed
+# `make test-long`, by hand: it passes, but CI's 50 minutes cannot also hold it (8.0 min on CI's two cores,
+# 2026-11-27; tests/README.md)
+pytestmark = [pytest.mark.testbed, pytest.mark.long]
 PROFILE = "testbed-standin"
 
 

@@ -20,7 +20,9 @@ from tests.integration import helpers
 from tests.integration.helpers import BASE, CONTAINERS, HEAD, WORKER, journal, ours, sup_state
 from tests.integration.helpers import answers as answers_at
 
-pytestmark = pytest.mark.testbed
+# `make test-long`, by hand: it passes, but CI's 50 minutes cannot also hold it (5.0 min on CI's two cores,
+# 2026-11-27; tests/README.md)
+pytestmark = [pytest.mark.testbed, pytest.mark.long]
 WORKER_C = CONTAINERS[WORKER]
 BASE_IMAGE = "nvcr.io/nvidia/vllm:26.05.post1-py3"
 BACK_WITHIN_S = 240  # stop, backoff (5 s), the worker's agent follows within a look, ~40 s load on two cores

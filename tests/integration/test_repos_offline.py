@@ -29,7 +29,9 @@ from tests.testbed import artifacts
 from tests.testbed.hub import DRAFT, HUB_IP, TINY, TOKENIZER, build_hub
 from tests.testbed.hub.server import make_server, serve_forever_in_thread
 
-pytestmark = pytest.mark.testbed
+# `make test-long`, by hand: it passes, but CI's 50 minutes cannot also hold it (6.7 min on CI's two cores,
+# 2026-11-27; tests/README.md)
+pytestmark = [pytest.mark.testbed, pytest.mark.long]
 HEAD, WORKER = "spark-head", "spark-worker"
 SPEC = f'{{ method = "mtp", model = "{DRAFT}", num_speculative_tokens = 1 }}'
 

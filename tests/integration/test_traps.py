@@ -177,6 +177,7 @@ def test_worker_image_differs_is_resent(testbed, sc, down_around):
     nothing_left(testbed)
 
 
+@pytest.mark.long  # `make test-long`: CI's 50 minutes cannot also hold it (tests/README.md)
 def test_worker_without_forwarded_vars(testbed, sc):
     """The worker's container recreated by hand without a forwarded variable but with sparkcluster's
     labels and config hash: doctor fails containers.forwarded_env on the worker only, and up does not
@@ -353,6 +354,7 @@ def test_flag_the_image_rejects(testbed, sc, tmp_path):
     nothing_left(testbed)
 
 
+@pytest.mark.long  # `make test-long`: CI's 50 minutes cannot also hold it (tests/README.md)
 def test_flag_unknown_to_vllm_but_not_to_lint(testbed, sc, tmp_path):
     """A typo lint cannot know about (the profile states a vLLM version whose flags sparkcluster does
     not hold, so lint says the flags went unchecked): the REAL engine's parser exits with
@@ -466,6 +468,7 @@ def test_per_node_nccl_names_wrong_fail_fast(testbed, sc, tmp_path, old, new, ch
     nothing_left(testbed)
 
 
+@pytest.mark.long  # `make test-long`: CI's 50 minutes cannot also hold it (tests/README.md)
 def test_worker_disk_too_full_for_the_image(testbed, sc, tmp_path, down_around):
     """The image is on the head only and the worker's docker disk has ~200 MB: preflight refuses
     (disk.free), and with a profile that asks for less, the transfer itself is refused before a byte
@@ -522,6 +525,7 @@ def test_worker_disk_too_full_for_the_image(testbed, sc, tmp_path, down_around):
                 testbed.copy_image(REF, HEAD, WORKER)
 
 
+@pytest.mark.long  # `make test-long`: CI's 50 minutes cannot also hold it (tests/README.md)
 def test_health_200_while_completions_hang(testbed, sc, tmp_path):
     """/health answers 200 but a one-token completion never returns: up does not call it ready."""
     env = profile_variant(tmp_path, "trap-hang", top={"ready_timeout_s": "15"})
