@@ -27,14 +27,15 @@ test: deps venv
 	$(BIN)/python -m pytest -ra --durations=30 -m "not handrun and not long" tests
 
 # by hand, on a testbed: scenarios that pass but would take make test past CI's budget (about
-# 50 min on two cores: upgrade and its rollbacks, one model per node, the gateway, image layers,
-# every repository offline and the moving GIDs, vLLM's own launch, long prefills, the slowest traps);
+# an hour on two cores: upgrade and its rollbacks, one model per node, the gateway, image layers,
+# every repository offline and the moving GIDs, vLLM's own launch, long prefills, bench --compare
+# and the canary, the slowest traps);
 # see tests/README.md
 test-long: deps venv
 	$(BIN)/python -m pytest -ra -m long tests/integration
 
 # by hand, on a testbed: the scenarios of this round's features that do not pass yet (monitoring,
-# bench --compare's delayed link, compile caches); see tests/README.md
+# compile caches); see tests/README.md
 test-hand: deps venv
 	$(BIN)/python -m pytest -ra -m handrun tests/integration
 

@@ -19,8 +19,8 @@ import pytest
 from sparkcluster.bench import perf_record
 from tests.integration.test_bench import EXTRA, HEAD
 
-# not in `make test`: `make test-hand` runs it (see tests/README.md: its testbed scenario does not pass yet)
-pytestmark = [pytest.mark.testbed, pytest.mark.handrun]
+# `make test-long`, by hand: it passes (2026-11-27, about 12 min), but CI's 50 minutes cannot also hold it
+pytestmark = [pytest.mark.testbed, pytest.mark.long]
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL_IF = "enp1s0f1np1"  # the testbed's control link: where gloo carries the ranks' traffic
 SHORT = ["-c", "1", "--num-prompts", "4", "--input-len", "64", "--output-len", "16", *EXTRA]
@@ -110,7 +110,8 @@ def test_another_revision_of_the_model_changes_the_canary_and_up_says_since_what
     try:
         res = sc("up", "--profile", str(prof), timeout=600)
         assert res.returncode == 0, res.stdout + res.stderr
-        assert "canary" in res.stdout and "changed after: model revision" in res.stdout, res.stdout
+        said = res.stdout + res.stderr  # up's progress lines are on stderr
+        assert "canary answers changed after: model revision" in said, said
         canary = json.loads(sc("status", "--json").stdout)["canary"]
         assert canary["state"] == "changed" and canary["after"] == "up", canary
         assert any(s.startswith("model revision ") for s in canary["since"]), canary
