@@ -458,3 +458,14 @@ def test_the_launcher_hands_aiperf_the_key_inside_the_process_only(tmp_path):
     env.pop("OPENAI_API_KEY")
     got = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
     assert got.strip() == "['aiperf', 'profile', '--isl', '64'] False"
+
+
+def test_an_aiperf_level_where_no_request_completed_fails_the_run(cli_env, capsys, tmp_path, monkeypatch):
+    """A summary without request_count (aiperf leaves out what it did not measure) is no request completed."""
+    doc = json.loads(AIPERF_JSON)
+    doc.pop("request_count")
+    monkeypatch.setattr(f"{__name__}.AIPERF_JSON", json.dumps(doc))
+    api = AiperfAPI()
+    monkeypatch.setattr(bench, "connect", lambda inv: test_bench.FakeCluster(api))
+    rc, out, err = run(capsys, cli_env, "bench", "--harness", "aiperf", "-c", "2", "--json")
+    assert rc != 0 and "no request completed at concurrency 2" in err
