@@ -14,7 +14,7 @@ HF cache, and the requests do not cross the controller's network, which is not w
 
 import time  # re-exported: tests patch `bench.time.sleep` (the module runner.Head polls with)
 
-from sparkcluster.bench import against, benchy, causes, measured, perf_record
+from sparkcluster.bench import against, aiperf, benchy, causes, measured, perf_record
 from sparkcluster.bench.causes import parse_mtus
 from sparkcluster.bench.results import (
     COLUMNS,
@@ -179,5 +179,6 @@ __all__ = [
     "against",
     "causes",
     "canary",
+    "aiperf",
     "benchy",
 ]

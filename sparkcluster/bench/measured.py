@@ -17,8 +17,13 @@ from dataclasses import dataclass, field
 from sparkcluster import __version__
 from sparkcluster.bench.perf_record import PerfRecord
 
-# the prompts each harness sends: vLLM bench's random tokens, llama-benchy's book (its --book-url default)
-DATASETS = {"vllm-bench-serve": "random", "llama-benchy": "gutenberg:1661 (llama-benchy's default book)"}
+# the prompts each harness sends: vLLM bench's random tokens, llama-benchy's book (its --book-url default),
+# aiperf's synthetic prompts (its default corpus, Shakespeare's sonnets)
+DATASETS = {
+    "vllm-bench-serve": "random",
+    "llama-benchy": "gutenberg:1661 (llama-benchy's default book)",
+    "aiperf": "synthetic (aiperf's default corpus)",
+}
 # NVIDIA's GPUs name themselves in nvidia-smi's first column; a node without one (the testbed) is a CPU
 _NCCL_VERSION = re.compile(r"NCCL version ([0-9]+\.[0-9]+\.[0-9]+)")
 
@@ -49,7 +54,7 @@ def figures_of(row: dict) -> dict[str, float]:
     tpot, ttft, n_in = row.get("tpot_mean_ms"), row.get("ttft_mean_ms"), row.get("input_len")
     if tpot:
         out["decode_tok_s"] = 1000.0 / tpot
-    if row.get("prefill_tok_s"):  # a harness that measures it itself (llama-benchy)
+    if row.get("prefill_tok_s"):  # a harness that measures it itself (llama-benchy, aiperf)
         out["prefill_tok_s"] = float(row["prefill_tok_s"])
     elif ttft and n_in:
         out["prefill_tok_s"] = n_in * 1000.0 / ttft

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from sparkcluster import log, redact
-from sparkcluster.bench import benchy
+from sparkcluster.bench import aiperf, benchy
 from sparkcluster.bench.results import failure_reason, level_error, progress, row_from_result, run_id
 from sparkcluster.bench.sweep import (
     _RUN_ID,
@@ -48,6 +48,8 @@ def row_for(harness: str, doc: dict, level: Level) -> dict:
     """A level's result file as a CSV row, by the harness that wrote it."""
     if harness == "llama-benchy":
         return benchy.row_from_result(doc, level)
+    if harness == "aiperf":
+        return aiperf.row_from_result(doc, level)
     return row_from_result(doc, level)
 
 
@@ -91,10 +93,13 @@ def run_sweep(
             res = head.run_level(level, target, secrets, rid, on_progress=on_progress, harness=harness)
             (run_dir / f"{level.name}.json").write_bytes(res.raw)
             (run_dir / f"{level.name}.log").write_text(res.output)
-            sweep.rows.append(row_for(harness, res.doc, level))
+            row = row_for(harness, res.doc, level)
+            sweep.rows.append(row)
             if on_progress is not None:  # a level too quick for a poll still shows as done
                 on_progress(level, level.num_prompts, level.num_prompts)
-            err = level_error(res.doc, res.output, level, target.base_url)
+            # aiperf's summary has no `completed`: its row's count of completed requests stands in
+            doc = {"completed": row["completed"]} if harness == "aiperf" else res.doc
+            err = level_error(doc, res.output, level, target.base_url)
             if err is not None:  # kept in the folder and the CSV (its errors column says it), then reported
                 raise err
     except (Interrupted, KeyboardInterrupt):  # between levels nothing runs in the container
@@ -189,11 +194,18 @@ class Head:
 
     def setup_benchy(self, pip_index_url: str | None = None) -> None:
         """llama-benchy in its own virtualenv in the head container, installed once (bench/benchy)."""
-        code, out = self._exec(benchy.setup_argv(pip_index_url), {})
+        self._setup_harness("llama-benchy", benchy.VERSION, benchy.setup_argv(pip_index_url))
+
+    def setup_aiperf(self, pip_index_url: str | None = None) -> None:
+        """aiperf in its own virtualenv in the head container, installed once (bench/aiperf)."""
+        self._setup_harness("aiperf", aiperf.VERSION, aiperf.setup_argv(pip_index_url))
+
+    def _setup_harness(self, name: str, version: str, argv: list[str]) -> None:
+        code, out = self._exec(argv, {})
         if code != 0:
             tail = [ln for ln in out.splitlines() if ln.strip()][-6:]
             raise SparkError(
-                f"could not install llama-benchy {benchy.VERSION} in {self.container} (exit {code})",
+                f"could not install {name} {version} in {self.container} (exit {code})",
                 "the head container needs PyPI (or the inventory's pip_index_url); or use --harness vllm-bench-serve",
                 details=tail,
             )
@@ -216,8 +228,13 @@ class Head:
         """Run one level to the end. Ctrl-C stops it and raises Interrupted; a failed benchmark
         raises SparkError with its last lines."""
         folder = level_dir(rid, level)
+        result = f"{folder}/{RESULT_FILE}"
         if harness == "llama-benchy":
-            inner = benchy.bench_argv(level, target, f"{folder}/{RESULT_FILE}")
+            inner = benchy.bench_argv(level, target, result)
+            _log.info("bench level", command=redact.mask(shlex.join(inner)), harness=harness)
+        elif harness == "aiperf":
+            inner = aiperf.bench_argv(level, target, folder)
+            result = aiperf.result_path(folder)
             _log.info("bench level", command=redact.mask(shlex.join(inner)), harness=harness)
         else:
             inner = bench_argv(level, target, folder)
@@ -252,7 +269,7 @@ class Head:
                 details=tail,
             )
         try:
-            raw = self._read(f"{folder}/{RESULT_FILE}")
+            raw = self._read(result)
             doc = json.loads(raw)
         except (ValueError, SparkError) as e:
             raise SparkError(

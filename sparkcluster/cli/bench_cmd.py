@@ -81,8 +81,12 @@ def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table
     return t
 
 
-# the harnesses bench runs itself; a record's aiperf figures are compared with vLLM's bench, flagged
-RUNNABLE = ("vllm-bench-serve", "llama-benchy")
+# the harnesses bench runs itself; a record's aiperf figures are compared with vLLM's bench, flagged,
+# unless --harness aiperf asks for aiperf itself (opt-in: it installs some 138 packages in the container)
+RUNNABLE = ("vllm-bench-serve", "llama-benchy", "aiperf")
+OPT_IN = ("aiperf",)  # run only when --harness names it, never as a record's default
+# the harnesses installed into a virtualenv of their own in the head container: their modules
+INSTALLED = {"llama-benchy": bench_pkg.benchy, "aiperf": bench_pkg.aiperf}
 
 
 def against_table(st: bench_pkg.against.Standing) -> Table:
@@ -221,9 +225,10 @@ def deployment_nodes(inv, prof) -> list[str]:
     "--harness",
     type=click.Choice(RUNNABLE),
     default=None,
-    help="What measures: vLLM's own bench (in the image), or llama-benchy "
-    f"{bench_pkg.benchy.VERSION} (installed once in a virtualenv of its own in the head container) "
-    "[default: the compared record's harness where it runs here, else vllm-bench-serve].",
+    help="What measures: vLLM's own bench (in the image), llama-benchy "
+    f"{bench_pkg.benchy.VERSION} or NVIDIA's aiperf {bench_pkg.aiperf.VERSION} (each installed once in a "
+    "virtualenv of its own in the head container; aiperf only when named here) "
+    "[default: the compared record's harness where it runs here (llama-benchy), else vllm-bench-serve].",
 )
 @click.option(
     "--keep-baseline",
@@ -311,7 +316,7 @@ def bench(
         levels = bench_pkg.repeated(levels, repeat)
         if harness is None:
             named = reference.harness.name if reference is not None else ""
-            harness = named if named in RUNNABLE else "vllm-bench-serve"
+            harness = named if named in RUNNABLE and named not in OPT_IN else "vllm-bench-serve"
         # the levels run inside the head container, at the address the engine listens on
         target = bench_pkg.target_for(prof, inv.cluster.api_port, tokenizer, bind=engine_host(inv, prof))
         port = prof.serve.port or inv.cluster.api_port
@@ -333,11 +338,14 @@ def bench(
                 return
         facts = bench_pkg.cluster_facts(cluster, inv, prof, head, image_id)
         nodes = facts.nodes
-        if harness == "llama-benchy":
+        if harness in INSTALLED:
             err.print(
-                f"llama-benchy {bench_pkg.benchy.VERSION} in {head.container} (installed once, in its own virtualenv)"
+                f"{harness} {INSTALLED[harness].VERSION} in {head.container} (installed once, in its own virtualenv)"
             )
-            head.setup_benchy(inv.cluster.pip_index_url)
+            if harness == "aiperf":
+                head.setup_aiperf(inv.cluster.pip_index_url)
+            else:
+                head.setup_benchy(inv.cluster.pip_index_url)
         run_dir = bench_pkg.new_run_dir(inv.cluster.name, out, started)
         n_in = sorted({lv.input_len for lv in levels})
         n_out = sorted({lv.output_len for lv in levels})
@@ -430,10 +438,12 @@ def bench(
             gpus=prof.world_size,
         ),
         harness=harness,
-        harness_version=bench_pkg.benchy.VERSION if harness == "llama-benchy" else vllm_version,
+        harness_version=INSTALLED[harness].VERSION if harness in INSTALLED else vllm_version,
         argv=(
             bench_pkg.benchy.bench_argv(levels[0], target, "RESULT_FILE")
             if harness == "llama-benchy"
+            else bench_pkg.aiperf.bench_argv(levels[0], target, "RESULT_DIR")
+            if harness == "aiperf"
             else bench_pkg.bench_argv(levels[0], target, "RESULT_DIR")
         ),
         measured_at=started.date(),

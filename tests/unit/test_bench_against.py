@@ -349,3 +349,123 @@ def test_the_comparison_is_drawn_beside_the_published_figures_from_made_up_figur
     monkeypatch.setattr(results, "pyplot", lambda: None)  # the same path as chart.png: one note for both
     assert "matplotlib is not installed" in against.write_chart(tmp_path / "x.png", st)
     assert "matplotlib is not installed" in results.write_chart(tmp_path / "y.png", [{"concurrency": 1}])
+
+
+# ---- aiperf (opt-in) -----------------------------------------------------------------------------------
+
+AIPERF_JSON = (test_bench.Path(__file__).resolve().parents[1] / "captured" / "aiperf-0.13.0-c2.json").read_text()
+
+
+class AiperfAPI(test_bench.FakeAPI):
+    """The fake head, answering aiperf's level with its captured summary, where aiperf writes it."""
+
+    def exec_start(self, exec_id, detach=False):
+        e = self.execs[exec_id]
+        cmd = e["cmd"]
+        if cmd[:3] == ["sh", "-c", bench.LAUNCH] and cmd[5] == f"{bench.aiperf.VENV}/bin/python":
+            folder, argv = cmd[4], cmd[5:]
+            out = next(a.split("=", 1)[1] for a in argv if a.startswith("--output-artifact-dir="))
+            self.files[f"{folder}/pid"] = b"77\n"
+            self.files[f"{folder}/bench.log"] = b"aiperf 0.13.0\n"
+            self.files[f"{out}/{bench.aiperf.EXPORT_FILE}"] = AIPERF_JSON.encode()
+            e["exit"] = 0
+            return None
+        return super().exec_start(exec_id, detach)
+
+
+def test_the_aiperf_argv_keeps_the_key_off_the_command_line_and_names_the_levels_conditions():
+    level = bench.Level(4, 16, 8192, 256)
+    target = bench.Target("http://127.0.0.1:8000", "nvidia/qwen", "/root/.cache/huggingface/hub/models--q/snapshots/a")
+    argv = bench.aiperf.bench_argv(level, target, "/tmp/x/c4")
+    assert argv[:4] == [f"{bench.aiperf.VENV}/bin/python", "-c", bench.aiperf.LAUNCHER, "profile"]
+    assert "--url=http://127.0.0.1:8000" in argv and "--model=nvidia/qwen" in argv
+    assert "--tokenizer=/root/.cache/huggingface/hub/models--q/snapshots/a" in argv and "--streaming" in argv
+    assert argv[argv.index("--isl") + 1] == "8192" and argv[argv.index("--osl") + 1] == "256"
+    assert argv[argv.index("--concurrency") + 1] == "4" and argv[argv.index("--request-count") + 1] == "16"
+    assert "--extra-inputs=ignore_eos:true,min_tokens:256" in argv
+    assert "--output-artifact-dir=/tmp/x/c4/aiperf" in argv
+    assert bench.aiperf.result_path("/tmp/x/c4") == "/tmp/x/c4/aiperf/profile_export_aiperf.json"
+    assert not [a for a in argv[3:] if "api-key" in a]
+    setup = " ".join(bench.aiperf.setup_argv("http://mirror/simple"))
+    assert f"aiperf=={bench.aiperf.VERSION}" in setup and "--index-url http://mirror/simple" in setup
+    assert f"python3 -m venv {bench.aiperf.VENV}" in setup and "--index-url" not in " ".join(bench.aiperf.setup_argv())
+
+
+def test_an_aiperf_summary_is_the_same_row_and_record_figures():
+    """Real aiperf 0.13.0 output (tests/captured/README.md: a loopback stand-in server, figures meaningless)."""
+    doc = json.loads(AIPERF_JSON)
+    row = bench.aiperf.row_from_result(doc, bench.Level(2, 6, 64, 16))
+    assert set(row) >= {c for c in bench.results.COLUMNS} - {"tpot_p50_ms", "tpot_p99_ms"}
+    assert row["completed"] == doc["request_count"]["avg"] == 6 and row["errors"] == 0
+    assert row["output_tok_s"] == doc["output_token_throughput"]["avg"]
+    assert row["ttft_mean_ms"] == doc["time_to_first_token"]["avg"] and doc["time_to_first_token"]["unit"] == "ms"
+    assert (
+        row["ttft_p99_ms"] == doc["time_to_first_token"]["p99"]
+        and row["itl_p50_ms"] == doc["inter_token_latency"]["p50"]
+    )
+    assert row["tpot_mean_ms"] == pytest.approx(1000.0 / doc["output_token_throughput_per_user"]["avg"])
+    assert row["prefill_tok_s"] == doc["prefill_throughput_per_user"]["avg"]
+    assert row["duration_s"] == doc["benchmark_duration"]["avg"] and doc["benchmark_duration"]["unit"] == "sec"
+    figs = bench.measured.figures_of(row)
+    assert figs["decode_tok_s"] == pytest.approx(doc["output_token_throughput_per_user"]["avg"])
+    assert figs["prefill_tok_s"] == row["prefill_tok_s"] and figs["e2e_latency_ms_mean"] == row["e2el_mean_ms"]
+    none = bench.aiperf.row_from_result({}, bench.Level(2, 6, 64, 16))
+    assert none["completed"] == 0 and none["output_tok_s"] is None and none["tpot_mean_ms"] is None
+
+
+def test_an_aiperf_record_runs_vllms_bench_unless_aiperf_is_asked_for(cli_env, capsys, tmp_path, monkeypatch):
+    api = AiperfAPI()
+    monkeypatch.setattr(bench, "connect", lambda inv: test_bench.FakeCluster(api))
+    theirs = record_file(tmp_path, output_tok_s=40.0, harness="aiperf")
+    rc, out, err = run(capsys, cli_env, "bench", "--compare", str(theirs), "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert perf_record.load(test_bench.Path(summary["record"])).harness.name == "vllm-bench-serve"
+    assert any(f.startswith("harness: the record used aiperf") for f in summary["against"]["flags"])
+    assert not [c for c in api.commands() if bench.aiperf.VENV in " ".join(c)]  # opt-in: nothing installed
+
+    rc, out, err = run(capsys, cli_env, "bench", "--compare", str(theirs), "--harness", "aiperf", "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    rec = perf_record.load(test_bench.Path(summary["record"]))
+    assert rec.harness.name == "aiperf" and rec.harness.version == bench.aiperf.VERSION
+    assert any(f.startswith("harness version: the record used aiperf 0.32.0") for f in summary["against"]["flags"])
+    installs = [c for c in api.commands() if "venv" in " ".join(c) and bench.aiperf.VENV in " ".join(c)]
+    assert len(installs) == 1
+    for c in api.commands():
+        assert test_bench.API_KEY not in " ".join(c)
+
+
+def test_the_launcher_hands_aiperf_the_key_inside_the_process_only(tmp_path):
+    """Through a real Python: a stand-in `aiperf.cli.app` sees the key in its argv, while the process's
+    own command line (/proc/PID/cmdline, what `ps` shows) never has it."""
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "aiperf"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli.py").write_text(
+        "import os, sys\n"
+        "def app():\n"
+        "    cmdline = open(f'/proc/{os.getpid()}/cmdline', 'rb').read().decode().split('\\0')\n"
+        "    print(repr(sys.argv), 'sk-launch' in ' '.join(cmdline))\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path), "OPENAI_API_KEY": "sk-launch", "PATH": "/usr/bin:/bin"}
+    argv = [sys.executable, "-c", bench.aiperf.LAUNCHER, "profile", "--isl", "64"]
+    got = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    assert got.strip() == "['aiperf', 'profile', '--isl', '64', '--api-key', 'sk-launch'] False"
+    env.pop("OPENAI_API_KEY")
+    got = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    assert got.strip() == "['aiperf', 'profile', '--isl', '64'] False"
+
+
+def test_an_aiperf_level_where_no_request_completed_fails_the_run(cli_env, capsys, tmp_path, monkeypatch):
+    """A summary without request_count (aiperf leaves out what it did not measure) is no request completed."""
+    doc = json.loads(AIPERF_JSON)
+    doc.pop("request_count")
+    monkeypatch.setattr(f"{__name__}.AIPERF_JSON", json.dumps(doc))
+    api = AiperfAPI()
+    monkeypatch.setattr(bench, "connect", lambda inv: test_bench.FakeCluster(api))
+    rc, out, err = run(capsys, cli_env, "bench", "--harness", "aiperf", "-c", "2", "--json")
+    assert rc != 0 and "no request completed at concurrency 2" in err
