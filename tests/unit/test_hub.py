@@ -39,7 +39,7 @@ def _safetensors(shapes: dict[str, list[int]]) -> bytes:
 
 @pytest.fixture(scope="module")
 def hub(model, tmp_path_factory):
-    running = serve_in_thread(model, tmp_path_factory.mktemp("state"), synthetic_mb=12)
+    running = serve_in_thread(model, tmp_path_factory.mktemp("state"), synthetic_mb=12, retrained=True)
     yield running.hub, running.endpoint
     running.server.shutdown()
     running.server.server_close()

@@ -47,17 +47,22 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def build_hub(
-    model_dir: Path, state_dir: Path, *, synthetic_mb: int = 300, tiny_sha: str | None = None, scale_mb: int = 0
+    model_dir: Path,
+    state_dir: Path,
+    *,
+    synthetic_mb: int = 300,
+    tiny_sha: str | None = None,
+    scale_mb: int = 0,
+    retrained: bool = True,
 ) -> Hub:
+    """`retrained`: serve the tiny model's `retrained` branch, made from `model_dir`'s
+    model.safetensors (which must then be one with an `lm_head.weight`)."""
     memo = state_dir / "hashes"
+    branches = {}
+    if retrained:
+        branches[RETRAINED] = Repo(TINY, retrained_copy(model_dir, state_dir / RETRAINED), memo_dir=memo).load()
     repos = [
-        Repo(
-            TINY,
-            model_dir,
-            memo_dir=memo,
-            sha=tiny_sha or "",
-            branches={RETRAINED: Repo(TINY, retrained_copy(model_dir, state_dir / RETRAINED), memo_dir=memo).load()},
-        ).load(),
+        Repo(TINY, model_dir, memo_dir=memo, sha=tiny_sha or "", branches=branches).load(),
         Repo(GATED, model_dir, gated=True, memo_dir=memo).load(),
         Repo(TOKENIZER, model_dir, memo_dir=memo).load(),
         Repo(DRAFT, model_dir, memo_dir=memo).load(),
@@ -85,9 +90,16 @@ class Running:
 
 
 def serve_in_thread(
-    model_dir: Path, state_dir: Path, host: str = "127.0.0.1", port: int = 0, synthetic_mb: int = 300
+    model_dir: Path,
+    state_dir: Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    synthetic_mb: int = 300,
+    retrained: bool = False,
 ) -> Running:
-    srv = make_server(build_hub(model_dir, state_dir, synthetic_mb=synthetic_mb), host, port)
+    """The hub in this process; the `retrained` branch only when asked (a test's model files are
+    often not a real safetensors file)."""
+    srv = make_server(build_hub(model_dir, state_dir, synthetic_mb=synthetic_mb, retrained=retrained), host, port)
     serve_forever_in_thread(srv)
     return Running(srv.RequestHandlerClass.hub, srv)
 
