@@ -107,7 +107,8 @@ def test_a_killed_rank_is_restarted(testbed, sc, fresh):
     assert len(sup_state(testbed)["restarts"]) == 2
 
 
-@pytest.mark.long  # `make test-long`: CI's 50 minutes cannot also hold it (tests/README.md)
+# not `long`: the cases after it count on its closing `up` for a fresh restart bound (the testbed
+# profile allows two restarts an hour, and the two cases before it used them)
 def test_past_the_restart_limit_it_stays_down_and_status_says_why(testbed, sc, fresh):
     pids = rank1_pids(testbed)
     try:
