@@ -280,6 +280,7 @@ def test_default_route_trap_is_reproduced(testbed):
 
 
 # ---------------------------------------------------------------- containers with the production flags
+@pytest.mark.long  # `make test-long`: CI's 50 minutes cannot also hold it (tests/README.md)
 def test_production_container_sees_hardware(testbed, containers):
     testbed.ray_image()  # puts an image on the worker too (the NGC stand-in lives on the head only)
     from tests.testbed.testbed import RAY_IMAGE
