@@ -26,9 +26,8 @@ after the first), `prefill_throughput_per_user` the prompt tokens over the time 
 from __future__ import annotations
 
 import math
-import shlex
 
-from sparkcluster.bench.sweep import Level, Target, arg_value
+from sparkcluster.bench.sweep import Level, Target, arg_value, venv_setup_argv
 
 VERSION = "0.13.0"
 VENV = "/tmp/sparkcluster-aiperf"
@@ -45,12 +44,7 @@ LAUNCHER = (
 
 def setup_argv(pip_index_url: str | None = None) -> list[str]:
     """Install aiperf once in its own virtualenv in the head container (a no-op when there)."""
-    index = f" --index-url {shlex.quote(pip_index_url)}" if pip_index_url else ""
-    script = (
-        f"test -x {VENV}/bin/python && {VENV}/bin/python -c 'import aiperf' 2>/dev/null || "
-        f"{{ python3 -m venv {VENV} && {VENV}/bin/pip install -q{index} aiperf=={VERSION}; }}"
-    )
-    return ["sh", "-c", script]
+    return venv_setup_argv(VENV, "aiperf", f"aiperf=={VERSION}", pip_index_url)
 
 
 def result_path(folder: str) -> str:

@@ -18,9 +18,7 @@ The figures, from its results.py (`BenchmarkRun`): `pp_req_throughput` is prefil
 
 from __future__ import annotations
 
-import shlex
-
-from sparkcluster.bench.sweep import Level, Target, arg_value
+from sparkcluster.bench.sweep import Level, Target, arg_value, venv_setup_argv
 
 VERSION = "0.4.0"
 VENV = "/tmp/sparkcluster-llama-benchy"
@@ -35,12 +33,7 @@ LAUNCHER = (
 
 def setup_argv(pip_index_url: str | None = None) -> list[str]:
     """Install llama-benchy once in its own virtualenv in the head container (a no-op when there)."""
-    index = f" --index-url {shlex.quote(pip_index_url)}" if pip_index_url else ""
-    script = (
-        f"test -x {VENV}/bin/python && {VENV}/bin/python -c 'import llama_benchy' 2>/dev/null || "
-        f"{{ python3 -m venv {VENV} && {VENV}/bin/pip install -q{index} llama-benchy=={VERSION}; }}"
-    )
-    return ["sh", "-c", script]
+    return venv_setup_argv(VENV, "llama_benchy", f"llama-benchy=={VERSION}", pip_index_url)
 
 
 def bench_argv(level: Level, target: Target, result_file: str, runs: int = 3, model: str | None = None) -> list[str]:

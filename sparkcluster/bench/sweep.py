@@ -9,6 +9,7 @@ vllm/benchmarks/lib/endpoint_request_func.py turns into the Authorization header
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
@@ -218,3 +219,14 @@ def describe(level: Level, target: Target, folder: str, container: str, secrets:
 
     env = " ".join(f"-e {k}=******" if k == "OPENAI_API_KEY" else f"-e {k}={v}" for k, v in exec_env(secrets).items())
     return redact.mask(f"docker exec {env} {container} " + shlex.join(bench_argv(level, target, folder)))
+
+
+def venv_setup_argv(venv: str, module: str, requirement: str, pip_index_url: str | None = None) -> list[str]:
+    """Install `requirement` once in a virtualenv of its own at `venv` in the head container (a no-op
+    when `module` imports there already): the harnesses that pin what the image's Python cannot hold."""
+    index = f" --index-url {shlex.quote(pip_index_url)}" if pip_index_url else ""
+    script = (
+        f"test -x {venv}/bin/python && {venv}/bin/python -c 'import {module}' 2>/dev/null || "
+        f"{{ python3 -m venv {venv} && {venv}/bin/pip install -q{index} {requirement}; }}"
+    )
+    return ["sh", "-c", script]
