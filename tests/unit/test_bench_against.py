@@ -217,21 +217,29 @@ def test_status_shows_the_newest_comparison_of_the_serving_profile(cli_env, caps
 BENCHY_JSON = (test_bench.Path(__file__).resolve().parents[1] / "captured" / "llama-benchy-0.4.0-c1.json").read_text()
 
 
-class BenchyAPI(test_bench.FakeAPI):
-    """The fake head, answering llama-benchy's level with its captured-format JSON."""
+class HarnessAPI(test_bench.FakeAPI):
+    """The fake head, answering a harness's level with its captured export, where the harness writes it:
+    `venv` names the harness (its python in argv), `flag` the option that names the output, `place` where
+    under it the export goes."""
+
+    venv = log = flag = place = export = ""
 
     def exec_start(self, exec_id, detach=False):
         e = self.execs[exec_id]
         cmd = e["cmd"]
-        if cmd[:3] == ["sh", "-c", bench.LAUNCH] and cmd[5] == f"{bench.benchy.VENV}/bin/python":
+        if cmd[:3] == ["sh", "-c", bench.LAUNCH] and cmd[5] == f"{self.venv}/bin/python":
             folder, argv = cmd[4], cmd[5:]
-            out = next(a.split("=", 1)[1] for a in argv if a.startswith("--save-result="))
+            out = next(a.split("=", 1)[1] for a in argv if a.startswith(self.flag))
             self.files[f"{folder}/pid"] = b"77\n"
-            self.files[f"{folder}/bench.log"] = b"llama-benchy (0.4.0)\n"
-            self.files[out] = BENCHY_JSON.encode()
+            self.files[f"{folder}/bench.log"] = self.log.encode()
+            self.files[self.place.format(out=out)] = self.export.encode()
             e["exit"] = 0
             return None
         return super().exec_start(exec_id, detach)
+
+
+class BenchyAPI(HarnessAPI):
+    venv, log, flag, place, export = bench.benchy.VENV, "llama-benchy (0.4.0)\n", "--save-result=", "{out}", BENCHY_JSON
 
 
 def test_the_argv_keeps_the_key_off_the_command_line_and_names_the_records_conditions():
@@ -356,21 +364,9 @@ def test_the_comparison_is_drawn_beside_the_published_figures_from_made_up_figur
 AIPERF_JSON = (test_bench.Path(__file__).resolve().parents[1] / "captured" / "aiperf-0.13.0-c2.json").read_text()
 
 
-class AiperfAPI(test_bench.FakeAPI):
-    """The fake head, answering aiperf's level with its captured summary, where aiperf writes it."""
-
-    def exec_start(self, exec_id, detach=False):
-        e = self.execs[exec_id]
-        cmd = e["cmd"]
-        if cmd[:3] == ["sh", "-c", bench.LAUNCH] and cmd[5] == f"{bench.aiperf.VENV}/bin/python":
-            folder, argv = cmd[4], cmd[5:]
-            out = next(a.split("=", 1)[1] for a in argv if a.startswith("--output-artifact-dir="))
-            self.files[f"{folder}/pid"] = b"77\n"
-            self.files[f"{folder}/bench.log"] = b"aiperf 0.13.0\n"
-            self.files[f"{out}/{bench.aiperf.EXPORT_FILE}"] = AIPERF_JSON.encode()
-            e["exit"] = 0
-            return None
-        return super().exec_start(exec_id, detach)
+class AiperfAPI(HarnessAPI):
+    venv, log, flag = bench.aiperf.VENV, "aiperf 0.13.0\n", "--output-artifact-dir="
+    place, export = f"{{out}}/{bench.aiperf.EXPORT_FILE}", AIPERF_JSON
 
 
 def test_the_aiperf_argv_keeps_the_key_off_the_command_line_and_names_the_levels_conditions():
@@ -464,7 +460,7 @@ def test_an_aiperf_level_where_no_request_completed_fails_the_run(cli_env, capsy
     """A summary without request_count (aiperf leaves out what it did not measure) is no request completed."""
     doc = json.loads(AIPERF_JSON)
     doc.pop("request_count")
-    monkeypatch.setattr(f"{__name__}.AIPERF_JSON", json.dumps(doc))
+    monkeypatch.setattr(AiperfAPI, "export", json.dumps(doc))
     api = AiperfAPI()
     monkeypatch.setattr(bench, "connect", lambda inv: test_bench.FakeCluster(api))
     rc, out, err = run(capsys, cli_env, "bench", "--harness", "aiperf", "-c", "2", "--json")
