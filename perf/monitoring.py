@@ -49,7 +49,8 @@ from perf.session import PROFILE, standalone
 
 WINDOW_S = 30.0
 SCRAPE_S = float(os.environ.get("SCRAPE_S", "10"))  # an owner's inventory: [monitor] scrape_interval_s' default
-MIN_REPS = 5  # the issue asks for at least five, interleaved
+MIN_REPS = 9  # the issue asks for at least five, interleaved; 30 s windows on two shared cores vary
+# +-10 % (0.86-1.05 at five), more than the 2 % to judge
 CPU_BUDGET_PCT, RSS_BUDGET_MB, SCRAPE_BUDGET_S, THROUGHPUT_BUDGET = 1.0, 50.0, 1.0, 0.98
 
 
