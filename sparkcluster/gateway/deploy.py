@@ -11,7 +11,7 @@ import httpx
 
 from sparkcluster import redact
 from sparkcluster.container.spec import files_tar
-from sparkcluster.day2 import server
+from sparkcluster.day2 import server, supervision
 from sparkcluster.errors import SparkError
 from sparkcluster.labels import CLUSTER_LABEL, PORT_LABEL, container_name, is_gateway
 from sparkcluster.remote import retry
@@ -89,15 +89,23 @@ def routing(api, cluster: str, deployment: str) -> tuple[str, dict] | None:
 
 
 def read_doc(api, container: str) -> dict:
-    """The running gateway's config, as `write_doc` left it (secrets inside: never printed)."""
-    return json.loads(run_in(api, container, ["cat", CONFIG_PATH]).stdout)
+    """The gateway's config, as `write_doc` left it (secrets inside: never printed), read through the
+    Docker API's archive, so a stopped gateway's is read too (`apply`'s replace reads it once the
+    old gateway has drained)."""
+    text = supervision.read_file(api, container, CONFIG_PATH)
+    if text is None:
+        raise SparkError(
+            f"could not read the gateway's config {CONFIG_PATH} in {container}: no such container or file",
+            "sparkcluster gateway status shows where it runs; sparkcluster gateway up writes a new one",
+        )
+    return json.loads(text)
 
 
 def holds(api, running: dict | None) -> dict[str, float] | None:
-    """The holds in the running gateway's config (deployment -> its deadline, gateway/hold): an
-    upgrade under way holds one, and a new config keeps them, deadlines unchanged; None where they
-    cannot be read (no gateway running, or its config unreadable)."""
-    if not running or running.get("State") != "running":
+    """The holds in the gateway's config (deployment -> its deadline, gateway/hold), running or
+    stopped: an upgrade under way holds one, and a new config keeps them, deadlines unchanged; None
+    where they cannot be read (no gateway container, or its config unreadable)."""
+    if not running:
         return None
     try:
         held = read_doc(api, running["Id"]).get("held_until")
@@ -109,10 +117,22 @@ def holds(api, running: dict | None) -> dict[str, float] | None:
 
 
 def stop(api, cid: str) -> None:
+    """The gateway drained (`halt`), then its container removed."""
+    halt(api, cid)
+    remove(api, cid)
+
+
+def halt(api, cid: str) -> None:
     """SIGTERM; the streams in flight drain for the container's own bound (its stop timeout, drain_s
-    plus a margin, set when it was made), then Docker's SIGKILL; then the container goes."""
+    plus a margin, set when it was made), then Docker's SIGKILL. The container stays, stopped."""
     try:
         api.stop(cid)
+    except docker.errors.NotFound:
+        pass
+
+
+def remove(api, cid: str) -> None:
+    try:
         api.remove_container(cid, force=True)
     except docker.errors.NotFound:
         pass
@@ -192,8 +212,12 @@ def apply(api, plan: GatewayPlan, host, say=lambda line: None) -> dict:
             _keep_holds(api, plan)
             write_config(api, container, plan)
         elif step.action == "replace":
-            _keep_holds(api, plan)  # the new container's config carries them
-            stop(api, plan.running["Id"])
+            # the old gateway drains first (up to drain_s), and the holds the new container's config
+            # carries are read after, from the stopped one: an upgrade's hold or release written into
+            # it while it drained counts; one written once it has stopped fails (it no longer runs)
+            halt(api, plan.running["Id"])
+            _keep_holds(api, plan)
+            remove(api, plan.running["Id"])
         elif step.action == "create":
             create(api, plan)
         elif step.action == "ready":
@@ -205,8 +229,8 @@ def apply(api, plan: GatewayPlan, host, say=lambda line: None) -> dict:
 
 
 def _keep_holds(api, plan: GatewayPlan) -> None:
-    """The running gateway's holds, read again just before its config is replaced: one released
-    since the plan was made stays released, one taken since is kept."""
+    """The gateway's holds, read again just before its config is replaced: one released since the
+    plan was made stays released, one taken since is kept."""
     got = holds(api, plan.running)
     if got is not None:
         plan.held = got

@@ -7,17 +7,23 @@ config and waits until the gateway confirms it with nothing in flight."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import tarfile
 import threading
 import time
 
+import docker.errors
 import httpx
 from gateway_fakes import KEY, Engine, Served, config, in_rotation, start_gateway, until
 
+from sparkcluster.container.spec import files_tar
 from sparkcluster.gateway import deploy
 from sparkcluster.gateway import hold as gateway_hold
+from sparkcluster.gateway.rollout import CONFIG_PATH
 from sparkcluster.gateway.routes import Route, Table, Unavailable
+from sparkcluster.labels import CONFIG_LABEL
 
 BEARER = {"Authorization": f"Bearer {KEY}"}
 
@@ -172,7 +178,8 @@ def test_gateway_up_keeps_the_running_gateways_holds_and_their_deadlines(monkeyp
     monkeypatch.setattr(deploy, "read_doc", lambda api, c: json.loads(json.dumps(running_doc)))
     monkeypatch.setattr(deploy, "write_doc", lambda api, c, doc: written.append(doc))
     monkeypatch.setattr(deploy, "create", lambda api, plan: written.append(plan.config()))
-    monkeypatch.setattr(deploy, "stop", lambda api, cid: None)
+    monkeypatch.setattr(deploy, "halt", lambda api, cid: None)
+    monkeypatch.setattr(deploy, "remove", lambda api, cid: None)
     monkeypatch.setattr(deploy, "port_holder", lambda host, port: "")
     monkeypatch.setattr(deploy, "wait_ready", lambda api, c, address, plan: {"routes": []})
 
@@ -199,3 +206,137 @@ def test_gateway_up_keeps_the_running_gateways_holds_and_their_deadlines(monkeyp
     running_doc.pop("held_until")  # the upgrade released it after the plan was made
     deploy.apply("api", released, host=type("H", (), {"address": "h"})())
     assert "held_until" not in written[-1]
+
+
+class GatewayNode:
+    """The Engine API of the gateway's node, as `gateway up` (deploy) and GatewayHold reach it: its
+    containers by id or name, each with its files and whether it runs; `while_draining` runs inside
+    `stop`, while the old gateway drains its streams and still runs, `once_stopped` right after."""
+
+    def __init__(self, name: str, doc: dict):
+        self.boxes = {"c1": {"name": name, "files": {CONFIG_PATH: json.dumps(doc)}, "running": True}}
+        self.while_draining = self.once_stopped = lambda: None
+        self._execs: dict[str, tuple[str, list[str]]] = {}
+
+    def box(self, ref: str) -> dict:
+        for cid, b in self.boxes.items():
+            if ref in (cid, b["name"]):
+                return b
+        raise docker.errors.NotFound(f"No such container: {ref}")
+
+    def doc(self, ref: str) -> dict:
+        return json.loads(self.box(ref)["files"][CONFIG_PATH])
+
+    def get_archive(self, ref, path):  # a stopped container's files are read too, as Docker's are
+        b = self.box(ref)
+        if path not in b["files"]:
+            raise docker.errors.NotFound(f"Could not find the file {path} in container {ref}")
+        return [files_tar({path.rsplit("/", 1)[-1]: b["files"][path]})], {}
+
+    def put_archive(self, ref, path, data):
+        b = self.box(ref)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            for m in tar.getmembers():
+                if m.isfile():
+                    b["files"]["/" + m.name] = tar.extractfile(m).read().decode()
+
+    def exec_create(self, ref, argv, environment=None):
+        if not self.box(ref)["running"]:
+            raise docker.errors.APIError(f"409 Client Error: Conflict (container {ref} is not running)")
+        self._execs[str(len(self._execs))] = (ref, argv)
+        return {"Id": str(len(self._execs) - 1)}
+
+    def exec_start(self, exec_id):
+        ref, argv = self._execs[exec_id]
+        files = self.box(ref)["files"]
+        if argv[:2] == ["mv", "-f"]:
+            files[argv[3]] = files.pop(argv[2])
+            return b""
+        if argv[0] == "cat":
+            return files[argv[1]].encode()
+        if argv[-1] == gateway_hold.CLOCK:
+            return b"5000.5\n"
+        # its /gateway/status: a hold in its config is confirmed, nothing in flight
+        doc = json.loads(files[CONFIG_PATH])
+        routes = [
+            {"deployment": d["key"], "held_s": 1.0 if d["key"] in doc.get("held_until", {}) else 0.0, "in_flight": 0}
+            for d in doc["deployments"]
+        ]
+        return json.dumps({"routes": routes}).encode()
+
+    def exec_inspect(self, exec_id):
+        return {"ExitCode": 0}
+
+    def stop(self, ref):
+        self.while_draining()
+        self.box(ref)["running"] = False
+        self.once_stopped()
+
+    def remove_container(self, ref, force=False):
+        self.boxes = {cid: b for cid, b in self.boxes.items() if b is not self.box(ref)}
+
+    def create_host_config(self, **kwargs):
+        return kwargs
+
+    def create_container(self, host_config=None, **kwargs):
+        self.boxes["c2"] = {"name": kwargs["name"], "files": {}, "running": False}
+        return {"Id": "c2"}
+
+    def start(self, ref):
+        self.box(ref)["running"] = True
+
+
+def test_a_hold_taken_or_released_while_gateway_up_replaces_the_gateway_is_what_the_new_one_gets(monkeypatch):
+    """`gateway up` that replaces the container stops the old one first, and its streams drain for
+    up to drain_s: an upgrade's hold or release written into the old gateway meanwhile is what the
+    new container's config carries (its deadline unchanged), never the holds as the plan read them
+    before the drain. A write once the old gateway has stopped fails (the upgrade's step says so)."""
+    from conftest import make_inventory
+
+    from sparkcluster.config import profile as profiles
+    from sparkcluster.day2.deployments import Deployment
+    from sparkcluster.gateway import rollout
+    from sparkcluster.labels import gateway_name
+
+    inv = make_inventory()
+    node = inv.nodes[0].name
+    key = f"testbed-single@{node}"
+    name = gateway_name(inv.cluster.name)
+    host = type("H", (), {"address": "h"})()
+    monkeypatch.setattr(deploy, "port_holder", lambda host, port: "")
+    monkeypatch.setattr(deploy, "wait_ready", lambda api, c, address, plan: {"routes": []})
+    monkeypatch.setattr(gateway_hold, "LOOK_S", 0.01)
+    deadline = 5000.5 + gateway_hold.HOLD_S
+
+    def replace(held: dict, during, after=lambda upgrade: None) -> GatewayNode:
+        doc = {"port": 4000, "keys": [KEY], "deployments": [{"key": key}], **({"held_until": held} if held else {})}
+        api = GatewayNode(name, doc)
+        upgrade = gateway_hold.GatewayHold(lambda: contextlib.nullcontext(api), name, key)
+        api.while_draining, api.once_stopped = (lambda: during(upgrade)), (lambda: after(upgrade))
+        running = {"Id": "c1", "State": "running", "Labels": {CONFIG_LABEL: "0000"}}  # another image: replaced
+        found, loaded = (
+            [Deployment("testbed-single", (node,))],
+            {"testbed-single": profiles.load_profile("testbed-single")},
+        )
+        plan = rollout.make(inv, node, found, loaded, {}, [KEY], "img:1", running, held=deploy.holds(api, running))
+        assert plan.held == held and [s.action for s in plan.steps()][0] == "replace"
+        deploy.apply(api, plan, host)
+        assert list(api.boxes) == ["c2"] and api.box(name)["running"]
+        return api
+
+    api = replace({key: deadline}, during=lambda upgrade: upgrade.release())
+    assert "held_until" not in api.doc(name)  # released while the old one drained: not held again
+
+    api = replace({}, during=lambda upgrade: upgrade.hold())
+    assert api.doc(name)["held_until"] == {key: deadline}  # taken while it drained: carried, same deadline
+
+    refused: list[Exception] = []
+
+    def too_late(upgrade):
+        try:
+            upgrade.release()
+        except docker.errors.APIError as e:
+            refused.append(e)
+
+    replace({key: deadline}, during=lambda upgrade: None, after=too_late)
+    assert refused and "not running" in str(refused[0])  # said, not silently lost
