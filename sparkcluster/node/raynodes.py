@@ -91,7 +91,7 @@ def node_lost(rows: list[dict], complete: bool, started: dict[str, dict]) -> dic
             cause = (
                 f"{where}: a new Ray node {_short(new)} registered at that IP since the engine started, "
                 f"where its rank's node {_short(old)} ran (Ray counts the old one alive until its health "
-                f"check fails): the node's container was replaced{tail}"
+                f"check fails); the node's container was replaced, so{tail.removeprefix(':')}"
             )
         else:
             continue
