@@ -71,9 +71,10 @@ DEFAULT_POLICY = {
     "idle_ttl_s": 900.0,
 }
 
-# One look reads /health and /metrics (3 s each at most) and may send the one-token probe, which
-# blocks up to probe_timeout_s while a rank is stopped: the state file is not rewritten meanwhile.
-LOOK_BLOCKS_S = 6.0
+# One look reads /health and /metrics (3 s each at most) and, with Ray, Ray's node table (1 s at
+# most), and may send the one-token probe, which blocks up to probe_timeout_s while a rank is
+# stopped: the state file is not rewritten meanwhile.
+LOOK_BLOCKS_S = 7.0
 
 
 def stale_after_s(sup: dict) -> float:

@@ -116,14 +116,24 @@ def headroom(total: int, available: int, fraction: float, running: bool = False)
 
 def ray_rows(text: str) -> list[dict]:
     """Ray state API `/api/v0/nodes`: {"data": {"result": {"result": [{node_ip, state, resources_total}]}}}."""
+    return ray_listing(text)[0]
+
+
+def ray_listing(text: str) -> tuple[list[dict], bool]:
+    """(rows, complete): the rows as `ray_rows`, and whether they are every node Ray returned. The
+    API sorts the nodes by node_id and cuts them at the request's `limit`; its `num_filtered` says
+    how many there were (Ray 2.60's `state_aggregator.list_nodes`; tests/captured/ray-2.60)."""
     try:
         doc = json.loads(text)
     except ValueError:
-        return []
+        return [], False
     data = doc.get("data") if isinstance(doc, dict) else None
     result = data.get("result") if isinstance(data, dict) else None
     rows = result.get("result") if isinstance(result, dict) else result
-    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+    rows = [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+    counts = [result.get(k) for k in ("num_filtered", "total")] if isinstance(result, dict) else [None]
+    complete = bool(rows) and all(isinstance(n, int) and len(rows) >= n for n in counts)
+    return rows, complete
 
 
 def alive_gpus(rows: list[dict], ip: str) -> float:

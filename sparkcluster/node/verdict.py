@@ -23,6 +23,9 @@ class Look:
     probe: str | None = None  # None: not probed this time; "" ok; else why it failed
     low_memory: dict[str, int] = field(default_factory=dict)  # node -> MemAvailable bytes, below the floor
     ranks_gone: str = ""  # executor "mp": why a worker's rank of this set is gone (node/ranks)
+    # executor "ray": a Ray node the engine's ranks run on is DEAD or replaced (node/raynodes.node_lost:
+    # its "cause" and evidence), {} when none is or Ray's table was not read at this look
+    ray_lost: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -92,6 +95,8 @@ def verdict(w: Watch, look: Look, policy: dict) -> tuple[str, str] | None:
         return "dead", "the vllm serve process exited"
     if look.ranks_gone:
         return "dead", look.ranks_gone
+    if look.ray_lost:
+        return "dead", look.ray_lost["cause"]
     if not w.ready:
         if look.health == 200 and look.probe == "":
             w.ready, w.progressed_at = True, look.now
