@@ -224,7 +224,7 @@ def _textual() -> bool:
 def _write_html(inv, sts, path: Path) -> None:
     from sparkcluster.day2 import html_report  # only where --html is asked: status --json stays light
 
-    charts = {}
+    charts = None
     try:
         from sparkcluster.monitor import history  # only where --html is asked, as above
         from sparkcluster.remote.fanout import connect_all  # as above

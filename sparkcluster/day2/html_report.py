@@ -13,6 +13,7 @@ import time
 from sparkcluster import redact
 from sparkcluster.day2 import supervision
 from sparkcluster.day2.status import ClusterStatus
+from sparkcluster.monitor.history import History
 
 CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1d2330; background: #fafbfc; }
@@ -100,18 +101,23 @@ def _deployment(st: ClusterStatus) -> str:
     return "\n".join(out)
 
 
-def render(
-    sts: list[ClusterStatus], charts: dict[str, list[tuple[float, float]]] | None = None, now: float | None = None
-) -> str:
-    """The page. `charts`: title -> (t, value) points (monitor/history), drawn when given."""
+def _window(seconds: float) -> str:
+    return "hour" if seconds == 3600 else (f"{seconds / 60:g} minutes" if seconds >= 120 else f"{seconds:g} s")
+
+
+def render(sts: list[ClusterStatus], charts: History | None = None, now: float | None = None) -> str:
+    """The page. `charts` (monitor/history): drawn where monitoring runs; where it has nothing to draw
+    yet, the page says why."""
     when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now if now is not None else time.time()))
     cluster = sts[0].cluster if sts else "?"
     body = [f"<h1>sparkcluster: {_e(cluster)}</h1><p>status at {_e(when)}</p>"]
-    drawn = [(title, sparkline_svg(pts)) for title, pts in sorted((charts or {}).items())]
-    drawn = [(t, svg) for t, svg in drawn if svg]
-    if drawn:
-        body.append("<h2>The last hour (Prometheus)</h2>")
+    if charts is not None:
+        drawn = [(title, sparkline_svg(pts)) for title, pts in sorted(charts.points.items())]
+        drawn = [(t, svg) for t, svg in drawn if svg]
+        body.append(f"<h2>The last {_window(charts.window_s)} (Prometheus)</h2>")
         body += [f"<div class='chart'><span>{_e(t)}</span>{svg}</div>" for t, svg in drawn]
+        if not drawn:
+            body.append(f"<p>no chart: {_e(charts.note)}</p>")
     body += [_deployment(st) for st in sts]
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"

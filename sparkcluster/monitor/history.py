@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.monitor import scrape, stack
@@ -34,19 +35,52 @@ def parse(title: str, label: str, text: str) -> dict[str, list[tuple[float, floa
     return out
 
 
-def charts(
-    api, inv: Inventory, seconds: float = 3600.0, now: float | None = None
-) -> dict[str, list[tuple[float, float]]]:
-    """Every chart's points over the last `seconds`; {} where Prometheus does not run."""
-    if not stack.running(api, inv, stack.PROMETHEUS):
-        return {}
-    end = time.time() if now is None else now
-    url = f"http://{scrape.reach_ip(inv, inv.head.name)}:{inv.monitor.prometheus_port}"
-    step = f"{max(inv.monitor.scrape_interval_s, seconds / 240):g}s"
+@dataclass
+class History:
+    """What Prometheus gave for the report: each chart's points, the window they cover, and (when no
+    chart has two points) why, said on the page instead of leaving the charts out silently."""
+
+    points: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    window_s: float = 0.0
+    note: str = ""
+
+    def drawable(self) -> bool:
+        return any(len(p) >= 2 for p in self.points.values())
+
+
+def _ask(api, inv: Inventory, url: str, end: float, seconds: float, step: float) -> tuple[dict, str]:
     out: dict[str, list[tuple[float, float]]] = {}
+    failed = ""
     for title, (label, expr) in queries(inv).items():
         argv = ["/bin/promtool", "query", "range", "-o", "json", f"--start={end - seconds:.0f}", f"--end={end:.0f}"]
-        res = stack.exec_in(api, inv, stack.PROMETHEUS, [*argv, f"--step={step}", url, expr])
+        res = stack.exec_in(api, inv, stack.PROMETHEUS, [*argv, f"--step={step:g}s", url, expr])
         if res.ok:
             out.update(parse(title, label, res.stdout))
-    return out
+        else:
+            said = res.stdout.strip().splitlines()  # stdout and stderr together (dockerapi.run_in)
+            failed = f"promtool query range failed: {said[-1] if said else f'exit {res.exit_code}'}"
+    return out, failed
+
+
+def charts(api, inv: Inventory, seconds: float = 3600.0, now: float | None = None) -> History | None:
+    """Every chart's points over the last `seconds` (240 steps, none finer than a scrape); None where
+    Prometheus does not run. A Prometheus younger than two of those steps is asked again at its
+    scrape interval over its last 240 scrapes, so a report made minutes after `monitor up` has charts."""
+    if not stack.running(api, inv, stack.PROMETHEUS):
+        return None
+    end = time.time() if now is None else now
+    url = f"http://{scrape.reach_ip(inv, inv.head.name)}:{inv.monitor.prometheus_port}"
+    scrape_s = inv.monitor.scrape_interval_s
+    step = max(scrape_s, seconds / 240)
+    points, failed = _ask(api, inv, url, end, seconds, step)
+    got = History(points, seconds)
+    if not got.drawable() and not failed and step > scrape_s:
+        recent = min(seconds, 240 * scrape_s)
+        points, failed = _ask(api, inv, url, end, recent, scrape_s)
+        got = History(points, recent)
+    if not got.drawable():
+        got.note = failed or (
+            f"no series has two samples yet in the last {got.window_s:g} s (scraped every {scrape_s:g} s): "
+            "Prometheus started moments ago"
+        )
+    return got

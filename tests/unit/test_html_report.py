@@ -5,6 +5,7 @@ opens it and takes a screenshot, kept where SPARKCLUSTER_ARTIFACTS points."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -70,7 +71,55 @@ class Balance(HTMLParser):
 def page() -> str:
     redact.register(SECRET)
     charts = history.parse("tok/s {}", "deployment", MATRIX) | history.parse("headroom GiB {}", "peer", "not json")
-    return html_report.render(statuses(), charts, now=1.7e9)
+    return html_report.render(statuses(), history.History(charts, 3600.0), now=1.7e9)
+
+
+class Promtool:
+    """Prometheus' container as history.charts sees it: running, and promtool answering `query range`
+    with `MATRIX`'s shape, holding samples from `since` on at the scrape interval."""
+
+    def __init__(self, since: float, ok: bool = True):
+        self.since, self.ok, self.asked = since, ok, []
+
+    def __call__(self, api, inv, component, argv):
+        from sparkcluster.remote.result import CommandResult
+
+        opts = dict(a.removeprefix("--").split("=", 1) for a in argv if a.startswith("--"))
+        self.asked.append(opts)
+        start, end, step = float(opts["start"]), float(opts["end"]), float(opts["step"].removesuffix("s"))
+        if not self.ok:
+            return CommandResult("spark-a", "promtool", 1, "Error: bad_data: invalid parameter", "", 0.1)
+        t, values = start, []
+        while t <= end:
+            if t >= self.since:
+                values.append([t, "7"])
+            t += step
+        series = [{"metric": {"cluster": "pair", "deployment": "d", "peer": "spark-a"}, "values": values}]
+        return CommandResult("spark-a", "promtool", 0, json.dumps(series), "", 0.1)
+
+
+def test_a_young_prometheus_is_asked_at_its_scrape_interval_and_an_empty_one_is_said(monkeypatch):
+    """Minutes after `monitor up` the hour's 15 s steps hold under two samples: the report asks again at
+    the scrape interval over the last 240 scrapes, so it has charts; with nothing at all it says why."""
+    monkeypatch.setattr(history.stack, "running", lambda api, inv, c: True)
+    now, scrape_s = 1.8e9, INV.monitor.scrape_interval_s
+    young = Promtool(since=now - 1.2 * scrape_s)  # one sample at the hour's 15 s steps, two at the scrape's
+    monkeypatch.setattr(history.stack, "exec_in", young)
+    got = history.charts(None, INV, now=now)
+    assert got.drawable() and got.window_s == min(3600, 240 * scrape_s) and not got.note
+    assert {a["step"] for a in young.asked} == {f"{max(scrape_s, 15):g}s", f"{scrape_s:g}s"}
+    assert f"The last {html_report._window(got.window_s)} (Prometheus)" in html_report.render(statuses(), got)
+
+    monkeypatch.setattr(history.stack, "exec_in", Promtool(since=now + 1))
+    empty = history.charts(None, INV, now=now)
+    assert not empty.drawable() and "no series has two samples yet" in empty.note
+    assert "<p>no chart: no series has two samples yet" in html_report.render(statuses(), empty)
+
+    monkeypatch.setattr(history.stack, "exec_in", Promtool(since=0, ok=False))
+    assert history.charts(None, INV, now=now).note == "promtool query range failed: Error: bad_data: invalid parameter"
+    monkeypatch.setattr(history.stack, "running", lambda api, inv, c: False)
+    assert history.charts(None, INV, now=now) is None
+    assert "Prometheus" not in html_report.render(statuses(), None)
 
 
 def test_the_page_is_well_formed_masks_secrets_and_draws_the_charts():
