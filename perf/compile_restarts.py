@@ -77,7 +77,15 @@ def measure_once(s, i: int) -> str:
         s.rec(f"compile_{name}_start_s", e["start_s"])
         s.rec(f"compile_{name}_compile_s", e.get("compile_s") or 0.0)
         s.details.setdefault("compile_cache_results", []).append(
-            {"rep": i, "start": name, "result": e["result"], "evidence": e["evidence"], "key": e["key"]}
+            {
+                "rep": i,
+                "start": name,
+                "result": e["result"],
+                "evidence": e["evidence"],
+                "key": e["key"],
+                # vLLM's own word where its AOT artifact did not load or save (node/compile_reading)
+                **{k: e[k] for k in ("unloaded", "unsaved") if e.get(k)},
+            }
         )
     s.rec("compile_warm_ratio", warm["start_s"] / cold["start_s"])
     s.rec("compile_restart_ratio", restart["start_s"] / cold["start_s"])

@@ -21,8 +21,21 @@ code may be reused:
 
 Only the key's own folder is mounted into the container: a cache of another image or other flags
 is never seen by the engine, let alone used. Inside it each tool gets its folder through its own
-variable (`ENV`), so vLLM on a GPU and the CPU build's plain inductor (which bypasses vLLM's cache
-folder: `vllm/platforms/cpu.py`, DYNAMO_TRACE_ONCE) both write there.
+variable (`ENV`). vLLM 0.32 moves inductor's itself, into VLLM_CACHE_ROOT's and so inside the mount
+too: where it AOT-compiles (VLLM_USE_AOT_COMPILE, on by default with torch >= 2.10, every platform)
+to `torch_compile_cache/torch_aot_compile/<hash>/inductor_cache` beside the `rank_i_j/model`
+artifact (`vllm/compilation/decorators.py:576-580`), and where its own backend compiles (GPUs) to
+`torch_compile_cache/<hash>/inductor_cache` (`vllm/compilation/compiler_interface.py:467`). Only
+the CPU build with AOT off leaves inductor in the `inductor` folder given here.
+
+vLLM 0.32's CPU build cannot load its own AOT artifact: it compiles with plain inductor
+(DYNAMO_TRACE_ONCE, `vllm/platforms/cpu.py:364-367`), whose artifact torch reloads wrapping a
+plain function (`torch/_dynamo/aot_compile_types.py:218`), and vLLM's loader then calls
+`finalize_loading` on it (`decorators.py:315`), which only vLLM's own backend's artifact has
+(`vllm/compilation/caching.py:382`). Every restart logs "Compiling model again due to a load
+failure ... 'function' object has no attribute 'finalize_loading'" and writes the artifact again.
+The testbed-compile profile forwards VLLM_USE_AOT_COMPILE=0: then inductor's own FX graph cache
+(in `inductor`) serves a restart every kernel the first start compiled.
 
 The folders' total is capped per node (`compile_cache_max_gb`); before a start the oldest keys
 (by their last start) go first, never the key being started.
@@ -87,8 +100,8 @@ LOCATION_OR_LOG_ENV = frozenset(
 
 # variable -> subfolder of the key's folder (inside the container at the same path as on the host)
 ENV: dict[str, str] = {
-    "VLLM_CACHE_ROOT": "vllm",  # torch_compile_cache/<hash>/rank_i_j, AOT, and (GPU) inductor_cache beside
-    "TORCHINDUCTOR_CACHE_DIR": "inductor",  # the CPU build's inductor (vLLM's backend resets it on GPU)
+    "VLLM_CACHE_ROOT": "vllm",  # torch_compile_cache/<hash>/rank_i_j; with AOT, its inductor_cache too
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",  # the CPU build's inductor with AOT off (vLLM resets it otherwise)
     "TRITON_CACHE_DIR": "triton",  # ~/.triton/cache otherwise
     "FLASHINFER_WORKSPACE_BASE": "flashinfer",  # its JIT modules go to <base>/.cache/flashinfer
     "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "flashinfer-autotune",

@@ -3,10 +3,13 @@ folder): whether a start of the engine loaded what an earlier start compiled, ho
 took, and whose the files are.
 
 Hit or miss is read from the engine's own lines (vLLM 0.32, cited per pattern below) where they
-exist; the CPU build compiles with plain inductor (DYNAMO_TRACE_ONCE, `vllm/platforms/cpu.py`),
-which says neither, so there the folder tells: files added by this start mean it compiled (a miss),
-a folder that had files and gained none means it loaded them (a hit). Every start's reading goes to
-the journal as one "compile cache" entry, which `events` shows.
+exist. The CPU build compiles with plain inductor (DYNAMO_TRACE_ONCE, `vllm/platforms/cpu.py`):
+with vLLM's AOT compile on (its default with torch >= 2.10) it says only that it saved the model's
+artifact (a compile) or that the artifact there did not load (a compile again); with AOT off (the
+testbed-compile profile, where the artifact can never load) it says neither, so there the folder
+tells: files added by this start mean it compiled (a miss), a folder that had files and gained none
+means inductor loaded its kernels (a hit). Every start's reading goes to the journal as one
+"compile cache" entry, which `events` shows.
 
 The engine runs as root in the container, so what it writes into the mounted folder is root's on
 the host; `CacheOwner` hands every file to the SSH user's uid:gid (from the agent's config), so the
@@ -30,9 +33,19 @@ AOT_HIT = re.compile(r"Directly load AOT compilation from path")
 MISS = re.compile(r"Compiling a graph for compile range .* takes ([0-9.]+) s")
 # vllm/compilation/monitor.py:20 and decorators.py:708: the total, once per rank
 TOTAL = re.compile(r"torch\.compile (?:and initial profiling/warmup run together )?took ([0-9.]+) s in total")
-# vllm/compilation/decorators.py (__call__, after the first AOT compile): the artifact a later start
-# would load was not written, so every start compiles again however warm the folder looks
-SAVE_FAILED = re.compile(r"Cannot save aot compilation to path (\S+), error: (.*)$")
+# vllm/compilation/decorators.py:743 (save_aot_compiled_function): the AOT artifact written, which
+# vLLM does only after compiling the whole model this start (decorators.py:700; a loaded one is not
+# saved again, :726-728); the CPU build's only compile line
+AOT_SAVED = re.compile(r"saved AOT compiled function to (\S+)")
+# decorators.py:750: the artifact a later start would load was not written, so every start compiles
+# again however warm the folder looks
+SAVE_FAILED = re.compile(r"unable to save AOT compiled function to (\S+): (.*)$")
+# decorators.py:331-337: an artifact was there and did not load, so this start compiles the model
+# again. vLLM 0.32's CPU build says it at every restart: its loader calls `finalize_loading` (:315),
+# which only vLLM's own backend's artifact has, and the CPU platform compiles with plain inductor
+# (DYNAMO_TRACE_ONCE, vllm/platforms/cpu.py:364-367), whose artifact torch reloads as a function
+# ("'function' object has no attribute 'finalize_loading'"); testbed-compile turns AOT off for it
+LOAD_FAILED = re.compile(r"Compiling model again due to a load failure from (\S+), reason: (.*)$")
 # vllm/v1/engine/core.py:396: the engine's init, with the compile time when there was one
 INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took [0-9.]+ s \(compilation: ([0-9.]+) s")
 # vllm/v1/worker/cpu_model_runner.py:87,91: the CPU build compiles during this warm-up
@@ -48,6 +61,7 @@ class Reading:
     compile_s: float | None  # the seconds the engine spent compiling (or loading) this start
     evidence: str  # "engine log" or "cache folder"
     unsaved: str = ""  # vLLM said it could not save its AOT artifact (why): the next start compiles again
+    unloaded: str = ""  # vLLM said the artifact there did not load (why): this start compiled again
 
 
 def _clock(line: str) -> float | None:
@@ -63,14 +77,17 @@ def read_lines(lines: list[str], files_before: int = 0, files_added: int = 0) ->
     hits = misses = 0
     totals: list[float] = []
     warm_from = warm_to = None
-    unsaved = ""
+    unsaved = unloaded = ""
     for line in lines:
         failed = SAVE_FAILED.search(line)
         if failed:
             unsaved = failed.group(2).strip()[:300]
+        not_loaded = LOAD_FAILED.search(line)
+        if not_loaded:
+            unloaded = not_loaded.group(2).strip()[:300]
         if HIT.search(line) or AOT_HIT.search(line):
             hits += 1
-        if MISS.search(line):
+        if MISS.search(line) or AOT_SAVED.search(line) or not_loaded:
             misses += 1
         m = TOTAL.search(line) or INIT.search(line)
         if m:
@@ -83,14 +100,14 @@ def read_lines(lines: list[str], files_before: int = 0, files_added: int = 0) ->
     if seconds is None and warm_from is not None and warm_to is not None:
         seconds = float(max(0, warm_to - warm_from))
     if misses:
-        return Reading("miss", seconds, "engine log", unsaved)
+        return Reading("miss", seconds, "engine log", unsaved, unloaded)
     if hits:
-        return Reading("hit", seconds, "engine log", unsaved)
+        return Reading("hit", seconds, "engine log", unsaved, unloaded)
     if files_added:
-        return Reading("miss", seconds, "cache folder", unsaved)
+        return Reading("miss", seconds, "cache folder", unsaved, unloaded)
     if files_before:
-        return Reading("hit", seconds, "cache folder", unsaved)
-    return Reading("none", seconds, "cache folder", unsaved)
+        return Reading("hit", seconds, "cache folder", unsaved, unloaded)
+    return Reading("none", seconds, "cache folder", unsaved, unloaded)
 
 
 def count_files(folder: str) -> int:
@@ -147,6 +164,7 @@ class StartReading:
             files_added=added,
             start_s=round(time.monotonic() - self.started, 1),
             **({"unsaved": got.unsaved} if got.unsaved else {}),
+            **({"unloaded": got.unloaded} if got.unloaded else {}),
         )
         return got
 

