@@ -22,6 +22,7 @@ import json
 import time
 
 from perf.figures import Figure, info, say
+from perf.session import standalone
 
 PROFILE = "testbed-compile"
 HEAD, HEAD_C = "spark-head", "sparkcluster-testbed-head"
@@ -135,3 +136,17 @@ def figures(R: dict) -> list[Figure]:
         info("compile_cold_compile", "of which the engine compiled (its own figure)", "s", R["compile_cold_compile_s"]),
         info("compile_warm_start", "engine start, cache warm", "s", R["compile_warm_start_s"]),
     ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standalone(
+        "compile_restarts",
+        "Engine starts with the compile cache cold, warm and on a supervisor restart (issue 40 item 3).",
+        measure,
+        figures,
+        argv,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
