@@ -53,6 +53,7 @@ CPU_WARMUP, CPU_WARMED = "Warming up model for the compilation...", "Warming up 
 # vllm/logger.py: "%(levelname)s %(asctime)s", asctime as %m-%d %H:%M:%S
 STAMP = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) ")
 OWN_FILES = (".last-start", "key.json")  # written by `up` as the user (day2/compile_caches)
+NOT_COMPILED = "modelinfos"  # vLLM's model-class inspection cache in VLLM_CACHE_ROOT (count_files)
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,13 @@ def read_lines(lines: list[str], files_before: int = 0, files_added: int = 0) ->
 
 
 def count_files(folder: str) -> int:
+    """The compiled artifacts under `folder`: not our own files, nor vLLM's model-class inspection
+    cache (`VLLM_CACHE_ROOT/modelinfos/<module>-<class>.json`, vllm/model_executor/models/registry.py,
+    written on any first start, eager too), which would read an engine that compiled nothing as a miss."""
     n = 0
-    for _d, _dirs, files in os.walk(folder):
+    for d, _dirs, files in os.walk(folder):
+        if NOT_COMPILED in os.path.relpath(d, folder).split(os.sep):
+            continue
         n += sum(1 for f in files if f not in OWN_FILES)
     return n
 

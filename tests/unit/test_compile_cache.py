@@ -485,3 +485,18 @@ def test_a_load_failure_reaches_the_journal(tmp_path):
     entry = json.loads((tmp_path / "journal.jsonl").read_text().splitlines()[-1])
     assert entry["unloaded"] == "'function' object has no attribute 'finalize_loading'"
     assert "unsaved" not in entry
+
+
+def test_vllms_model_info_cache_is_not_compiled_code(tmp_path):
+    """vLLM writes `modelinfos/<module>-<class>.json` into VLLM_CACHE_ROOT on any first start, eager
+    too (vllm/model_executor/models/registry.py, 0.32): seen on the testbed as a "miss" of the
+    eager `testbed` profile, files_added=1. Only compiled artifacts count."""
+    root = tmp_path / "key"
+    (root / "vllm" / "modelinfos").mkdir(parents=True)
+    (root / "vllm" / "modelinfos" / "vllm-model_executor-models-qwen3-Qwen3ForCausalLM.json").write_text("{}")
+    (root / "key.json").write_text("{}")
+    assert compile_reading.count_files(str(root)) == 0
+    assert compile_reading.read_lines([], files_before=0, files_added=0).result == "none"
+    (root / "inductor" / "fxgraph").mkdir(parents=True)
+    (root / "inductor" / "fxgraph" / "abc").write_text("x")
+    assert compile_reading.count_files(str(root)) == 1
