@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all deps venv test test-long test-hand unit demo testbed-up testbed-down bench bench-nodes clean
+.PHONY: all deps venv test test-long unit demo testbed-up testbed-down bench bench-nodes clean
 
 all: venv
 
@@ -24,20 +24,15 @@ venv: $(STAMP)
 # none is up and tears down what it built; a testbed that was already up is reused and kept. The
 # slowest tests' durations are printed, so that a suite near CI's budget says where its time went.
 test: deps venv
-	$(BIN)/python -m pytest -ra --durations=30 -m "not handrun and not long" tests
+	$(BIN)/python -m pytest -ra --durations=30 -m "not long" tests
 
 # by hand, on a testbed: scenarios that pass but would take make test past CI's budget (about
 # an hour on two cores: upgrade and its rollbacks, one model per node, the gateway, image layers,
 # every repository offline and the moving GIDs, vLLM's own launch, long prefills, bench --compare
-# and the canary, the slowest traps);
+# and the canary, monitoring and its alerts, compile caches, the slowest traps);
 # see tests/README.md
 test-long: deps venv
 	$(BIN)/python -m pytest -ra -m long tests/integration
-
-# by hand, on a testbed: the scenarios of this round's features that do not pass yet (monitoring,
-# compile caches); see tests/README.md
-test-hand: deps venv
-	$(BIN)/python -m pytest -ra -m handrun tests/integration
 
 unit: venv
 	$(BIN)/python -m pytest -ra tests/unit

@@ -23,7 +23,7 @@ from tests.integration import helpers
 from tests.integration.helpers import HEAD, HEAD_C, as_user, journal
 
 # not in `make test`: `make test-hand` runs it (see tests/README.md: its testbed scenario does not pass yet)
-pytestmark = [pytest.mark.testbed, pytest.mark.handrun]
+pytestmark = [pytest.mark.testbed, pytest.mark.long]
 PROFILE = "testbed-compile"
 MODEL = "testbed-tiny-compile"
 UP_TIMEOUT_S = 1200

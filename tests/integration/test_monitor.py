@@ -44,7 +44,7 @@ from tests.integration.helpers import BASE, HEAD, WORKER, journal, sup_state
 from tests.testbed.testbed import SPECS
 
 # not in `make test`: `make test-hand` runs it (see tests/README.md: its testbed scenario does not pass yet)
-pytestmark = [pytest.mark.testbed, pytest.mark.handrun]
+pytestmark = [pytest.mark.testbed, pytest.mark.long]
 SCRAPE_S = 2.0  # the testbed inventory's [monitor] scrape_interval_s
 PROM = ""  # Prometheus on the head's control IP (from the testbed inventory: `monitored`)
 TB = None  # the testbed: Prometheus listens on the cluster's own addresses only, so it is asked from the head
