@@ -22,7 +22,7 @@ import pytest
 from tests.integration import helpers
 from tests.integration.helpers import HEAD, HEAD_C, as_user, journal
 
-# not in `make test`: `make test-hand` runs it (see tests/README.md: its testbed scenario does not pass yet)
+# not in `make test`: `make test-long` runs it (past CI's budget: see tests/README.md)
 pytestmark = [pytest.mark.testbed, pytest.mark.long]
 PROFILE = "testbed-compile"
 MODEL = "testbed-tiny-compile"

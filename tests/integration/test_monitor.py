@@ -43,7 +43,7 @@ from tests.integration import helpers
 from tests.integration.helpers import BASE, HEAD, WORKER, journal, sup_state
 from tests.testbed.testbed import SPECS
 
-# not in `make test`: `make test-hand` runs it (see tests/README.md: its testbed scenario does not pass yet)
+# not in `make test`: `make test-long` runs it (past CI's budget: see tests/README.md)
 pytestmark = [pytest.mark.testbed, pytest.mark.long]
 SCRAPE_S = 2.0  # the testbed inventory's [monitor] scrape_interval_s
 PROM = ""  # Prometheus on the head's control IP (from the testbed inventory: `monitored`)
