@@ -26,8 +26,8 @@ venv: $(STAMP)
 test: deps venv
 	$(BIN)/python -m pytest -ra --durations=30 -m "not long" tests
 
-# by hand, on a testbed: scenarios that pass but would take make test past CI's budget (about
-# an hour on two cores: upgrade and its rollbacks, one model per node, the gateway, image layers,
+# by hand, on a testbed: scenarios that pass but would take make test past CI's budget (about 75 min
+# on two cores: upgrade and its rollbacks, one model per node, the gateway, image layers,
 # every repository offline and the moving GIDs, vLLM's own launch, long prefills, bench --compare
 # and the canary, monitoring and its alerts, compile caches, the slowest traps);
 # see tests/README.md

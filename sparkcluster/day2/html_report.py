@@ -2,18 +2,22 @@
 offline (no script, no external asset): per deployment its state, problems, endpoint, serving
 figures and supervisor; per node container, MemAvailable and headroom; the journal's last entries;
 and, where monitoring runs, the last hour from Prometheus as inline SVG charts (tok/s per deployment,
-headroom per node). Everything printed passes through the masking of secrets, as every output does."""
+headroom per node; a Prometheus younger than that gives its last minutes). Everything printed
+passes through the masking of secrets, as every output does."""
 
 from __future__ import annotations
 
 import html
 import math
 import time
+from typing import TYPE_CHECKING
 
 from sparkcluster import redact
 from sparkcluster.day2 import supervision
 from sparkcluster.day2.status import ClusterStatus
-from sparkcluster.monitor.history import History
+
+if TYPE_CHECKING:
+    from sparkcluster.monitor.history import History
 
 CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1d2330; background: #fafbfc; }
@@ -116,8 +120,10 @@ def render(sts: list[ClusterStatus], charts: History | None = None, now: float |
         drawn = [(t, svg) for t, svg in drawn if svg]
         body.append(f"<h2>The last {_window(charts.window_s)} (Prometheus)</h2>")
         body += [f"<div class='chart'><span>{_e(t)}</span>{svg}</div>" for t, svg in drawn]
-        if not drawn:
-            body.append(f"<p>no chart: {_e(charts.note)}</p>")
+        if charts.note or not drawn:
+            body.append(
+                f"<p>{'no chart' if not drawn else 'note'}: {_e(charts.note or 'Prometheus gave no series')}</p>"
+            )
     body += [_deployment(st) for st in sts]
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"

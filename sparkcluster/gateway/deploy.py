@@ -124,9 +124,12 @@ def stop(api, cid: str) -> None:
 
 def halt(api, cid: str) -> None:
     """SIGTERM; the streams in flight drain for the container's own bound (its stop timeout, drain_s
-    plus a margin, set when it was made), then Docker's SIGKILL. The container stays, stopped."""
+    plus a margin, set when it was made), then Docker's SIGKILL. The container stays, stopped. That
+    bound is passed on explicitly: without it docker-py waits on the HTTP call for its client timeout
+    plus 10 s only, and a `--drain-s` past that broke the call while the gateway still drained."""
     try:
-        api.stop(cid)
+        bound = (api.inspect_container(cid).get("Config") or {}).get("StopTimeout")
+        api.stop(cid, timeout=bound) if isinstance(bound, int) else api.stop(cid)
     except docker.errors.NotFound:
         pass
 

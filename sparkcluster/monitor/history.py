@@ -6,6 +6,7 @@ wherever `monitor up` runs, Prometheus listening on the cluster's addresses only
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -45,7 +46,8 @@ class History:
     note: str = ""
 
     def drawable(self) -> bool:
-        return any(len(p) >= 2 for p in self.points.values())
+        """A chart has two points to draw a line through (NaN, a rate without two samples, is none)."""
+        return any(sum(1 for _t, v in p if not math.isnan(v)) >= 2 for p in self.points.values())
 
 
 def _ask(api, inv: Inventory, url: str, end: float, seconds: float, step: float) -> tuple[dict, str]:
@@ -78,7 +80,9 @@ def charts(api, inv: Inventory, seconds: float = 3600.0, now: float | None = Non
         recent = min(seconds, 240 * scrape_s)
         points, failed = _ask(api, inv, url, end, recent, scrape_s)
         got = History(points, recent)
-    if not got.drawable():
+    if failed and got.drawable():
+        got.note = failed  # one chart drawn, the other's query failed: said under the charts
+    elif not got.drawable():
         got.note = failed or (
             f"no series has two samples yet in the last {got.window_s:g} s (scraped every {scrape_s:g} s): "
             "Prometheus started moments ago"

@@ -267,7 +267,12 @@ class GatewayNode:
     def exec_inspect(self, exec_id):
         return {"ExitCode": 0}
 
-    def stop(self, ref):
+    def inspect_container(self, ref):
+        return {"Config": {"StopTimeout": self.box(ref).get("stop_timeout", 3605)}}
+
+    def stop(self, ref, timeout=None):
+        # Docker's own wait and docker-py's HTTP wait both follow `timeout` (else 10 s + the client's)
+        self.stop_timeouts = [*getattr(self, "stop_timeouts", []), timeout]
         self.while_draining()
         self.box(ref)["running"] = False
         self.once_stopped()
@@ -322,6 +327,7 @@ def test_a_hold_taken_or_released_while_gateway_up_replaces_the_gateway_is_what_
         assert plan.held == held and [s.action for s in plan.steps()][0] == "replace"
         deploy.apply(api, plan, host)
         assert list(api.boxes) == ["c2"] and api.box(name)["running"]
+        assert api.stop_timeouts == [3605]  # the drain's own bound (an hour's --drain-s), not docker-py's 10 s
         return api
 
     api = replace({key: deadline}, during=lambda upgrade: upgrade.release())

@@ -158,3 +158,10 @@ def test_headless_chromium_renders_a_screenshot(tmp_path):
     )
     assert png.is_file() and png.stat().st_size > 10_000, p.stdout + p.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_nan_points_draw_nothing_and_the_page_says_so():
+    """A rate without two samples is NaN at every step: nothing to draw, and the page's line says why."""
+    nan = history.History({"tok/s d": [(1.0, float("nan")), (2.0, float("nan"))]}, 3600.0)
+    assert not nan.drawable()
+    assert "<p>no chart: Prometheus gave no series</p>" in html_report.render(statuses(), nan)
