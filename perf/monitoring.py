@@ -194,6 +194,7 @@ def measure(s) -> None:
             s.sc("monitor", "down", timeout=300, check=False)
         else:  # as it was: the testbed inventory's interval
             s.sc("monitor", "up", timeout=600, check=False)
+        Path(mon.inventory).unlink(missing_ok=True)
 
 
 def at_interval(s, seconds: float) -> CLI:
@@ -202,7 +203,9 @@ def at_interval(s, seconds: float) -> CLI:
     text, n = re.subn(r"(?m)^scrape_interval_s = .*$", f"scrape_interval_s = {seconds:g}", text)
     if n != 1:
         raise SystemExit(f"bench: no single scrape_interval_s line in {s.tb.inventory}")
-    inv = s.workdir / f"inventory-scrape-{seconds:g}s.toml"
+    # beside the testbed's own: its paths (ssh_config, keys) are relative to the inventory's folder;
+    # measure() removes it
+    inv = Path(s.tb.inventory).with_name(f".bench-scrape-{seconds:g}s-{s.workdir.name}.toml")
     inv.write_text(text)
     return CLI(s.tb, s.workdir, inventory=inv)
 
