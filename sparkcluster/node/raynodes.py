@@ -4,7 +4,7 @@ vLLM's Ray executor places one rank on each GPU of the deployment's nodes (the w
 them: lint's `tp-pp-gpus`) and checks no rank's health: when a worker's container is killed and
 replaced, or its Ray node dies, an idle engine does not know until a request reaches that rank. Ray
 itself knows: its node table (the state API, `/api/v0/nodes`, read from the dashboard on the head's
-loopback) marks the node DEAD, and a replaced container registers a new node_id at the same IP.
+loopback) marks the node DEAD (a replaced container's new node_id at the same IP is named beside it).
 
 So at each start the supervisor records, for every node, the node_id of the one live Ray node at its
 control IP (`engine_nodes`; the start waits while an IP has two, `two_at_one_ip`), and while the
@@ -41,7 +41,8 @@ def two_at_one_ip(rows: list[dict], nodes: list[dict]) -> str | None:
             ids = ", ".join(_short(r.get("node_id")) for r in live)
             return (
                 f"{want['name']} has {len(live)} live Ray nodes at {want['ip']} ({ids}): "
-                "a replaced node Ray has not declared dead yet"
+                "a replaced node Ray has not declared dead yet, or a stray raylet joined the head's Ray "
+                "(`docker ps` on that node; `sparkcluster down --purge-gcs` clears a stale head)"
             )
     return None
 
@@ -60,9 +61,11 @@ def engine_nodes(rows: list[dict], nodes: list[dict]) -> dict[str, dict]:
 def node_lost(rows: list[dict], complete: bool, started: dict[str, dict]) -> dict:
     """While the engine runs: the first node whose Ray node from the start is gone, as the verdict's
     evidence {"cause", "node", "ip", "old_node_id", "new_node_id", "ray_state", "ray_says"}, else {}.
-    Gone: DEAD in Ray's table; or a new node_id live at its IP (a replaced container, which Ray counts
-    beside the old node until the old one's health check fails); or absent from a table Ray returned
-    whole (`complete`: no row left out by the request's limit). No rows (no answer) judges nothing."""
+    Gone: DEAD in Ray's table, or absent from a table Ray returned whole (`complete`: no row left out
+    by the request's limit). A new node_id live at its IP while the recorded one is still ALIVE is not
+    gone: a replaced container's old node turns DEAD within Ray's health check (about 13 s), while a
+    stray raylet (an orphan container, a manual `ray start`) would otherwise stop a healthy engine.
+    No rows (no answer) judges nothing."""
     if not rows:
         return {}
     by_id = {r.get("node_id"): r for r in rows}
@@ -86,14 +89,7 @@ def node_lost(rows: list[dict], complete: bool, started: dict[str, dict]) -> dic
                 + (f" ({says})" if says else "")
                 + f"{then}{tail}"
             )
-        elif new:
-            state, says = row.get("state"), None
-            cause = (
-                f"{where}: a new Ray node {_short(new)} registered at that IP since the engine started, "
-                f"where its rank's node {_short(old)} ran (Ray counts the old one alive until its health "
-                f"check fails); the node's container was replaced, so{tail.removeprefix(':')}"
-            )
-        else:
+        else:  # ALIVE: a second live node at its IP may be a stray raylet, not a replacement
             continue
         return {
             "cause": cause,

@@ -85,13 +85,13 @@ def test_a_replaced_worker_names_the_old_and_the_new_node():
     assert "a new Ray node 789e67f7… is live at that IP" in lost["cause"]
 
 
-def test_a_new_node_at_the_ip_is_a_replacement_while_ray_still_counts_the_old_one_alive():
+def test_a_second_live_node_at_the_ip_leaves_an_engine_whose_node_is_alive_alone():
+    """Ray counts both live while the old one's health check runs, and a stray raylet (an orphan
+    container, a manual `ray start`) looks the same: only DEAD or absent is gone (found by the
+    final read: the first rule stopped a healthy engine for a stray)."""
     start = started_on("replaced")  # the engine restarted on B
     assert start["spark-worker"]["node_id"] == B
-    lost = node_lost(*table("two-alive"), start)
-    assert (lost["node"], lost["old_node_id"], lost["ray_state"]) == ("spark-worker", B, "ALIVE")
-    assert lost["new_node_id"].startswith(C)
-    assert "registered at that IP since the engine started" in lost["cause"] and "replaced" in lost["cause"]
+    assert node_lost(*table("two-alive"), start) == {}
 
 
 def test_a_stopped_worker_is_dead_within_a_second_with_rays_reason():
@@ -127,7 +127,8 @@ def test_a_start_waits_while_two_ray_nodes_are_live_at_one_ip():
     why = two_at_one_ip(table("two-alive")[0], NODES)
     assert why == (
         "spark-worker has 2 live Ray nodes at 127.0.0.2 (789e67f7…, b3c2651d…): "
-        "a replaced node Ray has not declared dead yet"
+        "a replaced node Ray has not declared dead yet, or a stray raylet joined the head's Ray "
+        "(`docker ps` on that node; `sparkcluster down --purge-gcs` clears a stale head)"
     )
     assert two_at_one_ip(table("sigterm")[0], NODES) is None
 
