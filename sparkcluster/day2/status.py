@@ -22,7 +22,7 @@ from sparkcluster.day2 import endpoint as endpoint_mod
 from sparkcluster.facts import parsers
 from sparkcluster.facts.probes import section, split_sections
 from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, PORT_LABEL, PROFILE_LABEL, container_name, is_gateway
-from sparkcluster.node import contract
+from sparkcluster.node import contract, readings
 from sparkcluster.remote.fanout import Background, connect_reachable
 
 _log = log.get(__name__)
@@ -480,11 +480,7 @@ def judge(
         elif ns.ray_alive is False:
             st.problems.append(f"{n.name} is not alive in Ray at {n.control_ip}")
         elif ns.ray_alive:
-            gpus = sum(
-                float(r.get("resources_total", {}).get("GPU", 0))
-                for r in alive
-                if r.get("node_ip") == str(n.control_ip)
-            )
+            gpus = readings.alive_gpus(alive, str(n.control_ip))
             if gpus != n.gpus:
                 st.problems.append(f"{n.name} reports {gpus:g} GPU(s) in Ray, expected {n.gpus}")
     if ray_rows is None and len(inv.nodes) > 1 and not mp and any(ns.state == "running" for ns in nodes):

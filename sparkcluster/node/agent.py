@@ -66,17 +66,18 @@ def wait_or_wake(stopping: threading.Event, seconds: float, woken: threading.Eve
             return
 
 
-def report(cfg: dict, ray: subprocess.Popen, sup: Supervisor | None, keeper: RankKeeper | None) -> dict:
-    """What this node's report endpoint answers: its memory and Ray; on the head also the
-    supervisor's published state (as `status` reads it), from which the gateway takes a deployment
-    out of rotation; with executor "mp" the head's set and each worker's rank."""
+def report(cfg: dict, ray: subprocess.Popen, started: float, sup: Supervisor | None, keeper: RankKeeper | None) -> dict:
+    """What this node's report endpoint answers: its memory, Ray and when this agent started; on the
+    head also the supervisor's published state (as `status` reads it), from which the gateway takes a
+    deployment out of rotation; with executor "mp" the head's set and each worker's rank."""
     extra = {"set": sup.set_report()} if sup is not None and sup.mp else {}
     if sup is not None:
         extra["supervisor"] = read_json(STATE_PATH)
-    return {**node_report(cfg["node"], ray), **extra, **({"rank": keeper.report()} if keeper else {})}
+    return {**node_report(cfg["node"], ray, started), **extra, **({"rank": keeper.report()} if keeper else {})}
 
 
 def main(config_path: str = CONFIG_PATH) -> int:
+    started = time.time()  # before Ray: a Ray node at this IP that started earlier is not this container's
     with open(config_path) as f:
         cfg = json.load(f)
     journal = Journal()
@@ -90,7 +91,7 @@ def main(config_path: str = CONFIG_PATH) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    sup = Supervisor(cfg, journal) if cfg["role"] == "head" else None
+    sup = Supervisor(cfg, journal, started) if cfg["role"] == "head" else None
     # executor "mp" across nodes: a worker runs its own rank(s) for the head's set (node/ranks)
     keeper = RankKeeper(cfg, journal) if sup is None and cfg.get("executor") == "mp" else None
 
@@ -98,7 +99,7 @@ def main(config_path: str = CONFIG_PATH) -> int:
         serve_reports(
             cfg["report_ip"],
             cfg["report_port"],
-            lambda: report(cfg, ray, sup, keeper),
+            lambda: report(cfg, ray, started, sup, keeper),
             Exporter(cfg, ray, sup, keeper).text,
             wake=sup.wake if sup is not None else None,  # on demand: the head's one input
         )

@@ -45,7 +45,8 @@ SAVE_FAILED = re.compile(r"unable to save AOT compiled function to (\S+): (.*)$"
 # which only vLLM's own backend's artifact has, and the CPU platform compiles with plain inductor
 # (DYNAMO_TRACE_ONCE, vllm/platforms/cpu.py:364-367), whose artifact torch reloads as a function
 # ("'function' object has no attribute 'finalize_loading'"); testbed-compile turns AOT off for it
-LOAD_FAILED = re.compile(r"Compiling model again due to a load failure from (\S+), reason: (.*)$")
+LOAD_FAILED = re.compile(r"Compiling model again due to a load failure from (\S+), reason:(.*)$")
+NO_REASON = "(no reason given)"  # vLLM's "reason: %s" with an empty exception text
 # vllm/v1/engine/core.py:396: the engine's init, with the compile time when there was one
 INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took [0-9.]+ s \(compilation: ([0-9.]+) s")
 # vllm/v1/worker/cpu_model_runner.py:87,91: the CPU build compiles during this warm-up
@@ -85,7 +86,7 @@ def read_lines(lines: list[str], files_before: int = 0, files_added: int = 0) ->
             unsaved = failed.group(2).strip()[:300]
         not_loaded = LOAD_FAILED.search(line)
         if not_loaded:
-            unloaded = not_loaded.group(2).strip()[:300]
+            unloaded = not_loaded.group(2).strip()[:300] or NO_REASON
         if HIT.search(line) or AOT_HIT.search(line):
             hits += 1
         if MISS.search(line) or AOT_SAVED.search(line) or not_loaded:

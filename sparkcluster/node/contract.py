@@ -33,8 +33,16 @@ NCCL_LOG_ENV = {
 JOURNAL_KEEP = 2000  # lines kept when the journal is trimmed
 # Ray's state API (what `ray list nodes` reads), served by the dashboard on the head's loopback: the
 # agent reads it from inside the head container, the controller from the head host (day2/ray_members).
-# One HTTP request: far cheaper than starting a Ray driver to ask.
-STATE_API_URL = "http://127.0.0.1:8265/api/v0/nodes?limit=100"
+# One HTTP request: far cheaper than starting a Ray driver to ask. Only the live nodes, by Ray's own
+# filter (`ray list nodes -f state=ALIVE`): DEAD rows stay in the GCS's table for its lifetime and
+# the API sorts rows by node_id before it cuts them at `limit`, so an unfiltered read of 100 rows can
+# leave a live node out; with each node's start (`detail`: NodeState's start_time_ms, the raylet's).
+# The limit is far above any cluster's live nodes and below Ray's own cap (10000,
+# RAY_MAX_LIMIT_FROM_API_SERVER). A DEAD node's row is read by its node_id (readings.ray_node_query).
+STATE_API_URL = (
+    "http://127.0.0.1:8265/api/v0/nodes"
+    "?filter_keys=state&filter_predicates=%3D&filter_values=ALIVE&detail=true&limit=1000"
+)
 
 # supervisor states (status shows them verbatim)
 IDLE, WAITING, STARTING, SERVING, RESTARTING = "idle", "waiting for nodes", "starting", "serving", "restarting"
@@ -71,10 +79,11 @@ DEFAULT_POLICY = {
     "idle_ttl_s": 900.0,
 }
 
-# One look reads /health and /metrics (3 s each at most) and, with Ray, Ray's node table (1 s at
-# most), and may send the one-token probe, which blocks up to probe_timeout_s while a rank is
-# stopped: the state file is not rewritten meanwhile.
-LOOK_BLOCKS_S = 7.0
+# One look reads /health and /metrics (3 s each at most) and, with Ray, Ray's table of live nodes
+# and, when a node the engine runs on has left it, that node's own row (1 s each at most), and may
+# send the one-token probe, which blocks up to probe_timeout_s while a rank is stopped: the state
+# file is not rewritten meanwhile.
+LOOK_BLOCKS_S = 8.0
 
 
 def stale_after_s(sup: dict) -> float:

@@ -1,4 +1,4 @@
-"""Each node's memory report: MemAvailable (and whether Ray runs) on a read-only HTTP endpoint at
+"""Each node's memory report: MemAvailable (whether Ray runs, when the agent started) on a read-only HTTP endpoint at
 the node's control IP, which the head's supervisor reads for its peers. The same endpoint answers
 `/metrics` (node/metrics) for Prometheus: one listener per node, one port to open."""
 
@@ -14,7 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from .readings import held, mem_available, mem_total
 
 
-def node_report(node: str, ray: subprocess.Popen) -> dict:
+def node_report(node: str, ray: subprocess.Popen, agent_started: float) -> dict:
+    """`agent_started`: when this node's agent started (time.time(), before it started Ray): a live
+    Ray node at this node's IP that started before it is the previous container's (node/raynodes)."""
     with open("/proc/meminfo") as f:
         text = f.read()
     return {
@@ -23,6 +25,7 @@ def node_report(node: str, ray: subprocess.Popen) -> dict:
         "mem_total": mem_total(text),  # the supervisor's wait before a restart needs the pool's size
         "mem_held": held(text),  # what a start refused for memory names (issue 36)
         "ray_alive": ray.poll() is None,
+        "agent_started": agent_started,
         "ts": time.time(),
     }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import urllib.error
+import urllib.parse
 import urllib.request
 
 # ---- Prometheus text (vLLM's /metrics) ---------------------------------------------------------
@@ -120,9 +121,11 @@ def ray_rows(text: str) -> list[dict]:
 
 
 def ray_listing(text: str) -> tuple[list[dict], bool]:
-    """(rows, complete): the rows as `ray_rows`, and whether they are every node Ray returned. The
-    API sorts the nodes by node_id and cuts them at the request's `limit`; its `num_filtered` says
-    how many there were (Ray 2.60's `state_aggregator.list_nodes`; tests/captured/ray-2.60)."""
+    """(rows, complete): the rows as `ray_rows`, and whether they are every row the request asked
+    for. The API filters the nodes (the request's `filter_keys`/`filter_values`), sorts them by
+    node_id and cuts them at its `limit`; its `num_filtered` says how many passed the filter, so a
+    whole answer holds that many (its `total` counts every node the GCS holds, filtered out or not:
+    Ray 2.60's `state_aggregator.list_nodes`; tests/captured/ray-2.60). No rows is no answer."""
     try:
         doc = json.loads(text)
     except ValueError:
@@ -131,18 +134,27 @@ def ray_listing(text: str) -> tuple[list[dict], bool]:
     result = data.get("result") if isinstance(data, dict) else None
     rows = result.get("result") if isinstance(result, dict) else result
     rows = [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
-    counts = [result.get(k) for k in ("num_filtered", "total")] if isinstance(result, dict) else [None]
-    complete = bool(rows) and all(isinstance(n, int) and len(rows) >= n for n in counts)
+    wanted = result.get("num_filtered") if isinstance(result, dict) else None
+    complete = bool(rows) and isinstance(wanted, int) and len(rows) >= wanted
     return rows, complete
+
+
+def ray_node_query(url: str, node_id: str) -> str:
+    """`url` (Ray's state API for nodes: contract.STATE_API_URL) asking for one node by its node_id,
+    in whatever state it is (Ray's filter `node_id=`, the one `ray get nodes ID` sends): a DEAD
+    node's row says why it died."""
+    query = {"filter_keys": "node_id", "filter_predicates": "=", "filter_values": node_id, "detail": "true"}
+    return urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(query=urllib.parse.urlencode(query)))
+
+
+def live_at(rows: list[dict], ip: str) -> list[dict]:
+    """Ray's live nodes at `ip`."""
+    return [r for r in rows if r.get("state") == "ALIVE" and r.get("node_ip") == ip]
 
 
 def alive_gpus(rows: list[dict], ip: str) -> float:
     """GPUs Ray counts on its live nodes at `ip`."""
-    return sum(
-        float(r.get("resources_total", {}).get("GPU", 0))
-        for r in rows
-        if r.get("state") == "ALIVE" and r.get("node_ip") == ip
-    )
+    return sum(float(r.get("resources_total", {}).get("GPU", 0)) for r in live_at(rows, ip))
 
 
 # ---- shared-memory segments vLLM's processes create (multiprocessing) ---------------------------

@@ -4,6 +4,14 @@ every worker's agent holds the server, node/ranks), looks at the engine every in
 the verdict (verdict.py) within its bounds: restart with backoff (with "mp", the whole set: each start
 is a new epoch the workers' agents follow), stop for good when a node runs short of memory.
 
+With Ray (node/raynodes) a start also waits while two Ray nodes are live at one node's IP (a
+replaced container whose old node Ray has not declared dead yet; past a minute, the cause names a
+stray raylet and how to find it) or while the one there started before the node's agent (the
+previous container's raylet), then records the node_id of the Ray node each node's ranks run on. A
+look reads Ray's table of live nodes at most once per interval: a recorded node Ray marks DEAD or no
+longer lists is a "dead" verdict; another node live at a recorded node's IP is journalled once and
+left alone.
+
 On demand (issue 36; a profile's [on_demand], policy "on_demand"): the server `up` hands over stays
 on standby (no engine, no memory held) until a wake (`wake`, from the agent's `POST /wake` with the
 deployment's wake token); the start it leads to is admitted only when every node has the headroom
@@ -51,7 +59,7 @@ from .journal import Journal, read_json, write_json
 from .memreport import peer_memory
 from .procgroup import stop_group
 from .ranks import rank_problem, ranks_waiting
-from .raynodes import engine_nodes, node_lost, two_at_one_ip
+from .raynodes import engine_nodes, node_lost, older_than_agent, others_at_ip, two_at_one_ip, waiting_on_two
 from .readings import (
     alive_gpus,
     engine_figures,
@@ -62,7 +70,7 @@ from .readings import (
     one_token,
     progress_figures,
     ray_listing,
-    ray_rows,
+    ray_node_query,
 )
 from .verdict import (
     Look,
@@ -77,11 +85,13 @@ from .verdict import (
 )
 
 RAY_READ_S = 1.0  # the timeout of a look's read of Ray's node table (contract.LOOK_BLOCKS_S counts it)
+RAY_START_READ_S = 3.0  # the timeout of the read before a start (the start waits on it anyway)
 
 
 class Supervisor:
-    def __init__(self, cfg: dict, journal: Journal):
+    def __init__(self, cfg: dict, journal: Journal, agent_started: float | None = None):
         self.cfg, self.journal = cfg, journal
+        self.agent_started = agent_started  # when this node's agent started (before its Ray), if known
         self.proc: subprocess.Popen | None = None
         self.generation: str | None = None
         self.watch: Watch | None = None
@@ -115,8 +125,14 @@ class Supervisor:
         self.held: dict[str, dict] = {}  # node -> what holds its memory (readings.held), as last read
         # executor "ray": node -> {ip, node_id} of the Ray node each node's ranks run on, recorded at
         # this start (node/raynodes); Ray's node table is read against it at most once per interval_s
+        # (ray_read_at: time.monotonic()); a second Ray node live at a recorded node's IP is journalled
+        # once per start (ray_others: their node_ids); the start's wait while two Ray nodes are live
+        # at one IP (two_ids: theirs, two_since: time.monotonic() since when)
         self.ray_nodes: dict[str, dict] = {}
-        self.ray_read_at = 0.0
+        self.ray_read_at = float("-inf")
+        self.ray_others: set[str] = set()
+        self.two_ids: frozenset[str] = frozenset()
+        self.two_since = 0.0
 
     # -- state
     def set_state(self, state: str, **detail) -> None:
@@ -242,7 +258,7 @@ class Supervisor:
         ray = {"ray_nodes": self.ray_node_ids()} if self.ray_nodes else {}  # what its ranks run on
         write_json(RECORD_PATH, {**record, "pid": self.proc.pid, "exec_id": "", "started_at": time.time(), **ray})
         self.watch = Watch(started=time.time())
-        self.ray_read_at = 0.0
+        self.ray_read_at, self.ray_others = float("-inf"), set()
         self.journal.write(
             "vllm serve started",
             pid=self.proc.pid,
@@ -268,48 +284,92 @@ class Supervisor:
     # -- looks
     def nodes_ready(self) -> str | None:
         """None when every node is a live Ray member with its GPUs, else what is missing. With Ray,
-        also records which Ray node each node's ranks will run on (self.ray_nodes: node/raynodes)."""
+        also records which Ray node each node's ranks will run on (self.ray_nodes: node/raynodes),
+        once that is unambiguous: one live Ray node at each node's IP, started after its agent."""
         self.ray_nodes = {}
         if self.mp:
-            for peer in self.cfg.get("peers", []):
-                seen: dict = {}
-                peer_memory(peer["ip"], self.cfg["report_port"], seen=seen)
-                self.reports[peer["name"]] = seen.get("report")
+            self.read_reports()
             return ranks_waiting(self.cfg, self.reports, self.generation)
         if not self.cfg.get("ray_argv"):  # one node, no Ray: nothing to wait for
             return None
-        try:
-            with urllib.request.urlopen(self.cfg["state_api"], timeout=3) as r:
-                rows = ray_rows(r.read().decode(errors="replace"))
-        except OSError:
-            rows = []
+        rows, complete, why = self.ray_table(self.cfg["state_api"], RAY_START_READ_S)
         if not rows:
-            return "Ray's state API does not answer yet"
+            return "Ray's state API does not answer yet" + (f" ({why})" if why else "")
         for want in self.cfg["nodes"]:
             if alive_gpus(rows, want["ip"]) < want["gpus"]:
+                if not complete:
+                    return (
+                        f"{want['name']} ({want['ip']}) is not among the {len(rows)} live Ray nodes the state API "
+                        "returned: it cut its table at the request's limit, so whether it is a member is unknown"
+                    )
                 return f"{want['name']} is not a Ray member at {want['ip']} with {want['gpus']} GPU(s)"
-        ambiguous = two_at_one_ip(rows, self.cfg["nodes"])
-        if ambiguous:
-            return ambiguous
+        self.read_reports()
+        agents = self.agents_started()
+        two = two_at_one_ip(rows, self.cfg["nodes"])
+        ids = frozenset(r.get("node_id") or "" for r in two[1]) if two else frozenset()
+        if ids != self.two_ids:
+            self.two_ids, self.two_since = ids, time.monotonic()
+        if two:
+            return waiting_on_two(*two, time.monotonic() - self.two_since, agents)
+        older = older_than_agent(rows, self.cfg["nodes"], agents)
+        if older:
+            return older
         self.ray_nodes = engine_nodes(rows, self.cfg["nodes"])
         return None
+
+    def read_reports(self) -> None:
+        """Every peer's last report (memreport.node_report) into self.reports (None: unanswered)."""
+        for peer in self.cfg.get("peers", []):
+            seen: dict = {}
+            peer_memory(peer["ip"], self.cfg["report_port"], seen=seen)
+            self.reports[peer["name"]] = seen.get("report")
+
+    def agents_started(self) -> dict[str, float]:
+        """node -> when its agent started, where known: this node's own, and each peer's from its last
+        report (an older agent's report does not say)."""
+        out = {self.cfg["node"]: self.agent_started}
+        for peer, rep in self.reports.items():
+            out[peer] = (rep or {}).get("agent_started")
+        return {n: t for n, t in out.items() if isinstance(t, (int, float)) and not isinstance(t, bool)}
+
+    def ray_table(self, url: str, timeout: float) -> tuple[list[dict], bool, str]:
+        """Ray's node table at `url` (contract.STATE_API_URL: the live nodes; or one node by its
+        node_id, readings.ray_node_query) as (rows, complete: readings.ray_listing, why not: "" when
+        it answered). A dashboard that is starting or restarting refuses, resets or cuts its answer
+        short (OSError, or http.client's IncompleteRead, BadStatusLine): no rows, no judgement."""
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
+                rows, complete = ray_listing(r.read().decode(errors="replace"))
+        except (OSError, http.client.HTTPException) as e:
+            return [], False, f"{type(e).__name__}: {e}"
+        return rows, complete, ""
 
     def ray_node_ids(self) -> dict[str, str]:
         return {name: rec["node_id"] for name, rec in self.ray_nodes.items()}
 
-    def ray_node_lost(self, now: float, policy: dict) -> dict:
+    def ray_node_lost(self, mono: float, policy: dict) -> dict:
         """Executor "ray": the verdict's evidence when a Ray node the engine's ranks run on is DEAD
-        or replaced since this start (node/raynodes.node_lost), else {}. Ray's node table is read
-        from the dashboard on loopback at most once per look interval: about 1 ms of this process's
-        CPU per read (tests/captured/ray-2.60/README.md). No answer judges nothing."""
-        if not self.ray_nodes or now - self.ray_read_at < float(policy["interval_s"]):
+        or gone since this start (node/raynodes.node_lost), else {}. Ray's table of live nodes is read
+        from the dashboard on loopback at most once per look interval (`mono`: time.monotonic()):
+        about 1 ms of this process's CPU per read (tests/captured/ray-2.60/README.md); a recorded
+        node not in it is then read by its node_id, for Ray's state and reason. A second node live
+        at a recorded node's IP is journalled once (node/raynodes.others_at_ip), not judged. No
+        answer judges nothing."""
+        if not self.ray_nodes or mono - self.ray_read_at < float(policy["interval_s"]):
             return {}
-        self.ray_read_at = now
-        try:
-            with urllib.request.urlopen(self.cfg["state_api"], timeout=RAY_READ_S) as r:
-                rows, complete = ray_listing(r.read().decode(errors="replace"))
-        except (OSError, http.client.HTTPException):
+        self.ray_read_at = mono
+        rows, complete, _ = self.ray_table(self.cfg["state_api"], RAY_READ_S)
+        if not rows:
             return {}
+        listed = {r.get("node_id") for r in rows}
+        gone = [rec["node_id"] for _, rec in sorted(self.ray_nodes.items()) if rec["node_id"] not in listed]
+        if gone:  # its own row, whatever its state: the first such node's (the verdict names one)
+            own, _, _ = self.ray_table(ray_node_query(self.cfg["state_api"], gone[0]), RAY_READ_S)
+            rows = rows + [r for r in own if r.get("node_id") == gone[0]]
+        for other in others_at_ip(rows, self.ray_nodes):
+            if other["other_node_id"] not in self.ray_others:
+                self.ray_others.add(other["other_node_id"])
+                self.journal.write("another Ray node at an engine node's IP", **other)
         return node_lost(rows, complete, self.ray_nodes)
 
     def low_memory(self, policy: dict) -> dict[str, int]:
@@ -392,7 +452,7 @@ class Supervisor:
             return look
         if self.mp:
             look.ranks_gone = rank_problem(self.cfg, self.reports, self.epoch, self.watch.started, look.now)
-        look.ray_lost = self.ray_node_lost(look.now, policy)
+        look.ray_lost = self.ray_node_lost(time.monotonic(), policy)
         look.health = http_status(f"{base}/health", 3)
         if look.health != 200:
             return look

@@ -23,7 +23,7 @@ class Look:
     probe: str | None = None  # None: not probed this time; "" ok; else why it failed
     low_memory: dict[str, int] = field(default_factory=dict)  # node -> MemAvailable bytes, below the floor
     ranks_gone: str = ""  # executor "mp": why a worker's rank of this set is gone (node/ranks)
-    # executor "ray": a Ray node the engine's ranks run on is DEAD or replaced (node/raynodes.node_lost:
+    # executor "ray": a Ray node the engine's ranks run on is DEAD or no longer live (node/raynodes.node_lost:
     # its "cause" and evidence), {} when none is or Ray's table was not read at this look
     ray_lost: dict = field(default_factory=dict)
 

@@ -313,9 +313,9 @@ def test_the_heads_report_carries_the_supervisors_state_for_the_gateway(tmp_path
     ray = subprocess.Popen(["true"])
     ray.wait()
     sup = agent.Supervisor({"node": "spark-head", "role": "head"}, journal=None)
-    head = agent.report({"node": "spark-head"}, ray, sup, None)
+    head = agent.report({"node": "spark-head"}, ray, 1.0, sup, None)
     assert head["supervisor"]["state"] == "restarting" and head["mem_available"] > 0
-    assert "supervisor" not in agent.report({"node": "spark-worker"}, ray, None, None)
+    assert "supervisor" not in agent.report({"node": "spark-worker"}, ray, 1.0, None, None)
 
 
 def test_a_verdict_is_published_before_the_engine_is_stopped(tmp_path, monkeypatch):

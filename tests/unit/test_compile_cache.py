@@ -460,6 +460,15 @@ def test_a_restart_whose_aot_artifact_did_not_load_is_a_miss_with_why():
     assert got.unloaded == "'function' object has no attribute 'finalize_loading'"
 
 
+def test_a_load_failure_without_a_reason_still_says_the_artifact_did_not_load():
+    """vLLM formats "reason: %s" with the exception's text, which can be empty: the reading still
+    records that the artifact did not load. The real restart's line, its reason cut off."""
+    line = next(x for x in lines("vllm-0.32-cpu-aot-restart.log") if "due to a load failure" in x)
+    for empty in (line.split("reason: ")[0] + "reason: ", line.split("reason: ")[0] + "reason:"):
+        got = compile_reading.read_lines([empty], files_before=27, files_added=1)
+        assert (got.result, got.unloaded) == ("miss", "(no reason given)")
+
+
 def test_with_aot_off_a_restart_loads_every_kernel_and_adds_nothing():
     """testbed-compile forwards VLLM_USE_AOT_COMPILE=0: the restart says nothing about a cache,
     inductor's FX graph cache serves every kernel, the folder gains no file: a hit."""

@@ -146,8 +146,9 @@ def test_each_nodes_report_carries_the_pool_size_the_wait_needs(monkeypatch):
             __import__("io").StringIO(text) if path == "/proc/meminfo" else real_open(path, *a, **kw)
         ),
     )
-    got = memreport.node_report("spark-worker", Ray())
+    got = memreport.node_report("spark-worker", Ray(), 1795769600.5)
     assert got["mem_total"] == readings.mem_total(text) and got["mem_available"] == readings.mem_available(text)
+    assert got["agent_started"] == 1795769600.5  # a Ray node at its IP older than this is not its container's
 
 
 def test_up_and_the_serve_stage_read_the_servers_bounds_in_one_place():
