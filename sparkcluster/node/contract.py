@@ -80,18 +80,38 @@ DEFAULT_POLICY = {
 }
 
 # One look reads /health and /metrics (3 s each at most) and, with Ray, Ray's table of live nodes
-# and, when a node the engine runs on has left it, that node's own row (1 s each at most), and may
-# send the one-token probe, which blocks up to probe_timeout_s while a rank is stopped: the state
-# file is not rewritten meanwhile.
+# and, when a node the engine runs on has left it, that node's own row (1 s each at most); the
+# one-token probe runs on a thread of its own and holds no look back. The state file is rewritten
+# after every look.
 LOOK_BLOCKS_S = 8.0
+PEER_READ_S = 1.0  # a look's read of each peer's memory report (node/memreport.peer_memory's timeout)
+STOP_KILL_WAIT_S = 10.0  # a stop's wait after SIGKILL, once its grace is spent (node/procgroup)
+
+
+def stopping(sup: dict) -> bool:
+    """The supervisor's last write published a verdict on a running engine (a cause newer than its
+    state, which is still starting or serving) and it is stopping that engine now."""
+    causes = sup.get("causes") or []
+    newest = causes[-1] if causes and isinstance(causes[-1], dict) else {}
+    acts = (sup.get("policy") or {}).get("act", True)
+    return (
+        acts
+        and sup.get("state") in (STARTING, SERVING)
+        and float(newest.get("ts") or 0) >= float(sup.get("since") or 0) > 0
+    )
 
 
 def stale_after_s(sup: dict) -> float:
     """A state file older than this is not current: the supervisor has stopped looking (crash-
     looping, hung), and what it last wrote is history. Three looks, plus the longest a look may
-    block on an engine that does not answer (a probe into a stopped rank is the supervisor
-    watching, not hung: judging it stale took a wedged deployment out of rotation and back in
-    before the wedge verdict); never under 15 s. Read by `status` and the gateway alike."""
+    block on reads that do not answer (/health, /metrics, Ray's table, and a second for each peer
+    whose memory report did not answer last time); never under 15 s. The one-token probe is not
+    among them: it runs beside the looks, so a probe into a stopped rank leaves the file fresh.
+    While the supervisor stops an engine after a verdict (the state file says the verdict), the
+    stop's grace and the kill's wait are added: it is acting, not hung. Read by `status` and the
+    gateway alike."""
     policy = {**DEFAULT_POLICY, **(sup.get("policy") or {})}
-    busy = float(policy["probe_timeout_s"]) + LOOK_BLOCKS_S
+    busy = LOOK_BLOCKS_S + PEER_READ_S * len(sup.get("memory_unknown") or {})
+    if stopping(sup):
+        busy += float(policy["stop_grace_s"]) + STOP_KILL_WAIT_S
     return max(3 * float(policy["interval_s"]) + busy, 15.0)

@@ -8,8 +8,10 @@ import os
 import signal
 import subprocess
 
+from .contract import STOP_KILL_WAIT_S
 
-def stop_group(proc: subprocess.Popen, grace_s: float, kill_wait_s: float = 10.0) -> int | None:
+
+def stop_group(proc: subprocess.Popen, grace_s: float, kill_wait_s: float = STOP_KILL_WAIT_S) -> int | None:
     """Ends `proc`'s process group (started with start_new_session); returns its exit status."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
         try:

@@ -17,7 +17,12 @@ on standby (no engine, no memory held) until a wake (`wake`, from the agent's `P
 deployment's wake token); the start it leads to is admitted only when every node has the headroom
 the profile's memory arithmetic asks for, else refused naming what holds the memory; an engine
 with no request but the supervisor's own probes for idle_ttl_s is stopped and back on standby.
-Wakes while it starts or serves change nothing, so concurrent first requests start it once."""
+Wakes while it starts or serves change nothing, so concurrent first requests start it once.
+
+The one-token probe runs on a thread of its own (ProbeRun): a look starts it when it is due and
+none of this start's is in flight, and takes its answer at the first look after it returned, so a
+probe into a stopped rank never holds the looks (and the stall clock, and the state file) back for
+its timeout; an answer belongs to the start it was sent to, and one from an earlier start is dropped."""
 
 from __future__ import annotations
 
@@ -88,6 +93,28 @@ RAY_READ_S = 1.0  # the timeout of a look's read of Ray's node table (contract.L
 RAY_START_READ_S = 3.0  # the timeout of the read before a start (the start waits on it anyway)
 
 
+class ProbeRun:
+    """One one-token probe on a thread of its own, tagged with the start it was sent to (that
+    start's Watch): `answer` is "" when it returned in time, else why not, an exception inside it
+    included; `done` is set once it has an answer, whatever happened."""
+
+    def __init__(self, watch: Watch, send):
+        self.watch = watch
+        self.answer, self.seconds = "", 0.0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(send,), name="sparkcluster-probe", daemon=True)
+
+    def _run(self, send) -> None:
+        t0, answer = time.monotonic(), "the one-token probe ended without an answer"
+        try:
+            answer = send()
+        except Exception as e:  # a failure the verdict counts, never a probe that stays in flight
+            answer = f"the one-token probe failed: {type(e).__name__}: {e}"
+        finally:
+            self.answer, self.seconds = answer, time.monotonic() - t0
+            self.done.set()
+
+
 class Supervisor:
     def __init__(self, cfg: dict, journal: Journal, agent_started: float | None = None):
         self.cfg, self.journal = cfg, journal
@@ -99,7 +126,8 @@ class Supervisor:
         self.causes: list[dict] = []
         self.state, self.since = IDLE, time.time()
         self.next_start = 0.0
-        self.last_probe = 0.0
+        self.last_probe = 0.0  # when the last probe was sent (a look's `now`)
+        self.probe_run: ProbeRun | None = None  # the probe sent last, until a look takes its answer
         self.first_start = True  # the start `up` asked for is not retried: a bad flag stays visible
         self.rate: float | None = None  # generated tokens per second over the last interval
         self._last_count: tuple[float, float] | None = None
@@ -456,6 +484,9 @@ class Supervisor:
         look.health = http_status(f"{base}/health", 3)
         if look.health != 200:
             return look
+        # taken before /metrics is read: a probe that returned before this look is in this reading's
+        # request counter (verdict.idle_for counts it as the supervisor's own)
+        look.probe = self.probe_answer()
         try:
             with urllib.request.urlopen(f"{base}/metrics", timeout=3) as r:
                 text = r.read().decode(errors="replace")
@@ -468,18 +499,36 @@ class Supervisor:
                 self.rate = max(0.0, (look.generated - self._last_count[1]) / (look.now - self._last_count[0]))
             self._last_count = (look.now, look.generated)
         due = not self.watch.ready or look.now - self.last_probe >= float(policy["probe_interval_s"])
-        if due:
+        if due and self.probe_run is None:  # probe_answer left only this start's, still in flight
             self.last_probe = look.now
-            t0 = time.monotonic()
-            look.probe = one_token(
-                base,
-                desired["model"],
-                (read_json(SECRETS_PATH) or {}).get("VLLM_API_KEY"),
-                float(policy["probe_timeout_s"]),
-            )
-            self.last_probe_s, self.last_probe_ok = time.monotonic() - t0, look.probe == ""
-            self.count("probe:ok" if look.probe == "" else "probe:failed")
+            self.send_probe(base, desired["model"], float(policy["probe_timeout_s"]))
         return look
+
+    def send_probe(self, base: str, model: str, timeout: float) -> None:
+        """Starts this start's one-token probe on its own thread; a look takes its answer."""
+
+        def send() -> str:
+            return one_token(base, model, (read_json(SECRETS_PATH) or {}).get("VLLM_API_KEY"), timeout)
+
+        self.probe_run = ProbeRun(self.watch, send)
+        self.probe_run.thread.start()
+
+    def probe_answer(self) -> str | None:
+        """The answer of this start's probe if it returned since the last look (counted, with its
+        duration, for node/metrics), else None. A probe sent to an earlier start is dropped, in
+        flight or not: its answer is not this engine's, and it holds back none of this one's."""
+        run = self.probe_run
+        if run is None:
+            return None
+        if run.watch is not self.watch:
+            self.probe_run = None
+            return None
+        if not run.done.is_set():
+            return None
+        self.probe_run = None
+        self.last_probe_s, self.last_probe_ok = run.seconds, run.answer == ""
+        self.count("probe:ok" if run.answer == "" else "probe:failed")
+        return run.answer
 
     def idle_stop(self, idle: float, policy: dict) -> None:
         """On demand: an engine ready and idle for the TTL is stopped (its container stays) and the
@@ -522,7 +571,8 @@ class Supervisor:
                     return
                 if not self.admit(policy):
                     return
-            if time.time() < self.next_start:
+            if time.time() < self.next_start:  # the backoff: still watching, as the state file says
+                self.save()
                 return
             if not self.first_start and not policy.get("act", True):
                 self.set_state(IDLE, why="supervision is off in the profile: nothing is restarted")

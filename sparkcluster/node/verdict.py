@@ -20,7 +20,7 @@ class Look:
     running: float | None = None  # vllm:num_requests_running
     generated: float | None = None  # vllm:generation_tokens_total
     progress: dict[str, float] = field(default_factory=dict)  # every progress series (readings.PROGRESS)
-    probe: str | None = None  # None: not probed this time; "" ok; else why it failed
+    probe: str | None = None  # a probe's answer taken at this look (None: none); "" ok; else why it failed
     low_memory: dict[str, int] = field(default_factory=dict)  # node -> MemAvailable bytes, below the floor
     ranks_gone: str = ""  # executor "mp": why a worker's rank of this set is gone (node/ranks)
     # executor "ray": a Ray node the engine's ranks run on is DEAD or no longer live (node/raynodes.node_lost:
@@ -58,7 +58,10 @@ def _moved(before: dict[str, float], now: dict[str, float]) -> list[str]:
 
 def progress(w: Watch, look: Look) -> bool:
     """Updates what `w` knows of the engine's progress from this look; True when a progress series
-    moved since the last look."""
+    moved since the last look. The movement is stamped at the look that sees it, up to one interval
+    after it happened: with looks every interval_s (2 s; the probe never holds one back) a stall
+    verdict comes within stall_s plus one interval of the last movement, close enough that finer
+    timing (from the series' own timestamps) is not worth having."""
     running, waiting = _work(look)
     moved = _moved(w.last_progress, look.progress)
     if not (running or waiting) or moved or not w.last_progress:
@@ -185,16 +188,17 @@ def idle_for(w: Watch, look: Look) -> float:
     """Seconds since the engine last had a request of anyone but the supervisor (on demand's idle
     TTL). A request is seen as work running or waiting at a look, or as the success counter moving
     by more than the supervisor's own probes since the last look (a short request between two
-    looks). Until the engine is ready it counts as busy. Updates `w`."""
+    looks). A probe's answer taken at a look returned before that look read /metrics, so it is in
+    this reading already. Until the engine is ready it counts as busy. Updates `w`."""
     served = look.progress.get(SUCCESS)
     running, waiting = _work(look)
     busy = not w.ready or bool(running or waiting) or not w.active_at
+    if look.probe == "":
+        w.own_probes += 1
     if served is not None:
         if w.served is not None and served - w.served > w.own_probes:
             busy = True
         w.served, w.own_probes = served, 0
-    if look.probe == "":
-        w.own_probes += 1  # shows in the counter at the next reading
     if busy:
         w.active_at = look.now
     return look.now - w.active_at

@@ -262,9 +262,11 @@ def test_verdicts():
     assert not health.judge({"ts": 1.0}).up  # no server asked for
     stale = health.judge(_report(contract.SERVING, age=60))
     assert not stale.up and "stale" in stale.reason
-    # a look blocked on its probe into a stopped rank (probe_timeout_s 20) is watching, not stale:
-    # the wedge verdict, not staleness, takes it out (a state 17 s old once bounced it out and in)
-    assert health.judge(_report(contract.SERVING, age=25)).up
+    # the one-token probe runs beside the looks, so a probe into a stopped rank leaves the state
+    # fresh (a look blocked on it once left it 17 s old and bounced the deployment out and in): a
+    # state older than three looks and the reads' own bounds is stale, whatever probe_timeout_s says
+    assert health.judge(_report(contract.SERVING, age=14)).up
+    assert not health.judge(_report(contract.SERVING, age=25, policy={"interval_s": 2, "probe_timeout_s": 20})).up
     limit = health.judge(_report(contract.LIMIT, causes=[{"cause": "wedged twice"}]))
     assert not limit.up and "wedged twice" in limit.reason and limit.retry_after == 60
     unknown = health.judge(_report(contract.SERVING, memory_unknown={"spark-b": "no answer"}))

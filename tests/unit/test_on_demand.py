@@ -160,11 +160,12 @@ def _metrics(running: float, served: float) -> dict[str, float]:
 
 def test_idle_counts_the_supervisors_own_probes_as_nothing():
     w = Watch(started=0.0, ready=True)
-    assert idle_for(w, Look(now=10, alive=True, progress=_metrics(0, 22), probe="")) == 0
-    # its own probe finished at the last look: the counter moved by one, still idle
-    assert idle_for(w, Look(now=25, alive=True, progress=_metrics(0, 23))) == 15
-    assert idle_for(w, Look(now=40, alive=True, progress=_metrics(0, 23), probe="")) == 30
-    assert idle_for(w, Look(now=55, alive=True, progress=_metrics(0, 24))) == 45
+    assert idle_for(w, Look(now=10, alive=True, progress=_metrics(0, 22))) == 0
+    # its own probe's answer taken at this look: it returned before this look's reading, so the
+    # counter moved by one in it, still idle
+    assert idle_for(w, Look(now=25, alive=True, progress=_metrics(0, 23), probe="")) == 15
+    assert idle_for(w, Look(now=40, alive=True, progress=_metrics(0, 23))) == 30
+    assert idle_for(w, Look(now=55, alive=True, progress=_metrics(0, 24), probe="")) == 45
     # a short request between two looks: the counter moved by more than the probes
     assert idle_for(w, Look(now=70, alive=True, progress=_metrics(0, 26))) == 0
     # a request running at a look
