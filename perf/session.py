@@ -49,11 +49,28 @@ class Session:
         return self.raw[key][-1]
 
     def serving(self) -> bool:
+        """A healthy cluster that takes the bench's API key. One serving under another key (make
+        demo writes a random one) is brought down, so the bench's `up` starts it with its own."""
+        import httpx
+
         r = self.sc("status", "--json", check=False)
         try:
-            return json.loads(r.stdout).get("state") == "healthy"
+            healthy = json.loads(r.stdout).get("state") == "healthy"
         except ValueError:
             return False
+        if not healthy:
+            return False
+        try:
+            code = httpx.get(
+                f"{self.endpoint}/v1/models", headers={"Authorization": f"Bearer {testbed.API_KEY}"}, timeout=10
+            ).status_code
+        except httpx.HTTPError:
+            return False
+        if code in (401, 403):
+            print(f"bench: the cluster serves under another API key ({code}): down, then up with the bench's", flush=True)
+            self.sc("down", timeout=300)
+            return False
+        return code == 200
 
 
 def standalone(name: str, description: str, measure, figures, argv: list[str] | None = None) -> int:
