@@ -70,9 +70,14 @@ DEFAULT_POLICY = {
     "memory_need_fraction": 0.0,
     "max_restarts": 3,
     "restart_window_s": 3600.0,
-    "backoff_s": 5.0,  # doubled per restart in the window, at most 60 s
+    # the wait before a restart, counted from the verdict (the stop's grace is part of it); doubled
+    # per restart in the window whose engine never served (a crash loop), at most 60 s
+    "backoff_s": 5.0,
     "ready_timeout_s": 1800.0,
-    "stop_grace_s": 30.0,
+    "stop_grace_s": 30.0,  # an orderly stop (down, up replacing the server, on demand's idle TTL)
+    # a stop after a verdict: the engine is wedged, dead or out of memory, so what it holds cannot
+    # finish; vLLM's SIGTERM waits on its requests, which never end (it took all 30 s every time)
+    "verdict_grace_s": 5.0,
     # on demand: `up` leaves the engine on standby; a wake starts it after memory admission, and an
     # engine with no request of anyone but the supervisor's probes for idle_ttl_s goes back to standby
     "on_demand": False,
@@ -89,8 +94,11 @@ STOP_KILL_WAIT_S = 10.0  # a stop's wait after SIGKILL, once its grace is spent 
 
 
 def stopping(sup: dict) -> bool:
-    """The supervisor's last write published a verdict on a running engine (a cause newer than its
-    state, which is still starting or serving) and it is stopping that engine now."""
+    """The supervisor is stopping an engine now: its last write says so (`stopping`, written by
+    every stop before it blocks), or published a verdict on a running engine (a cause newer than its
+    state, which is still starting or serving)."""
+    if sup.get("stopping"):
+        return True
     causes = sup.get("causes") or []
     newest = causes[-1] if causes and isinstance(causes[-1], dict) else {}
     acts = (sup.get("policy") or {}).get("act", True)
@@ -107,11 +115,12 @@ def stale_after_s(sup: dict) -> float:
     block on reads that do not answer (/health, /metrics, Ray's table, and a second for each peer
     whose memory report did not answer last time); never under 15 s. The one-token probe is not
     among them: it runs beside the looks, so a probe into a stopped rank leaves the file fresh.
-    While the supervisor stops an engine after a verdict (the state file says the verdict), the
-    stop's grace and the kill's wait are added: it is acting, not hung. Read by `status` and the
+    While the supervisor stops an engine (the state file says so, or says the verdict), the stop's
+    grace and the kill's wait are added: it is acting, not hung. Read by `status` and the
     gateway alike."""
     policy = {**DEFAULT_POLICY, **(sup.get("policy") or {})}
     busy = LOOK_BLOCKS_S + PEER_READ_S * len(sup.get("memory_unknown") or {})
     if stopping(sup):
-        busy += float(policy["stop_grace_s"]) + STOP_KILL_WAIT_S
+        grace = (sup.get("stopping") or {}).get("grace_s") if isinstance(sup.get("stopping"), dict) else None
+        busy += float(grace if grace is not None else policy["stop_grace_s"]) + STOP_KILL_WAIT_S
     return max(3 * float(policy["interval_s"]) + busy, 15.0)

@@ -64,7 +64,15 @@ from .journal import Journal, read_json, write_json
 from .memreport import peer_memory
 from .procgroup import stop_group
 from .ranks import rank_problem, ranks_waiting
-from .raynodes import engine_nodes, node_lost, older_than_agent, others_at_ip, two_at_one_ip, waiting_on_two
+from .raynodes import (
+    STRAY_AFTER_S,
+    engine_nodes,
+    node_lost,
+    older_than_agent,
+    others_at_ip,
+    two_at_one_ip,
+    waiting_on_two,
+)
 from .readings import (
     alive_gpus,
     engine_figures,
@@ -126,6 +134,7 @@ class Supervisor:
         self.causes: list[dict] = []
         self.state, self.since = IDLE, time.time()
         self.next_start = 0.0
+        self.stopping: dict | None = None  # while stop() blocks: why, and its grace
         self.last_probe = 0.0  # when the last probe was sent (a look's `now`)
         self.probe_run: ProbeRun | None = None  # the probe sent last, until a look takes its answer
         self.first_start = True  # the start `up` asked for is not retried: a bad flag stays visible
@@ -161,6 +170,8 @@ class Supervisor:
         self.ray_others: set[str] = set()
         self.two_ids: frozenset[str] = frozenset()
         self.two_since = 0.0
+        self.older: str | None = None  # the start's wait on a raylet older than its agent, and since when
+        self.older_since = 0.0
 
     # -- state
     def set_state(self, state: str, **detail) -> None:
@@ -194,6 +205,7 @@ class Supervisor:
                 ),
                 "activity": self.watch.activity if self.watch else "",
                 **({"refusal": self.refusal} if self.refusal else {}),
+                **({"stopping": self.stopping} if self.stopping else {}),
             },
         )
 
@@ -296,13 +308,22 @@ class Supervisor:
         )
         self.set_state(STARTING)
 
-    def stop(self, why: str) -> None:
+    def stop(self, why: str, verdict: bool = False) -> None:
+        """Stops the engine: SIGTERM, then SIGKILL after the grace (verdict_grace_s after a verdict,
+        stop_grace_s for an orderly stop). The state file says so before it blocks, so `status` and
+        the gateway read a supervisor that is acting, not a stale one."""
         if self.proc is None:
             return
-        grace = float(self.policy()["stop_grace_s"])
+        policy = self.policy()
+        grace = float(policy["verdict_grace_s"] if verdict else policy["stop_grace_s"])
         pid = self.proc.pid
-        code = stop_group(self.proc, grace)
-        self.journal.write("vllm serve stopped", pid=pid, why=why, exit=code)
+        self.stopping = {"why": why, "grace_s": grace}
+        self.save()
+        try:
+            code = stop_group(self.proc, grace)
+        finally:
+            self.stopping = None
+        self.journal.write("vllm serve stopped", pid=pid, why=why, exit=code, grace_s=grace)
         self.proc, self.ray_nodes = None, {}
         try:
             os.unlink(RECORD_PATH)  # a stale record would name a PID that may be reused
@@ -340,8 +361,18 @@ class Supervisor:
         if two:
             return waiting_on_two(*two, time.monotonic() - self.two_since, agents)
         older = older_than_agent(rows, self.cfg["nodes"], agents)
-        if older:
+        if older != self.older:
+            self.older, self.older_since = older, time.monotonic()
+        if older and time.monotonic() - self.older_since < STRAY_AFTER_S:
             return older
+        if older:  # Ray declares a replaced raylet dead within 13-30 s: this one is the node's own
+            self.journal.write(
+                "a Ray node that started before its agent is taken as the node's own",
+                why=older,
+                waited_s=round(time.monotonic() - self.older_since, 1),
+                hint="the host's clock stepped back between the agent's start and the raylet's (NTP at boot?)",
+            )
+            self.older = None
         self.ray_nodes = engine_nodes(rows, self.cfg["nodes"])
         return None
 
@@ -487,6 +518,7 @@ class Supervisor:
         # taken before /metrics is read: a probe that returned before this look is in this reading's
         # request counter (verdict.idle_for counts it as the supervisor's own)
         look.probe = self.probe_answer()
+        look.probe_in_flight = int(self.probe_run is not None and self.probe_run.watch is self.watch)
         try:
             with urllib.request.urlopen(f"{base}/metrics", timeout=3) as r:
                 text = r.read().decode(errors="replace")
@@ -622,12 +654,14 @@ class Supervisor:
                 self.count(f"verdict:{kind}")
             self.save()
             return
-        self.causes.append({"ts": time.time(), "kind": kind, "cause": cause})
+        judged = time.time()
+        served = self.watch.ready
+        self.causes.append({"ts": judged, "kind": kind, "cause": cause})
         self.journal.write(kind, cause=cause, **evidence)
         self.count(f"verdict:{kind}")
-        # published before the stop, which may take stop_grace_s: the gateway acts on the verdict now
+        # published before the stop, which may take verdict_grace_s: the gateway acts on the verdict now
         self.save()
-        self.stop(cause)
+        self.stop(cause, verdict=True)
         if kind == "memory":
             self.set_state(
                 MEMORY,
@@ -641,5 +675,5 @@ class Supervisor:
         else:
             self.restarts.append(time.time())
             self.count("restarts")
-            self.next_start = time.time() + backoff(self.restarts, time.time(), policy)
+            self.next_start = judged + backoff(self.restarts, time.time(), policy, served)
             self.set_state(RESTARTING, cause=cause, attempt=len(self.restarts))

@@ -26,6 +26,9 @@ class Look:
     # executor "ray": a Ray node the engine's ranks run on is DEAD or no longer live (node/raynodes.node_lost:
     # its "cause" and evidence), {} when none is or Ray's table was not read at this look
     ray_lost: dict = field(default_factory=dict)
+    # the supervisor's own probe was in flight when /metrics was read: it may be the one request
+    # running, or have moved the success counter just before the read (idle_for discounts it)
+    probe_in_flight: int = 0
 
 
 @dataclass
@@ -143,7 +146,12 @@ def restarts_left(restarts: list[float], now: float, policy: dict) -> int:
     return int(policy["max_restarts"]) - len(recent)
 
 
-def backoff(restarts: list[float], now: float, policy: dict) -> float:
+def backoff(restarts: list[float], now: float, policy: dict, served: bool) -> float:
+    """The wait before the restart `restarts` ends with (counted from its verdict). An engine that
+    served before its verdict waits backoff_s: a wedge or a lost node after hours of serving is not
+    a crash loop. One that never served doubles it per restart in the window, at most 60 s."""
+    if served:
+        return float(policy["backoff_s"])
     recent = [t for t in restarts if now - t < float(policy["restart_window_s"])]
     return min(60.0, float(policy["backoff_s"]) * 2 ** max(0, len(recent) - 1))
 
@@ -192,11 +200,12 @@ def idle_for(w: Watch, look: Look) -> float:
     this reading already. Until the engine is ready it counts as busy. Updates `w`."""
     served = look.progress.get(SUCCESS)
     running, waiting = _work(look)
+    running = max(0.0, running - look.probe_in_flight)
     busy = not w.ready or bool(running or waiting) or not w.active_at
     if look.probe == "":
         w.own_probes += 1
     if served is not None:
-        if w.served is not None and served - w.served > w.own_probes:
+        if w.served is not None and served - w.served > w.own_probes + look.probe_in_flight:
             busy = True
         w.served, w.own_probes = served, 0
     if busy:

@@ -154,9 +154,12 @@ def test_restart_bound_and_backoff_follow_the_window():
     now = 10_000.0
     assert restarts_left([], now, P) == 3
     assert restarts_left([now - 10, now - 20, now - 4000], now, P) == 1  # one fell out of the hour
-    assert backoff([now], now, P) == 5.0
-    assert backoff([now - 2, now - 1, now], now, P) == 20.0
-    assert backoff([now - i for i in range(10)], now, P) == 60.0
+    # an engine that never served: a crash loop, doubled per restart in the window
+    assert backoff([now], now, P, served=False) == 5.0
+    assert backoff([now - 2, now - 1, now], now, P, served=False) == 20.0
+    assert backoff([now - i for i in range(10)], now, P, served=False) == 60.0
+    # one that served before its verdict (a wedge, a lost node): not a crash loop
+    assert backoff([now - 2, now - 1, now], now, P, served=True) == 5.0
 
 
 def test_readers_over_captured_text():
@@ -333,7 +336,7 @@ def test_a_verdict_is_published_before_the_engine_is_stopped(tmp_path, monkeypat
     monkeypatch.setattr(supervisor, "verdict", lambda w, look, policy: ("wedged", "no progress for 60s"))
     seen = {}
 
-    def stop(why):
+    def stop(why, verdict=False):
         seen.update(json.loads(Path(supervisor.STATE_PATH).read_text()))
         sup.proc = None
 

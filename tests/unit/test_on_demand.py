@@ -173,6 +173,17 @@ def test_idle_counts_the_supervisors_own_probes_as_nothing():
     assert idle_for(w, Look(now=100, alive=True, progress=_metrics(0, 26))) == 15
 
 
+def test_the_supervisors_probe_in_flight_at_a_reading_is_not_a_request_of_anyone():
+    """The probe runs on its own thread: a reading may catch it running, or just after it moved the
+    success counter and before its answer is taken. Neither keeps an idle engine from its TTL; a
+    user's request beside it still does."""
+    w = Watch(started=0.0, ready=True)
+    assert idle_for(w, Look(now=10, alive=True, progress=_metrics(0, 22))) == 0
+    assert idle_for(w, Look(now=25, alive=True, progress=_metrics(1, 22), probe_in_flight=1)) == 15
+    assert idle_for(w, Look(now=40, alive=True, progress=_metrics(0, 23), probe_in_flight=1)) == 30
+    assert idle_for(w, Look(now=55, alive=True, progress=_metrics(2, 23), probe_in_flight=1)) == 0  # one is a user's
+
+
 def test_an_engine_not_ready_yet_is_never_idle():
     w = Watch(started=0.0)
     assert idle_for(w, Look(now=500, alive=True)) == 0

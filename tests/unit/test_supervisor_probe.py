@@ -106,7 +106,7 @@ def rig(tmp_path, monkeypatch):
     monkeypatch.setattr(sup, "low_memory", lambda policy: {})
     stopped: list[str] = []
 
-    def stop(why):
+    def stop(why, verdict=False):
         stopped.append(why)
         sup.proc = None
 
@@ -282,6 +282,10 @@ def test_the_state_file_is_stale_after_three_looks_and_the_reads_bounds_not_the_
     # a cause older than the state (the restart that followed it) adds nothing
     assert contract.stale_after_s({**stopping, "since": 70.0}) == 15.0
     assert contract.stale_after_s({**stopping, "state": contract.RESTARTING}) == 15.0
+    # any stop the supervisor publishes before it blocks (down, on demand's idle TTL, up replacing
+    # the server: no new cause) adds the grace it stops with
+    orderly = {**testbed, "stopping": {"why": "idle for 900s", "grace_s": 30.0}}
+    assert contract.stale_after_s(orderly) == 3 * 2.0 + contract.LOOK_BLOCKS_S + 30.0 + contract.STOP_KILL_WAIT_S
 
 
 def test_the_state_file_is_rewritten_during_a_restarts_backoff(rig):
@@ -293,3 +297,71 @@ def test_the_state_file_is_rewritten_during_a_restarts_backoff(rig):
         doc = json.loads(Path(supervisor.STATE_PATH).read_text())
         assert doc["state"] == contract.RESTARTING and doc["updated"] == clock.now
     assert sup.proc is None
+
+
+def _deaf(tmp) -> "subprocess.Popen":
+    """A process group that ignores SIGTERM, as vLLM's server does while its requests never end."""
+    import subprocess
+    import sys
+
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(120)"
+    p = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "up"  # its handler is in place
+    return p
+
+
+@pytest.mark.parametrize("after_verdict", [True, False])
+def test_a_stop_after_a_verdict_kills_after_its_short_grace_and_the_state_file_says_it_is_stopping(
+    rig, monkeypatch, after_verdict
+):
+    """A wedged engine's SIGTERM waits on requests that never end: the stop after a verdict gives it
+    verdict_grace_s, an orderly stop stop_grace_s. While it blocks, the state file says so."""
+    sup = rig.sup
+    policy = {**POLICY, "verdict_grace_s": 0.3, "stop_grace_s": 1.5}
+    monkeypatch.setattr(sup, "policy", lambda desired=None: policy)
+    seen = []
+    real_stop_group = supervisor.stop_group
+
+    def watched(proc, grace):
+        seen.append((grace, json.loads(Path(supervisor.STATE_PATH).read_text()).get("stopping")))
+        return real_stop_group(proc, grace)
+
+    monkeypatch.setattr(supervisor, "stop_group", watched)
+    sup.proc = _deaf(rig.tmp)
+    t0 = time.monotonic()
+    supervisor.Supervisor.stop(sup, "no progress", verdict=after_verdict)
+    took = time.monotonic() - t0
+    grace = 0.3 if after_verdict else 1.5
+    assert seen == [(grace, {"why": "no progress", "grace_s": grace})]
+    assert grace <= took < grace + 5.0  # SIGKILL once the grace is spent
+    assert sup.proc is None and sup.stopping is None
+    stopped = [e for e in _journal(rig.tmp) if e["event"] == "vllm serve stopped"]
+    assert stopped[-1]["exit"] == -9 and stopped[-1]["grace_s"] == grace
+
+
+@pytest.mark.parametrize("served", [True, False])
+def test_the_restarts_backoff_counts_from_the_verdict_and_doubles_only_for_an_engine_that_never_served(
+    rig, monkeypatch, served
+):
+    sup, clock, engine = rig.sup, rig.clock, rig.engine
+    _probes(monkeypatch)
+    engine.running = 2.0
+
+    def slow_stop(why, verdict=False):  # the stop takes 4 s of the supervisor's clock
+        assert verdict
+        clock.now += 4.0
+        sup.proc = None
+
+    monkeypatch.setattr(sup, "stop", slow_stop)
+    sup.restarts = [clock.now - 100.0]  # one restart earlier in the window
+    sup.watch = Watch(started=0.0, ready=served, progressed_at=clock.now - 100.0)
+    sup.state = contract.SERVING if served else contract.STARTING
+    if not served:
+        monkeypatch.setattr(supervisor, "verdict", lambda w, look, policy: ("dead", "the vllm serve process exited"))
+    else:
+        monkeypatch.setattr(supervisor, "verdict", lambda w, look, policy: ("wedged", "no progress"))
+    judged = clock.now
+    sup.tick()
+    assert sup.state == contract.RESTARTING and sup.proc is None
+    wait = POLICY["backoff_s"] if served else POLICY["backoff_s"] * 2
+    assert sup.next_start == judged + wait  # the 4 s of the stop are part of it

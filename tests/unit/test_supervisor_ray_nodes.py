@@ -466,6 +466,22 @@ def test_a_start_after_a_container_restart_waits_for_its_new_raylet(tmp_path, mo
     assert sup.nodes_ready() is None and sup.ray_node_ids()["spark-worker"] == A2
 
 
+def test_a_lone_raylet_older_than_its_agent_past_a_minute_is_the_nodes_own(
+    tmp_path, monkeypatch, dashboard, worker_agent
+):
+    """Ray declares a replaced raylet dead within 13-30 s: a lone live node that still looks older
+    than its agent a minute on is the node's own, and the host's clock stepped back between the two
+    starts (NTP at boot). The start records it and says so, rather than waiting for good."""
+    peers = [{"name": "spark-worker", "ip": WORKER_IP}]
+    sup = head_supervisor(tmp_path, monkeypatch, state_api(dashboard.server_port), peers, worker_agent.server_port)
+    dashboard.doc = text("alive-killed-0s")
+    assert "before the node's agent did" in sup.nodes_ready() and sup.ray_nodes == {}
+    sup.older_since -= STRAY_AFTER_S  # the same lone node, a minute on
+    assert sup.nodes_ready() is None and sup.ray_node_ids()["spark-worker"] == A2
+    taken = [e for e in journal(tmp_path) if e["event"].startswith("a Ray node that started before its agent")]
+    assert len(taken) == 1 and "clock stepped back" in taken[0]["hint"] and A2[:8] in taken[0]["why"]
+
+
 def test_a_cut_table_of_live_nodes_says_so_rather_than_not_a_member(tmp_path, monkeypatch, dashboard):
     sup = head_supervisor(tmp_path, monkeypatch, state_api(dashboard.server_port))
     dashboard.doc = text("alive-limit-1")
