@@ -336,6 +336,11 @@ class Images:
 
 def figures(R: dict, size: int) -> list[Figure]:
     """The image rows of the table; `size`: the cluster image's size in bytes."""
+    return delta_figures(R) + transfer_figures(R, size)
+
+
+def transfer_figures(R: dict, size: int) -> list[Figure]:
+    """The rows of the whole image's transfer (and identical IDs)."""
     F = [
         Figure(
             "image_controller_bytes",
@@ -353,41 +358,6 @@ def figures(R: dict, size: int) -> list[Figure]:
             [float(x) for x in R["xfer_sc_link_bytes"]],
         ),
     ]
-    if R.get("delta_ratio"):
-        F += [
-            Figure(
-                "image_delta_ratio",
-                "image transfer, base on both: link bytes / bytes of the layers the worker lacks",
-                "ratio",
-                "<= 1.05",
-                R["delta_ratio"],
-                statistics.median(R["delta_ratio"]) <= 1.05,
-                note="denominator: those layers' tars as docker save emits them; the link counts "
-                "TCP/IP and ACKs both ways",
-            ),
-            info("image_delta_bytes", "  ... bytes on the link", "bytes", [float(x) for x in R["delta_link_bytes"]]),
-            info(
-                "image_delta_lacking",
-                "  ... bytes of the layers the worker lacks",
-                "bytes",
-                [float(x) for x in R["delta_lacking_bytes"]],
-            ),
-            info("image_delta_stage_s", "  ... image stage time", "s", R["delta_stage_s"]),
-        ]
-    if R.get("delta_vs_load"):
-        F += [
-            Figure(
-                "image_delta_vs_load",
-                "image transfer, base on both: image stage / docker load of the same bytes alone",
-                "ratio",
-                "<= 1.50",
-                R["delta_vs_load"],
-                statistics.median(R["delta_vs_load"]) <= 1.5,
-                note="denominator: docker load -i, timed on the worker, of the archive the stage sends "
-                "(made by its own sender, page-cached on the worker's disk); issue 40 item 7",
-            ),
-            info("image_delta_load_s", "  ... docker load of those bytes alone", "s", R["delta_load_s"]),
-        ]
     F += [
         Figure(
             "image_throughput",
@@ -438,4 +408,45 @@ def figures(R: dict, size: int) -> list[Figure]:
             max(R["image_same_link_bytes"]) < LINK_NOISE,
         ),
     ]
+    return F
+
+
+def delta_figures(R: dict) -> list[Figure]:
+    """The rows of a delta's transfer (the worker holding the base), where measured."""
+    F: list[Figure] = []
+    if R.get("delta_ratio"):
+        F += [
+            Figure(
+                "image_delta_ratio",
+                "image transfer, base on both: link bytes / bytes of the layers the worker lacks",
+                "ratio",
+                "<= 1.05",
+                R["delta_ratio"],
+                statistics.median(R["delta_ratio"]) <= 1.05,
+                note="denominator: those layers' tars as docker save emits them; the link counts "
+                "TCP/IP and ACKs both ways",
+            ),
+            info("image_delta_bytes", "  ... bytes on the link", "bytes", [float(x) for x in R["delta_link_bytes"]]),
+            info(
+                "image_delta_lacking",
+                "  ... bytes of the layers the worker lacks",
+                "bytes",
+                [float(x) for x in R["delta_lacking_bytes"]],
+            ),
+            info("image_delta_stage_s", "  ... image stage time", "s", R["delta_stage_s"]),
+        ]
+    if R.get("delta_vs_load"):
+        F += [
+            Figure(
+                "image_delta_vs_load",
+                "image transfer, base on both: image stage / docker load of the same bytes alone",
+                "ratio",
+                "<= 1.50",
+                R["delta_vs_load"],
+                statistics.median(R["delta_vs_load"]) <= 1.5,
+                note="denominator: docker load -i, timed on the worker, of the archive the stage sends "
+                "(made by its own sender, page-cached on the worker's disk); issue 40 item 7",
+            ),
+            info("image_delta_load_s", "  ... docker load of those bytes alone", "s", R["delta_load_s"]),
+        ]
     return F

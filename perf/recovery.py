@@ -89,9 +89,7 @@ def wedge(s) -> dict:
     model = s.prof.served_model_name
     with Load(s.endpoint, model) as load:
         if not load.first_done.wait(120):
-            raise SystemExit(
-                f"bench: no completion under load before the wedge ({load.failures} requests failed)"
-            )
+            raise SystemExit(f"bench: no completion under load before the wedge ({load.failures} requests failed)")
         t0 = time.time()
         try:
             tb.sh(WORKER, "kill -STOP " + " ".join(pids))

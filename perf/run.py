@@ -74,7 +74,11 @@ def on_serving(s: Session, i: int) -> None:
     )
 
 
-def bench(s: Session) -> None:
+# `--only`: the families a partial run measures, in the whole run's order
+FAMILIES = ("up", "serving", "monitoring", "supervisor", "executors", "delta", "transfer", "compile", "gateway")
+
+
+def bench(s: Session, only: tuple[str, ...] = FAMILIES) -> None:
     tb, img, reps = s.tb, image.Images(s), s.reps
     was_serving = s.serving()
     s.details["started_serving"] = was_serving
@@ -89,12 +93,46 @@ def bench(s: Session) -> None:
         tb.copy_image(s.image)
     s.details["image"] = {"ref": s.image, "size_bytes": img.size()}
 
-    say(f"up from a cluster that is down, image in place ({reps}x)")
-    for i in range(reps):
-        say(up.measure_from_down(s, i))
+    if "up" in only:
+        say(f"up from a cluster that is down, image in place ({reps}x)")
+        for i in range(reps):
+            say(up.measure_from_down(s, i))
+    if "serving" in only and not s.serving():
+        s.sc("up", "--profile", PROFILE, timeout=900)
+    if "serving" in only:
+        run_serving(s, reps)
+    if "monitoring" in only:
+        run_monitoring(s, reps)
+    if "supervisor" in only:
+        say("supervisor: its own CPU and memory while serving, then a wedge and a worker reboot to serving again")
+        supervisor.measure(s)
+    if "executors" in only:
+        run_executors(s, reps)
+    if "delta" in only:
+        run_delta(s, img, reps)
+    if "transfer" in only:
+        run_transfer(s, img, reps)
+    if "compile" in only:
+        say(
+            f"compile caches: engine start cold, warm after down/up, and a supervisor restart "
+            f"({min(reps, compile_restarts.MAX_REPS)}x, {compile_restarts.PROFILE} on spark-head)"
+        )
+        compile_restarts.measure(s)
+    if "gateway" in only:
+        say(f"gateway: through it against straight to the engine, interleaved ({reps}x), and its idle memory")
+        gateway.measure(s)
+    if was_serving:
+        say("leaving the cluster serving, as it was")
+        s.sc("up", "--profile", PROFILE, timeout=600)
+
+
+def run_serving(s: Session, reps: int) -> None:
     say(f"on a serving cluster: doctor, status --json, up, in-process fan-out, start-up and host floors ({reps}x)")
     for i in range(reps):
         on_serving(s, i)
+
+
+def run_monitoring(s: Session, reps: int) -> None:
     say(
         f"monitoring (issue 37): its cost on each node, scrape time, throughput on / off, interleaved "
         f"({max(reps, monitoring.MIN_REPS)}x)"
@@ -104,13 +142,19 @@ def bench(s: Session) -> None:
     except (SystemExit, Exception) as e:  # the other families' figures are kept; this one says why not
         say(f"monitoring not measured: {e}")
         s.rec("mon_error", str(e)[:300])
-    say("supervisor: its own CPU and memory while serving, then a wedge and a worker reboot to serving again")
-    supervisor.measure(s)
+
+
+def run_executors(s: Session, reps: int) -> None:
+    tb = s.tb
     say(f"executors: up from down, memory and idle CPU of both hosts, with ray and with mp ({reps}x)")
     s.details["executors"] = executors.measure(tb, s.sc, s.hosts, memory.containers_pss_bytes, reps)
     EXECUTORS_MD.write_text(
         executors.render(s.details["executors"], s.hosts, time.strftime("%Y-%m-%d %H:%M UTC"), reps)
     )
+
+
+def run_delta(s: Session, img, reps: int) -> None:
+    tb = s.tb
     say(f"image transfer, base on both hosts: bytes on the link / bytes of the layers the worker lacks ({reps}x)")
     s.sc("down", timeout=120)
     try:
@@ -120,6 +164,10 @@ def bench(s: Session) -> None:
         s.sc("down", timeout=120, check=False)
         if tb.image_id("spark-worker", s.image) is None:
             tb.copy_image(s.image)
+
+
+def run_transfer(s: Session, img, reps: int) -> None:
+    tb = s.tb
     say(f"image transfer, worker lacks every layer: sparkcluster vs docker save | ssh | docker load ({reps}x)")
     aside = s.workdir / "worker-images.tar"
     try:
@@ -133,33 +181,33 @@ def bench(s: Session) -> None:
         if tb.image_id("spark-worker", s.image) is None:
             tb.copy_image(s.image)
     img.restore_aliases()
-    say(
-        f"compile caches: engine start cold, warm after down/up, and a supervisor restart "
-        f"({min(reps, compile_restarts.MAX_REPS)}x, {compile_restarts.PROFILE} on spark-head)"
-    )
-    compile_restarts.measure(s)
-    say(f"gateway: through it against straight to the engine, interleaved ({reps}x), and its idle memory")
-    gateway.measure(s)
-    if was_serving:
-        say("leaving the cluster serving, as it was")
-        s.sc("up", "--profile", PROFILE, timeout=600)
 
 
-def figures(R: dict, image_size: int, hosts: tuple[str, ...] = testbed.HOSTS) -> list[Figure]:
-    """The table's rows, family by family, from the raw repetitions (this run's or results.json's)."""
-    return [
-        *doctor.figures(R),
-        *connections.figures(R, hosts),
-        *up.figures(R),
-        *memory.figures(R),
-        *image.figures(R, image_size),
-        *monitoring.figures(R),
-        *supervisor.figures(R),
-        *recovery.figures(R),
-        *compile_restarts.figures(R),
-        *gateway.figures(R),
-        *status.figures(R),
+def figures(R: dict, image_size: int, hosts: tuple[str, ...] = testbed.HOSTS, partial: bool = False) -> list[Figure]:
+    """The table's rows, family by family, from the raw repetitions (this run's or results.json's).
+    `partial` (a run with --only): a family whose figures this run did not measure is left out."""
+    rows = [
+        lambda: doctor.figures(R),
+        lambda: connections.figures(R, hosts),
+        lambda: up.figures(R),
+        lambda: memory.figures(R),
+        lambda: image.delta_figures(R),
+        lambda: image.transfer_figures(R, image_size),
+        lambda: monitoring.figures(R),
+        lambda: supervisor.figures(R),
+        lambda: recovery.figures(R),
+        lambda: compile_restarts.figures(R),
+        lambda: gateway.figures(R),
+        lambda: status.figures(R),
     ]
+    out: list[Figure] = []
+    for family in rows:
+        try:
+            out += family()
+        except (KeyError, ValueError, IndexError):
+            if not partial:
+                raise
+    return out
 
 
 def rerender() -> None:
@@ -193,6 +241,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--render", action="store_true", help="write perf/results.md again from perf/results.json")
     which.add_argument("--executors", action="store_true", help="only the ray / mp comparison, to perf/executors.md")
+    which.add_argument(
+        "--only",
+        default="",
+        metavar="FAMILY[,FAMILY]",
+        help=f"only these families ({', '.join(FAMILIES)}), to perf/results-<families>.md; "
+        "perf/results.md stays the whole run's",
+    )
     return p.parse_args(argv)
 
 
@@ -204,22 +259,36 @@ def main(argv: list[str] | None = None) -> None:
         die("the testbed needs root (make bench as root, after make testbed-up)")
     if args.executors:
         return executors_only()
+    only = tuple(f for f in args.only.split(",") if f) or FAMILIES
+    unknown = sorted(set(only) - set(FAMILIES))
+    if unknown:
+        die(f"--only: no family {', '.join(unknown)} (families: {', '.join(FAMILIES)})")
+    partial = only != FAMILIES
     with testbed.locked():
         started = time.time()  # the run proper, after any wait for the lock
         tb = testbed.connect()
         with tempfile.TemporaryDirectory(prefix="sparkcluster-bench-") as wd:
             s = Session(tb, Path(wd))
-            bench(s)
+            bench(s, only)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))
-    figs = figures(s.raw, s.details["image"]["size_bytes"], s.hosts)
+    figs = figures(s.raw, s.details["image"]["size_bytes"], s.hosts, partial)
     details = dict(s.details)
-    details["up_down_breakdown"] = up.breakdown(s.raw)
-    details["fanout_single_s"] = s.raw["fanout_single"]
-    details["fanout_both_s"] = s.raw["fanout_both"]
-    details["baseline_wall_s"] = s.raw["xfer_base_wall"]
-    details["transfer_image_stage_s"] = s.raw["xfer_sc_stage_s"]
+    if "up" in only:
+        details["up_down_breakdown"] = up.breakdown(s.raw)
+    if "serving" in only:
+        details["fanout_single_s"] = s.raw["fanout_single"]
+        details["fanout_both_s"] = s.raw["fanout_both"]
+    if "transfer" in only:
+        details["baseline_wall_s"] = s.raw["xfer_base_wall"]
+        details["transfer_image_stage_s"] = s.raw["xfer_sc_stage_s"]
     details["bench_seconds"] = round(time.time() - started, 1)
-    RESULTS_JSON.write_text(
+    if partial:
+        details["families"] = list(only)
+    results_json, results_md = RESULTS_JSON, RESULTS_MD
+    if partial:
+        results_json = REPO / "perf" / f"results-{'+'.join(only)}.json"
+        results_md = REPO / "perf" / f"results-{'+'.join(only)}.md"
+    results_json.write_text(
         json.dumps(
             {
                 "when": when,
@@ -233,9 +302,11 @@ def main(argv: list[str] | None = None) -> None:
         )
     )
     table = render(figs, details, when, REPS)
-    RESULTS_MD.write_text(table)
+    if partial:
+        table = f"Only the families {', '.join(only)} (python -m perf.run --only {','.join(only)}).\n\n" + table
+    results_md.write_text(table)
     print(table)
-    wrote = f"{RESULTS_JSON.relative_to(REPO)} and {RESULTS_MD.relative_to(REPO)}"
+    wrote = f"{results_json.relative_to(REPO)} and {results_md.relative_to(REPO)}"
     say(f"done in {time.time() - started:.0f}s; wrote {wrote}")
 
 

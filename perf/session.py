@@ -67,7 +67,7 @@ class Session:
         except httpx.HTTPError:
             return False
         if code in (401, 403):
-            print(f"bench: the cluster serves under another API key ({code}): down, then up with the bench's", flush=True)
+            print(f"bench: the cluster serves under another API key ({code}): down, up with the bench's", flush=True)
             self.sc("down", timeout=300)
             return False
         return code == 200

@@ -461,3 +461,13 @@ def test_the_chains_hops_are_read_from_the_pulls_notes():
         ("spark-worker", "spark-head", "10.10.1.1", "10.10.1.2"),
         ("spark-worker-3", "spark-worker", "10.10.1.2", "10.10.1.3"),
     ]
+
+
+def test_a_partial_run_leaves_out_the_families_it_did_not_measure():
+    """`python -m perf.run --only serving,delta`: only the rows those families measured; a whole
+    run that lacks a family's figures is a fault, not a shorter table."""
+    raw = {k: v for k, v in _raw().items() if not k.startswith("xfer_")}
+    with pytest.raises(KeyError):
+        run.figures(raw, 2_881_727_000)
+    names = [f.key for f in run.figures(raw, 2_881_727_000, partial=True)]
+    assert "doctor_floor_ratio" in names and "image_delta_vs_load" in names and "image_throughput" not in names

@@ -12,6 +12,8 @@ waits are on events the probe's thread sets, bounded."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -299,12 +301,11 @@ def test_the_state_file_is_rewritten_during_a_restarts_backoff(rig):
     assert sup.proc is None
 
 
-def _deaf(tmp) -> "subprocess.Popen":
+def _deaf(tmp) -> subprocess.Popen:
     """A process group that ignores SIGTERM, as vLLM's server does while its requests never end."""
-    import subprocess
-    import sys
-
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(120)"
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(120)"
+    )
     p = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "up"  # its handler is in place
     return p
