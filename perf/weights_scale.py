@@ -102,7 +102,11 @@ class Scale:
         self.s, self.tb, self.files, self.endpoint = s, s.tb, files, endpoint
         self.hosts = tuple(s.tb.hosts)
         self.workers = [h for h in self.hosts if h != HEAD]
-        inv = s.workdir / "inventory-scale.toml"
+        # beside the testbed's own: its paths (ssh_config, keys) are relative to the inventory's
+        # folder (a copy in the session's tmp dir named an ssh_config that is not there); measure()
+        # removes it
+        inv = Path(s.tb.inventory).with_name(f".bench-weights-scale-{s.workdir.name}.toml")
+        self.inventory = inv
         text = Path(s.tb.inventory).read_text()
         inv.write_text(re.sub(r"(?m)^hf_endpoint = .*$", f'hf_endpoint = "{endpoint}"', text))
         self.sc = CLI(s.tb, s.workdir, hosts=self.hosts, inventory=inv)
@@ -295,6 +299,7 @@ def measure(s) -> None:
         finally:
             for h in x.hosts:  # the scale repository off every node's HF cache: several GB each
                 s.tb.sh(h, f"rm -rf {shlex.quote(x.repo_dir)}", check=False)
+            x.inventory.unlink(missing_ok=True)
         s.details["page_cache_dropped"] = all(x.dropped)
         if not all(x.dropped):
             say("  the page cache could not be dropped between runs (/proc/sys/vm/drop_caches refused)")
