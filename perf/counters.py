@@ -37,7 +37,9 @@ class Sampler:
         """`worker_if`: the worker's control link, or several of its links summed (a chain's
         stream may take a data-plane subnet rather than the control link, perf/weights_scale)."""
         self.worker_pid, self.lan_ifs = worker_pid, lan_ifs
-        self.worker_ifs = [worker_if] if isinstance(worker_if, str) else list(worker_if)
+        # each link once: a node's control link may also be one of its data-plane links (the
+        # testbed's is), and counted twice it doubled a resumed pull's bytes (2.002 for 1.001)
+        self.worker_ifs = [worker_if] if isinstance(worker_if, str) else list(dict.fromkeys(worker_if))
         self.samples: list[tuple[float, int, int]] = []  # (t, link bytes, lan bytes)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -471,3 +471,11 @@ def test_a_partial_run_leaves_out_the_families_it_did_not_measure():
         run.figures(raw, 2_881_727_000)
     names = [f.key for f in run.figures(raw, 2_881_727_000, partial=True)]
     assert "doctor_floor_ratio" in names and "image_delta_vs_load" in names and "image_throughput" not in names
+
+
+def test_a_link_named_twice_is_sampled_once():
+    """The testbed's control link is also its first data-plane link: weights_scale names both."""
+    from perf.counters import Sampler
+
+    s = Sampler(1, ["enp1s0f1np1", "enp1s0f1np1", "enP2p1s0f1np1"], [])
+    assert s.worker_ifs == ["enp1s0f1np1", "enP2p1s0f1np1"]
