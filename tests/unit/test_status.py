@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import make_inventory
 
+from sparkcluster.config import compile_cache
 from sparkcluster.day2.endpoint import EngineView
 from sparkcluster.day2.ray_members import parse_state_api
 from sparkcluster.day2.status import NodeStatus, judge, node_script
@@ -451,3 +453,121 @@ def test_a_deployment_on_standby_is_healthy_and_a_refused_start_is_degraded_with
     # the same state of a server not on demand is still "not running"
     st = judge(make_inventory(), nodes, rows, ENDPOINT, EngineView(None, [], None, ""), None, {**sup, "policy": {}})
     assert st.state == "degraded" and any("not running" in p for p in st.problems)
+
+
+# ---- the node script's slow parts run at once (issue 40 item 6) ---------------------------------
+
+SLOW_S = 0.3  # each stand-in docker / curl / du call: the serial script makes 7 of them, 2 in a row at most
+_INSPECT = json.dumps(
+    [
+        {
+            "Id": "aaa",
+            "Name": "/sparkcluster-pair-head",
+            "Image": "sha256:img",
+            "Config": {"Image": "vllm", "Labels": {"org.sparkcluster.cluster": "pair"}, "Env": []},
+            "State": {"Running": True, "Status": "running", "StartedAt": "2025-11-23T12:00:00Z"},
+        }
+    ]
+)
+_KEY = "0" * compile_cache.KEY_LEN
+_HEAD_EXEC = (
+    '@@sc@@ record\n{"pid": 412}\n@@sc@@ record rc=0\n@@sc@@ alive\n\n@@sc@@ alive rc=0\n'
+    '@@sc@@ supervisor\n{"state": "serving", "updated": 1763900000.0}\n@@sc@@ supervisor rc=0\n'
+    "@@sc@@ head_nccl\nhead NCCL INFO NET/IB : Using mlx5_0\n@@sc@@ head_nccl rc=0\n"
+)
+
+
+def _stand_ins(bindir, slow: float) -> None:
+    """docker, curl, du that each sleep `slow` and print what a serving head node's would; cat
+    and date that make /proc's readings fixed (the rest passes to the real cat)."""
+    import shutil
+
+    bindir.mkdir()
+    real_cat = shutil.which("cat")
+    tools = {
+        "docker": f"""sleep {slow}
+[ -n "$DOCKER_DOWN" ] && {{ echo 'Cannot connect to the Docker daemon' >&2; exit 1; }}
+case "$1 $*" in
+  ps*status=running*) printf 'sparkcluster-pair-head\\nsparkcluster-pair-gw\\n' ;;
+  ps*) echo aaa ;;
+  inspect*) cat <<'J'
+{_INSPECT}
+J
+  ;;
+  exec*) [ "$2" = sparkcluster-pair-head ] && cat <<'J' || echo "$2 NCCL INFO NET/Socket : Using eth0"
+{_HEAD_EXEC}J
+  ;;
+esac""",
+        "curl": f"sleep {slow}; echo '{ray_doc([ray_row(HEAD_IP, True)])}'",
+        "du": f"sleep {slow}; printf '1048576\\t/home/x/.cache/sparkcluster/compile/{_KEY}/\\n'",
+        "cat": f'case "$1" in /proc/uptime) echo "5000.0 1.0" ;; /proc/*) echo "{MEMINFO}" ;; '
+        f'*) exec {real_cat} "$@" ;; esac',
+        "date": "echo 1763900000.0",
+    }
+    for name, body in tools.items():
+        (bindir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bindir / name).chmod(0o755)
+
+
+def _run_node_script(tmp_path, shell: str, serial: bool, **env) -> tuple[str, float]:
+    import os
+    import subprocess
+    import time
+
+    bins = [tmp_path / "bin"]
+    if serial:  # no temp folder: the script's fallback, its parts one after another
+        (tmp_path / "nomktemp").mkdir(exist_ok=True)
+        (tmp_path / "nomktemp" / "mktemp").write_text("#!/bin/sh\nexit 1\n")
+        (tmp_path / "nomktemp" / "mktemp").chmod(0o755)
+        bins.insert(0, tmp_path / "nomktemp")
+    path = ":".join([*map(str, bins), os.environ["PATH"]])
+    env = {**os.environ, "PATH": path, "TMPDIR": str(tmp_path / "tmp"), "HOME": str(tmp_path), **env}
+    started = time.monotonic()
+    r = subprocess.run(
+        [shell, "-c", node_script(make_inventory(), "spark-head")], env=env, capture_output=True, text=True, timeout=60
+    )
+    return r.stdout, time.monotonic() - started
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_the_status_script_runs_its_slow_parts_at_once_and_prints_what_running_them_in_turn_prints(tmp_path, shell):
+    """Stand-in docker, curl and du that each take SLOW_S: the script prints byte for byte what its
+    one-after-another fallback prints, in the sections' order, in about the longest chain's time
+    (2 calls) rather than the sum (7); its temp folder is gone after."""
+    from sparkcluster.day2.status import _one
+    from sparkcluster.facts.probes import SECTION, split_sections
+
+    _stand_ins(tmp_path / "bin", SLOW_S)
+    (tmp_path / "tmp").mkdir()
+    serial, serial_s = _run_node_script(tmp_path, shell, serial=True)
+    at_once, at_once_s = _run_node_script(tmp_path, shell, serial=False)
+    assert at_once == serial
+    order = [line.split()[1] for line in at_once.splitlines() if line.startswith(SECTION) and " rc=" not in line]
+    assert order == [
+        "uptime", "meminfo", "kernel", "ours", "ray", "nccl",
+        "record", "alive", "supervisor", "head_nccl", "compile_cache",
+    ]  # fmt: skip
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert serial_s > 7 * SLOW_S
+    assert at_once_s < 0.6 * serial_s, (at_once_s, serial_s)
+    got = _one(_Host("spark-head", at_once), make_inventory())
+    assert (got.status.state, got.status.container, got.head_view[0]) == ("running", "sparkcluster-pair-head", 412)
+    assert got.ray and got.status.compile_caches_gib == 1.0
+    assert "NET/IB" in got.nccl  # the head container's own, from its exec
+    assert split_sections(at_once)["nccl"].out.strip() == "sparkcluster-pair-gw NCCL INFO NET/Socket : Using eth0"
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_a_docker_that_fails_still_fails_its_section_when_the_parts_run_at_once(tmp_path, shell):
+    from sparkcluster.day2.status import DOCKER_SILENT, _one
+
+    _stand_ins(tmp_path / "bin", 0)
+    (tmp_path / "tmp").mkdir()
+    out, _ = _run_node_script(tmp_path, shell, serial=False, DOCKER_DOWN="1")
+    assert out == _run_node_script(tmp_path, shell, serial=True, DOCKER_DOWN="1")[0]
+    got = _one(_Host("spark-head", out), make_inventory())
+    assert (got.status.state, got.status.error, got.containers) == (
+        DOCKER_SILENT,
+        "Cannot connect to the Docker daemon",
+        None,
+    )
