@@ -3,8 +3,7 @@
 One SSH round trip per node (container state, Ray's state API on the head, uptime, MemAvailable;
 on the head also the server's record and the supervisor's state and journal, read inside its
 container) plus two HTTP requests to the endpoint, all in parallel and each bounded: fast enough to
-poll every second, and no Docker API client to import or to wait on. Within a node's round trip the
-slow parts (docker calls and execs, Ray's API, `du`) run at once too (node_script).
+poll every second, and no Docker API client to import or to wait on.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import deployments, engine_nccl, known_good, ray_members
 from sparkcluster.day2 import endpoint as endpoint_mod
 from sparkcluster.facts import parsers
-from sparkcluster.facts.probes import concurrently, section, split_sections
+from sparkcluster.facts.probes import section, split_sections
 from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, PORT_LABEL, PROFILE_LABEL, container_name, is_gateway
 from sparkcluster.node import contract, readings
 from sparkcluster.remote.fanout import Background, connect_reachable
@@ -91,21 +90,14 @@ def node_script(inv: Inventory, node: str) -> str:
     """Every node answers as a possible head (deployments decide which node heads which), so one
     round trip per node serves every deployment: Ray's state API and the head container's sections
     simply print nothing where there is no such head. One `docker exec` per running container of
-    ours (each costs a process start in the container on a busy node).
-
-    The slow parts (the docker CLI calls and execs, Ray's API, `du`) run at once, each into its
-    own file in a private temp folder, printed in this order once all have ended: the round trip
-    takes about its longest part, not their sum (issue 40), and prints what running them one
-    after another prints (facts/probes.concurrently). The /proc reads come first, printed at once:
-    a round trip cut by SSH_BOUND_S keeps them."""
+    ours (each costs a process start in the container on a busy node)."""
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
     docker = f"timeout -k 1 {DOCKER_BOUND_S} docker"
     head = shlex.quote(container_name(inv.cluster.name, "head", node))
-    # our running containers' names, once, for the other containers' NCCL files and the head's exec
-    running = (
-        f"_running=$({docker} ps --filter label={label} --filter status=running --format '{{{{.Names}}}}' 2>/dev/null)"
-    )
     parts = [
+        section("uptime", "cat /proc/uptime; date +%s.%N"),
+        section("meminfo", "cat /proc/meminfo"),
+        section("kernel", "cat /proc/sys/kernel/osrelease"),
         # `docker ps` failing (daemon down) or not returning (daemon hung) fails the section: that
         # is "docker not answering", never "no container"
         section(
@@ -114,29 +106,20 @@ def node_script(inv: Inventory, node: str) -> str:
             f"[ -z \"$ids\" ] && echo '[]' || {docker} inspect $ids",
         ),
         section("ray", ray_members.state_api_command(), stderr=False),
-        (
-            running,
-            [
-                # the other containers' ranks' NCCL files; the head container reads its own in its exec
-                section(
-                    "nccl",
-                    f'for c in $_running; do [ "$c" = {head} ] || {docker} exec "$c" sh -c '
-                    f"{shlex.quote(engine_nccl.reader())}; done; true",
-                ),
-                f"if printf '%s\\n' \"$_running\" | grep -qxF {head}; then {head_container_script(head)}; fi",
-            ],
+        f"_running=$({docker} ps --filter label={label} --filter status=running --format '{{{{.Names}}}}' 2>/dev/null)",
+        # the other containers' ranks' NCCL files; the head container reads its own in its exec
+        section(
+            "nccl",
+            f'for c in $_running; do [ "$c" = {head} ] || {docker} exec "$c" sh -c '
+            f"{shlex.quote(engine_nccl.reader())}; done; true",
         ),
+        f"if printf '%s\\n' \"$_running\" | grep -qxF {head}; then {head_container_script(head)}; fi",
         # each compile cache's size (day2/compile_caches has the listing with what each is for)
         section(
             "compile_cache", f"timeout -k 1 3 du -sk {compile_cache_glob(inv.cluster.compile_cache)} 2>/dev/null; true"
         ),
     ]
-    first = [
-        section("uptime", "cat /proc/uptime; date +%s.%N"),
-        section("meminfo", "cat /proc/meminfo"),
-        section("kernel", "cat /proc/sys/kernel/osrelease"),
-    ]
-    return "\n".join(first) + "\n" + concurrently(parts)
+    return "\n".join(parts) + "\n"
 
 
 def compile_cache_glob(root: str) -> str:

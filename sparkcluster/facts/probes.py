@@ -42,52 +42,6 @@ def section(name: str, cmd: str, stderr: bool = True) -> str:
     return f"echo {marker}; ( {cmd} ) {redirect}; rc=$?; printf '\\n%s rc=%s\\n' {marker} \"$rc\""
 
 
-def concurrently(parts: list[str | tuple[str, list[str]]]) -> str:
-    """Shell that runs `parts` (each shell printing sections) as background jobs, each into its own
-    file in a private temp folder, then prints the files in the parts' order: the same text as
-    running them one after another, in about the time of the longest. A part (first, [a, b]) runs
-    `first` (which sets a variable a and b read), then a and b at once.
-
-    Every command in a part must bound itself (`timeout`, `curl -m`): the script ends when its last
-    job does, and a round trip the controller gave up on (SSH closes the channel, which signals
-    nothing) leaves nothing running beyond those bounds; the folder goes when the script ends (an
-    EXIT trap; HUP, INT, TERM and PIPE also stop the jobs, though not what they started, bounded
-    too). Without a temp folder (mktemp fails: /tmp full or read-only) the parts run one after
-    another. POSIX sh: functions, `&`, `wait`, `trap`."""
-    defs, serial, jobs, files = [], [], [], []
-    for i, part in enumerate(parts):
-        first, group = part if isinstance(part, tuple) else ("", [part])
-        names = [f"_sc_{i}_{j}" for j in range(len(group))]
-        outs = [f'"$_sc_d/{i}_{j}"' for j in range(len(group))]
-        defs += [f"{n}() {{\n{body}\n}}" for n, body in zip(names, group)]
-        serial += ([first] if first else []) + names
-        files += outs
-        each = " ".join(f"{n} >{o} &" for n, o in zip(names, outs))
-        job = f"{{ {first}; {each} wait; }} &" if first else each if len(group) == 1 else f"{{ {each} wait; }} &"
-        jobs.append(f'{job} _sc_j="$_sc_j $!"')
-    return (
-        "\n".join(
-            [
-                *defs,
-                'if _sc_d=$(mktemp -d "${TMPDIR:-/tmp}/sparkcluster.XXXXXX" 2>/dev/null); then',
-                "_sc_j=",
-                "trap 'rm -rf \"$_sc_d\"' EXIT",
-                "trap 'kill $_sc_j 2>/dev/null; exit 129' HUP",
-                "trap 'kill $_sc_j 2>/dev/null; exit 130' INT",
-                "trap 'kill $_sc_j 2>/dev/null; exit 143' TERM",
-                "trap 'kill $_sc_j 2>/dev/null; exit 141' PIPE",
-                *jobs,
-                "wait",
-                f"cat {' '.join(files)}",
-                "else",
-                *serial,
-                "fi",
-            ]
-        )
-        + "\n"
-    )
-
-
 def split_sections(text: str) -> dict[str, Section]:
     out: dict[str, Section] = {}
     name, buf = None, []
