@@ -266,15 +266,19 @@ class _Dashboard(BaseHTTPRequestHandler):
             body = self.server.nodes.get(query["filter_values"][0], text("node-unknown"))
         else:
             body = self.server.doc
-        body = body.encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _answer(self, body.encode())
 
     def log_message(self, *args):
         pass
+
+
+def _answer(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+    """200 with a JSON body, as the dashboard and an agent's report endpoint answer."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 def serve(handler, address: str = "127.0.0.1"):
@@ -294,12 +298,7 @@ def dashboard():
 
 class _Report(BaseHTTPRequestHandler):
     def do_GET(self):
-        body = json.dumps(self.server.report).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _answer(self, json.dumps(self.server.report).encode())
 
     def log_message(self, *args):
         pass
