@@ -22,6 +22,7 @@ from perf.counters import LINK_NOISE
 from perf.figures import Figure, info
 from perf.figures import say as _say
 from perf.session import PROFILE
+from sparkcluster.labels import CLUSTER_LABEL
 
 BASELINE_DIR = "/tmp/sparkcluster-bench-baseline"  # -<worker>, on each host (each host has a private /tmp)
 BASELINE_PORT = 2222
@@ -108,6 +109,19 @@ PrintMotd no
 def _stop_after_image(line: str, p) -> None:
     if line.startswith("✓ image"):
         p.send_signal(signal.SIGINT)  # only the image stage is measured: Ctrl-C, `up` rolls back
+
+
+def _up_image_stage(s):
+    """`up` until its image stage is done, then Ctrl-C. The containers stage may have a create in
+    flight at that moment, which the rollback does not know of yet (the interrupted fan-out's thread
+    still waits on it) and leaves behind: every container of the cluster is removed after, as `down`
+    would, so that the next `docker rmi` of the measurement finds the image unused (the cluster is
+    down throughout these figures)."""
+    r = s.sc("up", "--profile", PROFILE, check=False, on_line=_stop_after_image)
+    label = shlex.quote(f"{CLUSTER_LABEL}=testbed")
+    for h in ("spark-head", "spark-worker"):
+        s.tb.sh(h, f'ids=$(docker ps -aq --filter label={label}); [ -z "$ids" ] || docker rm -f $ids', check=False)
+    return r
 
 
 class Images:
@@ -216,7 +230,7 @@ class Images:
         if not n_lack:
             raise SystemExit("bench: the worker still holds every layer of the cluster image after its rmi")
         with s.sampler:
-            r = s.sc("up", "--profile", PROFILE, check=False, on_line=_stop_after_image)
+            r = _up_image_stage(s)
         t_img, t_img_ok = r.at("▸ image"), r.at("✓ image")
         if t_img_ok is None:
             raise SystemExit(f"bench: up did not finish its image stage\n{r.stderr}")
@@ -286,7 +300,7 @@ class Images:
         def ours() -> None:
             self.worker_rmi()
             with s.sampler:
-                r = s.sc("up", "--profile", PROFILE, check=False, on_line=_stop_after_image)
+                r = _up_image_stage(s)
             t_img, t_img_ok = r.at("▸ image"), r.at("✓ image")
             if t_img_ok is None:
                 raise SystemExit(f"bench: up did not finish its image stage\n{r.stderr}")

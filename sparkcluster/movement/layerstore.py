@@ -14,12 +14,13 @@ byte, so its sha256 is its diff ID (checked here as it streams, and again by `do
 
 The docker root is readable by root only, and sparkcluster runs as the owner's account (a member of
 `docker`, no sudo): the reader runs in a throwaway container of the cluster image (it has python3),
-with the docker root mounted read-only, no network, no log driver (its stdout is the archive). It
-writes a `docker load` archive holding the config, the tars of the layers the workers lack and a
-manifest naming every layer: `docker load` looks the others up by chain ID and finds them (the same
-rule the docker save path relies on, movement/layers). Anything it cannot find or rebuild (another
-graph driver, the containerd image store, a layer removed meanwhile) ends it with a line on stderr,
-and the image stage sends by `docker save` instead.
+with the docker root mounted read-only and no log driver. It sends the archive itself to the
+worker's receiver (the host's network, the framing of movement/transfer), or writes it to stdout
+(`read_command`: no network). The archive is what `docker load` takes: the config, the tars of the
+layers the workers lack and a manifest naming every layer; `docker load` looks the others up by
+chain ID and finds them (the same rule the docker save path relies on, movement/layers). Anything
+it cannot find or rebuild (another graph driver, the containerd image store, a layer removed
+meanwhile) ends it with a line on stderr, and the image stage sends by `docker save` instead.
 """
 
 from __future__ import annotations
@@ -28,29 +29,29 @@ import shlex
 
 from sparkcluster.movement import transfer
 
-# argv: the docker root as mounted, the image ID (hex), the tag to give it, then "=<hex>" the image's
-# diff IDs bottom up and "-<hex>" those every receiving worker holds (left out)
-READER = r"""
+# The reader's body, after a head that sets `args` and `sink` (what the archive is written to). args:
+# the docker root as mounted, the image ID (hex), the tag to give it, then "=<hex>" the image's diff
+# IDs bottom up and "-<hex>" those every receiving worker holds (left out)
+_BODY = r"""
 import base64, gzip, hashlib, json, os, sys, tarfile
-root, image_id, ref = sys.argv[1], sys.argv[2], sys.argv[3]
-order = [a[1:] for a in sys.argv[4:] if a[0] == "="]
-skip = {a[1:] for a in sys.argv[4:] if a[0] == "-"}
+root, image_id, ref = args[0], args[1], args[2]
+order = [a[1:] for a in args[3:] if a[0] == "="]
+skip = {a[1:] for a in args[3:] if a[0] == "-"}
 meta = root + "/image/overlay2"
-out = sys.stdout.buffer
 def fail(why):
     print("layer store: " + why, file=sys.stderr, flush=True)
     sys.exit(3)
 def entry(name, size, chunks):
     ti = tarfile.TarInfo(name)
     ti.size, ti.mode, ti.mtime = size, 0o644, 0
-    out.write(ti.tobuf(tarfile.USTAR_FORMAT))
+    sink.write(ti.tobuf(tarfile.USTAR_FORMAT))
     n = 0
     for c in chunks:
-        out.write(c)
+        sink.write(c)
         n += len(c)
     if n != size:
         fail("%s came to %d bytes, its tar-split says %d" % (name, n, size))
-    out.write(b"\0" * (-size % 512))
+    sink.write(b"\0" * (-size % 512))
 def records(path):
     with gzip.open(path, "rt", encoding="utf-8") as f:
         for line in f:
@@ -107,43 +108,49 @@ for d in order:
     entry(d + "/layer.tar", size, chunks)
 manifest = json.dumps([{"Config": image_id + ".json", "RepoTags": [ref], "Layers": [d + "/layer.tar" for d in order]}])
 entry("manifest.json", len(manifest), [manifest.encode()])
-out.write(b"\0" * 1024)
-out.flush()
+sink.write(b"\0" * 1024)
+sink.flush()
 """
+
+# The archive on stdout (argv as _BODY's args): for a file, or a pipe.
+READER = "import sys\nargs = sys.argv[1:]\nsink = sys.stdout.buffer\n" + _BODY
+
+# The archive sent by the reader itself to the worker's receiver, framed (transfer.FRAMING: argv[1:4]
+# the receiver's address and port, the sender's address; then _BODY's args). Writing to the
+# container's stdout put every byte through dockerd's attach copy and a pipe into the framed
+# sender: 274 MB took 2.8-3.0 s that way on the testbed's head, 1.3 s sent from the container
+# itself, most of it the container's start (issue 40 item 7). Small writes (a tar header per file)
+# are gathered into frames of about 1 MiB. A reader that fails exits before the end frame, so the
+# receiver sees a cut stream and stops its docker load: nothing half-read is loaded.
+SENDING_READER = (
+    "\nimport socket, struct, sys, time"
+    + transfer.FRAMING
+    + r"""
+args = [a for a in sys.argv[4:] if not a.startswith("rate=")]
+class Frames:
+    def __init__(self):
+        self.parts, self.n = [], 0
+    def write(self, b):
+        self.parts.append(b)
+        self.n += len(b)
+        if self.n >= 1 << 20:
+            self.flush()
+    def flush(self):
+        if self.n:
+            out(b"".join(self.parts))
+        self.parts, self.n = [], 0
+sink = Frames()
+"""
+    + _BODY
+    + "finish()\n"
+)
 
 MOUNT = "/sparkcluster-docker-root"  # where the reader's container sees the docker root
 
 
 def read_command(image: str, image_id: str, root_dir: str, order: tuple[str, ...], skip: tuple[str, ...]) -> str:
     """The reader in a throwaway container of `image` (on the head), writing the archive to stdout."""
-    if not root_dir.startswith("/") or any(c in root_dir for c in ",\n"):
-        raise ValueError(f"not a docker root: {root_dir!r}")
-    hexes = [_hex(d) for d in (image_id, *order, *skip)]
-    args = [hexes[0], *("=" + h for h in hexes[1 : 1 + len(order)]), *("-" + h for h in hexes[1 + len(order) :])]
-    return shlex.join(
-        [
-            "docker",
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--log-driver",
-            "none",
-            "--user",
-            "0:0",
-            "--mount",  # not -v: a root that is not there fails here rather than being created
-            f"type=bind,source={root_dir},target={MOUNT},readonly",
-            "--entrypoint",
-            "python3",
-            image,
-            "-c",
-            READER,
-            MOUNT,
-            hexes[0],
-            image,
-            *args[1:],
-        ]
-    )
+    return shlex.join(_container(image, root_dir, "none", READER, _args(image, image_id, root_dir, order, skip)))
 
 
 def send_command(
@@ -156,9 +163,47 @@ def send_command(
     port: int,
     src_ip: str,
 ) -> str:
-    """The reader's archive into the framed sender (which passes it through whole: nothing in it is
-    held), to the first receiver's port."""
-    return transfer.piped_to_sender(read_command(image, image_id, root_dir, order, skip), dst_ip, port, src_ip)
+    """The reader in a throwaway container of `image` (on the head), sending the archive itself to
+    the first receiver's port from the head's address: the container has the host's network, and
+    no other way out (no log driver, the docker root read-only)."""
+    args = _args(image, image_id, root_dir, order, skip)
+    return shlex.join(_container(image, root_dir, "host", SENDING_READER, [dst_ip, str(int(port)), src_ip, *args]))
+
+
+def _args(image: str, image_id: str, root_dir: str, order: tuple[str, ...], skip: tuple[str, ...]) -> list[str]:
+    """The reader's own arguments (_BODY's `args`)."""
+    if not root_dir.startswith("/") or any(c in root_dir for c in ",\n"):
+        raise ValueError(f"not a docker root: {root_dir!r}")
+    hexes = [_hex(d) for d in (image_id, *order, *skip)]
+    return [
+        MOUNT,
+        hexes[0],
+        image,
+        *("=" + h for h in hexes[1 : 1 + len(order)]),
+        *("-" + h for h in hexes[1 + len(order) :]),
+    ]
+
+
+def _container(image: str, root_dir: str, network: str, script: str, argv: list[str]) -> list[str]:
+    return [
+        "docker",
+        "run",
+        "--rm",
+        "--network",
+        network,
+        "--log-driver",
+        "none",
+        "--user",
+        "0:0",
+        "--mount",  # not -v: a root that is not there fails here rather than being created
+        f"type=bind,source={root_dir},target={MOUNT},readonly",
+        "--entrypoint",
+        "python3",
+        image,
+        "-c",
+        script,
+        *argv,
+    ]
 
 
 def _hex(d: str) -> str:

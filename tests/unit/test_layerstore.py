@@ -112,3 +112,76 @@ def test_read_command_refuses_what_is_not_a_digest(bad):
 def test_read_command_refuses_a_root_that_would_change_the_mount(root):
     with pytest.raises(ValueError):
         layerstore.read_command("img", "sha256:" + IMAGE_ID, root, (), ())
+
+
+def _receive_while(send_argv) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """The real receiver (stdout sink) on loopback, and the sender `send_argv(port)` runs against it."""
+    from sparkcluster.movement import transfer
+
+    recv = subprocess.Popen(
+        [sys.executable, "-c", transfer.RECEIVER, "127.0.0.1", "127.0.0.1", "stdout"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    port = next(int(x.split()[1]) for x in iter(recv.stderr.readline, b"") if x.startswith(b"@@port "))
+    snd = subprocess.run(send_argv(port), capture_output=True, timeout=60)
+    out, err = recv.communicate(timeout=60)
+    return snd, subprocess.CompletedProcess(recv.args, recv.returncode, out, err)
+
+
+def test_the_sending_reader_gives_the_receiver_the_same_archive_as_stdout():
+    # issue 40 item 7: the reader frames the archive onto the worker's connection itself (no pipe
+    # through dockerd's attach and a sender): the receiver's sink gets the bytes the stdout reader writes
+    args = [str(ROOT), IMAGE_ID, "img:1", *("=" + d for d in DIFFS), *("-" + d for d in DIFFS[:-1])]
+    snd, got = _receive_while(
+        lambda port: [sys.executable, "-c", layerstore.SENDING_READER, "127.0.0.1", str(port), "127.0.0.1", *args]
+    )
+    assert snd.returncode == 0 and got.returncode == 0, (snd.stderr, got.stderr)
+    assert got.stdout == read(ROOT, DIFFS[:-1]).stdout
+    assert b"@@sent %d" % len(got.stdout) in snd.stderr
+
+
+def test_a_sending_reader_that_fails_leaves_the_receiver_a_cut_stream(tmp_path):
+    # the receiver then stops its docker load (transfer.STREAM_CUT) rather than load a short archive
+    from sparkcluster.movement import transfer
+
+    root = tmp_path / "root"
+    shutil.copytree(ROOT, root)
+    next((root / "overlay2").glob("*/diff/opt/d/f")).write_bytes(b"y\n")
+    args = [str(root), IMAGE_ID, "img:1", *("=" + d for d in DIFFS), *("-" + d for d in DIFFS[:-1])]
+    snd, got = _receive_while(
+        lambda port: [sys.executable, "-c", layerstore.SENDING_READER, "127.0.0.1", str(port), "127.0.0.1", *args]
+    )
+    assert snd.returncode == 3 and b"rebuilt to sha256:" in snd.stderr
+    assert got.returncode == transfer.STREAM_CUT
+
+
+def test_send_command_runs_the_reader_on_the_hosts_network_sending_from_the_heads_address():
+    argv = shlex.split(
+        layerstore.send_command(
+            "repo/img:tag",
+            "sha256:" + IMAGE_ID,
+            "/var/lib/docker",
+            tuple("sha256:" + d for d in DIFFS),
+            ("sha256:" + DIFFS[0],),
+            "10.0.0.2",
+            4711,
+            "10.0.0.1",
+        )
+    )
+    assert argv[:2] == ["docker", "run"] and "|" not in argv
+    for flag in (["--rm"], ["--network", "host"], ["--log-driver", "none"], ["--user", "0:0"]):
+        assert any(argv[i : i + len(flag)] == flag for i in range(len(argv))), flag
+    assert f"type=bind,source=/var/lib/docker,target={layerstore.MOUNT},readonly" in argv
+    i = argv.index("-c")
+    assert argv[i + 1] == layerstore.SENDING_READER
+    assert argv[i + 2 :] == [
+        "10.0.0.2",
+        "4711",
+        "10.0.0.1",
+        layerstore.MOUNT,
+        IMAGE_ID,
+        "repo/img:tag",
+        *("=" + d for d in DIFFS),
+        "-" + DIFFS[0],
+    ]

@@ -144,6 +144,18 @@ def test_image_on_head_only_is_sent_not_built(prof):
     assert plan.serve is not None
 
 
+def test_a_worker_sent_the_heads_image_is_not_checked_for_ray_again(prof):
+    # its image ID is checked equal to the head's after the transfer, and the head's Ray is known
+    # (its facts) or checked: a container on the worker would say the same (issue 40 item 7)
+    f = facts(IMAGE_ID, None)
+    f[HEAD].image_ray = "ray, version 2.60.0"
+    plan = make_plan(make_inventory(), prof, f, serving=False, replace=False)
+    assert [(s.host, s.action) for s in plan.steps() if s.stage == "image"] == [(WORKER, "receive")]
+    f[HEAD].image_ray = None  # the head's own is not known: checked on the head, once
+    plan = make_plan(make_inventory(), prof, f, serving=False, replace=False)
+    assert [(s.host, s.action) for s in plan.steps() if s.action == "ray-version"] == [(HEAD, "ray-version")]
+
+
 def test_different_image_on_worker_is_replaced(prof):
     plan = make_plan(make_inventory(), prof, facts(IMAGE_ID, OTHER_ID), serving=False, replace=False)
     assert plan.build is None and plan.send_to == [WORKER]
