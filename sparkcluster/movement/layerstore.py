@@ -160,14 +160,15 @@ def send_command(
     order: tuple[str, ...],
     skip: tuple[str, ...],
     dst_ip: str,
-    port: int,
+    port: int | None,
     src_ip: str,
 ) -> str:
     """The reader in a throwaway container of `image` (on the head), sending the archive itself to
     the first receiver's port from the head's address: the container has the host's network, and
-    no other way out (no log driver, the docker root read-only)."""
-    args = _args(image, image_id, root_dir, order, skip)
-    return shlex.join(_container(image, root_dir, "host", SENDING_READER, [dst_ip, str(int(port)), src_ip, *args]))
+    no other way out (no log driver, the docker root read-only). `port` None: read from stdin's
+    first line (the container starts while the receivers do: stream.run's `port_on_stdin`)."""
+    args = [dst_ip, "-" if port is None else str(int(port)), src_ip, *_args(image, image_id, root_dir, order, skip)]
+    return shlex.join(_container(image, root_dir, "host", SENDING_READER, args, stdin=port is None))
 
 
 def _args(image: str, image_id: str, root_dir: str, order: tuple[str, ...], skip: tuple[str, ...]) -> list[str]:
@@ -184,10 +185,11 @@ def _args(image: str, image_id: str, root_dir: str, order: tuple[str, ...], skip
     ]
 
 
-def _container(image: str, root_dir: str, network: str, script: str, argv: list[str]) -> list[str]:
+def _container(image: str, root_dir: str, network: str, script: str, argv: list[str], stdin: bool = False) -> list[str]:
     return [
         "docker",
         "run",
+        *(["-i"] if stdin else []),
         "--rm",
         "--network",
         network,

@@ -290,6 +290,10 @@ class RemoteProcess:
             timed_out,
         )
 
+    def write(self, text: str) -> None:
+        """Send `text` to the command's stdin."""
+        self._chan.sendall(text.encode())
+
     def close(self) -> None:
         self._chan.close()
 

@@ -141,7 +141,7 @@ def test_distribute_reads_the_delta_from_the_heads_layer_store_once_for_the_chai
     r.find = lambda kind: image_chain.image.HeadImage(info) if kind is image_chain.image.HeadImage else None
     notes = image_chain.distribute(r)
     assert all("read from the head's layer store" in n for n in notes.values()), notes
-    assert len(head.started) == 1 and "docker run --rm" in head.started[0]
+    assert len(head.started) == 1 and "docker run -i --rm" in head.started[0]
     for d in dirs:
         with tarfile.open(fileobj=BytesIO((d / "loaded.0").read_bytes())) as t:
             assert t.getnames() == [image_id[7:] + ".json", RAY_ID[7:] + "/layer.tar", "manifest.json"]

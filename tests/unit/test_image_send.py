@@ -37,7 +37,8 @@ FAKE_DOCKER = r"""#!/bin/sh
 case "$1" in
   save) exec cat "$FAKE_DIR/image.tar" ;;
   run) exec python3 "$FAKE_DIR/fake_run.py" "$@" ;;
-  load) cat > "$FAKE_DIR/loaded.$(ls "$FAKE_DIR" | grep -c '^loaded')"
+  load) n=$(ls "$FAKE_DIR" | grep -c '^loaded'); cat > "$FAKE_DIR/partial.$n" || exit 1
+        mv "$FAKE_DIR/partial.$n" "$FAKE_DIR/loaded.$n"  # a load killed on a cut stream loads nothing
         if [ -e "$FAKE_DIR/fail-load-once" ]; then rm "$FAKE_DIR/fail-load-once"
           echo "open /var/lib/docker/tmp/docker-import-1/aaaa/layer.tar: no such file or directory" >&2; exit 1; fi
         echo "Loaded image: x"; touch "$FAKE_DIR/loaded-ok" ;;
@@ -111,8 +112,17 @@ class Res(SimpleNamespace):
 class Proc:
     def __init__(self, argv, env):
         self.command = argv[-1]
-        self.p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.p = subprocess.Popen(
+            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         self.err: list[str] = []
+
+    def write(self, text):  # the port, to a sender started before its receiver (stream.run's port_on_stdin)
+        self.p.stdin.write(text)
+        self.p.stdin.flush()
+
+    def close(self):
+        self.p.stdin.close()
 
     def stderr_lines(self):
         for line in self.p.stderr:
@@ -212,7 +222,8 @@ def test_base_held_reads_only_the_ray_layer_from_the_heads_layer_store(world):
     assert "1 of 2 layers (0.1 MB); it holds the bottom 1" in note and note.startswith("sent to spark-worker: ")
     assert "; read from the head's layer store: the first byte left after " in note
     words = head.started[0].split()
-    assert head.started[0].startswith("set -o pipefail; docker run --rm --network none --log-driver none ")
+    # the reader sends the archive itself, started before the receiver (the port on its stdin)
+    assert head.started[0].startswith("docker run -i --rm --network host --log-driver none ")
     assert "-" + BASE_ID[7:] in words and "=" + RAY_ID[7:] in words
 
 

@@ -414,6 +414,7 @@ def _stream(
         on_sent=lambda n: r.progress.bytes(first.dst, n, max(expect, n)),
         sink="docker load",
         timeout=3600,
+        port_on_stdin=store is not None,
     )
     got = dataclasses.replace(got, source="save" if store is None else "store")
     if got.blame is None:
