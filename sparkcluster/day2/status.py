@@ -157,7 +157,7 @@ def head_container_script(container: str) -> str:
     inner = "\n".join(
         [
             section("record", f"cat {contract.RECORD_PATH}"),
-            section("alive", f'kill -0 "$(sed -n \'s/.*"pid": *\\([0-9][0-9]*\\).*/\\1/p\' {contract.RECORD_PATH})"'),
+            section("alive", contract.SERVER_ALIVE_SH),
             section("supervisor", f"cat {contract.STATE_PATH}"),
             section("journal", f"tail -n 5 {contract.JOURNAL_PATH}"),
             section("canary", f"cat {contract.CANARY_CHECK_PATH}"),

@@ -13,6 +13,9 @@ SECRETS_PATH = "/etc/sparkcluster/serve-secrets.json"
 # deployment on standby; 0600, written by `up`, opens nothing else (never the engine's environment)
 WAKE_PATH = "/etc/sparkcluster/wake-token"
 RECORD_PATH = "/run/sparkcluster/serve.json"
+# exits 0 when the PID the record names still runs in the container: the shell's own kill (a slim
+# image has no procps); read by `status` and by `up` (day2/server.current) in one exec each
+SERVER_ALIVE_SH = f'kill -0 "$(sed -n \'s/.*"pid": *\\([0-9][0-9]*\\).*/\\1/p\' {RECORD_PATH})"'
 STATE_PATH = "/run/sparkcluster/supervisor.json"
 RANK_PATH = "/run/sparkcluster/rank.json"  # executor "mp": a worker's rank, its epoch and exit (node/ranks)
 JOURNAL_PATH = "/var/log/sparkcluster/journal.jsonl"

@@ -450,3 +450,34 @@ def test_the_probe_reads_the_base_where_the_cluster_image_is_not_built_yet(tmp_p
     found = image_nccl.parse(got.stdout)
     assert found.image_id == IMG_ID and found.cuda_driver == "580.95.05"
     assert run("cluster:1-ray", None).returncode == 3  # neither held: nothing to read
+
+
+def test_an_unchanged_up_carries_the_ranks_nccl_instead_of_reading_their_files(monkeypatch):
+    # issue 40 item 6: `up` on a serving cluster records the known-good serve again; the NCCL its
+    # ranks loaded is the last record's (same profile, same image on every node), with no round trip
+    from conftest import make_inventory
+
+    from sparkcluster.config import profile as profiles
+    from sparkcluster.up import bringup
+
+    inv, prof = make_inventory(), profiles.load_profile("testbed")
+    reads = []
+    monkeypatch.setattr(bringup, "_nccl_loaded", lambda cluster, inv: reads.append(1) or {"spark-head": "2.28.9"})
+    cluster = object()
+    bringup.remember_good(inv, prof, {n.name: _facts(n.name) for n in inv.nodes}, "sha256:a", "r1", cluster)
+    assert len(reads) == 1 and known_good.load(inv.cluster.name)[-1].nodes["spark-head"].nccl == "2.28.9"
+    bringup.remember_good(
+        inv, prof, {n.name: _facts(n.name) for n in inv.nodes}, "sha256:a", "", cluster, unchanged=True
+    )
+    assert len(reads) == 1 and known_good.load(inv.cluster.name)[-1].nodes["spark-head"].nccl == "2.28.9"
+    # another image on the nodes: read again
+    bringup.remember_good(
+        inv, prof, {n.name: _facts(n.name) for n in inv.nodes}, "sha256:b", "", cluster, unchanged=True
+    )
+    assert len(reads) == 2
+
+
+def _facts(node: str):
+    from sparkcluster.facts import HostFacts
+
+    return HostFacts(node, hostname=node)
