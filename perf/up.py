@@ -84,13 +84,17 @@ def measure_on_serving(s) -> bool:
 
 
 def figures(R: dict) -> list[Figure]:
-    F = [
-        at_most_median("up_overhead", "up from down: wall / critical path", OVERHEAD_TARGET, R["up_down_ratio"]),
-        info("up_down_wall", "up from down: wall time", "s", R["up_down_wall"]),
-        info("up_down_cp", "up from down: critical path (host timestamps)", "s", R["up_down_cp"]),
-        # the wall time is shown, not judged: an absolute bound does not survive a slower machine
-        info("up_serving_wall", "up on a cluster already serving: wall time", "s", R["up_serving_wall"]),
-    ]
+    """The up-from-down rows (the "up" family) and the up-on-a-serving-cluster rows (measured with
+    the "serving" family): a partial run shows the part it measured; neither raises KeyError."""
+    F = []
+    if "up_down_ratio" in R or "up_serving_wall" not in R:
+        F += [
+            at_most_median("up_overhead", "up from down: wall / critical path", OVERHEAD_TARGET, R["up_down_ratio"]),
+            info("up_down_wall", "up from down: wall time", "s", R["up_down_wall"]),
+            info("up_down_cp", "up from down: critical path (host timestamps)", "s", R["up_down_cp"]),
+        ]
+    # the wall time is shown, not judged: an absolute bound does not survive a slower machine
+    F.append(info("up_serving_wall", "up on a cluster already serving: wall time", "s", R["up_serving_wall"]))
     if R.get("up_serving_floor_ratio"):
         F.append(
             at_most_median(

@@ -204,8 +204,9 @@ def test_cut_layer_stream_leaves_no_image_and_the_next_up_succeeds(testbed, sc, 
 
     def cut() -> None:
         # each time a docker load on the worker starts unpacking what arrives (a new docker-import-*
-        # directory), kill the sender on the head (python3 framing what the layer-store reader or
-        # docker save writes): the layer-store stream is cut, then the docker save it falls back to
+        # directory), kill the sender on the head (the layer-store reader framing its archive itself
+        # in its container, or python3 framing what docker save writes): the layer-store stream is
+        # cut, then the docker save it falls back to
         seen: set[str] = set()
         deadline = time.monotonic() + 300
         while not stop.is_set() and time.monotonic() < deadline:
@@ -215,7 +216,9 @@ def test_cut_layer_stream_leaves_no_image_and_the_next_up_succeeds(testbed, sc, 
             if dirs - seen:
                 seen |= dirs
                 pid = testbed.sh(
-                    HEAD, "pgrep -f '^python3 -c .import hashlib, os, re, socket' | head -1", check=False
+                    HEAD,
+                    "pgrep -f '^python3 -c .import (hashlib, os, re, socket|socket, struct, sys, time)' | head -1",
+                    check=False,
                 ).stdout.strip()
                 if pid.isdigit():
                     testbed.sh(HEAD, f"kill -KILL {pid}", check=False)
