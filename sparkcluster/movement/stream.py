@@ -117,6 +117,13 @@ def run(
             pass
     followed = follow_sender(snd, on_sent)
     sres = snd.wait()
+    if port_on_stdin and not sres.ok and followed.first is None:
+        # it ended before its first byte, perhaps before it connected (its container did not
+        # start): the first receiver would wait a minute for it, then fail as its own fault
+        first = hops[0]
+        hosts[first.src].run(
+            transfer.bash(transfer.hang_up_command(first.dst_ip, port, first.src_ip)), timeout=30, warn=True
+        )
     results = {h.dst: procs[h.dst].wait() for h in hops}
     secs = time.monotonic() - t0
     bad = culprit(sres.ok, [(h.dst, results[h.dst].exit_code) for h in hops], hops[0].src)

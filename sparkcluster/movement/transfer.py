@@ -356,6 +356,19 @@ def next_hop(dst_ip: str, port: int, src_ip: str) -> str:
     return f"next={dst_ip},{int(port)},{src_ip}"
 
 
+# One connection from the sender's address that sends nothing: a receiver still waiting for a sender
+# that ended without connecting (a container that did not start) sees a cut stream and ends at once,
+# rather than after its minute of waiting (stream.run)
+HANG_UP = (
+    "import socket, sys\n"
+    "socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5, source_address=(sys.argv[3], 0)).close()\n"
+)
+
+
+def hang_up_command(dst_ip: str, port: int, src_ip: str) -> str:
+    return "python3 -c " + shlex.join([HANG_UP, dst_ip, str(int(port)), src_ip])
+
+
 def receive_command(bind_ip: str, peer_ip: str, forward: str | None = None) -> str:
     """`forward`: next_hop(...) to relay the stream to the next node as it arrives."""
     return (
