@@ -263,17 +263,24 @@ def _record(doc: dict, container: str) -> Record:
     return Record(**{k: v for k, v in doc.items() if k in Record.__dataclass_fields__})
 
 
-def running(api, rec: Record) -> bool:
-    """The recorded PID still runs in its container (PIDs are the container's own)."""
+def _exec_if_running(api, container: str, argv: list[str]):
+    """`docker exec` of argv (its result, whatever its exit), or None when the container is gone or
+    not running."""
     try:
-        # the shell's own kill: a slim image (vllm/vllm-openai on Ubuntu) may have no procps
-        return run_in(api, rec.container, ["sh", "-c", 'kill -0 "$1"', "sh", str(int(rec.pid))], warn=True).ok
+        return run_in(api, container, argv, warn=True)
     except docker.errors.NotFound:  # the container is gone
-        return False
+        return None
     except docker.errors.APIError as e:
         if e.response is not None and e.response.status_code == 409:  # the container is not running
-            return False
+            return None
         raise
+
+
+def running(api, rec: Record) -> bool:
+    """The recorded PID still runs in its container (PIDs are the container's own)."""
+    # the shell's own kill: a slim image (vllm/vllm-openai on Ubuntu) may have no procps
+    res = _exec_if_running(api, rec.container, ["sh", "-c", 'kill -0 "$1"', "sh", str(int(rec.pid))])
+    return res is not None and res.ok
 
 
 def current(api, container: str) -> Record | None:
@@ -281,17 +288,8 @@ def current(api, container: str) -> Record | None:
     the container stopped or absent). An engine that does not answer raises (EngineUnreachable): it
     is never taken for "no server". One exec reads the record and checks its PID (the record's
     archive, then an exec, cost `up` on a serving cluster another 0.1-0.2 s: issue 40 item 6)."""
-    try:
-        res = run_in(
-            api, container, ["sh", "-c", f"cat {contract.RECORD_PATH} && {contract.SERVER_ALIVE_SH}"], warn=True
-        )
-    except docker.errors.NotFound:  # the container is gone
-        return None
-    except docker.errors.APIError as e:
-        if e.response is not None and e.response.status_code == 409:  # the container is not running
-            return None
-        raise
-    if not res.ok:
+    res = _exec_if_running(api, container, ["sh", "-c", f"cat {contract.RECORD_PATH} && {contract.SERVER_ALIVE_SH}"])
+    if res is None or not res.ok:
         return None
     try:
         return _record(json.loads(res.stdout), container)
