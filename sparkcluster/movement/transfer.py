@@ -17,7 +17,21 @@ import shlex
 # The stream is framed (4-byte length, then data; a zero length ends it) so the receiver can tell a
 # finished archive from a connection that broke: it then kills docker load instead of closing its
 # input, since a tar cut at an entry boundary can read as a short but valid archive.
-RECEIVER = r"""
+# The pipe between a stream's end and its producer or sink at 1 MiB (Linux's default limit for any
+# user) instead of 64 KiB: docker load of 274 MB took 3.2 s instead of 4.0 (issue 40 item 7). Not a
+# pipe, or refused: left as it is. Every sender (FRAMING) and receiver script starts with it.
+WIDE_PIPE = r"""
+def wide_pipe(f):
+    try:
+        import fcntl
+        fcntl.fcntl(f.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except (ImportError, OSError, ValueError):
+        pass
+"""
+
+RECEIVER = (
+    WIDE_PIPE
+    + r"""
 import socket, struct, subprocess, sys
 bind, peer = sys.argv[1], sys.argv[2]
 # the sink: docker load (the image), or "stdout" (a byte pipe: the weights' tar of files);
@@ -48,11 +62,7 @@ c.settimeout(600)
 f = c.makefile("rb", buffering=1 << 20)
 load = None if to_stdout else subprocess.Popen(["docker", "load"], stdin=subprocess.PIPE)
 sink = sys.stdout.buffer if to_stdout else load.stdin
-try:  # a 1 MiB pipe (Linux's default limit for any user): docker load of 274 MB 4.0 -> 3.2 s (issue 40)
-    import fcntl
-    fcntl.fcntl(sink.fileno(), 1031, 1 << 20)  # F_SETPIPE_SZ; not a pipe, or refused: as it was
-except (ImportError, OSError, ValueError):
-    pass
+wide_pipe(sink)
 sink_err = ""
 done = False
 try:
@@ -128,6 +138,7 @@ if relay_err and not rc:
     rc = 76  # transfer.RELAY_FAILED
 sys.exit(rc)
 """
+)
 
 # What every sender script starts with, after its own imports (socket, struct, sys, time): the one
 # connection from the sender's own address to the receiver's announced port (argv[1:4]: the
@@ -140,18 +151,16 @@ sys.exit(rc)
 # stream at N bytes a second (issue 40: a replication must not starve an engine serving on the same
 # nodes): after each frame the sender sleeps until the bytes sent fit the cap since the start, so
 # the link and the receivers' disks see at most that rate, averaged over a frame (1 MiB).
-FRAMING = r"""
+FRAMING = (
+    WIDE_PIPE
+    + r"""
 dst, port, src = sys.argv[1], sys.argv[2], sys.argv[3]
 port = int(sys.stdin.readline() if port == "-" else port)  # "-": on stdin's first line (stream.run)
 rate = next((float(a[5:]) for a in sys.argv[4:] if a.startswith("rate=")), 0.0)
 s = socket.create_connection((dst, port), timeout=30, source_address=(src, 0))
 s.settimeout(600)
 inp = sys.stdin.buffer
-try:  # a producer piped in (docker save, tar) hands over 1 MiB at a time, not 64 KiB (as the receiver's sink)
-    import fcntl
-    fcntl.fcntl(inp.fileno(), 1031, 1 << 20)  # F_SETPIPE_SZ
-except (ImportError, OSError, ValueError):
-    pass
+wide_pipe(inp)  # a producer piped in (docker save, tar) hands over 1 MiB at a time
 sent, last, began = 0, 0.0, time.monotonic()
 def out(b):
     global sent, last
@@ -178,6 +187,7 @@ def finish():
     s.recv(1)
     print("@@sent %d" % sent, file=sys.stderr, flush=True)
 """
+)
 
 # A plain byte pipe for files (the weights stage), with the receiver's "stdout" sink: the same
 # one-shot connection and framing, so a cut stream ends in STREAM_CUT, never in a short tar.

@@ -189,6 +189,8 @@ def test_send_command_runs_the_reader_on_the_hosts_network_sending_from_the_head
 
 def test_a_sender_started_before_its_receiver_reads_the_port_from_stdin():
     # stream.run's port_on_stdin: the container starts while the receiver does, then learns the port
+    from sparkcluster.movement import transfer
+
     args = [str(ROOT), IMAGE_ID, "img:1", *("=" + d for d in DIFFS), *("-" + d for d in DIFFS[:-1])]
     sender = subprocess.Popen(
         [sys.executable, "-c", layerstore.SENDING_READER, "127.0.0.1", "-", "127.0.0.1", *args],
@@ -196,16 +198,18 @@ def test_a_sender_started_before_its_receiver_reads_the_port_from_stdin():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-
-    def late(port):
-        sender.stdin.write(b"%d\n" % port)
-        sender.stdin.flush()
-        out, err = sender.communicate(timeout=60)
-        return [sys.executable, "-c", f"import sys; sys.stderr.write({err!r}.decode()); sys.exit({sender.returncode})"]
-
-    snd, got = _receive_while(late)
-    assert snd.returncode == 0 and got.returncode == 0, (snd.stderr, got.stderr)
-    assert got.stdout == read(ROOT, DIFFS[:-1]).stdout
+    recv = subprocess.Popen(
+        [sys.executable, "-c", transfer.RECEIVER, "127.0.0.1", "127.0.0.1", "stdout"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    port = next(int(x.split()[1]) for x in iter(recv.stderr.readline, b"") if x.startswith(b"@@port "))
+    sender.stdin.write(b"%d\n" % port)
+    sender.stdin.flush()
+    _, err = sender.communicate(timeout=60)
+    out, _ = recv.communicate(timeout=60)
+    assert sender.returncode == 0 and recv.returncode == 0, err
+    assert out == read(ROOT, DIFFS[:-1]).stdout
     argv = shlex.split(
         layerstore.send_command("img:1", "sha256:" + IMAGE_ID, "/var/lib/docker", (), (), "10.0.0.2", None, "10.0.0.1")
     )
