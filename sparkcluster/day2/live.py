@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, VerticalScroll
+from textual.css.query import NoMatches
 from textual.widgets import Footer, Header, Label, RichLog, Sparkline
 
 from sparkcluster.day2 import supervision
@@ -103,8 +104,12 @@ class LiveView(App):
         self._busy = False
         if sts is None:
             return
+        try:
+            rows = self.query_one("#rows", VerticalScroll)
+            log = self.query_one("#journal", RichLog)
+        except NoMatches:  # a refresh that ended after `q`: the screen is already taken down
+            return
         self.refreshes += 1
-        rows = self.query_one("#rows", VerticalScroll)
         for key, (text, value) in readings(sts).items():
             h = self.history.setdefault(key, deque(maxlen=KEEP))
             if value is not None:
@@ -120,7 +125,6 @@ class LiveView(App):
             else:
                 self.query_one(f"#{wid}-label", Label).update(text)
                 self.query_one(f"#{wid}-spark", Sparkline).data = list(h)
-        log = self.query_one("#journal", RichLog)
         log.clear()
         for st in sts:
             for e in st.journal[-JOURNAL_LINES:]:

@@ -72,3 +72,19 @@ def test_the_view_grows_its_sparklines_and_shows_the_journal_headless(tmp_path):
     out = Path(os.environ.get("SPARKCLUSTER_ARTIFACTS", tmp_path)) / "status-watch.svg"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(svg)
+
+
+def test_a_refresh_that_ends_after_the_view_closed_is_dropped():
+    """The worker's status round trip can end after `q` (or the pilot's exit) took the screen down;
+    its result then arrives with no rows to update (CI met this as NoMatches failing the app)."""
+
+    async def drive() -> live.LiveView:
+        app = live.LiveView(lambda: snapshot(1), interval=100)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await pilot.pause(0.05)
+        return app
+
+    app = asyncio.run(drive())
+    seen = app.refreshes
+    app.show(snapshot(2))
+    assert app.refreshes == seen
