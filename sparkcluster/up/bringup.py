@@ -335,6 +335,8 @@ def rollback(r: UpRun) -> None:
             _log.warning("rollback: stopping vllm serve failed", error=str(e))
     created = r.find(Created)
     if created is not None:
+        if not created.settle():
+            _log.warning("rollback: a container create did not answer; `sparkcluster down` removes what it left")
         for node, o in teardown.down(r.cluster, only_ids=created.containers).items():
             if not o.ok:
                 _log.warning("rollback: could not clean a node", node=node, errors=o.errors)

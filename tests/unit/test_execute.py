@@ -552,3 +552,50 @@ def test_page_cache_is_dropped_through_docker_or_refused_in_one_line():
     f = e.value.failures[0]
     assert f.host == WORKER and "could not drop the page cache" in f.reason and "permission denied" in f.reason
     assert "\n" not in f.reason and "drop_page_cache = false" in f.fix
+
+
+def test_ctrl_c_while_the_engine_creates_a_container_still_removes_it(monkeypatch):
+    """A Ctrl-C that lands while the Engine API creates a container: the engine makes it whatever
+    the client does, so the rollback must still hear its ID and remove it. The fake engine makes
+    the head's container, then the Ctrl-C arrives, and it answers only once the rollback has begun:
+    before, the interrupt ended the call itself, its ID was lost, and the container stayed."""
+    import _thread
+    import threading
+
+    from sparkcluster.up import bringup
+
+    rolling_back = threading.Event()
+    real_rollback = bringup.rollback
+
+    def rollback(r):
+        rolling_back.set()
+        real_rollback(r)
+
+    monkeypatch.setattr(bringup, "rollback", rollback)
+    cluster, go = up_over(monkeypatch, lambda spec: spec.env)
+    head = cluster.hosts[HEAD].engine
+    made = head.create_container
+
+    def create_then_interrupted(host_config=None, **kw):
+        c = made(host_config, **kw)  # the engine has made it
+        _thread.interrupt_main()  # Ctrl-C
+        assert rolling_back.wait(10), "the rollback never began"
+        return c
+
+    head.create_container = create_then_interrupted
+    with pytest.raises(KeyboardInterrupt):
+        go()
+    assert head.live == {} and len(head.removed) == 1
+    assert cluster.hosts[WORKER].engine.live == {}
+
+
+def test_no_create_starts_once_the_rollback_has_begun():
+    from sparkcluster.errors import SparkError
+    from sparkcluster.up.stages.containers import Created
+
+    created = Created()
+    assert created.creating("n", lambda heard: (heard("a"), "a")[1]) == "a"
+    assert created.settle(within=1) is True
+    with pytest.raises(SparkError, match="rolling back"):
+        created.creating("n", lambda heard: "b")
+    assert created.containers == {"n": {"a"}}

@@ -5,6 +5,8 @@ its Ray head, then create the workers' containers at once."""
 from __future__ import annotations
 
 import shlex
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -14,8 +16,9 @@ from sparkcluster import log
 from sparkcluster.config import compile_cache
 from sparkcluster.container.spec import ContainerSpec, create_and_start
 from sparkcluster.day2 import compile_caches, teardown
-from sparkcluster.errors import EngineUnreachable
+from sparkcluster.errors import EngineUnreachable, SparkError
 from sparkcluster.labels import ROLE_LABEL
+from sparkcluster.remote.fanout import Background
 from sparkcluster.up.stages import ray
 from sparkcluster.up.stages.base import Step, fail
 
@@ -56,14 +59,59 @@ def drop_caches_command(image: str) -> str:
     return f"{run()} || {run('--privileged')}"
 
 
+SETTLE_S = 30.0  # how long a rollback waits for creates still in flight to name their container
+
+
 @dataclass
 class Created:
-    """The containers this run created (the containers stage's state): what the rollback removes."""
+    """The containers this run created (the containers stage's state): what the rollback removes.
+
+    A create runs on a thread of its own (`creating`), so a Ctrl-C interrupts the wait for it, never
+    the Engine API call: the engine's answer, the new container's ID, still arrives, and the
+    rollback waits for it (`settle`) before it removes what this run created. Interrupting the call
+    itself lost the ID of a container the engine had made, which stayed behind. Once the rollback
+    has begun, no other create starts."""
 
     containers: dict[str, set[str]] = field(default_factory=dict)  # node -> container ids
+    _pending: set[object] = field(default_factory=set, repr=False)  # creates that have not named theirs
+    _closed: bool = field(default=False, repr=False)
+    _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
 
     def add(self, node: str, cid: str) -> None:
-        self.containers.setdefault(node, set()).add(cid)
+        with self._cond:
+            self.containers.setdefault(node, set()).add(cid)
+
+    def creating(self, node: str, create: Callable[[Callable[[str], None]], str]) -> str:
+        """`create(heard)` on its own thread; `heard(cid)` records the ID as soon as the engine gives it."""
+        token = object()
+        with self._cond:
+            if self._closed:
+                raise SparkError(f"{node}: not created: this run is rolling back")
+            self._pending.add(token)
+
+        def settled() -> None:
+            with self._cond:
+                self._pending.discard(token)
+                self._cond.notify_all()
+
+        def heard(cid: str) -> None:
+            self.add(node, cid)
+            settled()
+
+        def run() -> str:
+            try:
+                return create(heard)
+            finally:
+                settled()
+
+        return Background(run).result()
+
+    def settle(self, within: float = SETTLE_S) -> bool:
+        """No create starts from now on; wait until those in flight have named their container or
+        ended. False if some had not within `within` seconds (the engine did not answer)."""
+        with self._cond:
+            self._closed = True
+            return self._cond.wait_for(lambda: not self._pending, timeout=within)
 
 
 def steps(plan: Plan) -> list[Step]:
@@ -210,7 +258,7 @@ def create(r: UpRun, spec: ContainerSpec) -> str:
     host = r.cluster.hosts[spec.node]
     created = r.find(Created) or r.put(Created())
     try:
-        cid = create_and_start(host.docker().api, spec, lambda cid: created.add(host.name, cid))
+        cid = created.creating(host.name, lambda heard: create_and_start(host.docker().api, spec, heard))
     except (
         docker.errors.APIError,
         EngineUnreachable,
