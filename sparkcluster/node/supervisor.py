@@ -145,6 +145,7 @@ class Supervisor:
         self.mp = cfg.get("executor") == "mp"  # every node runs its own rank(s): node/ranks
         self.epoch: str | None = None  # executor "mp": this start of the set (a fresh token per start)
         self.reports: dict[str, dict | None] = {}  # peer -> its last report (None: unanswered)
+        self._peer_reads: dict[str, tuple[int | None, str]] | None = None  # within a tick: read_peer's
         # what node/metrics exports beside the state file: counters since this container started,
         # the last probe, the last look, every node's MemAvailable as last read (None: unanswered)
         self.counts: dict[str, int] = {}
@@ -376,12 +377,24 @@ class Supervisor:
         self.ray_nodes = engine_nodes(rows, self.cfg["nodes"])
         return None
 
+    def read_peer(self, peer: dict) -> tuple[int | None, str]:
+        """A peer's MemAvailable, or (None, why not), its report kept in self.reports (None:
+        unanswered). Read once per tick whoever asks (the memory wait, then the start's readiness):
+        a peer that does not answer costs its timeout once, not once per reader."""
+        memo = self._peer_reads
+        if memo is not None and peer["name"] in memo:
+            return memo[peer["name"]]
+        got: dict = {}
+        read = peer_memory(peer["ip"], self.cfg["report_port"], seen=got)
+        self.reports[peer["name"]] = got.get("report")
+        if memo is not None:
+            memo[peer["name"]] = read
+        return read
+
     def read_reports(self) -> None:
         """Every peer's last report (memreport.node_report) into self.reports (None: unanswered)."""
         for peer in self.cfg.get("peers", []):
-            seen: dict = {}
-            peer_memory(peer["ip"], self.cfg["report_port"], seen=seen)
-            self.reports[peer["name"]] = seen.get("report")
+            self.read_peer(peer)
 
     def agents_started(self) -> dict[str, float]:
         """node -> when its agent started, where known: this node's own, and each peer's from its last
@@ -438,9 +451,7 @@ class Supervisor:
             seen[self.cfg["node"]] = mem_available(f.read())
         unknown = {}
         for peer in self.cfg.get("peers", []):
-            got: dict = {}
-            seen[peer["name"]], why = peer_memory(peer["ip"], self.cfg["report_port"], seen=got)
-            self.reports[peer["name"]] = got.get("report")
+            seen[peer["name"]], why = self.read_peer(peer)
             if why:
                 unknown[peer["name"]] = why
         if set(unknown) != set(self.memory_unknown):  # journalled when it changes, not every look
@@ -460,12 +471,11 @@ class Supervisor:
         out = {self.cfg["node"]: (mem_total(text), mem_available(text))}
         holders = {self.cfg["node"]: held(text)}
         for peer in self.cfg.get("peers", []):
-            got: dict = {}
-            avail, _ = peer_memory(peer["ip"], self.cfg["report_port"], seen=got)
-            self.reports[peer["name"]] = got.get("report")
-            total = (got.get("report") or {}).get("mem_total")
+            avail, _ = self.read_peer(peer)
+            report = self.reports.get(peer["name"]) or {}
+            total = report.get("mem_total")
             out[peer["name"]] = (total if isinstance(total, int) else None, avail)
-            holders[peer["name"]] = (got.get("report") or {}).get("mem_held") or {}
+            holders[peer["name"]] = report.get("mem_held") or {}
         self.held = holders
         return out
 
@@ -578,6 +588,13 @@ class Supervisor:
 
     # -- one turn of the loop
     def tick(self) -> None:
+        self._peer_reads = {}  # this tick's read of each peer (read_peer)
+        try:
+            self._tick()
+        finally:
+            self._peer_reads = None
+
+    def _tick(self) -> None:
         desired = read_json(DESIRED_PATH)
         if desired is None and os.path.exists(DESIRED_PATH):  # caught mid-write: the next look has it
             return

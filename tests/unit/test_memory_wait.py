@@ -164,3 +164,26 @@ def test_up_and_the_serve_stage_read_the_servers_bounds_in_one_place():
     assert callers == []
     used = [p.name for p in root.rglob("*.py") if "bounds.profile_policy(" in p.read_text()]
     assert sorted(used) == ["bringup.py", "serve.py"]
+
+
+def test_a_restart_tick_reads_each_peer_once(tmp_path, monkeypatch):
+    """The memory wait and the start's readiness both need a peer's report: one read per tick, so a
+    peer that does not answer costs its timeout once per look, not once per reader."""
+    sup, _ = _restarting(tmp_path, monkeypatch, {})
+    monkeypatch.setattr(sup, "node_memory", supervisor.Supervisor.node_memory.__get__(sup))
+    sup.cfg.update(executor="mp", report_port=8297, peers=[{"name": "spark-worker", "ip": "198.19.2.2"}])
+    sup.mp = True
+    reads = []
+
+    def peer_memory(ip, port, timeout=1.0, seen=None):
+        reads.append(ip)
+        seen["report"] = {"mem_total": TOTAL, "rank": {"generation": "an earlier one"}}
+        return TOTAL, ""
+
+    monkeypatch.setattr(supervisor, "peer_memory", peer_memory)
+    monkeypatch.setattr(supervisor, "memory_for_restart", lambda memory, policy: (True, {}))
+    sup.tick()
+    assert sup.state == contract.WAITING and reads == ["198.19.2.2"]
+    sup.tick()
+    assert reads == ["198.19.2.2"] * 2
+    assert sup.low_memory(P) == {} and len(reads) == 3  # outside a tick: read each time it is asked
