@@ -20,6 +20,9 @@ import json
 import time
 from dataclasses import dataclass
 
+import docker.errors
+
+from sparkcluster.errors import SparkError
 from sparkcluster.remote.dockerapi import run_in
 
 from . import deploy
@@ -51,6 +54,7 @@ class GatewayHold:
     docker: object
     container: str
     deployment: str  # PROFILE@NODE+NODE, the gateway's route key
+    node: str = ""  # where it runs, for messages
     hold_s: float = HOLD_S
     drain_s: float = DRAIN_S
 
@@ -98,28 +102,56 @@ class GatewayHold:
         return f"{self.container} sends requests to {self.deployment} again"
 
 
-def find(inv, deployment: str) -> GatewayHold | None:
-    """The hold on the gateway that routes `deployment`, where one runs on a node of `inv` that
-    answers (one look over SSH; a node that does not cannot hold anything); None where none does."""
+@dataclass
+class Holds:
+    """upgrade.Traffic for every gateway that routes the deployment (an owner may run one on each
+    node): each held in turn; each released even where another's release failed, and a release
+    that failed is one error naming the gateway, when its hold ends by itself, and how to end it now
+    (`gateway down` removes the container and its config; `gateway up` then starts one without it)."""
+
+    each: list[GatewayHold]
+
+    def hold(self) -> str:
+        return "; ".join(h.hold() for h in self.each)
+
+    def release(self) -> str:
+        said, failed = [], []
+        for h in self.each:
+            try:
+                said.append(h.release())
+            except (SparkError, docker.errors.DockerException, OSError) as e:
+                failed.append(f"{h.container} on {h.node or 'its node'}: {getattr(e, 'message', None) or e}")
+        if failed:
+            raise SparkError(
+                f"could not release the held requests of {self.each[0].deployment} ({'; '.join(failed)}): "
+                f"they wait until the hold's deadline ({self.each[0].hold_s / 60:g} min after it began), then get 503",
+                "sparkcluster gateway down, then sparkcluster gateway up: the new gateway holds nothing",
+            )
+        return "; ".join(said)
+
+
+def find(inv, deployment: str) -> Holds | None:
+    """The holds on every gateway that routes `deployment`, on the nodes of `inv` that answer (one
+    look over SSH; a node that does not cannot hold anything); None where none does."""
     # lazy: the gateway package stays light to import
     from sparkcluster.remote.fanout import ConnectedHosts, connect_all
 
+    found: list[GatewayHold] = []
     res = connect_all(inv, None)
     try:
         for name, host in res.succeeded.items():
             got = deploy.routing(host.docker().api, inv.cluster.name, deployment)
             if got is None:
                 continue
-            container = got[0]
             node = next(n for n in inv.nodes if n.name == name)
 
             @contextlib.contextmanager
-            def docker(node=node):
+            def open_api(node=node):
                 with ConnectedHosts.connect(inv, [node]) as one:
                     yield one.hosts[node.name].docker().api
 
-            return GatewayHold(docker, container, deployment)
+            found.append(GatewayHold(open_api, got[0], deployment, node=name))
     finally:
         for host in res.succeeded.values():
             host.close()
-    return None
+    return Holds(found) if found else None

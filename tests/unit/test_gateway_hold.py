@@ -16,6 +16,7 @@ import time
 
 import docker.errors
 import httpx
+import pytest
 from gateway_fakes import KEY, Engine, Served, config, in_rotation, start_gateway, until
 
 from sparkcluster.container.spec import files_tar
@@ -153,7 +154,9 @@ def test_find_returns_the_gateway_routing_the_deployment_and_none_elsewhere(monk
     monkeypatch.setattr(deploy, "read_doc", lambda api, c: {"deployments": [{"key": "m@spark-worker"}]})
     inv = make_inventory()
     got = gateway_hold.find(inv, "m@spark-worker")
-    assert got is not None and got.container == "sparkcluster-gateway" and got.deployment == "m@spark-worker"
+    assert got is not None and [(h.container, h.node, h.deployment) for h in got.each] == [
+        ("sparkcluster-gateway", "spark-worker", "m@spark-worker")
+    ]
     assert gateway_hold.find(inv, "other@spark-head") is None  # the gateway there routes no such deployment
     assert closed == ["b", "b"]  # the look's connections are closed; each hold opens its own
 
@@ -346,3 +349,48 @@ def test_a_hold_taken_or_released_while_gateway_up_replaces_the_gateway_is_what_
 
     replace({key: deadline}, during=lambda upgrade: None, after=too_late)
     assert refused and "not running" in str(refused[0])  # said, not silently lost
+
+
+def test_every_gateway_routing_the_deployment_is_held_and_each_released_even_when_one_fails(monkeypatch):
+    """An owner may run a gateway on each node: an upgrade holds all of them. A release that fails
+    (its node went away) does not keep the others held, and says when its hold ends and how to end
+    it now."""
+    from types import SimpleNamespace
+
+    from conftest import make_inventory
+
+    from sparkcluster.errors import SparkError
+    from sparkcluster.remote import fanout
+
+    hosts = {
+        n: SimpleNamespace(docker=lambda n=n: SimpleNamespace(api=n), close=lambda: None)
+        for n in ("spark-head", "spark-worker")
+    }
+    monkeypatch.setattr(fanout, "connect_all", lambda inv, nodes: SimpleNamespace(succeeded=hosts))
+    monkeypatch.setattr(deploy, "find", lambda api, cluster: {"State": "running", "Names": [f"/gw-{api}"]})
+    monkeypatch.setattr(deploy, "read_doc", lambda api, c: {"deployments": [{"key": "m@spark-head"}]})
+    got = gateway_hold.find(make_inventory(), "m@spark-head")
+    assert [h.node for h in got.each] == ["spark-head", "spark-worker"]
+
+    calls: list[str] = []
+
+    def fake(h, ok=True):
+        h.hold = lambda: calls.append(f"hold {h.node}") or f"held by {h.container}"
+
+        def release():
+            calls.append(f"release {h.node}")
+            if not ok:
+                raise SparkError(f"{h.node} does not answer")
+            return f"{h.container} sends requests again"
+
+        h.release = release
+
+    fake(got.each[0], ok=False)
+    fake(got.each[1])
+    assert got.hold() == "held by gw-spark-head; held by gw-spark-worker"
+    with pytest.raises(SparkError) as e:
+        got.release()
+    assert calls == ["hold spark-head", "hold spark-worker", "release spark-head", "release spark-worker"]
+    assert "gw-spark-head on spark-head: spark-head does not answer" in e.value.message
+    assert "gw-spark-worker" not in e.value.message and "30 min after it began" in e.value.message
+    assert "gateway down" in e.value.fix
