@@ -233,16 +233,22 @@ class Bench:
 
 
 # the fixed workload of --gpu-time (issue 39 item 3): square matrix products, the same on every node,
-# so that a GB10 held in a low-power state that nvidia-smi does not show is named by its time alone
-GPU_SIDE, GPU_CPU_SIDE, GPU_ITERS, GPU_WARMUP, GPU_ROUNDS = 4096, 512, 10, 3, 3
+# so that a GB10 held in a low-power state that nvidia-smi does not show is named by its time alone.
+# Without a GPU, on one CPU thread: with every core, a round's time said whether another core was free
+# at that moment (a 2-core machine's other work made a healthy node 1.3x its peer), not the node's own
+# pace; and 768 (about 0.11 s a round on one core) keeps a round longer than a CPU quota's slice, so
+# a node held to a share of a CPU cannot finish a round inside one period unthrottled
+GPU_SIDE, GPU_CPU_SIDE, GPU_ITERS, GPU_WARMUP, GPU_ROUNDS = 4096, 768, 10, 3, 3
 
 
 def gpu_time(torch) -> dict:
-    """Seconds for GPU_ITERS products of two fixed square matrices on GPU 0 (the CPU, smaller, without
-    one), after GPU_WARMUP untimed ones, the best of GPU_ROUNDS; synchronised so the time is the
+    """Seconds for GPU_ITERS products of two fixed square matrices on GPU 0 (the CPU's one thread,
+    smaller, without one), after GPU_WARMUP untimed ones, the best of GPU_ROUNDS; synchronised so the time is the
     device's, not the launch's."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if not cuda:
+        torch.set_num_threads(1)
     side = GPU_SIDE if cuda else GPU_CPU_SIDE
     dtype = torch.bfloat16 if cuda else torch.float32
     gen = torch.Generator(device="cpu").manual_seed(0)

@@ -189,3 +189,38 @@ def test_the_gpu_time_is_read_from_the_probes_line():
 def test_the_probe_takes_gpu_time_without_the_ranks_environment():
     assert fabric_probe.arguments(["--gpu-time"]).gpu_time is True
     assert fabric_probe.arguments([]).gpu_time is False
+
+
+def test_the_cpu_stand_in_times_the_workload_on_one_thread_and_a_gpu_as_it_is():
+    """Without a GPU the fixed workload runs on one CPU thread: on every core its time said whether
+    the machine's other core was free at that moment (CI saw a healthy node timed 1.3x its peer)."""
+    from types import SimpleNamespace
+
+    def fake_torch(cuda: bool):
+        threads: list[int] = []
+
+        class M:
+            def to(self, **kw):
+                return self
+
+            def __matmul__(self, other):
+                return self
+
+        gen = SimpleNamespace(manual_seed=lambda seed: gen)
+        torch = SimpleNamespace(
+            cuda=SimpleNamespace(is_available=lambda: cuda, synchronize=lambda d: None),
+            device=lambda *a: ":".join(map(str, a)),
+            Generator=lambda device: gen,
+            rand=lambda *a, **kw: M(),
+            bfloat16="bf16",
+            float32="f32",
+            set_num_threads=threads.append,
+        )
+        return torch, threads
+
+    torch, threads = fake_torch(cuda=False)
+    got = fabric_probe.gpu_time(torch)
+    assert (got["device"], got["side"], threads) == ("cpu", fabric_probe.GPU_CPU_SIDE, [1])
+    torch, threads = fake_torch(cuda=True)
+    got = fabric_probe.gpu_time(torch)
+    assert (got["device"], got["side"], threads) == ("cuda:0", fabric_probe.GPU_SIDE, [])
