@@ -108,6 +108,29 @@ ENV: dict[str, str] = {
 }
 
 
+# container path -> subfolder of the key's folder, for what a compiler keeps where no variable moves
+# it. Inductor precompiles the headers of its CPU kernels into its *default* folder whatever
+# TORCHINDUCTOR_CACHE_DIR says (`_HEADER_DIR = default_cache_dir()/precompiled_headers`, global by
+# design: torch/_inductor/codecache.py), that is /tmp/torchinductor_<user>, and every start looks for
+# the header before it looks for a kernel's cached library. A new container's /tmp lacked it, so a
+# start after `down`/`up` ran g++ on the header again, 10 s of its 15 s compile figure on the testbed
+# where a supervisor restart in the same container took 5 (issue 40 item 3). The engine runs as the
+# image's user, root in NGC's image (and the testbed's stand-in).
+DEFAULT_DIRS: dict[str, str] = {"/tmp/torchinductor_root": "inductor-default"}
+
+
+def subfolders() -> list[str]:
+    """Every folder made in a key's folder before a start (as the SSH user, so Docker does not make
+    them root's)."""
+    return sorted({*ENV.values(), *DEFAULT_DIRS.values()})
+
+
+def binds(folder: str) -> dict[str, str]:
+    """Host path -> container path: the key's folder at its own path (where ENV points), and each
+    DEFAULT_DIRS subfolder where its compiler looks."""
+    return {folder: folder, **{str(PurePosixPath(folder) / sub): path for path, sub in DEFAULT_DIRS.items()}}
+
+
 def compiled_argv(argv: list[str]) -> list[str]:
     """`argv` without the flags (and their values) that cannot change compiled code."""
     out: list[str] = []

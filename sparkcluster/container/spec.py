@@ -221,7 +221,7 @@ def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> 
             EXECUTOR_LABEL: prof.executor,
         },
         shm_size=prof.shm_size,
-        binds={inv.hf_cache(node.name): inv.hf_cache(node.name), cache: cache},
+        binds={inv.hf_cache(node.name): inv.hf_cache(node.name), **compile_cache.binds(cache)},
         files={
             **profiles.container_files(prof),
             **AGENT_FILES,

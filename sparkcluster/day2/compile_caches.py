@@ -104,7 +104,7 @@ for _name, _value in {
     "@KEY_LEN@": str(compile_cache.KEY_LEN),
     "@STAMP@": repr(compile_cache.STAMP),
     "@ABOUT@": repr(compile_cache.ABOUT),
-    "@SUBS@": repr(sorted(set(compile_cache.ENV.values()))),
+    "@SUBS@": repr(compile_cache.subfolders()),
 }.items():
     PROGRAM = PROGRAM.replace(_name, _value)
 
