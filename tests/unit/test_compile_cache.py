@@ -199,8 +199,9 @@ def fill(root: Path, key: str, size: int, age_s: float) -> None:
 def test_prepare_makes_every_tools_folder_and_stamps_the_key(tmp_path):
     got = sh(compile_caches.prepare_command(str(tmp_path), "a" * 16, 1 << 30, {"model": "m", "image": "i"}))
     assert got["evicted"] == [] and got["errors"] == []
-    for sub in compile_cache.ENV.values():
+    for sub in compile_cache.subfolders():  # each variable's, and inductor's precompiled headers'
         assert (tmp_path / ("a" * 16) / sub).is_dir()
+    assert set(compile_cache.subfolders()) == {*compile_cache.ENV.values(), "inductor-default"}
     assert json.loads((tmp_path / ("a" * 16) / compile_cache.ABOUT).read_text()) == {"image": "i", "model": "m"}
 
 
