@@ -149,8 +149,8 @@ class Traffic(Protocol):
 
 
 def gateway_for(inv: Inventory, deployment: str) -> Traffic | None:
-    """The gateway that routes this deployment (issue 36), if one runs: the plan's traffic steps
-    hold and release through it (gateway/hold)."""
+    """Every gateway that routes this deployment (issue 36), if one runs: the plan's traffic steps
+    hold and release through them (gateway/hold.Holds)."""
     from sparkcluster.gateway import hold as gateway_hold  # lazy: only an upgrade or rollback runs it
 
     return gateway_hold.find(inv, deployment)
