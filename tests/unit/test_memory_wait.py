@@ -72,7 +72,8 @@ def _restarting(tmp_path, monkeypatch, memory):
     sup = supervisor.Supervisor({"node": "spark-head", "nodes": [], "peers": []}, Journal(str(tmp_path / "journal")))
     sup.adopt(desired)
     sup.generation, sup.first_start = "g1", False  # the engine was killed after serving: a restart
-    monkeypatch.setattr(sup, "node_memory", lambda: dict(memory))
+    if memory is not None:  # None: the real node_memory, which reads the peers' reports
+        monkeypatch.setattr(sup, "node_memory", lambda: dict(memory))
     return sup, desired
 
 
@@ -169,8 +170,7 @@ def test_up_and_the_serve_stage_read_the_servers_bounds_in_one_place():
 def test_a_restart_tick_reads_each_peer_once(tmp_path, monkeypatch):
     """The memory wait and the start's readiness both need a peer's report: one read per tick, so a
     peer that does not answer costs its timeout once per look, not once per reader."""
-    sup, _ = _restarting(tmp_path, monkeypatch, {})
-    monkeypatch.setattr(sup, "node_memory", supervisor.Supervisor.node_memory.__get__(sup))
+    sup, _ = _restarting(tmp_path, monkeypatch, None)
     sup.cfg.update(executor="mp", report_port=8297, peers=[{"name": "spark-worker", "ip": "198.19.2.2"}])
     sup.mp = True
     reads = []
