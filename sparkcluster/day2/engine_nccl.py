@@ -11,31 +11,17 @@ import shlex
 
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.facts.probes import section
-from sparkcluster.node.contract import NCCL_LOG_DIR
-
-# only the lines that say what NCCL chose (and its warnings), from the newest files: a rank of an
-# earlier server leaves its file behind until the container goes
-WANTED = r"NCCL version|Using network|NET/IB : |NET/Socket : |via |NCCL WARN|nRanks|Init COMPLETE"
-MAX_FILES = 16
-MAX_LINES = 600
-
-
-def reader() -> str:
-    """Shell run inside a container: the newest NCCL files' telling lines (each line already
-    carries its host and PID)."""
-    return (
-        f"ls -t {NCCL_LOG_DIR}/nccl.*.log 2>/dev/null | head -n {MAX_FILES} | "
-        f"xargs -r grep -h -E {shlex.quote(WANTED)} | tail -n {MAX_LINES}"
-    )
+from sparkcluster.node.container_status import nccl_reader
 
 
 def section_script(cluster_label: str, bound_s: int) -> str:
-    """A section: `reader` in each of this node's running containers of the cluster."""
+    """A section: `nccl_reader` (node/container_status) in each of this node's running containers
+    of the cluster."""
     docker = f"timeout -k 1 {bound_s} docker"
     return section(
         "nccl",
         f"for c in $({docker} ps -q --filter label={shlex.quote(cluster_label)}); do "
-        f"{docker} exec $c sh -c {shlex.quote(reader())}; done; true",
+        f"{docker} exec $c sh -c {shlex.quote(nccl_reader())}; done; true",
     )
 
 

@@ -1,9 +1,9 @@
 """What runs, from the controller: per node the container, Ray membership, the endpoint, memory.
 
 One SSH round trip per node (container state, Ray's state API on the head, uptime, MemAvailable;
-on the head also the server's record and the supervisor's state and journal, read inside its
-container) plus two HTTP requests to the endpoint, all in parallel and each bounded: fast enough to
-poll every second, and no Docker API client to import or to wait on.
+what only the container knows, such as the server's record and the supervisor's state and journal
+on the head, read by the container's own agent) plus the endpoint's answers, all in parallel and
+each bounded: fast enough to poll every second, and no Docker API client to import or to wait on.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import deployments, engine_nccl, known_good, ray_members
 from sparkcluster.day2 import endpoint as endpoint_mod
 from sparkcluster.facts import parsers
-from sparkcluster.facts.probes import section, split_sections
+from sparkcluster.facts.probes import SECTION, section, split_sections
 from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, PORT_LABEL, PROFILE_LABEL, container_name, is_gateway
-from sparkcluster.node import contract, readings
+from sparkcluster.node import container_status, contract, readings
 from sparkcluster.remote.fanout import Background, connect_reachable
 
 _log = log.get(__name__)
@@ -83,17 +83,17 @@ class ClusterStatus:
 DOCKER_SILENT = "docker not answering"
 UNREACHABLE = "unreachable"  # a node (or every node: the cluster) that SSH did not reach
 DOCKER_BOUND_S = 8  # each docker command on a node; the whole round trip is bounded by SSH_BOUND_S
+AGENT_BOUND_S = 3  # the agent's `/status`; then the same readings by `docker exec`
 SSH_BOUND_S = 12  # status answers within 15 s whatever a node's daemon does
 
 
 def node_script(inv: Inventory, node: str) -> str:
     """Every node answers as a possible head (deployments decide which node heads which), so one
     round trip per node serves every deployment: Ray's state API and the head container's sections
-    simply print nothing where there is no such head. One `docker exec` per running container of
-    ours (each costs a process start in the container on a busy node)."""
+    simply print nothing where there is no such head. What only the container knows comes from its
+    agent (`container_readings`)."""
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
     docker = f"timeout -k 1 {DOCKER_BOUND_S} docker"
-    head = shlex.quote(container_name(inv.cluster.name, "head", node))
     parts = [
         section("uptime", "cat /proc/uptime; date +%s.%N"),
         section("meminfo", "cat /proc/meminfo"),
@@ -106,14 +106,7 @@ def node_script(inv: Inventory, node: str) -> str:
             f"[ -z \"$ids\" ] && echo '[]' || {docker} inspect $ids",
         ),
         section("ray", ray_members.state_api_command(), stderr=False),
-        f"_running=$({docker} ps --filter label={label} --filter status=running --format '{{{{.Names}}}}' 2>/dev/null)",
-        # the other containers' ranks' NCCL files; the head container reads its own in its exec
-        section(
-            "nccl",
-            f'for c in $_running; do [ "$c" = {head} ] || {docker} exec "$c" sh -c '
-            f"{shlex.quote(engine_nccl.reader())}; done; true",
-        ),
-        f"if printf '%s\\n' \"$_running\" | grep -qxF {head}; then {head_container_script(head)}; fi",
+        container_readings(inv, node),
         # each compile cache's size (day2/compile_caches has the listing with what each is for)
         section(
             "compile_cache", f"timeout -k 1 3 du -sk {compile_cache_glob(inv.cluster.compile_cache)} 2>/dev/null; true"
@@ -149,22 +142,30 @@ def mounted_key(container: parsers.ContainerInspect) -> str:
     return k if compile_cache.KEY_RE.match(k) else ""
 
 
-def head_container_script(container: str) -> str:
-    """One `docker exec` in the head container printing its own sections: the server's record and
-    whether its PID still runs (the shell's kill: slim images have no procps), the supervisor's
-    state and its last journal entries, and its ranks' NCCL lines. No such container: no sections,
-    so no server. `container` is already quoted for the shell."""
-    inner = "\n".join(
-        [
-            section("record", f"cat {contract.RECORD_PATH}"),
-            section("alive", contract.SERVER_ALIVE_SH),
-            section("supervisor", f"cat {contract.STATE_PATH}"),
-            section("journal", f"tail -n 5 {contract.JOURNAL_PATH}"),
-            section("canary", f"cat {contract.CANARY_CHECK_PATH}"),
-            section("head_nccl", engine_nccl.reader()),
-        ]
+def container_readings(inv: Inventory, node: str) -> str:
+    """Shell printing node/container_status's sections for our container on `node`: its agent's
+    `/status` (a process start in the container), or where that does not answer whole (no agent
+    there, or one made by an earlier sparkcluster, whose report answers any path), the same script
+    by `docker exec` in the container that runs. No container of ours runs: no sections, so no
+    server."""
+    label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
+    docker = f"timeout -k 1 {DOCKER_BOUND_S} docker"
+    n = inv.node(node)
+    url = shlex.quote(f"http://{n.control_ip}:{inv.cluster.agent_port}/status")
+    whole = f"{SECTION} {container_status.WHOLE} rc=0"
+    head = shlex.quote(container_name(inv.cluster.name, "head", node))
+    worker = shlex.quote(container_name(inv.cluster.name, "worker", node))
+    exec_ = (
+        f"for c in $({docker} ps --filter label={label} --filter status=running --format '{{{{.Names}}}}' "
+        f'2>/dev/null); do case "$c" in '
+        f"{head}) {docker} exec $c sh -c {shlex.quote(container_status.script(head=True))} 2>/dev/null;; "
+        f"{worker}) {docker} exec $c sh -c {shlex.quote(container_status.script(head=False))} 2>/dev/null;; "
+        "esac; done"
     )
-    return f"timeout -k 1 {DOCKER_BOUND_S} docker exec {container} sh -c {shlex.quote(inner)} 2>/dev/null"
+    return (
+        f"_st=$(curl -s --noproxy '*' -m {AGENT_BOUND_S} {url} 2>/dev/null); "
+        f'case "$_st" in *{shlex.quote(whole)}*) printf "%s\\n" "$_st";; *) {exec_};; esac'
+    )
 
 
 def head_container_view(s: dict) -> tuple[int | None, dict | None, list[dict]]:
@@ -246,7 +247,7 @@ def _one(host, inv: Inventory) -> NodeReport:
     view = head_container_view(s)
     if view[1] is not None and now is not None and isinstance(view[1].get("updated"), (int, float)):
         view[1]["age_s"] = round(now - view[1]["updated"], 1)  # both by the head's own clock
-    nccl = "".join(s[k].out for k in ("head_nccl", "nccl") if k in s and s[k].rc == 0)
+    nccl = s["nccl"].out if "nccl" in s and s["nccl"].rc == 0 else ""
     check = parsers.json_object(s["canary"].out) if "canary" in s and s["canary"].rc == 0 else None
     return NodeReport(st, ours, ray, view, nccl, gateway, check or None)
 

@@ -15,8 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkcluster.facts import parsers
-
-SECTION = "@@sc@@"
+from sparkcluster.node.sections import SECTION, section  # noqa: F401 (the probes' home names them)
 
 # addresses a node may carry that another node cannot use to reach it: link-local addresses are
 # picked per boot and share one /16 across every port; the docker bridge exists on every node
@@ -31,15 +30,6 @@ CX7_SPEED_MBPS = 200000
 class Section:
     rc: int
     out: str
-
-
-def section(name: str, cmd: str, stderr: bool = True) -> str:
-    """Shell that prints `cmd`'s output between markers, with its exit status. The closing marker
-    starts on a fresh line even when the output does not end with a newline (JSON from curl). The
-    name is quoted: it may carry an interface name or an address."""
-    redirect = "2>&1" if stderr else "2>/dev/null"
-    marker = shlex.quote(f"{SECTION} {name}")
-    return f"echo {marker}; ( {cmd} ) {redirect}; rc=$?; printf '\\n%s rc=%s\\n' {marker} \"$rc\""
 
 
 def split_sections(text: str) -> dict[str, Section]:

@@ -6,7 +6,8 @@ reboot of a node brings back Ray and this agent together, with no unit file on t
 to install beside the image. On every node it owns `ray start --block` (when Ray exits, the agent
 exits and Docker restarts the container, which re-joins Ray at the node's control IP), reports the
 node's MemAvailable on a read-only HTTP endpoint at the node's control IP (and its metrics for
-Prometheus at `/metrics` there, node/metrics), and removes the
+Prometheus at `/metrics` there, node/metrics; to the node itself, what `status` reads in the
+container at `/status`, node/container_status), and removes the
 /dev/shm segments its container's processes mapped once none of them maps them any more. On the
 head it also supervises the engine: it starts `vllm serve` when `up` asks (desired state in
 DESIRED_PATH, secrets in a 0600 file beside it), waits until every node is a Ray member before
@@ -15,7 +16,8 @@ for good when a node runs short of memory. What it sees and does goes to a journ
 
 Why not Ray for the worker's memory: Ray reports a container's cgroup usage, not the node's
 MemAvailable (ray/_private/utils.py `get_used_memory`), and asking Ray anything else needs a driver
-of a few hundred MB in this process. The endpoint answers only figures (but see on demand below). On the
+of a few hundred MB in this process. To its peers the endpoint answers only figures (but see on
+demand below); `/status` (the journal's last lines among it) only to the node itself. On the
 head it also carries the supervisor's state file, which the gateway (sparkcluster/gateway) reads to
 take a deployment out of rotation on the supervisor's verdict, and on the head of an on-demand
 deployment its one input: `POST /wake` with the deployment's wake token (a file `up` wrote, 0600),
@@ -35,6 +37,7 @@ import subprocess
 import threading
 import time
 
+from . import container_status
 from .compile_reading import CacheOwner
 from .contract import CONFIG_PATH, DESIRED_PATH, STARTING, STATE_PATH, WAITING
 from .journal import Journal, read_json
@@ -102,6 +105,7 @@ def main(config_path: str = CONFIG_PATH) -> int:
             lambda: report(cfg, ray, started, sup, keeper),
             Exporter(cfg, ray, sup, keeper).text,
             wake=sup.wake if sup is not None else None,  # on demand: the head's one input
+            status=lambda: container_status.read(head=sup is not None),  # what `status` reads here
         )
     except OSError as e:  # the head then judges this node's memory blind: say so, keep Ray and the server
         journal.write("memory report not served", address=f"{cfg['report_ip']}:{cfg['report_port']}", error=str(e))

@@ -46,10 +46,12 @@ def peer_memory(ip: str, port: int, timeout: float = 1.0, seen: dict | None = No
     return value, ""
 
 
-def serve_reports(address: str, port: int, report, metrics=None, wake=None) -> None:
+def serve_reports(address: str, port: int, report, metrics=None, wake=None, status=None) -> None:
     """`/` the report (JSON), `/metrics` the text `metrics()` returns (Prometheus' format). With
     `wake` (the head of an on-demand deployment), `POST /wake` is its one input: `wake(token)` with
-    the bearer token presented gets (HTTP status, JSON document); no body is read."""
+    the bearer token presented gets (HTTP status, JSON document); no body is read. With `status`,
+    `/status` is the text `status()` returns (node/container_status), answered only to a caller on
+    this node (from `address` itself): it carries the journal's last lines, which are no peer's."""
 
     class Handler(BaseHTTPRequestHandler):
         def _answer(self, code: int, body: bytes, kind: str) -> None:
@@ -60,8 +62,14 @@ def serve_reports(address: str, port: int, report, metrics=None, wake=None) -> N
             self.wfile.write(body)
 
         def do_GET(self):  # noqa: N802 (http.server's name)
-            if metrics is not None and self.path.split("?")[0] == "/metrics":
+            path = self.path.split("?")[0]
+            if metrics is not None and path == "/metrics":
                 self._answer(200, metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            elif status is not None and path == "/status":
+                if self.client_address[0] != address:
+                    self._answer(403, b'{"error": "answered to this node only"}', "application/json")
+                else:
+                    self._answer(200, status().encode(), "text/plain; charset=utf-8")
             else:
                 self._answer(200, json.dumps(report()).encode(), "application/json")
 

@@ -392,10 +392,11 @@ def test_the_start_up_asked_for_is_left_to_ups_own_canary(tmp_path, monkeypatch)
 
 
 def test_status_reads_the_heads_last_check():
-    from sparkcluster.day2.status import _one, head_container_script
+    from sparkcluster.day2.status import _one
+    from sparkcluster.node import container_status
     from tests.unit.test_status import MEMINFO, _Host, _printed
 
-    assert contract.CANARY_CHECK_PATH in head_container_script("c")
+    assert contract.CANARY_CHECK_PATH in container_status.script(head=True)
     check = canary.check_doc(canary.Verdict("differs", (1,), (), "told"), "2026-11-25T11:00:00Z", "a restart")
     out = _printed(uptime=("5000.0 1.0\n1763900000.0", 0), meminfo=(MEMINFO, 0), ours=("[]", 0))
     got = _one(_Host("spark-head", out + "\n" + _printed(canary=(json.dumps(check), 0))), make_inventory())

@@ -27,7 +27,7 @@ def test_ranks_on_sockets_in_a_roce_pair_are_a_problem_on_their_node():
 
 def test_the_status_section_reads_each_container_and_the_round_trip_parses_it():
     script = status.node_script(PAIR, HEAD)
-    assert "nccl.*.log" in script and "docker exec" in script
+    assert "nccl.*.log" in script and "/status" in script and "docker exec" in script
     out = "@@sc@@ nccl\n" + (CAPTURED / "default.log").read_text() + "\n@@sc@@ nccl rc=0\n"
     assert "NCCL INFO" in split_sections(out)["nccl"].out
 

@@ -238,7 +238,7 @@ def test_every_node_answers_as_a_possible_head_in_its_one_round_trip():
     inv = make_inventory()
     worker = node_script(inv, "spark-worker")
     assert "8265/api/v0/nodes" in worker and "org.sparkcluster.cluster=pair" in worker
-    assert "docker exec sparkcluster-pair-head sh -c" in worker
+    assert "sparkcluster-pair-head) timeout -k 1 8 docker exec $c sh -c" in worker
 
 
 def test_degraded_engine_wedged_while_health_200():
@@ -267,7 +267,7 @@ def test_not_probed_without_the_key_is_not_a_wedge():
 
 
 def test_the_head_containers_sections_give_pid_supervisor_and_journal():
-    """What `head_container_script` prints, as sections: a running server's PID, the supervisor's
+    """What node/container_status's script prints in the head's container, as sections: a running server's PID, the supervisor's
     state and its journal; a PID that no longer runs is no server; no container, nothing."""
     from sparkcluster.day2.status import head_container_view
     from sparkcluster.facts.probes import SECTION, split_sections
