@@ -366,3 +366,53 @@ def test_the_restarts_backoff_counts_from_the_verdict_and_doubles_only_for_an_en
     assert sup.state == contract.RESTARTING and sup.proc is None
     wait = POLICY["backoff_s"] if served else POLICY["backoff_s"] * 2
     assert sup.next_start == judged + wait  # the 4 s of the stop are part of it
+
+
+def test_the_state_file_says_the_probe_in_flight_and_its_answer_and_status_reads_them_in_place_of_its_own(
+    rig, monkeypatch
+):
+    """`status` (day2/status.supervisor_probe) takes the supervisor's last answer while it is
+    current, a probe of its that outlived status's own bound as no answer, and sends its own
+    otherwise."""
+    from sparkcluster.day2 import endpoint, status
+
+    gate = threading.Event()
+    _probes(monkeypatch, "", "HTTP 500 from the engine", "", gates=[gate])
+    sup, clock = rig.sup, rig.clock
+
+    def said():
+        doc = json.loads(Path(supervisor.STATE_PATH).read_text())
+        status._ages(doc, clock.now)  # as status does, by the head's clock
+        return doc, status.supervisor_probe(doc)
+
+    try:
+        sup.tick()  # due: sent, and left in flight
+        sent = clock.now
+        doc, got = said()
+        assert doc["probe_sent"] == sent and "probe" not in doc and got is None  # no answer yet: its own
+        clock.now += endpoint.PROBE_TIMEOUT_S + 1
+        sup.tick()
+        assert said()[1] == (
+            False,
+            f"the supervisor's 1-token probe has not returned in {endpoint.PROBE_TIMEOUT_S + 1:.0f}s",
+        )
+    finally:
+        gate.set()
+    _returned(sup)
+    clock.now += 2.0
+    sup.tick()  # takes the answer; its age (13 s) is past what the probe interval allows: not current
+    doc, got = said()
+    assert doc["probe"]["answer"] == "" and doc["probe"]["sent"] == sent and got is None
+    _returned(sup)  # the next one, sent at that look, answers at once
+    clock.now += 2.0
+    sup.tick()
+    assert said()[1] == (False, "the supervisor's 1-token probe: HTTP 500 from the engine")
+    clock.now += 4.0
+    sup.tick()  # due again: sent
+    _returned(sup)
+    clock.now += 2.0
+    sup.tick()
+    assert said()[1] == (True, "")
+    sup.state = contract.RESTARTING  # not serving: its answers say nothing of the next engine
+    sup.save()
+    assert said()[1] is None
