@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 import httpx
@@ -71,16 +71,10 @@ def parse_metrics(text: str, wanted: dict[str, str] = METRICS) -> dict[str, floa
 
 
 def look(
-    endpoint: str,
-    api_key: str | None,
-    model: str | None = None,
-    probe_timeout: float = PROBE_TIMEOUT_S,
-    known: Callable[[], tuple[bool, str] | None] | None = None,
+    endpoint: str, api_key: str | None, model: str | None = None, probe_timeout: float = PROBE_TIMEOUT_S
 ) -> EngineView:
     """/health, then (only when 200) /v1/models, /metrics and a one-token completion to the served
-    model (or `model`), unless `known()` already says how the engine answers one (the head
-    supervisor's own probe, when current: `status`), as (responds, why not). Never raises for what
-    the endpoint answers."""
+    model (or `model`). Never raises for what the endpoint answers."""
     view = EngineView()
     hdrs = headers({"VLLM_API_KEY": api_key} if api_key else {})
     with httpx.Client(timeout=3.0) as c:
@@ -100,10 +94,7 @@ def look(
         except httpx.HTTPError:
             pass
         target = model or (view.models[0] if view.models else None)
-        said = known() if target and known is not None else None
-        if said is not None:
-            view.responds, view.probe = said
-        elif target:
+        if target:
             ok, why = one_token(c, endpoint, target, hdrs, timeout=probe_timeout)
             if "HTTP 401" in why:  # no key or another key: says nothing about the engine
                 view.probe = "not probed: the endpoint wants the API key (VLLM_API_KEY in the environment or .env)"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import threading
 from dataclasses import asdict, dataclass, field
 
 import httpx
@@ -246,47 +245,11 @@ def _one(host, inv: Inventory) -> NodeReport:
         st.compile_cache_gib = round(sizes[st.compile_cache], 2) if st.compile_cache in sizes else None
     ray = ray_members.parse_state_api(s["ray"].out) if "ray" in s else None
     view = head_container_view(s)
-    if view[1] is not None and now is not None:
-        _ages(view[1], now)
+    if view[1] is not None and now is not None and isinstance(view[1].get("updated"), (int, float)):
+        view[1]["age_s"] = round(now - view[1]["updated"], 1)  # both by the head's own clock
     nccl = s["nccl"].out if "nccl" in s and s["nccl"].rc == 0 else ""
     check = parsers.json_object(s["canary"].out) if "canary" in s and s["canary"].rc == 0 else None
     return NodeReport(st, ours, ray, view, nccl, gateway, check or None)
-
-
-def _ages(sup: dict, now: float) -> None:
-    """The supervisor state's ages in seconds, by the head's own clock as its times are: of the
-    state itself, of its last probe answered, and of a probe still in flight."""
-    if isinstance(sup.get("updated"), (int, float)):
-        sup["age_s"] = round(now - sup["updated"], 1)
-    probe = sup.get("probe")
-    if isinstance(probe, dict) and isinstance(probe.get("sent"), (int, float)):
-        probe["age_s"] = round(now - probe["sent"], 1)
-    if isinstance(sup.get("probe_sent"), (int, float)):
-        sup["probe_in_flight_s"] = round(now - sup["probe_sent"], 1)
-
-
-def supervisor_probe(sup: dict | None) -> tuple[bool, str] | None:
-    """How the engine answered the head supervisor's own one-token probe, as (responds, why not),
-    when that says what a probe of status's would: the supervisor is current and serving, and its
-    last answer is as new as its probe interval allows (or a probe of its has outlived status's own
-    bound: no answer is the answer). None: status sends its own. So `status --watch`, polling every
-    second, adds no request to the engine's queue while the supervisor watches it."""
-    if not sup or sup.get("state") != contract.SERVING:
-        return None
-    age = sup.get("age_s")
-    if not isinstance(age, (int, float)) or age > contract.stale_after_s(sup):
-        return None
-    flying = sup.get("probe_in_flight_s")
-    if isinstance(flying, (int, float)) and flying > endpoint_mod.PROBE_TIMEOUT_S:
-        return False, f"the supervisor's 1-token probe has not returned in {flying:.0f}s"
-    probe = sup.get("probe") if isinstance(sup.get("probe"), dict) else {}
-    policy = {**contract.DEFAULT_POLICY, **(sup.get("policy") or {})}
-    # sent when due (at a look), answered within its seconds, taken by the next look
-    current = float(policy["probe_interval_s"]) + 2 * float(policy["interval_s"]) + float(probe.get("s") or 0) + 1
-    if not isinstance(probe.get("age_s"), (int, float)) or probe["age_s"] > current:
-        return None
-    answer = str(probe.get("answer") or "")
-    return (True, "") if not answer else (False, f"the supervisor's 1-token probe: {answer}")
 
 
 def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatus]:
@@ -295,34 +258,9 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
     cluster, unreachable = connect_reachable(inv)
     with cluster:
         addresses = {n: h.address for n, h in cluster.hosts.items()}
-        seen: dict[str, NodeReport] = {}
-        answered = {n: threading.Event() for n in cluster.hosts}
-
-        def one(host) -> NodeReport:
-            try:
-                seen[host.name] = _one(host, inv)
-                return seen[host.name]
-            finally:
-                answered[host.name].set()
-
-        def known(head: str):
-            """What the head's supervisor says of the engine's answer, once that node's round trip
-            is in (the look asks after its other questions, so both run meanwhile)."""
-
-            def said() -> tuple[bool, str] | None:
-                if head in answered:
-                    answered[head].wait(SSH_BOUND_S + 1)
-                r = seen.get(head)
-                running = isinstance(r, NodeReport) and r.status.state == "running"
-                return supervisor_probe(r.head_view[1]) if running else None
-
-            return said
-
         # the inventory's head is the usual deployment's head: its endpoint is asked meanwhile
-        early = Background(
-            _look, cluster.hosts.get(inv.head.name), inv, inv.cluster.api_port, api_key, known(inv.head.name)
-        )
-        per_node = cluster.each(one)
+        early = Background(_look, cluster.hosts.get(inv.head.name), inv, inv.cluster.api_port, api_key)
+        per_node = cluster.each(lambda h: _one(h, inv))
         reports = {n: o.value if o.ok else o.error for n, o in per_node.items()}
         found = deployments.group(
             inv,
@@ -333,9 +271,7 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
             sub.head.name: (
                 early
                 if sub.head.name == inv.head.name
-                else Background(
-                    _look, cluster.hosts.get(sub.head.name), sub, sub.cluster.api_port, api_key, known(sub.head.name)
-                )
+                else Background(_look, cluster.hosts.get(sub.head.name), sub, sub.cluster.api_port, api_key)
             )
             for sub in subs
         }
@@ -380,15 +316,14 @@ def _routed(address: str | None, port: int) -> dict[str, bool] | None:
     return {str(k): bool(v) for k, v in got.items()} if isinstance(got, dict) else None
 
 
-def _look(host, inv: Inventory, port: int, api_key: str | None, known=None) -> endpoint_mod.EngineView:
+def _look(host, inv: Inventory, port: int, api_key: str | None) -> endpoint_mod.EngineView:
     """The engine of the deployment `inv` headed by `host` (its SSH connection; None: unreachable),
     asked where the controller reaches it (endpoint.reached: through that connection when engines
-    listen only on the cluster's addresses); its one-token answer from `known` when that says it
-    (supervisor_probe)."""
+    listen only on the cluster's addresses)."""
     if host is None:
         return endpoint_mod.EngineView()
     with endpoint_mod.reached(host, inv, port) as base:
-        return endpoint_mod.look(base, api_key, known=known)
+        return endpoint_mod.look(base, api_key)
 
 
 def _judge_reports(

@@ -108,7 +108,6 @@ class ProbeRun:
 
     def __init__(self, watch: Watch, send):
         self.watch = watch
-        self.sent = time.time()  # by this node's clock, as the state file says it
         self.answer, self.seconds = "", 0.0
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(send,), name="sparkcluster-probe", daemon=True)
@@ -152,10 +151,6 @@ class Supervisor:
         self.counts: dict[str, int] = {}
         self.last_probe_s: float | None = None
         self.last_probe_ok: bool | None = None
-        # this start's last probe answered, as the state file publishes it: when it was sent, how
-        # long it took, its answer ("" when the engine answered); `status` reads it in place of
-        # sending one of its own while it is current (day2/status.supervisor_probe)
-        self.probe_doc: dict | None = None
         self.last_look: float | None = None
         self.memory_seen: dict[str, int | None] = {}
         self.memory_wait_since: float | None = None  # a restart waiting for memory to come back
@@ -210,8 +205,6 @@ class Supervisor:
                     else {}
                 ),
                 "activity": self.watch.activity if self.watch else "",
-                **({"probe": self.probe_doc} if self.proc and self.probe_doc else {}),
-                **({"probe_sent": run.sent} if (run := self.probe_in_flight()) else {}),
                 **({"refusal": self.refusal} if self.refusal else {}),
                 **({"stopping": self.stopping} if self.stopping else {}),
             },
@@ -306,7 +299,6 @@ class Supervisor:
         ray = {"ray_nodes": self.ray_node_ids()} if self.ray_nodes else {}  # what its ranks run on
         write_json(RECORD_PATH, {**record, "pid": self.proc.pid, "exec_id": "", "started_at": time.time(), **ray})
         self.watch = Watch(started=time.time())
-        self.probe_doc = None  # an earlier start's answers are not this engine's
         self.ray_read_at, self.ray_others = float("-inf"), set()
         self.journal.write(
             "vllm serve started",
@@ -563,11 +555,6 @@ class Supervisor:
         self.probe_run = ProbeRun(self.watch, send)
         self.probe_run.thread.start()
 
-    def probe_in_flight(self) -> ProbeRun | None:
-        """This start's probe, sent and not yet answered."""
-        run = self.probe_run
-        return run if run is not None and run.watch is self.watch and not run.done.is_set() else None
-
     def probe_answer(self) -> str | None:
         """The answer of this start's probe if it returned since the last look (counted, with its
         duration, for node/metrics), else None. A probe sent to an earlier start is dropped, in
@@ -582,7 +569,6 @@ class Supervisor:
             return None
         self.probe_run = None
         self.last_probe_s, self.last_probe_ok = run.seconds, run.answer == ""
-        self.probe_doc = {"sent": run.sent, "s": round(run.seconds, 3), "answer": run.answer[:300]}
         self.count("probe:ok" if run.answer == "" else "probe:failed")
         return run.answer
 

@@ -451,35 +451,3 @@ def test_a_deployment_on_standby_is_healthy_and_a_refused_start_is_degraded_with
     # the same state of a server not on demand is still "not running"
     st = judge(make_inventory(), nodes, rows, ENDPOINT, EngineView(None, [], None, ""), None, {**sup, "policy": {}})
     assert st.state == "degraded" and any("not running" in p for p in st.problems)
-
-
-def test_a_stale_supervisor_or_an_old_answer_leaves_status_to_probe_itself():
-    from sparkcluster.day2.status import supervisor_probe
-
-    fresh = {"state": "serving", "age_s": 1.0, "policy": {"interval_s": 2.0, "probe_interval_s": 15.0}}
-    assert supervisor_probe({**fresh, "probe": {"age_s": 3.0, "s": 0.1, "answer": ""}}) == (True, "")
-    assert supervisor_probe({**fresh, "probe": {"age_s": 30.0, "s": 0.1, "answer": ""}}) is None
-    assert supervisor_probe({**fresh, "age_s": 60.0, "probe": {"age_s": 3.0, "answer": ""}}) is None  # stale
-    assert supervisor_probe(fresh) is None and supervisor_probe(None) is None
-
-
-def test_the_look_sends_no_completion_when_the_supervisors_answer_is_known(monkeypatch):
-    import httpx
-
-    from sparkcluster.day2 import endpoint
-
-    asked = []
-
-    def engine(request: httpx.Request) -> httpx.Response:
-        asked.append(request.url.path)
-        if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"data": [{"id": "testbed-tiny"}]})
-        return httpx.Response(200, text="")
-
-    real = httpx.Client
-    monkeypatch.setattr(endpoint.httpx, "Client", lambda **kw: real(transport=httpx.MockTransport(engine), **kw))
-    view = endpoint.look("http://e:8000", "k", known=lambda: (False, "the supervisor's 1-token probe: x"))
-    assert (view.responds, view.probe) == (False, "the supervisor's 1-token probe: x")
-    assert "/v1/chat/completions" not in asked and "/metrics" in asked
-    view = endpoint.look("http://e:8000", "k", known=lambda: None)  # not known: it asks itself
-    assert asked[-1] == "/v1/chat/completions" and view.responds is True
