@@ -32,13 +32,12 @@ from sparkcluster.bench.sweep import (
     level_dir,
     stop_argv,
 )
-from sparkcluster.day2 import endpoint
+from sparkcluster.day2 import endpoint, engine_nccl
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.facts.parsers import ContainerInspect, container_inspect
 from sparkcluster.labels import CLUSTER_LABEL, container_name
 from sparkcluster.movement import hfcache
 from sparkcluster.node import canary
-from sparkcluster.node.container_status import nccl_reader
 
 _log = log.get("sparkcluster.bench")  # the logger name of the single module this was
 
@@ -404,15 +403,10 @@ class LoadedRtt:
 
 
 def engine_nccl_texts(cluster, inv) -> dict[str, str]:
-    """Per node, the lines the engine's NCCL wrote at init in sparkcluster's containers there
-    (node/container_status's nccl_reader); "" where none (a CPU engine writes none)."""
-    label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
-    cmd = (
-        f"for c in $(timeout 10 docker ps -q --filter label={label}); do "
-        f"timeout 10 docker exec $c sh -c {shlex.quote(nccl_reader())}; done; true"
-    )
-    res = cluster.each(lambda h: h.run(cmd, timeout=30, warn=True))
-    return {name: (o.value.stdout if o.ok else "") for name, o in res.items()}
+    """Per node, the lines the engine's NCCL wrote at init in sparkcluster's containers there; ""
+    where none (a CPU engine writes none)."""
+    res = cluster.each(lambda h: engine_nccl.read_node(h, inv.cluster.name))
+    return {name: (o.value if o.ok else "") for name, o in res.items()}
 
 
 def model_revision(cluster, inv, prof) -> str:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import shlex
 
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.facts.probes import section
+from sparkcluster.facts.probes import section, split_sections
+from sparkcluster.labels import CLUSTER_LABEL
 from sparkcluster.node.container_status import nccl_reader
 
 
@@ -23,6 +24,15 @@ def section_script(cluster_label: str, bound_s: int) -> str:
         f"for c in $({docker} ps -q --filter label={shlex.quote(cluster_label)}); do "
         f"{docker} exec $c sh -c {shlex.quote(nccl_reader())}; done; true",
     )
+
+
+def read_node(host, cluster: str) -> str:
+    """One node's ranks' NCCL lines (`host`: its SSH connection), in one round trip; "" where none
+    (a CPU engine writes none) or where the read did not finish."""
+    got = split_sections(host.run(section_script(f"{CLUSTER_LABEL}={cluster}", 8), timeout=20, warn=True).stdout).get(
+        "nccl"
+    )
+    return got.out if got is not None and got.rc == 0 else ""
 
 
 def summaries(inv: Inventory, texts: dict[str, str]) -> tuple[dict[str, str], list[tuple[str, str]]]:

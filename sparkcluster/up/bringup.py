@@ -24,8 +24,7 @@ from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import canary_watch, deployments, endpoint, engine_nccl, known_good, server, teardown
 from sparkcluster.errors import InputError, StageError, StepFailure
-from sparkcluster.facts.probes import split_sections
-from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL
+from sparkcluster.labels import ROLE_LABEL
 from sparkcluster.monitor.planned import planned
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error
 from sparkcluster.remote.lock import NodeLocks
@@ -240,13 +239,10 @@ def _run_locked(
 
 def _nccl_loaded(cluster: ConnectedHosts, inv: Inventory) -> dict[str, str]:
     """Per node, the NCCL version the serving ranks loaded, from their NCCL files ({} on a CPU engine)."""
-    script = engine_nccl.section_script(f"{CLUSTER_LABEL}={inv.cluster.name}", 8)
-
-    def read(host) -> str:
-        got = split_sections(host.run(script, timeout=20, warn=True).stdout).get("nccl")
-        return got.out if got is not None and got.rc == 0 else ""
-
-    texts = cluster.each(read, [cluster.hosts[n.name] for n in inv.nodes if n.name in cluster.hosts])
+    texts = cluster.each(
+        lambda h: engine_nccl.read_node(h, inv.cluster.name),
+        [cluster.hosts[n.name] for n in inv.nodes if n.name in cluster.hosts],
+    )
     return engine_nccl.versions({n: o.value for n, o in texts.items() if o.ok})
 
 

@@ -15,8 +15,6 @@ from sparkcluster import redact
 from sparkcluster.config import bounds, repos
 from sparkcluster.day2 import canary_watch, endpoint, engine_nccl, known_good, server, supervision, teardown
 from sparkcluster.errors import SparkError, StageError, StepFailure
-from sparkcluster.facts.probes import split_sections
-from sparkcluster.labels import CLUSTER_LABEL
 from sparkcluster.node import canary
 from sparkcluster.remote import retry
 from sparkcluster.remote.dockerapi import UNREACHABLE
@@ -318,13 +316,9 @@ def wait_ready(r: UpRun) -> float:
 def engine_transport(r: UpRun) -> dict[str, str]:
     """What every rank's NCCL chose, read from the containers once the engine answers (its ranks have
     initialised NCCL by then); sockets while the deployment has RoCE links fails `up` on that node."""
-    script = engine_nccl.section_script(f"{CLUSTER_LABEL}={r.inv.cluster.name}", 8)
-
-    def read(host) -> str:
-        got = split_sections(host.run(script, timeout=20, warn=True).stdout).get("nccl")
-        return got.out if got is not None and got.rc == 0 else ""
-
-    texts = r.cluster.each(read, [r.cluster.hosts[n.name] for n in r.inv.nodes]).values_or_raise(STAGE)
+    texts = r.cluster.each(
+        lambda h: engine_nccl.read_node(h, r.inv.cluster.name), [r.cluster.hosts[n.name] for n in r.inv.nodes]
+    ).values_or_raise(STAGE)
     seen, problems = engine_nccl.summaries(r.inv, texts)
     if problems:
         raise StageError(
