@@ -120,5 +120,13 @@ class EngineUnreachable(SparkError):
         self.host = host
 
 
+class EngineIncompatible(SparkError):
+    """The node's Docker Engine answers, but accepts no API version that sparkcluster speaks."""
+
+    def __init__(self, host: str, detail: str, fix: str):
+        super().__init__(f"{host}: {detail}", fix)
+        self.host = host
+
+
 class LockHeld(SparkError):
     """Another sparkcluster run holds the cluster lock."""

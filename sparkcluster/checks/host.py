@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sparkcluster.checks.registry import Context, GiB, Report, check
 from sparkcluster.node.readings import headroom
+from sparkcluster.remote import engine_api
 
 MEM_HEADROOM_FLOOR = 6 * GiB  # seed 002's watchdog warns under 6 GB of MemAvailable
 
@@ -90,7 +91,13 @@ def gpu_driver(ctx: Context, r: Report) -> None:
 def docker_engine(ctx: Context, r: Report) -> None:
     for n, f in ctx.facts.items():
         if f.docker:
-            r.ok(n, f"Docker {f.docker.server_version}")
+            api = f.docker_api
+            if api is None:  # the CLI answered `docker info` but not the version: say what is known
+                r.ok(n, f"Docker {f.docker.server_version}")
+            elif (speak := engine_api.negotiate(api)) is None:
+                r.fail(n, *engine_api.incompatible(n, api))
+            else:
+                r.ok(n, f"Docker {api.version}, API {api.range()} (sparkcluster speaks {speak})")
         elif "permission denied while trying to connect to the docker" in f.docker_error.lower() and f.account:
             continue  # the engine may be fine: the socket refuses this account (account.docker says so)
         else:

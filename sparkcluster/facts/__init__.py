@@ -16,6 +16,7 @@ from sparkcluster.errors import StageError, StepFailure
 from sparkcluster.facts import access, image_nccl, parsers, probes
 from sparkcluster.labels import CLUSTER_LABEL, is_gateway
 from sparkcluster.movement.layers import ImageLayers
+from sparkcluster.remote.engine_api import EngineApi
 
 
 @dataclass
@@ -27,6 +28,7 @@ class HostFacts:
     gpu_error: str = ""
     docker: parsers.DockerInfo | None = None
     docker_error: str = ""
+    docker_api: EngineApi | None = None  # the engine's release and the API range it accepts
     gpu_hook: str = ""
     interfaces: dict[str, parsers.Interface] = field(default_factory=dict)
     hcas: dict[str, parsers.Hca] = field(default_factory=dict)
@@ -78,6 +80,7 @@ def probe_script(
             probes.TIME,
             probes.GPU,
             probes.DOCKER,
+            probes.DOCKER_API,
             probes.GPU_HOOK,
             probes.IP,
             probes.carrier([node.control_if, *node.netdevs]),
@@ -152,6 +155,7 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
         f.docker = parsers.docker_info(d.out)
     else:
         f.docker_error = parsers.last_line(d.out) or f"docker info exited {d.rc}"
+    f.docker_api = parsers.docker_api(get("docker_api").out) if get("docker_api").rc == 0 else None
     f.gpu_hook = get("gpu_hook").out.strip() if get("gpu_hook").rc == 0 else ""
     f.interfaces = parsers.ip_addr_json(get("ip").out) if get("ip").rc == 0 else {}
     for name, carrier, speed in parsers.carrier_lines(get("carrier").out):

@@ -10,6 +10,7 @@ from datetime import datetime
 
 from sparkcluster.movement.layers import ImageLayers, sizes_from_history
 from sparkcluster.node import readings
+from sparkcluster.remote.engine_api import EngineApi
 
 
 def last_line(text: str) -> str:
@@ -81,6 +82,18 @@ def docker_info(text: str) -> DockerInfo:
         default_runtime=d.get("DefaultRuntime", ""),
         driver_status=tuple(tuple(str(x) for x in p) for p in (d.get("DriverStatus") or []) if isinstance(p, list)),
     )
+
+
+def docker_api(text: str) -> EngineApi | None:
+    """`docker version --format '{{json .Server}}'`: the engine's release and API range, or None when
+    the engine did not say (the line is the CLI's error, or `null` from a CLI that reached no engine)."""
+    for ln in text.splitlines():
+        if ln.lstrip().startswith("{"):
+            try:
+                return EngineApi.from_version(json.loads(ln))
+            except ValueError:
+                return None
+    return None
 
 
 def image_layers(text: str) -> ImageLayers | None:

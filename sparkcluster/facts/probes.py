@@ -63,6 +63,8 @@ class Probe:
 HOSTNAME = Probe("hostname", "hostname", lambda out: out.strip())
 TIME = Probe("time", "date +%s.%N", lambda out: float(out.strip()))
 DOCKER = Probe("docker", "docker info --format '{{json .}}'", parsers.docker_info)
+# the engine's release and the API range it accepts (remote/engine_api.py): the CLI negotiates, the SDK must
+DOCKER_API = Probe("docker_api", "docker version --format '{{json .Server}}'", parsers.docker_api)
 GPU_HOOK = Probe(
     "gpu_hook",
     "command -v nvidia-container-runtime-hook nvidia-ctk nvidia-container-runtime | head -1",

@@ -18,7 +18,8 @@ from docker.transport.sshconn import SSHHTTPAdapter
 from requests.adapters import HTTPAdapter
 
 from sparkcluster import redact
-from sparkcluster.errors import CommandFailed, EngineUnreachable
+from sparkcluster.errors import CommandFailed, EngineIncompatible, EngineUnreachable
+from sparkcluster.remote import engine_api
 from sparkcluster.remote.result import CommandResult
 
 # What "the engine did not answer" looks like from the SDK over our SSH channel. Anything the
@@ -32,7 +33,6 @@ UNREACHABLE = (
     TimeoutError,
 )
 
-API_VERSION = "1.41"  # Docker 20.10 and newer; DGX OS ships newer engines, all of which accept it
 BASE_URL = "http+docker://ssh"
 
 
@@ -85,14 +85,43 @@ class GuardedAPI:
 
 
 def client_over(ssh_client, host: str, timeout: int = 120) -> docker.DockerClient:
-    api = docker.APIClient(base_url="http://localhost:2375", version=API_VERSION, timeout=timeout)
+    """A client of `host`'s engine over `ssh_client`. The API version is negotiated with that engine
+    on first use (engine_api.negotiate): the SDK's own "auto" would ask the placeholder URL it is
+    built with, before the SSH adapter is mounted."""
+    api = _NegotiatingAPIClient(base_url="http://localhost:2375", version=engine_api.CLIENT_MAX, timeout=timeout)
     adapter = _SharedConnectionAdapter(ssh_client, timeout=timeout)
     api.mount(BASE_URL, adapter)
     api._custom_adapter = adapter
     api.base_url = BASE_URL
+    api.host = host
     client = docker.DockerClient.__new__(docker.DockerClient)
     client.api = GuardedAPI(api, host)
     return client
+
+
+class _NegotiatingAPIClient(docker.APIClient):
+    """The SDK's APIClient whose version is settled by one unversioned `GET /version` before its first
+    versioned request, on the connection that request then reuses."""
+
+    host = "the node"
+    _negotiated: engine_api.EngineApi | None = None
+
+    def engine(self) -> engine_api.EngineApi:
+        """What the engine said of itself (asked once)."""
+        if self._negotiated is None:
+            answer = docker.APIClient._result(self, self._get(self._url("/version", versioned_api=False)), json=True)
+            found = engine_api.EngineApi.from_version(answer)
+            version = engine_api.negotiate(found)
+            if version is None:
+                raise EngineIncompatible(self.host, *engine_api.incompatible(self.host, found))
+            self._version = version
+            self._negotiated = found
+        return self._negotiated
+
+    def _url(self, pathfmt, *args, **kwargs):
+        if kwargs.get("versioned_api", True) and self._negotiated is None:
+            self.engine()
+        return super()._url(pathfmt, *args, **kwargs)
 
 
 def run_in(api, container: str, argv: list[str], *, warn: bool = False, environment: dict | None = None):

@@ -47,6 +47,9 @@ HERE = Path(__file__).resolve().parent
 STATE = Path(os.environ.get("SPARKCLUSTER_TESTBED_DIR", REPO / ".testbed"))
 BIN = HERE / "standin_bin"
 
+# the API floor of Docker Engine 29.0-29.2, which refuse older clients ("client version 1.41 is too old.
+# Minimum supported API version is 1.44": docker/docs#23910, containrrr/watchtower#2124); 29.3 lowered it
+MIN_API_VERSION = "1.44"
 HEAD, WORKER = "spark-head", "spark-worker"
 HOSTS = (HEAD, WORKER)  # the pair: what every suite but the N-node one runs on
 # `make testbed-up HOSTS=N` (issue 27): N hosts, 2 by default; beyond the pair every data-plane link
@@ -927,7 +930,10 @@ Subsystem sftp /usr/lib/openssh/sftp-server
             "dockerd --data-root /var/lib/docker --exec-root /run/docker --pidfile /run/docker.pid "
             "-H unix:///run/docker.sock --add-runtime nvidia=nvidia-container-runtime --log-level warn"
         )
-        self.sh(host, f"PATH=/run/testbed/bin:$PATH setsid {args} </dev/null >>{self.dockerd_log(host)} 2>&1 &")
+        # Docker 29.0-29.2's floor (docker/docs#23910), which 25.0 and newer take from this variable
+        # (daemon.json's `min-api-version` arrived in 29): a client pinned below 1.44 fails here as on a Spark
+        env = f"DOCKER_MIN_API_VERSION={MIN_API_VERSION} PATH=/run/testbed/bin:$PATH"
+        self.sh(host, f"{env} setsid {args} </dev/null >>{self.dockerd_log(host)} 2>&1 &")
         if wait:
             self._wait_dockerd(host)
 
