@@ -311,6 +311,20 @@ def _stop_dockerd(tb, ctx):
     tb.stop_dockerd(WORKER)
 
 
+def _raise_engine_floor(tb, ctx):
+    # an engine that accepts no API the docker SDK speaks (1.24-1.45): its floor at 1.46. The docker
+    # CLI still negotiates with it, so every other row stays as it was (issue 50)
+    if running_containers(tb, WORKER):
+        pytest.skip("containers run on the worker: restarting its dockerd would stop them")
+    tb.stop_dockerd(WORKER)
+    tb.start_dockerd(WORKER, min_api="1.46")
+
+
+def _restore_engine_floor(tb, ctx):
+    tb.stop_dockerd(WORKER)
+    tb.start_dockerd(WORKER)
+
+
 WORKER_SKIPS = {(cid, WORKER): "skip" for cid in IDS if cid != "ssh.reachable"}
 
 
@@ -506,6 +520,14 @@ CASES = [
         },
         detail={("docker.engine", WORKER): "docker info failed"},
         fix={("docker.engine", WORKER): "start the Docker daemon"},
+    ),
+    Case(
+        "engine_floor_above_the_sdk",
+        _raise_engine_floor,
+        _restore_engine_floor,
+        {("docker.engine", WORKER): "fail"},
+        detail={("docker.engine", WORKER): "accepts API 1.46-"},
+        fix={("docker.engine", WORKER): '"min-api-version": "1.45"'},
     ),
     Case(
         "ports.free",

@@ -96,18 +96,29 @@ def test_paramiko_strict_host_keys(testbed, host):
         empty.unlink()
 
 
-@pytest.mark.parametrize("host", HOSTS)
-def test_docker_dial_stdio_over_ssh_reaches_that_hosts_daemon(testbed, host):
-    """`docker system dial-stdio` in an SSH session talks to that host's own dockerd."""
-    c = _client(testbed, host)
+def _dial(tb, host: str, path: str) -> str:
+    """One HTTP request to the host's engine through `docker system dial-stdio` over SSH."""
+    c = _client(tb, host)
     try:
         stdin, out, _ = c.exec_command("docker system dial-stdio", timeout=30)
-        stdin.write(b"GET /v1.41/info HTTP/1.0\r\nHost: docker\r\n\r\n")
+        stdin.write(f"GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
         stdin.flush()
         stdin.channel.shutdown_write()
-        raw = out.read().decode(errors="replace")
+        return out.read().decode(errors="replace")
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_docker_dial_stdio_over_ssh_reaches_that_hosts_daemon(testbed, host):
+    """`docker system dial-stdio` in an SSH session talks to that host's own dockerd, an engine of
+    Docker 28 that refuses clients below Docker 29.0-29.2's floor as those do (issue 50)."""
+    too_old = _dial(testbed, host, "/v1.41/info")
+    assert too_old.split("\r\n", 1)[0].split()[1] == "400", too_old[:200]
+    assert "client version 1.41 is too old. Minimum supported API version is 1.44" in too_old
+    version = json.loads(_dial(testbed, host, "/version").split("\r\n\r\n", 1)[1])
+    assert int(version["Version"].split(".")[0]) >= 28 and version["MinAPIVersion"] == "1.44"
+    raw = _dial(testbed, host, "/v1.44/info")
     assert raw.startswith("HTTP/1.0 200") or raw.startswith("HTTP/1.1 200"), raw[:200]
     info = json.loads(raw.split("\r\n\r\n", 1)[1])
     assert info["Name"] == host
@@ -555,3 +566,45 @@ def test_third_machine_knob(testbed):
     assert testbed.sh(HEAD, "cat /sys/class/infiniband/rocep1s0f0/ports/1/state").stdout.strip() == "1: DOWN"
     # the pair's veth for that link is back, renamed as before and (no cable in this mode) down
     assert testbed.sh(WORKER, "cat /sys/class/net/enp1s0f0np0/operstate").stdout.strip() == "down"
+
+
+def _fidelity_rows() -> dict[str, str]:
+    """tests/testbed/README.md's fidelity table: row name -> the testbed host's cell."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "testbed" / "README.md").read_text()
+    table = text.split("## How a testbed host differs from a DGX Spark", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0] not in ("what", "---"):
+            rows[cells[0]] = cells[2]
+    return rows
+
+
+def _release(version: str) -> str:
+    """The numeric release of a version string: "28.5.2+dfsg4" -> "28.5.2"."""
+    import re
+
+    return re.match(r"[0-9]+(\.[0-9]+)*", version).group(0)
+
+
+def test_fidelity_table_is_what_the_testbed_runs(testbed):
+    """Each row of the testbed's fidelity table that names a version says what the head runs."""
+    rows = _fidelity_rows()
+    sh = lambda cmd: testbed.sh(HEAD, cmd).stdout.strip()  # noqa: E731
+    os_name = sh('. /etc/os-release && echo "$PRETTY_NAME"')
+    assert os_name in rows["OS"]
+    server = json.loads(sh("docker version --format '{{json .Server}}'"))
+    assert _release(server["Version"]) in rows["Docker Engine"]
+    assert f"DOCKER_MIN_API_VERSION={server['MinAPIVersion']}" in rows["Docker Engine"]
+    parts = {c["Name"]: c["Version"] for c in server["Components"]}
+    assert _release(parts["containerd"]) in rows["containerd"]
+    assert _release(parts["runc"]) in rows["runc"]
+    info = json.loads(sh("docker info --format '{{json .}}'"))
+    assert f"v{info['CgroupVersion']} ({info['CgroupDriver']})" in rows["cgroup"]
+    assert info["Driver"] in rows["image store"]
+    assert not any("apparmor" in o for o in info["SecurityOptions"]) and rows["AppArmor"] == "none"
+    name, driver = sh("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader").split(", ")
+    assert driver in rows["driver"]
+    assert name in rows["GPU"]

@@ -922,7 +922,7 @@ Subsystem sftp /usr/lib/openssh/sftp-server
             time.sleep(0.3)
 
     # ---------------------------------------------------------------- dockerd
-    def start_dockerd(self, host: str, wait: bool = True) -> None:
+    def start_dockerd(self, host: str, wait: bool = True, min_api: str = MIN_API_VERSION) -> None:
         """Start the host's own dockerd (own containerd, data root /var/lib/docker, /run/docker.sock).
         Its default runtime stays `runc`, found first on dockerd's PATH in /run/testbed/bin: the
         testbed-runc wrapper (see standin_bin/testbed-runc), so `docker info` reads as on a Spark."""
@@ -932,7 +932,7 @@ Subsystem sftp /usr/lib/openssh/sftp-server
         )
         # Docker 29.0-29.2's floor (docker/docs#23910), which 25.0 and newer take from this variable
         # (daemon.json's `min-api-version` arrived in 29): a client pinned below 1.44 fails here as on a Spark
-        env = f"DOCKER_MIN_API_VERSION={MIN_API_VERSION} PATH=/run/testbed/bin:$PATH"
+        env = f"DOCKER_MIN_API_VERSION={min_api} PATH=/run/testbed/bin:$PATH"
         self.sh(host, f"{env} setsid {args} </dev/null >>{self.dockerd_log(host)} 2>&1 &")
         if wait:
             self._wait_dockerd(host)
