@@ -65,7 +65,14 @@ def _judge(ctx: Context, r: Report, name: str, value_of, signals_of, label: str,
 @check("host.kernel", "Kernel: not on the known-bad list (7.0 with KHO), the same as its peers")
 def host_kernel(ctx: Context, r: Report) -> None:
     def signals(t: Traits, f) -> dict:
-        return {"kernel": t.kernel, "cma_total_kb": t.cma_total_kb, "cma_free_kb": t.cma_free_kb}
+        known = t.cma_total_kb is not None and t.cma_free_kb is not None
+        over = t.cma_free_kb - t.cma_total_kb if known else None
+        return {
+            "kernel": t.kernel,
+            "cma_total_kb": t.cma_total_kb,
+            "cma_free_kb": t.cma_free_kb,
+            "cma_free_over_total_kb": over,
+        }
 
     _judge(
         ctx,

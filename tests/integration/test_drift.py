@@ -150,8 +150,8 @@ def test_drift_between_two_doctors_after_the_kernel_changes(testbed, sc):
 
 
 def test_the_known_bad_list_catches_an_image_whose_nccl_is_on_it(testbed, sc, tmp_path):
-    """A copy of the engine image carrying the pip NCCL wheel's metadata at 2.28.9 (the build with
-    TP=2 hangs: vllm#41725; only the wheel's METADATA, which is what the probe reads: the CPU build
+    """A copy of the engine image carrying the pip NCCL wheel's metadata at 2.28.9 (a Spark pair's
+    CUDA-graph replay deadlocks on any 2.28.9 build: vllm#52504; only the wheel's METADATA, which is what the probe reads: the CPU build
     loads no NCCL), served by a profile of its own: image.nccl WARNs (the entry's severity) on it, with
     its source and fix; the engine image as it is has no NCCL build to judge (SKIP)."""
     from sparkcluster.config.profile import find
@@ -175,8 +175,8 @@ def test_the_known_bad_list_catches_an_image_whose_nccl_is_on_it(testbed, sc, tm
         for host in (HEAD, WORKER):
             r = rows[("image.nccl", host)]
             assert r["status"] == "warn", r  # the entry's severity (config/known_bad.toml): a hang in minutes
-            assert "known bad: nccl-pip-2.28.9-hang" in r["detail"] and "vllm-project/vllm#41725" in r["detail"], r
-            assert "libnccl2" in r["fix"], r
+            assert "known bad: nccl-2.28.9-graph-hang" in r["detail"] and "vllm-project/vllm#52504" in r["detail"], r
+            assert "2.30.4" in r["fix"], r
     finally:
         for host in (HEAD, WORKER):
             testbed.docker(host, f"image rm -f {ref}", check=False)
