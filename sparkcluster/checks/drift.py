@@ -13,7 +13,7 @@ from collections import Counter
 
 from sparkcluster.checks.registry import Context, Report, check
 from sparkcluster.config import known_bad
-from sparkcluster.facts.image_nccl import driver_needs
+from sparkcluster.facts.image_nccl import judge_driver
 from sparkcluster.facts.parsers import Traits
 
 
@@ -65,7 +65,14 @@ def _judge(ctx: Context, r: Report, name: str, value_of, signals_of, label: str,
 @check("host.kernel", "Kernel: not on the known-bad list (7.0 with KHO), the same as its peers")
 def host_kernel(ctx: Context, r: Report) -> None:
     def signals(t: Traits, f) -> dict:
-        return {"kernel": t.kernel, "cma_total_kb": t.cma_total_kb, "cma_free_kb": t.cma_free_kb}
+        known = t.cma_total_kb is not None and t.cma_free_kb is not None
+        over = t.cma_free_kb - t.cma_total_kb if known else None
+        return {
+            "kernel": t.kernel,
+            "cma_total_kb": t.cma_total_kb,
+            "cma_free_kb": t.cma_free_kb,
+            "cma_free_over_total_kb": over,
+        }
 
     _judge(
         ctx,
@@ -253,12 +260,12 @@ def image_nccl(ctx: Context, r: Report) -> None:
             r.ok(n, said)
 
 
-@check("image.driver", "The image's CUDA driver requirement: met by each node's driver")
+@check("image.driver", "The image's CUDA: runs on each node's driver (natively or in compatibility mode)")
 def image_driver(ctx: Context, r: Report) -> None:
-    # an image built for a newer driver than a node has does not start its CUDA there
-    # (eugr/spark-vllm-docker#266: built for 590, refused by 580); facts/image_nccl.py reads the
-    # requirement once per image ID, by NGC's convention or the CUDA base images'. A node that does
-    # not hold the image yet (before `up` sends it) is judged by what the head (else a peer) read.
+    # facts/image_nccl.py reads the requirement once per image ID (NGC's convention or the CUDA base
+    # images') and judges it as the field observes (issue 51): an image of the node driver's CUDA major
+    # runs in compatibility mode (WARN: PTX JIT, vllm#47397), a newer major FAILs. A node that does not
+    # hold the image yet (before `up` sends it) is judged by what the head (else a peer) read.
     readings = {n: f.image_nccl for n, f in ctx.facts.items() if f.image_nccl is not None}
     head = ctx.inventory.head.name
     for n, f in ctx.facts.items():
@@ -266,31 +273,12 @@ def image_driver(ctx: Context, r: Report) -> None:
         if src is None:
             r.skip(n, "no node holds the cluster image or its base to read")
             continue
-        needs = driver_needs(readings[src])
-        read_on = "" if src == n else f" (read on {src})"
-        if not needs:
-            r.skip(
-                n,
-                f"the image states no driver requirement (no CUDA_DRIVER_VERSION, no NVIDIA_REQUIRE_CUDA){read_on}",
-            )
-            continue
-        drv = _driver(f)
-        if not drv:
-            r.skip(n, "nvidia-smi reported no driver here (gpu.gb10 says why)")
-            continue
-        judged = [(x, x.met_by(drv)) for x in needs]
-        unmet = [x for x, met in judged if met is False]
-        if unmet:
-            x = unmet[0]
-            need = f"driver branch {x.driver} or later" if x.branch else f"driver {x.driver} or later"
-            r.fail(
-                n,
-                f"driver {drv} is older than the image needs ({x.said}{read_on}: {need}); its CUDA does not start "
-                "on this node (eugr/spark-vllm-docker#266)",
-                f"update the NVIDIA driver on {n} ({need}) and reboot it (DGX OS: sudo apt update && sudo apt "
-                f"full-upgrade), or serve an image built for the {drv.split('.')[0]} branch",
-            )
-        elif any(met for _, met in judged):
-            r.ok(n, f"driver {drv} meets {', '.join(x.said for x, met in judged if met)}{read_on}")
+        v = judge_driver(readings[src], _driver(f), read_on="" if src == n else f" (read on {src})")
+        if v.status == "fail":
+            r.fail(n, v.detail, v.fix)
+        elif v.status == "warn":
+            r.warn(n, v.detail, v.fix)
+        elif v.status == "ok":
+            r.ok(n, v.detail)
         else:
-            r.skip(n, f"{needs[0].said}: its lowest driver is not in sparkcluster's table (CUDA release notes)")
+            r.skip(n, v.detail)

@@ -92,6 +92,8 @@ def _resolved(p: Profile, inv, secrets: dict[str, str], ray_version: str) -> dic
             "built": f"{inv.cluster.image_repo}:{p.image_tag(ray_version)}" if inv else None,
         },
         "shm_size": p.shm_size,
+        "security_opt": list(p.security_opt),
+        "privileged": p.privileged,
         "drop_page_cache": p.drop_page_cache,
         "forwarded_env": p.forwarded_env(),
         "required_env_names": required_env_names(p),
@@ -160,6 +162,9 @@ def show_cmd(
         f"docker run: --shm-size {r['shm_size']}; drop page cache before load: "
         f"{'yes' if r['drop_page_cache'] else 'no'}"
     )
+    if r["security_opt"] or r["privileged"]:
+        opts = [f"--security-opt={o}" for o in r["security_opt"]] + (["--privileged"] if r["privileged"] else [])
+        _echo(f"container options: {' '.join(opts)}")
     _echo(f"file in every container: {r['non_carry_over_file']['path']}")
     _echo(f"  {r['non_carry_over_file']['content']}")
     if r["reasoning_plugin"]:

@@ -32,7 +32,8 @@ USER_FILE = "known_bad.toml"  # beside the inventory
 
 # the signals each reporting check offers its entries (checks/drift.py computes them per node or per HCA)
 SIGNALS: dict[str, frozenset[str]] = {
-    "host.kernel": frozenset({"kernel", "cma_total_kb", "cma_free_kb"}),
+    # cma_free_over_total_kb: CmaFree - CmaTotal, above 0 only where free CMA pages belong to no CMA area
+    "host.kernel": frozenset({"kernel", "cma_total_kb", "cma_free_kb", "cma_free_over_total_kb"}),
     "host.bios": frozenset({"bios_vendor", "bios_version", "bios_date"}),
     "host.versions": frozenset({"dgx_os", "docker", "toolkit", "driver"}),
     "rdma.pcie": frozenset({"hca", "link_width", "link_speed_gts", "max_link_width", "max_link_speed_gts"}),

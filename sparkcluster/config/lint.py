@@ -135,6 +135,35 @@ def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
             )
         )
 
+    # -- container options that widen the container's rights (issue 51): NVIDIA's recipes pass
+    # seccomp=unconfined (io_uring, blocked by Docker's default profile since moby/moby#46762),
+    # apparmor=unconfined or --privileged; said, never refused
+    wide = [o for o in profile.security_opt if o.replace(":", "=").split("=", 1)[-1] == "unconfined"]
+    if wide or profile.privileged:
+        what = ", ".join([*(f"--security-opt {o}" for o in wide), *(["--privileged"] if profile.privileged else [])])
+        p.append(
+            Problem(
+                "container-rights",
+                f"{what} widens every container's rights (no seccomp or AppArmor filter"
+                + (", every device and capability" if profile.privileged else "")
+                + ")",
+                "keep it only where the engine needs it (NVIDIA's recipes pass seccomp=unconfined for io_uring, "
+                "which Docker's default seccomp profile blocks: moby/moby#46762); AppArmor applies only on hosts "
+                "that run it",
+                severity="warn",
+            )
+        )
+    bad = [o for o in profile.security_opt if not re.fullmatch(r"[a-z-]+([=:].+)?", o)]
+    if bad:
+        p.append(
+            Problem(
+                "security-opt",
+                f"security_opt {', '.join(bad)} is not of docker's form (name=value, e.g. seccomp=unconfined)",
+                "write each as docker run --security-opt takes it: seccomp=unconfined, apparmor=unconfined, "
+                "no-new-privileges",
+            )
+        )
+
     # -- the address every other node reaches a node at (Ray's node IP, VLLM_HOST_IP, the rendezvous)
     for n in inventory.nodes if inventory is not None else ():
         ip = n.control_ip

@@ -225,6 +225,12 @@ class Profile(_Strict):
     # the container's stack ulimit in bytes (soft = hard), as `docker run --ulimit stack=N`; None:
     # Docker's default. Seed 004 runs both its containers with stack=67108864.
     ulimit_stack: int | None = Field(default=None, ge=1)
+    # container options NVIDIA's current Spark recipes pass (issue 51): `docker run --security-opt`
+    # values ("seccomp=unconfined", "apparmor=unconfined": vLLM's io_uring loading, which Docker's
+    # default seccomp profile blocks since moby/moby#46762) and `--privileged`. Both widen the
+    # container's rights; `profile lint` warns. AppArmor applies only where the host runs it.
+    security_opt: list[str] = Field(default_factory=list)
+    privileged: bool = False
     # the lowest NVIDIA driver the image runs on, where the profile's source states one (seed 001: its
     # image is built for >= 590.44); doctor FAILs a node below it. None: only differences are warned.
     min_driver: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+){0,2}$")

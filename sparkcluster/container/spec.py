@@ -95,6 +95,8 @@ class ContainerSpec:
     binds: dict[str, str]  # host path -> container path
     files: dict[str, str] = field(default_factory=dict)  # written into the container before start
     ulimit_stack: int | None = None  # bytes, soft = hard (seed 004); None: Docker's default
+    security_opt: tuple[str, ...] = ()  # `--security-opt` values, as the profile gives them (issue 51)
+    privileged: bool = False
 
     def config_hash(self) -> str:
         doc = json.dumps(
@@ -107,6 +109,8 @@ class ContainerSpec:
                 "files": self.files,
                 "flags": [DEVICES, CAP_ADD, MEMLOCK],
                 **({"stack": self.ulimit_stack} if self.ulimit_stack else {}),
+                **({"security_opt": list(self.security_opt)} if self.security_opt else {}),
+                **({"privileged": True} if self.privileged else {}),
             },
             sort_keys=True,
         )
@@ -140,6 +144,8 @@ class ContainerSpec:
             "restart_policy": dict(RESTART_POLICY),
             "init": True,
             "binds": {h: {"bind": c, "mode": "rw"} for h, c in self.binds.items()},
+            **({"security_opt": list(self.security_opt)} if self.security_opt else {}),
+            **({"privileged": True} if self.privileged else {}),
         }
 
     def docker_run_equivalent(self) -> str:
@@ -166,6 +172,8 @@ class ContainerSpec:
             "--restart",
             RESTART_POLICY["Name"],
             "--init",
+            *[f"--security-opt={o}" for o in self.security_opt],
+            *(["--privileged"] if self.privileged else []),
         ]
         for h, c in self.binds.items():
             argv += ["-v", f"{h}:{c}"]
@@ -234,6 +242,8 @@ def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> 
             ),
         },
         ulimit_stack=prof.ulimit_stack,
+        security_opt=tuple(prof.security_opt),
+        privileged=prof.privileged,
     )
 
 

@@ -8,17 +8,28 @@ with known hangs (the pip 2.28.9 build hangs TP=2 where DGX OS's 2.28.9 does not
 The driver: an image says what it needs in its environment, by one of two conventions.
 - NGC images (nvcr.io/nvidia/*, and the Spark images built on them) carry `CUDA_DRIVER_VERSION`, the
   driver release their CUDA was built with, beside `CUDA_VERSION`. Their entrypoint compares the
-  host driver's branch (the number before the first dot) with it and, where CUDA forward
-  compatibility is unavailable, as on a GB10, prints "This container was built for NVIDIA Driver
-  Release 590.48 or later, but version 580.159.03 was detected and compatibility mode is
-  UNAVAILABLE" and CUDA does not start (NVIDIA's nvidia_entrypoint.sh, e.g. in
-  triton-inference-server/server; on a Spark: eugr/spark-vllm-docker#266).
+  host driver's branch (the number before the first dot) with it and, where the host's is older,
+  runs in forward compatibility ("NOTE: CUDA Forward Compatibility mode ENABLED"), else in minor
+  version compatibility (same CUDA major, older minor), else prints "This container was built for
+  NVIDIA Driver Release 590.48 or later, but version 580.159.03 was detected and compatibility mode
+  is UNAVAILABLE" (NVIDIA's entrypoint.d driver check, e.g. as copied in gbxu/EnvDeployment
+  system_check/52-gpu-driver-version-check.sh; on a Spark: eugr/spark-vllm-docker#266).
 - The CUDA base images (nvidia/cuda, gitlab.com/nvidia/container-images/cuda) carry
   `NVIDIA_REQUIRE_CUDA="cuda>=13.0 brand=...,driver>=...,driver<... ..."`, which the container
-  toolkit (libnvidia-container) checks before the container starts ("requirement error: unsatisfied
-  condition: cuda>=12.8, please update your driver to a newer version"): the driver must support
-  that CUDA. The `brand=` alternatives admit older driver branches through forward compatibility,
-  which a GB10 does not have, so only the `cuda>=` term is read.
+  toolkit (libnvidia-container) checks before the container starts; only its `cuda>=` term is read.
+
+What the field observes (issue 51) is judged by `judge_driver`: NVIDIA's 26.0x vLLM images are built
+for the 595 branch and run on DGX OS 7.5's 580 (26.03 on 580.142 printed "CUDA Forward Compatibility
+mode ENABLED. Using CUDA 13.2 driver version 595.45.04 with kernel driver version 580.142", a public
+Spark setup note found by code search; a README of images built on 26.07 calls the 595.58 banner
+"non-fatal" on 580.126.09). So an image of the node driver's CUDA major is not failed: at most a
+WARN that code its newer toolchain left as PTX cannot be JIT-compiled by the older driver
+(vllm-project/vllm#47397: nvcc 13.3 against 580.159.03, cudaErrorUnsupportedPtxVersion). An image of
+a newer CUDA major fails (minor version compatibility holds within one major: NVIDIA's CUDA
+Compatibility guide), and so does one whose entrypoint was seen refusing (the banner above without
+"mode ENABLED"; eugr#266): doctor has no such banner to read yet (the probe's container has no GPU,
+and sparkcluster starts its containers with the entrypoint emptied), so that case is judged only
+where a caller passes the banner.
 
 Reading it needs a throwaway container of the image (`--network none`, no GPU), so only an image ID
 not seen before costs one; an image ID is its content's digest, so what was read holds wherever the
@@ -105,6 +116,7 @@ class DriverNeed:
     said: str  # what the image says: "CUDA_DRIVER_VERSION=590.48.01", "NVIDIA_REQUIRE_CUDA cuda>=13.1"
     driver: str  # the lowest driver: "590" (a branch) or "590.44.01"; "" when not known
     branch: bool  # compared by branch only (NGC's entrypoint compares the number before the first dot)
+    cuda: tuple[int, ...] = ()  # the CUDA release a `cuda>=` term requires, () for CUDA_DRIVER_VERSION
 
     def met_by(self, driver: str) -> bool | None:
         """Whether a node's driver (as nvidia-smi prints it) meets it; None when either is unknown."""
@@ -125,8 +137,141 @@ def driver_needs(found: ImageNccl) -> list[DriverNeed]:
     # an older CUDA than the table's (NGC images say `cuda>=9.0`) is supported by every driver that
     # drives a GB10 (580 and later): no requirement worth judging
     if cuda and cuda >= min(CUDA_MIN_DRIVER):
-        out.append(DriverNeed(f"NVIDIA_REQUIRE_CUDA cuda>={cuda[0]}.{cuda[1]}", CUDA_MIN_DRIVER.get(cuda, ""), False))
+        out.append(
+            DriverNeed(f"NVIDIA_REQUIRE_CUDA cuda>={cuda[0]}.{cuda[1]}", CUDA_MIN_DRIVER.get(cuda, ""), False, cuda)
+        )
     return out
+
+
+# the lowest driver branch of each CUDA major, under which an application built with any minor of
+# that major runs (minor version compatibility): NVIDIA's CUDA Compatibility guide, "Minor Version
+# Compatibility", Table 1 ("CUDA 13.x >= 580", "CUDA 12.x >= 525", "CUDA 11.x >= 450")
+CUDA_MAJOR_MIN_BRANCH = {11: 450, 12: 525, 13: 580}
+# what an NGC entrypoint prints when it gives up, and when it runs in compatibility (module docstring)
+REFUSED = "compatibility mode is UNAVAILABLE"
+ENABLED = "Compatibility mode ENABLED"
+PTX_JIT = "vllm-project/vllm#47397"
+
+
+def driver_cuda(driver: str) -> tuple[int, int] | None:
+    """The newest CUDA release a driver supports natively, from CUDA_MIN_DRIVER (580.142 -> (13, 0));
+    None when the driver is below the table or not a version."""
+    have = _version(driver)
+    if not have:
+        return None
+    ok = [c for c, d in CUDA_MIN_DRIVER.items() if have >= _version(d)]
+    return max(ok) if ok else None
+
+
+def driver_cuda_major(driver: str) -> int | None:
+    """The newest CUDA major a driver runs under minor version compatibility (580.142 -> 13, 570.x -> 12)."""
+    have = _version(driver)
+    if not have:
+        return None
+    ok = [m for m, b in CUDA_MAJOR_MIN_BRANCH.items() if have[0] >= b]
+    return max(ok) if ok else None
+
+
+def image_cuda_major(found: ImageNccl) -> int | None:
+    """The CUDA major the image was built with: its CUDA_VERSION, else the `cuda>=` term it requires."""
+    v = _version(found.cuda)
+    if v:
+        return v[0]
+    m = _REQUIRE.search(found.require_cuda)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class DriverVerdict:
+    """How an image's CUDA fares on one node's driver: `status` ok | warn | fail | skip, `case`
+    met | compat | refused | newer-major | unknown, the detail (naming its source) and a fix that exists."""
+
+    status: str
+    case: str
+    detail: str
+    fix: str = ""
+
+
+def judge_driver(found: ImageNccl, driver: str, banner: str = "", read_on: str = "") -> DriverVerdict:
+    """Pure: the image's driver need against a node's driver (as nvidia-smi prints it), as the field
+    observes it (module docstring). `banner` is what the image's entrypoint printed on that node, when
+    known; `read_on` is appended to what the image said (" (read on spark-head)")."""
+    needs = driver_needs(found)
+    if not needs:
+        return DriverVerdict(
+            "skip",
+            "unknown",
+            f"the image states no driver requirement (no CUDA_DRIVER_VERSION, no NVIDIA_REQUIRE_CUDA){read_on}",
+        )
+    if not _version(driver):
+        return DriverVerdict("skip", "unknown", "nvidia-smi reported no driver here (gpu.gb10 says why)")
+    said = ", ".join(x.said for x in needs) + read_on
+    node_major, img_major = driver_cuda_major(driver), image_cuda_major(found)
+    node_cuda = driver_cuda(driver)
+    serve_own = (
+        f"serve an image built for CUDA {node_major}.x (NGC's vLLM 26.0x images are CUDA 13.2 and run on the "
+        "580 driver in compatibility mode)"
+        if node_major
+        else "serve an image built for this driver's CUDA"
+    )
+    if img_major and node_major and img_major > node_major:
+        branch = CUDA_MAJOR_MIN_BRANCH.get(img_major)
+        driver_fix = (
+            f"update every node's driver to the {branch} branch or later (DGX OS 7.5 ships 580: sudo apt update "
+            "&& sudo apt full-upgrade) and reboot, or "
+            if branch
+            else ""
+        )
+        return DriverVerdict(
+            "fail",
+            "newer-major",
+            f"driver {driver} runs CUDA {node_major}.x at most, the image is CUDA {img_major} ({said}): minor "
+            "version compatibility holds within one CUDA major only (NVIDIA CUDA Compatibility guide), so its "
+            "CUDA does not start here",
+            driver_fix + serve_own,
+        )
+    if REFUSED in banner and ENABLED not in banner:
+        return DriverVerdict(
+            "fail",
+            "refused",
+            f'the image\'s entrypoint printed "{REFUSED}" on driver {driver} ({said}): its CUDA does not start '
+            "here (eugr/spark-vllm-docker#266)",
+            serve_own + "; an image built FROM nvidia/cuda takes the CUDA of the 580 driver (13.0)",
+        )
+    judged = []
+    for x in needs:
+        met = x.met_by(driver)
+        if met is None and x.cuda and node_cuda:  # a CUDA release newer than the table: compare releases
+            met = node_cuda >= x.cuda
+        judged.append((x, met))
+    unmet = [x for x, met in judged if met is False]
+    if not unmet:
+        if any(met for _, met in judged):
+            return DriverVerdict("ok", "met", f"driver {driver} meets {said}")
+        return DriverVerdict(
+            "skip", "unknown", f"{needs[0].said}: its lowest driver is not in sparkcluster's table (CUDA release notes)"
+        )
+    x = unmet[0]
+    need = f"driver branch {x.driver} or later" if x.branch else f"CUDA {x.cuda[0]}.{x.cuda[1]}'s driver"
+    if img_major is None or node_major is None:
+        return DriverVerdict(
+            "warn",
+            "unknown",
+            f"driver {driver} is older than the image was built for ({said}: {need}) and its CUDA major is not "
+            "known, so whether compatibility mode applies cannot be told",
+            serve_own,
+        )
+    return DriverVerdict(
+        "warn",
+        "compat",
+        f"driver {driver} is older than the image was built for ({said}: {need}); the same CUDA major "
+        f'({img_major}), so it runs in compatibility mode (NGC 26.03 on 580.142: "CUDA Forward Compatibility mode '
+        f'ENABLED"; else minor version compatibility, CUDA {node_major}.x on {CUDA_MAJOR_MIN_BRANCH[node_major]} '
+        "and later: NVIDIA CUDA Compatibility guide); code its newer toolchain left as PTX fails to JIT on this "
+        f"driver (cudaErrorUnsupportedPtxVersion: {PTX_JIT})",
+        'nothing stops it starting; should a kernel fail with "the provided PTX was compiled with an '
+        f'unsupported toolchain", {serve_own}',
+    )
 
 
 def probe(image: str, seen: dict[str, str] | None = None, base: str | None = None) -> Probe:

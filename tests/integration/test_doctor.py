@@ -483,12 +483,12 @@ CASES = [
     ),
     Case(
         "gpu.driver",
-        # an older driver of the same branch: the engine image's CUDA still starts (image.driver stays OK)
+        # an older driver of the same branch: image.driver reads as on the head (compatibility mode, issue 51)
         lambda tb, c: tb.set_driver_version(WORKER, "580.82.09"),
         lambda tb, c: tb.set_driver_version(WORKER),
         # owners update their Sparks on different days: a WARN naming both versions (issue 24)
         {("gpu.driver", WORKER): "warn"},
-        detail={("gpu.driver", WORKER): "driver 580.82.09 here, 580.95.05 on spark-head"},
+        detail={("gpu.driver", WORKER): "driver 580.82.09 here, 580.142 on spark-head"},
         fix={("gpu.driver", WORKER): "update the older one"},
     ),
     Case(

@@ -5,9 +5,11 @@ record that `up` leaves.
 - a node whose stand-in reports the 7.0 kernel with CmaTotal 0 (and CmaFree above it) FAILs
   host.kernel there only, with the fix (kho=off or the 6.17 kernel);
 - an HCA whose PCIe link reads x2 on one node WARNs rdma.pcie there only;
-- the engine image says which driver it was built for (`CUDA_DRIVER_VERSION`, as NGC's images do:
-  tests/testbed/images/Dockerfile.ngc-standin); a worker whose stand-in driver is of an older branch
-  FAILs image.driver there only, with the fix (eugr/spark-vllm-docker#266);
+- the 7.0 kernel with the 32 MiB cma= default kept and 9.3 GiB CmaFree (MiaAI-Lab #259) FAILs it too;
+- the engine image carries NGC 26.05's environment (built for 595, CUDA 13.2.1:
+  tests/testbed/images/Dockerfile.ngc-standin) on DGX OS 7.5's 580.142: image.driver WARNs on both
+  nodes (compatibility mode), and FAILs only a worker whose stand-in driver is a 570 (a newer CUDA
+  major than it runs), with a fix that exists (issue 51);
 - a copy of the engine image with the pip NCCL wheel's 2.28.9 metadata is caught by the known-bad
   list (image.nccl, the entry's id, source and fix) on both nodes;
 - after `up` served (the test double, profile testbed-standin), a second `doctor` after the kernel
@@ -65,6 +67,22 @@ def test_kernel_7_with_cma_0_fails_on_that_node_only(testbed, sc):
     assert rows[("host.kernel", HEAD)]["status"] == "ok", rows[("host.kernel", HEAD)]
 
 
+def test_kernel_7_with_cma_32mib_and_9_3gib_free_fails_on_that_node_only(testbed, sc):
+    # MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#259: CmaTotal 32 MiB (the cma= default kept),
+    # CmaFree 9.3 GiB (tests/captured/gb10-meminfo-cma-kho-32mib.txt)
+    try:
+        testbed.set_kernel(WORKER, KHO_KERNEL)
+        testbed.set_cma(WORKER, total_kb=32768, free_kb=9751757)
+        rows = doctor(sc)
+    finally:
+        testbed.set_cma(WORKER, None)
+        testbed.set_kernel(WORKER, None)
+    r = rows[("host.kernel", WORKER)]
+    assert r["status"] == "fail" and "kernel-7.0-kho-cma" in r["detail"], r
+    assert "MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#259" in r["detail"] and "kho=off" in r["fix"], r
+    assert rows[("host.kernel", HEAD)]["status"] == "ok", rows[("host.kernel", HEAD)]
+
+
 def test_kernel_7_without_the_tell_is_only_named_as_different(testbed, sc):
     try:
         testbed.set_kernel(WORKER, KHO_KERNEL)
@@ -91,22 +109,29 @@ def test_hca_at_x2_warns_on_that_node_only(testbed, sc):
     assert rows[("rdma.pcie", HEAD)]["status"] == "ok", rows[("rdma.pcie", HEAD)]
 
 
-def test_image_built_for_a_newer_driver_fails_on_the_node_with_the_older_one(testbed, sc):
-    # testbed-mp serves the engine image as it is: the image doctor reads is on both nodes without an `up`
+def test_image_of_26x_runs_on_580_and_a_newer_cuda_major_fails(testbed, sc):
+    """Issue 51: the engine image carries NGC 26.05's environment (CUDA 13.2.1, built for the 595
+    branch: Dockerfile.ngc-standin) and the hosts DGX OS 7.5's 580.142: image.driver WARNs (the same
+    CUDA major: compatibility mode, naming PTX JIT) and never FAILs; a worker whose stand-in driver is
+    a 570 (CUDA 12.8) cannot start CUDA 13: FAIL there only, with a fix that exists."""
+
     def rows() -> dict[tuple[str, str], dict]:
+        # testbed-mp serves the engine image as it is: the image doctor reads is on both nodes without an `up`
         res = sc("doctor", "--json", "--profile", "testbed-mp", timeout=120)
         assert res.returncode in (0, 1), f"doctor exited {res.returncode}\n{res.stdout}\n{res.stderr}"
         return {(c["id"], c["node"]): c for c in json.loads(res.stdout)["checks"]}
 
     env = testbed.docker(HEAD, "image inspect --format '{{json .Config.Env}}' " + BASE_IMAGE).stdout
-    assert "CUDA_DRIVER_VERSION=580.95.05" in env, (
-        f"the testbed's engine image predates Dockerfile.ngc-standin's CUDA_DRIVER_VERSION ({env.strip()}): "
+    assert "CUDA_DRIVER_VERSION=595.45.04" in env and "CUDA_VERSION=13.2.1" in env, (
+        f"the testbed's engine image predates Dockerfile.ngc-standin's 26.05 environment ({env.strip()}): "
         "make testbed-down && make testbed-up builds it once"
     )
     before = rows()
     for n in (HEAD, WORKER):
         r = before[("image.driver", n)]
-        assert r["status"] == "ok" and "CUDA_DRIVER_VERSION=580.95.05" in r["detail"], r
+        assert r["status"] == "warn", r
+        assert "driver 580.142 is older than the image was built for (CUDA_DRIVER_VERSION=595.45.04" in r["detail"], r
+        assert "compatibility mode" in r["detail"] and "vllm-project/vllm#47397" in r["detail"], r
     try:
         testbed.set_driver_version(WORKER, "570.124.06")
         after = rows()
@@ -114,9 +139,9 @@ def test_image_built_for_a_newer_driver_fails_on_the_node_with_the_older_one(tes
         testbed.set_driver_version(WORKER)
     r = after[("image.driver", WORKER)]
     assert r["status"] == "fail", r
-    assert "570.124.06 is older than the image needs (CUDA_DRIVER_VERSION=580.95.05" in r["detail"], r
-    assert "driver branch 580 or later" in r["fix"] and "built for the 570 branch" in r["fix"], r
-    assert after[("image.driver", HEAD)]["status"] == "ok", after[("image.driver", HEAD)]
+    assert "driver 570.124.06 runs CUDA 12.x at most, the image is CUDA 13" in r["detail"], r
+    assert "580 branch or later" in r["fix"] and "CUDA 12.x" in r["fix"], r
+    assert after[("image.driver", HEAD)]["status"] == "warn", after[("image.driver", HEAD)]
 
 
 @pytest.mark.long  # `make test-long`: CI's 50 minutes cannot also hold it (tests/README.md)
@@ -150,8 +175,8 @@ def test_drift_between_two_doctors_after_the_kernel_changes(testbed, sc):
 
 
 def test_the_known_bad_list_catches_an_image_whose_nccl_is_on_it(testbed, sc, tmp_path):
-    """A copy of the engine image carrying the pip NCCL wheel's metadata at 2.28.9 (the build with
-    TP=2 hangs: vllm#41725; only the wheel's METADATA, which is what the probe reads: the CPU build
+    """A copy of the engine image carrying the pip NCCL wheel's metadata at 2.28.9 (a Spark pair's
+    CUDA-graph replay deadlocks on any 2.28.9 build: vllm#52504; only the wheel's METADATA, which is what the probe reads: the CPU build
     loads no NCCL), served by a profile of its own: image.nccl WARNs (the entry's severity) on it, with
     its source and fix; the engine image as it is has no NCCL build to judge (SKIP)."""
     from sparkcluster.config.profile import find
@@ -175,8 +200,8 @@ def test_the_known_bad_list_catches_an_image_whose_nccl_is_on_it(testbed, sc, tm
         for host in (HEAD, WORKER):
             r = rows[("image.nccl", host)]
             assert r["status"] == "warn", r  # the entry's severity (config/known_bad.toml): a hang in minutes
-            assert "known bad: nccl-pip-2.28.9-hang" in r["detail"] and "vllm-project/vllm#41725" in r["detail"], r
-            assert "libnccl2" in r["fix"], r
+            assert "known bad: nccl-2.28.9-graph-hang" in r["detail"] and "vllm-project/vllm#52504" in r["detail"], r
+            assert "2.30.4" in r["fix"], r
     finally:
         for host in (HEAD, WORKER):
             testbed.docker(host, f"image rm -f {ref}", check=False)

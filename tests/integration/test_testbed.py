@@ -83,7 +83,7 @@ def test_paramiko_strict_host_keys(testbed, host):
         assert rc == 0
         lines = out.splitlines()
         assert lines[0] == host
-        assert lines[1] == "NVIDIA GB10, 580.95.05, [N/A], [N/A], 12.1"
+        assert lines[1] == "NVIDIA GB10, 580.142, [N/A], [N/A], 12.1"
     finally:
         c.close()
     # an unknown host key is refused under RejectPolicy
@@ -413,7 +413,7 @@ def test_knobs_break_and_restore(testbed):
     try:
         out = testbed.sh(WORKER, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.strip()
         assert out == "570.10.01"
-        assert "580.95.05" in testbed.sh(HEAD, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout
+        assert "580.142" in testbed.sh(HEAD, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout
     finally:
         testbed.set_driver_version(WORKER)
     # data-plane link down / up (link 4: cabled in every mode)

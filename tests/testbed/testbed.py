@@ -84,7 +84,9 @@ HCA_OF = cabling.HCA_OF
 CROSSED = ("enP2p1s0f0np0", "enP2p1s0f1np1", "enp1s0f0np0", "enp1s0f1np1")
 CONTROL_LINK = cabling.CONTROL_LINK  # index into NETDEVS: enp1s0f1np1, 198.19.2.0/24
 MTU = 9000
-DRIVER = "580.95.05"
+# DGX OS 7.5's driver (eugr/spark-vllm-docker#266 quotes NVIDIA's DGX Spark release notes: "NVIDIA GPU
+# Driver now is 580.142"; NVIDIA/NemoClaw#4658: a Spark at 580.142)
+DRIVER = "580.142"
 MIRROR_PORT = 3141
 TESTBED_NET = "198.18.0.0/15"  # RFC 2544 benchmarking range; everything the testbed uses
 DISK_GB = 12
