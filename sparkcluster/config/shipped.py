@@ -17,6 +17,8 @@ import subprocess
 from importlib.resources import files
 from pathlib import Path
 
+from sparkcluster import __version__
+
 DATA = "_data"
 PROFILES = ("profiles", "env-profiles")  # (inside the package, in a checkout)
 IMAGES = ("images", "images")
@@ -80,7 +82,5 @@ def commit() -> str | None:
 
 def version_line() -> str:
     """`sparkcluster 0.1.0 (git 0123abcd4567)`; without a known commit, the version alone."""
-    from sparkcluster import __version__
-
     c = commit()
     return f"sparkcluster {__version__}" + (f" (git {c})" if c else "")
