@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 from perf.figures import die, say
 from tests.integration.helpers import API_KEY, HF_TOKEN, answers
+from tests.testbed import PROFILES, profiles_env, use_profiles
 from tests.testbed.hub import HUB_IP, HUB_PORT, SCALE, SCALE_PORT, SYNTHETIC, knobs, start_hub, stats, stop_hub
 from tests.testbed.testbed import SPECS, Testbed, ssh_account
 
@@ -22,6 +23,7 @@ __all__ = [
     "HOSTS",
     "HUB",
     "LOCK_PATH",
+    "PROFILES",
     "SCALE",
     "SYNTHETIC",
     "Testbed",
@@ -33,9 +35,15 @@ __all__ = [
     "lan_ip",
     "lan_veth",
     "locked",
+    "profiles_env",
     "scale_hub",
     "wiring",
 ]
+
+# The testbed's profiles (tests/testbed/profiles) do not ship with sparkcluster: every perf module comes
+# through this door, so from here on they are on $SPARKCLUSTER_PROFILES, in-process and for every CLI
+# the bench starts, as an owner's own folder would be.
+use_profiles()
 
 LOCK_PATH = "/tmp/sparkcluster-testbed.lock"  # the testbed's cooperative lock (tests/README.md)
 HOSTS: tuple[str, ...] = ("spark-head", "spark-worker")  # the pair `make bench` measures

@@ -37,9 +37,9 @@ def _profile_dir(bench) -> Path:
     """The testbed profile with the synthetic repo as its model, in the bench's work dir."""
     d = Path(bench.sc.env.get("XDG_STATE_HOME", "/tmp")).parent / "bench-profiles"
     d.mkdir(parents=True, exist_ok=True)
-    src = (Path(__file__).resolve().parents[1] / "env-profiles" / "testbed.toml").read_text()
+    src = (testbed.PROFILES / "testbed.toml").read_text()
     (d / f"{PROFILE}.toml").write_text(re.sub(r"(?m)^model = .*$", f'model = "{SYNTHETIC}"', src))
-    bench.sc.env["SPARKCLUSTER_PROFILES"] = str(d)
+    bench.sc.env["SPARKCLUSTER_PROFILES"] = testbed.profiles_env(d)
     return d
 
 

@@ -47,7 +47,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from perf import testbed
-from perf.cli import CLI, REPO
+from perf.cli import CLI
 from perf.counters import Sampler
 from perf.figures import Figure, at_least_median, at_most_median, info, say
 from perf.image import Baseline
@@ -112,9 +112,9 @@ class Scale:
         self.sc = CLI(s.tb, s.workdir, hosts=self.hosts, inventory=inv)
         profiles = s.workdir / "bench-profiles"
         profiles.mkdir(exist_ok=True)
-        src = (REPO / "env-profiles" / "testbed.toml").read_text()
+        src = (testbed.PROFILES / "testbed.toml").read_text()
         (profiles / f"{PROFILE}.toml").write_text(re.sub(r"(?m)^model = .*$", f'model = "{testbed.SCALE}"', src))
-        self.sc.env["SPARKCLUSTER_PROFILES"] = str(profiles)
+        self.sc.env["SPARKCLUSTER_PROFILES"] = testbed.profiles_env(profiles)
         self.cache = testbed.hf_cache()
         self.repo_dir = f"{self.cache}/hub/models--{testbed.SCALE.replace('/', '--')}"
         self.size = testbed.hub_stats(endpoint)["repos"][testbed.SCALE]["size"]

@@ -12,6 +12,12 @@ import os
 
 import pytest
 
+from tests.testbed import use_profiles
+
+# The testbed's profiles do not ship with sparkcluster: the suite finds them as an owner finds a folder
+# of their own, on $SPARKCLUSTER_PROFILES, in-process and in every CLI it starts.
+use_profiles()
+
 
 def _skip_reason() -> str | None:
     if os.environ.get("SPARKCLUSTER_SKIP_TESTBED"):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import openai
 
+from tests.testbed import use_profiles
 from tests.testbed.testbed import Testbed, preflight
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,9 +37,14 @@ def main() -> int:
     if not env_file.exists():
         env_file.write_text(f"VLLM_API_KEY=sk-demo-{secrets.token_hex(12)}\n")
     env_file.chmod(0o600)
+    use_profiles()  # the testbed's profiles do not ship: they are on $SPARKCLUSTER_PROFILES, like an owner's own
     env = {**os.environ, "SPARKCLUSTER_ENV_FILE": str(env_file)}
     cmd = [sys.executable, "-m", "sparkcluster", "--inventory", str(tb.inventory), "up", "--profile", "testbed"]
-    print("demo: $ sparkcluster --inventory .testbed/cluster.toml up --profile testbed", flush=True)
+    print(
+        "demo: $ SPARKCLUSTER_PROFILES=tests/testbed/profiles "
+        "sparkcluster --inventory .testbed/cluster.toml up --profile testbed",
+        flush=True,
+    )
     res = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     print(res.stdout, end="")
     if res.returncode != 0:

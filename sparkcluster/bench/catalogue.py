@@ -6,15 +6,15 @@ say a figure the records do not (tests/unit/test_catalogue.py compares the two).
     python -m sparkcluster.bench.catalogue --write README.md # replace the table between its markers
 
 Order: published records first, by node count (most first), then by decode speed (fastest first);
-then the records sparkcluster measured itself (the testbed's)."""
+then any record sparkcluster measured itself."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import sparkcluster
 from sparkcluster.bench.perf_record import SUFFIX, PerfRecord, load
+from sparkcluster.config.shipped import profiles_dir
 
 BEGIN = (
     "<!-- catalogue: generated from env-profiles/*.perf.toml by "
@@ -27,7 +27,7 @@ HEADER = (
 
 
 def shipped_dir() -> Path:
-    return Path(sparkcluster.__file__).resolve().parent.parent / "env-profiles"
+    return profiles_dir()
 
 
 def shipped(folder: Path | None = None) -> list[tuple[str, PerfRecord]]:
@@ -71,7 +71,7 @@ def conditions(rec: PerfRecord) -> str:
 
 def source(rec: PerfRecord) -> str:
     """A link named by the recipe's folder (MODEL/dgx-spark...), else the publisher; a source that is
-    no web page (the testbed's run) as it is written."""
+    no web page (a run of your own) as it is written."""
     url = rec.source.url
     if not url.startswith("https://"):
         return url

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from sparkcluster import __version__, redact
+from sparkcluster import redact
 from sparkcluster.cli.options import inventory_option
 from sparkcluster.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, SparkError
 
@@ -79,6 +79,15 @@ class _LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
+def _print_version(ctx: click.Context, _param, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from sparkcluster.config.shipped import version_line  # the standard library only
+
+    click.echo(version_line())
+    ctx.exit()
+
+
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @inventory_option("Inventory TOML (default: $SPARKCLUSTER_INVENTORY, else ~/.config/sparkcluster/cluster.toml).")
 @click.option(
@@ -89,7 +98,14 @@ class _LazyGroup(click.Group):
     help="Format of log lines on stderr.",
 )
 @click.option("-v", "--verbose", count=True, help="More log output on stderr (-v info, -vv debug).")
-@click.version_option(__version__, prog_name="sparkcluster")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version (with the commit it was built from, or the checkout's) and exit.",
+)
 @click.pass_context
 def cli(ctx: click.Context, inventory_path: Path | None, log_format: str, verbose: int) -> None:
     """Bring one to eight DGX Sparks from bare to serving a model (tensor and pipeline parallel, over Ray or

@@ -18,6 +18,8 @@ from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import HOME_HF_CACHE
 from sparkcluster.config.lint import CLUSTER_RULES, failures, lint, unchecked_flags
 from sparkcluster.config.profile import (
+    PROFILES_ENV_VAR,
+    USER_PROFILES,
     Profile,
     available,
     container_env,
@@ -26,10 +28,11 @@ from sparkcluster.config.profile import (
     per_host_env,
     reasoning_plugin,
     required_env_names,
+    search_places,
     secret_env_names,
 )
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets, masked
-from sparkcluster.errors import EXIT_FAILED
+from sparkcluster.errors import EXIT_FAILED, SparkError
 
 # the Dockerfile's default pin (images/Dockerfile.vllm-ray ARG RAY_VERSION)
 DEFAULT_RAY_VERSION = "2.60.0"
@@ -60,12 +63,9 @@ def profile_group() -> None:
 
 @profile_group.command("list")
 def list_cmd() -> None:
-    """List the profiles on the search path."""
+    """List the profiles on the search path, then the folders searched (first match wins)."""
     found = available()
-    if not found:
-        _echo("no profiles found")
-        return
-    width = max(len(n) for n in found)
+    width = max((len(n) for n in found), default=0)
     for name, path in found.items():
         try:
             p = load_profile(str(path))
@@ -73,6 +73,18 @@ def list_cmd() -> None:
         except Exception as e:  # one bad profile must not hide the others
             what = f"(invalid: {getattr(e, 'message', e)})"
         _echo(f"{name.ljust(width)}  {what}  [{path}]")
+    places = search_places()
+    if found:
+        _echo()
+    _echo("searched, first match wins:")
+    for d, where in places:
+        _echo(f"  {d}  ({where}{'' if d.is_dir() else '; absent'})")
+    if not found:
+        raise SparkError(
+            "no profiles found in the folders above",
+            f"reinstall sparkcluster (README, Install: its profiles ship with it), or put NAME.toml files in "
+            f"${PROFILES_ENV_VAR} or {USER_PROFILES}",
+        )
 
 
 def _resolved(p: Profile, inv, secrets: dict[str, str], ray_version: str) -> dict:

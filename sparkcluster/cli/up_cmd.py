@@ -12,6 +12,7 @@ from sparkcluster import redact
 from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
+from sparkcluster.config.images import check_dockerfile
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.day2 import deployments
 from sparkcluster.up import bringup
@@ -118,6 +119,7 @@ def up(
         raise click.UsageError("--offline goes with --dry-run (a real up needs the nodes)")
     inv = obj.inventory()
     prof = profile_or_usage(inv, profile_name)
+    check_dockerfile(prof)  # before any connection: the image's Dockerfile is in this install
     secrets = load_secrets(env_file, prof)
     err = Console(stderr=True, highlight=False)
     result = bringup.run(

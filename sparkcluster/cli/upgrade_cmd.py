@@ -13,6 +13,7 @@ from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.cli.up_cmd import RichProgress
+from sparkcluster.config.images import check_dockerfile
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.up import upgrade as upgrades
 
@@ -59,6 +60,7 @@ def upgrade(
         raise click.UsageError("--json goes with --dry-run")
     inv = obj.inventory()
     prof = profile_or_usage(inv, profile_name)
+    check_dockerfile(prof)  # before any connection: the image's Dockerfile is in this install
     secrets = load_secrets(env_file, prof)
     err = Console(stderr=True, highlight=False)
     got = upgrades.upgrade(

@@ -1,14 +1,15 @@
-"""The cluster image: the profile's base image plus a pinned Ray (images/Dockerfile.vllm-ray)."""
+"""The cluster image: the profile's base image plus a pinned Ray (images/Dockerfile.vllm-ray, shipped with
+the package: config/shipped)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from sparkcluster.config import shipped
 from sparkcluster.config.inventory import Inventory
+from sparkcluster.errors import InputError
 
 # Pinned: an unpinned install drifts between nodes built on different days (docs/field-notes.md, "Bring-up").
 RAY_VERSION = "2.60.0"
-DOCKERFILE = Path(__file__).resolve().parents[2] / "images" / "Dockerfile.vllm-ray"
+DOCKERFILE = shipped.images_dir() / "Dockerfile.vllm-ray"
 
 
 def image_ref(inv: Inventory, prof) -> str:
@@ -17,3 +18,13 @@ def image_ref(inv: Inventory, prof) -> str:
     if prof.executor == "mp":
         return prof.image.ref
     return f"{inv.cluster.image_repo}:{prof.image_tag(RAY_VERSION)}"
+
+
+def check_dockerfile(prof) -> None:
+    """Before `up` connects: the Dockerfile it builds the cluster image from is there (an install made
+    without the package's data would otherwise fail half-way, on the head). Executor "mp" builds nothing."""
+    if prof.executor != "mp" and not DOCKERFILE.is_file():
+        raise InputError(
+            f"the cluster image's Dockerfile is missing from this install: {DOCKERFILE}",
+            "reinstall sparkcluster from a built wheel or a checkout (README, Install), which carry it",
+        )

@@ -1,4 +1,5 @@
-"""Model profiles (`env-profiles/NAME.toml`, `$SPARKCLUSTER_PROFILES`, `~/.config/sparkcluster/profiles/`),
+"""Model profiles (`$SPARKCLUSTER_PROFILES`, the shipped ones: `env-profiles/NAME.toml`, then
+`~/.config/sparkcluster/profiles/`: `search_places`),
 validated by pydantic with unknown keys refused: the model and image, the variables forwarded to every
 container at start (equal on every node: `required_env_names`), the `vllm serve` arguments as typed
 fields (`flags.serve_argv`), the executor, the secrets' names (never values). Per-host variables are
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-import sparkcluster
+from sparkcluster.config import shipped
 from sparkcluster.config.bounds import OnDemandSettings, SupervisorSettings
 from sparkcluster.config.inventory import describe_validation_error
 from sparkcluster.config.secrets import SECRET_NAMES, register_written
@@ -364,14 +365,22 @@ def reasoning_plugin(profile: Profile, hf_cache: str = "/root/.cache/huggingface
     return url, str(PurePosixPath(hf_cache) / url.rsplit("/", 1)[-1])
 
 
-def search_path() -> list[Path]:
-    dirs: list[Path] = []
+def search_places() -> list[tuple[Path, str]]:
+    """Where profiles are looked for, in order, first match wins, each with where it comes from: each
+    folder of $SPARKCLUSTER_PROFILES (os.pathsep between them; these override the shipped profiles), the
+    profiles that ship with the package (config/shipped: inside an installed package, env-profiles/ in
+    a checkout), then ~/.config/sparkcluster/profiles/ (names of your own; a shipped name wins)."""
+    places: list[tuple[Path, str]] = []
     env = os.environ.get(PROFILES_ENV_VAR)
     if env:
-        dirs.extend(Path(p).expanduser() for p in env.split(os.pathsep) if p)
-    dirs.append(Path(sparkcluster.__file__).resolve().parent.parent / "env-profiles")
-    dirs.append(USER_PROFILES.expanduser())
-    return dirs
+        places.extend((Path(p).expanduser(), f"${PROFILES_ENV_VAR}") for p in env.split(os.pathsep) if p)
+    places.append((shipped.profiles_dir(), "shipped with sparkcluster"))
+    places.append((USER_PROFILES.expanduser(), "yours"))
+    return places
+
+
+def search_path() -> list[Path]:
+    return [d for d, _ in search_places()]
 
 
 def available() -> dict[str, Path]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import API_KEY, HF_TOKEN
+from tests.testbed import profiles_env
 
 CLI = [sys.executable, "-m", "sparkcluster"]
 
@@ -44,6 +45,8 @@ def sc(testbed, env_file, tmp_path_factory):
         full_env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "HF_TOKEN")}
         full_env.update({"SPARKCLUSTER_ENV_FILE": str(env_file), "XDG_STATE_HOME": str(state), "COLUMNS": "200"})
         full_env.update(env or {})
+        if env and "SPARKCLUSTER_PROFILES" in env:  # a test's folder first; the testbed's profiles stay found
+            full_env["SPARKCLUSTER_PROFILES"] = profiles_env(env["SPARKCLUSTER_PROFILES"])
         res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=full_env)
         if check and res.returncode != 0:
             raise AssertionError(f"{' '.join(args)} exited {res.returncode}\n{res.stdout}\n{res.stderr}")

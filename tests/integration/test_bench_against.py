@@ -18,6 +18,7 @@ import pytest
 
 from sparkcluster.bench import perf_record
 from tests.integration.test_bench import EXTRA, HEAD
+from tests.testbed import PROFILES as TESTBED_PROFILES
 
 # `make test-long`, by hand: it passes (2026-11-27, about 12 min), but CI's 50 minutes cannot also hold it
 pytestmark = [pytest.mark.testbed, pytest.mark.long]
@@ -105,8 +106,8 @@ def test_another_revision_of_the_model_changes_the_canary_and_up_says_since_what
 
     res = sc("bench", "--canary-retake", "--json", timeout=300)
     assert res.returncode == 0 and json.loads(res.stdout)["deterministic"] is True, res.stdout + res.stderr
-    prof = tmp_path / "testbed.toml"  # the name is the deployment's: the same as env-profiles/testbed.toml
-    prof.write_text(f'revision = "{RETRAINED}"\n' + (ROOT / "env-profiles" / "testbed.toml").read_text())
+    prof = tmp_path / "testbed.toml"  # the name is the deployment's: the same as the testbed's testbed.toml
+    prof.write_text(f'revision = "{RETRAINED}"\n' + (TESTBED_PROFILES / "testbed.toml").read_text())
     try:
         res = sc("up", "--profile", str(prof), timeout=600)
         assert res.returncode == 0, res.stdout + res.stderr

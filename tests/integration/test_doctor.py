@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import account, as_user, ours
+from tests.testbed import PROFILES as TESTBED_PROFILES
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -831,7 +832,7 @@ def test_min_driver_fails_only_the_node_that_lacks_it(testbed, sc, healthy, tmp_
     at the minimum, passes; without the setting the same difference is only a WARN (Case gpu.driver)."""
     d = tmp_path / "profiles"
     d.mkdir()
-    text = (Path(__file__).resolve().parents[2] / "env-profiles" / "testbed.toml").read_text()
+    text = (TESTBED_PROFILES / "testbed.toml").read_text()
     (d / "testbed-min-driver.toml").write_text('min_driver = "580.95"\n' + text)
     try:
         testbed.set_driver_version(WORKER, "570.00")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import API_KEY, HF_TOKEN, account, debug_log_lines, hf_cache, ours, utc_now
+from tests.testbed import PROFILES as TESTBED_PROFILES
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -115,7 +116,7 @@ def timed(sc, *args, **kw) -> tuple[subprocess.CompletedProcess, float]:
 
 
 def hostile_profile_dir(d: Path) -> Path:
-    text = (ROOT / "env-profiles" / "testbed-standin.toml").read_text()
+    text = (TESTBED_PROFILES / "testbed-standin.toml").read_text()
     assert "[env.forward]\n" in text
     # a JSON string is a valid TOML basic string
     text = text.replace("[env.forward]\n", f"[env.forward]\nSC_HOSTILE = {json.dumps(HOSTILE)}\n")
@@ -214,7 +215,7 @@ def test_malformed_inventory_or_profile_before_any_connection(testbed, sc, tmp_p
     profiles = tmp_path / "profiles"
     profiles.mkdir()
     (profiles / "testbed-tp4.toml").write_text(
-        (ROOT / "env-profiles" / "testbed-standin.toml")
+        (TESTBED_PROFILES / "testbed-standin.toml")
         .read_text()
         .replace("tensor_parallel_size = 2", "tensor_parallel_size = 4")
     )
@@ -248,7 +249,7 @@ def test_world_readable_env_refused_before_any_connection(testbed, sc, tmp_path)
 
 
 def test_newline_in_forwarded_value_refused_before_any_connection(testbed, sc, tmp_path):
-    text = (ROOT / "env-profiles" / "testbed-standin.toml").read_text()
+    text = (TESTBED_PROFILES / "testbed-standin.toml").read_text()
     (tmp_path / "testbed-newline.toml").write_text(
         text.replace("[env.forward]\n", '[env.forward]\nSC_MULTILINE = "line one\\nline two"\n')
     )

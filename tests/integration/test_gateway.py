@@ -40,6 +40,7 @@ from tests.integration.helpers import (
     popen_sc,
     wait_for,
 )
+from tests.testbed import PROFILES as TESTBED_PROFILES
 
 # `make test-long`, by hand: it passes, but CI's 50 minutes cannot also hold it (6.9 min on CI's two cores,
 # 2026-11-27; tests/README.md)
@@ -69,13 +70,12 @@ def routes() -> dict:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """The variant profile in a profiles folder of its own, and the gateway's keys."""
-    from pathlib import Path
 
     folder = tmp_path_factory.mktemp("profiles")
-    text = (Path(__file__).resolve().parents[2] / "env-profiles" / f"{SINGLE}.toml").read_text()
+    text = (TESTBED_PROFILES / f"{SINGLE}.toml").read_text()
     text = text.replace(f'served_name = "{HEAD_MODEL}"', f'served_name = "{WORKER_MODEL}"\naliases = ["{ALIAS}"]')
     (folder / f"{VARIANT}.toml").write_text(text)
-    od = (Path(__file__).resolve().parents[2] / "env-profiles" / f"{SINGLE}.toml").read_text()
+    od = (TESTBED_PROFILES / f"{SINGLE}.toml").read_text()
     od = od.replace(f'served_name = "{HEAD_MODEL}"', f'served_name = "{OD_MODEL}"')
     (folder / f"{ON_DEMAND}.toml").write_text(od + f"\n[on_demand]\nenabled = true\nidle_ttl_s = {OD_TTL_S}\n")
     return {"SPARKCLUSTER_PROFILES": str(folder), "GATEWAY_API_KEYS": f"{GW_KEY},{GW_KEY2}"}

@@ -23,11 +23,12 @@ import pytest
 
 from tests.integration.helpers import API_KEY, BASE, HEAD_C, WORKER, journal, sup_state, wait_for
 from tests.integration.test_supervisor import rank1_pids, serving_again
+from tests.testbed import PROFILES as TESTBED_PROFILES
 
 # `make test-long`, by hand: it passes, but CI's 50 minutes cannot also hold it (4.4 min on CI's two cores,
 # 2026-11-27; tests/README.md)
 pytestmark = [pytest.mark.testbed, pytest.mark.long]
-PROFILES = Path(__file__).resolve().parents[2] / "env-profiles"
+PROFILES = TESTBED_PROFILES
 STALL_S, PROBE_S = 5, 2
 PROMPT_TOKENS = 4000
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import openai
 import pytest
 
 from sparkcluster.movement import hfcache
 from tests.integration.helpers import API_KEY, hf_cache, inventory_variant
+from tests.testbed import PROFILES as TESTBED_PROFILES
 from tests.testbed import artifacts
 from tests.testbed.hub import DRAFT, HUB_IP, TINY, TOKENIZER, build_hub
 from tests.testbed.hub.server import make_server, serve_forever_in_thread
@@ -78,7 +78,7 @@ def own_hub(testbed, sc, tmp_path_factory):
     )
     serve_forever_in_thread(srv)
     ep = f"http://{HUB_IP}:{srv.server_address[1]}"
-    testbed_text = (Path(__file__).resolve().parents[2] / "env-profiles" / "testbed.toml").read_text()
+    testbed_text = (TESTBED_PROFILES / "testbed.toml").read_text()
     env = _profiles(tmp, testbed_text)
 
     # the worker's RoCE v2 IPv4 GIDs at index 5 (shifted below), the head's at 3; the inventory names

@@ -31,6 +31,7 @@ from tests.integration.helpers import (
     wait_for,
     worker_block_edit,
 )
+from tests.testbed import PROFILES as TESTBED_PROFILES
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -47,7 +48,7 @@ def knobs_path() -> str:
 
 WORKER_CONTAINER = "sparkcluster-testbed-worker-spark-worker"
 HEAD_CONTAINER = "sparkcluster-testbed-head"
-PROFILES = Path(__file__).resolve().parents[2] / "env-profiles"
+PROFILES = TESTBED_PROFILES
 PROFILE_TEXT = (PROFILES / "testbed-standin.toml").read_text()
 REAL_PROFILE_TEXT = (PROFILES / "testbed.toml").read_text()
 

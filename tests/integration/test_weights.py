@@ -16,6 +16,7 @@ import pytest
 
 from sparkcluster.movement import hfcache
 from tests.integration.helpers import account, hf_cache
+from tests.testbed import PROFILES as TESTBED_PROFILES
 from tests.testbed import artifacts
 from tests.testbed.hub import GATED, GRANTED_TOKEN, HUB_IP, HUB_PORT, TINY, knobs, stats
 
@@ -137,7 +138,7 @@ def test_the_hub_failing_mid_file_then_resuming(testbed, sc, hub_reset, down_fir
 
 
 def _profile(tmp_path: Path, **changes: str) -> Path:
-    text = (Path(__file__).parents[2] / "env-profiles" / "testbed.toml").read_text()
+    text = (TESTBED_PROFILES / "testbed.toml").read_text()
     for k, v in changes.items():
         text = (
             re.sub(rf"(?m)^{k} = .*$", f'{k} = "{v}"', text)

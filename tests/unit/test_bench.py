@@ -28,6 +28,7 @@ from sparkcluster.cli import main as cli_main
 from sparkcluster.config import profile as profiles
 from sparkcluster.day2 import endpoint, server
 from sparkcluster.errors import InputError, SparkError
+from tests.testbed import PROFILES as TESTBED_PROFILES
 from tests.unit.conftest import cap
 
 C4_JSON = json.loads(cap("vllm-bench-serve-c4.json"))
@@ -742,7 +743,7 @@ def cli_env(tmp_path, monkeypatch):
     from tests.unit.test_cli_errors import inventory_toml
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.delenv("SPARKCLUSTER_PROFILES", raising=False)
+    monkeypatch.setenv("SPARKCLUSTER_PROFILES", str(TESTBED_PROFILES))  # the testbed's, nothing of yours
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     monkeypatch.setenv("COLUMNS", "200")  # the table on one line per level, as a wide terminal shows it
     envf = tmp_path / ".env"

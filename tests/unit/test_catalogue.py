@@ -17,7 +17,7 @@ def test_the_readme_table_is_the_one_the_shipped_records_make():
     got = catalogue.in_text(text)
     assert got is not None, "README.md lacks the catalogue's markers"
     assert got == catalogue.block(catalogue.shipped()), (
-        "README.md's catalogue differs from env-profiles/*.perf.toml: "
+        "README.md's catalogue differs from the shipped env-profiles/*.perf.toml: "
         "run python -m sparkcluster.bench.catalogue --write README.md"
     )
 
@@ -29,9 +29,17 @@ def test_every_shipped_record_is_a_row_and_a_dozen_are_published():
     published = [r for _, r in records if r.kind == "published"]
     assert len(published) >= 12 and all(r.source.url in table for r in published)
     rows = table.splitlines()[2:]
-    assert rows[-1].startswith("| `testbed` |")  # measured here, after every published one
-    nodes = [int(r.split(" | ")[2]) for r in rows if "testbed" not in r]
+    nodes = [int(r.split(" | ")[2]) for r in rows]
     assert nodes == sorted(nodes, reverse=True)
+    assert not [n for n, _ in records if n.startswith("testbed")]  # the testbed's profiles do not ship
+
+
+def test_a_measured_record_follows_every_published_one():
+    from tests.testbed import PROFILES as TESTBED_PROFILES
+
+    records = catalogue.shipped() + catalogue.shipped(TESTBED_PROFILES)
+    rows = catalogue.table(records).splitlines()[2:]
+    assert rows[-1].startswith("| `testbed` |") and len(rows) == len(records)
 
 
 RECORD = """

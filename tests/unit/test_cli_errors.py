@@ -13,6 +13,7 @@ import pytest
 
 from sparkcluster import redact
 from sparkcluster.cli import main as cli_main
+from tests.testbed import PROFILES as TESTBED_PROFILES
 
 SECRET = "hf_unitTESTsecret0987654321"
 API_KEY = "sk-unit-1a2b3c4d5e"
@@ -41,7 +42,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
-    monkeypatch.delenv("SPARKCLUSTER_PROFILES", raising=False)
+    monkeypatch.setenv("SPARKCLUSTER_PROFILES", str(TESTBED_PROFILES))  # the testbed's, nothing of yours
     envf = tmp_path / ".env"
     envf.write_text(f"VLLM_API_KEY={API_KEY}\nHF_TOKEN={SECRET}\n")
     envf.chmod(0o600)
@@ -132,7 +133,7 @@ def test_world_readable_env_refused_before_any_connection(env, capsys):
 def test_newline_in_forwarded_value_refused_in_one_line(env, capsys, monkeypatch):
     profiles = env["dir"] / "profiles"
     profiles.mkdir()
-    text = (ROOT / "env-profiles" / "testbed.toml").read_text()
+    text = (TESTBED_PROFILES / "testbed.toml").read_text()
     text = text.replace("[env.forward]\n", '[env.forward]\nSC_MULTILINE = "first\\nsecond"\n')
     (profiles / "testbed-newline.toml").write_text(text)
     monkeypatch.setenv("SPARKCLUSTER_PROFILES", str(profiles))
@@ -169,9 +170,7 @@ def test_tp_not_matching_gpus_refused_before_any_connection(env, capsys, monkeyp
     profiles = env["dir"] / "profiles"
     profiles.mkdir()
     text = (
-        (ROOT / "env-profiles" / "testbed.toml")
-        .read_text()
-        .replace("tensor_parallel_size = 2", "tensor_parallel_size = 4")
+        (TESTBED_PROFILES / "testbed.toml").read_text().replace("tensor_parallel_size = 2", "tensor_parallel_size = 4")
     )
     (profiles / "testbed-tp4.toml").write_text(text)
     monkeypatch.setenv("SPARKCLUSTER_PROFILES", str(profiles))

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.testbed import PROFILES as TESTBED_PROFILES
+from tests.testbed import profiles_env
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -107,7 +110,8 @@ data_plane = [{{ netdev = "enp1s0f1np1", hca = "rocep1s0f1" }}]
 
 @pytest.fixture
 def home(tmp_path):
-    """An owner's laptop: an empty HOME and state dir, no .env, profiles from this checkout."""
+    """An owner's laptop: an empty HOME and state dir, no .env, profiles from this checkout and the
+    testbed's on $SPARKCLUSTER_PROFILES."""
     h = tmp_path / "home"
     (h / ".ssh").mkdir(parents=True)
     (h / ".ssh" / "known_hosts").write_text("")
@@ -123,6 +127,7 @@ def home(tmp_path):
     env.update(
         HOME=str(h), XDG_STATE_HOME=str(tmp_path / "state"), PYTHONPATH=str(ROOT), COLUMNS="200", TMPDIR=str(tmp)
     )
+    env["SPARKCLUSTER_PROFILES"] = profiles_env()
     return {"dir": tmp_path, "home": h, "cwd": work, "env": env}
 
 
@@ -417,11 +422,11 @@ WRITTEN_KEY = "sk-written-into-extra-flags-0123456789"
 def test_profile_show_masks_secrets_written_into_the_profile(home):
     profiles = home["dir"] / "profiles"
     profiles.mkdir()
-    text = (ROOT / "env-profiles" / "testbed.toml").read_text()
+    text = (TESTBED_PROFILES / "testbed.toml").read_text()
     text = text.replace("[env.forward]\n", f'[env.forward]\nHF_TOKEN = "{WRITTEN_TOKEN}"\n')
     text = text.replace("[serve]\n", f'[serve]\nextra_flags = ["--api-key", "{WRITTEN_KEY}"]\n', 1)
     (profiles / "leaky.toml").write_text(text)
-    env = {"SPARKCLUSTER_PROFILES": str(profiles)}
+    env = {"SPARKCLUSTER_PROFILES": profiles_env(profiles)}
     inv = write(home, "cluster.toml", pair_toml(22))
     for argv in (["profile", "show", "leaky"], ["profile", "show", "leaky", "--json"], ["profile", "lint", "leaky"]):
         rc, out, err, _ = sparkcluster(home, "-i", str(inv), *argv, env=env)
@@ -449,11 +454,11 @@ def test_another_projects_dot_env_in_the_current_folder_is_not_read(home, silent
 def _profile_with(home, name: str, version: str | None, flags: str) -> dict:
     profiles = home["dir"] / "profiles"
     profiles.mkdir(exist_ok=True)
-    text = (ROOT / "env-profiles" / "testbed.toml").read_text()
+    text = (TESTBED_PROFILES / "testbed.toml").read_text()
     text = text.replace('vllm_version = "0.32.0"', f'vllm_version = "{version}"' if version else "")
     text = text.replace("[serve]\n", f"[serve]\nextra_flags = {flags}\n", 1)
     (profiles / f"{name}.toml").write_text(text)
-    return {"SPARKCLUSTER_PROFILES": str(profiles)}
+    return {"SPARKCLUSTER_PROFILES": profiles_env(profiles)}
 
 
 def test_a_misspelt_vllm_flag_fails_lint_with_the_closest_spelling(home):

@@ -25,6 +25,7 @@ from sparkcluster.config.profile import (
     secret_env_names,
 )
 from sparkcluster.errors import InputError
+from tests.testbed import PROFILES as TESTBED_PROFILES
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
@@ -42,7 +43,7 @@ vllm_version = "0.21.0"
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("SPARKCLUSTER_PROFILES", raising=False)
+    monkeypatch.setenv("SPARKCLUSTER_PROFILES", str(TESTBED_PROFILES))  # the testbed's, nothing of yours
 
 
 def test_nemotron_values_from_seed():
@@ -259,7 +260,7 @@ def test_search_path_and_shadowing(monkeypatch, tmp_path):
     assert search_path()[2] == Path(os.environ["HOME"]) / ".config/sparkcluster/profiles"
     found = available()
     assert found["nemotron"] == mine / "nemotron.toml"
-    assert found["testbed"] == REPO / "env-profiles" / "testbed.toml"
+    assert found["qwen3-30b"] == REPO / "env-profiles" / "qwen3-30b.toml"
     assert load_profile("extra").model == "org/model"
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from sparkcluster.cli.main import main
+from sparkcluster.config import shipped
+from tests.testbed import PROFILES as TESTBED_PROFILES
 
 DATA = Path(__file__).parent / "data"
 INV = str(DATA / "profile-cluster.toml")
@@ -19,8 +21,9 @@ TOKEN = "hf_clitokenvalue0123456789"
 def _isolated(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    for n in ("HF_TOKEN", "VLLM_API_KEY", "SPARKCLUSTER_ENV_FILE", "SPARKCLUSTER_INVENTORY", "SPARKCLUSTER_PROFILES"):
+    for n in ("HF_TOKEN", "VLLM_API_KEY", "SPARKCLUSTER_ENV_FILE", "SPARKCLUSTER_INVENTORY"):
         monkeypatch.delenv(n, raising=False)
+    monkeypatch.setenv("SPARKCLUSTER_PROFILES", str(TESTBED_PROFILES))  # the testbed's, nothing of yours
 
 
 def run(capsys, *argv):
@@ -43,6 +46,39 @@ def test_list(capsys):
         "gemma4-26b-fp8-mtp",
     ):
         assert name in out
+    # then where it looked, in order, first match wins
+    tail = out[out.index("searched, first match wins:") :].splitlines()[1:]
+    assert tail == [
+        f"  {TESTBED_PROFILES}  ($SPARKCLUSTER_PROFILES)",
+        f"  {shipped.profiles_dir()}  (shipped with sparkcluster)",
+        f"  {Path(os.environ['HOME']) / '.config/sparkcluster/profiles'}  (yours; absent)",
+    ]
+
+
+def test_the_shipped_profiles_are_not_the_testbeds(capsys, monkeypatch):
+    """What ships is the owner's: the testbed's profiles (tests/testbed/profiles) come only through
+    $SPARKCLUSTER_PROFILES."""
+    monkeypatch.delenv("SPARKCLUSTER_PROFILES")
+    rc, out, _ = run(capsys, "profile", "list")
+    assert rc == 0 and "nemotron" in out and "qwen3-30b" in out
+    assert "testbed" not in out and "$SPARKCLUSTER_PROFILES" not in out
+    assert not list(shipped.profiles_dir().glob("testbed*"))
+    assert {p.name for p in TESTBED_PROFILES.glob("*.toml")} >= {"testbed.toml", "testbed.perf.toml"}
+
+
+def test_list_with_nothing_found_says_where_it_looked_and_fails(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPARKCLUSTER_PROFILES", str(tmp_path / "none"))
+    monkeypatch.setattr(shipped, "profiles_dir", lambda: tmp_path / "not-installed")
+    rc, out, err = run(capsys, "profile", "list")
+    assert rc == 1
+    assert out.splitlines() == [
+        "searched, first match wins:",
+        f"  {tmp_path / 'none'}  ($SPARKCLUSTER_PROFILES; absent)",
+        f"  {tmp_path / 'not-installed'}  (shipped with sparkcluster; absent)",
+        f"  {Path(os.environ['HOME']) / '.config/sparkcluster/profiles'}  (yours; absent)",
+    ]
+    assert err.splitlines()[0] == "error: no profiles found in the folders above"
+    assert err.splitlines()[1].startswith("fix: reinstall sparkcluster")
 
 
 def test_lint_nemotron_with_inventory(capsys):

@@ -13,6 +13,7 @@ from sparkcluster.bench import against, causes, measured, perf_record
 from sparkcluster.config.lint import lint
 from sparkcluster.config.profile import available, load_profile
 from sparkcluster.errors import InputError
+from tests.testbed import PROFILES as TESTBED_PROFILES
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = REPO / "env-profiles"
@@ -20,6 +21,11 @@ PROFILES = REPO / "env-profiles"
 
 def shipped_records() -> list[Path]:
     return sorted(PROFILES.glob("*" + perf_record.SUFFIX))
+
+
+def records_of_the_testbed() -> list[Path]:
+    """The testbed's record of its own runs, beside its profile (tests/testbed/profiles: not shipped)."""
+    return sorted(TESTBED_PROFILES.glob("*" + perf_record.SUFFIX))
 
 
 # ---- the format ------------------------------------------------------------------------------------
@@ -32,11 +38,11 @@ def test_at_least_twelve_spark_profiles_ship_a_published_record_on_one_and_two_n
     assert all(r.hardware.accelerator == "NVIDIA GB10" for r in published)
 
 
-@pytest.mark.parametrize("path", shipped_records(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", shipped_records() + records_of_the_testbed(), ids=lambda p: p.name)
 def test_every_shipped_record_is_valid_beside_a_lint_clean_profile_it_matches(path):
     rec = perf_record.load(path)
     name = path.name[: -len(perf_record.SUFFIX)]
-    assert name in available(), f"{path.name} has no profile beside it"
+    assert available().get(name) == path.with_name(f"{name}.toml"), f"{path.name} has no profile beside it"
     prof = load_profile(name)
     assert lint(prof) == [], [p.line() for p in lint(prof)]
     # the record describes this profile: its model, its node count, its image where the source names one

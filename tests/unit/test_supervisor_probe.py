@@ -25,7 +25,7 @@ from sparkcluster.node import contract, supervisor
 from sparkcluster.node.journal import Journal
 from sparkcluster.node.verdict import Watch, verdict
 
-# the testbed profile's bounds (env-profiles/testbed.toml)
+# the testbed profile's bounds (tests/testbed/profiles/testbed.toml)
 POLICY = {
     **contract.DEFAULT_POLICY,
     "interval_s": 2.0,

@@ -14,6 +14,7 @@ from sparkcluster.facts import HostFacts
 from sparkcluster.up import bringup, execute
 from sparkcluster.up.plan import make_plan
 from sparkcluster.up.stages.base import Step
+from tests.testbed import PROFILES as TESTBED_PROFILES
 
 SECRET = "hf_upCLIsecret1122334455"
 
@@ -21,7 +22,7 @@ SECRET = "hf_upCLIsecret1122334455"
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.delenv("SPARKCLUSTER_PROFILES", raising=False)
+    monkeypatch.setenv("SPARKCLUSTER_PROFILES", str(TESTBED_PROFILES))  # the testbed's, nothing of yours
     envf = tmp_path / ".env"
     envf.write_text(f"HF_TOKEN={SECRET}\nVLLM_API_KEY=sk-upcli-99\n")
     envf.chmod(0o600)

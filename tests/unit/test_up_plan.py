@@ -27,6 +27,7 @@ from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
 from sparkcluster.node import contract
 from sparkcluster.up.plan import Plan, make_plan
 from sparkcluster.up.stages import STAGES
+from tests.testbed import PROFILES as TESTBED_PROFILES
 
 REPO = Path(__file__).resolve().parents[2]
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -277,7 +278,7 @@ def test_replace_recreates_containers_whose_config_matches_another_profile(prof)
 
 
 def leaky_profile() -> profiles.Profile:
-    text = (REPO / "env-profiles" / "testbed.toml").read_text()
+    text = (TESTBED_PROFILES / "testbed.toml").read_text()
     assert "[env.forward]\n" in text
     text = text.replace("[env.forward]\n", '[env.forward]\nLEAKY_VALUE = "s3cr3t-value"\n')
     return profiles.parse(text, name="testbed")
@@ -307,7 +308,7 @@ def test_render_lists_stages_in_order(prof):
 
 
 def test_render_with_plugin_and_page_cache():
-    text = (REPO / "env-profiles" / "testbed.toml").read_text()
+    text = (TESTBED_PROFILES / "testbed.toml").read_text()
     text = text.replace("[serve]\n", '[serve]\nreasoning_parser_plugin_url = "https://example.org/p/parser.py"\n')
     text = "drop_page_cache = true\n" + text
     prof = profiles.parse(text, name="testbed")

@@ -24,6 +24,7 @@ from sparkcluster.remote.result import CommandResult
 from sparkcluster.up import bringup, upgrade
 from sparkcluster.up.execute import StageProgress
 from sparkcluster.up.plan import make_plan
+from tests.testbed import PROFILES as TESTBED_PROFILES
 
 HEAD, WORKER = "spark-head", "spark-worker"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -334,7 +335,7 @@ def cli_env(tmp_path, monkeypatch, inv):
     envf.write_text("HF_TOKEN=hf_upgradeCLIsecret99887766\nVLLM_API_KEY=sk-upgrade-cli-42\n")
     envf.chmod(0o600)
     monkeypatch.setenv("SPARKCLUSTER_ENV_FILE", str(envf))
-    monkeypatch.delenv("SPARKCLUSTER_PROFILES", raising=False)
+    monkeypatch.setenv("SPARKCLUSTER_PROFILES", str(TESTBED_PROFILES))  # the testbed's, nothing of yours
 
     def dry_up(inventory, prof, secrets, progress, *, dry_run=False, node=None, **kw):
         assert dry_run  # a dry run of the upgrade is a dry run of its up, nothing more
