@@ -327,9 +327,33 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / 1024 / MiB:g} GiB" if nbytes >= 1024 * MiB else f"{nbytes / MiB:g} MiB"
 
 
-def judge_bandwidth(results: list[ProbeResult], expect: Expectation, nodes: list[str], failed: bool = False) -> Result:
+# A ConnectX-7 that came up degraded (NVIDIA/dgx-spark-playbooks PR #108): the port negotiated 200 Gb/s
+# and PCIe Gen5 x4, yet TCP and raw RDMA were capped near 13 Gb/s (12.86 and 13.23 Gb/s, clean link
+# counters, DGX OS 7.5.0, firmware 28.45.4028); the PR's check calls "the characteristic 8-25 Gb/s
+# result when the physical and PCIe links are otherwise healthy" its own status. Per rail, in Gb/s.
+DEGRADED_INIT_GBITS = (8.0, 25.0)
+DEGRADED_INIT = "NVIDIA/dgx-spark-playbooks PR #108"
+
+
+def degraded_init(busbw_gbps: float, rails: int, port_mbps: int | None) -> bool:
+    """Whether an all_gather over RDMA at `busbw_gbps` (GB/s) on `rails` rails reads as PR #108's
+    degraded ConnectX-7: each rail in the characteristic range while the port negotiated its full 200G."""
+    if rails < 1 or (port_mbps is not None and port_mbps < 200000):
+        return False
+    per_rail = busbw_gbps * 8 / rails
+    return DEGRADED_INIT_GBITS[0] <= per_rail <= DEGRADED_INIT_GBITS[1]
+
+
+def judge_bandwidth(
+    results: list[ProbeResult],
+    expect: Expectation,
+    nodes: list[str],
+    failed: bool = False,
+    rdma_rails: int = 0,
+) -> Result:
     """The bandwidth verdict, on the largest all_gather's bus bandwidth; one result for the cluster
-    (named after its nodes: a collective's speed belongs to no single node)."""
+    (named after its nodes: a collective's speed belongs to no single node). `rdma_rails`: the PCIe
+    halves NCCL moved data over RDMA on, 0 where it did not (or the transport is not known)."""
     where = "+".join(nodes)
     top = largest(results)
     if top is None:
@@ -345,6 +369,18 @@ def judge_bandwidth(results: list[ProbeResult], expect: Expectation, nodes: list
     healthy, floor, source = thresholds(expect)
     figure = f"all_gather busbw {top.busbw_gbps:g} GB/s at {_size(top.nbytes)}"
     if floor is not None and top.busbw_gbps < floor:
+        if rdma_rails and degraded_init(top.busbw_gbps, rdma_rails, expect.port_mbps):
+            per_rail = top.busbw_gbps * 8 / rdma_rails
+            return Result(
+                BANDWIDTH,
+                where,
+                "fail",
+                f"{figure}, below the floor {floor:g} GB/s ({source}): {per_rail:.1f} Gb/s per rail over RDMA on "
+                f"ports at 200G, the signature of a ConnectX-7 that initialized degraded ({DEGRADED_INIT}: "
+                "RDMA capped near 13 Gb/s with the link and PCIe healthy)",
+                "the adapter must initialize again: reboot the node whose ports read slow (a per-rail "
+                "`ib_write_bw` tells which), then run `sparkcluster doctor --fabric` again",
+            )
         return Result(
             BANDWIDTH,
             where,
@@ -406,7 +442,13 @@ def judge(
     if results is None:
         results = [res for log in logs.values() for res in log.results]
     failed = any(r.status == "fail" for r in out)
-    out.append(judge_bandwidth([r for r in results if r.op != "p2p"], expect, list(logs), failed))
+    # the PCIe halves NCCL moved data over RDMA on, where every node did (PR #108's signature needs RDMA)
+    rdma = all(log.ranks and not uses_sockets(log) for log in logs.values()) and any(
+        "NET/IB" in r.kinds() for log in logs.values() for r in log.ranks
+    )
+    rails = min((halves({d.name for r in log.ranks for d in r.ib_devices}) for log in logs.values()), default=0)
+    rails = rails if rdma else 0
+    out.append(judge_bandwidth([r for r in results if r.op != "p2p"], expect, list(logs), failed, rails))
     out += judge_directions(results, rank_node or {})
     return out
 

@@ -224,3 +224,43 @@ def test_the_cpu_stand_in_times_the_workload_on_one_thread_and_a_gpu_as_it_is():
     torch, threads = fake_torch(cuda=True)
     got = fabric_probe.gpu_time(torch)
     assert (got["device"], got["side"], threads) == ("cuda:0", fabric_probe.GPU_SIDE, [])
+
+
+# --- a ConnectX-7 that initialized degraded (NVIDIA/dgx-spark-playbooks PR #108) --------------------
+# PR #108's figures: TCP 12.86 Gb/s and ib_write_bw 13.23 Gb/s per rail with the port at 200G and PCIe
+# Gen5 x4 healthy; "the characteristic 8-25 Gb/s result" is its check's own status
+
+
+@pytest.mark.parametrize(
+    "busbw, rails, port, degraded",
+    [
+        (13.23 * 2 / 8, 2, 200000, True),  # both halves at PR #108's ib_write_bw figure
+        (12.86 / 8, 1, 200000, True),  # one half at its TCP figure
+        (3.04, 2, 200000, True),  # 12.2 Gb/s a rail: as slow as a wrong NCCL build over RoCE (PR #103)
+        (0.9, 2, 200000, False),  # 3.6 Gb/s a rail: below the characteristic range
+        (20.1, 2, 200000, False),  # healthy
+        (13.23 * 2 / 8, 2, 100000, False),  # a port that negotiated 100G is another fault
+    ],
+)
+def test_degraded_init_is_the_per_rail_range_at_200g(busbw, rails, port, degraded):
+    assert judge.degraded_init(busbw, rails, port) is degraded
+
+
+def test_rdma_near_13_gbits_a_rail_names_the_degraded_adapter_and_its_recovery():
+    pair = Expectation(roce=True, topology="pair", port_mbps=200000)
+    r = judge.judge_bandwidth([result(3.3)], pair, ["a", "b"], rdma_rails=2)
+    assert r.status == "fail"
+    assert "13.2 Gb/s per rail over RDMA" in r.detail and "dgx-spark-playbooks PR #108" in r.detail
+    assert "reboot the node" in r.fix and "doctor --fabric" in r.fix
+    # the same figure over sockets is the transport's fault, not the adapter's
+    sockets = judge.judge_bandwidth([result(3.3)], pair, ["a", "b"])
+    assert "PR #108" not in sockets.detail and "sockets" in sockets.fix
+
+
+def test_logs_without_rdma_never_name_the_degraded_adapter():
+    """The device machine's logs: NCCL found no IB device and moved data over sockets, so a slow
+    figure there is the transport's, whatever its per-rail arithmetic says."""
+    logs = {"a": parsed("device-ib-rank0.log"), "b": parsed("device-ib-rank1.log")}
+    out = judge.judge(logs, Expectation(roce=True, topology="pair", port_mbps=200000), results=[result(1.6)])
+    (bw,) = by_id(out, judge.BANDWIDTH)
+    assert bw.status == "fail" and "PR #108" not in bw.detail, bw
