@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from tests.integration.helpers import API_KEY, HF_TOKEN
+from tests.integration.helpers import API_KEY, HF_TOKEN, ours
+from tests.testbed import PROFILES as TESTBED_PROFILES
 
 pytestmark = pytest.mark.testbed
 
@@ -81,3 +82,32 @@ def test_changed_key_stops_the_old_server_as_a_step(bare, sc, tmp_path):
     assert any(s["id"].endswith("/stop-old") for s in plan), plan
     assert not any(s["stage"] == "containers" for s in plan), plan
     assert_same(plan, executed(sc, env))
+
+
+def test_a_profiles_security_opt_reaches_its_containers(bare, sc, testbed, tmp_path):
+    """Issue 51: NVIDIA's Spark recipes run the engine with `--security-opt seccomp=unconfined`; a profile
+    that says so gets it in every container, planned and then created (the testbed's engines filter
+    with seccomp; they have no AppArmor, tests/testbed/README.md)."""
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    text = (TESTBED_PROFILES / "testbed-standin.toml").read_text()
+    assert "\n[image]" in text
+    (folder / "testbed-standin.toml").write_text(
+        text.replace("\n[image]", '\nsecurity_opt = ["seccomp=unconfined"]\n\n[image]', 1)
+    )
+    env = {"SPARKCLUSTER_PROFILES": str(folder)}
+    dry = sc("up", "--profile", "testbed-standin", "--dry-run", timeout=120, env=env)
+    assert dry.returncode == 0 and "--security-opt=seccomp=unconfined" in dry.stdout, dry.stdout + dry.stderr
+    try:
+        res = sc("up", "--profile", "testbed-standin", timeout=900, env=env)
+        assert res.returncode == 0, res.stdout + res.stderr
+        for host in ("spark-head", "spark-worker"):
+            (name,) = ours(testbed, host)
+            opts = json.loads(
+                testbed.docker(host, f"inspect --format '{{{{json .HostConfig.SecurityOpt}}}}' {name}").stdout
+            )
+            assert opts == ["seccomp=unconfined"], (host, opts)
+            seccomp = testbed.docker(host, f"exec {name} grep ^Seccomp: /proc/1/status").stdout.split()
+            assert seccomp == ["Seccomp:", "0"], (host, seccomp)  # no filter, where Docker's default sets mode 2
+    finally:
+        sc("down")
