@@ -14,8 +14,8 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.day2 import deployments
+from sparkcluster.steps.walk import StageProgress
 from sparkcluster.up import bringup
-from sparkcluster.up.execute import StageProgress
 from sparkcluster.up.plan import Plan
 
 

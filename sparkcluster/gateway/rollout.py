@@ -30,7 +30,7 @@ from sparkcluster.errors import InputError
 from sparkcluster.gateway import SHIPPED
 from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, GATEWAY_ROLE, PORT_LABEL, ROLE_LABEL, gateway_name
 from sparkcluster.node import contract
-from sparkcluster.up.stages.base import Step
+from sparkcluster.steps.base import Step
 
 CODE_DIR = "/opt/sparkcluster-gateway"  # `python3 CODE_DIR CONFIG` runs its __main__.py
 CONFIG_PATH = "/etc/sparkcluster/gateway.json"

@@ -28,7 +28,8 @@ from sparkcluster.labels import ROLE_LABEL
 from sparkcluster.monitor.planned import planned
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error
 from sparkcluster.remote.lock import NodeLocks
-from sparkcluster.up.execute import StageProgress, UpRun, execute, record_before_plan
+from sparkcluster.steps.walk import StageProgress
+from sparkcluster.up.execute import UpRun, execute, record_before_plan
 from sparkcluster.up.plan import Plan, make_offline_plan, make_plan
 from sparkcluster.up.stages import gate, serve
 from sparkcluster.up.stages.containers import Created

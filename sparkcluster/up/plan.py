@@ -25,8 +25,8 @@ from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
 from sparkcluster.facts.parsers import ContainerInspect
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
+from sparkcluster.steps.base import Stage, Step, render_steps
 from sparkcluster.up.stages import STAGES
-from sparkcluster.up.stages.base import Stage, Step, render_steps
 
 
 @dataclass

@@ -4,8 +4,8 @@ and the reason is kept.
 
 Why a plan of steps: an upgrade is several `up`s and a judgement between them, and an owner must be
 able to read all of it, the rollback included, before anything moves (`--dry-run`). The steps are
-`up`'s own (`stages/base.Step`, one `Stage` declaration per stage below), walked by `up`'s executor
-(`execute.walk`), so each ends as the same structured `step` event:
+the step engine's (`steps/base.Step`, one `Stage` declaration per stage below), walked by its walk
+(`steps/walk.walk`, as `up`'s executor walks), so each ends as the same structured `step` event:
 
   traffic   the gateway in front of the deployment, where one runs, drains and holds its requests (gateway/hold)
   baseline  the last good serve's canary answers and one-stream speed, from the known-good record;
@@ -54,9 +54,9 @@ from sparkcluster.errors import InputError, SparkError
 from sparkcluster.movement import hfcache
 from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.remote.lock import NodeLocks
+from sparkcluster.steps.base import Stage, Step, render_steps
+from sparkcluster.steps.walk import StageProgress, walk
 from sparkcluster.up import bringup
-from sparkcluster.up.execute import StageProgress, walk
-from sparkcluster.up.stages.base import Stage, Step, render_steps
 
 _log = log.get(__name__)
 T = TypeVar("T")
@@ -651,7 +651,7 @@ def _of(name: str):
     return lambda plan: [s for s in plan.steps() if s.stage == name]
 
 
-# the stages of an upgrade and of a rollback, in the order they run (the contract of `stages/base`)
+# the stages of an upgrade and of a rollback, in the order they run (the contract of `steps/base`)
 STAGES: dict[str, Stage] = {
     name: Stage(name, _of(name), _summary, leaves=leaves)
     for name, leaves in (

@@ -11,9 +11,10 @@ from conftest import make_inventory
 from sparkcluster import log, redact
 from sparkcluster.cli import main as cli_main
 from sparkcluster.facts import HostFacts
-from sparkcluster.up import bringup, execute
+from sparkcluster.steps import walk
+from sparkcluster.steps.base import Step
+from sparkcluster.up import bringup
 from sparkcluster.up.plan import make_plan
-from sparkcluster.up.stages.base import Step
 
 SECRET = "hf_upCLIsecret1122334455"
 
@@ -64,7 +65,7 @@ def test_json_without_dry_run_is_a_usage_error(env, capsys):
 def test_step_events_reach_stderr_in_json_without_verbose(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     log.configure(level="warning", fmt="json")
-    execute.event(Step("serve", "spark-head", "start", "start vllm serve"), "done", 1.5)
+    walk.event(Step("serve", "spark-head", "start", "start vllm serve"), "done", 1.5)
     log.get("sparkcluster.other").info("not at this level")
     lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.startswith("{")]
     assert [(d["event"], d["id"], d["outcome"]) for d in lines] == [("step", "serve/spark-head/start", "done")]

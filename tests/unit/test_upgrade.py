@@ -21,8 +21,8 @@ from sparkcluster.facts import HostFacts
 from sparkcluster.remote import lock
 from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.remote.result import CommandResult
+from sparkcluster.steps.walk import StageProgress
 from sparkcluster.up import bringup, upgrade
-from sparkcluster.up.execute import StageProgress
 from sparkcluster.up.plan import make_plan
 
 HEAD, WORKER = "spark-head", "spark-worker"

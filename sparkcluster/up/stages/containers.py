@@ -19,8 +19,8 @@ from sparkcluster.day2 import compile_caches, teardown
 from sparkcluster.errors import EngineUnreachable, SparkError
 from sparkcluster.labels import ROLE_LABEL
 from sparkcluster.remote.fanout import Background
+from sparkcluster.steps.base import Step, fail
 from sparkcluster.up.stages import ray
-from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
     from sparkcluster.up.execute import UpRun

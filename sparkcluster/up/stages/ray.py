@@ -14,7 +14,7 @@ from sparkcluster.day2 import ray_members
 from sparkcluster.errors import StageError
 from sparkcluster.facts.parsers import container_inspect
 from sparkcluster.remote import retry
-from sparkcluster.up.stages.base import Step, fail
+from sparkcluster.steps.base import Step, fail
 
 if TYPE_CHECKING:
     from sparkcluster.up.execute import UpRun

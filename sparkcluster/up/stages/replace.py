@@ -12,7 +12,7 @@ from sparkcluster.config.inventory import Inventory
 from sparkcluster.day2 import teardown
 from sparkcluster.day2.deployments import Deployment
 from sparkcluster.remote.fanout import ConnectedHosts
-from sparkcluster.up.stages.base import Step, fail
+from sparkcluster.steps.base import Step, fail
 
 if TYPE_CHECKING:
     from sparkcluster.up.execute import UpRun

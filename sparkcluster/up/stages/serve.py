@@ -18,8 +18,8 @@ from sparkcluster.errors import SparkError, StageError, StepFailure
 from sparkcluster.node import canary
 from sparkcluster.remote import retry
 from sparkcluster.remote.dockerapi import UNREACHABLE
+from sparkcluster.steps.base import Step, fail
 from sparkcluster.up.stages import weights
-from sparkcluster.up.stages.base import Step, fail
 from sparkcluster.up.stages.image import HeadImage
 
 if TYPE_CHECKING:
