@@ -32,8 +32,9 @@ from sparkcluster.bench.sweep import (
     level_dir,
     stop_argv,
 )
-from sparkcluster.day2 import endpoint, engine_nccl
+from sparkcluster.deployment import endpoint
 from sparkcluster.errors import InputError, SparkError
+from sparkcluster.fabric import engine_nccl
 from sparkcluster.facts.parsers import ContainerInspect, container_inspect
 from sparkcluster.labels import CLUSTER_LABEL, container_name
 from sparkcluster.movement import hfcache
@@ -155,7 +156,7 @@ class Head:
         """(server.Record, container inspect) of the running server, or raise 'no cluster serving'."""
         import docker
 
-        from sparkcluster.day2 import server  # for start-up speed: it loads the Docker SDK
+        from sparkcluster.deployment import server  # for start-up speed: it loads the Docker SDK
 
         fix = "start it with: sparkcluster up --profile NAME"
         try:

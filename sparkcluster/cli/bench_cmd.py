@@ -24,8 +24,9 @@ from sparkcluster.cli.options import env_file_option
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.flags import engine_host
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
-from sparkcluster.day2 import canary_watch, endpoint, engine_nccl, known_good
+from sparkcluster.deployment import canary_watch, endpoint, known_good
 from sparkcluster.errors import InputError, SparkError
+from sparkcluster.fabric import engine_nccl
 
 # the figures the terminal table shows (the CSV has them all)
 _SHOWN = [
@@ -581,7 +582,7 @@ def _canary(
 ) -> None:
     """`bench --canary`: compare with the answers kept in the deployment's known-good record, or take
     them (the first time, or `--canary-retake` after a change you meant); told to the head like every
-    canary check (day2/canary_watch)."""
+    canary check (deployment/canary_watch)."""
     deployment = f"{prof.name}@{'+'.join(deployment_nodes(inv, prof))}"
     good = known_good.last_for(known_good.load(inv.cluster.name), deployment)
     if good is None:

@@ -15,7 +15,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config import profile as profiles
 from sparkcluster.config import secrets as secret_store
-from sparkcluster.day2 import deployments, supervision
+from sparkcluster.deployment import deployments, supervision
 from sparkcluster.errors import EXIT_FAILED, InputError, SparkError
 from sparkcluster.gateway import deploy, litellm, rollout
 from sparkcluster.labels import PORT_LABEL

@@ -12,7 +12,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.config.secrets import load_secrets
-from sparkcluster.day2 import deployments
+from sparkcluster.deployment import deployments
 from sparkcluster.errors import EXIT_FAILED, ConnectError
 from sparkcluster.gateway import deploy
 from sparkcluster.monitor import alerting, scrape, stack

@@ -14,7 +14,7 @@ from sparkcluster.cli.options import env_file_option
 from sparkcluster.cli.up_cmd import RichProgress
 from sparkcluster.cli.upgrade_cmd import print_plan
 from sparkcluster.config.secrets import load_secrets
-from sparkcluster.day2 import known_good
+from sparkcluster.deployment import known_good
 from sparkcluster.up import upgrade as upgrades
 
 

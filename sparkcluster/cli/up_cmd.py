@@ -13,7 +13,7 @@ from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
-from sparkcluster.day2 import deployments
+from sparkcluster.deployment import deployments
 from sparkcluster.steps.walk import StageProgress
 from sparkcluster.up import bringup
 from sparkcluster.up.plan import Plan
@@ -162,7 +162,7 @@ def up(
         f'-d \'{{"model": "{result.model}", "messages": [{{"role": "user", "content": "Hello"}}]}}\''
     )
     if smoke:
-        from sparkcluster.day2.deployments import target  # only `up --smoke` needs it
+        from sparkcluster.deployment.deployments import target  # only `up --smoke` needs it
 
         _smoke(target(inv, prof, node), prof, secrets, err)
 

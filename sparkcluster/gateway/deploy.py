@@ -11,7 +11,7 @@ import httpx
 
 from sparkcluster import redact
 from sparkcluster.container.spec import files_tar
-from sparkcluster.day2 import server, supervision
+from sparkcluster.deployment import server, supervision
 from sparkcluster.errors import SparkError
 from sparkcluster.labels import CLUSTER_LABEL, PORT_LABEL, container_name, is_gateway
 from sparkcluster.remote import retry

@@ -69,7 +69,7 @@ class Upstream:
 
 
 def upstreams(inv: Inventory, found, profiles: dict) -> list[Upstream]:
-    """Pure: the deployments found on the hosts (day2/deployments) -> what the gateway routes, in
+    """Pure: the deployments found on the hosts (deployment/deployments) -> what the gateway routes, in
     the order found. `profiles` maps a profile name to its loaded profile."""
     out = []
     for d in found:

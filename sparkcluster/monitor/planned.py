@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from sparkcluster import log
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import deployments
+from sparkcluster.deployment import deployments
 from sparkcluster.gateway import deploy
 from sparkcluster.monitor import alerting, scrape, stack
 from sparkcluster.remote.fanout import ConnectedHosts

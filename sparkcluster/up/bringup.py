@@ -22,8 +22,9 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.config.flags import engine_host, reached_at
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import canary_watch, deployments, endpoint, engine_nccl, known_good, server, teardown
+from sparkcluster.deployment import canary_watch, deployments, endpoint, known_good, server, teardown
 from sparkcluster.errors import InputError, StageError, StepFailure
+from sparkcluster.fabric import engine_nccl
 from sparkcluster.labels import ROLE_LABEL
 from sparkcluster.monitor.planned import planned
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error

@@ -17,7 +17,7 @@ the step engine's (`steps/base.Step`, one `Stage` declaration per stage below), 
   bench     decode tokens/s at concurrency 1 after a few warm-up requests, against a bound times the
             last good serve's figure
   prune     only if all of that held: the old image and the old revision's files removed, the new serve
-            recorded as good with its canary (one record, `day2/known_good`, extended, not a second)
+            recorded as good with its canary (one record, `deployment/known_good`, extended, not a second)
   rollback  only if any of it failed: `up` of the last good image and revision, the new image removed
             from every node, the record of why kept (`known_good.UpgradeOutcome`)
 
@@ -49,7 +49,7 @@ from sparkcluster.bench import canary
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import deployments, endpoint, known_good
+from sparkcluster.deployment import deployments, endpoint, known_good
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.movement import hfcache
 from sparkcluster.remote.fanout import ConnectedHosts
@@ -230,7 +230,7 @@ def _address(r: UpgradeRun, prof: profiles.Profile) -> tuple[str, int]:
 def _reached(r: UpgradeRun, prof: profiles.Profile) -> Iterator[tuple[str, int]]:
     """(address, port) at which the controller asks the engine, for the block's length: the head's
     address, or a port forwarded through its SSH connection when engines listen only on the
-    cluster's addresses (the gateway the only door: day2/endpoint.reached)."""
+    cluster's addresses (the gateway the only door: deployment/endpoint.reached)."""
     if r.target.cluster.engines_listen != "control":
         yield _address(r, prof)
         return

@@ -26,7 +26,7 @@ import pytest
 from sparkcluster import bench, redact
 from sparkcluster.cli import main as cli_main
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2 import endpoint, server
+from sparkcluster.deployment import endpoint, server
 from sparkcluster.errors import InputError, SparkError
 from tests.unit.conftest import cap
 

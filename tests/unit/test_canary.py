@@ -19,7 +19,7 @@ import pytest
 from conftest import make_inventory
 
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2 import canary_watch, known_good
+from sparkcluster.deployment import canary_watch, known_good
 from sparkcluster.errors import SparkError
 from sparkcluster.node import canary, contract, supervisor
 from sparkcluster.node.journal import Journal
@@ -392,8 +392,8 @@ def test_the_start_up_asked_for_is_left_to_ups_own_canary(tmp_path, monkeypatch)
 
 
 def test_status_reads_the_heads_last_check():
-    from sparkcluster.day2.status import _one
     from sparkcluster.node import container_status
+    from sparkcluster.status.status import _one
     from tests.unit.test_status import MEMINFO, _Host, _printed
 
     assert contract.CANARY_CHECK_PATH in container_status.script(head=True)

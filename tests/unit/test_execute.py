@@ -15,7 +15,7 @@ from conftest import make_inventory
 
 from sparkcluster import redact
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2 import endpoint, supervision
+from sparkcluster.deployment import endpoint, supervision
 from sparkcluster.errors import CommandFailed, EngineUnreachable, StageError
 from sparkcluster.facts import HostFacts, parsers
 from sparkcluster.remote import dockerapi
@@ -360,7 +360,7 @@ class FakeHost:
 def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     from sparkcluster.config.images import image_ref
     from sparkcluster.container.spec import spec_for
-    from sparkcluster.day2 import server
+    from sparkcluster.deployment import server
     from sparkcluster.remote.fanout import ConnectedHosts
 
     inv, prof = make_inventory(), profiles.load_profile("testbed")
@@ -401,7 +401,7 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
 
 
 def test_wait_ready_outcomes(monkeypatch):
-    from sparkcluster.day2 import server
+    from sparkcluster.deployment import server
 
     spec = server.ServeSpec("c", ["vllm"], [], "m", 8000, None)
     rec = server.Record(1, "e", "p", "m", 8000, 0.0)
@@ -470,7 +470,7 @@ def fake_cluster(inv, prof, env_of):
 def up_over(monkeypatch, env_of):
     from types import SimpleNamespace
 
-    from sparkcluster.day2 import server
+    from sparkcluster.deployment import server
     from sparkcluster.up import bringup
     from sparkcluster.up.stages import gate
 

@@ -168,7 +168,7 @@ def test_gateway_up_keeps_the_running_gateways_holds_and_their_deadlines(monkeyp
     from conftest import make_inventory
 
     from sparkcluster.config import profile as profiles
-    from sparkcluster.day2.deployments import Deployment
+    from sparkcluster.deployment.deployments import Deployment
     from sparkcluster.gateway import rollout
     from sparkcluster.labels import CONFIG_LABEL
 
@@ -302,7 +302,7 @@ def test_a_hold_taken_or_released_while_gateway_up_replaces_the_gateway_is_what_
     from conftest import make_inventory
 
     from sparkcluster.config import profile as profiles
-    from sparkcluster.day2.deployments import Deployment
+    from sparkcluster.deployment.deployments import Deployment
     from sparkcluster.gateway import rollout
     from sparkcluster.labels import gateway_name
 

@@ -17,7 +17,7 @@ from gateway_fakes import until
 from sparkcluster import redact
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.secrets import split_keys
-from sparkcluster.day2.deployments import Deployment
+from sparkcluster.deployment.deployments import Deployment
 from sparkcluster.errors import InputError
 from sparkcluster.gateway import litellm, rollout
 from sparkcluster.labels import CONFIG_LABEL

@@ -299,7 +299,7 @@ def test_a_running_gateway_gets_the_new_wake_token_after_up(monkeypatch):
     from conftest import make_inventory
 
     from sparkcluster.config.profile import load_profile
-    from sparkcluster.day2 import server as server_mod
+    from sparkcluster.deployment import server as server_mod
     from sparkcluster.gateway import deploy as gateway_deploy
     from sparkcluster.up.stages import serve as serve_stage
 
@@ -338,7 +338,7 @@ def test_a_gateway_outside_the_deployment_gets_the_new_wake_token_after_up(monke
     from conftest import make_inventory
 
     from sparkcluster.config.profile import load_profile
-    from sparkcluster.day2 import server as server_mod
+    from sparkcluster.deployment import server as server_mod
     from sparkcluster.errors import EngineUnreachable
     from sparkcluster.gateway import deploy as gateway_deploy
     from sparkcluster.up.stages import serve as serve_stage

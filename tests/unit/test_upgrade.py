@@ -15,7 +15,7 @@ from conftest import make_inventory
 from sparkcluster.bench import canary
 from sparkcluster.cli import main as cli_main
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2 import known_good
+from sparkcluster.deployment import known_good
 from sparkcluster.errors import InputError, LockHeld
 from sparkcluster.facts import HostFacts
 from sparkcluster.remote import lock

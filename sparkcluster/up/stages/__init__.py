@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sparkcluster.day2 import canary_watch, server
+from sparkcluster.deployment import canary_watch, server
 from sparkcluster.steps.base import Stage, Step
 from sparkcluster.up.stages import (
     collective,

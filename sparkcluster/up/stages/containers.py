@@ -15,7 +15,7 @@ import docker.errors
 from sparkcluster import log
 from sparkcluster.config import compile_cache
 from sparkcluster.container.spec import ContainerSpec, create_and_start
-from sparkcluster.day2 import compile_caches, teardown
+from sparkcluster.deployment import compile_caches, teardown
 from sparkcluster.errors import EngineUnreachable, SparkError
 from sparkcluster.labels import ROLE_LABEL
 from sparkcluster.remote.fanout import Background

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import teardown
-from sparkcluster.day2.deployments import Deployment
+from sparkcluster.deployment import teardown
+from sparkcluster.deployment.deployments import Deployment
 from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.steps.base import Step, fail
 

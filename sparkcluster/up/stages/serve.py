@@ -13,8 +13,9 @@ import docker.errors
 
 from sparkcluster import redact
 from sparkcluster.config import bounds, repos
-from sparkcluster.day2 import canary_watch, endpoint, engine_nccl, known_good, server, supervision, teardown
+from sparkcluster.deployment import canary_watch, endpoint, known_good, server, supervision, teardown
 from sparkcluster.errors import SparkError, StageError, StepFailure
+from sparkcluster.fabric import engine_nccl
 from sparkcluster.node import canary
 from sparkcluster.remote import retry
 from sparkcluster.remote.dockerapi import UNREACHABLE
@@ -335,7 +336,7 @@ def warm_up(r: UpRun) -> float:
 
 
 def ask_canary(r: UpRun) -> str:
-    """The canary of this serve (day2/canary_watch), kept in the run for the known-good record `up`
+    """The canary of this serve (deployment/canary_watch), kept in the run for the known-good record `up`
     appends once it ends; what it found is handed to the head (journal, status). Never fails `up`."""
     from sparkcluster import bench  # lazy: start-up speed (bench loads its own modules)
 

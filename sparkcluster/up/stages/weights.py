@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from sparkcluster.config import lint, repos
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2 import server
+from sparkcluster.deployment import server
 from sparkcluster.errors import InputError
 from sparkcluster.movement import chain, hfcache, transfer
 from sparkcluster.remote.fanout import run_each
