@@ -15,7 +15,7 @@ from sparkcluster.cli.up_cmd import RichProgress
 from sparkcluster.cli.upgrade_cmd import print_plan
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.deployment import known_good
-from sparkcluster.up import upgrade as upgrades
+from sparkcluster.upgrade import upgrade as upgrades
 
 
 @cli.command()

@@ -1,5 +1,5 @@
 """`sparkcluster upgrade --profile P --image NEW` (or `--revision`): the new serve kept only once its
-canary and bench hold, else the last good serve back by itself (`up/upgrade`)."""
+canary and bench hold, else the last good serve back by itself (`upgrade/upgrade`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.cli.up_cmd import RichProgress
 from sparkcluster.config.secrets import load_secrets
-from sparkcluster.up import upgrade as upgrades
+from sparkcluster.upgrade import upgrade as upgrades
 
 
 def print_plan(plan: upgrades.UpgradePlan, as_json: bool) -> None:

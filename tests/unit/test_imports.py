@@ -36,6 +36,9 @@ CROSSING: set[tuple[str, str]] = {
     ("up", "bench"),
     ("up", "gateway"),
     ("up", "monitor"),
+    ("upgrade", "bench"),
+    ("upgrade", "gateway"),
+    ("upgrade", "up"),
 }
 
 
@@ -163,7 +166,7 @@ def package_graph() -> dict[str, dict[str, list[str]]]:
 def test_the_floor_table_names_every_package():
     on_disk = {package(m) for m in MODULES}
     assert sorted(on_disk - set(FLOOR)) == []
-    assert sorted(set(FLOOR) - on_disk - {"upgrade"}) == []
+    assert sorted(set(FLOOR) - on_disk) == []
 
 
 def test_no_arrow_goes_up_or_sideways():

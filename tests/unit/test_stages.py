@@ -8,8 +8,9 @@ import ast
 from pathlib import Path
 
 from sparkcluster.steps.base import Stage
-from sparkcluster.up import stages, upgrade
+from sparkcluster.up import stages
 from sparkcluster.up.stages import STAGES
+from sparkcluster.upgrade import upgrade
 
 UP = Path(stages.__file__).resolve().parent.parent
 
@@ -42,7 +43,7 @@ def test_stages_that_run_before_the_plan_come_first():
 def _state_types_used() -> dict[str, set[str]]:
     """The class names each use of the run's state names: `r.put(X(...))`, `r.get(X)`, `r.find(X)`."""
     used: dict[str, set[str]] = {"put": set(), "read": set()}
-    for p in UP.rglob("*.py"):
+    for p in [*UP.rglob("*.py"), Path(upgrade.__file__)]:  # up's stages, and upgrade's
         for n in ast.walk(ast.parse(p.read_text())):
             if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.args):
                 continue

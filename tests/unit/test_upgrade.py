@@ -22,8 +22,9 @@ from sparkcluster.remote import lock
 from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.remote.result import CommandResult
 from sparkcluster.steps.walk import StageProgress
-from sparkcluster.up import bringup, upgrade
+from sparkcluster.up import bringup
 from sparkcluster.up.plan import make_plan
+from sparkcluster.upgrade import upgrade
 
 HEAD, WORKER = "spark-head", "spark-worker"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
