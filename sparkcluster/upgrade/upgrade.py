@@ -7,7 +7,8 @@ able to read all of it, the rollback included, before anything moves (`--dry-run
 the step engine's (`steps/base.Step`, one `Stage` declaration per stage below), walked by its walk
 (`steps/walk.walk`, as `up`'s executor walks), so each ends as the same structured `step` event:
 
-  traffic   the gateway in front of the deployment, where one runs, drains and holds its requests (gateway/hold)
+  traffic   the gateway in front of the deployment, where one runs, drains and holds its requests
+            (deployment/gateway_hold)
   baseline  the last good serve's canary answers and one-stream speed, from the known-good record;
             measured on the serving deployment first when the record has none yet
   up        `up` of the profile with the new image or revision: its own plan (distribute: image and
@@ -150,8 +151,9 @@ class Traffic(Protocol):
 
 def gateway_for(inv: Inventory, deployment: str) -> Traffic | None:
     """Every gateway that routes this deployment (issue 36), if one runs: the plan's traffic steps
-    hold and release through them (gateway/hold.Holds)."""
-    from sparkcluster.gateway import hold as gateway_hold  # lazy: only an upgrade or rollback runs it
+    hold and release through them (deployment/gateway_hold.Holds)."""
+    # lazy: only an upgrade or rollback runs it
+    from sparkcluster.deployment import gateway_hold
 
     return gateway_hold.find(inv, deployment)
 

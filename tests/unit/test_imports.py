@@ -32,12 +32,9 @@ FLOORS: tuple[tuple[str, ...], ...] = (
 FLOOR = {p: i for i, floor in enumerate(FLOORS) for p in floor}
 # arrows the floor table does not allow yet (issue 49): each one named, none added
 CROSSING: set[tuple[str, str]] = {
-    ("monitor", "gateway"),
     ("up", "bench"),
-    ("up", "gateway"),
     ("up", "monitor"),
     ("upgrade", "bench"),
-    ("upgrade", "gateway"),
     ("upgrade", "up"),
 }
 

@@ -13,7 +13,15 @@ import docker.errors
 
 from sparkcluster import redact
 from sparkcluster.config import bounds, repos
-from sparkcluster.deployment import canary_watch, endpoint, known_good, server, supervision, teardown
+from sparkcluster.deployment import (
+    canary_watch,
+    endpoint,
+    gateway_registry,
+    known_good,
+    server,
+    supervision,
+    teardown,
+)
 from sparkcluster.errors import SparkError, StageError, StepFailure
 from sparkcluster.fabric import engine_nccl
 from sparkcluster.node import canary
@@ -201,8 +209,6 @@ def hand_wake_token(r: UpRun) -> None:
     the head holds now: a new head container has a new token, and the gateway's old one would be
     refused (401 on every wake: 503 for its clients until the next `gateway up`). A node where the
     look fails is said, never a failed `up`: `sparkcluster gateway up` hands the token over too."""
-    from sparkcluster.gateway import deploy as gateway_deploy  # lazy: only on-demand serves need it
-
     key = deployment_key(r.inv, r.plan.profile)
     token = server.read_wake_token(r.cluster.head.docker().api, r.plan.serve.container)
     if not token:
@@ -210,7 +216,7 @@ def hand_wake_token(r: UpRun) -> None:
     for name, host in (r.reach or r.cluster.hosts).items():
         try:
             api = host.docker().api
-            got = gateway_deploy.routing(api, r.inv.cluster.name, key)
+            got = gateway_registry.routing(api, r.inv.cluster.name, key)
             if got is None:
                 continue
             container, doc = got
@@ -219,7 +225,7 @@ def hand_wake_token(r: UpRun) -> None:
                 continue
             for d in routes:
                 d["wake_token"] = token
-            gateway_deploy.write_doc(api, container, doc)
+            gateway_registry.write_doc(api, container, doc)
         except (SparkError, docker.errors.DockerException, ValueError, *UNREACHABLE) as e:
             r.progress.info(
                 redact.mask(
