@@ -330,7 +330,7 @@ def bench(
             vllm_version = head.vllm_version()
             if canary or canary_retake:
                 meta = {
-                    "profile_hash": bench_pkg.profile_hash(prof),
+                    "profile_hash": profiles.profile_hash(prof),
                     "image_id": image_id,
                     "model_revision": bench_pkg.model_revision(cluster, inv, prof),
                     "vllm_version": vllm_version,
@@ -432,7 +432,7 @@ def bench(
             model=prof.model,
             model_revision=facts.model_revision,
             profile=prof.name,
-            profile_hash=bench_pkg.profile_hash(prof),
+            profile_hash=profiles.profile_hash(prof),
             nccl_texts=facts.nccl_texts,
             nccl_transport=transports,
             topology=inv.cluster.topology,
@@ -496,7 +496,7 @@ def bench(
     summary = {
         "run_dir": str(run_dir),
         "profile": prof.name,
-        "profile_hash": bench_pkg.profile_hash(prof),
+        "profile_hash": profiles.profile_hash(prof),
         "vllm_version": vllm_version,
         "image_id": image_id,
         "rows": sweep.rows,
@@ -593,7 +593,7 @@ def _canary(
     at = known_good.now_utc()
 
     def ask():
-        return bench_pkg.ask_canary(address, port, model, secrets)
+        return endpoint.ask_canary(address, port, model, secrets)
 
     if retake or canary_watch.must_take(good, prof.model):
         kept = canary_watch.take(ask, meta, at)

@@ -265,19 +265,16 @@ def remember_good(
     record is of the same profile and image on every node (the same library in the same image),
     not read again from their files (a second round trip with a `docker exec` per container:
     0.44 s of an `up` on a serving cluster on the testbed, issue 40 item 6)."""
-    # lazy: start-up speed; bench's modules (about 40 ms) serve this record only, once up ends serving
-    from sparkcluster.bench.results import profile_hash
-
     try:
         key = serve.deployment_key(inv, prof)
         before = known_good.last_for(known_good.load(inv.cluster.name), key)
-        if not revision and before is not None and before.profile_hash == profile_hash(prof):
+        if not revision and before is not None and before.profile_hash == profiles.profile_hash(prof):
             revision = before.model_revision  # "already serving": the weights stage did not run
         carried = (
             {n: r.nccl for n, r in before.nodes.items()}
             if unchanged
             and before is not None
-            and before.profile_hash == profile_hash(prof)
+            and before.profile_hash == profiles.profile_hash(prof)
             and all(n.name in before.nodes and before.nodes[n.name].image_id == image_id for n in inv.nodes)
             else None
         )
@@ -293,7 +290,7 @@ def remember_good(
             deployment=key,
             at=known_good.now_utc(),
             profile=prof.name,
-            profile_hash=profile_hash(prof),
+            profile_hash=profiles.profile_hash(prof),
             image=image_ref(inv, prof),
             vllm_version=prof.image.vllm_version or "",
             model=prof.model,

@@ -13,7 +13,7 @@ the step engine's (`steps/base.Step`, one `Stage` declaration per stage below), 
             measured on the serving deployment first when the record has none yet
   up        `up` of the profile with the new image or revision: its own plan (distribute: image and
             weights stages; then containers, ray, probe, serve), printed nested in the dry run
-  canary    the probe (/health and one token), the fixed greedy completions (`bench/canary`) against
+  canary    the probe (/health and one token), the fixed greedy completions (`node/canary`) against
             the last good ones
   bench     decode tokens/s at concurrency 1 after a few warm-up requests, against a bound times the
             last good serve's figure
@@ -45,14 +45,14 @@ from urllib.parse import urlsplit
 import docker.errors
 import httpx
 
-from sparkcluster import bench, log, redact
-from sparkcluster.bench import canary
+from sparkcluster import log, redact
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.deployment import deployments, endpoint, known_good
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.movement import hfcache
+from sparkcluster.node import canary
 from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.steps.base import Stage, Step, render_steps
@@ -259,9 +259,9 @@ def take_baseline(r: UpgradeRun) -> Baseline:
     model = r.old.served_model_name
     try:
         with _reached(r, r.old) as (address, port):
-            first = bench.ask_canary(address, port, model, r.secrets)
-            second = bench.ask_canary(address, port, model, r.secrets)
-            tok_s = bench.ask_speed(address, port, model, r.secrets)
+            first = endpoint.ask_canary(address, port, model, r.secrets)
+            second = endpoint.ask_canary(address, port, model, r.secrets)
+            tok_s = endpoint.ask_speed(address, port, model, r.secrets)
     except SparkError as e:
         raise SparkError(
             f"the last good serve's canary is not recorded and the deployment does not answer it now: {e.message}",
@@ -314,7 +314,7 @@ def ask_answers(r: UpgradeRun) -> str:
     def ask(r: UpgradeRun) -> str:
         base = r.find(Baseline)
         with _reached(r, r.new) as (address, port):
-            fresh = bench.ask_canary(address, port, r.new.served_model_name, r.secrets)
+            fresh = endpoint.ask_canary(address, port, r.new.served_model_name, r.secrets)
         stored = canary.CanaryRecord(
             r.deployment, r.old.name, r.good.at, base.deterministic, list(base.answers), image_id=r.good.base_image
         )
@@ -329,7 +329,7 @@ def ask_answers(r: UpgradeRun) -> str:
 def bench_speed(r: UpgradeRun) -> str:
     def ask(r: UpgradeRun) -> str:
         with _reached(r, r.new) as (address, port):
-            tok_s = bench.ask_speed(address, port, r.new.served_model_name, r.secrets)
+            tok_s = endpoint.ask_speed(address, port, r.new.served_model_name, r.secrets)
         got = r.find(Measured) or Measured()
         r.put(Measured(got.answers, got.verdict, tok_s))
         why = judge(tok_s=tok_s, good_tok_s=r.find(Baseline).tok_s, bound=r.bound)

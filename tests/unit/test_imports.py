@@ -32,9 +32,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
 FLOOR = {p: i for i, floor in enumerate(FLOORS) for p in floor}
 # arrows the floor table does not allow yet (issue 49): each one named, none added
 CROSSING: set[tuple[str, str]] = {
-    ("up", "bench"),
     ("up", "monitor"),
-    ("upgrade", "bench"),
     ("upgrade", "up"),
 }
 

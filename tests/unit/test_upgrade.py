@@ -12,12 +12,12 @@ import subprocess
 import pytest
 from conftest import make_inventory
 
-from sparkcluster.bench import canary
 from sparkcluster.cli import main as cli_main
 from sparkcluster.config import profile as profiles
 from sparkcluster.deployment import known_good
 from sparkcluster.errors import InputError, LockHeld
 from sparkcluster.facts import HostFacts
+from sparkcluster.node import canary
 from sparkcluster.remote import lock
 from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.remote.result import CommandResult
@@ -221,8 +221,8 @@ class Calls:
         monkeypatch.setattr(upgrade, "bring_up", bring_up)
         monkeypatch.setattr(upgrade, "_address", lambda r, p: ("198.18.0.2", 8000))
         monkeypatch.setattr(upgrade, "ask_probe", probe_http)
-        monkeypatch.setattr(upgrade.bench, "ask_canary", lambda *a, **k: list(answers))
-        monkeypatch.setattr(upgrade.bench, "ask_speed", lambda *a, **k: tok_s)
+        monkeypatch.setattr(upgrade.endpoint, "ask_canary", lambda *a, **k: list(answers))
+        monkeypatch.setattr(upgrade.endpoint, "ask_speed", lambda *a, **k: tok_s)
         monkeypatch.setattr(
             upgrade, "remove_image", lambda r, n, ref: self.removed.append((n, ref)) or f"removed {ref}"
         )
@@ -262,8 +262,10 @@ def test_one_lock_is_held_across_the_upgrade_and_its_rollback(inv, prof, monkeyp
     known_good.append(inv.cluster.name, record(prof))
     calls = Calls(monkeypatch, answers=[canary.Answer(a.prompt, "garbled", (7, 7)) for a in GOOD])
     between = []
-    answers = upgrade.bench.ask_canary
-    monkeypatch.setattr(upgrade.bench, "ask_canary", lambda *a, **k: between.append(another_up(inv, prof)) or answers())
+    answers = upgrade.endpoint.ask_canary
+    monkeypatch.setattr(
+        upgrade.endpoint, "ask_canary", lambda *a, **k: between.append(another_up(inv, prof)) or answers()
+    )
     with pytest.raises(upgrade.UpgradeRefused):
         _upgrade(inv, prof)
     assert calls.ups == [NEW_IMAGE, prof.image.ref]

@@ -13,6 +13,7 @@ import docker.errors
 
 from sparkcluster import redact
 from sparkcluster.config import bounds, repos
+from sparkcluster.config.profile import profile_hash
 from sparkcluster.deployment import (
     canary_watch,
     endpoint,
@@ -344,8 +345,6 @@ def warm_up(r: UpRun) -> float:
 def ask_canary(r: UpRun) -> str:
     """The canary of this serve (deployment/canary_watch), kept in the run for the known-good record `up`
     appends once it ends; what it found is handed to the head (journal, status). Never fails `up`."""
-    from sparkcluster import bench  # lazy: start-up speed (bench loads its own modules)
-
     prof, sv, head = r.plan.profile, r.plan.serve, r.cluster.head
     key = deployment_key(r.inv, prof)
     try:
@@ -356,7 +355,7 @@ def ask_canary(r: UpRun) -> str:
                 canary_watch.after_serve(
                     before,
                     prof.model,
-                    lambda: bench.ask_canary(at.hostname, at.port, sv.model, r.secrets, CANARY_TIMEOUT_S),
+                    lambda: endpoint.ask_canary(at.hostname, at.port, sv.model, r.secrets, CANARY_TIMEOUT_S),
                     served_now(r),
                     "up",
                 )
@@ -380,9 +379,6 @@ def deployment_key(inv: Inventory, prof: profiles.Profile) -> str:
 
 def served_now(r: UpRun) -> dict[str, str]:
     """What serves now, as the canary names what changed since it was taken (node/canary.since)."""
-    # lazy: start-up speed; bench's modules (about 40 ms) serve the canary only, once up serves
-    from sparkcluster.bench.results import profile_hash
-
     prof = r.plan.profile
     return {
         "image_id": served_image_id(r),
