@@ -15,6 +15,7 @@ from sparkcluster.cli.up_cmd import RichProgress
 from sparkcluster.cli.upgrade_cmd import print_plan
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.deployment import known_good
+from sparkcluster.up import bringup
 from sparkcluster.upgrade import upgrade as upgrades
 
 
@@ -51,7 +52,13 @@ def rollback(
     prof = profile_or_usage(inv, profile_name)
     secrets = load_secrets(env_file, prof)
     got = upgrades.rollback(
-        inv, prof, secrets, RichProgress(Console(stderr=True, highlight=False)), nodes=node, dry_run=dry_run
+        inv,
+        prof,
+        secrets,
+        RichProgress(Console(stderr=True, highlight=False)),
+        up=bringup.run,
+        nodes=node,
+        dry_run=dry_run,
     )
     if isinstance(got, upgrades.UpgradePlan):
         print_plan(got, as_json)

@@ -14,6 +14,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.cli.up_cmd import RichProgress
 from sparkcluster.config.secrets import load_secrets
+from sparkcluster.up import bringup
 from sparkcluster.upgrade import upgrade as upgrades
 
 
@@ -66,6 +67,7 @@ def upgrade(
         prof,
         secrets,
         RichProgress(err),
+        up=bringup.run,
         image=image,
         revision=revision,
         vllm_version=vllm_version,

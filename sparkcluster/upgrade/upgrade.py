@@ -57,7 +57,6 @@ from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.steps.base import Stage, Step, render_steps
 from sparkcluster.steps.walk import StageProgress, walk
-from sparkcluster.up import bringup
 
 _log = log.get(__name__)
 T = TypeVar("T")
@@ -158,6 +157,24 @@ def gateway_for(inv: Inventory, deployment: str) -> Traffic | None:
     return gateway_hold.find(inv, deployment)
 
 
+class Up(Protocol):
+    """`up` as the command line hands it in (up/bringup.run): the new serve, the rollback's serve and
+    the dry run's nested plan. `upgrade` names no other command; the CLI composes them."""
+
+    def __call__(
+        self,
+        inv: Inventory,
+        prof: profiles.Profile,
+        secrets: dict[str, str],
+        progress: StageProgress,
+        *,
+        dry_run: bool = False,
+        node: tuple[str, ...] | None = None,
+        command: str = "up",
+        locked: bool = False,
+    ) -> Any: ...
+
+
 # ---- the run -----------------------------------------------------------------------------------------
 
 
@@ -173,6 +190,7 @@ class UpgradeRun:
     good: known_good.GoodRecord
     secrets: dict[str, str]
     progress: StageProgress
+    up: Up
     bound: float = SPEED_BOUND
     traffic: Traffic | None = None
     stage: str = ""
@@ -282,7 +300,7 @@ def take_baseline(r: UpgradeRun) -> Baseline:
 
 def bring_up(r: UpgradeRun, prof: profiles.Profile, command: str) -> str:
     # the upgrade holds the nodes' locks across every step (`held`): this `up` takes none of its own
-    bringup.run(r.inv, prof, r.secrets, r.progress, node=r.nodes or None, command=command, locked=True)
+    r.up(r.inv, prof, r.secrets, r.progress, node=r.nodes or None, command=command, locked=True)
     return f"serving {prof.image.ref}"
 
 
@@ -769,6 +787,7 @@ def upgrade(
     secrets: dict[str, str],
     progress: StageProgress,
     *,
+    up: Up,
     image: str | None = None,
     revision: str | None = None,
     vllm_version: str | None = None,
@@ -778,9 +797,9 @@ def upgrade(
 ) -> UpgradePlan | str:
     plan, new, old, good = plan_upgrade(inv, prof, image, revision, vllm_version=vllm_version, nodes=nodes, bound=bound)
     if dry_run:
-        plan.up_plan = bringup.run(inv, new, secrets, progress, dry_run=True, node=nodes or None)
+        plan.up_plan = up(inv, new, secrets, progress, dry_run=True, node=nodes or None)
         return plan
-    r = UpgradeRun(inv, nodes, new, old, good, secrets, progress, bound, gateway_for(inv, good.deployment))
+    r = UpgradeRun(inv, nodes, new, old, good, secrets, progress, up, bound, gateway_for(inv, good.deployment))
     try:
         with held(r, f"upgrade --profile {prof.name}"):
             walk_plan(r, plan)
@@ -807,6 +826,7 @@ def rollback(
     secrets: dict[str, str],
     progress: StageProgress,
     *,
+    up: Up,
     nodes: tuple[str, ...] = (),
     dry_run: bool = False,
 ) -> UpgradePlan | str:
@@ -827,7 +847,7 @@ def rollback(
     )
     if dry_run:
         return plan
-    r = UpgradeRun(inv, nodes, back, back, good, secrets, progress, traffic=gateway_for(inv, good.deployment))
+    r = UpgradeRun(inv, nodes, back, back, good, secrets, progress, up, traffic=gateway_for(inv, good.deployment))
     with held(r, f"rollback --profile {prof.name}"):
         walk_plan(r, plan)
     return f"{good.deployment} serves {back.image.ref} again (the good serve of {to.at})"

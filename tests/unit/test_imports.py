@@ -33,7 +33,6 @@ FLOOR = {p: i for i, floor in enumerate(FLOORS) for p in floor}
 # arrows the floor table does not allow yet (issue 49): each one named, none added
 CROSSING: set[tuple[str, str]] = {
     ("up", "monitor"),
-    ("upgrade", "up"),
 }
 
 

@@ -229,7 +229,7 @@ class Calls:
 
 
 def _upgrade(inv, prof):
-    return upgrade.upgrade(inv, prof, {}, StageProgress(), image=NEW_IMAGE)
+    return upgrade.upgrade(inv, prof, {}, StageProgress(), up=bringup.run, image=NEW_IMAGE)
 
 
 @pytest.mark.parametrize(
@@ -284,14 +284,13 @@ def test_an_upgrade_does_not_start_while_another_run_holds_the_nodes(inv, prof, 
             _upgrade(inv, prof)
         known_good.append(inv.cluster.name, record(prof, at="2026-11-21T10:00:00Z", base=NEW_IMAGE))
         with pytest.raises(LockHeld, match=r"\(up --profile other\)"):
-            upgrade.rollback(inv, prof, {}, StageProgress())
+            upgrade.rollback(inv, prof, {}, StageProgress(), up=bringup.run)
     assert calls.ups == []  # nothing moved
 
 
 def test_the_ups_inside_an_upgrade_take_no_lock_of_their_own(inv, prof, monkeypatch):
     seen = []
-    monkeypatch.setattr(bringup, "run", lambda *a, **k: seen.append(k))
-    r = upgrade.UpgradeRun(inv, (), prof, prof, record(prof), {}, StageProgress())
+    r = upgrade.UpgradeRun(inv, (), prof, prof, record(prof), {}, StageProgress(), lambda *a, **k: seen.append(k))
     upgrade.bring_up(r, prof, "upgrade --profile x")
     assert seen[0]["locked"] is True and seen[0]["command"] == "upgrade --profile x"
 
@@ -320,10 +319,10 @@ def test_rollback_on_request_returns_to_the_last_other_good_serve(inv, prof, mon
     known_good.append(inv.cluster.name, record(prof, at="2026-11-19T00:00:00Z"))
     known_good.append(inv.cluster.name, record(prof, at="2026-11-20T00:00:00Z", base=NEW_IMAGE))
     calls = Calls(monkeypatch)
-    plan = upgrade.rollback(inv, prof, {}, StageProgress(), dry_run=True)
+    plan = upgrade.rollback(inv, prof, {}, StageProgress(), up=bringup.run, dry_run=True)
     assert [s.stage for s in plan.steps()] == ["hold", "rollback", "rollback", "release"]
     assert calls.ups == []  # a dry run moves nothing
-    said = upgrade.rollback(inv, prof, {}, StageProgress())
+    said = upgrade.rollback(inv, prof, {}, StageProgress(), up=bringup.run)
     assert calls.ups == [prof.image.ref] and "again" in said
     assert known_good.load_outcomes(inv.cluster.name)[-1].outcome == "rollback"
 
