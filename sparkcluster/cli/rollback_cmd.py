@@ -11,11 +11,10 @@ from rich.console import Console
 from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
-from sparkcluster.cli.up_cmd import RichProgress
+from sparkcluster.cli.up_cmd import RichProgress, run_up
 from sparkcluster.cli.upgrade_cmd import print_plan
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.deployment import known_good
-from sparkcluster.up import bringup
 from sparkcluster.upgrade import upgrade as upgrades
 
 
@@ -56,7 +55,7 @@ def rollback(
         prof,
         secrets,
         RichProgress(Console(stderr=True, highlight=False)),
-        up=bringup.run,
+        up=run_up,
         nodes=node,
         dry_run=dry_run,
     )

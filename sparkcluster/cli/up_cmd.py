@@ -14,6 +14,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.deployment import deployments
+from sparkcluster.monitor.planned import planned
 from sparkcluster.steps.walk import StageProgress
 from sparkcluster.up import bringup
 from sparkcluster.up.plan import Plan
@@ -68,6 +69,14 @@ class RichProgress(StageProgress):
         self._bars.update(self._tasks[node], completed=sent, total=max(total, sent) if total else None)
 
 
+def run_up(*args, **kwargs):
+    """`up` (up/bringup.run) with monitoring's part in planned work around it (monitor/planned): the
+    nodes it touches silenced while it runs and for a grace period after, the deployments running
+    then scraped. The CLI composes the two, as `down` does; `upgrade` and `rollback` get this for the
+    `up`s inside them."""
+    return bringup.run(*args, monitoring=planned, **kwargs)
+
+
 @cli.command()
 @click.option("--profile", "-p", "profile_name", default=None, help="Profile to serve (default: the inventory's).")
 @env_file_option(f"Where HF_TOKEN and VLLM_API_KEY live (mode 0600); {ENV_FILE_HELP}.")
@@ -120,7 +129,7 @@ def up(
     prof = profile_or_usage(inv, profile_name)
     secrets = load_secrets(env_file, prof)
     err = Console(stderr=True, highlight=False)
-    result = bringup.run(
+    result = run_up(
         inv,
         prof,
         secrets,

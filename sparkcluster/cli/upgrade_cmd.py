@@ -12,9 +12,8 @@ from rich.console import Console
 from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
-from sparkcluster.cli.up_cmd import RichProgress
+from sparkcluster.cli.up_cmd import RichProgress, run_up
 from sparkcluster.config.secrets import load_secrets
-from sparkcluster.up import bringup
 from sparkcluster.upgrade import upgrade as upgrades
 
 
@@ -67,7 +66,7 @@ def upgrade(
         prof,
         secrets,
         RichProgress(err),
-        up=bringup.run,
+        up=run_up,
         image=image,
         revision=revision,
         vllm_version=vllm_version,

@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 from sparkcluster import log
 from sparkcluster.config import bounds, lint
@@ -26,7 +28,6 @@ from sparkcluster.deployment import canary_watch, deployments, endpoint, known_g
 from sparkcluster.errors import InputError, StageError, StepFailure
 from sparkcluster.fabric import engine_nccl
 from sparkcluster.labels import ROLE_LABEL
-from sparkcluster.monitor.planned import planned
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.steps.walk import StageProgress
@@ -39,6 +40,14 @@ from sparkcluster.up.stages.replace import Away
 _log = log.get(__name__)
 # how long a serving engine may take to answer one token before `up` calls it wedged
 WEDGE_PROBE_S = 20.0
+
+
+class Monitoring(Protocol):
+    """What monitoring does around planned work (monitor/planned.planned, which the CLI hands in, as
+    `down` composes it): a context manager over the run, given the connected hosts by name, the whole
+    inventory, the nodes the run touches and why."""
+
+    def __call__(self, hosts: dict, inv: Inventory, nodes: list[str], why: str) -> AbstractContextManager: ...
 
 
 @dataclass
@@ -56,6 +65,7 @@ def run(
     secrets: dict[str, str],
     progress: StageProgress,
     *,
+    monitoring: Monitoring,
     dry_run: bool = False,
     offline: bool = False,
     replace: bool = False,
@@ -65,7 +75,8 @@ def run(
 ) -> UpSummary | Plan:
     """`inv` is the whole inventory; the run touches the deployment's nodes only (`node`, or all).
     `locked`: the caller holds the locks of those nodes for longer than this run (an upgrade holds
-    them across its new `up`, its canary and its rollback's `up`), so this run takes none of its own."""
+    them across its new `up`, its canary and its rollback's `up`), so this run takes none of its own.
+    `monitoring`: what monitoring does around the run (the CLI hands in monitor/planned.planned)."""
     full, inv = inv, deployments.target(inv, prof, node)
     found = lint.lint(prof, inv)
     for w in found:
@@ -105,7 +116,7 @@ def run(
             # monitoring, where it runs: the touched nodes silenced, the new deployment scraped after
             contextlib.nullcontext()
             if dry_run
-            else planned(everyone.hosts, full, [n.name for n in touched.nodes], f"sparkcluster {command}"),
+            else monitoring(everyone.hosts, full, [n.name for n in touched.nodes], f"sparkcluster {command}"),
         ):
             cluster = ConnectedHosts(inv, {n.name: everyone.hosts[n.name] for n in inv.nodes})
             return _run_locked(

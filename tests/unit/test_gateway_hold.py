@@ -1,4 +1,4 @@
-"""An upgrade's hold on the gateway (issue 39 item 5, gateway/hold): traffic for the deployment being
+"""An upgrade's hold on the gateway (issue 39 item 5, deployment/gateway_hold): traffic for the deployment being
 upgraded is drained and held, not dropped. The table keeps a held deployment out of every pick; the
 gateway (stand-in engine on 127.0.0.1) keeps a request for it waiting while held and sends it once the
 config no longer holds it; the controller's GatewayHold writes and removes the hold in the gateway's

@@ -30,10 +30,6 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("__main__",),  # `python -m sparkcluster`
 )
 FLOOR = {p: i for i, floor in enumerate(FLOORS) for p in floor}
-# arrows the floor table does not allow yet (issue 49): each one named, none added
-CROSSING: set[tuple[str, str]] = {
-    ("up", "monitor"),
-}
 
 
 def _name(path: Path) -> str:
@@ -165,23 +161,12 @@ def test_the_floor_table_names_every_package():
 
 def test_no_arrow_goes_up_or_sideways():
     """A package imports only from the floors below its own; the commands do not import one another."""
-    wrong = {
-        (a, b): sorted(why)
-        for a, to in package_graph().items()
-        for b, why in to.items()
-        if FLOOR[b] >= FLOOR[a] and (a, b) not in CROSSING
-    }
+    wrong = {(a, b): sorted(why) for a, to in package_graph().items() for b, why in to.items() if FLOOR[b] >= FLOOR[a]}
     assert wrong == {}
 
 
-def test_every_crossing_still_crosses():
-    """An arrow the table does not allow yet is struck from `CROSSING` once it is gone."""
-    g = package_graph()
-    assert sorted(c for c in CROSSING if c[1] not in g.get(c[0], {})) == []
-
-
 def test_no_package_circle():
-    g = {a: {b for b in to if (a, b) not in CROSSING} for a, to in package_graph().items()}
+    g = {a: set(to) for a, to in package_graph().items()}
     g.update({p: set() for p in FLOOR if p not in g})
     assert circles(g) == []
 

@@ -11,6 +11,7 @@ from conftest import make_inventory
 from sparkcluster import log, redact
 from sparkcluster.cli import main as cli_main
 from sparkcluster.facts import HostFacts
+from sparkcluster.monitor.planned import planned
 from sparkcluster.steps import walk
 from sparkcluster.steps.base import Step
 from sparkcluster.up import bringup
@@ -30,9 +31,19 @@ def env(tmp_path, monkeypatch):
     inv = make_inventory()
 
     def fake_run(
-        inventory, prof, secrets, progress, *, dry_run=False, offline=False, replace=False, command="up", node=None
+        inventory,
+        prof,
+        secrets,
+        progress,
+        *,
+        monitoring,
+        dry_run=False,
+        offline=False,
+        replace=False,
+        command="up",
+        node=None,
     ):
-        assert dry_run
+        assert dry_run and monitoring is planned  # the CLI composes monitoring's silence around `up`
         facts = {n.name: HostFacts(n.name, hostname=n.name) for n in inv.nodes}
         return make_plan(inv, prof, facts, serving=False, replace=replace, secret_names=secrets)
 

@@ -13,10 +13,12 @@ import pytest
 from conftest import make_inventory
 
 from sparkcluster.cli import main as cli_main
+from sparkcluster.cli.up_cmd import run_up
 from sparkcluster.config import profile as profiles
 from sparkcluster.deployment import known_good
 from sparkcluster.errors import InputError, LockHeld
 from sparkcluster.facts import HostFacts
+from sparkcluster.monitor.planned import planned
 from sparkcluster.node import canary
 from sparkcluster.remote import lock
 from sparkcluster.remote.fanout import ConnectedHosts
@@ -229,7 +231,7 @@ class Calls:
 
 
 def _upgrade(inv, prof):
-    return upgrade.upgrade(inv, prof, {}, StageProgress(), up=bringup.run, image=NEW_IMAGE)
+    return upgrade.upgrade(inv, prof, {}, StageProgress(), up=run_up, image=NEW_IMAGE)
 
 
 @pytest.mark.parametrize(
@@ -284,7 +286,7 @@ def test_an_upgrade_does_not_start_while_another_run_holds_the_nodes(inv, prof, 
             _upgrade(inv, prof)
         known_good.append(inv.cluster.name, record(prof, at="2026-11-21T10:00:00Z", base=NEW_IMAGE))
         with pytest.raises(LockHeld, match=r"\(up --profile other\)"):
-            upgrade.rollback(inv, prof, {}, StageProgress(), up=bringup.run)
+            upgrade.rollback(inv, prof, {}, StageProgress(), up=run_up)
     assert calls.ups == []  # nothing moved
 
 
@@ -319,10 +321,10 @@ def test_rollback_on_request_returns_to_the_last_other_good_serve(inv, prof, mon
     known_good.append(inv.cluster.name, record(prof, at="2026-11-19T00:00:00Z"))
     known_good.append(inv.cluster.name, record(prof, at="2026-11-20T00:00:00Z", base=NEW_IMAGE))
     calls = Calls(monkeypatch)
-    plan = upgrade.rollback(inv, prof, {}, StageProgress(), up=bringup.run, dry_run=True)
+    plan = upgrade.rollback(inv, prof, {}, StageProgress(), up=run_up, dry_run=True)
     assert [s.stage for s in plan.steps()] == ["hold", "rollback", "rollback", "release"]
     assert calls.ups == []  # a dry run moves nothing
-    said = upgrade.rollback(inv, prof, {}, StageProgress(), up=bringup.run)
+    said = upgrade.rollback(inv, prof, {}, StageProgress(), up=run_up)
     assert calls.ups == [prof.image.ref] and "again" in said
     assert known_good.load_outcomes(inv.cluster.name)[-1].outcome == "rollback"
 
@@ -338,8 +340,9 @@ def cli_env(tmp_path, monkeypatch, inv):
     monkeypatch.setenv("SPARKCLUSTER_ENV_FILE", str(envf))
     monkeypatch.delenv("SPARKCLUSTER_PROFILES", raising=False)
 
-    def dry_up(inventory, prof, secrets, progress, *, dry_run=False, node=None, **kw):
+    def dry_up(inventory, prof, secrets, progress, *, monitoring, dry_run=False, node=None, **kw):
         assert dry_run  # a dry run of the upgrade is a dry run of its up, nothing more
+        assert monitoring is planned  # the ups inside an upgrade are silenced as `up` is
         facts = {n.name: HostFacts(n.name, hostname=n.name) for n in inv.nodes}
         return make_plan(inv, prof, facts, serving=False, replace=False, secret_names=secrets)
 
