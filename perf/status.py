@@ -1,5 +1,5 @@
 """`status --json` on a serving cluster: the CLI's wall time, that time as a ratio to what status
-cannot avoid (perf/floors.py), and the same `day2.status.collect_all` in-process, which separates the
+cannot avoid (perf/floors.py), and the same `status.status.collect_all` in-process, which separates the
 interpreter's start-up from the work.
 """
 
@@ -24,7 +24,7 @@ def measure_cli(s) -> None:
 
 
 def measure_in_process(s) -> None:
-    from sparkcluster.day2 import status as status_mod
+    from sparkcluster.status import status as status_mod
 
     t = time.time()
     status_mod.collect_all(s.inv, testbed.API_KEY)

@@ -45,7 +45,7 @@ class NodeView:
     mtu_expected: int | None = None
     mtus: dict[str, int] = field(default_factory=dict)  # data-plane netdev -> MTU seen on it
     hcas: tuple[str, ...] = ()  # NCCL_IB_HCA, from the inventory
-    nccl_transport: str = ""  # what the engine's NCCL chose here (day2/engine_nccl's summary), "" unknown
+    nccl_transport: str = ""  # what the engine's NCCL chose here (fabric/engine_nccl's summary), "" unknown
     rtt_ms: float | None = None  # from the head to this node's control IP (the ranks' path); None: the head
     rtt_error: str = ""  # why no round trip was measured (no answer at all is the worst case)
     rtt_loaded_ms: float | None = None  # the same, measured while the benchmark ran

@@ -7,7 +7,6 @@ unit-tested against output captured from a real `vllm bench serve`.
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import math
 import re
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from sparkcluster import __version__, log, redact
 from sparkcluster.bench.sweep import Level, Target
+from sparkcluster.config.profile import profile_hash
 from sparkcluster.errors import InputError, SparkError
 
 # ---- what the benchmark printed ----------------------------------------------------------------
@@ -195,11 +195,6 @@ def read_csv(path: Path) -> list[dict]:
                     row[k] = _num(v)
             rows.append(row)
     return rows
-
-
-def profile_hash(prof) -> str:
-    # the validated fields, not the file's text: comments and key order change nothing served
-    return hashlib.sha256(prof.model_dump_json().encode()).hexdigest()
 
 
 def run_record(

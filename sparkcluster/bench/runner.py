@@ -32,12 +32,12 @@ from sparkcluster.bench.sweep import (
     level_dir,
     stop_argv,
 )
-from sparkcluster.day2 import endpoint, engine_nccl
+from sparkcluster.deployment import endpoint
 from sparkcluster.errors import InputError, SparkError
+from sparkcluster.fabric import engine_nccl
 from sparkcluster.facts.parsers import ContainerInspect, container_inspect
 from sparkcluster.labels import CLUSTER_LABEL, container_name
 from sparkcluster.movement import hfcache
-from sparkcluster.node import canary
 
 _log = log.get("sparkcluster.bench")  # the logger name of the single module this was
 
@@ -155,7 +155,7 @@ class Head:
         """(server.Record, container inspect) of the running server, or raise 'no cluster serving'."""
         import docker
 
-        from sparkcluster.day2 import server  # for start-up speed: it loads the Docker SDK
+        from sparkcluster.deployment import server  # for start-up speed: it loads the Docker SDK
 
         fix = "start it with: sparkcluster up --profile NAME"
         try:
@@ -497,70 +497,3 @@ def cluster_facts(cluster, inv, prof, head: Head, image_id: str) -> ClusterFacts
         model_revision=model_revision(cluster, inv, prof),
         image_digests=head.repo_digests(image_id) if image_id else [],
     )
-
-
-def ask_canary(address: str, port: int, model: str, secrets: dict[str, str], timeout: float = 120) -> list:
-    """The canary's prompts, one request at a time from the controller, greedily (node/canary)."""
-    import httpx
-
-    base = f"http://{address}:{port}"
-    out = []
-    with httpx.Client() as client:
-        for prompt in canary.PROMPTS:
-            try:
-                r = client.post(
-                    f"{base}/v1/completions",
-                    json=canary.request_body(model, prompt),
-                    headers=endpoint.headers(secrets),
-                    timeout=timeout,
-                )
-            except httpx.HTTPError as e:
-                raise SparkError(
-                    f"the canary's completion failed: {e}", "sparkcluster status; sparkcluster logs"
-                ) from None
-            if r.status_code != 200:
-                raise SparkError(
-                    f"the canary's completion answered HTTP {r.status_code}: {redact.mask(r.text[:200])}",
-                    "sparkcluster status; sparkcluster logs",
-                )
-            out.append(canary.answer_from(prompt, r.json()))
-    return out
-
-
-def ask_speed(
-    address: str,
-    port: int,
-    model: str,
-    secrets: dict[str, str],
-    *,
-    warmup: int = 2,
-    requests: int = 4,
-    tokens: int = 64,
-) -> float:
-    """Decode tokens per second at concurrency 1, from the controller: `warmup` requests first, not
-    counted (the first requests after a start compile, fill caches and warm the engine up), then
-    `requests` timed one after another. The canary of `upgrade` compares it with the last good serve's
-    own figure, measured the same way, so the controller's round trip cancels out."""
-    import time
-
-    import httpx
-
-    base = f"http://{address}:{port}"
-    body = {"model": model, "prompt": canary.PROMPTS[0], "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
-    counted, seconds = 0, 0.0
-    with httpx.Client() as client:
-        for i in range(warmup + requests):
-            t = time.monotonic()
-            try:
-                r = client.post(f"{base}/v1/completions", json=body, headers=endpoint.headers(secrets), timeout=120)
-            except httpx.HTTPError as e:
-                raise SparkError(f"the canary's bench failed: {e}", "sparkcluster status; sparkcluster logs") from None
-            if r.status_code != 200:
-                raise SparkError(
-                    f"the canary's bench answered HTTP {r.status_code}: {redact.mask(r.text[:200])}",
-                    "sparkcluster status; sparkcluster logs",
-                )
-            if i >= warmup:
-                seconds += time.monotonic() - t
-                counted += int((r.json().get("usage") or {}).get("completion_tokens") or 0)
-    return counted / seconds if seconds > 0 else 0.0

@@ -24,8 +24,9 @@ from sparkcluster.cli.options import env_file_option
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.flags import engine_host
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
-from sparkcluster.day2 import canary_watch, endpoint, engine_nccl, known_good
+from sparkcluster.deployment import canary_watch, endpoint, known_good
 from sparkcluster.errors import InputError, SparkError
+from sparkcluster.fabric import engine_nccl
 
 # the figures the terminal table shows (the CSV has them all)
 _SHOWN = [
@@ -329,7 +330,7 @@ def bench(
             vllm_version = head.vllm_version()
             if canary or canary_retake:
                 meta = {
-                    "profile_hash": bench_pkg.profile_hash(prof),
+                    "profile_hash": profiles.profile_hash(prof),
                     "image_id": image_id,
                     "model_revision": bench_pkg.model_revision(cluster, inv, prof),
                     "vllm_version": vllm_version,
@@ -431,7 +432,7 @@ def bench(
             model=prof.model,
             model_revision=facts.model_revision,
             profile=prof.name,
-            profile_hash=bench_pkg.profile_hash(prof),
+            profile_hash=profiles.profile_hash(prof),
             nccl_texts=facts.nccl_texts,
             nccl_transport=transports,
             topology=inv.cluster.topology,
@@ -495,7 +496,7 @@ def bench(
     summary = {
         "run_dir": str(run_dir),
         "profile": prof.name,
-        "profile_hash": bench_pkg.profile_hash(prof),
+        "profile_hash": profiles.profile_hash(prof),
         "vllm_version": vllm_version,
         "image_id": image_id,
         "rows": sweep.rows,
@@ -581,7 +582,7 @@ def _canary(
 ) -> None:
     """`bench --canary`: compare with the answers kept in the deployment's known-good record, or take
     them (the first time, or `--canary-retake` after a change you meant); told to the head like every
-    canary check (day2/canary_watch)."""
+    canary check (deployment/canary_watch)."""
     deployment = f"{prof.name}@{'+'.join(deployment_nodes(inv, prof))}"
     good = known_good.last_for(known_good.load(inv.cluster.name), deployment)
     if good is None:
@@ -592,7 +593,7 @@ def _canary(
     at = known_good.now_utc()
 
     def ask():
-        return bench_pkg.ask_canary(address, port, model, secrets)
+        return endpoint.ask_canary(address, port, model, secrets)
 
     if retake or canary_watch.must_take(good, prof.model):
         kept = canary_watch.take(ask, meta, at)

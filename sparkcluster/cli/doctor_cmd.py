@@ -8,7 +8,7 @@ from rich.console import Console
 from sparkcluster.checks import preflight, report
 from sparkcluster.cli.common import load_profile_for
 from sparkcluster.cli.main import cli
-from sparkcluster.day2 import known_good
+from sparkcluster.deployment import known_good
 from sparkcluster.errors import EXIT_FAILED, EXIT_OK
 
 

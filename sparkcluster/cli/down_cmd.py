@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from sparkcluster.cli.main import cli
-from sparkcluster.day2 import deployments, teardown
+from sparkcluster.deployment import deployments, teardown
 from sparkcluster.errors import EXIT_FAILED, SparkError
 from sparkcluster.facts.access import learn_homes
 from sparkcluster.monitor.planned import planned

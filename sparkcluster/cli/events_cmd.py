@@ -12,7 +12,7 @@ import docker.errors
 
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
-from sparkcluster.day2 import supervision
+from sparkcluster.deployment import supervision
 from sparkcluster.errors import InputError
 from sparkcluster.labels import container_name
 from sparkcluster.monitor import alerting

@@ -15,7 +15,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config import profile as profiles
 from sparkcluster.config import secrets as secret_store
-from sparkcluster.day2 import deployments, supervision
+from sparkcluster.deployment import deployments, gateway_registry, supervision
 from sparkcluster.errors import EXIT_FAILED, InputError, SparkError
 from sparkcluster.gateway import deploy, litellm, rollout
 from sparkcluster.labels import PORT_LABEL
@@ -82,11 +82,11 @@ def gateway_up(obj, node_name, port, drain_s, image, tls_cert, tls_key, dry_run,
     inv, node, cluster, found, loaded, missing = _routes(obj, node_name)
     with cluster:
         api = cluster.hosts[node.name].docker().api
-        running = deploy.find(api, inv.cluster.name)
+        running = gateway_registry.find(api, inv.cluster.name)
         img = image or deploy.deployment_image(api, inv.cluster.name) or (running or {}).get("Image")
         tls = {"cert": tls_cert, "key": tls_key} if tls_cert else {}
         tokens = deploy.wake_tokens(cluster.hosts, inv, found, loaded)
-        held = deploy.holds(api, running)  # an upgrade's hold, kept (read again just before the write)
+        held = gateway_registry.holds(api, running)  # an upgrade's hold, kept (read again just before the write)
         p = rollout.make(inv, node.name, found, loaded, secrets, keys, img, running, port, drain_s, tls, tokens, held)
         for n, why in sorted(missing.items()):
             click.echo(f"warning: {n}: cannot read what runs there, so its deployments are not routed: {why}", err=True)
@@ -117,7 +117,7 @@ def gateway_down(obj) -> None:
     with cluster:
         for name, host in cluster.hosts.items():
             api = host.docker().api
-            c = deploy.find(api, inv.cluster.name)
+            c = gateway_registry.find(api, inv.cluster.name)
             if c is not None:
                 deploy.stop(api, c["Id"])
                 removed.append(f"{name}: removed {c['Names'][0].lstrip('/')} (port {c['Labels'].get(PORT_LABEL)})")
@@ -144,7 +144,7 @@ def gateway_status(obj, as_json: bool, env_file) -> None:
     out = []
     with cluster:
         for name, host in cluster.hosts.items():
-            c = deploy.find(host.docker().api, inv.cluster.name)
+            c = gateway_registry.find(host.docker().api, inv.cluster.name)
             if c is None:
                 continue
             port = int((c.get("Labels") or {}).get(PORT_LABEL) or 0)
@@ -206,7 +206,7 @@ def gateway_events(obj, last: int, as_json: bool) -> None:
     with cluster:
         for host in cluster.hosts.values():
             api = host.docker().api
-            c = deploy.find(api, inv.cluster.name)
+            c = gateway_registry.find(api, inv.cluster.name)
             if c is None:
                 continue
             shown = True

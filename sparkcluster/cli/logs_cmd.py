@@ -14,7 +14,7 @@ import click
 
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
-from sparkcluster.day2 import server
+from sparkcluster.deployment import server
 from sparkcluster.errors import InputError
 from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, ROLE_LABEL
 from sparkcluster.remote.fanout import ConnectedHosts

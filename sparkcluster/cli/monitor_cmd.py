@@ -12,9 +12,8 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.config.secrets import load_secrets
-from sparkcluster.day2 import deployments
+from sparkcluster.deployment import deployments, gateway_registry
 from sparkcluster.errors import EXIT_FAILED, ConnectError
-from sparkcluster.gateway import deploy
 from sparkcluster.monitor import alerting, scrape, stack
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 
@@ -55,7 +54,7 @@ def monitor_up(obj, env_file, dry_run: bool) -> None:
             raise ConnectError(inv.head.name, f"the head does not answer: {why}", err.fix)
         found, unread = deployments.on(cluster, inv)
         served = scrape.served(inv, found)
-        gateways = deploy.ports(cluster.hosts, inv.cluster.name)
+        gateways = gateway_registry.ports(cluster.hosts, inv.cluster.name)
         prom, am, webhook = _configs(inv, served, env_file, gateways)
         specs = stack.specs(inv, prom, am, _owners(cluster))
         for t in scrape.targets(inv, served, gateways):

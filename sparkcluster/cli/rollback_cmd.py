@@ -11,11 +11,11 @@ from rich.console import Console
 from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
-from sparkcluster.cli.up_cmd import RichProgress
+from sparkcluster.cli.up_cmd import RichProgress, run_up
 from sparkcluster.cli.upgrade_cmd import print_plan
 from sparkcluster.config.secrets import load_secrets
-from sparkcluster.day2 import known_good
-from sparkcluster.up import upgrade as upgrades
+from sparkcluster.deployment import known_good
+from sparkcluster.upgrade import upgrade as upgrades
 
 
 @cli.command()
@@ -51,7 +51,13 @@ def rollback(
     prof = profile_or_usage(inv, profile_name)
     secrets = load_secrets(env_file, prof)
     got = upgrades.rollback(
-        inv, prof, secrets, RichProgress(Console(stderr=True, highlight=False)), nodes=node, dry_run=dry_run
+        inv,
+        prof,
+        secrets,
+        RichProgress(Console(stderr=True, highlight=False)),
+        up=run_up,
+        nodes=node,
+        dry_run=dry_run,
     )
     if isinstance(got, upgrades.UpgradePlan):
         print_plan(got, as_json)

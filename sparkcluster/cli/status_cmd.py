@@ -14,9 +14,10 @@ from sparkcluster import log, redact
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
-from sparkcluster.day2 import fleet, supervision
-from sparkcluster.day2 import status as status_mod
+from sparkcluster.deployment import supervision
 from sparkcluster.node import contract
+from sparkcluster.status import fleet
+from sparkcluster.status import status as status_mod
 
 if TYPE_CHECKING:  # rich only where a table is drawn: `status --json` is polled by scripts
     from rich.console import Group
@@ -222,7 +223,7 @@ def _textual() -> bool:
 
 
 def _write_html(inv, sts, path: Path) -> None:
-    from sparkcluster.day2 import html_report  # only where --html is asked: status --json stays light
+    from sparkcluster.status import html_report  # only where --html is asked: status --json stays light
 
     charts = None
     try:
@@ -290,7 +291,7 @@ def status(
     inv = obj.inventory()
     key = load_secrets(env_file, names=["VLLM_API_KEY"]).get("VLLM_API_KEY")
     if watch and not as_json and sys.stdout.isatty() and _textual():
-        from sparkcluster.day2 import live  # a full-screen view: sparklines, the journal
+        from sparkcluster.status import live  # a full-screen view: sparklines, the journal
 
         live.run(lambda: status_mod.collect_all(inv, key), interval)
         return

@@ -14,9 +14,10 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.images import check_dockerfile
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
-from sparkcluster.day2 import deployments
+from sparkcluster.deployment import deployments
+from sparkcluster.monitor.planned import planned
+from sparkcluster.steps.walk import StageProgress
 from sparkcluster.up import bringup
-from sparkcluster.up.execute import StageProgress
 from sparkcluster.up.plan import Plan
 
 
@@ -67,6 +68,14 @@ class RichProgress(StageProgress):
             self._tasks[node] = self._bars.add_task(node if "->" in node else f"image -> {node}", total=total or None)
         # the image's size is an estimate of the saved stream (tar headers add a little)
         self._bars.update(self._tasks[node], completed=sent, total=max(total, sent) if total else None)
+
+
+def run_up(*args, **kwargs):
+    """`up` (up/bringup.run) with monitoring's part in planned work around it (monitor/planned): the
+    nodes it touches silenced while it runs and for a grace period after, the deployments running
+    then scraped. The CLI composes the two, as `down` does; `upgrade` and `rollback` get this for the
+    `up`s inside them."""
+    return bringup.run(*args, monitoring=planned, **kwargs)
 
 
 @cli.command()
@@ -122,7 +131,7 @@ def up(
     check_dockerfile(prof)  # before any connection: the image's Dockerfile is in this install
     secrets = load_secrets(env_file, prof)
     err = Console(stderr=True, highlight=False)
-    result = bringup.run(
+    result = run_up(
         inv,
         prof,
         secrets,
@@ -164,7 +173,7 @@ def up(
         f'-d \'{{"model": "{result.model}", "messages": [{{"role": "user", "content": "Hello"}}]}}\''
     )
     if smoke:
-        from sparkcluster.day2.deployments import target  # only `up --smoke` needs it
+        from sparkcluster.deployment.deployments import target  # only `up --smoke` needs it
 
         _smoke(target(inv, prof, node), prof, secrets, err)
 

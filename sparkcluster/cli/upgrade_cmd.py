@@ -1,5 +1,5 @@
 """`sparkcluster upgrade --profile P --image NEW` (or `--revision`): the new serve kept only once its
-canary and bench hold, else the last good serve back by itself (`up/upgrade`)."""
+canary and bench hold, else the last good serve back by itself (`upgrade/upgrade`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from rich.console import Console
 from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
-from sparkcluster.cli.up_cmd import RichProgress
+from sparkcluster.cli.up_cmd import RichProgress, run_up
 from sparkcluster.config.images import check_dockerfile
 from sparkcluster.config.secrets import load_secrets
-from sparkcluster.up import upgrade as upgrades
+from sparkcluster.upgrade import upgrade as upgrades
 
 
 def print_plan(plan: upgrades.UpgradePlan, as_json: bool) -> None:
@@ -68,6 +68,7 @@ def upgrade(
         prof,
         secrets,
         RichProgress(err),
+        up=run_up,
         image=image,
         revision=revision,
         vllm_version=vllm_version,

@@ -15,7 +15,7 @@ from sparkcluster.cli.options import env_file_option
 from sparkcluster.cli.up_cmd import RichProgress
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
-from sparkcluster.day2 import compile_caches
+from sparkcluster.deployment import compile_caches
 from sparkcluster.errors import InputError
 from sparkcluster.facts.access import learn_homes
 from sparkcluster.movement import hfcache

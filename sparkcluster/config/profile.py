@@ -7,6 +7,7 @@ computed per node (`per_host_env`) and kept out of what Ray's executor copies (s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -347,6 +348,11 @@ def container_files(profile: Profile) -> dict[str, str]:
     """Files whoever starts a container writes into it: {path: content}."""
     path, text = non_carry_over_file(profile)
     return {path: text}
+
+
+def profile_hash(prof) -> str:
+    # the validated fields, not the file's text: comments and key order change nothing served
+    return hashlib.sha256(prof.model_dump_json().encode()).hexdigest()
 
 
 def secret_env_names(profile: Profile) -> list[str]:

@@ -23,7 +23,7 @@ from sparkcluster import node as node_pkg
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.container.spec import ContainerSpec, files_tar, spec_for
-from sparkcluster.day2 import server
+from sparkcluster.deployment import server
 from sparkcluster.errors import SparkError
 from sparkcluster.fabric.nccl_log import MARKER
 from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL

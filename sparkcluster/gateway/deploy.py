@@ -1,5 +1,6 @@
 """The gateway's container on its node, through the Docker API over the node's SSH connection:
-find it, carry out the rollout's steps, stop it (draining), and ask it what it routes."""
+carry out the rollout's steps, stop it (draining), and ask it what it routes. Where it runs and its
+config, read and written, are the registry's (deployment/gateway_registry)."""
 
 from __future__ import annotations
 
@@ -11,32 +12,14 @@ import httpx
 
 from sparkcluster import redact
 from sparkcluster.container.spec import files_tar
-from sparkcluster.day2 import server, supervision
+from sparkcluster.deployment import gateway_registry, server
 from sparkcluster.errors import SparkError
-from sparkcluster.labels import CLUSTER_LABEL, PORT_LABEL, container_name, is_gateway
+from sparkcluster.labels import CLUSTER_LABEL, container_name, is_gateway
 from sparkcluster.remote import retry
-from sparkcluster.remote.dockerapi import run_in
 
-from .rollout import CONFIG_PATH, GatewayPlan, code_files
+from .rollout import GatewayPlan, code_files
 
 READY_TIMEOUT_S = 60.0
-
-
-def find(api, cluster: str) -> dict | None:
-    """The gateway container of this cluster on the node (the Engine API's list entry), or None."""
-    ours = api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={cluster}"})
-    return next((c for c in ours if is_gateway(c.get("Labels"))), None)
-
-
-def ports(hosts: dict, cluster: str) -> dict[str, int]:
-    """node -> the gateway's port, where one runs (`hosts`: the connected hosts by name): monitoring
-    scrapes its /metrics there."""
-    out = {}
-    for name, host in hosts.items():
-        c = find(host.docker().api, cluster)
-        if c is not None and c.get("State") == "running":
-            out[name] = int((c.get("Labels") or {}).get(PORT_LABEL) or 0)
-    return {n: p for n, p in out.items() if p}
 
 
 def deployment_image(api, cluster: str) -> str | None:
@@ -65,55 +48,7 @@ def wake_tokens(hosts: dict, inv, found, profiles: dict) -> dict[str, str]:
 
 
 def write_config(api, container: str, plan: GatewayPlan) -> None:
-    write_doc(api, container, plan.config())
-
-
-def write_doc(api, container: str, doc: dict) -> None:
-    """The config (secrets inside) as a 0600 file, written aside and renamed, so the running gateway
-    never reads half of it."""
-    api.put_archive(container, "/", files_tar({CONFIG_PATH + ".new": json.dumps(doc)}, mode=0o600))
-    run_in(api, container, ["mv", "-f", CONFIG_PATH + ".new", CONFIG_PATH])
-
-
-def routing(api, cluster: str, deployment: str) -> tuple[str, dict] | None:
-    """The running gateway on this node that routes `deployment`, with its config (secrets inside:
-    never printed); None where none does."""
-    found = find(api, cluster)
-    if found is None or found.get("State") != "running":
-        return None
-    container = found["Names"][0].lstrip("/")
-    doc = read_doc(api, container)
-    if not any(d.get("key") == deployment for d in doc.get("deployments", [])):
-        return None
-    return container, doc
-
-
-def read_doc(api, container: str) -> dict:
-    """The gateway's config, as `write_doc` left it (secrets inside: never printed), read through the
-    Docker API's archive, so a stopped gateway's is read too (`apply`'s replace reads it once the
-    old gateway has drained)."""
-    text = supervision.read_file(api, container, CONFIG_PATH)
-    if text is None:
-        raise SparkError(
-            f"could not read the gateway's config {CONFIG_PATH} in {container}: no such container or file",
-            "sparkcluster gateway status shows where it runs; sparkcluster gateway up writes a new one",
-        )
-    return json.loads(text)
-
-
-def holds(api, running: dict | None) -> dict[str, float] | None:
-    """The holds in the gateway's config (deployment -> its deadline, gateway/hold), running or
-    stopped: an upgrade under way holds one, and a new config keeps them, deadlines unchanged; None
-    where they cannot be read (no gateway container, or its config unreadable)."""
-    if not running:
-        return None
-    try:
-        held = read_doc(api, running["Id"]).get("held_until")
-    except (SparkError, docker.errors.DockerException, ValueError, AttributeError):
-        return None
-    if not isinstance(held, dict):
-        return {}
-    return {k: float(v) for k, v in held.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    gateway_registry.write_doc(api, container, plan.config())
 
 
 def stop(api, cid: str) -> None:
@@ -145,7 +80,7 @@ def create(api, plan: GatewayPlan) -> str:
     hc = api.create_host_config(**plan.host_config_kwargs())
     cid = api.create_container(host_config=hc, **plan.create_kwargs())["Id"]
     api.put_archive(cid, "/", files_tar(code_files()))
-    api.put_archive(cid, "/", files_tar({CONFIG_PATH: json.dumps(plan.config())}, mode=0o600))
+    api.put_archive(cid, "/", files_tar({gateway_registry.CONFIG_PATH: json.dumps(plan.config())}, mode=0o600))
     api.start(cid)
     return cid
 
@@ -234,7 +169,7 @@ def apply(api, plan: GatewayPlan, host, say=lambda line: None) -> dict:
 def _keep_holds(api, plan: GatewayPlan) -> None:
     """The gateway's holds, read again just before its config is replaced: one released since the
     plan was made stays released, one taken since is kept."""
-    got = holds(api, plan.running)
+    got = gateway_registry.holds(api, plan.running)
     if got is not None:
         plan.held = got
 

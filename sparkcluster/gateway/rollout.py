@@ -11,7 +11,7 @@ container as the node agent's is; its config (routes, the client keys, the deplo
 reach a command line, `docker inspect` or a log. A config that changed while the code, image and
 port did not is written in place and re-read by the running gateway (no stream is dropped);
 anything else replaces the container, which drains its streams for `drain_s` on the way out. Either
-way the new config keeps the holds of the running gateway's (an upgrade under way: gateway/hold),
+way the new config keeps the holds of the running gateway's (an upgrade under way: deployment/gateway_hold),
 their deadlines unchanged.
 """
 
@@ -26,14 +26,14 @@ from pathlib import Path
 from sparkcluster import redact
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.config.secrets import GATEWAY_KEYS
+from sparkcluster.deployment.gateway_registry import CONFIG_PATH
 from sparkcluster.errors import InputError
 from sparkcluster.gateway import SHIPPED
 from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, GATEWAY_ROLE, PORT_LABEL, ROLE_LABEL, gateway_name
 from sparkcluster.node import contract
-from sparkcluster.up.stages.base import Step
+from sparkcluster.steps.base import Step
 
 CODE_DIR = "/opt/sparkcluster-gateway"  # `python3 CODE_DIR CONFIG` runs its __main__.py
-CONFIG_PATH = "/etc/sparkcluster/gateway.json"
 DEFAULT_PORT = 4000  # LiteLLM's and sparkrun's proxy port: clients configured for those find it
 DEFAULT_DRAIN_S = 30
 RESTART_POLICY = {"Name": "unless-stopped"}
@@ -69,7 +69,7 @@ class Upstream:
 
 
 def upstreams(inv: Inventory, found, profiles: dict) -> list[Upstream]:
-    """Pure: the deployments found on the hosts (day2/deployments) -> what the gateway routes, in
+    """Pure: the deployments found on the hosts (deployment/deployments) -> what the gateway routes, in
     the order found. `profiles` maps a profile name to its loaded profile."""
     out = []
     for d in found:
@@ -112,7 +112,7 @@ class GatewayPlan:
     running: dict | None = None  # the gateway container there now (the Engine API's list entry)
     # on demand: deployment key -> its wake token (read from its head container, never shown)
     wake_tokens: dict[str, str] = field(default_factory=dict, repr=False)
-    # deployment key -> its hold's deadline (gateway/hold), kept from the running gateway's config
+    # deployment key -> its hold's deadline (deployment/gateway_hold), kept from the running gateway's config
     held: dict[str, float] = field(default_factory=dict)
     _steps: list[Step] = field(default_factory=list, repr=False)
 

@@ -12,8 +12,7 @@ from contextlib import contextmanager
 
 from sparkcluster import log
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import deployments
-from sparkcluster.gateway import deploy
+from sparkcluster.deployment import deployments, gateway_registry
 from sparkcluster.monitor import alerting, scrape, stack
 from sparkcluster.remote.fanout import ConnectedHosts
 
@@ -26,7 +25,7 @@ _log = log.get(__name__)
 def retarget(hosts: dict, inv: Inventory) -> None:
     """prometheus.yml made again from the deployments running now, and Prometheus told to reload."""
     found, _ = deployments.on(ConnectedHosts(inv, hosts), inv)
-    gateways = deploy.ports(hosts, inv.cluster.name)
+    gateways = gateway_registry.ports(hosts, inv.cluster.name)
     text = scrape.render(scrape.prometheus_config(inv, scrape.targets(inv, scrape.served(inv, found), gateways)))
     api = hosts[inv.head.name].docker().api
     name = stack.container(inv, stack.PROMETHEUS)

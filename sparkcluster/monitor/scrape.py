@@ -32,7 +32,7 @@ class Served:
 
 
 def served(inv: Inventory, found) -> list[Served]:
-    """The running deployments (day2/deployments) with their API ports (the profile's, else the
+    """The running deployments (deployment/deployments) with their API ports (the profile's, else the
     inventory's when this controller has no such profile)."""
     from sparkcluster.config import profile as profiles  # the profiles' models only where a port is needed
 

@@ -22,7 +22,7 @@ the canary's can move a greedy answer, so only an answer that differs twice in a
 restarts a server or delays serving: a changed answer is a problem to report (a journal event,
 `status`), not a reason to stop serving.
 
-Where it is kept: the reference answers in the controller's known-good record (day2/known_good, one
+Where it is kept: the reference answers in the controller's known-good record (deployment/known_good, one
 record of the last good serve per deployment); a copy the supervisor compares with in the head
 container (`contract.CANARY_PATH`), and the last comparison beside it (`contract.CANARY_CHECK_PATH`),
 which `status` shows.

@@ -13,7 +13,7 @@ means inductor loaded its kernels (a hit). Every start's reading goes to the jou
 
 The engine runs as root in the container, so what it writes into the mounted folder is root's on
 the host; `CacheOwner` hands every file to the SSH user's uid:gid (from the agent's config), so the
-user can list, evict and purge the caches without sudo (day2/compile_caches). Standard library only.
+user can list, evict and purge the caches without sudo (deployment/compile_caches). Standard library only.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took 
 CPU_WARMUP, CPU_WARMED = "Warming up model for the compilation...", "Warming up done."
 # vllm/logger.py: "%(levelname)s %(asctime)s", asctime as %m-%d %H:%M:%S
 STAMP = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) ")
-OWN_FILES = (".last-start", "key.json")  # written by `up` as the user (day2/compile_caches)
+OWN_FILES = (".last-start", "key.json")  # written by `up` as the user (deployment/compile_caches)
 NOT_COMPILED = "modelinfos"  # vLLM's model-class inspection cache in VLLM_CACHE_ROOT (count_files)
 
 
@@ -149,7 +149,7 @@ class StartReading:
         self.offset = log_size(log_path)
         self.started = time.monotonic()
         self.files_before = count_files(self.folder) if self.folder else 0
-        if self.folder:  # a start, for the cap's "oldest first" (day2/compile_caches), restarts included
+        if self.folder:  # a start, for the cap's "oldest first" (deployment/compile_caches), restarts included
             try:
                 os.utime(os.path.join(self.folder, OWN_FILES[0]))
             except OSError:

@@ -14,7 +14,7 @@ SECRETS_PATH = "/etc/sparkcluster/serve-secrets.json"
 WAKE_PATH = "/etc/sparkcluster/wake-token"
 RECORD_PATH = "/run/sparkcluster/serve.json"
 # exits 0 when the PID the record names still runs in the container: the shell's own kill (a slim
-# image has no procps); read by `status` and by `up` (day2/server.current) in one exec each
+# image has no procps); read by `status` and by `up` (deployment/server.current) in one exec each
 SERVER_ALIVE_SH = f'kill -0 "$(sed -n \'s/.*"pid": *\\([0-9][0-9]*\\).*/\\1/p\' {RECORD_PATH})"'
 STATE_PATH = "/run/sparkcluster/supervisor.json"
 RANK_PATH = "/run/sparkcluster/rank.json"  # executor "mp": a worker's rank, its epoch and exit (node/ranks)
@@ -26,7 +26,7 @@ SERVE_LOG = "/var/log/sparkcluster/vllm-serve.log"
 # and the last comparison (after a restart, or made by the controller), which `status` shows
 CANARY_PATH = "/etc/sparkcluster/canary.json"
 CANARY_CHECK_PATH = "/var/log/sparkcluster/canary-check.json"
-# every rank's NCCL writes at init which transport it chose, to a file of its own (day2/engine_nccl)
+# every rank's NCCL writes at init which transport it chose, to a file of its own (fabric/engine_nccl)
 NCCL_LOG_DIR = "/var/log/sparkcluster"
 NCCL_LOG_ENV = {
     "NCCL_DEBUG": "INFO",
@@ -35,7 +35,7 @@ NCCL_LOG_ENV = {
 }
 JOURNAL_KEEP = 2000  # lines kept when the journal is trimmed
 # Ray's state API (what `ray list nodes` reads), served by the dashboard on the head's loopback: the
-# agent reads it from inside the head container, the controller from the head host (day2/ray_members).
+# agent reads it from inside the head container, the controller from the head host (deployment/ray_members).
 # One HTTP request: far cheaper than starting a Ray driver to ask. Only the live nodes, by Ray's own
 # filter (`ray list nodes -f state=ALIVE`): DEAD rows stay in the GCS's table for its lifetime and
 # the API sorts rows by node_id before it cuts them at `limit`, so an unfiltered read of 100 rows can

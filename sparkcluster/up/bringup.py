@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 from sparkcluster import log
 from sparkcluster.config import bounds, lint
@@ -22,13 +24,14 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.config.flags import engine_host, reached_at
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import canary_watch, deployments, endpoint, engine_nccl, known_good, server, teardown
+from sparkcluster.deployment import canary_watch, deployments, endpoint, known_good, server, teardown
 from sparkcluster.errors import InputError, StageError, StepFailure
+from sparkcluster.fabric import engine_nccl
 from sparkcluster.labels import ROLE_LABEL
-from sparkcluster.monitor.planned import planned
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error
 from sparkcluster.remote.lock import NodeLocks
-from sparkcluster.up.execute import StageProgress, UpRun, execute, record_before_plan
+from sparkcluster.steps.walk import StageProgress
+from sparkcluster.up.execute import UpRun, execute, record_before_plan
 from sparkcluster.up.plan import Plan, make_offline_plan, make_plan
 from sparkcluster.up.stages import gate, serve
 from sparkcluster.up.stages.containers import Created
@@ -37,6 +40,14 @@ from sparkcluster.up.stages.replace import Away
 _log = log.get(__name__)
 # how long a serving engine may take to answer one token before `up` calls it wedged
 WEDGE_PROBE_S = 20.0
+
+
+class Monitoring(Protocol):
+    """What monitoring does around planned work (monitor/planned.planned, which the CLI hands in, as
+    `down` composes it): a context manager over the run, given the connected hosts by name, the whole
+    inventory, the nodes the run touches and why."""
+
+    def __call__(self, hosts: dict, inv: Inventory, nodes: list[str], why: str) -> AbstractContextManager: ...
 
 
 @dataclass
@@ -54,6 +65,7 @@ def run(
     secrets: dict[str, str],
     progress: StageProgress,
     *,
+    monitoring: Monitoring,
     dry_run: bool = False,
     offline: bool = False,
     replace: bool = False,
@@ -63,7 +75,8 @@ def run(
 ) -> UpSummary | Plan:
     """`inv` is the whole inventory; the run touches the deployment's nodes only (`node`, or all).
     `locked`: the caller holds the locks of those nodes for longer than this run (an upgrade holds
-    them across its new `up`, its canary and its rollback's `up`), so this run takes none of its own."""
+    them across its new `up`, its canary and its rollback's `up`), so this run takes none of its own.
+    `monitoring`: what monitoring does around the run (the CLI hands in monitor/planned.planned)."""
     full, inv = inv, deployments.target(inv, prof, node)
     found = lint.lint(prof, inv)
     for w in found:
@@ -103,7 +116,7 @@ def run(
             # monitoring, where it runs: the touched nodes silenced, the new deployment scraped after
             contextlib.nullcontext()
             if dry_run
-            else planned(everyone.hosts, full, [n.name for n in touched.nodes], f"sparkcluster {command}"),
+            else monitoring(everyone.hosts, full, [n.name for n in touched.nodes], f"sparkcluster {command}"),
         ):
             cluster = ConnectedHosts(inv, {n.name: everyone.hosts[n.name] for n in inv.nodes})
             return _run_locked(
@@ -263,19 +276,16 @@ def remember_good(
     record is of the same profile and image on every node (the same library in the same image),
     not read again from their files (a second round trip with a `docker exec` per container:
     0.44 s of an `up` on a serving cluster on the testbed, issue 40 item 6)."""
-    # lazy: start-up speed; bench's modules (about 40 ms) serve this record only, once up ends serving
-    from sparkcluster.bench.results import profile_hash
-
     try:
         key = serve.deployment_key(inv, prof)
         before = known_good.last_for(known_good.load(inv.cluster.name), key)
-        if not revision and before is not None and before.profile_hash == profile_hash(prof):
+        if not revision and before is not None and before.profile_hash == profiles.profile_hash(prof):
             revision = before.model_revision  # "already serving": the weights stage did not run
         carried = (
             {n: r.nccl for n, r in before.nodes.items()}
             if unchanged
             and before is not None
-            and before.profile_hash == profile_hash(prof)
+            and before.profile_hash == profiles.profile_hash(prof)
             and all(n.name in before.nodes and before.nodes[n.name].image_id == image_id for n in inv.nodes)
             else None
         )
@@ -291,7 +301,7 @@ def remember_good(
             deployment=key,
             at=known_good.now_utc(),
             profile=prof.name,
-            profile_hash=profile_hash(prof),
+            profile_hash=profiles.profile_hash(prof),
             image=image_ref(inv, prof),
             vllm_version=prof.image.vllm_version or "",
             model=prof.model,

@@ -20,13 +20,13 @@ from sparkcluster.config.flags import engine_host, rank_args, reached_at, superv
 from sparkcluster.config.images import RAY_VERSION, image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.container.spec import ContainerSpec, node_rank, spec_for
-from sparkcluster.day2 import server
+from sparkcluster.deployment import server
 from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
 from sparkcluster.facts.parsers import ContainerInspect
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
+from sparkcluster.steps.base import Stage, Step, render_steps
 from sparkcluster.up.stages import STAGES
-from sparkcluster.up.stages.base import Stage, Step, render_steps
 
 
 @dataclass

@@ -229,8 +229,8 @@ def test_the_live_view_renders_the_testbeds_status(testbed, monitored):
     import asyncio
 
     from sparkcluster.config import inventory
-    from sparkcluster.day2 import live
-    from sparkcluster.day2 import status as status_mod
+    from sparkcluster.status import live
+    from sparkcluster.status import status as status_mod
 
     inv = inventory.load(testbed.inventory)
 

@@ -93,7 +93,7 @@ def test_rank_1_runs_on_the_worker(testbed, serving):
 
 
 def test_models_and_the_metrics_status_reads(serving):
-    from sparkcluster.day2.endpoint import METRICS
+    from sparkcluster.deployment.endpoint import METRICS
 
     base = endpoint(serving.stdout).removesuffix("/v1")
     models = httpx.get(base + "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)

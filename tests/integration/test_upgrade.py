@@ -34,7 +34,7 @@ def cluster_image(testbed, base: str) -> str:
     from sparkcluster.config import inventory
     from sparkcluster.config import profile as profiles
     from sparkcluster.config.images import image_ref
-    from sparkcluster.up.upgrade import with_image
+    from sparkcluster.upgrade.upgrade import with_image
 
     inv = inventory.load(testbed.inventory)
     return image_ref(inv, with_image(profiles.load_profile(PROFILE), base))

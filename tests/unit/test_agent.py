@@ -249,7 +249,7 @@ def test_shm_in_use_reads_a_real_mapping():
 def test_up_says_serving_only_once_the_supervisor_has_seen_it_serve(monkeypatch):
     from types import SimpleNamespace
 
-    from sparkcluster.day2 import server, supervision
+    from sparkcluster.deployment import server, supervision
     from sparkcluster.errors import StageError
     from sparkcluster.up.stages import serve as serve_stage
 

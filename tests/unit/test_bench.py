@@ -26,7 +26,7 @@ import pytest
 from sparkcluster import bench, redact
 from sparkcluster.cli import main as cli_main
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2 import endpoint, server
+from sparkcluster.deployment import endpoint, server
 from sparkcluster.errors import InputError, SparkError
 from tests.testbed import PROFILES as TESTBED_PROFILES
 from tests.unit.conftest import cap
@@ -414,14 +414,14 @@ def test_run_record_names_profile_hash_image_and_version():
     )
     assert (
         rec["profile"] == "testbed"
-        and rec["profile_hash"] == bench.profile_hash(prof)
+        and rec["profile_hash"] == profiles.profile_hash(prof)
         and len(rec["profile_hash"]) == 64
     )
     assert (rec["image_id"], rec["vllm_version"]) == ("sha256:abc", "0.32.0")
     assert [lv["concurrency"] for lv in rec["levels"]] == [1, 4]
     json.dumps(rec)
     changed = prof.model_copy(update={"ready_timeout_s": 999})
-    assert bench.profile_hash(changed) != bench.profile_hash(prof)
+    assert profiles.profile_hash(changed) != profiles.profile_hash(prof)
 
 
 def test_node_facts_parse():
@@ -796,7 +796,7 @@ def test_bench_writes_csv_json_png_and_prints_the_table(cli_env, capsys):
     assert (run_dir / "c4.json").read_bytes() == raw  # the level's JSON exactly as vLLM wrote it
     rec = json.loads((run_dir / "run.json").read_text())
     assert (rec["profile"], rec["vllm_version"], rec["image_id"]) == ("testbed", "0.32.0", "sha256:feed")
-    assert rec["profile_hash"] == bench.profile_hash(tb_profile()) and not rec["interrupted"]
+    assert rec["profile_hash"] == profiles.profile_hash(tb_profile()) and not rec["interrupted"]
     assert "out tok/s" in out and "400.0" in out and str(run_dir / "chart.png") in out
     assert "no earlier run" in out
     assert API_KEY not in out + err + (run_dir / "run.json").read_text()

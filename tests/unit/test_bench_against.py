@@ -150,8 +150,8 @@ def test_canary_is_taken_then_compared_and_a_changed_answer_exits_1(cli_env, cap
     """`bench --canary` keeps its answers in the deployment's known-good record (the one record of its
     last good serve) and hands every check to the head container, as `up` and the supervisor do."""
     from sparkcluster.bench import canary
-    from sparkcluster.day2 import canary_watch, known_good
-    from sparkcluster.day2.status import ClusterStatus
+    from sparkcluster.deployment import canary_watch, endpoint, known_good
+    from sparkcluster.status.status import ClusterStatus
 
     deployment = "testbed@spark-head+spark-worker"
     asked, handed = [], []
@@ -161,7 +161,7 @@ def test_canary_is_taken_then_compared_and_a_changed_answer_exits_1(cli_env, cap
         asked.append(model)
         return answers[0]
 
-    monkeypatch.setattr(bench, "ask_canary", ask)
+    monkeypatch.setattr(endpoint, "ask_canary", ask)
     monkeypatch.setattr(bench, "model_revision", lambda *a: "r1")
     monkeypatch.setattr(canary_watch, "hand", lambda api, container, ref, check: handed.append((container, ref, check)))
     rc, out, err = run(capsys, cli_env, "bench", "--canary")

@@ -19,7 +19,7 @@ import pytest
 from conftest import make_inventory
 
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2 import canary_watch, known_good
+from sparkcluster.deployment import canary_watch, known_good
 from sparkcluster.errors import SparkError
 from sparkcluster.node import canary, contract, supervisor
 from sparkcluster.node.journal import Journal
@@ -213,13 +213,13 @@ def test_each_check_is_handed_to_the_head_as_the_supervisors_reference_a_check_a
 
 
 def test_ups_serve_stage_takes_it_then_compares_and_never_fails_up(monkeypatch):
-    from sparkcluster import bench
+    from sparkcluster.deployment import endpoint
     from sparkcluster.up import bringup
     from sparkcluster.up.stages import serve
 
     inv, prof = make_inventory(), profiles.load_profile("testbed")
     infos, handed, served = [], [], [SAME]
-    monkeypatch.setattr(bench, "ask_canary", lambda address, port, model, secrets, timeout: served[0])
+    monkeypatch.setattr(endpoint, "ask_canary", lambda address, port, model, secrets, timeout: served[0])
     monkeypatch.setattr(serve, "served_now", lambda r: NOW)
     monkeypatch.setattr(canary_watch, "hand", lambda api, container, ref, check: handed.append(check))
 
@@ -250,7 +250,7 @@ def test_ups_serve_stage_takes_it_then_compares_and_never_fails_up(monkeypatch):
     def down(*a, **k):
         raise SparkError("the canary's completion failed: refused")
 
-    monkeypatch.setattr(bench, "ask_canary", down)
+    monkeypatch.setattr(endpoint, "ask_canary", down)
     assert run().said == "not asked" and "canary: not asked: the canary's completion failed" in infos[-1]
     assert known_good.load(inv.cluster.name)[-1].canary_answers() == SAME  # carried, not lost
 
@@ -392,8 +392,8 @@ def test_the_start_up_asked_for_is_left_to_ups_own_canary(tmp_path, monkeypatch)
 
 
 def test_status_reads_the_heads_last_check():
-    from sparkcluster.day2.status import _one
     from sparkcluster.node import container_status
+    from sparkcluster.status.status import _one
     from tests.unit.test_status import MEMINFO, _Host, _printed
 
     assert contract.CANARY_CHECK_PATH in container_status.script(head=True)

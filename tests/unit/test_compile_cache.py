@@ -14,12 +14,13 @@ from conftest import inventory_dict, make_inventory
 
 from sparkcluster.config import compile_cache, profile
 from sparkcluster.container.spec import spec_for
-from sparkcluster.day2 import compile_caches, status, teardown
+from sparkcluster.deployment import compile_caches, teardown
 from sparkcluster.facts import parsers
 from sparkcluster.node import compile_reading
 from sparkcluster.node.journal import Journal
 from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.remote.result import CommandResult
+from sparkcluster.status import status
 from sparkcluster.up.stages import containers
 
 CAPTURED = Path(__file__).parent.parent / "captured"

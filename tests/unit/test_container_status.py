@@ -13,10 +13,10 @@ import subprocess
 
 import pytest
 
-from sparkcluster.day2 import status
 from sparkcluster.facts.probes import split_sections
 from sparkcluster.node import container_status
 from sparkcluster.node.memreport import serve_reports
+from sparkcluster.status import status
 from tests.unit.conftest import make_inventory
 
 

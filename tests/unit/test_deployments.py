@@ -9,10 +9,11 @@ import pytest
 from conftest import make_inventory
 
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2 import deployments, fleet
+from sparkcluster.deployment import deployments
 from sparkcluster.errors import InputError
 from sparkcluster.facts import parsers
 from sparkcluster.labels import CLUSTER_LABEL, NODES_LABEL, PROFILE_LABEL
+from sparkcluster.status import fleet
 
 INV = make_inventory()
 A, B = INV.nodes[0].name, INV.nodes[1].name

@@ -10,7 +10,7 @@ from conftest import cap
 from drift_fakes import FW, KERNEL_GOOD, KERNEL_KHO
 
 from sparkcluster.config import known_bad
-from sparkcluster.day2 import known_good
+from sparkcluster.deployment import known_good
 from sparkcluster.errors import InputError
 from sparkcluster.facts import parsers, probes
 
@@ -234,7 +234,7 @@ def test_the_readme_example_of_a_user_entry_loads():
 
 
 def test_status_says_what_changed_on_the_deployments_nodes(tmp_path, monkeypatch):
-    from sparkcluster.day2 import status
+    from sparkcluster.status import status
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     img = "sha256:" + "a" * 64
@@ -258,7 +258,7 @@ def test_status_says_what_changed_on_the_deployments_nodes(tmp_path, monkeypatch
 def test_the_nccl_the_ranks_loaded_from_their_files():
     from pathlib import Path
 
-    from sparkcluster.day2 import engine_nccl
+    from sparkcluster.fabric import engine_nccl
 
     # real NCCL 2.28.9 output (tests/captured/nccl, two ranks on one H100 host)
     d = Path(__file__).resolve().parents[1] / "captured" / "nccl"

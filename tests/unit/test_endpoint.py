@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from sparkcluster.day2.endpoint import METRICS, parse_metrics
+from sparkcluster.deployment.endpoint import METRICS, parse_metrics
 
 CAPTURED = Path(__file__).resolve().parents[1] / "captured" / "vllm-0.32-metrics.txt"
 

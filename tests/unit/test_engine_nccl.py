@@ -4,9 +4,10 @@ captured real NCCL 2.28.9 logs (tests/captured/nccl/, see its README) stand in f
 from pathlib import Path
 
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2 import engine_nccl, status
+from sparkcluster.fabric import engine_nccl
 from sparkcluster.facts.probes import split_sections
 from sparkcluster.node import contract
+from sparkcluster.status import status
 from tests.unit.conftest import make_inventory
 
 CAPTURED = Path(__file__).resolve().parents[1] / "captured" / "nccl"

@@ -15,22 +15,23 @@ from conftest import make_inventory
 
 from sparkcluster import redact
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2 import endpoint, supervision
+from sparkcluster.deployment import endpoint, supervision
 from sparkcluster.errors import CommandFailed, EngineUnreachable, StageError
 from sparkcluster.facts import HostFacts, parsers
 from sparkcluster.remote import dockerapi
 from sparkcluster.remote.fanout import run_each
 from sparkcluster.remote.result import CommandResult
+from sparkcluster.steps import walk
+from sparkcluster.steps.base import Step
 from sparkcluster.up import execute
 from sparkcluster.up.plan import make_plan
 from sparkcluster.up.stages import STAGES
-from sparkcluster.up.stages.base import Step
 from sparkcluster.up.stages.containers import Created
 
 HEAD, WORKER = "spark-head", "spark-worker"
 
 
-class Recorder(execute.StageProgress):
+class Recorder(walk.StageProgress):
     def __init__(self):
         self.lines: list[str] = []
 
@@ -66,7 +67,7 @@ def fake_run(steps) -> execute.UpRun:
 @pytest.fixture
 def events(monkeypatch):
     seen: list[tuple[str, str]] = []
-    monkeypatch.setattr(execute, "event", lambda step, outcome, seconds=None: seen.append((step.id, outcome)))
+    monkeypatch.setattr(walk, "event", lambda step, outcome, seconds=None: seen.append((step.id, outcome)))
     return seen
 
 
@@ -77,7 +78,7 @@ def test_walk_runs_in_order_and_reports_each_step(events):
         Step("image", WORKER, "b", "b", run=lambda r: ran.append("b"), when="x", skip=lambda r: "not needed"),
         Step("image", WORKER, "c", "c", run=lambda r: ran.append("c") or "note"),
     ]
-    done = execute.walk(fake_run(steps), steps)
+    done = walk.walk(fake_run(steps), steps)
     assert ran == ["a", "c"]
     assert [(s.action, v) for s, v in done] == [("a", None), ("c", "note")]
     assert events == [
@@ -93,8 +94,8 @@ def test_parallel_steps_run_at_once():
         Step("probe", h, "env", "env", run=lambda r: barrier.wait() is not None, parallel="probe")
         for h in (HEAD, WORKER)
     ]
-    assert len(execute._batches(steps)) == 1
-    done = execute.walk(fake_run(steps), steps)  # would time out on the barrier if run one by one
+    assert len(walk._batches(steps)) == 1
+    done = walk.walk(fake_run(steps), steps)  # would time out on the barrier if run one by one
     assert [s.host for s, _ in done] == [HEAD, WORKER]
 
 
@@ -106,7 +107,7 @@ def test_a_failed_command_fails_the_stage_naming_host_step_command_and_tail(even
 
     steps = [Step("containers", WORKER, "drop-page-cache", "drop the page cache", run=boom)]
     with pytest.raises(StageError) as e:
-        execute.walk(fake_run(steps), steps)
+        walk.walk(fake_run(steps), steps)
     f = e.value.failures[0]
     assert (e.value.stage, f.host, f.step, f.reason) == ("containers", WORKER, "drop the page cache", "exit 1")
     assert f.command == res.command and "Permission denied" in f.output_tail
@@ -122,7 +123,7 @@ def test_an_unreachable_engine_is_a_failure_naming_the_node(events):
         Step("image", WORKER, "receive", "receive the image from the head", run=lambda r: None, parallel="p"),
     ]
     with pytest.raises(StageError) as e:
-        execute.walk(fake_run(steps), steps)
+        walk.walk(fake_run(steps), steps)
     assert [f.host for f in e.value.failures] == [HEAD]
     assert "did not answer" in e.value.failures[0].reason
 
@@ -130,7 +131,7 @@ def test_an_unreachable_engine_is_a_failure_naming_the_node(events):
 def test_a_bug_is_not_dressed_as_a_stage_failure(events):
     steps = [Step("serve", HEAD, "start", "start", run=lambda r: {}["missing"])]
     with pytest.raises(KeyError):
-        execute.walk(fake_run(steps), steps)
+        walk.walk(fake_run(steps), steps)
     assert events == [("serve/spark-head/start", "failed")]
 
 
@@ -359,7 +360,7 @@ class FakeHost:
 def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     from sparkcluster.config.images import image_ref
     from sparkcluster.container.spec import spec_for
-    from sparkcluster.day2 import server
+    from sparkcluster.deployment import server
     from sparkcluster.remote.fanout import ConnectedHosts
 
     inv, prof = make_inventory(), profiles.load_profile("testbed")
@@ -400,7 +401,7 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
 
 
 def test_wait_ready_outcomes(monkeypatch):
-    from sparkcluster.day2 import server
+    from sparkcluster.deployment import server
 
     spec = server.ServeSpec("c", ["vllm"], [], "m", 8000, None)
     rec = server.Record(1, "e", "p", "m", 8000, 0.0)
@@ -469,7 +470,7 @@ def fake_cluster(inv, prof, env_of):
 def up_over(monkeypatch, env_of):
     from types import SimpleNamespace
 
-    from sparkcluster.day2 import server
+    from sparkcluster.deployment import server
     from sparkcluster.up import bringup
     from sparkcluster.up.stages import gate
 

@@ -1,4 +1,4 @@
-"""An upgrade's hold on the gateway (issue 39 item 5, gateway/hold): traffic for the deployment being
+"""An upgrade's hold on the gateway (issue 39 item 5, deployment/gateway_hold): traffic for the deployment being
 upgraded is drained and held, not dropped. The table keeps a held deployment out of every pick; the
 gateway (stand-in engine on 127.0.0.1) keeps a request for it waiting while held and sends it once the
 config no longer holds it; the controller's GatewayHold writes and removes the hold in the gateway's
@@ -20,9 +20,9 @@ import pytest
 from gateway_fakes import KEY, Engine, Served, config, in_rotation, start_gateway, until
 
 from sparkcluster.container.spec import files_tar
+from sparkcluster.deployment import gateway_hold, gateway_registry
+from sparkcluster.deployment.gateway_registry import CONFIG_PATH
 from sparkcluster.gateway import deploy
-from sparkcluster.gateway import hold as gateway_hold
-from sparkcluster.gateway.rollout import CONFIG_PATH
 from sparkcluster.gateway.routes import Route, Table, Unavailable
 from sparkcluster.labels import CONFIG_LABEL
 
@@ -127,8 +127,8 @@ class FakeGateway:
 
 def test_hold_waits_for_the_gateway_to_confirm_with_nothing_in_flight_and_release_removes_it(monkeypatch):
     fake = FakeGateway()
-    monkeypatch.setattr(deploy, "read_doc", fake.read)
-    monkeypatch.setattr(deploy, "write_doc", fake.write)
+    monkeypatch.setattr(gateway_registry, "read_doc", fake.read)
+    monkeypatch.setattr(gateway_registry, "write_doc", fake.write)
     monkeypatch.setattr(gateway_hold, "run_in", fake.run_in)
     monkeypatch.setattr(gateway_hold, "LOOK_S", 0.01)
     h = gateway_hold.GatewayHold(lambda: contextlib.nullcontext("api"), "sparkcluster-gateway", "m@a")
@@ -150,8 +150,10 @@ def test_find_returns_the_gateway_routing_the_deployment_and_none_elsewhere(monk
     closed: list[str] = []
     host = SimpleNamespace(docker=lambda: SimpleNamespace(api="api-b"), close=lambda: closed.append("b"))
     monkeypatch.setattr(fanout, "connect_all", lambda inv, nodes: SimpleNamespace(succeeded={"spark-worker": host}))
-    monkeypatch.setattr(deploy, "find", lambda api, cluster: {"State": "running", "Names": ["/sparkcluster-gateway"]})
-    monkeypatch.setattr(deploy, "read_doc", lambda api, c: {"deployments": [{"key": "m@spark-worker"}]})
+    monkeypatch.setattr(
+        gateway_registry, "find", lambda api, cluster: {"State": "running", "Names": ["/sparkcluster-gateway"]}
+    )
+    monkeypatch.setattr(gateway_registry, "read_doc", lambda api, c: {"deployments": [{"key": "m@spark-worker"}]})
     inv = make_inventory()
     got = gateway_hold.find(inv, "m@spark-worker")
     assert got is not None and [(h.container, h.node, h.deployment) for h in got.each] == [
@@ -168,7 +170,7 @@ def test_gateway_up_keeps_the_running_gateways_holds_and_their_deadlines(monkeyp
     from conftest import make_inventory
 
     from sparkcluster.config import profile as profiles
-    from sparkcluster.day2.deployments import Deployment
+    from sparkcluster.deployment.deployments import Deployment
     from sparkcluster.gateway import rollout
     from sparkcluster.labels import CONFIG_LABEL
 
@@ -178,8 +180,8 @@ def test_gateway_up_keeps_the_running_gateways_holds_and_their_deadlines(monkeyp
     held = {key: 5000.5}
     running_doc = {"keys": [KEY], "deployments": [{"key": key}], "held_until": held}
     written: list[dict] = []
-    monkeypatch.setattr(deploy, "read_doc", lambda api, c: json.loads(json.dumps(running_doc)))
-    monkeypatch.setattr(deploy, "write_doc", lambda api, c, doc: written.append(doc))
+    monkeypatch.setattr(gateway_registry, "read_doc", lambda api, c: json.loads(json.dumps(running_doc)))
+    monkeypatch.setattr(gateway_registry, "write_doc", lambda api, c, doc: written.append(doc))
     monkeypatch.setattr(deploy, "create", lambda api, plan: written.append(plan.config()))
     monkeypatch.setattr(deploy, "halt", lambda api, cid: None)
     monkeypatch.setattr(deploy, "remove", lambda api, cid: None)
@@ -191,7 +193,9 @@ def test_gateway_up_keeps_the_running_gateways_holds_and_their_deadlines(monkeyp
             [Deployment("testbed-single", (node,))],
             {"testbed-single": profiles.load_profile("testbed-single")},
         )
-        return rollout.make(inv, node, found, loaded, {}, [KEY], "img:1", running, held=deploy.holds("api", running))
+        return rollout.make(
+            inv, node, found, loaded, {}, [KEY], "img:1", running, held=gateway_registry.holds("api", running)
+        )
 
     same = {"Id": "c1", "State": "running", "Labels": {CONFIG_LABEL: plan(None).config_hash()}}
     kept = plan(same)
@@ -302,7 +306,7 @@ def test_a_hold_taken_or_released_while_gateway_up_replaces_the_gateway_is_what_
     from conftest import make_inventory
 
     from sparkcluster.config import profile as profiles
-    from sparkcluster.day2.deployments import Deployment
+    from sparkcluster.deployment.deployments import Deployment
     from sparkcluster.gateway import rollout
     from sparkcluster.labels import gateway_name
 
@@ -326,7 +330,9 @@ def test_a_hold_taken_or_released_while_gateway_up_replaces_the_gateway_is_what_
             [Deployment("testbed-single", (node,))],
             {"testbed-single": profiles.load_profile("testbed-single")},
         )
-        plan = rollout.make(inv, node, found, loaded, {}, [KEY], "img:1", running, held=deploy.holds(api, running))
+        plan = rollout.make(
+            inv, node, found, loaded, {}, [KEY], "img:1", running, held=gateway_registry.holds(api, running)
+        )
         assert plan.held == held and [s.action for s in plan.steps()][0] == "replace"
         deploy.apply(api, plan, host)
         assert list(api.boxes) == ["c2"] and api.box(name)["running"]
@@ -367,8 +373,8 @@ def test_every_gateway_routing_the_deployment_is_held_and_each_released_even_whe
         for n in ("spark-head", "spark-worker")
     }
     monkeypatch.setattr(fanout, "connect_all", lambda inv, nodes: SimpleNamespace(succeeded=hosts))
-    monkeypatch.setattr(deploy, "find", lambda api, cluster: {"State": "running", "Names": [f"/gw-{api}"]})
-    monkeypatch.setattr(deploy, "read_doc", lambda api, c: {"deployments": [{"key": "m@spark-head"}]})
+    monkeypatch.setattr(gateway_registry, "find", lambda api, cluster: {"State": "running", "Names": [f"/gw-{api}"]})
+    monkeypatch.setattr(gateway_registry, "read_doc", lambda api, c: {"deployments": [{"key": "m@spark-head"}]})
     got = gateway_hold.find(make_inventory(), "m@spark-head")
     assert [h.node for h in got.each] == ["spark-head", "spark-worker"]
 

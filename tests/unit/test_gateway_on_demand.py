@@ -16,7 +16,7 @@ from conftest import make_inventory
 from gateway_fakes import KEY, Engine, Served, config, in_rotation, start_gateway, until
 
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2.deployments import Deployment
+from sparkcluster.deployment.deployments import Deployment
 from sparkcluster.gateway import health, rollout
 from sparkcluster.node import contract
 

@@ -17,7 +17,7 @@ from gateway_fakes import until
 from sparkcluster import redact
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.secrets import split_keys
-from sparkcluster.day2.deployments import Deployment
+from sparkcluster.deployment.deployments import Deployment
 from sparkcluster.errors import InputError
 from sparkcluster.gateway import litellm, rollout
 from sparkcluster.labels import CONFIG_LABEL
@@ -217,7 +217,7 @@ def test_monitoring_finds_the_gateway_to_scrape():
     """`monitor up` and the retarget after planned work scrape the gateway's /metrics where it runs."""
     from types import SimpleNamespace
 
-    from sparkcluster.gateway import deploy
+    from sparkcluster.deployment import gateway_registry
     from sparkcluster.labels import CLUSTER_LABEL, GATEWAY_ROLE, PORT_LABEL, ROLE_LABEL
     from sparkcluster.monitor import scrape
 
@@ -228,7 +228,7 @@ def test_monitoring_finds_the_gateway_to_scrape():
         api = SimpleNamespace(containers=lambda all, filters: listed)
         return SimpleNamespace(docker=lambda: SimpleNamespace(api=api))
 
-    ports = deploy.ports({A: host([head, gw]), B: host([head])}, "pair")
+    ports = gateway_registry.ports({A: host([head, gw]), B: host([head])}, "pair")
     assert ports == {A: 4000}
     jobs = [(t.job, t.address) for t in scrape.targets(INV, [], ports)]
     assert (scrape.GATEWAY_JOB, f"{INV.node(A).control_ip}:4000") in jobs

@@ -1,4 +1,4 @@
-"""`status --html` (sparkcluster/day2/html_report, monitor/history): the page from a status snapshot
+"""`status --html` (sparkcluster/status/html_report, monitor/history): the page from a status snapshot
 and Prometheus' charts (promtool's `query range -o json` as Debian's promtool 2.42 prints it) is
 well formed, masks secrets, draws a chart per series; and headless Chromium (Debian's package)
 opens it and takes a screenshot, kept where SPARKCLUSTER_ARTIFACTS points."""
@@ -16,9 +16,9 @@ import pytest
 
 from sparkcluster import redact
 from sparkcluster.config import inventory
-from sparkcluster.day2 import html_report
-from sparkcluster.day2.status import ClusterStatus, NodeStatus
 from sparkcluster.monitor import history
+from sparkcluster.status import html_report
+from sparkcluster.status.status import ClusterStatus, NodeStatus
 
 INV = inventory.parse((Path(__file__).parent / "data" / "profile-cluster.toml").read_text())
 # the shape Debian's promtool 2.42 prints for `query range -o json` (checked on this machine kind)

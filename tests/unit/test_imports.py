@@ -1,8 +1,9 @@
 """The package's imports, read with ast (nothing imported): the floors hold and nothing goes round.
 
 No import circle (an import under `if TYPE_CHECKING:` is for the type checker only and does not
-count; a lazy import inside a function does); no import of `up/` from the packages below it; a lazy
-import says why it is lazy; and no alias hides the module or name it stands for from grep.
+count; a lazy import inside a function does); every package on its floor (`FLOORS`), importing only
+from the floors below it, so no arrow goes up and no two packages go round; a lazy import says why it
+is lazy; and no alias hides the module or name it stands for from grep.
 """
 
 from __future__ import annotations
@@ -12,8 +13,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sparkcluster"
-# the floors below `up`: none of them may reach up into one command's package
-BELOW_UP = ("checks", "fabric", "day2", "facts", "remote", "config", "movement", "node", "container")
+# The floors of the house, lowest first. A package imports from the floors below its own and from
+# itself, never from a package on its own floor (the commands are peers: the CLI composes them) nor
+# from one above. `sparkcluster` is the package's own `__init__` (its version); `__main__` the entry.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("sparkcluster", "errors", "labels", "redact", "node"),  # the words everyone shares; node-side code
+    ("log", "movement"),  # the structured log; what moves between nodes
+    ("config",),  # inventory and profile, validated before any connection
+    ("remote", "container"),  # the connections; what each node's container is
+    ("facts",),  # what the hosts are, gathered once
+    ("checks", "steps"),  # the checks over the facts; the step engine (Stage, the walk, progress, Run)
+    ("deployment",),  # the deployment's domain: server, endpoint, supervision, teardown, the records
+    ("fabric",),  # the NCCL fabric measured and judged, the engine's own NCCL read (doctor, up, bench, status)
+    ("up", "upgrade", "gateway", "monitor", "bench", "status"),  # the commands: peers
+    ("cli",),  # the command line, which composes them
+    ("__main__",),  # `python -m sparkcluster`
+)
+FLOOR = {p: i for i, floor in enumerate(FLOORS) for p in floor}
 
 
 def _name(path: Path) -> str:
@@ -119,30 +135,40 @@ def test_the_circle_finder_finds_one():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_nothing_below_up_imports_up():
-    upward = sorted(
-        f"{m} -> {t}"
-        for m, targets in graph().items()
-        if m.split(".")[1:2] and m.split(".")[1] in BELOW_UP
-        for t in targets
-        if t == "sparkcluster.up" or t.startswith("sparkcluster.up.")
-    )
-    assert upward == []
+def package(module: str) -> str:
+    """The package a module belongs to: `sparkcluster.up.stages.serve` -> `up`; a top-level module
+    (`sparkcluster.errors`) is its own; the package's `__init__` is `sparkcluster`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
 
 
-def test_type_only_imports_below_up_do_not_reach_up_either():
-    """Even for the type checker: a floor below `up` knows nothing of it."""
-    upward = []
-    for m, p in MODULES.items():
-        if m.split(".")[1:2] and m.split(".")[1] in BELOW_UP:
-            for n in ast.walk(ast.parse(p.read_text())):
-                if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("sparkcluster.up"):
-                    upward.append(f"{m}:{n.lineno}")
-                elif isinstance(n, ast.ImportFrom) and n.module == "sparkcluster":
-                    upward += [f"{m}:{n.lineno}" for a in n.names if a.name == "up"]
-                elif isinstance(n, ast.Import):
-                    upward += [f"{m}:{n.lineno}" for a in n.names if a.name.startswith("sparkcluster.up")]
-    assert upward == []
+def package_graph() -> dict[str, dict[str, list[str]]]:
+    """package -> package it imports -> the module arrows that make it (lazy imports included)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for m, targets in graph().items():
+        for t in targets:
+            a, b = package(m), package(t)
+            if a != b:
+                out.setdefault(a, {}).setdefault(b, []).append(f"{m} -> {t}")
+    return out
+
+
+def test_the_floor_table_names_every_package():
+    on_disk = {package(m) for m in MODULES}
+    assert sorted(on_disk - set(FLOOR)) == []
+    assert sorted(set(FLOOR) - on_disk) == []
+
+
+def test_no_arrow_goes_up_or_sideways():
+    """A package imports only from the floors below its own; the commands do not import one another."""
+    wrong = {(a, b): sorted(why) for a, to in package_graph().items() for b, why in to.items() if FLOOR[b] >= FLOOR[a]}
+    assert wrong == {}
+
+
+def test_no_package_circle():
+    g = {a: set(to) for a, to in package_graph().items()}
+    g.update({p: set() for p in FLOOR if p not in g})
+    assert circles(g) == []
 
 
 def test_a_lazy_import_says_why():
@@ -196,7 +222,7 @@ def test_no_two_modules_with_one_name():
 
 
 def test_the_container_spec_stands_on_config_labels_and_node_only():
-    """`container/` is read by up, checks, fabric and day2: it reaches none of them, nor facts or remote."""
+    """`container/` is read by up, checks, fabric and the deployment: it reaches none of them, nor facts or remote."""
     allowed = ("sparkcluster.config", "sparkcluster.labels", "sparkcluster.node", "sparkcluster.container")
     g = graph()
     reached = {t for m in g if m.startswith("sparkcluster.container") for t in g[m]}

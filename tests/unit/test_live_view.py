@@ -1,4 +1,4 @@
-"""`status --watch`'s full-screen view (sparkcluster/day2/live), headless under Textual's pilot: a
+"""`status --watch`'s full-screen view (sparkcluster/status/live), headless under Textual's pilot: a
 sparkline of tok/s per deployment and of headroom per node that grows with each refresh, the
 journal's last entries, a failing refresh that leaves the view up. The SVG it renders is written
 where SPARKCLUSTER_ARTIFACTS points (the suite's artefacts), else to pytest's tmp dir."""
@@ -16,8 +16,8 @@ pytest.importorskip("textual", reason="Textual is not installed (pip install 'sp
 
 from textual.widgets import Label, RichLog, Sparkline
 
-from sparkcluster.day2 import live
-from sparkcluster.day2.status import ClusterStatus, NodeStatus
+from sparkcluster.status import live
+from sparkcluster.status.status import ClusterStatus, NodeStatus
 
 
 def snapshot(i: int) -> list[ClusterStatus]:

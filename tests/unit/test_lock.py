@@ -14,7 +14,7 @@ import time
 import pytest
 from conftest import StderrLines
 
-from sparkcluster.day2 import teardown
+from sparkcluster.deployment import teardown
 from sparkcluster.remote import lock
 
 HOLDER = "alice@ctl pid 42 since 2026-11-22T03:00:00Z (up --profile 'x' \"y\" $(touch pwned) `id` ; exit 3)"

@@ -114,7 +114,7 @@ def test_memory_that_never_comes_back_gives_up_with_a_clear_state(tmp_path, monk
     assert state["causes"][-1]["cause"].startswith("memory did not come back within 0s: spark-head: MemAvailable")
     sup.tick()  # final: nothing is started again until `up`
     assert sup.proc is None and sup.state == contract.NO_MEMORY
-    from sparkcluster.day2 import status
+    from sparkcluster.status import status
 
     said = status._state_problem(state)
     assert (

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from sparkcluster.cli.main import cli
 from sparkcluster.config import inventory
-from sparkcluster.day2 import deployments
+from sparkcluster.deployment import deployments
 from sparkcluster.labels import CLUSTER_LABEL
 from sparkcluster.monitor import alerting, scrape, stack
 

@@ -299,8 +299,8 @@ def test_a_running_gateway_gets_the_new_wake_token_after_up(monkeypatch):
     from conftest import make_inventory
 
     from sparkcluster.config.profile import load_profile
-    from sparkcluster.day2 import server as server_mod
-    from sparkcluster.gateway import deploy as gateway_deploy
+    from sparkcluster.deployment import gateway_registry
+    from sparkcluster.deployment import server as server_mod
     from sparkcluster.up.stages import serve as serve_stage
 
     inv, prof = make_inventory(), load_profile("testbed")
@@ -315,15 +315,15 @@ def test_a_running_gateway_gets_the_new_wake_token_after_up(monkeypatch):
         progress=SimpleNamespace(info=lambda line: None),
     )
     monkeypatch.setattr(server_mod, "read_wake_token", lambda api, c: "new-token")
-    monkeypatch.setattr(gateway_deploy, "find", lambda api, cluster: {"State": "running", "Names": ["/gw"]})
+    monkeypatch.setattr(gateway_registry, "find", lambda api, cluster: {"State": "running", "Names": ["/gw"]})
     monkeypatch.setattr(
-        gateway_deploy, "read_doc", lambda api, c: {"deployments": [{"key": key, "wake_token": "old-token"}]}
+        gateway_registry, "read_doc", lambda api, c: {"deployments": [{"key": key, "wake_token": "old-token"}]}
     )
-    monkeypatch.setattr(gateway_deploy, "write_doc", lambda api, c, doc: written.append(doc))
+    monkeypatch.setattr(gateway_registry, "write_doc", lambda api, c, doc: written.append(doc))
     serve_stage.hand_wake_token(r)
     assert written == [{"deployments": [{"key": key, "wake_token": "new-token"}]}]
     monkeypatch.setattr(
-        gateway_deploy, "read_doc", lambda api, c: {"deployments": [{"key": key, "wake_token": "new-token"}]}
+        gateway_registry, "read_doc", lambda api, c: {"deployments": [{"key": key, "wake_token": "new-token"}]}
     )
     serve_stage.hand_wake_token(r)
     assert len(written) == 1  # already current: the config is left alone
@@ -338,9 +338,9 @@ def test_a_gateway_outside_the_deployment_gets_the_new_wake_token_after_up(monke
     from conftest import make_inventory
 
     from sparkcluster.config.profile import load_profile
-    from sparkcluster.day2 import server as server_mod
+    from sparkcluster.deployment import gateway_registry
+    from sparkcluster.deployment import server as server_mod
     from sparkcluster.errors import EngineUnreachable
-    from sparkcluster.gateway import deploy as gateway_deploy
     from sparkcluster.up.stages import serve as serve_stage
 
     inv, prof = make_inventory().only(["spark-head"]), load_profile("testbed-single")
@@ -365,11 +365,11 @@ def test_a_gateway_outside_the_deployment_gets_the_new_wake_token_after_up(monke
         progress=SimpleNamespace(info=said.append),
     )
     monkeypatch.setattr(server_mod, "read_wake_token", lambda api, c: "new-token")
-    monkeypatch.setattr(gateway_deploy, "find", find)
+    monkeypatch.setattr(gateway_registry, "find", find)
     monkeypatch.setattr(
-        gateway_deploy, "read_doc", lambda api, c: {"deployments": [{"key": key, "wake_token": "old-token"}]}
+        gateway_registry, "read_doc", lambda api, c: {"deployments": [{"key": key, "wake_token": "old-token"}]}
     )
-    monkeypatch.setattr(gateway_deploy, "write_doc", lambda api, c, doc: written.append((api, doc)))
+    monkeypatch.setattr(gateway_registry, "write_doc", lambda api, c, doc: written.append((api, doc)))
     serve_stage.hand_wake_token(r)
     assert written == [("api-worker", {"deployments": [{"key": key, "wake_token": "new-token"}]})]
     assert any("gw on spark-worker" in line for line in said)

@@ -18,7 +18,7 @@ from conftest import inventory_dict, make_inventory
 from sparkcluster.bench.sweep import target_for
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.flags import engine_host, reached_at
-from sparkcluster.day2 import endpoint, server
+from sparkcluster.deployment import endpoint, server
 from sparkcluster.facts import HostFacts, parsers
 from sparkcluster.remote.forward import Forward
 from sparkcluster.up.plan import make_plan
@@ -245,7 +245,7 @@ def test_by_default_the_controller_asks_the_heads_address(engine):
 
 
 def test_status_asks_through_the_same_way(engine, monkeypatch):
-    from sparkcluster.day2 import status
+    from sparkcluster.status import status
 
     seen = []
     monkeypatch.setattr(status.endpoint_mod, "look", lambda base, key: seen.append(base) or endpoint.EngineView(200))

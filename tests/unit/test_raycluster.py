@@ -6,7 +6,7 @@ import json
 
 from conftest import inventory_dict, make_inventory
 
-from sparkcluster.day2.ray_members import RayNode, membership_problems, nodes_from_state_api
+from sparkcluster.deployment.ray_members import RayNode, membership_problems, nodes_from_state_api
 
 HEAD_IP, WORKER_IP = "198.19.2.1", "198.19.2.2"
 

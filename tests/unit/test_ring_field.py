@@ -323,7 +323,7 @@ def test_the_ring_capture_shows_the_ring_variables_and_cumem_off_taking_effect()
 
 
 def test_the_engines_own_nccl_failure_gets_the_same_fix_in_status():
-    from sparkcluster.day2 import engine_nccl
+    from sparkcluster.fabric import engine_nccl
 
     line = (NCCL / "published-regmr-enomem-nccl-tests-206.txt").read_text().strip()
     text = (NCCL / "device-ring-rank1.log").read_text() + f"spark-2:901:950 [0] {line}\n"

@@ -7,9 +7,9 @@ import json
 
 from conftest import make_inventory
 
-from sparkcluster.day2.endpoint import EngineView
-from sparkcluster.day2.ray_members import parse_state_api
-from sparkcluster.day2.status import NodeStatus, judge, node_script
+from sparkcluster.deployment.endpoint import EngineView
+from sparkcluster.deployment.ray_members import parse_state_api
+from sparkcluster.status.status import NodeStatus, judge, node_script
 
 HEAD_IP, WORKER_IP = "198.19.2.1", "198.19.2.2"
 ENDPOINT = "http://spark-head:8000"
@@ -269,8 +269,8 @@ def test_not_probed_without_the_key_is_not_a_wedge():
 def test_the_head_containers_sections_give_pid_supervisor_and_journal():
     """What node/container_status's script prints in the head's container, as sections: a running server's PID, the supervisor's
     state and its journal; a PID that no longer runs is no server; no container, nothing."""
-    from sparkcluster.day2.status import head_container_view
     from sparkcluster.facts.probes import SECTION, split_sections
+    from sparkcluster.status.status import head_container_view
 
     rec = '{"profile": "testbed", "model": "testbed-tiny", "port": 8000, "pid": 412, "started_at": 1.0}'
     sup = '{"state": "serving", "since": 1.0, "updated": 2.0, "pid": 412, "restarts": []}'
@@ -315,7 +315,7 @@ DAEMON_DOWN = "Cannot connect to the Docker daemon at unix:///var/run/docker.soc
 
 
 def test_a_node_whose_docker_is_down_is_docker_not_answering_not_absent():
-    from sparkcluster.day2.status import DOCKER_SILENT, _one
+    from sparkcluster.status.status import DOCKER_SILENT, _one
 
     out = _printed(uptime=("5000.0 1.0\n1763900000.0", 0), meminfo=(MEMINFO, 0), ours=(DAEMON_DOWN, 1))
     got = _one(_Host("spark-worker", out), make_inventory())
@@ -328,7 +328,7 @@ def test_a_node_whose_docker_is_down_is_docker_not_answering_not_absent():
 
 
 def test_a_hung_docker_is_named_with_its_bound_and_the_cluster_is_not_called_down():
-    from sparkcluster.day2.status import DOCKER_BOUND_S, DOCKER_SILENT, _one
+    from sparkcluster.status.status import DOCKER_BOUND_S, DOCKER_SILENT, _one
 
     hung = _printed(uptime=("5000.0 1.0\n1763900000.0", 0), meminfo=(MEMINFO, 0), ours=("", 124))
     cut = _printed(uptime=("5000.0 1.0\n1763900000.0", 0), meminfo=(MEMINFO, 0))  # the round trip's own bound
@@ -343,7 +343,7 @@ def test_a_hung_docker_is_named_with_its_bound_and_the_cluster_is_not_called_dow
 
 
 def test_every_docker_call_in_the_status_script_has_a_bound():
-    from sparkcluster.day2.status import DOCKER_BOUND_S
+    from sparkcluster.status.status import DOCKER_BOUND_S
 
     script = node_script(make_inventory(), "spark-head")
     calls = [seg for seg in script.split("docker ")[:-1]]
@@ -351,7 +351,7 @@ def test_every_docker_call_in_the_status_script_has_a_bound():
 
 
 def test_a_supervisor_state_older_than_a_few_looks_is_stale_not_current():
-    from sparkcluster.day2.status import supervisor_problem
+    from sparkcluster.status.status import supervisor_problem
 
     sup = {"state": "serving", "updated": 100.0, "policy": {"interval_s": 2.0}, "restarts": [], "causes": []}
     assert supervisor_problem({**sup, "age_s": 4.0}) is None
@@ -371,7 +371,7 @@ def test_a_supervisor_state_older_than_a_few_looks_is_stale_not_current():
 
 
 def test_a_peer_whose_memory_is_unknown_shows_in_status():
-    from sparkcluster.day2.status import supervisor_problem
+    from sparkcluster.status.status import supervisor_problem
 
     sup = {
         "state": "serving",
@@ -389,8 +389,8 @@ def test_the_gateways_container_is_shown_apart_never_as_the_nodes_container():
     deployment's container, and the gateway is reported on its own."""
     import json
 
-    from sparkcluster.day2.status import _one
     from sparkcluster.labels import CLUSTER_LABEL, GATEWAY_ROLE, PORT_LABEL, ROLE_LABEL
+    from sparkcluster.status.status import _one
 
     def inspected(name, labels):
         return {"Name": f"/{name}", "Config": {"Labels": labels}, "State": {"Status": "running", "StartedAt": ""}}
@@ -417,7 +417,7 @@ def test_status_reads_the_gateways_models_from_its_health(monkeypatch):
     import httpx
 
     from sparkcluster.cli.status_cmd import render_all
-    from sparkcluster.day2 import status as status_mod
+    from sparkcluster.status import status as status_mod
 
     answer = {"status": "ok", "models": {"a": True, "b": False}}
     monkeypatch.setattr(httpx, "get", lambda url, timeout: SimpleNamespace(json=lambda: answer))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import docker.errors
 import pytest
 
-from sparkcluster.day2 import server, teardown
+from sparkcluster.deployment import server, teardown
 from sparkcluster.node import contract
 
 
@@ -105,7 +105,7 @@ def test_remove_shm_command_only_ever_names_our_segments():
 
     import pytest
 
-    from sparkcluster.day2.teardown import SHM_SEGMENTS, remove_shm_command
+    from sparkcluster.deployment.teardown import SHM_SEGMENTS, remove_shm_command
 
     assert remove_shm_command(["/dev/shm/psm_18a7fb82"]) == ["rm", "-f", "--", "/dev/shm/psm_18a7fb82"]
     for hostile in (

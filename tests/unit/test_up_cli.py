@@ -11,9 +11,11 @@ from conftest import make_inventory
 from sparkcluster import log, redact
 from sparkcluster.cli import main as cli_main
 from sparkcluster.facts import HostFacts
-from sparkcluster.up import bringup, execute
+from sparkcluster.monitor.planned import planned
+from sparkcluster.steps import walk
+from sparkcluster.steps.base import Step
+from sparkcluster.up import bringup
 from sparkcluster.up.plan import make_plan
-from sparkcluster.up.stages.base import Step
 from tests.testbed import PROFILES as TESTBED_PROFILES
 
 SECRET = "hf_upCLIsecret1122334455"
@@ -30,9 +32,19 @@ def env(tmp_path, monkeypatch):
     inv = make_inventory()
 
     def fake_run(
-        inventory, prof, secrets, progress, *, dry_run=False, offline=False, replace=False, command="up", node=None
+        inventory,
+        prof,
+        secrets,
+        progress,
+        *,
+        monitoring,
+        dry_run=False,
+        offline=False,
+        replace=False,
+        command="up",
+        node=None,
     ):
-        assert dry_run
+        assert dry_run and monitoring is planned  # the CLI composes monitoring's silence around `up`
         facts = {n.name: HostFacts(n.name, hostname=n.name) for n in inv.nodes}
         return make_plan(inv, prof, facts, serving=False, replace=replace, secret_names=secrets)
 
@@ -65,7 +77,7 @@ def test_json_without_dry_run_is_a_usage_error(env, capsys):
 def test_step_events_reach_stderr_in_json_without_verbose(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     log.configure(level="warning", fmt="json")
-    execute.event(Step("serve", "spark-head", "start", "start vllm serve"), "done", 1.5)
+    walk.event(Step("serve", "spark-head", "start", "start vllm serve"), "done", 1.5)
     log.get("sparkcluster.other").info("not at this level")
     lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.startswith("{")]
     assert [(d["event"], d["id"], d["outcome"]) for d in lines] == [("step", "serve/spark-head/start", "done")]

@@ -20,7 +20,7 @@ from sparkcluster import redact
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import RAY_VERSION, image_ref
 from sparkcluster.container.spec import files_tar, spec_for
-from sparkcluster.day2 import endpoint, server
+from sparkcluster.deployment import endpoint, server
 from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts, parsers
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
@@ -467,7 +467,7 @@ def test_plan_is_a_plan(prof):
 def test_replace_takes_other_deployments_down_as_steps_of_the_plan(prof):
     """Issue 23: `--replace`'s teardown of a deployment spanning another node is part of the plan,
     shown by --dry-run and walked by the executor, before anything of this deployment moves."""
-    from sparkcluster.day2.deployments import Deployment
+    from sparkcluster.deployment.deployments import Deployment
     from sparkcluster.up.stages.replace import Away
 
     inv = make_inventory()

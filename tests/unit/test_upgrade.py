@@ -12,18 +12,21 @@ import subprocess
 import pytest
 from conftest import make_inventory
 
-from sparkcluster.bench import canary
 from sparkcluster.cli import main as cli_main
+from sparkcluster.cli.up_cmd import run_up
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2 import known_good
+from sparkcluster.deployment import known_good
 from sparkcluster.errors import InputError, LockHeld
 from sparkcluster.facts import HostFacts
+from sparkcluster.monitor.planned import planned
+from sparkcluster.node import canary
 from sparkcluster.remote import lock
 from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.remote.result import CommandResult
-from sparkcluster.up import bringup, upgrade
-from sparkcluster.up.execute import StageProgress
+from sparkcluster.steps.walk import StageProgress
+from sparkcluster.up import bringup
 from sparkcluster.up.plan import make_plan
+from sparkcluster.upgrade import upgrade
 from tests.testbed import PROFILES as TESTBED_PROFILES
 
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -221,15 +224,15 @@ class Calls:
         monkeypatch.setattr(upgrade, "bring_up", bring_up)
         monkeypatch.setattr(upgrade, "_address", lambda r, p: ("198.18.0.2", 8000))
         monkeypatch.setattr(upgrade, "ask_probe", probe_http)
-        monkeypatch.setattr(upgrade.bench, "ask_canary", lambda *a, **k: list(answers))
-        monkeypatch.setattr(upgrade.bench, "ask_speed", lambda *a, **k: tok_s)
+        monkeypatch.setattr(upgrade.endpoint, "ask_canary", lambda *a, **k: list(answers))
+        monkeypatch.setattr(upgrade.endpoint, "ask_speed", lambda *a, **k: tok_s)
         monkeypatch.setattr(
             upgrade, "remove_image", lambda r, n, ref: self.removed.append((n, ref)) or f"removed {ref}"
         )
 
 
 def _upgrade(inv, prof):
-    return upgrade.upgrade(inv, prof, {}, StageProgress(), image=NEW_IMAGE)
+    return upgrade.upgrade(inv, prof, {}, StageProgress(), up=run_up, image=NEW_IMAGE)
 
 
 @pytest.mark.parametrize(
@@ -262,8 +265,10 @@ def test_one_lock_is_held_across_the_upgrade_and_its_rollback(inv, prof, monkeyp
     known_good.append(inv.cluster.name, record(prof))
     calls = Calls(monkeypatch, answers=[canary.Answer(a.prompt, "garbled", (7, 7)) for a in GOOD])
     between = []
-    answers = upgrade.bench.ask_canary
-    monkeypatch.setattr(upgrade.bench, "ask_canary", lambda *a, **k: between.append(another_up(inv, prof)) or answers())
+    answers = upgrade.endpoint.ask_canary
+    monkeypatch.setattr(
+        upgrade.endpoint, "ask_canary", lambda *a, **k: between.append(another_up(inv, prof)) or answers()
+    )
     with pytest.raises(upgrade.UpgradeRefused):
         _upgrade(inv, prof)
     assert calls.ups == [NEW_IMAGE, prof.image.ref]
@@ -282,14 +287,13 @@ def test_an_upgrade_does_not_start_while_another_run_holds_the_nodes(inv, prof, 
             _upgrade(inv, prof)
         known_good.append(inv.cluster.name, record(prof, at="2026-11-21T10:00:00Z", base=NEW_IMAGE))
         with pytest.raises(LockHeld, match=r"\(up --profile other\)"):
-            upgrade.rollback(inv, prof, {}, StageProgress())
+            upgrade.rollback(inv, prof, {}, StageProgress(), up=run_up)
     assert calls.ups == []  # nothing moved
 
 
 def test_the_ups_inside_an_upgrade_take_no_lock_of_their_own(inv, prof, monkeypatch):
     seen = []
-    monkeypatch.setattr(bringup, "run", lambda *a, **k: seen.append(k))
-    r = upgrade.UpgradeRun(inv, (), prof, prof, record(prof), {}, StageProgress())
+    r = upgrade.UpgradeRun(inv, (), prof, prof, record(prof), {}, StageProgress(), lambda *a, **k: seen.append(k))
     upgrade.bring_up(r, prof, "upgrade --profile x")
     assert seen[0]["locked"] is True and seen[0]["command"] == "upgrade --profile x"
 
@@ -318,10 +322,10 @@ def test_rollback_on_request_returns_to_the_last_other_good_serve(inv, prof, mon
     known_good.append(inv.cluster.name, record(prof, at="2026-11-19T00:00:00Z"))
     known_good.append(inv.cluster.name, record(prof, at="2026-11-20T00:00:00Z", base=NEW_IMAGE))
     calls = Calls(monkeypatch)
-    plan = upgrade.rollback(inv, prof, {}, StageProgress(), dry_run=True)
+    plan = upgrade.rollback(inv, prof, {}, StageProgress(), up=run_up, dry_run=True)
     assert [s.stage for s in plan.steps()] == ["hold", "rollback", "rollback", "release"]
     assert calls.ups == []  # a dry run moves nothing
-    said = upgrade.rollback(inv, prof, {}, StageProgress())
+    said = upgrade.rollback(inv, prof, {}, StageProgress(), up=run_up)
     assert calls.ups == [prof.image.ref] and "again" in said
     assert known_good.load_outcomes(inv.cluster.name)[-1].outcome == "rollback"
 
@@ -337,8 +341,9 @@ def cli_env(tmp_path, monkeypatch, inv):
     monkeypatch.setenv("SPARKCLUSTER_ENV_FILE", str(envf))
     monkeypatch.setenv("SPARKCLUSTER_PROFILES", str(TESTBED_PROFILES))  # the testbed's, nothing of yours
 
-    def dry_up(inventory, prof, secrets, progress, *, dry_run=False, node=None, **kw):
+    def dry_up(inventory, prof, secrets, progress, *, monitoring, dry_run=False, node=None, **kw):
         assert dry_run  # a dry run of the upgrade is a dry run of its up, nothing more
+        assert monitoring is planned  # the ups inside an upgrade are silenced as `up` is
         facts = {n.name: HostFacts(n.name, hostname=n.name) for n in inv.nodes}
         return make_plan(inv, prof, facts, serving=False, replace=False, secret_names=secrets)
 

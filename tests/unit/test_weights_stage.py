@@ -17,7 +17,7 @@ from sparkcluster.errors import InputError, StageError
 from sparkcluster.facts import HostFacts
 from sparkcluster.movement import hfcache
 from sparkcluster.remote.result import CommandResult
-from sparkcluster.up.execute import StageProgress
+from sparkcluster.steps.walk import StageProgress
 from sparkcluster.up.plan import make_plan
 from sparkcluster.up.stages import weights
 from tests.testbed.hub import SYNTHETIC, TINY, serve_in_thread

@@ -3,14 +3,15 @@
 Each module holds its stage's steps (`steps(plan)`, what the plan prints) together with the mechanics
 those steps run, so the two cannot drift; a `summary` of what its steps did; and the state its steps
 leave for later ones, a type of its own kept in the run (`UpRun.put`, `UpRun.get`). Each is declared
-here as a `Stage` (`base`), the contract the plan and the executor read.
+here as a `Stage` (`steps/base`), the contract the plan and the executor read.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sparkcluster.day2 import canary_watch, server
+from sparkcluster.deployment import canary_watch, server
+from sparkcluster.steps.base import Stage, Step
 from sparkcluster.up.stages import (
     collective,
     containers,
@@ -24,7 +25,6 @@ from sparkcluster.up.stages import (
     weights,
     weights_chain,
 )
-from sparkcluster.up.stages.base import Stage, Step
 
 if TYPE_CHECKING:
     from sparkcluster.up.plan import Plan

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from sparkcluster.errors import StageError, StepFailure
 from sparkcluster.fabric import measure
-from sparkcluster.up.stages.base import Step
+from sparkcluster.steps.base import Step
 
 if TYPE_CHECKING:
     from sparkcluster.up.execute import UpRun

@@ -15,12 +15,12 @@ import docker.errors
 from sparkcluster import log
 from sparkcluster.config import compile_cache
 from sparkcluster.container.spec import ContainerSpec, create_and_start
-from sparkcluster.day2 import compile_caches, teardown
+from sparkcluster.deployment import compile_caches, teardown
 from sparkcluster.errors import EngineUnreachable, SparkError
 from sparkcluster.labels import ROLE_LABEL
 from sparkcluster.remote.fanout import Background
+from sparkcluster.steps.base import Step, fail
 from sparkcluster.up.stages import ray
-from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
     from sparkcluster.up.execute import UpRun

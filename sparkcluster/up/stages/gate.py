@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from sparkcluster.checks import preflight
 from sparkcluster.errors import StageError, StepFailure
-from sparkcluster.up.stages.base import Step
+from sparkcluster.steps.base import Step
 
 if TYPE_CHECKING:
     from sparkcluster.config.inventory import Inventory

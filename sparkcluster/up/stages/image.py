@@ -27,7 +27,7 @@ from sparkcluster.config.images import DOCKERFILE
 from sparkcluster.errors import EngineUnreachable, StageError
 from sparkcluster.movement import chain, layers, layerstore, stream, transfer
 from sparkcluster.remote import dockerapi
-from sparkcluster.up.stages.base import Step, fail
+from sparkcluster.steps.base import Step, fail
 
 if TYPE_CHECKING:
     from sparkcluster.up.execute import UpRun

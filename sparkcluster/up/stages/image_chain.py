@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sparkcluster.movement import chain, layers
+from sparkcluster.steps.base import Step
 from sparkcluster.up.stages import image
-from sparkcluster.up.stages.base import Step
 
 if TYPE_CHECKING:
     from sparkcluster.up.execute import UpRun

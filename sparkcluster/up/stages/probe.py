@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from sparkcluster.checks.runtime import env_verdict
 from sparkcluster.config import profile as profiles
 from sparkcluster.remote.dockerapi import run_in
-from sparkcluster.up.stages.base import Step, fail
+from sparkcluster.steps.base import Step, fail
 
 if TYPE_CHECKING:
     from sparkcluster.up.execute import UpRun

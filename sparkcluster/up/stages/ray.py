@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 from sparkcluster import redact
 from sparkcluster.container.spec import ContainerSpec
-from sparkcluster.day2 import ray_members
+from sparkcluster.deployment import ray_members
 from sparkcluster.errors import StageError
 from sparkcluster.facts.parsers import container_inspect
 from sparkcluster.remote import retry
-from sparkcluster.up.stages.base import Step, fail
+from sparkcluster.steps.base import Step, fail
 
 if TYPE_CHECKING:
     from sparkcluster.up.execute import UpRun

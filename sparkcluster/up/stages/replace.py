@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import teardown
-from sparkcluster.day2.deployments import Deployment
+from sparkcluster.deployment import teardown
+from sparkcluster.deployment.deployments import Deployment
 from sparkcluster.remote.fanout import ConnectedHosts
-from sparkcluster.up.stages.base import Step, fail
+from sparkcluster.steps.base import Step, fail
 
 if TYPE_CHECKING:
     from sparkcluster.up.execute import UpRun

@@ -13,13 +13,23 @@ import docker.errors
 
 from sparkcluster import redact
 from sparkcluster.config import bounds, repos
-from sparkcluster.day2 import canary_watch, endpoint, engine_nccl, known_good, server, supervision, teardown
+from sparkcluster.config.profile import profile_hash
+from sparkcluster.deployment import (
+    canary_watch,
+    endpoint,
+    gateway_registry,
+    known_good,
+    server,
+    supervision,
+    teardown,
+)
 from sparkcluster.errors import SparkError, StageError, StepFailure
+from sparkcluster.fabric import engine_nccl
 from sparkcluster.node import canary
 from sparkcluster.remote import retry
 from sparkcluster.remote.dockerapi import UNREACHABLE
+from sparkcluster.steps.base import Step, fail
 from sparkcluster.up.stages import weights
-from sparkcluster.up.stages.base import Step, fail
 from sparkcluster.up.stages.image import HeadImage
 
 if TYPE_CHECKING:
@@ -200,8 +210,6 @@ def hand_wake_token(r: UpRun) -> None:
     the head holds now: a new head container has a new token, and the gateway's old one would be
     refused (401 on every wake: 503 for its clients until the next `gateway up`). A node where the
     look fails is said, never a failed `up`: `sparkcluster gateway up` hands the token over too."""
-    from sparkcluster.gateway import deploy as gateway_deploy  # lazy: only on-demand serves need it
-
     key = deployment_key(r.inv, r.plan.profile)
     token = server.read_wake_token(r.cluster.head.docker().api, r.plan.serve.container)
     if not token:
@@ -209,7 +217,7 @@ def hand_wake_token(r: UpRun) -> None:
     for name, host in (r.reach or r.cluster.hosts).items():
         try:
             api = host.docker().api
-            got = gateway_deploy.routing(api, r.inv.cluster.name, key)
+            got = gateway_registry.routing(api, r.inv.cluster.name, key)
             if got is None:
                 continue
             container, doc = got
@@ -218,7 +226,7 @@ def hand_wake_token(r: UpRun) -> None:
                 continue
             for d in routes:
                 d["wake_token"] = token
-            gateway_deploy.write_doc(api, container, doc)
+            gateway_registry.write_doc(api, container, doc)
         except (SparkError, docker.errors.DockerException, ValueError, *UNREACHABLE) as e:
             r.progress.info(
                 redact.mask(
@@ -335,10 +343,8 @@ def warm_up(r: UpRun) -> float:
 
 
 def ask_canary(r: UpRun) -> str:
-    """The canary of this serve (day2/canary_watch), kept in the run for the known-good record `up`
+    """The canary of this serve (deployment/canary_watch), kept in the run for the known-good record `up`
     appends once it ends; what it found is handed to the head (journal, status). Never fails `up`."""
-    from sparkcluster import bench  # lazy: start-up speed (bench loads its own modules)
-
     prof, sv, head = r.plan.profile, r.plan.serve, r.cluster.head
     key = deployment_key(r.inv, prof)
     try:
@@ -349,7 +355,7 @@ def ask_canary(r: UpRun) -> str:
                 canary_watch.after_serve(
                     before,
                     prof.model,
-                    lambda: bench.ask_canary(at.hostname, at.port, sv.model, r.secrets, CANARY_TIMEOUT_S),
+                    lambda: endpoint.ask_canary(at.hostname, at.port, sv.model, r.secrets, CANARY_TIMEOUT_S),
                     served_now(r),
                     "up",
                 )
@@ -373,9 +379,6 @@ def deployment_key(inv: Inventory, prof: profiles.Profile) -> str:
 
 def served_now(r: UpRun) -> dict[str, str]:
     """What serves now, as the canary names what changed since it was taken (node/canary.since)."""
-    # lazy: start-up speed; bench's modules (about 40 ms) serve the canary only, once up serves
-    from sparkcluster.bench.results import profile_hash
-
     prof = r.plan.profile
     return {
         "image_id": served_image_id(r),

@@ -20,15 +20,16 @@ from typing import TYPE_CHECKING
 
 from sparkcluster.config import lint, repos
 from sparkcluster.config import profile as profiles
-from sparkcluster.day2 import server
+from sparkcluster.deployment import server
 from sparkcluster.errors import InputError
 from sparkcluster.movement import chain, hfcache, transfer
 from sparkcluster.remote.fanout import run_each
+from sparkcluster.steps.base import Step, fail
 from sparkcluster.up.stages import weights_chain
-from sparkcluster.up.stages.base import Step, fail
 
 if TYPE_CHECKING:
-    from sparkcluster.up.execute import StageProgress, UpRun
+    from sparkcluster.steps.walk import StageProgress
+    from sparkcluster.up.execute import UpRun
     from sparkcluster.up.plan import Plan
 
 STAGE = "weights"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sparkcluster.movement import chain, hfcache, stream
-from sparkcluster.up.stages.base import fail
+from sparkcluster.steps.base import fail
 
 if TYPE_CHECKING:
     from sparkcluster.up.execute import UpRun

@@ -17,8 +17,9 @@ import httpx
 from sparkcluster import log
 from sparkcluster.config import compile_cache
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import deployments, engine_nccl, known_good, ray_members
-from sparkcluster.day2 import endpoint as endpoint_mod
+from sparkcluster.deployment import deployments, known_good, ray_members
+from sparkcluster.deployment import endpoint as endpoint_mod
+from sparkcluster.fabric import engine_nccl
 from sparkcluster.facts import parsers
 from sparkcluster.facts.probes import SECTION, section, split_sections
 from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, PORT_LABEL, PROFILE_LABEL, container_name, is_gateway
@@ -107,7 +108,7 @@ def node_script(inv: Inventory, node: str) -> str:
         ),
         section("ray", ray_members.state_api_command(), stderr=False),
         container_readings(inv, node),
-        # each compile cache's size (day2/compile_caches has the listing with what each is for)
+        # each compile cache's size (deployment/compile_caches has the listing with what each is for)
         section(
             "compile_cache", f"timeout -k 1 3 du -sk {compile_cache_glob(inv.cluster.compile_cache)} 2>/dev/null; true"
         ),

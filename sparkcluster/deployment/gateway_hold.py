@@ -22,11 +22,10 @@ from dataclasses import dataclass
 
 import docker.errors
 
+from sparkcluster.deployment import gateway_registry
+from sparkcluster.deployment.gateway_registry import CONFIG_PATH
 from sparkcluster.errors import SparkError
 from sparkcluster.remote.dockerapi import run_in
-
-from . import deploy
-from .rollout import CONFIG_PATH
 
 HOLD_S = 1800.0  # the longest a request waits: an upgrade's up, canary and bench (a cold compile included)
 DRAIN_S = 120.0  # the longest hold() waits for the requests in flight to end
@@ -59,14 +58,14 @@ class GatewayHold:
     drain_s: float = DRAIN_S
 
     def _set(self, api, held: bool) -> None:
-        doc = deploy.read_doc(api, self.container)
+        doc = gateway_registry.read_doc(api, self.container)
         holds = dict(doc.get("held_until") or {})
         if held:
             holds[self.deployment] = self.clock(api) + self.hold_s
         else:
             holds.pop(self.deployment, None)
         doc["held_until"] = holds
-        deploy.write_doc(api, self.container, doc)
+        gateway_registry.write_doc(api, self.container, doc)
 
     def clock(self, api) -> float:
         """time.time() on the gateway's node, the clock the gateway judges the deadline by."""
@@ -133,14 +132,14 @@ class Holds:
 def find(inv, deployment: str) -> Holds | None:
     """The holds on every gateway that routes `deployment`, on the nodes of `inv` that answer (one
     look over SSH; a node that does not cannot hold anything); None where none does."""
-    # lazy: the gateway package stays light to import
+    # lazy: the deployment package stays light to import
     from sparkcluster.remote.fanout import ConnectedHosts, connect_all
 
     found: list[GatewayHold] = []
     res = connect_all(inv, None)
     try:
         for name, host in res.succeeded.items():
-            got = deploy.routing(host.docker().api, inv.cluster.name, deployment)
+            got = gateway_registry.routing(host.docker().api, inv.cluster.name, deployment)
             if got is None:
                 continue
             node = next(n for n in inv.nodes if n.name == name)

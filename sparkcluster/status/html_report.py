@@ -13,8 +13,8 @@ import time
 from typing import TYPE_CHECKING
 
 from sparkcluster import redact
-from sparkcluster.day2 import supervision
-from sparkcluster.day2.status import ClusterStatus
+from sparkcluster.deployment import supervision
+from sparkcluster.status.status import ClusterStatus
 
 if TYPE_CHECKING:
     from sparkcluster.monitor.history import History

@@ -1,7 +1,7 @@
 """`status --watch` as a full-screen view (Textual): per deployment its state, problems and a
 sparkline of tokens per second; per node its MemAvailable and headroom above the profile's memory
 floor, with a sparkline of the headroom; the supervisor journal's last entries. Every refresh is one
-`status` round trip (day2/status.collect_all), run off the screen's thread so the view never stalls.
+`status` round trip (status/status.collect_all), run off the screen's thread so the view never stalls.
 
 Why here and not in the monitoring stack: it needs nothing running beyond what `status` reads (no
 Prometheus), and its history is the refreshes it has seen (a minute or two at the default 2 s).
@@ -18,8 +18,8 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.css.query import NoMatches
 from textual.widgets import Footer, Header, Label, RichLog, Sparkline
 
-from sparkcluster.day2 import supervision
-from sparkcluster.day2.status import ClusterStatus
+from sparkcluster.deployment import supervision
+from sparkcluster.status.status import ClusterStatus
 
 KEEP = 90  # refreshes of history per sparkline
 JOURNAL_LINES = 12
@@ -57,7 +57,7 @@ def readings(sts: list[ClusterStatus]) -> dict[str, tuple[str, float | None]]:
 
 
 class LiveView(App):
-    """The view; `collect` is one status round trip (day2/status.collect_all bound to the inventory)."""
+    """The view; `collect` is one status round trip (status/status.collect_all bound to the inventory)."""
 
     TITLE = "sparkcluster status --watch"
     BINDINGS = [("q", "quit", "Quit")]  # noqa: RUF012 (Textual's class attribute)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import docker.errors
 
 from sparkcluster import log
-from sparkcluster.day2 import compile_caches, server
+from sparkcluster.deployment import compile_caches, server
 from sparkcluster.errors import SparkError
 from sparkcluster.facts.parsers import container_inspect
 from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL, is_gateway

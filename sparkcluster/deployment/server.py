@@ -17,8 +17,8 @@ import httpx
 
 from sparkcluster import log, redact
 from sparkcluster.container.spec import files_tar
-from sparkcluster.day2 import supervision
-from sparkcluster.day2.endpoint import headers, health, one_token
+from sparkcluster.deployment import supervision
+from sparkcluster.deployment.endpoint import headers, health, one_token
 from sparkcluster.errors import SparkError
 from sparkcluster.node import contract
 from sparkcluster.remote import retry

@@ -8,7 +8,7 @@ function checks exactly that.
 
 A stage is declared once, as a `Stage`: its name, its steps (what the plan prints and the executor
 runs), a summary of what they did, and the state they leave for later stages and the rollback (a
-type of its own per stage, kept in the run by `UpRun.put`). The registry (`up/stages/__init__`)
+type of its own per stage, kept in the run by `Run.put`). The registry (`up/stages/__init__`)
 lists every stage as one; the plan and the executor read these fields and name no stage.
 """
 
@@ -22,8 +22,7 @@ from sparkcluster import redact
 from sparkcluster.errors import StageError, StepFailure
 
 if TYPE_CHECKING:
-    from sparkcluster.up.execute import UpRun
-    from sparkcluster.up.plan import Plan
+    from sparkcluster.steps.walk import Run
 
 
 @dataclass(frozen=True)
@@ -33,9 +32,9 @@ class Step:
     action: str  # stable within a plan: the last part of the id
     what: str  # what a person reads
     detail: str = ""  # the command or API call it amounts to (masked whenever shown)
-    run: Callable[[UpRun], Any] | None = field(default=None, repr=False, compare=False)
+    run: Callable[[Run], Any] | None = field(default=None, repr=False, compare=False)
     when: str = ""  # decided at run time: the condition checked just before running
-    skip: Callable[[UpRun], str | None] | None = field(default=None, repr=False, compare=False)
+    skip: Callable[[Run], str | None] | None = field(default=None, repr=False, compare=False)
     # consecutive steps with the same key run at once (one thread per host); "" runs alone
     parallel: str = ""
 
@@ -90,7 +89,7 @@ class Stage:
     `always_reported` (its "nothing to do" is news)."""
 
     name: str
-    steps: Callable[[Plan], list[Step]]
+    steps: Callable[[Any], list[Step]]  # over the plan of the command it belongs to (up's, upgrade's)
     summary: Callable[[list[tuple[Step, Any]]], str]
     leaves: tuple[type, ...] = ()
     before_plan: bool = False

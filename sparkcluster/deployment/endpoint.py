@@ -4,7 +4,8 @@
 stopped leaves it at 200 while every completion hangs (seen with vLLM 0.32: a SIGSTOPped rank-1
 worker; field notes "Health is not readiness"). A one-token completion with a bound is the probe
 that tells a wedged engine from a serving one. `/metrics` gives the serving figures under vLLM's
-own `vllm:` names.
+own `vllm:` names. The canary's completions (`ask_canary`) and one-stream speed (`ask_speed`) are
+asked here too, by `up`'s serve stage, `upgrade` and `bench --canary`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from sparkcluster.errors import ConnectError, InputError
-from sparkcluster.node import readings
+from sparkcluster import redact
+from sparkcluster.errors import ConnectError, InputError, SparkError
+from sparkcluster.node import canary, readings
 
 PROBE_TIMEOUT_S = 10.0
 # the vLLM metric names status reads (vLLM 0.2x-0.3x; labelled per engine and model)
@@ -144,3 +146,64 @@ def health(client: httpx.Client, base: str) -> int | None:
         return client.get(f"{base}/health", timeout=3).status_code
     except httpx.HTTPError:
         return None
+
+
+def ask_canary(address: str, port: int, model: str, secrets: dict[str, str], timeout: float = 120) -> list:
+    """The canary's prompts, one request at a time from the controller, greedily (node/canary)."""
+    base = f"http://{address}:{port}"
+    out = []
+    with httpx.Client() as client:
+        for prompt in canary.PROMPTS:
+            try:
+                r = client.post(
+                    f"{base}/v1/completions",
+                    json=canary.request_body(model, prompt),
+                    headers=headers(secrets),
+                    timeout=timeout,
+                )
+            except httpx.HTTPError as e:
+                raise SparkError(
+                    f"the canary's completion failed: {e}", "sparkcluster status; sparkcluster logs"
+                ) from None
+            if r.status_code != 200:
+                raise SparkError(
+                    f"the canary's completion answered HTTP {r.status_code}: {redact.mask(r.text[:200])}",
+                    "sparkcluster status; sparkcluster logs",
+                )
+            out.append(canary.answer_from(prompt, r.json()))
+    return out
+
+
+def ask_speed(
+    address: str,
+    port: int,
+    model: str,
+    secrets: dict[str, str],
+    *,
+    warmup: int = 2,
+    requests: int = 4,
+    tokens: int = 64,
+) -> float:
+    """Decode tokens per second at concurrency 1, from the controller: `warmup` requests first, not
+    counted (the first requests after a start compile, fill caches and warm the engine up), then
+    `requests` timed one after another. The canary of `upgrade` compares it with the last good serve's
+    own figure, measured the same way, so the controller's round trip cancels out."""
+    base = f"http://{address}:{port}"
+    body = {"model": model, "prompt": canary.PROMPTS[0], "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+    counted, seconds = 0, 0.0
+    with httpx.Client() as client:
+        for i in range(warmup + requests):
+            t = time.monotonic()
+            try:
+                r = client.post(f"{base}/v1/completions", json=body, headers=headers(secrets), timeout=120)
+            except httpx.HTTPError as e:
+                raise SparkError(f"the canary's bench failed: {e}", "sparkcluster status; sparkcluster logs") from None
+            if r.status_code != 200:
+                raise SparkError(
+                    f"the canary's bench answered HTTP {r.status_code}: {redact.mask(r.text[:200])}",
+                    "sparkcluster status; sparkcluster logs",
+                )
+            if i >= warmup:
+                seconds += time.monotonic() - t
+                counted += int((r.json().get("usage") or {}).get("completion_tokens") or 0)
+    return counted / seconds if seconds > 0 else 0.0

@@ -4,20 +4,21 @@ and the reason is kept.
 
 Why a plan of steps: an upgrade is several `up`s and a judgement between them, and an owner must be
 able to read all of it, the rollback included, before anything moves (`--dry-run`). The steps are
-`up`'s own (`stages/base.Step`, one `Stage` declaration per stage below), walked by `up`'s executor
-(`execute.walk`), so each ends as the same structured `step` event:
+the step engine's (`steps/base.Step`, one `Stage` declaration per stage below), walked by its walk
+(`steps/walk.walk`, as `up`'s executor walks), so each ends as the same structured `step` event:
 
-  traffic   the gateway in front of the deployment, where one runs, drains and holds its requests (gateway/hold)
+  traffic   the gateway in front of the deployment, where one runs, drains and holds its requests
+            (deployment/gateway_hold)
   baseline  the last good serve's canary answers and one-stream speed, from the known-good record;
             measured on the serving deployment first when the record has none yet
   up        `up` of the profile with the new image or revision: its own plan (distribute: image and
             weights stages; then containers, ray, probe, serve), printed nested in the dry run
-  canary    the probe (/health and one token), the fixed greedy completions (`bench/canary`) against
+  canary    the probe (/health and one token), the fixed greedy completions (`node/canary`) against
             the last good ones
   bench     decode tokens/s at concurrency 1 after a few warm-up requests, against a bound times the
             last good serve's figure
   prune     only if all of that held: the old image and the old revision's files removed, the new serve
-            recorded as good with its canary (one record, `day2/known_good`, extended, not a second)
+            recorded as good with its canary (one record, `deployment/known_good`, extended, not a second)
   rollback  only if any of it failed: `up` of the last good image and revision, the new image removed
             from every node, the record of why kept (`known_good.UpgradeOutcome`)
 
@@ -44,19 +45,18 @@ from urllib.parse import urlsplit
 import docker.errors
 import httpx
 
-from sparkcluster import bench, log, redact
-from sparkcluster.bench import canary
+from sparkcluster import log, redact
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.day2 import deployments, endpoint, known_good
+from sparkcluster.deployment import deployments, endpoint, known_good
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.movement import hfcache
+from sparkcluster.node import canary
 from sparkcluster.remote.fanout import ConnectedHosts
 from sparkcluster.remote.lock import NodeLocks
-from sparkcluster.up import bringup
-from sparkcluster.up.execute import StageProgress, walk
-from sparkcluster.up.stages.base import Stage, Step, render_steps
+from sparkcluster.steps.base import Stage, Step, render_steps
+from sparkcluster.steps.walk import StageProgress, walk
 
 _log = log.get(__name__)
 T = TypeVar("T")
@@ -150,10 +150,29 @@ class Traffic(Protocol):
 
 def gateway_for(inv: Inventory, deployment: str) -> Traffic | None:
     """Every gateway that routes this deployment (issue 36), if one runs: the plan's traffic steps
-    hold and release through them (gateway/hold.Holds)."""
-    from sparkcluster.gateway import hold as gateway_hold  # lazy: only an upgrade or rollback runs it
+    hold and release through them (deployment/gateway_hold.Holds)."""
+    # lazy: only an upgrade or rollback runs it
+    from sparkcluster.deployment import gateway_hold
 
     return gateway_hold.find(inv, deployment)
+
+
+class Up(Protocol):
+    """`up` as the command line hands it in (up/bringup.run): the new serve, the rollback's serve and
+    the dry run's nested plan. `upgrade` names no other command; the CLI composes them."""
+
+    def __call__(
+        self,
+        inv: Inventory,
+        prof: profiles.Profile,
+        secrets: dict[str, str],
+        progress: StageProgress,
+        *,
+        dry_run: bool = False,
+        node: tuple[str, ...] | None = None,
+        command: str = "up",
+        locked: bool = False,
+    ) -> Any: ...
 
 
 # ---- the run -----------------------------------------------------------------------------------------
@@ -171,6 +190,7 @@ class UpgradeRun:
     good: known_good.GoodRecord
     secrets: dict[str, str]
     progress: StageProgress
+    up: Up
     bound: float = SPEED_BOUND
     traffic: Traffic | None = None
     stage: str = ""
@@ -230,7 +250,7 @@ def _address(r: UpgradeRun, prof: profiles.Profile) -> tuple[str, int]:
 def _reached(r: UpgradeRun, prof: profiles.Profile) -> Iterator[tuple[str, int]]:
     """(address, port) at which the controller asks the engine, for the block's length: the head's
     address, or a port forwarded through its SSH connection when engines listen only on the
-    cluster's addresses (the gateway the only door: day2/endpoint.reached)."""
+    cluster's addresses (the gateway the only door: deployment/endpoint.reached)."""
     if r.target.cluster.engines_listen != "control":
         yield _address(r, prof)
         return
@@ -257,9 +277,9 @@ def take_baseline(r: UpgradeRun) -> Baseline:
     model = r.old.served_model_name
     try:
         with _reached(r, r.old) as (address, port):
-            first = bench.ask_canary(address, port, model, r.secrets)
-            second = bench.ask_canary(address, port, model, r.secrets)
-            tok_s = bench.ask_speed(address, port, model, r.secrets)
+            first = endpoint.ask_canary(address, port, model, r.secrets)
+            second = endpoint.ask_canary(address, port, model, r.secrets)
+            tok_s = endpoint.ask_speed(address, port, model, r.secrets)
     except SparkError as e:
         raise SparkError(
             f"the last good serve's canary is not recorded and the deployment does not answer it now: {e.message}",
@@ -280,7 +300,7 @@ def take_baseline(r: UpgradeRun) -> Baseline:
 
 def bring_up(r: UpgradeRun, prof: profiles.Profile, command: str) -> str:
     # the upgrade holds the nodes' locks across every step (`held`): this `up` takes none of its own
-    bringup.run(r.inv, prof, r.secrets, r.progress, node=r.nodes or None, command=command, locked=True)
+    r.up(r.inv, prof, r.secrets, r.progress, node=r.nodes or None, command=command, locked=True)
     return f"serving {prof.image.ref}"
 
 
@@ -312,7 +332,7 @@ def ask_answers(r: UpgradeRun) -> str:
     def ask(r: UpgradeRun) -> str:
         base = r.find(Baseline)
         with _reached(r, r.new) as (address, port):
-            fresh = bench.ask_canary(address, port, r.new.served_model_name, r.secrets)
+            fresh = endpoint.ask_canary(address, port, r.new.served_model_name, r.secrets)
         stored = canary.CanaryRecord(
             r.deployment, r.old.name, r.good.at, base.deterministic, list(base.answers), image_id=r.good.base_image
         )
@@ -327,7 +347,7 @@ def ask_answers(r: UpgradeRun) -> str:
 def bench_speed(r: UpgradeRun) -> str:
     def ask(r: UpgradeRun) -> str:
         with _reached(r, r.new) as (address, port):
-            tok_s = bench.ask_speed(address, port, r.new.served_model_name, r.secrets)
+            tok_s = endpoint.ask_speed(address, port, r.new.served_model_name, r.secrets)
         got = r.find(Measured) or Measured()
         r.put(Measured(got.answers, got.verdict, tok_s))
         why = judge(tok_s=tok_s, good_tok_s=r.find(Baseline).tok_s, bound=r.bound)
@@ -651,7 +671,7 @@ def _of(name: str):
     return lambda plan: [s for s in plan.steps() if s.stage == name]
 
 
-# the stages of an upgrade and of a rollback, in the order they run (the contract of `stages/base`)
+# the stages of an upgrade and of a rollback, in the order they run (the contract of `steps/base`)
 STAGES: dict[str, Stage] = {
     name: Stage(name, _of(name), _summary, leaves=leaves)
     for name, leaves in (
@@ -767,6 +787,7 @@ def upgrade(
     secrets: dict[str, str],
     progress: StageProgress,
     *,
+    up: Up,
     image: str | None = None,
     revision: str | None = None,
     vllm_version: str | None = None,
@@ -776,9 +797,9 @@ def upgrade(
 ) -> UpgradePlan | str:
     plan, new, old, good = plan_upgrade(inv, prof, image, revision, vllm_version=vllm_version, nodes=nodes, bound=bound)
     if dry_run:
-        plan.up_plan = bringup.run(inv, new, secrets, progress, dry_run=True, node=nodes or None)
+        plan.up_plan = up(inv, new, secrets, progress, dry_run=True, node=nodes or None)
         return plan
-    r = UpgradeRun(inv, nodes, new, old, good, secrets, progress, bound, gateway_for(inv, good.deployment))
+    r = UpgradeRun(inv, nodes, new, old, good, secrets, progress, up, bound, gateway_for(inv, good.deployment))
     try:
         with held(r, f"upgrade --profile {prof.name}"):
             walk_plan(r, plan)
@@ -805,6 +826,7 @@ def rollback(
     secrets: dict[str, str],
     progress: StageProgress,
     *,
+    up: Up,
     nodes: tuple[str, ...] = (),
     dry_run: bool = False,
 ) -> UpgradePlan | str:
@@ -825,7 +847,7 @@ def rollback(
     )
     if dry_run:
         return plan
-    r = UpgradeRun(inv, nodes, back, back, good, secrets, progress, traffic=gateway_for(inv, good.deployment))
+    r = UpgradeRun(inv, nodes, back, back, good, secrets, progress, up, traffic=gateway_for(inv, good.deployment))
     with held(r, f"rollback --profile {prof.name}"):
         walk_plan(r, plan)
     return f"{good.deployment} serves {back.image.ref} again (the good serve of {to.at})"

@@ -2,7 +2,7 @@
 well, compared after every serve `up` starts (an image change, an upgrade's new serve, a flag change)
 and on request (`bench --canary`); the supervisor compares after its own restarts (node/canary).
 
-One record: the reference answers live in the deployment's known-good record (day2/known_good), the
+One record: the reference answers live in the deployment's known-good record (deployment/known_good), the
 record of its last good serve, carried from serve to serve of the same model until taken anew
 (`bench --canary-retake`, after a change you meant): a changed answer stays reported on every later
 restart until then. Each comparison is handed to the head container, so that the journal (`events`)
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkcluster import log
-from sparkcluster.day2 import known_good
+from sparkcluster.deployment import known_good
 from sparkcluster.node import canary, contract
 
 _log = log.get(__name__)
