@@ -12,7 +12,7 @@ import docker.errors
 
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
-from sparkcluster.deployment import supervision
+from sparkcluster.deployment import failed_serve, supervision
 from sparkcluster.errors import InputError
 from sparkcluster.labels import container_name
 from sparkcluster.monitor import alerting
@@ -41,8 +41,11 @@ def events(obj, follow: bool, last: int, as_json: bool, node: str | None) -> Non
     try:
         api.inspect_container(name)
     except docker.errors.NotFound:
+        kept = failed_serve.newest()
         raise InputError(
-            f"no head container {name} on {head.name}: nothing has been started there", "sparkcluster up --profile NAME"
+            f"no head container {name} on {head.name}: nothing has been started there"
+            + (f"; the last failed start's logs are kept in {kept}" if kept else ""),
+            "sparkcluster up --profile NAME",
         ) from None
 
     def show(entries: list[dict]) -> None:

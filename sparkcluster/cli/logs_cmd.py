@@ -14,7 +14,7 @@ import click
 
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
-from sparkcluster.deployment import server
+from sparkcluster.deployment import failed_serve, server
 from sparkcluster.errors import InputError
 from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, ROLE_LABEL
 from sparkcluster.remote.fanout import ConnectedHosts
@@ -56,7 +56,13 @@ def logs(obj, node: str | None, follow: bool, since: str | None, tail_lines: int
             api = host.docker().api
             found = api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={inv.cluster.name}"})
             if not found:
-                emit(host.name, "(no sparkcluster container)")
+                kept = failed_serve.newest()
+                log = kept / f"{host.name}.log" if kept else None
+                emit(
+                    host.name,
+                    "(no sparkcluster container)"
+                    + (f"; the last failed start's logs are kept in {log}" if log and log.is_file() else ""),
+                )
                 return
             c = found[0]
             kw = {"tail": tail_lines, "timestamps": False}

@@ -17,6 +17,7 @@ from sparkcluster.config.profile import profile_hash
 from sparkcluster.deployment import (
     canary_watch,
     endpoint,
+    failed_serve,
     gateway_registry,
     known_good,
     server,
@@ -25,6 +26,7 @@ from sparkcluster.deployment import (
 )
 from sparkcluster.errors import SparkError, StageError, StepFailure
 from sparkcluster.fabric import engine_nccl
+from sparkcluster.labels import container_name
 from sparkcluster.node import canary
 from sparkcluster.remote import retry
 from sparkcluster.remote.dockerapi import UNREACHABLE
@@ -254,15 +256,34 @@ def _hand(r: UpRun, how, what: str) -> None:
             )
         )
     except server.NotReady as e:
-        raise fail(
-            STAGE,
-            r.cluster.head.name,
-            what,
-            e.reason,
-            r.plan.serve.describe(),
-            e.tail,
-            "sparkcluster events shows the supervisor's journal; sparkcluster down, then sparkcluster up",
-        ) from None
+        raise failed_start(r, what, e) from None
+
+
+def failed_start(r: UpRun, step: str, e: server.NotReady) -> StageError:
+    """The stage's error for a server that did not come up: the first failure among the ranks' logs
+    (never the shutdown noise after it), named by rank and node, those logs kept on the controller
+    before the rollback removes the containers (deployment/failed_serve), the folder in the fix."""
+    head = r.cluster.head.name
+    logs = {
+        n.name: failed_serve.read_logs(
+            r.cluster.hosts[n.name].docker().api,
+            container_name(r.inv.cluster.name, "head" if n.name == head else "worker", n.name),
+        )
+        for n in r.inv.nodes
+        if n.name in r.cluster.hosts
+    }
+    kept = failed_serve.keep(deployment_key(r.inv, r.plan.profile), logs)
+    found = kept.error({n.control_ip: n.name for n in r.inv.nodes})
+    offline = weights.offline_miss(e.tail or "", r.plan.profile.model)
+    if offline or not found:
+        reason, tail = offline or e.reason, e.tail
+    else:
+        reason, tail = f"{e.reason}: {found[0]}", found[1]
+    cause = kept.cause()
+    fix = (cause.fix + "; " if cause and not offline else "") + (
+        f"the engine's logs are kept in {kept.folder} (sparkcluster logs says where); fix, then sparkcluster up"
+    )
+    return fail(STAGE, head, step, reason, r.plan.serve.describe(), tail, fix)
 
 
 def _reached(r: UpRun):
@@ -286,16 +307,7 @@ def wait_ready(r: UpRun) -> float:
                 on_wait=lambda why, s: r.progress.info(f"waiting for the server ({s:.0f}s): {why}"),
             )
     except server.NotReady as e:
-        reason = weights.offline_miss(e.tail or "", r.plan.profile.model) or e.reason
-        raise fail(
-            STAGE,
-            head.name,
-            "wait until ready",
-            reason,
-            sv.describe(),
-            e.tail,
-            "read the server's log above (sparkcluster logs spark-head); fix, then sparkcluster up",
-        ) from None
+        raise failed_start(r, "wait until ready", e) from None
 
     # `up` says serving only once the supervisor watches a server it has seen answer: a wedge in the
     # next second is then its to catch (it only judges an engine it has seen ready)
