@@ -35,7 +35,7 @@ import time
 import urllib.request
 from secrets import token_hex
 
-from . import canary
+from . import canary, engine_failure
 from .compile_reading import StartReading
 from .contract import (
     DEFAULT_POLICY,
@@ -121,6 +121,27 @@ class ProbeRun:
         finally:
             self.answer, self.seconds = answer, time.monotonic() - t0
             self.done.set()
+
+
+def first_failure(path: str, cap: int = 2 * 1024 * 1024) -> dict:
+    """The first failure the server's log reports (node/engine_failure), as journal fields: the line,
+    the rank that wrote it and the known cause; none where the log says none or cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - cap))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return {}
+    found = engine_failure.read(text, limit=1)
+    if found is None:
+        return {}
+    cause = found.cause()
+    return {
+        "first_failure": found.first.text,
+        **({"rank": found.first.proc} if found.first.proc else {}),
+        **({"rank_ip": found.first.ip} if found.first.ip else {}),
+        **({"known_cause": cause.id, "fix": cause.fix} if cause else {}),
+    }
 
 
 class Supervisor:
@@ -674,6 +695,8 @@ class Supervisor:
         judged = time.time()
         served = self.watch.ready
         self.causes.append({"ts": judged, "kind": kind, "cause": cause})
+        if kind == "dead":  # what the engine itself said first, beside the supervisor's cause (issue 62)
+            evidence.update(first_failure(SERVE_LOG))
         self.journal.write(kind, cause=cause, **evidence)
         self.count(f"verdict:{kind}")
         # published before the stop, which may take verdict_grace_s: the gateway acts on the verdict now

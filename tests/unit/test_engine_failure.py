@@ -96,3 +96,17 @@ def test_the_first_failure_across_nodes_is_the_earliest_stamped():
     early = "(y pid=2) ERROR 01-01 00:00:01 [a.py:1] RuntimeError: first"
     node, f = failed_serve.first_failure({"spark-head": late, "spark-worker": early})
     assert node == "spark-worker" and f.first.text == "RuntimeError: first"
+
+
+def test_the_supervisor_journals_the_engines_own_first_failure(tmp_path):
+    from sparkcluster.node import supervisor
+
+    log = tmp_path / "vllm-serve.log"
+    log.write_text(
+        "INFO 01-01 00:00:00 [api_server.py:1] starting\n" + (CAPTURED / "vllm-ray-worker-oom-15598.log").read_text()
+    )
+    fields = supervisor.first_failure(str(log))
+    assert fields["first_failure"].startswith("torch.OutOfMemoryError: CUDA out of memory")
+    assert fields["rank"] == "RayWorkerWrapper pid=206994" and fields["rank_ip"] == "192.168.10.25"
+    assert fields["known_cause"] == "out-of-memory" and fields["fix"]
+    assert supervisor.first_failure(str(tmp_path / "absent.log")) == {}
