@@ -17,8 +17,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# "(RayWorkerWrapper pid=206994, ip=192.168.10.25) " / "(EngineCore pid=162129) " / "(Worker_TP1 pid=5) "
-_PROC = re.compile(r"^\((?P<proc>[A-Za-z_][\w]*(?: rank=\d+)?) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[0-9a-fA-F.:]+))?\)\s?")
+# "(RayWorkerWrapper pid=206994, ip=192.168.10.25) " / "(EngineCore pid=162129) " / "(raylet) ": Ray colours
+# the prefix with ANSI codes (tests/captured/vllm-0.32-ray-worker-sigill.log), taken off first
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_PROC = re.compile(
+    r"^\((?P<proc>[A-Za-z_][\w]*(?: rank=\d+)?)(?: pid=(?P<pid>\d+)(?:, ip=(?P<ip>[0-9a-fA-F.:]+))?)?\)\s?"
+)
+# Ray's own report of a dead worker names its address in the text
+_WORKER_IP = re.compile(r"Worker IP address: ([0-9a-fA-F.:]+)")
 # vLLM's log prefix: "ERROR 03-27 10:29:13 [worker_base.py:620] " (level, month-day, time, file:line)
 _LEVEL = re.compile(
     r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<ts>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[[^\]]*\] "
@@ -110,28 +116,35 @@ class Failure:
 
     @property
     def first(self) -> Line:
-        return self.lines[0]
+        """The first line that shows a known cause, else the first line: what a dying rank says of itself
+        (SIGILL, CUDA out of memory) outranks what its peers then say of its death (Ray's "a worker died",
+        which Ray may forward before the rank's own lines)."""
+        return next((ln for ln in self.lines if _known(ln.text)), self.lines[0])
 
     def cause(self) -> Cause | None:
-        """The known cause of the first failure that has one, looked for from the first line on."""
-        for ln in self.lines:
-            for pattern, cause in CAUSES:
-                if pattern.search(ln.text):
-                    return cause
-        return None
+        """The known cause of the first failure that has one."""
+        return _known(self.first.text)
 
     def render(self, where=lambda ln: ln.proc) -> str:
         """The lines, each after the process (or node) that wrote it."""
         return "\n".join(f"[{where(ln)}] {ln.text}" if where(ln) else ln.text for ln in self.lines)
 
 
+def _known(text: str) -> Cause | None:
+    return next((cause for pattern, cause in CAUSES if pattern.search(text)), None)
+
+
 def _split(raw: str) -> tuple[str, str, str, str, str]:
     """(process, ip, level, timestamp, message) of one log line."""
     proc = ip = level = ts = ""
+    raw = _ANSI.sub("", raw)
     m = _PROC.match(raw)
     if m:
-        proc, ip = f"{m.group('proc')} pid={m.group('pid')}", m.group("ip") or ""
+        proc = m.group("proc") + (f" pid={m.group('pid')}" if m.group("pid") else "")
+        ip = m.group("ip") or ""
         raw = raw[m.end() :]
+    if not ip and (w := _WORKER_IP.search(raw)):
+        ip = w.group(1)
     m = _LEVEL.match(raw)
     if m:
         level, ts = m.group("level"), m.group("ts")

@@ -132,7 +132,7 @@ def first_failure(path: str, cap: int = 2 * 1024 * 1024) -> dict:
             text = f.read().decode(errors="replace")
     except OSError:
         return {}
-    found = engine_failure.read(text, limit=1)
+    found = engine_failure.read(text)
     if found is None:
         return {}
     cause = found.cause()

@@ -48,7 +48,7 @@ def test_a_rank_killed_by_sigill_while_up_waits_is_named_and_its_logs_kept(testb
     sc("down")
     proc = popen_sc(testbed, sc, env_file, "up", "--profile", "testbed")
     try:
-        pids = wait_for(lambda: testbed.sh(WORKER, "pgrep -f RayWorkerProc || true").stdout.split() or None, 300)
+        pids = wait_for(lambda: testbed.sh(WORKER, "pgrep -f '[R]ayWorkerProc' || true").stdout.split() or None, 300)
         assert pids, "no worker rank started within 300 s"
         testbed.sh(WORKER, "kill -ILL " + " ".join(pids))
         out, err = proc.communicate(timeout=600)

@@ -110,3 +110,16 @@ def test_the_supervisor_journals_the_engines_own_first_failure(tmp_path):
     assert fields["rank"] == "RayWorkerWrapper pid=206994" and fields["rank_ip"] == "192.168.10.25"
     assert fields["known_cause"] == "out-of-memory" and fields["fix"]
     assert supervisor.first_failure(str(tmp_path / "absent.log")) == {}
+
+
+def test_a_ray_worker_killed_by_sigill_is_named_by_its_own_line_not_rays_report():
+    """Real: the testbed's vLLM 0.32 (TP=2 over Ray) whose worker rank got SIGILL while `up` waited
+    (tests/captured/README.md): Ray forwards its "(raylet) A worker died" before the rank's own lines,
+    each in ANSI colours; the rank's SIGILL is the first failure, on the worker's address."""
+    f = read("vllm-0.32-ray-worker-sigill.log")
+    assert f.first.text == "*** SIGILL received at time=1795844486 on cpu 0 ***"
+    assert (f.first.proc, f.first.ip) == ("RayWorkerProc pid=242", "198.19.2.2")
+    assert f.cause().id == "illegal-instruction"
+    assert f.lines[0].proc == "raylet" and f.lines[0].ip == "198.19.2.2"  # Ray's report, still shown, in order
+    assert any(ln.text == "Fatal Python error: Illegal instruction" for ln in f.lines)
+    assert not any("stopping" in ln.text.lower() or "shutting down" in ln.text.lower() for ln in f.lines)

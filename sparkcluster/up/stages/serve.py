@@ -273,7 +273,7 @@ def failed_start(r: UpRun, step: str, e: server.NotReady) -> StageError:
         if n.name in r.cluster.hosts
     }
     kept = failed_serve.keep(deployment_key(r.inv, r.plan.profile), logs)
-    found = kept.error({n.control_ip: n.name for n in r.inv.nodes})
+    found = kept.error({str(n.control_ip): n.name for n in r.inv.nodes})
     offline = weights.offline_miss(e.tail or "", r.plan.profile.model)
     if offline or not found:
         reason, tail = offline or e.reason, e.tail
