@@ -56,6 +56,8 @@ CHECK_ORDER = (
     "rdma.pcie",
     "rdma.firmware",
     "nccl.topology_env",
+    "mem.fit",
+    "mem.size",
     "mem.headroom",
     "mem.earlyoom",
     "mem.earlyoom_args",

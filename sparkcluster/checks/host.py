@@ -4,7 +4,7 @@ runtime, memory headroom and OOM protection, free disk, and clock agreement."""
 from __future__ import annotations
 
 from sparkcluster.checks.registry import Context, GiB, Report, check
-from sparkcluster.node.readings import headroom
+from sparkcluster.node.memory_fit import Fit, gb, headroom, same_size
 from sparkcluster.remote import engine_api
 
 MEM_HEADROOM_FLOOR = 6 * GiB  # seed 002's watchdog warns under 6 GB of MemAvailable
@@ -154,6 +154,56 @@ def mem_headroom(ctx: Context, r: Report) -> None:
             )
         else:
             r.ok(n, detail)
+
+
+@check("mem.fit", "The profile's weights per rank and one sequence of KV cache fit the engine's budget")
+def mem_fit(ctx: Context, r: Report) -> None:
+    # issue 52: a profile sized for a 128 GB Spark passes mem.headroom on a 64 GB one (MemAvailable
+    # covers utilization x MemTotal) and then runs out of memory while loading
+    e = ctx.expect
+    if e.gpu_memory_utilization is None or not e.weights_source:  # no profile, or its listing not looked up
+        return
+    for n, f in ctx.facts.items():
+        if not f.mem or not f.mem.total:
+            continue
+        if e.weights_per_rank is None:
+            r.skip(n, f"weights per rank unknown: {e.weights_source}")
+            continue
+        fit = Fit(e.weights_per_rank, e.kv_min, e.gpu_memory_utilization, f.mem.total, f.mem.available)
+        detail = f"{fit.arithmetic()} ({e.weights_source})"
+        if fit.fits is False:
+            r.fail(
+                n,
+                detail,
+                f"serve this model on nodes with more memory (this one has MemTotal {gb(f.mem.total)}), "
+                "spread it over more ranks (tensor or pipeline parallel), or pick a smaller checkpoint or "
+                "max_model_len; raising gpu_memory_utilization above 0.85 starves the host",
+            )
+        else:
+            r.ok(n, detail)
+
+
+@check("mem.size", "Nodes of one memory size")
+def mem_size(ctx: Context, r: Report) -> None:
+    # NVIDIA's vllm-cluster page: "use two Sparks of the same memory size"
+    totals = {n: f.mem.total for n, f in ctx.facts.items() if f.mem and f.mem.total}
+    if len(totals) < 2:
+        return
+    if same_size(totals):
+        for n, t in totals.items():
+            r.ok(n, f"MemTotal {gb(t)}")
+        return
+    largest = max(totals.values())
+    for n, t in totals.items():
+        if same_size({"a": t, "b": largest}):
+            r.ok(n, f"MemTotal {gb(t)}")
+        else:
+            r.warn(
+                n,
+                f"MemTotal {gb(t)} here, {gb(largest)} on another node: every rank gets the same "
+                "gpu_memory_utilization, so the smallest node sets what the deployment can hold",
+                "pair Sparks of the same memory size (NVIDIA's vllm-cluster guide asks for it)",
+            )
 
 
 @check("mem.earlyoom", "earlyoom running")

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from sparkcluster import checks, facts
 from sparkcluster.config import profile as profiles
+from sparkcluster.config import secrets
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.container.spec import required_flags
-from sparkcluster.facts import image_nccl, ray_seen
+from sparkcluster.errors import InputError
+from sparkcluster.facts import image_nccl, model_listing, ray_seen
+from sparkcluster.node import memory_fit
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 
 
@@ -29,6 +33,31 @@ def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect
         container_flags=required_flags(prof.ulimit_stack),
         executor=prof.executor if len(inv.nodes) > 1 else "ray",
     )
+
+
+def with_model_size(expect: checks.Expect, prof: profiles.Profile, listing: model_listing.Listing) -> checks.Expect:
+    """The expectations with one rank's share of the listed weights and the KV cache of one
+    max_model_len sequence (node/memory_fit), for mem.fit."""
+    s = prof.serve
+    tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
+    return dataclasses.replace(
+        expect,
+        weights_per_rank=None if listing.weights is None else memory_fit.weights_per_rank(listing.weights, tp, pp),
+        weights_source=(
+            f"{memory_fit.gb(listing.weights)} of weights over TP {tp} x PP {pp}, from {listing.source}"
+            if listing.weights is not None
+            else listing.source
+        ),
+        kv_min=memory_fit.kv_min(listing.config, s.max_model_len, s.kv_cache_dtype or "auto", tp, pp),
+    )
+
+
+def hub_token(prof: profiles.Profile) -> str:
+    """HF_TOKEN where the environment or the .env has it (a gated model's listing needs it); "" else."""
+    try:
+        return secrets.load_secrets(profile=prof, names=["HF_TOKEN"]).get("HF_TOKEN", "")
+    except InputError:
+        return ""
 
 
 @dataclass
@@ -84,5 +113,7 @@ def run(
         if not cluster.hosts:
             cluster = None
     hosts_facts = gather_all(cluster, inv, expect.image, expect.base_image, expect.executor == "ray") if cluster else {}
+    if prof is not None and cluster is not None and inv.head.name in cluster.hosts:
+        expect = with_model_size(expect, prof, model_listing.read(cluster.head, inv, prof, hub_token(prof)))
     ctx = checks.Context(inv, hosts_facts, unreachable, expect)
     return PreflightReport(checks.run_checks(ctx, only), hosts_facts, unreachable), cluster

@@ -14,6 +14,7 @@ from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.facts import HostFacts
 from sparkcluster.facts.parsers import ContainerInspect
 from sparkcluster.labels import CLUSTER_LABEL
+from sparkcluster.node.memory_fit import KvMin
 
 Status = Literal["ok", "warn", "fail", "skip"]
 GiB = 1024**3
@@ -48,6 +49,11 @@ class Expect:
     container_flags: dict[str, object] = field(default_factory=dict)
     # "mp": vLLM's own multi-node launch, no Ray (issue 28): Ray's checks give way to the rendezvous's
     executor: str = "ray"
+    # one rank's share of the model's weights (node/memory_fit), None when no listing was seen, and
+    # where the figure came from (or why it is unknown); the KV cache of one max_model_len sequence
+    weights_per_rank: int | None = None
+    weights_source: str = ""
+    kv_min: KvMin = field(default_factory=lambda: KvMin(None, "no config.json"))
 
 
 @dataclass

@@ -16,7 +16,7 @@ from sparkcluster.config import compile_cache, inventory
 from sparkcluster.config.flags import serve_argv
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import HOME_HF_CACHE
-from sparkcluster.config.lint import CLUSTER_RULES, failures, lint, unchecked_flags
+from sparkcluster.config.lint import CLUSTER_RULES, failures, lint, memory_fit_notes, unchecked_flags
 from sparkcluster.config.profile import (
     PROFILES_ENV_VAR,
     USER_PROFILES,
@@ -215,6 +215,8 @@ def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None) -> None
     if inv is None:
         _echo(f"note: no inventory; skipped the cluster rules ({', '.join(CLUSTER_RULES)})", err=True)
     problems = lint(p, inv)
+    for note in memory_fit_notes(p, inv):
+        _echo(f"note: {note}", err=True)
     unchecked = unchecked_flags(p)
     if unchecked:
         _echo(f"note: {unchecked}", err=True)

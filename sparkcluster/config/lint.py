@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sparkcluster import redact
-from sparkcluster.config import compile_cache
+from sparkcluster.config import compile_cache, model_memory
 from sparkcluster.config.flags import BY_FLAG, flag_names, flag_value, parse_version, refusals, serve_argv
 from sparkcluster.config.profile import MANAGED_VARS, Profile, guess_image_kind
 from sparkcluster.config.secrets import SECRET_NAMES, SECRET_VALUE
 from sparkcluster.config.topology import FIELD_RING_NODES
 from sparkcluster.config.vllm_flag_sets import FLAG_SETS
+from sparkcluster.node import memory_fit
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkcluster.config.inventory import Inventory
@@ -400,6 +401,7 @@ def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
                 )
             )
     p += supervisor_bounds(profile)
+    p += memory_fit_problems(profile, inventory)
     return p
 
 
@@ -473,6 +475,71 @@ def memory_sum_problems(profiles: Sequence[Profile]) -> list[Problem]:
             "or less, or plan one of them on another node",
         )
     ]
+
+
+def memory_fit_check(
+    profile: Profile, inventory: Inventory | None, size: dict | None = None
+) -> tuple[list[Problem], list[str]]:
+    """Offline, the arithmetic doctor's mem.fit does (node/memory_fit, issue 52): one rank's share of
+    the listed weights plus one max_model_len sequence of KV cache against gpu_memory_utilization x
+    each node's memory, the inventory's `memory_gb` (what `init` read) or 128 GB assumed. `size`: the
+    model's listing as doctor or up last read it (config/model_memory). Returns (problems, notes:
+    what was judged, and what was assumed)."""
+    if size is None:
+        return [], [
+            f"memory fit not judged: no listing of {profile.model} remembered "
+            "(`sparkcluster doctor` or `up` reads the hub's listing once and remembers its size)"
+        ]
+    s = profile.serve
+    tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
+    weights = memory_fit.weights_per_rank(size["weights"], tp, pp)
+    kv = memory_fit.kv_min(size.get("config"), s.max_model_len, s.kv_cache_dtype or "auto", tp, pp)
+    nodes = {n.name: n.memory_gb for n in inventory.nodes} if inventory is not None else {"a node": None}
+    out, notes = [], []
+    for name, mem_gb in nodes.items():
+        said = (
+            f"memory_gb {mem_gb:g} from the inventory"
+            if mem_gb
+            else f"{memory_fit.DEFAULT_MEMORY_GB:g} GB assumed: the inventory states no memory_gb"
+        )
+        fit = memory_fit.Fit(
+            weights, kv, s.gpu_memory_utilization, int((mem_gb or memory_fit.DEFAULT_MEMORY_GB) * memory_fit.GB)
+        )
+        whole = f"{memory_fit.gb(size['weights'])} of weights over TP {tp} x PP {pp}"
+        line = f"{name}: {fit.arithmetic()} ({said}; {whole} from {size.get('source') or 'a listing'})"
+        if fit.fits is False:
+            out.append(
+                Problem(
+                    "memory-fit",
+                    line,
+                    "serve it on nodes with more memory, over more ranks (tensor or pipeline parallel), or pick a "
+                    "smaller checkpoint or max_model_len (`init` records each node's memory_gb)",
+                )
+            )
+        else:
+            notes.append(line)
+    known = {n: g * memory_fit.GB for n, g in nodes.items() if g}
+    if not memory_fit.same_size(known):
+        shown = ", ".join(f"{n} {g:g} GB" for n, g in nodes.items() if g)
+        out.append(
+            Problem(
+                "memory-sizes",
+                f"nodes of different memory sizes in one cluster ({shown}): the smallest sets what every rank holds",
+                "pair Sparks of the same memory size (NVIDIA's vllm-cluster guide: \"use two Sparks of the same "
+                'memory size")',
+                severity="warn",
+            )
+        )
+    return out, notes
+
+
+def memory_fit_problems(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    """memory_fit_check with the size doctor or up last read of the profile's model."""
+    return memory_fit_check(profile, inventory, model_memory.get(profile.model, profile.revision))[0]
+
+
+def memory_fit_notes(profile: Profile, inventory: Inventory | None) -> list[str]:
+    return memory_fit_check(profile, inventory, model_memory.get(profile.model, profile.revision))[1]
 
 
 def ring_rules(profile: Profile, inventory: Inventory) -> list[Problem]:

@@ -29,7 +29,9 @@ HEADER = "draft: review before use"
 
 def discovery_script() -> str:
     """Read-only: nothing here changes the host."""
-    return probes.script([probes.HOSTNAME, probes.GPU, probes.IP, probes.HCA, probes.GIDS, access.ACCOUNT])
+    return probes.script(
+        [probes.HOSTNAME, probes.GPU, probes.IP, probes.HCA, probes.GIDS, access.ACCOUNT, probes.MEMINFO]
+    )
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Discovered:
     hcas: dict[str, parsers.Hca] = field(default_factory=dict)
     gids: dict[str, list[parsers.Gid]] = field(default_factory=dict)
     account: access.Account | None = None  # the SSH user: its home holds the default HF cache
+    mem_total: int = 0  # MemTotal in bytes (a 128 GB or a 64 GB Spark), 0 when unread
 
 
 def parse_discovery(target: str, text: str) -> Discovered:
@@ -61,6 +64,8 @@ def parse_discovery(target: str, text: str) -> Discovered:
     d.hcas = parsers.hca_lines(get("hca").out)
     d.gids = parsers.gid_lines(get("gids").out)
     d.account = probes.value(access.ACCOUNT, s)
+    if get("meminfo").rc == 0:
+        d.mem_total = parsers.meminfo(get("meminfo").out).total
     return d
 
 
@@ -254,6 +259,7 @@ class DraftNode:
     gpus: int
     comments: list[str] = field(default_factory=list)
     gid_index: int | None = None
+    memory_gb: float | None = None  # MemTotal in GB (10^9), what lint judges a profile against
 
 
 @dataclass
@@ -313,7 +319,17 @@ def draft(name: str, found: list[Discovered], ssh_config: Path | None = None, kn
                 f"GPU: nvidia-smi found none ({d.gpu_error or 'no output'}); gpus = 1 assumed: check the driver"
             )
         nodes.append(
-            DraftNode(nm, "head" if i == 0 else "worker", d.target, ctl, links, max(1, len(d.gpus)), comments, gid)
+            DraftNode(
+                nm,
+                "head" if i == 0 else "worker",
+                d.target,
+                ctl,
+                links,
+                max(1, len(d.gpus)),
+                comments,
+                gid,
+                round(d.mem_total / 1e9, 1) if d.mem_total else None,
+            )
         )
     if cabling.kind == "ring":  # the inventory lists a ring's nodes in cable order, the head first
         nodes = [next(n for n in nodes if n.name == name) for name in cabling.order]
@@ -369,6 +385,8 @@ def to_toml(dr: Draft, when: str = "") -> str:
             f"mtu = {n.control.mtu}",
             f"gpus = {n.gpus}",
         ]
+        if n.memory_gb:
+            lines.append(f"memory_gb = {n.memory_gb}  # MemTotal as read here: what `profile lint` judges against")
         lines += ["data_plane = ["]
         for link in n.links:
             where = ", ".join(f"{a.ip}/{a.network.prefixlen}" for a in link.addresses) or "no IPv4 address"

@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 
 from sparkcluster.errors import InputError
 from sparkcluster.movement import transfer
-from sparkcluster.movement.hfcache_node import DOWNLOAD, EXTRACT, NODE, RESOLVE
+from sparkcluster.movement.hfcache_node import DOWNLOAD, EXTRACT, FETCH, NODE, RESOLVE
 
 PUBLIC_HUB = "https://huggingface.co"
 DOWNLOAD_CONTAINER = "sparkcluster-weights-download"
@@ -181,6 +181,13 @@ def py(script: str, *args: str) -> str:
 
 def resolve_command(endpoint: str, repo: str, revision: str) -> str:
     return py(RESOLVE, endpoint, check_repo(repo), check_revision(revision))
+
+
+def fetch_command(endpoint: str, repo: str, commit: str, path: str) -> str:
+    """One small file of a resolved commit from the hub, on stdout (the token on stdin)."""
+    if not _COMMIT.fullmatch(commit):
+        raise ValueError(f"not a commit: {commit!r}")
+    return py(FETCH, endpoint, check_repo(repo), commit, safe_path(path))
 
 
 def check_command(hf_cache: str) -> str:

@@ -42,6 +42,17 @@ for s in info.get("siblings") or []:
 print(json.dumps({"sha": info.get("sha"), "gated": info.get("gated") or False, "files": files}))
 """
 
+# one small file of a commit (a model's config.json), printed; the token comes on stdin
+FETCH = r"""
+import sys, urllib.parse, urllib.request
+endpoint, repo, commit, path = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3], sys.argv[4]
+token = sys.stdin.read().strip()
+url = "%s/%s/resolve/%s/%s" % (endpoint, repo, commit, urllib.parse.quote(path))
+req = urllib.request.Request(url, headers={"Authorization": "Bearer " + token} if token else {})
+with urllib.request.urlopen(req, timeout=30) as r:
+    sys.stdout.write(r.read(1 << 20).decode("utf-8", "replace"))
+"""
+
 RECEIVED = ".sparkcluster-received.jsonl"  # in the incoming folder: what EXTRACT hashed while writing
 
 EXTRACT = r"""

@@ -103,15 +103,6 @@ def held(text: str) -> dict[str, int]:
     return out
 
 
-def headroom(total: int, available: int, fraction: float, running: bool = False) -> tuple[int, int]:
-    """(need, left) in bytes: what the engine takes when it starts (gpu_memory_utilization is a
-    fraction of the whole unified pool, so of MemTotal; nothing more while it already runs), and
-    what MemAvailable leaves after it. The one reading behind doctor's `mem.headroom` and the
-    supervisor's wait before a restart (issue 35)."""
-    need = 0 if running else int(fraction * total)
-    return need, available - need
-
-
 # ---- Ray's state API (/api/v0/nodes) -----------------------------------------------------------
 
 

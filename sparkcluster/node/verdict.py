@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .readings import headroom
+from .memory_fit import headroom
 
 GiB = 2**30
 
@@ -159,7 +159,7 @@ def backoff(restarts: list[float], now: float, policy: dict, served: bool) -> fl
 def memory_for_restart(nodes: dict[str, tuple[int | None, int | None]], policy: dict) -> tuple[bool, dict[str, str]]:
     """Before a restart: does every node's MemAvailable cover the engine again? `nodes`: node ->
     (MemTotal, MemAvailable) in bytes, None where unknown (unknown is never "enough"). The need is
-    doctor's `mem.headroom` arithmetic (readings.headroom: gpu_memory_utilization of MemTotal) and
+    doctor's `mem.headroom` arithmetic (memory_fit.headroom: gpu_memory_utilization of MemTotal) and
     the bar the floor the supervisor stops the engine at while serving, so a restart never starts
     into a node it would stop at once. Returns (every node covered, what each node showed)."""
     frac = float(policy.get("memory_need_fraction") or 0.0)

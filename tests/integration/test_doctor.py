@@ -59,6 +59,8 @@ IDS = [
     "rdma.pcie",
     "rdma.firmware",
     "nccl.topology_env",
+    "mem.fit",
+    "mem.size",
     "mem.headroom",
     "mem.earlyoom",
     "mem.earlyoom_args",
@@ -494,6 +496,15 @@ CASES = [
         fix={("gpu.driver", WORKER): "update the older one"},
     ),
     Case(
+        "mem.size",
+        # a 64 GB Spark beside the testbed's other host (issue 52: one meminfo view per host)
+        lambda tb, c: tb.set_memory(WORKER, 64),
+        lambda tb, c: tb.set_memory(WORKER, None),
+        {("mem.size", WORKER): "warn"},
+        detail={("mem.size", WORKER): "MemTotal 64.0 GB here"},
+        fix={("mem.size", WORKER): "same memory size"},
+    ),
+    Case(
         "ssh.reachable",
         lambda tb, c: tb.stop_sshd(WORKER),
         lambda tb, c: tb.start_sshd(WORKER),
@@ -503,6 +514,7 @@ CASES = [
             **WORKER_SKIPS,
             ("ssh.reachable", WORKER): "fail",
             ("clock.skew", HEAD): "skip",
+            ("mem.size", HEAD): "skip",
             ("net.path_mtu", HEAD): "skip",
         },
         detail={("ssh.reachable", WORKER): "198.18.0.6"},

@@ -1181,7 +1181,8 @@ rm -f /run/docker.pid /run/docker.sock
     def _start_hub(self) -> None:
         """The model hub on the controller's LAN address (tests/testbed/hub): what sparkcluster's
         weights stage fetches from, through the inventory's hf_endpoint."""
-        h = hub.start_hub(log_path=self.dir / "hub.log")
+        # the first start hashes issue 52's 75 GB sparse repository once (zeros: a minute or two)
+        h = hub.start_hub(log_path=self.dir / "hub.log", large=True, timeout=900)
         self._update(hub_pid=h.pid)
         log(f"model hub: {h.endpoint} ({TINY_MODEL} and the gated and synthetic repos)")
 
@@ -1548,7 +1549,9 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                 # Gen5 x4 and its firmware, and the GPU and toolkit stand-ins as host-setup.sh installs
                 # them (so a testbed built before them gets them too)
                 "umount /proc/sys/kernel/osrelease 2>/dev/null",
+                f"[ -f {self.MEMVIEW}/pid ] && kill $(cat {self.MEMVIEW}/pid) 2>/dev/null",
                 "umount /proc/meminfo 2>/dev/null",
+                f"rm -rf {self.MEMVIEW}",
                 "for d in /sys/class/infiniband/*; do echo 4 > $d/device/current_link_width; "
                 "echo 4 > $d/device/max_link_width; echo '32.0 GT/s PCIe' > $d/device/current_link_speed; "
                 "echo '32.0 GT/s PCIe' > $d/device/max_link_speed; echo 28.45.4028 > $d/fw_ver; done",
@@ -1601,9 +1604,43 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             )
         self.sh(host, cmd)
 
+    MEMVIEW = "/run/testbed/meminfo-view"
+
+    def set_memory(self, host: str, gb: float | None) -> None:
+        """Make `host` read as a Spark of `gb` GB (MemTotal gb x 10^9 bytes: 64 or 128; NVIDIA's
+        vllm-cluster page lists "2 x DGX Spark, 64GB each"); None: the machine's own memory again.
+
+        A stand-in at the OS boundary, as lxcfs is: one view per host (standin_bin/testbed-meminfo-view,
+        a small loop rewriting MEMVIEW/meminfo every second from the real /proc/meminfo, MemTotal set
+        and MemFree/MemAvailable shifted by the same amount), bind-mounted over the host's
+        /proc/meminfo (doctor's facts read it over SSH) and bound by testbed-runc into every container
+        created while it is on (the supervisor, the memory reports and the metrics read it there).
+        Set it before `up`: a container created before keeps what it had. set_cma's lines go into the
+        same view while it is on."""
+        v = self.MEMVIEW
+        stop = f"[ -f {v}/pid ] && kill $(cat {v}/pid) 2>/dev/null; umount /proc/meminfo 2>/dev/null; rm -rf {v}; true"
+        self.sh(host, stop)
+        if gb is None:
+            return
+        kib = int(gb * 1e9) // 1024
+        prog = shlex.quote(str(BIN / "testbed-meminfo-view"))
+        self.sh(host, f"mkdir -p {v} && setsid python3 {prog} {v} {kib} </dev/null >/dev/null 2>&1 &")
+        end = time.monotonic() + 10
+        while self.sh(host, f"grep -q '^MemTotal: *{kib} kB' {v}/meminfo", check=False).returncode:
+            if time.monotonic() > end:
+                raise TestbedError(f"[{host}] testbed-meminfo-view wrote no {v}/meminfo")
+            time.sleep(0.2)
+        self.sh(host, f"mount --bind {v}/meminfo /proc/meminfo")
+
     def set_cma(self, host: str, total_kb: int | None = None, free_kb: int = 0) -> None:
         """The host's /proc/meminfo with CmaTotal/CmaFree as given (a copy taken now, the rest of the
-        real file kept: its other figures hold still until undone); None: the real file."""
+        real file kept: its other figures hold still until undone); None: the real file. While the
+        host reads as another memory size (set_memory), the lines go into that view instead."""
+        v = self.MEMVIEW
+        if self.sh(host, f"test -f {v}/pid", check=False).returncode == 0:
+            lines = f"CmaTotal: {int(total_kb)} kB\nCmaFree: {int(free_kb)} kB\n" if total_kb is not None else ""
+            self.sh(host, f"printf '{lines}' > {v}/overrides")
+            return
         cmd = "umount /proc/meminfo 2>/dev/null; true"
         if total_kb is not None:
             cmd += (

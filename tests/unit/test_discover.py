@@ -47,7 +47,15 @@ def found(worker_links=None, **kw) -> list[discover.Discovered]:
 
 def test_discovery_script_is_read_only_and_sectioned():
     s = discover.discovery_script()
-    assert [ln.split("'")[1].split()[1] for ln in s.splitlines()] == ["hostname", "gpu", "ip", "hca", "gids", "account"]
+    assert [ln.split("'")[1].split()[1] for ln in s.splitlines()] == [
+        "hostname",
+        "gpu",
+        "ip",
+        "hca",
+        "gids",
+        "account",
+        "meminfo",
+    ]
     for word in ("mkdir", "rm ", "docker", ">"):
         assert word not in s.replace("2>/dev/null", "").replace("2>&1", "")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sparkcluster.checks import host
 from sparkcluster.config import bounds
-from sparkcluster.node import contract, readings, supervisor
+from sparkcluster.node import contract, memory_fit, readings, supervisor
 from sparkcluster.node.journal import Journal
 from sparkcluster.node.verdict import memory_for_restart, memory_wait
 
@@ -23,12 +23,12 @@ TOTAL = 121 * GiB
 
 
 def test_the_wait_and_doctor_share_one_reading():
-    assert host.headroom is readings.headroom  # mem.headroom's arithmetic, not a second copy
+    assert host.headroom is memory_fit.headroom  # mem.headroom's arithmetic, not a second copy
     text = (CAPTURED / "host-meminfo.txt").read_text()
     total, avail = readings.mem_total(text), readings.mem_available(text)
-    need, left = readings.headroom(total, avail, 0.5)
+    need, left = memory_fit.headroom(total, avail, 0.5)
     assert need == int(0.5 * total) and left == avail - need
-    assert readings.headroom(total, avail, 0.5, running=True) == (0, avail)
+    assert memory_fit.headroom(total, avail, 0.5, running=True) == (0, avail)
 
 
 def test_a_node_short_of_the_engine_plus_the_floor_is_not_covered_and_named():

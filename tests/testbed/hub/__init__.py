@@ -21,7 +21,16 @@ from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-from .server import Hub, Repo, make_server, retrained_copy, scale_repo, serve_forever_in_thread, synthetic_repo
+from .server import (
+    Hub,
+    Repo,
+    large_repo,
+    make_server,
+    retrained_copy,
+    scale_repo,
+    serve_forever_in_thread,
+    synthetic_repo,
+)
 
 TINY = "sparkcluster/testbed-tiny"
 # a branch of the tiny model whose weights differ (its output rows reversed): another revision of the
@@ -38,6 +47,10 @@ SCALE_PORT = 3143
 # needs only the small files; the draft stands in for a speculative-decoding drafter.
 TOKENIZER = "sparkcluster/testbed-tiny-tokenizer"
 DRAFT = "sparkcluster/testbed-tiny-draft"
+# issue 52: a model sized for a 128 GB Spark (nemotron3-super-nvfp4-single's weights are about 75 GB):
+# the tiny model's config.json with 75 GB of sparse shards, listed, never downloaded
+LARGE = "sparkcluster/testbed-large"
+LARGE_BYTES = 75 * 10**9
 GRANTED_TOKEN = "hf_testbed_granted_0123456789"  # accepted for the gated repo
 REFUSED_TOKEN = "hf_testbed_not_granted_987654"  # a valid-looking token without access
 HUB_IP, HUB_PORT = "198.18.0.1", 3142  # next to the pip mirror (3141) on the controller's LAN address
@@ -54,6 +67,7 @@ def build_hub(
     tiny_sha: str | None = None,
     scale_mb: int = 0,
     retrained: bool = True,
+    large: bool = False,
 ) -> Hub:
     """`retrained`: serve the tiny model's `retrained` branch, made from `model_dir`'s
     model.safetensors (which must then be one with an `lm_head.weight`)."""
@@ -69,6 +83,9 @@ def build_hub(
     ]
     if synthetic_mb:
         repos.append(Repo(SYNTHETIC, synthetic_repo(state_dir / "synthetic", synthetic_mb), memo_dir=memo).load())
+    if large:
+        big = large_repo(state_dir / "large", model_dir / "config.json", LARGE_BYTES)
+        repos.append(Repo(LARGE, big, memo_dir=memo).load())
     if scale_mb:
         repos.append(Repo(SCALE, scale_repo(state_dir / "scale", scale_mb), memo_dir=memo).load())
     return Hub(repos, {GRANTED_TOKEN})
@@ -120,6 +137,7 @@ def start_hub(
     log_path: Path | None = None,
     timeout: float = 120.0,
     scale_mb: int = 0,
+    large: bool = False,
 ) -> HubProcess:
     """Start the hub as a process of its own; returns once it answers. Defaults: the tiny model
     artifacts.py built, state (hash memo, the synthetic repo) in the testbed cache."""
@@ -145,6 +163,7 @@ def start_hub(
         artifacts.TINY_REVISION,
         "--scale-mb",
         str(scale_mb),
+        *(["--large"] if large else []),
     ]
     logf = open(log_path, "ab") if log_path else subprocess.DEVNULL
     p = subprocess.Popen(

@@ -371,6 +371,24 @@ def synthetic_repo(dest: Path, total_mb: int = 300, shards: int = 3) -> Path:
     return dest
 
 
+def large_repo(dest: Path, config: Path, total_bytes: int, shards: int = 16) -> Path:
+    """A repository too large for a 64 GB Spark's memory, listed without anyone downloading it
+    (issue 52): `config` (a model's config.json) and safetensors-named shards of `total_bytes` in
+    all, sparse files (no bytes on disk) with a distinct header each. The hub hashes them once (the
+    memo keeps the hashes); a download would fetch gigabytes of zeros, which no test asks for."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "config.json").write_bytes(config.read_bytes())
+    size = total_bytes // shards
+    for i in range(shards):
+        p = dest / f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        if p.exists() and p.stat().st_size == size:
+            continue
+        with p.open("wb") as fh:
+            fh.write(hashlib.sha256(f"large shard {i}".encode()).digest())
+            fh.truncate(size)
+    return dest
+
+
 def scale_repo(dest: Path, total_mb: int, shard_mb: int = 512) -> Path:
     """A repo shaped like a real model's of `total_mb` MB (issue 40: weights at scale): shards of at
     most `shard_mb` MB, each a valid safetensors file (an 8-byte header length, the JSON header, then
