@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all deps venv test test-long unit demo testbed-up testbed-down bench bench-nodes clean
+.PHONY: all deps venv test test-long unit demo docs testbed-up testbed-down bench bench-nodes clean
 
 all: venv
 
@@ -48,6 +48,13 @@ testbed-down: venv
 demo: deps venv
 	$(BIN)/python -m tests.demo
 
+# the documentation site (mkdocs.yml, docs/): the reference regenerated from the code and the benchmark
+# guide's catalogue from the shipped records, then built strictly into site/ (never published)
+docs: venv
+	$(BIN)/python -m docs.gen
+	$(BIN)/python -m sparkcluster.bench.catalogue --write docs/guides/benchmark.md
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 # the pair's figures (perf.run, on the testbed that is up), then the four-node ones (bench-nodes),
 # which end by bringing the pair back up
 bench: venv
@@ -69,4 +76,4 @@ bench-nodes: deps venv
 	$(BIN)/python -m tests.testbed up
 
 clean: testbed-down
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info site

@@ -1,9 +1,10 @@
-"""The catalogue: README's table of the shipped profiles that carry a performance record (model, nodes,
-the published figure, its conditions and source), generated from those records, so the README cannot
+"""The catalogue: the benchmark guide's table (docs/guides/benchmark.md) of the shipped profiles that
+carry a performance record (model, nodes, the published figure, its conditions and source), generated
+from those records, so the page cannot
 say a figure the records do not (tests/unit/test_catalogue.py compares the two).
 
     python -m sparkcluster.bench.catalogue                   # print the table
-    python -m sparkcluster.bench.catalogue --write README.md # replace the table between its markers
+    python -m sparkcluster.bench.catalogue --write docs/guides/benchmark.md  # replace the table between its markers
 
 Order: published records first, by node count (most first), then by decode speed (fastest first);
 then any record sparkcluster measured itself."""
@@ -18,7 +19,7 @@ from sparkcluster.config.shipped import profiles_dir
 
 BEGIN = (
     "<!-- catalogue: generated from env-profiles/*.perf.toml by "
-    "`python -m sparkcluster.bench.catalogue --write README.md` -->"
+    "`python -m sparkcluster.bench.catalogue --write docs/guides/benchmark.md` -->"
 )
 END = "<!-- end of catalogue -->"
 HEADER = (
@@ -129,7 +130,7 @@ def main(argv: list[str]) -> int:
         p.write_text(splice(p.read_text(), records))
         return 0
     if argv:
-        print("usage: python -m sparkcluster.bench.catalogue [--write README.md]", file=sys.stderr)
+        print("usage: python -m sparkcluster.bench.catalogue [--write docs/guides/benchmark.md]", file=sys.stderr)
         return 2
     print(table(records))
     return 0

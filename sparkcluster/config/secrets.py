@@ -144,7 +144,8 @@ def load_secrets(
     if required:
         missing = [n for n in wanted if n not in out]
         if missing:
-            where = f"the environment or {path}" if path else "the environment or a .env"
+            # with no .env yet, the fix names the one the tool reads by default (never ./.env)
+            where = f"the environment or {path}" if path else f"the environment or {DEFAULT_ENV_FILE}"
             raise InputError(
                 f"missing secret(s): {', '.join(missing)}", f"set them in {where} (a .env must have mode 0600)"
             )

@@ -1,4 +1,4 @@
-"""README's catalogue table is generated from the shipped performance records (bench/catalogue): it
+"""The benchmark guide's catalogue table (docs/guides/benchmark.md) is generated from the shipped performance records (bench/catalogue): it
 says what the records say, nothing else, and a record added without regenerating it fails here."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ import pytest
 
 from sparkcluster.bench import catalogue, perf_record
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "benchmark.md"
 
 
 def test_the_readme_table_is_the_one_the_shipped_records_make():
-    text = README.read_text()
+    text = PAGE.read_text()
     got = catalogue.in_text(text)
-    assert got is not None, "README.md lacks the catalogue's markers"
+    assert got is not None, "docs/guides/benchmark.md lacks the catalogue's markers"
     assert got == catalogue.block(catalogue.shipped()), (
-        "README.md's catalogue differs from the shipped env-profiles/*.perf.toml: "
-        "run python -m sparkcluster.bench.catalogue --write README.md"
+        "docs/guides/benchmark.md's catalogue differs from the shipped env-profiles/*.perf.toml: "
+        "run python -m sparkcluster.bench.catalogue --write docs/guides/benchmark.md (or make docs)"
     )
 
 

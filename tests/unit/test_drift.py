@@ -224,12 +224,12 @@ def test_doctor_rows_warn_on_the_drifted_node_only():
     assert known_good.doctor_results("c", [rec], {}, ["spark-b"])[0].detail == "unreachable"
 
 
-def test_the_readme_example_of_a_user_entry_loads():
+def test_the_drift_pages_example_of_a_user_entry_loads():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "explanation" / "drift.md").read_text()
     start = text.index("# ~/.config/sparkcluster/known_bad.toml")
-    kb = known_bad.parse(text[start : text.index("```", start)], "README")
+    kb = known_bad.parse(text[start : text.index("```", start)], "docs/explanation/drift.md")
     assert [e.id for e in kb.matching("host.kernel", {"kernel": "6.17.0-1030-nvidia"})] == ["our-kernel-1030"]
 
 

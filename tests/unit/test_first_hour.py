@@ -519,12 +519,12 @@ def test_up_dry_run_offline_prints_the_plan_from_the_inventory_alone(silent, hom
 
 
 def test_readme_inventories_are_complete_and_valid():
-    """README's inventories (a pair, four through a switch, a ring) load as they are."""
+    """The inventories of README and the guides (a pair, four through a switch, a ring) load as they are."""
     import re
 
     from sparkcluster.config import inventory
 
-    text = (ROOT / "README.md").read_text()
+    text = "".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs" / "guides").glob("*.md"))])
     blocks = [b for b in re.findall(r"```toml\n(.*?)```", text, re.S) if "[[nodes]]" in b]
     loaded = {}
     for b in blocks:

@@ -213,7 +213,7 @@ def test_no_alias_hides_a_module():
 
 
 def test_no_two_modules_with_one_name():
-    """README: one module per job, no two modules with one name (a package's `__init__` aside)."""
+    """docs/explanation/how-it-works.md: one module per job, no two modules with one name (a package's `__init__` aside)."""
     seen: dict[str, list[str]] = {}
     for m, p in MODULES.items():
         if p.name != "__init__.py":

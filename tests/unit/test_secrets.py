@@ -109,6 +109,16 @@ def test_required(tmp_path):
     assert TOKEN not in (ei.value.fix or "")
 
 
+def test_a_missing_secret_with_no_env_file_names_where_the_tool_reads_one(tmp_path, monkeypatch):
+    """No .env anywhere: the fix names ~/.config/sparkcluster/.env (0600), never ./.env."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("SPARKCLUSTER_ENV_FILE", raising=False)
+    with pytest.raises(InputError) as ei:
+        load_secrets(names=["HF_TOKEN"], environ={}, required=True)
+    assert ei.value.message == "missing secret(s): HF_TOKEN"
+    assert "~/.config/sparkcluster/.env" in ei.value.fix and "0600" in ei.value.fix
+
+
 def test_masked():
     assert masked({"HF_TOKEN": TOKEN}, ["HF_TOKEN", "VLLM_API_KEY"]) == {
         "HF_TOKEN": "******",

@@ -1,0 +1,257 @@
+"""The documentation (README, the site under docs/, mkdocs.yml) against the code (issue 55).
+
+- The site builds with `mkdocs build --strict` (a broken link or anchor, a page left out of the nav,
+  a missing included file fails it).
+- The reference pages are what `python -m docs.gen` makes from the code now: a command, option, key,
+  check, lint rule or known-bad entry changed without `make docs` fails here.
+- Every `sparkcluster ...` line of README's and the guides' shell blocks parses against the command
+  tree (an option renamed in the code fails here), and those that can run here, offline, are run in
+  process as written. Where a line needs a Spark, the test runs it as `--dry-run --offline` instead
+  when that exists (SUBSTITUTED lists the rule); the rest are parsed only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from sparkcluster.config import profile as profile_mod
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+GUIDES = sorted((REPO / "docs" / "guides").glob("*.md"))
+SHIPPED = {p.stem for p in (REPO / "env-profiles").glob("*.toml") if not p.name.endswith(".perf.toml")}
+
+# commands that read only the inventory, the profiles and the code: run as written
+OFFLINE = {("profile", "list"), ("profile", "show"), ("profile", "lint"), ("monitor", "config")}
+# the substitution for a line that needs a Spark: `up` (of a shipped profile) runs as its own plan,
+# `up ... --dry-run --offline`, which reads the same inventory, profile and secrets and connects nowhere
+SUBSTITUTED = {("up",): ["--dry-run", "--offline"]}
+
+
+def test_the_site_builds_strictly(tmp_path):
+    site = tmp_path / "site"
+    r = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(REPO / "mkdocs.yml"), "-d", str(site)],
+        cwd=REPO,  # the included pages (pymdownx.snippets) are named from the repository's root
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (site / "reference" / "cli.html").is_file() and (site / "testbed" / "hosts.html").is_file()
+    # the pages beside their code are included, not copied
+    assert "The testbed: two simulated Sparks" in (site / "testbed" / "hosts.html").read_text()
+
+
+def test_the_reference_pages_are_what_the_code_makes(tmp_path, capsys):
+    from docs import gen
+
+    assert gen.main(["--out", str(tmp_path)]) == 0
+    committed = {p.name: p.read_text() for p in (REPO / "docs" / "reference").glob("*.md")}
+    made = {p.name: p.read_text() for p in tmp_path.glob("*.md")}
+    assert set(made) == set(committed), sorted(set(made) ^ set(committed))
+    stale = sorted(n for n in made if made[n] != committed[n])
+    assert not stale, f"docs/reference/{', '.join(stale)} differ from the code: run `make docs` (python -m docs.gen)"
+
+
+def test_the_cli_reference_names_every_command_and_option():
+    from sparkcluster.cli.main import cli
+
+    page = (REPO / "docs" / "reference" / "cli.md").read_text()
+
+    def walk(cmd, path, ctx):
+        yield path, cmd
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, name)
+                yield from walk(sub, [*path, name], click.Context(sub, info_name=name, parent=ctx))
+
+    seen = 0
+    for path, cmd in walk(cli, ["sparkcluster"], click.Context(cli, info_name="sparkcluster")):
+        assert f"## {' '.join(path)} {{#" in page, path
+        section = page.split(f"## {' '.join(path)} {{#", 1)[1].split("\n## ", 1)[0]
+        for p in cmd.params:
+            if isinstance(p, click.Option) and not p.hidden:
+                assert all(f"`{o}`" in section for o in p.opts), (path, p.opts)
+        seen += 1
+    assert seen >= 25
+    for code in (0, 1, 2, 3, 4, 70, 130):
+        assert f"\n| {code} | `EXIT_" in page
+
+
+def test_readmes_links_lead_somewhere():
+    text = README.read_text()
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+        if not target.startswith("http"):
+            assert (REPO / target).exists(), target
+
+
+def test_readme_is_an_owners_guide_that_keeps_the_set_up_commands():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    assert "make demo   #" in text and "make test   #" in text
+    for section in ("## What you need", "## Install", "## One inventory", "## Check the cluster: `doctor`"):
+        assert section in text
+    assert "## Serve: `up`" in text and "curl " in text and "## Three setups" in text
+
+
+def test_recipes_write_secrets_where_the_tool_reads_them():
+    """No recipe appends to ./.env; those that write a .env write ~/.config/sparkcluster/.env."""
+    for page in [README, *GUIDES, *(REPO / "docs").glob("*/*.md")]:
+        for line in page.read_text().splitlines():
+            if re.search(r">>?\s*\.env\b", line):
+                pytest.fail(f"{page.relative_to(REPO)} writes ./.env: {line.strip()}")
+            if ">> " in line and ".env" in line:
+                assert "~/.config/sparkcluster/.env" in line, line
+
+
+def test_readmes_secrets_recipe_makes_a_file_the_tool_reads(tmp_path, monkeypatch):
+    """README's recipe, run as written by bash with HOME in tmp_path: a 0600 .env that load_secrets reads."""
+    from sparkcluster.config import secrets
+
+    block = README.read_text().split("## Secrets", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    r = subprocess.run(["bash", "-euc", block], env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]}, timeout=30)
+    assert r.returncode == 0
+    env = tmp_path / ".config" / "sparkcluster" / ".env"
+    assert stat.S_IMODE(env.stat().st_mode) == 0o600
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv(secrets.ENV_FILE_VAR, raising=False)
+    got = secrets.load_secrets(names=["HF_TOKEN", "VLLM_API_KEY"], environ={}, required=True)
+    assert got == {"HF_TOKEN": "hf_your_token", "VLLM_API_KEY": "a-long-random-key"}
+
+
+# --- the guides' commands --------------------------------------------------------------------------
+
+
+def _shell_lines(page: Path) -> list[str]:
+    """The lines of a page's ```sh blocks, continuation lines joined."""
+    out, inside, held = [], False, ""
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            inside = not inside and line.strip() in ("```sh", "```bash")
+            continue
+        if inside:
+            if line.rstrip().endswith("\\"):
+                held += line.rstrip()[:-1] + " "
+                continue
+            out.append(held + line)
+            held = ""
+    return out
+
+
+def _commands() -> list[tuple[str, str, list[str]]]:
+    """(page, line as written, argv) of every `sparkcluster ...` line; `[--x]` and `<a|b>` are the
+    guides' own notation for an optional part and a value: the option is kept, the value stood in."""
+    found = []
+    for page in [README, *GUIDES]:
+        for line in _shell_lines(page):
+            if not line.startswith("sparkcluster "):
+                continue
+            argv = []
+            for tok in shlex.split(line, comments=True)[1:]:
+                tok = tok.strip("[]")
+                if tok.startswith("<") and tok.endswith(">"):
+                    tok = "v1"
+                if tok:
+                    argv.append(tok)
+            found.append((page.relative_to(REPO).as_posix(), line.split("  #")[0].strip(), argv))
+    return found
+
+
+COMMANDS = _commands()
+
+
+def _resolve(argv: list[str]) -> tuple[tuple[str, ...], click.Command]:
+    """The command an argv names, its options parsed by click's own parser (an unknown or renamed
+    option, or one missing its value, raises)."""
+    from sparkcluster.cli.main import cli
+
+    ctx = click.Context(cli, info_name="sparkcluster")
+    cmd, path, args = cli, (), list(argv)
+    while True:
+        _opts, rest, _ = cmd.make_parser(ctx).parse_args(args=list(args))
+        if not isinstance(cmd, click.Group) or not rest:
+            return path, cmd
+        sub = cmd.get_command(ctx, rest[0])
+        assert sub is not None, f"no command {rest[0]!r} under {' '.join(('sparkcluster', *path))}"
+        ctx = click.Context(sub, info_name=rest[0], parent=ctx)
+        cmd, path, args = sub, (*path, rest[0]), rest[1:]
+
+
+def test_the_guides_have_commands_to_check():
+    pages = {page for page, _, _ in COMMANDS}
+    assert "README.md" in pages and len(COMMANDS) >= 60
+
+
+@pytest.mark.parametrize("page,line,argv", COMMANDS, ids=[f"{p}: {line}" for p, line, _ in COMMANDS])
+def test_every_command_in_the_guides_parses(page, line, argv):
+    _resolve(argv)
+
+
+def _plan(argv: list[str]) -> tuple[str, list[str]] | None:
+    """How a line runs here: ("as written", argv), ("substituted", argv) or None (parsed only)."""
+    path, _ = _resolve(argv)
+    prof = argv[argv.index("--profile") + 1] if "--profile" in argv else None
+    if prof is not None and prof not in SHIPPED:
+        return None  # a placeholder (`P`, `big-model`) or the testbed's own profiles
+    if argv == ["--version"] or path in OFFLINE or {"--dry-run", "--offline"} <= set(argv):
+        return "as written", argv
+    if path in SUBSTITUTED:
+        return "substituted", argv + [a for a in SUBSTITUTED[path] if a not in argv]
+    return None
+
+
+RUNS = [(page, line, *plan) for page, line, argv in COMMANDS if (plan := _plan(argv)) is not None]
+
+
+@pytest.fixture
+def owner(tmp_path, monkeypatch):
+    """A laptop of its own: HOME and XDG folders in tmp_path, README's pair inventory written where
+    the tool reads it, a 0600 .env with both secrets."""
+    home = tmp_path / "home"
+    cfg = home / ".config" / "sparkcluster"
+    cfg.mkdir(parents=True)
+    text = README.read_text()
+    pair = re.search(r"```toml\n(.*?)```", text.split("### A complete inventory: the pair", 1)[1], re.S).group(1)
+    (cfg / "cluster.toml").write_text(pair)
+    env = cfg / ".env"
+    env.write_text("HF_TOKEN=hf_docs_test_token\nVLLM_API_KEY=docs-test-key\n")
+    env.chmod(0o600)
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
+    for var in ("SPARKCLUSTER_INVENTORY", "SPARKCLUSTER_ENV_FILE", profile_mod.PROFILES_ENV_VAR, "HF_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return home
+
+
+def test_the_commands_that_run_here_are_the_ones_expected():
+    """What runs, and the substitutions, stated: a guide's new command is classified by the rule above."""
+    ran = {(how, line) for _, line, how, _ in RUNS}
+    assert ("as written", "sparkcluster up --profile nemotron --dry-run --offline") in ran
+    assert ("as written", "sparkcluster profile list") in ran
+    assert ("substituted", "sparkcluster up --profile nemotron") in ran
+    assert ("substituted", "sparkcluster up --profile qwen36-35b-fp8-single --node spark-a") in ran
+
+
+@pytest.mark.parametrize(
+    "page,line,how,argv", RUNS, ids=[f"{p}: {line} ({how}: {' '.join(a)})" for p, line, how, a in RUNS]
+)
+def test_the_guides_commands_that_can_run_here_run(owner, capsys, page, line, how, argv):
+    from sparkcluster.cli.main import main
+
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    assert rc == 0, f"{page}: {line} ({how}: sparkcluster {' '.join(argv)}) exited {rc}\n{out}\n{err}"
