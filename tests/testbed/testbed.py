@@ -1624,7 +1624,9 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
             return
         kib = int(gb * 1e9) // 1024
         prog = shlex.quote(str(BIN / "testbed-meminfo-view"))
-        self.sh(host, f"mkdir -p {v} && setsid python3 {prog} {v} {kib} </dev/null >/dev/null 2>&1 &")
+        # only the loop goes to the background: a backgrounded `mkdir && ...` list would be a subshell
+        # that keeps this command's output pipes open for as long as the loop runs
+        self.sh(host, f"mkdir -p {v} && {{ setsid python3 {prog} {v} {kib} </dev/null >/dev/null 2>&1 & }}")
         end = time.monotonic() + 10
         while self.sh(host, f"grep -q '^MemTotal: *{kib} kB' {v}/meminfo", check=False).returncode:
             if time.monotonic() > end:
