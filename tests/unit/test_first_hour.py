@@ -157,8 +157,8 @@ def assert_one_clear_line(err: str) -> None:
 SILENT_COMMANDS = [
     (["status"], 4),
     (["status", "--json"], 4),
-    (["doctor"], 1),
-    (["doctor", "--json"], 1),
+    (["doctor"], 4),
+    (["doctor", "--json"], 4),
     (["up", "--profile", "testbed"], 4),
     (["down"], 4),
     (["down", "--node", "spark-b"], 4),

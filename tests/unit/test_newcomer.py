@@ -1,0 +1,211 @@
+"""A newcomer's first hour at the command line (issue 56), loopback only: a closed port on
+127.0.0.1, a listener that never speaks, a private sshd in this process (tests/unit/sshd_fake).
+Each test first produces the bad case the issue found, then checks what is said and the exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+
+import pytest
+
+from sparkcluster.config import inventory
+from sparkcluster.errors import AuthError, ConnectError, HostKeyError
+from sparkcluster.remote import ssh
+from tests.unit.sshd_fake import FakeSshd, keygen, known_line
+from tests.unit.test_first_hour import home, pair_toml, silent, sparkcluster, write  # noqa: F401 (fixtures)
+
+
+def one_toml(target: str, cluster_extra: str = "") -> str:
+    return f"""
+[cluster]
+name = "solo"
+{cluster_extra}
+
+[[nodes]]
+name = "spark-a"
+role = "head"
+ssh = "{target}"
+control_if = "enp1s0f1np1"
+control_ip = "192.168.100.10"
+data_plane = [{{ netdev = "enp1s0f1np1", hca = "rocep1s0f1" }}]
+"""
+
+
+@pytest.fixture
+def sshd(tmp_path):
+    d = FakeSshd(keygen(tmp_path / "host_key"))
+    yield d
+    d.close()
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    return port
+
+
+def connect(tmp_path, target: str, known: str, ssh_config: str = "", timeout: int = 3):
+    kh = tmp_path / "known_hosts"
+    kh.write_text(known)
+    extra = f'known_hosts = "{kh}"\nconnect_timeout = {timeout}\nconnect_attempts = 1\n'
+    if ssh_config:
+        (tmp_path / "ssh_config").write_text(ssh_config)
+        extra += f'ssh_config = "{tmp_path / "ssh_config"}"\n'
+    p = tmp_path / "solo.toml"
+    p.write_text(one_toml(target, extra))
+    inv = inventory.load(p)
+    return ssh.connect(inv.nodes[0], ssh.Settings.from_inventory(inv))
+
+
+# --- 1. known_hosts lines paramiko cannot parse -----------------------------------------------------
+
+UNPARSEABLE = [
+    "@cert-authority *.example.com ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl",
+    "damaged-host ssh-ed25519 AAAA!!not-base64",
+    "half a line",
+]
+
+
+class Said:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def warning(self, msg, **kw):
+        self.lines.append(msg)
+
+    def __getattr__(self, name):
+        return lambda *a, **kw: None
+
+
+def test_unparseable_known_hosts_lines_are_skipped_with_a_warning_and_keys_still_checked(sshd, tmp_path, monkeypatch):
+    """paramiko #771/#490: one such line made every command exit 70 ("unexpected InvalidHostKey");
+    OpenSSH skips it and goes on to authentication, and so do we (pyinfra PR #1926 likewise)."""
+    good = known_line(f"[127.0.0.1]:{sshd.port}", sshd.host_key)
+    target = f"spark@127.0.0.1:{sshd.port}"
+    log = Said()
+    monkeypatch.setattr(ssh, "_log", log)
+    keygen(tmp_path / "id")
+    cfg = f"Host *\n  IdentityFile {tmp_path / 'id'}\n  IdentityAgent none\n"
+    # past the host key check to authentication, which this sshd refuses
+    with pytest.raises(AuthError, match="authentication refused"):
+        connect(tmp_path, target, "\n".join([*UNPARSEABLE, good]) + "\n", cfg)
+    said = [line for line in log.lines if "known_hosts line skipped" in line]
+    assert any(f"{tmp_path / 'known_hosts'}:1:" in m and "@cert-authority" in m for m in said), said
+    assert any(":2:" in m for m in said) and any(":3:" in m for m in said), said
+    # still strict: the same file without the host's line refuses it, with a fix that runs as printed
+    with pytest.raises(HostKeyError, match="not in known_hosts") as e:
+        connect(tmp_path, target, "\n".join(UNPARSEABLE) + "\n")
+    assert f"ssh-keyscan -t ed25519 -p {sshd.port} 127.0.0.1 >> " in e.value.fix
+    # another key under the host's name is a CHANGED key; the ssh-keygen line is quoted for any shell
+    other = keygen(tmp_path / "other")
+    with pytest.raises(HostKeyError, match="CHANGED") as e:
+        connect(tmp_path, target, "\n".join([*UNPARSEABLE, known_line(f"[127.0.0.1]:{sshd.port}", other)]) + "\n")
+    assert f"-R '[127.0.0.1]:{sshd.port}'" in e.value.fix
+    # a key marked @revoked is refused even where a plain line lists it
+    revoked = f"@revoked * {sshd.host_key.get_name()} {sshd.host_key.get_base64()}"
+    with pytest.raises(HostKeyError, match="@revoked"):
+        connect(tmp_path, target, f"{good}\n{revoked}\n")
+
+
+def test_status_doctor_init_with_a_cert_authority_line_reach_authentication(sshd, home):  # noqa: F811
+    kh = home["home"] / ".ssh" / "known_hosts"
+    lines = [known_line(f"[{h}]:{sshd.port}", sshd.host_key) for h in ("127.0.0.1", "localhost")]
+    kh.write_text("\n".join([*UNPARSEABLE, *lines]) + "\n")
+    inv = write(home, "pair.toml", pair_toml(sshd.port, "connect_timeout = 3"))
+    head, worker = f"spark@127.0.0.1:{sshd.port}", f"spark@localhost:{sshd.port}"
+    out_toml = str(home["dir"] / "new.toml")
+    for argv in (
+        ["-i", str(inv), "status"],
+        ["-i", str(inv), "doctor"],
+        ["init", "--head", head, "--worker", worker, "-o", out_toml],
+    ):
+        rc, out, err, _ = sparkcluster(home, *argv)
+        assert rc == 4, (argv, rc, out, err)  # a node could not be reached: no key to offer this sshd
+        assert "error: unexpected" not in err and "InvalidHostKey" not in out + err, (argv, err)
+        assert "no SSH key to offer" in out + err, (argv, out, err)
+        # one warning a line, however many nodes read the file
+        assert f"{kh}:1: known_hosts line skipped" in err and err.count(f"{kh}:1:") == 1, err
+
+
+# --- 4. every printed fix runs as printed -----------------------------------------------------------
+
+
+def test_each_cause_gets_its_own_fix_that_runs_as_printed(tmp_path, silent):  # noqa: F811
+    port = closed_port()
+    with pytest.raises(ConnectError) as e:
+        connect(tmp_path, f"owner@127.0.0.1:{port}", "")
+    assert "nothing listens on 127.0.0.1" in e.value.message and "connection refused" in e.value.message
+    assert f"ssh -p {port} owner@127.0.0.1" in e.value.fix and "127.0.0.1:" not in e.value.fix
+    with pytest.raises(ConnectError) as e:
+        connect(tmp_path, f"owner@127.0.0.1:{silent.port}", "", timeout=1)
+    assert "never sent its SSH greeting" in e.value.message and "systemctl status ssh" in e.value.fix
+    assert ssh.ssh_command("owner@127.0.0.1:2222") == "ssh -p 2222 owner@127.0.0.1"
+    assert ssh.ssh_command("spark-a") == "ssh spark-a"
+    assert ssh.ssh_command("me@[::1]:2222") == "ssh -p 2222 me@::1"
+
+
+def test_a_refused_key_and_a_locked_key_are_told_apart(sshd, tmp_path):
+    good = known_line(f"[127.0.0.1]:{sshd.port}", sshd.host_key) + "\n"
+    target = f"spark@127.0.0.1:{sshd.port}"
+    key = tmp_path / "id_plain"
+    keygen(key)
+    cfg = f"Host *\n  IdentityFile {key}\n  IdentitiesOnly yes\n  IdentityAgent none\n"
+    with pytest.raises(AuthError) as e:
+        connect(tmp_path, target, good, cfg)
+    assert e.value.fix.endswith(f"ssh-copy-id -i {key} -p {sshd.port} spark@127.0.0.1"), e.value.fix
+    locked = tmp_path / "id_locked"
+    sshd.accept.add(keygen(locked, passphrase="correct horse").asbytes())
+    cfg = f"Host *\n  IdentityFile {locked}\n  IdentitiesOnly yes\n  IdentityAgent none\n"
+    with pytest.raises(AuthError) as e:
+        connect(tmp_path, target, good, cfg)
+    assert "needs its passphrase" in e.value.message and f"ssh-add {locked}" in e.value.fix, e.value
+    # the fix as printed, then the connection as sparkcluster makes it, through the agent
+    if not shutil_which("ssh-agent"):
+        pytest.skip("no ssh-agent here")
+    agent = subprocess.run(["ssh-agent", "-s"], capture_output=True, text=True, check=True).stdout
+    env = dict(line.split(";")[0].split("=", 1) for line in agent.splitlines() if "=" in line.split(";")[0])
+    try:
+        subprocess.run(
+            ["ssh-add", str(locked)],
+            env={**os.environ, **env, "SSH_ASKPASS_REQUIRE": "never"},
+            input="correct horse\n",
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        added = subprocess.run(["ssh-add", "-l"], env={**os.environ, **env}, capture_output=True, text=True)
+        if added.returncode != 0:
+            pytest.skip("ssh-add reads a passphrase from a terminal only here")
+        old = os.environ.get("SSH_AUTH_SOCK")
+        os.environ["SSH_AUTH_SOCK"] = env["SSH_AUTH_SOCK"]
+        try:
+            for only in ("no", "yes"):  # IdentitiesOnly: the agent's copy of that key, and no other
+                connect(tmp_path, target, good, f"Host *\n  IdentityFile {locked}\n  IdentitiesOnly {only}\n").close()
+        finally:
+            os.environ.pop("SSH_AUTH_SOCK") if old is None else os.environ.update(SSH_AUTH_SOCK=old)
+    finally:
+        subprocess.run(["kill", env["SSH_AGENT_PID"]], check=False)
+
+
+def shutil_which(name: str) -> str | None:
+    import shutil
+
+    return shutil.which(name)
+
+
+def test_doctor_names_the_cause_as_status_does_and_exits_4(home):  # noqa: F811
+    port = closed_port()
+    inv = write(home, "solo.toml", one_toml(f"owner@127.0.0.1:{port}", "connect_timeout = 2"))
+    rc, out, err, _ = sparkcluster(home, "-i", str(inv), "doctor", "--json")
+    assert rc == 4, (rc, out, err)
+    row = next(r for r in json.loads(out)["checks"] if r["id"] == "ssh.reachable")
+    assert "nothing listens on" in row["detail"] and f"ssh -p {port} owner@127.0.0.1" in row["fix"], row
+    rc2, out2, err2, _ = sparkcluster(home, "-i", str(inv), "status", "--json")
+    assert rc2 == 4 and row["fix"] in json.loads(out2)["fix"], out2
+    assert shlex.split(row["fix"].rsplit("try: ", 1)[1])[:3] == ["ssh", "-p", str(port)]
