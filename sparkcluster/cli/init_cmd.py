@@ -22,8 +22,20 @@ def _abs(p: Path | None) -> Path | None:
 
 
 @cli.command()
-@click.option("--head", "head", required=True, metavar="TARGET", help="The head: ssh config alias or user@host[:port].")
-@click.option("--worker", "workers", required=True, multiple=True, metavar="TARGET", help="A worker (repeat for more).")
+@click.option(
+    "--head",
+    "head",
+    required=True,
+    metavar="TARGET",
+    help="The head (the only node of one Spark): a Host alias from ~/.ssh/config, or user@host[:port].",
+)
+@click.option(
+    "--worker",
+    "workers",
+    multiple=True,
+    metavar="TARGET",
+    help="A worker (repeat for more; none: a one-Spark inventory).",
+)
 @click.option(
     "--ssh-config",
     type=click.Path(path_type=Path, dir_okay=False),

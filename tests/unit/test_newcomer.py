@@ -209,3 +209,15 @@ def test_doctor_names_the_cause_as_status_does_and_exits_4(home):  # noqa: F811
     rc2, out2, err2, _ = sparkcluster(home, "-i", str(inv), "status", "--json")
     assert rc2 == 4 and row["fix"] in json.loads(out2)["fix"], out2
     assert shlex.split(row["fix"].rsplit("try: ", 1)[1])[:3] == ["ssh", "-p", str(port)]
+
+
+# --- 2. init on names that do not resolve ------------------------------------------------------------
+
+
+def test_init_on_a_name_that_does_not_resolve_says_so_and_points_to_ssh_config(home):  # noqa: F811
+    # .invalid never resolves (RFC 6761), so no address other than loopback is ever tried
+    rc, out, err, _ = sparkcluster(home, "init", "--head", "spark-a.invalid", "-o", str(home["dir"] / "x.toml"))
+    assert rc == 4, (rc, out, err)
+    assert "'spark-a.invalid' does not resolve" in err and "Host entry in ~/.ssh/config" in err, err
+    assert "fix: add `Host spark-a.invalid` with its HostName (and User) to ~/.ssh/config" in err, err
+    assert "sshd listens on port 22" not in err and "after" not in err.splitlines()[0]  # not retried
