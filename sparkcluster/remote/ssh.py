@@ -504,13 +504,13 @@ def connect(node: Node, settings: Settings) -> Host:
                 f"add `Host {conn.host}` with its HostName (and User) to {settings.ssh_config or '~/.ssh/config'}, "
                 "or give the target as user@address",
             ) from None
-        except ConnectionRefusedError as e:
+        except ConnectionRefusedError:
             fix[0] = (
                 f"start sshd on {node.name} (sudo systemctl start ssh), or give the port it listens on "
                 f"in the node's ssh target; then try: {login}"
             )
             raise retry.Transient(
-                node.name, f"nothing listens on {conn.host}:{conn.port} (connection refused: {e.strerror})"
+                node.name, f"nothing listens on {conn.host}:{conn.port} (connection refused)"
             ) from None
         except (OSError, EOFError) as e:
             raise retry.Transient(node.name, f"cannot reach {conn.host}:{conn.port}: {e}") from None

@@ -221,3 +221,51 @@ def test_init_on_a_name_that_does_not_resolve_says_so_and_points_to_ssh_config(h
     assert "'spark-a.invalid' does not resolve" in err and "Host entry in ~/.ssh/config" in err, err
     assert "fix: add `Host spark-a.invalid` with its HostName (and User) to ~/.ssh/config" in err, err
     assert "sshd listens on port 22" not in err and "after" not in err.splitlines()[0]  # not retried
+
+
+# --- 5. the command line ---------------------------------------------------------------------------
+
+
+def test_global_options_work_after_the_subcommand_too(home):  # noqa: F811
+    missing = str(home["dir"] / "nowhere.toml")
+    for argv in (["status", "-i", missing], ["gateway", "status", "--inventory", missing], ["-i", missing, "status"]):
+        rc, out, err, _ = sparkcluster(home, *argv)
+        assert rc == 2 and f"error: no inventory at {missing}" in err, (argv, err)
+    inv = write(home, "solo.toml", one_toml(f"owner@127.0.0.1:{closed_port()}", "connect_timeout = 1"))
+    rc, out, err, _ = sparkcluster(home, "status", "--json", "-i", str(inv), "-vv", "--log-format", "json")
+    assert rc == 4 and json.loads(out)["state"] == "unreachable", err
+    # -v after the command shows what the default level hides (the retry), in the format asked for after it
+    assert any(json.loads(line).get("event") == "retrying" for line in err.splitlines() if line.startswith("{")), err
+    # a subcommand's own option of that name still wins: profile show's -i is its inventory too
+    rc, out, err, _ = sparkcluster(home, "profile", "show", "testbed", "-i", missing)
+    assert rc == 2 and missing in err, err
+
+
+def test_bare_sparkcluster_prints_the_help_and_exits_0(home):  # noqa: F811
+    rc, out, err, _ = sparkcluster(home)
+    assert rc == 0 and out.startswith("Usage: sparkcluster") and "Commands:" in out and not err, (out, err)
+
+
+def test_did_you_mean_for_commands_profiles_and_keys(home):  # noqa: F811
+    inv = write(home, "solo.toml", one_toml("owner@127.0.0.1:1"))
+    cases = [
+        (["-i", str(inv), "stauts", "--json"], "no command 'stauts'", f"sparkcluster -i {inv} status --json"),
+        (["gateway", "evnets"], "did you mean 'events'?", "sparkcluster gateway events"),
+        (["profile", "show", "tesbed"], "no profile named 'tesbed': did you mean 'testbed'", None),
+    ]
+    for argv, said, fix in cases:
+        rc, out, err, _ = sparkcluster(home, *argv)
+        assert rc == 2 and said in err, (argv, err)
+        assert err.strip().splitlines()[-1] == f"fix: {fix or 'sparkcluster profile show testbed'}", err
+    rc, out, err, _ = sparkcluster(home, "profile", "show", "no-such-thing-at-all")
+    assert rc == 2 and len(err) < 300 and "fix: see the " in err and "sparkcluster profile list" in err, err
+    bad = write(home, "bad.toml", one_toml("a").replace('role = "head"', 'role = "head"\nconrtol_mtu = 1'))
+    bad.write_text(bad.read_text().replace("[cluster]", "[cluster]\nconect_timeout = 3"))
+    rc, out, err, _ = sparkcluster(home, "-i", str(bad), "status")
+    assert rc == 2 and "cluster.conect_timeout: unknown key: did you mean 'connect_timeout'?" in err, err
+    from tests.testbed import PROFILES
+
+    text = (PROFILES / "testbed.toml").read_text()
+    prof = write(home, "typo.toml", "descripton = 'x'\n" + text)
+    rc, out, err, _ = sparkcluster(home, "profile", "show", str(prof))
+    assert rc == 2 and "descripton: unknown key: did you mean 'description'?" in err, err
