@@ -134,7 +134,7 @@ class _LazyGroup(_Group):
         "gateway": "One endpoint for every model: up, down, status, events, export --litellm.",
         "init": "Discover the hosts and write a draft inventory to review.",
         "logs": "The containers' logs (Ray) and vllm serve's log, from any node.",
-        "monitor": "Prometheus, Alertmanager and node_exporter for the cluster: up, down, config.",
+        "monitor": "Prometheus, Alertmanager and node_exporter for the cluster: up, down, status, config.",
         "profile": "Model profiles: list, show what each node gets, lint.",
         "rollback": "Return a deployment to its last good serve with another image or revision.",
         "status": "Per deployment and node: container, Ray membership, endpoint, supervisor.",

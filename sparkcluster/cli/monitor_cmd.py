@@ -1,4 +1,4 @@
-"""`sparkcluster monitor up|down|config`: Prometheus and Alertmanager on the head, node_exporter on
+"""`sparkcluster monitor up|down|status|config`: Prometheus and Alertmanager on the head, node_exporter on
 every node (sparkcluster/monitor). `up` generates the scrape configuration from the inventory and
 the deployments running now, so it is run again after `up` of a new deployment; `config` prints
 what `up` would write (the webhook masked) without starting anything."""
@@ -13,14 +13,15 @@ from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.deployment import deployments, gateway_registry
-from sparkcluster.errors import EXIT_FAILED, ConnectError
+from sparkcluster.errors import EXIT_FAILED, ConnectError, SparkError
 from sparkcluster.monitor import alerting, scrape, stack
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
+from sparkcluster.remote.forward import Forward
 
 
 @cli.group()
 def monitor() -> None:
-    """Prometheus, Alertmanager and node_exporter for the cluster: up, down, config."""
+    """Prometheus, Alertmanager and node_exporter for the cluster: up, down, status, config."""
 
 
 def _configs(inv: Inventory, served: list, env_file, gateways: dict[str, int]) -> tuple[str, str, bool]:
@@ -105,6 +106,97 @@ def monitor_down(obj, purge_data: bool) -> None:
         else:
             click.echo(f"{n.name}: " + ("removed " + ", ".join(o.value) if o.value else "no monitoring here"))
     if unreachable or any(not o.ok for o in done.values()):
+        raise click.exceptions.Exit(EXIT_FAILED)
+
+
+def summary(targets: dict, alerts: dict) -> tuple[list[dict], list[dict]]:
+    """Prometheus' /api/v1/targets and /api/v1/alerts -> (each target: job, address, health, error;
+    each firing alert: name, labels, since)."""
+    rows = [
+        {
+            "job": t.get("labels", {}).get("job", "?"),
+            "address": t.get("labels", {}).get("instance") or t.get("scrapeUrl", "?"),
+            "health": t.get("health", "unknown"),
+            "error": t.get("lastError", ""),
+        }
+        for t in (targets.get("data") or {}).get("activeTargets", [])
+    ]
+    firing = [
+        {
+            "name": a.get("labels", {}).get("alertname", "?"),
+            "labels": {k: v for k, v in a.get("labels", {}).items() if k != "alertname"},
+            "since": a.get("activeAt", ""),
+        }
+        for a in (alerts.get("data") or {}).get("alerts", [])
+        if a.get("state") == "firing"
+    ]
+    return rows, firing
+
+
+@monitor.command("status")
+@click.option("--json", "as_json", is_flag=True, help="As JSON.")
+@click.pass_obj
+def monitor_status(obj, as_json: bool) -> None:
+    """Where Prometheus and Alertmanager answer, each scrape target up or down, the alerts firing.
+
+    Exit 0 when every target is up and none fires, 1 otherwise (or when monitoring is not running),
+    4 when the head cannot be reached."""
+    import json
+
+    import httpx
+
+    inv = obj.inventory()
+    cluster, unreachable = connect_reachable(inv)
+    ip = scrape.reach_ip(inv, inv.head.name)
+    urls = {
+        "prometheus": f"http://{ip}:{inv.monitor.prometheus_port}",
+        "alertmanager": f"http://{ip}:{inv.monitor.alertmanager_port}",
+    }
+    with cluster:
+        if inv.head.name not in cluster.hosts:
+            err = unreachable[inv.head.name]
+            raise ConnectError(
+                inv.head.name, f"the head does not answer: {err.message.removeprefix(inv.head.name + ': ')}", err.fix
+            )
+        head = cluster.hosts[inv.head.name]
+        containers = {
+            n: sorted(
+                (c.get("Names") or ["?"])[0].lstrip("/") + f" {c.get('State')}" for c in stack.ours(h.docker().api, inv)
+            )
+            for n, h in cluster.hosts.items()
+        }
+        if not stack.running(head.docker().api, inv, stack.PROMETHEUS):
+            raise SparkError(f"Prometheus does not run on {inv.head.name}", "start monitoring: sparkcluster monitor up")
+        # asked through the head's SSH connection: the laptop may not reach the control address
+        with Forward(lambda: head.tunnel(ip, inv.monitor.prometheus_port)) as fwd:
+            try:
+                got = [httpx.get(f"{fwd.url()}/api/v1/{what}", timeout=5).json() for what in ("targets", "alerts")]
+            except (httpx.HTTPError, ValueError) as e:
+                raise SparkError(
+                    f"Prometheus on {inv.head.name} does not answer ({type(e).__name__})",
+                    f"see its log: sparkcluster logs --node {inv.head.name}, or restart it: sparkcluster monitor up",
+                ) from None
+    rows, firing = summary(*got)
+    gone = [{"node": n, "state": "unreachable", "message": e.message, "fix": e.fix} for n, e in unreachable.items()]
+    if as_json:
+        body = {**urls, "containers": containers, "targets": rows, "firing": firing, "unreachable": gone}
+        click.echo(redact.mask(json.dumps(body, indent=2)))
+    else:
+        click.echo(f"Prometheus {urls['prometheus']}  Alertmanager {urls['alertmanager']}")
+        for n, cs in containers.items():
+            click.echo(f"{n}: {', '.join(cs) or 'no monitoring container'}")
+        for g in gone:
+            click.echo(f"{g['node']}: UNREACHABLE, not looked at: {g['message']}")
+        up = sum(r["health"] == "up" for r in rows)
+        click.echo(f"targets: {up} of {len(rows)} up")
+        for r in rows:
+            if r["health"] != "up":
+                click.echo(f"  {r['job']} {r['address']}: {r['health'].upper()} {r['error']}".rstrip())
+        click.echo(f"alerts firing: {len(firing) or 'none'}")
+        for a in firing:
+            labels = ", ".join(f"{k}={v}" for k, v in a["labels"].items())
+            click.echo(f"  {a['name']} ({labels}) since {a['since']}")
+    if firing or any(r["health"] != "up" for r in rows) or unreachable:
         raise click.exceptions.Exit(EXIT_FAILED)
 
 

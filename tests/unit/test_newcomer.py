@@ -269,3 +269,53 @@ def test_did_you_mean_for_commands_profiles_and_keys(home):  # noqa: F811
     prof = write(home, "typo.toml", "descripton = 'x'\n" + text)
     rc, out, err, _ = sparkcluster(home, "profile", "show", str(prof))
     assert rc == 2 and "descripton: unknown key: did you mean 'description'?" in err, err
+
+
+# --- 3. gateway and monitor on an unreachable cluster --------------------------------------------------
+
+
+def test_gateway_and_monitor_on_unreachable_nodes_say_so_and_exit_4(home):  # noqa: F811
+    port = closed_port()
+    inv = write(home, "pair.toml", pair_toml(port, "connect_timeout = 1\nconnect_attempts = 1"))
+    rc, out, err, _ = sparkcluster(home, "gateway", "status", "-i", str(inv))
+    assert rc == 4 and "spark-a: UNREACHABLE" in out and "spark-b: UNREACHABLE" in out, (rc, out, err)
+    assert "no gateway on the nodes that answer" in out and "no gateway: sparkcluster gateway up" not in out
+    rc, out, err, _ = sparkcluster(home, "gateway", "status", "--json", "-i", str(inv))
+    body = json.loads(out)
+    assert rc == 4 and body["gateways"] == [] and [u["node"] for u in body["unreachable"]] == ["spark-a", "spark-b"]
+    assert all(f"ssh -p {port} spark@" in u["fix"] for u in body["unreachable"]), body
+    rc, out, err, _ = sparkcluster(home, "gateway", "events", "--json", "-i", str(inv))
+    body = json.loads(out)
+    assert rc == 4 and body["exit_code"] == 4 and "no gateway on the nodes that answer" in body["message"], body
+    assert "spark-a" in body["node"] and "spark-b" in body["node"], body
+    rc, out, err, _ = sparkcluster(home, "gateway", "events", "--last", "-5", "-i", str(inv))
+    assert rc == 2 and "--last" in err and "-5" in err, err
+    rc, out, err, _ = sparkcluster(home, "monitor", "status", "-i", str(inv))
+    assert rc == 4 and "spark-a: the head does not answer" in err, err
+
+
+def test_gateway_status_names_the_url_clients_use_and_monitor_status_reads_prometheus():
+    from sparkcluster.cli import gateway_cmd, monitor_cmd
+
+    assert gateway_cmd.client_url("spark-a", {"Mounts": []}, 4000) == "http://spark-a:4000/v1"
+    tls = {"Mounts": [{"Destination": "/etc/sparkcluster/tls"}]}
+    assert gateway_cmd.client_url("10.0.0.1", tls, 4443) == "https://10.0.0.1:4443/v1"
+    targets = {
+        "data": {
+            "activeTargets": [
+                {"labels": {"job": "agent", "instance": "10.0.0.1:9400"}, "health": "up", "lastError": ""},
+                {"labels": {"job": "vllm", "instance": "10.0.0.2:8000"}, "health": "down", "lastError": "refused"},
+            ]
+        }
+    }
+    alerts = {
+        "data": {
+            "alerts": [
+                {"labels": {"alertname": "EngineDown", "node": "spark-b"}, "state": "firing", "activeAt": "t"},
+                {"labels": {"alertname": "Slow"}, "state": "pending", "activeAt": "t"},
+            ]
+        }
+    }
+    rows, firing = monitor_cmd.summary(targets, alerts)
+    assert [(r["job"], r["health"]) for r in rows] == [("agent", "up"), ("vllm", "down")]
+    assert firing == [{"name": "EngineDown", "labels": {"node": "spark-b"}, "since": "t"}]
