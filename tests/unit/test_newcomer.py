@@ -319,3 +319,29 @@ def test_gateway_status_names_the_url_clients_use_and_monitor_status_reads_prome
     rows, firing = monitor_cmd.summary(targets, alerts)
     assert [(r["job"], r["health"]) for r in rows] == [("agent", "up"), ("vllm", "down")]
     assert firing == [{"name": "EngineDown", "labels": {"node": "spark-b"}, "since": "t"}]
+
+
+def test_ctrl_c_on_an_unreachable_watch_exits_as_the_unreachable_state_does(home):  # noqa: F811
+    import signal
+    import sys
+    import time
+
+    inv = write(home, "pair.toml", pair_toml(closed_port(), "connect_timeout = 1\nconnect_attempts = 1"))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "sparkcluster", "-i", str(inv), "status", "--watch", "--interval", "0.5"],
+        cwd=home["cwd"],
+        env=home["env"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(4)  # a few rounds, each finding both nodes unreachable at once (nothing listens)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 4, (p.returncode, out, err)
+
+
+def test_rollback_history_json_prints_the_records(home):  # noqa: F811
+    inv = write(home, "solo.toml", one_toml("a"))
+    rc, out, err, _ = sparkcluster(home, "-i", str(inv), "rollback", "--history", "--json")
+    assert rc == 0 and json.loads(out) == {"good": [], "upgrades": []}, (out, err)
