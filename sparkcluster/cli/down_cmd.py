@@ -39,7 +39,7 @@ def _refuse_unknown(node: str | None, profile_name: str | None, chosen: list, un
     help="Also remove the compile caches (torch.compile, inductor, Triton, FlashInfer) on the nodes taken down.",
 )
 @click.option("--node", default=None, help="Only the deployment(s) on this node (a pair it belongs to goes whole).")
-@click.option("--profile", "profile_name", default=None, help="Only the deployment(s) of this profile.")
+@click.option("--profile", "-p", "profile_name", default=None, help="Only the deployment(s) of this profile.")
 @click.pass_obj
 def down(obj, purge_gcs: bool, purge_caches: bool, node: str | None, profile_name: str | None) -> None:
     """Stop vllm serve by its PID, then remove sparkcluster's containers, workers before the head;

@@ -202,7 +202,9 @@ def gateway_status(obj, as_json: bool, env_file) -> None:
 
 @gateway.command("export")
 @click.option("--litellm", "as_litellm", is_flag=True, required=True, help="A LiteLLM proxy config (the only format).")
-@click.option("--out", "out_path", type=click.Path(path_type=Path), default=None, help="Write here, not stdout.")
+@click.option(
+    "--output", "-o", "out_path", type=click.Path(path_type=Path), default=None, help="Write here, not stdout."
+)
 @_env_file_option
 @click.pass_obj
 def gateway_export(obj, as_litellm: bool, out_path: Path | None, env_file) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from sparkcluster import redact
-from sparkcluster.cli.options import inventory_option
+from sparkcluster.cli.options import COMPLETERS, INVENTORY_META, complete_profiles, inventory_option
 from sparkcluster.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, SparkError
 
 if TYPE_CHECKING:  # structlog and pydantic are imported by the commands that use them, not by --help
@@ -64,7 +64,10 @@ def did_you_mean(word: str, choices) -> str | None:
 # own option would have; a subcommand's own option of the same name (`profile show -i`) wins
 def _late_inventory(ctx: click.Context, _param, value) -> None:
     if value is not None:
-        ctx.find_object(Invocation).inventory_path = value
+        ctx.meta[INVENTORY_META] = value  # where shell completion finds it (no Invocation then)
+        obj = ctx.find_object(Invocation)
+        if obj is not None:
+            obj.inventory_path = value
 
 
 def _late_log(ctx: click.Context, param, value) -> None:
@@ -93,6 +96,12 @@ def _late_globals(cmd: click.Command) -> None:
         if not set(opt.opts) & taken:
             opt.expose_value, opt.hidden = False, True
             cmd.params.append(opt)
+    for p in cmd.params:  # profile and node names complete in the shell (README, "Shell completion")
+        fn = COMPLETERS.get(p.name) or (
+            complete_profiles if cmd.name in ("show", "lint") and p.name == "name" else None
+        )
+        if fn is not None and p._custom_shell_complete is None:
+            p._custom_shell_complete = fn
     for sub in getattr(cmd, "commands", {}).values():
         _late_globals(sub)
 
@@ -238,6 +247,64 @@ def _node_of(err: BaseException) -> str | None:
     return getattr(err, "host", None)
 
 
+# old option names, kept for one release as hidden aliases (issue 56: one name per meaning across
+# commands): (command words, old) -> new; a positional NODE of `logs` becomes --node. Each use says so.
+RENAMED = {
+    (("logs",), "--tail"): "--last",
+    (("gateway", "export"), "--out"): "--output",
+    (("bench",), "--out"): "--output",
+}
+POSITIONAL_NODE = ("logs",)
+
+
+GROUPS = ("gateway", "monitor", "profile", "weights")
+
+
+def _command_words(args: list[str]) -> tuple[int, list[str]]:
+    """Where the command's own arguments start in `args`, and the command words before them (global
+    options and their values skipped)."""
+    words, i = [], 0
+    while i < len(args) and args[i] != "--" and len(words) < (2 if words and words[0] in GROUPS else 1):
+        a = args[i]
+        if a in ("-i", "--inventory", "--log-format"):
+            i += 2
+            continue
+        if not a.startswith("-"):
+            words.append(a)
+        i += 1
+    return i, words
+
+
+def _old_names(args: list[str]) -> list[str]:
+    """The command line with each old option name in its new one, saying so on stderr."""
+    start, words = _command_words(args)
+    out = list(args[:start])
+    rest = args[start:]
+    end = rest.index("--") if "--" in rest else len(rest)
+    skip = False
+    for j, a in enumerate(rest):
+        if j >= end or skip:
+            out.append(a)
+            skip = False
+            continue
+        name, eq, value = a.partition("=")
+        new = RENAMED.get((tuple(words), name))
+        if new is not None:
+            click.echo(f"warning: {name} is now {new}; {name} goes in the next release", err=True)
+            out.append(new + eq + value)
+        elif tuple(words) == POSITIONAL_NODE and not a.startswith("-") and (j == 0 or not rest[j - 1].startswith("--")):
+            click.echo(
+                f"warning: `{' '.join(words)} NODE` is now `{' '.join(words)} --node NODE`; "
+                "the positional form goes in the next release",
+                err=True,
+            )
+            out += ["--node", a]
+        else:
+            out.append(a)
+            skip = a in ("--since", "--node", "--last", "--tail", "-i", "--inventory", "--log-format") and not eq
+    return out
+
+
 def _replaced(args: list[str], wrong: str, right: str) -> str:
     """The command line as typed, the close name in place of the mistyped one: a fix that runs as printed."""
     import shlex
@@ -250,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:  # bare `sparkcluster`: what it can do, not an error
         args = ["--help"]
+    args = _old_names(args)
     as_json = _wants_json(args)
 
     def failed(message: str, code: int, fix: str | None = None, node: str | None = None, details=()) -> int:

@@ -174,7 +174,7 @@ def monitor_status(obj, as_json: bool) -> None:
             except (httpx.HTTPError, ValueError) as e:
                 raise SparkError(
                     f"Prometheus on {inv.head.name} does not answer ({type(e).__name__})",
-                    f"see its log: sparkcluster logs --node {inv.head.name}, or restart it: sparkcluster monitor up",
+                    "restart it: sparkcluster monitor up",
                 ) from None
     rows, firing = summary(*got)
     gone = [{"node": n, "state": "unreachable", "message": e.message, "fix": e.fix} for n, e in unreachable.items()]

@@ -409,7 +409,7 @@ def test_secrets_never_visible(testbed, sc, hostile):
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stderr
     dry = sc("up", "--profile", "testbed-hostile", "--dry-run", env=hostile["env"])
     assert dry.returncode == 0, dry.stderr
-    logs = sc("logs", HEAD, "--tail", "50", env=hostile["env"])
+    logs = sc("logs", "--node", HEAD, "--last", "50", env=hostile["env"])
     no_secret(
         hostile["stdout"],
         hostile["stderr"],

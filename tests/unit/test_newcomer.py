@@ -9,6 +9,7 @@ import os
 import shlex
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -345,3 +346,40 @@ def test_rollback_history_json_prints_the_records(home):  # noqa: F811
     inv = write(home, "solo.toml", one_toml("a"))
     rc, out, err, _ = sparkcluster(home, "-i", str(inv), "rollback", "--history", "--json")
     assert rc == 0 and json.loads(out) == {"good": [], "upgrades": []}, (out, err)
+
+
+def test_old_option_names_work_for_one_release_and_say_so(home):  # noqa: F811
+    from sparkcluster.cli.main import _old_names
+
+    assert _old_names(["-i", "f.toml", "logs", "spark-b", "--tail", "5"]) == [
+        "-i", "f.toml", "logs", "--node", "spark-b", "--last", "5",
+    ]  # fmt: skip
+    assert _old_names(["gateway", "export", "--litellm", "--out=x.yaml"])[-1] == "--output=x.yaml"
+    assert _old_names(["status", "--out", "x"]) == ["status", "--out", "x"]  # only where it was a name
+    inv = write(home, "pair.toml", pair_toml(closed_port(), "connect_timeout = 1\nconnect_attempts = 1"))
+    rc, out, err, _ = sparkcluster(home, "-i", str(inv), "logs", "spark-b", "--tail", "5")
+    assert rc == 4 and "warning: --tail is now --last" in err and "`logs NODE` is now `logs --node NODE`" in err
+    assert "spark-b" in err and "spark-a" not in err.split("warning")[-1].splitlines()[-1], err
+    for argv in (["down", "--help"], ["logs", "--help"], ["gateway", "export", "--help"], ["bench", "--help"]):
+        rc, out, err, _ = sparkcluster(home, *argv)
+        assert rc == 0 and "--tail" not in out and "--out " not in out and "--out," not in out, (argv, out)
+    rc, out, err, _ = sparkcluster(home, "down", "--help")
+    assert "-p, --profile" in out
+
+
+def test_shell_completion_completes_profile_and_node_names(home):  # noqa: F811
+    inv = write(home, "pair.toml", pair_toml(22))
+
+    def complete(line: str) -> list[str]:
+        env = {"_SPARKCLUSTER_COMPLETE": "bash_complete", "COMP_WORDS": line, "COMP_CWORD": str(len(line.split()) - 1)}
+        rc, out, err, _ = sparkcluster(home, env=env)
+        assert rc == 0, err
+        return [x.split(",", 1)[1] for x in out.split()]
+
+    assert complete("sparkcluster up --profile testbed-s") == ["testbed-single", "testbed-standin"]
+    assert complete("sparkcluster profile show testbed-p") == ["testbed-pp"]
+    assert complete(f"sparkcluster -i {inv} down --node spark-") == ["spark-a", "spark-b"]
+    assert complete(f"sparkcluster logs -i {inv} --node spark-b") == ["spark-b"]
+    assert "status" in complete("sparkcluster sta")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "_SPARKCLUSTER_COMPLETE=bash_source sparkcluster" in readme

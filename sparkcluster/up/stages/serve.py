@@ -294,7 +294,7 @@ def wait_ready(r: UpRun) -> float:
             reason,
             sv.describe(),
             e.tail,
-            "read the server's log above (sparkcluster logs spark-head); fix, then sparkcluster up",
+            "read the server's log above (sparkcluster logs --node spark-head); fix, then sparkcluster up",
         ) from None
 
     # `up` says serving only once the supervisor watches a server it has seen answer: a wedge in the
