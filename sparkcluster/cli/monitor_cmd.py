@@ -42,9 +42,13 @@ env_option = env_file_option("A .env (mode 0600) with ALERT_WEBHOOK_URL (default
 @monitor.command("up")
 @env_option
 @click.option("--dry-run", is_flag=True, help="Print the containers and their targets; start nothing.")
+@click.option("--json", "as_json", is_flag=True, help="As JSON at the end: targets, containers started or not, URLs.")
 @click.pass_obj
-def monitor_up(obj, env_file, dry_run: bool) -> None:
+def monitor_up(obj, env_file, dry_run: bool, as_json: bool) -> None:
     """Start (or replace) the monitoring containers with a configuration made from what runs now."""
+    import json
+
+    say = (lambda text: click.echo(text, err=True)) if as_json else click.echo  # stdout: one JSON object
     inv = obj.inventory()
     cluster, unreachable = connect_reachable(inv)
     with cluster:
@@ -58,54 +62,81 @@ def monitor_up(obj, env_file, dry_run: bool) -> None:
         gateways = gateway_registry.ports(cluster.hosts, inv.cluster.name)
         prom, am, webhook = _configs(inv, served, env_file, gateways)
         specs = stack.specs(inv, prom, am, _owners(cluster))
-        for t in scrape.targets(inv, served, gateways):
-            click.echo(f"target {t.job} {t.address} ({', '.join(f'{k}={v}' for k, v in t.labels.items())})")
+        targets = scrape.targets(inv, served, gateways)
+        for t in targets:
+            say(f"target {t.job} {t.address} ({', '.join(f'{k}={v}' for k, v in t.labels.items())})")
         if not webhook:
-            click.echo("no ALERT_WEBHOOK_URL: alerts stay in Alertmanager and `sparkcluster events`")
+            say("no ALERT_WEBHOOK_URL: alerts stay in Alertmanager and `sparkcluster events`")
         if dry_run:
             for s in specs:
-                click.echo(redact.mask(s.describe()))
+                say(redact.mask(s.describe()))
+            if as_json:
+                click.echo(json.dumps({"ok": True, "dry_run": True, "targets": [t.address for t in targets]}, indent=2))
             return
         started = cluster.each(
             lambda h: [stack.start(h.docker().api, inv, s) for s in specs if s.node == h.name],
         )
     bad = False
+    rows = []
     for s in specs:
         o = started.get(s.node)
         if o is not None and o.ok:
-            click.echo(f"{s.node}: {s.component} started ({s.image})")
+            rows.append({"node": s.node, "component": s.component, "image": s.image, "started": True, "error": None})
+            say(f"{s.node}: {s.component} started ({s.image})")
         else:
             bad = True
             why = unreachable[s.node].message if s.node in unreachable else str(o.error if o else "not reached")
-            click.echo(f"{s.node}: {s.component} NOT started: {redact.mask(why)}")
+            rows.append({"node": s.node, "component": s.component, "image": s.image, "started": False, "error": why})
+            say(f"{s.node}: {s.component} NOT started: {redact.mask(why)}")
     for n, why in unread.items():
-        click.echo(f"{n}: its deployments could not be read ({why}): its engine is not scraped")
+        say(f"{n}: its deployments could not be read ({why}): its engine is not scraped")
     ip = scrape.reach_ip(inv, inv.head.name)
-    click.echo(
-        f"Prometheus http://{ip}:{inv.monitor.prometheus_port}  Alertmanager http://{ip}:{inv.monitor.alertmanager_port}"
-    )
+    urls = {
+        "prometheus": f"http://{ip}:{inv.monitor.prometheus_port}",
+        "alertmanager": f"http://{ip}:{inv.monitor.alertmanager_port}",
+    }
+    say(f"Prometheus {urls['prometheus']}  Alertmanager {urls['alertmanager']}")
+    if as_json:
+        body = {"ok": not bad, **urls, "targets": [t.address for t in targets], "containers": rows}
+        click.echo(redact.mask(json.dumps(body, indent=2)))
     if bad:
         raise click.exceptions.Exit(EXIT_FAILED)
 
 
 @monitor.command("down")
 @click.option("--purge-data", is_flag=True, help="Also remove Prometheus' and Alertmanager's data volumes.")
+@click.option("--json", "as_json", is_flag=True, help="As JSON: per node what was removed, or why not.")
 @click.pass_obj
-def monitor_down(obj, purge_data: bool) -> None:
+def monitor_down(obj, purge_data: bool, as_json: bool) -> None:
     """Remove the monitoring containers on every node (their data stays unless --purge-data)."""
     inv = obj.inventory()
     cluster, unreachable = connect_reachable(inv)
     with cluster:
         done = cluster.each(lambda h: stack.down(h.docker().api, inv, purge_data and h.name == inv.head.name))
+    rows = []
     for n in inv.nodes:
         o = done.get(n.name)
         if n.name in unreachable or o is None:
-            click.echo(f"{n.name}: UNREACHABLE, not cleaned")
+            rows.append({"node": n.name, "state": "unreachable", "removed": []})
         elif not o.ok:
-            click.echo(f"{n.name}: ERROR {o.error}")
+            rows.append({"node": n.name, "state": "error", "error": str(o.error), "removed": []})
         else:
-            click.echo(f"{n.name}: " + ("removed " + ", ".join(o.value) if o.value else "no monitoring here"))
-    if unreachable or any(not o.ok for o in done.values()):
+            rows.append({"node": n.name, "state": "removed" if o.value else "nothing", "removed": list(o.value)})
+    failed = bool(unreachable) or any(not o.ok for o in done.values())
+    if as_json:
+        import json
+
+        click.echo(redact.mask(json.dumps({"ok": not failed, "nodes": rows}, indent=2)))
+    for r in [] if as_json else rows:
+        if r["state"] == "unreachable":
+            click.echo(f"{r['node']}: UNREACHABLE, not cleaned")
+        elif r["state"] == "error":
+            click.echo(f"{r['node']}: ERROR {r['error']}")
+        else:
+            click.echo(
+                f"{r['node']}: " + ("removed " + ", ".join(r["removed"]) if r["removed"] else "no monitoring here")
+            )
+    if failed:
         raise click.exceptions.Exit(EXIT_FAILED)
 
 

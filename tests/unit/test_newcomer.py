@@ -383,3 +383,49 @@ def test_shell_completion_completes_profile_and_node_names(home):  # noqa: F811
     assert "status" in complete("sparkcluster sta")
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert "_SPARKCLUSTER_COMPLETE=bash_source sparkcluster" in readme
+
+
+SHAPE = {"ok", "message", "fix", "node", "exit_code", "details"}
+
+
+def test_json_on_every_command_that_prints_a_result_with_one_failure_shape(home):  # noqa: F811
+    inv = write(home, "pair.toml", pair_toml(closed_port(), "connect_timeout = 1\nconnect_attempts = 1"))
+    i = ["-i", str(inv)]
+    for argv in (
+        ["profile", "list"], ["profile", "lint", "x"], ["init"], ["down"], ["weights", "pull"], ["weights", "rm", "x"],
+        ["monitor", "up"], ["monitor", "down"], ["monitor", "status"], ["gateway", "status"], ["rollback"],
+    ):  # fmt: skip
+        rc, out, err, _ = sparkcluster(home, *argv, "--help")
+        assert rc == 0 and "--json" in out, argv
+    # results
+    rc, out, err, _ = sparkcluster(home, "profile", "list", "--json")
+    assert rc == 0 and "testbed" in [p["name"] for p in json.loads(out)["profiles"]], out
+    rc, out, err, _ = sparkcluster(home, "profile", "lint", "testbed", "--json", *i)
+    body = json.loads(out)
+    assert body["profile"] == "testbed" and rc == (0 if body["ok"] else 1) and body["skipped_cluster_rules"] == []
+    # failures: one shape on stdout, the exit code the docs promise
+    for argv, code in (
+        ([*i, "down", "--json"], 4),
+        ([*i, "weights", "pull", "--profile", "testbed", "--json"], 4),
+        ([*i, "weights", "rm", "org/model", "--yes", "--json"], 4),
+        ([*i, "monitor", "up", "--json"], 4),
+        (["init", "--head", "spark-a.invalid", "--json", "-o", str(home["dir"] / "n.toml")], 4),
+        ([*i, "weights", "rm", "org/model", "--json"], 2),  # --json cannot answer the question
+    ):
+        rc, out, err, _ = sparkcluster(home, *argv)
+        body = json.loads(out)
+        assert set(body) == SHAPE and body["ok"] is False and body["exit_code"] == rc == code, (argv, out, err)
+    rc, out, err, _ = sparkcluster(home, *i, "monitor", "down", "--json")
+    body = json.loads(out)
+    assert rc == 1 and body["ok"] is False and {r["state"] for r in body["nodes"]} == {"unreachable"}, out
+
+
+def test_profile_show_shows_the_published_record_beside_the_profile(home):  # noqa: F811
+    rc, out, err, _ = sparkcluster(home, "profile", "show", "testbed")
+    assert rc == 0 and "published record: " in out and "testbed.perf.toml" in out, out
+    assert "sparkcluster bench --profile testbed --compare published" in out
+    rc, out, err, _ = sparkcluster(home, "profile", "show", "testbed", "--json")
+    pub = json.loads(out)["published"]
+    assert pub["path"].endswith("testbed.perf.toml") and pub["runs"], pub
+    rc, out, err, _ = sparkcluster(home, "profile", "show", "testbed-pp")
+    assert "published record: none beside this profile" in out, out
