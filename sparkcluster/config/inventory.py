@@ -218,9 +218,16 @@ class Inventory(_Strict):
         for n in self.nodes:
             if n.name == name:
                 return n
-        raise InputError(
-            f"no node named {name!r} in the inventory", f"choose one of: {', '.join(n.name for n in self.nodes)}"
+        import difflib
+
+        names = [n.name for n in self.nodes]
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        err = InputError(
+            f"no node named {name!r} in the inventory" + (f": did you mean {close[0]!r}?" if close else ""),
+            f"choose one of: {', '.join(names)}",
         )
+        err.replace = (name, close[0]) if close else None  # the CLI's fix: the command line with it in place
+        raise err
 
     def set_home(self, node: str, home: str, owner: str = "") -> None:
         self._homes[node] = home

@@ -429,3 +429,11 @@ def test_profile_show_shows_the_published_record_beside_the_profile(home):  # no
     assert pub["path"].endswith("testbed.perf.toml") and pub["runs"], pub
     rc, out, err, _ = sparkcluster(home, "profile", "show", "testbed-pp")
     assert "published record: none beside this profile" in out, out
+
+
+def test_a_mistyped_node_name_gets_the_close_one(home):  # noqa: F811
+    inv = write(home, "pair.toml", pair_toml(1))
+    rc, out, err, _ = sparkcluster(home, "-i", str(inv), "down", "--node", "sprak-b", "--json")
+    body = json.loads(out)
+    assert rc == 2 and "did you mean 'spark-b'?" in body["message"], body
+    assert body["fix"] == f"sparkcluster -i {inv} down --node spark-b --json", body
