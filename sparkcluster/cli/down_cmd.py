@@ -10,7 +10,7 @@ import click
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.deployment import deployments, teardown
-from sparkcluster.errors import EXIT_FAILED, SparkError
+from sparkcluster.errors import EXIT_FAILED, EXIT_UNREACHABLE, SparkError
 from sparkcluster.facts.access import learn_homes
 from sparkcluster.monitor.planned import planned
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error
@@ -133,4 +133,5 @@ def down(obj, purge_gcs: bool, purge_caches: bool, node: str | None, profile_nam
         click.echo(f"{inv.cluster.name} is already down")
     if failed:
         click.echo("something may remain: run `sparkcluster down` again once every node answers", err=True)
-        raise click.exceptions.Exit(EXIT_FAILED)
+        # README, "Exit codes": 4 when a node could not be reached, else 1
+        raise click.exceptions.Exit(EXIT_UNREACHABLE if unreachable else EXIT_FAILED)

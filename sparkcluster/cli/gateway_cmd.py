@@ -127,8 +127,8 @@ def gateway_down(obj) -> None:
         click.echo("no gateway" + (" on the nodes that answer" if unreachable else ""))
     for n, e in sorted(unreachable.items()):
         click.echo(f"{n}: UNREACHABLE, not looked at: {e.message}")
-    if unreachable:
-        raise click.exceptions.Exit(EXIT_FAILED)
+    if unreachable:  # README, "Exit codes": a node could not be reached
+        raise click.exceptions.Exit(EXIT_UNREACHABLE)
 
 
 def client_url(host_address: str, container: dict, port: int) -> str:

@@ -13,7 +13,7 @@ from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.deployment import deployments, gateway_registry
-from sparkcluster.errors import EXIT_FAILED, ConnectError, SparkError
+from sparkcluster.errors import EXIT_FAILED, EXIT_UNREACHABLE, ConnectError, SparkError
 from sparkcluster.monitor import alerting, scrape, stack
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
 from sparkcluster.remote.forward import Forward
@@ -99,8 +99,8 @@ def monitor_up(obj, env_file, dry_run: bool, as_json: bool) -> None:
     if as_json:
         body = {"ok": not bad, **urls, "targets": [t.address for t in targets], "containers": rows}
         click.echo(redact.mask(json.dumps(body, indent=2)))
-    if bad:
-        raise click.exceptions.Exit(EXIT_FAILED)
+    if bad:  # README, "Exit codes": 4 when a node could not be reached, else 1
+        raise click.exceptions.Exit(EXIT_UNREACHABLE if unreachable else EXIT_FAILED)
 
 
 @monitor.command("down")
@@ -137,7 +137,7 @@ def monitor_down(obj, purge_data: bool, as_json: bool) -> None:
                 f"{r['node']}: " + ("removed " + ", ".join(r["removed"]) if r["removed"] else "no monitoring here")
             )
     if failed:
-        raise click.exceptions.Exit(EXIT_FAILED)
+        raise click.exceptions.Exit(EXIT_UNREACHABLE if unreachable else EXIT_FAILED)
 
 
 def summary(targets: dict, alerts: dict) -> tuple[list[dict], list[dict]]:
@@ -171,7 +171,7 @@ def monitor_status(obj, as_json: bool) -> None:
     """Where Prometheus and Alertmanager answer, each scrape target up or down, the alerts firing.
 
     Exit 0 when every target is up and none fires, 1 otherwise (or when monitoring is not running),
-    4 when the head cannot be reached."""
+    4 when a node cannot be reached."""
     import json
 
     import httpx
@@ -227,7 +227,9 @@ def monitor_status(obj, as_json: bool) -> None:
         for a in firing:
             labels = ", ".join(f"{k}={v}" for k, v in a["labels"].items())
             click.echo(f"  {a['name']} ({labels}) since {a['since']}")
-    if firing or any(r["health"] != "up" for r in rows) or unreachable:
+    if unreachable:
+        raise click.exceptions.Exit(EXIT_UNREACHABLE)
+    if firing or any(r["health"] != "up" for r in rows):
         raise click.exceptions.Exit(EXIT_FAILED)
 
 

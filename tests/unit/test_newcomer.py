@@ -293,6 +293,8 @@ def test_gateway_and_monitor_on_unreachable_nodes_say_so_and_exit_4(home):  # no
     assert rc == 2 and "--last" in err and "-5" in err, err
     rc, out, err, _ = sparkcluster(home, "monitor", "status", "-i", str(inv))
     assert rc == 4 and "spark-a: the head does not answer" in err, err
+    rc, out, err, _ = sparkcluster(home, "gateway", "down", "-i", str(inv))  # --help's 4, not 1
+    assert rc == 4 and "spark-a: UNREACHABLE" in out, (rc, out, err)
 
 
 def test_gateway_status_names_the_url_clients_use_and_monitor_status_reads_prometheus():
@@ -417,7 +419,7 @@ def test_json_on_every_command_that_prints_a_result_with_one_failure_shape(home)
         assert set(body) == SHAPE and body["ok"] is False and body["exit_code"] == rc == code, (argv, out, err)
     rc, out, err, _ = sparkcluster(home, *i, "monitor", "down", "--json")
     body = json.loads(out)
-    assert rc == 1 and body["ok"] is False and {r["state"] for r in body["nodes"]} == {"unreachable"}, out
+    assert rc == 4 and body["ok"] is False and {r["state"] for r in body["nodes"]} == {"unreachable"}, out
 
 
 def test_profile_show_shows_the_published_record_beside_the_profile(home):  # noqa: F811
