@@ -368,7 +368,7 @@ class TestStaleAndUnreachable:
             t0 = time.monotonic()
             res = sc("down", timeout=180)
             took = time.monotonic() - t0
-            assert res.returncode == 1, res.stdout + res.stderr
+            assert res.returncode == 4, res.stdout + res.stderr  # a node could not be reached (issue 56)
             assert f"{WORKER}: UNREACHABLE" in res.stdout, res.stdout
             assert took < 90, took
             assert_clean(testbed, HEAD)
