@@ -428,7 +428,9 @@ def _make_connection(node: Node, settings: Settings) -> tuple[SshConnection, lis
         for r in read:
             for entry in r.entries:
                 for name in entry.hostnames:
-                    keys.add(name, entry.key.get_name(), entry.key)
+                    known = keys.lookup(name)
+                    if known is None or entry.key.get_name() not in known:  # the first line wins, as paramiko's load
+                        keys.add(name, entry.key.get_name(), entry.key)
         client.set_missing_host_key_policy(_StrictPolicy(node.name, files, revoked))
 
     timeout = settings.timeout_for(config.lookup(alias))
