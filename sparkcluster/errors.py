@@ -25,6 +25,9 @@ class SparkError(Exception):
         self.fix = fix
         # extra lines shown under the message (one per bad field, last lines of output, ...)
         self.details = details or []
+        # (mistyped, close match): where the mistyped word is on the command line, the CLI's fix is
+        # that command line with the match in its place
+        self.replace: tuple[str, str] | None = None
 
 
 class InputError(SparkError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sparkcluster import checks, facts
 from sparkcluster.config import profile as profiles
@@ -107,13 +107,21 @@ def run(
     """
     expect = expectations(inv, prof)
     unreachable: dict[str, str] = {}
+    fixes: dict[str, str] = {}
     if cluster is None:
         cluster, failed = connect_reachable(inv)
         unreachable = {name: err.message.removeprefix(f"{name}: ") for name, err in failed.items()}
+        fixes = {name: err.fix for name, err in failed.items() if err.fix}
         if not cluster.hosts:
             cluster = None
     hosts_facts = gather_all(cluster, inv, expect.image, expect.base_image, expect.executor == "ray") if cluster else {}
     if prof is not None and cluster is not None and inv.head.name in cluster.hosts:
         expect = with_model_size(expect, prof, model_listing.read(cluster.head, inv, prof, hub_token(prof)))
     ctx = checks.Context(inv, hosts_facts, unreachable, expect)
-    return PreflightReport(checks.run_checks(ctx, only), hosts_facts, unreachable), cluster
+    results = [
+        # the connection's own fix names the cause (a closed port, a host key, a refused key ...),
+        # as `status` prints it: the check's generic one is only for a failure without one
+        replace(r, fix=fixes[r.node]) if r.id == "ssh.reachable" and r.status == "fail" and r.node in fixes else r
+        for r in checks.run_checks(ctx, only)
+    ]
+    return PreflightReport(results, hosts_facts, unreachable), cluster

@@ -207,7 +207,9 @@ def deployment_nodes(inv, prof) -> list[str]:
     help="Tokenizer path or id inside the head container (default: the profile's model, from the HF cache).",
 )
 @click.option(
-    "--out",
+    "--output",
+    "-o",
+    "out",
     type=click.Path(path_type=Path),
     default=None,
     help="Run folder (default: $XDG_STATE_HOME/sparkcluster/bench/<cluster>/<UTC time>/).",

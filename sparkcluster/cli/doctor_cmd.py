@@ -9,7 +9,7 @@ from sparkcluster.checks import preflight, report
 from sparkcluster.cli.common import load_profile_for
 from sparkcluster.cli.main import cli
 from sparkcluster.deployment import known_good
-from sparkcluster.errors import EXIT_FAILED, EXIT_OK
+from sparkcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 
 
 @cli.command()
@@ -59,4 +59,5 @@ def doctor(obj, profile_name: str | None, as_json: bool, fabric: bool) -> None:
         click.echo(report.as_json(rep.results))
     else:
         report.table(rep.results, [n.name for n in inv.nodes], Console(soft_wrap=True))
-    raise click.exceptions.Exit(EXIT_FAILED if rep.failed else EXIT_OK)
+    # as --help and README promise: 4 when a node could not be reached, else 1 when a check failed
+    raise click.exceptions.Exit(EXIT_UNREACHABLE if rep.unreachable else EXIT_FAILED if rep.failed else EXIT_OK)

@@ -3,11 +3,14 @@ the compile caches stay (a restart loads them) unless --purge-caches."""
 
 from __future__ import annotations
 
+import json
+
 import click
 
+from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.deployment import deployments, teardown
-from sparkcluster.errors import EXIT_FAILED, SparkError
+from sparkcluster.errors import EXIT_FAILED, EXIT_UNREACHABLE, SparkError
 from sparkcluster.facts.access import learn_homes
 from sparkcluster.monitor.planned import planned
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error
@@ -39,9 +42,10 @@ def _refuse_unknown(node: str | None, profile_name: str | None, chosen: list, un
     help="Also remove the compile caches (torch.compile, inductor, Triton, FlashInfer) on the nodes taken down.",
 )
 @click.option("--node", default=None, help="Only the deployment(s) on this node (a pair it belongs to goes whole).")
-@click.option("--profile", "profile_name", default=None, help="Only the deployment(s) of this profile.")
+@click.option("--profile", "-p", "profile_name", default=None, help="Only the deployment(s) of this profile.")
+@click.option("--json", "as_json", is_flag=True, help="As JSON: per node what was stopped and removed, or why not.")
 @click.pass_obj
-def down(obj, purge_gcs: bool, purge_caches: bool, node: str | None, profile_name: str | None) -> None:
+def down(obj, purge_gcs: bool, purge_caches: bool, node: str | None, profile_name: str | None, as_json: bool) -> None:
     """Stop vllm serve by its PID, then remove sparkcluster's containers, workers before the head;
     every deployment and the gateway, or those on --node / of --profile (the gateway stays)."""
     full = obj.inventory()
@@ -59,12 +63,10 @@ def down(obj, purge_gcs: bool, purge_caches: bool, node: str | None, profile_nam
         names = sorted({x for d in chosen for x in d.nodes} | ({n.name for n in full.nodes} if everything else set()))
         inv = full.only(names) if names else full
         if not names:
-            click.echo(
-                "no deployment "
-                + " ".join(
-                    x for x in (f"on {node}" if node else "", f"of '{profile_name}'" if profile_name else "") if x
-                )
+            said = "no deployment " + " ".join(
+                x for x in (f"on {node}" if node else "", f"of '{profile_name}'" if profile_name else "") if x
             )
+            click.echo(json.dumps({"ok": True, "message": said, "nodes": []}, indent=2) if as_json else said)
             return
         reachable = [n for n in inv.nodes if n.name in cluster.hosts]
         with (
@@ -94,9 +96,13 @@ def down(obj, purge_gcs: bool, purge_caches: bool, node: str | None, profile_nam
                     o.removed += removed
                     o.errors += errors
     nothing = True
+    rows = []
     for n in inv.nodes:
         if n.name in unreachable:
-            click.echo(f"{n.name}: UNREACHABLE, not cleaned: {unreachable[n.name].message}")
+            msg = unreachable[n.name].message
+            rows.append({"node": n.name, "state": "unreachable", "message": msg, "fix": unreachable[n.name].fix})
+            if not as_json:
+                click.echo(f"{n.name}: UNREACHABLE, not cleaned: {msg}")
             continue
         o = outcomes.get(n.name)
         if o is None:
@@ -109,9 +115,23 @@ def down(obj, purge_gcs: bool, purge_caches: bool, node: str | None, profile_nam
         if o.errors:
             parts.append("ERROR " + "; ".join(o.errors))
         nothing = nothing and not (o.removed or parts)
-        click.echo(f"{n.name}: " + ("; ".join(parts) if parts else "nothing of sparkcluster's here"))
-    if nothing and not unreachable:
+        rows.append(
+            {
+                "node": n.name,
+                "state": "error" if o.errors else "cleaned" if parts else "nothing",
+                "server": str(o.server) if o.server is not None and o.server.stopped else None,
+                "removed": list(o.removed),
+                "errors": list(o.errors),
+            }
+        )
+        if not as_json:
+            click.echo(f"{n.name}: " + ("; ".join(parts) if parts else "nothing of sparkcluster's here"))
+    failed = bool(unreachable) or any(not o.ok for o in outcomes.values())
+    if as_json:
+        click.echo(redact.mask(json.dumps({"ok": not failed, "nodes": rows}, indent=2)))
+    elif nothing and not unreachable:
         click.echo(f"{inv.cluster.name} is already down")
-    if unreachable or any(not o.ok for o in outcomes.values()):
+    if failed:
         click.echo("something may remain: run `sparkcluster down` again once every node answers", err=True)
-        raise click.exceptions.Exit(EXIT_FAILED)
+        # README, "Exit codes": 4 when a node could not be reached, else 1
+        raise click.exceptions.Exit(EXIT_UNREACHABLE if unreachable else EXIT_FAILED)

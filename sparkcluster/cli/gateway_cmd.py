@@ -16,10 +16,10 @@ from sparkcluster.cli.options import env_file_option
 from sparkcluster.config import profile as profiles
 from sparkcluster.config import secrets as secret_store
 from sparkcluster.deployment import deployments, gateway_registry, supervision
-from sparkcluster.errors import EXIT_FAILED, InputError, SparkError
+from sparkcluster.errors import EXIT_FAILED, EXIT_UNREACHABLE, InputError, SparkError
 from sparkcluster.gateway import deploy, litellm, rollout
 from sparkcluster.labels import PORT_LABEL
-from sparkcluster.remote.fanout import connect_reachable
+from sparkcluster.remote.fanout import connect_reachable, unreachable_error
 from sparkcluster.remote.lock import NodeLocks
 
 
@@ -127,8 +127,22 @@ def gateway_down(obj) -> None:
         click.echo("no gateway" + (" on the nodes that answer" if unreachable else ""))
     for n, e in sorted(unreachable.items()):
         click.echo(f"{n}: UNREACHABLE, not looked at: {e.message}")
-    if unreachable:
-        raise click.exceptions.Exit(EXIT_FAILED)
+    if unreachable:  # README, "Exit codes": a node could not be reached
+        raise click.exceptions.Exit(EXIT_UNREACHABLE)
+
+
+def client_url(host_address: str, container: dict, port: int) -> str:
+    """The base URL a client gives its OpenAI or Anthropic SDK: the node's address as this machine
+    reaches it over SSH, HTTPS when the gateway was started with --tls-cert."""
+    tls = any(m.get("Destination") == "/etc/sparkcluster/tls" for m in container.get("Mounts") or [])
+    return f"{'https' if tls else 'http'}://{host_address}:{port}/v1"
+
+
+def _say_unreachable(unreachable: dict[str, SparkError]) -> None:
+    for n, e in sorted(unreachable.items()):
+        click.echo(f"{n}: UNREACHABLE, not looked at: {e.message}")
+        if e.fix:
+            click.echo(f"  fix: {e.fix}")
 
 
 @gateway.command("status")
@@ -136,11 +150,14 @@ def gateway_down(obj) -> None:
 @_env_file_option
 @click.pass_obj
 def gateway_status(obj, as_json: bool, env_file) -> None:
-    """Where the gateway runs, and what it routes (each deployment in rotation or why not)."""
+    """Where the gateway runs, the URL clients use, and what it routes (each deployment in rotation or why not).
+
+    Exit 0 when it runs and answers, 1 when it is stopped, does not answer or runs nowhere, 4 when it
+    was not found and a node could not be looked at (it may run there)."""
 
     _, keys = _secrets(env_file)
     inv = obj.inventory()
-    cluster, _ = connect_reachable(inv)
+    cluster, unreachable = connect_reachable(inv)
     out = []
     with cluster:
         for name, host in cluster.hosts.items():
@@ -148,32 +165,46 @@ def gateway_status(obj, as_json: bool, env_file) -> None:
             if c is None:
                 continue
             port = int((c.get("Labels") or {}).get(PORT_LABEL) or 0)
+            url = client_url(host.address, c, port)
             row = {"node": name, "container": c["Names"][0].lstrip("/"), "state": c.get("State"), "port": port}
+            row["url"] = url
             if keys and c.get("State") == "running":
                 try:
-                    row.update(deploy.ask(host.address, port, keys[0]))
+                    row.update(deploy.ask(host.address, port, keys[0], scheme=url.split(":")[0]))
                 except httpx.HTTPError as e:
                     row["error"] = f"does not answer: {type(e).__name__}"
             out.append(row)
     if as_json:
-        click.echo(redact.mask(json.dumps({"gateways": out}, indent=2)))
-    elif not out:
-        click.echo("no gateway: sparkcluster gateway up")
+        gone = [{"node": n, "state": "unreachable", "message": e.message, "fix": e.fix} for n, e in unreachable.items()]
+        click.echo(redact.mask(json.dumps({"gateways": out, "unreachable": gone}, indent=2)))
+    else:
+        _say_unreachable(unreachable)
+        if not out:
+            click.echo(
+                "no gateway on the nodes that answer"
+                if unreachable
+                else "no gateway runs (start one: sparkcluster gateway up)"
+            )
     for row in [] if as_json else out:
         click.echo(f"gateway {row['container']} on {row['node']} port {row['port']}: {row['state']}")
+        click.echo(f"  clients use: {row['url']} (OpenAI and Anthropic SDKs; a key of {secret_store.GATEWAY_KEYS})")
         if "error" in row:
             click.echo(f"  {row['error']}")
         elif "routes" in row:
             _show(row, row["node"], row["port"])
         elif not keys:
             click.echo(f"  (set {secret_store.GATEWAY_KEYS} to see what it routes)")
+    if not out and unreachable:
+        raise click.exceptions.Exit(EXIT_UNREACHABLE)
     if not out or any(r.get("state") != "running" or "error" in r for r in out):
         raise click.exceptions.Exit(EXIT_FAILED)
 
 
 @gateway.command("export")
 @click.option("--litellm", "as_litellm", is_flag=True, required=True, help="A LiteLLM proxy config (the only format).")
-@click.option("--out", "out_path", type=click.Path(path_type=Path), default=None, help="Write here, not stdout.")
+@click.option(
+    "--output", "-o", "out_path", type=click.Path(path_type=Path), default=None, help="Write here, not stdout."
+)
 @_env_file_option
 @click.pass_obj
 def gateway_export(obj, as_litellm: bool, out_path: Path | None, env_file) -> None:
@@ -194,14 +225,14 @@ def gateway_export(obj, as_litellm: bool, out_path: Path | None, env_file) -> No
 
 
 @gateway.command("events")
-@click.option("--last", default=50, show_default=True, help="Entries to show.")
+@click.option("--last", default=50, show_default=True, type=click.IntRange(min=0), help="Entries to show (0: all).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per entry, as the gateway wrote it.")
 @click.pass_obj
 def gateway_events(obj, last: int, as_json: bool) -> None:
     """The gateway's journal: started, config reloaded, each deployment in or out of rotation and why."""
 
     inv = obj.inventory()
-    cluster, _ = connect_reachable(inv)
+    cluster, unreachable = connect_reachable(inv)
     shown = False
     with cluster:
         for host in cluster.hosts.values():
@@ -210,8 +241,13 @@ def gateway_events(obj, last: int, as_json: bool) -> None:
             if c is None:
                 continue
             shown = True
-            for e in deploy.journal(api, c["Id"])[-last:]:
+            entries = deploy.journal(api, c["Id"])
+            for e in entries[-last:] if last else entries:
                 click.echo(redact.mask(json.dumps(e) if as_json else supervision.format_entry(e)))
+    if not shown and unreachable:  # it may run on a node that did not answer: name each, exit 4
+        err = unreachable_error(unreachable)
+        if isinstance(err, SparkError):
+            err.message = f"no gateway on the nodes that answer; {err.message}"
+        raise err
     if not shown:
-        click.echo("no gateway: sparkcluster gateway up")
-        raise click.exceptions.Exit(EXIT_FAILED)
+        raise SparkError("no gateway runs", "start one: sparkcluster gateway up")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import time
 from pathlib import Path
 
@@ -22,8 +24,20 @@ def _abs(p: Path | None) -> Path | None:
 
 
 @cli.command()
-@click.option("--head", "head", required=True, metavar="TARGET", help="The head: ssh config alias or user@host[:port].")
-@click.option("--worker", "workers", required=True, multiple=True, metavar="TARGET", help="A worker (repeat for more).")
+@click.option(
+    "--head",
+    "head",
+    required=True,
+    metavar="TARGET",
+    help="The head (the only node of one Spark): a Host alias from ~/.ssh/config, or user@host[:port].",
+)
+@click.option(
+    "--worker",
+    "workers",
+    multiple=True,
+    metavar="TARGET",
+    help="A worker (repeat for more; none: a one-Spark inventory).",
+)
 @click.option(
     "--ssh-config",
     type=click.Path(path_type=Path, dir_okay=False),
@@ -46,6 +60,7 @@ def _abs(p: Path | None) -> Path | None:
     "(default: --inventory, $SPARKCLUSTER_INVENTORY, else ~/.config/sparkcluster/cluster.toml).",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
+@click.option("--json", "as_json", is_flag=True, help="As JSON: the file written and each node as drafted.")
 @click.pass_obj
 def init(
     obj,
@@ -56,6 +71,7 @@ def init(
     name: str,
     output: Path | None,
     force: bool,
+    as_json: bool,
 ) -> None:
     """Discover the hosts and write a draft inventory to review."""
     out = (output or obj.inventory_path or inventory.default_path()).expanduser()
@@ -93,6 +109,9 @@ def init(
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, out)
+    if as_json:
+        click.echo(json.dumps(_as_json(out, inv, found), indent=2))
+        return
     click.echo(f"wrote {out} ({HEADER_NOTE})")
     for n in inv.nodes:
         click.echo(
@@ -123,7 +142,32 @@ def init(
         for c in dn.comments:
             if "left out" in c:
                 click.echo(f"  {dn.name}: {c}")
-    click.echo(f"next: review it, then `sparkcluster -i {out} doctor`")
+    click.echo(f"next: review it, then `sparkcluster -i {shlex.quote(str(out))} doctor`")
+
+
+def _as_json(out: Path, inv, found) -> dict:
+    nodes = []
+    for n, d in zip(inv.nodes, found):
+        a = d.account
+        nodes.append(
+            {
+                "name": n.name,
+                "role": n.role,
+                "ssh": n.ssh,
+                "control_if": n.control_if,
+                "control_ip": str(n.control_ip),
+                "data_plane": [{"hca": x.hca, "netdev": x.netdev} for x in n.data_plane],
+                "user": a.user if a else None,
+                "in_docker_group": (a.uid == 0 or "docker" in a.groups) if a else None,
+            }
+        )
+    return {
+        "ok": True,
+        "wrote": str(out),
+        "review": HEADER_NOTE,
+        "nodes": nodes,
+        "next": f"sparkcluster -i {out} doctor",
+    }
 
 
 HEADER_NOTE = discover.HEADER

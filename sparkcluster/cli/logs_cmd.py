@@ -1,4 +1,4 @@
-"""`sparkcluster logs [NODE] [--follow] [--since DURATION]`: every line prefixed with its node.
+"""`sparkcluster logs [--node NODE] [--follow] [--since DURATION] [--last N]`: every line prefixed with its node.
 
 Reading logs never touches the service: Ctrl-C only detaches.
 """
@@ -30,12 +30,19 @@ def parse_duration(text: str) -> int:
 
 
 @cli.command()
-@click.argument("node", required=False)
+@click.option("--node", default=None, help="Only this node's logs (default: every node's).")
 @click.option(
     "--follow", "-f", is_flag=True, help="Keep printing new lines until Ctrl-C (which never stops the service)."
 )
 @click.option("--since", default=None, help="Only container lines newer than this (e.g. 10m, 2h).")
-@click.option("--tail", "tail_lines", default=200, show_default=True, help="Lines of each log to start from.")
+@click.option(
+    "--last",
+    "tail_lines",
+    default=200,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Lines of each log to start from.",
+)
 @click.pass_obj
 def logs(obj, node: str | None, follow: bool, since: str | None, tail_lines: int) -> None:
     """The containers' logs (Ray) and vllm serve's log, from any node."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from sparkcluster import redact
-from sparkcluster.cli.options import inventory_option
+from sparkcluster.cli.options import COMPLETERS, INVENTORY_META, complete_profiles, inventory_option
 from sparkcluster.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, SparkError
 
 if TYPE_CHECKING:  # structlog and pydantic are imported by the commands that use them, not by --help
@@ -29,7 +29,13 @@ class Invocation:
 
     inventory_path: Path | None
     log_format: str
+    verbose: int = 0
     _inventory: inventory.Inventory | None = field(default=None, repr=False)
+
+    def configure_log(self) -> None:
+        from sparkcluster import log  # for start-up speed: structlog loads only once a command runs
+
+        log.configure(level={0: "warning", 1: "info"}.get(self.verbose, "debug"), fmt=self.log_format)
 
     def inventory(self) -> inventory.Inventory:
         if self._inventory is None:
@@ -39,7 +45,91 @@ class Invocation:
         return self._inventory
 
 
-class _LazyGroup(click.Group):
+class Suggestion(click.UsageError):
+    """A mistyped name with one close match: the fix is the command line with the match in its place."""
+
+    def __init__(self, message: str, wrong: str, right: str, ctx: click.Context | None = None):
+        super().__init__(message, ctx)
+        self.wrong, self.right = wrong, right
+
+
+def did_you_mean(word: str, choices) -> str | None:
+    import difflib  # for start-up speed: only a mistyped name pays for it
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+# the global options, taken after the subcommand too (`status -i f.toml`): each sets what the group's
+# own option would have; a subcommand's own option of the same name (`profile show -i`) wins
+def _late_inventory(ctx: click.Context, _param, value) -> None:
+    if value is not None:
+        ctx.meta[INVENTORY_META] = value  # where shell completion finds it (no Invocation then)
+        obj = ctx.find_object(Invocation)
+        if obj is not None:
+            obj.inventory_path = value
+
+
+def _late_log(ctx: click.Context, param, value) -> None:
+    if value:
+        obj = ctx.find_object(Invocation)
+        if param.name == "late_verbose":
+            obj.verbose += value
+        else:
+            obj.log_format = value
+        obj.configure_log()
+
+
+def _late_globals(cmd: click.Command) -> None:
+    if getattr(cmd, "_late_globals", False):
+        return
+    cmd._late_globals = True
+    taken = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+    extra = [
+        click.Option(
+            ["--inventory", "-i", "late_inventory"], type=click.Path(path_type=Path), callback=_late_inventory
+        ),
+        click.Option(["--log-format", "late_log_format"], type=click.Choice(["text", "json"]), callback=_late_log),
+        click.Option(["--verbose", "-v", "late_verbose"], count=True, callback=_late_log),
+    ]
+    for opt in extra:
+        if not set(opt.opts) & taken:
+            opt.expose_value, opt.hidden = False, True
+            cmd.params.append(opt)
+    for p in cmd.params:  # profile and node names complete in the shell (README, "Shell completion")
+        fn = COMPLETERS.get(p.name) or (
+            complete_profiles if cmd.name in ("show", "lint") and p.name == "name" else None
+        )
+        if fn is not None and p._custom_shell_complete is None:
+            p._custom_shell_complete = fn
+    for sub in getattr(cmd, "commands", {}).values():
+        _late_globals(sub)
+
+
+class _Group(click.Group):
+    """A group whose mistyped subcommand gets the closest name (`sparkcluster stauts`)."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            close = did_you_mean(name, self.list_commands(ctx))
+            if close:
+                raise Suggestion(
+                    f"no command {name!r} in {ctx.command_path}: did you mean {close!r}?", name, close, ctx
+                )
+        return super().resolve_command(ctx, args)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, name)
+        if cmd is not None:
+            _late_globals(cmd)
+        return cmd
+
+
+_Group.group_class = _Group
+
+
+class _LazyGroup(_Group):
     """Imports a subcommand's module when that subcommand is asked for: a quick command like
     `status --json` spends most of its time importing, and need not import the others' libraries."""
 
@@ -53,7 +143,7 @@ class _LazyGroup(click.Group):
         "gateway": "One endpoint for every model: up, down, status, events, export --litellm.",
         "init": "Discover the hosts and write a draft inventory to review.",
         "logs": "The containers' logs (Ray) and vllm serve's log, from any node.",
-        "monitor": "Prometheus, Alertmanager and node_exporter for the cluster: up, down, config.",
+        "monitor": "Prometheus, Alertmanager and node_exporter for the cluster: up, down, status, config.",
         "profile": "Model profiles: list, show what each node gets, lint.",
         "rollback": "Return a deployment to its last good serve with another image or revision.",
         "status": "Per deployment and node: container, Ray membership, endpoint, supervisor.",
@@ -111,14 +201,13 @@ def cli(ctx: click.Context, inventory_path: Path | None, log_format: str, verbos
     """Bring one to eight DGX Sparks from bare to serving a model (tensor and pipeline parallel, over Ray or
     vLLM's own multi-node launch).
 
+    The options below work after the command too (`sparkcluster status -i f.toml`).
+
     Exit codes: 0 ok, 1 a check or stage failed (status: degraded), 2 bad input (nothing touched),
     3 status: down, 4 a node could not be reached, 70 a bug (see the debug log), 130 Ctrl-C.
     """
-    from sparkcluster import log  # for start-up speed: structlog loads only once a command runs
-
-    level = {0: "warning", 1: "info"}.get(verbose, "debug")
-    log.configure(level=level, fmt=log_format)
-    ctx.obj = Invocation(inventory_path=inventory_path, log_format=log_format)
+    ctx.obj = Invocation(inventory_path=inventory_path, log_format=log_format, verbose=verbose)
+    ctx.obj.configure_log()
 
 
 def _print_error(err: SparkError) -> None:
@@ -158,8 +247,77 @@ def _node_of(err: BaseException) -> str | None:
     return getattr(err, "host", None)
 
 
+# old option names, kept for one release as hidden aliases (issue 56: one name per meaning across
+# commands): (command words, old) -> new; a positional NODE of `logs` becomes --node. Each use says so.
+RENAMED = {
+    (("logs",), "--tail"): "--last",
+    (("gateway", "export"), "--out"): "--output",
+    (("bench",), "--out"): "--output",
+}
+POSITIONAL_NODE = ("logs",)
+
+
+GROUPS = ("gateway", "monitor", "profile", "weights")
+
+
+def _command_words(args: list[str]) -> tuple[int, list[str]]:
+    """Where the command's own arguments start in `args`, and the command words before them (global
+    options and their values skipped)."""
+    words, i = [], 0
+    while i < len(args) and args[i] != "--" and len(words) < (2 if words and words[0] in GROUPS else 1):
+        a = args[i]
+        if a in ("-i", "--inventory", "--log-format"):
+            i += 2
+            continue
+        if not a.startswith("-"):
+            words.append(a)
+        i += 1
+    return i, words
+
+
+def _old_names(args: list[str]) -> list[str]:
+    """The command line with each old option name in its new one, saying so on stderr."""
+    start, words = _command_words(args)
+    out = list(args[:start])
+    rest = args[start:]
+    end = rest.index("--") if "--" in rest else len(rest)
+    skip = False
+    for j, a in enumerate(rest):
+        if j >= end or skip:
+            out.append(a)
+            skip = False
+            continue
+        name, eq, value = a.partition("=")
+        new = RENAMED.get((tuple(words), name))
+        if new is not None:
+            click.echo(f"warning: {name} is now {new}; {name} goes in the next release", err=True)
+            out.append(new + eq + value)
+        elif tuple(words) == POSITIONAL_NODE and not a.startswith("-") and (j == 0 or not rest[j - 1].startswith("--")):
+            click.echo(
+                f"warning: `{' '.join(words)} NODE` is now `{' '.join(words)} --node NODE`; "
+                "the positional form goes in the next release",
+                err=True,
+            )
+            out += ["--node", a]
+        else:
+            out.append(a)
+            skip = a in ("--since", "--node", "--last", "--tail", "-i", "--inventory", "--log-format") and not eq
+    return out
+
+
+def _replaced(args: list[str], wrong: str, right: str) -> str:
+    """The command line as typed, the close name in place of the mistyped one: a fix that runs as printed."""
+    import shlex
+
+    at = args.index(wrong)
+    return "sparkcluster " + shlex.join([*args[:at], right, *args[at + 1 :]])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if not args:  # bare `sparkcluster`: what it can do, not an error
+        args = ["--help"]
+    args = _old_names(args)
     as_json = _wants_json(args)
 
     def failed(message: str, code: int, fix: str | None = None, node: str | None = None, details=()) -> int:
@@ -172,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         # with standalone_mode off, click returns a command's Exit code instead of raising it
         return rc if isinstance(rc, int) else 0
     except SparkError as err:
+        if err.replace and err.replace[0] in args:
+            err.fix = _replaced(args, *err.replace)
         _print_error(err)
         return failed(err.message, err.exit_code, err.fix, _node_of(err), err.details)
     except click.exceptions.Abort as e:  # click makes Ctrl-C an Abort too
@@ -187,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_USAGE if e.exit_code == 2 else e.exit_code
         ctx = getattr(e, "ctx", None)
         fix = f"see {ctx.command_path if ctx else 'sparkcluster'} --help"
+        if isinstance(e, Suggestion):
+            fix = _replaced(args, e.wrong, e.right)
         click.echo(f"error: {e.format_message()}", err=True)
         click.echo(f"fix: {fix}", err=True)
         return failed(e.format_message(), code, fix)

@@ -1,4 +1,4 @@
-"""`sparkcluster monitor up|down|config`: Prometheus and Alertmanager on the head, node_exporter on
+"""`sparkcluster monitor up|down|status|config`: Prometheus and Alertmanager on the head, node_exporter on
 every node (sparkcluster/monitor). `up` generates the scrape configuration from the inventory and
 the deployments running now, so it is run again after `up` of a new deployment; `config` prints
 what `up` would write (the webhook masked) without starting anything."""
@@ -13,14 +13,15 @@ from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.deployment import deployments, gateway_registry
-from sparkcluster.errors import EXIT_FAILED, ConnectError
+from sparkcluster.errors import EXIT_FAILED, EXIT_UNREACHABLE, ConnectError, SparkError
 from sparkcluster.monitor import alerting, scrape, stack
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
+from sparkcluster.remote.forward import Forward
 
 
 @cli.group()
 def monitor() -> None:
-    """Prometheus, Alertmanager and node_exporter for the cluster: up, down, config."""
+    """Prometheus, Alertmanager and node_exporter for the cluster: up, down, status, config."""
 
 
 def _configs(inv: Inventory, served: list, env_file, gateways: dict[str, int]) -> tuple[str, str, bool]:
@@ -41,9 +42,13 @@ env_option = env_file_option("A .env (mode 0600) with ALERT_WEBHOOK_URL (default
 @monitor.command("up")
 @env_option
 @click.option("--dry-run", is_flag=True, help="Print the containers and their targets; start nothing.")
+@click.option("--json", "as_json", is_flag=True, help="As JSON at the end: targets, containers started or not, URLs.")
 @click.pass_obj
-def monitor_up(obj, env_file, dry_run: bool) -> None:
+def monitor_up(obj, env_file, dry_run: bool, as_json: bool) -> None:
     """Start (or replace) the monitoring containers with a configuration made from what runs now."""
+    import json
+
+    say = (lambda text: click.echo(text, err=True)) if as_json else click.echo  # stdout: one JSON object
     inv = obj.inventory()
     cluster, unreachable = connect_reachable(inv)
     with cluster:
@@ -57,54 +62,174 @@ def monitor_up(obj, env_file, dry_run: bool) -> None:
         gateways = gateway_registry.ports(cluster.hosts, inv.cluster.name)
         prom, am, webhook = _configs(inv, served, env_file, gateways)
         specs = stack.specs(inv, prom, am, _owners(cluster))
-        for t in scrape.targets(inv, served, gateways):
-            click.echo(f"target {t.job} {t.address} ({', '.join(f'{k}={v}' for k, v in t.labels.items())})")
+        targets = scrape.targets(inv, served, gateways)
+        for t in targets:
+            say(f"target {t.job} {t.address} ({', '.join(f'{k}={v}' for k, v in t.labels.items())})")
         if not webhook:
-            click.echo("no ALERT_WEBHOOK_URL: alerts stay in Alertmanager and `sparkcluster events`")
+            say("no ALERT_WEBHOOK_URL: alerts stay in Alertmanager and `sparkcluster events`")
         if dry_run:
             for s in specs:
-                click.echo(redact.mask(s.describe()))
+                say(redact.mask(s.describe()))
+            if as_json:
+                click.echo(json.dumps({"ok": True, "dry_run": True, "targets": [t.address for t in targets]}, indent=2))
             return
         started = cluster.each(
             lambda h: [stack.start(h.docker().api, inv, s) for s in specs if s.node == h.name],
         )
     bad = False
+    rows = []
     for s in specs:
         o = started.get(s.node)
         if o is not None and o.ok:
-            click.echo(f"{s.node}: {s.component} started ({s.image})")
+            rows.append({"node": s.node, "component": s.component, "image": s.image, "started": True, "error": None})
+            say(f"{s.node}: {s.component} started ({s.image})")
         else:
             bad = True
             why = unreachable[s.node].message if s.node in unreachable else str(o.error if o else "not reached")
-            click.echo(f"{s.node}: {s.component} NOT started: {redact.mask(why)}")
+            rows.append({"node": s.node, "component": s.component, "image": s.image, "started": False, "error": why})
+            say(f"{s.node}: {s.component} NOT started: {redact.mask(why)}")
     for n, why in unread.items():
-        click.echo(f"{n}: its deployments could not be read ({why}): its engine is not scraped")
+        say(f"{n}: its deployments could not be read ({why}): its engine is not scraped")
     ip = scrape.reach_ip(inv, inv.head.name)
-    click.echo(
-        f"Prometheus http://{ip}:{inv.monitor.prometheus_port}  Alertmanager http://{ip}:{inv.monitor.alertmanager_port}"
-    )
-    if bad:
-        raise click.exceptions.Exit(EXIT_FAILED)
+    urls = {
+        "prometheus": f"http://{ip}:{inv.monitor.prometheus_port}",
+        "alertmanager": f"http://{ip}:{inv.monitor.alertmanager_port}",
+    }
+    say(f"Prometheus {urls['prometheus']}  Alertmanager {urls['alertmanager']}")
+    if as_json:
+        body = {"ok": not bad, **urls, "targets": [t.address for t in targets], "containers": rows}
+        click.echo(redact.mask(json.dumps(body, indent=2)))
+    if bad:  # README, "Exit codes": 4 when a node could not be reached, else 1
+        raise click.exceptions.Exit(EXIT_UNREACHABLE if unreachable else EXIT_FAILED)
 
 
 @monitor.command("down")
 @click.option("--purge-data", is_flag=True, help="Also remove Prometheus' and Alertmanager's data volumes.")
+@click.option("--json", "as_json", is_flag=True, help="As JSON: per node what was removed, or why not.")
 @click.pass_obj
-def monitor_down(obj, purge_data: bool) -> None:
+def monitor_down(obj, purge_data: bool, as_json: bool) -> None:
     """Remove the monitoring containers on every node (their data stays unless --purge-data)."""
     inv = obj.inventory()
     cluster, unreachable = connect_reachable(inv)
     with cluster:
         done = cluster.each(lambda h: stack.down(h.docker().api, inv, purge_data and h.name == inv.head.name))
+    rows = []
     for n in inv.nodes:
         o = done.get(n.name)
         if n.name in unreachable or o is None:
-            click.echo(f"{n.name}: UNREACHABLE, not cleaned")
+            rows.append({"node": n.name, "state": "unreachable", "removed": []})
         elif not o.ok:
-            click.echo(f"{n.name}: ERROR {o.error}")
+            rows.append({"node": n.name, "state": "error", "error": str(o.error), "removed": []})
         else:
-            click.echo(f"{n.name}: " + ("removed " + ", ".join(o.value) if o.value else "no monitoring here"))
-    if unreachable or any(not o.ok for o in done.values()):
+            rows.append({"node": n.name, "state": "removed" if o.value else "nothing", "removed": list(o.value)})
+    failed = bool(unreachable) or any(not o.ok for o in done.values())
+    if as_json:
+        import json
+
+        click.echo(redact.mask(json.dumps({"ok": not failed, "nodes": rows}, indent=2)))
+    for r in [] if as_json else rows:
+        if r["state"] == "unreachable":
+            click.echo(f"{r['node']}: UNREACHABLE, not cleaned")
+        elif r["state"] == "error":
+            click.echo(f"{r['node']}: ERROR {r['error']}")
+        else:
+            click.echo(
+                f"{r['node']}: " + ("removed " + ", ".join(r["removed"]) if r["removed"] else "no monitoring here")
+            )
+    if failed:
+        raise click.exceptions.Exit(EXIT_UNREACHABLE if unreachable else EXIT_FAILED)
+
+
+def summary(targets: dict, alerts: dict) -> tuple[list[dict], list[dict]]:
+    """Prometheus' /api/v1/targets and /api/v1/alerts -> (each target: job, address, health, error;
+    each firing alert: name, labels, since)."""
+    rows = [
+        {
+            "job": t.get("labels", {}).get("job", "?"),
+            "address": t.get("labels", {}).get("instance") or t.get("scrapeUrl", "?"),
+            "health": t.get("health", "unknown"),
+            "error": t.get("lastError", ""),
+        }
+        for t in (targets.get("data") or {}).get("activeTargets", [])
+    ]
+    firing = [
+        {
+            "name": a.get("labels", {}).get("alertname", "?"),
+            "labels": {k: v for k, v in a.get("labels", {}).items() if k != "alertname"},
+            "since": a.get("activeAt", ""),
+        }
+        for a in (alerts.get("data") or {}).get("alerts", [])
+        if a.get("state") == "firing"
+    ]
+    return rows, firing
+
+
+@monitor.command("status")
+@click.option("--json", "as_json", is_flag=True, help="As JSON.")
+@click.pass_obj
+def monitor_status(obj, as_json: bool) -> None:
+    """Where Prometheus and Alertmanager answer, each scrape target up or down, the alerts firing.
+
+    Exit 0 when every target is up and none fires, 1 otherwise (or when monitoring is not running),
+    4 when a node cannot be reached."""
+    import json
+
+    import httpx
+
+    inv = obj.inventory()
+    cluster, unreachable = connect_reachable(inv)
+    ip = scrape.reach_ip(inv, inv.head.name)
+    urls = {
+        "prometheus": f"http://{ip}:{inv.monitor.prometheus_port}",
+        "alertmanager": f"http://{ip}:{inv.monitor.alertmanager_port}",
+    }
+    with cluster:
+        if inv.head.name not in cluster.hosts:
+            err = unreachable[inv.head.name]
+            raise ConnectError(
+                inv.head.name, f"the head does not answer: {err.message.removeprefix(inv.head.name + ': ')}", err.fix
+            )
+        head = cluster.hosts[inv.head.name]
+        containers = {
+            n: sorted(
+                (c.get("Names") or ["?"])[0].lstrip("/") + f" {c.get('State')}" for c in stack.ours(h.docker().api, inv)
+            )
+            for n, h in cluster.hosts.items()
+        }
+        if not stack.running(head.docker().api, inv, stack.PROMETHEUS):
+            raise SparkError(f"Prometheus does not run on {inv.head.name}", "start monitoring: sparkcluster monitor up")
+        # asked through the head's SSH connection: the laptop may not reach the control address
+        with Forward(lambda: head.tunnel(ip, inv.monitor.prometheus_port)) as fwd:
+            try:
+                got = [httpx.get(f"{fwd.url()}/api/v1/{what}", timeout=5).json() for what in ("targets", "alerts")]
+            except (httpx.HTTPError, ValueError) as e:
+                raise SparkError(
+                    f"Prometheus on {inv.head.name} does not answer ({type(e).__name__})",
+                    "restart it: sparkcluster monitor up",
+                ) from None
+    rows, firing = summary(*got)
+    gone = [{"node": n, "state": "unreachable", "message": e.message, "fix": e.fix} for n, e in unreachable.items()]
+    if as_json:
+        body = {**urls, "containers": containers, "targets": rows, "firing": firing, "unreachable": gone}
+        click.echo(redact.mask(json.dumps(body, indent=2)))
+    else:
+        click.echo(f"Prometheus {urls['prometheus']}  Alertmanager {urls['alertmanager']}")
+        for n, cs in containers.items():
+            click.echo(f"{n}: {', '.join(cs) or 'no monitoring container'}")
+        for g in gone:
+            click.echo(f"{g['node']}: UNREACHABLE, not looked at: {g['message']}")
+        up = sum(r["health"] == "up" for r in rows)
+        click.echo(f"targets: {up} of {len(rows)} up")
+        for r in rows:
+            if r["health"] != "up":
+                click.echo(f"  {r['job']} {r['address']}: {r['health'].upper()} {r['error']}".rstrip())
+        click.echo(f"alerts firing: {len(firing) or 'none'}")
+        for a in firing:
+            labels = ", ".join(f"{k}={v}" for k, v in a["labels"].items())
+            click.echo(f"  {a['name']} ({labels}) since {a['since']}")
+    if unreachable:
+        raise click.exceptions.Exit(EXIT_UNREACHABLE)
+    if firing or any(r["health"] != "up" for r in rows):
         raise click.exceptions.Exit(EXIT_FAILED)
 
 

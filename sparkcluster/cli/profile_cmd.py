@@ -62,18 +62,34 @@ def profile_group() -> None:
 
 
 @profile_group.command("list")
-def list_cmd() -> None:
+@click.option("--json", "as_json", is_flag=True, help="As JSON: each profile and the folders searched.")
+def list_cmd(as_json: bool) -> None:
     """List the profiles on the search path, then the folders searched (first match wins)."""
     found = available()
     width = max((len(n) for n in found), default=0)
+    rows = []
     for name, path in found.items():
         try:
             p = load_profile(str(path))
+            row = {"name": name, "model": p.model, "image": p.image.ref, "path": str(path), "error": None}
             what = f"{p.model} ({p.image.ref})"
         except Exception as e:  # one bad profile must not hide the others
-            what = f"(invalid: {getattr(e, 'message', e)})"
-        _echo(f"{name.ljust(width)}  {what}  [{path}]")
+            row = {
+                "name": name,
+                "model": None,
+                "image": None,
+                "path": str(path),
+                "error": getattr(e, "message", str(e)),
+            }
+            what = f"(invalid: {row['error']})"
+        rows.append(row)
+        if not as_json:
+            _echo(f"{name.ljust(width)}  {what}  [{path}]")
     places = search_places()
+    if as_json and found:
+        searched = [{"path": str(d), "from": where, "exists": d.is_dir()} for d, where in places]
+        _echo(json.dumps({"profiles": rows, "searched": searched}, indent=2))
+        return
     if found:
         _echo()
     _echo("searched, first match wins:")
@@ -142,6 +158,24 @@ def _resolved(p: Profile, inv, secrets: dict[str, str], ray_version: str) -> dic
     return out
 
 
+def _published(p: Profile) -> dict | None:
+    """The performance record shipped beside the profile (NAME.perf.toml), in short."""
+    from sparkcluster.bench import perf_record  # only `profile show` reads records
+
+    rec = perf_record.published_for(p)
+    if rec is None:
+        return None
+    return {
+        "path": str(perf_record.record_path(Path(p.path))),
+        "url": rec.source.url,
+        "publisher": rec.source.publisher,
+        "measured_at": str(rec.source.measured_at),
+        "hardware": rec.hardware.label or f"{rec.hardware.nodes} x {rec.hardware.accelerator}",
+        "harness": f"{rec.harness.name} {rec.harness.version}",
+        "runs": [{"conditions": r.conditions.describe(), "figures": r.figures.present()} for r in rec.runs],
+    }
+
+
 @profile_group.command("show")
 @click.argument("name")
 @inventory_option("Inventory TOML (overrides the global --inventory).")
@@ -162,6 +196,7 @@ def show_cmd(
     inv = _inventory(ctx, inventory_path)
     secrets = load_secrets(env_file, p)
     r = _resolved(p, inv, secrets, ray_version)
+    r["published"] = _published(p)
     if as_json:
         _echo(json.dumps(redact.mask_obj(r), indent=2))
         return
@@ -202,13 +237,27 @@ def show_cmd(
         + " ".join(f"{k}={v}" for k, v in r["secrets_exec_env"].items())
     )
     _echo(f"  {shlex.join(r['serve_argv'])}")
+    pub = r["published"]
+    if pub is None:
+        _echo("published record: none beside this profile (sparkcluster bench measures this cluster's own)")
+    else:
+        _echo(f"published record: {pub['path']}")
+        _echo(
+            f"  {pub['publisher'] or pub['url']}, measured {pub['measured_at']} "
+            f"on {pub['hardware']} with {pub['harness']}"
+        )
+        for run in pub["runs"]:
+            figs = ", ".join(f"{k} {v:g}" for k, v in run["figures"].items())
+            _echo(f"  {run['conditions']}: {figs}")
+        _echo(f"  compare this cluster with it: sparkcluster bench --profile {p.name} --compare published")
 
 
 @profile_group.command("lint")
 @click.argument("name")
 @inventory_option("Inventory TOML (overrides the global --inventory).")
+@click.option("--json", "as_json", is_flag=True, help="As JSON: ok, and each problem (rule, severity, message, fix).")
 @click.pass_context
-def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None) -> None:
+def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None, as_json: bool) -> None:
     """Check profile NAME against the field's rules; exit 1 listing every problem."""
     p = load_profile(name)
     inv = _inventory(ctx, inventory_path)
@@ -220,6 +269,19 @@ def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None) -> None
     unchecked = unchecked_flags(p)
     if unchecked:
         _echo(f"note: {unchecked}", err=True)
+    if as_json:
+        body = {
+            "profile": p.name,
+            "ok": not failures(problems),
+            "problems": [
+                {"rule": x.rule, "severity": x.severity, "message": x.message, "fix": x.fix} for x in problems
+            ],
+            "skipped_cluster_rules": list(CLUSTER_RULES) if inv is None else [],
+        }
+        _echo(json.dumps(body, indent=2))
+        if failures(problems):
+            ctx.exit(EXIT_FAILED)
+        return
     if not problems:
         _echo(f"{p.name}: ok")
         return

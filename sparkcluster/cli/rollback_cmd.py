@@ -25,7 +25,9 @@ from sparkcluster.upgrade import upgrade as upgrades
 @click.option("--node", "node", multiple=True, help="The deployment's nodes, as given to up.")
 @env_file_option("Where HF_TOKEN and VLLM_API_KEY live.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
-@click.option("--json", "as_json", is_flag=True, help="With --dry-run: the steps as a JSON list.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="With --dry-run: the steps as a JSON list; with --history: the records."
+)
 @click.option("--history", is_flag=True, help="List the recorded good serves and upgrades; change nothing.")
 @click.pass_obj
 def rollback(
@@ -39,6 +41,16 @@ def rollback(
 ) -> None:
     """Return a deployment to its last good serve with another image or revision."""
     inv = obj.inventory()
+    if history and as_json:  # the same records, whole (the canary's answers left out: they are long)
+        import dataclasses
+        import json
+
+        good = [
+            {k: v for k, v in dataclasses.asdict(r).items() if k != "canary"} for r in known_good.load(inv.cluster.name)
+        ]
+        upgr = [dataclasses.asdict(o) for o in known_good.load_outcomes(inv.cluster.name)]
+        click.echo(json.dumps({"good": good, "upgrades": upgr}, indent=2))
+        return
     if history:
         for r in known_good.load(inv.cluster.name):
             canary = f", canary {r.canary_tok_s:.1f} tok/s" if r.canary else ""
@@ -47,7 +59,7 @@ def rollback(
             click.echo(f"upgr  {o.line()}")
         return
     if as_json and not dry_run:
-        raise click.UsageError("--json goes with --dry-run")
+        raise click.UsageError("--json goes with --dry-run or --history")
     prof = profile_or_usage(inv, profile_name)
     secrets = load_secrets(env_file, prof)
     got = upgrades.rollback(

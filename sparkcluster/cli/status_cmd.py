@@ -300,13 +300,19 @@ def status(
         from rich.live import Live
 
         console = Console()
+        seen = None
         try:
             with Live(console=console, auto_refresh=False) as live:
                 while True:
-                    live.update(render_all(status_mod.collect_all(inv, key)), refresh=True)
+                    seen = status_mod.collect_all(inv, key)
+                    live.update(render_all(seen), refresh=True)
                     time.sleep(interval)
         except KeyboardInterrupt:
-            return
+            # Ctrl-C ends the watch as a plain `status` would have ended on what it showed last
+            # (unreachable: 4), not 0 whatever the cluster was; before any answer, as interrupted
+            if seen is None:
+                raise
+            raise click.exceptions.Exit(EXIT[overall(seen)]) from None
     sts = status_mod.collect_all(inv, key)
     if html_path is not None:
         _write_html(inv, sts, html_path)

@@ -40,8 +40,9 @@ def weights() -> None:
 )
 @env_file_option(f"Where HF_TOKEN lives (mode 0600); {ENV_FILE_HELP}.")
 @click.option("--verify", is_flag=True, help="Hash every file again on every node (not only new or changed ones).")
+@click.option("--json", "as_json", is_flag=True, help="As JSON at the end: each repository, its commit and state.")
 @click.pass_obj
-def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> None:
+def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool, as_json: bool) -> None:
     """Fetch every repository the profile needs (model, tokenizer, draft model, plugin file) once on the
     head and replicate it to every worker, verified."""
     inv = obj.inventory()
@@ -67,15 +68,21 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
         for st in sts:
             st.resolve()
             st.check_all(rehash=verify)
+        # with --json, what is said on the way goes to stderr and stdout holds one JSON object
+        say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
+        done = []
         for st in sts:
             if not st.lacking():
                 m = st.manifest
-                click.echo(
+                done.append({"repo": m.repo, "commit": m.commit, "role": st.role, "bytes": m.size, "state": "complete"})
+                say(
                     f"{m.repo}@{m.commit[:12]} ({st.role}, {m.size / 1e9:.2f} GB) is complete and verified "
                     "on every node"
                 )
         lacking = [st for st in sts if st.lacking()]
         if not lacking:
+            if as_json:
+                click.echo(json.dumps({"ok": True, "profile": prof.name, "repos": done}, indent=2))
             return
         weights_stage.disk(lacking)
         if any(inv.head.name in st.lacking() for st in lacking):
@@ -100,10 +107,14 @@ def pull(obj, profile_name: str | None, env_file: Path | None, verify: bool) -> 
         for st in lacking:
             st.image = image
             if inv.head.name in st.lacking():
-                click.echo(st.download())
+                say(st.download())
             for note in st.replicate_all(fx):
-                click.echo(note)
-            click.echo(f"{st.repo}@{st.manifest.commit[:12]} ({st.role}) staged on every node")
+                say(note)
+            m = st.manifest
+            done.append({"repo": st.repo, "commit": m.commit, "role": st.role, "bytes": m.size, "state": "staged"})
+            say(f"{st.repo}@{m.commit[:12]} ({st.role}) staged on every node")
+    if as_json:
+        click.echo(json.dumps({"ok": True, "profile": prof.name, "repos": done}, indent=2))
 
 
 def _status(cluster: ConnectedHosts, inv) -> dict[str, list[dict]]:
@@ -228,10 +239,15 @@ def status(obj, profile_name: str | None, as_json: bool) -> None:
 @click.argument("repo")
 @click.option("--commit", default=None, help="Only this snapshot (default: every cached snapshot of REPO).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="As JSON: each snapshot removed and the space freed (with --yes)."
+)
 @click.pass_obj
-def rm(obj, repo: str, commit: str | None, yes: bool) -> None:
+def rm(obj, repo: str, commit: str | None, yes: bool, as_json: bool) -> None:
     """Remove a model's snapshot(s) from every node's HF cache (`down` never does)."""
     hfcache.check_repo(repo)
+    if as_json and not yes:
+        raise click.UsageError("--json goes with --yes (a script cannot answer the question)")
     inv = obj.inventory()
     with ConnectedHosts.connect(inv) as cluster, ClusterLock(cluster.head, inv.cluster.name, f"weights rm {repo}"):
         per_node = _status(cluster, inv)
@@ -240,16 +256,22 @@ def rm(obj, repo: str, commit: str | None, yes: bool) -> None:
             for n, snaps in per_node.items()
         }
         if not any(targets.values()):
-            click.echo(f"{repo}{'@' + commit if commit else ''} is not cached on any node")
+            said = f"{repo}{'@' + commit if commit else ''} is not cached on any node"
+            click.echo(json.dumps({"ok": True, "message": said, "removed": []}, indent=2) if as_json else said)
             return
         for n, cs in targets.items():
-            for c in cs:
+            for c in cs if not as_json else []:
                 click.echo(f"  {n}: {repo}@{c}")
         if not yes and not click.confirm("remove these snapshots?", default=False):
             raise click.exceptions.Abort()
+        removed = []
         for n, cs in targets.items():
             for c in cs:
                 got = hfcache.parse_json(
                     cluster.hosts[n].run(hfcache.rm_command(inv.hf_cache(n), repo, c), timeout=600).stdout
                 )
-                click.echo(f"{n}: removed {repo}@{c[:12]}, freed {got['freed'] / 1e9:.2f} GB")
+                removed.append({"node": n, "repo": repo, "commit": c, "freed_bytes": got["freed"]})
+                if not as_json:
+                    click.echo(f"{n}: removed {repo}@{c[:12]}, freed {got['freed'] / 1e9:.2f} GB")
+    if as_json:
+        click.echo(json.dumps({"ok": True, "removed": removed}, indent=2))

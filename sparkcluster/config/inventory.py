@@ -10,6 +10,7 @@ import ipaddress
 import os
 import re
 import tomllib
+import typing
 from pathlib import Path
 from typing import Literal
 
@@ -220,9 +221,16 @@ class Inventory(_Strict):
         for n in self.nodes:
             if n.name == name:
                 return n
-        raise InputError(
-            f"no node named {name!r} in the inventory", f"choose one of: {', '.join(n.name for n in self.nodes)}"
+        import difflib
+
+        names = [n.name for n in self.nodes]
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        err = InputError(
+            f"no node named {name!r} in the inventory" + (f": did you mean {close[0]!r}?" if close else ""),
+            f"choose one of: {', '.join(names)}",
         )
+        err.replace = (name, close[0]) if close else None  # the CLI's fix: the command line with it in place
+        raise err
 
     def set_home(self, node: str, home: str, owner: str = "") -> None:
         self._homes[node] = home
@@ -297,14 +305,42 @@ def _pattern_words(pattern: str) -> str:
     return "not in the form this field takes (see README's example)"
 
 
-def describe_validation_error(source: str, err: ValidationError) -> list[str]:
-    """One line per bad field, never echoing values that could be secrets, nor a regular expression."""
+def _model_in(annotation) -> type[BaseModel] | None:
+    """The model a field holds (itself, or inside a list, an Optional, a union)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if (m := _model_in(arg)) is not None:
+            return m
+    return None
+
+
+def known_keys(model: type[BaseModel] | None, loc: tuple) -> list[str]:
+    """The keys the model takes at `loc` (a pydantic error's location, less the bad key itself)."""
+    for part in loc:
+        if model is None or isinstance(part, int):
+            continue
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+    return [f.alias or n for n, f in model.model_fields.items() if n != "path"] if model is not None else []
+
+
+def describe_validation_error(source: str, err: ValidationError, model: type[BaseModel] | None = None) -> list[str]:
+    """One line per bad field, never echoing values that could be secrets, nor a regular expression;
+    an unknown key with a close known one (`model`'s) names it."""
+    import difflib
+
     lines = []
     for e in err.errors():
         loc = ".".join(str(x) if not isinstance(x, int) else f"[{x}]" for x in e["loc"]).replace(".[", "[")
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
+            close = difflib.get_close_matches(str(e["loc"][-1]), known_keys(model, e["loc"][:-1]), n=1, cutoff=0.6)
+            if close:
+                msg += f": did you mean {close[0]!r}?"
         elif e["type"] == "string_pattern_mismatch":
             msg = "expected " + _pattern_words(str((e.get("ctx") or {}).get("pattern", "")))
         lines.append(f"{source}: {loc or '(top level)'}: {msg}")
@@ -319,7 +355,7 @@ def parse(text: str, source: str = "inventory", path: Path | None = None) -> Inv
     try:
         inv = Inventory.model_validate({**data, "path": path})
     except ValidationError as e:
-        lines = describe_validation_error(source, e)
+        lines = describe_validation_error(source, e, Inventory)
         raise InputError(
             f"{source}: {len(lines)} problem(s) in the inventory", "correct the fields listed above", details=lines
         ) from None

@@ -414,9 +414,20 @@ def find(name: str) -> Path:
         p = d / f"{name}.toml"
         if p.is_file():
             return p
-    names = ", ".join(available()) or "none"
+    import difflib
+
+    names = list(available())
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    where = ", ".join(str(d) for d in search_path())
+    if close:
+        err = InputError(
+            f"no profile named {name!r}: did you mean {' or '.join(map(repr, close))}?", f"use {close[0]!r}"
+        )
+        err.replace = (name, close[0])  # the CLI prints the command line with it in place
+        raise err
     raise InputError(
-        f"no profile named {name!r}", f"choose one of: {names} (searched: {', '.join(str(d) for d in search_path())})"
+        f"no profile named {name!r} (searched: {where})",
+        f"see the {len(names)} there are: sparkcluster profile list" if names else "write one: see README, Profiles",
     )
 
 
@@ -431,7 +442,7 @@ def parse(text: str, name: str, source: str = "profile", path: Path | None = Non
             {**{k: v for k, v in data.items() if k not in ("name", "path")}, "name": name, "path": path}
         )
     except ValidationError as e:
-        lines += describe_validation_error(source, e)
+        lines += describe_validation_error(source, e, Profile)
     if lines:
         raise InputError(
             f"{source}: {len(lines)} problem(s) in the profile", "correct the fields listed above", details=lines

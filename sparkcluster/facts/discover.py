@@ -273,6 +273,8 @@ class Draft:
 
 def draft(name: str, found: list[Discovered], ssh_config: Path | None = None, known_hosts: Path | None = None) -> Draft:
     """found[0] is the head, the rest are workers."""
+    if len(found) == 1:
+        return _draft_one(name, found[0], ssh_config, known_hosts)
     per_host = [data_links(d) for d in found]
     for d, (links, notes) in zip(found, per_host):
         if not links:
@@ -311,13 +313,7 @@ def draft(name: str, found: list[Discovered], ssh_config: Path | None = None, kn
                 f"{', '.join(lacking)} has no RoCE v2 IPv4 GID yet (doctor's rdma.gid checks it; NCCL picks "
                 "each HCA's GID index itself at every start)"
             )
-        if d.gpus:
-            g = d.gpus[0]
-            comments.append(f"GPU: {len(d.gpus)} x {g.name}, driver {g.driver}, compute capability {g.compute_cap}")
-        else:
-            comments.append(
-                f"GPU: nvidia-smi found none ({d.gpu_error or 'no output'}); gpus = 1 assumed: check the driver"
-            )
+        comments.append(_gpu_comment(d))
         nodes.append(
             DraftNode(
                 nm,
@@ -334,6 +330,42 @@ def draft(name: str, found: list[Discovered], ssh_config: Path | None = None, kn
     if cabling.kind == "ring":  # the inventory lists a ring's nodes in cable order, the head first
         nodes = [next(n for n in nodes if n.name == name) for name in cabling.order]
     return Draft(name, nodes, ssh_config, known_hosts, cabling)
+
+
+def _gpu_comment(d: Discovered) -> str:
+    if d.gpus:
+        g = d.gpus[0]
+        return f"GPU: {len(d.gpus)} x {g.name}, driver {g.driver}, compute capability {g.compute_cap}"
+    return f"GPU: nvidia-smi found none ({d.gpu_error or 'no output'}); gpus = 1 assumed: check the driver"
+
+
+def _draft_one(name: str, d: Discovered, ssh_config: Path | None, known_hosts: Path | None) -> Draft:
+    """One Spark: no cable, so no data-plane subnet to share. Its ConnectX-7 ports are listed as found
+    (ACTIVE ones, else every one with a netdev: a port waiting for a second Spark is down), and the
+    control address is its LAN's, where clients and its own Ray and vLLM reach it."""
+    links, notes = data_links(d)
+    if not links:
+        links = [
+            Link(nd, hca, tuple(a for a in d.interfaces[nd].addresses if usable(a)), d.interfaces[nd].mtu)
+            for hca in sorted(d.hcas, key=_hca_order)
+            for nd in [next((n for n in d.hcas[hca].netdevs if n in d.interfaces), None)]
+            if nd is not None
+        ]
+        notes = ["no ConnectX-7 port is ACTIVE (no cable): listed for a second Spark, unused by one"] if links else []
+    if not links:
+        raise SparkError(
+            f"{d.target}: no RoCE HCA with a netdev found (/sys/class/infiniband lists none)",
+            "check that the ConnectX-7 driver (mlx5_ib) is loaded (`ibdev2netdev` on the host shows the pairs)",
+        )
+    bare = [Link(x.netdev, x.hca, (), x.mtu) for x in links]  # the LAN first: data-plane ports are not it
+    try:
+        control = choose_control([bare], [d])[0]
+    except SparkError:
+        control = choose_control([links], [d])[0]
+    comments = [*notes, _gpu_comment(d)]
+    nm = node_names([d])[0]
+    node = DraftNode(nm, "head", d.target, control, links, max(1, len(d.gpus)), comments, node_gid_index(d, links))
+    return Draft(name, [node], ssh_config, known_hosts, topology_of([nm], [links]))
 
 
 # --- TOML ---------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import shlex
 import socket
 import threading
@@ -46,20 +47,95 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
+@dataclass
+class KnownHosts:
+    """What one known_hosts file says, as far as paramiko can use it: its host keys, and the keys it
+    marks `@revoked` (refused for every host, whatever else the file lists)."""
+
+    entries: list[paramiko.hostkeys.HostKeyEntry]
+    revoked: dict[bytes, str]  # key blob -> "file:line" that revokes it
+
+
+_known_lock = threading.Lock()
+_known: dict[tuple[str, int, int], KnownHosts] = {}
+
+
+def read_known_hosts(path: Path) -> KnownHosts:
+    """`path` read line by line as OpenSSH reads it. paramiko's own loader stops the whole connection
+    at one line it cannot parse (an `@cert-authority` line, a damaged line: paramiko #771, #490),
+    where OpenSSH goes on; such a line is skipped here with one warning naming the file and line
+    (pyinfra skips them the same way, its PR #1926). Every other line is still checked strictly.
+    Read once per process for each version of the file (several nodes connect at once)."""
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    with _known_lock:
+        if key in _known:
+            return _known[key]
+        got = KnownHosts([], {})
+        with path.open(errors="replace") as f:
+            for lineno, raw in enumerate(f, 1):
+                line = raw.strip()
+                if not line or line.startswith("#"):
+                    continue
+                marker = ""
+                if line.startswith("@"):
+                    marker, _, line = line.partition(" ")
+                    line = line.strip()
+                try:
+                    entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+                except Exception:  # noqa: BLE001 - paramiko raises several kinds for a damaged line
+                    entry, why = None, "damaged: its key does not decode"
+                else:
+                    why = "not a host key paramiko can read (too few fields, or a key type it does not know)"
+                if marker == "@revoked" and entry is not None:
+                    got.revoked[entry.key.asbytes()] = f"{path}:{lineno}"
+                elif marker:
+                    _skipped(path, lineno, f"{marker} lines are not supported by paramiko")
+                elif entry is None:
+                    _skipped(path, lineno, why)
+                else:
+                    got.entries.append(entry)
+        got.entries = [e for e in got.entries if e.key.asbytes() not in got.revoked]
+        _known[key] = got
+        return got
+
+
+def _skipped(path: Path, lineno: int, why: str) -> None:
+    _log.warning(f"{path}:{lineno}: known_hosts line skipped ({why}); host keys are checked against its other lines")
+
+
 class _StrictPolicy(paramiko.MissingHostKeyPolicy):
-    def __init__(self, node: str, known_hosts: list[Path]):
+    def __init__(self, node: str, known_hosts: list[Path], revoked: dict[bytes, str] | None = None):
         self.node = node
         self.known_hosts = known_hosts
+        self.revoked = revoked or {}
 
     def missing_host_key(self, client, hostname, key):
-        files = ", ".join(str(p) for p in self.known_hosts) or "~/.ssh/known_hosts"
+        where = self.revoked.get(key.asbytes())
+        if where is not None:
+            raise HostKeyError(
+                self.node,
+                f"host key for {hostname} ({key.get_name()} {fingerprint(key)}) is marked @revoked in {where}; "
+                "refusing to connect",
+                f"find out why that key was revoked before trusting {hostname} again",
+            )
+        file = shlex.quote(str(self.known_hosts[0])) if self.known_hosts else "~/.ssh/known_hosts"
+        host, port = _host_port(hostname)
+        scan = f"ssh-keyscan -t {_short(key)}" + (f" -p {port}" if port != 22 else "") + f" {shlex.quote(host)}"
         raise HostKeyError(
             self.node,
             f"host key for {hostname} is not in known_hosts ({key.get_name()} {fingerprint(key)}); refusing to connect",
             f"verify the fingerprint on the host (ssh-keygen -lf /etc/ssh/ssh_host_{_short(key)}_key.pub), "
-            f"then add it to {files} (ssh-keyscan -t {_short(key)} {hostname} "
-            f">> {self.known_hosts[0] if self.known_hosts else '~/.ssh/known_hosts'})",
+            f"then add it: {scan} >> {file}",
         )
+
+
+def _host_port(known_name: str) -> tuple[str, int]:
+    """paramiko's name for a host in known_hosts (`host`, or `[host]:port` off port 22) -> (host, port)."""
+    if known_name.startswith("[") and "]:" in known_name:
+        host, _, port = known_name[1:].rpartition("]:")
+        return host, int(port)
+    return known_name, 22
 
 
 def _short(key: paramiko.PKey) -> str:
@@ -344,11 +420,18 @@ def _make_connection(node: Node, settings: Settings) -> tuple[SshConnection, lis
     if not files:
         files.append(Path("~/.ssh/known_hosts").expanduser())
 
+    read = [read_known_hosts(f) for f in files if f.is_file()]
+    revoked = {k: v for r in read for k, v in r.revoked.items()}
+
     def prepare(client: paramiko.SSHClient) -> None:
-        for f in files:
-            if f.is_file():
-                client.load_host_keys(str(f))
-        client.set_missing_host_key_policy(_StrictPolicy(node.name, files))
+        keys = client.get_host_keys()
+        for r in read:
+            for entry in r.entries:
+                for name in entry.hostnames:
+                    known = keys.lookup(name)
+                    if known is None or entry.key.get_name() not in known:  # the first line wins, as paramiko's load
+                        keys.add(name, entry.key.get_name(), entry.key)
+        client.set_missing_host_key_policy(_StrictPolicy(node.name, files, revoked))
 
     timeout = settings.timeout_for(config.lookup(alias))
     return SshConnection.resolve(node.ssh, config, timeout, prepare), files
@@ -356,11 +439,15 @@ def _make_connection(node: Node, settings: Settings) -> tuple[SshConnection, lis
 
 def connect(node: Node, settings: Settings) -> Host:
     """One connection to `node`, within its connect timeout whatever the host does (retries
-    included), or a ConnectError naming the node and what to check."""
+    included), or a ConnectError naming the node, the cause and a fix for that cause (a closed port,
+    a silent host, a name that does not resolve, an unknown or changed host key, a refused key, a key
+    locked by its passphrase are different problems with different fixes)."""
     conn, files = _make_connection(node, settings)
     bound = conn.timeout
     deadline = time.monotonic() + bound
-    fix = f"check that {node.name} ({node.ssh}) is up and its sshd listens on port {conn.port}"
+    login = ssh_command(node.ssh)
+    # the fix for what is retried, named by the last attempt's cause
+    fix = [f"check that {node.name} is up and answers on the network, then try: {login}"]
 
     tries = []
 
@@ -385,24 +472,48 @@ def connect(node: Node, settings: Settings) -> Host:
                 f"host key for {e.hostname} has CHANGED (now {e.key.get_name()} {fingerprint(e.key)}); "
                 "refusing to connect",
                 "if the host was reinstalled, remove the old key with: "
-                f"ssh-keygen -f {files[0]} -R {_known_hosts_name(conn)}",
+                f"ssh-keygen -f {shlex.quote(str(files[0]))} -R {shlex.quote(_known_hosts_name(conn))}",
             ) from None
+        except paramiko.PasswordRequiredException:
+            raise _locked_key(node.name, conn) from None
         except paramiko.AuthenticationException as e:
             raise AuthError(
                 node.name,
                 f"authentication refused for {conn.user}@{conn.host}: {e}",
-                "check the key named by IdentityFile in your ssh config and the host's authorized_keys",
+                f"install your public key on the host: {_copy_id(conn)}",
             ) from None
         except paramiko.SSHException as e:
             if "not found in known_hosts" in str(e):
                 raise HostKeyError(node.name, str(e), f"add the host key to {files[0]}") from None
+            if "No authentication methods available" in str(e):
+                raise AuthError(
+                    node.name,
+                    f"no SSH key to offer {conn.user}@{conn.host} (no IdentityFile, no ~/.ssh/id_*, no ssh-agent)",
+                    f"make one and install it on the host: ssh-keygen -t ed25519 && {_copy_id(conn)}",
+                ) from None
             raise retry.Transient(node.name, f"SSH handshake with {conn.host}:{conn.port} failed: {e}") from None
         except TimeoutError as e:  # socket.timeout is TimeoutError
             raise retry.Transient(
                 node.name, f"no answer from {conn.host}:{conn.port} within {bound:g}s ({e or 'timeout'})"
             ) from None
         except UnicodeError as e:  # a name the resolver cannot encode (a label over 63 characters)
-            raise ConnectError(node.name, f"{conn.host[:80]!r} is not a host name ({e})", fix) from None
+            raise ConnectError(node.name, f"{conn.host[:80]!r} is not a host name ({e})", fix[0]) from None
+        except socket.gaierror as e:  # not retried: the resolver has answered
+            raise ConnectError(
+                node.name,
+                f"{conn.host!r} does not resolve ({e.strerror or e}): neither a host name this machine knows "
+                f"nor a Host entry in {settings.ssh_config or '~/.ssh/config'}",
+                f"add `Host {conn.host}` with its HostName (and User) to {settings.ssh_config or '~/.ssh/config'}, "
+                "or give the target as user@address",
+            ) from None
+        except ConnectionRefusedError:
+            fix[0] = (
+                f"start sshd on {node.name} (sudo systemctl start ssh), or give the port it listens on "
+                f"in the node's ssh target; then try: {login}"
+            )
+            raise retry.Transient(
+                node.name, f"nothing listens on {conn.host}:{conn.port} (connection refused)"
+            ) from None
         except (OSError, EOFError) as e:
             raise retry.Transient(node.name, f"cannot reach {conn.host}:{conn.port}: {e}") from None
         return Host(node, conn)
@@ -411,7 +522,51 @@ def connect(node: Node, settings: Settings) -> Host:
         # the next attempt starts only while there is time left for it to finish
         return retry.transient(attempt, attempts=settings.attempts, what=f"ssh {node.name}", within=bound * 0.8)
     except retry.Transient as e:
-        raise ConnectError(node.name, f"{e.message} (after {len(tries)} attempt(s))", fix) from None
+        raise ConnectError(node.name, f"{e.message} (after {len(tries)} attempt(s))", fix[0]) from None
+
+
+def ssh_command(target: str) -> str:
+    """The `ssh` command line that reaches an inventory's ssh target as written (`user@host:port` is
+    not one `ssh` accepts: the port goes to -p), for fixes a user runs as printed."""
+    user, host, port = parse_target(target)
+    dest = f"{user}@{host}" if user else host
+    return "ssh " + (f"-p {port} " if port else "") + shlex.quote(dest)
+
+
+def _copy_id(conn: SshConnection) -> str:
+    keys = conn.connect_kwargs.get("key_filename") or []
+    return (
+        "ssh-copy-id"
+        + (f" -i {shlex.quote(keys[0])}" if keys else "")
+        + (f" -p {conn.port}" if conn.port != 22 else "")
+        + f" {shlex.quote(f'{conn.user}@{conn.host}')}"
+    )
+
+
+def _locked_key(node: str, conn: SshConnection) -> AuthError:
+    """A key that needs its passphrase, and no agent that holds it: sparkcluster never asks for a
+    passphrase (it runs unattended), so the key must be in an ssh-agent."""
+    keys = list(conn.connect_kwargs.get("key_filename") or [])
+    keys += [str(p) for p in sorted(Path("~/.ssh").expanduser().glob("id_*")) if not p.name.endswith(".pub")]
+    locked = "your key"
+    for k in keys:
+        try:
+            paramiko.PKey.from_path(k)
+        except paramiko.PasswordRequiredException:
+            locked = k
+            break
+        except TypeError as e:  # what the cryptography library says of an OpenSSH key locked by a passphrase
+            if "password" in str(e).lower():
+                locked = k
+                break
+        except Exception:  # noqa: BLE001 - another key's problem is not this message's
+            continue
+    add = f"ssh-add {shlex.quote(locked)}" if locked != "your key" else "ssh-add"
+    return AuthError(
+        node,
+        f"{locked} needs its passphrase and no ssh-agent offers it (sparkcluster never prompts)",
+        f"load it into your agent: {add}" if os.environ.get("SSH_AUTH_SOCK") else f'eval "$(ssh-agent -s)" && {add}',
+    )
 
 
 def _known_hosts_name(conn: SshConnection) -> str:

@@ -9,6 +9,7 @@ scripts, does not spend on what it does not use.
 
 from __future__ import annotations
 
+import base64
 import getpass
 import socket
 import time
@@ -71,6 +72,8 @@ class SshConnection:
     client: paramiko.SSHClient = field(default_factory=paramiko.SSHClient)
     connect_kwargs: dict = field(default_factory=dict)
     _hops: list = field(default_factory=list)  # ProxyJump's own connections, closed with this one
+    _agent_for: list = field(default_factory=list)  # IdentityFile keys to take from the agent
+    _agent: paramiko.Agent | None = None
 
     @classmethod
     def resolve(
@@ -88,15 +91,35 @@ class SshConnection:
             prepare,
         )
         keys = [str(Path(k).expanduser()) for k in opts.get("identityfile", [])]
+        only = opts.get("identitiesonly", "no").lower() == "yes"
+        agent = opts.get("identityagent", "").lower() != "none"
         conn.connect_kwargs = {
             "banner_timeout": timeout,
             "auth_timeout": timeout,
-            "allow_agent": False,
+            # the keys in the user's ssh-agent are offered after the configured ones, as OpenSSH does
+            # (IdentityAgent none: never), so a key locked by a passphrase works once ssh-add holds
+            # it; with IdentitiesOnly, only the agent's copies of the IdentityFile keys (`open`)
+            "allow_agent": agent and not only,
             **({"key_filename": keys} if keys else {}),
-            **({"look_for_keys": False} if opts.get("identitiesonly", "no").lower() == "yes" else {}),
+            **({"look_for_keys": False} if only else {}),
         }
+        conn._agent_for = keys if (agent and only) else []
         prepare(conn.client)
         return conn
+
+    def _agent_key(self):
+        """The ssh-agent's copy of an IdentityFile key (matched by its .pub), for IdentitiesOnly: a
+        key locked by its passphrase is used through the agent, and no other agent key is offered."""
+        wanted = set()
+        for k in self._agent_for:
+            try:
+                wanted.add(base64.b64decode(Path(k + ".pub").read_text().split()[1]))
+            except (OSError, IndexError, ValueError):
+                continue
+        if not wanted:
+            return None
+        self._agent = paramiko.Agent()
+        return next((k for k in self._agent.get_keys() if k.asbytes() in wanted), None)
 
     def set_timeout(self, seconds: float) -> None:
         """What is left of the connect timeout bounds the next attempt: TCP, greeting, key exchange
@@ -152,6 +175,7 @@ class SshConnection:
 
     def open(self) -> None:
         try:
+            pkey = self._agent_key() if self._agent_for else None
             self.client.connect(
                 self.host,
                 port=self.port,
@@ -159,6 +183,7 @@ class SshConnection:
                 timeout=self.timeout,
                 sock=self._sock() or self._direct(),
                 **self.connect_kwargs,
+                **({"pkey": pkey} if pkey is not None else {}),
             )
         except BaseException:
             self.close()  # a retry resolves the hops again
@@ -166,6 +191,9 @@ class SshConnection:
 
     def close(self) -> None:
         self.client.close()
+        if self._agent is not None:
+            self._agent.close()
+            self._agent = None
         for conn in reversed(self._hops):
             conn.client.close()
         self._hops.clear()

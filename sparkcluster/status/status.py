@@ -497,7 +497,7 @@ def judge(
             # vLLM's API server exits 0 when a rank dies: its exit status proves nothing
             st.problems.append(
                 f"vllm serve is not running (endpoint /health: {engine.health or 'no answer'}); "
-                "see why with: sparkcluster logs " + inv.head.name
+                "see why with: sparkcluster logs --node " + inv.head.name
             )
         elif engine.health != 200:
             st.problems.append(f"endpoint /health: {engine.health or 'no answer'}")

@@ -116,7 +116,7 @@ class TestBench:
                 "400",
                 "--output-len",
                 "256",
-                "--out",
+                "--output",
                 str(out),
                 *EXTRA,
             ],

@@ -45,7 +45,7 @@ def still_serving(testbed, sc, serving):
 @pytest.fixture
 def healthy_record(testbed, sc, serving, tmp_path):
     testbed.unshape_egress(HEAD, CONTROL_IF)
-    res = sc("bench", *SHORT, "--repeat", "3", "--out", str(tmp_path / "healthy"), "--json", timeout=600)
+    res = sc("bench", *SHORT, "--repeat", "3", "--output", str(tmp_path / "healthy"), "--json", timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     path = tmp_path / "healthy" / "record.perf.toml"
     rec = perf_record.load(path)
@@ -56,7 +56,7 @@ def healthy_record(testbed, sc, serving, tmp_path):
 
 
 def against(sc, record, out, tolerance: str) -> dict:
-    res = sc("bench", "--compare", str(record), "--tolerance", tolerance, "--out", str(out), "--json", timeout=900)
+    res = sc("bench", "--compare", str(record), "--tolerance", tolerance, "--output", str(out), "--json", timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
     return json.loads(res.stdout)["against"]
 

@@ -146,6 +146,7 @@ def test_one_endpoint_for_two_deployments(testbed, sc, env_file, env):
     assert line in st.stdout, st.stdout
     gst = sc("gateway", "status", env=env)
     assert gst.returncode == 0 and gst.stdout.count("in rotation") == 2, gst.stdout + gst.stderr
+    assert f"clients use: {GW}/v1 " in gst.stdout, gst.stdout  # the URL a client is given (issue 56)
     export = sc("gateway", "export", "--litellm", env=env)
     assert export.returncode == 0 and f'"openai/{ALIAS}"' in export.stdout and API_KEY not in export.stdout
 

@@ -184,7 +184,7 @@ class TestServing:
         assert plain.count("cluster testbed: healthy") >= 2, plain
 
     def test_logs_prefixed_with_each_node(self, sc):
-        res = sc("logs", "--tail", "20", timeout=60)
+        res = sc("logs", "--last", "20", timeout=60)
         assert res.returncode == 0, res.stderr
         lines = [x for x in res.stdout.splitlines() if x.strip()]
         assert lines and all(x.startswith((HEAD + " ", WORKER + " ")) for x in lines), lines[:5]
@@ -192,7 +192,7 @@ class TestServing:
         assert any(x.startswith(f"{WORKER} ray |") for x in lines)
 
     def test_logs_follow_detaches_on_sigint_and_service_keeps_running(self, testbed, sc, env_file):
-        p = sc_popen(testbed, sc, env_file, "logs", HEAD, "--follow", "--tail", "5")
+        p = sc_popen(testbed, sc, env_file, "logs", "--node", HEAD, "--follow", "--last", "5")
         try:
             time.sleep(3)
             assert p.poll() is None, "logs --follow ended by itself"
@@ -368,7 +368,7 @@ class TestStaleAndUnreachable:
             t0 = time.monotonic()
             res = sc("down", timeout=180)
             took = time.monotonic() - t0
-            assert res.returncode == 1, res.stdout + res.stderr
+            assert res.returncode == 4, res.stdout + res.stderr  # a node could not be reached (issue 56)
             assert f"{WORKER}: UNREACHABLE" in res.stdout, res.stdout
             assert took < 90, took
             assert_clean(testbed, HEAD)

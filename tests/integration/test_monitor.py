@@ -146,7 +146,7 @@ def monitored(testbed, sc, receiver):
     sc("monitor", "down", timeout=300)
 
 
-def test_every_target_is_scraped_healthy(testbed, monitored):
+def test_every_target_is_scraped_healthy(testbed, sc, monitored):
     def healthy():
         ts = targets()
         jobs = sorted((t["labels"]["job"], t["labels"]["node"]) for t in ts if t["health"] == "up")
@@ -162,6 +162,12 @@ def test_every_target_is_scraped_healthy(testbed, monitored):
     ], [(t["labels"], t["health"], t.get("lastError")) for t in targets()]
     assert {r["metric"]["node"] for r in query("sparkcluster_node_mem_available_bytes")} == {HEAD, WORKER}
     assert query('sparkcluster_supervisor_state{state="serving"} == 1')
+    # `monitor status` (issue 56) reads the same through the head's SSH connection
+    res = sc("monitor", "status", "--json", timeout=120)
+    body = json.loads(res.stdout)
+    assert sorted((t["job"], t["health"]) for t in body["targets"]).count(("vllm", "up")) == 1, body
+    assert len(body["targets"]) == 5 and body["prometheus"].startswith("http://"), body
+    assert res.returncode == (1 if body["firing"] else 0), res.stdout + res.stderr
 
 
 def test_the_dashboards_queries_return_data_where_the_testbed_has_the_source(testbed, monitored):

@@ -815,7 +815,7 @@ def test_bench_writes_csv_json_png_and_prints_the_table(cli_env, capsys):
 def test_bench_compare_marks_a_regression(cli_env, capsys, tmp_path):
     fast = [dict(bench.row_from_result(C4_JSON), concurrency=1, output_tok_s=1000.0)]
     old = make_run(tmp_path, "old", "testbed", fast)
-    rc, out, _ = run(capsys, cli_env, "bench", "-c", "1", "--compare", str(old), "--out", str(tmp_path / "new"))
+    rc, out, _ = run(capsys, cli_env, "bench", "-c", "1", "--compare", str(old), "--output", str(tmp_path / "new"))
     assert rc == 0 and "REGRESSION" in out and "output_tok_s" in out and "-90.0%" in out
 
 

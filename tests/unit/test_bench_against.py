@@ -87,7 +87,7 @@ def test_a_run_short_of_a_record_names_the_fabric_first(cli_env, capsys, tmp_pat
         rtts={"spark-worker": (40.3, "")},
     )
     monkeypatch.setattr(bench, "cluster_facts", lambda *a: facts)
-    rc, out, err = run(capsys, cli_env, "bench", "--compare", str(theirs), "--out", str(tmp_path / "run"))
+    rc, out, err = run(capsys, cli_env, "bench", "--compare", str(theirs), "--output", str(tmp_path / "run"))
     assert rc == 0, err
     assert "SHORT" in out and "output_tok_s 100 against 1000 (0.10)" in out
     assert "1. [fabric] spark-worker: the round trip between the ranks" in out and "40.30 ms" in out

@@ -290,5 +290,22 @@ def test_init_bad_input_before_connecting(tmp_path, capsys, fake_hosts, argv, ms
     assert fake_hosts == [] and not (tmp_path / "x.toml").exists()
 
 
-def test_init_needs_a_worker(tmp_path, capsys):
-    assert main(["init", "--head", "a", "-o", str(tmp_path / "x.toml")]) == 2
+def test_init_with_the_head_alone_drafts_one_spark(tmp_path, capsys, fake_hosts):
+    """Issue 56: one Spark is the commonest setup; `--worker` was required."""
+    out = tmp_path / "x.toml"
+    assert main(["init", "--head", "a", "-o", str(out)]) == 0, capsys.readouterr().err
+    inv = inventory.load(out)
+    assert [(n.name, n.role, n.ssh) for n in inv.nodes] == [("spark-0", "head", "a")]
+    node = inv.nodes[0]
+    assert node.control_if == "enP7s7" and str(node.control_ip) == "192.168.1.11"  # its LAN, not a CX-7 port
+    assert [x.hca for x in node.data_plane] == ["rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1"]
+    assert "topology" not in out.read_text()
+
+
+def test_one_spark_without_cables_lists_its_ports_for_a_second_spark():
+    d = discover.parse_discovery("a", output("spark-a", 1, hcas=hca_text(state="1: DOWN")))
+    text, inv = discover.render(discover.draft("solo", [d]), source="d")
+    assert len(inv.nodes[0].data_plane) == 4 and "no ConnectX-7 port is ACTIVE" in text
+    assert inv.nodes[0].control_if == "enP7s7"
+    with pytest.raises(SparkError, match="no RoCE HCA"):
+        discover.draft("solo", [discover.parse_discovery("a", output("spark-a", 1, hcas=""))])

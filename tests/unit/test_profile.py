@@ -281,6 +281,10 @@ def test_unknown_profile():
     with pytest.raises(InputError) as ei:
         find("does-not-exist")
     assert "no profile named 'does-not-exist'" in ei.value.message
-    assert "nemotron" in ei.value.fix
+    # no list of every profile (issue 56: 900 characters), the command that shows them; a close name is named
+    assert ei.value.fix.endswith("sparkcluster profile list") and "nemotron" not in ei.value.fix
+    with pytest.raises(InputError, match="did you mean 'nemotron'") as ei:
+        find("nemotrom")
+    assert ei.value.replace == ("nemotrom", "nemotron")
     with pytest.raises(InputError):
         find("../etc/passwd;")

@@ -256,7 +256,7 @@ def test_engine_dead_is_reported_whatever_the_exit_status():
     st = verdict(nodes, rows, health=None, models=(), pid=None)
     assert st.state == "degraded"
     assert st.problems == [
-        "vllm serve is not running (endpoint /health: no answer); see why with: sparkcluster logs spark-head"
+        "vllm serve is not running (endpoint /health: no answer); see why with: sparkcluster logs --node spark-head"
     ]
 
 
