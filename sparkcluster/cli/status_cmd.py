@@ -217,6 +217,14 @@ def fleet_json(sts: list[status_mod.ClusterStatus]) -> str:
     return json.dumps({"state": overall(sts), "deployments": [asdict(st) for st in sts]}, indent=2)
 
 
+def watch_ended(seen) -> None:
+    """Leaving `--watch` (Ctrl-C, or q in the full-screen view) ends it as a plain `status` would have
+    ended on what it showed last (unreachable: 4), never 0 whatever the cluster was; nothing shown yet:
+    a plain return."""
+    if seen is not None:
+        raise click.exceptions.Exit(EXIT[overall(seen)])
+
+
 def _textual() -> bool:
     """Textual (the full-screen view) is installed; without it --watch refreshes a table in place."""
     return importlib.util.find_spec("textual") is not None
@@ -293,7 +301,7 @@ def status(
     if watch and not as_json and sys.stdout.isatty() and _textual():
         from sparkcluster.status import live  # a full-screen view: sparklines, the journal
 
-        live.run(lambda: status_mod.collect_all(inv, key), interval)
+        watch_ended(live.run(lambda: status_mod.collect_all(inv, key), interval))
         return
     if watch and not as_json:
         from rich.console import Console
@@ -312,7 +320,7 @@ def status(
             # (unreachable: 4), not 0 whatever the cluster was; before any answer, as interrupted
             if seen is None:
                 raise
-            raise click.exceptions.Exit(EXIT[overall(seen)]) from None
+            watch_ended(seen)
     sts = status_mod.collect_all(inv, key)
     if html_path is not None:
         _write_html(inv, sts, html_path)

@@ -74,6 +74,7 @@ class LiveView(App):
         self.history: dict[str, deque[float]] = {}
         self.refreshes = 0
         self._busy = False
+        self.last: list[ClusterStatus] | None = None  # what the view showed last: the command's exit follows it
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=True)
@@ -104,6 +105,7 @@ class LiveView(App):
         self._busy = False
         if sts is None:
             return
+        self.last = sts
         try:
             rows = self.query_one("#rows", VerticalScroll)
             log = self.query_one("#journal", RichLog)
@@ -131,5 +133,8 @@ class LiveView(App):
                 log.write(supervision.format_entry(e))
 
 
-def run(collect: Callable[[], list[ClusterStatus]], interval: float) -> None:
-    LiveView(collect, interval).run()
+def run(collect: Callable[[], list[ClusterStatus]], interval: float) -> list[ClusterStatus] | None:
+    """The view until the user quits it (q, or Ctrl-C); what it showed last, None before any answer."""
+    app = LiveView(collect, interval)
+    app.run()
+    return app.last

@@ -88,3 +88,29 @@ def test_a_refresh_that_ends_after_the_view_closed_is_dropped():
     seen = app.refreshes
     app.show(snapshot(2))
     assert app.refreshes == seen
+
+
+def test_leaving_the_view_ends_the_watch_as_status_would_on_what_it_showed_last():
+    """Issue 56: Ctrl-C (or q) on the full-screen view of an unreachable cluster exits 4, as the plain
+    view and a plain `status` do, not 0 whatever the cluster was."""
+    unreachable = [ClusterStatus("testbed", "unreachable", [NodeStatus("spark-head", state="unreachable")])]
+
+    async def drive():
+        app = live.LiveView(lambda: unreachable, interval=0.05)
+        async with app.run_test(size=(100, 30)) as pilot:
+            for _ in range(100):
+                await pilot.pause(0.05)
+                if app.refreshes:
+                    break
+        return app.last
+
+    assert asyncio.run(drive()) == unreachable
+
+    import click
+
+    from sparkcluster.cli import status_cmd
+
+    with pytest.raises(click.exceptions.Exit) as e:
+        status_cmd.watch_ended(asyncio.run(drive()))
+    assert e.value.exit_code == 4
+    status_cmd.watch_ended(None)  # quit before any answer: nothing to say
