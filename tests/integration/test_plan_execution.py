@@ -106,7 +106,8 @@ def test_a_profiles_security_opt_reaches_its_containers(bare, sc, testbed, tmp_p
             opts = json.loads(
                 testbed.docker(host, f"inspect --format '{{{{json .HostConfig.SecurityOpt}}}}' {name}").stdout
             )
-            assert opts == ["seccomp=unconfined"], (host, opts)
+            # dockerd adds label=disable itself beside the host's IPC namespace (no SELinux label to share)
+            assert "seccomp=unconfined" in opts, (host, opts)
             seccomp = testbed.docker(host, f"exec {name} grep ^Seccomp: /proc/1/status").stdout.split()
             assert seccomp == ["Seccomp:", "0"], (host, seccomp)  # no filter, where Docker's default sets mode 2
     finally:
