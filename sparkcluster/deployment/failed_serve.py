@@ -31,7 +31,6 @@ FOLDER = "failed"
 @dataclass(frozen=True)
 class Kept:
     folder: Path
-    logs: dict[str, str]  # node -> what its container's logs said (ends, concatenated by file)
     first: tuple[str, engine_failure.Failure] | None  # (node, failure) that happened first
 
     def cause(self) -> engine_failure.Cause | None:
@@ -94,7 +93,7 @@ def keep(deployment: str, logs: dict[str, str], now: float | None = None) -> Kep
         for p in old.glob("*"):
             p.unlink(missing_ok=True)
         old.rmdir()
-    return Kept(folder, logs, first_failure(logs))
+    return Kept(folder, first_failure(logs))
 
 
 def newest() -> Path | None:
