@@ -77,3 +77,24 @@ def pytest_collection_modifyitems(config, items):
                 reason = _skip_reason() or ""
             if reason:
                 item.add_marker(pytest.mark.skip(reason=f"testbed unavailable: {reason}"))
+
+
+# The time per module (setup, call and teardown of its tests together), printed at the end of every
+# run: tests/README.md's ledger of `make test`'s minutes is copied from a fresh clone's run of it
+# (issue 57), so that the next suite knows what it may add.
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _MODULE_SECONDS:
+        return
+    terminalreporter.section("time per module")
+    total = sum(_MODULE_SECONDS.values())
+    for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds / 60:7.2f} min  {module}")
+    terminalreporter.write_line(f"{total / 60:7.2f} min  in all ({len(_MODULE_SECONDS)} modules)")

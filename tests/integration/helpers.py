@@ -9,6 +9,8 @@ import time
 from datetime import UTC
 from pathlib import Path
 
+from tests.testbed import profiles_env
+
 API_KEY = "sk-testbed-4f9c1e2a7b"
 HF_TOKEN = "hf_testbedTOKEN1234567890"
 HEAD, WORKER = "spark-head", "spark-worker"
@@ -80,6 +82,8 @@ def popen_sc(testbed, sc, env_file, *args: str, env: dict | None = None) -> subp
     full = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "HF_TOKEN")}
     full.update({"SPARKCLUSTER_ENV_FILE": str(env_file), "XDG_STATE_HOME": str(sc.state_dir), "COLUMNS": "200"})
     full.update(env or {})
+    if env and "SPARKCLUSTER_PROFILES" in env:  # as `sc`: a test's folder first, the testbed's profiles still found
+        full["SPARKCLUSTER_PROFILES"] = profiles_env(env["SPARKCLUSTER_PROFILES"])
     return subprocess.Popen(
         [sys.executable, "-m", "sparkcluster", "--inventory", str(testbed.inventory), *args],
         stdout=subprocess.PIPE,

@@ -36,6 +36,12 @@ PROMPT_TOKENS = 4000
 def variant(tmp_path: Path) -> dict:
     text = (PROFILES / "testbed.toml").read_text()
     text = text.replace("max_model_len = 1024", "max_model_len = 4096\nmax_num_batched_tokens = 2\nmax_num_seqs = 2")
+    # float32, not the tiny Llama's bfloat16: vLLM 0.32's CPU attention takes its AMX kernel for bfloat16
+    # wherever torch reports `amx_tile` (`_get_attn_isa` in vllm/v1/attention/backends/cpu_attn.py),
+    # and on hosts of this machine kind that list `amx_tile` without `amx_bf16` that kernel dies with
+    # SIGILL on these short chunks (issue 62 item 4; tests/testbed/README.md). In float32 it takes its
+    # AVX-512 `vec` kernel on every x86 host.
+    text = text.replace("max_model_len = 4096", 'max_model_len = 4096\ndtype = "float32"', 1)
     head, _, _ = text.partition("[supervisor]")
     text = head + (
         f"[supervisor]\nprobe_interval_s = 2\nprobe_timeout_s = {PROBE_S}\nstall_s = {STALL_S}\n"
