@@ -165,6 +165,8 @@ def phases(texts: dict[str, str]) -> dict[str, str]:
     line decides; a rank that printed none is left out)."""
     out: dict[str, str] = {}
     for node, text in texts.items():
+        mine: dict[str, str] = {}
+        plain = None  # the last phase of a line without a prefix (FlashInfer's progress bar on stderr)
         for line in text.splitlines():
             got = rank_of(line, node if len(texts) > 1 else "")
             if got is None:
@@ -172,8 +174,14 @@ def phases(texts: dict[str, str]) -> dict[str, str]:
             rank, msg = got
             for name, pats in PHASES:
                 if any(p in msg for p in pats):
-                    out[rank] = name
+                    if PREFIX.match(line):
+                        mine[rank], plain = name, None
+                    else:
+                        plain = (rank, name)
                     break
+        if plain is not None:  # the node's one rank, where it has one (mp); else the node itself
+            mine[next(iter(mine)) if len(mine) == 1 else plain[0]] = plain[1]
+        out.update(mine)
     return out
 
 

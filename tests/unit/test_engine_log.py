@@ -184,3 +184,139 @@ def test_the_supervisor_journals_the_backend_when_it_serves(tmp_path, monkeypatc
     (row,) = [json.loads(x) for x in (tmp_path / "journal").read_text().splitlines()]
     assert row["event"] == "all-reduce" and row["status"] == "fail" and row["backend"] == "PYNCCL"
     assert "VLLM_ENABLE_ROCE_ALLREDUCE" in row["fix"]
+
+
+# --- the controller's reads: status, up, the profile ------------------------------------------------
+
+
+def test_the_reader_prints_the_env_and_this_starts_lines_only(tmp_path, monkeypatch):
+    import subprocess
+
+    from sparkcluster.node import container_status
+
+    log = tmp_path / "serve.log"
+    log.write_text(
+        cap("vllm-allreduce-rocenante.log")
+        + f"{engine_log.SERVE_MARK} t\n"
+        + "noise\n"
+        + cap("vllm-allreduce-rocenante-disabled.log")
+    )
+    monkeypatch.setattr(container_status, "SERVE_LOG", str(log))
+    out = subprocess.run(
+        ["sh", "-c", container_status.engine_reader()],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "VLLM_ENABLE_ROCE_ALLREDUCE": "1"},
+        check=True,
+    ).stdout
+    env, text = container_status.engine_text(out)
+    assert env == {"VLLM_ENABLE_ROCE_ALLREDUCE": "1"}
+    assert text == cap("vllm-allreduce-rocenante-disabled.log").rstrip("\n")
+
+
+def test_status_names_the_backend_and_fails_a_request_the_ranks_ignored():
+    from sparkcluster.status import status
+
+    st = status.ClusterStatus("c", "healthy", [])
+    env_on = "ENV VLLM_ENABLE_ROCE_ALLREDUCE=1\n"
+    status.ranks_read(st, {"head": env_on + cap("vllm-allreduce-rocenante-disabled.log")}, {"state": "serving"})
+    assert st.state == "degraded" and st.all_reduce == "" and not st.phases
+    assert "all-reduce: the profile sets VLLM_ENABLE_ROCE_ALLREDUCE=1" in st.problems[0]
+    ok = status.ClusterStatus("c", "healthy", [])
+    status.ranks_read(ok, {"head": "ENV VLLM_ENABLE_ROCE_ALLREDUCE=\n" + cap("vllm-allreduce-pynccl-tp2.log")}, None)
+    assert ok.state == "healthy" and ok.all_reduce == "PYNCCL" and not ok.problems
+    cpu = status.ClusterStatus("c", "healthy", [])
+    status.ranks_read(cpu, {"head": cap("vllm-0.32-cpu-compile.log")}, {"state": "serving"})
+    assert cpu.all_reduce == "not reported" and not cpu.problems
+
+
+def test_status_shows_each_ranks_phase_while_the_engine_starts():
+    from sparkcluster.status import status
+
+    st = status.ClusterStatus("c", "healthy", [])
+    outs = {"head": cap("vllm-warmup-drift-head.log"), "worker": cap("vllm-warmup-drift-worker.log")}
+    status.ranks_read(st, outs, {"state": "starting"})
+    assert st.phases == {"head: Worker pid=611": "graph capture", "worker: Worker pid=454": "autotuning"}
+
+
+class _Out:
+    def __init__(self, value):
+        self.ok, self.value = True, value
+
+
+class _Cluster:
+    def __init__(self, outs):
+        self.outs, self.hosts = outs, {n: n for n in outs}
+
+    def each(self, fn, hosts=None):
+        return {n: _Out(o) for n, o in self.outs.items()}
+
+
+def _run(outs, drift_s=300):
+    from types import SimpleNamespace
+
+    inv = SimpleNamespace(
+        nodes=[SimpleNamespace(name=n) for n in outs],
+        cluster=SimpleNamespace(name="c"),
+        head=SimpleNamespace(name="head"),
+    )
+    plan = SimpleNamespace(
+        profile=SimpleNamespace(warmup_drift_s=drift_s), serve=SimpleNamespace(describe=lambda: "vllm serve")
+    )
+    return SimpleNamespace(cluster=_Cluster(outs), inv=inv, plan=plan)
+
+
+def test_up_names_ranks_apart_past_the_bound_before_the_barrier():
+    import pytest
+
+    from sparkcluster.errors import StageError
+    from sparkcluster.up.stages import serve
+
+    r = _run({"head": cap("vllm-warmup-drift-head.log"), "worker": cap("vllm-warmup-drift-worker.log")})
+    watch = serve.WarmupWatch(r)
+    watch("not ready", 20.0)  # apart since this read
+    watch("not ready", 25.0)  # within EVERY_S: not read
+    watch("not ready", 200.0)
+    with pytest.raises(StageError) as e:
+        watch("not ready", 330.0)
+    f = e.value.failures[0]
+    assert "different warm-up phases for 310s" in f.reason
+    assert "head: Worker pid=611: graph capture" in f.reason and "worker: Worker pid=454: autotuning" in f.reason
+    assert "flashinfer_autotune_sync" in f.fix
+    serve.WarmupWatch(_run(dict(r.cluster.outs), drift_s=0))("not ready", 10_000.0)  # 0: not judged
+
+
+def test_up_fails_a_profile_whose_rocenante_no_rank_runs():
+    import pytest
+
+    from sparkcluster.errors import StageError
+    from sparkcluster.up.stages import serve
+
+    on = "ENV VLLM_ENABLE_ROCE_ALLREDUCE=1\n"
+    r = _run({"head": on + cap("vllm-allreduce-rocenante-disabled.log"), "worker": on})
+    r.cluster.each = lambda fn, hosts=None: _Values({n: _Out(o) for n, o in r.cluster.outs.items()})
+    with pytest.raises(StageError) as e:
+        serve.engine_all_reduce(r)
+    assert "B12X_ROCENANTE" in e.value.failures[0].reason and "sparkcluster up" in e.value.fix
+    ok = _run({"head": cap("vllm-allreduce-rocenante.log"), "worker": ""})
+    ok.cluster.each = lambda fn, hosts=None: _Values({n: _Out(o) for n, o in ok.cluster.outs.items()})
+    assert serve.engine_all_reduce(ok) == "B12X_ROCENANTE"
+
+
+class _Values(dict):
+    def values_or_raise(self, stage):
+        return {n: o.value for n, o in self.items()}
+
+
+def test_a_profile_sets_flashinfers_autotune_sync_once():
+    import pytest
+    from pydantic import ValidationError
+
+    from sparkcluster.config import profile as profiles
+
+    assert profiles.EnvSettings(flashinfer_autotune_sync=False).variables() == {
+        "VLLM_FLASHINFER_AUTOTUNE_DISTRIBUTED_SYNC": "0"
+    }
+    assert profiles.EnvSettings().variables() == {}
+    with pytest.raises(ValidationError, match="remove it from env.forward"):
+        profiles.EnvSettings(flashinfer_autotune_sync=True, forward={"VLLM_FLASHINFER_AUTOTUNE_DISTRIBUTED_SYNC": "1"})
