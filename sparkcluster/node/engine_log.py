@@ -73,12 +73,6 @@ def rank_of(line: str, node: str = "") -> tuple[str, str] | None:
     return (f"{node}: {name}" if node else name), line[m.end() :]
 
 
-def this_start(text: str) -> str:
-    """The part of a serve log after its last start mark (all of it where there is none)."""
-    at = text.rfind(SERVE_MARK)
-    return text if at < 0 else text[text.find("\n", at) + 1 if text.find("\n", at) >= 0 else len(text) :]
-
-
 def _names(listing: str | None) -> tuple[str, ...]:
     return tuple(x.strip().strip("'\"") for x in (listing or "").split(",") if x.strip())
 

@@ -335,7 +335,7 @@ def _look(host, inv: Inventory, port: int, api_key: str | None) -> endpoint_mod.
 def _judge_reports(
     inv: Inventory, reports: dict, unreachable: dict, addresses: dict, engine: endpoint_mod.EngineView
 ) -> ClusterStatus:
-    nodes, ray_rows, pid, sup, journal, nccl, check, engine = [], None, None, None, [], {}, None, {}
+    nodes, ray_rows, pid, sup, journal, nccl, check, logs = [], None, None, None, [], {}, None, {}
     for n in inv.nodes:
         if n.name in unreachable:
             error = unreachable[n.name].message.removeprefix(f"{n.name}: ")
@@ -347,7 +347,7 @@ def _judge_reports(
             continue
         nodes.append(r.status)
         nccl[n.name] = r.nccl
-        engine[n.name] = r.engine
+        logs[n.name] = r.engine
         if n.name == inv.head.name:
             ray_rows = r.ray
             if r.status.state == "running":
@@ -366,7 +366,7 @@ def _judge_reports(
         st.problems += [f"{node}: the engine's NCCL: {what}" for node, what in problems]
         if problems and st.state == "healthy":
             st.state = "degraded"
-        ranks_read(st, engine, sup)
+        ranks_read(st, logs, sup)
     return st
 
 

@@ -68,14 +68,6 @@ def test_the_older_line_without_dispatch_order_is_read_too():
     assert engine_log.all_reduce({"n": line}).serving() == "PYNCCL"
 
 
-def test_only_this_starts_lines_count():
-    old = cap("vllm-allreduce-rocenante.log")
-    new = cap("vllm-allreduce-pynccl-tp2.log")
-    text = f"{engine_log.SERVE_MARK} 1\n{old}{engine_log.SERVE_MARK} 2\n{new}"
-    assert engine_log.all_reduce({"h": engine_log.this_start(text)}).serving() == "PYNCCL"
-    assert engine_log.this_start(new) == new
-
-
 # --- the warm-up phases -------------------------------------------------------------------------
 
 
