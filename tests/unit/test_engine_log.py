@@ -312,3 +312,24 @@ def test_a_profile_sets_flashinfers_autotune_sync_once():
     assert profiles.EnvSettings().variables() == {}
     with pytest.raises(ValidationError, match="remove it from env.forward"):
         profiles.EnvSettings(flashinfer_autotune_sync=True, forward={"VLLM_FLASHINFER_AUTOTUNE_DISTRIBUTED_SYNC": "1"})
+
+
+def test_status_reads_the_ranks_of_a_running_server_end_to_end():
+    """Through the judge of every node's report: a running server (PID), each node's engine section."""
+    from conftest import make_inventory
+
+    from sparkcluster.deployment.endpoint import EngineView
+    from sparkcluster.status import status
+
+    inv = make_inventory()
+    reports = {}
+    for n, log in zip(inv.nodes, ("vllm-warmup-drift-head.log", "vllm-warmup-drift-worker.log"), strict=False):
+        st = status.NodeStatus(n.name, container=f"c-{n.name}", state="running")
+        head = n.name == inv.head.name
+        view = (4242, {"state": "starting", "updated": 0}, []) if head else (None, None, [])
+        reports[n.name] = status.NodeReport(
+            st, [], None, view, "", None, None, "ENV VLLM_ENABLE_ROCE_ALLREDUCE=\n" + cap(log)
+        )
+    got = status._judge_reports(inv, reports, {}, {}, EngineView(health=None))
+    assert got.all_reduce == "not reported"
+    assert set(got.phases.values()) == {"graph capture", "autotuning"}
