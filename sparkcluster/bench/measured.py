@@ -44,6 +44,7 @@ class Provenance:
     profile_hash: str = ""
     nccl_texts: dict[str, str] = field(default_factory=dict)  # node -> the engine's NCCL lines
     nccl_transport: dict[str, str] = field(default_factory=dict)  # node -> engine_nccl's summary
+    all_reduce: str = ""  # the backend the ranks named for the TP all-reduce (deployment/engine_ranks)
     topology: str | None = None
     gpus: int = 0
 
@@ -169,6 +170,7 @@ def build(
                 "kernel": ", ".join(kernels) or None,
                 "nccl": nccl_version(prov.nccl_texts),
                 "nccl_transport": prov.nccl_transport,
+                "all_reduce": prov.all_reduce or None,
                 "model": prov.model or None,
                 "model_revision": prov.model_revision or None,
                 "profile": prov.profile or None,

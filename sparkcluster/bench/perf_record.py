@@ -95,6 +95,9 @@ class Software(_Strict):
     kernel: str | None = None
     nccl: str | None = None
     nccl_transport: dict[str, str] = Field(default_factory=dict)  # node -> what the engine's NCCL chose
+    # the backend that served the TP all-reduce, as the ranks' logs named it (issue 59): "PYNCCL",
+    # "B12X_ROCENANTE", "not reported" (an engine that names none)
+    all_reduce: str | None = None
     model: str | None = None
     model_revision: str | None = None
     profile: str | None = None

@@ -32,7 +32,7 @@ from sparkcluster.bench.sweep import (
     level_dir,
     stop_argv,
 )
-from sparkcluster.deployment import endpoint
+from sparkcluster.deployment import endpoint, engine_ranks
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.fabric import engine_nccl
 from sparkcluster.facts.parsers import ContainerInspect, container_inspect
@@ -409,6 +409,12 @@ def engine_nccl_texts(cluster, inv) -> dict[str, str]:
     return {name: (o.value if o.ok else "") for name, o in res.items()}
 
 
+def engine_rank_texts(cluster, inv) -> dict[str, str]:
+    """Per node, what its ranks' serve logs say of their all-reduce backend (issue 59); "" unread."""
+    res = cluster.each(lambda h: engine_ranks.read_node(h, inv.cluster.name))
+    return {name: (o.value if o.ok else "") for name, o in res.items()}
+
+
 def model_revision(cluster, inv, prof) -> str:
     """The commit the profile's model resolves to in the head's HF cache ("" when not a hub model or
     not there). A revision that is already a commit is its own answer."""
@@ -483,6 +489,7 @@ class ClusterFacts:
     nodes: dict[str, dict] = field(default_factory=dict)
     rtts: dict[str, tuple[float | None, str]] = field(default_factory=dict)
     nccl_texts: dict[str, str] = field(default_factory=dict)
+    engine_texts: dict[str, str] = field(default_factory=dict)  # node -> its ranks' log lines (deployment/engine_ranks)
     loaded_rtts: dict[str, tuple[float | None, str]] = field(default_factory=dict)  # set while measuring
     model_revision: str = ""
     image_digests: list[str] = field(default_factory=list)
@@ -494,6 +501,7 @@ def cluster_facts(cluster, inv, prof, head: Head, image_id: str) -> ClusterFacts
         nodes=node_facts(cluster, inv),
         rtts=rank_rtts(cluster, inv),
         nccl_texts=engine_nccl_texts(cluster, inv),
+        engine_texts=engine_rank_texts(cluster, inv),
         model_revision=model_revision(cluster, inv, prof),
         image_digests=head.repo_digests(image_id) if image_id else [],
     )

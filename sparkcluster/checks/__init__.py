@@ -55,6 +55,7 @@ CHECK_ORDER = (
     "rdma.hca",
     "rdma.pcie",
     "rdma.firmware",
+    "rdma.aer",
     "nccl.topology_env",
     "mem.fit",
     "mem.size",

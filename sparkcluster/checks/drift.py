@@ -282,3 +282,51 @@ def image_driver(ctx: Context, r: Report) -> None:
             r.ok(n, v.detail)
         else:
             r.skip(n, v.detail)
+
+
+# A fatal (uncorrectable) PCIe error on a ConnectX-7 function or the port above it: the recovery that
+# follows can wedge in mlx5_pci_slot_reset and soft-lock the host for hours
+# (MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#146: both CX-7 devices lost, the head rebooted).
+# The counters are the kernel's, since boot (Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats).
+AER_SOURCE = "MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#146"
+AER_FIX = (
+    "read the kernel's account (journalctl -k | grep -iE 'aer|mlx5'), reseat or replace the QSFP cable, "
+    "then power the node off and on (the counters start again at boot); a fatal count that comes back is "
+    "a hardware fault for the vendor"
+)
+
+
+def aer_rows(t: Traits) -> list:
+    """The node's CX7 PCI devices with AER counters, functions first."""
+    return sorted((x for x in t.hca_aer.values() if x.known()), key=lambda x: (x.role != "function", x.pci))
+
+
+def aer_text(x) -> str:
+    def n(v):
+        return "?" if v is None else str(v)
+
+    return f"{x.hca} {x.role} {x.pci}: fatal {n(x.fatal)}, non-fatal {n(x.nonfatal)}, correctable {n(x.correctable)}"
+
+
+@check("rdma.aer", "ConnectX-7 PCIe AER counters: no fatal or non-fatal error since boot")
+def rdma_aer(ctx: Context, r: Report) -> None:
+    for n, f in ctx.facts.items():
+        rows = aer_rows(f.traits)
+        if not rows:
+            r.skip(n, "no HCA's PCI device reported AER counters (no /sys/class/infiniband/*/device/aer_dev_fatal)")
+            continue
+        fatal = [x for x in rows if x.fatal]
+        nonfatal = [x for x in rows if x.nonfatal]
+        if fatal:
+            r.fail(
+                n,
+                "fatal PCIe errors on the ConnectX-7: "
+                + "; ".join(aer_text(x) for x in fatal)
+                + f" (a fatal AER recovery soft-locked a Spark head: {AER_SOURCE})",
+                AER_FIX,
+            )
+        elif nonfatal:
+            r.warn(n, "non-fatal PCIe errors on the ConnectX-7: " + "; ".join(aer_text(x) for x in nonfatal), AER_FIX)
+        else:
+            cor = sum(x.correctable or 0 for x in rows)
+            r.ok(n, f"{len(rows)} PCI device(s), no fatal or non-fatal error; {cor} correctable")

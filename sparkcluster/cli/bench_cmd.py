@@ -24,7 +24,7 @@ from sparkcluster.cli.options import env_file_option
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.flags import engine_host
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
-from sparkcluster.deployment import canary_watch, endpoint, known_good
+from sparkcluster.deployment import canary_watch, endpoint, engine_ranks, known_good
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.fabric import engine_nccl
 
@@ -437,6 +437,7 @@ def bench(
             profile_hash=profiles.profile_hash(prof),
             nccl_texts=facts.nccl_texts,
             nccl_transport=transports,
+            all_reduce=engine_ranks.all_reduce({n: facts.engine_texts.get(n, "") for n in dep})[1],
             topology=inv.cluster.topology,
             gpus=prof.world_size,
         ),

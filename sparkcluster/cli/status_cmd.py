@@ -15,7 +15,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
 from sparkcluster.deployment import supervision
-from sparkcluster.node import contract
+from sparkcluster.node import contract, engine_log
 from sparkcluster.status import fleet
 from sparkcluster.status import status as status_mod
 
@@ -105,6 +105,10 @@ def render(st: status_mod.ClusterStatus) -> Group:
         )
     if st.nccl and st.state != "down":  # what the engine's own NCCL chose, per node
         lines.append("nccl: " + "  ".join(f"{node} {what}" for node, what in st.nccl.items()))
+    if st.all_reduce and st.state != "down":  # the backend the ranks named for the TP all-reduce (issue 59)
+        lines.append(f"all-reduce: {st.all_reduce}")
+    if st.phases and st.state != "down":  # each rank's warm-up phase while the engine starts
+        lines.append("warm-up: " + redact.mask(engine_log.drift_text(st.phases)))
     sup = st.supervisor
     if sup and st.state != "down":
         restarts = len(sup.get("restarts") or [])

@@ -99,6 +99,9 @@ def guess_image_kind(base: str) -> Literal["ngc", "vllm-openai"] | None:
     return None
 
 
+AUTOTUNE_SYNC_VAR = "VLLM_FLASHINFER_AUTOTUNE_DISTRIBUTED_SYNC"  # vllm-project/vllm PR #52292
+
+
 class EnvSettings(_Strict):
     # in every container at start, equal on every node (docs/field-notes.md, "Bring-up")
     forward: dict[str, str] = Field(default_factory=dict)
@@ -107,6 +110,28 @@ class EnvSettings(_Strict):
     ray_memory_usage_threshold: float = Field(default=1.0, gt=0, le=1.0)
     # Where vLLM reads ray_non_carry_over_env_vars.json inside the container.
     vllm_config_root: str = Field(default="/etc/sparkcluster/vllm", pattern=r"^/[A-Za-z0-9._/-]*$")
+    # FlashInfer's autotune across the ranks (issue 59). vLLM hands its world CPU group to FlashInfer's
+    # autotuner (`set_autotune_process_group`, flashinfer-ai/flashinfer PR #3187; wired in by
+    # vllm-project/vllm PR #50892) so every rank averages its timings with its peers'. On GB10 pairs
+    # whose inter-node NCCL is host-staged that deadlocks or drifts the ranks until the 1800 s gloo
+    # barrier (vllm-project/vllm#52291; getainode/ainode#134, PR #136). vllm-project/vllm PR #52292 adds
+    # VLLM_FLASHINFER_AUTOTUNE_DISTRIBUTED_SYNC (default 1; 0: every rank tunes alone, no cross-rank
+    # collective while tuning). None: not set (the image's default); True/False: 1/0 in every container.
+    # An image whose vLLM predates that PR ignores the variable.
+    flashinfer_autotune_sync: bool | None = None
+
+    @model_validator(mode="after")
+    def _sync_once(self) -> EnvSettings:
+        if self.flashinfer_autotune_sync is not None and AUTOTUNE_SYNC_VAR in self.forward:
+            raise ValueError(f"env.flashinfer_autotune_sync sets {AUTOTUNE_SYNC_VAR}: remove it from env.forward")
+        return self
+
+    def variables(self) -> dict[str, str]:
+        """What every container gets: `forward`, and the autotune setting where the profile sets it."""
+        out = dict(self.forward)
+        if self.flashinfer_autotune_sync is not None:
+            out[AUTOTUNE_SYNC_VAR] = "1" if self.flashinfer_autotune_sync else "0"
+        return out
 
     @field_validator("forward", mode="before")
     @classmethod
@@ -218,6 +243,11 @@ class Profile(_Strict):
     # how long `up` waits for the endpoint to answer: 120B-class models take 10-15 min to load
     # (docs/field-notes.md) plus 25-60 s of first-request JIT
     ready_timeout_s: int = Field(default=1800, ge=10)
+    # ranks in different warm-up phases (weights, compile, profiling, autotuning, graph capture: read
+    # from each rank's log) for this long are a verdict naming each rank's phase, before the 1800 s
+    # gloo barrier kills the pair (getainode/ainode#134: ranks 7 min 18 s apart in autotune, then
+    # killed at the barrier; PR #136). 0: not judged (issue 59)
+    warmup_drift_s: int = Field(default=300, ge=0)
     # single-stream decode tok/s a pair of real Sparks reaches with this profile, from a published
     # measurement cited next to the value in the profile's TOML (model, quantization, TP and vLLM
     # version must match). `bench.smoke` (behind `up --smoke`) warns well below it. None: no
@@ -266,7 +296,7 @@ class Profile(_Strict):
 
     def forwarded_env(self) -> dict[str, str]:
         """The variables every container gets at start, identical on every node."""
-        return dict(self.env.forward)
+        return self.env.variables()
 
     def image_tag(self, ray_version: str) -> str:
         """Tag of the image built FROM the base with Ray added, e.g. 26.05.post1-py3-ray2.60.0."""
@@ -328,7 +358,7 @@ def container_env(profile: Profile, inventory: Inventory, node: Node | str) -> d
 def required_env_names(profile: Profile) -> list[str]:
     """Names the probe must find present and equal in every node's container."""
     managed = {"VLLM_CONFIG_ROOT"} | ({"RAY_memory_usage_threshold"} if profile.executor == "ray" else set())
-    return sorted(set(profile.env.forward) | managed)
+    return sorted(set(profile.forwarded_env()) | managed)
 
 
 def non_carry_over_vars(profile: Profile) -> list[str]:

@@ -43,6 +43,14 @@ from sparkcluster.fabric.nccl_log import FabricLog, ProbeResult, largest
 
 Topology = Literal["single", "pair", "half", "ring"]
 TRANSPORT, BANDWIDTH, DIRECTION, CABLING = "fabric.transport", "fabric.bandwidth", "fabric.direction", "fabric.cabling"
+LATENCY = "fabric.latency"
+# The decode all-reduce (issue 59): local-inference-lab/b12x PR #295 measured NCCL's 48 KB all-reduce,
+# the one GLM-5.3-Flash TP4 decode issues about 100 times a step, at 54-64 us per call (59 us as its
+# headline) on four DGX Sparks over RoCE, against 8.8 us of wire time (ib_write_lat). A pair has
+# fewer hops than that ring, so a call slower than the top of the published range is slower than the
+# field's NCCL: WARN (the figure is four Sparks', not two: a WARN, never a FAIL).
+NCCL_48K_US = (54.0, 64.0)
+NCCL_48K_SOURCE = "NCCL 54-64 us per 48 KB all-reduce on four DGX Sparks, local-inference-lab/b12x PR #295"
 # a direction slower than this share of the fastest one is a fault of its sender's egress (a healthy
 # link carries the same rate both ways)
 ASYMMETRY = 0.5
@@ -324,6 +332,8 @@ def judge_node(
 
 
 def _size(nbytes: int) -> str:
+    if nbytes < MiB:
+        return f"{nbytes / 1024:g} KiB"
     return f"{nbytes / 1024 / MiB:g} GiB" if nbytes >= 1024 * MiB else f"{nbytes / MiB:g} MiB"
 
 
@@ -428,6 +438,29 @@ def judge_directions(results: list[ProbeResult], rank_node: dict[int, str]) -> l
     return [out[n] for n in sorted(out)]
 
 
+def judge_latency(results: list[ProbeResult], nodes: list[str]) -> Result | None:
+    """The decode-size all-reduce's time per call (the probe's op "latency"), beside the bandwidth; one
+    result for the cluster. None where the probe printed none (an older probe, or one rank)."""
+    found = [r for r in results if r.op == "latency"]
+    if not found:
+        return None
+    r, where = found[-1], "+".join(nodes)
+    figure = f"all_reduce of {_size(r.nbytes)}: {r.time_us:g} us per call"
+    if r.backend and r.backend != "nccl":
+        return Result(LATENCY, where, "skip", f"{figure} over {r.backend}, not NCCL: the field's figure is NCCL's")
+    if r.time_us > NCCL_48K_US[1]:
+        return Result(
+            LATENCY,
+            where,
+            "warn",
+            f"{figure}, above {NCCL_48K_SOURCE}: decode issues about 100 such calls a step",
+            "check NCCL_IB_HCA names the RoCE devices (sockets or a proxy thread starved of CPU add tens of "
+            "us a call); a profile may move decode off NCCL with VLLM_ENABLE_ROCE_ALLREDUCE=1 where the "
+            "image carries b12x's RoCEnante (b12x PR #295)",
+        )
+    return Result(LATENCY, where, "ok", f"{figure} ({NCCL_48K_SOURCE})")
+
+
 def judge(
     logs: dict[str, FabricLog],
     expect: Expectation,
@@ -448,7 +481,10 @@ def judge(
     )
     rails = min((halves({d.name for r in log.ranks for d in r.ib_devices}) for log in logs.values()), default=0)
     rails = rails if rdma else 0
-    out.append(judge_bandwidth([r for r in results if r.op != "p2p"], expect, list(logs), failed, rails))
+    sizes = [r for r in results if r.op not in ("p2p", "latency")]
+    out.append(judge_bandwidth(sizes, expect, list(logs), failed, rails))
+    latency = judge_latency(results, list(logs))
+    out += [latency] if latency is not None else []
     out += judge_directions(results, rank_node or {})
     return out
 

@@ -566,6 +566,40 @@ def hca_link_lines(text: str) -> dict[str, HcaLink]:
     return out
 
 
+@dataclass(frozen=True)
+class PcieAer:
+    """The AER counters of one PCI device under an HCA (issue 59): its own function ("function") or the
+    port above it ("port": Linux counts errors "as seen by the device", so a faulty endpoint's errors
+    can show at its root port only: Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats; the
+    DGX Spark soft-lock of MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#146 was reported at the
+    root ports). None: the device has no such file (not AER capable, or a kernel without AER stats)."""
+
+    hca: str
+    role: str  # function | port
+    pci: str  # its PCI address (the sysfs directory's name)
+    correctable: int | None
+    fatal: int | None
+    nonfatal: int | None
+    path: str = ""  # its sysfs directory
+
+    def known(self) -> bool:
+        return any(x is not None for x in (self.correctable, self.fatal, self.nonfatal))
+
+
+def hca_aer_lines(text: str) -> dict[str, PcieAer]:
+    """`hca|role|sysfs dir|TOTAL_ERR_COR|TOTAL_ERR_FATAL|TOTAL_ERR_NONFATAL` per line (facts.probes.HCA_AER),
+    keyed by the device's sysfs directory: two HCAs on one function (or one port above several) count once."""
+    out: dict[str, PcieAer] = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) != 6 or not parts[0] or not parts[2]:
+            continue
+        hca, role, path, cor, fatal, nonfatal = parts
+        pci = path.rstrip("/").rsplit("/", 1)[-1]
+        out.setdefault(path, PcieAer(hca, role, pci, _int(cor), _int(fatal), _int(nonfatal), path))
+    return out
+
+
 # nvmlClocksEventReasons (nvml.h): the bits of `clocks_event_reasons.active`
 CLOCK_EVENT_REASONS = {
     0x1: "gpu_idle",
@@ -659,6 +693,7 @@ class Traits:
     bios_version: str = ""
     bios_date: str = ""  # ISO
     hca_links: dict[str, HcaLink] = field(default_factory=dict)
+    hca_aer: dict[str, PcieAer] = field(default_factory=dict)  # PCI address -> its AER counters (issue 59)
     gpu_clocks: list[GpuClocks] = field(default_factory=list)
     earlyoom: EarlyoomArgs | None = None
     dgx_os: str = ""

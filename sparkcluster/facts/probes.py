@@ -225,6 +225,16 @@ HCA_LINK = Probe(
     'done; f=; read -r f 2>/dev/null < "$d/fw_ver"; printf \'%s%s|%s\\n\' "${d##*/}" "$v" "$f"; done',
     parsers.hca_link_lines,
 )
+# each HCA's PCI function and the port above it: the TOTAL_ line of its AER counters (issue 59; world-readable,
+# Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats); empty where a device has no such file
+AER_TOTALS_SH = (
+    'a() { for k in correctable fatal nonfatal; do x=; [ -r "$1/aer_dev_$k" ] && '
+    'x=$(sed -n "s/^TOTAL_ERR_[A-Z]* //p" "$1/aer_dev_$k"); printf "|%s" "$x"; done; echo; }; '
+    'for d in /sys/class/infiniband/*; do [ -e "$d/device" ] || continue; p=$(readlink -f "$d/device"); '
+    'printf "%s|function|%s" "${d##*/}" "$p"; a "$p"; u=${p%/*}; '
+    'if [ -e "$u/aer_dev_fatal" ]; then printf "%s|port|%s" "${d##*/}" "$u"; a "$u"; fi; done'
+)
+HCA_AER = Probe("hca_aer", AER_TOTALS_SH, parsers.hca_aer_lines)
 GPU_CLOCKS = Probe(
     "gpu_clocks",
     "nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,temperature.gpu,pstate,clocks_event_reasons.active "
@@ -237,7 +247,7 @@ EARLYOOM_ARGS = Probe(
 DGX_RELEASE = Probe("dgx_release", "cat /etc/dgx-release", parsers.key_values)
 TOOLKIT = Probe("toolkit", "nvidia-ctk --version | head -1", parsers.toolkit_version)
 
-TRAITS = (KERNEL, CMA, BIOS, HCA_LINK, GPU_CLOCKS, EARLYOOM_ARGS, DGX_RELEASE, TOOLKIT)
+TRAITS = (KERNEL, CMA, BIOS, HCA_LINK, HCA_AER, GPU_CLOCKS, EARLYOOM_ARGS, DGX_RELEASE, TOOLKIT)
 
 
 def traits(sections: dict[str, Section]) -> parsers.Traits:
@@ -254,6 +264,7 @@ def traits(sections: dict[str, Section]) -> parsers.Traits:
         bios_version=bios.get("bios_version", ""),
         bios_date=parsers.dmi_date(bios.get("bios_date", "")),
         hca_links=value(HCA_LINK, sections, {}),
+        hca_aer=value(HCA_AER, sections, {}),
         gpu_clocks=value(GPU_CLOCKS, sections, []),
         earlyoom=value(EARLYOOM_ARGS, sections),
         dgx_os=dgx.get("DGX_OTA_VERSION") or dgx.get("DGX_SWBUILD_VERSION", ""),

@@ -14,7 +14,8 @@ from __future__ import annotations
 import shlex
 import subprocess
 
-from .contract import CANARY_CHECK_PATH, JOURNAL_PATH, NCCL_LOG_DIR, RECORD_PATH, SERVER_ALIVE_SH, STATE_PATH
+from . import engine_log
+from .contract import CANARY_CHECK_PATH, JOURNAL_PATH, NCCL_LOG_DIR, RECORD_PATH, SERVE_LOG, SERVER_ALIVE_SH, STATE_PATH
 from .sections import section
 
 # only the lines that say what NCCL chose (and its warnings), from the newest files: a rank of an
@@ -35,6 +36,34 @@ def nccl_reader() -> str:
     )
 
 
+ENGINE_MAX_LINES = 400
+ENV_LINE = "ENV "
+
+
+def engine_reader() -> str:
+    """Shell: the variables that ask the engine for an all-reduce backend (`ENV NAME=value` lines, as
+    the container runs them), then this start's telling lines of the serve log (node/engine_log: each
+    rank's all-reduce backend and warm-up phase), the newest last."""
+    env = "; ".join(f"printf '{ENV_LINE}{k}=%s\\n' \"${{{k}:-}}\"" for k in engine_log.ASKS)
+    log, mark, wanted = shlex.quote(SERVE_LOG), shlex.quote(engine_log.SERVE_MARK), shlex.quote(engine_log.WANTED)
+    return (
+        f"{env}; [ -r {log} ] || exit 0; n=$(grep -F -n {mark} {log} | tail -n 1 | cut -d: -f1); "
+        f"tail -n +$(( ${{n:-0}} + 1 )) {log} | grep -E {wanted} | tail -n {ENGINE_MAX_LINES}; true"
+    )
+
+
+def engine_text(out: str) -> tuple[dict[str, str], str]:
+    """The engine section as (the variables, the log's lines)."""
+    env, lines = {}, []
+    for line in out.splitlines():
+        if line.startswith(ENV_LINE):
+            k, _, v = line[len(ENV_LINE) :].partition("=")
+            env[k] = v
+        else:
+            lines.append(line)
+    return env, "\n".join(lines)
+
+
 def script(head: bool) -> str:
     """The sections, for the head's container or a worker's."""
     parts = (
@@ -48,7 +77,8 @@ def script(head: bool) -> str:
         if head
         else []
     )
-    return "\n".join([*parts, section("nccl", nccl_reader()), section(WHOLE, "true")]) + "\n"
+    engine = section("engine", engine_reader())
+    return "\n".join([*parts, section("nccl", nccl_reader()), engine, section(WHOLE, "true")]) + "\n"
 
 
 def read(head: bool) -> str:

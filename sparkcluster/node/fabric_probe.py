@@ -21,6 +21,12 @@ Bus bandwidth as nccl-tests computes it (its doc/PERFORMANCE.md): algbw = size /
 all_gather busbw = algbw * (n-1)/n; all_reduce busbw = algbw * 2(n-1)/n. The time of one size is
 the slowest rank's mean over the timed iterations (a collective ends when its last rank does).
 
+Latency (issue 59): decode does not move large buffers. Every step of a TP decode issues about a hundred
+all-reduces of tens of KB (48 KB for GLM-5.3-Flash TP4: local-inference-lab/b12x PR #295), where the
+time per call, not the bandwidth, is what counts. After the bandwidth sizes, one all_reduce of
+--latency-bytes (48 KiB by default) runs --latency-iters times (200 by default, within its part of
+the budget) and rank 0 prints it as op "latency" with its mean time per call in microseconds.
+
 Output: rank 0 prints one line per (op, size), `SPARKCLUSTER_FABRIC {json}`, then
 `SPARKCLUSTER_FABRIC {"done": true, ...}`; the marker sets them apart from NCCL's INFO lines on the
 same stream. A rank that fails prints `SPARKCLUSTER_FABRIC {"error": ..., "rank": r}` and exits
@@ -41,6 +47,8 @@ MARKER = "SPARKCLUSTER_FABRIC "
 MiB = 1 << 20
 GiB = 1 << 30
 OPS = ("all_gather", "all_reduce")  # collectives, at every size
+LATENCY_BYTES = "48K"  # the decode all-reduce of b12x PR #295 (GLM-5.3-Flash TP4: 48 KB, ~100 per step)
+LATENCY_ITERS = 200
 P2P_MAX_BYTES = 64 << 20  # one direction's transfer (p2p): enough to leave latency behind
 FLOAT_BYTES = 4  # float32 elements
 # What vLLM sets in every one of its processes before NCCL loads (vllm/env_override.py: cuMem-backed
@@ -116,6 +124,12 @@ def arguments(argv=None) -> argparse.Namespace:
         help="all_gather,all_reduce[,p2p] (p2p: each rank to the next, one direction at a time)",
     )
     p.add_argument(
+        "--latency-bytes",
+        default=LATENCY_BYTES,
+        help="the small all_reduce timed per call after the bandwidth sizes (default 48K, the decode size); 0: none",
+    )
+    p.add_argument("--latency-iters", type=int, default=LATENCY_ITERS, help="timed calls of the small all_reduce")
+    p.add_argument(
         "--budget",
         type=float,
         default=40.0,
@@ -137,6 +151,7 @@ def arguments(argv=None) -> argparse.Namespace:
     args.sizes = (
         [parse_size(s) for s in args.sizes.split(",")] if args.sizes else default_sizes(parse_size(args.max_bytes))
     )
+    args.latency_bytes = parse_size(args.latency_bytes)
     args.ops = [o for o in args.ops.split(",") if o]
     if any(o not in (*OPS, "p2p") for o in args.ops):
         p.error(f"--ops: choose from {', '.join(OPS)}, p2p")
@@ -311,7 +326,8 @@ def main(argv=None) -> int:
     try:
         started = time.monotonic()
         collectives = [(op, size) for op in args.ops if op in OPS for size in args.sizes]
-        share = args.budget / (len(collectives) + ("p2p" in args.ops))  # each measurement's part of it
+        latency = args.latency_bytes > 0 and env["world"] > 1
+        share = args.budget / (len(collectives) + ("p2p" in args.ops) + latency)  # each measurement's part of it
         for op, size in collectives:
             if bench.slowest(time.monotonic() - started) > args.budget:  # every rank stops together
                 if env["rank"] == 0:
@@ -329,6 +345,24 @@ def main(argv=None) -> int:
                         "ranks": env["world"],
                         "backend": backend,
                         "time_us": round(seconds * 1e6, 1),
+                        "algbw_GBps": round(algbw, 3),
+                        "busbw_GBps": round(busbw, 3),
+                    }
+                )
+        if latency:
+            nbytes = rounded_size(args.latency_bytes, 1)
+            seconds = bench.measure("all_reduce", nbytes, max(1, args.latency_iters), args.warmup * 10, share)
+            algbw, busbw = bandwidth("all_reduce", nbytes, seconds, env["world"])
+            count += 1
+            if env["rank"] == 0:
+                emit(
+                    {
+                        "op": "latency",
+                        "collective": "all_reduce",
+                        "bytes": nbytes,
+                        "ranks": env["world"],
+                        "backend": backend,
+                        "time_us": round(seconds * 1e6, 2),
                         "algbw_GBps": round(algbw, 3),
                         "busbw_GBps": round(busbw, 3),
                     }

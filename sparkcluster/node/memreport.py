@@ -11,6 +11,7 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from . import aer
 from .readings import held, mem_available, mem_total
 
 
@@ -26,6 +27,7 @@ def node_report(node: str, ray: subprocess.Popen, agent_started: float) -> dict:
         "mem_held": held(text),  # what a start refused for memory names (issue 36)
         "ray_alive": ray.poll() is None,
         "agent_started": agent_started,
+        "aer": aer.read(),  # the CX7's PCIe AER counters, which the head's supervisor journals a rise of
         "ts": time.time(),
     }
 

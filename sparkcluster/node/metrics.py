@@ -24,6 +24,7 @@ import math
 import os
 import time
 
+from . import aer
 from .contract import (
     FABRIC_PATH,
     FAILED,
@@ -58,6 +59,10 @@ NAMES: dict[str, tuple[str, str]] = {
     "sparkcluster_fabric_floor_gbps": ("gauge", "The bus bandwidth below which the fabric test fails."),
     "sparkcluster_fabric_transport_info": ("gauge", "The transport NCCL chose in the last fabric test (value 1)."),
     "sparkcluster_fabric_measured_timestamp_seconds": ("gauge", "When the last fabric test ran."),
+    "sparkcluster_cx7_aer_errors_total": (
+        "counter",
+        "PCIe AER errors since boot on a ConnectX-7 PCI function or the port above it (sysfs aer_dev_*).",
+    ),
     "sparkcluster_rank_alive": ("gauge", "Executor mp: 1 while this node's rank of the head's set runs."),
     "sparkcluster_process_cpu_seconds_total": (
         "counter",
@@ -164,7 +169,13 @@ class Nvml:
 
 
 def node_samples(
-    cfg: dict, meminfo_text: str, ray_alive: bool, gpus: list[dict], fabric: dict | None, disks: dict
+    cfg: dict,
+    meminfo_text: str,
+    ray_alive: bool,
+    gpus: list[dict],
+    fabric: dict | None,
+    disks: dict,
+    aer_counters: dict | None = None,
 ) -> list[tuple[str, dict, float]]:
     """What every node's agent exports about its node (pure: the readings are passed in)."""
     mem = meminfo(meminfo_text)
@@ -193,6 +204,11 @@ def node_samples(
         ]
         if fabric.get("transport"):
             s.append(("sparkcluster_fabric_transport_info", {"transport": fabric["transport"]}, 1))
+    for dev in (aer_counters or {}).values():  # node/aer.read(): absent where no device has the files
+        labels = {"hca": dev.get("hca", ""), "pci": dev.get("pci", ""), "role": dev.get("role", "")}
+        for severity in ("correctable", "fatal", "nonfatal"):
+            if dev.get(severity) is not None:
+                s.append(("sparkcluster_cx7_aer_errors_total", {**labels, "kind": severity}, dev[severity]))
     return s
 
 
@@ -303,7 +319,13 @@ class Exporter:
         with open("/proc/meminfo") as f:
             mem = f.read()
         s = node_samples(
-            self.cfg, mem, self.ray.poll() is None, self.nvml.readings(), read_json(FABRIC_PATH), disks(self.paths)
+            self.cfg,
+            mem,
+            self.ray.poll() is None,
+            self.nvml.readings(),
+            read_json(FABRIC_PATH),
+            disks(self.paths),
+            aer.read(),
         )
         s += processes(skip=os.getpid())
         if self.keeper is not None:

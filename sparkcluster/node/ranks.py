@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import urllib.request
 
 from .contract import DESIRED_PATH, RANK_PATH, SERVE_LOG
+from .engine_log import SERVE_MARK
 from .journal import Journal, read_json, write_json
 from .procgroup import stop_group
 
@@ -87,6 +89,9 @@ class RankKeeper:
     def start(self, desired: dict, epoch: str) -> None:
         os.makedirs(os.path.dirname(SERVE_LOG), exist_ok=True)
         log = open(SERVE_LOG, "ab")
+        # this start's lines follow the mark (node/engine_log: its phases and all-reduce backend)
+        log.write(f"{SERVE_MARK} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode())
+        log.flush()
         # no secret: a headless rank serves no API and finds the weights in its own HF cache
         self.proc = subprocess.Popen(
             desired["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

@@ -35,8 +35,8 @@ import time
 import urllib.request
 from secrets import token_hex
 
-from . import canary, engine_failure
-from .compile_reading import StartReading
+from . import aer, canary, engine_failure, engine_log
+from .compile_reading import StartReading, log_lines, log_size
 from .contract import (
     DEFAULT_POLICY,
     DESIRED_PATH,
@@ -194,6 +194,10 @@ class Supervisor:
         self.two_since = 0.0
         self.older: str | None = None  # the start's wait on a raylet older than its agent, and since when
         self.older_since = 0.0
+        self.log_offset = 0  # where this start's lines begin in SERVE_LOG (its all-reduce lines, issue 59)
+        # every node's CX7 AER counters as last read (issue 59): sysfs path -> counters; a rise is journalled
+        self.aer_seen: dict[str, dict[str, dict]] = {}
+        self.aer_read_at = float("-inf")
 
     # -- state
     def set_state(self, state: str, **detail) -> None:
@@ -302,7 +306,10 @@ class Supervisor:
         env = {**os.environ, **{k: str(v) for k, v in secrets.items()}}
         os.makedirs(os.path.dirname(SERVE_LOG), exist_ok=True)
         self.reading = StartReading(self.cfg.get("compile_cache"), SERVE_LOG)
+        self.log_offset = log_size(SERVE_LOG)
         log = open(SERVE_LOG, "ab")
+        log.write(f"{engine_log.SERVE_MARK} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode())
+        log.flush()
         self.epoch = token_hex(4) if self.mp else None
         self.proc = subprocess.Popen(
             desired["argv"],
@@ -604,6 +611,33 @@ class Supervisor:
         self.journal.write("idle: stopped after TTL", idle_s=round(idle, 1), ttl_s=ttl)
         self.set_state(STANDBY, why="idle TTL")
 
+    def journal_all_reduce(self) -> None:
+        """The all-reduce backend this start's ranks chose, as this node's serve log says (every rank's
+        under Ray, this node's under `mp`), judged against the environment the profile gave the engine."""
+        ar = engine_log.all_reduce({self.cfg["node"]: "\n".join(log_lines(SERVE_LOG, self.log_offset))})
+        status, what, fix = engine_log.judge_all_reduce(ar, dict(os.environ))
+        if status == "unknown":
+            return
+        self.journal.write(
+            "all-reduce", status=status, backend=ar.serving(), detail=what, **({"fix": fix} if fix else {})
+        )
+
+    def watch_aer(self, now: float) -> None:
+        """Every node's CX7 AER counters (this node's from sysfs, each peer's from its last report),
+        at most every AER_EVERY_S; a counter that rose since the last read is journalled (issue 59)."""
+        if now - self.aer_read_at < aer.AER_EVERY_S:
+            return
+        self.aer_read_at = now
+        counters = {self.cfg["node"]: aer.read()}
+        for peer, rep in self.reports.items():
+            if isinstance((rep or {}).get("aer"), dict):
+                counters[peer] = rep["aer"]
+        for node, now_seen in counters.items():
+            for rise in aer.rises(self.aer_seen.get(node), now_seen):
+                self.journal.write("cx7 aer", node=node, **rise)
+                self.count("aer:" + rise["severity"])
+            self.aer_seen[node] = now_seen
+
     def count(self, key: str) -> None:
         self.counts = {**self.counts, key: self.counts.get(key, 0) + 1}  # a new dict: /metrics reads it
 
@@ -661,6 +695,7 @@ class Supervisor:
             return
         self.woken.clear()  # a wake while it starts or serves: nothing to do
         look = self.look(desired, policy)
+        self.watch_aer(time.monotonic())
         self.last_look = look.now
         before = self.watch.activity
         found = verdict(self.watch, look, policy)
@@ -674,6 +709,8 @@ class Supervisor:
                 if self.reading is not None:  # once per start: hit or miss, compile seconds
                     self.reading.done(self.journal)
                     self.reading = None
+                if self.state != SERVING:  # after `up`'s start and after every restart (issue 59)
+                    self.journal_all_reduce()
                 self.set_state(SERVING)
             else:
                 self.save()

@@ -23,7 +23,7 @@ from sparkcluster.fabric import engine_nccl
 from sparkcluster.facts import parsers
 from sparkcluster.facts.probes import SECTION, section, split_sections
 from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, PORT_LABEL, PROFILE_LABEL, container_name, is_gateway
-from sparkcluster.node import container_status, contract, readings
+from sparkcluster.node import container_status, contract, engine_log, readings
 from sparkcluster.remote.fanout import Background, connect_reachable
 
 _log = log.get(__name__)
@@ -68,6 +68,9 @@ class ClusterStatus:
     metrics: dict[str, float] = field(default_factory=dict)  # from /metrics, by endpoint.METRICS
     supervisor: dict | None = None  # the head supervisor's state file (node/), None: none written
     nccl: dict[str, str] = field(default_factory=dict)  # node -> what its ranks' NCCL chose (engine_nccl)
+    # the backend that serves the TP all-reduce as the ranks' logs name it ("not reported": a CPU engine)
+    all_reduce: str = ""
+    phases: dict[str, str] = field(default_factory=dict)  # rank -> its warm-up phase, while the engine starts
     journal: list[dict] = field(default_factory=list)  # its last entries
     # the last correctness-canary check in the head container (node/canary's check_doc), None: none yet
     canary: dict | None = None
@@ -195,6 +198,7 @@ class NodeReport:
     nccl: str = ""  # the telling lines of its ranks' NCCL files
     gateway: dict | None = None  # the gateway's container on this node, if it runs here
     canary: dict | None = None  # the head container's last canary check
+    engine: str = ""  # this start's telling lines of its serve log, and the env lines (container_status.engine_reader)
 
 
 def _one(host, inv: Inventory) -> NodeReport:
@@ -250,7 +254,8 @@ def _one(host, inv: Inventory) -> NodeReport:
         view[1]["age_s"] = round(now - view[1]["updated"], 1)  # both by the head's own clock
     nccl = s["nccl"].out if "nccl" in s and s["nccl"].rc == 0 else ""
     check = parsers.json_object(s["canary"].out) if "canary" in s and s["canary"].rc == 0 else None
-    return NodeReport(st, ours, ray, view, nccl, gateway, check or None)
+    engine = s["engine"].out if "engine" in s and s["engine"].rc == 0 else ""
+    return NodeReport(st, ours, ray, view, nccl, gateway, check or None, engine)
 
 
 def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatus]:
@@ -330,7 +335,7 @@ def _look(host, inv: Inventory, port: int, api_key: str | None) -> endpoint_mod.
 def _judge_reports(
     inv: Inventory, reports: dict, unreachable: dict, addresses: dict, engine: endpoint_mod.EngineView
 ) -> ClusterStatus:
-    nodes, ray_rows, pid, sup, journal, nccl, check = [], None, None, None, [], {}, None
+    nodes, ray_rows, pid, sup, journal, nccl, check, logs = [], None, None, None, [], {}, None, {}
     for n in inv.nodes:
         if n.name in unreachable:
             error = unreachable[n.name].message.removeprefix(f"{n.name}: ")
@@ -342,6 +347,7 @@ def _judge_reports(
             continue
         nodes.append(r.status)
         nccl[n.name] = r.nccl
+        logs[n.name] = r.engine
         if n.name == inv.head.name:
             ray_rows = r.ray
             if r.status.state == "running":
@@ -360,7 +366,28 @@ def _judge_reports(
         st.problems += [f"{node}: the engine's NCCL: {what}" for node, what in problems]
         if problems and st.state == "healthy":
             st.state = "degraded"
+        ranks_read(st, logs, sup)
     return st
+
+
+def ranks_read(st: ClusterStatus, engine: dict[str, str], sup: dict | None) -> None:
+    """What the ranks' own logs say (issue 59): the all-reduce backend that serves, judged against
+    the variables the containers run with, and each rank's warm-up phase while the engine starts."""
+    env: dict[str, str] = {}
+    texts = {}
+    for node, out in engine.items():
+        e, text = container_status.engine_text(out)
+        env.update({k: v for k, v in e.items() if v})
+        texts[node] = text
+    ar = engine_log.all_reduce(texts)
+    status, what, fix = engine_log.judge_all_reduce(ar, env)
+    st.all_reduce = ar.serving() if status == "ok" else ("not reported" if status == "unknown" else "")
+    if status == "fail":
+        st.problems.append(f"all-reduce: {what} (fix: {fix})")
+        if st.state == "healthy":
+            st.state = "degraded"
+    if (sup or {}).get("state") in (contract.STARTING, contract.WAITING) or st.engine_responds is False:
+        st.phases = engine_log.phases(texts)
 
 
 def supervisor_problem(sup: dict | None) -> str | None:

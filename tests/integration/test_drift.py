@@ -205,3 +205,19 @@ def test_the_known_bad_list_catches_an_image_whose_nccl_is_on_it(testbed, sc, tm
     finally:
         for host in (HEAD, WORKER):
             testbed.docker(host, f"image rm -f {ref}", check=False)
+
+
+def test_a_fatal_cx7_pcie_error_fails_doctor_on_that_node_only(testbed, sc):
+    """Issue 59: the stand-in's AER counters (sysfs aer_dev_* of each HCA's PCI function) count one
+    fatal error on the worker: rdma.aer FAILs there, naming the HCA and the Spark head soft-lock it
+    led to (MiaAI-Lab DSV4 #146), and the head stays OK."""
+    hca = worker_hca(testbed)
+    try:
+        testbed.set_hca_aer(WORKER, hca, fatal=1)
+        rows = doctor(sc)
+    finally:
+        testbed.set_hca_aer(WORKER, hca)
+    r = rows[("rdma.aer", WORKER)]
+    assert r["status"] == "fail" and hca in r["detail"] and "fatal 1" in r["detail"], r
+    assert "#146" in r["detail"] and "journalctl -k" in r["fix"], r
+    assert rows[("rdma.aer", HEAD)]["status"] == "ok", rows[("rdma.aer", HEAD)]

@@ -145,6 +145,15 @@ class TestServing:
         assert rc == 0 and doc["state"] == "healthy", doc
         assert doc["ray_nodes"] == 2 and doc["health"] == 200 and MODEL in doc["models"]
 
+    def test_the_cpu_engine_names_no_all_reduce_backend(self, sc):
+        """Issue 59: the testbed's engine (vLLM's CPU build) prints no all-reduce backend line: status
+        says "not reported" and counts nothing against the deployment; it has left warm-up (no phases)."""
+        rc, doc = status_json(sc)
+        assert rc == 0 and doc["all_reduce"] == "not reported" and doc["phases"] == {}, doc
+        assert not any(p.startswith("all-reduce") for p in doc["problems"]), doc["problems"]
+        res = sc("status", timeout=60)
+        assert "all-reduce: not reported" in res.stdout, res.stdout
+
     def test_a_hung_worker_docker_is_named_by_status_within_its_bound(self, testbed, sc):
         """Issue 23: the worker's dockerd stopped (SIGSTOP: hung, not dead): `status` answers (the
         subprocess bound is 15 s) naming "docker not answering". The head keeps serving throughout.

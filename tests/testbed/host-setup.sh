@@ -80,6 +80,12 @@ for i in "${!hcas[@]}"; do
   echo 4 > "$d/device/current_link_width"; echo 4 > "$d/device/max_link_width"
   echo "32.0 GT/s PCIe" > "$d/device/current_link_speed"; echo "32.0 GT/s PCIe" > "$d/device/max_link_speed"
   echo "28.45.4028" > "$d/fw_ver"
+  # the PCI function's AER counters (issue 59's rdma.aer), none since boot, in the kernel's format
+  # (a count per error type, then the TOTAL_ line: Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats);
+  # the testbed counts a fatal one with Testbed.set_hca_aer
+  printf 'RxErr 0\nBadTLP 0\nBadDLLP 0\nRollover 0\nTimeout 0\nNonFatalErr 0\nCorrIntErr 0\nHeaderOF 0\nTOTAL_ERR_COR 0\n' > "$d/device/aer_dev_correctable"
+  printf 'Undefined 0\nDLP 0\nSDES 0\nTLP 0\nFCP 0\nCmpltTO 0\nMalfTLP 0\nECRC 0\nUnsupReq 0\nTOTAL_ERR_FATAL 0\n' > "$d/device/aer_dev_fatal"
+  printf 'Undefined 0\nDLP 0\nSDES 0\nTLP 0\nFCP 0\nCmpltTO 0\nMalfTLP 0\nECRC 0\nUnsupReq 0\nTOTAL_ERR_NONFATAL 0\n' > "$d/device/aer_dev_nonfatal"
   # the GID table (gids/N, gid_attrs/types/N, gid_attrs/ndevs/N): empty here; the testbed writes it
   # from the cabling mode (tests/testbed/cabling.py), a RoCE v2 IPv4 GID per address at index 3
   mkdir -p "$d/ports/1/gids" "$d/ports/1/gid_attrs/types" "$d/ports/1/gid_attrs/ndevs"

@@ -1555,6 +1555,8 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                 "for d in /sys/class/infiniband/*; do echo 4 > $d/device/current_link_width; "
                 "echo 4 > $d/device/max_link_width; echo '32.0 GT/s PCIe' > $d/device/current_link_speed; "
                 "echo '32.0 GT/s PCIe' > $d/device/max_link_speed; echo 28.45.4028 > $d/fw_ver; done",
+                # issue 59's stand-in: every HCA's PCI function with no AER error since boot
+                "for d in /sys/class/infiniband/*; do " + self.aer_commands("$d") + "; done",
                 "mountpoint -q /usr/local/sbin && install -m 755 "
                 f"{shlex.quote(str(BIN / 'nvidia-smi'))} {shlex.quote(str(BIN / 'nvidia-ctk'))} /usr/local/sbin/",
                 # /usr/local/sbin and /usr/local/bin are the host's own mounts (host-setup.sh, user-setup.sh)
@@ -1651,6 +1653,27 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                 " >> /run/testbed/meminfo && mount --bind /run/testbed/meminfo /proc/meminfo"
             )
         self.sh(host, cmd)
+
+    @staticmethod
+    def aer_commands(dev_parent: str, fatal: int = 0, nonfatal: int = 0, correctable: int = 0) -> str:
+        """Shell writing the AER counters of `dev_parent`/device (an HCA's PCI function) in the kernel's
+        format: a count per error type, then the TOTAL_ line (Linux Documentation/ABI/testing/
+        sysfs-bus-pci-devices-aer_stats); the fatal and non-fatal counts on the TLP line."""
+        d = f"{dev_parent}/device"
+        cor = f"RxErr 0\\nBadTLP {int(correctable)}\\nBadDLLP 0\\nRollover 0\\nTimeout 0\\nNonFatalErr 0\\nCorrIntErr 0\\nHeaderOF 0\\nTOTAL_ERR_COR {int(correctable)}\\n"
+
+        def unc(n: int, total: str) -> str:
+            return f"Undefined 0\\nDLP 0\\nSDES 0\\nTLP {int(n)}\\nFCP 0\\nCmpltTO 0\\nMalfTLP 0\\nECRC 0\\nUnsupReq 0\\n{total} {int(n)}\\n"
+
+        return (
+            f"printf '{cor}' > {d}/aer_dev_correctable; "
+            f"printf '{unc(fatal, 'TOTAL_ERR_FATAL')}' > {d}/aer_dev_fatal; "
+            f"printf '{unc(nonfatal, 'TOTAL_ERR_NONFATAL')}' > {d}/aer_dev_nonfatal"
+        )
+
+    def set_hca_aer(self, host: str, hca: str, fatal: int = 0, nonfatal: int = 0, correctable: int = 0) -> None:
+        """An HCA's PCI function's AER counters since boot (the stand-in for sysfs aer_dev_*; undo: all 0)."""
+        self.sh(host, self.aer_commands(f"/sys/class/infiniband/{shlex.quote(hca)}", fatal, nonfatal, correctable))
 
     def set_hca_link_width(self, host: str, hca: str, width: int = 4) -> None:
         """An HCA's PCIe link width (/sys/class/infiniband/<hca>/device/current_link_width; undo: 4)."""

@@ -30,6 +30,22 @@ def hca_link_text(width: int = 4, only: str | None = None, fw: str = FW) -> str:
     return "".join(lines)
 
 
+def hca_aer_text(fatal: int = 0, nonfatal: int = 0, only: str | None = None) -> str:
+    """What the hca_aer probe prints for the pair's HCAs (documented shape: the TOTAL_ERR_* lines of
+    aer_dev_correctable/fatal/nonfatal, Linux Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats;
+    GB10's CX7 functions at 0000:01:00.0-1 and 0002:01:00.0-1, its root ports 0000:00:00.0 and
+    0002:00:00.0 as MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#146's kernel log names them)."""
+    lines = []
+    for _, hca, _ in LINKS:
+        dom = "0002" if hca.startswith("roceP2") else "0000"
+        fn = hca[-1]
+        f, nf = (fatal, nonfatal) if only in (None, hca) else (0, 0)
+        dev = f"/sys/devices/platform/{dom}/pci{dom}:00/{dom}:00:00.0/{dom}:01:00.{fn}"
+        lines.append(f"{hca}|function|{dev}|0|{f}|{nf}\n")
+        lines.append(f"{hca}|port|{dev.rsplit('/', 1)[0]}|0|0|0\n")
+    return "".join(lines)
+
+
 def ngc_env() -> dict[str, str]:
     """The CUDA part of an NGC image's environment (real: nvcr.io/nvidia/pytorch:25.10-py3, arm64)."""
     return dict(x.split("=", 1) for x in cap("ngc-pytorch-25.10-arm64-env.txt").splitlines() if "=" in x)
@@ -57,6 +73,7 @@ def healthy_traits() -> parsers.Traits:
         bios_version="5.36_0ACUM018",
         bios_date=parsers.dmi_date("05/12/2026"),
         hca_links=parsers.hca_link_lines(hca_link_text()),
+        hca_aer=parsers.hca_aer_lines(hca_aer_text()),
         # real: nvidia-smi on an H100 (tests/captured/h100-nvidia-smi-clocks.csv): idle, the GpuIdle reason only
         gpu_clocks=parsers.gpu_clocks_csv(cap("h100-nvidia-smi-clocks.csv")),
         # sparkrun's thresholds (spark-arena/sparkrun#77) as /proc/PID/cmdline reads with its NULs made spaces
@@ -104,6 +121,14 @@ def firmware_differs(s):
     s.facts["spark-worker"].traits.hca_links = parsers.hca_link_lines(hca_link_text(fw="28.43.1014"))
 
 
+def aer_fatal(s):
+    s.facts["spark-worker"].traits.hca_aer = parsers.hca_aer_lines(hca_aer_text(fatal=1, only=LINKS[0][1]))
+
+
+def aer_nonfatal(s):
+    s.facts["spark-worker"].traits.hca_aer = parsers.hca_aer_lines(hca_aer_text(nonfatal=2))
+
+
 def gpu_thermal_slowdown(s):
     # the captured line with HwThermalSlowdown (0x40) and SwThermalSlowdown (0x20) active besides GpuIdle
     line = cap("h100-nvidia-smi-clocks.csv").replace("0x0000000000000001", "0x0000000000000061")
@@ -138,6 +163,8 @@ DRIFT_CASES = [
     ("host.versions", "spark-worker", "warn", docker_differs, {}),
     ("rdma.pcie", "spark-worker", "warn", hca_at_x2, {}),
     ("rdma.firmware", "spark-worker", "warn", firmware_differs, {}),
+    ("rdma.aer", "spark-worker", "fail", aer_fatal, {}),
+    ("rdma.aer", "spark-worker", "warn", aer_nonfatal, {}),
     ("gpu.clocks", "spark-worker", "warn", gpu_thermal_slowdown, {}),
     ("mem.earlyoom_args", "spark-worker", "warn", earlyoom_defaults, {}),
 ]

@@ -22,10 +22,10 @@ from tests.unit.conftest import make_inventory
 
 def test_the_script_prints_the_heads_sections_and_says_it_is_whole():
     got = split_sections(container_status.read(head=True))
-    assert set(got) == {"record", "alive", "supervisor", "journal", "canary", "nccl", container_status.WHOLE}
+    assert set(got) == {"record", "alive", "supervisor", "journal", "canary", "nccl", "engine", container_status.WHOLE}
     assert got[container_status.WHOLE].rc == 0
     assert got["record"].rc != 0  # no server recorded on this machine: no PID to believe
-    assert set(split_sections(container_status.read(head=False))) == {"nccl", container_status.WHOLE}
+    assert set(split_sections(container_status.read(head=False))) == {"nccl", "engine", container_status.WHOLE}
 
 
 def _free_port(address: str) -> int:
@@ -107,7 +107,7 @@ def test_without_a_whole_answer_the_same_script_runs_by_docker_exec_in_our_conta
     (stand_ins / "calls").unlink()
     (stand_ins / "docker.ps").write_text("sparkcluster-pair-worker-spark-worker\n")
     got, _ = _run_readings(stand_ins, "spark-worker")
-    assert set(got) == {"nccl", container_status.WHOLE}
+    assert set(got) == {"nccl", "engine", container_status.WHOLE}
 
 
 def test_no_container_of_ours_runs_no_sections(stand_ins):

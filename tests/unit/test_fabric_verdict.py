@@ -264,3 +264,50 @@ def test_logs_without_rdma_never_name_the_degraded_adapter():
     out = judge.judge(logs, Expectation(roce=True, topology="pair", port_mbps=200000), results=[result(1.6)])
     (bw,) = by_id(out, judge.BANDWIDTH)
     assert bw.status == "fail" and "PR #108" not in bw.detail, bw
+
+
+# --- the decode-size all-reduce (issue 59) ---------------------------------------------------------
+
+
+def _latency(us: float, backend: str = "nccl") -> ProbeResult:
+    return ProbeResult("latency", 49152, us, 0.0, 0.0, ranks=2, backend=backend)
+
+
+def test_latency_within_the_published_nccl_range_passes():
+    r = judge.judge_latency([_latency(41.3)], ["a", "b"])
+    assert r.id == judge.LATENCY and r.status == "ok" and r.node == "a+b"
+    assert "48 KiB: 41.3 us per call" in r.detail and "b12x PR #295" in r.detail
+
+
+def test_latency_above_the_published_range_warns_never_fails():
+    # b12x PR #295: NCCL took 54-64 us per 48 KB all-reduce on four Sparks; slower than that is a WARN
+    r = judge.judge_latency([_latency(118.0)], ["a", "b"])
+    assert r.status == "warn" and "118 us" in r.detail and "54-64 us" in r.detail
+    assert "VLLM_ENABLE_ROCE_ALLREDUCE=1" in r.fix
+    assert judge.judge_latency([_latency(64.0)], ["a", "b"]).status == "ok"
+
+
+def test_latency_over_gloo_is_not_judged_against_ncclS_figure():
+    r = judge.judge_latency([_latency(900.0, "gloo")], ["a", "b"])
+    assert r.status == "skip" and "gloo" in r.detail
+
+
+def test_no_latency_line_no_row_and_the_bandwidth_ignores_it():
+    assert judge.judge_latency([], ["a"]) is None
+    bw = ProbeResult("all_gather", 1 << 30, 50000.0, 21.0, 20.5, ranks=2, backend="nccl")
+    out = judge.judge({}, Expectation(roce=True, topology="pair"), results=[bw, _latency(30.0)])
+    ids = [r.id for r in out]
+    assert ids == [judge.BANDWIDTH, judge.LATENCY]
+    assert "1 GiB" in out[0].detail
+
+
+def test_probe_times_the_decode_size_by_default():
+    args = fabric_probe.arguments([])
+    assert args.latency_bytes == 48 * 1024 and args.latency_iters == fabric_probe.LATENCY_ITERS
+    assert fabric_probe.arguments(["--latency-bytes", "0"]).latency_bytes == 0
+    line = (
+        'SPARKCLUSTER_FABRIC {"op": "latency", "collective": "all_reduce", "bytes": 49152, "ranks": 2, '
+        '"backend": "nccl", "time_us": 58.7, "algbw_GBps": 0.837, "busbw_GBps": 0.837}'
+    )
+    (res,) = nccl_log.parse(line).results
+    assert res.op == "latency" and res.time_us == 58.7 and res.nbytes == 49152

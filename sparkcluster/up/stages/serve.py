@@ -17,6 +17,7 @@ from sparkcluster.config.profile import profile_hash
 from sparkcluster.deployment import (
     canary_watch,
     endpoint,
+    engine_ranks,
     failed_serve,
     gateway_registry,
     known_good,
@@ -27,7 +28,7 @@ from sparkcluster.deployment import (
 from sparkcluster.errors import SparkError, StageError, StepFailure
 from sparkcluster.fabric import engine_nccl
 from sparkcluster.labels import container_name
-from sparkcluster.node import canary
+from sparkcluster.node import canary, engine_log
 from sparkcluster.remote import retry
 from sparkcluster.remote.dockerapi import UNREACHABLE
 from sparkcluster.steps.base import Step, fail
@@ -143,6 +144,18 @@ def steps(plan: Plan) -> list[Step]:
                 "each container's NCCL init files (NCCL_DEBUG_FILE): TCP sockets where the nodes have RoCE "
                 "links fails the stage (an engine without NCCL writes none: nothing to judge)",
                 run=engine_transport,
+            )
+        )
+        out.append(
+            Step(
+                STAGE,
+                head,
+                "all-reduce",
+                "the engine's all-reduce backend on every rank",
+                "each rank's 'Using [...] all-reduce backends' line in its serve log: a profile that asks for "
+                "RoCEnante (VLLM_ENABLE_ROCE_ALLREDUCE=1) while a rank runs without it, or ranks that disagree, "
+                "fail the stage (an engine that names none, the CPU build: not reported)",
+                run=engine_all_reduce,
             )
         )
     out.append(
@@ -286,6 +299,17 @@ def failed_start(r: UpRun, step: str, e: server.NotReady) -> StageError:
     return fail(STAGE, head, step, reason, r.plan.serve.describe(), tail, fix)
 
 
+def waiting(r: UpRun):
+    """What `up` does while the engine is not ready: says so, and follows the ranks' warm-up."""
+    watch = WarmupWatch(r)
+
+    def on_wait(why: str, s: float) -> None:
+        r.progress.info(f"waiting for the server ({s:.0f}s): {why}")
+        watch(why, s)
+
+    return on_wait
+
+
 def _reached(r: UpRun):
     """The engine's base URL from here, for the block's length (through the head's SSH connection
     when engines listen only on the cluster's addresses)."""
@@ -304,7 +328,7 @@ def wait_ready(r: UpRun) -> float:
                 base,
                 r.secrets,
                 r.plan.profile.ready_timeout_s,
-                on_wait=lambda why, s: r.progress.info(f"waiting for the server ({s:.0f}s): {why}"),
+                on_wait=waiting(r),
             )
     except server.NotReady as e:
         raise failed_start(r, "wait until ready", e) from None
@@ -347,6 +371,55 @@ def engine_transport(r: UpRun) -> dict[str, str]:
             "`sparkcluster doctor --fabric` names the cause; fix it, then sparkcluster up",
         )
     return seen
+
+
+def engine_all_reduce(r: UpRun) -> str:
+    """The backend that serves the TP all-reduce, as every rank's log names it (issue 59); kept for
+    the perf record. A profile's request the ranks did not follow fails `up`."""
+    outs = r.cluster.each(
+        lambda h: engine_ranks.read_node(h, r.inv.cluster.name), [r.cluster.hosts[n.name] for n in r.inv.nodes]
+    ).values_or_raise(STAGE)
+    status, serving, what, fix = engine_ranks.all_reduce(outs)
+    if status == "fail":
+        raise StageError(STAGE, [StepFailure(r.inv.head.name, "the engine's all-reduce backend", what)], fix)
+    return serving
+
+
+class WarmupWatch:
+    """`up`'s look at the ranks' warm-up phases while it waits for the engine (issue 59): every
+    EVERY_S it reads each node's serve log; ranks in different phases for the profile's
+    `warmup_drift_s` are a verdict naming each rank's phase, before the 1800 s barrier kills them."""
+
+    EVERY_S = 10.0
+
+    def __init__(self, r: UpRun):
+        self.r, self.clock, self.read_at = r, engine_log.DriftClock(), float("-inf")
+
+    def __call__(self, why: str, waited: float) -> None:
+        bound = self.r.plan.profile.warmup_drift_s
+        if not bound or waited - self.read_at < self.EVERY_S or len(self.r.inv.nodes) < 2:
+            return
+        self.read_at = waited
+        got = self.r.cluster.each(
+            lambda h: engine_ranks.read_node(h, self.r.inv.cluster.name),
+            [self.r.cluster.hosts[n.name] for n in self.r.inv.nodes],
+        )
+        outs = {n: o.value for n, o in got.items() if o.ok}
+        ph = engine_log.phases(engine_ranks.split(outs)[1])
+        apart = self.clock.see(ph, waited)
+        if apart >= bound:
+            raise fail(
+                STAGE,
+                self.r.inv.head.name,
+                "wait until ready",
+                f"the ranks have been in different warm-up phases for {apart:.0f}s (warmup_drift_s {bound}): "
+                + engine_log.drift_text(ph),
+                self.r.plan.serve.describe(),
+                "",
+                "a rank behind in autotuning tunes from scratch: keep FlashInfer's autotune cache on every node "
+                "or set env.flashinfer_autotune_sync in the profile (vllm-project/vllm PR #52292; ainode#134); "
+                "a rank behind in weights reads slower storage; then sparkcluster up",
+            )
 
 
 def warm_up(r: UpRun) -> float:
