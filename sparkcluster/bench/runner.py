@@ -463,7 +463,7 @@ def check_endpoint(address: str, target: Target, port: int, secrets: dict[str, s
     if "HTTP 401" in why:
         raise InputError(
             f"the endpoint {base} refuses the API key: {why}",
-            "set VLLM_API_KEY to the key the cluster was started with (--env-file or the environment)",
+            f"set VLLM_API_KEY to the key the cluster was started with: {redact.set_fix('VLLM_API_KEY')}",
         )
     if why.startswith("completion answered HTTP"):
         # an answer is an endpoint that works; the chat route may be what it refuses (a model without
