@@ -40,7 +40,8 @@ WHY_RANDOM = (
 # In the head container: does its vLLM's bench know speed_bench, and where is the dataset in the HF
 # cache? Prints `speed_bench=yes|no` and `speed_bench_path=<snapshot folder>` (empty when absent).
 PROBE = (
-    "if { vllm bench serve --help=all 2>&1; vllm bench serve --help 2>&1; } | grep -q -- --speed-bench-dataset-subset; "
+    "if { vllm bench serve --help=all 2>&1 || vllm bench serve --help 2>&1; } "
+    "| grep -q -- --speed-bench-dataset-subset; "
     'then echo speed_bench=yes; else echo speed_bench=no; fi; echo "speed_bench_path=$(ls -d '
     '"${HF_HOME:-$HOME/.cache/huggingface}"/hub/datasets--nvidia--SPEED-Bench/snapshots/*/ 2>/dev/null | head -1)"'
 )

@@ -581,7 +581,10 @@ def _print_standing(con: Console, st, kind: str | None, found: list) -> None:
             for i, c in enumerate(found, 1):
                 con.print(f"  {i}. {escape(c.line())}")
         else:
-            con.print("no cause found in the cluster's facts (fabric, MTU, twins, image, vLLM, driver, weights)")
+            con.print(
+                "no cause found in the cluster's facts "
+                "(fabric, MTU, twins, memory, image, vLLM, driver, weights, prompts)"
+            )
     elif st.verdict == "ok":
         con.print("[green]holds[/]: every compared figure within the tolerance")
 
