@@ -222,7 +222,7 @@ def _prompts(ours: PerfRecord | None, record: PerfRecord) -> list[Cause]:
                 "prompts",
                 None,
                 says,
-                f"download the dataset repository {prompts.SPEED_BENCH} into the head's HF cache and measure again "
+                f"prepare {prompts.SPEED_BENCH} ({prompts.PREPARE_HINT}) and measure again "
                 "(a speculative profile is then measured on it where the image's vLLM has --dataset-name speed_bench)"
                 if b.startswith(prompts.SPEED_BENCH)
                 else "measure with the record's harness and dataset",

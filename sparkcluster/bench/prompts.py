@@ -16,9 +16,16 @@ The facts:
 The rule: a speculative profile compared with a record measured on SPEED-Bench is measured on the
 record's dataset where the head's image can (`vllm bench serve --dataset-name speed_bench`, vllm PR
 #36029; its options `--dataset-path`, `--speed-bench-dataset-subset`, `--speed-bench-output-len` per
-https://docs.vllm.ai/en/latest/cli/bench/serve/) and the dataset lies in the head's HF cache (the
-hub's dataset repository nvidia/SPEED-Bench, as the hub's own tools put it there); else the run
-sends random prompts and every figure decode decides is refused beside the record's, saying why.
+https://docs.vllm.ai/en/latest/cli/bench/serve/) and the prepared dataset lies in the head's HF cache
+folder, `<hf_cache>/speed_bench` (PREPARED); else the run sends random prompts and every figure decode
+decides is refused beside the record's, saying why.
+
+Prepared, not downloaded: the hub's nvidia/SPEED-Bench holds a placeholder where a source dataset does
+not permit redistribution, and NVIDIA-NeMo/Skills' `nemo_skills/dataset/speed-bench/prepare.py` fetches
+those rows (vLLM's benchmarking docs, docs.vllm.ai/en/latest/benchmarking/cli: `--config`,
+`--output_dir`, then `--dataset-path <output>/data/speed_bench`; aiperf's SPEED-Bench loader says the
+same of the placeholders). So the owner runs it once on the head, into the HF cache (every container
+mounts it at the same path): `PREPARE_HINT`.
 """
 
 from __future__ import annotations
@@ -37,13 +44,21 @@ WHY_RANDOM = (
     "on random prompts says nothing about the record's"
 )
 
-# In the head container: does its vLLM's bench know speed_bench, and where is the dataset in the HF
-# cache? Prints `speed_bench=yes|no` and `speed_bench_path=<snapshot folder>` (empty when absent).
+PREPARED = "speed_bench"  # the prepared dataset's folder in the HF cache (prepare.py's --output_dir)
+PREPARE_HINT = (
+    "on the head, run NVIDIA-NeMo/Skills' nemo_skills/dataset/speed-bench/prepare.py "
+    f"--config SUBSET --output_dir <the inventory's hf_cache>/{PREPARED}"
+)
+# In the head container: does its vLLM's bench know speed_bench, and where is the prepared dataset?
+# Prints `speed_bench=yes|no` and `speed_bench_path=<folder>` (empty when absent): prepare.py's
+# `data/speed_bench` under PREPARED where it made one, else PREPARED itself where it holds files.
 PROBE = (
     "if { vllm bench serve --help=all 2>&1 || vllm bench serve --help 2>&1; } "
     "| grep -q -- --speed-bench-dataset-subset; "
-    'then echo speed_bench=yes; else echo speed_bench=no; fi; echo "speed_bench_path=$(ls -d '
-    '"${HF_HOME:-$HOME/.cache/huggingface}"/hub/datasets--nvidia--SPEED-Bench/snapshots/*/ 2>/dev/null | head -1)"'
+    'then echo speed_bench=yes; else echo speed_bench=no; fi; p=""; '
+    f'for d in "${{HF_HOME:-$HOME/.cache/huggingface}}/{PREPARED}/data/speed_bench" '
+    f'"${{HF_HOME:-$HOME/.cache/huggingface}}/{PREPARED}"; do '
+    '[ -n "$(ls -A "$d" 2>/dev/null)" ] && { p="$d"; break; }; done; echo "speed_bench_path=$p"'
 )
 
 
@@ -122,7 +137,7 @@ def choose(record, spec_method: str, harness: str, has_speed_bench: bool, path: 
             fallback=f"the head image's `vllm bench serve` has no --dataset-name {VLLM_DATASET} (vLLM PR #36029)"
         )
     if not path:
-        return PromptSet(fallback=f"{SPEED_BENCH} is not in the head's HF cache")
+        return PromptSet(fallback=f"no prepared {SPEED_BENCH} in the head's HF cache ({PREPARE_HINT})")
     return PromptSet(SPEED_BENCH, want[1], path)
 
 
@@ -132,5 +147,5 @@ def refusal(spec_method: str, record_dataset: str, ours: str, fallback: str = ""
     return (
         f"decode figures ({', '.join(DECODE_BOUND)}): this profile decodes speculatively ({spec_method}) and "
         f"this run sent {ours} prompts{why}, the record {record_dataset}'s: {WHY_RANDOM}; "
-        f"download the dataset repository {SPEED_BENCH} into the head's HF cache and measure again"
+        f"prepare {SPEED_BENCH} ({PREPARE_HINT}) and measure again"
     )

@@ -179,7 +179,7 @@ def test_a_speculative_profiles_decode_figures_on_random_prompts_are_refused_say
 
 def test_the_probe_finds_speed_bench_in_the_captured_vllm_032_help_and_the_dataset_folder(tmp_path):
     """PROBE run by sh against a `vllm` that prints vLLM 0.32.0's captured `--help=all`, with and
-    without the dataset in HF_HOME."""
+    without a prepared dataset in HF_HOME."""
     fake = tmp_path / "bin" / "vllm"
     fake.parent.mkdir()
     fake.write_text(f"#!/bin/sh\ncat {CAPTURED / 'vllm-bench-serve-help-all.txt'}\n")
@@ -188,10 +188,18 @@ def test_the_probe_finds_speed_bench_in_the_captured_vllm_032_help_and_the_datas
     env = {"PATH": f"{fake.parent}:{os.environ['PATH']}", "HF_HOME": str(hf)}
     out = subprocess.run(["sh", "-c", prompts.PROBE], env=env, capture_output=True, text=True, check=True).stdout
     assert prompts.parse_probe(out) == (True, "")
-    snap = hf / "hub" / "datasets--nvidia--SPEED-Bench" / "snapshots" / "abc123"
-    snap.mkdir(parents=True)
+    prepared = hf / "speed_bench"
+    prepared.mkdir(parents=True)  # an empty folder is no dataset
     out = subprocess.run(["sh", "-c", prompts.PROBE], env=env, capture_output=True, text=True, check=True).stdout
-    assert prompts.parse_probe(out) == (True, f"{snap}/")
+    assert prompts.parse_probe(out) == (True, "")
+    (prepared / "throughput_8k.jsonl").write_text("{}\n")  # files straight in the folder
+    out = subprocess.run(["sh", "-c", prompts.PROBE], env=env, capture_output=True, text=True, check=True).stdout
+    assert prompts.parse_probe(out) == (True, str(prepared))
+    nested = prepared / "data" / "speed_bench"  # where vLLM's docs say prepare.py puts it
+    nested.mkdir(parents=True)
+    (nested / "throughput_8k.jsonl").write_text("{}\n")
+    out = subprocess.run(["sh", "-c", prompts.PROBE], env=env, capture_output=True, text=True, check=True).stdout
+    assert prompts.parse_probe(out) == (True, str(nested))
     fake.write_text("#!/bin/sh\necho 'usage: vllm bench serve [options]'\n")
     out = subprocess.run(["sh", "-c", prompts.PROBE], env=env, capture_output=True, text=True, check=True).stdout
     assert prompts.parse_probe(out)[0] is False
@@ -201,16 +209,12 @@ def test_a_speculative_profile_is_measured_on_the_records_dataset_where_the_imag
     spec = load_profile("qwen36-35b-nvfp4-mtp")
     assert prompts.speculative(spec) == "mtp"
     published = perf_record.load(ROOT / "env-profiles" / "qwen36-35b-nvfp4-single.perf.toml")
-    got = prompts.choose(
-        published, "mtp", "vllm-bench-serve", True, "/hf/hub/datasets--nvidia--SPEED-Bench/snapshots/r/"
-    )
-    assert got == prompts.PromptSet(
-        prompts.SPEED_BENCH, "throughput_8k", "/hf/hub/datasets--nvidia--SPEED-Bench/snapshots/r/"
-    )
+    got = prompts.choose(published, "mtp", "vllm-bench-serve", True, "/hf/speed_bench/data/speed_bench")
+    assert got == prompts.PromptSet(prompts.SPEED_BENCH, "throughput_8k", "/hf/speed_bench/data/speed_bench")
     argv = bench_argv(Level(1, 8, 8192, 256), Target("http://127.0.0.1:8000", "m", "m"), "/tmp/x", prompts=got)
     assert "--dataset-name=speed_bench" in argv and "--speed-bench-dataset-subset=throughput_8k" in argv
     assert "--speed-bench-output-len=256" in argv and not any(a.startswith("--random-") for a in argv)
-    assert "--dataset-path=/hf/hub/datasets--nvidia--SPEED-Bench/snapshots/r/" in argv
+    assert "--dataset-path=/hf/speed_bench/data/speed_bench" in argv
     # the flags it uses are those vLLM 0.32.0's bench has (its captured --help=all)
     help_all = (CAPTURED / "vllm-bench-serve-help-all.txt").read_text()
     for flag in ("--dataset-path", "--speed-bench-dataset-subset", "--speed-bench-output-len"):
@@ -218,7 +222,7 @@ def test_a_speculative_profile_is_measured_on_the_records_dataset_where_the_imag
     no_image = prompts.choose(published, "mtp", "vllm-bench-serve", False, "")
     assert not no_image.speed_bench and "no --dataset-name speed_bench" in no_image.fallback
     no_data = prompts.choose(published, "mtp", "vllm-bench-serve", True, "")
-    assert not no_data.speed_bench and "not in the head's HF cache" in no_data.fallback
+    assert not no_data.speed_bench and "no prepared nvidia/SPEED-Bench in the head's HF cache" in no_data.fallback
     assert prompts.choose(published, "", "vllm-bench-serve", True, "/x") == prompts.PromptSet()  # not speculative
     assert prompts.choose(None, "mtp", "vllm-bench-serve", True, "/x") == prompts.PromptSet()  # nothing compared
 
