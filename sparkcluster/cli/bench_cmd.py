@@ -351,7 +351,7 @@ def bench(
                 head.setup_benchy(inv.cluster.pip_index_url)
         sent = bench_pkg.prompt_set(head, reference, prof, harness)
         if sent.fallback:
-            err.print(f"random prompts, not the record's: {sent.fallback}")
+            err.print(f"not the record's prompts: {sent.fallback}")
         run_dir = bench_pkg.new_run_dir(inv.cluster.name, out, started)
         n_in = sorted({lv.input_len for lv in levels})
         n_out = sorted({lv.output_len for lv in levels})
