@@ -1,5 +1,5 @@
 """Which prompts a run sends, and what a speculative-decoding profile's figures mean on them (issue 58).
-Pure, but for the probe's command line (run in the head container by runner.Head.speed_bench).
+Pure; `probe` is the line runner.Head.speed_bench runs in the head container.
 
 The facts:
 - Every shipped record was measured on nvidia/SPEED-Bench, its `throughput_8k` subset (NVIDIA's
@@ -49,17 +49,23 @@ PREPARE_HINT = (
     "on the head, run NVIDIA-NeMo/Skills' nemo_skills/dataset/speed-bench/prepare.py "
     f"--config SUBSET --output_dir <the inventory's hf_cache>/{PREPARED}"
 )
-# In the head container: does its vLLM's bench know speed_bench, and where is the prepared dataset?
-# Prints `speed_bench=yes|no` and `speed_bench_path=<folder>` (empty when absent): prepare.py's
-# `data/speed_bench` under PREPARED where it made one, else PREPARED itself where it holds files.
-PROBE = (
-    "if { vllm bench serve --help=all 2>&1 || vllm bench serve --help 2>&1; } "
-    "| grep -q -- --speed-bench-dataset-subset; "
-    'then echo speed_bench=yes; else echo speed_bench=no; fi; p=""; '
-    f'for d in "${{HF_HOME:-$HOME/.cache/huggingface}}/{PREPARED}/data/speed_bench" '
-    f'"${{HF_HOME:-$HOME/.cache/huggingface}}/{PREPARED}"; do '
-    '[ -n "$(ls -A "$d" 2>/dev/null)" ] && { p="$d"; break; }; done; echo "speed_bench_path=$p"'
-)
+
+
+def probe(subset: str) -> str:
+    """The shell line, run in the head container, that says whether its vLLM's bench knows speed_bench
+    and where the prepared subset is: `speed_bench=yes|no`, `speed_bench_path=<folder>` ("" when
+    absent). prepare.py writes `<output_dir>/<subset>.jsonl` (as runners that call it check); vLLM's
+    docs name `<output>/data/speed_bench` as the path: either folder holding `<subset>.jsonl` is taken."""
+    if subset not in SUBSETS:
+        raise ValueError(f"not a SPEED-Bench subset: {subset!r}")
+    home = "${HF_HOME:-$HOME/.cache/huggingface}"
+    return (
+        "if { vllm bench serve --help=all 2>&1 || vllm bench serve --help 2>&1; } "
+        "| grep -q -- --speed-bench-dataset-subset; "
+        'then echo speed_bench=yes; else echo speed_bench=no; fi; p=""; '
+        f'for d in "{home}/{PREPARED}" "{home}/{PREPARED}/data/speed_bench"; do '
+        f'[ -s "$d/{subset}.jsonl" ] && {{ p="$d"; break; }}; done; echo "speed_bench_path=$p"'
+    )
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from sparkcluster import log, redact
 from sparkcluster.bench import aiperf, benchy
-from sparkcluster.bench.prompts import PROBE, PromptSet, choose, parse_probe, speculative, wanted
+from sparkcluster.bench.prompts import PromptSet, choose, parse_probe, probe, speculative, wanted
 from sparkcluster.bench.results import failure_reason, level_error, progress, row_from_result, run_id
 from sparkcluster.bench.sweep import (
     _RUN_ID,
@@ -76,10 +76,10 @@ class Sweep:
 def prompt_set(head: Head, record, prof, harness: str) -> PromptSet:
     """The prompts this run sends (bench/prompts.choose): the head is asked only for a speculative
     profile compared with a record measured on a dataset."""
-    spec = speculative(prof)
-    if not spec or wanted(record) is None or harness != "vllm-bench-serve":
+    spec, want = speculative(prof), wanted(record)
+    if not spec or want is None or harness != "vllm-bench-serve":
         return choose(record, spec, harness, False, "")
-    return choose(record, spec, harness, *head.speed_bench())
+    return choose(record, spec, harness, *head.speed_bench(want[1]))
 
 
 def run_sweep(
@@ -221,10 +221,10 @@ class Head:
                 details=tail,
             )
 
-    def speed_bench(self) -> tuple[bool, str]:
-        """Whether the image's `vllm bench serve` has speed_bench, and the dataset's folder in the
-        head's HF cache ("" when absent): bench/prompts.PROBE."""
-        code, out = self._exec(["sh", "-c", PROBE], {})
+    def speed_bench(self, subset: str) -> tuple[bool, str]:
+        """Whether the image's `vllm bench serve` has speed_bench, and the prepared subset's folder in
+        the head's HF cache ("" when absent): bench/prompts.probe."""
+        code, out = self._exec(["sh", "-c", probe(subset)], {})
         return parse_probe(out) if code == 0 else (False, "")
 
     def vllm_version(self) -> str:

@@ -186,22 +186,34 @@ def test_the_probe_finds_speed_bench_in_the_captured_vllm_032_help_and_the_datas
     fake.chmod(0o755)
     hf = tmp_path / "hf"
     env = {"PATH": f"{fake.parent}:{os.environ['PATH']}", "HF_HOME": str(hf)}
-    out = subprocess.run(["sh", "-c", prompts.PROBE], env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sh", "-c", prompts.probe("throughput_8k")], env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert prompts.parse_probe(out) == (True, "")
     prepared = hf / "speed_bench"
-    prepared.mkdir(parents=True)  # an empty folder is no dataset
-    out = subprocess.run(["sh", "-c", prompts.PROBE], env=env, capture_output=True, text=True, check=True).stdout
+    prepared.mkdir(parents=True)
+    (prepared / "qualitative.jsonl").write_text("{}\n")  # another subset is not this one
+    out = subprocess.run(
+        ["sh", "-c", prompts.probe("throughput_8k")], env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert prompts.parse_probe(out) == (True, "")
-    (prepared / "throughput_8k.jsonl").write_text("{}\n")  # files straight in the folder
-    out = subprocess.run(["sh", "-c", prompts.PROBE], env=env, capture_output=True, text=True, check=True).stdout
+    (prepared / "throughput_8k.jsonl").write_text("{}\n")  # prepare.py --output_dir <hf_cache>/speed_bench
+    out = subprocess.run(
+        ["sh", "-c", prompts.probe("throughput_8k")], env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert prompts.parse_probe(out) == (True, str(prepared))
-    nested = prepared / "data" / "speed_bench"  # where vLLM's docs say prepare.py puts it
+    (prepared / "throughput_8k.jsonl").unlink()
+    nested = prepared / "data" / "speed_bench"  # the path vLLM's docs name
     nested.mkdir(parents=True)
     (nested / "throughput_8k.jsonl").write_text("{}\n")
-    out = subprocess.run(["sh", "-c", prompts.PROBE], env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sh", "-c", prompts.probe("throughput_8k")], env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert prompts.parse_probe(out) == (True, str(nested))
     fake.write_text("#!/bin/sh\necho 'usage: vllm bench serve [options]'\n")
-    out = subprocess.run(["sh", "-c", prompts.PROBE], env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sh", "-c", prompts.probe("throughput_8k")], env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert prompts.parse_probe(out)[0] is False
 
 
@@ -231,7 +243,8 @@ def test_the_head_is_asked_only_for_a_speculative_profile_compared_with_a_datase
     class Head:
         asked = 0
 
-        def speed_bench(self):
+        def speed_bench(self, subset):
+            assert subset == "throughput_8k"
             Head.asked += 1
             return True, "/snap/"
 
