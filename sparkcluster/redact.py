@@ -8,8 +8,27 @@ secrets exist.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 MASK = "******"
+# the .env the tool reads when none is named (config/secrets.py: --env-file, else
+# $SPARKCLUSTER_ENV_FILE, else this); here, on the lowest floor, so every fix that names a missing
+# secret (movement's gated-repository error too) names this one path
+DEFAULT_ENV_FILE = Path("~/.config/sparkcluster/.env")
+
+
+def set_fix(name: str, value: str = "...", path: Path | None = None) -> str:
+    """The fix that names a missing secret: the line that appends it to the .env the tool reads
+    (`path` where one was named, else DEFAULT_ENV_FILE), created 0600, runnable as printed once the
+    value is filled in; the environment is the other place."""
+    where = str(path) if path is not None else str(DEFAULT_ENV_FILE)
+    folder = where.rsplit("/", 1)[0] if "/" in where else "."
+    return (
+        f"(umask 077; mkdir -p {folder}; echo '{name}={value}' >> {where}) "
+        f"-- {where} must have mode 0600; or set {name} in the environment"
+    )
+
+
 _lock = threading.Lock()
 _values: set[str] = set()
 

@@ -14,7 +14,7 @@ HF cache, and the requests do not cross the controller's network, which is not w
 
 import time  # re-exported: tests patch `bench.time.sleep` (the module runner.Head polls with)
 
-from sparkcluster.bench import against, aiperf, benchy, causes, measured, perf_record
+from sparkcluster.bench import against, aiperf, benchy, causes, measured, perf_record, prompts
 from sparkcluster.bench.causes import parse_mtus
 from sparkcluster.bench.results import (
     COLUMNS,
@@ -56,6 +56,7 @@ from sparkcluster.bench.runner import (
     node_facts,
     parse_facts,
     parse_rtt,
+    prompt_set,
     rank_rtts,
     row_for,
     run_sweep,
@@ -164,6 +165,7 @@ __all__ = [
     "model_revision",
     "parse_mtus",
     "parse_rtt",
+    "prompt_set",
     "rank_rtts",
     "row_for",
     "time",
@@ -172,6 +174,7 @@ __all__ = [
     "measured",
     "against",
     "causes",
+    "prompts",  # issue 58: the prompts a run sends, a speculative profile's refusal
     "canary",
     "aiperf",
     "benchy",

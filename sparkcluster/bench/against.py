@@ -5,9 +5,14 @@ What is compared, and what is not (never silently):
 - Refused: another model, another node count (the whole record), and every run of the record whose
   conditions (prompt and answer lengths, concurrency) this run did not measure: each refusal says the
   `sparkcluster bench` options that measure them.
+- Refused for a speculative-decoding profile (our record's software.speculative): the figures decode
+  decides (prompts.DECODE_BOUND) of every run whose prompts differ from the record's, because draft
+  acceptance follows the text (bench/prompts.py states the rule and its sources).
 - Flagged: another harness (aiperf or llama-benchy against vLLM's bench: each defines prefill speed on its
   own prompts and TTFT), another harness version, another dataset (SPEED-Bench against random prompts),
-  another accelerator. The ratios are still given, with the flags beside them.
+  another accelerator, hosts of another memory size (issue 52: a 64 GB Spark's record beside a 128 GB
+  one's run holds another KV cache, so is not like for like; the causes rank it, bench/causes.py). The
+  ratios are still given, with the flags beside them.
 - The ratio is yours over theirs for throughputs and theirs over yours for latencies, so below 1 is
   always worse; a figure is short when its ratio is under 1 - margin, the margin being the tolerance or,
   where the record measured the figure several times, twice its spread if that is wider (a noisy figure
@@ -19,8 +24,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from sparkcluster.bench import results
+from sparkcluster.bench import prompts, results
 from sparkcluster.bench.perf_record import FIGURES, THROUGHPUTS, PerfRecord
+from sparkcluster.node import memory_fit
 
 # shown, never deciding the verdict (see the module's docstring)
 TAIL_FIGURES = frozenset({"ttft_ms_p99", "itl_ms_p99"})
@@ -110,6 +116,10 @@ def against(ours: PerfRecord, theirs: PerfRecord, tolerance_pct: float = 10.0) -
         st.flags.append(
             f"accelerator: the record ran on {theirs.hardware.accelerator}, this run on {ours.hardware.accelerator}"
         )
+    memory = memory_flag(ours, theirs)
+    if memory:
+        st.flags.append(memory)
+    spec = ours.software.speculative
     datasets: set[str] = set()
     for run in theirs.runs:
         key = run.conditions.key
@@ -120,14 +130,21 @@ def against(ours: PerfRecord, theirs: PerfRecord, tolerance_pct: float = 10.0) -
                 f"sparkcluster bench {bench_options(key)} measures it"
             )
             continue
-        if mine.conditions.dataset != run.conditions.dataset:
+        other_prompts = prompts.said(mine.conditions) != prompts.said(run.conditions)
+        if other_prompts:
             datasets.add(
-                f"dataset: the record's prompts are {run.conditions.dataset}, this run's {mine.conditions.dataset}"
+                f"dataset: the record's prompts are {prompts.said(run.conditions)}, "
+                f"this run's {prompts.said(mine.conditions)}"
             )
+        refused = frozenset(prompts.DECODE_BOUND) if spec and other_prompts else frozenset()
         theirs_f, ours_f = run.figures.present(), mine.figures.present()
+        if refused & theirs_f.keys() & ours_f.keys():
+            st.refused.append(
+                f"run {run.id}: " + prompts.refusal(spec, prompts.said(run.conditions), prompts.said(mine.conditions))
+            )
         for fig, t in theirs_f.items():
             o = ours_f.get(fig)
-            if o is None:
+            if o is None or fig in refused:
                 continue
             ratio = o / t if fig in THROUGHPUTS else t / o
             margin = max(tolerance_pct, 2.0 * run.spread_pct.get(fig, 0.0))
@@ -146,6 +163,19 @@ def against(ours: PerfRecord, theirs: PerfRecord, tolerance_pct: float = 10.0) -
             )
     st.flags.extend(sorted(datasets))
     return st
+
+
+def memory_flag(ours: PerfRecord, theirs: PerfRecord) -> str:
+    """The flag for hosts of another memory size (issue 52), "" where both are of one size or either
+    record does not say (a record's "unknown" is never taken for a size)."""
+    a, b = ours.hardware.memory_known, theirs.hardware.memory_known
+    if a is None or b is None or memory_fit.same_size({"ours": a, "theirs": b}):
+        return ""
+    return (
+        f"memory: the record's hosts have {b:g} GB, this run's {a:g} GB: another memory size holds another "
+        "KV cache (fewer sequences before vLLM preempts), so this is not like for like; compare with a record "
+        "of your hosts' size or a baseline of your own (--keep-baseline)"
+    )
 
 
 CSV_COLUMNS = ("run", "conditions", "concurrency", "figure", "yours", "record", "ratio", "short", "margin_pct")

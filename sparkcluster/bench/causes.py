@@ -15,11 +15,18 @@ by class, most likely first, because of how much speed each has been seen to cos
    throughput).
 3. twins (multi-node only): a node whose `NCCL_IB_HCA` names one HCA of its port, so NCCL uses half of
    it (NVIDIA's two-Spark recipes: "use both twins"), against a published record or beside a node with two.
-4. image: another image than the record's (its registry digest, else its name).
-5. vllm: another vLLM version.
-6. driver: another NVIDIA driver than the record's.
-7. model: another revision of the weights.
-8. kernel: another kernel, where the record names one.
+4. memory (issue 52): a node whose MemTotal is of another memory size than the record's hosts (a 64 GB
+   Spark against a 128 GB one's record, or the reverse; node/memory_fit.same_size), where the record
+   says its size: another KV cache, so not like for like. A hardware fact, so before the software.
+5. image: another image than the record's (its registry digest, else its name).
+6. vllm: another vLLM version.
+7. driver: another NVIDIA driver than the record's.
+8. model: another revision of the weights.
+9. kernel: another kernel, where the record names one.
+10. prompts (issue 58): this run sent other prompts than the record's (random tokens against
+   nvidia/SPEED-Bench). Last for a profile without speculative decoding (prompts of the same lengths
+   cost the same compute, to first order); FIRST for a speculative one, whose decode speed is its
+   drafts' acceptance, which the text decides (bench/prompts.py: vllm#33497).
 
 Within a class, the nodes go in inventory order. The same list is returned whether or not the run fell
 short; the caller shows it when it did.
@@ -29,12 +36,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sparkcluster.bench import prompts
 from sparkcluster.bench.perf_record import PerfRecord
+from sparkcluster.node import memory_fit
 
 RTT_SLOW_MS = 1.0
 # under the benchmark's own load: a few ms of scheduling on a busy host is noise, more is a queueing link
 RTT_LOADED_SLOW_MS = 5.0
-CLASSES = ("fabric", "mtu", "twins", "image", "vllm", "driver", "model", "kernel")
+CLASSES = ("fabric", "mtu", "twins", "memory", "image", "vllm", "driver", "model", "kernel", "prompts")
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,7 @@ class NodeView:
     rtt_ms: float | None = None  # from the head to this node's control IP (the ranks' path); None: the head
     rtt_error: str = ""  # why no round trip was measured (no answer at all is the worst case)
     rtt_loaded_ms: float | None = None  # the same, measured while the benchmark ran
+    mem_total: int | None = None  # MemTotal in bytes (bench's node facts), None unread
 
 
 @dataclass(frozen=True)
@@ -75,16 +85,21 @@ class Cause:
         return f"[{self.area}] {where}{self.says} -- fix: {self.fix}"
 
 
-def rank(view: ClusterView, record: PerfRecord) -> list[Cause]:
-    """Every cause the facts support, most likely first (the module's rule)."""
+def rank(view: ClusterView, record: PerfRecord, ours: PerfRecord | None = None) -> list[Cause]:
+    """Every cause the facts support, most likely first (the module's rule). `ours`: this run's
+    record (its prompts and whether it decodes speculatively)."""
     found: list[Cause] = []
     multi = len(view.nodes) > 1
     if multi:
         found += _fabric(view)
         found += _twins(view, record)
     found += _mtu(view)
+    found += _memory(view, record)
     found += _software(view, record)
+    found += _prompts(ours, record)
     order = {c: i for i, c in enumerate(CLASSES)}
+    if ours is not None and ours.software.speculative:
+        order["prompts"] = -1  # a speculative profile: the prompts decide its decode speed
     names = [n.name for n in view.nodes]
     return sorted(found, key=lambda c: (order[c.area], names.index(c.node) if c.node in names else -1))
 
@@ -162,6 +177,57 @@ def _mtu(view: ClusterView) -> list[Cause]:
                     f"set MTU {n.mtu_expected} on those links (sparkcluster doctor's net.mtu says how)",
                 )
             )
+    return out
+
+
+def _memory(view: ClusterView, record: PerfRecord) -> list[Cause]:
+    theirs = record.hardware.memory_known
+    if theirs is None:  # the record does not say: never assumed
+        return []
+    out = []
+    for n in view.nodes:
+        if n.mem_total and not memory_fit.same_size({"here": n.mem_total / memory_fit.GB, "record": theirs}):
+            out.append(
+                Cause(
+                    "memory",
+                    n.name,
+                    f"MemTotal {memory_fit.gb(n.mem_total)} here, the record's hosts {theirs:g} GB: another memory "
+                    "size holds another KV cache, so the record is not like for like",
+                    "compare with a record measured on Sparks of this memory size, or keep a baseline of your own "
+                    "(sparkcluster bench --keep-baseline)",
+                )
+            )
+    return out
+
+
+def _prompts(ours: PerfRecord | None, record: PerfRecord) -> list[Cause]:
+    if ours is None:
+        return []
+    seen = set()
+    for run in record.runs:
+        mine = ours.run_at(run.conditions.key)
+        if mine is None:
+            continue
+        a, b = prompts.said(mine.conditions), prompts.said(run.conditions)
+        if a != b:
+            seen.add((a, b))
+    out = []
+    for a, b in sorted(seen):
+        spec = ours.software.speculative
+        says = f"this run sent {a} prompts, the record {b}'s"
+        if spec:
+            says += f": this profile decodes speculatively ({spec}), and {prompts.WHY_RANDOM}"
+        out.append(
+            Cause(
+                "prompts",
+                None,
+                says,
+                f"prepare {prompts.SPEED_BENCH} ({prompts.PREPARE_HINT}) and measure again "
+                "(a speculative profile is then measured on it where the image's vLLM has --dataset-name speed_bench)"
+                if b.startswith(prompts.SPEED_BENCH)
+                else "measure with the record's harness and dataset",
+            )
+        )
     return out
 
 
@@ -285,6 +351,7 @@ def view_from(
         gpu = [p.strip() for p in (f.get("gpu") or "").split(",")]
         mtus = parse_mtus(f.get("mtus", ""))
         rtt, why = rtts.get(name, (None, ""))
+        kb = str(f.get("mem_total_kb", "")).strip()
         out.append(
             NodeView(
                 name,
@@ -297,6 +364,7 @@ def view_from(
                 rtt_ms=rtt,
                 rtt_error=why,
                 rtt_loaded_ms=(loaded_rtts or {}).get(name, (None, ""))[0],
+                mem_total=int(kb) * 1024 if kb.isdigit() and int(kb) > 0 else None,
             )
         )
     return ClusterView(

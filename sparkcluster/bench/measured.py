@@ -15,7 +15,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from sparkcluster import __version__
-from sparkcluster.bench.perf_record import PerfRecord
+from sparkcluster.bench.perf_record import UNKNOWN, PerfRecord
+from sparkcluster.bench.prompts import PromptSet
 
 # the prompts each harness sends: vLLM bench's random tokens, llama-benchy's book (its --book-url default),
 # aiperf's synthetic prompts (its default corpus, Shakespeare's sonnets)
@@ -47,6 +48,8 @@ class Provenance:
     all_reduce: str = ""  # the backend the ranks named for the TP all-reduce (deployment/engine_ranks)
     topology: str | None = None
     gpus: int = 0
+    prompts: PromptSet | None = None  # what the run sent (bench/prompts.choose); None: the harness's own
+    speculative: str = ""  # bench/prompts.speculative(profile)
 
 
 def figures_of(row: dict) -> dict[str, float]:
@@ -105,6 +108,14 @@ def driver(nodes: dict[str, dict]) -> str | None:
     return parts[1] if len(parts) > 1 and parts[1] else None
 
 
+def memory_gb(nodes: dict[str, dict]) -> float | str:
+    """The hosts' memory for the record (issue 52): the smallest node's MemTotal in GB (10^9), one
+    decimal, from bench's node facts (`mem_total_kb`, /proc/meminfo's kB being KiB); "unknown" where none read."""
+    kbs = [int(v["mem_total_kb"]) for v in nodes.values() if str(v.get("mem_total_kb", "")).strip().isdigit()]
+    kbs = [k for k in kbs if k > 0]
+    return round(min(kbs) * 1024 / 1e9, 1) if kbs else UNKNOWN
+
+
 def build(
     rows: list[dict],
     prov: Provenance,
@@ -123,6 +134,7 @@ def build(
         key = (int(r["input_len"]), int(r["output_len"]), int(r["concurrency"]))
         by_level.setdefault(key, []).append(r)
     runs = []
+    sent_dataset = prov.prompts is not None and prov.prompts.speed_bench
     for (n_in, n_out, c), group in by_level.items():
         figs = [figures_of(r) for r in group]
         names = sorted({k for f in figs for k in f})
@@ -135,7 +147,8 @@ def build(
                 "input_tokens": n_in,
                 "output_tokens": n_out,
                 "concurrency": c,
-                "dataset": DATASETS.get(harness, "random"),
+                "dataset": prov.prompts.dataset if sent_dataset else DATASETS.get(harness, "random"),
+                "dataset_subset": prov.prompts.subset if sent_dataset else None,
                 "requests": int(group[0].get("num_prompts") or 0) or None,
             },
             "figures": mean,
@@ -158,6 +171,7 @@ def build(
                 "accelerator": accelerator(nodes),
                 "label": f"cluster {prov.cluster}",
                 "topology": prov.topology,
+                "memory_gb": memory_gb(nodes),
             },
             "harness": {"name": harness, "version": harness_version or "unknown", "argv": argv},
             "software": {
@@ -176,6 +190,7 @@ def build(
                 "profile": prov.profile or None,
                 "profile_hash": prov.profile_hash or None,
                 "sparkcluster_version": _version(),
+                "speculative": prov.speculative or None,
             },
             "runs": runs,
         }

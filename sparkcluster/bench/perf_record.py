@@ -25,7 +25,7 @@ import datetime as dt
 import math
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -68,12 +68,24 @@ class Source(_Strict):
     note: str = ""
 
 
+UNKNOWN = "unknown"
+
+
 class Hardware(_Strict):
     nodes: int = Field(ge=1, le=64)
     gpus: int = Field(ge=1, le=512)
     accelerator: str = Field(min_length=1)
     label: str = ""
     topology: str | None = None  # direct, switch, ring, mesh (sparkcluster's words), when said
+    # each host's memory in GB (10^9), issue 52: 128 GB and 64 GB Sparks exist (node/memory_fit.py).
+    # A run of ours: MemTotal as bench's node facts read it, the smallest node's where they differ
+    # (every rank gets what the smallest holds). A published record: what its source says, else
+    # "unknown" (never assumed: a record from another memory size is flagged by `bench --compare`).
+    memory_gb: Annotated[float, Field(gt=0, le=4096)] | Literal["unknown"] = UNKNOWN
+
+    @property
+    def memory_known(self) -> float | None:
+        return None if self.memory_gb == UNKNOWN else float(self.memory_gb)
 
 
 class HarnessInfo(_Strict):
@@ -103,6 +115,9 @@ class Software(_Strict):
     profile: str | None = None
     profile_hash: str | None = Field(default=None, pattern=_HEX64)
     sparkcluster_version: str | None = None
+    # the profile's speculative-decoding method ("mtp", "eagle3", ...) where it decodes speculatively
+    # (ours; a published record where its recipe says): its decode speed depends on the prompts (bench/prompts.py)
+    speculative: str | None = None
 
 
 class Conditions(_Strict):
@@ -110,6 +125,9 @@ class Conditions(_Strict):
     output_tokens: int = Field(ge=1)
     concurrency: int = Field(ge=1)
     dataset: str = Field(min_length=1)  # "random" (vLLM bench's synthetic prompts), "nvidia/SPEED-Bench", ...
+    # the dataset's part the prompts came from, where it has parts: SPEED-Bench's "qualitative" or
+    # "throughput_1k" ... "throughput_32k" (NVIDIA's performance.yaml: workload.profile)
+    dataset_subset: str | None = None
     requests: int | None = Field(default=None, ge=1)
     warmup_requests: int | None = Field(default=None, ge=0)
     context_tokens: int | None = Field(default=None, ge=1)  # the served max_model_len, where said

@@ -126,7 +126,7 @@ def level_error(doc: dict, output: str, level: Level, base_url: str) -> SparkErr
     if "Unauthorized" in why or "401" in why:
         return InputError(
             f"the endpoint refused the benchmark's API key at concurrency {level.concurrency}: {why}",
-            "set VLLM_API_KEY to the key the cluster was started with (--env-file or the environment)",
+            f"set VLLM_API_KEY to the key the cluster was started with: {redact.set_fix('VLLM_API_KEY')}",
         )
     return SparkError(
         f"no request completed at concurrency {level.concurrency}: {why}", f"read {level.name}.log in the run folder"

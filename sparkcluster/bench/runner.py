@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from sparkcluster import log, redact
 from sparkcluster.bench import aiperf, benchy
+from sparkcluster.bench.prompts import PromptSet, choose, parse_probe, probe, speculative, wanted
 from sparkcluster.bench.results import failure_reason, level_error, progress, row_from_result, run_id
 from sparkcluster.bench.sweep import (
     _RUN_ID,
@@ -72,6 +73,15 @@ class Sweep:
     failed: str = ""  # why the sweep stopped early, else ""
 
 
+def prompt_set(head: Head, record, prof, harness: str) -> PromptSet:
+    """The prompts this run sends (bench/prompts.choose): the head is asked only for a speculative
+    profile compared with a record measured on a dataset."""
+    spec, want = speculative(prof), wanted(record)
+    if not spec or want is None or harness != "vllm-bench-serve":
+        return choose(record, spec, harness, False, "")
+    return choose(record, spec, harness, *head.speed_bench(want[1]))
+
+
 def run_sweep(
     head: Head,
     levels: list[Level],
@@ -80,6 +90,7 @@ def run_sweep(
     run_dir: Path,
     on_progress: Callable[[Level, int, int], None] | None = None,
     harness: str = "vllm-bench-serve",
+    prompts: PromptSet | None = None,
 ) -> Sweep:
     """Each level in turn; its raw JSON lands in the run folder as soon as it is measured, so an
     interruption or a failed level keeps every level before it."""
@@ -90,7 +101,7 @@ def run_sweep(
     rid = f"{run_id()}-{token_hex(3)}"
     try:
         for level in levels:
-            res = head.run_level(level, target, secrets, rid, on_progress=on_progress, harness=harness)
+            res = head.run_level(level, target, secrets, rid, on_progress=on_progress, harness=harness, prompts=prompts)
             (run_dir / f"{level.name}.json").write_bytes(res.raw)
             (run_dir / f"{level.name}.log").write_text(res.output)
             row = row_for(harness, res.doc, level)
@@ -210,6 +221,12 @@ class Head:
                 details=tail,
             )
 
+    def speed_bench(self, subset: str) -> tuple[bool, str]:
+        """Whether the image's `vllm bench serve` has speed_bench, and the prepared subset's folder in
+        the head's HF cache ("" when absent): bench/prompts.probe."""
+        code, out = self._exec(["sh", "-c", probe(subset)], {})
+        return parse_probe(out) if code == 0 else (False, "")
+
     def vllm_version(self) -> str:
         code, out = self._exec(["sh", "-c", VLLM_VERSION], {})
         return out.strip().splitlines()[-1] if code == 0 and out.strip() else ""
@@ -224,6 +241,7 @@ class Head:
         rid: str,
         on_progress: Callable[[Level, int, int], None] | None = None,
         harness: str = "vllm-bench-serve",
+        prompts: PromptSet | None = None,
     ) -> LevelResult:
         """Run one level to the end. Ctrl-C stops it and raises Interrupted; a failed benchmark
         raises SparkError with its last lines."""
@@ -237,8 +255,8 @@ class Head:
             result = aiperf.result_path(folder)
             _log.info("bench level", command=redact.mask(shlex.join(inner)), harness=harness)
         else:
-            inner = bench_argv(level, target, folder)
-            _log.info("bench level", command=describe(level, target, folder, self.container, secrets))
+            inner = bench_argv(level, target, folder, prompts=prompts)
+            _log.info("bench level", command=describe(level, target, folder, self.container, secrets, prompts))
         argv = exec_argv(folder, inner)
         ex = self.api.exec_create(self.container, argv, environment=exec_env(secrets), stdout=False, stderr=False)
         try:
@@ -469,7 +487,7 @@ def check_endpoint(address: str, target: Target, port: int, secrets: dict[str, s
     if "HTTP 401" in why:
         raise InputError(
             f"the endpoint {base} refuses the API key: {why}",
-            "set VLLM_API_KEY to the key the cluster was started with (--env-file or the environment)",
+            f"set VLLM_API_KEY to the key the cluster was started with: {redact.set_fix('VLLM_API_KEY')}",
         )
     if why.startswith("completion answered HTTP"):
         # an answer is an endpoint that works; the chat route may be what it refuses (a model without

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
 from sparkcluster import redact
+from sparkcluster.bench.prompts import PromptSet
 from sparkcluster.config.flags import reached_at
 from sparkcluster.errors import InputError
 
@@ -148,8 +149,12 @@ def arg_value(name: str, v: str) -> str:
     return f"{name}={v}"
 
 
-def bench_argv(level: Level, target: Target, result_dir: str, seed: int = 0) -> list[str]:
-    """The exact `vllm bench serve` argv for one level. Every value is in --flag=value form."""
+def bench_argv(
+    level: Level, target: Target, result_dir: str, seed: int = 0, prompts: PromptSet | None = None
+) -> list[str]:
+    """The exact `vllm bench serve` argv for one level. Every value is in --flag=value form.
+    `prompts` (bench/prompts.PromptSet): the record's dataset where the run sends it, else random."""
+    dataset = (prompts or PromptSet()).argv(level.input_len, level.output_len)
     argv = [
         "vllm",
         "bench",
@@ -159,9 +164,7 @@ def bench_argv(level: Level, target: Target, result_dir: str, seed: int = 0) -> 
         "--endpoint=/v1/completions",
         arg_value("--model", target.model),
         arg_value("--tokenizer", target.tokenizer),
-        "--dataset-name=random",  # synthetic prompts: no dataset download, no hub
-        f"--random-input-len={int(level.input_len)}",
-        f"--random-output-len={int(level.output_len)}",
+        *dataset,
         f"--num-prompts={int(level.num_prompts)}",
         f"--max-concurrency={int(level.concurrency)}",
         # every request generates exactly output_len tokens, so levels and runs compare
@@ -213,12 +216,15 @@ def stop_argv(folder: str, grace_s: float = 15.0) -> list[str]:
     return ["sh", "-c", script, "sh", folder]
 
 
-def describe(level: Level, target: Target, folder: str, container: str, secrets: dict[str, str]) -> str:
+def describe(
+    level: Level, target: Target, folder: str, container: str, secrets: dict[str, str], prompts: PromptSet | None = None
+) -> str:
     """The command as a user could type it (for logs and errors): secrets by name only."""
     import shlex
 
     env = " ".join(f"-e {k}=******" if k == "OPENAI_API_KEY" else f"-e {k}={v}" for k, v in exec_env(secrets).items())
-    return redact.mask(f"docker exec {env} {container} " + shlex.join(bench_argv(level, target, folder)))
+    argv = bench_argv(level, target, folder, prompts=prompts)
+    return redact.mask(f"docker exec {env} {container} " + shlex.join(argv))
 
 
 def venv_setup_argv(venv: str, module: str, requirement: str, pip_index_url: str | None = None) -> list[str]:

@@ -349,6 +349,9 @@ def bench(
                 head.setup_aiperf(inv.cluster.pip_index_url)
             else:
                 head.setup_benchy(inv.cluster.pip_index_url)
+        sent = bench_pkg.prompt_set(head, reference, prof, harness)
+        if sent.fallback:
+            err.print(f"not the record's prompts: {sent.fallback}")
         run_dir = bench_pkg.new_run_dir(inv.cluster.name, out, started)
         n_in = sorted({lv.input_len for lv in levels})
         n_out = sorted({lv.output_len for lv in levels})
@@ -378,7 +381,9 @@ def bench(
         loaded = bench_pkg.LoadedRtt(cluster, inv).start() if len(deployment_nodes(inv, prof)) > 1 else None
         with bars:
             try:
-                sweep = bench_pkg.run_sweep(head, levels, target, secrets, run_dir, on_progress, harness=harness)
+                sweep = bench_pkg.run_sweep(
+                    head, levels, target, secrets, run_dir, on_progress, harness=harness, prompts=sent
+                )
             except SparkError as e:  # keep what was measured, then report the failure
                 error = e
                 sweep.rows = [
@@ -440,6 +445,8 @@ def bench(
             all_reduce=engine_ranks.all_reduce({n: facts.engine_texts.get(n, "") for n in dep})[1],
             topology=inv.cluster.topology,
             gpus=prof.world_size,
+            prompts=sent,
+            speculative=bench_pkg.prompts.speculative(prof),
         ),
         harness=harness,
         harness_version=INSTALLED[harness].VERSION if harness in INSTALLED else vllm_version,
@@ -448,7 +455,7 @@ def bench(
             if harness == "llama-benchy"
             else bench_pkg.aiperf.bench_argv(levels[0], target, "RESULT_DIR")
             if harness == "aiperf"
-            else bench_pkg.bench_argv(levels[0], target, "RESULT_DIR")
+            else bench_pkg.bench_argv(levels[0], target, "RESULT_DIR", prompts=sent)
         ),
         measured_at=started.date(),
         source=str(run_dir),
@@ -479,7 +486,7 @@ def bench(
                 vllm_version=vllm_version,
                 model_revision=facts.model_revision,
             )
-            found = bench_pkg.causes.rank(view, reference)
+            found = bench_pkg.causes.rank(view, reference, ours=measured)
         bench_pkg.write_json(
             run_dir / "against.json",
             {**standing.to_json(), "profile": prof.name, "kind": target_kind, "causes": [vars(c) for c in found]},
@@ -575,7 +582,10 @@ def _print_standing(con: Console, st, kind: str | None, found: list) -> None:
             for i, c in enumerate(found, 1):
                 con.print(f"  {i}. {escape(c.line())}")
         else:
-            con.print("no cause found in the cluster's facts (fabric, MTU, twins, image, vLLM, driver, weights)")
+            con.print(
+                "no cause found in the cluster's facts "
+                "(fabric, MTU, twins, memory, image, vLLM, driver, weights, prompts)"
+            )
     elif st.verdict == "ok":
         con.print("[green]holds[/]: every compared figure within the tolerance")
 

@@ -77,7 +77,7 @@ def gateway_up(obj, node_name, port, drain_s, image, tls_cert, tls_key, dry_run,
     if not keys:  # before any connection
         raise InputError(
             "the gateway needs at least one client key",
-            f"set {secret_store.GATEWAY_KEYS}=KEY[,KEY...] in the environment or a .env of mode 0600",
+            redact.set_fix(secret_store.GATEWAY_KEYS, "KEY[,KEY...]", env_file),
         )
     inv, node, cluster, found, loaded, missing = _routes(obj, node_name)
     with cluster:

@@ -20,6 +20,7 @@ from sparkcluster.config.secrets import SECRET_NAMES, SECRET_VALUE
 from sparkcluster.config.topology import FIELD_RING_NODES
 from sparkcluster.config.vllm_flag_sets import FLAG_SETS
 from sparkcluster.node import memory_fit
+from sparkcluster.redact import DEFAULT_ENV_FILE
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkcluster.config.inventory import Inventory
@@ -303,7 +304,7 @@ def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
             Problem(
                 "secret-on-command-line",
                 f"serve.extra_flags{leaked} looks like a secret value",
-                "remove it; secrets come from the environment or a 0600 .env",
+                f"remove it; secrets come from the environment or {DEFAULT_ENV_FILE} (mode 0600)",
             )
         )
     if _looks_secret(profile.model) or (profile.served_name and _looks_secret(profile.served_name)):
@@ -311,7 +312,7 @@ def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
             Problem(
                 "secret-on-command-line",
                 "model or served_name looks like a secret value",
-                "remove it; secrets come from the environment or a 0600 .env",
+                f"remove it; secrets come from the environment or {DEFAULT_ENV_FILE} (mode 0600)",
             )
         )
     for name, value in profile.env.forward.items():
@@ -322,7 +323,7 @@ def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
                     f"env.forward.{name}: a secret in the container's start environment "
                     "(visible in docker inspect, copied to every rank)",
                     f"remove {name} from env.forward; list it in secrets (value from the environment "
-                    "or a 0600 .env, passed to the exec only)",
+                    f"or {DEFAULT_ENV_FILE}, mode 0600, passed to the exec only)",
                 )
             )
         elif _looks_secret(value):
@@ -330,7 +331,7 @@ def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
                 Problem(
                     "secret-in-forwarded-vars",
                     f"env.forward.{name}: the value looks like a secret",
-                    f"remove {name} from env.forward; keep secrets in a 0600 .env",
+                    f"remove {name} from env.forward; keep secrets in {DEFAULT_ENV_FILE} (mode 0600)",
                 )
             )
 

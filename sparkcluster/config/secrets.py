@@ -24,11 +24,12 @@ from dotenv import dotenv_values
 
 from sparkcluster import redact
 from sparkcluster.errors import InputError
+from sparkcluster.redact import DEFAULT_ENV_FILE, set_fix
 
 if TYPE_CHECKING:  # pragma: no cover
     from sparkcluster.config.profile import Profile
 
-# The only secrets sparkcluster knows: from the environment or a 0600 .env, to vLLM through the
+# The only secrets sparkcluster knows: from the environment or the 0600 .env (DEFAULT_ENV_FILE), to vLLM through the
 # environment of the `docker exec`, never argv (docs/field-notes.md, "Secrets"). Here, not in the
 # profile module, so a command that reads a secret need not import the profile's models.
 SECRET_NAMES: tuple[str, ...] = ("HF_TOKEN", "VLLM_API_KEY")
@@ -38,7 +39,6 @@ SECRET_NAMES: tuple[str, ...] = ("HF_TOKEN", "VLLM_API_KEY")
 GATEWAY_KEYS = "GATEWAY_API_KEYS"
 
 ENV_FILE_VAR = "SPARKCLUSTER_ENV_FILE"
-DEFAULT_ENV_FILE = Path("~/.config/sparkcluster/.env")
 ENV_FILE_HELP = "default: $SPARKCLUSTER_ENV_FILE, else ~/.config/sparkcluster/.env; ./.env is read only when named"
 
 # names whose values are treated as secret wherever they show up
@@ -146,9 +146,12 @@ def load_secrets(
         if missing:
             # with no .env yet, the fix names the one the tool reads by default (never ./.env)
             where = f"the environment or {path}" if path else f"the environment or {DEFAULT_ENV_FILE}"
-            raise InputError(
-                f"missing secret(s): {', '.join(missing)}", f"set them in {where} (a .env must have mode 0600)"
+            fix = (
+                set_fix(missing[0], path=path)
+                if len(missing) == 1
+                else f"set them in {where} (a .env must have mode 0600)"
             )
+            raise InputError(f"missing secret(s): {', '.join(missing)}", fix)
     return out
 
 

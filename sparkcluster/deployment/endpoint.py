@@ -99,7 +99,10 @@ def look(
         if target:
             ok, why = one_token(c, endpoint, target, hdrs, timeout=probe_timeout)
             if "HTTP 401" in why:  # no key or another key: says nothing about the engine
-                view.probe = "not probed: the endpoint wants the API key (VLLM_API_KEY in the environment or .env)"
+                view.probe = (
+                    "not probed: the endpoint wants the API key "
+                    f"(VLLM_API_KEY in the environment or {redact.DEFAULT_ENV_FILE})"
+                )
             else:
                 view.responds, view.probe = ok, "" if ok else why
     return view

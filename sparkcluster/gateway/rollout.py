@@ -31,6 +31,7 @@ from sparkcluster.errors import InputError
 from sparkcluster.gateway import SHIPPED
 from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, GATEWAY_ROLE, PORT_LABEL, ROLE_LABEL, gateway_name
 from sparkcluster.node import contract
+from sparkcluster.redact import set_fix
 from sparkcluster.steps.base import Step
 
 CODE_DIR = "/opt/sparkcluster-gateway"  # `python3 CODE_DIR CONFIG` runs its __main__.py
@@ -257,7 +258,7 @@ def make(
     if not keys:
         raise InputError(
             "the gateway needs at least one client key",
-            f"set {GATEWAY_KEYS}=KEY[,KEY...] in the environment or a .env of mode 0600",
+            set_fix(GATEWAY_KEYS, "KEY[,KEY...]"),
         )
     if image is None:
         raise InputError(

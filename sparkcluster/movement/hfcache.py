@@ -20,6 +20,7 @@ from pathlib import PurePosixPath
 from sparkcluster.errors import InputError
 from sparkcluster.movement import transfer
 from sparkcluster.movement.hfcache_node import DOWNLOAD, EXTRACT, FETCH, NODE, RESOLVE
+from sparkcluster.redact import set_fix
 
 PUBLIC_HUB = "https://huggingface.co"
 DOWNLOAD_CONTAINER = "sparkcluster-weights-download"
@@ -139,7 +140,7 @@ def resolve_error(got: dict, repo: str, revision: str, endpoint: str) -> InputEr
         if status == 401:
             return InputError(
                 f"{repo} is gated and this run has no HF token",
-                f"accept its licence at {page}, put HF_TOKEN=... in the .env (mode 0600), then sparkcluster up",
+                f"accept its licence at {page}, then {set_fix('HF_TOKEN', 'hf_...')}; then sparkcluster up",
             )
         return InputError(
             f"{repo} is gated and the HF token has no access to it "

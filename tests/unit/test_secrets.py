@@ -124,3 +124,52 @@ def test_masked():
         "HF_TOKEN": "******",
         "VLLM_API_KEY": "(not set)",
     }
+
+
+# ---- the fix that names a missing secret (issue 55 item 4) ---------------------------------------
+
+
+def test_the_fix_for_a_missing_secret_runs_as_printed_and_load_secrets_then_reads_it(tmp_path, monkeypatch):
+    """The fix's command, run by bash with HOME in tmp_path, creates ~/.config/sparkcluster/.env 0600
+    with the line load_secrets then reads (the value filled in where the fix shows its placeholder)."""
+    import subprocess
+
+    from sparkcluster.config.secrets import GATEWAY_KEYS
+
+    fix = redact.set_fix(GATEWAY_KEYS, "KEY[,KEY...]")
+    assert "~/.config/sparkcluster/.env" in fix and "0600" in fix
+    command = fix.split(" -- ")[0].replace("KEY[,KEY...]", "sk-team-a,sk-team-b")
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    subprocess.run(["bash", "-c", command], check=True, env={"HOME": str(home), "PATH": os.environ["PATH"]})
+    made = home / ".config" / "sparkcluster" / ".env"
+    assert made.stat().st_mode & 0o777 == 0o600
+    monkeypatch.setenv("HOME", str(home))
+    assert load_secrets(names=[GATEWAY_KEYS], environ={}) == {GATEWAY_KEYS: "sk-team-a,sk-team-b"}
+
+
+def test_every_fix_that_names_a_missing_secret_names_the_path_the_tool_reads():
+    """The gateway's missing keys (rollout and the CLI share the words), a gated repository without a
+    token, one missing secret of load_secrets: each names ~/.config/sparkcluster/.env."""
+    from sparkcluster.gateway import rollout
+    from sparkcluster.movement import hfcache
+
+    with pytest.raises(InputError) as ei:
+        rollout.make(None, "a", [], {}, {}, [], "img:1", None)
+    assert "~/.config/sparkcluster/.env" in ei.value.fix and "GATEWAY_API_KEYS=" in ei.value.fix
+    gated = hfcache.resolve_error({"error": "GatedRepo", "status": 401}, "org/model", "main", "http://hub")
+    assert "~/.config/sparkcluster/.env" in gated.fix and "HF_TOKEN=" in gated.fix
+    with pytest.raises(InputError) as ei:
+        load_secrets(names=["VLLM_API_KEY"], environ={}, required=True)
+    assert "~/.config/sparkcluster/.env" in ei.value.fix
+
+
+def test_no_message_says_a_dot_env_without_its_path():
+    """The words that sent owners to a `.env` the tool never reads (README's old recipe wrote ./.env)
+    appear nowhere in the package."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "sparkcluster"
+    stale = (".env of mode 0600", "a 0600 .env", "in the .env (mode 0600)", "environment or .env)")
+    hits = [f"{p}: {s}" for p in root.rglob("*.py") for s in stale if s in p.read_text()]
+    assert not hits
