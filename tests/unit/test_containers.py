@@ -21,6 +21,7 @@ from sparkcluster.node import contract
 
 DATA = Path(__file__).parent / "data"
 IMAGE = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.60.0"
+IMAGE_ID = "sha256:" + "ab" * 32  # the image's ID: the compile cache's key needs it
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def inv(request) -> inventory.Inventory:
 
 
 def specs(inv, prof):
-    return spec_for(inv, prof, inv.head, IMAGE), spec_for(inv, prof, inv.workers[0], IMAGE)
+    return spec_for(inv, prof, inv.head, IMAGE, IMAGE_ID), spec_for(inv, prof, inv.workers[0], IMAGE, IMAGE_ID)
 
 
 # ---- ray start ----------------------------------------------------------------------------------
@@ -115,12 +116,14 @@ def test_host_config_identical_on_head_and_worker(inv, prof):
     assert cache == "/home/spark/.cache/huggingface"
     assert hc["binds"][cache] == {"bind": cache, "mode": "rw"}
     # and the compile caches of this image, model and flags (test_compile_cache checks the rest)
-    compiled, headers = sorted(set(hc["binds"]) - {cache})
+    compiled, b12x, headers = sorted(set(hc["binds"]) - {cache})
     assert compiled.startswith("/home/spark/.cache/sparkcluster/compile/")
     assert hc["binds"][compiled]["bind"] == compiled
     # inductor's precompiled headers, which it keeps in its default folder whatever its variable says
     assert headers == compiled + "/inductor-default"
     assert hc["binds"][headers]["bind"] == "/tmp/torchinductor_root"
+    # b12x's kernels and builds, in its default folder (no variable moves them all)
+    assert b12x == compiled + "/b12x" and hc["binds"][b12x]["bind"] == "/root/.cache/b12x"
 
 
 def test_host_config_never_caps_memory(inv, prof):
@@ -198,7 +201,7 @@ def test_container_files_carry_the_non_carry_over_list(inv, prof):
 
 def test_config_hash_stable_and_sensitive(inv, prof):
     head, worker = specs(inv, prof)
-    again = spec_for(inv, prof, inv.head, IMAGE)
+    again = spec_for(inv, prof, inv.head, IMAGE, IMAGE_ID)
     assert head.config_hash() == again.config_hash()
     assert len(head.config_hash()) == 16
     assert head.config_hash() != worker.config_hash()  # per-host values differ
