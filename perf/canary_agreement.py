@@ -13,8 +13,9 @@ and the minimum, 5th and 10th percentile and mean of the common-prefix agreement
 agreement`: the share of the 16 tokens, from the first, that repeat), with the model's mean top-1
 probability on its own greedy tokens (how confident it is).
 
-The command sent to the machine was this file, gzipped and base64-encoded into one line (the tool
-takes 2,000 characters): `python3 perf/canary_agreement.py` with TS=240. The results are in
+The command sent to the machine was this file's code (its docstring and blank lines left out, its
+indentation shortened), gzipped and base64-encoded into one line, the tool taking 2,000 characters;
+TS was the default, 240. The results are in
 docs/guides/upgrade.md ("What the canary asks of a new image").
 """
 
