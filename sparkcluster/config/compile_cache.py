@@ -44,8 +44,11 @@ GB10's other JIT caches are kept beside the rest, each where its tool looks: CUD
 TVM-FFI's built modules (`TVM_FFI_CACHE_DIR`, which FlashInfer's CuTe-DSL kernels load through), torch
 C++ extensions (`TORCH_EXTENSIONS_DIR`), the CuTe DSL's own file cache (`CUTE_DSL_CACHE_DIR`; b12x's
 NVFP4 MoE kernels took 15-40 s per shape per start before flashinfer#4331 put them on disk,
-flashinfer#4317) and b12x's `~/.cache/b12x` (its default root: local-inference-lab/b12x; field
-launchers keep it, docs/field-notes.md).
+flashinfer#4317) and b12x's compiled kernels (`B12X_COMPILE_CACHE_DIR`, `~/.cache/b12x/compile`
+otherwise: local-inference-lab/b12x; field launchers keep `~/.cache/b12x`, docs/field-notes.md).
+b12x's one torch-extension build stays in the container (`B12X_TRELLIS_BUILD_DIR` at its default):
+b12x refuses a build folder any of whose ancestors is not the engine's user's (root in the
+container), which the SSH user's folders are not.
 
 A key's first start is seeded from the caches the image ships (NGC vLLM 26.10's release notes,
 docs.nvidia.com/deeplearning/frameworks/vllm-release-notes/rel-26-10.html: "prebuilt Qwen3.8 kernel,
@@ -124,6 +127,8 @@ LOCATION_OR_LOG_ENV = frozenset(
         "TVM_FFI_CACHE_DIR",
         "TORCH_EXTENSIONS_DIR",
         "CUTE_DSL_CACHE_DIR",
+        "B12X_COMPILE_CACHE_DIR",
+        "B12X_TRELLIS_BUILD_DIR",
     }
 )
 
@@ -144,7 +149,16 @@ ENV: dict[str, str] = {
     # the CuTe DSL's file cache (nvidia-cutlass-dsl; <tmp>/<user>/cutlass_python_cache otherwise), the
     # b12x NVFP4 MoE kernels' 15-40 s per shape (flashinfer#4317; on disk since flashinfer#4331)
     "CUTE_DSL_CACHE_DIR": "cute-dsl",
+    # b12x's compiled CuTe kernels (b12x/_lib/compiler.py _cute_compile_cache_dir: ~/.cache/b12x/compile
+    # otherwise)
+    "B12X_COMPILE_CACHE_DIR": "b12x",
 }
+
+# variables set to a path inside the container, never the key's folder. b12x builds its trellis
+# extension under B12X_TRELLIS_BUILD_DIR, else beside B12X_COMPILE_CACHE_DIR, and refuses a folder
+# whose ancestors are neither root's nor the process's user's (b12x's trellis JIT binding,
+# _validate_secure_build_dir): the SSH user's home is neither, so it keeps its default for root.
+FIXED_ENV: dict[str, str] = {"B12X_TRELLIS_BUILD_DIR": "/root/.cache/b12x/trellis_build"}
 
 
 # container path -> subfolder of the key's folder, for what a compiler keeps where no variable moves
@@ -155,9 +169,7 @@ ENV: dict[str, str] = {
 # start after `down`/`up` ran g++ on the header again, 10 s of its 15 s compile figure on the testbed
 # where a supervisor restart in the same container took 5 (issue 40 item 3). The engine runs as the
 # image's user, root in NGC's image (and the testbed's stand-in).
-# b12x (local-inference-lab/b12x) keeps its builds under XDG_CACHE_HOME/b12x, ~/.cache/b12x for root
-# (b12x's trellis build folder defaults to ~/.cache/b12x/trellis_build); field launchers keep it.
-DEFAULT_DIRS: dict[str, str] = {"/tmp/torchinductor_root": "inductor-default", "/root/.cache/b12x": "b12x"}
+DEFAULT_DIRS: dict[str, str] = {"/tmp/torchinductor_root": "inductor-default"}
 
 # container path where the image's user (root) keeps a tool's cache when its variable is unset ->
 # the path inside the key's folder where that tool looks once ENV points it there. A key's first
@@ -173,6 +185,7 @@ SEEDS: dict[str, str] = {
     "/root/.cache/tvm-ffi": "tvm-ffi",
     "/root/.cache/torch_extensions": "torch-extensions",
     "/tmp/root/cutlass_python_cache": "cute-dsl",
+    "/root/.cache/b12x/compile": "b12x",
 }
 
 
@@ -258,8 +271,8 @@ def key_dir(root: str, k: str) -> str:
 
 
 def env(folder: str) -> dict[str, str]:
-    """The variables that send each compiler's cache into the key's folder."""
-    return {var: str(PurePosixPath(folder) / sub) for var, sub in ENV.items()}
+    """The variables that send each compiler's cache into the key's folder (and FIXED_ENV's)."""
+    return {**{var: str(PurePosixPath(folder) / sub) for var, sub in ENV.items()}, **FIXED_ENV}
 
 
 def max_bytes(inv: Inventory) -> int:
