@@ -129,15 +129,16 @@ def _resolved(p: Profile, inv, secrets: dict[str, str], ray_version: str) -> dic
         "secrets_exec_env": masked(secrets, secret_env_names(p)),
         "serve_argv": serve_argv(p, port=port, hf_cache=hf_cache),
         "reasoning_plugin": None,
-        # the compile caches' folder on the head and the key of this image, model and flags
+        # the compile caches' folder on the head; its key (image ID, model and flags) waits for the
+        # image's ID, which only `up` reads from the head (config/compile_cache)
         "compile_cache": (
             {
-                "dir": compile_cache.key_dir(
-                    inv.compile_cache(inv.head.name, unresolved_ok=True), compile_cache.key(p, image_ref(inv, p))
+                "dir": compile_cache.folder(
+                    inv.compile_cache(inv.head.name, unresolved_ok=True), p, image_ref(inv, p), None
                 ),
                 "max_gb": inv.cluster.compile_cache_max_gb,
             }
-            if inv
+            if inv and not compile_cache.in_place(p)
             else None
         ),
         "nodes": [],
@@ -220,7 +221,12 @@ def show_cmd(
     _echo("probe: equal on every node: " + ", ".join(r["required_env_names"]))
     if r["compile_cache"]:
         cc = r["compile_cache"]
-        _echo(f"compile cache: {cc['dir']}  (this image, model and flags; all keys capped at {cc['max_gb']:g} GiB)")
+        _echo(
+            f"compile cache: {cc['dir']}  (the key of this image's ID, model and flags: `up` computes it once "
+            f"the image is on the head; all keys capped at {cc['max_gb']:g} GiB)"
+        )
+    elif inv is not None:
+        _echo('compile cache: the image\'s own, in place (compile_cache = "image"): nothing mounted')
     if inv is None:
         _echo("forwarded to every container:")
         for k, v in r["forwarded_env"].items():

@@ -7,9 +7,11 @@ One folder per node and SSH user, beside the HF cache (`~/.cache/sparkcluster/co
 inventory's `compile_cache`), with one subfolder per key. The key is what decides whether compiled
 code may be reused:
 
-- the image reference (vLLM, torch, Triton and FlashInfer versions all come with it; the ID is not
-  known before the image stage builds it, so a tag rebuilt with other contents is caught by vLLM's own
-  hash inside the folder, which covers the vLLM and torch versions);
+- the image: its reference and its ID (vLLM, torch, Triton, FlashInfer and CUDA versions all come
+  with it). Profiles pin mutable tags (`latest`, `nightly`), so the tag alone would hand a new image
+  the old one's kernels; the ID is its content's digest. Where the head lacks the image, the ID is
+  known only once the image stage has built it: the plan (and `--dry-run`) shows the key as pending
+  (`PENDING`), and the containers stage computes it from the built image before it makes the folder;
 - the model and its revision;
 - the `vllm serve` arguments except those that cannot change compiled code (where it listens, what
   it calls the model, logging, tool and reasoning parsers, the tokenizer); everything else counts,
@@ -37,8 +39,29 @@ failure ... 'function' object has no attribute 'finalize_loading'" and writes th
 The testbed-compile profile forwards VLLM_USE_AOT_COMPILE=0: then inductor's own FX graph cache
 (in `inductor`) serves a restart every kernel the first start compiled.
 
+GB10's other JIT caches are kept beside the rest, each where its tool looks: CUDA's PTX JIT cache
+(`CUDA_CACHE_PATH`: GB10 JIT-compiles the sm_80 PTX of some kernels at every start, vllm#47397),
+TVM-FFI's built modules (`TVM_FFI_CACHE_DIR`, which FlashInfer's CuTe-DSL kernels load through), torch
+C++ extensions (`TORCH_EXTENSIONS_DIR`), the CuTe DSL's own file cache (`CUTE_DSL_CACHE_DIR`; b12x's
+NVFP4 MoE kernels took 15-40 s per shape per start before flashinfer#4331 put them on disk,
+flashinfer#4317) and b12x's compiled kernels (`B12X_COMPILE_CACHE_DIR`, `~/.cache/b12x/compile`
+otherwise: local-inference-lab/b12x; field launchers keep `~/.cache/b12x`, docs/field-notes.md).
+b12x's one torch-extension build stays in the container (`B12X_TRELLIS_BUILD_DIR` at its default):
+b12x refuses a build folder any of whose ancestors is not the engine's user's (root in the
+container), which the SSH user's folders are not.
+
+A key's first start is seeded from the caches the image ships (NGC vLLM 26.10's release notes,
+docs.nvidia.com/deeplearning/frameworks/vllm-release-notes/rel-26-10.html: "prebuilt Qwen3.8 kernel,
+compilation and autotuning caches" for some configurations on DGX Spark): before the engine starts, the
+node agent copies what the image holds at each tool's default place (`SEEDS`) into an empty key
+folder, once (`SEEDED` says what it copied). A profile can instead say `compile_cache = "image"`:
+nothing is mounted and no variable is set, so the engine uses the image's caches in place, wherever
+the image keeps them; what it compiles then dies with the container.
+
 The folders' total is capped per node (`compile_cache_max_gb`); before a start the oldest keys
-(by their last start) go first, never the key being started.
+(by their last start) go first, never the key being started, and never a key a running container
+uses: each node agent holds a shared lock on its key's `IN_USE` file for its whole life, and eviction
+(deployment/compile_caches) skips a key whose lock it cannot take.
 """
 
 from __future__ import annotations
@@ -59,6 +82,11 @@ KEY_LEN = 16
 KEY_RE = re.compile(rf"^[0-9a-f]{{{KEY_LEN}}}$")
 STAMP = ".last-start"  # touched by `up` before each start, as the SSH user: eviction's age
 ABOUT = "key.json"  # what the key stands for, for `weights status` and people
+IN_USE = ".in-use"  # flock'd (shared) by each node agent whose container mounts the key
+SEEDED = ".seeded"  # written by the node agent once it has seeded the key from the image
+# where the key goes while the image's ID is not known (the head lacks the image: the image stage
+# builds it); never a folder anyone makes
+PENDING = "KEY-PENDING-IMAGE-ID"
 
 # `vllm serve` flags that cannot change compiled code, with whether they take a value
 RUNTIME_ONLY_FLAGS: dict[str, bool] = {
@@ -95,6 +123,12 @@ LOCATION_OR_LOG_ENV = frozenset(
         "TORCHINDUCTOR_CACHE_DIR",
         "TRITON_CACHE_DIR",
         "FLASHINFER_WORKSPACE_BASE",
+        "CUDA_CACHE_PATH",
+        "TVM_FFI_CACHE_DIR",
+        "TORCH_EXTENSIONS_DIR",
+        "CUTE_DSL_CACHE_DIR",
+        "B12X_COMPILE_CACHE_DIR",
+        "B12X_TRELLIS_BUILD_DIR",
     }
 )
 
@@ -105,7 +139,26 @@ ENV: dict[str, str] = {
     "TRITON_CACHE_DIR": "triton",  # ~/.triton/cache otherwise
     "FLASHINFER_WORKSPACE_BASE": "flashinfer",  # its JIT modules go to <base>/.cache/flashinfer
     "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "flashinfer-autotune",
+    # the CUDA driver's PTX JIT cache (CUDA C++ Programming Guide, "CUDA Environment Variables";
+    # ~/.nv/ComputeCache otherwise): GB10 runs the sm_80 PTX of some kernels (vllm#47397)
+    "CUDA_CACHE_PATH": "cuda",
+    # TVM-FFI's built modules (apache/tvm-ffi python/tvm_ffi/cpp/extension.py; ~/.cache/tvm-ffi otherwise)
+    "TVM_FFI_CACHE_DIR": "tvm-ffi",
+    # torch C++/CUDA extensions built at run time (torch/utils/cpp_extension.py; ~/.cache/torch_extensions)
+    "TORCH_EXTENSIONS_DIR": "torch-extensions",
+    # the CuTe DSL's file cache (nvidia-cutlass-dsl; <tmp>/<user>/cutlass_python_cache otherwise), the
+    # b12x NVFP4 MoE kernels' 15-40 s per shape (flashinfer#4317; on disk since flashinfer#4331)
+    "CUTE_DSL_CACHE_DIR": "cute-dsl",
+    # b12x's compiled CuTe kernels (b12x/_lib/compiler.py _cute_compile_cache_dir: ~/.cache/b12x/compile
+    # otherwise)
+    "B12X_COMPILE_CACHE_DIR": "b12x",
 }
+
+# variables set to a path inside the container, never the key's folder. b12x builds its trellis
+# extension under B12X_TRELLIS_BUILD_DIR, else beside B12X_COMPILE_CACHE_DIR, and refuses a folder
+# whose ancestors are neither root's nor the process's user's (b12x's trellis JIT binding,
+# _validate_secure_build_dir): the SSH user's home is neither, so it keeps its default for root.
+FIXED_ENV: dict[str, str] = {"B12X_TRELLIS_BUILD_DIR": "/root/.cache/b12x/trellis_build"}
 
 
 # container path -> subfolder of the key's folder, for what a compiler keeps where no variable moves
@@ -117,6 +170,23 @@ ENV: dict[str, str] = {
 # where a supervisor restart in the same container took 5 (issue 40 item 3). The engine runs as the
 # image's user, root in NGC's image (and the testbed's stand-in).
 DEFAULT_DIRS: dict[str, str] = {"/tmp/torchinductor_root": "inductor-default"}
+
+# container path where the image's user (root) keeps a tool's cache when its variable is unset ->
+# the path inside the key's folder where that tool looks once ENV points it there. A key's first
+# start copies what the image ships there (node/compile_reading.seed). The DEFAULT_DIRS folders are
+# mounted over the image's own, so the image's copy there cannot be read and is not seeded.
+SEEDS: dict[str, str] = {
+    "/root/.cache/vllm": "vllm",  # vllm/envs.py: VLLM_CACHE_ROOT defaults to XDG_CACHE_HOME/vllm
+    "/root/.triton/cache": "triton",  # triton/runtime/cache.py default_cache_dir
+    # <FLASHINFER_WORKSPACE_BASE or home>/.cache/flashinfer/<version>/<archs>/cached_ops: its nvcc and
+    # CuTe-DSL modules (flashinfer docs/design_docs/cute_dsl_kernel_cache.md)
+    "/root/.cache/flashinfer": "flashinfer/.cache/flashinfer",
+    "/root/.nv/ComputeCache": "cuda",
+    "/root/.cache/tvm-ffi": "tvm-ffi",
+    "/root/.cache/torch_extensions": "torch-extensions",
+    "/tmp/root/cutlass_python_cache": "cute-dsl",
+    "/root/.cache/b12x/compile": "b12x",
+}
 
 
 def subfolders() -> list[str]:
@@ -153,11 +223,17 @@ def compiler_env(forward: dict[str, str]) -> dict[str, str]:
     }
 
 
-def factors(prof: Profile, image: str) -> dict:
+def known_id(image_id: str | None) -> str | None:
+    """The image's ID where it is one (a content digest), else None: not known yet."""
+    return image_id if image_id and image_id.startswith("sha256:") else None
+
+
+def factors(prof: Profile, image: str, image_id: str | None) -> dict:
     """What the key is the hash of (also written beside the cache as ABOUT)."""
     argv = supervised_argv(prof)
     return {
         "image": image,
+        "image_id": known_id(image_id),
         "model": prof.model,
         "revision": prof.revision or "main",
         "argv": compiled_argv(argv[3:]),  # past `vllm serve MODEL`
@@ -165,9 +241,27 @@ def factors(prof: Profile, image: str) -> dict:
     }
 
 
-def key(prof: Profile, image: str) -> str:
-    doc = json.dumps(factors(prof, image), sort_keys=True, separators=(",", ":"))
+def key(prof: Profile, image: str, image_id: str | None) -> str | None:
+    """The key of this profile on this image, or None while the image's ID is not known."""
+    if known_id(image_id) is None:
+        return None
+    doc = json.dumps(factors(prof, image, image_id), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(doc.encode()).hexdigest()[:KEY_LEN]
+
+
+def in_place(prof: Profile) -> bool:
+    """The profile uses the image's own caches in place (`compile_cache = "image"`): nothing mounted."""
+    return prof.compile_cache == "image"
+
+
+def folder(root: str, prof: Profile, image: str, image_id: str | None) -> str:
+    """The key's folder, or where it will be (`root/PENDING`) while the image's ID is not known."""
+    k = key(prof, image, image_id)
+    return key_dir(root, k) if k else str(PurePosixPath(root) / PENDING)
+
+
+def pending(path: str) -> bool:
+    return PurePosixPath(path).name == PENDING
 
 
 def key_dir(root: str, k: str) -> str:
@@ -177,8 +271,8 @@ def key_dir(root: str, k: str) -> str:
 
 
 def env(folder: str) -> dict[str, str]:
-    """The variables that send each compiler's cache into the key's folder."""
-    return {var: str(PurePosixPath(folder) / sub) for var, sub in ENV.items()}
+    """The variables that send each compiler's cache into the key's folder (and FIXED_ENV's)."""
+    return {**{var: str(PurePosixPath(folder) / sub) for var, sub in ENV.items()}, **FIXED_ENV}
 
 
 def max_bytes(inv: Inventory) -> int:

@@ -231,6 +231,12 @@ class Profile(_Strict):
     hybrid: bool = False
     allow_high_gpu_memory_utilization: bool = False
     drop_page_cache: bool = False  # sync; echo 3 > /proc/sys/vm/drop_caches before the load
+    # the compile caches (config/compile_cache): "keyed" keeps them on each node, one folder per key
+    # of image ID, model and compiling flags, seeded from the image's own on a key's first start;
+    # "image" mounts none and lets the engine use the caches the image ships in place (NGC 26.10's
+    # release notes: prebuilt kernel, compilation and autotuning caches for some models on DGX Spark);
+    # what it compiles then is lost with the container
+    compile_cache: Literal["keyed", "image"] = "keyed"
     fabric_test: bool = True  # `up` runs doctor --fabric's test when it creates containers; FAIL stops it
     # issue 28: how the ranks span the nodes. ray: a Ray cluster (the image gains a pinned Ray); mp:
     # vLLM's own multi-node launch (--nnodes/--node-rank/--master-addr, --headless on workers), the base

@@ -205,10 +205,15 @@ def node_rank(inv: Inventory, node: str) -> int:
     return [n.name for n in (inv.head, *inv.workers)].index(node)
 
 
-def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> ContainerSpec:
-    # the compile caches' folder of this image, model and flags only (config/compile_cache): another
-    # key's folder is never in the container
-    cache = compile_cache.key_dir(inv.compile_cache(node.name), compile_cache.key(prof, image))
+def spec_for(
+    inv: Inventory, prof: profiles.Profile, node: Node, image: str, image_id: str | None = None
+) -> ContainerSpec:
+    # the compile caches' folder of this image (its ID), model and flags only (config/compile_cache):
+    # another key's folder is never in the container. Without the image's ID (the head lacks the
+    # image) the folder is pending: the containers stage makes the spec again once the image is built.
+    # A profile with compile_cache = "image" mounts none: the engine uses the image's own caches.
+    keyed = not compile_cache.in_place(prof)
+    cache = compile_cache.folder(inv.compile_cache(node.name), prof, image, image_id) if keyed else ""
     return ContainerSpec(
         node=node.name,
         role=node.role,
@@ -219,7 +224,7 @@ def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> 
         env={
             **profiles.container_env(prof, inv, node),
             "HF_HOME": inv.hf_cache(node.name),
-            **compile_cache.env(cache),
+            **(compile_cache.env(cache) if keyed else {}),
         },
         labels={
             CLUSTER_LABEL: inv.cluster.name,
@@ -229,14 +234,16 @@ def spec_for(inv: Inventory, prof: profiles.Profile, node: Node, image: str) -> 
             EXECUTOR_LABEL: prof.executor,
         },
         shm_size=prof.shm_size,
-        binds={inv.hf_cache(node.name): inv.hf_cache(node.name), **compile_cache.binds(cache)},
+        binds={inv.hf_cache(node.name): inv.hf_cache(node.name), **(compile_cache.binds(cache) if keyed else {})},
         files={
             **profiles.container_files(prof),
             **AGENT_FILES,
             contract.CONFIG_PATH: json.dumps(
                 {
                     **agent_config(inv, node, uses_ray(inv, prof), prof.executor),
-                    "compile_cache": {"dir": cache, "owner": inv.owner(node.name)},
+                    "compile_cache": (
+                        {"dir": cache, "owner": inv.owner(node.name), "seed": compile_cache.SEEDS} if keyed else None
+                    ),
                 },
                 sort_keys=True,
             ),

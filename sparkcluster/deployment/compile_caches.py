@@ -10,7 +10,9 @@ without sudo.
 
 `prepare` also keeps the cap: it stamps the key being started, then removes the other keys oldest
 start first while the total is over the cap. The key being started is never removed, even alone
-over the cap: a cache too big to keep is still cheaper than compiling every start.
+over the cap: a cache too big to keep is still cheaper than compiling every start. Nor is a key
+a running container uses (its node agent holds a shared lock on the key's IN_USE file): eviction and
+purge skip it and say so.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from sparkcluster.config import compile_cache
 from sparkcluster.movement.hfcache import parse_json, py
 
 PROGRAM = r"""
-import json, os, re, shutil, sys, time
+import fcntl, json, os, re, shutil, sys, time
 KEY = re.compile(r"^[0-9a-f]{@KEY_LEN@}$")
-STAMP, ABOUT = @STAMP@, @ABOUT@
+STAMP, ABOUT, IN_USE = @STAMP@, @ABOUT@, @IN_USE@
 SUBS = @SUBS@
 op, root = sys.argv[1], sys.argv[2]
 
@@ -61,7 +63,22 @@ def keys():
         out.append({"key": k, "bytes": size(p), "last_start": used, "about": about})
     return out
 
+def busy(k):
+    try:
+        f = open(os.path.join(root, k, IN_USE))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        f.close()
+
 def remove(k):
+    if busy(k):
+        return ["%s: in use by a running container (kept)" % k]
     errors = []
     shutil.rmtree(os.path.join(root, k), onerror=lambda fn, p, e: errors.append("%s: %s" % (p, e[1])))
     return errors[:3]
@@ -104,6 +121,7 @@ for _name, _value in {
     "@KEY_LEN@": str(compile_cache.KEY_LEN),
     "@STAMP@": repr(compile_cache.STAMP),
     "@ABOUT@": repr(compile_cache.ABOUT),
+    "@IN_USE@": repr(compile_cache.IN_USE),
     "@SUBS@": repr(compile_cache.subfolders()),
 }.items():
     PROGRAM = PROGRAM.replace(_name, _value)

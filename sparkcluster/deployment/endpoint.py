@@ -177,6 +177,22 @@ def ask_canary(address: str, port: int, model: str, secrets: dict[str, str], tim
     return out
 
 
+def ask_chat(address: str, port: int, model: str, secrets: dict[str, str], kind: str, timeout: float = 120) -> str:
+    """One chat request of `kind` ("tools" or "reasoning", node/canary), from the controller: why its
+    answer is not a well-formed 200 (node/canary.chat_problem), or "" when it is."""
+    try:
+        with httpx.Client() as client:
+            r = client.post(
+                f"http://{address}:{port}/v1/chat/completions",
+                json=canary.chat_body(kind, model),
+                headers=headers(secrets),
+                timeout=timeout,
+            )
+    except httpx.HTTPError as e:
+        return f"the {kind} chat request failed: {e}"
+    return redact.mask(canary.chat_problem(kind, r.status_code, r.text))
+
+
 def ask_speed(
     address: str,
     port: int,

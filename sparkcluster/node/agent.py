@@ -38,7 +38,7 @@ import threading
 import time
 
 from . import container_status
-from .compile_reading import CacheOwner
+from .compile_reading import CacheOwner, hold, seed
 from .contract import CONFIG_PATH, DESIRED_PATH, STARTING, STATE_PATH, WAITING
 from .journal import Journal, read_json
 from .memreport import node_report, serve_reports
@@ -85,6 +85,10 @@ def main(config_path: str = CONFIG_PATH) -> int:
         cfg = json.load(f)
     journal = Journal()
     journal.write("agent started", node=cfg["node"], role=cfg["role"])
+    # the compile cache's key: held while this container lives (eviction spares it), and seeded from
+    # the image's own caches on the key's first start, before any engine starts (node/compile_reading)
+    in_use = hold(cfg.get("compile_cache"))  # noqa: F841 - the lock lives as long as this file is open
+    seed(cfg.get("compile_cache"), journal)
     # no Ray (a one-node deployment): a stand-in that never exits, so the loop below reads the same
     ray = subprocess.Popen(cfg["ray_argv"]) if cfg.get("ray_argv") else subprocess.Popen(["sleep", "infinity"])
     stopping = threading.Event()

@@ -22,6 +22,22 @@ the canary's can move a greedy answer, so only an answer that differs twice in a
 restarts a server or delays serving: a changed answer is a problem to report (a journal event,
 `status`), not a reason to stop serving.
 
+Across an image change the rule is tolerant. vLLM promises reproducible results only on the same
+hardware and the same vLLM version (docs.vllm.ai, usage/reproducibility), so a new image whose kernels
+round differently may split a greedy answer somewhere and still serve a healthy model. Across restarts
+of one image the token IDs must be the same; across an image change each answer's greedy IDs must agree
+with the last good ones over the first IMAGE_CHANGE_AGREEMENT share of them (the common prefix: a
+confident model keeps its first tokens, a broken one loses them). That share is a named constant,
+measured so far on a small trained model (perf/canary_agreement.md), to be measured on a real one: the
+testbed's model has random weights, whose near-flat logits flip greedy tokens at any numeric change,
+so nothing measured on it means anything for a real model.
+
+A profile that enables tool calls (`--enable-auto-tool-choice`, `--tool-call-parser`) or a reasoning
+parser is asked one chat request of each kind as well (`CHAT_KINDS`), which must answer 200 with a
+well-formed body (`chat_problem`): completions alone would pass an image whose chat path fails every
+request carrying `tools` (NGC 26.07 answered each with HTTP 500, "cannot import name
+'normalize_tool_choice'": docs/field-notes.md).
+
 Where it is kept: the reference answers in the controller's known-good record (deployment/known_good, one
 record of the last good serve per deployment); a copy the supervisor compares with in the head
 container (`contract.CANARY_PATH`), and the last comparison beside it (`contract.CANARY_CHECK_PATH`),
@@ -43,6 +59,11 @@ PROMPTS: tuple[str, ...] = (
 )
 MAX_TOKENS = 16
 SEED = 0
+# across an image change, the share of each answer's greedy tokens (from its first) that must agree
+# with the last good serve's. Measured so far on a small confident model only (perf/canary_agreement.md:
+# numeric-only changes kept >= 81% of an answer for 95% of prompts, damaged weights dropped a tenth of
+# answers below 25%); to be measured again on a real model served by the image (issue 58)
+IMAGE_CHANGE_AGREEMENT = 0.5
 
 
 def request_body(model: str, prompt: str) -> dict:
@@ -66,6 +87,22 @@ class Answer:
         if self.token_ids is not None and other.token_ids is not None:
             return self.token_ids == other.token_ids
         return self.text == other.text
+
+    def agreement(self, other: Answer) -> float:
+        """The share of this answer's greedy tokens, from its first, that `other` repeats (its token
+        IDs; where either has none, its words)."""
+        if self.token_ids is not None and other.token_ids is not None:
+            mine, theirs = list(self.token_ids), list(other.token_ids)
+        else:
+            mine, theirs = self.text.split(), other.text.split()
+        if not mine:
+            return 1.0 if not theirs else 0.0
+        n = 0
+        for a, b in zip(mine, theirs, strict=False):
+            if a != b:
+                break
+            n += 1
+        return n / len(mine)
 
 
 def answer_from(prompt: str, doc: dict) -> Answer:
@@ -144,14 +181,29 @@ def since(stored: CanaryRecord, **now: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def compare(stored: CanaryRecord, fresh: list[Answer], **now: str) -> Verdict:
-    """The fresh answers against the stored ones, prompt by prompt."""
+def compare(stored: CanaryRecord, fresh: list[Answer], image_changed: bool = False, **now: str) -> Verdict:
+    """The fresh answers against the stored ones, prompt by prompt: the same IDs, or, across an image
+    change (`image_changed`), agreement over IMAGE_CHANGE_AGREEMENT of each answer."""
     by_prompt = {a.prompt: a for a in fresh}
-    changed = tuple(
-        i for i, a in enumerate(stored.answers) if a.prompt not in by_prompt or not a.same_as(by_prompt[a.prompt])
-    )
+
+    def holds(a: Answer) -> bool:
+        got = by_prompt.get(a.prompt)
+        if got is None:
+            return False
+        return a.agreement(got) >= IMAGE_CHANGE_AGREEMENT if image_changed else a.same_as(got)
+
+    changed = tuple(i for i, a in enumerate(stored.answers) if not holds(a))
     what = since(stored, **now)
     if not changed:
+        if image_changed and not all(a.same_as(by_prompt[a.prompt]) for a in stored.answers):
+            low = min(a.agreement(by_prompt[a.prompt]) for a in stored.answers)
+            return Verdict(
+                "same",
+                since=what,
+                says=f"the canary's answers agree across the image change (each over at least {low:.0%} of its "
+                f"tokens from the first; {IMAGE_CHANGE_AGREEMENT:.0%} asked: the same vLLM on the same hardware "
+                "is all vLLM promises to repeat exactly)",
+            )
         return Verdict("same", since=what, says="the canary's answers are unchanged")
     first = stored.answers[changed[0]]
     got = by_prompt.get(first.prompt)
@@ -165,22 +217,36 @@ def compare(stored: CanaryRecord, fresh: list[Answer], **now: str) -> Verdict:
             f"{len(changed)} of {len(stored.answers)} canary answers differ ({detail}); this model's greedy "
             "answers did not repeat when the canary was taken, so this is told, not a problem",
         )
+    how = (
+        f" across the image change (each must agree over its first {IMAGE_CHANGE_AGREEMENT:.0%})"
+        if image_changed
+        else ""
+    )
     return Verdict(
         "changed",
         changed,
         what,
-        f"{len(changed)} of {len(stored.answers)} canary answers changed{after} ({detail}): the model may be "
-        "producing wrong output (read a few answers; a speculative or CUDA-graph regression looks like this)",
+        f"{len(changed)} of {len(stored.answers)} canary answers changed{how}{after} ({detail}): the model may "
+        "be producing wrong output (read a few answers; a speculative or CUDA-graph regression looks like this)",
     )
 
 
-def judge(stored: CanaryRecord, ask, **now: str) -> Verdict:
+def across_images(stored: CanaryRecord, **now: str) -> bool:
+    """Whether the serve asked now runs another image than the one the reference was taken on."""
+    after = now.get("image_id", "")
+    return bool(stored.image_id and after and stored.image_id != after)
+
+
+def judge(stored: CanaryRecord, ask, image_changed: bool | None = None, **now: str) -> Verdict:
     """Ask (`ask()` returns the fresh answers) and compare; a deterministic model's difference is asked
-    once more and reported only when it holds (see the module's rule)."""
-    first = compare(stored, ask(), **now)
+    once more and reported only when it holds (see the module's rule). Across an image change (given,
+    or read from the provenance: `across_images`) the tolerant rule judges."""
+    if image_changed is None:
+        image_changed = across_images(stored, **now)
+    first = compare(stored, ask(), image_changed, **now)
     if first.state != "changed":
         return first
-    second = compare(stored, ask(), **now)
+    second = compare(stored, ask(), image_changed, **now)
     if second.state == "same":
         return Verdict(
             "same",
@@ -188,6 +254,76 @@ def judge(stored: CanaryRecord, ask, **now: str) -> Verdict:
             says="the canary's answers are unchanged (one pass differed: another request was batched with it)",
         )
     return second
+
+
+# ---- the chat paths a profile enables ---------------------------------------------------------------
+
+TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser")
+REASONING_FLAGS = ("--reasoning-parser",)
+CHAT_MAX_TOKENS = 32
+# one function, as OpenAI's chat API describes tools (vLLM's tool calling docs use the same shape)
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city's name"}},
+            "required": ["city"],
+        },
+    },
+}
+CHAT_PROMPTS = {"tools": "What is the weather in Paris right now?", "reasoning": "What is 17 plus 25?"}
+
+
+def chat_kinds(argv: list[str]) -> tuple[str, ...]:
+    """Which chat requests a serve with this argv must answer: "tools" where it enables tool calls,
+    "reasoning" where it names a reasoning parser."""
+    names = {a.split("=", 1)[0] for a in argv}
+    return tuple(kind for kind, flags in (("tools", TOOL_FLAGS), ("reasoning", REASONING_FLAGS)) if names & set(flags))
+
+
+def chat_body(kind: str, model: str) -> dict:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": CHAT_PROMPTS[kind]}],
+        "max_tokens": CHAT_MAX_TOKENS,
+        "temperature": 0,
+        "seed": SEED,
+    }
+    return {**body, "tools": [TOOL], "tool_choice": "auto"} if kind == "tools" else body
+
+
+def _text_or_none(v) -> bool:
+    return v is None or isinstance(v, str)
+
+
+def chat_problem(kind: str, status: int, body: str) -> str:
+    """Why one chat answer is not what the kind asks (HTTP 200, an OpenAI chat completion whose first
+    choice holds an assistant message, its content text or null, any tool calls each a function with a
+    name and its arguments as text, any reasoning text or null); "" when it is."""
+    if status != 200:
+        return f"the {kind} chat request answered HTTP {status}: {body.strip()[:200]}"
+    try:
+        doc = json.loads(body)
+        msg = doc["choices"][0]["message"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return f"the {kind} chat request answered 200 with no chat completion: {body.strip()[:200]}"
+    if not isinstance(msg, dict) or msg.get("role") != "assistant" or not _text_or_none(msg.get("content")):
+        return f"the {kind} chat request's message is not an assistant's text: {json.dumps(msg)[:200]}"
+    calls = msg.get("tool_calls") or []
+    if not isinstance(calls, list) or not all(
+        isinstance(c, dict)
+        and isinstance(c.get("function"), dict)
+        and isinstance(c["function"].get("name"), str)
+        and isinstance(c["function"].get("arguments"), str)
+        for c in calls
+    ):
+        return f"the {kind} chat request's tool calls are malformed: {json.dumps(calls)[:200]}"
+    if not all(_text_or_none(msg.get(k)) for k in ("reasoning_content", "reasoning")):
+        return f"the {kind} chat request's reasoning is not text: {json.dumps(msg)[:200]}"
+    return ""
 
 
 def check_doc(verdict: Verdict, at: str, after: str) -> dict:

@@ -18,8 +18,11 @@ user can list, evict and purge the caches without sudo (deployment/compile_cache
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 
@@ -53,7 +56,8 @@ INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took 
 CPU_WARMUP, CPU_WARMED = "Warming up model for the compilation...", "Warming up done."
 # vllm/logger.py: "%(levelname)s %(asctime)s", asctime as %m-%d %H:%M:%S
 STAMP = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) ")
-OWN_FILES = (".last-start", "key.json")  # written by `up` as the user (deployment/compile_caches)
+# written by `up` as the user (deployment/compile_caches), and the agent's lock and seed record
+OWN_FILES = (".last-start", "key.json", ".in-use", ".seeded")
 NOT_COMPILED = "modelinfos"  # vLLM's model-class inspection cache in VLLM_CACHE_ROOT (count_files)
 
 
@@ -174,6 +178,54 @@ class StartReading:
             **({"unloaded": got.unloaded} if got.unloaded else {}),
         )
         return got
+
+
+def hold(cfg: dict | None):
+    """A shared lock on the key's in-use file, held while this process lives (the kernel drops it
+    when the container stops): eviction on the host takes the key only where it can lock it alone
+    (deployment/compile_caches). The open file is returned and must be kept; None without a cache."""
+    folder = (cfg or {}).get("dir")
+    if not folder:
+        return None
+    try:
+        f = open(os.path.join(folder, OWN_FILES[2]), "a")  # noqa: SIM115 - held for the agent's life
+        os.chmod(f.name, 0o644)
+        fcntl.flock(f, fcntl.LOCK_SH)
+        return f
+    except OSError:
+        return None
+
+
+def seed(cfg: dict | None, journal: Journal | None) -> dict[str, int]:
+    """A key's first start seeded from the caches the image ships: each of the image's default cache
+    folders (config/compile_cache SEEDS: container path -> path in the key's folder) copied into the
+    key's folder, once, where the folder holds no compiled file yet. Returns the files copied per
+    source; the journal gets one "compile cache seeded" entry."""
+    cfg = cfg or {}
+    folder, seeds = cfg.get("dir"), cfg.get("seed") or {}
+    if not folder or not seeds or os.path.exists(os.path.join(folder, OWN_FILES[3])) or count_files(folder):
+        return {}
+    copied: dict[str, int] = {}
+    errors: list[str] = []
+    for src, dest in sorted(seeds.items()):
+        if not os.path.isdir(src) or os.path.realpath(src).startswith(os.path.realpath(folder)):
+            continue  # the image has nothing there (or the key's own folder is mounted there)
+        n = sum(len(files) for _d, _dirs, files in os.walk(src))
+        if not n:
+            continue
+        try:
+            shutil.copytree(src, os.path.join(folder, dest), symlinks=True, dirs_exist_ok=True)
+            copied[src] = n
+        except (OSError, shutil.Error) as e:
+            errors.append(f"{src}: {str(e)[:200]}")
+    try:
+        with open(os.path.join(folder, OWN_FILES[3]), "w") as f:
+            f.write(json.dumps({"copied": copied, "errors": errors}, sort_keys=True) + "\n")
+    except OSError:
+        pass
+    if journal is not None:
+        journal.write("compile cache seeded", key=os.path.basename(folder.rstrip("/")), copied=copied, errors=errors)
+    return copied
 
 
 class CacheOwner:

@@ -103,7 +103,9 @@ def make_plan(
     build = _build_args(inv, prof) if head_id is None else None
     send_to = [w.name for w in inv.workers if head_id is None or facts[w.name].image_id != head_id]
 
-    specs = {n.name: spec_for(inv, prof, n, image) for n in inv.nodes}
+    # the compile cache's key needs the image's ID: the head's (each worker gets the head's image);
+    # pending where the head lacks it, until the image stage has built it (config/compile_cache)
+    specs = {n.name: spec_for(inv, prof, n, image, head_id) for n in inv.nodes}
     current = {n.name: list(facts[n.name].ours) for n in inv.nodes}
     other_profiles = sorted({c.labels.get(PROFILE_LABEL, "?") for cs in current.values() for c in cs} - {prof.name})
     notes = []

@@ -47,6 +47,7 @@ import httpx
 
 from sparkcluster import log, redact
 from sparkcluster.config import profile as profiles
+from sparkcluster.config.flags import supervised_argv
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.deployment import deployments, endpoint, known_good
@@ -76,15 +77,19 @@ def judge(
     tok_s: float | None = None,
     good_tok_s: float = 0.0,
     bound: float = SPEED_BOUND,
+    chat: str = "",
 ) -> str:
     """Why the new serve is refused, or "" when it is good: its `up` failed, its probe did not answer, a
-    deterministic canary answer changed, or its one-stream speed fell below `bound` x the last good one."""
+    deterministic canary answer changed, a chat request its profile enables (tools, reasoning) did not
+    answer a well-formed 200, or its one-stream speed fell below `bound` x the last good one."""
     if up_failed:
         return f"up failed: {up_failed}"
     if probe:
         return f"the probe failed: {probe}"
     if verdict is not None and verdict.problem:
         return verdict.says
+    if chat:
+        return chat
     if tok_s is not None and good_tok_s > 0 and tok_s < bound * good_tok_s:
         return (
             f"one-stream decode {tok_s:.1f} tok/s is below {bound:.0%} of the last good serve's {good_tok_s:.1f} tok/s"
@@ -328,18 +333,31 @@ def probe(r: UpgradeRun) -> str:
     return _guarded(r, lambda m: judge(probe=m), ask_probe)
 
 
+def image_changed(r: UpgradeRun) -> bool:
+    """Whether the new serve runs another image than the last good one: its canary is then judged
+    by agreement, not identity (node/canary: vLLM repeats itself only on one version and hardware)."""
+    before = r.good.base_image or r.old.image.ref
+    return bool(before) and before != r.new.image.ref
+
+
 def ask_answers(r: UpgradeRun) -> str:
     def ask(r: UpgradeRun) -> str:
         base = r.find(Baseline)
+        kinds = canary.chat_kinds(supervised_argv(r.new))
         with _reached(r, r.new) as (address, port):
             fresh = endpoint.ask_canary(address, port, r.new.served_model_name, r.secrets)
+            chats = [endpoint.ask_chat(address, port, r.new.served_model_name, r.secrets, k) for k in kinds]
         stored = canary.CanaryRecord(
             r.deployment, r.old.name, r.good.at, base.deterministic, list(base.answers), image_id=r.good.base_image
         )
-        verdict = canary.compare(stored, fresh, image_id=r.new.image.ref)
+        verdict = canary.compare(stored, fresh, image_changed(r), image_id=r.new.image.ref)
         r.put(Measured(tuple(fresh), verdict))
-        r.refused = r.refused or judge(verdict=verdict)
-        return verdict.says
+        chat = "; ".join(c for c in chats if c)
+        r.refused = r.refused or judge(verdict=verdict, chat=chat)
+        if chat and not verdict.problem:
+            return chat
+        told = f"; chat requests ({', '.join(kinds)}) answer well-formed" if kinds and not chat else ""
+        return verdict.says + told
 
     return _guarded(r, str, ask)
 
@@ -532,6 +550,7 @@ def upgrade_steps(
     fresh = {n: ours(new_ref, new, n) if old_ref != new_ref else [] for n in nodes}
     rev_old = good.model_revision if _COMMIT.match(good.model_revision) and old.model == new.model else ""
     failed = "any step of the new serve failed"
+    kinds = canary.chat_kinds(supervised_argv(new))
     out = [
         _hold_step(head),
         Step(
@@ -566,9 +585,17 @@ def upgrade_steps(
             "canary",
             head,
             "answers",
-            f"the canary's {len(canary.PROMPTS)} fixed greedy completions against the last good serve's",
+            f"the canary's {len(canary.PROMPTS)} fixed greedy completions against the last good serve's"
+            + (f", and one chat request of each kind the profile enables ({', '.join(kinds)})" if kinds else ""),
             "/v1/completions temperature 0, seed 0, max_tokens "
-            f"{canary.MAX_TOKENS}; a changed answer of a deterministic model refuses the upgrade",
+            f"{canary.MAX_TOKENS}; a changed answer of a deterministic model refuses the upgrade"
+            + (
+                f" (across an image change: each answer must agree with the last good one over its first "
+                f"{canary.IMAGE_CHANGE_AGREEMENT:.0%} of tokens)"
+                if (good.base_image or old.image.ref) != new.image.ref
+                else " (the same image: the same token IDs)"
+            )
+            + ("; a chat answer other than a well-formed 200 refuses it" if kinds else ""),
             run=ask_answers,
             skip=_after_failure,
         ),

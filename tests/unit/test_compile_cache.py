@@ -25,6 +25,7 @@ from sparkcluster.up.stages import containers
 
 CAPTURED = Path(__file__).parent.parent / "captured"
 IMAGE = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.60.0"
+ID = "sha256:" + "1" * 64  # the image's ID, as `docker image inspect` gives it
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +53,15 @@ def inv_with_homes():
 
 
 def test_the_key_is_stable_for_the_same_image_model_and_flags(prof):
-    assert compile_cache.key(prof, IMAGE) == compile_cache.key(profile.load_profile("testbed-compile"), IMAGE)
-    assert compile_cache.KEY_RE.match(compile_cache.key(prof, IMAGE))
+    assert compile_cache.key(prof, IMAGE, ID) == compile_cache.key(profile.load_profile("testbed-compile"), IMAGE, ID)
+    assert compile_cache.KEY_RE.match(compile_cache.key(prof, IMAGE, ID))
 
 
 @pytest.mark.parametrize(
     "other",
     [
         lambda p: (p, IMAGE.replace("ray2.60.0", "ray2.61.0")),  # another image
+        lambda p: (p, IMAGE, "sha256:" + "2" * 64),  # the same tag, another image (`latest` moved)
         lambda p: (p.model_copy(update={"model": "sparkcluster/other"}), IMAGE),
         lambda p: (p.model_copy(update={"revision": "v2"}), IMAGE),
         lambda p: (changed(p, max_model_len=2048), IMAGE),
@@ -72,6 +74,7 @@ def test_the_key_is_stable_for_the_same_image_model_and_flags(prof):
     ],
     ids=[
         "image",
+        "image-id",
         "model",
         "revision",
         "max-model-len",
@@ -84,8 +87,8 @@ def test_the_key_is_stable_for_the_same_image_model_and_flags(prof):
     ],
 )
 def test_what_changes_compiled_code_changes_the_key(prof, other):
-    p, image = other(prof)
-    assert compile_cache.key(p, image) != compile_cache.key(prof, IMAGE)
+    p, image, *image_id = other(prof)
+    assert compile_cache.key(p, image, (image_id or [ID])[0]) != compile_cache.key(prof, IMAGE, ID)
 
 
 @pytest.mark.parametrize(
@@ -102,7 +105,7 @@ def test_what_changes_compiled_code_changes_the_key(prof, other):
     ids=["port", "host", "served-name", "tool-parser", "log-flags", "log-env", "location-env"],
 )
 def test_what_cannot_change_compiled_code_keeps_the_key(prof, same):
-    assert compile_cache.key(same(prof), IMAGE) == compile_cache.key(prof, IMAGE)
+    assert compile_cache.key(same(prof), IMAGE, ID) == compile_cache.key(prof, IMAGE, ID)
 
 
 def test_runtime_only_flags_go_with_their_values_in_either_spelling():
@@ -122,28 +125,28 @@ def test_a_key_is_never_a_path():
 
 def test_each_container_mounts_only_its_keys_folder_and_points_every_compiler_there(prof):
     inv = inv_with_homes()
-    key = compile_cache.key(prof, IMAGE)
+    key = compile_cache.key(prof, IMAGE, ID)
     for node in inv.nodes:
-        spec = spec_for(inv, prof, node, IMAGE)
+        spec = spec_for(inv, prof, node, IMAGE, ID)
         folder = f"/home/{node.name}/.cache/sparkcluster/compile/{key}"
         assert spec.binds[folder] == folder  # the same path inside: the engine's logs name host paths
         assert f"/home/{node.name}/.cache/sparkcluster/compile" not in spec.binds  # never the other keys
         for var, sub in compile_cache.ENV.items():
             assert spec.env[var] == f"{folder}/{sub}"
         agent = json.loads(spec.files["/etc/sparkcluster/agent.json"])
-        assert agent["compile_cache"] == {"dir": folder, "owner": "1000:1000"}
+        assert agent["compile_cache"] == {"dir": folder, "owner": "1000:1000", "seed": compile_cache.SEEDS}
         assert spec.host_config_kwargs()["binds"][folder] == {"bind": folder, "mode": "rw"}
         assert f"-v {folder}:{folder}" in spec.docker_run_equivalent()
 
 
 def test_other_flags_mount_another_folder_and_recreate_the_container(prof):
     inv = inv_with_homes()
-    a = spec_for(inv, prof, inv.head, IMAGE)
-    b = spec_for(inv, changed(prof, max_model_len=2048), inv.head, IMAGE)
+    a = spec_for(inv, prof, inv.head, IMAGE, ID)
+    b = spec_for(inv, changed(prof, max_model_len=2048), inv.head, IMAGE, ID)
     assert set(a.binds) != set(b.binds)
     assert a.config_hash() != b.config_hash()
     # a port is not compiled code: the cache folder stays (the container changes for its argv only)
-    c = spec_for(inv, changed(prof, port=9000), inv.head, IMAGE)
+    c = spec_for(inv, changed(prof, port=9000), inv.head, IMAGE, ID)
     assert set(a.binds) == set(c.binds)
 
 
@@ -170,9 +173,9 @@ def test_up_makes_the_cache_ready_on_every_node_before_creating_containers():
     prof = profile.load_profile("testbed")
     plan = P()
     plan.inventory, plan.profile, plan.image = inv, prof, IMAGE
-    plan.facts = {n.name: type("F", (), {"ours": []})() for n in inv.nodes}
-    plan.remove = {}
-    plan.containers = [spec_for(inv, prof, n, IMAGE) for n in inv.nodes]
+    plan.facts = {n.name: type("F", (), {"ours": [], "image_id": ID})() for n in inv.nodes}
+    plan.remove, plan.build = {}, None
+    plan.containers = [spec_for(inv, prof, n, IMAGE, ID) for n in inv.nodes]
     steps = containers.steps(plan)
     actions = [(s.host, s.action) for s in steps]
     ready = [i for i, (_, a) in enumerate(actions) if a == "compile-cache"]
@@ -202,7 +205,7 @@ def test_prepare_makes_every_tools_folder_and_stamps_the_key(tmp_path):
     assert got["evicted"] == [] and got["errors"] == []
     for sub in compile_cache.subfolders():  # each variable's, and inductor's precompiled headers'
         assert (tmp_path / ("a" * 16) / sub).is_dir()
-    assert set(compile_cache.subfolders()) == {*compile_cache.ENV.values(), "inductor-default"}
+    assert set(compile_cache.subfolders()) == {*compile_cache.ENV.values(), "inductor-default", "b12x"}
     assert json.loads((tmp_path / ("a" * 16) / compile_cache.ABOUT).read_text()) == {"image": "i", "model": "m"}
 
 
@@ -406,7 +409,12 @@ def test_profile_show_names_the_compile_cache_of_the_profile():
 
 def test_the_agent_and_the_controller_name_the_same_files():
     # node/ ships into the container with the standard library only, so it repeats these names
-    assert compile_reading.OWN_FILES == (compile_cache.STAMP, compile_cache.ABOUT)
+    assert compile_reading.OWN_FILES == (
+        compile_cache.STAMP,
+        compile_cache.ABOUT,
+        compile_cache.IN_USE,
+        compile_cache.SEEDED,
+    )
 
 
 @pytest.mark.skipif(
@@ -480,7 +488,7 @@ def test_with_aot_off_a_restart_loads_every_kernel_and_adds_nothing():
 
 def test_the_compiling_testbed_profile_turns_the_cpu_builds_aot_compile_off(prof):
     assert prof.forwarded_env()["VLLM_USE_AOT_COMPILE"] == "0"
-    assert compile_cache.factors(prof, IMAGE)["env"]["VLLM_USE_AOT_COMPILE"] == "0"  # in the key
+    assert compile_cache.factors(prof, IMAGE, ID)["env"]["VLLM_USE_AOT_COMPILE"] == "0"  # in the key
 
 
 def test_a_load_failure_reaches_the_journal(tmp_path):

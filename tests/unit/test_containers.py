@@ -21,6 +21,7 @@ from sparkcluster.node import contract
 
 DATA = Path(__file__).parent / "data"
 IMAGE = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.60.0"
+IMAGE_ID = "sha256:" + "ab" * 32  # the image's ID: the compile cache's key needs it
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def inv(request) -> inventory.Inventory:
 
 
 def specs(inv, prof):
-    return spec_for(inv, prof, inv.head, IMAGE), spec_for(inv, prof, inv.workers[0], IMAGE)
+    return spec_for(inv, prof, inv.head, IMAGE, IMAGE_ID), spec_for(inv, prof, inv.workers[0], IMAGE, IMAGE_ID)
 
 
 # ---- ray start ----------------------------------------------------------------------------------
@@ -198,7 +199,7 @@ def test_container_files_carry_the_non_carry_over_list(inv, prof):
 
 def test_config_hash_stable_and_sensitive(inv, prof):
     head, worker = specs(inv, prof)
-    again = spec_for(inv, prof, inv.head, IMAGE)
+    again = spec_for(inv, prof, inv.head, IMAGE, IMAGE_ID)
     assert head.config_hash() == again.config_hash()
     assert len(head.config_hash()) == 16
     assert head.config_hash() != worker.config_hash()  # per-host values differ

@@ -546,3 +546,65 @@ def test_max_model_len_above_derived_needs_allow_long():
     msg = checks.max_model_len_error(m, 8192, {})
     assert msg.startswith("User-specified max_model_len (8192) is greater than the derived max_model_len")
     assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in msg
+
+
+def test_the_knobs_of_an_upgrade_judge_change_numerics_only_or_break_tool_requests(tmp_path):
+    """issue 58: `diverge_from` keeps an answer's first words and changes the rest (another image's
+    numerics); `tools_error` answers every chat request carrying `tools` with HTTP 500 while the rest
+    serves (NGC 26.07's broken tool-call path, docs/field-notes.md)."""
+    from sparkcluster.node import canary
+
+    (tmp_path / "standin-knobs.json").write_text(json.dumps({"load_seconds": 0.1, "token_delay_seconds": 0}))
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(STANDIN),
+        "HF_HOME": str(tmp_path),
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+        "FLASHINFER_DISABLE_VERSION_CHECK": "1",
+        "VLLM_HOST_IP": "127.0.0.1",
+    }
+    argv = ["serve", "sparkcluster/testbed-tiny", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--served-model-name", "tiny", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm_standin", *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                if _req(base + "/health", timeout=1)[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("server never answered /health")
+
+        def completion() -> canary.Answer:
+            status, body = _req(base + "/v1/completions", canary.request_body("tiny", canary.PROMPTS[0]))
+            assert status == 200
+            return canary.answer_from(canary.PROMPTS[0], json.loads(body))
+
+        before = completion()
+        assert len(before.text.split()) == canary.MAX_TOKENS
+        (tmp_path / "standin-knobs.json").write_text(json.dumps({"load_seconds": 0.1, "diverge_from": 12}))
+        after = completion()
+        assert after.text.split()[:12] == before.text.split()[:12] and after.text != before.text
+        assert before.agreement(after) == 0.75
+
+        status, body = _req(base + "/v1/chat/completions", canary.chat_body("tools", "tiny"))
+        assert canary.chat_problem("tools", status, body.decode()) == ""  # the double's chat path is well-formed
+        broken = "cannot import name 'normalize_tool_choice'"
+        (tmp_path / "standin-knobs.json").write_text(json.dumps({"load_seconds": 0.1, "tools_error": broken}))
+        status, body = _req(base + "/v1/chat/completions", canary.chat_body("tools", "tiny"))
+        assert status == 500 and json.loads(body)["error"]["type"] == "InternalServerError"
+        assert "HTTP 500" in canary.chat_problem("tools", status, body.decode())
+        status, body = _req(base + "/v1/chat/completions", canary.chat_body("reasoning", "tiny"))
+        assert canary.chat_problem("reasoning", status, body.decode()) == ""  # no tools: served
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()

@@ -77,7 +77,7 @@ def inspect(
 
 def running_facts(inv, prof, **kw) -> dict[str, HostFacts]:
     image = image_ref(inv, prof)
-    ours = {n.name: [inspect(spec_for(inv, prof, n, image), IMAGE_ID, **kw)] for n in inv.nodes}
+    ours = {n.name: [inspect(spec_for(inv, prof, n, image, IMAGE_ID), IMAGE_ID, **kw)] for n in inv.nodes}
     return facts(IMAGE_ID, IMAGE_ID, ours[HEAD], ours[WORKER])
 
 

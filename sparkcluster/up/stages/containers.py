@@ -14,12 +14,13 @@ import docker.errors
 
 from sparkcluster import log
 from sparkcluster.config import compile_cache
-from sparkcluster.container.spec import ContainerSpec, create_and_start
+from sparkcluster.container.spec import ContainerSpec, create_and_start, spec_for
 from sparkcluster.deployment import compile_caches, teardown
 from sparkcluster.errors import EngineUnreachable, SparkError
 from sparkcluster.labels import ROLE_LABEL
 from sparkcluster.remote.fanout import Background
 from sparkcluster.steps.base import Step, fail
+from sparkcluster.up.stages import image as image_stage
 from sparkcluster.up.stages import ray
 
 if TYPE_CHECKING:
@@ -149,19 +150,28 @@ def steps(plan: Plan) -> list[Step]:
                     parallel="drop-page-cache",
                 )
             )
-    key = compile_cache.key(plan.profile, plan.image)
-    for spec in plan.containers:
+    head_facts = plan.facts.get(inv.head.name)
+    key = compile_cache.key(
+        plan.profile, plan.image, head_facts.image_id if head_facts and plan.build is None else None
+    )
+    for spec in [] if compile_cache.in_place(plan.profile) else plan.containers:
         root = inv.compile_cache(spec.node)
+        where = (
+            compile_cache.key_dir(root, key)
+            if key
+            else f"{root}/KEY, KEY pending: a hash of the image's ID, known once the image stage has built it, "
+            "with the model and the compiling flags"
+        )
         out.append(
             Step(
                 STAGE,
                 spec.node,
                 "compile-cache",
                 "make the compile cache ready",
-                f"as the SSH user: mkdir {compile_cache.key_dir(root, key)} (key of image, model and compiling "
-                f"flags) and its tools' folders, stamp its start, remove the oldest other keys while {root} "
-                f"holds over {inv.cluster.compile_cache_max_gb:g} GiB",
-                run=lambda r, node=spec.node, key=key: prepare_cache(r, node, key),
+                f"as the SSH user: mkdir {where} (key of image ID, model and compiling "
+                f"flags) and its tools' folders, stamp its start, remove the oldest other keys no running "
+                f"container uses while {root} holds over {inv.cluster.compile_cache_max_gb:g} GiB",
+                run=lambda r, node=spec.node: prepare_cache(r, node, cache_key(r)),
                 parallel="compile-cache",
             )
         )
@@ -227,10 +237,33 @@ def drop_page_cache(r: UpRun, node: str) -> None:
         )
 
 
+def image_id(r: UpRun) -> str:
+    """The head's image ID now: the built image's after a build, else the one the facts read."""
+    if r.plan.build is None and r.plan.facts.get(r.inv.head.name) and r.plan.facts[r.inv.head.name].image_id:
+        return r.plan.facts[r.inv.head.name].image_id
+    return image_stage.head_image(r)["Id"]
+
+
+def cache_key(r: UpRun) -> str:
+    """The compile cache's key, computed once the image is known (config/compile_cache)."""
+    k = compile_cache.key(r.plan.profile, r.plan.image, image_id(r))
+    if k is None:  # pragma: no cover - the image stage has made the image or failed
+        raise fail(STAGE, r.inv.head.name, "make the compile cache ready", f"no image ID for {r.plan.image}")
+    return k
+
+
+def ready_spec(r: UpRun, spec: ContainerSpec) -> ContainerSpec:
+    """The spec to create: the plan's, or, where its compile cache's key was pending on the image's
+    ID, the same spec made again with the built image's ID."""
+    if not any(compile_cache.pending(h) for h in spec.binds):
+        return spec
+    return spec_for(r.inv, r.plan.profile, r.inv.node(spec.node), spec.image, image_id(r))
+
+
 def prepare_cache(r: UpRun, node: str, key: str) -> dict:
     """The key's folders made as the SSH user before Docker would make them root's, and the cap kept."""
     root = r.inv.compile_cache(node)
-    about = compile_cache.factors(r.plan.profile, r.plan.image)
+    about = compile_cache.factors(r.plan.profile, r.plan.image, image_id(r))
     cmd = compile_caches.prepare_command(root, key, compile_cache.max_bytes(r.inv), about)
     res = r.cluster.hosts[node].run(cmd, timeout=600, warn=True)
     try:
@@ -255,6 +288,7 @@ def prepare_cache(r: UpRun, node: str, key: str) -> dict:
 
 
 def create(r: UpRun, spec: ContainerSpec) -> str:
+    spec = ready_spec(r, spec)
     host = r.cluster.hosts[spec.node]
     created = r.find(Created) or r.put(Created())
     try:

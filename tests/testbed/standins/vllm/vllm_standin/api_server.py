@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from vllm_standin import __version__, checks, knobs
 from vllm_standin.logger import init_logger, set_uvicorn_level, uvicorn
 from vllm_standin.ray_executor import EngineDeadError, Interrupted, make_executor
+from vllm_standin.worker import VOCAB
 
 logger = init_logger(__name__)
 
@@ -174,6 +175,9 @@ class Engine:
                     self.generation_tokens += 1
                     if i == 0:
                         self.ttft.observe(time.time() - t0)
+                split = k.get("diverge_from")
+                if isinstance(split, int) and not isinstance(split, bool) and i >= split:
+                    word = VOCAB[(VOCAB.index(word) + 1) % len(VOCAB)] if word in VOCAB else word + "s"
                 yield word[::-1] if k.get("garble_answers") else word
             finished = finish_reason
         finally:
@@ -447,6 +451,9 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(
                 400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
             )
+        broken = knobs.load().get("tools_error")
+        if req.get("tools") and isinstance(broken, str) and broken:
+            raise ApiError(500, broken, "InternalServerError")
         ptoks = sum(_words(m.get("content", "")) for m in msgs if isinstance(m, dict)) + 3 * len(msgs)
         model, mt, explicit, seed = self._common(req, ptoks)
         self._run(req, "chat", model, ptoks, mt, explicit, seed)

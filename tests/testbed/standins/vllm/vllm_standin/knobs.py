@@ -29,6 +29,13 @@ DEFAULTS: dict[str, Any] = {
     "step_timeout_seconds": 60.0,
     # every generated word reversed: the engine answers, but not what it answered before (a bad image)
     "garble_answers": False,
+    # if an int k: from the k-th generated token on, each word is another of the vocabulary: the engine
+    # answers as before up to there, then splits (another image's kernels rounding a greedy answer
+    # differently: numerics changed, nothing else)
+    "diverge_from": None,
+    # if a text: every chat request carrying `tools` answers HTTP 500 with it as vLLM's error message
+    # (an image whose tool-call path is broken while completions work)
+    "tools_error": None,
     # if an int k: rank k's actor exits on the next request (simulates a dead rank / engine death)
     "kill_rank": None,
     # where a rank looks for RDMA devices (lets a testbed fake HCAs; read on the rank's node)
