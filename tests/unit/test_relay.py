@@ -5,7 +5,6 @@ address and forwarding every frame to the next as it arrives."""
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import time
 import pytest
 from conftest import StderrLines
 
+from sparkcluster import programs
 from sparkcluster.movement import transfer
 
 HEAD = "127.0.0.1"
@@ -49,7 +49,7 @@ def nodes(tmp_path):
 
 
 def sender(port: int, src: str = HEAD) -> str:
-    return "python3 -c " + shlex.join([transfer.STREAM_SENDER, HOPS[0], str(port), src])
+    return programs.command(transfer.STREAM_SENDER, HOPS[0], str(port), src)
 
 
 def start_chain(nodes, sink: str | None = "stdout", hops=HOPS) -> tuple[list[Proc], int]:

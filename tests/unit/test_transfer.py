@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import StderrLines
 
+from sparkcluster import programs
 from sparkcluster.movement import transfer
 
 HOSTILE_IMAGE = "repo/img:tag; touch /tmp/pwned $(id) `id` 'q' \"d\""
@@ -46,7 +48,7 @@ def test_receive_command_quotes_ips():
     words = shlex.split(cmd)
     assert transfer.RECEIVER in words
     j = words.index(transfer.RECEIVER)
-    assert words[j + 1 : j + 3] == [HOSTILE_IP, "9.9.9.9 `id`"]
+    assert words[j + 2 : j + 4] == [HOSTILE_IP, "9.9.9.9 `id`"]  # after the program's bundle
     assert words[-2:] == [HOSTILE_IP, "9.9.9.9 `id`"]  # docker load runs inside the receiver
 
 
@@ -428,9 +430,11 @@ def test_containerd_image_store_gets_the_whole_image():
     assert transfer.elides([])
 
 
-def test_both_senders_share_one_framing_and_keep_their_first_line():
-    # one framed-send prelude; each script's own imports stay its first line, which is what `ps`
-    # shows of it (tests/integration/test_image_layers.py finds the image sender by it)
-    assert transfer.FRAMING in transfer.SENDER and transfer.FRAMING in transfer.STREAM_SENDER
-    assert transfer.SENDER.startswith("\nimport hashlib, os, re, socket")
-    assert transfer.STREAM_SENDER.startswith("\nimport socket, struct, sys, time\n")
+def test_both_senders_share_one_framing_and_are_found_by_name():
+    # one framed-send module; each sender's name within the first 4096 bytes of its command line,
+    # which is what `pgrep -f` reads (tests/integration/test_image_layers.py finds the image sender by it)
+    assert "sparkcluster.programs.framing" in programs.modules(transfer.SENDER)
+    assert "sparkcluster.programs.framing" in programs.modules(transfer.STREAM_SENDER)
+    cmd = transfer.send_command("img", "10.0.0.2", 4711, "10.0.0.1")
+    line = cmd[cmd.index("python3 -c ") :]
+    assert re.search(r"^python3 -c .* sparkcluster[.]programs[.]image_sender ", line[:4096], re.S)

@@ -16,7 +16,8 @@ import pytest
 
 from sparkcluster.errors import InputError
 from sparkcluster.movement import hfcache, transfer
-from sparkcluster.movement.hfcache_node import EXTRACT, RECEIVED
+from sparkcluster.movement.hfcache import EXTRACT
+from sparkcluster.programs.weights_receive import RECEIVED
 from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, TINY, serve_in_thread
 
 

@@ -13,7 +13,7 @@ import pytest
 from chain_fakes import IPS, world3
 
 from sparkcluster.movement import hfcache
-from sparkcluster.movement.hfcache_node import RECEIVED
+from sparkcluster.programs.weights_receive import RECEIVED
 from sparkcluster.up.stages import weights_chain
 
 REPO = "org/model"
