@@ -7,8 +7,9 @@ container's may use what the image has. It runs as `python3 -c <boot> <module> <
 `boot` is this package's `boot.py`, the bundle the sources of the module and of the modules of this
 package it imports (base64 of zlib of JSON), so one command line carries everything and nothing is
 left on the node. What the node agent and the gateway run as long-lived processes is shipped as
-files (`files`): they live in a container, which holds them for its life. The module's name comes before the bundle, so `ps` and
-`pgrep -f` (which reads the first 4096 bytes of a command line) find a program by it.
+files (`files`): they live in a container, which holds them for its life. The module's name comes
+before the bundle, within the first 4 KB of the command line, so `ps` and `pgrep -f` (which may read
+only the start of a long command line) find a program by it.
 """
 
 from __future__ import annotations

@@ -431,8 +431,8 @@ def test_containerd_image_store_gets_the_whole_image():
 
 
 def test_both_senders_share_one_framing_and_are_found_by_name():
-    # one framed-send module; each sender's name within the first 4096 bytes of its command line,
-    # which is what `pgrep -f` reads (tests/integration/test_image_layers.py finds the image sender by it)
+    # one framed-send module; each sender's name within the first 4 KB of its command line, which
+    # `pgrep -f` reads (tests/integration/test_image_layers.py finds the image sender by it)
     assert "sparkcluster.programs.framing" in programs.modules(transfer.SENDER)
     assert "sparkcluster.programs.framing" in programs.modules(transfer.STREAM_SENDER)
     cmd = transfer.send_command("img", "10.0.0.2", 4711, "10.0.0.1")
