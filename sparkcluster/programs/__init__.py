@@ -3,13 +3,13 @@ one way they are shipped there.
 
 A program is a module here with a `main` run under `if __name__ == "__main__"`; a host's program uses
 the standard library only (nothing is installed on the hosts: every DGX OS host has python3), a
-container's may use what the image has. It runs as `python3 -c <boot> <module> <bundle> <args>`:
+container's may use what the image has. It runs as `python3 -c <boot> <module> <args> <bundle>`:
 `boot` is this package's `boot.py`, the bundle the sources of the module and of the modules of this
 package it imports (base64 of zlib of JSON), so one command line carries everything and nothing is
 left on the node. What the node agent and the gateway run as long-lived processes is shipped as
-files (`files`): they live in a container, which holds them for its life. The module's name comes
-before the bundle, within the first 4 KB of the command line, so `ps` and `pgrep -f` (which may read
-only the start of a long command line) find a program by it.
+files (`files`): they live in a container, which holds them for its life. The module's name and
+arguments come before the bundle, within the first 4 KB of the command line, so `ps` and `pgrep -f`
+(which may read only the start of a long command line) find a program by them.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def argv(module: str, *args: str, python: str = "python3") -> list[str]:
     """The program `module` (`sparkcluster.programs.receiver`) with its arguments, as an argv."""
     if not module.startswith(__name__ + "."):
         raise ValueError(f"not one of the programs: {module!r}")
-    return [python, "-c", source(f"{__name__}.boot"), module, bundle(module), *args]
+    return [python, "-c", source(f"{__name__}.boot"), module, *args, bundle(module)]
 
 
 def command(module: str, *args: str) -> str:

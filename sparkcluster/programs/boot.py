@@ -1,7 +1,7 @@
 """The start of every program sparkcluster runs on a host or in a container: its own text goes as
-`python3 -c`, followed by the module to run (early on the command line, where `ps` and `pgrep -f`
-see it), the bundle (the sources of the program's modules, as `programs.bundle` packs them) and the
-module's arguments. The bundle's modules are imported from memory as the package's own, so the
+`python3 -c`, followed by the module to run and its arguments (early on the command line, where `ps`
+and `pgrep -f` see them), then the bundle: the sources of the program's modules, as
+`programs.bundle` packs them. The bundle's modules are imported from memory as the package's own, so the
 programs import one another as they do in the package; nothing is written or installed on the node.
 """
 
@@ -44,9 +44,9 @@ def unpack(text):
 
 
 def main(argv):
-    module, packed = argv[1], argv[2]
+    module, packed = argv[1], argv[-1]
     sys.meta_path.insert(0, Bundle(unpack(packed)))
-    sys.argv = [module, *argv[3:]]
+    sys.argv = [module, *argv[2:-1]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

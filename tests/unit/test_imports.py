@@ -9,7 +9,10 @@ is lazy; and no alias hides the module or name it stands for from grep.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
+
+from sparkcluster import programs
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sparkcluster"
@@ -243,10 +246,6 @@ def test_a_program_imports_only_the_standard_library_and_its_siblings():
     and imports nothing outside the standard library but what the image has (huggingface_hub, in
     the download that runs there). The package's `__init__` (the shipping, on the controller) is never
     shipped."""
-    import sys
-
-    from sparkcluster import programs
-
     image_only = {"huggingface_hub"}
     wrong = []
     for m, p in MODULES.items():

@@ -99,8 +99,8 @@ def test_read_command_runs_a_throwaway_container_with_the_root_read_only():
         assert any(argv[i : i + len(flag)] == flag for i in range(len(argv))), flag
     assert f"type=bind,source=/var/lib/docker,target={layerstore.MOUNT},readonly" in argv
     i = argv.index("-c")
-    assert argv[i + 2] == layerstore.READER  # after the boot, before its bundle
-    assert argv[i + 4 :] == [layerstore.MOUNT, IMAGE_ID, "repo/img:tag", *("=" + d for d in DIFFS), "-" + DIFFS[0]]
+    assert argv[i + 2] == layerstore.READER  # after the boot; its bundle last
+    assert argv[i + 3 : -1] == [layerstore.MOUNT, IMAGE_ID, "repo/img:tag", *("=" + d for d in DIFFS), "-" + DIFFS[0]]
 
 
 @pytest.mark.parametrize("bad", ["sha256:$(id)", "abc", "sha256:" + "G" * 64])
@@ -182,7 +182,7 @@ def test_send_command_runs_the_reader_on_the_hosts_network_sending_from_the_head
     assert f"type=bind,source=/var/lib/docker,target={layerstore.MOUNT},readonly" in argv
     i = argv.index("-c")
     assert argv[i + 2] == layerstore.SENDING_READER
-    assert argv[i + 4 :] == [
+    assert argv[i + 3 : -1] == [
         "10.0.0.2",
         "4711",
         "10.0.0.1",
@@ -222,4 +222,4 @@ def test_a_sender_started_before_its_receiver_reads_the_port_from_stdin():
     )
     assert argv[:3] == ["docker", "run", "-i"]
     i = argv.index("-c")
-    assert argv[i + 4 : i + 7] == ["10.0.0.2", "-", "10.0.0.1"]  # after the boot, the program and its bundle
+    assert argv[i + 3 : i + 6] == ["10.0.0.2", "-", "10.0.0.1"]  # after the boot and the program

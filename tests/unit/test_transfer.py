@@ -33,7 +33,7 @@ def test_send_command_quotes_image_and_ips():
     words = shlex.split(cmd)
     i = words.index("save")
     assert words[i - 1 : i + 2] == ["docker", "save", HOSTILE_IMAGE]
-    assert words[-3:] == [HOSTILE_IP, "40123", "5.6.7.8 && $(id)"]  # no layer to skip: no more words
+    assert words[-4:-1] == [HOSTILE_IP, "40123", "5.6.7.8 && $(id)"]  # no layer to skip: then the bundle
     assert transfer.SENDER in words
     assert cmd.startswith("set -o pipefail; ")
 
@@ -48,8 +48,11 @@ def test_receive_command_quotes_ips():
     words = shlex.split(cmd)
     assert transfer.RECEIVER in words
     j = words.index(transfer.RECEIVER)
-    assert words[j + 2 : j + 4] == [HOSTILE_IP, "9.9.9.9 `id`"]  # after the program's bundle
-    assert words[-2:] == [HOSTILE_IP, "9.9.9.9 `id`"]  # docker load runs inside the receiver
+    assert words[j + 1 : j + 3] == [HOSTILE_IP, "9.9.9.9 `id`"]
+    assert words[-3:-1] == [
+        HOSTILE_IP,
+        "9.9.9.9 `id`",
+    ]  # then the program's bundle  # docker load runs inside the receiver
 
 
 def test_bash_wraps_the_command():
@@ -417,7 +420,7 @@ def test_send_command_refuses_a_skip_that_is_not_a_digest():
     with pytest.raises(ValueError):
         transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", ["sha256:" + "a" * 64], ["sha256:; id"])
     cmd = transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", ["sha256:" + "a" * 64], ["sha256:" + "b" * 64])
-    assert shlex.split(cmd)[-2:] == ["-" + "a" * 64, "+" + "b" * 64]
+    assert shlex.split(cmd)[-3:-1] == ["-" + "a" * 64, "+" + "b" * 64]  # then the bundle
     # nothing to leave out: the image's diff IDs are not needed either
     assert (
         shlex.split(transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", [], ["sha256:" + "b" * 64]))[-1] == "5.6.7.8"
@@ -431,10 +434,10 @@ def test_containerd_image_store_gets_the_whole_image():
 
 
 def test_both_senders_share_one_framing_and_are_found_by_name():
-    # one framed-send module; each sender's name within the first 4 KB of its command line, which
-    # `pgrep -f` reads (tests/integration/test_image_layers.py finds the image sender by it)
+    # one framed-send module; each sender's name and arguments within the first 4 KB of its command
+    # line, which `pgrep -f` reads (tests/integration/test_image_layers.py finds the image sender by it)
     assert "sparkcluster.programs.framing" in programs.modules(transfer.SENDER)
     assert "sparkcluster.programs.framing" in programs.modules(transfer.STREAM_SENDER)
     cmd = transfer.send_command("img", "10.0.0.2", 4711, "10.0.0.1")
     line = cmd[cmd.index("python3 -c ") :]
-    assert re.search(r"^python3 -c .* sparkcluster[.]programs[.]image_sender ", line[:4096], re.S)
+    assert re.search(r"^python3 -c .* sparkcluster[.]programs[.]image_sender 10.0.0.2 4711 ", line[:4096], re.S)
