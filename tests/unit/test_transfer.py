@@ -423,7 +423,7 @@ def test_send_command_refuses_a_skip_that_is_not_a_digest():
     assert shlex.split(cmd)[-3:-1] == ["-" + "a" * 64, "+" + "b" * 64]  # then the bundle
     # nothing to leave out: the image's diff IDs are not needed either
     assert (
-        shlex.split(transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", [], ["sha256:" + "b" * 64]))[-1] == "5.6.7.8"
+        shlex.split(transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", [], ["sha256:" + "b" * 64]))[-2] == "5.6.7.8"
     )
 
 
