@@ -14,11 +14,12 @@ arguments come before the bundle, within the first 4 KB of the command line, so 
 
 from __future__ import annotations
 
-import ast
 import base64
 import functools
 import json
+import re
 import shlex
+import threading
 import zlib
 from pathlib import Path
 
@@ -32,16 +33,17 @@ def source(module: str) -> str:
     return (path / "__init__.py").read_text() if path.is_dir() else path.with_suffix(".py").read_text()
 
 
+# `from sparkcluster.programs import a, b`, `from sparkcluster.programs.a import x`: a program's
+# imports of its siblings, one a line as the formatter leaves them (test_programs checks this reading
+# against the parsed module); read without parsing, so packing a bundle costs little
+_SIBLINGS = re.compile(r"^from sparkcluster\.programs(?:\.(\w+))? import ([\w, ]+)$", re.M)
+
+
 def _ours(module: str) -> list[str]:
     """The modules of this package that `module` imports (its first level)."""
     out = []
-    for n in ast.walk(ast.parse(source(module))):
-        if isinstance(n, ast.ImportFrom) and n.module == __name__:
-            out += [f"{__name__}.{a.name}" for a in n.names]
-        elif isinstance(n, ast.ImportFrom) and (n.module or "").startswith(__name__ + "."):
-            out.append(n.module)
-        elif isinstance(n, ast.Import):
-            out += [a.name for a in n.names if a.name.startswith(__name__ + ".")]
+    for sub, names in _SIBLINGS.findall(source(module)):
+        out += [f"{__name__}.{sub}"] if sub else [f"{__name__}.{n.strip()}" for n in names.split(",")]
     return out
 
 
@@ -58,11 +60,19 @@ def modules(module: str) -> tuple[str, ...]:
     return tuple(sorted(seen))
 
 
-@functools.cache
+_PACKED: dict[str, str] = {}
+_PACKING = threading.Lock()
+
+
 def bundle(module: str) -> str:
-    """The sources `module` runs with, packed for the boot (a text safe on any command line)."""
-    packed = json.dumps({m: source(m) for m in modules(module)}, sort_keys=True).encode()
-    return base64.b64encode(zlib.compress(packed, 9)).decode("ascii")
+    """The sources `module` runs with, packed for the boot (a text safe on any command line). Packed
+    once per run, under a lock: the steps of one batch that run a program on every node at once
+    wait for the first to pack it rather than each packing it again."""
+    with _PACKING:
+        if module not in _PACKED:
+            packed = json.dumps({m: source(m) for m in modules(module)}, sort_keys=True).encode()
+            _PACKED[module] = base64.b64encode(zlib.compress(packed, 9)).decode("ascii")
+        return _PACKED[module]
 
 
 def argv(module: str, *args: str, python: str = "python3") -> list[str]:

@@ -200,3 +200,21 @@ def test_the_tar_reader_stops_where_the_stream_is_cut():
     raw = _archive(tarfile.GNU_FORMAT, {"a": b"x" * 600})
     with pytest.raises(EOFError):
         _walk(raw[:700])
+
+
+def test_a_programs_siblings_are_read_as_python_reads_them():
+    """programs._ours reads a program's imports of its siblings without parsing it: the same as the
+    parsed module's, for every program."""
+    for p in sorted((PACKAGE / "programs").glob("*.py")):
+        if p.name == "__init__.py":
+            continue
+        module = f"sparkcluster.programs.{p.stem}"
+        parsed = set()
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.ImportFrom) and n.module == "sparkcluster.programs":
+                parsed |= {f"sparkcluster.programs.{a.name}" for a in n.names}
+            elif isinstance(n, ast.ImportFrom) and (n.module or "").startswith("sparkcluster.programs."):
+                parsed.add(n.module)
+            elif isinstance(n, ast.Import):
+                assert not any(a.name.startswith("sparkcluster") for a in n.names), p.name
+        assert set(programs._ours(module)) == parsed, p.name
