@@ -243,9 +243,7 @@ def _tp_pp_gpus(profile: Profile, inventory: Inventory) -> list[Problem]:
     ]
 
 
-@rule(
-    "needs-root", "an inventory setting only root could honour (an hf_cache under /etc, /var...)", cluster=True
-)
+@rule("needs-root", "an inventory setting only root could honour (an hf_cache under /etc, /var...)", cluster=True)
 def _needs_root(profile: Profile, inventory: Inventory) -> list[Problem]:
     return needs_root(inventory)
 
@@ -291,9 +289,7 @@ def _ring_pp(profile: Profile, inventory: Inventory) -> list[Problem]:
     ]
 
 
-@rule(
-    "ring-order", "a ring listed from another node than the head: node ranks leave cable order", cluster=True
-)
+@rule("ring-order", "a ring listed from another node than the head: node ranks leave cable order", cluster=True)
 def _ring_order(profile: Profile, inventory: Inventory) -> list[Problem]:
     if inventory.cluster.topology != "ring" or inventory.nodes[0].role == "head":
         return []
