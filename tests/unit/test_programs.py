@@ -7,11 +7,13 @@ from __future__ import annotations
 import ast
 import io
 import json
+import os
 import re
 import subprocess
 import sys
 import tarfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -218,3 +220,42 @@ def test_a_programs_siblings_are_read_as_python_reads_them():
             elif isinstance(n, ast.Import):
                 assert not any(a.name.startswith("sparkcluster") for a in n.names), p.name
         assert set(programs._ours(module)) == parsed, p.name
+
+
+# ---- the programs' own functions, imported as the package's modules ----------------------------
+
+
+def test_the_image_sender_names_a_v1_layer_by_its_json():
+    """moby's v1.CreateID: the digest of the directory's json with its id left out and its layer's
+    chain ID added names the layer it holds (image/v1/imagev1.go)."""
+    import hashlib
+
+    from sparkcluster.programs import image_sender
+
+    diffs = [hashlib.sha256(b"a").hexdigest(), hashlib.sha256(b"b").hexdigest()]
+    chains = image_sender.chain_ids(diffs)
+    assert chains[0] == diffs[0]
+    assert chains[1] == hashlib.sha256(f"sha256:{diffs[0]} sha256:{diffs[1]}".encode()).hexdigest()
+    fields = '{"created":"2026-01-01T00:00:00Z","layer_id":"sha256:' + chains[1] + '"}'
+    v1 = hashlib.sha256(fields.encode()).hexdigest()
+    saved = json.dumps({"id": v1, "created": "2026-01-01T00:00:00Z"}, separators=(",", ":")).encode()
+    assert image_sender.v1_layer(v1, saved, diffs, chains) == diffs[1]
+    assert image_sender.v1_layer("0" * 64, saved, diffs, chains) is None
+    assert image_sender.members('{"a": 1, "b" : [1, 2]}') == {"a": "1", "b": "[1, 2]"}
+
+
+def test_the_compile_dirs_keep_the_cap_oldest_start_first(tmp_path):
+    from sparkcluster.programs import compile_dirs
+
+    lay = compile_dirs.Layout({"key_len": 4, "stamp": ".last-start", "about": "key.json", "subs": ["a", "b/c"]})
+    for key, age in (("aaaa", 30), ("bbbb", 20)):
+        compile_dirs.prepare(lay, str(tmp_path), key, 1 << 30, {"k": key})
+        (tmp_path / key / "a" / "blob").write_bytes(b"x" * 1000)
+        os.utime(tmp_path / key / ".last-start", (time.time() - age, time.time() - age))
+    (tmp_path / "not-a-key").mkdir()
+    got = compile_dirs.prepare(lay, str(tmp_path), "cccc", 1500, {})
+    assert [e["key"] for e in got["evicted"]] == ["aaaa"] and got["errors"] == []
+    assert sorted(k["key"] for k in compile_dirs.keys(lay, str(tmp_path))) == ["bbbb", "cccc"]
+    assert (tmp_path / "cccc" / "b" / "c").is_dir()
+    assert [e["key"] for e in compile_dirs.purge(lay, str(tmp_path))["removed"]] == ["bbbb", "cccc"]
+    assert (tmp_path / "not-a-key").is_dir()
