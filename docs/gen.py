@@ -402,63 +402,36 @@ def checks_page() -> str:
     return "".join(docs).rstrip("\n") + "\n"
 
 
-def lint_rules() -> list[tuple[str, list[str], str, str]]:
-    """(rule, severities, function, its docstring's first line) for each `Problem` lint.py makes."""
-    src = (REPO / "sparkcluster" / "config" / "lint.py").read_text()
-    tree = ast.parse(src)
-    found: dict[str, dict] = {}
-    for fn in ast.walk(tree):
-        if not isinstance(fn, ast.FunctionDef):
-            continue
-        doc = (ast.get_docstring(fn) or "").split("\n\n")[0]
-        for call in ast.walk(fn):
-            if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "Problem" and call.args):
-                continue
-            if not isinstance(call.args[0], ast.Constant):
-                continue
-            rule = call.args[0].value
-            sev = next((k.value for k in call.keywords if k.arg == "severity"), None)
-            severity = sev.value if isinstance(sev, ast.Constant) else ("fail" if sev is None else "fail or warn")
-            said = _template(call.args[1]) if len(call.args) > 1 else ""
-            entry = found.setdefault(rule, {"sev": [], "fn": fn.name, "doc": doc, "line": call.lineno, "said": said})
-            if severity not in entry["sev"]:
-                entry["sev"].append(severity)
-            # the innermost function that makes it names it best
-            if call.lineno >= entry["line"] and fn.lineno <= call.lineno:
-                entry.update(fn=fn.name, doc=doc or entry["doc"])
-    return sorted(
-        (rule, sorted(e["sev"]), e["fn"], " ".join((e["doc"] if e["fn"] != "lint" else "").split()) or e["said"])
-        for rule, e in found.items()
-    )
+LINT_WHEN = {
+    "profile": "profile lint, up",
+    "plan": "several single-node profiles on one node",
+    "model": "up's weights stage (the model's config.json)",
+}
 
 
-def _template(node: ast.AST) -> str:
-    """A message as the code writes it, each value it fills in shown as `{...}`."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.JoinedStr):
-        return "".join(v.value if isinstance(v, ast.Constant) else "{...}" for v in node.values)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        return _template(node.left) + _template(node.right)
-    return "..."
+def lint_rules() -> list[tuple[str, str, str, str, bool, str]]:
+    """(rule, severity, function, its doc line, whether it needs the inventory, when it is judged)
+    for each registered rule."""
+    from sparkcluster.config.lint import RULES
+
+    return sorted((r.id, r.severity, r.check.__name__, r.doc, r.cluster, LINT_WHEN[r.when]) for r in RULES.values())
 
 
 def lint_page() -> str:
-    from sparkcluster.config.lint import CLUSTER_RULES
-
     docs = [HEADER.format(src="sparkcluster/config/lint.py")]
     docs.append("# Lint rules\n\n")
     docs.append(
         "`sparkcluster profile lint NAME` judges a profile, and `up` runs the same rules in its preflight. A "
         "`fail` stops `up` before any host is touched; a `warn` is said and `up` goes on. Rules marked "
         "*cluster* need the inventory (the nodes the profile runs on) and run only when one is given. Each "
-        "problem prints as `[rule] message -- fix: ...`. Read from `config/lint.py` (every `Problem` it makes, "
-        "and `CLUSTER_RULES`).\n\n"
+        "problem prints as `[rule] message -- fix: ...`. Read from `config/lint.py`'s registry (`RULES`: each "
+        "rule's id, doc line and function).\n\n"
     )
-    docs.append("| rule | severity | cluster | where (`config/lint.py`) | about |\n|---|---|---|---|---|\n")
-    for rule, sev, fn, doc in lint_rules():
-        cluster = "yes" if rule in CLUSTER_RULES else ""
-        docs.append(f"| `{rule}` | {', '.join(sev)} | {cluster} | `{fn}` | {_cell(doc)} |\n")
+    docs.append(
+        "| rule | severity | cluster | judged by | where (`config/lint.py`) | about |\n|---|---|---|---|---|---|\n"
+    )
+    for rule, sev, fn, doc, cluster, when in lint_rules():
+        docs.append(f"| `{rule}` | {sev} | {'yes' if cluster else ''} | {when} | `{fn}` | {_cell(doc)} |\n")
     return "".join(docs).rstrip("\n") + "\n"
 
 

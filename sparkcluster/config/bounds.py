@@ -1,13 +1,19 @@
 """The supervisor's bounds: a profile's `[supervisor]` table, and the policy the node agent reads
-(node/contract.py DEFAULT_POLICY's names). Pure configuration: nothing here talks to a host."""
+(node/contract.py Policy's names, whose defaults the table's are). Pure configuration: nothing here
+talks to a host."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sparkcluster.node.contract import Policy
+
+_DEFAULT = Policy()
+
 
 class SupervisorSettings(BaseModel):
-    """A profile's `[supervisor]` table; the defaults are the seeds' watchdog lines."""
+    """A profile's `[supervisor]` table; the defaults are the seeds' watchdog lines, written once in
+    node/contract.Policy."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -18,10 +24,10 @@ class SupervisorSettings(BaseModel):
     # queue: node/readings.PROGRESS), or a one-token completion (every probe_interval_s) not returning
     # within probe_timeout_s probe_failures times in a row, each with no progress, while /health is 200.
     # A long prefill moves the KV cache with every chunk: it is progress, never a wedge.
-    stall_s: float = Field(default=60.0, ge=5)
-    probe_interval_s: float = Field(default=15.0, ge=2)
-    probe_timeout_s: float = Field(default=20.0, ge=1)
-    probe_failures: int = Field(default=2, ge=1)
+    stall_s: float = Field(default=_DEFAULT.stall_s, ge=5)
+    probe_interval_s: float = Field(default=_DEFAULT.probe_interval_s, ge=2)
+    probe_timeout_s: float = Field(default=_DEFAULT.probe_timeout_s, ge=1)
+    probe_failures: int = Field(default=_DEFAULT.probe_failures, ge=1)
     # the slowest prefill this setup may see, in prompt tokens per second: lint checks that one
     # scheduler step (max_num_batched_tokens at this rate) fits well within stall_s. 500 tok/s is
     # seed 001's dense ~90B model at large context (~133 s to the first token); small-active MoE
@@ -29,18 +35,18 @@ class SupervisorSettings(BaseModel):
     prefill_floor_tok_s: float = Field(default=500.0, gt=0)
     # MemAvailable on any node below this for memory_samples looks in a row: the server is stopped
     # for good (seed 000: +47 GB in 6 s on unified memory, and the host stopped answering SSH)
-    memory_floor_gib: float = Field(default=6.0, ge=0)
-    memory_samples: int = Field(default=3, ge=1)
+    memory_floor_gib: float = Field(default=_DEFAULT.memory_floor_gib, ge=0)
+    memory_samples: int = Field(default=_DEFAULT.memory_samples, ge=1)
     # before any restart, wait at most this long until every node's MemAvailable covers the engine's
     # gpu_memory_utilization of MemTotal plus memory_floor_gib (doctor's mem.headroom arithmetic):
     # a killed engine's shared and CUDA memory takes seconds to tens of seconds to come back, and a
     # relaunch into that window is how Spark hosts wedge (MiaAI-Lab GLM-5.3 #193;
     # NVIDIA/open-gpu-kernel-modules#1358). Never back within it: stopped, the state says so
-    memory_wait_s: float = Field(default=300.0, ge=0)
+    memory_wait_s: float = Field(default=_DEFAULT.memory_wait_s, ge=0)
     # restarts of a wedged or dead engine, at most max_restarts in restart_window_s (eugr/spark-vllm-
     # docker#257: unbounded restarts leaked memory until the host needed a physical reset)
-    max_restarts: int = Field(default=3, ge=0)
-    restart_window_s: float = Field(default=3600.0, ge=60)
+    max_restarts: int = Field(default=_DEFAULT.max_restarts, ge=0)
+    restart_window_s: float = Field(default=_DEFAULT.restart_window_s, ge=60)
 
 
 class OnDemandSettings(BaseModel):
@@ -61,7 +67,7 @@ def policy(
     gpu_memory_utilization: float = 0.0,
     on_demand: OnDemandSettings | None = None,
 ) -> dict:
-    """The bounds as the agent reads them (contract.DEFAULT_POLICY's names); on demand's only when
+    """The bounds as the agent reads them (contract.Policy's names); on demand's only when
     it is on, so a server not on demand runs under the bounds it always did."""
     doc = settings.model_dump()
     return {

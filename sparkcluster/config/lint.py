@@ -1,14 +1,17 @@
 """Lint rules for profiles, each learned in the field (the section of docs/field-notes.md is cited).
 
-`lint(profile, inventory=None)` is pure and returns every problem at once. Rules that need the
-cluster (`CLUSTER_RULES`) run only when an inventory is given.
+Every rule is registered (`rule`: an id, one line on what it guards against, one function) in
+`RULES`, which the docs list. `lint(profile, inventory=None)` is pure and returns every problem of
+the profile rules at once; those that need the cluster (`CLUSTER_RULES`) run only when an inventory
+is given. The plan's rule (several profiles on one node) and the model's (its config.json, at the
+weights stage) are registered beside them.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,16 +36,6 @@ MAX_GPU_MEMORY_UTILIZATION = 0.85
 MAMBA_ALIGNED_BLOCK_SIZE = 2128
 VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
-CLUSTER_RULES = (
-    "tp-pp-gpus",
-    "port-mismatch",
-    "needs-root",
-    "control-ip",
-    "ring-executor",
-    "ring-pp",
-    "ring-order",
-    "ring-size",
-)
 # directories only root may write on a Spark, whose SSH user is an ordinary account in `docker`
 ROOT_ONLY_DIRS = ("/root", "/etc", "/usr", "/var", "/run", "/boot", "/proc", "/sys", "/lib", "/bin", "/sbin")
 
@@ -118,56 +111,109 @@ def _unknown_flags(profile: Profile, extra: list[str]) -> list[Problem]:
     return out
 
 
+@dataclass(frozen=True)
+class Rule:
+    """One lint rule: its id (what a problem prints in brackets), one line on what it guards against,
+    the function that judges it and when it runs. `when`: "profile" (every `profile lint` and `up`'s
+    preflight; `cluster` ones only with an inventory), "plan" (several single-node profiles on one
+    node), "model" (the model's config.json, read at the weights stage)."""
+
+    id: str
+    doc: str
+    check: Callable
+    severity: str = "fail"  # "warn", or "fail or warn"
+    cluster: bool = False
+    when: str = "profile"
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(id: str, doc: str, severity: str = "fail", cluster: bool = False, when: str = "profile"):
+    """Registers the function it decorates as the rule `id`; the registry keeps the order rules run in."""
+
+    def register(fn: Callable) -> Callable:
+        assert id not in RULES, id
+        RULES[id] = Rule(id, doc, fn, severity, cluster, when)
+        return fn
+
+    return register
+
+
 def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
+    """Every problem of the profile at once: the registered profile rules in order, the cluster ones
+    only with an inventory."""
     p: list[Problem] = []
+    for r in RULES.values():
+        if r.when == "profile" and (inventory is not None or not r.cluster):
+            p += r.check(profile, inventory)
+    return p
+
+
+# -- memory on unified memory (docs/field-notes.md, "Memory on a unified-memory machine")
+@rule("gpu-memory-utilization", "--gpu-memory-utilization above 0.85 of the unified pool starves the host")
+def _gpu_memory_utilization(profile: Profile, inventory: Inventory | None) -> list[Problem]:
     s = profile.serve
-    argv = serve_argv(profile, "vllm-openai")  # model + flags, no prefix
-    flags = flag_names(argv)
-    extra = list(s.extra_flags)
-
-    # -- memory on unified memory (docs/field-notes.md, "Memory on a unified-memory machine")
-    if s.gpu_memory_utilization > MAX_GPU_MEMORY_UTILIZATION and not profile.allow_high_gpu_memory_utilization:
-        p.append(
-            Problem(
-                "gpu-memory-utilization",
-                f"--gpu-memory-utilization {s.gpu_memory_utilization} is above {MAX_GPU_MEMORY_UTILIZATION} "
-                "on unified memory: the host starves (sshd stops answering)",
-                "lower serve.gpu_memory_utilization to 0.70-0.80, or set "
-                "allow_high_gpu_memory_utilization = true if you mean it",
-            )
+    if s.gpu_memory_utilization <= MAX_GPU_MEMORY_UTILIZATION or profile.allow_high_gpu_memory_utilization:
+        return []
+    return [
+        Problem(
+            "gpu-memory-utilization",
+            f"--gpu-memory-utilization {s.gpu_memory_utilization} is above {MAX_GPU_MEMORY_UTILIZATION} "
+            "on unified memory: the host starves (sshd stops answering)",
+            "lower serve.gpu_memory_utilization to 0.70-0.80, or set "
+            "allow_high_gpu_memory_utilization = true if you mean it",
         )
+    ]
 
-    # -- container options that widen the container's rights (issue 51): NVIDIA's recipes pass
-    # seccomp=unconfined (io_uring, blocked by Docker's default profile since moby/moby#46762),
-    # apparmor=unconfined or --privileged; said, never refused
+
+# -- container options that widen the container's rights (issue 51): NVIDIA's recipes pass
+# seccomp=unconfined (io_uring, blocked by Docker's default profile since moby/moby#46762),
+# apparmor=unconfined or --privileged; said, never refused
+@rule("container-rights", "an unconfined seccomp or AppArmor profile, or --privileged, said (never refused)", "warn")
+def _container_rights(profile: Profile, inventory: Inventory | None) -> list[Problem]:
     wide = [o for o in profile.security_opt if o.replace(":", "=").split("=", 1)[-1] == "unconfined"]
-    if wide or profile.privileged:
-        what = ", ".join([*(f"--security-opt {o}" for o in wide), *(["--privileged"] if profile.privileged else [])])
-        p.append(
-            Problem(
-                "container-rights",
-                f"{what} widens every container's rights (no seccomp or AppArmor filter"
-                + (", every device and capability" if profile.privileged else "")
-                + ")",
-                "keep it only where the engine needs it (NVIDIA's recipes pass seccomp=unconfined for io_uring, "
-                "which Docker's default seccomp profile blocks: moby/moby#46762); AppArmor applies only on hosts "
-                "that run it",
-                severity="warn",
-            )
+    if not (wide or profile.privileged):
+        return []
+    what = ", ".join([*(f"--security-opt {o}" for o in wide), *(["--privileged"] if profile.privileged else [])])
+    return [
+        Problem(
+            "container-rights",
+            f"{what} widens every container's rights (no seccomp or AppArmor filter"
+            + (", every device and capability" if profile.privileged else "")
+            + ")",
+            "keep it only where the engine needs it (NVIDIA's recipes pass seccomp=unconfined for io_uring, "
+            "which Docker's default seccomp profile blocks: moby/moby#46762); AppArmor applies only on hosts "
+            "that run it",
+            severity="warn",
         )
-    bad = [o for o in profile.security_opt if not re.fullmatch(r"[a-z-]+([=:].+)?", o)]
-    if bad:
-        p.append(
-            Problem(
-                "security-opt",
-                f"security_opt {', '.join(bad)} is not of docker's form (name=value, e.g. seccomp=unconfined)",
-                "write each as docker run --security-opt takes it: seccomp=unconfined, apparmor=unconfined, "
-                "no-new-privileges",
-            )
-        )
+    ]
 
-    # -- the address every other node reaches a node at (Ray's node IP, VLLM_HOST_IP, the rendezvous)
-    for n in inventory.nodes if inventory is not None else ():
+
+@rule("security-opt", "a security_opt entry not of docker's name=value form")
+def _security_opt(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    bad = [o for o in profile.security_opt if not re.fullmatch(r"[a-z-]+([=:].+)?", o)]
+    if not bad:
+        return []
+    return [
+        Problem(
+            "security-opt",
+            f"security_opt {', '.join(bad)} is not of docker's form (name=value, e.g. seccomp=unconfined)",
+            "write each as docker run --security-opt takes it: seccomp=unconfined, apparmor=unconfined, "
+            "no-new-privileges",
+        )
+    ]
+
+
+# -- the address every other node reaches a node at (Ray's node IP, VLLM_HOST_IP, the rendezvous)
+@rule(
+    "control-ip",
+    "a control_ip the other nodes cannot reach (loopback, unspecified, multicast)",
+    cluster=True,
+)
+def _control_ip(profile: Profile, inventory: Inventory) -> list[Problem]:
+    p = []
+    for n in inventory.nodes:
         ip = n.control_ip
         if ip.is_loopback or ip.is_unspecified or ip.is_multicast:  # link-local is fine: a direct cable may use it
             p.append(
@@ -177,72 +223,174 @@ def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
                     f"set it to {n.name}'s address on {n.control_if} (ip -4 addr show {n.control_if} there)",
                 )
             )
+    return p
 
-    # -- parallelism vs the cluster
-    if inventory is not None:
-        gpus = inventory.gpu_count
-        # a profile as wide as one node runs there alone (`up --node`), the pair free for another
-        one_node = len(inventory.nodes) > 1 and profile.world_size in {n.gpus for n in inventory.nodes}
-        if profile.world_size != gpus and not one_node:
-            p.append(
-                Problem(
-                    "tp-pp-gpus",
-                    f"tensor_parallel_size x pipeline_parallel_size = {s.tensor_parallel_size} x "
-                    f"{s.pipeline_parallel_size} = {profile.world_size}, but the cluster has {gpus} GPU(s)",
-                    f"set serve.tensor_parallel_size x serve.pipeline_parallel_size = {gpus}",
-                )
-            )
-        p.extend(needs_root(inventory))
-        p.extend(ring_rules(profile, inventory))
-        if s.port is not None and s.port != inventory.cluster.api_port:
-            p.append(
-                Problem(
-                    "port-mismatch",
-                    f"serve.port {s.port} differs from the inventory's api_port {inventory.cluster.api_port}",
-                    "remove serve.port (the inventory's api_port is used) or make them equal",
-                )
-            )
-    if profile.world_size > 1 and s.distributed_executor_backend != profile.executor:
-        p.append(
-            Problem(
-                "executor-backend",
-                f"{profile.world_size} ranks across nodes need --distributed-executor-backend {profile.executor} "
-                f"(profile has {s.distributed_executor_backend or 'none'})",
-                f'remove serve.distributed_executor_backend, or set executor = "{s.distributed_executor_backend}"'
-                " (ray: seed 002; mp: vLLM's own multi-node launch)",
-            )
+
+# -- parallelism vs the cluster
+@rule("tp-pp-gpus", "tensor x pipeline parallel that is neither the cluster's GPUs nor one node's", cluster=True)
+def _tp_pp_gpus(profile: Profile, inventory: Inventory) -> list[Problem]:
+    s, gpus = profile.serve, inventory.gpu_count
+    # a profile as wide as one node runs there alone (`up --node`), the pair free for another
+    one_node = len(inventory.nodes) > 1 and profile.world_size in {n.gpus for n in inventory.nodes}
+    if profile.world_size == gpus or one_node:
+        return []
+    return [
+        Problem(
+            "tp-pp-gpus",
+            f"tensor_parallel_size x pipeline_parallel_size = {s.tensor_parallel_size} x "
+            f"{s.pipeline_parallel_size} = {profile.world_size}, but the cluster has {gpus} GPU(s)",
+            f"set serve.tensor_parallel_size x serve.pipeline_parallel_size = {gpus}",
         )
+    ]
 
-    # -- prefix caching on a hybrid model (docs/field-notes.md, "Version-dependent flags")
-    if profile.hybrid and s.enable_prefix_caching:
-        mnbt = s.max_num_batched_tokens or VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS
-        if mnbt < MAMBA_ALIGNED_BLOCK_SIZE:
-            p.append(
-                Problem(
-                    "prefix-caching-hybrid",
-                    f"prefix caching on a hybrid (Mamba) model forces block_size {MAMBA_ALIGNED_BLOCK_SIZE}, "
-                    f"above --max-num-batched-tokens {mnbt}: start-up asserts",
-                    "set serve.max_num_batched_tokens = 8192 (seed 004), or disable prefix caching",
-                )
-            )
 
-    # -- tool calling needs both flags: HTTP 400 on tool_choice "auto" (docs/field-notes.md, "Version-dependent flags")
-    has_auto = "--enable-auto-tool-choice" in flags
-    has_parser = "--tool-call-parser" in flags
-    if has_auto != has_parser:
-        missing = "--tool-call-parser" if has_auto else "--enable-auto-tool-choice"
-        present = "--enable-auto-tool-choice" if has_auto else "--tool-call-parser"
-        p.append(
-            Problem(
-                "tool-choice-pair",
-                f'{present} without {missing}: clients sending tool_choice "auto" get HTTP 400',
-                "set both serve.enable_auto_tool_choice = true and serve.tool_call_parser "
-                "(matching the model family), or neither",
-            )
+@rule("needs-root", "an inventory setting only root could honour (an hf_cache under /etc, /var...)", cluster=True)
+def _needs_root(profile: Profile, inventory: Inventory) -> list[Problem]:
+    return needs_root(inventory)
+
+
+# -- what a ring of four or more serves on (issue 35): TP across the ring with vLLM's own launch
+# (`mp`), ranks in cable order (the inventory lists a ring's nodes along its cables, and `net.topology`
+# fails when they are not). Each node has cables to its two neighbours only, so a rank group whose
+# members are not neighbours talks over no cable at all.
+@rule("ring-executor", "Ray on a ring: it places ranks by IP address, not along the cables", cluster=True)
+def _ring_executor(profile: Profile, inventory: Inventory) -> list[Problem]:
+    if inventory.cluster.topology != "ring" or profile.executor != "ray":
+        return []
+    return [
+        Problem(
+            "ring-executor",
+            "Ray places vLLM's ranks by IP address, not along the ring's cables, so neighbouring ranks may "
+            "sit on nodes no cable joins (eugr spark-vllm-docker refuses it: a ring needs the native "
+            "backend with fixed rank placement)",
+            'set executor = "mp" (vLLM\'s own multi-node launch: node k of the inventory is node rank k, '
+            "in cable order)",
         )
+    ]
 
-    # -- quantization flag vs checkpoint format (docs/field-notes.md, "Version-dependent flags")
-    quant = flag_value(argv, "--quantization")
+
+@rule("ring-pp", "pipeline parallel on a ring: its groups span nodes no cable joins", cluster=True)
+def _ring_pp(profile: Profile, inventory: Inventory) -> list[Problem]:
+    if inventory.cluster.topology != "ring" or profile.serve.pipeline_parallel_size <= 1:
+        return []
+    n = len(inventory.nodes)
+    pp, tp = profile.serve.pipeline_parallel_size, profile.serve.tensor_parallel_size
+    names = [x.name for x in inventory.nodes]
+    groups = [names[i::tp] for i in range(tp)] if tp <= n and n % tp == 0 else []
+    shown = "; ".join("{" + ",".join(g) + "}" for g in groups) or "groups across the ring"
+    return [
+        Problem(
+            "ring-pp",
+            f"pipeline parallel {pp} on a ring: in cable order vLLM's pipeline groups are {shown}, nodes "
+            "across the ring's diagonals that no cable joins (their queue pairs time out); an order that "
+            "keeps every group on a cable (A,B,D,C) has not been run in the field, so it is refused too",
+            f"serve the ring with tensor parallel only: tensor_parallel_size = {inventory.gpu_count}, "
+            'pipeline_parallel_size = 1, executor = "mp" (what the field runs: TP=4 on four Sparks)',
+        )
+    ]
+
+
+@rule("ring-order", "a ring listed from another node than the head: node ranks leave cable order", cluster=True)
+def _ring_order(profile: Profile, inventory: Inventory) -> list[Problem]:
+    if inventory.cluster.topology != "ring" or inventory.nodes[0].role == "head":
+        return []
+    return [
+        Problem(
+            "ring-order",
+            f"the ring's inventory lists {inventory.nodes[0].name} before the head {inventory.head.name}: vLLM's "
+            "node ranks run head first, then the workers in inventory order, which is then not cable order",
+            "list the nodes from the head along the cables (as `sparkcluster init` writes a ring)",
+        )
+    ]
+
+
+@rule("ring-size", "a ring larger than the field has served on (said, not refused)", "warn", cluster=True)
+def _ring_size(profile: Profile, inventory: Inventory) -> list[Problem]:
+    n = len(inventory.nodes)
+    if inventory.cluster.topology != "ring" or n <= FIELD_RING_NODES:
+        return []
+    return [
+        Problem(
+            "ring-size",
+            f"a ring of {n}: the field has served models on rings of {FIELD_RING_NODES} Sparks only (TP=4), "
+            "each collective step crosses every cable and a larger ring is not validated for inference",
+            "measure it first (`sparkcluster doctor --fabric`), or cable the Sparks through a switch",
+            severity="warn",
+        )
+    ]
+
+
+@rule("port-mismatch", "serve.port different from the inventory's api_port", cluster=True)
+def _port_mismatch(profile: Profile, inventory: Inventory) -> list[Problem]:
+    s = profile.serve
+    if s.port is None or s.port == inventory.cluster.api_port:
+        return []
+    return [
+        Problem(
+            "port-mismatch",
+            f"serve.port {s.port} differs from the inventory's api_port {inventory.cluster.api_port}",
+            "remove serve.port (the inventory's api_port is used) or make them equal",
+        )
+    ]
+
+
+@rule("executor-backend", "ranks across nodes without --distributed-executor-backend naming the profile's executor")
+def _executor_backend(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    s = profile.serve
+    if profile.world_size <= 1 or s.distributed_executor_backend == profile.executor:
+        return []
+    return [
+        Problem(
+            "executor-backend",
+            f"{profile.world_size} ranks across nodes need --distributed-executor-backend {profile.executor} "
+            f"(profile has {s.distributed_executor_backend or 'none'})",
+            f'remove serve.distributed_executor_backend, or set executor = "{s.distributed_executor_backend}"'
+            " (ray: seed 002; mp: vLLM's own multi-node launch)",
+        )
+    ]
+
+
+# -- prefix caching on a hybrid model (docs/field-notes.md, "Version-dependent flags")
+@rule("prefix-caching-hybrid", "prefix caching on a hybrid (Mamba) model with a step budget under its aligned block")
+def _prefix_caching_hybrid(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    s = profile.serve
+    mnbt = s.max_num_batched_tokens or VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS
+    if not (profile.hybrid and s.enable_prefix_caching) or mnbt >= MAMBA_ALIGNED_BLOCK_SIZE:
+        return []
+    return [
+        Problem(
+            "prefix-caching-hybrid",
+            f"prefix caching on a hybrid (Mamba) model forces block_size {MAMBA_ALIGNED_BLOCK_SIZE}, "
+            f"above --max-num-batched-tokens {mnbt}: start-up asserts",
+            "set serve.max_num_batched_tokens = 8192 (seed 004), or disable prefix caching",
+        )
+    ]
+
+
+# -- tool calling needs both flags: HTTP 400 on tool_choice "auto" (docs/field-notes.md, "Version-dependent flags")
+@rule("tool-choice-pair", "--enable-auto-tool-choice without --tool-call-parser, or the other way round")
+def _tool_choice_pair(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    flags = flag_names(serve_argv(profile, "vllm-openai"))
+    has_auto, has_parser = "--enable-auto-tool-choice" in flags, "--tool-call-parser" in flags
+    if has_auto == has_parser:
+        return []
+    missing = "--tool-call-parser" if has_auto else "--enable-auto-tool-choice"
+    present = "--enable-auto-tool-choice" if has_auto else "--tool-call-parser"
+    return [
+        Problem(
+            "tool-choice-pair",
+            f'{present} without {missing}: clients sending tool_choice "auto" get HTTP 400',
+            "set both serve.enable_auto_tool_choice = true and serve.tool_call_parser "
+            "(matching the model family), or neither",
+        )
+    ]
+
+
+# -- quantization flag vs checkpoint format (docs/field-notes.md, "Version-dependent flags")
+@rule("quantization", "a --quantization that does not match the checkpoint's format")
+def _quantization(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    p = []
+    quant = flag_value(serve_argv(profile, "vllm-openai"), "--quantization")
     if profile.checkpoint_format == "modelopt" and quant != "modelopt":
         p.append(
             Problem(
@@ -261,10 +409,18 @@ def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
                 "remove serve.quantization: vLLM detects compressed-tensors itself",
             )
         )
+    return p
 
-    p += _speculative_problems(s.speculative_config)
 
-    # -- the image kind and the `vllm serve` prefix (docs/field-notes.md, "Version-dependent flags")
+@rule("speculative-method", 'an MTP drafter run under method "draft_model" (slower than "mtp")')
+def _speculative_method(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    return _speculative_problems(profile.serve.speculative_config)
+
+
+# -- the image kind and the `vllm serve` prefix (docs/field-notes.md, "Version-dependent flags")
+@rule("image-kind", "an image kind that is not the image's, or `vllm serve` in the model or extra flags")
+def _image_kind(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    p = []
     guessed = guess_image_kind(profile.image.base)
     if guessed and guessed != profile.image.kind:
         p.append(
@@ -274,6 +430,7 @@ def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
                 f'set image.kind = "{guessed}"',
             )
         )
+    extra = list(profile.serve.extra_flags)
     prefix = [t for t in [profile.model, *extra] if t in ("vllm", "serve") or t.startswith("vllm serve")]
     if prefix:
         p.append(
@@ -285,12 +442,20 @@ def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
                 "images have it as entrypoint",
             )
         )
+    return p
 
-    p.extend(_unknown_flags(profile, extra))
 
-    # -- secrets stay off command lines and out of the forwarded variables (docs/field-notes.md, "Secrets")
-    api_key_flags = [f for f in flag_names(extra) if f == "--api-key"]
-    if api_key_flags:
+@rule("unknown-vllm-flag", "an extra flag the profile's vLLM does not accept, with the closest spelling")
+def _unknown_vllm_flag(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    return _unknown_flags(profile, list(profile.serve.extra_flags))
+
+
+# -- secrets stay off command lines and out of the forwarded variables (docs/field-notes.md, "Secrets")
+@rule("secret-on-command-line", "--api-key or a secret-looking value in the extra flags, the model or served_name")
+def _secret_on_command_line(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    p = []
+    extra = list(profile.serve.extra_flags)
+    if [f for f in flag_names(extra) if f == "--api-key"]:
         p.append(
             Problem(
                 "secret-on-command-line",
@@ -315,6 +480,12 @@ def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
                 f"remove it; secrets come from the environment or {DEFAULT_ENV_FILE} (mode 0600)",
             )
         )
+    return p
+
+
+@rule("secret-in-forwarded-vars", "a secret's name or value among the container's forwarded variables")
+def _secret_in_forwarded_vars(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    p = []
     for name, value in profile.env.forward.items():
         if name in SECRET_NAMES or _SECRET_NAME.search(name):
             p.append(
@@ -334,8 +505,13 @@ def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
                     f"remove {name} from env.forward; keep secrets in {DEFAULT_ENV_FILE} (mode 0600)",
                 )
             )
+    return p
 
-    # -- sparkcluster sets these itself, per node or for all
+
+# -- sparkcluster sets these itself, per node or for all
+@rule("managed-var-forwarded", "a forwarded variable sparkcluster sets itself (per node, or into the compile cache)")
+def _managed_var_forwarded(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    p = []
     for name in profile.env.forward:
         if name in MANAGED_VARS or name in compile_cache.ENV:
             p.append(
@@ -350,9 +526,14 @@ def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
                     f"remove {name} from env.forward",
                 )
             )
+    return p
 
-    # -- flags given twice (extra_flags must not shadow a typed field)
-    for f in sorted(set(flag_names(extra))):
+
+# -- flags given twice (extra_flags must not shadow a typed field)
+@rule("duplicate-flag", "an extra flag that a typed field or sparkcluster itself sets")
+def _duplicate_flag(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    p = []
+    for f in sorted(set(flag_names(list(profile.serve.extra_flags)))):
         spec = BY_FLAG.get(f)
         if spec and spec.field:
             p.append(
@@ -370,40 +551,66 @@ def lint(profile: Profile, inventory: Inventory | None = None) -> list[Problem]:
                     f"remove {f} from serve.extra_flags",
                 )
             )
-
-    # -- the reasoning-parser plugin only registers a parser; it still has to be named
-    if s.reasoning_parser_plugin_url and not s.reasoning_parser:
-        p.append(
-            Problem(
-                "reasoning-plugin",
-                "serve.reasoning_parser_plugin_url is set but serve.reasoning_parser is not",
-                "set serve.reasoning_parser to the parser the plugin registers (e.g. super_v3, seed 002)",
-            )
-        )
-
-    # -- version gates (docs/field-notes.md, "Version-dependent flags")
-    img = profile.image
-    for r in refusals(profile):
-        if r.kind == "env":
-            p.append(
-                Problem(
-                    "env-version",
-                    f"env.forward.{r.item}: {r.reason}",
-                    "use serve.moe_backend (--moe-backend marlin on sm_121, seed 001) and drop the variable",
-                )
-            )
-        else:
-            p.append(
-                Problem(
-                    "flag-version",
-                    f"{r.item}: image {img.ref} (vLLM {img.vllm_version or 'not stated'}) does not accept "
-                    f"it: {r.reason}",
-                    "remove the flag or use a newer image (and set image.vllm_version to what it ships)",
-                )
-            )
-    p += supervisor_bounds(profile)
-    p += memory_fit_problems(profile, inventory)
     return p
+
+
+# -- the reasoning-parser plugin only registers a parser; it still has to be named
+@rule("reasoning-plugin", "a reasoning-parser plugin without the parser it registers named")
+def _reasoning_plugin(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    s = profile.serve
+    if not s.reasoning_parser_plugin_url or s.reasoning_parser:
+        return []
+    return [
+        Problem(
+            "reasoning-plugin",
+            "serve.reasoning_parser_plugin_url is set but serve.reasoning_parser is not",
+            "set serve.reasoning_parser to the parser the plugin registers (e.g. super_v3, seed 002)",
+        )
+    ]
+
+
+# -- version gates (docs/field-notes.md, "Version-dependent flags")
+@rule("flag-version", "a flag, or a flag's value, that the image's vLLM does not accept")
+def _flag_version(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    img = profile.image
+    return [
+        Problem(
+            "flag-version",
+            f"{r.item}: image {img.ref} (vLLM {img.vllm_version or 'not stated'}) does not accept it: {r.reason}",
+            "remove the flag or use a newer image (and set image.vllm_version to what it ships)",
+        )
+        for r in refusals(profile)
+        if r.kind != "env"
+    ]
+
+
+@rule("env-version", "a forwarded variable that the image's vLLM does not read any more")
+def _env_version(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    return [
+        Problem(
+            "env-version",
+            f"env.forward.{r.item}: {r.reason}",
+            "use serve.moe_backend (--moe-backend marlin on sm_121, seed 001) and drop the variable",
+        )
+        for r in refusals(profile)
+        if r.kind == "env"
+    ]
+
+
+@rule("supervisor-stall", "[supervisor] stall_s under twice one scheduler step at the slowest prefill rate")
+def _supervisor_stall(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    return supervisor_bounds(profile)
+
+
+@rule("memory-fit", "one rank's weights and one sequence's KV cache over gpu_memory_utilization of a node's memory")
+def _memory_fit(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    size = model_memory.get(profile.model, profile.revision)
+    return _fit(profile, inventory, size)[0] if size is not None else []
+
+
+@rule("memory-sizes", "nodes of different memory sizes in one cluster (judged with the memory fit)", "warn")
+def _memory_sizes(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    return memory_sizes(inventory) if model_memory.get(profile.model, profile.revision) is not None else []
 
 
 # vLLM V1's scheduler budget per step when a profile sets none (the OpenAI server's default for
@@ -452,6 +659,7 @@ def _speculative_problems(spec: dict | None) -> list[Problem]:
     ]
 
 
+@rule("memory-sum", "single-node profiles planned on one node whose utilizations sum above 0.85", when="plan")
 def memory_sum_problems(profiles: Sequence[Profile]) -> list[Problem]:
     """Single-node profiles planned on one node: their utilizations share one unified pool.
 
@@ -491,6 +699,12 @@ def memory_fit_check(
             f"memory fit not judged: no listing of {profile.model} remembered "
             "(`sparkcluster doctor` or `up` reads the hub's listing once and remembers its size)"
         ]
+    out, notes = _fit(profile, inventory, size)
+    return out + memory_sizes(inventory), notes
+
+
+def _fit(profile: Profile, inventory: Inventory | None, size: dict) -> tuple[list[Problem], list[str]]:
+    """memory_fit_check's arithmetic, node by node, for a remembered listing `size`."""
     s = profile.serve
     tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
     weights = memory_fit.weights_per_rank(size["weights"], tp, pp)
@@ -519,7 +733,14 @@ def memory_fit_check(
             )
         else:
             notes.append(line)
+    return out, notes
+
+
+def memory_sizes(inventory: Inventory | None) -> list[Problem]:
+    """Nodes of different memory sizes in one cluster: the smallest sets what every rank holds."""
+    nodes = {n.name: n.memory_gb for n in inventory.nodes} if inventory is not None else {}
     known = {n: g * memory_fit.GB for n, g in nodes.items() if g}
+    out = []
     if not memory_fit.same_size(known):
         shown = ", ".join(f"{n} {g:g} GB" for n, g in nodes.items() if g)
         out.append(
@@ -531,72 +752,11 @@ def memory_fit_check(
                 severity="warn",
             )
         )
-    return out, notes
-
-
-def memory_fit_problems(profile: Profile, inventory: Inventory | None) -> list[Problem]:
-    """memory_fit_check with the size doctor or up last read of the profile's model."""
-    return memory_fit_check(profile, inventory, model_memory.get(profile.model, profile.revision))[0]
+    return out
 
 
 def memory_fit_notes(profile: Profile, inventory: Inventory | None) -> list[str]:
     return memory_fit_check(profile, inventory, model_memory.get(profile.model, profile.revision))[1]
-
-
-def ring_rules(profile: Profile, inventory: Inventory) -> list[Problem]:
-    """What a ring of four or more serves on (issue 35): TP across the ring with vLLM's own launch
-    (`mp`), ranks in cable order (the inventory lists a ring's nodes along its cables, and
-    `net.topology` fails when they are not). Each node has cables to its two neighbours only, so a
-    rank group whose members are not neighbours talks over no cable at all."""
-    if inventory.cluster.topology != "ring":
-        return []
-    out, n = [], len(inventory.nodes)
-    if profile.executor == "ray":
-        out.append(
-            Problem(
-                "ring-executor",
-                "Ray places vLLM's ranks by IP address, not along the ring's cables, so neighbouring ranks may "
-                "sit on nodes no cable joins (eugr spark-vllm-docker refuses it: a ring needs the native "
-                "backend with fixed rank placement)",
-                'set executor = "mp" (vLLM\'s own multi-node launch: node k of the inventory is node rank k, '
-                "in cable order)",
-            )
-        )
-    if profile.serve.pipeline_parallel_size > 1:
-        pp, tp = profile.serve.pipeline_parallel_size, profile.serve.tensor_parallel_size
-        names = [x.name for x in inventory.nodes]
-        groups = [names[i::tp] for i in range(tp)] if tp <= n and n % tp == 0 else []
-        shown = "; ".join("{" + ",".join(g) + "}" for g in groups) or "groups across the ring"
-        out.append(
-            Problem(
-                "ring-pp",
-                f"pipeline parallel {pp} on a ring: in cable order vLLM's pipeline groups are {shown}, nodes "
-                "across the ring's diagonals that no cable joins (their queue pairs time out); an order that "
-                "keeps every group on a cable (A,B,D,C) has not been run in the field, so it is refused too",
-                f"serve the ring with tensor parallel only: tensor_parallel_size = {inventory.gpu_count}, "
-                'pipeline_parallel_size = 1, executor = "mp" (what the field runs: TP=4 on four Sparks)',
-            )
-        )
-    if inventory.nodes[0].role != "head":
-        out.append(
-            Problem(
-                "ring-order",
-                f"the ring's inventory lists {inventory.nodes[0].name} before the head {inventory.head.name}: vLLM's "
-                "node ranks run head first, then the workers in inventory order, which is then not cable order",
-                "list the nodes from the head along the cables (as `sparkcluster init` writes a ring)",
-            )
-        )
-    if n > FIELD_RING_NODES:
-        out.append(
-            Problem(
-                "ring-size",
-                f"a ring of {n}: the field has served models on rings of {FIELD_RING_NODES} Sparks only (TP=4), "
-                "each collective step crosses every cable and a larger ring is not validated for inference",
-                "measure it first (`sparkcluster doctor --fabric`), or cable the Sparks through a switch",
-                severity="warn",
-            )
-        )
-    return out
 
 
 def needs_root(inventory: Inventory) -> list[Problem]:
@@ -622,36 +782,57 @@ def model_shape(config: dict, tp: int, pp: int, forwarded: dict[str, str] | None
     """The model's own shape against the profile's parallelism, from the snapshot's config.json
     (a multimodal model's text part where it has one): attention heads divide by tensor parallel
     (KV heads divide it, or it divides them: vLLM replicates KV heads below TP), and the layers by
-    pipeline parallel unless VLLM_PP_LAYER_PARTITION splits them by hand (NVIDIA playbooks#63)."""
+    pipeline parallel unless VLLM_PP_LAYER_PARTITION splits them by hand (NVIDIA playbooks#63).
+    The registered model rules, in order."""
     c = config.get("text_config") or config.get("llm_config") or config
-    heads, kv, layers = (c.get(k) for k in ("num_attention_heads", "num_key_value_heads", "num_hidden_layers"))
-    p: list[Problem] = []
-    if isinstance(heads, int) and heads % tp:
-        p.append(
-            Problem(
-                "tp-heads",
-                f"the model has {heads} attention heads, which tensor_parallel_size {tp} does "
-                "not divide: vLLM refuses to start",
-                f"set serve.tensor_parallel_size to a divisor of {heads} and pipeline_parallel_size so that "
-                "TP x PP is still the cluster's GPUs",
-            )
+    return [x for r in RULES.values() if r.when == "model" for x in r.check(c, tp, pp, forwarded or {})]
+
+
+@rule("tp-heads", "attention heads that tensor parallel does not divide (the model's config.json)", when="model")
+def _tp_heads(c: dict, tp: int, pp: int, forwarded: dict[str, str]) -> list[Problem]:
+    heads = c.get("num_attention_heads")
+    if not isinstance(heads, int) or not heads % tp:
+        return []
+    return [
+        Problem(
+            "tp-heads",
+            f"the model has {heads} attention heads, which tensor_parallel_size {tp} does "
+            "not divide: vLLM refuses to start",
+            f"set serve.tensor_parallel_size to a divisor of {heads} and pipeline_parallel_size so that "
+            "TP x PP is still the cluster's GPUs",
         )
-    if isinstance(kv, int) and kv % tp and tp % kv:
-        p.append(
-            Problem(
-                "tp-kv-heads",
-                f"the model has {kv} KV heads and tensor_parallel_size is {tp}: neither divides the other",
-                f"set serve.tensor_parallel_size to a divisor or a multiple of {kv}",
-            )
+    ]
+
+
+@rule("tp-kv-heads", "KV heads and tensor parallel of which neither divides the other", when="model")
+def _tp_kv_heads(c: dict, tp: int, pp: int, forwarded: dict[str, str]) -> list[Problem]:
+    kv = c.get("num_key_value_heads")
+    if not isinstance(kv, int) or not (kv % tp and tp % kv):
+        return []
+    return [
+        Problem(
+            "tp-kv-heads",
+            f"the model has {kv} KV heads and tensor_parallel_size is {tp}: neither divides the other",
+            f"set serve.tensor_parallel_size to a divisor or a multiple of {kv}",
         )
-    manual = "VLLM_PP_LAYER_PARTITION" in (forwarded or {})
-    if isinstance(layers, int) and (layers < pp or (layers % pp and not manual)):
-        p.append(
-            Problem(
-                "pp-layers",
-                f"the model has {layers} layers, which pipeline_parallel_size {pp} does not divide into equal stages",
-                f"set serve.pipeline_parallel_size to a divisor of {layers}, or forward "
-                "VLLM_PP_LAYER_PARTITION with the layers per stage",
-            )
+    ]
+
+
+@rule("pp-layers", "layers that pipeline parallel does not divide, unless split by hand", when="model")
+def _pp_layers(c: dict, tp: int, pp: int, forwarded: dict[str, str]) -> list[Problem]:
+    layers = c.get("num_hidden_layers")
+    manual = "VLLM_PP_LAYER_PARTITION" in forwarded
+    if not isinstance(layers, int) or not (layers < pp or (layers % pp and not manual)):
+        return []
+    return [
+        Problem(
+            "pp-layers",
+            f"the model has {layers} layers, which pipeline_parallel_size {pp} does not divide into equal stages",
+            f"set serve.pipeline_parallel_size to a divisor of {layers}, or forward "
+            "VLLM_PP_LAYER_PARTITION with the layers per stage",
         )
-    return p
+    ]
+
+
+# the rules that need the inventory: they run only when one is given
+CLUSTER_RULES = tuple(r.id for r in RULES.values() if r.cluster)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkcluster import node
+from sparkcluster import node, programs
 from sparkcluster.config import compile_cache
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.inventory import Inventory, Node
@@ -38,13 +38,11 @@ def agent_files() -> dict[str, str]:
     """The node agent's files as the container holds them: the `node/` package under AGENT_DIR and
     its launcher as AGENT_DIR's `__main__.py` (so `python3 AGENT_DIR` runs it)."""
     here = Path(node.__file__).parent
-    files = {
-        f"{contract.AGENT_DIR}/node/{p.name}": p.read_text()
-        for p in sorted(here.glob("*.py"))
-        if p.name != "launcher.py"
+    modules = {
+        f"node/{p.name}": f"sparkcluster.node.{p.stem}" for p in sorted(here.glob("*.py")) if p.name != "launcher.py"
     }
-    files[f"{contract.AGENT_DIR}/__main__.py"] = (here / "launcher.py").read_text()
-    return files
+    modules["__main__.py"] = "sparkcluster.node.launcher"
+    return programs.files(contract.AGENT_DIR, modules)
 
 
 AGENT_FILES = agent_files()

@@ -2,7 +2,7 @@
 container is created, listed for `status` and `weights status`, removed by `down --purge-caches`.
 
 Everything here runs over SSH as the SSH user, with the hosts' python3 (as the weights stage's
-programs do: movement/hfcache_node), so every folder sparkcluster makes is that user's. Docker
+programs do: sparkcluster/programs, here compile_dirs), so every folder sparkcluster makes is that user's. Docker
 would make a missing bind source as root; `prepare` makes the key's folder and each tool's folder
 first. What the engine then writes inside (root in the container) the node agent hands back to the
 user's uid:gid once the engine serves (node/compile_reading), so the user can list, evict and purge
@@ -23,108 +23,19 @@ from dataclasses import dataclass, field
 from sparkcluster.config import compile_cache
 from sparkcluster.movement.hfcache import parse_json, py
 
-PROGRAM = r"""
-import fcntl, json, os, re, shutil, sys, time
-KEY = re.compile(r"^[0-9a-f]{@KEY_LEN@}$")
-STAMP, ABOUT, IN_USE = @STAMP@, @ABOUT@, @IN_USE@
-SUBS = @SUBS@
-op, root = sys.argv[1], sys.argv[2]
+PROGRAM = "sparkcluster.programs.compile_dirs"
 
-def size(p):
-    n = 0
-    for d, dirs, files in os.walk(p):
-        for f in files:
-            try:
-                n += os.lstat(os.path.join(d, f)).st_size
-            except OSError:
-                pass
-    return n
 
-def keys():
-    out = []
-    try:
-        names = sorted(os.listdir(root))
-    except OSError:
-        return out
-    for k in names:
-        p = os.path.join(root, k)
-        if not KEY.match(k) or not os.path.isdir(p):
-            continue
-        try:
-            used = os.stat(os.path.join(p, STAMP)).st_mtime
-        except OSError:
-            used = os.stat(p).st_mtime
-        about = {}
-        try:
-            with open(os.path.join(p, ABOUT)) as f:
-                about = json.load(f)
-        except (OSError, ValueError):
-            pass
-        out.append({"key": k, "bytes": size(p), "last_start": used, "about": about})
-    return out
-
-def busy(k):
-    try:
-        f = open(os.path.join(root, k, IN_USE))
-    except OSError:
-        return False
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
-    finally:
-        f.close()
-
-def remove(k):
-    if busy(k):
-        return ["%s: in use by a running container (kept)" % k]
-    errors = []
-    shutil.rmtree(os.path.join(root, k), onerror=lambda fn, p, e: errors.append("%s: %s" % (p, e[1])))
-    return errors[:3]
-
-if op == "list":
-    got = keys()
-    print(json.dumps({"root": root, "keys": got, "bytes": sum(k["bytes"] for k in got)}))
-elif op == "prepare":
-    key, cap, about = sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5])
-    assert KEY.match(key)
-    here = os.path.join(root, key)
-    for sub in SUBS:
-        os.makedirs(os.path.join(here, sub), exist_ok=True)
-    with open(os.path.join(here, ABOUT), "w") as f:
-        json.dump(about, f, sort_keys=True)
-    with open(os.path.join(here, STAMP), "w") as f:
-        f.write("%d\n" % time.time())
-    got = keys()
-    total = sum(k["bytes"] for k in got)
-    evicted, errors = [], []
-    for k in sorted((k for k in got if k["key"] != key), key=lambda k: k["last_start"]):
-        if total <= cap:
-            break
-        errs = remove(k["key"])
-        errors += errs
-        if not errs:
-            evicted.append({"key": k["key"], "bytes": k["bytes"]})
-            total -= k["bytes"]
-    print(json.dumps({"key": key, "evicted": evicted, "bytes": total, "errors": errors}))
-elif op == "purge":
-    removed, errors = [], []
-    for k in keys():
-        errs = remove(k["key"])
-        errors += errs
-        if not errs:
-            removed.append({"key": k["key"], "bytes": k["bytes"]})
-    print(json.dumps({"removed": removed, "errors": errors}))
-"""
-for _name, _value in {
-    "@KEY_LEN@": str(compile_cache.KEY_LEN),
-    "@STAMP@": repr(compile_cache.STAMP),
-    "@ABOUT@": repr(compile_cache.ABOUT),
-    "@IN_USE@": repr(compile_cache.IN_USE),
-    "@SUBS@": repr(compile_cache.subfolders()),
-}.items():
-    PROGRAM = PROGRAM.replace(_name, _value)
+def _layout() -> str:
+    """What the program needs to know of a key's folder (config/compile_cache's), as its first argument."""
+    doc = {
+        "key_len": compile_cache.KEY_LEN,
+        "stamp": compile_cache.STAMP,
+        "about": compile_cache.ABOUT,
+        "in_use": compile_cache.IN_USE,
+        "subs": compile_cache.subfolders(),
+    }
+    return json.dumps(doc, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -146,16 +57,18 @@ class NodeCaches:
 
 
 def list_command(root: str) -> str:
-    return py(PROGRAM, "list", root)
+    return py(PROGRAM, _layout(), "list", root)
 
 
 def prepare_command(root: str, key: str, cap_bytes: int, about: dict) -> str:
     compile_cache.key_dir(root, key)  # a key, never a path
-    return "umask 022; " + py(PROGRAM, "prepare", root, key, str(int(cap_bytes)), json.dumps(about, sort_keys=True))
+    return "umask 022; " + py(
+        PROGRAM, _layout(), "prepare", root, key, str(int(cap_bytes)), json.dumps(about, sort_keys=True)
+    )
 
 
 def purge_command(root: str) -> str:
-    return py(PROGRAM, "purge", root)
+    return py(PROGRAM, _layout(), "purge", root)
 
 
 def parse_list(out: str) -> NodeCaches:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import docker.errors
 
+from sparkcluster import programs
 from sparkcluster.deployment import gateway_registry
 from sparkcluster.deployment.gateway_registry import CONFIG_PATH
 from sparkcluster.errors import SparkError
@@ -32,17 +33,7 @@ DRAIN_S = 120.0  # the longest hold() waits for the requests in flight to end
 LOOK_S = 0.5
 
 CLOCK = "import time; print(time.time())"  # inside the gateway's container: its node's clock
-# inside the gateway's container: its own /gateway/status, asked with one of its keys (read there)
-STATUS = (
-    "import json, sys, urllib.request\n"
-    "cfg = json.load(open(sys.argv[1]))\n"
-    "scheme = 'https' if cfg.get('tls') else 'http'\n"
-    "import ssl\n"
-    "ctx = ssl._create_unverified_context()\n"
-    "req = urllib.request.Request(f\"{scheme}://127.0.0.1:{cfg['port']}/gateway/status\",\n"
-    "    headers={'Authorization': 'Bearer ' + (cfg.get('keys') or [''])[0]})\n"
-    "print(urllib.request.urlopen(req, timeout=3, context=ctx).read().decode())\n"
-)
+STATUS = "sparkcluster.programs.gateway_status"  # inside the gateway's container: its own /gateway/status
 
 
 @dataclass
@@ -73,7 +64,7 @@ class GatewayHold:
 
     def route(self, api) -> dict | None:
         """The deployment as the gateway reports it (in flight, held); None when it does not say."""
-        got = run_in(api, self.container, ["python3", "-c", STATUS, CONFIG_PATH], warn=True)
+        got = run_in(api, self.container, programs.argv(STATUS, CONFIG_PATH), warn=True)
         try:
             routes = json.loads(got.stdout)["routes"]
         except (ValueError, KeyError, TypeError):

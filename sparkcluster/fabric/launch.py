@@ -14,12 +14,10 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import docker
 
-from sparkcluster import log
-from sparkcluster import node as node_pkg
+from sparkcluster import log, programs
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.container.spec import ContainerSpec, files_tar, spec_for
@@ -51,7 +49,7 @@ KILL_PROBES = (
 
 
 def probe_source() -> str:
-    return (Path(node_pkg.__file__).parent / "fabric_probe.py").read_text()
+    return programs.source("sparkcluster.node.fabric_probe")
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ def probe_script(
         img = shlex.quote(image)
         # which layers a worker lacks: the image's layers here, and every layer chain this node holds
         parts += [probes.image_layers("image_layers", image).script(), probes.LAYER_CHAINS.script()]
-        parts.append(probes.section("image", f"docker image inspect --format '{{{{.Id}}}}' {img}"))
+        parts.append(probes.image_id(image).script())
         # the NCCL it loads and the driver it needs (issue 39); the base's where the image is not built yet
         parts.append(image_nccl.probe(image, nccl_seen, base).script())
         # our running container on this image runs `ray start` as its main process, which proves
@@ -116,82 +116,73 @@ def probe_script(
             f"{shlex.quote(i)}) echo {shlex.quote(v + ' (ran in this image ID before)')}; exit 0;; "
             for i, v in (ray_seen or {}).items()
         )
-        parts.append(
-            probes.section("image_ray", "echo 'no Ray with executor mp'; exit 0")
-            if not ray
-            else probes.section(
-                "image_ray",
-                f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit 3; "
-                + (f'case "$id" in {seen}esac; ' if seen else "")
-                + f"for c in $(docker ps -q --filter label={label} --filter status=running); do "
-                '[ "$(docker inspect --format \'{{.Image}}\' $c)" = "$id" ] && { '
-                f'echo "ray, version $(docker image inspect '
-                f"--format '{{{{index .Config.Labels \"org.sparkcluster.ray-version\"}}}}' {img}) "
-                '(running in $c)"; exit 0; }; done; '
-                f"docker run --rm --network none --entrypoint ray {img} --version",
-            )
-        )
+        parts.append(image_ray(img, ray, seen, label).script())
     return "\n".join(parts) + "\n"
+
+
+def image_ray(img: str, ray: bool = True, seen: str = "", label: str = "") -> probes.Probe:
+    """The Ray in the image (`img` quoted): our running container on this image runs `ray start` as
+    its main process, which proves Ray works in it; otherwise `ray --version` in a throwaway
+    container; `seen`: the case arms of the image IDs Ray has already run in. Exits 3 when the image
+    is absent."""
+    if not ray:
+        return probes.Probe("image_ray", "echo 'no Ray with executor mp'; exit 0", parsers.last_line)
+    return probes.Probe(
+        "image_ray",
+        f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit 3; "
+        + (f'case "$id" in {seen}esac; ' if seen else "")
+        + f"for c in $(docker ps -q --filter label={label} --filter status=running); do "
+        '[ "$(docker inspect --format \'{{.Image}}\' $c)" = "$id" ] && { '
+        f'echo "ray, version $(docker image inspect '
+        f"--format '{{{{index .Config.Labels \"org.sparkcluster.ray-version\"}}}}' {img}) "
+        '(running in $c)"; exit 0; }; done; '
+        f"docker run --rm --network none --entrypoint ray {img} --version",
+        parsers.last_line,
+    )
 
 
 def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFacts:
     s = probes.split_sections(text)
     f = HostFacts(node=node.name)
-
-    def get(name: str) -> probes.Section:
-        return s.get(name, probes.Section(127, ""))
-
-    f.hostname = get("hostname").out.strip()
-    t = get("time")
-    if t.rc == 0 and t.out.strip():
-        f.clock_offset = float(t.out.strip()) - (sent_at + received_at) / 2
-    g = get("gpu")
-    if g.rc == 0:
-        f.gpus = parsers.nvidia_smi_csv(g.out)
-    else:
-        f.gpu_error = parsers.last_line(g.out) or f"nvidia-smi exited {g.rc}"
-    d = get("docker")
-    if d.rc == 0:
-        f.docker = parsers.docker_info(d.out)
-    else:
-        f.docker_error = parsers.last_line(d.out) or f"docker info exited {d.rc}"
-    f.docker_api = parsers.docker_api(get("docker_api").out) if get("docker_api").rc == 0 else None
-    f.gpu_hook = get("gpu_hook").out.strip() if get("gpu_hook").rc == 0 else ""
-    f.interfaces = parsers.ip_addr_json(get("ip").out) if get("ip").rc == 0 else {}
-    for name, carrier, speed in parsers.carrier_lines(get("carrier").out):
+    value, output, failure = probes.value, probes.output, probes.failure
+    f.hostname = output(probes.HOSTNAME, s)
+    clock = value(probes.TIME, s)
+    if clock is not None:
+        f.clock_offset = clock - (sent_at + received_at) / 2
+    f.gpus = value(probes.GPU, s, f.gpus)
+    f.gpu_error = failure(probes.GPU, s, "nvidia-smi")
+    f.docker = value(probes.DOCKER, s, f.docker)
+    f.docker_error = failure(probes.DOCKER, s, "docker info")
+    f.docker_api = value(probes.DOCKER_API, s)
+    f.gpu_hook = value(probes.GPU_HOOK, s, "")
+    f.interfaces = value(probes.IP, s, {})
+    for name, carrier, speed in output(probes.carrier([]), s):
         if name in f.interfaces:
             f.interfaces[name].carrier = carrier
             f.interfaces[name].speed_mbps = speed
-    f.hcas = parsers.hca_lines(get("hca").out)
-    f.gids = parsers.gid_lines(get("gids").out)
-    f.default_routes = probes.value(probes.ROUTE, s, [])
-    f.mem = parsers.meminfo(get("meminfo").out) if get("meminfo").rc == 0 else None
-    f.earlyoom = get("earlyoom").rc == 0
-    so = get("sshd_oom")
-    f.sshd_oom_score_adj = int(so.out.strip()) if so.rc == 0 and so.out.strip().lstrip("-").isdigit() else None
-    f.listeners = parsers.ss_listeners(get("listeners").out)
-    f.containers = parsers.docker_ps_json(get("containers").out) if get("containers").rc == 0 else []
-    f.ours = [
-        c
-        for c in (parsers.docker_inspect_json(get("ours").out) if get("ours").rc == 0 else [])
-        if not is_gateway(c.labels)
-    ]
-    f.disks = parsers.df_lines(get("disk").out)
-    f.ray_sessions = [x for x in get("ray_sessions").out.split() if x]
-    f.account = probes.value(access.ACCOUNT, s)
-    f.access = probes.value(access.access("", ""), s)
-    f.base = probes.value(probes.image_layers("base", ""), s)
-    f.image_layers = probes.value(probes.image_layers("image_layers", ""), s)
-    f.layer_chains = probes.value(probes.LAYER_CHAINS, s, [])
+    f.hcas = output(probes.HCA, s)
+    f.gids = output(probes.GIDS, s)
+    f.default_routes = value(probes.ROUTE, s, [])
+    f.mem = value(probes.MEMINFO, s)
+    f.earlyoom = value(probes.EARLYOOM, s, False)
+    f.sshd_oom_score_adj = value(probes.SSHD_OOM, s)
+    f.listeners = output(probes.listeners([]), s)
+    f.containers = value(probes.CONTAINERS, s, [])
+    f.ours = [c for c in value(probes.ours(""), s, []) if not is_gateway(c.labels)]
+    f.disks = output(probes.disk(""), s)
+    f.ray_sessions = [x for x in output(probes.RAY_SESSIONS, s) if x]
+    f.account = value(access.ACCOUNT, s)
+    f.access = value(access.access("", ""), s)
+    f.base = value(probes.image_layers("base", ""), s)
+    f.image_layers = value(probes.image_layers("image_layers", ""), s)
+    f.layer_chains = value(probes.LAYER_CHAINS, s, [])
     f.traits = probes.traits(s)
-    f.image_nccl = probes.value(image_nccl.probe(""), s)
-    if "image" in s:
-        f.image_id = get("image").out.strip() if get("image").rc == 0 else None
-        ir = get("image_ray")
-        if ir.rc == 0:
-            f.image_ray = parsers.last_line(ir.out)
-        elif ir.rc != 3:
-            f.image_ray_error = parsers.last_line(ir.out) or f"exited {ir.rc}"
+    f.image_nccl = value(image_nccl.probe(""), s)
+    if probes.image_id("").name in s:
+        f.image_id = value(probes.image_id(""), s)
+        f.image_ray = value(image_ray(""), s, f.image_ray)
+        if probes.reading(image_ray(""), s).rc != 3:  # 3: the image is absent, said by image_id
+            f.image_ray_error = failure(image_ray(""), s)
     return f
 
 
@@ -273,7 +264,7 @@ def gather_path_mtu(host, ps: list[PathMtuPing], timeout: float = 20.0) -> list[
     sections = probes.split_sections(res.stdout)
     out = []
     for p in ps:
-        sec = sections.get(_ping(p).name, probes.Section(124, "no result: the probe did not finish"))
+        cut = probes.Section(124, "no result: the probe did not finish")
         mac = probes.value(probes.neigh(p.netdev, p.peer_ip), sections, "")
         out.append(
             parsers.PingResult(
@@ -281,8 +272,8 @@ def gather_path_mtu(host, ps: list[PathMtuPing], timeout: float = 20.0) -> list[
                 p.peer_node,
                 p.peer_ip,
                 p.size,
-                sec.rc == 0,
-                parsers.ping_reason(sec.out),
+                probes.reading(_ping(p), sections, cut).rc == 0,
+                probes.output(_ping(p), sections, cut),
                 ping_command(p),
                 mac,
             )

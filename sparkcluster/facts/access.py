@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from sparkcluster.errors import SparkError
-from sparkcluster.facts.probes import Probe, script, shell_path, split_sections
+from sparkcluster.facts.probes import Probe, script, shell_path, split_sections, value
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,7 @@ def learn_homes(cluster) -> None:
 
     def one(host):
         res = host.run(script([ACCOUNT]), timeout=30)
-        sec = split_sections(res.stdout).get(ACCOUNT.name)
-        acct = parse_account(sec.out) if sec and sec.rc == 0 else None
+        acct = value(ACCOUNT, split_sections(res.stdout))
         if acct is None or not acct.home:
             raise SparkError(
                 f"{host.name}: could not learn the SSH user's home (id, $HOME)",

@@ -49,23 +49,15 @@ class Discovered:
 
 def parse_discovery(target: str, text: str) -> Discovered:
     s = probes.split_sections(text)
-
-    def get(name: str) -> probes.Section:
-        return s.get(name, probes.Section(127, ""))
-
-    d = Discovered(target, hostname=get("hostname").out.strip())
-    g = get("gpu")
-    if g.rc == 0:
-        d.gpus = parsers.nvidia_smi_csv(g.out)
-    else:
-        d.gpu_error = parsers.last_line(g.out) or f"nvidia-smi exited {g.rc}"
-    if get("ip").rc == 0:
-        d.interfaces = parsers.ip_addr_json(get("ip").out)
-    d.hcas = parsers.hca_lines(get("hca").out)
-    d.gids = parsers.gid_lines(get("gids").out)
+    d = Discovered(target, hostname=probes.output(probes.HOSTNAME, s))
+    d.gpus = probes.value(probes.GPU, s, d.gpus)
+    d.gpu_error = probes.failure(probes.GPU, s, "nvidia-smi")
+    d.interfaces = probes.value(probes.IP, s, d.interfaces)
+    d.hcas = probes.output(probes.HCA, s)
+    d.gids = probes.output(probes.GIDS, s)
     d.account = probes.value(access.ACCOUNT, s)
-    if get("meminfo").rc == 0:
-        d.mem_total = parsers.meminfo(get("meminfo").out).total
+    mem = probes.value(probes.MEMINFO, s)
+    d.mem_total = mem.total if mem else d.mem_total
     return d
 
 

@@ -518,13 +518,9 @@ def key_values(text: str) -> dict[str, str]:
 
 
 def meminfo_kib(text: str) -> dict[str, int]:
-    """Lines of /proc/meminfo as kB figures by name (`CmaTotal:  0 kB` -> {"CmaTotal": 0})."""
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^(\w+):\s+(\d+)", line)
-        if m:
-            out[m.group(1)] = int(m.group(2))
-    return out
+    """Lines of /proc/meminfo in kB, the kernel's unit, by name (`CmaTotal:  0 kB` -> {"CmaTotal": 0}):
+    the one meminfo reader's bytes (node/readings), divided back."""
+    return {k: v // 1024 for k, v in readings.meminfo(text).items()}
 
 
 def dmi_date(text: str) -> str:

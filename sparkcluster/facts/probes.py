@@ -61,7 +61,7 @@ class Probe:
 
 
 HOSTNAME = Probe("hostname", "hostname", lambda out: out.strip())
-TIME = Probe("time", "date +%s.%N", lambda out: float(out.strip()))
+TIME = Probe("time", "date +%s.%N", lambda out: float(out.strip()) if out.strip() else None)
 DOCKER = Probe("docker", "docker info --format '{{json .}}'", parsers.docker_info)
 # the engine's release and the API range it accepts (remote/engine_api.py): the CLI negotiates, the SDK must
 DOCKER_API = Probe("docker_api", "docker version --format '{{json .Server}}'", parsers.docker_api)
@@ -72,7 +72,11 @@ GPU_HOOK = Probe(
 )
 MEMINFO = Probe("meminfo", "cat /proc/meminfo", parsers.meminfo)
 EARLYOOM = Probe("earlyoom", "pgrep -x earlyoom", lambda out: True)
-SSHD_OOM = Probe("sshd_oom", "cat /proc/$(pgrep -o -x sshd)/oom_score_adj", lambda out: int(out.strip()))
+SSHD_OOM = Probe(
+    "sshd_oom",
+    "cat /proc/$(pgrep -o -x sshd)/oom_score_adj",
+    lambda out: int(out.strip()) if out.strip().lstrip("-").isdigit() else None,
+)
 CONTAINERS = Probe("containers", "docker ps -a --no-trunc --format '{{json .}}'", parsers.docker_ps_json)
 RAY_SESSIONS = Probe("ray_sessions", "ls -d /tmp/ray/session_* 2>/dev/null", lambda out: out.split())
 GPU = Probe(
@@ -178,12 +182,40 @@ def script(probes: list[Probe]) -> str:
     return "\n".join(p.script() for p in probes) + "\n"
 
 
+# The one way a probe's section is read: `value` (its parsed output when it exited 0), `output`
+# (parsed whatever its exit: a loop over sysfs that found nothing still says so) and `failure` (why
+# it failed). A section the output lacks reads as a command that was not found (127, nothing printed).
+NOT_RUN = Section(127, "")
+
+
+def reading(probe: Probe, sections: dict[str, Section], missing: Section = NOT_RUN) -> Section:
+    return sections.get(probe.name, missing)
+
+
 def value(probe: Probe, sections: dict[str, Section], default=None):
     """The parsed output of a probe that exited 0; `default` when it failed or did not run."""
     s = sections.get(probe.name)
     if s is None or s.rc != 0:
         return default
     return probe.parse(s.out)
+
+
+def output(probe: Probe, sections: dict[str, Section], missing: Section = NOT_RUN):
+    """The parsed output of a probe whatever its exit status (`missing`'s when it did not run)."""
+    return probe.parse(reading(probe, sections, missing).out)
+
+
+def failure(probe: Probe, sections: dict[str, Section], program: str = "") -> str:
+    """Why a probe failed: its last line, else `program` and its exit status; "" when it exited 0."""
+    s = reading(probe, sections)
+    if s.rc == 0:
+        return ""
+    return parsers.last_line(s.out) or (f"{program} exited {s.rc}" if program else f"exited {s.rc}")
+
+
+def image_id(ref: str) -> Probe:
+    """The image's ID, when the node holds it."""
+    return Probe("image", f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(ref)}", lambda out: out.strip())
 
 
 def image_layers(name: str, ref: str) -> Probe:

@@ -23,7 +23,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkcluster import redact
+from sparkcluster import programs, redact
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.config.secrets import GATEWAY_KEYS
 from sparkcluster.deployment.gateway_registry import CONFIG_PATH
@@ -48,11 +48,10 @@ def code_files() -> dict[str, str]:
     """The gateway's modules as its container holds them: a package `sparkcluster` with only the
     gateway and the node contract it reads the supervisor's states from (standard library, plus
     what vLLM's image has)."""
-    here = Path(__file__).parent
-    files = {f"{CODE_DIR}/sparkcluster/gateway/{m}.py": (here / f"{m}.py").read_text() for m in SHIPPED}
+    files = programs.files(CODE_DIR, {f"sparkcluster/gateway/{m}.py": f"sparkcluster.gateway.{m}" for m in SHIPPED})
     files[f"{CODE_DIR}/sparkcluster/__init__.py"] = '"""The parts of sparkcluster the gateway runs."""\n'
     files[f"{CODE_DIR}/sparkcluster/node/__init__.py"] = '"""The node contract only."""\n'
-    files[f"{CODE_DIR}/sparkcluster/node/contract.py"] = Path(contract.__file__).read_text()
+    files |= programs.files(CODE_DIR, {"sparkcluster/node/contract.py": contract.__name__})
     files[f"{CODE_DIR}/__main__.py"] = LAUNCHER
     return files
 

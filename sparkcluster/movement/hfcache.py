@@ -17,9 +17,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from sparkcluster import programs
 from sparkcluster.errors import InputError
 from sparkcluster.movement import transfer
-from sparkcluster.movement.hfcache_node import DOWNLOAD, EXTRACT, FETCH, NODE, RESOLVE
 from sparkcluster.redact import set_fix
 
 PUBLIC_HUB = "https://huggingface.co"
@@ -176,8 +176,18 @@ def resolve_error(got: dict, repo: str, revision: str, endpoint: str) -> InputEr
 # ---- command lines (every value quoted; the token never appears: it goes on stdin) ----
 
 
-def py(script: str, *args: str) -> str:
-    return "python3 -c " + shlex.quote(script) + "".join(" " + shlex.quote(a) for a in args)
+# the programs the weights stage runs on the nodes (sparkcluster/programs): their input is JSON on
+# stdin, their output one JSON object on stdout; their arguments are only paths and names validated here
+RESOLVE = "sparkcluster.programs.hub_resolve"
+FETCH = "sparkcluster.programs.hub_fetch"
+NODE = "sparkcluster.programs.weights_cache"
+EXTRACT = "sparkcluster.programs.weights_receive"
+DOWNLOAD = "sparkcluster.programs.weights_download"
+
+
+def py(program: str, *args: str) -> str:
+    """One of sparkcluster's programs with its arguments, as a shell command (programs.command)."""
+    return programs.command(program, *args)
 
 
 def resolve_command(endpoint: str, repo: str, revision: str) -> str:
@@ -254,12 +264,7 @@ def download_command(
         "--entrypoint",
         "python3",
         image,
-        "-c",
-        DOWNLOAD,
-        m.repo,
-        m.commit,
-        repo_folder(m.repo),
-        *(safe_path(p) for p in only or ()),
+        *programs.argv(DOWNLOAD, m.repo, m.commit, repo_folder(m.repo), *(safe_path(p) for p in only or ()))[1:],
     ]
     return f"docker rm -f {DOWNLOAD_CONTAINER} >/dev/null 2>&1; " + shlex.join(argv)
 
@@ -292,8 +297,8 @@ def blobs_dir(hf_cache: str, repo: str) -> str:
 
 def receive_command(hf_cache: str, repo: str, bind_ip: str, peer_ip: str, forward: str | None = None) -> str:
     """On the worker: the image transfer's one-shot receiver (one connection, from the sender's
-    address only) feeding EXTRACT, which writes each file into the incoming folder and hashes it on
-    the way; `check` adopts what matches its name.
+    address only) feeding EXTRACT (programs/weights_receive), which writes each file into the
+    incoming folder and hashes it on the way; `check` adopts what matches its name.
     `forward` (transfer.next_hop): relay the stream to the next worker of a chain as it arrives."""
     d = shlex.quote(incoming_dir(hf_cache, repo))
     return (

@@ -27,123 +27,15 @@ from __future__ import annotations
 
 import shlex
 
-from sparkcluster.movement import transfer
+from sparkcluster import programs
 
-# The reader's body, after a head that sets `args` and `sink` (what the archive is written to). args:
-# the docker root as mounted, the image ID (hex), the tag to give it, then "=<hex>" the image's diff
-# IDs bottom up and "-<hex>" those every receiving worker holds (left out)
-_BODY = r"""
-import base64, gzip, hashlib, json, os, sys, tarfile
-root, image_id, ref = args[0], args[1], args[2]
-order = [a[1:] for a in args[3:] if a[0] == "="]
-skip = {a[1:] for a in args[3:] if a[0] == "-"}
-meta = root + "/image/overlay2"
-def fail(why):
-    print("layer store: " + why, file=sys.stderr, flush=True)
-    sys.exit(3)
-def entry(name, size, chunks):
-    ti = tarfile.TarInfo(name)
-    ti.size, ti.mode, ti.mtime = size, 0o644, 0
-    sink.write(ti.tobuf(tarfile.USTAR_FORMAT))
-    n = 0
-    for c in chunks:
-        sink.write(c)
-        n += len(c)
-    if n != size:
-        fail("%s came to %d bytes, its tar-split says %d" % (name, n, size))
-    sink.write(b"\0" * (-size % 512))
-def records(path):
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
-def layer(d, chain):
-    ldir = meta + "/layerdb/sha256/" + chain
-    try:
-        with open(ldir + "/cache-id") as f:
-            files = os.path.join(root, "overlay2", f.read().strip(), "diff").encode()
-        size = sum(len(base64.b64decode(e.get("payload") or "")) if e["type"] == 2 else e.get("size") or 0
-                   for e in records(ldir + "/tar-split.json.gz"))
-    except (OSError, ValueError, KeyError) as e:
-        fail("layer %s (chain %s): %s" % (d[:12], chain[:12], e))
-    if not os.path.isdir(files):
-        fail("layer %s: no %s (not the overlay2 driver?)" % (d[:12], files.decode()))
-    def chunks():
-        h = hashlib.sha256()
-        for e in records(ldir + "/tar-split.json.gz"):
-            if e["type"] == 2:
-                b = base64.b64decode(e.get("payload") or "")
-                h.update(b)
-                yield b
-            elif e.get("size"):
-                name = base64.b64decode(e["name_raw"]) if e.get("name_raw") else e["name"].encode("utf-8")
-                left = e["size"]
-                with open(os.path.join(files, name.lstrip(b"/")), "rb") as f:
-                    while left:
-                        b = f.read(min(left, 1 << 20))
-                        if not b:
-                            what = name.decode("utf-8", "replace")
-                            fail("layer %s: %s is shorter than its tar entry" % (d[:12], what))
-                        left -= len(b)
-                        h.update(b)
-                        yield b
-        if h.hexdigest() != d:
-            fail("layer %s rebuilt to sha256:%s" % (d, h.hexdigest()))
-    return size, chunks()
-try:
-    with open(meta + "/imagedb/content/sha256/" + image_id, "rb") as f:
-        config = f.read()
-except OSError as e:
-    fail("the image config: %s (not the classic image store?)" % e)
-if hashlib.sha256(config).hexdigest() != image_id:
-    fail("the image config does not hash to the image ID")
-entry(image_id + ".json", len(config), [config])
-chain, done = None, set()
-for d in order:
-    chain = d if chain is None else hashlib.sha256(("sha256:%s sha256:%s" % (chain, d)).encode()).hexdigest()
-    if d in skip or d in done:
-        continue
-    done.add(d)
-    size, chunks = layer(d, chain)
-    entry(d + "/layer.tar", size, chunks)
-manifest = json.dumps([{"Config": image_id + ".json", "RepoTags": [ref], "Layers": [d + "/layer.tar" for d in order]}])
-entry("manifest.json", len(manifest), [manifest.encode()])
-sink.write(b"\0" * 1024)
-sink.flush()
-"""
-
-# The archive on stdout (argv as _BODY's args): for a file, or a pipe.
-READER = "import sys\nargs = sys.argv[1:]\nsink = sys.stdout.buffer\n" + _BODY
-
-# The archive sent by the reader itself to the worker's receiver, framed (transfer.FRAMING: argv[1:4]
-# the receiver's address and port, the sender's address; then _BODY's args). Writing to the
-# container's stdout put every byte through dockerd's attach copy and a pipe into the framed
-# sender: 274 MB took 2.8-3.0 s that way on the testbed's head, 1.3 s sent from the container
-# itself, most of it the container's start (issue 40 item 7). Small writes (a tar header per file)
-# are gathered into frames of about 1 MiB. A reader that fails exits before the end frame, so the
-# receiver sees a cut stream and stops its docker load: nothing half-read is loaded.
-SENDING_READER = (
-    "\nimport socket, struct, sys, time"
-    + transfer.FRAMING
-    + r"""
-args = [a for a in sys.argv[4:] if not a.startswith("rate=")]
-class Frames:
-    def __init__(self):
-        self.parts, self.n = [], 0
-    def write(self, b):
-        self.parts.append(b)
-        self.n += len(b)
-        if self.n >= 1 << 20:
-            self.flush()
-    def flush(self):
-        if self.n:
-            out(b"".join(self.parts))
-        self.parts, self.n = [], 0
-sink = Frames()
-"""
-    + _BODY
-    + "finish()\n"
-)
+# The reader (programs/layer_reader): the archive on stdout; argv: the docker root as mounted, the
+# image ID (hex), the tag to give it, then "=<hex>" the image's diff IDs bottom up and "-<hex>" those
+# every receiving worker holds (left out)
+READER = "sparkcluster.programs.layer_reader"
+# The reader sending the archive itself to the worker's receiver, framed (programs/layer_sender:
+# argv[1:4] the receiver's address and port, the sender's address; then the reader's)
+SENDING_READER = "sparkcluster.programs.layer_sender"
 
 MOUNT = "/sparkcluster-docker-root"  # where the reader's container sees the docker root
 
@@ -172,7 +64,7 @@ def send_command(
 
 
 def _args(image: str, image_id: str, root_dir: str, order: tuple[str, ...], skip: tuple[str, ...]) -> list[str]:
-    """The reader's own arguments (_BODY's `args`)."""
+    """The reader's own arguments (programs/layer_reader's)."""
     if not root_dir.startswith("/") or any(c in root_dir for c in ",\n"):
         raise ValueError(f"not a docker root: {root_dir!r}")
     hexes = [_hex(d) for d in (image_id, *order, *skip)]
@@ -185,7 +77,9 @@ def _args(image: str, image_id: str, root_dir: str, order: tuple[str, ...], skip
     ]
 
 
-def _container(image: str, root_dir: str, network: str, script: str, argv: list[str], stdin: bool = False) -> list[str]:
+def _container(
+    image: str, root_dir: str, network: str, program: str, argv: list[str], stdin: bool = False
+) -> list[str]:
     return [
         "docker",
         "run",
@@ -202,9 +96,7 @@ def _container(image: str, root_dir: str, network: str, script: str, argv: list[
         "--entrypoint",
         "python3",
         image,
-        "-c",
-        script,
-        *argv,
+        *programs.argv(program, *argv)[1:],
     ]
 
 

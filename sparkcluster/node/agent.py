@@ -134,7 +134,7 @@ def main(config_path: str = CONFIG_PATH) -> int:
             last_janitor = time.time()
             janitor.look()
         cache_owner.look()
-        interval = float(sup.policy()["interval_s"]) if sup else 2.0 if keeper else 5.0
+        interval = sup.policy().interval_s if sup else 2.0 if keeper else 5.0
         if sup is not None and sup.state in (WAITING, STARTING):
             interval = min(interval, BUSY_LOOK_S)  # `up` waits on what this look says (not a restart's backoff)
         wait_or_wake(stopping, interval, sup.woken if sup is not None else None)

@@ -5,6 +5,8 @@ Standard library only, like everything in this package: it is shipped into every
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, fields
+
 AGENT_DIR = "/opt/sparkcluster"  # the package's files, as `node/`, and the launcher as `__main__.py`
 CONFIG_PATH = "/etc/sparkcluster/agent.json"
 DESIRED_PATH = "/etc/sparkcluster/serve-desired.json"
@@ -58,34 +60,56 @@ FINAL = (LIMIT, MEMORY, FAILED, NO_MEMORY)  # nothing is started again until `up
 STANDBY, REFUSED = "standby", "refused: not enough memory"
 WAKEABLE = (STANDBY, REFUSED)
 
-DEFAULT_POLICY = {
-    "interval_s": 2.0,  # one look at the engine and the nodes
-    "probe_interval_s": 15.0,  # a one-token completion, while /health is 200
-    "probe_timeout_s": 20.0,
-    "probe_failures": 2,  # consecutive probe failures, each while the engine showed no progress
-    "stall_s": 60.0,  # work running or waiting while no progress series moves (readings.PROGRESS)
-    "health_failures": 3,  # consecutive failed /health after the engine served: gone
-    "memory_floor_gib": 6.0,
-    "memory_samples": 3,  # consecutive samples below the floor on any node
+
+@dataclass(frozen=True)
+class Policy:
+    """The supervisor's bounds, each default written here once: a profile's `[supervisor]` table
+    (config/bounds) starts from these, and the agent reads the bounds `up` hands it over them
+    (`Policy.of`), so a bound the controller does not send keeps its default."""
+
+    interval_s: float = 2.0  # one look at the engine and the nodes
+    probe_interval_s: float = 15.0  # a one-token completion, while /health is 200
+    probe_timeout_s: float = 20.0
+    probe_failures: int = 2  # consecutive probe failures, each while the engine showed no progress
+    stall_s: float = 60.0  # work running or waiting while no progress series moves (readings.PROGRESS)
+    health_failures: int = 3  # consecutive failed /health after the engine served: gone
+    memory_floor_gib: float = 6.0
+    memory_samples: int = 3  # consecutive samples below the floor on any node
     # before a restart, every node's MemAvailable must leave the floor after the engine's share
     # (memory_need_fraction of MemTotal: the profile's gpu_memory_utilization), within this bound
-    "memory_wait_s": 300.0,
-    "memory_need_fraction": 0.0,
-    "max_restarts": 3,
-    "restart_window_s": 3600.0,
+    memory_wait_s: float = 300.0
+    memory_need_fraction: float = 0.0
+    max_restarts: int = 3
+    restart_window_s: float = 3600.0
     # the wait before a restart, counted from the verdict (the stop's grace is part of it); doubled
     # per restart in the window whose engine never served (a crash loop), at most 60 s
-    "backoff_s": 5.0,
-    "ready_timeout_s": 1800.0,
-    "stop_grace_s": 30.0,  # an orderly stop (down, up replacing the server, on demand's idle TTL)
+    backoff_s: float = 5.0
+    ready_timeout_s: float = 1800.0
+    stop_grace_s: float = 30.0  # an orderly stop (down, up replacing the server, on demand's idle TTL)
     # a stop after a verdict: the engine is wedged, dead or out of memory, so what it holds cannot
     # finish; vLLM's SIGTERM waits on its requests, which never end (it took all 30 s every time)
-    "verdict_grace_s": 5.0,
+    verdict_grace_s: float = 5.0
     # on demand: `up` leaves the engine on standby; a wake starts it after memory admission, and an
     # engine with no request of anyone but the supervisor's probes for idle_ttl_s goes back to standby
-    "on_demand": False,
-    "idle_ttl_s": 900.0,
-}
+    on_demand: bool = False
+    idle_ttl_s: float = 900.0
+    # false: watched and journalled, never restarted or stopped by the supervisor (a profile's
+    # `[supervisor] enabled = false`)
+    act: bool = True
+
+    @classmethod
+    def of(cls, doc: dict | None) -> Policy:
+        """The bounds in `doc` (desired.json's, a state file's) over the defaults; a name this
+        agent does not know is left out, a value is read as its bound's type."""
+        known = {f.name: f.type for f in fields(cls)}
+        kinds = {"float": float, "int": int, "bool": bool}
+        got = {k: kinds[known[k]](v) for k, v in (doc or {}).items() if k in known and v is not None}
+        return cls(**got)
+
+    def doc(self) -> dict:
+        """As JSON carries it (desired.json, the state file)."""
+        return asdict(self)
+
 
 # One look reads /health and /metrics (3 s each at most) and, with Ray, Ray's table of live nodes
 # and, when a node the engine runs on has left it, that node's own row (1 s each at most); the
@@ -104,7 +128,7 @@ def stopping(sup: dict) -> bool:
         return True
     causes = sup.get("causes") or []
     newest = causes[-1] if causes and isinstance(causes[-1], dict) else {}
-    acts = (sup.get("policy") or {}).get("act", True)
+    acts = Policy.of(sup.get("policy")).act
     return (
         acts
         and sup.get("state") in (STARTING, SERVING)
@@ -121,9 +145,9 @@ def stale_after_s(sup: dict) -> float:
     While the supervisor stops an engine (the state file says so, or says the verdict), the stop's
     grace and the kill's wait are added: it is acting, not hung. Read by `status` and the
     gateway alike."""
-    policy = {**DEFAULT_POLICY, **(sup.get("policy") or {})}
+    policy = Policy.of(sup.get("policy"))
     busy = LOOK_BLOCKS_S + PEER_READ_S * len(sup.get("memory_unknown") or {})
     if stopping(sup):
         grace = (sup.get("stopping") or {}).get("grace_s") if isinstance(sup.get("stopping"), dict) else None
-        busy += float(grace if grace is not None else policy["stop_grace_s"]) + STOP_KILL_WAIT_S
-    return max(3 * float(policy["interval_s"]) + busy, 15.0)
+        busy += float(grace if grace is not None else policy.stop_grace_s) + STOP_KILL_WAIT_S
+    return max(3 * policy.interval_s + busy, 15.0)

@@ -221,18 +221,18 @@ def supervisor_samples(sup, now: float) -> list[tuple[str, dict, float]]:
     """What the head's supervisor knows: its state, bounds, verdicts, the last probe, the stall
     clock, each node's headroom above the floor. `sup` is a node.supervisor.Supervisor."""
     policy = sup.policy()
-    floor = float(policy["memory_floor_gib"]) * 2**30
-    window = float(policy["restart_window_s"])
+    floor = policy.memory_floor_gib * 2**30
+    window = policy.restart_window_s
     s: list[tuple[str, dict, float]] = [
         ("sparkcluster_supervisor_state", {"state": st}, 1 if sup.state == st else 0) for st in STATES
     ]
     s += [
         ("sparkcluster_supervisor_state_since_timestamp_seconds", {}, sup.since),
         ("sparkcluster_supervisor_restarts", {}, len([t for t in sup.restarts if now - t < window])),
-        ("sparkcluster_supervisor_restart_limit", {}, float(policy["max_restarts"])),
+        ("sparkcluster_supervisor_restart_limit", {}, float(policy.max_restarts)),
         ("sparkcluster_supervisor_restarts_total", {}, sup.counts.get("restarts", 0)),
         ("sparkcluster_supervisor_desired", {}, 1 if sup.generation else 0),
-        ("sparkcluster_engine_stall_bound_seconds", {}, float(policy["stall_s"])),
+        ("sparkcluster_engine_stall_bound_seconds", {}, policy.stall_s),
         ("sparkcluster_memory_floor_bytes", {}, floor),
     ]
     s += [

@@ -38,7 +38,6 @@ from secrets import token_hex
 from . import aer, canary, engine_failure, engine_log
 from .compile_reading import StartReading, log_lines, log_size
 from .contract import (
-    DEFAULT_POLICY,
     DESIRED_PATH,
     FAILED,
     FINAL,
@@ -59,6 +58,7 @@ from .contract import (
     WAITING,
     WAKE_PATH,
     WAKEABLE,
+    Policy,
 )
 from .journal import Journal, read_json, write_json
 from .memreport import peer_memory
@@ -89,11 +89,10 @@ from .verdict import (
     Look,
     Watch,
     admission,
-    backoff,
+    decide,
     idle_for,
     memory_for_restart,
     memory_wait,
-    restarts_left,
     verdict,
 )
 
@@ -161,7 +160,7 @@ class Supervisor:
         self.first_start = True  # the start `up` asked for is not retried: a bad flag stays visible
         self.rate: float | None = None  # generated tokens per second over the last interval
         self._last_count: tuple[float, float] | None = None
-        self._policy: dict = dict(DEFAULT_POLICY)
+        self._policy = Policy()
         self.memory_unknown: dict[str, str] = {}  # peer -> why its memory is not known now
         self.mp = cfg.get("executor") == "mp"  # every node runs its own rank(s): node/ranks
         self.epoch: str | None = None  # executor "mp": this start of the set (a fresh token per start)
@@ -208,7 +207,7 @@ class Supervisor:
 
     def save(self) -> None:
         policy = self.policy()
-        self.restarts = [t for t in self.restarts if time.time() - t < float(policy["restart_window_s"])]
+        self.restarts = [t for t in self.restarts if time.time() - t < policy.restart_window_s]
         write_json(
             STATE_PATH,
             {
@@ -220,7 +219,7 @@ class Supervisor:
                 "restarts": self.restarts,
                 "causes": self.causes[-5:],
                 "tokens_per_s": self.rate if self.proc else None,
-                "policy": policy,
+                "policy": policy.doc(),
                 "memory_unknown": self.memory_unknown,
                 "epoch": self.epoch if self.proc else None,
                 **({"ray_nodes": self.ray_node_ids()} if self.proc and self.ray_nodes else {}),
@@ -240,10 +239,10 @@ class Supervisor:
         whether a set runs now (its ranks are wanted)."""
         return {"generation": self.generation, "epoch": self.epoch, "run": self.proc is not None}
 
-    def policy(self, desired: dict | None = None) -> dict:
+    def policy(self, desired: dict | None = None) -> Policy:
         """The bounds of the desired state just read (each tick reads it once), else the last known."""
         if desired is not None:
-            self._policy = {**DEFAULT_POLICY, **(desired.get("policy") or {})}
+            self._policy = Policy.of(desired.get("policy"))
         return self._policy
 
     def adopt(self, desired: dict) -> None:
@@ -279,12 +278,12 @@ class Supervisor:
             want = ""
         if not want or not hmac.compare_digest(token.encode(), want.encode()):
             return 401, {"error": "missing or wrong wake token"}
-        if not self._policy.get("on_demand") or self.generation is None:
+        if not self._policy.on_demand or self.generation is None:
             return 409, {"error": "no server on demand here", "state": self.state}
         self.woken.set()
         return 202, {"state": self.state}
 
-    def admit(self, policy: dict) -> bool:
+    def admit(self, policy: Policy) -> bool:
         """A wake's start, admitted only when every node has the profile's headroom; else the state
         says refused and why (journalled when the refusal changes). Consumes the wake."""
         self.woken.clear()
@@ -344,7 +343,7 @@ class Supervisor:
         if self.proc is None:
             return
         policy = self.policy()
-        grace = float(policy["verdict_grace_s"] if verdict else policy["stop_grace_s"])
+        grace = float(policy.verdict_grace_s if verdict else policy.stop_grace_s)
         pid = self.proc.pid
         self.stopping = {"why": why, "grace_s": grace}
         self.save()
@@ -447,7 +446,7 @@ class Supervisor:
     def ray_node_ids(self) -> dict[str, str]:
         return {name: rec["node_id"] for name, rec in self.ray_nodes.items()}
 
-    def ray_node_lost(self, mono: float, policy: dict) -> dict:
+    def ray_node_lost(self, mono: float, policy: Policy) -> dict:
         """Executor "ray": the verdict's evidence when a Ray node the engine's ranks run on is DEAD
         or gone since this start (node/raynodes.node_lost), else {}. Ray's table of live nodes is read
         from the dashboard on loopback at most once per look interval (`mono`: time.monotonic()):
@@ -455,7 +454,7 @@ class Supervisor:
         node not in it is then read by its node_id, for Ray's state and reason. A second node live
         at a recorded node's IP is journalled once (node/raynodes.others_at_ip), not judged. No
         answer judges nothing."""
-        if not self.ray_nodes or mono - self.ray_read_at < float(policy["interval_s"]):
+        if not self.ray_nodes or mono - self.ray_read_at < policy.interval_s:
             return {}
         self.ray_read_at = mono
         rows, complete, _ = self.ray_table(self.cfg["state_api"], RAY_READ_S)
@@ -472,8 +471,8 @@ class Supervisor:
                 self.journal.write("another Ray node at an engine node's IP", **other)
         return node_lost(rows, complete, self.ray_nodes)
 
-    def low_memory(self, policy: dict) -> dict[str, int]:
-        floor = float(policy["memory_floor_gib"]) * 2**30
+    def low_memory(self, policy: Policy) -> dict[str, int]:
+        floor = policy.memory_floor_gib * 2**30
         seen: dict[str, int | None] = {}
         with open("/proc/meminfo") as f:
             seen[self.cfg["node"]] = mem_available(f.read())
@@ -507,7 +506,7 @@ class Supervisor:
         self.held = holders
         return out
 
-    def memory_before_restart(self, policy: dict) -> bool:
+    def memory_before_restart(self, policy: Policy) -> bool:
         """True while a restart must wait for memory (journalled when the wait starts and ends);
         past the bound, the server is stopped for good with what was seen."""
         covered, seen = memory_for_restart(self.node_memory(), policy)
@@ -519,7 +518,7 @@ class Supervisor:
                 self.memory_wait_since = None
             return False
         if step == "give-up":
-            cause = f"memory did not come back within {float(policy['memory_wait_s']):g}s: " + "; ".join(
+            cause = f"memory did not come back within {policy.memory_wait_s:g}s: " + "; ".join(
                 f"{n}: {v}" for n, v in sorted(seen.items())
             )
             self.causes.append({"ts": now, "kind": "memory-wait", "cause": cause})
@@ -533,11 +532,11 @@ class Supervisor:
             return True
         if self.memory_wait_since is None:
             self.memory_wait_since = now
-            self.journal.write("waiting for memory to come back", seen=seen, bound_s=float(policy["memory_wait_s"]))
+            self.journal.write("waiting for memory to come back", seen=seen, bound_s=policy.memory_wait_s)
         self.set_state(MEMORY_WAIT, seen=seen)
         return True
 
-    def look(self, desired: dict, policy: dict) -> Look:
+    def look(self, desired: dict, policy: Policy) -> Look:
         # the engine's own address: loopback, or the head's control address when it listens only there
         base = f"http://{desired.get('host') or '127.0.0.1'}:{desired['port']}"
         look = Look(
@@ -568,10 +567,10 @@ class Supervisor:
             if self._last_count and look.now > self._last_count[0]:
                 self.rate = max(0.0, (look.generated - self._last_count[1]) / (look.now - self._last_count[0]))
             self._last_count = (look.now, look.generated)
-        due = not self.watch.ready or look.now - self.last_probe >= float(policy["probe_interval_s"])
+        due = not self.watch.ready or look.now - self.last_probe >= policy.probe_interval_s
         if due and self.probe_run is None:  # probe_answer left only this start's, still in flight
             self.last_probe = look.now
-            self.send_probe(base, desired["model"], float(policy["probe_timeout_s"]))
+            self.send_probe(base, desired["model"], policy.probe_timeout_s)
         return look
 
     def send_probe(self, base: str, model: str, timeout: float) -> None:
@@ -600,10 +599,10 @@ class Supervisor:
         self.count("probe:ok" if run.answer == "" else "probe:failed")
         return run.answer
 
-    def idle_stop(self, idle: float, policy: dict) -> None:
+    def idle_stop(self, idle: float, policy: Policy) -> None:
         """On demand: an engine ready and idle for the TTL is stopped (its container stays) and the
         server is back on standby until the next wake."""
-        ttl = float(policy["idle_ttl_s"])
+        ttl = policy.idle_ttl_s
         if not self.watch.ready or idle < ttl:
             return
         self.stop(f"idle for {idle:.0f}s (on demand's TTL is {ttl:g}s)")
@@ -666,7 +665,7 @@ class Supervisor:
             self.save()
             return
         if self.proc is None:
-            if policy.get("on_demand") and not self.wanted:
+            if policy.on_demand and not self.wanted:
                 if not self.woken.is_set():  # on standby: nothing runs, nothing is held
                     if self.state not in WAKEABLE:
                         self.set_state(STANDBY)
@@ -678,7 +677,7 @@ class Supervisor:
             if time.time() < self.next_start:  # the backoff: still watching, as the state file says
                 self.save()
                 return
-            if not self.first_start and not policy.get("act", True):
+            if not self.first_start and not policy.act:
                 self.set_state(IDLE, why="supervision is off in the profile: nothing is restarted")
                 return
             # a restart (after a verdict, or this container's own restart) waits until the killed
@@ -714,7 +713,7 @@ class Supervisor:
                 self.set_state(SERVING)
             else:
                 self.save()
-            if policy.get("on_demand"):
+            if policy.on_demand:
                 self.idle_stop(idle_for(self.watch, look), policy)
             return
         kind, cause = found
@@ -722,15 +721,16 @@ class Supervisor:
         evidence = (
             {k: v for k, v in look.ray_lost.items() if k != "cause"} if look.ray_lost.get("cause") == cause else {}
         )
-        if not policy.get("act", True):  # watched, journalled once, left alone
+        judged = time.time()
+        served = self.watch.ready
+        decision = decide(kind, policy, self.first_start, self.restarts, judged, served)
+        if decision.action == "watch":  # watched, journalled once, left alone
             if not self.causes or self.causes[-1]["cause"] != cause:
                 self.causes.append({"ts": time.time(), "kind": kind, "cause": cause})
                 self.journal.write(kind, cause=cause, action="none: supervision is off in the profile", **evidence)
                 self.count(f"verdict:{kind}")
             self.save()
             return
-        judged = time.time()
-        served = self.watch.ready
         self.causes.append({"ts": judged, "kind": kind, "cause": cause})
         if kind == "dead":  # what the engine itself said first, beside the supervisor's cause (issue 62)
             evidence.update(first_failure(SERVE_LOG))
@@ -739,18 +739,18 @@ class Supervisor:
         # published before the stop, which may take verdict_grace_s: the gateway acts on the verdict now
         self.save()
         self.stop(cause, verdict=True)
-        if kind == "memory":
+        if decision.state == MEMORY:
             self.set_state(
                 MEMORY,
                 cause=cause,
                 fix="lower gpu_memory_utilization or add enforce_eager in the profile, then sparkcluster up",
             )
-        elif self.first_start:
+        elif decision.state == FAILED:
             self.set_state(FAILED, cause=cause)
-        elif restarts_left(self.restarts, time.time(), policy) <= 0:
+        elif decision.state == LIMIT:
             self.set_state(LIMIT, cause=cause, restarts=len(self.restarts))
         else:
             self.restarts.append(time.time())
             self.count("restarts")
-            self.next_start = judged + backoff(self.restarts, time.time(), policy, served)
+            self.next_start = judged + decision.wait_s
             self.set_state(RESTARTING, cause=cause, attempt=len(self.restarts))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .contract import FAILED, LIMIT, MEMORY, RESTARTING, Policy
 from .memory_fit import headroom
 
 GiB = 2**30
@@ -83,16 +84,16 @@ def progress(w: Watch, look: Look) -> bool:
     return bool(moved)
 
 
-def verdict(w: Watch, look: Look, policy: dict) -> tuple[str, str] | None:
+def verdict(w: Watch, look: Look, policy: Policy) -> tuple[str, str] | None:
     """None while the engine is fine (or still starting within its bound), else (kind, cause):
     kind is "memory" (stop, never restart), "dead", "wedged" or "not-ready" (restart within bounds).
     Updates `w` with what this look adds."""
     if look.low_memory:
         w.low_memory_samples += 1
-        if w.low_memory_samples >= int(policy["memory_samples"]):
+        if w.low_memory_samples >= policy.memory_samples:
             nodes = ", ".join(f"{n} {v / 2**30:.1f} GiB" for n, v in sorted(look.low_memory.items()))
             return "memory", (
-                f"MemAvailable below the floor of {policy['memory_floor_gib']:g} GiB for "
+                f"MemAvailable below the floor of {policy.memory_floor_gib:g} GiB for "
                 f"{w.low_memory_samples} samples ({nodes})"
             )
     else:
@@ -107,12 +108,12 @@ def verdict(w: Watch, look: Look, policy: dict) -> tuple[str, str] | None:
         if look.health == 200 and look.probe == "":
             w.ready, w.progressed_at = True, look.now
             w.last_progress = dict(look.progress)
-        elif look.now - w.started > float(policy["ready_timeout_s"]):
-            return "not-ready", f"not serving {policy['ready_timeout_s']:g}s after its start"
+        elif look.now - w.started > policy.ready_timeout_s:
+            return "not-ready", f"not serving {policy.ready_timeout_s:g}s after its start"
         return None
     if look.health != 200:
         w.health_failures += 1
-        if w.health_failures >= int(policy["health_failures"]):
+        if w.health_failures >= policy.health_failures:
             return "dead", f"/health failed {w.health_failures} times in a row ({look.health or 'no answer'})"
         return None
     w.health_failures = 0
@@ -127,12 +128,12 @@ def verdict(w: Watch, look: Look, policy: dict) -> tuple[str, str] | None:
             w.probe_failures = 0
         else:
             w.probe_failures += 1
-            if w.probe_failures >= int(policy["probe_failures"]):
+            if w.probe_failures >= policy.probe_failures:
                 return "wedged", (
                     f"/health is 200 but {look.probe}, {w.probe_failures} times in a row, "
                     f"with no progress for {still:.0f}s"
                 )
-    if look.progress and still >= float(policy["stall_s"]):
+    if look.progress and still >= policy.stall_s:
         running, waiting = _work(look)
         return "wedged", (
             f"{running:g} request(s) running and {waiting:g} waiting with no progress of any kind "
@@ -141,29 +142,57 @@ def verdict(w: Watch, look: Look, policy: dict) -> tuple[str, str] | None:
     return None
 
 
-def restarts_left(restarts: list[float], now: float, policy: dict) -> int:
-    recent = [t for t in restarts if now - t < float(policy["restart_window_s"])]
-    return int(policy["max_restarts"]) - len(recent)
+def restarts_left(restarts: list[float], now: float, policy: Policy) -> int:
+    recent = [t for t in restarts if now - t < policy.restart_window_s]
+    return policy.max_restarts - len(recent)
 
 
-def backoff(restarts: list[float], now: float, policy: dict, served: bool) -> float:
+def backoff(restarts: list[float], now: float, policy: Policy, served: bool) -> float:
     """The wait before the restart `restarts` ends with (counted from its verdict). An engine that
     served before its verdict waits backoff_s: a wedge or a lost node after hours of serving is not
     a crash loop. One that never served doubles it per restart in the window, at most 60 s."""
     if served:
-        return float(policy["backoff_s"])
-    recent = [t for t in restarts if now - t < float(policy["restart_window_s"])]
-    return min(60.0, float(policy["backoff_s"]) * 2 ** max(0, len(recent) - 1))
+        return policy.backoff_s
+    recent = [t for t in restarts if now - t < policy.restart_window_s]
+    return min(60.0, policy.backoff_s * 2 ** max(0, len(recent) - 1))
 
 
-def memory_for_restart(nodes: dict[str, tuple[int | None, int | None]], policy: dict) -> tuple[bool, dict[str, str]]:
+@dataclass(frozen=True)
+class Decision:
+    """What the supervisor does once a verdict is in: `watch` (supervision is off: journalled and
+    left alone), `stop` for good (`state` says why: nothing starts again until `up`), or `restart`
+    after `wait_s` from the verdict."""
+
+    action: str  # "watch", "stop" or "restart"
+    state: str = ""
+    wait_s: float = 0.0
+
+
+def decide(kind: str, policy: Policy, first_start: bool, restarts: list[float], now: float, served: bool) -> Decision:
+    """Pure: the verdict `kind` (verdict's), judged at `now`, on an engine that was its container's
+    first start or not, after the restarts made at `restarts`, that `served` before the verdict or
+    not. Out of memory stops for good (a restart would take the host down again); so does an engine
+    that never started here, and one whose restarts in the window are spent; anything else restarts
+    after the backoff."""
+    if not policy.act:
+        return Decision("watch")
+    if kind == "memory":
+        return Decision("stop", MEMORY)
+    if first_start:
+        return Decision("stop", FAILED)
+    if restarts_left(restarts, now, policy) <= 0:
+        return Decision("stop", LIMIT)
+    return Decision("restart", RESTARTING, backoff([*restarts, now], now, policy, served))
+
+
+def memory_for_restart(nodes: dict[str, tuple[int | None, int | None]], policy: Policy) -> tuple[bool, dict[str, str]]:
     """Before a restart: does every node's MemAvailable cover the engine again? `nodes`: node ->
     (MemTotal, MemAvailable) in bytes, None where unknown (unknown is never "enough"). The need is
     doctor's `mem.headroom` arithmetic (memory_fit.headroom: gpu_memory_utilization of MemTotal) and
     the bar the floor the supervisor stops the engine at while serving, so a restart never starts
     into a node it would stop at once. Returns (every node covered, what each node showed)."""
-    frac = float(policy.get("memory_need_fraction") or 0.0)
-    floor = float(policy["memory_floor_gib"]) * GiB
+    frac = policy.memory_need_fraction
+    floor = policy.memory_floor_gib * GiB
     ok, seen = True, {}
     for node, (total, available) in nodes.items():
         if total is None or available is None:
@@ -180,11 +209,11 @@ def memory_for_restart(nodes: dict[str, tuple[int | None, int | None]], policy: 
     return ok, seen
 
 
-def memory_wait(waiting_since: float | None, now: float, covered: bool, policy: dict) -> str:
+def memory_wait(waiting_since: float | None, now: float, covered: bool, policy: Policy) -> str:
     """ "go" (start now), "wait" (within the bound), or "give-up" (the bound is spent)."""
     if covered:
         return "go"
-    if waiting_since is not None and now - waiting_since > float(policy["memory_wait_s"]):
+    if waiting_since is not None and now - waiting_since > policy.memory_wait_s:
         return "give-up"
     return "wait"
 
@@ -213,7 +242,9 @@ def idle_for(w: Watch, look: Look) -> float:
     return look.now - w.active_at
 
 
-def admission(nodes: dict[str, tuple[int | None, int | None]], held: dict[str, dict], policy: dict) -> tuple[bool, str]:
+def admission(
+    nodes: dict[str, tuple[int | None, int | None]], held: dict[str, dict], policy: Policy
+) -> tuple[bool, str]:
     """Before an on-demand start: every node must have the headroom the profile's memory arithmetic
     asks for (memory_for_restart: gpu_memory_utilization of MemTotal, and the floor left free), so a
     deployment shares memory with nothing. Returns (admitted, the refusal: each short node, what it

@@ -217,7 +217,7 @@ def test_cut_layer_stream_leaves_no_image_and_the_next_up_succeeds(testbed, sc, 
                 seen |= dirs
                 pid = testbed.sh(
                     HEAD,
-                    "pgrep -f '^python3 -c .import (hashlib, os, re, socket|socket, struct, sys, time)' | head -1",
+                    "pgrep -f '^python3 -c .* sparkcluster[.]programs[.](image|layer)_sender ' | head -1",
                     check=False,
                 ).stdout.strip()
                 if pid.isdigit():

@@ -17,7 +17,7 @@ from sparkcluster.node.journal import Journal
 from sparkcluster.node.verdict import Look, Watch, backoff, restarts_left, verdict
 
 CAPTURED = Path(__file__).parents[1] / "captured"
-P = {**contract.DEFAULT_POLICY, "stall_s": 30.0, "ready_timeout_s": 100.0}
+P = contract.Policy(stall_s=30.0, ready_timeout_s=100.0)
 HOSTILE_ARGS = ["a;b", "$(touch pwned)", "`id`", 'it\'s "quoted"', "  spaced  ", "*", "", "back\\slash", "ünï"]
 
 
@@ -130,7 +130,7 @@ def test_a_wedge_in_the_middle_of_a_long_prefill_is_still_caught_within_its_boun
         found = verdict(w, look(t + 5 * j, probe=TIMEOUT if j % 3 == 0 else None, running=1, kv=0.11), P)
         if found:
             break
-    assert found is not None and found[0] == "wedged" and 5 * j <= P["stall_s"] + 5
+    assert found is not None and found[0] == "wedged" and 5 * j <= P.stall_s + 5
 
 
 def test_idle_engine_with_a_still_counter_is_not_wedged():
@@ -294,7 +294,7 @@ def test_a_peer_whose_memory_report_does_not_answer_is_journalled_once_and_repor
     monkeypatch.setattr(memreport, "peer_memory", supervisor.peer_memory)
     cfg = {"node": "spark-head", "report_port": 8297, "peers": [{"name": "spark-worker", "ip": "198.19.2.2"}]}
     sup = supervisor.Supervisor(cfg, Journal(str(tmp_path / "journal")))
-    policy = dict(contract.DEFAULT_POLICY)
+    policy = contract.Policy()
     assert sup.low_memory(policy) == {} and sup.low_memory(policy) == {}
     assert "spark-worker" in sup.memory_unknown
     sup.save()

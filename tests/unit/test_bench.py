@@ -24,6 +24,7 @@ import docker
 import pytest
 
 from sparkcluster import bench, redact
+from sparkcluster.bench import orchestrate
 from sparkcluster.cli import main as cli_main
 from sparkcluster.config import profile as profiles
 from sparkcluster.deployment import endpoint, server
@@ -754,10 +755,10 @@ def cli_env(tmp_path, monkeypatch):
     inv.write_text(inventory_toml())
     api = FakeAPI()
     checked = []
-    monkeypatch.setattr(bench, "connect", lambda inv: FakeCluster(api))
-    monkeypatch.setattr(bench, "check_endpoint", lambda *a: checked.append(a))
+    monkeypatch.setattr(orchestrate, "connect", lambda inv: FakeCluster(api))
+    monkeypatch.setattr(orchestrate, "check_endpoint", lambda *a: checked.append(a))
     monkeypatch.setattr(
-        bench, "cluster_facts", lambda *a: bench.ClusterFacts(nodes={"spark-head": {"hostname": "spark-head"}})
+        orchestrate, "cluster_facts", lambda *a: bench.ClusterFacts(nodes={"spark-head": {"hostname": "spark-head"}})
     )
     monkeypatch.setattr("sparkcluster.remote.ssh.connect", lambda *a: (_ for _ in ()).throw(AssertionError("ssh")))
     yield {
@@ -851,7 +852,7 @@ def test_unreachable_endpoint_is_exit_1_and_keeps_nothing_half_written(cli_env, 
             "sparkcluster status shows what is down",
         )
 
-    monkeypatch.setattr(bench, "check_endpoint", refuse)
+    monkeypatch.setattr(orchestrate, "check_endpoint", refuse)
     code, _, err = run(capsys, cli_env, "bench", "-c", "1")
     assert code == 1 and "does not answer" in err and "fix:" in err
     assert not cli_env["root"].exists()  # no run folder for a run that never started

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from sparkcluster import bench
-from sparkcluster.bench import perf_record
-from sparkcluster.cli.bench_cmd import _record_for, deployment_nodes
+from sparkcluster.bench import orchestrate, perf_record
+from sparkcluster.bench.orchestrate import deployment_nodes, record_for
 from sparkcluster.config.profile import load_profile
 from sparkcluster.errors import InputError
 from tests.unit import test_bench
@@ -86,7 +86,7 @@ def test_a_run_short_of_a_record_names_the_fabric_first(cli_env, capsys, tmp_pat
         nodes={"spark-head": {"kernel": "6.1"}, "spark-worker": {"kernel": "6.1"}},
         rtts={"spark-worker": (40.3, "")},
     )
-    monkeypatch.setattr(bench, "cluster_facts", lambda *a: facts)
+    monkeypatch.setattr(orchestrate, "cluster_facts", lambda *a: facts)
     rc, out, err = run(capsys, cli_env, "bench", "--compare", str(theirs), "--output", str(tmp_path / "run"))
     assert rc == 0, err
     assert "SHORT" in out and "output_tok_s 100 against 1000 (0.10)" in out
@@ -133,7 +133,7 @@ def test_bad_compare_targets_are_one_line_and_exit_2(cli_env, capsys, args, word
 
 def test_a_profile_without_a_record_says_how_to_get_one(tmp_path):
     with pytest.raises(InputError) as e:
-        _record_for("published", None, load_profile("nemotron"), tmp_path)
+        record_for("published", None, load_profile("nemotron"), tmp_path)
     assert "ships no performance record" in e.value.message and "--keep-baseline" in e.value.fix
 
 
@@ -162,7 +162,7 @@ def test_canary_is_taken_then_compared_and_a_changed_answer_exits_1(cli_env, cap
         return answers[0]
 
     monkeypatch.setattr(endpoint, "ask_canary", ask)
-    monkeypatch.setattr(bench, "model_revision", lambda *a: "r1")
+    monkeypatch.setattr(orchestrate, "model_revision", lambda *a: "r1")
     monkeypatch.setattr(canary_watch, "hand", lambda api, container, ref, check: handed.append((container, ref, check)))
     rc, out, err = run(capsys, cli_env, "bench", "--canary")
     assert rc == 2 and "no good serve of testbed@spark-head+spark-worker is recorded" in err and not asked
@@ -181,7 +181,7 @@ def test_canary_is_taken_then_compared_and_a_changed_answer_exits_1(cli_env, cap
     rc, out, _ = run(capsys, cli_env, "bench", "--canary")
     assert rc == 0 and "unchanged" in out and handed[-1][2]["state"] == "same"
     answers[0] = [canary.Answer(p, "loop", (9, 9)) for p in canary.PROMPTS]
-    monkeypatch.setattr(bench, "model_revision", lambda *a: "r2")
+    monkeypatch.setattr(orchestrate, "model_revision", lambda *a: "r2")
     rc, out, _ = run(capsys, cli_env, "bench", "--canary", "--json")
     doc = json.loads(out)
     assert rc == 1 and doc["canary"] == "changed" and doc["problem"] and doc["since"] == ["model revision r1 -> r2"]
@@ -204,7 +204,7 @@ def test_status_shows_the_newest_comparison_of_the_serving_profile(cli_env, caps
     assert speed_line("pair", "testbed") is None
     theirs = record_file(tmp_path, output_tok_s=1000.0)
     facts = bench.ClusterFacts(nodes={"spark-head": {}, "spark-worker": {}}, rtts={"spark-worker": (40.3, "")})
-    monkeypatch.setattr(bench, "cluster_facts", lambda *a: facts)
+    monkeypatch.setattr(orchestrate, "cluster_facts", lambda *a: facts)
     rc, _, err = run(capsys, cli_env, "bench", "--compare", str(theirs))
     assert rc == 0, err
     line = speed_line("pair", "testbed")
@@ -267,7 +267,7 @@ def test_a_llama_benchy_record_is_measured_with_llama_benchy_and_compared_unflag
     cli_env, capsys, tmp_path, monkeypatch
 ):
     api = BenchyAPI()
-    monkeypatch.setattr(bench, "connect", lambda inv: test_bench.FakeCluster(api))
+    monkeypatch.setattr(orchestrate, "connect", lambda inv: test_bench.FakeCluster(api))
     theirs = tmp_path / "benchy.perf.toml"
     text = record_file(tmp_path, output_tok_s=40.0, harness="llama-benchy").read_text()
     theirs.write_text(
@@ -411,7 +411,7 @@ def test_an_aiperf_summary_is_the_same_row_and_record_figures():
 
 def test_an_aiperf_record_runs_vllms_bench_unless_aiperf_is_asked_for(cli_env, capsys, tmp_path, monkeypatch):
     api = AiperfAPI()
-    monkeypatch.setattr(bench, "connect", lambda inv: test_bench.FakeCluster(api))
+    monkeypatch.setattr(orchestrate, "connect", lambda inv: test_bench.FakeCluster(api))
     theirs = record_file(tmp_path, output_tok_s=40.0, harness="aiperf")
     rc, out, err = run(capsys, cli_env, "bench", "--compare", str(theirs), "--json")
     assert rc == 0, err
@@ -462,6 +462,6 @@ def test_an_aiperf_level_where_no_request_completed_fails_the_run(cli_env, capsy
     doc.pop("request_count")
     monkeypatch.setattr(AiperfAPI, "export", json.dumps(doc))
     api = AiperfAPI()
-    monkeypatch.setattr(bench, "connect", lambda inv: test_bench.FakeCluster(api))
+    monkeypatch.setattr(orchestrate, "connect", lambda inv: test_bench.FakeCluster(api))
     rc, out, err = run(capsys, cli_env, "bench", "--harness", "aiperf", "-c", "2", "--json")
     assert rc != 0 and "no request completed at concurrency 2" in err

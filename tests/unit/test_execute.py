@@ -18,6 +18,7 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.deployment import endpoint, supervision
 from sparkcluster.errors import CommandFailed, EngineUnreachable, StageError
 from sparkcluster.facts import HostFacts, parsers
+from sparkcluster.movement import hfcache
 from sparkcluster.remote import dockerapi
 from sparkcluster.remote.fanout import run_each
 from sparkcluster.remote.result import CommandResult
@@ -336,7 +337,7 @@ class FakeHost:
             )
         elif "python3 -c" in cmd and " prepare " in cmd:  # the compile cache made ready, nothing evicted
             out = json.dumps({"key": "0" * 16, "evicted": [], "bytes": 0, "errors": []})
-        elif "blobs=true" in cmd:  # the weights stage's resolver: a one-file snapshot
+        elif hfcache.RESOLVE in cmd:  # the weights stage's resolver: a one-file snapshot
             out = json.dumps(
                 {"sha": "c" * 40, "files": [{"path": "model.safetensors", "size": 10, "blob": "a" * 64, "lfs": True}]}
             )

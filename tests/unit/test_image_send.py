@@ -20,6 +20,7 @@ import pytest
 
 from sparkcluster.errors import StageError
 from sparkcluster.facts import HostFacts, parsers
+from sparkcluster.movement import transfer
 from sparkcluster.movement.layers import ImageLayers
 from sparkcluster.up.stages import image as image_stage
 from sparkcluster.up.stages.image import HeadImage
@@ -163,7 +164,7 @@ class Host:
         return Proc(argv, self.env)
 
     def run(self, cmd, timeout=0, warn=False):
-        if "create_connection" in cmd[-1]:  # the hang-up that ends a receiver nobody connected to
+        if transfer.HANG_UP in cmd[-1]:  # the hang-up that ends a receiver nobody connected to
             p = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=30)
             return Res(ok=p.returncode == 0, exit_code=p.returncode, stdout=p.stdout, stderr=p.stderr, command=cmd)
         return Res(ok=False, exit_code=1, stdout="", stderr="", command=cmd)
@@ -288,7 +289,7 @@ def test_base_absent_sends_everything_unfiltered(world):
     note = image_stage.send(make([]), WORKER)
     assert loaded(tmp) == [["aaaa/layer.tar", "bbbb/layer.tar", "cfg.json", "manifest.json"]]
     assert "2 of 2 layers" in note
-    assert head.started[0].split()[-1] == "127.0.0.1"  # no diff IDs on the command line
+    assert head.started[0].split()[-2] == "127.0.0.1"  # no diff IDs on the command line (then the bundle)
 
 
 def test_containerd_store_gets_the_whole_image_and_the_note_says_so(world):

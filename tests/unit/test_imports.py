@@ -9,7 +9,10 @@ is lazy; and no alias hides the module or name it stands for from grep.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
+
+from sparkcluster import programs
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sparkcluster"
@@ -17,7 +20,7 @@ PACKAGE = ROOT / "sparkcluster"
 # itself, never from a package on its own floor (the commands are peers: the CLI composes them) nor
 # from one above. `sparkcluster` is the package's own `__init__` (its version); `__main__` the entry.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("sparkcluster", "errors", "labels", "redact", "node"),  # the words everyone shares; node-side code
+    ("sparkcluster", "errors", "labels", "redact", "node", "programs"),  # the words everyone shares; node-side code
     ("log", "movement"),  # the structured log; what moves between nodes
     ("config",),  # inventory and profile, validated before any connection
     ("remote", "container"),  # the connections; what each node's container is
@@ -222,9 +225,38 @@ def test_no_two_modules_with_one_name():
 
 
 def test_the_container_spec_stands_on_config_labels_and_node_only():
-    """`container/` is read by up, checks, fabric and the deployment: it reaches none of them, nor facts or remote."""
-    allowed = ("sparkcluster.config", "sparkcluster.labels", "sparkcluster.node", "sparkcluster.container")
+    """`container/` is read by up, checks, fabric and the deployment: it reaches none of them, nor facts or remote
+    (`programs` ships the node agent's files, as it ships every program)."""
+    allowed = (
+        "sparkcluster.config",
+        "sparkcluster.labels",
+        "sparkcluster.node",
+        "sparkcluster.container",
+        "sparkcluster.programs",
+    )
     g = graph()
     reached = {t for m in g if m.startswith("sparkcluster.container") for t in g[m]}
     outside = sorted(t for t in reached if not any(t == a or t.startswith(a + ".") for a in allowed))
     assert reached and outside == []
+
+
+def test_a_program_imports_only_the_standard_library_and_its_siblings():
+    """A program of `programs/` runs on a host under its python3, or in a container under the image's,
+    from a bundle of its own modules (programs.bundle): it reaches no other module of the package,
+    and imports nothing outside the standard library but what the image has (huggingface_hub, in
+    the download that runs there). The package's `__init__` (the shipping, on the controller) is never
+    shipped."""
+    image_only = {"huggingface_hub"}
+    wrong = []
+    for m, p in MODULES.items():
+        if not m.startswith("sparkcluster.programs.") or p.name == "__init__.py":
+            continue
+        for _, base, name, _ in _imports(m, p):
+            top = base.split(".")[0]
+            if top == "sparkcluster":
+                if not (base.startswith("sparkcluster.programs") and f"{base}.{name}" != "sparkcluster.programs"):
+                    wrong.append(f"{m}: {base}.{name}")
+            elif top not in sys.stdlib_module_names and top not in image_only:
+                wrong.append(f"{m}: {base}")
+        assert all(x.startswith("sparkcluster.programs.") for x in programs.modules(m)), m
+    assert wrong == []

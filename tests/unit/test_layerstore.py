@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkcluster import programs
 from sparkcluster.movement import layerstore
 
 ROOT = Path(__file__).parents[1] / "captured" / "docker-root-20.10"
@@ -26,7 +27,9 @@ DIFFS = [d[7:] for d in CONFIG["rootfs"]["diff_ids"]]  # bottom up; the captured
 
 def read(root: Path, skip: list[str], image_id: str = IMAGE_ID) -> subprocess.CompletedProcess:
     args = [str(root), image_id, "img:1", *("=" + d for d in DIFFS), *("-" + d for d in skip)]
-    return subprocess.run([sys.executable, "-c", layerstore.READER, *args], capture_output=True, timeout=60)
+    return subprocess.run(
+        programs.argv(layerstore.READER, *args, python=sys.executable), capture_output=True, timeout=60
+    )
 
 
 def members(archive: bytes) -> dict[str, bytes]:
@@ -96,8 +99,8 @@ def test_read_command_runs_a_throwaway_container_with_the_root_read_only():
         assert any(argv[i : i + len(flag)] == flag for i in range(len(argv))), flag
     assert f"type=bind,source=/var/lib/docker,target={layerstore.MOUNT},readonly" in argv
     i = argv.index("-c")
-    assert argv[i + 1] == layerstore.READER
-    assert argv[i + 2 :] == [layerstore.MOUNT, IMAGE_ID, "repo/img:tag", *("=" + d for d in DIFFS), "-" + DIFFS[0]]
+    assert argv[i + 2] == layerstore.READER  # after the boot; its bundle last
+    assert argv[i + 3 : -1] == [layerstore.MOUNT, IMAGE_ID, "repo/img:tag", *("=" + d for d in DIFFS), "-" + DIFFS[0]]
 
 
 @pytest.mark.parametrize("bad", ["sha256:$(id)", "abc", "sha256:" + "G" * 64])
@@ -119,7 +122,7 @@ def _receive_while(send_argv) -> tuple[subprocess.CompletedProcess, subprocess.C
     from sparkcluster.movement import transfer
 
     recv = subprocess.Popen(
-        [sys.executable, "-c", transfer.RECEIVER, "127.0.0.1", "127.0.0.1", "stdout"],
+        programs.argv(transfer.RECEIVER, "127.0.0.1", "127.0.0.1", "stdout", python=sys.executable),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -134,7 +137,9 @@ def test_the_sending_reader_gives_the_receiver_the_same_archive_as_stdout():
     # through dockerd's attach and a sender): the receiver's sink gets the bytes the stdout reader writes
     args = [str(ROOT), IMAGE_ID, "img:1", *("=" + d for d in DIFFS), *("-" + d for d in DIFFS[:-1])]
     snd, got = _receive_while(
-        lambda port: [sys.executable, "-c", layerstore.SENDING_READER, "127.0.0.1", str(port), "127.0.0.1", *args]
+        lambda port: programs.argv(
+            layerstore.SENDING_READER, "127.0.0.1", str(port), "127.0.0.1", *args, python=sys.executable
+        )
     )
     assert snd.returncode == 0 and got.returncode == 0, (snd.stderr, got.stderr)
     assert got.stdout == read(ROOT, DIFFS[:-1]).stdout
@@ -150,7 +155,9 @@ def test_a_sending_reader_that_fails_leaves_the_receiver_a_cut_stream(tmp_path):
     next((root / "overlay2").glob("*/diff/opt/d/f")).write_bytes(b"y\n")
     args = [str(root), IMAGE_ID, "img:1", *("=" + d for d in DIFFS), *("-" + d for d in DIFFS[:-1])]
     snd, got = _receive_while(
-        lambda port: [sys.executable, "-c", layerstore.SENDING_READER, "127.0.0.1", str(port), "127.0.0.1", *args]
+        lambda port: programs.argv(
+            layerstore.SENDING_READER, "127.0.0.1", str(port), "127.0.0.1", *args, python=sys.executable
+        )
     )
     assert snd.returncode == 3 and b"rebuilt to sha256:" in snd.stderr
     assert got.returncode == transfer.STREAM_CUT
@@ -174,8 +181,8 @@ def test_send_command_runs_the_reader_on_the_hosts_network_sending_from_the_head
         assert any(argv[i : i + len(flag)] == flag for i in range(len(argv))), flag
     assert f"type=bind,source=/var/lib/docker,target={layerstore.MOUNT},readonly" in argv
     i = argv.index("-c")
-    assert argv[i + 1] == layerstore.SENDING_READER
-    assert argv[i + 2 :] == [
+    assert argv[i + 2] == layerstore.SENDING_READER
+    assert argv[i + 3 : -1] == [
         "10.0.0.2",
         "4711",
         "10.0.0.1",
@@ -193,13 +200,13 @@ def test_a_sender_started_before_its_receiver_reads_the_port_from_stdin():
 
     args = [str(ROOT), IMAGE_ID, "img:1", *("=" + d for d in DIFFS), *("-" + d for d in DIFFS[:-1])]
     sender = subprocess.Popen(
-        [sys.executable, "-c", layerstore.SENDING_READER, "127.0.0.1", "-", "127.0.0.1", *args],
+        programs.argv(layerstore.SENDING_READER, "127.0.0.1", "-", "127.0.0.1", *args, python=sys.executable),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     recv = subprocess.Popen(
-        [sys.executable, "-c", transfer.RECEIVER, "127.0.0.1", "127.0.0.1", "stdout"],
+        programs.argv(transfer.RECEIVER, "127.0.0.1", "127.0.0.1", "stdout", python=sys.executable),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -215,4 +222,4 @@ def test_a_sender_started_before_its_receiver_reads_the_port_from_stdin():
     )
     assert argv[:3] == ["docker", "run", "-i"]
     i = argv.index("-c")
-    assert argv[i + 2 : i + 5] == ["10.0.0.2", "-", "10.0.0.1"]
+    assert argv[i + 3 : i + 6] == ["10.0.0.2", "-", "10.0.0.1"]  # after the boot and the program

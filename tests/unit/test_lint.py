@@ -344,3 +344,34 @@ def test_model_shape_leaves_an_uneven_split_by_hand_alone():
 
     assert model_shape(QWEN3_235B, 2, 4, {"VLLM_PP_LAYER_PARTITION": "24,24,23,23"}) == []
     assert [p.rule for p in model_shape(TINY, 1, 3, {"VLLM_PP_LAYER_PARTITION": "1,1,0"})] == ["pp-layers"]
+
+
+def test_every_rule_is_registered_once_with_one_function_an_id_and_a_doc_line():
+    """Issue 54: lint's rules are registered like the checks; each registered function makes the
+    problems of its own rule only, at its declared severity, and every problem lint.py makes
+    belongs to a registered rule (the docs list the registry: docs/reference/lint.md)."""
+    import ast
+    import inspect
+    import textwrap
+
+    from sparkcluster.config import lint as lint_module
+
+    made = set()
+    for r in lint_module.RULES.values():
+        assert r.doc and "\n" not in r.doc and r.when in ("profile", "plan", "model"), r.id
+        tree = ast.parse(textwrap.dedent(inspect.getsource(r.check)))
+        own = [
+            n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Problem" and n.args
+        ]
+        for call in own:
+            assert call.args[0].value == r.id, (r.id, call.args[0].value)
+            sev = next((k.value.value for k in call.keywords if k.arg == "severity"), "fail")
+            assert sev == r.severity, (r.id, sev)
+        made |= {c.args[0].value for c in own}
+    everywhere = {
+        n.args[0].value
+        for n in ast.walk(ast.parse(inspect.getsource(lint_module)))
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Problem" and n.args
+    }
+    assert everywhere == set(lint_module.RULES)
+    assert CLUSTER_RULES == tuple(r.id for r in lint_module.RULES.values() if r.cluster)

@@ -18,7 +18,7 @@ from sparkcluster.node.verdict import memory_for_restart, memory_wait
 GiB = 2**30
 CAPTURED = Path(__file__).parents[1] / "captured"
 # the testbed profile's gpu_memory_utilization; a Spark's 121 GiB pool (MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#259)
-P = {**contract.DEFAULT_POLICY, "memory_need_fraction": 0.2, "memory_wait_s": 60.0}
+P = contract.Policy(memory_need_fraction=0.2, memory_wait_s=60.0)
 TOTAL = 121 * GiB
 
 

@@ -82,7 +82,7 @@ def test_supervisor_samples_state_verdicts_probe_stall_and_headroom(tmp_path, mo
     assert values(text, "sparkcluster_supervisor_restarts_total") == {(): 1}
     assert values(text, "sparkcluster_supervisor_restarts") == {(): 1}
     assert values(text, "sparkcluster_engine_stalled_seconds") == {(): 30}
-    floor = contract.DEFAULT_POLICY["memory_floor_gib"] * 2**30
+    floor = contract.Policy().memory_floor_gib * 2**30
     assert values(text, "sparkcluster_memory_headroom_bytes") == {(("peer", "spark-head"),): 20 * 2**30 - floor}
     assert values(text, "sparkcluster_memory_known") == {(("peer", "spark-head"),): 1, (("peer", "spark-worker"),): 0}
     assert values(text, "sparkcluster_probe_duration_seconds") == {(): 0.25}

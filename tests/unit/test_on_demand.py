@@ -138,12 +138,12 @@ def test_a_start_that_does_not_fit_is_refused_naming_what_holds_the_memory(tmp_p
 def test_the_refusal_names_the_holders_largest_first():
     need = int(0.2 * TOTAL)
     held = {"b": {"processes": 80 * GiB, "shared memory": 2 * GiB, "kernel, drivers and GPU": 0}}
-    ok, why = admission({"a": (TOTAL, 100 * GiB), "b": (TOTAL, need)}, held, {**contract.DEFAULT_POLICY, **POLICY})
+    ok, why = admission({"a": (TOTAL, 100 * GiB), "b": (TOTAL, need)}, held, contract.Policy.of(POLICY))
     assert not ok
     assert why.endswith("6.0 GiB short; held by processes 80.0 GiB, shared memory 2.0 GiB"), why
-    ok, why = admission({"a": (TOTAL, 100 * GiB), "b": (None, None)}, {}, {**contract.DEFAULT_POLICY, **POLICY})
+    ok, why = admission({"a": (TOTAL, 100 * GiB), "b": (None, None)}, {}, contract.Policy.of(POLICY))
     assert not ok and why == "b: memory unknown (no report)"  # unknown is never "enough"
-    assert admission({"a": (TOTAL, 100 * GiB)}, {}, {**contract.DEFAULT_POLICY, **POLICY}) == (True, "")
+    assert admission({"a": (TOTAL, 100 * GiB)}, {}, contract.Policy.of(POLICY)) == (True, "")
 
 
 def test_what_holds_memory_from_a_real_meminfo():

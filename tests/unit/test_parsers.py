@@ -380,3 +380,13 @@ def test_rfc3339_docker_nanoseconds_and_zero_time():
     assert parsers.rfc3339("2026-11-22T08:56:19+01:00") == 1795334179
     assert parsers.rfc3339("0001-01-01T00:00:00Z") is None
     assert parsers.rfc3339("") is None and parsers.rfc3339("yesterday") is None
+
+
+def test_one_meminfo_reader_gives_bytes_and_kb():
+    """Issue 54: one meminfo parser (node/readings); the drift probe's kB figures are its bytes / 1024."""
+    from sparkcluster.node import readings
+
+    text = "MemTotal:       130000000 kB\nCmaTotal:              0 kB\nCmaFree:         9700000 kB\n"
+    assert readings.meminfo(text)["MemTotal"] == 130000000 * 1024
+    assert parsers.meminfo(text).total == 130000000 * 1024
+    assert parsers.meminfo_kib(text) == {"MemTotal": 130000000, "CmaTotal": 0, "CmaFree": 9700000}

@@ -137,3 +137,24 @@ def test_image_layers_passes_a_hostile_ref_as_one_argument(shell, tmp_path, name
     got = probes.value(probes.image_layers("base", name), secs)
     assert got.id == "sha256:x" and got.layers == ("sha256:a",) and got.sizes == (7,)
     assert (tmp_path / "ref.txt").read_text() == name
+
+
+def test_facts_are_read_through_the_probes_only():
+    """Issue 54: one probe style. A section is read by `probes.value`, `output` or `failure` (and
+    `reading` for an exit status that means something of its own), never by hand: no module of
+    facts/ but probes.py takes a section's `.out` or `.rc`."""
+    import ast
+    from pathlib import Path
+
+    by_hand = []
+    for p in sorted((Path(__file__).resolve().parents[2] / "sparkcluster" / "facts").glob("*.py")):
+        if p.name == "probes.py":
+            continue
+        for n in ast.walk(ast.parse(p.read_text())):
+            if (
+                isinstance(n, ast.Attribute)
+                and n.attr in ("out", "rc")
+                and not ast.unparse(n.value).startswith("probes.reading(")
+            ):
+                by_hand.append(f"{p.name}:{n.lineno}: {ast.unparse(n)}")
+    assert by_hand == []

@@ -5,6 +5,7 @@ address and forwarding every frame to the next as it arrives."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import time
 import pytest
 from conftest import StderrLines
 
+from sparkcluster import programs
 from sparkcluster.movement import transfer
 
 HEAD = "127.0.0.1"
@@ -49,7 +51,7 @@ def nodes(tmp_path):
 
 
 def sender(port: int, src: str = HEAD) -> str:
-    return "python3 -c " + shlex.join([transfer.STREAM_SENDER, HOPS[0], str(port), src])
+    return programs.command(transfer.STREAM_SENDER, HOPS[0], str(port), src)
 
 
 def start_chain(nodes, sink: str | None = "stdout", hops=HOPS) -> tuple[list[Proc], int]:
@@ -61,7 +63,8 @@ def start_chain(nodes, sink: str | None = "stdout", hops=HOPS) -> tuple[list[Pro
         d, env = nodes[i]
         up = HEAD if i == 0 else hops[i - 1]
         fwd = transfer.next_hop(hops[i + 1], port, hops[i]) if i + 1 < len(hops) else None
-        cmd = transfer.receive_command(hops[i], up, fwd) + (" stdout" if sink == "stdout" else "")
+        args = [hops[i], up, *(["stdout"] if sink == "stdout" else []), *([fwd] if fwd else [])]
+        cmd = programs.command(transfer.RECEIVER, *args)  # the image's receive_command, with a "stdout" sink
         with open(d / "out", "wb") as out:
             p = Proc(cmd, env, stdout=out)
         procs.insert(0, p)
@@ -182,3 +185,22 @@ def test_next_hop_refuses_odd_addresses():
     with pytest.raises(ValueError):
         transfer.next_hop("1.2.3.4,5", 1, "5.6.7.8")
     assert transfer.next_hop("1.2.3.4", 40000, "5.6.7.8") == "next=1.2.3.4,40000,5.6.7.8"
+
+
+def test_the_bench_finds_the_last_receiver_of_a_chain_by_its_command_line():
+    """perf/weights_scale.py cuts a replication by killing the receiver that writes to stdout and
+    relays nowhere, found with `pgrep -f` in the first 4 KB of its command line."""
+    from perf.weights_scale import LEAF_RECEIVER  # perf's, only for this test
+    from sparkcluster.movement import hfcache
+
+    def line(cmd: str) -> str:
+        words = shlex.split(cmd)
+        i = words.index("python3")
+        return " ".join(words[i : words.index("|", i)])[:4095]
+
+    leaf = hfcache.receive_command("/hf", "org/m", "10.0.0.3", "10.0.0.2")
+    relay = hfcache.receive_command(
+        "/hf", "org/m", "10.0.0.2", "10.0.0.1", transfer.next_hop("10.0.0.3", 9, "10.0.0.2")
+    )
+    assert re.search(LEAF_RECEIVER, line(leaf), re.S)
+    assert not re.search(LEAF_RECEIVER, line(relay), re.S)

@@ -11,6 +11,7 @@ waits are on events the probe's thread sets, bounded."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -26,15 +27,8 @@ from sparkcluster.node.journal import Journal
 from sparkcluster.node.verdict import Watch, verdict
 
 # the testbed profile's bounds (tests/testbed/profiles/testbed.toml)
-POLICY = {
-    **contract.DEFAULT_POLICY,
-    "interval_s": 2.0,
-    "probe_interval_s": 5.0,
-    "probe_timeout_s": 15.0,
-    "stall_s": 20.0,
-    "max_restarts": 2,
-}
-DESIRED = {"generation": "g1", "argv": ["vllm", "serve"], "model": "m", "port": 8000, "policy": POLICY}
+POLICY = contract.Policy(interval_s=2.0, probe_interval_s=5.0, probe_timeout_s=15.0, stall_s=20.0, max_restarts=2)
+DESIRED = {"generation": "g1", "argv": ["vllm", "serve"], "model": "m", "port": 8000, "policy": POLICY.doc()}
 WAIT_S = 10.0  # the most a test waits on the probe's thread (it answers in microseconds)
 
 
@@ -196,7 +190,7 @@ def test_with_progress_frozen_and_requests_running_the_stall_rule_fires_within_s
     wedged = [e for e in _journal(rig.tmp) if e["event"] == "wedged"]
     assert verdict_at is not None and len(wedged) == 1, _journal(rig.tmp)
     assert "no progress of any kind" in wedged[0]["cause"] and "for 20s" in wedged[0]["cause"]
-    assert verdict_at - last_movement <= POLICY["stall_s"] + POLICY["interval_s"]
+    assert verdict_at - last_movement <= POLICY.stall_s + POLICY.interval_s
     assert len(probes.runs) == 1  # one probe in flight the whole time, none piled up behind it
     # every look rewrote the state file, 2 s apart: never stale while the probe blocks
     assert all(b - a == 2.0 for a, b in zip(updated, updated[1:]))
@@ -279,7 +273,7 @@ def test_the_state_file_is_stale_after_three_looks_and_the_reads_bounds_not_the_
     assert contract.stale_after_s(blind) == 3 * 5.0 + contract.LOOK_BLOCKS_S + 2 * contract.PEER_READ_S
     # a verdict published before the stop: the stop's grace and kill wait are the supervisor acting
     stopping = {**testbed, "causes": [{"ts": 60.0, "kind": "wedged", "cause": "no progress"}]}
-    grace = contract.DEFAULT_POLICY["stop_grace_s"] + contract.STOP_KILL_WAIT_S
+    grace = contract.Policy().stop_grace_s + contract.STOP_KILL_WAIT_S
     assert contract.stale_after_s(stopping) == 3 * 2.0 + contract.LOOK_BLOCKS_S + grace
     # a cause older than the state (the restart that followed it) adds nothing
     assert contract.stale_after_s({**stopping, "since": 70.0}) == 15.0
@@ -318,7 +312,7 @@ def test_a_stop_after_a_verdict_kills_after_its_short_grace_and_the_state_file_s
     """A wedged engine's SIGTERM waits on requests that never end: the stop after a verdict gives it
     verdict_grace_s, an orderly stop stop_grace_s. While it blocks, the state file says so."""
     sup = rig.sup
-    policy = {**POLICY, "verdict_grace_s": 0.3, "stop_grace_s": 1.5}
+    policy = dataclasses.replace(POLICY, verdict_grace_s=0.3, stop_grace_s=1.5)
     monkeypatch.setattr(sup, "policy", lambda desired=None: policy)
     seen = []
     real_stop_group = supervisor.stop_group
@@ -364,5 +358,5 @@ def test_the_restarts_backoff_counts_from_the_verdict_and_doubles_only_for_an_en
     judged = clock.now
     sup.tick()
     assert sup.state == contract.RESTARTING and sup.proc is None
-    wait = POLICY["backoff_s"] if served else POLICY["backoff_s"] * 2
+    wait = POLICY.backoff_s if served else POLICY.backoff_s * 2
     assert sup.next_start == judged + wait  # the 4 s of the stop are part of it

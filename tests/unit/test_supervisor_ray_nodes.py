@@ -514,7 +514,7 @@ def test_a_restarting_dashboard_is_no_answer_in_both_reads(tmp_path, monkeypatch
         assert why.startswith("Ray's state API does not answer yet (")
         assert ("IncompleteRead" if mode == "cut" else "BadStatusLine") in why
         sup.ray_nodes = started_on("alive-serving")  # while the engine runs: judges nothing
-        assert sup.ray_node_lost(100.0, contract.DEFAULT_POLICY) == {}
+        assert sup.ray_node_lost(100.0, contract.Policy()) == {}
     finally:
         srv.shutdown()
         srv.server_close()
@@ -523,7 +523,7 @@ def test_a_restarting_dashboard_is_no_answer_in_both_reads(tmp_path, monkeypatch
 def test_ray_s_table_is_read_at_most_once_per_look_interval(tmp_path, monkeypatch, dashboard):
     sup = head_supervisor(tmp_path, monkeypatch, state_api(dashboard.server_port))
     assert sup.nodes_ready() is None and dashboard.hits == 1
-    policy = {**contract.DEFAULT_POLICY, "interval_s": 2.0}
+    policy = contract.Policy(interval_s=2.0)
     dashboard.doc, dashboard.nodes = text("alive-replaced"), {A2: text("node-a-dead")}
     assert sup.ray_node_lost(100.0, policy)["old_node_id"] == A2 and dashboard.hits == 3  # the table, A2's row
     # a starting engine is looked at every 0.25 s (agent.BUSY_LOOK_S): Ray's table is not
@@ -555,12 +555,12 @@ def test_a_recorded_node_past_the_cut_of_the_live_table_is_read_by_its_id_and_ke
     sup = head_supervisor(tmp_path, monkeypatch, state_api(dashboard.server_port))
     assert sup.nodes_ready() is None and sup.ray_node_ids()["spark-worker"] == A2
     dashboard.doc, dashboard.nodes = text("alive-limit-1"), {A2: text("node-a-alive")}  # A2 past the limit
-    assert sup.ray_node_lost(100.0, contract.DEFAULT_POLICY) == {} and dashboard.asked == [A2]
+    assert sup.ray_node_lost(100.0, contract.Policy()) == {} and dashboard.asked == [A2]
     dashboard.nodes = {}  # no row for it (as node-unknown answers): a cut table says nothing of it
-    assert sup.ray_node_lost(200.0, contract.DEFAULT_POLICY) == {}
+    assert sup.ray_node_lost(200.0, contract.Policy()) == {}
 
 
 def test_a_dashboard_that_does_not_answer_judges_nothing(tmp_path, monkeypatch):
     sup = head_supervisor(tmp_path, monkeypatch, state_api(closed_port()))
     sup.ray_nodes = started_on("nodes-serving")
-    assert sup.ray_node_lost(100.0, contract.DEFAULT_POLICY) == {}
+    assert sup.ray_node_lost(100.0, contract.Policy()) == {}

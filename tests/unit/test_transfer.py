@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import StderrLines
 
+from sparkcluster import programs
 from sparkcluster.movement import transfer
 
 HOSTILE_IMAGE = "repo/img:tag; touch /tmp/pwned $(id) `id` 'q' \"d\""
@@ -31,7 +33,7 @@ def test_send_command_quotes_image_and_ips():
     words = shlex.split(cmd)
     i = words.index("save")
     assert words[i - 1 : i + 2] == ["docker", "save", HOSTILE_IMAGE]
-    assert words[-3:] == [HOSTILE_IP, "40123", "5.6.7.8 && $(id)"]  # no layer to skip: no more words
+    assert words[-4:-1] == [HOSTILE_IP, "40123", "5.6.7.8 && $(id)"]  # no layer to skip: then the bundle
     assert transfer.SENDER in words
     assert cmd.startswith("set -o pipefail; ")
 
@@ -47,7 +49,10 @@ def test_receive_command_quotes_ips():
     assert transfer.RECEIVER in words
     j = words.index(transfer.RECEIVER)
     assert words[j + 1 : j + 3] == [HOSTILE_IP, "9.9.9.9 `id`"]
-    assert words[-2:] == [HOSTILE_IP, "9.9.9.9 `id`"]  # docker load runs inside the receiver
+    assert words[-3:-1] == [
+        HOSTILE_IP,
+        "9.9.9.9 `id`",
+    ]  # then the program's bundle  # docker load runs inside the receiver
 
 
 def test_bash_wraps_the_command():
@@ -415,10 +420,10 @@ def test_send_command_refuses_a_skip_that_is_not_a_digest():
     with pytest.raises(ValueError):
         transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", ["sha256:" + "a" * 64], ["sha256:; id"])
     cmd = transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", ["sha256:" + "a" * 64], ["sha256:" + "b" * 64])
-    assert shlex.split(cmd)[-2:] == ["-" + "a" * 64, "+" + "b" * 64]
+    assert shlex.split(cmd)[-3:-1] == ["-" + "a" * 64, "+" + "b" * 64]  # then the bundle
     # nothing to leave out: the image's diff IDs are not needed either
     assert (
-        shlex.split(transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", [], ["sha256:" + "b" * 64]))[-1] == "5.6.7.8"
+        shlex.split(transfer.send_command("img", "1.2.3.4", 1, "5.6.7.8", [], ["sha256:" + "b" * 64]))[-2] == "5.6.7.8"
     )
 
 
@@ -428,9 +433,11 @@ def test_containerd_image_store_gets_the_whole_image():
     assert transfer.elides([])
 
 
-def test_both_senders_share_one_framing_and_keep_their_first_line():
-    # one framed-send prelude; each script's own imports stay its first line, which is what `ps`
-    # shows of it (tests/integration/test_image_layers.py finds the image sender by it)
-    assert transfer.FRAMING in transfer.SENDER and transfer.FRAMING in transfer.STREAM_SENDER
-    assert transfer.SENDER.startswith("\nimport hashlib, os, re, socket")
-    assert transfer.STREAM_SENDER.startswith("\nimport socket, struct, sys, time\n")
+def test_both_senders_share_one_framing_and_are_found_by_name():
+    # one framed-send module; each sender's name and arguments within the first 4 KB of its command
+    # line, which `pgrep -f` reads (tests/integration/test_image_layers.py finds the image sender by it)
+    assert "sparkcluster.programs.framing" in programs.modules(transfer.SENDER)
+    assert "sparkcluster.programs.framing" in programs.modules(transfer.STREAM_SENDER)
+    cmd = transfer.send_command("img", "10.0.0.2", 4711, "10.0.0.1")
+    line = cmd[cmd.index("python3 -c ") :]
+    assert re.search(r"^python3 -c .* sparkcluster[.]programs[.]image_sender 10.0.0.2 4711 ", line[:4096], re.S)

@@ -16,7 +16,8 @@ import pytest
 
 from sparkcluster.errors import InputError
 from sparkcluster.movement import hfcache, transfer
-from sparkcluster.movement.hfcache_node import EXTRACT, RECEIVED
+from sparkcluster.movement.hfcache import EXTRACT
+from sparkcluster.programs.weights_receive import RECEIVED
 from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, TINY, serve_in_thread
 
 
@@ -325,7 +326,7 @@ def test_a_capped_replication_keeps_to_its_rate(tmp_path):
     recv, port = _receive(worker)
     rate = 4e6
     cmd = hfcache.send_command(str(head), TINY, need, "127.0.0.1", port, "127.0.0.1", rate=rate)
-    assert cmd.endswith(" rate=4000000")
+    assert shlex.split(cmd)[-2] == "rate=4000000"  # the sender's last argument, before its bundle
     t0 = time.monotonic()
     snd = sh(cmd)
     took = time.monotonic() - t0

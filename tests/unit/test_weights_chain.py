@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,7 +14,7 @@ import pytest
 from chain_fakes import IPS, world3
 
 from sparkcluster.movement import hfcache
-from sparkcluster.movement.hfcache_node import RECEIVED
+from sparkcluster.programs.weights_receive import RECEIVED
 from sparkcluster.up.stages import weights_chain
 
 REPO = "org/model"
@@ -94,7 +95,7 @@ def test_the_inventorys_cap_reaches_the_heads_one_sender(tmp_path):
     st.cap_bytes_s = 5e6
     weights_chain.replicate(r, st, 0, "w1")
     [sender] = r.cluster.head.started
-    assert sender.endswith(" rate=5000000") and st.state["w2"]["missing"] == []
+    assert shlex.split(sender)[-2] == "rate=5000000" and st.state["w2"]["missing"] == []
 
 
 def test_weights_pull_sends_along_the_chain_too(tmp_path):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import inventory_dict, make_inventory
 
+from sparkcluster import programs
 from sparkcluster.config import profile as profiles
 from sparkcluster.errors import InputError, StageError
 from sparkcluster.facts import HostFacts
@@ -111,7 +113,7 @@ def download_here(hf_home: Path, endpoint: str, m: hfcache.Manifest, only=()) ->
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_HOME=str(hf_home), HF_ENDPOINT=endpoint)
     return subprocess.run(
-        [sys.executable, "-c", hfcache.DOWNLOAD, m.repo, m.commit, hfcache.repo_folder(m.repo), *only],
+        programs.argv(hfcache.DOWNLOAD, m.repo, m.commit, hfcache.repo_folder(m.repo), *only, python=sys.executable),
         env=env,
         capture_output=True,
         text=True,
@@ -288,7 +290,7 @@ def test_tokenizer_repository_is_staged_without_its_weights_and_replicated(hub, 
     m = st.resolve()
     assert [f.path for f in m.files] == ["config.json"] and st.only == ("config.json",)
     cmd = hfcache.download_command("img", CACHE, ep, m, st.only)
-    assert cmd.endswith(f"{hfcache.repo_folder(TINY)} config.json")
+    assert shlex.split(cmd)[-3:-1] == [hfcache.repo_folder(TINY), "config.json"]  # then the bundle
     assert download_here(tmp_path / "spark-head", ep, m, st.only).returncode == 0
     st.check_all()
     assert st.lacking() == ["spark-worker"]

@@ -308,36 +308,7 @@ def steps(plan: Plan) -> list[Step]:
                 run=lambda r, k=k: stagings(r)[k].download(),
             )
         )
-        for wk in inv.workers:
-            out.append(
-                Step(
-                    STAGE,
-                    wk.name,
-                    _act("replicate", k, need),
-                    f"receive the files of {need.repo} it lacks from the head, verify them",
-                    f"{head}: tar of the missing blobs | tcp {inv.head.control_ip} -> {wk.control_ip} | "
-                    f"{wk.name}: each file written and hashed as it arrives, adopted once it matches "
-                    "(one connection, head's address only)"
-                    + (
-                        f", at most {inv.cluster.replication_max_mb_s:g} MB/s (replication_max_mb_s)"
-                        if inv.cluster.replication_max_mb_s
-                        else ""
-                    )
-                    + (
-                        "; with two or more workers lacking files, one stream along the chain head -> "
-                        "worker -> ..., each relaying to the next as it receives"
-                        if len(inv.workers) > 1
-                        else ""
-                    ),
-                    when="this node lacks files",
-                    skip=lambda r, n=wk.name, k=k: (
-                        None
-                        if stagings(r)[k].state[n]["missing"] or weights_chain.reached(r, k, n)
-                        else "it holds the snapshot"
-                    ),
-                    run=lambda r, n=wk.name, k=k: weights_chain.replicate(r, stagings(r)[k], k, n),
-                )
-            )
+        out += [_replicate_step(inv, head, k, need, wk) for wk in inv.workers]
     if "model" in want[0].roles:
         tp, pp = plan.profile.serve.tensor_parallel_size, plan.profile.serve.pipeline_parallel_size
         out.append(
@@ -366,6 +337,36 @@ def steps(plan: Plan) -> list[Step]:
                 )
             )
     return out
+
+
+def _replicate_step(inv, head: str, k: int, need, wk) -> Step:
+    """A worker's replication of repository `k` from the head (weights_chain: along the chain when
+    two or more workers lack files)."""
+    return Step(
+        STAGE,
+        wk.name,
+        _act("replicate", k, need),
+        f"receive the files of {need.repo} it lacks from the head, verify them",
+        f"{head}: tar of the missing blobs | tcp {inv.head.control_ip} -> {wk.control_ip} | "
+        f"{wk.name}: each file written and hashed as it arrives, adopted once it matches "
+        "(one connection, head's address only)"
+        + (
+            f", at most {inv.cluster.replication_max_mb_s:g} MB/s (replication_max_mb_s)"
+            if inv.cluster.replication_max_mb_s
+            else ""
+        )
+        + (
+            "; with two or more workers lacking files, one stream along the chain head -> "
+            "worker -> ..., each relaying to the next as it receives"
+            if len(inv.workers) > 1
+            else ""
+        ),
+        when="this node lacks files",
+        skip=lambda r, n=wk.name, k=k: (
+            None if stagings(r)[k].state[n]["missing"] or weights_chain.reached(r, k, n) else "it holds the snapshot"
+        ),
+        run=lambda r, n=wk.name, k=k: weights_chain.replicate(r, stagings(r)[k], k, n),
+    )
 
 
 def _act(action: str, k: int, need: repos.Need) -> str:
