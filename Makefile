@@ -25,7 +25,7 @@ venv: $(STAMP)
 # slowest tests' durations are printed, so that a suite near CI's budget says where its time went.
 # The unit suite runs first, on every core (pytest-xdist: about 1.5 min of its 3 on CI's two; issue 57).
 test: deps venv
-	$(BIN)/python -m pytest -ra -n auto tests/unit
+	$(BIN)/python -m pytest -ra -n auto --dist loadfile tests/unit
 	$(BIN)/python -m pytest -ra --durations=30 -m "not long" tests/integration
 
 # by hand, on a testbed: scenarios that pass but would take make test past CI's budget (about 75 min

@@ -303,15 +303,7 @@ def run(
                 )
         facts = cluster_facts(cluster, inv, prof, head, image_id)
         nodes = facts.nodes
-        if harness in INSTALLED:
-            say(f"{harness} {INSTALLED[harness].VERSION} in {head.container} (installed once, in its own virtualenv)")
-            if harness == "aiperf":
-                head.setup_aiperf(inv.cluster.pip_index_url)
-            else:
-                head.setup_benchy(inv.cluster.pip_index_url)
-        sent = prompt_set(head, reference, prof, harness)
-        if sent.fallback:
-            say(f"not the record's prompts: {sent.fallback}")
+        sent = _harness_and_prompts(inv, head, harness, reference, prof, say)
         run_dir = new_run_dir(inv.cluster.name, req.out, started)
         n_in = sorted({lv.input_len for lv in levels})
         n_out = sorted({lv.output_len for lv in levels})
@@ -365,6 +357,22 @@ def run(
     if reference is not None and got is not None:
         _stand(result, inv, prof, dep, nodes, facts, transports, vllm_version, got, reference, target_kind)
     return result
+
+
+def _harness_and_prompts(inv, head, harness: str, reference, prof, say: Callable[[str], None]):
+    """The harness installed in the head container where it is not vLLM's own, and the prompts the
+    run sends (bench/prompts: the record's dataset where the image has it), said when they are not
+    the record's."""
+    if harness in INSTALLED:
+        say(f"{harness} {INSTALLED[harness].VERSION} in {head.container} (installed once, in its own virtualenv)")
+        if harness == "aiperf":
+            head.setup_aiperf(inv.cluster.pip_index_url)
+        else:
+            head.setup_benchy(inv.cluster.pip_index_url)
+    sent = prompt_set(head, reference, prof, harness)
+    if sent.fallback:
+        say(f"not the record's prompts: {sent.fallback}")
+    return sent
 
 
 def _kept(inv, req, prof, image, image_id, vllm_version, levels, target, started, sweep, error, nodes) -> BenchResult:

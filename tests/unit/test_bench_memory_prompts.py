@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sparkcluster import bench
-from sparkcluster.bench import against, causes, measured, perf_record, prompts, runner
+from sparkcluster.bench import against, causes, measured, orchestrate, perf_record, prompts, runner
 from sparkcluster.bench.sweep import Level, Target, bench_argv
 from sparkcluster.config.profile import load_profile
 from sparkcluster.errors import InputError
@@ -129,7 +129,7 @@ def test_compare_flags_a_64_gb_record_beside_a_128_gb_run(cli_env, capsys, tmp_p
     facts = bench.ClusterFacts(
         nodes={n: {"kernel": "6.1", "mem_total_kb": str(KB_128)} for n in ("spark-head", "spark-worker")}
     )
-    monkeypatch.setattr(bench, "cluster_facts", lambda *a: facts)
+    monkeypatch.setattr(orchestrate, "cluster_facts", lambda *a: facts)
     rc, out, err = run(capsys, cli_env, "bench", "--compare", str(theirs), "--json")
     assert rc == 0, err
     summary = json.loads(out)

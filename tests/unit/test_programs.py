@@ -247,7 +247,9 @@ def test_the_image_sender_names_a_v1_layer_by_its_json():
 def test_the_compile_dirs_keep_the_cap_oldest_start_first(tmp_path):
     from sparkcluster.programs import compile_dirs
 
-    lay = compile_dirs.Layout({"key_len": 4, "stamp": ".last-start", "about": "key.json", "subs": ["a", "b/c"]})
+    lay = compile_dirs.Layout(
+        {"key_len": 4, "stamp": ".last-start", "about": "key.json", "in_use": ".in-use", "subs": ["a", "b/c"]}
+    )
     for key, age in (("aaaa", 30), ("bbbb", 20)):
         compile_dirs.prepare(lay, str(tmp_path), key, 1 << 30, {"k": key})
         (tmp_path / key / "a" / "blob").write_bytes(b"x" * 1000)

@@ -134,30 +134,7 @@ def steps(plan: Plan) -> list[Step]:
             run=warm_up,
         )
     )
-    if len(plan.inventory.nodes) > 1:
-        out.append(
-            Step(
-                STAGE,
-                head,
-                "nccl",
-                "the engine's NCCL transport on every rank",
-                "each container's NCCL init files (NCCL_DEBUG_FILE): TCP sockets where the nodes have RoCE "
-                "links fails the stage (an engine without NCCL writes none: nothing to judge)",
-                run=engine_transport,
-            )
-        )
-        out.append(
-            Step(
-                STAGE,
-                head,
-                "all-reduce",
-                "the engine's all-reduce backend on every rank",
-                "each rank's 'Using [...] all-reduce backends' line in its serve log: a profile that asks for "
-                "RoCEnante (VLLM_ENABLE_ROCE_ALLREDUCE=1) while a rank runs without it, or ranks that disagree, "
-                "fail the stage (an engine that names none, the CPU build: not reported)",
-                run=engine_all_reduce,
-            )
-        )
+    out += _rank_checks(plan, head)
     out.append(
         Step(
             STAGE,
@@ -172,6 +149,34 @@ def steps(plan: Plan) -> list[Step]:
         )
     )
     return out
+
+
+def _rank_checks(plan: Plan, head: str) -> list[Step]:
+    """What the engine's ranks say once it serves on several nodes: the NCCL transport and the
+    all-reduce backend each rank took (one node: nothing to judge between ranks)."""
+    if len(plan.inventory.nodes) <= 1:
+        return []
+    return [
+        Step(
+            STAGE,
+            head,
+            "nccl",
+            "the engine's NCCL transport on every rank",
+            "each container's NCCL init files (NCCL_DEBUG_FILE): TCP sockets where the nodes have RoCE "
+            "links fails the stage (an engine without NCCL writes none: nothing to judge)",
+            run=engine_transport,
+        ),
+        Step(
+            STAGE,
+            head,
+            "all-reduce",
+            "the engine's all-reduce backend on every rank",
+            "each rank's 'Using [...] all-reduce backends' line in its serve log: a profile that asks for "
+            "RoCEnante (VLLM_ENABLE_ROCE_ALLREDUCE=1) while a rank runs without it, or ranks that disagree, "
+            "fail the stage (an engine that names none, the CPU build: not reported)",
+            run=engine_all_reduce,
+        ),
+    ]
 
 
 def summary(done: list[tuple[Step, object]]) -> str:
