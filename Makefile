@@ -20,19 +20,17 @@ $(STAMP): pyproject.toml setup.py
 
 venv: $(STAMP)
 
-# Every test: unit tests, then the testbed suites. The session fixture builds the testbed when
-# none is up and tears down what it built; a testbed that was already up is reused and kept. The
-# slowest tests' durations are printed, so that a suite near CI's budget says where its time went.
-# The unit suite runs first, on every core (pytest-xdist: about 1.5 min of its 3 on CI's two; issue 57).
+# Every test: the unit suite on every core (pytest-xdist, one worker per module), then the testbed
+# suites. The session fixture builds the testbed when none is up and tears down what it built; a
+# testbed that was already up is reused and kept. The slowest tests' durations and the time per module
+# are printed, so that a suite near CI's budget says where its time went (tests/README.md's ledger).
 test: deps venv
 	$(BIN)/python -m pytest -ra -n auto --dist loadfile tests/unit
 	$(BIN)/python -m pytest -ra --durations=30 -m "not long" tests/integration
 
-# by hand, on a testbed: scenarios that pass but would take make test past CI's budget (about 75 min
-# on two cores: upgrade and its rollbacks, one model per node, the gateway, image layers,
-# every repository offline and the moving GIDs, vLLM's own launch, long prefills, bench --compare
-# and the canary, monitoring and its alerts, compile caches, the slowest traps);
-# see tests/README.md
+# by hand, on a testbed: a feature's further cases that would take make test past CI's budget; every
+# feature keeps at least one end-to-end case in make test (tests/README.md, "Which case guards which
+# feature")
 test-long: deps venv
 	$(BIN)/python -m pytest -ra -m long tests/integration
 

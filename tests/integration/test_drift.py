@@ -144,7 +144,6 @@ def test_image_of_26x_runs_on_580_and_a_newer_cuda_major_fails(testbed, sc):
     assert after[("image.driver", HEAD)]["status"] == "warn", after[("image.driver", HEAD)]
 
 
-@pytest.mark.long  # `make test-long`: CI's 50 minutes cannot also hold it (tests/README.md)
 def test_drift_between_two_doctors_after_the_kernel_changes(testbed, sc):
     res = sc("up", "--profile", "testbed-standin", "--replace", timeout=900)
     assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"

@@ -25,9 +25,9 @@ from tests.integration.helpers import API_KEY, BASE, HEAD_C, WORKER, journal, su
 from tests.integration.test_supervisor import rank1_pids, serving_again
 from tests.testbed import PROFILES as TESTBED_PROFILES
 
-# `make test-long`, by hand: it passes, but CI's 50 minutes cannot also hold it (4.4 min on CI's two cores,
-# 2026-11-27; tests/README.md)
-pytestmark = [pytest.mark.testbed, pytest.mark.long]
+# `make test` keeps the long prefill that is progress (issue 57); the wedge mid-prefill is `make test-long`'s
+# (tests/README.md)
+pytestmark = pytest.mark.testbed
 PROFILES = TESTBED_PROFILES
 STALL_S, PROBE_S = 5, 2
 PROMPT_TOKENS = 4000
@@ -101,6 +101,7 @@ def test_a_long_prefill_is_progress_not_a_wedge(testbed, sc, prefill_cluster):
     assert not [p for p in mid["problems"] if p.startswith("engine wedged")], mid["problems"]
 
 
+@pytest.mark.long  # `make test-long`: `make test` keeps this module's other cases (tests/README.md, issue 57)
 def test_a_wedge_in_the_middle_of_a_long_prefill_is_still_caught(testbed, sc, prefill_cluster):
     t0 = time.time()
     got: dict = {}

@@ -178,7 +178,6 @@ def test_worker_image_differs_is_resent(testbed, sc, down_around):
     nothing_left(testbed)
 
 
-@pytest.mark.long  # `make test-long`: CI's 50 minutes cannot also hold it (tests/README.md)
 def test_worker_without_forwarded_vars(testbed, sc):
     """The worker's container recreated by hand without a forwarded variable but with sparkcluster's
     labels and config hash: doctor fails containers.forwarded_env on the worker only, and up does not
@@ -526,7 +525,6 @@ def test_worker_disk_too_full_for_the_image(testbed, sc, tmp_path, down_around):
                 testbed.copy_image(REF, HEAD, WORKER)
 
 
-@pytest.mark.long  # `make test-long`: CI's 50 minutes cannot also hold it (tests/README.md)
 def test_health_200_while_completions_hang(testbed, sc, tmp_path):
     """/health answers 200 but a one-token completion never returns: up does not call it ready."""
     env = profile_variant(tmp_path, "trap-hang", top={"ready_timeout_s": "15"})

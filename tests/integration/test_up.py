@@ -151,7 +151,6 @@ def test_hf_token_reaches_every_node_as_a_private_file(testbed, serving):
         assert (mode, owner, content) == ("600", str(account()["uid"]), HF_TOKEN)  # the SSH user's own
 
 
-@pytest.mark.long  # `make test-long`: CI's 50 minutes cannot also hold it (tests/README.md)
 def test_a_new_api_key_restarts_only_the_server(testbed, sc, serving, tmp_path):
     containers = {h: testbed.sh(h, "docker ps -q --no-trunc").stdout.split() for h in (HEAD, WORKER)}
     pid, _ = server_pid_and_start(testbed)

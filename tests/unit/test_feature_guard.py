@@ -51,7 +51,9 @@ def table() -> dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]]:
 
 
 def _is_long(node: ast.expr) -> bool:
-    return "mark.long" in ast.unparse(node)
+    """`pytest.mark.long` itself, or a list of marks holding it (a parameter's own `marks=` is not the case's)."""
+    marks = node.elts if isinstance(node, ast.List | ast.Tuple) else [node]
+    return any(ast.unparse(m) == "pytest.mark.long" for m in marks)
 
 
 def module_cases(module: str) -> tuple[bool, dict[str, bool]]:
