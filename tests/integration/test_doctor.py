@@ -58,6 +58,7 @@ IDS = [
     "rdma.hca",
     "rdma.pcie",
     "rdma.firmware",
+    "rdma.aer",
     "nccl.topology_env",
     "mem.fit",
     "mem.size",
