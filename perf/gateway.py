@@ -31,6 +31,7 @@ import statistics
 import time
 
 from perf import testbed
+from perf.bare_relay import BARE_RELAY
 from perf.figures import Figure, info, say
 from perf.session import standalone
 from sparkcluster.bench import results, sweep
@@ -76,29 +77,6 @@ GATEWAY_PSS = (
     "t=0; for p in $(docker top {c} -eo pid | tail -n +2); do "
     "k=$(awk '/^Pss:/{{print $2}}' \"/proc/$p/smaps_rollup\" 2>/dev/null); t=$((t + ${{k:-0}})); done; echo $t"
 )
-
-
-# the floor's relay: bytes both ways, nothing parsed (started in the gateway's container, which has uvloop)
-BARE_RELAY = """
-import asyncio, sys, uvloop
-async def pipe(r, w):
-    try:
-        while data := await r.read(65536):
-            w.write(data)
-            await w.drain()
-    except ConnectionError:
-        pass
-    finally:
-        w.close()
-async def handle(r, w):
-    ur, uw = await asyncio.open_connection(sys.argv[3], int(sys.argv[4]))
-    await asyncio.gather(pipe(r, uw), pipe(ur, w))
-async def main():
-    server = await asyncio.start_server(handle, sys.argv[1], int(sys.argv[2]))
-    async with server:
-        await server.serve_forever()
-uvloop.run(main())
-"""
 
 
 def start_bare_relay(tb, listen: str, upstream: str, upstream_port: int) -> None:
