@@ -16,8 +16,8 @@ Every part is a process on its own cores (taskset), talking over loopback:
   was written in its `content` (a token's text), so a client on the same host reads its latency;
 - the gateway as shipped (`python -m sparkcluster.gateway.entrypoint CONFIG`: uvicorn, Starlette,
   the aiohttp relay of gateway/proxy.py), on GATEWAY_CORE;
-- for the measurement of what costs most, the same Gateway served with the forwarded routes
-  dispatched before Starlette (VARIANT_CORE), and one run of the gateway under cProfile;
+- with --compare DIR, the gateway of another checkout beside it (COMPARE_CORE): before and after a
+  change, in the same run; and one run of the gateway under cProfile (the short level, below);
 - the bare byte relay of perf/gateway.py (uvloop, bytes copied, nothing parsed), on RELAY_CORE;
 - the load: up to 8 client processes (aiohttp), each on its own core, closed loop: every stream
   sends the record's request (input_tokens of text, ~4 characters a token: OpenAI's rule of thumb,
@@ -53,8 +53,8 @@ RECORD = ROOT / "env-profiles" / "nemotron35-lightning-nvfp4-single.perf.toml"
 MODEL = "stand-in"
 GW_KEY = "gw-perf-key-1d4e"  # the bench's own client key (test scaffolding)
 ENGINE_KEY = "engine-perf-key-77b2"
-ENGINE_PORT, GW_PORT, VARIANT_PORT, RELAY_PORT, PROFILE_PORT, COMPARE_PORT = 18000, 14000, 14002, 14001, 14003, 14004
-GATEWAY_CORE, VARIANT_CORE, RELAY_CORE, COMPARE_CORE = 2, 1, 3, 7
+ENGINE_PORT, GW_PORT, RELAY_PORT, PROFILE_PORT, COMPARE_PORT = 18000, 14000, 14001, 14003, 14004
+GATEWAY_CORE, RELAY_CORE, COMPARE_CORE = 2, 3, 1
 ENGINE_CORES = (4, 5, 6)
 LOAD_CORES = (8, 9, 10, 11, 12, 13, 14, 15)
 LEVELS = (1, 8, 32, 128)
@@ -395,36 +395,26 @@ def start_gateway(out: Path, port: int, core: int, how: str, tree: Path = ROOT) 
     log = open(out / f"gateway-{port}.log", "w")
     if how == "shipped":
         argv = [sys.executable, "-m", "sparkcluster.gateway.entrypoint", str(cfg)]
-    else:
-        argv = [sys.executable, __file__, "gateway", how, str(cfg), str(out / f"profile-{port}.txt")]
+    else:  # profile
+        argv = [sys.executable, __file__, "profiled", str(cfg), str(out / f"profile-{port}.txt")]
     p = pinned(core, *argv, stdout=log, stderr=subprocess.STDOUT, cwd=tree)
     wait_port(port)
     wait_in_rotation(port)
     return p
 
 
-def gateway_variant(how: str, cfg_path: str, profile_out: str) -> None:
-    """`bypass`: the Gateway with its forwarded routes dispatched before Starlette (what Starlette's
-    routing and middleware cost per event); `profile`: the shipped app under cProfile."""
-    import uvicorn
-
-    from sparkcluster.gateway.app import FORWARDED, Gateway
-
-    cfg = json.loads(Path(cfg_path).read_text())
-    gw = Gateway(cfg, cfg_path)
-    star = gw.app()
-    if how == "bypass":
-        direct = {p: gw.forwarder(p) for p in FORWARDED}
-
-        async def app(scope, receive, send):
-            if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in direct:
-                return await direct[scope["path"]](scope, receive, send)
-            return await star(scope, receive, send)
-
-        uvicorn.run(app, host=cfg["host"], port=cfg["port"], log_level="warning", access_log=False)
-        return
+def gateway_profiled(cfg_path: str, profile_out: str) -> None:
+    """The shipped app (the entrypoint's uvicorn settings but TLS) under cProfile; the statistics go
+    to `profile_out` when it stops (SIGTERM)."""
     import cProfile
     import pstats
+
+    import uvicorn
+
+    from sparkcluster.gateway.app import Gateway
+
+    cfg = json.loads(Path(cfg_path).read_text())
+    app = Gateway(cfg, cfg_path).app()
     import signal
 
     def leave(*_):
@@ -435,7 +425,7 @@ def gateway_variant(how: str, cfg_path: str, profile_out: str) -> None:
     prof = cProfile.Profile()
     prof.enable()
     try:
-        uvicorn.run(star, host=cfg["host"], port=cfg["port"], log_level="warning", access_log=False)
+        uvicorn.run(app, host=cfg["host"], port=cfg["port"], log_level="warning", access_log=False)
     finally:
         prof.disable()
         with open(profile_out, "w") as f:
@@ -520,7 +510,9 @@ def solve(long: dict, short: dict) -> dict:
     return {"a_ms_per_request": a * 1000, "b_us_per_event": b * 1e6}
 
 
-def run_main(out: Path, seconds: float, levels: tuple[int, ...], profile: bool, compare: Path | None) -> int:
+def run_main(
+    out: Path, seconds: float, levels: tuple[int, ...], profile: bool, compare: Path | None, short_reps: int
+) -> int:
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     rates = record_rates()
@@ -542,23 +534,18 @@ def run_main(out: Path, seconds: float, levels: tuple[int, ...], profile: bool, 
         procs.append(relay)
         gw = start_gateway(out, GW_PORT, GATEWAY_CORE, "shipped")
         procs.append(gw)
-        variant = start_gateway(out, VARIANT_PORT, VARIANT_CORE, "bypass")
-        procs.append(variant)
         wait_port(RELAY_PORT)
         extra = []
         if compare is not None:  # the shipped entrypoint of another checkout (before / after a change)
             other = start_gateway(out, COMPARE_PORT, COMPARE_CORE, "shipped", compare.resolve())
             procs.append(other)
             extra = [(f"gateway@{compare.name}", COMPARE_PORT, GW_KEY, other.pid)]
-        idle = {
-            p.pid: idle_rate(p.pid) for p in procs if p.pid in {gw.pid, variant.pid, relay.pid, *(e[3] for e in extra)}
-        }
+        idle = {pid: idle_rate(pid) for pid in (gw.pid, relay.pid, *(e[3] for e in extra))}
         info["idle_cpu_ms_s"] = {str(k): v / 1e6 for k, v in idle.items()}
         arms = [
             ("direct", ENGINE_PORT, ENGINE_KEY, None),
             ("gateway", GW_PORT, GW_KEY, gw.pid),
             ("relay", RELAY_PORT, ENGINE_KEY, relay.pid),
-            ("gateway-bypass", VARIANT_PORT, GW_KEY, variant.pid),
             *extra,
         ]
         for _name, port, key, _ in arms:  # warm: connections, imports, the first requests' paths
@@ -567,22 +554,26 @@ def run_main(out: Path, seconds: float, levels: tuple[int, ...], profile: bool, 
         for i, conc in enumerate(levels):
             for name, port, key, pid in arms if i % 2 == 0 else arms[::-1]:
                 rows.append(arm(name, port, key, pid, idle.get(pid, 0), conc, seconds, out=None, prefill_s=None))
-        short = [
-            arm(name, port, key, pid, idle.get(pid, 0), 8, max(seconds / 2, 4), out=1, prefill_s=0.0)
-            for name, port, key, pid in arms
-        ]
+        short = []
+        for i in range(short_reps):  # the per-request cost: repeated, the order alternating
+            for name, port, key, pid in arms if i % 2 == 0 else arms[::-1]:
+                short.append(arm(name, port, key, pid, idle.get(pid, 0), 8, max(seconds / 2, 4), out=1, prefill_s=0.0))
         by = {(r["arm"], r["concurrency"]): r for r in rows}
         base = 32 if 32 in levels else levels[-1]
-        fit = {
-            name: solve(by[(name, base)], next(r for r in short if r["arm"] == name)) for name, _, _, pid in arms if pid
-        }
+        fit = {}
+        for name, _, _, pid in arms:
+            if pid:
+                mine = [r for r in short if r["arm"] == name]
+                summed = {k: sum(r[k] for r in mine) for k in ("requests", "events", "cpu_s")}
+                fit[name] = solve(by[(name, base)], summed)
         if profile:
             for p in (gw,):
                 p.terminate()
                 p.wait(timeout=15)
             prof = start_gateway(out, PROFILE_PORT, GATEWAY_CORE, "profile")
             procs.append(prof)
-            arm("gateway-cprofile", PROFILE_PORT, GW_KEY, prof.pid, 0, 32, seconds, out=None, prefill_s=None)
+            # what a request costs, apart from its events: the short level, under the profiler
+            arm("gateway-cprofile", PROFILE_PORT, GW_KEY, prof.pid, 0, 8, max(seconds / 2, 4), out=1, prefill_s=0.0)
             prof.terminate()
             prof.wait(timeout=30)
         text = table(sorted(rows, key=lambda r: (r["concurrency"], r["arm"])), short, fit, info)
@@ -610,11 +601,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--levels", default=",".join(map(str, LEVELS)))
     r.add_argument("--no-profile", action="store_true")
     r.add_argument("--compare", type=Path, default=None, help="another checkout whose gateway runs beside")
+    r.add_argument("--short-reps", type=int, default=3)
     e = sub.add_parser("engine")
     e.add_argument("port", type=int)
     e.add_argument("rates")
-    g = sub.add_parser("gateway")
-    g.add_argument("how", choices=("bypass", "profile"))
+    g = sub.add_parser("profiled")
     g.add_argument("config")
     g.add_argument("profile_out")
     ld = sub.add_parser("load")
@@ -628,12 +619,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.role == "run":
         levels = tuple(int(x) for x in a.levels.split(","))
-        return run_main(a.out, a.seconds, levels, not a.no_profile, a.compare)
+        return run_main(a.out, a.seconds, levels, not a.no_profile, a.compare, a.short_reps)
     if a.role == "engine":
         engine_main(a.port, json.loads(a.rates))
         return 0
-    if a.role == "gateway":
-        gateway_variant(a.how, a.config, a.profile_out)
+    if a.role == "profiled":
+        gateway_profiled(a.config, a.profile_out)
         return 0
     import uvloop
 
