@@ -3,7 +3,7 @@ request, and latency added per event, at concurrency 1, 8, 32 and 128, on a mach
 spare (the 16-core GPU machine the project borrows), against a bare byte relay in the same run.
 
 Every part is a process on its own cores (taskset), talking over loopback:
-- the stand-in engine (ENGINE_PROCS processes on one port, SO_REUSEPORT): answers a streamed chat
+- the stand-in engine (one process per ENGINE_CORES core, on one port, SO_REUSEPORT): answers a streamed chat
   completion as vLLM's OpenAI server does (HTTP/1.1, `transfer-encoding: chunked`, one SSE event
   `data: {chat.completion.chunk}` per chunk: vLLM's ChatCompletionStreamResponse,
   vllm/entrypoints/openai/protocol.py, written per token by serving_chat.py, then `data: [DONE]`)
@@ -18,7 +18,7 @@ Every part is a process on its own cores (taskset), talking over loopback:
   the aiohttp relay of gateway/proxy.py), on GATEWAY_CORE;
 - with --compare DIR, the gateway of another checkout beside it (COMPARE_CORE): before and after a
   change, in the same run; and one run of the gateway under cProfile (the short level, below);
-- the bare byte relay of perf/gateway.py (uvloop, bytes copied, nothing parsed), on RELAY_CORE;
+- the bare byte relay of perf/bare_relay.py (uvloop, bytes copied, nothing parsed), on RELAY_CORE;
 - the load: up to 8 client processes (aiohttp), each on its own core, closed loop: every stream
   sends the record's request (input_tokens of text, ~4 characters a token: OpenAI's rule of thumb,
   help.openai.com/en/articles/4936856) and reads the answer to its end, again and again.
@@ -29,9 +29,11 @@ taken off. Figures: CPU seconds per thousand events and per request, the events 
 second against direct, the per-event latency (p50, p99) and TTFT against direct. A short level
 (one token per answer, no prefill wait) separates the per-request cost from the per-event one.
 
-Usage (from the checkout's root, python3 with aiohttp, uvloop, uvicorn, starlette, httpx and
-prometheus-client): `python3 perf/gateway_gpu.py run OUTDIR [--seconds S]`; about 5 minutes at the
-default 10 s a level. Prints the table (markdown) and writes OUTDIR/gateway_gpu.json and .md.
+Usage (from the checkout's root, on 16 or more cores, python3 with aiohttp, uvloop, uvicorn,
+starlette, httpx and prometheus-client): `python3 perf/gateway_gpu.py run OUTDIR [--seconds S]
+[--compare OTHER_CHECKOUT] [--short-reps N]`; about 4 minutes at 6 s a level (the default 10 s:
+6 minutes; the run for perf/gateway.md used 6). Run it pinned itself (`taskset -c 0`): core 0 is the
+orchestra's. Prints the table (markdown) and writes OUTDIR/gateway_gpu.json and .md.
 """
 
 from __future__ import annotations
