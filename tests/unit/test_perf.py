@@ -509,21 +509,21 @@ def test_gateway_gpu_stand_in_streams_vllms_sse_shape_and_the_fit_separates_requ
     """perf/gateway_gpu.py's pure parts: the stand-in's chunk is one HTTP/1.1 chunk holding one SSE
     event of a chat.completion.chunk (vLLM's shape) with the emit time in its content; the rates
     come from the shipped record; CPU = a*requests + b*events is solved from two levels."""
-    from perf import gateway_gpu as g
+    from perf import gateway_gpu
 
-    chunk = g.sse_chunk(b"0" * 32, 1_795_000_000, b'{"content":" t123"}')
+    chunk = gateway_gpu.sse_chunk(b"0" * 32, 1_795_000_000, b'{"content":" t123"}')
     size, _, rest = chunk.partition(b"\r\n")
     event = rest[: int(size, 16)]
     assert rest[int(size, 16) :] == b"\r\n" and event.startswith(b"data: ") and event.endswith(b"\n\n")
     doc = json.loads(event[len(b"data: ") :])
     assert doc["object"] == "chat.completion.chunk" and doc["choices"][0]["delta"]["content"] == " t123"
-    assert doc["choices"][0]["finish_reason"] is None and g.MARK in event
-    assert g.sse_done() == b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
-    rates = g.record_rates()
+    assert doc["choices"][0]["finish_reason"] is None and gateway_gpu.MARK in event
+    assert gateway_gpu.sse_done() == b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+    rates = gateway_gpu.record_rates()
     assert rates["decode_tok_s"] == 95.45 and (rates["input_tokens"], rates["output_tokens"]) == (8192, 256)
-    body = json.loads(g.request_body(rates, None, None))
-    assert body["max_tokens"] == 256 and len(body["messages"][0]["content"]) >= 8192 * g.CHARS_PER_TOKEN
+    body = json.loads(gateway_gpu.request_body(rates, None, None))
+    assert body["max_tokens"] == 256 and len(body["messages"][0]["content"]) >= 8192 * gateway_gpu.CHARS_PER_TOKEN
     a, b = 0.4e-3, 40e-6  # made up: 0.4 ms a request, 40 us an event
     long = {"requests": 100, "events": 25_900, "cpu_s": 100 * a + 25_900 * b}
     short = {"requests": 1000, "events": 4000, "cpu_s": 1000 * a + 4000 * b}
-    assert g.solve(long, short) == pytest.approx({"a_ms_per_request": 0.4, "b_us_per_event": 40.0})
+    assert gateway_gpu.solve(long, short) == pytest.approx({"a_ms_per_request": 0.4, "b_us_per_event": 40.0})
