@@ -8,9 +8,16 @@ head container against the engine (`http://CONTROL_IP:8000`) and through the gat
 concurrency 1 and a throughput level at concurrency 8. Figures, each a per-repetition pair (same
 minute, same machine load) judged on the median of the pairs:
 - p50 TTFT through the gateway minus direct: at most 5 ms;
-- output throughput at concurrency 8, through the gateway / direct: at least 0.97;
 - the gateway's idle memory: the PSS of its container's processes (shared pages counted once),
   once it has judged its route and before any request: under 100 MB.
+The output throughput at concurrency 8, through the gateway / direct, is reported with its spread
+(min-max over the repetitions, and max - min as a row of its own) but judges nothing (issue 63): on
+two shared cores the relay, the engine's ranks and the load generator contend for the same CPUs, so
+the ratio measures that contention, and its spread (0.50-1.15 on 2026-11-28) exceeds a 3 % budget.
+The throughput budget is judged instead on the figure that carries to a Spark, read from the GPU
+machine's record (GPU_RECORD, written by perf/gateway_gpu.py; perf/gateway.md): the number of
+streams, each at the fastest shipped single-Spark decode rate, at which the gateway's one core would
+cost more than 3 % of the throughput, at least 128 (the highest concurrency measured there).
 Beside them, for comparison: the same c=8 level through a bare byte relay (uvloop, no HTTP parsed,
 the bytes copied from one socket to the other) in the gateway's container, `http://CONTROL_IP:4001`,
 interleaved with the other two (the gateway always in the middle). It pays per SSE event what any
@@ -29,8 +36,10 @@ import json
 import shlex
 import statistics
 import time
+from pathlib import Path
 
 from perf import testbed
+from perf.bare_relay import BARE_RELAY
 from perf.figures import Figure, info, say
 from perf.session import standalone
 from sparkcluster.bench import results, sweep
@@ -43,7 +52,10 @@ GW_PORT = 4000
 RELAY_PORT = 4001
 GW_KEY = "gw-bench-key-5e0c93a1"  # the bench's own client key (test scaffolding, like the testbed's)
 IDLE_SETTLE_S = 5.0  # a few of its looks at the supervisor after `gateway up` returned
-ADDED_TTFT_MS, THROUGHPUT_RATIO, IDLE_MB = 5.0, 0.97, 100.0
+ADDED_TTFT_MS, IDLE_MB = 5.0, 100.0
+GPU_RECORD = Path(__file__).with_name("gateway_gpu.json")  # perf/gateway_gpu.py's output, committed
+COST = 0.03  # the share of a Spark's throughput the gateway may cost (issue 63)
+MIN_STREAMS = 128  # ... at no fewer concurrent streams than this (the GPU machine's top level)
 MIN_REPS = 9  # the issue asks for five; the testbed's noise (below) asks for more to judge 3 %
 
 
@@ -76,29 +88,6 @@ GATEWAY_PSS = (
     "t=0; for p in $(docker top {c} -eo pid | tail -n +2); do "
     "k=$(awk '/^Pss:/{{print $2}}' \"/proc/$p/smaps_rollup\" 2>/dev/null); t=$((t + ${{k:-0}})); done; echo $t"
 )
-
-
-# the floor's relay: bytes both ways, nothing parsed (started in the gateway's container, which has uvloop)
-BARE_RELAY = """
-import asyncio, sys, uvloop
-async def pipe(r, w):
-    try:
-        while data := await r.read(65536):
-            w.write(data)
-            await w.drain()
-    except ConnectionError:
-        pass
-    finally:
-        w.close()
-async def handle(r, w):
-    ur, uw = await asyncio.open_connection(sys.argv[3], int(sys.argv[4]))
-    await asyncio.gather(pipe(r, uw), pipe(ur, w))
-async def main():
-    server = await asyncio.start_server(handle, sys.argv[1], int(sys.argv[2]))
-    async with server:
-        await server.serve_forever()
-uvloop.run(main())
-"""
 
 
 def start_bare_relay(tb, listen: str, upstream: str, upstream_port: int) -> None:
@@ -181,13 +170,15 @@ def figures(R: dict) -> list[Figure]:
             statistics.median(added) <= ADDED_TTFT_MS,
             note=medians,
         ),
-        Figure(
-            "gateway_throughput",
-            "gateway: output throughput at concurrency 8, through / direct",
+        *gpu_figures(),
+        info(
+            "gateway_throughput", "... output throughput at concurrency 8, through / direct (testbed)", "ratio", ratio
+        ),
+        info(
+            "gateway_throughput_spread",
+            "... its spread over the repetitions (max - min)",
             "ratio",
-            f">= {THROUGHPUT_RATIO:.2f}",
-            ratio,
-            statistics.median(ratio) >= THROUGHPUT_RATIO,
+            [max(ratio) - min(ratio)],
         ),
         Figure(
             "gateway_idle_pss",
@@ -215,6 +206,39 @@ def figures(R: dict) -> list[Figure]:
             "ms",
             R["gw_direct_ttft_p50_ms"],
         ),
+    ]
+
+
+def streams_at_cost(doc: dict, cost: float = COST) -> dict:
+    """From the GPU machine's record: the streams at which the gateway would cost more than `cost` of
+    a Spark's throughput (perf/gateway.md, "From the figures to a Spark"). The gateway is one event
+    loop on one core; at its highest measured level every event cost it b CPU seconds, per-request
+    work included, so it passes at most 1/b events a second, and a Spark whose streams produce E
+    events a second loses 1 - 1/(b E) of them once E > 1/b: more than `cost` once
+    E > 1/((1 - cost) b). Each stream at the record's single-stream decode rate r (an upper bound:
+    a batch's streams decode slower, never faster) gives E = c r, so c = 1/((1 - cost) b r)."""
+    top = max((r for r in doc["rows"] if r["arm"] == "gateway"), key=lambda r: r["concurrency"])
+    b = top["cpu_s"] / top["events"]
+    rate = doc["info"]["rates"]["decode_tok_s"]
+    return {"streams": 1.0 / ((1.0 - cost) * b * rate), "us_per_event": b * 1e6, "at": top["concurrency"]}
+
+
+def gpu_figures(path: Path | None = None) -> list[Figure]:
+    """The budget that carries to a Spark, from the committed GPU-machine record; none without it."""
+    path = path or GPU_RECORD
+    if not path.exists():
+        return []
+    got = streams_at_cost(json.loads(path.read_text()))
+    return [
+        Figure(
+            "gateway_streams_at_3pct",
+            f"gateway: streams at which it would cost {COST:.0%} of a Spark's throughput (GPU machine, {path.name})",
+            "count",
+            f">= {MIN_STREAMS}",
+            [round(got["streams"])],
+            got["streams"] >= MIN_STREAMS,
+            note=f"{got['us_per_event']:.1f} us of CPU per event at concurrency {got['at']}",
+        )
     ]
 
 

@@ -293,7 +293,15 @@ class Gateway:
 
         return app
 
-    def app(self) -> Starlette:
+    def app(self):
+        """The ASGI app uvicorn serves. A POST to a forwarded path goes to its forwarder straight from
+        the server; everything else (the gateway's own pages, another method or path, the lifespan)
+        goes through Starlette, which answers them as before (404, 405, a redirect for a trailing
+        slash). Starlette's routing and its two middlewares in front of the relay add nothing a
+        forwarded request uses, yet each streamed event passed through their `send` wrappers and
+        resumed the relay through their frames: without them the gateway spent 10-14 % less CPU per
+        event and 12-21 % less per short request, measured beside the previous app in one run
+        (perf/gateway.md, "What costs most in the relay path")."""
         paths = [
             Path("/health", self.alive, methods=["GET"]),
             Path("/metrics", self.metrics_page, methods=["GET"]),
@@ -301,7 +309,18 @@ class Gateway:
             Path("/gateway/status", self.status, methods=["GET"]),
             *(Path(p, _Asgi(self.forwarder(p)), methods=["POST"]) for p in FORWARDED),
         ]
-        return Starlette(routes=paths, lifespan=self.lifespan)
+        rest = Starlette(routes=paths, lifespan=self.lifespan)
+        forwarded = {p: self.forwarder(p) for p in FORWARDED}
+
+        async def app(scope, receive, send) -> None:
+            if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+                forward = forwarded.get(scope["path"])
+                if forward is not None:
+                    await forward(scope, receive, send)
+                    return
+            await rest(scope, receive, send)
+
+        return app
 
 
 class _Asgi:

@@ -304,3 +304,16 @@ def test_a_verdict_newer_than_serving_takes_it_out_while_the_supervisor_stops_th
     off = _report(contract.SERVING, since=900.0, causes=[{"ts": 950.0, "kind": "wedged", "cause": "x"}])
     off["supervisor"]["policy"]["act"] = False
     assert health.judge(off).up  # supervision off in the profile: journalled, nothing is done
+
+
+def test_a_forwarded_post_goes_to_its_forwarder_and_everything_else_through_starlette(two):
+    """The app dispatches a POST to a forwarded path before Starlette (perf/gateway.md, "What costs
+    most"); what Starlette answered before, it still answers."""
+    _gw, sg, _a, b = two
+    r = httpx.post(f"{sg.url}/v1/messages", json={"model": "vision"})  # no key: refused in Anthropic's shape
+    assert r.status_code == 401 and r.json()["type"] == "error" and r.headers["www-authenticate"] == "Bearer"
+    r = httpx.post(f"{sg.url}/v1/embeddings", json={"model": "vision", "input": "x"}, headers=BEARER)
+    assert r.status_code == 200 and b.seen[-1]["path"] == "/v1/embeddings"
+    assert httpx.get(f"{sg.url}/v1/chat/completions", headers=BEARER).status_code == 405
+    assert httpx.post(f"{sg.url}/v1/unknown", json={"model": "vision"}, headers=BEARER).status_code == 404
+    assert httpx.get(f"{sg.url}/health").json()["status"] == "ok"

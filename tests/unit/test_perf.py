@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import pkgutil
 from pathlib import Path
 
@@ -226,10 +227,23 @@ def test_floors_measure_records_each_command_against_its_floor(monkeypatch):
     assert s.details["floor_modules_imported"] == {k: 4 for k in floors.COMMANDS}
 
 
-def test_gateway_rows_from_made_up_figures():
-    """Issue 36's budgets: p50 TTFT added (paired, interleaved repetitions), throughput at
-    concurrency 8 through / direct, the gateway's idle memory; judged on the medians of the pairs."""
+def test_gateway_rows_from_made_up_figures(tmp_path, monkeypatch):
+    """Issue 36's budgets: p50 TTFT added (paired, interleaved repetitions) and the gateway's idle
+    memory, judged on the medians of the pairs; the testbed's throughput at concurrency 8 through /
+    direct reported with its spread, judging nothing (issue 63); the throughput budget judged on the
+    GPU machine's record: the streams at which the gateway would cost 3 % of a Spark's throughput."""
     from perf import gateway
+
+    record = tmp_path / "gateway_gpu.json"
+    monkeypatch.setattr(gateway, "GPU_RECORD", record)
+
+    def gpu(cpu_s: float) -> None:  # made up: 100,000 events at c=128, one stream 95.45 tok/s
+        rows = [
+            {"arm": "gateway", "concurrency": 8, "cpu_s": 1.0, "events": 10_000},
+            {"arm": "gateway", "concurrency": 128, "cpu_s": cpu_s, "events": 100_000},
+            {"arm": "relay", "concurrency": 128, "cpu_s": 1.0, "events": 100_000},
+        ]
+        record.write_text(json.dumps({"info": {"rates": {"decode_tok_s": 95.45}}, "rows": rows}))
 
     raw = _raw(reps=5) | {
         "gw_direct_ttft_p50_ms": [20.0, 21.0, 19.0, 20.5, 22.0],
@@ -238,6 +252,7 @@ def test_gateway_rows_from_made_up_figures():
         "gw_through_c8_tok_s": [392.0, 400.0, 385.0, 380.0, 396.0],  # 0.98, 0.976, 0.987, 0.938, 0.99
         "gw_idle_pss_mb": [42.0],
     }
+    gpu(4.0)  # 40 us an event: 1 / (0.97 * 40e-6 * 95.45) = 270 streams
     figs = run.figures(raw, 2_881_727_000)
     keys = [f.key for f in figs]
     assert keys[-1] == "status_inprocess" and keys.count("gateway_ttft_added") == 1
@@ -250,14 +265,23 @@ def test_gateway_rows_from_made_up_figures():
         "<= 5",
         "yes",
     ]
-    assert rows["gateway: output throughput at concurrency 8, through / direct"][3:] == ["ratio", ">= 0.97", "yes"]
+    streams = "gateway: streams at which it would cost 3% of a Spark's throughput (GPU machine, gateway_gpu.json)"
+    assert rows[streams] == ["270", "270", "270", "count", ">= 128", "yes"]
+    through = "... output throughput at concurrency 8, through / direct (testbed)"
+    assert rows[through] == ["0.980", "0.938", "0.990", "ratio", "-", "-"]
+    assert rows["... its spread over the repetitions (max - min)"][0] == "0.052"
     assert rows["gateway: idle memory (PSS of its container)"][3:] == ["MB", "< 100", "yes"]
     assert rows["... p50 TTFT straight to the engine (concurrency 1)"][4:] == ["-", "-"]
-    # over budget: the median pair decides, not one slow repetition
+    # over budget: 100 us an event at c=128 (the top level decides) gives 108 streams; the memory
+    # judged on its largest reading; a slow testbed ratio judges nothing
+    gpu(10.0)
     slow = raw | {"gw_through_c8_tok_s": [380.0, 390.0, 370.0, 400.0, 396.0], "gw_idle_pss_mb": [120.0]}
     rows = _rows(figures.render(run.figures(slow, 2_881_727_000), {}, "now", reps=5, cpus=2))
-    assert rows["gateway: output throughput at concurrency 8, through / direct"][-1] == "**no**"
+    assert rows[streams][0] == "108" and rows[streams][-1] == "**no**"
+    assert rows[through][-1] == "-"
     assert rows["gateway: idle memory (PSS of its container)"][-1] == "**no**"
+    record.unlink()  # no GPU record: no such row, the testbed's rows as before
+    assert streams not in _rows(figures.render(run.figures(raw, 2_881_727_000), {}, "now", reps=5, cpus=2))
     assert gateway.figures(_raw()) == []  # a results.json from before the gateway's family
 
 
@@ -479,3 +503,27 @@ def test_a_link_named_twice_is_sampled_once():
 
     s = Sampler(1, ["enp1s0f1np1", "enp1s0f1np1", "enP2p1s0f1np1"], [])
     assert s.worker_ifs == ["enp1s0f1np1", "enP2p1s0f1np1"]
+
+
+def test_gateway_gpu_stand_in_streams_vllms_sse_shape_and_the_fit_separates_request_from_event():
+    """perf/gateway_gpu.py's pure parts: the stand-in's chunk is one HTTP/1.1 chunk holding one SSE
+    event of a chat.completion.chunk (vLLM's shape) with the emit time in its content; the rates
+    come from the shipped record; CPU = a*requests + b*events is solved from two levels."""
+    from perf import gateway_gpu
+
+    chunk = gateway_gpu.sse_chunk(b"0" * 32, 1_795_000_000, b'{"content":" t123"}')
+    size, _, rest = chunk.partition(b"\r\n")
+    event = rest[: int(size, 16)]
+    assert rest[int(size, 16) :] == b"\r\n" and event.startswith(b"data: ") and event.endswith(b"\n\n")
+    doc = json.loads(event[len(b"data: ") :])
+    assert doc["object"] == "chat.completion.chunk" and doc["choices"][0]["delta"]["content"] == " t123"
+    assert doc["choices"][0]["finish_reason"] is None and gateway_gpu.MARK in event
+    assert gateway_gpu.sse_done() == b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+    rates = gateway_gpu.record_rates()
+    assert rates["decode_tok_s"] == 95.45 and (rates["input_tokens"], rates["output_tokens"]) == (8192, 256)
+    body = json.loads(gateway_gpu.request_body(rates, None, None))
+    assert body["max_tokens"] == 256 and len(body["messages"][0]["content"]) >= 8192 * gateway_gpu.CHARS_PER_TOKEN
+    a, b = 0.4e-3, 40e-6  # made up: 0.4 ms a request, 40 us an event
+    long = {"requests": 100, "events": 25_900, "cpu_s": 100 * a + 25_900 * b}
+    short = {"requests": 1000, "events": 4000, "cpu_s": 1000 * a + 4000 * b}
+    assert gateway_gpu.solve(long, short) == pytest.approx({"a_ms_per_request": 0.4, "b_us_per_event": 40.0})
