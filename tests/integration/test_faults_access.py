@@ -48,7 +48,11 @@ def state(testbed, host: str) -> dict[str, object]:
         line.strip() for line in sh("ps -eo pid,args --no-headers").splitlines() if "ps -eo pid,args" not in line
     )
     return {
-        "containers": sh("docker ps -a --no-trunc --format '{{.ID}} {{.Names}} {{.State}}' | sort"),
+        # sparkcluster's own containers: a throwaway `docker run --rm` of an earlier test's probe (a random
+        # name) may still be ending when a case takes its first look
+        "containers": sh(
+            "docker ps -a --no-trunc --format '{{.ID}} {{.Names}} {{.State}}' | grep ' sparkcluster-' | sort"
+        ),
         "images": sh("docker images -a -q --no-trunc | sort"),
         "files": sh(
             f"find /tmp/sparkcluster /run/sparkcluster /var/lib/sparkcluster {account()['home']}/.cache -printf '%p %s %T@\\n' "
