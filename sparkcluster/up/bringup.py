@@ -28,6 +28,7 @@ from sparkcluster.deployment import canary_watch, deployments, endpoint, known_g
 from sparkcluster.errors import InputError, StageError, StepFailure
 from sparkcluster.fabric import engine_nccl
 from sparkcluster.labels import ROLE_LABEL
+from sparkcluster.node import memory_fit
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.steps.walk import StageProgress
@@ -72,11 +73,14 @@ def run(
     command: str = "up",
     node: tuple[str, ...] | str | None = None,
     locked: bool = False,
+    beside: bool = False,
 ) -> UpSummary | Plan:
     """`inv` is the whole inventory; the run touches the deployment's nodes only (`node`, or all).
     `locked`: the caller holds the locks of those nodes for longer than this run (an upgrade holds
     them across its new `up`, its canary and its rollback's `up`), so this run takes none of its own.
-    `monitoring`: what monitoring does around the run (the CLI hands in monitor/planned.planned)."""
+    `monitoring`: what monitoring does around the run (the CLI hands in monitor/planned.planned).
+    `beside`: start beside the deployments on these nodes, each in a slot of its own (issue 60), when
+    every node's memory holds all of them plus the floor (`_admit`); `replace` takes them down."""
     full, inv = inv, deployments.target(inv, prof, node)
     found = lint.lint(prof, inv)
     for w in found:
@@ -98,16 +102,29 @@ def run(
     with everyone:
         found, _ = deployments.on(everyone, full)  # an unread node this run touches fails preflight
         others = deployments.conflicts(found, inv, prof.name)
-        if others and not replace:
+        mine = tuple(n.name for n in inv.nodes)
+        # several deployments on one node (issue 60): beside the others when asked (or when this one
+        # already runs beside them), each in its own slot, admitted by memory once the facts are in
+        beside = bool(others) and not replace and (beside or _runs_beside(found, mine, prof.name))
+        if others and not replace and not beside:
             what = "; ".join(d.describe() for d in others)
             flag = deployments.node_flags(node)
             raise InputError(
                 f"{what} runs on the node(s) this deployment needs; up --profile {prof.name}{flag} "
                 "would replace it (they share the nodes' memory)",
-                f"sparkcluster up --profile {prof.name}{flag} --replace (or sparkcluster down first)",
+                f"sparkcluster up --profile {prof.name}{flag} --replace (or --beside: start it beside "
+                "them if the nodes' memory holds all of them; or sparkcluster down first)",
             )
-        # the deployments replaced elsewhere too (a pair, when one of its nodes is wanted alone)
-        away = [d for d in others if set(d.nodes) != {n.name for n in inv.nodes}]
+        if beside:
+            inv = inv.at_slot(deployments.slot_for(found, mine, prof.name))
+        # the deployments replaced elsewhere too (a pair, when one of its nodes is wanted alone), and
+        # those of another slot on these very nodes (their containers are not this slot's to remove)
+        away = (
+            []
+            if beside
+            else [d for d in others if set(d.nodes) != set(mine) or d.slot != 0]
+            + [d for d in found if (d.profile, d.nodes) == (prof.name, mine) and d.slot != 0]
+        )
         touched = full.only(sorted({n.name for n in inv.nodes} | {x for d in away for x in d.nodes}))
         _all_reachable(touched, unreachable)
         # a dry run changes nothing, so it neither takes nor waits for the lock
@@ -128,9 +145,46 @@ def run(
                 dry_run,
                 replace or bool(others),
                 t0,
-                away=[Away(d, full.only(list(d.nodes))) for d in away],
+                away=[Away(d, d.inventory(full)) for d in away],
                 reach=everyone.hosts,
+                beside=[d for d in others if beside],
             )
+
+
+def _runs_beside(found: list[deployments.Deployment], mine: tuple[str, ...], profile: str) -> bool:
+    """This deployment runs already in a slot of its own beside others (an `up --beside` before)."""
+    return (
+        any((d.profile, d.nodes) == (profile, mine) for d in found)
+        and len({d.slot for d in found if set(d.nodes) & set(mine)}) > 1
+    )
+
+
+def _admit(inv: Inventory, prof: profiles.Profile, facts: dict, beside: list) -> None:
+    """Issue 60's admission, through the one memory arithmetic (node/memory_fit.admit): on every node
+    of this deployment, the deployments already there and this one, each its gpu_memory_utilization
+    of MemTotal, leave the supervisor's memory floor. A refusal names who holds how much."""
+    floor = int(bounds.profile_policy(prof).memory_floor_gib * memory_fit.GiB)
+    want = memory_fit.Held(f"'{prof.name}'", prof.serve.gpu_memory_utilization)
+    lines = []
+    for n in inv.nodes:
+        there = [d for d in beside if n.name in d.nodes]
+        if not there:
+            continue
+        mem = facts[n.name].mem if n.name in facts else None
+        held = [memory_fit.Held(f"'{d.profile}'", deployments.share(d)) for d in there]
+        if mem is None or not mem.total:
+            lines.append(f"{n.name}: MemTotal was not read, so {want.deployment} cannot be counted beside the others")
+        elif why := memory_fit.admit(mem.total, held, want, floor):
+            lines.append(f"{n.name}: {why}")
+    if lines:
+        names = ", ".join(sorted({d.profile for d in beside}))
+        raise InputError(
+            f"the memory of {len(lines)} node(s) does not hold '{prof.name}' beside {names}",
+            f"sparkcluster down --profile {sorted({d.profile for d in beside})[0]} (or lower "
+            f"gpu_memory_utilization in profile '{prof.name}'), then sparkcluster up --profile {prof.name}"
+            f"{deployments.node_flags([n.name for n in inv.nodes])} --beside",
+            details=lines,
+        )
 
 
 def _all_reachable(touched: Inventory, unreachable: dict) -> None:
@@ -177,8 +231,11 @@ def _run_locked(
     t0: float,
     away: list | None = None,
     reach: dict | None = None,
+    beside: list | None = None,
 ) -> UpSummary | Plan:
     report = gate.check(cluster, inv, prof)
+    if beside:
+        _admit(inv, prof, report.facts, beside)
     old = _old_server(cluster, inv, report.facts)
     wanted = {k: v for k, v in secrets.items() if k in profiles.secret_env_names(prof)}
     # the same profile serves only when its server runs, started with the same secrets and watched
