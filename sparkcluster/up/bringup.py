@@ -28,7 +28,7 @@ from sparkcluster.deployment import canary_watch, deployments, endpoint, known_g
 from sparkcluster.errors import InputError, StageError, StepFailure
 from sparkcluster.fabric import engine_nccl
 from sparkcluster.labels import ROLE_LABEL
-from sparkcluster.node import memory_fit
+from sparkcluster.node import contract, memory_fit
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.steps.walk import StageProgress
@@ -163,7 +163,9 @@ def _admit(inv: Inventory, prof: profiles.Profile, facts: dict, beside: list) ->
     """Issue 60's admission, through the one memory arithmetic (node/memory_fit.admit): on every node
     of this deployment, the deployments already there and this one, each its gpu_memory_utilization
     of MemTotal, leave the supervisor's memory floor. A refusal names who holds how much."""
-    floor = int(bounds.profile_policy(prof).memory_floor_gib * memory_fit.GiB)
+    floor = int(
+        bounds.profile_policy(prof).get("memory_floor_gib", contract.Policy().memory_floor_gib) * memory_fit.GiB
+    )
     want = memory_fit.Held(f"'{prof.name}'", prof.serve.gpu_memory_utilization)
     lines = []
     for n in inv.nodes:
