@@ -142,7 +142,7 @@ def share(d: Deployment) -> float | None:
     machine has the profile (a container made before the label), else None (unknown)."""
     if d.fraction is not None:
         return d.fraction
-    from sparkcluster.config import profile as profiles
+    from sparkcluster.config import profile as profiles  # only for a container made before the memory label
 
     try:
         return profiles.load_profile(d.profile).serve.gpu_memory_utilization
