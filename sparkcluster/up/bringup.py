@@ -103,9 +103,7 @@ def run(
         found, _ = deployments.on(everyone, full)  # an unread node this run touches fails preflight
         others = deployments.conflicts(found, inv, prof.name)
         mine = tuple(n.name for n in inv.nodes)
-        # several deployments on one node (issue 60): beside the others when asked (or when this one
-        # already runs beside them), each in its own slot, admitted by memory once the facts are in
-        beside = bool(others) and not replace and (beside or _runs_beside(found, mine, prof.name))
+        slot, away, beside = placement(found, others, mine, prof.name, replace, beside)
         if others and not replace and not beside:
             what = "; ".join(d.describe() for d in others)
             flag = deployments.node_flags(node)
@@ -115,16 +113,7 @@ def run(
                 f"sparkcluster up --profile {prof.name}{flag} --replace (or --beside: start it beside "
                 "them if the nodes' memory holds all of them; or sparkcluster down first)",
             )
-        if beside:
-            inv = inv.at_slot(deployments.slot_for(found, mine, prof.name))
-        # the deployments replaced elsewhere too (a pair, when one of its nodes is wanted alone), and
-        # those of another slot on these very nodes (their containers are not this slot's to remove)
-        away = (
-            []
-            if beside
-            else [d for d in others if set(d.nodes) != set(mine) or d.slot != 0]
-            + [d for d in found if (d.profile, d.nodes) == (prof.name, mine) and d.slot != 0]
-        )
+        inv = inv.at_slot(slot)
         touched = full.only(sorted({n.name for n in inv.nodes} | {x for d in away for x in d.nodes}))
         _all_reachable(touched, unreachable)
         # a dry run changes nothing, so it neither takes nor waits for the lock
@@ -143,12 +132,37 @@ def run(
                 secrets,
                 progress,
                 dry_run,
-                replace or bool(others),
+                replace,
                 t0,
                 away=[Away(d, d.inventory(full)) for d in away],
                 reach=everyone.hosts,
                 beside=[d for d in others if beside],
             )
+
+
+def placement(
+    found: list[deployments.Deployment],
+    others: list[deployments.Deployment],
+    mine: tuple[str, ...],
+    profile: str,
+    replace: bool,
+    beside: bool,
+) -> tuple[int, list[deployments.Deployment], bool]:
+    """Pure: where a deployment of `profile` on `mine` goes (issue 60): (its slot, the deployments
+    taken down first, whether it runs beside others). Beside the others when asked, or when it
+    already runs beside them (admitted by memory once the facts are in); with `replace` in slot 0,
+    alone, every other deployment sharing its nodes taken down whole (a pair, when one of its nodes
+    is wanted alone; another slot's, itself included: their containers are not slot 0's to remove).
+    Otherwise its own slot where it runs already (never moved, so never recreated), else the lowest
+    free one: 0 where nothing runs, so a lone deployment keeps the names and ports of before."""
+    beside = bool(others) and not replace and (beside or _runs_beside(found, mine, profile))
+    if replace:
+        away = [d for d in others if set(d.nodes) != set(mine) or d.slot != 0]
+        away += [d for d in found if (d.profile, d.nodes) == (profile, mine) and d.slot != 0]
+        return 0, away, False
+    if others and not beside:
+        return 0, [], False  # refused by the caller: it names them
+    return deployments.slot_for(found, mine, profile), [], beside
 
 
 def _runs_beside(found: list[deployments.Deployment], mine: tuple[str, ...], profile: str) -> bool:

@@ -244,3 +244,24 @@ def test_events_reads_each_deployments_journal():
     ]
     assert events_cmd.journals(api, CLUSTER, HEAD, "b") == [(f"sparkcluster-{CLUSTER}-d1-head", "b")]
     assert events_cmd.journals(api, CLUSTER, HEAD, "zzz") == []
+
+
+def test_placement_keeps_a_slot_asks_for_beside_and_replace_clears_the_nodes():
+    D = deployments.Deployment
+    first, later = D("a", (HEAD,), slot=0), D("b", (HEAD,), slot=1)
+    pair = D("pair", (HEAD, WORKER), slot=0)
+    # nothing runs: slot 0, the names and ports of before
+    assert bringup.placement([], [], (HEAD,), "a", False, False) == (0, [], False)
+    # another runs: refused unless --beside (the caller names it), beside in the lowest free slot
+    assert bringup.placement([first], [first], (HEAD,), "b", False, False) == (0, [], False)
+    assert bringup.placement([first], [first], (HEAD,), "b", False, True) == (1, [], True)
+    # a second `up` of either keeps its slot without being asked again: nothing is recreated
+    assert bringup.placement([first, later], [later], (HEAD,), "a", False, False) == (0, [], True)
+    assert bringup.placement([first, later], [first], (HEAD,), "b", False, False) == (1, [], True)
+    # alone in slot 1 (the first taken down): it stays there
+    assert bringup.placement([later], [], (HEAD,), "b", False, False) == (1, [], False)
+    # --replace: slot 0, alone; the other slot's deployment and a pair over the node taken down whole
+    assert bringup.placement([first, later], [first], (HEAD,), "b", True, False) == (0, [later], False)
+    assert bringup.placement([pair], [pair], (HEAD,), "a", True, False) == (0, [pair], False)
+    # the pair in the node's next free slot beside a one-node deployment on one of its nodes
+    assert bringup.placement([first], [first], (HEAD, WORKER), "pair", False, True) == (1, [], True)
