@@ -152,11 +152,25 @@ class MonitorSettings(_Strict):
     node_exporter_port: int = Field(default=9100, ge=1, le=65535)
 
 
+class OnDemandRule(_Strict):
+    """`[on_demand]`: which idle deployment yields its memory when a woken one does not fit beside it
+    (issue 60). The gateway, which sees every request, chooses among the on-demand deployments in
+    rotation on the woken one's nodes with no request in flight: "lru" the least recently asked,
+    "priority" the lowest `priority` below the woken one's (ties: the least recently asked); a
+    deployment in `pinned` never yields. "never" (the default): a wake that does not fit is refused,
+    naming who holds the memory, and nothing is stopped."""
+
+    rule: Literal["never", "lru", "priority"] = "never"
+    priority: dict[str, int] = Field(default_factory=dict)  # profile -> priority (unlisted: 0)
+    pinned: list[str] = Field(default_factory=list)  # profiles that never yield
+
+
 class Inventory(_Strict):
     cluster: ClusterSettings
     nodes: list[Node] = Field(min_length=1, max_length=MAX_NODES)  # one Spark is a cluster too (seed 000)
     fabric: FabricFigures = Field(default_factory=FabricFigures)
     monitor: MonitorSettings = Field(default_factory=MonitorSettings)
+    on_demand: OnDemandRule = Field(default_factory=OnDemandRule)
     path: Path | None = Field(default=None, exclude=True)
     # node -> the SSH user's home there, learnt from the facts (shared with the copies `only` makes)
     _homes: dict[str, str] = PrivateAttr(default_factory=dict)

@@ -143,6 +143,8 @@ class GatewayPlan:
                 for u in self.routes
             ],
             **({"held_until": dict(self.held)} if self.held else {}),
+            # on demand across deployments (issue 60): which idle one yields to a woken one that does not fit
+            **({"yield": self.inventory.on_demand.model_dump()} if self.inventory.on_demand.rule != "never" else {}),
         }
 
     def binds(self) -> dict[str, str]:
