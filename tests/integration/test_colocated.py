@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.integration.helpers import BASE, HEAD, HEAD_C, listeners, ours, wait_for
+from tests.integration.helpers import BASE, HEAD, HEAD_C, inventory_variant, listeners, ours, wait_for
 from tests.testbed import PROFILES as TESTBED_PROFILES
 
 pytestmark = pytest.mark.testbed
@@ -45,6 +45,15 @@ def chat(model: str) -> httpx.Response:
     return httpx.post(f"{GW}/v1/chat/completions", json=body, headers={"x-api-key": GW_KEY}, timeout=60)
 
 
+OD_A, OD_B = "testbed-single-od-a", "testbed-single-od-b"
+OD_A_MODEL, OD_B_MODEL = "testbed-tiny-od-a", "testbed-tiny-od-b"
+
+
+def routes() -> dict:
+    r = httpx.get(f"{GW}/gateway/status", headers={"x-api-key": GW_KEY}, timeout=5)
+    return {x["deployment"]: x for x in r.json()["routes"]}
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """Two variants of testbed-single in a profiles folder of their own: another served name, and
@@ -56,6 +65,9 @@ def env(tmp_path_factory):
     (folder / f"{BESIDE}.toml").write_text(text.replace(HEAD_MODEL, BESIDE_MODEL))
     big = text.replace(HEAD_MODEL, BIG_MODEL).replace("gpu_memory_utilization = 0.2", "gpu_memory_utilization = 0.6")
     (folder / f"{BIG}.toml").write_text(big)
+    for name, model in ((OD_A, OD_A_MODEL), (OD_B, OD_B_MODEL)):  # on demand, an idle TTL far beyond the test
+        od = text.replace(HEAD_MODEL, model) + "\n[on_demand]\nenabled = true\nidle_ttl_s = 900\n"
+        (folder / f"{name}.toml").write_text(od)
     return {"SPARKCLUSTER_PROFILES": str(folder), "GATEWAY_API_KEYS": GW_KEY}
 
 
@@ -115,3 +127,34 @@ def test_two_models_on_one_node_a_third_refused_and_one_taken_down(testbed, sc, 
     assert wait_for(lambda: chat(BESIDE_MODEL).status_code in (404, 503), 30, step=0.5), chat(BESIDE_MODEL).text
     doc = json.loads(sc("status", "--all", "--json", env=env).stdout)
     assert [d["deployment"] for d in doc["deployments"]] == [f"{SINGLE}@{HEAD}"], doc
+
+
+@pytest.mark.long  # `make test-long`: two more engine starts (tests/README.md)
+def test_an_idle_model_yields_to_a_woken_one_by_the_inventorys_rule(testbed, sc, env, spark_memory, tmp_path):
+    """Item 4: two on-demand deployments on the head, the inventory's `[on_demand] rule = "lru"`. A
+    is woken and serves; B's wake is refused for memory (its container's MemAvailable stood in
+    below its share: the testbed's meminfo stand-in), so the gateway asks A, idle, to yield: A goes
+    back on standby, the 503 says which rule chose it; with the memory back, B's next wake serves."""
+    inv = inventory_variant(testbed, tmp_path, lambda t: t + '\n[on_demand]\nrule = "lru"\n')
+    for args in (("--profile", OD_A, "--node", HEAD), ("--profile", OD_B, "--node", HEAD, "--beside")):
+        res = sc("up", *args, env=env, inventory=inv, timeout=900)
+        assert res.returncode == 0 and "on standby" in res.stdout, res.stdout + res.stderr
+    gw = sc("gateway", "up", env=env, inventory=inv, timeout=300)
+    assert gw.returncode == 0, gw.stdout + gw.stderr
+    a_key, b_key = f"{OD_A}@{HEAD}", f"{OD_B}@{HEAD}"
+    assert wait_for(lambda: chat(OD_A_MODEL).status_code == 200, 300, step=2), routes()
+
+    meminfo = testbed.sh(HEAD, f"docker exec {BESIDE_C} cat /proc/meminfo").stdout
+    total_kib = int(next(x for x in meminfo.splitlines() if x.startswith("MemTotal:")).split()[1])
+    testbed.set_meminfo(HEAD, BESIDE_C, int(0.2 * total_kib))  # B's share, without the floor
+    try:
+        assert chat(OD_B_MODEL).status_code == 503
+        assert wait_for(lambda: "refused" in routes()[b_key]["reason"], 30, step=0.5), routes()
+        said = chat(OD_B_MODEL).json()["error"]["message"]
+        assert f"an idle deployment yields (rule lru: {a_key} is the least recently used" in said, said
+        assert wait_for(lambda: "on standby" in routes()[a_key]["reason"], 60, step=0.5), routes()
+        journal = testbed.sh(HEAD, f"docker exec {HEAD_C} cat /var/log/sparkcluster/journal.jsonl").stdout
+        assert "yielded: stopped for another deployment" in journal
+    finally:
+        testbed.set_meminfo(HEAD, BESIDE_C, None)
+    assert wait_for(lambda: chat(OD_B_MODEL).status_code == 200, 300, step=2), routes()
