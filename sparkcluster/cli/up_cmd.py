@@ -185,7 +185,7 @@ def up(
     if smoke:
         from sparkcluster.deployment.deployments import target  # only `up --smoke` needs it
 
-        _smoke(target(inv, prof, node), prof, secrets, err)
+        _smoke(target(inv, prof, node).at_slot(result.slot), prof, secrets, err)  # its own container and port
 
 
 def _smoke(inv, prof, secrets: dict[str, str], err: Console) -> None:

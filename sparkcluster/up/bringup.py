@@ -58,6 +58,7 @@ class UpSummary:
     model: str
     pid: int | None
     seconds: dict[str, float]
+    slot: int = 0  # the deployment's slot on its nodes (issue 60): its container names and ports
 
 
 def run(
@@ -282,7 +283,7 @@ def _run_locked(
     if plan.unchanged:
         port = prof.serve.port or inv.cluster.api_port
         remember_good(inv, prof, report.facts, report.facts[inv.head.name].image_id or "", "", cluster, unchanged=True)
-        return UpSummary(True, _endpoint(cluster, inv, port), prof.served_model_name, old.pid, {})
+        return UpSummary(True, _endpoint(cluster, inv, port), prof.served_model_name, old.pid, {}, inv.slot)
     r = UpRun(cluster, plan, report.facts, secrets, progress, reach=dict(reach or cluster.hosts))
     try:
         execute(r)
@@ -320,6 +321,7 @@ def _run_locked(
         plan.serve.model,
         rec.pid if (rec := r.find(server.Record)) else None,  # None: on standby (on demand)
         r.seconds,
+        inv.slot,
     )
 
 
