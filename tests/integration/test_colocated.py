@@ -150,8 +150,15 @@ def test_an_idle_model_yields_to_a_woken_one_by_the_inventorys_rule(testbed, sc,
     try:
         assert chat(OD_B_MODEL).status_code == 503
         assert wait_for(lambda: "refused" in routes()[b_key]["reason"], 30, step=0.5), routes()
-        said = chat(OD_B_MODEL).json()["error"]["message"]
-        assert f"an idle deployment yields (rule lru: {a_key} is the least recently used" in said, said
+        # the next wake (at most one per gateway look) finds the refusal and asks A to yield
+        told = f"an idle deployment yields (rule lru: {a_key} is the least recently used"
+        said: list[str] = []
+
+        def yield_told() -> bool:
+            said.append(chat(OD_B_MODEL).text)
+            return told in said[-1]
+
+        assert wait_for(yield_told, 30, step=1), said[-1:]
         assert wait_for(lambda: "on standby" in routes()[a_key]["reason"], 60, step=0.5), routes()
         journal = testbed.sh(HEAD, f"docker exec {HEAD_C} cat /var/log/sparkcluster/journal.jsonl").stdout
         assert "yielded: stopped for another deployment" in journal
