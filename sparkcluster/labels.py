@@ -8,11 +8,27 @@ NODES_LABEL = f"{LABEL_PREFIX}.nodes"  # the deployment's node set, comma-separa
 CONFIG_LABEL = f"{LABEL_PREFIX}.config-hash"  # hash of everything that shaped the container
 EXECUTOR_LABEL = f"{LABEL_PREFIX}.executor"  # "ray" or "mp": how the deployment's ranks span its nodes
 PORT_LABEL = f"{LABEL_PREFIX}.port"  # the gateway's port on its node
+# the deployment's slot on its nodes (issue 60): several deployments share a node, each with its own
+# container names and port block. Slot 0 (no label: what every container made before issue 60 is)
+# keeps the names and ports sparkcluster always used, so an upgrade recreates nothing.
+SLOT_LABEL = f"{LABEL_PREFIX}.slot"
+# the deployment's engine's gpu_memory_utilization (a fraction of MemTotal): what it holds of each of
+# its nodes' memory when another deployment asks to start beside it (issue 60's admission)
+MEMORY_LABEL = f"{LABEL_PREFIX}.memory-fraction"
 GATEWAY_ROLE = "gateway"  # ROLE_LABEL of the gateway's container: no deployment, kept by `down --node`
 
 
-def container_name(cluster: str, role: str, node: str) -> str:
-    return f"sparkcluster-{cluster}-{role}-{node}" if role == "worker" else f"sparkcluster-{cluster}-head"
+def container_name(cluster: str, role: str, node: str, slot: int = 0) -> str:
+    """A deployment's container on `node`: slot 0's names are those of before issue 60; a later slot's
+    carry `d<slot>` so that two deployments on one node never share a name."""
+    base = f"sparkcluster-{cluster}" + (f"-d{slot}" if slot else "")
+    return f"{base}-{role}-{node}" if role == "worker" else f"{base}-head"
+
+
+def slot_of(labels: dict | None) -> int:
+    """A container's deployment slot: its label, 0 where it has none (made before issue 60)."""
+    v = (labels or {}).get(SLOT_LABEL, "0")
+    return int(v) if str(v).isdigit() else 0
 
 
 # monitoring's containers (sparkcluster/monitor): their own label, so that `down` (which removes what

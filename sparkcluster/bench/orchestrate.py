@@ -56,7 +56,7 @@ from sparkcluster.bench.sweep import (
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.flags import engine_host
 from sparkcluster.config.secrets import load_secrets
-from sparkcluster.deployment import canary_watch, endpoint, engine_ranks, known_good
+from sparkcluster.deployment import canary_watch, deployments, endpoint, engine_ranks, known_good
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.fabric import engine_nccl
 
@@ -242,6 +242,16 @@ def requested_levels(req: Request) -> list[Level]:
 Progress = Callable[[Level, int, int], None]
 
 
+def _slot_of_profile(cluster, inv, wanted):
+    """The inventory at the slot where `wanted` runs on the head beside other deployments (issue 60),
+    so that its own container and port are measured; the inventory as it is otherwise."""
+    if wanted is None:
+        return inv
+    found, _ = deployments.on(cluster, inv)
+    slots = [d.slot for d in found if d.profile == wanted.name and inv.head.name in d.nodes and d.slot]
+    return inv.at_slot(slots[0]) if slots else inv
+
+
 def run(
     inv,
     req: Request,
@@ -264,6 +274,7 @@ def run(
     started = datetime.now(UTC)
     cluster = connect(inv)
     with cluster:
+        inv = _slot_of_profile(cluster, inv, wanted)
         head = head_for(cluster, inv)
         rec, info = head.serving()
         if wanted is not None and rec.profile != wanted.name:

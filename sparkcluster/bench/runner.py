@@ -466,7 +466,7 @@ def connect(inv):
 
 
 def head_for(cluster, inv) -> Head:
-    return Head(cluster.hosts[inv.head.name], container_name(inv.cluster.name, "head", inv.head.name))
+    return Head(cluster.hosts[inv.head.name], container_name(inv.cluster.name, "head", inv.head.name, inv.slot))
 
 
 def check_endpoint(address: str, target: Target, port: int, secrets: dict[str, str]) -> None:

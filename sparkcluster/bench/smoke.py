@@ -53,7 +53,7 @@ def smoke(
 
 def smoke_after_up(host, inv, prof, secrets: dict[str, str]) -> tuple[float | None, float | None, str]:
     """`up --smoke` in one call: host is the connected head (ssh.Host) `up` already holds."""
-    head = Head(host, container_name(inv.cluster.name, "head", inv.head.name))
+    head = Head(host, container_name(inv.cluster.name, "head", inv.head.name, inv.slot))
     target = target_for(prof, inv.cluster.api_port, bind=engine_host(inv, prof))
     return smoke(head, target, secrets, prof.expected_decode_tok_s)
 

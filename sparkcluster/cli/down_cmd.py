@@ -75,10 +75,16 @@ def down(obj, purge_gcs: bool, purge_caches: bool, node: str | None, profile_nam
         ):
             outcomes = {}
             for d in chosen:  # each deployment by itself: its own head's server stopped first
-                sub = full.only(list(d.nodes))
-                outcomes.update(
-                    teardown.down(ConnectedHosts(sub, {n: h for n, h in cluster.hosts.items() if n in d.nodes}))
-                )
+                sub = d.inventory(full)
+                hosts = {n: h for n, h in cluster.hosts.items() if n in d.nodes}
+                # its own containers only: another deployment may share its nodes (issue 60)
+                for n, o in teardown.down(ConnectedHosts(sub, hosts), only_ids=d.ids or None).items():
+                    if n in outcomes:
+                        outcomes[n].removed += o.removed
+                        outcomes[n].errors += o.errors
+                        outcomes[n].server = outcomes[n].server or o.server
+                    else:
+                        outcomes[n] = o
             if everything:  # and whatever else carries our label (a killed run's leftovers)
                 for n, o in teardown.down(
                     ConnectedHosts(inv, cluster.hosts), purge_gcs=purge_gcs, gateway=True

@@ -14,7 +14,7 @@ from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.deployment import failed_serve, supervision
 from sparkcluster.errors import InputError
-from sparkcluster.labels import container_name
+from sparkcluster.labels import CLUSTER_LABEL, PROFILE_LABEL, ROLE_LABEL, container_name, is_gateway
 from sparkcluster.monitor import alerting
 from sparkcluster.remote.fanout import ConnectedHosts
 
@@ -30,31 +30,46 @@ from sparkcluster.remote.fanout import ConnectedHosts
     default=None,
     help="The deployment's head node (a one-node deployment's node); default: the inventory's head.",
 )
+@click.option(
+    "--profile",
+    "-p",
+    "profile_name",
+    default=None,
+    help="Only the journal of this profile's deployment (where several share the head node).",
+)
 @click.pass_obj
-def events(obj, follow: bool, last: int, as_json: bool, node: str | None) -> None:
+def events(obj, follow: bool, last: int, as_json: bool, node: str | None, profile_name: str | None) -> None:
     """The supervisor's journal on the head: what it saw and what it did."""
     inv = obj.inventory()
     head = inv.node(node) if node else inv.head
     host = ConnectedHosts.connect(inv, [head]).hosts[head.name]
-    name = container_name(inv.cluster.name, "head", head.name)
     api = host.docker().api
-    try:
-        api.inspect_container(name)
-    except docker.errors.NotFound:
+    # each deployment headed here has its own supervisor and journal (issue 60): all of them, each
+    # entry marked with its profile where there are several, or the one of --profile
+    heads = journals(api, inv.cluster.name, head.name, profile_name)
+    if not heads:
         kept = failed_serve.newest()
+        what = f"of profile '{profile_name}'" if profile_name else container_name(inv.cluster.name, "head", head.name)
         raise InputError(
-            f"no head container {name} on {head.name}: nothing has been started there"
+            f"no head container {what} on {head.name}: nothing has been started there"
             + (f"; the last failed start's logs are kept in {kept}" if kept else ""),
-            "sparkcluster up --profile NAME",
+            f"sparkcluster up --profile {profile_name or 'NAME'}",
         ) from None
+    several = len(heads) > 1
 
     def show(entries: list[dict]) -> None:
         for e in entries:
-            click.echo(redact.mask(json.dumps(e) if as_json else supervision.format_entry(e)))
+            text = json.dumps(e) if as_json else supervision.format_entry(e)
+            if several and not as_json and e.get("deployment"):
+                text = f"[{e['deployment']}] {text}"
+            click.echo(redact.mask(text))
 
     def read() -> list[dict]:
         # with monitoring (sparkcluster monitor up) the alerts Alertmanager holds come in among them
-        return sorted(supervision.journal(api, name) + alerting.alerts(api, inv), key=lambda e: e.get("ts", 0))
+        got = [
+            {**e, "deployment": prof} if several else e for name, prof in heads for e in supervision.journal(api, name)
+        ]
+        return sorted(got + alerting.alerts(api, inv), key=lambda e: e.get("ts", 0))
 
     entries = read()
     show(entries[-last:] if last else entries)
@@ -70,3 +85,27 @@ def events(obj, follow: bool, last: int, as_json: bool, node: str | None) -> Non
         pass
     finally:
         host.close()
+
+
+def journals(api, cluster: str, node: str, profile: str | None) -> list[tuple[str, str]]:
+    """(container, profile) of each deployment's head container on the node (of `profile` alone when
+    given), found by label; where none carries the labels, the first slot's name as before issue 60."""
+    try:
+        listed = api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={cluster}"})
+    except docker.errors.APIError:
+        listed = []
+    out = []
+    for c in listed:
+        labels = c.get("Labels") or {}
+        if labels.get(ROLE_LABEL) != "head" or is_gateway(labels):
+            continue
+        if profile is None or labels.get(PROFILE_LABEL) == profile:
+            out.append(((c.get("Names") or ["?"])[0].lstrip("/"), labels.get(PROFILE_LABEL, "?")))
+    if out or profile is not None:
+        return sorted(out)
+    name = container_name(cluster, "head", node)
+    try:
+        api.inspect_container(name)
+    except docker.errors.NotFound:
+        return []
+    return [(name, "")]

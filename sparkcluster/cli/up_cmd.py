@@ -101,6 +101,12 @@ def run_up(*args, **kwargs):
 )
 @click.option("--replace", is_flag=True, help="Replace what serves another profile on the nodes this run needs.")
 @click.option(
+    "--beside",
+    is_flag=True,
+    help="Start beside what serves on the nodes this run needs, with its own containers and ports, "
+    "when every node's memory holds all of them plus the floor.",
+)
+@click.option(
     "--smoke",
     is_flag=True,
     help="Once serving: a short single-stream measurement, compared with the "
@@ -116,6 +122,7 @@ def up(
     as_json: bool,
     node: tuple[str, ...],
     replace: bool,
+    beside: bool,
     smoke: bool,
 ) -> None:
     """Build, distribute, start the containers on every node and serve the profile's model.
@@ -126,6 +133,8 @@ def up(
         raise click.UsageError("--json goes with --dry-run (a real up logs its steps with --log-format json)")
     if offline and not dry_run:
         raise click.UsageError("--offline goes with --dry-run (a real up needs the nodes)")
+    if replace and beside:
+        raise click.UsageError("--replace takes the others down, --beside keeps them: choose one")
     inv = obj.inventory()
     prof = profile_or_usage(inv, profile_name)
     check_dockerfile(prof)  # before any connection: the image's Dockerfile is in this install
@@ -139,6 +148,7 @@ def up(
         dry_run=dry_run,
         offline=offline,
         replace=replace,
+        beside=beside,
         node=node,
         command=f"up --profile {prof.name}" + deployments.node_flags(node),
     )
@@ -175,7 +185,7 @@ def up(
     if smoke:
         from sparkcluster.deployment.deployments import target  # only `up --smoke` needs it
 
-        _smoke(target(inv, prof, node), prof, secrets, err)
+        _smoke(target(inv, prof, node).at_slot(result.slot), prof, secrets, err)  # its own container and port
 
 
 def _smoke(inv, prof, secrets: dict[str, str], err: Console) -> None:

@@ -152,15 +152,30 @@ class MonitorSettings(_Strict):
     node_exporter_port: int = Field(default=9100, ge=1, le=65535)
 
 
+class OnDemandRule(_Strict):
+    """`[on_demand]`: which idle deployment yields its memory when a woken one does not fit beside it
+    (issue 60). The gateway, which sees every request, chooses among the on-demand deployments in
+    rotation on the woken one's nodes with no request in flight: "lru" the least recently asked,
+    "priority" the lowest `priority` below the woken one's (ties: the least recently asked); a
+    deployment in `pinned` never yields. "never" (the default): a wake that does not fit is refused,
+    naming who holds the memory, and nothing is stopped."""
+
+    rule: Literal["never", "lru", "priority"] = "never"
+    priority: dict[str, int] = Field(default_factory=dict)  # profile -> priority (unlisted: 0)
+    pinned: list[str] = Field(default_factory=list)  # profiles that never yield
+
+
 class Inventory(_Strict):
     cluster: ClusterSettings
     nodes: list[Node] = Field(min_length=1, max_length=MAX_NODES)  # one Spark is a cluster too (seed 000)
     fabric: FabricFigures = Field(default_factory=FabricFigures)
     monitor: MonitorSettings = Field(default_factory=MonitorSettings)
+    on_demand: OnDemandRule = Field(default_factory=OnDemandRule)
     path: Path | None = Field(default=None, exclude=True)
     # node -> the SSH user's home there, learnt from the facts (shared with the copies `only` makes)
     _homes: dict[str, str] = PrivateAttr(default_factory=dict)
     _owners: dict[str, str] = PrivateAttr(default_factory=dict)  # node -> the SSH user's "uid:gid"
+    _slot: int = PrivateAttr(default=0)  # the deployment's slot on its nodes (issue 60): `at_slot`
 
     @model_validator(mode="after")
     def _shape(self) -> Inventory:
@@ -204,6 +219,42 @@ class Inventory(_Strict):
             ) from None
         cluster = self.cluster.model_copy(update={"topology": kind}) if self.cluster.topology else self.cluster
         return self.model_copy(update={"nodes": chosen, "cluster": cluster})
+
+    @property
+    def slot(self) -> int:
+        """The slot of the deployment this inventory describes (0: the nodes' first, today's names
+        and ports)."""
+        return self._slot
+
+    def at_slot(self, slot: int) -> Inventory:
+        """The inventory of a deployment in `slot` on its nodes (issue 60): the cluster's ports moved
+        by the slot's block (`port_block`), so that every reader of api_port, ray_port, master_port
+        and agent_port gets the deployment's own; slot 0 is this inventory itself."""
+        if slot == self._slot:
+            return self
+        if self._slot:
+            raise ValueError("at_slot is taken from the slot-0 inventory")
+        block = port_block(slot, self.cluster)
+        cluster = self.cluster.model_copy(
+            update={k: block[k] for k in ("api_port", "ray_port", "master_port", "agent_port")}
+        )
+        out = self.model_copy(update={"cluster": cluster})
+        out._slot = slot
+        return out
+
+    def ray_ports(self) -> dict[str, int]:
+        """Ray's ports of this deployment beyond the GCS's (`port_block`'s), as `ray start` flags
+        name them; {} in slot 0 (Ray's defaults: the flags of before issue 60)."""
+        if not self._slot:
+            return {}
+        b = port_block(self._slot, self.cluster)
+        return {
+            "dashboard-port": b["dashboard_port"],
+            "ray-client-server-port": b["client_server_port"],
+            "dashboard-agent-listen-port": b["dashboard_agent_port"],
+            "min-worker-port": b["min_worker_port"],
+            "max-worker-port": b["max_worker_port"],
+        }
 
     @property
     def head(self) -> Node:
@@ -270,6 +321,45 @@ class Inventory(_Strict):
         if not p.is_absolute() and self.path is not None:
             p = self.path.parent / p
         return p
+
+
+# A deployment's port block (issue 60): several deployments on one node (host networking) each need
+# their own API, Ray GCS, Ray dashboard, Ray client server, dashboard agent, worker-port range, mp
+# rendezvous and agent report ports. Slot 0 keeps the inventory's ports and Ray's own defaults (what
+# every deployment used before, so an upgrade of sparkcluster recreates nothing); slot k moves each
+# by k x SLOT_STRIDE and gives Ray's workers a range of their own above Ray's default one. Ray's
+# defaults and flags: docs.ray.io/en/latest/cluster/cli.html (`ray start`: --port 6379,
+# --dashboard-port 8265, --ray-client-server-port 10001, --dashboard-agent-listen-port 52365,
+# --min-worker-port/--max-worker-port; the default worker range is 10002-19999).
+SLOT_STRIDE = 10
+MAX_SLOTS = 8  # deployments on one node: far more than a Spark's memory holds engines
+RAY_DASHBOARD_PORT = 8265
+RAY_CLIENT_SERVER_PORT = 10001
+RAY_DASHBOARD_AGENT_PORT = 52365
+WORKER_RANGE_START = 20000  # slot k's block: 20000 + (k-1) x 1000 .. + 999, clear of Ray's default worker range
+WORKER_RANGE_SIZE = 1000
+
+
+def port_block(slot: int, c: ClusterSettings) -> dict[str, int | None]:
+    """The ports of the deployment in `slot`. `c` is the slot-0 inventory's cluster settings: the
+    four ports it names moved by slot x SLOT_STRIDE; Ray's dashboard moved the same way; Ray's
+    client server, dashboard agent and workers in a block of WORKER_RANGE_SIZE ports of the slot's
+    own, clear of Ray's default worker range. Slot 0: Ray's defaults, and no worker range (None)."""
+    if not 0 <= slot < MAX_SLOTS:
+        raise ValueError(f"slot {slot} outside 0..{MAX_SLOTS - 1}")
+    d = slot * SLOT_STRIDE
+    first = WORKER_RANGE_START + (slot - 1) * WORKER_RANGE_SIZE if slot else None
+    return {
+        "api_port": c.api_port + d,
+        "ray_port": c.ray_port + d,
+        "master_port": c.master_port + d,
+        "agent_port": c.agent_port + d,
+        "dashboard_port": RAY_DASHBOARD_PORT + d,
+        "client_server_port": first if first else RAY_CLIENT_SERVER_PORT,
+        "dashboard_agent_port": first + 1 if first else RAY_DASHBOARD_AGENT_PORT,
+        "min_worker_port": first + 10 if first else None,
+        "max_worker_port": first + WORKER_RANGE_SIZE - 1 if first else None,
+    }
 
 
 def default_path() -> Path:

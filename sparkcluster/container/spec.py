@@ -22,9 +22,11 @@ from sparkcluster.labels import (
     CLUSTER_LABEL,
     CONFIG_LABEL,
     EXECUTOR_LABEL,
+    MEMORY_LABEL,
     NODES_LABEL,
     PROFILE_LABEL,
     ROLE_LABEL,
+    SLOT_LABEL,
     container_name,
 )
 from sparkcluster.node import contract
@@ -75,9 +77,14 @@ def ray_start_argv(inv: Inventory, node: Node) -> list[str]:
     """`ray start` for the container's foreground process. --num-gpus is explicit: Ray's own GPU
     detection is not what decides how many ranks a Spark holds, the inventory is."""
     common = [f"--node-ip-address={node.control_ip}", f"--num-gpus={node.gpus}", "--disable-usage-stats", "--block"]
+    # a later slot's deployment (issue 60) shares the node with others: Ray's every fixed port moved
+    # to its block (a head's dashboard and client server; every node's agent and workers)
+    ports = inv.ray_ports()
+    head_only = ("dashboard-port", "ray-client-server-port")
+    own = [f"--{k}={v}" for k, v in ports.items() if node.role == "head" or k not in head_only]
     if node.role == "head":
-        return ["ray", "start", "--head", f"--port={inv.cluster.ray_port}", "--dashboard-host=127.0.0.1", *common]
-    return ["ray", "start", f"--address={inv.head.control_ip}:{inv.cluster.ray_port}", *common]
+        return ["ray", "start", "--head", f"--port={inv.cluster.ray_port}", "--dashboard-host=127.0.0.1", *own, *common]
+    return ["ray", "start", f"--address={inv.head.control_ip}:{inv.cluster.ray_port}", *own, *common]
 
 
 @dataclass(frozen=True)
@@ -215,7 +222,7 @@ def spec_for(
     return ContainerSpec(
         node=node.name,
         role=node.role,
-        name=container_name(inv.cluster.name, node.role, node.name),
+        name=container_name(inv.cluster.name, node.role, node.name, inv.slot),
         image=image,
         command=ray_start_argv(inv, node) if uses_ray(inv, prof) else [],
         # the cache is mounted at the same path; HF_HOME makes every rank look there (weights, token)
@@ -230,6 +237,8 @@ def spec_for(
             PROFILE_LABEL: prof.name,
             NODES_LABEL: ",".join(n.name for n in inv.nodes),
             EXECUTOR_LABEL: prof.executor,
+            **({SLOT_LABEL: str(inv.slot)} if inv.slot else {}),
+            MEMORY_LABEL: f"{prof.serve.gpu_memory_utilization:g}",
         },
         shm_size=prof.shm_size,
         binds={inv.hf_cache(node.name): inv.hf_cache(node.name), **(compile_cache.binds(cache) if keyed else {})},
@@ -272,7 +281,7 @@ def agent_config(inv: Inventory, node: Node, ray: bool = True, executor: str = "
         "ray_argv": ray_start_argv(inv, node) if ray else [],
         "report_ip": str(node.control_ip),
         "report_port": inv.cluster.agent_port,
-        "state_api": contract.STATE_API_URL,
+        "state_api": contract.state_api_url(inv.ray_ports().get("dashboard-port", contract.DASHBOARD_PORT)),
         "nodes": [{"name": n.name, "ip": str(n.control_ip), "gpus": n.gpus} for n in inv.nodes],
         "peers": [{"name": n.name, "ip": str(n.control_ip)} for n in inv.nodes if n.name != node.name],
     }

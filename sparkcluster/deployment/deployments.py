@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sparkcluster import log
-from sparkcluster.config.inventory import Inventory
+from sparkcluster.config.inventory import MAX_SLOTS, Inventory
 from sparkcluster.errors import InputError
 from sparkcluster.facts.parsers import ContainerInspect
-from sparkcluster.labels import CLUSTER_LABEL, NODES_LABEL, PROFILE_LABEL, is_gateway
+from sparkcluster.labels import CLUSTER_LABEL, MEMORY_LABEL, NODES_LABEL, PROFILE_LABEL, is_gateway, slot_of
 
 _log = log.get(__name__)
 
@@ -22,10 +22,17 @@ class Deployment:
     profile: str
     nodes: tuple[str, ...]
     containers: dict[str, list[str]] = field(default_factory=dict)  # node -> container names
+    slot: int = 0  # its slot on its nodes (issue 60): its container names and port block
+    ids: dict[str, set[str]] = field(default_factory=dict)  # node -> container IDs (what `down` removes)
+    fraction: float | None = None  # its engine's gpu_memory_utilization (the memory label), None: unlabelled
 
     @property
     def key(self) -> str:
         return f"{self.profile}@{'+'.join(self.nodes)}"
+
+    def inventory(self, full: Inventory) -> Inventory:
+        """The deployment's own inventory: its nodes, at its slot (its ports)."""
+        return full.only(list(self.nodes)).at_slot(self.slot)
 
     def describe(self) -> str:
         return f"'{self.profile}' on {', '.join(self.nodes)}"
@@ -66,14 +73,21 @@ def group(inv: Inventory, containers_by_node: dict[str, list[dict | ContainerIns
     for n in inv.nodes:
         for c in containers_by_node.get(n.name, []):
             name, labels = (c.name or "?", c.labels) if isinstance(c, ContainerInspect) else _listed(c)
+            cid = (c.id if isinstance(c, ContainerInspect) else c.get("Id")) or name
             if labels.get(CLUSTER_LABEL) != inv.cluster.name or is_gateway(labels):
                 continue  # the gateway (issue 36) serves no model of its own: it is no deployment
             prof = labels.get(PROFILE_LABEL, "?")
             nodes = tuple(x for x in (labels.get(NODES_LABEL) or "").split(",") if x)
             if not nodes:
                 nodes = tuple(m.name for m in inv.nodes)
-            d = found.setdefault((prof, nodes), Deployment(prof, nodes))
+            slot = slot_of(labels)
+            d = found.setdefault((prof, nodes, slot), Deployment(prof, nodes, slot=slot))
             d.containers.setdefault(n.name, []).append(name)
+            d.ids.setdefault(n.name, set()).add(cid)
+            try:
+                d.fraction = float(labels[MEMORY_LABEL]) if MEMORY_LABEL in labels else d.fraction
+            except ValueError:
+                pass
     return list(found.values())
 
 
@@ -100,3 +114,37 @@ def conflicts(found: list[Deployment], sub: Inventory, prof_name: str) -> list[D
 
 def select(found: list[Deployment], node: str | None, profile: str | None) -> list[Deployment]:
     return [d for d in found if (node is None or node in d.nodes) and (profile is None or d.profile == profile)]
+
+
+def free_slot(found: list[Deployment], nodes: tuple[str, ...]) -> int:
+    """The lowest slot no deployment sharing one of `nodes` holds (issue 60): slot 0 first, so that
+    a node's only deployment keeps the names and ports of before."""
+    taken = {d.slot for d in found if set(d.nodes) & set(nodes)}
+    for slot in range(MAX_SLOTS):
+        if slot not in taken:
+            return slot
+    raise InputError(
+        f"{len(taken)} deployments already share {', '.join(nodes)}: no slot is left for another",
+        "sparkcluster down --profile NAME for one of them (sparkcluster status lists them)",
+    )
+
+
+def slot_for(found: list[Deployment], nodes: tuple[str, ...], profile: str) -> int:
+    """This deployment's slot: the one it holds where it runs already, else the lowest free one."""
+    for d in found:
+        if (d.profile, d.nodes) == (profile, nodes):
+            return d.slot
+    return free_slot(found, nodes)
+
+
+def share(d: Deployment) -> float | None:
+    """A deployment's memory share: its label, else its profile's gpu_memory_utilization where this
+    machine has the profile (a container made before the label), else None (unknown)."""
+    if d.fraction is not None:
+        return d.fraction
+    from sparkcluster.config import profile as profiles  # only for a container made before the memory label
+
+    try:
+        return profiles.load_profile(d.profile).serve.gpu_memory_utilization
+    except Exception:  # a profile not on this machine, or no longer valid: its share is unknown
+        return None

@@ -7,14 +7,15 @@ from dataclasses import dataclass
 
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.node import readings
-from sparkcluster.node.contract import STATE_API_URL
+from sparkcluster.node.contract import DASHBOARD_PORT, state_api_url
 
 
-def state_api_command() -> str:
+def state_api_command(inv: Inventory | None = None) -> str:
     """Shell on the head host: the state API's answer. curl, never through an owner's proxy; Python
     only where the host has no curl (not after a curl that found nothing listening: every worker
     asks, and a Python start costs 50-100 ms there)."""
-    url = shlex.quote(STATE_API_URL)
+    port = inv.ray_ports().get("dashboard-port", DASHBOARD_PORT) if inv is not None else DASHBOARD_PORT
+    url = shlex.quote(state_api_url(port))  # the deployment's own dashboard (issue 60: one per slot)
     return (
         f"if command -v curl >/dev/null; then curl -s --noproxy '*' -m 2 {url}; else python3 -c "
         "'import sys,urllib.request; urllib.request.install_opener(urllib.request.build_opener("

@@ -193,8 +193,14 @@ def down(
     segments = _segments_in_use(cluster, name, only_ids)
     if head is not None:
         try:
-            heads = [c for c in ours(head, name) if c.get("Labels", {}).get(ROLE_LABEL) == "head"]
-            if heads and (only_ids is None or heads[0]["Id"] in only_ids.get(head.name, set())):
+            # the deployment's own head: several deployments may share the node (issue 60)
+            heads = [
+                c
+                for c in ours(head, name)
+                if c.get("Labels", {}).get(ROLE_LABEL) == "head"
+                and (only_ids is None or c["Id"] in only_ids.get(head.name, set()))
+            ]
+            if heads:
                 out[head.name].server = stop_server(head, heads[0]["Id"])
         except (SparkError, docker.errors.APIError) as e:  # keep going: the containers still have to go
             out[head.name].errors.append(f"stopping vllm serve: {e}")

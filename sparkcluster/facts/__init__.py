@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.errors import StageError, StepFailure
 from sparkcluster.facts import access, image_nccl, parsers, probes
-from sparkcluster.labels import CLUSTER_LABEL, is_gateway
+from sparkcluster.labels import CLUSTER_LABEL, is_gateway, slot_of
 from sparkcluster.movement.layers import ImageLayers
 from sparkcluster.remote.engine_api import EngineApi
 
@@ -41,6 +41,8 @@ class HostFacts:
     containers: list[parsers.Container] = field(default_factory=list)
     # docker inspect of sparkcluster's deployment containers (the gateway's is none: labels.is_gateway)
     ours: list[parsers.ContainerInspect] = field(default_factory=list)
+    # the other deployments' containers on the node (issue 60: another slot's), never this run's
+    beside: list[parsers.ContainerInspect] = field(default_factory=list)
     image_id: str | None = None
     image_ray: str | None = None  # `ray --version` output in the cluster image, if it runs
     image_ray_error: str = ""
@@ -206,6 +208,10 @@ def gather(
             [StepFailure(host.name, "gather facts", f"timed out after {timeout:g}s", "facts script", res.tail())],
         )
     got = parse(host.node, res.stdout, sent, received)
+    # several deployments on one node (issue 60): this run's are those of its slot; the others' are
+    # beside it (their memory and ports are theirs, never this run's to replace)
+    got.beside = [c for c in got.ours if slot_of(c.labels) != inv.slot]
+    got.ours = [c for c in got.ours if slot_of(c.labels) == inv.slot]
     if got.account and got.account.home:
         inv.set_home(host.node.name, got.account.home, got.account.owner)  # the HF cache's `~`, resolved on the node
     return got

@@ -28,6 +28,7 @@ from starlette.routing import Route as Path
 
 from . import auth, health, proxy
 from .figures import Metrics
+from .health import REFUSED_REASON
 from .routes import Table, Unavailable
 
 # vLLM 0.32 serves every one of these itself, Anthropic's two included: nothing is translated
@@ -64,6 +65,7 @@ class Gateway:
         self.client: httpx.AsyncClient | None = None  # the supervisor's looks, /v1/models, wakes
         self.relay = None  # the requests passed through (proxy.relay_session)
         self._wakes: set[asyncio.Task] = set()  # on demand: wakes in flight (kept, or the loop drops them)
+        self.yielding: dict[str, str] = {}  # woken deployment -> the rule's choice of who yields to it, in words
 
     # -- the supervisor's verdicts, and the config when it changes
     def _mtime(self) -> int | None:
@@ -100,6 +102,8 @@ class Gateway:
                     reason=v.reason,
                 )
             r.up, r.reason, r.retry_after, r.wakeable = v.up, v.reason, v.retry_after, v.wake
+            if v.up:
+                self.yielding.pop(r.key, None)  # it serves: what yielded to it is history
             for n in r.names:
                 self.metrics.route_up.labels(n, r.key).set(1 if v.up else 0)
 
@@ -136,10 +140,31 @@ class Gateway:
         picked = self.table.to_wake(model, now, self.poll_s)
         for r in picked:
             r.waking, r.woken_at = True, now
-            task = asyncio.get_running_loop().create_task(self._wake(r))
-            self._wakes.add(task)
-            task.add_done_callback(self._wakes.discard)
+            self._task(self._wake(r))
+            # its last start was refused for memory: an idle deployment on its nodes yields, by the
+            # owner's rule (the inventory's [on_demand]), so that the next wake fits (issue 60)
+            if r.reason.startswith(REFUSED_REASON) and (y := self.table.yielder(r, now, self.poll_s)) is not None:
+                y.route.yield_asked = now
+                self.yielding[r.key] = y.why
+                self._task(self._yield(y, r))
         return picked
+
+    def _task(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._wakes.add(task)
+        task.add_done_callback(self._wakes.discard)
+
+    async def _yield(self, y, woken) -> None:
+        """Ask the chosen deployment's head agent to stop its engine and go back on standby."""
+        v = y.route
+        try:
+            got = await self.client.post(
+                v.supervisor.rstrip("/") + "/yield", headers={"authorization": f"Bearer {v.wake_token}"}, timeout=3.0
+            )
+            outcome = str(got.status_code)
+        except httpx.HTTPError as e:
+            outcome = f"error: {type(e).__name__}"
+        health.event("asked to yield", deployment=v.key, to=woken.key, why=y.why, outcome=outcome)
 
     async def _wake(self, r) -> None:
         try:
@@ -162,6 +187,8 @@ class Gateway:
         if woken:
             said += f"; starting on demand ({', '.join(r.key for r in woken)}): retry after {picked.retry_after}s"
         for r in self.table.serving(model):
+            if r.key in self.yielding:
+                said += f"; to make room, an idle deployment yields ({self.yielding[r.key]})"
             near = self.table.neighbours(r) if r.wakeable else []
             if near:
                 said += f"; in rotation on {', '.join(r.nodes)}: " + ", ".join(
@@ -278,6 +305,7 @@ class Gateway:
                 )
                 self.metrics.requests.labels(model, endpoint, "503").inc()
                 return
+            picked.last_used = time.monotonic()  # on demand's "lru" rule (issue 60)
             await proxy.forward(
                 self.relay,
                 picked,

@@ -41,7 +41,8 @@ def wake_tokens(hosts: dict, inv, found, profiles: dict) -> dict[str, str]:
         head = inv.only(list(d.nodes)).head.name
         if head not in hosts:
             continue
-        token = server.read_wake_token(hosts[head].docker().api, container_name(inv.cluster.name, "head", head))
+        name = container_name(inv.cluster.name, "head", head, d.slot)
+        token = server.read_wake_token(hosts[head].docker().api, name)
         if token:
             out[d.key] = token
     return out

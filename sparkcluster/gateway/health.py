@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from ..node import contract
 
+REFUSED_REASON = "its last start was refused"  # the verdict of a start refused for memory (on demand)
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -67,7 +69,7 @@ def judge(report: dict | None, why_not: str = "") -> Verdict:
     if state == contract.STANDBY:
         return Verdict(False, "on standby: a request starts it on demand", 10, wake=True)
     if state == contract.REFUSED:
-        return Verdict(False, f"its last start was refused: {sup.get('refusal') or last}", 30, wake=True)
+        return Verdict(False, f"{REFUSED_REASON}: {sup.get('refusal') or last}", 30, wake=True)
     if state in (contract.LIMIT, contract.MEMORY, contract.FAILED):
         return Verdict(False, f"{state}{after}; sparkcluster up brings it back", 60)
     return Verdict(False, f"not serving ({state or 'no state'})", 30)

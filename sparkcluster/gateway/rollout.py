@@ -74,14 +74,15 @@ def upstreams(inv: Inventory, found, profiles: dict) -> list[Upstream]:
     out = []
     for d in found:
         prof = profiles[d.profile]
-        head = inv.only(list(d.nodes)).head
-        port = prof.serve.port or inv.cluster.api_port
+        sub = d.inventory(inv)  # its own port block where it shares its nodes (issue 60)
+        head = sub.head
+        port = prof.serve.port or sub.cluster.api_port
         out.append(
             Upstream(
                 d.key,
                 tuple(prof.served_names),
                 f"http://{head.control_ip}:{port}",
-                f"http://{head.control_ip}:{inv.cluster.agent_port}/",
+                f"http://{head.control_ip}:{sub.cluster.agent_port}/",
                 tuple(d.nodes),
                 prof.on_demand.enabled,
             )
@@ -142,6 +143,8 @@ class GatewayPlan:
                 for u in self.routes
             ],
             **({"held_until": dict(self.held)} if self.held else {}),
+            # on demand across deployments (issue 60): which idle one yields to a woken one that does not fit
+            **({"yield": self.inventory.on_demand.model_dump()} if self.inventory.on_demand.rule != "never" else {}),
         }
 
     def binds(self) -> dict[str, str]:

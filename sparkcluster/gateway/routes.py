@@ -32,6 +32,12 @@ class Route:
     woken_at: float = 0.0  # when the gateway last sent it a wake (monotonic): one wake per look
     waking: bool = False  # a wake in flight
     held_until: float = 0.0  # an upgrade holds it (time.time()): new requests wait, none is sent to it
+    last_used: float = 0.0  # when a request was last sent to it (monotonic): on demand's "lru" rule
+    yield_asked: float = 0.0  # when the gateway last asked it to yield (monotonic): one ask per look
+
+    @property
+    def profile(self) -> str:
+        return self.key.split("@", 1)[0]
 
     @classmethod
     def from_config(cls, d: dict) -> Route:
@@ -55,10 +61,20 @@ class Unavailable:
     held_until: float = 0.0  # the latest hold of a deployment serving the name: worth waiting for
 
 
+@dataclass(frozen=True)
+class Yielding:
+    """An idle deployment the owner's rule (the inventory's `[on_demand]`) chose to stop, so that a
+    woken one fits: which, and why, in words the refusal carries."""
+
+    route: Route
+    why: str
+
+
 @dataclass
 class Table:
     routes: list[Route] = field(default_factory=list)
     _turn: itertools.count = field(default_factory=itertools.count)
+    rule: dict = field(default_factory=dict)  # the inventory's [on_demand]: rule, priority, pinned
 
     @classmethod
     def from_config(cls, cfg: dict) -> Table:
@@ -71,7 +87,7 @@ class Table:
             until = held.get(r.key)
             if isinstance(until, (int, float)) and not isinstance(until, bool):
                 r.held_until = float(until)
-        return cls(routes)
+        return cls(routes, rule=dict(cfg.get("yield") or {}))
 
     def names(self) -> list[str]:
         """Every model name routed, in the order the deployments were given, each once."""
@@ -114,6 +130,34 @@ class Table:
         far as the gateway knows."""
         return [r for r in self.routes if r is not route and r.up and set(r.nodes) & set(route.nodes)]
 
+    def yielder(self, woken: Route, now: float, every_s: float) -> Yielding | None:
+        """Issue 60's on demand across deployments: the idle deployment that yields its memory to
+        `woken`, a start refused for memory, by the owner's rule; None when the rule is "never" or
+        none may. Only an on-demand deployment (it goes back to standby, its containers kept) in
+        rotation on one of `woken`'s nodes, with no request in flight, not pinned, and not asked in
+        the last `every_s`, ever yields."""
+        rule = self.rule.get("rule", "never")
+        if rule == "never":
+            return None
+        prio = self.rule.get("priority") or {}
+        pinned = set(self.rule.get("pinned") or ())
+        idle = [
+            r
+            for r in self.neighbours(woken)
+            if r.wake_token and r.in_flight == 0 and r.profile not in pinned and now - r.yield_asked >= every_s
+        ]
+        if rule == "priority":
+            mine = prio.get(woken.profile, 0)
+            idle = [r for r in idle if prio.get(r.profile, 0) < mine]
+            if not idle:
+                return None
+            r = min(idle, key=lambda r: (prio.get(r.profile, 0), r.last_used))
+            return Yielding(r, f"rule priority: {r.key} has priority {prio.get(r.profile, 0)}, {woken.key} {mine}")
+        if not idle:
+            return None
+        r = min(idle, key=lambda r: r.last_used)
+        return Yielding(r, f"rule lru: {r.key} is the least recently used of the idle deployments there")
+
     def adopt(self, new: Table) -> None:
         """A new config's routes, keeping what is known of the deployments that stay (their verdict
         and requests in flight), so a reload neither drops a route in rotation nor loses a count."""
@@ -123,4 +167,5 @@ class Table:
             if was is not None:
                 r.in_flight, r.up, r.reason, r.retry_after = was.in_flight, was.up, was.reason, was.retry_after
                 r.wakeable, r.woken_at, r.waking = was.wakeable, was.woken_at, was.waking
-        self.routes = new.routes
+                r.last_used, r.yield_asked = was.last_used, was.yield_asked
+        self.routes, self.rule = new.routes, new.rule

@@ -25,6 +25,7 @@ class Served:
     profile: str
     nodes: tuple[str, ...]
     port: int
+    slot: int = 0  # its slot on its nodes (issue 60): a later slot's agents report on its own port
 
     @property
     def key(self) -> str:
@@ -38,11 +39,13 @@ def served(inv: Inventory, found) -> list[Served]:
 
     out = []
     for d in found:
+        slot = getattr(d, "slot", 0)
+        api = inv.at_slot(slot).cluster.api_port  # its own port block where it shares its nodes (issue 60)
         try:
-            port = profiles.load_profile(d.profile).serve.port or inv.cluster.api_port
+            port = profiles.load_profile(d.profile).serve.port or api
         except InputError:
-            port = inv.cluster.api_port
-        out.append(Served(d.profile, tuple(d.nodes), port))
+            port = api
+        out.append(Served(d.profile, tuple(d.nodes), port, slot))
     return out
 
 
@@ -79,6 +82,19 @@ def targets(inv: Inventory, served: list[Served], gateways: dict[str, int] | Non
             )
             for n in inv.nodes
         ]
+    # a deployment in a later slot (issue 60) has agents of its own, on its own report port
+    for s in served:
+        if s.slot:
+            port = inv.at_slot(s.slot).cluster.agent_port
+            out += [
+                Target(
+                    AGENT_JOB,
+                    f"{n.control_ip}:{port}",
+                    {**base, "node": n.name, "role": n.role, "deployment": s.key, "slot": str(s.slot)},
+                )
+                for n in inv.nodes
+                if n.name in s.nodes
+            ]
     for s in served:
         head = next((n for n in inv.nodes if n.name in s.nodes and n.role == "head"), None) or inv.node(s.nodes[0])
         labels = {**base, "node": head.name, "deployment": s.key, "profile": s.profile}

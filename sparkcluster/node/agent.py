@@ -109,6 +109,7 @@ def main(config_path: str = CONFIG_PATH) -> int:
             lambda: report(cfg, ray, started, sup, keeper),
             Exporter(cfg, ray, sup, keeper).text,
             wake=sup.wake if sup is not None else None,  # on demand: the head's one input
+            yield_=sup.yield_ if sup is not None else None,  # ... and its stop for another (issue 60)
             status=lambda: container_status.read(head=sup is not None),  # what `status` reads here
         )
     except OSError as e:  # the head then judges this node's memory blind: say so, keep Ray and the server

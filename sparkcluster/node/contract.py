@@ -44,10 +44,18 @@ JOURNAL_KEEP = 2000  # lines kept when the journal is trimmed
 # leave a live node out; with each node's start (`detail`: NodeState's start_time_ms, the raylet's).
 # The limit is far above any cluster's live nodes and below Ray's own cap (10000,
 # RAY_MAX_LIMIT_FROM_API_SERVER). A DEAD node's row is read by its node_id (readings.ray_node_query).
-STATE_API_URL = (
-    "http://127.0.0.1:8265/api/v0/nodes"
-    "?filter_keys=state&filter_predicates=%3D&filter_values=ALIVE&detail=true&limit=1000"
-)
+DASHBOARD_PORT = 8265  # Ray's default dashboard port (`ray start --dashboard-port`); a later slot's moves
+
+
+def state_api_url(dashboard_port: int = DASHBOARD_PORT) -> str:
+    """The state API's live-nodes URL on a deployment's dashboard port (issue 60: one per slot)."""
+    return (
+        f"http://127.0.0.1:{int(dashboard_port)}/api/v0/nodes"
+        "?filter_keys=state&filter_predicates=%3D&filter_values=ALIVE&detail=true&limit=1000"
+    )
+
+
+STATE_API_URL = state_api_url()
 
 # supervisor states (status shows them verbatim)
 IDLE, WAITING, STARTING, SERVING, RESTARTING = "idle", "waiting for nodes", "starting", "serving", "restarting"

@@ -193,3 +193,34 @@ def same_size(totals: dict[str, int]) -> bool:
     """Whether every node's MemTotal is of one memory size (within SIZE_TOLERANCE of the largest)."""
     known = [t for t in totals.values() if t]
     return not known or min(known) >= (1 - SIZE_TOLERANCE) * max(known)
+
+
+@dataclass(frozen=True)
+class Held:
+    """A deployment's claim on one node's memory (issue 60): its engine's gpu_memory_utilization, a
+    fraction of MemTotal (vLLM's flag, see the top of this file). None: not known (a container
+    made before its label, of a profile not on this machine)."""
+
+    deployment: str
+    fraction: float | None
+
+
+def admit(total: int, held: list[Held], want: Held, floor: int) -> str | None:
+    """Several deployments on one node (issue 60): each engine takes its fraction of MemTotal when
+    it starts, so the node holds them all only when the fractions together, of MemTotal, leave the
+    floor. None when `want` is admitted beside `held`; else the refusal, naming who holds how much."""
+    unknown = [h.deployment for h in held if h.fraction is None]
+    shares = [(h.deployment, int(h.fraction * total)) for h in held if h.fraction is not None]
+    need = int((want.fraction or 0) * total)
+    taken = sum(n for _, n in shares)
+    who = ", ".join(f"{d} holds {gb(n)}" for d, n in shares)
+    if unknown:
+        who = ", ".join(x for x in (who, *(f"{d} holds an unknown share" for d in unknown)) if x)
+        return f"{want.deployment} needs {gb(need)} of MemTotal {gb(total)}; {who}: its share cannot be counted"
+    if taken + need + floor <= total:
+        return None
+    return (
+        f"{want.deployment} needs {gb(need)} (gpu_memory_utilization {want.fraction:g} x MemTotal {gb(total)}); "
+        f"{who}; with the floor of {gb(floor)} that is {gb(taken + need + floor)}: "
+        f"{gb(taken + need + floor - total)} short"
+    )

@@ -48,12 +48,14 @@ def peer_memory(ip: str, port: int, timeout: float = 1.0, seen: dict | None = No
     return value, ""
 
 
-def serve_reports(address: str, port: int, report, metrics=None, wake=None, status=None) -> None:
+def serve_reports(address: str, port: int, report, metrics=None, wake=None, status=None, yield_=None) -> None:
     """`/` the report (JSON), `/metrics` the text `metrics()` returns (Prometheus' format). With
     `wake` (the head of an on-demand deployment), `POST /wake` is its one input: `wake(token)` with
     the bearer token presented gets (HTTP status, JSON document); no body is read. With `status`,
     `/status` is the text `status()` returns (node/container_status), answered only to a caller on
-    this node (from `address` itself): it carries the journal's last lines, which are no peer's."""
+    this node (from `address` itself): it carries the journal's last lines, which are no peer's.
+    With `yield_`, `POST /yield` (the same token) asks a serving engine on demand to stop and go back
+    on standby, so that another deployment on its nodes fits (issue 60: the gateway's rule chose it)."""
 
     class Handler(BaseHTTPRequestHandler):
         def _answer(self, code: int, body: bytes, kind: str) -> None:
@@ -76,11 +78,12 @@ def serve_reports(address: str, port: int, report, metrics=None, wake=None, stat
                 self._answer(200, json.dumps(report()).encode(), "application/json")
 
         def do_POST(self):  # noqa: N802
-            if wake is None or self.path.split("?")[0] != "/wake":
+            act = {"/wake": wake, "/yield": yield_}.get(self.path.split("?")[0])
+            if act is None:
                 self._answer(404, b'{"error": "not found"}', "application/json")
                 return
             scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
-            code, doc = wake(token.strip() if scheme.lower() == "bearer" else "")
+            code, doc = act(token.strip() if scheme.lower() == "bearer" else "")
             self._answer(code, json.dumps(doc).encode(), "application/json")
 
         def log_message(self, *args):  # one line per poll would drown the container's log

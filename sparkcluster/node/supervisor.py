@@ -178,6 +178,7 @@ class Supervisor:
         # on demand: a wake asked for a start (set from the report server's thread), whether an
         # engine is wanted now (from a wake's admitted start until the idle TTL), the last refusal
         self.woken = threading.Event()
+        self.yielding = threading.Event()  # the gateway asked this engine to yield (issue 60)
         self.wanted = False
         self.refusal = ""
         self.held: dict[str, dict] = {}  # node -> what holds its memory (readings.held), as last read
@@ -271,6 +272,26 @@ class Supervisor:
         status, answer). Only with the deployment's wake token, compared in constant time; only for
         a server on demand. It sets a flag the next tick acts on: a wake while the engine starts or
         serves is a no-op, so many wakes start it once."""
+        code, doc = self.wake_token_ok(token)
+        if code != 202:
+            return code, doc
+        self.woken.set()
+        return 202, {"state": self.state}
+
+    def yield_(self, token: str) -> tuple[int, dict]:
+        """The gateway asks this engine on demand to stop for another deployment on its nodes (the
+        report server's `POST /yield`, another thread; issue 60): (HTTP status, answer). The same
+        token as a wake; only for a server on demand. The next tick stops an engine that serves and
+        has no request running (`yield_stop`); one starting or busy keeps on."""
+        code, doc = self.wake_token_ok(token)
+        if code != 202:
+            return code, doc
+        if self.proc is None:  # nothing runs, nothing is held: nothing to yield (never a later start's)
+            return 409, {"error": "no engine runs here", "state": self.state}
+        self.yielding.set()
+        return 202, {"state": self.state}
+
+    def wake_token_ok(self, token: str) -> tuple[int, dict]:
         try:
             with open(WAKE_PATH) as f:
                 want = f.read().strip()
@@ -280,8 +301,23 @@ class Supervisor:
             return 401, {"error": "missing or wrong wake token"}
         if not self._policy.on_demand or self.generation is None:
             return 409, {"error": "no server on demand here", "state": self.state}
-        self.woken.set()
-        return 202, {"state": self.state}
+        return 202, {}
+
+    def yield_stop(self, busy: bool) -> bool:
+        """A yield asked for (`yield_`): an engine serving with no request running is stopped (its
+        container stays) and back on standby; True when it stopped. Consumes the ask either way: the
+        gateway asks again if the woken one still does not fit."""
+        if not self.yielding.is_set():
+            return False
+        self.yielding.clear()
+        if busy or not self.watch.ready:
+            self.journal.write("yield declined: the engine is busy or not serving yet")
+            return False
+        self.stop("yielding its memory to another deployment on its nodes")
+        self.wanted = False
+        self.journal.write("yielded: stopped for another deployment")
+        self.set_state(STANDBY, why="yielded")
+        return True
 
     def admit(self, policy: Policy) -> bool:
         """A wake's start, admitted only when every node has the profile's headroom; else the state
@@ -289,6 +325,7 @@ class Supervisor:
         self.woken.clear()
         ok, why = admission(self.node_memory(), self.held, policy)
         if ok:
+            self.yielding.clear()  # an ask for the engine before this start is not this start's
             self.wanted, self.refusal = True, ""
             self.journal.write("woken on demand", generation=self.generation)
             return True
@@ -714,7 +751,9 @@ class Supervisor:
             else:
                 self.save()
             if policy.on_demand:
-                self.idle_stop(idle_for(self.watch, look), policy)
+                idle = idle_for(self.watch, look)  # 0 while a request runs or waits
+                if not self.yield_stop(busy=idle <= 0):
+                    self.idle_stop(idle, policy)
             return
         kind, cause = found
         # the evidence a verdict rests on, journalled beside its cause (a Ray node's old and new node_id)

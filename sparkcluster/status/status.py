@@ -22,7 +22,15 @@ from sparkcluster.deployment import endpoint as endpoint_mod
 from sparkcluster.fabric import engine_nccl
 from sparkcluster.facts import parsers
 from sparkcluster.facts.probes import SECTION, section, split_sections
-from sparkcluster.labels import CLUSTER_LABEL, EXECUTOR_LABEL, PORT_LABEL, PROFILE_LABEL, container_name, is_gateway
+from sparkcluster.labels import (
+    CLUSTER_LABEL,
+    EXECUTOR_LABEL,
+    PORT_LABEL,
+    PROFILE_LABEL,
+    container_name,
+    is_gateway,
+    slot_of,
+)
 from sparkcluster.node import container_status, contract, engine_log, readings
 from sparkcluster.remote.fanout import Background, connect_reachable
 
@@ -109,7 +117,7 @@ def node_script(inv: Inventory, node: str) -> str:
             f"ids=$({docker} ps -aq --filter label={label}) || exit $?; "
             f"[ -z \"$ids\" ] && echo '[]' || {docker} inspect $ids",
         ),
-        section("ray", ray_members.state_api_command(), stderr=False),
+        section("ray", ray_members.state_api_command(inv), stderr=False),
         container_readings(inv, node),
         # each compile cache's size (deployment/compile_caches has the listing with what each is for)
         section(
@@ -157,8 +165,8 @@ def container_readings(inv: Inventory, node: str) -> str:
     n = inv.node(node)
     url = shlex.quote(f"http://{n.control_ip}:{inv.cluster.agent_port}/status")
     whole = f"{SECTION} {container_status.WHOLE} rc=0"
-    head = shlex.quote(container_name(inv.cluster.name, "head", node))
-    worker = shlex.quote(container_name(inv.cluster.name, "worker", node))
+    head = shlex.quote(container_name(inv.cluster.name, "head", node, inv.slot))
+    worker = shlex.quote(container_name(inv.cluster.name, "worker", node, inv.slot))
     exec_ = (
         f"for c in $({docker} ps --filter label={label} --filter status=running --format '{{{{.Names}}}}' "
         f'2>/dev/null); do case "$c" in '
@@ -232,8 +240,11 @@ def _one(host, inv: Inventory) -> NodeReport:
             }
         else:
             ours.append(c)
-    if ours:
-        c = ours[0]
+    # the row's container is this deployment's slot's (issue 60: several deployments share a node);
+    # every container still goes back, for the grouping into deployments
+    mine = [c for c in ours if slot_of(c.labels) == inv.slot]
+    if mine:
+        c = mine[0]
         st.container = c.name
         st.state = c.status
         st.started_at = c.started_at
@@ -246,7 +257,7 @@ def _one(host, inv: Inventory) -> NodeReport:
     if "compile_cache" in s and s["compile_cache"].rc == 0:
         sizes = compile_cache_sizes(s["compile_cache"].out)
         st.compile_caches_gib = round(sum(sizes.values()), 2)
-        st.compile_cache = mounted_key(ours[0]) if ours else ""
+        st.compile_cache = mounted_key(mine[0]) if mine else ""
         st.compile_cache_gib = round(sizes[st.compile_cache], 2) if st.compile_cache in sizes else None
     ray = ray_members.parse_state_api(s["ray"].out) if "ray" in s else None
     view = head_container_view(s)
@@ -256,6 +267,11 @@ def _one(host, inv: Inventory) -> NodeReport:
     check = parsers.json_object(s["canary"].out) if "canary" in s and s["canary"].rc == 0 else None
     engine = s["engine"].out if "engine" in s and s["engine"].rc == 0 else ""
     return NodeReport(st, ours, ray, view, nccl, gateway, check or None, engine)
+
+
+def _look_key(sub: Inventory) -> tuple[str, int]:
+    """A deployment's endpoint look: by its head and its slot (two deployments may share a head)."""
+    return sub.head.name, sub.slot
 
 
 def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatus]:
@@ -272,11 +288,24 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
             inv,
             {n: r.containers for n, r in reports.items() if isinstance(r, NodeReport) and r.containers is not None},
         )
-        subs = [inv.only(list(d.nodes)) for d in found] or [inv]
+        subs = [d.inventory(inv) for d in found] or [inv]
+        # a deployment in a later slot (issue 60): its own round trip on its nodes, for its own
+        # containers, agents and Ray (the first read slot 0's)
+        slotted = {
+            _look_key(sub): {
+                n: o.value if o.ok else o.error
+                for n, o in cluster.each(
+                    lambda h, sub=sub: _one(h, sub),
+                    [cluster.hosts[x.name] for x in sub.nodes if x.name in cluster.hosts],
+                ).items()
+            }
+            for sub in subs
+            if sub.slot
+        }
         looks = {
-            sub.head.name: (
+            _look_key(sub): (
                 early
-                if sub.head.name == inv.head.name
+                if (sub.head.name, sub.slot) == (inv.head.name, 0)
                 else Background(_look, cluster.hosts.get(sub.head.name), sub, sub.cluster.api_port, api_key)
             )
             for sub in subs
@@ -289,7 +318,9 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
         )
         out = []
         for sub, d in zip(subs, found or [None]):
-            st = _judge_reports(sub, reports, unreachable, addresses, looks[sub.head.name].result())
+            st = _judge_reports(
+                sub, slotted.get(_look_key(sub), reports), unreachable, addresses, looks[_look_key(sub)].result()
+            )
             if d is not None:
                 st.profile, st.deployment = d.profile, d.key
                 st.drift = _drift(inv.cluster.name, st)

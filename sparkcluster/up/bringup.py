@@ -28,6 +28,7 @@ from sparkcluster.deployment import canary_watch, deployments, endpoint, known_g
 from sparkcluster.errors import InputError, StageError, StepFailure
 from sparkcluster.fabric import engine_nccl
 from sparkcluster.labels import ROLE_LABEL
+from sparkcluster.node import contract, memory_fit
 from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable, unreachable_error
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.steps.walk import StageProgress
@@ -57,6 +58,7 @@ class UpSummary:
     model: str
     pid: int | None
     seconds: dict[str, float]
+    slot: int = 0  # the deployment's slot on its nodes (issue 60): its container names and ports
 
 
 def run(
@@ -72,11 +74,14 @@ def run(
     command: str = "up",
     node: tuple[str, ...] | str | None = None,
     locked: bool = False,
+    beside: bool = False,
 ) -> UpSummary | Plan:
     """`inv` is the whole inventory; the run touches the deployment's nodes only (`node`, or all).
     `locked`: the caller holds the locks of those nodes for longer than this run (an upgrade holds
     them across its new `up`, its canary and its rollback's `up`), so this run takes none of its own.
-    `monitoring`: what monitoring does around the run (the CLI hands in monitor/planned.planned)."""
+    `monitoring`: what monitoring does around the run (the CLI hands in monitor/planned.planned).
+    `beside`: start beside the deployments on these nodes, each in a slot of its own (issue 60), when
+    every node's memory holds all of them plus the floor (`_admit`); `replace` takes them down."""
     full, inv = inv, deployments.target(inv, prof, node)
     found = lint.lint(prof, inv)
     for w in found:
@@ -98,16 +103,18 @@ def run(
     with everyone:
         found, _ = deployments.on(everyone, full)  # an unread node this run touches fails preflight
         others = deployments.conflicts(found, inv, prof.name)
-        if others and not replace:
+        mine = tuple(n.name for n in inv.nodes)
+        slot, away, beside = placement(found, others, mine, prof.name, replace, beside)
+        if others and not replace and not beside:
             what = "; ".join(d.describe() for d in others)
             flag = deployments.node_flags(node)
             raise InputError(
                 f"{what} runs on the node(s) this deployment needs; up --profile {prof.name}{flag} "
                 "would replace it (they share the nodes' memory)",
-                f"sparkcluster up --profile {prof.name}{flag} --replace (or sparkcluster down first)",
+                f"sparkcluster up --profile {prof.name}{flag} --replace (or --beside: start it beside "
+                "them if the nodes' memory holds all of them; or sparkcluster down first)",
             )
-        # the deployments replaced elsewhere too (a pair, when one of its nodes is wanted alone)
-        away = [d for d in others if set(d.nodes) != {n.name for n in inv.nodes}]
+        inv = inv.at_slot(slot)
         touched = full.only(sorted({n.name for n in inv.nodes} | {x for d in away for x in d.nodes}))
         _all_reachable(touched, unreachable)
         # a dry run changes nothing, so it neither takes nor waits for the lock
@@ -126,11 +133,75 @@ def run(
                 secrets,
                 progress,
                 dry_run,
-                replace or bool(others),
+                replace,
                 t0,
-                away=[Away(d, full.only(list(d.nodes))) for d in away],
+                away=[Away(d, d.inventory(full)) for d in away],
                 reach=everyone.hosts,
+                beside=[d for d in others if beside],
             )
+
+
+def placement(
+    found: list[deployments.Deployment],
+    others: list[deployments.Deployment],
+    mine: tuple[str, ...],
+    profile: str,
+    replace: bool,
+    beside: bool,
+) -> tuple[int, list[deployments.Deployment], bool]:
+    """Pure: where a deployment of `profile` on `mine` goes (issue 60): (its slot, the deployments
+    taken down first, whether it runs beside others). Beside the others when asked, or when it
+    already runs beside them (admitted by memory once the facts are in); with `replace` in slot 0,
+    alone, every other deployment sharing its nodes taken down whole (a pair, when one of its nodes
+    is wanted alone; another slot's, itself included: their containers are not slot 0's to remove).
+    Otherwise its own slot where it runs already (never moved, so never recreated), else the lowest
+    free one: 0 where nothing runs, so a lone deployment keeps the names and ports of before."""
+    beside = bool(others) and not replace and (beside or _runs_beside(found, mine, profile))
+    if replace:
+        away = [d for d in others if set(d.nodes) != set(mine) or d.slot != 0]
+        away += [d for d in found if (d.profile, d.nodes) == (profile, mine) and d.slot != 0]
+        return 0, away, False
+    if others and not beside:
+        return 0, [], False  # refused by the caller: it names them
+    return deployments.slot_for(found, mine, profile), [], beside
+
+
+def _runs_beside(found: list[deployments.Deployment], mine: tuple[str, ...], profile: str) -> bool:
+    """This deployment runs already in a slot of its own beside others (an `up --beside` before)."""
+    return (
+        any((d.profile, d.nodes) == (profile, mine) for d in found)
+        and len({d.slot for d in found if set(d.nodes) & set(mine)}) > 1
+    )
+
+
+def _admit(inv: Inventory, prof: profiles.Profile, facts: dict, beside: list) -> None:
+    """Issue 60's admission, through the one memory arithmetic (node/memory_fit.admit): on every node
+    of this deployment, the deployments already there and this one, each its gpu_memory_utilization
+    of MemTotal, leave the supervisor's memory floor. A refusal names who holds how much."""
+    floor = int(
+        bounds.profile_policy(prof).get("memory_floor_gib", contract.Policy().memory_floor_gib) * memory_fit.GiB
+    )
+    want = memory_fit.Held(f"'{prof.name}'", prof.serve.gpu_memory_utilization)
+    lines = []
+    for n in inv.nodes:
+        there = [d for d in beside if n.name in d.nodes]
+        if not there:
+            continue
+        mem = facts[n.name].mem if n.name in facts else None
+        held = [memory_fit.Held(f"'{d.profile}'", deployments.share(d)) for d in there]
+        if mem is None or not mem.total:
+            lines.append(f"{n.name}: MemTotal was not read, so {want.deployment} cannot be counted beside the others")
+        elif why := memory_fit.admit(mem.total, held, want, floor):
+            lines.append(f"{n.name}: {why}")
+    if lines:
+        names = ", ".join(sorted({d.profile for d in beside}))
+        raise InputError(
+            f"the memory of {len(lines)} node(s) does not hold '{prof.name}' beside {names}",
+            f"sparkcluster down --profile {sorted({d.profile for d in beside})[0]} (or lower "
+            f"gpu_memory_utilization in profile '{prof.name}'), then sparkcluster up --profile {prof.name}"
+            f"{deployments.node_flags([n.name for n in inv.nodes])} --beside",
+            details=lines,
+        )
 
 
 def _all_reachable(touched: Inventory, unreachable: dict) -> None:
@@ -177,8 +248,11 @@ def _run_locked(
     t0: float,
     away: list | None = None,
     reach: dict | None = None,
+    beside: list | None = None,
 ) -> UpSummary | Plan:
     report = gate.check(cluster, inv, prof)
+    if beside:
+        _admit(inv, prof, report.facts, beside)
     old = _old_server(cluster, inv, report.facts)
     wanted = {k: v for k, v in secrets.items() if k in profiles.secret_env_names(prof)}
     # the same profile serves only when its server runs, started with the same secrets and watched
@@ -209,7 +283,7 @@ def _run_locked(
     if plan.unchanged:
         port = prof.serve.port or inv.cluster.api_port
         remember_good(inv, prof, report.facts, report.facts[inv.head.name].image_id or "", "", cluster, unchanged=True)
-        return UpSummary(True, _endpoint(cluster, inv, port), prof.served_model_name, old.pid, {})
+        return UpSummary(True, _endpoint(cluster, inv, port), prof.served_model_name, old.pid, {}, inv.slot)
     r = UpRun(cluster, plan, report.facts, secrets, progress, reach=dict(reach or cluster.hosts))
     try:
         execute(r)
@@ -247,6 +321,7 @@ def _run_locked(
         plan.serve.model,
         rec.pid if (rec := r.find(server.Record)) else None,  # None: on standby (on demand)
         r.seconds,
+        inv.slot,
     )
 
 

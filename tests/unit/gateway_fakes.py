@@ -73,6 +73,7 @@ class Engine:
     wake_token: str | None = None
     refusal: str = ""
     wakes: list[str] = field(default_factory=list)
+    yields: list[str] = field(default_factory=list)  # every POST /yield's token (issue 60)
     starts: int = 0
 
     def app(self) -> Starlette:
@@ -111,12 +112,22 @@ class Engine:
                 self.state, self.starts = contract.STARTING, self.starts + 1
             return JSONResponse({"state": self.state}, status_code=202)
 
+        async def yield_(request: Request):  # the supervisor's rule: an idle engine on demand goes to standby
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            self.yields.append(token)
+            if self.wake_token is None or scheme.lower() != "bearer" or token != self.wake_token:
+                return JSONResponse({"error": "missing or wrong wake token"}, status_code=401)
+            if self.state == contract.SERVING:
+                self.state = contract.STANDBY
+            return JSONResponse({"state": self.state}, status_code=202)
+
         routes = [Route(p, forwarded, methods=["POST"]) for p in FORWARDED]
 
         async def alive(request: Request):  # vLLM's /health, which the real supervisor reads
             return JSONResponse({})
 
         routes += [Route("/v1/models", models), Route("/report", report), Route("/report/wake", wake, methods=["POST"])]
+        routes += [Route("/report/yield", yield_, methods=["POST"])]
         routes += [Route("/health", alive)]
         return Starlette(routes=routes)
 

@@ -451,3 +451,37 @@ def test_a_deployment_on_standby_is_healthy_and_a_refused_start_is_degraded_with
     # the same state of a server not on demand is still "not running"
     st = judge(make_inventory(), nodes, rows, ENDPOINT, EngineView(None, [], None, ""), None, {**sup, "policy": {}})
     assert st.state == "degraded" and any("not running" in p for p in st.problems)
+
+
+def test_a_later_slots_row_is_its_own_container_and_its_script_asks_its_own_agent():
+    """Two deployments on one node (issue 60): the round trip of slot 1 reads its own agent (8307),
+    its own Ray dashboard (8275) and names its own containers; its row is its own container, while
+    every container still comes back for the grouping into deployments."""
+    import json as json_mod
+
+    from sparkcluster.labels import CLUSTER_LABEL, PROFILE_LABEL, ROLE_LABEL, SLOT_LABEL
+    from sparkcluster.status.status import _one, node_script
+
+    inv = make_inventory().only(["spark-head"]).at_slot(1)
+    script = node_script(inv, "spark-head")
+    assert ":8307/status" in script and "127.0.0.1:8275/api/v0/nodes" in script
+    assert "sparkcluster-pair-d1-head" in script
+    listed = [
+        {
+            "Id": i,
+            "Name": f"/{name}",
+            "Image": "sha256:" + "ab" * 32,
+            "State": {"Status": "running", "Running": True, "StartedAt": "2025-11-23T12:00:00Z"},
+            "Config": {"Labels": {CLUSTER_LABEL: "pair", ROLE_LABEL: "head", PROFILE_LABEL: prof, **extra}},
+        }
+        for i, name, prof, extra in (
+            ("a", "sparkcluster-pair-head", "first", {}),
+            ("b", "sparkcluster-pair-d1-head", "second", {SLOT_LABEL: "1"}),
+        )
+    ]
+    out = _printed(uptime=("5000.0 1.0\n1763900000.0", 0), meminfo=(MEMINFO, 0), ours=(json_mod.dumps(listed), 0))
+    got = _one(_Host("spark-head", out), inv)
+    assert (got.status.container, got.status.profile) == ("sparkcluster-pair-d1-head", "second")
+    assert len(got.containers) == 2
+    first = _one(_Host("spark-head", out), make_inventory())
+    assert first.status.container == "sparkcluster-pair-head"

@@ -169,3 +169,33 @@ def test_a_deployments_teardown_leaves_the_gateway_and_down_of_everything_remove
     assert teardown.remove_containers(Host(api), "x") == ["sparkcluster-x-head"] and api.removed == ["head1"]
     api = API()
     assert teardown.remove_containers(Host(api), "x", gateway=True) == ["sparkcluster-x-head", "sparkcluster-x-gateway"]
+
+
+def test_down_of_one_deployment_leaves_the_one_beside_it(monkeypatch):
+    """Two deployments on one node (issue 60): `down --profile` of the later slot's stops its own
+    server and removes its own container, never the first slot's."""
+    from conftest import make_inventory
+
+    from sparkcluster.labels import ROLE_LABEL, SLOT_LABEL
+    from sparkcluster.remote.fanout import ConnectedHosts
+
+    listed = [
+        {"Id": "first", "Names": ["/sparkcluster-pair-head"], "Labels": {ROLE_LABEL: "head"}, "State": "running"},
+        {
+            "Id": "later",
+            "Names": ["/sparkcluster-pair-d1-head"],
+            "Labels": {ROLE_LABEL: "head", SLOT_LABEL: "1"},
+            "State": "running",
+        },
+    ]
+    stopped, removed = [], []
+    monkeypatch.setattr(teardown, "ours", lambda host, cluster: listed)
+    monkeypatch.setattr(teardown, "shm_segments", lambda host, cid: [])
+    monkeypatch.setattr(teardown, "stop_server", lambda host, cid: stopped.append(cid))
+    monkeypatch.setattr(teardown, "remove_container", lambda host, cid: removed.append(cid) or True)
+    inv = make_inventory().only(["spark-head"]).at_slot(1)
+    host = Host(API())
+    host.close = lambda: None
+    out = teardown.down(ConnectedHosts(inv, {"spark-head": host}), only_ids={"spark-head": {"later"}})
+    assert stopped == ["later"] and removed == ["later"]
+    assert out["spark-head"].removed == ["sparkcluster-pair-d1-head"]

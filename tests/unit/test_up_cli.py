@@ -41,6 +41,7 @@ def env(tmp_path, monkeypatch):
         dry_run=False,
         offline=False,
         replace=False,
+        beside=False,
         command="up",
         node=None,
     ):

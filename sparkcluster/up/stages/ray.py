@@ -78,7 +78,7 @@ def container_failed(r: UpRun, spec: ContainerSpec) -> StageError | None:
 
 def membership(r: UpRun) -> list[ray_members.RayNode] | None:
     """Ray's nodes, or None while its state API does not answer yet (not answering is expected)."""
-    res = r.cluster.head.run(ray_members.state_api_command(), timeout=10, warn=True)
+    res = r.cluster.head.run(ray_members.state_api_command(r.inv), timeout=10, warn=True)
     return ray_members.nodes_from_state_api(res.stdout) if res.ok else None
 
 

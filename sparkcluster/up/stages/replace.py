@@ -49,7 +49,8 @@ def steps(plan: Plan) -> list[Step]:
 
 def down(r: UpRun, a: Away) -> str:
     hosts = {n: r.reach[n] for n in a.deployment.nodes}
-    outcomes = teardown.down(ConnectedHosts(a.inventory, hosts))
+    # its own containers only: another deployment may share its nodes (issue 60)
+    outcomes = teardown.down(ConnectedHosts(a.inventory, hosts), only_ids=a.deployment.ids or None)
     errors = [(n, e) for n, o in outcomes.items() for e in o.errors]
     if errors:
         node, why = errors[0]

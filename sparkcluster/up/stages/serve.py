@@ -285,7 +285,7 @@ def failed_start(r: UpRun, step: str, e: server.NotReady) -> StageError:
     logs = {
         n.name: failed_serve.read_logs(
             r.cluster.hosts[n.name].docker().api,
-            container_name(r.inv.cluster.name, "head" if n.name == head else "worker", n.name),
+            container_name(r.inv.cluster.name, "head" if n.name == head else "worker", n.name, r.inv.slot),
         )
         for n in r.inv.nodes
         if n.name in r.cluster.hosts

@@ -1,0 +1,167 @@
+"""Two models on one node (issue 60), with the real engine: `testbed-single` on the head, then a
+variant of it under another served name started beside it (`up --beside`) in a slot of its own: its
+own containers (`sparkcluster-testbed-d1-head`), its own API port (8010) and agent (8307). Both
+answer behind the one gateway; `status --all` lists each; a third, asking more of the node's memory
+than is left beside the two, is refused naming both and what each holds, and nothing of it starts;
+`events --profile` reads the second's own journal; `down --profile` of the second leaves the first
+serving, its container and its route.
+
+The head is made to read as a 128 GB Spark (Testbed.set_memory, the meminfo stand-in at the OS
+boundary): the admission's sums are then those of a Spark (0.2 x 128 GB = 25.6 GB each), not of the
+testbed's small machine, and doctor's headroom check, which reads MemAvailable, leaves the refusal
+to the admission. testbed-single runs without Ray (TP=1 on one node), so a later slot's Ray ports
+are the unit tests' (tests/unit/test_colocated.py), not this test's.
+
+Two engine starts, one after the other (both on the head: each `up` locks the node): about two
+minutes; every wait is on a condition."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tests.integration.helpers import BASE, HEAD, HEAD_C, inventory_variant, listeners, ours, wait_for
+from tests.testbed import PROFILES as TESTBED_PROFILES
+
+pytestmark = pytest.mark.testbed
+SINGLE, BESIDE, BIG = "testbed-single", "testbed-single-beside", "testbed-single-big"
+HEAD_MODEL, BESIDE_MODEL, BIG_MODEL = "testbed-tiny-single", "testbed-tiny-beside", "testbed-tiny-big"
+BESIDE_C = "sparkcluster-testbed-d1-head"
+GW_KEY = "gw-colocated-key-3b81f0d2"
+GW = f"http://{urlsplit(BASE).hostname}:4000"
+GW_C = "sparkcluster-testbed-gateway"
+
+
+def engines(testbed) -> list[str]:
+    """The deployments' containers on the head (the gateway's is no deployment's)."""
+    return sorted(x for x in ours(testbed, HEAD) if x != GW_C)
+
+
+def chat(model: str) -> httpx.Response:
+    body = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    return httpx.post(f"{GW}/v1/chat/completions", json=body, headers={"x-api-key": GW_KEY}, timeout=60)
+
+
+OD_A, OD_B = "testbed-single-od-a", "testbed-single-od-b"
+OD_A_MODEL, OD_B_MODEL = "testbed-tiny-od-a", "testbed-tiny-od-b"
+
+
+def routes() -> dict:
+    r = httpx.get(f"{GW}/gateway/status", headers={"x-api-key": GW_KEY}, timeout=5)
+    return {x["deployment"]: x for x in r.json()["routes"]}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """Two variants of testbed-single in a profiles folder of their own: another served name, and
+    another served name asking 0.6 of MemTotal (more than 128 GB leaves beside two at 0.2 and the
+    6 GiB floor: 76.8 + 51.2 + 6.4 GB > 128 GB)."""
+    folder = tmp_path_factory.mktemp("profiles")
+    text = (TESTBED_PROFILES / f"{SINGLE}.toml").read_text()
+    assert f'served_name = "{HEAD_MODEL}"' in text and "gpu_memory_utilization = 0.2" in text
+    (folder / f"{BESIDE}.toml").write_text(text.replace(HEAD_MODEL, BESIDE_MODEL))
+    big = text.replace(HEAD_MODEL, BIG_MODEL).replace("gpu_memory_utilization = 0.2", "gpu_memory_utilization = 0.6")
+    (folder / f"{BIG}.toml").write_text(big)
+    for name, model in ((OD_A, OD_A_MODEL), (OD_B, OD_B_MODEL)):  # on demand, an idle TTL far beyond the test
+        od = text.replace(HEAD_MODEL, model) + "\n[on_demand]\nenabled = true\nidle_ttl_s = 900\n"
+        (folder / f"{name}.toml").write_text(od)
+    return {"SPARKCLUSTER_PROFILES": str(folder), "GATEWAY_API_KEYS": GW_KEY}
+
+
+@pytest.fixture
+def spark_memory(testbed, sc, env):
+    sc("down", env=env)
+    testbed.set_memory(HEAD, 128)
+    yield
+    sc("down", env=env)
+    testbed.set_memory(HEAD, None)
+
+
+def test_two_models_on_one_node_a_third_refused_and_one_taken_down(testbed, sc, env, spark_memory):
+    first = sc("up", "--profile", SINGLE, "--node", HEAD, env=env, timeout=900)
+    assert first.returncode == 0, first.stdout + first.stderr
+    # without --beside, what runs there is never shared silently: the refusal says how to ask
+    refused = sc("up", "--profile", BESIDE, "--node", HEAD, env=env)
+    assert refused.returncode != 0 and "--beside" in refused.stderr, refused.stderr
+    second = sc("up", "--profile", BESIDE, "--node", HEAD, "--beside", env=env, timeout=900)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert engines(testbed) == sorted([HEAD_C, BESIDE_C])
+    assert listeners(testbed, HEAD, 8000) and listeners(testbed, HEAD, 8010)
+    # its own agent, on its own report port (the first's answers on 8297)
+    assert listeners(testbed, HEAD, 8307) and listeners(testbed, HEAD, 8297)
+    # a second `up` of it finds it serving in its slot: nothing is recreated
+    again = sc("up", "--profile", BESIDE, "--node", HEAD, env=env, timeout=300)
+    assert again.returncode == 0 and f"already serves '{BESIDE}'" in again.stdout, again.stdout + again.stderr
+
+    gw = sc("gateway", "up", env=env, timeout=300)
+    assert gw.returncode == 0 and gw.stdout.count("in rotation") == 2, gw.stdout + gw.stderr
+    for model in (HEAD_MODEL, BESIDE_MODEL):
+        r = chat(model)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, (model, r.text)
+
+    st = sc("status", "--all", "--json", env=env)
+    doc = json.loads(st.stdout)
+    assert sorted(d["deployment"] for d in doc["deployments"]) == [f"{SINGLE}@{HEAD}", f"{BESIDE}@{HEAD}"], doc
+    assert all(d["state"] == "healthy" for d in doc["deployments"]), doc
+
+    # a third that does not fit: refused by the admission, naming who holds the memory and how much
+    big = sc("up", "--profile", BIG, "--node", HEAD, "--beside", env=env, timeout=300)
+    assert big.returncode != 0, big.stdout + big.stderr
+    said = big.stderr
+    assert f"'{SINGLE}' holds 25.6 GB" in said and f"'{BESIDE}' holds 25.6 GB" in said, said
+    assert "short" in said and "down --profile" in said, said
+    assert engines(testbed) == sorted([HEAD_C, BESIDE_C])
+
+    # each deployment's own journal
+    ev = sc("events", "--node", HEAD, "--profile", BESIDE, "--json", env=env)
+    assert ev.returncode == 0 and ev.stdout.strip(), ev.stdout + ev.stderr
+
+    # one taken down: the other keeps its container, its engine and its route
+    down = sc("down", "--profile", BESIDE, env=env)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert engines(testbed) == [HEAD_C] and GW_C in ours(testbed, HEAD)
+    assert chat(HEAD_MODEL).status_code == 200
+    assert wait_for(lambda: chat(BESIDE_MODEL).status_code in (404, 503), 30, step=0.5), chat(BESIDE_MODEL).text
+    doc = json.loads(sc("status", "--all", "--json", env=env).stdout)
+    assert [d["deployment"] for d in doc["deployments"]] == [f"{SINGLE}@{HEAD}"], doc
+
+
+@pytest.mark.long  # `make test-long`: two more engine starts (tests/README.md)
+def test_an_idle_model_yields_to_a_woken_one_by_the_inventorys_rule(testbed, sc, env, spark_memory, tmp_path):
+    """Item 4: two on-demand deployments on the head, the inventory's `[on_demand] rule = "lru"`. A
+    is woken and serves; B's wake is refused for memory (its container's MemAvailable stood in
+    below its share: the testbed's meminfo stand-in), so the gateway asks A, idle, to yield: A goes
+    back on standby, the 503 says which rule chose it; with the memory back, B's next wake serves."""
+    inv = inventory_variant(testbed, tmp_path, lambda t: t + '\n[on_demand]\nrule = "lru"\n')
+    for args in (("--profile", OD_A, "--node", HEAD), ("--profile", OD_B, "--node", HEAD, "--beside")):
+        res = sc("up", *args, env=env, inventory=inv, timeout=900)
+        assert res.returncode == 0 and "on standby" in res.stdout, res.stdout + res.stderr
+    gw = sc("gateway", "up", env=env, inventory=inv, timeout=300)
+    assert gw.returncode == 0, gw.stdout + gw.stderr
+    a_key, b_key = f"{OD_A}@{HEAD}", f"{OD_B}@{HEAD}"
+    assert wait_for(lambda: chat(OD_A_MODEL).status_code == 200, 300, step=2), routes()
+
+    meminfo = testbed.sh(HEAD, f"docker exec {BESIDE_C} cat /proc/meminfo").stdout
+    total_kib = int(next(x for x in meminfo.splitlines() if x.startswith("MemTotal:")).split()[1])
+    testbed.set_meminfo(HEAD, BESIDE_C, int(0.2 * total_kib))  # B's share, without the floor
+    try:
+        assert chat(OD_B_MODEL).status_code == 503
+        assert wait_for(lambda: "refused" in routes()[b_key]["reason"], 30, step=0.5), routes()
+        # the next wake (at most one per gateway look) finds the refusal and asks A to yield
+        told = f"an idle deployment yields (rule lru: {a_key} is the least recently used"
+        said: list[str] = []
+
+        def yield_told() -> bool:
+            said.append(chat(OD_B_MODEL).text)
+            return told in said[-1]
+
+        assert wait_for(yield_told, 30, step=1), said[-1:]
+        assert wait_for(lambda: "on standby" in routes()[a_key]["reason"], 60, step=0.5), routes()
+        journal = testbed.sh(HEAD, f"docker exec {HEAD_C} cat /var/log/sparkcluster/journal.jsonl").stdout
+        assert "yielded: stopped for another deployment" in journal
+    finally:
+        testbed.set_meminfo(HEAD, BESIDE_C, None)
+    assert wait_for(lambda: chat(OD_B_MODEL).status_code == 200, 300, step=2), routes()
