@@ -405,6 +405,10 @@ def transfer_figures(R: dict, size: int) -> list[Figure]:
             "MB/s",
             [size / s / 1e6 for s in R["xfer_base_link_s"]],
         ),
+    ]
+    if "image_same_s" not in R:  # measured by the delta family: a run of `--only transfer` has none
+        return F
+    F += [
         Figure(
             "image_same_s",
             "identical image IDs: image stage time",

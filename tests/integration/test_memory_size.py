@@ -99,7 +99,10 @@ def test_the_containers_see_the_memory_doctor_sees(testbed, sc):
         inside = testbed.sh(HEAD, f"docker exec {container} grep ^MemTotal /proc/meminfo").stdout
         assert int(inside.split()[1]) * 1024 == 64 * GB // 1024 * 1024, inside
         # the node's metrics (the agent's /metrics on the control address)
-        ip = testbed.sh(HEAD, "ip -4 -o addr show | awk '/198.18/ {print $4}' | head -1").stdout.split("/")[0]
+        # (the agent listens on the node's control address, where Prometheus scrapes it: test_monitor)
+        from sparkcluster.config import inventory
+
+        ip = inventory.load(testbed.inventory).head.control_ip
         with urllib.request.urlopen(f"http://{ip}:8297/metrics", timeout=10) as r:
             text = r.read().decode()
         got = [ln for ln in text.splitlines() if ln.startswith("sparkcluster_node_mem_total_bytes")]
