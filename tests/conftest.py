@@ -9,10 +9,18 @@ the testbed (not root, no namespaces). Unit tests never touch it.
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
 from tests.testbed import use_profiles
+
+# A suite started as a background job of a non-interactive shell inherits SIGINT ignored, and an
+# ignored signal stays ignored across exec: the Ctrl-C tests (unit and integration) would then send a
+# signal the CLI never sees. A handler here, in every pytest process (xdist's workers load this file
+# too), is reset to the default in every child the tests start.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The testbed's profiles do not ship with sparkcluster: the suite finds them as an owner finds a folder
 # of their own, on $SPARKCLUSTER_PROFILES, in-process and in every CLI it starts.

@@ -7,7 +7,6 @@ testbed's inventory and a 0600 `.env` holding the test secrets.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,12 +17,6 @@ from tests.integration.helpers import API_KEY, HF_TOKEN
 from tests.testbed import profiles_env
 
 CLI = [sys.executable, "-m", "sparkcluster"]
-
-# A suite started as a background job of a non-interactive shell inherits SIGINT ignored, and an
-# ignored signal stays ignored across exec: the Ctrl-C tests would then send a signal the CLI never
-# sees. A handler here is reset to the default in every child the tests start.
-if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
