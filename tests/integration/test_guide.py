@@ -91,6 +91,14 @@ HOW: dict[str, tuple[str, str]] = {
         ONE_LEVEL + "; --output in the test's folder",
     ),
     "sparkcluster bench --profile nemotron": (NOT_HERE, "the testbed serves `testbed`, not nemotron"),
+    # issue 60's stacks guide (docs/guides/stacks.md): seed 004's shipped profiles, not served here;
+    # test_colocated runs the same commands on the testbed's own pair of deployments
+    "sparkcluster down --profile qwen36-35b-nvfp4-mtp": (NOT_HERE, "seed 004's profile is not served on the testbed"),
+    "sparkcluster events --node spark-a --profile qwen36-35b-nvfp4-mtp": (
+        NOT_HERE,
+        "seed 004's profile is not served on the testbed",
+    ),
+    "sparkcluster status --all --json": (NOT_HERE, "test_colocated runs it on two deployments of one node"),
     "sparkcluster bench --compare 20261123T021425Z": (NOT_HERE, "a run folder of the guide's machine"),
     "sparkcluster bench --tokenizer /models/tok": (NOT_HERE, "a tokenizer path of the guide's machine"),
     "sparkcluster monitor up": (SUBSTITUTED, "--dry-run: test_monitor starts the real stack"),
