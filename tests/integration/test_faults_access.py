@@ -41,11 +41,18 @@ HOSTILE = f"""a;b $(touch {PWNED}-1) `touch {PWNED}-2` 'single' "double"  two  s
 # --- helpers ---------------------------------------------------------------------------------
 
 
+SSHD_SESSION = re.compile(r"sshd: \S+ \[priv\]|sshd: \S+@")
+
+
 def state(testbed, host: str) -> dict[str, object]:
     """What sparkcluster could have changed on a host: containers, images, its files, processes."""
     sh = lambda cmd: testbed.sh(host, cmd, check=False).stdout  # noqa: E731
+    # an sshd session's own processes (`sshd: spark [priv]`, `sshd: spark@notty`) come and go with every
+    # connection, an earlier case's included; connections are counted apart, by `accepted`
     procs = sorted(
-        line.strip() for line in sh("ps -eo pid,args --no-headers").splitlines() if "ps -eo pid,args" not in line
+        line.strip()
+        for line in sh("ps -eo pid,args --no-headers").splitlines()
+        if "ps -eo pid,args" not in line and not SSHD_SESSION.search(line)
     )
     return {
         # sparkcluster's own containers: a throwaway `docker run --rm` of an earlier test's probe (a random
