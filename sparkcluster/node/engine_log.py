@@ -3,8 +3,10 @@ all-reduce backend each rank chose, and the warm-up phase each rank is in.
 
 Why from the log: both are choices the engine makes at run time and reports nowhere else. vLLM names
 the all-reduce backends of each process group per rank (`cuda_communicator.py`: "Using ['PYNCCL']
-all-reduce backends (in dispatch order) for group 'tp:0' out of potential backends: [...]"; older
-builds print "Using ['PYNCCL'] all-reduce backends for group 'tp:0'"), and b12x's RoCEnante shim
+all-reduce backends (in dispatch order) for group 'tp:0' out of potential backends: [...]", the
+line vllm-project/vllm PR #42993 added; a real one per arm in local-inference-lab/b12x
+docs/evidence/rocenante/serving-ab-20261001-3spark-ring/; owners' notes quote it shortened, "Using
+['PYNCCL'] all-reduce backends for group 'tp:0'", and a saved log can cut it off), and b12x's RoCEnante shim
 (local-inference-lab/vllm PR #597, backend `B12X_ROCENANTE`, on with VLLM_ENABLE_ROCE_ALLREDUCE=1)
 says when it stood down on every rank ("RoCEnante disabled on every rank: <why>"), after which the
 ranks run PYNCCL silently. The warm-up phases are the lines vLLM prints as a rank loads its weights,
@@ -26,7 +28,19 @@ from dataclasses import dataclass, field
 # written to the serve log before every start (supervisor, ranks): what follows is this start's
 SERVE_MARK = "sparkcluster: vllm serve started"
 
-PREFIX = re.compile(r"^\((?P<proc>[A-Za-z][\w]*) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[0-9A-Fa-f.:]+))?\)\s*")
+# a process's prefix, `(Worker_TP1 pid=656)`, `(RayWorkerWrapper pid=242, ip=198.19.2.2)`; Ray forwards
+# a worker's lines through its driver, so one line may carry several, outermost first ("(EngineCore
+# pid=29087) (RayWorkerProc pid=29271) (Worker pid=29271) INFO ...", ray-project/ray PR #65486)
+ONE = re.compile(r"\((?P<proc>[A-Za-z][\w:.\-]*) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[0-9A-Fa-f.:]+))?\)[ \t]*")
+# a prefix inside a line, where another writer's output was cut off before it ("ahazidgx1:205:386 [0]
+# NCCL I(Worker pid=205) INFO ...": local-inference-lab/b12x docs/evidence/rocenante/
+# serving-ab-20261001-3spark-ring/roce-startup.txt)
+INSIDE = re.compile(ONE.pattern + r"(?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )")
+# a prefix that ends a line belongs to the next: a progress bar on stderr is printed as the prefix, a
+# newline, then the bar ("(Worker_TP0 pid=2500801) \nCapturing CUDA graphs (decode, FULL): ...",
+# vllm-project/vllm PR #46389), and a bar's last redraw can carry the next rank's prefix at its end
+# ("... 0/22 [00:00<?, ?profiles/s](Worker_TP2_EP2 pid=643)", vllm-project/vllm#57423)
+TRAIL = re.compile(ONE.pattern + r"$")
 # not ranks: the engine core and the API server print the cluster's lines, not one rank's
 NOT_RANKS = ("EngineCore", "APIServer")
 BACKENDS = re.compile(
@@ -39,38 +53,97 @@ ROCE_BACKEND = "B12X_ROCENANTE"  # the shim's backend_name (local-inference-lab/
 ASKS = {"VLLM_ENABLE_ROCE_ALLREDUCE": ROCE_BACKEND}
 
 # The warm-up phases, in the order a rank goes through them, each with the vLLM lines that say a rank
-# is in it (the last such line of a rank decides). Sources: tests/captured/vllm-0.32-*.log
-# ("Starting to load model", "Starting torch.compile", "Warming up done"; vLLM 0.32), vLLM's
-# gpu_model_runner/gpu_worker ("Loading weights took", "Model loading took", "Available KV cache
-# memory", "Graph capturing finished"; vllm-0.32-compile-miss.log quotes "Model loading took"),
-# vLLM's kernel_warmup ("Running FlashInfer autotune with %d tokens.") and FlashInfer's progress bar
-# ("[AutoTuner]: Tuning flashinfer::...", quoted in vllm-project/vllm PR #54794).
+# is in it (the last such line of a rank decides). Sources, each line as published:
+# tests/captured/vllm-0.32-*.log ("Starting to load model", "Starting torch.compile", "Warming up
+# done"; vLLM 0.32); vllm-project/vllm#38820 and noonghunna/club-3090#552 ("Loading safetensors
+# checkpoint shards", "Loading weights took", "Model loading took"); hiyouga/EasyR1#69 (vLLM 0.7's
+# "Loading model weights took", "Memory profiling takes"); ray-project/ray PR #65486 and
+# noonghunna/club-3090#127 ("Available KV cache memory"); vllm-project/vllm#57423 ("Running FlashInfer
+# autotune with 16384 tokens and token buckets (...)", FlashInfer's "[Autotuner]: Autotuning process
+# starts ..." and its progress bar "[AutoTuner]: Tuning trtllm::fused_moe::gemm1: ..."); vllm-project/
+# vllm PR #46389 and #27521 ("Capturing CUDA graphs (decode, FULL): ..."); vLLM's gpu_model_runner
+# ("Graph capturing finished in %.0f secs", the string vllm-project/vllm PR #10027 added; no published
+# capture of it was found) and core.py ("init engine (profile, create kv cache, warmup model) took",
+# tests/captured/vllm-0.32-*.log).
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("weights", ("Starting to load model", "Loading safetensors checkpoint shards", "Loading weights took")),
+    (
+        "weights",
+        (
+            "Starting to load model",
+            "Loading safetensors checkpoint shards",
+            "Loading weights took",
+            "Loading model weights took",
+        ),
+    ),
     ("compile", ("Model loading took", "Starting torch.compile", "torch.compile took")),
     ("profiling", ("Available KV cache memory", "Memory profiling takes", "determine_available_memory")),
-    ("autotuning", ("Running FlashInfer autotune", "[AutoTuner]: Tuning")),
+    ("autotuning", ("Running FlashInfer autotune", "[AutoTuner]: Tuning", "[Autotuner]: Autotuning process starts")),
     ("graph capture", ("Capturing CUDA graph", "Graph capturing finished")),
     ("ready", ("Warming up done", "init engine (profile, create kv cache, warmup model) took")),
 )
 ORDER = {name: i for i, (name, _) in enumerate(PHASES)}
 # the grep that picks the lines either reader wants (node/container_status), as an ERE
-WANTED = "all-reduce backends|RoCEnante disabled|" + "|".join(
-    re.escape(p).replace("\\ ", " ") for _, pats in PHASES for p in pats
+# (and a line that ends with a prefix: the next line's rank, TRAIL)
+WANTED = (
+    "all-reduce backends|RoCEnante disabled|"
+    + "|".join(re.escape(p).replace("\\ ", " ") for _, pats in PHASES for p in pats)
+    + r"|\([A-Za-z][^ ()]* pid=[0-9]+(, ip=[^)]*)?\) *$"
 )
 
 
-def rank_of(line: str, node: str = "") -> tuple[str, str] | None:
-    """(the rank's name, the line without its prefix); None for the engine core's and API server's
-    lines. A rank is named by its process and PID (and IP under Ray); a line without a prefix by its
-    node alone."""
-    m = PREFIX.match(line)
-    if not m:
-        return node or "this node", line
-    if m.group("proc").startswith(NOT_RANKS):
-        return None
-    name = f"{m.group('proc')} pid={m.group('pid')}" + (f" ip={m.group('ip')}" if m.group("ip") else "")
-    return (f"{node}: {name}" if node else name), line[m.end() :]
+def _chain(line: str, pos: int) -> tuple[list[re.Match], int]:
+    found = []
+    while m := ONE.match(line, pos):
+        found.append(m)
+        pos = m.end()
+    return found, pos
+
+
+def _split(line: str) -> tuple[list[re.Match], str, re.Match | None]:
+    """(the prefixes the line's message carries, outermost first; the message; the prefix the line
+    ends with, which is the next line's)."""
+    found, end = _chain(line, 0)
+    if not found and (m := INSIDE.search(line)):
+        found, end = _chain(line, m.start())
+    msg = line[end:]
+    trail = TRAIL.search(msg)
+    return found, (msg[: trail.start()] if trail else msg), trail
+
+
+def ranked(text: str, node: str = "") -> list[tuple[str, str, bool]]:
+    """One node's lines as (the rank's name, the message, whether a prefix named the rank), the engine
+    core's and API server's lines left out. A rank is its process ID (and IP under Ray), named by the
+    longest process name it printed under: vLLM renames a worker once its rank is known ("(Worker
+    pid=42)", then "(Worker_TP0 pid=42)": noonghunna/club-3090#552 and the vLLM logs quoted below). A line
+    no prefix names belongs to the node's own process (one rank per node under `mp`)."""
+    rows: list[tuple[tuple[str, str] | None, str]] = []
+    names: dict[tuple[str, str], str] = {}
+    pending = None  # the prefix the previous line ended with
+    for line in text.splitlines():
+        found, msg, trail = _split(line)
+        if found and not msg.strip():  # the prefix alone: the next line is its rank's
+            pending = found[-1]
+            continue
+        m = found[-1] if found else pending
+        pending = trail
+        if m is None:
+            rows.append((None, msg))
+            continue
+        if m.group("proc").startswith(NOT_RANKS):
+            continue
+        ip = next((x.group("ip") for x in reversed(found) if x.group("ip")), m.group("ip") or "")
+        key = (m.group("pid"), ip)
+        if len(m.group("proc")) > len(names.get(key, "")):
+            names[key] = m.group("proc")
+        rows.append((key, msg))
+    out = []
+    for key, msg in rows:
+        if key is None:
+            out.append((node or "this node", msg, False))
+            continue
+        name = f"{names[key]} pid={key[0]}" + (f" ip={key[1]}" if key[1] else "")
+        out.append(((f"{node}: {name}" if node else name), msg, True))
+    return out
 
 
 def _names(listing: str | None) -> tuple[str, ...]:
@@ -100,11 +173,7 @@ def all_reduce(texts: dict[str, str]) -> AllReduce:
     """Every node's serve-log lines (this start's) -> their ranks' all-reduce backends."""
     out = AllReduce()
     for node, text in texts.items():
-        for line in text.splitlines():
-            got = rank_of(line, node if len(texts) > 1 else "")
-            if got is None:
-                continue
-            rank, msg = got
+        for rank, msg, _ in ranked(text, node if len(texts) > 1 else ""):
             m = BACKENDS.search(msg)
             if m:
                 out.using.setdefault(rank, {})[m.group("group")] = _names(m.group("using"))
@@ -161,14 +230,10 @@ def phases(texts: dict[str, str]) -> dict[str, str]:
     for node, text in texts.items():
         mine: dict[str, str] = {}
         plain = None  # the last phase of a line without a prefix (FlashInfer's progress bar on stderr)
-        for line in text.splitlines():
-            got = rank_of(line, node if len(texts) > 1 else "")
-            if got is None:
-                continue
-            rank, msg = got
+        for rank, msg, named in ranked(text, node if len(texts) > 1 else ""):
             for name, pats in PHASES:
                 if any(p in msg for p in pats):
-                    if PREFIX.match(line):
+                    if named:
                         mine[rank], plain = name, None
                     else:
                         plain = (rank, name)

@@ -18,15 +18,32 @@ ROCE_ON = {"VLLM_ENABLE_ROCE_ALLREDUCE": "1"}
 # --- the all-reduce backend ---------------------------------------------------------------------
 
 
-def test_pynccl_on_both_ranks_is_reported_and_fine_without_a_request():
-    ar = engine_log.all_reduce({"head": cap("vllm-allreduce-pynccl-tp2.log")})
-    assert ar.serving() == "PYNCCL" and len(ar.using) == 2
-    assert "B12X_ROCENANTE" in ar.potential
+# Real: local-inference-lab/b12x docs/evidence/rocenante/serving-ab-20261001-3spark-ring/ (three Sparks,
+# DeepSeek-V4.1-Flash TP3), rank 0's startup lines per arm: nccl-startup.txt (commit 826eb42,
+# VLLM_ENABLE_ROCE_ALLREDUCE=0) and roce-startup.txt (commit fbd8235, =1; its second line is cut into by
+# NCCL's own output, "ahazidgx1:205:386 [0] NCCL I(Worker pid=205) INFO ...").
+NCCL_ARM = "b12x-rocenante-ring-nccl-startup.txt"
+ROCE_ARM = "b12x-rocenante-ring-roce-startup.txt"
+
+
+def test_pynccl_is_reported_and_fine_without_a_request():
+    ar = engine_log.all_reduce({"head": cap(NCCL_ARM)})
+    assert ar.serving() == "PYNCCL" and list(ar.using) == ["Worker pid=204"]
+    assert ar.potential[:3] == ("FLASHINFER_PCIE_IPC", "B12X_PCIE", "B12X_ROCENANTE")
     status, what, fix = engine_log.judge_all_reduce(ar, {})
-    assert status == "ok" and "PYNCCL serves the tp:0 all-reduce (2 rank(s) reported)" in what and not fix
+    assert status == "ok" and "PYNCCL serves the tp:0 all-reduce (1 rank(s) reported)" in what and not fix
 
 
-def test_a_profile_asking_for_rocenante_while_ranks_run_pynccl_fails_with_its_reason():
+def test_a_profile_asking_for_rocenante_while_ranks_run_pynccl_fails():
+    # the published NCCL arm read as if the profile had asked for RoCEnante: no reason was printed
+    status, what, fix = engine_log.judge_all_reduce(engine_log.all_reduce({"head": cap(NCCL_ARM)}), ROCE_ON)
+    assert status == "fail" and "Worker pid=204: ['PYNCCL'] run without B12X_ROCENANTE" in what
+    assert "remove VLLM_ENABLE_ROCE_ALLREDUCE" in fix and "sparkcluster up" in fix
+
+
+def test_a_profile_asking_for_rocenante_fails_with_the_shims_reason():
+    # rebuilt (no published "RoCEnante disabled" line was found): the shim's warning as its source
+    # writes it, then the published NCCL arm's line
     ar = engine_log.all_reduce({"head": cap("vllm-allreduce-rocenante-disabled.log")})
     status, what, fix = engine_log.judge_all_reduce(ar, ROCE_ON)
     assert status == "fail"
@@ -35,20 +52,28 @@ def test_a_profile_asking_for_rocenante_while_ranks_run_pynccl_fails_with_its_re
     assert "remove VLLM_ENABLE_ROCE_ALLREDUCE" in fix and "sparkcluster up" in fix
 
 
-def test_rocenante_serving_on_every_rank_passes_the_request():
-    ar = engine_log.all_reduce({"head": cap("vllm-allreduce-rocenante.log")})
-    assert ar.serving() == "B12X_ROCENANTE"
+def test_rocenante_serving_passes_the_request_and_a_cut_line_keeps_its_rank():
+    ar = engine_log.all_reduce({"head": cap(ROCE_ARM)})
+    assert ar.serving() == "B12X_ROCENANTE" and ar.serving("ep:0") == "PYNCCL"
+    # the ep:0 line NCCL's output cut into is still pid 205's, not the node's; the rank is named as
+    # vLLM later renames it ("(Worker_TP0 pid=205) ... RoCEnante all-reduce is live")
+    assert ar.using == {"Worker_TP0 pid=205": {"tp:0": ("B12X_ROCENANTE", "PYNCCL"), "ep:0": ("PYNCCL",)}}
     assert engine_log.judge_all_reduce(ar, ROCE_ON)[0] == "ok"
 
 
 def test_ranks_that_disagree_fail_naming_each_list():
-    ok = cap("vllm-allreduce-rocenante.log").splitlines()
-    pyn = cap("vllm-allreduce-pynccl-tp2.log").splitlines()
-    # the head's rank took RoCEnante, the worker's (its own serve log under mp) PYNCCL
-    ar = engine_log.all_reduce({"head": ok[1], "worker": pyn[1]})
+    # the head's rank took RoCEnante, the worker's (its own serve log) PYNCCL: the two arms side by side
+    ar = engine_log.all_reduce({"head": cap(ROCE_ARM), "worker": cap(NCCL_ARM)})
     status, what, fix = engine_log.judge_all_reduce(ar, {})
     assert status == "fail" and "disagree" in what
-    assert "head: Worker_TP0" in what and "worker: Worker_TP1" in what and "doctor" in fix
+    assert "head: Worker_TP0 pid=205" in what and "worker: Worker pid=204" in what and "doctor" in fix
+
+
+def test_a_line_cut_off_in_a_saved_log_is_still_read():
+    # real: b12x docs/evidence/rocenante/serving-ab-final-20260903/nccl-startup.txt (commit 34c4a3b),
+    # the line cut at "potential backe"
+    ar = engine_log.all_reduce({"head": cap("b12x-rocenante-final-nccl-startup.txt")})
+    assert ar.serving() == "PYNCCL" and ar.potential == ()
 
 
 def test_the_cpu_engine_prints_none_not_reported():
@@ -63,8 +88,10 @@ def test_the_cpu_engine_prints_none_not_reported():
     )
 
 
-def test_the_older_line_without_dispatch_order_is_read_too():
-    line = "(Worker pid=56) INFO 09-04 10:59:02 [cuda_communicator.py:266] Using ['PYNCCL'] all-reduce backends for group 'tp:0'"
+def test_the_shortened_line_owners_quote_is_read_too():
+    # as owners' notes quote it (e.g. "Using ['CUSTOM', 'PYNCCL'] all-reduce backends for group 'tp:0'");
+    # the prefix and the rest are the published NCCL arm's
+    line = "(Worker pid=204) INFO 10-01 18:30:16 [cuda_communicator.py:420] Using ['PYNCCL'] all-reduce backends for group 'tp:0'"
     assert engine_log.all_reduce({"n": line}).serving() == "PYNCCL"
 
 
@@ -80,7 +107,48 @@ def test_phases_follow_each_rank_from_vllms_lines():
     assert list(cpu.values()) == ["ready"]  # "Warming up done."
 
 
+def test_a_bar_after_a_bare_prefix_is_that_ranks():
+    # real: vllm-project/vllm#57423's TP8 log (as quoted): FlashInfer's own logger line, vLLM's
+    # kernel_warmup line, and a tqdm bar printed after its rank's prefix alone on a line, the next
+    # rank's prefix at the bar's end (TP2's line, cut by the quote, says nothing)
+    ph = engine_log.phases({"head": cap("vllm-57423-autotune-tp8.log")})
+    assert ph == {
+        "Worker_TP0_EP0 pid=641": "autotuning",
+        "Worker_TP5_EP5 pid=646": "autotuning",
+        "Worker_TP6_EP6 pid=647": "autotuning",
+        "Worker_TP7_EP7 pid=648": "autotuning",
+    }
+    # real: vllm-project/vllm PR #46389: the decode graphs' bar after "(Worker_TP0 pid=2500801) "
+    assert engine_log.phases({"n": cap("vllm-46389-graph-capture.log")}) == {"Worker_TP0 pid=2500801": "graph capture"}
+
+
+def test_weights_and_profiling_from_published_logs():
+    # real: vllm-project/vllm#38820, noonghunna/club-3090#552 (the bars under bare prefixes, then
+    # "Loading weights took" and "Model loading took"); hiyouga/EasyR1#69 (vLLM 0.7's V0 lines)
+    assert engine_log.phases({"n": cap("vllm-38820-weights-tp.log")}) == {"Worker_TP0 pid=34322": "compile"}
+    assert engine_log.phases({"n": cap("club3090-552-weights-tp2.log")}) == {"Worker_TP0 pid=114": "compile"}
+    assert engine_log.phases({"n": cap("easyr1-69-v0-profiling.log")}) == {"WorkerDict pid=55573": "profiling"}
+
+
+def test_a_ray_workers_nested_prefixes_are_one_rank():
+    # real: ray-project/ray PR #65486 / #66230 (vLLM under Ray Serve): the driver's prefixes stack in
+    # front of the worker's; the engine core's own line is no rank's
+    ph = engine_log.phases({"n": cap("ray-65486-nested-prefixes.log")})
+    assert ph == {"Worker pid=29271": "autotuning"}
+
+
+def test_a_worker_renamed_once_its_rank_is_known_is_one_rank():
+    # real: the b12x RoCE arm prints "(Worker pid=205)" at init and "(Worker_TP0 pid=205)" once the rank
+    # is assigned; club-3090#552's bars each sit under a bare "(Worker_TP0 pid=114) "
+    assert {r for r, _, _ in engine_log.ranked(cap(ROCE_ARM))} == {"Worker_TP0 pid=205"}
+    rows = engine_log.ranked(cap("club3090-552-weights-tp2.log"), "spark-a")
+    assert {r for r, _, _ in rows} == {"spark-a: Worker_TP0 pid=114", "spark-a: Worker_TP1 pid=119"}
+    assert all(named for _, _, named in rows)
+
+
 def test_ranks_apart_are_named_with_their_phases_and_timed():
+    # rebuilt, not captured: no published log of getainode/ainode#134's drift carries its lines (the
+    # issue and PR #136 tell it in prose); each line's form is a published one (tests/captured/README)
     texts = {"head": cap("vllm-warmup-drift-head.log"), "worker": cap("vllm-warmup-drift-worker.log")}
     ph = engine_log.phases(texts)
     assert engine_log.drifted(ph)
@@ -98,7 +166,8 @@ def test_the_grep_picks_every_phase_and_backend_line():
     for _, pats in engine_log.PHASES:
         for p in pats:
             assert wanted.search(f"(Worker pid=1) INFO 1 [x.py:1] {p} 3"), p
-    assert wanted.search(cap("vllm-allreduce-pynccl-tp2.log"))
+    assert wanted.search(cap(NCCL_ARM))
+    assert wanted.search("(Worker_TP5_EP5 pid=646)") and wanted.search("(Worker_TP0 pid=114) ")
     # the engine's config line names FlashInfer's autotune switch: not a phase
     assert engine_log.phases({"h": "(EngineCore pid=1) INFO ... enable_flashinfer_autotune=True"}) == {}
 
@@ -188,10 +257,7 @@ def test_the_reader_prints_the_env_and_this_starts_lines_only(tmp_path, monkeypa
 
     log = tmp_path / "serve.log"
     log.write_text(
-        cap("vllm-allreduce-rocenante.log")
-        + f"{engine_log.SERVE_MARK} t\n"
-        + "noise\n"
-        + cap("vllm-allreduce-rocenante-disabled.log")
+        cap(ROCE_ARM) + f"{engine_log.SERVE_MARK} t\n" + "noise\n" + cap("vllm-allreduce-rocenante-disabled.log")
     )
     monkeypatch.setattr(container_status, "SERVE_LOG", str(log))
     out = subprocess.run(
@@ -215,7 +281,7 @@ def test_status_names_the_backend_and_fails_a_request_the_ranks_ignored():
     assert st.state == "degraded" and st.all_reduce == "" and not st.phases
     assert "all-reduce: the profile sets VLLM_ENABLE_ROCE_ALLREDUCE=1" in st.problems[0]
     ok = status.ClusterStatus("c", "healthy", [])
-    status.ranks_read(ok, {"head": "ENV VLLM_ENABLE_ROCE_ALLREDUCE=\n" + cap("vllm-allreduce-pynccl-tp2.log")}, None)
+    status.ranks_read(ok, {"head": "ENV VLLM_ENABLE_ROCE_ALLREDUCE=\n" + cap(NCCL_ARM)}, None)
     assert ok.state == "healthy" and ok.all_reduce == "PYNCCL" and not ok.problems
     cpu = status.ClusterStatus("c", "healthy", [])
     status.ranks_read(cpu, {"head": cap("vllm-0.32-cpu-compile.log")}, {"state": "serving"})
@@ -290,7 +356,7 @@ def test_up_fails_a_profile_whose_rocenante_no_rank_runs():
     with pytest.raises(StageError) as e:
         serve.engine_all_reduce(r)
     assert "B12X_ROCENANTE" in e.value.failures[0].reason and "sparkcluster up" in e.value.fix
-    ok = _run({"head": cap("vllm-allreduce-rocenante.log"), "worker": ""})
+    ok = _run({"head": cap(ROCE_ARM), "worker": ""})
     ok.cluster.each = lambda fn, hosts=None: _Values({n: _Out(o) for n, o in ok.cluster.outs.items()})
     assert serve.engine_all_reduce(ok) == "B12X_ROCENANTE"
 
