@@ -59,6 +59,7 @@ from sparkcluster.config.secrets import load_secrets
 from sparkcluster.deployment import canary_watch, deployments, endpoint, engine_ranks, known_good
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.fabric import engine_nccl
+from sparkcluster.movement import hfcache
 
 # the harnesses bench runs itself; a record's aiperf figures are compared with vLLM's bench, flagged,
 # unless --harness aiperf asks for aiperf itself (opt-in: it installs some 138 packages in the container)
@@ -380,7 +381,7 @@ def _harness_and_prompts(inv, head, harness: str, reference, prof, say: Callable
             head.setup_aiperf(inv.cluster.pip_index_url)
         else:
             head.setup_benchy(inv.cluster.pip_index_url)
-    sent = prompt_set(head, reference, prof, harness)
+    sent = prompt_set(head, reference, prof, harness, inv.cluster.hf_endpoint or hfcache.PUBLIC_HUB)
     if sent.fallback:
         say(f"not the record's prompts: {sent.fallback}")
     return sent

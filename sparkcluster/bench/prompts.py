@@ -17,8 +17,9 @@ The rule: a speculative profile compared with a record measured on SPEED-Bench i
 record's dataset where the head's image can (`vllm bench serve --dataset-name speed_bench`, vllm PR
 #36029; its options `--dataset-path`, `--speed-bench-dataset-subset`, `--speed-bench-output-len` per
 https://docs.vllm.ai/en/latest/cli/bench/serve/) and the prepared dataset lies in the head's HF cache
-folder, `<hf_cache>/speed_bench` (PREPARED); else the run sends random prompts and every figure decode
-decides is refused beside the record's, saying why.
+folder, `<hf_cache>/speed_bench` (PREPARED), or can be made there from the hub the inventory names
+(`hf_endpoint`, else the public hub: `fetch_command`); else the run sends random prompts and every
+figure decode decides is refused beside the record's, saying why.
 
 Prepared, not downloaded: the hub's nvidia/SPEED-Bench holds a placeholder where a source dataset does
 not permit redistribution, and NVIDIA-NeMo/Skills' `nemo_skills/dataset/speed-bench/prepare.py` fetches
@@ -26,6 +27,17 @@ those rows (vLLM's benchmarking docs, docs.vllm.ai/en/latest/benchmarking/cli: `
 `--output_dir`, then `--dataset-path <output>/data/speed_bench`; aiperf's SPEED-Bench loader says the
 same of the placeholders). So the owner runs it once on the head, into the HF cache (every container
 mounts it at the same path): `PREPARE_HINT`.
+
+From the hub, where its rows are whole: `fetch_command` downloads the subset's files of the dataset
+repository (huggingface_hub's snapshot_download, `repo_type="dataset"`, into the HF cache like the
+weights) in the head container, reads them (Parquet, the hub's format, through pyarrow where the image
+has it; JSON Lines as they are), and writes `<hf_cache>/speed_bench/<subset>.jsonl`, one row a line
+with the dataset's own columns (its card's `dataset_info`: question_id, category, sub_category, turns,
+source, src_id, difficulty, multiturn), the form the prepared files take (aiperf PR #855: "predownload
+the data, then use it as JSONL files", as nemo-skills and vllm bench do). A row whose turns hold the
+hub's placeholder, "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH" (the
+text SGLang's SPEED-Bench loaders refuse), is not a prompt: then nothing is written and the run falls
+back, naming prepare.py.
 """
 
 from __future__ import annotations
@@ -45,6 +57,8 @@ WHY_RANDOM = (
 )
 
 PREPARED = "speed_bench"  # the prepared dataset's folder in the HF cache (prepare.py's --output_dir)
+# what the hub's copy holds where a source may not be redistributed (the module's note)
+PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH"
 PREPARE_HINT = (
     "on the head, run NVIDIA-NeMo/Skills' nemo_skills/dataset/speed-bench/prepare.py "
     f"--config SUBSET --output_dir <the inventory's hf_cache>/{PREPARED}"
@@ -66,6 +80,62 @@ def probe(subset: str) -> str:
         f'for d in "{home}/{PREPARED}" "{home}/{PREPARED}/data/speed_bench"; do '
         f'[ -s "$d/{subset}.jsonl" ] && {{ p="$d"; break; }}; done; echo "speed_bench_path=$p"'
     )
+
+
+# run by the head container's python (vLLM's, which has huggingface_hub): argv subset, dest, repo,
+# placeholder; prints `speed_bench_path=<dest>` or `speed_bench_error=<why>`
+FETCH_PY = r"""
+import json, os, sys
+subset, dest, repo, placeholder = sys.argv[1:5]
+def out(k, v):
+    print(k + "=" + " ".join(str(v).split())[:400]); sys.exit(0)
+try:
+    from huggingface_hub import snapshot_download
+    root = snapshot_download(repo_id=repo, repo_type="dataset", allow_patterns=[subset + "/*"])
+except Exception as e:
+    hub = os.environ.get("HF_ENDPOINT") or "the public hub"
+    out("speed_bench_error", f"{repo} from {hub}: {type(e).__name__}: {e}")
+rows = []
+for d, _, names in sorted(os.walk(os.path.join(root, subset))):
+    for n in sorted(names):
+        p = os.path.join(d, n)
+        if n.endswith(".parquet"):
+            try:
+                import pyarrow.parquet as pq
+            except ImportError:
+                out("speed_bench_error", f"the image has no pyarrow to read {repo}'s {subset}/{n}")
+            rows += pq.read_table(p).to_pylist()
+        elif n.endswith((".jsonl", ".json")):
+            with open(p, encoding="utf-8") as fh:
+                rows += [json.loads(x) for x in fh if x.strip()]
+if not rows:
+    out("speed_bench_error", f"{repo} has no rows under {subset}/")
+held = sum(1 for r in rows if any(placeholder in str(t) for t in (r.get("turns") or [])))
+if held:
+    why = "the hub's placeholder for data it may not redistribute"
+    out("speed_bench_error", f"{held} of {len(rows)} rows of {repo}'s {subset} are {why}")
+os.makedirs(dest, exist_ok=True)
+tmp = os.path.join(dest, f".{subset}.jsonl.{os.getpid()}")
+with open(tmp, "w", encoding="utf-8") as fh:
+    fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+os.replace(tmp, os.path.join(dest, subset + ".jsonl"))
+out("speed_bench_path", dest)
+"""
+
+
+def fetch_command(subset: str) -> list[str]:
+    """The argv, run in the head container with HF_ENDPOINT set to the inventory's hub, that makes the
+    prepared subset from the hub's copy (the module's note); its output is read by `parse_probe`."""
+    if subset not in SUBSETS:
+        raise ValueError(f"not a SPEED-Bench subset: {subset!r}")
+    dest = f'"${{HF_HOME:-$HOME/.cache/huggingface}}/{PREPARED}"'
+    return [
+        "sh",
+        "-c",
+        f'exec python3 -c "$0" {subset} {dest} {SPEED_BENCH} "$1"',
+        FETCH_PY,
+        PLACEHOLDER,
+    ]
 
 
 @dataclass(frozen=True)
@@ -112,8 +182,19 @@ def speculative(prof) -> str:
 
 def parse_probe(text: str) -> tuple[bool, str]:
     """PROBE's output: (the image's bench knows speed_bench, the dataset's folder or "")."""
-    vals = dict(line.partition("=")[::2] for line in (text or "").splitlines() if "=" in line)
+    vals = _values(text)
     return vals.get("speed_bench", "").strip() == "yes", vals.get("speed_bench_path", "").strip()
+
+
+def parse_fetch(text: str) -> tuple[str, str]:
+    """`fetch_command`'s output: (the prepared folder, "") or ("", why not)."""
+    vals = _values(text)
+    path = vals.get("speed_bench_path", "").strip()
+    return path, "" if path else (vals.get("speed_bench_error", "").strip() or "the fetch said nothing")
+
+
+def _values(text: str) -> dict[str, str]:
+    return dict(line.partition("=")[::2] for line in (text or "").splitlines() if "=" in line)
 
 
 def wanted(record) -> tuple[str, str | None] | None:
@@ -131,8 +212,9 @@ def wanted(record) -> tuple[str, str | None] | None:
     return None
 
 
-def choose(record, spec_method: str, harness: str, has_speed_bench: bool, path: str) -> PromptSet:
-    """The prompts this run sends (the module's rule). Only vLLM's bench runs speed_bench here."""
+def choose(record, spec_method: str, harness: str, has_speed_bench: bool, path: str, hub: str = "") -> PromptSet:
+    """The prompts this run sends (the module's rule). Only vLLM's bench runs speed_bench here. `hub`:
+    why the hub's copy could not be made the prepared one, where that was tried."""
     want = wanted(record)
     if not spec_method or want is None:
         return PromptSet()
@@ -143,7 +225,8 @@ def choose(record, spec_method: str, harness: str, has_speed_bench: bool, path: 
             fallback=f"the head image's `vllm bench serve` has no --dataset-name {VLLM_DATASET} (vLLM PR #36029)"
         )
     if not path:
-        return PromptSet(fallback=f"no prepared {SPEED_BENCH} in the head's HF cache ({PREPARE_HINT})")
+        tried = f"; from the hub: {hub}" if hub else ""
+        return PromptSet(fallback=f"no prepared {SPEED_BENCH} in the head's HF cache{tried} ({PREPARE_HINT})")
     return PromptSet(SPEED_BENCH, want[1], path)
 
 

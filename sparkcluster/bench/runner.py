@@ -17,7 +17,16 @@ from pathlib import Path, PurePosixPath
 
 from sparkcluster import log, redact
 from sparkcluster.bench import aiperf, benchy
-from sparkcluster.bench.prompts import PromptSet, choose, parse_probe, probe, speculative, wanted
+from sparkcluster.bench.prompts import (
+    PromptSet,
+    choose,
+    fetch_command,
+    parse_fetch,
+    parse_probe,
+    probe,
+    speculative,
+    wanted,
+)
 from sparkcluster.bench.results import failure_reason, level_error, progress, row_from_result, run_id
 from sparkcluster.bench.sweep import (
     _RUN_ID,
@@ -73,13 +82,18 @@ class Sweep:
     failed: str = ""  # why the sweep stopped early, else ""
 
 
-def prompt_set(head: Head, record, prof, harness: str) -> PromptSet:
+def prompt_set(head: Head, record, prof, harness: str, hub: str = hfcache.PUBLIC_HUB) -> PromptSet:
     """The prompts this run sends (bench/prompts.choose): the head is asked only for a speculative
-    profile compared with a record measured on a dataset."""
+    profile compared with a record measured on a dataset; where its image's bench has the dataset but
+    its HF cache does not, the subset is made from `hub` (the inventory's hf_endpoint) when it can be."""
     spec, want = speculative(prof), wanted(record)
     if not spec or want is None or harness != "vllm-bench-serve":
         return choose(record, spec, harness, False, "")
-    return choose(record, spec, harness, *head.speed_bench(want[1]))
+    has, path = head.speed_bench(want[1])
+    why = ""
+    if has and not path:
+        path, why = head.fetch_speed_bench(want[1], hub)
+    return choose(record, spec, harness, has, path, why)
 
 
 def run_sweep(
@@ -226,6 +240,12 @@ class Head:
         the head's HF cache ("" when absent): bench/prompts.probe."""
         code, out = self._exec(["sh", "-c", probe(subset)], {})
         return parse_probe(out) if code == 0 else (False, "")
+
+    def fetch_speed_bench(self, subset: str, hub: str) -> tuple[str, str]:
+        """The subset made in the head's HF cache from `hub`'s copy of the dataset: (its folder, "") or
+        ("", why not) (bench/prompts.fetch_command)."""
+        code, out = self._exec(fetch_command(subset), {"HF_ENDPOINT": hub, "HF_HUB_DISABLE_TELEMETRY": "1"})
+        return parse_fetch(out) if code == 0 else ("", f"the fetch in {self.container} exited {code}")
 
     def vllm_version(self) -> str:
         code, out = self._exec(["sh", "-c", VLLM_VERSION], {})

@@ -151,3 +151,57 @@ def test_after_a_restart_the_supervisor_asks_the_canary_and_status_tells_it(test
     res = sc("status", "--json")
     canary = json.loads(res.stdout)["canary"]
     assert canary["state"] == "same" and canary["after"] == "a restart", canary
+
+
+# Issue 58: a speculative profile compared on the record's dataset where the image has it. The testbed
+# cannot serve a speculative profile (its tiny Llama has no draft heads, tests/integration/
+# test_repos_offline.py), and the prompts a run sends depend only on the profile's speculative_config
+# and the record's dataset (bench/prompts.choose): so the testbed profile, given one on the controller,
+# picks the prompts, and one short level of vLLM's bench runs on them against what the cluster serves.
+# The dataset comes from the hub the inventory names, the testbed hub's stand-in of nvidia/SPEED-Bench
+# (tests/testbed/hub/speed_bench.py). Written, not yet run: `long` until it is measured on a running
+# cluster (the fetch is a few KB and the level 4 prompts of 16 tokens, so it should cost well under a
+# minute).
+@pytest.mark.long
+def test_a_speculative_profile_is_measured_on_the_records_dataset_from_the_inventorys_hub(testbed, serving, tmp_path):
+    from sparkcluster.bench import prompts, runner
+    from sparkcluster.bench.results import run_id
+    from sparkcluster.bench.sweep import Level, target_for
+    from sparkcluster.config import inventory
+    from sparkcluster.config import profile as profiles
+    from sparkcluster.config.flags import engine_host
+    from tests.integration.helpers import API_KEY
+    from tests.testbed import hub
+
+    inv = inventory.load(Path(testbed.inventory))
+    plain = profiles.load_profile(str(TESTBED_PROFILES / "testbed.toml"))
+    spec = plain.model_copy(
+        update={
+            "serve": plain.serve.model_copy(
+                update={"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}}
+            )
+        }
+    )
+    text = (TESTBED_PROFILES / "testbed.perf.toml").read_text()
+    (tmp_path / "speed.perf.toml").write_text(
+        text.replace('dataset = "random"', 'dataset = "nvidia/SPEED-Bench"\ndataset_subset = "throughput_8k"')
+    )
+    record = perf_record.load(tmp_path / "speed.perf.toml")
+    cluster = runner.connect(inv)
+    head = runner.head_for(cluster, inv)
+    testbed.sh(
+        HEAD, f"docker exec {head.container} sh -c 'rm -rf \"${{HF_HOME:-$HOME/.cache/huggingface}}/speed_bench\"'"
+    )
+    assert inv.cluster.hf_endpoint == hub.ENDPOINT
+    sent = runner.prompt_set(head, record, spec, "vllm-bench-serve", inv.cluster.hf_endpoint)
+    assert sent.speed_bench and sent.subset == "throughput_8k" and not sent.fallback, sent
+    assert runner.prompt_set(head, record, plain, "vllm-bench-serve") == prompts.PromptSet()  # not speculative
+    target = target_for(plain, inv.cluster.api_port, bind=engine_host(inv, plain))
+    got = head.run_level(Level(1, 4, 64, 16), target, {"VLLM_API_KEY": API_KEY}, run_id(), prompts=sent)
+    assert got.doc.get("completed") == 4, got.output
+    # a subset the stand-in holds only as placeholders: random prompts, and the fallback says why
+    held_text = (tmp_path / "speed.perf.toml").read_text().replace("throughput_8k", "throughput_1k")
+    (tmp_path / "held.perf.toml").write_text(held_text)
+    held = perf_record.load(tmp_path / "held.perf.toml")
+    fell = runner.prompt_set(head, held, spec, "vllm-bench-serve", inv.cluster.hf_endpoint)
+    assert not fell.speed_bench and "the hub's placeholder" in fell.fallback, fell

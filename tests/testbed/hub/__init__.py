@@ -1,5 +1,6 @@
 """The testbed's model hub: serves the tiny model (and a `retrained` branch of it whose answers differ), a gated copy of it, copies of it as a separate
-tokenizer repository and a draft model (issue 24), and a synthetic repo of a few hundred MB on the controller's LAN address; huggingface_hub reaches it through HF_ENDPOINT (the
+tokenizer repository and a draft model (issue 24), a synthetic repo of a few hundred MB, and a stand-in of the dataset nvidia/SPEED-Bench
+(issue 58, speed_bench.py) on the controller's LAN address; huggingface_hub reaches it through HF_ENDPOINT (the
 inventory's `hf_endpoint`). See server.py for the protocol and why it is not an existing mirror.
 
 `start_hub` runs it as its own process (like the pip mirror, so it outlives the command that
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
+from . import speed_bench
 from .server import (
     Hub,
     Repo,
@@ -88,7 +90,9 @@ def build_hub(
         repos.append(Repo(LARGE, big, memo_dir=memo).load())
     if scale_mb:
         repos.append(Repo(SCALE, scale_repo(state_dir / "scale", scale_mb), memo_dir=memo).load())
-    return Hub(repos, {GRANTED_TOKEN})
+    # issue 58: the dataset the shipped records were measured on, a stand-in (speed_bench.py)
+    dataset = Repo(speed_bench.REPO, speed_bench.standin(state_dir / "speed-bench"), memo_dir=memo).load()
+    return Hub(repos, {GRANTED_TOKEN}, [dataset])
 
 
 @dataclass

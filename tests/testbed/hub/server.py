@@ -118,8 +118,10 @@ class Knobs:
 
 
 class Hub:
-    def __init__(self, repos: list[Repo], tokens: set[str]):
+    def __init__(self, repos: list[Repo], tokens: set[str], datasets: list[Repo] = ()):
         self.repos = {r.repo_id: r for r in repos}
+        # dataset repositories: their own namespace on the hub (/api/datasets/..., /datasets/.../resolve)
+        self.datasets = {r.repo_id: r for r in datasets}
         self.tokens = set(tokens)  # tokens granted access to the gated repos
         self.knobs = Knobs()
         self.lock = threading.Lock()
@@ -144,6 +146,7 @@ class Hub:
             "repos": {
                 r.repo_id: {"sha": r.sha, "size": sum(f.size for f in r.files.values())} for r in self.repos.values()
             },
+            "datasets": {r.repo_id: {"sha": r.sha} for r in self.datasets.values()},
         }
 
     def set_knobs(self, values: dict) -> None:
@@ -161,8 +164,10 @@ class HubError(Exception):
         self.status, self.code, self.message = status, code, message
 
 
-_API = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)(?:/(?P<kind>revision|tree)/(?P<rev>[^/]+)(?P<path>/.*)?)?$")
-_RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
+_API = re.compile(
+    r"^/api/(?P<type>models|datasets)/(?P<repo>[^/]+/[^/]+)(?:/(?P<kind>revision|tree)/(?P<rev>[^/]+)(?P<path>/.*)?)?$"
+)
+_RESOLVE = re.compile(r"^/(?:(?P<type>datasets)/)?(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -190,8 +195,8 @@ class Handler(BaseHTTPRequestHandler):
         body = json.dumps({"error": e.message}).encode()
         self._send(e.status, body, {"X-Error-Code": e.code, "X-Error-Message": e.message})
 
-    def _repo(self, repo_id: str) -> Repo:
-        repo = self.hub.repos.get(repo_id)
+    def _repo(self, repo_id: str, kind: str | None = None) -> Repo:
+        repo = (self.hub.datasets if kind == "datasets" else self.hub.repos).get(repo_id)
         if repo is None:
             raise HubError(404, "RepoNotFound", f"Repository {repo_id} not found")
         if repo.gated:
@@ -241,7 +246,7 @@ class Handler(BaseHTTPRequestHandler):
             self._error(e)
 
     def _api(self, m: re.Match, query: dict) -> None:
-        repo = self._repo(m["repo"])
+        repo = self._repo(m["repo"], m["type"])
         if m["kind"]:
             repo = repo.at(m["rev"])
         if m["kind"] == "tree":
@@ -277,7 +282,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, json.dumps(info).encode())
 
     def _resolve(self, m: re.Match) -> None:
-        repo = self._repo(m["repo"]).at(m["rev"])
+        repo = self._repo(m["repo"], m["type"]).at(m["rev"])
         f = repo.files.get(unquote(m["path"]))
         if f is None:
             raise HubError(404, "EntryNotFound", f"{unquote(m['path'])} does not exist at {repo.sha}")
