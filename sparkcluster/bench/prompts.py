@@ -34,9 +34,12 @@ weights) in the head container, reads them (Parquet, the hub's format, through p
 has it; JSON Lines as they are), and writes `<hf_cache>/speed_bench/<subset>.jsonl`, one row a line
 with the dataset's own columns (its card's `dataset_info`: question_id, category, sub_category, turns,
 source, src_id, difficulty, multiturn), the form the prepared files take (aiperf PR #855: "predownload
-the data, then use it as JSONL files", as nemo-skills and vllm bench do). A row whose turns hold the
-hub's placeholder, "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH" (the
-text SGLang's SPEED-Bench loaders refuse), is not a prompt: then nothing is written and the run falls
+the data, then use it as JSONL files", as nemo-skills and vllm bench do; sgl-project/sglang
+`python/sglang/benchmark/datasets/speed_bench.py`, commit f111248, reads such a file's `turns`, a list of
+strings, the first as the prompt). A row whose turns hold the hub's placeholder, "FULL BENCHMARK DATA
+SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH" (the text later SGLang SPEED-Bench loaders refuse
+as `SPEED_BENCH_DATA_PLACEHOLDER`; found in public code whose repository the index did not name), is
+not a prompt: then nothing is written and the run falls
 back, naming prepare.py.
 """
 

@@ -9,9 +9,9 @@ What is the real dataset's (its card, https://huggingface.co/datasets/nvidia/SPE
 list of strings), source, src_id, difficulty (strings), multiturn (bool). The categories are the real
 ones: the qualitative split's eleven domains (NVIDIA's aiperf SPEED-Bench tutorial: coding,
 humanities, math, multilingual, qa, rag, reasoning, roleplay, stem, summarization, writing) and the
-throughput splits' entropy tiers (sgl-project/sglang PR #24149: low_entropy, mixed, high_entropy).
-The placeholder a row of the hub's copy holds where its source may not be redistributed is the real
-text (the one SGLang's SPEED-Bench loaders refuse).
+throughput splits' entropy tiers (sgl-project/sglang PR #24149 and its speed_bench.py: low_entropy,
+mixed, high_entropy). The placeholder a row of the hub's copy holds where its source may not be
+redistributed is the text later SGLang loaders refuse (sparkcluster/bench/prompts.py says where).
 
 What is not: the files are JSON Lines (`<subset>/test.jsonl`), where the hub's are Parquet (its card:
 "Formats: parquet"), because the testbed carries no Parquet writer; the product reads both. The rows
