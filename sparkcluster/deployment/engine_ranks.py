@@ -5,28 +5,18 @@ bounded, like the engine's NCCL files (fabric/engine_nccl)."""
 
 from __future__ import annotations
 
-import shlex
-
-from sparkcluster.facts.probes import section, split_sections
+from sparkcluster.facts.probes import in_containers, read_containers
 from sparkcluster.labels import CLUSTER_LABEL
 from sparkcluster.node import container_status, engine_log
 
 
 def section_script(cluster_label: str, bound_s: int) -> str:
-    docker = f"timeout -k 1 {bound_s} docker"
-    return section(
-        "engine",
-        f"for c in $({docker} ps -q --filter label={shlex.quote(cluster_label)}); do "
-        f"{docker} exec $c sh -c {shlex.quote(container_status.engine_reader())}; done; true",
-    )
+    return in_containers("engine", container_status.engine_reader(), cluster_label, bound_s)
 
 
 def read_node(host, cluster: str) -> str:
     """One node's section (`host`: its SSH connection); "" where nothing was read."""
-    got = split_sections(host.run(section_script(f"{CLUSTER_LABEL}={cluster}", 8), timeout=20, warn=True).stdout).get(
-        "engine"
-    )
-    return got.out if got is not None and got.rc == 0 else ""
+    return read_containers(host, f"{CLUSTER_LABEL}={cluster}", "engine", container_status.engine_reader())
 
 
 def split(outs: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:

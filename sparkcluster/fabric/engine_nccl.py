@@ -7,10 +7,8 @@ shows). A CPU engine (the testbed's) runs no NCCL and writes no such file: nothi
 
 from __future__ import annotations
 
-import shlex
-
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.facts.probes import section, split_sections
+from sparkcluster.facts.probes import in_containers, read_containers
 from sparkcluster.labels import CLUSTER_LABEL
 from sparkcluster.node.container_status import nccl_reader
 
@@ -18,21 +16,13 @@ from sparkcluster.node.container_status import nccl_reader
 def section_script(cluster_label: str, bound_s: int) -> str:
     """A section: `nccl_reader` (node/container_status) in each of this node's running containers
     of the cluster."""
-    docker = f"timeout -k 1 {bound_s} docker"
-    return section(
-        "nccl",
-        f"for c in $({docker} ps -q --filter label={shlex.quote(cluster_label)}); do "
-        f"{docker} exec $c sh -c {shlex.quote(nccl_reader())}; done; true",
-    )
+    return in_containers("nccl", nccl_reader(), cluster_label, bound_s)
 
 
 def read_node(host, cluster: str) -> str:
     """One node's ranks' NCCL lines (`host`: its SSH connection), in one round trip; "" where none
     (a CPU engine writes none) or where the read did not finish."""
-    got = split_sections(host.run(section_script(f"{CLUSTER_LABEL}={cluster}", 8), timeout=20, warn=True).stdout).get(
-        "nccl"
-    )
-    return got.out if got is not None and got.rc == 0 else ""
+    return read_containers(host, f"{CLUSTER_LABEL}={cluster}", "nccl", nccl_reader())
 
 
 def summaries(inv: Inventory, texts: dict[str, str]) -> tuple[dict[str, str], list[tuple[str, str]]]:

@@ -48,6 +48,27 @@ def split_sections(text: str) -> dict[str, Section]:
     return out
 
 
+def in_containers(name: str, script: str, cluster_label: str, bound_s: int) -> str:
+    """A section `name`: `script` (sh) run in each of this node's running containers carrying
+    `cluster_label`, one bounded `docker exec` each, their outputs one after another."""
+    docker = f"timeout -k 1 {bound_s} docker"
+    return section(
+        name,
+        f"for c in $({docker} ps -q --filter label={shlex.quote(cluster_label)}); do "
+        f"{docker} exec $c sh -c {shlex.quote(script)}; done; true",
+    )
+
+
+def read_containers(host, cluster_label: str, name: str, script: str, bound_s: int = 8, timeout: int = 20) -> str:
+    """`in_containers` on one node (`host`: its SSH connection), in one round trip: the section's
+    output, "" where nothing was read or the read did not finish."""
+    got = split_sections(
+        host.run(in_containers(name, script, cluster_label, bound_s), timeout=timeout, warn=True).stdout
+    )
+    sec = got.get(name)
+    return sec.out if sec is not None and sec.rc == 0 else ""
+
+
 @dataclass(frozen=True)
 class Probe:
     """One named question to a node: the section it prints and the parser of that section."""

@@ -17,7 +17,7 @@ import httpx
 from sparkcluster import log
 from sparkcluster.config import compile_cache
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.deployment import deployments, known_good, ray_members
+from sparkcluster.deployment import deployments, engine_ranks, known_good, ray_members
 from sparkcluster.deployment import endpoint as endpoint_mod
 from sparkcluster.fabric import engine_nccl
 from sparkcluster.facts import parsers
@@ -404,12 +404,7 @@ def _judge_reports(
 def ranks_read(st: ClusterStatus, engine: dict[str, str], sup: dict | None) -> None:
     """What the ranks' own logs say (issue 59): the all-reduce backend that serves, judged against
     the variables the containers run with, and each rank's warm-up phase while the engine starts."""
-    env: dict[str, str] = {}
-    texts = {}
-    for node, out in engine.items():
-        e, text = container_status.engine_text(out)
-        env.update({k: v for k, v in e.items() if v})
-        texts[node] = text
+    env, texts = engine_ranks.split(engine)
     ar = engine_log.all_reduce(texts)
     status, what, fix = engine_log.judge_all_reduce(ar, env)
     st.all_reduce = ar.serving() if status == "ok" else ("not reported" if status == "unknown" else "")

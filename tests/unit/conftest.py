@@ -217,3 +217,26 @@ class StderrLines:
         if self.p.poll() is None:
             self.p.kill()
             self.p.wait(5)
+
+
+def on_demand_supervisor(tmp_path: Path, monkeypatch, policy: dict, token: str):
+    """A head's supervisor handed an on-demand server (issue 36; test_on_demand, test_yield): the node's
+    files under `tmp_path`, the deployment's wake token, a desired state whose engine is a sleeping
+    process, and the journal in `tmp_path / "journal"`. The caller stubs its node memory."""
+    import sys
+
+    from sparkcluster.node import supervisor
+    from sparkcluster.node.journal import Journal
+
+    for name in ("SERVE_LOG", "RECORD_PATH", "STATE_PATH", "SECRETS_PATH", "DESIRED_PATH", "WAKE_PATH"):
+        monkeypatch.setattr(supervisor, name, str(tmp_path / name.lower()))
+    Path(supervisor.WAKE_PATH).write_text(token + "\n")
+    desired = {
+        "generation": "g1",
+        "argv": [sys.executable, "-c", "import time; time.sleep(60)"],
+        "model": "m",
+        "port": 1,
+        "policy": policy,
+    }
+    Path(supervisor.DESIRED_PATH).write_text(json.dumps(desired))
+    return supervisor.Supervisor({"node": "spark-head", "nodes": [], "peers": []}, Journal(str(tmp_path / "journal")))

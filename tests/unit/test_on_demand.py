@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import on_demand_supervisor
 
 from sparkcluster.node import contract, memreport, readings, supervisor
 from sparkcluster.node.journal import Journal
@@ -29,18 +29,7 @@ SUCCESS = "vllm:request_success_total"
 
 
 def _on_demand(tmp_path, monkeypatch, memory=None, policy=None):
-    for name in ("SERVE_LOG", "RECORD_PATH", "STATE_PATH", "SECRETS_PATH", "DESIRED_PATH", "WAKE_PATH"):
-        monkeypatch.setattr(supervisor, name, str(tmp_path / name.lower()))
-    Path(supervisor.WAKE_PATH).write_text(TOKEN + "\n")
-    desired = {
-        "generation": "g1",
-        "argv": [sys.executable, "-c", "import time; time.sleep(60)"],
-        "model": "m",
-        "port": 1,
-        "policy": {**POLICY, **(policy or {})},
-    }
-    Path(supervisor.DESIRED_PATH).write_text(json.dumps(desired))
-    sup = supervisor.Supervisor({"node": "spark-head", "nodes": [], "peers": []}, Journal(str(tmp_path / "journal")))
+    sup = on_demand_supervisor(tmp_path, monkeypatch, {**POLICY, **(policy or {})}, TOKEN)
     need = int(0.2 * TOTAL)
     memory = memory if memory is not None else {"spark-head": (TOTAL, need + 20 * GiB)}
 

@@ -6,20 +6,17 @@ agent stops its idle engine (`POST /yield`, its wake token) and goes back on sta
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
-from conftest import make_inventory
+from conftest import make_inventory, on_demand_supervisor
 from gateway_fakes import KEY, Engine, Served, config, in_rotation, start_gateway, until
 from pydantic import ValidationError
 
 from sparkcluster.config import inventory as inventory_mod
 from sparkcluster.gateway.health import REFUSED_REASON
 from sparkcluster.gateway.routes import Route, Table
-from sparkcluster.node import contract, memreport, supervisor
-from sparkcluster.node.journal import Journal
+from sparkcluster.node import contract, memreport
 
 TOKEN, OTHER = "wake-token-reasoner-71a2", "wake-token-vision-0c9d"
 
@@ -127,18 +124,7 @@ POLICY = {"on_demand": True, "idle_ttl_s": 900, "memory_need_fraction": 0.2, "in
 
 
 def test_the_supervisor_yields_an_idle_engine_and_keeps_a_busy_one(tmp_path, monkeypatch):
-    for name in ("SERVE_LOG", "RECORD_PATH", "STATE_PATH", "SECRETS_PATH", "DESIRED_PATH", "WAKE_PATH"):
-        monkeypatch.setattr(supervisor, name, str(tmp_path / name.lower()))
-    Path(supervisor.WAKE_PATH).write_text(TOKEN + "\n")
-    desired = {
-        "generation": "g1",
-        "argv": [sys.executable, "-c", "import time; time.sleep(60)"],
-        "model": "m",
-        "port": 1,
-        "policy": POLICY,
-    }
-    Path(supervisor.DESIRED_PATH).write_text(json.dumps(desired))
-    sup = supervisor.Supervisor({"node": "spark-head", "nodes": [], "peers": []}, Journal(str(tmp_path / "journal")))
+    sup = on_demand_supervisor(tmp_path, monkeypatch, POLICY, TOKEN)
     monkeypatch.setattr(sup, "node_memory", lambda: {"spark-head": (128 * 10**9, 100 * 10**9)})
     sup.tick()
     assert sup.yield_("wrong")[0] == 401
