@@ -30,22 +30,24 @@ mounts it at the same path): `PREPARE_HINT`.
 
 From the hub, where its rows are whole: `fetch_command` downloads the subset's files of the dataset
 repository (huggingface_hub's snapshot_download, `repo_type="dataset"`, into the HF cache like the
-weights) in the head container, reads them (Parquet, the hub's format, through pyarrow where the image
-has it; JSON Lines as they are), and writes `<hf_cache>/speed_bench/<subset>.jsonl`, one row a line
-with the dataset's own columns (its card's `dataset_info`: question_id, category, sub_category, turns,
-source, src_id, difficulty, multiturn), the form the prepared files take (aiperf PR #855: "predownload
-the data, then use it as JSONL files", as nemo-skills and vllm bench do; sgl-project/sglang
-`python/sglang/benchmark/datasets/speed_bench.py`, commit f111248, reads such a file's `turns`, a list of
-strings, the first as the prompt). A row whose turns hold the hub's placeholder, "FULL BENCHMARK DATA
+weights) in the head container, reads them (JSON Lines; the hub's own files are Parquet, which needs
+pyarrow, a package no source says a vLLM image has, so a Parquet file is a reason to fall back), and
+writes `<hf_cache>/speed_bench/<subset>.jsonl`, one row a line with the dataset's own columns (its
+card's `dataset_info`: question_id, category, sub_category, turns, source, src_id, difficulty,
+multiturn), the form the prepared files take (aiperf PR #855: "predownload the data, then use it as
+JSONL files", as nemo-skills and vllm bench do; sgl-project/sglang
+`python/sglang/benchmark/datasets/speed_bench.py`, commit f111248, reads such a file's `turns`, a list
+of strings, the first as the prompt). A row whose turns hold the hub's placeholder, "FULL BENCHMARK DATA
 SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH" (the text later SGLang SPEED-Bench loaders refuse
-as `SPEED_BENCH_DATA_PLACEHOLDER`; found in public code whose repository the index did not name), is
-not a prompt: then nothing is written and the run falls
-back, naming prepare.py.
+as `SPEED_BENCH_DATA_PLACEHOLDER`; found in public code whose repository the index did not name), is not
+a prompt: then nothing is written and the run falls back, naming prepare.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from sparkcluster import programs
 
 SPEED_BENCH = "nvidia/SPEED-Bench"  # the dataset's name on the hub, as records write it
 VLLM_DATASET = "speed_bench"  # its --dataset-name in vLLM's bench (PR #36029)
@@ -85,60 +87,16 @@ def probe(subset: str) -> str:
     )
 
 
-# run by the head container's python (vLLM's, which has huggingface_hub): argv subset, dest, repo,
-# placeholder; prints `speed_bench_path=<dest>` or `speed_bench_error=<why>`
-FETCH_PY = r"""
-import json, os, sys
-subset, dest, repo, placeholder = sys.argv[1:5]
-def out(k, v):
-    print(k + "=" + " ".join(str(v).split())[:400]); sys.exit(0)
-try:
-    from huggingface_hub import snapshot_download
-    root = snapshot_download(repo_id=repo, repo_type="dataset", allow_patterns=[subset + "/*"])
-except Exception as e:
-    hub = os.environ.get("HF_ENDPOINT") or "the public hub"
-    out("speed_bench_error", f"{repo} from {hub}: {type(e).__name__}: {e}")
-rows = []
-for d, _, names in sorted(os.walk(os.path.join(root, subset))):
-    for n in sorted(names):
-        p = os.path.join(d, n)
-        if n.endswith(".parquet"):
-            try:
-                import pyarrow.parquet as pq
-            except ImportError:
-                out("speed_bench_error", f"the image has no pyarrow to read {repo}'s {subset}/{n}")
-            rows += pq.read_table(p).to_pylist()
-        elif n.endswith((".jsonl", ".json")):
-            with open(p, encoding="utf-8") as fh:
-                rows += [json.loads(x) for x in fh if x.strip()]
-if not rows:
-    out("speed_bench_error", f"{repo} has no rows under {subset}/")
-held = sum(1 for r in rows if any(placeholder in str(t) for t in (r.get("turns") or [])))
-if held:
-    why = "the hub's placeholder for data it may not redistribute"
-    out("speed_bench_error", f"{held} of {len(rows)} rows of {repo}'s {subset} are {why}")
-os.makedirs(dest, exist_ok=True)
-tmp = os.path.join(dest, f".{subset}.jsonl.{os.getpid()}")
-with open(tmp, "w", encoding="utf-8") as fh:
-    fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-os.replace(tmp, os.path.join(dest, subset + ".jsonl"))
-out("speed_bench_path", dest)
-"""
+FETCH = "sparkcluster.programs.speed_bench_fetch"  # run by the head container's python (vLLM's)
 
 
 def fetch_command(subset: str) -> list[str]:
     """The argv, run in the head container with HF_ENDPOINT set to the inventory's hub, that makes the
-    prepared subset from the hub's copy (the module's note); its output is read by `parse_probe`."""
+    prepared subset from the hub's copy (the module's note; the program is FETCH); its output is read
+    by `parse_fetch`."""
     if subset not in SUBSETS:
         raise ValueError(f"not a SPEED-Bench subset: {subset!r}")
-    dest = f'"${{HF_HOME:-$HOME/.cache/huggingface}}/{PREPARED}"'
-    return [
-        "sh",
-        "-c",
-        f'exec python3 -c "$0" {subset} {dest} {SPEED_BENCH} "$1"',
-        FETCH_PY,
-        PLACEHOLDER,
-    ]
+    return ["sh", "-c", programs.command(FETCH, subset, SPEED_BENCH, PLACEHOLDER, PREPARED)]
 
 
 @dataclass(frozen=True)

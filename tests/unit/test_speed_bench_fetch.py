@@ -16,7 +16,7 @@ import pytest
 from sparkcluster.bench import perf_record, prompts, runner
 from sparkcluster.config.profile import load_profile
 from tests.testbed.hub import serve_in_thread
-from tests.testbed.hub import speed_bench as standin
+from tests.testbed.hub.speed_bench import rows as standin_rows
 
 pytest.importorskip("huggingface_hub")
 
@@ -45,7 +45,7 @@ def test_the_records_subset_is_made_from_the_hubs_copy(hub, tmp_path):
     path, why = prompts.parse_fetch(_fetch(hub.endpoint, tmp_path, "throughput_8k"))
     assert not why and path == str(tmp_path / prompts.PREPARED)
     got = [json.loads(x) for x in (tmp_path / prompts.PREPARED / "throughput_8k.jsonl").read_text().splitlines()]
-    assert got == standin.rows("throughput_8k")  # the dataset's own columns, one row a line
+    assert got == standin_rows("throughput_8k")  # the dataset's own columns, one row a line
     # downloaded into the HF cache like the weights, as a dataset repository
     assert (tmp_path / "hub" / "datasets--nvidia--SPEED-Bench").is_dir()
     # and the probe now finds it where the bench's --dataset-path points
@@ -109,3 +109,14 @@ def test_a_fetch_that_cannot_be_used_falls_back_to_random_and_the_decode_ratio_i
     assert f"from the hub: {why}" in got.fallback and "prepare.py" in got.fallback
     said = prompts.refusal("mtp", prompts.SPEED_BENCH, got.dataset, got.fallback)
     assert "decode figures" in said and "vllm#33497" in said and why in said
+
+
+def test_a_parquet_file_is_a_reason_not_read(tmp_path, capsys):
+    # the public hub's copy is Parquet (its card); the reader in the image takes JSON Lines only
+    from sparkcluster.programs import speed_bench_fetch
+
+    (tmp_path / "throughput_8k").mkdir()
+    (tmp_path / "throughput_8k" / "test-00000-of-00001.parquet").write_bytes(b"PAR1")
+    with pytest.raises(SystemExit):
+        speed_bench_fetch.rows_of(str(tmp_path), "throughput_8k", prompts.SPEED_BENCH)
+    assert "test-00000-of-00001.parquet is Parquet, which this reader does not read" in capsys.readouterr().out

@@ -14,7 +14,9 @@ mixed, high_entropy). The placeholder a row of the hub's copy holds where its so
 redistributed is the text later SGLang loaders refuse (sparkcluster/bench/prompts.py says where).
 
 What is not: the files are JSON Lines (`<subset>/test.jsonl`), where the hub's are Parquet (its card:
-"Formats: parquet"), because the testbed carries no Parquet writer; the product reads both. The rows
+"Formats: parquet"), because the testbed carries no Parquet writer; the product reads JSON Lines only
+(sparkcluster/programs/speed_bench_fetch.py), so against the public hub it names the Parquet file as
+its reason to fall back. The rows
 are few and short, written here: the testbed's tiny model has a short context, so `throughput_8k`'s
 prompts are not 8k tokens; a run on them says the path works, not what a Spark decodes. And
 `throughput_1k` holds only placeholders, standing for a subset of the hub's copy that has to be
