@@ -182,6 +182,7 @@ RESOLVE = "sparkcluster.programs.hub_resolve"
 FETCH = "sparkcluster.programs.hub_fetch"
 NODE = "sparkcluster.programs.weights_cache"
 EXTRACT = "sparkcluster.programs.weights_receive"
+SEND = "sparkcluster.programs.weights_send"
 DOWNLOAD = "sparkcluster.programs.weights_download"
 
 
@@ -296,33 +297,29 @@ def blobs_dir(hf_cache: str, repo: str) -> str:
 
 
 def receive_command(hf_cache: str, repo: str, bind_ip: str, peer_ip: str, forward: str | None = None) -> str:
-    """On the worker: the image transfer's one-shot receiver (one connection, from the sender's
-    address only) feeding EXTRACT (programs/weights_receive), which writes each file into the
-    incoming folder and hashes it on the way; `check` adopts what matches its name.
-    `forward` (transfer.next_hop): relay the stream to the next worker of a chain as it arrives."""
-    d = shlex.quote(incoming_dir(hf_cache, repo))
-    return (
-        f"set -o pipefail; umask 022; mkdir -p {d} && "
-        + py(transfer.RECEIVER, bind_ip, peer_ip, "stdout", *([forward] if forward else []))
-        + " | "
-        + py(EXTRACT, incoming_dir(hf_cache, repo))
+    """On the worker: EXTRACT (programs/weights_receive), the image transfer's one-shot receiver (one
+    connection, from the sender's address only) that writes each file into the incoming folder
+    itself and hashes it on the way; `check` adopts what matches its name. `forward`
+    (transfer.next_hop): relay the stream to the next worker of a chain as it arrives."""
+    inc = incoming_dir(hf_cache, repo)
+    return f"umask 022; mkdir -p {shlex.quote(inc)} && " + py(
+        EXTRACT, bind_ip, peer_ip, inc, *([forward] if forward else [])
     )
 
 
 def send_command(
     hf_cache: str, repo: str, blobs: list[str], dst_ip: str, port: int, src_ip: str, rate: float | None = None
 ) -> str:
-    """On the head: tar of the named blobs into the image transfer's sender. The names travel as
-    base64 of a NUL-separated list, so no name reaches the shell as text. `rate`: a cap in bytes a
-    second (the inventory's `replication_max_mb_s`), None for none."""
+    """On the head: SEND (programs/weights_send) streams the named blobs, FILES of them at a time,
+    each read by the kernel (sendfile). The names travel as base64 of a NUL-separated list on its
+    stdin, so no name reaches the shell as text. `rate`: a cap in bytes a second (the inventory's
+    `replication_max_mb_s`), None for none."""
     for b in blobs:
         if not _BLOB.fullmatch(b):
             raise ValueError(f"not a blob name: {b!r}")
     names = base64.b64encode(b"".join(b.encode() + b"\0" for b in blobs)).decode()
-    return (
-        f"set -o pipefail; cd {shlex.quote(blobs_dir(hf_cache, repo))} && echo {names} | base64 -d | "
-        "tar --null -T - -c -f - | "
-        + py(transfer.STREAM_SENDER, dst_ip, str(int(port)), src_ip, *transfer.rate_arg(rate))
+    return f"set -o pipefail; cd {shlex.quote(blobs_dir(hf_cache, repo))} && echo {names} | base64 -d | " + py(
+        SEND, dst_ip, str(int(port)), src_ip, *transfer.rate_arg(rate)
     )
 
 

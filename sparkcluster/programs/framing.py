@@ -36,7 +36,19 @@ class Sender:
         if not b:
             return
         self.s.sendall(struct.pack(">I", len(b)) + b)
-        self.sent += len(b)
+        self.counted(len(b))
+
+    def out_file(self, head, f, offset, n):
+        """One frame of `head` then `n` bytes of the open file `f` from `offset`, the file's part
+        sent by the kernel (sendfile: never copied through this process)."""
+        self.s.sendall(struct.pack(">I", len(head) + n) + head)
+        if n and self.s.sendfile(f, offset, n) != n:
+            raise OSError(f"{f.name} ended before its {offset + n} bytes")
+        self.counted(len(head) + n)
+
+    def counted(self, n):
+        """`n` more bytes sent: paced to the cap, and said at most four times a second."""
+        self.sent += n
         now = time.monotonic()
         if self.rate > 0 and self.sent / self.rate > now - self.began:
             time.sleep(self.sent / self.rate - (now - self.began))

@@ -1,11 +1,14 @@
 """The one-shot receiver: listens on argv[1] (the node's control-link address), accepts one
 connection from argv[2] (the sender's address) only, and writes the framed stream (framing) to its
-sink: `docker load` (the image), or "stdout" (a byte pipe: the weights' tar of files). An argument
-"next=ADDR,PORT,SRC" makes it a relay, forwarding every frame to the next node's receiver as it
-arrives. The stream is framed so the receiver can tell a finished archive from a connection that
-broke: it then kills docker load instead of closing its input, since a tar cut at an entry boundary
-can read as a short but valid archive. Exit status: STREAM_CUT (75) when the connection ended before
-the end frame, RELAY_FAILED (76) when the next hop could not be reached or stopped taking data.
+sink: `docker load` (the image), or "stdout" (a byte pipe). An argument "next=ADDR,PORT,SRC" makes it
+a relay, forwarding every frame to the next node's receiver as it arrives. The stream is framed so
+the receiver can tell a finished archive from a connection that broke: it then kills docker load
+instead of closing its input, since a tar cut at an entry boundary can read as a short but valid
+archive. Exit status: STREAM_CUT (75) when the connection ended before the end frame, RELAY_FAILED
+(76) when the next hop could not be reached or stopped taking data.
+
+The weights' receiver (weights_receive) is the same one-shot connection and relay (`accept`,
+`Frames`, `Relay`) with the files written in the same process.
 """
 
 import socket
@@ -17,27 +20,83 @@ from sparkcluster.programs.pipes import wide_pipe
 
 STREAM_CUT = 75
 RELAY_FAILED = 76
+CHUNK = 1 << 22  # what one recv_into fills at most (4 MiB), forwarded to the next hop in one send
 
 
-def main(argv):
+class Relay:
+    """The connection to the next node of a chain (none at the chain's end). A next hop that stops
+    taking data ends the relay, never this node's own copy: `err` says why."""
+
+    def __init__(self, hop):
+        self.s, self.err, self.where = None, "", ""
+        if hop:
+            dst, port, src = hop[0], int(hop[1]), hop[2]
+            self.where = f"{dst}:{port}"
+            try:
+                self.s = socket.create_connection((dst, port), timeout=30, source_address=(src, 0))
+                self.s.settimeout(600)
+            except OSError as e:
+                print(f"relay: cannot reach the next hop {dst}:{port} from {src}: {e}", file=sys.stderr, flush=True)
+                sys.exit(RELAY_FAILED)
+
+    def send(self, b):
+        if self.s is None:
+            return
+        try:
+            self.s.sendall(b)
+        except OSError as e:
+            self.err = f"relay: the next hop {self.where} stopped taking data: {e}"
+            print(self.err, file=sys.stderr, flush=True)
+            self.s.close()
+            self.s = None
+
+    def cut(self):
+        """The stream ended before its end frame: the next node sees a cut stream too."""
+        if self.s is not None:
+            self.s.close()
+            self.s = None
+
+    def end(self):
+        """The end frame passed on; the next node's close awaited by `wait`."""
+        if self.s is None:
+            return
+        try:
+            self.s.shutdown(socket.SHUT_WR)
+        except OSError as e:
+            self.err = f"relay: the next hop {self.where} did not take the end of the stream: {e}"
+            print(self.err, file=sys.stderr, flush=True)
+            self.s = None
+
+    def wait(self):
+        """The next node closes when it is done (its own sink, and its next hop's)."""
+        if self.s is not None:
+            try:
+                self.s.recv(1)
+            except OSError:
+                pass
+
+    def failed(self, rc):
+        """The exit status: this node's own `rc`, else RELAY_FAILED when the chain after it broke."""
+        if self.err and not rc:
+            print(
+                "relay: this node's own copy is complete; the nodes after it did not get theirs",
+                file=sys.stderr,
+                flush=True,
+            )
+            return RELAY_FAILED
+        return rc
+
+
+def accept(argv):
+    """The relay (argv's "next=ADDR,PORT,SRC", reached before anything is announced), then "@@port N"
+    on stderr, then the one connection from the sender's address (argv[2]) on argv[1]."""
     bind, peer = argv[1], argv[2]
-    # the sink: docker load (the image), or "stdout" (a byte pipe: the weights' tar of files);
-    # "next=ADDR,PORT,SRC": a relay, forwarding every frame to the next node's receiver as it arrives
-    to_stdout = "stdout" in argv[3:]
     hop = [a[5:].split(",") for a in argv[3:] if a.startswith("next=")]
     s = socket.socket()
     s.bind((bind, 0))
     s.listen(1)
     s.settimeout(60)
-    nxt, relay_err = None, ""
-    if hop:
-        dst, port, src = hop[0][0], int(hop[0][1]), hop[0][2]
-        try:
-            nxt = socket.create_connection((dst, port), timeout=30, source_address=(src, 0))
-            nxt.settimeout(600)
-        except OSError as e:
-            print(f"relay: cannot reach the next hop {dst}:{port} from {src}: {e}", file=sys.stderr, flush=True)
-            sys.exit(RELAY_FAILED)
+    relay = Relay(hop[0] if hop else None)
     print(f"@@port {s.getsockname()[1]}", file=sys.stderr, flush=True)
     while True:
         c, addr = s.accept()
@@ -46,49 +105,86 @@ def main(argv):
         c.close()
     s.close()
     c.settimeout(600)
-    f = c.makefile("rb", buffering=1 << 20)
+    return c, relay
+
+
+class Frames:
+    """The framed stream's payload, read with recv_into into the caller's buffer (no copy but the
+    kernel's), each piece forwarded to the relay before the caller sees it. `readinto` gives 0 at
+    the end frame (passed on); EOFError when the connection ended before it."""
+
+    def __init__(self, c, relay):
+        self.c, self.relay, self.left, self.done = c, relay, 0, False
+        self.head = memoryview(bytearray(4))
+
+    def _fill(self, mv):
+        got = 0
+        while got < len(mv):
+            k = self.c.recv_into(mv[got:])
+            if not k:
+                raise EOFError
+            got += k
+
+    def readinto(self, mv):
+        while not self.left:
+            if self.done:
+                return 0
+            self._fill(self.head)
+            self.relay.send(self.head)
+            self.left = struct.unpack(">I", self.head)[0]
+            if not self.left:
+                self.done = True
+                self.relay.end()
+                return 0
+        k = min(len(mv), self.left)
+        self._fill(mv[:k])
+        self.relay.send(mv[:k])
+        self.left -= k
+        return k
+
+    def read(self, n):
+        """Exactly n bytes (a record's header), else EOFError."""
+        buf = memoryview(bytearray(n))
+        got = 0
+        while got < n:
+            k = self.readinto(buf[got:])
+            if not k:
+                raise EOFError
+            got += k
+        return bytes(buf)
+
+
+def main(argv):
+    to_stdout = "stdout" in argv[3:]
+    c, relay = accept(argv)
+    frames = Frames(c, relay)
     load = None if to_stdout else subprocess.Popen(["docker", "load"], stdin=subprocess.PIPE)
     sink = sys.stdout.buffer if to_stdout else load.stdin
     wide_pipe(sink)
-    sink_err = ""
-    done = False
+    sink_err, done = "", False
+    buf = memoryview(bytearray(CHUNK))
     try:
         while True:
-            h = f.read(4)
-            if len(h) < 4:
-                break
-            n = struct.unpack(">I", h)[0]
-            if n == 0:
+            n = frames.readinto(buf)
+            if not n:
                 done = True
                 break
-            b = f.read(n)
-            if len(b) < n:
-                break
-            # forwarded first, so the next node receives while this one writes; a next hop that stops
-            # taking data ends the relay, never this node's own copy
-            if nxt is not None:
-                try:
-                    nxt.sendall(h + b)
-                except OSError as e:
-                    relay_err = f"relay: the next hop {dst}:{port} stopped taking data: {e}"
-                    print(relay_err, file=sys.stderr, flush=True)
-                    nxt.close()
-                    nxt = None
             if sink is not None:
                 try:
-                    sink.write(b)
+                    sink.write(buf[:n])
                 except OSError as e:
                     sink_err = f"receive: the sink stopped taking data: {e}"
                     print(sink_err, file=sys.stderr, flush=True)
                     sink = None
-                    if nxt is None:
+                    if relay.s is None:
                         break  # nothing left to feed
+    except EOFError:
+        pass
     except (TimeoutError, OSError) as e:
         print(f"receive: {e}", file=sys.stderr)
     if not done:
         # closed without the end frame: the next node sees a cut stream and loads nothing either
-        if nxt is not None:
-            nxt.close()
+        relay.cut()
         if load:
             load.kill()
             load.wait()
@@ -99,14 +195,6 @@ def main(argv):
             sys.stdout.flush()
             print("receive: the stream ended before the sender finished", file=sys.stderr)
         sys.exit(STREAM_CUT)
-    if nxt is not None:
-        try:
-            nxt.sendall(struct.pack(">I", 0))
-            nxt.shutdown(socket.SHUT_WR)
-        except OSError as e:
-            relay_err = f"relay: the next hop {dst}:{port} did not take the end of the stream: {e}"
-            print(relay_err, file=sys.stderr, flush=True)
-            nxt = None
     rc = 0
     if sink is not None:
         try:
@@ -117,19 +205,8 @@ def main(argv):
         rc = load.wait()
     if sink_err and not rc:
         rc = 1
-    if nxt is not None:
-        try:
-            nxt.recv(1)  # the next node closes when it is done (its own load, and its next hop's)
-        except OSError:
-            pass
-    if relay_err and not rc:
-        print(
-            "relay: this node's own copy is complete; the nodes after it did not get theirs",
-            file=sys.stderr,
-            flush=True,
-        )
-        rc = RELAY_FAILED
-    sys.exit(rc)
+    relay.wait()
+    sys.exit(relay.failed(rc))
 
 
 if __name__ == "__main__":

@@ -1,66 +1,267 @@
-"""The receiving end of a weights replication (after the stream's receiver): writes each file of
-the tar stream into the incoming folder (argv[1]) and hashes it on the way, so the cache's `check`
-need not read every received byte back from disk to verify it (measured on loopback: the read-back
-was 30 % of a replication's time, issue 40). What it hashed it records (RECEIVED, one JSON line per
-whole file: name, size, mtime, digest); `check` adopts a file whose record matches its size and
-mtime and whose digest is its name, and hashes any other file as before. A blob is named by its
-sha256, or by its git sha1 for a small file (huggingface_hub's cache layout).
+"""The receiving end of a weights replication (issue 61): the one-shot receiver and relay of the
+image transfer (receiver's `accept`, `Frames`, `Relay`) writing the files of weights_send's stream
+into the incoming folder itself. argv: the address to listen on, the sender's address, the incoming
+folder, then as the receiver's ("next=ADDR,PORT,SRC" relays the stream as it arrives); "io=buffered"
+leaves out direct I/O.
+
+Each file is hashed as it is written, so the cache's `check` need not read every received byte
+back from disk to verify it (issue 40: the read-back was 30 % of a replication). The bytes go from
+the socket into one of BUFFERS aligned buffers (recv_into: no copy but the kernel's), on to the next
+hop, then to two threads at once: the one writer (with O_DIRECT where the filesystem takes it, so
+the bytes are not copied into the page cache; a file's unaligned tail is written without it) and
+the file's own hasher (hashlib leaves the GIL for large buffers, so the files in flight are hashed
+on as many cores). What it hashed it records (RECEIVED, one JSON line per whole file: name, size,
+mtime, digest); `check` adopts a file whose record matches its size and mtime and whose digest is
+its name, and hashes any other file as before. A blob is named by its sha256, or by its git sha1
+for a small file (huggingface_hub's cache layout); any other name is read and dropped.
+Exit status: the receiver's (STREAM_CUT when the stream ended before its end, RELAY_FAILED when
+the chain after this node broke), 1 when this node could not write what it received.
 """
 
+import errno
+import fcntl
 import hashlib
 import json
+import mmap
 import os
+import queue
 import re
 import sys
+import threading
+from types import SimpleNamespace
 
-from sparkcluster.programs import tar
+from sparkcluster.programs import receiver
+from sparkcluster.programs.weights_send import CHUNK, HEAD, SIZE
 
 RECEIVED = ".sparkcluster-received.jsonl"  # in the incoming folder: what this program hashed while writing
 NAME = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+BUFFERS = 16  # of CHUNK bytes each: 64 MiB in flight at most
+ALIGN = 4096  # direct I/O's offsets and lengths
+
+
+class Chunk:
+    """One buffer's bytes, free again once both the writer and the hasher are done with them."""
+
+    def __init__(self, out, buf, n):
+        self.out, self.buf, self.mv, self.users = out, buf, out.views[id(buf)][:n], 2
+
+    def release(self):
+        with self.out.lock:
+            self.users -= 1
+            last = not self.users
+        if last:
+            self.out.free.put(self.buf)
+
+
+class File:
+    def __init__(self, out, name, size):
+        self.name, self.size, self.got, self.ok = name, size, 0, True
+        self.part = os.path.join(out.inc, name + ".part")
+        self.fd, self.direct = out.create(self.part)
+        self.sha = hashlib.sha256() if len(name) == 64 else hashlib.sha1(b"blob %d\0" % size)
+        self.q = queue.SimpleQueue()  # chunks to hash; None: the file's end
+        self.written = threading.Event()
+        self.t = threading.Thread(target=out.hash_file, args=(self,), daemon=True)
+        self.t.start()
+
+
+class Out:
+    """The incoming folder: the writer thread, a hasher thread per file in flight, the record."""
+
+    def __init__(self, inc, direct):
+        self.inc, self.direct, self.err = inc, direct, ""
+        self.lock = threading.Lock()
+        self.free = queue.SimpleQueue()
+        self.views = {}
+        for _ in range(BUFFERS):
+            b = mmap.mmap(-1, CHUNK)  # page-aligned, as direct I/O needs
+            self.views[id(b)] = memoryview(b)
+            self.free.put(b)
+        self.writes = queue.SimpleQueue()  # (file, offset, chunk); chunk None: the file's end
+        self.files, self.open = [], {}
+        self.rec = open(os.path.join(inc, RECEIVED), "a")
+        self.writer = threading.Thread(target=self.write_all, daemon=True)
+        self.writer.start()
+
+    def create(self, path):
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        if self.direct and hasattr(os, "O_DIRECT"):
+            try:
+                return os.open(path, flags | os.O_DIRECT, 0o644), True
+            except OSError as e:
+                if e.errno != errno.EINVAL:  # a filesystem without direct I/O: written through the cache
+                    raise
+        return os.open(path, flags, 0o644), False
+
+    def begin(self, i, name, size):
+        if len(self.open) >= 64:
+            raise ValueError("more than 64 files at once")
+        try:
+            f = File(self, name, size)
+        except OSError as e:
+            self.fail(SimpleNamespace(name=name, ok=False), e)  # nowhere to write: the rest relayed only
+            return
+        self.files.append(f)
+        self.open[i] = f
+        if not size:
+            self.end(i)
+
+    def chunk(self, n):
+        return Chunk(self, self.free.get(), n)
+
+    def put(self, i, c):
+        f = self.open[i]
+        if f.got + len(c.mv) > f.size:
+            raise ValueError(f"more bytes than {f.name}'s {f.size}")
+        self.writes.put((f, f.got, c))
+        f.q.put(c)
+        f.got += len(c.mv)
+        if f.got == f.size:
+            self.end(i)
+
+    def end(self, i):
+        f = self.open.pop(i)
+        self.writes.put((f, 0, None))
+        f.q.put(None)
+
+    def write_all(self):
+        while True:
+            job = self.writes.get()
+            if job is None:
+                return
+            f, off, c = job
+            if c is None:
+                try:
+                    os.close(f.fd)
+                except OSError as e:
+                    self.fail(f, e)
+                f.written.set()
+                continue
+            if f.ok and not self.err:
+                try:
+                    self.pwrite(f, c.mv, off)
+                except OSError as e:
+                    self.fail(f, e)
+            else:
+                f.ok = False
+            c.release()
+
+    def pwrite(self, f, mv, off):
+        while len(mv):
+            if f.direct and (len(mv) % ALIGN or off % ALIGN):
+                self.buffered(f)
+            try:
+                k = os.pwrite(f.fd, mv, off)
+            except OSError as e:
+                if e.errno != errno.EINVAL or not f.direct:
+                    raise
+                self.buffered(f)  # direct I/O refused after all: the rest through the cache
+                continue
+            mv, off = mv[k:], off + k
+
+    def buffered(self, f):
+        fcntl.fcntl(f.fd, fcntl.F_SETFL, fcntl.fcntl(f.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+        f.direct = False
+
+    def fail(self, f, e):
+        f.ok = False
+        if not self.err:
+            self.err = f"receive: writing {f.name}: {e}; the rest of the stream is relayed, not written"
+            print(self.err, file=sys.stderr, flush=True)
+
+    def hash_file(self, f):
+        while True:
+            c = f.q.get()
+            if c is None:
+                break
+            f.sha.update(c.mv)
+            c.release()
+        f.written.wait()
+        if not (f.ok and f.got == f.size):
+            return  # cut, or not written whole: `check` drops the part
+        final = os.path.join(self.inc, f.name)
+        try:
+            os.replace(f.part, final)
+            st = os.stat(final)
+        except OSError as e:
+            self.fail(f, e)
+            return
+        with self.lock:
+            self.rec.write(json.dumps([f.name, st.st_size, st.st_mtime_ns, f.sha.hexdigest()]) + "\n")
+            self.rec.flush()
+
+    def close(self):
+        """Every file still open ends here unfinished; every thread's work awaited."""
+        for i in list(self.open):
+            self.end(i)
+        self.writes.put(None)
+        self.writer.join()
+        for f in self.files:
+            f.t.join()
+        self.rec.close()
+
+
+def receive(frames, out):
+    """The records up to "E" (weights_send's), then the end frame."""
+    scratch = memoryview(bytearray(CHUNK))
+    while True:
+        kind, i, n = HEAD.unpack(frames.read(HEAD.size))
+        if kind == b"F":
+            rest = frames.read(n)
+            size, name = (
+                SIZE.unpack(rest[: SIZE.size])[0],
+                os.path.basename(rest[SIZE.size :].decode("utf-8", "replace")),
+            )
+            if NAME.match(name) and not out.err:
+                out.begin(i, name, size)
+        elif kind == b"D":
+            if n > CHUNK:
+                raise ValueError(f"a chunk of {n} bytes")
+            if i not in out.open or out.err:
+                fill(frames, scratch[:n])  # not a blob, or nowhere to write it: relayed only
+                continue
+            c = out.chunk(n)
+            fill(frames, c.mv)
+            out.put(i, c)
+        elif kind == b"E":
+            if frames.readinto(scratch):
+                raise ValueError("bytes after the end")
+            return
+        else:
+            raise ValueError(f"not a record: {kind!r}")
+
+
+def fill(frames, mv):
+    got = 0
+    while got < len(mv):
+        k = frames.readinto(mv[got:])
+        if not k:
+            raise EOFError
+        got += k
 
 
 def main(argv):
-    inc = argv[1]
+    inc = argv[3]
     os.makedirs(inc, exist_ok=True)
-    inp, rec = sys.stdin.buffer, open(os.path.join(inc, RECEIVED), "a")
-
-    def read(n):
-        b = inp.read(n)
-        if len(b) != n:
-            raise EOFError
-        return b
-
-    current = None
+    out = Out(inc, "io=buffered" not in argv[4:])
+    c, relay = receiver.accept([argv[0], argv[1], argv[2], *argv[4:]])
+    done = False
     try:
-        for e in tar.entries(read):
-            if e.end:
-                while inp.read(1 << 16):  # tar's trailing blocks: taken, so the receiver's writes all land
-                    pass
-                break
-            n, name = e.size, os.path.basename(e.name)
-            pad = tar.blocks(n) - n
-            if not e.regular or not NAME.match(name):
-                read(n + pad)  # not a blob: never written
-                continue
-            current = name
-            sha = hashlib.sha256() if len(name) == 64 else hashlib.sha1(b"blob %d\0" % n)
-            part = os.path.join(inc, name + ".part")
-            with open(part, "wb") as f:
-                left = n
-                while left:
-                    b = read(min(left, 1 << 20))
-                    sha.update(b)
-                    f.write(b)
-                    left -= len(b)
-            read(pad)
-            os.replace(part, os.path.join(inc, name))
-            st = os.stat(os.path.join(inc, name))
-            rec.write(json.dumps([name, st.st_size, st.st_mtime_ns, sha.hexdigest()]) + "\n")
-            rec.flush()
-            current = None
+        receive(receiver.Frames(c, relay), out)
+        done = True
     except EOFError:
-        print("receive: the archive ended inside %s" % (current or "a header"), file=sys.stderr)
-        sys.exit(1)
+        pass
+    except (TimeoutError, OSError) as e:
+        print(f"receive: {e}", file=sys.stderr)
+    except ValueError as e:
+        print(f"receive: not a weights stream: {e}", file=sys.stderr)
+    out.close()
+    if not done:
+        relay.cut()
+        print("receive: the stream ended before the sender finished", file=sys.stderr)
+        sys.exit(receiver.STREAM_CUT)
+    relay.wait()
+    sys.exit(relay.failed(1 if out.err else 0))
 
 
 if __name__ == "__main__":

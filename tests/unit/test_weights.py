@@ -16,7 +16,6 @@ import pytest
 
 from sparkcluster.errors import InputError
 from sparkcluster.movement import hfcache, transfer
-from sparkcluster.movement.hfcache import EXTRACT
 from sparkcluster.programs.weights_receive import RECEIVED
 from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, TINY, serve_in_thread
 
@@ -289,32 +288,62 @@ def _sent(stderr: str) -> int:
 
 
 def test_a_replication_cut_mid_way_keeps_the_complete_files_and_resends_only_the_rest(tmp_path):
-    """Issue 40: the stream cut in the second of three files (the head's tar ends there, as when the
-    link drops); the worker's check adopts the first, drops the partial second, and the next
-    replication sends only the second and the third."""
-    m, head = _shards(tmp_path)
+    """Issue 40: the sender killed mid-way (paced by a cap so the cut lands between its first byte
+    and its last); the worker's check adopts the files that arrived whole, drops the partial ones,
+    and the next replication sends only what is still missing."""
+    m, head = _shards(tmp_path, n=6, size=2**20 + 7)
     worker = tmp_path / "worker"
     need = check(worker, m)["missing"]
-    assert len(need) == 3
+    assert len(need) == 6
     recv, port = _receive(worker)
-    names = base64.b64encode(b"".join(b.encode() + b"\0" for b in need)).decode()
-    cut = 512 + m.files[0].size + 512 + m.files[1].size // 2  # tar headers, the first file, half the second
-    snd = sh(
-        f"cd {shlex.quote(hfcache.blobs_dir(str(head), TINY))} && echo {names} | base64 -d | "
-        f"tar --null -T - -c -f - | head -c {cut} | "
-        + hfcache.py(transfer.STREAM_SENDER, "127.0.0.1", str(port), "127.0.0.1")
+    snd = subprocess.Popen(
+        ["bash", "-c", hfcache.send_command(str(head), TINY, need, "127.0.0.1", port, "127.0.0.1", rate=4e6)],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
-    assert snd.returncode == 0, snd.stderr
-    assert recv.wait(timeout=30) != 0  # tar saw the archive end inside a file
+    for line in snd.stderr:
+        if line.startswith("@@sent ") and int(line.split()[1]) >= 2.5e6:
+            os.killpg(snd.pid, 9)
+            break
+    snd.wait()
+    assert recv.wait(timeout=30) == transfer.STREAM_CUT
     got = check(worker, m)
-    assert got["adopted"] == 1 and got["missing"] == sorted(need[1:]) and got["corrupt"] == []
+    assert 1 <= got["adopted"] < 6 and got["corrupt"] == []
+    assert got["adopted"] + len(got["missing"]) == 6
     # the next run: only what is still missing goes, and then the snapshot is complete
     recv, port = _receive(worker)
     snd = sh(hfcache.send_command(str(head), TINY, got["missing"], "127.0.0.1", port, "127.0.0.1"))
     assert snd.returncode == 0 and recv.wait(timeout=30) == 0, snd.stderr
-    assert _sent(snd.stderr) < m.files[1].size + m.files[2].size + 4 * 512 + 10240  # two files and tar's own blocks
+    assert _sent(snd.stderr) < got["missing_bytes"] + 100 * len(got["missing"]) + 100  # the files and their heads
     done = check(worker, m)
-    assert done["missing"] == [] and done["adopted"] == 2 and done["present_bytes"] == m.size
+    assert done["missing"] == [] and done["adopted"] == len(got["missing"]) and done["present_bytes"] == m.size
+
+
+def test_files_larger_than_a_chunk_arrive_whole_with_more_of_them_than_are_in_flight(tmp_path):
+    """weights_send alternates the chunks of FILES files; each arrives byte for byte, hashed as it was
+    written (the receiver's record), whatever its size against the chunk: none, one byte, a chunk's
+    and more, an unaligned tail."""
+    from sparkcluster.programs import weights_send
+
+    sizes = [0, 1, weights_send.CHUNK, 2 * weights_send.CHUNK + 4097, 4096, 3 * 2**20 + 7, 11]
+    head = tmp_path / "head"
+    blobs = Path(hfcache.blobs_dir(str(head), TINY))
+    blobs.mkdir(parents=True)
+    data = {}
+    for k, n in enumerate(sizes):
+        d = os.urandom(n)
+        name = hashlib.sha256(d).hexdigest() if k % 2 else hashlib.sha1(b"blob %d\0" % n + d).hexdigest()
+        (blobs / name).write_bytes(d)
+        data[name] = d
+    worker = tmp_path / "worker"
+    recv, port = _receive(worker)
+    snd = sh(hfcache.send_command(str(head), TINY, list(data), "127.0.0.1", port, "127.0.0.1"))
+    assert snd.returncode == 0 and recv.wait(timeout=60) == 0, snd.stderr + recv.stderr.read()
+    inc = Path(hfcache.incoming_dir(str(worker), TINY))
+    assert {p.name: p.read_bytes() for p in inc.iterdir() if p.name != RECEIVED} == data
+    rec = [json.loads(x) for x in (inc / RECEIVED).read_text().splitlines()]
+    assert sorted(r[0] for r in rec) == sorted(data) and all(r[0] == r[3] for r in rec)
 
 
 def test_a_capped_replication_keeps_to_its_rate(tmp_path):
@@ -343,21 +372,19 @@ def test_a_cap_is_a_positive_rate(bad):
 
 
 def _incoming(cache: Path, files: dict[str, bytes]) -> Path:
-    """What EXTRACT leaves: the files in the incoming folder and its record of what it hashed."""
+    """What EXTRACT leaves from weights_send's stream of `files` (name -> bytes; a name may climb out
+    of the sender's folder): the files in the incoming folder and its record of what it hashed."""
+    src = cache / "src" / "a" / "b"
+    src.mkdir(parents=True)
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    recv, port = _receive(cache)
+    names = base64.b64encode(b"".join(n.encode() + b"\0" for n in files)).decode()
     r = sh(
-        "python3 -c "
-        + shlex.quote(
-            "import io, sys, tarfile\n"
-            "t = tarfile.open(fileobj=sys.stdout.buffer, mode='w|', format=tarfile.GNU_FORMAT)\n"
-            "for name, data in eval(sys.stdin.read()).items():\n"
-            "    i = tarfile.TarInfo(name); i.size = len(data); t.addfile(i, io.BytesIO(data))\n"
-            "t.close()\n"
-        )
-        + " | "
-        + hfcache.py(EXTRACT, hfcache.incoming_dir(str(cache), TINY)),
-        repr(files),
+        f"cd {shlex.quote(str(src))} && echo {names} | base64 -d | "
+        + hfcache.py(hfcache.SEND, "127.0.0.1", str(port), "127.0.0.1")
     )
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0 and recv.wait(timeout=30) == 0, r.stderr
     return Path(hfcache.incoming_dir(str(cache), TINY))
 
 
@@ -391,4 +418,4 @@ def test_the_extractor_writes_only_blobs_inside_the_incoming_folder(tmp_path):
     name = hashlib.sha256(good).hexdigest()
     inc = _incoming(tmp_path, {"../../escaped": b"x", "config.json": b"{}", name: good})
     assert sorted(p.name for p in inc.iterdir()) == sorted([name, RECEIVED])
-    assert not list(tmp_path.rglob("escaped"))
+    assert [p.relative_to(tmp_path) for p in tmp_path.rglob("escaped")] == [Path("src/escaped")]  # the source
