@@ -21,8 +21,19 @@ Runs, each of the whole repository:
   says is missing sent again: the bytes sent the second time against the bytes missing.
 Figures: GB/s (10^9 bytes) of the repository over each run's wall time.
 
+Each run also says what it cost the cores: the core-seconds per GB of every process it started
+(getrusage of the waited children), and per program (its /proc times sampled every 20 ms: the last
+sample before a process ends, so a few tens of ms short per process).
+
+Packages (`--pkg NAME=ROOT`, repeatable; default `this=` the checkout it runs from): the replication
+runs (`one-disk`, `one-tmpfs`, `three-tmpfs`) go once per package, each with the commands that
+package's `hfcache` builds (built before the clock starts); `resume` runs with the last package.
+So one call measures main's pipeline beside a branch's copy (`--pkg before=. --pkg
+after=.devwork/h61`).
+
 Usage (as root, from a checkout whose sparkcluster has programs/ as modules):
-`python3 perf/weights_gpu.py OUTDIR [--gb 10] [--work /var/tmp/weights-gpu]`. Writes OUTDIR/weights_gpu.json.
+`python3 perf/weights_gpu.py OUTDIR [--gb 10] [--work /var/tmp/weights-gpu] [--pkg NAME=ROOT ...]`.
+Writes OUTDIR/weights_gpu.json and OUTDIR/weights_gpu.md (the table, the budgets judged).
 """
 
 from __future__ import annotations
@@ -72,12 +83,12 @@ def make_shard(args: tuple[str, int, int]) -> tuple[str, int]:
     return name, size
 
 
-def make_repo(blobs: Path, total: int) -> list[dict]:
+def make_repo(blobs: Path, total: int, shard: int = SHARD) -> list[dict]:
     """The manifest's files: shards summing to `total`, and three small files (git sha1 names)."""
     from multiprocessing import Pool
 
     blobs.mkdir(parents=True, exist_ok=True)
-    sizes = [SHARD] * (total // SHARD) + ([total % SHARD] if total % SHARD else [])
+    sizes = [shard] * (total // shard) + ([total % shard] if total % shard else [])
     with Pool(min(8, len(sizes))) as pool:
         shards = pool.map(make_shard, [(str(blobs), s, i) for i, s in enumerate(sizes)])
     files = [
@@ -182,24 +193,112 @@ s.close()
 """
 
 
+# -- what the cores spent ------------------------------------------------------------------------------
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+class Cores:
+    """The CPU of every process in the sessions started under it, per program: /proc/PID/stat's
+    utime + stime, sampled every 20 ms (a program is its `sparkcluster.programs.X` argument, else
+    its argv[0]); and getrusage's total of the waited children, exact."""
+
+    def __init__(self):
+        import threading
+
+        self.sids: set[int] = set()
+        self.seen: dict[int, tuple[str, int]] = {}
+        self.stop = threading.Event()
+        self.t = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self):
+        import resource
+
+        self.r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.t.start()
+        return self
+
+    def __exit__(self, *exc):
+        import resource
+
+        self.stop.set()
+        self.t.join()
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.total = r.ru_utime + r.ru_stime - self.r0.ru_utime - self.r0.ru_stime
+
+    def popen(self, *args, **kw) -> subprocess.Popen:
+        p = subprocess.Popen(*args, start_new_session=True, **kw)
+        self.sids.add(p.pid)
+        self._sample()
+        return p
+
+    def _label(self, pid: int) -> str:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return "?"
+        mod = next((a.decode() for a in argv if a.startswith(b"sparkcluster.programs.")), None)
+        return mod.rsplit(".", 1)[1] if mod else os.path.basename(argv[0].decode(errors="replace")) or "?"
+
+    def _sample(self) -> None:
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                f = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(f[3]) in self.sids:
+                pid = int(d)
+                label = self.seen[pid][0] if pid in self.seen else self._label(pid)
+                self.seen[pid] = (label, int(f[11]) + int(f[12]))
+
+    def _loop(self) -> None:
+        while not self.stop.wait(0.02):
+            self._sample()
+
+    def per_gb(self, nbytes: int) -> dict:
+        out: dict[str, float] = {}
+        for label, ticks in self.seen.values():
+            out[label] = out.get(label, 0.0) + ticks / TICK
+        gb = nbytes / 1e9
+        return {
+            "core_s_per_gb": round(self.total / gb, 3),
+            "programs": {k: round(v / gb, 3) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v},
+        }
+
+
+def sha256_rate(blobs: Path, files: list[dict]) -> dict:
+    """One thread's sha256 over the largest shard (from the tmpfs): what one hasher can verify."""
+    big = max(files, key=lambda f: f["size"])
+    h, t = hashlib.sha256(), time.monotonic()
+    with open(blobs / big["blob"], "rb", buffering=0) as f:
+        buf = memoryview(bytearray(4 * MiB))
+        while n := f.readinto(buf):
+            h.update(buf[:n])
+    secs = time.monotonic() - t
+    assert h.hexdigest() == big["blob"]
+    return {"bytes": big["size"], "secs": secs, "gb_s": rate(big["size"], secs)}
+
+
 def tar_nc(src: Path, dst: Path, total: int) -> dict:
     dst.mkdir(parents=True, exist_ok=True)
     drop_caches()
-    t = time.monotonic()
-    recv = subprocess.Popen(
-        f"python3 -c {sh(NC_RECV)} | tar -x -f - -C {sh(str(dst))}", shell=True, stderr=subprocess.PIPE, text=True
-    )
-    port = recv.stderr.readline().strip()
-    subprocess.run(
-        f"set -o pipefail; tar -c -f - -C {sh(str(src))} . | python3 -c {sh(NC_SEND)} {port}",
-        shell=True,
-        check=True,
-        executable="/bin/bash",
-    )
-    recv.wait()
-    subprocess.run(["sync"], check=True)
-    secs = time.monotonic() - t
-    return {"bytes": total, "secs": secs, "gb_s": rate(total, secs), "rc": recv.returncode}
+    with Cores() as cores:
+        t = time.monotonic()
+        recv = cores.popen(
+            f"python3 -c {sh(NC_RECV)} | tar -x -f - -C {sh(str(dst))}", shell=True, stderr=subprocess.PIPE, text=True
+        )
+        port = recv.stderr.readline().strip()
+        send = cores.popen(
+            ["bash", "-c", f"set -o pipefail; tar -c -f - -C {sh(str(src))} . | python3 -c {sh(NC_SEND)} {port}"]
+        )
+        if send.wait():
+            raise RuntimeError("tar | nc failed")
+        recv.wait()
+        subprocess.run(["sync"], check=True)
+        secs = time.monotonic() - t
+    return {"bytes": total, "secs": secs, "gb_s": rate(total, secs), "rc": recv.returncode, **cores.per_gb(total)}
 
 
 def sh(text: str) -> str:
@@ -210,68 +309,179 @@ def sh(text: str) -> str:
 
 # -- sparkcluster's replication ----------------------------------------------------------------------
 
+IP = "127.0.0.1"
+SINK, NEXT, PORT = "/weights-gpu-sink", 65432, 65433  # placeholders in a package's commands
+COMMANDS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from sparkcluster.movement import hfcache, transfer
+a, ip = json.load(sys.stdin), "127.0.0.1"
+print(json.dumps({
+    "tail": hfcache.receive_command(a["sink"], a["repo"], ip, ip),
+    "relay": hfcache.receive_command(a["sink"], a["repo"], ip, ip, transfer.next_hop(ip, a["next"], ip)),
+    "send": hfcache.send_command(a["src"], a["repo"], a["names"], ip, a["port"], ip),
+    "check": hfcache.check_command(a["sink"]),
+    "folder": hfcache.repo_folder(a["repo"]),
+    "source": hfcache.__file__,
+}))
+"""
+
+
+class Pkg:
+    """One package's commands (its own `hfcache`, imported in a process of its own from ROOT), with
+    placeholders for the sink, the next hop's port and the first receiver's port."""
+
+    def __init__(self, name: str, root: Path, src_cache: Path):
+        self.name, self.root, self.src = name, root.resolve(), src_cache
+
+    def commands(self, names: list[str]) -> dict:
+        ask = {"sink": SINK, "repo": REPO, "next": NEXT, "port": PORT, "src": str(self.src), "names": names}
+        got = subprocess.run(
+            [sys.executable, "-c", COMMANDS, str(self.root)], input=json.dumps(ask), capture_output=True, text=True
+        )
+        if got.returncode:
+            raise RuntimeError(f"{self.root}: {got.stderr[-2000:]}")
+        return json.loads(got.stdout)
+
+
+def variant(cmd: dict, width: int | None, io: str | None) -> dict:
+    """The commands with weights_send's `files=` (how many files in flight) or weights_receive's
+    `io=` (direct I/O left out) set: the programs' own arguments, for measuring what each buys."""
+    cmd = dict(cmd)
+    if width:
+        cmd["send"] = cmd["send"].replace(f"{IP} {PORT} {IP} ", f"{IP} {PORT} {IP} files={width} ")
+    if io:
+        for k in ("tail", "relay"):
+            a, sep, b = cmd[k].rpartition(".sparkcluster-incoming ")
+            cmd[k] = f"{a}{sep}io={io} {b}"
+    return cmd
+
 
 def replicate(
-    src_cache: Path, sinks: list[Path], files: list[dict], blobs: list[str] | None = None, cut_at: float | None = None
+    pkg: Pkg,
+    sinks: list[Path],
+    files: list[dict],
+    blobs: list[str] | None = None,
+    cut_at: float | None = None,
+    width: int | None = None,
+    io: str | None = None,
 ) -> dict:
     """One replication head -> sinks[0] -> sinks[1] ... as the weights stage runs it (hfcache's
     commands, every address 127.0.0.1): receivers started from the tail, each relay told its next
     hop's announced port, then the sender; `check` on every sink; a final sync. `cut_at`: kill the
-    sender once it has sent that share of the bytes (no check then)."""
-    from sparkcluster.movement import hfcache, transfer
-
+    sender once it has sent that share of the bytes (no check then). `width`, `io`: `variant`."""
     names = blobs if blobs is not None else [f["blob"] for f in files]
     total = sum(f["size"] for f in files if f["blob"] in names)
+    cmd = variant(pkg.commands(names), width, io)
     drop_caches()
-    t = time.monotonic()
-    recvs, nxt = [], None
-    for sink in reversed(sinks):
-        fwd = transfer.next_hop("127.0.0.1", nxt, "127.0.0.1") if nxt is not None else None
-        cmd = hfcache.receive_command(str(sink), REPO, "127.0.0.1", "127.0.0.1", fwd)
-        p = subprocess.Popen(["bash", "-c", cmd], stderr=subprocess.PIPE, text=True, start_new_session=True)
-        line = p.stderr.readline()
-        if not line.startswith("@@port "):
-            raise RuntimeError(f"receiver said {line!r}: {p.stderr.read()[-2000:]}")
-        nxt = int(line.split()[1])
-        recvs.insert(0, p)
-    send = hfcache.send_command(str(src_cache), REPO, names, "127.0.0.1", nxt, "127.0.0.1")
-    snd = subprocess.Popen(["bash", "-c", send], stderr=subprocess.PIPE, text=True, start_new_session=True)
-    sent = 0
-    for line in snd.stderr:
-        if line.startswith("@@sent "):
-            sent = int(line.split()[1])
-            if cut_at is not None and sent >= cut_at * total:
-                os.killpg(snd.pid, 9)
-                break
-    snd.wait()
-    codes = [p.wait() for p in recvs]
-    streamed = time.monotonic() - t
-    out = {"bytes": total, "sent": sent, "sender_rc": snd.returncode, "receiver_rc": codes}
-    if cut_at is None:
-        manifest = json.dumps({"folder": hfcache.repo_folder(REPO), "commit": COMMIT, "files": files, "ref": "main"})
-        checks = []
-        for sink in sinks:
-            got = subprocess.run(
-                ["bash", "-c", hfcache.check_command(str(sink))], input=manifest, capture_output=True, text=True
-            )
-            checks.append(json.loads(got.stdout.strip().splitlines()[-1]) if got.returncode == 0 else got.stderr[-500:])
-        subprocess.run(["sync"], check=True)
-        out["checks"] = [
-            {k: c[k] for k in ("missing", "adopted", "corrupt")} if isinstance(c, dict) else c for c in checks
-        ]
-    secs = time.monotonic() - t
-    out.update({"secs": secs, "streamed_s": streamed, "gb_s": rate(total, secs)})
+    with Cores() as cores:
+        t = time.monotonic()
+        recvs, nxt = [], None
+        for sink in reversed(sinks):
+            c = cmd["tail"] if nxt is None else cmd["relay"].replace(f"{IP},{NEXT},{IP}", f"{IP},{nxt},{IP}")
+            p = cores.popen(["bash", "-c", c.replace(SINK, str(sink))], stderr=subprocess.PIPE, text=True)
+            line = p.stderr.readline()
+            if not line.startswith("@@port "):
+                raise RuntimeError(f"receiver said {line!r}: {p.stderr.read()[-2000:]}")
+            nxt = int(line.split()[1])
+            recvs.insert(0, p)
+        send = cmd["send"].replace(f"{IP} {PORT} {IP}", f"{IP} {nxt} {IP}")
+        snd = cores.popen(["bash", "-c", send], stderr=subprocess.PIPE, text=True)
+        sent, tail = 0, []
+        for line in snd.stderr:
+            if line.startswith("@@sent "):
+                sent = int(line.split()[1])
+                if cut_at is not None and sent >= cut_at * total:
+                    os.killpg(snd.pid, 9)
+                    break
+            else:
+                tail.append(line)
+        snd.wait()
+        codes = [p.wait() for p in recvs]
+        streamed = time.monotonic() - t
+        out = {"bytes": total, "sent": sent, "sender_rc": snd.returncode, "receiver_rc": codes}
+        if snd.returncode and cut_at is None:
+            out["sender_said"] = "".join(tail)[-1000:]
+        if cut_at is None:
+            manifest = json.dumps({"folder": cmd["folder"], "commit": COMMIT, "files": files, "ref": "main"})
+            checks = []
+            for sink in sinks:
+                got = cores.popen(
+                    ["bash", "-c", cmd["check"].replace(SINK, str(sink))],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                so, se = got.communicate(manifest)
+                checks.append(json.loads(so.strip().splitlines()[-1]) if got.returncode == 0 else se[-500:])
+            subprocess.run(["sync"], check=True)
+            out["checks"] = [
+                {k: c[k] for k in ("missing", "adopted", "corrupt")} if isinstance(c, dict) else c for c in checks
+            ]
+        secs = time.monotonic() - t
+    out.update({"secs": secs, "streamed_s": streamed, "gb_s": rate(total, secs), **cores.per_gb(total)})
     return out
 
 
-def check_of(sink: Path, files: list[dict]) -> dict:
-    from sparkcluster.movement import hfcache
-
-    manifest = json.dumps({"folder": hfcache.repo_folder(REPO), "commit": COMMIT, "files": files, "ref": "main"})
+def check_of(pkg: Pkg, sink: Path, files: list[dict]) -> dict:
+    cmd = pkg.commands([])
+    manifest = json.dumps({"folder": cmd["folder"], "commit": COMMIT, "files": files, "ref": "main"})
     got = subprocess.run(
-        ["bash", "-c", hfcache.check_command(str(sink))], input=manifest, capture_output=True, text=True, check=True
+        ["bash", "-c", cmd["check"].replace(SINK, str(sink))],
+        input=manifest,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(got.stdout.strip().splitlines()[-1])
+
+
+def resume(pkg: Pkg, sink: Path, files: list[dict]) -> dict:
+    """A replication cut after about 40 % of its bytes, `check`, then only what it says is missing."""
+    cut = replicate(pkg, [sink], files, cut_at=0.4)
+    after = check_of(pkg, sink, files)
+    again = replicate(pkg, [sink], files, blobs=after["missing"])
+    return {
+        "cut_sent": cut["sent"],
+        "cut_receiver_rc": cut["receiver_rc"],
+        "adopted_after_cut": after["adopted"],
+        "missing_bytes": after["missing_bytes"],
+        "resent": again["sent"],
+        "checks": again.get("checks"),
+    }
+
+
+def cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "?"
+    name = next((x.split(":", 1)[1].strip() for x in text.splitlines() if x.startswith("model name")), "?")
+    return name + (" (sha_ni)" if " sha_ni" in text else "")
+
+
+def table(res: dict) -> str:
+    """The runs as a markdown table, and the budgets judged on each package's runs."""
+    rows = ["| run | GB/s | s | core-s per GB | the programs' core-s per GB |", "|---|---:|---:|---:|---|"]
+    for key, r in res.items():
+        if isinstance(r, dict) and "gb_s" in r:
+            progs = ", ".join(f"{k} {v:.2f}" for k, v in r.get("programs", {}).items())
+            cost = f"{r['core_s_per_gb']:.2f}" if "core_s_per_gb" in r else ""
+            rows.append(f"| {key} | {r['gb_s']:.3f} | {r['secs']:.1f} | {cost} | {progs} |")
+    out = "\n".join(rows) + "\n"
+    link, disk, tar = (res.get(k, {}).get("gb_s") for k in ("tcp", "disk", "tar-disk"))
+    for name in res.get("packages", {}):
+        one, tone, three = (res.get(f"{name}:{k}", {}).get("gb_s") for k in ("one-disk", "one-tmpfs", "three-tmpfs"))
+        judged = []
+        if one and link and disk:
+            judged.append(f"one receiver / min(link, disk) = {one / min(link, disk):.2f} (>= 0.8)")
+        if one and tar:
+            judged.append(f"one receiver / tar = {one / tar:.2f} (>= 1.5)")
+        if tone and three:
+            judged.append(f"chain of three / one, tmpfs, time = {tone / three:.2f} (<= 1.2)")
+        out += f"\n{name}: " + "; ".join(judged) + "\n"
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,7 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--gb", type=float, default=10.0)
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/weights-gpu"))
-    ap.add_argument("--runs", default="tcp,disk,one-disk,tar-disk,one-tmpfs,three-tmpfs,resume")
+    ap.add_argument("--runs", default="tcp,disk,sha256,one-disk,tar-disk,one-tmpfs,three-tmpfs,resume")
+    ap.add_argument("--shard-mb", type=int, default=SHARD // 10**6, help="a shard's size (the hub's: 2-5 GB)")
+    ap.add_argument("--pkg", action="append", default=[], help="NAME=ROOT: a checkout's package to measure")
     a = ap.parse_args(argv)
     runs = set(a.runs.split(","))
     total = int(a.gb * 1e9)
@@ -287,64 +499,63 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     work = a.work
     work.mkdir(parents=True, exist_ok=True)
-    res: dict = {"gb": a.gb, "cores": os.cpu_count(), "drop_caches": drop_caches(), "python": sys.version.split()[0]}
-    try:
-        from sparkcluster.movement import hfcache
+    res: dict = {
+        "gb": a.gb,
+        "cores": os.cpu_count(),
+        "cpu": cpu_model(),
+        "drop_caches": drop_caches(),
+        "python": sys.version.split()[0],
+    }
 
+    def note(key, value):
+        res[key] = value
+        print(json.dumps({key: value}), flush=True)
+        (a.out / "weights_gpu.json").write_text(json.dumps(res, indent=1))
+
+    try:
         src = tmpfs(work / "src", gb)
-        blobs = Path(hfcache.blobs_dir(str(src), REPO))
+        blobs = src / "hub" / f"models--{REPO.replace('/', '--')}" / "blobs"
+        pkgs = [Pkg(n, Path(r or "."), src) for n, r in (p.split("=", 1) for p in a.pkg or ["this="])]
+        note("packages", {p.name: str(p.root) for p in pkgs})
         t = time.monotonic()
-        files = make_repo(blobs, total)
+        files = make_repo(blobs, total, a.shard_mb * 10**6)
         res["generate_s"] = time.monotonic() - t
         print(json.dumps({"generated": len(files), "secs": res["generate_s"]}), flush=True)
-
-        def note(key, value):
-            res[key] = value
-            print(json.dumps({key: value}), flush=True)
-            (a.out / "weights_gpu.json").write_text(json.dumps(res, indent=1))
-
         if "tcp" in runs:
             note("tcp", raw_tcp(total))
+        if "sha256" in runs:
+            note("sha256", sha256_rate(blobs, files))
         disk = work / "disk"
         disk.mkdir(exist_ok=True)
         if "disk" in runs:
             note("disk", disk_write(disk, total))
-        if "one-disk" in runs:
-            note("one-disk", replicate(src, [disk / "one"], files))
-            shutil.rmtree(disk / "one", ignore_errors=True)
+        for p in pkgs:
+            if "one-disk" in runs:
+                note(f"{p.name}:one-disk", replicate(p, [disk / "one"], files))
+                shutil.rmtree(disk / "one", ignore_errors=True)
         if "tar-disk" in runs:
             note("tar-disk", tar_nc(blobs, disk / "tar", total))
             shutil.rmtree(disk / "tar", ignore_errors=True)
-        sinks = []
-        for i in range(3):
-            sinks.append(tmpfs(work / f"sink{i}", gb))
-        if "one-tmpfs" in runs:
-            note("one-tmpfs", replicate(src, sinks[:1], files))
-            for s in sinks:
-                shutil.rmtree(s / "hub", ignore_errors=True)
-        if "three-tmpfs" in runs:
-            note("three-tmpfs", replicate(src, sinks, files))
-            for s in sinks:
-                shutil.rmtree(s / "hub", ignore_errors=True)
+        sinks = [tmpfs(work / f"sink{i}", gb) for i in range(3)]
+        for p in pkgs:
+            for key, n in (("one-tmpfs", 1), ("three-tmpfs", 3)):
+                if key in runs:
+                    note(f"{p.name}:{key}", replicate(p, sinks[:n], files))
+                    for s in sinks:
+                        shutil.rmtree(s / "hub", ignore_errors=True)
+        last = pkgs[-1]
+        for key in sorted(r for r in runs if r.startswith(("files=", "io="))):  # the last package's variants
+            how = {"width": int(key[6:])} if key.startswith("files=") else {"io": key[3:]}
+            for where, sink in (("disk", disk / "one"), ("tmpfs", sinks[0])):
+                note(f"{last.name}:one-{where}:{key}", replicate(last, [sink], files, **how))
+                shutil.rmtree(sink if where == "disk" else sink / "hub", ignore_errors=True)
         if "resume" in runs:
-            cut = replicate(src, sinks[:1], files, cut_at=0.4)
-            after = check_of(sinks[0], files)
-            missing = after["missing"]
-            again = replicate(src, sinks[:1], files, blobs=missing)
-            note(
-                "resume",
-                {
-                    "cut_sent": cut["sent"],
-                    "cut_receiver_rc": cut["receiver_rc"],
-                    "adopted_after_cut": after["adopted"],
-                    "missing_bytes": after["missing_bytes"],
-                    "resent": again["sent"],
-                    "checks": again.get("checks"),
-                },
-            )
+            note(f"{pkgs[-1].name}:resume", resume(pkgs[-1], sinks[0], files))
     finally:
         res["tmpfs"] = [str(m) for m in MOUNTED]
         (a.out / "weights_gpu.json").write_text(json.dumps(res, indent=1))
+        (a.out / "weights_gpu.md").write_text(table(res))
+        print(table(res), flush=True)
         for m in MOUNTED:
             umount(m)
     return 0
