@@ -250,7 +250,8 @@ class Cores:
                 continue
             if int(f[3]) in self.sids:
                 pid = int(d)
-                label = self.seen[pid][0] if pid in self.seen else self._label(pid)
+                old = self.seen.get(pid, ("bash",))[0]
+                label = old if old not in ("bash", "?") else self._label(pid)  # bash forks, then execs
                 self.seen[pid] = (label, int(f[11]) + int(f[12]))
 
     def _loop(self) -> None:

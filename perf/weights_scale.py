@@ -61,8 +61,8 @@ REPL_RATIO, LIMIT_FRACTION, CHAIN_RATIO, RESUME_RATIO = 1.5, 0.8, 1.2, 1.05
 RAW_MAX = 1 << 30  # bytes a raw TCP stream and a disk test write
 # `weights pull`'s note for a worker reached along the chain: which addresses its hop used
 # what `pgrep -f` sees of a chain's last receiver (sparkcluster/programs: the program's name and
-# arguments, then its bundle): its sink stdout, no next hop after it
-LEAF_RECEIVER = "^python3 -c .* sparkcluster[.]programs[.]receiver [^ ]+ [^ ]+ stdout [^ =]{40}"
+# arguments, then its bundle): the weights' receiver with its incoming folder, no next hop after it
+LEAF_RECEIVER = "^python3 -c .* sparkcluster[.]programs[.]weights_receive [^ ]+ [^ ]+ [^ ]+ [^ =]{40}"
 CHAIN_NOTE = re.compile(r"^(\S+): received from (\S+) along the chain \((\S+) -> (\S+)\)", re.M)
 
 # one connection accepted, everything read and dropped; prints bytes and seconds from the first byte
@@ -263,9 +263,9 @@ class Scale:
             while not cut.is_set():
                 out = self.tb.sh(w, f"stat -c %s {inc}/* 2>/dev/null || true", check=False).stdout
                 if sum(int(x) > (1 << 20) for x in out.split()) >= 2:
-                    # the link drops: the stream's receiver ends (its extractor then sees the archive cut)
-                    # (the receiver whose sink is stdout and that relays to no next hop: its last
-                    # argument is stdout, then comes its bundle, base64 with no "=" until its end)
+                    # the link drops: the stream's last receiver ends, its files cut where they were
+                    # (the weights' receiver that relays to no next hop: its last argument is its
+                    # incoming folder, then comes its bundle, base64 with no "=" until its end)
                     self.tb.sh(w, f"pkill -9 -f {shlex.quote(LEAF_RECEIVER)} || true", check=False)
                     cut.set()
                 time.sleep(0.05)

@@ -419,3 +419,58 @@ def test_the_extractor_writes_only_blobs_inside_the_incoming_folder(tmp_path):
     inc = _incoming(tmp_path, {"../../escaped": b"x", "config.json": b"{}", name: good})
     assert sorted(p.name for p in inc.iterdir()) == sorted([name, RECEIVED])
     assert [p.relative_to(tmp_path) for p in tmp_path.rglob("escaped")] == [Path("src/escaped")]  # the source
+
+
+def test_the_sender_alternates_the_chunks_of_its_files_in_flight(tmp_path):
+    """weights_send's stream (its records read here off the framing): at most FILES files open at
+    once and that many while enough are left, each file's bytes in order and whole, then "E"."""
+    import socket
+    import struct
+
+    from sparkcluster.programs import weights_send
+
+    folder = tmp_path / "blobs"
+    folder.mkdir()
+    data = {}
+    for i in range(weights_send.FILES + 2):
+        d = os.urandom(2 * weights_send.CHUNK + i)
+        data[hashlib.sha256(d).hexdigest()] = d
+        (folder / hashlib.sha256(d).hexdigest()).write_bytes(d)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    names = base64.b64encode(b"".join(n.encode() + b"\0" for n in data)).decode()
+    snd = subprocess.Popen(
+        [
+            "bash",
+            "-c",
+            f"cd {shlex.quote(str(folder))} && echo {names} | base64 -d | "
+            + hfcache.py(hfcache.SEND, "127.0.0.1", str(srv.getsockname()[1]), "127.0.0.1"),
+        ],
+        stderr=subprocess.PIPE,
+    )
+    c, _ = srv.accept()
+    f = c.makefile("rb")
+    got, opened, widest, ended = {}, {}, 0, False
+    while True:
+        n = struct.unpack(">I", f.read(4))[0]
+        if not n:
+            break
+        kind, i, k = weights_send.HEAD.unpack(f.read(weights_send.HEAD.size))
+        rest = f.read(n - weights_send.HEAD.size)
+        assert len(rest) == k
+        if kind == b"F":
+            opened[i] = rest[8:].decode()
+            got[opened[i]] = b""
+            widest = max(widest, len(opened))
+        elif kind == b"D":
+            got[opened[i]] += rest
+            if len(got[opened[i]]) == len(data[opened[i]]):
+                del opened[i]
+        else:
+            ended = kind == b"E"
+    f.close()
+    c.close()  # the sender's end waits for the receiver to close
+    assert snd.wait(timeout=30) == 0, snd.stderr.read()
+    assert ended and not opened and widest == weights_send.FILES
+    assert got == data
