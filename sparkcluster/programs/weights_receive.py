@@ -4,16 +4,17 @@ into the incoming folder itself. argv: the address to listen on, the sender's ad
 folder, then as the receiver's ("next=ADDR,PORT,SRC" relays the stream as it arrives); "io=buffered"
 leaves out direct I/O.
 
-Each file is hashed as it is written, so the cache's `check` need not read every received byte
-back from disk to verify it (issue 40: the read-back was 30 % of a replication). The bytes go from
-the socket into one of BUFFERS aligned buffers (recv_into: no copy but the kernel's), on to the next
-hop, then to two threads at once: the one writer (with O_DIRECT where the filesystem takes it, so
-the bytes are not copied into the page cache; a file's unaligned tail is written without it) and
-the file's own hasher (hashlib leaves the GIL for large buffers, so the files in flight are hashed
-on as many cores). What it hashed it records (RECEIVED, one JSON line per whole file: name, size,
-mtime, digest); `check` adopts a file whose record matches its size and mtime and whose digest is
-its name, and hashes any other file as before. A blob is named by its sha256, or by its git sha1
-for a small file (huggingface_hub's cache layout); any other name is read and dropped.
+Each file is hashed as it is written, so the cache's `check` need not read every received byte back
+from disk to verify it (issue 40: the read-back was 30 % of a replication). The bytes go from the
+socket into one of BUFFERS aligned buffers (recv_into: no copy but the kernel's), then to three
+threads at once: the relay's (Forward: on to the next hop of a chain), the one writer (with O_DIRECT
+where the filesystem takes it, so the bytes are not copied into the page cache; a file's unaligned
+tail is written without it) and the file's own hasher (hashlib leaves the GIL for large buffers, so
+the files in flight are hashed on as many cores). What it hashed it records (RECEIVED, one JSON line
+per whole file: name, size, mtime, digest); `check` adopts a file whose record matches its size and
+mtime and whose digest is its name, and hashes any other file as before. A blob is named by its
+sha256, or by its git sha1 for a small file (huggingface_hub's cache layout); any other name is read
+and dropped.
 Exit status: the receiver's (STREAM_CUT when the stream ended before its end, RELAY_FAILED when
 the chain after this node broke), 1 when this node could not write what it received.
 """
@@ -201,6 +202,60 @@ class Out:
         self.rec.close()
 
 
+class Forward:
+    """A relay's sends on a thread of their own, in order, so this node receives the next chunk while
+    the last goes on to the next hop (inline, one thread copies every byte in and out again). A
+    chunk's bytes are sent from its buffer (`hold`: the buffer is not reused before); anything else
+    is copied first."""
+
+    END, STOP = object(), object()
+
+    def __init__(self, relay):
+        self.relay, self.hold = relay, None
+        self.q = queue.Queue(4 * BUFFERS)  # bounded: a slow next hop slows this one, never its memory
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def send(self, mv):
+        c = self.hold
+        if c is not None and len(mv) >= 1 << 16:
+            with c.out.lock:
+                c.users += 1
+            self.q.put((mv, c))
+        else:
+            self.q.put((bytes(mv), None))
+
+    def end(self):
+        self.q.put((self.END, None))
+
+    def run(self):
+        while True:
+            b, c = self.q.get()
+            if b is self.STOP:
+                return
+            if b is self.END:
+                self.relay.end()
+            else:
+                self.relay.send(b)
+            if c is not None:
+                c.release()
+
+    def done(self):
+        self.q.put((self.STOP, None))
+        self.t.join()
+
+    def cut(self):
+        self.done()
+        self.relay.cut()
+
+    def wait(self):
+        self.done()
+        self.relay.wait()
+
+    def failed(self, rc):
+        return self.relay.failed(rc)
+
+
 def receive(frames, out):
     """The records up to "E" (weights_send's), then the end frame."""
     scratch = memoryview(bytearray(CHUNK))
@@ -221,7 +276,9 @@ def receive(frames, out):
                 fill(frames, scratch[:n])  # not a blob, or nowhere to write it: relayed only
                 continue
             c = out.chunk(n)
+            frames.relay.hold = c
             fill(frames, c.mv)
+            frames.relay.hold = None
             out.put(i, c)
         elif kind == b"E":
             if frames.readinto(scratch):
@@ -245,6 +302,8 @@ def main(argv):
     os.makedirs(inc, exist_ok=True)
     out = Out(inc, "io=buffered" not in argv[4:])
     c, relay = receiver.accept([argv[0], argv[1], argv[2], *argv[4:]])
+    if relay.s is not None:
+        relay = Forward(relay)
     done = False
     try:
         receive(receiver.Frames(c, relay), out)

@@ -474,3 +474,30 @@ def test_the_sender_alternates_the_chunks_of_its_files_in_flight(tmp_path):
     assert snd.wait(timeout=30) == 0, snd.stderr.read()
     assert ended and not opened and widest == weights_send.FILES
     assert got == data
+
+
+def test_a_relay_forwards_chunks_from_its_buffers_while_it_writes_its_own_copy(tmp_path):
+    """Two receivers along a chain with files of several chunks: the relay sends each chunk on from
+    the buffer it received it in (weights_receive.Forward), and both copies arrive whole, hashed."""
+    m, head = _shards(tmp_path, n=3, size=9 * 2**20 + 5)
+    tail_cache, relay_cache = tmp_path / "w2", tmp_path / "w1"
+    tail, tport = _receive(tail_cache)
+    relay = subprocess.Popen(
+        [
+            "bash",
+            "-c",
+            hfcache.receive_command(
+                str(relay_cache), TINY, "127.0.0.1", "127.0.0.1", transfer.next_hop("127.0.0.1", tport, "127.0.0.1")
+            ),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    rport = int(relay.stderr.readline().split()[1])
+    need = [f.blob for f in m.files]
+    snd = sh(hfcache.send_command(str(head), TINY, need, "127.0.0.1", rport, "127.0.0.1"))
+    assert snd.returncode == 0, snd.stderr
+    assert relay.wait(timeout=60) == 0 and tail.wait(timeout=60) == 0
+    for cache in (relay_cache, tail_cache):
+        done = check(cache, m)
+        assert done["missing"] == [] and done["adopted"] == 3 and done["corrupt"] == []
