@@ -55,10 +55,12 @@ docs: venv
 	$(BIN)/python -m sparkcluster.bench.catalogue --write docs/guides/benchmark.md
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# the pair's figures (perf.run, on the testbed that is up), then the four-node ones (bench-nodes),
-# which end by bringing the pair back up
+# the pair's figures (perf.run, on the testbed that is up), a capped replication beside the serving
+# engine (perf.weights_cap, issue 61), then the four-node ones (bench-nodes), which end by bringing
+# the pair back up
 bench: venv
 	$(BIN)/python -m perf.run
+	$(BIN)/python -m perf.weights_cap
 	$(MAKE) bench-nodes
 
 # the four-node figures (issue 27) on four-host testbeds of their own, through a switch and as a ring:

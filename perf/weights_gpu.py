@@ -17,7 +17,7 @@ Runs, each of the whole repository:
 - `tar-disk`: `tar -c | (Python stand-in for nc) | tar -x` onto the disk, then sync (there is no nc);
 - `one-tmpfs`, `three-tmpfs`: one receiver, then a chain of three (each receiver relays to the next,
   each on its own tmpfs), with `check` on each;
-- `resume`: a replication to a tmpfs cut after about 40 % of its bytes, `check`, then only what it
+- `resume`: a replication to a tmpfs cut after `--cut` of its bytes (default 0.6), `check`, then only what it
   says is missing sent again: the bytes sent the second time against the bytes missing.
 Figures: GB/s (10^9 bytes) of the repository over each run's wall time.
 
@@ -438,9 +438,9 @@ def check_of(pkg: Pkg, sink: Path, files: list[dict]) -> dict:
     return json.loads(got.stdout.strip().splitlines()[-1])
 
 
-def resume(pkg: Pkg, sink: Path, files: list[dict]) -> dict:
-    """A replication cut after about 40 % of its bytes, `check`, then only what it says is missing."""
-    cut = replicate(pkg, [sink], files, cut_at=0.4)
+def resume(pkg: Pkg, sink: Path, files: list[dict], cut_at: float) -> dict:
+    """A replication cut after `cut_at` of its bytes, `check`, then only what it says is missing."""
+    cut = replicate(pkg, [sink], files, cut_at=cut_at)
     after = check_of(pkg, sink, files)
     again = replicate(pkg, [sink], files, blobs=after["missing"])
     return {
@@ -492,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/weights-gpu"))
     ap.add_argument("--runs", default="tcp,disk,sha256,one-disk,tar-disk,one-tmpfs,three-tmpfs,resume")
     ap.add_argument("--shard-mb", type=int, default=SHARD // 10**6, help="a shard's size (the hub's: 2-5 GB)")
+    ap.add_argument("--cut", type=float, default=0.6, help="the resume run's cut, a share of the bytes")
     ap.add_argument("--pkg", action="append", default=[], help="NAME=ROOT: a checkout's package to measure")
     a = ap.parse_args(argv)
     runs = set(a.runs.split(","))
@@ -551,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                 note(f"{last.name}:one-{where}:{key}", replicate(last, [sink], files, **how))
                 shutil.rmtree(sink if where == "disk" else sink / "hub", ignore_errors=True)
         if "resume" in runs:
-            note(f"{pkgs[-1].name}:resume", resume(pkgs[-1], sinks[0], files))
+            note(f"{last.name}:resume", resume(last, sinks[0], files, a.cut))
     finally:
         res["tmpfs"] = [str(m) for m in MOUNTED]
         (a.out / "weights_gpu.json").write_text(json.dumps(res, indent=1))
