@@ -507,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": cpu_model(),
         "drop_caches": drop_caches(),
         "python": sys.version.split()[0],
+        "kernel": os.uname().release,
+        "disk_fs": subprocess.run(["df", "-T", str(work)], capture_output=True, text=True).stdout.splitlines()[-1:],
     }
 
     def note(key, value):
