@@ -18,7 +18,8 @@ from sparkcluster.programs import receiver
 # Both ends are python3, which every DGX OS host has; no netcat flavour to guess at. The programs
 # are modules of sparkcluster/programs: the receiver (`receiver`), the senders' framing (`framing`),
 # the image's sender that leaves out the layers the worker holds (`image_sender`), a plain byte pipe
-# for files (`stream_sender`, the weights stage) and the hang-up (`hang_up`).
+# from stdin (`stream_sender`) and the hang-up (`hang_up`); the weights have their own sender and
+# receiver on the same framing (`weights_send`, `weights_receive`: movement/hfcache).
 RECEIVER = "sparkcluster.programs.receiver"
 SENDER = "sparkcluster.programs.image_sender"
 STREAM_SENDER = "sparkcluster.programs.stream_sender"

@@ -347,7 +347,7 @@ def _replicate_step(inv, head: str, k: int, need, wk) -> Step:
         wk.name,
         _act("replicate", k, need),
         f"receive the files of {need.repo} it lacks from the head, verify them",
-        f"{head}: tar of the missing blobs | tcp {inv.head.control_ip} -> {wk.control_ip} | "
+        f"{head}: the missing blobs, four files at a time | tcp {inv.head.control_ip} -> {wk.control_ip} | "
         f"{wk.name}: each file written and hashed as it arrives, adopted once it matches "
         "(one connection, head's address only)"
         + (
