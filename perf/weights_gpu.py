@@ -1,10 +1,11 @@
-"""Weights replication where the cores are (issue 61, a first run): sparkcluster's own node programs
+"""Weights replication where the cores are (issue 61): sparkcluster's own node programs
 for a replication, run as local processes over loopback on the GPU machine the project borrows
 (16 cores, its own disk), against limits measured in the same run.
 
 What runs is what the weights stage runs on the nodes, from the shell commands it builds
-(`movement/hfcache.send_command`, `receive_command`, `check_command`: programs/stream_sender,
-receiver, weights_receive, weights_cache), here with every address 127.0.0.1; SSH and paramiko are
+(`movement/hfcache.send_command`, `receive_command`, `check_command`: since issue 61 item 3
+programs/weights_send, weights_receive and weights_cache; before it tar, stream_sender, receiver,
+weights_receive), here with every address 127.0.0.1; SSH and paramiko are
 not measured (the commands run in local `bash`). The repository is synthetic and not compressible:
 safetensors-shaped shards of random bytes (numpy's PCG64) named by their sha256, beside small files
 named by their git sha1, as huggingface_hub's cache holds them. The source sits on a tmpfs, so its
