@@ -501,3 +501,68 @@ def test_a_relay_forwards_chunks_from_its_buffers_while_it_writes_its_own_copy(t
     for cache in (relay_cache, tail_cache):
         done = check(cache, m)
         assert done["missing"] == [] and done["adopted"] == 3 and done["corrupt"] == []
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_filesystem_without_direct_io_gets_the_files_through_the_page_cache(tmp_path, monkeypatch, direct):
+    """weights_receive opens each file with O_DIRECT and writes its aligned chunks so; a filesystem
+    that refuses O_DIRECT (EINVAL, as tmpfs before Linux 6.6) gets the same bytes through the page
+    cache, and either way the unaligned tail, the record and the digest are the same."""
+    import errno
+
+    from sparkcluster.programs import weights_receive as wr
+
+    real = os.open
+
+    def refusing(path, flags, *a):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(path, flags, *a)
+
+    if not direct:
+        monkeypatch.setattr(os, "open", refusing)
+    data = os.urandom(2 * wr.CHUNK + 3 * wr.BUFFERED + 5)
+    name = hashlib.sha256(data).hexdigest()
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    out = wr.Out(str(inc), True)
+    out.begin(7, name, len(data))
+    f = out.open[7]
+    for off in range(0, len(data), wr.CHUNK):
+        piece = data[off : off + wr.CHUNK]
+        c = out.chunk(len(piece))
+        c.mv[:] = piece
+        out.put(7, c)
+    out.close()
+    assert not direct or not f.direct  # the tail left direct I/O, where it was taken
+    assert (inc / name).read_bytes() == data and out.err == ""
+    rec = [json.loads(x) for x in (inc / RECEIVED).read_text().splitlines()]
+    assert [(r[0], r[1], r[3]) for r in rec] == [(name, len(data), name)]
+
+
+def test_a_relay_that_cannot_write_still_passes_the_whole_stream_on(tmp_path):
+    """A relay whose own write fails (here its first file's part is a folder) says so, relays the
+    rest unwritten and exits 1; the node after it gets every file."""
+    m, head = _shards(tmp_path, n=3, size=5 * 2**20 + 1)
+    tail_cache, relay_cache = tmp_path / "w2", tmp_path / "w1"
+    need = [f.blob for f in m.files]
+    (Path(hfcache.incoming_dir(str(relay_cache), TINY)) / (need[0] + ".part")).mkdir(parents=True)
+    tail, tport = _receive(tail_cache)
+    relay = subprocess.Popen(
+        [
+            "bash",
+            "-c",
+            hfcache.receive_command(
+                str(relay_cache), TINY, "127.0.0.1", "127.0.0.1", transfer.next_hop("127.0.0.1", tport, "127.0.0.1")
+            ),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    rport = int(relay.stderr.readline().split()[1])
+    snd = sh(hfcache.send_command(str(head), TINY, need, "127.0.0.1", rport, "127.0.0.1"))
+    assert snd.returncode == 0, snd.stderr
+    assert relay.wait(timeout=60) == 1 and tail.wait(timeout=60) == 0
+    assert "relayed, not written" in relay.stderr.read()
+    done = check(tail_cache, m)
+    assert done["missing"] == [] and done["adopted"] == 3
