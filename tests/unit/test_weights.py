@@ -510,7 +510,7 @@ def test_a_filesystem_without_direct_io_gets_the_files_through_the_page_cache(tm
     cache, and either way the unaligned tail, the record and the digest are the same."""
     import errno
 
-    from sparkcluster.programs import weights_receive as wr
+    from sparkcluster.programs import weights_receive
 
     real = os.open
 
@@ -521,15 +521,15 @@ def test_a_filesystem_without_direct_io_gets_the_files_through_the_page_cache(tm
 
     if not direct:
         monkeypatch.setattr(os, "open", refusing)
-    data = os.urandom(2 * wr.CHUNK + 3 * wr.BUFFERED + 5)
+    data = os.urandom(2 * weights_receive.CHUNK + 3 * weights_receive.BUFFERED + 5)
     name = hashlib.sha256(data).hexdigest()
     inc = tmp_path / "inc"
     inc.mkdir()
-    out = wr.Out(str(inc), True)
+    out = weights_receive.Out(str(inc), True)
     out.begin(7, name, len(data))
     f = out.open[7]
-    for off in range(0, len(data), wr.CHUNK):
-        piece = data[off : off + wr.CHUNK]
+    for off in range(0, len(data), weights_receive.CHUNK):
+        piece = data[off : off + weights_receive.CHUNK]
         c = out.chunk(len(piece))
         c.mv[:] = piece
         out.put(7, c)
