@@ -512,6 +512,14 @@ def main(argv: list[str] | None = None) -> int:
         "disk_fs": subprocess.run(["df", "-T", str(work)], capture_output=True, text=True).stdout.splitlines()[-1:],
     }
 
+    def run(key, fn, *args, **kw):
+        """One run, noted; a run that fails is noted with its error and the rest go on (one call on
+        a borrowed machine should bring back what it can)."""
+        try:
+            note(key, fn(*args, **kw))
+        except Exception as e:  # noqa: BLE001
+            note(key, {"error": f"{type(e).__name__}: {e}"[:2000]})
+
     def note(key, value):
         res[key] = value
         print(json.dumps({key: value}), flush=True)
@@ -527,35 +535,35 @@ def main(argv: list[str] | None = None) -> int:
         res["generate_s"] = time.monotonic() - t
         print(json.dumps({"generated": len(files), "secs": res["generate_s"]}), flush=True)
         if "tcp" in runs:
-            note("tcp", raw_tcp(total))
+            run("tcp", raw_tcp, total)
         if "sha256" in runs:
-            note("sha256", sha256_rate(blobs, files))
+            run("sha256", sha256_rate, blobs, files)
         disk = work / "disk"
         disk.mkdir(exist_ok=True)
         if "disk" in runs:
-            note("disk", disk_write(disk, total))
+            run("disk", disk_write, disk, total)
         for p in pkgs:
             if "one-disk" in runs:
-                note(f"{p.name}:one-disk", replicate(p, [disk / "one"], files))
+                run(f"{p.name}:one-disk", replicate, p, [disk / "one"], files)
                 shutil.rmtree(disk / "one", ignore_errors=True)
         if "tar-disk" in runs:
-            note("tar-disk", tar_nc(blobs, disk / "tar", total))
+            run("tar-disk", tar_nc, blobs, disk / "tar", total)
             shutil.rmtree(disk / "tar", ignore_errors=True)
         sinks = [tmpfs(work / f"sink{i}", gb) for i in range(3)]
         for p in pkgs:
             for key, n in (("one-tmpfs", 1), ("three-tmpfs", 3)):
                 if key in runs:
-                    note(f"{p.name}:{key}", replicate(p, sinks[:n], files))
+                    run(f"{p.name}:{key}", replicate, p, sinks[:n], files)
                     for s in sinks:
                         shutil.rmtree(s / "hub", ignore_errors=True)
         last = pkgs[-1]
         for key in sorted(r for r in runs if r.startswith(("files=", "io="))):  # the last package's variants
             how = {"width": int(key[6:])} if key.startswith("files=") else {"io": key[3:]}
             for where, sink in (("disk", disk / "one"), ("tmpfs", sinks[0])):
-                note(f"{last.name}:one-{where}:{key}", replicate(last, [sink], files, **how))
+                run(f"{last.name}:one-{where}:{key}", replicate, last, [sink], files, **how)
                 shutil.rmtree(sink if where == "disk" else sink / "hub", ignore_errors=True)
         if "resume" in runs:
-            note(f"{last.name}:resume", resume(last, sinks[0], files, a.cut))
+            run(f"{last.name}:resume", resume, last, sinks[0], files, a.cut)
     finally:
         res["tmpfs"] = [str(m) for m in MOUNTED]
         (a.out / "weights_gpu.json").write_text(json.dumps(res, indent=1))
