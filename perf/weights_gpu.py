@@ -343,7 +343,10 @@ class Pkg:
         )
         if got.returncode:
             raise RuntimeError(f"{self.root}: {got.stderr[-2000:]}")
-        return json.loads(got.stdout)
+        out = json.loads(got.stdout)
+        if not Path(out["source"]).resolve().is_relative_to(self.root):  # never another tree's, silently
+            raise RuntimeError(f"{self.name}: hfcache came from {out['source']}, not from {self.root}")
+        return out
 
 
 def variant(cmd: dict, width: int | None, io: str | None) -> dict:
