@@ -1,5 +1,7 @@
 """Names and labels that mark what sparkcluster owns on a host. Nothing is removed without them."""
 
+from sparkcluster.node.contract import SERVICE_ROLE
+
 LABEL_PREFIX = "org.sparkcluster"
 CLUSTER_LABEL = f"{LABEL_PREFIX}.cluster"
 ROLE_LABEL = f"{LABEL_PREFIX}.role"
@@ -15,14 +17,20 @@ SLOT_LABEL = f"{LABEL_PREFIX}.slot"
 # the deployment's engine's gpu_memory_utilization (a fraction of MemTotal): what it holds of each of
 # its nodes' memory when another deployment asks to start beside it (issue 60's admission)
 MEMORY_LABEL = f"{LABEL_PREFIX}.memory-fraction"
+# a service's reservation (issue 60 item 2: a profile of kind "service"), in GB of each of its nodes'
+# memory: what it holds when another deployment asks to start beside it
+RESERVED_LABEL = f"{LABEL_PREFIX}.memory-gb"
+# ROLE_LABEL of a service's container is SERVICE_ROLE (node/contract): one per node it runs on, no
+# head, no Ray, its agent supervising it
 GATEWAY_ROLE = "gateway"  # ROLE_LABEL of the gateway's container: no deployment, kept by `down --node`
 
 
 def container_name(cluster: str, role: str, node: str, slot: int = 0) -> str:
     """A deployment's container on `node`: slot 0's names are those of before issue 60; a later slot's
-    carry `d<slot>` so that two deployments on one node never share a name."""
+    carry `d<slot>` so that two deployments on one node never share a name. A service's (issue 60)
+    says so and names its node, in whichever slot."""
     base = f"sparkcluster-{cluster}" + (f"-d{slot}" if slot else "")
-    return f"{base}-{role}-{node}" if role == "worker" else f"{base}-head"
+    return f"{base}-{role}-{node}" if role in ("worker", SERVICE_ROLE) else f"{base}-head"
 
 
 def slot_of(labels: dict | None) -> int:
