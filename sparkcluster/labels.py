@@ -1,7 +1,5 @@
 """Names and labels that mark what sparkcluster owns on a host. Nothing is removed without them."""
 
-from sparkcluster.node.contract import SERVICE_ROLE
-
 LABEL_PREFIX = "org.sparkcluster"
 CLUSTER_LABEL = f"{LABEL_PREFIX}.cluster"
 ROLE_LABEL = f"{LABEL_PREFIX}.role"
@@ -20,8 +18,10 @@ MEMORY_LABEL = f"{LABEL_PREFIX}.memory-fraction"
 # a service's reservation (issue 60 item 2: a profile of kind "service"), in GB of each of its nodes'
 # memory: what it holds when another deployment asks to start beside it
 RESERVED_LABEL = f"{LABEL_PREFIX}.memory-gb"
-# ROLE_LABEL of a service's container is SERVICE_ROLE (node/contract): one per node it runs on, no
-# head, no Ray, its agent supervising it
+# ROLE_LABEL of a service's container: one per node it runs on, no head, no Ray, its agent supervising
+# it. The word its agent's config carries too (node/contract.SERVICE_ROLE: node/ ships alone, so it
+# cannot import this module; tests/unit/test_service.py holds the two equal)
+SERVICE_ROLE = "service"
 GATEWAY_ROLE = "gateway"  # ROLE_LABEL of the gateway's container: no deployment, kept by `down --node`
 
 

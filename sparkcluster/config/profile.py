@@ -21,8 +21,8 @@ from sparkcluster.config import shipped
 from sparkcluster.config.bounds import OnDemandSettings, SupervisorSettings
 from sparkcluster.config.inventory import describe_validation_error
 from sparkcluster.config.secrets import SECRET_NAMES, register_written
-from sparkcluster.config.service import KIND as SERVICE_KIND
-from sparkcluster.config.service import ServiceProfile
+from sparkcluster.config.service_profile import KIND as SERVICE_KIND
+from sparkcluster.config.service_profile import ServiceProfile
 from sparkcluster.config.topology import nccl_env
 from sparkcluster.errors import InputError
 from sparkcluster.movement.hfcache import is_hub_model
