@@ -7,7 +7,7 @@ PROFILE_LABEL = f"{LABEL_PREFIX}.profile"
 NODES_LABEL = f"{LABEL_PREFIX}.nodes"  # the deployment's node set, comma-separated
 CONFIG_LABEL = f"{LABEL_PREFIX}.config-hash"  # hash of everything that shaped the container
 EXECUTOR_LABEL = f"{LABEL_PREFIX}.executor"  # "ray" or "mp": how the deployment's ranks span its nodes
-PORT_LABEL = f"{LABEL_PREFIX}.port"  # the gateway's port on its node
+PORT_LABEL = f"{LABEL_PREFIX}.port"  # the port the gateway, or a service (issue 60), answers on its node
 # the deployment's slot on its nodes (issue 60): several deployments share a node, each with its own
 # container names and port block. Slot 0 (no label: what every container made before issue 60 is)
 # keeps the names and ports sparkcluster always used, so an upgrade recreates nothing.

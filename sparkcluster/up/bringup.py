@@ -116,7 +116,7 @@ def run(
             )
         inv = inv.at_slot(slot)
         touched = full.only(sorted({n.name for n in inv.nodes} | {x for d in away for x in d.nodes}))
-        _all_reachable(touched, unreachable)
+        all_reachable(touched, unreachable)
         # a dry run changes nothing, so it neither takes nor waits for the lock
         with (
             contextlib.nullcontext() if dry_run or locked else NodeLocks(everyone, touched, command),
@@ -213,7 +213,7 @@ def admit_beside(
         )
 
 
-def _all_reachable(touched: Inventory, unreachable: dict) -> None:
+def all_reachable(touched: Inventory, unreachable: dict) -> None:
     """Every node the run touches answered, or the error naming each that did not."""
     missing = {n.name: unreachable[n.name] for n in touched.nodes if n.name in unreachable}
     if not missing:
