@@ -49,7 +49,7 @@ def _routes(obj, node_name: str | None):
         raise SparkError(f"{node.name} (the gateway's node) is unreachable: {err.message}", err.fix)
     found, unread = deployments.on(cluster, inv)
     try:
-        loaded = {d.profile: profiles.load_profile(d.profile) for d in found}
+        loaded = {d.profile: profiles.load_profile(d.profile, service=True) for d in found}
     except SparkError:
         cluster.close()
         raise
