@@ -16,6 +16,7 @@ from sparkcluster.labels import (
     CLUSTER_LABEL,
     MEMORY_LABEL,
     NODES_LABEL,
+    PORT_LABEL,
     PROFILE_LABEL,
     RESERVED_LABEL,
     ROLE_LABEL,
@@ -38,6 +39,7 @@ class Deployment:
     fraction: float | None = None  # its engine's gpu_memory_utilization (the memory label), None: unlabelled
     service: bool = False  # a profile of kind "service" (issue 60 item 2): its containers' role says so
     reserved_gb: float | None = None  # a service's reservation per node (its label), GB
+    port: int | None = None  # a service's port (its label): where it answers
 
     @property
     def key(self) -> str:
@@ -97,7 +99,9 @@ def group(inv: Inventory, containers_by_node: dict[str, list[dict | ContainerIns
             d = found.setdefault((prof, nodes, slot), Deployment(prof, nodes, slot=slot))
             d.containers.setdefault(n.name, []).append(name)
             d.ids.setdefault(n.name, set()).add(cid)
-            d.service = d.service or labels.get(ROLE_LABEL) == SERVICE_ROLE
+            if labels.get(ROLE_LABEL) == SERVICE_ROLE:
+                d.service = True
+                d.port = int(labels[PORT_LABEL]) if str(labels.get(PORT_LABEL, "")).isdigit() else d.port
             try:
                 d.fraction = float(labels[MEMORY_LABEL]) if MEMORY_LABEL in labels else d.fraction
                 d.reserved_gb = float(labels[RESERVED_LABEL]) if RESERVED_LABEL in labels else d.reserved_gb
