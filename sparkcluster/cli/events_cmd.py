@@ -88,8 +88,9 @@ def events(obj, follow: bool, last: int, as_json: bool, node: str | None, profil
 
 
 def journals(api, cluster: str, node: str, profile: str | None) -> list[tuple[str, str]]:
-    """(container, profile) of each deployment's head container (a service's own container) on the node (of `profile` alone when
-    given), found by label; where none carries the labels, the first slot's name as before issue 60."""
+    """(container, profile) of each deployment's head container (a service's own, issue 60) on the node
+    (of `profile` alone when given), found by label; where none carries the labels, the first slot's
+    name as before issue 60."""
     try:
         listed = api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={cluster}"})
     except docker.errors.APIError:
