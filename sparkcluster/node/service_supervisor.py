@@ -54,6 +54,7 @@ from .readings import mem_available, mem_total
 from .verdict import memory_for_restart, memory_wait
 
 SERVICE_LOG = "/var/log/sparkcluster/service.log"
+MEMINFO = "/proc/meminfo"  # the node's (host networking, the host's /proc/meminfo as every container reads it)
 HEALTH_TIMEOUT_S = 3.0  # one health answer: a service that takes longer is failing it
 BACKOFF_MAX_S = 60.0
 BUSY_LOOK_S = 0.25  # while it starts: `up` waits on what the look says
@@ -241,7 +242,7 @@ class ServiceSupervisor:
         past memory_wait_s, stopped for good with what was seen."""
         if self.first:
             return False  # `up`'s admission counted it beside the others
-        with open("/proc/meminfo") as f:
+        with open(MEMINFO) as f:
             text = f.read()
         total, avail = mem_total(text), mem_available(text)
         node = self.cfg["node"]
