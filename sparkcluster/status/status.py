@@ -308,7 +308,8 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
                 if (sub.head.name, sub.slot) == (inv.head.name, 0)
                 else Background(_look, cluster.hosts.get(sub.head.name), sub, sub.cluster.api_port, api_key)
             )
-            for sub in subs
+            for sub, d in zip(subs, found or [None])
+            if d is None or not d.service or (sub.head.name, sub.slot) == (inv.head.name, 0)
         }
         gateway = next((r.gateway for r in reports.values() if isinstance(r, NodeReport) and r.gateway), None)
         routed = (
@@ -323,7 +324,8 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
                 slotted.get(_look_key(sub), reports),
                 unreachable,
                 addresses,
-                looks[_look_key(sub)].result(),
+                # a service has no engine to ask: its supervisor's state is its health (judge_service)
+                looks[_look_key(sub)].result() if _look_key(sub) in looks else endpoint_mod.EngineView(),
                 d.port if d is not None and d.service else None,
             )
             if d is not None:
