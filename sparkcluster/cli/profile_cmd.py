@@ -31,8 +31,8 @@ from sparkcluster.config.profile import (
     search_places,
     secret_env_names,
 )
-from sparkcluster.config.service_profile import is_service
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets, masked
+from sparkcluster.config.service_profile import is_service
 from sparkcluster.errors import EXIT_FAILED, SparkError
 
 # the Dockerfile's default pin (images/Dockerfile.vllm-ray ARG RAY_VERSION)
