@@ -18,17 +18,40 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sparkcluster.config.bounds import SupervisorSettings
+from sparkcluster.node.contract import Policy
 from sparkcluster.config.secrets import SECRET_NAMES, SECRET_VALUE, SECRETISH_NAME
 
 KIND = "service"
 # what the container is given when the profile says nothing: a service's own shared memory is small
 DEFAULT_SHM = "2g"
 _ROUTE = r"^/v1/[a-z0-9/_.-]+$"
+_DEFAULT = Policy()
+
+
+class ServiceSupervisorSettings(BaseModel):
+    """A service's `[supervisor]` table: the engine's bounds that apply to a service (node/contract
+    Policy's names and defaults); the engine's wedge keys (stall, probe) do not: its health URL is
+    the whole verdict."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # false: its supervisor starts it and journals what it sees, but never restarts or stops it
+    enabled: bool = True
+    interval_s: float = Field(default=_DEFAULT.interval_s, ge=0.5)  # one health question per look
+    # failed health answers in a row after it served once (a refused connection, a timeout of 3 s,
+    # any status but 200): it is stopped and restarted
+    health_failures: int = Field(default=_DEFAULT.health_failures, ge=1)
+    # before a restart the node's MemAvailable must cover memory_gb and this floor, within memory_wait_s
+    memory_floor_gib: float = Field(default=_DEFAULT.memory_floor_gib, ge=0)
+    memory_wait_s: float = Field(default=_DEFAULT.memory_wait_s, ge=0)
+    # at most max_restarts in restart_window_s, as an engine's (eugr/spark-vllm-docker#257: unbounded
+    # restarts leaked memory until the host needed a physical reset)
+    max_restarts: int = Field(default=_DEFAULT.max_restarts, ge=0)
+    restart_window_s: float = Field(default=_DEFAULT.restart_window_s, ge=60)
 
 
 class ServiceProfile(BaseModel):
-    """A profile of kind "service": `kind = "service"` and a `[service]` table."""
+    """A profile of kind "service" (`kind = "service"`): what runs, where it answers, what it holds."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -40,15 +63,16 @@ class ServiceProfile(BaseModel):
     served_name: str | None = Field(default=None, pattern=r"^[^\s,]+$")
     image: str = Field(pattern=r"^[a-z0-9][a-z0-9._/:@-]*$")  # as `docker pull` takes it
     args: list[str] = Field(min_length=1)  # the command the container runs (its image's entrypoint is not)
-    port: int = Field(ge=1, le=65535)
+    port: int = Field(ge=1, le=65535)  # where it answers (host networking: the node's own port)
     health: str = Field(default="/health", pattern=r"^/[^\s]*$")  # a path on `port`, 200 when it serves
     memory_gb: float = Field(gt=0, le=1024)  # what it holds of the node's memory (GB, 10^9), counted by admission
+    # the OpenAI routes it answers (`/v1/audio/transcriptions`, `/v1/audio/speech`): the gateway sends it those
     routes: list[Annotated[str, Field(pattern=_ROUTE)]] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)  # in its container at start
     shm_size: str = Field(default=DEFAULT_SHM, pattern=r"^[0-9]+[bkmgBKMG]?$")
     # how long `up` waits for its first healthy answer (a model load), and the supervisor for a restart's
     ready_timeout_s: int = Field(default=600, ge=10)
-    supervisor: SupervisorSettings = Field(default_factory=SupervisorSettings)
+    supervisor: ServiceSupervisorSettings = Field(default_factory=ServiceSupervisorSettings)
 
     @field_validator("args")
     @classmethod

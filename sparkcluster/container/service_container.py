@@ -28,7 +28,7 @@ def service_config(inv: Inventory, svc: ServiceProfile, node: Node) -> dict:
     """The agent's config in a service's container: the report endpoint on the slot's report port
     (the gateway reads its verdict there, monitoring scrapes it), and what it supervises. No secret."""
     policy = {
-        **{k: v for k, v in svc.supervisor.model_dump().items() if k not in ("enabled", "prefill_floor_tok_s")},
+        **{k: v for k, v in svc.supervisor.model_dump().items() if k != "enabled"},
         "act": svc.supervisor.enabled,
         "ready_timeout_s": float(svc.ready_timeout_s),
     }

@@ -8,6 +8,7 @@ and a wedge in one is not a wedge in another."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -475,3 +476,24 @@ def test_an_engines_restart_never_starts_into_what_a_neighbour_holds():
     assert not covered and "short" in seen[HEAD]
     covered, _ = memory_for_restart({HEAD: (total, left_by_qwen - 2 * GB)}, policy)
     assert covered
+
+
+def test_seed_004s_services_as_the_stacks_guide_writes_them():
+    """docs/guides/stacks.md: Parakeet and Chatterbox as service profiles, each with seed 004's port
+    and health URL, and the page's sums beside Qwen and Gemma are the admission's."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "stacks.md").read_text()
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", page, re.S) if 'kind = "service"' in b]
+    asr_, tts = (profiles.parse(b, n) for b, n in zip(blocks, ("parakeet-asr", "chatterbox-tts"), strict=True))
+    assert (asr_.port, asr_.routes, tts.port, tts.routes) == (
+        8765,
+        ["/v1/audio/transcriptions"],
+        8882,
+        ["/v1/audio/speech"],
+    )
+    assert asr_.health == tts.health == "/health"
+    total, floor = 128 * GB, 6 * GiB
+    qwen, gemma = memory_fit.Held("'qwen'", 0.55), memory_fit.Held("'gemma'", 0.80)
+    for engine, svc, said in ((qwen, asr_, "80.8 GB"), (gemma, tts, "116.8 GB")):
+        want = memory_fit.Held(f"'{svc.name}'", None, int(svc.memory_gb * GB))
+        assert memory_fit.admit(total, [engine], want, floor) is None
+        assert memory_fit.gb(engine.bytes_of(total) + want.bytes_of(total) + floor) == said and said in page
