@@ -18,8 +18,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sparkcluster.node.contract import Policy
 from sparkcluster.config.secrets import SECRET_NAMES, SECRET_VALUE, SECRETISH_NAME
+from sparkcluster.node.contract import Policy
 
 KIND = "service"
 # what the container is given when the profile says nothing: a service's own shared memory is small

@@ -87,6 +87,7 @@ class ClusterStatus:
     fix: str = ""  # what to do about the nodes that did not answer, each named
     # the cluster's gateway (issue 36), the same for every deployment: node, container, state, port
     gateway: dict | None = None
+    service: bool = False  # a service (issue 60: a profile of kind "service"), judged by judge_service
 
     def as_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -500,6 +501,7 @@ def judge_service(
     its health URL every look, says serving, freshly. No Ray, no engine to probe: its health is the
     supervisor's to judge, as the gateway reads it."""
     st = ClusterStatus(inv.cluster.name, "healthy", nodes, endpoint=endpoint, server_pid=pid, supervisor=sup)
+    st.service = True
     st.journal = list(journal or [])
     for ns in nodes:
         if not ns.reachable:

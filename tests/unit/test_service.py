@@ -444,6 +444,13 @@ def test_status_judges_a_service_by_its_supervisor():
     assert st.state == "degraded" and "3 failed health checks" in st.problems[0]
     st = status.judge_service(inv, node, "", None, {**sup, "state": contract.FAILED, "causes": [cause]})
     assert "the service failed to start" in st.problems[0]
+    from rich.console import Console
+
+    from sparkcluster.cli import status_cmd
+
+    console = Console(width=160, record=True)
+    console.print(status_cmd.render(status.judge_service(inv, node, "http://h:8765", 42, sup)))
+    assert "endpoint: http://h:8765  service: serving  service pid 42" in console.export_text()
     st = status.judge_service(inv, [status.NodeStatus(HEAD, state="exited")], "", None, None)
     assert st.state == "degraded" and st.problems == [f"{HEAD}: container exited"]
 
