@@ -96,7 +96,7 @@ def run(
         if others and not beside:
             what = "; ".join(d.describe() for d in others)
             raise InputError(
-                f"{what} runs on {inv.head.name}; a service shares the node's memory with it",
+                f"{what} runs on the node service '{svc.name}' needs; they would share its memory",
                 f"sparkcluster up --profile {svc.name} --node {inv.head.name} --beside (admitted when the "
                 "node's memory holds all of them)",
             )

@@ -504,3 +504,149 @@ def test_seed_004s_services_as_the_stacks_guide_writes_them():
         want = memory_fit.Held(f"'{svc.name}'", None, int(svc.memory_gb * GB))
         assert memory_fit.admit(total, [engine], want, floor) is None
         assert memory_fit.gb(engine.bytes_of(total) + want.bytes_of(total) + floor) == said and said in page
+
+
+# -- up of a service, against a fake Docker API
+
+
+class FakeApi:
+    """The Engine API as up/service_up uses it: one container of ours at most, the state file its
+    supervisor writes (set by the test), the image present or pulled."""
+
+    def __init__(self, states: list[dict | None], image: bool = True):
+        self.states, self.image = states, image
+        self.listed: list[dict] = []
+        self.made: list[dict] = []
+        self.removed: list[str] = []
+        self.pulled: list[str] = []
+
+    def containers(self, all=False, filters=None):
+        return self.listed
+
+    def inspect_image(self, ref):
+        import docker.errors
+
+        if not self.image:
+            raise docker.errors.ImageNotFound("no such image")
+
+    def pull(self, ref):
+        self.pulled.append(ref)
+
+    def create_host_config(self, **kw):
+        return kw
+
+    def create_container(self, host_config=None, **kw):
+        self.made.append(kw)
+        return {"Id": f"cid{len(self.made)}"}
+
+    def put_archive(self, cid, path, data):
+        pass
+
+    def start(self, cid):
+        pass
+
+    def get_archive(self, cid, path):
+        import io
+        import tarfile
+
+        import docker.errors
+
+        doc = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        if doc is None:
+            raise docker.errors.NotFound("no state yet")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            data = json.dumps(doc).encode()
+            info = tarfile.TarInfo("supervisor.json")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        return [buf.getvalue()], {}
+
+    def remove_container(self, cid, force=False):
+        self.removed.append(cid)
+
+
+class FakeHost:
+    name, address = HEAD, "192.0.2.10"
+
+    def __init__(self, api):
+        self.api = api
+
+    def docker(self):
+        return self
+
+    def run(self, cmd, timeout=30.0, stdin=None, *, warn=False):
+        class Done:
+            ok, stdout, stderr, exit_code = True, "", "", 0
+
+        return Done()
+
+
+class Quiet:
+    def stage(self, name):
+        pass
+
+    def done(self, name, seconds, note=""):
+        self.note = note
+
+    def info(self, text):
+        pass
+
+
+def test_up_makes_the_container_waits_for_serving_and_again_changes_nothing(monkeypatch):
+    from sparkcluster.deployment import teardown
+
+    monkeypatch.setattr(teardown, "remove_container", lambda host, cid: host.api.removed.append(cid) or True)
+    inv = make_inventory().only([HEAD]).at_slot(2)
+    svc = asr()
+    spec = service_spec(inv, svc, inv.head)
+    api = FakeApi([None, {"state": contract.STARTING}, {"state": contract.SERVING, "pid": 7}], image=False)
+    got = service_up._start(FakeHost(api), inv, svc, spec, Quiet(), 0.0)
+    assert not got.unchanged and got.pid == 7 and got.slot == 2 and got.endpoint == "http://192.0.2.10:8765"
+    assert api.pulled == ["example/asr:1"] and api.made[0]["name"] == spec.name and api.removed == []
+    # again: the same configuration serving in its container is left alone
+    api.listed = [{"Id": "cid1", "State": "running", "Labels": spec.create_kwargs()["labels"]}]
+    again = service_up._start(FakeHost(api), inv, svc, spec, Quiet(), 0.0)
+    assert again.unchanged and len(api.made) == 1 and api.removed == []
+
+
+def test_up_of_a_service_that_fails_to_start_removes_its_container_and_says_why(monkeypatch):
+    from sparkcluster.deployment import server, teardown
+    from sparkcluster.errors import SparkError
+
+    monkeypatch.setattr(teardown, "remove_container", lambda host, cid: host.api.removed.append(cid) or True)
+    monkeypatch.setattr(server, "supervisor_tail", lambda api, cid: "the journal's last lines")
+    inv = make_inventory().only([HEAD]).at_slot(1)
+    failed = {"state": contract.FAILED, "causes": [{"kind": "not-ready", "cause": "no healthy answer within 600s"}]}
+    api = FakeApi([failed])
+    with pytest.raises(SparkError, match="did not serve: no healthy answer within 600s") as e:
+        service_up._start(FakeHost(api), inv, asr(), service_spec(inv, asr(), inv.head), Quiet(), 0.0)
+    assert api.removed == ["cid1"] and "events --profile asr" in e.value.fix
+
+
+class FakeCluster:
+    def __init__(self, hosts):
+        self.hosts = hosts
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def test_up_of_a_service_where_models_run_asks_for_beside_and_its_dry_run_names_its_slot(monkeypatch):
+    inv = make_inventory()
+    qwen = deployments.Deployment("qwen", (HEAD,), fraction=0.55)
+    monkeypatch.setattr(
+        service_up, "connect_reachable", lambda full: (FakeCluster({HEAD: FakeHost(FakeApi([None]))}), {})
+    )
+    monkeypatch.setattr(deployments, "on", lambda cluster, full: ([qwen], {}))
+    with pytest.raises(InputError, match="'qwen' on spark-head runs on the node service 'asr' needs") as e:
+        service_up.run(inv, asr(), Quiet(), monitoring=None, node=(HEAD,))
+    assert e.value.fix.startswith(f"sparkcluster up --profile asr --node {HEAD} --beside")
+    plan = service_up.run(inv, asr(), Quiet(), monitoring=None, node=(HEAD,), beside=True, dry_run=True)
+    assert plan.slot == 1 and f"--name sparkcluster-{CLUSTER}-d1-service-{HEAD}" in plan.docker_run
+    assert "admitted beside 'qwen' on spark-head" in plan.render()
+    with pytest.raises(InputError, match="--replace is for a model's profile"):
+        service_up.run(inv, asr(), Quiet(), monitoring=None, node=(HEAD,), replace=True)
