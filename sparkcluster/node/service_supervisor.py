@@ -195,8 +195,9 @@ class ServiceSupervisor:
             return
         t0 = time.monotonic()
         ok, why = healthy(self.url)
-        self.last_probe_s, self.last_probe_ok = time.monotonic() - t0, ok
-        self.count(f"probe:{'ok' if ok else 'failed'}")
+        if ok or self.served:  # as an engine's probe: a start that is not ready yet fails no check
+            self.last_probe_s, self.last_probe_ok = time.monotonic() - t0, ok
+            self.count(f"probe:{'ok' if ok else 'failed'}")
         if ok:
             self.failures, self.served = 0, True
             self.set_state(SERVING)
