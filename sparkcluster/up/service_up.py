@@ -100,6 +100,13 @@ def run(
                 f"sparkcluster up --profile {svc.name} --node {inv.head.name} --beside (admitted when the "
                 "node's memory holds all of them)",
             )
+        clash = [d for d in others if d.service and d.port == svc.port]
+        if clash:  # host networking: two services on one port of one node, the second never binds
+            raise InputError(
+                f"service {clash[0].describe()} answers on port {svc.port}, which '{svc.name}' asks for",
+                f"give '{svc.name}' another port (its profile's port and its args), or sparkcluster down "
+                f"--profile {clash[0].profile} first",
+            )
         inv = inv.at_slot(slot)
         host = everyone.hosts[inv.head.name]
         spec = service_spec(inv, svc, inv.head)

@@ -648,5 +648,10 @@ def test_up_of_a_service_where_models_run_asks_for_beside_and_its_dry_run_names_
     plan = service_up.run(inv, asr(), Quiet(), monitoring=None, node=(HEAD,), beside=True, dry_run=True)
     assert plan.slot == 1 and f"--name sparkcluster-{CLUSTER}-d1-service-{HEAD}" in plan.docker_run
     assert "admitted beside 'qwen' on spark-head" in plan.render()
+    other = deployments.Deployment("whisper", (HEAD,), slot=1, service=True, port=8765)
+    monkeypatch.setattr(deployments, "on", lambda cluster, full: ([qwen, other], {}))
+    with pytest.raises(InputError, match="answers on port 8765") as e:
+        service_up.run(inv, asr(), Quiet(), monitoring=None, node=(HEAD,), beside=True, dry_run=True)
+    assert "another port" in e.value.fix
     with pytest.raises(InputError, match="--replace is for a model's profile"):
         service_up.run(inv, asr(), Quiet(), monitoring=None, node=(HEAD,), replace=True)
