@@ -392,7 +392,7 @@ class Gateway:
                 path = scope["path"]
                 forward = forwarded.get(path)
                 if forward is None and path in self.table.paths():
-                    forward = services.setdefault(path, self.service_forwarder(path))
+                    forward = services.get(path) or services.setdefault(path, self.service_forwarder(path))
                 if forward is not None:
                     await forward(scope, receive, send)
                     return
