@@ -27,6 +27,7 @@ from sparkcluster.labels import (
     EXECUTOR_LABEL,
     PORT_LABEL,
     PROFILE_LABEL,
+    SERVICE_ROLE,
     container_name,
     is_gateway,
     slot_of,
@@ -168,10 +169,11 @@ def container_readings(inv: Inventory, node: str) -> str:
     whole = f"{SECTION} {container_status.WHOLE} rc=0"
     head = shlex.quote(container_name(inv.cluster.name, "head", node, inv.slot))
     worker = shlex.quote(container_name(inv.cluster.name, "worker", node, inv.slot))
+    service = shlex.quote(container_name(inv.cluster.name, SERVICE_ROLE, node, inv.slot))  # issue 60: as a head
     exec_ = (
         f"for c in $({docker} ps --filter label={label} --filter status=running --format '{{{{.Names}}}}' "
         f'2>/dev/null); do case "$c" in '
-        f"{head}) {docker} exec $c sh -c {shlex.quote(container_status.script(head=True))} 2>/dev/null;; "
+        f"{head}|{service}) {docker} exec $c sh -c {shlex.quote(container_status.script(head=True))} 2>/dev/null;; "
         f"{worker}) {docker} exec $c sh -c {shlex.quote(container_status.script(head=False))} 2>/dev/null;; "
         "esac; done"
     )
