@@ -173,8 +173,9 @@ def container_readings(inv: Inventory, node: str) -> str:
     exec_ = (
         f"for c in $({docker} ps --filter label={label} --filter status=running --format '{{{{.Names}}}}' "
         f'2>/dev/null); do case "$c" in '
-        f"{head}|{service}) {docker} exec $c sh -c {shlex.quote(container_status.script(head=True))} 2>/dev/null;; "
+        f"{head}) {docker} exec $c sh -c {shlex.quote(container_status.script(head=True))} 2>/dev/null;; "
         f"{worker}) {docker} exec $c sh -c {shlex.quote(container_status.script(head=False))} 2>/dev/null;; "
+        f"{service}) {docker} exec $c sh -c {shlex.quote(container_status.script(head=True))} 2>/dev/null;; "
         "esac; done"
     )
     return (
