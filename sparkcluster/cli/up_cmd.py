@@ -139,6 +139,8 @@ def up(
     inv = obj.inventory()
     prof = profile_or_usage(inv, profile_name, service=True)
     if is_service(prof):  # issue 60 item 2: a service beside the models
+        if smoke:
+            raise click.UsageError(f"--smoke measures a model's engine; '{prof.name}' is a service")
         _up_service(inv, prof, node, dry_run=dry_run, offline=offline, as_json=as_json, beside=beside, replace=replace)
         return
     check_dockerfile(prof)  # before any connection: the image's Dockerfile is in this install
