@@ -655,3 +655,25 @@ def test_up_of_a_service_where_models_run_asks_for_beside_and_its_dry_run_names_
     assert "another port" in e.value.fix
     with pytest.raises(InputError, match="--replace is for a model's profile"):
         service_up.run(inv, asr(), Quiet(), monitoring=None, node=(HEAD,), replace=True)
+
+
+def test_the_command_line_takes_a_service_where_it_can_and_refuses_it_in_one_line_elsewhere(
+    tmp_path, monkeypatch, capsys
+):
+    from sparkcluster.cli.main import main
+
+    (tmp_path / "asr.toml").write_text(ASR)
+    monkeypatch.setenv(profiles.PROFILES_ENV_VAR, str(tmp_path))
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    pair = re.search(r"```toml\n(.*?)```", readme.split("### A complete inventory: the pair", 1)[1], re.S).group(1)
+    (tmp_path / "cluster.toml").write_text(pair)
+    assert main(["profile", "list"]) == 0
+    assert "service: /v1/audio/transcriptions (example/asr:1)" in capsys.readouterr().out
+    assert main(["profile", "lint", "asr"]) == 2
+    err = capsys.readouterr().err
+    assert "profile 'asr' is a service" in err and "--beside" in err
+    inventory = ["--inventory", str(tmp_path / "cluster.toml")]
+    assert main([*inventory, "up", "--profile", "asr", "--node", "spark-a", "--dry-run", "--offline"]) == 2
+    assert "--offline is for a model's plan" in capsys.readouterr().err
+    assert main([*inventory, "up", "--profile", "asr", "--node", "spark-a", "--smoke"]) == 2
+    assert "is a service" in capsys.readouterr().err
