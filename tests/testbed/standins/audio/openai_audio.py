@@ -7,8 +7,9 @@ audio routes and a `/health`. Standard library only (the image's python3 3.11).
   with WAV audio (espeak-ng's own format: 22050 Hz mono, 16-bit); `response_format` "wav" (or none).
   https://platform.openai.com/docs/api-reference/audio/createSpeech
 - `POST /v1/audio/transcriptions`: OpenAI's multipart form (`file`, `model`, `response_format` "json"
-  or "text"), a WAV file of 16-bit samples, answered `{"text": ...}`. pocketsphinx's en-us acoustic
-  model is of 16 kHz mono audio (its `feat.params`: `-upperf 6800`, the 16 kHz model), so the file is
+  or "text"), a WAV file of 16-bit samples, answered `{"text": ...}`. pocketsphinx reads 16 kHz mono
+  audio (pocketsphinx_continuous 0.8's own table of arguments: `-samprate 16000`; the en-us model's
+  `feat.params`: `-upperf 6800`, filters up to 6.8 kHz, which a 16 kHz rate holds), so the file is
   mixed down and resampled to that first.
   https://platform.openai.com/docs/api-reference/audio/createTranscription
 - `GET /health`: 200 while it serves. A fault for the testbed's supervisor test: while the file
