@@ -18,8 +18,10 @@ to the admission. testbed-single runs without Ray (TP=1 on one node), so a later
 are the unit tests' (tests/unit/test_colocated.py), not this test's.
 
 Two engine starts, one after the other (both on the head: each `up` locks the node), a service start
-and one restart of it (its health failing three looks in a row, the 5 s backoff): about two and a
-half minutes, the audio image's build (once per testbed) aside; every wait is on a condition."""
+and one restart of it (its health failing three looks in a row, the 5 s backoff: about 12 s where
+its supervisor ran by hand in the image's root filesystem): the 1.0 min this case took before the
+service, plus its start, restart and the audio image's build once per testbed, not yet measured on
+the testbed; every wait is on a condition."""
 
 from __future__ import annotations
 
