@@ -367,7 +367,11 @@ def inventory_page() -> str:
 def profile_page() -> str:
     from sparkcluster.config.profile import Profile
 
-    docs = [HEADER.format(src="sparkcluster/config/profile.py, sparkcluster/config/bounds.py")]
+    docs = [
+        HEADER.format(
+            src="sparkcluster/config/profile.py, sparkcluster/config/bounds.py, sparkcluster/config/service_profile.py"
+        )
+    ]
     docs.append("# Profile keys\n\n")
     docs.append(
         "A profile is `NAME.toml` (shipped in `env-profiles/`, or in a folder of `$SPARKCLUSTER_PROFILES`, or "
@@ -376,6 +380,19 @@ def profile_page() -> str:
         "gets; `sparkcluster profile lint NAME` judges it ([lint rules](lint.md)).\n"
     )
     _model_tables(Profile, "", docs, {Profile})
+    # a profile of kind "service" (issue 60): its own keys, under headings of their own
+    from sparkcluster.config.service_profile import ServiceProfile
+
+    docs.append(
+        '\n# A service\'s keys (`kind = "service"`)\n\n'
+        "A program that is not vLLM, run beside the models (`up --profile NAME --node NODE --beside`): "
+        "its container runs the node agent, which starts `args` and supervises them "
+        "([the supervisor](../explanation/supervisor.md#a-service-beside-the-models)).\n"
+    )
+    service: list[str] = []
+    _model_tables(ServiceProfile, "", service, {ServiceProfile})
+    text = "".join(service).replace("\n## Top-level keys\n", "\n## A service's top-level keys\n", 1)
+    docs.append(text.replace("\n## `[supervisor]`\n", "\n## A service's `[supervisor]`\n", 1))
     return "".join(docs).rstrip("\n") + "\n"
 
 

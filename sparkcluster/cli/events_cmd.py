@@ -14,7 +14,7 @@ from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.deployment import failed_serve, supervision
 from sparkcluster.errors import InputError
-from sparkcluster.labels import CLUSTER_LABEL, PROFILE_LABEL, ROLE_LABEL, container_name, is_gateway
+from sparkcluster.labels import CLUSTER_LABEL, PROFILE_LABEL, ROLE_LABEL, SERVICE_ROLE, container_name, is_gateway
 from sparkcluster.monitor import alerting
 from sparkcluster.remote.fanout import ConnectedHosts
 
@@ -88,8 +88,9 @@ def events(obj, follow: bool, last: int, as_json: bool, node: str | None, profil
 
 
 def journals(api, cluster: str, node: str, profile: str | None) -> list[tuple[str, str]]:
-    """(container, profile) of each deployment's head container on the node (of `profile` alone when
-    given), found by label; where none carries the labels, the first slot's name as before issue 60."""
+    """(container, profile) of each deployment's head container (a service's own, issue 60) on the node
+    (of `profile` alone when given), found by label; where none carries the labels, the first slot's
+    name as before issue 60."""
     try:
         listed = api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={cluster}"})
     except docker.errors.APIError:
@@ -97,7 +98,7 @@ def journals(api, cluster: str, node: str, profile: str | None) -> list[tuple[st
     out = []
     for c in listed:
         labels = c.get("Labels") or {}
-        if labels.get(ROLE_LABEL) != "head" or is_gateway(labels):
+        if labels.get(ROLE_LABEL) not in ("head", SERVICE_ROLE) or is_gateway(labels):  # a service's own (issue 60)
             continue
         if profile is None or labels.get(PROFILE_LABEL) == profile:
             out.append(((c.get("Names") or ["?"])[0].lstrip("/"), labels.get(PROFILE_LABEL, "?")))

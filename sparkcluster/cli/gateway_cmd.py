@@ -49,7 +49,7 @@ def _routes(obj, node_name: str | None):
         raise SparkError(f"{node.name} (the gateway's node) is unreachable: {err.message}", err.fix)
     found, unread = deployments.on(cluster, inv)
     try:
-        loaded = {d.profile: profiles.load_profile(d.profile) for d in found}
+        loaded = {d.profile: profiles.load_profile(d.profile, service=True) for d in found}
     except SparkError:
         cluster.close()
         raise
@@ -103,7 +103,8 @@ def _show(got: dict, node: str, port: int) -> None:
     click.echo(f"gateway on {node} port {port}: models {', '.join(got.get('models') or []) or 'none'}")
     for r in got.get("routes", []):
         state = "in rotation" if r.get("in_rotation") else f"OUT: {r.get('reason')}"
-        click.echo(f"  {', '.join(r.get('models', []))} -> {r.get('deployment')} ({r.get('upstream')}): {state}")
+        what = ", ".join(r.get("models", []) + r.get("paths", []))  # a service's routes (issue 60)
+        click.echo(f"  {what} -> {r.get('deployment')} ({r.get('upstream')}): {state}")
 
 
 @gateway.command("down")

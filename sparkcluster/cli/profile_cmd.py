@@ -32,6 +32,7 @@ from sparkcluster.config.profile import (
     secret_env_names,
 )
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets, masked
+from sparkcluster.config.service_profile import is_service
 from sparkcluster.errors import EXIT_FAILED, SparkError
 
 # the Dockerfile's default pin (images/Dockerfile.vllm-ray ARG RAY_VERSION)
@@ -70,9 +71,14 @@ def list_cmd(as_json: bool) -> None:
     rows = []
     for name, path in found.items():
         try:
-            p = load_profile(str(path))
-            row = {"name": name, "model": p.model, "image": p.image.ref, "path": str(path), "error": None}
-            what = f"{p.model} ({p.image.ref})"
+            p = load_profile(str(path), service=True)
+            if is_service(p):  # issue 60: a service's routes and image
+                row = {"name": name, "model": p.served_name, "image": p.image, "path": str(path), "error": None}
+                row["kind"], row["routes"] = p.kind, list(p.routes)
+                what = f"service: {', '.join(p.routes)} ({p.image})"
+            else:
+                row = {"name": name, "model": p.model, "image": p.image.ref, "path": str(path), "error": None}
+                what = f"{p.model} ({p.image.ref})"
         except Exception as e:  # one bad profile must not hide the others
             row = {
                 "name": name,

@@ -72,7 +72,11 @@ def render(st: status_mod.ClusterStatus) -> Group:
     lines = [f"cluster [bold]{st.cluster}[/]: [{colour}]{st.state}[/]", t]
     if st.ray_nodes is not None:
         lines.append(f"ray: {st.ray_nodes} nodes, {st.ray_gpus:g} GPUs")
-    if st.endpoint and st.state != "down":
+    if st.endpoint and st.state != "down" and st.service:  # issue 60: its health is its supervisor's
+        state = (st.supervisor or {}).get("state") or "no state yet"
+        pid = f"  service pid {st.server_pid}" if st.server_pid else ""
+        lines.append(f"endpoint: {st.endpoint}  service: {state}{pid}")
+    elif st.endpoint and st.state != "down":
         lines.append(
             f"endpoint: {st.endpoint}  health: {st.health or 'no answer'}  models: {', '.join(st.models) or '-'}"
             + (f"  vllm serve pid {st.server_pid}" if st.server_pid else "")

@@ -14,10 +14,11 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.images import check_dockerfile
 from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
+from sparkcluster.config.service_profile import is_service
 from sparkcluster.deployment import deployments
 from sparkcluster.monitor.planned import planned
 from sparkcluster.steps.walk import StageProgress
-from sparkcluster.up import bringup
+from sparkcluster.up import bringup, service_up
 from sparkcluster.up.plan import Plan
 
 
@@ -136,7 +137,12 @@ def up(
     if replace and beside:
         raise click.UsageError("--replace takes the others down, --beside keeps them: choose one")
     inv = obj.inventory()
-    prof = profile_or_usage(inv, profile_name)
+    prof = profile_or_usage(inv, profile_name, service=True)
+    if is_service(prof):  # issue 60 item 2: a service beside the models
+        if smoke:
+            raise click.UsageError(f"--smoke measures a model's engine; '{prof.name}' is a service")
+        _up_service(inv, prof, node, dry_run=dry_run, offline=offline, as_json=as_json, beside=beside, replace=replace)
+        return
     check_dockerfile(prof)  # before any connection: the image's Dockerfile is in this install
     secrets = load_secrets(env_file, prof)
     err = Console(stderr=True, highlight=False)
@@ -186,6 +192,34 @@ def up(
         from sparkcluster.deployment.deployments import target  # only `up --smoke` needs it
 
         _smoke(target(inv, prof, node).at_slot(result.slot), prof, secrets, err)  # its own container and port
+
+
+def _up_service(inv, svc, node: tuple[str, ...], *, dry_run, offline, as_json, beside, replace) -> None:
+    """`up` of a service's profile (up/service_up): its container on one node, supervised."""
+    if offline:
+        raise click.UsageError("--offline is for a model's plan; a service's dry run reads the node's deployments")
+    err = Console(stderr=True, highlight=False)
+    result = service_up.run(
+        inv,
+        svc,
+        RichProgress(err),
+        monitoring=planned,
+        node=node,
+        dry_run=dry_run,
+        beside=beside,
+        replace=replace,
+        command=f"up --profile {svc.name}" + deployments.node_flags(node),
+    )
+    if isinstance(result, service_up.ServicePlan):
+        click.echo(result.as_json() if as_json else result.render())
+        return
+    if result.unchanged:
+        click.echo(f"nothing to do: {inv.cluster.name} already serves '{svc.name}' (service pid {result.pid})")
+    else:
+        click.echo(f"serving service '{svc.name}' in {sum(result.seconds.values()):.0f}s")
+    click.echo(f"endpoint: {result.endpoint}")
+    click.echo(f"routes:   {', '.join(svc.routes)} (through the gateway: sparkcluster gateway up)")
+    click.echo(f"health:   curl -s {result.endpoint}{svc.health}")
 
 
 def _smoke(inv, prof, secrets: dict[str, str], err: Console) -> None:

@@ -21,6 +21,8 @@ from sparkcluster.config import shipped
 from sparkcluster.config.bounds import OnDemandSettings, SupervisorSettings
 from sparkcluster.config.inventory import describe_validation_error
 from sparkcluster.config.secrets import SECRET_NAMES, register_written
+from sparkcluster.config.service_profile import KIND as SERVICE_KIND
+from sparkcluster.config.service_profile import ServiceProfile
 from sparkcluster.config.topology import nccl_env
 from sparkcluster.errors import InputError
 from sparkcluster.movement.hfcache import is_hub_model
@@ -467,28 +469,47 @@ def find(name: str) -> Path:
     )
 
 
-def parse(text: str, name: str, source: str = "profile", path: Path | None = None) -> Profile:
+def parse(text: str, name: str, source: str = "profile", path: Path | None = None) -> Profile | ServiceProfile:
+    """A profile's TOML, validated: a model's (no `kind`, or `kind = "model"`) or a service's
+    (`kind = "service"`, issue 60: config/service)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{source}: not valid TOML: {e}", "fix the syntax at the position shown") from None
     lines = [f"{source}: {k}: set from the file name/location, remove it" for k in ("name", "path") if k in data]
+    kind = data.pop("kind", "model")
+    if kind not in ("model", SERVICE_KIND):
+        raise InputError(f"{source}: kind: {kind!r} is not a profile kind", 'set kind = "model" or kind = "service"')
+    model = ServiceProfile if kind == SERVICE_KIND else Profile
+    rest = {k: v for k, v in data.items() if k not in ("name", "path")}
     try:
-        prof = Profile.model_validate(
-            {**{k: v for k, v in data.items() if k not in ("name", "path")}, "name": name, "path": path}
-        )
+        prof = model.model_validate({**rest, "name": name, **({"path": path} if model is Profile else {})})
     except ValidationError as e:
-        lines += describe_validation_error(source, e, Profile)
+        lines += describe_validation_error(source, e, model)
     if lines:
         raise InputError(
             f"{source}: {len(lines)} problem(s) in the profile", "correct the fields listed above", details=lines
         )
-    register_written(prof)
+    if model is Profile:
+        register_written(prof)
     return prof
 
 
-def load_profile(name: str) -> Profile:
-    """Load a profile by name (search path) or by a path to a .toml file."""
+def load_profile(name: str, service: bool = False) -> Profile | ServiceProfile:
+    """Load a profile by name (search path) or by a path to a .toml file. A service's profile (issue
+    60) only where the caller takes one (`service`: up, the gateway, monitoring); elsewhere it is
+    refused in one line that says which commands take it."""
+    prof = _load(name)
+    if isinstance(prof, ServiceProfile) and not service:
+        raise InputError(
+            f"profile '{prof.name}' is a service (kind = \"service\"): this command takes a model's profile",
+            f"a service is started with sparkcluster up --profile {prof.name} --node NODE --beside, shown by "
+            "status and events, routed by the gateway, stopped by down --profile",
+        )
+    return prof
+
+
+def _load(name: str) -> Profile | ServiceProfile:
     path = find(name)
     try:
         text = path.read_bytes().decode("utf-8")

@@ -12,7 +12,19 @@ from sparkcluster import log
 from sparkcluster.config.inventory import MAX_SLOTS, Inventory
 from sparkcluster.errors import InputError
 from sparkcluster.facts.parsers import ContainerInspect
-from sparkcluster.labels import CLUSTER_LABEL, MEMORY_LABEL, NODES_LABEL, PROFILE_LABEL, is_gateway, slot_of
+from sparkcluster.labels import (
+    CLUSTER_LABEL,
+    MEMORY_LABEL,
+    NODES_LABEL,
+    PORT_LABEL,
+    PROFILE_LABEL,
+    RESERVED_LABEL,
+    ROLE_LABEL,
+    SERVICE_ROLE,
+    is_gateway,
+    slot_of,
+)
+from sparkcluster.node import memory_fit
 
 _log = log.get(__name__)
 
@@ -25,6 +37,9 @@ class Deployment:
     slot: int = 0  # its slot on its nodes (issue 60): its container names and port block
     ids: dict[str, set[str]] = field(default_factory=dict)  # node -> container IDs (what `down` removes)
     fraction: float | None = None  # its engine's gpu_memory_utilization (the memory label), None: unlabelled
+    service: bool = False  # a profile of kind "service" (issue 60 item 2): its containers' role says so
+    reserved_gb: float | None = None  # a service's reservation per node (its label), GB
+    port: int | None = None  # a service's port (its label): where it answers
 
     @property
     def key(self) -> str:
@@ -84,8 +99,12 @@ def group(inv: Inventory, containers_by_node: dict[str, list[dict | ContainerIns
             d = found.setdefault((prof, nodes, slot), Deployment(prof, nodes, slot=slot))
             d.containers.setdefault(n.name, []).append(name)
             d.ids.setdefault(n.name, set()).add(cid)
+            if labels.get(ROLE_LABEL) == SERVICE_ROLE:
+                d.service = True
+                d.port = int(labels[PORT_LABEL]) if str(labels.get(PORT_LABEL, "")).isdigit() else d.port
             try:
                 d.fraction = float(labels[MEMORY_LABEL]) if MEMORY_LABEL in labels else d.fraction
+                d.reserved_gb = float(labels[RESERVED_LABEL]) if RESERVED_LABEL in labels else d.reserved_gb
             except ValueError:
                 pass
     return list(found.values())
@@ -135,6 +154,14 @@ def slot_for(found: list[Deployment], nodes: tuple[str, ...], profile: str) -> i
         if (d.profile, d.nodes) == (profile, nodes):
             return d.slot
     return free_slot(found, nodes)
+
+
+def held(d: Deployment) -> memory_fit.Held:
+    """A deployment's claim on each of its nodes' memory, as the admission counts it: a service's
+    reservation (its label), else its engine's share of MemTotal (`share`)."""
+    if d.reserved_gb is not None:
+        return memory_fit.Held(f"'{d.profile}'", None, int(d.reserved_gb * memory_fit.GB))
+    return memory_fit.Held(f"'{d.profile}'", share(d))
 
 
 def share(d: Deployment) -> float | None:

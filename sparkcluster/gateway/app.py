@@ -7,7 +7,9 @@ What answers what, before any upstream is asked: no key or a wrong one, 401; a b
 400; a model no deployment serves, 404 naming those that exist; every deployment serving it out of
 rotation, 503 with Retry-After and the supervisor's reason. A deployment on demand and on standby is
 woken by that request (its head agent's `POST /wake` with the deployment's wake token): 503 with
-Retry-After until its supervisor says serving. A deployment an upgrade holds (the config's
+Retry-After until its supervisor says serving. A service's routes (issue 60: `/v1/audio/speech`,
+`/v1/audio/transcriptions`, ...) go to the service answering them (routes.pick_path), whatever the
+body's format (an upload is multipart). A deployment an upgrade holds (the config's
 `held_until`, gateway/hold) takes no new request: one for it waits until the hold is released or its
 deadline passes.
 """
@@ -203,7 +205,7 @@ class Gateway:
     async def models(self, request: Request) -> Response:
         if not self.authorized(request.headers):
             return _refusal(401, "missing or wrong API key", "authentication_error", False)
-        up = [r for r in self.table.routes if r.up]
+        up = [r for r in self.table.routes if r.up and not r.paths]  # a service lists no models of its own
 
         async def listed(r) -> list[dict]:
             try:
@@ -242,6 +244,7 @@ class Gateway:
                         "reason": r.reason,
                         "in_flight": r.in_flight,
                         "on_demand": r.wake_token is not None,
+                        **({"paths": list(r.paths)} if r.paths else {}),
                         "held_s": max(0.0, round(r.held_until - time.time(), 1)),
                     }
                     for r in self.table.routes
@@ -321,6 +324,49 @@ class Gateway:
 
         return app
 
+    def service_forwarder(self, endpoint: str):
+        """A service's route (issue 60): by path, then by the model a JSON body names, if any."""
+
+        async def app(scope, receive, send) -> None:
+            request = Request(scope, receive)
+            if not self.authorized(request.headers):
+                headers = {"WWW-Authenticate": "Bearer"}
+                await proxy.send_error(send, 401, "missing or wrong API key", "authentication_error", False, headers)
+                self.metrics.requests.labels("", endpoint, "401").inc()
+                return
+            try:
+                body = await request.body()
+            except ClientDisconnect:
+                return
+            model = model_of(body)
+            picked = self.table.pick_path(endpoint, model, time.time())
+            if picked is None:  # the config changed under the request: no service answers it now
+                await proxy.send_error(send, 404, f"no service answers {endpoint} here", "not_found_error", False)
+                self.metrics.requests.labels(model or "", endpoint, "404").inc()
+                return
+            if isinstance(picked, Unavailable):
+                said = f"{endpoint} is unavailable: " + "; ".join(picked.reasons)
+                extra = {"Retry-After": picked.retry_after}
+                await proxy.send_error(send, 503, said, "service_unavailable", False, extra)
+                self.metrics.requests.labels(model or "", endpoint, "503").inc()
+                return
+            picked.last_used = time.monotonic()
+            label = model or (picked.names[0] if picked.names else picked.key)
+            await proxy.forward(
+                self.relay,
+                picked,
+                scope,
+                receive,
+                send,
+                body,
+                metrics=self.metrics,
+                model=label,
+                endpoint=endpoint,
+                anthropic=False,
+            )
+
+        return app
+
     def app(self):
         """The ASGI app uvicorn serves. A POST to a forwarded path goes to its forwarder straight from
         the server; everything else (the gateway's own pages, another method or path, the lifespan)
@@ -339,10 +385,14 @@ class Gateway:
         ]
         rest = Starlette(routes=paths, lifespan=self.lifespan)
         forwarded = {p: self.forwarder(p) for p in FORWARDED}
+        services: dict[str, object] = {}  # a service's route's forwarder, made when first asked (routes reload)
 
         async def app(scope, receive, send) -> None:
             if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-                forward = forwarded.get(scope["path"])
+                path = scope["path"]
+                forward = forwarded.get(path)
+                if forward is None and path in self.table.paths():
+                    forward = services.get(path) or services.setdefault(path, self.service_forwarder(path))
                 if forward is not None:
                     await forward(scope, receive, send)
                     return

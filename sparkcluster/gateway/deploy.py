@@ -14,7 +14,7 @@ from sparkcluster import redact
 from sparkcluster.container.spec import files_tar
 from sparkcluster.deployment import gateway_registry, server
 from sparkcluster.errors import SparkError
-from sparkcluster.labels import CLUSTER_LABEL, container_name, is_gateway
+from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL, SERVICE_ROLE, container_name, is_gateway
 from sparkcluster.remote import retry
 
 from .rollout import GatewayPlan, code_files
@@ -23,9 +23,11 @@ READY_TIMEOUT_S = 60.0
 
 
 def deployment_image(api, cluster: str) -> str | None:
-    """The image a deployment's container on the node runs: the gateway's, since it has what it needs."""
+    """The image a deployment's container on the node runs: the gateway's, since it has what it needs
+    (an engine's: a service's image is its own, issue 60)."""
     for c in api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={cluster}"}):
-        if not is_gateway(c.get("Labels")) and c.get("Image"):
+        labels = c.get("Labels") or {}
+        if not is_gateway(labels) and labels.get(ROLE_LABEL) != SERVICE_ROLE and c.get("Image"):
             return c["Image"]
     return None
 
@@ -36,7 +38,7 @@ def wake_tokens(hosts: dict, inv, found, profiles: dict) -> dict[str, str]:
     into the gateway's 0600 config. The head of the gateway gets no SSH trust and no other secret."""
     out = {}
     for d in found:
-        if not profiles[d.profile].on_demand.enabled:
+        if d.service or not profiles[d.profile].on_demand.enabled:
             continue
         head = inv.only(list(d.nodes)).head.name
         if head not in hosts:

@@ -35,7 +35,8 @@ def render(ups: list[Upstream], cluster: str, upstream_key: bool) -> str:
                 "    litellm_params:",
                 f"      model: {_q('openai/' + name)}",
                 f"      api_base: {_q(u.url + '/v1')}",
-                f"      api_key: {_q('os.environ/VLLM_API_KEY' if upstream_key else 'none')}",
+                # a service (issue 60) is sent no engine's key, as by the gateway
+                f"      api_key: {_q('os.environ/VLLM_API_KEY' if upstream_key and not u.paths else 'none')}",
                 "    model_info:",
                 f"      sparkcluster_deployment: {_q(u.key)}",
             ]

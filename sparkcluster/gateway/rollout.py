@@ -26,6 +26,7 @@ from pathlib import Path
 from sparkcluster import programs, redact
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.config.secrets import GATEWAY_KEYS
+from sparkcluster.config.service_profile import is_service
 from sparkcluster.deployment.gateway_registry import CONFIG_PATH
 from sparkcluster.errors import InputError
 from sparkcluster.gateway import SHIPPED
@@ -66,6 +67,7 @@ class Upstream:
     supervisor: str  # its head agent's report
     nodes: tuple[str, ...] = ()  # where it runs: a refused start names what else serves there
     on_demand: bool = False  # on standby until a request wakes it (a profile's [on_demand])
+    paths: tuple[str, ...] = ()  # a service's routes (issue 60): routed by path; no key goes to it
 
 
 def upstreams(inv: Inventory, found, profiles: dict) -> list[Upstream]:
@@ -76,6 +78,11 @@ def upstreams(inv: Inventory, found, profiles: dict) -> list[Upstream]:
         prof = profiles[d.profile]
         sub = d.inventory(inv)  # its own port block where it shares its nodes (issue 60)
         head = sub.head
+        if is_service(prof):  # a service (issue 60): at its own port, by its routes
+            url = f"http://{head.control_ip}:{prof.port}"
+            agent = f"http://{head.control_ip}:{sub.cluster.agent_port}/"
+            out.append(Upstream(d.key, tuple(prof.served_names), url, agent, tuple(d.nodes), paths=tuple(prof.routes)))
+            continue
         port = prof.serve.port or sub.cluster.api_port
         out.append(
             Upstream(
@@ -136,8 +143,9 @@ class GatewayPlan:
                     "names": list(u.names),
                     "upstream": u.url,
                     "supervisor": u.supervisor,
-                    "api_key": self.upstream_key,
+                    "api_key": None if u.paths else self.upstream_key,  # the engines' key is no service's
                     "nodes": list(u.nodes),
+                    **({"paths": list(u.paths)} if u.paths else {}),
                     **({"wake_token": self.wake_tokens[u.key]} if u.key in self.wake_tokens else {}),
                 }
                 for u in self.routes
@@ -208,7 +216,7 @@ class GatewayPlan:
     def describe_routes(self) -> list[str]:
         lines = []
         for u in self.routes:
-            line = f"{', '.join(u.names)} -> {u.key} at {u.url}"
+            line = f"{', '.join((*u.names, *u.paths))} -> {u.key} at {u.url}"
             if u.on_demand:
                 line += (
                     " (on demand: a request wakes it through its head's agent)"

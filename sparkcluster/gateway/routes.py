@@ -4,7 +4,10 @@ A deployment answers to every name vLLM serves it under (`served_name` and the p
 are all `--served-model-name`s), so the request body reaches it untouched and vLLM accepts the name
 it was asked for. Two deployments serving one name are replicas: a request goes to the one in
 rotation with the fewest requests in flight (ties in turn), and while one is out of rotation the
-other takes everything. Pure: no I/O.
+other takes everything. A service (issue 60 item 2: a profile of kind "service") is routed by the route it answers
+(`/v1/audio/transcriptions`, `/v1/audio/speech`), then by model name where the request names one
+that one of the services on that route answers to (a multipart upload names none the gateway reads:
+any service on the route takes it). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class Route:
     held_until: float = 0.0  # an upgrade holds it (time.time()): new requests wait, none is sent to it
     last_used: float = 0.0  # when a request was last sent to it (monotonic): on demand's "lru" rule
     yield_asked: float = 0.0  # when the gateway last asked it to yield (monotonic): one ask per look
+    paths: tuple[str, ...] = ()  # a service's routes (issue 60): it takes requests by path, not only by name
 
     @property
     def profile(self) -> str:
@@ -49,6 +53,7 @@ class Route:
             api_key=d.get("api_key") or None,
             nodes=tuple(d.get("nodes") or ()),
             wake_token=d.get("wake_token") or None,
+            paths=tuple(d.get("paths") or ()),
         )
 
 
@@ -100,7 +105,9 @@ class Table:
         """The deployment that takes a request for `name`; Unavailable when every one serving it is
         out of rotation or held (an upgrade: its requests in flight drain, new ones wait); None when
         none serves it (a 404)."""
-        candidates = self.serving(name)
+        return self._choose(self.serving(name), now)
+
+    def _choose(self, candidates: list[Route], now: float = 0.0) -> Route | Unavailable | None:
         if not candidates:
             return None
         up = [r for r in candidates if r.up and r.held_until <= now]
@@ -113,6 +120,17 @@ class Table:
         least = min(r.in_flight for r in up)
         tied = [r for r in up if r.in_flight == least]
         return tied[next(self._turn) % len(tied)]
+
+    def paths(self) -> set[str]:
+        """Every route a service answers (issue 60)."""
+        return {p for r in self.routes for p in r.paths}
+
+    def pick_path(self, path: str, name: str | None, now: float = 0.0) -> Route | Unavailable | None:
+        """The service that takes a request to `path`: among those answering the route, the ones
+        answering to `name` when one does, else every one; in rotation as `pick` chooses."""
+        on_path = [r for r in self.routes if path in r.paths]
+        named = [r for r in on_path if name is not None and name in r.names]
+        return self._choose(named or on_path, now)
 
     def to_wake(self, name: str, now: float, every_s: float) -> list[Route]:
         """On demand: the deployments serving `name` that a request should wake now: on standby (or

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.errors import InputError
+from sparkcluster.labels import SERVICE_ROLE
 
 RULES_DIR = "/etc/prometheus/rules"  # where stack.py puts rules/*.yml in the container
 AGENT_JOB, NODE_EXPORTER_JOB, VLLM_JOB, GATEWAY_JOB = "sparkcluster-node", "node-exporter", "vllm", "gateway"
@@ -26,6 +27,7 @@ class Served:
     nodes: tuple[str, ...]
     port: int
     slot: int = 0  # its slot on its nodes (issue 60): a later slot's agents report on its own port
+    service: bool = False  # a service (issue 60): its agent is scraped, it has no vLLM /metrics
 
     @property
     def key(self) -> str:
@@ -41,6 +43,9 @@ def served(inv: Inventory, found) -> list[Served]:
     for d in found:
         slot = getattr(d, "slot", 0)
         api = inv.at_slot(slot).cluster.api_port  # its own port block where it shares its nodes (issue 60)
+        if getattr(d, "service", False):
+            out.append(Served(d.profile, tuple(d.nodes), d.port or 0, slot, service=True))
+            continue
         try:
             port = profiles.load_profile(d.profile).serve.port or api
         except InputError:
@@ -90,12 +95,20 @@ def targets(inv: Inventory, served: list[Served], gateways: dict[str, int] | Non
                 Target(
                     AGENT_JOB,
                     f"{n.control_ip}:{port}",
-                    {**base, "node": n.name, "role": n.role, "deployment": s.key, "slot": str(s.slot)},
+                    {
+                        **base,
+                        "node": n.name,
+                        "role": SERVICE_ROLE if s.service else n.role,
+                        "deployment": s.key,
+                        "slot": str(s.slot),
+                    },
                 )
                 for n in inv.nodes
                 if n.name in s.nodes
             ]
     for s in served:
+        if s.service:  # its supervisor's series come from its agent, above; the service has no vLLM /metrics
+            continue
         head = next((n for n in inv.nodes if n.name in s.nodes and n.role == "head"), None) or inv.node(s.nodes[0])
         labels = {**base, "node": head.name, "deployment": s.key, "profile": s.profile}
         out.append(Target(VLLM_JOB, f"{head.control_ip}:{s.port}", labels))

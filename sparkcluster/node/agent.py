@@ -37,9 +37,9 @@ import subprocess
 import threading
 import time
 
-from . import container_status
+from . import container_status, service_supervisor
 from .compile_reading import CacheOwner, hold, seed
-from .contract import CONFIG_PATH, DESIRED_PATH, STARTING, STATE_PATH, WAITING
+from .contract import CONFIG_PATH, DESIRED_PATH, SERVICE_ROLE, STARTING, STATE_PATH, WAITING
 from .journal import Journal, read_json
 from .memreport import node_report, serve_reports
 from .metrics import Exporter
@@ -85,6 +85,8 @@ def main(config_path: str = CONFIG_PATH) -> int:
         cfg = json.load(f)
     journal = Journal()
     journal.write("agent started", node=cfg["node"], role=cfg["role"])
+    if cfg["role"] == SERVICE_ROLE:  # a service's container (issue 60): its own supervisor, no Ray, no engine
+        return service_supervisor.run(cfg, journal, started)
     # the compile cache's key: held while this container lives (eviction spares it), and seeded from
     # the image's own caches on the key's first start, before any engine starts (node/compile_reading)
     in_use = hold(cfg.get("compile_cache"))  # noqa: F841 - the lock lives as long as this file is open

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+# the role of a service's container (issue 60 item 2: a profile of kind "service"), in its agent's
+# config and its role label: its agent runs node/service's supervisor rather than an engine's
+SERVICE_ROLE = "service"
 AGENT_DIR = "/opt/sparkcluster"  # the package's files, as `node/`, and the launcher as `__main__.py`
 CONFIG_PATH = "/etc/sparkcluster/agent.json"
 DESIRED_PATH = "/etc/sparkcluster/serve-desired.json"

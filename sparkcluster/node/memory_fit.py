@@ -203,15 +203,30 @@ class Held:
 
     deployment: str
     fraction: float | None
+    # a service's reservation in bytes (issue 60 item 2: a profile of kind "service" states what it
+    # holds in GB, not as a fraction of MemTotal); when set, it is the claim and `fraction` is unused
+    reserved: int | None = None
+
+    def bytes_of(self, total: int) -> int | None:
+        if self.reserved is not None:
+            return self.reserved
+        return None if self.fraction is None else int(self.fraction * total)
+
+    def said(self, total: int) -> str:
+        """How its claim is reckoned, as a refusal says it."""
+        if self.reserved is not None:
+            return "its reservation"
+        return f"gpu_memory_utilization {self.fraction or 0:g} x MemTotal {gb(total)}"
 
 
 def admit(total: int, held: list[Held], want: Held, floor: int) -> str | None:
     """Several deployments on one node (issue 60): each engine takes its fraction of MemTotal when
-    it starts, so the node holds them all only when the fractions together, of MemTotal, leave the
-    floor. None when `want` is admitted beside `held`; else the refusal, naming who holds how much."""
-    unknown = [h.deployment for h in held if h.fraction is None]
-    shares = [(h.deployment, int(h.fraction * total)) for h in held if h.fraction is not None]
-    need = int((want.fraction or 0) * total)
+    it starts (a service its reservation), so the node holds them all only when the claims together
+    leave the floor. None when `want` is admitted beside `held`; else the refusal, naming who holds
+    how much."""
+    unknown = [h.deployment for h in held if h.bytes_of(total) is None]
+    shares = [(h.deployment, h.bytes_of(total)) for h in held if h.bytes_of(total) is not None]
+    need = want.bytes_of(total) or 0
     taken = sum(n for _, n in shares)
     who = ", ".join(f"{d} holds {gb(n)}" for d, n in shares)
     if unknown:
@@ -220,7 +235,7 @@ def admit(total: int, held: list[Held], want: Held, floor: int) -> str | None:
     if taken + need + floor <= total:
         return None
     return (
-        f"{want.deployment} needs {gb(need)} (gpu_memory_utilization {want.fraction:g} x MemTotal {gb(total)}); "
+        f"{want.deployment} needs {gb(need)} ({want.said(total)}); "
         f"{who}; with the floor of {gb(floor)} that is {gb(taken + need + floor)}: "
         f"{gb(taken + need + floor - total)} short"
     )

@@ -27,6 +27,7 @@ from sparkcluster.labels import (
     EXECUTOR_LABEL,
     PORT_LABEL,
     PROFILE_LABEL,
+    SERVICE_ROLE,
     container_name,
     is_gateway,
     slot_of,
@@ -87,6 +88,7 @@ class ClusterStatus:
     fix: str = ""  # what to do about the nodes that did not answer, each named
     # the cluster's gateway (issue 36), the same for every deployment: node, container, state, port
     gateway: dict | None = None
+    service: bool = False  # a service (issue 60: a profile of kind "service"), judged by judge_service
 
     def as_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -167,11 +169,13 @@ def container_readings(inv: Inventory, node: str) -> str:
     whole = f"{SECTION} {container_status.WHOLE} rc=0"
     head = shlex.quote(container_name(inv.cluster.name, "head", node, inv.slot))
     worker = shlex.quote(container_name(inv.cluster.name, "worker", node, inv.slot))
+    service = shlex.quote(container_name(inv.cluster.name, SERVICE_ROLE, node, inv.slot))  # issue 60: as a head
     exec_ = (
         f"for c in $({docker} ps --filter label={label} --filter status=running --format '{{{{.Names}}}}' "
         f'2>/dev/null); do case "$c" in '
         f"{head}) {docker} exec $c sh -c {shlex.quote(container_status.script(head=True))} 2>/dev/null;; "
         f"{worker}) {docker} exec $c sh -c {shlex.quote(container_status.script(head=False))} 2>/dev/null;; "
+        f"{service}) {docker} exec $c sh -c {shlex.quote(container_status.script(head=True))} 2>/dev/null;; "
         "esac; done"
     )
     return (
@@ -308,7 +312,8 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
                 if (sub.head.name, sub.slot) == (inv.head.name, 0)
                 else Background(_look, cluster.hosts.get(sub.head.name), sub, sub.cluster.api_port, api_key)
             )
-            for sub in subs
+            for sub, d in zip(subs, found or [None])
+            if d is None or not d.service or (sub.head.name, sub.slot) == (inv.head.name, 0)
         }
         gateway = next((r.gateway for r in reports.values() if isinstance(r, NodeReport) and r.gateway), None)
         routed = (
@@ -319,7 +324,13 @@ def collect_all(inv: Inventory, api_key: str | None = None) -> list[ClusterStatu
         out = []
         for sub, d in zip(subs, found or [None]):
             st = _judge_reports(
-                sub, slotted.get(_look_key(sub), reports), unreachable, addresses, looks[_look_key(sub)].result()
+                sub,
+                slotted.get(_look_key(sub), reports),
+                unreachable,
+                addresses,
+                # a service has no engine to ask: its supervisor's state is its health (judge_service)
+                looks[_look_key(sub)].result() if _look_key(sub) in looks else endpoint_mod.EngineView(),
+                d.port if d is not None and d.service else None,
             )
             if d is not None:
                 st.profile, st.deployment = d.profile, d.key
@@ -364,8 +375,14 @@ def _look(host, inv: Inventory, port: int, api_key: str | None) -> endpoint_mod.
 
 
 def _judge_reports(
-    inv: Inventory, reports: dict, unreachable: dict, addresses: dict, engine: endpoint_mod.EngineView
+    inv: Inventory,
+    reports: dict,
+    unreachable: dict,
+    addresses: dict,
+    engine: endpoint_mod.EngineView,
+    service_port: int | None = None,
 ) -> ClusterStatus:
+    """`service_port`: the deployment is a service (issue 60) answering there, judged by judge_service."""
     nodes, ray_rows, pid, sup, journal, nccl, check, logs = [], None, None, None, [], {}, None, {}
     for n in inv.nodes:
         if n.name in unreachable:
@@ -385,6 +402,8 @@ def _judge_reports(
                 pid, sup, journal = r.head_view
                 check = r.canary
     address = addresses.get(inv.head.name)
+    if service_port is not None:
+        return judge_service(inv, nodes, f"http://{address}:{service_port}" if address else "", pid, sup, journal)
     endpoint = f"http://{address}:{inv.cluster.api_port}" if address else ""
     st = judge(inv, nodes, ray_rows, endpoint, engine, pid, sup, journal)
     st.canary = check
@@ -466,6 +485,41 @@ def _state_problem(sup: dict) -> str | None:
     ):
         return f"supervisor: {state} (after: {last})" if last else f"supervisor: {state}"
     return None
+
+
+def judge_service(
+    inv: Inventory,
+    nodes: list[NodeStatus],
+    endpoint: str,
+    pid: int | None,
+    sup: dict | None,
+    journal: list[dict] | None = None,
+) -> ClusterStatus:
+    """Pure: a service (issue 60) is healthy when its container runs and its supervisor, which asks
+    its health URL every look, says serving, freshly. No Ray, no engine to probe: its health is the
+    supervisor's to judge, as the gateway reads it."""
+    st = ClusterStatus(inv.cluster.name, "healthy", nodes, endpoint=endpoint, server_pid=pid, supervisor=sup)
+    st.service = True
+    st.journal = list(journal or [])
+    for ns in nodes:
+        if not ns.reachable:
+            st.problems.append(f"{ns.node} unreachable: {ns.error}")
+        elif ns.state != "running":
+            st.problems.append(f"{ns.node}: {ns.state if ns.state == DOCKER_SILENT else f'container {ns.state}'}")
+    if any(ns.state == "running" for ns in nodes):
+        state = (sup or {}).get("state")
+        said = supervisor_problem(sup)
+        if said:
+            st.problems.append(said.replace("vllm serve", "the service"))
+        elif state != contract.SERVING:
+            st.problems.append(f"service: {state or 'its supervisor has written no state yet'}")
+    if not any(ns.reachable for ns in nodes):
+        st.state = UNREACHABLE
+    elif all(ns.reachable and ns.state == "absent" for ns in nodes):
+        st.state = "down"
+    elif st.problems:
+        st.state = "degraded"
+    return st
 
 
 def _judge_ranks(inv: Inventory, nodes: list[NodeStatus], st: ClusterStatus, pid: int | None) -> None:

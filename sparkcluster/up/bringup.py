@@ -116,7 +116,7 @@ def run(
             )
         inv = inv.at_slot(slot)
         touched = full.only(sorted({n.name for n in inv.nodes} | {x for d in away for x in d.nodes}))
-        _all_reachable(touched, unreachable)
+        all_reachable(touched, unreachable)
         # a dry run changes nothing, so it neither takes nor waits for the lock
         with (
             contextlib.nullcontext() if dry_run or locked else NodeLocks(everyone, touched, command),
@@ -182,29 +182,38 @@ def _admit(inv: Inventory, prof: profiles.Profile, facts: dict, beside: list) ->
         bounds.profile_policy(prof).get("memory_floor_gib", contract.Policy().memory_floor_gib) * memory_fit.GiB
     )
     want = memory_fit.Held(f"'{prof.name}'", prof.serve.gpu_memory_utilization)
+    totals = {n: facts[n].mem.total if n in facts and facts[n].mem else None for n in facts}
+    admit_beside(inv, prof.name, want, floor, totals, beside, "gpu_memory_utilization")
+
+
+def admit_beside(
+    inv: Inventory, name: str, want: memory_fit.Held, floor: int, totals: dict, beside: list, knob: str
+) -> None:
+    """On every node of `inv` where others run: `want` beside what they hold (deployments.held) and
+    the floor, of that node's MemTotal (`totals`), else the refusal naming who holds how much. `knob`:
+    the profile's key that lowers what it asks (a model's gpu_memory_utilization, a service's memory_gb)."""
     lines = []
     for n in inv.nodes:
         there = [d for d in beside if n.name in d.nodes]
         if not there:
             continue
-        mem = facts[n.name].mem if n.name in facts else None
-        held = [memory_fit.Held(f"'{d.profile}'", deployments.share(d)) for d in there]
-        if mem is None or not mem.total:
+        total = totals.get(n.name)
+        if not total:
             lines.append(f"{n.name}: MemTotal was not read, so {want.deployment} cannot be counted beside the others")
-        elif why := memory_fit.admit(mem.total, held, want, floor):
+        elif why := memory_fit.admit(total, [deployments.held(d) for d in there], want, floor):
             lines.append(f"{n.name}: {why}")
     if lines:
         names = ", ".join(sorted({d.profile for d in beside}))
         raise InputError(
-            f"the memory of {len(lines)} node(s) does not hold '{prof.name}' beside {names}",
+            f"the memory of {len(lines)} node(s) does not hold '{name}' beside {names}",
             f"sparkcluster down --profile {sorted({d.profile for d in beside})[0]} (or lower "
-            f"gpu_memory_utilization in profile '{prof.name}'), then sparkcluster up --profile {prof.name}"
+            f"{knob} in profile '{name}'), then sparkcluster up --profile {name}"
             f"{deployments.node_flags([n.name for n in inv.nodes])} --beside",
             details=lines,
         )
 
 
-def _all_reachable(touched: Inventory, unreachable: dict) -> None:
+def all_reachable(touched: Inventory, unreachable: dict) -> None:
     """Every node the run touches answered, or the error naming each that did not."""
     missing = {n.name: unreachable[n.name] for n in touched.nodes if n.name in unreachable}
     if not missing:

@@ -1,10 +1,15 @@
-"""Two models on one node (issue 60), with the real engine: `testbed-single` on the head, then a
-variant of it under another served name started beside it (`up --beside`) in a slot of its own: its
-own containers (`sparkcluster-testbed-d1-head`), its own API port (8010) and agent (8307). Both
-answer behind the one gateway; `status --all` lists each; a third, asking more of the node's memory
-than is left beside the two, is refused naming both and what each holds, and nothing of it starts;
-`events --profile` reads the second's own journal; `down --profile` of the second leaves the first
-serving, its container and its route.
+"""Two models and a service on one node (issue 60), with the real engine: `testbed-single` on the
+head, then a variant of it under another served name started beside it (`up --beside`) in a slot of
+its own: its own containers (`sparkcluster-testbed-d1-head`), its own API port (8010) and agent
+(8307); then a service beside both (item 2: `testbed-audio`, the audio stand-in of
+tests/testbed/images/Dockerfile.audio-standin: espeak-ng and pocketsphinx behind OpenAI's audio
+routes) in slot 2 (its agent on 8317), on its own port (8765). All three answer behind the one
+gateway, the service by its routes (speech, then the speech transcribed); `status --all` lists each;
+a third model, asking more of the node's memory than is left beside them, is refused naming each
+holder and what it holds, and nothing of it starts; `events --profile` reads each one's own journal;
+the service made to fail its health checks is restarted by its supervisor while the models answer;
+`down --profile` of the second model leaves the first and the service serving, their containers and
+routes, and `down --profile` of the service leaves the first model.
 
 The head is made to read as a 128 GB Spark (Testbed.set_memory, the meminfo stand-in at the OS
 boundary): the admission's sums are then those of a Spark (0.2 x 128 GB = 25.6 GB each), not of the
@@ -12,8 +17,11 @@ testbed's small machine, and doctor's headroom check, which reads MemAvailable, 
 to the admission. testbed-single runs without Ray (TP=1 on one node), so a later slot's Ray ports
 are the unit tests' (tests/unit/test_colocated.py), not this test's.
 
-Two engine starts, one after the other (both on the head: each `up` locks the node): about two
-minutes; every wait is on a condition."""
+Two engine starts, one after the other (both on the head: each `up` locks the node), a service start
+and one restart of it (its health failing three looks in a row, the 5 s backoff: about 12 s where
+its supervisor ran by hand in the image's root filesystem): the 1.0 min this case took before the
+service, plus its start, restart and the audio image's build once per testbed, not yet measured on
+the testbed; every wait is on a condition."""
 
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ import pytest
 
 from tests.integration.helpers import BASE, HEAD, HEAD_C, inventory_variant, listeners, ours, wait_for
 from tests.testbed import PROFILES as TESTBED_PROFILES
+from tests.testbed.artifacts import AUDIO_IMAGE
 
 pytestmark = pytest.mark.testbed
 SINGLE, BESIDE, BIG = "testbed-single", "testbed-single-beside", "testbed-single-big"
@@ -33,16 +42,36 @@ BESIDE_C = "sparkcluster-testbed-d1-head"
 GW_KEY = "gw-colocated-key-3b81f0d2"
 GW = f"http://{urlsplit(BASE).hostname}:4000"
 GW_C = "sparkcluster-testbed-gateway"
+AUDIO, AUDIO_MODEL = "testbed-audio", "testbed-audio"  # the service (tests/testbed/profiles/testbed-audio.toml)
+AUDIO_C = f"sparkcluster-testbed-d2-service-{HEAD}"  # slot 2: the two models hold 0 and 1
 
 
 def engines(testbed) -> list[str]:
-    """The deployments' containers on the head (the gateway's is no deployment's)."""
-    return sorted(x for x in ours(testbed, HEAD) if x != GW_C)
+    """The engines' containers on the head (the gateway's is no deployment's, the service's no engine's)."""
+    return sorted(x for x in ours(testbed, HEAD) if x not in (GW_C, AUDIO_C))
 
 
 def chat(model: str) -> httpx.Response:
     body = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
     return httpx.post(f"{GW}/v1/chat/completions", json=body, headers={"x-api-key": GW_KEY}, timeout=60)
+
+
+def speak(text: str) -> httpx.Response:
+    body = {"model": AUDIO_MODEL, "input": text, "response_format": "wav"}
+    return httpx.post(f"{GW}/v1/audio/speech", json=body, headers={"x-api-key": GW_KEY}, timeout=60)
+
+
+def transcribe(wav: bytes) -> httpx.Response:
+    files, form = {"file": ("speech.wav", wav, "audio/wav")}, {"model": AUDIO_MODEL}
+    return httpx.post(
+        f"{GW}/v1/audio/transcriptions", files=files, data=form, headers={"x-api-key": GW_KEY}, timeout=120
+    )
+
+
+def service_state(testbed) -> dict:
+    """The service's supervisor's state file, read in its container."""
+    out = testbed.sh(HEAD, f"docker exec {AUDIO_C} cat /run/sparkcluster/supervisor.json", check=False).stdout
+    return json.loads(out) if out.strip() else {}
 
 
 OD_A, OD_B = "testbed-single-od-a", "testbed-single-od-b"
@@ -96,15 +125,29 @@ def test_two_models_on_one_node_a_third_refused_and_one_taken_down(testbed, sc, 
     again = sc("up", "--profile", BESIDE, "--node", HEAD, env=env, timeout=300)
     assert again.returncode == 0 and f"already serves '{BESIDE}'" in again.stdout, again.stdout + again.stderr
 
+    # a service beside both (item 2): its own slot, port and agent, admitted by its reservation
+    assert testbed.audio_image() == AUDIO_IMAGE
+    svc = sc("up", "--profile", AUDIO, "--node", HEAD, "--beside", env=env, timeout=300)
+    assert svc.returncode == 0 and f"serving service '{AUDIO}'" in svc.stdout, svc.stdout + svc.stderr
+    assert AUDIO_C in ours(testbed, HEAD) and listeners(testbed, HEAD, 8765) and listeners(testbed, HEAD, 8317)
+    again = sc("up", "--profile", AUDIO, "--node", HEAD, env=env, timeout=300)
+    assert again.returncode == 0 and f"already serves '{AUDIO}'" in again.stdout, again.stdout + again.stderr
+
     gw = sc("gateway", "up", env=env, timeout=300)
-    assert gw.returncode == 0 and gw.stdout.count("in rotation") == 2, gw.stdout + gw.stderr
+    assert gw.returncode == 0 and gw.stdout.count("in rotation") == 3, gw.stdout + gw.stderr
     for model in (HEAD_MODEL, BESIDE_MODEL):
         r = chat(model)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, (model, r.text)
+    said = speak("the testbed speaks")  # by route: the body names the service's model, as OpenAI's clients do
+    assert said.status_code == 200 and said.headers["content-type"] == "audio/wav", said.text
+    assert said.content[:4] == b"RIFF", said.content[:64]
+    heard = transcribe(said.content)  # a multipart upload, through the gateway untouched
+    assert heard.status_code == 200 and isinstance(heard.json()["text"], str), heard.text
 
     st = sc("status", "--all", "--json", env=env)
     doc = json.loads(st.stdout)
-    assert sorted(d["deployment"] for d in doc["deployments"]) == sorted([f"{SINGLE}@{HEAD}", f"{BESIDE}@{HEAD}"]), doc
+    want = sorted([f"{SINGLE}@{HEAD}", f"{BESIDE}@{HEAD}", f"{AUDIO}@{HEAD}"])
+    assert sorted(d["deployment"] for d in doc["deployments"]) == want, doc
     assert all(d["state"] == "healthy" for d in doc["deployments"]), doc
 
     # a third that does not fit: refused by the admission, naming who holds the memory and how much
@@ -112,19 +155,36 @@ def test_two_models_on_one_node_a_third_refused_and_one_taken_down(testbed, sc, 
     assert big.returncode != 0, big.stdout + big.stderr
     said = big.stderr
     assert f"'{SINGLE}' holds 25.6 GB" in said and f"'{BESIDE}' holds 25.6 GB" in said, said
+    assert f"'{AUDIO}' holds 1.0 GB" in said, said  # the service's reservation, counted alike
     assert "short" in said and "down --profile" in said, said
     assert engines(testbed) == sorted([HEAD_C, BESIDE_C])
 
-    # each deployment's own journal
+    # each deployment's own journal, the service's among them
     ev = sc("events", "--node", HEAD, "--profile", BESIDE, "--json", env=env)
     assert ev.returncode == 0 and ev.stdout.strip(), ev.stdout + ev.stderr
+    ev = sc("events", "--node", HEAD, "--profile", AUDIO, "--json", env=env)
+    assert ev.returncode == 0 and "service started" in ev.stdout, ev.stdout + ev.stderr
 
-    # one taken down: the other keeps its container, its engine and its route
+    # the service fails its health checks (the stand-in's fault file, gone at its next start): its
+    # supervisor restarts it; the models answer all the while (a fault in one is no fault in another)
+    testbed.sh(HEAD, f"docker exec {AUDIO_C} touch /tmp/audio-standin-unhealthy")
+    assert wait_for(lambda: (service_state(testbed).get("causes") or [{}])[-1].get("kind") == "unhealthy", 60, step=0.5)
+    assert chat(HEAD_MODEL).status_code == 200 and chat(BESIDE_MODEL).status_code == 200
+    assert wait_for(lambda: service_state(testbed).get("state") == "serving", 60, step=0.5), service_state(testbed)
+    assert len(service_state(testbed)["restarts"]) == 1
+    assert wait_for(lambda: speak("again").status_code == 200, 30, step=0.5)
+
+    # one model taken down: the other and the service keep their containers, processes and routes
     down = sc("down", "--profile", BESIDE, env=env)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert engines(testbed) == [HEAD_C] and GW_C in ours(testbed, HEAD)
-    assert chat(HEAD_MODEL).status_code == 200
+    assert engines(testbed) == [HEAD_C] and GW_C in ours(testbed, HEAD) and AUDIO_C in ours(testbed, HEAD)
+    assert chat(HEAD_MODEL).status_code == 200 and speak("still here").status_code == 200
     assert wait_for(lambda: chat(BESIDE_MODEL).status_code in (404, 503), 30, step=0.5), chat(BESIDE_MODEL).text
+    # the service taken down: the first model stays
+    down = sc("down", "--profile", AUDIO, env=env)
+    assert down.returncode == 0 and AUDIO_C not in ours(testbed, HEAD), down.stdout + down.stderr
+    assert not listeners(testbed, HEAD, 8765) and chat(HEAD_MODEL).status_code == 200
+    assert wait_for(lambda: speak("gone").status_code in (404, 503), 30, step=0.5)
     doc = json.loads(sc("status", "--all", "--json", env=env).stdout)
     assert [d["deployment"] for d in doc["deployments"]] == [f"{SINGLE}@{HEAD}"], doc
 

@@ -99,6 +99,12 @@ HOW: dict[str, tuple[str, str]] = {
         "seed 004's profile is not served on the testbed",
     ),
     "sparkcluster status --all --json": (NOT_HERE, "test_colocated runs it on two deployments of one node"),
+    # the same guide's services (issue 60 item 2): seed 004's images are not on the testbed;
+    # test_colocated starts, routes, restarts and takes down the testbed's audio stand-in instead
+    "sparkcluster up --profile parakeet-asr --node spark-a --beside": (NOT_HERE, "seed 004's service image"),
+    "sparkcluster up --profile chatterbox-tts --node spark-b --beside": (NOT_HERE, "seed 004's service image"),
+    "sparkcluster events --node spark-a --profile parakeet-asr": (NOT_HERE, "seed 004's service is not run here"),
+    "sparkcluster down --profile chatterbox-tts": (NOT_HERE, "seed 004's service is not run here"),
     "sparkcluster bench --compare 20261123T021425Z": (NOT_HERE, "a run folder of the guide's machine"),
     "sparkcluster bench --tokenizer /models/tok": (NOT_HERE, "a tokenizer path of the guide's machine"),
     "sparkcluster monitor up": (SUBSTITUTED, "--dry-run: test_monitor starts the real stack"),

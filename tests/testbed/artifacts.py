@@ -254,31 +254,41 @@ MONITOR_DEBS = CACHE / "monitor-debs"
 
 
 def monitor_debs() -> Path:
-    """Debian's packages of the monitoring stand-in, downloaded once with `apt-get download` (from
-    this machine's own Debian sources, like debootstrap's rootfs) and kept in the cache."""
-    debs = sorted(MONITOR_DEBS.glob("*.deb"))
-    if {d.name.split("_")[0] for d in debs} >= set(MONITOR_PACKAGES):
-        return MONITOR_DEBS
-    MONITOR_DEBS.mkdir(parents=True, exist_ok=True)
+    """Debian's packages of the monitoring stand-in, downloaded once and kept in the cache."""
+    return debs(MONITOR_DEBS, MONITOR_PACKAGES)
+
+
+def debs(folder: Path, packages: tuple[str, ...]) -> Path:
+    """Debian's `packages`, downloaded once with `apt-get download` (from this machine's own Debian
+    sources, like debootstrap's rootfs) into `folder` in the cache."""
+    got = sorted(folder.glob("*.deb"))
+    if {d.name.split("_")[0] for d in got} >= set(packages):
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
     # those install-deps.sh (or an owner) installed are already in apt's own cache
     for d in sorted(Path("/var/cache/apt/archives").glob("*.deb")):
-        if d.name.split("_")[0] in MONITOR_PACKAGES:
-            shutil.copy2(d, MONITOR_DEBS / d.name)
-    have = {d.name.split("_")[0] for d in MONITOR_DEBS.glob("*.deb")}
-    missing = [p for p in MONITOR_PACKAGES if p not in have]
+        if d.name.split("_")[0] in packages:
+            shutil.copy2(d, folder / d.name)
+    have = {d.name.split("_")[0] for d in folder.glob("*.deb")}
+    missing = [p for p in packages if p not in have]
     if missing:
-        run(["apt-get", "download", *missing], cwd=str(MONITOR_DEBS), timeout=600)
-    return MONITOR_DEBS
+        run(["apt-get", "download", *missing], cwd=str(folder), timeout=600)
+    return folder
 
 
 def monitor_build_context(ctx: Path) -> Path:
     """The packages unpacked here, on the controller, into ctx/root (the testbed's rootfs is
     stripped of dpkg, so the image copies the unpacked tree rather than unpacking in a RUN)."""
+    return unpacked_context(ctx, "Dockerfile.monitor", monitor_debs(), MONITOR_PACKAGES)
+
+
+def unpacked_context(ctx: Path, dockerfile: str, folder: Path, packages: tuple[str, ...]) -> Path:
+    """A build context: images/`dockerfile`, and `packages` from `folder` unpacked into ctx/root."""
     shutil.rmtree(ctx, ignore_errors=True)
     (ctx / "root").mkdir(parents=True)
-    shutil.copy2(IMAGES / "Dockerfile.monitor", ctx / "Dockerfile")
-    for d in sorted(monitor_debs().glob("*.deb")):
-        if d.name.split("_")[0] in MONITOR_PACKAGES:
+    shutil.copy2(IMAGES / dockerfile, ctx / "Dockerfile")
+    for d in sorted(folder.glob("*.deb")):
+        if d.name.split("_")[0] in packages:
             run(["dpkg-deb", "-x", str(d), str(ctx / "root")], timeout=120)
     # bookworm's rootfs is merged-/usr (/bin, /sbin, /lib are links into /usr): a package's own
     # /lib (systemd units) copied over it would replace the link and leave the image no loader
@@ -287,6 +297,55 @@ def monitor_build_context(ctx: Path) -> Path:
         if src.is_dir() and not src.is_symlink():
             shutil.copytree(src, ctx / "root" / "usr" / top, symlinks=True, dirs_exist_ok=True)
             shutil.rmtree(src)
+    return ctx
+
+
+# ---------------------------------------------------------------- the audio service's image (issue 60)
+AUDIO_IMAGE = "sparkcluster-testbed/audio-standin:bookworm"  # espeak-ng and pocketsphinx behind OpenAI's routes
+# espeak-ng 1.51 and pocketsphinx 0.8 (bookworm), with what they need that the testbed's rootfs lacks:
+# `apt-cache depends --recurse` of the three, first alternatives, less the rootfs's packages (its
+# var/lib/dpkg/status), on 2026-11-28
+AUDIO_PACKAGES = (
+    "espeak-ng",
+    "espeak-ng-data",
+    "libespeak-ng1",
+    "libpcaudio0",
+    "libsonic0",
+    "libasound2",
+    "libasound2-data",
+    "libpulse0",
+    "libasyncns0",
+    "libdbus-1-3",
+    "libsndfile1",
+    "libflac12",
+    "libmp3lame0",
+    "libmpg123-0",
+    "libogg0",
+    "libopus0",
+    "libvorbis0a",
+    "libvorbisenc2",
+    "libx11-6",
+    "libx11-data",
+    "libx11-xcb1",
+    "libxau6",
+    "libxcb1",
+    "libxdmcp6",
+    "pocketsphinx",
+    "pocketsphinx-en-us",
+    "libpocketsphinx3",
+    "libsphinxbase3",
+    "libblas3",
+    "liblapack3",
+    "libgfortran5",
+)
+AUDIO_DEBS = CACHE / "audio-debs"
+AUDIO_STANDIN = HERE / "standins" / "audio" / "openai_audio.py"
+
+
+def audio_build_context(ctx: Path) -> Path:
+    """images/Dockerfile.audio-standin's context: the packages unpacked, and the wrapper beside them."""
+    unpacked_context(ctx, "Dockerfile.audio-standin", debs(AUDIO_DEBS, AUDIO_PACKAGES), AUDIO_PACKAGES)
+    shutil.copy2(AUDIO_STANDIN, ctx / "openai_audio.py")
     return ctx
 
 

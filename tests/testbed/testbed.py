@@ -1322,6 +1322,21 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         log(f"monitor image {tag} built and copied in {time.monotonic() - t0:.1f}s")
         return tag
 
+    def audio_image(self, tag: str = artifacts.AUDIO_IMAGE, hosts: tuple[str, ...] = (HEAD,)) -> str:
+        """images/Dockerfile.audio-standin (Debian's espeak-ng and pocketsphinx behind the OpenAI
+        audio routes: standins/audio) built on the head, copied to the other `hosts`: the image of
+        the testbed-audio service profile (issue 60). Kept while the testbed lives. Returns the tag."""
+        if all(self.image_id(h, tag) for h in hosts):
+            return tag
+        t0 = time.monotonic()
+        ctx = artifacts.audio_build_context(self.dir / "audio-build")
+        self.docker(HEAD, f"build -q --build-arg ROOTFS={ROOTFS_IMAGE} -t {tag} {ctx}", timeout=600)
+        for h in hosts:
+            if h != HEAD:
+                self.copy_image(tag, HEAD, h)
+        log(f"audio stand-in image {tag} built in {time.monotonic() - t0:.1f}s")
+        return tag
+
     def copy_image(self, ref: str, src: str = HEAD, dst: str = WORKER) -> None:
         """docker save on src piped into docker load on dst."""
         save = subprocess.Popen(

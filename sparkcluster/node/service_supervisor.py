@@ -1,0 +1,299 @@
+"""A service's supervisor (issue 60 item 2): the foreground process of a service's container (a
+profile of kind "service": config/service), where an engine's head container runs the node agent
+and its Supervisor.
+
+Where it runs, and why there: inside the service's own container, as its entry point (`python3
+/opt/sparkcluster CONFIG`, the agent's launcher, role "service"), so that it lives and dies with what
+it watches, Docker brings both back after a reboot (restart policy `unless-stopped`), `down --profile`
+of the service removes both, and a stop of any other deployment on the node touches neither. It
+starts the service's command in a process group of its own, asks its health URL every look
+(`interval_s`), and after `health_failures` failed answers in a row, or an exit, stops the group and
+restarts it, at most `max_restarts` in `restart_window_s` (the engine's bounds: a profile's
+`[supervisor]`), with the engine's backoff; past the bound it stops for good ("restart limit
+reached") until `up`. A first start that never answers healthy within `ready_timeout_s`, or exits
+first, is "failed to start" and is not retried: a wrong argument stays visible. Before a restart the
+node's MemAvailable must cover the service's reservation and the floor (verdict.memory_for_restart,
+the engine's restart gate), so a restart of one never starves another deployment on the node.
+
+It publishes what the engine's supervisor publishes, in the same files: its state (STATE_PATH: the
+gateway and `status` judge it as they judge an engine's), the child's record (RECORD_PATH), the
+journal (`events --profile`), and through the agent's report endpoint `/`, `/metrics` (the
+supervisor's series: the alerts apply as they are) and `/status`.
+
+Standard library only: shipped into the container with the rest of node/.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+from . import container_status
+from .contract import (
+    FAILED,
+    FINAL,
+    LIMIT,
+    MEMORY_WAIT,
+    NO_MEMORY,
+    RECORD_PATH,
+    RESTARTING,
+    SERVING,
+    STARTING,
+    STATE_PATH,
+    Policy,
+)
+from .journal import Journal, read_json, write_json
+from .memreport import node_report, serve_reports
+from .metrics import Exporter
+from .procgroup import stop_group
+from .readings import mem_available, mem_total
+from .verdict import memory_for_restart, memory_wait
+
+SERVICE_LOG = "/var/log/sparkcluster/service.log"
+MEMINFO = "/proc/meminfo"  # the node's (host networking, the host's /proc/meminfo as every container reads it)
+HEALTH_TIMEOUT_S = 3.0  # one health answer: a service that takes longer is failing it
+BACKOFF_MAX_S = 60.0
+BUSY_LOOK_S = 0.25  # while it starts: `up` waits on what the look says
+
+
+def healthy(url: str, timeout: float = HEALTH_TIMEOUT_S) -> tuple[bool, str]:
+    """One health question: (200, "") or (False, why)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return (r.status == 200, "" if r.status == 200 else f"{url} answered {r.status}")
+    except Exception as e:  # refused, timed out, reset, an HTTP error status: all "not healthy"
+        return False, f"{url}: {type(e).__name__}: {e}"
+
+
+class ServiceSupervisor:
+    """One service's supervisor. What node/metrics' supervisor_samples reads of an engine's
+    Supervisor is here under the same names (state, since, restarts, counts, the last health answer
+    as the last probe), so the agent's `/metrics` and the alerts treat both alike."""
+
+    def __init__(self, cfg: dict, journal: Journal, clock=time.time):
+        # what an engine's Supervisor carries and a service has not: no ranks, no progress series
+        # (health is the whole verdict), no token rate
+        self.mp, self.watch, self.rate, self.reports, self.epoch = False, None, None, {}, None
+        svc = cfg["service"]
+        self.cfg, self.journal, self.clock = cfg, journal, clock
+        self.argv: list[str] = list(svc["argv"])
+        self.url: str = svc["health_url"]
+        self.reserved: int = int(svc["reserved_bytes"])
+        self.generation = svc.get("generation") or "service"
+        self._policy = Policy.of(svc.get("policy"))
+        self.proc: subprocess.Popen | None = None
+        self.state, self.since = "idle", clock()
+        self.restarts: list[float] = []
+        self.causes: list[dict] = []
+        self.counts: dict[str, int] = {}
+        self.failures = 0  # consecutive failed health answers
+        self.started_at = 0.0
+        self.served = False  # this start answered healthy once
+        self.first = True  # the first start is not retried
+        self.unserved = 0  # restarts in a row whose start never answered healthy: the backoff doubles
+        self.next_start = 0.0
+        self.memory_wait_since: float | None = None
+        self.memory_seen: dict[str, int | None] = {}
+        self.last_probe_s: float | None = None
+        self.last_probe_ok: bool | None = None
+        self.last_look: float | None = None
+        self.stopping: dict | None = None
+        self.resume(read_json(STATE_PATH) or {})
+
+    def policy(self) -> Policy:
+        return self._policy
+
+    def resume(self, before: dict) -> None:
+        """After its container restarted (a reboot, a crash): the restarts in the window and a final
+        verdict carry over, as the engine's do."""
+        if before.get("generation") != self.generation:
+            return
+        self.restarts, self.causes = list(before.get("restarts") or []), list(before.get("causes") or [])
+        self.first = False
+        if before.get("state") in FINAL:
+            self.state = before["state"]
+        self.journal.write("resumed after the container restarted", state=self.state, restarts=len(self.restarts))
+
+    # -- state
+    def set_state(self, state: str, **detail) -> None:
+        if state != self.state:
+            self.state, self.since = state, self.clock()
+            self.journal.write(f"state: {state}", **detail)
+        self.save()
+
+    def save(self) -> None:
+        window = self._policy.restart_window_s
+        self.restarts = [t for t in self.restarts if self.clock() - t < window]
+        write_json(
+            STATE_PATH,
+            {
+                "state": self.state,
+                "since": self.since,
+                "updated": self.clock(),
+                "generation": self.generation,
+                "pid": self.proc.pid if self.proc else None,
+                "restarts": self.restarts,
+                "causes": self.causes[-5:],
+                "policy": self._policy.doc(),
+                "memory_unknown": {},
+                "service": {"health": self.url, "failures": self.failures},
+                **({"stopping": self.stopping} if self.stopping else {}),
+            },
+        )
+
+    def count(self, key: str) -> None:
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    # -- the child
+    def start(self) -> None:
+        os.makedirs(os.path.dirname(SERVICE_LOG), exist_ok=True)
+        with open(SERVICE_LOG, "ab") as log:
+            log.write(f"--- started {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.started_at, self.failures, self.served = self.clock(), 0, False
+        write_json(RECORD_PATH, {"pid": self.proc.pid, "generation": self.generation, "started_at": self.started_at})
+        self.journal.write("service started", pid=self.proc.pid, argv0=self.argv[0])
+        self.set_state(STARTING)
+
+    def stop(self, why: str, verdict: bool = False) -> None:
+        if self.proc is None:
+            return
+        grace = float(self._policy.verdict_grace_s if verdict else self._policy.stop_grace_s)
+        pid = self.proc.pid
+        self.stopping = {"why": why, "grace_s": grace}
+        self.save()
+        try:
+            code = stop_group(self.proc, grace)
+        finally:
+            self.stopping = None
+        self.journal.write("service stopped", pid=pid, why=why, exit=code, grace_s=grace)
+        self.proc = None
+        try:
+            os.unlink(RECORD_PATH)
+        except FileNotFoundError:
+            pass
+
+    # -- looks
+    def tick(self) -> None:
+        now = self.last_look = self.clock()
+        if self.state in FINAL:
+            return
+        if self.proc is None:
+            if now >= self.next_start and not self.memory_before_restart():
+                self.start()
+            return
+        code = self.proc.poll()
+        if code is not None:
+            self.verdict("dead", f"the service exited with status {code}")
+            return
+        t0 = time.monotonic()
+        ok, why = healthy(self.url)
+        if ok or self.served:  # as an engine's probe: a start that is not ready yet fails no check
+            self.last_probe_s, self.last_probe_ok = time.monotonic() - t0, ok
+            self.count(f"probe:{'ok' if ok else 'failed'}")
+        if ok:
+            self.failures, self.served = 0, True
+            self.set_state(SERVING)
+            return
+        if not self.served:
+            if now - self.started_at > self._policy.ready_timeout_s:
+                self.verdict("not-ready", f"no healthy answer within {self._policy.ready_timeout_s:g}s: {why}")
+            else:
+                self.save()
+            return
+        self.failures += 1
+        if self.failures >= self._policy.health_failures:
+            self.verdict("unhealthy", f"{self.failures} failed health checks in a row: {why}")
+        else:
+            self.save()
+
+    def verdict(self, kind: str, cause: str) -> None:
+        """A dead or failing service: stopped, then restarted within the bounds (or not at all)."""
+        now = self.clock()
+        self.count(f"verdict:{kind}")
+        self.causes.append({"ts": now, "kind": kind, "cause": cause})
+        self.journal.write("verdict", kind=kind, cause=cause)
+        if not self._policy.act:  # `[supervisor] enabled = false`: watched and journalled only
+            self.save()
+            return
+        self.stop(cause, verdict=True)
+        if self.first and not self.served:
+            self.set_state(FAILED, cause=cause, fix="see its log: sparkcluster logs; fix the profile, then up")
+            return
+        self.first = False
+        window = [t for t in self.restarts if now - t < self._policy.restart_window_s]
+        if len(window) >= self._policy.max_restarts:
+            self.set_state(LIMIT, cause=cause, restarts=len(window))
+            return
+        self.unserved = 0 if self.served else self.unserved + 1
+        self.next_start = now + min(self._policy.backoff_s * 2**self.unserved, BACKOFF_MAX_S)
+        self.restarts.append(now)
+        self.count("restarts")
+        self.set_state(RESTARTING, cause=cause, restarts=len(window) + 1)
+
+    def memory_before_restart(self) -> bool:
+        """True while a restart waits for the node's memory to cover the reservation and the floor;
+        past memory_wait_s, stopped for good with what was seen."""
+        if self.first:
+            return False  # `up`'s admission counted it beside the others
+        with open(MEMINFO) as f:
+            text = f.read()
+        total, avail = mem_total(text), mem_available(text)
+        node = self.cfg["node"]
+        self.memory_seen = {node: avail}
+        fraction = self.reserved / total if total else 0.0
+        gate = Policy.of({**self._policy.doc(), "memory_need_fraction": fraction})
+        covered, seen = memory_for_restart({node: (total, avail)}, gate)
+        now = self.clock()
+        step = memory_wait(self.memory_wait_since, now, covered, gate)
+        if step == "go":
+            if self.memory_wait_since is not None:
+                self.journal.write("memory came back", waited_s=round(now - self.memory_wait_since, 1), seen=seen)
+            self.memory_wait_since = None
+            return False
+        if step == "give-up":
+            cause = f"memory did not come back within {gate.memory_wait_s:g}s: {seen[node]}"
+            self.causes.append({"ts": now, "kind": "memory-wait", "cause": cause})
+            self.set_state(NO_MEMORY, cause=cause)
+            return True
+        if self.memory_wait_since is None:
+            self.memory_wait_since = now
+            self.journal.write("waiting for memory to come back", seen=seen, bound_s=gate.memory_wait_s)
+        self.set_state(MEMORY_WAIT, seen=seen)
+        return True
+
+
+def run(cfg: dict, journal: Journal, started: float) -> int:
+    """The service container's foreground process: its supervisor's loop, and the agent's report
+    endpoint on the slot's report port (its state for the gateway, `/metrics`, `/status`)."""
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    sup = ServiceSupervisor(cfg, journal)
+    alive = subprocess.Popen(["sleep", "infinity"])  # the report's "Ray" stand-in, as on a one-node engine
+    try:
+        serve_reports(
+            cfg["report_ip"],
+            cfg["report_port"],
+            lambda: {**node_report(cfg["node"], alive, started), "supervisor": read_json(STATE_PATH)},
+            Exporter(cfg, alive, sup).text,
+            status=lambda: container_status.read(head=True),
+        )
+    except OSError as e:  # the gateway then reads no verdict: it says so; the service is still kept
+        journal.write("report not served", address=f"{cfg['report_ip']}:{cfg['report_port']}", error=str(e))
+    while not stopping.is_set():
+        try:
+            sup.tick()
+        except Exception as e:  # a bug here must not take the service down with it
+            journal.write("supervisor error", error=f"{type(e).__name__}: {e}")
+        stopping.wait(BUSY_LOOK_S if sup.state == STARTING else sup.policy().interval_s)
+    sup.stop("the container is stopping")
+    alive.kill()
+    return 0

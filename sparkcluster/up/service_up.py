@@ -1,0 +1,185 @@
+"""`up --profile NAME` of a service (issue 60 item 2: a profile of kind "service"): on one node, in a
+slot of its own beside what serves there (`--beside`, bringup.placement), admitted by the one memory
+arithmetic (bringup.admit_beside: its reservation beside the engines' shares and the floor), its
+image pulled where the node lacks it, its container made (container/service_container) and waited on
+until its supervisor says serving. Again with nothing changed: nothing is recreated. A failed start
+removes what this run made and says why, with the supervisor's last lines.
+
+No build, no weights, no Ray, no fabric: the image is the service's own, as its owner runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import docker.errors
+
+from sparkcluster.config.inventory import Inventory
+from sparkcluster.config.service_profile import ServiceProfile
+from sparkcluster.container.service_container import service_spec
+from sparkcluster.container.spec import create_and_start
+from sparkcluster.deployment import deployments, server, supervision, teardown
+from sparkcluster.errors import InputError, SparkError
+from sparkcluster.facts import parsers
+from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL
+from sparkcluster.node import contract, memory_fit
+from sparkcluster.remote.fanout import connect_reachable
+from sparkcluster.remote.lock import NodeLocks
+from sparkcluster.steps.walk import StageProgress
+from sparkcluster.up.bringup import Monitoring, UpSummary, admit_beside, all_reachable, placement
+
+STAGE = "service"
+WAIT_LOOK_S = 0.2  # how often `up` reads the supervisor's state while the service starts
+
+
+@dataclass
+class ServicePlan:
+    """A service's `up --dry-run`: the container it makes, as the `docker run` a person would type."""
+
+    node: str
+    slot: int
+    docker_run: str
+    notes: list[str]
+
+    def render(self) -> str:
+        lines = [f"service on {self.node}, slot {self.slot}:", f"  {self.docker_run}"]
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+    def as_json(self) -> str:
+        return json.dumps({"node": self.node, "slot": self.slot, "docker_run": self.docker_run, "notes": self.notes})
+
+
+def service_node(inv: Inventory, svc: ServiceProfile, node: tuple[str, ...] | str | None) -> Inventory:
+    """The one node a service runs on: the one named, or the inventory's only node."""
+    named = [node] if isinstance(node, str) else list(node or ())
+    if len(named) == 1:
+        return inv.only(named)
+    if not named and len(inv.nodes) == 1:
+        return inv
+    raise InputError(
+        f"service '{svc.name}' runs on one node; {'several were' if named else 'none was'} named",
+        f"sparkcluster up --profile {svc.name} --node {'|'.join(n.name for n in inv.nodes)}",
+    )
+
+
+def run(
+    full: Inventory,
+    svc: ServiceProfile,
+    progress: StageProgress,
+    *,
+    monitoring: Monitoring,
+    node: tuple[str, ...] | str | None = None,
+    dry_run: bool = False,
+    beside: bool = False,
+    replace: bool = False,
+    command: str = "up",
+) -> UpSummary | ServicePlan:
+    if replace:
+        raise InputError(
+            f"--replace is for a model's profile; '{svc.name}' is a service, started beside what serves",
+            f"sparkcluster down --profile NAME for what should go, then sparkcluster up --profile {svc.name} --beside",
+        )
+    inv = service_node(full, svc, node)
+    t0 = time.monotonic()
+    progress.stage(STAGE)
+    everyone, unreachable = connect_reachable(full)
+    with everyone:
+        all_reachable(inv, unreachable)
+        found, unread = deployments.on(everyone, full)
+        if inv.head.name in unread:
+            raise SparkError(f"{inv.head.name}: its containers could not be read: {unread[inv.head.name]}")
+        others = deployments.conflicts(found, inv, svc.name)
+        mine = (inv.head.name,)
+        slot, _, beside = placement(found, others, mine, svc.name, False, beside)
+        if others and not beside:
+            what = "; ".join(d.describe() for d in others)
+            raise InputError(
+                f"{what} runs on the node service '{svc.name}' needs; they would share its memory",
+                f"sparkcluster up --profile {svc.name} --node {inv.head.name} --beside (admitted when the "
+                "node's memory holds all of them)",
+            )
+        clash = [d for d in others if d.service and d.port == svc.port]
+        if clash:  # host networking: two services on one port of one node, the second never binds
+            raise InputError(
+                f"service {clash[0].describe()} answers on port {svc.port}, which '{svc.name}' asks for",
+                f"give '{svc.name}' another port (its profile's port and its args), or sparkcluster down "
+                f"--profile {clash[0].profile} first",
+            )
+        inv = inv.at_slot(slot)
+        host = everyone.hosts[inv.head.name]
+        spec = service_spec(inv, svc, inv.head)
+        if dry_run:
+            notes = (
+                [f"admitted beside {', '.join(d.describe() for d in others)} when MemTotal holds them"]
+                if others
+                else []
+            )
+            return ServicePlan(inv.head.name, slot, spec.docker_run_equivalent(), notes)
+        with (
+            NodeLocks(everyone, inv, command),
+            monitoring(everyone.hosts, full, [inv.head.name], f"sparkcluster {command}"),
+        ):
+            total = parsers.meminfo(host.run("cat /proc/meminfo", timeout=10).stdout).total
+            floor = int(svc.supervisor.memory_floor_gib * memory_fit.GiB)
+            want = memory_fit.Held(f"'{svc.name}'", None, int(svc.memory_gb * memory_fit.GB))
+            admit_beside(inv, svc.name, want, floor, {inv.head.name: total}, others, "memory_gb")
+            return _start(host, inv, svc, spec, progress, t0)
+
+
+def _running(api, spec) -> dict | None:
+    """Our container of this name, as the Engine API lists it, if any."""
+    listed = api.containers(all=True, filters={"name": f"^/{spec.name}$", "label": f"{CLUSTER_LABEL}"})
+    return listed[0] if listed else None
+
+
+def _start(host, inv: Inventory, svc: ServiceProfile, spec, progress: StageProgress, t0: float) -> UpSummary:
+    api = host.docker().api
+    endpoint = f"http://{host.address}:{svc.port}"
+    there = _running(api, spec)
+    if there is not None:
+        same = (there.get("Labels") or {}).get(CONFIG_LABEL) == spec.config_hash() and there.get("State") == "running"
+        state = supervision.state(api, there["Id"]) if same else None
+        if state and state.get("state") == contract.SERVING:
+            return UpSummary(True, endpoint, svc.served_model_name, state.get("pid"), {}, inv.slot)
+        progress.info(f"{spec.name} is replaced ({'not serving' if same else 'its configuration changed'})")
+        teardown.remove_container(host, there["Id"])
+    try:
+        api.inspect_image(svc.image)
+    except docker.errors.ImageNotFound:
+        progress.info(f"pulling {svc.image} on {inv.head.name}")
+        api.pull(svc.image)
+    made: list[str] = []
+    try:
+        cid = create_and_start(api, spec, made.append)
+        state = _wait(api, cid, svc)
+    except BaseException:
+        progress.info("rolling back what this run created")
+        for cid in made:
+            teardown.remove_container(host, cid)
+        raise
+    seconds = time.monotonic() - t0
+    progress.done(STAGE, seconds, f"{svc.name} serving on {inv.head.name}:{svc.port}")
+    return UpSummary(False, endpoint, svc.served_model_name, state.get("pid"), {STAGE: seconds}, inv.slot)
+
+
+def _wait(api, cid: str, svc: ServiceProfile) -> dict:
+    """Until its supervisor says serving; a final state (failed to start, the restart limit) or the
+    service's ready bound (and a margin for the agent's start) passed first is the failure, with why."""
+    deadline = time.monotonic() + svc.ready_timeout_s + 30
+    state: dict = {}
+    while time.monotonic() < deadline:
+        state = supervision.state(api, cid) or {}
+        if state.get("state") == contract.SERVING:
+            return state
+        if state.get("state") in contract.FINAL:
+            break
+        time.sleep(WAIT_LOOK_S)
+    causes = state.get("causes") or [{}]
+    why = causes[-1].get("cause") or f"its supervisor says {state.get('state') or 'nothing yet'}"
+    raise SparkError(
+        f"service '{svc.name}' did not serve: {why}",
+        f"see its journal and log: sparkcluster events --profile {svc.name}; fix the profile, then up again",
+        details=[server.supervisor_tail(api, cid)],
+    )
