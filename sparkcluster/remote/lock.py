@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import shlex
 import socket
 import time
@@ -58,6 +59,30 @@ def lock_command(cluster: str, holder: str) -> str:
     )
 
 
+def held_fix(holder: str, host: str) -> str:
+    """What to do about a held lock. A holder that ran here and has ended (its pid gone) left an SSH
+    session open on the node: after a cable is pulled, the node's sshd keeps it until the controller's
+    close reaches it once the link is back (TCP retransmits), so waiting is still the fix, said so."""
+    m = re.match(r"(\S+)@(\S+) pid (\d+) ", holder)
+    if m and m[1] == getpass.getuser() and m[2] == socket.gethostname() and not _alive(int(m[3])):
+        return (
+            f"that run has ended (pid {m[3]} is gone here) but its SSH session on {host} is still open; "
+            f"it closes once {host} hears the connection end (after a cable is back, within minutes): "
+            "run the command again then"
+        )
+    return "wait for that run to finish (the lock goes with its SSH connection)"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class ClusterLock:
     def __init__(self, head: Host, cluster: str, command: str):
         self.head, self.cluster, self.command = head, cluster, command
@@ -71,10 +96,10 @@ class ClusterLock:
                 return self
             if line.startswith("@@held"):
                 proc.close()
+                holder = line[len("@@held ") :].strip()
                 raise LockHeld(
-                    f"cluster '{self.cluster}' is locked by {line[len('@@held ') :].strip() or 'another run'} "
-                    f"(on {self.head.name})",
-                    "wait for that run to finish (the lock goes with its SSH connection)",
+                    f"cluster '{self.cluster}' is locked by {holder or 'another run'} (on {self.head.name})",
+                    held_fix(holder, self.head.name),
                 )
         res = proc.wait()
         raise SparkError(

@@ -384,7 +384,16 @@ class TestStaleAndUnreachable:
             assert ours(testbed, WORKER) == worker_c  # out of reach: left as it was
         finally:
             testbed.lan_up(WORKER)
-        res = sc("down", timeout=120)
+        # the worker's sshd keeps the ended run's session, and its lock, until the controller's close
+        # reaches it over the link that came back (TCP retransmits); `down` says so and is run again
+        last = []
+
+        def down_ran() -> bool:
+            last[:] = [sc("down", timeout=120)]
+            return "is gone here" not in last[0].stderr
+
+        assert wait_for(down_ran, 180, step=2), last[0].stderr
+        res = last[0]
         assert res.returncode == 0, res.stdout + res.stderr
         for host in (HEAD, WORKER):
             assert_clean(testbed, host)
@@ -451,7 +460,16 @@ class TestWorkerLanLostDuringUp:
             assert_clean(testbed, HEAD)
         finally:
             testbed.lan_up(WORKER)
-        res = sc("down", timeout=120)
+        # the worker's sshd keeps the ended run's session, and its lock, until the controller's close
+        # reaches it over the link that came back (TCP retransmits); `down` says so and is run again
+        last = []
+
+        def down_ran() -> bool:
+            last[:] = [sc("down", timeout=120)]
+            return "is gone here" not in last[0].stderr
+
+        assert wait_for(down_ran, 180, step=2), last[0].stderr
+        res = last[0]
         assert res.returncode == 0, res.stdout + res.stderr
         for host in (HEAD, WORKER):
             assert_clean(testbed, host)

@@ -121,7 +121,7 @@ def test_docker_dial_stdio_over_ssh_reaches_that_hosts_daemon(testbed, host):
     raw = _dial(testbed, host, "/v1.44/info")
     assert raw.startswith("HTTP/1.0 200") or raw.startswith("HTTP/1.1 200"), raw[:200]
     info = json.loads(raw.split("\r\n\r\n", 1)[1])
-    assert info["Name"] == host
+    assert isinstance(info, dict) and info["Name"] == host, raw[:1500]
     assert info["DockerRootDir"] == "/var/lib/docker"
     # shaped like a Spark's: default runtime runc, the toolkit's nvidia runtime, its hook on PATH
     assert info["DefaultRuntime"] == "runc" and "nvidia" in info["Runtimes"]

@@ -265,3 +265,21 @@ def test_two_accounts_exclude_each_other(tmp_path, monkeypatch, first_uid, secon
             b.kill()
         b.wait()
     assert oct((top / "sparkcluster").stat().st_mode & 0o7777) == "0o1777"
+
+
+def test_a_holder_that_ran_here_and_ended_is_named_as_ended():
+    """After a cable is pulled mid-run the node keeps the dead run's session (and its lock) until the
+    controller's close reaches it; the fix says that run ended rather than "wait for it to finish"."""
+    import getpass
+    import socket
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    me = f"{getpass.getuser()}@{socket.gethostname()}"
+    ended = lock.held_fix(f"{me} pid {gone.pid} since 2026-11-28T11:47:18Z (up --profile p)", "spark-worker")
+    assert f"pid {gone.pid} is gone here" in ended and "spark-worker" in ended
+    alive = lock.held_fix(f"{me} pid {os.getpid()} since 2026-11-28T11:47:18Z (up)", "spark-worker")
+    assert alive == "wait for that run to finish (the lock goes with its SSH connection)"
+    elsewhere = lock.held_fix(f"ann@laptop pid {gone.pid} since 2026-11-28T11:47:18Z (up)", "spark-worker")
+    assert elsewhere == alive
