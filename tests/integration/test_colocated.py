@@ -8,6 +8,8 @@ gateway, the service by its routes (speech, then the speech transcribed); `statu
 a third model, asking more of the node's memory than is left beside them, is refused naming each
 holder and what it holds, and nothing of it starts; `events --profile` reads each one's own journal;
 the service made to fail its health checks is restarted by its supervisor while the models answer;
+the second model's engine stopped (a wedge) is taken out of rotation by its supervisor's verdict while
+the first model and the service stay in it and answer;
 `down --profile` of the second model leaves the first and the service serving, their containers and
 routes, and `down --profile` of the service leaves the first model.
 
@@ -173,6 +175,23 @@ def test_two_models_on_one_node_a_third_refused_and_one_taken_down(testbed, sc, 
     assert wait_for(lambda: service_state(testbed).get("state") == "serving", 60, step=0.5), service_state(testbed)
     assert len(service_state(testbed)["restarts"]) == 1
     assert wait_for(lambda: speak("again").status_code == 200, 30, step=0.5)
+
+    # a wedge in one model (its engine stopped: SIGSTOP, as test_gateway does) is that model's alone:
+    # its supervisor's verdict takes it out of the gateway's rotation while the other model and the
+    # service stay in it and answer (item 5)
+    top = testbed.sh(HEAD, f"docker top {BESIDE_C} -eo pid,args").stdout.splitlines()[1:]
+    pids = [line.split()[0] for line in top if "VLLM::EngineCore" in line]
+    assert pids, top
+    beside_key, head_key, audio_key = f"{BESIDE}@{HEAD}", f"{SINGLE}@{HEAD}", f"{AUDIO}@{HEAD}"
+    try:
+        testbed.sh(HEAD, "kill -STOP " + " ".join(pids))
+        assert wait_for(lambda: not routes()[beside_key]["in_rotation"], 120, step=1), routes()
+        now = routes()
+        assert now[head_key]["in_rotation"] and now[audio_key]["in_rotation"], now
+        assert chat(HEAD_MODEL).status_code == 200 and speak("not wedged").status_code == 200
+        assert chat(BESIDE_MODEL).status_code == 503
+    finally:
+        testbed.sh(HEAD, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
 
     # one model taken down: the other and the service keep their containers, processes and routes
     down = sc("down", "--profile", BESIDE, env=env)
