@@ -244,7 +244,9 @@ class Head:
     def fetch_speed_bench(self, subset: str, hub: str) -> tuple[str, str]:
         """The subset made in the head's HF cache from `hub`'s copy of the dataset: (its folder, "") or
         ("", why not) (bench/prompts.fetch_command)."""
-        code, out = self._exec(fetch_command(subset), {"HF_ENDPOINT": hub, "HF_HUB_DISABLE_TELEMETRY": "1"})
+        # the container serves with HF_HUB_OFFLINE=1 (config/profile); this one exec asks the hub
+        env = {"HF_ENDPOINT": hub, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
+        code, out = self._exec(fetch_command(subset), env)
         return parse_fetch(out) if code == 0 else ("", f"the fetch in {self.container} exited {code}")
 
     def vllm_version(self) -> str:

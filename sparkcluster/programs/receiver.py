@@ -182,6 +182,12 @@ def main(argv):
         pass
     except (TimeoutError, OSError) as e:
         print(f"receive: {e}", file=sys.stderr)
+    if not done and sink_err:
+        # this node's own sink stopped (docker load ended: no space left, a bad archive) with nothing
+        # after it to feed: its own failure, not a cut stream, whatever the sender then saw
+        relay.cut()
+        rc = load.wait() if load else 0
+        sys.exit(rc or 1)
     if not done:
         # closed without the end frame: the next node sees a cut stream and loads nothing either
         relay.cut()

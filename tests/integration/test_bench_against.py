@@ -194,7 +194,7 @@ def test_a_speculative_profile_is_measured_on_the_records_dataset_from_the_inven
     )
     assert inv.cluster.hf_endpoint == hub.ENDPOINT
     sent = runner.prompt_set(head, record, spec, "vllm-bench-serve", inv.cluster.hf_endpoint)
-    assert sent.speed_bench and sent.subset == "throughput_8k" and not sent.fallback, sent
+    assert sent.speed_bench and sent.subset == "throughput_8k" and not sent.fallback, sent.fallback
     assert runner.prompt_set(head, record, plain, "vllm-bench-serve") == prompts.PromptSet()  # not speculative
     target = target_for(plain, inv.cluster.api_port, bind=engine_host(inv, plain))
     got = head.run_level(Level(1, 4, 64, 16), target, {"VLLM_API_KEY": API_KEY}, run_id(), prompts=sent)

@@ -83,7 +83,8 @@ def served(testbed, sc, folder):
         testbed.sh(
             HEAD,
             f"docker build -q -t {ref} -",
-            input=f"FROM {OLD}\nENV VLLM_STANDIN_KNOBS='{json.dumps(knobs)}'\n",
+            # a double-quoted word (the JSON's quotes escaped): TOOLS_ERROR's own single quotes kept
+            input=f"FROM {OLD}\nENV VLLM_STANDIN_KNOBS={json.dumps(json.dumps(knobs))}\n",
             timeout=300,
         )
     env = {"SPARKCLUSTER_PROFILES": str(folder)}

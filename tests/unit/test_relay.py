@@ -23,7 +23,10 @@ HOPS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 # docker load that keeps what it read only when its input ended cleanly (killed, it leaves nothing)
 FAKE_DOCKER = r"""#!/bin/sh
 case "$1" in
-  load) cat > "$FAKE_DOCKER_DIR/loading" && mv "$FAKE_DOCKER_DIR/loading" "$FAKE_DOCKER_DIR/loaded.tar" ;;
+  load) if [ -n "${FAKE_DOCKER_FULL:-}" ]; then  # its disk fills after 1 MB: it stops reading, fails
+          head -c 1000000 >/dev/null; echo "write /var/lib/docker/tmp: no space left on device" >&2; exit 1
+        fi
+        cat > "$FAKE_DOCKER_DIR/loading" && mv "$FAKE_DOCKER_DIR/loading" "$FAKE_DOCKER_DIR/loaded.tar" ;;
   *) exit 64 ;;
 esac
 """
@@ -204,3 +207,25 @@ def test_the_bench_finds_the_last_receiver_of_a_chain_by_its_command_line():
     )
     assert re.search(LEAF_RECEIVER, line(leaf), re.S)
     assert not re.search(LEAF_RECEIVER, line(relay), re.S)
+
+
+def test_a_sink_that_fails_mid_way_is_that_nodes_own_failure_not_a_cut_stream(nodes):
+    """docker load that ends early (its disk full) breaks the receiver's pipe: the node's own failure
+    (docker load's status), so the stage names that node, not the head whose sender saw the reset."""
+    d, env = nodes[0]
+    env = {**env, "FAKE_DOCKER_FULL": "1"}
+    procs, port = start_chain([(d, env)], sink=None, hops=HOPS[:1])
+    try:
+        send = Proc(sender(port), os.environ, stdout=subprocess.DEVNULL, stdin=subprocess.PIPE)
+        try:
+            send.p.stdin.write(os.urandom(16 * (1 << 20)))
+            send.p.stdin.close()
+        except BrokenPipeError:
+            pass
+        send.wait()
+        codes = [p.wait() for p in procs]
+    finally:
+        kill_all(procs)
+    assert codes == [1], procs[0].lines
+    assert any("sink stopped taking data" in line for line in procs[0].lines), procs[0].lines
+    assert transfer.STREAM_CUT not in codes
