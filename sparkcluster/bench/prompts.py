@@ -81,7 +81,11 @@ def probe(subset: str) -> str:
     return (
         "if { vllm bench serve --help=all 2>&1 || vllm bench serve --help 2>&1; } "
         "| grep -q -- --speed-bench-dataset-subset; "
-        'then echo speed_bench=yes; else echo speed_bench=no; fi; p=""; '
+        # its loader reads the JSON Lines with pandas (vLLM 0.32 benchmarks/datasets/datasets.py,
+        # SpeedBench.load_data: pd.read_json), a package vLLM's bench imports only if it is there
+        "then if python3 -c 'import pandas' >/dev/null 2>&1; then echo speed_bench=yes; "
+        "else echo speed_bench=no-pandas; fi; "
+        'else echo speed_bench=no; fi; p=""; '
         f'for d in "{home}/{PREPARED}" "{home}/{PREPARED}/data/speed_bench"; do '
         f'[ -s "$d/{subset}.jsonl" ] && {{ p="$d"; break; }}; done; echo "speed_bench_path=$p"'
     )
@@ -141,10 +145,18 @@ def speculative(prof) -> str:
     return str(spec.get("method") or "speculative") if spec else ""
 
 
-def parse_probe(text: str) -> tuple[bool, str]:
-    """PROBE's output: (the image's bench knows speed_bench, the dataset's folder or "")."""
+NO_PANDAS = (
+    f"the head image's `vllm bench serve` knows {VLLM_DATASET} but its python lacks pandas, which that "
+    "dataset's loader reads it with (vLLM 0.32, benchmarks/datasets/datasets.py: SpeedBench.load_data)"
+)
+
+
+def parse_probe(text: str) -> tuple[bool, str, str]:
+    """PROBE's output: (the image's bench can run speed_bench, the dataset's folder or "", why it
+    cannot where it knows the dataset but lacks what loads it, else "")."""
     vals = _values(text)
-    return vals.get("speed_bench", "").strip() == "yes", vals.get("speed_bench_path", "").strip()
+    said = vals.get("speed_bench", "").strip()
+    return said == "yes", vals.get("speed_bench_path", "").strip(), NO_PANDAS if said == "no-pandas" else ""
 
 
 def parse_fetch(text: str) -> tuple[str, str]:
@@ -175,7 +187,8 @@ def wanted(record) -> tuple[str, str | None] | None:
 
 def choose(record, spec_method: str, harness: str, has_speed_bench: bool, path: str, hub: str = "") -> PromptSet:
     """The prompts this run sends (the module's rule). Only vLLM's bench runs speed_bench here. `hub`:
-    why the hub's copy could not be made the prepared one, where that was tried."""
+    why the hub's copy could not be made the prepared one, where that was tried, or why the image's
+    bench cannot run the dataset it knows."""
     want = wanted(record)
     if not spec_method or want is None:
         return PromptSet()
@@ -183,7 +196,7 @@ def choose(record, spec_method: str, harness: str, has_speed_bench: bool, path: 
         return PromptSet(fallback=f"{harness} sends its own prompts, not {SPEED_BENCH}'s")
     if not has_speed_bench:
         return PromptSet(
-            fallback=f"the head image's `vllm bench serve` has no --dataset-name {VLLM_DATASET} (vLLM PR #36029)"
+            fallback=hub or f"the head image's `vllm bench serve` has no --dataset-name {VLLM_DATASET} (vLLM PR #36029)"
         )
     if not path:
         tried = f"; from the hub: {hub}" if hub else ""

@@ -89,8 +89,7 @@ def prompt_set(head: Head, record, prof, harness: str, hub: str = hfcache.PUBLIC
     spec, want = speculative(prof), wanted(record)
     if not spec or want is None or harness != "vllm-bench-serve":
         return choose(record, spec, harness, False, "")
-    has, path = head.speed_bench(want[1])
-    why = ""
+    has, path, why = head.speed_bench(want[1])
     if has and not path:
         path, why = head.fetch_speed_bench(want[1], hub)
     return choose(record, spec, harness, has, path, why)
@@ -235,11 +234,11 @@ class Head:
                 details=tail,
             )
 
-    def speed_bench(self, subset: str) -> tuple[bool, str]:
-        """Whether the image's `vllm bench serve` has speed_bench, and the prepared subset's folder in
-        the head's HF cache ("" when absent): bench/prompts.probe."""
+    def speed_bench(self, subset: str) -> tuple[bool, str, str]:
+        """Whether the image's `vllm bench serve` can run speed_bench, the prepared subset's folder in
+        the head's HF cache ("" when absent), and why not where it knows it: bench/prompts.probe."""
         code, out = self._exec(["sh", "-c", probe(subset)], {})
-        return parse_probe(out) if code == 0 else (False, "")
+        return parse_probe(out) if code == 0 else (False, "", "")
 
     def fetch_speed_bench(self, subset: str, hub: str) -> tuple[str, str]:
         """The subset made in the head's HF cache from `hub`'s copy of the dataset: (its folder, "") or

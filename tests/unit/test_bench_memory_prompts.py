@@ -184,24 +184,27 @@ def test_the_probe_finds_speed_bench_in_the_captured_vllm_032_help_and_the_datas
     fake.parent.mkdir()
     fake.write_text(f"#!/bin/sh\ncat {CAPTURED / 'vllm-bench-serve-help-all.txt'}\n")
     fake.chmod(0o755)
+    py = fake.parent / "python3"  # the image's python: pandas imports (exit 0), until told otherwise
+    py.write_text("#!/bin/sh\nexit 0\n")
+    py.chmod(0o755)
     hf = tmp_path / "hf"
     env = {"PATH": f"{fake.parent}:{os.environ['PATH']}", "HF_HOME": str(hf)}
     out = subprocess.run(
         ["sh", "-c", prompts.probe("throughput_8k")], env=env, capture_output=True, text=True, check=True
     ).stdout
-    assert prompts.parse_probe(out) == (True, "")
+    assert prompts.parse_probe(out) == (True, "", "")
     prepared = hf / "speed_bench"
     prepared.mkdir(parents=True)
     (prepared / "qualitative.jsonl").write_text("{}\n")  # another subset is not this one
     out = subprocess.run(
         ["sh", "-c", prompts.probe("throughput_8k")], env=env, capture_output=True, text=True, check=True
     ).stdout
-    assert prompts.parse_probe(out) == (True, "")
+    assert prompts.parse_probe(out) == (True, "", "")
     (prepared / "throughput_8k.jsonl").write_text("{}\n")  # prepare.py --output_dir <hf_cache>/speed_bench
     out = subprocess.run(
         ["sh", "-c", prompts.probe("throughput_8k")], env=env, capture_output=True, text=True, check=True
     ).stdout
-    assert prompts.parse_probe(out) == (True, str(prepared))
+    assert prompts.parse_probe(out) == (True, str(prepared), "")
     (prepared / "throughput_8k.jsonl").unlink()
     nested = prepared / "data" / "speed_bench"  # the path vLLM's docs name
     nested.mkdir(parents=True)
@@ -209,7 +212,14 @@ def test_the_probe_finds_speed_bench_in_the_captured_vllm_032_help_and_the_datas
     out = subprocess.run(
         ["sh", "-c", prompts.probe("throughput_8k")], env=env, capture_output=True, text=True, check=True
     ).stdout
-    assert prompts.parse_probe(out) == (True, str(nested))
+    assert prompts.parse_probe(out) == (True, str(nested), "")
+    py.write_text("#!/bin/sh\nexit 1\n")  # no pandas: the bench knows the dataset but cannot load it
+    out = subprocess.run(
+        ["sh", "-c", prompts.probe("throughput_8k")], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert prompts.parse_probe(out) == (False, str(nested), prompts.NO_PANDAS)
+    lacks = prompts.choose(None, "mtp", "vllm-bench-serve", False, str(nested), prompts.NO_PANDAS)
+    assert lacks == prompts.PromptSet()  # nothing compared
     fake.write_text("#!/bin/sh\necho 'usage: vllm bench serve [options]'\n")
     out = subprocess.run(
         ["sh", "-c", prompts.probe("throughput_8k")], env=env, capture_output=True, text=True, check=True
@@ -246,7 +256,7 @@ def test_the_head_is_asked_only_for_a_speculative_profile_compared_with_a_datase
         def speed_bench(self, subset):
             assert subset == "throughput_8k"
             Head.asked += 1
-            return True, "/snap/"
+            return True, "/snap/", ""
 
     published = perf_record.load(ROOT / "env-profiles" / "qwen36-35b-nvfp4-single.perf.toml")
     plain = load_profile("qwen36-35b-fp8-single")  # no speculative_config

@@ -74,7 +74,7 @@ class _Head:
         self.has, self.path, self.fetched, self.hubs = has, path, fetched, []
 
     def speed_bench(self, subset):
-        return self.has, self.path
+        return self.has, self.path, ""
 
     def fetch_speed_bench(self, subset, hub):
         self.hubs.append((subset, hub))
