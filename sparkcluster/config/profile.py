@@ -22,7 +22,7 @@ from sparkcluster.config.bounds import OnDemandSettings, SupervisorSettings
 from sparkcluster.config.inventory import describe_validation_error
 from sparkcluster.config.secrets import SECRET_NAMES, register_written
 from sparkcluster.config.service_profile import KIND as SERVICE_KIND
-from sparkcluster.config.service_profile import ServiceProfile
+from sparkcluster.config.service_profile import ServiceProfile, one_line_words
 from sparkcluster.config.topology import nccl_env
 from sparkcluster.errors import InputError
 from sparkcluster.movement.hfcache import is_hub_model
@@ -211,10 +211,7 @@ class Serve(_Strict):
     @field_validator("extra_flags")
     @classmethod
     def _no_newlines(cls, v: list[str]) -> list[str]:
-        for i, s in enumerate(v):
-            if "\n" in s or "\x00" in s:
-                raise ValueError(f"[{i}]: may not contain a newline or NUL")
-        return v
+        return one_line_words(v)
 
 
 class Profile(_Strict):

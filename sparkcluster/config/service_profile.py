@@ -28,6 +28,15 @@ _ROUTE = r"^/v1/[a-z0-9/_.-]+$"
 _DEFAULT = Policy()
 
 
+def one_line_words(v: list[str]) -> list[str]:
+    """A command's words as a profile gives them (a service's `args`, an engine's `extra_flags`): none
+    may hold a newline or NUL, which would end the line a command is sent on."""
+    for i, s in enumerate(v):
+        if "\n" in s or "\x00" in s:
+            raise ValueError(f"[{i}]: may not contain a newline or NUL")
+    return v
+
+
 class ServiceSupervisorSettings(BaseModel):
     """A service's `[supervisor]` table: the engine's bounds that apply to a service (node/contract
     Policy's names and defaults); the engine's wedge keys (stall, probe) do not: its health URL is
@@ -77,10 +86,7 @@ class ServiceProfile(BaseModel):
     @field_validator("args")
     @classmethod
     def _no_newlines(cls, v: list[str]) -> list[str]:
-        for i, s in enumerate(v):
-            if "\n" in s or "\x00" in s:
-                raise ValueError(f"[{i}]: may not contain a newline or NUL")
-        return v
+        return one_line_words(v)
 
     @field_validator("env")
     @classmethod
