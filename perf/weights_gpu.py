@@ -14,12 +14,15 @@ reads are not the bound; page cache is dropped before each run (where the kernel
 Runs, each of the whole repository:
 - `tcp`: raw TCP over loopback, Python both ends (1 MiB sendall / recv_into): the link's limit;
 - `disk`: the sink's write rate: O_DIRECT writes of 4 MiB, then fsync;
+- `memcpy=N`: N processes copying memory at once (numpy, one thread each): the memory bus's rate;
 - `one-disk`: one receiver writing the HF cache on the disk, then `check` (adopt, verify), then sync;
 - `tar-disk`: `tar -c | (Python stand-in for nc) | tar -x` onto the disk, then sync (there is no nc);
 - `one-tmpfs`, `three-tmpfs`: one receiver, then a chain of three (each receiver relays to the next,
   each on its own tmpfs), with `check` on each;
 - `resume`: a replication to a tmpfs cut after `--cut` of its bytes (default 0.6), `check`, then only what it
-  says is missing sent again: the bytes sent the second time against the bytes missing.
+  says is missing sent again: the bytes sent the second time against the bytes missing;
+- `pin=N`: `one-tmpfs` and `three-tmpfs` again with each receiver on N cores of its own and the sender
+  on one (`cores_of`): three receivers that share one machine no longer share its cores.
 Figures: GB/s (10^9 bytes) of the repository over each run's wall time.
 
 Each run also says what it cost the cores: the core-seconds per GB of every process it started
@@ -283,6 +286,26 @@ def sha256_rate(blobs: Path, files: list[dict]) -> dict:
     return {"bytes": big["size"], "secs": secs, "gb_s": rate(big["size"], secs)}
 
 
+MEMCPY = """
+import sys, time
+import numpy as np
+a = np.ones(1 << 28, dtype=np.uint32); b = np.empty_like(a); a.copy(); t = time.monotonic()
+for _ in range(int(sys.argv[1])):
+    np.copyto(b, a)
+print(time.monotonic() - t, flush=True)
+"""
+
+
+def memory_copy(procs: int, reps: int = 8) -> dict:
+    """`procs` processes at once, each copying 1 GiB `reps` times (numpy's copyto, one thread each):
+    the memory bus's copy rate as the receivers' copies meet it (GB/s copied, all processes)."""
+    argv = [sys.executable, "-c", MEMCPY, str(reps)]
+    ps = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+    secs = max(float(p.communicate()[0]) for p in ps)
+    copied = procs * reps * (1 << 30)
+    return {"bytes": copied, "secs": secs, "gb_s": rate(copied, secs), "procs": procs}
+
+
 def tar_nc(src: Path, dst: Path, total: int) -> dict:
     dst.mkdir(parents=True, exist_ok=True)
     drop_caches()
@@ -362,6 +385,25 @@ def variant(cmd: dict, width: int | None, io: str | None) -> dict:
     return cmd
 
 
+def cores_of(i: int, pin: int | None) -> set[int] | None:
+    """With `pin`, the cores a process may run on: the sender (i = 0) on core 0, receiver i on the
+    `pin` cores after the ones before it (1-5, 6-10, 11-15 for pin=5 on 16 cores); None: unpinned."""
+    if not pin:
+        return None
+    if i == 0:
+        return {0}
+    first = 1 + (i - 1) * pin
+    got = set(range(first, first + pin)) & set(range(os.cpu_count() or 1))
+    if len(got) < pin:
+        raise RuntimeError(f"pin={pin}: receiver {i} needs cores {first}-{first + pin - 1}, there are {os.cpu_count()}")
+    return got
+
+
+def pinned(cpus: set[int] | None):
+    """A preexec_fn that keeps the process (and every process it starts) on `cpus`."""
+    return None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+
+
 def replicate(
     pkg: Pkg,
     sinks: list[Path],
@@ -370,11 +412,14 @@ def replicate(
     cut_at: float | None = None,
     width: int | None = None,
     io: str | None = None,
+    pin: int | None = None,
 ) -> dict:
     """One replication head -> sinks[0] -> sinks[1] ... as the weights stage runs it (hfcache's
     commands, every address 127.0.0.1): receivers started from the tail, each relay told its next
     hop's announced port, then the sender; `check` on every sink; a final sync. `cut_at`: kill the
-    sender once it has sent that share of the bytes (no check then). `width`, `io`: `variant`."""
+    sender once it has sent that share of the bytes (no check then). `width`, `io`: `variant`.
+    `pin`: each receiver on `pin` cores of its own, the sender on one (`cores_of`), so receivers
+    sharing one machine do not share cores (they still share its memory bus)."""
     names = blobs if blobs is not None else [f["blob"] for f in files]
     total = sum(f["size"] for f in files if f["blob"] in names)
     cmd = variant(pkg.commands(names), width, io)
@@ -382,16 +427,21 @@ def replicate(
     with Cores() as cores:
         t = time.monotonic()
         recvs, nxt = [], None
-        for sink in reversed(sinks):
+        for i, sink in reversed(list(enumerate(sinks, 1))):
             c = cmd["tail"] if nxt is None else cmd["relay"].replace(f"{IP},{NEXT},{IP}", f"{IP},{nxt},{IP}")
-            p = cores.popen(["bash", "-c", c.replace(SINK, str(sink))], stderr=subprocess.PIPE, text=True)
+            p = cores.popen(
+                ["bash", "-c", c.replace(SINK, str(sink))],
+                stderr=subprocess.PIPE,
+                text=True,
+                preexec_fn=pinned(cores_of(i, pin)),
+            )
             line = p.stderr.readline()
             if not line.startswith("@@port "):
                 raise RuntimeError(f"receiver said {line!r}: {p.stderr.read()[-2000:]}")
             nxt = int(line.split()[1])
             recvs.insert(0, p)
         send = cmd["send"].replace(f"{IP} {PORT} {IP}", f"{IP} {nxt} {IP}")
-        snd = cores.popen(["bash", "-c", send], stderr=subprocess.PIPE, text=True)
+        snd = cores.popen(["bash", "-c", send], stderr=subprocess.PIPE, text=True, preexec_fn=pinned(cores_of(0, pin)))
         sent, tail = 0, []
         for line in snd.stderr:
             if line.startswith("@@sent "):
@@ -486,6 +536,11 @@ def table(res: dict) -> str:
         if tone and three:
             judged.append(f"chain of three / one, tmpfs, time = {tone / three:.2f} (<= 1.2)")
         out += f"\n{name}: " + "; ".join(judged) + "\n"
+    for key in sorted(k for k in res if ":one-tmpfs:pin=" in k):
+        three = res.get(key.replace(":one-tmpfs:", ":three-tmpfs:"), {}).get("gb_s")
+        if res[key].get("gb_s") and three:
+            out += f"\n{key.replace(':one-tmpfs', '')}: chain of three / one, tmpfs, time = "
+            out += f"{res[key]['gb_s'] / three:.2f} (<= 1.2), each receiver on cores of its own\n"
     return out
 
 
@@ -539,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"generated": len(files), "secs": res["generate_s"]}), flush=True)
         if "tcp" in runs:
             run("tcp", raw_tcp, total)
+        for key in sorted(r for r in runs if r.startswith("memcpy=")):  # the memory bus, N copiers at once
+            run(key, memory_copy, int(key[7:]))
         if "sha256" in runs:
             run("sha256", sha256_rate, blobs, files)
         disk = work / "disk"
@@ -565,6 +622,11 @@ def main(argv: list[str] | None = None) -> int:
             for where, sink in (("disk", disk / "one"), ("tmpfs", sinks[0])):
                 run(f"{last.name}:one-{where}:{key}", replicate, last, [sink], files, **how)
                 shutil.rmtree(sink if where == "disk" else sink / "hub", ignore_errors=True)
+        for key in sorted(r for r in runs if r.startswith("pin=")):  # one, then three, each on cores of its own
+            for name, n in (("one-tmpfs", 1), ("three-tmpfs", 3)):
+                run(f"{last.name}:{name}:{key}", replicate, last, sinks[:n], files, pin=int(key[4:]))
+                for s in sinks:
+                    shutil.rmtree(s / "hub", ignore_errors=True)
         if "resume" in runs:
             run(f"{last.name}:resume", resume, last, sinks[0], files, a.cut)
     finally:
