@@ -9,13 +9,16 @@ named in one place, and a bench on real Sparks would replace this module, not th
 from __future__ import annotations
 
 import fcntl
+import shlex
 from contextlib import contextmanager
+from pathlib import Path
 
 from perf.figures import die, say
 from tests.integration.helpers import API_KEY, HF_TOKEN, answers
 from tests.testbed import PROFILES, profiles_env, use_profiles
+from tests.testbed.artifacts import BASE_IMAGE, TRAIN_SCRIPT
 from tests.testbed.hub import HUB_IP, HUB_PORT, SCALE, SCALE_PORT, SYNTHETIC, knobs, start_hub, stats, stop_hub
-from tests.testbed.testbed import SPECS, Testbed, ssh_account
+from tests.testbed.testbed import HEAD, SPECS, Testbed, ssh_account
 
 __all__ = [
     "API_KEY",
@@ -26,17 +29,20 @@ __all__ = [
     "PROFILES",
     "SCALE",
     "SYNTHETIC",
+    "TRAINING_SCRIPTS",
     "Testbed",
     "answers",
     "connect",
     "hf_cache",
     "hub_knobs",
     "hub_stats",
+    "in_engine_image",
     "lan_ip",
     "lan_veth",
     "locked",
     "profiles_env",
     "scale_hub",
+    "trained_model",
     "wiring",
 ]
 
@@ -132,3 +138,19 @@ def scale_hub(size_mb: int):
         yield h.endpoint, state / "scale"
     finally:
         stop_hub(h.pid)
+
+
+def trained_model(tb: Testbed) -> Path:
+    """The testbed's trained tiny model's folder (built once per machine, issue 58), and its scripts'."""
+    return tb.ensure_trained_model()
+
+
+TRAINING_SCRIPTS = TRAIN_SCRIPT.parent  # where train_tiny_model.py and its corpus reader live
+
+
+def in_engine_image(tb: Testbed, mounts: dict[Path, str], argv: str, timeout: int) -> str:
+    """`argv` run in the testbed's engine image (the NGC name for the real vLLM CPU build: torch and
+    transformers) on the head, no network, each host path in `mounts` read-only at its value; its
+    stdout."""
+    vols = " ".join(f"-v {shlex.quote(str(k))}:{shlex.quote(v)}:ro" for k, v in mounts.items())
+    return tb.sh(HEAD, f"docker run --rm --network none {vols} {BASE_IMAGE} {argv}", timeout=timeout).stdout

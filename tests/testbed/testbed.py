@@ -1209,15 +1209,26 @@ rm -f /run/docker.pid /run/docker.sock
     def ensure_model(self) -> Path:
         """The tiny model's files on the controller, built once per machine inside the engine image
         (which has torch and transformers)."""
-        src = artifacts.model_dir()
+        return self._model_built(artifacts.MODEL_SCRIPT, artifacts.model_dir(), TINY_MODEL, timeout=300)
+
+    def ensure_trained_model(self) -> Path:
+        """The trained tiny model's files (model/train_tiny_model.py: the tiny model's shape trained a few
+        minutes on the CPU, issue 58), built once per machine inside the engine image."""
+        return self._model_built(
+            artifacts.TRAIN_SCRIPT, artifacts.trained_model_dir(), artifacts.TRAINED_MODEL, timeout=1800
+        )
+
+    def _model_built(self, script: Path, src: Path, name: str, timeout: int) -> Path:
+        """`script` run once in the engine image on the head (model/ mounted beside it, no network),
+        its output kept at `src`."""
         if not (src / "model.safetensors").exists():
             t0 = time.monotonic()
             tmp = Path(f"/tmp/tb-model-{os.getpid()}")
             self.sh(
                 HEAD,
                 f"rm -rf {tmp} && mkdir -p {tmp} && docker run --rm --network none -v {tmp}:/out "
-                f"-v {artifacts.MODEL_SCRIPT}:/build.py:ro {BASE_IMAGE} python3 /build.py /out/model",
-                timeout=300,
+                f"-v {script.parent}:/model-src:ro {BASE_IMAGE} python3 /model-src/{script.name} /out/model",
+                timeout=timeout,
             )
             staging = src.with_suffix(".tmp")
             shutil.rmtree(staging, ignore_errors=True)
@@ -1226,7 +1237,7 @@ rm -f /run/docker.pid /run/docker.sock
             subprocess.run(["tar", "-C", str(staging), "-xf", "-"], input=data, check=True)
             shutil.rmtree(src, ignore_errors=True)
             staging.replace(src)
-            log(f"tiny model {TINY_MODEL} built in {time.monotonic() - t0:.1f}s")
+            log(f"{name} built in {time.monotonic() - t0:.1f}s")
         return src
 
     def refresh_vllm_standin(self) -> str:

@@ -30,31 +30,34 @@ CHAT_TEMPLATE = (
 )
 
 
-def build(out: Path) -> None:
-    import torch
+def tokenizer(texts, vocab_size: int = 2048):
+    """A byte-level BPE tokenizer trained on `texts`, with the chat template (a transformers fast one)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    out.mkdir(parents=True, exist_ok=True)
     specials = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=2048,
+        vocab_size=vocab_size,
         special_tokens=specials,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator([CORPUS] * 50, trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>"
     )
     fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out)
+    return fast
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
+
+def config(fast):
+    """The tiny Llama's shape (the module's docstring says why these sizes)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
         vocab_size=2048,
         hidden_size=128,
         intermediate_size=256,
@@ -67,11 +70,27 @@ def build(out: Path) -> None:
         tie_word_embeddings=False,
         torch_dtype="bfloat16",
     )
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    model.save_pretrained(out, safe_serialization=True)
+
+
+def save(model, fast, out: Path) -> None:
+    """The model in bf16 as safetensors, and its tokenizer, as save_pretrained writes them."""
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out)
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     gen = out / "generation_config.json"
     if gen.exists():
         gen.unlink()  # a default one adds nothing; fewer files, same model
+
+
+def build(out: Path) -> None:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    fast = tokenizer([CORPUS] * 50)
+    torch.manual_seed(0)
+    save(LlamaForCausalLM(config(fast)), fast, out)
 
 
 if __name__ == "__main__":
