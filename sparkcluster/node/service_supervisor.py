@@ -25,7 +25,6 @@ Standard library only: shipped into the container with the rest of node/.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import threading
@@ -37,7 +36,6 @@ from .contract import (
     FAILED,
     FINAL,
     LIMIT,
-    MEMORY_WAIT,
     NO_MEMORY,
     RECORD_PATH,
     RESTARTING,
@@ -47,11 +45,11 @@ from .contract import (
     Policy,
 )
 from .journal import Journal, read_json, write_json
+from .lifecycle import Lifecycle, spawn
 from .memreport import node_report, serve_reports
 from .metrics import Exporter
-from .procgroup import stop_group
 from .readings import mem_available, mem_total
-from .verdict import memory_for_restart, memory_wait
+from .verdict import memory_for_restart
 
 SERVICE_LOG = "/var/log/sparkcluster/service.log"
 MEMINFO = "/proc/meminfo"  # the node's (host networking, the host's /proc/meminfo as every container reads it)
@@ -69,116 +67,51 @@ def healthy(url: str, timeout: float = HEALTH_TIMEOUT_S) -> tuple[bool, str]:
         return False, f"{url}: {type(e).__name__}: {e}"
 
 
-class ServiceSupervisor:
+class ServiceSupervisor(Lifecycle):
     """One service's supervisor. What node/metrics' supervisor_samples reads of an engine's
     Supervisor is here under the same names (state, since, restarts, counts, the last health answer
     as the last probe), so the agent's `/metrics` and the alerts treat both alike."""
 
+    child_name = "service"
+
     def __init__(self, cfg: dict, journal: Journal, clock=time.time):
+        self.clock = clock
+        super().__init__(cfg, journal, STATE_PATH, RECORD_PATH)
         # what an engine's Supervisor carries and a service has not: no ranks, no progress series
         # (health is the whole verdict), no token rate
         self.mp, self.watch, self.rate, self.reports, self.epoch = False, None, None, {}, None
         svc = cfg["service"]
-        self.cfg, self.journal, self.clock = cfg, journal, clock
         self.argv: list[str] = list(svc["argv"])
         self.url: str = svc["health_url"]
         self.reserved: int = int(svc["reserved_bytes"])
         self.generation = svc.get("generation") or "service"
         self._policy = Policy.of(svc.get("policy"))
-        self.proc: subprocess.Popen | None = None
-        self.state, self.since = "idle", clock()
-        self.restarts: list[float] = []
-        self.causes: list[dict] = []
-        self.counts: dict[str, int] = {}
         self.failures = 0  # consecutive failed health answers
         self.started_at = 0.0
         self.served = False  # this start answered healthy once
-        self.first = True  # the first start is not retried
         self.unserved = 0  # restarts in a row whose start never answered healthy: the backoff doubles
-        self.next_start = 0.0
-        self.memory_wait_since: float | None = None
-        self.memory_seen: dict[str, int | None] = {}
-        self.last_probe_s: float | None = None
-        self.last_probe_ok: bool | None = None
-        self.last_look: float | None = None
-        self.stopping: dict | None = None
-        self.resume(read_json(STATE_PATH) or {})
+        self.resume(read_json(self.state_path) or {})
 
     def policy(self) -> Policy:
         return self._policy
 
-    def resume(self, before: dict) -> None:
-        """After its container restarted (a reboot, a crash): the restarts in the window and a final
-        verdict carry over, as the engine's do."""
-        if before.get("generation") != self.generation:
-            return
-        self.restarts, self.causes = list(before.get("restarts") or []), list(before.get("causes") or [])
-        self.first = False
-        if before.get("state") in FINAL:
-            self.state = before["state"]
-        self.journal.write("resumed after the container restarted", state=self.state, restarts=len(self.restarts))
-
-    # -- state
-    def set_state(self, state: str, **detail) -> None:
-        if state != self.state:
-            self.state, self.since = state, self.clock()
-            self.journal.write(f"state: {state}", **detail)
-        self.save()
-
-    def save(self) -> None:
-        window = self._policy.restart_window_s
-        self.restarts = [t for t in self.restarts if self.clock() - t < window]
-        write_json(
-            STATE_PATH,
-            {
-                "state": self.state,
-                "since": self.since,
-                "updated": self.clock(),
-                "generation": self.generation,
-                "pid": self.proc.pid if self.proc else None,
-                "restarts": self.restarts,
-                "causes": self.causes[-5:],
-                "policy": self._policy.doc(),
-                "memory_unknown": {},
-                "service": {"health": self.url, "failures": self.failures},
-                **({"stopping": self.stopping} if self.stopping else {}),
-            },
-        )
-
-    def count(self, key: str) -> None:
-        self.counts[key] = self.counts.get(key, 0) + 1
+    def state_fields(self, policy: Policy) -> dict:
+        """What a service's state file holds beside the fields every supervisor's holds."""
+        return {
+            "policy": policy.doc(),
+            "memory_unknown": {},
+            "service": {"health": self.url, "failures": self.failures},
+        }
 
     # -- the child
     def start(self) -> None:
-        os.makedirs(os.path.dirname(SERVICE_LOG), exist_ok=True)
-        with open(SERVICE_LOG, "ab") as log:
-            log.write(f"--- started {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        self.proc = spawn(self.argv, SERVICE_LOG, "--- started")
         self.started_at, self.failures, self.served = self.clock(), 0, False
-        write_json(RECORD_PATH, {"pid": self.proc.pid, "generation": self.generation, "started_at": self.started_at})
-        self.journal.write("service started", pid=self.proc.pid, argv0=self.argv[0])
+        write_json(
+            self.record_path, {"pid": self.proc.pid, "generation": self.generation, "started_at": self.started_at}
+        )
+        self.journal.write(f"{self.child_name} started", pid=self.proc.pid, argv0=self.argv[0])
         self.set_state(STARTING)
-
-    def stop(self, why: str, verdict: bool = False) -> None:
-        if self.proc is None:
-            return
-        grace = float(self._policy.verdict_grace_s if verdict else self._policy.stop_grace_s)
-        pid = self.proc.pid
-        self.stopping = {"why": why, "grace_s": grace}
-        self.save()
-        try:
-            code = stop_group(self.proc, grace)
-        finally:
-            self.stopping = None
-        self.journal.write("service stopped", pid=pid, why=why, exit=code, grace_s=grace)
-        self.proc = None
-        try:
-            os.unlink(RECORD_PATH)
-        except FileNotFoundError:
-            pass
 
     # -- looks
     def tick(self) -> None:
@@ -224,10 +157,10 @@ class ServiceSupervisor:
             self.save()
             return
         self.stop(cause, verdict=True)
-        if self.first and not self.served:
+        if self.first_start and not self.served:
             self.set_state(FAILED, cause=cause, fix="see its log: sparkcluster logs; fix the profile, then up")
             return
-        self.first = False
+        self.first_start = False
         window = [t for t in self.restarts if now - t < self._policy.restart_window_s]
         if len(window) >= self._policy.max_restarts:
             self.set_state(LIMIT, cause=cause, restarts=len(window))
@@ -241,7 +174,7 @@ class ServiceSupervisor:
     def memory_before_restart(self) -> bool:
         """True while a restart waits for the node's memory to cover the reservation and the floor;
         past memory_wait_s, stopped for good with what was seen."""
-        if self.first:
+        if self.first_start:
             return False  # `up`'s admission counted it beside the others
         with open(MEMINFO) as f:
             text = f.read()
@@ -252,22 +185,12 @@ class ServiceSupervisor:
         gate = Policy.of({**self._policy.doc(), "memory_need_fraction": fraction})
         covered, seen = memory_for_restart({node: (total, avail)}, gate)
         now = self.clock()
-        step = memory_wait(self.memory_wait_since, now, covered, gate)
-        if step == "go":
-            if self.memory_wait_since is not None:
-                self.journal.write("memory came back", waited_s=round(now - self.memory_wait_since, 1), seen=seen)
-            self.memory_wait_since = None
-            return False
+        step = self.memory_wait_step(covered, seen, gate, now)
         if step == "give-up":
             cause = f"memory did not come back within {gate.memory_wait_s:g}s: {seen[node]}"
             self.causes.append({"ts": now, "kind": "memory-wait", "cause": cause})
             self.set_state(NO_MEMORY, cause=cause)
-            return True
-        if self.memory_wait_since is None:
-            self.memory_wait_since = now
-            self.journal.write("waiting for memory to come back", seen=seen, bound_s=gate.memory_wait_s)
-        self.set_state(MEMORY_WAIT, seen=seen)
-        return True
+        return step != "go"
 
 
 def run(cfg: dict, journal: Journal, started: float) -> int:
@@ -282,7 +205,7 @@ def run(cfg: dict, journal: Journal, started: float) -> int:
         serve_reports(
             cfg["report_ip"],
             cfg["report_port"],
-            lambda: {**node_report(cfg["node"], alive, started), "supervisor": read_json(STATE_PATH)},
+            lambda: {**node_report(cfg["node"], alive, started), "supervisor": read_json(sup.state_path)},
             Exporter(cfg, alive, sup).text,
             status=lambda: container_status.read(head=True),
         )

@@ -29,7 +29,6 @@ from __future__ import annotations
 import hmac
 import http.client
 import os
-import subprocess
 import threading
 import time
 import urllib.request
@@ -44,7 +43,6 @@ from .contract import (
     IDLE,
     LIMIT,
     MEMORY,
-    MEMORY_WAIT,
     NO_MEMORY,
     RECORD_PATH,
     REFUSED,
@@ -61,8 +59,8 @@ from .contract import (
     Policy,
 )
 from .journal import Journal, read_json, write_json
+from .lifecycle import Lifecycle, spawn
 from .memreport import peer_memory
-from .procgroup import stop_group
 from .ranks import rank_problem, ranks_waiting
 from .raynodes import (
     STRAY_AFTER_S,
@@ -92,7 +90,6 @@ from .verdict import (
     decide,
     idle_for,
     memory_for_restart,
-    memory_wait,
     verdict,
 )
 
@@ -143,21 +140,15 @@ def first_failure(path: str, cap: int = 2 * 1024 * 1024) -> dict:
     }
 
 
-class Supervisor:
+class Supervisor(Lifecycle):
+    child_name = "vllm serve"
+
     def __init__(self, cfg: dict, journal: Journal, agent_started: float | None = None):
-        self.cfg, self.journal = cfg, journal
+        super().__init__(cfg, journal, STATE_PATH, RECORD_PATH)
         self.agent_started = agent_started  # when this node's agent started (before its Ray), if known
-        self.proc: subprocess.Popen | None = None
-        self.generation: str | None = None
         self.watch: Watch | None = None
-        self.restarts: list[float] = []
-        self.causes: list[dict] = []
-        self.state, self.since = IDLE, time.time()
-        self.next_start = 0.0
-        self.stopping: dict | None = None  # while stop() blocks: why, and its grace
         self.last_probe = 0.0  # when the last probe was sent (a look's `now`)
         self.probe_run: ProbeRun | None = None  # the probe sent last, until a look takes its answer
-        self.first_start = True  # the start `up` asked for is not retried: a bad flag stays visible
         self.rate: float | None = None  # generated tokens per second over the last interval
         self._last_count: tuple[float, float] | None = None
         self._policy = Policy()
@@ -166,14 +157,6 @@ class Supervisor:
         self.epoch: str | None = None  # executor "mp": this start of the set (a fresh token per start)
         self.reports: dict[str, dict | None] = {}  # peer -> its last report (None: unanswered)
         self._peer_reads: dict[str, tuple[int | None, str]] | None = None  # within a tick: read_peer's
-        # what node/metrics exports beside the state file: counters since this container started,
-        # the last probe, the last look, every node's MemAvailable as last read (None: unanswered)
-        self.counts: dict[str, int] = {}
-        self.last_probe_s: float | None = None
-        self.last_probe_ok: bool | None = None
-        self.last_look: float | None = None
-        self.memory_seen: dict[str, int | None] = {}
-        self.memory_wait_since: float | None = None  # a restart waiting for memory to come back
         self.reading: StartReading | None = None  # this start's compile cache, journalled at serving
         # on demand: a wake asked for a start (set from the report server's thread), whether an
         # engine is wanted now (from a wake's admitted start until the idle TTL), the last refusal
@@ -200,40 +183,26 @@ class Supervisor:
         self.aer_read_at = float("-inf")
 
     # -- state
-    def set_state(self, state: str, **detail) -> None:
-        if state != self.state:
-            self.state, self.since = state, time.time()
-            self.journal.write(f"state: {state}", **detail)
-        self.save()
+    def clock(self) -> float:
+        """The wall clock."""
+        return time.time()
 
-    def save(self) -> None:
-        policy = self.policy()
-        self.restarts = [t for t in self.restarts if time.time() - t < policy.restart_window_s]
-        write_json(
-            STATE_PATH,
-            {
-                "state": self.state,
-                "since": self.since,
-                "updated": time.time(),
-                "generation": self.generation,
-                "pid": self.proc.pid if self.proc else None,
-                "restarts": self.restarts,
-                "causes": self.causes[-5:],
-                "tokens_per_s": self.rate if self.proc else None,
-                "policy": policy.doc(),
-                "memory_unknown": self.memory_unknown,
-                "epoch": self.epoch if self.proc else None,
-                **({"ray_nodes": self.ray_node_ids()} if self.proc and self.ray_nodes else {}),
-                **(
-                    {"executor": "mp", "ranks": {n: (r or {}).get("rank") for n, r in self.reports.items()}}
-                    if self.mp
-                    else {}
-                ),
-                "activity": self.watch.activity if self.watch else "",
-                **({"refusal": self.refusal} if self.refusal else {}),
-                **({"stopping": self.stopping} if self.stopping else {}),
-            },
-        )
+    def state_fields(self, policy: Policy) -> dict:
+        """What the engine's state file holds beside the fields every supervisor's holds."""
+        return {
+            "tokens_per_s": self.rate if self.proc else None,
+            "policy": policy.doc(),
+            "memory_unknown": self.memory_unknown,
+            "epoch": self.epoch if self.proc else None,
+            **({"ray_nodes": self.ray_node_ids()} if self.proc and self.ray_nodes else {}),
+            **(
+                {"executor": "mp", "ranks": {n: (r or {}).get("rank") for n, r in self.reports.items()}}
+                if self.mp
+                else {}
+            ),
+            "activity": self.watch.activity if self.watch else "",
+            **({"refusal": self.refusal} if self.refusal else {}),
+        }
 
     def set_report(self) -> dict:
         """What the workers' agents follow (executor "mp"): the server, this start's epoch, and
@@ -251,14 +220,9 @@ class Supervisor:
         it asked for before, whose restart count and final verdicts carry over: a reboot does not
         reset the bound, and a server stopped for memory stays stopped."""
         self.stop("replaced by a new start from sparkcluster up")
-        before = read_json(STATE_PATH) or {}
+        before = read_json(self.state_path) or {}
         self.generation, self.next_start = desired.get("generation"), 0.0
-        if before.get("generation") == self.generation:
-            self.restarts, self.causes = list(before.get("restarts") or []), list(before.get("causes") or [])
-            self.first_start = False
-            self.state = before.get("state") if before.get("state") in FINAL else self.state
-            self.journal.write("resumed after the container restarted", state=self.state, restarts=len(self.restarts))
-        else:
+        if not self.resume(before):
             self.restarts, self.causes, self.first_start = [], [], True
             if self.state in FINAL:
                 self.state = IDLE
@@ -340,32 +304,20 @@ class Supervisor:
     def start(self, desired: dict) -> None:
         secrets = read_json(SECRETS_PATH) or {}
         env = {**os.environ, **{k: str(v) for k, v in secrets.items()}}
-        os.makedirs(os.path.dirname(SERVE_LOG), exist_ok=True)
         self.reading = StartReading(self.cfg.get("compile_cache"), SERVE_LOG)
         self.log_offset = log_size(SERVE_LOG)
-        log = open(SERVE_LOG, "ab")
-        log.write(f"{engine_log.SERVE_MARK} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode())
-        log.flush()
         self.epoch = token_hex(4) if self.mp else None
-        self.proc = subprocess.Popen(
-            desired["argv"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        self.proc = spawn(desired["argv"], SERVE_LOG, engine_log.SERVE_MARK, env)
         record = {
             k: desired.get(k)
             for k in ("profile", "model", "port", "host", "salt", "secrets_digest", "generation", "policy")
         }
         ray = {"ray_nodes": self.ray_node_ids()} if self.ray_nodes else {}  # what its ranks run on
-        write_json(RECORD_PATH, {**record, "pid": self.proc.pid, "exec_id": "", "started_at": time.time(), **ray})
+        write_json(self.record_path, {**record, "pid": self.proc.pid, "exec_id": "", "started_at": time.time(), **ray})
         self.watch = Watch(started=time.time())
         self.ray_read_at, self.ray_others = float("-inf"), set()
         self.journal.write(
-            "vllm serve started",
+            f"{self.child_name} started",
             pid=self.proc.pid,
             generation=desired.get("generation"),
             **({"epoch": self.epoch} if self.mp else {}),
@@ -374,26 +326,11 @@ class Supervisor:
         self.set_state(STARTING)
 
     def stop(self, why: str, verdict: bool = False) -> None:
-        """Stops the engine: SIGTERM, then SIGKILL after the grace (verdict_grace_s after a verdict,
-        stop_grace_s for an orderly stop). The state file says so before it blocks, so `status` and
-        the gateway read a supervisor that is acting, not a stale one."""
+        """Stops the engine (Lifecycle.stop); the Ray nodes recorded at its start go with it."""
         if self.proc is None:
             return
-        policy = self.policy()
-        grace = float(policy.verdict_grace_s if verdict else policy.stop_grace_s)
-        pid = self.proc.pid
-        self.stopping = {"why": why, "grace_s": grace}
-        self.save()
-        try:
-            code = stop_group(self.proc, grace)
-        finally:
-            self.stopping = None
-        self.journal.write("vllm serve stopped", pid=pid, why=why, exit=code, grace_s=grace)
-        self.proc, self.ray_nodes = None, {}
-        try:
-            os.unlink(RECORD_PATH)  # a stale record would name a PID that may be reused
-        except FileNotFoundError:
-            pass
+        super().stop(why, verdict)
+        self.ray_nodes = {}
 
     # -- looks
     def nodes_ready(self) -> str | None:
@@ -548,12 +485,7 @@ class Supervisor:
         past the bound, the server is stopped for good with what was seen."""
         covered, seen = memory_for_restart(self.node_memory(), policy)
         now = time.time()
-        step = memory_wait(self.memory_wait_since, now, covered, policy)
-        if step == "go":
-            if self.memory_wait_since is not None:
-                self.journal.write("memory came back", waited_s=round(now - self.memory_wait_since, 1), seen=seen)
-                self.memory_wait_since = None
-            return False
+        step = self.memory_wait_step(covered, seen, policy, now)
         if step == "give-up":
             cause = f"memory did not come back within {policy.memory_wait_s:g}s: " + "; ".join(
                 f"{n}: {v}" for n, v in sorted(seen.items())
@@ -566,12 +498,7 @@ class Supervisor:
                 cause=cause,
                 fix="find what holds the memory (a leftover process, /dev/shm, the page cache), then sparkcluster up",
             )
-            return True
-        if self.memory_wait_since is None:
-            self.memory_wait_since = now
-            self.journal.write("waiting for memory to come back", seen=seen, bound_s=policy.memory_wait_s)
-        self.set_state(MEMORY_WAIT, seen=seen)
-        return True
+        return step != "go"
 
     def look(self, desired: dict, policy: Policy) -> Look:
         # the engine's own address: loopback, or the head's control address when it listens only there
@@ -673,9 +600,6 @@ class Supervisor:
                 self.journal.write("cx7 aer", node=node, **rise)
                 self.count("aer:" + rise["severity"])
             self.aer_seen[node] = now_seen
-
-    def count(self, key: str) -> None:
-        self.counts = {**self.counts, key: self.counts.get(key, 0) + 1}  # a new dict: /metrics reads it
 
     # -- one turn of the loop
     def tick(self) -> None:

@@ -265,7 +265,7 @@ def test_an_exit_is_a_verdict_and_a_first_start_that_never_serves_is_not_retried
     (tmp_path / "b").mkdir()
     sup, clock = _supervisor(tmp_path / "b", monkeypatch, [OK])
     try:
-        sup.first = False
+        sup.first_start = False
         sup.tick()
         sup.tick()
         sup.proc.kill()
@@ -281,7 +281,7 @@ def test_a_restart_waits_until_the_node_covers_its_reservation_and_the_floor(tmp
     take it waits (and past memory_wait_s gives up), never starts into it."""
     sup, clock = _supervisor(tmp_path, monkeypatch, [OK], mem_available_gib=8.0, memory_wait_s=100.0)
     try:
-        sup.first = False  # it served, then failed: a restart
+        sup.first_start = False  # it served, then failed: a restart
         sup.tick()
         assert sup.proc is None and sup.state == contract.MEMORY_WAIT  # 8 GiB < 4 GB + the 6 GiB floor
         meminfo(tmp_path, 12.0)
@@ -304,7 +304,7 @@ def test_its_container_restart_keeps_the_count_and_a_final_state(tmp_path, monke
     sup.restarts = [clock.now]
     sup.set_state(contract.LIMIT)
     again, _ = _supervisor(tmp_path, monkeypatch, [OK])
-    assert again.state == contract.LIMIT and again.restarts == [clock.now] and not again.first
+    assert again.state == contract.LIMIT and again.restarts == [clock.now] and not again.first_start
 
 
 def test_the_agents_metrics_carry_the_services_supervisor(tmp_path, monkeypatch):

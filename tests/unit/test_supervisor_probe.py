@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkcluster.node import contract, supervisor
+from sparkcluster.node import contract, lifecycle, supervisor
 from sparkcluster.node.journal import Journal
 from sparkcluster.node.verdict import Watch, verdict
 
@@ -315,13 +315,13 @@ def test_a_stop_after_a_verdict_kills_after_its_short_grace_and_the_state_file_s
     policy = dataclasses.replace(POLICY, verdict_grace_s=0.3, stop_grace_s=1.5)
     monkeypatch.setattr(sup, "policy", lambda desired=None: policy)
     seen = []
-    real_stop_group = supervisor.stop_group
+    real_stop_group = lifecycle.stop_group
 
     def watched(proc, grace):
         seen.append((grace, json.loads(Path(supervisor.STATE_PATH).read_text()).get("stopping")))
         return real_stop_group(proc, grace)
 
-    monkeypatch.setattr(supervisor, "stop_group", watched)
+    monkeypatch.setattr(lifecycle, "stop_group", watched)
     sup.proc = _deaf(rig.tmp)
     t0 = time.monotonic()
     supervisor.Supervisor.stop(sup, "no progress", verdict=after_verdict)
