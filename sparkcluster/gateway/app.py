@@ -31,7 +31,7 @@ from starlette.routing import Route as Path
 from . import auth, health, proxy
 from .figures import Metrics
 from .health import REFUSED_REASON
-from .routes import Table, Unavailable
+from .routes import Route, Table, Unavailable
 
 # vLLM 0.32 serves every one of these itself, Anthropic's two included: nothing is translated
 FORWARDED = (
@@ -261,25 +261,53 @@ class Gateway:
         up = {n: any(r.up for r in self.table.serving(n)) for n in self.table.names()}
         return JSONResponse({"status": "ok", "models": up})
 
+    # -- what both forwarders do: refuse, read the body, pass the request on
+    async def refuse(
+        self, send, endpoint: str, model: str, status: int, message: str, kind: str, anthropic: bool, extra=None
+    ) -> None:
+        """Answers `status` with `message` in the client's error shape (proxy.send_error, its
+        headers `extra`), counted in the gateway's requests under `model` and `endpoint`."""
+        await proxy.send_error(send, status, message, kind, anthropic, extra)
+        self.metrics.requests.labels(model, endpoint, str(status)).inc()
+
+    async def request_body(self, scope, receive, send, endpoint: str, anthropic: bool) -> bytes | None:
+        """The request's body once its API key is right; None when it was refused (401) or its client
+        left before the body was in (nothing was sent upstream)."""
+        request = Request(scope, receive)
+        if not self.authorized(request.headers):
+            said, headers = "missing or wrong API key", {"WWW-Authenticate": "Bearer"}
+            await self.refuse(send, endpoint, "", 401, said, "authentication_error", anthropic, headers)
+            return None
+        try:
+            return await request.body()
+        except ClientDisconnect:
+            return None
+
+    def forward(self, picked: Route, scope, receive, send, body: bytes, model: str, endpoint: str, anthropic: bool):
+        """proxy.forward to `picked`, counted under `model` and `endpoint`, `picked` marked used now (on
+        demand's "lru" rule, issue 60). It returns proxy.forward's coroutine for the forwarder to
+        await: a coroutine of its own would be one more frame on every resume of a streamed relay
+        (app: what frames cost the relay)."""
+        picked.last_used = time.monotonic()
+        return proxy.forward(
+            self.relay,
+            picked,
+            scope,
+            receive,
+            send,
+            body,
+            metrics=self.metrics,
+            model=model,
+            endpoint=endpoint,
+            anthropic=anthropic,
+        )
+
     def forwarder(self, endpoint: str):
         anthropic = endpoint.startswith("/v1/messages")
 
         async def app(scope, receive, send) -> None:
-            request = Request(scope, receive)
-            if not self.authorized(request.headers):
-                await proxy.send_error(
-                    send,
-                    401,
-                    "missing or wrong API key",
-                    "authentication_error",
-                    anthropic,
-                    {"WWW-Authenticate": "Bearer"},
-                )
-                self.metrics.requests.labels("", endpoint, "401").inc()
-                return
-            try:
-                body = await request.body()
-            except ClientDisconnect:  # gone before its request was in: nothing was sent upstream
+            body = await self.request_body(scope, receive, send, endpoint, anthropic)
+            if body is None:
                 return
             model = model_of(body)
             if model is None:
@@ -292,35 +320,16 @@ class Gateway:
                 picked = self.table.pick(model, time.time())
             if picked is None:
                 names = ", ".join(self.table.names()) or "none"
-                await proxy.send_error(
-                    send, 404, f"model '{model}' is not served here; models: {names}", "not_found_error", anthropic
-                )
-                self.metrics.requests.labels(model, endpoint, "404").inc()
+                said = f"model '{model}' is not served here; models: {names}"
+                await self.refuse(send, endpoint, model, 404, said, "not_found_error", anthropic)
                 return
             if isinstance(picked, Unavailable):
-                await proxy.send_error(
-                    send,
-                    503,
-                    self.unavailable(model, picked, self.wake(model)),
-                    "overloaded_error" if anthropic else "service_unavailable",
-                    anthropic,
-                    {"Retry-After": picked.retry_after},
-                )
-                self.metrics.requests.labels(model, endpoint, "503").inc()
+                said = self.unavailable(model, picked, self.wake(model))
+                kind = "overloaded_error" if anthropic else "service_unavailable"
+                extra = {"Retry-After": picked.retry_after}
+                await self.refuse(send, endpoint, model, 503, said, kind, anthropic, extra)
                 return
-            picked.last_used = time.monotonic()  # on demand's "lru" rule (issue 60)
-            await proxy.forward(
-                self.relay,
-                picked,
-                scope,
-                receive,
-                send,
-                body,
-                metrics=self.metrics,
-                model=model,
-                endpoint=endpoint,
-                anthropic=anthropic,
-            )
+            await self.forward(picked, scope, receive, send, body, model, endpoint, anthropic)
 
         return app
 
@@ -328,42 +337,22 @@ class Gateway:
         """A service's route (issue 60): by path, then by the model a JSON body names, if any."""
 
         async def app(scope, receive, send) -> None:
-            request = Request(scope, receive)
-            if not self.authorized(request.headers):
-                headers = {"WWW-Authenticate": "Bearer"}
-                await proxy.send_error(send, 401, "missing or wrong API key", "authentication_error", False, headers)
-                self.metrics.requests.labels("", endpoint, "401").inc()
-                return
-            try:
-                body = await request.body()
-            except ClientDisconnect:
+            body = await self.request_body(scope, receive, send, endpoint, False)
+            if body is None:
                 return
             model = model_of(body)
             picked = self.table.pick_path(endpoint, model, time.time())
             if picked is None:  # the config changed under the request: no service answers it now
-                await proxy.send_error(send, 404, f"no service answers {endpoint} here", "not_found_error", False)
-                self.metrics.requests.labels(model or "", endpoint, "404").inc()
+                said = f"no service answers {endpoint} here"
+                await self.refuse(send, endpoint, model or "", 404, said, "not_found_error", False)
                 return
             if isinstance(picked, Unavailable):
                 said = f"{endpoint} is unavailable: " + "; ".join(picked.reasons)
                 extra = {"Retry-After": picked.retry_after}
-                await proxy.send_error(send, 503, said, "service_unavailable", False, extra)
-                self.metrics.requests.labels(model or "", endpoint, "503").inc()
+                await self.refuse(send, endpoint, model or "", 503, said, "service_unavailable", False, extra)
                 return
-            picked.last_used = time.monotonic()
             label = model or (picked.names[0] if picked.names else picked.key)
-            await proxy.forward(
-                self.relay,
-                picked,
-                scope,
-                receive,
-                send,
-                body,
-                metrics=self.metrics,
-                model=label,
-                endpoint=endpoint,
-                anthropic=False,
-            )
+            await self.forward(picked, scope, receive, send, body, label, endpoint, False)
 
         return app
 
