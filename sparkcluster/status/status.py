@@ -487,6 +487,19 @@ def _state_problem(sup: dict) -> str | None:
     return None
 
 
+def _settled(st: ClusterStatus, nodes: list[NodeStatus]) -> ClusterStatus:
+    """`st` with the cluster's state from its nodes and problems: unreachable when no node answered,
+    down when every node answered with no container, degraded when a problem was found; else as it
+    was."""
+    if not any(ns.reachable for ns in nodes):
+        st.state = UNREACHABLE
+    elif all(ns.reachable and ns.state == "absent" for ns in nodes):
+        st.state = "down"
+    elif st.problems:
+        st.state = "degraded"
+    return st
+
+
 def judge_service(
     inv: Inventory,
     nodes: list[NodeStatus],
@@ -513,13 +526,7 @@ def judge_service(
             st.problems.append(said.replace("vllm serve", "the service"))
         elif state != contract.SERVING:
             st.problems.append(f"service: {state or 'its supervisor has written no state yet'}")
-    if not any(ns.reachable for ns in nodes):
-        st.state = UNREACHABLE
-    elif all(ns.reachable and ns.state == "absent" for ns in nodes):
-        st.state = "down"
-    elif st.problems:
-        st.state = "degraded"
-    return st
+    return _settled(st, nodes)
 
 
 def _judge_ranks(inv: Inventory, nodes: list[NodeStatus], st: ClusterStatus, pid: int | None) -> None:
@@ -616,10 +623,4 @@ def judge(
     said = supervisor_problem(sup)
     if said and any(ns.state == "running" for ns in nodes):
         st.problems.append(said)
-    if not any(ns.reachable for ns in nodes):
-        st.state = UNREACHABLE
-    elif all(ns.reachable and ns.state == "absent" for ns in nodes):
-        st.state = "down"
-    elif st.problems:
-        st.state = "degraded"
-    return st
+    return _settled(st, nodes)
