@@ -8,9 +8,10 @@ NGC name standing for the real vLLM CPU build, which has torch and transformers)
 model and the checkout's `sparkcluster` mounted read-only, and prints the table (markdown) and writes
 the figures (JSON, default perf/canary_agreement_tiny.json).
 
-Inside the image (`--inside MODEL_DIR`): PROMPTS prompts of PROMPT_TOKENS tokens, cut from the standard
-library text the model was not trained on, each asked for MAX_TOKENS greedy tokens (the canary's own
-16) in float32 as the reference, then again under changes that move numerics only, as another image's
+Inside the image (`--inside MODEL_DIR`): two sets of PROMPTS prompts of PROMPT_TOKENS tokens, cut from
+the standard library text the model was not trained on ("held out") and from the text it was trained
+on ("seen", as a real model knows the canary's own prompts), each asked for MAX_TOKENS greedy tokens
+(the canary's own 16) in float32 as the reference, then again under changes that move numerics only, as another image's
 kernels do (the model run in bf16, as vLLM serves it from its config; bf16 autocast over fp32 weights;
 a batch of 8 left-padded prompts instead of one; another thread count), and under changes that damage
 it (Gaussian noise of 3, 10, 30% of each tensor's spread on every weight). For each, over the prompts:
@@ -43,10 +44,17 @@ def inside(model_dir: Path) -> dict:
 
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    held = trained.stdlib_text()[trained.TRAIN_CHARS :]
-    ids = tok(held)["input_ids"]
-    step = max(1, (len(ids) - PROMPT_TOKENS) // PROMPTS)
-    prompts = [ids[i * step : i * step + PROMPT_TOKENS] for i in range(PROMPTS)]
+    text = trained.stdlib_text()
+
+    def cut(part: str) -> list[list[int]]:
+        ids = tok(part)["input_ids"]
+        step = max(1, (len(ids) - PROMPT_TOKENS) // PROMPTS)
+        return [ids[i * step : i * step + PROMPT_TOKENS] for i in range(PROMPTS)]
+
+    # held out: text it never saw; seen: text it was trained on, as a real model knows the canary's
+    # prompts ("The capital of France is")
+    sets = {"held out": cut(text[trained.TRAIN_CHARS :]), "seen": cut(text[: trained.TRAIN_CHARS])}
+    prompts: list[list[int]] = []
 
     def load(dtype):
         return LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=dtype).eval()
@@ -84,8 +92,15 @@ def inside(model_dir: Path) -> dict:
         return m
 
     threads = torch.get_num_threads()
+
+    def one_thread(fn):
+        torch.set_num_threads(1)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(threads)
+
     ref_model = load(torch.float32)
-    ref, confidence = greedy(ref_model)
     changes = {
         "bf16 weights": ("another image's kernels (numerics only)", lambda: greedy(load(torch.bfloat16))),
         "bf16 autocast": ("the same", lambda: greedy(ref_model, autocast=True)),
@@ -95,59 +110,62 @@ def inside(model_dir: Path) -> dict:
         "weights + 10% noise": ("a broken one", lambda: greedy(noisy(0.10))),
         "weights + 30% noise": ("a wrecked one", lambda: greedy(noisy(0.30))),
     }
-
-    def one_thread(fn):
-        torch.set_num_threads(1)
-        try:
-            return fn()
-        finally:
-            torch.set_num_threads(threads)
-
-    rows = {}
-    for name, (what, run) in changes.items():
-        t0 = time.monotonic()
-        got, _ = run()
-        agree = sorted(Answer("", "", a).agreement(Answer("", "", b)) for a, b in zip(ref, got, strict=True))
-        n = len(agree)
-        rows[name] = {
-            "what": what,
-            "exact": sum(a == b for a, b in zip(ref, got, strict=True)) / n,
-            "min": agree[0],
-            "p5": agree[int(0.05 * n)],
-            "p10": agree[int(0.10 * n)],
-            "mean": sum(agree) / n,
-            "refused": sum(a < IMAGE_CHANGE_AGREEMENT for a in agree) / n,
-            "secs": round(time.monotonic() - t0, 1),
-        }
+    by_set = {}
+    for label, chosen in sets.items():
+        prompts[:] = chosen
+        ref, confidence = greedy(ref_model)
+        rows = {}
+        for name, (what, run) in changes.items():
+            t0 = time.monotonic()
+            got, _ = run()
+            pairs = list(zip(ref, got, strict=True))
+            agree = sorted(Answer("", "", a).agreement(Answer("", "", b)) for a, b in pairs)
+            n = len(agree)
+            rows[name] = {
+                "what": what,
+                "exact": sum(a == b for a, b in pairs) / n,
+                "min": agree[0],
+                "p5": agree[int(0.05 * n)],
+                "p10": agree[int(0.10 * n)],
+                "mean": sum(agree) / n,
+                "refused": sum(a < IMAGE_CHANGE_AGREEMENT for a in agree) / n,
+                "secs": round(time.monotonic() - t0, 1),
+            }
+        by_set[label] = {"confidence": confidence, "changes": rows}
     training = json.loads((model_dir / "training.json").read_text())
     return {
         "prompts": PROMPTS,
         "prompt_tokens": PROMPT_TOKENS,
         "max_tokens": MAX_TOKENS,
         "threshold": IMAGE_CHANGE_AGREEMENT,
-        "confidence": confidence,
         "torch": torch.__version__,
         "threads": threads,
         "training": training,
-        "changes": rows,
+        "sets": by_set,
     }
 
 
 def table(res: dict) -> str:
-    rows = [
-        f"Mean top-1 probability on its own greedy tokens: {res['confidence']:.2f}; {res['prompts']} prompts of "
-        f"{res['prompt_tokens']} tokens, {res['max_tokens']} greedy tokens each; threshold "
-        f"{res['threshold']:.2f}.",
-        "",
-        "| change | what it stands for | answers repeated exactly | min | 5th pct | 10th pct | mean | refused |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+    t = res["training"]
+    out = [
+        f"{res['prompts']} prompts of {res['prompt_tokens']} tokens per set, {res['max_tokens']} greedy tokens each, "
+        f"threshold {res['threshold']:.2f}; the model trained {t['steps']} steps ({t['train_s']:.0f} s on "
+        f"{t['threads']} threads), last loss {t['loss_last_100']:.2f}.",
     ]
-    for name, r in res["changes"].items():
-        rows.append(
-            f"| {name} | {r['what']} | {r['exact']:.1%} | {r['min']:.2f} | {r['p5']:.2f} | {r['p10']:.2f} "
-            f"| {r['mean']:.3f} | {r['refused']:.1%} |"
-        )
-    return "\n".join(rows) + "\n"
+    for label, got in res["sets"].items():
+        out += [
+            "",
+            f"Prompts {label}: mean top-1 probability on its own greedy tokens {got['confidence']:.2f}.",
+            "",
+            "| change | what it stands for | answers repeated exactly | min | 5th pct | 10th pct | mean | refused |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, r in got["changes"].items():
+            out.append(
+                f"| {name} | {r['what']} | {r['exact']:.1%} | {r['min']:.2f} | {r['p5']:.2f} | {r['p10']:.2f} "
+                f"| {r['mean']:.3f} | {r['refused']:.1%} |"
+            )
+    return "\n".join(out) + "\n"
 
 
 def main(argv: list[str]) -> int:

@@ -60,9 +60,11 @@ PROMPTS: tuple[str, ...] = (
 MAX_TOKENS = 16
 SEED = 0
 # across an image change, the share of each answer's greedy tokens (from its first) that must agree
-# with the last good serve's. Measured so far on a small confident model only (perf/canary_agreement.md:
-# numeric-only changes kept >= 81% of an answer for 95% of prompts, damaged weights dropped a tenth of
-# answers below 25%); to be measured again on a real model served by the image (issue 58)
+# with the last good serve's. Measured on two small trained models: perf/canary_agreement.md (GPU
+# machine: numeric-only changes kept >= 81% of an answer for 95% of prompts, damaged weights dropped a
+# tenth of answers below 25%) and perf/canary_agreement_tiny.md (the testbed's trained tiny model, on
+# prompts it knows: bf16 kept >= 88% for 95% and refused 1.7% of answers, 10% weight noise refused 58%);
+# not yet on a real model served by vLLM (issue 58)
 IMAGE_CHANGE_AGREEMENT = 0.5
 
 

@@ -7,6 +7,7 @@ well-formed 200."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import make_inventory
@@ -57,9 +58,28 @@ def test_across_an_image_change_the_first_share_of_each_answer_must_agree():
 
 def test_the_threshold_is_a_named_constant_measured_on_a_small_confident_model_so_far():
     # perf/canary_agreement.md: numeric-only changes kept >= 81% of an answer for 95% of prompts on a
-    # small trained model; a real model's measurement is still to come (the testbed's has random weights)
+    # small trained model on the GPU machine; perf/canary_agreement_tiny.md: the same on the testbed's
+    # trained tiny model (below)
     assert canary.IMAGE_CHANGE_AGREEMENT == 0.5
     assert 0 < canary.IMAGE_CHANGE_AGREEMENT <= 1
+
+
+NUMERIC = ("bf16 weights", "bf16 autocast", "batch of 8", "one thread")
+
+
+def test_the_threshold_keeps_numeric_changes_and_refuses_damage_on_the_testbeds_trained_model():
+    # perf/canary_agreement_tiny.json: `python -m perf.canary_agreement_tiny` on the testbed (the trained
+    # tiny model, tests/testbed/model/train_tiny_model.py), measured with this very threshold; on prompts
+    # the model knows (as a real model knows the canary's), numeric-only changes keep the first half of
+    # 95% of answers, while weights broken by 10% noise lose it in at least half of them
+    got = json.loads((Path(__file__).resolve().parents[2] / "perf" / "canary_agreement_tiny.json").read_text())
+    assert got["threshold"] == canary.IMAGE_CHANGE_AGREEMENT, "measure again: python -m perf.canary_agreement_tiny"
+    assert got["max_tokens"] == canary.MAX_TOKENS
+    seen = got["sets"]["seen"]["changes"]
+    for name in NUMERIC:
+        assert seen[name]["p5"] >= canary.IMAGE_CHANGE_AGREEMENT, name
+    assert seen["weights + 10% noise"]["refused"] >= 0.5
+    assert seen["weights + 30% noise"]["refused"] >= 0.9
 
 
 def test_agreement_is_the_common_prefix_share_of_ids_or_words():

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import build_tiny_model as tiny  # noqa: E402
 
 TRAIN_CHARS = 400_000
-STEPS, BATCH, SEQ, LR = 800, 16, 128, 3e-3
+STEPS, BATCH, SEQ, LR = 2400, 16, 128, 3e-3
 
 
 def stdlib_text() -> str:
