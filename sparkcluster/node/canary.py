@@ -28,9 +28,9 @@ round differently may split a greedy answer somewhere and still serve a healthy 
 of one image the token IDs must be the same; across an image change each answer's greedy IDs must agree
 with the last good ones over the first IMAGE_CHANGE_AGREEMENT share of them (the common prefix: a
 confident model keeps its first tokens, a broken one loses them). That share is a named constant,
-measured so far on a small trained model (perf/canary_agreement.md), to be measured on a real one: the
-testbed's model has random weights, whose near-flat logits flip greedy tokens at any numeric change,
-so nothing measured on it means anything for a real model.
+measured on two small trained models (perf/canary_agreement.md, perf/canary_agreement_tiny.md), not yet
+on a real one; never on a random-weight model, whose near-flat logits flip greedy tokens at any numeric
+change.
 
 A profile that enables tool calls (`--enable-auto-tool-choice`, `--tool-call-parser`) or a reasoning
 parser is asked one chat request of each kind as well (`CHAT_KINDS`), which must answer 200 with a
