@@ -103,7 +103,10 @@ def _dial(tb, host: str, path: str) -> str:
         stdin, out, _ = c.exec_command("docker system dial-stdio", timeout=30)
         stdin.write(f"GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
         stdin.flush()
-        stdin.channel.shutdown_write()
+        # no half-close: an HTTP/1.0 answer ends with the daemon closing the connection. Closing our
+        # side first lets Go's server cancel the request's context, and moby's /info then answers
+        # 200 with `null` (its getInfo drops SystemInfo's error: moby api/server/router/system/
+        # system_routes.go), which a loaded CI machine showed
         return out.read().decode(errors="replace")
     finally:
         c.close()
