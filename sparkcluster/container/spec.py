@@ -36,6 +36,28 @@ from sparkcluster.node import contract
 RESTART_POLICY = {"Name": "unless-stopped"}
 
 
+def keeps_entrypoint(kind: str | None) -> bool:
+    """Whether a container of an image of this kind keeps the image's own entrypoint, with the node
+    agent as its command.
+
+    An NGC image (and an image built FROM one, as the cluster image is) sets up CUDA forward
+    compatibility only in its start-up: `/opt/nvidia/nvidia_entrypoint.sh` sources its entrypoint.d
+    parts and `/etc/shinit_v2` (through BASH_ENV), which switch the process to the image's own
+    user-mode driver (`LD_LIBRARY_PATH` led by `/usr/local/cuda/compat/lib.real`,
+    `_CUDA_COMPAT_STATUS=CUDA Driver OK`) and print the driver banner, then `exec` the command. What
+    the command spawns inherits that environment: the agent's `ray start` (and so every Ray worker,
+    every rank) and its `vllm serve`. With the entrypoint emptied an NGC 26.08 image on a Spark at
+    driver 580.173 failed its first FlashInfer JIT ("the provided PTX was compiled with an unsupported
+    toolchain", gyliu513/langX101 PR #409); NVIDIA's one-Spark playbook keeps the entrypoint
+    (`docker run ... IMAGE vllm serve ...`, NVIDIA/dgx-spark-playbooks nvidia/vllm/README.md). Docker
+    runs the entrypoint again at every restart of the container, so a restarted agent has it too.
+
+    A vllm/vllm-openai image's entrypoint is `vllm serve` itself (its Dockerfile's ENTRYPOINT), which
+    would take the agent's command as a model: that entrypoint is emptied, as before; those images are
+    built on the CUDA the host driver serves and have no forward-compatibility start-up to lose."""
+    return kind != "vllm-openai"
+
+
 def agent_files() -> dict[str, str]:
     """The node agent's files as the container holds them: the `node/` package under AGENT_DIR and
     its launcher as AGENT_DIR's `__main__.py` (so `python3 AGENT_DIR` runs it)."""
@@ -102,6 +124,8 @@ class ContainerSpec:
     ulimit_stack: int | None = None  # bytes, soft = hard (seed 004); None: Docker's default
     security_opt: tuple[str, ...] = ()  # `--security-opt` values, as the profile gives them (issue 51)
     privileged: bool = False
+    # the image's own entrypoint runs the agent (keeps_entrypoint): NGC's start-up and its environment
+    image_entrypoint: bool = True
 
     def config_hash(self) -> str:
         doc = json.dumps(
@@ -116,6 +140,8 @@ class ContainerSpec:
                 **({"stack": self.ulimit_stack} if self.ulimit_stack else {}),
                 **({"security_opt": list(self.security_opt)} if self.security_opt else {}),
                 **({"privileged": True} if self.privileged else {}),
+                # a container made before the entrypoint was kept is made again, with the image's start-up
+                **({"entrypoint": "image"} if self.image_entrypoint else {}),
             },
             sort_keys=True,
         )
@@ -128,7 +154,8 @@ class ContainerSpec:
             "image": self.image,
             "name": self.name,
             "command": self.agent_command(),
-            "entrypoint": [],
+            # None: the image's ENTRYPOINT stays (the Engine API leaves it when the field is absent)
+            **({} if self.image_entrypoint else {"entrypoint": []}),
             "environment": self.env,
             "labels": labels,
             "detach": True,
@@ -186,7 +213,7 @@ class ContainerSpec:
             argv += ["--label", f"{k}={v}"]
         for k, v in self.env.items():
             argv += ["-e", f"{k}={v}"]
-        argv += ["--entrypoint", "", self.image, *self.agent_command()]
+        argv += [*([] if self.image_entrypoint else ["--entrypoint", ""]), self.image, *self.agent_command()]
         return shlex.join(argv)
 
     def stack_ulimit(self) -> list[dict]:
@@ -258,6 +285,7 @@ def spec_for(
         ulimit_stack=prof.ulimit_stack,
         security_opt=tuple(prof.security_opt),
         privileged=prof.privileged,
+        image_entrypoint=keeps_entrypoint(prof.image.kind),
     )
 
 

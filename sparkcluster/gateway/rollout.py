@@ -189,6 +189,9 @@ class GatewayPlan:
             "image": self.image,
             "name": self.container,
             "command": self.command(),
+            # emptied on purpose: the gateway is Python and sockets, no CUDA and no GPU, so NGC's start-up
+            # (forward compatibility, nvidia-smi, the banner) has nothing to set up for it
+            # (container/spec.keeps_entrypoint is the engine's rule)
             "entrypoint": [],
             "labels": self.labels(),
             "detach": True,

@@ -224,7 +224,9 @@ def test_create_kwargs_labels_include_config_hash(inv, prof):
     head, _ = specs(inv, prof)
     kw = head.create_kwargs()
     assert kw["labels"][CONFIG_LABEL] == head.config_hash()
-    assert kw["entrypoint"] == []
+    # an NGC image keeps its entrypoint (its start-up sets up CUDA forward compatibility): the API call
+    # names none, so the image's own runs, with the agent as its command
+    assert prof.image.kind == "ngc" and "entrypoint" not in kw
     # the node agent is the foreground process; it runs Ray's command, read from its configuration
     assert kw["command"] == ["python3", contract.AGENT_DIR, contract.CONFIG_PATH]
     assert json.loads(head.files[contract.CONFIG_PATH])["ray_argv"] == head.command
@@ -257,11 +259,23 @@ def test_docker_run_equivalent_splits_back_with_every_flag(inv, prof):
         n = len(spec.agent_command())
         assert argv[-n:] == spec.agent_command()
         assert argv[-n - 1] == spec.image
-        assert argv[-n - 3 : -n - 1] == ["--entrypoint", ""]
+        assert "--entrypoint" not in argv  # NGC's start-up runs (container/spec.keeps_entrypoint)
         envs = [argv[j + 1] for j, a in enumerate(argv) if a == "-e"]
         assert envs == [f"{k}={v}" for k, v in spec.env.items()]
         labels = [argv[j + 1] for j, a in enumerate(argv) if a == "--label"]
         assert f"{CONFIG_LABEL}={spec.config_hash()}" in labels
+
+
+def test_a_vllm_openai_image_has_its_entrypoint_emptied_an_ngc_image_keeps_it(inv, prof):
+    # vllm/vllm-openai's ENTRYPOINT is `vllm serve`: it would take the agent's command as a model
+    openai = prof.model_copy(update={"image": prof.image.model_copy(update={"kind": "vllm-openai"})})
+    spec = spec_for(inv, openai, inv.head, IMAGE, IMAGE_ID)
+    assert spec.create_kwargs()["entrypoint"] == []
+    argv = shlex.split(spec.docker_run_equivalent())
+    n = len(spec.agent_command())
+    assert argv[-n - 3 : -n - 1] == ["--entrypoint", ""]
+    # switching the start-up makes the container again (its configuration hash changes)
+    assert spec.config_hash() != spec_for(inv, prof, inv.head, IMAGE, IMAGE_ID).config_hash()
 
 
 def test_docker_run_equivalent_quotes_hostile_values(inv, prof):
