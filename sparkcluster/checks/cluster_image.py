@@ -60,8 +60,8 @@ def image_ray(ctx: Context, r: Report) -> None:
     if not ctx.expect.image:
         return
     for n, f in ctx.facts.items():
-        if ctx.expect.executor == "mp":
-            r.skip(n, "executor mp: the base image is served as it is, no Ray in it")
+        if ctx.expect.executor != "ray":
+            r.skip(n, f"executor {ctx.expect.executor}: the base image is served as it is, no Ray in it")
             continue
         if f.image_id is None:
             continue

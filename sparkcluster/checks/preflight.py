@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from sparkcluster import checks, facts
 from sparkcluster.config import profile as profiles
 from sparkcluster.config import secrets
-from sparkcluster.config.images import image_ref
+from sparkcluster.config.images import executor_of, image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.container.spec import required_flags
 from sparkcluster.errors import InputError
@@ -31,7 +31,7 @@ def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect
         vllm_version=prof.image.vllm_version,
         min_driver=prof.min_driver,
         container_flags=required_flags(prof.ulimit_stack),
-        executor=prof.executor if len(inv.nodes) > 1 else "ray",
+        executor=executor_of(len(inv.nodes), prof),
     )
 
 

@@ -19,10 +19,13 @@ from sparkcluster.labels import CLUSTER_LABEL
 def ports_free(ctx: Context, r: Report) -> None:
     c = ctx.inventory.cluster
     for node in ctx.nodes():
-        # executor "mp": torch.distributed's rendezvous listens on the head only (issue 28)
+        # executor "mp": torch.distributed's rendezvous listens on the head only (issue 28); "uni" (one
+        # node, no Ray): neither
         wanted = (
             ({c.master_port: "vLLM's mp rendezvous (master_port)"} if node.role == "head" else {})
             if ctx.expect.executor == "mp"
+            else {}
+            if ctx.expect.executor == "uni"
             else {c.ray_port: "Ray GCS"}
         )
         wanted[c.api_port] = "vLLM API"

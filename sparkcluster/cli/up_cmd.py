@@ -143,7 +143,7 @@ def up(
             raise click.UsageError(f"--smoke measures a model's engine; '{prof.name}' is a service")
         _up_service(inv, prof, node, dry_run=dry_run, offline=offline, as_json=as_json, beside=beside, replace=replace)
         return
-    check_dockerfile(prof)  # before any connection: the image's Dockerfile is in this install
+    check_dockerfile(prof, len(inv.nodes))  # before any connection: the image's Dockerfile is in this install
     secrets = load_secrets(env_file, prof)
     err = Console(stderr=True, highlight=False)
     result = run_up(

@@ -60,7 +60,7 @@ def upgrade(
         raise click.UsageError("--json goes with --dry-run")
     inv = obj.inventory()
     prof = profile_or_usage(inv, profile_name)
-    check_dockerfile(prof)  # before any connection: the image's Dockerfile is in this install
+    check_dockerfile(prof, len(inv.nodes))  # before any connection: the image's Dockerfile is in this install
     secrets = load_secrets(env_file, prof)
     err = Console(stderr=True, highlight=False)
     got = upgrades.upgrade(

@@ -69,4 +69,7 @@ def service_spec(inv: Inventory, svc: ServiceProfile, node: Node) -> ContainerSp
             **AGENT_FILES,
             contract.CONFIG_PATH: json.dumps(service_config(inv, svc, node), sort_keys=True),
         },
+        # the agent replaces the service image's own start, which it runs as `args` (a service's image
+        # is not NGC's: nothing of its start-up is for the agent to inherit)
+        image_entrypoint=False,
     )

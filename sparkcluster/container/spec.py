@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkcluster import node, programs
-from sparkcluster.config import compile_cache
+from sparkcluster.config import compile_cache, images
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.labels import (
@@ -225,11 +225,8 @@ class ContainerSpec:
 
 
 def uses_ray(inv: Inventory, prof: profiles.Profile) -> bool:
-    """Ray spans the nodes of a multi-node deployment unless the profile's executor is vLLM's own
-    (mp, issue 28); one node needs it only if the profile asks."""
-    if prof.executor == "mp":
-        return False
-    return len(inv.nodes) > 1 or prof.serve.distributed_executor_backend == "ray"
+    """Ray spans the deployment (config/images.uses_ray)."""
+    return images.uses_ray(len(inv.nodes), prof)
 
 
 def node_rank(inv: Inventory, node: str) -> int:
@@ -263,7 +260,7 @@ def spec_for(
             ROLE_LABEL: node.role,
             PROFILE_LABEL: prof.name,
             NODES_LABEL: ",".join(n.name for n in inv.nodes),
-            EXECUTOR_LABEL: prof.executor,
+            EXECUTOR_LABEL: images.executor_of(len(inv.nodes), prof),
             **({SLOT_LABEL: str(inv.slot)} if inv.slot else {}),
             MEMORY_LABEL: f"{prof.serve.gpu_memory_utilization:g}",
         },

@@ -22,14 +22,18 @@ What the field observes (issue 51) is judged by `judge_driver`: NVIDIA's 26.0x v
 for the 595 branch and run on DGX OS 7.5's 580 (26.03 on 580.142 printed "CUDA Forward Compatibility
 mode ENABLED. Using CUDA 13.2 driver version 595.45.04 with kernel driver version 580.142", a public
 Spark setup note found by code search; a README of images built on 26.07 calls the 595.58 banner
-"non-fatal" on 580.126.09). So an image of the node driver's CUDA major is not failed: at most a
-WARN that code its newer toolchain left as PTX cannot be JIT-compiled by the older driver
-(vllm-project/vllm#47397: nvcc 13.3 against 580.159.03, cudaErrorUnsupportedPtxVersion). An image of
-a newer CUDA major fails (minor version compatibility holds within one major: NVIDIA's CUDA
-Compatibility guide), and so does one whose entrypoint was seen refusing (the banner above without
-"mode ENABLED"; eugr#266): doctor has no such banner to read yet (the probe's container has no GPU,
-and sparkcluster starts its containers with the entrypoint emptied), so that case is judged only
-where a caller passes the banner.
+"non-fatal" on 580.126.09). So an image of the node driver's CUDA major is not failed before it
+starts: a WARN that only the image's own start-up makes it run well there (sparkcluster keeps an NGC
+image's entrypoint for that: container/spec.keeps_entrypoint), and that code its newer toolchain left
+as PTX cannot be JIT-compiled by the older driver without it (vllm-project/vllm#47397: nvcc 13.3
+against 580.159.03, cudaErrorUnsupportedPtxVersion). An image of a newer CUDA major fails (minor
+version compatibility holds within one major: NVIDIA's CUDA Compatibility guide).
+
+What a container actually got is judged by `judge_boot`, once it has started (`up`'s probe stage), from
+the lines its start-up printed and the agent's own environment: the forward-compatibility banner or
+`_CUDA_COMPAT_STATUS=CUDA Driver OK` confirms; "compatibility mode is UNAVAILABLE" (an image built for
+590.48 on 580.159.03: eugr/spark-vllm-docker#266) fails the start before `vllm serve`, naming the
+driver the image was built for; "Minor Version Compatibility mode ENABLED" is the PTX JIT risk above.
 
 Reading it needs a throwaway container of the image (`--network none`, no GPU), so only an image ID
 not seen before costs one; an image ID is its content's digest, so what was read holds wherever the
@@ -192,10 +196,10 @@ class DriverVerdict:
     fix: str = ""
 
 
-def judge_driver(found: ImageNccl, driver: str, banner: str = "", read_on: str = "") -> DriverVerdict:
+def judge_driver(found: ImageNccl, driver: str, read_on: str = "") -> DriverVerdict:
     """Pure: the image's driver need against a node's driver (as nvidia-smi prints it), as the field
-    observes it (module docstring). `banner` is what the image's entrypoint printed on that node, when
-    known; `read_on` is appended to what the image said (" (read on spark-head)")."""
+    observes it (module docstring), before any container of it runs (what one got: `judge_boot`);
+    `read_on` is appended to what the image said (" (read on spark-head)")."""
     needs = driver_needs(found)
     if not needs:
         return DriverVerdict(
@@ -230,14 +234,6 @@ def judge_driver(found: ImageNccl, driver: str, banner: str = "", read_on: str =
             "CUDA does not start here",
             driver_fix + serve_own,
         )
-    if REFUSED in banner and ENABLED not in banner:
-        return DriverVerdict(
-            "fail",
-            "refused",
-            f'the image\'s entrypoint printed "{REFUSED}" on driver {driver} ({said}): its CUDA does not start '
-            "here (eugr/spark-vllm-docker#266)",
-            serve_own + "; an image built FROM nvidia/cuda takes the CUDA of the 580 driver (13.0)",
-        )
     judged = []
     for x in needs:
         met = x.met_by(driver)
@@ -265,12 +261,112 @@ def judge_driver(found: ImageNccl, driver: str, banner: str = "", read_on: str =
         "warn",
         "compat",
         f"driver {driver} is older than the image was built for ({said}: {need}); the same CUDA major "
-        f'({img_major}), so it runs in compatibility mode (NGC 26.03 on 580.142: "CUDA Forward Compatibility mode '
-        f'ENABLED"; else minor version compatibility, CUDA {node_major}.x on {CUDA_MAJOR_MIN_BRANCH[node_major]} '
-        "and later: NVIDIA CUDA Compatibility guide); code its newer toolchain left as PTX fails to JIT on this "
-        f"driver (cudaErrorUnsupportedPtxVersion: {PTX_JIT})",
-        'nothing stops it starting; should a kernel fail with "the provided PTX was compiled with an '
-        f'unsupported toolchain", {serve_own}',
+        f"({img_major}), so it starts here: sparkcluster keeps the image's own start-up, which switches to the "
+        'CUDA driver the image carries where it can (NGC 26.03 on 580.142: "CUDA Forward Compatibility mode '
+        'ENABLED"); without it only minor version compatibility (CUDA '
+        f"{node_major}.x on {CUDA_MAJOR_MIN_BRANCH[node_major]} and later: NVIDIA CUDA Compatibility guide), where "
+        f"code its newer toolchain left as PTX fails to JIT (cudaErrorUnsupportedPtxVersion: {PTX_JIT}). `up` "
+        "reads what each container's start-up printed and fails an UNAVAILABLE before serving",
+        "nothing stops it starting; " + serve_own + " to run natively",
+    )
+
+
+# the lines an NGC image's start-up prints (its entrypoint.d driver check, module docstring): the
+# forward-compatibility note (tests/captured/ngc-vllm-26.03-spark-banner.txt), the minor version
+# compatibility warning (the public copy of 52-gpu-driver-version-check.sh that shared notes cite), the
+# refusal (tests/captured/eugr-266-refused-banner.txt: wrapped over two lines); and the value NGC's probe
+# exports when the image's own driver runs (gyliu513/langX101 llm-d/llm-d-spark-full-demo/README.md@07d311ff)
+FORWARD = "CUDA Forward Compatibility mode ENABLED"
+MINOR = "CUDA Minor Version Compatibility mode ENABLED"
+COMPAT_OK = "CUDA Driver OK"
+_BUILT_FOR = re.compile(r"built for NVIDIA Driver Release (\d+(?:\.\d+)*) or later")
+# the node agent's first line (node/agent.py): what its own environment got from the start-up
+AGENT_COMPAT = re.compile(r"^sparkcluster agent: _CUDA_COMPAT_STATUS=(.*)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Boot:
+    """What a container's start-up said, read from its output since it started."""
+
+    banner: str  # the start-up's driver lines, whitespace folded ("" when it printed none)
+    compat: str | None  # _CUDA_COMPAT_STATUS in the agent's environment; None when the agent has not said
+
+    @property
+    def built_for(self) -> str:
+        m = _BUILT_FOR.search(self.banner)
+        return m.group(1) if m else ""
+
+
+def read_boot(output: str) -> Boot:
+    """The start-up's driver lines and the agent's compat line, from a container's output (`docker logs`
+    since its start). The last agent line wins (one boot's output holds one)."""
+    lines = [ln.strip() for ln in output.splitlines()]
+    keep, cont = [], False
+    for ln in lines:
+        if "NVIDIA Driver Release" in ln or "Compatibility mode" in ln or (cont and ln.startswith("version ")):
+            keep.append(ln)
+            cont = ln.endswith("but")  # the refusal wraps after "but" (eugr#266)
+        else:
+            cont = False
+    said = AGENT_COMPAT.findall(output)
+    return Boot(" ".join(" ".join(keep).split()), said[-1].strip() if said else None)
+
+
+def judge_boot(boot: Boot, env: dict[str, str], driver: str, image_entrypoint: bool = True) -> DriverVerdict:
+    """Pure: what one container got from its image's start-up on a node at `driver`, judged before
+    `vllm serve` starts. `env` is the container's configured environment (the image's CUDA_VERSION and
+    CUDA_DRIVER_VERSION); `image_entrypoint` False for an image whose entrypoint sparkcluster empties
+    (vllm/vllm-openai: no NGC start-up). Minor version compatibility is a WARN, not a FAIL: whether a
+    model needs a JIT the old driver refuses depends on its kernels (vllm-project/vllm#47397: FA2's
+    plain bf16 models fail, NVFP4 models routed to FlashInfer do not), and the failed serve names the
+    PTX cause when it happens (node/engine_failure)."""
+    built, ours = env.get("CUDA_DRIVER_VERSION", ""), _version(driver)
+    older = bool(_version(built)) and bool(ours) and ours[0] < _version(built)[0]
+    if REFUSED in boot.banner:
+        need = boot.built_for or ".".join(built.split(".")[:2])
+        branch = need.split(".")[0]
+        return DriverVerdict(
+            "fail",
+            "refused",
+            f"the image's start-up printed \"This container was built for NVIDIA Driver Release {need} or later, "
+            f"but version {driver} was detected and {REFUSED}\": its own CUDA driver does not run on this node's "
+            f"driver (seen on a Spark: eugr/spark-vllm-docker#266), and without it vLLM's first JIT fails "
+            f"({PTX_JIT})",
+            f"serve an image built for this driver's CUDA (CUDA {driver_cuda_major(driver) or '13'}.x on the "
+            f"{driver.split('.')[0]} driver: NGC's vLLM images that print Forward Compatibility ENABLED on it, or "
+            f"one built FROM nvidia/cuda), or update every node's driver to the {branch} branch or later",
+        )
+    if FORWARD in boot.banner or boot.compat == COMPAT_OK:
+        how = f"{FORWARD}" if FORWARD in boot.banner else f"_CUDA_COMPAT_STATUS={COMPAT_OK}"
+        return DriverVerdict("ok", "forward", f"the image's start-up ran in forward compatibility ({how})")
+    if MINOR in boot.banner:
+        return DriverVerdict(
+            "warn",
+            "minor",
+            f'the image\'s start-up printed "{MINOR}" on driver {driver} (built for {built or "a newer driver"}): '
+            "its newer CUDA runs on this driver's, so a kernel its toolchain left as PTX fails to JIT "
+            f"(cudaErrorUnsupportedPtxVersion: {PTX_JIT})",
+            "should the serve fail with that error, serve an image built for this driver's CUDA",
+        )
+    if not older:
+        return DriverVerdict("ok", "native", f"driver {driver} is the image's own or newer: no compatibility needed")
+    if not image_entrypoint:
+        return DriverVerdict(
+            "warn",
+            "bypassed",
+            f"driver {driver} is older than the image was built for (CUDA_DRIVER_VERSION={built}), and its "
+            "entrypoint is not NGC's, so nothing switches it to a newer CUDA driver: a kernel its toolchain left "
+            f"as PTX fails to JIT ({PTX_JIT})",
+            "serve an image built for this driver's CUDA",
+        )
+    return DriverVerdict(
+        "warn",
+        "silent",
+        f"driver {driver} is older than the image was built for (CUDA_DRIVER_VERSION={built}), yet its start-up "
+        "printed no compatibility banner and the agent's environment has no _CUDA_COMPAT_STATUS: its processes "
+        f"run on the host's CUDA driver, where a kernel its toolchain left as PTX fails to JIT ({PTX_JIT})",
+        "check the image's entrypoint (docker image inspect --format '{{.Config.Entrypoint}}' IMAGE): NGC's is "
+        "/opt/nvidia/nvidia_entrypoint.sh",
     )
 
 

@@ -84,7 +84,12 @@ def main(config_path: str = CONFIG_PATH) -> int:
     with open(config_path) as f:
         cfg = json.load(f)
     journal = Journal()
-    journal.write("agent started", node=cfg["node"], role=cfg["role"])
+    # what the image's start-up gave this process, and so everything it spawns (Ray, every rank, vllm
+    # serve): NGC's forward-compatibility probe exports its result (container/spec.keeps_entrypoint).
+    # Printed after the start-up's own banner, where `up` reads both (facts/image_nccl.read_boot)
+    compat = os.environ.get("_CUDA_COMPAT_STATUS", "")
+    print(f"sparkcluster agent: _CUDA_COMPAT_STATUS={compat}", flush=True)
+    journal.write("agent started", node=cfg["node"], role=cfg["role"], cuda_compat=compat)
     if cfg["role"] == SERVICE_ROLE:  # a service's container (issue 60): its own supervisor, no Ray, no engine
         return service_supervisor.run(cfg, journal, started)
     # the compile cache's key: held while this container lives (eviction spares it), and seeded from

@@ -17,7 +17,7 @@ from sparkcluster import redact
 from sparkcluster.checks.runtime import env_verdict
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.flags import engine_host, rank_args, reached_at, supervised_argv
-from sparkcluster.config.images import RAY_VERSION, image_ref
+from sparkcluster.config.images import RAY_VERSION, image_ref, served_as_pulled
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.container.spec import ContainerSpec, node_rank, spec_for
 from sparkcluster.deployment import server
@@ -94,9 +94,10 @@ def make_plan(
     image = image_ref(inv, prof)
     head = inv.head.name
     head_id = facts[head].image_id
-    if head_id is None and prof.executor == "mp":  # served as it is: nothing to build (issue 28)
+    pulled = served_as_pulled(len(inv.nodes), prof)
+    if head_id is None and pulled:  # served as it is: nothing to build (issue 28)
         raise InputError(
-            f'{head} has no {image}: executor "mp" serves the profile\'s base image as it is',
+            f"{head} has no {image}: {pulled} serves the profile's base image as it is",
             f"on {head}: docker pull {image} (nvcr.io needs `docker login nvcr.io` first), then "
             "sparkcluster up: the workers get it from the head",
         )
@@ -207,7 +208,7 @@ def offline_facts(inv: Inventory, prof: profiles.Profile) -> dict[str, HostFacts
     """Facts of nodes that have nothing yet: no container, no image on a worker. The head has the
     image only where nothing can make it there (executor "mp" serves the base image as pulled)."""
     facts = {n.name: HostFacts(n.name) for n in inv.nodes}
-    if prof.executor == "mp":
+    if served_as_pulled(len(inv.nodes), prof):
         facts[inv.head.name].image_id = "(the head's pulled image)"
     for n in inv.nodes:
         if n.name not in inv._homes:
@@ -219,7 +220,7 @@ def make_offline_plan(inv: Inventory, prof: profiles.Profile, secret_names: Iter
     """The plan from the inventory and the profile alone (`up --dry-run --offline`): the same
     `make_plan` over facts of bare nodes, with what it assumed said in its notes. Pure."""
     plan = make_plan(inv, prof, offline_facts(inv, prof), serving=False, replace=False, secret_names=secret_names)
-    image = "pulled by you on the head" if prof.executor == "mp" else "missing, so it is built"
+    image = "pulled by you on the head" if served_as_pulled(len(inv.nodes), prof) else "missing, so it is built"
     hf_cache = inv.hf_cache(inv.head.name)
     plan.notes[:0] = [n.format(image=image, hf_cache=hf_cache) for n in OFFLINE_ASSUMED]
     return plan

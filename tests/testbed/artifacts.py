@@ -225,7 +225,7 @@ def _tree_digest(*paths: Path, extra: str = "") -> str:
 def engine_image_key() -> str:
     return _tree_digest(
         IMAGES / "Dockerfile.ngc-standin",
-        IMAGES / "ngc-standin-entrypoint.sh",
+        IMAGES / "ngc-startup",
         IMAGES / "gb10-platform",
         extra=f"{VLLM_VERSION}|{ROOTFS_TAR.name}",
     )
@@ -240,7 +240,7 @@ def engine_build_context(ctx: Path) -> Path:
     shutil.rmtree(ctx, ignore_errors=True)
     ctx.mkdir(parents=True)
     shutil.copy2(IMAGES / "Dockerfile.ngc-standin", ctx / "Dockerfile")
-    shutil.copy2(IMAGES / "ngc-standin-entrypoint.sh", ctx / "ngc-standin-entrypoint.sh")
+    shutil.copytree(IMAGES / "ngc-startup", ctx / "ngc-startup")
     shutil.copytree(
         IMAGES / "gb10-platform",
         ctx / "gb10-platform",

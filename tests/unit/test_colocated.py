@@ -111,9 +111,16 @@ def test_a_later_slot_gets_its_own_names_labels_ports_and_ray_flags(single):
 
 def test_the_plan_of_a_later_slot_leaves_the_first_slots_containers_alone(single):
     """`up --beside`: the facts hold only this slot's containers (`gather`), so the plan creates its
-    own and never removes the other's; the engine listens on the slot's API port."""
+    own and never removes the other's; the engine listens on the slot's API port. One node without Ray
+    serves the base image as pulled: the head holds it."""
     inv = make_inventory().only([HEAD]).at_slot(1)
-    plan = make_plan(inv, single, {HEAD: HostFacts(HEAD, hostname=HEAD, image_id=None)}, serving=False, replace=False)
+    plan = make_plan(
+        inv,
+        single,
+        {HEAD: HostFacts(HEAD, hostname=HEAD, image_id="sha256:" + "ab" * 32)},
+        serving=False,
+        replace=False,
+    )
     assert plan.remove == {}
     assert [s.name for s in plan.containers] == [f"sparkcluster-{CLUSTER}-d1-head"]
     assert plan.serve.container == f"sparkcluster-{CLUSTER}-d1-head" and plan.serve.port == 8010

@@ -410,7 +410,7 @@ def test_image_driver_judges_each_node_by_its_own_driver():
         f.gpus = [dataclasses.replace(g, driver=drv) for g in f.gpus]
     got = results(s)
     r = got[("image.driver", W)]
-    assert r.status == "warn" and "compatibility mode" in r.detail and "vllm-project/vllm#47397" in r.detail, r
+    assert r.status == "warn" and "compatibility" in r.detail and "vllm-project/vllm#47397" in r.detail, r
     r = got[("image.driver", H)]
     assert r.status == "fail" and "CUDA 12.x at most, the image is CUDA 13" in r.detail, r
     assert "580 branch or later" in r.fix, r

@@ -294,10 +294,11 @@ class FakeEngine:
     def start(self, cid):
         self.calls.append("start " + cid)
 
-    def inspect_container(self, name):
-        return {"State": {"Running": True}}
+    def inspect_container(self, name):  # as the Engine API answers (tests/captured/gb10-docker-inspect-head.json)
+        env = [f"{k}={v}" for k, v in self.env_of(self.node).items()]
+        return {"State": {"Running": True, "StartedAt": "2026-11-24T23:26:20.123456789Z"}, "Config": {"Env": env}}
 
-    def logs(self, name, tail="all"):  # what `ray start --head` prints once its runtime runs
+    def logs(self, name, tail="all", **kw):  # what `ray start --head` prints once its runtime runs
         return b"2026-11-24 23:26:26,774\tSUCC scripts.py:1085 -- \x1b[32mRay runtime started.\x1b[39m\n"
 
     def exec_create(self, container, cmd, environment=None, **kw):

@@ -28,32 +28,29 @@ ENABLED = cap("ngc-vllm-26.03-spark-banner.txt")
 
 
 @pytest.mark.parametrize(
-    ("found", "driver", "banner", "status", "case"),
+    ("found", "driver", "status", "case"),
     [
         # the image's own branch, or a newer one: met
-        (NGC_26, "595.58.03", "", "ok", "met"),
+        (NGC_26, "595.58.03", "ok", "met"),
         # 26.x on DGX OS 7.5's 580: the same CUDA major, forward compatibility on a Spark: not failed
-        (NGC_26, "580.142", "", "warn", "compat"),
-        (NGC_26, "580.178.04", "", "warn", "compat"),
-        (NGC_26, "580.142", ENABLED, "warn", "compat"),
+        (NGC_26, "580.142", "warn", "compat"),
+        (NGC_26, "580.178.04", "warn", "compat"),
         # eugr#266's image by its environment alone: the same major, so compatibility mode
-        (EUGR_266, "580.159.03", "", "warn", "compat"),
-        # ... and as the issue shows it refused: the entrypoint's banner says UNAVAILABLE
-        (EUGR_266, "580.159.03", REFUSED, "fail", "refused"),
+        (EUGR_266, "580.159.03", "warn", "compat"),
         # a CUDA 13 image on a 570 driver (CUDA 12.8): a newer CUDA major
-        (NGC_26, "570.124.06", "", "fail", "newer-major"),
+        (NGC_26, "570.124.06", "fail", "newer-major"),
         # a CUDA base image requiring 13.1 on 580: compatibility; on 570: a newer major
-        (ImageNccl(IMG, "", "", "", "", "cuda>=13.1"), "580.95.05", "", "warn", "compat"),
-        (ImageNccl(IMG, "", "", "", "", "cuda>=13.1"), "570.124.06", "", "fail", "newer-major"),
+        (ImageNccl(IMG, "", "", "", "", "cuda>=13.1"), "580.95.05", "warn", "compat"),
+        (ImageNccl(IMG, "", "", "", "", "cuda>=13.1"), "570.124.06", "fail", "newer-major"),
         # a requirement newer than CUDA_MIN_DRIVER knows (13.2), compared as a CUDA release
-        (ImageNccl(IMG, "", "", "", "", "cuda>=13.2"), "580.142", "", "warn", "compat"),
+        (ImageNccl(IMG, "", "", "", "", "cuda>=13.2"), "580.142", "warn", "compat"),
         # nothing said, or no driver seen: not judged
-        (ImageNccl(IMG, "", "", "", "", ""), "580.142", "", "skip", "unknown"),
-        (NGC_26, "", "", "skip", "unknown"),
+        (ImageNccl(IMG, "", "", "", "", ""), "580.142", "skip", "unknown"),
+        (NGC_26, "", "skip", "unknown"),
     ],
 )
-def test_judge_driver_cases(found, driver, banner, status, case):
-    v = judge_driver(found, driver, banner)
+def test_judge_driver_cases(found, driver, status, case):
+    v = judge_driver(found, driver)
     assert (v.status, v.case) == (status, case), v
 
 
@@ -61,10 +58,9 @@ def test_each_case_names_its_source_and_a_fix_that_exists():
     v = judge_driver(NGC_26, "580.142")
     assert "CUDA_DRIVER_VERSION=595.45.04: driver branch 595 or later" in v.detail
     assert "vllm-project/vllm#47397" in v.detail and "Forward Compatibility mode ENABLED" in v.detail
+    # what the container gets: the start-up kept, and read by `up` (judge_boot)
+    assert "keeps the image's own start-up" in v.detail and "UNAVAILABLE before serving" in v.detail
     assert "595" not in v.fix  # no DGX OS package gives 595: the fix is never "update to 595"
-    v = judge_driver(EUGR_266, "580.159.03", REFUSED)
-    assert "eugr/spark-vllm-docker#266" in v.detail and "compatibility mode is UNAVAILABLE" in v.detail
-    assert "CUDA 13.x" in v.fix and "nvidia/cuda" in v.fix
     v = judge_driver(NGC_26, "570.124.06")
     assert "NVIDIA CUDA Compatibility guide" in v.detail
     assert "580 branch or later" in v.fix and "sudo apt full-upgrade" in v.fix and "CUDA 12.x" in v.fix
@@ -78,3 +74,50 @@ def test_the_cuda_a_driver_runs():
     assert image_nccl.driver_cuda("570.124.06") == (12, 8)
     assert image_nccl.driver_cuda_major("580.142") == 13 and image_nccl.driver_cuda_major("570.124.06") == 12
     assert image_nccl.driver_cuda_major("[N/A]") is None
+
+
+# ---- judge_boot: what a started container got from its image's start-up ----------------------------
+# the 26.x stand-in's environment (CUDA 13.2.1, built for 595.45.04) and eugr#266's (built for 590.48)
+ENV_26 = {"CUDA_VERSION": "13.2.1", "CUDA_DRIVER_VERSION": "595.45.04"}
+ENV_266 = {"CUDA_VERSION": "13.1.1", "CUDA_DRIVER_VERSION": "590.48.01"}
+AGENT_OK = "sparkcluster agent: _CUDA_COMPAT_STATUS=CUDA Driver OK\n"
+# the minor version compatibility line, as NVIDIA's 52-gpu-driver-version-check.sh prints it (a copy:
+# gbxu/EnvDeployment system_check/52-gpu-driver-version-check.sh; Triton 26.01 printed it on 580.95.05)
+MINOR = "WARNING: CUDA Minor Version Compatibility mode ENABLED.\n"
+
+
+@pytest.mark.parametrize(
+    ("output", "env", "driver", "kept", "status", "case"),
+    [
+        # 26.03's banner on 580.142, and the agent's environment saying the same
+        (ENABLED + AGENT_OK, ENV_26, "580.142", True, "ok", "forward"),
+        (ENABLED, ENV_26, "580.142", True, "ok", "forward"),
+        (AGENT_OK, ENV_26, "580.142", True, "ok", "forward"),
+        # eugr#266's refusal: fails before vllm serve, whatever the agent's line says
+        (REFUSED + "sparkcluster agent: _CUDA_COMPAT_STATUS=\n", ENV_266, "580.159.03", True, "fail", "refused"),
+        (MINOR, ENV_26, "580.142", True, "warn", "minor"),
+        # the image's own branch or newer: nothing printed, nothing needed
+        ("", ENV_26, "595.58.03", True, "ok", "native"),
+        # older driver, nothing printed: the start-up did not switch (an entrypoint emptied, or not NGC's)
+        ("sparkcluster agent: _CUDA_COMPAT_STATUS=\n", ENV_26, "580.142", True, "warn", "silent"),
+        ("", ENV_26, "580.142", False, "warn", "bypassed"),
+    ],
+)
+def test_judge_boot_cases(output, env, driver, kept, status, case):
+    v = image_nccl.judge_boot(image_nccl.read_boot(output), env, driver, kept)
+    assert (v.status, v.case) == (status, case), v
+
+
+def test_the_refusal_names_the_driver_the_image_needs_and_its_source():
+    boot = image_nccl.read_boot("some line\n" + REFUSED + "       [[CUDA Driver UNAVAILABLE]]\nray start\n")
+    assert boot.built_for == "590.48"
+    v = image_nccl.judge_boot(boot, ENV_266, "580.159.03")
+    assert "built for NVIDIA Driver Release 590.48 or later" in v.detail and "580.159.03" in v.detail
+    assert "eugr/spark-vllm-docker#266" in v.detail
+    assert "590 branch or later" in v.fix and "CUDA 13.x" in v.fix
+
+
+def test_the_agents_last_line_is_this_boots():
+    out = "sparkcluster agent: _CUDA_COMPAT_STATUS=\n" + AGENT_OK
+    assert image_nccl.read_boot(out).compat == "CUDA Driver OK"
+    assert image_nccl.read_boot("no agent yet").compat is None

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import docker.errors
 
 from sparkcluster import log
-from sparkcluster.config.images import DOCKERFILE
+from sparkcluster.config.images import DOCKERFILE, uses_ray
 from sparkcluster.errors import EngineUnreachable, StageError
 from sparkcluster.movement import chain, layers, layerstore, stream, transfer
 from sparkcluster.remote import dockerapi
@@ -77,7 +77,7 @@ def steps(plan: Plan) -> list[Step]:
             )
         )
     for n in inv.nodes:
-        if plan.profile.executor == "mp":  # no Ray in the image to check (issue 28)
+        if not uses_ray(len(inv.nodes), plan.profile):  # no Ray in the image to check (issue 28)
             break
         if n.name in plan.send_to:
             # it gets the head's image, its ID checked equal (verify), and an image ID is its

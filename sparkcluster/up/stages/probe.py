@@ -1,13 +1,17 @@
 """The probe: the variables each rank needs are in each container's own environment, as the
 profile and the inventory say. `docker exec -e` would reach rank 0 only, so they must be there
-from the container's start."""
+from the container's start. And what each container got from its image's start-up (NGC's forward
+compatibility, facts/image_nccl.judge_boot), read from its output since it started: an image whose
+start-up refused ("compatibility mode is UNAVAILABLE") fails here, before `vllm serve`."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from sparkcluster.checks.runtime import env_verdict
 from sparkcluster.config import profile as profiles
+from sparkcluster.facts import image_nccl
 from sparkcluster.remote.dockerapi import run_in
 from sparkcluster.steps.base import Step, fail
 
@@ -19,23 +23,41 @@ STAGE = "probe"
 
 
 def steps(plan: Plan) -> list[Step]:
-    return [
-        Step(
-            STAGE,
-            spec.node,
-            "env",
-            "variables in the container",
-            f"docker exec {spec.name} env",
-            run=lambda r, spec=spec: check_env(r, spec.node, spec.name),
-            parallel="probe",
+    out = []
+    for spec in plan.containers:
+        out.append(
+            Step(
+                STAGE,
+                spec.node,
+                "env",
+                "variables in the container",
+                f"docker exec {spec.name} env",
+                run=lambda r, spec=spec: check_env(r, spec.node, spec.name),
+                parallel="probe",
+            )
         )
-        for spec in plan.containers
-    ]
+        out.append(
+            Step(
+                STAGE,
+                spec.node,
+                "boot",
+                "what the image's start-up gave the container",
+                f"docker logs --since <its start> {spec.name}: the driver banner and the agent's "
+                "_CUDA_COMPAT_STATUS, against the node's driver"
+                + ("" if spec.image_entrypoint else " (entrypoint emptied: a vllm-openai image)"),
+                run=lambda r, spec=spec: check_boot(r, spec.node, spec.name, spec.image_entrypoint),
+                parallel="probe",
+            )
+        )
+    return out
 
 
 def summary(done: list[tuple[Step, object]]) -> str:
     counts = [v for s, v in done if s.action == "env"]
-    return f"{sum(counts)} variables right on {len(counts)} nodes"
+    boots = sorted({v for s, v in done if s.action == "boot"})
+    return f"{sum(counts)} variables right on {len(counts)} nodes" + (
+        f"; start-up: {', '.join(boots)}" if boots else ""
+    )
 
 
 def env_in_container(r: UpRun, node: str, container: str) -> dict[str, str]:
@@ -77,3 +99,36 @@ def check_env(r: UpRun, node: str, container: str) -> int:
             "only): sparkcluster down, then sparkcluster up recreates both containers",
         )
     return len(want) + len(per_host)
+
+
+def boot_output(api, container: str) -> tuple[str, dict[str, str]]:
+    """The container's output since its last start (Docker keeps every start's: the start-up's banner
+    and the agent's first line among it), and its configured environment (the image's and ours)."""
+    c = api.inspect_container(container)
+    started = c["State"]["StartedAt"]  # RFC 3339 with nanoseconds: microseconds leave earlier starts out
+    head, _, frac = started.rstrip("Z").partition(".")
+    stamp = datetime.fromisoformat(head + (f".{frac[:6]}" if frac else "") + "+00:00")
+    env = dict(e.split("=", 1) for e in c["Config"].get("Env") or [] if "=" in e)
+    return api.logs(container, stdout=True, stderr=True, since=stamp.timestamp()).decode(errors="replace"), env
+
+
+def check_boot(r: UpRun, node: str, container: str, image_entrypoint: bool) -> str:
+    api = r.cluster.hosts[node].docker().api
+    facts = r.plan.facts.get(node)
+    driver = facts.gpus[0].driver if facts is not None and facts.gpus else ""
+    output, env = boot_output(api, container)
+    boot = image_nccl.read_boot(output)
+    v = image_nccl.judge_boot(boot, env, driver, image_entrypoint)
+    if v.status == "fail":
+        raise fail(
+            STAGE,
+            node,
+            "what the image's start-up gave the container",
+            v.detail,
+            f"docker logs {container}",
+            boot.banner,
+            v.fix,
+        )
+    if v.status == "warn":
+        r.progress.info(f"warning: the start-up on {node}: {v.detail}" + (f" (fix: {v.fix})" if v.fix else ""))
+    return v.case

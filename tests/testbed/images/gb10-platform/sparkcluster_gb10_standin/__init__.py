@@ -5,7 +5,9 @@ worker because each node advertises one GPU. This machine has no GPU, and vLLM's
 no Ray device key (`ValueError: current platform cpu does not support ray.`), so the real engine
 would refuse the Ray executor. This plugin (entry point group `vllm.platform_plugins`) selects a
 subclass of the CPU platform whose only change is that key: the real vLLM then runs TP=2 through
-Ray across the two testbed hosts, each of which starts Ray with one "GPU" as on a Spark.
+Ray across the two testbed hosts, each of which starts Ray with one "GPU" as on a Spark. Its worker
+meets the first kernel's JIT as a GB10 at an older driver does (jit.py): every rank fails with the PTX
+toolchain error where the image's start-up did not give it the image's own CUDA driver.
 sparkcluster never knows it exists.
 """
 
