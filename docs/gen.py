@@ -10,7 +10,9 @@ What each page reads:
   `config/bounds.py`): every key, its type, default and bounds, and the comment the code keeps beside it;
 - checks.md: the checks registry (`checks/registry.py` REGISTRY, filled by the areas);
 - lint.md: the rules `config/lint.py` reports (each `Problem`'s rule, its severity, the inventory rules);
-- known-bad.md: the shipped known-bad list (`config/known_bad.toml`) and the signals each check offers.
+- known-bad.md: the shipped known-bad list (`config/known_bad.toml`) and the signals each check offers;
+- conformance.md: each shipped profile's `[source]` beside the container `up` creates for it
+  (`container/conformance.py`).
 
 Nothing here imports more than the CLI's `--help` and the models need; nothing connects anywhere.
 """
@@ -490,6 +492,51 @@ def _inline(v: Any) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
+def _address(where) -> str:
+    """A source's address as a link: its URL, or its repository path at the commit on GitHub."""
+    if where.url:
+        return f"<{where.url}>"
+    url = f"https://github.com/{where.repo}/blob/{where.commit}/{where.path}"
+    return f"[{where.repo} `{where.path}` at `{where.commit[:12]}`]({url})"
+
+
+def conformance_page() -> str:
+    from sparkcluster.container import conformance
+
+    docs = [HEADER.format(src="sparkcluster/container/conformance.py, env-profiles/*.toml [source]")]
+    docs.append("# Conformance: each profile's container beside its source's\n\n")
+    docs.append(
+        "Every shipped profile names the public document it follows (`[source]`) and the container options "
+        "that document's own `docker run` passes (`[source.container]`). Beside them, what `up` creates for "
+        "the profile: `spec_for` on an inventory of as many Sparks as the profile has ranks (the README's "
+        "pair, `spark-a` the head), read from the Engine API arguments it sends, the same on every node unless "
+        "both values are shown. Where the two differ, the reason is one every sparkcluster container carries "
+        "alike (below), or one the profile names in `[source.diverges]`; `tests/unit/test_conformance.py` "
+        "fails on a difference without one. Docker's ulimits are written `soft:hard` (a hard limit not "
+        "written is the soft one: docker/go-units `ulimit.go`, `ParseUlimit`).\n\n"
+    )
+    docs.append("## What every container carries\n\n| option | value | why |\n|---|---|---|\n")
+    for option, house in conformance.HOUSE.items():
+        value = _code(house.value) if house.value else "by the image's kind" if option == "entrypoint" else ""
+        docs.append(f"| `{option}` | {value or 'the node agent'} | {_cell(house.why)} |\n")
+    for option, why in conformance.ADDED.items():
+        docs.append(f"| `{option}` | (no source compared) | {_cell(why)} |\n")
+    docs.append("\n## The shipped profiles\n")
+    for prof in conformance.shipped_profiles():
+        if prof.source is None:  # tests/unit/test_conformance.py fails on it
+            continue
+        name, src, box = prof.name, prof.source, prof.source.container
+        docs.append(f"\n### `{name}`\n\n- **source**: {_address(src)}\n")
+        if box.url or box.repo:
+            docs.append(f"- **its docker command**: {_address(box)}\n")
+        n = len(conformance.created_specs(prof))
+        docs.append(f"- **computed on**: {n} Spark{'s' if n > 1 else ''}, image kind `{prof.image.kind}`\n\n")
+        docs.append("| option | the source | `up` creates | why they differ |\n|---|---|---|---|\n")
+        for r in conformance.rows(prof):
+            docs.append(f"| `{r.option}` | {_cell(r.source)} | {_cell(r.created)} | {_cell(r.why)} |\n")
+    return "".join(docs).rstrip("\n") + "\n"
+
+
 PAGES = {
     "cli.md": cli_page,
     "inventory.md": inventory_page,
@@ -497,6 +544,7 @@ PAGES = {
     "checks.md": checks_page,
     "lint.md": lint_page,
     "known-bad.md": known_bad_page,
+    "conformance.md": conformance_page,
 }
 
 

@@ -30,7 +30,7 @@ def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect
         model_disk_bytes=int(prof.model_disk_gb * checks.GiB),
         vllm_version=prof.image.vllm_version,
         min_driver=prof.min_driver,
-        container_flags=required_flags(prof.ulimit_stack),
+        container_flags=required_flags(prof.ulimit_stack, prof.ulimit_nofile),
         executor=executor_of(len(inv.nodes), prof),
     )
 

@@ -214,6 +214,75 @@ class Serve(_Strict):
         return one_line_words(v)
 
 
+_COMMIT = r"^[0-9a-f]{40}$"
+
+
+class SourceContainer(_Strict):
+    """The container options of the source's own `docker run` (or compose file), as it writes them.
+    Unset: the source passes no such option (Docker's default)."""
+
+    # where the docker command is written, when not in the document [source] names (a build log whose
+    # repository holds the script): a URL, or repo + path + commit
+    url: str | None = Field(default=None, pattern=r"^https://[^\s]+$")
+    repo: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+    path: str | None = Field(default=None, pattern=r"^[^\s]+$")
+    commit: str | None = Field(default=None, pattern=_COMMIT)
+    privileged: bool = False
+    gpus: str | None = None  # --gpus
+    network: str | None = None  # --network; unset: Docker's bridge network
+    ipc: str | None = None  # --ipc; unset: Docker's default
+    shm_size: str | None = None  # --shm-size, as written
+    # --ulimit NAME=VALUE, as written (soft[:hard]; a hard limit not written is the soft one:
+    # docker/go-units ulimit.go, ParseUlimit)
+    ulimits: dict[str, str] = Field(default_factory=dict)
+    devices: list[str] = Field(default_factory=list)  # --device
+    cap_add: list[str] = Field(default_factory=list)  # --cap-add
+    security_opt: list[str] = Field(default_factory=list)  # --security-opt
+    entrypoint: str | None = None  # --entrypoint; unset: the image's own
+    command: str = Field(min_length=1)  # what the container runs, in words (the source's command line)
+
+    @model_validator(mode="after")
+    def _where(self) -> SourceContainer:
+        _one_place(self, "source.container", optional=True)
+        return self
+
+
+class Source(_Strict):
+    """The public document a profile follows: a URL, or a repository path at a commit."""
+
+    url: str | None = Field(default=None, pattern=r"^https://[^\s]+$")
+    repo: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+    path: str | None = Field(default=None, pattern=r"^[^\s]+$")
+    commit: str | None = Field(default=None, pattern=_COMMIT)
+    container: SourceContainer
+    # an option where the profile's container differs from the source's on purpose (beyond what every
+    # container of sparkcluster carries: container/conformance HOUSE), with its reason
+    diverges: dict[str, Annotated[str, Field(min_length=1)]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _where(self) -> Source:
+        _one_place(self, "source", optional=False)
+        return self
+
+
+def _one_place(where: Source | SourceContainer, name: str, optional: bool) -> None:
+    """A source is named by a URL, or by repo, path and commit together, not both."""
+    parts = (where.repo, where.path, where.commit)
+    if where.url and any(parts):
+        raise ValueError(f"{name}: give url, or repo + path + commit, not both")
+    if any(parts) and not all(parts):
+        raise ValueError(f"{name}: repo, path and commit go together")
+    if not optional and not (where.url or all(parts)):
+        raise ValueError(f"{name}: give url, or repo + path + commit")
+
+
+def source_address(where: Source | SourceContainer) -> str | None:
+    """The source as one address: its URL, or `repo path@commit`."""
+    if where.url:
+        return where.url
+    return f"{where.repo} {where.path}@{where.commit}" if where.repo else None
+
+
 class Profile(_Strict):
     name: str = Field(pattern=_PROFILE_NAME.pattern)
     description: str = ""
@@ -268,6 +337,9 @@ class Profile(_Strict):
     # container's rights; `profile lint` warns. AppArmor applies only where the host runs it.
     security_opt: list[str] = Field(default_factory=list)
     privileged: bool = False
+    # the container's open-files ulimit (soft = hard), as `docker run --ulimit nofile=N:N`; None:
+    # Docker's default. NVIDIA's two-Spark recipes pass nofile=1048576:1048576.
+    ulimit_nofile: int | None = Field(default=None, ge=1)
     # the lowest NVIDIA driver the image runs on, where the profile's source states one (seed 001: its
     # image is built for >= 590.44); doctor FAILs a node below it. None: only differences are warned.
     min_driver: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+){0,2}$")
@@ -277,6 +349,9 @@ class Profile(_Strict):
     serve: Serve = Field(default_factory=Serve)
     supervisor: SupervisorSettings = Field(default_factory=SupervisorSettings)
     on_demand: OnDemandSettings = Field(default_factory=OnDemandSettings)
+    # where the profile comes from and the container options its `docker run` uses (container/conformance
+    # compares them with what `up` creates); nothing here is served, so profile_hash leaves it out
+    source: Source | None = None
     path: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
@@ -387,7 +462,10 @@ def container_files(profile: Profile) -> dict[str, str]:
 
 def profile_hash(prof) -> str:
     # the validated fields, not the file's text: comments and key order change nothing served
-    return hashlib.sha256(prof.model_dump_json().encode()).hexdigest()
+    # (the source is documentation: it changes nothing served); an unset ulimit_nofile is left out so
+    # that a profile without it keeps the hash it had before the field existed
+    unset = {"ulimit_nofile"} if getattr(prof, "ulimit_nofile", None) is None else set()
+    return hashlib.sha256(prof.model_dump_json(exclude={"source", *unset}).encode()).hexdigest()
 
 
 def secret_env_names(profile: Profile) -> list[str]:

@@ -78,7 +78,7 @@ CAP_ADD = ["IPC_LOCK"]
 MEMLOCK = {"Name": "memlock", "Soft": -1, "Hard": -1}
 
 
-def required_flags(ulimit_stack: int | None = None) -> dict[str, object]:
+def required_flags(ulimit_stack: int | None = None, ulimit_nofile: int | None = None) -> dict[str, object]:
     """The flags every node's container must carry, in the form `ContainerInspect.flags` reads
     them back from `docker inspect`."""
     return {
@@ -90,6 +90,7 @@ def required_flags(ulimit_stack: int | None = None) -> dict[str, object]:
             [
                 (MEMLOCK["Name"], MEMLOCK["Soft"], MEMLOCK["Hard"]),
                 *([("stack", ulimit_stack, ulimit_stack)] if ulimit_stack else []),
+                *([("nofile", ulimit_nofile, ulimit_nofile)] if ulimit_nofile else []),
             ]
         ),
     }
@@ -122,6 +123,7 @@ class ContainerSpec:
     binds: dict[str, str]  # host path -> container path
     files: dict[str, str] = field(default_factory=dict)  # written into the container before start
     ulimit_stack: int | None = None  # bytes, soft = hard (seed 004); None: Docker's default
+    ulimit_nofile: int | None = None  # open files, soft = hard (NVIDIA's two-Spark recipes); None: Docker's default
     security_opt: tuple[str, ...] = ()  # `--security-opt` values, as the profile gives them (issue 51)
     privileged: bool = False
     # the image's own entrypoint runs the agent (keeps_entrypoint): NGC's start-up and its environment
@@ -138,6 +140,7 @@ class ContainerSpec:
                 "files": self.files,
                 "flags": [DEVICES, CAP_ADD, MEMLOCK],
                 **({"stack": self.ulimit_stack} if self.ulimit_stack else {}),
+                **({"nofile": self.ulimit_nofile} if self.ulimit_nofile else {}),
                 **({"security_opt": list(self.security_opt)} if self.security_opt else {}),
                 **({"privileged": True} if self.privileged else {}),
                 # a container made before the entrypoint was kept is made again, with the image's start-up
@@ -171,7 +174,7 @@ class ContainerSpec:
             ],
             "devices": list(DEVICES),
             "cap_add": list(CAP_ADD),
-            "ulimits": [dict(MEMLOCK), *self.stack_ulimit()],
+            "ulimits": [dict(MEMLOCK), *self.stack_ulimit(), *self.nofile_ulimit()],
             "shm_size": self.shm_size,
             "restart_policy": dict(RESTART_POLICY),
             "init": True,
@@ -195,6 +198,7 @@ class ContainerSpec:
             "--ulimit",
             "memlock=-1:-1",
             *(["--ulimit", f"stack={self.ulimit_stack}"] if self.ulimit_stack else []),
+            *(["--ulimit", f"nofile={self.ulimit_nofile}:{self.ulimit_nofile}"] if self.ulimit_nofile else []),
             "--network",
             "host",
             "--ipc",
@@ -218,6 +222,11 @@ class ContainerSpec:
 
     def stack_ulimit(self) -> list[dict]:
         return [{"Name": "stack", "Soft": self.ulimit_stack, "Hard": self.ulimit_stack}] if self.ulimit_stack else []
+
+    def nofile_ulimit(self) -> list[dict]:
+        return (
+            [{"Name": "nofile", "Soft": self.ulimit_nofile, "Hard": self.ulimit_nofile}] if self.ulimit_nofile else []
+        )
 
     def agent_command(self) -> list[str]:
         """The container's foreground process: the node agent, which runs `self.command` (Ray)."""
@@ -280,6 +289,7 @@ def spec_for(
             ),
         },
         ulimit_stack=prof.ulimit_stack,
+        ulimit_nofile=prof.ulimit_nofile,
         security_opt=tuple(prof.security_opt),
         privileged=prof.privileged,
         image_entrypoint=keeps_entrypoint(prof.image.kind),

@@ -110,6 +110,7 @@ def throwaway_spec(inv: Inventory, prof: profiles.Profile, node, image: str) -> 
         binds={h: c for h, c in spec.binds.items() if h == hf},
         files={},
         ulimit_stack=spec.ulimit_stack,
+        ulimit_nofile=spec.ulimit_nofile,
     )
 
 

@@ -44,7 +44,11 @@ def test_every_shipped_record_is_valid_beside_a_lint_clean_profile_it_matches(pa
     name = path.name[: -len(perf_record.SUFFIX)]
     assert available().get(name) == path.with_name(f"{name}.toml"), f"{path.name} has no profile beside it"
     prof = load_profile(name)
-    assert lint(prof) == [], [p.line() for p in lint(prof)]
+    # lint-clean, but for its word on --privileged where the profile's source passes it too (the TP=2
+    # recipes: container/conformance)
+    sourced = prof.source is not None and prof.source.container.privileged and prof.privileged
+    problems = [p for p in lint(prof) if not (sourced and p.rule == "container-rights" and p.severity == "warn")]
+    assert problems == [], [p.line() for p in problems]
     # the record describes this profile: its model, its node count, its image where the source names one
     assert rec.software.model in (None, prof.model)
     assert prof.world_size == rec.hardware.gpus
