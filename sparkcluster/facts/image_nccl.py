@@ -2,8 +2,11 @@
 and remembered on the controller (issue 39).
 
 NCCL: its version, and whether it is the pip wheel (`nvidia-nccl-cu*`, which pip-installed PyTorch
-loads from its own site-packages) or the system `libnccl2` package. The known-bad list holds builds
-with known hangs (the pip 2.28.9 build hangs TP=2 where DGX OS's 2.28.9 does not: vllm#41725).
+loads from its own site-packages) or the system `libnccl2` package (which NGC images load: they carry
+no wheel). The known-bad list holds versions with known hangs, one entry per build where the fix
+differs: 2.28.9 deadlocks a CUDA-graph replay across two Sparks (vllm#52504, which does not say which
+build), and a pair that hung on the pip wheel's 2.28.9 did not on DGX OS's system build (vllm#41725).
+A wheel is upgraded with pip; a system libnccl2 only by serving another image.
 
 The driver: an image says what it needs in its environment, by one of two conventions.
 - NGC images (nvcr.io/nvidia/*, and the Spark images built on them) carry `CUDA_DRIVER_VERSION`, the

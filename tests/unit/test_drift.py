@@ -79,6 +79,10 @@ def test_shipped_list_validates_and_has_one_entry_per_trap():
     assert {"kernel-7.0-kho-cma", "cx7-pcie-narrow", "earlyoom-defaults-with-swap", "nccl-2.28.9-graph-hang"} <= ids
     # dropped after their sources were re-read (issue 51; the comment in known_bad.toml says why)
     assert not ids & {"bios-before-2026-04", "driver-590-cuda-graphs", "cx7-pcie-slow", "nccl-pip-2.28.9-hang"}
+    # NVLS is NVLink SHARP, over NVLink only (NVIDIA/nccl#1031): Sparks meet over RoCE, and
+    # NVIDIA/nccl#2167's reporter retracted NCCL_NVLS_ENABLE=0 as its fix
+    assert "nccl-2.30.4-nvls-8-nodes" not in ids
+    assert not any("NVLS" in e.fix or "NVLS" in e.why for e in kb.entry)
     assert all(e.why and e.fix and e.source for e in kb.entry)
 
 
@@ -300,15 +304,22 @@ def test_image_nccl_reads_nothing_of_this_vm_and_the_cache_skips_the_container(t
     assert image_nccl.parse(f"id {IMG_ID}\n{cached[IMG_ID]}\n") == found
 
 
-def test_known_bad_catches_any_2_28_9_build_across_nodes():
+def test_known_bad_catches_any_2_28_9_build_across_nodes_with_the_fix_of_its_build():
     kb = known_bad.load()
     # vllm#52504: "NCCL 2.28.9 (as shipped)", 2x DGX Spark TP=2 with mp: the watchdog line it quotes
     assert "sample_tokens timed out" in cap("vllm-52504-watchdog.txt")
     pip = {"nccl_version": "2.28.9", "nccl_build": "pip", "nodes": 2}
     assert [e.id for e in kb.matching("image.nccl", pip)] == ["nccl-2.28.9-graph-hang"]
-    assert [e.id for e in kb.matching("image.nccl", {**pip, "nccl_build": "system"})] == ["nccl-2.28.9-graph-hang"]
+    system = {**pip, "nccl_build": "system"}
+    assert [e.id for e in kb.matching("image.nccl", system)] == ["nccl-2.28.9-graph-hang-system"]
     (e,) = kb.matching("image.nccl", pip)
-    assert "vllm-project/vllm#52504" in e.sources() and "2.30.4" in e.fix and "--enforce-eager" in e.fix
+    assert "vllm-project/vllm#52504" in e.sources() and "--enforce-eager" in e.fix
+    # the wheel is replaced with pip (vllm#40969 did, over the bundled 2.28.9)
+    assert "pip install nvidia-nccl-cu13==2.30.4" in e.fix and "vllm-project/vllm#40969" in e.sources()
+    # an NGC image loads the system libnccl2, which no pip wheel replaces: another image, or eager
+    (e,) = kb.matching("image.nccl", system)
+    assert "pip" not in e.fix and "libnccl2 is 2.30.4 or newer" in e.fix and "--enforce-eager" in e.fix
+    assert "vllm-project/vllm#52504" in e.sources() and "vllm-project/vllm#41725" in e.sources()
     assert kb.matching("image.nccl", {**pip, "nodes": 1}) == []  # a cross-node replay: one node has none
     assert kb.matching("image.nccl", {**pip, "nccl_version": "2.30.4"}) == []
 
