@@ -297,7 +297,7 @@ def test_image_nccl_reads_nothing_of_this_vm_and_the_cache_skips_the_container(t
     found = image_nccl.parse(f"id {IMG_ID}\npip 2.28.9\ncuda 13.0.1\n")
     image_nccl.remember([found])
     cached = image_nccl.load()
-    assert cached == {IMG_ID: "pip 2.28.9\ncuda 13.0.1\ndriver \nrequire "}
+    assert cached == {IMG_ID: "pip 2.28.9\ncuda 13.0.1\ndriver \nrequire \ncudacache "}
     cmd = image_nccl.probe("repo/img:tag", cached).command
     assert "case " in cmd and "docker run" in cmd  # the container only for an ID not in the cache
     # the cached answer, printed as the probe would, parses to what was read
@@ -519,3 +519,51 @@ def _facts(node: str):
     from sparkcluster.facts import HostFacts
 
     return HostFacts(node, hostname=node)
+
+
+# --- the CUDA driver's JIT cache in the serving container ------------------------------------------
+
+
+def test_the_probe_reads_cuda_cache_disable_and_says_what_it_means():
+    """CUDA Programming Guide, "CUDA Environment Variables": CUDA_CACHE_DISABLE=1 stops the driver adding
+    to or reading its JIT cache, 0 (the default) keeps it; the compile cache points CUDA_CACHE_PATH at the
+    key's cuda folder for the PTX GB10 JIT-compiles (vllm-project/vllm#47397)."""
+    from sparkcluster.facts import image_nccl
+
+    env = {"CUDA_CACHE_DISABLE": "1"}
+    out = subprocess.run(["sh", "-c", image_nccl.INSIDE], capture_output=True, text=True, check=True, env=env).stdout
+    found = image_nccl.parse(f"id {IMG_ID}\n{out}")
+    assert found.cuda_cache_disable == "1"
+    on, said = image_nccl.cuda_cache(found)
+    assert not on and said.startswith("the image sets CUDA_CACHE_DISABLE=1: the CUDA driver neither adds to nor reads")
+    assert "CUDA_CACHE_PATH" in said and "CUDA Programming Guide" in said and "vllm-project/vllm#47397" in said
+    # the profile's forwarded value is the one the container gets
+    on, said = image_nccl.cuda_cache(found, "0")
+    assert on and said.startswith("the profile forwards CUDA_CACHE_DISABLE=0: the CUDA driver keeps")
+    # unset: the driver's default, the cache on
+    unset = image_nccl.parse(
+        f"id {IMG_ID}\n{subprocess.run(['sh', '-c', image_nccl.INSIDE], capture_output=True, text=True, env={}).stdout}"
+    )
+    assert image_nccl.cuda_cache(unset) == (True, image_nccl.cuda_cache(unset)[1])
+    assert image_nccl.cuda_cache(unset)[1].startswith("the image leaves CUDA_CACHE_DISABLE unset")
+    # what the controller remembers says it again, and an entry from before it was read is read again
+    assert image_nccl.parse(f"id {IMG_ID}\n{image_nccl.lines(found)}\n") == found
+
+
+def test_image_cuda_cache_warns_where_the_image_turns_the_jit_cache_off():
+    import dataclasses
+
+    from test_checks import H, W, healthy, results
+
+    s = healthy()
+    assert results(s)[("image.cuda_cache", W)].status == "ok"  # the healthy image leaves it unset
+    for f in s.facts.values():
+        f.image_nccl = dataclasses.replace(f.image_nccl, cuda_cache_disable="1")
+    got = results(s)
+    r = got[("image.cuda_cache", W)]
+    assert r.status == "warn" and "stays empty" in r.detail and "CUDA_CACHE_DISABLE=0" in r.fix, r
+    # a profile that forwards 0 keeps the cache whatever the image says
+    s.expect["forwarded_env"] = {"CUDA_CACHE_DISABLE": "0"}
+    assert results(s)[("image.cuda_cache", H)].status == "ok"
+    s.facts[H].image_nccl = None
+    assert results(s)[("image.cuda_cache", H)].status == "skip"
