@@ -40,6 +40,7 @@ CHECK_ORDER = (
     "image.ray",
     "image.nccl",
     "image.driver",
+    "image.cuda_cache",
     "net.control_ip",
     "net.vllm_host_ip",
     "net.link",

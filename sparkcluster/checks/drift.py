@@ -13,7 +13,7 @@ from collections import Counter
 
 from sparkcluster.checks.registry import Context, Report, check
 from sparkcluster.config import known_bad
-from sparkcluster.facts.image_nccl import judge_driver
+from sparkcluster.facts.image_nccl import cuda_cache, judge_driver
 from sparkcluster.facts.parsers import Traits
 
 
@@ -282,6 +282,28 @@ def image_driver(ctx: Context, r: Report) -> None:
             r.ok(n, v.detail)
         else:
             r.skip(n, v.detail)
+
+
+@check("image.cuda_cache", "The CUDA driver's JIT cache: on in the serving container, so the compile cache keeps it")
+def image_cuda_cache(ctx: Context, r: Report) -> None:
+    # facts/image_nccl.py reads the image's CUDA_CACHE_DISABLE with its NCCL (once per image ID); the
+    # profile's forwarded value replaces it in the container
+    forwarded = ctx.expect.forwarded_env.get("CUDA_CACHE_DISABLE")
+    for n, f in ctx.facts.items():
+        if f.image_nccl is None:
+            r.skip(n, "the node has no cluster image to read")
+            continue
+        on, said = cuda_cache(f.image_nccl, forwarded)
+        if on:
+            r.ok(n, said)
+        else:
+            r.warn(
+                n,
+                said,
+                "forward CUDA_CACHE_DISABLE=0 in the profile's [env.forward] (the cache sits in the key's own "
+                "folder, never shared with another image or flags), or leave it where the JIT cache is known to "
+                "break this image",
+            )
 
 
 # A fatal (uncorrectable) PCIe error on a ConnectX-7 function or the port above it: the recovery that

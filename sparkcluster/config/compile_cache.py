@@ -46,9 +46,14 @@ C++ extensions (`TORCH_EXTENSIONS_DIR`), the CuTe DSL's own file cache (`CUTE_DS
 NVFP4 MoE kernels took 15-40 s per shape per start before flashinfer#4331 put them on disk,
 flashinfer#4317) and b12x's compiled kernels (`B12X_COMPILE_CACHE_DIR`, `~/.cache/b12x/compile`
 otherwise: local-inference-lab/b12x; field launchers keep `~/.cache/b12x`, docs/field-notes.md).
-b12x's one torch-extension build stays in the container (`B12X_TRELLIS_BUILD_DIR` at its default):
-b12x refuses a build folder any of whose ancestors is not the engine's user's (root in the
-container), which the SSH user's folders are not.
+b12x's one torch-extension build stays in the container (`B12X_TRELLIS_BUILD_DIR` at its default), so
+it is built again in each new container: b12x takes a build folder only where every ancestor is root's
+or the engine user's and the folder itself is the engine user's (root in the container) with mode 0700
+(b12x's trellis JIT binding, `_validate_secure_build_dir`). Kept in the key's folder it would be refused:
+the SSH user's folders are above it, and the folder itself is the SSH user's, since CacheOwner
+(node/compile_reading) hands everything in the key's folder to that user so that it can evict it. Kept
+root's 0700 (mounted at the default path) it would stop that: the SSH user could neither list nor remove
+it, and nothing on the host runs as root to do it instead (no sudo during `up`).
 
 A key's first start is seeded from the caches the image ships (NGC vLLM 26.10's release notes,
 docs.nvidia.com/deeplearning/frameworks/vllm-release-notes/rel-26-10.html: "prebuilt Qwen3.8 kernel,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from sparkcluster import redact
 from sparkcluster.config import compile_cache, model_memory
-from sparkcluster.config.flags import BY_FLAG, flag_names, flag_value, parse_version, refusals, serve_argv
+from sparkcluster.config.flags import BY_FLAG, Gate, flag_names, flag_value, parse_version, refusals, serve_argv
 from sparkcluster.config.profile import MANAGED_VARS, Profile, guess_image_kind
 from sparkcluster.config.secrets import SECRET_NAMES, SECRET_VALUE
 from sparkcluster.config.topology import FIELD_RING_NODES
@@ -594,6 +594,79 @@ def _env_version(profile: Profile, inventory: Inventory | None) -> list[Problem]
         )
         for r in refusals(profile)
         if r.kind == "env"
+    ]
+
+
+# Forwarded variables whose vLLM has nothing left to read them for: said, and `up` goes on (the variable
+# does no harm). VLLM_USE_V1 chose between the V0 and V1 engines; vLLM 0.11.0 removed V0 ("V1 is the only
+# engine in the codebase now": its release notes, https://github.com/vllm-project/vllm/releases/tag/v0.11.0)
+# and vllm-project/vllm#28204 then removed the variable from vllm/envs.py, after which vLLM logs "Unknown
+# vLLM environment variable detected: VLLM_USE_V1" (llm-d-incubation/llm-d-fast-model-actuation#597).
+# NGC's vLLM 26.01 ships vLLM 0.11.1
+# (https://docs.nvidia.com/deeplearning/frameworks/vllm-release-notes/rel-26-01.html).
+UNREAD_ENV: dict[str, tuple[Gate, str]] = {
+    "VLLM_USE_V1": (
+        Gate(
+            until=(0, 11, 0),
+            ngc_removed_from=(26, 1),
+            source="vLLM 0.11.0's release notes; vllm-project/vllm#28204",
+            verb="has no V0 engine for",
+        ),
+        "it chose between the V0 and V1 engines, and V1 is the only one left",
+    ),
+}
+
+
+@rule("env-unread", "a forwarded variable that the image's vLLM has nothing left to read it for", "warn")
+def _env_unread(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    img = profile.image
+    p = []
+    for name, (gate, what) in UNREAD_ENV.items():
+        why = gate.refusal(img.vllm_version, img.kind, img.tag) if name in profile.env.forward else None
+        if why:
+            p.append(
+                Problem(
+                    "env-unread",
+                    f"env.forward.{name}: {what}: {why}",
+                    f"remove {name} from env.forward",
+                    severity="warn",
+                )
+            )
+    return p
+
+
+# Forwarded settings that turn off a cache sparkcluster keeps for the profile (config/compile_cache): the
+# folders stay mounted and keyed, and every start compiles again. VLLM_DISABLE_COMPILE_CACHE is read as a
+# number, 0 by default (vllm-project/vllm:vllm/envs.py@f218f9c2), and "disable[s] compile cache" (the
+# pytorch/Phi-4-mini-instruct-INT4 model card, huggingface.co commit 3be2c474); CUDA_CACHE_DISABLE=1 stops
+# the driver adding to or reading its JIT cache (CUDA Programming Guide, "CUDA Environment Variables",
+# https://docs.nvidia.com/cuda/cuda-programming-guide/05-appendices/environment-variables.html).
+CACHE_SWITCHES: dict[str, str] = {
+    "VLLM_DISABLE_COMPILE_CACHE": "vLLM's torch.compile cache (the key's vllm folder, VLLM_CACHE_ROOT)",
+    "CUDA_CACHE_DISABLE": "the CUDA driver's JIT cache (the key's cuda folder, CUDA_CACHE_PATH)",
+}
+
+
+def _switched_on(value: str) -> bool:
+    return value.strip() not in ("", "0")
+
+
+@rule("compile-cache-defeated", "a forwarded variable that turns off a compile cache sparkcluster keeps", "warn")
+def _compile_cache_defeated(profile: Profile, inventory: Inventory | None) -> list[Problem]:
+    if compile_cache.in_place(profile):
+        return []  # compile_cache = "image": nothing is mounted, nothing of sparkcluster's is lost
+    return [
+        Problem(
+            "compile-cache-defeated",
+            f"env.forward.{name}={value} turns off {what}: sparkcluster keeps that cache for this image, model "
+            "and flags (inventory compile_cache) so a restart loads what the last start compiled; with it "
+            "off, every start compiles again",
+            f"remove {name} from env.forward (a key's cache is never shared with another image, model or "
+            "flags), or keep it where that cache is known to break this image",
+            severity="warn",
+        )
+        for name, what in CACHE_SWITCHES.items()
+        if _switched_on(value := profile.env.forward.get(name, ""))
     ]
 
 

@@ -2,8 +2,11 @@
 and remembered on the controller (issue 39).
 
 NCCL: its version, and whether it is the pip wheel (`nvidia-nccl-cu*`, which pip-installed PyTorch
-loads from its own site-packages) or the system `libnccl2` package. The known-bad list holds builds
-with known hangs (the pip 2.28.9 build hangs TP=2 where DGX OS's 2.28.9 does not: vllm#41725).
+loads from its own site-packages) or the system `libnccl2` package (which NGC images load: they carry
+no wheel). The known-bad list holds versions with known hangs, one entry per build where the fix
+differs: 2.28.9 deadlocks a CUDA-graph replay across two Sparks (vllm#52504, which does not say which
+build), and a pair that hung on the pip wheel's 2.28.9 did not on DGX OS's system build (vllm#41725).
+A wheel is upgraded with pip; a system libnccl2 only by serving another image.
 
 The driver: an image says what it needs in its environment, by one of two conventions.
 - NGC images (nvcr.io/nvidia/*, and the Spark images built on them) carry `CUDA_DRIVER_VERSION`, the
@@ -64,7 +67,7 @@ INSIDE = (
     '[ -f "$m" ] && sed -n \'s/^Version: /pip /p\' "$m"; '
     "done; done; v=$(dpkg-query -W -f '${Version}' libnccl2 2>/dev/null) && echo \"system $v\"; "
     'echo "cuda ${CUDA_VERSION:-}"; echo "driver ${CUDA_DRIVER_VERSION:-}"; '
-    'echo "require ${NVIDIA_REQUIRE_CUDA:-}"; true'
+    'echo "require ${NVIDIA_REQUIRE_CUDA:-}"; echo "cudacache ${CUDA_CACHE_DISABLE:-}"; true'
 )
 
 
@@ -76,16 +79,17 @@ class ImageNccl:
     cuda: str  # the image's CUDA_VERSION, "" when it does not say
     cuda_driver: str = ""  # the image's CUDA_DRIVER_VERSION (NGC's convention), "" when it does not say
     require_cuda: str = ""  # the image's NVIDIA_REQUIRE_CUDA (the CUDA base images' convention)
+    cuda_cache_disable: str = ""  # the image's CUDA_CACHE_DISABLE, "" when it does not set it (`cuda_cache`)
 
 
 def parse(text: str) -> ImageNccl | None:
     """`id <image ID>`, then `pip <version>` / `system <deb version>` / `cuda <version>` / `driver
-    <version>` / `require <constraint>` lines. The pip wheel wins: a pip-installed PyTorch loads its
-    own wheel's library, not the system one."""
+    <version>` / `require <constraint>` / `cudacache <CUDA_CACHE_DISABLE>` lines. The pip wheel wins: a
+    pip-installed PyTorch loads its own wheel's library, not the system one."""
     kv: dict[str, str] = {}
     for line in text.splitlines():
         k, _, v = line.strip().partition(" ")
-        if k in ("id", "pip", "system", "cuda", "driver", "require") and k not in kv:
+        if k in ("id", "pip", "system", "cuda", "driver", "require", "cudacache") and k not in kv:
             kv[k] = v.strip()
     if not IMAGE_ID.fullmatch(kv.get("id", "")):
         return None
@@ -96,7 +100,42 @@ def parse(text: str) -> ImageNccl | None:
     else:
         version, build = "", ""
     return ImageNccl(
-        kv["id"], version, build, kv.get("cuda", ""), kv.get("driver", ""), " ".join(kv.get("require", "").split())
+        kv["id"],
+        version,
+        build,
+        kv.get("cuda", ""),
+        kv.get("driver", ""),
+        " ".join(kv.get("require", "").split()),
+        kv.get("cudacache", ""),
+    )
+
+
+# What CUDA_CACHE_DISABLE means (CUDA Programming Guide, "CUDA Environment Variables",
+# https://docs.nvidia.com/cuda/cuda-programming-guide/05-appendices/environment-variables.html): 1 stops
+# the driver adding to or reading its just-in-time compilation cache, 0 (its default) keeps it. That cache
+# is where config/compile_cache points CUDA_CACHE_PATH, the key's `cuda` folder: the PTX GB10 JIT-compiles
+# at a start (the sm_80 PTX of some kernels, vllm-project/vllm#47397) is kept there for the next one.
+CUDA_CACHE_SOURCE = "CUDA Programming Guide, CUDA Environment Variables"
+
+
+def cuda_cache(found: ImageNccl, forwarded: str | None = None) -> tuple[bool, str]:
+    """Whether the CUDA driver's JIT cache is on in the serving container, and what that means for the
+    compile cache. `forwarded` is the profile's CUDA_CACHE_DISABLE, which replaces the image's."""
+    value, who = (forwarded, "the profile forwards") if forwarded is not None else (found.cuda_cache_disable, "")
+    said = (
+        f"{who or 'the image sets'} CUDA_CACHE_DISABLE={value}"
+        if value
+        else "the image leaves CUDA_CACHE_DISABLE unset"
+    )
+    if value.strip() in ("", "0"):
+        return True, (
+            f"{said}: the CUDA driver keeps the PTX it JIT-compiles in CUDA_CACHE_PATH (the compile cache's "
+            "cuda folder), so a restart does not compile it again"
+        )
+    return False, (
+        f"{said}: the CUDA driver neither adds to nor reads its JIT cache ({CUDA_CACHE_SOURCE}), so the compile "
+        "cache's cuda folder (CUDA_CACHE_PATH) stays empty and every start JIT-compiles the PTX again "
+        "(GB10 runs some kernels from sm_80 PTX: vllm-project/vllm#47397)"
     )
 
 
@@ -398,14 +437,25 @@ def path() -> Path:
 
 def load() -> dict[str, str]:
     """image ID -> the lines read in it (without the id line); {} when absent or unreadable. What was
-    remembered before the driver requirement was read (no `driver` line) is read again."""
-    return {i: t for i, t in _MEMO.load().items() if any(x.split(" ")[0] == "driver" for x in t.splitlines())}
+    remembered before the driver requirement or CUDA_CACHE_DISABLE was read (no `driver` or `cudacache`
+    line) is read again."""
+    return {
+        i: t for i, t in _MEMO.load().items() if {"driver", "cudacache"} <= {x.split(" ")[0] for x in t.splitlines()}
+    }
 
 
 def lines(found: ImageNccl) -> str:
     """What `probe` prints from the cache for this image (after its id line)."""
     out = [f"{found.build} {found.version}"] if found.build else []
-    return "\n".join([*out, f"cuda {found.cuda}", f"driver {found.cuda_driver}", f"require {found.require_cuda}"])
+    return "\n".join(
+        [
+            *out,
+            f"cuda {found.cuda}",
+            f"driver {found.cuda_driver}",
+            f"require {found.require_cuda}",
+            f"cudacache {found.cuda_cache_disable}",
+        ]
+    )
 
 
 def remember(found: list[ImageNccl]) -> None:

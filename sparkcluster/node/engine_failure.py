@@ -35,6 +35,7 @@ FAILURE = re.compile(
     r"Fatal Python error|Illegal instruction|Segmentation fault|Bus error|core dumped"
     r"|\bSIG(?:ILL|SEGV|BUS|ABRT|KILL)\b|killed by signal|died unexpectedly|exit code:? -?\d+"
     r"|CUDA error|out of memory|OutOfMemoryError|no kernel image is available"
+    r"|driver version is insufficient|NVIDIA driver on your system is too old"
     r"|NCCL error|NCCL WARN|ncclInternalError|ncclSystemError|ncclUnhandledCudaError"
     r"|Killed process \d+|oom-kill",
     re.IGNORECASE,
@@ -85,6 +86,34 @@ CAUSES: tuple[tuple[re.Pattern, Cause], ...] = (
             "serve an image built for sm_121 (NVIDIA's NGC vLLM images for DGX Spark), or drop the "
             "quantization or kernel option that needs the missing kernel",
             "vllm-project/vllm#30855 (GB10: torch.AcceleratorError: CUDA error: no kernel image is available)",
+        ),
+    ),
+    (
+        re.compile(r"the provided PTX was compiled with an unsupported toolchain|cudaErrorUnsupportedPtxVersion"),
+        Cause(
+            "ptx-toolchain",
+            "a kernel's PTX came from a newer CUDA toolchain than the driver that loaded it can JIT-compile "
+            "(cudaErrorUnsupportedPtxVersion): the engine ran on the host's driver (580 runs CUDA 13.0) rather "
+            "than the image's forward-compatibility one, or the image was built with a newer nvcc than that driver",
+            "start the image through its own entrypoint (an NGC image's /opt/nvidia/nvidia_entrypoint.sh puts its "
+            "forward-compatibility driver first; a container whose entrypoint is replaced runs on the host's), or "
+            "serve an image built for the node driver's CUDA; `sparkcluster doctor` (image.driver) compares the two",
+            "gyliu513/langX101:llm-d/llm-d-spark-full-demo/README.md@07d311ff (NGC vllm:26.08-py3, CUDA 13.4, on "
+            "driver 580.173.02 with the entrypoint replaced: gone once it was kept); vllm-project/vllm#47397 (GB10, "
+            "a source build with nvcc 13.3 on driver 580.159.03)",
+        ),
+    ),
+    (
+        re.compile(r"driver version is insufficient for CUDA runtime version|NVIDIA driver on your system is too old"),
+        Cause(
+            "driver-too-old",
+            "the image's CUDA runtime needs a newer driver than the one the engine loaded (CUDA error 35)",
+            "serve an image built for the node driver's CUDA, keep an NGC image's entrypoint so that its "
+            "forward-compatibility driver is the one loaded, or update the driver; `sparkcluster doctor` "
+            "(image.driver) says what the image needs",
+            'nagadomi/nunif#702 and SYSTRAN/faster-whisper#1278 ("CUDA driver version is insufficient for CUDA '
+            'runtime version"), lllyasviel/Fooocus#1313 (PyTorch\'s "The NVIDIA driver on your system is too '
+            'old"): none of them on a Spark',
         ),
     ),
     (

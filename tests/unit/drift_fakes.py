@@ -152,10 +152,18 @@ def image_built_for_590(s):
     f.image_nccl = dataclasses.replace(f.image_nccl, cuda_driver="590.48.01")
 
 
+def image_turns_jit_cache_off(s):
+    # the worker's copy of the image sets CUDA_CACHE_DISABLE=1 (CUDA Programming Guide, "CUDA Environment
+    # Variables": 1 stops the driver adding to or reading its JIT cache)
+    f = s.facts["spark-worker"]
+    f.image_nccl = dataclasses.replace(f.image_nccl, cuda_cache_disable="1")
+
+
 DRIFT_CASES = [
     # the same CUDA major on the 580 driver: compatibility mode, not failed (issue 51; test_image_driver.py)
     ("image.driver", "spark-worker", "warn", image_built_for_590, {}),
     ("image.nccl", "spark-worker", "warn", image_nccl_pip_2_28_9, {}),
+    ("image.cuda_cache", "spark-worker", "warn", image_turns_jit_cache_off, {}),
     ("host.kernel", "spark-worker", "fail", kernel_7_kho, {}),
     ("host.kernel", "spark-worker", "warn", kernel_differs, {}),
     ("host.bios", "spark-worker", "warn", bios_before_2026_04, {}),

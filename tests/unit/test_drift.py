@@ -79,6 +79,10 @@ def test_shipped_list_validates_and_has_one_entry_per_trap():
     assert {"kernel-7.0-kho-cma", "cx7-pcie-narrow", "earlyoom-defaults-with-swap", "nccl-2.28.9-graph-hang"} <= ids
     # dropped after their sources were re-read (issue 51; the comment in known_bad.toml says why)
     assert not ids & {"bios-before-2026-04", "driver-590-cuda-graphs", "cx7-pcie-slow", "nccl-pip-2.28.9-hang"}
+    # NVLS is NVLink SHARP, over NVLink only (NVIDIA/nccl#1031): Sparks meet over RoCE, and
+    # NVIDIA/nccl#2167's reporter retracted NCCL_NVLS_ENABLE=0 as its fix
+    assert "nccl-2.30.4-nvls-8-nodes" not in ids
+    assert not any("NVLS" in e.fix or "NVLS" in e.why for e in kb.entry)
     assert all(e.why and e.fix and e.source for e in kb.entry)
 
 
@@ -293,22 +297,29 @@ def test_image_nccl_reads_nothing_of_this_vm_and_the_cache_skips_the_container(t
     found = image_nccl.parse(f"id {IMG_ID}\npip 2.28.9\ncuda 13.0.1\n")
     image_nccl.remember([found])
     cached = image_nccl.load()
-    assert cached == {IMG_ID: "pip 2.28.9\ncuda 13.0.1\ndriver \nrequire "}
+    assert cached == {IMG_ID: "pip 2.28.9\ncuda 13.0.1\ndriver \nrequire \ncudacache "}
     cmd = image_nccl.probe("repo/img:tag", cached).command
     assert "case " in cmd and "docker run" in cmd  # the container only for an ID not in the cache
     # the cached answer, printed as the probe would, parses to what was read
     assert image_nccl.parse(f"id {IMG_ID}\n{cached[IMG_ID]}\n") == found
 
 
-def test_known_bad_catches_any_2_28_9_build_across_nodes():
+def test_known_bad_catches_any_2_28_9_build_across_nodes_with_the_fix_of_its_build():
     kb = known_bad.load()
     # vllm#52504: "NCCL 2.28.9 (as shipped)", 2x DGX Spark TP=2 with mp: the watchdog line it quotes
     assert "sample_tokens timed out" in cap("vllm-52504-watchdog.txt")
     pip = {"nccl_version": "2.28.9", "nccl_build": "pip", "nodes": 2}
     assert [e.id for e in kb.matching("image.nccl", pip)] == ["nccl-2.28.9-graph-hang"]
-    assert [e.id for e in kb.matching("image.nccl", {**pip, "nccl_build": "system"})] == ["nccl-2.28.9-graph-hang"]
+    system = {**pip, "nccl_build": "system"}
+    assert [e.id for e in kb.matching("image.nccl", system)] == ["nccl-2.28.9-graph-hang-system"]
     (e,) = kb.matching("image.nccl", pip)
-    assert "vllm-project/vllm#52504" in e.sources() and "2.30.4" in e.fix and "--enforce-eager" in e.fix
+    assert "vllm-project/vllm#52504" in e.sources() and "--enforce-eager" in e.fix
+    # the wheel is replaced with pip (vllm#40969 did, over the bundled 2.28.9)
+    assert "pip install nvidia-nccl-cu13==2.30.4" in e.fix and "vllm-project/vllm#40969" in e.sources()
+    # an NGC image loads the system libnccl2, which no pip wheel replaces: another image, or eager
+    (e,) = kb.matching("image.nccl", system)
+    assert "pip" not in e.fix and "libnccl2 is 2.30.4 or newer" in e.fix and "--enforce-eager" in e.fix
+    assert "vllm-project/vllm#52504" in e.sources() and "vllm-project/vllm#41725" in e.sources()
     assert kb.matching("image.nccl", {**pip, "nodes": 1}) == []  # a cross-node replay: one node has none
     assert kb.matching("image.nccl", {**pip, "nccl_version": "2.30.4"}) == []
 
@@ -508,3 +519,51 @@ def _facts(node: str):
     from sparkcluster.facts import HostFacts
 
     return HostFacts(node, hostname=node)
+
+
+# --- the CUDA driver's JIT cache in the serving container ------------------------------------------
+
+
+def test_the_probe_reads_cuda_cache_disable_and_says_what_it_means():
+    """CUDA Programming Guide, "CUDA Environment Variables": CUDA_CACHE_DISABLE=1 stops the driver adding
+    to or reading its JIT cache, 0 (the default) keeps it; the compile cache points CUDA_CACHE_PATH at the
+    key's cuda folder for the PTX GB10 JIT-compiles (vllm-project/vllm#47397)."""
+    from sparkcluster.facts import image_nccl
+
+    env = {"CUDA_CACHE_DISABLE": "1"}
+    out = subprocess.run(["sh", "-c", image_nccl.INSIDE], capture_output=True, text=True, check=True, env=env).stdout
+    found = image_nccl.parse(f"id {IMG_ID}\n{out}")
+    assert found.cuda_cache_disable == "1"
+    on, said = image_nccl.cuda_cache(found)
+    assert not on and said.startswith("the image sets CUDA_CACHE_DISABLE=1: the CUDA driver neither adds to nor reads")
+    assert "CUDA_CACHE_PATH" in said and "CUDA Programming Guide" in said and "vllm-project/vllm#47397" in said
+    # the profile's forwarded value is the one the container gets
+    on, said = image_nccl.cuda_cache(found, "0")
+    assert on and said.startswith("the profile forwards CUDA_CACHE_DISABLE=0: the CUDA driver keeps")
+    # unset: the driver's default, the cache on
+    unset = image_nccl.parse(
+        f"id {IMG_ID}\n{subprocess.run(['sh', '-c', image_nccl.INSIDE], capture_output=True, text=True, env={}).stdout}"
+    )
+    assert image_nccl.cuda_cache(unset) == (True, image_nccl.cuda_cache(unset)[1])
+    assert image_nccl.cuda_cache(unset)[1].startswith("the image leaves CUDA_CACHE_DISABLE unset")
+    # what the controller remembers says it again, and an entry from before it was read is read again
+    assert image_nccl.parse(f"id {IMG_ID}\n{image_nccl.lines(found)}\n") == found
+
+
+def test_image_cuda_cache_warns_where_the_image_turns_the_jit_cache_off():
+    import dataclasses
+
+    from test_checks import H, W, healthy, results
+
+    s = healthy()
+    assert results(s)[("image.cuda_cache", W)].status == "ok"  # the healthy image leaves it unset
+    for f in s.facts.values():
+        f.image_nccl = dataclasses.replace(f.image_nccl, cuda_cache_disable="1")
+    got = results(s)
+    r = got[("image.cuda_cache", W)]
+    assert r.status == "warn" and "stays empty" in r.detail and "CUDA_CACHE_DISABLE=0" in r.fix, r
+    # a profile that forwards 0 keeps the cache whatever the image says
+    s.expect["forwarded_env"] = {"CUDA_CACHE_DISABLE": "0"}
+    assert results(s)[("image.cuda_cache", H)].status == "ok"
+    s.facts[H].image_nccl = None
+    assert results(s)[("image.cuda_cache", H)].status == "skip"

@@ -44,6 +44,12 @@ def test_a_ray_workers_exception_names_its_rank_and_address_not_its_frames():
     [
         ("vllm-gb10-no-kernel-image-30855.txt", "no-kernel-image"),
         ("nccl/published-modify-qp-61-spark-pair.txt", "nccl-init"),
+        ("vllm-47397-ptx-gb10.txt", "ptx-toolchain"),
+        ("langx101-ngc-spark-ptx.txt", "ptx-toolchain"),
+        ("vllm-31700-ptx-enginecore.log", "ptx-toolchain"),
+        ("nunif-702-driver-insufficient.txt", "driver-too-old"),
+        ("faster-whisper-1278-driver-insufficient.txt", "driver-too-old"),
+        ("fooocus-1313-driver-too-old.txt", "driver-too-old"),
     ],
 )
 def test_known_causes_from_their_public_reports(name, cause):
@@ -123,3 +129,23 @@ def test_a_ray_worker_killed_by_sigill_is_named_by_its_own_line_not_rays_report(
     assert f.lines[0].proc == "raylet" and f.lines[0].ip == "198.19.2.2"  # Ray's report, still shown, in order
     assert any(ln.text == "Fatal Python error: Illegal instruction" for ln in f.lines)
     assert not any("stopping" in ln.text.lower() or "shutting down" in ln.text.lower() for ln in f.lines)
+
+
+def test_the_ptx_error_is_one_line_from_its_rank_and_its_fix_keeps_the_entrypoint():
+    """vllm#31700's traceback under the engine core's prefix: the frame, its source line and marker are
+    left out; the error is the first failure and the fix names what langX101's Spark needed."""
+    f = read("vllm-31700-ptx-enginecore.log")
+    assert [ln.text for ln in f.lines] == [
+        "torch.AcceleratorError: CUDA error: the provided PTX was compiled with an unsupported toolchain."
+    ]
+    assert f.first.proc == "EngineCore_DP0 pid=15638" and f.first.ts == "01-05 12:12:01"
+    cause = f.cause()
+    assert "entrypoint" in cause.fix and "image.driver" in cause.fix
+    assert "vllm-project/vllm#47397" in cause.source and "gyliu513/langX101" in cause.source
+    # vllm#47397's second line, the bare error name, is not a failure line of its own
+    assert len(read("vllm-47397-ptx-gb10.txt").lines) == 1
+
+
+def test_the_driver_causes_say_their_captures_are_not_from_a_spark():
+    cause = read("nunif-702-driver-insufficient.txt").cause()
+    assert cause.source.endswith("none of them on a Spark")

@@ -379,3 +379,44 @@ def test_every_rule_is_registered_once_with_one_function_an_id_and_a_doc_line():
     }
     assert everywhere == set(lint_module.RULES)
     assert CLUSTER_RULES == tuple(r.id for r in lint_module.RULES.values() if r.cluster)
+
+
+# --- forwarded variables with nothing left to read them, or that turn a kept cache off --------------
+
+CAPTURED = Path(__file__).resolve().parents[1] / "captured"
+
+
+def test_vllm_use_v1_is_unread_from_vllm_0_11_and_ngc_26_01():
+    """vLLM 0.11.0 removed the V0 engine and vllm#28204 the variable; a later vLLM says so itself
+    (llm-d-fast-model-actuation#597's line); NGC 26.01 ships vLLM 0.11.1 (its release notes)."""
+    said = (CAPTURED / "vllm-unknown-env-use-v1-597.txt").read_text()
+    name = said.split("Unknown vLLM environment variable detected: ")[1].strip()
+    assert name == "VLLM_USE_V1"
+    # seed 004's own line, on its image (NGC 26.04), before the profile dropped it
+    probs = lint(variant("qwen36-35b-nvfp4-mtp", env__forward={name: "1"}))
+    assert rules(probs) == ["env-unread"] and probs[0].severity == "warn"
+    assert probs[0].message.startswith("env.forward.VLLM_USE_V1: it chose between the V0 and V1 engines")
+    assert "NGC image 26.04-py3" in probs[0].message and "vllm-project/vllm#28204" in probs[0].message
+    assert probs[0].fix == "remove VLLM_USE_V1 from env.forward"
+    # by vLLM version, and not before V0 went
+    on = dict(image__base="vllm/vllm-openai", image__kind="vllm-openai", env__forward={name: "1"})
+    assert rules(lint(variant("qwen36-35b-nvfp4-mtp", image__tag="v0.11.0", image__vllm_version="0.11.0", **on))) == [
+        "env-unread"
+    ]
+    assert lint(variant("qwen36-35b-nvfp4-mtp", image__tag="v0.10.2", image__vllm_version="0.10.2", **on)) == []
+    assert lint(variant("qwen36-35b-nvfp4-mtp", image__tag="25.11-py3", env__forward={name: "1"})) == []
+
+
+def test_turning_off_a_kept_cache_is_warned_where_sparkcluster_keeps_it():
+    # seed 004's Gemma line (-e VLLM_DISABLE_COMPILE_CACHE=1): the shipped profile keeps it, warned
+    probs = lint(load_profile("gemma4-26b-fp8-mtp"))
+    assert rules(probs) == ["compile-cache-defeated"] and probs[0].severity == "warn"
+    assert probs[0].message.startswith("env.forward.VLLM_DISABLE_COMPILE_CACHE=1 turns off vLLM's torch.compile cache")
+    assert "every start compiles again" in probs[0].message
+    # the CUDA driver's JIT cache likewise (CUDA Programming Guide: CUDA_CACHE_DISABLE=1 disables it)
+    probs = lint(variant("qwen36-35b-nvfp4-mtp", env__forward={"CUDA_CACHE_DISABLE": "1"}))
+    assert rules(probs) == ["compile-cache-defeated"] and "CUDA_CACHE_PATH" in probs[0].message
+    # 0 (vLLM's own default, and the CUDA driver's) turns nothing off
+    assert lint(variant("qwen36-35b-nvfp4-mtp", env__forward={"CUDA_CACHE_DISABLE": "0"})) == []
+    # compile_cache = "image": nothing of sparkcluster's is mounted, nothing is lost
+    assert lint(variant("gemma4-26b-fp8-mtp", compile_cache="image")) == []
