@@ -55,6 +55,25 @@ def test_up_serves_tp2_across_both_hosts(testbed, serving):
         assert f"✓ {stage}" in serving.stderr
     # the fabric was measured in the new containers before anything was served (issue 26)
     assert re.search(r"✓ fabric .*all_gather busbw [0-9.]+ GB/s", serving.stderr), serving.stderr
+    # each container's start-up was NGC's, read before serving: forward compatibility on both
+    assert "start-up: forward" in serving.stderr, serving.stderr
+
+
+def test_every_rank_runs_on_the_images_own_cuda_driver(testbed, serving):
+    """NGC's start-up (the image's entrypoint, kept) exported the forward-compatibility environment to
+    the agent, and so to its `ray start`, the raylet and the rank Ray spawned on the worker: the rank's
+    process has it and mapped the image's own libcuda (the stand-in's first kernel would have failed
+    otherwise: test_container_contract.py)."""
+    c = ours(testbed, WORKER)[0]
+    pids = testbed.sh(WORKER, f"docker exec {c} pgrep -f 'ray::RayWorkerProc'", check=False).stdout.split()
+    assert pids, testbed.sh(WORKER, f"docker exec {c} ps -eo pid,args").stdout
+    for pid in pids:
+        raw = testbed.sh(WORKER, f"docker exec {c} cat /proc/{pid}/environ").stdout
+        env = dict(x.split("=", 1) for x in raw.split("\0") if "=" in x)
+        assert env.get("_CUDA_COMPAT_STATUS") == "CUDA Driver OK", env
+        assert env["LD_LIBRARY_PATH"].startswith("/usr/local/cuda/compat/lib.real:"), env["LD_LIBRARY_PATH"]
+        maps = testbed.sh(WORKER, f"docker exec {c} grep -m1 libcuda /proc/{pid}/maps", check=False).stdout
+        assert "/usr/local/cuda/compat/lib.real/libcuda.so.1" in maps, maps
 
 
 def test_chat_completion_with_key(serving):

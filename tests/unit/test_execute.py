@@ -298,8 +298,11 @@ class FakeEngine:
         env = [f"{k}={v}" for k, v in self.env_of(self.node).items()]
         return {"State": {"Running": True, "StartedAt": "2026-11-24T23:26:20.123456789Z"}, "Config": {"Env": env}}
 
-    def logs(self, name, tail="all", **kw):  # what `ray start --head` prints once its runtime runs
-        return b"2026-11-24 23:26:26,774\tSUCC scripts.py:1085 -- \x1b[32mRay runtime started.\x1b[39m\n"
+    def logs(self, name, tail="all", **kw):  # the agent's first line, then what `ray start --head` prints
+        return (
+            b"sparkcluster agent: _CUDA_COMPAT_STATUS=\n"
+            b"2026-11-24 23:26:26,774\tSUCC scripts.py:1085 -- \x1b[32mRay runtime started.\x1b[39m\n"
+        )
 
     def exec_create(self, container, cmd, environment=None, **kw):
         self.calls.append("exec " + " ".join(cmd[:2]))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from sparkcluster.checks.runtime import env_verdict
 from sparkcluster.config import profile as profiles
 from sparkcluster.facts import image_nccl
+from sparkcluster.remote import retry
 from sparkcluster.remote.dockerapi import run_in
 from sparkcluster.steps.base import Step, fail
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from sparkcluster.up.plan import Plan
 
 STAGE = "probe"
+BOOT_WAIT_S = 60.0  # the image's start-up before the agent's first line
 
 
 def steps(plan: Plan) -> list[Step]:
@@ -116,8 +118,20 @@ def check_boot(r: UpRun, node: str, container: str, image_entrypoint: bool) -> s
     api = r.cluster.hosts[node].docker().api
     facts = r.plan.facts.get(node)
     driver = facts.gpus[0].driver if facts is not None and facts.gpus else ""
-    output, env = boot_output(api, container)
-    boot = image_nccl.read_boot(output)
+
+    def said() -> tuple[image_nccl.Boot, dict[str, str]] | None:
+        output, env = boot_output(api, container)
+        boot = image_nccl.read_boot(output)
+        return (boot, env) if boot.compat is not None else None
+
+    # the agent prints its line once the start-up has exec'd it: until then the banner may be half
+    # written (NGC's refusal sleeps 2 s, its shinit_v2 costs seconds more); a container whose agent
+    # never says is judged by what its start-up printed
+    got = retry.poll(said, timeout=BOOT_WAIT_S, interval=0.5, what="the container's start-up")
+    if got is None:
+        output, env = boot_output(api, container)
+        got = image_nccl.read_boot(output), env
+    boot, env = got
     v = image_nccl.judge_boot(boot, env, driver, image_entrypoint)
     if v.status == "fail":
         raise fail(
