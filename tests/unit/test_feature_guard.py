@@ -32,6 +32,7 @@ FEATURES = (
     "the traps",
     "key rotation",
     "drift",
+    "the container contract (NGC's start-up kept)",  # since: an NGC image's entrypoint kept
 )
 CASE = re.compile(r"`(test_\w+)\.py::(test_\w+)`")
 
