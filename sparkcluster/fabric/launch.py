@@ -32,6 +32,11 @@ _log = log.get(__name__)
 
 PROBE_DIR = "/tmp/sparkcluster-fabric"
 PROBE_PATH = f"{PROBE_DIR}/fabric_probe.py"
+# the probe runs CUDA and NCCL: under bash, whose BASH_ENV re-runs an NGC image's /etc/shinit_v2 (its
+# forward-compatibility switch), which a `docker exec` does not inherit from the container's start-up
+# (NVIDIA's two-Spark playbook serves with `docker exec ... bash -c` for the same reason:
+# NVIDIA/dgx-spark-playbooks nvidia/vllm/README.md; container/spec.keeps_entrypoint)
+IN_START_UP = ["bash", "-c", 'unset NCCL_DEBUG_FILE; exec python3 "$@"', "bash", PROBE_PATH]
 FABRIC_LABEL = "org.sparkcluster.fabric"  # a throwaway container of the fabric test, never a serving one
 # the probe's NCCL lines on its own output: INIT and NET say which transport NCCL chose, ENV which
 # variables it read (the container's NCCL_DEBUG_FILE is the engine's, unset for the probe); the
@@ -111,6 +116,7 @@ def throwaway_spec(inv: Inventory, prof: profiles.Profile, node, image: str) -> 
         files={},
         ulimit_stack=spec.ulimit_stack,
         ulimit_nofile=spec.ulimit_nofile,
+        image_entrypoint=spec.image_entrypoint,  # NGC's start-up, as the serving container's
     )
 
 
@@ -189,7 +195,7 @@ def run_ranks(
     """Every rank at once (a collective needs them all), each a `docker exec` that returns when the
     probe exits; the probe bounds its own rendezvous and collectives."""
     jobs = {f"{n}#{r}": (n, r, env) for n, ranks in rank_env(inv, port).items() for r, env in ranks.items()}
-    argv = ["sh", "-c", 'unset NCCL_DEBUG_FILE; exec python3 "$@"', "sh", PROBE_PATH, *probe_args]
+    argv = [*IN_START_UP, *probe_args]
 
     def one(job) -> RankOutput:
         n, r, env = job
@@ -223,7 +229,7 @@ def time_gpus(cluster: ConnectedHosts, placements: dict[str, Placement]) -> dict
     out: dict[str, float | None] = {}
     for n, p in placements.items():
         try:
-            res = run_in(cluster.hosts[n].docker().api, p.container, ["python3", PROBE_PATH, "--gpu-time"], warn=True)
+            res = run_in(cluster.hosts[n].docker().api, p.container, [*IN_START_UP, "--gpu-time"], warn=True)
             out[n] = parse_gpu_time(res.stdout) if res.exit_code == 0 else None
         except Exception as e:  # noqa: BLE001 - a node whose time is unknown is skipped, never judged
             _log.warning("the GPU workload could not be timed", node=n, error=str(e))

@@ -414,3 +414,16 @@ def test_each_node_mounts_its_own_ssh_users_cache():
         "/home/bob/.cache/huggingface",
     )
     assert inv.owner("spark-b") == "1001:1001"
+
+
+def test_the_fabric_tests_ranks_run_in_the_images_start_up(inv, prof):
+    # the throwaway starts as the serving container would (NGC's entrypoint kept; a vllm-openai
+    # image's emptied), and each rank is a `docker exec` under bash, whose BASH_ENV re-runs NGC's
+    # shinit_v2: an exec does not inherit the start-up's exports (container/spec.keeps_entrypoint)
+    from sparkcluster.fabric import launch
+
+    ngc = launch.throwaway_spec(inv, prof, inv.head, IMAGE)
+    assert ngc.image_entrypoint and "entrypoint" not in ngc.create_kwargs()
+    openai = prof.model_copy(update={"image": prof.image.model_copy(update={"kind": "vllm-openai"})})
+    assert launch.throwaway_spec(inv, openai, inv.head, IMAGE).create_kwargs()["entrypoint"] == []
+    assert launch.IN_START_UP[:2] == ["bash", "-c"] and launch.IN_START_UP[-1] == launch.PROBE_PATH
