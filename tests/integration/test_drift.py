@@ -131,7 +131,8 @@ def test_image_of_26x_runs_on_580_and_a_newer_cuda_major_fails(testbed, sc):
         r = before[("image.driver", n)]
         assert r["status"] == "warn", r
         assert "driver 580.142 is older than the image was built for (CUDA_DRIVER_VERSION=595.45.04" in r["detail"], r
-        assert "compatibility mode" in r["detail"] and "vllm-project/vllm#47397" in r["detail"], r
+        assert "Compatibility mode ENABLED" in r["detail"] and "vllm-project/vllm#47397" in r["detail"], r
+        assert "keeps the image's own start-up" in r["detail"], r  # what the container gets
     try:
         testbed.set_driver_version(WORKER, "570.124.06")
         after = rows()
