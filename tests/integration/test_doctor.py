@@ -43,6 +43,7 @@ IDS = [
     "image.ray",
     "image.nccl",
     "image.driver",
+    "image.cuda_cache",
     "net.control_ip",
     "net.vllm_host_ip",
     "net.link",
