@@ -1,11 +1,12 @@
 """What the controller and the node agent agree on: where the agent's files live in a container,
-the supervisor's states (status shows them verbatim) and its default bounds.
+the supervisor's states (`State`: status shows them verbatim) and its default bounds.
 
 Standard library only, like everything in this package: it is shipped into every container."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from enum import Enum
 
 # the role of a service's container (issue 60 item 2: a profile of kind "service"), in its agent's
 # config and its role label: its agent runs node/service's supervisor rather than an engine's
@@ -60,15 +61,64 @@ def state_api_url(dashboard_port: int = DASHBOARD_PORT) -> str:
 
 STATE_API_URL = state_api_url()
 
-# supervisor states (status shows them verbatim)
-IDLE, WAITING, STARTING, SERVING, RESTARTING = "idle", "waiting for nodes", "starting", "serving", "restarting"
-LIMIT, MEMORY, FAILED = "restart limit reached", "stopped: memory floor", "failed to start"
-# before a restart: every node's MemAvailable must cover the engine again (issue 35)
-MEMORY_WAIT, NO_MEMORY = "waiting for memory to come back", "stopped: memory did not come back"
+
+class State(str, Enum):  # noqa: UP042 (StrEnum is 3.11+: a service image may run an older python3)
+    """The supervisor's states, each written once: the state file, `status` and the metrics' `state`
+    label carry the value verbatim (a str, so what is on disk and what was compared before read the
+    same). Renaming or adding one fails the tests that hold the alert rules and the metrics to it."""
+
+    IDLE = "idle"
+    WAITING = "waiting for nodes"
+    STARTING = "starting"
+    SERVING = "serving"
+    RESTARTING = "restarting"
+    # before a restart: every node's MemAvailable must cover the engine again
+    MEMORY_WAIT = "waiting for memory to come back"
+    LIMIT = "restart limit reached"
+    MEMORY = "stopped: memory floor"
+    FAILED = "failed to start"
+    NO_MEMORY = "stopped: memory did not come back"
+    # on demand (a profile's [on_demand]): the engine is not running and holds no memory until a wake;
+    # a wake whose start did not fit a node's memory is refused (not final: the next wake asks again)
+    STANDBY = "standby"
+    REFUSED = "refused: not enough memory"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def of(cls, value: object) -> State | None:
+        """The state a file says (its string), None for none or one this agent does not know."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
+
+    @property
+    def final(self) -> bool:
+        """Nothing is started again until `up`."""
+        return self in FINAL
+
+    @property
+    def wakeable(self) -> bool:
+        """On demand: not running, and a request wakes it."""
+        return self in WAKEABLE
+
+
+IDLE, WAITING, STARTING, SERVING, RESTARTING = (
+    State.IDLE,
+    State.WAITING,
+    State.STARTING,
+    State.SERVING,
+    State.RESTARTING,
+)
+LIMIT, MEMORY, FAILED = State.LIMIT, State.MEMORY, State.FAILED
+MEMORY_WAIT, NO_MEMORY = State.MEMORY_WAIT, State.NO_MEMORY
 FINAL = (LIMIT, MEMORY, FAILED, NO_MEMORY)  # nothing is started again until `up`
-# on demand (a profile's [on_demand]): the engine is not running and holds no memory until a wake;
-# a wake whose start did not fit a node's memory is refused (not final: the next wake asks again)
-STANDBY, REFUSED = "standby", "refused: not enough memory"
+STANDBY, REFUSED = State.STANDBY, State.REFUSED
 WAKEABLE = (STANDBY, REFUSED)
 
 
