@@ -120,6 +120,9 @@ MEMORY_WAIT, NO_MEMORY = State.MEMORY_WAIT, State.NO_MEMORY
 FINAL = (LIMIT, MEMORY, FAILED, NO_MEMORY)  # nothing is started again until `up`
 STANDBY, REFUSED = State.STANDBY, State.REFUSED
 WAKEABLE = (STANDBY, REFUSED)
+# the journal's event for a verdict, an engine's and a service's alike: its `kind` (dead, wedged,
+# not-ready, memory, unhealthy) and `cause` are fields of it
+VERDICT_EVENT = "verdict"
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from .contract import (
     SERVING,
     STARTING,
     STATE_PATH,
+    VERDICT_EVENT,
     Policy,
 )
 from .journal import Journal, read_json, write_json
@@ -152,7 +153,7 @@ class ServiceSupervisor(Lifecycle):
         now = self.clock()
         self.count(f"verdict:{kind}")
         self.causes.append({"ts": now, "kind": kind, "cause": cause})
-        self.journal.write("verdict", kind=kind, cause=cause)
+        self.journal.write(VERDICT_EVENT, kind=kind, cause=cause)
         if not self._policy.act:  # `[supervisor] enabled = false`: watched and journalled only
             self.save()
             return

@@ -53,6 +53,7 @@ from .contract import (
     STANDBY,
     STARTING,
     STATE_PATH,
+    VERDICT_EVENT,
     WAITING,
     WAKE_PATH,
     WAKEABLE,
@@ -690,14 +691,16 @@ class Supervisor(Lifecycle):
         if decision.action == "watch":  # watched, journalled once, left alone
             if not self.causes or self.causes[-1]["cause"] != cause:
                 self.causes.append({"ts": time.time(), "kind": kind, "cause": cause})
-                self.journal.write(kind, cause=cause, action="none: supervision is off in the profile", **evidence)
+                self.journal.write(
+                    VERDICT_EVENT, kind=kind, cause=cause, action="none: supervision is off in the profile", **evidence
+                )
                 self.count(f"verdict:{kind}")
             self.save()
             return
         self.causes.append({"ts": judged, "kind": kind, "cause": cause})
         if kind == "dead":  # what the engine itself said first, beside the supervisor's cause (issue 62)
             evidence.update(first_failure(SERVE_LOG))
-        self.journal.write(kind, cause=cause, **evidence)
+        self.journal.write(VERDICT_EVENT, kind=kind, cause=cause, **evidence)
         self.count(f"verdict:{kind}")
         # published before the stop, which may take verdict_grace_s: the gateway acts on the verdict now
         self.save()

@@ -187,7 +187,7 @@ def test_with_progress_frozen_and_requests_running_the_stall_rule_fires_within_s
             clock.now += 2.0
     finally:
         gate.set()
-    wedged = [e for e in _journal(rig.tmp) if e["event"] == "wedged"]
+    wedged = [e for e in _journal(rig.tmp) if (e["event"], e.get("kind")) == ("verdict", "wedged")]
     assert verdict_at is not None and len(wedged) == 1, _journal(rig.tmp)
     assert "no progress of any kind" in wedged[0]["cause"] and "for 20s" in wedged[0]["cause"]
     assert verdict_at - last_movement <= POLICY.stall_s + POLICY.interval_s
