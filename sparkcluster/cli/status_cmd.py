@@ -117,9 +117,9 @@ def render(st: status_mod.ClusterStatus) -> Group:
     if sup and st.state != "down":
         restarts = len(sup.get("restarts") or [])
         rate = sup.get("tokens_per_s")
-        stale = isinstance(sup.get("age_s"), (int, float)) and sup["age_s"] > contract.stale_after_s(sup)
+        stale = contract.stale(sup, sup.get("age_s"))
         lines.append(
-            f"supervisor: {sup.get('state')}"
+            f"supervisor: {status_mod.supervisor_shown(sup)}"
             + (f" (stale: written {sup['age_s']:.0f}s ago)" if stale else "")
             + f"  restarts: {restarts} of {sup.get('policy', {}).get('max_restarts', '?')}"
             + (f"  generating {rate:.1f} tok/s" if rate is not None and not stale else "")

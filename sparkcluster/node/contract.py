@@ -184,12 +184,9 @@ PEER_READ_S = 1.0  # a look's read of each peer's memory report (node/memreport.
 STOP_KILL_WAIT_S = 10.0  # a stop's wait after SIGKILL, once its grace is spent (node/procgroup)
 
 
-def stopping(sup: dict) -> bool:
-    """The supervisor is stopping an engine now: its last write says so (`stopping`, written by
-    every stop before it blocks), or published a verdict on a running engine (a cause newer than its
-    state, which is still starting or serving)."""
-    if sup.get("stopping"):
-        return True
+def verdict_pending(sup: dict) -> bool:
+    """The supervisor published a verdict on a running engine (a cause newer than its state, which is
+    still starting or serving) and, acting on its verdicts, is stopping it."""
     causes = sup.get("causes") or []
     newest = causes[-1] if causes and isinstance(causes[-1], dict) else {}
     acts = Policy.of(sup.get("policy")).act
@@ -198,6 +195,12 @@ def stopping(sup: dict) -> bool:
         and sup.get("state") in (STARTING, SERVING)
         and float(newest.get("ts") or 0) >= float(sup.get("since") or 0) > 0
     )
+
+
+def stopping(sup: dict) -> bool:
+    """The supervisor is stopping an engine now: its last write says so (`stopping`, written by
+    every stop before it blocks), or published a verdict on a running engine (`verdict_pending`)."""
+    return bool(sup.get("stopping")) or verdict_pending(sup)
 
 
 def stale_after_s(sup: dict) -> float:
@@ -215,3 +218,70 @@ def stale_after_s(sup: dict) -> float:
         grace = (sup.get("stopping") or {}).get("grace_s") if isinstance(sup.get("stopping"), dict) else None
         busy += float(grace if grace is not None else policy.stop_grace_s) + STOP_KILL_WAIT_S
     return max(3 * policy.interval_s + busy, 15.0)
+
+
+def stale(sup: dict, age_s: object) -> bool:
+    """Whether a state file `age_s` seconds old (by the head's own clock) is history: older than
+    `stale_after_s`. An age not known (not a number) is not stale."""
+    return isinstance(age_s, (int, float)) and age_s > stale_after_s(sup)
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a deployment is in rotation, judged from its supervisor's state file alone: why not
+    (`reason`, what a client and `status` are told), when to ask again (`retry_after`, a client's
+    Retry-After in seconds), whether a request wakes it (on demand) and whether only `up` brings it
+    back (`final`). `why` names the branch: serving, stopping, stale, memory unknown, restarting,
+    starting, standby, refused, final, none."""
+
+    up: bool
+    reason: str = ""
+    retry_after: int = 5
+    wake: bool = False
+    final: bool = False
+    why: str = ""
+
+
+REFUSED_REASON = "its last start was refused"  # the reason of a start refused for memory (on demand)
+
+
+def availability(sup: dict | None, age_s: object = None) -> Availability:
+    """Pure: the one judgement of "is it serving?" over a supervisor's state file (`age_s`: how old
+    it is by the head's clock, None where not known), read by the gateway, `status` and a service's
+    `up` alike, so that they agree at any instant. Serving means serving freshly: a verdict newer than
+    "serving" (the supervisor publishes it before it stops the engine, which may take its stop grace)
+    or a state gone stale takes it out at once."""
+    if not isinstance(sup, dict):
+        return Availability(False, "no server asked for (sparkcluster up has not started one)", 30, why="none")
+    state, causes = State.of(sup.get("state")), sup.get("causes") or []
+    newest = causes[-1] if causes and isinstance(causes[-1], dict) else {}
+    last = newest.get("cause", "")
+    if state == SERVING and verdict_pending(sup):
+        # it will restart the engine or give up; either way it serves nothing now
+        reason = f"{newest.get('kind', 'fault')}: {last}; the supervisor is stopping it"
+        return Availability(False, reason, 10, why="stopping")
+    if stale(sup, age_s):
+        shown = sup.get("state")
+        return Availability(
+            False, f"its supervisor is stale ({shown}, {age_s:.0f}s old): it is not watching", 10, why="stale"
+        )
+    # the verdict's kind first (wedged, dead, not-ready, memory): what a client and the journal are told
+    after = f" (after {newest.get('kind') or 'a verdict'}: {last})" if last else ""
+    if state == SERVING:
+        unknown = sup.get("memory_unknown") or {}
+        if unknown:
+            return Availability(
+                False, "degraded: memory unknown on " + ", ".join(sorted(unknown)), 10, why="memory unknown"
+            )
+        return Availability(True, "serving", 0, why="serving")
+    if state == RESTARTING:
+        return Availability(False, f"restarting{after}", 10, why="restarting")
+    if state in (STARTING, WAITING):
+        return Availability(False, f"{state}{after}", 10, why="starting")
+    if state == STANDBY:
+        return Availability(False, "on standby: a request starts it on demand", 10, wake=True, why="standby")
+    if state == REFUSED:
+        return Availability(False, f"{REFUSED_REASON}: {sup.get('refusal') or last}", 30, wake=True, why="refused")
+    if state is not None and state.final:
+        return Availability(False, f"{state}{after}; sparkcluster up brings it back", 60, final=True, why="final")
+    return Availability(False, f"not serving ({sup.get('state') or 'no state'})", 30, why="none")

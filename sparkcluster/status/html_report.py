@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from sparkcluster import redact
 from sparkcluster.deployment import supervision
-from sparkcluster.status.status import ClusterStatus
+from sparkcluster.status.status import ClusterStatus, supervisor_shown
 
 if TYPE_CHECKING:
     from sparkcluster.monitor.history import History
@@ -72,7 +72,7 @@ def _deployment(st: ClusterStatus) -> str:
                 ("endpoint", st.endpoint or "-"),
                 ("health", st.health if st.health is not None else "-"),
                 ("models", ", ".join(st.models) or "-"),
-                ("supervisor", sup.get("state", "none")),
+                ("supervisor", supervisor_shown(sup) if sup else "none"),
                 ("restarts in window", len(sup.get("restarts") or [])),
                 ("tok/s", "-" if sup.get("tokens_per_s") is None else f"{sup['tokens_per_s']:.1f}"),
                 *figures,

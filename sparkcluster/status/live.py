@@ -19,7 +19,7 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer, Header, Label, RichLog, Sparkline
 
 from sparkcluster.deployment import supervision
-from sparkcluster.status.status import ClusterStatus
+from sparkcluster.status.status import ClusterStatus, supervisor_shown
 
 KEEP = 90  # refreshes of history per sparkline
 JOURNAL_LINES = 12
@@ -41,7 +41,7 @@ def readings(sts: list[ClusterStatus]) -> dict[str, tuple[str, float | None]]:
         name = st.deployment or st.cluster
         tok = (st.supervisor or {}).get("tokens_per_s")
         problems = f"  {'; '.join(st.problems)}" if st.problems else ""
-        sup = (st.supervisor or {}).get("state", "no supervisor")
+        sup = supervisor_shown(st.supervisor)
         line = f"{name}  {st.state.upper()}  supervisor: {sup}  tok/s: {'-' if tok is None else f'{tok:.1f}'}{problems}"
         out[f"tok {name}"] = (line, tok)
         floor = floor_gib(st)

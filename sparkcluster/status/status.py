@@ -435,17 +435,31 @@ def ranks_read(st: ClusterStatus, engine: dict[str, str], sup: dict | None) -> N
         st.phases = engine_log.phases(texts)
 
 
+def supervisor_shown(sup: dict | None) -> str:
+    """The supervisor's state as `status` and its live view show it: the state file's, except while
+    the supervisor stops a serving engine after its verdict, which the gateway has already taken out
+    of rotation (`contract.availability`): then not "serving"."""
+    if not sup:
+        return "no supervisor"
+    if contract.availability(sup, sup.get("age_s")).why == "stopping":
+        return f"stopping after a verdict (was {sup.get('state')})"
+    return str(sup.get("state", "no supervisor"))
+
+
 def supervisor_problem(sup: dict | None) -> str | None:
     """What the supervisor's state adds to the problems: it has stopped looking, given up, is
     bringing the server back, or cannot see a node's memory."""
     if not sup:
         return None
     age = sup.get("age_s")
-    if isinstance(age, (int, float)) and age > contract.stale_after_s(sup):
+    judged = contract.availability(sup, age)  # the gateway's judgement, at the same instant
+    if judged.why == "stale":
         return (
             f"supervisor: stale: its last state ({sup.get('state')}) is {age:.0f}s old, so it is not "
             f"watching; see sparkcluster events and the head container's log"
         )
+    if judged.why == "stopping":  # a verdict on a serving engine: out of rotation already
+        return f"supervisor: {judged.reason}"
     said = [x for x in (_state_problem(sup), _memory_unknown(sup)) if x]
     return "; ".join(said) or None
 

@@ -141,7 +141,7 @@ def _start(host, inv: Inventory, svc: ServiceProfile, spec, progress: StageProgr
     if there is not None:
         same = (there.get("Labels") or {}).get(CONFIG_LABEL) == spec.config_hash() and there.get("State") == "running"
         state = supervision.state(api, there["Id"]) if same else None
-        if state and state.get("state") == contract.SERVING:
+        if state and contract.availability(state).up:
             return UpSummary(True, endpoint, svc.served_model_name, state.get("pid"), {}, inv.slot)
         progress.info(f"{spec.name} is replaced ({'not serving' if same else 'its configuration changed'})")
         teardown.remove_container(host, there["Id"])
@@ -165,15 +165,17 @@ def _start(host, inv: Inventory, svc: ServiceProfile, spec, progress: StageProgr
 
 
 def _wait(api, cid: str, svc: ServiceProfile) -> dict:
-    """Until its supervisor says serving; a final state (failed to start, the restart limit) or the
-    service's ready bound (and a margin for the agent's start) passed first is the failure, with why."""
+    """Until its supervisor says serving, as the gateway judges it (contract.availability); a final
+    state (failed to start, the restart limit) or the service's ready bound (and a margin for the
+    agent's start) passed first is the failure, with why."""
     deadline = time.monotonic() + svc.ready_timeout_s + 30
     state: dict = {}
     while time.monotonic() < deadline:
         state = supervision.state(api, cid) or {}
-        if state.get("state") == contract.SERVING:
+        judged = contract.availability(state) if state else None  # the gateway's judgement of it
+        if judged is not None and judged.up:
             return state
-        if state.get("state") in contract.FINAL:
+        if judged is not None and judged.final:
             break
         time.sleep(WAIT_LOOK_S)
     causes = state.get("causes") or [{}]

@@ -306,6 +306,41 @@ def test_a_verdict_newer_than_serving_takes_it_out_while_the_supervisor_stops_th
     assert health.judge(off).up  # supervision off in the profile: journalled, nothing is done
 
 
+WEDGE = [{"ts": 950.0, "kind": "wedged", "cause": "no progress"}]
+
+
+@pytest.mark.parametrize(
+    "state, age, sup",
+    [
+        (contract.SERVING, 1.0, {"since": 900.0}),
+        (contract.SERVING, 1.0, {"since": 900.0, "causes": WEDGE}),  # the verdict published, the stop under way
+        (contract.SERVING, 1.0, {"since": 960.0, "causes": WEDGE}),  # a cause from before it served again
+        (contract.SERVING, 60.0, {"since": 900.0}),  # stale
+        (contract.SERVING, 1.0, {"since": 900.0, "memory_unknown": {"spark-worker": "no answer"}}),
+        (contract.RESTARTING, 1.0, {"since": 955.0, "causes": WEDGE}),
+        *((s, 1.0, {"since": 955.0, "causes": WEDGE}) for s in contract.FINAL),
+    ],
+)
+def test_the_gateway_and_status_agree_on_a_verdict_at_the_same_instant(state, age, sup):
+    """One judgement (contract.availability) for the gateway's rotation and `status`: at the instant
+    the gateway takes a deployment out for its supervisor's sake, `status` names a supervisor problem
+    and no longer shows it serving; while the gateway routes to it, `status` has nothing to say."""
+    from sparkcluster.status import status
+
+    report = _report(state, age=age, **sup)
+    view = {**report["supervisor"], "age_s": age}  # what status reads: the same file, aged by the head's clock
+    routed = health.judge(report)
+    said = status.supervisor_problem(view)
+    assert routed == contract.availability(view, age)
+    assert (said is None) == routed.up
+    if routed.up:
+        assert status.supervisor_shown(view) == "serving"
+    if routed.why == "stopping":  # the state file still says serving: neither of them does
+        assert said == f"supervisor: {routed.reason}" and routed.reason.startswith("wedged: no progress")
+        assert status.supervisor_shown(view) == "stopping after a verdict (was serving)"
+    assert routed.final == (state in contract.FINAL)
+
+
 def test_a_forwarded_post_goes_to_its_forwarder_and_everything_else_through_starlette(two):
     """The app dispatches a POST to a forwarded path before Starlette (perf/gateway.md, "What costs
     most"); what Starlette answered before, it still answers."""
