@@ -175,6 +175,43 @@ class Policy:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Desired:
+    """desired.json (DESIRED_PATH): the server `up` asks for, written by the controller
+    (deployment/server) and read by the head's supervisor and, executor "mp", each worker's rank
+    keeper, each through this record. Its JSON names are these fields'; a name this agent does not
+    know is left out, one missing reads as None (`argv` as none)."""
+
+    generation: str | None = None  # a new one for every start `up` asks for
+    argv: tuple[str, ...] = ()  # `vllm serve ...` (a worker's: its headless rank)
+    model: str | None = None  # the served model name, as the one-token probe asks for it
+    port: int | None = None
+    host: str | None = None  # where the engine listens: the control address, else 127.0.0.1
+    profile: str | None = None
+    salt: str | None = None  # the secrets' digest's salt ("" for a worker's rank: no secret)
+    secrets_digest: str | None = None
+    policy: dict | None = None  # the supervisor's bounds (Policy.of)
+
+    @classmethod
+    def of(cls, doc: dict | None) -> Desired | None:
+        """The record in a desired.json document; None for none (no server is wanted)."""
+        if not isinstance(doc, dict):
+            return None
+        known = {f.name for f in fields(cls)}
+        got = {k: v for k, v in doc.items() if k in known}
+        got["argv"] = tuple(got.get("argv") or ())
+        return cls(**got)
+
+    def doc(self) -> dict:
+        """As desired.json carries it (every field, argv a list)."""
+        return {**asdict(self), "argv": list(self.argv)}
+
+    @property
+    def base_url(self) -> str:
+        """Where the engine answers, from inside its container."""
+        return f"http://{self.host or '127.0.0.1'}:{self.port}"
+
+
 # One look reads /health and /metrics (3 s each at most) and, with Ray, Ray's table of live nodes
 # and, when a node the engine runs on has left it, that node's own row (1 s each at most); the
 # one-token probe runs on a thread of its own and holds no look back. The state file is rewritten

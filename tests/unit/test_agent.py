@@ -187,7 +187,7 @@ def test_supervisor_starts_hostile_argv_uninterpreted_and_stops_it(tmp_path, mon
     }
     sup = supervisor.Supervisor({"node": "n", "nodes": [], "peers": []}, Journal(str(tmp_path / "journal")))
     monkeypatch.chdir(tmp_path)
-    sup.start(desired)
+    sup.start(contract.Desired.of(desired))
     rec = json.loads(Path(supervisor.RECORD_PATH).read_text())
     assert rec["pid"] == sup.proc.pid and rec["generation"] == "g1" and "k-secret" not in json.dumps(rec)
     deadline = time.time() + 10
@@ -213,10 +213,10 @@ def test_resumes_restart_count_and_final_verdicts_after_a_container_restart(tmp_
         )
     )
     sup = supervisor.Supervisor({"node": "n"}, Journal(str(tmp_path / "journal")))
-    sup.adopt({"generation": "g1"})
+    sup.adopt(contract.Desired(generation="g1"))
     assert (sup.state, sup.restarts, sup.first_start) == (contract.LIMIT, [1.0, 2.0, 3.0], False)
     fresh = supervisor.Supervisor({"node": "n"}, Journal(str(tmp_path / "journal")))
-    fresh.adopt({"generation": "g2"})
+    fresh.adopt(contract.Desired(generation="g2"))
     assert (fresh.restarts, fresh.first_start) == ([], True)
 
 

@@ -29,6 +29,7 @@ from sparkcluster.node.verdict import Watch, verdict
 # the testbed profile's bounds (tests/testbed/profiles/testbed.toml)
 POLICY = contract.Policy(interval_s=2.0, probe_interval_s=5.0, probe_timeout_s=15.0, stall_s=20.0, max_restarts=2)
 DESIRED = {"generation": "g1", "argv": ["vllm", "serve"], "model": "m", "port": 8000, "policy": POLICY.doc()}
+ASKED = contract.Desired.of(DESIRED)  # desired.json as the supervisor reads it
 WAIT_S = 10.0  # the most a test waits on the probe's thread (it answers in microseconds)
 
 
@@ -109,7 +110,7 @@ def rig(tmp_path, monkeypatch):
     monkeypatch.setattr(sup, "stop", stop)
     sup.generation, sup.first_start, sup.state = "g1", False, contract.SERVING
     sup.proc, sup.watch = Alive(), Watch(started=0.0, ready=True, progressed_at=clock.now)
-    sup.policy(DESIRED)
+    sup.policy(ASKED)
     return SimpleNamespace(sup=sup, clock=clock, engine=engine, stopped=stopped, tmp=tmp_path)
 
 
@@ -144,18 +145,18 @@ def test_a_probe_that_blocks_holds_no_look_back_and_its_answer_is_taken_after_it
     sup, clock = rig.sup, rig.clock
     try:
         t0 = time.monotonic()
-        look = sup.look(DESIRED, POLICY)  # due: the probe is sent and left running
+        look = sup.look(ASKED, POLICY)  # due: the probe is sent and left running
         assert look.probe is None and probes.entered.acquire(timeout=WAIT_S)
         for _ in range(5):  # looks go on, each 2 s later, while it blocks; none sends another
             clock.now += 2.0
-            assert sup.look(DESIRED, POLICY).probe is None
+            assert sup.look(ASKED, POLICY).probe is None
         assert time.monotonic() - t0 < 5.0  # a look waiting on the probe would take its 30 s
         assert len(probes.runs) == 1 and sup.counts == {} and sup.last_probe_s is None
     finally:
         gate.set()
     _returned(sup)
     clock.now += 2.0
-    look = sup.look(DESIRED, POLICY)  # the first look after it returned takes its answer
+    look = sup.look(ASKED, POLICY)  # the first look after it returned takes its answer
     assert look.probe == "" and sup.last_probe_ok is True and sup.counts == {"probe:ok": 1}
     assert sup.probe_run is None or sup.probe_run.watch is sup.watch  # the next one, sent when due
 
@@ -202,18 +203,18 @@ def test_an_answer_from_an_earlier_start_never_counts_nor_blocks_the_new_engines
     probes = _probes(monkeypatch, "", "", gates=[old_gate, new_gate])
     sup, clock = rig.sup, rig.clock
     try:
-        sup.look(DESIRED, POLICY)  # the first engine's probe, in flight
+        sup.look(ASKED, POLICY)  # the first engine's probe, in flight
         old = sup.probe_run
         assert probes.entered.acquire(timeout=WAIT_S)
         sup.watch = Watch(started=clock.now + 1)  # stopped and started again: a new engine, not ready
         clock.now += 1.25
-        assert sup.look(DESIRED, POLICY).probe is None
+        assert sup.look(ASKED, POLICY).probe is None
         assert len(probes.runs) == 2 and sup.probe_run is probes.runs[1]  # sent despite the old one
         assert sup.probe_run.watch is sup.watch and old.watch is not sup.watch
         old_gate.set()
         assert old.done.wait(WAIT_S) and old.answer == ""
         clock.now += 0.25
-        look = sup.look(DESIRED, POLICY)
+        look = sup.look(ASKED, POLICY)
         assert look.probe is None and sup.counts == {}  # the old engine's success is not this one's
         assert verdict(sup.watch, look, POLICY) is None and not sup.watch.ready
     finally:
@@ -221,7 +222,7 @@ def test_an_answer_from_an_earlier_start_never_counts_nor_blocks_the_new_engines
         new_gate.set()
     _returned(sup)
     clock.now += 0.25
-    look = sup.look(DESIRED, POLICY)
+    look = sup.look(ASKED, POLICY)
     assert look.probe == "" and sup.counts == {"probe:ok": 1}
     assert verdict(sup.watch, look, POLICY) is None and sup.watch.ready
 
@@ -230,19 +231,19 @@ def test_an_exception_in_the_probe_is_a_failure_and_the_next_probe_still_starts(
     probes = _probes(monkeypatch, RuntimeError("connection pool broke"), "")
     sup, clock, engine = rig.sup, rig.clock, rig.engine
     engine.running = 1.0
-    verdict(sup.watch, sup.look(DESIRED, POLICY), POLICY)  # sent
+    verdict(sup.watch, sup.look(ASKED, POLICY), POLICY)  # sent
     _returned(sup)
     clock.now += 2.0
-    look = sup.look(DESIRED, POLICY)
+    look = sup.look(ASKED, POLICY)
     assert look.probe == "the one-token probe failed: RuntimeError: connection pool broke"
     assert sup.last_probe_ok is False and sup.counts == {"probe:failed": 1}
     assert verdict(sup.watch, look, POLICY) is None and sup.watch.probe_failures == 1  # counted
     clock.now += 4.0  # probe_interval_s since the first: the next one is sent
-    sup.look(DESIRED, POLICY)
+    sup.look(ASKED, POLICY)
     assert len(probes.runs) == 2
     _returned(sup)
     clock.now += 2.0
-    look = sup.look(DESIRED, POLICY)
+    look = sup.look(ASKED, POLICY)
     assert look.probe == "" and sup.counts == {"probe:failed": 1, "probe:ok": 1}
     assert verdict(sup.watch, look, POLICY) is None and sup.watch.probe_failures == 0
 

@@ -542,12 +542,12 @@ def test_the_read_interval_runs_on_the_monotonic_clock(tmp_path, monkeypatch, da
     try:
         sup.tick()
         policy = sup.policy()
-        assert sup.look(desired, policy).ray_lost == {}
+        assert sup.look(contract.Desired.of(desired), policy).ray_lost == {}
         wall = time.time() - 3600  # an hour back
         monkeypatch.setattr(supervisor, "time", SimpleNamespace(time=lambda: wall, monotonic=time.monotonic))
         time.sleep(0.1)
         dashboard.doc, dashboard.nodes = text("alive-replaced"), {A2: text("node-a-dead")}
-        assert sup.look(desired, policy).ray_lost["old_node_id"] == A2
+        assert sup.look(contract.Desired.of(desired), policy).ray_lost["old_node_id"] == A2
     finally:
         monkeypatch.undo()
         sup.stop("test")
