@@ -188,8 +188,8 @@ def standby(
     generation = _hand_over(api, spec, secrets, profile, policy, rank_apis)
 
     def on_standby() -> Standby | None:
-        st = _supervisor_state(api, spec.container) or {}
-        if st.get("generation") == generation and st.get("state") in contract.WAKEABLE:
+        st = _supervisor_state(api, spec.container)
+        if st and st.generation == generation and st.kind in contract.WAKEABLE:
             return Standby(generation, spec.container)
         return None
 
@@ -198,7 +198,7 @@ def standby(
     return got
 
 
-def _supervisor_state(api, container: str) -> dict | None:
+def _supervisor_state(api, container: str) -> contract.Supervised | None:
     return supervision.state(api, container)
 
 

@@ -30,12 +30,8 @@ def judge(report: dict | None, why_not: str = "") -> Verdict:
     as old as the report says (the agent's clock and the supervisor's are the head's)."""
     if report is None:
         return Verdict(False, f"its supervisor does not answer ({why_not or 'no report'})", 5, why="no answer")
-    sup = report.get("supervisor")
-    if not isinstance(sup, dict):
-        return contract.availability(None)
-    now, updated = report.get("ts"), sup.get("updated")
-    age = now - updated if isinstance(now, (int, float)) and isinstance(updated, (int, float)) else None
-    return contract.availability(sup, age)
+    sup = contract.Supervised.of(report.get("supervisor"))
+    return contract.availability(sup, sup.age(report.get("ts")) if sup else None)
 
 
 async def look(client, url: str, timeout: float = 1.0) -> Verdict:

@@ -44,6 +44,7 @@ from .contract import (
     STATE_PATH,
     VERDICT_EVENT,
     Policy,
+    Supervised,
 )
 from .journal import Journal, read_json, write_json
 from .lifecycle import Lifecycle, spawn
@@ -91,7 +92,7 @@ class ServiceSupervisor(Lifecycle):
         self.started_at = 0.0
         self.served = False  # this start answered healthy once
         self.unserved = 0  # restarts in a row whose start never answered healthy: the backoff doubles
-        self.resume(read_json(self.state_path) or {})
+        self.resume(Supervised.of(read_json(self.state_path)))
 
     def policy(self) -> Policy:
         return self._policy

@@ -59,6 +59,7 @@ from .contract import (
     WAKEABLE,
     Desired,
     Policy,
+    Supervised,
 )
 from .journal import Journal, read_json, write_json
 from .lifecycle import Lifecycle, spawn
@@ -222,7 +223,7 @@ class Supervisor(Lifecycle):
         it asked for before, whose restart count and final verdicts carry over: a reboot does not
         reset the bound, and a server stopped for memory stays stopped."""
         self.stop("replaced by a new start from sparkcluster up")
-        before = read_json(self.state_path) or {}
+        before = Supervised.of(read_json(self.state_path))
         self.generation, self.next_start = desired.generation, 0.0
         if not self.resume(before):
             self.restarts, self.causes, self.first_start = [], [], True

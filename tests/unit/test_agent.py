@@ -264,7 +264,7 @@ def test_up_says_serving_only_once_the_supervisor_has_seen_it_serve(monkeypatch)
         ]
     )
     monkeypatch.setattr(server, "wait_ready", lambda *a, **kw: 3.0)
-    monkeypatch.setattr(supervision, "state", lambda api, c: next(states))
+    monkeypatch.setattr(supervision, "state", lambda api, c: contract.Supervised.of(next(states)))
     monkeypatch.setattr(server, "supervisor_tail", lambda api, c: "journal tail")
     prof = SimpleNamespace(ready_timeout_s=60, model="m", supervisor=SimpleNamespace(probe_timeout_s=1.0))
     sv = SimpleNamespace(container="c", describe=lambda: "the supervisor in c runs: vllm serve m")
@@ -278,7 +278,9 @@ def test_up_says_serving_only_once_the_supervisor_has_seen_it_serve(monkeypatch)
     )
     monkeypatch.setattr(serve_stage, "_reached", lambda r: contextlib.nullcontext("http://x"))
     assert serve_stage.wait_ready(r) == 3.0  # a serving state of another generation did not count
-    monkeypatch.setattr(supervision, "state", lambda api, c: {"state": "starting", "generation": "g1"})
+    monkeypatch.setattr(
+        supervision, "state", lambda api, c: contract.Supervised.of({"state": "starting", "generation": "g1"})
+    )
     monkeypatch.setattr(serve_stage, "SUPERVISOR_CONFIRM_S", 0.5)
     with pytest.raises(StageError, match="the supervisor has not seen it serve within 1.5s .its state: starting"):
         serve_stage.wait_ready(r)

@@ -331,7 +331,7 @@ def test_the_gateway_and_status_agree_on_a_verdict_at_the_same_instant(state, ag
     view = {**report["supervisor"], "age_s": age}  # what status reads: the same file, aged by the head's clock
     routed = health.judge(report)
     said = status.supervisor_problem(view)
-    assert routed == contract.availability(view, age)
+    assert routed == contract.availability(contract.Supervised.of(view), age)
     assert (said is None) == routed.up
     if routed.up:
         assert status.supervisor_shown(view) == "serving"
@@ -339,6 +339,34 @@ def test_the_gateway_and_status_agree_on_a_verdict_at_the_same_instant(state, ag
         assert said == f"supervisor: {routed.reason}" and routed.reason.startswith("wedged: no progress")
         assert status.supervisor_shown(view) == "stopping after a verdict (was serving)"
     assert routed.final == (state in contract.FINAL)
+
+
+def test_the_state_file_is_read_through_its_record():
+    """contract.Supervised: the fields every supervisor writes, typed; the rest kept as written; a
+    stop in progress is one whatever its shape; a file of another kind or none is no record."""
+    doc = {
+        "state": "serving",
+        "since": 960.0,  # served again after the verdict
+        "updated": 1000.0,
+        "generation": "g1",
+        "pid": 7,
+        "restarts": [950.0],
+        "causes": [{"ts": 950.0, "kind": "dead", "cause": "exited"}, "not a cause"],
+        "policy": {"interval_s": 2},
+        "tokens_per_s": 12.5,
+        "activity": "",
+        "executor": "mp",
+    }
+    rec = contract.Supervised.of(doc)
+    assert rec.kind is contract.State.SERVING and rec.generation == "g1" and rec.restarts == (950.0,)
+    assert rec.causes == ({"ts": 950.0, "kind": "dead", "cause": "exited"},) and rec.last_cause == "exited"
+    assert rec.bounds.interval_s == 2 and rec.tokens_per_s == 12.5 and rec.rest == {"executor": "mp"}
+    assert rec.age(1003.0) == 3.0 and rec.age(None) is None and not rec.stale(3.0) and rec.stale(60.0)
+    assert not rec.is_stopping() and contract.Supervised.of({**doc, "stopping": {"grace_s": 5}}).is_stopping()
+    assert contract.Supervised.of({**doc, "stopping": {}}).is_stopping() is False
+    assert contract.Supervised.of({**doc, "state": "gone"}).kind is None
+    assert contract.Supervised.of(None) is None and contract.Supervised.of([]) is None
+    assert contract.availability(None) == contract.NOT_ASKED and not contract.NOT_ASKED.up
 
 
 def test_a_forwarded_post_goes_to_its_forwarder_and_everything_else_through_starlette(two):

@@ -116,7 +116,7 @@ def test_memory_that_never_comes_back_gives_up_with_a_clear_state(tmp_path, monk
     assert sup.proc is None and sup.state == contract.NO_MEMORY
     from sparkcluster.status import status
 
-    said = status._state_problem(state)
+    said = status._state_problem(contract.Supervised.of(state))
     assert (
         said.startswith("supervisor: vllm serve not restarted: memory did not come back") and "sparkcluster up" in said
     )

@@ -266,23 +266,26 @@ def test_a_starting_engine_is_serving_at_the_look_that_takes_a_successful_answer
 
 def test_the_state_file_is_stale_after_three_looks_and_the_reads_bounds_not_the_probes():
     testbed = {"policy": {"interval_s": 2.0, "probe_timeout_s": 15.0}, "state": contract.SERVING, "since": 50.0}
-    assert contract.stale_after_s(testbed) == 15.0  # 3 x 2 s + 7 s of reads, floored at 15 s
+    assert contract.Supervised.of(testbed).stale_after_s() == 15.0  # 3 x 2 s + 7 s of reads, floored at 15 s
     slow = {**testbed, "policy": {"interval_s": 5.0, "probe_timeout_s": 60.0}}
-    assert contract.stale_after_s(slow) == 3 * 5.0 + contract.LOOK_BLOCKS_S
+    assert contract.Supervised.of(slow).stale_after_s() == 3 * 5.0 + contract.LOOK_BLOCKS_S
     # peers whose report did not answer cost a look a second each
     blind = {**slow, "memory_unknown": {"a": "timed out", "b": "timed out"}}
-    assert contract.stale_after_s(blind) == 3 * 5.0 + contract.LOOK_BLOCKS_S + 2 * contract.PEER_READ_S
+    assert contract.Supervised.of(blind).stale_after_s() == 3 * 5.0 + contract.LOOK_BLOCKS_S + 2 * contract.PEER_READ_S
     # a verdict published before the stop: the stop's grace and kill wait are the supervisor acting
     stopping = {**testbed, "causes": [{"ts": 60.0, "kind": "wedged", "cause": "no progress"}]}
     grace = contract.Policy().stop_grace_s + contract.STOP_KILL_WAIT_S
-    assert contract.stale_after_s(stopping) == 3 * 2.0 + contract.LOOK_BLOCKS_S + grace
+    assert contract.Supervised.of(stopping).stale_after_s() == 3 * 2.0 + contract.LOOK_BLOCKS_S + grace
     # a cause older than the state (the restart that followed it) adds nothing
-    assert contract.stale_after_s({**stopping, "since": 70.0}) == 15.0
-    assert contract.stale_after_s({**stopping, "state": contract.RESTARTING}) == 15.0
+    assert contract.Supervised.of({**stopping, "since": 70.0}).stale_after_s() == 15.0
+    assert contract.Supervised.of({**stopping, "state": contract.RESTARTING}).stale_after_s() == 15.0
     # any stop the supervisor publishes before it blocks (down, on demand's idle TTL, up replacing
     # the server: no new cause) adds the grace it stops with
     orderly = {**testbed, "stopping": {"why": "idle for 900s", "grace_s": 30.0}}
-    assert contract.stale_after_s(orderly) == 3 * 2.0 + contract.LOOK_BLOCKS_S + 30.0 + contract.STOP_KILL_WAIT_S
+    assert (
+        contract.Supervised.of(orderly).stale_after_s()
+        == 3 * 2.0 + contract.LOOK_BLOCKS_S + 30.0 + contract.STOP_KILL_WAIT_S
+    )
 
 
 def test_the_state_file_is_rewritten_during_a_restarts_backoff(rig):
