@@ -13,6 +13,9 @@ What each page reads:
 - known-bad.md: the shipped known-bad list (`config/known_bad.toml`) and the signals each check offers;
 - conformance.md: each shipped profile's `[source]` beside the container `up` creates for it
   (`container/conformance.py`).
+- modules.md: the module map, every module of `sparkcluster/` under its package, each described by the
+  first sentence of its own docstring and each package by its `__init__`'s first paragraph (read with
+  `ast`, nothing imported).
 
 Nothing here imports more than the CLI's `--help` and the models need; nothing connects anywhere.
 """
@@ -537,6 +540,109 @@ def conformance_page() -> str:
     return "".join(docs).rstrip("\n") + "\n"
 
 
+# --- the module map ------------------------------------------------------------------------------
+
+PACKAGE = REPO / "sparkcluster"
+# the packages in the order the flow meets them (docs/explanation/how-it-works.md); one not named here
+# follows them in alphabetical order, so a new package is never left out
+FLOW = [
+    "",
+    "config",
+    "remote",
+    "facts",
+    "checks",
+    "steps",
+    "up",
+    "up/stages",
+    "upgrade",
+    "container",
+    "movement",
+    "deployment",
+    "status",
+    "programs",
+    "node",
+    "gateway",
+    "fabric",
+    "bench",
+    "monitor",
+    "cli",
+]
+# what the site's pages leave out of a docstring: the tracker's and the seeds' numbers
+_REFERENCES = (
+    re.compile(r"\s*\((?:issue|seed) [^()]*(?:\([^()]*\)[^()]*)*\)"),  # a parenthesis that is only a reference
+    re.compile(r"\s*\(#?\d+\)"),
+    re.compile(r",? ?\b(?:issue|seed) #?\d+(?:'s [a-z]+)?(?: items? \d+(?: and \d+)?)?:? ?", re.IGNORECASE),
+)
+
+
+def _docstring(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text(), str(path))) or ""
+
+
+def _unreferenced(text: str) -> str:
+    for pattern in _REFERENCES:
+        text = pattern.sub("", text)
+    return re.sub(r"\(\s*\)", "", " ".join(text.split())).strip()
+
+
+def _first_paragraph(doc: str) -> str:
+    return _unreferenced(doc.split("\n\n")[0])
+
+
+def _first_sentence(doc: str) -> str:
+    """A docstring's first sentence: up to the first full stop that ends a sentence outside brackets
+    and quotes (`e.g.` and `node/x.py` are not ends)."""
+    para = " ".join(doc.split("\n\n")[0].split())
+    depth, tick = 0, False
+    for i, ch in enumerate(para):
+        if ch == "`":
+            tick = not tick
+        elif not tick and ch in "([{":
+            depth += 1
+        elif not tick and ch in ")]}":
+            depth = max(0, depth - 1)
+        elif ch == "." and not tick and depth == 0 and para[i + 1 : i + 2] in ("", " ") and para[i - 1] != ".":
+            if not re.search(r"\b(?:e\.g|i\.e|etc|vs)$", para[:i]):
+                return _unreferenced(para[: i + 1])
+    return _unreferenced(para)
+
+
+def module_map() -> dict[str, tuple[str, list[tuple[str, str]]]]:
+    """{package folder relative to sparkcluster/ ("" for the top): (its `__init__`'s first paragraph,
+    [(module, its docstring's first sentence)])}, every .py file of the package, in the flow's order."""
+    packages: dict[str, tuple[str, list[tuple[str, str]]]] = {}
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        rel = init.parent.relative_to(PACKAGE).as_posix()
+        rel = "" if rel == "." else rel
+        modules = [
+            (p.stem, _first_sentence(_docstring(p)))
+            for p in sorted(init.parent.glob("*.py"), key=lambda p: (p.name != "__init__.py", p.name))
+        ]
+        packages[rel] = (_first_paragraph(_docstring(init)), modules)
+    order = [*(f for f in FLOW if f in packages), *sorted(f for f in packages if f not in FLOW)]
+    return {f: packages[f] for f in order}
+
+
+def modules_page() -> str:
+    docs = [HEADER.format(src="the docstrings of sparkcluster/")]
+    docs.append("# Module map\n\n")
+    docs.append(
+        "Every module of `sparkcluster/`, package by package in the order the flow meets them, each said by "
+        "the first sentence of its own docstring (a package by its `__init__`'s first paragraph). "
+        "[How it works](../explanation/how-it-works.md) says how the packages stand on one another.\n"
+    )
+    for folder, (about, modules) in module_map().items():
+        docs.append(f"\n## `sparkcluster/{folder + '/' if folder else ''}`\n\n")
+        if about:
+            docs.append(f"{about}\n\n")
+        docs.append("| module | what it is |\n|---|---|\n")
+        for name, line in modules:
+            if name == "__init__" and about and about.startswith(line.rstrip(".")):
+                line = "the package itself (above)"
+            docs.append(f"| `{name}` | {_cell(line)} |\n")
+    return "".join(docs).rstrip("\n") + "\n"
+
+
 PAGES = {
     "cli.md": cli_page,
     "inventory.md": inventory_page,
@@ -545,6 +651,7 @@ PAGES = {
     "lint.md": lint_page,
     "known-bad.md": known_bad_page,
     "conformance.md": conformance_page,
+    "modules.md": modules_page,
 }
 
 

@@ -57,7 +57,7 @@ def verdict_after(tb, since: float, timeout: float) -> dict:
                 e = json.loads(line)
             except ValueError:
                 continue
-            if e.get("event") in VERDICTS and e.get("ts", 0) >= since:
+            if e.get("event") == "verdict" and e.get("kind") in VERDICTS and e.get("ts", 0) >= since:
                 return e
         time.sleep(0.5)
     raise SystemExit(f"bench: no verdict in the head's journal within {timeout:.0f}s; supervisor: {state(tb)}")
@@ -108,7 +108,7 @@ def wedge(s) -> dict:
         "verdict_to_exec": started - v["ts"],
         "engine_start": probe.ready_at - started,
         "ready_to_serving": end - probe.ready_at,
-        "verdict": v["event"],
+        "verdict": v["kind"],
         "cause": v.get("cause", ""),
     }
 

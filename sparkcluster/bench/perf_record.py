@@ -163,7 +163,10 @@ class Figures(_Strict):
         return {f: getattr(self, f) for f in FIGURES if getattr(self, f) is not None}
 
 
-class Run(_Strict):
+class RecordedRun(_Strict):
+    """One run of a record: the conditions it ran at and the figures it measured (a name of its own:
+    `steps/walk.Run` is the run a command walks its steps in)."""
+
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     conditions: Conditions
     figures: Figures
@@ -179,7 +182,7 @@ class PerfRecord(_Strict):
     hardware: Hardware
     harness: HarnessInfo
     software: Software = Field(default_factory=Software)
-    runs: list[Run] = Field(min_length=1)
+    runs: list[RecordedRun] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _runs(self) -> PerfRecord:
@@ -193,7 +196,7 @@ class PerfRecord(_Strict):
             raise ValueError("source.url: a published record cites an https:// page")
         return self
 
-    def run_at(self, key: tuple[int, int, int]) -> Run | None:
+    def run_at(self, key: tuple[int, int, int]) -> RecordedRun | None:
         return next((r for r in self.runs if r.conditions.key == key), None)
 
 

@@ -14,9 +14,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sparkcluster import bench as bench_pkg  # `bench` is this module's command
 from sparkcluster import redact
-from sparkcluster.bench import orchestrate
+from sparkcluster.bench import against, aiperf, benchy, orchestrate, results, sweep
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.secrets import ENV_FILE_HELP
@@ -61,7 +60,7 @@ def results_table(rows: list[dict]) -> Table:
     return t
 
 
-def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table:
+def comparison_table(changes: list[results.Change], tolerance: float) -> Table:
     t = _table(
         f"regression: worse by more than {tolerance:g}% (any new error)",
         ("c", "figure", "before", "after", "change", ""),
@@ -75,7 +74,7 @@ def comparison_table(changes: list[bench_pkg.Change], tolerance: float) -> Table
     return t
 
 
-def against_table(st: bench_pkg.against.Standing) -> Table:
+def against_table(st: against.Standing) -> Table:
     t = _table(
         f"ratio: yours / record (latencies inverted); short below {1 - st.tolerance_pct / 100:.2f}",
         ("conditions", "figure", "yours", "record", "ratio", ""),
@@ -83,7 +82,7 @@ def against_table(st: bench_pkg.against.Standing) -> Table:
     )
     for r in st.ratios:
         mark = "" if not r.short else "[bold red]SHORT[/]"
-        if r.short and r.figure in bench_pkg.against.TAIL_FIGURES:
+        if r.short and r.figure in against.TAIL_FIGURES:
             mark = "[yellow]short (a p99: not judged)[/]"
         t.add_row(r.conditions, r.figure, f"{r.ours:.4g}", f"{r.theirs:.4g}", f"{r.ratio:.2f}", mark)
     return t
@@ -102,27 +101,26 @@ def against_table(st: bench_pkg.against.Standing) -> Table:
     "-c",
     default=None,
     help="Comma-separated concurrency levels, one run of vllm bench serve each "
-    f"[default: {','.join(map(str, bench_pkg.DEFAULT_CONCURRENCY))}, or the compared record's].",
+    f"[default: {','.join(map(str, sweep.DEFAULT_CONCURRENCY))}, or the compared record's].",
 )
 @click.option(
     "--input-len",
     default=None,
     type=int,
-    help="Prompt tokens per request (random dataset) "
-    f"[default: {bench_pkg.DEFAULT_INPUT_LEN}, or the compared record's].",
+    help=f"Prompt tokens per request (random dataset) [default: {sweep.DEFAULT_INPUT_LEN}, or the compared record's].",
 )
 @click.option(
     "--output-len",
     default=None,
     type=int,
     help="Generated tokens per request (EOS ignored, so exactly this many) "
-    f"[default: {bench_pkg.DEFAULT_OUTPUT_LEN}, or the compared record's].",
+    f"[default: {sweep.DEFAULT_OUTPUT_LEN}, or the compared record's].",
 )
 @click.option(
     "--num-prompts",
     default=None,
     type=int,
-    help=f"Requests per level (default: 4 x concurrency, at least {bench_pkg.MIN_PROMPTS}).",
+    help=f"Requests per level (default: 4 x concurrency, at least {sweep.MIN_PROMPTS}).",
 )
 @click.option(
     "--tokenizer",
@@ -152,7 +150,7 @@ def against_table(st: bench_pkg.against.Standing) -> Table:
     type=click.Choice(orchestrate.RUNNABLE),
     default=None,
     help="What measures: vLLM's own bench (in the image), llama-benchy "
-    f"{bench_pkg.benchy.VERSION} or NVIDIA's aiperf {bench_pkg.aiperf.VERSION} (each installed once in a "
+    f"{benchy.VERSION} or NVIDIA's aiperf {aiperf.VERSION} (each installed once in a "
     "virtualenv of its own in the head container; aiperf only when named here) "
     "[default: the compared record's harness where it runs here (llama-benchy), else vllm-bench-serve].",
 )
@@ -231,7 +229,7 @@ def bench(
     )
     tasks: dict[str, int] = {}
 
-    def on_progress(level: bench_pkg.Level, done: int, total: int) -> None:
+    def on_progress(level: sweep.Level, done: int, total: int) -> None:
         if level.name not in tasks:
             tasks[level.name] = bars.add_task(f"concurrency {level.concurrency}", total=total)
         bars.update(tasks[level.name], completed=done, total=total)

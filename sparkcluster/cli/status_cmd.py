@@ -73,7 +73,8 @@ def render(st: status_mod.ClusterStatus) -> Group:
     if st.ray_nodes is not None:
         lines.append(f"ray: {st.ray_nodes} nodes, {st.ray_gpus:g} GPUs")
     if st.endpoint and st.state != "down" and st.service:  # issue 60: its health is its supervisor's
-        state = (st.supervisor or {}).get("state") or "no state yet"
+        said = contract.Supervised.of(st.supervisor)
+        state = (said.state if said else None) or "no state yet"
         pid = f"  service pid {st.server_pid}" if st.server_pid else ""
         lines.append(f"endpoint: {st.endpoint}  service: {state}{pid}")
     elif st.endpoint and st.state != "down":
@@ -114,18 +115,20 @@ def render(st: status_mod.ClusterStatus) -> Group:
     if st.phases and st.state != "down":  # each rank's warm-up phase while the engine starts
         lines.append("warm-up: " + redact.mask(engine_log.drift_text(st.phases)))
     sup = st.supervisor
-    if sup and st.state != "down":
-        restarts = len(sup.get("restarts") or [])
-        rate = sup.get("tokens_per_s")
-        stale = isinstance(sup.get("age_s"), (int, float)) and sup["age_s"] > contract.stale_after_s(sup)
+    rec = contract.Supervised.of(sup)
+    if sup and rec and st.state != "down":
+        restarts = len(rec.restarts)
+        rate = rec.tokens_per_s
+        age = sup.get("age_s")  # the controller's: how old the file is by the head's clock
+        stale = rec.stale(age)
         lines.append(
-            f"supervisor: {sup.get('state')}"
-            + (f" (stale: written {sup['age_s']:.0f}s ago)" if stale else "")
-            + f"  restarts: {restarts} of {sup.get('policy', {}).get('max_restarts', '?')}"
+            f"supervisor: {status_mod.supervisor_shown(sup)}"
+            + (f" (stale: written {age:.0f}s ago)" if stale else "")
+            + f"  restarts: {restarts} of {(rec.policy or {}).get('max_restarts', '?')}"
             + (f"  generating {rate:.1f} tok/s" if rate is not None and not stale else "")
         )
-        if sup.get("activity") and not stale:  # a long prompt being prefilled: progress, not a wedge
-            lines.append(f"  {redact.mask(sup['activity'])}")
+        if rec.activity and not stale:  # a long prompt being prefilled: progress, not a wedge
+            lines.append(f"  {redact.mask(rec.activity)}")
         for e in st.journal[-3:]:
             lines.append("  " + redact.mask(supervision.format_entry(e)))
     for d in st.drift:

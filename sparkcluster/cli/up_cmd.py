@@ -224,11 +224,11 @@ def _up_service(inv, svc, node: tuple[str, ...], *, dry_run, offline, as_json, b
 
 def _smoke(inv, prof, secrets: dict[str, str], err: Console) -> None:
     """`vllm bench serve` at concurrency 1 inside the head container, after the endpoint is ready."""
-    from sparkcluster import bench  # only `up --smoke` loads the benchmark
+    from sparkcluster.bench import runner, smoke  # only `up --smoke` loads the benchmark
 
-    with bench.connect(inv) as cluster:
-        tok_s, expected, verdict = bench.smoke_after_up(cluster.hosts[inv.head.name], inv, prof, secrets)
-    line = bench.smoke_message(tok_s, expected, verdict)
+    with runner.connect(inv) as cluster:
+        tok_s, expected, verdict = smoke.smoke_after_up(cluster.hosts[inv.head.name], inv, prof, secrets)
+    line = smoke.smoke_message(tok_s, expected, verdict)
     if verdict == "ok" or verdict == "unknown":
         click.echo(line)
     else:

@@ -12,7 +12,6 @@ import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from sparkcluster import node, programs
 from sparkcluster.config import compile_cache, images
@@ -61,10 +60,8 @@ def keeps_entrypoint(kind: str | None) -> bool:
 def agent_files() -> dict[str, str]:
     """The node agent's files as the container holds them: the `node/` package under AGENT_DIR and
     its launcher as AGENT_DIR's `__main__.py` (so `python3 AGENT_DIR` runs it)."""
-    here = Path(node.__file__).parent
-    modules = {
-        f"node/{p.name}": f"sparkcluster.node.{p.stem}" for p in sorted(here.glob("*.py")) if p.name != "launcher.py"
-    }
+    roots = (f"{node.__name__}.agent", f"{node.__name__}.fabric_probe")  # the agent; the rank program it never imports
+    modules = programs.layout({node.__name__, *(m for r in roots for m in programs.modules(r))}, node.__name__, "node")
     modules["__main__.py"] = "sparkcluster.node.launcher"
     return programs.files(contract.AGENT_DIR, modules)
 

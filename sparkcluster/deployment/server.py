@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import docker.errors
 import httpx
@@ -113,22 +113,21 @@ def _hand_over(api, spec: ServeSpec, secrets: dict[str, str], profile: str, poli
 
     env = {k: v for k, v in secrets.items() if k in spec.secret_names}
     salt, generation = token_hex(8), token_hex(8)
-    desired = {
-        "generation": generation,
-        "argv": spec.argv,
-        "model": spec.model,
-        "port": spec.port,
-        "host": spec.host,
-        "profile": profile,
-        "salt": salt,
-        "secrets_digest": secrets_digest(env, salt),
-        "policy": policy,
-    }
+    desired = contract.Desired(
+        generation=generation,
+        argv=tuple(spec.argv),
+        model=spec.model,
+        port=spec.port,
+        host=spec.host,
+        profile=profile,
+        salt=salt,
+        secrets_digest=secrets_digest(env, salt),
+        policy=policy,
+    )
     for node, container, argv in spec.ranks:  # executor "mp": each worker's agent first, no secret
-        hand(rank_apis[node], container, {**desired, "argv": list(argv), "salt": "", "secrets_digest": ""})
+        hand(rank_apis[node], container, replace(desired, argv=tuple(argv), salt="", secrets_digest=""))
     api.put_archive(spec.container, "/", files_tar({contract.SECRETS_PATH: json.dumps(env)}, mode=0o600))
-    api.put_archive(spec.container, "/", files_tar({contract.DESIRED_PATH + ".new": json.dumps(desired)}))
-    run_in(api, spec.container, ["mv", "-f", contract.DESIRED_PATH + ".new", contract.DESIRED_PATH])
+    hand(api, spec.container, desired)
     return generation
 
 
@@ -189,8 +188,8 @@ def standby(
     generation = _hand_over(api, spec, secrets, profile, policy, rank_apis)
 
     def on_standby() -> Standby | None:
-        st = _supervisor_state(api, spec.container) or {}
-        if st.get("generation") == generation and st.get("state") in contract.WAKEABLE:
+        st = _supervisor_state(api, spec.container)
+        if st and st.generation == generation and st.kind in contract.WAKEABLE:
             return Standby(generation, spec.container)
         return None
 
@@ -199,7 +198,7 @@ def standby(
     return got
 
 
-def _supervisor_state(api, container: str) -> dict | None:
+def _supervisor_state(api, container: str) -> contract.Supervised | None:
     return supervision.state(api, container)
 
 
@@ -225,9 +224,9 @@ def ensure_wake_token(api, container: str) -> str:
     return token
 
 
-def hand(api, container: str, desired: dict) -> None:
+def hand(api, container: str, desired: contract.Desired) -> None:
     """The desired state into a container, written aside and renamed (never read half-written)."""
-    api.put_archive(container, "/", files_tar({contract.DESIRED_PATH + ".new": json.dumps(desired)}))
+    api.put_archive(container, "/", files_tar({contract.DESIRED_PATH + ".new": json.dumps(desired.doc())}))
     run_in(api, container, ["mv", "-f", contract.DESIRED_PATH + ".new", contract.DESIRED_PATH])
 
 

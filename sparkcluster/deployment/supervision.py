@@ -22,11 +22,11 @@ def read_file(api, container: str, path: str) -> str | None:
         return tar.extractfile(tar.getmembers()[0]).read().decode(errors="replace")
 
 
-def state(api, container: str) -> dict | None:
+def state(api, container: str) -> contract.Supervised | None:
     """The supervisor's state file, or None when it has written none (no server asked for yet)."""
     text = read_file(api, container, contract.STATE_PATH)
     try:
-        return json.loads(text) if text else None
+        return contract.Supervised.of(json.loads(text)) if text else None
     except ValueError:  # caught mid-write: the next look has it
         return None
 

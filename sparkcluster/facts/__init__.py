@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.errors import StageError, StepFailure
@@ -19,29 +19,55 @@ from sparkcluster.movement.layers import ImageLayers
 from sparkcluster.remote.engine_api import EngineApi
 
 
+def _probed(probe: probes.Probe, default=None, *, factory=None, any_exit=False, build=None):
+    """A HostFacts field read from one probe, declared with the field: `parse` reads it with
+    `probes.value` (the parsed output of a probe that exited 0, else the field's default), or with
+    `probes.output` when `any_exit` (parsed whatever its exit: a loop over sysfs that found nothing
+    still says so); `build(inv, node)` makes the probe the script runs where its command needs the
+    inventory (`probe` is then that builder's probe with blank arguments: its name and parser)."""
+    meta = {"probe": probe, "any_exit": any_exit, "build": build or (lambda inv, node: probe)}
+    return field(default_factory=factory, metadata=meta) if factory else field(default=default, metadata=meta)
+
+
+def _ports(inv: Inventory, node: Node) -> probes.Probe:
+    return probes.listeners([inv.cluster.ray_port, inv.cluster.api_port, inv.cluster.master_port])
+
+
+def _access(inv: Inventory, node: Node) -> probes.Probe:
+    from sparkcluster.remote.lock import lock_path  # for start-up speed: facts load without paramiko
+
+    return access.access(inv.cluster.hf_cache, lock_path(inv.cluster.name))
+
+
 @dataclass
 class HostFacts:
+    """What one host answered. A field read from one probe names it here (`_probed`), and the probe
+    (`probes`, `access`: its section, command and parser) is the fact's one definition: `probe_script`
+    runs those probes and `parse` fills those fields, each naming none of them. The rest are read from
+    several sections, or only when an image is named, and `parse` says how."""
+
     node: str
-    hostname: str = ""
+    hostname: str = _probed(probes.HOSTNAME, "", any_exit=True)
     clock_offset: float | None = None  # host clock minus controller clock, seconds
-    gpus: list[parsers.Gpu] = field(default_factory=list)
+    gpus: list[parsers.Gpu] = _probed(probes.GPU, factory=list)
     gpu_error: str = ""
-    docker: parsers.DockerInfo | None = None
+    docker: parsers.DockerInfo | None = _probed(probes.DOCKER)
     docker_error: str = ""
-    docker_api: EngineApi | None = None  # the engine's release and the API range it accepts
-    gpu_hook: str = ""
-    interfaces: dict[str, parsers.Interface] = field(default_factory=dict)
-    hcas: dict[str, parsers.Hca] = field(default_factory=dict)
-    gids: dict[str, list[parsers.Gid]] = field(default_factory=dict)  # hca -> filled GID table entries
-    default_routes: list[str] = field(default_factory=list)  # netdevs the default route(s) leave by
-    mem: parsers.MemInfo | None = None
-    earlyoom: bool = False
-    sshd_oom_score_adj: int | None = None
-    listeners: list[parsers.Listener] = field(default_factory=list)
-    containers: list[parsers.Container] = field(default_factory=list)
+    docker_api: EngineApi | None = _probed(probes.DOCKER_API)  # the engine's release and the API range it accepts
+    gpu_hook: str = _probed(probes.GPU_HOOK, "")
+    interfaces: dict[str, parsers.Interface] = _probed(probes.IP, factory=dict)  # with carrier and speed
+    hcas: dict[str, parsers.Hca] = _probed(probes.HCA, factory=dict, any_exit=True)
+    # hca -> filled GID table entries
+    gids: dict[str, list[parsers.Gid]] = _probed(probes.GIDS, factory=dict, any_exit=True)
+    default_routes: list[str] = _probed(probes.ROUTE, factory=list)  # netdevs the default route(s) leave by
+    mem: parsers.MemInfo | None = _probed(probes.MEMINFO)
+    earlyoom: bool = _probed(probes.EARLYOOM, False)
+    sshd_oom_score_adj: int | None = _probed(probes.SSHD_OOM)
+    listeners: list[parsers.Listener] = _probed(probes.listeners([]), factory=list, any_exit=True, build=_ports)
+    containers: list[parsers.Container] = _probed(probes.CONTAINERS, factory=list)
     # docker inspect of sparkcluster's deployment containers (the gateway's is none: labels.is_gateway)
     ours: list[parsers.ContainerInspect] = field(default_factory=list)
-    # the other deployments' containers on the node (issue 60: another slot's), never this run's
+    # the other deployments' containers on the node (another slot's), never this run's
     beside: list[parsers.ContainerInspect] = field(default_factory=list)
     image_id: str | None = None
     image_ray: str | None = None  # `ray --version` output in the cluster image, if it runs
@@ -49,16 +75,21 @@ class HostFacts:
     image_layers: ImageLayers | None = None  # the cluster image's diff IDs and layer sizes
     base: ImageLayers | None = None  # the profile's base image, when the node has it
     layer_chains: list[list[str]] = field(default_factory=list)  # diff IDs of every image on the node
-    disks: dict[str, parsers.Disk] = field(default_factory=dict)
-    ray_sessions: list[str] = field(default_factory=list)
+    disks: dict[str, parsers.Disk] = _probed(
+        probes.disk(""), factory=dict, any_exit=True, build=lambda inv, node: probes.disk(inv.cluster.hf_cache)
+    )
+    ray_sessions: list[str] = _probed(probes.RAY_SESSIONS, factory=list, any_exit=True)
     # phase 2: every path MTU probe from this node, one per (netdev, peer address): a passing probe
     # must never hide a failing one on the same netdev
     path_mtu: list[parsers.PingResult] = field(default_factory=list)
     path_mtu_error: str = ""  # the probes could not run at all (the node stopped answering, a timeout)
-    account: access.Account | None = None  # the SSH user: name, uid, gid, groups, home
-    access: access.Access | None = None  # may it write the HF cache and take the lock
-    image_nccl: image_nccl.ImageNccl | None = None  # the NCCL the cluster image loads (issue 39)
-    traits: parsers.Traits = field(default_factory=parsers.Traits)  # what drifts: kernel, BIOS, HCA links (issue 39)
+    account: access.Account | None = _probed(access.ACCOUNT)  # the SSH user: name, uid, gid, groups, home
+    access: access.Access | None = _probed(access.access("", ""), build=_access)  # the HF cache, the lock
+    image_nccl: image_nccl.ImageNccl | None = None  # the NCCL the cluster image loads
+    traits: parsers.Traits = field(default_factory=parsers.Traits)  # what drifts: kernel, BIOS, HCA links
+
+
+PROBED = tuple(f for f in fields(HostFacts) if "probe" in f.metadata)  # the fields read from one probe each
 
 
 def probe_script(
@@ -72,33 +103,14 @@ def probe_script(
 ) -> str:
     """One shell script for one host. Every value is quoted; nothing here comes from a user string
     that is not validated by the inventory model."""
-    from sparkcluster.remote.lock import lock_path  # for start-up speed: facts load without paramiko
-
     label = shlex.quote(f"{CLUSTER_LABEL}={inv.cluster.name}")
     parts = [
         p.script()
         for p in (
-            probes.HOSTNAME,
-            probes.TIME,
-            probes.GPU,
-            probes.DOCKER,
-            probes.DOCKER_API,
-            probes.GPU_HOOK,
-            probes.IP,
+            probes.TIME,  # first: the clock's offset is judged against the round trip's midpoint
+            *(f.metadata["build"](inv, node) for f in PROBED),
             probes.carrier([node.control_if, *node.netdevs]),
-            probes.HCA,
-            probes.GIDS,
-            probes.ROUTE,
-            probes.MEMINFO,
-            probes.EARLYOOM,
-            probes.SSHD_OOM,
-            probes.listeners([inv.cluster.ray_port, inv.cluster.api_port, inv.cluster.master_port]),
-            probes.CONTAINERS,
             probes.ours(f"{CLUSTER_LABEL}={inv.cluster.name}"),
-            probes.disk(inv.cluster.hf_cache),
-            probes.RAY_SESSIONS,
-            access.ACCOUNT,
-            access.access(inv.cluster.hf_cache, lock_path(inv.cluster.name)),
             *probes.TRAITS,
         )
     ]
@@ -147,34 +159,22 @@ def parse(node: Node, text: str, sent_at: float, received_at: float) -> HostFact
     s = probes.split_sections(text)
     f = HostFacts(node=node.name)
     value, output, failure = probes.value, probes.output, probes.failure
-    f.hostname = output(probes.HOSTNAME, s)
+    for fact in PROBED:
+        probe = fact.metadata["probe"]
+        if fact.metadata["any_exit"]:
+            setattr(f, fact.name, output(probe, s))
+        else:
+            setattr(f, fact.name, value(probe, s, getattr(f, fact.name)))
     clock = value(probes.TIME, s)
     if clock is not None:
         f.clock_offset = clock - (sent_at + received_at) / 2
-    f.gpus = value(probes.GPU, s, f.gpus)
     f.gpu_error = failure(probes.GPU, s, "nvidia-smi")
-    f.docker = value(probes.DOCKER, s, f.docker)
     f.docker_error = failure(probes.DOCKER, s, "docker info")
-    f.docker_api = value(probes.DOCKER_API, s)
-    f.gpu_hook = value(probes.GPU_HOOK, s, "")
-    f.interfaces = value(probes.IP, s, {})
     for name, carrier, speed in output(probes.carrier([]), s):
         if name in f.interfaces:
             f.interfaces[name].carrier = carrier
             f.interfaces[name].speed_mbps = speed
-    f.hcas = output(probes.HCA, s)
-    f.gids = output(probes.GIDS, s)
-    f.default_routes = value(probes.ROUTE, s, [])
-    f.mem = value(probes.MEMINFO, s)
-    f.earlyoom = value(probes.EARLYOOM, s, False)
-    f.sshd_oom_score_adj = value(probes.SSHD_OOM, s)
-    f.listeners = output(probes.listeners([]), s)
-    f.containers = value(probes.CONTAINERS, s, [])
     f.ours = [c for c in value(probes.ours(""), s, []) if not is_gateway(c.labels)]
-    f.disks = output(probes.disk(""), s)
-    f.ray_sessions = [x for x in output(probes.RAY_SESSIONS, s) if x]
-    f.account = value(access.ACCOUNT, s)
-    f.access = value(access.access("", ""), s)
     f.base = value(probes.image_layers("base", ""), s)
     f.image_layers = value(probes.image_layers("image_layers", ""), s)
     f.layer_chains = value(probes.LAYER_CHAINS, s, [])

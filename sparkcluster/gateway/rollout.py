@@ -29,9 +29,7 @@ from sparkcluster.config.secrets import GATEWAY_KEYS
 from sparkcluster.config.service_profile import is_service
 from sparkcluster.deployment.gateway_registry import CONFIG_PATH
 from sparkcluster.errors import InputError
-from sparkcluster.gateway import SHIPPED
 from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, GATEWAY_ROLE, PORT_LABEL, ROLE_LABEL, gateway_name
-from sparkcluster.node import contract
 from sparkcluster.redact import set_fix
 from sparkcluster.steps.base import Step
 
@@ -47,12 +45,14 @@ LAUNCHER = (
 
 def code_files() -> dict[str, str]:
     """The gateway's modules as its container holds them: a package `sparkcluster` with only the
-    gateway and the node contract it reads the supervisor's states from (standard library, plus
-    what vLLM's image has)."""
-    files = programs.files(CODE_DIR, {f"sparkcluster/gateway/{m}.py": f"sparkcluster.gateway.{m}" for m in SHIPPED})
+    gateway's entry point and what it imports (the node contract it reads the supervisor's states
+    from among them: standard library, plus what vLLM's image has), found by `programs.modules`."""
+    entry = f"{__package__}.entrypoint"
+    shipped = {__package__, *programs.modules(entry)}
+    files = programs.files(CODE_DIR, programs.layout(shipped, "sparkcluster", "sparkcluster"))
     files[f"{CODE_DIR}/sparkcluster/__init__.py"] = '"""The parts of sparkcluster the gateway runs."""\n'
-    files[f"{CODE_DIR}/sparkcluster/node/__init__.py"] = '"""The node contract only."""\n'
-    files |= programs.files(CODE_DIR, {"sparkcluster/node/contract.py": contract.__name__})
+    for package in sorted({m.rpartition(".")[0] for m in shipped} - {"sparkcluster", __package__}):  # node/
+        files[f"{CODE_DIR}/{package.replace('.', '/')}/__init__.py"] = '"""Only the modules the gateway imports."""\n'
     files[f"{CODE_DIR}/__main__.py"] = LAUNCHER
     return files
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from .contract import CANARY_CHECK_PATH, CANARY_PATH, SECRETS_PATH
+from .contract import CANARY_CHECK_PATH, CANARY_PATH, SECRETS_PATH, Desired
 from .journal import read_json, write_json
 
 PROMPTS: tuple[str, ...] = (
@@ -386,7 +386,7 @@ def _wait_idle(base: str, bound_s: float) -> None:
         time.sleep(IDLE_POLL_S)
 
 
-def check_here(journal, desired: dict, after: str) -> Verdict | None:
+def check_here(journal, desired: Desired, after: str) -> Verdict | None:
     """Compare the engine's answers with the reference the controller left (CANARY_PATH), journal the
     outcome and keep it for `status`. None when there is nothing to compare with. Never raises."""
     import time
@@ -395,14 +395,14 @@ def check_here(journal, desired: dict, after: str) -> Verdict | None:
         stored = CanaryRecord.from_json(read_json(CANARY_PATH) or {})
     except (KeyError, TypeError, ValueError):
         return None  # no reference yet: `up` takes it once the deployment first serves
-    if stored.profile and desired.get("profile") and stored.profile != desired.get("profile"):
+    if stored.profile and desired.profile and stored.profile != desired.profile:
         return None  # a reference left by another profile's serve says nothing of this one
     # where the engine listens: 127.0.0.1, or the control address alone (the gateway the only door)
-    base = f"http://{desired.get('host') or '127.0.0.1'}:{desired['port']}"
+    base = desired.base_url
     key = (read_json(SECRETS_PATH) or {}).get("VLLM_API_KEY")
     try:
         _wait_idle(base, IDLE_WAIT_S)
-        verdict = judge(stored, lambda: ask(base, desired["model"], key))
+        verdict = judge(stored, lambda: ask(base, desired.model, key))
     except Exception as e:  # the engine went away meanwhile: the supervisor's own looks judge that
         journal.write("canary: not asked", after=after, why=str(e)[:200])
         return None
@@ -412,7 +412,7 @@ def check_here(journal, desired: dict, after: str) -> Verdict | None:
     return verdict
 
 
-def after_restart(journal, desired: dict) -> None:
+def after_restart(journal, desired: Desired) -> None:
     """The supervisor's call once a restarted engine serves again: the check runs beside the loop (a
     thread), so the supervisor keeps looking and serving is never held up by it."""
     import threading

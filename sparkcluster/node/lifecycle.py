@@ -14,7 +14,7 @@ import os
 import subprocess
 import time
 
-from .contract import FINAL, IDLE, MEMORY_WAIT, Policy
+from .contract import FINAL, IDLE, MEMORY_WAIT, Policy, Supervised
 from .journal import Journal, write_json
 from .procgroup import stop_group
 from .verdict import memory_wait
@@ -100,16 +100,16 @@ class Lifecycle:
             },
         )
 
-    def resume(self, before: dict) -> bool:
+    def resume(self, before: Supervised | None) -> bool:
         """After the container restarted (a reboot, a crash), the state file it left (`before`): for
         the same generation, its restarts and a final verdict carry over, so a reboot does not reset
         the bound and a supervisor stopped for good stays stopped. True when they did."""
-        if before.get("generation") != self.generation:
+        if before is None or before.generation != self.generation:
             return False
-        self.restarts, self.causes = list(before.get("restarts") or []), list(before.get("causes") or [])
+        self.restarts, self.causes = list(before.restarts), list(before.causes)
         self.first_start = False
-        if before.get("state") in FINAL:
-            self.state = before["state"]
+        if before.kind in FINAL:
+            self.state = before.kind
         self.journal.write("resumed after the container restarted", state=self.state, restarts=len(self.restarts))
         return True
 

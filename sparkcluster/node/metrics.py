@@ -25,23 +25,11 @@ import os
 import time
 
 from . import aer
-from .contract import (
-    FABRIC_PATH,
-    FAILED,
-    IDLE,
-    LIMIT,
-    MEMORY,
-    REFUSED,
-    RESTARTING,
-    SERVING,
-    STANDBY,
-    STARTING,
-    WAITING,
-)
+from .contract import FABRIC_PATH, State
 from .journal import read_json
 from .readings import meminfo
 
-STATES = (IDLE, WAITING, STARTING, SERVING, RESTARTING, LIMIT, MEMORY, FAILED, STANDBY, REFUSED)
+STATES = tuple(State)  # every state: one series each, 1 for the state the supervisor is in
 VERDICT_KINDS = ("dead", "wedged", "not-ready", "memory")
 
 # name -> (type, help): every series this module can write

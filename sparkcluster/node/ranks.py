@@ -20,7 +20,7 @@ import subprocess
 import time
 import urllib.request
 
-from .contract import DESIRED_PATH, RANK_PATH, SERVE_LOG
+from .contract import DESIRED_PATH, RANK_PATH, SERVE_LOG, Desired
 from .engine_log import SERVE_MARK
 from .journal import Journal, read_json, write_json
 from .procgroup import stop_group
@@ -50,10 +50,10 @@ class RankKeeper:
             self.exit = "the container restarted"
 
     def report(self) -> dict:
-        desired = read_json(DESIRED_PATH) or {}
+        desired = Desired.of(read_json(DESIRED_PATH))
         return {
             "rank": self.cfg["rank"],
-            "generation": desired.get("generation"),
+            "generation": desired.generation if desired else None,
             "epoch": self.epoch,
             "alive": self.proc is not None and self.proc.poll() is None,
             "pid": self.proc.pid if self.proc else None,
@@ -64,9 +64,10 @@ class RankKeeper:
         write_json(RANK_PATH, {"epoch": self.epoch, "pid": self.proc.pid if self.proc else None, "exit": self.exit})
 
     def tick(self) -> None:
-        desired = read_json(DESIRED_PATH)
-        if desired is None and os.path.exists(DESIRED_PATH):  # caught mid-write
+        raw = read_json(DESIRED_PATH)
+        if raw is None and os.path.exists(DESIRED_PATH):  # caught mid-write
             return
+        desired = Desired.of(raw)
         head = self.cfg["head"]
         published = head_set(head["ip"], self.cfg["report_port"]) if desired else {}
         if self.proc is not None and self.proc.poll() is not None:
@@ -78,7 +79,7 @@ class RankKeeper:
             return
         want = (
             published.get("epoch")
-            if desired and published.get("run") and published.get("generation") == desired.get("generation")
+            if desired and published.get("run") and published.get("generation") == desired.generation
             else None
         )
         if self.proc is not None and want != self.epoch:
@@ -86,7 +87,7 @@ class RankKeeper:
         if self.proc is None and want is not None and want != self.epoch:
             self.start(desired, want)
 
-    def start(self, desired: dict, epoch: str) -> None:
+    def start(self, desired: Desired, epoch: str) -> None:
         os.makedirs(os.path.dirname(SERVE_LOG), exist_ok=True)
         log = open(SERVE_LOG, "ab")
         # this start's lines follow the mark (node/engine_log: its phases and all-reduce backend)
@@ -94,7 +95,7 @@ class RankKeeper:
         log.flush()
         # no secret: a headless rank serves no API and finds the weights in its own HF cache
         self.proc = subprocess.Popen(
-            desired["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            list(desired.argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
         self.epoch, self.exit = epoch, None

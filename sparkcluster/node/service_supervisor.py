@@ -42,7 +42,9 @@ from .contract import (
     SERVING,
     STARTING,
     STATE_PATH,
+    VERDICT_EVENT,
     Policy,
+    Supervised,
 )
 from .journal import Journal, read_json, write_json
 from .lifecycle import Lifecycle, spawn
@@ -90,7 +92,7 @@ class ServiceSupervisor(Lifecycle):
         self.started_at = 0.0
         self.served = False  # this start answered healthy once
         self.unserved = 0  # restarts in a row whose start never answered healthy: the backoff doubles
-        self.resume(read_json(self.state_path) or {})
+        self.resume(Supervised.of(read_json(self.state_path)))
 
     def policy(self) -> Policy:
         return self._policy
@@ -152,7 +154,7 @@ class ServiceSupervisor(Lifecycle):
         now = self.clock()
         self.count(f"verdict:{kind}")
         self.causes.append({"ts": now, "kind": kind, "cause": cause})
-        self.journal.write("verdict", kind=kind, cause=cause)
+        self.journal.write(VERDICT_EVENT, kind=kind, cause=cause)
         if not self._policy.act:  # `[supervisor] enabled = false`: watched and journalled only
             self.save()
             return

@@ -53,10 +53,13 @@ from .contract import (
     STANDBY,
     STARTING,
     STATE_PATH,
+    VERDICT_EVENT,
     WAITING,
     WAKE_PATH,
     WAKEABLE,
+    Desired,
     Policy,
+    Supervised,
 )
 from .journal import Journal, read_json, write_json
 from .lifecycle import Lifecycle, spawn
@@ -209,19 +212,19 @@ class Supervisor(Lifecycle):
         whether a set runs now (its ranks are wanted)."""
         return {"generation": self.generation, "epoch": self.epoch, "run": self.proc is not None}
 
-    def policy(self, desired: dict | None = None) -> Policy:
+    def policy(self, desired: Desired | None = None) -> Policy:
         """The bounds of the desired state just read (each tick reads it once), else the last known."""
         if desired is not None:
-            self._policy = Policy.of(desired.get("policy"))
+            self._policy = Policy.of(desired.policy)
         return self._policy
 
-    def adopt(self, desired: dict) -> None:
+    def adopt(self, desired: Desired) -> None:
         """A server `up` asked for, or (after this container restarted: a reboot, a crash) the one
         it asked for before, whose restart count and final verdicts carry over: a reboot does not
         reset the bound, and a server stopped for memory stays stopped."""
         self.stop("replaced by a new start from sparkcluster up")
-        before = read_json(self.state_path) or {}
-        self.generation, self.next_start = desired.get("generation"), 0.0
+        before = Supervised.of(read_json(self.state_path))
+        self.generation, self.next_start = desired.generation, 0.0
         if not self.resume(before):
             self.restarts, self.causes, self.first_start = [], [], True
             if self.state in FINAL:
@@ -301,15 +304,15 @@ class Supervisor(Lifecycle):
         return False
 
     # -- the engine
-    def start(self, desired: dict) -> None:
+    def start(self, desired: Desired) -> None:
         secrets = read_json(SECRETS_PATH) or {}
         env = {**os.environ, **{k: str(v) for k, v in secrets.items()}}
         self.reading = StartReading(self.cfg.get("compile_cache"), SERVE_LOG)
         self.log_offset = log_size(SERVE_LOG)
         self.epoch = token_hex(4) if self.mp else None
-        self.proc = spawn(desired["argv"], SERVE_LOG, engine_log.SERVE_MARK, env)
+        self.proc = spawn(list(desired.argv), SERVE_LOG, engine_log.SERVE_MARK, env)
         record = {
-            k: desired.get(k)
+            k: getattr(desired, k)
             for k in ("profile", "model", "port", "host", "salt", "secrets_digest", "generation", "policy")
         }
         ray = {"ray_nodes": self.ray_node_ids()} if self.ray_nodes else {}  # what its ranks run on
@@ -319,7 +322,7 @@ class Supervisor(Lifecycle):
         self.journal.write(
             f"{self.child_name} started",
             pid=self.proc.pid,
-            generation=desired.get("generation"),
+            generation=desired.generation,
             **({"epoch": self.epoch} if self.mp else {}),
             **ray,
         )
@@ -500,9 +503,9 @@ class Supervisor(Lifecycle):
             )
         return step != "go"
 
-    def look(self, desired: dict, policy: Policy) -> Look:
+    def look(self, desired: Desired, policy: Policy) -> Look:
         # the engine's own address: loopback, or the head's control address when it listens only there
-        base = f"http://{desired.get('host') or '127.0.0.1'}:{desired['port']}"
+        base = desired.base_url
         look = Look(
             now=time.time(),
             alive=self.proc is not None and self.proc.poll() is None,
@@ -534,7 +537,7 @@ class Supervisor(Lifecycle):
         due = not self.watch.ready or look.now - self.last_probe >= policy.probe_interval_s
         if due and self.probe_run is None:  # probe_answer left only this start's, still in flight
             self.last_probe = look.now
-            self.send_probe(base, desired["model"], policy.probe_timeout_s)
+            self.send_probe(base, desired.model, policy.probe_timeout_s)
         return look
 
     def send_probe(self, base: str, model: str, timeout: float) -> None:
@@ -610,17 +613,18 @@ class Supervisor(Lifecycle):
             self._peer_reads = None
 
     def _tick(self) -> None:
-        desired = read_json(DESIRED_PATH)
-        if desired is None and os.path.exists(DESIRED_PATH):  # caught mid-write: the next look has it
+        raw = read_json(DESIRED_PATH)
+        if raw is None and os.path.exists(DESIRED_PATH):  # caught mid-write: the next look has it
             return
-        if desired is None or not desired.get("argv"):
+        desired = Desired.of(raw)
+        if desired is None or not desired.argv:
             if self.proc is not None:
                 self.stop("disabled (sparkcluster down, or up replacing the server)")
             self.generation, self.wanted, self.refusal = None, False, ""
             self.set_state(IDLE)
             return
         policy = self.policy(desired)
-        if desired.get("generation") != self.generation:
+        if desired.generation != self.generation:
             self.adopt(desired)
         if self.state in FINAL:
             self.save()
@@ -690,14 +694,16 @@ class Supervisor(Lifecycle):
         if decision.action == "watch":  # watched, journalled once, left alone
             if not self.causes or self.causes[-1]["cause"] != cause:
                 self.causes.append({"ts": time.time(), "kind": kind, "cause": cause})
-                self.journal.write(kind, cause=cause, action="none: supervision is off in the profile", **evidence)
+                self.journal.write(
+                    VERDICT_EVENT, kind=kind, cause=cause, action="none: supervision is off in the profile", **evidence
+                )
                 self.count(f"verdict:{kind}")
             self.save()
             return
         self.causes.append({"ts": judged, "kind": kind, "cause": cause})
         if kind == "dead":  # what the engine itself said first, beside the supervisor's cause (issue 62)
             evidence.update(first_failure(SERVE_LOG))
-        self.journal.write(kind, cause=cause, **evidence)
+        self.journal.write(VERDICT_EVENT, kind=kind, cause=cause, **evidence)
         self.count(f"verdict:{kind}")
         # published before the stop, which may take verdict_grace_s: the gateway acts on the verdict now
         self.save()

@@ -21,6 +21,7 @@ import re
 import shlex
 import threading
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -33,23 +34,42 @@ def source(module: str) -> str:
     return (path / "__init__.py").read_text() if path.is_dir() else path.with_suffix(".py").read_text()
 
 
-# `from sparkcluster.programs import a, b`, `from sparkcluster.programs.a import x`: a program's
-# imports of its siblings, one a line as the formatter leaves them (test_programs checks this reading
-# against the parsed module); read without parsing, so packing a bundle costs little
-_SIBLINGS = re.compile(r"^from sparkcluster\.programs(?:\.(\w+))? import ([\w, ]+)$", re.M)
+def is_module(module: str) -> bool:
+    """Whether `module` (`sparkcluster.node.contract`, `sparkcluster.node`) is one of the package's
+    modules or packages."""
+    path = PACKAGE_ROOT.joinpath(*module.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+# a module's imports of the package's modules, absolute (`from sparkcluster.programs import a, b`,
+# `from sparkcluster.programs.a import x`) or relative (`from . import a`, `from ..node import
+# contract`), at any indentation, one statement as the formatter leaves it (test_programs checks this
+# reading against the parsed module); read without parsing, so packing a bundle costs little
+_IMPORTS = re.compile(
+    r"^[ \t]*from (sparkcluster(?:\.\w+)*|\.+(?:\w+(?:\.\w+)*)?) import (?:\(([^)]*)\)|([\w, ]+))", re.M
+)
 
 
 def _ours(module: str) -> list[str]:
-    """The modules of this package that `module` imports (its first level)."""
+    """The modules of the package that `module` imports (its first level): a name imported from a
+    package is the module of that name where there is one, else the package's own `__init__`."""
+    package = (
+        module if (PACKAGE_ROOT.joinpath(*module.split(".")) / "__init__.py").is_file() else module.rpartition(".")[0]
+    )
     out = []
-    for sub, names in _SIBLINGS.findall(source(module)):
-        out += [f"{__name__}.{sub}"] if sub else [f"{__name__}.{n.strip()}" for n in names.split(",")]
-    return out
+    for base, grouped, names in _IMPORTS.findall(source(module)):
+        if base.startswith("."):
+            dots = len(base) - len(base.lstrip("."))
+            parts = package.split(".")[: len(package.split(".")) - (dots - 1)]
+            base = ".".join([*parts, *([base.lstrip(".")] if base.lstrip(".") else [])])
+        for name in (n.split()[0] for n in (grouped or names).split(",") if n.strip()):
+            out.append(f"{base}.{name}" if is_module(f"{base}.{name}") else base)
+    return list(dict.fromkeys(out))
 
 
 @functools.cache
 def modules(module: str) -> tuple[str, ...]:
-    """`module` and every module of this package it reaches, in a stable order."""
+    """`module` and every module of the package it reaches, in a stable order."""
     seen: list[str] = []
     todo = [module]
     while todo:
@@ -90,3 +110,17 @@ def command(module: str, *args: str) -> str:
 def files(folder: str, modules: dict[str, str]) -> dict[str, str]:
     """Files a container holds: `modules` maps a path under `folder` to the module it is the text of."""
     return {f"{folder}/{path}": source(m) for path, m in modules.items()}
+
+
+def layout(modules: Iterable[str], package: str, folder: str) -> dict[str, str]:
+    """Where each of `modules` (those under `package`) lies in a folder that holds `package` as
+    `folder`: {"node/agent.py": "sparkcluster.node.agent", "node/__init__.py": "sparkcluster.node"}."""
+    out = {}
+    for m in sorted(modules):
+        if m != package and not m.startswith(package + "."):
+            raise ValueError(f"{m} is not under {package}")
+        rel = "/".join([folder, *m[len(package) + 1 :].split(".")]) if m != package else folder
+        out[
+            f"{rel}/__init__.py" if (PACKAGE_ROOT.joinpath(*m.split(".")) / "__init__.py").is_file() else f"{rel}.py"
+        ] = m
+    return out

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from sparkcluster import redact
 from sparkcluster.deployment import supervision
-from sparkcluster.status.status import ClusterStatus
+from sparkcluster.node import contract
+from sparkcluster.status.status import ClusterStatus, supervisor_shown
 
 if TYPE_CHECKING:
     from sparkcluster.monitor.history import History
@@ -60,7 +61,8 @@ def _table(rows: list[tuple[str, str]]) -> str:
 
 def _deployment(st: ClusterStatus) -> str:
     sup = st.supervisor or {}
-    floor = ((sup.get("policy") or {}).get("memory_floor_gib")) if sup else None
+    rec = contract.Supervised.of(st.supervisor)
+    floor = (rec.policy or {}).get("memory_floor_gib") if rec and sup else None
     out = [f"<h2>{_e(st.deployment or st.cluster)} <span class='state {_e(st.state)}'>{_e(st.state)}</span></h2>"]
     if st.problems:
         out.append("<ul class='problems'>" + "".join(f"<li>{_e(p)}</li>" for p in st.problems) + "</ul>")
@@ -72,9 +74,9 @@ def _deployment(st: ClusterStatus) -> str:
                 ("endpoint", st.endpoint or "-"),
                 ("health", st.health if st.health is not None else "-"),
                 ("models", ", ".join(st.models) or "-"),
-                ("supervisor", sup.get("state", "none")),
-                ("restarts in window", len(sup.get("restarts") or [])),
-                ("tok/s", "-" if sup.get("tokens_per_s") is None else f"{sup['tokens_per_s']:.1f}"),
+                ("supervisor", supervisor_shown(sup) if sup else "none"),
+                ("restarts in window", len(rec.restarts) if rec else 0),
+                ("tok/s", "-" if rec is None or rec.tokens_per_s is None else f"{rec.tokens_per_s:.1f}"),
                 *figures,
             ]
         )

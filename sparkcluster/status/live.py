@@ -19,7 +19,8 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer, Header, Label, RichLog, Sparkline
 
 from sparkcluster.deployment import supervision
-from sparkcluster.status.status import ClusterStatus
+from sparkcluster.node import contract
+from sparkcluster.status.status import ClusterStatus, supervisor_shown
 
 KEEP = 90  # refreshes of history per sparkline
 JOURNAL_LINES = 12
@@ -30,7 +31,8 @@ def _id(text: str) -> str:
 
 
 def floor_gib(st: ClusterStatus) -> float | None:
-    policy = (st.supervisor or {}).get("policy") or {}
+    rec = contract.Supervised.of(st.supervisor)
+    policy = (rec.policy if rec else None) or {}
     return float(policy["memory_floor_gib"]) if "memory_floor_gib" in policy else None
 
 
@@ -39,9 +41,10 @@ def readings(sts: list[ClusterStatus]) -> dict[str, tuple[str, float | None]]:
     out: dict[str, tuple[str, float | None]] = {}
     for st in sts:
         name = st.deployment or st.cluster
-        tok = (st.supervisor or {}).get("tokens_per_s")
+        rec = contract.Supervised.of(st.supervisor)
+        tok = rec.tokens_per_s if rec else None
         problems = f"  {'; '.join(st.problems)}" if st.problems else ""
-        sup = (st.supervisor or {}).get("state", "no supervisor")
+        sup = supervisor_shown(st.supervisor)
         line = f"{name}  {st.state.upper()}  supervisor: {sup}  tok/s: {'-' if tok is None else f'{tok:.1f}'}{problems}"
         out[f"tok {name}"] = (line, tok)
         floor = floor_gib(st)

@@ -265,8 +265,9 @@ def _one(host, inv: Inventory) -> NodeReport:
         st.compile_cache_gib = round(sizes[st.compile_cache], 2) if st.compile_cache in sizes else None
     ray = ray_members.parse_state_api(s["ray"].out) if "ray" in s else None
     view = head_container_view(s)
-    if view[1] is not None and now is not None and isinstance(view[1].get("updated"), (int, float)):
-        view[1]["age_s"] = round(now - view[1]["updated"], 1)  # both by the head's own clock
+    written = contract.Supervised.of(view[1])
+    if written is not None and written.age(now) is not None:
+        view[1]["age_s"] = round(written.age(now), 1)  # both by the head's own clock
     nccl = s["nccl"].out if "nccl" in s and s["nccl"].rc == 0 else ""
     check = parsers.json_object(s["canary"].out) if "canary" in s and s["canary"].rc == 0 else None
     engine = s["engine"].out if "engine" in s and s["engine"].rc == 0 else ""
@@ -431,27 +432,44 @@ def ranks_read(st: ClusterStatus, engine: dict[str, str], sup: dict | None) -> N
         st.problems.append(f"all-reduce: {what} (fix: {fix})")
         if st.state == "healthy":
             st.state = "degraded"
-    if (sup or {}).get("state") in (contract.STARTING, contract.WAITING) or st.engine_responds is False:
+    rec = contract.Supervised.of(sup)
+    if (rec and rec.kind in (contract.STARTING, contract.WAITING)) or st.engine_responds is False:
         st.phases = engine_log.phases(texts)
+
+
+def supervisor_shown(sup: dict | None) -> str:
+    """The supervisor's state as `status` and its live view show it: the state file's, except while
+    the supervisor stops a serving engine after its verdict, which the gateway has already taken out
+    of rotation (`contract.availability`): then not "serving"."""
+    rec = contract.Supervised.of(sup)
+    if not sup or rec is None:
+        return "no supervisor"
+    if rec.availability(sup.get("age_s")).why == "stopping":
+        return f"stopping after a verdict (was {rec.state})"
+    return str(rec.state) if rec.state is not None else "no supervisor"
 
 
 def supervisor_problem(sup: dict | None) -> str | None:
     """What the supervisor's state adds to the problems: it has stopped looking, given up, is
     bringing the server back, or cannot see a node's memory."""
-    if not sup:
+    rec = contract.Supervised.of(sup)
+    if not sup or rec is None:
         return None
-    age = sup.get("age_s")
-    if isinstance(age, (int, float)) and age > contract.stale_after_s(sup):
+    age = sup.get("age_s")  # the controller's: how old the file is by the head's clock (status reads it)
+    judged = rec.availability(age)  # the gateway's judgement, at the same instant
+    if judged.why == "stale":
         return (
-            f"supervisor: stale: its last state ({sup.get('state')}) is {age:.0f}s old, so it is not "
+            f"supervisor: stale: its last state ({rec.state}) is {age:.0f}s old, so it is not "
             f"watching; see sparkcluster events and the head container's log"
         )
-    said = [x for x in (_state_problem(sup), _memory_unknown(sup)) if x]
+    if judged.why == "stopping":  # a verdict on a serving engine: out of rotation already
+        return f"supervisor: {judged.reason}"
+    said = [x for x in (_state_problem(rec), _memory_unknown(rec)) if x]
     return "; ".join(said) or None
 
 
-def _memory_unknown(sup: dict) -> str | None:
-    unknown = sup.get("memory_unknown") or {}
+def _memory_unknown(sup: contract.Supervised) -> str | None:
+    unknown = sup.memory_unknown or {}
     return (
         "supervisor: memory unknown on " + "; ".join(f"{n}: {why}" for n, why in sorted(unknown.items()))
         if unknown
@@ -459,12 +477,12 @@ def _memory_unknown(sup: dict) -> str | None:
     )
 
 
-def _state_problem(sup: dict) -> str | None:
-    state, causes = sup.get("state"), sup.get("causes") or []
-    last = causes[-1]["cause"] if causes else ""
+def _state_problem(sup: contract.Supervised) -> str | None:
+    state, causes = sup.state, list(sup.causes)
+    last = sup.last_cause
     if state == contract.LIMIT:
         return (
-            f"supervisor: restart limit reached ({len(sup.get('restarts') or [])} restarts); last causes: "
+            f"supervisor: restart limit reached ({len(sup.restarts)} restarts); last causes: "
             + "; ".join(f"{c.get('kind')}: {c.get('cause')}" for c in causes[-3:])
             + ". Fix the cause, then sparkcluster up"
         )
@@ -520,7 +538,8 @@ def judge_service(
         elif ns.state != "running":
             st.problems.append(f"{ns.node}: {ns.state if ns.state == DOCKER_SILENT else f'container {ns.state}'}")
     if any(ns.state == "running" for ns in nodes):
-        state = (sup or {}).get("state")
+        rec = contract.Supervised.of(sup)
+        state = rec.state if rec else None
         said = supervisor_problem(sup)
         if said:
             st.problems.append(said.replace("vllm serve", "the service"))
@@ -531,8 +550,8 @@ def judge_service(
 
 def _judge_ranks(inv: Inventory, nodes: list[NodeStatus], st: ClusterStatus, pid: int | None) -> None:
     """Executor "mp": each worker's rank as the head's supervisor last saw it in its agent's report."""
-    ranks = (st.supervisor or {}).get("ranks") or {}
-    epoch = (st.supervisor or {}).get("epoch")
+    rec = contract.Supervised.of(st.supervisor)
+    ranks, epoch = (rec.ranks or {}, rec.epoch) if rec else ({}, None)
     for n, ns in zip(inv.nodes, nodes):
         if n.name == inv.head.name:
             ns.rank = "rank 0 " + ("alive" if pid else "not running")
@@ -601,11 +620,12 @@ def judge(
                 st.problems.append(f"{n.name} reports {gpus:g} GPU(s) in Ray, expected {n.gpus}")
     if ray_rows is None and len(inv.nodes) > 1 and not mp and any(ns.state == "running" for ns in nodes):
         st.problems.append("Ray does not answer on the head")
-    standby = (sup or {}).get("state") in contract.WAKEABLE and ((sup or {}).get("policy") or {}).get("on_demand")
+    rec = contract.Supervised.of(sup)
+    standby = rec is not None and rec.kind in contract.WAKEABLE and bool((rec.policy or {}).get("on_demand"))
     if any(ns.state == "running" for ns in nodes) and standby and pid is None:
         # on demand (issue 36): no engine until a request wakes it; healthy unless a start was refused
-        if sup.get("state") == contract.REFUSED:
-            st.problems.append(f"on demand: its last start was refused: {sup.get('refusal') or 'not enough memory'}")
+        if rec.kind == contract.REFUSED:
+            st.problems.append(f"on demand: its last start was refused: {rec.refusal or 'not enough memory'}")
     elif any(ns.state == "running" for ns in nodes):
         if engine.health != 200 and pid is None:
             # vLLM's API server exits 0 when a rank dies: its exit status proves nothing
@@ -615,7 +635,7 @@ def judge(
             )
         elif engine.health != 200:
             st.problems.append(f"endpoint /health: {engine.health or 'no answer'}")
-        elif engine.responds is False and not (sup or {}).get("activity"):
+        elif engine.responds is False and not (rec and rec.activity):
             # a probe waits behind a long prefill: the supervisor's evidence of progress wins
             st.problems.append(f"engine wedged: /health is 200 but {engine.probe}")
         elif pid is None:

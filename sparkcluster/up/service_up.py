@@ -141,8 +141,8 @@ def _start(host, inv: Inventory, svc: ServiceProfile, spec, progress: StageProgr
     if there is not None:
         same = (there.get("Labels") or {}).get(CONFIG_LABEL) == spec.config_hash() and there.get("State") == "running"
         state = supervision.state(api, there["Id"]) if same else None
-        if state and state.get("state") == contract.SERVING:
-            return UpSummary(True, endpoint, svc.served_model_name, state.get("pid"), {}, inv.slot)
+        if state and state.availability().up:
+            return UpSummary(True, endpoint, svc.served_model_name, state.pid, {}, inv.slot)
         progress.info(f"{spec.name} is replaced ({'not serving' if same else 'its configuration changed'})")
         teardown.remove_container(host, there["Id"])
     try:
@@ -161,23 +161,26 @@ def _start(host, inv: Inventory, svc: ServiceProfile, spec, progress: StageProgr
         raise
     seconds = time.monotonic() - t0
     progress.done(STAGE, seconds, f"{svc.name} serving on {inv.head.name}:{svc.port}")
-    return UpSummary(False, endpoint, svc.served_model_name, state.get("pid"), {STAGE: seconds}, inv.slot)
+    return UpSummary(False, endpoint, svc.served_model_name, state.pid, {STAGE: seconds}, inv.slot)
 
 
-def _wait(api, cid: str, svc: ServiceProfile) -> dict:
-    """Until its supervisor says serving; a final state (failed to start, the restart limit) or the
-    service's ready bound (and a margin for the agent's start) passed first is the failure, with why."""
+def _wait(api, cid: str, svc: ServiceProfile) -> contract.Supervised:
+    """Until its supervisor says serving, as the gateway judges it (contract.Supervised.availability); a
+    final state (failed to start, the restart limit) or the service's ready bound (and a margin for the
+    agent's start) passed first is the failure, with why."""
     deadline = time.monotonic() + svc.ready_timeout_s + 30
-    state: dict = {}
+    state = None
     while time.monotonic() < deadline:
-        state = supervision.state(api, cid) or {}
-        if state.get("state") == contract.SERVING:
+        state = supervision.state(api, cid)
+        judged = state.availability() if state else None  # the gateway's judgement of it
+        if judged is not None and judged.up:
             return state
-        if state.get("state") in contract.FINAL:
+        if judged is not None and judged.final:
             break
         time.sleep(WAIT_LOOK_S)
-    causes = state.get("causes") or [{}]
-    why = causes[-1].get("cause") or f"its supervisor says {state.get('state') or 'nothing yet'}"
+    why = (
+        state.last_cause if state else ""
+    ) or f"its supervisor says {(state.state if state else '') or 'nothing yet'}"
     raise SparkError(
         f"service '{svc.name}' did not serve: {why}",
         f"see its journal and log: sparkcluster events --profile {svc.name}; fix the profile, then up again",

@@ -91,7 +91,7 @@ def test_a_stopped_rank_restarts_the_whole_set(testbed, sc, mp_up):
         took = serving_again(testbed, t)
     finally:
         testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
-    wedges = [e for e in journal(testbed) if e["event"] == "wedged" and e["ts"] > t]
+    wedges = [e for e in journal(testbed) if (e["event"], e.get("kind")) == ("verdict", "wedged") and e["ts"] > t]
     assert wedges, journal(testbed)[-10:]
     after = sup_state(testbed)
     assert len(after["restarts"]) == 1 and after["epoch"] != before["epoch"]
@@ -107,7 +107,9 @@ def test_a_worker_reboot_brings_its_rank_back_through_a_new_set(testbed, sc, mp_
     took = serving_again(testbed, t)
     assert ours(testbed, WORKER) == [WORKER_C]
     # the head's own server dies with its peer's connection, or its rank is seen gone: either way the set
-    causes = [e for e in journal(testbed) if e["event"] in ("dead", "wedged") and e["ts"] > t]
+    causes = [
+        e for e in journal(testbed) if e["event"] == "verdict" and e.get("kind") in ("dead", "wedged") and e["ts"] > t
+    ]
     assert causes, journal(testbed)[-10:]
     assert any(e["event"] == "rank started" and e["ts"] > t for e in journal(testbed, WORKER))
     res = sc("status", "--json")

@@ -86,7 +86,7 @@ def test_a_stopped_rank_is_named_by_status_then_restarted_by_the_supervisor(test
         took = serving_again(testbed, t)
     finally:
         testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
-    wedges = [e for e in journal(testbed) if e["event"] == "wedged" and e["ts"] > t]
+    wedges = [e for e in journal(testbed) if (e["event"], e.get("kind")) == ("verdict", "wedged") and e["ts"] > t]
     # the stopped rank stops every progress series and the probes: whichever bound comes first (issue 25)
     assert wedges and (
         "one-token completion did not return within 15s" in wedges[0]["cause"]
@@ -102,7 +102,7 @@ def test_a_killed_rank_is_restarted(testbed, sc, fresh):
     t = time.time()
     testbed.sh(WORKER, "kill -KILL " + " ".join(rank1_pids(testbed)))
     serving_again(testbed, t)
-    causes = [e for e in journal(testbed) if e["event"] == "dead" and e["ts"] > t]
+    causes = [e for e in journal(testbed) if (e["event"], e.get("kind")) == ("verdict", "dead") and e["ts"] > t]
     assert causes, journal(testbed)[-8:]
     assert len(sup_state(testbed)["restarts"]) == 2
 

@@ -187,7 +187,7 @@ def test_supervisor_starts_hostile_argv_uninterpreted_and_stops_it(tmp_path, mon
     }
     sup = supervisor.Supervisor({"node": "n", "nodes": [], "peers": []}, Journal(str(tmp_path / "journal")))
     monkeypatch.chdir(tmp_path)
-    sup.start(desired)
+    sup.start(contract.Desired.of(desired))
     rec = json.loads(Path(supervisor.RECORD_PATH).read_text())
     assert rec["pid"] == sup.proc.pid and rec["generation"] == "g1" and "k-secret" not in json.dumps(rec)
     deadline = time.time() + 10
@@ -213,10 +213,10 @@ def test_resumes_restart_count_and_final_verdicts_after_a_container_restart(tmp_
         )
     )
     sup = supervisor.Supervisor({"node": "n"}, Journal(str(tmp_path / "journal")))
-    sup.adopt({"generation": "g1"})
+    sup.adopt(contract.Desired(generation="g1"))
     assert (sup.state, sup.restarts, sup.first_start) == (contract.LIMIT, [1.0, 2.0, 3.0], False)
     fresh = supervisor.Supervisor({"node": "n"}, Journal(str(tmp_path / "journal")))
-    fresh.adopt({"generation": "g2"})
+    fresh.adopt(contract.Desired(generation="g2"))
     assert (fresh.restarts, fresh.first_start) == ([], True)
 
 
@@ -264,7 +264,7 @@ def test_up_says_serving_only_once_the_supervisor_has_seen_it_serve(monkeypatch)
         ]
     )
     monkeypatch.setattr(server, "wait_ready", lambda *a, **kw: 3.0)
-    monkeypatch.setattr(supervision, "state", lambda api, c: next(states))
+    monkeypatch.setattr(supervision, "state", lambda api, c: contract.Supervised.of(next(states)))
     monkeypatch.setattr(server, "supervisor_tail", lambda api, c: "journal tail")
     prof = SimpleNamespace(ready_timeout_s=60, model="m", supervisor=SimpleNamespace(probe_timeout_s=1.0))
     sv = SimpleNamespace(container="c", describe=lambda: "the supervisor in c runs: vllm serve m")
@@ -278,7 +278,9 @@ def test_up_says_serving_only_once_the_supervisor_has_seen_it_serve(monkeypatch)
     )
     monkeypatch.setattr(serve_stage, "_reached", lambda r: contextlib.nullcontext("http://x"))
     assert serve_stage.wait_ready(r) == 3.0  # a serving state of another generation did not count
-    monkeypatch.setattr(supervision, "state", lambda api, c: {"state": "starting", "generation": "g1"})
+    monkeypatch.setattr(
+        supervision, "state", lambda api, c: contract.Supervised.of({"state": "starting", "generation": "g1"})
+    )
     monkeypatch.setattr(serve_stage, "SUPERVISOR_CONFIRM_S", 0.5)
     with pytest.raises(StageError, match="the supervisor has not seen it serve within 1.5s .its state: starting"):
         serve_stage.wait_ready(r)

@@ -23,8 +23,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from sparkcluster import bench, redact
-from sparkcluster.bench import orchestrate
+from sparkcluster import redact
+from sparkcluster.bench import orchestrate, results, runner, smoke, sweep
 from sparkcluster.cli import main as cli_main
 from sparkcluster.config import profile as profiles
 from sparkcluster.deployment import endpoint, server
@@ -48,19 +48,19 @@ def tb_profile() -> profiles.Profile:
     return profiles.load_profile("testbed")
 
 
-def target(**kw) -> bench.Target:
+def target(**kw) -> sweep.Target:
     base = {"base_url": "http://127.0.0.1:8000", "model": "tiny", "tokenizer": "/work/proto/tiny"}
     base.update(kw)
-    return bench.Target(**base)
+    return sweep.Target(**base)
 
 
 # ---- the sweep ---------------------------------------------------------------------------------
 
 
 def test_concurrency_list_parses_in_order():
-    assert bench.parse_concurrency("1,4") == (1, 4)
-    assert bench.parse_concurrency(" 16, 2 ,8") == (16, 2, 8)
-    assert bench.parse_concurrency(",".join(map(str, bench.DEFAULT_CONCURRENCY))) == bench.DEFAULT_CONCURRENCY
+    assert sweep.parse_concurrency("1,4") == (1, 4)
+    assert sweep.parse_concurrency(" 16, 2 ,8") == (16, 2, 8)
+    assert sweep.parse_concurrency(",".join(map(str, sweep.DEFAULT_CONCURRENCY))) == sweep.DEFAULT_CONCURRENCY
 
 
 @pytest.mark.parametrize(
@@ -79,26 +79,26 @@ def test_concurrency_list_parses_in_order():
 )
 def test_bad_concurrency_is_one_input_error(text, words):
     with pytest.raises(InputError) as e:
-        bench.parse_concurrency(text)
+        sweep.parse_concurrency(text)
     assert words in e.value.message and e.value.fix and e.value.exit_code == 2
 
 
 def test_plan_defaults_prompts_per_level_and_respects_overrides():
-    levels = bench.plan((1, 4, 32), 64, 16)
+    levels = sweep.plan((1, 4, 32), 64, 16)
     assert [(lv.concurrency, lv.num_prompts) for lv in levels] == [(1, 8), (4, 16), (32, 128)]
     assert all((lv.input_len, lv.output_len) == (64, 16) for lv in levels)
-    assert [lv.num_prompts for lv in bench.plan((1, 4), num_prompts=8)] == [8, 8]
+    assert [lv.num_prompts for lv in sweep.plan((1, 4), num_prompts=8)] == [8, 8]
     for kw in ({"input_len": 0}, {"output_len": 0}, {"num_prompts": 0}):
         with pytest.raises(InputError):
-            bench.plan((1,), **kw)
+            sweep.plan((1,), **kw)
 
 
 # ---- the argv --------------------------------------------------------------------------------
 
 
 def test_bench_argv_is_exact():
-    lv = bench.Level(4, 8, 32, 16)
-    assert bench.bench_argv(lv, target(), "/tmp/sparkcluster-bench/r1/c4") == [
+    lv = sweep.Level(4, 8, 32, 16)
+    assert sweep.bench_argv(lv, target(), "/tmp/sparkcluster-bench/r1/c4") == [
         "vllm",
         "bench",
         "serve",
@@ -120,7 +120,7 @@ def test_bench_argv_is_exact():
         "--result-dir=/tmp/sparkcluster-bench/r1/c4",
         "--result-filename=result.json",
     ]
-    assert bench.bench_argv(lv, target(trust_remote_code=True), "/d")[-1] == "--trust-remote-code"
+    assert sweep.bench_argv(lv, target(trust_remote_code=True), "/d")[-1] == "--trust-remote-code"
 
 
 def test_every_flag_is_one_vllm_bench_serve_knows():
@@ -128,7 +128,7 @@ def test_every_flag_is_one_vllm_bench_serve_knows():
     import re
 
     known = set(re.findall(r"(--[a-z][a-z0-9-]+)", cap("vllm-bench-serve-help-all.txt")))
-    for a in bench.bench_argv(bench.Level(1, 8, 32, 16), target(trust_remote_code=True), "/d")[3:]:
+    for a in sweep.bench_argv(sweep.Level(1, 8, 32, 16), target(trust_remote_code=True), "/d")[3:]:
         assert a.split("=", 1)[0] in known, a
 
 
@@ -140,7 +140,7 @@ def test_hostile_values_stay_single_arguments_that_argparse_binds():
     p.add_argument("--tokenizer")
     p.add_argument("--api-key")
     for bad in HOSTILE:
-        argv = bench.bench_argv(bench.Level(1, 8, 32, 16), target(model=bad, tokenizer=bad), "/d")
+        argv = sweep.bench_argv(sweep.Level(1, 8, 32, 16), target(model=bad, tokenizer=bad), "/d")
         assert f"--model={bad}" in argv and f"--tokenizer={bad}" in argv
         ns, _ = p.parse_known_args([a for a in argv if a.startswith(("--model=", "--tokenizer="))])
         assert ns.model == bad and ns.tokenizer == bad and ns.api_key is None
@@ -149,7 +149,7 @@ def test_hostile_values_stay_single_arguments_that_argparse_binds():
 @pytest.mark.parametrize("bad", ["a\nb", "a\x00b", "a\rb", "", "--"])
 def test_values_that_cannot_cross_exec_are_refused(bad):
     with pytest.raises(InputError):
-        bench.bench_argv(bench.Level(1, 8, 32, 16), target(tokenizer=bad), "/d")
+        sweep.bench_argv(sweep.Level(1, 8, 32, 16), target(tokenizer=bad), "/d")
 
 
 def test_launch_script_through_a_real_shell_runs_argv_verbatim(tmp_path):
@@ -157,7 +157,7 @@ def test_launch_script_through_a_real_shell_runs_argv_verbatim(tmp_path):
     (nothing expanded), and its output lands in bench.log."""
     folder = tmp_path / "run" / "c1"
     prog = [sys.executable, "-c", "import json, os, sys; print(json.dumps([os.getpid(), sys.argv[1:]]))"]
-    res = subprocess.run(bench.exec_argv(str(folder), prog + HOSTILE), cwd=tmp_path, timeout=30)
+    res = subprocess.run(sweep.exec_argv(str(folder), prog + HOSTILE), cwd=tmp_path, timeout=30)
     assert res.returncode == 0
     pid, args = json.loads((folder / "bench.log").read_text())
     assert args == HOSTILE
@@ -175,7 +175,7 @@ def test_stop_kills_the_level_by_its_pid_file(tmp_path):
         "-c",
         "import signal, time; signal.signal(signal.SIGINT, signal.SIG_DFL); time.sleep(60)",
     ]
-    proc = subprocess.Popen(bench.exec_argv(str(folder), sleeper))
+    proc = subprocess.Popen(sweep.exec_argv(str(folder), sleeper))
     try:
         for _ in range(100):
             if (folder / "pid").is_file() and (folder / "pid").read_text().strip():
@@ -183,7 +183,7 @@ def test_stop_kills_the_level_by_its_pid_file(tmp_path):
             time.sleep(0.05)
         time.sleep(0.3)  # past the interpreter start, so SIG_DFL is in place
         t0 = time.monotonic()
-        subprocess.run(bench.stop_argv(str(folder), grace_s=10), timeout=30, check=True)
+        subprocess.run(sweep.stop_argv(str(folder), grace_s=10), timeout=30, check=True)
         assert time.monotonic() - t0 < 5  # not the 10 s grace: the process is a zombie until reaped
         assert proc.wait(timeout=10) == -2  # ended by the SIGINT, not the SIGKILL
     finally:
@@ -191,7 +191,7 @@ def test_stop_kills_the_level_by_its_pid_file(tmp_path):
     # one that ignores SIGINT gets SIGKILL after the grace
     folder2 = tmp_path / "c2"
     stubborn = subprocess.Popen(
-        bench.exec_argv(
+        sweep.exec_argv(
             str(folder2),
             [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"],
         )
@@ -202,71 +202,71 @@ def test_stop_kills_the_level_by_its_pid_file(tmp_path):
                 break
             time.sleep(0.05)
         time.sleep(0.3)  # past the interpreter start, so the handler is installed
-        subprocess.run(bench.stop_argv(str(folder2), grace_s=0.5), timeout=30, check=True)
+        subprocess.run(sweep.stop_argv(str(folder2), grace_s=0.5), timeout=30, check=True)
         assert stubborn.wait(timeout=10) == -9
     finally:
         stubborn.kill()
     # a level that never started: nothing to stop, no error
-    assert subprocess.run(bench.stop_argv(str(tmp_path / "absent")), timeout=10).returncode == 0
+    assert subprocess.run(sweep.stop_argv(str(tmp_path / "absent")), timeout=10).returncode == 0
 
 
 def test_api_key_only_in_the_exec_environment():
-    env = bench.exec_env({"VLLM_API_KEY": API_KEY, "HF_TOKEN": "hf_x"})
+    env = sweep.exec_env({"VLLM_API_KEY": API_KEY, "HF_TOKEN": "hf_x"})
     assert env == {"HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": API_KEY}
-    assert bench.exec_env({}) == {"HF_HUB_OFFLINE": "1"}
-    lv = bench.Level(1, 8, 32, 16)
-    argv = bench.exec_argv("/d", bench.bench_argv(lv, target(), "/d"))
+    assert sweep.exec_env({}) == {"HF_HUB_OFFLINE": "1"}
+    lv = sweep.Level(1, 8, 32, 16)
+    argv = sweep.exec_argv("/d", sweep.bench_argv(lv, target(), "/d"))
     assert API_KEY not in " ".join(argv)
-    shown = bench.describe(lv, target(), "/d", "sparkcluster-pair-head", {"VLLM_API_KEY": API_KEY})
+    shown = sweep.describe(lv, target(), "/d", "sparkcluster-pair-head", {"VLLM_API_KEY": API_KEY})
     assert API_KEY not in shown and "OPENAI_API_KEY=******" in shown and "HF_HUB_OFFLINE=1" in shown
 
 
 def test_target_from_the_profile_is_the_loopback_of_the_head():
     prof = tb_profile()
-    t = bench.target_for(prof, 8000)
+    t = sweep.target_for(prof, 8000)
     assert (t.base_url, t.model, t.tokenizer) == ("http://127.0.0.1:8000", "testbed-tiny", "sparkcluster/testbed-tiny")
-    assert bench.target_for(prof, 9000, tokenizer="/models/tok").tokenizer == "/models/tok"
-    assert bench.target_for(prof, 9000).base_url.endswith(":9000")
+    assert sweep.target_for(prof, 9000, tokenizer="/models/tok").tokenizer == "/models/tok"
+    assert sweep.target_for(prof, 9000).base_url.endswith(":9000")
 
 
 def test_level_dir_refuses_a_run_id_that_escapes():
-    assert bench.level_dir("20261123T021425Z", bench.Level(4, 8, 1, 1)) == "/tmp/sparkcluster-bench/20261123T021425Z/c4"
+    assert sweep.level_dir("20261123T021425Z", sweep.Level(4, 8, 1, 1)) == "/tmp/sparkcluster-bench/20261123T021425Z/c4"
     for bad in ("../etc", "a/b", "", "-rf"):
         with pytest.raises(ValueError):
-            bench.level_dir(bad, bench.Level(1, 8, 1, 1))
+            sweep.level_dir(bad, sweep.Level(1, 8, 1, 1))
 
 
 # ---- what the benchmark printed ---------------------------------------------------------------
 
 
 def test_progress_from_the_captured_tqdm_bar():
-    assert bench.progress(C4_OUT) == (8, 8)
+    assert results.progress(C4_OUT) == (8, 8)
     head = C4_OUT.split("12%")[0] + "12%|█▎        | 1/8 [00:00<00:01,  5.61it/s]"
-    assert bench.progress(head) == (1, 8)
-    assert bench.progress("Starting initial single prompt test run...") is None
+    assert results.progress(head) == (1, 8)
+    assert results.progress("Starting initial single prompt test run...") is None
 
 
 def test_progress_of_an_interrupted_level():
-    assert bench.progress(SIGINT_OUT) == (26, 400)
+    assert results.progress(SIGINT_OUT) == (26, 400)
 
 
 def test_real_all_failed_levels_exit_0_but_are_errors():
     """vLLM 0.32's bench exits 0 and writes its JSON when every request failed: the JSON says
     completed 0, and the output names why."""
     assert UNAUTH_JSON["completed"] == 0 and UNAUTH_JSON["failed"] == 8
-    assert bench.failure_reason(UNAUTH_OUT) == ("Unauthorized", False)
-    why, unreachable = bench.failure_reason(REFUSED_OUT)
+    assert results.failure_reason(UNAUTH_OUT) == ("Unauthorized", False)
+    why, unreachable = results.failure_reason(REFUSED_OUT)
     assert unreachable and "Cannot connect to host 127.0.0.1:18119" in why
-    lv = bench.Level(1, 8, 32, 16)
-    row = bench.row_from_result(UNAUTH_JSON, lv)
+    lv = sweep.Level(1, 8, 32, 16)
+    row = results.row_from_result(UNAUTH_JSON, lv)
     assert row["errors"] == 8 and row["completed"] == 0
-    assert all(row[m] is None for m in bench.METRIC_COLUMNS)  # not the 0.0 vLLM wrote
-    e = bench.level_error(UNAUTH_JSON, UNAUTH_OUT, lv, "http://127.0.0.1:8000")
+    assert all(row[m] is None for m in results.METRIC_COLUMNS)  # not the 0.0 vLLM wrote
+    e = results.level_error(UNAUTH_JSON, UNAUTH_OUT, lv, "http://127.0.0.1:8000")
     assert isinstance(e, InputError) and "API key" in e.message and e.exit_code == 2
-    e = bench.level_error(UNAUTH_JSON, REFUSED_OUT, lv, "http://127.0.0.1:8000")
+    e = results.level_error(UNAUTH_JSON, REFUSED_OUT, lv, "http://127.0.0.1:8000")
     assert e.exit_code == 1 and "did not answer the benchmark" in e.message
-    assert bench.level_error(C4_JSON, C4_OUT, lv, "x") is None
-    assert bench.level_error(dict(C4_JSON, completed=3, failed=5), C4_OUT, lv, "x") is None  # some: a row with errors
+    assert results.level_error(C4_JSON, C4_OUT, lv, "x") is None
+    assert results.level_error(dict(C4_JSON, completed=3, failed=5), C4_OUT, lv, "x") is None  # some: a row with errors
 
 
 def test_failure_reason_names_the_error_and_spots_an_unreachable_endpoint():
@@ -275,22 +275,22 @@ def test_failure_reason_names_the_error_and_spots_an_unreachable_endpoint():
         "aiohttp.client_exceptions.ClientConnectorError: Cannot connect to host 127.0.0.1:8000 ssl:default "
         "[Connect call failed ('127.0.0.1', 8000)]\n"
     )
-    why, unreachable = bench.failure_reason(out)
+    why, unreachable = results.failure_reason(out)
     assert why.startswith("aiohttp.client_exceptions.ClientConnectorError") and unreachable
-    why, unreachable = bench.failure_reason(
+    why, unreachable = results.failure_reason(
         "ValueError: Initial test run failed - Please make sure benchmark "
         "arguments are correctly specified. Error: Unauthorized\n"
     )
     assert "Unauthorized" in why and not unreachable
-    assert bench.failure_reason("") == ("no output", False)
+    assert results.failure_reason("") == ("no output", False)
 
 
 # ---- JSON -> row -> CSV ----------------------------------------------------------------------
 
 
 def test_row_from_the_captured_level_json():
-    lv = bench.Level(4, 8, 32, 16)
-    row = bench.row_from_result(C4_JSON, lv)
+    lv = sweep.Level(4, 8, 32, 16)
+    row = results.row_from_result(C4_JSON, lv)
     assert (row["concurrency"], row["num_prompts"], row["completed"], row["errors"]) == (4, 8, 8, 0)
     assert row["request_throughput"] == C4_JSON["request_throughput"]
     assert row["output_tok_s"] == C4_JSON["output_throughput"]
@@ -306,12 +306,12 @@ def test_row_from_the_captured_level_json():
 
 def test_row_falls_back_to_the_median_and_leaves_missing_figures_empty():
     doc = {k: v for k, v in C4_JSON.items() if not k.startswith("p50_") and k != "p99_itl_ms"}
-    row = bench.row_from_result(doc)
+    row = results.row_from_result(doc)
     assert row["ttft_p50_ms"] == C4_JSON["median_ttft_ms"] and row["itl_p99_ms"] is None
-    assert bench.row_from_result({"errors": ["", "boom", ""]})["errors"] == 1
-    assert bench.row_from_result({"num_prompts": 8, "completed": 6})["errors"] == 2
+    assert results.row_from_result({"errors": ["", "boom", ""]})["errors"] == 1
+    assert results.row_from_result({"num_prompts": 8, "completed": 6})["errors"] == 2
     with pytest.raises(ValueError):
-        bench.row_from_result([1, 2])
+        results.row_from_result([1, 2])
 
 
 def test_csv_matches_the_raw_json_of_each_level(tmp_path):
@@ -322,25 +322,25 @@ def test_csv_matches_the_raw_json_of_each_level(tmp_path):
         docs[c] = d
         (tmp_path / f"c{c}.json").write_text(json.dumps(d))
     rows = [
-        bench.row_from_result(json.loads((tmp_path / f"c{c}.json").read_text()), bench.Level(c, 8, 32, 16))
+        results.row_from_result(json.loads((tmp_path / f"c{c}.json").read_text()), sweep.Level(c, 8, 32, 16))
         for c in (1, 4)
     ]
-    bench.write_csv(tmp_path / "results.csv", rows)
+    results.write_csv(tmp_path / "results.csv", rows)
     assert_csv_matches_json(tmp_path, [1, 4])
-    assert bench.read_csv(tmp_path / "results.csv") == rows
+    assert results.read_csv(tmp_path / "results.csv") == rows
 
 
 def assert_csv_matches_json(run_dir: Path, levels: list[int]) -> None:
     with (run_dir / "results.csv").open() as f:
         reader = csv.DictReader(f)
         table = list(reader)
-    assert reader.fieldnames == bench.COLUMNS
+    assert reader.fieldnames == results.COLUMNS
     assert [int(r["concurrency"]) for r in table] == levels
     for r in table:
         doc = json.loads((run_dir / f"c{r['concurrency']}.json").read_text())
         assert int(r["completed"]) == doc["completed"] and int(r["errors"]) == doc["failed"]
         if doc["completed"] == 0:  # nothing measured: empty cells, not vLLM's zeros
-            assert all(r[m] == "" for m in bench.METRIC_COLUMNS)
+            assert all(r[m] == "" for m in results.METRIC_COLUMNS)
             continue
         assert float(r["output_tok_s"]) == pytest.approx(doc["output_throughput"], rel=1e-12)
         assert float(r["total_tok_s"]) == pytest.approx(doc["total_token_throughput"], rel=1e-12)
@@ -351,9 +351,9 @@ def assert_csv_matches_json(run_dir: Path, levels: list[int]) -> None:
 
 
 def test_decode_speed_is_from_tpot():
-    row = bench.row_from_result(C4_JSON)
-    assert bench.decode_tok_s(row) == pytest.approx(1000 / C4_JSON["mean_tpot_ms"])
-    assert bench.decode_tok_s({"tpot_mean_ms": None, "output_tok_s": 12.0}) == 12.0
+    row = results.row_from_result(C4_JSON)
+    assert results.decode_tok_s(row) == pytest.approx(1000 / C4_JSON["mean_tpot_ms"])
+    assert results.decode_tok_s({"tpot_mean_ms": None, "output_tok_s": 12.0}) == 12.0
 
 
 # ---- the run folder ----------------------------------------------------------------------------
@@ -364,50 +364,50 @@ def test_run_folder_under_the_state_dir(tmp_path, monkeypatch):
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     now = datetime(2026, 11, 23, 2, 14, 25, tzinfo=UTC)
-    d = bench.new_run_dir("pair", now=now)
+    d = results.new_run_dir("pair", now=now)
     assert d == tmp_path / "state" / "sparkcluster" / "bench" / "pair" / "20261123T021425Z" and d.is_dir()
-    assert bench.new_run_dir("pair", now=now).name == "20261123T021425Z-2"
-    out = bench.new_run_dir("pair", out=tmp_path / "mine")
+    assert results.new_run_dir("pair", now=now).name == "20261123T021425Z-2"
+    out = results.new_run_dir("pair", out=tmp_path / "mine")
     assert out == tmp_path / "mine" and out.is_dir()
     (out / "x").write_text("")
     with pytest.raises(InputError):
-        bench.new_run_dir("pair", out=out)
+        results.new_run_dir("pair", out=out)
 
 
 def make_run(root: Path, name: str, profile: str, rows: list[dict]) -> Path:
     d = root / name
     d.mkdir(parents=True)
     (d / "run.json").write_text(json.dumps({"profile": profile}))
-    bench.write_csv(d / "results.csv", rows)
+    results.write_csv(d / "results.csv", rows)
     return d
 
 
 def test_previous_run_is_the_newest_of_the_same_profile(tmp_path):
-    rows = [bench.row_from_result(C4_JSON)]
+    rows = [results.row_from_result(C4_JSON)]
     make_run(tmp_path, "20261120T000000Z", "testbed", rows)
     newest = make_run(tmp_path, "20261121T000000Z", "testbed", rows)
     make_run(tmp_path, "20261122T000000Z", "nemotron", rows)
     current = make_run(tmp_path, "20261123T000000Z", "testbed", rows)
     (tmp_path / "20261122T120000Z").mkdir()  # a run that never wrote run.json
-    assert bench.previous_run(tmp_path, "testbed", exclude=current) == newest
-    assert bench.previous_run(tmp_path, "qwen3-30b") is None
-    assert bench.previous_run(tmp_path / "absent", "testbed") is None
-    assert bench.resolve_run("20261121T000000Z", tmp_path) == newest
-    assert bench.resolve_run(str(newest / "results.csv"), tmp_path) == newest
+    assert results.previous_run(tmp_path, "testbed", exclude=current) == newest
+    assert results.previous_run(tmp_path, "qwen3-30b") is None
+    assert results.previous_run(tmp_path / "absent", "testbed") is None
+    assert results.resolve_run("20261121T000000Z", tmp_path) == newest
+    assert results.resolve_run(str(newest / "results.csv"), tmp_path) == newest
     with pytest.raises(InputError):
-        bench.resolve_run("nope", tmp_path)
+        results.resolve_run("nope", tmp_path)
 
 
 def test_run_record_names_profile_hash_image_and_version():
     prof = tb_profile()
-    rec = bench.run_record(
+    rec = results.run_record(
         cluster="pair",
         prof=prof,
         image="repo:tag",
         image_id="sha256:abc",
         vllm_version="0.32.0",
         nodes={"spark-head": {"hostname": "h"}},
-        levels=bench.plan((1, 4)),
+        levels=sweep.plan((1, 4)),
         target=target(),
         started_at="s",
         finished_at="f",
@@ -427,7 +427,7 @@ def test_run_record_names_profile_hash_image_and_version():
 
 def test_node_facts_parse():
     text = "hostname=spark-head\nkernel=6.11.0-1016-nvidia\ngpu=NVIDIA GB10, 580.95.05\nmem_total_kb=128452892\ndocker=28.3.3\n"
-    assert bench.parse_facts(text + "garbage line\nWeird Key=x\n") == {
+    assert runner.parse_facts(text + "garbage line\nWeird Key=x\n") == {
         "hostname": "spark-head",
         "kernel": "6.11.0-1016-nvidia",
         "gpu": "NVIDIA GB10, 580.95.05",
@@ -440,7 +440,7 @@ def test_node_facts_parse():
 
 
 def test_compare_marks_regressions_in_each_figures_bad_direction():
-    old = bench.row_from_result(C4_JSON)
+    old = results.row_from_result(C4_JSON)
     new = dict(
         old,
         output_tok_s=old["output_tok_s"] * 0.85,
@@ -449,17 +449,17 @@ def test_compare_marks_regressions_in_each_figures_bad_direction():
         total_tok_s=old["total_tok_s"] * 1.5,
         errors=1,
     )
-    changes = {c.metric: c for c in bench.compare([old], [new], tolerance_pct=10)}
+    changes = {c.metric: c for c in results.compare([old], [new], tolerance_pct=10)}
     assert changes["output_tok_s"].regression and changes["output_tok_s"].pct == pytest.approx(-15)
     assert not changes["ttft_p99_ms"].regression  # 5% worse: within tolerance
     assert changes["tpot_p50_ms"].regression  # latency up 20%
     assert not changes["total_tok_s"].regression  # faster is never a regression
     assert changes["errors"].regression
-    assert not any(c.regression for c in bench.compare([old], [old], 0))
-    assert bench.compare([old], [dict(old, concurrency=32)], 10) == []  # only levels both runs measured
+    assert not any(c.regression for c in results.compare([old], [old], 0))
+    assert results.compare([old], [dict(old, concurrency=32)], 10) == []  # only levels both runs measured
     assert all(
         c.pct is None and not c.regression
-        for c in bench.compare([dict(old, itl_p99_ms=None)], [old])
+        for c in results.compare([dict(old, itl_p99_ms=None)], [old])
         if c.metric == "itl_p99_ms"
     )
 
@@ -468,15 +468,15 @@ def test_compare_marks_regressions_in_each_figures_bad_direction():
 
 
 def test_chart_is_a_png(tmp_path):
-    rows = [dict(bench.row_from_result(C4_JSON), concurrency=c) for c in (1, 2, 4)]
-    assert bench.write_chart(tmp_path / "chart.png", rows, "testbed on pair") is None
+    rows = [dict(results.row_from_result(C4_JSON), concurrency=c) for c in (1, 2, 4)]
+    assert results.write_chart(tmp_path / "chart.png", rows, "testbed on pair") is None
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "no level" in bench.write_chart(tmp_path / "empty.png", [])
+    assert "no level" in results.write_chart(tmp_path / "empty.png", [])
 
 
 def test_chart_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
-    note = bench.write_chart(tmp_path / "chart.png", [bench.row_from_result(C4_JSON)])
+    note = results.write_chart(tmp_path / "chart.png", [results.row_from_result(C4_JSON)])
     assert note and "matplotlib" in note and "\n" not in note and not (tmp_path / "chart.png").exists()
 
 
@@ -484,20 +484,20 @@ def test_chart_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch):
 
 
 def test_smoke_verdict():
-    assert bench.judge_smoke(30.0, 30.0) == "ok"
-    assert bench.judge_smoke(21.0, 30.0) == "ok"  # 70% is the floor
-    assert bench.judge_smoke(20.0, 30.0) == "slow"
-    assert bench.judge_smoke(20.0, None) == "unknown"
-    assert bench.judge_smoke(None, 30.0) == "failed"
+    assert smoke.judge_smoke(30.0, 30.0) == "ok"
+    assert smoke.judge_smoke(21.0, 30.0) == "ok"  # 70% is the floor
+    assert smoke.judge_smoke(20.0, 30.0) == "slow"
+    assert smoke.judge_smoke(20.0, None) == "unknown"
+    assert smoke.judge_smoke(None, 30.0) == "failed"
 
 
 def test_smoke_message_is_one_line_per_verdict():
-    assert bench.smoke_message(31.2, 30.0, "ok") == "smoke: 31.2 tok/s single-stream decode (published: 30 tok/s)"
-    slow = bench.smoke_message(12.0, 30.0, "slow")
+    assert smoke.smoke_message(31.2, 30.0, "ok") == "smoke: 31.2 tok/s single-stream decode (published: 30 tok/s)"
+    slow = smoke.smoke_message(12.0, 30.0, "slow")
     assert "far below the 30 tok/s" in slow and "70%" in slow and "doctor" in slow
-    assert "no published figure" in bench.smoke_message(12.0, None, "unknown")
-    assert "failed" in bench.smoke_message(None, 30.0, "failed")
-    assert all("\n" not in bench.smoke_message(*a) for a in ((1.0, 2.0, "slow"), (None, None, "failed")))
+    assert "no published figure" in smoke.smoke_message(12.0, None, "unknown")
+    assert "failed" in smoke.smoke_message(None, 30.0, "failed")
+    assert all("\n" not in smoke.smoke_message(*a) for a in ((1.0, 2.0, "slow"), (None, None, "failed")))
 
 
 def test_profile_expected_decode_is_optional_and_positive():
@@ -558,7 +558,7 @@ class FakeAPI:
     def exec_start(self, exec_id, detach=False):
         e = self.execs[exec_id]
         cmd = e["cmd"]
-        if cmd[:3] == ["sh", "-c", bench.LAUNCH]:
+        if cmd[:3] == ["sh", "-c", sweep.LAUNCH]:
             folder, argv = cmd[4], cmd[5:]
             flags = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
             c = int(flags["--max-concurrency"])
@@ -592,7 +592,7 @@ class FakeAPI:
             return {"Running": True, "Pid": 4242}
         e = self.execs[exec_id]
         e["polls"] += 1
-        if "exit" in e and e["cmd"][:3] == ["sh", "-c", bench.LAUNCH] and e["polls"] <= self.running_polls:
+        if "exit" in e and e["cmd"][:3] == ["sh", "-c", sweep.LAUNCH] and e["polls"] <= self.running_polls:
             return {"Running": True, "ExitCode": None}
         return {"Running": False, "ExitCode": e.get("exit", 0)}
 
@@ -616,15 +616,15 @@ class FakeHost:
         return type("Client", (), {"api": self._api})()
 
 
-def fake_head(api: FakeAPI) -> bench.Head:
-    return bench.Head(FakeHost(api), "sparkcluster-pair-head", poll_s=0)
+def fake_head(api: FakeAPI) -> runner.Head:
+    return runner.Head(FakeHost(api), "sparkcluster-pair-head", poll_s=0)
 
 
 def test_run_level_reports_progress_and_returns_the_json():
     api = FakeAPI()
     seen = []
     res = fake_head(api).run_level(
-        bench.Level(4, 16, 32, 16),
+        sweep.Level(4, 16, 32, 16),
         target(),
         {"VLLM_API_KEY": API_KEY},
         "r1",
@@ -640,7 +640,7 @@ def test_run_level_reports_progress_and_returns_the_json():
 
 def test_run_level_unreachable_endpoint_is_one_clear_error():
     with pytest.raises(SparkError) as e:
-        fake_head(FakeAPI(fail_at=1)).run_level(bench.Level(1, 8, 32, 16), target(), {}, "r1")
+        fake_head(FakeAPI(fail_at=1)).run_level(sweep.Level(1, 8, 32, 16), target(), {}, "r1")
     assert "did not answer the benchmark at concurrency 1" in e.value.message and e.value.exit_code == 1
     assert "Cannot connect" in e.value.message and e.value.fix
 
@@ -657,7 +657,7 @@ def test_run_level_without_vllm_in_the_image(tmp_path):
 
     api.exec_start = start
     with pytest.raises(SparkError, match="no `vllm` command") as e:
-        fake_head(api).run_level(bench.Level(1, 8, 32, 16), target(), {}, "r1")
+        fake_head(api).run_level(sweep.Level(1, 8, 32, 16), target(), {}, "r1")
     assert "vllm: not found" in e.value.message
 
 
@@ -674,15 +674,15 @@ def test_ctrl_c_stops_the_level_in_the_container_and_keeps_earlier_levels(tmp_pa
             def interrupt(_):
                 raise KeyboardInterrupt
 
-            monkeypatch.setattr(bench.time, "sleep", interrupt)
+            monkeypatch.setattr(runner.time, "sleep", interrupt)
         else:
             api.running_polls = 1
         return real_level(level, *a, **kw)
 
     monkeypatch.setattr(head, "run_level", run_level)
     api.running_polls = 1
-    sweep = bench.run_sweep(head, bench.plan((1, 4, 8), 32, 16), target(), {}, tmp_path)
-    assert sweep.interrupted and [r["concurrency"] for r in sweep.rows] == [1]
+    swept = runner.run_sweep(head, sweep.plan((1, 4, 8), 32, 16), target(), {}, tmp_path)
+    assert swept.interrupted and [r["concurrency"] for r in swept.rows] == [1]
     assert (tmp_path / "c1.json").is_file() and not (tmp_path / "c4.json").exists()
     stops = [c for c in api.commands() if c[:2] == ["sh", "-c"] and "kill -INT" in c[2]]
     assert stops and stops[0][-1].endswith("/c4")
@@ -698,7 +698,7 @@ def test_serving_states():
     with pytest.raises(SparkError, match="no cluster is serving"):
         fake_head(api).serving()
     with pytest.raises(SparkError, match="no cluster is serving"):
-        bench.Head(FakeHost(FakeAPI()), "sparkcluster-other-head").serving()
+        runner.Head(FakeHost(FakeAPI()), "sparkcluster-other-head").serving()
     api = FakeAPI()
     del api.files[server.RECORD_PATH]
     with pytest.raises(SparkError, match="vllm serve is not running"):
@@ -711,17 +711,17 @@ def test_smoke_after_up_uses_the_heads_fixed_container_and_the_profiles_figure(m
     api = FakeAPI()
     api.inspect_container = None  # smoke never asks: up has just made it serve
     prof = tb_profile().model_copy(update={"expected_decode_tok_s": 100.0})
-    tok_s, expected, verdict = bench.smoke_after_up(FakeHost(api), make_inventory(), prof, {"VLLM_API_KEY": API_KEY})
+    tok_s, expected, verdict = smoke.smoke_after_up(FakeHost(api), make_inventory(), prof, {"VLLM_API_KEY": API_KEY})
     assert expected == 100.0 and verdict == "ok"
-    (bench_exec,) = [e for e in api.execs.values() if e["cmd"][:3] == ["sh", "-c", bench.LAUNCH]]
+    (bench_exec,) = [e for e in api.execs.values() if e["cmd"][:3] == ["sh", "-c", sweep.LAUNCH]]
     assert "--model=testbed-tiny" in bench_exec["cmd"] and bench_exec["env"]["OPENAI_API_KEY"] == API_KEY
 
 
 def test_smoke_measures_single_stream_and_judges_it():
-    tok_s, expected, verdict = bench.smoke(fake_head(FakeAPI()), target(), {}, expected=100.0)
+    tok_s, expected, verdict = smoke.smoke(fake_head(FakeAPI()), target(), {}, expected=100.0)
     assert tok_s == pytest.approx(1000 / C4_JSON["mean_tpot_ms"]) and expected == 100.0 and verdict == "ok"
-    assert bench.smoke(fake_head(FakeAPI()), target(), {}, expected=None)[2] == "unknown"
-    assert bench.smoke(fake_head(FakeAPI(fail_at=1)), target(), {}, expected=30.0) == (None, 30.0, "failed")
+    assert smoke.smoke(fake_head(FakeAPI()), target(), {}, expected=None)[2] == "unknown"
+    assert smoke.smoke(fake_head(FakeAPI(fail_at=1)), target(), {}, expected=30.0) == (None, 30.0, "failed")
 
 
 # ---- the command end to end, against the fake head ---------------------------------------------
@@ -762,7 +762,7 @@ def cli_env(tmp_path, monkeypatch):
     monkeypatch.setattr(orchestrate, "connect", lambda inv: FakeCluster(api))
     monkeypatch.setattr(orchestrate, "check_endpoint", lambda *a: checked.append(a))
     monkeypatch.setattr(
-        orchestrate, "cluster_facts", lambda *a: bench.ClusterFacts(nodes={"spark-head": {"hostname": "spark-head"}})
+        orchestrate, "cluster_facts", lambda *a: runner.ClusterFacts(nodes={"spark-head": {"hostname": "spark-head"}})
     )
     monkeypatch.setattr("sparkcluster.remote.ssh.connect", lambda *a: (_ for _ in ()).throw(AssertionError("ssh")))
     yield {
@@ -818,7 +818,7 @@ def test_bench_writes_csv_json_png_and_prints_the_table(cli_env, capsys):
 
 
 def test_bench_compare_marks_a_regression(cli_env, capsys, tmp_path):
-    fast = [dict(bench.row_from_result(C4_JSON), concurrency=1, output_tok_s=1000.0)]
+    fast = [dict(results.row_from_result(C4_JSON), concurrency=1, output_tok_s=1000.0)]
     old = make_run(tmp_path, "old", "testbed", fast)
     rc, out, _ = run(capsys, cli_env, "bench", "-c", "1", "--compare", str(old), "--output", str(tmp_path / "new"))
     assert rc == 0 and "REGRESSION" in out and "output_tok_s" in out and "-90.0%" in out
@@ -875,19 +875,19 @@ def test_check_endpoint_key_refused_is_input_error(monkeypatch):
     monkeypatch.setattr(endpoint, "health", lambda client, base: 200)
     monkeypatch.setattr(endpoint, "one_token", lambda *a, **k: (False, "completion answered HTTP 401: nope"))
     with pytest.raises(InputError, match="refuses the API key"):
-        bench.check_endpoint("198.18.0.2", target(), 8000, {"VLLM_API_KEY": "wrong"})
+        runner.check_endpoint("198.18.0.2", target(), 8000, {"VLLM_API_KEY": "wrong"})
     monkeypatch.setattr(
         endpoint, "one_token", lambda *a, **k: (False, "completion answered HTTP 400: no chat template")
     )
-    bench.check_endpoint("198.18.0.2", target(), 8000, {})  # answers: the benchmark's own route decides
+    runner.check_endpoint("198.18.0.2", target(), 8000, {})  # answers: the benchmark's own route decides
     monkeypatch.setattr(
         endpoint, "one_token", lambda *a, **k: (False, "a 1-token completion did not return within 60s")
     )
     with pytest.raises(SparkError, match="not a completion"):
-        bench.check_endpoint("198.18.0.2", target(), 8000, {})
+        runner.check_endpoint("198.18.0.2", target(), 8000, {})
     monkeypatch.setattr(endpoint, "health", lambda client, base: None)
     with pytest.raises(SparkError, match="does not answer"):
-        bench.check_endpoint("198.18.0.2", target(), 8000, {})
+        runner.check_endpoint("198.18.0.2", target(), 8000, {})
 
 
 def test_ctrl_c_in_the_command_keeps_the_measured_levels_and_exits_130(cli_env, capsys, monkeypatch):
@@ -902,7 +902,7 @@ def test_ctrl_c_in_the_command_keeps_the_measured_levels_and_exits_130(cli_env, 
             def interrupt(_):
                 raise KeyboardInterrupt
 
-            monkeypatch.setattr(bench.time, "sleep", interrupt)
+            monkeypatch.setattr(runner.time, "sleep", interrupt)
         return r
 
     api.exec_start = start
@@ -920,10 +920,10 @@ def test_a_level_where_every_request_failed_is_reported_and_kept(cli_env, capsys
     assert code == 2 and "refused the benchmark's API key at concurrency 4" in err and "fix:" in err
     (run_dir,) = cli_env["root"].iterdir()
     assert_csv_matches_json(run_dir, [1, 4])  # the failed level is a row: 0 completed, 8 errors
-    rows = bench.read_csv(run_dir / "results.csv")
+    rows = results.read_csv(run_dir / "results.csv")
     assert rows[1]["errors"] == 8 and rows[1]["output_tok_s"] is None
     assert not (run_dir / "c8.json").exists()
 
 
 def test_smoke_of_a_level_where_every_request_failed():
-    assert bench.smoke(fake_head(FakeAPI(unauthorized_at=1)), target(), {}, expected=30.0) == (None, 30.0, "failed")
+    assert smoke.smoke(fake_head(FakeAPI(unauthorized_at=1)), target(), {}, expected=30.0) == (None, 30.0, "failed")

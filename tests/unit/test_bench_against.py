@@ -9,8 +9,7 @@ import json
 
 import pytest
 
-from sparkcluster import bench
-from sparkcluster.bench import orchestrate, perf_record
+from sparkcluster.bench import aiperf, benchy, measured, orchestrate, perf_record, results, runner, sweep
 from sparkcluster.bench.orchestrate import deployment_nodes, record_for
 from sparkcluster.config.profile import load_profile
 from sparkcluster.errors import InputError
@@ -82,7 +81,7 @@ def test_compare_published_runs_the_records_conditions_and_holds(cli_env, capsys
 
 def test_a_run_short_of_a_record_names_the_fabric_first(cli_env, capsys, tmp_path, monkeypatch):
     theirs = record_file(tmp_path, output_tok_s=1000.0)
-    facts = bench.ClusterFacts(
+    facts = runner.ClusterFacts(
         nodes={"spark-head": {"kernel": "6.1"}, "spark-worker": {"kernel": "6.1"}},
         rtts={"spark-worker": (40.3, "")},
     )
@@ -149,8 +148,8 @@ def test_the_deployment_spans_the_nodes_its_gpus_need():
 def test_canary_is_taken_then_compared_and_a_changed_answer_exits_1(cli_env, capsys, monkeypatch):
     """`bench --canary` keeps its answers in the deployment's known-good record (the one record of its
     last good serve) and hands every check to the head container, as `up` and the supervisor do."""
-    from sparkcluster.bench import canary
     from sparkcluster.deployment import canary_watch, endpoint, known_good
+    from sparkcluster.node import canary
     from sparkcluster.status.status import ClusterStatus
 
     deployment = "testbed@spark-head+spark-worker"
@@ -203,7 +202,7 @@ def test_status_shows_the_newest_comparison_of_the_serving_profile(cli_env, caps
 
     assert speed_line("pair", "testbed") is None
     theirs = record_file(tmp_path, output_tok_s=1000.0)
-    facts = bench.ClusterFacts(nodes={"spark-head": {}, "spark-worker": {}}, rtts={"spark-worker": (40.3, "")})
+    facts = runner.ClusterFacts(nodes={"spark-head": {}, "spark-worker": {}}, rtts={"spark-worker": (40.3, "")})
     monkeypatch.setattr(orchestrate, "cluster_facts", lambda *a: facts)
     rc, _, err = run(capsys, cli_env, "bench", "--compare", str(theirs))
     assert rc == 0, err
@@ -227,7 +226,7 @@ class HarnessAPI(test_bench.FakeAPI):
     def exec_start(self, exec_id, detach=False):
         e = self.execs[exec_id]
         cmd = e["cmd"]
-        if cmd[:3] == ["sh", "-c", bench.LAUNCH] and cmd[5] == f"{self.venv}/bin/python":
+        if cmd[:3] == ["sh", "-c", sweep.LAUNCH] and cmd[5] == f"{self.venv}/bin/python":
             folder, argv = cmd[4], cmd[5:]
             out = next(a.split("=", 1)[1] for a in argv if a.startswith(self.flag))
             self.files[f"{folder}/pid"] = b"77\n"
@@ -239,27 +238,27 @@ class HarnessAPI(test_bench.FakeAPI):
 
 
 class BenchyAPI(HarnessAPI):
-    venv, log, flag, place, export = bench.benchy.VENV, "llama-benchy (0.4.0)\n", "--save-result=", "{out}", BENCHY_JSON
+    venv, log, flag, place, export = benchy.VENV, "llama-benchy (0.4.0)\n", "--save-result=", "{out}", BENCHY_JSON
 
 
 def test_the_argv_keeps_the_key_off_the_command_line_and_names_the_records_conditions():
-    level = bench.Level(1, 8, 8192, 256)
-    target = bench.Target("http://127.0.0.1:8000", "nvidia/qwen", "nvidia/Qwen3.6-27B-NVFP4")
-    argv = bench.benchy.bench_argv(level, target, "/tmp/x/result.json")
-    assert argv[:3] == [f"{bench.benchy.VENV}/bin/python", "-c", bench.benchy.LAUNCHER]
+    level = sweep.Level(1, 8, 8192, 256)
+    target = sweep.Target("http://127.0.0.1:8000", "nvidia/qwen", "nvidia/Qwen3.6-27B-NVFP4")
+    argv = benchy.bench_argv(level, target, "/tmp/x/result.json")
+    assert argv[:3] == [f"{benchy.VENV}/bin/python", "-c", benchy.LAUNCHER]
     assert "--base-url=http://127.0.0.1:8000/v1" in argv and "--served-model-name=nvidia/qwen" in argv
     i = argv.index("--pp")
     assert argv[i : i + 4] == ["--pp", "8192", "--tg", "256"] and "--exact-tg" in argv and "--skip-coherence" in argv
     assert not [a for a in argv[3:] if "api-key" in a]
-    setup = " ".join(bench.benchy.setup_argv("http://mirror/simple"))
-    assert f"llama-benchy=={bench.benchy.VERSION}" in setup and "--index-url http://mirror/simple" in setup
+    setup = " ".join(benchy.setup_argv("http://mirror/simple"))
+    assert f"llama-benchy=={benchy.VERSION}" in setup and "--index-url http://mirror/simple" in setup
 
 
 def test_a_benchy_result_is_the_same_row_and_record_figures():
-    row = bench.benchy.row_from_result(__import__("json").loads(BENCHY_JSON), bench.Level(1, 8, 512, 128))
+    row = benchy.row_from_result(__import__("json").loads(BENCHY_JSON), sweep.Level(1, 8, 512, 128))
     assert row["output_tok_s"] == 41.0 and row["tpot_mean_ms"] == pytest.approx(1000 / 41.0)
     assert row["prefill_tok_s"] == 2150.0 and row["ttft_mean_ms"] == 250.0 and row["completed"] == 3
-    figs = bench.measured.figures_of(row)
+    figs = measured.figures_of(row)
     assert figs["decode_tok_s"] == pytest.approx(41.0) and figs["prefill_tok_s"] == 2150.0
 
 
@@ -271,7 +270,7 @@ def test_a_llama_benchy_record_is_measured_with_llama_benchy_and_compared_unflag
     theirs = tmp_path / "benchy.perf.toml"
     text = record_file(tmp_path, output_tok_s=40.0, harness="llama-benchy").read_text()
     theirs.write_text(
-        text.replace('version = "0.32.0"', f'version = "{bench.benchy.VERSION}"').replace(
+        text.replace('version = "0.32.0"', f'version = "{benchy.VERSION}"').replace(
             '"random"', '"gutenberg:1661 (llama-benchy\'s default book)"'
         )
     )
@@ -280,7 +279,7 @@ def test_a_llama_benchy_record_is_measured_with_llama_benchy_and_compared_unflag
     summary = json.loads(out)
     assert summary["against"]["verdict"] == "ok" and summary["against"]["flags"] == []
     rec = perf_record.load(test_bench.Path(summary["record"]))
-    assert rec.harness.name == "llama-benchy" and rec.harness.version == bench.benchy.VERSION
+    assert rec.harness.name == "llama-benchy" and rec.harness.version == benchy.VERSION
     installs = [c for c in api.commands() if "venv" in " ".join(c)]
     assert len(installs) == 1  # the virtualenv, once, before the levels
     for c in api.commands():
@@ -303,13 +302,11 @@ def test_the_launcher_hands_llama_benchy_the_key_inside_the_process_only(tmp_pat
     )
     env = {"PYTHONPATH": str(tmp_path), "OPENAI_API_KEY": "sk-launch", "PATH": "/usr/bin:/bin"}
     got = subprocess.run(
-        [sys.executable, "-c", bench.benchy.LAUNCHER, "--pp", "64"], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", benchy.LAUNCHER, "--pp", "64"], env=env, capture_output=True, text=True, check=True
     ).stdout
     assert got.strip() == "['--pp', '64', '--api-key', 'sk-launch'] False"
     env.pop("OPENAI_API_KEY")
-    got = subprocess.run(
-        [sys.executable, "-c", bench.benchy.LAUNCHER, "--pp", "64"], env=env, capture_output=True, text=True
-    )
+    got = subprocess.run([sys.executable, "-c", benchy.LAUNCHER, "--pp", "64"], env=env, capture_output=True, text=True)
     assert got.stdout.strip() == "['--pp', '64'] False"
 
 
@@ -365,33 +362,33 @@ AIPERF_JSON = (test_bench.Path(__file__).resolve().parents[1] / "captured" / "ai
 
 
 class AiperfAPI(HarnessAPI):
-    venv, log, flag = bench.aiperf.VENV, "aiperf 0.13.0\n", "--output-artifact-dir="
-    place, export = f"{{out}}/{bench.aiperf.EXPORT_FILE}", AIPERF_JSON
+    venv, log, flag = aiperf.VENV, "aiperf 0.13.0\n", "--output-artifact-dir="
+    place, export = f"{{out}}/{aiperf.EXPORT_FILE}", AIPERF_JSON
 
 
 def test_the_aiperf_argv_keeps_the_key_off_the_command_line_and_names_the_levels_conditions():
-    level = bench.Level(4, 16, 8192, 256)
-    target = bench.Target("http://127.0.0.1:8000", "nvidia/qwen", "/root/.cache/huggingface/hub/models--q/snapshots/a")
-    argv = bench.aiperf.bench_argv(level, target, "/tmp/x/c4")
-    assert argv[:4] == [f"{bench.aiperf.VENV}/bin/python", "-c", bench.aiperf.LAUNCHER, "profile"]
+    level = sweep.Level(4, 16, 8192, 256)
+    target = sweep.Target("http://127.0.0.1:8000", "nvidia/qwen", "/root/.cache/huggingface/hub/models--q/snapshots/a")
+    argv = aiperf.bench_argv(level, target, "/tmp/x/c4")
+    assert argv[:4] == [f"{aiperf.VENV}/bin/python", "-c", aiperf.LAUNCHER, "profile"]
     assert "--url=http://127.0.0.1:8000" in argv and "--model=nvidia/qwen" in argv
     assert "--tokenizer=/root/.cache/huggingface/hub/models--q/snapshots/a" in argv and "--streaming" in argv
     assert argv[argv.index("--isl") + 1] == "8192" and argv[argv.index("--osl") + 1] == "256"
     assert argv[argv.index("--concurrency") + 1] == "4" and argv[argv.index("--request-count") + 1] == "16"
     assert "--extra-inputs=ignore_eos:true,min_tokens:256" in argv
     assert "--output-artifact-dir=/tmp/x/c4/aiperf" in argv
-    assert bench.aiperf.result_path("/tmp/x/c4") == "/tmp/x/c4/aiperf/profile_export_aiperf.json"
+    assert aiperf.result_path("/tmp/x/c4") == "/tmp/x/c4/aiperf/profile_export_aiperf.json"
     assert not [a for a in argv[3:] if "api-key" in a]
-    setup = " ".join(bench.aiperf.setup_argv("http://mirror/simple"))
-    assert f"aiperf=={bench.aiperf.VERSION}" in setup and "--index-url http://mirror/simple" in setup
-    assert f"python3 -m venv {bench.aiperf.VENV}" in setup and "--index-url" not in " ".join(bench.aiperf.setup_argv())
+    setup = " ".join(aiperf.setup_argv("http://mirror/simple"))
+    assert f"aiperf=={aiperf.VERSION}" in setup and "--index-url http://mirror/simple" in setup
+    assert f"python3 -m venv {aiperf.VENV}" in setup and "--index-url" not in " ".join(aiperf.setup_argv())
 
 
 def test_an_aiperf_summary_is_the_same_row_and_record_figures():
     """Real aiperf 0.13.0 output (tests/captured/README.md: a loopback stand-in server, figures meaningless)."""
     doc = json.loads(AIPERF_JSON)
-    row = bench.aiperf.row_from_result(doc, bench.Level(2, 6, 64, 16))
-    assert set(row) >= {c for c in bench.results.COLUMNS} - {"tpot_p50_ms", "tpot_p99_ms"}
+    row = aiperf.row_from_result(doc, sweep.Level(2, 6, 64, 16))
+    assert set(row) >= {c for c in results.COLUMNS} - {"tpot_p50_ms", "tpot_p99_ms"}
     assert row["completed"] == doc["request_count"]["avg"] == 6 and row["errors"] == 0
     assert row["output_tok_s"] == doc["output_token_throughput"]["avg"]
     assert row["ttft_mean_ms"] == doc["time_to_first_token"]["avg"] and doc["time_to_first_token"]["unit"] == "ms"
@@ -402,10 +399,10 @@ def test_an_aiperf_summary_is_the_same_row_and_record_figures():
     assert row["tpot_mean_ms"] == pytest.approx(1000.0 / doc["output_token_throughput_per_user"]["avg"])
     assert row["prefill_tok_s"] == doc["prefill_throughput_per_user"]["avg"]
     assert row["duration_s"] == doc["benchmark_duration"]["avg"] and doc["benchmark_duration"]["unit"] == "sec"
-    figs = bench.measured.figures_of(row)
+    figs = measured.figures_of(row)
     assert figs["decode_tok_s"] == pytest.approx(doc["output_token_throughput_per_user"]["avg"])
     assert figs["prefill_tok_s"] == row["prefill_tok_s"] and figs["e2e_latency_ms_mean"] == row["e2el_mean_ms"]
-    none = bench.aiperf.row_from_result({}, bench.Level(2, 6, 64, 16))
+    none = aiperf.row_from_result({}, sweep.Level(2, 6, 64, 16))
     assert none["completed"] == 0 and none["output_tok_s"] is None and none["tpot_mean_ms"] is None
 
 
@@ -418,15 +415,15 @@ def test_an_aiperf_record_runs_vllms_bench_unless_aiperf_is_asked_for(cli_env, c
     summary = json.loads(out)
     assert perf_record.load(test_bench.Path(summary["record"])).harness.name == "vllm-bench-serve"
     assert any(f.startswith("harness: the record used aiperf") for f in summary["against"]["flags"])
-    assert not [c for c in api.commands() if bench.aiperf.VENV in " ".join(c)]  # opt-in: nothing installed
+    assert not [c for c in api.commands() if aiperf.VENV in " ".join(c)]  # opt-in: nothing installed
 
     rc, out, err = run(capsys, cli_env, "bench", "--compare", str(theirs), "--harness", "aiperf", "--json")
     assert rc == 0, err
     summary = json.loads(out)
     rec = perf_record.load(test_bench.Path(summary["record"]))
-    assert rec.harness.name == "aiperf" and rec.harness.version == bench.aiperf.VERSION
+    assert rec.harness.name == "aiperf" and rec.harness.version == aiperf.VERSION
     assert any(f.startswith("harness version: the record used aiperf 0.32.0") for f in summary["against"]["flags"])
-    installs = [c for c in api.commands() if "venv" in " ".join(c) and bench.aiperf.VENV in " ".join(c)]
+    installs = [c for c in api.commands() if "venv" in " ".join(c) and aiperf.VENV in " ".join(c)]
     assert len(installs) == 1
     for c in api.commands():
         assert test_bench.API_KEY not in " ".join(c)
@@ -448,7 +445,7 @@ def test_the_launcher_hands_aiperf_the_key_inside_the_process_only(tmp_path):
         "    print(repr(sys.argv), 'sk-launch' in ' '.join(cmdline))\n"
     )
     env = {"PYTHONPATH": str(tmp_path), "OPENAI_API_KEY": "sk-launch", "PATH": "/usr/bin:/bin"}
-    argv = [sys.executable, "-c", bench.aiperf.LAUNCHER, "profile", "--isl", "64"]
+    argv = [sys.executable, "-c", aiperf.LAUNCHER, "profile", "--isl", "64"]
     got = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
     assert got.strip() == "['aiperf', 'profile', '--isl', '64', '--api-key', 'sk-launch'] False"
     env.pop("OPENAI_API_KEY")

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from sparkcluster import bench
 from sparkcluster.bench import against, causes, measured, orchestrate, perf_record, prompts, runner
 from sparkcluster.bench.sweep import Level, Target, bench_argv
 from sparkcluster.config.profile import load_profile
@@ -126,7 +125,7 @@ def test_view_from_reads_the_nodes_memtotal_from_benchs_facts():
 def test_compare_flags_a_64_gb_record_beside_a_128_gb_run(cli_env, capsys, tmp_path, monkeypatch):
     theirs = record_file(tmp_path, output_tok_s=100.0)
     theirs.write_text(theirs.read_text().replace('accelerator = "CPU', 'memory_gb = 64.0\naccelerator = "CPU'))
-    facts = bench.ClusterFacts(
+    facts = runner.ClusterFacts(
         nodes={n: {"kernel": "6.1", "mem_total_kb": str(KB_128)} for n in ("spark-head", "spark-worker")}
     )
     monkeypatch.setattr(orchestrate, "cluster_facts", lambda *a: facts)

@@ -6,6 +6,7 @@ is kept (the deployment's known-good record) and told (the head's journal and ch
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import tarfile
@@ -313,7 +314,7 @@ def engine(tmp_path, monkeypatch):
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     threading.Thread(target=srv.serve_forever, args=(0.02,), daemon=True).start()
     yield (
-        {"port": srv.server_address[1], "model": "testbed-tiny", "profile": "testbed"},
+        contract.Desired(port=srv.server_address[1], model="testbed-tiny", profile="testbed"),
         Journal(str(tmp_path / "journal")),
     )
     srv.shutdown()
@@ -356,10 +357,12 @@ def test_a_nondeterministic_models_difference_after_a_restart_is_only_told(engin
 def test_an_engine_gone_meanwhile_is_journalled_not_raised(engine, tmp_path):
     desired, journal = engine
     _reference(Engine.ids)
-    assert canary.check_here(journal, {**desired, "port": 1}, "a restart") is None
+    assert canary.check_here(journal, dataclasses.replace(desired, port=1), "a restart") is None
     assert _events(journal)[-1]["event"] == "canary: not asked"
     _reference(Engine.ids)
-    assert canary.check_here(journal, {**desired, "profile": "other"}, "a restart") is None  # not its reference
+    assert (
+        canary.check_here(journal, dataclasses.replace(desired, profile="other"), "a restart") is None
+    )  # not its reference
 
 
 def _serving_supervisor(tmp_path, monkeypatch, first_start: bool):
@@ -374,7 +377,7 @@ def _serving_supervisor(tmp_path, monkeypatch, first_start: bool):
     monkeypatch.setattr(sup, "look", lambda desired, policy: Look(now=time.time(), alive=True))
     monkeypatch.setattr(supervisor, "verdict", lambda w, look, policy: None)
     calls = []
-    monkeypatch.setattr(supervisor.canary, "after_restart", lambda journal, desired: calls.append(desired["model"]))
+    monkeypatch.setattr(supervisor.canary, "after_restart", lambda journal, desired: calls.append(desired.model))
     return sup, calls
 
 

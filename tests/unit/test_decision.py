@@ -81,4 +81,4 @@ def test_a_policy_reads_json_as_its_types_and_ignores_what_it_does_not_know():
     assert got == Policy(stall_s=30.0, max_restarts=5, act=False)
     assert isinstance(got.stall_s, float) and isinstance(got.max_restarts, int)
     assert Policy.of(None) == Policy() and Policy.of(got.doc()) == got
-    assert contract.stale_after_s({"policy": {"interval_s": 5.0}}) == 3 * 5.0 + contract.LOOK_BLOCKS_S
+    assert contract.Supervised.of({"policy": {"interval_s": 5.0}}).stale_after_s() == 3 * 5.0 + contract.LOOK_BLOCKS_S

@@ -64,6 +64,24 @@ def test_the_reference_pages_are_what_the_code_makes(tmp_path, capsys):
     assert not stale, f"docs/reference/{', '.join(stale)} differ from the code: run `make docs` (python -m docs.gen)"
 
 
+def test_the_module_map_names_every_module():
+    """docs/reference/modules.md (docs.gen from the docstrings) names every module of the package under its
+    package, each with what its docstring says, and leaves the tracker's numbers out as the site does."""
+    page = (REPO / "docs" / "reference" / "modules.md").read_text()
+    sections = {m.group(1): m.end() for m in re.finditer(r"^## `sparkcluster/(.*?)/?`$", page, re.M)}
+    package = REPO / "sparkcluster"
+    missing = []
+    for p in sorted(package.rglob("*.py")):
+        folder = p.parent.relative_to(package).as_posix()
+        folder = "" if folder == "." else folder
+        start = sections.get(folder)
+        body = page[start : page.find("\n## ", start)] if start is not None else ""
+        if not re.search(rf"^\| `{re.escape(p.stem)}` \| \S", body, re.M):
+            missing.append(str(p.relative_to(REPO)))
+    assert missing == []
+    assert not re.search(r"\b(?:issue|seed) #?\d", page, re.I)
+
+
 def test_the_cli_reference_names_every_command_and_option():
     from sparkcluster.cli.main import cli
 

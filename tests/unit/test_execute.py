@@ -19,6 +19,7 @@ from sparkcluster.deployment import endpoint, supervision
 from sparkcluster.errors import CommandFailed, EngineUnreachable, StageError
 from sparkcluster.facts import HostFacts, parsers
 from sparkcluster.movement import hfcache
+from sparkcluster.node import contract
 from sparkcluster.remote import dockerapi
 from sparkcluster.remote.fanout import run_each
 from sparkcluster.remote.result import CommandResult
@@ -378,7 +379,7 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     monkeypatch.setattr(server, "wait_ready", lambda *a, **kw: 1.0)
     # the supervisor in the head container starts the server (tested in test_agent / test_serve_start)
     monkeypatch.setattr(server, "start", lambda *a, **kw: server.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
-    monkeypatch.setattr(supervision, "state", lambda *a: {"state": "serving", "generation": ""})
+    monkeypatch.setattr(supervision, "state", lambda *a: contract.Supervised.of({"state": "serving", "generation": ""}))
     monkeypatch.setattr(endpoint, "warm_up", lambda *a, **kw: 0.5)
     r = execute.UpRun(ConnectedHosts(inv, hosts), plan, facts, secrets, Recorder())
     execute.execute(r)
@@ -492,7 +493,7 @@ def up_over(monkeypatch, env_of):
     monkeypatch.setattr(server, "wait_ready", lambda *a, **kw: 1.0)
     # the supervisor in the head container starts the server (tested in test_agent / test_serve_start)
     monkeypatch.setattr(server, "start", lambda *a, **kw: server.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
-    monkeypatch.setattr(supervision, "state", lambda *a: {"state": "serving", "generation": ""})
+    monkeypatch.setattr(supervision, "state", lambda *a: contract.Supervised.of({"state": "serving", "generation": ""}))
     monkeypatch.setattr(endpoint, "warm_up", lambda *a, **kw: 0.5)
     progress = Recorder()
     progress.info = lambda text: progress.lines.append("info " + text)

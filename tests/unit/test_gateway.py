@@ -306,6 +306,69 @@ def test_a_verdict_newer_than_serving_takes_it_out_while_the_supervisor_stops_th
     assert health.judge(off).up  # supervision off in the profile: journalled, nothing is done
 
 
+WEDGE = [{"ts": 950.0, "kind": "wedged", "cause": "no progress"}]
+
+
+@pytest.mark.parametrize(
+    "state, age, sup",
+    [
+        (contract.SERVING, 1.0, {"since": 900.0}),
+        (contract.SERVING, 1.0, {"since": 900.0, "causes": WEDGE}),  # the verdict published, the stop under way
+        (contract.SERVING, 1.0, {"since": 960.0, "causes": WEDGE}),  # a cause from before it served again
+        (contract.SERVING, 60.0, {"since": 900.0}),  # stale
+        (contract.SERVING, 1.0, {"since": 900.0, "memory_unknown": {"spark-worker": "no answer"}}),
+        (contract.RESTARTING, 1.0, {"since": 955.0, "causes": WEDGE}),
+        *((s, 1.0, {"since": 955.0, "causes": WEDGE}) for s in contract.FINAL),
+    ],
+)
+def test_the_gateway_and_status_agree_on_a_verdict_at_the_same_instant(state, age, sup):
+    """One judgement (contract.availability) for the gateway's rotation and `status`: at the instant
+    the gateway takes a deployment out for its supervisor's sake, `status` names a supervisor problem
+    and no longer shows it serving; while the gateway routes to it, `status` has nothing to say."""
+    from sparkcluster.status import status
+
+    report = _report(state, age=age, **sup)
+    view = {**report["supervisor"], "age_s": age}  # what status reads: the same file, aged by the head's clock
+    routed = health.judge(report)
+    said = status.supervisor_problem(view)
+    assert routed == contract.availability(contract.Supervised.of(view), age)
+    assert (said is None) == routed.up
+    if routed.up:
+        assert status.supervisor_shown(view) == "serving"
+    if routed.why == "stopping":  # the state file still says serving: neither of them does
+        assert said == f"supervisor: {routed.reason}" and routed.reason.startswith("wedged: no progress")
+        assert status.supervisor_shown(view) == "stopping after a verdict (was serving)"
+    assert routed.final == (state in contract.FINAL)
+
+
+def test_the_state_file_is_read_through_its_record():
+    """contract.Supervised: the fields every supervisor writes, typed; the rest kept as written; a
+    stop in progress is one whatever its shape; a file of another kind or none is no record."""
+    doc = {
+        "state": "serving",
+        "since": 960.0,  # served again after the verdict
+        "updated": 1000.0,
+        "generation": "g1",
+        "pid": 7,
+        "restarts": [950.0],
+        "causes": [{"ts": 950.0, "kind": "dead", "cause": "exited"}, "not a cause"],
+        "policy": {"interval_s": 2},
+        "tokens_per_s": 12.5,
+        "activity": "",
+        "executor": "mp",
+    }
+    rec = contract.Supervised.of(doc)
+    assert rec.kind is contract.State.SERVING and rec.generation == "g1" and rec.restarts == (950.0,)
+    assert rec.causes == ({"ts": 950.0, "kind": "dead", "cause": "exited"},) and rec.last_cause == "exited"
+    assert rec.bounds.interval_s == 2 and rec.tokens_per_s == 12.5 and rec.rest == {"executor": "mp"}
+    assert rec.age(1003.0) == 3.0 and rec.age(None) is None and not rec.stale(3.0) and rec.stale(60.0)
+    assert not rec.is_stopping() and contract.Supervised.of({**doc, "stopping": {"grace_s": 5}}).is_stopping()
+    assert contract.Supervised.of({**doc, "stopping": {}}).is_stopping() is False
+    assert contract.Supervised.of({**doc, "state": "gone"}).kind is None
+    assert contract.Supervised.of(None) is None and contract.Supervised.of([]) is None
+    assert contract.availability(None) == contract.NOT_ASKED and not contract.NOT_ASKED.up
+
+
 def test_a_forwarded_post_goes_to_its_forwarder_and_everything_else_through_starlette(two):
     """The app dispatches a POST to a forwarded path before Starlette (perf/gateway.md, "What costs
     most"); what Starlette answered before, it still answers."""

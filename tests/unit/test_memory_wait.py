@@ -70,7 +70,7 @@ def _restarting(tmp_path, monkeypatch, memory):
     }
     Path(supervisor.DESIRED_PATH).write_text(json.dumps(desired))
     sup = supervisor.Supervisor({"node": "spark-head", "nodes": [], "peers": []}, Journal(str(tmp_path / "journal")))
-    sup.adopt(desired)
+    sup.adopt(contract.Desired.of(desired))
     sup.generation, sup.first_start = "g1", False  # the engine was killed after serving: a restart
     if memory is not None:  # None: the real node_memory, which reads the peers' reports
         monkeypatch.setattr(sup, "node_memory", lambda: dict(memory))
@@ -116,7 +116,7 @@ def test_memory_that_never_comes_back_gives_up_with_a_clear_state(tmp_path, monk
     assert sup.proc is None and sup.state == contract.NO_MEMORY
     from sparkcluster.status import status
 
-    said = status._state_problem(state)
+    said = status._state_problem(contract.Supervised.of(state))
     assert (
         said.startswith("supervisor: vllm serve not restarted: memory did not come back") and "sparkcluster up" in said
     )

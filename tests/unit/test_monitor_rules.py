@@ -53,3 +53,17 @@ def test_every_alert_has_a_case_that_fires_it_and_one_that_does_not():
         )
         assert any("exp_labels" in b for b in blocks), f"no case fires {name}"
         assert any(b.strip().startswith("[]") for b in blocks), f"no case where {name} stays silent"
+
+
+def test_the_stopped_alert_names_the_final_states_and_the_metric_every_state():
+    """SparkServerStopped fires for exactly the states the supervisor never leaves by itself, and the
+    agent exports one series for every state: the names are the enum's (node/contract.State), so a
+    state renamed or added without the rule and the metric following fails here."""
+    from sparkcluster.node import contract, metrics
+
+    text = (RULES / "sparkcluster.yml").read_text()
+    (expr,) = re.findall(r"- alert: SparkServerStopped\n\s+expr: '([^']*)'", text)
+    (alternatives,) = re.findall(r'sparkcluster_supervisor_state\{state=~"([^"]*)"\}', expr)
+    assert set(alternatives.split("|")) == {s.value for s in contract.State if s.final}
+    assert set(metrics.STATES) == set(contract.State) and len(metrics.STATES) == len(contract.State)
+    assert all(contract.State.of(s.value) is s for s in contract.State) and contract.State.of("gone") is None

@@ -104,8 +104,8 @@ def test_the_supervisor_asks_the_engine_at_the_desired_host(monkeypatch, tmp_pat
             return None
 
     sup.proc, sup.watch = Alive(), Watch(started=0.0)
-    sup.look({"port": 8000, "host": "198.18.1.2", "model": "m"}, supervisor.Policy())
-    sup.look({"port": 8000, "model": "m"}, supervisor.Policy())  # a desired state from before
+    sup.look(supervisor.Desired(port=8000, host="198.18.1.2", model="m"), supervisor.Policy())
+    sup.look(supervisor.Desired.of({"port": 8000, "model": "m"}), supervisor.Policy())  # a desired state from before
     assert asked == ["http://198.18.1.2:8000/health", "http://127.0.0.1:8000/health"]
     sup.proc = None
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from sparkcluster import programs
+from sparkcluster.node import contract
 from sparkcluster.programs import boot, tar
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sparkcluster"
@@ -204,22 +205,57 @@ def test_the_tar_reader_stops_where_the_stream_is_cut():
         _walk(raw[:700])
 
 
-def test_a_programs_siblings_are_read_as_python_reads_them():
-    """programs._ours reads a program's imports of its siblings without parsing it: the same as the
-    parsed module's, for every program."""
-    for p in sorted((PACKAGE / "programs").glob("*.py")):
-        if p.name == "__init__.py":
-            continue
-        module = f"sparkcluster.programs.{p.stem}"
-        parsed = set()
-        for n in ast.walk(ast.parse(p.read_text())):
-            if isinstance(n, ast.ImportFrom) and n.module == "sparkcluster.programs":
-                parsed |= {f"sparkcluster.programs.{a.name}" for a in n.names}
-            elif isinstance(n, ast.ImportFrom) and (n.module or "").startswith("sparkcluster.programs."):
-                parsed.add(n.module)
-            elif isinstance(n, ast.Import):
-                assert not any(a.name.startswith("sparkcluster") for a in n.names), p.name
-        assert set(programs._ours(module)) == parsed, p.name
+def _parsed_imports(module: str, path: Path) -> set[str]:
+    """The package's modules `module` imports, as Python resolves its import statements."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = set()
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.Import):
+            assert not any(a.name.startswith("sparkcluster") for a in n.names), path
+        elif isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("sparkcluster")):
+            parts = package.split(".")[: len(package.split(".")) - n.level + 1] if n.level else []
+            base = ".".join([*parts, *([n.module] if n.module else [])])
+            out |= {f"{base}.{a.name}" if programs.is_module(f"{base}.{a.name}") else base for a in n.names}
+    return out
+
+
+@pytest.mark.parametrize("folder", ["programs", "node", "gateway"])
+def test_a_modules_imports_are_read_as_python_reads_them(folder):
+    """programs._ours reads a module's imports of the package's modules without parsing it (absolute
+    or relative, at any indentation): the same as the parsed module's, for every program and every
+    module shipped as files (the node agent's, the gateway's)."""
+    for p in sorted((PACKAGE / folder).glob("*.py")):
+        module = f"sparkcluster.{folder}" if p.name == "__init__.py" else f"sparkcluster.{folder}.{p.stem}"
+        assert set(programs._ours(module)) == _parsed_imports(module, p), p.name
+
+
+def test_the_agent_and_the_gateway_ship_what_they_import():
+    """The files of the node agent and of the gateway are their entry points and what those import
+    (programs.modules), laid out as the package is: every node module reaches the agent's folder (the
+    fabric test's rank program named beside the agent), the gateway's container gets its own modules
+    and the node contract and nothing else of the package."""
+    from sparkcluster.container.spec import AGENT_FILES
+    from sparkcluster.gateway.rollout import CODE_DIR, code_files
+
+    node = {f"node/{p.name}" for p in (PACKAGE / "node").glob("*.py") if p.name != "launcher.py"}
+    assert {k.removeprefix(contract.AGENT_DIR + "/") for k in AGENT_FILES} == {*node, "__main__.py"}
+    gateway = {f"sparkcluster/gateway/{p.name}" for p in (PACKAGE / "gateway").glob("*.py")}
+    controller = {
+        "sparkcluster/gateway/rollout.py",
+        "sparkcluster/gateway/deploy.py",
+        "sparkcluster/gateway/litellm.py",
+    }
+    assert {k.removeprefix(CODE_DIR + "/") for k in code_files()} == {
+        *(gateway - controller),
+        "sparkcluster/__init__.py",
+        "sparkcluster/node/__init__.py",
+        "sparkcluster/node/contract.py",
+        "__main__.py",
+    }
+    assert programs.layout(["sparkcluster.node", "sparkcluster.node.agent"], "sparkcluster.node", "node") == {
+        "node/__init__.py": "sparkcluster.node",
+        "node/agent.py": "sparkcluster.node.agent",
+    }
 
 
 # ---- the programs' own functions, imported as the package's modules ----------------------------

@@ -29,6 +29,7 @@ from sparkcluster.node.verdict import Watch, verdict
 # the testbed profile's bounds (tests/testbed/profiles/testbed.toml)
 POLICY = contract.Policy(interval_s=2.0, probe_interval_s=5.0, probe_timeout_s=15.0, stall_s=20.0, max_restarts=2)
 DESIRED = {"generation": "g1", "argv": ["vllm", "serve"], "model": "m", "port": 8000, "policy": POLICY.doc()}
+ASKED = contract.Desired.of(DESIRED)  # desired.json as the supervisor reads it
 WAIT_S = 10.0  # the most a test waits on the probe's thread (it answers in microseconds)
 
 
@@ -109,7 +110,7 @@ def rig(tmp_path, monkeypatch):
     monkeypatch.setattr(sup, "stop", stop)
     sup.generation, sup.first_start, sup.state = "g1", False, contract.SERVING
     sup.proc, sup.watch = Alive(), Watch(started=0.0, ready=True, progressed_at=clock.now)
-    sup.policy(DESIRED)
+    sup.policy(ASKED)
     return SimpleNamespace(sup=sup, clock=clock, engine=engine, stopped=stopped, tmp=tmp_path)
 
 
@@ -144,18 +145,18 @@ def test_a_probe_that_blocks_holds_no_look_back_and_its_answer_is_taken_after_it
     sup, clock = rig.sup, rig.clock
     try:
         t0 = time.monotonic()
-        look = sup.look(DESIRED, POLICY)  # due: the probe is sent and left running
+        look = sup.look(ASKED, POLICY)  # due: the probe is sent and left running
         assert look.probe is None and probes.entered.acquire(timeout=WAIT_S)
         for _ in range(5):  # looks go on, each 2 s later, while it blocks; none sends another
             clock.now += 2.0
-            assert sup.look(DESIRED, POLICY).probe is None
+            assert sup.look(ASKED, POLICY).probe is None
         assert time.monotonic() - t0 < 5.0  # a look waiting on the probe would take its 30 s
         assert len(probes.runs) == 1 and sup.counts == {} and sup.last_probe_s is None
     finally:
         gate.set()
     _returned(sup)
     clock.now += 2.0
-    look = sup.look(DESIRED, POLICY)  # the first look after it returned takes its answer
+    look = sup.look(ASKED, POLICY)  # the first look after it returned takes its answer
     assert look.probe == "" and sup.last_probe_ok is True and sup.counts == {"probe:ok": 1}
     assert sup.probe_run is None or sup.probe_run.watch is sup.watch  # the next one, sent when due
 
@@ -187,7 +188,7 @@ def test_with_progress_frozen_and_requests_running_the_stall_rule_fires_within_s
             clock.now += 2.0
     finally:
         gate.set()
-    wedged = [e for e in _journal(rig.tmp) if e["event"] == "wedged"]
+    wedged = [e for e in _journal(rig.tmp) if (e["event"], e.get("kind")) == ("verdict", "wedged")]
     assert verdict_at is not None and len(wedged) == 1, _journal(rig.tmp)
     assert "no progress of any kind" in wedged[0]["cause"] and "for 20s" in wedged[0]["cause"]
     assert verdict_at - last_movement <= POLICY.stall_s + POLICY.interval_s
@@ -202,18 +203,18 @@ def test_an_answer_from_an_earlier_start_never_counts_nor_blocks_the_new_engines
     probes = _probes(monkeypatch, "", "", gates=[old_gate, new_gate])
     sup, clock = rig.sup, rig.clock
     try:
-        sup.look(DESIRED, POLICY)  # the first engine's probe, in flight
+        sup.look(ASKED, POLICY)  # the first engine's probe, in flight
         old = sup.probe_run
         assert probes.entered.acquire(timeout=WAIT_S)
         sup.watch = Watch(started=clock.now + 1)  # stopped and started again: a new engine, not ready
         clock.now += 1.25
-        assert sup.look(DESIRED, POLICY).probe is None
+        assert sup.look(ASKED, POLICY).probe is None
         assert len(probes.runs) == 2 and sup.probe_run is probes.runs[1]  # sent despite the old one
         assert sup.probe_run.watch is sup.watch and old.watch is not sup.watch
         old_gate.set()
         assert old.done.wait(WAIT_S) and old.answer == ""
         clock.now += 0.25
-        look = sup.look(DESIRED, POLICY)
+        look = sup.look(ASKED, POLICY)
         assert look.probe is None and sup.counts == {}  # the old engine's success is not this one's
         assert verdict(sup.watch, look, POLICY) is None and not sup.watch.ready
     finally:
@@ -221,7 +222,7 @@ def test_an_answer_from_an_earlier_start_never_counts_nor_blocks_the_new_engines
         new_gate.set()
     _returned(sup)
     clock.now += 0.25
-    look = sup.look(DESIRED, POLICY)
+    look = sup.look(ASKED, POLICY)
     assert look.probe == "" and sup.counts == {"probe:ok": 1}
     assert verdict(sup.watch, look, POLICY) is None and sup.watch.ready
 
@@ -230,19 +231,19 @@ def test_an_exception_in_the_probe_is_a_failure_and_the_next_probe_still_starts(
     probes = _probes(monkeypatch, RuntimeError("connection pool broke"), "")
     sup, clock, engine = rig.sup, rig.clock, rig.engine
     engine.running = 1.0
-    verdict(sup.watch, sup.look(DESIRED, POLICY), POLICY)  # sent
+    verdict(sup.watch, sup.look(ASKED, POLICY), POLICY)  # sent
     _returned(sup)
     clock.now += 2.0
-    look = sup.look(DESIRED, POLICY)
+    look = sup.look(ASKED, POLICY)
     assert look.probe == "the one-token probe failed: RuntimeError: connection pool broke"
     assert sup.last_probe_ok is False and sup.counts == {"probe:failed": 1}
     assert verdict(sup.watch, look, POLICY) is None and sup.watch.probe_failures == 1  # counted
     clock.now += 4.0  # probe_interval_s since the first: the next one is sent
-    sup.look(DESIRED, POLICY)
+    sup.look(ASKED, POLICY)
     assert len(probes.runs) == 2
     _returned(sup)
     clock.now += 2.0
-    look = sup.look(DESIRED, POLICY)
+    look = sup.look(ASKED, POLICY)
     assert look.probe == "" and sup.counts == {"probe:failed": 1, "probe:ok": 1}
     assert verdict(sup.watch, look, POLICY) is None and sup.watch.probe_failures == 0
 
@@ -265,23 +266,26 @@ def test_a_starting_engine_is_serving_at_the_look_that_takes_a_successful_answer
 
 def test_the_state_file_is_stale_after_three_looks_and_the_reads_bounds_not_the_probes():
     testbed = {"policy": {"interval_s": 2.0, "probe_timeout_s": 15.0}, "state": contract.SERVING, "since": 50.0}
-    assert contract.stale_after_s(testbed) == 15.0  # 3 x 2 s + 7 s of reads, floored at 15 s
+    assert contract.Supervised.of(testbed).stale_after_s() == 15.0  # 3 x 2 s + 7 s of reads, floored at 15 s
     slow = {**testbed, "policy": {"interval_s": 5.0, "probe_timeout_s": 60.0}}
-    assert contract.stale_after_s(slow) == 3 * 5.0 + contract.LOOK_BLOCKS_S
+    assert contract.Supervised.of(slow).stale_after_s() == 3 * 5.0 + contract.LOOK_BLOCKS_S
     # peers whose report did not answer cost a look a second each
     blind = {**slow, "memory_unknown": {"a": "timed out", "b": "timed out"}}
-    assert contract.stale_after_s(blind) == 3 * 5.0 + contract.LOOK_BLOCKS_S + 2 * contract.PEER_READ_S
+    assert contract.Supervised.of(blind).stale_after_s() == 3 * 5.0 + contract.LOOK_BLOCKS_S + 2 * contract.PEER_READ_S
     # a verdict published before the stop: the stop's grace and kill wait are the supervisor acting
     stopping = {**testbed, "causes": [{"ts": 60.0, "kind": "wedged", "cause": "no progress"}]}
     grace = contract.Policy().stop_grace_s + contract.STOP_KILL_WAIT_S
-    assert contract.stale_after_s(stopping) == 3 * 2.0 + contract.LOOK_BLOCKS_S + grace
+    assert contract.Supervised.of(stopping).stale_after_s() == 3 * 2.0 + contract.LOOK_BLOCKS_S + grace
     # a cause older than the state (the restart that followed it) adds nothing
-    assert contract.stale_after_s({**stopping, "since": 70.0}) == 15.0
-    assert contract.stale_after_s({**stopping, "state": contract.RESTARTING}) == 15.0
+    assert contract.Supervised.of({**stopping, "since": 70.0}).stale_after_s() == 15.0
+    assert contract.Supervised.of({**stopping, "state": contract.RESTARTING}).stale_after_s() == 15.0
     # any stop the supervisor publishes before it blocks (down, on demand's idle TTL, up replacing
     # the server: no new cause) adds the grace it stops with
     orderly = {**testbed, "stopping": {"why": "idle for 900s", "grace_s": 30.0}}
-    assert contract.stale_after_s(orderly) == 3 * 2.0 + contract.LOOK_BLOCKS_S + 30.0 + contract.STOP_KILL_WAIT_S
+    assert (
+        contract.Supervised.of(orderly).stale_after_s()
+        == 3 * 2.0 + contract.LOOK_BLOCKS_S + 30.0 + contract.STOP_KILL_WAIT_S
+    )
 
 
 def test_the_state_file_is_rewritten_during_a_restarts_backoff(rig):

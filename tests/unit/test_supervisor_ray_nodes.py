@@ -374,7 +374,7 @@ def test_supervisor_restarts_an_engine_whose_worker_ray_node_was_replaced(tmp_pa
         dashboard.doc, dashboard.nodes = text("alive-replaced"), {A2: text("node-a-dead")}
         sup.tick()
         assert dashboard.asked == [A2]  # the recorded node missing from the live ones, by its node_id
-        dead = [e for e in journal(tmp_path) if e["event"] == "dead"]
+        dead = [e for e in journal(tmp_path) if (e["event"], e.get("kind")) == ("verdict", "dead")]
         assert len(dead) == 1
         assert {k: dead[0][k] for k in ("node", "ip", "old_node_id", "new_node_id", "ray_state", "ray_says")} == {
             "node": "spark-worker",
@@ -396,7 +396,9 @@ def test_supervisor_restarts_an_engine_whose_worker_ray_node_was_replaced(tmp_pa
         started = [e for e in journal(tmp_path) if e["event"] == "vllm serve started"]
         assert len(started) == 2 and started[-1]["ray_nodes"] == {"spark-head": HEAD2, "spark-worker": B2}
         sup.tick()
-        assert len([e for e in journal(tmp_path) if e["event"] == "dead"]) == 1  # one verdict, not one per look
+        assert (
+            len([e for e in journal(tmp_path) if (e["event"], e.get("kind")) == ("verdict", "dead")]) == 1
+        )  # one verdict, not one per look
     finally:
         sup.stop("test")
 
@@ -416,7 +418,7 @@ def test_a_stray_raylet_beside_the_engines_node_is_journalled_once_and_left_alon
         sup.tick()
         sup.tick()
         assert sup.proc is not None and sup.proc.poll() is None and sup.restarts == []
-        assert not [e for e in journal(tmp_path) if e["event"] in ("dead", "vllm serve stopped")]
+        assert not [e for e in journal(tmp_path) if e["event"] in ("verdict", "vllm serve stopped")]
         (seen,) = [e for e in journal(tmp_path) if e["event"] == "another Ray node at an engine node's IP"]
         assert (seen["node"], seen["ip"], seen["node_id"], seen["other_node_id"]) == ("spark-worker", WORKER_IP, B2, C2)
         assert dashboard.asked == []  # every recorded node is live: no node read by its id
@@ -540,12 +542,12 @@ def test_the_read_interval_runs_on_the_monotonic_clock(tmp_path, monkeypatch, da
     try:
         sup.tick()
         policy = sup.policy()
-        assert sup.look(desired, policy).ray_lost == {}
+        assert sup.look(contract.Desired.of(desired), policy).ray_lost == {}
         wall = time.time() - 3600  # an hour back
         monkeypatch.setattr(supervisor, "time", SimpleNamespace(time=lambda: wall, monotonic=time.monotonic))
         time.sleep(0.1)
         dashboard.doc, dashboard.nodes = text("alive-replaced"), {A2: text("node-a-dead")}
-        assert sup.look(desired, policy).ray_lost["old_node_id"] == A2
+        assert sup.look(contract.Desired.of(desired), policy).ray_lost["old_node_id"] == A2
     finally:
         monkeypatch.undo()
         sup.stop("test")

@@ -431,6 +431,21 @@ def test_start_hands_the_server_to_the_supervisor_with_secrets_in_a_private_file
     assert api.modes[contract.SECRETS_PATH] == 0o600
     desired = json.loads(api.archives[contract.DESIRED_PATH])
     assert desired["argv"] == s.argv and desired["policy"] == {"max_restarts": 3} and desired["model"] == "m"
+    # desired.json keeps its names and order, and reads back through the agent's record unchanged
+    assert list(desired) == [
+        "generation",
+        "argv",
+        "model",
+        "port",
+        "host",
+        "profile",
+        "salt",
+        "secrets_digest",
+        "policy",
+    ]
+    assert contract.Desired.of(desired).doc() == desired
+    assert contract.Desired.of({**desired, "later": 1}) == contract.Desired.of(desired)  # a name it does not know
+    assert contract.Desired.of(None) is None and contract.Desired.of({}).argv == ()
     # no secret in the desired state, the record, or any command
     for text in (
         api.archives[contract.DESIRED_PATH].decode(),

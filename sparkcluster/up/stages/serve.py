@@ -28,7 +28,7 @@ from sparkcluster.deployment import (
 from sparkcluster.errors import SparkError, StageError, StepFailure
 from sparkcluster.fabric import engine_nccl
 from sparkcluster.labels import container_name
-from sparkcluster.node import canary, engine_log
+from sparkcluster.node import canary, contract, engine_log
 from sparkcluster.remote import retry
 from sparkcluster.remote.dockerapi import UNREACHABLE
 from sparkcluster.steps.base import Step, fail
@@ -341,20 +341,18 @@ def wait_ready(r: UpRun) -> float:
     # `up` says serving only once the supervisor watches a server it has seen answer: a wedge in the
     # next second is then its to catch (it only judges an engine it has seen ready)
     def watching() -> bool | None:
-        st = supervision.state(api, sv.container) or {}
-        return (
-            True if st.get("state") == "serving" and st.get("generation") == r.get(server.Record).generation else None
-        )
+        st = supervision.state(api, sv.container)
+        return True if st and st.kind == contract.SERVING and st.generation == r.get(server.Record).generation else None
 
     bound = SUPERVISOR_CONFIRM_S + r.plan.profile.supervisor.probe_timeout_s
     if retry.poll(watching, timeout=bound, interval=0.25, what="the supervisor") is None:
-        st = supervision.state(api, sv.container) or {}
+        st = supervision.state(api, sv.container)
         raise fail(
             STAGE,
             head.name,
             "wait until ready",
             f"the server answers, but the supervisor has not seen it serve within {bound:g}s "
-            f"(its state: {st.get('state', 'none')})",
+            f"(its state: {st.state if st else 'none'})",
             sv.describe(),
             server.supervisor_tail(api, sv.container),
             "sparkcluster events shows what the supervisor saw; sparkcluster up again",
