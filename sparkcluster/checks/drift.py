@@ -260,20 +260,27 @@ def image_nccl(ctx: Context, r: Report) -> None:
             r.ok(n, said)
 
 
+def image_reading(ctx: Context, node: str):
+    """The image's reading (facts/image_nccl) for a node: its own, else the head's, else any node's,
+    with the node it was read on; (None, None) where no node holds the image or its base."""
+    readings = {n: f.image_nccl for n, f in ctx.facts.items() if f.image_nccl is not None}
+    head = ctx.inventory.head.name
+    src = node if node in readings else head if head in readings else next(iter(readings), None)
+    return (src, readings[src]) if src is not None else (None, None)
+
+
 @check("image.driver", "The image's CUDA: runs on each node's driver (natively or in compatibility mode)")
 def image_driver(ctx: Context, r: Report) -> None:
     # facts/image_nccl.py reads the requirement once per image ID (NGC's convention or the CUDA base
     # images') and judges it as the field observes (issue 51): an image of the node driver's CUDA major
     # runs in compatibility mode (WARN: PTX JIT, vllm#47397), a newer major FAILs. A node that does not
     # hold the image yet (before `up` sends it) is judged by what the head (else a peer) read.
-    readings = {n: f.image_nccl for n, f in ctx.facts.items() if f.image_nccl is not None}
-    head = ctx.inventory.head.name
     for n, f in ctx.facts.items():
-        src = n if n in readings else head if head in readings else next(iter(readings), None)
-        if src is None:
+        src, found = image_reading(ctx, n)
+        if found is None:
             r.skip(n, "no node holds the cluster image or its base to read")
             continue
-        v = judge_driver(readings[src], _driver(f), read_on="" if src == n else f" (read on {src})")
+        v = judge_driver(found, _driver(f), read_on="" if src == n else f" (read on {src})")
         if v.status == "fail":
             r.fail(n, v.detail, v.fix)
         elif v.status == "warn":
@@ -288,12 +295,16 @@ def image_driver(ctx: Context, r: Report) -> None:
 def image_cuda_cache(ctx: Context, r: Report) -> None:
     # facts/image_nccl.py reads the image's CUDA_CACHE_DISABLE with its NCCL (once per image ID); the
     # profile's forwarded value replaces it in the container
+    # what an image sets is the image's, by ID: a node that cannot be read (or lacks the image before
+    # `up` sends it) is judged by what another read, as image.driver is
     forwarded = ctx.expect.forwarded_env.get("CUDA_CACHE_DISABLE")
-    for n, f in ctx.facts.items():
-        if f.image_nccl is None:
-            r.skip(n, "the node has no cluster image to read")
+    for n in ctx.facts:
+        src, found = image_reading(ctx, n)
+        if found is None:
+            r.skip(n, "no node holds the cluster image or its base to read")
             continue
-        on, said = cuda_cache(f.image_nccl, forwarded)
+        on, said = cuda_cache(found, forwarded)
+        said += "" if src == n else f" (read on {src})"
         if on:
             r.ok(n, said)
         else:

@@ -565,5 +565,10 @@ def test_image_cuda_cache_warns_where_the_image_turns_the_jit_cache_off():
     # a profile that forwards 0 keeps the cache whatever the image says
     s.expect["forwarded_env"] = {"CUDA_CACHE_DISABLE": "0"}
     assert results(s)[("image.cuda_cache", H)].status == "ok"
+    # a node that cannot be read is judged by another's reading of the same image, as image.driver is
     s.facts[H].image_nccl = None
+    r = results(s)[("image.cuda_cache", H)]
+    assert r.status == "ok" and f"(read on {W})" in r.detail, r
+    for f in s.facts.values():
+        f.image_nccl = None
     assert results(s)[("image.cuda_cache", H)].status == "skip"
