@@ -1,0 +1,86 @@
+"""What a peer on the LAN can do to the gateway (and to the node agent's report server), in process
+on loopback in front of stub engines: oversized and deeply nested bodies, a Host header the
+trailing-slash redirect would have echoed, a flood of model names in the metrics, `/metrics` without
+a key, an engine that breaks its stream under the real OpenAI client, a flood of idle connections
+on the agent. The connection flood and the unfinished headers against the gateway as its container
+runs it (a process of its own, its file limit at 1,024) are test_gateway_flood's."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import pytest
+from gateway_fakes import KEY, Engine, Served, config, in_rotation, start_gateway, until
+
+from sparkcluster.gateway import exposure
+
+BEARER = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture
+def one():
+    e = Engine(["vision"])
+    s = Served(e.app())
+    gw, sg = start_gateway(config({"vision@spark-b": (e, s)}))
+    until(lambda: in_rotation(gw, "vision@spark-b"), what="in rotation")
+    yield gw, sg, e
+    sg.stop()
+    s.stop()
+
+
+def test_a_body_over_the_routes_limit_is_413_in_the_clients_shape_and_never_forwarded(one):
+    gw, sg, e = one
+    limit = gw.guard.limits.body_bytes
+    # declared too large: refused on its Content-Length, before a byte of it is read
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {300 * 1024 * 1024}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", sg.port), timeout=30) as c:
+        c.sendall(head.encode() + b'{"model": "vision", "x": "' + b"a" * 65536)
+        got = b""
+        while chunk := c.recv(65536):  # the gateway closes the connection after its answer
+            got += chunk
+    status, _, body = got.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 413") and b"connection: close" in status.lower()
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"
+    # sent chunked, no length said: refused once the bytes read pass the limit (Anthropic's shape here)
+    big = b'{"model": "vision", "x": "' + b"a" * (limit + 1) + b'"}'
+    r = httpx.post(
+        f"{sg.url}/v1/messages",
+        content=iter([big[i : i + 1 << 20] for i in range(0, len(big), 1 << 20)]),
+        headers={"x-api-key": KEY},
+        timeout=60,
+    )
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+    assert e.seen == []  # the stub engine received nothing
+    ok = httpx.post(f"{sg.url}/v1/chat/completions", json={"model": "vision"}, headers=BEARER, timeout=30)
+    assert ok.status_code == 200 and len(e.seen) == 1
+
+
+def test_the_limits_follow_the_file_limit_and_only_the_knobs_the_uvicorn_found_takes():
+    lim = exposure.Limits.from_config({}, nofile=1024)
+    assert (
+        lim.max_connections == (1024 - exposure.RESERVED_FDS) // 2
+        and lim.unkeyed_connections == lim.max_connections // 2
+    )
+    assert exposure.Limits.from_config({"unkeyed_connections": 7}, nofile=1024).unkeyed_connections == 7
+
+    class OldConfig:  # a uvicorn before 0.18: no h11_max_incomplete_event_size, no server_header
+        def __init__(
+            self,
+            app,
+            host="127.0.0.1",
+            port=8000,
+            limit_concurrency=None,
+            timeout_keep_alive=5,
+            proxy_headers=True,
+            http="auto",
+        ):
+            pass
+
+    got = exposure.server_options(exposure.Guard(lim), OldConfig)
+    assert set(got) == {"http", "timeout_keep_alive", "limit_concurrency", "proxy_headers"}
+    assert got["proxy_headers"] is False and got["limit_concurrency"] > lim.max_connections
