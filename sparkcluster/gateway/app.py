@@ -45,6 +45,7 @@ FORWARDED = (
 
 
 HELD_LOOK_S = 0.25  # a held request looks for its deployment this often
+OTHER_MODEL = "(other)"  # the metrics' label for every model name no deployment serves
 
 
 def model_of(body: bytes) -> str | None:
@@ -209,6 +210,11 @@ class Gateway:
         self.guard.keyed(scope.get("client"))
         return True
 
+    def label(self, model: str) -> str:
+        """The metrics' label for a model name a client chose: itself where a deployment serves it
+        (or none was given), else one label for all the others, so that no client grows the series."""
+        return model if not model or model in self.table.names() else OTHER_MODEL
+
     async def models(self, request: Request) -> Response:
         if not self.authorized(request.scope, request.headers):
             return _refusal(401, "missing or wrong API key", "authentication_error", False)
@@ -260,6 +266,9 @@ class Gateway:
         )
 
     async def metrics_page(self, request: Request) -> Response:
+        """The gateway's figures, to a key (the monitoring stack's scrape carries one: monitor/scrape)."""
+        if not self.authorized(request.scope, request.headers):
+            return _refusal(401, "missing or wrong API key", "authentication_error", False)
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def alive(self, request: Request) -> Response:
@@ -275,7 +284,7 @@ class Gateway:
         """Answers `status` with `message` in the client's error shape (proxy.send_error, its
         headers `extra`), counted in the gateway's requests under `model` and `endpoint`."""
         await proxy.send_error(send, status, message, kind, anthropic, extra)
-        self.metrics.requests.labels(model, endpoint, str(status)).inc()
+        self.metrics.requests.labels(self.label(model), endpoint, str(status)).inc()
 
     async def request_body(
         self, scope, receive, send, endpoint: str, anthropic: bool, upload: bool = False
@@ -385,7 +394,7 @@ class Gateway:
                 extra = {"Retry-After": picked.retry_after}
                 await self.refuse(send, endpoint, model or "", 503, said, "service_unavailable", False, extra)
                 return
-            label = model or (picked.names[0] if picked.names else picked.key)
+            label = self.label(model or "") or (picked.names[0] if picked.names else picked.key)
             await self.forward(picked, scope, receive, send, body, label, endpoint, False)
 
         return app

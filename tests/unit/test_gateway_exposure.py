@@ -15,6 +15,7 @@ import pytest
 from gateway_fakes import KEY, Engine, Served, config, in_rotation, start_gateway, until
 
 from sparkcluster.gateway import exposure
+from sparkcluster.gateway.app import OTHER_MODEL
 
 BEARER = {"Authorization": f"Bearer {KEY}"}
 
@@ -58,6 +59,27 @@ def test_a_body_over_the_routes_limit_is_413_in_the_clients_shape_and_never_forw
     assert e.seen == []  # the stub engine received nothing
     ok = httpx.post(f"{sg.url}/v1/chat/completions", json={"model": "vision"}, headers=BEARER, timeout=30)
     assert ok.status_code == 200 and len(e.seen) == 1
+
+
+def test_unknown_model_names_add_no_label_and_metrics_take_a_key(one):
+    _gw, sg, _e = one
+    assert httpx.get(f"{sg.url}/metrics", timeout=30).status_code == 401
+    series = lambda: {  # noqa: E731 (every series' name and labels, values left out)
+        line.rpartition(" ")[0]
+        for line in httpx.get(f"{sg.url}/metrics", headers=BEARER, timeout=30).text.splitlines()
+        if not line.startswith("#")
+    }
+    with httpx.Client(base_url=sg.url, headers=BEARER, timeout=30) as c:
+        assert c.post("/v1/chat/completions", json={"model": "the-first-unknown"}).status_code == 404
+        before = series()
+        for i in range(500):
+            assert c.post("/v1/chat/completions", json={"model": f"made-up-{i:03d}"}).status_code == 404
+    after = series()
+    assert after == before and not [s for s in after if "made-up" in s or "the-first-unknown" in s]
+    assert (
+        f'sparkcluster_gateway_requests_total{{code="404",endpoint="/v1/chat/completions",model="{OTHER_MODEL}"}}'
+        in after
+    )
 
 
 def test_the_limits_follow_the_file_limit_and_only_the_knobs_the_uvicorn_found_takes():
