@@ -440,6 +440,11 @@ class Gateway:
                 if scope["method"] != "POST":  # the gateway's own pages read no body
                     guard.received(client)
                 await rest(scope, receive, send)
+            except proxy.Broken:
+                # the upstream broke off mid-answer: returning with the body unfinished makes uvicorn
+                # close the connection without the chunked body's last chunk, so the client sees an
+                # aborted answer, never a complete one (proxy.forward sent the error event first)
+                return
             finally:
                 guard.end(client)
 

@@ -7,12 +7,18 @@ runs it (a process of its own, its file limit at 1,024) are test_gateway_flood's
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 
 import httpx
+import openai
 import pytest
 from gateway_fakes import KEY, Engine, Served, config, in_rotation, start_gateway, until
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
 
 from sparkcluster.gateway import exposure
 from sparkcluster.gateway.app import OTHER_MODEL
@@ -80,6 +86,87 @@ def test_unknown_model_names_add_no_label_and_metrics_take_a_key(one):
         f'sparkcluster_gateway_requests_total{{code="404",endpoint="/v1/chat/completions",model="{OTHER_MODEL}"}}'
         in after
     )
+
+
+class Breaking:
+    """An engine that sends two events of a stream, then breaks off (its connection closes mid-body)."""
+
+    def __init__(self):
+        self.sent = 0
+
+    def app(self) -> Starlette:
+        async def chat(request: Request):
+            doc = await request.json()
+
+            async def events():
+                for n in range(2):
+                    chunk = {
+                        "id": "c",
+                        "object": "chat.completion.chunk",
+                        "created": 0,
+                        "model": doc["model"],
+                        "choices": [{"index": 0, "delta": {"content": f"part {n}"}, "finish_reason": None}],
+                    }
+                    self.sent += 1
+                    yield f"data: {json.dumps(chunk)}\n\n".encode()
+                    await asyncio.sleep(0)
+                raise ConnectionResetError("the engine died mid-stream")
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        async def report(request: Request):
+            import time
+
+            from gateway_fakes import contract
+
+            sup = {
+                "state": contract.SERVING,
+                "updated": time.time(),
+                "causes": [],
+                "policy": {"interval_s": 2.0},
+                "memory_unknown": {},
+            }
+            return starlette_json({"node": "n", "ts": time.time(), "supervisor": sup})
+
+        return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/report", report)])
+
+
+def starlette_json(doc):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(doc)
+
+
+def test_a_stream_the_engine_breaks_raises_in_the_openai_client_counted_and_journalled(capsys):
+    b = Breaking()
+    s = Served(b.app())
+    cfg = config({})
+    cfg["deployments"] = [
+        {
+            "key": "vision@spark-b",
+            "names": ["vision"],
+            "upstream": s.url,
+            "supervisor": f"{s.url}/report",
+            "api_key": "k",
+        }
+    ]
+    gw, sg = start_gateway(cfg)
+    try:
+        until(lambda: in_rotation(gw, "vision@spark-b"), what="in rotation")
+        client = openai.OpenAI(base_url=f"{sg.url}/v1", api_key=KEY, max_retries=0, timeout=30)
+        got = []
+        with pytest.raises((openai.APIError, httpx.HTTPError)):
+            for chunk in client.chat.completions.create(
+                model="vision", messages=[{"role": "user", "content": "hi"}], stream=True
+            ):
+                got.append(chunk.choices[0].delta.content)
+        assert got == ["part 0", "part 1"]
+        metrics = httpx.get(f"{sg.url}/metrics", headers=BEARER, timeout=30).text
+        assert 'sparkcluster_gateway_upstream_errors_total{kind="read",model="vision"} 1.0' in metrics
+        until(lambda: '"event": "stream broken"' in capsys.readouterr().out, what="the journal's line")
+    finally:
+        sg.stop()
+        s.stop()
 
 
 def test_the_limits_follow_the_file_limit_and_only_the_knobs_the_uvicorn_found_takes():
