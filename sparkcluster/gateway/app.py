@@ -24,6 +24,7 @@ import time
 
 import httpx
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as Path
@@ -48,9 +49,17 @@ HELD_LOOK_S = 0.25  # a held request looks for its deployment this often
 OTHER_MODEL = "(other)"  # the metrics' label for every model name no deployment serves
 
 
+class Unreadable(ValueError):
+    """A JSON body nested deeper than the parser's recursion allows."""
+
+
 def model_of(body: bytes) -> str | None:
+    """The body's `model`, None where it names none or is no JSON; Unreadable where it is JSON
+    nested too deeply to parse (Python's parser recurses per level)."""
     try:
         doc = json.loads(body)
+    except RecursionError:
+        raise Unreadable("the request body is nested too deeply") from None
     except ValueError:
         return None
     name = doc.get("model") if isinstance(doc, dict) else None
@@ -326,6 +335,9 @@ class Gateway:
         kind = "request_too_large" if anthropic else "invalid_request_error"
         await self.refuse(send, endpoint, "", 413, said, kind, anthropic, {"Connection": "close"})
 
+    async def unreadable(self, send, endpoint: str, e: Unreadable, anthropic: bool) -> None:
+        await self.refuse(send, endpoint, "", 400, f"{e}: it is not read", "invalid_request_error", anthropic)
+
     def forward(self, picked: Route, scope, receive, send, body: bytes, model: str, endpoint: str, anthropic: bool):
         """proxy.forward to `picked`, counted under `model` and `endpoint`, `picked` marked used now (on
         demand's "lru" rule, issue 60). It returns proxy.forward's coroutine for the forwarder to
@@ -352,7 +364,11 @@ class Gateway:
             body = await self.request_body(scope, receive, send, endpoint, anthropic)
             if body is None:
                 return
-            model = model_of(body)
+            try:
+                model = model_of(body)
+            except Unreadable as e:
+                await self.unreadable(send, endpoint, e, anthropic)
+                return
             if model is None:
                 await proxy.send_error(send, 400, "the request body names no model", "invalid_request_error", anthropic)
                 return
@@ -383,7 +399,11 @@ class Gateway:
             body = await self.request_body(scope, receive, send, endpoint, False, upload=True)
             if body is None:
                 return
-            model = model_of(body)
+            try:
+                model = model_of(body)
+            except Unreadable as e:
+                await self.unreadable(send, endpoint, e, False)
+                return
             picked = self.table.pick_path(endpoint, model, time.time())
             if picked is None:  # the config changed under the request: no service answers it now
                 said = f"no service answers {endpoint} here"
@@ -402,8 +422,8 @@ class Gateway:
     def app(self):
         """The ASGI app uvicorn serves. A POST to a forwarded path goes to its forwarder straight from
         the server; everything else (the gateway's own pages, another method or path, the lifespan)
-        goes through Starlette, which answers them as before (404, 405, a redirect for a trailing
-        slash). Every request
+        goes through Starlette, which answers them (404 and 405 in the client's error shape; no
+        redirect for a trailing slash, which Starlette builds from the Host header). Every request
         tells the guard when the app has it and when it is answered (gateway/exposure). Starlette's
         routing and its two middlewares in front of the relay add nothing a forwarded request uses,
         yet each streamed event passed through their `send` wrappers and
@@ -417,7 +437,8 @@ class Gateway:
             Path("/gateway/status", self.status, methods=["GET"]),
             *(Path(p, _Asgi(self.forwarder(p)), methods=["POST"]) for p in FORWARDED),
         ]
-        rest = Starlette(routes=paths, lifespan=self.lifespan)
+        rest = Starlette(routes=paths, lifespan=self.lifespan, exception_handlers={HTTPException: _http_error})
+        rest.router.redirect_slashes = False
         forwarded = {p: self.forwarder(p) for p in FORWARDED}
         services: dict[str, object] = {}  # a service's route's forwarder, made when first asked (routes reload)
         guard = self.guard
@@ -460,6 +481,15 @@ class _Asgi:
 
     async def __call__(self, scope, receive, send) -> None:
         await self.app(scope, receive, send)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's 404 and 405 (a path or method the gateway has not) in the client's error shape."""
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    anthropic = request.url.path.startswith("/v1/messages")
+    out = _refusal(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind, anthropic)
+    out.headers.update(exc.headers or {})
+    return out
 
 
 def _refusal(status: int, message: str, kind: str, anthropic: bool) -> Response:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
+import urllib.request
 
 import httpx
 import openai
@@ -22,6 +24,7 @@ from starlette.routing import Route
 
 from sparkcluster.gateway import exposure
 from sparkcluster.gateway.app import OTHER_MODEL
+from sparkcluster.node import memreport
 
 BEARER = {"Authorization": f"Bearer {KEY}"}
 
@@ -65,6 +68,20 @@ def test_a_body_over_the_routes_limit_is_413_in_the_clients_shape_and_never_forw
     assert e.seen == []  # the stub engine received nothing
     ok = httpx.post(f"{sg.url}/v1/chat/completions", json={"model": "vision"}, headers=BEARER, timeout=30)
     assert ok.status_code == 200 and len(e.seen) == 1
+
+
+def test_deep_json_is_a_400_and_a_trailing_slash_redirects_nowhere(one):
+    _gw, sg, e = one
+    deep = '{"model": "vision", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    r = httpx.post(f"{sg.url}/v1/chat/completions", content=deep, headers=BEARER, timeout=30)
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"] and e.seen == []
+    r = httpx.post(f"{sg.url}/v1/messages", content=deep, headers={"x-api-key": KEY}, timeout=30)
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    r = httpx.get(f"{sg.url}/health/", headers={"Host": "attacker.example"}, timeout=30)
+    assert r.status_code == 404 and "location" not in r.headers
+    assert r.json()["error"]["type"] == "not_found_error"
+    r = httpx.get(f"{sg.url}/v1/messages", headers={"x-api-key": KEY}, timeout=30)
+    assert r.status_code == 405 and r.json()["type"] == "error"  # Anthropic's shape on its route
 
 
 def test_unknown_model_names_add_no_label_and_metrics_take_a_key(one):
@@ -193,3 +210,24 @@ def test_the_limits_follow_the_file_limit_and_only_the_knobs_the_uvicorn_found_t
     got = exposure.server_options(exposure.Guard(lim), OldConfig)
     assert set(got) == {"http", "timeout_keep_alive", "limit_concurrency", "proxy_headers"}
     assert got["proxy_headers"] is False and got["limit_concurrency"] > lim.max_connections
+
+
+def test_the_agents_report_server_bounds_and_times_out_its_connections():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = threading.active_count()
+    httpd = memreport.serve_reports("127.0.0.1", port, lambda: {"mem_available": 5})
+    try:
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(400)]
+        # the oldest are closed as newer come: the server's threads stay near its cap
+        until(lambda: len(httpd.open) <= memreport.CONNECTIONS, timeout=30, what="the cap")
+        until(lambda: threading.active_count() <= base + memreport.CONNECTIONS + 3, timeout=30, what="threads")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+            assert json.loads(r.read())["mem_available"] == 5
+        for c in idle:  # every idle connection is closed by the server, within its bound
+            assert c.recv(1) == b""
+            c.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
