@@ -11,7 +11,7 @@ from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.config.secrets import load_secrets
+from sparkcluster.config.secrets import GATEWAY_KEYS, load_secrets, split_keys
 from sparkcluster.deployment import deployments, gateway_registry
 from sparkcluster.errors import EXIT_FAILED, EXIT_UNREACHABLE, ConnectError, SparkError
 from sparkcluster.monitor import alerting, scrape, stack
@@ -31,12 +31,21 @@ def _configs(inv: Inventory, served: list, env_file, gateways: dict[str, int]) -
     return prom, am, bool(webhook)
 
 
+def gateway_key(env_file) -> str | None:
+    """The key Prometheus shows the gateway's `/metrics`: the first of the gateway's client keys
+    (read as `gateway up` reads them), None when there is none."""
+    keys = split_keys(load_secrets(env_file, names=[GATEWAY_KEYS]).get(GATEWAY_KEYS))
+    return keys[0] if keys else None
+
+
 def _owners(cluster: ConnectedHosts) -> dict[str, str]:
     got = cluster.each(lambda h: h.run("echo $(id -u):$(id -g)").stdout.strip())
     return {n: o.value for n, o in got.items() if o.ok and o.value}
 
 
-env_option = env_file_option("A .env (mode 0600) with ALERT_WEBHOOK_URL (default: as for up).")
+env_option = env_file_option(
+    "A .env (mode 0600) with ALERT_WEBHOOK_URL and GATEWAY_API_KEYS (the first is shown to the gateway's /metrics)."
+)
 
 
 @monitor.command("up")
@@ -61,12 +70,15 @@ def monitor_up(obj, env_file, dry_run: bool, as_json: bool) -> None:
         served = scrape.served(inv, found)
         gateways = gateway_registry.ports(cluster.hosts, inv.cluster.name)
         prom, am, webhook = _configs(inv, served, env_file, gateways)
-        specs = stack.specs(inv, prom, am, _owners(cluster))
+        key = gateway_key(env_file)
+        specs = stack.specs(inv, prom, am, _owners(cluster), key)
         targets = scrape.targets(inv, served, gateways)
         for t in targets:
             say(f"target {t.job} {t.address} ({', '.join(f'{k}={v}' for k, v in t.labels.items())})")
         if not webhook:
             say("no ALERT_WEBHOOK_URL: alerts stay in Alertmanager and `sparkcluster events`")
+        if gateways and key is None:
+            say(f"no {GATEWAY_KEYS}: the gateway's /metrics refuses Prometheus (401) until monitor up has one")
         if dry_run:
             for s in specs:
                 say(redact.mask(s.describe()))

@@ -24,11 +24,12 @@ import time
 
 import httpx
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as Path
 
-from . import auth, health, proxy
+from . import auth, exposure, health, proxy
 from .figures import Metrics
 from .health import REFUSED_REASON
 from .routes import Route, Table, Unavailable
@@ -45,11 +46,20 @@ FORWARDED = (
 
 
 HELD_LOOK_S = 0.25  # a held request looks for its deployment this often
+OTHER_MODEL = "(other)"  # the metrics' label for every model name no deployment serves
+
+
+class Unreadable(ValueError):
+    """A JSON body nested deeper than the parser's recursion allows."""
 
 
 def model_of(body: bytes) -> str | None:
+    """The body's `model`, None where it names none or is no JSON; Unreadable where it is JSON
+    nested too deeply to parse (Python's parser recurses per level)."""
     try:
         doc = json.loads(body)
+    except RecursionError:
+        raise Unreadable("the request body is nested too deeply") from None
     except ValueError:
         return None
     name = doc.get("model") if isinstance(doc, dict) else None
@@ -62,6 +72,8 @@ class Gateway:
         self.table = Table.from_config(cfg)
         self.poll_s = float(cfg.get("poll_s", 1.0))
         self.metrics = Metrics()
+        # what a peer may hold (gateway/exposure): the config's `limits`, else the defaults and the file limit
+        self.guard = exposure.Guard(exposure.Limits.from_config(cfg.get("limits") or {}))
         self.config_path = config_path
         self._config_mtime = self._mtime()
         self.client: httpx.AsyncClient | None = None  # the supervisor's looks, /v1/models, wakes
@@ -199,11 +211,21 @@ class Gateway:
         return said
 
     # -- the routes
-    def authorized(self, headers) -> bool:
-        return auth.allowed(auth.presented(headers), self.keys)
+    def authorized(self, scope, headers) -> bool:
+        """The request shows one of the keys; its connection is then no longer capped as a keyless
+        one (gateway/exposure)."""
+        if not auth.allowed(auth.presented(headers), self.keys):
+            return False
+        self.guard.keyed(scope.get("client"))
+        return True
+
+    def label(self, model: str) -> str:
+        """The metrics' label for a model name a client chose: itself where a deployment serves it
+        (or none was given), else one label for all the others, so that no client grows the series."""
+        return model if not model or model in self.table.names() else OTHER_MODEL
 
     async def models(self, request: Request) -> Response:
-        if not self.authorized(request.headers):
+        if not self.authorized(request.scope, request.headers):
             return _refusal(401, "missing or wrong API key", "authentication_error", False)
         up = [r for r in self.table.routes if r.up and not r.paths]  # a service lists no models of its own
 
@@ -230,7 +252,7 @@ class Gateway:
         return JSONResponse({"object": "list", "data": data + list(seen.values())})
 
     async def status(self, request: Request) -> Response:
-        if not self.authorized(request.headers):
+        if not self.authorized(request.scope, request.headers):
             return _refusal(401, "missing or wrong API key", "authentication_error", False)
         return JSONResponse(
             {
@@ -253,6 +275,9 @@ class Gateway:
         )
 
     async def metrics_page(self, request: Request) -> Response:
+        """The gateway's figures, to a key (the monitoring stack's scrape carries one: monitor/scrape)."""
+        if not self.authorized(request.scope, request.headers):
+            return _refusal(401, "missing or wrong API key", "authentication_error", False)
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def alive(self, request: Request) -> Response:
@@ -268,20 +293,50 @@ class Gateway:
         """Answers `status` with `message` in the client's error shape (proxy.send_error, its
         headers `extra`), counted in the gateway's requests under `model` and `endpoint`."""
         await proxy.send_error(send, status, message, kind, anthropic, extra)
-        self.metrics.requests.labels(model, endpoint, str(status)).inc()
+        self.metrics.requests.labels(self.label(model), endpoint, str(status)).inc()
 
-    async def request_body(self, scope, receive, send, endpoint: str, anthropic: bool) -> bytes | None:
-        """The request's body once its API key is right; None when it was refused (401) or its client
-        left before the body was in (nothing was sent upstream)."""
+    async def request_body(
+        self, scope, receive, send, endpoint: str, anthropic: bool, upload: bool = False
+    ) -> bytes | None:
+        """The request's body once its API key is right and it is within the route's limit (a
+        service's route, where uploads go, has its own); None when it was refused (401, 413) or its
+        client left before the body was in. Nothing is sent upstream before this returns a body."""
         request = Request(scope, receive)
-        if not self.authorized(request.headers):
+        if not self.authorized(scope, request.headers):
             said, headers = "missing or wrong API key", {"WWW-Authenticate": "Bearer"}
             await self.refuse(send, endpoint, "", 401, said, "authentication_error", anthropic, headers)
             return None
+        limit = self.guard.limits.upload_bytes if upload else self.guard.limits.body_bytes
         try:
-            return await request.body()
-        except ClientDisconnect:
-            return None
+            declared = int(request.headers.get("content-length") or 0)
+        except ValueError:
+            declared = 0
+        if declared > limit:
+            return await self.too_large(send, endpoint, limit, anthropic)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return await self.too_large(send, endpoint, limit, anthropic)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        self.guard.received(scope.get("client"))
+        return b"".join(chunks)
+
+    async def too_large(self, send, endpoint: str, limit: int, anthropic: bool) -> None:
+        """413, before the rest of the body is read; the connection closes after it (what is left
+        of the body is never read)."""
+        said = f"the request body is larger than this route's limit of {limit} bytes"
+        kind = "request_too_large" if anthropic else "invalid_request_error"
+        await self.refuse(send, endpoint, "", 413, said, kind, anthropic, {"Connection": "close"})
+
+    async def unreadable(self, send, endpoint: str, e: Unreadable, anthropic: bool) -> None:
+        await self.refuse(send, endpoint, "", 400, f"{e}: it is not read", "invalid_request_error", anthropic)
 
     def forward(self, picked: Route, scope, receive, send, body: bytes, model: str, endpoint: str, anthropic: bool):
         """proxy.forward to `picked`, counted under `model` and `endpoint`, `picked` marked used now (on
@@ -309,7 +364,11 @@ class Gateway:
             body = await self.request_body(scope, receive, send, endpoint, anthropic)
             if body is None:
                 return
-            model = model_of(body)
+            try:
+                model = model_of(body)
+            except Unreadable as e:
+                await self.unreadable(send, endpoint, e, anthropic)
+                return
             if model is None:
                 await proxy.send_error(send, 400, "the request body names no model", "invalid_request_error", anthropic)
                 return
@@ -337,10 +396,14 @@ class Gateway:
         """A service's route (issue 60): by path, then by the model a JSON body names, if any."""
 
         async def app(scope, receive, send) -> None:
-            body = await self.request_body(scope, receive, send, endpoint, False)
+            body = await self.request_body(scope, receive, send, endpoint, False, upload=True)
             if body is None:
                 return
-            model = model_of(body)
+            try:
+                model = model_of(body)
+            except Unreadable as e:
+                await self.unreadable(send, endpoint, e, False)
+                return
             picked = self.table.pick_path(endpoint, model, time.time())
             if picked is None:  # the config changed under the request: no service answers it now
                 said = f"no service answers {endpoint} here"
@@ -351,7 +414,7 @@ class Gateway:
                 extra = {"Retry-After": picked.retry_after}
                 await self.refuse(send, endpoint, model or "", 503, said, "service_unavailable", False, extra)
                 return
-            label = model or (picked.names[0] if picked.names else picked.key)
+            label = self.label(model or "") or (picked.names[0] if picked.names else picked.key)
             await self.forward(picked, scope, receive, send, body, label, endpoint, False)
 
         return app
@@ -359,9 +422,11 @@ class Gateway:
     def app(self):
         """The ASGI app uvicorn serves. A POST to a forwarded path goes to its forwarder straight from
         the server; everything else (the gateway's own pages, another method or path, the lifespan)
-        goes through Starlette, which answers them as before (404, 405, a redirect for a trailing
-        slash). Starlette's routing and its two middlewares in front of the relay add nothing a
-        forwarded request uses, yet each streamed event passed through their `send` wrappers and
+        goes through Starlette, which answers them (404 and 405 in the client's error shape; no
+        redirect for a trailing slash, which Starlette builds from the Host header). Every request
+        tells the guard when the app has it and when it is answered (gateway/exposure). Starlette's
+        routing and its two middlewares in front of the relay add nothing a forwarded request uses,
+        yet each streamed event passed through their `send` wrappers and
         resumed the relay through their frames: without them the gateway spent 10-14 % less CPU per
         event and 12-21 % less per short request, measured beside the previous app in one run
         (perf/gateway.md, "What costs most in the relay path")."""
@@ -372,20 +437,37 @@ class Gateway:
             Path("/gateway/status", self.status, methods=["GET"]),
             *(Path(p, _Asgi(self.forwarder(p)), methods=["POST"]) for p in FORWARDED),
         ]
-        rest = Starlette(routes=paths, lifespan=self.lifespan)
+        rest = Starlette(routes=paths, lifespan=self.lifespan, exception_handlers={HTTPException: _http_error})
+        rest.router.redirect_slashes = False
         forwarded = {p: self.forwarder(p) for p in FORWARDED}
         services: dict[str, object] = {}  # a service's route's forwarder, made when first asked (routes reload)
+        guard = self.guard
 
         async def app(scope, receive, send) -> None:
-            if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-                path = scope["path"]
-                forward = forwarded.get(path)
-                if forward is None and path in self.table.paths():
-                    forward = services.get(path) or services.setdefault(path, self.service_forwarder(path))
-                if forward is not None:
-                    await forward(scope, receive, send)
-                    return
-            await rest(scope, receive, send)
+            if scope["type"] != "http":  # the lifespan
+                await rest(scope, receive, send)
+                return
+            client = scope.get("client")
+            guard.begin(client)
+            try:
+                if scope["method"] == "POST" and not scope.get("root_path"):
+                    path = scope["path"]
+                    forward = forwarded.get(path)
+                    if forward is None and path in self.table.paths():
+                        forward = services.get(path) or services.setdefault(path, self.service_forwarder(path))
+                    if forward is not None:
+                        await forward(scope, receive, send)
+                        return
+                if scope["method"] != "POST":  # the gateway's own pages read no body
+                    guard.received(client)
+                await rest(scope, receive, send)
+            except proxy.Broken:
+                # the upstream broke off mid-answer: returning with the body unfinished makes uvicorn
+                # close the connection without the chunked body's last chunk, so the client sees an
+                # aborted answer, never a complete one (proxy.forward sent the error event first)
+                return
+            finally:
+                guard.end(client)
 
         return app
 
@@ -399,6 +481,15 @@ class _Asgi:
 
     async def __call__(self, scope, receive, send) -> None:
         await self.app(scope, receive, send)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's 404 and 405 (a path or method the gateway has not) in the client's error shape."""
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    anthropic = request.url.path.startswith("/v1/messages")
+    out = _refusal(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind, anthropic)
+    out.headers.update(exc.headers or {})
+    return out
 
 
 def _refusal(status: int, message: str, kind: str, anthropic: bool) -> Response:

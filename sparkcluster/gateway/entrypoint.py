@@ -1,7 +1,9 @@
 """The gateway container's entry point: read the config (routes, keys: a 0600 file written through
 the Docker API, never argv), serve it with uvicorn. On SIGTERM (`gateway down`, `down`, a replaced
 container) uvicorn stops taking connections and lets the requests in flight finish for `drain_s`
-before it cancels them; the container's stop timeout is a little longer (rollout.py)."""
+before it cancels them; the container's stop timeout is a little longer (rollout.py). What a peer
+may hold of it (deadlines, connection caps, the head's size) is gateway/exposure's, passed as far as
+the image's uvicorn takes it."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ CONFIG_PATH = "/etc/sparkcluster/gateway.json"
 def main(config_path: str = CONFIG_PATH) -> int:
     import uvicorn
 
+    from . import exposure
     from .app import Gateway
 
     with open(config_path) as f:
@@ -29,6 +32,7 @@ def main(config_path: str = CONFIG_PATH) -> int:
         access_log=False,  # one line per request would drown the gateway's journal
         ssl_certfile=tls.get("cert"),
         ssl_keyfile=tls.get("key"),
+        **exposure.server_options(gw.guard),
     )
     return 0
 

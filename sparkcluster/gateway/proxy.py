@@ -14,6 +14,11 @@ gateway 236 us of CPU through httpx (pure-Python h11 and anyio per chunk) agains
 aiohttp (its C parser) and 48 us for a bare byte relay (perf/gateway.md). On the testbed the gateway
 shares two cores with the engine it fronts, so that CPU is the engine's throughput. vLLM's image has
 aiohttp (vLLM requires it).
+
+An answer the deployment breaks off mid-body never looks finished: a streamed one gets an error event
+in its API's shape (which OpenAI's and Anthropic's clients raise on), then the body is aborted
+(`Broken`: the connection closes without the chunked body's last chunk), counted as an upstream
+"read" error and journalled.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import time
 import aiohttp
 import anyio
 
+from . import health
 from .figures import Metrics
 from .routes import Route
 
@@ -72,6 +78,17 @@ async def send_error(send, status: int, message: str, kind: str, anthropic: bool
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+class Broken(Exception):
+    """The deployment broke off an answer already under way: the app leaves the body unfinished."""
+
+
+def stream_error(message: str, anthropic: bool) -> bytes:
+    """An SSE error event as the client's API sends one mid-stream."""
+    if anthropic:
+        return b"event: error\ndata: " + error_body(500, message, "api_error", True) + b"\n\n"
+    return b"data: " + error_body(500, message, "upstream_error", False) + b"\n\n"
+
+
 def relay_session() -> aiohttp.ClientSession:
     """The gateway's one session for relaying: no read timeout (a long generation may be silent for
     minutes in a prefill; a wedge is the supervisor's to find, and a client leaving cancels its
@@ -99,14 +116,15 @@ async def forward(
     anthropic: bool,
 ) -> str:
     """Send `body` to `route` and relay the answer; returns how it ended (the status code, or
-    "disconnect" when the client went away first, or "upstream" when the deployment failed)."""
+    "disconnect" when the client went away first). Raises Broken when the deployment broke off
+    mid-answer (counted as "upstream"), once the client has been told in the stream."""
     qs = scope.get("query_string") or b""
     url = route.upstream + scope["path"] + (f"?{qs.decode('latin-1')}" if qs else "")
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in upstream_headers(scope["headers"], route.api_key)]
     started = time.monotonic()
     route.in_flight += 1
     metrics.in_flight.labels(model).inc()
-    outcome, resp, whole = "disconnect", None, False
+    outcome, resp, whole, broken = "disconnect", None, False, ""
     try:
         async with anyio.create_task_group() as tg:
 
@@ -137,7 +155,7 @@ async def forward(
                     "headers": downstream_headers(list(resp.raw_headers)),
                 }
             )
-            first = True
+            first, chunk = True, b""
             try:
                 async for chunk in resp.content.iter_any():
                     if first:
@@ -145,10 +163,17 @@ async def forward(
                         first = False
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 outcome, whole = str(resp.status), True
-            except (aiohttp.ClientError, TimeoutError):  # the deployment broke off mid-answer
+            except (aiohttp.ClientError, TimeoutError) as e:  # the deployment broke off mid-answer
                 metrics.upstream_errors.labels(model, "read").inc()
-                outcome = "upstream"
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                outcome, broken = "upstream", f"{type(e).__name__}"
+                if "text/event-stream" in resp.headers.get("content-type", ""):
+                    said = f"{route.key} broke off its answer ({broken})"
+                    event = stream_error(said, anthropic)
+                    if chunk and not chunk.endswith(b"\n\n"):  # an event cut short ends first, unparseable
+                        event = b"\n\n" + event
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+            else:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
             tg.cancel_scope.cancel()
     finally:
         if resp is not None:
@@ -162,4 +187,7 @@ async def forward(
         metrics.in_flight.labels(model).dec()
         metrics.requests.labels(model, endpoint, outcome).inc()
         metrics.latency.labels(model).observe(time.monotonic() - started)
+    if broken:
+        health.event("stream broken", deployment=route.key, model=model, endpoint=endpoint, error=broken)
+        raise Broken(route.key)
     return outcome

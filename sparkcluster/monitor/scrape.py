@@ -2,6 +2,10 @@
 its memory report, node/metrics), node_exporter on every node, each running deployment's vLLM
 `/metrics` on its head, and the gateway where one runs. Pure: the caller found the deployments.
 
+The gateway's `/metrics` takes a client key (gateway/app): its job carries `authorization` with
+the key in a file of its own (GATEWAY_KEY_FILE, 0600 and Prometheus' own in its container, written
+by `monitor up`: stack.specs), so prometheus.yml itself holds no secret and stays 0644.
+
 Every target carries `cluster` and `node` labels (vLLM's also `deployment` and `profile`): the
 rules (rules/) and the dashboards join on them. The file is JSON, which is YAML: no YAML library
 in the controller, and Prometheus reads it as it reads any prometheus.yml."""
@@ -16,6 +20,7 @@ from sparkcluster.errors import InputError
 from sparkcluster.labels import SERVICE_ROLE
 
 RULES_DIR = "/etc/prometheus/rules"  # where stack.py puts rules/*.yml in the container
+GATEWAY_KEY_FILE = "/etc/prometheus/gateway.key"  # the key Prometheus shows the gateway (stack.py writes it)
 AGENT_JOB, NODE_EXPORTER_JOB, VLLM_JOB, GATEWAY_JOB = "sparkcluster-node", "node-exporter", "vllm", "gateway"
 
 
@@ -141,6 +146,11 @@ def prometheus_config(inv: Inventory, found: list[Target]) -> dict:
             {
                 "job_name": job,
                 "metrics_path": "/metrics",
+                **(
+                    {"authorization": {"type": "Bearer", "credentials_file": GATEWAY_KEY_FILE}}
+                    if job == GATEWAY_JOB
+                    else {}
+                ),
                 "static_configs": [{"targets": [t.address], "labels": t.labels} for t in ts],
             }
             for job, ts in jobs.items()

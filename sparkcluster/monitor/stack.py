@@ -6,8 +6,9 @@ retention bounds, Alertmanager's silences) lives in named volumes on the head's 
 `monitor down` unless asked.
 
 Prometheus and Alertmanager run as `nobody` (as in the upstream images); Alertmanager's config holds
-the webhook (a secret), so it is written 0600 and owned by that user. node_exporter runs as the SSH
-user (the owner), reading the host's /proc and /sys read-only."""
+the webhook (a secret), so it is written 0600 and owned by that user, as is the key Prometheus shows
+the gateway's `/metrics` (scrape.GATEWAY_KEY_FILE: empty when there is none, and the gateway
+answers 401). node_exporter runs as the SSH user (the owner), reading the host's /proc and /sys read-only."""
 
 from __future__ import annotations
 
@@ -57,8 +58,11 @@ def rule_files() -> dict[str, str]:
     return {f"{scrape.RULES_DIR}/{f.name}": f.read_text() for f in sorted(RULES.glob("*.yml"))}
 
 
-def specs(inv: Inventory, prometheus_yml: str, alertmanager_yml: str, owners: dict[str, str]) -> list[Spec]:
-    """Every container `monitor up` starts; `owners`: node -> the SSH user's uid:gid there."""
+def specs(
+    inv: Inventory, prometheus_yml: str, alertmanager_yml: str, owners: dict[str, str], gateway_key: str | None = None
+) -> list[Spec]:
+    """Every container `monitor up` starts; `owners`: node -> the SSH user's uid:gid there;
+    `gateway_key`: the key Prometheus shows the gateway's `/metrics`."""
     m, head = inv.monitor, inv.head.name
     out = [
         Spec(
@@ -76,7 +80,11 @@ def specs(inv: Inventory, prometheus_yml: str, alertmanager_yml: str, owners: di
             ],
             NOBODY,
             volumes={volume(inv, PROMETHEUS): "/prometheus"},
-            files={PROM_CONFIG: (prometheus_yml, 0o644), **{p: (t, 0o644) for p, t in rule_files().items()}},
+            files={
+                PROM_CONFIG: (prometheus_yml, 0o644),
+                scrape.GATEWAY_KEY_FILE: (gateway_key or "", 0o600),
+                **{p: (t, 0o644) for p, t in rule_files().items()},
+            },
         ),
         Spec(
             ALERTMANAGER,

@@ -5,6 +5,7 @@ the node's control IP, which the head's supervisor reads for its peers. The same
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import threading
 import time
@@ -48,16 +49,73 @@ def peer_memory(ip: str, port: int, timeout: float = 1.0, seen: dict | None = No
     return value, ""
 
 
-def serve_reports(address: str, port: int, report, metrics=None, wake=None, status=None, yield_=None) -> None:
+# what one peer may hold of the report server: its readers (the head's supervisor, Prometheus, the
+# gateway) ask a few times a second and are answered in milliseconds
+CONNECTIONS = 32  # open at once; one more closes the oldest, so a newcomer is always read
+CONNECTION_S = 5.0  # a connection's whole life: its request read, answered and closed
+REAP_S = 0.5  # how often connections past their life are looked for
+
+
+class BoundedServer(ThreadingHTTPServer):
+    """http.server's threaded server, which gives every connection a thread for as long as its peer
+    keeps it open, with two bounds: at most `connections` open at once (one more closes the oldest)
+    and `lifetime_s` each (a reaper shuts down a connection's socket past it, which ends its thread's
+    read). The handler answers one request per connection (HTTP/1.0, http.server's default)."""
+
+    daemon_threads = True
+    request_queue_size = 128  # socketserver's 5 drops a reader's connection attempt behind a burst of others
+
+    def __init__(self, address, handler, connections: int = CONNECTIONS, lifetime_s: float = CONNECTION_S):
+        super().__init__(address, handler)
+        self.connections, self.lifetime_s = connections, lifetime_s
+        self.open: dict[socket.socket, float] = {}  # socket -> its deadline (monotonic), oldest first
+        self.lock = threading.Lock()
+        threading.Thread(target=self._reap, daemon=True).start()
+
+    def process_request(self, request, client_address):
+        with self.lock:
+            while len(self.open) >= self.connections:
+                _cut(next(iter(self.open)), self.open)
+            self.open[request] = time.monotonic() + self.lifetime_s
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request):
+        with self.lock:
+            self.open.pop(request, None)
+        super().shutdown_request(request)
+
+    def _reap(self) -> None:
+        while True:
+            time.sleep(REAP_S)
+            now = time.monotonic()
+            with self.lock:
+                for sock in [s for s, deadline in self.open.items() if deadline < now]:
+                    _cut(sock, self.open)
+
+
+def _cut(sock: socket.socket, open_: dict) -> None:
+    """End a connection's thread's read or write: its socket shut down (closed by its thread)."""
+    open_.pop(sock, None)
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def serve_reports(address: str, port: int, report, metrics=None, wake=None, status=None, yield_=None) -> BoundedServer:
     """`/` the report (JSON), `/metrics` the text `metrics()` returns (Prometheus' format). With
     `wake` (the head of an on-demand deployment), `POST /wake` is its one input: `wake(token)` with
     the bearer token presented gets (HTTP status, JSON document); no body is read. With `status`,
     `/status` is the text `status()` returns (node/container_status), answered only to a caller on
     this node (from `address` itself): it carries the journal's last lines, which are no peer's.
     With `yield_`, `POST /yield` (the same token) asks a serving engine on demand to stop and go back
-    on standby, so that another deployment on its nodes fits (issue 60: the gateway's rule chose it)."""
+    on standby, so that another deployment on its nodes fits (issue 60: the gateway's rule chose it).
+    Every connection is bounded (BoundedServer): a peer that opens many, or sends nothing, holds
+    neither threads nor the readers' turn for long. Returns the server."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = CONNECTION_S  # each read and write on its socket (the reaper bounds the whole)
+
         def _answer(self, code: int, body: bytes, kind: str) -> None:
             self.send_response(code)
             self.send_header("Content-Type", kind)
@@ -89,5 +147,6 @@ def serve_reports(address: str, port: int, report, metrics=None, wake=None, stat
         def log_message(self, *args):  # one line per poll would drown the container's log
             pass
 
-    httpd = ThreadingHTTPServer((address, port), Handler)
+    httpd = BoundedServer((address, port), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd

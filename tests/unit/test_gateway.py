@@ -162,7 +162,7 @@ def test_metrics_per_model(two):
     _gw, sg, a, _b = two
     httpx.post(f"{sg.url}/v1/chat/completions", json={"model": "vision"}, headers=BEARER)
     httpx.post(f"{sg.url}/v1/chat/completions", json={"model": "vision"}, headers={"x-api-key": "wrong"})
-    text = httpx.get(f"{sg.url}/metrics").text
+    text = httpx.get(f"{sg.url}/metrics", headers=BEARER).text
     assert 'sparkcluster_gateway_requests_total{code="200",endpoint="/v1/chat/completions",model="vision"} 1.0' in text
     assert 'sparkcluster_gateway_request_seconds_count{model="vision"} 1.0' in text
     assert 'sparkcluster_gateway_in_flight{model="vision"} 0.0' in text
@@ -181,7 +181,7 @@ def test_upstream_that_does_not_answer_is_502_and_counted():
         assert r.status_code == 502 and "ghost@x" in r.json()["error"]["message"]
         assert (
             'sparkcluster_gateway_upstream_errors_total{kind="connect",model="ghost"} 1.0'
-            in httpx.get(f"{sg.url}/metrics").text
+            in httpx.get(f"{sg.url}/metrics", headers=BEARER).text
         )
     finally:
         sg.stop()

@@ -61,7 +61,7 @@ def test_a_request_on_standby_wakes_it_and_gets_503_until_it_serves(standby):
     r = _ask(sg.url, "vision")
     assert r.status_code == 200 and r.json()["served_by"] == "vision"
     assert b.starts == 1 and len(b.seen) == 1  # no request reached the engine before it served
-    metrics = httpx.get(f"{sg.url}/metrics").text
+    metrics = httpx.get(f"{sg.url}/metrics", headers=BEARER).text
     assert 'sparkcluster_gateway_wakes_total{deployment="vision@spark-a",outcome="202"} 1.0' in metrics
 
 
@@ -82,7 +82,7 @@ def test_a_wrong_wake_token_starts_nothing(standby):
     until(lambda: b.wakes, what="the wake")
     until(lambda: not gw.table.routes[1].waking, what="the wake's answer")
     assert b.starts == 0 and b.state == contract.STANDBY
-    metrics = httpx.get(f"{sg.url}/metrics").text
+    metrics = httpx.get(f"{sg.url}/metrics", headers=BEARER).text
     assert 'sparkcluster_gateway_wakes_total{deployment="vision@spark-a",outcome="401"} 1.0' in metrics
 
 

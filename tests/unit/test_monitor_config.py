@@ -262,3 +262,39 @@ def test_start_replaces_the_container_pulls_a_missing_image_and_writes_files_bef
     assert create["entrypoint"] == ["/bin/prometheus"] and create["user"] == "65534:65534"
     assert create["labels"] == {"org.sparkcluster.monitor": "pair", "org.sparkcluster.monitor.component": "prometheus"}
     assert "etc/prometheus/prometheus.yml" in calls[4][2] and "etc/prometheus/rules/sparkcluster.yml" in calls[4][2]
+
+
+def test_the_gateways_scrape_carries_a_key_from_a_0600_file_that_its_metrics_take(tmp_path):
+    """The gateway's /metrics takes a client key: Prometheus' job for it reads the first of
+    GATEWAY_API_KEYS from a file of its own (0600, nobody's), never from prometheus.yml."""
+    from starlette.testclient import TestClient
+
+    from sparkcluster.cli.monitor_cmd import gateway_key
+    from sparkcluster.config.secrets import split_keys
+    from sparkcluster.gateway.app import Gateway
+
+    keys = "scrape-key-0123456789abcdef,another-client-key-0123"
+    env = tmp_path / ".env"
+    env.write_text(f"GATEWAY_API_KEYS={keys}\n")
+    env.chmod(0o600)
+    i = inv()
+    doc = scrape.prometheus_config(i, scrape.targets(i, served(), {"spark-a": 4000}))
+    jobs = {j["job_name"]: j for j in doc["scrape_configs"]}
+    assert jobs["gateway"]["authorization"] == {"type": "Bearer", "credentials_file": scrape.GATEWAY_KEY_FILE}
+    assert all("authorization" not in j for name, j in jobs.items() if name != "gateway")
+    key = gateway_key(env)
+    prom_yml = scrape.render(doc)
+    prom = next(s for s in stack.specs(i, prom_yml, "{}", {}, key) if s.component == stack.PROMETHEUS)
+    member = _tar_members(stack.files_tar(prom.files, prom.user))[scrape.GATEWAY_KEY_FILE.lstrip("/")]
+    assert (member.mode, member.uid, member.gid) == (0o600, 65534, 65534)
+    shown = prom.files[scrape.GATEWAY_KEY_FILE][0]
+    assert shown == key and key not in prom_yml and key not in prom.describe()
+    # what a gateway made with the same keys answers Prometheus' scrape, and a scrape without it
+    gw = Gateway({"keys": split_keys(keys), "deployments": []})
+    page = TestClient(gw.app())
+    assert page.get("/metrics", headers={"Authorization": f"Bearer {shown}"}).status_code == 200
+    assert page.get("/metrics").status_code == 401
+    # no key in the .env: the file is written empty (the gateway refuses it, monitor up says so)
+    assert next(s for s in stack.specs(i, prom_yml, "{}", {}) if s.component == stack.PROMETHEUS).files[
+        scrape.GATEWAY_KEY_FILE
+    ] == ("", 0o600)
