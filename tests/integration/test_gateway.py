@@ -139,8 +139,11 @@ def test_one_endpoint_for_two_deployments(testbed, sc, env_file, env):
     assert missing.status_code == 404 and HEAD_MODEL in missing.text and WORKER_MODEL in missing.text
     models = httpx.get(f"{GW}/v1/models", headers={"x-api-key": GW_KEY}, timeout=10).json()["data"]
     assert {m["id"] for m in models} == {HEAD_MODEL, WORKER_MODEL, ALIAS}
-    metrics = httpx.get(f"{GW}/metrics", timeout=5).text
+    # the gateway's metrics take a key (a peer on the LAN reads nothing); labels only for served models
+    assert httpx.get(f"{GW}/metrics", timeout=5).status_code == 401
+    metrics = httpx.get(f"{GW}/metrics", headers={"x-api-key": GW_KEY}, timeout=5).text
     assert f'sparkcluster_gateway_request_seconds_count{{model="{WORKER_MODEL}"}}' in metrics
+    assert 'model="no-such-model"' not in metrics
     st = sc("status", "--all", env=env)
     line = f"gateway: {GW_CONTAINER} on {HEAD} port 4000: running  models: {HEAD_MODEL}, {WORKER_MODEL}, {ALIAS}"
     assert line in st.stdout, st.stdout
