@@ -207,7 +207,7 @@ def test_memory_below_the_floor_stops_the_server_for_good(testbed, sc, fresh):
         assert said and "spark-worker 4.0 GiB" in said[0] and "gpu_memory_utilization" in said[0], st["problems"]
     finally:
         testbed.set_meminfo(WORKER, WORKER_C, None)
-    assert [e for e in journal(testbed) if e["event"] == "memory" and e["ts"] > t]
+    assert [e for e in journal(testbed) if (e["event"], e.get("kind")) == ("verdict", "memory") and e["ts"] > t]
 
 
 def test_down_disables_it_so_nothing_comes_back_after_a_reboot(testbed, sc, fresh):
