@@ -371,9 +371,9 @@ def judge_boot(boot: Boot, env: dict[str, str], driver: str, image_entrypoint: b
             f"but version {driver} was detected and {REFUSED}\": its own CUDA driver does not run on this node's "
             f"driver (seen on a Spark: eugr/spark-vllm-docker#266), and without it vLLM's first JIT fails "
             f"({PTX_JIT})",
-            f"serve an image built for this driver's CUDA (CUDA {driver_cuda_major(driver) or '13'}.x on the "
-            f"{driver.split('.')[0]} driver: NGC's vLLM images that print Forward Compatibility ENABLED on it, or "
-            f"one built FROM nvidia/cuda), or update every node's driver to the {branch} branch or later",
+            f"serve an image that runs on this driver: one whose start-up prints Forward Compatibility ENABLED on "
+            f"it, or one built for CUDA {driver_cuda_major(driver) or '13'}.x (FROM nvidia/cuda); this one runs "
+            f"natively only on a driver of the {branch} branch or later",
         )
     if FORWARD in boot.banner or boot.compat == COMPAT_OK:
         how = f"{FORWARD}" if FORWARD in boot.banner else f"_CUDA_COMPAT_STATUS={COMPAT_OK}"

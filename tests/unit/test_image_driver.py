@@ -114,7 +114,8 @@ def test_the_refusal_names_the_driver_the_image_needs_and_its_source():
     v = image_nccl.judge_boot(boot, ENV_266, "580.159.03")
     assert "built for NVIDIA Driver Release 590.48 or later" in v.detail and "580.159.03" in v.detail
     assert "eugr/spark-vllm-docker#266" in v.detail
-    assert "590 branch or later" in v.fix and "CUDA 13.x" in v.fix
+    assert "590 branch or later" in v.fix and "CUDA 13.x" in v.fix and "nvidia/cuda" in v.fix
+    assert "update" not in v.fix  # no driver package is promised: the image is what the owner changes
 
 
 def test_the_agents_last_line_is_this_boots():
