@@ -103,35 +103,39 @@ def check_env(r: UpRun, node: str, container: str) -> int:
     return len(want) + len(per_host)
 
 
-def boot_output(api, container: str) -> tuple[str, dict[str, str]]:
-    """The container's output since its last start (Docker keeps every start's: the start-up's banner
-    and the agent's first line among it), and its configured environment (the image's and ours)."""
+def since_start(api, container: str) -> tuple[float, dict[str, str]]:
+    """When the container last started (Docker keeps every start's output) and its configured
+    environment (the image's and ours), from one inspect."""
     c = api.inspect_container(container)
     started = c["State"]["StartedAt"]  # RFC 3339 with nanoseconds: microseconds leave earlier starts out
     head, _, frac = started.rstrip("Z").partition(".")
     stamp = datetime.fromisoformat(head + (f".{frac[:6]}" if frac else "") + "+00:00")
-    env = dict(e.split("=", 1) for e in c["Config"].get("Env") or [] if "=" in e)
-    return api.logs(container, stdout=True, stderr=True, since=stamp.timestamp()).decode(errors="replace"), env
+    return stamp.timestamp(), dict(e.split("=", 1) for e in c["Config"].get("Env") or [] if "=" in e)
 
 
 def check_boot(r: UpRun, node: str, container: str, image_entrypoint: bool) -> str:
     api = r.cluster.hosts[node].docker().api
     facts = r.plan.facts.get(node)
     driver = facts.gpus[0].driver if facts is not None and facts.gpus else ""
+    started, env = since_start(api, container)
 
-    def said() -> tuple[image_nccl.Boot, dict[str, str]] | None:
-        output, env = boot_output(api, container)
-        boot = image_nccl.read_boot(output)
-        return (boot, env) if boot.compat is not None else None
+    def read() -> image_nccl.Boot:
+        return image_nccl.read_boot(
+            api.logs(container, stdout=True, stderr=True, since=started).decode(errors="replace")
+        )
 
     # the agent prints its line once the start-up has exec'd it: until then the banner may be half
     # written (NGC's refusal sleeps 2 s, its shinit_v2 costs seconds more); a container whose agent
     # never says is judged by what its start-up printed
-    got = retry.poll(said, timeout=BOOT_WAIT_S, interval=0.5, what="the container's start-up")
-    if got is None:
-        output, env = boot_output(api, container)
-        got = image_nccl.read_boot(output), env
-    boot, env = got
+    boot = (
+        retry.poll(
+            lambda: b if (b := read()).compat is not None else None,
+            timeout=BOOT_WAIT_S,
+            interval=0.5,
+            what="the container's start-up",
+        )
+        or read()
+    )
     v = image_nccl.judge_boot(boot, env, driver, image_entrypoint)
     if v.status == "fail":
         raise fail(
