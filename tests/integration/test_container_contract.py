@@ -49,11 +49,23 @@ def server_pid(testbed) -> str | None:
         return None
 
 
-def test_with_the_entrypoint_emptied_the_first_kernel_fails_with_the_ptx_error(testbed):
-    """main's start, by hand: the image's entrypoint emptied and `vllm serve` run without a shell."""
+@pytest.fixture(scope="module")
+def single(testbed, sc):
+    sc("down")
+    res = sc("up", "--profile", "testbed-single", "--node", HEAD, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    yield res
+    sc("down")
+
+
+def test_with_the_entrypoint_emptied_the_first_kernel_fails_with_the_ptx_error(testbed, single):
+    """main's start, by hand: the image's entrypoint emptied and `vllm serve` run without a shell, on the
+    weights the one-node `up` left in the SSH user's cache (`--mount` never creates a missing folder, as
+    `-v` would, as root)."""
     cache = shlex.quote(hf_cache())
     run = (
-        f"docker run --rm --gpus all --network none --shm-size 1g --entrypoint '' -v {cache}:/hf -e HF_HOME=/hf "
+        f"docker run --rm --gpus all --network none --shm-size 1g --entrypoint '' "
+        f"--mount type=bind,source={cache},target=/hf -e HF_HOME=/hf "
         "-e HF_HUB_OFFLINE=1 -e VLLM_CPU_KVCACHE_SPACE=1 -e TORCHDYNAMO_DISABLE=1 "
         f"{IMAGE} vllm serve sparkcluster/testbed-tiny --enforce-eager --max-model-len 512 --port 8099"
     )
@@ -69,15 +81,6 @@ def test_with_the_entrypoint_emptied_the_first_kernel_fails_with_the_ptx_error(t
     )
     got = testbed.sh(HEAD, f"docker run --rm --gpus all --entrypoint '' {IMAGE} bash -c {shlex.quote(probe)}")
     assert got.stdout.strip().startswith("/usr/local/cuda/compat/lib"), got.stdout
-
-
-@pytest.fixture(scope="module")
-def single(testbed, sc):
-    sc("down")
-    res = sc("up", "--profile", "testbed-single", "--node", HEAD, timeout=900)
-    assert res.returncode == 0, res.stdout + res.stderr
-    yield res
-    sc("down")
 
 
 def test_one_node_serves_the_image_as_pulled_through_its_start_up(testbed, single):
