@@ -207,6 +207,38 @@ def test_two_models_on_one_node_a_third_refused_and_one_taken_down(testbed, sc, 
     doc = json.loads(sc("status", "--all", "--json", env=env).stdout)
     assert [d["deployment"] for d in doc["deployments"]] == [f"{SINGLE}@{HEAD}"], doc
 
+    # memory held by a process sparkcluster did not start (stacks issue item 1): the head made to read
+    # as a node whose claims still hold a second model (2 x 0.2 of MemTotal and the floor) but whose
+    # MemAvailable, once a process of the owner's holds a few GB more, does not hold its share. The
+    # `--beside` start is refused before anything starts, naming that process as a holder.
+    refused_beside_by_a_process_not_ours(testbed, sc, env)
+
+
+def refused_beside_by_a_process_not_ours(testbed, sc, env) -> None:
+    view_gb = 11.0  # 0.4 x 11 + 6.44 (the floor, 6 GiB) = 10.84 GB: the claims still admit the second model
+    meminfo = testbed.sh(HEAD, "cat /proc/meminfo").stdout
+    kib = {
+        x.split(":")[0]: int(x.split()[1]) for x in meminfo.splitlines() if x.split()[1:2] and x.split()[1].isdigit()
+    }
+    used_gb = (kib["MemTotal"] - kib["MemAvailable"]) * 1024 / 1e9  # what the machine holds, the view aside
+    # MemAvailable in a view of view_gb is view_gb - used: a hog of `hog_gb` leaves less than 0.2 x view_gb
+    hog_gb = max(2.0, 0.8 * view_gb - used_gb + 1.0)
+    testbed.set_memory(HEAD, view_gb)
+    hog = "/tmp/owners-memhog"  # its own executable name, the comm that ps shows
+    try:
+        testbed.sh(HEAD, f'cp "$(command -v python3)" {hog}')
+        prog = f"import time; b = b'x' * {int(hog_gb * 1e9)}; open('{hog}.ready', 'w').close(); time.sleep(600)"
+        testbed.sh(HEAD, f'rm -f {hog}.ready; {{ setsid {hog} -c "{prog}" </dev/null >/dev/null 2>&1 & }}')
+        assert wait_for(lambda: testbed.sh(HEAD, f"test -e {hog}.ready", check=False).returncode == 0, 60, step=0.5)
+        refused = sc("up", "--profile", BESIDE, "--node", HEAD, "--beside", env=env, timeout=300)
+        said = refused.stdout + refused.stderr
+        assert refused.returncode != 0 and "mem.headroom" in said, said
+        assert "owners-memhog (pid " in said and f"'{SINGLE}' (sparkcluster)" in said, said
+        assert engines(testbed) == [HEAD_C]
+    finally:
+        testbed.sh(HEAD, f"pkill -f {hog} ; rm -f {hog} {hog}.ready", check=False)
+        testbed.set_memory(HEAD, 128)
+
 
 @pytest.mark.long  # `make test-long`: two more engine starts (tests/README.md)
 def test_an_idle_model_yields_to_a_woken_one_by_the_inventorys_rule(testbed, sc, env, spark_memory, tmp_path):
