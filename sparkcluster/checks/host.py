@@ -138,6 +138,10 @@ def mem_headroom(ctx: Context, r: Report) -> None:
         # its own, which MemAvailable has already lost, and this one still has to find its share.
         beside = {c.id for c in f.beside}
         running = any(c.running for c in ctx.ours(n) if c.id not in beside)
+        if ctx.expect.on_demand and ctx.expect.gpu_memory_utilization is not None:
+            # `up` leaves it on standby: its supervisor admits each start against the memory as it is then
+            r.ok(n, f"MemAvailable {_gib(f.mem.available)}; on demand: each start is admitted by its supervisor")
+            continue
         need, left = headroom(f.mem.total, f.mem.available, frac or 0, running)
         detail = f"MemAvailable {_gib(f.mem.available)}" + (
             f", profile needs {_gib(need)}, leaves {_gib(left)}" if need else ""
