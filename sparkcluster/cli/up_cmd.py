@@ -213,6 +213,7 @@ def with_api_key(env_file: Path | None, secrets: dict[str, str], dry_run: bool, 
         err.print(
             f"note: no {API_KEY} found: a real run generates one and writes it to {key_file(env_file)} (mode 0600)",
             highlight=False,
+            soft_wrap=True,
         )
         return
     path = generate_api_key(env_file, secrets)
@@ -220,6 +221,7 @@ def with_api_key(env_file: Path | None, secrets: dict[str, str], dry_run: bool, 
         f"generated {API_KEY} (the key clients send to the engine) and wrote it to {path} (mode 0600); "
         f"read it there: it is never printed",
         highlight=False,
+        soft_wrap=True,
     )
 
 
