@@ -193,8 +193,9 @@ def make_plan(
 
 def door_notes(inv: Inventory, prof: profiles.Profile) -> list[str]:
     """The warning every `up` says (its dry run too) while the owner lets the engine listen on the
-    LAN: vLLM's key covers only some routes (vLLM's security guide: --api-key protects the /v1,
-    /v2, /inference and /cohere prefixes; /invocations, /pause and others answer without it)."""
+    LAN: vLLM's key covers only some routes (vLLM's security guide,
+    https://docs.vllm.ai/en/stable/usage/security/: --api-key checks only the /v1, /v2, /inference
+    and /cohere prefixes; /invocations, /pause and others answer without it)."""
     if inv.cluster.engines_listen != "all":
         return []
     where = f"{engine_host(inv, prof)} on {inv.head.name}"

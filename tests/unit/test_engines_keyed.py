@@ -1,7 +1,7 @@
 """An engine is never reachable on the LAN without a key (issue 70 item 2).
 
-vLLM's `--api-key` (VLLM_API_KEY) guards only some routes: vLLM's security guide ("API Key
-Authentication Limitations", docs.vllm.ai/en/latest/usage/security.html) lists the /v1, /v2,
+vLLM's `--api-key` (VLLM_API_KEY) guards only some routes: vLLM's security guide
+(https://docs.vllm.ai/en/stable/usage/security/, its API key section) lists the /v1, /v2,
 /inference and /cohere prefixes as protected and says other endpoints, /invocations (SageMaker's chat
 route) and /pause among them, answer without it. So every engine gets a key whatever its profile's
 `secrets` (the owner's, else one generated into the 0600 .env, never shown), and engines listen
