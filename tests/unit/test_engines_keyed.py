@@ -356,3 +356,17 @@ def test_profile_show_says_which_secrets_are_passed_and_warns_of_the_missing(cap
     assert "HF_TOKEN=****** VLLM_API_KEY=(not set)" in got.out and HF not in got.out
     assert f"note: no VLLM_API_KEY found: `up` generates one and writes it to {envf} (mode 0600)" in got.out
     os.remove(envf)
+
+
+def test_profile_show_json_names_the_missing(capsys, tmp_path):
+    import json
+
+    envf = tmp_path / ".env"
+    envf.write_text("")
+    envf.chmod(0o600)
+    rc = cli_main.main(["profile", "show", "testbed-single", "--env-file", str(envf), "--json"])
+    got = capsys.readouterr()
+    assert rc == 0, got.err
+    doc = json.loads(got.out)
+    assert doc["secrets_exec_env"] == {"HF_TOKEN": "(not set)", "VLLM_API_KEY": "(not set)"}
+    assert doc["secrets_missing"] == ["HF_TOKEN", "VLLM_API_KEY"]
