@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sparkcluster.config import shipped
 from sparkcluster.config.bounds import OnDemandSettings, SupervisorSettings
 from sparkcluster.config.inventory import describe_validation_error
-from sparkcluster.config.secrets import SECRET_NAMES, register_written
+from sparkcluster.config.secrets import SECRET_NAMES, passed_names, register_written
 from sparkcluster.config.service_profile import KIND as SERVICE_KIND
 from sparkcluster.config.service_profile import ServiceProfile, one_line_words
 from sparkcluster.config.topology import nccl_env
@@ -343,6 +343,8 @@ class Profile(_Strict):
     # the lowest NVIDIA driver the image runs on, where the profile's source states one (seed 001: its
     # image is built for >= 590.44); doctor FAILs a node below it. None: only differences are warned.
     min_driver: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+){0,2}$")
+    # the secrets passed to `vllm serve` (its exec's environment); VLLM_API_KEY is passed whatever
+    # this lists: `up` generates one when none is set (config/secrets.generate_api_key)
     secrets: list[SecretName] = Field(default_factory=lambda: list(SECRET_NAMES))
     image: Image
     env: EnvSettings = Field(default_factory=EnvSettings)
@@ -469,8 +471,9 @@ def profile_hash(prof) -> str:
 
 
 def secret_env_names(profile: Profile) -> list[str]:
-    """Names passed in the environment of the `vllm serve` exec (values from secrets.load_secrets)."""
-    return list(profile.secrets)
+    """Names passed in the environment of the `vllm serve` exec (values from secrets.load_secrets):
+    the profile's `secrets`, and VLLM_API_KEY whatever they list."""
+    return passed_names(profile.secrets)
 
 
 def reasoning_plugin(profile: Profile, hf_cache: str = "/root/.cache/huggingface") -> tuple[str, str] | None:

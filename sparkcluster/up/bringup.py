@@ -234,9 +234,10 @@ def _old_server(cluster: ConnectedHosts, inv: Inventory, facts) -> server.Record
 
 
 def _endpoint(cluster: ConnectedHosts, inv: Inventory, port: int) -> str:
-    """The endpoint `up` prints: at the head's address; at its control address when engines listen
-    only there (the gateway the only door: clients go through it)."""
-    host = inv.head.control_ip if inv.cluster.engines_listen == "control" else cluster.head.address
+    """The endpoint `up` prints: where the engine listens on the cluster's side (its head's control
+    address, loopback on a one-node cluster: the gateway the only door, clients go through it); at
+    the head's address when the owner lets engines listen on every address."""
+    host = inv.engine_address() if inv.cluster.engines_listen == "control" else cluster.head.address
     return f"http://{host}:{port}/v1"
 
 

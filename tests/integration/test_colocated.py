@@ -28,12 +28,11 @@ the testbed; every wait is on a condition."""
 from __future__ import annotations
 
 import json
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from tests.integration.helpers import BASE, HEAD, HEAD_C, inventory_variant, listeners, ours, wait_for
+from tests.integration.helpers import HEAD, HEAD_C, HEAD_LAN, inventory_variant, listeners, ours, wait_for
 from tests.testbed import PROFILES as TESTBED_PROFILES
 from tests.testbed.artifacts import AUDIO_IMAGE
 
@@ -42,7 +41,7 @@ SINGLE, BESIDE, BIG = "testbed-single", "testbed-single-beside", "testbed-single
 HEAD_MODEL, BESIDE_MODEL, BIG_MODEL = "testbed-tiny-single", "testbed-tiny-beside", "testbed-tiny-big"
 BESIDE_C = "sparkcluster-testbed-d1-head"
 GW_KEY = "gw-colocated-key-3b81f0d2"
-GW = f"http://{urlsplit(BASE).hostname}:4000"
+GW = f"http://{HEAD_LAN}:4000"
 GW_C = "sparkcluster-testbed-gateway"
 AUDIO, AUDIO_MODEL = "testbed-audio", "testbed-audio"  # the service (tests/testbed/profiles/testbed-audio.toml)
 AUDIO_C = f"sparkcluster-testbed-d2-service-{HEAD}"  # slot 2: the two models hold 0 and 1
