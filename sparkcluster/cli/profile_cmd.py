@@ -301,3 +301,7 @@ def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None, as_json
         _echo(f"{p.name}: {prob.line()}")
     if failures(problems):
         ctx.exit(EXIT_FAILED)
+
+
+# `profile import` and `profile export` (the field's recipes) live in their own module
+from sparkcluster.cli import profile_recipes  # noqa: E402,F401
