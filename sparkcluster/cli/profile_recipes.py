@@ -14,7 +14,6 @@ import yaml
 
 from sparkcluster import redact
 from sparkcluster.bench import perf_record
-from sparkcluster.cli.profile_cmd import profile_group
 from sparkcluster.config.lint import failures
 from sparkcluster.config.profile import USER_PROFILES, Profile, load_profile
 from sparkcluster.errors import EXIT_FAILED, InputError
@@ -81,7 +80,7 @@ def _echo(text: str = "", err: bool = False) -> None:
     click.echo(redact.mask(text), err=err)
 
 
-@profile_group.command("import")
+@click.command("import")
 @click.argument("source")
 @click.option("--name", help="The profile's name (default: from the recipe).")
 @click.option(
@@ -169,7 +168,7 @@ def _report(imp: build.Imported, path: Path, perf_path: Path | None) -> None:
         _echo(f"fix the profile before `up`: sparkcluster profile lint {imp.name}")
 
 
-@profile_group.command("export")
+@click.command("export")
 @click.argument("name")
 @click.option("--format", "fmt", type=click.Choice(["sparkrun"]), required=True, help="The recipe format to write.")
 @click.option(

@@ -13,8 +13,7 @@ from typing import Any
 import yaml
 
 from sparkcluster.config import profile as profiles
-from sparkcluster.config.lint import DEFAULT_STEP_TOKENS, Problem, lint, supervisor_bounds
-from sparkcluster.config.lint import MAX_GPU_MEMORY_UTILIZATION as GMU_CEILING
+from sparkcluster.config.lint import DEFAULT_STEP_TOKENS, MAX_GPU_MEMORY_UTILIZATION, Problem, lint, supervisor_bounds
 from sparkcluster.container import conformance
 from sparkcluster.errors import InputError
 from sparkcluster.importer import formats, sources, vllm_args
@@ -361,11 +360,11 @@ def _adjust(prof: profiles.Profile, data: dict) -> list[str]:
     """What the recipe states that lint would otherwise refuse, kept as the recipe states it, said."""
     out = []
     gmu = prof.serve.gpu_memory_utilization
-    if gmu > GMU_CEILING:
+    if gmu > MAX_GPU_MEMORY_UTILIZATION:
         data["allow_high_gpu_memory_utilization"] = True
         out.append(
-            f"gpu_memory_utilization {gmu:g} is the recipe's own, above lint's {GMU_CEILING:g} ceiling on unified "
-            "memory: allow_high_gpu_memory_utilization = true (lower it if the host stops answering)"
+            f"gpu_memory_utilization {gmu:g} is the recipe's own, above lint's {MAX_GPU_MEMORY_UTILIZATION:g} "
+            "ceiling on unified memory: allow_high_gpu_memory_utilization = true (lower it if the host stops answering)"
         )
     if supervisor_bounds(prof):
         step = prof.serve.max_num_batched_tokens or DEFAULT_STEP_TOKENS
