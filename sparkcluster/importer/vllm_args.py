@@ -65,7 +65,12 @@ class Parsed:
 def _normal(flag: str) -> str:
     if flag in SHORT:
         return SHORT[flag]
-    return "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
+    if not flag.startswith("--"):
+        return flag
+    # vLLM's FlexibleArgumentParser turns underscores into dashes up to the first dot only: the keys
+    # after it are the JSON's own (vllm/utils/argparse_utils.py)
+    head, dot, keys = flag[2:].partition(".")
+    return "--" + head.replace("_", "-") + dot + keys
 
 
 def _is_flag(word: str) -> bool:
