@@ -348,3 +348,27 @@ def test_an_exported_sparkrun_recipe_imports_back_to_the_same_serving(path, tmp_
     assert back.model == imp.profile.model and back.image.ref == imp.profile.image.ref
     assert back.serve == imp.profile.serve
     assert back.env.forward == imp.profile.env.forward and back.executor == imp.profile.executor
+
+
+@needs_shared
+def test_a_conflicting_tp_and_an_unfilled_placeholder_are_named_with_their_line(tmp_path):
+    tp = tmp_path / "tp.yaml"
+    tp.write_text(EUGR_QWEN.read_text().replace("--tensor-parallel-size {tensor_parallel}", "--tensor-parallel-size 1"))
+    imp = make(str(tp)).imported
+    (conflict,) = [u for u in imp.unmapped if u.item == "tensor parallel"]
+    assert "conflicting TP: the recipe says 2, its command 1" in conflict.why and conflict.line
+    ph = tmp_path / "ph.yaml"
+    ph.write_text(SPARKRUN_MINIMAX.read_text().replace("--load-format {load_format}", "--load-format {loader}"))
+    (left,) = [u for u in make(str(ph)).imported.unmapped if u.item == "{loader}"]
+    assert left.why == "a placeholder left unfilled: no default names it" and left.line == 31
+
+
+def test_a_value_the_typed_field_cannot_hold_is_no_duplicate():
+    base = profiles.load_profile("nemotron")
+
+    def with_extra(*extra: str) -> profiles.Profile:
+        serve = base.serve.model_copy(update={"extra_flags": list(extra), "max_model_len": None})
+        return base.model_copy(update={"serve": serve})
+
+    assert "duplicate-flag" not in [p.rule for p in lint(with_extra("--max-model-len", "auto"))]
+    assert "duplicate-flag" in [p.rule for p in lint(with_extra("--max-model-len", "4096"))]
