@@ -89,7 +89,18 @@ def sparkrun_recipe(prof: Profile) -> str:
         ex["ulimit"] = ulimits
     recipe["executor_config"] = ex
     head = f"# sparkrun v2 recipe exported by `sparkcluster profile export --format sparkrun {prof.name}`\n"
-    return head + yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True, width=120)
+    return head + yaml.dump(recipe, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
+
+
+class _Dumper(yaml.SafeDumper):
+    """YAML as sparkrun's recipes are written: a command of several lines as a literal block."""
+
+
+def _text(dumper: yaml.SafeDumper, value: str):
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_Dumper.add_representer(str, _text)
 
 
 def _scalar(value: str):
