@@ -36,7 +36,7 @@ def make(
 ) -> Written:
     """What an import writes (nothing is written here): the profile's text and its record's."""
     try:
-        fetched = sources.fetch(source)
+        fetched = sources.fetch(source, hardware=hardware)
         if source_url:
             fetched.origin = sources.origin_of(source_url)
             if not fetched.origin.known:

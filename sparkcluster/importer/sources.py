@@ -78,7 +78,7 @@ def _raw(url: str) -> str:
     return f"https://raw.githubusercontent.com/{m.group(1)}/{m.group(2)}/{m.group(3)}" if m else url
 
 
-def fetch(source: str, timeout: float = 30.0) -> Fetched:
+def fetch(source: str, timeout: float = 30.0, hardware: str | None = None) -> Fetched:
     if _is_url(source):
         url = _raw(source)
         with httpx.Client(timeout=timeout, follow_redirects=True) as client:
@@ -99,7 +99,7 @@ def fetch(source: str, timeout: float = 30.0) -> Fetched:
             return out
     path = Path(source).expanduser()
     if path.is_dir():
-        path = _one_in(path)
+        path = _one_in(path, hardware)
     if not path.is_file():
         raise Refused(f"no file or folder at {path}", "name a recipe file, a folder holding one, or a URL")
     try:
@@ -114,10 +114,24 @@ def fetch(source: str, timeout: float = 30.0) -> Fetched:
     return out
 
 
-def _one_in(folder: Path) -> Path:
+def _one_in(folder: Path, hardware: str | None = None) -> Path:
     for name in RECIPE_NAMES:
         if (folder / name).is_file():
             return folder / name
+    # NVIDIA's layout: models/<builder>/<model>/<hardware>/<os>/<backend>/[<NN>gb/][<precision>/]recipe.yaml
+    nested = sorted(p for name in RECIPE_NAMES for p in folder.rglob(name))
+    if hardware:
+        nested = [p for p in nested if hardware in p.relative_to(folder).parts]
+    if len(nested) == 1:
+        return nested[0]
+    if nested:
+        raise Refused(
+            f"{folder}: {len(nested)} recipes"
+            + (f" for {hardware}" if hardware else "")
+            + ": "
+            + ", ".join(str(p.relative_to(folder)) for p in nested[:8]),
+            "name one of them" + ("" if hardware else ", or pass --hardware ID"),
+        )
     manifest = folder / ".sparkrun" / "registry.yaml"
     if manifest.is_file():
         return manifest

@@ -372,3 +372,17 @@ def test_a_value_the_typed_field_cannot_hold_is_no_duplicate():
 
     assert "duplicate-flag" not in [p.rule for p in lint(with_extra("--max-model-len", "auto"))]
     assert "duplicate-flag" in [p.rule for p in lint(with_extra("--max-model-len", "4096"))]
+
+
+@needs_shared
+def test_hardware_picks_the_recipe_in_a_model_folder(tmp_path, home, run):
+    model = tmp_path / "qwen3.6-35b-a3b"
+    for hw, src in [("dgx-spark", QWEN36), ("dgx-spark-2gpu", QWEN38)]:
+        d = model / hw / "linux" / "vllm" / "128gb"
+        d.mkdir(parents=True)
+        shutil.copy(src, d / "recipe.yaml")
+    r = run("profile", "import", str(model))
+    assert r.exit_code == 2 and "2 recipes" in r.output and "--hardware ID" in r.output
+    r = run("profile", "import", str(model), "--hardware", "dgx-spark", "--name", "one")
+    assert r.exit_code in (0, 1), r.output
+    assert profiles.parse((home / "one.toml").read_text(), "one").world_size == 1
