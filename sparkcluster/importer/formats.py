@@ -249,16 +249,49 @@ def read_nvidia(doc: dict, text: str, managed: tuple[str, ...]) -> Recipe:
     if api:
         rec.served_names = [str(api)]
     for extra in serve.get("additional_commands") or []:
+        where = lines.get("serve.additional_commands")
         if extra.get("target") != "workers":
+            rec.note(where, f"additional_commands {extra.get('id')}", "not a worker's launch")
+            continue
+        cmds = shell.read(str(extra.get("command") or "")).commands
+        words = next((w for c in cmds if (w := _serve_words(c.argv)) is not None), None)
+        if words is not None and _without_launch(words) != _without_launch(rec.serve_argv):
             rec.note(
-                lines.get("serve.additional_commands"),
+                where,
                 f"additional_commands {extra.get('id')}",
-                "not a worker's launch",
+                "the worker's vllm serve differs from the head's: the head's is kept",
             )
     for k in ("limitations", "security", "sampling", "concurrency"):
         if doc.get(k):
             rec.note(lines.get(k), k, "advisory: not a setting sparkcluster applies")
     return rec
+
+
+def _without_launch(words: list[str]) -> list[str]:
+    """A rank's `vllm serve` words without the flags that differ per rank (`vllm_args.LAUNCH`)."""
+    from sparkcluster.importer.vllm_args import LAUNCH, tokens
+
+    return [w for flag, _v, w in tokens(words) if flag not in LAUNCH]
+
+
+def _unread(rec: Recipe, doc: dict, known: frozenset[str], lines: dict[str, int], prefix: str = "") -> None:
+    for k in doc:
+        if k not in known:
+            rec.note(lines.get(prefix + str(k)), prefix + str(k), "a key sparkcluster does not read")
+
+
+EUGR_KEYS = frozenset(
+    """recipe_version name description model container build_args mods cluster_only solo_only defaults env
+    command""".split()
+)
+SPARKRUN_KEYS = frozenset(
+    """recipe_version sparkrun_version model model_revision runtime runtime_version container min_nodes max_nodes
+    mode solo_only cluster_only defaults env command metadata mods pre_exec post_exec post_commands
+    stop_after_post builder builder_config executor_config distribution_config runtime_config benchmark
+    executor name""".split()
+)
+EXECUTOR_KEYS = frozenset("privileged gpus ipc network shm_size entrypoint cap_add security_opt devices".split())
+SPARKRING_KEYS = frozenset("schema recipe_id status hardware model runtime serving transport evidence".split())
 
 
 def shlex_join(words: list[str]) -> str:
@@ -376,6 +409,9 @@ def read_eugr(doc: dict, text: str, stem: str, version_label: str = "eugr") -> R
     if doc.get("solo_only"):
         rec.nodes = 1
     rec.tp = defaults.get("tensor_parallel")
+    _unread(rec, doc, EUGR_KEYS | {"benchmark"}, lines)
+    if doc.get("benchmark"):
+        rec.note(lines.get("benchmark"), "benchmark", "how to measure (llama-benchy arguments), no figures")
     rec.docker, rec.docker_says = EUGR_LAUNCH, "launch-cluster.sh"
     rec.container_command = (
         "launch-cluster.sh's script: the recipe's env exported, then its command (str.format of defaults)"
@@ -415,7 +451,17 @@ def read_sparkrun(doc: dict, text: str, stem: str) -> Recipe:
     _hooks(rec, doc, lines)
     rec.nodes = doc.get("min_nodes")
     rec.tp = defaults.get("tensor_parallel")
+    _unread(rec, doc, SPARKRUN_KEYS, lines)
+    if doc.get("max_nodes") and doc.get("max_nodes") != doc.get("min_nodes"):
+        rec.note(
+            lines.get("max_nodes"), f"max_nodes {doc['max_nodes']}", "one rank per node: the command's TP x PP is kept"
+        )
     ex = doc.get("executor_config") or {}
+    for k in ex:
+        if k not in EXECUTOR_KEYS:
+            rec.note(
+                lines.get(f"executor_config.{k}"), f"executor_config.{k}", "a docker option sparkcluster does not take"
+            )
     run = shell.DockerRun(
         privileged=bool(ex.get("privileged", True)),
         gpus=str(ex.get("gpus", "all")),
@@ -493,6 +539,7 @@ def read_sparkring(doc: dict, text: str, lock: dict | None) -> Recipe:
     if serving.get("tool_call_parser"):
         words.append("--enable-auto-tool-choice")  # the launcher passes it beside the parser (SPARKRING_LAUNCH)
     rec.serve_argv = words
+    _unread(rec, doc, SPARKRING_KEYS, lines)
     if runtime.get("environment_template"):
         rec.note(
             lines.get("runtime.environment_template"),

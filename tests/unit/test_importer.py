@@ -386,3 +386,19 @@ def test_hardware_picks_the_recipe_in_a_model_folder(tmp_path, home, run):
     r = run("profile", "import", str(model), "--hardware", "dgx-spark", "--name", "one")
     assert r.exit_code in (0, 1), r.output
     assert profiles.parse((home / "one.toml").read_text(), "one").world_size == 1
+
+
+@needs_shared
+def test_a_worker_that_differs_from_the_head_and_a_key_not_read_are_named(tmp_path):
+    text = QWEN38.read_text()
+    head, worker = text.split("additional_commands:", 1)
+    worker = worker.replace("--max-num-seqs 8", "--max-num-seqs 4")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(head + "additional_commands:" + worker)
+    named = {u.item: u.why for u in make(str(recipe)).imported.unmapped}
+    assert named["additional_commands worker"] == "the worker's vllm serve differs from the head's: the head's is kept"
+    v2 = tmp_path / "v2.yaml"
+    v2.write_text(SPARKRUN_MINIMAX.read_text() + "\nexecutor_config:\n  memory_limit: 110g\nwarmup: true\n")
+    named = {u.item: u.why for u in make(str(v2)).imported.unmapped}
+    assert named["warmup"] == "a key sparkcluster does not read"
+    assert named["executor_config.memory_limit"] == "a docker option sparkcluster does not take"
