@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 import string
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -25,6 +26,7 @@ from typing import Any
 import yaml
 
 from sparkcluster.importer import shell
+from sparkcluster.importer.vllm_args import LAUNCH, tokens
 
 # eugr's local tags and the image build-and-copy.sh makes each from (eugr/spark-vllm-docker
 # build-and-copy.sh and recipes/README.md at 358bf26)
@@ -269,8 +271,6 @@ def read_nvidia(doc: dict, text: str, managed: tuple[str, ...]) -> Recipe:
 
 def _without_launch(words: list[str]) -> list[str]:
     """A rank's `vllm serve` words without the flags that differ per rank (`vllm_args.LAUNCH`)."""
-    from sparkcluster.importer.vllm_args import LAUNCH, tokens
-
     return [w for flag, _v, w in tokens(words) if flag not in LAUNCH]
 
 
@@ -295,8 +295,6 @@ SPARKRING_KEYS = frozenset("schema recipe_id status hardware model runtime servi
 
 
 def shlex_join(words: list[str]) -> str:
-    import shlex
-
     return shlex.join(words)
 
 
