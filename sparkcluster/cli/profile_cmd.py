@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from sparkcluster import redact
+from sparkcluster.cli import profile_recipes
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option, inventory_option
 from sparkcluster.config import compile_cache, inventory
@@ -308,3 +309,8 @@ def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None, as_json
         _echo(f"{p.name}: {prob.line()}")
     if failures(problems):
         ctx.exit(EXIT_FAILED)
+
+
+# `profile import` and `profile export` (the field's recipes) live in their own module
+profile_group.add_command(profile_recipes.import_cmd)
+profile_group.add_command(profile_recipes.export_cmd)

@@ -76,6 +76,10 @@ class Image(_Strict):
     # ngc: pass-through entrypoint, takes the full `vllm serve ...`;
     # vllm-openai: `vllm serve` is the entrypoint, takes only model + flags (docs/field-notes.md).
     kind: Literal["ngc", "vllm-openai"] | None = None
+    # the registry digest the tag pointed at when pinned (`profile import --pin`: a source's lock, or
+    # the digest its published figures were measured on): every node pulls base@digest, whatever
+    # the tag points at later. None: the tag as it is
+    digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
 
     @model_validator(mode="after")
     def _kind(self) -> Image:
@@ -90,7 +94,7 @@ class Image(_Strict):
 
     @property
     def ref(self) -> str:
-        return f"{self.base}:{self.tag}"
+        return f"{self.base}@{self.digest}" if self.digest else f"{self.base}:{self.tag}"
 
 
 def guess_image_kind(base: str) -> Literal["ngc", "vllm-openai"] | None:
@@ -254,6 +258,9 @@ class Source(_Strict):
     repo: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
     path: str | None = Field(default=None, pattern=r"^[^\s]+$")
     commit: str | None = Field(default=None, pattern=_COMMIT)
+    # the sha256 of the source file's bytes as read (`profile import` records it; a test compares the
+    # shipped profile with what the importer makes of the file that has it)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     container: SourceContainer
     # an option where the profile's container differs from the source's on purpose (beyond what every
     # container of sparkcluster carries: container/conformance HOUSE), with its reason
@@ -466,8 +473,13 @@ def profile_hash(prof) -> str:
     # the validated fields, not the file's text: comments and key order change nothing served
     # (the source is documentation: it changes nothing served); an unset ulimit_nofile is left out so
     # that a profile without it keeps the hash it had before the field existed
-    unset = {"ulimit_nofile"} if getattr(prof, "ulimit_nofile", None) is None else set()
-    return hashlib.sha256(prof.model_dump_json(exclude={"source", *unset}).encode()).hexdigest()
+    # (image.digest likewise)
+    exclude: dict = {"source": True}
+    if getattr(prof, "ulimit_nofile", None) is None:
+        exclude["ulimit_nofile"] = True
+    if getattr(getattr(prof, "image", None), "digest", "") is None:
+        exclude["image"] = {"digest"}
+    return hashlib.sha256(prof.model_dump_json(exclude=exclude).encode()).hexdigest()
 
 
 def secret_env_names(profile: Profile) -> list[str]:
