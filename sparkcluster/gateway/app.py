@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as Path
 
-from ..programs.gateway_usage import Ledger
+from ..programs.gateway_usage import USAGE_DIR, Ledger
 from . import auth, exposure, health, metering, proxy
 from .figures import Metrics
 from .health import REFUSED_REASON
@@ -59,7 +59,6 @@ FORWARDED = (
 HELD_LOOK_S = 0.25  # a held request looks for its deployment this often
 OTHER_MODEL = "(other)"  # the metrics' label for every model name no deployment serves
 WHO = "sparkcluster.key"  # the scope's entry for the request's key's owner (keys.Identity), once known
-USAGE_DIR = "usage"  # in the gateway's folder (the config's `data`): the ledger's
 
 
 def doc_of(body: bytes):

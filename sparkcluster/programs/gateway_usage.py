@@ -26,6 +26,7 @@ import sys
 import time
 
 FILENAME = "usage.db"
+USAGE_DIR = "usage"  # in the gateway's folder (its config's `data`): the ledger's own
 HOUR = 3600
 DAY = 86400
 RETENTION_DAYS = 400  # a year of bills and a month to settle the last
