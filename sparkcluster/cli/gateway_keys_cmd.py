@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 import click
 
+from sparkcluster.deployment import gateway_registry
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.gateway import keys, rollout, store
 from sparkcluster.remote.fanout import connect_reachable
@@ -47,8 +48,6 @@ class _Place:
     """The node holding the gateway's folder, connected; whether the gateway running there reads it."""
 
     def __init__(self, obj, node_name: str | None):
-        from sparkcluster.deployment import gateway_registry
-
         self.inv = obj.inventory()
         self.cluster, unreachable = connect_reachable(self.inv)
         running = {}
@@ -249,6 +248,14 @@ def usage_rows(raw: list[dict]) -> list[dict]:
     return [{k: row[k] for k in FIELDS} for row in out]
 
 
+def render_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
 @click.command("usage")
 @click.option("--since", default="30d", show_default=True, help="From this long ago (e.g. 24h, 7d) or a date.")
 @click.option("--key", "key_name", default=None, help="Only this key's (a name, or env:N).")
@@ -270,11 +277,7 @@ def usage(obj, since, key_name, model, as_csv, as_json, node_name):
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     elif as_csv:
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
-        click.echo(buf.getvalue(), nl=False)
+        click.echo(render_csv(rows), nl=False)
     elif not rows:
         click.echo(f"no usage since {_iso(start)} on {at.node}")
     else:

@@ -6,7 +6,7 @@ its limits and whether it is an admin's.
 The key file (KEYS_FILE, in the gateway's folder on its node, 0600, written by the controller over
 SSH, aside and renamed into place) holds no key: only each key's SHA-256. A key is 32 random bytes
 (256 bits: `secrets.token_urlsafe`), so a plain hash is as good as a slow one; nothing in the file
-lets anyone present a key. The gateway reads the file again when its modification time changes
+lets anyone present a key. The gateway reads the file again when it changes (its inode, time or size)
 (`Keyring.reload_if_changed`, once a poll): a key added, changed, rotated or revoked takes effect
 within one poll, without a restart, and a stream already under way is never cut.
 
@@ -131,7 +131,7 @@ class Keyring:
         self.env = [(k.encode(), Identity(f"env:{i}", env=True)) for i, k in enumerate(env_keys, 1)]
         self.path = path
         self.named: list[tuple[bytes, float, float, Identity]] = []  # (sha256, valid until, expires, who)
-        self._mtime: int | None = None
+        self._mtime: tuple | None = None
         self.reload_if_changed()
 
     def set_env(self, env_keys: list[str]) -> None:
@@ -145,8 +145,9 @@ class Keyring:
         read before (the controller renames a whole file into place: the next look has it)."""
         if not self.path:
             return False
-        try:
-            seen = os.stat(self.path).st_mtime_ns
+        try:  # a file renamed into place is a new inode: seen even where two writes share a timestamp
+            st = os.stat(self.path)
+            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
         except OSError:
             seen = None
         if seen == self._mtime:
