@@ -7,12 +7,17 @@ asked for it (OpenAI's API reference, Create chat completion, `stream_options`; 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import csv
+import io
 import json
 import subprocess
 import time
 
 import httpx
 import pytest
+from conftest import make_inventory
 from gateway_fakes import KEY, Engine, Served, config, in_rotation, start_gateway, until
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -20,7 +25,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from sparkcluster import programs
-from sparkcluster.cli import gateway_keys_cmd
+from sparkcluster.cli import gateway_cmd, gateway_keys_cmd, main
 from sparkcluster.gateway import keys, metering
 from sparkcluster.gateway.app import FORWARDED
 from sparkcluster.programs import gateway_usage
@@ -50,7 +55,7 @@ class Counting(Engine):
                 for i in range(n):
                     yield f'data: {{"choices":[{{"index":0,"delta":{{"content":"w{i}"}}}}]}}\n\n'.encode()
                     while i == 0 and doc.get("hold") and not self.release.is_set():
-                        await __import__("asyncio").sleep(0.01)
+                        await asyncio.sleep(0.01)
                 if (doc.get("stream_options") or {}).get("include_usage"):
                     yield f"data: {json.dumps({'choices': [], 'usage': usage}, separators=(',', ':'))}\n\n".encode()
                 yield b"data: [DONE]\n\n"
@@ -293,3 +298,132 @@ def test_the_meter_reads_anthropics_stream_counts():
     m = metering.Meter(drop_usage_chunk=False, started=0.0)
     m.begin("text/event-stream; charset=utf-8", None)
     assert m.feed(events) == events and m.tokens() == (9, 14)
+
+
+# ---- the commands, against a node whose shell is this machine's (HOME a folder of the test's) -------
+
+
+class LocalHost:
+    """A node as the commands use it: its shell commands run here, under a HOME of the test's, and
+    its Engine API lists no gateway (the keys then live on the head)."""
+
+    name, address = "spark-a", "127.0.0.1"
+
+    def __init__(self, home, ran: list):
+        self.home, self.ran = home, ran
+
+    def docker(self):
+        return self
+
+    @property
+    def api(self):
+        return self
+
+    def containers(self, all=False, filters=None):
+        return []
+
+    def run(self, cmd, timeout=30.0, stdin=None, *, warn=False):
+        self.ran.append(cmd)
+        got = subprocess.run(
+            ["sh", "-c", cmd],
+            input=stdin,
+            capture_output=True,
+            timeout=timeout,
+            env={"HOME": str(self.home), "PATH": "/usr/bin:/bin"},
+        )
+        done = type("Done", (), {})()
+        done.exit_code, done.ok = got.returncode, got.returncode == 0
+        done.stdout, done.stderr = got.stdout.decode(), got.stderr.decode()
+        assert warn or done.ok, done.stderr
+        return done
+
+
+class Cluster:
+    def __init__(self, hosts):
+        self.hosts = hosts
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def commands(tmp_path, monkeypatch, capsys):
+
+    inv = make_inventory()
+    head = inv.head.name
+    ran: list = []
+    host = LocalHost(tmp_path / "home", ran)
+    host.name = head
+    (tmp_path / "home").mkdir()
+    cluster = Cluster({head: host})
+    for module in (gateway_keys_cmd, gateway_cmd):
+        monkeypatch.setattr(module, "connect_reachable", lambda inventory: (cluster, {}))
+    monkeypatch.setattr(gateway_keys_cmd, "NodeLocks", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(main.Invocation, "inventory", lambda self: inv)
+
+    def sc(*argv):
+        rc = main.main(["gateway", *argv])
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    folder = tmp_path / "home" / ".local/share/sparkcluster/gateway" / inv.cluster.name
+    return sc, folder, ran
+
+
+def test_keys_are_printed_once_stored_hashed_0600_and_never_on_a_command_line(commands):
+    sc, folder, ran = commands
+    rc, out, _ = sc("keys", "add", "alice", "--requests-per-minute", "2", "--models", "chat")
+    assert rc == 0, out
+    key = out.strip().splitlines()[-1]
+    assert key.startswith(keys.PREFIX) and len(key) > 40
+    text = (folder / keys.KEYS_FILE).read_text()
+    assert key not in text and keys.digest(key) in text
+    assert oct((folder / keys.KEYS_FILE).stat().st_mode & 0o777) == "0o600"
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    assert (folder / "usage").is_dir()
+    rc, out, err = sc("keys", "add", "alice")
+    assert rc == 2 and "exists" in err and "sparkcluster gateway keys rotate alice" in err
+    rc, out, _ = sc("keys", "rotate", "alice", "--grace", "10m")
+    new = out.strip().splitlines()[-1]
+    (entry,) = keys.parse((folder / keys.KEYS_FILE).read_text())
+    assert entry.sha256 == keys.digest(new) and entry.previous[0]["sha256"] == keys.digest(key)
+    rc, out, _ = sc("keys", "list")
+    assert rc == 0 and "alice: models chat; limits 2 requests/min" in out and "previous key valid until" in out
+    assert key not in out and new not in out and keys.digest(new) not in out
+    assert not [c for c in ran if key in c or new in c]  # never on a command line: stdin only
+    rc, out, _ = sc("keys", "revoke", "alice")
+    assert rc == 0 and keys.parse((folder / keys.KEYS_FILE).read_text()) == []
+    rc, _, err = sc("keys", "revoke", "alice")
+    assert rc == 2 and "no key named 'alice'" in err
+
+
+def test_usage_is_read_on_the_node_and_only_purge_usage_deletes_it(commands):
+    sc, folder, _ran = commands
+    (folder / "usage").mkdir(parents=True)
+    led = gateway_usage.Ledger(str(folder / "usage"))
+    now = time.time()
+    led.record("alice", "chat", now, prompt=11, completion=4, ttft_s=0.5)
+    led.record("alice", "chat", now, prompt=11, completion=6, error=True)
+    led.record("env:1", "other", now, prompt=3, completion=1)
+    led.close()
+    rc, out, _ = sc("usage", "--csv", "--key", "alice")
+    assert rc == 0
+    (row,) = list(csv.DictReader(io.StringIO(out)))
+    assert (row["requests"], row["prompt_tokens"], row["completion_tokens"], row["errors"]) == ("2", "22", "10", "1")
+    assert row["ttft_avg_s"] == "0.5"
+    rc, out, _ = sc("usage", "--json", "--model", "other")
+    assert rc == 0 and [r["key"] for r in json.loads(out)] == ["env:1"]
+    rc, out, _ = sc("usage", "--since", "1h")
+    assert rc == 0 and "alice chat: 2 requests, 22 prompt + 10 completion tokens, 1 errors" in out
+    rc, out, _ = sc("down")
+    assert (folder / "usage" / gateway_usage.FILENAME).is_file()  # kept by down
+    rc, out, _ = sc("down", "--purge-usage")
+    assert "deleted the usage ledger" in out and not (folder / "usage").exists()
+    rc, out, _ = sc("usage")
+    assert rc == 0 and "no usage since" in out
