@@ -25,7 +25,7 @@ import re
 import time
 
 STREAMED_USAGE = ("/v1/chat/completions", "/v1/completions")  # where stream_options.include_usage is asked
-WHOLE_CAP = 8 * 1024 * 1024  # a whole answer past this is read for its usage in its tail only
+WHOLE_CAP = 1024 * 1024  # a whole answer past this (embeddings) is read for its usage in its tail only
 TAIL = 64 * 1024
 _END = re.compile(rb"\r\n\r\n|\n\n")
 _COUNT = re.compile(rb'"(prompt_tokens|completion_tokens|input_tokens|output_tokens)"\s*:\s*(\d+)')

@@ -23,6 +23,7 @@ import json
 import os
 import sqlite3
 import sys
+import threading
 import time
 
 FILENAME = "usage.db"
@@ -61,6 +62,7 @@ class Ledger:
         self.buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, at): changed since the last flush
         self.today: tuple[int, dict[str, int]] = (0, {})  # the UTC day's start, key -> its tokens that day
         self.db = None
+        self.lock = threading.Lock()  # one writer at a time: a flush off the loop, the last one at stop
         if folder:
             path = os.path.join(folder, FILENAME)
             self.db = connect(path, write=True)
@@ -110,20 +112,21 @@ class Ledger:
 
     def write(self, batch: tuple[dict, dict]) -> None:
         pending, buckets = batch
-        if self.db is None or not (pending or buckets):
-            return
         add = ", ".join(f"{c} = {c} + excluded.{c}" for c in COLUMNS)
-        with _transaction(self.db):
-            self.db.executemany(
-                f"INSERT INTO usage (hour, key, model, {', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                f"ON CONFLICT (hour, key, model) DO UPDATE SET {add}",
-                [(*k, *row) for k, row in pending.items()],
-            )
-            self.db.executemany(
-                "INSERT INTO buckets (key, tokens, at) VALUES (?, ?, ?) "
-                "ON CONFLICT (key) DO UPDATE SET tokens = excluded.tokens, at = excluded.at",
-                [(k, t, a) for k, (t, a) in buckets.items()],
-            )
+        with self.lock:
+            if self.db is None or not (pending or buckets):
+                return
+            with _transaction(self.db):
+                self.db.executemany(
+                    f"INSERT INTO usage (hour, key, model, {', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    f"ON CONFLICT (hour, key, model) DO UPDATE SET {add}",
+                    [(*k, *row) for k, row in pending.items()],
+                )
+                self.db.executemany(
+                    "INSERT INTO buckets (key, tokens, at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (key) DO UPDATE SET tokens = excluded.tokens, at = excluded.at",
+                    [(k, t, a) for k, (t, a) in buckets.items()],
+                )
 
     def flush(self) -> None:
         self.write(self.take())
@@ -131,13 +134,16 @@ class Ledger:
     def prune(self, now: float | None = None) -> None:
         if self.db is not None:
             cut = int(((now or time.time()) - self.retention_days * DAY) // HOUR * HOUR)
-            self.db.execute("DELETE FROM usage WHERE hour < ?", (cut,))
+            with self.lock:
+                if self.db is not None:
+                    self.db.execute("DELETE FROM usage WHERE hour < ?", (cut,))
 
     def close(self) -> None:
         if self.db is not None:
             self.flush()
-            self.db.close()
-            self.db = None
+            with self.lock:
+                self.db.close()
+                self.db = None
 
 
 class _transaction:
