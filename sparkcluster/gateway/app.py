@@ -42,7 +42,7 @@ from . import auth, exposure, health, metering, proxy
 from .figures import Metrics
 from .health import REFUSED_REASON
 from .keys import Identity, Keyring
-from .quota import Quota
+from .quota import Quota, Refusal
 from .routes import Route, Table, Unavailable
 
 # vLLM 0.32 serves every one of these itself, Anthropic's two included: nothing is translated
@@ -393,24 +393,22 @@ class Gateway:
             send, endpoint, model, 429, refused.message, kind, anthropic, extra, who=who, code="rate_limit_exceeded"
         )
 
-    async def admitted(self, picked: Route, scope, receive, send, body, doc, model, endpoint, anthropic) -> None:
-        """The request within its key's limits goes to `picked`, metered; else 429."""
-        who: Identity = scope[WHO]
+    def metered(self, who: Identity, model: str, body: bytes, doc, endpoint: str):
+        """The request admitted within its key's limits: the body to send (usage asked for on a stream)
+        and its meter, which settles the request (its key's count in flight, the ledger, the metrics)
+        when proxy.forward ends, however it ends; else the quota's Refusal. Settled there, not in a
+        coroutine around the relay's: that would be one more frame on every resume of a stream."""
         refused = self.quota.admit(who, time.time())
         if refused is not None:
-            await self.over_limit(send, endpoint, model, who, refused, anthropic)
-            return
+            return refused
         body, asked = metering.prepare(body, doc, endpoint)
-        meter = metering.Meter(asked)
-        outcome = "disconnect"
-        try:
-            outcome = await self.forward(picked, scope, receive, send, body, model, endpoint, anthropic, meter)
-        except proxy.Broken:
-            outcome = "upstream"
-            raise
-        finally:
+
+        def settle(outcome: str) -> None:
             self.quota.done(who)
             self.account(who, model, outcome, meter)
+
+        meter = metering.Meter(asked, settle=settle)
+        return body, meter
 
     async def request_body(
         self, scope, receive, send, endpoint: str, anthropic: bool, upload: bool = False
@@ -516,7 +514,11 @@ class Gateway:
                 extra = {"Retry-After": picked.retry_after}
                 await self.refuse(send, endpoint, model, 503, said, kind, anthropic, extra, who=who)
                 return
-            await self.admitted(picked, scope, receive, send, body, doc, model, endpoint, anthropic)
+            got = self.metered(scope[WHO], model, body, doc, endpoint)
+            if isinstance(got, Refusal):
+                await self.over_limit(send, endpoint, model, scope[WHO], got, anthropic)
+                return
+            await self.forward(picked, scope, receive, send, got[0], model, endpoint, anthropic, got[1])
 
         return app
 
@@ -547,7 +549,11 @@ class Gateway:
             if not who.may_use(model or label):
                 await self.not_served(send, endpoint, model or label, who, False)
                 return
-            await self.admitted(picked, scope, receive, send, body, None, label, endpoint, False)
+            got = self.metered(who, label, body, None, endpoint)
+            if isinstance(got, Refusal):
+                await self.over_limit(send, endpoint, label, who, got, False)
+                return
+            await self.forward(picked, scope, receive, send, got[0], label, endpoint, False, got[1])
 
         return app
 

@@ -57,8 +57,9 @@ class Meter:
     """One answer's tokens and time to its first byte, read as its bytes pass (`feed` returns what
     goes on to the client)."""
 
-    def __init__(self, drop_usage_chunk: bool, started: float | None = None):
+    def __init__(self, drop_usage_chunk: bool, started: float | None = None, settle=None):
         self.drop = drop_usage_chunk
+        self.settle = settle  # called with how the relay ended (proxy.forward's outcome), once
         self.started = time.monotonic() if started is None else started
         self.prompt: int | None = None
         self.completion: int | None = None
@@ -138,6 +139,11 @@ class Meter:
             return b""
         rest, self.held = self.held, b""
         return rest
+
+    def done(self, outcome: str) -> None:
+        settle, self.settle = self.settle, None
+        if settle is not None:
+            settle(outcome)
 
     def tokens(self) -> tuple[int, int]:
         return self.prompt or 0, self.completion or 0

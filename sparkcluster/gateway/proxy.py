@@ -199,6 +199,8 @@ async def forward(
         metrics.in_flight.labels(model).dec()
         metrics.requests.labels(model, endpoint, outcome).inc()
         metrics.latency.labels(model).observe(time.monotonic() - started)
+        if meter is not None:
+            meter.done(outcome)
     if broken:
         health.event("stream broken", deployment=route.key, model=model, endpoint=endpoint, error=broken)
         raise Broken(route.key)

@@ -133,6 +133,18 @@ def test_a_key_of_two_requests_a_minute_gets_429_with_retry_after_on_its_third(s
     assert post(sg, KEY).status_code == 200  # GATEWAY_API_KEYS' keys have no limit
 
 
+def test_the_limit_holds_under_concurrency(stack):
+    """Twenty requests of a key of five a minute at once: five pass, fifteen get 429, whatever the order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder, _e, start = stack
+    key_file(folder, named("five", "k-five", requests_per_minute=5))
+    _gw, sg = start()
+    with ThreadPoolExecutor(20) as pool:
+        codes = sorted(pool.map(lambda _: post(sg, "k-five").status_code, range(20)))
+    assert codes == [200] * 5 + [429] * 15
+
+
 def test_a_key_for_one_model_gets_404_model_not_found_for_another_naming_none(stack):
     folder, _e, start = stack
     key_file(folder, named("chat-only", "k-chat", models=["chat"]))
