@@ -41,7 +41,7 @@ from ..programs.gateway_usage import USAGE_DIR, Ledger
 from . import auth, exposure, health, metering, proxy
 from .figures import Metrics
 from .health import REFUSED_REASON
-from .keys import Identity, Keyring
+from .keys import KEYS_FILE, Identity, Keyring
 from .quota import Quota, Refusal
 from .routes import Route, Table, Unavailable
 
@@ -88,7 +88,7 @@ class Gateway:
         self.keys: list[str] = list(cfg.get("keys") or [])
         # the gateway's folder on its node (bound into its container): the key file and the usage ledger
         data = cfg.get("data") or None
-        self.keyring = Keyring(self.keys, os.path.join(data, "keys.json") if data else None)
+        self.keyring = Keyring(self.keys, os.path.join(data, KEYS_FILE) if data else None)
         if data:
             os.makedirs(os.path.join(data, USAGE_DIR), mode=0o700, exist_ok=True)
         self.ledger = Ledger(
