@@ -363,7 +363,8 @@ class Gateway:
         """One request of `who`'s into the ledger and the metrics: its tokens (the meter's, as the
         engine reported them), whether it failed, its time to the first byte where it streamed."""
         prompt, completion = meter.tokens() if meter is not None else (0, 0)
-        error = not (outcome.isdigit() and int(outcome) < 400)
+        # a client that left is no error of the gateway's or the engine's (its tokens are unknown: 0)
+        error = outcome != "disconnect" and not (outcome.isdigit() and int(outcome) < 400)
         ttft = meter.ttft_s if meter is not None and meter.streamed else None
         self.ledger.record(who.name, self.label(model), time.time(), prompt, completion, error, ttft)
         self.metrics.key_requests.labels(who.name, outcome).inc()
