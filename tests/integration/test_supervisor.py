@@ -52,6 +52,22 @@ def serving_again(testbed, since: float, timeout: float = BACK_WITHIN_S) -> floa
     return helpers.serving_again(testbed, since, timeout)
 
 
+def looks_since(testbed, t: float, n: int = 3) -> None:
+    """Wait until the supervisor has looked `n` more times since `t`, and past a restart's backoff
+    (its state file rewritten that much later, by its own policy): what it would start again, it
+    would have started by then."""
+    policy = sup_state(testbed).get("policy") or {}
+    interval = float(policy.get("interval_s") or 2.0)
+    span = max(n * interval, float(policy.get("backoff_s") or 5.0) + interval)
+    wait_for(
+        f"{n} looks of the supervisor",
+        lambda: float(sup_state(testbed).get("updated") or 0) >= t + span,
+        60,
+        testbed,
+        interval=0.5,
+    )
+
+
 def rank1_pids(testbed) -> list[str]:
     out = testbed.sh(WORKER, "pgrep -f 'RayWorkerProc' || true").stdout.split()
     assert out, testbed.sh(WORKER, "ps -eo pid,args").stdout
@@ -159,7 +175,7 @@ def test_past_the_restart_limit_it_stays_down_and_status_says_why(testbed, sc, f
     finally:
         testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
     try:
-        time.sleep(8)  # longer than a backoff: nothing is started again
+        looks_since(testbed, time.time())  # past a backoff: nothing is started again
         assert sup_state(testbed)["state"] == "restart limit reached" and not answers()
         code, st = status(sc)
         assert code != 0
@@ -205,7 +221,7 @@ def test_memory_below_the_floor_stops_the_server_for_good(testbed, sc, fresh):
     try:
         testbed.set_meminfo(WORKER, WORKER_C, 4 * 1024 * 1024)  # 4 GiB, below the default 6 GiB floor
         wait_for("stopped for memory", lambda: sup_state(testbed).get("state") == "stopped: memory floor", 60, testbed)
-        time.sleep(10)  # longer than a backoff: nothing is started again
+        looks_since(testbed, time.time())  # past a backoff: nothing is started again
         assert not answers()
         code, st = status(sc)
         assert code != 0
