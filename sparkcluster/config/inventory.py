@@ -483,8 +483,7 @@ def parse(text: str, source: str = "inventory", path: Path | None = None) -> Inv
         raise InputError(f"{source}: not valid TOML: {e}", "fix the syntax at the position shown") from None
     if not {"cluster", "nodes"} & data.keys() and (said := PROFILE_KEYS & data.keys()):
         raise InputError(
-            f"{source} is a profile (it has {', '.join(sorted(said))}), not an inventory (its [cluster] and "
-            "[[nodes]])",
+            f"{source} is a profile (it has {', '.join(sorted(said))}), not an inventory (its [cluster] and [[nodes]])",
             f"give it as --profile {source} (up, upgrade, profile show/lint take a profile's file) and your "
             f"inventory with -i; none yet: {init_line()}",
         )
@@ -509,8 +508,6 @@ def _found_through(explicit: bool) -> str:
     return f"${ENV_VAR}" if os.environ.get(ENV_VAR) else "the default path"
 
 
-
-
 def init_line(out: Path | None = None) -> str:
     """The `init` a fix names (init runs only with --head): the owner puts their Spark in place of
     USER@HOST."""
@@ -518,6 +515,7 @@ def init_line(out: Path | None = None) -> str:
 
     where = f" -o {shlex.quote(str(out))}" if out is not None else ""
     return f"sparkcluster init --head USER@HOST{where} (add --worker USER@HOST for each other Spark)"
+
 
 # top-level keys of a profile that no inventory has: a profile given as -i is told as one
 PROFILE_KEYS = frozenset({"model", "served_name", "serve", "image", "kind", "service"})

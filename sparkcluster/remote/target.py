@@ -58,6 +58,27 @@ class Silent(Exception):
         self.closed = closed
 
 
+class JumpFailed(Exception):
+    """A ProxyJump hop could not be opened, or could not reach the next one: `cause` is what went
+    wrong there (a name that does not resolve, a closed port, a refused key...), told as the jump
+    host's, not the target's."""
+
+    def __init__(self, hop: SshConnection, cause: BaseException, onward: str = ""):
+        super().__init__(f"ProxyJump {hop.target} ({hop.host}:{hop.port}): {cause}")
+        self.conn, self.hop, self.host, self.port, self.cause = hop, hop.target, hop.host, hop.port, cause
+        # "host:port" when the hop answered and could not open the connection onward to it
+        self.onward = onward
+
+
+class MissingKey(Exception):
+    """An IdentityFile that ssh_config names and that does not exist (nor its .pub for an agent's
+    copy): paramiko would stop at it on every attempt; OpenSSH warns and offers no key from it."""
+
+    def __init__(self, conn: SshConnection, path: str):
+        super().__init__(f"IdentityFile {path} (for {conn.alias}) does not exist")
+        self.conn, self.alias, self.path = conn, conn.alias, path
+
+
 @dataclass
 class SshConnection:
     """One node's SSH connection: the resolved address, the paramiko client, what opens it."""
@@ -74,6 +95,8 @@ class SshConnection:
     _hops: list = field(default_factory=list)  # ProxyJump's own connections, closed with this one
     _agent_for: list = field(default_factory=list)  # IdentityFile keys to take from the agent
     _agent: paramiko.Agent | None = None
+    alias: str = ""  # the name ssh_config was looked up by
+    target: str = ""  # as written (the inventory's ssh, or a ProxyJump hop)
 
     @classmethod
     def resolve(
@@ -104,8 +127,16 @@ class SshConnection:
             **({"look_for_keys": False} if only else {}),
         }
         conn._agent_for = keys if (agent and only) else []
+        conn.alias, conn.target = alias, target
         prepare(conn.client)
         return conn
+
+    def missing_key(self) -> str | None:
+        """The first IdentityFile that does not exist (a key held by the agent needs its .pub only)."""
+        for k in self.connect_kwargs.get("key_filename") or []:
+            if not Path(k).exists() and not (k in self._agent_for and Path(k + ".pub").exists()):
+                return k
+        return None
 
     def _agent_key(self):
         """The ssh-agent's copy of an IdentityFile key (matched by its .pub), for IdentitiesOnly: a
@@ -156,24 +187,35 @@ class SshConnection:
         None for a direct TCP connection."""
         jump = self.options.get("proxyjump", "none")
         if jump.lower() != "none":
-            via = None
-            for hop in jump.split(","):
-                conn = SshConnection.resolve(hop.strip(), self.config, self.timeout, self.prepare)
-                conn.client.connect(
-                    conn.host,
-                    port=conn.port,
-                    username=conn.user,
-                    timeout=self.timeout,
-                    sock=conn._channel_through(via) if via else None,
-                    **conn.connect_kwargs,
-                )
+            via, last = None, None
+            for hop in (h.strip() for h in jump.split(",")):
+                conn = SshConnection.resolve(hop, self.config, self.timeout, self.prepare)
+                try:
+                    sock = conn._channel_through(via) if via else None
+                except Exception as e:  # the previous hop answered, and could not reach this one
+                    raise JumpFailed(last, e, f"{conn.host}:{conn.port}") from e
+                try:
+                    if (key := conn.missing_key()) is not None:
+                        raise MissingKey(conn, key)
+                    conn.client.connect(
+                        conn.host, port=conn.port, username=conn.user, timeout=self.timeout, sock=sock,
+                        **conn.connect_kwargs,
+                    )  # fmt: skip
+                except Exception as e:
+                    conn.client.close()
+                    raise JumpFailed(conn, e) from e
                 self._hops.append(conn)
-                via = conn.client.get_transport()
-            return self._channel_through(via)
+                via, last = conn.client.get_transport(), conn
+            try:
+                return self._channel_through(via)
+            except Exception as e:  # the last hop answered, and could not reach the target
+                raise JumpFailed(last, e, f"{self.host}:{self.port}") from e
         command = self.options.get("proxycommand", "none")
         return paramiko.ProxyCommand(command) if command.lower() != "none" else None
 
     def open(self) -> None:
+        if (key := self.missing_key()) is not None:
+            raise MissingKey(self, key)
         try:
             pkey = self._agent_key() if self._agent_for else None
             self.client.connect(
