@@ -459,7 +459,7 @@ def connect(node: Node, settings: Settings) -> Host:
             conn.open()
         except HostKeyError:
             raise
-        except MissingKey as e:  # the same file is missing on the next attempt: never retried
+        except MissingKey as e:  # refused, and the key meant for it is missing: never retried
             raise _missing_key(node.name, e, settings) from None
         except JumpFailed as e:
             raise _jump_failed(node.name, conn.alias, e, settings, fix) from None
@@ -531,13 +531,14 @@ def connect(node: Node, settings: Settings) -> Host:
 
 
 def _missing_key(node: str, e: MissingKey, settings: Settings, via: str = "") -> AuthError:
-    """An IdentityFile that does not exist: named, with the two ways out (make it, or name the key
-    that exists)."""
+    """An IdentityFile that does not exist, where no other key was let in: named, with the two ways out
+    (make it, or name the key that exists). Never retried: the file is as missing the next time."""
     cfg = settings.ssh_config or "~/.ssh/config"
     key = shlex.quote(e.path)
     return AuthError(
         node,
-        f"{via}IdentityFile {e.path} does not exist (ssh_config {cfg}, Host {e.alias})",
+        f"{via}IdentityFile {e.path} does not exist (ssh_config {cfg}, Host {e.alias}), and "
+        f"{e.conn.user}@{e.conn.host} accepted no other key",
         f"correct IdentityFile under `Host {e.alias}` in {cfg} to a key you have (ls ~/.ssh), or make that one "
         f"and install it on {e.conn.host}: ssh-keygen -t ed25519 -f {key} && {_copy_id(e.conn, e.path)}",
     )
@@ -615,7 +616,8 @@ def ssh_command(target: str) -> str:
 
 
 def _copy_id(conn: SshConnection, key: str | None = None) -> str:
-    keys = [key] if key else conn.connect_kwargs.get("key_filename") or []
+    keys = conn.connect_kwargs.get("key_filename") or []
+    keys = [key] if key else [k for k in keys if Path(k).exists()] or keys
     return (
         "ssh-copy-id"
         + (f" -i {shlex.quote(keys[0])}" if keys else "")

@@ -71,12 +71,13 @@ class JumpFailed(Exception):
 
 
 class MissingKey(Exception):
-    """An IdentityFile that ssh_config names and that does not exist (nor its .pub for an agent's
-    copy): paramiko would stop at it on every attempt; OpenSSH warns and offers no key from it."""
+    """Authentication failed where an IdentityFile that ssh_config names does not exist (nor its .pub
+    for an agent's copy): the key meant for the host was never offered. Such a file is skipped, as
+    OpenSSH skips it (paramiko alone would stop at it, on every attempt, as a file error)."""
 
-    def __init__(self, conn: SshConnection, path: str):
+    def __init__(self, conn: SshConnection, path: str, cause: BaseException | None = None):
         super().__init__(f"IdentityFile {path} (for {conn.alias}) does not exist")
-        self.conn, self.alias, self.path = conn, conn.alias, path
+        self.conn, self.alias, self.path, self.cause = conn, conn.alias, path, cause
 
 
 @dataclass
@@ -138,6 +139,27 @@ class SshConnection:
                 return k
         return None
 
+    def login(self, sock, timeout: float, pkey=None) -> None:
+        """paramiko's connect with the IdentityFiles that exist (OpenSSH skips the others too); an
+        authentication that then fails while one was missing is a MissingKey naming it."""
+        kw = dict(self.connect_kwargs)
+        there = [k for k in kw.pop("key_filename", []) if Path(k).exists()]
+        if there:
+            kw["key_filename"] = there
+        missing = self.missing_key()
+        try:
+            self.client.connect(
+                self.host, port=self.port, username=self.user, timeout=timeout, sock=sock, **kw,
+                **({"pkey": pkey} if pkey is not None else {}),
+            )  # fmt: skip
+        except paramiko.PasswordRequiredException:
+            raise
+        except paramiko.SSHException as e:
+            refused = isinstance(e, paramiko.AuthenticationException) or "No authentication methods" in str(e)
+            if missing is not None and refused:
+                raise MissingKey(self, missing, e) from e
+            raise
+
     def _agent_key(self):
         """The ssh-agent's copy of an IdentityFile key (matched by its .pub), for IdentitiesOnly: a
         key locked by its passphrase is used through the agent, and no other agent key is offered."""
@@ -195,12 +217,7 @@ class SshConnection:
                 except Exception as e:  # the previous hop answered, and could not reach this one
                     raise JumpFailed(last, e, f"{conn.host}:{conn.port}") from e
                 try:
-                    if (key := conn.missing_key()) is not None:
-                        raise MissingKey(conn, key)
-                    conn.client.connect(
-                        conn.host, port=conn.port, username=conn.user, timeout=self.timeout, sock=sock,
-                        **conn.connect_kwargs,
-                    )  # fmt: skip
+                    conn.login(sock, self.timeout)
                 except Exception as e:
                     conn.client.close()
                     raise JumpFailed(conn, e) from e
@@ -214,19 +231,9 @@ class SshConnection:
         return paramiko.ProxyCommand(command) if command.lower() != "none" else None
 
     def open(self) -> None:
-        if (key := self.missing_key()) is not None:
-            raise MissingKey(self, key)
         try:
             pkey = self._agent_key() if self._agent_for else None
-            self.client.connect(
-                self.host,
-                port=self.port,
-                username=self.user,
-                timeout=self.timeout,
-                sock=self._sock() or self._direct(),
-                **self.connect_kwargs,
-                **({"pkey": pkey} if pkey is not None else {}),
-            )
+            self.login(self._sock() or self._direct(), self.timeout, pkey)
         except BaseException:
             self.close()  # a retry resolves the hops again
             raise

@@ -13,7 +13,7 @@ import pytest
 
 from sparkcluster.errors import AuthError, ConnectError
 from tests.unit.sshd_fake import keygen, known_line
-from tests.unit.test_newcomer import closed_port, connect, sshd  # noqa: F401 (fixture)
+from tests.unit.test_newcomer import closed_port, connect, one_toml, sshd  # noqa: F401 (fixture)
 
 
 @pytest.fixture
@@ -79,21 +79,44 @@ def test_a_jump_host_that_cannot_reach_the_target_says_so(sshd, tmp_path):  # no
     assert f"ssh -p {sshd.port} gate@127.0.0.1, then from there ssh -p 2222 10.9.8.7" in fix, fix
 
 
+def connect_retrying(tmp_path, target: str, known: str, ssh_config: str):
+    """As `connect`, with the three attempts of the inventory's default: what is retried shows."""
+    from sparkcluster.config import inventory
+    from sparkcluster.remote import ssh
+
+    (tmp_path / "known_hosts").write_text(known)
+    (tmp_path / "ssh_config").write_text(ssh_config)
+    extra = (
+        f'known_hosts = "{tmp_path / "known_hosts"}"\nssh_config = "{tmp_path / "ssh_config"}"\n'
+        "connect_timeout = 5\nconnect_attempts = 3\n"
+    )
+    p = tmp_path / "solo.toml"
+    p.write_text(one_toml(target, extra))
+    inv = inventory.load(p)
+    return ssh.connect(inv.nodes[0], ssh.Settings.from_inventory(inv))
+
+
 def test_a_missing_identity_file_is_named_and_not_retried(sshd, tmp_path):  # noqa: F811
     missing = tmp_path / "keys" / "id_spark"
     known = known_line(f"[127.0.0.1]:{sshd.port}", sshd.host_key) + "\n"
-    cfg = f"Host spark-a\n  HostName 127.0.0.1\n  Port {sshd.port}\n  IdentityFile {missing}\n"
+    only = "  IdentitiesOnly yes\n  IdentityAgent none\n"  # this machine's own keys and agent stay out of it
+    cfg = f"Host spark-a\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User spark\n  IdentityFile {missing}\n{only}"
     with pytest.raises(AuthError) as e:
-        connect(tmp_path, "spark-a", known, cfg)
+        connect_retrying(tmp_path, "spark-a", known, cfg)
     msg, fix = e.value.message, e.value.fix
     assert f"IdentityFile {missing} does not exist" in msg and "Host spark-a" in msg, msg
+    assert "spark@127.0.0.1 accepted no other key" in msg, msg
     assert "attempt" not in msg and "check that spark-a is up" not in fix, msg
-    assert f"ssh-keygen -t ed25519 -f {missing} && ssh-copy-id -i {missing} -p {sshd.port}" in fix, fix
-    assert not sshd._transports, "judged before any connection: nothing to retry"
+    assert f"ssh-keygen -t ed25519 -f {missing} && ssh-copy-id -i {missing} -p {sshd.port} spark@127.0.0.1" in fix
+    assert len(sshd._transports) == 1, "one connection: never retried"
+    # as OpenSSH does, a missing file is skipped where another key gets in
+    good = tmp_path / "id_good"
+    sshd.accept.add(keygen(good).asbytes())
+    connect_retrying(tmp_path, "spark-a", known, cfg.replace(only, f"  IdentityFile {good}\n{only}")).close()
     # the jump host's own IdentityFile: named as the jump host's
     cfg = (
         f"Host spark-a\n  HostName 127.0.0.1\n  ProxyJump bastion\n"
-        f"Host bastion\n  HostName 127.0.0.1\n  Port {sshd.port}\n  IdentityFile {missing}\n"
+        f"Host bastion\n  HostName 127.0.0.1\n  Port {sshd.port}\n  IdentityFile {missing}\n{only}"
     )
     with pytest.raises(AuthError) as e:
         connect(tmp_path, "spark-a", known, cfg)
