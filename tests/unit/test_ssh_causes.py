@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from sparkcluster.errors import AuthError, ConnectError
+from sparkcluster.errors import AuthError, ConnectError, HostKeyError
 from tests.unit.sshd_fake import keygen, known_line
 from tests.unit.test_newcomer import closed_port, connect, one_toml, sshd  # noqa: F401 (fixture)
 
@@ -77,6 +77,11 @@ def test_a_jump_host_that_cannot_reach_the_target_says_so(sshd, tmp_path):  # no
     assert "its ProxyJump host bastion could not open a connection to 10.9.8.7:2222" in msg, msg
     assert "10.9.8.7:2222 is where bastion reaches spark-a's sshd" in fix, fix
     assert f"ssh -p {sshd.port} gate@127.0.0.1, then from there ssh -p 2222 10.9.8.7" in fix, fix
+    # the jump host's key unknown: refused as the jump host's, with the keyscan of the jump host
+    with pytest.raises(HostKeyError) as e:
+        connect(tmp_path, "spark-a", "", cfg)
+    assert e.value.message.startswith(f"spark-a: its ProxyJump host bastion: host key for [127.0.0.1]:{sshd.port}")
+    assert f"ssh-keyscan -t ed25519 -p {sshd.port} 127.0.0.1 >> " in e.value.fix, e.value.fix
 
 
 def connect_retrying(tmp_path, target: str, known: str, ssh_config: str):
