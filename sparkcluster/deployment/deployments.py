@@ -146,7 +146,10 @@ def _run_on(inv: Inventory, prof, fit: tuple[str, ...] | None) -> str:
 def _fit_fix(e: InputError, inv: Inventory, prof, names: list[str]) -> InputError:
     """An unknown node name's error, its suggestion made one the profile runs on: a close name is
     offered only when the profile spans that node (set), else the nodes that fit."""
-    if e.replace is None:
+    if e.replace is None:  # nodes the cabling does not join: the nearest that it does, as the fix
+        fit = fitting(inv, prof, names)
+        if fit is not None:
+            e.fix, e.nodes = _run_on(inv, prof, fit), fit
         return e
     wrong, close = e.replace
     offered = [close if n == wrong else n for n in names]

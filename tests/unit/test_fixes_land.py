@@ -177,3 +177,21 @@ def test_upgrade_judges_the_image_reference_before_anything_else(sc):
     assert "no good serve" not in err
     rc, out, err = sc("upgrade", "--image", "nvcr.io/nvidia/vllm")
     assert rc == 2 and "it names no tag" in err and "e.g. --image nvcr.io/nvidia/vllm:" in err, err
+
+
+def test_two_nodes_no_cable_joins_are_offered_two_it_does(sc):
+    """A ring of four, a TP=2 profile on two nodes across it: refused (no cable joins them), and the
+    fix names the first cabled pair among them rather than telling where to look."""
+    nodes = "".join(
+        f'\n[[nodes]]\nname = "s{i}"\nrole = "{"head" if i == 1 else "worker"}"\nssh = "spark@127.0.0.1:{closed_port()}"'
+        f'\ncontrol_if = "e"\ncontrol_ip = "10.0.0.{i}"\ndata_plane = [{{ netdev = "e", hca = "h" }}]\n'
+        for i in range(1, 5)
+    )
+    ring = sc.dir / "ring.toml"
+    ring.write_text(f'[cluster]\nname = "ring"\ntopology = "ring"\n{FAR}\n{nodes}')
+    rc, out, err = sc("-i", str(ring), "up", "--profile", "testbed", "--node", "s1", "--node", "s3", "--dry-run")
+    assert rc == 2 and "not next to each other in the ring" in err, err
+    fix = fix_of(err)
+    assert fix == f"sparkcluster -i {ring} up --profile testbed --node s1 --node s2 --dry-run", fix
+    rc, out, err = run_as_printed(sc, fix)
+    assert rc == 4, (rc, err)  # past the cabling and the profile, at the nodes
