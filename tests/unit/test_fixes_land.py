@@ -195,3 +195,22 @@ def test_two_nodes_no_cable_joins_are_offered_two_it_does(sc):
     assert fix == f"sparkcluster -i {ring} up --profile testbed --node s1 --node s2 --dry-run", fix
     rc, out, err = run_as_printed(sc, fix)
     assert rc == 4, (rc, err)  # past the cabling and the profile, at the nodes
+
+
+def test_the_checks_draft_again_with_an_init_that_runs_as_printed(sc):
+    """The cabling checks' fixes said "run `sparkcluster init` again", which fails without --head: they
+    now print init on the inventory's own hosts, writing a new draft beside it (never over it)."""
+    from sparkcluster.config import inventory
+
+    port = closed_port()
+    (sc.dir / "ssh_config").write_text("Host *\n  IdentityAgent none\n")
+    p = sc.dir / "pair.toml"
+    p.write_text(pair_toml(port, FAR + '\nssh_config = "ssh_config"'))
+    line = inventory.load(p).init_again()
+    cmd, _, then = line.partition(", then compare it with ")
+    assert cmd == (
+        f"sparkcluster init --head spark@127.0.0.1:{port} --worker spark@localhost:{port} --name pair "
+        f"--ssh-config {sc.dir / 'ssh_config'} -o {sc.dir / 'pair.new.toml'}"
+    ) and then == str(p), line
+    rc, out, err = run_as_printed(sc, cmd)
+    assert rc == 4 and "2 nodes could not be reached" in err, (rc, err)  # init ran, and met the hosts
