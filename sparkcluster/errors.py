@@ -28,6 +28,9 @@ class SparkError(Exception):
         # (mistyped, close match): where the mistyped word is on the command line, the CLI's fix is
         # that command line with the match in its place
         self.replace: tuple[str, str] | None = None
+        # the nodes to name instead (() for none: the whole inventory): where the command line names
+        # nodes (--node), the CLI's fix is that command line with these in their place
+        self.nodes: tuple[str, ...] | None = None
 
 
 class InputError(SparkError):

@@ -130,8 +130,8 @@ def rdma_hca(ctx: Context, r: Report) -> None:
                 )
             elif down and moved and len(down) + 1 == len(problems):
                 fix = (
-                    f"move the cable to the port data_plane names, or run `sparkcluster init` again to list "
-                    f"{', '.join(moved)} instead (NCCL pairs HCAs by list position)"
+                    f"move the cable to the port data_plane names, or list {', '.join(moved)} instead (NCCL "
+                    f"pairs HCAs by list position): {ctx.inventory.init_again()} drafts it"
                 )
             elif down and len(down) == len(problems):
                 # the pairing is right, the port is not up: the inventory is not what to change

@@ -72,14 +72,14 @@ def net_topology(ctx: Context, r: Report) -> None:
                 node.name,
                 f"{kind} cabling: {node.name} {what}",
                 "through a switch every node needs an address on every rail's subnet; in a ring or mesh each "
-                "cable is a /24 of its own with both ends on it: check the cable and the port's address, or run "
-                "`sparkcluster init` again if the cabling changed",
+                "cable is a /24 of its own with both ends on it: check the cable and the port's address, or if "
+                f"the cabling changed draft the inventory again: {ctx.inventory.init_again()}",
             )
         elif found is not None and declared and found.kind != declared:
             r.fail(
                 node.name,
                 f"the inventory says {declared}, the subnets say {found.kind} ({found.why})",
-                f'set topology = "{found.kind}" in [cluster] (or run `sparkcluster init` again)',
+                f'set topology = "{found.kind}" in [cluster] (or draft it again: {ctx.inventory.init_again()})',
             )
         else:
             r.ok(node.name, f"{kind}: reaches {', '.join(must_reach(kind, names, node.name))}")
@@ -135,7 +135,8 @@ def net_crossing(ctx: Context, r: Report) -> None:
                 "; ".join(crossed[n.name]) + ": port to the same port, so NCCL's queue pairs time out "
                 "(ibv_modify_qp error 110)",
                 "move one end of that cable to the other port: each cable joins port 0 of one node to port 1 of "
-                "the next (NVIDIA connect-three-sparks, step 2), then run `sparkcluster init` again",
+                "the next (NVIDIA connect-three-sparks, step 2), then draft the inventory again: "
+                + ctx.inventory.init_again(),
             )
         else:
             r.ok(n.name, "every cable port 0 to port 1")

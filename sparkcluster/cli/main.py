@@ -305,12 +305,43 @@ def _old_names(args: list[str]) -> list[str]:
     return out
 
 
+def _typed_at(args: list[str], wrong: str) -> int | None:
+    """Where `wrong` is on the command line: as typed, or as a path that names it (`dir/` for `dir`)."""
+    import os.path
+
+    if wrong in args:
+        return args.index(wrong)
+    return next((i for i, a in enumerate(args) if "/" in a and os.path.normpath(a) == os.path.normpath(wrong)), None)
+
+
 def _replaced(args: list[str], wrong: str, right: str) -> str:
     """The command line as typed, the close name in place of the mistyped one: a fix that runs as printed."""
     import shlex
 
-    at = args.index(wrong)
+    at = _typed_at(args, wrong)
     return "sparkcluster " + shlex.join([*args[:at], right, *args[at + 1 :]])
+
+
+def _renamed_nodes(args: list[str], nodes: tuple[str, ...]) -> str:
+    """The command line as typed with its `--node` options replaced by `nodes` (none: the whole
+    inventory); where it names none, `nodes` added at its end (before a `--`)."""
+    import shlex
+
+    end = args.index("--") if "--" in args else len(args)
+    out: list[str] = []
+    at, i = None, 0
+    while i < len(args):
+        a = args[i]
+        if i < end and (a == "--node" or a.startswith("--node=")):
+            at = len(out) if at is None else at
+            i += 1 if "=" in a else 2
+            continue
+        out.append(a)
+        i += 1
+    if at is None:
+        at = out.index("--") if "--" in out else len(out)
+    out[at:at] = [x for n in nodes for x in ("--node", n)]
+    return "sparkcluster " + shlex.join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,8 +361,10 @@ def main(argv: list[str] | None = None) -> int:
         # with standalone_mode off, click returns a command's Exit code instead of raising it
         return rc if isinstance(rc, int) else 0
     except SparkError as err:
-        if err.replace and err.replace[0] in args:
+        if err.replace and _typed_at(args, err.replace[0]) is not None:
             err.fix = _replaced(args, *err.replace)
+        elif err.nodes is not None:
+            err.fix = _renamed_nodes(args, err.nodes)
         _print_error(err)
         return failed(err.message, err.exit_code, err.fix, _node_of(err), err.details)
     except click.exceptions.Abort as e:  # click makes Ctrl-C an Abort too

@@ -275,12 +275,22 @@ def show_cmd(
 @profile_group.command("lint")
 @click.argument("name")
 @inventory_option("Inventory TOML (overrides the global --inventory).")
+@click.option(
+    "--node",
+    "node",
+    multiple=True,
+    help="Judge the cluster rules on these nodes, as up --node runs the profile (repeat for each).",
+)
 @click.option("--json", "as_json", is_flag=True, help="As JSON: ok, and each problem (rule, severity, message, fix).")
 @click.pass_context
-def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None, as_json: bool) -> None:
+def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None, node: tuple[str, ...], as_json: bool) -> None:
     """Check profile NAME against the field's rules; exit 1 listing every problem."""
     p = load_profile(name)
-    inv = _inventory(ctx, inventory_path)
+    inv = _inventory(ctx, inventory_path, required=bool(node))
+    if node:
+        from sparkcluster.deployment import deployments  # only where nodes are named
+
+        inv = deployments.target(inv, p, node)
     if inv is None:
         _echo(f"note: no inventory; skipped the cluster rules ({', '.join(CLUSTER_RULES)})", err=True)
     problems = lint(p, inv)

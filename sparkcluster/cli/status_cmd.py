@@ -229,11 +229,29 @@ def fleet_json(sts: list[status_mod.ClusterStatus]) -> str:
 
 
 def watch_ended(seen) -> None:
-    """Leaving `--watch` (Ctrl-C, or q in the full-screen view) ends it as a plain `status` would have
-    ended on what it showed last (unreachable: 4), never 0 whatever the cluster was; nothing shown yet:
-    a plain return."""
+    """Quitting the full-screen view with q ends `--watch` as a plain `status` would have ended on what
+    it showed last (unreachable: 4); nothing shown yet: a plain return. Ctrl-C is no quitting: it
+    interrupts, whatever the view showed, and exits 130 as every command does (README, exit codes)."""
     if seen is not None:
         raise click.exceptions.Exit(EXIT[overall(seen)])
+
+
+def plain_frames(collect, interval: float, out=None) -> None:
+    """`--watch` where stdout is no terminal (a pipe, a file, `timeout`'s child): one plain frame per
+    refresh, each headed by its time and flushed at once, so that whatever reads the other end (or
+    kills the watch) has every frame so far. Until Ctrl-C (or a signal)."""
+    from datetime import UTC, datetime
+
+    from rich.console import Console
+
+    stream = out or sys.stdout
+    console = Console(file=stream, highlight=False, soft_wrap=True, color_system=None)
+    while True:
+        sts = collect()
+        console.print(f"--- {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC", markup=False)
+        console.print(render_all(sts))
+        stream.flush()
+        time.sleep(interval)
 
 
 def _textual() -> bool:
@@ -278,7 +296,12 @@ def _write_html(inv, sts, path: Path) -> None:
     help="Run CMD (through sh) for each deployment whose state changed since the last status run on this "
     "machine; SPARKCLUSTER_DEPLOYMENT, _PROFILE, _NODES, _STATE, _PREVIOUS_STATE, _PROBLEMS in its env.",
 )
-@click.option("--watch", is_flag=True, help="Refresh in place every --interval seconds until Ctrl-C.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Refresh in place every --interval seconds until Ctrl-C (exit 130); where stdout is not a terminal, "
+    "one plain frame per refresh.",
+)
 @click.option(
     "--interval",
     default=2.0,
@@ -318,20 +341,15 @@ def status(
         from rich.console import Console
         from rich.live import Live
 
-        console = Console()
-        seen = None
-        try:
-            with Live(console=console, auto_refresh=False) as live:
-                while True:
-                    seen = status_mod.collect_all(inv, key)
-                    live.update(render_all(seen), refresh=True)
-                    time.sleep(interval)
-        except KeyboardInterrupt:
-            # Ctrl-C ends the watch as a plain `status` would have ended on what it showed last
-            # (unreachable: 4), not 0 whatever the cluster was; before any answer, as interrupted
-            if seen is None:
-                raise
-            watch_ended(seen)
+        # rich's highlighter colours numbers, addresses and paths it finds in any text: none of that
+        # here, only the colours the table gives states. Ctrl-C ends it as it ends any command (130).
+        console = Console(highlight=False)
+        if not console.is_terminal:
+            plain_frames(lambda: status_mod.collect_all(inv, key), interval)
+        with Live(console=console, auto_refresh=False) as live:
+            while True:
+                live.update(render_all(status_mod.collect_all(inv, key)), refresh=True)
+                time.sleep(interval)
     sts = status_mod.collect_all(inv, key)
     if html_path is not None:
         _write_html(inv, sts, html_path)

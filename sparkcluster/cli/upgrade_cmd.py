@@ -13,7 +13,7 @@ from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.cli.up_cmd import RichProgress, run_up, with_api_key
-from sparkcluster.config.images import check_dockerfile
+from sparkcluster.config.images import check_dockerfile, check_image_ref
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.upgrade import upgrade as upgrades
 
@@ -56,6 +56,8 @@ def upgrade(
     as_json: bool,
 ) -> None:
     """Serve a new image or model revision; roll back by itself unless its canary and bench hold."""
+    if image is not None:  # before anything else: the inventory, the profile, the records, the nodes
+        check_image_ref(image)
     if as_json and not dry_run:
         raise click.UsageError("--json goes with --dry-run")
     inv = obj.inventory()

@@ -306,6 +306,22 @@ class Inventory(_Strict):
         err.replace = (name, close[0]) if close else None  # the CLI's fix: the command line with it in place
         raise err
 
+    def init_again(self) -> str:
+        """`sparkcluster init` run on this inventory's hosts again, as a fix prints it: a new draft
+        beside this file (init never overwrites one without --force), to compare with it."""
+        import shlex
+
+        argv = ["sparkcluster", "init", "--head", self.head.ssh]
+        for w in self.workers:
+            argv += ["--worker", w.ssh]
+        argv += ["--name", self.cluster.name]
+        for flag, p in (("--ssh-config", self.cluster.ssh_config), ("--known-hosts", self.cluster.known_hosts)):
+            if p is not None:
+                argv += [flag, str(self.resolve(p))]
+        new = (self.path or Path("cluster.toml")).with_suffix(".new.toml")
+        argv += ["-o", str(new)]
+        return shlex.join(argv) + (f", then compare it with {self.path}" if self.path else "")
+
     def set_home(self, node: str, home: str, owner: str = "") -> None:
         self._homes[node] = home
         if owner:
@@ -465,6 +481,12 @@ def parse(text: str, source: str = "inventory", path: Path | None = None) -> Inv
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{source}: not valid TOML: {e}", "fix the syntax at the position shown") from None
+    if not {"cluster", "nodes"} & data.keys() and (said := PROFILE_KEYS & data.keys()):
+        raise InputError(
+            f"{source} is a profile (it has {', '.join(sorted(said))}), not an inventory (its [cluster] and [[nodes]])",
+            f"give it as --profile {source} (up, upgrade, profile show/lint take a profile's file) and your "
+            f"inventory with -i; none yet: {init_line()}",
+        )
     try:
         inv = Inventory.model_validate({**data, "path": path})
     except ValidationError as e:
@@ -486,13 +508,56 @@ def _found_through(explicit: bool) -> str:
     return f"${ENV_VAR}" if os.environ.get(ENV_VAR) else "the default path"
 
 
+def init_line(out: Path | None = None) -> str:
+    """The `init` a fix names (init runs only with --head): the owner puts their Spark in place of
+    USER@HOST."""
+    import shlex
+
+    where = f" -o {shlex.quote(str(out))}" if out is not None else ""
+    return f"sparkcluster init --head USER@HOST{where} (add --worker USER@HOST for each other Spark)"
+
+
+# top-level keys of a profile that no inventory has: a profile given as -i is told as one
+PROFILE_KEYS = frozenset({"model", "served_name", "serve", "image", "kind", "service"})
+
+
+def _in_folder(folder: Path) -> InputError:
+    """`-i` naming a folder: said as such, with the inventory in it where there is exactly one."""
+    found = []
+    try:
+        tomls = sorted(folder.glob("*.toml"))[:50]
+    except OSError:
+        tomls = []
+    for f in tomls:
+        try:
+            if {"cluster", "nodes"} <= tomllib.loads(f.read_text(errors="replace")).keys():
+                found.append(f)
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+    if len(found) == 1:
+        err = InputError(
+            f"{folder} is a folder, not an inventory file (the one inventory in it: {found[0].name})",
+            f"pass the file: --inventory {found[0]}",
+        )
+        err.replace = (str(folder), str(found[0]))  # the CLI's fix: the command line with it in place
+        return err
+    return InputError(
+        f"{folder} is a folder, not an inventory file"
+        + (f" ({len(found)} inventories in it: {', '.join(f.name for f in found)})" if found else ""),
+        f"pass one file with --inventory {folder / 'FILE.toml'}, or write one there: "
+        + init_line(folder / "cluster.toml"),
+    )
+
+
 def load(path: Path | None = None) -> Inventory:
     explicit = path is not None
     path = (path or default_path()).expanduser()
+    if path.is_dir():
+        raise _in_folder(path)
     if not path.is_file():
         raise InputError(
             f"no inventory at {path}" + ("" if explicit else f" ({_found_through(False)})"),
-            "pass --inventory PATH, set $SPARKCLUSTER_INVENTORY, or run 'sparkcluster init'",
+            f"pass --inventory PATH, set ${ENV_VAR}, or write one: {init_line(path if explicit else None)}",
         )
     try:
         text = path.read_bytes().decode("utf-8")

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sparkcluster import log
+from sparkcluster.config import lint
 from sparkcluster.config.inventory import MAX_SLOTS, Inventory
+from sparkcluster.config.profile import Profile
 from sparkcluster.errors import InputError
 from sparkcluster.facts.parsers import ContainerInspect
 from sparkcluster.labels import (
@@ -70,16 +72,101 @@ def target(inv: Inventory, prof, nodes: tuple[str, ...] | str | None) -> Invento
     A profile narrower than the inventory needs its nodes named: two single-node deployments may
     share a pair, two pairs a four-node inventory."""
     if nodes:
-        return inv.only([nodes] if isinstance(nodes, str) else list(nodes))
+        names = [nodes] if isinstance(nodes, str) else list(nodes)
+        try:
+            part = inv.only(names)
+        except InputError as e:
+            raise _fit_fix(e, inv, prof, names) from None
+        if not spans(prof, part):
+            have = sum(n.gpus for n in part.nodes)
+            fit = fitting(inv, prof, names)
+            err = InputError(
+                f"profile '{prof.name}' spans {width(prof)} GPU(s) (tensor parallel {prof.serve.tensor_parallel_size}"
+                f" x pipeline parallel {prof.serve.pipeline_parallel_size}); {' + '.join(names)} "
+                f"{'has' if len(names) == 1 else 'have'} {have}",
+                _run_on(inv, prof, fit),
+            )
+            err.nodes = fit
+            raise err
+        return part
     if len(inv.nodes) > 1 and width(prof) < inv.gpu_count:
         one = width(prof) <= max(n.gpus for n in inv.nodes)
-        raise InputError(
+        fit = fitting(inv, prof, [])
+        choices = " or ".join(n.name for n in inv.nodes) if one else "repeat --node for each"
+        err = InputError(
             f"profile '{prof.name}' runs on {width(prof)} GPU(s), "
-            f"{'one node' if one else 'some of the nodes'} of this inventory ({inv.gpu_count} GPUs)",
-            f"name the node{'' if one else 's'}: sparkcluster up --profile {prof.name} --node "
-            f"{'|'.join(n.name for n in inv.nodes)}{'' if one else ' (repeat --node for each)'}",
+            f"{'one node' if one else 'some of the nodes'} of this inventory ({inv.gpu_count} GPUs): "
+            f"name {'it' if one else 'them'} with --node ({choices})",
+            _run_on(inv, prof, fit),
         )
+        err.nodes = fit
+        raise err
     return inv
+
+
+def spans(prof, part: Inventory) -> bool:
+    """Whether `prof` runs on the nodes of `part` as they are: lint's `tp-pp-gpus` judged on them."""
+    return not lint.RULES["tp-pp-gpus"].check(prof, part)
+
+
+def fitting(inv: Inventory, prof, near: list[str]) -> tuple[str, ...] | None:
+    """The nodes to name for `prof` (() for the whole inventory: no --node at all), those nearest to
+    `near` (the names given, a mistyped one's close match among them): a stretch of the inventory's
+    nodes, in its order, whose GPUs make the profile's width and which the cabling serves. None: no
+    such nodes in this inventory."""
+    if not isinstance(prof, Profile):
+        return None
+    names = [n.name for n in inv.nodes]
+    if width(prof) == inv.gpu_count:
+        return ()
+    best: tuple[int, int, tuple[str, ...]] | None = None
+    for size in range(1, len(names)):
+        for start in range(len(names) - size + 1):
+            cand = tuple(names[start : start + size])
+            try:
+                ok = spans(prof, inv.only(list(cand)))
+            except InputError:  # a part the cabling does not serve
+                continue
+            if ok:
+                rank = (-len(set(cand) & set(near)), start, cand)
+                best = rank if best is None or rank < best else best
+    return best[2] if best else None
+
+
+def _run_on(inv: Inventory, prof, fit: tuple[str, ...] | None) -> str:
+    """The fix for a node set that does not fit `prof` (the CLI puts `fit` in the command line as typed)."""
+    if fit is None:
+        return (
+            f"no nodes of this inventory make {width(prof)} GPU(s): run a profile whose tensor x pipeline "
+            f"parallel matches your nodes (sparkcluster profile list)"
+        )
+    return f"sparkcluster up --profile {prof.name}{node_flags(fit)}" + ("" if fit else " (the whole inventory)")
+
+
+def _fit_fix(e: InputError, inv: Inventory, prof, names: list[str]) -> InputError:
+    """An unknown node name's error, its suggestion made one the profile runs on: a close name is
+    offered only when the profile spans that node (set), else the nodes that fit."""
+    if e.replace is None:  # nodes the cabling does not join: the nearest that it does, as the fix
+        fit = fitting(inv, prof, names)
+        if fit is not None:
+            e.fix, e.nodes = _run_on(inv, prof, fit), fit
+        return e
+    wrong, close = e.replace
+    offered = [close if n == wrong else n for n in names]
+    try:
+        if spans(prof, inv.only(offered)):
+            return e
+    except InputError:
+        pass
+    fit = fitting(inv, prof, offered)
+    out = InputError(
+        f"no node named {wrong!r} in the inventory ({', '.join(n.name for n in inv.nodes)}); profile "
+        f"'{prof.name}' spans {width(prof)} GPU(s)"
+        + (f": {' + '.join(fit or [n.name for n in inv.nodes])}" if fit is not None else ""),
+        _run_on(inv, prof, fit),
+    )
+    out.nodes = fit
+    return out
 
 
 def group(inv: Inventory, containers_by_node: dict[str, list[dict | ContainerInspect]]) -> list[Deployment]:

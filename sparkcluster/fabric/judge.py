@@ -173,7 +173,7 @@ def judge_cabling(inv) -> list[Result]:
                     f"{'; '.join(lone)} carried by one PCIe half only: that cable runs at about half its "
                     "200 Gb/s (each x4 half carries about 100 Gb/s: eugr spark-vllm-docker docs/NETWORKING.md)",
                     "list both twins of each cabled port in data_plane (rocep1s0fN and roceP2p1s0fN with their "
-                    "netdevs), or run `sparkcluster init` again",
+                    f"netdevs), or draft it again: {inv.init_again()}",
                 )
             )
         else:

@@ -15,6 +15,7 @@ ssh_config; the policy here is set on its client, and on each ProxyJump hop's).
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import os
 import shlex
@@ -32,7 +33,7 @@ from sparkcluster.config.inventory import Inventory, Node
 from sparkcluster.errors import AuthError, CommandFailed, ConnectError, HostKeyError, InputError
 from sparkcluster.remote import retry
 from sparkcluster.remote.result import CommandResult
-from sparkcluster.remote.target import Silent, SshConnection, load_config, parse_target
+from sparkcluster.remote.target import JumpFailed, MissingKey, Silent, SshConnection, load_config, parse_target
 
 _log = log.get(__name__)
 
@@ -458,6 +459,10 @@ def connect(node: Node, settings: Settings) -> Host:
             conn.open()
         except HostKeyError:
             raise
+        except MissingKey as e:  # refused, and the key meant for it is missing: never retried
+            raise _missing_key(node.name, e, settings) from None
+        except JumpFailed as e:
+            raise _jump_failed(node.name, conn.alias, e, settings, fix) from None
         except Silent as e:  # waiting again would spend the same time for the same silence
             raise ConnectError(
                 node.name,
@@ -525,6 +530,83 @@ def connect(node: Node, settings: Settings) -> Host:
         raise ConnectError(node.name, f"{e.message} (after {len(tries)} attempt(s))", fix[0]) from None
 
 
+def _missing_key(node: str, e: MissingKey, settings: Settings, via: str = "") -> AuthError:
+    """An IdentityFile that does not exist, where no other key was let in: named, with the two ways out
+    (make it, or name the key that exists). Never retried: the file is as missing the next time."""
+    cfg = settings.ssh_config or "~/.ssh/config"
+    key = shlex.quote(e.path)
+    return AuthError(
+        node,
+        f"{via}IdentityFile {e.path} does not exist (ssh_config {cfg}, Host {e.alias}), and "
+        f"{e.conn.user}@{e.conn.host} accepted no other key",
+        f"correct IdentityFile under `Host {e.alias}` in {cfg} to a key you have (ls ~/.ssh), or make that one "
+        f"and install it on {e.conn.host}: ssh-keygen -t ed25519 -f {key} && {_copy_id(e.conn, e.path)}",
+    )
+
+
+def _jump_failed(node: str, alias: str, e: JumpFailed, settings: Settings, fix: list[str]) -> Exception:
+    """A ProxyJump hop's failure told as the jump host's: its name, its address and port, its fix. What
+    would pass on its own (a closed or silent port) is retried, as for a direct connection."""
+    cfg = settings.ssh_config or "~/.ssh/config"
+    hop, cause, at = e.hop, e.cause, f"{e.host}:{e.port}"
+    jump = f"its ProxyJump host {hop}"
+    login = ssh_command(f"{e.conn.user}@{e.host}" + (f":{e.port}" if e.port != 22 else ""))
+    if isinstance(cause, HostKeyError):
+        return HostKeyError(node, f"{jump}: {cause.message.removeprefix(f'{node}: ')}", cause.fix)
+    if isinstance(cause, MissingKey):
+        return _missing_key(node, cause, settings, via=f"{jump}: ")
+    if e.onward:  # the jump host answered; the connection from it onward did not open
+        host, _, port = e.onward.rpartition(":")
+        fix[0] = (
+            f"check that {e.onward} is where {hop} reaches {node}'s sshd (HostName and Port of `Host {alias}` in "
+            f"{cfg}) and that sshd runs there: {login}, then from there ssh -p {port} {host}"
+        )
+        return retry.Transient(node, f"{jump} could not open a connection to {e.onward} ({cause})")
+    if isinstance(cause, paramiko.BadHostKeyException):
+        name = e.host if e.port == 22 else f"[{e.host}]:{e.port}"
+        return HostKeyError(
+            node,
+            f"{jump}: host key for {cause.hostname} has CHANGED (now {cause.key.get_name()} {fingerprint(cause.key)}); "
+            "refusing to connect",
+            f"if {hop} was reinstalled, remove the old key with: ssh-keygen -R {shlex.quote(name)}",
+        )
+    if isinstance(cause, paramiko.PasswordRequiredException):
+        locked = _locked_key(node, e.conn)
+        return AuthError(node, f"{jump}: {locked.message.removeprefix(f'{node}: ')}", locked.fix)
+    if isinstance(cause, paramiko.AuthenticationException) or "No authentication methods" in str(cause):
+        return AuthError(
+            node,
+            f"{jump} refused authentication for {e.conn.user}@{e.host} ({cause})",
+            f"install your public key on the jump host: {_copy_id(e.conn)}",
+        )
+    if isinstance(cause, UnicodeError | socket.gaierror):  # not retried: the resolver has answered
+        why = getattr(cause, "strerror", None) or cause
+        return ConnectError(
+            node,
+            f"{jump}"
+            + (f" (HostName {e.host})" if e.host not in hop else "")
+            + f" does not resolve ({why}): neither a host name this machine knows nor a Host entry in {cfg}",
+            f"add `Host {hop}` with its HostName (and User) to {cfg}, or correct the ProxyJump of `Host {alias}` there",
+        )
+    refused = isinstance(cause, ConnectionRefusedError) or (
+        isinstance(cause, paramiko.ssh_exception.NoValidConnectionsError)
+        and all(getattr(x, "errno", None) == errno.ECONNREFUSED for x in cause.errors.values())
+    )
+    if refused:
+        fix[0] = (
+            f"start sshd on the jump host {hop}, or correct the port it is reached on (the ProxyJump of "
+            f"`Host {alias}`, or the Port of its own Host entry, in {cfg}); then try: {login}"
+        )
+        return retry.Transient(node, f"nothing listens on {jump} at {at} (connection refused)")
+    fix[0] = f"check that the jump host {hop} is up and answers on the network, then try: {login}"
+    if isinstance(cause, TimeoutError):
+        return retry.Transient(node, f"no answer from {jump} at {at} ({cause or 'timeout'})")
+    if isinstance(cause, paramiko.ssh_exception.NoValidConnectionsError):
+        why = "; ".join(os.strerror(x.errno) if x.errno else str(x) for x in cause.errors.values())
+        return retry.Transient(node, f"cannot reach {jump} at {at}: {why}")
+    return retry.Transient(node, f"SSH to {jump} at {at} failed: {cause}")
+
+
 def ssh_command(target: str) -> str:
     """The `ssh` command line that reaches an inventory's ssh target as written (`user@host:port` is
     not one `ssh` accepts: the port goes to -p), for fixes a user runs as printed."""
@@ -533,8 +615,9 @@ def ssh_command(target: str) -> str:
     return "ssh " + (f"-p {port} " if port else "") + shlex.quote(dest)
 
 
-def _copy_id(conn: SshConnection) -> str:
+def _copy_id(conn: SshConnection, key: str | None = None) -> str:
     keys = conn.connect_kwargs.get("key_filename") or []
+    keys = [key] if key else [k for k in keys if Path(k).exists()] or keys
     return (
         "ssh-copy-id"
         + (f" -i {shlex.quote(keys[0])}" if keys else "")

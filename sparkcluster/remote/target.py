@@ -58,6 +58,28 @@ class Silent(Exception):
         self.closed = closed
 
 
+class JumpFailed(Exception):
+    """A ProxyJump hop could not be opened, or could not reach the next one: `cause` is what went
+    wrong there (a name that does not resolve, a closed port, a refused key...), told as the jump
+    host's, not the target's."""
+
+    def __init__(self, hop: SshConnection, cause: BaseException, onward: str = ""):
+        super().__init__(f"ProxyJump {hop.target} ({hop.host}:{hop.port}): {cause}")
+        self.conn, self.hop, self.host, self.port, self.cause = hop, hop.target, hop.host, hop.port, cause
+        # "host:port" when the hop answered and could not open the connection onward to it
+        self.onward = onward
+
+
+class MissingKey(Exception):
+    """Authentication failed where an IdentityFile that ssh_config names does not exist (nor its .pub
+    for an agent's copy): the key meant for the host was never offered. Such a file is skipped, as
+    OpenSSH skips it (paramiko alone would stop at it, on every attempt, as a file error)."""
+
+    def __init__(self, conn: SshConnection, path: str, cause: BaseException | None = None):
+        super().__init__(f"IdentityFile {path} (for {conn.alias}) does not exist")
+        self.conn, self.alias, self.path, self.cause = conn, conn.alias, path, cause
+
+
 @dataclass
 class SshConnection:
     """One node's SSH connection: the resolved address, the paramiko client, what opens it."""
@@ -74,6 +96,8 @@ class SshConnection:
     _hops: list = field(default_factory=list)  # ProxyJump's own connections, closed with this one
     _agent_for: list = field(default_factory=list)  # IdentityFile keys to take from the agent
     _agent: paramiko.Agent | None = None
+    alias: str = ""  # the name ssh_config was looked up by
+    target: str = ""  # as written (the inventory's ssh, or a ProxyJump hop)
 
     @classmethod
     def resolve(
@@ -104,8 +128,37 @@ class SshConnection:
             **({"look_for_keys": False} if only else {}),
         }
         conn._agent_for = keys if (agent and only) else []
+        conn.alias, conn.target = alias, target
         prepare(conn.client)
         return conn
+
+    def missing_key(self) -> str | None:
+        """The first IdentityFile that does not exist (a key held by the agent needs its .pub only)."""
+        for k in self.connect_kwargs.get("key_filename") or []:
+            if not Path(k).exists() and not (k in self._agent_for and Path(k + ".pub").exists()):
+                return k
+        return None
+
+    def login(self, sock, timeout: float, pkey=None) -> None:
+        """paramiko's connect with the IdentityFiles that exist (OpenSSH skips the others too); an
+        authentication that then fails while one was missing is a MissingKey naming it."""
+        kw = dict(self.connect_kwargs)
+        there = [k for k in kw.pop("key_filename", []) if Path(k).exists()]
+        if there:
+            kw["key_filename"] = there
+        missing = self.missing_key()
+        try:
+            self.client.connect(
+                self.host, port=self.port, username=self.user, timeout=timeout, sock=sock, **kw,
+                **({"pkey": pkey} if pkey is not None else {}),
+            )  # fmt: skip
+        except paramiko.PasswordRequiredException:
+            raise
+        except paramiko.SSHException as e:
+            refused = isinstance(e, paramiko.AuthenticationException) or "No authentication methods" in str(e)
+            if missing is not None and refused:
+                raise MissingKey(self, missing, e) from e
+            raise
 
     def _agent_key(self):
         """The ssh-agent's copy of an IdentityFile key (matched by its .pub), for IdentitiesOnly: a
@@ -156,35 +209,31 @@ class SshConnection:
         None for a direct TCP connection."""
         jump = self.options.get("proxyjump", "none")
         if jump.lower() != "none":
-            via = None
-            for hop in jump.split(","):
-                conn = SshConnection.resolve(hop.strip(), self.config, self.timeout, self.prepare)
-                conn.client.connect(
-                    conn.host,
-                    port=conn.port,
-                    username=conn.user,
-                    timeout=self.timeout,
-                    sock=conn._channel_through(via) if via else None,
-                    **conn.connect_kwargs,
-                )
+            via, last = None, None
+            for hop in (h.strip() for h in jump.split(",")):
+                conn = SshConnection.resolve(hop, self.config, self.timeout, self.prepare)
+                try:
+                    sock = conn._channel_through(via) if via else None
+                except Exception as e:  # the previous hop answered, and could not reach this one
+                    raise JumpFailed(last, e, f"{conn.host}:{conn.port}") from e
+                try:
+                    conn.login(sock, self.timeout)
+                except Exception as e:
+                    conn.client.close()
+                    raise JumpFailed(conn, e) from e
                 self._hops.append(conn)
-                via = conn.client.get_transport()
-            return self._channel_through(via)
+                via, last = conn.client.get_transport(), conn
+            try:
+                return self._channel_through(via)
+            except Exception as e:  # the last hop answered, and could not reach the target
+                raise JumpFailed(last, e, f"{self.host}:{self.port}") from e
         command = self.options.get("proxycommand", "none")
         return paramiko.ProxyCommand(command) if command.lower() != "none" else None
 
     def open(self) -> None:
         try:
             pkey = self._agent_key() if self._agent_for else None
-            self.client.connect(
-                self.host,
-                port=self.port,
-                username=self.user,
-                timeout=self.timeout,
-                sock=self._sock() or self._direct(),
-                **self.connect_kwargs,
-                **({"pkey": pkey} if pkey is not None else {}),
-            )
+            self.login(self._sock() or self._direct(), self.timeout, pkey)
         except BaseException:
             self.close()  # a retry resolves the hops again
             raise

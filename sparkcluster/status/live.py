@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 
 from textual.app import App, ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.css.query import NoMatches
 from textual.widgets import Footer, Header, Label, RichLog, Sparkline
@@ -63,7 +64,8 @@ class LiveView(App):
     """The view; `collect` is one status round trip (status/status.collect_all bound to the inventory)."""
 
     TITLE = "sparkcluster status --watch"
-    BINDINGS = [("q", "quit", "Quit")]  # noqa: RUF012 (Textual's class attribute)
+    # Ctrl-C ends the watch as it ends any command (README: exit 130), not Textual's "press ctrl+q"
+    BINDINGS = [("q", "quit", "Quit"), Binding("ctrl+c", "interrupt", show=False, priority=True)]  # noqa: RUF012
     CSS = """
     .row { height: 3; }
     .row Label { width: 1fr; content-align: left middle; }
@@ -77,7 +79,12 @@ class LiveView(App):
         self.history: dict[str, deque[float]] = {}
         self.refreshes = 0
         self._busy = False
-        self.last: list[ClusterStatus] | None = None  # what the view showed last: the command's exit follows it
+        self.last: list[ClusterStatus] | None = None  # what the view showed last: q's exit follows it
+        self.interrupted = False  # left by Ctrl-C
+
+    def action_interrupt(self) -> None:
+        self.interrupted = True
+        self.exit()
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=True)
@@ -137,7 +144,10 @@ class LiveView(App):
 
 
 def run(collect: Callable[[], list[ClusterStatus]], interval: float) -> list[ClusterStatus] | None:
-    """The view until the user quits it (q, or Ctrl-C); what it showed last, None before any answer."""
+    """The view until the user quits it with q: what it showed last (None before any answer). Ctrl-C
+    raises KeyboardInterrupt, as it would anywhere else."""
     app = LiveView(collect, interval)
     app.run()
+    if app.interrupted:
+        raise KeyboardInterrupt
     return app.last

@@ -61,6 +61,24 @@ class UpSummary:
     slot: int = 0  # the deployment's slot on its nodes (issue 60): its container names and ports
 
 
+def lint_fix(prof: profiles.Profile, full: Inventory, node, problems: list[lint.Problem]) -> str:
+    """What to change, in which file, and the check that judges it as `up` did (the same inventory and
+    nodes: without them `profile lint` skips the rules about the cluster, and may answer "ok")."""
+    import shlex
+
+    what = problems[0].fix if len(problems) == 1 else "make each fix above"
+    where = f" in {prof.path}" if prof.path else ""
+    try:
+        named = prof.path is not None and profiles.find(prof.name).resolve() == prof.path
+    except InputError:
+        named = False
+    check = shlex.join(
+        ["sparkcluster", *(["-i", str(full.path)] if full.path else []), "profile", "lint"]
+        + [prof.name if named or prof.path is None else str(prof.path)]
+    )
+    return f"{what}{where}; then check with: {check}{deployments.node_flags(node)}"
+
+
 def run(
     inv: Inventory,
     prof: profiles.Profile,
@@ -91,7 +109,7 @@ def run(
     if problems:
         raise InputError(
             f"profile '{prof.name}' fails lint ({len(problems)} problem(s))",
-            f"fix the profile, then check with: sparkcluster profile lint {prof.name}",
+            lint_fix(prof, full, node, problems),
             details=[p.line() for p in problems],
         )
     if offline:  # the plan before any node answers (or exists): a dry run that connects to nothing

@@ -48,7 +48,7 @@ import httpx
 from sparkcluster import log, redact
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.flags import supervised_argv
-from sparkcluster.config.images import image_ref
+from sparkcluster.config.images import check_image_ref, image_ref
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.deployment import deployments, endpoint, known_good
 from sparkcluster.errors import InputError, SparkError
@@ -99,9 +99,8 @@ def judge(
 
 def with_image(prof: profiles.Profile, ref: str, vllm_version: str | None = None) -> profiles.Profile:
     """The profile with another base image (`repository:tag`); the vLLM version it ships when given."""
-    base, sep, tag = ref.rpartition(":")
-    if not sep or "/" in tag or not base:
-        raise InputError(f"--image {ref!r} names no tag", "name the image as repository:tag (a dated tag, not latest)")
+    check_image_ref(ref)
+    base, _, tag = ref.rpartition(":")
     doc = prof.model_dump()
     doc["image"] = {**doc["image"], "base": base, "tag": tag, "vllm_version": vllm_version}
     return _valid(doc, "--image")

@@ -90,7 +90,9 @@ def test_a_pair_of_four_nodes_is_named_node_by_node():
     tp2 = profiles.load_profile("testbed")
     with pytest.raises(InputError, match="some of the nodes") as e:
         deployments.target(four, tp2, ())
-    assert "repeat --node" in e.value.fix
+    # the fix names nodes that make the profile's width, each with its own --node: it runs as printed
+    assert "repeat --node" in e.value.message and e.value.fix == "sparkcluster up --profile testbed --node s1 --node s2"
+    assert e.value.nodes == ("s1", "s2")
     sub = deployments.target(four, tp2, ("s3", "s4"))
     assert [(n.name, n.role) for n in sub.nodes] == [("s3", "head"), ("s4", "worker")]
     assert deployments.node_flags(("s3", "s4")) == " --node s3 --node s4" and deployments.node_flags(()) == ""

@@ -243,7 +243,8 @@ def test_cli_missing_inventory(tmp_path, capsys):
     assert rc == 2
     assert err.splitlines() == [
         f"error: no inventory at {p}",
-        "fix: pass --inventory PATH, set $SPARKCLUSTER_INVENTORY, or run 'sparkcluster init'",
+        "fix: pass --inventory PATH, set $SPARKCLUSTER_INVENTORY, or write one: "
+        f"sparkcluster init --head USER@HOST -o {p} (add --worker USER@HOST for each other Spark)",
     ]
 
 

@@ -90,9 +90,9 @@ def test_a_refresh_that_ends_after_the_view_closed_is_dropped():
     assert app.refreshes == seen
 
 
-def test_leaving_the_view_ends_the_watch_as_status_would_on_what_it_showed_last():
-    """Issue 56: Ctrl-C (or q) on the full-screen view of an unreachable cluster exits 4, as the plain
-    view and a plain `status` do, not 0 whatever the cluster was."""
+def test_quitting_the_view_ends_the_watch_as_status_would_on_what_it_showed_last():
+    """q on the full-screen view of an unreachable cluster exits 4, as a plain `status` does, not 0
+    whatever the cluster was (Ctrl-C interrupts instead, 130: tests/unit/test_watch.py)."""
     unreachable = [ClusterStatus("testbed", "unreachable", [NodeStatus("spark-head", state="unreachable")])]
 
     async def drive():
