@@ -259,13 +259,26 @@ class Forward:
         return self.relay.failed(rc)
 
 
+NAME_BYTES = 256  # an "F" record's rest: its size and a name of 40 or 64 characters
+
+
 def receive(frames, out):
-    """The records up to "E" (weights_send's), then the end frame."""
+    """The records up to "E" (weights_send's), one a frame, then the end frame. A frame's bytes reach
+    the writer and the hasher only once its tag is checked (receiver.Frames); a record's lengths are
+    bounded before anything is allocated for it."""
     scratch = memoryview(bytearray(CHUNK))
     while True:
-        kind, i, n = HEAD.unpack(frames.read(HEAD.size))
+        n = frames.begin()
+        if n < HEAD.size:
+            raise receiver.Refused(f"a frame of {n} bytes where a record was due")
+        kind, i, k = HEAD.unpack(frames.read(HEAD.size))
+        if k != n - HEAD.size:
+            raise receiver.Refused(f"a record of {k} bytes in a frame of {n}")
         if kind == b"F":
-            rest = frames.read(n)
+            if k > NAME_BYTES or k < SIZE.size:
+                raise receiver.Refused(f"a file's record of {k} bytes")
+            rest = frames.read(k)
+            frames.check()
             size, name = (
                 SIZE.unpack(rest[: SIZE.size])[0],
                 os.path.basename(rest[SIZE.size :].decode("utf-8", "replace")),
@@ -273,51 +286,57 @@ def receive(frames, out):
             if NAME.match(name) and not out.err:
                 out.begin(i, name, size)
         elif kind == b"D":
-            if n > CHUNK:
-                raise ValueError(f"a chunk of {n} bytes")
+            if k > CHUNK:
+                raise receiver.Refused(f"a chunk of {k} bytes")
             if i not in out.open or out.err:
-                fill(frames, scratch[:n])  # not a blob, or nowhere to write it: relayed only
+                frames.take(scratch[:k])  # not a blob, or nowhere to write it: relayed only
+                frames.check()
                 continue
-            c = out.chunk(n)
-            frames.relay.hold = c
-            fill(frames, c.mv)
-            frames.relay.hold = None
+            c = out.chunk(k)
+            try:
+                frames.relay.hold = c
+                frames.take(c.mv)
+                frames.relay.hold = None
+                frames.check()
+            except BaseException:
+                c.release()
+                c.release()
+                raise
             out.put(i, c)
         elif kind == b"E":
-            if frames.readinto(scratch):
-                raise ValueError("bytes after the end")
+            frames.check()
+            if frames.begin():
+                raise receiver.Refused("bytes after the end")
             return
         else:
-            raise ValueError(f"not a record: {kind!r}")
-
-
-def fill(frames, mv):
-    got = 0
-    while got < len(mv):
-        k = frames.readinto(mv[got:])
-        if not k:
-            raise EOFError
-        got += k
+            raise receiver.Refused(f"not a record: {kind!r}")
 
 
 def main(argv):
     inc = argv[3]
+    key = receiver.key_or_exit()
     os.makedirs(inc, exist_ok=True)
     out = Out(inc, "io=buffered" not in argv[4:])
     c, relay = receiver.accept([argv[0], argv[1], argv[2], *argv[4:]])
     if relay.s is not None:
         relay = Forward(relay)
-    done = False
+    done, refused = False, False
     try:
-        receive(receiver.Frames(c, relay), out)
+        receive(receiver.Frames(c, relay, key), out)
         done = True
     except EOFError:
         pass
     except (TimeoutError, OSError) as e:
         print(f"receive: {e}", file=sys.stderr)
+    except receiver.Refused as e:
+        refused = True
+        print(f"receive: refused {e}; nothing of it written", file=sys.stderr, flush=True)
     except ValueError as e:
         print(f"receive: not a weights stream: {e}", file=sys.stderr)
     out.close()
+    if refused:
+        relay.cut()
+        sys.exit(receiver.REFUSED)
     if not done:
         relay.cut()
         print("receive: the stream ended before the sender finished", file=sys.stderr)
