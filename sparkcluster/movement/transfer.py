@@ -98,7 +98,7 @@ def piped_to_sender(producer: str, dst_ip: str, port: int, src_ip: str, args: li
 def keyed(producer: str) -> str:
     """`producer`'s output after the stream key, the first line of this command's stdin (framing: a
     sender's stdin starts with the key). `read` and `printf` are bash's own: the key is in no argv."""
-    return f"{{ IFS= read -r key && printf '%s\\n' \"$key\" && {producer}; }}"
+    return f"{{ IFS= read -r key && printf '%s\\n' \"$key\" && {producer} ; }}"
 
 
 def rate_arg(bytes_per_s: float | None) -> list[str]:
