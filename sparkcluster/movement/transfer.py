@@ -31,6 +31,8 @@ STREAM_CUT = receiver.STREAM_CUT
 # a relaying receiver's exit status when the next hop could not be reached or stopped taking data
 # (its own copy, when it started, is complete: a failure of its own exits with that failure's status)
 RELAY_FAILED = receiver.RELAY_FAILED
+# a receiver's exit status when a frame was not the head's (framing's tag, or its length) or it had no key
+REFUSED = receiver.REFUSED
 
 # what `docker info` lists in DriverStatus when images live in containerd (Docker 24+ with the
 # containerd image store enabled; the default for fresh installs from Docker 29)

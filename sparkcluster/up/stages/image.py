@@ -432,6 +432,8 @@ def _stream(
     how = (
         "could not forward to the next node: its own copy is whole"
         if res.exit_code == transfer.RELAY_FAILED
+        else "refused a frame that was not the head's (another host on the link?): nothing of it loaded"
+        if res.exit_code == transfer.REFUSED
         else f"transfer failed (exit {res.exit_code})"
     )
     if len(hops) == 1:  # a single worker: what the failure left on it
