@@ -302,14 +302,15 @@ def within(key: str, title: str, unit: str, bound: float, values: list[float]) -
     return Figure(key, title, unit, f"< {fmt(bound, unit)} {unit}", values, max(values) < bound)
 
 
-def render(figs: list[Figure], when: str, statuses: list[int]) -> str:
+def render(figs: list[Figure], when: str, statuses: list[int], load: tuple[float, float] = (0.0, 0.0)) -> str:
     out = [
         "# What a peer without a key can hold of the gateway (`python -m perf.gateway_exposure`)",
         "",
         f"{when}, on this machine ({os.cpu_count()} cores, shared); loopback only, no testbed. The gateway as its",
         f"container runs it (`sparkcluster.gateway.entrypoint`, uvicorn), its file limit {NOFILE:,}, in front of",
         "the unit tests' stub engine, each a process of its own. Median of "
-        f"{len(figs[0].values)} repetitions, min-max; a bound must hold in every repetition.",
+        f"{len(figs[0].values)} repetitions, min-max; a bound must hold in every repetition. The machine's",
+        f"1-minute load average was {load[0]:.1f} at the start and {load[1]:.1f} at the end (other work on it).",
         "",
         "| figure | median | min | max | unit | target | met |",
         "|---|---:|---:|---:|---|---|---|",
@@ -335,6 +336,7 @@ def render(figs: list[Figure], when: str, statuses: list[int]) -> str:
 
 def main() -> int:
     say(f"gateway exposure: loopback, file limit {NOFILE}, {REPS} repetitions")
+    load0 = os.getloadavg()[0]
     rows: dict[str, list[float]] = {k: [] for k in ("flood", "header", "body", "metrics", "direct", "gateway", "bare")}
     statuses: list[int] = []
     with tempfile.TemporaryDirectory() as d:
@@ -368,7 +370,7 @@ def main() -> int:
         info("c8_ratio_bare", "through / direct, limits left out", "ratio", bare),
         info("c8_ratio_spread", "through / direct, limits left out: max - min", "ratio", [max(bare) - min(bare)]),
     ]
-    text = render(figs, time.strftime("%Y-%m-%d"), statuses)
+    text = render(figs, time.strftime("%Y-%m-%d"), statuses, (load0, os.getloadavg()[0]))
     RESULTS.write_text(text)
     print(text)
     return 0 if all(f.ok is not False for f in figs) else 1
