@@ -83,6 +83,27 @@ class Seal:
             self.update(p)
         return self.digest()
 
+    def start(self, n):
+        """The next frame's tag begun (its number and length taken) and handed out, to be finished
+        elsewhere (a thread of a pool: `file_tag`, receiver's `verify`); the frame is counted."""
+        h = self.base.copy()
+        h.update(SEQ.pack(self.seq, n))
+        self.seq += 1
+        return h
+
+
+def file_tag(h, head, f, offset, n):
+    """A frame's tag (`h` from Seal.start) over `head` and `n` bytes of the open file `f` from
+    `offset`, read from the file's pages mapped (never copied); hashlib leaves the GIL meanwhile, so
+    a pool's threads tag several frames at once."""
+    h.update(head)
+    if n:
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        with mmap.mmap(f.fileno(), offset + n - start, access=mmap.ACCESS_READ, offset=start) as m:
+            with memoryview(m) as mv:
+                h.update(mv[offset - start :])
+    return h.digest()
+
 
 class Sender:
     def __init__(self, argv):
@@ -100,26 +121,24 @@ class Sender:
         mv = memoryview(b)
         while len(mv):
             part, mv = mv[:MAX_FRAME], mv[MAX_FRAME:]
-            n = len(part)
-            self.s.sendall(LENGTH.pack(n))
-            self.s.sendall(part)
-            self.s.sendall(self.seal.tag(n, part))
-            self.counted(n)
+            self.send_frame(part, self.seal.tag(len(part), part))
+
+    def send_frame(self, b, tag):
+        """One frame whose tag is made (its number taken from this sender's Seal, in order)."""
+        self.s.sendall(LENGTH.pack(len(b)))
+        self.s.sendall(b)
+        self.s.sendall(tag)
+        self.counted(len(b))
 
     def out_file(self, head, f, offset, n):
-        """One frame of `head` then `n` bytes of the open file `f` from `offset`, the file's part
-        sent by the kernel (sendfile: never copied through this process) and tagged from the file's
-        pages mapped (read where they lie, never copied either)."""
+        """One frame of `head` then `n` bytes of the open file `f` from `offset`, tagged here."""
+        self.send_file(head, f, offset, n, file_tag(self.seal.start(len(head) + n), head, f, offset, n))
+
+    def send_file(self, head, f, offset, n, tag):
+        """One frame of `head` then `n` bytes of the open file `f` from `offset`, the file's part sent
+        by the kernel (sendfile: never copied through this process), then its tag (made already)."""
         if len(head) + n > MAX_FRAME:
             raise ValueError(f"a frame of {len(head) + n} bytes")
-        self.seal.begin(len(head) + n)
-        self.seal.update(head)
-        if n:
-            start = offset - offset % mmap.ALLOCATIONGRANULARITY
-            with mmap.mmap(f.fileno(), offset + n - start, access=mmap.ACCESS_READ, offset=start) as m:
-                with memoryview(m) as mv:
-                    self.seal.update(mv[offset - start :])
-        tag = self.seal.digest()
         self.s.sendall(LENGTH.pack(len(head) + n) + head)
         if n and self.s.sendfile(f, offset, n) != n:
             raise OSError(f"{f.name} ended before its {offset + n} bytes")
