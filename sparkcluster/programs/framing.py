@@ -109,7 +109,11 @@ class Sender:
     def __init__(self, argv):
         dst, port, src = argv[1], argv[2], argv[3]
         self.inp = sys.stdin.buffer
-        self.seal = Seal(read_key(self.inp))
+        try:
+            self.seal = Seal(read_key(self.inp))
+        except BadKey as e:
+            print(f"send: {e}; nothing sent", file=sys.stderr, flush=True)
+            sys.exit(2)
         port = int(self.inp.readline(32) if port == "-" else port)  # "-": the line after the key (stream.run)
         self.rate = next((float(a[5:]) for a in argv[4:] if a.startswith("rate=")), 0.0)
         self.s = socket.create_connection((dst, port), timeout=30, source_address=(src, 0))
