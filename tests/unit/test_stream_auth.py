@@ -239,3 +239,22 @@ def test_a_senders_frames_carry_the_key_from_its_stdin_in_sequence(tmp_path):
     assert snd.wait(timeout=30) == 0
     srv.close()
     assert got == payload
+
+
+def test_a_sender_without_a_key_sends_nothing():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.settimeout(0.5)
+    got = subprocess.run(
+        programs.argv(
+            transfer.STREAM_SENDER, "127.0.0.1", str(srv.getsockname()[1]), "127.0.0.1", python=sys.executable
+        ),
+        input=b"no key here\n",
+        capture_output=True,
+        timeout=30,
+    )
+    assert got.returncode == 2 and b"no stream key" in got.stderr and b"Traceback" not in got.stderr
+    with pytest.raises(TimeoutError):
+        srv.accept()
+    srv.close()
