@@ -1,6 +1,6 @@
 """Issue 70 item 6 on the testbed: the image's receiver, run by the worker's own python3 and feeding the
-worker's own dockerd, passes to `docker load` only frames made under the key it was handed. A tar (no
-image in it) sent from the head's address under the head's key reaches docker load, which refuses it
+worker's own dockerd, passes to `docker load` only frames made under the key it was handed. An empty tar
+(no image in it) sent from the head's address under the head's key reaches docker load, which refuses it
 itself; under another key (a host that learnt the port and spoofed the head's address, or a frame
 of another stream) nothing reaches it, and no image is loaded. No sparkcluster command runs: the
 receiver and the sender are the commands the image stage sends (movement/transfer), the keys written to
@@ -54,7 +54,7 @@ def test_only_frames_under_the_streams_key_reach_docker_load(testbed, same_key):
     key = secrets.token_hex(32)
     images = testbed.docker(WORKER, "images -qa --no-trunc").stdout.split()
     port = _receive(testbed, key)
-    send = transfer.piped_to_sender("tar -cf - -C /etc hostname", w.control_ip, port, h.control_ip)
+    send = transfer.piped_to_sender("tar -cf - -T /dev/null", w.control_ip, port, h.control_ip)
     sent = key if same_key else secrets.token_hex(32)
     testbed.sh(HEAD, send, check=False, input=f"{sent}\n", timeout=60)
     rc, err = _ended(testbed)
