@@ -56,11 +56,13 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # the pair's figures (perf.run, on the testbed that is up), a capped replication beside the serving
-# engine (perf.weights_cap, issue 61), then the four-node ones (bench-nodes), which end by bringing
+# engine (perf.weights_cap, issue 61), what a keyless peer can hold of the gateway (perf.gateway_exposure,
+# loopback only), then the four-node ones (bench-nodes), which end by bringing
 # the pair back up
 bench: venv
 	$(BIN)/python -m perf.run
 	$(BIN)/python -m perf.weights_cap
+	$(BIN)/python -m perf.gateway_exposure
 	$(MAKE) bench-nodes
 
 # the four-node figures (issue 27) on four-host testbeds of their own, through a switch and as a ring:

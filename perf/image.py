@@ -271,11 +271,13 @@ class Images:
                 assert send.count(" 127.0.0.1 1 127.0.0.1") == 1
                 send = send.replace(" 127.0.0.1 1 127.0.0.1", ' 127.0.0.1 "$port" 127.0.0.1')
                 recv = transfer.receive_command("127.0.0.1", "127.0.0.1", "stdout")
+                # the stream's key (programs/framing) on each end's stdin, as movement/stream hands it
                 tb.sh(
                     "spark-head",
-                    f"{recv} > {f} 2> {f}.err < /dev/null & r=$!; "
+                    "key=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n'); "
+                    f"printf '%s\\n' \"$key\" | {recv} > {f} 2> {f}.err & r=$!; "
                     f"for i in $(seq 600); do port=$(sed -n 's/^@@port //p' {f}.err); [ -n \"$port\" ] && break; "
-                    f"sleep 0.05; done; {send} && wait $r",
+                    f"sleep 0.05; done; printf '%s\\n' \"$key\" | {{ {send} ; }} && wait $r",
                     timeout=600,
                 )
             data = tb.sh("spark-head", f"cat {f}", text=False, timeout=600).stdout

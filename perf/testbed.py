@@ -19,6 +19,7 @@ from tests.testbed import PROFILES, profiles_env, use_profiles
 from tests.testbed.artifacts import BASE_IMAGE, TRAIN_SCRIPT
 from tests.testbed.hub import HUB_IP, HUB_PORT, SCALE, SCALE_PORT, SYNTHETIC, knobs, start_hub, stats, stop_hub
 from tests.testbed.testbed import HEAD, SPECS, Testbed, ssh_account
+from tests.unit.gateway_fakes import Engine as StubEngine  # the gateway's stub engine (perf/gateway_exposure)
 
 __all__ = [
     "API_KEY",
@@ -29,6 +30,7 @@ __all__ = [
     "PROFILES",
     "SCALE",
     "SYNTHETIC",
+    "StubEngine",
     "TRAINING_SCRIPTS",
     "Testbed",
     "answers",

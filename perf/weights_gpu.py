@@ -352,6 +352,15 @@ print(json.dumps({
 """
 
 
+STREAM_KEY = "5e" * 32  # the stream's key (programs/framing), as movement/stream hands it to each end
+
+
+def keyed(p: subprocess.Popen) -> None:
+    """The stream key as the first line of an end's stdin (a package from before the key ignores it)."""
+    p.stdin.write(STREAM_KEY + "\n")
+    p.stdin.close()
+
+
 class Pkg:
     """One package's commands (its own `hfcache`, imported in a process of its own from ROOT), with
     placeholders for the sink, the next hop's port and the first receiver's port."""
@@ -431,17 +440,26 @@ def replicate(
             c = cmd["tail"] if nxt is None else cmd["relay"].replace(f"{IP},{NEXT},{IP}", f"{IP},{nxt},{IP}")
             p = cores.popen(
                 ["bash", "-c", c.replace(SINK, str(sink))],
+                stdin=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
                 preexec_fn=pinned(cores_of(i, pin)),
             )
+            keyed(p)
             line = p.stderr.readline()
             if not line.startswith("@@port "):
                 raise RuntimeError(f"receiver said {line!r}: {p.stderr.read()[-2000:]}")
             nxt = int(line.split()[1])
             recvs.insert(0, p)
         send = cmd["send"].replace(f"{IP} {PORT} {IP}", f"{IP} {nxt} {IP}")
-        snd = cores.popen(["bash", "-c", send], stderr=subprocess.PIPE, text=True, preexec_fn=pinned(cores_of(0, pin)))
+        snd = cores.popen(
+            ["bash", "-c", send],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=pinned(cores_of(0, pin)),
+        )
+        keyed(snd)
         sent, tail = 0, []
         for line in snd.stderr:
             if line.startswith("@@sent "):

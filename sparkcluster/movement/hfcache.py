@@ -312,14 +312,17 @@ def send_command(
 ) -> str:
     """On the head: SEND (programs/weights_send) streams the named blobs, FILES of them at a time,
     each read by the kernel (sendfile). The names travel as base64 of a NUL-separated list on its
-    stdin, so no name reaches the shell as text. `rate`: a cap in bytes a second (the inventory's
-    `replication_max_mb_s`), None for none."""
+    stdin, after the stream key (transfer.keyed), so no name reaches the shell as text. `rate`: a
+    cap in bytes a second (the inventory's `replication_max_mb_s`), None for none."""
     for b in blobs:
         if not _BLOB.fullmatch(b):
             raise ValueError(f"not a blob name: {b!r}")
     names = base64.b64encode(b"".join(b.encode() + b"\0" for b in blobs)).decode()
-    return f"set -o pipefail; cd {shlex.quote(blobs_dir(hf_cache, repo))} && echo {names} | base64 -d | " + py(
-        SEND, dst_ip, str(int(port)), src_ip, *transfer.rate_arg(rate)
+    return (
+        f"set -o pipefail; cd {shlex.quote(blobs_dir(hf_cache, repo))} && "
+        + transfer.keyed(f"echo {names} | base64 -d")
+        + " | "
+        + py(SEND, dst_ip, str(int(port)), src_ip, *transfer.rate_arg(rate))
     )
 
 

@@ -58,9 +58,10 @@ def send_command(
     """The reader in a throwaway container of `image` (on the head), sending the archive itself to
     the first receiver's port from the head's address: the container has the host's network, and
     no other way out (no log driver, the docker root read-only). `port` None: read from stdin's
-    first line (the container starts while the receivers do: stream.run's `port_on_stdin`)."""
+    line after the stream key (the container starts while the receivers do: stream.run's
+    `port_on_stdin`). The container's stdin is the command's: the key's first line (framing)."""
     args = [dst_ip, "-" if port is None else str(int(port)), src_ip, *_args(image, image_id, root_dir, order, skip)]
-    return shlex.join(_container(image, root_dir, "host", SENDING_READER, args, stdin=port is None))
+    return shlex.join(_container(image, root_dir, "host", SENDING_READER, args, stdin=True))
 
 
 def _args(image: str, image_id: str, root_dir: str, order: tuple[str, ...], skip: tuple[str, ...]) -> list[str]:

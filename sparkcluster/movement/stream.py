@@ -5,12 +5,18 @@ receiver's announced port, its byte count followed for the progress bar, every e
 and one rule (`culprit`) for the node a failed stream names. A single worker is a chain of one
 hop (`chain.control`), so the single send and the chain are one choreography.
 
+Every stream gets a key of its own (`new_key`), written as the first line of every end's stdin
+over its SSH channel right after it starts (never in argv, a log or the dry run): the sender tags
+each frame with it and each receiver refuses a frame whose tag does not match before any of its
+bytes reach `docker load` or the cache (programs/framing).
+
 What moves stays with the stage: it gives the command each end runs, and words a failed
 transfer with what it knows (an image left behind, the files still missing).
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +24,7 @@ from dataclasses import dataclass, field
 from sparkcluster.errors import StageError, StepFailure
 from sparkcluster.movement import transfer
 from sparkcluster.movement.chain import Hop
+from sparkcluster.programs import framing
 
 
 @dataclass(frozen=True)
@@ -89,13 +96,16 @@ def run(
     receivers' (issue 40 item 7)."""
     procs: dict[str, object] = {}
     port = 0
+    key = new_key()
     snd, t0 = None, time.monotonic()
     if port_on_stdin:
         snd = hosts[hops[0].src].start(transfer.bash(send(None)), timeout=timeout)
+        hand_key(snd, key)
     for i in reversed(range(len(hops))):
         h, nxt = hops[i], (hops[i + 1] if i + 1 < len(hops) else None)
         fwd = transfer.next_hop(nxt.dst_ip, port, nxt.src_ip) if nxt else None
         recv = hosts[h.dst].start(transfer.bash(receive(h, fwd)), timeout=timeout)
+        hand_key(recv, key)
         procs[h.dst] = recv
         got = announced_port(recv)
         if got is None:
@@ -110,6 +120,7 @@ def run(
     if snd is None:
         t0 = time.monotonic()
         snd = hosts[hops[0].src].start(transfer.bash(send(port)), timeout=timeout)
+        hand_key(snd, key)
     else:
         try:
             snd.write(f"{port}\n")
@@ -129,6 +140,21 @@ def run(
     bad = culprit(sres.ok, [(h.dst, results[h.dst].exit_code) for h in hops], hops[0].src)
     first = None if followed.first is None else followed.first - t0
     return Streamed(hops, followed.sent, secs, sres, results, bad, first, followed.counts)
+
+
+def new_key() -> str:
+    """A stream's own key (programs/framing), hex: one per stream, so a frame of one stream is
+    refused in any other, this run's or another's."""
+    return secrets.token_hex(framing.KEY_BYTES)
+
+
+def hand_key(proc, key: str) -> None:
+    """`key` as the first line of a started end's stdin. An end that already ended says why in its
+    result."""
+    try:
+        proc.write(f"{key}\n")
+    except OSError:
+        pass
 
 
 def _did_not_start(stage: str, h: Hop, nxt: Hop | None, port: int, res, command: str) -> StageError:

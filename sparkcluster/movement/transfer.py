@@ -3,9 +3,10 @@
 `docker save` on the head streams into a one-shot TCP receiver on the worker that feeds
 `docker load`. The bytes never pass through the controller, and no SSH trust between the nodes is
 needed or added: the receiver listens on the worker's control-link address only, accepts one
-connection from the head's control-link address only, and the image ID compared afterwards
-authenticates what arrived (docker load checks every layer against the image config, whose
-digest is the ID).
+connection from the head's control-link address only, checks every frame's tag under the stream's
+own key (programs/framing; the key reaches both ends on their stdin over SSH, movement/stream)
+before docker load sees its bytes, and the image ID compared afterwards checks what was loaded
+(docker load checks every layer against the image config, whose digest is the ID).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ STREAM_CUT = receiver.STREAM_CUT
 # a relaying receiver's exit status when the next hop could not be reached or stopped taking data
 # (its own copy, when it started, is complete: a failure of its own exits with that failure's status)
 RELAY_FAILED = receiver.RELAY_FAILED
+# a receiver's exit status when a frame was not the head's (framing's tag, or its length) or it had no key
+REFUSED = receiver.REFUSED
 
 # what `docker info` lists in DriverStatus when images live in containerd (Docker 24+ with the
 # containerd image store enabled; the default for fresh installs from Docker 29)
@@ -91,7 +94,13 @@ def send_command(
 def piped_to_sender(producer: str, dst_ip: str, port: int, src_ip: str, args: list[str] = ()) -> str:
     """`producer`'s archive on stdout into the framed sender, to the first receiver's port; the
     pipeline fails when either side does."""
-    return f"set -o pipefail; {producer} | " + programs.command(SENDER, dst_ip, str(int(port)), src_ip, *args)
+    return f"set -o pipefail; {keyed(producer)} | " + programs.command(SENDER, dst_ip, str(int(port)), src_ip, *args)
+
+
+def keyed(producer: str) -> str:
+    """`producer`'s output after the stream key, the first line of this command's stdin (framing: a
+    sender's stdin starts with the key). `read` and `printf` are bash's own: the key is in no argv."""
+    return f"{{ IFS= read -r key && printf '%s\\n' \"$key\" && {producer} ; }}"
 
 
 def rate_arg(bytes_per_s: float | None) -> list[str]:

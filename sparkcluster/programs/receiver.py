@@ -4,23 +4,32 @@ sink: `docker load` (the image), or "stdout" (a byte pipe). An argument "next=AD
 a relay, forwarding every frame to the next node's receiver as it arrives. The stream is framed so
 the receiver can tell a finished archive from a connection that broke: it then kills docker load
 instead of closing its input, since a tar cut at an entry boundary can read as a short but valid
-archive. Exit status: STREAM_CUT (75) when the connection ended before the end frame, RELAY_FAILED
-(76) when the next hop could not be reached or stopped taking data.
+archive. Each frame's tag is checked (framing: HMAC-SHA256 under the run's stream key, the first
+line of stdin) before any of its bytes reach the sink: nothing the head did not send reaches
+`docker load`. Exit status: STREAM_CUT (75) when the connection ended before the end frame,
+RELAY_FAILED (76) when the next hop could not be reached or stopped taking data, REFUSED (77) when a
+frame was not the head's (a tag that does not match, a length over framing's MAX_FRAME) or the key
+was missing; the nodes after it then see a cut stream.
 
 The weights' receiver (weights_receive) is the same one-shot connection and relay (`accept`,
 `Frames`, `Relay`) with the files written in the same process.
 """
 
+import hmac
 import socket
-import struct
 import subprocess
 import sys
 
+from sparkcluster.programs import framing
 from sparkcluster.programs.pipes import wide_pipe
 
 STREAM_CUT = 75
 RELAY_FAILED = 76
-CHUNK = 1 << 22  # what one recv_into fills at most (4 MiB), forwarded to the next hop in one send
+REFUSED = 77
+
+
+class Refused(ValueError):
+    """A frame that is not the head's: refused before any of its bytes reach a sink."""
 
 
 class Relay:
@@ -109,13 +118,18 @@ def accept(argv):
 
 
 class Frames:
-    """The framed stream's payload, read with recv_into into the caller's buffer (no copy but the
-    kernel's), each piece forwarded to the relay before the caller sees it. `readinto` gives 0 at
-    the end frame (passed on); EOFError when the connection ended before it."""
+    """The framed stream (framing), a frame at a time: `begin` reads its length (refused past
+    framing.MAX_FRAME, before anything else is read), `take` reads its bytes into the caller's
+    buffer (recv_into: no copy but the kernel's) and into its tag, `check` reads its tag and refuses
+    the frame unless it matches: the caller hands a frame's bytes on only after `check`. Every piece
+    is forwarded to the relay as it arrives (each node checks its own copy). The end frame (length
+    0) is checked in `begin`, then passed on; EOFError when the connection ended before it."""
 
-    def __init__(self, c, relay):
-        self.c, self.relay, self.left, self.done = c, relay, 0, False
-        self.head = memoryview(bytearray(4))
+    def __init__(self, c, relay, key):
+        self.c, self.relay, self.seal = c, relay, framing.Seal(key)
+        self.left, self.done = 0, False
+        self.head = memoryview(bytearray(framing.LENGTH.size))
+        self.tag = memoryview(bytearray(framing.TAG))
 
     def _fill(self, mv):
         got = 0
@@ -124,51 +138,102 @@ class Frames:
             if not k:
                 raise EOFError
             got += k
+        self.relay.send(mv)
 
-    def readinto(self, mv):
-        while not self.left:
-            if self.done:
-                return 0
-            self._fill(self.head)
-            self.relay.send(self.head)
-            self.left = struct.unpack(">I", self.head)[0]
-            if not self.left:
-                self.done = True
-                self.relay.end()
-                return 0
-        k = min(len(mv), self.left)
-        self._fill(mv[:k])
-        self.relay.send(mv[:k])
-        self.left -= k
-        return k
+    def begin(self):
+        """The next frame's length; 0 at the end frame (its tag checked, then passed on)."""
+        if self.left or self.seal.h is not None:
+            raise Refused("a frame begun before the last was checked")
+        self._fill(self.head)
+        n = framing.LENGTH.unpack(self.head)[0]
+        if n > framing.MAX_FRAME:
+            raise Refused(f"a frame of {n} bytes (at most {framing.MAX_FRAME})")
+        self.seal.begin(n)
+        self.left = n
+        if not n:
+            self.check()
+            self.done = True
+            self.relay.end()
+        return n
+
+    def take(self, mv):
+        """len(mv) more bytes of the open frame into mv, not yet checked."""
+        if len(mv) > self.left:
+            raise Refused(f"a record of {len(mv)} bytes where its frame has {self.left} left")
+        self._fill(mv)
+        self.seal.update(mv)
+        self.left -= len(mv)
+
+    def check(self):
+        """The open frame's tag, read and compared: Refused unless it is the run's."""
+        if self.left:
+            raise Refused(f"a frame {self.left} bytes longer than its record")
+        want = self.seal.digest()
+        self._fill(self.tag)
+        if not hmac.compare_digest(want, self.tag):
+            raise Refused(f"frame {self.seal.seq - 1} does not carry the run's tag (forged, replayed or reordered)")
+
+    def take_raw(self, mv):
+        """len(mv) more bytes of the open frame into mv, left out of its tag: the caller checks the
+        frame with `detach` and `verify` instead of `check`."""
+        if len(mv) > self.left:
+            raise Refused(f"a record of {len(mv)} bytes where its frame has {self.left} left")
+        self._fill(mv)
+        self.left -= len(mv)
+
+    def detach(self):
+        """The open frame's tag as far as this end made it (what `take` read), its number and the
+        tag that came after it: `verify` finishes it, on a thread of the caller's (hashlib leaves
+        the GIL), so this one reads the next frame meanwhile."""
+        if self.left:
+            raise Refused(f"a frame {self.left} bytes longer than its record")
+        h, self.seal.h = self.seal.h, None
+        self.seal.seq += 1
+        self._fill(self.tag)
+        return h, self.seal.seq - 1, bytes(self.tag)
 
     def read(self, n):
-        """Exactly n bytes (a record's header), else EOFError."""
-        buf = memoryview(bytearray(n))
-        got = 0
-        while got < n:
-            k = self.readinto(buf[got:])
-            if not k:
-                raise EOFError
-            got += k
+        """Exactly n more bytes of the open frame (a record's head), not yet checked."""
+        buf = bytearray(n)
+        self.take(memoryview(buf))
         return bytes(buf)
+
+
+def verify(h, mv, tag):
+    """Whether the frame whose tag `h` (Frames.detach) has made so far, with the bytes `mv` that
+    take_raw left out of it, carries `tag`."""
+    h.update(mv)
+    return hmac.compare_digest(h.digest(), tag)
+
+
+def key_or_exit():
+    """The run's stream key from stdin's first line; REFUSED without one."""
+    try:
+        return framing.read_key(sys.stdin.buffer)
+    except framing.BadKey as e:
+        print(f"receive: {e}; nothing accepted", file=sys.stderr, flush=True)
+        sys.exit(REFUSED)
 
 
 def main(argv):
     to_stdout = "stdout" in argv[3:]
+    key = key_or_exit()
     c, relay = accept(argv)
-    frames = Frames(c, relay)
+    frames = Frames(c, relay, key)
     load = None if to_stdout else subprocess.Popen(["docker", "load"], stdin=subprocess.PIPE)
     sink = sys.stdout.buffer if to_stdout else load.stdin
     wide_pipe(sink)
     sink_err, done = "", False
-    buf = memoryview(bytearray(CHUNK))
+    buf = memoryview(bytearray(framing.MAX_FRAME))
+    refused = ""
     try:
         while True:
-            n = frames.readinto(buf)
+            n = frames.begin()
             if not n:
                 done = True
                 break
+            frames.take(buf[:n])
+            frames.check()
             if sink is not None:
                 try:
                     sink.write(buf[:n])
@@ -180,8 +245,18 @@ def main(argv):
                         break  # nothing left to feed
     except EOFError:
         pass
+    except Refused as e:
+        refused = f"receive: refused {e}; nothing of it reached the sink"
+        print(refused, file=sys.stderr, flush=True)
     except (TimeoutError, OSError) as e:
         print(f"receive: {e}", file=sys.stderr)
+    if refused:
+        relay.cut()
+        if load:
+            load.kill()
+            load.wait()
+            print("receive: docker load stopped, nothing loaded", file=sys.stderr, flush=True)
+        sys.exit(REFUSED)
     if not done and sink_err:
         # this node's own sink stopped (docker load ended: no space left, a bad archive) with nothing
         # after it to feed: its own failure, not a cut stream, whatever the sender then saw

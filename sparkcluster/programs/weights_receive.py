@@ -19,6 +19,7 @@ Exit status: the receiver's (STREAM_CUT when the stream ended before its end, RE
 the chain after this node broke), 1 when this node could not write what it received.
 """
 
+import collections
 import errno
 import fcntl
 import hashlib
@@ -29,6 +30,7 @@ import queue
 import re
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 from sparkcluster.programs import receiver
@@ -37,6 +39,8 @@ from sparkcluster.programs.weights_send import CHUNK, HEAD, SIZE
 RECEIVED = ".sparkcluster-received.jsonl"  # in the incoming folder: what this program hashed while writing
 NAME = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 BUFFERS = 16  # of CHUNK bytes each: 64 MiB in flight at most
+PENDING = BUFFERS // 2  # chunks received whose tags are being checked, at most
+VERIFIERS = max(2, min(8, os.cpu_count() or 2))  # threads checking chunks' tags
 ALIGN = 4096  # direct I/O's offsets and lengths
 # a write through the page cache at most 1 MiB at a time: 2 and 4 MiB writes cost 10-20 times the
 # core-seconds per GB on ext4 (perf/weights_pipeline.md: 1.4-3.6 against 0.15)
@@ -259,13 +263,54 @@ class Forward:
         return self.relay.failed(rc)
 
 
+NAME_BYTES = 256  # an "F" record's rest: its size and a name of 40 or 64 characters
+
+
 def receive(frames, out):
-    """The records up to "E" (weights_send's), then the end frame."""
+    """The records up to "E" (weights_send's), one a frame, then the end frame. A frame's bytes reach
+    the writer and the hasher only once its tag is checked (receiver.Frames); a record's lengths are
+    bounded before anything is allocated for it. A chunk's tag is checked on a pool's thread while
+    this one receives the next (one sha256 stream is slower than a Spark's link), and the chunks go
+    on to the writer in the order they came, each once its own tag matched."""
+    pool = ThreadPoolExecutor(VERIFIERS)
+    pending = collections.deque()  # (check, file id, chunk, frame number), in the stream's order
+
+    def commit(limit, done_only=False):
+        """The oldest chunks on to the writer, until `limit` are left (`done_only`: until the
+        oldest is still being checked); Refused at the first whose tag does not match."""
+        while len(pending) > limit and not (done_only and not pending[0][0].done()):
+            check, i, c, seq = pending.popleft()
+            if not check.result():
+                c.release()
+                c.release()
+                raise receiver.Refused(f"frame {seq} does not carry the run's tag (forged, replayed or reordered)")
+            out.put(i, c)
+
+    try:
+        records(frames, out, pool, pending, commit)
+    except BaseException:
+        for item in pending:  # never written: their buffers are not used again
+            item[0].cancel()
+        raise
+    finally:
+        pool.shutdown(wait=False)
+
+
+def records(frames, out, pool, pending, commit):
     scratch = memoryview(bytearray(CHUNK))
     while True:
-        kind, i, n = HEAD.unpack(frames.read(HEAD.size))
+        n = frames.begin()
+        if n < HEAD.size:
+            raise receiver.Refused(f"a frame of {n} bytes where a record was due")
+        kind, i, k = HEAD.unpack(frames.read(HEAD.size))
+        if k != n - HEAD.size:
+            raise receiver.Refused(f"a record of {k} bytes in a frame of {n}")
         if kind == b"F":
-            rest = frames.read(n)
+            if k > NAME_BYTES or k < SIZE.size:
+                raise receiver.Refused(f"a file's record of {k} bytes")
+            rest = frames.read(k)
+            frames.check()
+            commit(0)
             size, name = (
                 SIZE.unpack(rest[: SIZE.size])[0],
                 os.path.basename(rest[SIZE.size :].decode("utf-8", "replace")),
@@ -273,51 +318,60 @@ def receive(frames, out):
             if NAME.match(name) and not out.err:
                 out.begin(i, name, size)
         elif kind == b"D":
-            if n > CHUNK:
-                raise ValueError(f"a chunk of {n} bytes")
+            if k > CHUNK:
+                raise receiver.Refused(f"a chunk of {k} bytes")
             if i not in out.open or out.err:
-                fill(frames, scratch[:n])  # not a blob, or nowhere to write it: relayed only
+                frames.take(scratch[:k])  # not a blob, or nowhere to write it: relayed only
+                frames.check()
                 continue
-            c = out.chunk(n)
+            commit(PENDING - 1)  # a buffer for this chunk is free, or will be once the writer is done
+            c = out.chunk(k)
             frames.relay.hold = c
-            fill(frames, c.mv)
+            try:
+                frames.take_raw(c.mv)
+            except BaseException:
+                c.release()
+                c.release()
+                raise
             frames.relay.hold = None
-            out.put(i, c)
+            h, seq, tag = frames.detach()
+            pending.append((pool.submit(receiver.verify, h, c.mv, tag), i, c, seq))
+            commit(0, done_only=True)
         elif kind == b"E":
-            if frames.readinto(scratch):
-                raise ValueError("bytes after the end")
+            frames.check()
+            commit(0)
+            if frames.begin():
+                raise receiver.Refused("bytes after the end")
             return
         else:
-            raise ValueError(f"not a record: {kind!r}")
-
-
-def fill(frames, mv):
-    got = 0
-    while got < len(mv):
-        k = frames.readinto(mv[got:])
-        if not k:
-            raise EOFError
-        got += k
+            raise receiver.Refused(f"not a record: {kind!r}")
 
 
 def main(argv):
     inc = argv[3]
+    key = receiver.key_or_exit()
     os.makedirs(inc, exist_ok=True)
     out = Out(inc, "io=buffered" not in argv[4:])
     c, relay = receiver.accept([argv[0], argv[1], argv[2], *argv[4:]])
     if relay.s is not None:
         relay = Forward(relay)
-    done = False
+    done, refused = False, False
     try:
-        receive(receiver.Frames(c, relay), out)
+        receive(receiver.Frames(c, relay, key), out)
         done = True
     except EOFError:
         pass
     except (TimeoutError, OSError) as e:
         print(f"receive: {e}", file=sys.stderr)
+    except receiver.Refused as e:
+        refused = True
+        print(f"receive: refused {e}; nothing of it written", file=sys.stderr, flush=True)
     except ValueError as e:
         print(f"receive: not a weights stream: {e}", file=sys.stderr)
     out.close()
+    if refused:
+        relay.cut()
+        sys.exit(receiver.REFUSED)
     if not done:
         relay.cut()
         print("receive: the stream ended before the sender finished", file=sys.stderr)

@@ -184,11 +184,27 @@ def carrier_text(links=None) -> str:
     return "".join(f"{nd} 1 200000\n" for nd, _, _ in links)
 
 
-class StderrLines:
-    """A local process whose stderr lines a thread collects, so a test can wait for one of them."""
+# a node-to-node stream's key (programs/framing), as movement/stream hands one to each end on stdin
+STREAM_KEY = "5e" * 32
 
-    def __init__(self, argv: list[str], *, stdin=subprocess.DEVNULL, **popen):
-        self.p = subprocess.Popen(argv, stdin=stdin, stderr=subprocess.PIPE, **popen)
+
+def key_line(key: str = STREAM_KEY) -> bytes:
+    return f"{key}\n".encode()
+
+
+class StderrLines:
+    """A local process whose stderr lines a thread collects, so a test can wait for one of them.
+    `key`: the stream key written first on its stdin (a pipe then; closed after the key when no
+    other stdin was asked for, else left open for the test's bytes)."""
+
+    def __init__(self, argv: list[str], *, stdin=subprocess.DEVNULL, key: str | None = None, **popen):
+        more = stdin is not subprocess.DEVNULL
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE if key else stdin, stderr=subprocess.PIPE, **popen)
+        if key:
+            self.p.stdin.write(key_line(key))
+            self.p.stdin.flush()
+            if not more:
+                self.p.stdin.close()
         self.lines: list[str] = []
         self._t = threading.Thread(target=self._read, daemon=True)
         self._t.start()

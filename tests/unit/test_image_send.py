@@ -145,8 +145,10 @@ class Proc:
 
 class Host:
     def __init__(self, name, env, ids):
-        self.name, self.env, self.ids, self.started = name, env, ids, []
-        self.api = SimpleNamespace(inspect_image=self._inspect, history=lambda ref: [])
+        self.name, self.env, self.ids, self.started, self.removed = name, env, ids, [], []
+        self.api = SimpleNamespace(
+            inspect_image=self._inspect, history=lambda ref: [], remove_image=self.removed.append
+        )
 
     def _inspect(self, ref):
         i = self.ids()
@@ -314,6 +316,9 @@ def test_an_id_mismatch_names_both_ids(world):
     with pytest.raises(StageError) as e:
         image_stage.send(r, WORKER)
     assert "sha256:" + "0" * 64 in str(e.value) and HEAD_ID in str(e.value)
+    # the image loaded under the name is not the head's: removed, so nothing starts from it
+    assert r.cluster.hosts[WORKER].removed == [r.plan.image] and "removed from" in str(e.value)
+    assert r.cluster.hosts[HEAD].removed == []
 
 
 def test_a_cut_stream_fails_on_the_head_and_loads_nothing(world):

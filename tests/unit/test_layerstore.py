@@ -15,6 +15,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import key_line
 
 from sparkcluster import programs
 from sparkcluster.movement import layerstore
@@ -123,11 +124,14 @@ def _receive_while(send_argv) -> tuple[subprocess.CompletedProcess, subprocess.C
 
     recv = subprocess.Popen(
         programs.argv(transfer.RECEIVER, "127.0.0.1", "127.0.0.1", "stdout", python=sys.executable),
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    recv.stdin.write(key_line())
+    recv.stdin.flush()
     port = next(int(x.split()[1]) for x in iter(recv.stderr.readline, b"") if x.startswith(b"@@port "))
-    snd = subprocess.run(send_argv(port), capture_output=True, timeout=60)
+    snd = subprocess.run(send_argv(port), input=key_line(), capture_output=True, timeout=60)
     out, err = recv.communicate(timeout=60)
     return snd, subprocess.CompletedProcess(recv.args, recv.returncode, out, err)
 
@@ -205,11 +209,16 @@ def test_a_sender_started_before_its_receiver_reads_the_port_from_stdin():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    sender.stdin.write(key_line())  # the key first (stream.run writes it as soon as the end starts)
+    sender.stdin.flush()
     recv = subprocess.Popen(
         programs.argv(transfer.RECEIVER, "127.0.0.1", "127.0.0.1", "stdout", python=sys.executable),
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    recv.stdin.write(key_line())
+    recv.stdin.flush()
     port = next(int(x.split()[1]) for x in iter(recv.stderr.readline, b"") if x.startswith(b"@@port "))
     sender.stdin.write(b"%d\n" % port)
     sender.stdin.flush()

@@ -527,3 +527,24 @@ def test_gateway_gpu_stand_in_streams_vllms_sse_shape_and_the_fit_separates_requ
     long = {"requests": 100, "events": 25_900, "cpu_s": 100 * a + 25_900 * b}
     short = {"requests": 1000, "events": 4000, "cpu_s": 1000 * a + 4000 * b}
     assert gateway_gpu.solve(long, short) == pytest.approx({"a_ms_per_request": 0.4, "b_us_per_event": 40.0})
+
+
+def test_the_gateway_exposure_table_judges_each_bound_on_every_repetition():
+    """perf/gateway_exposure's table from made-up repetitions: a bound met in every repetition is met,
+    one missed once is not; the throughput rows judge nothing."""
+    from perf import gateway_exposure
+
+    figs = [
+        gateway_exposure.within(
+            "keyed_flood_s", "keyed answer under a flood", "s", gateway_exposure.KEYED_S, [0.2, 0.3, 0.25]
+        ),
+        gateway_exposure.within(
+            "header_held_s", "an unfinished header held for", "s", gateway_exposure.HEADER_S, [10.0, 10.0, 31.0]
+        ),
+        figures.info("c8_ratio", "through / direct", "ratio", [0.5, 0.6, 0.7]),
+    ]
+    assert [f.ok for f in figs] == [True, False, None]
+    text = gateway_exposure.render(figs, "2026-01-01", [413, 413, 413], (1.0, 2.0))
+    assert "| keyed answer under a flood | 0.25 | 0.20 | 0.30 | s | < 2.00 s | yes |" in text
+    assert "| an unfinished header held for | 10.00 | 10.00 | 31.00 | s | < 30.00 s | **no** |" in text
+    assert "answered 413, 413, 413" in text and "load average was 1.0 at the start and 2.0" in text

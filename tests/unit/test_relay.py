@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import StderrLines
+from conftest import STREAM_KEY, StderrLines
 
 from sparkcluster import programs
 from sparkcluster.movement import transfer
@@ -33,8 +33,8 @@ esac
 
 
 class Proc(StderrLines):
-    def __init__(self, cmd: str, env: dict, stdout, stdin=subprocess.DEVNULL):
-        super().__init__(transfer.bash(cmd), env=env, stdout=stdout, stdin=stdin)
+    def __init__(self, cmd: str, env: dict, stdout, stdin=subprocess.DEVNULL, key: str | None = STREAM_KEY):
+        super().__init__(transfer.bash(cmd), env=env, stdout=stdout, stdin=stdin, key=key)
 
 
 @pytest.fixture
@@ -82,12 +82,12 @@ def kill_all(procs):
 
 def test_a_chain_of_three_delivers_identical_bytes_to_every_hop(nodes, tmp_path):
     payload = os.urandom(5 * (1 << 20) + 13)
-    (tmp_path / "payload").write_bytes(payload)
     procs, port = start_chain(nodes)
     try:
-        with open(tmp_path / "payload", "rb") as src:
-            send = Proc(sender(port), os.environ, stdout=subprocess.DEVNULL, stdin=src)
-            assert send.wait() == 0, send.lines
+        send = Proc(sender(port), os.environ, stdout=subprocess.DEVNULL, stdin=subprocess.PIPE)
+        send.p.stdin.write(payload)
+        send.p.stdin.close()
+        assert send.wait() == 0, send.lines
         assert [p.wait() for p in procs] == [0, 0, 0], [p.lines for p in procs]
     finally:
         kill_all(procs)

@@ -11,6 +11,7 @@ import pytest
 
 from sparkcluster.errors import StageError
 from sparkcluster.movement import chain, stream, transfer
+from sparkcluster.programs import framing
 
 HOPS = [
     chain.Hop("h", "10.0.0.1", "w1", "10.0.0.2", "10.0.0.0/24"),
@@ -21,7 +22,10 @@ HOPS = [
 
 class Proc:
     def __init__(self, lines: list[str], code: int):
-        self.lines, self.code, self.closed = lines, code, False
+        self.lines, self.code, self.closed, self.stdin = lines, code, False, []
+
+    def write(self, text: str):
+        self.stdin.append(text)
 
     def stderr_lines(self):
         yield from self.lines
@@ -72,6 +76,22 @@ def test_receivers_start_from_the_tail_back_each_told_its_downstreams_port():
     assert hosts["h"].commands == ["send 4001"]
     assert seen == [500, 1000] and got.sent == 1000 and got.blame is None
     assert list(got.receivers) == ["w1", "w2", "w3"]
+
+
+def test_every_end_gets_the_streams_own_key_on_stdin_and_never_in_a_command():
+    """The stream's key (programs/framing) reaches each end as the first line of its stdin, one key
+    for all of a stream's ends, another for the next stream, in no command line."""
+    keys = []
+    for _ in range(2):
+        hosts = world({})
+        run(hosts)
+        got = {n: h.proc.stdin for n, h in hosts.items()}
+        assert all(len(lines) == 1 and lines[0].endswith("\n") for lines in got.values()), got
+        key = got["h"][0].strip()
+        assert len(bytes.fromhex(key)) == framing.KEY_BYTES and {v[0] for v in got.values()} == {key + "\n"}
+        assert not any(key in c for h in hosts.values() for c in h.commands)
+        keys.append(key)
+    assert keys[0] != keys[1]
 
 
 def test_a_relay_that_cannot_reach_its_next_hop_names_the_link_and_ends_the_others():

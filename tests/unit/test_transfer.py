@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import StderrLines
+from conftest import STREAM_KEY, StderrLines
 
 from sparkcluster import programs
 from sparkcluster.movement import transfer
@@ -104,8 +104,8 @@ def fake_env(tmp_path):
 class Proc(StderrLines):
     """A local bash -c run of one of transfer's snippets."""
 
-    def __init__(self, cmd: str, env: dict):
-        super().__init__(transfer.bash(cmd), env=env, stdout=subprocess.PIPE)
+    def __init__(self, cmd: str, env: dict, key: str | None = STREAM_KEY):
+        super().__init__(transfer.bash(cmd), env=env, stdout=subprocess.PIPE, key=key)
 
 
 def start_receiver(env, bind: str, peer: str) -> tuple[Proc, int]:

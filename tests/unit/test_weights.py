@@ -13,11 +13,23 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import STREAM_KEY
 
 from sparkcluster.errors import InputError
 from sparkcluster.movement import hfcache, transfer
 from sparkcluster.programs.weights_receive import RECEIVED
 from tests.testbed.hub import GATED, GRANTED_TOKEN, REFUSED_TOKEN, TINY, serve_in_thread
+
+KEY = f"{STREAM_KEY}\n"  # a stream's key, the first line of each end's stdin (movement/stream)
+
+
+def keyed(p: subprocess.Popen, close: bool = True) -> subprocess.Popen:
+    """The stream key written to a started end's stdin (a pipe), which is then closed."""
+    p.stdin.write(KEY)
+    p.stdin.flush()
+    if close:
+        p.stdin.close()
+    return p
 
 
 def sh(cmd: str, stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess:
@@ -169,13 +181,16 @@ def test_replication_over_loopback_sends_only_the_missing_files(hub, model, tmp_
     check(head, m)
     _place(worker, m, model, skip="model.safetensors")
     need = check(worker, m)["missing"]
-    recv = subprocess.Popen(
-        ["bash", "-c", hfcache.receive_command(str(worker), TINY, "127.0.0.1", "127.0.0.1")],
-        stderr=subprocess.PIPE,
-        text=True,
+    recv = keyed(
+        subprocess.Popen(
+            ["bash", "-c", hfcache.receive_command(str(worker), TINY, "127.0.0.1", "127.0.0.1")],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     )
     port = int(recv.stderr.readline().split()[1])
-    snd = sh(hfcache.send_command(str(head), TINY, need, "127.0.0.1", port, "127.0.0.1"))
+    snd = sh(hfcache.send_command(str(head), TINY, need, "127.0.0.1", port, "127.0.0.1"), stdin=KEY)
     assert snd.returncode == 0, snd.stderr
     assert recv.wait(timeout=30) == 0
     got = check(worker, m)
@@ -275,10 +290,13 @@ def _shards(tmp_path: Path, n: int = 3, size: int = 3 * 2**20 + 7) -> tuple[hfca
 
 
 def _receive(worker: Path) -> tuple[subprocess.Popen, int]:
-    recv = subprocess.Popen(
-        ["bash", "-c", hfcache.receive_command(str(worker), TINY, "127.0.0.1", "127.0.0.1")],
-        stderr=subprocess.PIPE,
-        text=True,
+    recv = keyed(
+        subprocess.Popen(
+            ["bash", "-c", hfcache.receive_command(str(worker), TINY, "127.0.0.1", "127.0.0.1")],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     )
     return recv, int(recv.stderr.readline().split()[1])
 
@@ -296,11 +314,14 @@ def test_a_replication_cut_mid_way_keeps_the_complete_files_and_resends_only_the
     need = check(worker, m)["missing"]
     assert len(need) == 6
     recv, port = _receive(worker)
-    snd = subprocess.Popen(
-        ["bash", "-c", hfcache.send_command(str(head), TINY, need, "127.0.0.1", port, "127.0.0.1", rate=4e6)],
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    snd = keyed(
+        subprocess.Popen(
+            ["bash", "-c", hfcache.send_command(str(head), TINY, need, "127.0.0.1", port, "127.0.0.1", rate=4e6)],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
     )
     for line in snd.stderr:
         if line.startswith("@@sent ") and int(line.split()[1]) >= 2.5e6:
@@ -313,7 +334,7 @@ def test_a_replication_cut_mid_way_keeps_the_complete_files_and_resends_only_the
     assert got["adopted"] + len(got["missing"]) == 6
     # the next run: only what is still missing goes, and then the snapshot is complete
     recv, port = _receive(worker)
-    snd = sh(hfcache.send_command(str(head), TINY, got["missing"], "127.0.0.1", port, "127.0.0.1"))
+    snd = sh(hfcache.send_command(str(head), TINY, got["missing"], "127.0.0.1", port, "127.0.0.1"), stdin=KEY)
     assert snd.returncode == 0 and recv.wait(timeout=30) == 0, snd.stderr
     assert _sent(snd.stderr) < got["missing_bytes"] + 100 * len(got["missing"]) + 100  # the files and their heads
     done = check(worker, m)
@@ -338,7 +359,7 @@ def test_files_larger_than_a_chunk_arrive_whole_with_more_of_them_than_are_in_fl
         data[name] = d
     worker = tmp_path / "worker"
     recv, port = _receive(worker)
-    snd = sh(hfcache.send_command(str(head), TINY, list(data), "127.0.0.1", port, "127.0.0.1"))
+    snd = sh(hfcache.send_command(str(head), TINY, list(data), "127.0.0.1", port, "127.0.0.1"), stdin=KEY)
     assert snd.returncode == 0 and recv.wait(timeout=60) == 0, snd.stderr + recv.stderr.read()
     inc = Path(hfcache.incoming_dir(str(worker), TINY))
     assert {p.name: p.read_bytes() for p in inc.iterdir() if p.name != RECEIVED} == data
@@ -357,7 +378,7 @@ def test_a_capped_replication_keeps_to_its_rate(tmp_path):
     cmd = hfcache.send_command(str(head), TINY, need, "127.0.0.1", port, "127.0.0.1", rate=rate)
     assert shlex.split(cmd)[-2] == "rate=4000000"  # the sender's last argument, before its bundle
     t0 = time.monotonic()
-    snd = sh(cmd)
+    snd = sh(cmd, stdin=KEY)
     took = time.monotonic() - t0
     assert snd.returncode == 0 and recv.wait(timeout=30) == 0, snd.stderr
     assert took >= _sent(snd.stderr) / rate
@@ -381,8 +402,11 @@ def _incoming(cache: Path, files: dict[str, bytes]) -> Path:
     recv, port = _receive(cache)
     names = base64.b64encode(b"".join(n.encode() + b"\0" for n in files)).decode()
     r = sh(
-        f"cd {shlex.quote(str(src))} && echo {names} | base64 -d | "
-        + hfcache.py(hfcache.SEND, "127.0.0.1", str(port), "127.0.0.1")
+        f"cd {shlex.quote(str(src))} && "
+        + transfer.keyed(f"echo {names} | base64 -d")
+        + " | "
+        + hfcache.py(hfcache.SEND, "127.0.0.1", str(port), "127.0.0.1"),
+        stdin=KEY,
     )
     assert r.returncode == 0 and recv.wait(timeout=30) == 0, r.stderr
     return Path(hfcache.incoming_dir(str(cache), TINY))
@@ -427,7 +451,7 @@ def test_the_sender_alternates_the_chunks_of_its_files_in_flight(tmp_path):
     import socket
     import struct
 
-    from sparkcluster.programs import weights_send
+    from sparkcluster.programs import framing, weights_send
 
     folder = tmp_path / "blobs"
     folder.mkdir()
@@ -440,24 +464,33 @@ def test_the_sender_alternates_the_chunks_of_its_files_in_flight(tmp_path):
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
     names = base64.b64encode(b"".join(n.encode() + b"\0" for n in data)).decode()
-    snd = subprocess.Popen(
-        [
-            "bash",
-            "-c",
-            f"cd {shlex.quote(str(folder))} && echo {names} | base64 -d | "
-            + hfcache.py(hfcache.SEND, "127.0.0.1", str(srv.getsockname()[1]), "127.0.0.1"),
-        ],
-        stderr=subprocess.PIPE,
+    snd = keyed(
+        subprocess.Popen(
+            [
+                "bash",
+                "-c",
+                f"cd {shlex.quote(str(folder))} && "
+                + transfer.keyed(f"echo {names} | base64 -d")
+                + " | "
+                + hfcache.py(hfcache.SEND, "127.0.0.1", str(srv.getsockname()[1]), "127.0.0.1"),
+            ],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     )
     c, _ = srv.accept()
     f = c.makefile("rb")
+    seal = framing.Seal(bytes.fromhex(STREAM_KEY))
     got, opened, widest, ended = {}, {}, 0, False
     while True:
         n = struct.unpack(">I", f.read(4))[0]
+        frame = f.read(n)
+        assert f.read(framing.TAG) == seal.tag(n, frame)  # each frame tagged, in sequence
         if not n:
             break
-        kind, i, k = weights_send.HEAD.unpack(f.read(weights_send.HEAD.size))
-        rest = f.read(n - weights_send.HEAD.size)
+        kind, i, k = weights_send.HEAD.unpack(frame[: weights_send.HEAD.size])
+        rest = frame[weights_send.HEAD.size :]
         assert len(rest) == k
         if kind == b"F":
             opened[i] = rest[8:].decode()
@@ -482,20 +515,23 @@ def test_a_relay_forwards_chunks_from_its_buffers_while_it_writes_its_own_copy(t
     m, head = _shards(tmp_path, n=3, size=9 * 2**20 + 5)
     tail_cache, relay_cache = tmp_path / "w2", tmp_path / "w1"
     tail, tport = _receive(tail_cache)
-    relay = subprocess.Popen(
-        [
-            "bash",
-            "-c",
-            hfcache.receive_command(
-                str(relay_cache), TINY, "127.0.0.1", "127.0.0.1", transfer.next_hop("127.0.0.1", tport, "127.0.0.1")
-            ),
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
+    relay = keyed(
+        subprocess.Popen(
+            [
+                "bash",
+                "-c",
+                hfcache.receive_command(
+                    str(relay_cache), TINY, "127.0.0.1", "127.0.0.1", transfer.next_hop("127.0.0.1", tport, "127.0.0.1")
+                ),
+            ],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     )
     rport = int(relay.stderr.readline().split()[1])
     need = [f.blob for f in m.files]
-    snd = sh(hfcache.send_command(str(head), TINY, need, "127.0.0.1", rport, "127.0.0.1"))
+    snd = sh(hfcache.send_command(str(head), TINY, need, "127.0.0.1", rport, "127.0.0.1"), stdin=KEY)
     assert snd.returncode == 0, snd.stderr
     assert relay.wait(timeout=60) == 0 and tail.wait(timeout=60) == 0
     for cache in (relay_cache, tail_cache):
@@ -548,19 +584,22 @@ def test_a_relay_that_cannot_write_still_passes_the_whole_stream_on(tmp_path):
     need = [f.blob for f in m.files]
     (Path(hfcache.incoming_dir(str(relay_cache), TINY)) / (need[0] + ".part")).mkdir(parents=True)
     tail, tport = _receive(tail_cache)
-    relay = subprocess.Popen(
-        [
-            "bash",
-            "-c",
-            hfcache.receive_command(
-                str(relay_cache), TINY, "127.0.0.1", "127.0.0.1", transfer.next_hop("127.0.0.1", tport, "127.0.0.1")
-            ),
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
+    relay = keyed(
+        subprocess.Popen(
+            [
+                "bash",
+                "-c",
+                hfcache.receive_command(
+                    str(relay_cache), TINY, "127.0.0.1", "127.0.0.1", transfer.next_hop("127.0.0.1", tport, "127.0.0.1")
+                ),
+            ],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     )
     rport = int(relay.stderr.readline().split()[1])
-    snd = sh(hfcache.send_command(str(head), TINY, need, "127.0.0.1", rport, "127.0.0.1"))
+    snd = sh(hfcache.send_command(str(head), TINY, need, "127.0.0.1", rport, "127.0.0.1"), stdin=KEY)
     assert snd.returncode == 0, snd.stderr
     assert relay.wait(timeout=60) == 1 and tail.wait(timeout=60) == 0
     assert "relayed, not written" in relay.stderr.read()

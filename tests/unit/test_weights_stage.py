@@ -30,8 +30,14 @@ CACHE = "/home/spark/.cache/huggingface"
 class LocalProc:
     def __init__(self, name, cmd):
         self.name, self.cmd = name, cmd
-        self.p = subprocess.Popen(["bash", "-c", cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.p = subprocess.Popen(
+            ["bash", "-c", cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         self.err: list[str] = []
+
+    def write(self, text):  # the stream's key (movement/stream), as over the SSH channel
+        self.p.stdin.write(text.encode())
+        self.p.stdin.flush()
 
     def stderr_lines(self):
         for line in self.p.stderr:

@@ -334,14 +334,23 @@ def head_time(got: stream.Streamed, size: int) -> str:
 
 def verify(r: UpRun, worker: str) -> None:
     """The worker's image ID is the head's: docker load checked every layer against the config,
-    whose digest is the ID."""
-    got, head_id = image_id(r.cluster.hosts[worker], r.plan.image), head_image(r)["Id"]
+    whose digest is the ID. An image of another ID under the name is removed (the name, and the
+    image with it when nothing else holds it), so that nothing starts from it."""
+    host = r.cluster.hosts[worker]
+    got, head_id = image_id(host, r.plan.image), head_image(r)["Id"]
     if got != head_id:
+        removed = ""
+        if got is not None:
+            try:
+                host.docker().api.remove_image(r.plan.image)
+                removed = f"; {r.plan.image} removed from {worker}"
+            except docker.errors.APIError as e:
+                removed = f"; removing {r.plan.image} from {worker} failed: {e.explanation or e}"
         raise fail(
             STAGE,
             worker,
             "verify the image",
-            f"image ID after the transfer is {got} on {worker}, {head_id} on {r.inv.head.name}",
+            f"image ID after the transfer is {got} on {worker}, {head_id} on {r.inv.head.name}{removed}",
         )
 
 
@@ -423,6 +432,8 @@ def _stream(
     how = (
         "could not forward to the next node: its own copy is whole"
         if res.exit_code == transfer.RELAY_FAILED
+        else "refused a frame that was not the head's (another host on the link?): nothing of it loaded"
+        if res.exit_code == transfer.REFUSED
         else f"transfer failed (exit {res.exit_code})"
     )
     if len(hops) == 1:  # a single worker: what the failure left on it
