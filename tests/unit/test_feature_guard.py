@@ -33,6 +33,10 @@ FEATURES = (
     "key rotation",
     "drift",
     "the container contract (NGC's start-up kept)",  # since: an NGC image's entrypoint kept
+    "engines behind a key and the control address",  # since: exposed safely on the LAN
+    "node-to-node streams authenticated",
+    "team keys (named keys, limits, usage)",
+    "models taking turns on one Spark",
 )
 CASE = re.compile(r"`(test_\w+)\.py::(test_\w+)`")
 
