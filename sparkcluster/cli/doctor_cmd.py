@@ -55,9 +55,10 @@ def doctor(obj, profile_name: str | None, as_json: bool, fabric: bool) -> None:
             inv.cluster.name, known_good.load(inv.cluster.name), rep.facts, [n.name for n in inv.nodes]
         )
     )
+    # as --help and README promise: 4 when a node could not be reached, else 1 when a check failed
+    code = EXIT_UNREACHABLE if rep.unreachable else EXIT_FAILED if rep.failed else EXIT_OK
     if as_json:
-        click.echo(report.as_json(rep.results))
+        click.echo(report.as_json(rep.results, code))
     else:
         report.table(rep.results, [n.name for n in inv.nodes], Console(soft_wrap=True))
-    # as --help and README promise: 4 when a node could not be reached, else 1 when a check failed
-    raise click.exceptions.Exit(EXIT_UNREACHABLE if rep.unreachable else EXIT_FAILED if rep.failed else EXIT_OK)
+    raise click.exceptions.Exit(code)

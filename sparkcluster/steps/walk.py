@@ -14,6 +14,7 @@ the `Run` protocol below.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import docker.errors
@@ -48,6 +49,44 @@ class Run(Protocol):
 
     def put(self, value: T) -> T: ...
     def find(self, kind: type[T]) -> T | None: ...
+
+
+@dataclass
+class CommandRun:
+    """The run of a command whose steps need nothing shared but what they leave one another (`down`,
+    `gateway up|down`, `monitor up|down`): its steps close over their own context (the connections)."""
+
+    stage: str = ""
+    progress: StageProgress = field(default_factory=StageProgress)
+    owned: dict[type, Any] = field(default_factory=dict, repr=False)
+
+    def put(self, value: T) -> T:
+        self.owned[type(value)] = value
+        return value
+
+    def find(self, kind: type[T]) -> T | None:
+        return self.owned.get(kind)
+
+
+def walk_stages(r: Run, steps: list[Step]) -> list[tuple[Step, Any]]:
+    """Every step, stage after stage in the order they come: each stage announced, then walked."""
+    done: list[tuple[Step, Any]] = []
+    for s in steps:
+        s.runnable()
+    i = 0
+    while i < len(steps):
+        stage = steps[i].stage
+        j = i
+        while j < len(steps) and steps[j].stage == stage:
+            j += 1
+        r.stage = stage
+        r.progress.stage(stage)
+        t = time.monotonic()
+        got = walk(r, steps[i:j])
+        r.progress.done(stage, time.monotonic() - t, f"{len(got)} step(s)")
+        done += got
+        i = j
+    return done
 
 
 def event(step: Step, outcome: str, seconds: float | None = None) -> None:
@@ -99,6 +138,10 @@ def _batches(steps: list[Step]) -> list[list[Step]]:
 
 
 def walk(r: Run, steps: list[Step]) -> list[tuple[Step, Any]]:
+    """Run the steps in order (consecutive steps of one `parallel` key at once), each once; what each
+    returned, the skipped ones left out. A step without a run function is refused before any runs."""
+    for s in steps:
+        s.runnable()
     done: list[tuple[Step, Any]] = []
     for batch in _batches(steps):
         if len(batch) == 1:
