@@ -9,8 +9,8 @@ import click
 
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
-from sparkcluster.down import plan as plans
-from sparkcluster.down.execute import execute
+from sparkcluster.down import down_plan
+from sparkcluster.down.down_run import execute
 from sparkcluster.errors import EXIT_FAILED, EXIT_UNREACHABLE, failure, problem
 from sparkcluster.monitor.planned import planned
 from sparkcluster.steps.base import dry_run as dry_run_text
@@ -41,7 +41,7 @@ def down(
     """Stop vllm serve by its PID, then remove sparkcluster's containers, workers before the head;
     every deployment and the gateway, or those on --node / of --profile (the gateway stays)."""
     full = obj.inventory()
-    with plans.make(full, node, profile_name, purge_gcs, purge_caches) as plan:
+    with down_plan.make(full, node, profile_name, purge_gcs, purge_caches) as plan:
         if plan.nothing:
             said = plan.nothing
             click.echo(json.dumps({"ok": True, "message": said, "nodes": []}, indent=2) if as_json else said)

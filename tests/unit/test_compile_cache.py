@@ -265,7 +265,7 @@ def test_purge_caches_removes_every_key_and_keep_is_the_default(tmp_path):
     import inspect
 
     assert "purge_caches" not in inspect.getsource(teardown.down)
-    from sparkcluster.down import plan as down_plan
+    from sparkcluster.down import down_plan
 
     src = inspect.getsource(down_plan._make)
     assert "if purge_caches:" in src

@@ -351,7 +351,7 @@ def test_an_over_long_ssh_host_is_refused_by_lint_and_every_command(home):
         assert "h" * 100 not in err  # the value is not echoed
         if "--json" in argv:
             body = json.loads(out)
-            assert body["ok"] is False and body["exit_code"] == 2 and "problem(s)" in body["message"]
+            assert body["ok"] is False and body["exit_code"] == 2 and "problem(s)" in body["error"]
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "0", "inf"])

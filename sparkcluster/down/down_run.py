@@ -8,7 +8,7 @@ from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.steps import walk
 from sparkcluster.steps.walk import CommandRun, StageProgress
 
-from .plan import STAGE, Plan
+from .down_plan import STAGE, Plan
 
 
 def execute(plan: Plan, progress: StageProgress | None = None) -> dict[str, teardown.NodeTeardown]:
