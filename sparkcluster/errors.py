@@ -66,7 +66,7 @@ class ConnectError(SparkError):
     def __init__(self, host: str, message: str, fix: str | None = None, **kw):
         super().__init__(f"{host}: {message}", fix, **kw)
         self.host = host
-        self.problems = [problem(host, message, fix)]
+        self.problems = [problem(host, self.message, fix)]
 
 
 class HostKeyError(ConnectError):

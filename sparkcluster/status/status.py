@@ -99,7 +99,7 @@ class ClusterStatus:
         shape every `--json` shares (errors.failure), each node's problem its connection's."""
         if self.state != UNREACHABLE:
             return asdict(self)
-        problems = [problem(n.node, n.error or UNREACHABLE) for n in self.nodes if not n.reachable]
+        problems = [problem(n.node, f"{n.node}: {n.error or UNREACHABLE}") for n in self.nodes if not n.reachable]
         said = f"no node of {self.cluster} answered"
         doc = failure(said, self.fix or None, problems, EXIT_UNREACHABLE, [p["error"] for p in problems])
         return {**doc, "cluster": self.cluster, "state": self.state, "nodes": [asdict(n) for n in self.nodes]}

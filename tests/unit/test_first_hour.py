@@ -409,7 +409,7 @@ def test_json_failures_have_one_shape(home):
     ):
         rc, out, err, _ = sparkcluster(home, *argv)
         body = json.loads(out)
-        assert set(body) == {"ok", "message", "fix", "node", "exit_code", "details"}, body
+        assert set(body) == {"ok", "error", "fix", "problems", "exit_code", "details"}, body
         assert body["ok"] is False and body["exit_code"] == rc == 2 and body["fix"], body
 
 
