@@ -15,7 +15,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config import secrets as secret_store
 from sparkcluster.errors import EXIT_UNREACHABLE, InputError, failure, problem
-from sparkcluster.gateway import command, litellm, rollout
+from sparkcluster.gateway import gateway_steps, litellm, rollout
 from sparkcluster.steps.base import dry_run as dry_run_text
 
 
@@ -50,7 +50,7 @@ def gateway_up(obj, node_name, port, drain_s, image, tls_cert, tls_key, dry_run,
             redact.set_fix(secret_store.GATEWAY_KEYS, "KEY[,KEY...]", env_file),
         )
     tls = {"cert": tls_cert, "key": tls_key} if tls_cert else {}
-    p, got = command.up(
+    p, got = gateway_steps.up(
         obj.inventory(),
         node_name,
         secrets,
@@ -81,7 +81,7 @@ def gateway_up(obj, node_name, port, drain_s, image, tls_cert, tls_key, dry_run,
 def gateway_down(obj, dry_run: bool, as_json: bool) -> None:
     """Stop the gateway (its streams drain first) and remove its container; deployments stay."""
 
-    got = command.down(obj.inventory(), dry_run)
+    got = gateway_steps.down(obj.inventory(), dry_run)
     gone = sorted(got.unreachable.items())
     if dry_run:
         click.echo(dry_run_text(got.steps, as_json, ["gateway down:"]))
@@ -115,7 +115,7 @@ def gateway_export(obj, as_litellm: bool, out_path: Path | None, env_file) -> No
 
     secrets = secret_store.load_secrets(env_file, names=["VLLM_API_KEY"])
     inv = obj.inventory()
-    _, cluster, found, loaded, missing = command.routes(inv, None)
+    _, cluster, found, loaded, missing = gateway_steps.routes(inv, None)
     with cluster:
         pass
     for n, why in sorted(missing.items()):

@@ -15,7 +15,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.secrets import GATEWAY_KEYS, load_secrets, split_keys
 from sparkcluster.errors import EXIT_FAILED, EXIT_UNREACHABLE, failure, problem
-from sparkcluster.monitor import alerting, command, scrape
+from sparkcluster.monitor import alerting, monitor_steps, scrape
 from sparkcluster.steps.base import dry_run as dry_run_text
 
 
@@ -49,7 +49,7 @@ def monitor_up(obj, env_file, dry_run: bool, as_json: bool) -> None:
     inv = obj.inventory()
     webhook = load_secrets(env_file, names=[alerting.WEBHOOK_SECRET]).get(alerting.WEBHOOK_SECRET)
     key = gateway_key(env_file)
-    with command.up(inv, webhook, key) as m:
+    with monitor_steps.up(inv, webhook, key) as m:
         for t in m.targets:
             say(f"target {t.job} {t.address} ({', '.join(f'{k}={v}' for k, v in t.labels.items())})")
         if not webhook:
@@ -63,8 +63,8 @@ def monitor_up(obj, env_file, dry_run: bool, as_json: bool) -> None:
     bad = False
     rows = []
     for s in m.specs:
-        value = got.get(f"{command.STAGE}/{s.node}/{s.component}")
-        if isinstance(value, str) and not value.startswith(command.FAILED):
+        value = got.get(f"{monitor_steps.STAGE}/{s.node}/{s.component}")
+        if isinstance(value, str) and not value.startswith(monitor_steps.FAILED):
             rows.append({"node": s.node, "component": s.component, "image": s.image, "started": True, "error": None})
             say(f"{s.node}: {s.component} started ({s.image})")
         else:
@@ -72,7 +72,7 @@ def monitor_up(obj, env_file, dry_run: bool, as_json: bool) -> None:
             why = (
                 m.unreachable[s.node].message
                 if s.node in m.unreachable
-                else str(value).removeprefix(command.FAILED)
+                else str(value).removeprefix(monitor_steps.FAILED)
                 if value
                 else "not reached"
             )
@@ -110,19 +110,21 @@ def monitor_up(obj, env_file, dry_run: bool, as_json: bool) -> None:
 def monitor_down(obj, purge_data: bool, dry_run: bool, as_json: bool) -> None:
     """Remove the monitoring containers on every node (their data stays unless --purge-data)."""
     inv = obj.inventory()
-    with command.down(inv, purge_data) as m:
+    with monitor_steps.down(inv, purge_data) as m:
         if dry_run:
             click.echo(dry_run_text(m.steps, as_json, [f"monitor down on cluster '{inv.cluster.name}':"]))
             return
         got = m.walk()
     rows = []
     for n in inv.nodes:
-        value = got.get(f"{command.STAGE}/{n.name}/remove", [])
+        value = got.get(f"{monitor_steps.STAGE}/{n.name}/remove", [])
         if n.name in m.unreachable:
             e = m.unreachable[n.name]
             rows.append({"node": n.name, "state": "unreachable", "removed": [], "error": e.message, "fix": e.fix})
         elif isinstance(value, str):
-            rows.append({"node": n.name, "state": "error", "error": value.removeprefix(command.FAILED), "removed": []})
+            rows.append(
+                {"node": n.name, "state": "error", "error": value.removeprefix(monitor_steps.FAILED), "removed": []}
+            )
         else:
             rows.append({"node": n.name, "state": "removed" if value else "nothing", "removed": list(value)})
     failed = any(r["state"] in ("unreachable", "error") for r in rows)
@@ -160,7 +162,7 @@ def monitor_config(obj, env_file, alertmanager: bool) -> None:
     """Print the configuration `monitor up` writes for the inventory alone (no deployment: offline)."""
     inv = obj.inventory()
     webhook = load_secrets(env_file, names=[alerting.WEBHOOK_SECRET]).get(alerting.WEBHOOK_SECRET)
-    prom, am = command.configs(inv, [], webhook, {})
+    prom, am = monitor_steps.configs(inv, [], webhook, {})
     click.echo(redact.mask(am if alertmanager else prom))
 
 
