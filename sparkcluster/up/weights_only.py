@@ -58,12 +58,19 @@ class _FactsOnDemand(Mapping):
 
 
 def _image_step(inv: Inventory, prof: profiles.Profile, head: str) -> Step:
-    """Where neither the cluster image nor its base is on the head, the download has nothing to run
-    in: said before any byte moves, only when the head lacks files."""
+    """The image the download runs in, found on the head only when the head lacks files: the
+    cluster image once `up` built it, else the profile's base image (vLLM ships huggingface_hub), so
+    weights can be staged first; neither is said before any byte moves."""
+    cluster_image = image_ref(inv, prof)
 
-    def run(r: UpRun) -> None:
+    def run(r: UpRun) -> str:
+        for image in (cluster_image, prof.image.ref):
+            if image_id(r.cluster.head, image) is not None:
+                for st in weights_stage.stagings(r):
+                    st.image = image
+                return image
         raise InputError(
-            f"the head has neither the cluster image {image_ref(inv, prof)} nor its base "
+            f"the head has neither the cluster image {cluster_image} nor its base "
             f"{prof.image.ref}, one of which does the download",
             f"docker pull {prof.image.ref} on {head}, or sparkcluster up --profile "
             f"{prof.name} (it builds the image and stages the weights)",
@@ -73,27 +80,26 @@ def _image_step(inv: Inventory, prof: profiles.Profile, head: str) -> Step:
         STAGE,
         head,
         "download-image",
-        "find an image on the head to download in (the cluster image, else its base)",
+        "find the image the download runs in on the head: the cluster image, else its base",
+        f"docker image inspect {cluster_image}, else {prof.image.ref}",
         when="the head lacks files",
         skip=lambda r: (
             None
-            if any(weights_stage.stagings(r)[k].state[head]["missing"] for k in range(len(weights_stage.stagings(r))))
+            if any(st.state[head]["missing"] for st in weights_stage.stagings(r))
             else "the head holds every snapshot"
         ),
         run=run,
     )
 
 
-def pull_plan(inv: Inventory, prof: profiles.Profile, image: str | None, secret_names, rehash: bool) -> Plan:
-    """Pure: a plan of the weights stage alone (no container, no serve), `image` the one the
-    download runs in (None: the head has none, said by a step before the download)."""
-    plan = Plan(inv, prof, image or "", "", None, [], {}, [], None, secret_names=frozenset(secret_names), rehash=rehash)
-    plan.image = image  # None where the head has no image to download in
+def pull_plan(inv: Inventory, prof: profiles.Profile, secret_names, rehash: bool) -> Plan:
+    """Pure: a plan of the weights stage's staging alone (no container, no serve)."""
+    image = image_ref(inv, prof)
+    plan = Plan(inv, prof, image, "", None, [], {}, [], None, secret_names=frozenset(secret_names), rehash=rehash)
     # the staging alone: the model's shape against TP x PP and the plugin's link are `up`'s business
     steps = [s for s in weights_stage.stage_steps(plan) if s.action not in ("shape", "plugin")]
-    if image is None:
-        at = next(i for i, s in enumerate(steps) if s.action == "disk") + 1
-        steps.insert(at, _image_step(inv, prof, inv.head.name))
+    at = next(i for i, s in enumerate(steps) if s.action == "disk") + 1
+    steps.insert(at, _image_step(inv, prof, inv.head.name))
     plan._steps = steps
     return plan
 
@@ -125,8 +131,7 @@ def pull(
         )
     with ConnectedHosts.connect(inv) as cluster:
         learn_homes(cluster)  # the HF cache's `~`, and whom the download's files belong to
-        image = next((i for i in (image_ref(inv, prof), prof.image.ref) if image_id(cluster.head, i)), None)
-        plan = pull_plan(inv, prof, image, secrets, rehash)
+        plan = pull_plan(inv, prof, secrets, rehash)
         if dry_run:
             return plan, None
         r = UpRun(cluster, plan, _FactsOnDemand(cluster, inv), secrets, progress, stage=STAGE)

@@ -223,7 +223,7 @@ def test_cli_pull_status_rm_over_loopback(hub, model, tmp_path, monkeypatch, cap
     import contextlib
 
     from sparkcluster.cli import main as cli_main
-    from sparkcluster.cli import weights_cmd
+    from sparkcluster.cli import weights_cmd, weights_read_cmd
     from sparkcluster.remote.fanout import ConnectedHosts
     from sparkcluster.up import weights_only
 
@@ -238,7 +238,7 @@ def test_cli_pull_status_rm_over_loopback(hub, model, tmp_path, monkeypatch, cap
     monkeypatch.setattr(weights_only, "ClusterLock", lambda *a: contextlib.nullcontext())
     monkeypatch.setattr(weights_cmd, "load_secrets", lambda *a: {})
     prof = profiles.load_profile("testbed")
-    monkeypatch.setattr(weights_cmd, "load_profile_for", lambda i, n: prof)
+    monkeypatch.setattr(weights_read_cmd, "load_profile_for", lambda i, n: prof)
     assert cli_main.main(["weights", "pull", "--profile", "testbed"]) == 0
     out = capsys.readouterr().out
     assert "sent to spark-worker" in out and "staged on every node" in out

@@ -307,9 +307,7 @@ def stage_steps(plan: Plan) -> list[Step]:
                 head,
                 _act("download", k, need),
                 f"download {need.repo} ({need.role}) once, into the head's HF cache",
-                hfcache.describe_download(
-                    plan.image or plan.profile.image.ref, None, ep, inv.hf_cache(head), need.repo, inv.owner(head)
-                ),
+                hfcache.describe_download(plan.image, None, ep, inv.hf_cache(head), need.repo, inv.owner(head)),
                 when="the head lacks files",
                 skip=lambda r, k=k: _head_complete(r, k),
                 run=lambda r, k=k: stagings(r)[k].download(),
