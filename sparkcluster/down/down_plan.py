@@ -114,7 +114,7 @@ def _make(full, cluster, unreachable, node, profile_name, purge_gcs, purge_cache
 
 def _deployment_step(full: Inventory, d, cluster: ConnectedHosts) -> Step:
     sub = d.inventory(full)
-    names = ", ".join(x for n in d.nodes for x in d.containers.get(n, []))
+    names = "containers: " + ", ".join(x for n in d.nodes for x in d.containers.get(n, []))
 
     def run(r) -> dict[str, teardown.NodeTeardown]:
         hosts = {n: h for n, h in cluster.hosts.items() if n in d.nodes}
