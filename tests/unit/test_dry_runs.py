@@ -276,3 +276,22 @@ def test_a_failure_of_a_command_with_a_report_keeps_the_one_shape(capsys, inv, m
         assert rc == EXIT_UNREACHABLE == body["exit_code"] and SHAPE <= set(body) and report in body, out
         assert body["ok"] is False and body["error"] and body["fix"], body
         assert body["problems"] == [{"node": WORKER, "error": f"{WORKER}: connection refused", "fix": gone.fix}], body
+
+
+# ---------------------------------------------------------------------------------- doctor --fabric
+
+
+def test_doctor_fabric_walks_its_test_as_the_step_its_dry_run_prints(inv, walked, monkeypatch):
+    from sparkcluster.checks import Result
+    from sparkcluster.fabric import measure
+    from sparkcluster.steps.base import dry_run
+
+    ran = []
+    ok = Result("fabric.bandwidth", f"{HEAD}+{WORKER}", "ok", "1 GB/s")
+    monkeypatch.setattr(measure, "run", lambda *a: ran.append(a) or [ok])
+    prof = profiles.load_profile("testbed")
+    steps = measure.test_steps(None, inv, prof, "img:1", {})
+    ids = [s["id"] for s in json.loads(dry_run(steps, True))]
+    assert ids == [f"fabric/{HEAD}/test"] and "throwaway container of img:1" in dry_run(steps, False)
+    assert ran == [] and walked == []
+    assert measure.walk_test(steps) == [ok] and walked == ids and len(ran) == 1

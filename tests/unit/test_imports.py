@@ -270,7 +270,6 @@ READ_ONLY_CLI = {
     "logs_cmd",
     "events_cmd",
     "init_cmd",  # reads the hosts, writes a local draft
-    "doctor_cmd",
     "gateway_read_cmd",  # gateway status|events
     "monitor_read_cmd",  # monitor status
     "weights_read_cmd",  # weights status
