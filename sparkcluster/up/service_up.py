@@ -75,6 +75,9 @@ class Made:
     ids: list[str] = field(default_factory=list)
 
 
+LEAVES = (Current, Made)  # the state a service's steps leave in their run, as a stage's `leaves` says
+
+
 @dataclass
 class ServiceRun(CommandRun):
     """What a service's steps share: its node's connection and Docker API, and when it began."""
