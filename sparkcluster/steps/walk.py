@@ -6,9 +6,11 @@ own steps keep their order); the others run one after another. Each step ends as
 `skipped: <reason>` or `failed`. A step's failure ends its stage as a whole, naming the host, the
 step, the command and its last lines.
 
-`up` (`up/execute.UpRun`) and `upgrade` (`upgrade.UpgradeRun`) each walk their steps with it, and the
-gateway's steps are `Step`s too (`gateway/rollout`): the engine names none of them. Their runs keep
-the `Run` protocol below.
+`up` (`up/execute.UpRun`, and `weights pull` with it) and `upgrade` (`upgrade.UpgradeRun`) each walk
+their steps with it, and so does every other command that changes nodes (`down`, `gateway up|down`,
+`monitor up|down`, `weights rm`, a service's `up`, `doctor --fabric`'s test), with a `CommandRun`
+or a run of their own: the engine names none of them. Their runs keep the `Run` protocol below.
+A step without its run function is never walked (nor printed: `steps/base`).
 """
 
 from __future__ import annotations
@@ -66,27 +68,6 @@ class CommandRun:
 
     def find(self, kind: type[T]) -> T | None:
         return self.owned.get(kind)
-
-
-def walk_stages(r: Run, steps: list[Step]) -> list[tuple[Step, Any]]:
-    """Every step, stage after stage in the order they come: each stage announced, then walked."""
-    done: list[tuple[Step, Any]] = []
-    for s in steps:
-        s.runnable()
-    i = 0
-    while i < len(steps):
-        stage = steps[i].stage
-        j = i
-        while j < len(steps) and steps[j].stage == stage:
-            j += 1
-        r.stage = stage
-        r.progress.stage(stage)
-        t = time.monotonic()
-        got = walk(r, steps[i:j])
-        r.progress.done(stage, time.monotonic() - t, f"{len(got)} step(s)")
-        done += got
-        i = j
-    return done
 
 
 def event(step: Step, outcome: str, seconds: float | None = None) -> None:
