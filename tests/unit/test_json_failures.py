@@ -60,6 +60,7 @@ FAILURES = {
     "monitor down": [],
     "monitor status": [],
     "monitor up": [],
+    "profile import": ["/no/such/recipe.yaml"],
     "profile lint": ["no-such-profile"],
     "profile list": ["--no-such-option"],
     "profile show": ["no-such-profile"],
