@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from sparkcluster import redact
-from sparkcluster.cli import gateway_read_cmd
+from sparkcluster.cli import gateway_keys_cmd, gateway_read_cmd
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config import secrets as secret_store
@@ -21,7 +21,11 @@ from sparkcluster.steps.base import dry_run as dry_run_text
 
 @cli.group()
 def gateway() -> None:
-    """One endpoint for every model: up, down, status, events, export --litellm."""
+    """One endpoint for every model: up, down, status, events, keys, usage, export --litellm."""
+
+
+gateway.add_command(gateway_keys_cmd.keys_group)  # named keys and their usage: a module of their own
+gateway.add_command(gateway_keys_cmd.usage)
 
 
 _env_file_option = env_file_option(f"A .env (mode 0600) with {secret_store.GATEWAY_KEYS} and VLLM_API_KEY.")
@@ -73,15 +77,16 @@ def gateway_up(obj, node_name, port, drain_s, image, tls_cert, tls_key, dry_run,
 
 
 @gateway.command("down")
+@click.option("--purge-usage", is_flag=True, help="Also delete its usage ledger (kept otherwise; keys stay).")
 @click.option(
     "--dry-run", is_flag=True, help="Print the steps (each gateway found, drained and removed); change nothing."
 )
 @click.option("--json", "as_json", is_flag=True, help="As JSON: the steps (with --dry-run), or what was removed.")
 @click.pass_obj
-def gateway_down(obj, dry_run: bool, as_json: bool) -> None:
-    """Stop the gateway (its streams drain first) and remove its container; deployments stay."""
+def gateway_down(obj, purge_usage: bool, dry_run: bool, as_json: bool) -> None:
+    """Stop the gateway (its streams drain first) and remove its container; deployments, keys and usage stay."""
 
-    got = gateway_steps.down(obj.inventory(), dry_run)
+    got = gateway_steps.down(obj.inventory(), dry_run, purge_usage)
     gone = sorted(got.unreachable.items())
     if dry_run:
         click.echo(dry_run_text(got.steps, as_json, ["gateway down:"]))
@@ -95,7 +100,7 @@ def gateway_down(obj, dry_run: bool, as_json: bool) -> None:
     else:
         for line in got.removed:
             click.echo(line)
-        if not got.steps:
+        if not got.stopped:
             click.echo("no gateway" + (" on the nodes that answer" if gone else ""))
     for n, e in [] if as_json else gone:
         click.echo(f"{n}: UNREACHABLE, not looked at: {e.message}")

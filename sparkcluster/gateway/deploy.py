@@ -24,6 +24,7 @@ from sparkcluster.steps import walk
 from sparkcluster.steps.base import Step
 from sparkcluster.steps.walk import CommandRun
 
+from . import store
 from .rollout import GatewayPlan, code_files
 
 READY_TIMEOUT_S = 60.0
@@ -174,6 +175,11 @@ def apply(api, plan: GatewayPlan, host, say=lambda line: None) -> dict:
     prints; what the gateway routes once it is ready (its last step's value)."""
     done = walk_said(GatewayRun(api=api, host=host), plan.steps(), say)
     return next((v for s, v in reversed(done) if s.action == "ready"), None) or {}
+
+
+def prepare_data(host, data_dir: str) -> None:
+    """The gateway's folder on its node (its key file and usage ledger: gateway/store)."""
+    store.prepare(host, data_dir)
 
 
 def keep_holds(api, plan: GatewayPlan) -> None:

@@ -13,7 +13,7 @@ from sparkcluster.remote.fanout import connect_reachable
 from sparkcluster.remote.lock import NodeLocks
 from sparkcluster.steps.base import Step
 
-from . import deploy, rollout
+from . import deploy, rollout, store
 
 
 def routes(inv: Inventory, node_name: str | None):
@@ -44,7 +44,10 @@ def up(inv: Inventory, node_name, secrets, keys, *, port, drain_s, image, tls, d
         img = image or deploy.deployment_image(api, inv.cluster.name) or (running or {}).get("Image")
         tokens = deploy.wake_tokens(cluster.hosts, inv, found, loaded)
         held = gateway_registry.holds(api, running)  # an upgrade's hold, kept (read again just before the write)
-        p = rollout.make(inv, node.name, found, loaded, secrets, keys, img, running, port, drain_s, tls, tokens, held)
+        data = store.folder(cluster.hosts[node.name], inv.cluster.name)  # its key file and usage ledger
+        p = rollout.make(
+            inv, node.name, found, loaded, secrets, keys, img, running, port, drain_s, tls, tokens, held, data
+        )
         for n, why in sorted(missing.items()):
             warn(f"{n}: cannot read what runs there, so its deployments are not routed: {why}")
         if dry_run:
@@ -56,21 +59,40 @@ def up(inv: Inventory, node_name, secrets, keys, *, port, drain_s, image, tls, d
 
 @dataclass
 class Down:
-    """What `gateway down` found and did: its steps, what each removed, the nodes not looked at."""
+    """What `gateway down` found and did: its steps, what each did, the nodes not looked at."""
 
     steps: list[Step]
-    removed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)  # a line per step walked: what it removed or deleted
     unreachable: dict[str, SparkError] = field(default_factory=dict)
 
+    @property
+    def stopped(self) -> bool:
+        """Whether a gateway was found (and, walked, stopped)."""
+        return any(s.action == "stop" for s in self.steps)
 
-def down(inv: Inventory, dry_run: bool) -> Down:
-    """A step per gateway found on the nodes that answer; walked unless `dry_run`."""
+
+def down(inv: Inventory, dry_run: bool, purge_usage: bool = False) -> Down:
+    """A step per gateway found on the nodes that answer (with `purge_usage`, one more per node that
+    keeps its usage ledger: where the gateway ran, else the head); walked unless `dry_run`."""
     cluster, unreachable = connect_reachable(inv)
     with cluster:
         apis = {n: h.docker().api for n, h in cluster.hosts.items()}
         found = {n: c for n, api in apis.items() if (c := gateway_registry.find(api, inv.cluster.name)) is not None}
-        out = Down(deploy.down_steps(found), unreachable=unreachable)
+        steps = deploy.down_steps(found)
+        for name in (sorted(found) or [inv.head.name]) if purge_usage else []:
+            if name in cluster.hosts:
+                steps.append(_purge_step(cluster.hosts[name], store.folder(cluster.hosts[name], inv.cluster.name)))
+        out = Down(steps, unreachable=unreachable)
         if not dry_run and out.steps:
             done = deploy.walk_said(deploy.GatewayRun(apis=apis), out.steps)
             out.removed = [v for _, v in done]
     return out
+
+
+def _purge_step(host, folder: str) -> Step:
+    def run(r) -> str:
+        store.purge(host, folder)
+        return f"{host.name}: deleted the usage ledger in {folder}/usage (the keys stay)"
+
+    what = f"delete the usage ledger in {folder}/usage (the keys stay)"
+    return Step("gateway", host.name, "purge-usage", what, f"rm -rf {folder}/usage", run=run)

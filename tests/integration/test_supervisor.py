@@ -98,8 +98,6 @@ def test_a_stopped_rank_is_named_by_status_then_restarted_by_the_supervisor(test
     print(f"wedge to serving again: {took:.0f}s")
 
 
-
-
 def test_both_nodes_rebooted_come_back_serving_without_the_controller(testbed, sc, fresh):
     t = time.time()
     testbed.stop_dockerd(HEAD)
