@@ -159,9 +159,10 @@ def test_down_walks_exactly_the_steps_its_dry_run_prints(capsys, walked, down_fa
 
 @pytest.fixture
 def gateway_fakes(inv, monkeypatch):
-    from sparkcluster.gateway import deploy, gateway_steps
+    from sparkcluster.gateway import deploy, gateway_steps, store
 
     connected(inv, monkeypatch, gateway_steps)
+    monkeypatch.setattr(store, "folder", lambda host, cluster: f"/home/spark/gateway/{cluster}")
     monkeypatch.setenv("GATEWAY_API_KEYS", GATEWAY_KEY)
     monkeypatch.setattr(deployments, "on", lambda cluster, full: ([Deployment("testbed", (HEAD, WORKER))], {}))
     running = {"now": None}
@@ -172,6 +173,8 @@ def gateway_fakes(inv, monkeypatch):
     monkeypatch.setattr(deploy, "wake_tokens", lambda *a: {})
     monkeypatch.setattr(gateway_steps, "NodeLocks", lambda *a: contextlib.nullcontext())
     did: list[str] = []
+    monkeypatch.setattr(store, "prepare", lambda host, path: did.append("data"))
+    monkeypatch.setattr(store, "purge", lambda host, path: did.append("purge"))
     monkeypatch.setattr(deploy, "port_holder", lambda host, port: did.append("port") or "")
     monkeypatch.setattr(deploy, "create", lambda api, plan: did.append("create"))
     monkeypatch.setattr(deploy, "halt", lambda api, cid: did.append("halt"))
@@ -190,18 +193,19 @@ def test_gateway_up_walks_exactly_the_steps_its_dry_run_prints(capsys, walked, g
         rc, out = sparkcluster(capsys, "gateway", "up")
         assert rc == 0, out
         assert walked == ids and gateway_fakes.did, (walked, ids)
-    assert [i.rsplit("/", 1)[1] for i in ids] == ["replace", "port", "create", "ready"]
+    assert [i.rsplit("/", 1)[1] for i in ids] == ["data", "replace", "port", "create", "ready"]
     rc, text = sparkcluster(capsys, "gateway", "up", "--dry-run")
     assert rc == 0 and GATEWAY_KEY not in text and "******" in text, text
 
 
 def test_gateway_down_walks_exactly_the_steps_its_dry_run_prints(capsys, walked, gateway_fakes):
     gateway_fakes.running["now"] = {"Id": "gw1", "Names": ["/sparkcluster-pair-gateway"], "Labels": {}}
-    ids = printed_ids(capsys, "gateway", "down")
-    assert ids == [f"gateway/{HEAD}/stop", f"gateway/{WORKER}/stop"] and walked == []
-    rc, out = sparkcluster(capsys, "gateway", "down", "--json")
+    ids = printed_ids(capsys, "gateway", "down", "--purge-usage")
+    stops = [f"gateway/{HEAD}/stop", f"gateway/{WORKER}/stop"]
+    assert ids == [*stops, f"gateway/{HEAD}/purge-usage", f"gateway/{WORKER}/purge-usage"] and walked == []
+    rc, out = sparkcluster(capsys, "gateway", "down", "--purge-usage", "--json")
     assert rc == 0 and json.loads(out)["ok"] is True, out
-    assert walked == ids and gateway_fakes.did == ["halt", "remove", "halt", "remove"]
+    assert walked == ids and gateway_fakes.did == ["halt", "remove", "halt", "remove", "purge", "purge"]
 
 
 # ---------------------------------------------------------------------------------- monitor
