@@ -24,7 +24,9 @@ def routes(inv: Inventory, node_name: str | None):
     if node.name not in cluster.hosts:
         cluster.close()
         err = unreachable[node.name]
-        raise SparkError(f"{node.name} (the gateway's node) is unreachable: {err.message}", err.fix)
+        e = SparkError(f"{node.name} (the gateway's node) is unreachable: {err.message}", err.fix)
+        e.problems = list(err.problems)  # the node's own, for --json
+        raise e
     found, unread = deployments.on(cluster, inv)
     try:
         loaded = {d.profile: profiles.load_profile(d.profile, service=True) for d in found}

@@ -29,11 +29,13 @@ class KeysPlace:
         if name not in self.cluster.hosts:
             self.cluster.close()
             err = unreachable.get(name)
-            raise SparkError(
+            e = SparkError(
                 f"{name} (where the gateway's keys and usage are kept) is unreachable"
                 + (f": {err.message}" if err else ""),
                 err.fix if err else "check the node, then run the command again",
             )
+            e.problems = list(err.problems) if err else []  # the node's own, for --json
+            raise e
         self.node, self.host = name, self.cluster.hosts[name]
         self.gateway = running.get(name)
         self.folder = store.folder(self.host, self.inv.cluster.name)
