@@ -122,6 +122,37 @@ def exit_codes() -> list[tuple[int, str, str]]:
     return rows
 
 
+def failures_section() -> str:
+    """The one shape of a failure under `--json`, its example made by `errors.failure` itself."""
+    import json
+
+    from sparkcluster.errors import EXIT_UNREACHABLE, failure, problem
+
+    example = failure(
+        "2 nodes could not be reached",
+        "check that spark-a answers: ssh spark-a",
+        [
+            problem("spark-a", "spark-a: connection refused", "check that spark-a answers: ssh spark-a"),
+            problem("spark-b", "spark-b: no route to host", "check that spark-b is up and on the network"),
+        ],
+        EXIT_UNREACHABLE,
+        ["spark-a: connection refused", "spark-b: no route to host"],
+    )
+    return (
+        "\n## Failures under --json {#failures-under-json}\n\n"
+        "Every command that fails with `--json` prints one object on stdout with these fields (stderr still "
+        "has the human lines): `ok` is `false`; `error` is the one line of what went wrong; `fix` the command "
+        "or step that moves forward (`null` when there is none); `problems` each node's own part, `node`, "
+        "`error` and `fix` (empty when the failure names no node); `exit_code` the exit code (the table above); "
+        "`details` the lines printed under the error. A command whose failure still has a report keeps it beside these "
+        "fields: `doctor`'s `checks`, `down`'s and `monitor down`'s `nodes`, `monitor up`'s `containers`, "
+        "`gateway status`'s `gateways`, and `status`'s `nodes` when no node answered.\n\n"
+        f"```json\n{json.dumps(example, indent=2)}\n```\n\n"
+        "A dry run (`--dry-run --json`, on every command that changes nodes) prints the steps it would walk "
+        "as a list of `id`, `stage`, `host` and `description`, secrets masked.\n"
+    )
+
+
 def cli_page() -> str:
     import click
 
@@ -142,12 +173,13 @@ def cli_page() -> str:
     out.append("\n## Exit codes\n\n")
     out.append(
         "Every command ends with one of these (`sparkcluster/errors.py`). An error a user can cause is one "
-        "`error: ...` line and a `fix: ...` line on stderr; with `--json`, a failure is also JSON on stdout: "
-        '`{"ok": false, "message": ..., "fix": ..., "node": ... or null, "exit_code": N, "details": [...]}`.\n\n'
+        "`error: ...` line and a `fix: ...` line on stderr; with `--json`, a failure is also JSON on stdout "
+        "in one shape (below).\n\n"
     )
     out.append("| code | name | meaning |\n|---:|---|---|\n")
     for code, name, comment in exit_codes():
         out.append(f"| {code} | `{name}` | {_cell(comment)} |\n")
+    out.append(failures_section())
     for path, cmd, ctx in commands:
         anchor = "-".join(path)
         out.append(f"\n## {' '.join(path)} {{#{anchor}}}\n\n")

@@ -31,6 +31,28 @@ class SparkError(Exception):
         # the nodes to name instead (() for none: the whole inventory): where the command line names
         # nodes (--node), the CLI's fix is that command line with these in their place
         self.nodes: tuple[str, ...] | None = None
+        # per node, what went wrong there and its own fix: the `problems` of the one `--json` failure
+        # shape (`problem`); a failure that names no node has none
+        self.problems: list[dict[str, str | None]] = []
+
+
+def problem(node: str, error: str, fix: str | None = None) -> dict[str, str | None]:
+    """One node's part of a failure, as `--json` prints it under `problems`."""
+    return {"node": node, "error": error, "fix": fix}
+
+
+def failure(error: str, fix: str | None, problems=(), exit_code: int = EXIT_FAILED, details=()) -> dict:
+    """The one shape of a failure under `--json`, every command's: `ok` false, one line of what
+    went wrong, its fix, each node's own part (`problem`), the exit code, the lines under it. A
+    command whose failure still has a report (doctor's checks, down's nodes) prints these beside it."""
+    return {
+        "ok": False,
+        "error": error,
+        "fix": fix,
+        "problems": [dict(p) for p in problems],
+        "exit_code": exit_code,
+        "details": list(details),
+    }
 
 
 class InputError(SparkError):
@@ -47,6 +69,7 @@ class ConnectError(SparkError):
     def __init__(self, host: str, message: str, fix: str | None = None, **kw):
         super().__init__(f"{host}: {message}", fix, **kw)
         self.host = host
+        self.problems = [problem(host, self.message, fix)]
 
 
 class HostKeyError(ConnectError):
@@ -68,6 +91,7 @@ class StageError(SparkError):
         self.failures = failures
         for f in failures:
             self.details.extend(f.lines())
+        self.problems = [problem(f.host, f"{f.step}: {f.reason}", f.fix or fix) for f in failures]
 
 
 class StepFailure:
@@ -112,6 +136,7 @@ class CommandFailed(SparkError):
         self.result = result
         self.host = result.host
         self.reason = how
+        self.problems = [problem(result.host, self.message)]
 
 
 class EngineUnreachable(SparkError):
@@ -124,6 +149,7 @@ class EngineUnreachable(SparkError):
             f"check dockerd on {host} (systemctl status docker), then retry",
         )
         self.host = host
+        self.problems = [problem(host, self.message, self.fix)]
 
 
 class EngineIncompatible(SparkError):
@@ -132,6 +158,7 @@ class EngineIncompatible(SparkError):
     def __init__(self, host: str, detail: str, fix: str):
         super().__init__(f"{host}: {detail}", fix)
         self.host = host
+        self.problems = [problem(host, self.message, fix)]
 
 
 class LockHeld(SparkError):

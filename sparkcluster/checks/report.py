@@ -9,6 +9,7 @@ from rich.table import Table
 
 from sparkcluster import redact
 from sparkcluster.checks import Result, titles
+from sparkcluster.errors import EXIT_FAILED, failure, problem
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
@@ -50,6 +51,14 @@ def table(results: list[Result], nodes: list[str], console: Console) -> None:
             console.print(f"     fix: {redact.mask(r.fix)}", highlight=False, soft_wrap=True)
 
 
-def as_json(results: list[Result]) -> str:
-    doc = {"ok": not any(r.status == "fail" for r in results), "checks": [r.as_json() for r in results]}
+def as_json(results: list[Result], exit_code: int = EXIT_FAILED) -> str:
+    """`ok` and every check; a failed one adds the failure shape every `--json` shares (errors.failure),
+    a problem per failed check and node (an unreachable node's own)."""
+    failed = [r for r in results if r.status == "fail"]
+    doc: dict = {"ok": not failed, "checks": [r.as_json() for r in results]}
+    if failed:
+        nodes = ", ".join(dict.fromkeys(r.node for r in failed))
+        fix = next((r.fix for r in failed if r.fix), None)
+        problems = [problem(r.node, f"{r.id}: {r.detail}", r.fix or None) for r in failed]
+        doc = {**failure(f"{len(failed)} check(s) failed on {nodes}", fix, problems, exit_code), **doc}
     return redact.mask(json.dumps(doc, indent=2))

@@ -15,11 +15,8 @@ from datetime import UTC, datetime
 
 import click
 
-from sparkcluster.deployment import gateway_registry
-from sparkcluster.errors import InputError, SparkError
-from sparkcluster.gateway import keys, rollout, store
-from sparkcluster.remote.fanout import connect_reachable
-from sparkcluster.remote.lock import NodeLocks
+from sparkcluster.errors import InputError
+from sparkcluster.gateway import keys, keys_place, store
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -44,56 +41,9 @@ def moment(text: str, option: str) -> float:
     return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
-class _Place:
-    """The node holding the gateway's folder, connected; whether the gateway running there reads it."""
-
-    def __init__(self, obj, node_name: str | None):
-        self.inv = obj.inventory()
-        self.cluster, unreachable = connect_reachable(self.inv)
-        running = {}
-        for name, host in self.cluster.hosts.items():
-            c = gateway_registry.find(host.docker().api, self.inv.cluster.name)
-            if c is not None:
-                running[name] = c
-        name = node_name or next(iter(running), None) or self.inv.head.name
-        if name not in self.cluster.hosts:
-            self.cluster.close()
-            err = unreachable.get(name)
-            raise SparkError(
-                f"{name} (where the gateway's keys and usage are kept) is unreachable"
-                + (f": {err.message}" if err else ""),
-                err.fix if err else "check the node, then run the command again",
-            )
-        self.node, self.host = name, self.cluster.hosts[name]
-        self.gateway = running.get(name)
-        self.folder = store.folder(self.host, self.inv.cluster.name)
-
-    def reads_keys(self) -> bool:
-        mounts = (self.gateway or {}).get("Mounts") or []
-        return any(m.get("Destination") == rollout.DATA_MOUNT for m in mounts)
-
-    def when(self) -> str:
-        if self.gateway is None:
-            return "the gateway reads it when it starts (sparkcluster gateway up)"
-        if not self.reads_keys():
-            return "the gateway running there predates named keys: run sparkcluster gateway up once to let it read them"
-        return "the running gateway takes it within a second (no restart)"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.cluster.close()
-
-
 def _edit(obj, node_name, what: str, change) -> tuple[str, str]:
     """Read the key file, `change(entries)` (returns what to say), write it back, under the node's lock."""
-    with _Place(obj, node_name) as at:
-        with NodeLocks(at.cluster, at.inv.only([at.node]), f"gateway keys {what}"):
-            entries = store.read_keys(at.host, at.folder)
-            said = change(entries)
-            store.write_keys(at.host, at.folder, entries)
-        return said, f"key file {at.folder}/{keys.KEYS_FILE} on {at.node} (0600): {at.when()}"
+    return keys_place.edit(obj.inventory(), node_name, what, change)
 
 
 def _named(entries, name: str) -> keys.Entry:
@@ -198,7 +148,7 @@ def keys_revoke(obj, name, node_name):
 @click.pass_obj
 def keys_list(obj, as_json, node_name):
     """The named keys and their limits (never a key)."""
-    with _Place(obj, node_name) as at:
+    with keys_place.KeysPlace(obj.inventory(), node_name) as at:
         entries = store.read_keys(at.host, at.folder)
     now = time.time()
     rows = [e.public(now) for e in entries]
@@ -272,7 +222,7 @@ def usage(obj, since, key_name, model, as_csv, as_json, node_name):
         start = time.time() - duration(since, "--since")
     except InputError:
         start = moment(since, "--since")
-    with _Place(obj, node_name) as at:
+    with keys_place.KeysPlace(obj.inventory(), node_name) as at:
         rows = usage_rows(store.usage(at.host, at.folder, int(start), key_name, model))
     if as_json:
         click.echo(json.dumps(rows, indent=2))

@@ -17,7 +17,7 @@ import click
 
 from sparkcluster import redact
 from sparkcluster.cli.options import COMPLETERS, INVENTORY_META, complete_profiles, inventory_option
-from sparkcluster.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, SparkError
+from sparkcluster.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, SparkError, failure
 
 if TYPE_CHECKING:  # structlog and pydantic are imported by the commands that use them, not by --help
     from sparkcluster.config import inventory
@@ -224,27 +224,18 @@ def _wants_json(argv: list[str]) -> bool:
     return "--json" in args
 
 
-def failure_json(message: str, exit_code: int, fix: str | None = None, node: str | None = None, details=()) -> str:
-    """The one shape of every failure under `--json` (README, "Exit codes"): what a script reads
-    instead of parsing stderr. The human lines still go to stderr."""
+def failure_json(message: str, exit_code: int, fix: str | None = None, problems=(), details=()) -> str:
+    """The one shape of every failure under `--json` (docs/reference/cli.md, "Failures under --json"):
+    what a script reads instead of parsing stderr. `problems` holds each node's own part (node,
+    error, fix), empty when the failure names no node. The human lines still go to stderr."""
     import json
 
-    body = {
-        "ok": False,
-        "message": message,
-        "fix": fix,
-        "node": node,
-        "exit_code": exit_code,
-        "details": list(details),
-    }
-    return redact.mask(json.dumps(body, indent=2))
+    return redact.mask(json.dumps(failure(message, fix, problems, exit_code, details), indent=2))
 
 
-def _node_of(err: BaseException) -> str | None:
-    failures = getattr(err, "failures", None)
-    if failures:
-        return ", ".join(sorted({f.host for f in failures}))
-    return getattr(err, "host", None)
+def problems_of(err: BaseException) -> list[dict]:
+    """Each node's part of a failure: what the error says per node (errors.problem)."""
+    return list(getattr(err, "problems", None) or [])
 
 
 # old option names, kept for one release as hidden aliases (issue 56: one name per meaning across
@@ -351,9 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _old_names(args)
     as_json = _wants_json(args)
 
-    def failed(message: str, code: int, fix: str | None = None, node: str | None = None, details=()) -> int:
+    def failed(message: str, code: int, fix: str | None = None, problems=(), details=()) -> int:
         if as_json:
-            click.echo(failure_json(message, code, fix, node, details))
+            click.echo(failure_json(message, code, fix, problems, details))
         return code
 
     try:
@@ -366,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         elif err.nodes is not None:
             err.fix = _renamed_nodes(args, err.nodes)
         _print_error(err)
-        return failed(err.message, err.exit_code, err.fix, _node_of(err), err.details)
+        return failed(err.message, err.exit_code, err.fix, problems_of(err), err.details)
     except click.exceptions.Abort as e:  # click makes Ctrl-C an Abort too
         what = "interrupted" if isinstance(e.__cause__, KeyboardInterrupt) else "aborted"
         click.echo(what, err=True)

@@ -5,30 +5,23 @@ what `up` would write (the webhook masked) without starting anything."""
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from sparkcluster import redact
+from sparkcluster.cli import monitor_read_cmd
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
-from sparkcluster.config.inventory import Inventory
 from sparkcluster.config.secrets import GATEWAY_KEYS, load_secrets, split_keys
-from sparkcluster.deployment import deployments, gateway_registry
-from sparkcluster.errors import EXIT_FAILED, EXIT_UNREACHABLE, ConnectError, SparkError
-from sparkcluster.monitor import alerting, scrape, stack
-from sparkcluster.remote.fanout import ConnectedHosts, connect_reachable
-from sparkcluster.remote.forward import Forward
+from sparkcluster.errors import EXIT_FAILED, EXIT_UNREACHABLE, failure, problem
+from sparkcluster.monitor import alerting, monitor_steps, scrape
+from sparkcluster.steps.base import dry_run as dry_run_text
 
 
 @cli.group()
 def monitor() -> None:
     """Prometheus, Alertmanager and node_exporter for the cluster: up, down, status, config."""
-
-
-def _configs(inv: Inventory, served: list, env_file, gateways: dict[str, int]) -> tuple[str, str, bool]:
-    webhook = load_secrets(env_file, names=[alerting.WEBHOOK_SECRET]).get(alerting.WEBHOOK_SECRET)
-    prom = scrape.render(scrape.prometheus_config(inv, scrape.targets(inv, served, gateways)))
-    am = alerting.render(alerting.alertmanager_config(inv, webhook))
-    return prom, am, bool(webhook)
 
 
 def gateway_key(env_file) -> str | None:
@@ -38,11 +31,6 @@ def gateway_key(env_file) -> str | None:
     return keys[0] if keys else None
 
 
-def _owners(cluster: ConnectedHosts) -> dict[str, str]:
-    got = cluster.each(lambda h: h.run("echo $(id -u):$(id -g)").stdout.strip())
-    return {n: o.value for n, o in got.items() if o.ok and o.value}
-
-
 env_option = env_file_option(
     "A .env (mode 0600) with ALERT_WEBHOOK_URL and GATEWAY_API_KEYS (the first is shown to the gateway's /metrics)."
 )
@@ -50,57 +38,47 @@ env_option = env_file_option(
 
 @monitor.command("up")
 @env_option
-@click.option("--dry-run", is_flag=True, help="Print the containers and their targets; start nothing.")
-@click.option("--json", "as_json", is_flag=True, help="As JSON at the end: targets, containers started or not, URLs.")
+@click.option("--dry-run", is_flag=True, help="Print the targets and the steps (a container each); start nothing.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="As JSON: the steps (with --dry-run), or targets, containers started, URLs."
+)
 @click.pass_obj
 def monitor_up(obj, env_file, dry_run: bool, as_json: bool) -> None:
     """Start (or replace) the monitoring containers with a configuration made from what runs now."""
-    import json
-
     say = (lambda text: click.echo(text, err=True)) if as_json else click.echo  # stdout: one JSON object
     inv = obj.inventory()
-    cluster, unreachable = connect_reachable(inv)
-    with cluster:
-        if inv.head.name not in cluster.hosts:
-            err = unreachable[inv.head.name]
-            # a node out of reach is exit 4 (README, "Exit codes"), not bad input
-            why = err.message.removeprefix(f"{inv.head.name}: ")
-            raise ConnectError(inv.head.name, f"the head does not answer: {why}", err.fix)
-        found, unread = deployments.on(cluster, inv)
-        served = scrape.served(inv, found)
-        gateways = gateway_registry.ports(cluster.hosts, inv.cluster.name)
-        prom, am, webhook = _configs(inv, served, env_file, gateways)
-        key = gateway_key(env_file)
-        specs = stack.specs(inv, prom, am, _owners(cluster), key)
-        targets = scrape.targets(inv, served, gateways)
-        for t in targets:
+    webhook = load_secrets(env_file, names=[alerting.WEBHOOK_SECRET]).get(alerting.WEBHOOK_SECRET)
+    key = gateway_key(env_file)
+    with monitor_steps.up(inv, webhook, key) as m:
+        for t in m.targets:
             say(f"target {t.job} {t.address} ({', '.join(f'{k}={v}' for k, v in t.labels.items())})")
         if not webhook:
             say("no ALERT_WEBHOOK_URL: alerts stay in Alertmanager and `sparkcluster events`")
-        if gateways and key is None:
+        if m.gateways and key is None:
             say(f"no {GATEWAY_KEYS}: the gateway's /metrics refuses Prometheus (401) until monitor up has one")
         if dry_run:
-            for s in specs:
-                say(redact.mask(s.describe()))
-            if as_json:
-                click.echo(json.dumps({"ok": True, "dry_run": True, "targets": [t.address for t in targets]}, indent=2))
+            click.echo(dry_run_text(m.steps, as_json, [f"monitor up on cluster '{inv.cluster.name}':"]))
             return
-        started = cluster.each(
-            lambda h: [stack.start(h.docker().api, inv, s) for s in specs if s.node == h.name],
-        )
+        got = m.walk()
     bad = False
     rows = []
-    for s in specs:
-        o = started.get(s.node)
-        if o is not None and o.ok:
+    for s in m.specs:
+        value = got.get(f"{monitor_steps.STAGE}/{s.node}/{s.component}")
+        if isinstance(value, str) and not value.startswith(monitor_steps.FAILED):
             rows.append({"node": s.node, "component": s.component, "image": s.image, "started": True, "error": None})
             say(f"{s.node}: {s.component} started ({s.image})")
         else:
             bad = True
-            why = unreachable[s.node].message if s.node in unreachable else str(o.error if o else "not reached")
+            why = (
+                m.unreachable[s.node].message
+                if s.node in m.unreachable
+                else str(value).removeprefix(monitor_steps.FAILED)
+                if value
+                else "not reached"
+            )
             rows.append({"node": s.node, "component": s.component, "image": s.image, "started": False, "error": why})
             say(f"{s.node}: {s.component} NOT started: {redact.mask(why)}")
-    for n, why in unread.items():
+    for n, why in m.unread.items():
         say(f"{n}: its deployments could not be read ({why}): its engine is not scraped")
     ip = scrape.reach_ip(inv, inv.head.name)
     urls = {
@@ -108,37 +86,61 @@ def monitor_up(obj, env_file, dry_run: bool, as_json: bool) -> None:
         "alertmanager": f"http://{ip}:{inv.monitor.alertmanager_port}",
     }
     say(f"Prometheus {urls['prometheus']}  Alertmanager {urls['alertmanager']}")
+    code = EXIT_UNREACHABLE if m.unreachable else EXIT_FAILED
     if as_json:
-        body = {"ok": not bad, **urls, "targets": [t.address for t in targets], "containers": rows}
+        body = {"ok": not bad, **urls, "targets": [t.address for t in m.targets], "containers": rows}
+        if bad:  # the shape of every --json failure, the containers' rows beside it
+            problems = [
+                problem(r["node"], f"{r['component']} not started: {r['error']}") for r in rows if not r["started"]
+            ]
+            fix = "run `sparkcluster monitor up` again once every node answers"
+            body = {**failure("monitoring did not start everywhere", fix, problems, code), **body}
         click.echo(redact.mask(json.dumps(body, indent=2)))
     if bad:  # README, "Exit codes": 4 when a node could not be reached, else 1
-        raise click.exceptions.Exit(EXIT_UNREACHABLE if unreachable else EXIT_FAILED)
+        raise click.exceptions.Exit(code)
 
 
 @monitor.command("down")
 @click.option("--purge-data", is_flag=True, help="Also remove Prometheus' and Alertmanager's data volumes.")
-@click.option("--json", "as_json", is_flag=True, help="As JSON: per node what was removed, or why not.")
+@click.option("--dry-run", is_flag=True, help="Print the steps (each node's containers to remove); change nothing.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="As JSON: the steps (with --dry-run), or per node what was removed."
+)
 @click.pass_obj
-def monitor_down(obj, purge_data: bool, as_json: bool) -> None:
+def monitor_down(obj, purge_data: bool, dry_run: bool, as_json: bool) -> None:
     """Remove the monitoring containers on every node (their data stays unless --purge-data)."""
     inv = obj.inventory()
-    cluster, unreachable = connect_reachable(inv)
-    with cluster:
-        done = cluster.each(lambda h: stack.down(h.docker().api, inv, purge_data and h.name == inv.head.name))
+    with monitor_steps.down(inv, purge_data) as m:
+        if dry_run:
+            click.echo(dry_run_text(m.steps, as_json, [f"monitor down on cluster '{inv.cluster.name}':"]))
+            return
+        got = m.walk()
     rows = []
     for n in inv.nodes:
-        o = done.get(n.name)
-        if n.name in unreachable or o is None:
-            rows.append({"node": n.name, "state": "unreachable", "removed": []})
-        elif not o.ok:
-            rows.append({"node": n.name, "state": "error", "error": str(o.error), "removed": []})
+        value = got.get(f"{monitor_steps.STAGE}/{n.name}/remove", [])
+        if n.name in m.unreachable:
+            e = m.unreachable[n.name]
+            rows.append({"node": n.name, "state": "unreachable", "removed": [], "error": e.message, "fix": e.fix})
+        elif isinstance(value, str):
+            rows.append(
+                {"node": n.name, "state": "error", "error": value.removeprefix(monitor_steps.FAILED), "removed": []}
+            )
         else:
-            rows.append({"node": n.name, "state": "removed" if o.value else "nothing", "removed": list(o.value)})
-    failed = bool(unreachable) or any(not o.ok for o in done.values())
+            rows.append({"node": n.name, "state": "removed" if value else "nothing", "removed": list(value)})
+    failed = any(r["state"] in ("unreachable", "error") for r in rows)
+    code = EXIT_UNREACHABLE if m.unreachable else EXIT_FAILED
     if as_json:
-        import json
-
-        click.echo(redact.mask(json.dumps({"ok": not failed, "nodes": rows}, indent=2)))
+        body = {"ok": not failed, "nodes": rows}
+        if failed:  # the shape of every --json failure, the nodes' rows beside it
+            problems = [
+                problem(r["node"], r["error"], r.get("fix")) for r in rows if r["state"] in ("unreachable", "error")
+            ]
+            fix = "run `sparkcluster monitor down` again once every node answers"
+            body = {
+                **failure("monitoring may remain on " + ", ".join(p["node"] for p in problems), fix, problems, code),
+                **body,
+            }
+        click.echo(redact.mask(json.dumps(body, indent=2)))
     for r in [] if as_json else rows:
         if r["state"] == "unreachable":
             click.echo(f"{r['node']}: UNREACHABLE, not cleaned")
@@ -149,100 +151,7 @@ def monitor_down(obj, purge_data: bool, as_json: bool) -> None:
                 f"{r['node']}: " + ("removed " + ", ".join(r["removed"]) if r["removed"] else "no monitoring here")
             )
     if failed:
-        raise click.exceptions.Exit(EXIT_UNREACHABLE if unreachable else EXIT_FAILED)
-
-
-def summary(targets: dict, alerts: dict) -> tuple[list[dict], list[dict]]:
-    """Prometheus' /api/v1/targets and /api/v1/alerts -> (each target: job, address, health, error;
-    each firing alert: name, labels, since)."""
-    rows = [
-        {
-            "job": t.get("labels", {}).get("job", "?"),
-            "address": t.get("labels", {}).get("instance") or t.get("scrapeUrl", "?"),
-            "health": t.get("health", "unknown"),
-            "error": t.get("lastError", ""),
-        }
-        for t in (targets.get("data") or {}).get("activeTargets", [])
-    ]
-    firing = [
-        {
-            "name": a.get("labels", {}).get("alertname", "?"),
-            "labels": {k: v for k, v in a.get("labels", {}).items() if k != "alertname"},
-            "since": a.get("activeAt", ""),
-        }
-        for a in (alerts.get("data") or {}).get("alerts", [])
-        if a.get("state") == "firing"
-    ]
-    return rows, firing
-
-
-@monitor.command("status")
-@click.option("--json", "as_json", is_flag=True, help="As JSON.")
-@click.pass_obj
-def monitor_status(obj, as_json: bool) -> None:
-    """Where Prometheus and Alertmanager answer, each scrape target up or down, the alerts firing.
-
-    Exit 0 when every target is up and none fires, 1 otherwise (or when monitoring is not running),
-    4 when a node cannot be reached."""
-    import json
-
-    import httpx
-
-    inv = obj.inventory()
-    cluster, unreachable = connect_reachable(inv)
-    ip = scrape.reach_ip(inv, inv.head.name)
-    urls = {
-        "prometheus": f"http://{ip}:{inv.monitor.prometheus_port}",
-        "alertmanager": f"http://{ip}:{inv.monitor.alertmanager_port}",
-    }
-    with cluster:
-        if inv.head.name not in cluster.hosts:
-            err = unreachable[inv.head.name]
-            raise ConnectError(
-                inv.head.name, f"the head does not answer: {err.message.removeprefix(inv.head.name + ': ')}", err.fix
-            )
-        head = cluster.hosts[inv.head.name]
-        containers = {
-            n: sorted(
-                (c.get("Names") or ["?"])[0].lstrip("/") + f" {c.get('State')}" for c in stack.ours(h.docker().api, inv)
-            )
-            for n, h in cluster.hosts.items()
-        }
-        if not stack.running(head.docker().api, inv, stack.PROMETHEUS):
-            raise SparkError(f"Prometheus does not run on {inv.head.name}", "start monitoring: sparkcluster monitor up")
-        # asked through the head's SSH connection: the laptop may not reach the control address
-        with Forward(lambda: head.tunnel(ip, inv.monitor.prometheus_port)) as fwd:
-            try:
-                got = [httpx.get(f"{fwd.url()}/api/v1/{what}", timeout=5).json() for what in ("targets", "alerts")]
-            except (httpx.HTTPError, ValueError) as e:
-                raise SparkError(
-                    f"Prometheus on {inv.head.name} does not answer ({type(e).__name__})",
-                    "restart it: sparkcluster monitor up",
-                ) from None
-    rows, firing = summary(*got)
-    gone = [{"node": n, "state": "unreachable", "message": e.message, "fix": e.fix} for n, e in unreachable.items()]
-    if as_json:
-        body = {**urls, "containers": containers, "targets": rows, "firing": firing, "unreachable": gone}
-        click.echo(redact.mask(json.dumps(body, indent=2)))
-    else:
-        click.echo(f"Prometheus {urls['prometheus']}  Alertmanager {urls['alertmanager']}")
-        for n, cs in containers.items():
-            click.echo(f"{n}: {', '.join(cs) or 'no monitoring container'}")
-        for g in gone:
-            click.echo(f"{g['node']}: UNREACHABLE, not looked at: {g['message']}")
-        up = sum(r["health"] == "up" for r in rows)
-        click.echo(f"targets: {up} of {len(rows)} up")
-        for r in rows:
-            if r["health"] != "up":
-                click.echo(f"  {r['job']} {r['address']}: {r['health'].upper()} {r['error']}".rstrip())
-        click.echo(f"alerts firing: {len(firing) or 'none'}")
-        for a in firing:
-            labels = ", ".join(f"{k}={v}" for k, v in a["labels"].items())
-            click.echo(f"  {a['name']} ({labels}) since {a['since']}")
-    if unreachable:
-        raise click.exceptions.Exit(EXIT_UNREACHABLE)
-    if firing or any(r["health"] != "up" for r in rows):
-        raise click.exceptions.Exit(EXIT_FAILED)
+        raise click.exceptions.Exit(code)
 
 
 @monitor.command("config")
@@ -252,5 +161,10 @@ def monitor_status(obj, as_json: bool) -> None:
 def monitor_config(obj, env_file, alertmanager: bool) -> None:
     """Print the configuration `monitor up` writes for the inventory alone (no deployment: offline)."""
     inv = obj.inventory()
-    prom, am, _ = _configs(inv, [], env_file, {})
+    webhook = load_secrets(env_file, names=[alerting.WEBHOOK_SECRET]).get(alerting.WEBHOOK_SECRET)
+    prom, am = monitor_steps.configs(inv, [], webhook, {})
     click.echo(redact.mask(am if alertmanager else prom))
+
+
+# the read-only subcommand (status) connects by itself: its own module
+monitor.add_command(monitor_read_cmd.monitor_status)

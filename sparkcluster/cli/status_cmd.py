@@ -223,9 +223,11 @@ def overall(sts: list[status_mod.ClusterStatus]) -> str:
 
 def fleet_json(sts: list[status_mod.ClusterStatus]) -> str:
     import json
-    from dataclasses import asdict
 
-    return json.dumps({"state": overall(sts), "deployments": [asdict(st) for st in sts]}, indent=2)
+    docs = [st.as_doc() for st in sts]
+    if overall(sts) == status_mod.UNREACHABLE:  # nothing is known: the failure shape, each deployment's beside it
+        return json.dumps({**docs[0], "deployments": docs}, indent=2)
+    return json.dumps({"state": overall(sts), "deployments": docs}, indent=2)
 
 
 def watch_ended(seen) -> None:

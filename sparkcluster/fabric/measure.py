@@ -12,8 +12,12 @@ from sparkcluster.errors import SparkError
 from sparkcluster.fabric import judge, launch, nccl_log, record
 from sparkcluster.facts import HostFacts
 from sparkcluster.remote.fanout import ConnectedHosts
+from sparkcluster.steps import walk
+from sparkcluster.steps.base import Step
+from sparkcluster.steps.walk import CommandRun
 
 RUN = "fabric.run"
+STAGE = "fabric"
 
 
 def port_mbps(inv: Inventory, facts: dict[str, HostFacts] | None) -> int | None:
@@ -122,6 +126,33 @@ def run(
     out += judge.judge_gpu_speed(r.gpu_seconds)
     record.write(cluster, r.placements, record.figures(logs, expect))  # for node/metrics
     return out + judge.judge_cabling(inv)
+
+
+def test_steps(
+    cluster: ConnectedHosts, inv: Inventory, prof: profiles.Profile, image: str, facts: dict[str, HostFacts]
+) -> list[Step]:
+    """`doctor --fabric`'s test as the step its dry run prints and the walk runs: a throwaway
+    container of the cluster image on each node (or the deployment's own, where one runs and does
+    not serve), every rank at once, the GPU workload node by node, every throwaway removed."""
+    f = inv.fabric
+    return [
+        Step(
+            STAGE,
+            inv.head.name,
+            "test",
+            f"measure the fabric between {len(inv.nodes)} nodes in a throwaway container of {image} on each "
+            "(the deployment's own where one runs), removed after",
+            f"all_gather, all_reduce up to {f.max_bytes >> 20} MiB and each direction, one rank per GPU "
+            f"(rendezvous {inv.head.control_ip}:{f.port}, within {f.timeout_s:g}s), then the GPU workload "
+            "on each node in turn",
+            run=lambda r: run(cluster, inv, prof, image, facts),
+        )
+    ]
+
+
+def walk_test(steps: list[Step]) -> list[Result]:
+    """The test's steps walked by the step engine; its results."""
+    return [x for _, results in walk.walk(CommandRun(stage=STAGE), steps) for x in results]
 
 
 def preconditions(inv: Inventory, prof: profiles.Profile | None, rep) -> Result | None:

@@ -1,11 +1,15 @@
 """The gateway's container on its node, through the Docker API over the node's SSH connection:
-carry out the rollout's steps, stop it (draining), and ask it what it routes. Where it runs and its
+the actions the rollout's steps run (walked by the step engine), stop it (draining), and ask it
+what it routes. Where it runs and its
 config, read and written, are the registry's (deployment/gateway_registry)."""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import docker.errors
 import httpx
@@ -14,8 +18,11 @@ from sparkcluster import redact
 from sparkcluster.container.spec import files_tar
 from sparkcluster.deployment import gateway_registry, server
 from sparkcluster.errors import SparkError
-from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL, SERVICE_ROLE, container_name, is_gateway
+from sparkcluster.labels import CLUSTER_LABEL, PORT_LABEL, ROLE_LABEL, SERVICE_ROLE, container_name, is_gateway
 from sparkcluster.remote import retry
+from sparkcluster.steps import walk
+from sparkcluster.steps.base import Step
+from sparkcluster.steps.walk import CommandRun
 
 from . import store
 from .rollout import GatewayPlan, code_files
@@ -137,47 +144,72 @@ def port_holder(host, port: int) -> str:
     return host.run(f"ss -Htln '( sport = :{int(port)} )'", timeout=10, warn=True).stdout.strip()
 
 
-def apply(api, plan: GatewayPlan, host, say=lambda line: None) -> dict:
-    """Walk the plan's steps on the node (`host`, its SSH connection); what the gateway routes once
-    it is ready."""
-    container = plan.container
-    for step in plan.steps():
+@dataclass
+class GatewayRun(CommandRun):
+    """What the gateway's steps share: the node's Docker API and SSH connection (`api`, `host`: the
+    gateway's node for `up`; `apis` per node for `down`), and the container actions they perform
+    (this module, looked up when a step runs)."""
+
+    api: Any = None
+    host: Any = None
+    apis: dict[str, Any] = field(default_factory=dict)
+    actions: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.actions = self.actions or sys.modules[__name__]
+
+
+def walk_said(r: CommandRun, steps: list[Step], say=lambda line: None) -> list[tuple[Step, Any]]:
+    """Walk the steps one by one through the step engine, saying each one done with its time."""
+    done = []
+    r.stage = "gateway"
+    for step in steps:
         started = time.monotonic()
-        if step.action == "port":
-            held = port_holder(host, plan.port)
-            if held:
-                raise SparkError(
-                    f"port {plan.port} on {plan.node} is held by another program: {held}",
-                    "choose another with sparkcluster gateway up --port N",
-                )
-        elif step.action == "data":
-            store.prepare(host, plan.data_dir)
-        elif step.action == "config":
-            _keep_holds(api, plan)
-            write_config(api, container, plan)
-        elif step.action == "replace":
-            # the old gateway drains first (up to drain_s), and the holds the new container's config
-            # carries are read after, from the stopped one: an upgrade's hold or release written into
-            # it while it drained counts; one written once it has stopped fails (it no longer runs)
-            halt(api, plan.running["Id"])
-            _keep_holds(api, plan)
-            remove(api, plan.running["Id"])
-        elif step.action == "create":
-            create(api, plan)
-        elif step.action == "ready":
-            got = wait_ready(api, container, host.address, plan)
-            say(f"{step.id}: done ({time.monotonic() - started:.1f}s)")
-            return got
+        done += walk.walk(r, [step])
         say(f"{step.id}: done ({time.monotonic() - started:.1f}s)")
-    return {}
+    return done
 
 
-def _keep_holds(api, plan: GatewayPlan) -> None:
+def apply(api, plan: GatewayPlan, host, say=lambda line: None) -> dict:
+    """Walk the plan's steps on the node (`host`, its SSH connection): exactly those `--dry-run`
+    prints; what the gateway routes once it is ready (its last step's value)."""
+    done = walk_said(GatewayRun(api=api, host=host), plan.steps(), say)
+    return next((v for s, v in reversed(done) if s.action == "ready"), None) or {}
+
+
+def prepare_data(host, data_dir: str) -> None:
+    """The gateway's folder on its node (its key file and usage ledger: gateway/store)."""
+    store.prepare(host, data_dir)
+
+
+def keep_holds(api, plan: GatewayPlan) -> None:
     """The gateway's holds, read again just before its config is replaced: one released since the
     plan was made stays released, one taken since is kept."""
     got = gateway_registry.holds(api, plan.running)
     if got is not None:
         plan.held = got
+
+
+def down_steps(found: dict[str, dict]) -> list[Step]:
+    """`gateway down`: for each node where a gateway container was found (node -> the Engine API's
+    list entry), one step that drains and removes it."""
+    out = []
+    for node, c in sorted(found.items()):
+        name = (c.get("Names") or ["?"])[0].lstrip("/")
+        port = (c.get("Labels") or {}).get(PORT_LABEL)
+        out.append(
+            Step(
+                "gateway",
+                node,
+                "stop",
+                f"stop {name} (port {port}; its streams drain first), then remove it",
+                f"docker stop {name} && docker rm {name}",
+                run=lambda r, node=node, cid=c["Id"], name=name, port=port: (
+                    r.actions.stop(r.apis[node], cid) or f"{node}: removed {name} (port {port})"
+                ),
+            )
+        )
+    return out
 
 
 def journal(api, cid: str) -> list[dict]:

@@ -28,7 +28,7 @@ from sparkcluster.config.inventory import Inventory
 from sparkcluster.config.secrets import GATEWAY_KEYS
 from sparkcluster.config.service_profile import is_service
 from sparkcluster.deployment.gateway_registry import CONFIG_PATH
-from sparkcluster.errors import InputError
+from sparkcluster.errors import InputError, SparkError
 from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, GATEWAY_ROLE, PORT_LABEL, ROLE_LABEL, gateway_name
 from sparkcluster.redact import set_fix
 from sparkcluster.steps.base import Step
@@ -257,6 +257,7 @@ class GatewayPlan:
         lines = [f"gateway plan on cluster '{self.inventory.cluster.name}' ({where}, image {self.image}):"]
         lines += [f"  route: {r}" for r in self.describe_routes()] or ["  route: none (no deployment runs)"]
         for s in self._steps:
+            s.runnable()
             lines.append(f"  {s.id}: {s.what}")
             if s.detail:
                 lines.append(f"      {s.detail}")
@@ -282,8 +283,8 @@ def make(
     held: dict[str, float] | None = None,
     data_dir: str = "",
 ) -> GatewayPlan:
-    """Pure: the plan and its steps (the step functions take the command's context: see
-    cli/gateway_cmd.py)."""
+    """Pure: the plan and its steps, each with its run (which takes the command's run:
+    `deploy.GatewayRun`)."""
     if not keys:
         raise InputError(
             "the gateway needs at least one client key",
@@ -310,44 +311,94 @@ def make(
     if p.held:  # an upgrade under way: its hold (and deadline) stays in the config written
         n_keys += f", the hold of {', '.join(sorted(p.held))} kept"
     where = f"{CONFIG_PATH} in {p.container} (mode 0600, through the Docker API)"
-    if data_dir:  # the key file and the usage ledger (gateway/store), kept by `gateway down`
-        what = f"make {data_dir} on {node} (mode 0700): its key file and usage ledger, kept across up and down"
-        p._steps.append(Step("gateway", node, "data", what))
+    p._steps = _steps(p, n_keys, where)
+    return p
+
+
+# Each step's run takes the command's run (`deploy.GatewayRun`: the node's Docker API, its SSH
+# connection, and the container actions of `deploy`, reached through the run so that this module
+# stays pure and below `deploy`).
+
+
+def _port(p: GatewayPlan):
+    def run(r) -> None:
+        held = r.actions.port_holder(r.host, p.port)
+        if held:
+            raise SparkError(
+                f"port {p.port} on {p.node} is held by another program: {held}",
+                "choose another with sparkcluster gateway up --port N",
+            )
+
+    return run
+
+
+def _config(p: GatewayPlan):
+    def run(r) -> None:
+        r.actions.keep_holds(r.api, p)
+        r.actions.write_config(r.api, p.container, p)
+
+    return run
+
+
+def _replace(p: GatewayPlan):
+    def run(r) -> None:
+        # the old gateway drains first (up to drain_s), and the holds the new container's config
+        # carries are read after, from the stopped one: an upgrade's hold or release written into
+        # it while it drained counts; one written once it has stopped fails (it no longer runs)
+        r.actions.halt(r.api, p.running["Id"])
+        r.actions.keep_holds(r.api, p)
+        r.actions.remove(r.api, p.running["Id"])
+
+    return run
+
+
+def _steps(p: GatewayPlan, n_keys: str, where: str) -> list[Step]:
+    node, port = p.node, p.port
+    out = []
+    if p.data_dir:  # the key file and the usage ledger (gateway/store), kept by `gateway down`
+        what = f"make {p.data_dir} on {node} (mode 0700): its key file and usage ledger, kept across up and down"
+        out.append(Step("gateway", node, "data", what, run=lambda r: r.actions.prepare_data(r.host, p.data_dir)))
     if p.keep_running():
-        p._steps.append(
+        out.append(
             Step(
                 "gateway",
                 node,
                 "config",
                 f"write the config ({len(p.routes)} route(s), {n_keys}) to {where}; the running gateway re-reads it",
+                run=_config(p),
             )
         )
     else:
-        if running:
-            p._steps.append(
+        if p.running:
+            out.append(
                 Step(
                     "gateway",
                     node,
                     "replace",
-                    f"stop {p.container} (its streams drain for up to {drain_s}s), then remove it",
+                    f"stop {p.container} (its streams drain for up to {p.drain_s}s), then remove it",
+                    run=_replace(p),
                 )
             )
-        p._steps.append(Step("gateway", node, "port", f"check that nothing else listens on port {port} on {node}"))
-        p._steps.append(
+        out.append(
+            Step("gateway", node, "port", f"check that nothing else listens on port {port} on {node}", run=_port(p))
+        )
+        out.append(
             Step(
                 "gateway",
                 node,
                 "create",
                 f"create {p.container}, write its code under {CODE_DIR} and its config ({n_keys}) to {where}, start it",
                 p.docker_run_equivalent(),
+                run=lambda r: r.actions.create(r.api, p),
             )
         )
-    p._steps.append(
+    out.append(
         Step(
             "gateway",
             node,
             "ready",
             f"wait until the gateway answers on {node} port {port} and has read every deployment's supervisor",
+            run=lambda r: r.actions.wait_ready(r.api, p.container, r.host.address, p),
         )
     )
-    return p
+    return out

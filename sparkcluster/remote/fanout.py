@@ -138,7 +138,9 @@ def unreachable_error(failed: dict[str, BaseException]) -> BaseException:
             return stage
     names = ", ".join(failed)
     fixes = "; ".join(dict.fromkeys(e.fix for e in errors if e.fix))
-    return ConnectError(names, f"{len(errors)} nodes could not be reached", fixes, details=[e.message for e in errors])
+    err = ConnectError(names, f"{len(errors)} nodes could not be reached", fixes, details=[e.message for e in errors])
+    err.problems = [p for e in errors for p in e.problems]
+    return err
 
 
 def connect_all(inv: Inventory, nodes: list[Node] | None = None) -> GroupResult[ssh.Host]:

@@ -19,6 +19,7 @@ from sparkcluster.config import compile_cache
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.deployment import deployments, engine_ranks, known_good, ray_members
 from sparkcluster.deployment import endpoint as endpoint_mod
+from sparkcluster.errors import EXIT_UNREACHABLE, failure, problem
 from sparkcluster.fabric import engine_nccl
 from sparkcluster.facts import parsers
 from sparkcluster.facts.probes import SECTION, section, split_sections
@@ -91,7 +92,17 @@ class ClusterStatus:
     service: bool = False  # a service (issue 60: a profile of kind "service"), judged by judge_service
 
     def as_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        return json.dumps(self.as_doc(), indent=2)
+
+    def as_doc(self) -> dict:
+        """The status as `--json` prints it; where no node answered, nothing is known: the failure
+        shape every `--json` shares (errors.failure), each node's problem its connection's."""
+        if self.state != UNREACHABLE:
+            return asdict(self)
+        problems = [problem(n.node, f"{n.node}: {n.error or UNREACHABLE}") for n in self.nodes if not n.reachable]
+        said = f"no node of {self.cluster} answered"
+        doc = failure(said, self.fix or None, problems, EXIT_UNREACHABLE, [p["error"] for p in problems])
+        return {**doc, "cluster": self.cluster, "state": self.state, "nodes": [asdict(n) for n in self.nodes]}
 
 
 DOCKER_SILENT = "docker not answering"

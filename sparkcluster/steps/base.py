@@ -14,6 +14,7 @@ lists every stage as one; the plan and the executor read these fields and name n
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,13 +43,21 @@ class Step:
     def id(self) -> str:
         return f"{self.stage}/{self.host}/{self.action}"
 
+    def runnable(self) -> Step:
+        """The step itself, once it is known to carry its run: a step without one is never printed
+        nor walked (what a dry run shows is what runs)."""
+        if self.run is None:
+            raise TypeError(f"step {self.id} has no run function: it can be neither printed nor walked")
+        return self
+
     @property
     def description(self) -> str:
         text = self.what + (f" (only if {self.when})" if self.when else "")
         return redact.mask(text + (f": {self.detail}" if self.detail else ""))
 
     def public(self) -> dict[str, str]:
-        """What `up --dry-run --json` prints for this step."""
+        """What `--dry-run --json` prints for this step."""
+        self.runnable()
         return {"id": self.id, "stage": self.stage, "host": self.host, "description": self.description}
 
 
@@ -57,6 +66,7 @@ def render_steps(steps: list[Step], under: Callable[[Step], list[str]] = lambda 
     command below it, then whatever `under` adds for it (unmasked: the caller masks the whole)."""
     lines, stage = [], None
     for s in steps:
+        s.runnable()
         if s.stage != stage:
             stage = s.stage
             lines.append(f"[{stage}]")
@@ -67,6 +77,15 @@ def render_steps(steps: list[Step], under: Callable[[Step], list[str]] = lambda 
             lines.append(f"      {s.detail}")
         lines += under(s)
     return lines
+
+
+def dry_run(steps: list[Step], as_json: bool, head: list[str] = ()) -> str:
+    """What `--dry-run` prints for any command's steps: `head` (its title and notes) then the steps
+    as the plans print them, or with `--json` the list of the steps' public fields (`up`'s shape,
+    every command's). Masked."""
+    if as_json:
+        return redact.mask(json.dumps([s.public() for s in steps], indent=2))
+    return redact.mask("\n".join([*head, *render_steps(steps)]))
 
 
 def fail(

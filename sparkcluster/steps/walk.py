@@ -6,14 +6,17 @@ own steps keep their order); the others run one after another. Each step ends as
 `skipped: <reason>` or `failed`. A step's failure ends its stage as a whole, naming the host, the
 step, the command and its last lines.
 
-`up` (`up/execute.UpRun`) and `upgrade` (`upgrade.UpgradeRun`) each walk their steps with it, and the
-gateway's steps are `Step`s too (`gateway/rollout`): the engine names none of them. Their runs keep
-the `Run` protocol below.
+`up` (`up/execute.UpRun`, and `weights pull` with it) and `upgrade` (`upgrade.UpgradeRun`) each walk
+their steps with it, and so does every other command that changes nodes (`down`, `gateway up|down`,
+`monitor up|down`, `weights rm`, a service's `up`, `doctor --fabric`'s test), with a `CommandRun`
+or a run of their own: the engine names none of them. Their runs keep the `Run` protocol below.
+A step without its run function is never walked (nor printed: `steps/base`).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import docker.errors
@@ -48,6 +51,23 @@ class Run(Protocol):
 
     def put(self, value: T) -> T: ...
     def find(self, kind: type[T]) -> T | None: ...
+
+
+@dataclass
+class CommandRun:
+    """The run of a command whose steps need nothing shared but what they leave one another (`down`,
+    `gateway up|down`, `monitor up|down`): its steps close over their own context (the connections)."""
+
+    stage: str = ""
+    progress: StageProgress = field(default_factory=StageProgress)
+    owned: dict[type, Any] = field(default_factory=dict, repr=False)
+
+    def put(self, value: T) -> T:
+        self.owned[type(value)] = value
+        return value
+
+    def find(self, kind: type[T]) -> T | None:
+        return self.owned.get(kind)
 
 
 def event(step: Step, outcome: str, seconds: float | None = None) -> None:
@@ -99,6 +119,10 @@ def _batches(steps: list[Step]) -> list[list[Step]]:
 
 
 def walk(r: Run, steps: list[Step]) -> list[tuple[Step, Any]]:
+    """Run the steps in order (consecutive steps of one `parallel` key at once), each once; what each
+    returned, the skipped ones left out. A step without a run function is refused before any runs."""
+    for s in steps:
+        s.runnable()
     done: list[tuple[Step, Any]] = []
     for batch in _batches(steps):
         if len(batch) == 1:

@@ -46,6 +46,7 @@ class Plan:
     unchanged: bool = False
     notes: list[str] = field(default_factory=list)
     away: list = field(default_factory=list)  # other deployments taken down first (replace.Away)
+    rehash: bool = False  # the weights stage hashes every file again (`weights pull --verify`)
     _steps: list[Step] = field(default_factory=list, repr=False)
 
     def steps(self) -> list[Step]:

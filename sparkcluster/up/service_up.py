@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import docker.errors
 
+from sparkcluster import redact
 from sparkcluster.config.inventory import Inventory
 from sparkcluster.config.service_profile import ServiceProfile
 from sparkcluster.container.service_container import service_spec
@@ -27,7 +29,9 @@ from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL
 from sparkcluster.node import contract, memory_fit
 from sparkcluster.remote.fanout import connect_reachable
 from sparkcluster.remote.lock import NodeLocks
-from sparkcluster.steps.walk import StageProgress
+from sparkcluster.steps import walk
+from sparkcluster.steps.base import Step, render_steps
+from sparkcluster.steps.walk import CommandRun, StageProgress
 from sparkcluster.up.bringup import Monitoring, UpSummary, admit_beside, all_reachable, placement
 
 STAGE = "service"
@@ -36,19 +40,118 @@ WAIT_LOOK_S = 0.2  # how often `up` reads the supervisor's state while the servi
 
 @dataclass
 class ServicePlan:
-    """A service's `up --dry-run`: the container it makes, as the `docker run` a person would type."""
+    """A service's `up`: its steps on its node (admitted, its container left alone or replaced, its
+    image pulled, made, waited on), what `--dry-run` prints and the walk runs; `docker_run` is the
+    container as the `docker run` a person would type."""
 
     node: str
     slot: int
     docker_run: str
     notes: list[str]
+    _steps: list[Step] = field(default_factory=list, repr=False)
+
+    def steps(self) -> list[Step]:
+        return list(self._steps)
 
     def render(self) -> str:
-        lines = [f"service on {self.node}, slot {self.slot}:", f"  {self.docker_run}"]
-        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+        lines = [f"service on {self.node}, slot {self.slot}:", *[f"  note: {n}" for n in self.notes]]
+        return redact.mask("\n".join(lines + render_steps(self._steps)))
 
     def as_json(self) -> str:
-        return json.dumps({"node": self.node, "slot": self.slot, "docker_run": self.docker_run, "notes": self.notes})
+        return redact.mask(json.dumps([s.public() for s in self._steps], indent=2))
+
+
+@dataclass
+class Current:
+    """The service's container as the walk found it: left alone when it serves this configuration."""
+
+    kept: contract.Supervised | None = None
+
+
+@dataclass
+class Made:
+    """What this run created: removed again when a later step fails."""
+
+    ids: list[str] = field(default_factory=list)
+
+
+LEAVES = (Current, Made)  # the state a service's steps leave in their run, as a stage's `leaves` says
+
+
+@dataclass
+class ServiceRun(CommandRun):
+    """What a service's steps share: its node's connection and Docker API, and when it began."""
+
+    host: Any = None
+    t0: float = 0.0
+
+    @property
+    def api(self):
+        return self.host.docker().api
+
+
+def _kept(r: ServiceRun) -> str | None:
+    return "the same configuration already serves" if (r.find(Current) or Current()).kept else None
+
+
+def admit_step(inv: Inventory, svc: ServiceProfile, others: list) -> Step:
+    """Its reservation beside the engines' shares and the floor, in the node's memory."""
+
+    def run(r: ServiceRun) -> None:
+        total = parsers.meminfo(r.host.run("cat /proc/meminfo", timeout=10).stdout).total
+        floor = int(svc.supervisor.memory_floor_gib * memory_fit.GiB)
+        want = memory_fit.Held(f"'{svc.name}'", None, int(svc.memory_gb * memory_fit.GB))
+        admit_beside(inv, svc.name, want, floor, {inv.head.name: total}, others, "memory_gb")
+
+    what = f"admit '{svc.name}' ({svc.memory_gb:g} GB) beside what the node's memory already holds and its floor"
+    return Step(STAGE, inv.head.name, "admit", what, "cat /proc/meminfo", run=run)
+
+
+def start_steps(inv: Inventory, svc: ServiceProfile, spec) -> list[Step]:
+    """Its container: the same configuration serving is left alone; else replaced, its image pulled
+    where the node lacks it, made and started, and waited on until its supervisor says serving."""
+    node = inv.head.name
+
+    def look(r: ServiceRun) -> str:
+        there = _running(r.api, spec)
+        if there is None:
+            return "none yet"
+        same = (there.get("Labels") or {}).get(CONFIG_LABEL) == spec.config_hash() and there.get("State") == "running"
+        state = supervision.state(r.api, there["Id"]) if same else None
+        if state and state.availability().up:
+            r.put(Current(state))
+            return "serving: left alone"
+        r.progress.info(f"{spec.name} is replaced ({'not serving' if same else 'its configuration changed'})")
+        teardown.remove_container(r.host, there["Id"])
+        return "replaced"
+
+    def lacks_image(r: ServiceRun) -> str | None:
+        if _kept(r):
+            return _kept(r)
+        try:
+            r.api.inspect_image(svc.image)
+            return "the node has it"
+        except docker.errors.ImageNotFound:
+            return None
+
+    def pull(r: ServiceRun) -> None:
+        r.progress.info(f"pulling {svc.image} on {node}")
+        r.api.pull(svc.image)
+
+    def create(r: ServiceRun) -> str:
+        return create_and_start(r.api, spec, r.put(Made()).ids.append)
+
+    def wait(r: ServiceRun) -> contract.Supervised:
+        return _wait(r.api, r.find(Made).ids[-1], svc)
+
+    return [
+        Step(STAGE, node, "look", f"find {spec.name}: left alone where it serves this configuration, else removed",
+             run=look),
+        Step(STAGE, node, "pull", f"pull {svc.image}", when="the node lacks it", skip=lacks_image, run=pull),
+        Step(STAGE, node, "create", f"create and start {spec.name}", spec.docker_run_equivalent(), skip=_kept,
+             run=create),
+        Step(STAGE, node, "wait", "wait until its supervisor says serving", skip=_kept, run=wait),
+    ]  # fmt: skip
 
 
 def service_node(inv: Inventory, svc: ServiceProfile, node: tuple[str, ...] | str | None) -> Inventory:
@@ -110,22 +213,18 @@ def run(
         inv = inv.at_slot(slot)
         host = everyone.hosts[inv.head.name]
         spec = service_spec(inv, svc, inv.head)
+        notes = (
+            [f"admitted beside {', '.join(d.describe() for d in others)} when MemTotal holds them"] if others else []
+        )
+        steps = [admit_step(inv, svc, others), *start_steps(inv, svc, spec)]
+        plan = ServicePlan(inv.head.name, slot, spec.docker_run_equivalent(), notes, steps)
         if dry_run:
-            notes = (
-                [f"admitted beside {', '.join(d.describe() for d in others)} when MemTotal holds them"]
-                if others
-                else []
-            )
-            return ServicePlan(inv.head.name, slot, spec.docker_run_equivalent(), notes)
+            return plan
         with (
             NodeLocks(everyone, inv, command),
             monitoring(everyone.hosts, full, [inv.head.name], f"sparkcluster {command}"),
         ):
-            total = parsers.meminfo(host.run("cat /proc/meminfo", timeout=10).stdout).total
-            floor = int(svc.supervisor.memory_floor_gib * memory_fit.GiB)
-            want = memory_fit.Held(f"'{svc.name}'", None, int(svc.memory_gb * memory_fit.GB))
-            admit_beside(inv, svc.name, want, floor, {inv.head.name: total}, others, "memory_gb")
-            return _start(host, inv, svc, spec, progress, t0)
+            return execute(plan.steps(), host, inv, svc, progress, t0)
 
 
 def _running(api, spec) -> dict | None:
@@ -134,34 +233,32 @@ def _running(api, spec) -> dict | None:
     return listed[0] if listed else None
 
 
-def _start(host, inv: Inventory, svc: ServiceProfile, spec, progress: StageProgress, t0: float) -> UpSummary:
-    api = host.docker().api
+def execute(steps: list[Step], host, inv: Inventory, svc: ServiceProfile, progress: StageProgress, t0: float):
+    """Walk the service's steps (exactly those its dry run prints); a failure removes what this run
+    created and raises. Its summary: left alone, or serving since the run began."""
+    r = ServiceRun(stage=STAGE, progress=progress, host=host, t0=t0)
     endpoint = f"http://{host.address}:{svc.port}"
-    there = _running(api, spec)
-    if there is not None:
-        same = (there.get("Labels") or {}).get(CONFIG_LABEL) == spec.config_hash() and there.get("State") == "running"
-        state = supervision.state(api, there["Id"]) if same else None
-        if state and state.availability().up:
-            return UpSummary(True, endpoint, svc.served_model_name, state.pid, {}, inv.slot)
-        progress.info(f"{spec.name} is replaced ({'not serving' if same else 'its configuration changed'})")
-        teardown.remove_container(host, there["Id"])
     try:
-        api.inspect_image(svc.image)
-    except docker.errors.ImageNotFound:
-        progress.info(f"pulling {svc.image} on {inv.head.name}")
-        api.pull(svc.image)
-    made: list[str] = []
-    try:
-        cid = create_and_start(api, spec, made.append)
-        state = _wait(api, cid, svc)
+        done = walk.walk(r, steps)
     except BaseException:
-        progress.info("rolling back what this run created")
-        for cid in made:
-            teardown.remove_container(host, cid)
+        made = r.find(Made)
+        if made is not None and made.ids:
+            progress.info("rolling back what this run created")
+            for cid in made.ids:
+                teardown.remove_container(host, cid)
         raise
+    kept = (r.find(Current) or Current()).kept
+    if kept is not None:
+        return UpSummary(True, endpoint, svc.served_model_name, kept.pid, {}, inv.slot)
+    state = next((v for s, v in done if s.action == "wait"), None)
     seconds = time.monotonic() - t0
     progress.done(STAGE, seconds, f"{svc.name} serving on {inv.head.name}:{svc.port}")
-    return UpSummary(False, endpoint, svc.served_model_name, state.pid, {STAGE: seconds}, inv.slot)
+    return UpSummary(False, endpoint, svc.served_model_name, state.pid if state else None, {STAGE: seconds}, inv.slot)
+
+
+def _start(host, inv: Inventory, svc: ServiceProfile, spec, progress: StageProgress, t0: float) -> UpSummary:
+    """Its container's steps alone, walked (the admission left out: the caller's)."""
+    return execute(start_steps(inv, svc, spec), host, inv, svc, progress, t0)
 
 
 def _wait(api, cid: str, svc: ServiceProfile) -> contract.Supervised:

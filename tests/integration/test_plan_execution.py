@@ -112,3 +112,21 @@ def test_a_profiles_security_opt_reaches_its_containers(bare, sc, testbed, tmp_p
             assert seccomp == ["Seccomp:", "0"], (host, seccomp)  # no filter, where Docker's default sets mode 2
     finally:
         sc("down")
+
+
+def test_down_runs_what_its_dry_run_printed(bare, sc):
+    """`down` is steps too: the ids its `--dry-run --json` prints, read from what runs, are the step
+    events it then logs, in order, and its dry run changes nothing."""
+    if sc("status", "--json", timeout=60).returncode == 3:  # nothing runs: bring one up to take down
+        assert sc("up", "--profile", "testbed-standin", timeout=900).returncode == 0
+    res = sc("down", "--dry-run", "--json", timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    plan = json.loads(res.stdout)
+    assert plan and all(set(s) == {"id", "stage", "host", "description"} for s in plan), plan
+    assert any(s["id"].split("/")[2].startswith("deployment:testbed-standin@") for s in plan), plan
+    assert sc("status", "--json", timeout=60).returncode != 3, "the dry run took nothing down"
+    res = sc("--log-format", "json", "down", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    events = [json.loads(x[x.index("{") :]) for x in res.stderr.splitlines() if '"event": "step"' in x]
+    assert [e["id"] for e in events] == [s["id"] for s in plan], (plan, events)
+    assert all(e["outcome"] == "done" for e in events), events

@@ -265,9 +265,9 @@ def test_purge_caches_removes_every_key_and_keep_is_the_default(tmp_path):
     import inspect
 
     assert "purge_caches" not in inspect.getsource(teardown.down)
-    from sparkcluster.cli import down_cmd
+    from sparkcluster.down import down_plan
 
-    src = inspect.getsource(down_cmd.down.callback)
+    src = inspect.getsource(down_plan._make)
     assert "if purge_caches:" in src
 
 

@@ -155,7 +155,7 @@ def test_a_failing_on_change_command_warns_and_its_change_is_offered_again(tmp_p
 
 def test_down_node_refuses_when_what_runs_there_cannot_be_read():
     """Issue 23: a node unreachable, or whose Docker does not answer, is never "no deployment"."""
-    from sparkcluster.cli.down_cmd import _refuse_unknown
+    from sparkcluster.down.down_plan import _refuse_unknown
     from sparkcluster.errors import SparkError
 
     silent = {"spark-b": "spark-b: the Docker engine did not answer containers (Read timed out)"}

@@ -353,7 +353,7 @@ def test_an_over_long_ssh_host_is_refused_by_lint_and_every_command(home):
         assert "h" * 100 not in err  # the value is not echoed
         if "--json" in argv:
             body = json.loads(out)
-            assert body["ok"] is False and body["exit_code"] == 2 and "problem(s)" in body["message"]
+            assert body["ok"] is False and body["exit_code"] == 2 and "problem(s)" in body["error"]
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "0", "inf"])
@@ -411,7 +411,7 @@ def test_json_failures_have_one_shape(home):
     ):
         rc, out, err, _ = sparkcluster(home, *argv)
         body = json.loads(out)
-        assert set(body) == {"ok", "message", "fix", "node", "exit_code", "details"}, body
+        assert set(body) == {"ok", "error", "fix", "problems", "exit_code", "details"}, body
         assert body["ok"] is False and body["exit_code"] == rc == 2 and body["fix"], body
 
 

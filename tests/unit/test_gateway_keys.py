@@ -25,8 +25,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from sparkcluster import programs
-from sparkcluster.cli import gateway_cmd, gateway_keys_cmd, main
-from sparkcluster.gateway import keys, metering
+from sparkcluster.cli import gateway_keys_cmd, main
+from sparkcluster.gateway import gateway_steps, keys, keys_place, metering
 from sparkcluster.gateway.app import FORWARDED
 from sparkcluster.programs import gateway_usage
 
@@ -374,9 +374,9 @@ def commands(tmp_path, monkeypatch, capsys):
     host.name = head
     (tmp_path / "home").mkdir()
     cluster = Cluster({head: host})
-    for module in (gateway_keys_cmd, gateway_cmd):
+    for module in (keys_place, gateway_steps):
         monkeypatch.setattr(module, "connect_reachable", lambda inventory: (cluster, {}))
-    monkeypatch.setattr(gateway_keys_cmd, "NodeLocks", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(keys_place, "NodeLocks", lambda *a: contextlib.nullcontext())
     monkeypatch.setattr(main.Invocation, "inventory", lambda self: inv)
 
     def sc(*argv):

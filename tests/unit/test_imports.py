@@ -28,7 +28,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("checks", "steps"),  # the checks over the facts; the step engine (Stage, the walk, progress, Run)
     ("deployment",),  # the deployment's domain: server, endpoint, supervision, teardown, the records
     ("fabric",),  # the NCCL fabric measured and judged, the engine's own NCCL read (doctor, up, bench, status)
-    ("up", "upgrade", "gateway", "monitor", "bench", "status", "importer"),  # the commands: peers
+    ("up", "upgrade", "down", "gateway", "monitor", "bench", "status", "importer"),  # the commands: peers
     ("cli",),  # the command line, which composes them
     ("__main__",),  # `python -m sparkcluster`
 )
@@ -260,3 +260,29 @@ def test_a_program_imports_only_the_standard_library_and_its_siblings():
                 wrong.append(f"{m}: {base}")
         assert all(x.startswith("sparkcluster.programs.") for x in programs.modules(m)), m
     assert wrong == []
+
+
+# The command-line modules of the commands that change nothing on the nodes (they read them): the
+# only ones that may connect by themselves. A command that changes nodes composes its package's
+# steps (`down`, `up`, `gateway_steps`, `monitor_steps`, `weights_only`), which connect and walk.
+READ_ONLY_CLI = {
+    "status_cmd",
+    "logs_cmd",
+    "events_cmd",
+    "init_cmd",  # reads the hosts, writes a local draft
+    "gateway_read_cmd",  # gateway status|events
+    "monitor_read_cmd",  # monitor status
+    "weights_read_cmd",  # weights status
+}
+
+
+def test_cli_imports_remote_only_for_read_only_commands():
+    """`cli` parses, composes and prints: `sparkcluster.remote` (the connections) is imported, even
+    lazily, only by the modules of read-only commands, and none of those offers a `--dry-run` (a
+    command with one changes nodes)."""
+    g = graph()
+    connecting = sorted(m for m, to in g.items() if package(m) == "cli" and any(package(t) == "remote" for t in to))
+    assert [m for m in connecting if m.rpartition(".")[2] not in READ_ONLY_CLI] == []
+    assert connecting, "the read-only commands connect through sparkcluster.remote"
+    changing = [m for m in MODULES if m.rpartition(".")[2] in READ_ONLY_CLI and '"--dry-run"' in MODULES[m].read_text()]
+    assert changing == []

@@ -287,8 +287,9 @@ def test_gateway_and_monitor_on_unreachable_nodes_say_so_and_exit_4(home):  # no
     assert all(f"ssh -p {port} spark@" in u["fix"] for u in body["unreachable"]), body
     rc, out, err, _ = sparkcluster(home, "gateway", "events", "--json", "-i", str(inv))
     body = json.loads(out)
-    assert rc == 4 and body["exit_code"] == 4 and "no gateway on the nodes that answer" in body["message"], body
-    assert "spark-a" in body["node"] and "spark-b" in body["node"], body
+    assert rc == 4 and body["exit_code"] == 4 and "no gateway on the nodes that answer" in body["error"], body
+    assert [p["node"] for p in body["problems"]] == ["spark-a", "spark-b"], body
+    assert all(f"ssh -p {port} spark@" in p["fix"] for p in body["problems"]), body
     rc, out, err, _ = sparkcluster(home, "gateway", "events", "--last", "-5", "-i", str(inv))
     assert rc == 2 and "--last" in err and "-5" in err, err
     rc, out, err, _ = sparkcluster(home, "monitor", "status", "-i", str(inv))
@@ -298,11 +299,11 @@ def test_gateway_and_monitor_on_unreachable_nodes_say_so_and_exit_4(home):  # no
 
 
 def test_gateway_status_names_the_url_clients_use_and_monitor_status_reads_prometheus():
-    from sparkcluster.cli import gateway_cmd, monitor_cmd
+    from sparkcluster.cli import gateway_read_cmd, monitor_read_cmd
 
-    assert gateway_cmd.client_url("spark-a", {"Mounts": []}, 4000) == "http://spark-a:4000/v1"
+    assert gateway_read_cmd.client_url("spark-a", {"Mounts": []}, 4000) == "http://spark-a:4000/v1"
     tls = {"Mounts": [{"Destination": "/etc/sparkcluster/tls"}]}
-    assert gateway_cmd.client_url("10.0.0.1", tls, 4443) == "https://10.0.0.1:4443/v1"
+    assert gateway_read_cmd.client_url("10.0.0.1", tls, 4443) == "https://10.0.0.1:4443/v1"
     targets = {
         "data": {
             "activeTargets": [
@@ -319,7 +320,7 @@ def test_gateway_status_names_the_url_clients_use_and_monitor_status_reads_prome
             ]
         }
     }
-    rows, firing = monitor_cmd.summary(targets, alerts)
+    rows, firing = monitor_read_cmd.summary(targets, alerts)
     assert [(r["job"], r["health"]) for r in rows] == [("agent", "up"), ("vllm", "down")]
     assert firing == [{"name": "EngineDown", "labels": {"node": "spark-b"}, "since": "t"}]
 
@@ -388,7 +389,7 @@ def test_shell_completion_completes_profile_and_node_names(home):  # noqa: F811
     assert "_SPARKCLUSTER_COMPLETE=bash_source sparkcluster" in readme
 
 
-SHAPE = {"ok", "message", "fix", "node", "exit_code", "details"}
+SHAPE = {"ok", "error", "fix", "problems", "exit_code", "details"}  # docs/reference/cli.md
 
 
 def test_json_on_every_command_that_prints_a_result_with_one_failure_shape(home):  # noqa: F811
@@ -438,5 +439,5 @@ def test_a_mistyped_node_name_gets_the_close_one(home):  # noqa: F811
     inv = write(home, "pair.toml", pair_toml(1))
     rc, out, err, _ = sparkcluster(home, "-i", str(inv), "down", "--node", "sprak-b", "--json")
     body = json.loads(out)
-    assert rc == 2 and "did you mean 'spark-b'?" in body["message"], body
+    assert rc == 2 and "did you mean 'spark-b'?" in body["error"], body
     assert body["fix"] == f"sparkcluster -i {inv} down --node spark-b --json", body

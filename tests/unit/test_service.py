@@ -677,3 +677,35 @@ def test_the_command_line_takes_a_service_where_it_can_and_refuses_it_in_one_lin
     assert "--offline is for a model's plan" in capsys.readouterr().err
     assert main([*inventory, "up", "--profile", "asr", "--node", "spark-a", "--smoke"]) == 2
     assert "is a service" in capsys.readouterr().err
+
+
+def test_up_of_a_service_walks_exactly_the_steps_its_dry_run_prints(monkeypatch):
+    """A service's `up` is steps of the shared engine (steps/walk), each with its run: what its dry run
+    prints (admitted, its container looked for, its image pulled, made, waited on) is what runs."""
+    import contextlib
+
+    from sparkcluster.deployment import teardown
+    from sparkcluster.steps import walk
+
+    class MemHost(FakeHost):
+        def run(self, cmd, timeout=30.0, stdin=None, *, warn=False):
+            class Done:
+                ok, stderr, exit_code = True, "", 0
+                stdout = "MemTotal:       125000000 kB\nMemAvailable:   120000000 kB\n"
+
+            return Done()
+
+    walked: list[str] = []
+    monkeypatch.setattr(walk, "event", lambda step, outcome, seconds=None: walked.append(step.id))
+    monkeypatch.setattr(teardown, "remove_container", lambda host, cid: True)
+    monkeypatch.setattr(service_up, "NodeLocks", lambda *a: contextlib.nullcontext())
+    api = FakeApi([{"state": contract.SERVING, "pid": 7}], image=False)
+    monkeypatch.setattr(service_up, "connect_reachable", lambda full: (FakeCluster({HEAD: MemHost(api)}), {}))
+    monkeypatch.setattr(deployments, "on", lambda cluster, full: ([], {}))
+    inv = make_inventory()
+    plan = service_up.run(inv, asr(), Quiet(), monitoring=None, node=(HEAD,), dry_run=True)
+    ids = [s["id"] for s in json.loads(plan.as_json())]
+    assert ids == [f"service/{HEAD}/{a}" for a in ("admit", "look", "pull", "create", "wait")] and walked == []
+    assert all(s.run is not None for s in plan.steps()) and "[service]" in plan.render()
+    got = service_up.run(inv, asr(), Quiet(), monitoring=lambda *a: contextlib.nullcontext(), node=(HEAD,))
+    assert walked == ids and got.pid == 7 and api.pulled == ["example/asr:1"]

@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 from sparkcluster.steps.base import Stage
-from sparkcluster.up import stages
+from sparkcluster.up import service_up, stages
 from sparkcluster.up.stages import STAGES
 from sparkcluster.upgrade import upgrade
 
@@ -62,6 +62,8 @@ def _state_types_used() -> dict[str, set[str]]:
 def test_the_state_a_stage_leaves_is_declared():
     # up's stages, and upgrade's (several `up`s and the canary between them, walked the same way)
     declared = {t.__name__ for s in [*STAGES.values(), *upgrade.STAGES.values()] for t in s.leaves}
+    # a service's `up` (up/service_up) walks steps of its own, whose state its module declares the same way
+    declared |= {t.__name__ for t in service_up.LEAVES}
     used = _state_types_used()
     # `r.put(how(...))`: the serve stage puts what the supervisor was handed, returned by a call
     # (server.start's Record, or on demand server.standby's Standby), and

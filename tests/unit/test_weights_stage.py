@@ -229,8 +229,9 @@ def test_cli_pull_status_rm_over_loopback(hub, model, tmp_path, monkeypatch, cap
     import contextlib
 
     from sparkcluster.cli import main as cli_main
-    from sparkcluster.cli import weights_cmd
+    from sparkcluster.cli import weights_cmd, weights_read_cmd
     from sparkcluster.remote.fanout import ConnectedHosts
+    from sparkcluster.up import weights_only
 
     _, ep = hub
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
@@ -240,10 +241,10 @@ def test_cli_pull_status_rm_over_loopback(hub, model, tmp_path, monkeypatch, cap
     assert download_here(tmp_path / "spark-head", ep, m).returncode == 0
     monkeypatch.setattr(cli_main.Invocation, "inventory", lambda self: inv)
     monkeypatch.setattr(ConnectedHosts, "connect", classmethod(lambda cls, i, nodes=None: ConnectedHosts(inv, hosts)))
-    monkeypatch.setattr(weights_cmd, "ClusterLock", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(weights_only, "ClusterLock", lambda *a: contextlib.nullcontext())
     monkeypatch.setattr(weights_cmd, "load_secrets", lambda *a: {})
     prof = profiles.load_profile("testbed")
-    monkeypatch.setattr(weights_cmd, "load_profile_for", lambda i, n: prof)
+    monkeypatch.setattr(weights_read_cmd, "load_profile_for", lambda i, n: prof)
     assert cli_main.main(["weights", "pull", "--profile", "testbed"]) == 0
     out = capsys.readouterr().out
     assert "sent to spark-worker" in out and "staged on every node" in out

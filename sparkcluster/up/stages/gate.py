@@ -24,7 +24,15 @@ REPAIRED_BY_UP = {"image.same", "image.ray", "containers.forwarded_env", "contai
 
 def steps(plan: Plan) -> list[Step]:
     return [
-        Step(STAGE, n.name, "facts", "facts and checks", "one read-only probe script, then path-MTU pings")
+        Step(
+            STAGE,
+            n.name,
+            "facts",
+            "facts and checks",
+            "one read-only probe script, then path-MTU pings",
+            # run before the plan (its facts make the plan): reported done, its facts read again here
+            run=lambda r, node=n.name: r.facts[node],
+        )
         for n in plan.inventory.nodes
     ]
 

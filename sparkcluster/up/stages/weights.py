@@ -231,8 +231,13 @@ def disk(stagings: list[Staging]) -> None:
 
 
 def steps(plan: Plan) -> list[Step]:
-    if plan.serve is None:
-        return []
+    """`up`'s weights stage: the weights' steps when the plan serves, none otherwise."""
+    return [] if plan.serve is None else stage_steps(plan)
+
+
+def stage_steps(plan: Plan) -> list[Step]:
+    """Every repository the profile needs, resolved, checked on every node, and staged where some
+    node lacks files: `up`'s weights stage, and `weights pull` alone (up/weights_only)."""
     want = wanted(plan.profile)
     if not want:
         return []
@@ -261,7 +266,7 @@ def steps(plan: Plan) -> list[Step]:
                     f"check the HF cache against {need.repo} ({need.role})",
                     f"in {hfcache.hub_dir(inv.hf_cache(n.name))}: every file's size, the hash of any file not "
                     "verified before; links the snapshot when complete",
-                    run=lambda r, n=n.name, k=k: stagings(r)[k].check(n),
+                    run=lambda r, n=n.name, k=k: stagings(r)[k].check(n, rehash=r.plan.rehash),
                     parallel=f"weights-check-{k}",
                 )
             )
