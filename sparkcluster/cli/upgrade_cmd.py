@@ -14,6 +14,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.cli.up_cmd import RichProgress, run_up
 from sparkcluster.config.images import check_dockerfile
+from sparkcluster.config.profile import where_to_edit
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.upgrade import upgrade as upgrades
 
@@ -82,6 +83,6 @@ def upgrade(
     click.echo(got)
     if image and prof.image.ref != image:
         click.echo(
-            f"note: profile '{prof.name}' still names {prof.image.ref}: set its [image] to the new one, or a later "
-            "`sparkcluster up` serves the old image again"
+            f"note: profile '{prof.name}' still names {prof.image.ref}: set its [image] to the new one "
+            f"({where_to_edit(prof)}), or a later `sparkcluster up` serves the old image again"
         )
