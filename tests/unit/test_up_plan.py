@@ -124,7 +124,9 @@ def test_bare_cluster_build_uses_pip_mirror(prof):
         # pip ignores a plain-http index unless its host is trusted
         "PIP_TRUSTED_HOST": "mirror.lan",
     }
-    assert "--build-arg PIP_INDEX_URL=http://mirror.lan:3141/simple" in plan.render()
+    assert "--build-arg PIP_INDEX_URL=http://mirror.lan:3141/simple" in " ".join(
+        plan.render().split()
+    )  # wrapped at ~100 columns
 
 
 def test_https_mirror_is_not_marked_trusted(prof):
