@@ -35,7 +35,14 @@ GUIDES = sorted((REPO / "docs" / "guides").glob("*.md"))
 SHIPPED = {p.stem for p in (REPO / "env-profiles").glob("*.toml") if not p.name.endswith(".perf.toml")}
 
 # commands that read only the inventory, the profiles and the code: run as written
-OFFLINE = {("profile", "list"), ("profile", "show"), ("profile", "lint"), ("profile", "copy"), ("monitor", "config")}
+OFFLINE = {
+    ("profile", "list"),
+    ("profile", "show"),
+    ("profile", "lint"),
+    ("profile", "copy"),
+    ("monitor", "config"),
+    ("monitor", "dashboards"),
+}
 # the substitution for a line that needs a Spark: `up` (of a shipped profile) runs as its own plan,
 # `up ... --dry-run --offline`, which reads the same inventory, profile and secrets and connects nowhere
 SUBSTITUTED = {("up",): ["--dry-run", "--offline"]}

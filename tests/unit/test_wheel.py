@@ -110,6 +110,13 @@ def test_an_installed_wheel_finds_its_profiles_and_plans_up_from_any_folder(inst
     assert "-f Dockerfile.vllm-ray ." in res.stdout
     assert (site / "sparkcluster" / "_data" / "images" / "Dockerfile.vllm-ray").is_file()
 
+    # the Grafana dashboards, from the installed package into a folder of the owner's
+    res = sc(installed, "monitor", "dashboards", "--out", "grafana")
+    assert res.returncode == 0, res.stdout + res.stderr
+    shipped_json = site / "sparkcluster" / "monitor" / "grafana" / "dashboards" / "sparkcluster-serving.json"
+    copied = installed["cwd"] / "grafana" / "dashboards" / "sparkcluster-serving.json"
+    assert copied.read_bytes() == shipped_json.read_bytes()
+
     res = sc(installed, "--version")
     assert res.returncode == 0 and res.stdout.startswith(f"sparkcluster {__version__}"), res.stdout + res.stderr
     commit = shipped.git_commit(REPO)
