@@ -1,5 +1,5 @@
-"""Model profiles (`$SPARKCLUSTER_PROFILES`, the shipped ones: `env-profiles/NAME.toml`, then
-`~/.config/sparkcluster/profiles/`: `search_places`),
+"""Model profiles (`$SPARKCLUSTER_PROFILES`, then `~/.config/sparkcluster/profiles/`, then the shipped
+ones, `env-profiles/NAME.toml`: `search_places`),
 validated by pydantic with unknown keys refused: the model and image, the variables forwarded to every
 container at start (equal on every node: `required_env_names`), the `vllm serve` arguments as typed
 fields (`flags.serve_argv`), the executor, the secrets' names (never values). Per-host variables are

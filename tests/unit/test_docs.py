@@ -334,3 +334,29 @@ def test_no_page_cites_an_internal_seed_or_issue_number():
         for m in INTERNAL.finditer(text)
     ]
     assert not hits, "\n".join(hits)
+
+
+def test_readmes_one_spark_inventory_is_the_least_that_loads_and_plans_a_serve(owner, capsys):
+    """README's one-Spark inventory: one node, no data_plane (nothing crosses a cable), and a
+    one-node profile plans on it as printed."""
+    from sparkcluster.cli.main import main
+    from sparkcluster.config import inventory
+
+    block = re.search(r"```toml\n(.*?)```", README.read_text().split("### One Spark", 1)[1], re.S).group(1)
+    inv = inventory.parse(block, source="README")
+    assert [n.name for n in inv.nodes] == ["spark-a"] and inv.head.data_plane == []
+    import tomllib
+
+    from pydantic import ValidationError
+
+    data = tomllib.loads(block)
+    for key in ("name", "role", "ssh", "control_if", "control_ip"):  # each one the least that loads needs
+        short = {**data, "nodes": [{k: v for k, v in data["nodes"][0].items() if k != key}]}
+        with pytest.raises(ValidationError):
+            inventory.Inventory.model_validate(short)
+    one = owner / "one.toml"
+    one.write_text(block)
+    rc = main(["-i", str(one), "up", "--profile", "qwen36-35b-fp8-single", "--dry-run", "--offline"])
+    out, err = capsys.readouterr()
+    assert rc == 0, out + err
+    assert out.startswith("plan for profile 'qwen36-35b-fp8-single' on cluster 'one'")
