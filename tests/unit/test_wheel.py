@@ -223,7 +223,8 @@ def test_readmes_install_lines_run_as_written_and_the_command_works_from_anywher
     elsewhere.mkdir()
     tools = Path(sys.executable).parent  # this environment's pipx and uv
     path = [str(bin_dir), str(tools)]
-    if any(line.startswith("pip ") for line in lines):  # the owner's own virtualenv
+    if any(line.startswith("pip install") for line in lines):  # the owner's own virtualenv
+        # (`pip wheel` only builds: this environment's pip does, as any pip would)
         venv = tmp_path / "venv"
         made = _run([sys.executable, "-m", "venv", str(venv)])
         assert made.returncode == 0, made.stderr
