@@ -93,7 +93,7 @@ def wiring(tb: Testbed) -> str:
 
 
 def lan_ip(host: str) -> str:
-    """The host's LAN address (where the endpoint listens)."""
+    """The host's LAN address (where the controller reaches the host; engines listen on its control address)."""
     return SPECS[host].lan_ip
 
 
