@@ -13,7 +13,6 @@ from pathlib import Path
 from perf import testbed
 from perf.cli import CLI
 from perf.counters import Sampler
-from tests.integration.helpers import door
 
 PROFILE = "testbed"
 REPS = int(os.environ.get("BENCH_REPS", "5"))
@@ -37,7 +36,7 @@ class Session:
         self.head, self.worker = self.inv.head, self.inv.workers[0]
         # the engine listens only on the head's control address (engines_listen's default), where the
         # controller has no route: the load reaches it through the tests' door into the head's network
-        self.endpoint = door("spark-head", self.prof.serve.port or self.inv.cluster.api_port)
+        self.endpoint = testbed.door("spark-head", self.prof.serve.port or self.inv.cluster.api_port)
         self.sampler = Sampler(
             tb.pid("spark-worker"), self.worker.control_if, [testbed.lan_veth(h) for h in self.hosts]
         )

@@ -11,13 +11,14 @@ import click
 import httpx
 
 from sparkcluster import redact
+from sparkcluster.cli import gateway_keys_cmd
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config import profile as profiles
 from sparkcluster.config import secrets as secret_store
 from sparkcluster.deployment import deployments, gateway_registry, supervision
 from sparkcluster.errors import EXIT_FAILED, EXIT_UNREACHABLE, InputError, SparkError
-from sparkcluster.gateway import deploy, litellm, rollout
+from sparkcluster.gateway import deploy, litellm, rollout, store
 from sparkcluster.labels import PORT_LABEL
 from sparkcluster.remote.fanout import connect_reachable, unreachable_error
 from sparkcluster.remote.lock import NodeLocks
@@ -25,7 +26,11 @@ from sparkcluster.remote.lock import NodeLocks
 
 @cli.group()
 def gateway() -> None:
-    """One endpoint for every model: up, down, status, events, export --litellm."""
+    """One endpoint for every model: up, down, status, events, keys, usage, export --litellm."""
+
+
+gateway.add_command(gateway_keys_cmd.keys_group)  # named keys and their usage: a module of their own
+gateway.add_command(gateway_keys_cmd.usage)
 
 
 _env_file_option = env_file_option(f"A .env (mode 0600) with {secret_store.GATEWAY_KEYS} and VLLM_API_KEY.")
@@ -87,7 +92,10 @@ def gateway_up(obj, node_name, port, drain_s, image, tls_cert, tls_key, dry_run,
         tls = {"cert": tls_cert, "key": tls_key} if tls_cert else {}
         tokens = deploy.wake_tokens(cluster.hosts, inv, found, loaded)
         held = gateway_registry.holds(api, running)  # an upgrade's hold, kept (read again just before the write)
-        p = rollout.make(inv, node.name, found, loaded, secrets, keys, img, running, port, drain_s, tls, tokens, held)
+        data = store.folder(cluster.hosts[node.name], inv.cluster.name)  # its key file and usage ledger
+        p = rollout.make(
+            inv, node.name, found, loaded, secrets, keys, img, running, port, drain_s, tls, tokens, held, data
+        )
         for n, why in sorted(missing.items()):
             click.echo(f"warning: {n}: cannot read what runs there, so its deployments are not routed: {why}", err=True)
         if dry_run:
@@ -108,9 +116,10 @@ def _show(got: dict, node: str, port: int) -> None:
 
 
 @gateway.command("down")
+@click.option("--purge-usage", is_flag=True, help="Also delete its usage ledger (kept otherwise; keys stay).")
 @click.pass_obj
-def gateway_down(obj) -> None:
-    """Stop the gateway (its streams drain first) and remove its container; deployments stay."""
+def gateway_down(obj, purge_usage: bool) -> None:
+    """Stop the gateway (its streams drain first) and remove its container; deployments, keys and usage stay."""
 
     inv = obj.inventory()
     cluster, unreachable = connect_reachable(inv)
@@ -122,7 +131,14 @@ def gateway_down(obj) -> None:
             if c is not None:
                 deploy.stop(api, c["Id"])
                 removed.append(f"{name}: removed {c['Names'][0].lstrip('/')} (port {c['Labels'].get(PORT_LABEL)})")
-    for line in removed:
+        # the usage ledger is where the gateway ran (else on the head, where `up` puts it)
+        purged = []
+        for name in ([r.split(":", 1)[0] for r in removed] or [inv.head.name]) if purge_usage else []:
+            if name in cluster.hosts:
+                folder = store.folder(cluster.hosts[name], inv.cluster.name)
+                store.purge(cluster.hosts[name], folder)
+                purged.append(f"{name}: deleted the usage ledger in {folder}/usage (the keys stay)")
+    for line in removed + purged:
         click.echo(line)
     if not removed:
         click.echo("no gateway" + (" on the nodes that answer" if unreachable else ""))

@@ -12,6 +12,14 @@ Retry-After until its supervisor says serving. A service's routes (issue 60: `/v
 body's format (an upload is multipart). A deployment an upgrade holds (the config's
 `held_until`, gateway/hold) takes no new request: one for it waits until the hold is released or its
 deadline passes.
+
+Who sent a request is its key's name (gateway/keys: `env:N` for GATEWAY_API_KEYS, the key file's
+names for the others, read again when the file changes). A named key may be held to some models
+(another is 404 in OpenAI's `model_not_found` shape, naming none of those served), to requests per
+minute, in flight and tokens per day (gateway/quota: 429 in the client's shape with Retry-After);
+what each request cost (the engine's own token counts, gateway/metering) goes into the usage ledger
+in the gateway's folder (programs/gateway_usage) and into the metrics by key name. `/metrics` and
+`/gateway/status` answer the controller's keys and admin keys only (403 to the others).
 """
 
 from __future__ import annotations
@@ -29,9 +37,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as Path
 
-from . import auth, exposure, health, proxy
+from ..programs.gateway_usage import USAGE_DIR, Ledger
+from . import auth, exposure, health, metering, proxy
 from .figures import Metrics
 from .health import REFUSED_REASON
+from .keys import KEYS_FILE, Identity, Keyring
+from .quota import Quota, Refusal
 from .routes import Route, Table, Unavailable
 
 # vLLM 0.32 serves every one of these itself, Anthropic's two included: nothing is translated
@@ -47,6 +58,17 @@ FORWARDED = (
 
 HELD_LOOK_S = 0.25  # a held request looks for its deployment this often
 OTHER_MODEL = "(other)"  # the metrics' label for every model name no deployment serves
+WHO = "sparkcluster.key"  # the scope's entry for the request's key's owner (keys.Identity), once known
+
+
+def doc_of(body: bytes):
+    """The body as JSON (None where it is not JSON), Unreadable where it is nested too deeply."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise Unreadable("the request body is nested too deeply") from None
+    except ValueError:
+        return None
 
 
 class Unreadable(ValueError):
@@ -56,12 +78,7 @@ class Unreadable(ValueError):
 def model_of(body: bytes) -> str | None:
     """The body's `model`, None where it names none or is no JSON; Unreadable where it is JSON
     nested too deeply to parse (Python's parser recurses per level)."""
-    try:
-        doc = json.loads(body)
-    except RecursionError:
-        raise Unreadable("the request body is nested too deeply") from None
-    except ValueError:
-        return None
+    doc = doc_of(body)
     name = doc.get("model") if isinstance(doc, dict) else None
     return name if isinstance(name, str) and name else None
 
@@ -69,6 +86,16 @@ def model_of(body: bytes) -> str | None:
 class Gateway:
     def __init__(self, cfg: dict, config_path: str | None = None):
         self.keys: list[str] = list(cfg.get("keys") or [])
+        # the gateway's folder on its node (bound into its container): the key file and the usage ledger
+        data = cfg.get("data") or None
+        self.keyring = Keyring(self.keys, os.path.join(data, KEYS_FILE) if data else None)
+        if data:
+            os.makedirs(os.path.join(data, USAGE_DIR), mode=0o700, exist_ok=True)
+        self.ledger = Ledger(
+            os.path.join(data, USAGE_DIR) if data else None, int(cfg.get("usage_retention_days") or 400)
+        )
+        self.quota = Quota(self.ledger)
+        self._pruned = time.monotonic()
         self.table = Table.from_config(cfg)
         self.poll_s = float(cfg.get("poll_s", 1.0))
         self.metrics = Metrics()
@@ -99,6 +126,7 @@ class Gateway:
             return
         self._config_mtime = seen
         self.keys = list(cfg.get("keys") or [])
+        self.keyring.set_env(self.keys)
         self.table.adopt(Table.from_config(cfg))
         self.poll_s = float(cfg.get("poll_s", self.poll_s))
         health.event("config reloaded", routes=[r.key for r in self.table.routes])
@@ -125,6 +153,15 @@ class Gateway:
     async def _watch(self) -> None:
         while True:
             self.reload_if_changed()
+            if self.keyring.reload_if_changed():
+                health.event("keys reloaded", keys=self.keyring.names())
+            try:  # the usage and the buckets since the last look, written off the event loop
+                await asyncio.to_thread(self.ledger.write, self.ledger.take())
+                if time.monotonic() - self._pruned > 3600:
+                    self._pruned = time.monotonic()
+                    await asyncio.to_thread(self.ledger.prune)
+            except Exception as e:  # noqa: BLE001 (a full disk must not stop the routing)
+                health.event("usage not written", error=f"{type(e).__name__}: {e}")
             try:
                 await self.refresh()
             except Exception as e:  # noqa: BLE001 (a bug here must not stop the routing)
@@ -145,6 +182,7 @@ class Gateway:
                 await watcher
             await self.client.aclose()
             await self.relay.close()
+            self.ledger.close()
             health.event("gateway stopped")
 
     # -- on demand
@@ -236,13 +274,24 @@ class Gateway:
         return said
 
     # -- the routes
-    def authorized(self, scope, headers) -> bool:
-        """The request shows one of the keys; its connection is then no longer capped as a keyless
-        one (gateway/exposure)."""
-        if not auth.allowed(auth.presented(headers), self.keys):
-            return False
+    def authorized(self, scope, headers) -> Identity | None:
+        """Whose key the request shows (None: no valid one); its connection is then no longer capped
+        as a keyless one (gateway/exposure), and the scope carries who it is (WHO)."""
+        who = self.keyring.identify(auth.presented(headers))
+        if who is None:
+            return None
         self.guard.keyed(scope.get("client"))
-        return True
+        scope[WHO] = who
+        return who
+
+    def operator(self, request: Request) -> Response | None:
+        """None where the request's key may read the gateway's own pages; else the refusal."""
+        who = self.authorized(request.scope, request.headers)
+        if who is None:
+            return _refusal(401, "missing or wrong API key", "authentication_error", False)
+        if not who.operator:
+            return _refusal(403, "this key may not read the gateway's own pages", "permission_error", False)
+        return None
 
     def label(self, model: str) -> str:
         """The metrics' label for a model name a client chose: itself where a deployment serves it
@@ -250,7 +299,8 @@ class Gateway:
         return model if not model or model in self.table.names() else OTHER_MODEL
 
     async def models(self, request: Request) -> Response:
-        if not self.authorized(request.scope, request.headers):
+        who = self.authorized(request.scope, request.headers)
+        if who is None:
             return _refusal(401, "missing or wrong API key", "authentication_error", False)
         up = [r for r in self.table.routes if r.up and not r.paths]  # a service lists no models of its own
 
@@ -274,11 +324,12 @@ class Gateway:
             seen.pop(n, {"id": n, "object": "model", "created": 0, "owned_by": "sparkcluster"})
             for n in self.table.names()
         ]
-        return JSONResponse({"object": "list", "data": data + list(seen.values())})
+        listed = [m for m in data + list(seen.values()) if who.may_use(m["id"])]  # a key held to some: those
+        return JSONResponse({"object": "list", "data": listed})
 
     async def status(self, request: Request) -> Response:
-        if not self.authorized(request.scope, request.headers):
-            return _refusal(401, "missing or wrong API key", "authentication_error", False)
+        if (refused := self.operator(request)) is not None:
+            return refused
         return JSONResponse(
             {
                 "models": self.table.names(),
@@ -301,8 +352,8 @@ class Gateway:
 
     async def metrics_page(self, request: Request) -> Response:
         """The gateway's figures, to a key (the monitoring stack's scrape carries one: monitor/scrape)."""
-        if not self.authorized(request.scope, request.headers):
-            return _refusal(401, "missing or wrong API key", "authentication_error", False)
+        if (refused := self.operator(request)) is not None:
+            return refused
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def alive(self, request: Request) -> Response:
@@ -313,12 +364,77 @@ class Gateway:
 
     # -- what both forwarders do: refuse, read the body, pass the request on
     async def refuse(
-        self, send, endpoint: str, model: str, status: int, message: str, kind: str, anthropic: bool, extra=None
+        self,
+        send,
+        endpoint: str,
+        model: str,
+        status: int,
+        message: str,
+        kind: str,
+        anthropic: bool,
+        extra=None,
+        who: Identity | None = None,
+        code: str | None = None,
     ) -> None:
         """Answers `status` with `message` in the client's error shape (proxy.send_error, its
-        headers `extra`), counted in the gateway's requests under `model` and `endpoint`."""
-        await proxy.send_error(send, status, message, kind, anthropic, extra)
+        headers `extra`), counted in the gateway's requests under `model` and `endpoint`, and as an
+        error of the key's (`who`) where it showed one."""
+        await proxy.send_error(send, status, message, kind, anthropic, extra, code)
         self.metrics.requests.labels(self.label(model), endpoint, str(status)).inc()
+        if who is not None:
+            self.account(who, model, str(status), None)
+
+    def account(self, who: Identity, model: str, outcome: str, meter) -> None:
+        """One request of `who`'s into the ledger and the metrics: its tokens (the meter's, as the
+        engine reported them), whether it failed, its time to the first byte where it streamed."""
+        prompt, completion = meter.tokens() if meter is not None else (0, 0)
+        # a client that left is no error of the gateway's or the engine's (its tokens are unknown: 0)
+        error = outcome != "disconnect" and not (outcome.isdigit() and int(outcome) < 400)
+        ttft = meter.ttft_s if meter is not None and meter.streamed else None
+        self.ledger.record(who.name, self.label(model), time.time(), prompt, completion, error, ttft)
+        self.metrics.key_requests.labels(who.name, outcome).inc()
+        if prompt:
+            self.metrics.key_tokens.labels(who.name, "prompt").inc(prompt)
+        if completion:
+            self.metrics.key_tokens.labels(who.name, "completion").inc(completion)
+
+    async def not_served(self, send, endpoint: str, model: str, who: Identity, anthropic: bool) -> None:
+        """404 for a model a key held to some may not use, or no deployment serves: OpenAI's
+        `model_not_found` ("The model ... does not exist or you do not have access to it", its
+        guide "Error codes") or Anthropic's `not_found_error`; neither names the models there are."""
+        if anthropic:
+            said = f"model: {model}"
+        else:
+            said = f"The model `{model}` does not exist or you do not have access to it."
+        kind = "not_found_error" if anthropic else "invalid_request_error"
+        await self.refuse(send, endpoint, model, 404, said, kind, anthropic, who=who, code="model_not_found")
+
+    async def over_limit(self, send, endpoint: str, model: str, who: Identity, refused, anthropic: bool) -> None:
+        """429 with Retry-After, in OpenAI's shape (code `rate_limit_exceeded`, type `requests` or
+        `tokens`, as its guide "Error codes" and its rate-limit errors show) or Anthropic's
+        (`rate_limit_error`, its API docs' "Errors" and "Rate limits")."""
+        kind = "rate_limit_error" if anthropic else ("tokens" if refused.limit == "tokens_per_day" else "requests")
+        extra = {"Retry-After": refused.retry_after}
+        await self.refuse(
+            send, endpoint, model, 429, refused.message, kind, anthropic, extra, who=who, code="rate_limit_exceeded"
+        )
+
+    def metered(self, who: Identity, model: str, body: bytes, doc, endpoint: str):
+        """The request admitted within its key's limits: the body to send (usage asked for on a stream)
+        and its meter, which settles the request (its key's count in flight, the ledger, the metrics)
+        when proxy.forward ends, however it ends; else the quota's Refusal. Settled there, not in a
+        coroutine around the relay's: that would be one more frame on every resume of a stream."""
+        refused = self.quota.admit(who, time.time())
+        if refused is not None:
+            return refused
+        body, asked = metering.prepare(body, doc, endpoint)
+
+        def settle(outcome: str) -> None:
+            self.quota.done(who)
+            self.account(who, model, outcome, meter)
+
+        meter = metering.Meter(asked, settle=settle)
+        return body, meter
 
     async def request_body(
         self, scope, receive, send, endpoint: str, anthropic: bool, upload: bool = False
@@ -363,7 +479,9 @@ class Gateway:
     async def unreadable(self, send, endpoint: str, e: Unreadable, anthropic: bool) -> None:
         await self.refuse(send, endpoint, "", 400, f"{e}: it is not read", "invalid_request_error", anthropic)
 
-    def forward(self, picked: Route, scope, receive, send, body: bytes, model: str, endpoint: str, anthropic: bool):
+    def forward(
+        self, picked: Route, scope, receive, send, body: bytes, model: str, endpoint: str, anthropic: bool, meter=None
+    ):
         """proxy.forward to `picked`, counted under `model` and `endpoint`, `picked` marked used now (on
         demand's "lru" rule, issue 60). It returns proxy.forward's coroutine for the forwarder to
         await: a coroutine of its own would be one more frame on every resume of a streamed relay
@@ -380,6 +498,7 @@ class Gateway:
             model=model,
             endpoint=endpoint,
             anthropic=anthropic,
+            meter=meter,
         )
 
     def forwarder(self, endpoint: str):
@@ -390,22 +509,30 @@ class Gateway:
             if body is None:
                 return
             try:
-                model = model_of(body)
+                doc = doc_of(body)
             except Unreadable as e:
                 await self.unreadable(send, endpoint, e, anthropic)
                 return
-            if model is None:
+            model = doc.get("model") if isinstance(doc, dict) else None
+            if not isinstance(model, str) or not model:
                 await proxy.send_error(send, 400, "the request body names no model", "invalid_request_error", anthropic)
+                return
+            who: Identity = scope[WHO]
+            if not who.may_use(model):
+                await self.not_served(send, endpoint, model, who, anthropic)
                 return
             picked = self.table.pick(model, time.time())
             while isinstance(picked, Unavailable) and picked.held_until > time.time():
                 # held by an upgrade: wait for the release (or the hold's end), then go on as usual
                 await asyncio.sleep(HELD_LOOK_S)
                 picked = self.table.pick(model, time.time())
+            if picked is None and who.models:  # a key held to some models learns of no other
+                await self.not_served(send, endpoint, model, who, anthropic)
+                return
             if picked is None:
                 names = ", ".join(self.table.names()) or "none"
                 said = f"model '{model}' is not served here; models: {names}"
-                await self.refuse(send, endpoint, model, 404, said, "not_found_error", anthropic)
+                await self.refuse(send, endpoint, model, 404, said, "not_found_error", anthropic, who=who)
                 return
             if isinstance(picked, Unavailable):
                 woken = self.wake(model)
@@ -414,9 +541,13 @@ class Gateway:
                 said = self.unavailable(model, picked, woken)
                 kind = "overloaded_error" if anthropic else "service_unavailable"
                 extra = {"Retry-After": picked.retry_after}
-                await self.refuse(send, endpoint, model, 503, said, kind, anthropic, extra)
+                await self.refuse(send, endpoint, model, 503, said, kind, anthropic, extra, who=who)
                 return
-            await self.forward(picked, scope, receive, send, body, model, endpoint, anthropic)
+            got = self.metered(scope[WHO], model, body, doc, endpoint)
+            if isinstance(got, Refusal):
+                await self.over_limit(send, endpoint, model, scope[WHO], got, anthropic)
+                return
+            await self.forward(picked, scope, receive, send, got[0], model, endpoint, anthropic, got[1])
 
         return app
 
@@ -443,7 +574,15 @@ class Gateway:
                 await self.refuse(send, endpoint, model or "", 503, said, "service_unavailable", False, extra)
                 return
             label = self.label(model or "") or (picked.names[0] if picked.names else picked.key)
-            await self.forward(picked, scope, receive, send, body, label, endpoint, False)
+            who: Identity = scope[WHO]
+            if not who.may_use(model or label):
+                await self.not_served(send, endpoint, model or label, who, False)
+                return
+            got = self.metered(who, label, body, None, endpoint)
+            if isinstance(got, Refusal):
+                await self.over_limit(send, endpoint, label, who, got, False)
+                return
+            await self.forward(picked, scope, receive, send, got[0], label, endpoint, False, got[1])
 
         return app
 

@@ -17,6 +17,7 @@ from sparkcluster.errors import SparkError
 from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL, SERVICE_ROLE, container_name, is_gateway
 from sparkcluster.remote import retry
 
+from . import store
 from .rollout import GatewayPlan, code_files
 
 READY_TIMEOUT_S = 60.0
@@ -149,6 +150,8 @@ def apply(api, plan: GatewayPlan, host, say=lambda line: None) -> dict:
                     f"port {plan.port} on {plan.node} is held by another program: {held}",
                     "choose another with sparkcluster gateway up --port N",
                 )
+        elif step.action == "data":
+            store.prepare(host, plan.data_dir)
         elif step.action == "config":
             _keep_holds(api, plan)
             write_config(api, container, plan)

@@ -1,7 +1,7 @@
 """The gateway's own figures, per model name, for Prometheus: requests (by endpoint and status),
 latency to the first byte and to the last, requests in flight, upstream errors, and whether each
-deployment is in rotation. One registry per app, so two gateways in one process (tests) do not
-share counters."""
+deployment is in rotation; per key name, requests and tokens. One registry per app, so two
+gateways in one process (tests) do not share counters."""
 
 from __future__ import annotations
 
@@ -50,6 +50,15 @@ class Metrics:
             "Requests held while a deployment started on demand, by how the hold ended (served, timed out)",
             ["outcome"],
             registry=r,
+        )
+
+        # by key name: only the configured keys' names (GATEWAY_API_KEYS' `env:N` and the key file's), so
+        # no client grows the series; a request without a valid key counts under none
+        self.key_requests = Counter(
+            f"{p}_key_requests", "Requests, by key name and status (429: over a limit)", ["key", "code"], registry=r
+        )
+        self.key_tokens = Counter(
+            f"{p}_key_tokens", "Tokens the engines reported, by key name and kind", ["key", "kind"], registry=r
         )
 
     def render(self) -> bytes:

@@ -63,15 +63,19 @@ def downstream_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, byte
     return [(k, v) for k, v in raw if k.lower() not in _NOT_DOWNSTREAM]
 
 
-def error_body(status: int, message: str, kind: str, anthropic: bool) -> bytes:
-    """An error in the shape the client's API uses: Anthropic's for /v1/messages, OpenAI's otherwise."""
+def error_body(status: int, message: str, kind: str, anthropic: bool, code: str | None = None) -> bytes:
+    """An error in the shape the client's API uses: Anthropic's for /v1/messages, OpenAI's otherwise
+    (`code`: OpenAI's error code where it has one, `model_not_found`, `rate_limit_exceeded`: its
+    API reference's error object and its guide "Error codes"; else the status)."""
     if anthropic:
         return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
-    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code or status}}).encode()
 
 
-async def send_error(send, status: int, message: str, kind: str, anthropic: bool, extra: dict | None = None) -> None:
-    body = error_body(status, message, kind, anthropic)
+async def send_error(
+    send, status: int, message: str, kind: str, anthropic: bool, extra: dict | None = None, code: str | None = None
+) -> None:
+    body = error_body(status, message, kind, anthropic, code)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), str(v).encode()) for k, v in (extra or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -114,10 +118,12 @@ async def forward(
     model: str,
     endpoint: str,
     anthropic: bool,
+    meter=None,
 ) -> str:
     """Send `body` to `route` and relay the answer; returns how it ended (the status code, or
     "disconnect" when the client went away first). Raises Broken when the deployment broke off
-    mid-answer (counted as "upstream"), once the client has been told in the stream."""
+    mid-answer (counted as "upstream"), once the client has been told in the stream. A `meter`
+    (gateway/metering) reads the answer's tokens as it passes and says what of it goes on."""
     qs = scope.get("query_string") or b""
     url = route.upstream + scope["path"] + (f"?{qs.decode('latin-1')}" if qs else "")
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in upstream_headers(scope["headers"], route.api_key)]
@@ -156,12 +162,18 @@ async def forward(
                 }
             )
             first, chunk = True, b""
+            if meter is not None:
+                meter.begin(resp.headers.get("content-type", ""), resp.headers.get("content-length"))
             try:
                 async for chunk in resp.content.iter_any():
                     if first:
                         metrics.first_byte.labels(model).observe(time.monotonic() - started)
                         first = False
+                    if meter is not None and not (chunk := meter.feed(chunk)):
+                        continue
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if meter is not None and (rest := meter.end()):
+                    await send({"type": "http.response.body", "body": rest, "more_body": True})
                 outcome, whole = str(resp.status), True
             except (aiohttp.ClientError, TimeoutError) as e:  # the deployment broke off mid-answer
                 metrics.upstream_errors.labels(model, "read").inc()
@@ -187,6 +199,8 @@ async def forward(
         metrics.in_flight.labels(model).dec()
         metrics.requests.labels(model, endpoint, outcome).inc()
         metrics.latency.labels(model).observe(time.monotonic() - started)
+        if meter is not None:
+            meter.done(outcome)
     if broken:
         health.event("stream broken", deployment=route.key, model=model, endpoint=endpoint, error=broken)
         raise Broken(route.key)

@@ -37,6 +37,7 @@ CODE_DIR = "/opt/sparkcluster-gateway"  # `python3 CODE_DIR CONFIG` runs its __m
 DEFAULT_PORT = 4000  # LiteLLM's and sparkrun's proxy port: clients configured for those find it
 DEFAULT_DRAIN_S = 30
 RESTART_POLICY = {"Name": "unless-stopped"}
+DATA_MOUNT = "/var/lib/sparkcluster-gateway"  # its folder on the node (gateway/store): key file, usage ledger
 LAUNCHER = (
     '"""The gateway container\'s entry point (sparkcluster/gateway/rollout.py ships it)."""\n'
     "import sys\n\nfrom sparkcluster.gateway.entrypoint import main\n\nsys.exit(main(*sys.argv[1:]))\n"
@@ -122,6 +123,7 @@ class GatewayPlan:
     wake_tokens: dict[str, str] = field(default_factory=dict, repr=False)
     # deployment key -> its hold's deadline (deployment/gateway_hold), kept from the running gateway's config
     held: dict[str, float] = field(default_factory=dict)
+    data_dir: str = ""  # its folder on the node (gateway/store), bound read-write at DATA_MOUNT
     _steps: list[Step] = field(default_factory=list, repr=False)
 
     @property
@@ -151,18 +153,31 @@ class GatewayPlan:
                 for u in self.routes
             ],
             **({"held_until": dict(self.held)} if self.held else {}),
+            **({"data": DATA_MOUNT} if self.data_dir else {}),
             # on demand across deployments (issue 60): which idle one yields to a woken one that does not fit
             **({"yield": self.inventory.on_demand.model_dump()} if self.inventory.on_demand.rule != "never" else {}),
         }
 
     def binds(self) -> dict[str, str]:
-        return {str(Path(p).parent): "/etc/sparkcluster/tls" for p in self.tls.values()}
+        out = {str(Path(p).parent): "/etc/sparkcluster/tls" for p in self.tls.values()}
+        return {**out, self.data_dir: DATA_MOUNT} if self.data_dir else out
+
+    @staticmethod
+    def bind_mode(container_path: str) -> str:
+        return "rw" if container_path == DATA_MOUNT else "ro"  # only its own folder is written
 
     def config_hash(self) -> str:
         """What needs a new container when it changes: image, code, port, drain, TLS. Routes and
         keys do not: the running gateway re-reads its config file."""
         doc = json.dumps(
-            {"image": self.image, "files": code_files(), "port": self.port, "drain": self.drain_s, "tls": self.tls},
+            {
+                "image": self.image,
+                "files": code_files(),
+                "port": self.port,
+                "drain": self.drain_s,
+                "tls": self.tls,
+                **({"data": self.data_dir} if self.data_dir else {}),
+            },
             sort_keys=True,
         )
         return hashlib.sha256(doc.encode()).hexdigest()[:16]
@@ -204,14 +219,14 @@ class GatewayPlan:
             "network_mode": "host",
             "restart_policy": dict(RESTART_POLICY),
             "init": True,
-            "binds": {h: {"bind": c, "mode": "ro"} for h, c in self.binds().items()},
+            "binds": {h: {"bind": c, "mode": self.bind_mode(c)} for h, c in self.binds().items()},
         }
 
     def docker_run_equivalent(self) -> str:
         argv = ["docker", "run", "-d", "--name", self.container, "--network", "host", "--restart", "unless-stopped"]
         argv += ["--init", "--stop-timeout", str(self.drain_s + 5)]
         for h, c in self.binds().items():
-            argv += ["-v", f"{h}:{c}:ro"]
+            argv += ["-v", f"{h}:{c}:{self.bind_mode(c)}"]
         for k, v in self.labels().items():
             argv += ["--label", f"{k}={v}"]
         return shlex.join([*argv, "--entrypoint", "", self.image, *self.command()])
@@ -265,6 +280,7 @@ def make(
     tls: dict[str, str] | None = None,
     wake_tokens: dict[str, str] | None = None,
     held: dict[str, float] | None = None,
+    data_dir: str = "",
 ) -> GatewayPlan:
     """Pure: the plan and its steps (the step functions take the command's context: see
     cli/gateway_cmd.py)."""
@@ -289,10 +305,14 @@ def make(
     p.running = running
     p.wake_tokens = {k: v for k, v in (wake_tokens or {}).items() if v}
     p.held = dict(held or {})
+    p.data_dir = data_dir
     n_keys = f"{len(keys)} client key(s) ******"
     if p.held:  # an upgrade under way: its hold (and deadline) stays in the config written
         n_keys += f", the hold of {', '.join(sorted(p.held))} kept"
     where = f"{CONFIG_PATH} in {p.container} (mode 0600, through the Docker API)"
+    if data_dir:  # the key file and the usage ledger (gateway/store), kept by `gateway down`
+        what = f"make {data_dir} on {node} (mode 0700): its key file and usage ledger, kept across up and down"
+        p._steps.append(Step("gateway", node, "data", what))
     if p.keep_running():
         p._steps.append(
             Step(

@@ -232,3 +232,27 @@ def test_monitoring_finds_the_gateway_to_scrape():
     assert ports == {A: 4000}
     jobs = [(t.job, t.address) for t in scrape.targets(INV, [], ports)]
     assert (scrape.GATEWAY_JOB, f"{INV.node(A).control_ip}:4000") in jobs
+
+
+def test_the_gateways_folder_is_made_and_bound_read_write_and_the_shipped_gateway_uses_it(tmp_path):
+    """`gateway up` makes the gateway's folder on its node (its key file and usage ledger) and binds it
+    read-write; a change of folder needs a new container; the shipped files read named keys there and
+    open the ledger there, on their own."""
+    from sparkcluster.gateway import keys
+
+    folder = "/home/owner/.local/share/sparkcluster/gateway/testbed"
+    p = make(data_dir=folder)
+    assert [s.action for s in p.steps()] == ["data", "port", "create", "ready"]
+    assert p.config()["data"] == rollout.DATA_MOUNT and "data" not in make().config()
+    assert p.host_config_kwargs()["binds"] == {folder: {"bind": rollout.DATA_MOUNT, "mode": "rw"}}
+    assert f"-v {folder}:{rollout.DATA_MOUNT}:rw" in p.docker_run_equivalent()
+    assert p.config_hash() != make().config_hash()
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / keys.KEYS_FILE).write_text(keys.render([keys.Entry("owner", keys.digest("sk-spark-named-key-1"))]))
+    run = _run_shipped(tmp_path / "code", {"data": str(data)})
+    base = next(run)
+    assert httpx.get(f"{base}/v1/models", headers={"x-api-key": "sk-spark-named-key-1"}).status_code == 200
+    assert httpx.get(f"{base}/metrics", headers={"x-api-key": "sk-spark-named-key-1"}).status_code == 403
+    next(run)
+    assert (data / "usage" / "usage.db").is_file()

@@ -233,7 +233,7 @@ def test_the_agent_and_the_gateway_ship_what_they_import():
     """The files of the node agent and of the gateway are their entry points and what those import
     (programs.modules), laid out as the package is: every node module reaches the agent's folder (the
     fabric test's rank program named beside the agent), the gateway's container gets its own modules
-    and the node contract and nothing else of the package."""
+    and the node contract and the usage ledger's module, and nothing else of the package."""
     from sparkcluster.container.spec import AGENT_FILES
     from sparkcluster.gateway.rollout import CODE_DIR, code_files
 
@@ -244,12 +244,15 @@ def test_the_agent_and_the_gateway_ship_what_they_import():
         "sparkcluster/gateway/rollout.py",
         "sparkcluster/gateway/deploy.py",
         "sparkcluster/gateway/litellm.py",
+        "sparkcluster/gateway/store.py",
     }
     assert {k.removeprefix(CODE_DIR + "/") for k in code_files()} == {
         *(gateway - controller),
         "sparkcluster/__init__.py",
         "sparkcluster/node/__init__.py",
         "sparkcluster/node/contract.py",
+        "sparkcluster/programs/__init__.py",
+        "sparkcluster/programs/gateway_usage.py",  # the usage ledger: the gateway writes it, the host reads it
         "__main__.py",
     }
     assert programs.layout(["sparkcluster.node", "sparkcluster.node.agent"], "sparkcluster.node", "node") == {
