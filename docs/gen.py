@@ -417,7 +417,7 @@ def profile_page() -> str:
         "gets; `sparkcluster profile lint NAME` judges it ([lint rules](lint.md)).\n"
     )
     _model_tables(Profile, "", docs, {Profile})
-    # a profile of kind "service" (issue 60): its own keys, under headings of their own
+    # a profile of kind "service" (config/service_profile): its own keys, under headings of their own
     from sparkcluster.config.service_profile import ServiceProfile
 
     docs.append(

@@ -73,6 +73,8 @@ def _subnets(f: HostFacts, netdev: str) -> set:
 @check("rdma.hca", "RoCE HCAs for NCCL_IB_HCA: present, ACTIVE, on the right netdev")
 def rdma_hca(ctx: Context, r: Report) -> None:
     for node in ctx.nodes():
+        if not node.data_plane:
+            continue  # one node alone: nothing crosses a cable, the inventory names no HCA (SKIP)
         f = ctx.facts[node.name]
         problems, down = [], []
         for link in node.data_plane:

@@ -1,11 +1,14 @@
-"""`sparkcluster monitor up|down|status|config`: Prometheus and Alertmanager on the head, node_exporter on
+"""`sparkcluster monitor up|down|status|config|dashboards`: Prometheus and Alertmanager on the head, node_exporter on
 every node (sparkcluster/monitor). `up` generates the scrape configuration from the inventory and
 the deployments running now, so it is run again after `up` of a new deployment; `config` prints
-what `up` would write (the webhook masked) without starting anything."""
+what `up` would write (the webhook masked) without starting anything; `dashboards` copies the
+shipped Grafana dashboards to a folder of the owner's."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import click
 
@@ -14,8 +17,8 @@ from sparkcluster.cli import monitor_read_cmd
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.secrets import GATEWAY_KEYS, load_secrets, split_keys
-from sparkcluster.errors import EXIT_FAILED, EXIT_UNREACHABLE, failure, problem
-from sparkcluster.monitor import alerting, monitor_steps, scrape
+from sparkcluster.errors import EXIT_FAILED, EXIT_UNREACHABLE, InputError, SparkError, failure, problem
+from sparkcluster.monitor import alerting, dashboards, monitor_steps, scrape
 from sparkcluster.steps.base import dry_run as dry_run_text
 
 
@@ -168,3 +171,37 @@ def monitor_config(obj, env_file, alertmanager: bool) -> None:
 
 # the read-only subcommand (status) connects by itself: its own module
 monitor.add_command(monitor_read_cmd.monitor_status)
+
+
+@monitor.command("dashboards")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The folder to write them to (made if missing); an existing file is never overwritten.",
+)
+def monitor_dashboards(out: Path) -> None:
+    """Copy the Grafana dashboards and provisioning files that ship with sparkcluster into a folder."""
+    shipped_files = sorted(p for p in dashboards.HERE.rglob("*") if p.is_file())
+    if not shipped_files:
+        raise SparkError(
+            f"no dashboards in this install ({dashboards.HERE})", "reinstall sparkcluster (README, Install)"
+        )
+    targets = [(p, out / p.relative_to(dashboards.HERE)) for p in shipped_files]
+    there = [str(t) for _, t in targets if t.exists()]
+    if there:
+        raise InputError(
+            f"{there[0]} exists" + (f" (and {len(there) - 1} more)" if len(there) > 1 else "") + ": not overwritten",
+            "give --out a new folder, or remove those files first",
+        )
+    for source, target in targets:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        click.echo(str(target))
+    click.echo(
+        f"next: set the datasource's url in {out / 'provisioning/datasources/sparkcluster.yml'} to "
+        "http://HEAD_CONTROL_IP:9090 (the head's control_ip), copy provisioning/ into Grafana's provisioning "
+        "folder and dashboards/ to /var/lib/grafana/dashboards/sparkcluster",
+        err=True,
+    )

@@ -1,4 +1,4 @@
-"""`sparkcluster profile list|show|lint`: model profiles and what each node's container gets."""
+"""`sparkcluster profile list|show|copy|lint`: model profiles and what each node's container gets."""
 
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import HOME_HF_CACHE
 from sparkcluster.config.lint import CLUSTER_RULES, failures, lint, memory_fit_notes, unchecked_flags
 from sparkcluster.config.profile import (
+    PROFILE_NAME,
     PROFILES_ENV_VAR,
     USER_PROFILES,
     Profile,
     available,
     container_env,
+    find,
     load_profile,
     non_carry_over_file,
     per_host_env,
@@ -31,10 +33,13 @@ from sparkcluster.config.profile import (
     required_env_names,
     search_places,
     secret_env_names,
+    shadow_notice,
+    shadowed,
+    user_copy_path,
 )
 from sparkcluster.config.secrets import API_KEY, ENV_FILE_HELP, key_file, load_secrets, masked
 from sparkcluster.config.service_profile import is_service
-from sparkcluster.errors import EXIT_FAILED, SparkError
+from sparkcluster.errors import EXIT_FAILED, InputError, SparkError
 
 # the Dockerfile's default pin (images/Dockerfile.vllm-ray ARG RAY_VERSION)
 DEFAULT_RAY_VERSION = "2.60.0"
@@ -89,9 +94,12 @@ def list_cmd(as_json: bool) -> None:
                 "error": getattr(e, "message", str(e)),
             }
             what = f"(invalid: {row['error']})"
+        hidden = shadowed(name)
+        row["overrides"] = [str(h) for h in hidden]
         rows.append(row)
         if not as_json:
-            _echo(f"{name.ljust(width)}  {what}  [{path}]")
+            over = f"  (overrides {' and '.join(map(str, hidden))})" if hidden else ""
+            _echo(f"{name.ljust(width)}  {what}  [{path}]{over}")
     places = search_places()
     if as_json and found:
         searched = [{"path": str(d), "from": where, "exists": d.is_dir()} for d, where in places]
@@ -203,6 +211,8 @@ def show_cmd(
 ) -> None:
     """What each node's container gets for profile NAME, and the serve command (secrets masked)."""
     p = load_profile(name)
+    if note := shadow_notice(p.path, p.name):
+        _echo(note, err=True)
     inv = _inventory(ctx, inventory_path)
     secrets = load_secrets(env_file, p)
     r = _resolved(p, inv, secrets, ray_version)
@@ -270,6 +280,32 @@ def show_cmd(
             figs = ", ".join(f"{k} {v:g}" for k, v in run["figures"].items())
             _echo(f"  {run['conditions']}: {figs}")
         _echo(f"  compare this cluster with it: sparkcluster bench --profile {p.name} --compare published")
+
+
+@profile_group.command("copy")
+@click.argument("name")
+@click.option(
+    "--to", "new", default=None, help="The new profile's name (default: NAME, which then overrides the shipped one)."
+)
+def copy_cmd(name: str, new: str | None) -> None:
+    """Copy profile NAME into your profiles folder to edit; prints the file written (never overwrites)."""
+    source = find(name)
+    new = new or source.stem
+    if not PROFILE_NAME.match(new):
+        raise InputError(f"not a profile name: {new!r}", "use letters, digits, '.', '_' or '-'")
+    target = user_copy_path(new)
+    if target.exists():
+        raise InputError(
+            f"{target} exists: not overwritten",
+            f"edit it, or copy to another name: sparkcluster profile copy {name} --to {new}-2",
+        )
+    text = source.read_text(encoding="utf-8")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    _echo(str(target))
+    hidden = [h for h in shadowed(new) if h.resolve() != target.resolve()]
+    if hidden:
+        _echo(f"note: profile '{new}' is now this file; it overrides {' and '.join(map(str, hidden))}", err=True)
 
 
 @profile_group.command("lint")

@@ -14,6 +14,7 @@ from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.images import check_dockerfile
+from sparkcluster.config.profile import shadow_notice
 from sparkcluster.config.secrets import API_KEY, ENV_FILE_HELP, generate_api_key, key_file, load_secrets
 from sparkcluster.config.service_profile import is_service
 from sparkcluster.deployment import deployments
@@ -139,6 +140,8 @@ def up(
         raise click.UsageError("--replace takes the others down, --beside keeps them: choose one")
     inv = obj.inventory()
     prof = profile_or_usage(inv, profile_name, service=True)
+    if not is_service(prof) and (note := shadow_notice(prof.path, prof.name)):
+        click.echo(note, err=True)  # a profile of yours that shares a shipped name is the one used
     if is_service(prof):  # issue 60 item 2: a service beside the models
         if smoke:
             raise click.UsageError(f"--smoke measures a model's engine; '{prof.name}' is a service")

@@ -14,6 +14,7 @@ from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.cli.up_cmd import RichProgress, run_up, with_api_key
 from sparkcluster.config.images import check_dockerfile, check_image_ref
+from sparkcluster.config.profile import where_to_edit
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.upgrade import upgrade as upgrades
 
@@ -85,6 +86,6 @@ def upgrade(
     click.echo(got)
     if image and prof.image.ref != image:
         click.echo(
-            f"note: profile '{prof.name}' still names {prof.image.ref}: set its [image] to the new one, or a later "
-            "`sparkcluster up` serves the old image again"
+            f"note: profile '{prof.name}' still names {prof.image.ref}: set its [image] to the new one "
+            f"({where_to_edit(prof)}), or a later `sparkcluster up` serves the old image again"
         )

@@ -30,11 +30,13 @@ class SupervisorSettings(BaseModel):
     probe_failures: int = Field(default=_DEFAULT.probe_failures, ge=1)
     # the slowest prefill this setup may see, in prompt tokens per second: lint checks that one
     # scheduler step (max_num_batched_tokens at this rate) fits well within stall_s. 500 tok/s is
-    # seed 001's dense ~90B model at large context (~133 s to the first token); small-active MoE
-    # models prefill at ~6,000 tok/s on a Spark (seed 001, same guide)
+    # the vLLM-on-Spark practical guide's dense ~90B model at large context (~133 s to the first token); small-active
+    # MoE
+    # models prefill at ~6,000 tok/s on a Spark (the same guide)
     prefill_floor_tok_s: float = Field(default=500.0, gt=0)
     # MemAvailable on any node below this for memory_samples looks in a row: the server is stopped
-    # for good (seed 000: +47 GB in 6 s on unified memory, and the host stopped answering SSH)
+    # for good (the corti.com Qwen3.6-35B field report: +47 GB in 6 s on unified memory, and the host stopped
+    # answering SSH)
     memory_floor_gib: float = Field(default=_DEFAULT.memory_floor_gib, ge=0)
     memory_samples: int = Field(default=_DEFAULT.memory_samples, ge=1)
     # before any restart, wait at most this long until every node's MemAvailable covers the engine's
@@ -50,7 +52,7 @@ class SupervisorSettings(BaseModel):
 
 
 class OnDemandSettings(BaseModel):
-    """A profile's `[on_demand]` table (issue 36): `up` leaves the deployment on standby (image,
+    """A profile's `[on_demand]` table: `up` leaves the deployment on standby (image,
     weights and containers in place, no engine, no memory held); a request through the gateway
     wakes it through the head's agent, admitted against every node's memory; an engine with no
     request for idle_ttl_s is stopped again (its containers stay)."""

@@ -1,7 +1,7 @@
 """The compile and autotune caches a node keeps for its serving containers, so that a restart (the
 supervisor's, an upgrade's canary, a worker's reboot, `down` then `up`) loads what the last start
 compiled instead of compiling it again: torch.compile/AOT, inductor, Triton, FlashInfer JIT and
-autotune. On GB10 that compile is minutes per start (issue 40).
+autotune. On GB10 that compile is minutes per start.
 
 One folder per node and SSH user, beside the HF cache (`~/.cache/sparkcluster/compile`, the
 inventory's `compile_cache`), with one subfolder per key. The key is what decides whether compiled
@@ -172,7 +172,7 @@ FIXED_ENV: dict[str, str] = {"B12X_TRELLIS_BUILD_DIR": "/root/.cache/b12x/trelli
 # design: torch/_inductor/codecache.py), that is /tmp/torchinductor_<user>, and every start looks for
 # the header before it looks for a kernel's cached library. A new container's /tmp lacked it, so a
 # start after `down`/`up` ran g++ on the header again, 10 s of its 15 s compile figure on the testbed
-# where a supervisor restart in the same container took 5 (issue 40 item 3). The engine runs as the
+# where a supervisor restart in the same container took 5. The engine runs as the
 # image's user, root in NGC's image (and the testbed's stand-in).
 DEFAULT_DIRS: dict[str, str] = {"/tmp/torchinductor_root": "inductor-default"}
 

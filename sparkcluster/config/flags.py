@@ -96,8 +96,8 @@ class Gate:
 
 
 # absent from nvcr.io/nvidia/vllm:25.11-py3 (docs/field-notes.md, "Version-dependent flags")
-_NEWER_THAN_25_11 = Gate(ngc_absent_through=(25, 11), source="seed 002")
-# executor "mp" across nodes (issue 28): --nnodes/--node-rank/--master-addr/--master-port came with the
+_NEWER_THAN_25_11 = Gate(ngc_absent_through=(25, 11), source="the corti.com two-Spark Nemotron build log")
+# executor "mp" across nodes: --nnodes/--node-rank/--master-addr/--master-port came with the
 # mp executor's multi-node mode (vllm#23691, merged 2025-11-14: first in 0.12.0; NGC 25.11 ships
 # 0.11); --headless is older (data parallel) but starts TP/PP ranks only from that release on
 MP_MULTI_NODE = Gate(since=(0, 12, 0), ngc_absent_through=(25, 11), source="vllm#23691")
@@ -147,7 +147,11 @@ FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec(None, "--master-addr", gate=MP_MULTI_NODE),
     FlagSpec(None, "--headless", gate=MP_MULTI_NODE),
     # removed from the 26.05 NGC image, which ships vLLM 0.21.0
-    FlagSpec(None, "--swap-space", gate=Gate(until=(0, 21, 0), ngc_removed_from=(26, 5), source="seed 002")),
+    FlagSpec(
+        None,
+        "--swap-space",
+        gate=Gate(until=(0, 21, 0), ngc_removed_from=(26, 5), source="the corti.com two-Spark Nemotron build log"),
+    ),
 )
 BY_FLAG: dict[str, FlagSpec] = {f.flag: f for f in FLAGS}
 
@@ -158,7 +162,7 @@ ENV_GATES: tuple[tuple[Callable[[str], bool], str, Gate], ...] = (
     (
         lambda n: n.startswith("VLLM_USE_FLASHINFER_MOE_"),
         "VLLM_USE_FLASHINFER_MOE_*",
-        Gate(until=(0, 23, 0), source="seed 001", verb="ignores"),
+        Gate(until=(0, 23, 0), source="the June 2026 vLLM-on-Spark practical guide", verb="ignores"),
     ),
 )
 

@@ -71,7 +71,7 @@ def _likely(ref: str) -> str | None:
 
 def uses_ray(nodes: int, prof) -> bool:
     """Whether Ray spans the deployment: several nodes unless the profile's executor is vLLM's own (mp,
-    issue 28); one node only if the profile asks for Ray (`distributed_executor_backend = "ray"`)."""
+    the multi-node launch); one node only if the profile asks for Ray (`distributed_executor_backend = "ray"`)."""
     if prof.executor == "mp":
         return False
     return nodes > 1 or prof.serve.distributed_executor_backend == "ray"
@@ -95,7 +95,7 @@ def served_as_pulled(nodes: int, prof) -> str:
 
 
 def image_ref(inv: Inventory, prof) -> str:
-    """The image every node's container runs: without Ray (executor "mp", issue 28, or one node) the
+    """The image every node's container runs: without Ray (executor "mp", or one node) the
     profile's base image as it is (no Ray layer to add), else the base plus the pinned Ray, built
     once on the head."""
     if not uses_ray(len(inv.nodes), prof):

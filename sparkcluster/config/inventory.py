@@ -49,13 +49,15 @@ class Node(_Strict):
     ssh: str  # ~/.ssh/config alias, or user@host[:port]
     control_if: str = Field(pattern=r"^[a-zA-Z0-9._-]{1,15}$")
     control_ip: ipaddress.IPv4Address
-    data_plane: list[DataLink] = Field(min_length=1)
+    # the QSFP ports the nodes' traffic crosses, each with its RoCE HCA (NCCL_IB_HCA, in this order);
+    # one node alone sends nothing over a cable, so a one-node inventory may leave it out
+    data_plane: list[DataLink] = Field(default_factory=list)
     mtu: int = Field(default=9000, ge=576, le=9216)
     gpus: int = Field(default=1, ge=1, le=8)
     # the node's MemTotal in GB (10^9) as `init` read it: a 128 GB Spark or a 64 GB one (NVIDIA's
     # vllm-cluster page lists "2 x DGX Spark, 64GB each"); `profile lint` judges against it offline
     memory_gb: float | None = Field(default=None, gt=0, le=4096)
-    # an older init's RoCE v2 GID index: ignored (issue 35), NCCL finds each HCA's at every start;
+    # an older init's RoCE v2 GID index: ignored, NCCL finds each HCA's at every start;
     # accepted so that an inventory carrying it still loads, and doctor's rdma.gid says to remove it
     gid_index: int | None = Field(default=None, ge=0, le=255)
 
@@ -101,7 +103,7 @@ class ClusterSettings(_Strict):
     # the hub the weights come from (a mirror, or the testbed's); unset: the public hub. HF_ENDPOINT
     hf_endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s'\"]+$")
     # a cap on a replication between nodes (the weights' stream from the head, along the chain), in
-    # MB a second, so that it does not starve an engine serving on the same nodes (issue 40); unset: none
+    # MB a second, so that it does not starve an engine serving on the same nodes; unset: none
     replication_max_mb_s: float | None = Field(default=None, gt=0)
     api_port: int = Field(default=8000, ge=1, le=65535)
     # "control" (the default): every engine listens only on its head's control address (vLLM's
@@ -112,7 +114,7 @@ class ClusterSettings(_Strict):
     # address, the LAN's too), warned at every `up`
     engines_listen: Literal["all", "control"] = "control"
     ray_port: int = Field(default=6379, ge=1, le=65535)
-    # executor "mp" (issue 28): vLLM's torch.distributed rendezvous on the head's control IP (vLLM's default)
+    # executor "mp": vLLM's torch.distributed rendezvous on the head's control IP (vLLM's default)
     master_port: int = Field(default=29501, ge=1, le=65535)
     # each node's agent reports MemAvailable here, on the node's control IP (read-only figures)
     agent_port: int = Field(default=8297, ge=1, le=65535)
@@ -157,8 +159,8 @@ class MonitorSettings(_Strict):
 
 
 class OnDemandRule(_Strict):
-    """`[on_demand]`: which idle deployment yields its memory when a woken one does not fit beside it
-    (issue 60). The gateway, which sees every request, chooses among the on-demand deployments in
+    """`[on_demand]`: which idle deployment yields its memory when a woken one does not fit beside it.
+    The gateway, which sees every request, chooses among the on-demand deployments in
     rotation on the woken one's nodes with no request in flight: "lru" the least recently asked,
     "priority" the lowest `priority` below the woken one's (ties: the least recently asked); a
     deployment in `pinned` never yields. "never" (the default): a wake that does not fit is refused,
@@ -171,7 +173,9 @@ class OnDemandRule(_Strict):
 
 class Inventory(_Strict):
     cluster: ClusterSettings
-    nodes: list[Node] = Field(min_length=1, max_length=MAX_NODES)  # one Spark is a cluster too (seed 000)
+    nodes: list[Node] = Field(
+        min_length=1, max_length=MAX_NODES
+    )  # one Spark is a cluster too (the corti.com Qwen3.6-35B field report)
     fabric: FabricFigures = Field(default_factory=FabricFigures)
     monitor: MonitorSettings = Field(default_factory=MonitorSettings)
     on_demand: OnDemandRule = Field(default_factory=OnDemandRule)
@@ -179,7 +183,7 @@ class Inventory(_Strict):
     # node -> the SSH user's home there, learnt from the facts (shared with the copies `only` makes)
     _homes: dict[str, str] = PrivateAttr(default_factory=dict)
     _owners: dict[str, str] = PrivateAttr(default_factory=dict)  # node -> the SSH user's "uid:gid"
-    _slot: int = PrivateAttr(default=0)  # the deployment's slot on its nodes (issue 60): `at_slot`
+    _slot: int = PrivateAttr(default=0)  # the deployment's slot on its nodes: `at_slot`
     _whole: int = PrivateAttr(default=0)  # on a part `only` made: how many nodes the whole inventory has
 
     @model_validator(mode="after")
@@ -205,6 +209,18 @@ class Inventory(_Strict):
                     first[v] = i
         return lines
 
+    def unlinked(self) -> list[str]:
+        """One line per node without a data plane in an inventory of more than one node: the links
+        between the nodes are what their traffic crosses."""
+        if len(self.nodes) < 2:
+            return []
+        return [
+            f"nodes[{i}].data_plane: required when the inventory has more than one node (the QSFP ports "
+            f"that join {n.name} to the others, each with its RoCE HCA); `sparkcluster init` writes it"
+            for i, n in enumerate(self.nodes)
+            if not n.data_plane
+        ]
+
     def only(self, names: list[str]) -> Inventory:
         """The inventory of a deployment on some of the nodes (in inventory order): the head stays
         head when it is among them, else the first becomes the deployment's head."""
@@ -213,7 +229,7 @@ class Inventory(_Strict):
             self.node(name)  # an unknown name is an input error
         if not any(n.role == "head" for n in chosen):
             chosen = [chosen[0].model_copy(update={"role": "head"}), *chosen[1:]]
-        # judged as what the part is (issue 35): two neighbours of a ring are a direct pair, with
+        # judged as what the part is: two neighbours of a ring are a direct pair, with
         # a pair's NCCL variables and figures, not the ring's
         try:
             kind = subset(self.cluster.topology, [n.name for n in self.nodes], [n.name for n in chosen])
@@ -250,7 +266,7 @@ class Inventory(_Strict):
         return self._slot
 
     def at_slot(self, slot: int) -> Inventory:
-        """The inventory of a deployment in `slot` on its nodes (issue 60): the cluster's ports moved
+        """The inventory of a deployment in `slot` on its nodes: the cluster's ports moved
         by the slot's block (`port_block`), so that every reader of api_port, ray_port, master_port
         and agent_port gets the deployment's own; slot 0 is this inventory itself."""
         if slot == self._slot:
@@ -267,7 +283,7 @@ class Inventory(_Strict):
 
     def ray_ports(self) -> dict[str, int]:
         """Ray's ports of this deployment beyond the GCS's (`port_block`'s), as `ray start` flags
-        name them; {} in slot 0 (Ray's defaults: the flags of before issue 60)."""
+        name them; {} in slot 0 (Ray's defaults, as before deployments shared nodes)."""
         if not self._slot:
             return {}
         b = port_block(self._slot, self.cluster)
@@ -362,7 +378,7 @@ class Inventory(_Strict):
         return p
 
 
-# A deployment's port block (issue 60): several deployments on one node (host networking) each need
+# A deployment's port block: several deployments on one node (host networking) each need
 # their own API, Ray GCS, Ray dashboard, Ray client server, dashboard agent, worker-port range, mp
 # rendezvous and agent report ports. Slot 0 keeps the inventory's ports and Ray's own defaults (what
 # every deployment used before, so an upgrade of sparkcluster recreates nothing); slot k moves each
@@ -494,7 +510,7 @@ def parse(text: str, source: str = "inventory", path: Path | None = None) -> Inv
         raise InputError(
             f"{source}: {len(lines)} problem(s) in the inventory", "correct the fields listed above", details=lines
         ) from None
-    dup = [f"{source}: {line}" for line in inv.duplicates()]
+    dup = [f"{source}: {line}" for line in [*inv.duplicates(), *inv.unlinked()]]
     if dup:
         raise InputError(
             f"{source}: {len(dup)} problem(s) in the inventory", "correct the fields listed above", details=dup

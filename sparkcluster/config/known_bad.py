@@ -1,4 +1,4 @@
-"""The known-bad list (issue 39 item 2): the traps that break a Spark cluster which served yesterday,
+"""The known-bad list: the traps that break a Spark cluster which served yesterday,
 as data an owner can extend without code.
 
 Each entry names the check that reports it, what it matches (conditions on that check's named
@@ -40,9 +40,9 @@ SIGNALS: dict[str, frozenset[str]] = {
     "rdma.firmware": frozenset({"hca", "fw"}),
     "gpu.clocks": frozenset({"sm_mhz", "sm_max_mhz", "temperature_c", "pstate", "reasons"}),
     "mem.earlyoom_args": frozenset({"mem_pct", "swap_pct", "swap_total_kb", "args"}),
-    # read from the image (its NCCL library): judged once the image probe lands (issue 39 item 1)
+    # read from the image (its NCCL library): judged once the image probe lands
     "image.nccl": frozenset({"nccl_version", "nccl_build", "nodes"}),
-    # a line NCCL printed (a rank's log, an error) and the cabling: the fabric test's causes (issue 35)
+    # a line NCCL printed (a rank's log, an error) and the cabling: the fabric test's causes
     "nccl.failure": frozenset({"log", "topology"}),
 }
 OPS = ("eq", "ne", "lt", "le", "gt", "ge", "regex", "in", "version_lt", "version_ge")

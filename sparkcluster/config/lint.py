@@ -167,7 +167,7 @@ def _gpu_memory_utilization(profile: Profile, inventory: Inventory | None) -> li
     ]
 
 
-# -- container options that widen the container's rights (issue 51): NVIDIA's recipes pass
+# -- container options that widen the container's rights: NVIDIA's recipes pass
 # seccomp=unconfined (io_uring, blocked by Docker's default profile since moby/moby#46762),
 # apparmor=unconfined or --privileged; said, never refused
 @rule("container-rights", "an unconfined seccomp or AppArmor profile, or --privileged, said (never refused)", "warn")
@@ -249,7 +249,7 @@ def _needs_root(profile: Profile, inventory: Inventory) -> list[Problem]:
     return needs_root(inventory)
 
 
-# -- what a ring of four or more serves on (issue 35): TP across the ring with vLLM's own launch
+# -- what a ring of four or more serves on: TP across the ring with vLLM's own launch
 # (`mp`), ranks in cable order (the inventory lists a ring's nodes along its cables, and `net.topology`
 # fails when they are not). Each node has cables to its two neighbours only, so a rank group whose
 # members are not neighbours talks over no cable at all.
@@ -345,7 +345,7 @@ def _executor_backend(profile: Profile, inventory: Inventory | None) -> list[Pro
             f"{profile.world_size} ranks across nodes need --distributed-executor-backend {profile.executor} "
             f"(profile has {s.distributed_executor_backend or 'none'})",
             f'remove serve.distributed_executor_backend, or set executor = "{s.distributed_executor_backend}"'
-            " (ray: seed 002; mp: vLLM's own multi-node launch)",
+            " (ray: the corti.com two-Spark Nemotron build log; mp: vLLM's own multi-node launch)",
         )
     ]
 
@@ -362,7 +362,8 @@ def _prefix_caching_hybrid(profile: Profile, inventory: Inventory | None) -> lis
             "prefix-caching-hybrid",
             f"prefix caching on a hybrid (Mamba) model forces block_size {MAMBA_ALIGNED_BLOCK_SIZE}, "
             f"above --max-num-batched-tokens {mnbt}: start-up asserts",
-            "set serve.max_num_batched_tokens = 8192 (seed 004), or disable prefix caching",
+            "set serve.max_num_batched_tokens = 8192 (the al-engr.com Spark stack of May 2026), or disable "
+            "prefix caching",
         )
     ]
 
@@ -399,7 +400,8 @@ def _quantization(profile: Profile, inventory: Inventory | None) -> list[Problem
                 'set serve.quantization = "modelopt"',
             )
         )
-    # naming the checkpoint's own format is harmless: seed 004 serves RedHatAI's NVFP4 checkpoint
+    # naming the checkpoint's own format is harmless: the al-engr.com Spark stack of May 2026 serves RedHatAI's NVFP4
+    # checkpoint
     # with --quantization compressed-tensors
     if profile.checkpoint_format == "compressed-tensors" and quant not in (None, "compressed-tensors"):
         p.append(
@@ -579,7 +581,8 @@ def _reasoning_plugin(profile: Profile, inventory: Inventory | None) -> list[Pro
         Problem(
             "reasoning-plugin",
             "serve.reasoning_parser_plugin_url is set but serve.reasoning_parser is not",
-            "set serve.reasoning_parser to the parser the plugin registers (e.g. super_v3, seed 002)",
+            "set serve.reasoning_parser to the parser the plugin registers (e.g. super_v3, the corti.com "
+            "two-Spark Nemotron build log)",
         )
     ]
 
@@ -605,7 +608,8 @@ def _env_version(profile: Profile, inventory: Inventory | None) -> list[Problem]
         Problem(
             "env-version",
             f"env.forward.{r.item}: {r.reason}",
-            "use serve.moe_backend (--moe-backend marlin on sm_121, seed 001) and drop the variable",
+            "use serve.moe_backend (--moe-backend marlin on sm_121, the June 2026 vLLM-on-Spark practical "
+            "guide) and drop the variable",
         )
         for r in refusals(profile)
         if r.kind == "env"
@@ -707,7 +711,7 @@ DEFAULT_STEP_TOKENS = 8192
 
 
 def supervisor_bounds(profile: Profile) -> list[Problem]:
-    """The supervisor must not call a long prefill a wedge (issue 25): the KV cache grows with every
+    """The supervisor must not call a long prefill a wedge: the KV cache grows with every
     scheduler step, so stall_s must cover one step at the slowest prefill rate, twice over; and the
     longest prompt (max_model_len) is said for the owner to read with the probe's bounds."""
     sv, s = profile.supervisor, profile.serve
@@ -729,10 +733,10 @@ def supervisor_bounds(profile: Profile) -> list[Problem]:
 def _speculative_problems(spec: dict | None) -> list[Problem]:
     """Speculative decoding: an MTP drafter belongs under method "mtp", not "draft_model".
 
-    Seed 004: Gemma 4's drafter (google/gemma-4-26B-A4B-it-assistant) runs as
+    The al-engr.com Spark stack of May 2026: Gemma 4's drafter (google/gemma-4-26B-A4B-it-assistant) runs as
     {"method":"mtp","model":...}; "draft_model" runs the drafter as a full model and switching
     to "mtp" gave +40% generation throughput. "mtp" with a `model` is therefore right, and
-    "mtp" without one (Qwen3.6, seed 004) uses the model's own MTP layers.
+    "mtp" without one (Qwen3.6, the al-engr.com Spark stack of May 2026) uses the model's own MTP layers.
     """
     if not spec or spec.get("method") != "draft_model":
         return []
@@ -741,8 +745,10 @@ def _speculative_problems(spec: dict | None) -> list[Problem]:
         Problem(
             "speculative-method",
             f'speculative_config method "draft_model" runs the drafter {drafter or "(none given)"} as a '
-            "full model: generation is slower than with an MTP drafter (seed 004: +40% after switching)",
-            'set serve.speculative_config.method = "mtp", keeping the drafter as model (seed 004)',
+            "full model: generation is slower than with an MTP drafter (the al-engr.com Spark stack of May "
+            "2026: +40% after switching)",
+            'set serve.speculative_config.method = "mtp", keeping the drafter as model (the al-engr.com Spark '
+            "stack of May 2026)",
         )
     ]
 
@@ -756,7 +762,7 @@ def memory_sum_problems(profiles: Sequence[Profile]) -> list[Problem]:
     request's graph-capture spike (counted outside the budget) live in the rest, and MemAvailable
     must stay above the 6 GB floor a seed's watchdog warns at (field notes, "Memory on a
     unified-memory machine" and "Host hardening"). 0.85 is the per-profile limit, not derived from
-    that floor: 6 GB alone would allow ~0.95. Seed 004 saw it: Gemma 4 at 0.80 plus a
+    that floor: 6 GB alone would allow ~0.95. The al-engr.com Spark stack of May 2026 saw it: Gemma 4 at 0.80 plus a
     Nemotron-Nano sidecar at 0.28 on one Spark "actively hurt" Gemma until the sidecar went.
     """
     total = round(sum(p.serve.gpu_memory_utilization for p in profiles), 4)
@@ -777,7 +783,7 @@ def memory_sum_problems(profiles: Sequence[Profile]) -> list[Problem]:
 def memory_fit_check(
     profile: Profile, inventory: Inventory | None, size: dict | None = None
 ) -> tuple[list[Problem], list[str]]:
-    """Offline, the arithmetic doctor's mem.fit does (node/memory_fit, issue 52): one rank's share of
+    """Offline, the arithmetic doctor's mem.fit does (node/memory_fit): one rank's share of
     the listed weights plus one max_model_len sequence of KV cache against gpu_memory_utilization x
     each node's memory, the inventory's `memory_gb` (what `init` read) or 128 GB assumed. `size`: the
     model's listing as doctor or up last read it (config/model_memory). Returns (problems, notes:

@@ -1,4 +1,4 @@
-"""What the controller remembers of a model's size, for `lint`, which runs offline (issue 52).
+"""What the controller remembers of a model's size, for `lint`, which runs offline.
 
 `doctor` and `up` read the hub's listing of the profile's model on the head (facts/model_listing):
 its weight files' listed sizes and its config.json. They remember the figures here, per

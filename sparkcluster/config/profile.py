@@ -1,5 +1,5 @@
-"""Model profiles (`$SPARKCLUSTER_PROFILES`, the shipped ones: `env-profiles/NAME.toml`, then
-`~/.config/sparkcluster/profiles/`: `search_places`),
+"""Model profiles (`$SPARKCLUSTER_PROFILES`, then `~/.config/sparkcluster/profiles/`, then the shipped
+ones, `env-profiles/NAME.toml`: `search_places`),
 validated by pydantic with unknown keys refused: the model and image, the variables forwarded to every
 container at start (equal on every node: `required_env_names`), the `vllm serve` arguments as typed
 fields (`flags.serve_argv`), the executor, the secrets' names (never values). Per-host variables are
@@ -53,7 +53,7 @@ NON_CARRY_OVER_FILENAME = "ray_non_carry_over_env_vars.json"
 MANAGED_VARS: tuple[str, ...] = PER_HOST_VARS + ("VLLM_CONFIG_ROOT", "RAY_memory_usage_threshold")
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_PROFILE_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$")
+PROFILE_NAME = _PROFILE_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$")
 _DOCKER_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _RAY_VERSION = re.compile(r"^[0-9]+(\.[0-9]+){1,2}([a-z0-9.]*)?$")
 
@@ -67,7 +67,8 @@ class Image(_Strict):
 
     base: str = Field(pattern=r"^[a-z0-9][a-z0-9._/:-]*$")  # repository, without the tag
     tag: str = Field(pattern=_DOCKER_TAG.pattern)
-    # None: the profile's source does not say which vLLM the tag ships (seed 004 names neither of its
+    # None: the profile's source does not say which vLLM the tag ships (the al-engr.com Spark stack of May 2026 names
+    # neither of its
     # images' versions); version gates then judge only by the NGC release in the tag.
     # a PEP 440 local part is allowed: NVIDIA's recipes name builds such as 0.26.1rc1.dev1231+g7a9993878
     vllm_version: str | None = Field(
@@ -116,7 +117,7 @@ class EnvSettings(_Strict):
     ray_memory_usage_threshold: float = Field(default=1.0, gt=0, le=1.0)
     # Where vLLM reads ray_non_carry_over_env_vars.json inside the container.
     vllm_config_root: str = Field(default="/etc/sparkcluster/vllm", pattern=r"^/[A-Za-z0-9._/-]*$")
-    # FlashInfer's autotune across the ranks (issue 59). vLLM hands its world CPU group to FlashInfer's
+    # FlashInfer's autotune across the ranks. vLLM hands its world CPU group to FlashInfer's
     # autotuner (`set_autotune_process_group`, flashinfer-ai/flashinfer PR #3187; wired in by
     # vllm-project/vllm PR #50892) so every rank averages its timings with its peers'. On GB10 pairs
     # whose inter-node NCCL is host-staged that deadlocks or drifts the ranks until the 1800 s gloo
@@ -169,7 +170,8 @@ class Serve(_Strict):
     tensor_parallel_size: int = Field(default=2, ge=1, le=64)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
     # TP across two hosts runs on Ray (docs/field-notes.md, "Bring-up"); a single rank gets no flag
-    # unless the profile names a backend (seed 000 passes none at TP=1): `_single_rank_executor`
+    # unless the profile names a backend (the corti.com Qwen3.6-35B field report passes none at TP=1):
+    # `_single_rank_executor`
     distributed_executor_backend: Literal["ray", "mp"] | None = "ray"
     max_model_len: int | None = Field(default=None, ge=1)
     # vLLM's 0.9 default starves a unified-memory host (docs/field-notes.md, "Memory on a unified-memory machine").
@@ -178,9 +180,10 @@ class Serve(_Strict):
     kv_cache_dtype: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$")
     quantization: str | None = Field(default=None, pattern=r"^[a-z0-9_-]+$")
     # tokenizer from another repo than the weights: a quantized re-upload may lack the original's
-    # (seed 004 serves RedHatAI's NVFP4 weights with --tokenizer Qwen/Qwen3.6-35B-A3B)
+    # (the al-engr.com Spark stack of May 2026 serves RedHatAI's NVFP4 weights with --tokenizer Qwen/Qwen3.6-35B-A3B)
     tokenizer: str | None = Field(default=None, min_length=1, pattern=r"^[^\s]+$")
-    # --attention-backend, e.g. TRITON_ATTN (seed 004 names it for Gemma 4, whose mixed head sizes
+    # --attention-backend, e.g. TRITON_ATTN (the al-engr.com Spark stack of May 2026 names it for Gemma 4, whose
+    # mixed head sizes
     # FlashInfer does not support); no version gate: neither the seeds nor the field notes give one
     attention_backend: str | None = Field(default=None, pattern=r"^[A-Z0-9_]+$")
     moe_backend: str | None = Field(default=None, pattern=r"^[a-z0-9_]+$")
@@ -296,7 +299,7 @@ class Profile(_Strict):
     model: str = Field(min_length=1, pattern=r"^[^\s]+$")  # HF id or a path inside the container
     served_name: str | None = Field(default=None, pattern=r"^[^\s]+$")
     # more names the engine answers to (vLLM's --served-model-name takes several): the gateway routes
-    # each of them to this deployment, and the request body passes through untouched (issue 36)
+    # each of them to this deployment, and the request body passes through untouched
     aliases: list[Annotated[str, Field(pattern=r"^[^\s,]+$")]] = Field(default_factory=list)
     # the hub revision to serve (branch, tag or commit); unset: main. The weights stage resolves it
     revision: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
@@ -313,7 +316,7 @@ class Profile(_Strict):
     # what it compiles then is lost with the container
     compile_cache: Literal["keyed", "image"] = "keyed"
     fabric_test: bool = True  # `up` runs doctor --fabric's test when it creates containers; FAIL stops it
-    # issue 28: how the ranks span the nodes. ray: a Ray cluster (the image gains a pinned Ray); mp:
+    # how the ranks span the nodes. ray: a Ray cluster (the image gains a pinned Ray); mp:
     # vLLM's own multi-node launch (--nnodes/--node-rank/--master-addr, --headless on workers), the base
     # image served as it is. `serve.distributed_executor_backend` follows it
     executor: Literal["ray", "mp"] = "ray"
@@ -327,7 +330,7 @@ class Profile(_Strict):
     # ranks in different warm-up phases (weights, compile, profiling, autotuning, graph capture: read
     # from each rank's log) for this long are a verdict naming each rank's phase, before the 1800 s
     # gloo barrier kills the pair (getainode/ainode#134: ranks 7 min 18 s apart in autotune, then
-    # killed at the barrier; PR #136). 0: not judged (issue 59)
+    # killed at the barrier; PR #136). 0: not judged
     warmup_drift_s: int = Field(default=300, ge=0)
     # single-stream decode tok/s a pair of real Sparks reaches with this profile, from a published
     # measurement cited next to the value in the profile's TOML (model, quantization, TP and vLLM
@@ -336,9 +339,9 @@ class Profile(_Strict):
     expected_decode_tok_s: float | None = Field(default=None, gt=0)
     shm_size: str = Field(default="16g", pattern=r"^[0-9]+[bkmgBKMG]?$")  # what Spark pairs run with
     # the container's stack ulimit in bytes (soft = hard), as `docker run --ulimit stack=N`; None:
-    # Docker's default. Seed 004 runs both its containers with stack=67108864.
+    # Docker's default. The al-engr.com Spark stack of May 2026 runs both its containers with stack=67108864.
     ulimit_stack: int | None = Field(default=None, ge=1)
-    # container options NVIDIA's current Spark recipes pass (issue 51): `docker run --security-opt`
+    # container options NVIDIA's current Spark recipes pass: `docker run --security-opt`
     # values ("seccomp=unconfined", "apparmor=unconfined": vLLM's io_uring loading, which Docker's
     # default seccomp profile blocks since moby/moby#46762) and `--privileged`. Both widen the
     # container's rights; `profile lint` warns. AppArmor applies only where the host runs it.
@@ -347,7 +350,8 @@ class Profile(_Strict):
     # the container's open-files ulimit (soft = hard), as `docker run --ulimit nofile=N:N`; None:
     # Docker's default. NVIDIA's two-Spark recipes pass nofile=1048576:1048576.
     ulimit_nofile: int | None = Field(default=None, ge=1)
-    # the lowest NVIDIA driver the image runs on, where the profile's source states one (seed 001: its
+    # the lowest NVIDIA driver the image runs on, where the profile's source states one (the June 2026 vLLM-on-Spark
+    # practical guide: its
     # image is built for >= 590.44); doctor FAILs a node below it. None: only differences are warned.
     min_driver: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+){0,2}$")
     # the secrets passed to `vllm serve` (its exec's environment); VLLM_API_KEY is passed whatever
@@ -402,7 +406,7 @@ class Profile(_Strict):
 
     @property
     def served_names(self) -> list[str]:
-        """Every name the engine answers to: the served name, then the aliases (issue 36)."""
+        """Every name the engine answers to: the served name, then the aliases."""
         return list(dict.fromkeys([self.served_model_name, *self.aliases]))
 
     @property
@@ -423,7 +427,7 @@ def per_host_env(profile: Profile, inventory: Inventory, node: Node | str) -> di
         "UCX_NET_DEVICES": node.control_if,
         "OMPI_MCA_btl_tcp_if_include": node.control_if,
     }
-    # NCCL_IB_GID_INDEX is never set (issue 35): NCCL >= 2.21 finds each HCA's RoCE v2 IPv4 GID at
+    # NCCL_IB_GID_INDEX is never set: NCCL >= 2.21 finds each HCA's RoCE v2 IPv4 GID at
     # every start, where a number pinned at init goes stale when the GID table moves (checks/rdma)
     return env
 
@@ -501,33 +505,76 @@ def reasoning_plugin(profile: Profile, hf_cache: str = "/root/.cache/huggingface
 
 def search_places() -> list[tuple[Path, str]]:
     """Where profiles are looked for, in order, first match wins, each with where it comes from: each
-    folder of $SPARKCLUSTER_PROFILES (os.pathsep between them; these override the shipped profiles), the
-    profiles that ship with the package (config/shipped: inside an installed package, env-profiles/ in
-    a checkout), then ~/.config/sparkcluster/profiles/ (names of your own; a shipped name wins)."""
+    folder of $SPARKCLUSTER_PROFILES (os.pathsep between them), then ~/.config/sparkcluster/profiles/
+    (yours), then the profiles that ship with the package (config/shipped: inside an installed
+    package, env-profiles/ in a checkout). A profile of yours that shares a shipped name is the one
+    used, and `profile list`, `profile show` and `up` say which file it hides (`shadowed`)."""
     places: list[tuple[Path, str]] = []
     env = os.environ.get(PROFILES_ENV_VAR)
     if env:
         places.extend((Path(p).expanduser(), f"${PROFILES_ENV_VAR}") for p in env.split(os.pathsep) if p)
-    places.append((shipped.profiles_dir(), "shipped with sparkcluster"))
     places.append((USER_PROFILES.expanduser(), "yours"))
+    places.append((shipped.profiles_dir(), SHIPPED_PLACE))
     return places
+
+
+SHIPPED_PLACE = "shipped with sparkcluster"
 
 
 def search_path() -> list[Path]:
     return [d for d, _ in search_places()]
 
 
+def _files(d: Path) -> list[Path]:
+    if not d.is_dir():
+        return []
+    # a profile's performance record sits beside it (bench/perf_record.py): not a profile
+    return [f for f in sorted(d.glob("*.toml")) if not f.name.endswith(".perf.toml")]
+
+
 def available() -> dict[str, Path]:
     """Profile name -> file; an earlier directory in the search path shadows a later one."""
     found: dict[str, Path] = {}
     for d in search_path():
-        if not d.is_dir():
-            continue
-        for f in sorted(d.glob("*.toml")):
-            if f.name.endswith(".perf.toml"):  # a profile's performance record, beside it (bench/perf_record.py)
-                continue
+        for f in _files(d):
             found.setdefault(f.stem, f)
     return dict(sorted(found.items()))
+
+
+def shadowed(name: str) -> list[Path]:
+    """The files of profile `name` that a file earlier on the search path hides (first match wins)."""
+    hits = [d / f"{name}.toml" for d in search_path() if (d / f"{name}.toml").is_file()]
+    return hits[1:]
+
+
+def shadow_notice(path: Path | None, name: str) -> str | None:
+    """One line naming the profile file in use and the ones it hides, or None when none is hidden."""
+    if path is None or not _PROFILE_NAME.match(name):
+        return None
+    hidden = [h for h in shadowed(name) if h.resolve() != path.resolve()]
+    if not hidden:
+        return None
+    return (
+        f"note: profile '{name}' is {path}, which overrides {' and '.join(map(str, hidden))} "
+        "(the first on the search path wins: sparkcluster profile list)"
+    )
+
+
+def where_to_edit(prof: Profile) -> str:
+    """How an owner changes a profile: the file itself when it is theirs; for one that ships inside
+    the package, `profile copy` first (a copy of the same name overrides it)."""
+    path = prof.path
+    if path is not None and path.resolve().is_relative_to(shipped.profiles_dir().resolve()):
+        return (
+            f"`sparkcluster profile copy {prof.name}` writes {user_copy_path(prof.name)}, which overrides "
+            "the shipped one: edit that file"
+        )
+    return f"edit {path}" if path is not None else "edit the profile's file"
+
+
+def user_copy_path(name: str) -> Path:
+    """Where `profile copy` writes a profile of yours: the user folder of the search path."""
+    return USER_PROFILES.expanduser() / f"{name}.toml"
 
 
 def find(name: str) -> Path:
@@ -561,7 +608,7 @@ def find(name: str) -> Path:
 
 def parse(text: str, name: str, source: str = "profile", path: Path | None = None) -> Profile | ServiceProfile:
     """A profile's TOML, validated: a model's (no `kind`, or `kind = "model"`) or a service's
-    (`kind = "service"`, issue 60: config/service)."""
+    (`kind = "service"`: config/service)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

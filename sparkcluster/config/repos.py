@@ -1,15 +1,17 @@
-"""Every hub repository a profile needs on every node before any container starts (issue 24).
+"""Every hub repository a profile needs on every node before any container starts.
 
 Every container serves with HF_HUB_OFFLINE=1, so whatever the engine reads from the hub must be in
 each node's HF cache first, staged with the model's resolution, verification and replication:
 
 - the model itself (`model`, at `revision`);
-- a separate tokenizer repository (`serve.tokenizer`: seed 004 serves RedHatAI's NVFP4 weights with
+- a separate tokenizer repository (`serve.tokenizer`: the al-engr.com Spark stack of May 2026 serves RedHatAI's NVFP4
+weights with
   Qwen's own tokenizer, `--tokenizer Qwen/Qwen3.6-35B-A3B`), without its weight files: that repository
   is the full BF16 model, of which the tokenizer needs only the small files;
 - a speculative-decoding draft or MTP assistant model named in `serve.speculative_config["model"]`
-  (seed 004's Gemma 4 drafter `google/gemma-4-26B-A4B-it-assistant`);
-- a file the serve command reads from a repository: seed 002's reasoning-parser plugin, given as its
+  (the al-engr.com Spark stack's Gemma 4 drafter `google/gemma-4-26B-A4B-it-assistant`);
+- a file the serve command reads from a repository: the corti.com two-Spark Nemotron build log's reasoning-parser
+plugin, given as its
   hub URL (`https://huggingface.co/ORG/NAME/raw/REV/PATH`); only that file of the repository is
   staged (all of it when the repository is the model's own), and linked at the path the serve
   command passes (`profile.reasoning_plugin`).

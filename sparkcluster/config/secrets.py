@@ -7,7 +7,7 @@ docs/field-notes.md, "Secrets"). A `.env` readable by group or others is refused
 
 Which `.env`: `--env-file`, else `$SPARKCLUSTER_ENV_FILE`, else `~/.config/sparkcluster/.env`. A
 `./.env` in the current folder is never read unless named: the folder is wherever the owner happens
-to stand, and its `.env` is usually another project's (issue 34: one of mode 0644 holding nothing of
+to stand, and its `.env` is usually another project's (one of mode 0644 holding nothing of
 ours blocked `status`, and the fix offered was to chmod someone else's file).
 """
 
@@ -40,7 +40,7 @@ API_KEY = "VLLM_API_KEY"
 GENERATED_PREFIX = "sk-"  # an OpenAI-style key (SECRET_VALUE masks it wherever it shows up)
 GENERATED_BYTES = 32  # secrets.token_urlsafe's randomness: 256 bits
 
-# the gateway's client keys (issue 36): one or more, comma-separated, read as the others are; they
+# the gateway's client keys: one or more, comma-separated, read as the others are; they
 # reach the gateway only in its 0600 config file inside its container, never argv or output
 GATEWAY_KEYS = "GATEWAY_API_KEYS"
 

@@ -1,5 +1,5 @@
-"""A profile of kind `service` (issue 60 item 2): a program that is not vLLM, run beside the models on
-a node (seed 004's stack: a Parakeet ASR service on :8765 beside Qwen on Spark 1, a Chatterbox TTS
+"""A profile of kind `service`: a program that is not vLLM, run beside the models on
+a node (the al-engr.com Spark stack's stack: a Parakeet ASR service on :8765 beside Qwen on Spark 1, a Chatterbox TTS
 service on :8882 beside Gemma on Spark 2, each with a `/health` its cron job pings).
 
 What sparkcluster needs to know of one: its image, the command the container runs (`args`, the whole

@@ -1,4 +1,4 @@
-"""How the Sparks are cabled, told from the subnets of their data-plane ports (issue 27).
+"""How the Sparks are cabled, told from the subnets of their data-plane ports.
 
 Each cable (or each rail through a switch) is a subnet of its own, so which nodes share a subnet
 is the cabling: every node on every rail is a switch (or, with two nodes, a direct pair); each

@@ -61,20 +61,43 @@ class Step:
         return {"id": self.id, "stage": self.stage, "host": self.host, "description": self.description}
 
 
+# where a plan's long lines wrap (a `docker run` or `vllm serve` runs to thousands of characters);
+# `--json` keeps each step's description whole
+PLAN_WIDTH = 100
+
+
+def wrapped(text: str, indent: str, more: str = "  ", width: int = PLAN_WIDTH) -> list[str]:
+    """`text` as lines of at most `width` columns where it has spaces to break at, the first after
+    `indent`, the rest after `indent + more`; masked first, so that no secret is cut in two. Joining
+    the lines' words with single spaces gives the text back (a word longer than a line stays whole)."""
+    import textwrap
+
+    lines = textwrap.wrap(
+        redact.mask(text),
+        width=width,
+        initial_indent=indent,
+        subsequent_indent=indent + more,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return lines or [indent]
+
+
 def render_steps(steps: list[Step], under: Callable[[Step], list[str]] = lambda s: []) -> list[str]:
     """The steps as the plans print them: grouped under `[stage]`, each with its condition and its
-    command below it, then whatever `under` adds for it (unmasked: the caller masks the whole)."""
+    command below it (wrapped at PLAN_WIDTH), then whatever `under` adds for it (unmasked: the
+    caller masks the whole)."""
     lines, stage = [], None
     for s in steps:
         s.runnable()
         if s.stage != stage:
             stage = s.stage
             lines.append(f"[{stage}]")
-        lines.append(f"  {s.host}: {s.what}")
+        lines += wrapped(f"{s.host}: {s.what}", "  ", "    ")
         if s.when:
-            lines.append(f"      only if {s.when}")
+            lines += wrapped(f"only if {s.when}", "      ")
         if s.detail:
-            lines.append(f"      {s.detail}")
+            lines += wrapped(s.detail, "      ")
         lines += under(s)
     return lines
 

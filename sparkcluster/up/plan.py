@@ -25,7 +25,7 @@ from sparkcluster.errors import InputError
 from sparkcluster.facts import HostFacts
 from sparkcluster.facts.parsers import ContainerInspect
 from sparkcluster.labels import CONFIG_LABEL, PROFILE_LABEL
-from sparkcluster.steps.base import Stage, Step, render_steps
+from sparkcluster.steps.base import Stage, Step, render_steps, wrapped
 from sparkcluster.up.stages import STAGES
 
 
@@ -56,7 +56,7 @@ class Plan:
         lines = [
             f"plan for profile '{self.profile.name}' on cluster '{self.inventory.cluster.name}' (image {self.image}):"
         ]
-        lines += [f"  note: {n}" for n in self.notes]
+        lines += [line for n in self.notes for line in wrapped(f"note: {n}", "  ", "    ")]
         if self.unchanged:
             lines.append("  nothing to do: the cluster already serves this profile")
         lines += render_steps(self._steps)

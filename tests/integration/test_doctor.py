@@ -865,3 +865,23 @@ def test_min_driver_fails_only_the_node_that_lacks_it(testbed, sc, healthy, tmp_
     assert r["status"] == "fail" and "driver 570.00 is older than 580.95" in r["detail"], r
     assert "580.95 or later" in r["fix"]
     assert rows[("gpu.driver", HEAD)]["status"] == "ok"
+
+
+def _one_spark(text: str) -> str:
+    """The head's block alone, without its data_plane: README's one-Spark inventory on the testbed."""
+    first = text.index("[[nodes]]")
+    head_block, *_ = text[first:].split("\n[[nodes]]")
+    head_block = re.sub(r"\ndata_plane = \[.*?\n\]\n", "\n", head_block + "\n", flags=re.S)
+    return text[:first] + head_block
+
+
+def test_one_spark_without_a_data_plane_is_healthy(healthy, sc, testbed, tmp_path):
+    """One node names no QSFP port (nothing crosses a cable): doctor on the head alone has no FAIL,
+    and rdma.hca, with no HCA to pair, is skipped (the pair's HCA checks stay with the pair)."""
+    inv = inventory_variant(testbed, tmp_path, _one_spark)
+    assert "data_plane" not in inv.read_text() and inv.read_text().count("[[nodes]]") == 1
+    rc, doc, rows = doctor(sc, inventory=inv)
+    bad = {k: (r["status"], r["detail"]) for k, r in rows.items() if r["status"] == "fail"}
+    assert rc == 0 and not bad, bad
+    assert {n for _, n in rows} == {HEAD}
+    assert rows[("rdma.hca", HEAD)]["status"] == "skip"

@@ -284,8 +284,8 @@ def test_dry_run_on_bare_cluster_prints_plan_changes_nothing(testbed, sc):
     before = states(testbed)
     res = sc("up", "--profile", "testbed-standin", "--dry-run", timeout=120)
     assert res.returncode == 0, res.stderr
-    out = res.stdout
-    headers = [line for line in out.splitlines() if re.fullmatch(r"\[\w+\]", line)]
+    headers = [line for line in res.stdout.splitlines() if re.fullmatch(r"\[\w+\]", line)]
+    out = " ".join(res.stdout.split())  # the plan's lines wrap at ~100 columns: their words, one line
     # every stage in order; image and weights only where something is missing (what earlier tests
     # left on the hosts decides)
     order = ["[preflight]", "[image]", "[weights]", "[containers]", "[ray]", "[probe]", "[serve]"]
@@ -299,7 +299,7 @@ def test_dry_run_on_bare_cluster_prints_plan_changes_nothing(testbed, sc):
     host = engine_host(inv, prof)
     assert host == str(inv.head.control_ip)
     argv = shlex.join(supervised_argv(prof, port=inv.cluster.api_port, hf_cache=hf_cache(), host=host))
-    assert argv.startswith("vllm serve sparkcluster/testbed-tiny") and argv in out
+    assert argv.startswith("vllm serve sparkcluster/testbed-tiny") and " ".join(argv.split()) in out
     assert "(HF_TOKEN=******, VLLM_API_KEY=****** from a 0600 file)" in out
     no_secret(out, res.stderr)
     assert_unchanged(testbed, before)

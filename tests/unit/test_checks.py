@@ -906,3 +906,19 @@ def test_mem_fit_counts_the_kv_minimum_and_skips_an_unknown_listing():
     s.expect |= {"weights_per_rank": None, "weights_source": "no listing of org/m: the hub answered 500"}
     got = results(s)[("mem.fit", H)]
     assert got.status == "skip" and "the hub answered 500" in got.detail
+
+
+def test_one_spark_without_a_data_plane_passes_and_skips_the_hca_pairing():
+    """A one-node inventory names no QSFP port (nothing crosses a cable): every check passes on the
+    healthy head, rdma.hca has nothing to judge (SKIP), and the container carries an empty
+    NCCL_IB_HCA, as profile.per_host_env gives it."""
+    s = healthy()
+    head = {k: v for k, v in s.node("spark-head").items() if k != "data_plane"}
+    s.inv["nodes"] = [head]
+    s.facts = {"spark-head": s.facts["spark-head"]}
+    s.inspect = {"spark-head": s.inspect["spark-head"]}
+    s.set_env("spark-head", "NCCL_IB_HCA", "")
+    results = checks.run_checks(s.ctx())
+    bad = [(r.id, r.status, r.detail) for r in results if r.status not in ("ok", "skip")]
+    assert not bad, bad
+    assert {r.id: r.status for r in results}["rdma.hca"] == "skip"

@@ -65,12 +65,12 @@ def test_a_plan_whose_head_lacks_the_image_shows_the_key_pending(prof):
     for spec in plan.containers:
         assert any(compile_cache.pending(h) for h in spec.binds)
         assert compile_cache.PENDING in spec.env["VLLM_CACHE_ROOT"]
-    text = plan.render()
+    text = " ".join(plan.render().split())  # wrapped at ~100 columns
     assert "KEY pending: a hash of the image's ID, known once the image stage has built it" in text
     # with the image on the head, the key is its ID's, shown as the folder it is
     plan = make_plan(inv, prof, bare_facts(inv, ID), serving=False, replace=False)
     key = compile_cache.key(prof, plan.image, ID)
-    assert f"/home/{inv.head.name}/.cache/sparkcluster/compile/{key}" in plan.render()
+    assert f"/home/{inv.head.name}/.cache/sparkcluster/compile/{key}" in " ".join(plan.render().split())
     assert compile_cache.PENDING not in plan.render()
 
 

@@ -7,7 +7,11 @@
 - Every `sparkcluster ...` line of README's and the guides' shell blocks parses against the command
   tree (an option renamed in the code fails here), and those that can run here, offline, are run in
   process as written. Where a line needs a Spark, the test runs it as `--dry-run --offline` instead
-  when that exists (SUBSTITUTED lists the rule); the rest are parsed only.
+  when that exists (SUBSTITUTED lists the rule); the rest are parsed only, except README's: each of
+  those runs as written up to the connection, which is refused at once (no Spark here), and must end
+  in exit 4 naming the nodes it could not reach, without a traceback.
+- No page says "seed NNN" or "issue NN": an owner cannot follow either; the public document a claim
+  comes from is named instead.
 """
 
 from __future__ import annotations
@@ -31,7 +35,14 @@ GUIDES = sorted((REPO / "docs" / "guides").glob("*.md"))
 SHIPPED = {p.stem for p in (REPO / "env-profiles").glob("*.toml") if not p.name.endswith(".perf.toml")}
 
 # commands that read only the inventory, the profiles and the code: run as written
-OFFLINE = {("profile", "list"), ("profile", "show"), ("profile", "lint"), ("monitor", "config")}
+OFFLINE = {
+    ("profile", "list"),
+    ("profile", "show"),
+    ("profile", "lint"),
+    ("profile", "copy"),
+    ("monitor", "config"),
+    ("monitor", "dashboards"),
+}
 # the substitution for a line that needs a Spark: `up` (of a shipped profile) runs as its own plan,
 # `up ... --dry-run --offline`, which reads the same inventory, profile and secrets and connects nowhere
 SUBSTITUTED = {("up",): ["--dry-run", "--offline"]}
@@ -273,3 +284,79 @@ def test_the_guides_commands_that_can_run_here_run(owner, capsys, page, line, ho
     rc = main(list(argv))
     out, err = capsys.readouterr()
     assert rc == 0, f"{page}: {line} ({how}: sparkcluster {' '.join(argv)}) exited {rc}\n{out}\n{err}"
+
+
+README_REACHING = [(line, argv) for page, line, argv in COMMANDS if page == "README.md" and _plan(argv) is None]
+
+
+def test_every_readme_command_runs_here_one_way_or_the_other():
+    ran = {line for page, line, _, _ in RUNS if page == "README.md"}
+    reaching = {line for line, _ in README_REACHING}
+    readme = {line for page, line, _ in COMMANDS if page == "README.md"}
+    assert readme == ran | reaching and not ran & reaching
+    assert {"sparkcluster doctor", "sparkcluster status", "sparkcluster down"} <= reaching
+    assert "sparkcluster profile copy nemotron" in ran
+
+
+@pytest.mark.parametrize("line,argv", README_REACHING, ids=[line for line, _ in README_REACHING])
+def test_readmes_commands_that_need_a_spark_run_up_to_the_connection(owner, capsys, monkeypatch, line, argv):
+    """README's pair inventory as written, the connection refused at once: the command loads what it
+    needs, asks for its nodes and ends in one clear unreachable report (exit 4)."""
+    from sparkcluster.cli.main import main
+    from sparkcluster.errors import ConnectError
+    from sparkcluster.remote import ssh
+
+    asked = []
+
+    def no_spark_here(node, settings):
+        asked.append(node.name)
+        raise ConnectError(node.name, f"no Spark in the docs test ({node.ssh})", "none: a test")
+
+    monkeypatch.setattr(ssh, "connect", no_spark_here)
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    assert rc == 4, f"README: {line} exited {rc}\n{out}\n{err}"
+    assert asked and set(asked) <= {"spark-a", "spark-b"}
+    assert "no Spark in the docs test" in out + err and "Traceback" not in out + err
+
+
+INTERNAL = re.compile(r"seed [0-9]{3}|issue [0-9]+", re.I)
+
+
+def test_no_page_cites_an_internal_seed_or_issue_number():
+    """What an owner reads names public documents (the build log, NVIDIA's playbooks, a forum
+    thread), never this project's seed files or issue numbers."""
+    pages = [README, *sorted((REPO / "docs").rglob("*.md"))]
+    hits = [
+        f"{page.relative_to(REPO)}:{n}: {m.group(0)}"
+        for page in pages
+        for n, text in enumerate(page.read_text().splitlines(), 1)
+        for m in INTERNAL.finditer(text)
+    ]
+    assert not hits, "\n".join(hits)
+
+
+def test_readmes_one_spark_inventory_is_the_least_that_loads_and_plans_a_serve(owner, capsys):
+    """README's one-Spark inventory: one node, no data_plane (nothing crosses a cable), and a
+    one-node profile plans on it as printed."""
+    from sparkcluster.cli.main import main
+    from sparkcluster.config import inventory
+
+    block = re.search(r"```toml\n(.*?)```", README.read_text().split("### One Spark", 1)[1], re.S).group(1)
+    inv = inventory.parse(block, source="README")
+    assert [n.name for n in inv.nodes] == ["spark-a"] and inv.head.data_plane == []
+    import tomllib
+
+    from pydantic import ValidationError
+
+    data = tomllib.loads(block)
+    for key in ("name", "role", "ssh", "control_if", "control_ip"):  # each one the least that loads needs
+        short = {**data, "nodes": [{k: v for k, v in data["nodes"][0].items() if k != key}]}
+        with pytest.raises(ValidationError):
+            inventory.Inventory.model_validate(short)
+    one = owner / "one.toml"
+    one.write_text(block)
+    rc = main(["-i", str(one), "up", "--profile", "qwen36-35b-fp8-single", "--dry-run", "--offline"])
+    out, err = capsys.readouterr()
+    assert rc == 0, out + err
+    assert out.startswith("plan for profile 'qwen36-35b-fp8-single' on cluster 'one'")

@@ -218,7 +218,7 @@ def test_an_offline_dry_run_with_the_secrets_names_both_masked(cli, tmp_path, ca
     rc = cli_main.main(["up", "--profile", "testbed", "--dry-run", "--offline", "--env-file", str(envf)])
     got = capsys.readouterr()
     assert rc == 0, got.err
-    assert "(HF_TOKEN=******, VLLM_API_KEY=****** from a 0600 file)" in got.out
+    assert "(HF_TOKEN=******, VLLM_API_KEY=****** from a 0600 file)" in " ".join(got.out.split())  # wrapped
     assert HF not in got.out + got.err and "sk-ownersKey" not in got.out + got.err
     assert "not set" not in got.out
 

@@ -254,3 +254,37 @@ def test_cli_toml_syntax_error(tmp_path, capsys):
     rc, _, err = run_cli(capsys, "--inventory", str(p), "doctor")
     assert rc == 2
     assert len(err.splitlines()) == 2 and "not valid TOML" in err and "Traceback" not in err
+
+
+ONE_SPARK = """\
+[cluster]
+name = "one"
+
+[[nodes]]
+name = "spark-a"
+role = "head"
+ssh = "spark@192.168.1.11"
+control_if = "enP7s7"
+control_ip = "192.168.1.11"
+"""
+
+
+def test_one_spark_needs_no_data_plane():
+    """Nothing crosses a cable on one node: its inventory names no QSFP port."""
+    inv = inventory.parse(ONE_SPARK)
+    assert inv.head.name == "spark-a" and inv.head.data_plane == [] and inv.head.hcas == []
+
+
+def test_a_pair_without_a_data_plane_says_which_node_lacks_it():
+    text = ONE_SPARK + (
+        '\n[[nodes]]\nname = "spark-b"\nrole = "worker"\nssh = "spark@192.168.1.12"\n'
+        'control_if = "enP7s7"\ncontrol_ip = "192.168.1.12"\n'
+        'data_plane = [ { netdev = "enp1s0f1np1", hca = "rocep1s0f1" } ]\n'
+    )
+    with pytest.raises(InputError) as ei:
+        inventory.parse(text, source="cluster.toml")
+    assert ei.value.message == "cluster.toml: 1 problem(s) in the inventory"
+    assert ei.value.details == [
+        "cluster.toml: nodes[0].data_plane: required when the inventory has more than one node (the QSFP ports "
+        "that join spark-a to the others, each with its RoCE HCA); `sparkcluster init` writes it"
+    ]

@@ -138,3 +138,25 @@ def test_every_metric_the_alert_rules_name_exists():
     assert len(exprs) == len(re.findall(r"- alert:", text))
     names = {n for e in exprs for n in metric_names(e.strip().strip("'"))} - {"humanize1024"}
     assert names and not names - known()
+
+
+def test_monitor_dashboards_copies_the_installed_files_into_a_folder_of_yours(tmp_path, capsys):
+    """An installed user has no source tree: `monitor dashboards --out DIR` writes the shipped
+    dashboards and provisioning files there, byte for byte, lists them, and never overwrites."""
+    from sparkcluster.cli.main import main
+
+    out = tmp_path / "grafana"
+    assert main(["monitor", "dashboards", "--out", str(out)]) == 0
+    stdout, err = capsys.readouterr()
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert written == sorted(dashboards.files())
+    assert stdout.splitlines() == [str(out / rel) for rel in sorted(dashboards.files())]
+    for rel in written:
+        assert (out / rel).read_bytes() == (dashboards.HERE / rel).read_bytes()
+    assert "HEAD_CONTROL_IP" in err and "provisioning/datasources/sparkcluster.yml" in err
+
+    (out / "dashboards" / "sparkcluster-serving.json").write_text("{} ")  # an owner's edit
+    assert main(["monitor", "dashboards", "--out", str(out)]) == 2
+    stdout, err = capsys.readouterr()
+    assert stdout == "" and "not overwritten" in err and "--out" in err
+    assert (out / "dashboards" / "sparkcluster-serving.json").read_text() == "{} "

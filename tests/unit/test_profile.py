@@ -256,12 +256,46 @@ def test_search_path_and_shadowing(monkeypatch, tmp_path):
     (mine / "extra.toml").write_text(MINIMAL)
     monkeypatch.setenv("SPARKCLUSTER_PROFILES", str(mine))
     assert search_path()[0] == mine
-    assert search_path()[1] == REPO / "env-profiles"
-    assert search_path()[2] == Path(os.environ["HOME"]) / ".config/sparkcluster/profiles"
+    # yours before the shipped ones: a copy of a shipped profile under its own name is the one used
+    assert search_path()[1] == Path(os.environ["HOME"]) / ".config/sparkcluster/profiles"
+    assert search_path()[2] == REPO / "env-profiles"
     found = available()
     assert found["nemotron"] == mine / "nemotron.toml"
     assert found["qwen3-30b"] == REPO / "env-profiles" / "qwen3-30b.toml"
     assert load_profile("extra").model == "org/model"
+
+
+def test_a_profile_of_yours_with_a_shipped_name_wins_and_says_which_file_it_hides(monkeypatch):
+    from sparkcluster.config.profile import shadow_notice, shadowed
+
+    d = Path(os.environ["HOME"]) / ".config/sparkcluster/profiles"
+    d.mkdir(parents=True)
+    shipped_one = REPO / "env-profiles" / "nemotron.toml"
+    text = shipped_one.read_text().replace('tag = "', 'tag = "9', 1)  # another image tag, as an owner would
+    (d / "nemotron.toml").write_text(text)
+    assert available()["nemotron"] == d / "nemotron.toml"
+    prof = load_profile("nemotron")
+    assert prof.path == (d / "nemotron.toml").resolve()
+    assert prof.image.ref != load_profile(str(shipped_one)).image.ref
+    assert shadowed("nemotron") == [shipped_one]
+    assert shadow_notice(prof.path, "nemotron") == (
+        f"note: profile 'nemotron' is {prof.path}, which overrides {shipped_one} "
+        "(the first on the search path wins: sparkcluster profile list)"
+    )
+    assert shadowed("qwen3-30b") == [] and shadow_notice(REPO / "env-profiles" / "qwen3-30b.toml", "qwen3-30b") is None
+
+
+def test_where_to_edit_names_a_file_the_owner_can_edit(monkeypatch):
+    from sparkcluster.config.profile import where_to_edit
+
+    home_copy = Path(os.environ["HOME"]) / ".config/sparkcluster/profiles/nemotron.toml"
+    shipped_advice = where_to_edit(load_profile("nemotron"))
+    assert shipped_advice == (
+        f"`sparkcluster profile copy nemotron` writes {home_copy}, which overrides the shipped one: edit that file"
+    )
+    home_copy.parent.mkdir(parents=True)
+    home_copy.write_text((REPO / "env-profiles" / "nemotron.toml").read_text())
+    assert where_to_edit(load_profile("nemotron")) == f"edit {home_copy.resolve()}"
 
 
 def test_user_profiles_dir(monkeypatch, tmp_path):

@@ -50,9 +50,65 @@ def test_list(capsys):
     tail = out[out.index("searched, first match wins:") :].splitlines()[1:]
     assert tail == [
         f"  {TESTBED_PROFILES}  ($SPARKCLUSTER_PROFILES)",
-        f"  {shipped.profiles_dir()}  (shipped with sparkcluster)",
         f"  {Path(os.environ['HOME']) / '.config/sparkcluster/profiles'}  (yours; absent)",
+        f"  {shipped.profiles_dir()}  (shipped with sparkcluster)",
     ]
+
+
+@pytest.fixture
+def yours(monkeypatch):
+    """Only your folder and the shipped profiles on the search path."""
+    monkeypatch.delenv("SPARKCLUSTER_PROFILES")
+    return Path(os.environ["HOME"]) / ".config/sparkcluster/profiles"
+
+
+def test_copy_writes_a_shipped_profile_into_your_folder_and_prints_its_path(capsys, yours):
+    rc, out, err = run(capsys, "profile", "copy", "nemotron")
+    assert rc == 0, err
+    assert out == f"{yours / 'nemotron.toml'}\n"
+    assert (yours / "nemotron.toml").read_text() == (shipped.profiles_dir() / "nemotron.toml").read_text()
+    assert err == (
+        f"note: profile 'nemotron' is now this file; it overrides {shipped.profiles_dir() / 'nemotron.toml'}\n"
+    )
+    # never overwritten: the second copy is refused, naming another name that works
+    (yours / "nemotron.toml").write_text("# mine\n" + (yours / "nemotron.toml").read_text())
+    rc, out, err = run(capsys, "profile", "copy", "nemotron")
+    assert rc == 2 and out == ""
+    assert err.splitlines()[0] == f"error: {yours / 'nemotron.toml'} exists: not overwritten"
+    assert "sparkcluster profile copy nemotron --to nemotron-2" in err
+    assert (yours / "nemotron.toml").read_text().startswith("# mine\n")
+    rc, out, err = run(capsys, "profile", "copy", "nemotron", "--to", "nemotron-2")
+    assert rc == 0 and out == f"{yours / 'nemotron-2.toml'}\n" and err == ""
+    rc, out, err = run(capsys, "profile", "copy", "nemotron", "--to", "no/slash")
+    assert rc == 2 and "not a profile name: 'no/slash'" in err
+    rc, out, err = run(capsys, "profile", "copy", "nemotronn")
+    assert rc == 2 and "did you mean 'nemotron'" in err
+
+
+def test_your_copy_wins_and_list_and_show_name_both_files(capsys, yours):
+    shipped_one = shipped.profiles_dir() / "nemotron.toml"
+    yours.mkdir(parents=True)
+    mine = yours / "nemotron.toml"
+    mine.write_text(shipped_one.read_text().replace('tag = "26.05.post1-py3"', 'tag = "26.06-py3"'))
+    rc, out, err = run(capsys, "profile", "list")
+    assert rc == 0, err
+    (line,) = [x for x in out.splitlines() if x.startswith("nemotron ")]
+    assert "nvcr.io/nvidia/vllm:26.06-py3" in line
+    assert line.endswith(f"[{mine}]  (overrides {shipped_one})")
+    rc, out, err = run(capsys, "profile", "list", "--json")
+    import json
+
+    (row,) = [r for r in json.loads(out)["profiles"] if r["name"] == "nemotron"]
+    assert row["path"] == str(mine) and row["overrides"] == [str(shipped_one)]
+    rc, out, err = run(capsys, "profile", "show", "nemotron")
+    assert rc == 0 and out.startswith(f"profile nemotron  ({mine.resolve()})")
+    assert err == (
+        f"note: profile 'nemotron' is {mine.resolve()}, which overrides {shipped_one} "
+        "(the first on the search path wins: sparkcluster profile list)\n"
+    )
+    rc, out, err = run(capsys, "--inventory", INV, "up", "--profile", "nemotron", "--dry-run", "--offline")
+    assert f"note: profile 'nemotron' is {mine.resolve()}, which overrides {shipped_one}" in err
+    assert "26.06-py3" in out
 
 
 def test_the_shipped_profiles_are_not_the_testbeds(capsys, monkeypatch):
@@ -74,8 +130,8 @@ def test_list_with_nothing_found_says_where_it_looked_and_fails(capsys, monkeypa
     assert out.splitlines() == [
         "searched, first match wins:",
         f"  {tmp_path / 'none'}  ($SPARKCLUSTER_PROFILES; absent)",
-        f"  {tmp_path / 'not-installed'}  (shipped with sparkcluster; absent)",
         f"  {Path(os.environ['HOME']) / '.config/sparkcluster/profiles'}  (yours; absent)",
+        f"  {tmp_path / 'not-installed'}  (shipped with sparkcluster; absent)",
     ]
     assert err.splitlines()[0] == "error: no profiles found in the folders above"
     assert err.splitlines()[1].startswith("fix: reinstall sparkcluster")

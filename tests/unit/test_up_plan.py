@@ -124,7 +124,9 @@ def test_bare_cluster_build_uses_pip_mirror(prof):
         # pip ignores a plain-http index unless its host is trusted
         "PIP_TRUSTED_HOST": "mirror.lan",
     }
-    assert "--build-arg PIP_INDEX_URL=http://mirror.lan:3141/simple" in plan.render()
+    assert "--build-arg PIP_INDEX_URL=http://mirror.lan:3141/simple" in " ".join(
+        plan.render().split()
+    )  # wrapped at ~100 columns
 
 
 def test_https_mirror_is_not_marked_trusted(prof):
@@ -510,7 +512,7 @@ def test_an_on_demand_profile_is_handed_over_on_standby_with_no_wait_for_an_engi
     assert "standby" in serve and not {"start", "ready", "warm-up", "nccl"} & set(serve)
     # image, weights, containers (and Ray) as for any profile: only the engine waits for a request
     assert {"image", "weights", "containers", "ray"} <= {s.stage for s in plan.steps()}
-    text = plan.render()
+    text = " ".join(plan.render().split())  # the plan's lines wrap at ~100 columns
     assert "hand vllm serve to the supervisor on standby" in text and "stopped after 60s idle" in text
     from sparkcluster.config import bounds
 

@@ -110,6 +110,13 @@ def test_an_installed_wheel_finds_its_profiles_and_plans_up_from_any_folder(inst
     assert "-f Dockerfile.vllm-ray ." in res.stdout
     assert (site / "sparkcluster" / "_data" / "images" / "Dockerfile.vllm-ray").is_file()
 
+    # the Grafana dashboards, from the installed package into a folder of the owner's
+    res = sc(installed, "monitor", "dashboards", "--out", "grafana")
+    assert res.returncode == 0, res.stdout + res.stderr
+    shipped_json = site / "sparkcluster" / "monitor" / "grafana" / "dashboards" / "sparkcluster-serving.json"
+    copied = installed["cwd"] / "grafana" / "dashboards" / "sparkcluster-serving.json"
+    assert copied.read_bytes() == shipped_json.read_bytes()
+
     res = sc(installed, "--version")
     assert res.returncode == 0 and res.stdout.startswith(f"sparkcluster {__version__}"), res.stdout + res.stderr
     commit = shipped.git_commit(REPO)
@@ -156,3 +163,95 @@ def test_the_wheel_and_the_sdist_carry_the_data_and_the_license(installed, tmp_p
     assert {"images/Dockerfile.vllm-ray", "LICENSE", "COMMIT", "setup.py", "MANIFEST.in"} <= inside
     assert not [n for n in inside if n.startswith("tests/")]
     assert TESTBED_PROFILES.is_dir()  # the testbed's stay in the checkout
+
+
+# --- README's install lines, as an owner types them ------------------------------------------------
+
+
+def _readme_install_lines() -> list[list[str]]:
+    """The shell lines of README's Install section that install sparkcluster, grouped into what an
+    owner runs together: each line alone, except `pip wheel` with the `pipx install dist/...` after it."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Install", 1)[1].split("\n## ", 1)[0]
+    lines = [
+        line
+        for block in re.findall(r"```sh\n(.*?)```", section, re.S)
+        for line in block.splitlines()
+        if line.startswith(("pipx ", "uv ", "pip "))
+    ]
+    groups: list[list[str]] = []
+    for line in lines:
+        if groups and groups[-1][0].startswith("pip wheel") and len(groups[-1]) == 1:
+            groups[-1].append(line)
+        else:
+            groups.append([line])
+    return groups
+
+
+INSTALLS = _readme_install_lines()
+
+
+def test_readme_installs_from_the_clones_root_not_the_package_folder():
+    firsts = [g[0].split("#")[0].split() for g in INSTALLS]
+    assert firsts[:3] == [["pipx", "install", "."], ["uv", "tool", "install", "."], ["pip", "install", "."]]
+    assert firsts[3] == ["pip", "wheel", "--no-deps", "-w", "dist", "."]
+    assert INSTALLS[3][1].startswith(f"pipx install dist/sparkcluster-{__version__}-py3-none-any.whl")
+    assert not [line for g in INSTALLS for line in g if "./sparkcluster" in line]
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """The checkout's files as a clone has them (no virtualenv, no build output, no git)."""
+    import shutil
+
+    dest = tmp_path_factory.mktemp("readme-install") / "sparkcluster-clone"
+    skip = shutil.ignore_patterns(
+        ".git", ".venv", "__pycache__", "build", "dist", "site", "*.egg-info", ".pytest_cache", ".ruff_cache"
+    )
+    shutil.copytree(REPO, dest, ignore=skip, symlinks=True)
+    return dest
+
+
+@pytest.mark.parametrize("lines", INSTALLS, ids=[" && ".join(g) for g in INSTALLS])
+def test_readmes_install_lines_run_as_written_and_the_command_works_from_anywhere(clone, tmp_path, lines):
+    """Each way README gives, run by bash in the clone's root with an empty HOME: pipx and uv (from
+    PyPI, the dev extras) put `sparkcluster` in their bin folder, pip into a virtualenv of the
+    owner's; then `sparkcluster --version` and `profile list` answer from another folder, with the
+    profiles of the installed package."""
+    home, bin_dir, elsewhere = tmp_path / "home", tmp_path / "bin", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    tools = Path(sys.executable).parent  # this environment's pipx and uv
+    path = [str(bin_dir), str(tools)]
+    if any(line.startswith("pip install") for line in lines):  # the owner's own virtualenv
+        # (`pip wheel` only builds: this environment's pip does, as any pip would)
+        venv = tmp_path / "venv"
+        made = _run([sys.executable, "-m", "venv", str(venv)])
+        assert made.returncode == 0, made.stderr
+        path.insert(0, str(venv / "bin"))
+        bin_dir = venv / "bin" if not any(line.startswith("pipx ") for line in lines) else bin_dir
+    keep = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CERT", "SSL_CERT_FILE", "LANG")
+    env = {k: v for k, v in os.environ.items() if k in keep or k.startswith(("UV_INDEX", "UV_DEFAULT_INDEX"))}
+    env.update(
+        HOME=str(home),
+        PATH=os.pathsep.join([*path, "/usr/bin", "/bin"]),
+        PIPX_HOME=str(tmp_path / "pipx"),
+        PIPX_BIN_DIR=str(tmp_path / "bin"),
+        UV_TOOL_DIR=str(tmp_path / "uv-tools"),
+        UV_TOOL_BIN_DIR=str(tmp_path / "bin"),
+        UV_PYTHON=sys.executable,  # the Python these tests run on: never one downloaded
+        # the caches of whoever runs the tests: a warm one saves minutes, a cold one changes nothing
+        PIP_CACHE_DIR=os.environ.get("PIP_CACHE_DIR", os.path.expanduser("~/.cache/pip")),
+        UV_CACHE_DIR=os.environ.get("UV_CACHE_DIR", os.path.expanduser("~/.cache/uv")),
+    )
+    script = "set -e\n" + "\n".join(lines) + "\n"
+    res = subprocess.run(["bash", "-c", script], cwd=clone, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"{lines}\n{res.stdout}\n{res.stderr}"
+    exe = bin_dir / "sparkcluster"
+    assert exe.is_file(), f"{lines}: no {exe}\n{res.stdout}\n{res.stderr}"
+    version = subprocess.run([str(exe), "--version"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout.startswith(f"sparkcluster {__version__}"), version.stderr
+    listed = subprocess.run([str(exe), "profile", "list"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    first = listed.stdout.splitlines()[0]
+    assert first.split()[0] == SHIPPED[0] and "/_data/profiles/" in first and str(clone) not in first
