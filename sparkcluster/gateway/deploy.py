@@ -5,6 +5,7 @@ config, read and written, are the registry's (deployment/gateway_registry)."""
 from __future__ import annotations
 
 import json
+import shlex
 import time
 
 import docker.errors
@@ -18,7 +19,7 @@ from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL, SERVICE_ROLE, contain
 from sparkcluster.remote import retry
 
 from . import store
-from .rollout import GatewayPlan, code_files
+from .rollout import GatewayPlan, code_files, traces_probe_argv
 
 READY_TIMEOUT_S = 60.0
 
@@ -152,6 +153,8 @@ def apply(api, plan: GatewayPlan, host, say=lambda line: None) -> dict:
                 )
         elif step.action == "data":
             store.prepare(host, plan.data_dir)
+        elif step.action == "traces":
+            say(f"{step.id}: {traces_in_image(host, plan)}")
         elif step.action == "config":
             _keep_holds(api, plan)
             write_config(api, container, plan)
@@ -170,6 +173,21 @@ def apply(api, plan: GatewayPlan, host, say=lambda line: None) -> dict:
             return got
         say(f"{step.id}: done ({time.monotonic() - started:.1f}s)")
     return {}
+
+
+def traces_in_image(host, plan: GatewayPlan) -> str:
+    """Whether the gateway's image has what request traces need (rollout.traces_step), in words."""
+    t = plan.traces()
+    argv = traces_probe_argv(plan.image, t["otlp_protocol"])
+    got = host.run(shlex.join(argv), timeout=120, warn=True)
+    if got.ok:
+        return f"the image has the OpenTelemetry SDK: traces go to {t['otlp_endpoint']} ({t['otlp_protocol']})"
+    said = (got.stderr or got.stdout or "").strip().splitlines()
+    return (
+        f"traces OFF: {plan.image} lacks the OpenTelemetry SDK or its OTLP exporter "
+        f"({said[-1] if said else f'exit {got.exit_code}'}); the gateway runs without them "
+        "(an image with opentelemetry-sdk and opentelemetry-exporter-otlp has them: vLLM's bundles both)"
+    )
 
 
 def _keep_holds(api, plan: GatewayPlan) -> None:
