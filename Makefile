@@ -56,11 +56,12 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # the pair's figures (perf.run, on the testbed that is up), a capped replication beside the serving
-# engine (perf.weights_cap, issue 61), then the four-node ones (bench-nodes), which end by bringing
-# the pair back up
+# engine (perf.weights_cap, issue 61), a gateway key's limits against none on loopback (perf.gateway_limits,
+# no testbed), then the four-node ones (bench-nodes), which end by bringing the pair back up
 bench: venv
 	$(BIN)/python -m perf.run
 	$(BIN)/python -m perf.weights_cap
+	$(BIN)/python -m perf.gateway_limits
 	$(MAKE) bench-nodes
 
 # the four-node figures (issue 27) on four-host testbeds of their own, through a switch and as a ring:

@@ -20,6 +20,9 @@ minute, in flight and tokens per day (gateway/quota: 429 in the client's shape w
 what each request cost (the engine's own token counts, gateway/metering) goes into the usage ledger
 in the gateway's folder (programs/gateway_usage) and into the metrics by key name. `/metrics` and
 `/gateway/status` answer the controller's keys and admin keys only (403 to the others).
+
+Where the config names an OTLP endpoint and the image has the OpenTelemetry SDK, each forwarded
+request is a trace (gateway/tracing: its phases, never its body), its traceparent sent upstream.
 """
 
 from __future__ import annotations
@@ -177,7 +180,7 @@ class Gateway:
         self.relay = proxy.relay_session()
         watcher = asyncio.create_task(self._watch())
         health.event("gateway started", routes=[r.key for r in self.table.routes], models=self.table.names())
-        health.event("traces " + self.traces_said)
+        health.event("traces", state=self.traces_said)
         try:
             yield
         finally:

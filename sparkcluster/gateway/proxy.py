@@ -209,6 +209,8 @@ async def forward(
         metrics.latency.labels(model).observe(time.monotonic() - started)
         if meter is not None:
             meter.done(outcome)
+        if trace is not None:
+            trace.outcome = outcome
     if broken:
         health.event("stream broken", deployment=route.key, model=model, endpoint=endpoint, error=broken)
         raise Broken(route.key)

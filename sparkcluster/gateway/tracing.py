@@ -1,7 +1,8 @@
 """Request traces, optional: where the config names an OTLP endpoint (the inventory's `[gateway]
 otlp_endpoint`) and the gateway's image has the OpenTelemetry SDK and its OTLP exporter, every
-request the gateway forwards is a trace of spans, exported in batches off the event loop:
+request the gateway forwards is a trace of spans, exported in batches off the event loop.
 
+The spans:
 - `POST /v1/...` (a server span, the request's whole path through the gateway, the child of the
   client's own `traceparent` where it sent one), and under it
 - `gateway.receive`: the key checked and the body read;
@@ -101,6 +102,7 @@ class RequestTrace:
         self.upstream = None
         self.status = 0  # the answer's status as the gateway sent it (0: none sent)
         self.meter = None  # the request's meter once admitted (its token counts)
+        self.outcome = ""  # how the relay ended (proxy.forward's: the status, "disconnect", "upstream")
 
     def child(self, name: str, **kw):
         return self.traces.tracer.start_span(name, context=self.ctx, **kw)
@@ -159,6 +161,8 @@ class RequestTrace:
         if self.phase is not None:
             self.phase.end(now)
         attrs: dict = {"http.response.status_code": self.status} if self.status else {}
+        if self.outcome:
+            attrs["sparkcluster.outcome"] = self.outcome
         if self.meter is not None:
             prompt, completion = self.meter.tokens()
             attrs["gen_ai.usage.input_tokens"] = prompt
