@@ -115,6 +115,21 @@ def test_a_request_with_no_trace_of_its_own_starts_one_and_a_refusal_has_no_upst
     assert not e.seen
 
 
+def test_a_client_that_leaves_mid_stream_ends_its_trace_as_a_disconnect(traced):
+    e, sg, exported = traced
+    body = {"model": "chat", "stream": True, "hold": True, "messages": [{"role": "user", "content": SECRET_PROMPT}]}
+    with httpx.stream(
+        "POST", f"{sg.url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {NAMED}"}, timeout=30
+    ) as r:
+        assert r.status_code == 200
+        next(r.iter_bytes())  # the first event is in: the client leaves
+    spans = spans_of(exported, 5)
+    e.release.set()
+    root = dict(spans["POST /v1/chat/completions"].attributes)
+    assert root["sparkcluster.outcome"] == "disconnect" and root["sparkcluster.key"] == "alice"
+    assert spans["gateway.stream"].end_time <= spans["POST /v1/chat/completions"].end_time
+
+
 def test_a_plain_request_passes_the_clients_traceparent_untouched_when_traces_are_off(tmp_path):
     e = Counting(["chat"])
     s = Served(e.app())
