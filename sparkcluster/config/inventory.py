@@ -158,6 +158,20 @@ class MonitorSettings(_Strict):
     node_exporter_port: int = Field(default=9100, ge=1, le=65535)
 
 
+class GatewaySettings(_Strict):
+    """`[gateway]`: what `sparkcluster gateway up` passes into the gateway's config. `otlp_endpoint`:
+    where the gateway sends its request traces (OTLP, off when empty: the default), e.g.
+    "http://collector:4317" for gRPC, "http://collector:4318" for `otlp_protocol = "http/protobuf"`
+    (`/v1/traces` is added where the URL has no path). Traces need the OpenTelemetry SDK and its OTLP
+    exporter in the gateway's image (vLLM's bundles them); `gateway up` looks, and says when they are
+    absent. No prompt or answer ever goes into a span."""
+
+    otlp_endpoint: str = Field(
+        default="", pattern=r"^(|https?://[A-Za-z0-9.\[\]:_-]+(:[0-9]{1,5})?(/[A-Za-z0-9._/-]*)?)$"
+    )
+    otlp_protocol: Literal["grpc", "http/protobuf"] = "grpc"  # gRPC: vLLM's own default for its traces
+
+
 class OnDemandRule(_Strict):
     """`[on_demand]`: which idle deployment yields its memory when a woken one does not fit beside it.
     The gateway, which sees every request, chooses among the on-demand deployments in
@@ -179,6 +193,7 @@ class Inventory(_Strict):
     fabric: FabricFigures = Field(default_factory=FabricFigures)
     monitor: MonitorSettings = Field(default_factory=MonitorSettings)
     on_demand: OnDemandRule = Field(default_factory=OnDemandRule)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     path: Path | None = Field(default=None, exclude=True)
     # node -> the SSH user's home there, learnt from the facts (shared with the copies `only` makes)
     _homes: dict[str, str] = PrivateAttr(default_factory=dict)

@@ -20,6 +20,9 @@ minute, in flight and tokens per day (gateway/quota: 429 in the client's shape w
 what each request cost (the engine's own token counts, gateway/metering) goes into the usage ledger
 in the gateway's folder (programs/gateway_usage) and into the metrics by key name. `/metrics` and
 `/gateway/status` answer the controller's keys and admin keys only (403 to the others).
+
+Where the config names an OTLP endpoint and the image has the OpenTelemetry SDK, each forwarded
+request is a trace (gateway/tracing: its phases, never its body), its traceparent sent upstream.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as Path
 
 from ..programs.gateway_usage import USAGE_DIR, Ledger
-from . import auth, exposure, health, metering, proxy
+from . import auth, exposure, health, metering, proxy, tracing
 from .figures import Metrics
 from .health import REFUSED_REASON
 from .keys import KEYS_FILE, Identity, Keyring
@@ -59,6 +62,7 @@ FORWARDED = (
 HELD_LOOK_S = 0.25  # a held request looks for its deployment this often
 OTHER_MODEL = "(other)"  # the metrics' label for every model name no deployment serves
 WHO = "sparkcluster.key"  # the scope's entry for the request's key's owner (keys.Identity), once known
+TRACE = "sparkcluster.trace"  # the scope's entry for the request's trace (gateway/tracing), where traces are on
 
 
 def doc_of(body: bytes):
@@ -103,6 +107,8 @@ class Gateway:
         self.guard = exposure.Guard(exposure.Limits.from_config(cfg.get("limits") or {}))
         self.config_path = config_path
         self._config_mtime = self._mtime()
+        # request traces (gateway/tracing): None where the config names no OTLP endpoint or the image lacks the SDK
+        self.traces, self.traces_said = tracing.load(cfg)
         self.client: httpx.AsyncClient | None = None  # the supervisor's looks, /v1/models, wakes
         self.relay = None  # the requests passed through (proxy.relay_session)
         self._wakes: set[asyncio.Task] = set()  # on demand: wakes in flight (kept, or the loop drops them)
@@ -174,6 +180,7 @@ class Gateway:
         self.relay = proxy.relay_session()
         watcher = asyncio.create_task(self._watch())
         health.event("gateway started", routes=[r.key for r in self.table.routes], models=self.table.names())
+        health.event("traces", state=self.traces_said)
         try:
             yield
         finally:
@@ -183,6 +190,8 @@ class Gateway:
             await self.client.aclose()
             await self.relay.close()
             self.ledger.close()
+            if self.traces is not None:  # the spans still queued go out (the exporter's own bound)
+                await asyncio.to_thread(self.traces.shutdown)
             health.event("gateway stopped")
 
     # -- on demand
@@ -347,6 +356,7 @@ class Gateway:
                     }
                     for r in self.table.routes
                 ],
+                "traces": self.traces_said,
             }
         )
 
@@ -480,7 +490,17 @@ class Gateway:
         await self.refuse(send, endpoint, "", 400, f"{e}: it is not read", "invalid_request_error", anthropic)
 
     def forward(
-        self, picked: Route, scope, receive, send, body: bytes, model: str, endpoint: str, anthropic: bool, meter=None
+        self,
+        picked: Route,
+        scope,
+        receive,
+        send,
+        body: bytes,
+        model: str,
+        endpoint: str,
+        anthropic: bool,
+        meter=None,
+        trace=None,
     ):
         """proxy.forward to `picked`, counted under `model` and `endpoint`, `picked` marked used now (on
         demand's "lru" rule, issue 60). It returns proxy.forward's coroutine for the forwarder to
@@ -499,6 +519,7 @@ class Gateway:
             endpoint=endpoint,
             anthropic=anthropic,
             meter=meter,
+            trace=trace,
         )
 
     def forwarder(self, endpoint: str):
@@ -508,6 +529,8 @@ class Gateway:
             body = await self.request_body(scope, receive, send, endpoint, anthropic)
             if body is None:
                 return
+            if (trace := scope.get(TRACE)) is not None:
+                trace.received(scope.get(WHO))
             try:
                 doc = doc_of(body)
             except Unreadable as e:
@@ -517,6 +540,8 @@ class Gateway:
             if not isinstance(model, str) or not model:
                 await proxy.send_error(send, 400, "the request body names no model", "invalid_request_error", anthropic)
                 return
+            if trace is not None:
+                trace.model(model)
             who: Identity = scope[WHO]
             if not who.may_use(model):
                 await self.not_served(send, endpoint, model, who, anthropic)
@@ -547,7 +572,9 @@ class Gateway:
             if isinstance(got, Refusal):
                 await self.over_limit(send, endpoint, model, scope[WHO], got, anthropic)
                 return
-            await self.forward(picked, scope, receive, send, got[0], model, endpoint, anthropic, got[1])
+            if trace is not None:
+                trace.admitted(picked, got[1])
+            await self.forward(picked, scope, receive, send, got[0], model, endpoint, anthropic, got[1], trace)
 
         return app
 
@@ -558,6 +585,8 @@ class Gateway:
             body = await self.request_body(scope, receive, send, endpoint, False, upload=True)
             if body is None:
                 return
+            if (trace := scope.get(TRACE)) is not None:
+                trace.received(scope.get(WHO))
             try:
                 model = model_of(body)
             except Unreadable as e:
@@ -574,6 +603,8 @@ class Gateway:
                 await self.refuse(send, endpoint, model or "", 503, said, "service_unavailable", False, extra)
                 return
             label = self.label(model or "") or (picked.names[0] if picked.names else picked.key)
+            if trace is not None:
+                trace.model(model or label)
             who: Identity = scope[WHO]
             if not who.may_use(model or label):
                 await self.not_served(send, endpoint, model or label, who, False)
@@ -582,7 +613,9 @@ class Gateway:
             if isinstance(got, Refusal):
                 await self.over_limit(send, endpoint, label, who, got, False)
                 return
-            await self.forward(picked, scope, receive, send, got[0], label, endpoint, False, got[1])
+            if trace is not None:
+                trace.admitted(picked, got[1])
+            await self.forward(picked, scope, receive, send, got[0], label, endpoint, False, got[1], trace)
 
         return app
 
@@ -609,6 +642,7 @@ class Gateway:
         forwarded = {p: self.forwarder(p) for p in FORWARDED}
         services: dict[str, object] = {}  # a service's route's forwarder, made when first asked (routes reload)
         guard = self.guard
+        traced = self.traced if self.traces is not None else None
 
         async def app(scope, receive, send) -> None:
             if scope["type"] != "http":  # the lifespan
@@ -623,7 +657,10 @@ class Gateway:
                     if forward is None and path in self.table.paths():
                         forward = services.get(path) or services.setdefault(path, self.service_forwarder(path))
                     if forward is not None:
-                        await forward(scope, receive, send)
+                        if traced is None:
+                            await forward(scope, receive, send)
+                        else:
+                            await traced(forward, path, scope, receive, send)
                         return
                 if scope["method"] != "POST":  # the gateway's own pages read no body
                     guard.received(client)
@@ -637,6 +674,23 @@ class Gateway:
                 guard.end(client)
 
         return app
+
+    async def traced(self, forward, path: str, scope, receive, send) -> None:
+        """`forward` with the request's trace (gateway/tracing) in its scope, the status it answered
+        read on the way out. Traces on cost a frame and a call per event relayed; off, nothing."""
+        trace = self.traces.begin(scope, path)
+        scope[TRACE] = trace
+
+        async def sending(message) -> None:
+            trace.sent(message)
+            await send(message)
+
+        try:
+            await forward(scope, receive, sending)
+        except BaseException as e:
+            trace.finish(e)
+            raise
+        trace.finish()
 
 
 class _Asgi:

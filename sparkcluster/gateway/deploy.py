@@ -6,6 +6,7 @@ config, read and written, are the registry's (deployment/gateway_registry)."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from sparkcluster.steps.base import Step
 from sparkcluster.steps.walk import CommandRun
 
 from . import store
-from .rollout import GatewayPlan, code_files
+from .rollout import GatewayPlan, code_files, traces_probe_argv
 
 READY_TIMEOUT_S = 60.0
 
@@ -166,7 +167,8 @@ def walk_said(r: CommandRun, steps: list[Step], say=lambda line: None) -> list[t
     for step in steps:
         started = time.monotonic()
         done += walk.walk(r, [step])
-        say(f"{step.id}: done ({time.monotonic() - started:.1f}s)")
+        said = done[-1][1] if done else None  # a step that finds something says it (traces: the image's SDK)
+        say(f"{step.id}: {said}" if isinstance(said, str) else f"{step.id}: done ({time.monotonic() - started:.1f}s)")
     return done
 
 
@@ -180,6 +182,21 @@ def apply(api, plan: GatewayPlan, host, say=lambda line: None) -> dict:
 def prepare_data(host, data_dir: str) -> None:
     """The gateway's folder on its node (its key file and usage ledger: gateway/store)."""
     store.prepare(host, data_dir)
+
+
+def traces_in_image(host, plan: GatewayPlan) -> str:
+    """Whether the gateway's image has what request traces need (rollout.traces_step), in words."""
+    t = plan.traces()
+    argv = traces_probe_argv(plan.image, t["otlp_protocol"])
+    got = host.run(shlex.join(argv), timeout=120, warn=True)
+    if got.ok:
+        return f"the image has the OpenTelemetry SDK: traces go to {t['otlp_endpoint']} ({t['otlp_protocol']})"
+    said = (got.stderr or got.stdout or "").strip().splitlines()
+    return (
+        f"traces OFF: {plan.image} lacks the OpenTelemetry SDK or its OTLP exporter "
+        f"({said[-1] if said else f'exit {got.exit_code}'}); the gateway runs without them "
+        "(an image with opentelemetry-sdk and opentelemetry-exporter-otlp has them: vLLM's bundles both)"
+    )
 
 
 def keep_holds(api, plan: GatewayPlan) -> None:

@@ -119,14 +119,18 @@ async def forward(
     endpoint: str,
     anthropic: bool,
     meter=None,
+    trace=None,
 ) -> str:
     """Send `body` to `route` and relay the answer; returns how it ended (the status code, or
     "disconnect" when the client went away first). Raises Broken when the deployment broke off
     mid-answer (counted as "upstream"), once the client has been told in the stream. A `meter`
-    (gateway/metering) reads the answer's tokens as it passes and says what of it goes on."""
+    (gateway/metering) reads the answer's tokens as it passes and says what of it goes on; a
+    `trace` (gateway/tracing) times the upstream call and puts its traceparent in the headers."""
     qs = scope.get("query_string") or b""
     url = route.upstream + scope["path"] + (f"?{qs.decode('latin-1')}" if qs else "")
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in upstream_headers(scope["headers"], route.api_key)]
+    if trace is not None:
+        headers = trace.upstream_headers(headers, url)
     started = time.monotonic()
     route.in_flight += 1
     metrics.in_flight.labels(model).inc()
@@ -147,6 +151,8 @@ async def forward(
                 timed_out = isinstance(e, (TimeoutError, aiohttp.ServerTimeoutError))
                 metrics.upstream_errors.labels(model, "timeout" if timed_out else "connect").inc()
                 outcome = "502"
+                if trace is not None:
+                    trace.answered(502, relayed=False)
                 await send_error(
                     send, 502, f"{route.key} did not answer: {type(e).__name__}", "upstream_error", anthropic
                 )
@@ -154,6 +160,8 @@ async def forward(
                 return outcome
             if resp.status >= 500:
                 metrics.upstream_errors.labels(model, "http_5xx").inc()
+            if trace is not None:
+                trace.answered(resp.status)
             await send(
                 {
                     "type": "http.response.start",
@@ -201,6 +209,8 @@ async def forward(
         metrics.latency.labels(model).observe(time.monotonic() - started)
         if meter is not None:
             meter.done(outcome)
+        if trace is not None:
+            trace.outcome = outcome
     if broken:
         health.event("stream broken", deployment=route.key, model=model, endpoint=endpoint, error=broken)
         raise Broken(route.key)

@@ -33,6 +33,8 @@ from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL, GATEWAY_ROLE, PORT_
 from sparkcluster.redact import set_fix
 from sparkcluster.steps.base import Step
 
+from . import tracing
+
 CODE_DIR = "/opt/sparkcluster-gateway"  # `python3 CODE_DIR CONFIG` runs its __main__.py
 DEFAULT_PORT = 4000  # LiteLLM's and sparkrun's proxy port: clients configured for those find it
 DEFAULT_DRAIN_S = 30
@@ -156,7 +158,13 @@ class GatewayPlan:
             **({"data": DATA_MOUNT} if self.data_dir else {}),
             # on demand across deployments (issue 60): which idle one yields to a woken one that does not fit
             **({"yield": self.inventory.on_demand.model_dump()} if self.inventory.on_demand.rule != "never" else {}),
+            **self.traces(),
         }
+
+    def traces(self) -> dict:
+        """Request traces (gateway/tracing): the inventory's `[gateway]` OTLP settings, none when off."""
+        g = self.inventory.gateway
+        return {"otlp_endpoint": g.otlp_endpoint, "otlp_protocol": g.otlp_protocol} if g.otlp_endpoint else {}
 
     def binds(self) -> dict[str, str]:
         out = {str(Path(p).parent): "/etc/sparkcluster/tls" for p in self.tls.values()}
@@ -177,6 +185,7 @@ class GatewayPlan:
                 "drain": self.drain_s,
                 "tls": self.tls,
                 **({"data": self.data_dir} if self.data_dir else {}),
+                **self.traces(),  # read once, when the gateway starts
             },
             sort_keys=True,
         )
@@ -358,6 +367,8 @@ def _steps(p: GatewayPlan, n_keys: str, where: str) -> list[Step]:
     if p.data_dir:  # the key file and the usage ledger (gateway/store), kept by `gateway down`
         what = f"make {p.data_dir} on {node} (mode 0700): its key file and usage ledger, kept across up and down"
         out.append(Step("gateway", node, "data", what, run=lambda r: r.actions.prepare_data(r.host, p.data_dir)))
+    if p.traces():  # request traces: whether the image has what they need, said before it runs
+        out.append(traces_step(p))
     if p.keep_running():
         out.append(
             Step(
@@ -402,3 +413,24 @@ def _steps(p: GatewayPlan, n_keys: str, where: str) -> list[Step]:
         )
     )
     return out
+
+
+def traces_step(p: GatewayPlan) -> Step:
+    """The look for the OpenTelemetry SDK and its OTLP exporter in the gateway's image (gateway/deploy
+    runs it): without them the gateway runs, its traces off."""
+    t = p.traces()
+    return Step(
+        "gateway",
+        p.node,
+        "traces",
+        f"check that {p.image} has the OpenTelemetry SDK and its OTLP exporter; traces to {t['otlp_endpoint']} "
+        f"({t['otlp_protocol']}) if so, else the gateway runs without them",
+        shlex.join(traces_probe_argv(p.image, t["otlp_protocol"])),
+        run=lambda r: r.actions.traces_in_image(r.host, p),
+    )
+
+
+def traces_probe_argv(image: str, protocol: str) -> list[str]:
+    """A throwaway container of the image, no network, asked to import what traces need."""
+    probe = tracing.probe_source(protocol)
+    return ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c", probe]
