@@ -173,7 +173,7 @@ def test_upgrade_judges_the_image_reference_before_anything_else(sc):
     inv = pair(sc)  # an inventory, and no good serve to return to: still the reference first
     rc, out, err = sc("-i", str(inv), "upgrade", "--image", bad, "--dry-run", "--json")
     body = json.loads(out)
-    assert rc == 2 and body["exit_code"] == 2 and "not an image reference" in body["message"], out
+    assert rc == 2 and body["exit_code"] == 2 and "not an image reference" in body["error"], out
     assert "no good serve" not in err
     rc, out, err = sc("upgrade", "--image", "nvcr.io/nvidia/vllm")
     assert rc == 2 and "it names no tag" in err and "e.g. --image nvcr.io/nvidia/vllm:" in err, err
