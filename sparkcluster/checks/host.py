@@ -183,7 +183,8 @@ def holders(f) -> str:
     """Who holds the node's memory, largest first, from its largest processes (`f.processes`): a
     deployment of ours by its profile (its container's processes summed), another container by its
     name, any other process by its command and PID. Empty when nothing holds half a GiB."""
-    ours = {c.id: f"'{c.labels.get(PROFILE_LABEL, c.name)}' (sparkcluster)" for c in f.ours}
+    mine = [*f.ours, *f.beside]  # this run's slot, and the other deployments on the node
+    ours = {c.id: f"'{c.labels.get(PROFILE_LABEL, c.name)}' (sparkcluster)" for c in mine}
     names = {c.id: f"container {c.name}" for c in f.containers}
     held: dict[str, int] = {}
     for p in f.processes:
@@ -192,7 +193,7 @@ def holders(f) -> str:
     # an engine's memory on unified memory is the driver's, not its processes' resident set: ours are
     # counted at least at their claim (the labels `up` gave them), as the admission counts them
     total = f.mem.total if f.mem else 0
-    for c in f.ours:
+    for c in mine:
         if not c.running:
             continue
         claim = _claim(c.labels, total)

@@ -107,6 +107,54 @@ HOW: dict[str, tuple[str, str]] = {
     "sparkcluster down --profile chatterbox-tts": (NOT_HERE, "seed 004's service is not run here"),
     "sparkcluster bench --compare 20261123T021425Z": (NOT_HERE, "a run folder of the guide's machine"),
     "sparkcluster bench --tokenizer /models/tok": (NOT_HERE, "a tokenizer path of the guide's machine"),
+    # the gateway's named keys and usage (the gateway guide): the guide's key names and models
+    "sparkcluster gateway keys add alice --models qwen36-35b --requests-per-minute 60 --tokens-per-day 2000000": (
+        NOT_HERE,
+        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+    ),
+    "sparkcluster gateway keys add ci --max-concurrent 2 --expires 2026-12-31": (
+        NOT_HERE,
+        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+    ),
+    "sparkcluster gateway keys add ops --admin": (
+        NOT_HERE,
+        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+    ),
+    "sparkcluster gateway keys list": (
+        NOT_HERE,
+        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+    ),
+    "sparkcluster gateway keys revoke ci": (
+        NOT_HERE,
+        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+    ),
+    "sparkcluster gateway keys rotate alice --grace 1d": (
+        NOT_HERE,
+        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+    ),
+    "sparkcluster gateway usage --key alice --json": (
+        NOT_HERE,
+        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+    ),
+    "sparkcluster gateway usage --since 7d --csv > usage.csv": (
+        NOT_HERE,
+        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+    ),
+    "sparkcluster gateway down --purge-usage": (
+        NOT_HERE,
+        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+    ),
+    # importing recipes (its guide): placeholder files and URLs; tests/unit/test_importer imports the
+    # field's recipes and exports one back, offline
+    "sparkcluster profile import ./recipe.yaml": (NOT_HERE, "a placeholder file (tests/unit/test_importer)"),
+    "sparkcluster profile import https://raw.githubusercontent.com/OWNER/REPO/COMMIT/recipes/model.yaml --name my-model": (
+        NOT_HERE,
+        "a placeholder URL: nothing off the testbed is reached",
+    ),
+    "sparkcluster profile export qwen38-27b-nvfp4-tp2-128gb --format sparkrun -o qwen38-27b-nvfp4-tp2-128gb.yaml": (
+        NOT_HERE,
+        "writes a file in the guide's folder (tests/unit/test_importer exports and imports it back)",
+    ),
     "sparkcluster monitor up": (SUBSTITUTED, "--dry-run: test_monitor starts the real stack"),
     "sparkcluster monitor status": (AS_WRITTEN, ""),
     "sparkcluster gateway up --dry-run": (AS_WRITTEN, ""),
