@@ -251,9 +251,10 @@ def test_two_models_take_turns_on_one_node_every_request_answered_on_its_first_t
     """Models taking turns on one Spark (stacks issue item 4): two on-demand deployments on the head,
     each asking half of its 128 GB (so one awake leaves too little for the other: the testbed's
     memory view takes an engine's share while it serves, as a Spark's unified memory does), the
-    inventory's `[on_demand] rule = "lru"`. Requests alternate A, B, A through the gateway: each is
+    inventory's `[on_demand] rule = "lru"`. Requests alternate A, then B through the gateway: each is
     held while the asked model starts (the other, idle, yielding to it by the rule) and answered on
-    its first try, with no client retry; each swap is journalled, and `status` says who is awake."""
+    its first try, with no client retry; the swap is journalled, and `status` says who is awake. (A
+    third request, for A again, swaps back the same way: one engine start more, left out of make test.)"""
     inv = inventory_variant(testbed, tmp_path, lambda t: t + '\n[on_demand]\nrule = "lru"\n')
     for args in (("--profile", OD_A, "--node", HEAD), ("--profile", OD_B, "--node", HEAD, "--beside")):
         res = sc("up", *args, env=env, inventory=inv, timeout=900)
@@ -261,7 +262,7 @@ def test_two_models_take_turns_on_one_node_every_request_answered_on_its_first_t
     gw = sc("gateway", "up", env=env, inventory=inv, timeout=300)
     assert gw.returncode == 0, gw.stdout + gw.stderr
     a_key, b_key = f"{OD_A}@{HEAD}", f"{OD_B}@{HEAD}"
-    for model, awake, asleep in ((OD_A_MODEL, a_key, b_key), (OD_B_MODEL, b_key, a_key), (OD_A_MODEL, a_key, b_key)):
+    for model, awake, asleep in ((OD_A_MODEL, a_key, b_key), (OD_B_MODEL, b_key, a_key)):
         r = chat(model, timeout=600)  # one try: held by the gateway while the model starts
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, (model, r.text)
         now = routes()
@@ -272,12 +273,11 @@ def test_two_models_take_turns_on_one_node_every_request_answered_on_its_first_t
     gw_log = testbed.sh(HEAD, f"docker logs {GW_C} 2>&1").stdout
     events = [json.loads(x) for x in gw_log.splitlines() if x.startswith("{")]
     held = [e for e in events if e["event"] == "held for a start on demand"]
-    assert len(held) == 3 and all(e["served"] for e in held), held
+    assert len(held) == 2 and all(e["served"] for e in held), held
     asked = [(e["deployment"], e["to"]) for e in events if e["event"] == "asked to yield"]
-    assert (a_key, b_key) in asked and (b_key, a_key) in asked, asked
-    for c in (HEAD_C, BESIDE_C):  # each yielded once, journalled by its own supervisor
-        journal = testbed.sh(HEAD, f"docker exec {c} cat /var/log/sparkcluster/journal.jsonl").stdout
-        assert "yielded: stopped for another deployment" in journal, c
+    assert (a_key, b_key) in asked, asked
+    journal = testbed.sh(HEAD, f"docker exec {HEAD_C} cat /var/log/sparkcluster/journal.jsonl").stdout
+    assert "yielded: stopped for another deployment" in journal  # A, by its own supervisor
 
 
 @pytest.mark.long  # `make test-long`: superseded in `make test` by the turns above (the memory stood in by hand)

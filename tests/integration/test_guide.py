@@ -16,10 +16,11 @@ session's serving cluster, whose worker container is named after its node, is th
 `bench` line gets one short level (`--concurrency 4 --num-prompts 4 --output-len 16` for whichever of
 those it does not name), so each costs seconds on the testbed's CPU engine rather than a six-level sweep.
 
-Cheap by design: the module runs in the serving tail (tests/conftest.py SERVING_TAIL) just before
-test_fabric, so it finds the `testbed` profile serving and brings nothing up; it then runs the guides'
+Cheap by design: the module runs in the serving tail (tests/conftest.py SERVING_TAIL) just after
+test_monitor, so it finds the `testbed` profile serving and brings nothing up; it then runs the guides'
 `down` lines, and with nothing serving `doctor`, `doctor --fabric` (refused while a server runs) and
-`init`. test_fabric's first case brings the cluster up again (its `up` is then not a no-op).
+`init`. test_supervisor's first case brings the cluster up again (it wants one with no restart
+counted, so its `up` would not be a no-op after test_monitor's restarts either).
 """
 
 from __future__ import annotations
