@@ -64,6 +64,9 @@ class GoodRecord:
     # profile_hash): they stay the reference across later serves until taken anew, so a difference
     # says what changed since they were taken (node/canary.since)
     canary_taken: dict = field(default_factory=dict)
+    # the base image's registry digest on the head at this serve (its RepoDigests entry, `repo@sha256:...`;
+    # "" where the image was built or loaded, not pulled): what `profile import --pin` pins a mutable tag to
+    base_digest: str = ""
 
     def canary_answers(self) -> list[canary.Answer]:
         return answers_from(self.canary)
@@ -230,6 +233,26 @@ def _write(cluster: str, records: list[GoodRecord], outcomes: list[UpgradeOutcom
     doc = {"records": [r.to_json() for r in records[-HISTORY:]], "upgrades": [asdict(o) for o in outcomes[-HISTORY:]]}
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     tmp.replace(p)  # never half written
+
+
+def digest_seen(image: str) -> GoodRecord | None:
+    """The newest good serve, of any cluster this controller has served, whose base image was `image`
+    (a tag) and whose head had pulled it from a registry (`base_digest`); None where none did."""
+    found = []
+    for p in sorted(state_dir().glob("known-good-*.json")):
+        cluster = p.name[len("known-good-") : -len(".json")]
+        found += [r for r in load(cluster) if r.base_image == image and r.base_digest]
+    return max(found, key=lambda r: r.at, default=None)
+
+
+def repo_digest(image: str, repo_digests: list[str]) -> str:
+    """The RepoDigests entry (`repo@sha256:...`) of `image`'s repository, "" where it has none (an image
+    built or loaded on the node carries no digest of a registry)."""
+    repo = image.split("@", 1)[0]
+    last = repo.rsplit("/", 1)[-1]
+    if ":" in last:
+        repo = repo[: -(len(last) - last.index(":"))]
+    return next((d for d in repo_digests if d.split("@", 1)[0] == repo), "")
 
 
 def append(cluster: str, rec: GoodRecord) -> None:

@@ -15,6 +15,7 @@ import yaml
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.lint import DEFAULT_STEP_TOKENS, MAX_GPU_MEMORY_UTILIZATION, Problem, lint, supervisor_bounds
 from sparkcluster.container import conformance
+from sparkcluster.deployment import known_good
 from sparkcluster.errors import InputError
 from sparkcluster.importer import formats, sources, vllm_args
 from sparkcluster.importer.formats import Recipe, Refused, Unmapped
@@ -348,11 +349,23 @@ def _pin(rec: Recipe, data: dict) -> None:
     if digest:
         data["image"]["digest"] = digest
         return
+    # else the digest a head of this controller pulled the tag at, recorded at its `up`
+    seen = known_good.digest_seen(rec.image)
+    if seen is not None:
+        data["image"]["digest"] = seen.base_digest.split("@", 1)[1]
+        rec.note(
+            None,
+            f"--pin {rec.image}",
+            f"pinned to {seen.base_digest.split('@', 1)[1]}, the digest the head pulled for "
+            f"{seen.deployment} at its up of {seen.at}",
+        )
+        return
     rec.note(
         None,
         f"--pin {rec.image}",
-        "the source states no digest: pull the image and set [image] digest to its RepoDigests entry "
-        "(docker image inspect --format '{{index .RepoDigests 0}}' IMAGE)",
+        "the source states no digest and no up of this controller pulled the tag: `up` a profile with this "
+        "image (its head records the digest it pulled), then import again with --pin; or set [image] digest "
+        "to its RepoDigests entry (docker image inspect --format '{{index .RepoDigests 0}}' IMAGE)",
     )
 
 

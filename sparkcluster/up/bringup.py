@@ -244,6 +244,17 @@ def all_reachable(touched: Inventory, unreachable: dict) -> None:
     raise unreachable_error(missing)
 
 
+def _base_digest(cluster: ConnectedHosts | None, image: str) -> str:
+    """The base image's registry digest on the head (known_good.repo_digest), "" where it is not known."""
+    if cluster is None:
+        return ""
+    try:
+        got = cluster.head.docker().api.inspect_image(image)
+    except Exception:  # noqa: BLE001 (built or loaded, gone since, or Docker not answering: no digest to record)
+        return ""
+    return known_good.repo_digest(image, list(got.get("RepoDigests") or []))
+
+
 def _old_server(cluster: ConnectedHosts, inv: Inventory, facts) -> server.Record | None:
     """The server that runs in our head container now, if any. An engine that does not answer
     fails here (EngineUnreachable): it is never taken for "no server", which would restart one."""
@@ -416,6 +427,7 @@ def remember_good(
             model_revision=revision or prof.revision or "main",
             nodes=nodes,
             base_image=prof.image.ref,
+            base_digest=_base_digest(cluster, prof.image.ref),
         )
         same = before is not None and (before.profile, before.base_image, before.model_revision) == (
             rec.profile,

@@ -22,6 +22,7 @@ from sparkcluster.cli.profile_recipes import make
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.lint import failures, lint
 from sparkcluster.container import conformance
+from sparkcluster.deployment import known_good
 from sparkcluster.importer import formats, shell, sources, vllm_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,6 +221,39 @@ def test_mutable_tags_are_named_and_pinned_where_the_source_states_a_digest(home
     assert "image pinned: ghcr.io/fujitsupolycom/gb10-vllm-serving@sha256:6fc26fda" in r.output
     r = run("profile", "import", str(DEEPSEEK), "--pin")
     assert r.exit_code == 1 and "--pin eugr/spark-vllm-b12x:latest: the source states no digest" in r.output
+
+
+@needs_shared
+def test_pin_takes_the_digest_the_head_pulled_at_an_up_of_this_controller(home, run, monkeypatch, tmp_path):
+    """No digest in the source: `--pin` takes the one a head of this controller pulled the tag at, which
+    `up` records with its good serve (known_good's base_digest, from the image's RepoDigests)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    digest = "sha256:" + "ab" * 32
+    rec = known_good.GoodRecord(
+        deployment="deepseek@spark-a+spark-b",
+        at="2026-11-28T10:00:00Z",
+        profile="deepseek",
+        profile_hash="",
+        image="sparkcluster/vllm-ray:x",
+        vllm_version="",
+        model="m",
+        model_revision="main",
+        base_image="eugr/spark-vllm-b12x:latest",
+        base_digest=f"eugr/spark-vllm-b12x@{digest}",
+    )
+    known_good.append("lab", rec)
+    r = run("profile", "import", str(DEEPSEEK), "--pin", "--name", "pinned")
+    assert f"pinned to {digest}, the digest the head pulled for deepseek@spark-a+spark-b" in r.output, r.output
+    assert f'digest = "{digest}"' in (home / "pinned.toml").read_text()
+
+
+def test_repo_digest_is_the_entry_of_the_images_own_repository():
+    digests = ["docker.io/library/other@sha256:" + "1" * 64, "nvcr.io/nvidia/vllm@sha256:" + "2" * 64]
+    assert known_good.repo_digest("nvcr.io/nvidia/vllm:26.05-py3", digests) == digests[1]
+    assert known_good.repo_digest("localhost:5000/vllm:dev", ["localhost:5000/vllm@sha256:" + "3" * 64]).startswith(
+        "localhost:5000/vllm@"
+    )
+    assert known_good.repo_digest("sparkcluster/vllm-ray:x", []) == ""  # built here: no registry's digest
 
 
 @needs_shared
