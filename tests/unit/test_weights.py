@@ -427,11 +427,11 @@ def test_a_file_hashed_while_received_is_adopted_without_reading_it_again(tmp_pa
     first, second, third = sorted(blobs)
     p = inc / first
     st = p.stat()
-    p.write_bytes(b"\0" + blobs[first][1:])
+    p.write_bytes(bytes([blobs[first][0] ^ 0xFF]) + blobs[first][1:])  # a byte that differs, whatever it was
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
     # a file changed after it was received (its mtime moved): hashed again, and dropped
     st = (inc / second).stat()
-    (inc / second).write_bytes(b"\0" + blobs[second][1:])
+    (inc / second).write_bytes(bytes([blobs[second][0] ^ 0xFF]) + blobs[second][1:])
     os.utime(inc / second, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # past a coarse clock's tick
     got = check(tmp_path, m)
     assert got["adopted"] == 2 and got["missing"] == [second] and not inc.exists()
