@@ -562,6 +562,10 @@ class Gateway:
             if isinstance(picked, Unavailable):
                 woken = self.wake(model)
                 picked = await self.hold_for_start(model, picked)
+                if picked is None:  # the config changed while it was held: no deployment serves it now
+                    said = f"model '{model}' is no longer served here"
+                    await self.refuse(send, endpoint, model, 404, said, "not_found_error", anthropic, who=who)
+                    return
             if isinstance(picked, Unavailable):
                 said = self.unavailable(model, picked, woken)
                 kind = "overloaded_error" if anthropic else "service_unavailable"
