@@ -22,13 +22,13 @@ aggregate output rate of all requests, and the TTFT/ITL percentiles in ms.
 from __future__ import annotations
 
 import datetime as dt
-import math
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sparkcluster.config import toml_out
 from sparkcluster.config.inventory import describe_validation_error
 from sparkcluster.errors import InputError
 
@@ -274,42 +274,16 @@ def _table(lines: list[str], path: list[str], d: dict) -> None:
     for k, v in scalars.items():
         if v == [] or v == {}:
             continue
-        lines.append(f"{_key(k)} = {_value(v)}")
+        lines.append(f"{toml_out.key(k)} = {toml_out.value(v)}")
     for k, v in d.items():
         if k in _INLINE_MAPS:  # node or figure -> value: written above as one inline table
             continue
         if _is_table(v):
             lines.append("")
-            lines.append("[" + ".".join(_key(p) for p in [*path, k]) + "]")
+            lines.append("[" + ".".join(toml_out.key(p) for p in [*path, k]) + "]")
             _table(lines, [*path, k], v)
         elif _is_table_array(v):
             for item in v:
                 lines.append("")
-                lines.append("[[" + ".".join(_key(p) for p in [*path, k]) + "]]")
+                lines.append("[[" + ".".join(toml_out.key(p) for p in [*path, k]) + "]]")
                 _table(lines, [*path, k], item)
-
-
-def _key(k: str) -> str:
-    import re
-
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _value(str(k))
-
-
-def _value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            raise ValueError("a figure must be finite")
-        return repr(v)
-    if isinstance(v, dt.date):
-        return v.isoformat()
-    if isinstance(v, list):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_key(a)} = {_value(b)}" for a, b in v.items()) + " }"
-    s = str(v)
-    out = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
-    return f'"{out}"'

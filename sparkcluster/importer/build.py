@@ -3,7 +3,6 @@ performance record where the source has one for this exact recipe, and every fie
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 import re
@@ -13,6 +12,7 @@ from typing import Any
 import yaml
 
 from sparkcluster.config import profile as profiles
+from sparkcluster.config import toml_out
 from sparkcluster.config.lint import DEFAULT_STEP_TOKENS, MAX_GPU_MEMORY_UTILIZATION, Problem, lint, supervisor_bounds
 from sparkcluster.container import conformance
 from sparkcluster.deployment import known_good
@@ -415,34 +415,10 @@ def dumps(data: dict) -> str:
 def _table(lines: list[str], path: list[str], d: dict) -> None:
     for k, v in d.items():
         if not isinstance(v, dict) or k in _INLINE:
-            lines.append(f"{_key(k)} = {_value(v)}")
+            lines.append(f"{toml_out.key(k)} = {toml_out.value(v)}")
     for k, v in d.items():
         if isinstance(v, dict) and k not in _INLINE:
             if any(not isinstance(x, dict) or y in _INLINE for y, x in v.items()):  # a table of tables needs no header
                 lines.append("")
-                lines.append("[" + ".".join(_key(p) for p in [*path, k]) + "]")
+                lines.append("[" + ".".join(toml_out.key(p) for p in [*path, k]) + "]")
             _table(lines, [*path, k], v)
-
-
-def _key(k: str) -> str:
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _value(str(k))
-
-
-def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            raise ValueError("not a finite number")
-        return repr(v)
-    if isinstance(v, dt.date):
-        return v.isoformat()
-    if isinstance(v, list):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_key(a)} = {_value(b)}" for a, b in v.items()) + " }"
-    s = str(v)
-    out = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
-    return f'"{out}"'
