@@ -67,8 +67,8 @@ SERVING_TAIL = (
     "tests.integration.test_monitor",
     # issue 55: the guides' lines on what serves (test_monitor leaves it serving), then their `down`
     # lines, then `doctor --fabric` (which is refused while a server runs); test_supervisor's first
-    # `up` starts the cluster again (it wants one with no restart counted: its own up either way),
-    # and test_fabric's after the supervisor's closing `down` and reboot
+    # `up` starts the cluster again (it wants one with no restart counted: its own up either way);
+    # test_fabric runs with nothing serving, after the supervisor's closing `down` and reboot
     "tests.integration.test_guide",
     "tests.integration.test_supervisor",
     "tests.integration.test_fabric",

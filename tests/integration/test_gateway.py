@@ -16,8 +16,9 @@ naming what holds it, no engine starts, and the request that woke it is held by 
 memory back, that request and concurrent others start it once and are answered through the gateway,
 and after its idle TTL it is stopped again (container kept).
 
-One shared cluster for the whole test (two engine starts and one restart: a few minutes); every
-wait is on a condition.
+Team keys (named keys, their limits and the usage ledger: tests/integration/gateway_keys.py) run first
+on the same pair and gateway. One shared cluster for both cases (two engine starts and one restart: a
+few minutes); every wait is on a condition.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 import httpx
 import pytest
 
+from tests.integration import gateway_keys
 from tests.integration.helpers import (
     API_KEY,
     HEAD,
@@ -81,7 +83,10 @@ def env(tmp_path_factory):
     return {"SPARKCLUSTER_PROFILES": str(folder), "GATEWAY_API_KEYS": f"{GW_KEY},{GW_KEY2}"}
 
 
-def test_one_endpoint_for_two_deployments(testbed, sc, env_file, env):
+@pytest.fixture(scope="module")
+def pair(testbed, sc, env_file, env):
+    """The two one-node deployments, started side by side (each `up` locks its own node), shared by this
+    module's cases: team keys first, then the one endpoint, which ends with `down`."""
     sc("down", env=env)
     procs = {
         HEAD: popen_sc(testbed, sc, env_file, "up", "--profile", SINGLE, "--node", HEAD, env=env),
@@ -90,7 +95,16 @@ def test_one_endpoint_for_two_deployments(testbed, sc, env_file, env):
     for node, p in procs.items():
         out, err = p.communicate(timeout=900)
         assert p.returncode == 0, f"{node}: {out}{err}"
+    yield
+    sc("down", env=env)
 
+
+def test_named_keys_limits_and_usage(testbed, sc, env, pair):
+    """Team keys on the pair's gateway (tests/integration/gateway_keys.py): limits, models, usage, revocation."""
+    gateway_keys.named_keys_limits_and_usage(testbed, sc, env, HEAD_MODEL, WORKER_MODEL)
+
+
+def test_one_endpoint_for_two_deployments(testbed, sc, env, pair):
     # the plan names both routes and shows no key
     dry = sc("gateway", "up", "--dry-run", env=env)
     assert dry.returncode == 0, dry.stdout + dry.stderr

@@ -111,39 +111,39 @@ HOW: dict[str, tuple[str, str]] = {
     # the gateway's named keys and usage (the gateway guide): the guide's key names and models
     "sparkcluster gateway keys add alice --models qwen36-35b --requests-per-minute 60 --tokens-per-day 2000000": (
         NOT_HERE,
-        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+        "test_gateway runs keys and usage on its pair's gateway, with keys of its own",
     ),
     "sparkcluster gateway keys add ci --max-concurrent 2 --expires 2026-12-31": (
         NOT_HERE,
-        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+        "test_gateway runs keys and usage on its pair's gateway, with keys of its own",
     ),
     "sparkcluster gateway keys add ops --admin": (
         NOT_HERE,
-        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+        "test_gateway runs keys and usage on its pair's gateway, with keys of its own",
     ),
     "sparkcluster gateway keys list": (
         NOT_HERE,
-        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+        "test_gateway runs keys and usage on its pair's gateway, with keys of its own",
     ),
     "sparkcluster gateway keys revoke ci": (
         NOT_HERE,
-        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+        "test_gateway runs keys and usage on its pair's gateway, with keys of its own",
     ),
     "sparkcluster gateway keys rotate alice --grace 1d": (
         NOT_HERE,
-        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+        "test_gateway runs keys and usage on its pair's gateway, with keys of its own",
     ),
     "sparkcluster gateway usage --key alice --json": (
         NOT_HERE,
-        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+        "test_gateway runs keys and usage on its pair's gateway, with keys of its own",
     ),
     "sparkcluster gateway usage --since 7d --csv > usage.csv": (
         NOT_HERE,
-        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+        "test_gateway runs keys and usage on its pair's gateway, with keys of its own",
     ),
     "sparkcluster gateway down --purge-usage": (
         NOT_HERE,
-        "test_gateway_keys runs keys and usage on the testbed's gateway, with keys of its own",
+        "test_gateway runs keys and usage on its pair's gateway, with keys of its own",
     ),
     # importing recipes (its guide): placeholder files and URLs; tests/unit/test_importer imports the
     # field's recipes and exports one back, offline

@@ -6,6 +6,7 @@ cases (answers, no Ray anywhere, the base image as it is, status), then, in orde
   whole set (a new epoch), the worker's agent runs a fresh rank 1, serving again;
 - a reboot of the worker (the testbed's knob): its rank cannot rejoin the running set alone, so the
   head restarts the set, serving again with no controller command;
+- `doctor --fabric` refused while the set serves, the set untouched;
 - `down`: nothing of ours left on either node.
 """
 
@@ -115,6 +116,19 @@ def test_a_worker_reboot_brings_its_rank_back_through_a_new_set(testbed, sc, mp_
     res = sc("status", "--json")
     assert res.returncode == 0, res.stdout
     print(f"mp: worker reboot to serving again: {took:.0f}s")
+
+
+def test_the_fabric_test_is_refused_while_it_serves(testbed, sc, mp_up):
+    """`doctor --fabric` while this set serves (test_fabric's other cases run with nothing serving: the
+    refusal is checked here, on a cluster that serves anyway, rather than after an `up` of its own)."""
+    from tests.integration.test_fabric import fabric, nothing_left
+
+    got = fabric(sc, "testbed-mp")
+    run = got[("fabric.run", f"{HEAD}+{WORKER}")]
+    assert run["status"] == "fail" and "vllm serve" in run["detail"], got
+    assert "sparkcluster down" in run["fix"]
+    assert answers()  # still serving
+    nothing_left(testbed)
 
 
 def test_down_leaves_nothing(testbed, sc, mp_up):

@@ -1,5 +1,5 @@
 """Named keys, their limits and the usage ledger on the testbed, with the real engine behind the gateway
-on the head (`testbed-single` under a second served name, so that one deployment serves two models):
+on the head, run by test_gateway on its pair of one-node deployments (two models, one gateway):
 a key of 2 requests a minute gets 429 with Retry-After on its third; a key held to one model gets
 404 `model_not_found` for the other; after ten requests of one key, half of them streamed without
 `include_usage`, `gateway usage --csv` shows exactly the tokens the engine reported; a revoked key is
@@ -7,7 +7,7 @@ refused within one reload (a second); the counts survive `gateway down` and `gat
 `gateway down --purge-usage` removes them. The key file is 0600 in a 0700 folder, holds no key, and no
 key reaches a command line.
 
-One engine start; every wait is on a condition.
+No engine start of its own: the pair's gateway is the one under test; every wait is on a condition.
 """
 
 from __future__ import annotations
@@ -17,29 +17,14 @@ import io
 import json
 
 import httpx
-import pytest
 
-from tests.integration.helpers import HEAD, wait_for
-from tests.integration.test_gateway import GW, GW_KEY, HEAD_MODEL, SINGLE
-from tests.testbed import PROFILES as TESTBED_PROFILES
+from tests.integration.helpers import HEAD, HEAD_LAN, wait_for
 
-pytestmark = pytest.mark.testbed
-NAMED = "testbed-single-named"  # testbed-single with a second served name
-SECOND = "tiny-second"
 MAX_TOKENS = 3  # with ignore_eos (vLLM's sampling parameter) every answer is exactly this long
+GW = f"http://{HEAD_LAN}:4000"
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("profiles")
-    text = (TESTBED_PROFILES / f"{SINGLE}.toml").read_text()
-    (folder / f"{NAMED}.toml").write_text(
-        text.replace(f'served_name = "{HEAD_MODEL}"', f'served_name = "{HEAD_MODEL}"\naliases = ["{SECOND}"]')
-    )
-    return {"SPARKCLUSTER_PROFILES": str(folder), "GATEWAY_API_KEYS": GW_KEY}
-
-
-def ask(key: str, model: str = HEAD_MODEL, stream: bool = False) -> httpx.Response:
+def ask(key: str, model: str, stream: bool = False) -> httpx.Response:
     body = {
         "model": model,
         "max_tokens": MAX_TOKENS,
@@ -67,16 +52,15 @@ def totals(rows: list[dict]) -> tuple[int, int, int]:
     return tuple(sum(int(r[c]) for r in rows) for c in ("requests", "prompt_tokens", "completion_tokens"))
 
 
-def test_named_keys_limits_and_usage(testbed, sc, env):
-    sc("down", env=env)
+def named_keys_limits_and_usage(testbed, sc, env, model: str, other: str) -> None:
+    """With `model` and `other` serving: the gateway from an empty ledger, then the keys' cases; it ends
+    with the gateway down and its ledger purged."""
     sc("gateway", "down", "--purge-usage", env=env)
-    up = sc("up", "--profile", NAMED, "--node", HEAD, env=env, timeout=900)
-    assert up.returncode == 0, up.stdout + up.stderr
     res = sc("gateway", "up", env=env, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
 
     two = added(sc, env, "two-a-minute", "--requests-per-minute", "2")
-    one = added(sc, env, "one-model", "--models", HEAD_MODEL)
+    one = added(sc, env, "one-model", "--models", model)
     meter = added(sc, env, "metered")
     # the key file: 0600 in a 0700 folder, hashes only; no key on any command line
     listed = json.loads(sc("gateway", "keys", "list", "--json", env=env).stdout)
@@ -88,24 +72,24 @@ def test_named_keys_limits_and_usage(testbed, sc, env):
         assert k not in text and k not in json.dumps(listed)
 
     # taken without a restart: the gateway reads its key file again within a poll
-    assert wait_for(lambda: ask(two).status_code == 200, 10, step=0.5)
-    assert ask(two).status_code == 200
-    third = ask(two)
+    assert wait_for(lambda: ask(two, model).status_code == 200, 10, step=0.5)
+    assert ask(two, model).status_code == 200
+    third = ask(two, model)
     assert third.status_code == 429 and int(third.headers["retry-after"]) >= 1, third.text
     assert third.json()["error"]["code"] == "rate_limit_exceeded"
 
-    assert ask(one).status_code == 200
-    other = ask(one, SECOND)
-    assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found", other.text
+    assert ask(one, model).status_code == 200
+    refused = ask(one, other)
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found", refused.text
 
     # ten requests, half streamed without include_usage: the ledger holds exactly what the engine reported
     prompt = 0
     for i in range(10):
         if i % 2:
-            r = ask(meter, stream=True)
+            r = ask(meter, model, stream=True)
             assert r.status_code == 200 and '"usage"' not in r.text and r.text.rstrip().endswith("data: [DONE]")
         else:
-            r = ask(meter)
+            r = ask(meter, model)
             assert r.status_code == 200, r.text
             u = r.json()["usage"]
             assert u["completion_tokens"] == MAX_TOKENS
@@ -116,13 +100,12 @@ def test_named_keys_limits_and_usage(testbed, sc, env):
     # revoked: refused within one reload
     res = sc("gateway", "keys", "revoke", "one-model", env=env)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert wait_for(lambda: ask(one).status_code == 401, 5, step=0.2)
+    assert wait_for(lambda: ask(one, model).status_code == 401, 5, step=0.2)
 
     # the counts survive the gateway going down and up again; --purge-usage alone removes them
     assert sc("gateway", "down", env=env).returncode == 0
     assert sc("gateway", "up", env=env, timeout=300).returncode == 0
     assert totals(usage(sc, env, "metered")) == expected
-    assert ask(meter).status_code == 200  # the key file stayed too
+    assert ask(meter, model).status_code == 200  # the key file stayed too
     assert sc("gateway", "down", "--purge-usage", env=env).returncode == 0
     assert usage(sc, env, "metered") == []
-    sc("down", env=env)
