@@ -559,22 +559,25 @@ class Gateway:
                 said = f"model '{model}' is not served here; models: {names}"
                 await self.refuse(send, endpoint, model, 404, said, "not_found_error", anthropic, who=who)
                 return
+            # the key's limits before any wake: a request its key may not make starts no model
+            got = self.metered(who, model, body, doc, endpoint)
+            if isinstance(got, Refusal):
+                await self.over_limit(send, endpoint, model, who, got, anthropic)
+                return
             if isinstance(picked, Unavailable):
                 woken = self.wake(model)
                 picked = await self.hold_for_start(model, picked)
                 if picked is None:  # the config changed while it was held: no deployment serves it now
+                    self.quota.done(who)  # out of flight; `refuse` puts it in the ledger as the 404 it is
                     said = f"model '{model}' is no longer served here"
                     await self.refuse(send, endpoint, model, 404, said, "not_found_error", anthropic, who=who)
                     return
             if isinstance(picked, Unavailable):
+                self.quota.done(who)
                 said = self.unavailable(model, picked, woken)
                 kind = "overloaded_error" if anthropic else "service_unavailable"
                 extra = {"Retry-After": picked.retry_after}
                 await self.refuse(send, endpoint, model, 503, said, kind, anthropic, extra, who=who)
-                return
-            got = self.metered(scope[WHO], model, body, doc, endpoint)
-            if isinstance(got, Refusal):
-                await self.over_limit(send, endpoint, model, scope[WHO], got, anthropic)
                 return
             if trace is not None:
                 trace.admitted(picked, got[1])

@@ -275,3 +275,28 @@ def test_the_gateway_wakes_a_real_supervisor_once_through_the_agents_endpoint(tm
         sup.stop("test")
         sg.stop()
         served.stop()
+
+
+def test_a_request_over_its_keys_limit_wakes_nothing(tmp_path):
+    """The key's limits are judged before a wake: its 429 starts no model on standby."""
+    from test_gateway_keys import key_file, named
+
+    a, b = Engine(["reasoner"]), Engine(["vision"], state=contract.STANDBY, wake_token=TOKEN)
+    sa, sb = Served(a.app()), Served(b.app())
+    cfg = config({"reasoner@spark-a": (a, sa), "vision@spark-a": (b, sb)}, data=str(tmp_path))
+    cfg["deployments"][0]["nodes"] = ["spark-a"]
+    cfg["deployments"][1].update(nodes=["spark-a"], wake_token=TOKEN)
+    key_file(tmp_path, named("one-a-minute", "k-one", requests_per_minute=1))
+    gw, sg = start_gateway(cfg)
+    try:
+        until(lambda: in_rotation(gw, "reasoner@spark-a") and gw.table.routes[1].wakeable, what="judged")
+        ask = {"model": "reasoner", "max_tokens": 1}
+        first = httpx.post(f"{sg.url}/v1/chat/completions", json=ask, headers={"x-api-key": "k-one"}, timeout=10)
+        assert first.status_code == 200, first.text
+        ask["model"] = "vision"
+        second = httpx.post(f"{sg.url}/v1/chat/completions", json=ask, headers={"x-api-key": "k-one"}, timeout=10)
+        assert second.status_code == 429 and second.json()["error"]["code"] == "rate_limit_exceeded", second.text
+        assert b.wakes == [] and b.starts == 0 and not gw.table.routes[1].waking
+    finally:
+        for s in (sg, sa, sb):
+            s.stop()
