@@ -57,13 +57,15 @@ docs: venv
 
 # the pair's figures (perf.run, on the testbed that is up), a capped replication beside the serving
 # engine (perf.weights_cap, issue 61), what a keyless peer can hold of the gateway (perf.gateway_exposure,
-# loopback only), a gateway key's limits against none (perf.gateway_limits, loopback), then the four-node ones (bench-nodes), which end by bringing
+# loopback only), a gateway key's limits against none (perf.gateway_limits, loopback), a swap of two models
+# on one Spark against a cold start (perf.swap, on the testbed), then the four-node ones (bench-nodes), which end by bringing
 # the pair back up
 bench: venv
 	$(BIN)/python -m perf.run
 	$(BIN)/python -m perf.weights_cap
 	$(BIN)/python -m perf.gateway_exposure
 	$(BIN)/python -m perf.gateway_limits
+	$(BIN)/python -m perf.swap
 	$(MAKE) bench-nodes
 
 # the four-node figures (issue 27) on four-host testbeds of their own, through a switch and as a ring:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from perf.figures import die, say
-from tests.integration.helpers import API_KEY, HF_TOKEN, answers  # door: perf.session's endpoint
+from tests.integration.helpers import API_KEY, HF_TOKEN, answers, door  # door: perf.session's endpoint
 from tests.testbed import PROFILES, profiles_env, use_profiles
 from tests.testbed.artifacts import BASE_IMAGE, TRAIN_SCRIPT
 from tests.testbed.hub import HUB_IP, HUB_PORT, SCALE, SCALE_PORT, SYNTHETIC, knobs, start_hub, stats, stop_hub
@@ -35,6 +35,7 @@ __all__ = [
     "Testbed",
     "answers",
     "connect",
+    "door",
     "hf_cache",
     "hub_knobs",
     "hub_stats",

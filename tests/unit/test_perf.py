@@ -35,6 +35,20 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+def test_every_name_perf_modules_use_of_the_door_is_there():
+    """`testbed.NAME` in any perf module is a name perf/testbed.py has (a name it lost broke `make
+    bench` at its first figure while every import still passed)."""
+    from perf import testbed
+
+    used = set()
+    for p in PERF.glob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "testbed":
+                used.add((p.name, node.attr))
+    missing = sorted((f, a) for f, a in used if not hasattr(testbed, a) and f != "testbed.py")
+    assert not missing, missing
+
+
 def test_only_perf_testbed_reaches_the_testbed():
     reaching = {p.name for p in PERF.glob("*.py") if any(m.split(".")[0] == "tests" for m in _imports(p))}
     assert reaching == {"testbed.py"}
