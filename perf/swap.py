@@ -155,9 +155,8 @@ def main() -> None:
     ]
     for f in figs:
         met = "-" if f.ok is None else ("yes" if f.ok else "no")
-        rows.append(
-            f"| {f.title} | {f.median:.3f} | {min(f.values):.3f} | {max(f.values):.3f} | {f.unit} | {f.target} | {met} |"
-        )
+        lo, hi = min(f.values), max(f.values)
+        rows.append(f"| {f.title} | {f.median:.3f} | {lo:.3f} | {hi:.3f} | {f.unit} | {f.target} | {met} |")
     (REPO / "perf" / "swap.md").write_text("\n".join(rows) + "\n")
     say("perf/swap.md written")
 
