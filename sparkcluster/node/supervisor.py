@@ -34,7 +34,7 @@ import time
 import urllib.request
 from secrets import token_hex
 
-from . import aer, canary, engine_failure, engine_log
+from . import aer, canary, engine_failure, engine_log, kernel_log
 from .compile_reading import StartReading, log_lines, log_size
 from .contract import (
     DESIRED_PATH,
@@ -61,6 +61,7 @@ from .contract import (
     Policy,
     Supervised,
 )
+from .energy import Energy, power_report
 from .journal import Journal, read_json, write_json
 from .lifecycle import Lifecycle, spawn
 from .memreport import peer_memory
@@ -184,6 +185,11 @@ class Supervisor(Lifecycle):
         # every node's CX7 AER counters as last read (issue 59): sysfs path -> counters; a rise is journalled
         self.aer_seen: dict[str, dict[str, dict]] = {}
         self.aer_read_at = float("-inf")
+        # issue 75: this node's kernel log reader and NVML (the agent's, set after construction; None
+        # where none), and this start's power and energy per token (node/energy)
+        self.kernel: kernel_log.KernelWatch | None = None
+        self.nvml = None
+        self.energy = Energy()
 
     # -- state
     def clock(self) -> float:
@@ -205,6 +211,9 @@ class Supervisor(Lifecycle):
             ),
             "activity": self.watch.activity if self.watch else "",
             **({"refusal": self.refusal} if self.refusal else {}),
+            **(
+                {"power_w": self.energy.power_w, "joules_per_1k_tokens": self.energy.joules_per_1k} if self.proc else {}
+            ),
         }
 
     def set_report(self) -> dict:
@@ -318,6 +327,7 @@ class Supervisor(Lifecycle):
         ray = {"ray_nodes": self.ray_node_ids()} if self.ray_nodes else {}  # what its ranks run on
         write_json(self.record_path, {**record, "pid": self.proc.pid, "exec_id": "", "started_at": time.time(), **ray})
         self.watch = Watch(started=time.time())
+        self.energy = Energy()
         self.ray_read_at, self.ray_others = float("-inf"), set()
         self.journal.write(
             f"{self.child_name} started",
@@ -604,6 +614,37 @@ class Supervisor(Lifecycle):
                 self.count("aer:" + rise["severity"])
             self.aer_seen[node] = now_seen
 
+    def watch_power(self, look) -> None:
+        """Every node's GPU power (this node's NVML, each peer's report) into this start's energy per
+        token and the "busy but low power" signal, journalled when it begins (node/energy)."""
+        own = power_report(self.nvml.readings()).get("gpu_power_w") if self.nvml is not None else None
+        if self.nvml is None or own is None:
+            return  # no NVML here (the agent's stand-in without one): no power, no figure
+        powers = {self.cfg["node"]: own}
+        for peer in self.cfg.get("peers", []):
+            powers[peer["name"]] = (self.reports.get(peer["name"]) or {}).get("gpu_power_w")
+        running = look.progress.get("vllm:num_requests_running", look.running or 0.0)
+        if self.energy.update(look.now, powers, look.generated, busy=bool(running)):
+            self.journal.write("busy but low power", evidence=self.energy.signal(), power_w=powers)
+
+    def kernel_faults(self, since: float) -> dict[str, list[dict]]:
+        """Each node's Xid and OOM-kill events since `since` (this node's reader, each peer's report)."""
+        out: dict[str, list[dict]] = {}
+        if self.kernel is not None:
+            out[self.cfg["node"]] = kernel_log.fresh_faults(self.kernel.report()["recent"], since)
+        for peer, rep in self.reports.items():
+            recent = ((rep or {}).get("kernel") or {}).get("recent") or []
+            out[peer] = kernel_log.fresh_faults(recent, since)
+        return out
+
+    def with_evidence(self, kind: str, cause: str, judged: float) -> str:
+        """A verdict's cause with what the kernel reported on any node since this start (an Xid, an OOM
+        kill, within the last FRESH_S) and, for a wedge, the busy-but-low-power signal."""
+        if kind == "wedged" and self.energy.low:
+            cause = f"{cause}; {self.energy.signal()}"
+        since = max(self.watch.started if self.watch else 0.0, judged - kernel_log.FRESH_S)
+        return kernel_log.with_kernel(cause, self.kernel_faults(since))
+
     # -- one turn of the loop
     def tick(self) -> None:
         self._peer_reads = {}  # this tick's read of each peer (read_peer)
@@ -660,6 +701,7 @@ class Supervisor(Lifecycle):
         self.woken.clear()  # a wake while it starts or serves: nothing to do
         look = self.look(desired, policy)
         self.watch_aer(time.monotonic())
+        self.watch_power(look)
         self.last_look = look.now
         before = self.watch.activity
         found = verdict(self.watch, look, policy)
@@ -689,6 +731,7 @@ class Supervisor(Lifecycle):
             {k: v for k, v in look.ray_lost.items() if k != "cause"} if look.ray_lost.get("cause") == cause else {}
         )
         judged = time.time()
+        cause = self.with_evidence(kind, cause, judged)
         served = self.watch.ready
         decision = decide(kind, policy, self.first_start, self.restarts, judged, served)
         if decision.action == "watch":  # watched, journalled once, left alone
