@@ -70,8 +70,12 @@ AGENT_FILES = agent_files()
 
 # The flags the field learned to put on every node (docs/field-notes.md, "Bring-up"): a worker without the device,
 # capability and ulimit silently fell back to TCP.
-DEVICES = ["/dev/infiniband:/dev/infiniband:rwm"]
-CAP_ADD = ["IPC_LOCK"]
+# The kernel's log device, read-only, and the capability that reads it while kernel.dmesg_restrict is 1
+# (DGX OS): every node's agent reads Xid, OOM-kill, mlx5 and AER lines there (node/kernel_log, issue 75;
+# why this rather than the host's journal: docs/explanation/security.md)
+KMSG_DEVICE = "/dev/kmsg:/dev/kmsg:r"
+DEVICES = ["/dev/infiniband:/dev/infiniband:rwm", KMSG_DEVICE]
+CAP_ADD = ["IPC_LOCK", "SYSLOG"]
 MEMLOCK = {"Name": "memlock", "Soft": -1, "Hard": -1}
 
 
@@ -191,7 +195,9 @@ class ContainerSpec:
             "--gpus",
             "all",
             "--device=/dev/infiniband",
+            f"--device={KMSG_DEVICE}",
             "--cap-add=IPC_LOCK",
+            "--cap-add=SYSLOG",
             "--ulimit",
             "memlock=-1:-1",
             *(["--ulimit", f"stack={self.ulimit_stack}"] if self.ulimit_stack else []),

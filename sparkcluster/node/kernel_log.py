@@ -5,7 +5,8 @@ changes, and PCIe AER reports.
 The source: the kernel's log device, `/dev/kmsg` (KMSG_PATH), given to the container read-only
 (`--device /dev/kmsg:/dev/kmsg:r`) with the capability the kernel asks of a reader while
 `kernel.dmesg_restrict` is 1 (CAP_SYSLOG: Documentation/admin-guide/sysctl/kernel.rst,
-"dmesg_restrict"; DGX OS, an Ubuntu, sets it, as Ubuntu does since 20.10). Why not the host's
+"dmesg_restrict"; DGX OS is an Ubuntu, and Ubuntu sets it to 1, https://sudowheel.com/dmesg-quick-reference.html).
+Why not the host's
 journal mounted read-only: its files are journald's binary format (reading it needs
 systemd's journalctl or libsystemd in the image; the agent is standard library only), and a host
 whose journal is volatile (`Storage=auto` without /var/log/journal) has nothing on disk to mount.
