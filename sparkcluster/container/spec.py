@@ -322,6 +322,8 @@ def agent_config(inv: Inventory, node: Node, ray: bool = True, executor: str = "
         "state_api": contract.state_api_url(inv.ray_ports().get("dashboard-port", contract.DASHBOARD_PORT)),
         "nodes": [{"name": n.name, "ip": str(n.control_ip), "gpus": n.gpus} for n in inv.nodes],
         "peers": [{"name": n.name, "ip": str(n.control_ip)} for n in inv.nodes if n.name != node.name],
+        # the data-plane HCAs the agent watches while serving and the GID NCCL uses (node/fabric_watch)
+        "fabric": {"hcas": node.hcas(), "gid_index": node.gid_index},
     }
 
 

@@ -41,6 +41,7 @@ from . import container_status, service_supervisor
 from .compile_reading import CacheOwner, hold, seed
 from .contract import CONFIG_PATH, DESIRED_PATH, SERVICE_ROLE, STARTING, STATE_PATH, WAITING
 from .energy import power_report
+from .fabric_watch import FabricWatch
 from .journal import Journal, read_json
 from .kernel_log import KernelWatch
 from .memreport import node_report, serve_reports
@@ -79,6 +80,7 @@ def report(
     keeper: RankKeeper | None,
     kernel: KernelWatch | None = None,
     nvml: Nvml | NvidiaSmi | None = None,
+    fabric: FabricWatch | None = None,
 ) -> dict:
     """What this node's report endpoint answers: its memory, Ray and when this agent started; on the
     head also the supervisor's published state (as `status` reads it), from which the gateway takes a
@@ -92,7 +94,17 @@ def report(
         extra["kernel"] = kernel.report()
     if nvml is not None:
         extra.update(power_report(nvml.readings()))
+    if fabric is not None:  # this node's ports and AER as its last look judged them (node/fabric_watch)
+        extra["fabric_health"] = fabric.last
     return {**node_report(cfg["node"], ray, started), **extra, **({"rank": keeper.report()} if keeper else {})}
+
+
+def watch_fabric(fabric: FabricWatch, journal: Journal, node: str) -> None:
+    """This node's data-plane ports and AER, judged at each look; journalled when the judgement changes."""
+    before = fabric.last.get("problems") or []
+    now = fabric.look()["problems"]
+    if now != before:
+        journal.write("fabric unhealthy" if now else "fabric healthy again", node=node, problems=now or before)
 
 
 def watch_kernel(kernel: KernelWatch, journal: Journal, node: str) -> None:
@@ -130,8 +142,10 @@ def main(config_path: str = CONFIG_PATH) -> int:
     signal.signal(signal.SIGINT, on_term)
     sup = Supervisor(cfg, journal, started) if cfg["role"] == "head" else None
     kernel, nvml = KernelWatch(), gpu_reader()  # the kernel's log (/dev/kmsg) and NVML, read by every node (issue 75)
+    spec = cfg.get("fabric") or {}
+    fabric = FabricWatch(spec.get("hcas") or [], spec.get("gid_index")) if spec.get("hcas") else None
     if sup is not None:
-        sup.kernel, sup.nvml = kernel, nvml
+        sup.kernel, sup.nvml, sup.fabric = kernel, nvml, fabric
     # executor "mp" across nodes: a worker runs its own rank(s) for the head's set (node/ranks)
     keeper = RankKeeper(cfg, journal) if sup is None and cfg.get("executor") == "mp" else None
 
@@ -139,7 +153,7 @@ def main(config_path: str = CONFIG_PATH) -> int:
         serve_reports(
             cfg["report_ip"],
             cfg["report_port"],
-            lambda: report(cfg, ray, started, sup, keeper, kernel, nvml),
+            lambda: report(cfg, ray, started, sup, keeper, kernel, nvml, fabric),
             Exporter(cfg, ray, sup, keeper, nvml=nvml, kernel=kernel).text,
             wake=sup.wake if sup is not None else None,  # on demand: the head's one input
             yield_=sup.yield_ if sup is not None else None,  # ... and its stop for another (issue 60)
@@ -156,8 +170,10 @@ def main(config_path: str = CONFIG_PATH) -> int:
             break
         try:  # before the supervisor's look: a verdict at this look names what the kernel just said
             watch_kernel(kernel, journal, cfg["node"])
+            if fabric is not None:
+                watch_fabric(fabric, journal, cfg["node"])
         except Exception as e:  # as the supervisor's below: the container stays
-            journal.write("kernel log error", error=f"{type(e).__name__}: {e}")
+            journal.write("kernel or fabric reading error", error=f"{type(e).__name__}: {e}")
         if sup is not None:
             try:
                 sup.tick()

@@ -38,6 +38,7 @@ from . import aer, canary, engine_failure, engine_log, kernel_log
 from .compile_reading import StartReading, log_lines, log_size
 from .contract import (
     DESIRED_PATH,
+    FABRIC_RESUME_PATH,
     FAILED,
     FINAL,
     IDLE,
@@ -190,6 +191,8 @@ class Supervisor(Lifecycle):
         self.kernel: kernel_log.KernelWatch | None = None
         self.nvml = None
         self.energy = Energy()
+        self.fabric = None  # this node's node/fabric_watch.FabricWatch (the agent's); None: no data plane
+        self.fabric_hold: dict | None = None  # out of rotation while the fabric is unhealthy (issue 75)
 
     # -- state
     def clock(self) -> float:
@@ -627,6 +630,56 @@ class Supervisor(Lifecycle):
         if self.energy.update(look.now, powers, look.generated, busy=bool(running)):
             self.journal.write("busy but low power", evidence=self.energy.signal(), power_w=powers)
 
+    def fabric_problems(self) -> dict[str, list[str]]:
+        """node -> what its fabric watch found unhealthy at its last look (this node's, each peer's report)."""
+        healths = {self.cfg["node"]: self.fabric.last if self.fabric is not None else None}
+        for peer in self.cfg.get("peers", []):
+            healths[peer["name"]] = (self.reports.get(peer["name"]) or {}).get("fabric_health")
+        return {
+            n: list(h.get("problems") or []) for n, h in healths.items() if isinstance(h, dict) and h.get("problems")
+        }
+
+    def watch_fabric(self, policy: Policy, now: float) -> None:
+        """The fabric hold (issue 75): begun at the first look that finds any node's fabric unhealthy,
+        ended by `sparkcluster fabric resume` (a mark newer than the hold) or, with auto resume, after
+        fabric_resume_polls looks in a row with every node healthy. The engine keeps running; the state
+        file carries the hold, and with it the gateway's and status' judgement (contract.availability)."""
+        problems = self.fabric_problems()
+        why = "; ".join(f"{n}: {', '.join(p)}" for n, p in sorted(problems.items()))
+        hold = self.fabric_hold
+        if hold is None:
+            if problems and policy.fabric_hold:
+                self.fabric_hold = {
+                    "since": now,
+                    "why": why,
+                    "nodes": sorted(problems),
+                    "healthy_polls": 0,
+                    "polls": policy.fabric_resume_polls,
+                    "auto": policy.fabric_auto_resume,
+                }
+                self.count("fabric:hold")
+                self.journal.write("fabric hold", why=why, nodes=sorted(problems), engine="left running")
+            elif problems and self.state == SERVING:
+                self.journal.write("fabric unhealthy (hold off in the profile)", why=why)
+            return
+        try:
+            resumed = os.stat(FABRIC_RESUME_PATH).st_mtime >= hold["since"]
+        except OSError:
+            resumed = False
+        if resumed:
+            return self.end_fabric_hold("sparkcluster fabric resume")
+        if problems:
+            hold.update(why=why, nodes=sorted(set(hold["nodes"]) | set(problems)), healthy_polls=0)
+            return
+        hold["healthy_polls"] += 1
+        if hold.get("auto") and hold["healthy_polls"] >= hold.get("polls", policy.fabric_resume_polls):
+            self.end_fabric_hold(f"{hold['healthy_polls']} healthy looks")
+
+    def end_fabric_hold(self, by: str) -> None:
+        hold, self.fabric_hold = self.fabric_hold or {}, None
+        held = round(time.time() - float(hold.get("since") or time.time()), 1)
+        self.journal.write("fabric resumed", by=by, held_s=held, was=hold.get("why", ""))
+
     def kernel_faults(self, since: float) -> dict[str, list[dict]]:
         """Each node's Xid and OOM-kill events since `since` (this node's reader, each peer's report)."""
         out: dict[str, list[dict]] = {}
@@ -702,6 +755,7 @@ class Supervisor(Lifecycle):
         look = self.look(desired, policy)
         self.watch_aer(time.monotonic())
         self.watch_power(look)
+        self.watch_fabric(policy, look.now)
         self.last_look = look.now
         before = self.watch.activity
         found = verdict(self.watch, look, policy)
