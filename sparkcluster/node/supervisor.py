@@ -217,6 +217,7 @@ class Supervisor(Lifecycle):
             **(
                 {"power_w": self.energy.power_w, "joules_per_1k_tokens": self.energy.joules_per_1k} if self.proc else {}
             ),
+            **({"fabric_hold": self.fabric_hold} if self.fabric_hold else {}),
         }
 
     def set_report(self) -> dict:
