@@ -323,7 +323,7 @@ def agent_config(inv: Inventory, node: Node, ray: bool = True, executor: str = "
         "nodes": [{"name": n.name, "ip": str(n.control_ip), "gpus": n.gpus} for n in inv.nodes],
         "peers": [{"name": n.name, "ip": str(n.control_ip)} for n in inv.nodes if n.name != node.name],
         # the data-plane HCAs the agent watches while serving and the GID NCCL uses (node/fabric_watch)
-        "fabric": {"hcas": node.hcas(), "gid_index": node.gid_index},
+        "fabric": {"hcas": list(node.hcas), "gid_index": node.gid_index},
     }
 
 
