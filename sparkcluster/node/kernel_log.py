@@ -14,8 +14,9 @@ whose journal is volatile (`Storage=auto` without /var/log/journal) has nothing 
 (Documentation/ABI/testing/dev-kmsg), continuation lines (" KEY=value") after it.
 
 The reader reads every record the ring buffer still holds at its first read (an Xid that took the
-last container down is among them) and then only what is new; records from before FRESH_S are
-counted, not journalled one by one. A reader that cannot open the device says why (`error`), which
+last container down is among them) and then only what is new; records older than FRESH_S at the
+first read are history (counted in `before` only), so a restarted agent does not report, count or
+alert on what an earlier one already did. A reader that cannot open the device says why (`error`), which
 `status` and the metrics show: it is never silently empty.
 
 Parsing is pure (`Parser.feed`): the same code reads `/dev/kmsg` records, `dmesg` lines and
@@ -199,6 +200,7 @@ class KernelWatch:
         self.error = ""
         self.buf = b""
         self.first = True
+        self.before = 0  # events the first read found older than FRESH_S
         self.counts: Counter[tuple[str, str]] = Counter()
         self.recent: deque[dict] = deque(maxlen=RECENT)
         self._lock = threading.Lock()  # `report` runs on the report server's thread
@@ -250,10 +252,11 @@ class KernelWatch:
                 continue
             at = ev.pop("uptime_s", None)
             ev["ts"] = round(now - (up - at), 3) if at is not None and at <= up else round(now, 3)
+            if self.first and now - ev["ts"] > FRESH_S:
+                self.before += 1  # history: neither counted nor journalled one by one
+                continue
             with self._lock:
                 self.counts[(ev["kind"], ev["code"])] += 1
-                if self.first and now - ev["ts"] > FRESH_S:
-                    continue
                 self.recent.append(ev)
             fresh.append(ev)
         self.first = False
@@ -265,6 +268,7 @@ class KernelWatch:
         return {
             "source": self.path,
             "error": self.error,
+            "before": self.before,
             "counts": [{"kind": k, "code": c, "count": n} for (k, c), n in counts],
             "recent": recent,
         }

@@ -56,7 +56,7 @@ NAMES: dict[str, tuple[str, str]] = {
     ),
     "sparkcluster_kernel_events_total": (
         "counter",
-        "Kernel log events since boot, by kind (xid, oom, mlx5, link, aer) and code (node/kernel_log).",
+        "Kernel log events this agent read, by kind (xid, oom, mlx5, link, aer) and code (node/kernel_log).",
     ),
     "sparkcluster_kernel_log_readable": ("gauge", "1 while the agent reads the kernel's log (/dev/kmsg), else 0."),
     "sparkcluster_rank_alive": ("gauge", "Executor mp: 1 while this node's rank of the head's set runs."),
@@ -87,6 +87,10 @@ NAMES: dict[str, tuple[str, str]] = {
     "sparkcluster_energy_joules_per_1k_tokens": (
         "gauge",
         "The deployment's GPU energy per 1,000 generated tokens over the supervisor's last look.",
+    ),
+    "sparkcluster_fabric_hold": (
+        "gauge",
+        "1 while the supervisor holds the deployment out of rotation for its fabric (engine left running).",
     ),
     "sparkcluster_engine_busy_low_power": (
         "gauge",
@@ -325,6 +329,7 @@ def supervisor_samples(sup, now: float) -> list[tuple[str, dict, float]]:
         s.append(("sparkcluster_engine_stalled_seconds", {}, max(0.0, (sup.last_look or now) - w.progressed_at)))
     if sup.proc is not None and sup.rate is not None:
         s.append(("sparkcluster_engine_tokens_per_second", {}, sup.rate))
+    s.append(("sparkcluster_fabric_hold", {}, 1 if getattr(sup, "fabric_hold", None) else 0))
     energy = getattr(sup, "energy", None)  # node/energy.Energy: this start's power and energy per token
     if sup.proc is not None and energy is not None:
         s += [
