@@ -126,3 +126,12 @@ def test_nvidia_smi_readings_as_nvml_gives_them():
         {"gpu": "1", "sm_clock_mhz": 2418.0, "temperature_c": 50.0},
     ]
     assert energy.LOW_POWER_W == 15.0
+
+
+def test_a_bench_levels_energy_per_1k_output_tokens_from_the_power_read_while_it_ran():
+    from sparkcluster.bench.power import level_energy
+
+    # the stand-in's power varied during the level: 40 W then 60 W, 25 output tokens per second
+    assert level_energy([40.0, 60.0, 50.0], 25.0) == {"power_w": 50.0, "j_per_1k_out": 2000.0}
+    assert level_energy([], 25.0) == {"power_w": None, "j_per_1k_out": None}  # no reading: no figure
+    assert level_energy([50.0], 0.0) == {"power_w": 50.0, "j_per_1k_out": None}
