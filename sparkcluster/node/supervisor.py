@@ -193,6 +193,7 @@ class Supervisor(Lifecycle):
         self.energy = Energy()
         self.fabric = None  # this node's node/fabric_watch.FabricWatch (the agent's); None: no data plane
         self.fabric_hold: dict | None = None  # out of rotation while the fabric is unhealthy (issue 75)
+        self.kernel_seen: dict[str, float] = {}  # peer -> the newest of its kernel events journalled here
 
     # -- state
     def clock(self) -> float:
@@ -681,6 +682,23 @@ class Supervisor(Lifecycle):
         held = round(time.time() - float(hold.get("since") or time.time()), 1)
         self.journal.write("fabric resumed", by=by, held_s=held, was=hold.get("why", ""))
 
+    def watch_peer_kernels(self) -> None:
+        """Each peer's kernel events (its report's `kernel.recent`) journalled here as it journals
+        them there, so `events`, which reads the head's journal, shows every node's (issue 75). The
+        first report of a peer sets where its events start: what it journalled before is its own."""
+        for peer, rep in sorted(self.reports.items()):
+            recent = ((rep or {}).get("kernel") or {}).get("recent") or []
+            stamps = [float(e.get("ts") or 0) for e in recent]
+            if peer not in self.kernel_seen:
+                self.kernel_seen[peer] = max(stamps, default=0.0) if recent else 0.0
+                if recent:
+                    continue
+            for ev, ts in zip(recent, stamps):
+                if ts > self.kernel_seen[peer]:
+                    fields = {("at" if k == "ts" else k): v for k, v in ev.items()}
+                    self.journal.write("kernel event", node=peer, **fields)
+            self.kernel_seen[peer] = max([self.kernel_seen[peer], *stamps])
+
     def kernel_faults(self, since: float) -> dict[str, list[dict]]:
         """Each node's Xid and OOM-kill events since `since` (this node's reader, each peer's report)."""
         out: dict[str, list[dict]] = {}
@@ -757,6 +775,7 @@ class Supervisor(Lifecycle):
         self.watch_aer(time.monotonic())
         self.watch_power(look)
         self.watch_fabric(policy, look.now)
+        self.watch_peer_kernels()
         self.last_look = look.now
         before = self.watch.activity
         found = verdict(self.watch, look, policy)

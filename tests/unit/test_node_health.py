@@ -135,3 +135,19 @@ def test_a_bench_levels_energy_per_1k_output_tokens_from_the_power_read_while_it
     assert level_energy([40.0, 60.0, 50.0], 25.0) == {"power_w": 50.0, "j_per_1k_out": 2000.0}
     assert level_energy([], 25.0) == {"power_w": None, "j_per_1k_out": None}  # no reading: no figure
     assert level_energy([50.0], 0.0) == {"power_w": 50.0, "j_per_1k_out": None}
+
+
+def test_a_peers_kernel_events_are_journalled_on_the_head_once_each(rig, monkeypatch):  # noqa: F811
+    _probes(monkeypatch)
+    sup, clock = rig.sup, rig.clock
+    sup.cfg["peers"] = [{"name": "spark-worker", "ip": "10.0.0.2"}]
+    worker = {"kernel": {"recent": []}}
+    monkeypatch.setattr(sup, "low_memory", lambda policy: sup.reports.update({"spark-worker": worker}) or {})
+    sup.tick()  # its first report: nothing yet
+    worker.update(_kernel_on_worker("xid79-ogkm-1151.journal", clock.now + 1))
+    for _ in range(3):
+        clock.now += 2.0
+        sup.tick()
+    (ev,) = [e for e in _journal(rig.tmp) if e["event"] == "kernel event"]
+    assert ev["node"] == "spark-worker" and ev["code"] == "79" and ev["at"] == 101.0
+    assert ev["meaning"] == "the GPU has fallen off the bus"
