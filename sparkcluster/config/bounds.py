@@ -54,6 +54,9 @@ class SupervisorSettings(BaseModel):
     fabric_hold: bool = _DEFAULT.fabric_hold
     fabric_resume_polls: int = Field(default=_DEFAULT.fabric_resume_polls, ge=1)
     fabric_auto_resume: bool = _DEFAULT.fabric_auto_resume
+    # true: the hold stops the engine (its memory freed, as sparkring does) and starts it again when
+    # the hold ends, rather than leaving it running out of rotation
+    fabric_stop: bool = _DEFAULT.fabric_stop
 
 
 class OnDemandSettings(BaseModel):

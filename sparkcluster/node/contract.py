@@ -171,6 +171,8 @@ class Policy:
     fabric_hold: bool = True
     fabric_resume_polls: int = 3
     fabric_auto_resume: bool = True
+    # stop the engine for the hold rather than leave it running (and start it again when the hold ends)
+    fabric_stop: bool = False
 
     @classmethod
     def of(cls, doc: dict | None) -> Policy:
@@ -378,9 +380,10 @@ class Supervised:
             return Availability(False, reason, 10, why="stale")
         # the verdict's kind first (wedged, dead, not-ready, memory): what a client and the journal are told
         after = f" (after {newest.get('kind') or 'a verdict'}: {last})" if last else ""
+        if self.fabric_hold and state in (SERVING, WAITING):  # out of rotation (its engine running, or
+            # stopped where the profile says so): back when the fabric is
+            return Availability(False, fabric_hold_reason(self.fabric_hold), 30, why=FABRIC_HOLD)
         if state == SERVING:
-            if self.fabric_hold:  # out of rotation, its engine left running: back when the fabric is
-                return Availability(False, fabric_hold_reason(self.fabric_hold), 30, why=FABRIC_HOLD)
             if self.memory_unknown:
                 reason = "degraded: memory unknown on " + ", ".join(sorted(self.memory_unknown))
                 return Availability(False, reason, 10, why="memory unknown")

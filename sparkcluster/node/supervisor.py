@@ -644,8 +644,9 @@ class Supervisor(Lifecycle):
     def watch_fabric(self, policy: Policy, now: float) -> None:
         """The fabric hold (issue 75): begun at the first look that finds any node's fabric unhealthy,
         ended by `sparkcluster fabric resume` (a mark newer than the hold) or, with auto resume, after
-        fabric_resume_polls looks in a row with every node healthy. The engine keeps running; the state
-        file carries the hold, and with it the gateway's and status' judgement (contract.availability)."""
+        fabric_resume_polls looks in a row with every node healthy. The engine keeps running (with the
+        profile's fabric_stop it is stopped, and started again once the hold ends); the state file
+        carries the hold, and with it the gateway's and status' judgement (contract.availability)."""
         problems = self.fabric_problems()
         why = "; ".join(f"{n}: {', '.join(p)}" for n, p in sorted(problems.items()))
         hold = self.fabric_hold
@@ -660,7 +661,14 @@ class Supervisor(Lifecycle):
                     "auto": policy.fabric_auto_resume,
                 }
                 self.count("fabric:hold")
-                self.journal.write("fabric hold", why=why, nodes=sorted(problems), engine="left running")
+                stop = policy.fabric_stop and self.proc is not None
+                self.journal.write(
+                    "fabric hold", why=why, nodes=sorted(problems), engine="stopped" if stop else "left running"
+                )
+                if stop:  # the profile's choice: the engine stops, and starts again when the hold ends
+                    self.fabric_hold["stopped"] = True
+                    self.stop(f"the fabric is unhealthy: {why}")
+                    self.set_state(WAITING, missing=f"the fabric hold: {why}")
             elif problems and self.state == SERVING:
                 self.journal.write("fabric unhealthy (hold off in the profile)", why=why)
             return
@@ -752,6 +760,12 @@ class Supervisor(Lifecycle):
                     return
                 if not self.admit(policy):
                     return
+            if self.fabric_hold is not None and self.fabric_hold.get("stopped"):  # the profile's fabric stop
+                self.read_reports()
+                self.watch_fabric(policy, time.time())
+                if self.fabric_hold is not None:
+                    self.save()
+                    return
             if time.time() < self.next_start:  # the backoff: still watching, as the state file says
                 self.save()
                 return
@@ -776,6 +790,8 @@ class Supervisor(Lifecycle):
         self.watch_power(look)
         self.watch_fabric(policy, look.now)
         self.watch_peer_kernels()
+        if self.proc is None:  # the profile's fabric stop stopped the engine at this look
+            return
         self.last_look = look.now
         before = self.watch.activity
         found = verdict(self.watch, look, policy)

@@ -153,3 +153,20 @@ def test_fabric_resume_plans_one_mark_per_deployment_headed_there():
 
     done = fabric_cmd.walk(fabric_cmd.ResumeRun(Api()), steps)
     assert len(done) == 2 and calls[0] == ("sc-pair-head-spark-a", fabric_cmd.MARK_ARGV)
+
+
+def test_a_profile_that_chooses_stop_stops_the_engine_and_starts_it_when_the_hold_ends(rig, monkeypatch):  # noqa: F811
+    with_policy(fabric_stop=True)
+    started = []
+    monkeypatch.setattr(rig.sup, "start", lambda desired: started.append(desired.generation))
+    monkeypatch.setattr(rig.sup, "nodes_ready", lambda: None)
+    monkeypatch.setattr(rig.sup, "memory_before_restart", lambda policy: False)
+    monkeypatch.setattr(rig.sup, "read_reports", lambda: rig.sup.low_memory(None))  # the worker's, as held() reads it
+    down = ["rocep1s0f1: port 1 is 1: DOWN"]
+    got = held(rig, monkeypatch, [down, down, [], [], []])
+    assert rig.stopped == ["the fabric is unhealthy: spark-worker: rocep1s0f1: port 1 is 1: DOWN"]
+    assert [a.why for a in got[:4]] == ["fabric hold"] * 4  # stopped, out of rotation, until 3 healthy looks
+    hold = [e for e in _journal(rig.tmp) if e["event"] == "fabric hold"]
+    assert hold[0]["engine"] == "stopped"
+    assert started == ["g1"]  # three healthy looks: the hold ended and the engine starts again
+    assert any(e["event"] == "fabric resumed" for e in _journal(rig.tmp))
