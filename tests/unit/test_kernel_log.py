@@ -107,3 +107,22 @@ def test_a_verdicts_cause_names_each_nodes_fresh_xid_or_oom_kill():
     cause = with_kernel("no progress for 60s", {"worker": [xid], "head": []})
     assert cause == "no progress for 60s; the kernel reported worker: Xid 79 (the GPU has fallen off the bus)"
     assert with_kernel("x", {}) == "x"
+
+
+def test_the_agent_journals_each_new_event_with_the_kernels_time_as_at(tmp_path):
+    import json
+
+    from sparkcluster.node import agent
+    from sparkcluster.node.journal import Journal
+
+    path = tmp_path / "kmsg"
+    path.write_text("")
+    w = KernelWatch(str(path), clock=lambda: 1000.0, uptime=lambda: 50.0)
+    j = Journal(str(tmp_path / "journal.jsonl"))
+    agent.watch_kernel(w, j, "spark-b")
+    with open(path, "a") as f:
+        f.write(kmsg([(KERNEL / "xid79-nvsentinel-155.dmesg").read_text().strip()], 49_500_000))
+    agent.watch_kernel(w, j, "spark-b")
+    (entry,) = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    assert entry["event"] == "kernel event" and entry["node"] == "spark-b" and entry["at"] == 999.5
+    assert entry["kind"] == "xid" and entry["code"] == "79"
