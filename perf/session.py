@@ -34,7 +34,9 @@ class Session:
         self.prof = profiles.load_profile(PROFILE)
         self.image = image_ref(self.inv, self.prof)
         self.head, self.worker = self.inv.head, self.inv.workers[0]
-        self.endpoint = f"http://{testbed.lan_ip('spark-head')}:{self.prof.serve.port or self.inv.cluster.api_port}"
+        # the engine listens only on the head's control address (engines_listen's default), where the
+        # controller has no route: the load reaches it through the tests' door into the head's network
+        self.endpoint = testbed.door("spark-head", self.prof.serve.port or self.inv.cluster.api_port)
         self.sampler = Sampler(
             tb.pid("spark-worker"), self.worker.control_if, [testbed.lan_veth(h) for h in self.hosts]
         )

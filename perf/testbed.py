@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from perf.figures import die, say
-from tests.integration.helpers import API_KEY, HF_TOKEN, answers
+from tests.integration.helpers import API_KEY, HF_TOKEN, answers  # door: perf.session's endpoint
 from tests.testbed import PROFILES, profiles_env, use_profiles
 from tests.testbed.artifacts import BASE_IMAGE, TRAIN_SCRIPT
 from tests.testbed.hub import HUB_IP, HUB_PORT, SCALE, SCALE_PORT, SYNTHETIC, knobs, start_hub, stats, stop_hub
@@ -93,7 +93,7 @@ def wiring(tb: Testbed) -> str:
 
 
 def lan_ip(host: str) -> str:
-    """The host's LAN address (where the endpoint listens)."""
+    """The host's LAN address (where the controller reaches the host; engines listen on its control address)."""
     return SPECS[host].lan_ip
 
 

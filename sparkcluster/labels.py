@@ -15,6 +15,10 @@ SLOT_LABEL = f"{LABEL_PREFIX}.slot"
 # the deployment's engine's gpu_memory_utilization (a fraction of MemTotal): what it holds of each of
 # its nodes' memory when another deployment asks to start beside it (issue 60's admission)
 MEMORY_LABEL = f"{LABEL_PREFIX}.memory-fraction"
+# "1" on a deployment whose engine starts on demand: it takes turns with the others on demand on its
+# nodes (each start admitted by its supervisor against the memory as it is then, an idle one yielding
+# by the inventory's rule), so a new one on demand beside it need not fit beside its share too
+ON_DEMAND_LABEL = f"{LABEL_PREFIX}.on-demand"
 # a service's reservation (issue 60 item 2: a profile of kind "service"), in GB of each of its nodes'
 # memory: what it holds when another deployment asks to start beside it
 RESERVED_LABEL = f"{LABEL_PREFIX}.memory-gb"

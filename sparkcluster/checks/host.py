@@ -4,6 +4,7 @@ runtime, memory headroom and OOM protection, free disk, and clock agreement."""
 from __future__ import annotations
 
 from sparkcluster.checks.registry import Context, GiB, Report, check
+from sparkcluster.labels import MEMORY_LABEL, PROFILE_LABEL, RESERVED_LABEL
 from sparkcluster.node.memory_fit import Fit, gb, headroom, same_size
 from sparkcluster.remote import engine_api
 
@@ -132,12 +133,21 @@ def mem_headroom(ctx: Context, r: Report) -> None:
     for n, f in ctx.facts.items():
         if not f.mem:
             continue
-        # already serving: the model's memory is in use, MemAvailable is what is left
-        running = any(c.running for c in ctx.ours(n))
+        # already serving: the model's memory is in use, MemAvailable is what is left. Only this
+        # deployment's own containers say so: another one beside it (`up --beside`) holds memory of
+        # its own, which MemAvailable has already lost, and this one still has to find its share.
+        beside = {c.id for c in f.beside}
+        running = any(c.running for c in ctx.ours(n) if c.id not in beside)
+        if ctx.expect.on_demand and ctx.expect.gpu_memory_utilization is not None:
+            # `up` leaves it on standby: its supervisor admits each start against the memory as it is then
+            r.ok(n, f"MemAvailable {_gib(f.mem.available)}; on demand: each start is admitted by its supervisor")
+            continue
         need, left = headroom(f.mem.total, f.mem.available, frac or 0, running)
         detail = f"MemAvailable {_gib(f.mem.available)}" + (
             f", profile needs {_gib(need)}, leaves {_gib(left)}" if need else ""
         )
+        held = holders(f) if left < MEM_HEADROOM_FLOOR else ""
+        detail += f"; held by {held}" if held else ""
         if left < 0:
             r.fail(
                 n,
@@ -154,6 +164,42 @@ def mem_headroom(ctx: Context, r: Report) -> None:
             )
         else:
             r.ok(n, detail)
+
+
+HOLDER_MIN = GiB // 2  # a process under half a GiB is not named as a holder
+HOLDERS_NAMED = 6
+
+
+def _claim(labels: dict, total: int) -> int:
+    try:
+        if labels.get(RESERVED_LABEL):
+            return int(float(labels[RESERVED_LABEL]) * 1e9)
+        return int(float(labels.get(MEMORY_LABEL) or 0) * total)
+    except ValueError:
+        return 0
+
+
+def holders(f) -> str:
+    """Who holds the node's memory, largest first, from its largest processes (`f.processes`): a
+    deployment of ours by its profile (its container's processes summed), another container by its
+    name, any other process by its command and PID. Empty when nothing holds half a GiB."""
+    ours = {c.id: f"'{c.labels.get(PROFILE_LABEL, c.name)}' (sparkcluster)" for c in f.ours}
+    names = {c.id: f"container {c.name}" for c in f.containers}
+    held: dict[str, int] = {}
+    for p in f.processes:
+        who = ours.get(p.container or "") or names.get(p.container or "") or f"{p.command} (pid {p.pid})"
+        held[who] = held.get(who, 0) + p.rss
+    # an engine's memory on unified memory is the driver's, not its processes' resident set: ours are
+    # counted at least at their claim (the labels `up` gave them), as the admission counts them
+    total = f.mem.total if f.mem else 0
+    for c in f.ours:
+        if not c.running:
+            continue
+        claim = _claim(c.labels, total)
+        who = ours[c.id]
+        held[who] = max(held.get(who, 0), claim)
+    big = sorted(((v, k) for k, v in held.items() if v >= HOLDER_MIN), reverse=True)[:HOLDERS_NAMED]
+    return ", ".join(f"{k} {_gib(v)}" for v, k in big)
 
 
 @check("mem.fit", "The profile's weights per rank and one sequence of KV cache fit the engine's budget")

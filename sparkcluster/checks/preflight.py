@@ -26,6 +26,7 @@ def expectations(inv: Inventory, prof: profiles.Profile | None) -> checks.Expect
         forwarded_env=prof.forwarded_env(),
         per_host_env={n.name: profiles.per_host_env(prof, inv, n) for n in inv.nodes},
         gpu_memory_utilization=prof.serve.gpu_memory_utilization,
+        on_demand=prof.on_demand.enabled,
         image_disk_bytes=int(prof.image_disk_gb * checks.GiB),
         model_disk_bytes=int(prof.model_disk_gb * checks.GiB),
         vllm_version=prof.image.vllm_version,

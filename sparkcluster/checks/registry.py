@@ -41,6 +41,7 @@ class Expect:
     forwarded_env: dict[str, str] = field(default_factory=dict)
     per_host_env: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> env
     gpu_memory_utilization: float | None = None
+    on_demand: bool = False  # the engine starts on demand: its supervisor admits each start, not `up`
     image_disk_bytes: int = 30 * GiB  # NGC vLLM base ~9 GB + Ray; a build needs room twice over
     model_disk_bytes: int = 0
     vllm_version: str | None = None  # of the image to be served: decides what vLLM checks itself

@@ -10,10 +10,11 @@ from pathlib import Path
 import click
 
 from sparkcluster import redact
+from sparkcluster.cli import profile_recipes
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option, inventory_option
 from sparkcluster.config import compile_cache, inventory
-from sparkcluster.config.flags import serve_argv
+from sparkcluster.config.flags import engine_host, serve_argv
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import HOME_HF_CACHE
 from sparkcluster.config.lint import CLUSTER_RULES, failures, lint, memory_fit_notes, unchecked_flags
@@ -31,7 +32,7 @@ from sparkcluster.config.profile import (
     search_places,
     secret_env_names,
 )
-from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets, masked
+from sparkcluster.config.secrets import API_KEY, ENV_FILE_HELP, key_file, load_secrets, masked
 from sparkcluster.config.service_profile import is_service
 from sparkcluster.errors import EXIT_FAILED, SparkError
 
@@ -133,7 +134,9 @@ def _resolved(p: Profile, inv, secrets: dict[str, str], ray_version: str) -> dic
         "required_env_names": required_env_names(p),
         "non_carry_over_file": {"path": nco_path, "content": nco_text.strip()},
         "secrets_exec_env": masked(secrets, secret_env_names(p)),
-        "serve_argv": serve_argv(p, port=port, hf_cache=hf_cache),
+        "secrets_missing": [n for n in secret_env_names(p) if not secrets.get(n)],
+        # where the engine listens: the inventory's engines_listen decides (its head's, on a subset)
+        "serve_argv": serve_argv(p, port=port, hf_cache=hf_cache, host=engine_host(inv, p) if inv else None),
         "reasoning_plugin": None,
         # the compile caches' folder on the head; its key (image ID, model and flags) waits for the
         # image's ID, which only `up` reads from the head (config/compile_cache)
@@ -249,6 +252,11 @@ def show_cmd(
         + " ".join(f"{k}={v}" for k, v in r["secrets_exec_env"].items())
     )
     _echo(f"  {shlex.join(r['serve_argv'])}")
+    for name in r["secrets_missing"]:  # said before anything starts: never claimed as passed
+        if name == API_KEY:
+            _echo(f"note: no {name} found: `up` generates one and writes it to {key_file(env_file)} (mode 0600)")
+        else:
+            _echo(f"warning: {name} is not set, so `up` does not pass it (a gated model's download is refused)")
     pub = r["published"]
     if pub is None:
         _echo("published record: none beside this profile (sparkcluster bench measures this cluster's own)")
@@ -301,3 +309,8 @@ def lint_cmd(ctx: click.Context, name: str, inventory_path: Path | None, as_json
         _echo(f"{p.name}: {prob.line()}")
     if failures(problems):
         ctx.exit(EXIT_FAILED)
+
+
+# `profile import` and `profile export` (the field's recipes) live in their own module
+profile_group.add_command(profile_recipes.import_cmd)
+profile_group.add_command(profile_recipes.export_cmd)

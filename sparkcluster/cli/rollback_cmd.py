@@ -11,7 +11,7 @@ from rich.console import Console
 from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
-from sparkcluster.cli.up_cmd import RichProgress, run_up
+from sparkcluster.cli.up_cmd import RichProgress, run_up, with_api_key
 from sparkcluster.cli.upgrade_cmd import print_plan
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.deployment import known_good
@@ -62,11 +62,13 @@ def rollback(
         raise click.UsageError("--json goes with --dry-run or --history")
     prof = profile_or_usage(inv, profile_name)
     secrets = load_secrets(env_file, prof)
+    err = Console(stderr=True, highlight=False)
+    with_api_key(env_file, secrets, dry_run, err)
     got = upgrades.rollback(
         inv,
         prof,
         secrets,
-        RichProgress(Console(stderr=True, highlight=False)),
+        RichProgress(err),
         up=run_up,
         nodes=node,
         dry_run=dry_run,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 from rich.console import Console
@@ -13,7 +14,7 @@ from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
 from sparkcluster.config.images import check_dockerfile
-from sparkcluster.config.secrets import ENV_FILE_HELP, load_secrets
+from sparkcluster.config.secrets import API_KEY, ENV_FILE_HELP, generate_api_key, key_file, load_secrets
 from sparkcluster.config.service_profile import is_service
 from sparkcluster.deployment import deployments
 from sparkcluster.monitor.planned import planned
@@ -146,6 +147,7 @@ def up(
     check_dockerfile(prof, len(inv.nodes))  # before any connection: the image's Dockerfile is in this install
     secrets = load_secrets(env_file, prof)
     err = Console(stderr=True, highlight=False)
+    with_api_key(env_file, secrets, dry_run, err)
     result = run_up(
         inv,
         prof,
@@ -181,17 +183,46 @@ def up(
         )
     auth = ' -H "Authorization: Bearer $VLLM_API_KEY"' if "VLLM_API_KEY" in secrets else ""
     click.echo(f"endpoint: {result.endpoint}")
+    base = result.endpoint
     if inv.cluster.engines_listen == "control":
-        click.echo("door:     the engine listens only on the cluster's addresses: clients come through the gateway")
+        from sparkcluster.deployment.endpoint import ssh_forward  # the hint only where it is printed
+
+        part = deployments.target(inv, prof, node).at_slot(result.slot)
+        forward, base = ssh_forward(part, urlsplit(result.endpoint).port or inv.cluster.api_port)
+        side = "on its node only" if part.alone else "on the cluster's own network only"
+        click.echo(f"door:     the engine listens {side}: clients come through the gateway (sparkcluster gateway up)")
+        click.echo(f"reach:    from this machine, keep open: {forward}   then {base}")
     click.echo(f"model:    {result.model}")
     click.echo(
-        f"try:      curl -s {result.endpoint}/chat/completions{auth} -H 'Content-Type: application/json' "
+        f"try:      curl -s {base}/chat/completions{auth} -H 'Content-Type: application/json' "
         f'-d \'{{"model": "{result.model}", "messages": [{{"role": "user", "content": "Hello"}}]}}\''
     )
     if smoke:
         from sparkcluster.deployment.deployments import target  # only `up --smoke` needs it
 
         _smoke(target(inv, prof, node).at_slot(result.slot), prof, secrets, err)  # its own container and port
+
+
+def with_api_key(env_file: Path | None, secrets: dict[str, str], dry_run: bool, err: Console) -> None:
+    """Every engine gets VLLM_API_KEY whatever its profile's `secrets`: with none found, a real run
+    generates one, writes it 0600 to the .env the command reads and says where (never the value);
+    its dry run says it would (the plan warns too). `up`, `upgrade` and `rollback` call it."""
+    if secrets.get(API_KEY):
+        return
+    if dry_run:
+        err.print(
+            f"note: no {API_KEY} found: a real run generates one and writes it to {key_file(env_file)} (mode 0600)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return
+    path = generate_api_key(env_file, secrets)
+    err.print(
+        f"generated {API_KEY} (the key clients send to the engine) and wrote it to {path} (mode 0600); "
+        f"read it there: it is never printed",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _up_service(inv, svc, node: tuple[str, ...], *, dry_run, offline, as_json, beside, replace) -> None:

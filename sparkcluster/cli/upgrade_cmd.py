@@ -12,7 +12,7 @@ from rich.console import Console
 from sparkcluster.cli.common import profile_or_usage
 from sparkcluster.cli.main import cli
 from sparkcluster.cli.options import env_file_option
-from sparkcluster.cli.up_cmd import RichProgress, run_up
+from sparkcluster.cli.up_cmd import RichProgress, run_up, with_api_key
 from sparkcluster.config.images import check_dockerfile
 from sparkcluster.config.secrets import load_secrets
 from sparkcluster.upgrade import upgrade as upgrades
@@ -63,6 +63,7 @@ def upgrade(
     check_dockerfile(prof, len(inv.nodes))  # before any connection: the image's Dockerfile is in this install
     secrets = load_secrets(env_file, prof)
     err = Console(stderr=True, highlight=False)
+    with_api_key(env_file, secrets, dry_run, err)
     got = upgrades.upgrade(
         inv,
         prof,

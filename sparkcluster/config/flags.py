@@ -221,10 +221,14 @@ def serve_argv(
 
 
 def engine_host(inv, profile: Profile) -> str:
-    """The address a deployment's engine listens on: its head's control address when the inventory
-    makes the gateway the only door (`engines_listen = "control"`, issue 36), else the profile's
-    serve.host. `inv` is the deployment's inventory (its head is the engine's)."""
-    return str(inv.head.control_ip) if inv.cluster.engines_listen == "control" else profile.serve.host
+    """The address a deployment's engine listens on (vLLM's --host). With the inventory's
+    `engines_listen = "control"` (the default) its head's control address, or loopback when the
+    cluster is one node (nothing else needs to reach it: the gateway and Prometheus run on that
+    node); with "all", the profile's serve.host. `inv` is the deployment's inventory (its head is the
+    engine's)."""
+    if inv.cluster.engines_listen != "control":
+        return profile.serve.host
+    return inv.engine_address()
 
 
 def reached_at(host: str) -> str:

@@ -23,6 +23,7 @@ DEFAULT_PATH = Path("~/.config/sparkcluster/cluster.toml")
 ENV_VAR = "SPARKCLUSTER_INVENTORY"
 HOME_HF_CACHE = "~/.cache/huggingface"
 HOME_COMPILE_CACHE = "~/.cache/sparkcluster/compile"  # config/compile_cache
+LOOPBACK = "127.0.0.1"  # where a one-node cluster's engines listen (engines_listen = "control")
 COMPILE_CACHE_MAX_GB = 64.0  # a 120B model's torch.compile + FlashInfer JIT is a few GB; a Spark has 1-4 TB
 
 _NAME = r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$"
@@ -103,10 +104,13 @@ class ClusterSettings(_Strict):
     # MB a second, so that it does not starve an engine serving on the same nodes (issue 40); unset: none
     replication_max_mb_s: float | None = Field(default=None, gt=0)
     api_port: int = Field(default=8000, ge=1, le=65535)
-    # "control": every engine listens only on its head's control address (vLLM's --host; no root
-    # needed), so from outside the cluster the gateway is the only door (issue 36); the controller
-    # reaches an engine through the head's SSH connection. "all": as the profile's serve.host says
-    engines_listen: Literal["all", "control"] = "all"
+    # "control" (the default): every engine listens only on its head's control address (vLLM's
+    # --host; no root needed), on loopback when the cluster is one node, so from the LAN the gateway
+    # is the only door; the controller reaches an engine through the head's SSH connection. vLLM's
+    # key covers only some of its routes (/invocations and /pause answer without it), so an engine
+    # on the LAN is open to the LAN. "all": as the profile's serve.host says (0.0.0.0: every
+    # address, the LAN's too), warned at every `up`
+    engines_listen: Literal["all", "control"] = "control"
     ray_port: int = Field(default=6379, ge=1, le=65535)
     # executor "mp" (issue 28): vLLM's torch.distributed rendezvous on the head's control IP (vLLM's default)
     master_port: int = Field(default=29501, ge=1, le=65535)
@@ -176,6 +180,7 @@ class Inventory(_Strict):
     _homes: dict[str, str] = PrivateAttr(default_factory=dict)
     _owners: dict[str, str] = PrivateAttr(default_factory=dict)  # node -> the SSH user's "uid:gid"
     _slot: int = PrivateAttr(default=0)  # the deployment's slot on its nodes (issue 60): `at_slot`
+    _whole: int = PrivateAttr(default=0)  # on a part `only` made: how many nodes the whole inventory has
 
     @model_validator(mode="after")
     def _shape(self) -> Inventory:
@@ -218,7 +223,25 @@ class Inventory(_Strict):
                 "run on the whole ring, on one node, or on two nodes a cable joins",
             ) from None
         cluster = self.cluster.model_copy(update={"topology": kind}) if self.cluster.topology else self.cluster
-        return self.model_copy(update={"nodes": chosen, "cluster": cluster})
+        part = self.model_copy(update={"nodes": chosen, "cluster": cluster})
+        part._whole = self._whole or len(self.nodes)
+        return part
+
+    @property
+    def alone(self) -> bool:
+        """Whether the cluster is one node: the owner's whole inventory, not a deployment's part of
+        it (a one-node deployment on a pair is reached from the other node, by a gateway there)."""
+        return (self._whole or len(self.nodes)) == 1
+
+    def engine_address(self, head: Node | None = None) -> str:
+        """Where programs on the cluster's own nodes reach a deployment's engine (the gateway,
+        Prometheus, the controller's SSH forward from the head): loopback where a one-node cluster's
+        engine listens only there (`engines_listen = "control"`: they run on that node), else the
+        head's control address (a wildcard bind answers there too). `head`: the deployment's head,
+        where this is the whole inventory."""
+        if self.cluster.engines_listen == "control" and self.alone:
+            return LOOPBACK
+        return str((head or self.head).control_ip)
 
     @property
     def slot(self) -> int:

@@ -533,8 +533,11 @@ def _managed_var_forwarded(profile: Profile, inventory: Inventory | None) -> lis
 @rule("duplicate-flag", "an extra flag that a typed field or sparkcluster itself sets")
 def _duplicate_flag(profile: Profile, inventory: Inventory | None) -> list[Problem]:
     p = []
-    for f in sorted(set(flag_names(list(profile.serve.extra_flags)))):
+    extra = list(profile.serve.extra_flags)
+    for f in sorted(set(flag_names(extra))):
         spec = BY_FLAG.get(f)
+        if spec and spec.field and _typed_field_cannot_say(profile, spec.field, flag_value(extra, f)):
+            continue
         if spec and spec.field:
             p.append(
                 Problem(
@@ -552,6 +555,18 @@ def _duplicate_flag(profile: Profile, inventory: Inventory | None) -> list[Probl
                 )
             )
     return p
+
+
+def _typed_field_cannot_say(profile: Profile, field: str, value: str | None) -> bool:
+    """The typed field is unset and cannot hold the value extra_flags passes (`--max-model-len auto`,
+    vLLM's "as long as the KV cache allows", which an integer field cannot say): nothing is duplicated."""
+    if value is None or getattr(profile.serve, field) is not None:
+        return False
+    try:
+        type(profile.serve).model_validate({field: value})
+    except ValueError:
+        return True
+    return False
 
 
 # -- the reasoning-parser plugin only registers a parser; it still has to be named

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sparkcluster.config import shipped
 from sparkcluster.config.bounds import OnDemandSettings, SupervisorSettings
 from sparkcluster.config.inventory import describe_validation_error
-from sparkcluster.config.secrets import SECRET_NAMES, register_written
+from sparkcluster.config.secrets import SECRET_NAMES, passed_names, register_written
 from sparkcluster.config.service_profile import KIND as SERVICE_KIND
 from sparkcluster.config.service_profile import ServiceProfile, one_line_words
 from sparkcluster.config.topology import nccl_env
@@ -76,6 +76,10 @@ class Image(_Strict):
     # ngc: pass-through entrypoint, takes the full `vllm serve ...`;
     # vllm-openai: `vllm serve` is the entrypoint, takes only model + flags (docs/field-notes.md).
     kind: Literal["ngc", "vllm-openai"] | None = None
+    # the registry digest the tag pointed at when pinned (`profile import --pin`: a source's lock, or
+    # the digest its published figures were measured on): every node pulls base@digest, whatever
+    # the tag points at later. None: the tag as it is
+    digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
 
     @model_validator(mode="after")
     def _kind(self) -> Image:
@@ -90,7 +94,7 @@ class Image(_Strict):
 
     @property
     def ref(self) -> str:
-        return f"{self.base}:{self.tag}"
+        return f"{self.base}@{self.digest}" if self.digest else f"{self.base}:{self.tag}"
 
 
 def guess_image_kind(base: str) -> Literal["ngc", "vllm-openai"] | None:
@@ -254,6 +258,9 @@ class Source(_Strict):
     repo: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
     path: str | None = Field(default=None, pattern=r"^[^\s]+$")
     commit: str | None = Field(default=None, pattern=_COMMIT)
+    # the sha256 of the source file's bytes as read (`profile import` records it; a test compares the
+    # shipped profile with what the importer makes of the file that has it)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     container: SourceContainer
     # an option where the profile's container differs from the source's on purpose (beyond what every
     # container of sparkcluster carries: container/conformance HOUSE), with its reason
@@ -343,6 +350,8 @@ class Profile(_Strict):
     # the lowest NVIDIA driver the image runs on, where the profile's source states one (seed 001: its
     # image is built for >= 590.44); doctor FAILs a node below it. None: only differences are warned.
     min_driver: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+){0,2}$")
+    # the secrets passed to `vllm serve` (its exec's environment); VLLM_API_KEY is passed whatever
+    # this lists: `up` generates one when none is set (config/secrets.generate_api_key)
     secrets: list[SecretName] = Field(default_factory=lambda: list(SECRET_NAMES))
     image: Image
     env: EnvSettings = Field(default_factory=EnvSettings)
@@ -464,13 +473,19 @@ def profile_hash(prof) -> str:
     # the validated fields, not the file's text: comments and key order change nothing served
     # (the source is documentation: it changes nothing served); an unset ulimit_nofile is left out so
     # that a profile without it keeps the hash it had before the field existed
-    unset = {"ulimit_nofile"} if getattr(prof, "ulimit_nofile", None) is None else set()
-    return hashlib.sha256(prof.model_dump_json(exclude={"source", *unset}).encode()).hexdigest()
+    # (image.digest likewise)
+    exclude: dict = {"source": True}
+    if getattr(prof, "ulimit_nofile", None) is None:
+        exclude["ulimit_nofile"] = True
+    if getattr(getattr(prof, "image", None), "digest", "") is None:
+        exclude["image"] = {"digest"}
+    return hashlib.sha256(prof.model_dump_json(exclude=exclude).encode()).hexdigest()
 
 
 def secret_env_names(profile: Profile) -> list[str]:
-    """Names passed in the environment of the `vllm serve` exec (values from secrets.load_secrets)."""
-    return list(profile.secrets)
+    """Names passed in the environment of the `vllm serve` exec (values from secrets.load_secrets):
+    the profile's `secrets`, and VLLM_API_KEY whatever they list."""
+    return passed_names(profile.secrets)
 
 
 def reasoning_plugin(profile: Profile, hf_cache: str = "/root/.cache/huggingface") -> tuple[str, str] | None:

@@ -34,6 +34,12 @@ if TYPE_CHECKING:  # pragma: no cover
 # profile module, so a command that reads a secret need not import the profile's models.
 SECRET_NAMES: tuple[str, ...] = ("HF_TOKEN", "VLLM_API_KEY")
 
+# passed to every engine whatever a profile's `secrets` lists: an engine never serves without a key.
+# When none is found, the command that starts an engine generates one (`generate_api_key`).
+API_KEY = "VLLM_API_KEY"
+GENERATED_PREFIX = "sk-"  # an OpenAI-style key (SECRET_VALUE masks it wherever it shows up)
+GENERATED_BYTES = 32  # secrets.token_urlsafe's randomness: 256 bits
+
 # the gateway's client keys (issue 36): one or more, comma-separated, read as the others are; they
 # reach the gateway only in its 0600 config file inside its container, never argv or output
 GATEWAY_KEYS = "GATEWAY_API_KEYS"
@@ -68,6 +74,11 @@ def register_written(profile: Profile) -> None:
     for text in (profile.model, profile.served_name or ""):
         for found in SECRET_VALUE.findall(text):
             redact.register(found)
+
+
+def passed_names(listed: Iterable[str]) -> list[str]:
+    """The secrets passed to a profile's engine: those its `secrets` lists, and the API key always."""
+    return list(dict.fromkeys([*listed, API_KEY]))
 
 
 def default_env_file() -> Path | None:
@@ -124,7 +135,7 @@ def load_secrets(
     $SPARKCLUSTER_ENV_FILE, else ~/.config/sparkcluster/.env, else none (never ./.env unnamed). A given
     env_file that does not exist is an error. required=True raises InputError naming the missing.
     """
-    wanted = list(names) if names is not None else (list(profile.secrets) if profile else list(SECRET_NAMES))
+    wanted = list(names) if names is not None else (passed_names(profile.secrets) if profile else list(SECRET_NAMES))
     environ = os.environ if environ is None else environ
     explicit = env_file is not None
     path = env_file.expanduser() if env_file is not None else default_env_file()
@@ -153,6 +164,50 @@ def load_secrets(
             )
             raise InputError(f"missing secret(s): {', '.join(missing)}", fix)
     return out
+
+
+def key_file(env_file: Path | None) -> Path:
+    """The .env a generated API key is written to: the one the command reads (`--env-file`, else
+    $SPARKCLUSTER_ENV_FILE), else the default one (DEFAULT_ENV_FILE), created if need be."""
+    if env_file is not None:
+        return env_file.expanduser()
+    return default_env_file() or DEFAULT_ENV_FILE.expanduser()
+
+
+def generate_api_key(env_file: Path | None, secrets: dict[str, str]) -> Path | None:
+    """When `secrets` has no VLLM_API_KEY: a new random one, registered for masking, put in `secrets`
+    and appended to `key_file(env_file)` (created with mode 0600, its folder 0700), so that the next
+    command finds it and the owner can hand it to clients. Returns the file written, None when a
+    key was there. The value is never printed, logged or put on a command line."""
+    if secrets.get(API_KEY):
+        return None
+    from secrets import token_urlsafe  # the standard library's (this module shares its name)
+
+    path = key_file(env_file)
+    key = GENERATED_PREFIX + token_urlsafe(GENERATED_BYTES)
+    redact.register(key)
+    try:
+        if path.exists():
+            check_mode(path)  # never write a key into a file others can read
+            text = path.read_bytes()
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            lead = b"\n" if text and not text.endswith(b"\n") else b""
+        else:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            lead = b""
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, lead + f"{API_KEY}={key}\n".encode())
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise InputError(
+            f"cannot write the generated {API_KEY} to {path}: {e.strerror}",
+            set_fix(API_KEY, "a-long-random-key", path=path),
+        ) from None
+    secrets[API_KEY] = key
+    return path
 
 
 def masked(secrets: Mapping[str, str], names: Iterable[str]) -> dict[str, str]:

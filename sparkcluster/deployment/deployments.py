@@ -16,6 +16,7 @@ from sparkcluster.labels import (
     CLUSTER_LABEL,
     MEMORY_LABEL,
     NODES_LABEL,
+    ON_DEMAND_LABEL,
     PORT_LABEL,
     PROFILE_LABEL,
     RESERVED_LABEL,
@@ -40,6 +41,7 @@ class Deployment:
     service: bool = False  # a profile of kind "service" (issue 60 item 2): its containers' role says so
     reserved_gb: float | None = None  # a service's reservation per node (its label), GB
     port: int | None = None  # a service's port (its label): where it answers
+    on_demand: bool = False  # its engine starts on demand (its label): it takes turns with others on demand
 
     @property
     def key(self) -> str:
@@ -99,6 +101,7 @@ def group(inv: Inventory, containers_by_node: dict[str, list[dict | ContainerIns
             d = found.setdefault((prof, nodes, slot), Deployment(prof, nodes, slot=slot))
             d.containers.setdefault(n.name, []).append(name)
             d.ids.setdefault(n.name, set()).add(cid)
+            d.on_demand = d.on_demand or labels.get(ON_DEMAND_LABEL) == "1"
             if labels.get(ROLE_LABEL) == SERVICE_ROLE:
                 d.service = True
                 d.port = int(labels[PORT_LABEL]) if str(labels.get(PORT_LABEL, "")).isdigit() else d.port

@@ -36,15 +36,16 @@ METRICS = {
 @contextlib.contextmanager
 def reached(host, inv, port: int) -> Iterator[str]:
     """The base URL at which the controller asks a deployment's engine: its head's address (`host`,
-    the head's SSH connection; `inv`, the deployment's inventory); or, when engines listen only on
-    the cluster's addresses (the gateway the only door, issue 36), a local port forwarded through
-    that SSH connection to the head's control address, for as long as the block runs."""
+    the head's SSH connection; `inv`, the deployment's inventory) when the owner lets engines listen
+    on every address (`engines_listen = "all"`); else (the default: the gateway the only door) a
+    local port forwarded through that SSH connection to where the engine listens on the head (its
+    control address, loopback on a one-node cluster), for as long as the block runs."""
     if inv.cluster.engines_listen != "control":
         yield f"http://{host.address}:{port}"
         return
     from sparkcluster.remote.forward import Forward  # only with engines_listen = "control"
 
-    ip = str(inv.head.control_ip)
+    ip = inv.engine_address()
     try:  # once, so that an sshd refusing to forward is said as such, not read as an engine not answering
         host.tunnel(ip, port).close()
     except (InputError, ConnectError):  # forwarding refused, or the SSH connection itself lost
@@ -53,6 +54,27 @@ def reached(host, inv, port: int) -> Iterator[str]:
         pass
     with Forward(lambda: host.tunnel(ip, port)) as fwd:
         yield fwd.url()
+
+
+def ssh_forward(inv, port: int) -> tuple[str, str]:
+    """(the OpenSSH command that brings a deployment's engine to this machine's `port`, the base URL
+    then), as printed to the owner when the engine listens only on the cluster's side (`inv`, the
+    deployment's inventory): `ssh -L` through the head's SSH target, as the controller itself does."""
+    import shlex
+
+    from sparkcluster.config.inventory import _TARGET  # the SSH target's own grammar
+
+    head = inv.head
+    argv = ["ssh", "-N"]
+    if inv.cluster.ssh_config:
+        argv += ["-F", str(inv.resolve(inv.cluster.ssh_config))]
+    m = _TARGET.match(head.ssh)
+    target = head.ssh
+    if m and m.group("port"):
+        argv += ["-p", m.group("port")]
+        target = (f"{m.group('user')}@" if m.group("user") else "") + m.group("host")
+    argv += ["-L", f"{port}:{inv.engine_address()}:{port}", target]
+    return shlex.join(argv), f"http://127.0.0.1:{port}/v1"
 
 
 @dataclass

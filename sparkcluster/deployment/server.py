@@ -49,8 +49,9 @@ class ServeSpec:
     def describe(self) -> str:
         import shlex
 
+        # only the secrets this run has: a missing one is the plan's warning, never claimed here
         env = ", ".join(f"{n}=******" for n in self.secret_names)
-        secrets = f" ({env} from a 0600 file)" if env else ""
+        secrets = f" ({env} from a 0600 file)" if env else " (no secret)"
         out = f"the supervisor in {self.container} runs{secrets}: " + shlex.join(self.argv)
         for node, container, argv in self.ranks:
             out += f"; then the agent in {container} ({node}) runs its rank, no secret: " + shlex.join(argv)

@@ -62,6 +62,7 @@ class HostFacts:
     default_routes: list[str] = _probed(probes.ROUTE, factory=list)  # netdevs the default route(s) leave by
     mem: parsers.MemInfo | None = _probed(probes.MEMINFO)
     earlyoom: bool = _probed(probes.EARLYOOM, False)
+    processes: list[parsers.Proc] = _probed(probes.PROCESSES, factory=list, any_exit=True)
     sshd_oom_score_adj: int | None = _probed(probes.SSHD_OOM)
     listeners: list[parsers.Listener] = _probed(probes.listeners([]), factory=list, any_exit=True, build=_ports)
     containers: list[parsers.Container] = _probed(probes.CONTAINERS, factory=list)

@@ -443,6 +443,34 @@ def meminfo(text: str) -> MemInfo:
 
 
 @dataclass(frozen=True)
+class Proc:
+    """One of a node's largest processes by resident memory: who holds MemAvailable away from a new
+    deployment, ours or not. `container`: the full ID of the Docker container it runs in, if any."""
+
+    pid: int
+    rss: int  # bytes
+    command: str
+    container: str | None
+
+
+_CONTAINER_ID = re.compile(r"(?<![0-9a-f])([0-9a-f]{64})(?![0-9a-f])")
+
+
+def ps_rss(text: str) -> list[Proc]:
+    """`ps -eo pid=,rss=,comm=,cgroup= --sort=-rss` (procps: RSS in KiB; the cgroup column is
+    /proc/PID/cgroup's lines joined, in which Docker's cgroup of a container names its 64-hex ID,
+    `/docker/ID` under cgroupfs or `docker-ID.scope` under systemd)."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 3)
+        if len(parts) < 3 or not parts[0].isdigit() or not parts[1].isdigit():
+            continue
+        found = _CONTAINER_ID.search(parts[3]) if len(parts) > 3 else None
+        out.append(Proc(int(parts[0]), int(parts[1]) * 1024, parts[2], found.group(1) if found else None))
+    return out
+
+
+@dataclass(frozen=True)
 class Disk:
     mount: str
     size: int

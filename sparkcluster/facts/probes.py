@@ -93,6 +93,9 @@ GPU_HOOK = Probe(
 )
 MEMINFO = Probe("meminfo", "cat /proc/meminfo", parsers.meminfo)
 EARLYOOM = Probe("earlyoom", "pgrep -x earlyoom", lambda out: True)
+# the node's largest processes by resident memory, each with its cgroup (so its container): what a
+# refusal for memory names as holding it, ours or not
+PROCESSES = Probe("processes", "ps -eo pid=,rss=,comm=,cgroup= --sort=-rss | head -n 16", parsers.ps_rss)
 SSHD_OOM = Probe(
     "sshd_oom",
     "cat /proc/$(pgrep -o -x sshd)/oom_score_adj",

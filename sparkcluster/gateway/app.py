@@ -116,6 +116,7 @@ class Gateway:
                     reason=v.reason,
                 )
             r.up, r.reason, r.retry_after, r.wakeable = v.up, v.reason, v.retry_after, v.wake
+            r.why, r.start_s = v.why, v.start_s
             if v.up:
                 self.yielding.pop(r.key, None)  # it serves: what yielded to it is history
             for n in r.names:
@@ -190,8 +191,32 @@ class Gateway:
             outcome = f"error: {type(e).__name__}"
         finally:
             r.waking = False
+        r.wake_denied = outcome in ("401", "403")  # holding a request for it would be in vain
         self.metrics.wakes.labels(r.key, "error" if outcome.startswith("error") else outcome).inc()
         health.event("woken on demand" if outcome == "202" else "wake refused", deployment=r.key, outcome=outcome)
+
+    async def hold_for_start(self, model: str, picked: Unavailable):
+        """Models taking turns on one node: a request for a deployment that starts on demand (on
+        standby, refused while an idle one yields to it by the owner's rule, or starting) is held
+        while it starts, rather than answered 503: the wake is repeated at every look, the yield
+        asked as `wake` asks it, and the request goes on once the supervisor says serving. Bounded
+        by the start the profile allows (its ready_timeout_s); then, or at once for a deployment not
+        on demand, the Unavailable it was. Returns what the request goes to."""
+        bound = self.table.starting_on_demand(model)
+        if not bound:
+            return picked
+        t0 = time.monotonic()
+        while isinstance(picked, Unavailable) and time.monotonic() - t0 < bound:
+            await asyncio.sleep(HELD_LOOK_S)
+            self.wake(model)
+            picked = self.table.pick(model, time.time())
+            if isinstance(picked, Unavailable) and not self.table.starting_on_demand(model):
+                break  # gone final, or out of the gateway's config
+        waited = round(time.monotonic() - t0, 1)
+        served = not isinstance(picked, Unavailable) and picked is not None
+        self.metrics.held_for_start.labels("served" if served else "timed out").inc()
+        health.event("held for a start on demand", model=model, waited_s=waited, served=served)
+        return picked
 
     def unavailable(self, model: str, picked: Unavailable, woken: list) -> str:
         """The 503's message: why each deployment serving `model` is out, that a start on demand was
@@ -383,7 +408,10 @@ class Gateway:
                 await self.refuse(send, endpoint, model, 404, said, "not_found_error", anthropic)
                 return
             if isinstance(picked, Unavailable):
-                said = self.unavailable(model, picked, self.wake(model))
+                woken = self.wake(model)
+                picked = await self.hold_for_start(model, picked)
+            if isinstance(picked, Unavailable):
+                said = self.unavailable(model, picked, woken)
                 kind = "overloaded_error" if anthropic else "service_unavailable"
                 extra = {"Retry-After": picked.retry_after}
                 await self.refuse(send, endpoint, model, 503, said, kind, anthropic, extra)

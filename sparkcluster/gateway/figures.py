@@ -45,6 +45,12 @@ class Metrics:
             ["deployment", "outcome"],
             registry=r,
         )
+        self.held_for_start = Counter(
+            f"{p}_held_for_start",
+            "Requests held while a deployment started on demand, by how the hold ended (served, timed out)",
+            ["outcome"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -88,7 +88,7 @@ def upstreams(inv: Inventory, found, profiles: dict) -> list[Upstream]:
             Upstream(
                 d.key,
                 tuple(prof.served_names),
-                f"http://{head.control_ip}:{port}",
+                f"http://{sub.engine_address()}:{port}",  # loopback on a one-node cluster (engines_listen)
                 f"http://{head.control_ip}:{sub.cluster.agent_port}/",
                 tuple(d.nodes),
                 prof.on_demand.enabled,

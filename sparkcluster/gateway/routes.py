@@ -38,6 +38,9 @@ class Route:
     last_used: float = 0.0  # when a request was last sent to it (monotonic): on demand's "lru" rule
     yield_asked: float = 0.0  # when the gateway last asked it to yield (monotonic): one ask per look
     paths: tuple[str, ...] = ()  # a service's routes (issue 60): it takes requests by path, not only by name
+    why: str = ""  # the branch of its last verdict (contract.Availability.why): standby, starting, serving...
+    start_s: float = 0.0  # how long its start on demand may take (its profile's ready_timeout_s)
+    wake_denied: bool = False  # its head agent refused the wake token (a config older than its `up`)
 
     @property
     def profile(self) -> str:
@@ -131,6 +134,20 @@ class Table:
         on_path = [r for r in self.routes if path in r.paths]
         named = [r for r in on_path if name is not None and name in r.names]
         return self._choose(named or on_path, now)
+
+    def starting_on_demand(self, name: str) -> float:
+        """The longest start a request for `name` may wait for: among the deployments serving it that
+        start on demand (a wake token) and are on standby, refused while another yields, or starting,
+        the largest `start_s`; 0 when there is none (such a request is answered 503 at once)."""
+        waits = [
+            r.start_s
+            for r in self.serving(name)
+            if r.wake_token
+            and not r.wake_denied
+            and not r.up
+            and r.why in ("standby", "refused", "starting", "restarting")
+        ]
+        return max(waits, default=0.0)
 
     def to_wake(self, name: str, now: float, every_s: float) -> list[Route]:
         """On demand: the deployments serving `name` that a request should wake now: on standby (or

@@ -116,7 +116,8 @@ def targets(inv: Inventory, served: list[Served], gateways: dict[str, int] | Non
             continue
         head = next((n for n in inv.nodes if n.name in s.nodes and n.role == "head"), None) or inv.node(s.nodes[0])
         labels = {**base, "node": head.name, "deployment": s.key, "profile": s.profile}
-        out.append(Target(VLLM_JOB, f"{head.control_ip}:{s.port}", labels))
+        # where the engine listens: loopback on a one-node cluster, Prometheus beside it (engines_listen)
+        out.append(Target(VLLM_JOB, f"{inv.engine_address(head)}:{s.port}", labels))
     for node, port in sorted((gateways or {}).items()):
         out.append(Target(GATEWAY_JOB, f"{inv.node(node).control_ip}:{port}", {**base, "node": node}))
     return out

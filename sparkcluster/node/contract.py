@@ -248,6 +248,9 @@ class Availability:
     wake: bool = False
     final: bool = False
     why: str = ""
+    # on standby, refused or starting: how long its start may take (the profile's ready_timeout_s),
+    # so how long the gateway may hold a request that woke it before answering 503
+    start_s: float = 0.0
 
 
 REFUSED_REASON = "its last start was refused"  # the reason of a start refused for memory (on demand)
@@ -390,13 +393,15 @@ class Supervised:
             return Availability(True, "serving", 0, why="serving")
         if state == RESTARTING:
             return Availability(False, f"restarting{after}", 10, why="restarting")
+        start_s = self.bounds.ready_timeout_s
         if state in (STARTING, WAITING):
-            return Availability(False, f"{state}{after}", 10, why="starting")
+            return Availability(False, f"{state}{after}", 10, why="starting", start_s=start_s)
         if state == STANDBY:
-            return Availability(False, "on standby: a request starts it on demand", 10, wake=True, why="standby")
+            said = "on standby: a request starts it on demand"
+            return Availability(False, said, 10, wake=True, why="standby", start_s=start_s)
         if state == REFUSED:
             reason = f"{REFUSED_REASON}: {self.refusal or last}"
-            return Availability(False, reason, 30, wake=True, why="refused")
+            return Availability(False, reason, 30, wake=True, why="refused", start_s=start_s)
         if state is not None and state.final:
             return Availability(False, f"{state}{after}; sparkcluster up brings it back", 60, final=True, why="final")
         return Availability(False, f"not serving ({self.state or 'no state'})", 30, why="none")

@@ -183,6 +183,11 @@ def _admit(inv: Inventory, prof: profiles.Profile, facts: dict, beside: list) ->
     )
     want = memory_fit.Held(f"'{prof.name}'", prof.serve.gpu_memory_utilization)
     totals = {n: facts[n].mem.total if n in facts and facts[n].mem else None for n in facts}
+    if prof.on_demand.enabled:
+        # models taking turns: one on demand need not fit beside the others on demand, only beside
+        # what always runs; which of them is awake is decided at each start (its supervisor admits it
+        # against the memory as it is then, and the gateway asks an idle one to yield by the rule)
+        beside = [d for d in beside if not d.on_demand]
     admit_beside(inv, prof.name, want, floor, totals, beside, "gpu_memory_utilization")
 
 
@@ -229,9 +234,10 @@ def _old_server(cluster: ConnectedHosts, inv: Inventory, facts) -> server.Record
 
 
 def _endpoint(cluster: ConnectedHosts, inv: Inventory, port: int) -> str:
-    """The endpoint `up` prints: at the head's address; at its control address when engines listen
-    only there (the gateway the only door: clients go through it)."""
-    host = inv.head.control_ip if inv.cluster.engines_listen == "control" else cluster.head.address
+    """The endpoint `up` prints: where the engine listens on the cluster's side (its head's control
+    address, loopback on a one-node cluster: the gateway the only door, clients go through it); at
+    the head's address when the owner lets engines listen on every address."""
+    host = inv.engine_address() if inv.cluster.engines_listen == "control" else cluster.head.address
     return f"http://{host}:{port}/v1"
 
 

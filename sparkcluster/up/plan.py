@@ -152,6 +152,8 @@ def make_plan(
             + _names(current)
             + "): removed first, as `sparkcluster down --purge-gcs` would"
         )
+    notes[:0] = door_notes(inv, prof)
+    notes += secret_notes(prof, secret_names)
     common = dict(
         facts=facts, old_server=old_server, secret_names=frozenset(secret_names), notes=notes, away=list(away)
     )
@@ -166,7 +168,7 @@ def make_plan(
         container=specs[head].name,
         argv=supervised_argv(prof, port=inv.cluster.api_port, hf_cache=inv.hf_cache(inv.head.name), host=bind)
         + _rank(inv, prof, head),
-        secret_names=profiles.secret_env_names(prof),
+        secret_names=[n for n in profiles.secret_env_names(prof) if n in common["secret_names"]],
         model=prof.served_model_name,
         port=prof.serve.port or inv.cluster.api_port,
         plugin=profiles.reasoning_plugin(prof, inv.hf_cache(inv.head.name)),
@@ -187,6 +189,42 @@ def make_plan(
     return _with_steps(
         Plan(inv, prof, image, specs[head].name, build, send_to, remove, to_create, sv, **common), STAGES.values()
     )
+
+
+def door_notes(inv: Inventory, prof: profiles.Profile) -> list[str]:
+    """The warning every `up` says (its dry run too) while the owner lets the engine listen on the
+    LAN: vLLM's key covers only some routes (vLLM's security guide,
+    https://docs.vllm.ai/en/stable/usage/security/: --api-key checks only the /v1, /v2, /inference
+    and /cohere prefixes; /invocations, /pause and others answer without it)."""
+    if inv.cluster.engines_listen != "all":
+        return []
+    where = f"{engine_host(inv, prof)} on {inv.head.name}"
+    return [
+        f'warning: engines_listen = "all" in the inventory: the engine listens at {where}, the LAN included, '
+        "where vLLM's API key leaves /invocations, /pause and other routes open; remove the line (the default, "
+        '"control", makes the gateway the only door: sparkcluster gateway up)'
+    ]
+
+
+def secret_notes(prof: profiles.Profile, present: Iterable[str]) -> list[str]:
+    """What the plan says, before anything starts, of each secret the engine would be passed but
+    that was not found (never a value)."""
+    have = set(present)
+    out = []
+    for name in profiles.secret_env_names(prof):
+        if name in have:
+            continue
+        if name == "VLLM_API_KEY":
+            out.append(
+                "VLLM_API_KEY is not set: up generates one first and writes it, mode 0600, to the .env it reads "
+                "(it says where); the engine never serves without a key"
+            )
+        else:
+            out.append(
+                f"warning: {name} is not set, so it is not passed (profile '{prof.name}' lists it): "
+                f"a gated model's download is refused; {redact.set_fix(name)}"
+            )
+    return out
 
 
 # what an offline plan assumes in place of each fact it would read: said in the plan, so the reader

@@ -16,7 +16,115 @@ HF_TOKEN = "hf_testbedTOKEN1234567890"
 HEAD, WORKER = "spark-head", "spark-worker"
 HEAD_C = "sparkcluster-testbed-head"
 CONTAINERS = {HEAD: HEAD_C, WORKER: "sparkcluster-testbed-worker-spark-worker"}
-BASE = "http://198.18.0.2:8000"
+HEAD_LAN = "198.18.0.2"  # the head's LAN address, as the controller (198.18.0.1, on the LAN) reaches it
+LAN_BASE = f"http://{HEAD_LAN}:8000"  # where an engine would answer the LAN: nothing listens there by default
+
+
+class HostDoor:
+    """A local port on the controller whose every connection is carried to `port` where an engine
+    listens on a testbed host: the connection is made from inside the host's network namespace (a
+    thread entered into it, setns(2)), as the controller's own SSH forward reaches it from the head.
+
+    Engines listen only on the cluster's side by default (the head's control address, which the
+    controller has no route to; issue 70), so the tests' own clients (httpx, openai, curl) ask
+    through this door, never through sshd: a test that stops sshd or counts its connections is not
+    disturbed. Each connection looks again where the engine listens (the inventory's control
+    address of the host, then loopback, then its LAN address), so the door outlives engine restarts,
+    cabling changes and `engines_listen = "all"`."""
+
+    CLONE_NEWNET = 0x40000000  # <sched.h>
+
+    def __init__(self, host: str, port: int):
+        import socket
+        import threading
+
+        self.host, self.port = host, port
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.base = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True, name=f"door-{host}-{port}").start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._carry, args=(conn,), daemon=True).start()
+
+    def _addresses(self) -> list[str]:
+        import tomllib
+
+        from tests.testbed.testbed import SPECS, Testbed
+
+        out = []
+        try:
+            nodes = tomllib.loads(Testbed().inventory.read_text()).get("nodes", [])
+            out += [n["control_ip"] for n in nodes if n.get("name") == self.host]
+        except (OSError, ValueError, KeyError):
+            pass
+        return list(dict.fromkeys([*out, SPECS[self.host].control_ip, "127.0.0.1", SPECS[self.host].lan_ip]))
+
+    def _carry(self, conn) -> None:
+        import ctypes
+        import socket
+
+        from sparkcluster.remote.forward import pump
+        from tests.testbed.testbed import Testbed
+
+        far = None
+        try:
+            fd = os.open(f"/proc/{Testbed().pid(self.host)}/ns/net", os.O_RDONLY)
+            try:  # this thread only: its sockets are the host's from here on
+                if ctypes.CDLL(None, use_errno=True).setns(fd, self.CLONE_NEWNET) != 0:
+                    return
+            finally:
+                os.close(fd)
+            for addr in self._addresses():
+                try:
+                    far = socket.create_connection((addr, self.port), timeout=2)
+                    far.settimeout(None)
+                    break
+                except OSError:
+                    far = None
+            if far is not None:
+                import threading
+
+                pump(conn, far, threading.Event())
+        except Exception:  # noqa: BLE001 - the client sees its connection closed, as with nothing listening
+            pass
+        finally:
+            for end in (far, conn):
+                if end is not None:
+                    end.close()
+
+
+_DOORS: dict[tuple[str, int], HostDoor] = {}
+
+
+def door(host: str, port: int = 8000) -> str:
+    """The base URL (no /v1) at which the tests reach `port` on `host`'s cluster side (HostDoor)."""
+    if (host, port) not in _DOORS:
+        _DOORS[(host, port)] = HostDoor(host, port)
+    return _DOORS[(host, port)].base
+
+
+def reached(url: str) -> str:
+    """`url` as `up` prints it (where the engine listens: a host's control address, or loopback on a
+    one-node inventory) made reachable from the tests: the same path through the host's door."""
+    from urllib.parse import urlsplit
+
+    from tests.testbed.testbed import SPECS
+
+    u = urlsplit(url)
+    owner = next((h for h, s in SPECS.items() if u.hostname in (*s.dp_ips, s.lan_ip)), HEAD)
+    return door(owner, u.port or 8000) + u.path
+
+
+BASE = door(HEAD)  # the head's engine, from the tests (through the head's door)
 
 
 def ours(testbed, host: str) -> list[str]:

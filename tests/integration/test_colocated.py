@@ -28,12 +28,11 @@ the testbed; every wait is on a condition."""
 from __future__ import annotations
 
 import json
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from tests.integration.helpers import BASE, HEAD, HEAD_C, inventory_variant, listeners, ours, wait_for
+from tests.integration.helpers import HEAD, HEAD_C, HEAD_LAN, inventory_variant, listeners, ours, wait_for
 from tests.testbed import PROFILES as TESTBED_PROFILES
 from tests.testbed.artifacts import AUDIO_IMAGE
 
@@ -42,7 +41,7 @@ SINGLE, BESIDE, BIG = "testbed-single", "testbed-single-beside", "testbed-single
 HEAD_MODEL, BESIDE_MODEL, BIG_MODEL = "testbed-tiny-single", "testbed-tiny-beside", "testbed-tiny-big"
 BESIDE_C = "sparkcluster-testbed-d1-head"
 GW_KEY = "gw-colocated-key-3b81f0d2"
-GW = f"http://{urlsplit(BASE).hostname}:4000"
+GW = f"http://{HEAD_LAN}:4000"
 GW_C = "sparkcluster-testbed-gateway"
 AUDIO, AUDIO_MODEL = "testbed-audio", "testbed-audio"  # the service (tests/testbed/profiles/testbed-audio.toml)
 AUDIO_C = f"sparkcluster-testbed-d2-service-{HEAD}"  # slot 2: the two models hold 0 and 1
@@ -53,9 +52,9 @@ def engines(testbed) -> list[str]:
     return sorted(x for x in ours(testbed, HEAD) if x not in (GW_C, AUDIO_C))
 
 
-def chat(model: str) -> httpx.Response:
+def chat(model: str, timeout: float = 60) -> httpx.Response:
     body = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
-    return httpx.post(f"{GW}/v1/chat/completions", json=body, headers={"x-api-key": GW_KEY}, timeout=60)
+    return httpx.post(f"{GW}/v1/chat/completions", json=body, headers={"x-api-key": GW_KEY}, timeout=timeout)
 
 
 def speak(text: str) -> httpx.Response:
@@ -97,8 +96,9 @@ def env(tmp_path_factory):
     big = text.replace(HEAD_MODEL, BIG_MODEL).replace("gpu_memory_utilization = 0.2", "gpu_memory_utilization = 0.6")
     (folder / f"{BIG}.toml").write_text(big)
     for name, model in ((OD_A, OD_A_MODEL), (OD_B, OD_B_MODEL)):  # on demand, an idle TTL far beyond the test
-        od = text.replace(HEAD_MODEL, model) + "\n[on_demand]\nenabled = true\nidle_ttl_s = 900\n"
-        (folder / f"{name}.toml").write_text(od)
+        # half of the node each: one awake leaves the other too little, so they take turns
+        half = text.replace(HEAD_MODEL, model).replace("gpu_memory_utilization = 0.2", "gpu_memory_utilization = 0.5")
+        (folder / f"{name}.toml").write_text(half + "\n[on_demand]\nenabled = true\nidle_ttl_s = 900\n")
     return {"SPARKCLUSTER_PROFILES": str(folder), "GATEWAY_API_KEYS": GW_KEY}
 
 
@@ -207,8 +207,75 @@ def test_two_models_on_one_node_a_third_refused_and_one_taken_down(testbed, sc, 
     doc = json.loads(sc("status", "--all", "--json", env=env).stdout)
     assert [d["deployment"] for d in doc["deployments"]] == [f"{SINGLE}@{HEAD}"], doc
 
+    # memory held by a process sparkcluster did not start (stacks issue item 1): the head made to read
+    # as a node whose claims still hold a second model (2 x 0.2 of MemTotal and the floor) but whose
+    # MemAvailable, once a process of the owner's holds a few GB more, does not hold its share. The
+    # `--beside` start is refused before anything starts, naming that process as a holder.
+    refused_beside_by_a_process_not_ours(testbed, sc, env)
 
-@pytest.mark.long  # `make test-long`: two more engine starts (tests/README.md)
+
+def refused_beside_by_a_process_not_ours(testbed, sc, env) -> None:
+    view_gb = 11.0  # 0.4 x 11 + 6.44 (the floor, 6 GiB) = 10.84 GB: the claims still admit the second model
+    meminfo = testbed.sh(HEAD, "cat /proc/meminfo").stdout
+    kib = {
+        x.split(":")[0]: int(x.split()[1]) for x in meminfo.splitlines() if x.split()[1:2] and x.split()[1].isdigit()
+    }
+    used_gb = (kib["MemTotal"] - kib["MemAvailable"]) * 1024 / 1e9  # what the machine holds, the view aside
+    # MemAvailable in a view of view_gb is view_gb - used: a hog of `hog_gb` leaves less than 0.2 x view_gb
+    hog_gb = max(2.0, 0.8 * view_gb - used_gb + 1.0)
+    testbed.set_memory(HEAD, view_gb)
+    hog = "/tmp/owners-memhog"  # its own executable name, the comm that ps shows
+    try:
+        testbed.sh(HEAD, f'cp "$(command -v python3)" {hog}')
+        prog = f"import time; b = b'x' * {int(hog_gb * 1e9)}; open('{hog}.ready', 'w').close(); time.sleep(600)"
+        testbed.sh(HEAD, f'rm -f {hog}.ready; {{ setsid {hog} -c "{prog}" </dev/null >/dev/null 2>&1 & }}')
+        assert wait_for(lambda: testbed.sh(HEAD, f"test -e {hog}.ready", check=False).returncode == 0, 60, step=0.5)
+        refused = sc("up", "--profile", BESIDE, "--node", HEAD, "--beside", env=env, timeout=300)
+        said = refused.stdout + refused.stderr
+        assert refused.returncode != 0 and "mem.headroom" in said, said
+        assert "owners-memhog (pid " in said and f"'{SINGLE}' (sparkcluster)" in said, said
+        assert engines(testbed) == [HEAD_C]
+    finally:
+        testbed.sh(HEAD, f"pkill -f {hog} ; rm -f {hog} {hog}.ready", check=False)
+        testbed.set_memory(HEAD, 128)
+
+
+def test_two_models_take_turns_on_one_node_every_request_answered_on_its_first_try(
+    testbed, sc, env, spark_memory, tmp_path
+):
+    """Models taking turns on one Spark (stacks issue item 4): two on-demand deployments on the head,
+    each asking half of its 128 GB (so one awake leaves too little for the other: the testbed's
+    memory view takes an engine's share while it serves, as a Spark's unified memory does), the
+    inventory's `[on_demand] rule = "lru"`. Requests alternate A, B, A through the gateway: each is
+    held while the asked model starts (the other, idle, yielding to it by the rule) and answered on
+    its first try, with no client retry; each swap is journalled, and `status` says who is awake."""
+    inv = inventory_variant(testbed, tmp_path, lambda t: t + '\n[on_demand]\nrule = "lru"\n')
+    for args in (("--profile", OD_A, "--node", HEAD), ("--profile", OD_B, "--node", HEAD, "--beside")):
+        res = sc("up", *args, env=env, inventory=inv, timeout=900)
+        assert res.returncode == 0 and "on standby" in res.stdout, res.stdout + res.stderr
+    gw = sc("gateway", "up", env=env, inventory=inv, timeout=300)
+    assert gw.returncode == 0, gw.stdout + gw.stderr
+    a_key, b_key = f"{OD_A}@{HEAD}", f"{OD_B}@{HEAD}"
+    for model, awake, asleep in ((OD_A_MODEL, a_key, b_key), (OD_B_MODEL, b_key, a_key), (OD_A_MODEL, a_key, b_key)):
+        r = chat(model, timeout=600)  # one try: held by the gateway while the model starts
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, (model, r.text)
+        now = routes()
+        assert now[awake]["in_rotation"] and not now[asleep]["in_rotation"], now
+        doc = json.loads(sc("status", "--all", "--json", env=env, inventory=inv).stdout)
+        said = {d["deployment"]: d for d in doc["deployments"]}
+        assert said[awake]["state"] == "healthy" and said[asleep]["supervisor"]["state"] == "standby", said
+    gw_log = testbed.sh(HEAD, f"docker logs {GW_C} 2>&1").stdout
+    events = [json.loads(x) for x in gw_log.splitlines() if x.startswith("{")]
+    held = [e for e in events if e["event"] == "held for a start on demand"]
+    assert len(held) == 3 and all(e["served"] for e in held), held
+    asked = [(e["deployment"], e["to"]) for e in events if e["event"] == "asked to yield"]
+    assert (a_key, b_key) in asked and (b_key, a_key) in asked, asked
+    for c in (HEAD_C, BESIDE_C):  # each yielded once, journalled by its own supervisor
+        journal = testbed.sh(HEAD, f"docker exec {c} cat /var/log/sparkcluster/journal.jsonl").stdout
+        assert "yielded: stopped for another deployment" in journal, c
+
+
+@pytest.mark.long  # `make test-long`: superseded in `make test` by the turns above (the memory stood in by hand)
 def test_an_idle_model_yields_to_a_woken_one_by_the_inventorys_rule(testbed, sc, env, spark_memory, tmp_path):
     """Item 4: two on-demand deployments on the head, the inventory's `[on_demand] rule = "lru"`. A
     is woken and serves; B's wake is refused for memory (its container's MemAvailable stood in

@@ -36,7 +36,7 @@ KILL_ENGINE = (
 def endpoint(stdout: str) -> str:
     m = re.search(r"^endpoint: (\S+)/v1$", stdout, re.M)
     assert m, stdout
-    return m.group(1)
+    return helpers.reached(m.group(1))  # it listens on the cluster's side: the tests' door to it
 
 
 def cache_entries(testbed) -> list[dict]:

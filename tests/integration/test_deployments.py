@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from tests.integration.helpers import answers, ours, popen_sc
+from tests.integration.helpers import answers, ours, popen_sc, reached
 
 # `make test-long`, by hand: it passes, but CI's 50 minutes cannot also hold it (5.7 min on CI's two cores,
 # 2026-11-27; tests/README.md)
@@ -22,10 +22,11 @@ SINGLE = "testbed-single"
 
 
 def endpoint(stdout: str) -> str:
-    """The base URL `up` printed, without its /v1."""
+    """The base URL `up` printed, without its /v1, as the tests reach it (the engine listens on its
+    node's control address: the tests' door to that node)."""
     m = re.search(r"^endpoint: (\S+)/v1$", stdout, re.M)
     assert m, stdout
-    return m.group(1)
+    return reached(m.group(1))
 
 
 def fleet(sc, *extra: str, env: dict | None = None) -> tuple[int, dict]:

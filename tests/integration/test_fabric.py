@@ -16,6 +16,8 @@ import json
 import httpx
 import pytest
 
+from tests.integration.helpers import BASE
+
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
 CONTROL_IF = "enp1s0f1np1"  # the testbed's control link: gloo's traffic (GLOO_SOCKET_IFNAME)
@@ -56,7 +58,7 @@ def test_refused_while_a_server_runs(testbed, sc, down_with_image):
     run = got[("fabric.run", f"{HEAD}+{WORKER}")]
     assert run["status"] == "fail" and "vllm serve" in run["detail"], got
     assert "sparkcluster down" in run["fix"]
-    assert httpx.get("http://198.18.0.2:8000/health", timeout=10).status_code == 200  # still serving
+    assert httpx.get(f"{BASE}/health", timeout=10).status_code == 200  # still serving
     nothing_left(testbed)
 
 

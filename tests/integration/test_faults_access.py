@@ -278,7 +278,7 @@ def test_newline_in_forwarded_value_refused_before_any_connection(testbed, sc, t
 
 def test_dry_run_on_bare_cluster_prints_plan_changes_nothing(testbed, sc):
     from sparkcluster.config import inventory, profile
-    from sparkcluster.config.flags import supervised_argv
+    from sparkcluster.config.flags import engine_host, supervised_argv
 
     assert sc("down").returncode == 0
     before = states(testbed)
@@ -295,7 +295,10 @@ def test_dry_run_on_bare_cluster_prints_plan_changes_nothing(testbed, sc):
     for name in ("sparkcluster-testbed-head", "sparkcluster-testbed-worker-spark-worker"):
         assert f"docker run -d --name {name} {flags} " in out, out
     inv, prof = inventory.load(testbed.inventory), profile.load_profile("testbed-standin")
-    argv = shlex.join(supervised_argv(prof, port=inv.cluster.api_port, hf_cache=hf_cache()))
+    # listening where the inventory says: the head's control address by default (issue 70)
+    host = engine_host(inv, prof)
+    assert host == str(inv.head.control_ip)
+    argv = shlex.join(supervised_argv(prof, port=inv.cluster.api_port, hf_cache=hf_cache(), host=host))
     assert argv.startswith("vllm serve sparkcluster/testbed-tiny") and argv in out
     assert "(HF_TOKEN=******, VLLM_API_KEY=****** from a 0600 file)" in out
     no_secret(out, res.stderr)

@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import json
 import time
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from tests.integration.helpers import (
     API_KEY,
-    BASE,
     HEAD,
     HEAD_C,
+    HEAD_LAN,
+    LAN_BASE,
     WORKER,
     inventory_variant,
     listeners,
@@ -51,7 +51,7 @@ ON_DEMAND = "testbed-single-od"  # testbed-single under another served name, on 
 OD_MODEL, OD_TTL_S = "testbed-tiny-od", 20
 HEAD_MODEL, WORKER_MODEL, ALIAS = "testbed-tiny-single", "testbed-tiny-vision", "vision"
 GW_KEY, GW_KEY2 = "gw-testbed-key-7d3a9e01", "gw-second-key-55b2c7e4"
-GW = f"http://{urlsplit(BASE).hostname}:4000"  # the head's address, as the laptop reaches it
+GW = f"http://{HEAD_LAN}:4000"  # the head's address, as the laptop reaches it
 GW_CONTAINER = "sparkcluster-testbed-gateway"
 
 
@@ -286,7 +286,7 @@ def test_the_gateway_as_the_only_door(testbed, sc, env, tmp_path):
         held = listeners(testbed, HEAD, 8000)
         assert f"{ctl}:8000" in held and "0.0.0.0:8000" not in held and "*:8000" not in held, held
         with pytest.raises(httpx.HTTPError):  # the head's own address: nothing listens there
-            httpx.get(f"{BASE}/health", timeout=3)
+            httpx.get(f"{LAN_BASE}/health", timeout=3)
         st = sc("status", "--all", inventory=inv, env=env)
         assert st.returncode == 0 and "healthy" in st.stdout, st.stdout + st.stderr
         again = sc("up", "--profile", SINGLE, "--node", HEAD, inventory=inv, env=env)

@@ -291,13 +291,11 @@ def test_the_aliases_reach_the_testbeds_hosts(owner):
 
 @pytest.mark.usefixtures("serving")
 def test_readmes_request_with_curl_answers(owner):
-    """README's curl, run by bash as written but for the address (the testbed head's, for the guide's
-    192.168.1.11) and the model (the testbed profile's served name, for nemotron's)."""
+    """README's curl, run by bash as written but for the address (the tests' door to the head's engine,
+    for the local end of the SSH forward README shows) and the model (the testbed profile's served name, for nemotron's)."""
     _, env = owner
     block = (ROOT / "README.md").read_text().split("```sh\ncurl ", 1)[1].split("```", 1)[0]
-    command = "curl " + block.replace("http://192.168.1.11:8000", BASE).replace(
-        "nvidia/nemotron-3-super", "testbed-tiny"
-    )
+    command = "curl " + block.replace("http://127.0.0.1:8000", BASE).replace("nvidia/nemotron-3-super", "testbed-tiny")
     r = subprocess.run(
         ["bash", "-c", command], env={**env, "VLLM_API_KEY": API_KEY}, capture_output=True, text=True, timeout=120
     )

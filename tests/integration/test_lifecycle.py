@@ -21,11 +21,11 @@ import openai
 import pytest
 
 from tests.integration.conftest import CLI
-from tests.integration.helpers import API_KEY, as_user, hf_cache, listeners, ours, serving_again, wait_for
+from tests.integration.helpers import API_KEY, BASE, as_user, hf_cache, listeners, ours, serving_again, wait_for
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
-ENDPOINT = "http://198.18.0.2:8000/v1"
+ENDPOINT = BASE + "/v1"  # the head's engine, through the tests' door (helpers.HostDoor)
 MODEL = "testbed-tiny"
 KNOBS_NAME = "standin-knobs.json"  # in the SSH user's HF cache (the containers' HF_HOME)
 

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.testbed
 FOUR = ("spark-head", "spark-worker", "spark-worker-3", "spark-worker-4")
 HEAD, LAST = FOUR[0], FOUR[-1]
 HEAD_C = "sparkcluster-testbed-head"
-BASE = "http://198.18.0.2:8000"
+BASE = helpers.BASE  # the head's engine, through the tests' door (helpers.HostDoor)
 RAIL2 = "enP2p1s0f1np1"  # the second cabled rail (198.19.4.0/24); not the control link
 
 

@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from sparkcluster.movement import hfcache
-from tests.integration.helpers import API_KEY, hf_cache, inventory_variant
+from tests.integration.helpers import API_KEY, hf_cache, inventory_variant, reached
 from tests.testbed import PROFILES as TESTBED_PROFILES
 from tests.testbed import artifacts
 from tests.testbed.hub import DRAFT, HUB_IP, TINY, TOKENIZER, build_hub
@@ -59,7 +59,7 @@ def _files(testbed, host: str, repo: str) -> list[str]:
 def endpoint(out: str) -> str:
     m = re.search(r"endpoint: (\S+)", out)
     assert m, out
-    return m.group(1)
+    return reached(m.group(1))  # it listens on the cluster's side: the tests' door to it
 
 
 def ask(base_url: str) -> None:

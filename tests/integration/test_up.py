@@ -11,16 +11,33 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.helpers import API_KEY, HF_TOKEN, account, debug_log_lines, hf_cache, listeners, ours
+from tests.integration.helpers import (
+    API_KEY,
+    HF_TOKEN,
+    LAN_BASE,
+    account,
+    debug_log_lines,
+    hf_cache,
+    listeners,
+    ours,
+    reached,
+)
+from tests.testbed.testbed import SPECS
 
 pytestmark = pytest.mark.testbed
 HEAD, WORKER = "spark-head", "spark-worker"
 
 
-def endpoint(out: str) -> str:
+def printed_endpoint(out: str) -> str:
+    """The endpoint `up` prints: where the engine listens (the head's control address by default)."""
     m = re.search(r"endpoint: (\S+)", out)
     assert m, out
     return m.group(1)
+
+
+def endpoint(out: str) -> str:
+    """The printed endpoint as the tests reach it (the controller has no route to the control network)."""
+    return reached(printed_endpoint(out))
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +61,9 @@ def server_pid_and_start(testbed) -> tuple[str, str]:
 def test_up_serves_tp2_across_both_hosts(testbed, serving):
     out = serving.stdout
     assert "serving 'testbed-tiny' with tensor parallel 2" in out
-    assert endpoint(out) == "http://198.18.0.2:8000/v1"
+    ctl = SPECS[HEAD].control_ip
+    assert printed_endpoint(out) == f"http://{ctl}:8000/v1"  # the cluster's side only, by default (issue 70)
+    assert f"-L 8000:{ctl}:8000 spark-head" in out and "sparkcluster gateway up" in out  # how to reach it
     # one container per node, the image identical on both
     assert len(ours(testbed, HEAD)) == 1 and len(ours(testbed, WORKER)) == 1
     ref = "sparkcluster/vllm-ray:26.05.post1-py3-ray2.60.0"
@@ -139,6 +158,31 @@ def test_chat_without_key_is_401(serving):
         json={"model": "testbed-tiny", "messages": [{"role": "user", "content": "hi"}]},
     )
     assert r.status_code == 401
+
+
+def test_the_engine_answers_nothing_from_the_lan_without_the_key(testbed, serving):
+    """From a LAN address (the controller, 198.18.0.1, on the head's LAN), neither the key's routes nor
+    those vLLM's key leaves open (its security guide: only /v1, /v2, /inference and /cohere are
+    checked; /invocations runs the same chat, /pause stops the engine) answer: the engine listens only
+    on the head's control address (issue 70). On that side, the key is there: no chat without it."""
+    chat = {"model": "testbed-tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+    for host in (HEAD, WORKER):  # every engine: the head's API server; the worker runs ranks only
+        held = listeners(testbed, host, 8000)
+        assert "0.0.0.0:8000" not in held and "*:8000" not in held and "[::]:8000" not in held, (host, held)
+    assert f"{SPECS[HEAD].control_ip}:8000" in listeners(testbed, HEAD, 8000)
+    for path, body in (("/v1/chat/completions", chat), ("/invocations", chat), ("/pause", None), ("/health", None)):
+        with pytest.raises(httpx.ConnectError):  # refused: nothing listens on the LAN's address
+            httpx.post(LAN_BASE + path, json=body, timeout=5)
+    # the cluster's side (the worker, on the control network): the key's routes want it
+    code = testbed.sh(
+        WORKER,
+        f"curl -s -o /dev/null -w '%{{http_code}}' -m 10 -H 'Content-Type: application/json' "
+        f"-d '{json.dumps(chat)}' http://{SPECS[HEAD].control_ip}:8000/v1/chat/completions",
+        check=False,
+    ).stdout
+    assert code == "401", code
+    # the engine still serves (nothing above paused it)
+    assert httpx.get(endpoint(serving.stdout).removesuffix("/v1") + "/health", timeout=10).status_code == 200
 
 
 def test_up_again_changes_nothing(testbed, sc, serving):

@@ -75,6 +75,10 @@ class Engine:
     wakes: list[str] = field(default_factory=list)
     yields: list[str] = field(default_factory=list)  # every POST /yield's token (issue 60)
     starts: int = 0
+    # the profile's start bound as its supervisor's policy carries it (node/contract.Policy's default):
+    # how long the gateway holds a request that woke it
+    ready_timeout_s: float = 1800.0
+    admits: bool = True  # False: a wake on REFUSED is refused again (the memory still held), as the supervisor's
 
     def app(self) -> Starlette:
         async def forwarded(request: Request):
@@ -97,7 +101,7 @@ class Engine:
                 "state": self.state,
                 "updated": time.time(),
                 "causes": self.causes,
-                "policy": {"interval_s": 2.0},
+                "policy": {"interval_s": 2.0, "ready_timeout_s": self.ready_timeout_s},
                 "memory_unknown": {},
                 **({"refusal": self.refusal} if self.refusal else {}),
             }
@@ -109,6 +113,9 @@ class Engine:
             if self.wake_token is None or scheme.lower() != "bearer" or token != self.wake_token:
                 return JSONResponse({"error": "missing or wrong wake token"}, status_code=401)
             if self.state in contract.WAKEABLE:  # the supervisor's rule: a wake on standby starts it
+                if not self.admits:
+                    self.state = contract.REFUSED
+                    return JSONResponse({"state": self.state}, status_code=202)
                 self.state, self.starts = contract.STARTING, self.starts + 1
             return JSONResponse({"state": self.state}, status_code=202)
 

@@ -712,6 +712,49 @@ def test_mem_headroom_fails_before_start_when_profile_needs_more():
     assert got[("mem.headroom", H)].status == "ok"
 
 
+PS_RSS = (  # `ps -eo pid=,rss=,comm=,cgroup= --sort=-rss` on a node: procps' RSS in KiB, cgroup v2 under systemd
+    "  4242 31457280 ollama          0::/system.slice/ollama.service\n"
+    "  5150 12582912 python3         0::/system.slice/docker-" + "c" * 64 + ".scope\n"
+    "   911   204800 dockerd         0::/system.slice/docker.service\n"
+)
+
+
+def test_ps_rss_reads_each_process_and_its_container():
+    got = parsers.ps_rss(PS_RSS)
+    assert [(p.pid, p.rss, p.command) for p in got] == [
+        (4242, 30 * GiB, "ollama"),
+        (5150, 12 * GiB, "python3"),
+        (911, 200 * 1024 * 1024, "dockerd"),
+    ]
+    assert got[0].container is None and got[1].container == "c" * 64
+    assert parsers.ps_rss("5150 100 python3 12:memory:/docker/" + "d" * 64)[0].container == "d" * 64
+
+
+def test_mem_headroom_beside_another_deployment_judges_memavailable_and_names_every_holder():
+    """`up --beside`: the head runs another deployment (another slot's container), which used to
+    count as "already serving" and skip the gate. Now the new one's share must fit MemAvailable, and
+    the refusal names who holds the memory: the other deployment at its claim, a process not ours."""
+    s = healthy()
+    other = copy.deepcopy(s.inspect[H][0])
+    other["Id"] = "c" * 64
+    other["Name"] = "/sparkcluster-pair-d1-head"
+    other["Config"]["Labels"].update(
+        {"org.sparkcluster.slot": "1", "org.sparkcluster.profile": "qwen", "org.sparkcluster.memory-fraction": "0.2"}
+    )
+    s.inspect[H] = [other]
+    s.facts[H].beside = parsers.docker_inspect_json(json.dumps([other]))
+    s.facts[H].mem = parsers.meminfo(
+        "MemTotal:       125276348 kB\nMemFree:        40000000 kB\nMemAvailable:   60000000 kB\n"
+    )
+    s.facts[H].processes = parsers.ps_rss(PS_RSS)
+    got = {(r.id, r.node): r for r in checks.run_checks(s.ctx(), only={"mem.headroom"})}
+    r = got[("mem.headroom", H)]
+    assert r.status == "fail" and "profile needs" in r.detail, r
+    assert "ollama (pid 4242) 30.0 GiB" in r.detail and "'qwen' (sparkcluster) 23.9 GiB" in r.detail, r.detail
+    assert r.detail.index("ollama") < r.detail.index("'qwen'")  # largest first
+    assert "dockerd" not in r.detail  # under half a GiB
+
+
 def test_container_flags_against_profile_expectation():
     s = healthy()
     s.expect["container_flags"] = {"CapAdd": ["IPC_LOCK"], "NetworkMode": "host", "IpcMode": "host"}

@@ -28,7 +28,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("checks", "steps"),  # the checks over the facts; the step engine (Stage, the walk, progress, Run)
     ("deployment",),  # the deployment's domain: server, endpoint, supervision, teardown, the records
     ("fabric",),  # the NCCL fabric measured and judged, the engine's own NCCL read (doctor, up, bench, status)
-    ("up", "upgrade", "gateway", "monitor", "bench", "status"),  # the commands: peers
+    ("up", "upgrade", "gateway", "monitor", "bench", "status", "importer"),  # the commands: peers
     ("cli",),  # the command line, which composes them
     ("__main__",),  # `python -m sparkcluster`
 )

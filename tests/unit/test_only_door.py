@@ -2,7 +2,7 @@
 every engine listens only on its head's control address (vLLM's --host, no root needed); the
 supervisor asks it there, bench's levels target it there from inside the head, and the controller's
 own questions (up's readiness, status, bench's checks) reach it through the head's SSH connection, a
-local port forwarded as `ssh -L` does. The default leaves everything as it was."""
+local port forwarded as `ssh -L` does. It is the default (issue 70); "all" is the owner's opt-out."""
 
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ def test_engines_listen_only_on_the_heads_control_address(prof):
     assert f"--host {ip}" in plan.render()
 
 
-def test_by_default_the_profiles_bind_and_loopback_as_before(prof):
-    inv = _inv()
+def test_the_owners_opt_out_binds_as_the_profile_says(prof):
+    inv = _inv("all")
     plan = make_plan(inv, prof, _facts(), serving=False, replace=False)
     assert _host_flag(plan.serve.argv) == prof.serve.host == "0.0.0.0" and plan.serve.host == "127.0.0.1"
     assert target_for(prof, 8000).base_url == target_for(prof, 8000, bind=engine_host(inv, prof)).base_url
@@ -237,9 +237,9 @@ def test_the_tunnel_names_a_prohibited_forward(monkeypatch):
         host_with(2).tunnel("198.19.2.1", 8000)
 
 
-def test_by_default_the_controller_asks_the_heads_address(engine):
+def test_with_the_owners_opt_out_the_controller_asks_the_heads_address(engine):
     head = FakeHead(engine)
-    with endpoint.reached(head, _inv(), 8000) as base:
+    with endpoint.reached(head, _inv("all"), 8000) as base:
         assert base == "http://198.51.100.7:8000"
     assert head.tunnels == []
 

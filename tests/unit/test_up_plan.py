@@ -87,7 +87,7 @@ def running_facts(inv, prof, **kw) -> dict[str, HostFacts]:
 def test_bare_cluster_builds_sends_creates_and_serves(prof, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_from_the_environment_123")
     inv = make_inventory()
-    plan = make_plan(inv, prof, facts(), serving=False, replace=False)
+    plan = make_plan(inv, prof, facts(), serving=False, replace=False, secret_names=["HF_TOKEN", "VLLM_API_KEY"])
     assert not plan.unchanged
     assert plan.image == image_ref(inv, prof) == f"sparkcluster/vllm-ray:26.05.post1-py3-ray{RAY_VERSION}"
     assert plan.build == {"BASE_IMAGE": "nvcr.io/nvidia/vllm:26.05.post1-py3", "RAY_VERSION": RAY_VERSION}
