@@ -685,6 +685,26 @@ class Supervisor(Lifecycle):
         if hold.get("auto") and hold["healthy_polls"] >= hold.get("polls", policy.fabric_resume_polls):
             self.end_fabric_hold(f"{hold['healthy_polls']} healthy looks")
 
+    def watch_nodes(self, look, policy: Policy) -> None:
+        """What a look reads of the nodes beside the engine: their CX7 AER counters, GPU power, fabric
+        and kernel events (issue 59, issue 75)."""
+        self.watch_aer(time.monotonic())
+        self.watch_power(look)
+        self.watch_fabric(policy, look.now)
+        self.watch_peer_kernels()
+
+    def fabric_stopped(self, policy: Policy) -> bool:
+        """True while a hold under the profile's fabric_stop keeps the engine stopped: every node's
+        fabric is read again (the peers' reports), and the hold ends as a running engine's does."""
+        if self.fabric_hold is None or not self.fabric_hold.get("stopped"):
+            return False
+        self.read_reports()
+        self.watch_fabric(policy, time.time())
+        if self.fabric_hold is None:
+            return False
+        self.save()
+        return True
+
     def end_fabric_hold(self, by: str) -> None:
         hold, self.fabric_hold = self.fabric_hold or {}, None
         held = round(time.time() - float(hold.get("since") or time.time()), 1)
@@ -760,12 +780,8 @@ class Supervisor(Lifecycle):
                     return
                 if not self.admit(policy):
                     return
-            if self.fabric_hold is not None and self.fabric_hold.get("stopped"):  # the profile's fabric stop
-                self.read_reports()
-                self.watch_fabric(policy, time.time())
-                if self.fabric_hold is not None:
-                    self.save()
-                    return
+            if self.fabric_stopped(policy):  # the profile's fabric stop: no start until the hold ends
+                return
             if time.time() < self.next_start:  # the backoff: still watching, as the state file says
                 self.save()
                 return
@@ -786,10 +802,7 @@ class Supervisor(Lifecycle):
             return
         self.woken.clear()  # a wake while it starts or serves: nothing to do
         look = self.look(desired, policy)
-        self.watch_aer(time.monotonic())
-        self.watch_power(look)
-        self.watch_fabric(policy, look.now)
-        self.watch_peer_kernels()
+        self.watch_nodes(look, policy)
         if self.proc is None:  # the profile's fabric stop stopped the engine at this look
             return
         self.last_look = look.now
