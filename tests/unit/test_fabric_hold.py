@@ -9,11 +9,18 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
-from sparkcluster.cli import fabric_cmd
+import pytest
+from conftest import make_inventory
+
+from sparkcluster.cli import main as cli_main
+from sparkcluster.deployment import fabric_resume
+from sparkcluster.errors import InputError
 from sparkcluster.node import contract, supervisor
 from sparkcluster.node.fabric_watch import AER_STORM, FabricWatch, judge, rate_gbps
 from sparkcluster.status import status as status_mod
+from sparkcluster.steps import walk
 from tests.unit.test_supervisor_probe import _journal, _probes, rig  # noqa: F401 - the fixture
 
 GID = "0000:0000:0000:0000:0000:ffff:c0a8:6414"  # a RoCE v2 IPv4-mapped GID (testbed/cabling.mapped_gid's shape)
@@ -129,30 +136,74 @@ def test_status_and_the_gateway_read_the_same_hold():
     assert status_mod.energy_shown({"state": "serving"}) == ""
 
 
+class MarkApi:
+    """The head's Docker engine as run_in asks it: each exec recorded, every one exits 0."""
+
+    host = "spark-a"
+
+    def __init__(self):
+        self.calls = []
+
+    def exec_create(self, container, argv, environment=None):
+        self.calls.append((container, argv))
+        return {"Id": "1"}
+
+    def exec_start(self, i):
+        return b""
+
+    def exec_inspect(self, i):
+        return {"ExitCode": 0}
+
+
 def test_fabric_resume_plans_one_mark_per_deployment_headed_there():
-    steps = fabric_cmd.resume_steps("spark-a", [("sc-pair-head-spark-a", "qwen3-30b"), ("sc-pair-b-head", "")])
+    api = MarkApi()
+    steps = fabric_resume.resume_steps(api, "spark-a", [("sc-pair-head-spark-a", "qwen3-30b"), ("sc-pair-b-head", "")])
     assert [s.id for s in steps] == [
         "fabric resume/spark-a/mark-qwen3-30b",
         "fabric resume/spark-a/mark-sc-pair-b-head",
     ]
     assert steps[0].detail == (f"docker exec sc-pair-head-spark-a sh -c 'date +%s > {contract.FABRIC_RESUME_PATH}'")
-    calls = []
+    done = walk.walk(walk.CommandRun(stage=fabric_resume.STAGE), steps)
+    assert len(done) == 2 and api.calls[0] == ("sc-pair-head-spark-a", fabric_resume.MARK_ARGV)
 
-    class Api:
-        host = "spark-a"
 
-        def exec_create(self, container, argv, environment=None):
-            calls.append((container, argv))
-            return {"Id": "1"}
+def test_fabric_resume_walks_exactly_what_its_dry_run_printed(monkeypatch, capsys):
+    """The command composes the plan (deployment/fabric_resume) and prints or walks its steps: the ids
+    its `--dry-run --json` printed are the ones walked, and `--json` names what was marked."""
+    inv = make_inventory()
+    api = MarkApi()
+    host = SimpleNamespace(name=inv.head.name, docker=lambda: SimpleNamespace(api=api), close=lambda: None)
+    monkeypatch.setattr(cli_main.Invocation, "inventory", lambda self: inv)
+    monkeypatch.setattr(
+        fabric_resume.ConnectedHosts, "connect", classmethod(lambda cls, i, nodes=None: cls(i, {inv.head.name: host}))
+    )
+    monkeypatch.setattr(fabric_resume, "journals", lambda *a: [("sc-head", "qwen3-30b"), ("sc-b-head", "other")])
+    walked = []
+    monkeypatch.setattr(walk, "event", lambda step, outcome, seconds=None: walked.append(step.id))
 
-        def exec_start(self, i):
-            return b""
+    def sparkcluster(*argv):
+        capsys.readouterr()
+        rc = cli_main.main(list(argv))
+        return rc, capsys.readouterr().out
 
-        def exec_inspect(self, i):
-            return {"ExitCode": 0}
+    rc, out = sparkcluster("fabric", "resume", "--dry-run", "--json")
+    assert rc == 0 and api.calls == [] and walked == []
+    printed = [s["id"] for s in json.loads(out)]
+    rc, out = sparkcluster("fabric", "resume", "--json")
+    assert rc == 0 and walked == printed and len(api.calls) == 2
+    assert json.loads(out) == {"ok": True, "marked": ["qwen3-30b", "other"]}
 
-    done = fabric_cmd.walk(fabric_cmd.ResumeRun(Api()), steps)
-    assert len(done) == 2 and calls[0] == ("sc-pair-head-spark-a", fabric_cmd.MARK_ARGV)
+
+def test_fabric_resume_with_no_deployment_headed_there_says_what_to_run(monkeypatch):
+    inv = make_inventory()
+    host = SimpleNamespace(name=inv.head.name, docker=lambda: SimpleNamespace(api=MarkApi()), close=lambda: None)
+    monkeypatch.setattr(
+        fabric_resume.ConnectedHosts, "connect", classmethod(lambda cls, i, nodes=None: cls(i, {inv.head.name: host}))
+    )
+    monkeypatch.setattr(fabric_resume, "journals", lambda *a: [])
+    with pytest.raises(InputError, match=f"no deployment of profile 'x' is headed on {inv.head.name}") as e:
+        fabric_resume.resume(inv, None, "x")
+    assert e.value.fix == "sparkcluster status"
 
 
 def test_a_profile_that_chooses_stop_stops_the_engine_and_starts_it_when_the_hold_ends(rig, monkeypatch):  # noqa: F811
