@@ -1568,7 +1568,7 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                 "rm -f /var/lib/docker/.testbed-fill",
                 f"echo {DRIVER} > /run/nvidia-standin/driver_version",
                 "rm -f /run/nvidia-standin/gpu_slow_cpus",
-                # issue 75's stand-ins: the GPU's power and temperature as nvidia-smi's defaults, every
+                # issue 75's stand-ins: the GPU's power following the work and its temperature 41 C, every
                 # HCA at its full rate, and the kernel-log stand-in present (a testbed made before it)
                 "rm -f /run/nvidia-standin/power_draw_w /run/nvidia-standin/temperature_c",
                 "for d in /sys/class/infiniband/*; do echo '200 Gb/sec (2X NDR)' > $d/ports/1/rate; done",
@@ -1638,8 +1638,10 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                 self.kernel_line(host, line)
 
     def set_gpu_power(self, host: str, watts: float | None, temperature_c: float | None = None) -> None:
-        """What the nvidia-smi stand-in reads as power.draw (and temperature.gpu) on that host, from its
-        next call on; None: its defaults (4.56 W, 41 C)."""
+        """Pin what the nvidia-smi stand-in reads as power.draw (and temperature.gpu) on that host, from
+        its next call on. None: power.draw follows the work again (the CPU time the processes it sees
+        used since its previous reading, between 4.56 W at rest and 33.5 W at work: standin_bin/
+        nvidia-smi), and temperature.gpu is 41 C."""
         cmds = []
         for name, value in (("power_draw_w", watts), ("temperature_c", temperature_c)):
             f = f"/run/nvidia-standin/{name}"

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparkcluster.node import energy, kernel_log, metrics
 from sparkcluster.node.energy import LOW_POWER_SAMPLES, Energy, joules_per_1k, power_report
-from tests.unit.test_supervisor_probe import _journal, _probes, rig  # noqa: F401 - the fixture
+from tests.unit.test_supervisor_probe import POLICY, _journal, _probes, rig  # noqa: F401 - the fixture
 
 KERNEL = Path(__file__).resolve().parents[1] / "captured" / "kernel"
 
@@ -151,3 +152,31 @@ def test_a_peers_kernel_events_are_journalled_on_the_head_once_each(rig, monkeyp
     (ev,) = [e for e in _journal(rig.tmp) if e["event"] == "kernel event"]
     assert ev["node"] == "spark-worker" and ev["code"] == "79" and ev["at"] == 101.0
     assert ev["meaning"] == "the GPU has fallen off the bus"
+
+
+@pytest.mark.parametrize("watts", [4.5, 33.5])
+def test_busy_but_low_power_never_moves_a_verdict(rig, monkeypatch, watts):  # noqa: F811
+    """The same engine at a GPU's rest power and at its working power: tokens move for four stall
+    windows and nothing is stopped either way; once they freeze, the wedge verdict comes when the
+    progress counters alone call it (stall_s after the last token), and low power only adds its
+    evidence to the cause. The signal is never a verdict, and never hastens one."""
+    _probes(monkeypatch)
+    sup, clock, engine = rig.sup, rig.clock, rig.engine
+    sup.nvml = Gpus(watts)
+    engine.running = 2.0
+    stall_s = POLICY.stall_s
+    start = clock.now
+    while clock.now < start + 4 * stall_s:
+        engine.generated += 40
+        sup.tick()
+        clock.now += 2.0
+    assert rig.stopped == [] and sup.energy.low == (watts < energy.LOW_POWER_W)
+    frozen = clock.now - 2.0  # the last look that saw a token
+    while not rig.stopped and clock.now < frozen + 10 * stall_s:
+        sup.tick()
+        clock.now += 2.0
+    (verdict,) = [e for e in _journal(rig.tmp) if e["event"] == "verdict"]
+    assert verdict["kind"] == "wedged"
+    stopped_at = clock.now - 2.0  # the look that judged
+    assert stall_s <= stopped_at - frozen <= stall_s + 2 * 2.0  # the stall bound, within a look
+    assert ("busy but low power" in verdict["cause"]) == (watts < energy.LOW_POWER_W)
