@@ -65,6 +65,8 @@ SERVING_TAIL = (
     "tests.integration.test_bench",
     "tests.integration.test_bench_against",
     "tests.integration.test_monitor",
+    # issue 75's node health on what test_monitor leaves serving (its `up` a no-op), the gateway its own
+    "tests.integration.test_node_health",
     # issue 55: the guides' lines on what serves (test_monitor leaves it serving), then their `down`
     # lines, then `doctor --fabric` (which is refused while a server runs); test_supervisor's first
     # `up` starts the cluster again (it wants one with no restart counted: its own up either way);

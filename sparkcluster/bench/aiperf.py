@@ -137,4 +137,6 @@ def row_from_result(doc: dict, level: Level) -> dict:
         "e2el_p50_ms": _stat(doc, "request_latency", "p50"),
         "e2el_p99_ms": _stat(doc, "request_latency", "p99"),
         "prefill_tok_s": _stat(doc, "prefill_throughput_per_user"),
+        "power_w": None,  # the level's energy: the sweep's (bench/power)
+        "j_per_1k_out": None,
     }

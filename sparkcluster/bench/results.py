@@ -70,6 +70,10 @@ COLUMNS: list[str] = [
     "errors",
     "duration_s",
     *[c for c, _ in _METRICS],
+    # the deployment's mean GPU power while the level ran and its energy per 1,000 output tokens
+    # (bench/power; empty where no node reads its power)
+    "power_w",
+    "j_per_1k_out",
 ]
 METRIC_COLUMNS = [c for c, _ in _METRICS]
 # throughputs: more is better; latencies: less is better
@@ -110,6 +114,7 @@ def row_from_result(doc: dict, level: Level | None = None) -> dict:
         row[col] = v
     if row["completed"] == 0:  # vLLM writes 0.0 for every figure then: no measurement, not a fast one
         row.update({col: None for col in METRIC_COLUMNS})
+    row.update(power_w=None, j_per_1k_out=None)  # the level's energy: the sweep's (bench/power)
     return row
 
 

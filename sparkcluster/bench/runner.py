@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from sparkcluster import log, redact
-from sparkcluster.bench import aiperf, benchy
+from sparkcluster.bench import aiperf, benchy, power
 from sparkcluster.bench.prompts import (
     PromptSet,
     choose,
@@ -48,6 +48,7 @@ from sparkcluster.fabric import engine_nccl
 from sparkcluster.facts.parsers import ContainerInspect, container_inspect
 from sparkcluster.labels import CLUSTER_LABEL, container_name
 from sparkcluster.movement import hfcache
+from sparkcluster.node.contract import STATE_PATH
 
 _log = log.get("sparkcluster.bench")  # the logger name of the single module this was
 
@@ -72,6 +73,8 @@ class LevelResult:
     doc: dict  # the parsed --save-result JSON
     raw: bytes  # the same file as vLLM wrote it
     output: str  # what the benchmark printed (secrets masked)
+    # the deployment's GPU power (W) as its supervisor published it while the level ran (issue 75)
+    power_w: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -118,6 +121,7 @@ def run_sweep(
             (run_dir / f"{level.name}.json").write_bytes(res.raw)
             (run_dir / f"{level.name}.log").write_text(res.output)
             row = row_for(harness, res.doc, level)
+            row.update(power.level_energy(res.power_w, row.get("output_tok_s")))
             sweep.rows.append(row)
             if on_progress is not None:  # a level too quick for a poll still shows as done
                 on_progress(level, level.num_prompts, level.num_prompts)
@@ -172,6 +176,7 @@ class Head:
         self.container = container
         self.api = host.docker().api
         self.poll_s = poll_s
+        self.power_samples: list[float] = []  # the deployment's GPU power while the last level ran
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -280,6 +285,7 @@ class Head:
             _log.info("bench level", command=describe(level, target, folder, self.container, secrets, prompts))
         argv = exec_argv(folder, inner)
         ex = self.api.exec_create(self.container, argv, environment=exec_env(secrets), stdout=False, stderr=False)
+        self.power_samples = []  # what _wait reads of the supervisor's power while the level runs
         try:
             self.api.exec_start(ex["Id"], detach=True)
             code = self._wait(ex["Id"], level, folder, on_progress)
@@ -315,11 +321,27 @@ class Head:
                 f"vllm bench serve wrote no readable result at concurrency {level.concurrency}: {e}",
                 "run it again with -vv and read the debug log",
             ) from None
-        return LevelResult(doc, raw, output)
+        return LevelResult(doc, raw, output, list(self.power_samples))
+
+    def power_w(self) -> float | None:
+        """The deployment's GPU power now, as the head's supervisor last computed it from every node's
+        (its state file's `power_w`, node/energy); None where it has none (no NVML, nvidia-smi)."""
+        try:
+            doc = json.loads(self._read(STATE_PATH))
+        except (ValueError, SparkError):
+            return None
+        power = doc.get("power_w") if isinstance(doc, dict) else None
+        return float(power) if isinstance(power, (int, float)) and not isinstance(power, bool) else None
 
     def _wait(self, exec_id: str, level: Level, folder: str, on_progress) -> int:
         last = None
+        sampled = float("-inf")
         while True:
+            if time.monotonic() - sampled >= power.SAMPLE_S:  # the level's power, every few seconds
+                sampled = time.monotonic()
+                watts = self.power_w()
+                if watts is not None:
+                    self.power_samples.append(watts)
             info = self.api.exec_inspect(exec_id)
             if on_progress is not None:
                 try:

@@ -33,6 +33,8 @@ _SHOWN = [
     ("TPOT p50", "tpot_p50_ms", "{:.1f}"),
     ("TPOT p99", "tpot_p99_ms", "{:.1f}"),
     ("ITL p99", "itl_p99_ms", "{:.1f}"),
+    ("GPU W", "power_w", "{:.1f}"),  # the deployment's, every node's summed (issue 75)
+    ("J/1k out", "j_per_1k_out", "{:.0f}"),
 ]
 
 

@@ -8,13 +8,13 @@ import json
 import time
 
 import click
-import docker.errors
 
 from sparkcluster import redact
 from sparkcluster.cli.main import cli
 from sparkcluster.deployment import failed_serve, supervision
+from sparkcluster.deployment.supervision import journals
 from sparkcluster.errors import InputError
-from sparkcluster.labels import CLUSTER_LABEL, PROFILE_LABEL, ROLE_LABEL, SERVICE_ROLE, container_name, is_gateway
+from sparkcluster.labels import container_name
 from sparkcluster.monitor import alerting
 from sparkcluster.remote.fanout import ConnectedHosts
 
@@ -85,28 +85,3 @@ def events(obj, follow: bool, last: int, as_json: bool, node: str | None, profil
         pass
     finally:
         host.close()
-
-
-def journals(api, cluster: str, node: str, profile: str | None) -> list[tuple[str, str]]:
-    """(container, profile) of each deployment's head container (a service's own, issue 60) on the node
-    (of `profile` alone when given), found by label; where none carries the labels, the first slot's
-    name as before issue 60."""
-    try:
-        listed = api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={cluster}"})
-    except docker.errors.APIError:
-        listed = []
-    out = []
-    for c in listed:
-        labels = c.get("Labels") or {}
-        if labels.get(ROLE_LABEL) not in ("head", SERVICE_ROLE) or is_gateway(labels):  # a service's own (issue 60)
-            continue
-        if profile is None or labels.get(PROFILE_LABEL) == profile:
-            out.append(((c.get("Names") or ["?"])[0].lstrip("/"), labels.get(PROFILE_LABEL, "?")))
-    if out or profile is not None:
-        return sorted(out)
-    name = container_name(cluster, "head", node)
-    try:
-        api.inspect_container(name)
-    except docker.errors.NotFound:
-        return []
-    return [(name, "")]

@@ -140,6 +140,7 @@ class _LazyGroup(_Group):
         "doctor": "Check every node for what breaks Spark clusters; a fix for each failure.",
         "down": "Stop vllm serve by its PID, then remove sparkcluster's containers.",
         "events": "The supervisor's journal on the head: what it saw and what it did.",
+        "fabric": "The fabric while serving: resume a deployment a fabric hold took out of rotation.",
         "gateway": "One endpoint for every model: up, down, status, events, keys, usage, export --litellm.",
         "init": "Discover the hosts and write a draft inventory to review.",
         "logs": "The containers' logs (Ray) and vllm serve's log, from any node.",

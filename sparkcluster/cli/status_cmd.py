@@ -129,6 +129,9 @@ def render(st: status_mod.ClusterStatus) -> Group:
         )
         if rec.activity and not stale:  # a long prompt being prefilled: progress, not a wedge
             lines.append(f"  {redact.mask(rec.activity)}")
+        energy = status_mod.energy_shown(sup) if not stale else ""
+        if energy:  # every node's GPU power and the energy per 1,000 generated tokens (issue 75)
+            lines.append(f"  {energy}")
         for e in st.journal[-3:]:
             lines.append("  " + redact.mask(supervision.format_entry(e)))
     for d in st.drift:

@@ -49,6 +49,16 @@ class SupervisorSettings(BaseModel):
     # docker#257: unbounded restarts leaked memory until the host needed a physical reset)
     max_restarts: int = Field(default=_DEFAULT.max_restarts, ge=0)
     restart_window_s: float = Field(default=_DEFAULT.restart_window_s, ge=60)
+    # the fabric watched while serving: a data port down, its GID lost, its speed dropped
+    # or an AER storm on any node takes the deployment out of the gateway's rotation (503 with
+    # Retry-After; the engine keeps running); back after fabric_resume_polls healthy looks (with
+    # fabric_auto_resume) or on `sparkcluster fabric resume`. false: journalled and alerted only
+    fabric_hold: bool = _DEFAULT.fabric_hold
+    fabric_resume_polls: int = Field(default=_DEFAULT.fabric_resume_polls, ge=1)
+    fabric_auto_resume: bool = _DEFAULT.fabric_auto_resume
+    # true: the hold stops the engine (its memory freed, as sparkring does) and starts it again when
+    # the hold ends, rather than leaving it running out of rotation
+    fabric_stop: bool = _DEFAULT.fabric_stop
 
 
 class OnDemandSettings(BaseModel):

@@ -66,8 +66,16 @@ HOUSE: dict[str, House] = {
         "RDMA registers pinned memory: without an unlimited memlock a worker's NCCL falls back to TCP sockets "
         f"without a word ({BUILD_LOG}; {FIELD_NOTES})",
     ),
-    "devices": House("/dev/infiniband", f"the RoCE HCAs, for NCCL's RDMA transport (as memlock: {BUILD_LOG})"),
-    "cap-add": House("IPC_LOCK", f"to pin the memory RDMA registers (as memlock: {BUILD_LOG})"),
+    "devices": House(
+        "/dev/infiniband, /dev/kmsg",
+        f"the RoCE HCAs, for NCCL's RDMA transport (as memlock: {BUILD_LOG}); and the kernel's log, read-only, "
+        "where the node agent reads Xid, OOM-kill, mlx5 and AER lines (node/kernel_log; docs/explanation/security.md)",
+    ),
+    "cap-add": House(
+        "IPC_LOCK, SYSLOG",
+        f"IPC_LOCK to pin the memory RDMA registers (as memlock: {BUILD_LOG}); SYSLOG to read /dev/kmsg, "
+        "which kernel.dmesg_restrict=1 (DGX OS, an Ubuntu) keeps from a reader without it",
+    ),
     "entrypoint": House(
         None,
         "an NGC image keeps its own entrypoint, whose start-up sets up CUDA forward compatibility for everything "

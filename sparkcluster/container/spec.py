@@ -71,8 +71,12 @@ AGENT_FILES = agent_files()
 
 # The flags the field learned to put on every node (docs/field-notes.md, "Bring-up"): a worker without the device,
 # capability and ulimit silently fell back to TCP.
-DEVICES = ["/dev/infiniband:/dev/infiniband:rwm"]
-CAP_ADD = ["IPC_LOCK"]
+# The kernel's log device, read-only, and the capability that reads it while kernel.dmesg_restrict is 1
+# (DGX OS): every node's agent reads Xid, OOM-kill, mlx5 and AER lines there (node/kernel_log, issue 75;
+# why this rather than the host's journal: docs/explanation/security.md)
+KMSG_DEVICE = "/dev/kmsg:/dev/kmsg:r"
+DEVICES = ["/dev/infiniband:/dev/infiniband:rwm", KMSG_DEVICE]
+CAP_ADD = ["IPC_LOCK", "SYSLOG"]
 MEMLOCK = {"Name": "memlock", "Soft": -1, "Hard": -1}
 
 
@@ -192,7 +196,9 @@ class ContainerSpec:
             "--gpus",
             "all",
             "--device=/dev/infiniband",
+            f"--device={KMSG_DEVICE}",
             "--cap-add=IPC_LOCK",
+            "--cap-add=SYSLOG",
             "--ulimit",
             "memlock=-1:-1",
             *(["--ulimit", f"stack={self.ulimit_stack}"] if self.ulimit_stack else []),
@@ -318,6 +324,8 @@ def agent_config(inv: Inventory, node: Node, ray: bool = True, executor: str = "
         "state_api": contract.state_api_url(inv.ray_ports().get("dashboard-port", contract.DASHBOARD_PORT)),
         "nodes": [{"name": n.name, "ip": str(n.control_ip), "gpus": n.gpus} for n in inv.nodes],
         "peers": [{"name": n.name, "ip": str(n.control_ip)} for n in inv.nodes if n.name != node.name],
+        # the data-plane HCAs the agent watches while serving and the GID NCCL uses (node/fabric_watch)
+        "fabric": {"hcas": list(node.hcas), "gid_index": node.gid_index},
     }
 
 

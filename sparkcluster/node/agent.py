@@ -40,9 +40,12 @@ import time
 from . import container_status, service_supervisor
 from .compile_reading import CacheOwner, hold, seed
 from .contract import CONFIG_PATH, DESIRED_PATH, SERVICE_ROLE, STARTING, STATE_PATH, WAITING
+from .energy import power_report
+from .fabric_watch import FabricWatch
 from .journal import Journal, read_json
+from .kernel_log import KernelWatch
 from .memreport import node_report, serve_reports
-from .metrics import Exporter
+from .metrics import Exporter, NvidiaSmi, Nvml, gpu_reader
 from .ranks import RankKeeper
 from .shm import ShmJanitor
 from .supervisor import Supervisor
@@ -69,14 +72,46 @@ def wait_or_wake(stopping: threading.Event, seconds: float, woken: threading.Eve
             return
 
 
-def report(cfg: dict, ray: subprocess.Popen, started: float, sup: Supervisor | None, keeper: RankKeeper | None) -> dict:
+def report(
+    cfg: dict,
+    ray: subprocess.Popen,
+    started: float,
+    sup: Supervisor | None,
+    keeper: RankKeeper | None,
+    kernel: KernelWatch | None = None,
+    nvml: Nvml | NvidiaSmi | None = None,
+    fabric: FabricWatch | None = None,
+) -> dict:
     """What this node's report endpoint answers: its memory, Ray and when this agent started; on the
     head also the supervisor's published state (as `status` reads it), from which the gateway takes a
-    deployment out of rotation; with executor "mp" the head's set and each worker's rank."""
+    deployment out of rotation; with executor "mp" the head's set and each worker's rank. Every node's
+    also carries its kernel's events (node/kernel_log) and its GPUs' power (issue 75), which the head's
+    supervisor reads: a verdict names a peer's fresh Xid, the energy per token counts every node's."""
     extra = {"set": sup.set_report()} if sup is not None and sup.mp else {}
     if sup is not None:
         extra["supervisor"] = read_json(STATE_PATH)
+    if kernel is not None:
+        extra["kernel"] = kernel.report()
+    if nvml is not None:
+        extra.update(power_report(nvml.readings()))
+    if fabric is not None:  # this node's ports and AER as its last look judged them (node/fabric_watch)
+        extra["fabric_health"] = fabric.last
     return {**node_report(cfg["node"], ray, started), **extra, **({"rank": keeper.report()} if keeper else {})}
+
+
+def watch_fabric(fabric: FabricWatch, journal: Journal, node: str) -> None:
+    """This node's data-plane ports and AER, judged at each look; journalled when the judgement changes."""
+    before = fabric.last.get("problems") or []
+    now = fabric.look()["problems"]
+    if now != before:
+        journal.write("fabric unhealthy" if now else "fabric healthy again", node=node, problems=now or before)
+
+
+def watch_kernel(kernel: KernelWatch, journal: Journal, node: str) -> None:
+    """The kernel's new events, each journalled (`events` shows them)."""
+    for ev in kernel.look():
+        # the kernel's time of it as `at` (the journal's own `ts` is when it was read)
+        journal.write("kernel event", node=node, **{("at" if k == "ts" else k): v for k, v in ev.items()})
 
 
 def main(config_path: str = CONFIG_PATH) -> int:
@@ -106,6 +141,11 @@ def main(config_path: str = CONFIG_PATH) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     sup = Supervisor(cfg, journal, started) if cfg["role"] == "head" else None
+    kernel, nvml = KernelWatch(), gpu_reader()  # the kernel's log (/dev/kmsg) and NVML, read by every node (issue 75)
+    spec = cfg.get("fabric") or {}
+    fabric = FabricWatch(spec.get("hcas") or [], spec.get("gid_index")) if spec.get("hcas") else None
+    if sup is not None:
+        sup.kernel, sup.nvml, sup.fabric = kernel, nvml, fabric
     # executor "mp" across nodes: a worker runs its own rank(s) for the head's set (node/ranks)
     keeper = RankKeeper(cfg, journal) if sup is None and cfg.get("executor") == "mp" else None
 
@@ -113,8 +153,8 @@ def main(config_path: str = CONFIG_PATH) -> int:
         serve_reports(
             cfg["report_ip"],
             cfg["report_port"],
-            lambda: report(cfg, ray, started, sup, keeper),
-            Exporter(cfg, ray, sup, keeper).text,
+            lambda: report(cfg, ray, started, sup, keeper, kernel, nvml, fabric),
+            Exporter(cfg, ray, sup, keeper, nvml=nvml, kernel=kernel).text,
             wake=sup.wake if sup is not None else None,  # on demand: the head's one input
             yield_=sup.yield_ if sup is not None else None,  # ... and its stop for another (issue 60)
             status=lambda: container_status.read(head=sup is not None),  # what `status` reads here
@@ -128,6 +168,12 @@ def main(config_path: str = CONFIG_PATH) -> int:
         if ray.poll() is not None:
             journal.write("ray exited", code=ray.returncode)
             break
+        try:  # before the supervisor's look: a verdict at this look names what the kernel just said
+            watch_kernel(kernel, journal, cfg["node"])
+            if fabric is not None:
+                watch_fabric(fabric, journal, cfg["node"])
+        except Exception as e:  # as the supervisor's below: the container stays
+            journal.write("kernel or fabric reading error", error=f"{type(e).__name__}: {e}")
         if sup is not None:
             try:
                 sup.tick()

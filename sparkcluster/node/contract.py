@@ -41,6 +41,9 @@ NCCL_LOG_ENV = {
     "NCCL_DEBUG_SUBSYS": "INIT,NET",
     "NCCL_DEBUG_FILE": f"{NCCL_LOG_DIR}/nccl.%h.%p.log",
 }
+# the operator's `sparkcluster fabric resume` (issue 75): a mark the head's supervisor reads at its next
+# look; a fabric hold older than the mark ends (node/fabric_watch)
+FABRIC_RESUME_PATH = "/etc/sparkcluster/fabric-resume"
 JOURNAL_KEEP = 2000  # lines kept when the journal is trimmed
 # Ray's state API (what `ray list nodes` reads), served by the dashboard on the head's loopback: the
 # agent reads it from inside the head container, the controller from the head host (deployment/ray_members).
@@ -162,6 +165,14 @@ class Policy:
     # false: watched and journalled, never restarted or stopped by the supervisor (a profile's
     # `[supervisor] enabled = false`)
     act: bool = True
+    # the fabric watched while serving (issue 75, node/fabric_watch): an unhealthy port, GID, speed or
+    # AER storm on any node holds the deployment out of rotation (its engine left running); it comes
+    # back after fabric_resume_polls healthy looks when fabric_auto_resume, else on `fabric resume`
+    fabric_hold: bool = True
+    fabric_resume_polls: int = 3
+    fabric_auto_resume: bool = True
+    # stop the engine for the hold rather than leave it running (and start it again when the hold ends)
+    fabric_stop: bool = False
 
     @classmethod
     def of(cls, doc: dict | None) -> Policy:
@@ -228,8 +239,8 @@ class Availability:
     """Whether a deployment is in rotation, judged from its supervisor's state file alone: why not
     (`reason`, what a client and `status` are told), when to ask again (`retry_after`, a client's
     Retry-After in seconds), whether a request wakes it (on demand) and whether only `up` brings it
-    back (`final`). `why` names the branch: serving, stopping, stale, memory unknown, restarting,
-    starting, standby, refused, final, none."""
+    back (`final`). `why` names the branch: serving, stopping, stale, fabric hold, memory unknown,
+    restarting, starting, standby, refused, final, none."""
 
     up: bool
     reason: str = ""
@@ -243,6 +254,7 @@ class Availability:
 
 
 REFUSED_REASON = "its last start was refused"  # the reason of a start refused for memory (on demand)
+FABRIC_HOLD = "fabric hold"  # Availability.why while the fabric holds a serving deployment out (issue 75)
 
 
 @dataclass(frozen=True)
@@ -268,6 +280,8 @@ class Supervised:
     activity: str = ""
     epoch: str | None = None
     ranks: dict | None = None
+    # the fabric watched while serving (issue 75): since, why, nodes, healthy_polls, resume; None: none
+    fabric_hold: dict | None = None
     rest: dict | None = None  # the rest of the file, as written (a service's `service`, `ray_nodes`, ...)
 
     @classmethod
@@ -294,6 +308,7 @@ class Supervised:
             activity=doc.get("activity") or "",
             epoch=doc.get("epoch"),
             ranks=doc.get("ranks") if isinstance(doc.get("ranks"), dict) else None,
+            fabric_hold=doc.get("fabric_hold") if isinstance(doc.get("fabric_hold"), dict) else None,
             rest={k: v for k, v in doc.items() if k not in typed},
         )
 
@@ -368,6 +383,9 @@ class Supervised:
             return Availability(False, reason, 10, why="stale")
         # the verdict's kind first (wedged, dead, not-ready, memory): what a client and the journal are told
         after = f" (after {newest.get('kind') or 'a verdict'}: {last})" if last else ""
+        if self.fabric_hold and state in (SERVING, WAITING):  # out of rotation (its engine running, or
+            # stopped where the profile says so): back when the fabric is
+            return Availability(False, fabric_hold_reason(self.fabric_hold), 30, why=FABRIC_HOLD)
         if state == SERVING:
             if self.memory_unknown:
                 reason = "degraded: memory unknown on " + ", ".join(sorted(self.memory_unknown))
@@ -387,6 +405,16 @@ class Supervised:
         if state is not None and state.final:
             return Availability(False, f"{state}{after}; sparkcluster up brings it back", 60, final=True, why="final")
         return Availability(False, f"not serving ({self.state or 'no state'})", 30, why="none")
+
+
+def fabric_hold_reason(hold: dict) -> str:
+    """What a client and `status` are told while the fabric holds a deployment out (pure)."""
+    back = (
+        f"back after {hold.get('polls', 3)} healthy looks or on sparkcluster fabric resume"
+        if hold.get("auto", True)
+        else "back on sparkcluster fabric resume"
+    )
+    return f"held: the fabric is unhealthy ({hold.get('why') or 'see sparkcluster events'}); {back}"
 
 
 NOT_ASKED = Availability(False, "no server asked for (sparkcluster up has not started one)", 30, why="none")

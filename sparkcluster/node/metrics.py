@@ -22,6 +22,9 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import shutil
+import subprocess
+import threading
 import time
 
 from . import aer
@@ -51,6 +54,11 @@ NAMES: dict[str, tuple[str, str]] = {
         "counter",
         "PCIe AER errors since boot on a ConnectX-7 PCI function or the port above it (sysfs aer_dev_*).",
     ),
+    "sparkcluster_kernel_events_total": (
+        "counter",
+        "Kernel log events this agent read, by kind (xid, oom, mlx5, link, aer) and code (node/kernel_log).",
+    ),
+    "sparkcluster_kernel_log_readable": ("gauge", "1 while the agent reads the kernel's log (/dev/kmsg), else 0."),
     "sparkcluster_rank_alive": ("gauge", "Executor mp: 1 while this node's rank of the head's set runs."),
     "sparkcluster_process_cpu_seconds_total": (
         "counter",
@@ -72,6 +80,22 @@ NAMES: dict[str, tuple[str, str]] = {
     ),
     "sparkcluster_engine_stall_bound_seconds": ("gauge", "The profile's stall bound: a stall this long is a wedge."),
     "sparkcluster_engine_tokens_per_second": ("gauge", "Generated tokens per second over the supervisor's last look."),
+    "sparkcluster_deployment_power_watts": (
+        "gauge",
+        "GPU power of every node of the deployment, summed (NVML; absent while any node's is unknown).",
+    ),
+    "sparkcluster_energy_joules_per_1k_tokens": (
+        "gauge",
+        "The deployment's GPU energy per 1,000 generated tokens over the supervisor's last look.",
+    ),
+    "sparkcluster_fabric_hold": (
+        "gauge",
+        "1 while the supervisor holds the deployment out of rotation for its fabric (engine left running).",
+    ),
+    "sparkcluster_engine_busy_low_power": (
+        "gauge",
+        "1 while requests run and every GPU of the deployment draws under the low-power bound (a wedge signal).",
+    ),
     "sparkcluster_memory_floor_bytes": ("gauge", "The profile's memory floor: below it on any node the server stops."),
     "sparkcluster_memory_headroom_bytes": ("gauge", "MemAvailable above the floor, per node the head reads."),
     "sparkcluster_memory_known": (
@@ -153,6 +177,67 @@ class Nvml:
         return out
 
 
+class NvidiaSmi:
+    """The same readings through `nvidia-smi --query-gpu` where libnvidia-ml cannot be loaded in this
+    process but the CLI is on PATH (issue 75): the NVIDIA container toolkit injects both into a
+    container given GPUs, and the CLI answers from the same NVML, so a container whose Python cannot
+    dlopen the library (an image's own library path) still reads its GPUs' power. One run costs tens
+    of milliseconds: it is read at most every CACHE_S, whoever asks (the scrape, the head's look)."""
+
+    CACHE_S = 1.5
+    QUERY = "index,power.draw,clocks.sm,temperature.gpu"
+
+    def __init__(self, argv0: str = "nvidia-smi"):
+        self.argv0 = argv0
+        self._at, self._last = float("-inf"), []
+        self._lock = threading.Lock()
+
+    def readings(self) -> list[dict]:
+        with self._lock:
+            if time.monotonic() - self._at >= self.CACHE_S:
+                self._at, self._last = time.monotonic(), self._read()
+            return list(self._last)
+
+    def _read(self) -> list[dict]:
+        try:
+            p = subprocess.run(
+                [self.argv0, f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return []
+        return smi_readings(p.stdout) if p.returncode == 0 else []
+
+
+def smi_readings(text: str) -> list[dict]:
+    """`nvidia-smi --query-gpu=index,power.draw,clocks.sm,temperature.gpu --format=csv,noheader,nounits`
+    as Nvml.readings() gives them; a field nvidia-smi cannot read ("[N/A]") is left out (pure)."""
+    out = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 4 or not cells[0].isdigit():
+            continue
+        got: dict = {"gpu": cells[0]}
+        for key, cell in zip(("power_w", "sm_clock_mhz", "temperature_c"), cells[1:]):
+            try:
+                got[key] = float(cell)
+            except ValueError:
+                continue
+        out.append(got)
+    return out
+
+
+def gpu_reader():
+    """NVML where it loads, else nvidia-smi where it is on PATH, else NVML's empty reader."""
+    nvml = Nvml()
+    if nvml.lib is None and shutil.which("nvidia-smi"):
+        return NvidiaSmi()
+    return nvml
+
+
 # ---- the samples ------------------------------------------------------------------------------
 
 
@@ -164,6 +249,7 @@ def node_samples(
     fabric: dict | None,
     disks: dict,
     aer_counters: dict | None = None,
+    kernel: dict | None = None,
 ) -> list[tuple[str, dict, float]]:
     """What every node's agent exports about its node (pure: the readings are passed in)."""
     mem = meminfo(meminfo_text)
@@ -197,6 +283,10 @@ def node_samples(
         for severity in ("correctable", "fatal", "nonfatal"):
             if dev.get(severity) is not None:
                 s.append(("sparkcluster_cx7_aer_errors_total", {**labels, "kind": severity}, dev[severity]))
+    if kernel is not None:  # node/kernel_log.KernelWatch.report()
+        s.append(("sparkcluster_kernel_log_readable", {}, 0 if kernel.get("error") else 1))
+        for c in kernel.get("counts") or []:
+            s.append(("sparkcluster_kernel_events_total", {"kind": c["kind"], "code": c["code"]}, c["count"]))
     return s
 
 
@@ -239,6 +329,14 @@ def supervisor_samples(sup, now: float) -> list[tuple[str, dict, float]]:
         s.append(("sparkcluster_engine_stalled_seconds", {}, max(0.0, (sup.last_look or now) - w.progressed_at)))
     if sup.proc is not None and sup.rate is not None:
         s.append(("sparkcluster_engine_tokens_per_second", {}, sup.rate))
+    s.append(("sparkcluster_fabric_hold", {}, 1 if getattr(sup, "fabric_hold", None) else 0))
+    energy = getattr(sup, "energy", None)  # node/energy.Energy: this start's power and energy per token
+    if sup.proc is not None and energy is not None:
+        s += [
+            ("sparkcluster_deployment_power_watts", {}, energy.power_w),
+            ("sparkcluster_energy_joules_per_1k_tokens", {}, energy.joules_per_1k),
+            ("sparkcluster_engine_busy_low_power", {}, 1 if energy.low else 0),
+        ]
     for peer, avail in sorted(sup.memory_seen.items()):
         known = avail is not None
         s.append(("sparkcluster_memory_known", {"peer": peer}, 1 if known else 0))
@@ -296,9 +394,10 @@ def disks(paths) -> dict[str, tuple[int, int]]:
 class Exporter:
     """What the agent's `/metrics` answers: every figure read at the scrape."""
 
-    def __init__(self, cfg: dict, ray, sup=None, keeper=None, nvml: Nvml | None = None):
+    def __init__(self, cfg: dict, ray, sup=None, keeper=None, nvml: Nvml | None = None, kernel=None):
         self.cfg, self.ray, self.sup, self.keeper = cfg, ray, sup, keeper
         self.nvml = nvml if nvml is not None else Nvml()
+        self.kernel = kernel  # node/kernel_log.KernelWatch (issue 75), None where none reads it
         # the HF cache (weights, the disk that fills) and the container's own root (logs, journal)
         self.paths = [p for p in (os.environ.get("HF_HOME"), "/") if p]
 
@@ -314,6 +413,7 @@ class Exporter:
             read_json(FABRIC_PATH),
             disks(self.paths),
             aer.read(),
+            self.kernel.report() if self.kernel is not None else None,
         )
         s += processes(skip=os.getpid())
         if self.keeper is not None:

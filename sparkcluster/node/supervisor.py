@@ -34,10 +34,11 @@ import time
 import urllib.request
 from secrets import token_hex
 
-from . import aer, canary, engine_failure, engine_log
+from . import aer, canary, engine_failure, engine_log, kernel_log
 from .compile_reading import StartReading, log_lines, log_size
 from .contract import (
     DESIRED_PATH,
+    FABRIC_RESUME_PATH,
     FAILED,
     FINAL,
     IDLE,
@@ -61,6 +62,7 @@ from .contract import (
     Policy,
     Supervised,
 )
+from .energy import Energy, power_report
 from .journal import Journal, read_json, write_json
 from .lifecycle import Lifecycle, spawn
 from .memreport import peer_memory
@@ -184,6 +186,14 @@ class Supervisor(Lifecycle):
         # every node's CX7 AER counters as last read (issue 59): sysfs path -> counters; a rise is journalled
         self.aer_seen: dict[str, dict[str, dict]] = {}
         self.aer_read_at = float("-inf")
+        # issue 75: this node's kernel log reader and NVML (the agent's, set after construction; None
+        # where none), and this start's power and energy per token (node/energy)
+        self.kernel: kernel_log.KernelWatch | None = None
+        self.nvml = None
+        self.energy = Energy()
+        self.fabric = None  # this node's node/fabric_watch.FabricWatch (the agent's); None: no data plane
+        self.fabric_hold: dict | None = None  # out of rotation while the fabric is unhealthy (issue 75)
+        self.kernel_seen: dict[str, float] = {}  # peer -> the newest of its kernel events journalled here
 
     # -- state
     def clock(self) -> float:
@@ -205,6 +215,10 @@ class Supervisor(Lifecycle):
             ),
             "activity": self.watch.activity if self.watch else "",
             **({"refusal": self.refusal} if self.refusal else {}),
+            **(
+                {"power_w": self.energy.power_w, "joules_per_1k_tokens": self.energy.joules_per_1k} if self.proc else {}
+            ),
+            **({"fabric_hold": self.fabric_hold} if self.fabric_hold else {}),
         }
 
     def set_report(self) -> dict:
@@ -318,6 +332,7 @@ class Supervisor(Lifecycle):
         ray = {"ray_nodes": self.ray_node_ids()} if self.ray_nodes else {}  # what its ranks run on
         write_json(self.record_path, {**record, "pid": self.proc.pid, "exec_id": "", "started_at": time.time(), **ray})
         self.watch = Watch(started=time.time())
+        self.energy = Energy()
         self.ray_read_at, self.ray_others = float("-inf"), set()
         self.journal.write(
             f"{self.child_name} started",
@@ -604,6 +619,132 @@ class Supervisor(Lifecycle):
                 self.count("aer:" + rise["severity"])
             self.aer_seen[node] = now_seen
 
+    def watch_power(self, look) -> None:
+        """Every node's GPU power (this node's NVML, each peer's report) into this start's energy per
+        token and the "busy but low power" signal, journalled when it begins (node/energy)."""
+        own = power_report(self.nvml.readings()).get("gpu_power_w") if self.nvml is not None else None
+        if self.nvml is None or own is None:
+            return  # no NVML here (the agent's stand-in without one): no power, no figure
+        powers = {self.cfg["node"]: own}
+        for peer in self.cfg.get("peers", []):
+            powers[peer["name"]] = (self.reports.get(peer["name"]) or {}).get("gpu_power_w")
+        running = look.progress.get("vllm:num_requests_running", look.running or 0.0)
+        if self.energy.update(look.now, powers, look.generated, busy=bool(running)):
+            self.journal.write("busy but low power", evidence=self.energy.signal(), power_w=powers)
+
+    def fabric_problems(self) -> dict[str, list[str]]:
+        """node -> what its fabric watch found unhealthy at its last look (this node's, each peer's report)."""
+        healths = {self.cfg["node"]: self.fabric.last if self.fabric is not None else None}
+        for peer in self.cfg.get("peers", []):
+            healths[peer["name"]] = (self.reports.get(peer["name"]) or {}).get("fabric_health")
+        return {
+            n: list(h.get("problems") or []) for n, h in healths.items() if isinstance(h, dict) and h.get("problems")
+        }
+
+    def watch_fabric(self, policy: Policy, now: float) -> None:
+        """The fabric hold (issue 75): begun at the first look that finds any node's fabric unhealthy,
+        ended by `sparkcluster fabric resume` (a mark newer than the hold) or, with auto resume, after
+        fabric_resume_polls looks in a row with every node healthy. The engine keeps running (with the
+        profile's fabric_stop it is stopped, and started again once the hold ends); the state file
+        carries the hold, and with it the gateway's and status' judgement (contract.availability)."""
+        problems = self.fabric_problems()
+        why = "; ".join(f"{n}: {', '.join(p)}" for n, p in sorted(problems.items()))
+        hold = self.fabric_hold
+        if hold is None:
+            if problems and policy.fabric_hold:
+                self.fabric_hold = {
+                    "since": now,
+                    "why": why,
+                    "nodes": sorted(problems),
+                    "healthy_polls": 0,
+                    "polls": policy.fabric_resume_polls,
+                    "auto": policy.fabric_auto_resume,
+                }
+                self.count("fabric:hold")
+                stop = policy.fabric_stop and self.proc is not None
+                self.journal.write(
+                    "fabric hold", why=why, nodes=sorted(problems), engine="stopped" if stop else "left running"
+                )
+                if stop:  # the profile's choice: the engine stops, and starts again when the hold ends
+                    self.fabric_hold["stopped"] = True
+                    self.stop(f"the fabric is unhealthy: {why}")
+                    self.set_state(WAITING, missing=f"the fabric hold: {why}")
+            elif problems and self.state == SERVING:
+                self.journal.write("fabric unhealthy (hold off in the profile)", why=why)
+            return
+        try:
+            resumed = os.stat(FABRIC_RESUME_PATH).st_mtime >= hold["since"]
+        except OSError:
+            resumed = False
+        if resumed:
+            return self.end_fabric_hold("sparkcluster fabric resume")
+        if problems:
+            hold.update(why=why, nodes=sorted(set(hold["nodes"]) | set(problems)), healthy_polls=0)
+            return
+        hold["healthy_polls"] += 1
+        if hold.get("auto") and hold["healthy_polls"] >= hold.get("polls", policy.fabric_resume_polls):
+            self.end_fabric_hold(f"{hold['healthy_polls']} healthy looks")
+
+    def watch_nodes(self, look, policy: Policy) -> None:
+        """What a look reads of the nodes beside the engine: their CX7 AER counters, GPU power, fabric
+        and kernel events (issue 59, issue 75)."""
+        self.watch_aer(time.monotonic())
+        self.watch_power(look)
+        self.watch_fabric(policy, look.now)
+        self.watch_peer_kernels()
+
+    def fabric_stopped(self, policy: Policy) -> bool:
+        """True while a hold under the profile's fabric_stop keeps the engine stopped: every node's
+        fabric is read again (the peers' reports), and the hold ends as a running engine's does."""
+        if self.fabric_hold is None or not self.fabric_hold.get("stopped"):
+            return False
+        self.read_reports()
+        self.watch_fabric(policy, time.time())
+        if self.fabric_hold is None:
+            return False
+        self.save()
+        return True
+
+    def end_fabric_hold(self, by: str) -> None:
+        hold, self.fabric_hold = self.fabric_hold or {}, None
+        held = round(time.time() - float(hold.get("since") or time.time()), 1)
+        self.journal.write("fabric resumed", by=by, held_s=held, was=hold.get("why", ""))
+
+    def watch_peer_kernels(self) -> None:
+        """Each peer's kernel events (its report's `kernel.recent`) journalled here as it journals
+        them there, so `events`, which reads the head's journal, shows every node's (issue 75). The
+        first report of a peer sets where its events start: what it journalled before is its own."""
+        for peer, rep in sorted(self.reports.items()):
+            recent = ((rep or {}).get("kernel") or {}).get("recent") or []
+            stamps = [float(e.get("ts") or 0) for e in recent]
+            if peer not in self.kernel_seen:
+                self.kernel_seen[peer] = max(stamps, default=0.0) if recent else 0.0
+                if recent:
+                    continue
+            for ev, ts in zip(recent, stamps):
+                if ts > self.kernel_seen[peer]:
+                    fields = {("at" if k == "ts" else k): v for k, v in ev.items()}
+                    self.journal.write("kernel event", node=peer, **fields)
+            self.kernel_seen[peer] = max([self.kernel_seen[peer], *stamps])
+
+    def kernel_faults(self, since: float) -> dict[str, list[dict]]:
+        """Each node's Xid and OOM-kill events since `since` (this node's reader, each peer's report)."""
+        out: dict[str, list[dict]] = {}
+        if self.kernel is not None:
+            out[self.cfg["node"]] = kernel_log.fresh_faults(self.kernel.report()["recent"], since)
+        for peer, rep in self.reports.items():
+            recent = ((rep or {}).get("kernel") or {}).get("recent") or []
+            out[peer] = kernel_log.fresh_faults(recent, since)
+        return out
+
+    def with_evidence(self, kind: str, cause: str, judged: float) -> str:
+        """A verdict's cause with what the kernel reported on any node since this start (an Xid, an OOM
+        kill, within the last FRESH_S) and, for a wedge, the busy-but-low-power signal."""
+        if kind == "wedged" and self.energy.low:
+            cause = f"{cause}; {self.energy.signal()}"
+        since = max(self.watch.started if self.watch else 0.0, judged - kernel_log.FRESH_S)
+        return kernel_log.with_kernel(cause, self.kernel_faults(since))
+
     # -- one turn of the loop
     def tick(self) -> None:
         self._peer_reads = {}  # this tick's read of each peer (read_peer)
@@ -639,6 +780,8 @@ class Supervisor(Lifecycle):
                     return
                 if not self.admit(policy):
                     return
+            if self.fabric_stopped(policy):  # the profile's fabric stop: no start until the hold ends
+                return
             if time.time() < self.next_start:  # the backoff: still watching, as the state file says
                 self.save()
                 return
@@ -659,7 +802,9 @@ class Supervisor(Lifecycle):
             return
         self.woken.clear()  # a wake while it starts or serves: nothing to do
         look = self.look(desired, policy)
-        self.watch_aer(time.monotonic())
+        self.watch_nodes(look, policy)
+        if self.proc is None:  # the profile's fabric stop stopped the engine at this look
+            return
         self.last_look = look.now
         before = self.watch.activity
         found = verdict(self.watch, look, policy)
@@ -689,6 +834,7 @@ class Supervisor(Lifecycle):
             {k: v for k, v in look.ray_lost.items() if k != "cause"} if look.ray_lost.get("cause") == cause else {}
         )
         judged = time.time()
+        cause = self.with_evidence(kind, cause, judged)
         served = self.watch.ready
         decision = decide(kind, policy, self.first_start, self.restarts, judged, served)
         if decision.action == "watch":  # watched, journalled once, left alone

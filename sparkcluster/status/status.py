@@ -455,9 +455,24 @@ def supervisor_shown(sup: dict | None) -> str:
     rec = contract.Supervised.of(sup)
     if not sup or rec is None:
         return "no supervisor"
-    if rec.availability(sup.get("age_s")).why == "stopping":
+    judged = rec.availability(sup.get("age_s"))
+    if judged.why == "stopping":
         return f"stopping after a verdict (was {rec.state})"
+    if judged.why == contract.FABRIC_HOLD:  # out of rotation, its engine running (issue 75)
+        return f"held: fabric unhealthy (engine {rec.state})"
     return str(rec.state) if rec.state is not None else "no supervisor"
+
+
+def energy_shown(sup: dict | None) -> str:
+    """The deployment's GPU power and energy per 1,000 generated tokens, as the supervisor last
+    computed them from every node's power (node/energy, issue 75); "" where either is unknown."""
+    rec = contract.Supervised.of(sup)
+    rest = (rec.rest or {}) if rec else {}
+    power, per_1k = rest.get("power_w"), rest.get("joules_per_1k_tokens")
+    if not isinstance(power, (int, float)):
+        return ""
+    shown = f"GPU power {power:.1f} W"
+    return shown + (f", {per_1k:,.0f} J per 1,000 tokens" if isinstance(per_1k, (int, float)) else "")
 
 
 def supervisor_problem(sup: dict | None) -> str | None:
@@ -473,7 +488,7 @@ def supervisor_problem(sup: dict | None) -> str | None:
             f"supervisor: stale: its last state ({rec.state}) is {age:.0f}s old, so it is not "
             f"watching; see sparkcluster events and the head container's log"
         )
-    if judged.why == "stopping":  # a verdict on a serving engine: out of rotation already
+    if judged.why in ("stopping", contract.FABRIC_HOLD):  # out of rotation already (a verdict, the fabric)
         return f"supervisor: {judged.reason}"
     said = [x for x in (_state_problem(rec), _memory_unknown(rec)) if x]
     return "; ".join(said) or None

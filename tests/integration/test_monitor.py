@@ -260,9 +260,24 @@ def test_the_live_view_renders_the_testbeds_status(testbed, monitored):
 
 
 def test_a_stopped_rank_fires_the_wedge_alert_to_the_webhook(testbed, sc, monitored, receiver):
+    """A rank stopped under load: the wedge alert at the webhook. Before it, a captured real Xid line
+    written in the worker's kernel-log stand-in (issue 75: tests/captured/kernel/xid79-nvsentinel-155.dmesg)
+    shows in `events` (the head journals every node's kernel events), fires SparkGpuXid at the webhook,
+    and is named in the wedge verdict's cause, on this one wedge and this one `monitor up`."""
     prof = load_profile("testbed").supervisor
     pids = testbed.sh(WORKER, "pgrep -f 'RayWorkerProc' || true").stdout.split()
     assert pids
+    t_xid = time.time()
+    testbed.kernel_captured(WORKER, "xid79-nvsentinel-155.dmesg")
+
+    def xid_journalled():
+        return [
+            e for e in journal(testbed) if e["event"] == "kernel event" and e["ts"] > t_xid and e.get("node") == WORKER
+        ]
+
+    xid = helpers.wait_for(xid_journalled, 30, step=1.0)
+    assert xid and xid[0]["code"] == "79", journal(testbed)[-8:]
+    assert xid[0]["meaning"] == "the GPU has fallen off the bus"
     stop = threading.Event()
     load(stop)
     assert helpers.wait_for(lambda: query("vllm:num_requests_running > 0"), 30, step=0.5)
@@ -277,12 +292,21 @@ def test_a_stopped_rank_fires_the_wedge_alert_to_the_webhook(testbed, sc, monito
         took = got[0][0] - t
         print(f"SIGSTOP to the webhook: {took:.1f}s (bound {bound:.0f}s + 15 s slack)")
         assert got[0][1]["labels"]["node"] == HEAD and got[0][1]["labels"]["severity"] == "page"
+        verdicts = helpers.wait_for(
+            lambda: [e for e in journal(testbed) if e["event"] == "verdict" and e["ts"] > t], 30
+        )
+        assert verdicts, journal(testbed)[-12:]
+        assert f"the kernel reported {WORKER}: Xid 79 (the GPU has fallen off the bus)" in verdicts[0]["cause"]
     finally:
         testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
         stop.set()
+    paged = helpers.wait_for(lambda: receiver.firing(t_xid, "SparkGpuXid"), 30, step=0.5)
+    assert paged, receiver.got[-3:]
+    assert paged[0][1]["labels"]["node"] == WORKER and paged[0][1]["labels"]["code"] == "79"
     helpers.serving_again(testbed, t, 240)
-    events = sc("events", "--last", "50")
+    events = sc("events", "--last", "200")  # back to the Xid, before the verdict and the restart's entries
     assert "alert SparkEngineWedged" in events.stdout, events.stdout + events.stderr
+    assert "kernel event" in events.stdout and "code=79" in events.stdout, events.stdout
 
 
 @pytest.mark.long  # `make test-long`: `make test` keeps this module's other cases (tests/README.md, issue 57)
@@ -314,8 +338,11 @@ def test_a_planned_down_fires_nothing(testbed, sc, monitored, receiver):
     # longer; the two restarts the cases before caused (the stopped rank, and the pulled cable where
     # the outage broke the ranks) rightly keep SparkRestartLoop firing for the restart window (an hour):
     # the `down` silences it with the rest of the head, so it must not be notified again either
+    # (SparkGpuXid too: the wedge case's Xid keeps it firing for its five minutes, notified before
+    # and silenced by the `down` with the rest)
     def quiet():
-        return not [a for a in query("ALERTS{alertstate='firing'}") if a["metric"]["alertname"] != "SparkRestartLoop"]
+        keep = ("SparkRestartLoop", "SparkGpuXid")
+        return not [a for a in query("ALERTS{alertstate='firing'}") if a["metric"]["alertname"] not in keep]
 
     assert helpers.wait_for(quiet, 300, step=2.0), query("ALERTS{alertstate='firing'}")
     t = time.time()

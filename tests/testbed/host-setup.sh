@@ -12,6 +12,9 @@ hostname "$TB_NAME"
 # private state: nothing shared with the other host through the common root filesystem
 mount -t tmpfs -o mode=755,size=2g tb-run /run
 mkdir -p /run/sshd /run/lock /run/testbed/bin /run/testbed/sysfs /run/nvidia-standin /run/docker
+# the host's kernel-log stand-in (issue 75): testbed-runc binds it over /dev/kmsg in a container given
+# the device, and Testbed.kernel_line appends /dev/kmsg records to it
+: > /run/testbed/kmsg
 chmod 755 /run/sshd
 # the checkout (state dir, stand-ins, build context) may sit under /tmp or /root, which become
 # private below: pin it first, then bind it back at its own path so every path we were given works

@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 STATE = Path(os.environ.get("SPARKCLUSTER_TESTBED_DIR", REPO / ".testbed"))
 BIN = HERE / "standin_bin"
+KMSG = "/run/testbed/kmsg"  # each host's kernel-log stand-in (its private /run; standin_bin/testbed-runc)
 
 # the API floor of Docker Engine 29.0-29.2, which refuse older clients ("client version 1.41 is too old.
 # Minimum supported API version is 1.44": docker/docs#23910, containrrr/watchtower#2124); 29.3 lowered it
@@ -1567,6 +1568,11 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
                 "rm -f /var/lib/docker/.testbed-fill",
                 f"echo {DRIVER} > /run/nvidia-standin/driver_version",
                 "rm -f /run/nvidia-standin/gpu_slow_cpus",
+                # issue 75's stand-ins: the GPU's power following the work and its temperature 41 C, every
+                # HCA at its full rate, and the kernel-log stand-in present (a testbed made before it)
+                "rm -f /run/nvidia-standin/power_draw_w /run/nvidia-standin/temperature_c",
+                "for d in /sys/class/infiniband/*; do echo '200 Gb/sec (2X NDR)' > $d/ports/1/rate; done",
+                f"[ -e {KMSG} ] || : > {KMSG}",
                 # the runtime wrapper as host-setup.sh installs it (a testbed built before set_gpu_slow)
                 "mountpoint -q /usr/local/sbin && install -m 755 "
                 f"{shlex.quote(str(BIN / 'testbed-runc'))} /usr/local/sbin/nvidia-container-runtime",
@@ -1609,6 +1615,48 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
 
     def get_mtu(self, host: str, ifname: str) -> int:
         return int(self.sh(host, f"cat /sys/class/net/{ifname}/mtu").stdout)
+
+    # --- node health beyond the GPU (issue 75): stand-ins at the OS boundary, each with its undo
+
+    def kernel_line(self, host: str, text: str, priority: int = 3) -> None:
+        """Append one record to the host's kernel-log stand-in (KMSG, bound over /dev/kmsg in its
+        containers by testbed-runc), as the kernel writes /dev/kmsg: `prio,seq,usec,-;text`, usec on
+        CLOCK_MONOTONIC, which every host shares with this process (one kernel). Undo: none needed,
+        the reader only reports what is new."""
+        from sparkcluster.node.kernel_log import message
+
+        text, _ = message(text)  # a captured `dmesg` or `journalctl -k` line: its message alone
+        usec = int(time.monotonic() * 1e6)
+        seq = self.sh(host, f"wc -l < {KMSG}", check=False).stdout.strip() or "0"
+        record = f"{priority},{seq},{usec},-;{text}"
+        self.sh(host, f"printf '%s\\n' {shlex.quote(record)} >> {KMSG}")
+
+    def kernel_captured(self, host: str, name: str) -> None:
+        """Every line of tests/captured/kernel/<name> (real lines, sources in tests/captured/README.md)."""
+        for line in (REPO / "tests" / "captured" / "kernel" / name).read_text().splitlines():
+            if line.strip():
+                self.kernel_line(host, line)
+
+    def set_gpu_power(self, host: str, watts: float | None, temperature_c: float | None = None) -> None:
+        """Pin what the nvidia-smi stand-in reads as power.draw (and temperature.gpu) on that host, from
+        its next call on. None: power.draw follows the work again (the CPU time the processes it sees
+        used since its previous reading, between 4.56 W at rest and 33.5 W at work: standin_bin/
+        nvidia-smi), and temperature.gpu is 41 C."""
+        cmds = []
+        for name, value in (("power_draw_w", watts), ("temperature_c", temperature_c)):
+            f = f"/run/nvidia-standin/{name}"
+            cmds.append(f"rm -f {f}" if value is None else f"echo {float(value):g} > {f}")
+        self.sh(host, " ; ".join(cmds))
+
+    def set_hca_rate(self, host: str, hca: str, rate: str = "100 Gb/sec (2X HDR)") -> None:
+        """Write /sys/class/infiniband/<hca>/ports/1/rate (undo: rate="200 Gb/sec (2X NDR)")."""
+        self.sh(host, f"echo {shlex.quote(rate)} > /sys/class/infiniband/{shlex.quote(hca)}/ports/1/rate")
+
+    def set_hca_gid(self, host: str, hca: str, index: int, gid: str | None = None) -> None:
+        """Empty (gid None) or write one GID of the HCA's port 1 (undo: reset(), which re-applies the
+        cabling's GID tables)."""
+        f = f"/sys/class/infiniband/{shlex.quote(hca)}/ports/1/gids/{int(index)}"
+        self.sh(host, f"echo {shlex.quote(gid or cabling.ZERO_GID)} > {f}")
 
     def set_hca_state(self, host: str, hca: str, state: str = "1: DOWN") -> None:
         """Write /sys/class/infiniband/<hca>/ports/1/state (undo: state="4: ACTIVE")."""

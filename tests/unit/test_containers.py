@@ -106,8 +106,9 @@ def test_host_config_identical_on_head_and_worker(inv, prof):
     hc = head.host_config_kwargs()
     assert hc["network_mode"] == "host"
     assert hc["ipc_mode"] == "host"
-    assert hc["devices"] == ["/dev/infiniband:/dev/infiniband:rwm"]
-    assert hc["cap_add"] == ["IPC_LOCK"]
+    # the kernel's log read-only, and the capability dmesg_restrict asks of its reader (issue 75)
+    assert hc["devices"] == ["/dev/infiniband:/dev/infiniband:rwm", "/dev/kmsg:/dev/kmsg:r"]
+    assert hc["cap_add"] == ["IPC_LOCK", "SYSLOG"]
     assert hc["ulimits"] == [{"Name": "memlock", "Soft": -1, "Hard": -1}]
     assert hc["device_requests"][0]["Count"] == -1
     assert hc["device_requests"][0]["Capabilities"] == [["gpu"]]

@@ -37,6 +37,7 @@ FEATURES = (
     "node-to-node streams authenticated",
     "team keys (named keys, limits, usage)",
     "models taking turns on one Spark",
+    "node health and the fabric while serving",  # since: kernel events, GPU power, the fabric watched
 )
 CASE = re.compile(r"`(test_\w+)\.py::(test_\w+)`")
 

@@ -317,6 +317,8 @@ WEDGE = [{"ts": 950.0, "kind": "wedged", "cause": "no progress"}]
         (contract.SERVING, 1.0, {"since": 960.0, "causes": WEDGE}),  # a cause from before it served again
         (contract.SERVING, 60.0, {"since": 900.0}),  # stale
         (contract.SERVING, 1.0, {"since": 900.0, "memory_unknown": {"spark-worker": "no answer"}}),
+        # the fabric holds it out, its engine left running (issue 75): out of rotation, a problem in status
+        (contract.SERVING, 1.0, {"since": 900.0, "fabric_hold": {"since": 950.0, "why": "w: port 1 is 1: DOWN"}}),
         (contract.RESTARTING, 1.0, {"since": 955.0, "causes": WEDGE}),
         *((s, 1.0, {"since": 955.0, "causes": WEDGE}) for s in contract.FINAL),
     ],
@@ -339,6 +341,9 @@ def test_the_gateway_and_status_agree_on_a_verdict_at_the_same_instant(state, ag
         assert said == f"supervisor: {routed.reason}" and routed.reason.startswith("wedged: no progress")
         assert status.supervisor_shown(view) == "stopping after a verdict (was serving)"
     assert routed.final == (state in contract.FINAL)
+    if routed.why == contract.FABRIC_HOLD:
+        assert routed.retry_after == 30 and said == f"supervisor: {routed.reason}" and "port 1 is 1: DOWN" in said
+        assert status.supervisor_shown(view) == "held: fabric unhealthy (engine serving)"
 
 
 def test_the_state_file_is_read_through_its_record():

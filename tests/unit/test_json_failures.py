@@ -52,6 +52,7 @@ FAILURES = {
     "down": [],
     "down --dry-run": [],
     "events": [],
+    "fabric resume": [],
     "gateway down": [],
     "gateway events": [],
     "gateway keys list": [],
