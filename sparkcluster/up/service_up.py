@@ -159,15 +159,16 @@ def start_steps(inv: Inventory, svc: ServiceProfile, spec: ContainerSpec, server
     def wait(r: ServiceRun) -> contract.Supervised:
         return _wait(r.api, r.find(Made).ids[-1], svc)
 
-    images = list(dict.fromkeys([server.image, spec.image]))
+    images = list(dict.fromkeys([server.image, spec.image]))  # the supervisor's: the cluster's own, usually there
     return [
         Step(STAGE, node, "look", f"find {spec.name}: left alone where it serves this configuration, else removed "
              f"with {server.name}", run=look),
-        *[Step(STAGE, node, "pull", f"pull {i}", when="the node lacks it", skip=lacks(i), run=pull(i)) for i in images],
-        Step(STAGE, node, "create", f"create {server.name} (its image's entrypoint kept; its secrets written as "
+        *[Step(STAGE, node, "pull" if i == server.image else "pull-supervisor", f"pull {i}", when="the node lacks it",
+               skip=lacks(i), run=pull(i)) for i in images],
+        Step(STAGE, node, "create-server", f"create {server.name} (its image's entrypoint kept; its secrets written as "
              "files; its supervisor starts it)", server.docker_run_equivalent(), skip=_kept, run=create_server),
-        Step(STAGE, node, "create", f"create and start {spec.name}, its supervisor (the node's Docker socket mounted)",
-             spec.docker_run_equivalent(), skip=_kept, run=create),
+        Step(STAGE, node, "create-supervisor", f"create and start {spec.name}, its supervisor (the node's Docker "
+             "socket mounted)", spec.docker_run_equivalent(), skip=_kept, run=create),
         Step(STAGE, node, "wait", "wait until its supervisor says serving", skip=_kept, run=wait),
     ]  # fmt: skip
 
