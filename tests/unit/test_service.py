@@ -525,21 +525,29 @@ def test_an_engines_restart_never_starts_into_what_a_neighbour_holds():
 
 
 def test_seed_004s_services_as_the_stacks_guide_writes_them():
-    """docs/guides/stacks.md: Parakeet and Chatterbox as service profiles, each with seed 004's port
-    and health URL, and the page's sums beside Qwen and Gemma are the admission's."""
+    """docs/guides/stacks.md: the log's ASR and TTS as service profiles of public arm64 images
+    (Speaches' multi-arch build, Chatterbox-TTS-Server's cu130 arm64 build), each with its own
+    entrypoint kept (no `args`), its port and health URL as its sources give them, the page's sums
+    beside Qwen and Gemma the admission's; a secret a file named by the variable the server reads."""
     page = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "stacks.md").read_text()
     blocks = [b for b in re.findall(r"```toml\n(.*?)```", page, re.S) if 'kind = "service"' in b]
-    asr_, tts = (profiles.parse(b, n) for b, n in zip(blocks, ("parakeet-asr", "chatterbox-tts"), strict=True))
-    assert (asr_.port, asr_.routes, tts.port, tts.routes) == (
+    stt, tts = (profiles.parse(b, n) for b, n in zip(blocks, ("speaches-stt", "chatterbox-tts"), strict=True))
+    assert (stt.port, stt.routes, tts.port, tts.routes) == (
         8765,
         ["/v1/audio/transcriptions"],
-        8882,
+        8004,
         ["/v1/audio/speech"],
     )
-    assert asr_.health == tts.health == "/health"
+    assert (stt.health, tts.health) == ("/health", "/api/model-info")
+    assert stt.image == "ghcr.io/speaches-ai/speaches:latest-cuda" and stt.env == {"UVICORN_PORT": "8765"}
+    assert tts.image == "ghcr.io/devnen/chatterbox-tts-server:main-cu130" and not stt.args and not tts.args
+    assert stt.secrets == [] and [(x.name, x.file_env) for x in tts.secrets] == [("HF_TOKEN", "HF_TOKEN_PATH")]
+    ro = {b.target: b.read_only for b in tts.binds}
+    assert ro["/app/voices"] and ro["/app/reference_audio"] and not ro["/app/config.yaml"] and stt.gpu and tts.gpu
+    assert "are not reachable from where this guide was written" in page.replace("\n", " ")
     total, floor = 128 * GB, 6 * GiB
     qwen, gemma = memory_fit.Held("'qwen'", 0.55), memory_fit.Held("'gemma'", 0.80)
-    for engine, svc, said in ((qwen, asr_, "80.8 GB"), (gemma, tts, "116.8 GB")):
+    for engine, svc, said in ((qwen, stt, "81.8 GB"), (gemma, tts, "116.8 GB")):
         want = memory_fit.Held(f"'{svc.name}'", None, int(svc.memory_gb * GB))
         assert memory_fit.admit(total, [engine], want, floor) is None
         assert memory_fit.gb(engine.bytes_of(total) + want.bytes_of(total) + floor) == said and said in page
