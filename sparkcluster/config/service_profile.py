@@ -206,7 +206,10 @@ class ServiceProfile(BaseModel):
     def _no_secrets(cls, v: dict[str, str]) -> dict[str, str]:
         # a service's variables are its container's (`docker inspect` shows them): no secret goes there
         for name, value in v.items():
-            if name in SECRET_NAMES or SECRETISH_NAME.search(name) or SECRET_VALUE.search(value):
+            # a variable that names a file (`API_KEY_FILE = "/run/..."`) holds a path, not the secret
+            names_a_file = name.endswith(("_FILE", "_PATH")) and value.startswith("/")
+            secretish = name in SECRET_NAMES or (SECRETISH_NAME.search(name) and not names_a_file)
+            if secretish or SECRET_VALUE.search(value):
                 raise ValueError(f"{name}: a secret in a service's env would show in docker inspect; leave it out")
         return v
 

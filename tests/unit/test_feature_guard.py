@@ -37,6 +37,7 @@ FEATURES = (
     "node-to-node streams authenticated",
     "team keys (named keys, limits, usage)",
     "models taking turns on one Spark",
+    "services from their own images",  # since: a service's image runs as published, supervised beside it
 )
 CASE = re.compile(r"`(test_\w+)\.py::(test_\w+)`")
 
