@@ -26,7 +26,7 @@ from sparkcluster.config.service_profile import ServiceProfile
 from sparkcluster.container.service_container import server_spec, service_spec
 from sparkcluster.container.spec import ContainerSpec, create_and_start
 from sparkcluster.deployment import deployments, server, supervision, teardown
-from sparkcluster.errors import InputError, SparkError
+from sparkcluster.errors import InputError, SparkError, StageError, StepFailure
 from sparkcluster.facts import parsers, probes
 from sparkcluster.labels import CLUSTER_LABEL, CONFIG_LABEL
 from sparkcluster.node import contract, memory_fit
@@ -157,7 +157,15 @@ def start_steps(inv: Inventory, svc: ServiceProfile, spec: ContainerSpec, server
         return create_and_start(r.api, spec, (r.find(Made) or r.put(Made())).ids.append)
 
     def wait(r: ServiceRun) -> contract.Supervised:
-        return _wait(r.api, r.find(Made).ids[-1], svc)
+        made = r.find(Made).ids
+        try:
+            return _wait(r.api, made[-1], svc, made[0] if len(made) > 1 else None)
+        except SparkError as e:  # its last lines shown under the step, the service's own last
+            tail = "\n".join(e.details)
+            failure = StepFailure(
+                node, "wait until its supervisor says serving", e.message, output_tail=tail, fix=e.fix
+            )
+            raise StageError(STAGE, [failure], e.fix) from None
 
     images = list(dict.fromkeys([server.image, spec.image]))  # the supervisor's: the cluster's own, usually there
     return [
@@ -333,7 +341,7 @@ def _start(host, inv: Inventory, svc: ServiceProfile, spec, server, progress: St
     return execute(start_steps(inv, svc, spec, server), host, inv, svc, progress, t0)
 
 
-def _wait(api, cid: str, svc: ServiceProfile) -> contract.Supervised:
+def _wait(api, cid: str, svc: ServiceProfile, server_cid: str | None = None) -> contract.Supervised:
     """Until its supervisor says serving, as the gateway judges it (contract.Supervised.availability); a
     final state (failed to start, the restart limit) or the service's ready bound (and a margin for the
     agent's start) passed first is the failure, with why."""
@@ -353,5 +361,17 @@ def _wait(api, cid: str, svc: ServiceProfile) -> contract.Supervised:
     raise SparkError(
         f"service '{svc.name}' did not serve: {why}",
         f"see its journal and log: sparkcluster events --profile {svc.name}; fix the profile, then up again",
-        details=[server.supervisor_tail(api, cid)],
+        details=[server.supervisor_tail(api, cid), *([_service_tail(api, server_cid)] if server_cid else [])],
     )
+
+
+SERVICE_TAIL_LINES = 8  # the plan shows a failed step's last 10 lines: the service's own come last
+
+
+def _service_tail(api, cid: str) -> str:
+    """The service's own last lines (its container's log: a server that refused to start says why there)."""
+    try:
+        text = api.logs(cid, tail=SERVICE_TAIL_LINES).decode(errors="replace").rstrip()
+    except docker.errors.APIError as e:
+        return f"its own log could not be read: {e}"
+    return "its own log's last lines:\n" + redact.mask(text) if text else "its own log is empty"

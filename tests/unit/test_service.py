@@ -613,6 +613,9 @@ class FakeApi:
     def remove_container(self, cid, force=False):
         self.removed.append(cid)
 
+    def logs(self, cid, tail=None, **kw):
+        return b"asr: no model at /models\n"
+
 
 class FakeHost:
     name, address = HEAD, "192.0.2.10"
@@ -675,6 +678,9 @@ def test_up_of_a_service_that_fails_to_start_removes_its_container_and_says_why(
     with pytest.raises(SparkError, match="did not serve: no healthy answer within 600s") as e:
         service_up._start(FakeHost(api), inv, asr(), spec, server, Quiet(), 0.0)
     assert api.removed == ["cid1", "cid2"] and "events --profile asr" in e.value.fix
+    # the service's own last lines under its supervisor's: a server that refused to start says why
+    shown = "\n".join(e.value.details)
+    assert "| the journal's last lines" in shown and "| asr: no model at /models" in shown, shown
 
 
 class FakeCluster:
