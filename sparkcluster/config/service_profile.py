@@ -98,8 +98,8 @@ class ServiceBind(BaseModel):
 
     # an absolute path on the node (a folder of its owner's), or a named volume's name
     source: str
-    target: str
-    read_only: bool = True
+    target: str  # an absolute path in the container; never `/`, its system folders or where secrets go
+    read_only: bool = True  # false: the service writes there (a model cache, a config it saves)
 
     @field_validator("source")
     @classmethod
@@ -136,18 +136,19 @@ class ServiceBind(BaseModel):
 class ServiceSecret(BaseModel):
     """One `[[secrets]]` entry: a secret read, like the engines', from the environment or the 0600
     .env by its `name`, written before the service starts as a file in its container (at `path`, by
-    default under SECRETS_DIR), never into its environment or onto a command line, where `docker
-    inspect` and `ps` show them. The server learns where the file is from the variable `file_env`
+    default `/run/sparkcluster-secrets/NAME`), never into its environment or onto a command line,
+    where `docker inspect` and `ps` show them. The server learns where the file is from the variable `file_env`
     (the `*_FILE` convention: the variable holds the file's path, not the secret), or reads it at
     `path` by its own convention. `bearer`: the gateway sends it as the `Authorization: Bearer` key
     of the requests it forwards to this service (a server that asks its clients for that key)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")  # its name in the .env or the environment
+    # the server's variable that names the file (`API_KEY_FILE`, `HF_TOKEN_PATH`): it holds the path
     file_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-    path: str | None = None
-    bearer: bool = False
+    path: str | None = None  # where the file goes in the container; unset: /run/sparkcluster-secrets/NAME
+    bearer: bool = False  # the gateway sends it to the service as `Authorization: Bearer`
 
     @field_validator("path")
     @classmethod
