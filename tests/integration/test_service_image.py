@@ -21,13 +21,15 @@ import json
 import httpx
 import pytest
 
+from sparkcluster.labels import PROFILE_LABEL, ROLE_LABEL, SERVICE_ROLE
 from tests.integration.helpers import HEAD, HEAD_LAN, listeners, ours, wait_for
 from tests.testbed.artifacts import KEYED_IMAGE
 
 pytestmark = pytest.mark.testbed
 SINGLE, HEAD_MODEL = "testbed-single", "testbed-tiny-single"
 KEYED = "testbed-keyed"  # tests/testbed/profiles/testbed-keyed.toml
-SUPERVISOR_C = f"sparkcluster-testbed-d1-service-{HEAD}"  # slot 1: the model alone holds slot 0
+# slot 1 where the model alone holds slot 0 (the names are read back after `up`, whichever slot it got)
+SUPERVISOR_C = f"sparkcluster-testbed-d1-service-{HEAD}"
 SERVER_C = SUPERVISOR_C + "-server"  # the service's own container: its supervisor's name and "-server"
 KEY = "sk-keyed-standin-7d1e5c93a0b24f68"  # the service's own key (not the engines', not a client's)
 GW_KEY = "gw-service-image-key-51c0a7e2"
@@ -79,6 +81,10 @@ def test_a_service_from_an_image_without_python3_answers_through_the_gateway_and
 
     up = sc("up", "--profile", KEYED, "--node", HEAD, "--beside", env=env, timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr
+    global SUPERVISOR_C, SERVER_C  # noqa: PLW0603 (the slot `up` chose, for the helpers above)
+    mine = f"--filter label={PROFILE_LABEL}={KEYED} --filter label={ROLE_LABEL}={SERVICE_ROLE}"
+    SUPERVISOR_C = testbed.sh(HEAD, f"docker ps -a {mine} --format '{{{{.Names}}}}'").stdout.strip()
+    SERVER_C = SUPERVISOR_C + "-server"
     assert KEY not in up.stdout + up.stderr
     assert {SUPERVISOR_C, SERVER_C} <= set(ours(testbed, HEAD)) and listeners(testbed, HEAD, 8766)
 
