@@ -423,8 +423,10 @@ def profile_page() -> str:
     docs.append(
         '\n# A service\'s keys (`kind = "service"`)\n\n'
         "A program that is not vLLM, run beside the models (`up --profile NAME --node NODE --beside`): "
-        "its container runs the node agent, which starts `args` and supervises them "
-        "([the supervisor](../explanation/supervisor.md#a-service-beside-the-models)).\n"
+        "its own image as published (its entrypoint and command kept, `args` appended), with a "
+        "supervisor in a container beside it "
+        "([the supervisor](../explanation/supervisor.md#a-service-beside-the-models), "
+        "[the Docker socket it holds](../explanation/security.md#a-services-supervisor-and-the-docker-socket)).\n"
     )
     service: list[str] = []
     _model_tables(ServiceProfile, "", service, {ServiceProfile})

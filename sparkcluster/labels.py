@@ -22,10 +22,15 @@ ON_DEMAND_LABEL = f"{LABEL_PREFIX}.on-demand"
 # a service's reservation (issue 60 item 2: a profile of kind "service"), in GB of each of its nodes'
 # memory: what it holds when another deployment asks to start beside it
 RESERVED_LABEL = f"{LABEL_PREFIX}.memory-gb"
-# ROLE_LABEL of a service's container: one per node it runs on, no head, no Ray, its agent supervising
-# it. The word its agent's config carries too (node/contract.SERVICE_ROLE: node/ ships alone, so it
-# cannot import this module; tests/unit/test_service.py holds the two equal)
+# ROLE_LABEL of a service's supervisor container: one per node it runs on, no head, no Ray, its agent
+# supervising the service's own container beside it. The word its agent's config carries too
+# (node/contract.SERVICE_ROLE: node/ ships alone, so it cannot import this module;
+# tests/unit/test_service.py holds the two equal)
 SERVICE_ROLE = "service"
+# ROLE_LABEL of the service's own container (its image, its entrypoint): one deployment's with its
+# supervisor (the same profile, node and slot labels), so `down` removes both; no agent in it
+SERVER_ROLE = "service-server"
+SERVER_SUFFIX = "-server"  # its name: its supervisor's, and this
 GATEWAY_ROLE = "gateway"  # ROLE_LABEL of the gateway's container: no deployment, kept by `down --node`
 
 

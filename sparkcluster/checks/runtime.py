@@ -12,7 +12,16 @@ from dataclasses import dataclass
 
 from sparkcluster.checks.registry import Context, Report, check
 from sparkcluster.facts.parsers import FLAG_KEYS
-from sparkcluster.labels import CLUSTER_LABEL
+from sparkcluster.labels import CLUSTER_LABEL, GATEWAY_ROLE, ROLE_LABEL, SERVER_ROLE, SERVICE_ROLE
+
+# containers of ours that run no engine: a service's two (its own image, its supervisor) and the
+# gateway carry none of the engines' flags or variables, so the engines' checks leave them out
+NOT_ENGINES = (SERVICE_ROLE, SERVER_ROLE, GATEWAY_ROLE)
+
+
+def engines_running(ctx: Context, node: str) -> list:
+    """The node's running containers of ours that run an engine's rank (a head or a worker)."""
+    return [c for c in ctx.ours(node) if c.running and c.labels.get(ROLE_LABEL) not in NOT_ENGINES]
 
 
 @check("ports.free", "Ray (or vLLM's rendezvous) and API ports free or ours")
@@ -137,7 +146,7 @@ def env_verdict(
 def containers_forwarded_env(ctx: Context, r: Report) -> None:
     want = ctx.expect.forwarded_env
     for node in ctx.nodes():
-        running = [c for c in ctx.ours(node.name) if c.running]
+        running = engines_running(ctx, node.name)
         if not running or not want:
             continue
         v = env_verdict(running[0].env, want)
@@ -155,7 +164,7 @@ def containers_forwarded_env(ctx: Context, r: Report) -> None:
 @check("containers.per_host_env", "Per-host variables right for each node")
 def containers_per_host_env(ctx: Context, r: Report) -> None:
     for node in ctx.nodes():
-        running = [c for c in ctx.ours(node.name) if c.running]
+        running = engines_running(ctx, node.name)
         want = ctx.expect.per_host_env.get(node.name, {})
         if not running or not want:
             continue
@@ -175,7 +184,7 @@ def containers_per_host_env(ctx: Context, r: Report) -> None:
 def containers_flags(ctx: Context, r: Report) -> None:
     per_node = {}
     for node in ctx.nodes():
-        running = [c for c in ctx.ours(node.name) if c.running]
+        running = engines_running(ctx, node.name)
         if running:
             per_node[node.name] = running[0].flags
     if not per_node:

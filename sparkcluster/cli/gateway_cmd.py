@@ -66,6 +66,7 @@ def gateway_up(obj, node_name, port, drain_s, image, tls_cert, tls_key, dry_run,
         dry_run=dry_run,
         say=(lambda text: click.echo(text, err=True)) if as_json else click.echo,
         warn=lambda text: click.echo(f"warning: {text}", err=True),
+        more_secrets=lambda names: secret_store.load_secrets(env_file, names=names, required=not dry_run),
     )
     if dry_run:
         click.echo(p.as_json() if as_json else p.render())

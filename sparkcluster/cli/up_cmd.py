@@ -145,7 +145,9 @@ def up(
     if is_service(prof):  # issue 60 item 2: a service beside the models
         if smoke:
             raise click.UsageError(f"--smoke measures a model's engine; '{prof.name}' is a service")
-        _up_service(inv, prof, node, dry_run=dry_run, offline=offline, as_json=as_json, beside=beside, replace=replace)
+        _up_service(
+            inv, prof, node, env_file, dry_run=dry_run, offline=offline, as_json=as_json, beside=beside, replace=replace
+        )
         return
     check_dockerfile(prof, len(inv.nodes))  # before any connection: the image's Dockerfile is in this install
     secrets = load_secrets(env_file, prof)
@@ -228,15 +230,20 @@ def with_api_key(env_file: Path | None, secrets: dict[str, str], dry_run: bool, 
     )
 
 
-def _up_service(inv, svc, node: tuple[str, ...], *, dry_run, offline, as_json, beside, replace) -> None:
-    """`up` of a service's profile (up/service_up): its container on one node, supervised."""
+def _up_service(inv, svc, node: tuple[str, ...], env_file, *, dry_run, offline, as_json, beside, replace) -> None:
+    """`up` of a service's profile (up/service_up): its container on one node, supervised. Its
+    secrets (`[[secrets]]`) from the environment or the 0600 .env, as an engine's: all of them for a
+    real run; a dry run prints none of them either way."""
     if offline:
         raise click.UsageError("--offline is for a model's plan; a service's dry run reads the node's deployments")
     err = Console(stderr=True, highlight=False)
+    names = [s.name for s in svc.secrets]
+    secrets = load_secrets(env_file, names=names, required=not dry_run) if names else {}
     result = service_up.run(
         inv,
         svc,
         RichProgress(err),
+        secrets=secrets,
         monitoring=planned,
         node=node,
         dry_run=dry_run,

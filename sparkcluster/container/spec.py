@@ -130,6 +130,17 @@ class ContainerSpec:
     privileged: bool = False
     # the image's own entrypoint runs the agent (keeps_entrypoint): NGC's start-up and its environment
     image_entrypoint: bool = True
+    # what a service's containers differ in (container/service_container): the GPUs given or not; the
+    # fabric's flags (the InfiniBand devices, IPC_LOCK, memlock, the host's IPC) left off where no rank
+    # runs; `command` run as it is, with no agent (its supervisor is another container); Docker's
+    # restart policy; binds whose container side carries `:ro`; files written with a mode of their own
+    gpus: bool = True
+    fabric: bool = True
+    agent: bool = True
+    restart: str = RESTART_POLICY["Name"]
+    # path -> (text, mode), written before start like `files`: a service's secrets. Never in
+    # docker_run_equivalent, create_kwargs or a label: only a digest of each in config_hash
+    secret_files: dict[str, tuple[str, int]] = field(default_factory=dict, repr=False)
 
     def config_hash(self) -> str:
         doc = json.dumps(
@@ -145,12 +156,32 @@ class ContainerSpec:
                 **({"nofile": self.ulimit_nofile} if self.ulimit_nofile else {}),
                 **({"security_opt": list(self.security_opt)} if self.security_opt else {}),
                 **({"privileged": True} if self.privileged else {}),
+                **self._service_doc(),
                 # a container made before the entrypoint was kept is made again, with the image's start-up
                 **({"entrypoint": "image"} if self.image_entrypoint else {}),
             },
             sort_keys=True,
         )
         return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+    def _service_doc(self) -> dict:
+        """What a service's containers add to the configuration hash, only where they differ from an
+        engine's (so an engine's hash is what it was). A secret counts by its digest: a new key
+        makes a new container, and no label carries anything a key could be read back from."""
+        doc: dict = {}
+        if not self.gpus:
+            doc["gpus"] = False
+        if not self.fabric:
+            doc["fabric"] = False
+        if not self.agent:
+            doc["agent"] = False
+        if self.restart != RESTART_POLICY["Name"]:
+            doc["restart"] = self.restart
+        if self.secret_files:
+            doc["secrets"] = {
+                p: [hashlib.sha256(t.encode()).hexdigest(), m] for p, (t, m) in sorted(self.secret_files.items())
+            }
+        return doc
 
     def create_kwargs(self) -> dict:
         """Arguments for docker's APIClient.create_container (host_config built separately)."""
@@ -168,19 +199,21 @@ class ContainerSpec:
 
     def host_config_kwargs(self) -> dict:
         """Arguments for APIClient.create_host_config. Never a memory cap: unified memory."""
-        return {
-            "network_mode": "host",
+        gpus = [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}]
+        fabric = {
             "ipc_mode": "host",
-            "device_requests": [
-                {"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}
-            ],
             "devices": list(DEVICES),
             "cap_add": list(CAP_ADD),
-            "ulimits": [dict(MEMLOCK), *self.stack_ulimit(), *self.nofile_ulimit()],
+        }
+        return {
+            "network_mode": "host",
+            **(fabric if self.fabric else {}),
+            **({"device_requests": gpus} if self.gpus else {}),
+            "ulimits": [*([dict(MEMLOCK)] if self.fabric else []), *self.stack_ulimit(), *self.nofile_ulimit()],
             "shm_size": self.shm_size,
-            "restart_policy": dict(RESTART_POLICY),
+            "restart_policy": {"Name": self.restart},
             "init": True,
-            "binds": {h: {"bind": c, "mode": "rw"} for h, c in self.binds.items()},
+            "binds": {h: bind_mode(c) for h, c in self.binds.items()},
             **({"security_opt": list(self.security_opt)} if self.security_opt else {}),
             **({"privileged": True} if self.privileged else {}),
         }
@@ -193,24 +226,28 @@ class ContainerSpec:
             "-d",
             "--name",
             self.name,
-            "--gpus",
-            "all",
-            "--device=/dev/infiniband",
-            f"--device={KMSG_DEVICE}",
-            "--cap-add=IPC_LOCK",
-            "--cap-add=SYSLOG",
-            "--ulimit",
-            "memlock=-1:-1",
+            *(["--gpus", "all"] if self.gpus else []),
+            *(
+                [
+                    "--device=/dev/infiniband",
+                    f"--device={KMSG_DEVICE}",
+                    "--cap-add=IPC_LOCK",
+                    "--cap-add=SYSLOG",
+                    "--ulimit",
+                    "memlock=-1:-1",
+                ]
+                if self.fabric
+                else []
+            ),
             *(["--ulimit", f"stack={self.ulimit_stack}"] if self.ulimit_stack else []),
             *(["--ulimit", f"nofile={self.ulimit_nofile}:{self.ulimit_nofile}"] if self.ulimit_nofile else []),
             "--network",
             "host",
-            "--ipc",
-            "host",
+            *(["--ipc", "host"] if self.fabric else []),
             "--shm-size",
             self.shm_size,
             "--restart",
-            RESTART_POLICY["Name"],
+            self.restart,
             "--init",
             *[f"--security-opt={o}" for o in self.security_opt],
             *(["--privileged"] if self.privileged else []),
@@ -233,8 +270,16 @@ class ContainerSpec:
         )
 
     def agent_command(self) -> list[str]:
-        """The container's foreground process: the node agent, which runs `self.command` (Ray)."""
-        return ["python3", contract.AGENT_DIR, contract.CONFIG_PATH]
+        """The container's foreground process: the node agent, which runs `self.command` (Ray); a
+        service's own container (`agent` false): its command as the profile gives it, appended to its
+        image's entrypoint."""
+        return ["python3", contract.AGENT_DIR, contract.CONFIG_PATH] if self.agent else list(self.command)
+
+
+def bind_mode(container_side: str) -> dict[str, str]:
+    """A bind's container side as the Engine API takes it: "PATH" (read-write) or "PATH:ro"."""
+    path, _, mode = container_side.partition(":")
+    return {"bind": path, "mode": "ro" if mode == "ro" else "rw"}
 
 
 def uses_ray(inv: Inventory, prof: profiles.Profile) -> bool:
@@ -356,15 +401,21 @@ def files_tar_modes(files: dict[str, tuple[str, int]], uid: int = 0, gid: int = 
     return buf.getvalue()
 
 
-def create_and_start(api, spec: ContainerSpec, created: Callable[[str], None] = lambda cid: None) -> str:
-    """Create the container through the Engine API, write its files, start it. Returns its ID.
-    `created` hears the ID as soon as the container exists, before its files and its start: a
-    container created and never started is still this run's to remove."""
+def create_and_start(
+    api, spec: ContainerSpec, created: Callable[[str], None] = lambda cid: None, start: bool = True
+) -> str:
+    """Create the container through the Engine API, write its files, start it (`start`: a service's
+    own container is left for its supervisor to start). Returns its ID. `created` hears the ID as
+    soon as the container exists, before its files and its start: a container created and never
+    started is still this run's to remove."""
     hc = api.create_host_config(**spec.host_config_kwargs())
     c = api.create_container(host_config=hc, **spec.create_kwargs())
     cid = c["Id"]
     created(cid)
     if spec.files:
         api.put_archive(cid, "/", files_tar(spec.files))
-    api.start(cid)
+    if spec.secret_files:  # a service's secrets: files of their own mode, in no argv, label or environment
+        api.put_archive(cid, "/", files_tar_modes(spec.secret_files))
+    if start:
+        api.start(cid)
     return cid

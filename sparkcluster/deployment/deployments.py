@@ -200,6 +200,17 @@ def group(inv: Inventory, containers_by_node: dict[str, list[dict | ContainerIns
     return list(found.values())
 
 
+def engine_image(api, cluster: str) -> str | None:
+    """The image a model's container of `cluster` on the node runs (the cluster's own image: python3
+    and what the node agent needs), or None where no model's container is there. The gateway runs
+    from it, and so does a service's supervisor (container/service_container)."""
+    for c in api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={cluster}"}):
+        labels = c.get("Labels") or {}
+        if labels.get(ROLE_LABEL) in ("head", "worker") and c.get("Image"):
+            return c["Image"]
+    return None
+
+
 def _listed(c: dict) -> tuple[str, dict[str, str]]:
     """A container's name and labels as the Engine API's list (`docker ps`) gives them."""
     return (c.get("Names") or ["?"])[0].lstrip("/"), c.get("Labels") or {}

@@ -18,7 +18,7 @@ from sparkcluster import log
 from sparkcluster.deployment import compile_caches, server
 from sparkcluster.errors import SparkError
 from sparkcluster.facts.parsers import container_inspect
-from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL, is_gateway
+from sparkcluster.labels import CLUSTER_LABEL, ROLE_LABEL, SERVER_ROLE, SERVICE_ROLE, is_gateway
 from sparkcluster.node import readings
 from sparkcluster.remote.dockerapi import run_in
 from sparkcluster.remote.fanout import ConnectedHosts
@@ -174,6 +174,8 @@ def _segments_in_use(
     def read(host: Host) -> dict[str, list[str]]:
         out = {}
         for c in ours(host, name):
+            if c.get("Labels", {}).get(ROLE_LABEL) in (SERVICE_ROLE, SERVER_ROLE):
+                continue  # no rank's segments there; a service's image may have no shell to ask with
             if c.get("State") == "running" and (only_ids is None or c["Id"] in only_ids.get(host.name, set())):
                 out[c["Id"]] = shm_segments(host, c["Id"])
         return out

@@ -17,9 +17,12 @@ import httpx
 
 from sparkcluster import redact
 from sparkcluster.container.spec import files_tar
-from sparkcluster.deployment import gateway_registry, server
+from sparkcluster.deployment import deployments, gateway_registry, server
 from sparkcluster.errors import SparkError
-from sparkcluster.labels import CLUSTER_LABEL, PORT_LABEL, ROLE_LABEL, SERVICE_ROLE, container_name, is_gateway
+from sparkcluster.labels import (
+    PORT_LABEL,
+    container_name,
+)
 from sparkcluster.remote import retry
 from sparkcluster.steps import walk
 from sparkcluster.steps.base import Step
@@ -34,11 +37,7 @@ READY_TIMEOUT_S = 60.0
 def deployment_image(api, cluster: str) -> str | None:
     """The image a deployment's container on the node runs: the gateway's, since it has what it needs
     (an engine's: a service's image is its own, issue 60)."""
-    for c in api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={cluster}"}):
-        labels = c.get("Labels") or {}
-        if not is_gateway(labels) and labels.get(ROLE_LABEL) != SERVICE_ROLE and c.get("Image"):
-            return c["Image"]
-    return None
+    return deployments.engine_image(api, cluster)
 
 
 def wake_tokens(hosts: dict, inv, found, profiles: dict) -> dict[str, str]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.inventory import Inventory
+from sparkcluster.config.service_profile import is_service
 from sparkcluster.deployment import deployments, gateway_registry
 from sparkcluster.errors import SparkError
 from sparkcluster.remote.fanout import connect_reachable
@@ -37,9 +38,14 @@ def routes(inv: Inventory, node_name: str | None):
     return node, cluster, found, loaded, missing
 
 
-def up(inv: Inventory, node_name, secrets, keys, *, port, drain_s, image, tls, dry_run, say, warn):
-    """The plan; unless `dry_run`, walked (each step said done): (plan, what the gateway routes)."""
+def up(inv: Inventory, node_name, secrets, keys, *, port, drain_s, image, tls, dry_run, say, warn, more_secrets=None):
+    """The plan; unless `dry_run`, walked (each step said done): (plan, what the gateway routes).
+    `more_secrets(names)`: the services' keys the gateway sends them (their profiles' `bearer`
+    secrets), read as the others are, once the deployments and their profiles are known."""
     node, cluster, found, loaded, missing = routes(inv, node_name)
+    bearers = sorted({p.bearer.name for p in loaded.values() if is_service(p) and p.bearer})
+    if bearers and more_secrets is not None:
+        secrets = {**secrets, **more_secrets(bearers)}
     with cluster:
         api = cluster.hosts[node.name].docker().api
         running = gateway_registry.find(api, inv.cluster.name)

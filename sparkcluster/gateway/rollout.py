@@ -70,7 +70,10 @@ class Upstream:
     supervisor: str  # its head agent's report
     nodes: tuple[str, ...] = ()  # where it runs: a refused start names what else serves there
     on_demand: bool = False  # on standby until a request wakes it (a profile's [on_demand])
-    paths: tuple[str, ...] = ()  # a service's routes (issue 60): routed by path; no key goes to it
+    paths: tuple[str, ...] = ()  # a service's routes (issue 60): routed by path
+    # a service's key (the name of its `bearer` secret): sent to it as `Authorization: Bearer`; the
+    # engines' key never goes to a service
+    bearer: str | None = None
 
 
 def upstreams(inv: Inventory, found, profiles: dict) -> list[Upstream]:
@@ -84,7 +87,12 @@ def upstreams(inv: Inventory, found, profiles: dict) -> list[Upstream]:
         if is_service(prof):  # a service (issue 60): at its own port, by its routes
             url = f"http://{head.control_ip}:{prof.port}"
             agent = f"http://{head.control_ip}:{sub.cluster.agent_port}/"
-            out.append(Upstream(d.key, tuple(prof.served_names), url, agent, tuple(d.nodes), paths=tuple(prof.routes)))
+            bearer = prof.bearer.name if prof.bearer else None
+            out.append(
+                Upstream(
+                    d.key, tuple(prof.served_names), url, agent, tuple(d.nodes), paths=tuple(prof.routes), bearer=bearer
+                )
+            )
             continue
         port = prof.serve.port or sub.cluster.api_port
         out.append(
@@ -126,6 +134,8 @@ class GatewayPlan:
     # deployment key -> its hold's deadline (deployment/gateway_hold), kept from the running gateway's config
     held: dict[str, float] = field(default_factory=dict)
     data_dir: str = ""  # its folder on the node (gateway/store), bound read-write at DATA_MOUNT
+    # a service's key by its secret's name (its profile's `bearer` secret), written only into the config
+    service_keys: dict[str, str] = field(default_factory=dict, repr=False)
     _steps: list[Step] = field(default_factory=list, repr=False)
 
     @property
@@ -147,7 +157,8 @@ class GatewayPlan:
                     "names": list(u.names),
                     "upstream": u.url,
                     "supervisor": u.supervisor,
-                    "api_key": None if u.paths else self.upstream_key,  # the engines' key is no service's
+                    # the engines' key is no service's; a service's own, where it has one
+                    "api_key": self.service_keys.get(u.bearer or "") if u.paths else self.upstream_key,
                     "nodes": list(u.nodes),
                     **({"paths": list(u.paths)} if u.paths else {}),
                     **({"wake_token": self.wake_tokens[u.key]} if u.key in self.wake_tokens else {}),
@@ -313,6 +324,7 @@ def make(
         inv, node, image, port, drain_s, upstreams(inv, found, profiles), keys, secrets.get("VLLM_API_KEY"), tls or {}
     )
     p.running = running
+    p.service_keys = {u.bearer: secrets[u.bearer] for u in p.routes if u.bearer and secrets.get(u.bearer)}
     p.wake_tokens = {k: v for k, v in (wake_tokens or {}).items() if v}
     p.held = dict(held or {})
     p.data_dir = data_dir

@@ -130,7 +130,7 @@ class Lifecycle:
         self.stopping = {"why": why, "grace_s": grace}
         self.save()
         try:
-            code = stop_group(self.proc, grace)
+            code = self.halt(grace)
         finally:
             self.stopping = None
         self.journal.write(f"{self.child_name} stopped", pid=pid, why=why, exit=code, grace_s=grace)
@@ -139,6 +139,11 @@ class Lifecycle:
             os.unlink(self.record_path)  # a stale record would name a PID that may be reused
         except FileNotFoundError:
             pass
+
+    def halt(self, grace: float) -> int | None:
+        """Ends the child, SIGKILL after `grace`; its exit status. A process group here; a service's
+        supervisor ends a container instead (node/service_supervisor)."""
+        return stop_group(self.proc, grace)
 
     # -- the wait for memory before a restart
     def memory_wait_step(self, covered: bool, seen: dict, policy: Policy, now: float) -> str:

@@ -1,19 +1,24 @@
-"""A service's supervisor (issue 60 item 2): the foreground process of a service's container (a
-profile of kind "service": config/service), where an engine's head container runs the node agent
-and its Supervisor.
+"""A service's supervisor: the foreground process of a service's supervisor container (a profile of
+kind "service": config/service_profile; container/service_container), where an engine's head
+container runs the node agent and its Supervisor.
 
-Where it runs, and why there: inside the service's own container, as its entry point (`python3
-/opt/sparkcluster CONFIG`, the agent's launcher, role "service"), so that it lives and dies with what
-it watches, Docker brings both back after a reboot (restart policy `unless-stopped`), `down --profile`
-of the service removes both, and a stop of any other deployment on the node touches neither. It
-starts the service's command in a process group of its own, asks its health URL every look
-(`interval_s`), and after `health_failures` failed answers in a row, or an exit, stops the group and
-restarts it, at most `max_restarts` in `restart_window_s` (the engine's bounds: a profile's
-`[supervisor]`), with the engine's backoff; past the bound it stops for good ("restart limit
-reached") until `up`. A first start that never answers healthy within `ready_timeout_s`, or exits
-first, is "failed to start" and is not retried: a wrong argument stays visible. Before a restart the
-node's MemAvailable must cover the service's reservation and the floor (verdict.memory_for_restart,
-the engine's restart gate), so a restart of one never starves another deployment on the node.
+Where it runs, and why there: beside the service, not in it. The service's own container runs its
+image as its owner runs it (its entrypoint, its command; no `python3` needed in it); this one runs
+from an image that has `python3` (the cluster's own), with the node's Docker socket, and asks Docker
+for one container only, the service's, by name (node/docker_socket: inspect, start, stop). It needs
+no controller: Docker brings it back after a reboot (`unless-stopped`), and it starts the service
+again; `down --profile` of the service removes both containers; a stop of any other deployment on
+the node touches neither.
+
+It starts the service's container, asks its health URL every look (`interval_s`; host networking:
+the node's loopback is the service's), and after `health_failures` failed answers in a row, or an
+exit, stops the container and starts it again, at most `max_restarts` in `restart_window_s` (the
+engine's bounds: a profile's `[supervisor]`), with the engine's backoff; past the bound it stops for
+good ("restart limit reached") until `up`. A first start that never answers healthy within
+`ready_timeout_s`, or exits first, is "failed to start" and is not retried: a wrong argument stays
+visible. Before a restart the node's MemAvailable must cover the service's reservation and the floor
+(verdict.memory_for_restart, the engine's restart gate), so a restart of one never starves another
+deployment on the node.
 
 It publishes what the engine's supervisor publishes, in the same files: its state (STATE_PATH: the
 gateway and `status` judge it as they judge an engine's), the child's record (RECORD_PATH), the
@@ -31,7 +36,7 @@ import threading
 import time
 import urllib.request
 
-from . import container_status
+from . import container_status, docker_socket
 from .contract import (
     FAILED,
     FINAL,
@@ -47,13 +52,12 @@ from .contract import (
     Supervised,
 )
 from .journal import Journal, read_json, write_json
-from .lifecycle import Lifecycle, spawn
+from .lifecycle import Lifecycle
 from .memreport import node_report, serve_reports
 from .metrics import Exporter
 from .readings import mem_available, mem_total
 from .verdict import memory_for_restart
 
-SERVICE_LOG = "/var/log/sparkcluster/service.log"
 MEMINFO = "/proc/meminfo"  # the node's (host networking, the host's /proc/meminfo as every container reads it)
 HEALTH_TIMEOUT_S = 3.0  # one health answer: a service that takes longer is failing it
 BACKOFF_MAX_S = 60.0
@@ -69,6 +73,20 @@ def healthy(url: str, timeout: float = HEALTH_TIMEOUT_S) -> tuple[bool, str]:
         return False, f"{url}: {type(e).__name__}: {e}"
 
 
+class Container:
+    """The service's container as the supervisor's child: what a process child offers the
+    lifecycle (its PID on the node, `poll()`: None while it runs, else its exit status)."""
+
+    def __init__(self, docker: docker_socket.Docker, name: str, pid: int | None):
+        self.docker, self.name, self.pid = docker, name, pid
+
+    def poll(self) -> int | None:
+        running, _, code = docker_socket.state_of(self.docker.inspect(self.name))
+        if running:
+            return None
+        return code if code is not None else -1  # gone: removed under it
+
+
 class ServiceSupervisor(Lifecycle):
     """One service's supervisor. What node/metrics' supervisor_samples reads of an engine's
     Supervisor is here under the same names (state, since, restarts, counts, the last health answer
@@ -76,14 +94,15 @@ class ServiceSupervisor(Lifecycle):
 
     child_name = "service"
 
-    def __init__(self, cfg: dict, journal: Journal, clock=time.time):
+    def __init__(self, cfg: dict, journal: Journal, clock=time.time, docker: docker_socket.Docker | None = None):
         self.clock = clock
         super().__init__(cfg, journal, STATE_PATH, RECORD_PATH)
         # what an engine's Supervisor carries and a service has not: no ranks, no progress series
         # (health is the whole verdict), no token rate
         self.mp, self.watch, self.rate, self.reports, self.epoch = False, None, None, {}, None
         svc = cfg["service"]
-        self.argv: list[str] = list(svc["argv"])
+        self.container: str = svc["container"]
+        self.docker = docker or docker_socket.Docker(svc.get("socket") or docker_socket.SOCKET)
         self.url: str = svc["health_url"]
         self.reserved: int = int(svc["reserved_bytes"])
         self.generation = svc.get("generation") or "service"
@@ -105,15 +124,27 @@ class ServiceSupervisor(Lifecycle):
             "service": {"health": self.url, "failures": self.failures},
         }
 
-    # -- the child
+    # -- the child: the service's container
     def start(self) -> None:
-        self.proc = spawn(self.argv, SERVICE_LOG, "--- started")
+        self.docker.start(self.container)  # already running (this supervisor came back): adopted as it is
+        _, pid, _ = docker_socket.state_of(self.docker.inspect(self.container))
+        self.proc = Container(self.docker, self.container, pid)
         self.started_at, self.failures, self.served = self.clock(), 0, False
-        write_json(
-            self.record_path, {"pid": self.proc.pid, "generation": self.generation, "started_at": self.started_at}
-        )
-        self.journal.write(f"{self.child_name} started", pid=self.proc.pid, argv0=self.argv[0])
+        write_json(self.record_path, {"pid": pid, "generation": self.generation, "started_at": self.started_at})
+        self.journal.write(f"{self.child_name} started", pid=pid, container=self.container)
         self.set_state(STARTING)
+
+    def running(self) -> bool:
+        """Whether the service's container runs now (one the supervisor finds running when it comes
+        back, after its own container restarted, is adopted with no wait for memory it holds)."""
+        running, _, _ = docker_socket.state_of(self.docker.inspect(self.container))
+        return running
+
+    def halt(self, grace: float) -> int | None:
+        """The container stopped through Docker (SIGTERM to its main process, SIGKILL after `grace`)."""
+        self.docker.stop(self.container, grace)
+        _, _, code = docker_socket.state_of(self.docker.inspect(self.container))
+        return code
 
     # -- looks
     def tick(self) -> None:
@@ -121,7 +152,7 @@ class ServiceSupervisor(Lifecycle):
         if self.state in FINAL:
             return
         if self.proc is None:
-            if now >= self.next_start and not self.memory_before_restart():
+            if now >= self.next_start and (self.running() or not self.memory_before_restart()):
                 self.start()
             return
         code = self.proc.poll()

@@ -44,12 +44,13 @@ GW_KEY = "gw-colocated-key-3b81f0d2"
 GW = f"http://{HEAD_LAN}:4000"
 GW_C = "sparkcluster-testbed-gateway"
 AUDIO, AUDIO_MODEL = "testbed-audio", "testbed-audio"  # the service (tests/testbed/profiles/testbed-audio.toml)
-AUDIO_C = f"sparkcluster-testbed-d2-service-{HEAD}"  # slot 2: the two models hold 0 and 1
+AUDIO_C = f"sparkcluster-testbed-d2-service-{HEAD}"  # slot 2: the two models hold 0 and 1; its supervisor
+AUDIO_SERVER_C = AUDIO_C + "-server"  # the service's own container (its image, beside its supervisor)
 
 
 def engines(testbed) -> list[str]:
     """The engines' containers on the head (the gateway's is no deployment's, the service's no engine's)."""
-    return sorted(x for x in ours(testbed, HEAD) if x not in (GW_C, AUDIO_C))
+    return sorted(x for x in ours(testbed, HEAD) if x not in (GW_C, AUDIO_C, AUDIO_SERVER_C))
 
 
 def chat(model: str, timeout: float = 60) -> httpx.Response:
@@ -172,7 +173,7 @@ def test_two_models_on_one_node_a_third_refused_and_one_taken_down(testbed, sc, 
 
     # the service fails its health checks (the stand-in's fault file, gone at its next start): its
     # supervisor restarts it; the models answer all the while (a fault in one is no fault in another)
-    testbed.sh(HEAD, f"docker exec {AUDIO_C} touch /tmp/audio-standin-unhealthy")
+    testbed.sh(HEAD, f"docker exec {AUDIO_SERVER_C} touch /tmp/audio-standin-unhealthy")
     assert wait_for(lambda: (service_state(testbed).get("causes") or [{}])[-1].get("kind") == "unhealthy", 60, step=0.5)
     assert chat(HEAD_MODEL).status_code == 200 and chat(BESIDE_MODEL).status_code == 200
     assert wait_for(lambda: service_state(testbed).get("state") == "serving", 60, step=0.5), service_state(testbed)
@@ -204,7 +205,8 @@ def test_two_models_on_one_node_a_third_refused_and_one_taken_down(testbed, sc, 
     assert wait_for(lambda: chat(BESIDE_MODEL).status_code in (404, 503), 30, step=0.5), chat(BESIDE_MODEL).text
     # the service taken down: the first model stays
     down = sc("down", "--profile", AUDIO, env=env)
-    assert down.returncode == 0 and AUDIO_C not in ours(testbed, HEAD), down.stdout + down.stderr
+    gone = not {AUDIO_C, AUDIO_SERVER_C} & set(ours(testbed, HEAD))
+    assert down.returncode == 0 and gone, down.stdout + down.stderr
     assert not listeners(testbed, HEAD, 8765) and chat(HEAD_MODEL).status_code == 200
     assert wait_for(lambda: speak("gone").status_code in (404, 503), 30, step=0.5)
     doc = json.loads(sc("status", "--all", "--json", env=env).stdout)

@@ -351,6 +351,21 @@ def audio_build_context(ctx: Path) -> Path:
     return ctx
 
 
+# ---------------------------------------------------------------- the keyed service's image (issue 72 item 3)
+KEYED_IMAGE = "sparkcluster-testbed/keyed-standin:bookworm"  # busybox alone: no python3, its own entrypoint
+KEYED_PACKAGES = ("busybox-static",)  # bookworm's 1.35: sh, nc (with -e), head, tr, wc, cat
+KEYED_DEBS = CACHE / "keyed-debs"
+KEYED_STANDIN = HERE / "standins" / "keyed"
+
+
+def keyed_build_context(ctx: Path) -> Path:
+    """images/Dockerfile.keyed-standin's context: busybox unpacked, the entrypoint and handler beside it."""
+    unpacked_context(ctx, "Dockerfile.keyed-standin", debs(KEYED_DEBS, KEYED_PACKAGES), KEYED_PACKAGES)
+    for name in ("entrypoint.sh", "handler.sh"):
+        shutil.copy2(KEYED_STANDIN / name, ctx / name)
+    return ctx
+
+
 def model_key() -> str:
     return _tree_digest(MODEL_SCRIPT, extra=f"{VLLM_VERSION}|{TINY_MODEL}|{TINY_REVISION}")
 

@@ -1349,6 +1349,18 @@ LABEL com.nvidia.nvidia-driver-version="580" org.opencontainers.image.title="vll
         log(f"audio stand-in image {tag} built in {time.monotonic() - t0:.1f}s")
         return tag
 
+    def keyed_image(self, tag: str = artifacts.KEYED_IMAGE) -> str:
+        """images/Dockerfile.keyed-standin (busybox alone: its own entrypoint, no python3, a key read
+        from a file, a mounted voices folder: standins/keyed) built on the head: the image of the
+        testbed-keyed service (issue 72 item 3). Kept while the testbed lives. Returns the tag."""
+        if self.image_id(HEAD, tag):
+            return tag
+        t0 = time.monotonic()
+        ctx = artifacts.keyed_build_context(self.dir / "keyed-build")
+        self.docker(HEAD, f"build -q -t {tag} {ctx}", timeout=300)
+        log(f"keyed stand-in image {tag} built in {time.monotonic() - t0:.1f}s")
+        return tag
+
     def copy_image(self, ref: str, src: str = HEAD, dst: str = WORKER) -> None:
         """docker save on src piped into docker load on dst."""
         save = subprocess.Popen(

@@ -922,3 +922,23 @@ def test_one_spark_without_a_data_plane_passes_and_skips_the_hca_pairing():
     bad = [(r.id, r.status, r.detail) for r in results if r.status not in ("ok", "skip")]
     assert not bad, bad
     assert {r.id: r.status for r in results}["rdma.hca"] == "skip"
+
+
+def test_a_services_containers_beside_the_engine_are_not_judged_as_an_engines():
+    """A service's supervisor and its own container (issue 72: from their own images, with none of the
+    engines' devices, capabilities or variables) run beside the worker's engine: the engines' flag and
+    variable checks judge the engine's container, whichever `docker ps` lists first."""
+    import copy
+
+    from sparkcluster.labels import ROLE_LABEL
+
+    s = healthy()
+    for role in ("service", "service-server"):
+        other = copy.deepcopy(s.inspect[W][0])
+        other["Id"], other["Name"] = role[0] * 64, f"/sparkcluster-x-{role}"
+        other["Config"]["Labels"][ROLE_LABEL] = role
+        other["HostConfig"]["CapAdd"], other["HostConfig"]["Devices"], other["Config"]["Env"] = None, [], []
+        s.inspect[W].insert(0, other)
+    got = results(s)
+    for cid in ("containers.flags", "containers.forwarded_env", "containers.per_host_env"):
+        assert got[(cid, W)].status == BASELINE[(cid, W)].status, got[(cid, W)]

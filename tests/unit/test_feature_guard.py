@@ -38,6 +38,7 @@ FEATURES = (
     "team keys (named keys, limits, usage)",
     "models taking turns on one Spark",
     "node health and the fabric while serving",  # since: kernel events, GPU power, the fabric watched
+    "services from their own images",  # since: a service's image runs as published, supervised beside it
 )
 CASE = re.compile(r"`(test_\w+)\.py::(test_\w+)`")
 

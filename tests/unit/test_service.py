@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import httpx
@@ -22,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as Path_
 
 from sparkcluster.config import profile as profiles
-from sparkcluster.container.service_container import service_spec
+from sparkcluster.container.service_container import server_spec, service_spec
 from sparkcluster.deployment import deployments
 from sparkcluster.errors import InputError
 from sparkcluster.gateway import health, rollout
@@ -34,6 +33,7 @@ from sparkcluster.labels import (
     PROFILE_LABEL,
     RESERVED_LABEL,
     ROLE_LABEL,
+    SERVER_ROLE,
     SERVICE_ROLE,
     SLOT_LABEL,
     container_name,
@@ -58,6 +58,7 @@ routes = ["/v1/audio/transcriptions"]
 served_name = "parakeet"
 [supervisor]
 max_restarts = 2
+image = "sparkcluster/vllm-ray:test"
 """
 
 
@@ -95,16 +96,27 @@ def test_the_role_word_is_one_on_both_sides_and_a_service_container_is_named_for
 
 def test_the_container_carries_the_labels_and_the_agent_its_service():
     inv = make_inventory().only([WORKER]).at_slot(1)
-    spec = service_spec(inv, asr(), inv.head)
-    assert spec.name == f"sparkcluster-{CLUSTER}-d1-service-{WORKER}" and spec.image == "example/asr:1"
-    assert spec.labels[ROLE_LABEL] == SERVICE_ROLE and spec.labels[RESERVED_LABEL] == "4"
-    assert spec.labels[PORT_LABEL] == "8765" and spec.labels[SLOT_LABEL] == "1" and spec.labels[NODES_LABEL] == WORKER
+    server = server_spec(inv, asr(), inv.head, {})
+    spec = service_spec(inv, asr(), inv.head, "sparkcluster/vllm-ray:test", server.config_hash())
+    assert spec.name == f"sparkcluster-{CLUSTER}-d1-service-{WORKER}" and spec.image == "sparkcluster/vllm-ray:test"
+    assert server.name == spec.name + "-server" and server.image == "example/asr:1"
+    for c, role in ((spec, SERVICE_ROLE), (server, SERVER_ROLE)):
+        assert c.labels[ROLE_LABEL] == role and c.labels[RESERVED_LABEL] == "4" and c.labels[SLOT_LABEL] == "1"
+        assert c.labels[PORT_LABEL] == "8765" and c.labels[NODES_LABEL] == WORKER
+    # the supervisor runs the agent with the node's Docker socket; the service's image keeps its entrypoint
     assert spec.agent_command() == ["python3", contract.AGENT_DIR, contract.CONFIG_PATH]
+    assert (
+        spec.binds == {"/var/run/docker.sock": "/var/run/docker.sock"} and "--gpus" not in spec.docker_run_equivalent()
+    )
+    assert server.agent_command() == asr().args and "--entrypoint" not in server.docker_run_equivalent()
+    assert "entrypoint" not in server.create_kwargs() and server.host_config_kwargs()["restart_policy"] == {
+        "Name": "no"
+    }
     cfg = json.loads(spec.files[contract.CONFIG_PATH])
     assert cfg["role"] == SERVICE_ROLE and cfg["ray_argv"] == [] and cfg["report_port"] == inv.cluster.agent_port
-    assert cfg["service"]["argv"] == asr().args and cfg["service"]["reserved_bytes"] == 4 * GB
+    assert cfg["service"]["container"] == server.name and cfg["service"]["reserved_bytes"] == 4 * GB
     assert cfg["service"]["policy"]["max_restarts"] == 2 and cfg["service"]["health_url"].endswith(":8765/health")
-    assert "--entrypoint ''" in spec.docker_run_equivalent()
+    assert cfg["server_hash"] == server.config_hash()  # a change of the service makes its supervisor anew
 
 
 def _listed(name: str, profile: str, slot: int = 0, role: str = "head", **labels) -> dict:
@@ -175,10 +187,36 @@ class Clock:
         return self.now
 
 
-def _supervisor(tmp_path, monkeypatch, answers: list, mem_available_gib: float = 100.0, **policy):
-    """A ServiceSupervisor over a real child (a sleeping Python), its health answers from `answers`
-    (the last repeats), its files in tmp_path, the node's meminfo a file the test writes."""
-    for name in ("STATE_PATH", "RECORD_PATH", "SERVICE_LOG", "MEMINFO"):
+class FakeDocker:
+    """The node's Docker as node/docker_socket.Docker answers the supervisor, for the one container it
+    supervises: an inspect document's `State` fields (Running, Pid, ExitCode: the Engine API's
+    ContainerInspect, https://docs.docker.com/reference/api/engine/version/v1.43/#tag/Container/
+    operation/ContainerInspect), start and stop."""
+
+    def __init__(self):
+        self.running, self.pid, self.code, self.calls = False, 100, 0, []
+
+    def inspect(self, name):
+        return {"State": {"Running": self.running, "Pid": self.pid if self.running else 0, "ExitCode": self.code}}
+
+    def start(self, name):
+        self.calls.append(("start", name))
+        if not self.running:
+            self.running, self.pid = True, self.pid + 1
+
+    def stop(self, name, grace_s):
+        self.calls.append(("stop", name))
+        if self.running:
+            self.running, self.code = False, 143
+
+    def exit(self, code: int) -> None:
+        self.running, self.code = False, code
+
+
+def _supervisor(tmp_path, monkeypatch, answers: list, mem_available_gib: float = 100.0, docker=None, **policy):
+    """A ServiceSupervisor over a fake Docker (the service's container), its health answers from
+    `answers` (the last repeats), its files in tmp_path, the node's meminfo a file the test writes."""
+    for name in ("STATE_PATH", "RECORD_PATH", "MEMINFO"):
         monkeypatch.setattr(service_supervisor, name, str(tmp_path / name.lower()))
     meminfo(tmp_path, mem_available_gib)
 
@@ -189,14 +227,16 @@ def _supervisor(tmp_path, monkeypatch, answers: list, mem_available_gib: float =
     cfg = {
         "node": HEAD,
         "service": {
-            "argv": [sys.executable, "-c", "import time; time.sleep(60)"],
+            "container": "svc-server",
             "health_url": "http://127.0.0.1:1/health",
             "reserved_bytes": 4 * GB,
             "policy": {"health_failures": 2, "max_restarts": 2, "ready_timeout_s": 30.0, **policy},
         },
     }
     clock = Clock()
-    return service_supervisor.ServiceSupervisor(cfg, Journal(str(tmp_path / "journal")), clock), clock
+    docker = docker or FakeDocker()
+    sup = service_supervisor.ServiceSupervisor(cfg, Journal(str(tmp_path / "journal")), clock, docker=docker)
+    return sup, clock
 
 
 def meminfo(tmp_path, available_gib: float, total_gb: float = 128) -> None:
@@ -268,8 +308,7 @@ def test_an_exit_is_a_verdict_and_a_first_start_that_never_serves_is_not_retried
         sup.first_start = False
         sup.tick()
         sup.tick()
-        sup.proc.kill()
-        sup.proc.wait()
+        sup.docker.exit(1)
         sup.tick()
         assert sup.state == contract.RESTARTING and "exited" in sup.causes[-1]["cause"]
     finally:
@@ -486,21 +525,29 @@ def test_an_engines_restart_never_starts_into_what_a_neighbour_holds():
 
 
 def test_seed_004s_services_as_the_stacks_guide_writes_them():
-    """docs/guides/stacks.md: Parakeet and Chatterbox as service profiles, each with seed 004's port
-    and health URL, and the page's sums beside Qwen and Gemma are the admission's."""
+    """docs/guides/stacks.md: the log's ASR and TTS as service profiles of public arm64 images
+    (Speaches' multi-arch build, Chatterbox-TTS-Server's cu130 arm64 build), each with its own
+    entrypoint kept (no `args`), its port and health URL as its sources give them, the page's sums
+    beside Qwen and Gemma the admission's; a secret a file named by the variable the server reads."""
     page = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "stacks.md").read_text()
     blocks = [b for b in re.findall(r"```toml\n(.*?)```", page, re.S) if 'kind = "service"' in b]
-    asr_, tts = (profiles.parse(b, n) for b, n in zip(blocks, ("parakeet-asr", "chatterbox-tts"), strict=True))
-    assert (asr_.port, asr_.routes, tts.port, tts.routes) == (
+    stt, tts = (profiles.parse(b, n) for b, n in zip(blocks, ("speaches-stt", "chatterbox-tts"), strict=True))
+    assert (stt.port, stt.routes, tts.port, tts.routes) == (
         8765,
         ["/v1/audio/transcriptions"],
-        8882,
+        8004,
         ["/v1/audio/speech"],
     )
-    assert asr_.health == tts.health == "/health"
+    assert (stt.health, tts.health) == ("/health", "/api/model-info")
+    assert stt.image == "ghcr.io/speaches-ai/speaches:latest-cuda" and stt.env == {"UVICORN_PORT": "8765"}
+    assert tts.image == "ghcr.io/devnen/chatterbox-tts-server:main-cu130" and not stt.args and not tts.args
+    assert stt.secrets == [] and [(x.name, x.file_env) for x in tts.secrets] == [("HF_TOKEN", "HF_TOKEN_PATH")]
+    ro = {b.target: b.read_only for b in tts.binds}
+    assert ro["/app/voices"] and ro["/app/reference_audio"] and not ro["/app/config.yaml"] and stt.gpu and tts.gpu
+    assert "are not reachable from where this guide was written" in page.replace("\n", " ")
     total, floor = 128 * GB, 6 * GiB
     qwen, gemma = memory_fit.Held("'qwen'", 0.55), memory_fit.Held("'gemma'", 0.80)
-    for engine, svc, said in ((qwen, asr_, "80.8 GB"), (gemma, tts, "116.8 GB")):
+    for engine, svc, said in ((qwen, stt, "81.8 GB"), (gemma, tts, "116.8 GB")):
         want = memory_fit.Held(f"'{svc.name}'", None, int(svc.memory_gb * GB))
         assert memory_fit.admit(total, [engine], want, floor) is None
         assert memory_fit.gb(engine.bytes_of(total) + want.bytes_of(total) + floor) == said and said in page
@@ -519,6 +566,7 @@ class FakeApi:
         self.made: list[dict] = []
         self.removed: list[str] = []
         self.pulled: list[str] = []
+        self.started: list[str] = []
 
     def containers(self, all=False, filters=None):
         return self.listed
@@ -543,7 +591,7 @@ class FakeApi:
         pass
 
     def start(self, cid):
-        pass
+        self.started.append(cid)
 
     def get_archive(self, cid, path):
         import io
@@ -564,6 +612,9 @@ class FakeApi:
 
     def remove_container(self, cid, force=False):
         self.removed.append(cid)
+
+    def logs(self, cid, tail=None, **kw):
+        return b"asr: no model at /models\n"
 
 
 class FakeHost:
@@ -599,15 +650,18 @@ def test_up_makes_the_container_waits_for_serving_and_again_changes_nothing(monk
     monkeypatch.setattr(teardown, "remove_container", lambda host, cid: host.api.removed.append(cid) or True)
     inv = make_inventory().only([HEAD]).at_slot(2)
     svc = asr()
-    spec = service_spec(inv, svc, inv.head)
+    server = server_spec(inv, svc, inv.head, {})
+    spec = service_spec(inv, svc, inv.head, "sparkcluster/vllm-ray:test", server.config_hash())
     api = FakeApi([None, {"state": contract.STARTING}, {"state": contract.SERVING, "pid": 7}], image=False)
-    got = service_up._start(FakeHost(api), inv, svc, spec, Quiet(), 0.0)
+    got = service_up._start(FakeHost(api), inv, svc, spec, server, Quiet(), 0.0)
     assert not got.unchanged and got.pid == 7 and got.slot == 2 and got.endpoint == "http://192.0.2.10:8765"
-    assert api.pulled == ["example/asr:1"] and api.made[0]["name"] == spec.name and api.removed == []
+    assert api.pulled == ["example/asr:1", "sparkcluster/vllm-ray:test"] and api.removed == []
+    # the service's own container is made first and left for its supervisor to start; the supervisor is started
+    assert [m["name"] for m in api.made] == [server.name, spec.name] and api.started == ["cid2"]
     # again: the same configuration serving in its container is left alone
-    api.listed = [{"Id": "cid1", "State": "running", "Labels": spec.create_kwargs()["labels"]}]
-    again = service_up._start(FakeHost(api), inv, svc, spec, Quiet(), 0.0)
-    assert again.unchanged and len(api.made) == 1 and api.removed == []
+    api.listed = [{"Id": "cid2", "State": "running", "Labels": spec.create_kwargs()["labels"]}]
+    again = service_up._start(FakeHost(api), inv, svc, spec, server, Quiet(), 0.0)
+    assert again.unchanged and len(api.made) == 2 and api.removed == []
 
 
 def test_up_of_a_service_that_fails_to_start_removes_its_container_and_says_why(monkeypatch):
@@ -619,9 +673,14 @@ def test_up_of_a_service_that_fails_to_start_removes_its_container_and_says_why(
     inv = make_inventory().only([HEAD]).at_slot(1)
     failed = {"state": contract.FAILED, "causes": [{"kind": "not-ready", "cause": "no healthy answer within 600s"}]}
     api = FakeApi([failed])
+    server = server_spec(inv, asr(), inv.head, {})
+    spec = service_spec(inv, asr(), inv.head, "sparkcluster/vllm-ray:test", server.config_hash())
     with pytest.raises(SparkError, match="did not serve: no healthy answer within 600s") as e:
-        service_up._start(FakeHost(api), inv, asr(), service_spec(inv, asr(), inv.head), Quiet(), 0.0)
-    assert api.removed == ["cid1"] and "events --profile asr" in e.value.fix
+        service_up._start(FakeHost(api), inv, asr(), spec, server, Quiet(), 0.0)
+    assert api.removed == ["cid1", "cid2"] and "events --profile asr" in e.value.fix
+    # the service's own last lines under its supervisor's: a server that refused to start says why
+    shown = "\n".join(e.value.details)
+    assert "| the journal's last lines" in shown and "| asr: no model at /models" in shown, shown
 
 
 class FakeCluster:
@@ -705,7 +764,8 @@ def test_up_of_a_service_walks_exactly_the_steps_its_dry_run_prints(monkeypatch)
     inv = make_inventory()
     plan = service_up.run(inv, asr(), Quiet(), monitoring=None, node=(HEAD,), dry_run=True)
     ids = [s["id"] for s in json.loads(plan.as_json())]
-    assert ids == [f"service/{HEAD}/{a}" for a in ("admit", "look", "pull", "create", "wait")] and walked == []
+    actions = ("admit", "look", "pull", "pull-supervisor", "create-server", "create-supervisor", "wait")
+    assert ids == [f"service/{HEAD}/{a}" for a in actions] and walked == []
     assert all(s.run is not None for s in plan.steps()) and "[service]" in plan.render()
     got = service_up.run(inv, asr(), Quiet(), monitoring=lambda *a: contextlib.nullcontext(), node=(HEAD,))
-    assert walked == ids and got.pid == 7 and api.pulled == ["example/asr:1"]
+    assert walked == ids and got.pid == 7 and api.pulled == ["example/asr:1", "sparkcluster/vllm-ray:test"]

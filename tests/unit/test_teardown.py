@@ -199,3 +199,34 @@ def test_down_of_one_deployment_leaves_the_one_beside_it(monkeypatch):
     out = teardown.down(ConnectedHosts(inv, {"spark-head": host}), only_ids={"spark-head": {"later"}})
     assert stopped == ["later"] and removed == ["later"]
     assert out["spark-head"].removed == ["sparkcluster-pair-d1-head"]
+
+
+def test_down_of_a_service_removes_both_its_containers_and_asks_neither_for_shared_memory(monkeypatch):
+    """A service's two containers (its supervisor, its own from an image that may have no shell): `down
+    --profile` removes both; neither is exec'd into for a rank's /dev/shm segments, nor stopped as an
+    engine."""
+    from conftest import make_inventory
+
+    from sparkcluster.labels import ROLE_LABEL, SERVER_ROLE, SERVICE_ROLE, SLOT_LABEL
+    from sparkcluster.remote.fanout import ConnectedHosts
+
+    listed = [
+        {"Id": "sup", "Names": ["/s-d1-service-spark-head"], "Labels": {ROLE_LABEL: SERVICE_ROLE, SLOT_LABEL: "1"}},
+        {
+            "Id": "srv",
+            "Names": ["/s-d1-service-spark-head-server"],
+            "Labels": {ROLE_LABEL: SERVER_ROLE, SLOT_LABEL: "1"},
+        },
+    ]
+    for c in listed:
+        c["State"] = "running"
+    asked, stopped, removed = [], [], []
+    monkeypatch.setattr(teardown, "ours", lambda host, cluster: listed)
+    monkeypatch.setattr(teardown, "shm_segments", lambda host, cid: asked.append(cid) or [])
+    monkeypatch.setattr(teardown, "stop_server", lambda host, cid: stopped.append(cid))
+    monkeypatch.setattr(teardown, "remove_container", lambda host, cid: removed.append(cid) or True)
+    inv = make_inventory().only(["spark-head"]).at_slot(1)
+    host = Host(API())
+    host.close = lambda: None
+    teardown.down(ConnectedHosts(inv, {"spark-head": host}), only_ids={"spark-head": {"sup", "srv"}})
+    assert asked == [] and stopped == [] and sorted(removed) == ["srv", "sup"]
