@@ -46,6 +46,9 @@ LAUNCHER = (
 )
 
 
+ASSETS = (("sparkcluster.gateway", "console_assets"),)  # (package, folder): shipped as they are (gateway/console)
+
+
 def code_files() -> dict[str, str]:
     """The gateway's modules as its container holds them: a package `sparkcluster` with only the
     gateway's entry point and what it imports (the node contract it reads the supervisor's states
@@ -57,6 +60,8 @@ def code_files() -> dict[str, str]:
     for package in sorted({m.rpartition(".")[0] for m in shipped} - {"sparkcluster", __package__}):  # node/
         files[f"{CODE_DIR}/{package.replace('.', '/')}/__init__.py"] = '"""Only the modules the gateway imports."""\n'
     files[f"{CODE_DIR}/__main__.py"] = LAUNCHER
+    for package, sub in ASSETS:  # what is no module: the console's script and styles
+        files.update(programs.assets(CODE_DIR, package, sub))
     return files
 
 
@@ -121,7 +126,8 @@ class GatewayPlan:
     upstream_key: str | None = field(default=None, repr=False)
     tls: dict[str, str] = field(default_factory=dict)  # cert/key: paths on the node, mounted read-only
     running: dict | None = None  # the gateway container there now (the Engine API's list entry)
-    # on demand: deployment key -> its wake token (read from its head container, never shown)
+    # deployment key -> its token (read from its head container, never shown): on demand a wake's, and
+    # on every deployment the console's actions' (gateway/console)
     wake_tokens: dict[str, str] = field(default_factory=dict, repr=False)
     # deployment key -> its hold's deadline (deployment/gateway_hold), kept from the running gateway's config
     held: dict[str, float] = field(default_factory=dict)
@@ -150,7 +156,8 @@ class GatewayPlan:
                     "api_key": None if u.paths else self.upstream_key,  # the engines' key is no service's
                     "nodes": list(u.nodes),
                     **({"paths": list(u.paths)} if u.paths else {}),
-                    **({"wake_token": self.wake_tokens[u.key]} if u.key in self.wake_tokens else {}),
+                    **({"wake_token": self.wake_tokens[u.key]} if u.on_demand and u.key in self.wake_tokens else {}),
+                    **({"agent_token": self.wake_tokens[u.key]} if u.key in self.wake_tokens else {}),
                 }
                 for u in self.routes
             ],
