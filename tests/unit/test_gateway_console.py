@@ -1,0 +1,233 @@
+"""The web console (sparkcluster/gateway/console) on loopback against stand-in head agents and engines
+(console_fakes): the key entered once gives a session cookie (HttpOnly, SameSite=Strict, Secure under
+TLS), pages are server-rendered and live (SSE), every action needs the session's CSRF token and an admin
+key and goes to the deployment's head agent with its token and the key's name; the head agent's side
+(node/console_calls, node/supervisor `ask`) reads the journal and the log with the secrets masked."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import httpx
+import pytest
+from console_fakes import ADMIN_KEY, KEY, SECRET, TOKEN_A, TOKEN_B, USER_KEY, start, until
+from starlette.testclient import TestClient
+
+from sparkcluster.gateway import console, console_view, keys, rollout
+from sparkcluster.gateway.app import Gateway
+from sparkcluster.node import console_calls, contract
+
+
+@pytest.fixture
+def cons(tmp_path):
+    c = start(tmp_path)
+    yield c
+    c.stop()
+
+
+def signed_in(c, key: str) -> httpx.Client:
+    client = httpx.Client(base_url=c.url, timeout=10.0)
+    got = client.post("/console/login", data={"key": key})
+    assert got.status_code == 303, got.text
+    return client
+
+
+def csrf_of(page: str) -> str:
+    return re.search(r"name='csrf' value='([^']+)'", page).group(1)
+
+
+def test_without_a_session_the_console_asks_for_a_key_and_refuses_a_wrong_one(cons):
+    with httpx.Client(base_url=cons.url) as client:
+        got = client.get("/console")
+        assert got.status_code == 303 and got.headers["location"] == "/console/login"
+        form = client.get("/console/login")
+        assert form.status_code == 200 and "type='password'" in form.text
+        assert "default-src 'self'" in form.headers["content-security-policy"]
+        wrong = client.post("/console/login", data={"key": "not-a-key-of-this-gateway"})
+        assert wrong.status_code == 401 and "not one of this gateway" in wrong.text
+        assert console.COOKIE not in wrong.headers.get("set-cookie", "")
+        assert client.get("/console/live").status_code == 401
+
+
+def test_a_key_entered_once_gives_an_httponly_strict_cookie_and_the_cluster(cons):
+    with httpx.Client(base_url=cons.url) as client:
+        got = client.post("/console/login", data={"key": ADMIN_KEY})
+        cookie = got.headers["set-cookie"]
+        assert got.status_code == 303 and cookie.startswith(console.COOKIE + "=")
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/console" in cookie
+        assert "Secure" not in cookie  # plain HTTP here; under TLS: test_the_cookie_is_secure_under_tls
+        assert ADMIN_KEY not in cookie
+        page = client.get("/console").text
+    # both deployments, their supervisor's state, the last verdict with its cause, the rotation, the nodes
+    assert "reasoner@spark-a+spark-b" in page and "vision@spark-c" in page
+    assert "state-serving" in page and "state-standby" in page
+    assert "wedged</span>: no token generated for 120s with 2 requests running" in page
+    assert "in rotation" in page and "spark-b" in page and "90.0 GiB of 119.0 GiB" in page
+    assert "owner (admin)" in page
+
+
+def test_the_cookie_is_secure_under_tls(tmp_path):
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / keys.KEYS_FILE).write_text(keys.render([keys.Entry("owner", keys.digest(ADMIN_KEY), admin=True)]))
+    gw = Gateway({"keys": [KEY], "deployments": [], "data": str(data)})
+    client = TestClient(gw.app(), base_url="https://gateway.example", follow_redirects=False)
+    got = client.post("/console/login", data={"key": ADMIN_KEY})
+    assert got.status_code == 303 and "Secure" in got.headers["set-cookie"]
+
+
+def test_a_non_admin_key_sees_the_cluster_and_models_but_neither_acts_nor_reads_events_or_logs(cons):
+    client = signed_in(cons, USER_KEY)
+    page = client.get("/console").text
+    assert "reasoner@spark-a+spark-b" in page and "/console/confirm" not in page and "Events" not in page
+    assert client.get("/console/events").status_code == 403
+    assert client.get("/console/confirm", params={"action": "restart", "deployment": "x"}).status_code == 403
+    said = client.post(
+        "/console/action", data={"csrf": csrf_of(page), "action": "restart", "deployment": "reasoner@spark-a+spark-b"}
+    )
+    assert said.status_code == 403 and "only an admin key" in said.text
+    assert cons.a.asked == []
+    model = client.get("/console/model/reasoner").text
+    assert "Engine figures" in model and "Server log" not in model and SECRET not in model
+
+
+def test_an_action_without_the_csrf_token_or_from_another_site_is_refused(cons):
+    client = signed_in(cons, ADMIN_KEY)
+    page = client.get("/console").text
+    form = {"action": "restart", "deployment": "reasoner@spark-a+spark-b"}
+    assert client.post("/console/action", data=form).status_code == 403
+    assert client.post("/console/action", data={**form, "csrf": "wrong"}).status_code == 403
+    other = client.post("/console/action", data={**form, "csrf": csrf_of(page)}, headers={"origin": "https://evil.example"})
+    assert other.status_code == 403
+    assert cons.a.asked == []
+    # no session at all: nothing done either
+    with httpx.Client(base_url=cons.url) as anon:
+        assert anon.post("/console/action", data={**form, "csrf": csrf_of(page)}).status_code == 401
+    assert cons.a.asked == []
+
+
+def test_restart_is_confirmed_in_the_dry_runs_words_and_sent_with_the_token_and_the_keys_name(cons, capsys):
+    client = signed_in(cons, ADMIN_KEY)
+    page = client.get("/console").text
+    assert "action=restart&amp;deployment=reasoner%40spark-a%2Bspark-b" in page
+    confirm = client.get("/console/confirm", params={"action": "restart", "deployment": "reasoner@spark-a+spark-b"})
+    assert confirm.status_code == 200
+    assert "POST /restart" in confirm.text and "requests in flight fail" in confirm.text
+    done = client.post(
+        "/console/action",
+        data={"csrf": csrf_of(confirm.text), "action": "restart", "deployment": "reasoner@spark-a+spark-b"},
+        headers={"origin": cons.url},
+    )
+    assert done.status_code == 303 and "asked" in done.headers["location"]
+    assert cons.a.asked == [("restart", TOKEN_A, "owner")]
+    assert cons.a.journal[-1]["by"] == "owner"
+    logged = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert any(e["event"] == "console action" and e["key"] == "owner" and e["action"] == "restart" for e in logged)
+
+
+def test_a_standby_is_woken_and_stopped_again_through_its_token(cons):
+    client = signed_in(cons, ADMIN_KEY)
+    csrf = csrf_of(client.get("/console").text)
+    woke = client.post("/console/action", data={"csrf": csrf, "action": "wake", "deployment": "vision@spark-c"})
+    assert woke.status_code == 303 and cons.b.wakes == [TOKEN_B]
+    until(lambda: "Stop to standby" in client.get("/console").text, what="the woken deployment offers its standby")
+    client.post("/console/action", data={"csrf": csrf, "action": "standby", "deployment": "vision@spark-c"})
+    assert cons.b.asked == [("standby", TOKEN_B, "owner")]
+
+
+def test_the_live_stream_sends_the_cluster_and_a_verdict_when_it_comes(cons):
+    client = signed_in(cons, ADMIN_KEY)
+    with client.stream("GET", "/console/live") as got:
+        assert got.headers["content-type"].startswith("text/event-stream")
+        lines = got.iter_lines()
+        first = json.loads(next(x for x in lines if x.startswith("data: "))[6:])
+        assert "reasoner@spark-a+spark-b" in first["deployments"] and "spark-b" in first["nodes"]
+        cons.a.causes.append({"ts": time.time(), "kind": "wedged", "cause": "rank 1 stopped (SIGSTOP)"})
+        cons.a.state = contract.RESTARTING
+        seen = ""
+        for x in lines:
+            if x.startswith("data: "):
+                seen = json.loads(x[6:])["deployments"]
+                if "rank 1 stopped" in seen:
+                    break
+        assert "state-restarting" in seen
+
+
+def test_the_model_page_shows_the_engines_figures_recent_events_and_the_masked_log(cons):
+    client = signed_in(cons, ADMIN_KEY)
+    client.get("/console/model/reasoner")
+    time.sleep(console.FIGURES_S)
+    page = client.get("/console/model/reasoner").text
+    assert "Engine figures" in page and "25.0 %" in page and "3 + 1 waiting" in page
+    assert "200 ms" in page and "20.0 ms" in page  # TTFT and ITL means between the two reads
+    assert "Avg prompt throughput" in page and SECRET not in page and "******" in page
+    assert "state: serving" in page  # the recent events
+    assert client.get("/console/model/not-served").status_code == 404
+
+
+def test_events_filtered_by_deployment_and_kind(cons):
+    client = signed_in(cons, ADMIN_KEY)
+    page = client.get("/console/events", params={"deployment": "vision@spark-c"}).text
+    assert "state: standby" in page and "state: serving" not in page
+    page = client.get("/console/events", params={"kind": "verdict", "minutes": "60"}).text
+    assert "no token generated for 120s" in page and "state: standby" not in page
+
+
+def test_a_revoked_key_ends_its_session_and_signing_out_needs_the_token(cons, tmp_path):
+    client = signed_in(cons, USER_KEY)
+    page = client.get("/console").text
+    assert client.post("/console/logout", data={}).status_code == 403
+    (tmp_path / "gateway" / keys.KEYS_FILE).write_text(
+        keys.render([keys.Entry("owner", keys.digest(ADMIN_KEY), admin=True)])
+    )
+    until(lambda: client.get("/console").status_code == 303, what="the revoked key's session to end")
+    assert csrf_of(page)
+
+
+def test_the_printable_view_and_the_assets(cons):
+    client = signed_in(cons, USER_KEY)
+    assert "reasoner@spark-a+spark-b" in client.get("/console/print").text
+    js = client.get("/console/static/console.js")
+    assert js.status_code == 200 and "EventSource" in js.text and js.headers["content-type"].startswith("text/javascript")
+    assert client.get("/console/static/..%2Fconsole.py").status_code == 404
+    assert client.get("/console/static/console.py").status_code == 404
+
+
+def test_the_gateways_container_carries_the_consoles_assets():
+    files = rollout.code_files()
+    for name in ("console.js", "console.css"):
+        assert f"{rollout.CODE_DIR}/sparkcluster/gateway/console_assets/{name}" in files
+    assert f"{rollout.CODE_DIR}/sparkcluster/gateway/console.py" in files
+
+
+def test_figures_between_two_reads():
+    before = {console_view.GENERATED: 100.0, f"{console_view.TTFT}_sum": 1.0, f"{console_view.TTFT}_count": 10}
+    now = {console_view.GENERATED: 300.0, f"{console_view.TTFT}_sum": 2.0, f"{console_view.TTFT}_count": 15}
+    f = console_view.figures(now, before, 2.0)
+    assert f.tokens_per_s == 100.0 and f.ttft_s == pytest.approx(0.2) and f.itl_s is None
+    assert console_view.figures(now, None, 0).tokens_per_s is None
+    text = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\nvllm:kv_cache_usage_perc{engine="1"} 0.25\n'
+    assert console_view.samples(text)[console_view.KV] == 0.75
+
+
+def test_every_value_is_escaped():
+    page = console_view.events_table([{"ts": 1, "event": "<script>alert(1)</script>", "deployment": "x"}])
+    assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_the_head_agent_reads_the_journal_and_the_log_with_the_secrets_masked(tmp_path, monkeypatch):
+    token, journal, log, secrets = (tmp_path / n for n in ("token", "journal", "log", "secrets"))
+    token.write_text("the-token-0123456789\n")
+    journal.write_text("\n".join(json.dumps({"ts": t, "event": f"e{t}"}) for t in (1, 2, 3)) + "\nnot json\n")
+    log.write_text(f"line one\nHF_TOKEN={SECRET}\n")
+    secrets.write_text(json.dumps({"HF_TOKEN": SECRET}))
+    for name, path in (("WAKE_PATH", token), ("JOURNAL_PATH", journal), ("SERVE_LOG", log), ("SECRETS_PATH", secrets)):
+        monkeypatch.setattr(console_calls, name, str(path))
+    assert console_calls.read("/journal", "wrong", {})[0] == 401
+    code, doc = console_calls.read("/journal", "the-token-0123456789", {"since": "1"})
+    assert code == 200 and [e["event"] for e in doc["entries"]] == ["e2", "e3"]
+    code, doc = console_calls.read("/log", "the-token-0123456789", {"lines": "5"})
+    assert doc["lines"] == ["line one", "HF_TOKEN=******"]
+    assert console_calls.tail(str(log), 1) == [f"HF_TOKEN={SECRET}"]
