@@ -99,7 +99,9 @@ def test_an_action_without_the_csrf_token_or_from_another_site_is_refused(cons):
     form = {"action": "restart", "deployment": "reasoner@spark-a+spark-b"}
     assert client.post("/console/action", data=form).status_code == 403
     assert client.post("/console/action", data={**form, "csrf": "wrong"}).status_code == 403
-    other = client.post("/console/action", data={**form, "csrf": csrf_of(page)}, headers={"origin": "https://evil.example"})
+    other = client.post(
+        "/console/action", data={**form, "csrf": csrf_of(page)}, headers={"origin": "https://evil.example"}
+    )
     assert other.status_code == 403
     assert cons.a.asked == []
     # no session at all: nothing done either
@@ -190,7 +192,9 @@ def test_the_printable_view_and_the_assets(cons):
     client = signed_in(cons, USER_KEY)
     assert "reasoner@spark-a+spark-b" in client.get("/console/print").text
     js = client.get("/console/static/console.js")
-    assert js.status_code == 200 and "EventSource" in js.text and js.headers["content-type"].startswith("text/javascript")
+    assert (
+        js.status_code == 200 and "EventSource" in js.text and js.headers["content-type"].startswith("text/javascript")
+    )
     assert client.get("/console/static/..%2Fconsole.py").status_code == 404
     assert client.get("/console/static/console.py").status_code == 404
 
@@ -231,3 +235,54 @@ def test_the_head_agent_reads_the_journal_and_the_log_with_the_secrets_masked(tm
     code, doc = console_calls.read("/log", "the-token-0123456789", {"lines": "5"})
     assert doc["lines"] == ["line one", "HF_TOKEN=******"]
     assert console_calls.tail(str(log), 1) == [f"HF_TOKEN={SECRET}"]
+
+
+AGENT_TOKEN = "wake-token-3f9c2e7a"
+ON_DEMAND = {"on_demand": True, "idle_ttl_s": 600.0, "memory_need_fraction": 0.0, "memory_wait_s": 3600.0}
+
+
+def _journal(tmp_path) -> list[dict]:
+    return [json.loads(x) for x in (tmp_path / "journal").read_text().splitlines()]
+
+
+def test_the_supervisor_restarts_on_the_consoles_ask_journalling_the_keys_name(tmp_path, monkeypatch):
+    from conftest import on_demand_supervisor
+
+    sup = on_demand_supervisor(tmp_path, monkeypatch, {**ON_DEMAND, "on_demand": False}, AGENT_TOKEN)
+    monkeypatch.setattr(sup, "node_memory", lambda: {})
+    try:
+        assert sup.ask("restart", AGENT_TOKEN, "owner")[0] == 409  # nothing runs yet
+        sup.tick()
+        assert sup.proc is not None
+        first = sup.proc.pid
+        assert sup.ask("restart", "wrong", "owner")[0] == 401
+        assert sup.ask("standby", AGENT_TOKEN, "owner")[0] == 409  # not on demand: no standby
+        assert sup.ask("restart", AGENT_TOKEN, "owner")[0] == 202
+        monkeypatch.setattr(sup, "memory_before_restart", lambda policy: False)
+        sup.tick()  # the ask: stopped, restarting
+        assert sup.proc is None and sup.state == contract.RESTARTING and sup.restarts == []
+        sup.tick()  # started again at once
+        assert sup.proc is not None and sup.proc.pid != first
+        asked = [e for e in _journal(tmp_path) if e["event"] == "console: restart"]
+        assert asked and asked[0]["by"] == "owner"
+    finally:
+        sup.stop("test")
+
+
+def test_the_supervisor_goes_back_to_standby_on_the_consoles_ask(tmp_path, monkeypatch):
+    from conftest import on_demand_supervisor
+
+    sup = on_demand_supervisor(tmp_path, monkeypatch, ON_DEMAND, AGENT_TOKEN)
+    monkeypatch.setattr(sup, "node_memory", lambda: {"spark-head": (100 * 2**30, 90 * 2**30)})
+    try:
+        sup.tick()
+        assert sup.state == contract.STANDBY and sup.ask("standby", AGENT_TOKEN, "owner")[0] == 409
+        sup.wake(AGENT_TOKEN)
+        sup.tick()
+        assert sup.proc is not None
+        assert sup.ask("standby", AGENT_TOKEN, "owner")[0] == 202
+        sup.tick()
+        assert sup.proc is None and sup.state == contract.STANDBY
+        assert any(e["event"] == "console: standby" and e["by"] == "owner" for e in _journal(tmp_path))
+    finally:
+        sup.stop("test")
