@@ -41,8 +41,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as Path
 
-from ..programs.gateway_usage import FILENAME as USAGE_FILE
-from ..programs.gateway_usage import USAGE_DIR, Ledger
+from ..programs.gateway_usage import FILENAME, USAGE_DIR, Ledger
 from . import auth, exposure, health, metering, proxy, tracing
 from .console import Console
 from .figures import Metrics
@@ -101,7 +100,7 @@ class Gateway:
         self.ledger = Ledger(
             os.path.join(data, USAGE_DIR) if data else None, int(cfg.get("usage_retention_days") or 400)
         )
-        self.usage_path = os.path.join(data, USAGE_DIR, USAGE_FILE) if data else None  # the console's usage page
+        self.usage_path = os.path.join(data, USAGE_DIR, FILENAME) if data else None  # the console's usage page
         self.quota = Quota(self.ledger)
         self._pruned = time.monotonic()
         self.table = Table.from_config(cfg)

@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route as Path_
 
-from . import console_view as view
+from . import console_view
 from .health import event
 from .keys import Identity
 
@@ -96,7 +96,7 @@ class Console:
     def __init__(self, gateway):
         self.gw = gateway
         self.sessions: dict[str, Session] = {}
-        self.figures: dict[str, tuple[float, dict, view.Figures]] = {}  # key -> (read at, samples, figures)
+        self.figures: dict[str, tuple[float, dict, console_view.Figures]] = {}  # key -> (read at, samples, figures)
         self.logs: dict[str, tuple[float, list[str]]] = {}
         self._reading: dict[str, asyncio.Lock] = {}
 
@@ -146,9 +146,10 @@ class Console:
         return RedirectResponse("/console/login", status_code=303, headers=HEADERS)
 
     def refuse(self, status: int, said: str, s: Session | None = None) -> HTMLResponse:
-        body = f"<p class='error' role='alert'>{view.esc(said)}</p><p><a href='/console'>Back to the console</a></p>"
+        body = f"<p class='error' role='alert'>{console_view.esc(said)}</p>"
+        body += "<p><a href='/console'>Back to the console</a></p>"
         who = s.who.name if s else None
-        return self.html(view.page("Refused", body, who, s.csrf if s else "", bool(s and s.who.admin)), status)
+        return self.html(console_view.page("Refused", body, who, s.csrf if s else "", bool(s and s.who.admin)), status)
 
     # -- the routes
     def routes(self) -> list:
@@ -179,7 +180,7 @@ class Console:
     async def login_form(self, request: Request) -> Response:
         if self.session(request) is not None:
             return RedirectResponse("/console", status_code=303, headers=HEADERS)
-        return self.html(view.login())
+        return self.html(console_view.login())
 
     async def form(self, request: Request) -> dict:
         """The form's fields (a small urlencoded body), the connection told it is in."""
@@ -192,11 +193,11 @@ class Console:
     async def login(self, request: Request) -> Response:
         fields = await self.form(request)
         if not self.same_site(request):
-            return self.html(view.login("this form was sent from another site"), 403)
+            return self.html(console_view.login("this form was sent from another site"), 403)
         who = self.gw.keyring.identify((fields.get("key") or "").strip() or None)
         if who is None:
             event("console sign-in refused", client=(request.scope.get("client") or ("?",))[0])
-            return self.html(view.login("that key is not one of this gateway's"), 401)
+            return self.html(console_view.login("that key is not one of this gateway's"), 401)
         self.gw.guard.keyed(request.scope.get("client"))
         sid, _ = self.open(who)
         event("console sign-in", key=who.name)
@@ -231,14 +232,14 @@ class Console:
             return self.to_login()
         _, s = got
         said = request.query_params.get("said", "")[:300]
-        return self.html(view.cluster(self.gw.table.routes, time.time(), s.who.name, s.csrf, s.who.admin, said))
+        return self.html(console_view.cluster(self.gw.table.routes, time.time(), s.who.name, s.csrf, s.who.admin, said))
 
     async def printable(self, request: Request) -> Response:
         got = self.session(request)
         if got is None:
             return self.to_login()
         _, s = got
-        return self.html(view.printable(self.gw.table.routes, time.time(), s.who.name, s.csrf, s.who.admin))
+        return self.html(console_view.printable(self.gw.table.routes, time.time(), s.who.name, s.csrf, s.who.admin))
 
     def stream(self, request: Request, parts) -> Response:
         """Server-Sent Events: `parts()` (element id -> HTML) every LIVE_S, sent only when changed."""
@@ -269,7 +270,7 @@ class Console:
         async def parts():
             if self.session(request) is None:
                 return {}
-            return view.cluster_live(self.gw.table.routes, time.time(), s.who.admin)
+            return console_view.cluster_live(self.gw.table.routes, time.time(), s.who.admin)
 
         return self.stream(request, parts)
 
@@ -277,12 +278,12 @@ class Console:
     def serving(self, name: str) -> list:
         return [r for r in self.gw.table.routes if name in r.names]
 
-    async def read_figures(self, routes) -> dict[str, view.Figures]:
+    async def read_figures(self, routes) -> dict[str, console_view.Figures]:
         out = {}
         for r in routes:
             lock = self._reading.setdefault(r.key, asyncio.Lock())
             async with lock:  # one read per FIGURES_S however many pages watch
-                at, before, figs = self.figures.get(r.key, (0.0, None, view.Figures()))
+                at, before, figs = self.figures.get(r.key, (0.0, None, console_view.Figures()))
                 now = time.monotonic()
                 if now - at >= FIGURES_S:
                     try:
@@ -292,11 +293,11 @@ class Console:
                             timeout=2.0,
                         )
                         got.raise_for_status()
-                        seen = view.samples(got.text)
-                        figs = view.figures(seen, before, now - at if before is not None else 0)
+                        seen = console_view.samples(got.text)
+                        figs = console_view.figures(seen, before, now - at if before is not None else 0)
                         figs.read_at = time.time()
                     except Exception as e:  # noqa: BLE001 (an engine down is shown, never a 500)
-                        seen, figs = None, view.Figures(error=f"{type(e).__name__}")
+                        seen, figs = None, console_view.Figures(error=f"{type(e).__name__}")
                     self.figures[r.key] = (now, seen, figs)
                 out[r.key] = self.figures[r.key][2]
         return out
@@ -349,7 +350,9 @@ class Console:
         figs = await self.read_figures(routes)
         log = await self.read_logs(routes) if s.who.admin else None
         events = await self.journal(routes, time.time() - 3600, 30) if s.who.admin else None
-        return self.html(view.model(name, routes, figs, log, events, time.time(), s.who.name, s.csrf, s.who.admin))
+        return self.html(
+            console_view.model(name, routes, figs, log, events, time.time(), s.who.name, s.csrf, s.who.admin)
+        )
 
     async def live_model(self, request: Request) -> Response:
         got = self.session(request)
@@ -366,7 +369,7 @@ class Console:
             routes = self.serving(name)
             figs = await self.read_figures(routes)
             log = await self.read_logs(routes) if s.who.admin else None
-            return view.model_live(name, routes, figs, log, time.time())
+            return console_view.model_live(name, routes, figs, log, time.time())
 
         return self.stream(request, parts)
 
@@ -390,7 +393,7 @@ class Console:
         if chosen["kind"]:
             entries = [e for e in entries if chosen["kind"].lower() in str(e.get("event", "")).lower()]
         keys = [r.key for r in self.gw.table.routes]
-        return self.html(view.events(entries, keys, chosen, s.who.name, s.csrf))
+        return self.html(console_view.events(entries, keys, chosen, s.who.name, s.csrf))
 
     async def usage(self, request: Request) -> Response:
         got = self.session(request)
@@ -404,7 +407,7 @@ class Console:
             from ..programs.gateway_usage import rows
 
             found = await asyncio.to_thread(rows, path, int(time.time()) - 24 * 3600, None if everyone else s.who.name)
-        return self.html(view.usage(found, everyone, s.who.name, s.csrf, s.who.admin))
+        return self.html(console_view.usage(found, everyone, s.who.name, s.csrf, s.who.admin))
 
     # -- actions
     def route(self, key: str):
@@ -421,7 +424,7 @@ class Console:
         r = self.route(key)
         if action not in ACTIONS or r is None:
             return self.refuse(404, "no such action or deployment", s)
-        return self.html(view.confirm(action, key, words(action, key, tuple(r.nodes)), s.who.name, s.csrf))
+        return self.html(console_view.confirm(action, key, words(action, key, tuple(r.nodes)), s.who.name, s.csrf))
 
     async def action(self, request: Request) -> Response:
         fields = await self.form(request)

@@ -21,11 +21,14 @@ import time
 import httpx
 import pytest
 
-from tests import console_browser as cb
+from tests import console_browser
 from tests.integration.helpers import HEAD, WORKER, journal, popen_sc, wait_for
 from tests.integration.test_gateway import GW, GW_KEY, ON_DEMAND, SINGLE, _od_journal, env, routes  # noqa: F401
 
-pytestmark = [pytest.mark.testbed, pytest.mark.skipif(cb.missing() is not None, reason=cb.missing() or "")]
+pytestmark = [
+    pytest.mark.testbed,
+    pytest.mark.skipif(console_browser.missing() is not None, reason=console_browser.missing() or ""),
+]
 HEAD_KEY, OD_KEY = f"{SINGLE}@{HEAD}", f"{ON_DEMAND}@{WORKER}"
 
 
@@ -56,7 +59,7 @@ def test_the_console_on_the_testbed(testbed, sc, env_file, env):  # noqa: F811 (
     pids = testbed.sh(HEAD, "pgrep -f 'VLLM::[E]ngineCore' || true").stdout.split()
     assert pids, testbed.sh(HEAD, "ps -eo pid,args").stdout
     try:
-        with cb.browser() as browser:
+        with console_browser.browser() as browser:
             page = browser.new_page()
             # no key: the sign-in form; a wrong key: refused
             page.goto(f"{GW}/console")
@@ -67,18 +70,18 @@ def test_the_console_on_the_testbed(testbed, sc, env_file, env):  # noqa: F811 (
             assert httpx.get(f"{GW}/console/live", timeout=5).status_code == 401
 
             # both deployments, live
-            cb.sign_in(page, GW, owner)
+            console_browser.sign_in(page, GW, owner)
             page.wait_for_selector(f"tr[data-deployment='{HEAD_KEY}']")
             assert page.is_visible(f"tr[data-deployment='{OD_KEY}']")
-            assert cb.serious(page) == []
-            assert wait_for(lambda: cb.refreshes(page) >= 1, 10, step=0.2)
+            assert console_browser.serious(page) == []
+            assert wait_for(lambda: console_browser.refreshes(page) >= 1, 10, step=0.2)
 
             # the head's engine stopped: its wedge on the page within two refreshes of the gateway's verdict
             testbed.sh(HEAD, "kill -STOP " + " ".join(pids))
             assert wait_for(lambda: not routes()[HEAD_KEY]["in_rotation"], 180, step=0.25), routes()
-            seen_at = cb.refreshes(page)
+            seen_at = console_browser.refreshes(page)
             assert wait_for(lambda: "wedged" in page.inner_text("#deployments"), 10, step=0.2)
-            assert cb.refreshes(page) - seen_at <= 2, (seen_at, cb.refreshes(page))
+            assert console_browser.refreshes(page) - seen_at <= 2, (seen_at, console_browser.refreshes(page))
             testbed.sh(HEAD, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
 
             # the console's restart, asked while the supervisor's own restart starts the engine again
@@ -114,7 +117,7 @@ def test_the_console_on_the_testbed(testbed, sc, env_file, env):  # noqa: F811 (
             )
             assert forged == 403
             other = browser.new_page()
-            cb.sign_in(other, GW, viewer)
+            console_browser.sign_in(other, GW, viewer)
             assert other.locator("a.act").count() == 0
             csrf = re.search(r"name='csrf' value='([^']+)'", other.content()).group(1)
             status = other.evaluate(
@@ -123,7 +126,7 @@ def test_the_console_on_the_testbed(testbed, sc, env_file, env):  # noqa: F811 (
                 ".then(r => r.status)"
             )
             assert status == 403
-            assert cb.serious(other) == []
+            assert console_browser.serious(other) == []
         assert sum(e["event"] == "console: restart" for e in journal(testbed, HEAD)) == 1
         events = [json.loads(x) for x in sc("gateway", "events", "--json", "--last", "0", env=env).stdout.splitlines()]
         acts = [e for e in events if e.get("event") == "console action"]

@@ -12,9 +12,9 @@ import pytest
 from console_fakes import ADMIN_KEY, TOKEN_A, TOKEN_B, USER_KEY, start, until
 
 from sparkcluster.node import contract
-from tests import console_browser as cb
+from tests import console_browser
 
-pytestmark = pytest.mark.skipif(cb.missing() is not None, reason=cb.missing() or "")
+pytestmark = pytest.mark.skipif(console_browser.missing() is not None, reason=console_browser.missing() or "")
 A, B = "reasoner@spark-a+spark-b", "vision@spark-c"
 
 
@@ -27,7 +27,7 @@ def cons(tmp_path):
 
 @pytest.fixture
 def chromium():
-    with cb.browser() as b:
+    with console_browser.browser() as b:
         yield b
 
 
@@ -35,34 +35,34 @@ def test_the_console_in_chromium(cons, chromium):
     page = chromium.new_page()
     page.goto(f"{cons.url}/console")
     assert page.url.endswith("/console/login") and page.is_visible("#key")
-    assert cb.serious(page) == []
-    cb.shot(page, "sign-in")
+    assert console_browser.serious(page) == []
+    console_browser.shot(page, "sign-in")
     page.fill("#key", "not-a-key")
     page.click("button[type=submit]")
     assert "not one of this gateway" in page.inner_text("[role=alert]")
 
-    cb.sign_in(page, cons.url, ADMIN_KEY)
+    console_browser.sign_in(page, cons.url, ADMIN_KEY)
     page.wait_for_selector(f"tr[data-deployment='{A}']")
     assert page.is_visible(f"tr[data-deployment='{B}']")
-    until(lambda: cb.refreshes(page) >= 1, what="the live stream's first update")
-    assert cb.serious(page) == []
-    cb.shot(page, "cluster")
+    until(lambda: console_browser.refreshes(page) >= 1, what="the live stream's first update")
+    assert console_browser.serious(page) == []
+    console_browser.shot(page, "cluster")
 
     # a verdict: shown within two live refreshes of the gateway reading it
     cons.a.causes.append({"ts": time.time(), "kind": "wedged", "cause": "rank 0 made no progress for 30s"})
     cons.a.state = contract.RESTARTING
     until(lambda: any(r.key == A and not r.up for r in cons.gw.table.routes), what="the gateway to read the verdict")
-    seen_at = cb.refreshes(page)
+    seen_at = console_browser.refreshes(page)
     until(lambda: "rank 0 made no progress" in page.inner_text("#deployments"), what="the verdict on the page")
-    assert cb.refreshes(page) - seen_at <= 2
+    assert console_browser.refreshes(page) - seen_at <= 2
     cons.a.state = contract.SERVING
 
     # restart: confirmed in the dry run's words, sent with the key's name
     page.wait_for_selector(f"tr[data-deployment='{A}'] a.act:text('Restart')")
     page.click(f"tr[data-deployment='{A}'] a.act:text('Restart')")
     assert "POST /restart" in page.inner_text("ol.plan")
-    assert cb.serious(page) == []
-    cb.shot(page, "confirm")
+    assert console_browser.serious(page) == []
+    console_browser.shot(page, "confirm")
     page.click("button.danger")
     assert "restart of " + A in page.inner_text("[role=status]")
     assert cons.a.asked == [("restart", TOKEN_A, "owner")]
@@ -89,16 +89,16 @@ def test_the_console_in_chromium(cons, chromium):
     page.goto(f"{cons.url}/console/model/reasoner")
     until(lambda: " ms" in page.inner_text("#figures"), what="the engine's figures between two reads")
     assert "25.0 %" in page.inner_text("#figures")
-    assert cb.serious(page) == []
-    cb.shot(page, "model")
+    assert console_browser.serious(page) == []
+    console_browser.shot(page, "model")
     page.goto(f"{cons.url}/console/events?kind=console")
     assert "console: restart" in page.inner_text("table.events")
-    assert cb.serious(page) == []
-    cb.shot(page, "events")
+    assert console_browser.serious(page) == []
+    console_browser.shot(page, "events")
 
 
 def test_a_user_key_by_keyboard_and_on_a_phone(cons, chromium):
-    page = chromium.new_page(viewport=cb.PHONE)
+    page = chromium.new_page(viewport=console_browser.PHONE)
     page.goto(f"{cons.url}/console/login")
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.className") == "skip"
@@ -107,8 +107,8 @@ def test_a_user_key_by_keyboard_and_on_a_phone(cons, chromium):
     page.keyboard.press("Enter")
     page.wait_for_url(f"{cons.url}/console")
     assert page.is_visible(f"tr[data-deployment='{A}']") and page.locator("a.act").count() == 0
-    assert not cb.overflows(page)
-    assert cb.serious(page) == []
-    cb.shot(page, "phone")
+    assert not console_browser.overflows(page)
+    assert console_browser.serious(page) == []
+    console_browser.shot(page, "phone")
     page.goto(f"{cons.url}/console/events")
     assert "only an admin key" in page.inner_text("[role=alert]")
