@@ -37,6 +37,7 @@ FEATURES = (
     "node-to-node streams authenticated",
     "team keys (named keys, limits, usage)",
     "models taking turns on one Spark",
+    "the web console",  # since: the console at /console, tested in Chromium
 )
 CASE = re.compile(r"`(test_\w+)\.py::(test_\w+)`")
 
