@@ -286,3 +286,32 @@ def test_the_supervisor_goes_back_to_standby_on_the_consoles_ask(tmp_path, monke
         assert any(e["event"] == "console: standby" and e["by"] == "owner" for e in _journal(tmp_path))
     finally:
         sup.stop("test")
+
+
+def test_the_head_agents_report_server_routes_the_consoles_calls(tmp_path, monkeypatch):
+    from sparkcluster.node import memreport
+
+    token = tmp_path / "token"
+    token.write_text("the-token-0123456789")
+    monkeypatch.setattr(console_calls, "WAKE_PATH", str(token))
+    monkeypatch.setattr(console_calls, "JOURNAL_PATH", str(tmp_path / "journal"))
+    (tmp_path / "journal").write_text(json.dumps({"ts": 5, "event": "state: serving"}) + "\n")
+    asked = []
+
+    def ask(what, tok, who):
+        asked.append((what, tok, who))
+        return 202, {"state": "serving"}
+
+    httpd = memreport.serve_reports("127.0.0.1", 0, lambda: {"node": "n"}, console=console_calls.read, ask=ask)
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        bearer = {"authorization": "Bearer the-token-0123456789"}
+        assert httpx.get(f"{base}/journal").status_code == 401
+        got = httpx.get(f"{base}/journal", params={"since": "1"}, headers=bearer)
+        assert got.status_code == 200 and got.json()["entries"][0]["event"] == "state: serving"
+        done = httpx.post(f"{base}/restart", headers={**bearer, "x-sparkcluster-by": "owner"})
+        assert done.status_code == 202 and asked == [("restart", "the-token-0123456789", "owner")]
+        assert httpx.post(f"{base}/other", headers=bearer).status_code == 404
+        assert httpx.get(f"{base}/").json() == {"node": "n"}
+    finally:
+        httpd.shutdown()
