@@ -227,7 +227,7 @@ def deployments_table(rs: list[Row], now: float, admin: bool) -> str:
     if not rs:
         return "<p>No deployment is routed.</p>"
     head = (
-        "<table><caption>Deployments and services</caption><thead><tr><th scope='col'>Deployment</th>"
+        "<table class='cards'><caption>Deployments and services</caption><thead><tr><th scope='col'>Deployment</th>"
         "<th scope='col'>Models</th><th scope='col'>Supervisor</th><th scope='col'>Last verdict</th>"
         "<th scope='col'>Rotation</th><th scope='col'>In flight</th><th scope='col'>Tokens/s</th>"
         + ("<th scope='col'>Actions</th>" if admin else "")
@@ -251,7 +251,7 @@ def deployments_table(rs: list[Row], now: float, admin: bool) -> str:
         acts = ""
         if admin:
             acts = (
-                "<td>"
+                "<td data-label='Actions'>"
                 + " ".join(
                     f"<a class='act' href='/console/confirm?{_query(action=a, deployment=r.key)}'>{esc(label)}</a>"
                     for a, label in actions_for(r)
@@ -262,8 +262,10 @@ def deployments_table(rs: list[Row], now: float, admin: bool) -> str:
             f"<tr data-deployment='{esc(r.key)}'><th scope='row'>{esc(r.key)}"
             f"{' <small>(on demand)</small>' if r.on_demand else ''}"
             f"{' <small>(service)</small>' if r.service else ''}</th>"
-            f"<td>{models}</td><td>{state}</td><td>{verdict}</td><td>{rotation}</td>"
-            f"<td>{r.in_flight}</td><td>{_num(r.tokens_per_s, '.1f')}</td>{acts}</tr>"
+            f"<td data-label='Models'>{models}</td><td data-label='Supervisor'>{state}</td>"
+            f"<td data-label='Last verdict'>{verdict}</td><td data-label='Rotation'>{rotation}</td>"
+            f"<td data-label='In flight'>{r.in_flight}</td>"
+            f"<td data-label='Tokens/s'>{_num(r.tokens_per_s, '.1f')}</td>{acts}</tr>"
         )
     return head + body + "</tbody></table>"
 
