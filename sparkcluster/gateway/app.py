@@ -94,6 +94,7 @@ class Gateway:
         self.keys: list[str] = list(cfg.get("keys") or [])
         # the gateway's folder on its node (bound into its container): the key file and the usage ledger
         data = cfg.get("data") or None
+        self.data = data  # the console reads the controller's records there (gateway/console)
         self.keyring = Keyring(self.keys, os.path.join(data, KEYS_FILE) if data else None)
         if data:
             os.makedirs(os.path.join(data, USAGE_DIR), mode=0o700, exist_ok=True)

@@ -46,6 +46,8 @@ FIGURES_S = 2.0  # an engine's /metrics read at most this often for the console
 LOG_S = 2.0
 LIVE_S = 1.0  # the live stream's look at the gateway's snapshot (it is re-read every poll)
 ASSETS = Path(__file__).parent / "console_assets"
+RECORDS = "records"  # in the gateway's folder: the controller's copies (deployment/head_records.RECORDS)
+SPEED_RUNS = 10  # bench runs the speed page shows, newest first
 ASSET_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".txt": "text/plain"}
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -164,6 +166,8 @@ class Console:
             Path_("/console/events", self.events, methods=["GET"]),
             Path_("/console/usage", self.usage, methods=["GET"]),
             Path_("/console/print", self.printable, methods=["GET"]),
+            Path_("/console/speed", self.speed, methods=["GET"]),
+            Path_("/console/upgrades", self.upgrades, methods=["GET"]),
             Path_("/console/confirm", self.confirm, methods=["GET"]),
             Path_("/console/action", self.action, methods=["POST"]),
             Path_("/console/static/{name}", self.asset, methods=["GET"]),
@@ -409,6 +413,27 @@ class Console:
             found = await asyncio.to_thread(rows, path, int(time.time()) - 24 * 3600, None if everyone else s.who.name)
         return self.html(console_view.usage(found, everyone, s.who.name, s.csrf, s.who.admin))
 
+    # -- speed and upgrades: the controller's records, copied into the gateway's folder (deployment/head_records)
+    def records(self, *parts: str) -> str | None:
+        return os.path.join(self.gw.data, RECORDS, *parts) if self.gw.data else None
+
+    async def speed(self, request: Request) -> Response:
+        got = self.session(request)
+        if got is None:
+            return self.to_login()
+        _, s = got
+        runs = await asyncio.to_thread(_read_runs, self.records("bench"), SPEED_RUNS)
+        return self.html(console_view.speed(runs, s.who.name, s.csrf, s.who.admin))
+
+    async def upgrades(self, request: Request) -> Response:
+        got = self.session(request)
+        if got is None:
+            return self.to_login()
+        _, s = got
+        path = self.records("upgrades.json")
+        history = await asyncio.to_thread(_read_json, path) if path else None
+        return self.html(console_view.upgrades(history or {}, s.who.name, s.csrf, s.who.admin))
+
     # -- actions
     def route(self, key: str):
         return next((r for r in self.gw.table.routes if r.key == key), None)
@@ -460,6 +485,23 @@ class Console:
             "asked; the supervisor acts on it now" if done else f"refused ({outcome}: {said})"
         )
         return RedirectResponse("/console?" + urllib.parse.urlencode({"said": text}), status_code=303, headers=HEADERS)
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        return doc if isinstance(doc, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _read_runs(folder: str | None, most: int) -> list[dict]:
+    """The newest `most` bench summaries in `folder` (by name: each is its run's UTC time)."""
+    if not folder or not os.path.isdir(folder):
+        return []
+    names = sorted((n for n in os.listdir(folder) if n.endswith(".json")), reverse=True)[:most]
+    return [d for d in (_read_json(os.path.join(folder, n)) for n in names) if d is not None]
 
 
 def _said(answer) -> str:

@@ -186,7 +186,8 @@ def page(title: str, body: str, who: str | None, csrf: str = "", admin: bool = F
     """The whole page: the nav (by keyboard: a skip link first), the body, the sign-out form."""
     nav = ""
     if who is not None:
-        links = [("/console", "Cluster"), ("/console/usage", "Usage")]
+        links = [("/console", "Cluster"), ("/console/speed", "Speed"), ("/console/upgrades", "Upgrades")]
+        links.append(("/console/usage", "Usage"))
         if admin:
             links.append(("/console/events", "Events"))
         links.append(("/console/print", "Printable"))
@@ -467,3 +468,125 @@ def printable(routes, now: float, who, csrf, admin) -> str:
     body = "".join(f"<section>{v}</section>" for k, v in parts.items() if k != "updated")
     body += f"<p>{esc(parts['updated'])}</p>"
     return page("Cluster (printable)", body, who, csrf, admin)
+
+
+# -- speed and upgrades (the records the controller copies to the head: deployment/head_records)
+def bars(title: str, points: list[tuple[str, float]], unit: str) -> str:
+    """A bar chart as inline SVG (no script, no style: attributes only), its figures also in words."""
+    if not points:
+        return ""
+    top = max(v for _, v in points) or 1.0
+    w, h, gap = 48, 120, 16
+    width = len(points) * (w + gap) + gap
+    parts = []
+    for i, (label, v) in enumerate(points):
+        x, bh = gap + i * (w + gap), round(h * v / top)
+        parts.append(
+            f"<rect x='{x}' y='{h - bh + 16}' width='{w}' height='{bh}' fill='#0b4f9c'></rect>"
+            f"<text x='{x + w / 2}' y='{h - bh + 12}' text-anchor='middle' font-size='11'>{v:.0f}</text>"
+            f"<text x='{x + w / 2}' y='{h + 30}' text-anchor='middle' font-size='11'>{esc(label)}</text>"
+        )
+    said = ", ".join(f"{esc(label)}: {v:.1f} {esc(unit)}" for label, v in points)
+    return (
+        f"<figure><svg role='img' aria-label='{esc(title)}: {said}' width='{width}' height='{h + 40}' "
+        f"viewBox='0 0 {width} {h + 40}'>{''.join(parts)}</svg><figcaption>{esc(title)}</figcaption></figure>"
+    )
+
+
+def _f(v, fmt: str = ".1f") -> str:
+    return f"{v:{fmt}}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "–"
+
+
+def bench_run(doc: dict) -> str:
+    rows = [r for r in doc.get("rows") or [] if isinstance(r, dict)]
+    head = (
+        f"<h2>{esc(doc.get('deployment', ''))} <small>{esc(doc.get('at', ''))}</small></h2>"
+        f"<p>vLLM {esc(doc.get('vllm_version') or '?')}"
+        f"{'; interrupted' if doc.get('interrupted') else ''}"
+        f"{'; failed: ' + esc(doc.get('failed')) if doc.get('failed') else ''}</p>"
+    )
+    chart = bars(
+        "Output tokens/s by concurrency",
+        [(f"c{r.get('concurrency')}", float(r.get("output_tok_s") or 0)) for r in rows],
+        "tokens/s",
+    )
+    body = "".join(
+        f"<tr><td>{esc(r.get('concurrency'))}</td><td>{_f(r.get('output_tok_s'))}</td>"
+        f"<td>{_f(r.get('ttft_p50_ms'), '.0f')}</td><td>{_f(r.get('itl_p50_ms'))}</td>"
+        f"<td>{esc(r.get('errors') or 0)}</td></tr>"
+        for r in rows
+    )
+    table = (
+        "<table><caption>Levels</caption><thead><tr><th scope='col'>Concurrency</th>"
+        "<th scope='col'>Output tokens/s</th><th scope='col'>TTFT p50 (ms)</th><th scope='col'>ITL p50 (ms)</th>"
+        f"<th scope='col'>Errors</th></tr></thead><tbody>{body}</tbody></table>"
+    )
+    return f"<section class='run'>{head}{chart}{table}{standing(doc.get('against'))}</section>"
+
+
+def standing(against: dict | None) -> str:
+    """`--compare` against a record: its verdict, each figure's ratio, the causes ranked."""
+    if not against:
+        return ""
+    ratios = "".join(
+        f"<tr><td>{esc(r.get('conditions'))}</td><td>{esc(r.get('figure'))}</td><td>{_f(r.get('ours'), '.4g')}</td>"
+        f"<td>{_f(r.get('theirs'), '.4g')}</td><td>{_f(r.get('ratio'), '.2f')}</td>"
+        f"<td>{'short' if r.get('short') else 'holds'}</td></tr>"
+        for r in against.get("ratios") or []
+        if isinstance(r, dict)
+    )
+    causes = "".join(
+        f"<li><strong>{esc(c.get('area'))}</strong>{': ' + esc(c.get('node')) if c.get('node') else ''} "
+        f"{esc(c.get('says'))} <em>fix: {esc(c.get('fix'))}</em></li>"
+        for c in against.get("causes") or []
+        if isinstance(c, dict)
+    )
+    return (
+        f"<h3>Against the {esc(against.get('kind') or 'record')}: {esc(against.get('verdict'))}</h3>"
+        f"<p>{esc(against.get('source'))}</p>"
+        + (
+            "<table><caption>Each figure against the record</caption><thead><tr><th scope='col'>Conditions</th>"
+            "<th scope='col'>Figure</th><th scope='col'>Ours</th><th scope='col'>Theirs</th>"
+            f"<th scope='col'>Ratio</th><th scope='col'>Judged</th></tr></thead><tbody>{ratios}</tbody></table>"
+            if ratios
+            else ""
+        )
+        + (f"<p>Likely causes, most likely first:</p><ol>{causes}</ol>" if causes else "")
+    )
+
+
+def speed(runs: list[dict], who, csrf, admin) -> str:
+    if not runs:
+        body = "<p>No bench run recorded on this node yet: <code>sparkcluster bench</code> from the controller.</p>"
+    else:
+        body = "".join(bench_run(d) for d in runs)
+    return page("Speed", body, who, csrf, admin)
+
+
+def upgrades(history: dict, who, csrf, admin) -> str:
+    outcomes = [o for o in history.get("outcomes") or [] if isinstance(o, dict)][::-1]
+    good = [g for g in history.get("good") or [] if isinstance(g, dict)][::-1]
+    if not outcomes and not good:
+        return page("Upgrades", "<p>No upgrade history recorded on this node yet.</p>", who, csrf, admin)
+    rows_o = "".join(
+        f"<tr><td>{esc(o.get('at'))}</td><td>{esc(o.get('deployment'))}</td><td>{esc(o.get('image'))}</td>"
+        f"<td>{esc(o.get('outcome'))}</td><td>{esc(o.get('reason'))}</td><td>{esc(o.get('returned_to'))}</td></tr>"
+        for o in outcomes
+    )
+    rows_g = "".join(
+        f"<tr><td>{esc(g.get('at'))}</td><td>{esc(g.get('deployment'))}</td><td>{esc(g.get('image'))}</td>"
+        f"<td>{esc(g.get('vllm_version'))}</td><td>{esc(g.get('model_revision'))}</td>"
+        f"<td>{_f(g.get('canary_tok_s'))}</td></tr>"
+        for g in good
+    )
+    body = (
+        "<table><caption>Upgrades, their canary verdicts and rollbacks (newest first)</caption><thead><tr>"
+        "<th scope='col'>When (UTC)</th><th scope='col'>Deployment</th><th scope='col'>Image</th>"
+        "<th scope='col'>Outcome</th><th scope='col'>Why</th><th scope='col'>Returned to</th></tr></thead>"
+        f"<tbody>{rows_o}</tbody></table>"
+        "<table><caption>Good serves (newest first)</caption><thead><tr><th scope='col'>When (UTC)</th>"
+        "<th scope='col'>Deployment</th><th scope='col'>Image</th><th scope='col'>vLLM</th>"
+        "<th scope='col'>Model revision</th><th scope='col'>Canary tokens/s</th></tr></thead>"
+        f"<tbody>{rows_g}</tbody></table>"
+    )
+    return page("Upgrades", body, who, csrf, admin)

@@ -118,6 +118,69 @@ class Agent(Engine):
         return Starlette(routes=routes + list(base.routes))
 
 
+# a bench run's summary and the upgrade history as deployment/head_records writes them (the figures a
+# testbed run of testbed-tiny gave, rounded; the record's source as the shipped profiles name theirs)
+BENCH = {
+    "at": "2026-11-29T10:00:00+00:00",
+    "deployment": "reasoner@spark-a+spark-b",
+    "profile": "reasoner",
+    "vllm_version": "0.32.0",
+    "rows": [
+        {"concurrency": 1, "output_tok_s": 38.2, "ttft_p50_ms": 61.0, "itl_p50_ms": 25.9, "errors": 0},
+        {"concurrency": 8, "output_tok_s": 212.4, "ttft_p50_ms": 140.0, "itl_p50_ms": 36.1, "errors": 0},
+    ],
+    "against": {
+        "kind": "published",
+        "verdict": "short",
+        "source": "https://example.org/published-record",
+        "ratios": [
+            {
+                "conditions": "512/128 c8",
+                "figure": "output_tok_s",
+                "ours": 212.4,
+                "theirs": 260.0,
+                "ratio": 0.82,
+                "short": True,
+            }
+        ],
+        "causes": [
+            {"area": "fabric", "node": "spark-b", "says": "NCCL chose Socket, not IB", "fix": "sparkcluster doctor"}
+        ],
+    },
+}
+UPGRADES = {
+    "good": [
+        {
+            "at": "2026-11-28T09:00:00Z",
+            "deployment": "reasoner@spark-a+spark-b",
+            "image": "vllm:0.32.0",
+            "vllm_version": "0.32.0",
+            "model_revision": "abc123",
+            "canary_tok_s": 38.0,
+        }
+    ],
+    "outcomes": [
+        {
+            "at": "2026-11-29T08:00:00Z",
+            "deployment": "reasoner@spark-a+spark-b",
+            "image": "vllm:0.33.0",
+            "outcome": "rolled back",
+            "reason": "the canary's answers changed",
+            "returned_to": "2026-11-28T09:00:00Z",
+        }
+    ],
+}
+
+
+def records(data) -> None:
+    import json
+
+    bench = data / "records" / "bench"
+    bench.mkdir(parents=True)
+    (bench / "20261129T100000Z.json").write_text(json.dumps(BENCH))
+    (data / "records" / "upgrades.json").write_text(json.dumps(UPGRADES))
+
+
 @dataclass
 class Console:
     gw: object
@@ -156,6 +219,7 @@ def start(tmp_path) -> Console:
         keys.Entry("alice", keys.digest(USER_KEY)),
     ]
     (data / keys.KEYS_FILE).write_text(keys.render(entries))
+    records(data)
     cfg = config({"reasoner@spark-a+spark-b": (a, sa), "vision@spark-c": (b, sb)}, data=str(data))
     cfg["deployments"][0].update(nodes=["spark-a", "spark-b"], agent_token=TOKEN_A)
     cfg["deployments"][1].update(nodes=["spark-c"], agent_token=TOKEN_B, wake_token=TOKEN_B)

@@ -19,6 +19,7 @@ import tarfile
 import time
 from datetime import UTC
 from pathlib import Path
+from types import SimpleNamespace
 
 import docker
 import pytest
@@ -611,6 +612,11 @@ class FakeHost:
 
     def __init__(self, api: FakeAPI):
         self._api = api
+        self.ran: list[tuple[str, bytes | None]] = []  # SSH commands: the console's copy of the run (head_records)
+
+    def run(self, cmd: str, timeout=None, warn=False, stdin=None):
+        self.ran.append((cmd, stdin))
+        return SimpleNamespace(stdout="/home/owner" if "HOME" in cmd else "", stderr="", exit_code=0, ok=True)
 
     def docker(self):
         return type("Client", (), {"api": self._api})()

@@ -96,6 +96,15 @@ def test_the_console_in_chromium(cons, chromium):
     assert console_browser.serious(page) == []
     console_browser.shot(page, "events")
 
+    # speed (the bench runs, as charts, with the standing and its causes) and upgrades
+    page.goto(f"{cons.url}/console/speed")
+    assert page.locator("svg[role=img]").count() == 1 and "NCCL chose Socket" in page.inner_text("main")
+    assert console_browser.serious(page) == []
+    console_browser.shot(page, "speed")
+    page.goto(f"{cons.url}/console/upgrades")
+    assert "rolled back" in page.inner_text("main")
+    assert console_browser.serious(page) == []
+
 
 def test_a_user_key_by_keyboard_and_on_a_phone(cons, chromium):
     page = chromium.new_page(viewport=console_browser.PHONE)

@@ -315,3 +315,36 @@ def test_the_head_agents_report_server_routes_the_consoles_calls(tmp_path, monke
         assert httpx.get(f"{base}/").json() == {"node": "n"}
     finally:
         httpd.shutdown()
+
+
+def test_speed_and_upgrades_read_the_records_the_controller_copied(cons):
+    client = signed_in(cons, USER_KEY)
+    speed = client.get("/console/speed").text
+    assert "<svg role='img'" in speed and "c8: 212.4 tokens/s" in speed
+    assert "Against the published: short" in speed and "NCCL chose Socket, not IB" in speed
+    ups = client.get("/console/upgrades").text
+    assert "rolled back" in ups and "the canary" in ups and "vllm:0.33.0" in ups
+
+
+def test_the_records_go_to_the_gateways_folder_aside_and_renamed():
+    from types import SimpleNamespace
+
+    from sparkcluster.deployment import head_records
+    from sparkcluster.gateway import store
+
+    ran = []
+
+    def run(cmd, timeout=None, warn=False, stdin=None):
+        ran.append((cmd, stdin))
+        return SimpleNamespace(stdout="/home/owner" if "HOME" in cmd else "", stderr="", exit_code=0, ok=True)
+
+    host = SimpleNamespace(name="spark-a", address="a", run=run)
+    path = head_records.write(host, "pair", "bench/20261129T100000Z", {"rows": []})
+    assert path == f"/home/owner/{store.FOLDER}/pair/{console.RECORDS}/bench/20261129T100000Z.json"
+    write = ran[1][0]
+    assert write.startswith("umask 077 && mkdir -p") and f"cat > {path}.new && mv -f {path}.new {path}" in write
+    assert json.loads(ran[1][1]) == {"rows": []}
+    assert "tail -n +31" in ran[2][0]  # the newest 30 runs kept
+    said = []
+    head_records.publish(SimpleNamespace(name="spark-a", run=None), "pair", "upgrades", {}, said.append)
+    assert said and "not written on spark-a" in said[0]
