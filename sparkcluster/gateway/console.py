@@ -4,8 +4,9 @@ and the owner's actions, each through a head agent's token endpoint as a wake is
 
 Who: a gateway key (gateway/keys) is entered once, on the sign-in form; the console answers with a
 session cookie (random, 256 bits; HttpOnly, SameSite=Strict, Secure where the gateway serves TLS,
-Path=/console) and keeps the key itself nowhere. A session lives SESSION_S, and ends at once when
-its key's name is no longer known (revoked, or the key file changed). Every form that changes
+Path=/console) and keeps the key itself nowhere (only its SHA-256). A session lives SESSION_S, and
+ends at once when its key no longer opens the gateway (revoked, rotated, expired); its rights are
+read from the key file as they are at each request. Every form that changes
 something (an action, signing out) carries the session's CSRF token, compared in constant time;
 a request whose Origin is another site's is refused too. Only admin keys act and read the journal
 and the engines' logs; the controller's keys (`GATEWAY_API_KEYS`) and the other named keys see the
@@ -37,7 +38,7 @@ from starlette.routing import Route as Path_
 
 from . import console_view
 from .health import event
-from .keys import Identity
+from .keys import Identity, digest
 
 COOKIE = "sparkcluster_console"
 SESSION_S = 12 * 3600
@@ -60,7 +61,8 @@ HEADERS = {
 
 @dataclass
 class Session:
-    who: Identity
+    who: Identity  # as of the last request (read again from the keyring at each)
+    key_sha256: str  # the key's hash: the key itself is kept nowhere
     csrf: str
     expires: float
 
@@ -109,20 +111,22 @@ class Console:
             return None
         s = self.sessions.get(sid)
         now = time.time()
-        if s is None or s.expires < now or s.who.name not in self.gw.keyring.names():
+        who = self.gw.keyring.holder(s.key_sha256, now) if s is not None and s.expires >= now else None
+        if who is None:
             self.sessions.pop(sid, None)
             return None
+        s.who = who
         self.gw.guard.keyed(request.scope.get("client"))
         return sid, s
 
-    def open(self, who: Identity) -> tuple[str, Session]:
+    def open(self, who: Identity, key: str) -> tuple[str, Session]:
         now = time.time()
         for sid in [k for k, s in self.sessions.items() if s.expires < now]:
             del self.sessions[sid]
         while len(self.sessions) >= MAX_SESSIONS:
             del self.sessions[min(self.sessions, key=lambda k: self.sessions[k].expires)]
         sid = secrets.token_urlsafe(32)
-        self.sessions[sid] = Session(who, secrets.token_urlsafe(32), now + SESSION_S)
+        self.sessions[sid] = Session(who, digest(key), secrets.token_urlsafe(32), now + SESSION_S)
         return sid, self.sessions[sid]
 
     @staticmethod
@@ -198,12 +202,13 @@ class Console:
         fields = await self.form(request)
         if not self.same_site(request):
             return self.html(console_view.login("this form was sent from another site"), 403)
-        who = self.gw.keyring.identify((fields.get("key") or "").strip() or None)
+        key = (fields.get("key") or "").strip()
+        who = self.gw.keyring.identify(key or None)
         if who is None:
             event("console sign-in refused", client=(request.scope.get("client") or ("?",))[0])
             return self.html(console_view.login("that key is not one of this gateway's"), 401)
         self.gw.guard.keyed(request.scope.get("client"))
-        sid, _ = self.open(who)
+        sid, _ = self.open(who, key)
         event("console sign-in", key=who.name)
         out = RedirectResponse("/console", status_code=303, headers=HEADERS)
         out.set_cookie(

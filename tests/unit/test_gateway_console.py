@@ -177,15 +177,30 @@ def test_events_filtered_by_deployment_and_kind(cons):
     assert "no token generated for 120s" in page and "state: standby" not in page
 
 
-def test_a_revoked_key_ends_its_session_and_signing_out_needs_the_token(cons, tmp_path):
-    client = signed_in(cons, USER_KEY)
-    page = client.get("/console").text
-    assert client.post("/console/logout", data={}).status_code == 403
+def test_a_revoked_or_rotated_key_ends_its_session_and_signing_out_needs_the_token(cons, tmp_path):
+    user, admin = signed_in(cons, USER_KEY), signed_in(cons, ADMIN_KEY)
+    assert user.post("/console/logout", data={}).status_code == 403
+    assert "/console/confirm" in admin.get("/console").text
+    # alice revoked; owner's key rotated to a new one under the same name, without grace
     (tmp_path / "gateway" / keys.KEYS_FILE).write_text(
-        keys.render([keys.Entry("owner", keys.digest(ADMIN_KEY), admin=True)])
+        keys.render([keys.Entry("owner", keys.digest("sk-spark-a-new-key-for-owner-0123"), admin=True)])
     )
-    until(lambda: client.get("/console").status_code == 303, what="the revoked key's session to end")
-    assert csrf_of(page)
+    until(lambda: user.get("/console").status_code == 303, what="the revoked key's session to end")
+    assert admin.get("/console").status_code == 303
+    # signing out with the token ends the session
+    again = signed_in(cons, KEY)
+    page = again.get("/console").text
+    assert again.post("/console/logout", data={"csrf": csrf_of(page)}).status_code == 303
+    assert again.get("/console").status_code == 303
+
+
+def test_a_key_no_longer_admin_no_longer_acts(cons, tmp_path):
+    admin = signed_in(cons, ADMIN_KEY)
+    csrf = csrf_of(admin.get("/console").text)
+    (tmp_path / "gateway" / keys.KEYS_FILE).write_text(keys.render([keys.Entry("owner", keys.digest(ADMIN_KEY))]))
+    until(lambda: "/console/confirm" not in admin.get("/console").text, what="the key's rights read again")
+    form = {"csrf": csrf, "action": "restart", "deployment": "reasoner@spark-a+spark-b"}
+    assert admin.post("/console/action", data=form).status_code == 403 and cons.a.asked == []
 
 
 def test_the_printable_view_and_the_assets(cons):
