@@ -45,6 +45,7 @@ SESSION_S = 12 * 3600
 MAX_SESSIONS = 256  # past this, the oldest session ends (a browser signs in again)
 FIGURES_S = 2.0  # an engine's /metrics read at most this often for the console
 LOG_S = 2.0
+NODE_S = 5.0  # a head agent's own /metrics (GPU power, the fabric test) read at most this often
 LIVE_S = 1.0  # the live stream's look at the gateway's snapshot (it is re-read every poll)
 ASSETS = Path(__file__).parent / "console_assets"
 RECORDS = "records"  # in the gateway's folder: the controller's copies (deployment/head_records.RECORDS)
@@ -102,6 +103,7 @@ class Console:
         self.sessions: dict[str, Session] = {}
         self.figures: dict[str, tuple[float, dict, console_view.Figures]] = {}  # key -> (read at, samples, figures)
         self.logs: dict[str, tuple[float, list[str]]] = {}
+        self.nodes: dict[str, tuple[float, dict]] = {}  # head agent's URL -> (read at, node_figures)
         self._reading: dict[str, asyncio.Lock] = {}
 
     # -- sessions
@@ -241,14 +243,18 @@ class Console:
             return self.to_login()
         _, s = got
         said = request.query_params.get("said", "")[:300]
-        return self.html(console_view.cluster(self.gw.table.routes, time.time(), s.who.name, s.csrf, s.who.admin, said))
+        figs = await self.node_figures()
+        routes, now = self.gw.table.routes, time.time()
+        return self.html(console_view.cluster(routes, now, s.who.name, s.csrf, s.who.admin, said, figs))
 
     async def printable(self, request: Request) -> Response:
         got = self.session(request)
         if got is None:
             return self.to_login()
         _, s = got
-        return self.html(console_view.printable(self.gw.table.routes, time.time(), s.who.name, s.csrf, s.who.admin))
+        figs = await self.node_figures()
+        routes, now = self.gw.table.routes, time.time()
+        return self.html(console_view.printable(routes, now, s.who.name, s.csrf, s.who.admin, figs))
 
     def stream(self, request: Request, parts) -> Response:
         """Server-Sent Events: `parts()` (element id -> HTML) every LIVE_S, sent only when changed."""
@@ -279,9 +285,31 @@ class Console:
         async def parts():
             if self.session(request) is None:
                 return {}
-            return console_view.cluster_live(self.gw.table.routes, time.time(), s.who.admin)
+            figs = await self.node_figures()
+            return console_view.cluster_live(self.gw.table.routes, time.time(), s.who.admin, figs)
 
         return self.stream(request, parts)
+
+    async def node_figures(self) -> dict[str, dict]:
+        """Each deployment's head node's GPU power and last fabric test, from its agent's `/metrics`
+        (what Prometheus scrapes there), read at most once every NODE_S whoever watches."""
+        out: dict[str, dict] = {}
+        for r in self.gw.table.routes:
+            node = (r.report or {}).get("node")
+            base = r.supervisor.rstrip("/")
+            if not node or node in out:
+                continue
+            at, figs = self.nodes.get(base, (0.0, {}))
+            if time.monotonic() - at >= NODE_S:
+                try:
+                    got = await self.gw.client.get(f"{base}/metrics", timeout=2.0)
+                    got.raise_for_status()
+                    figs = console_view.node_figures(got.text)
+                except Exception:  # noqa: BLE001 (an agent that does not answer shows as no figures)
+                    figs = {}
+                self.nodes[base] = (time.monotonic(), figs)
+            out[node] = figs
+        return out
 
     # -- a model
     def serving(self, name: str) -> list:

@@ -84,6 +84,30 @@ def figures(now: dict, before: dict | None, dt: float) -> Figures:
     return f
 
 
+def node_figures(text: str) -> dict:
+    """The head agent's own `/metrics` (node/metrics): its GPUs' power, the last fabric test's bus
+    bandwidth, floor and transport."""
+    out: dict = {}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, _, value = line.rpartition(" ")
+        metric = name.split("{", 1)[0]
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        if metric == "sparkcluster_gpu_power_watts":
+            out["power_w"] = out.get("power_w", 0.0) + v
+        elif metric == "sparkcluster_fabric_busbw_gbps":
+            out["busbw_gbps"] = v
+        elif metric == "sparkcluster_fabric_floor_gbps":
+            out["floor_gbps"] = v
+        elif metric == "sparkcluster_fabric_transport_info" and 'transport="' in name:
+            out["transport"] = name.split('transport="', 1)[1].split('"', 1)[0]
+    return out
+
+
 # -- the cluster's snapshot
 @dataclass
 class Row:
@@ -286,28 +310,44 @@ def actions_for(r: Row) -> list[tuple[str, str]]:
     return out
 
 
-def nodes_table(ns: list[Node]) -> str:
+def _fabric(f: dict) -> str:
+    if "busbw_gbps" not in f:
+        return "–"
+    said = f"{f['busbw_gbps']:.1f} GB/s"
+    if f.get("transport"):
+        said += f" over {esc(f['transport'])}"
+    if isinstance(f.get("floor_gbps"), float) and f["busbw_gbps"] < f["floor_gbps"]:
+        said = f"<span class='out'>{said}, below the floor of {f['floor_gbps']:.1f}</span>"
+    return said
+
+
+def nodes_table(ns: list[Node], figs: dict | None = None) -> str:
     if not ns:
         return ""
+    figs = figs or {}
     body = "".join(
         f"<tr><th scope='row'>{esc(n.name)}</th>"
         f"<td>{'<span class=ok>answers</span>' if n.answered else '<span class=out>no report</span>'}</td>"
         f"<td>{_gib(n.mem_available)} of {_gib(n.mem_total)}</td>"
-        f"<td>{'yes' if n.ray_alive else 'no' if n.ray_alive is False else '?'}</td></tr>"
+        f"<td>{'yes' if n.ray_alive else 'no' if n.ray_alive is False else '?'}</td>"
+        f"<td>{_num(figs.get(n.name, {}).get('power_w'), '.0f', ' W')}</td>"
+        f"<td>{_fabric(figs.get(n.name, {}))}</td></tr>"
         for n in ns
     )
     return (
-        "<table><caption>Nodes</caption><thead><tr><th scope='col'>Node</th><th scope='col'>Report</th>"
-        "<th scope='col'>Memory available</th><th scope='col'>Ray</th></tr></thead>"
+        "<table><caption>Nodes (GPU power and the fabric test: each deployment's head)</caption><thead><tr>"
+        "<th scope='col'>Node</th><th scope='col'>Report</th><th scope='col'>Memory available</th>"
+        "<th scope='col'>Ray</th><th scope='col'>GPU power</th><th scope='col'>Last fabric test</th></tr></thead>"
         f"<tbody>{body}</tbody></table>"
     )
 
 
-def cluster_live(routes, now: float, admin: bool) -> dict[str, str]:
-    """The parts of the cluster page the live stream replaces (element id -> HTML)."""
+def cluster_live(routes, now: float, admin: bool, figs: dict | None = None) -> dict[str, str]:
+    """The parts of the cluster page the live stream replaces (element id -> HTML); `figs` each head
+    node's figures from its agent's `/metrics` (node_figures)."""
     return {
         "deployments": deployments_table(rows(routes), now, admin),
-        "nodes": nodes_table(nodes(routes)),
+        "nodes": nodes_table(nodes(routes), figs),
         "updated": f"updated {time.strftime('%H:%M:%S', time.gmtime(now))} UTC",
     }
 
@@ -320,9 +360,9 @@ def live_blocks(parts: dict[str, str]) -> str:
     return out
 
 
-def cluster(routes, now: float, who: str, csrf: str, admin: bool, said: str = "") -> str:
+def cluster(routes, now: float, who: str, csrf: str, admin: bool, said: str = "", figs: dict | None = None) -> str:
     notice = f"<p class='notice' role='status'>{esc(said)}</p>" if said else ""
-    body = notice + live_blocks(cluster_live(routes, now, admin))
+    body = notice + live_blocks(cluster_live(routes, now, admin, figs))
     if admin:
         body += controller_commands(routes)
     return page("Cluster", body, who, csrf, admin, live="/console/live")
@@ -462,9 +502,9 @@ def usage(usage_rows: list[dict], all_keys: bool, who, csrf, admin) -> str:
     return page("Usage", f"<p>Showing {scope} usage.</p>" + table, who, csrf, admin)
 
 
-def printable(routes, now: float, who, csrf, admin) -> str:
-    """The cluster as one static page to print or save (what `status --html` wrote, from the gateway)."""
-    parts = cluster_live(routes, now, False)
+def printable(routes, now: float, who, csrf, admin, figs: dict | None = None) -> str:
+    """The cluster as one static page to print or save (what `status --html` writes, from the gateway)."""
+    parts = cluster_live(routes, now, False, figs)
     body = "".join(f"<section>{v}</section>" for k, v in parts.items() if k != "updated")
     body += f"<p>{esc(parts['updated'])}</p>"
     return page("Cluster (printable)", body, who, csrf, admin)

@@ -39,6 +39,16 @@ vllm:inter_token_latency_seconds_count{{engine="0",model_name="{model}"}} {itl_c
 """
 
 
+# the head agent's own /metrics, as node/metrics writes it (a GB10's power under load; the fabric test's
+# bus bandwidth over RoCE as the testbed's pair reads it)
+NODE_METRICS = """# TYPE sparkcluster_gpu_power_watts gauge
+sparkcluster_gpu_power_watts{gpu="0"} 61.5
+sparkcluster_fabric_busbw_gbps 22.4
+sparkcluster_fabric_floor_gbps 18.0
+sparkcluster_fabric_transport_info{transport="IB"} 1
+"""
+
+
 @dataclass
 class Agent(Engine):
     """An engine and its head agent, with the console's calls."""
@@ -107,8 +117,12 @@ class Agent(Engine):
             peers = {n: dict(mem, mem_available=80 * 1024**3) for n in self.nodes[1:]}
             return JSONResponse({"node": self.nodes[0], **mem, "supervisor": sup, "peers": peers})
 
+        async def node_metrics(request: Request):  # the agent's own /metrics (node/metrics' series)
+            return PlainTextResponse(NODE_METRICS)
+
         routes = [
             Route("/report", report),
+            Route("/report/metrics", node_metrics),
             Route("/report/journal", journal),
             Route("/report/log", log),
             Route("/report/restart", ask, methods=["POST"]),
