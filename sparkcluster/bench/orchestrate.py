@@ -341,7 +341,6 @@ def run(
         if loaded is not None:
             facts.loaded_rtts = loaded.join()
 
-        # measured, kept and judged while the head's connection is open: the console's copy goes there
         result = _kept(inv, req, prof, image, image_id, vllm_version, levels, target, started, sweep, error, nodes)
         if baseline_dir is None:
             baseline_dir = previous_run(root, prof.name, exclude=run_dir)
@@ -371,10 +370,14 @@ def run(
             reference, target_kind = perf_record.load(baseline_path(root, prof.name)), "baseline"
         if reference is not None and got is not None:
             _stand(result, inv, prof, dep, nodes, facts, transports, vllm_version, got, reference, target_kind)
-        key = f"{prof.name}@{'+'.join(dep)}"
-        doc = head_records.bench_doc(result.to_json(), key, started.isoformat())
-        head_records.publish(cluster.head, inv.cluster.name, f"bench/{run_dir.name}", doc, say)
+        _publish(cluster, inv, f"{prof.name}@{'+'.join(dep)}", result, started, say)  # its connection still open
     return result
+
+
+def _publish(cluster, inv, key: str, result: BenchResult, started: datetime, say: Callable[[str], None]) -> None:
+    """The run's summary copied to the head for the gateway's console (deployment/head_records)."""
+    doc = head_records.bench_doc(result.to_json(), key, started.isoformat())
+    head_records.publish(cluster.head, inv.cluster.name, f"bench/{result.run_dir.name}", doc, say)
 
 
 def _harness_and_prompts(inv, head, harness: str, reference, prof, say: Callable[[str], None]):
