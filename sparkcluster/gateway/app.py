@@ -117,6 +117,7 @@ class Gateway:
         self.relay = None  # the requests passed through (proxy.relay_session)
         self._wakes: set[asyncio.Task] = set()  # on demand: wakes in flight (kept, or the loop drops them)
         self.yielding: dict[str, str] = {}  # woken deployment -> the rule's choice of who yields to it, in words
+        self.alerts_url = cfg.get("alerts") or None  # Prometheus' alerts API, which the console shows
         self.console = Console(self)  # /console (gateway/console)
 
     # -- the supervisor's verdicts, and the config when it changes
@@ -140,6 +141,7 @@ class Gateway:
         self.keyring.set_env(self.keys)
         self.table.adopt(Table.from_config(cfg))
         self.poll_s = float(cfg.get("poll_s", self.poll_s))
+        self.alerts_url = cfg.get("alerts") or None
         health.event("config reloaded", routes=[r.key for r in self.table.routes])
 
     async def refresh(self) -> None:

@@ -45,6 +45,7 @@ SESSION_S = 12 * 3600
 MAX_SESSIONS = 256  # past this, the oldest session ends (a browser signs in again)
 FIGURES_S = 2.0  # an engine's /metrics read at most this often for the console
 LOG_S = 2.0
+ALERTS_S = 10.0  # Prometheus' alerts read at most this often
 NODE_S = 5.0  # a head agent's own /metrics (GPU power, the fabric test) read at most this often
 LIVE_S = 1.0  # the live stream's look at the gateway's snapshot (it is re-read every poll)
 ASSETS = Path(__file__).parent / "console_assets"
@@ -103,7 +104,11 @@ class Console:
         self.sessions: dict[str, Session] = {}
         self.figures: dict[str, tuple[float, dict, console_view.Figures]] = {}  # key -> (read at, samples, figures)
         self.logs: dict[str, tuple[float, list[str]]] = {}
-        self.nodes: dict[str, tuple[float, dict]] = {}  # head agent's URL -> (read at, node_figures)
+        self.nodes: dict[str, tuple[float, dict]] = {}
+        self.alerts: tuple[float, list[dict] | None] = (
+            float("-inf"),
+            None,
+        )  # head agent's URL -> (read at, node_figures)
         self._reading: dict[str, asyncio.Lock] = {}
 
     # -- sessions
@@ -243,18 +248,16 @@ class Console:
             return self.to_login()
         _, s = got
         said = request.query_params.get("said", "")[:300]
-        figs = await self.node_figures()
-        routes, now = self.gw.table.routes, time.time()
-        return self.html(console_view.cluster(routes, now, s.who.name, s.csrf, s.who.admin, said, figs))
+        parts = await self.live_parts(s.who.admin)
+        return self.html(console_view.cluster(parts, s.who.name, s.csrf, s.who.admin, said, self.gw.table.routes))
 
     async def printable(self, request: Request) -> Response:
         got = self.session(request)
         if got is None:
             return self.to_login()
         _, s = got
-        figs = await self.node_figures()
-        routes, now = self.gw.table.routes, time.time()
-        return self.html(console_view.printable(routes, now, s.who.name, s.csrf, s.who.admin, figs))
+        parts = await self.live_parts(False)
+        return self.html(console_view.printable(parts, s.who.name, s.csrf, s.who.admin))
 
     def stream(self, request: Request, parts) -> Response:
         """Server-Sent Events: `parts()` (element id -> HTML) every LIVE_S, sent only when changed."""
@@ -285,8 +288,7 @@ class Console:
         async def parts():
             if self.session(request) is None:
                 return {}
-            figs = await self.node_figures()
-            return console_view.cluster_live(self.gw.table.routes, time.time(), s.who.admin, figs)
+            return await self.live_parts(s.who.admin)
 
         return self.stream(request, parts)
 
@@ -310,6 +312,26 @@ class Console:
                 self.nodes[base] = (time.monotonic(), figs)
             out[node] = figs
         return out
+
+    async def firing(self) -> list[dict] | None:
+        """The alerts firing in Prometheus (its `/api/v1/alerts`), at most once every ALERTS_S; None
+        where no Prometheus answers (monitoring not up)."""
+        url = self.gw.alerts_url
+        at, found = self.alerts
+        if not url or time.monotonic() - at < ALERTS_S:
+            return found
+        try:
+            got = await self.gw.client.get(url, timeout=2.0)
+            got.raise_for_status()
+            found = [a for a in got.json()["data"]["alerts"] if isinstance(a, dict) and a.get("state") == "firing"]
+        except Exception:  # noqa: BLE001 (no monitoring, or it does not answer: said on the page)
+            found = None
+        self.alerts = (time.monotonic(), found)
+        return found
+
+    async def live_parts(self, admin: bool) -> dict[str, str]:
+        figs, alerts = await self.node_figures(), await self.firing()
+        return console_view.cluster_live(self.gw.table.routes, time.time(), admin, figs, alerts)
 
     # -- a model
     def serving(self, name: str) -> list:

@@ -342,10 +342,31 @@ def nodes_table(ns: list[Node], figs: dict | None = None) -> str:
     )
 
 
-def cluster_live(routes, now: float, admin: bool, figs: dict | None = None) -> dict[str, str]:
+def alerts_list(alerts: list[dict] | None) -> str:
+    """The alerts firing, as Prometheus' `/api/v1/alerts` lists them (labels, annotations, activeAt)."""
+    if alerts is None:
+        return "<h2>Alerts</h2><p>No Prometheus answers (<code>sparkcluster monitor up</code> runs one).</p>"
+    if not alerts:
+        return "<h2>Alerts</h2><p class='ok'>None firing.</p>"
+    items = ""
+    for a in alerts:
+        labels, notes = a.get("labels") or {}, a.get("annotations") or {}
+        where = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k in ("deployment", "node", "severity"))
+        items += (
+            f"<li><strong class='out'>{esc(labels.get('alertname', 'alert'))}</strong> ({esc(where)}): "
+            f"{esc(notes.get('summary') or notes.get('description') or '')} "
+            f"<span class='ago'>since {esc(a.get('activeAt', ''))}</span></li>"
+        )
+    return f"<h2>Alerts</h2><ul class='alerts'>{items}</ul>"
+
+
+def cluster_live(
+    routes, now: float, admin: bool, figs: dict | None = None, alerts: list[dict] | None = None
+) -> dict[str, str]:
     """The parts of the cluster page the live stream replaces (element id -> HTML); `figs` each head
-    node's figures from its agent's `/metrics` (node_figures)."""
+    node's figures from its agent's `/metrics` (node_figures), `alerts` those firing (None: no Prometheus)."""
     return {
+        "alerts": alerts_list(alerts),
         "deployments": deployments_table(rows(routes), now, admin),
         "nodes": nodes_table(nodes(routes), figs),
         "updated": f"updated {time.strftime('%H:%M:%S', time.gmtime(now))} UTC",
@@ -360,9 +381,10 @@ def live_blocks(parts: dict[str, str]) -> str:
     return out
 
 
-def cluster(routes, now: float, who: str, csrf: str, admin: bool, said: str = "", figs: dict | None = None) -> str:
+def cluster(parts: dict[str, str], who: str, csrf: str, admin: bool, said: str, routes) -> str:
+    """The cluster page: `parts` (cluster_live's), then for an admin the controller's commands."""
     notice = f"<p class='notice' role='status'>{esc(said)}</p>" if said else ""
-    body = notice + live_blocks(cluster_live(routes, now, admin, figs))
+    body = notice + live_blocks(parts)
     if admin:
         body += controller_commands(routes)
     return page("Cluster", body, who, csrf, admin, live="/console/live")
@@ -502,9 +524,8 @@ def usage(usage_rows: list[dict], all_keys: bool, who, csrf, admin) -> str:
     return page("Usage", f"<p>Showing {scope} usage.</p>" + table, who, csrf, admin)
 
 
-def printable(routes, now: float, who, csrf, admin, figs: dict | None = None) -> str:
+def printable(parts: dict[str, str], who, csrf, admin) -> str:
     """The cluster as one static page to print or save (what `status --html` writes, from the gateway)."""
-    parts = cluster_live(routes, now, False, figs)
     body = "".join(f"<section>{v}</section>" for k, v in parts.items() if k != "updated")
     body += f"<p>{esc(parts['updated'])}</p>"
     return page("Cluster (printable)", body, who, csrf, admin)

@@ -138,6 +138,14 @@ class GatewayPlan:
     def container(self) -> str:
         return gateway_name(self.inventory.cluster.name)
 
+    def alerts_url(self) -> str:
+        """Prometheus' alerts API on the head, where `monitor up` runs it (monitor/scrape.reach_ip's address:
+        the head's control IP unless the owner chose one), as Prometheus' HTTP API documents `/api/v1/alerts`."""
+        inv = self.inventory
+        listen = inv.monitor.listen
+        ip = str(inv.head.control_ip) if listen in ("control", "0.0.0.0") else listen
+        return f"http://{ip}:{inv.monitor.prometheus_port}/api/v1/alerts"
+
     def config(self) -> dict:
         """The gateway's config file, secrets included: only ever written into its container."""
         return {
@@ -163,6 +171,7 @@ class GatewayPlan:
             ],
             **({"held_until": dict(self.held)} if self.held else {}),
             **({"data": DATA_MOUNT} if self.data_dir else {}),
+            "alerts": self.alerts_url(),  # what the console shows firing (Prometheus', where `monitor up` ran)
             # on demand across deployments (issue 60): which idle one yields to a woken one that does not fit
             **({"yield": self.inventory.on_demand.model_dump()} if self.inventory.on_demand.rule != "never" else {}),
             **self.traces(),

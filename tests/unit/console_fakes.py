@@ -60,6 +60,7 @@ class Agent(Engine):
     generated: float = 1000.0
     reads: int = 0  # /metrics reads
     nodes: tuple[str, ...] = ("spark-a",)
+    alerts: list[dict] = field(default_factory=list)  # what the stand-in Prometheus lists (on `a`)
 
     def app(self) -> Starlette:
         base = super().app()
@@ -120,7 +121,11 @@ class Agent(Engine):
         async def node_metrics(request: Request):  # the agent's own /metrics (node/metrics' series)
             return PlainTextResponse(NODE_METRICS)
 
+        async def alerts(request: Request):  # Prometheus' /api/v1/alerts, as its HTTP API documents it
+            return JSONResponse({"status": "success", "data": {"alerts": self.alerts}})
+
         routes = [
+            Route("/api/v1/alerts", alerts),
             Route("/report", report),
             Route("/report/metrics", node_metrics),
             Route("/report/journal", journal),
@@ -236,6 +241,20 @@ def start(tmp_path) -> Console:
     records(data)
     cfg = config({"reasoner@spark-a+spark-b": (a, sa), "vision@spark-c": (b, sb)}, data=str(data))
     cfg["deployments"][0].update(nodes=["spark-a", "spark-b"], agent_token=TOKEN_A)
+    cfg["alerts"] = f"{sa.url}/api/v1/alerts"
+    a.alerts = [
+        {
+            "labels": {
+                "alertname": "SparkRestartLoop",
+                "deployment": "reasoner@spark-a+spark-b",
+                "severity": "warning",
+            },
+            "annotations": {"summary": "pair: reasoner@spark-a+spark-b restarted 3 times in 10 minutes"},
+            "state": "firing",
+            "activeAt": "2026-11-29T10:00:00Z",
+        },
+        {"labels": {"alertname": "SparkMemoryHeadroomLow"}, "annotations": {}, "state": "pending"},
+    ]
     cfg["deployments"][1].update(nodes=["spark-c"], agent_token=TOKEN_B, wake_token=TOKEN_B)
     gw, sg = start_gateway(cfg)
     until(lambda: in_rotation(gw, "reasoner@spark-a+spark-b"), what="reasoner in rotation")

@@ -66,6 +66,7 @@ def test_a_key_entered_once_gives_an_httponly_strict_cookie_and_the_cluster(cons
     assert "wedged</span>: no token generated for 120s with 2 requests running" in page
     assert "in rotation" in page and "spark-b" in page and "90.0 GiB of 119.0 GiB" in page
     assert "62 W" in page and "22.4 GB/s over IB" in page  # the head agent's own /metrics
+    assert "SparkRestartLoop" in page and "SparkMemoryHeadroomLow" not in page  # firing only, not pending
     assert "owner (admin)" in page
 
 
