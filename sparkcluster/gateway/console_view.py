@@ -400,7 +400,8 @@ def controller_commands(routes) -> str:
         node_args = " ".join(f"--node {n}" for n in (r.nodes or tuple(x for x in nodes_.split("+") if x)))
         items += (
             f"<li><strong>{esc(r.key)}</strong>: <code>sparkcluster bench --profile {esc(profile)}</code>, "
-            f"<code>sparkcluster rollback --profile {esc(profile)} {esc(node_args)} --dry-run</code></li>"
+            f"<code>sparkcluster rollback --profile {esc(profile)} {esc(node_args)}</code> "
+            "(with <code>--dry-run</code>: its plan first)</li>"
         )
     if not items:
         return ""

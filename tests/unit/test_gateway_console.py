@@ -68,6 +68,9 @@ def test_a_key_entered_once_gives_an_httponly_strict_cookie_and_the_cluster(cons
     assert "62 W" in page and "22.4 GB/s over IB" in page  # the head agent's own /metrics
     assert "SparkRestartLoop" in page and "SparkMemoryHeadroomLow" not in page  # firing only, not pending
     assert "owner (admin)" in page
+    # a bench and a rollback: the exact commands to run from the controller (docs: security)
+    assert "<code>sparkcluster bench --profile reasoner</code>" in page
+    assert "<code>sparkcluster rollback --profile reasoner --node spark-a --node spark-b</code>" in page
 
 
 def test_the_cookie_is_secure_under_tls(tmp_path):
@@ -84,6 +87,7 @@ def test_a_non_admin_key_sees_the_cluster_and_models_but_neither_acts_nor_reads_
     client = signed_in(cons, USER_KEY)
     page = client.get("/console").text
     assert "reasoner@spark-a+spark-b" in page and "/console/confirm" not in page and "Events" not in page
+    assert "sparkcluster rollback" not in page
     assert client.get("/console/events").status_code == 403
     assert client.get("/console/confirm", params={"action": "restart", "deployment": "x"}).status_code == 403
     said = client.post(
