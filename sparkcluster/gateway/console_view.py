@@ -127,6 +127,7 @@ class Row:
     verdict_ts: float = 0.0
     tokens_per_s: float | None = None
     service: bool = False
+    stopping: bool = False  # the supervisor is stopping its engine (a verdict, a stop asked)
 
 
 @dataclass
@@ -160,6 +161,7 @@ def rows(routes) -> list[Row]:
             row.verdict, row.cause = sup.newest.get("kind", ""), sup.last_cause
             row.verdict_ts = float(sup.newest.get("ts") or 0)
             row.tokens_per_s = sup.tokens_per_s
+            row.stopping = sup.is_stopping()
         elif not r.report:
             row.state = "no answer"
         out.append(row)
@@ -297,10 +299,10 @@ def deployments_table(rs: list[Row], now: float, admin: bool) -> str:
 
 def actions_for(r: Row) -> list[tuple[str, str]]:
     """What the console offers for a deployment: restart a running engine; on demand, its standby."""
-    if r.service:
+    if r.service or r.stopping:
         return []
     out = []
-    if r.state in (contract.SERVING, contract.STARTING, contract.RESTARTING):
+    if r.state in (contract.SERVING, contract.STARTING):  # an engine runs (the supervisor's `ask` needs one)
         out.append(("restart", "Restart"))
     if r.on_demand:
         if r.state in contract.WAKEABLE:

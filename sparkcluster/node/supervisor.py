@@ -379,7 +379,9 @@ class Supervisor(Lifecycle):
         self.set_state(STARTING)
 
     def stop(self, why: str, verdict: bool = False) -> None:
-        """Stops the engine (Lifecycle.stop); the Ray nodes recorded at its start go with it."""
+        """Stops the engine (Lifecycle.stop); the Ray nodes recorded at its start go with it, and so
+        does a console's ask for it (`ask`): it was for the engine that stops."""
+        self.owner_ask = None
         if self.proc is None:
             return
         super().stop(why, verdict)

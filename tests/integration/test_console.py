@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests import console_browser
-from tests.integration.helpers import HEAD, WORKER, journal, popen_sc, wait_for
+from tests.integration.helpers import HEAD, WORKER, journal, popen_sc, sup_state, wait_for
 from tests.integration.test_gateway import GW, GW_KEY, ON_DEMAND, SINGLE, _od_journal, env, routes  # noqa: F401
 
 pytestmark = [
@@ -36,6 +36,10 @@ def added(sc, environ: dict, *args: str) -> str:
     res = sc("gateway", "keys", "add", *args, env=environ)
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout.strip().splitlines()[-1]
+
+
+def signs_in(key: str) -> bool:
+    return httpx.post(f"{GW}/console/login", data={"key": key}, timeout=5).status_code == 303
 
 
 def state(key: str) -> str:
@@ -55,6 +59,8 @@ def test_the_console_on_the_testbed(testbed, sc, env_file, env):  # noqa: F811 (
     assert up.returncode == 0, up.stdout + up.stderr
     owner = added(sc, env, "owner", "--admin")
     viewer = added(sc, env, "viewer")
+    # the gateway reads its key file again within a poll
+    assert wait_for(lambda: signs_in(owner) and signs_in(viewer), 10, step=0.5)
     assert wait_for(lambda: routes()[HEAD_KEY]["in_rotation"], 60, step=0.5), routes()
     pids = testbed.sh(HEAD, "pgrep -f 'VLLM::[E]ngineCore' || true").stdout.split()
     assert pids, testbed.sh(HEAD, "ps -eo pid,args").stdout
@@ -84,9 +90,16 @@ def test_the_console_on_the_testbed(testbed, sc, env_file, env):  # noqa: F811 (
             assert console_browser.refreshes(page) - seen_at <= 2, (seen_at, console_browser.refreshes(page))
             testbed.sh(HEAD, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
 
-            # the console's restart, asked while the supervisor's own restart starts the engine again
+            # the console's restart, asked as soon as the supervisor's own restart starts the engine again
+            # (offered while an engine runs: starting or serving)
             row = f"tr[data-deployment='{HEAD_KEY}']"
-            page.wait_for_selector(f"{row} a.act:text('Restart')", timeout=300_000)
+            verdict_at = time.time()
+            assert wait_for(
+                lambda: (st := sup_state(testbed)).get("state") == "starting" and st.get("since", 0) > verdict_at - 5,
+                300,
+                step=0.5,
+            ), sup_state(testbed)
+            page.wait_for_selector(f"{row} a.act:text('Restart')", timeout=30_000)
             page.click(f"{row} a.act:text('Restart')")
             assert "POST /restart" in page.inner_text("ol.plan")
             page.click("button.danger")
