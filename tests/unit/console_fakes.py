@@ -60,6 +60,7 @@ class Agent(Engine):
     generated: float = 1000.0
     reads: int = 0  # /metrics reads
     nodes: tuple[str, ...] = ("spark-a",)
+    since: float = 0.0  # when it entered its state (0: half a minute ago, at every read)
     alerts: list[dict] = field(default_factory=list)  # what the stand-in Prometheus lists (on `a`)
 
     def app(self) -> Starlette:
@@ -107,7 +108,7 @@ class Agent(Engine):
         async def report(request: Request):  # the head agent's report: its node's figures, its peers', the state
             sup = {
                 "state": self.state,
-                "since": time.time() - 30,
+                "since": self.since or time.time() - 30,
                 "updated": time.time(),
                 "causes": self.causes,
                 "policy": {"interval_s": 2.0, "ready_timeout_s": self.ready_timeout_s},

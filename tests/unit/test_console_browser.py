@@ -55,7 +55,7 @@ def test_the_console_in_chromium(cons, chromium):
     seen_at = console_browser.refreshes(page)
     until(lambda: "rank 0 made no progress" in page.inner_text("#deployments"), what="the verdict on the page")
     assert console_browser.refreshes(page) - seen_at <= 2
-    cons.a.state = contract.SERVING
+    cons.a.state, cons.a.since = contract.SERVING, time.time()  # serving again after the verdict
 
     # restart: confirmed in the dry run's words, sent with the key's name
     page.wait_for_selector(f"tr[data-deployment='{A}'] a.act:text('Restart')")

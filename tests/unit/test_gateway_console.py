@@ -369,3 +369,14 @@ def test_the_records_go_to_the_gateways_folder_aside_and_renamed():
     said = []
     head_records.publish(SimpleNamespace(name="spark-a", run=None), "pair", "upgrades", {}, said.append)
     assert said and "not written on spark-a" in said[0]
+
+
+def test_what_each_deployment_offers():
+    row = console_view.Row("m@a", ("m",), ("a",), True, "serving", 0, on_demand=True, state=contract.SERVING)
+    assert [a for a, _ in console_view.actions_for(row)] == ["restart", "standby"]
+    row.stopping = True  # a verdict published, the engine being stopped: nothing to ask of it
+    assert console_view.actions_for(row) == []
+    row.stopping, row.state = False, contract.STANDBY
+    assert [a for a, _ in console_view.actions_for(row)] == ["wake"]
+    row.state, row.on_demand = contract.RESTARTING, False  # no engine runs while it waits to restart
+    assert console_view.actions_for(row) == []
