@@ -67,6 +67,7 @@ class Session:
     key_sha256: str  # the key's hash: the key itself is kept nowhere
     csrf: str
     expires: float
+    notice: str = ""  # what the last action's answer was, shown once on the next cluster page
 
 
 # what each action does, in the words a dry run would print (the confirm page shows them)
@@ -247,7 +248,7 @@ class Console:
         if got is None:
             return self.to_login()
         _, s = got
-        said = request.query_params.get("said", "")[:300]
+        said, s.notice = s.notice, ""  # the session's, never the URL's: no link can put words on the page
         parts = await self.live_parts(s.who.admin)
         return self.html(console_view.cluster(parts, s.who.name, s.csrf, s.who.admin, said, self.gw.table.routes))
 
@@ -539,7 +540,8 @@ class Console:
         text = f"{action} of {key}: " + (
             "asked; the supervisor acts on it now" if done else f"refused ({outcome}: {said})"
         )
-        return RedirectResponse("/console?" + urllib.parse.urlencode({"said": text}), status_code=303, headers=HEADERS)
+        s.notice = text
+        return RedirectResponse("/console", status_code=303, headers=HEADERS)
 
 
 def _read_json(path: str) -> dict | None:

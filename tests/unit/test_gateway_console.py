@@ -128,7 +128,10 @@ def test_restart_is_confirmed_in_the_dry_runs_words_and_sent_with_the_token_and_
         data={"csrf": csrf_of(confirm.text), "action": "restart", "deployment": "reasoner@spark-a+spark-b"},
         headers={"origin": cons.url},
     )
-    assert done.status_code == 303 and "asked" in done.headers["location"]
+    assert done.status_code == 303 and done.headers["location"] == "/console"
+    assert "restart of reasoner@spark-a+spark-b: asked" in client.get("/console").text
+    assert "asked" not in client.get("/console").text  # said once
+    assert "forged" not in client.get("/console", params={"said": "forged words"}).text
     assert cons.a.asked == [("restart", TOKEN_A, "owner")]
     assert cons.a.journal[-1]["by"] == "owner"
     logged = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
