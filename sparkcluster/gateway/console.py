@@ -47,7 +47,9 @@ FIGURES_S = 2.0  # an engine's /metrics read at most this often for the console
 LOG_S = 2.0
 ALERTS_S = 10.0  # Prometheus' alerts read at most this often
 NODE_S = 5.0  # a head agent's own /metrics (GPU power, the fabric test) read at most this often
-LIVE_S = 1.0  # the live stream's look at the gateway's snapshot (it is re-read every poll)
+LIVE_S = 1.0
+STREAM_S = 15.0  # one live stream's life, well inside the gateway's drain (drain_s, 30 s by default)
+RETRY_MS = 1000  # the live stream's look at the gateway's snapshot (it is re-read every poll)
 ASSETS = Path(__file__).parent / "console_assets"
 RECORDS = "records"  # in the gateway's folder: the controller's copies (deployment/head_records.RECORDS)
 SPEED_RUNS = 10  # bench runs the speed page shows, newest first
@@ -261,11 +263,14 @@ class Console:
         return self.html(console_view.printable(parts, s.who.name, s.csrf, s.who.admin))
 
     def stream(self, request: Request, parts) -> Response:
-        """Server-Sent Events: `parts()` (element id -> HTML) every LIVE_S, sent only when changed."""
+        """Server-Sent Events: `parts()` (element id -> HTML) every LIVE_S, sent only when changed. A
+        stream ends after STREAM_S and the browser opens the next after RETRY_MS (EventSource's own
+        reconnection), so that no open console holds the gateway's drain on stop for long."""
 
         async def events():
-            last = None
-            while True:
+            last, ends = None, time.monotonic() + STREAM_S
+            yield f"retry: {RETRY_MS}\n\n".encode()
+            while time.monotonic() < ends:
                 if await request.is_disconnected():
                     return
                 got = await parts()

@@ -383,3 +383,13 @@ def test_what_each_deployment_offers():
     assert [a for a, _ in console_view.actions_for(row)] == ["wake"]
     row.state, row.on_demand = contract.RESTARTING, False  # no engine runs while it waits to restart
     assert console_view.actions_for(row) == []
+
+
+def test_a_live_stream_ends_within_its_life_and_tells_the_browser_to_come_back(cons, monkeypatch):
+    monkeypatch.setattr(console, "STREAM_S", 1.5)
+    client = signed_in(cons, USER_KEY)
+    t = time.monotonic()
+    with client.stream("GET", "/console/live") as got:
+        lines = list(got.iter_lines())
+    assert time.monotonic() - t < 5 and lines[0] == f"retry: {console.RETRY_MS}"
+    assert any(x.startswith("data: ") for x in lines)
