@@ -46,6 +46,7 @@ MAX_SESSIONS = 256  # past this, the oldest session ends (a browser signs in aga
 FIGURES_S = 2.0  # an engine's /metrics read at most this often for the console
 LOG_S = 2.0
 ALERTS_S = 10.0  # Prometheus' alerts read at most this often
+JOURNAL_S = 3.0  # a live events page reads the heads' journals at most this often
 NODE_S = 5.0  # a head agent's own /metrics (GPU power, the fabric test) read at most this often
 LIVE_S = 1.0
 STREAM_S = 15.0  # one live stream's life, well inside the gateway's drain (drain_s, 30 s by default)
@@ -178,6 +179,7 @@ class Console:
             Path_("/console/model/{name}", self.model, methods=["GET"]),
             Path_("/console/live/model/{name}", self.live_model, methods=["GET"]),
             Path_("/console/events", self.events, methods=["GET"]),
+            Path_("/console/live/events", self.live_events, methods=["GET"]),
             Path_("/console/usage", self.usage, methods=["GET"]),
             Path_("/console/print", self.printable, methods=["GET"]),
             Path_("/console/speed", self.speed, methods=["GET"]),
@@ -446,19 +448,35 @@ class Console:
         _, s = got
         if not s.who.admin:
             return self.refuse(403, "only an admin key reads the journal", s)
-        q = request.query_params
-        chosen = {k: q.get(k, "") for k in ("deployment", "kind", "minutes")}
-        try:
-            minutes = max(1.0, min(float(chosen["minutes"] or 60), 7 * 24 * 60))
-        except ValueError:
-            minutes = 60.0
-        chosen["minutes"] = f"{minutes:g}"
-        routes = [r for r in self.gw.table.routes if not chosen["deployment"] or r.key == chosen["deployment"]]
-        entries = await self.journal(routes, time.time() - minutes * 60, 1000)
-        if chosen["kind"]:
-            entries = [e for e in entries if chosen["kind"].lower() in str(e.get("event", "")).lower()]
+        chosen = chosen_filter(request.query_params)
+        entries = await self.filtered(chosen)
         keys = [r.key for r in self.gw.table.routes]
         return self.html(console_view.events(entries, keys, chosen, s.who.name, s.csrf))
+
+    async def filtered(self, chosen: dict) -> list[dict]:
+        """The journal entries the filter chose, newest first, from each deployment's head."""
+        routes = [r for r in self.gw.table.routes if not chosen["deployment"] or r.key == chosen["deployment"]]
+        entries = await self.journal(routes, time.time() - float(chosen["minutes"]) * 60, 1000)
+        if chosen["kind"]:
+            entries = [e for e in entries if chosen["kind"].lower() in str(e.get("event", "")).lower()]
+        return entries
+
+    async def live_events(self, request: Request) -> Response:
+        got = self.session(request)
+        if got is None or not got[1].who.admin:
+            return Response(status_code=401 if got is None else 403)
+        chosen = chosen_filter(request.query_params)
+        read = {"at": float("-inf"), "parts": {}}
+
+        async def parts():
+            if self.session(request) is None:
+                return {}
+            if time.monotonic() - read["at"] >= JOURNAL_S:  # the heads' journals, at most every JOURNAL_S
+                read["at"] = time.monotonic()
+                read["parts"] = {"journal": console_view.events_table(await self.filtered(chosen))}
+            return read["parts"]
+
+        return self.stream(request, parts)
 
     async def usage(self, request: Request) -> Response:
         got = self.session(request)
@@ -547,6 +565,17 @@ class Console:
         )
         s.notice = text
         return RedirectResponse("/console", status_code=303, headers=HEADERS)
+
+
+def chosen_filter(q) -> dict:
+    """The events page's filter from its query: a deployment, words in the event, the last minutes."""
+    chosen = {k: str(q.get(k, ""))[:200] for k in ("deployment", "kind", "minutes")}
+    try:
+        minutes = max(1.0, min(float(chosen["minutes"] or 60), 7 * 24 * 60))
+    except ValueError:
+        minutes = 60.0
+    chosen["minutes"] = f"{minutes:g}"
+    return chosen
 
 
 def _read_json(path: str) -> dict | None:

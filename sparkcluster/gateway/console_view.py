@@ -488,7 +488,8 @@ def events(entries: list[dict], keys: list[str], chosen: dict, who, csrf) -> str
         f"value='{esc(chosen.get('minutes', '60'))}'>"
         "<button type='submit'>Filter</button></form>"
     )
-    return page("Events", form + events_table(entries), who, csrf, True)
+    live = "/console/live/events?" + urllib.parse.urlencode(chosen)
+    return page("Events", form + f"<section id='journal'>{events_table(entries)}</section>", who, csrf, True, live)
 
 
 def confirm(action: str, key: str, words: list[str], who: str, csrf: str) -> str:

@@ -393,3 +393,20 @@ def test_a_live_stream_ends_within_its_life_and_tells_the_browser_to_come_back(c
         lines = list(got.iter_lines())
     assert time.monotonic() - t < 5 and lines[0] == f"retry: {console.RETRY_MS}"
     assert any(x.startswith("data: ") for x in lines)
+
+
+def test_the_events_page_is_live_for_an_admin_only(cons):
+    admin, user = signed_in(cons, ADMIN_KEY), signed_in(cons, USER_KEY)
+    assert user.get("/console/live/events").status_code == 403
+    page = admin.get("/console/events", params={"kind": "state", "deployment": "vision@spark-c"}).text
+    assert "data-live='/console/live/events?deployment=vision%40spark-c&amp;kind=state&amp;minutes=60'" in page
+    with admin.stream("GET", "/console/live/events", params={"kind": "state", "deployment": "vision@spark-c"}) as got:
+        lines = got.iter_lines()
+        first = json.loads(next(x for x in lines if x.startswith("data: "))[6:])
+        assert "state: standby" in first["journal"] and "state: serving" not in first["journal"]
+        cons.b.journal.append({"ts": time.time(), "event": "state: starting"})
+        for x in lines:
+            if x.startswith("data: ") and "state: starting" in x:
+                break
+        else:
+            raise AssertionError("the new entry never came")
