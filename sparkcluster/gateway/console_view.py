@@ -7,7 +7,9 @@ The engine's figures come from vLLM's own `/metrics` (Prometheus' text format): 
 inter-token latency (`vllm:inter_token_latency_seconds`), requests running and waiting
 (`vllm:num_requests_running`, `vllm:num_requests_waiting`) and the KV cache's use
 (`vllm:kv_cache_usage_perc`), as vLLM's documentation lists them ("Production Metrics",
-docs.vllm.ai/en/latest/usage/metrics.html) and node/readings and monitor/dashboards read them.
+https://docs.vllm.ai/en/v0.32.0/usage/metrics/) and node/readings and monitor/dashboards read them.
+The alerts firing come from Prometheus' HTTP API (`GET /api/v1/alerts`, each alert's `labels`,
+`annotations`, `state` and `activeAt`: https://prometheus.io/docs/prometheus/latest/querying/api/#alerts).
 Standard library only (shipped into the gateway's container).
 """
 

@@ -23,8 +23,8 @@ USER_KEY = "sk-spark-user-key-0123456789abcdefg"
 TOKEN_A, TOKEN_B = "agent-token-of-a-0123456789", "agent-token-of-b-0123456789"
 SECRET = "hf_secret_value_in_a_log_line"  # what a log line carries, masked by the agent before it is served
 
-# vLLM's /metrics as it answers them (the series the console reads; names as vLLM's "Production
-# Metrics" page lists them), counters advanced by `tick`
+# vLLM's /metrics in its text format (the series the console reads, named as vLLM's "Production Metrics"
+# page lists them: https://docs.vllm.ai/en/v0.32.0/usage/metrics/); values made up, advanced at each read
 METRICS = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
 # TYPE vllm:generation_tokens_total counter
 vllm:generation_tokens_total{{engine="0",model_name="{model}"}} {generated}
@@ -39,8 +39,7 @@ vllm:inter_token_latency_seconds_count{{engine="0",model_name="{model}"}} {itl_c
 """
 
 
-# the head agent's own /metrics, as node/metrics writes it (a GB10's power under load; the fabric test's
-# bus bandwidth over RoCE as the testbed's pair reads it)
+# the head agent's own /metrics in node/metrics' series and format; the values are made up for the page
 NODE_METRICS = """# TYPE sparkcluster_gpu_power_watts gauge
 sparkcluster_gpu_power_watts{gpu="0"} 61.5
 sparkcluster_fabric_busbw_gbps 22.4
@@ -122,7 +121,8 @@ class Agent(Engine):
         async def node_metrics(request: Request):  # the agent's own /metrics (node/metrics' series)
             return PlainTextResponse(NODE_METRICS)
 
-        async def alerts(request: Request):  # Prometheus' /api/v1/alerts, as its HTTP API documents it
+        # Prometheus' /api/v1/alerts, as its HTTP API documents it (prometheus.io, "HTTP API", Alerts)
+        async def alerts(request: Request):
             return JSONResponse({"status": "success", "data": {"alerts": self.alerts}})
 
         routes = [
@@ -138,8 +138,8 @@ class Agent(Engine):
         return Starlette(routes=routes + list(base.routes))
 
 
-# a bench run's summary and the upgrade history as deployment/head_records writes them (the figures a
-# testbed run of testbed-tiny gave, rounded; the record's source as the shipped profiles name theirs)
+# a bench run's summary and the upgrade history in the shape deployment/head_records writes them; the
+# figures are made up for the page (no measurement is claimed), the record's address a placeholder
 BENCH = {
     "at": "2026-11-29T10:00:00+00:00",
     "deployment": "reasoner@spark-a+spark-b",
