@@ -4,11 +4,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all deps venv test test-long unit demo docs testbed-up testbed-down bench bench-nodes clean
+.PHONY: all deps venv test test-long unit demo docs docs-shots testbed-up testbed-down bench bench-nodes clean
 
 all: venv
 
-# Debian packages the testbed needs (sshd, dockerd, debootstrap, iproute2, ping); idempotent.
+# Debian packages the testbed needs (sshd, dockerd, debootstrap, iproute2, ping; chromium for the
+# console's browser tests); idempotent.
 deps:
 	@bash tests/testbed/install-deps.sh
 
@@ -54,6 +55,11 @@ docs: venv
 	$(BIN)/python -m docs.gen
 	$(BIN)/python -m sparkcluster.bench.catalogue --write docs/guides/benchmark.md
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# the web console's screenshots in the docs (docs/console-*.png, committed; CI does not rewrite
+# them), taken by the console's browser test itself (tests/console_browser.py) on loopback: no testbed
+docs-shots: deps venv
+	CONSOLE_SHOTS=docs $(BIN)/python -m pytest -q tests/unit/test_console_browser.py
 
 # the pair's figures (perf.run, on the testbed that is up), a capped replication beside the serving
 # engine (perf.weights_cap, issue 61), what a keyless peer can hold of the gateway (perf.gateway_exposure,

@@ -56,7 +56,7 @@ from sparkcluster.bench.sweep import (
 from sparkcluster.config import profile as profiles
 from sparkcluster.config.flags import engine_host
 from sparkcluster.config.secrets import load_secrets
-from sparkcluster.deployment import canary_watch, deployments, endpoint, engine_ranks, known_good
+from sparkcluster.deployment import canary_watch, deployments, endpoint, engine_ranks, head_records, known_good
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.fabric import engine_nccl
 from sparkcluster.movement import hfcache
@@ -341,34 +341,43 @@ def run(
         if loaded is not None:
             facts.loaded_rtts = loaded.join()
 
-    result = _kept(inv, req, prof, image, image_id, vllm_version, levels, target, started, sweep, error, nodes)
-    if baseline_dir is None:
-        baseline_dir = previous_run(root, prof.name, exclude=run_dir)
-    result.compared_with = baseline_dir
-    result.changes = compare(read_csv(baseline_dir / "results.csv"), sweep.rows, req.tolerance) if baseline_dir else []
+        result = _kept(inv, req, prof, image, image_id, vllm_version, levels, target, started, sweep, error, nodes)
+        if baseline_dir is None:
+            baseline_dir = previous_run(root, prof.name, exclude=run_dir)
+        result.compared_with = baseline_dir
+        result.changes = (
+            compare(read_csv(baseline_dir / "results.csv"), sweep.rows, req.tolerance) if baseline_dir else []
+        )
 
-    dep = deployment_nodes(inv, prof)
-    transports, _ = engine_nccl.summaries(inv, {n: facts.nccl_texts.get(n, "") for n in dep})
-    got = _measured(
-        inv, prof, dep, facts, transports, vllm_version, sweep.rows, harness, levels, target, started, run_dir, sent
-    )
-    result.record = run_dir / f"record{perf_record.SUFFIX}" if got else None
-    if got:
-        perf_record.write(result.record, got)
-    if req.keep_baseline and got and not sweep.interrupted and not error:
-        result.baseline_kept = baseline_path(root, prof.name)
-        result.baseline_kept.parent.mkdir(parents=True, exist_ok=True)
-        perf_record.write(result.baseline_kept, got)
-    if (
-        reference is None
-        and target_kind is None
-        and baseline_path(root, prof.name).is_file()
-        and not result.baseline_kept
-    ):
-        reference, target_kind = perf_record.load(baseline_path(root, prof.name)), "baseline"
-    if reference is not None and got is not None:
-        _stand(result, inv, prof, dep, nodes, facts, transports, vllm_version, got, reference, target_kind)
+        dep = deployment_nodes(inv, prof)
+        transports, _ = engine_nccl.summaries(inv, {n: facts.nccl_texts.get(n, "") for n in dep})
+        got = _measured(
+            inv, prof, dep, facts, transports, vllm_version, sweep.rows, harness, levels, target, started, run_dir, sent
+        )
+        result.record = run_dir / f"record{perf_record.SUFFIX}" if got else None
+        if got:
+            perf_record.write(result.record, got)
+        if req.keep_baseline and got and not sweep.interrupted and not error:
+            result.baseline_kept = baseline_path(root, prof.name)
+            result.baseline_kept.parent.mkdir(parents=True, exist_ok=True)
+            perf_record.write(result.baseline_kept, got)
+        if (
+            reference is None
+            and target_kind is None
+            and baseline_path(root, prof.name).is_file()
+            and not result.baseline_kept
+        ):
+            reference, target_kind = perf_record.load(baseline_path(root, prof.name)), "baseline"
+        if reference is not None and got is not None:
+            _stand(result, inv, prof, dep, nodes, facts, transports, vllm_version, got, reference, target_kind)
+        _publish(cluster, inv, f"{prof.name}@{'+'.join(dep)}", result, started, say)  # its connection still open
     return result
+
+
+def _publish(cluster, inv, key: str, result: BenchResult, started: datetime, say: Callable[[str], None]) -> None:
+    """The run's summary copied to the head for the gateway's console (deployment/head_records)."""
+    doc = head_records.bench_doc(result.to_json(), key, started.isoformat())
+    head_records.publish(cluster.head, inv.cluster.name, f"bench/{result.run_dir.name}", doc, say)
 
 
 def _harness_and_prompts(inv, head, harness: str, reference, prof, say: Callable[[str], None]):

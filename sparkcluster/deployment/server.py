@@ -141,7 +141,9 @@ def start(
     timeout: float = STARTED_TIMEOUT_S,
     rank_apis: dict | None = None,
 ) -> Record:
-    """Hand the server to the head's supervisor (node/), which starts it and records its PID."""
+    """Hand the server to the head's supervisor (node/), which starts it and records its PID. The
+    deployment's token first (what the gateway's console acts with, as a wake does on demand)."""
+    ensure_wake_token(api, spec.container)
     generation = _hand_over(api, spec, secrets, profile, policy, rank_apis)
 
     def started() -> Record | None:

@@ -19,7 +19,8 @@ names for the others, read again when the file changes). A named key may be held
 minute, in flight and tokens per day (gateway/quota: 429 in the client's shape with Retry-After);
 what each request cost (the engine's own token counts, gateway/metering) goes into the usage ledger
 in the gateway's folder (programs/gateway_usage) and into the metrics by key name. `/metrics` and
-`/gateway/status` answer the controller's keys and admin keys only (403 to the others).
+`/gateway/status` answer the controller's keys and admin keys only (403 to the others). `/console`
+is the web console (gateway/console): its own session cookie, CSRF tokens and admin-only actions.
 
 Where the config names an OTLP endpoint and the image has the OpenTelemetry SDK, each forwarded
 request is a trace (gateway/tracing: its phases, never its body), its traceparent sent upstream.
@@ -40,8 +41,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as Path
 
-from ..programs.gateway_usage import USAGE_DIR, Ledger
+from ..programs.gateway_usage import FILENAME, USAGE_DIR, Ledger
 from . import auth, exposure, health, metering, proxy, tracing
+from .console import Console
 from .figures import Metrics
 from .health import REFUSED_REASON
 from .keys import KEYS_FILE, Identity, Keyring
@@ -92,12 +94,14 @@ class Gateway:
         self.keys: list[str] = list(cfg.get("keys") or [])
         # the gateway's folder on its node (bound into its container): the key file and the usage ledger
         data = cfg.get("data") or None
+        self.data = data  # the console reads the controller's records there (gateway/console)
         self.keyring = Keyring(self.keys, os.path.join(data, KEYS_FILE) if data else None)
         if data:
             os.makedirs(os.path.join(data, USAGE_DIR), mode=0o700, exist_ok=True)
         self.ledger = Ledger(
             os.path.join(data, USAGE_DIR) if data else None, int(cfg.get("usage_retention_days") or 400)
         )
+        self.usage_path = os.path.join(data, USAGE_DIR, FILENAME) if data else None  # the console's usage page
         self.quota = Quota(self.ledger)
         self._pruned = time.monotonic()
         self.table = Table.from_config(cfg)
@@ -113,6 +117,8 @@ class Gateway:
         self.relay = None  # the requests passed through (proxy.relay_session)
         self._wakes: set[asyncio.Task] = set()  # on demand: wakes in flight (kept, or the loop drops them)
         self.yielding: dict[str, str] = {}  # woken deployment -> the rule's choice of who yields to it, in words
+        self.alerts_url = cfg.get("alerts") or None  # Prometheus' alerts API, which the console shows
+        self.console = Console(self)  # /console (gateway/console)
 
     # -- the supervisor's verdicts, and the config when it changes
     def _mtime(self) -> int | None:
@@ -135,13 +141,16 @@ class Gateway:
         self.keyring.set_env(self.keys)
         self.table.adopt(Table.from_config(cfg))
         self.poll_s = float(cfg.get("poll_s", self.poll_s))
+        self.alerts_url = cfg.get("alerts") or None
         health.event("config reloaded", routes=[r.key for r in self.table.routes])
 
     async def refresh(self) -> None:
         """One look at every deployment's supervisor; a change of rotation is journalled."""
         routes = list(self.table.routes)
-        verdicts = await asyncio.gather(*(health.look(self.client, r.supervisor) for r in routes))
-        for r, v in zip(routes, verdicts):
+        seen = [{} for _ in routes]
+        verdicts = await asyncio.gather(*(health.look(self.client, r.supervisor, seen=s) for r, s in zip(routes, seen)))
+        for r, v, s in zip(routes, verdicts, seen):
+            r.report = s.get("report")
             if (r.up, r.reason) != (v.up, v.reason) and (r.up != v.up or not v.up):
                 health.event(
                     "in rotation" if v.up else "out of rotation",
@@ -642,6 +651,7 @@ class Gateway:
             Path("/metrics", self.metrics_page, methods=["GET"]),
             Path("/v1/models", self.models, methods=["GET"]),
             Path("/gateway/status", self.status, methods=["GET"]),
+            *self.console.routes(),
             *(Path(p, _Asgi(self.forwarder(p)), methods=["POST"]) for p in FORWARDED),
         ]
         rest = Starlette(routes=paths, lifespan=self.lifespan, exception_handlers={HTTPException: _http_error})

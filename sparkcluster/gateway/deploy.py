@@ -41,12 +41,13 @@ def deployment_image(api, cluster: str) -> str | None:
 
 
 def wake_tokens(hosts: dict, inv, found, profiles: dict) -> dict[str, str]:
-    """deployment key -> its wake token, for every on-demand deployment whose head container
-    answers: read from that container through the Docker API (never a command line), written only
-    into the gateway's 0600 config. The head of the gateway gets no SSH trust and no other secret."""
+    """deployment key -> its token (a wake's on demand, the console's actions on every one), for every
+    deployment whose head container answers: read from that container through the Docker API (never
+    a command line), written only into the gateway's 0600 config. The head of the gateway gets no SSH
+    trust and no other secret."""
     out = {}
     for d in found:
-        if d.service or not profiles[d.profile].on_demand.enabled:
+        if d.service:
             continue
         head = inv.only(list(d.nodes)).head.name
         if head not in hosts:

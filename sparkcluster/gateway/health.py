@@ -34,17 +34,21 @@ def judge(report: dict | None, why_not: str = "") -> Verdict:
     return contract.availability(sup, sup.age(report.get("ts")) if sup else None)
 
 
-async def look(client, url: str, timeout: float = 1.0) -> Verdict:
-    """One read of a head agent's report (httpx.AsyncClient), judged."""
+async def look(client, url: str, timeout: float = 1.0, seen: dict | None = None) -> Verdict:
+    """One read of a head agent's report (httpx.AsyncClient), judged; `seen` gets the report under
+    "report" (None unanswered), which the console shows."""
     import httpx
 
+    seen = {} if seen is None else seen
+    seen["report"] = None
     try:
         r = await client.get(url, timeout=timeout)
         r.raise_for_status()
         report = r.json()
     except (httpx.HTTPError, ValueError) as e:
         return judge(None, f"{url}: {type(e).__name__}: {e}".rstrip(": "))
-    return judge(report if isinstance(report, dict) else None, "not a report")
+    seen["report"] = report if isinstance(report, dict) else None
+    return judge(seen["report"], "not a report")
 
 
 def event(what: str, **detail) -> None:

@@ -169,6 +169,21 @@ class Keyring:
         self.named = named
         return True
 
+    def holder(self, hashed: str, now: float | None = None) -> Identity | None:
+        """Whose key has the SHA-256 `hashed` now (None: none, or expired): the console's session keeps
+        the hash, never the key, and asks at every request, so a revoked or rotated key ends it and a
+        key's rights are read as they are now. Every key is compared, whatever matched."""
+        now = time.time() if now is None else now
+        probe = hashed.encode()
+        found = None
+        for k, who in self.env:
+            if hmac.compare_digest(probe, digest(k.decode()).encode()) and found is None:
+                found = who
+        for h, until, expires, who in self.named:
+            if hmac.compare_digest(probe, h) and found is None and until > now and not (expires and expires <= now):
+                found = who
+        return found
+
     def identify(self, given: str | None, now: float | None = None) -> Identity | None:
         """Whose key `given` is (None: nobody's, or expired). Every key is compared, whatever matched."""
         if given is None:

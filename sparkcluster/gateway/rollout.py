@@ -46,6 +46,9 @@ LAUNCHER = (
 )
 
 
+ASSETS = (("sparkcluster.gateway", "console_assets"),)  # (package, folder): shipped as they are (gateway/console)
+
+
 def code_files() -> dict[str, str]:
     """The gateway's modules as its container holds them: a package `sparkcluster` with only the
     gateway's entry point and what it imports (the node contract it reads the supervisor's states
@@ -57,6 +60,8 @@ def code_files() -> dict[str, str]:
     for package in sorted({m.rpartition(".")[0] for m in shipped} - {"sparkcluster", __package__}):  # node/
         files[f"{CODE_DIR}/{package.replace('.', '/')}/__init__.py"] = '"""Only the modules the gateway imports."""\n'
     files[f"{CODE_DIR}/__main__.py"] = LAUNCHER
+    for package, sub in ASSETS:  # what is no module: the console's script and styles
+        files.update(programs.assets(CODE_DIR, package, sub))
     return files
 
 
@@ -129,7 +134,8 @@ class GatewayPlan:
     upstream_key: str | None = field(default=None, repr=False)
     tls: dict[str, str] = field(default_factory=dict)  # cert/key: paths on the node, mounted read-only
     running: dict | None = None  # the gateway container there now (the Engine API's list entry)
-    # on demand: deployment key -> its wake token (read from its head container, never shown)
+    # deployment key -> its token (read from its head container, never shown): on demand a wake's, and
+    # on every deployment the console's actions' (gateway/console)
     wake_tokens: dict[str, str] = field(default_factory=dict, repr=False)
     # deployment key -> its hold's deadline (deployment/gateway_hold), kept from the running gateway's config
     held: dict[str, float] = field(default_factory=dict)
@@ -141,6 +147,14 @@ class GatewayPlan:
     @property
     def container(self) -> str:
         return gateway_name(self.inventory.cluster.name)
+
+    def alerts_url(self) -> str:
+        """Prometheus' alerts API on the head, where `monitor up` runs it (monitor/scrape.reach_ip's address:
+        the head's control IP unless the owner chose one), as Prometheus' HTTP API documents `/api/v1/alerts`."""
+        inv = self.inventory
+        listen = inv.monitor.listen
+        ip = str(inv.head.control_ip) if listen in ("control", "0.0.0.0") else listen
+        return f"http://{ip}:{inv.monitor.prometheus_port}/api/v1/alerts"
 
     def config(self) -> dict:
         """The gateway's config file, secrets included: only ever written into its container."""
@@ -161,12 +175,14 @@ class GatewayPlan:
                     "api_key": self.service_keys.get(u.bearer or "") if u.paths else self.upstream_key,
                     "nodes": list(u.nodes),
                     **({"paths": list(u.paths)} if u.paths else {}),
-                    **({"wake_token": self.wake_tokens[u.key]} if u.key in self.wake_tokens else {}),
+                    **({"wake_token": self.wake_tokens[u.key]} if u.on_demand and u.key in self.wake_tokens else {}),
+                    **({"agent_token": self.wake_tokens[u.key]} if u.key in self.wake_tokens else {}),
                 }
                 for u in self.routes
             ],
             **({"held_until": dict(self.held)} if self.held else {}),
             **({"data": DATA_MOUNT} if self.data_dir else {}),
+            "alerts": self.alerts_url(),  # what the console shows firing (Prometheus', where `monitor up` ran)
             # on demand across deployments (issue 60): which idle one yields to a woken one that does not fit
             **({"yield": self.inventory.on_demand.model_dump()} if self.inventory.on_demand.rule != "never" else {}),
             **self.traces(),

@@ -41,6 +41,8 @@ class Route:
     why: str = ""  # the branch of its last verdict (contract.Availability.why): standby, starting, serving...
     start_s: float = 0.0  # how long its start on demand may take (its profile's ready_timeout_s)
     wake_denied: bool = False  # its head agent refused the wake token (a config older than its `up`)
+    agent_token: str | None = None  # what its head agent's console calls ask for (gateway/console)
+    report: dict | None = None  # its head agent's last report (the console's nodes and verdicts)
 
     @property
     def profile(self) -> str:
@@ -57,6 +59,7 @@ class Route:
             nodes=tuple(d.get("nodes") or ()),
             wake_token=d.get("wake_token") or None,
             paths=tuple(d.get("paths") or ()),
+            agent_token=d.get("agent_token") or d.get("wake_token") or None,
         )
 
 

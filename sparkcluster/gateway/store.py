@@ -11,24 +11,20 @@ import json
 import shlex
 
 from sparkcluster import programs
+from sparkcluster.deployment import head_records
 from sparkcluster.errors import SparkError
 from sparkcluster.programs.gateway_usage import USAGE_DIR
 
 from . import keys
 
-FOLDER = ".local/share/sparkcluster/gateway"  # under the SSH user's home, then the cluster's name
+FOLDER = head_records.FOLDER  # under the SSH user's home, then the cluster's name
 USAGE_PROGRAM = "sparkcluster.programs.gateway_usage"
 
 
 def folder(host, cluster: str) -> str:
-    """The folder's absolute path on the node (the SSH user's home read there: Docker binds need one)."""
-    home = host.run('printf %s "$HOME"', timeout=10).stdout.strip()
-    if not home.startswith("/"):
-        raise SparkError(
-            f"{host.name}: could not read the SSH user's home (got {home!r})",
-            f"check that `ssh {host.address} 'echo $HOME'` prints a path",
-        )
-    return f"{home.rstrip('/')}/{FOLDER}/{cluster}"
+    """The folder's absolute path on the node (the SSH user's home read there: Docker binds need one);
+    the console's records (deployment/head_records) are kept in it too."""
+    return head_records.folder(host, cluster)
 
 
 def prepare(host, path: str) -> None:

@@ -37,7 +37,7 @@ import subprocess
 import threading
 import time
 
-from . import container_status, service_supervisor
+from . import console_calls, container_status, service_supervisor
 from .compile_reading import CacheOwner, hold, seed
 from .contract import CONFIG_PATH, DESIRED_PATH, SERVICE_ROLE, STARTING, STATE_PATH, WAITING
 from .energy import power_report
@@ -90,6 +90,7 @@ def report(
     extra = {"set": sup.set_report()} if sup is not None and sup.mp else {}
     if sup is not None:
         extra["supervisor"] = read_json(STATE_PATH)
+        extra["peers"] = peer_figures(sup.reports)  # the console's nodes: each peer as the supervisor last read it
     if kernel is not None:
         extra["kernel"] = kernel.report()
     if nvml is not None:
@@ -112,6 +113,14 @@ def watch_kernel(kernel: KernelWatch, journal: Journal, node: str) -> None:
     for ev in kernel.look():
         # the kernel's time of it as `at` (the journal's own `ts` is when it was read)
         journal.write("kernel event", node=node, **{("at" if k == "ts" else k): v for k, v in ev.items()})
+
+
+PEER_FIGURES = ("mem_available", "mem_total", "ray_alive", "ts")
+
+
+def peer_figures(reports: dict) -> dict:
+    """Each peer's figures from its last report the supervisor read (None: it did not answer)."""
+    return {n: ({k: r.get(k) for k in PEER_FIGURES} if isinstance(r, dict) else None) for n, r in reports.items()}
 
 
 def main(config_path: str = CONFIG_PATH) -> int:
@@ -158,6 +167,8 @@ def main(config_path: str = CONFIG_PATH) -> int:
             wake=sup.wake if sup is not None else None,  # on demand: the head's one input
             yield_=sup.yield_ if sup is not None else None,  # ... and its stop for another (issue 60)
             status=lambda: container_status.read(head=sup is not None),  # what `status` reads here
+            console=console_calls.read if sup is not None else None,  # the gateway's console: journal, log
+            ask=sup.ask if sup is not None else None,  # ... and its actions: restart, back to standby
         )
     except OSError as e:  # the head then judges this node's memory blind: say so, keep Ray and the server
         journal.write("memory report not served", address=f"{cfg['report_ip']}:{cfg['report_port']}", error=str(e))

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -102,7 +103,9 @@ def _cut(sock: socket.socket, open_: dict) -> None:
         pass
 
 
-def serve_reports(address: str, port: int, report, metrics=None, wake=None, status=None, yield_=None) -> BoundedServer:
+def serve_reports(
+    address: str, port: int, report, metrics=None, wake=None, status=None, yield_=None, console=None, ask=None
+) -> BoundedServer:
     """`/` the report (JSON), `/metrics` the text `metrics()` returns (Prometheus' format). With
     `wake` (the head of an on-demand deployment), `POST /wake` is its one input: `wake(token)` with
     the bearer token presented gets (HTTP status, JSON document); no body is read. With `status`,
@@ -110,6 +113,9 @@ def serve_reports(address: str, port: int, report, metrics=None, wake=None, stat
     this node (from `address` itself): it carries the journal's last lines, which are no peer's.
     With `yield_`, `POST /yield` (the same token) asks a serving engine on demand to stop and go back
     on standby, so that another deployment on its nodes fits (issue 60: the gateway's rule chose it).
+    With `console` (the head; node/console_calls.read), `GET /journal` and `GET /log` answer the
+    gateway's console with the same token; with `ask` (node/supervisor `ask`), `POST /restart` and
+    `POST /standby` are its actions, `ask(what, token, who)` with the name `X-Sparkcluster-By` gives.
     Every connection is bounded (BoundedServer): a peer that opens many, or sends nothing, holds
     neither threads nor the readers' turn for long. Returns the server."""
 
@@ -123,9 +129,17 @@ def serve_reports(address: str, port: int, report, metrics=None, wake=None, stat
             self.end_headers()
             self.wfile.write(body)
 
+        def _token(self) -> str:
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else ""
+
         def do_GET(self):  # noqa: N802 (http.server's name)
-            path = self.path.split("?")[0]
-            if metrics is not None and path == "/metrics":
+            path, _, q = self.path.partition("?")
+            if console is not None and path in ("/journal", "/log"):
+                query = {k: v[-1] for k, v in urllib.parse.parse_qs(q).items()}
+                code, doc = console(path, self._token(), query)
+                self._answer(code, json.dumps(doc).encode(), "application/json")
+            elif metrics is not None and path == "/metrics":
                 self._answer(200, metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
             elif status is not None and path == "/status":
                 if self.client_address[0] != address:
@@ -136,12 +150,17 @@ def serve_reports(address: str, port: int, report, metrics=None, wake=None, stat
                 self._answer(200, json.dumps(report()).encode(), "application/json")
 
         def do_POST(self):  # noqa: N802
-            act = {"/wake": wake, "/yield": yield_}.get(self.path.split("?")[0])
+            path = self.path.split("?")[0]
+            if ask is not None and path in ("/restart", "/standby"):
+                who = (self.headers.get("X-Sparkcluster-By") or "")[:64] or "unnamed"
+                code, doc = ask(path[1:], self._token(), who)
+                self._answer(code, json.dumps(doc).encode(), "application/json")
+                return
+            act = {"/wake": wake, "/yield": yield_}.get(path)
             if act is None:
                 self._answer(404, b'{"error": "not found"}', "application/json")
                 return
-            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
-            code, doc = act(token.strip() if scheme.lower() == "bearer" else "")
+            code, doc = act(self._token())
             self._answer(code, json.dumps(doc).encode(), "application/json")
 
         def log_message(self, *args):  # one line per poll would drown the container's log

@@ -167,6 +167,8 @@ class Supervisor(Lifecycle):
         # engine is wanted now (from a wake's admitted start until the idle TTL), the last refusal
         self.woken = threading.Event()
         self.yielding = threading.Event()  # the gateway asked this engine to yield (issue 60)
+        # the console's asks (node/console_calls): (what, who asked), acted on by the next tick
+        self.owner_ask: tuple[str, str] | None = None
         self.wanted = False
         self.refusal = ""
         self.held: dict[str, dict] = {}  # node -> what holds its memory (readings.held), as last read
@@ -272,6 +274,54 @@ class Supervisor(Lifecycle):
         self.yielding.set()
         return 202, {"state": self.state}
 
+    def ask(self, what: str, token: str, who: str) -> tuple[int, dict]:
+        """The console's action (the report server's `POST /restart` or `POST /standby`, another
+        thread; node/console_calls): (HTTP status, answer). The deployment's token, as a wake's; a
+        restart needs an engine that runs, a return to standby an engine on demand that runs. The
+        next tick acts on it and journals it with `who` (the console key's name)."""
+        code, doc = self.token_ok(token)
+        if code != 202:
+            return code, doc
+        if what == "standby" and not self._policy.on_demand:
+            return 409, {"error": "this deployment is not on demand: it has no standby", "state": self.state}
+        if self.proc is None:
+            return 409, {"error": "no engine runs here", "state": self.state}
+        self.owner_ask = (what, who)
+        self.woken.set()  # acted on at once, not at the next look
+        return 202, {"state": self.state}
+
+    def token_ok(self, token: str) -> tuple[int, dict]:
+        """The deployment's token (WAKE_PATH), compared in constant time, with a server wanted here."""
+        try:
+            with open(WAKE_PATH) as f:
+                want = f.read().strip()
+        except OSError:
+            want = ""
+        if not want or not hmac.compare_digest(token.encode(), want.encode()):
+            return 401, {"error": "missing or wrong token"}
+        if self.generation is None:
+            return 409, {"error": "no server is wanted here", "state": self.state}
+        return 202, {}
+
+    def owner_act(self) -> bool:
+        """The console's ask (`ask`), if any, carried out on a running engine: a restart stops it and
+        starts it again at once (memory back first, as after a verdict; not counted against the
+        restart bound, which is for the engine's own faults); a return to standby stops it. True
+        when it acted."""
+        asked, self.owner_ask = self.owner_ask, None
+        if asked is None or self.proc is None:
+            return False
+        what, who = asked
+        self.journal.write(f"console: {what}", by=who)
+        self.stop(f"asked from the console by {who}: {what}")
+        if what == "standby":
+            self.wanted = False
+            self.set_state(STANDBY, why=f"stopped from the console by {who}")
+        else:
+            self.next_start = 0.0
+            self.set_state(RESTARTING, cause=f"restarted from the console by {who}")
+        return True
+
     def wake_token_ok(self, token: str) -> tuple[int, dict]:
         try:
             with open(WAKE_PATH) as f:
@@ -344,7 +394,9 @@ class Supervisor(Lifecycle):
         self.set_state(STARTING)
 
     def stop(self, why: str, verdict: bool = False) -> None:
-        """Stops the engine (Lifecycle.stop); the Ray nodes recorded at its start go with it."""
+        """Stops the engine (Lifecycle.stop); the Ray nodes recorded at its start go with it, and so
+        does a console's ask for it (`ask`): it was for the engine that stops."""
+        self.owner_ask = None
         if self.proc is None:
             return
         super().stop(why, verdict)
@@ -801,6 +853,8 @@ class Supervisor(Lifecycle):
             self.start(desired)
             return
         self.woken.clear()  # a wake while it starts or serves: nothing to do
+        if self.owner_act():
+            return
         look = self.look(desired, policy)
         self.watch_nodes(look, policy)
         if self.proc is None:  # the profile's fabric stop stopped the engine at this look

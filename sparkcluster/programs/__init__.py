@@ -112,6 +112,15 @@ def files(folder: str, modules: dict[str, str]) -> dict[str, str]:
     return {f"{folder}/{path}": source(m) for path, m in modules.items()}
 
 
+def assets(folder: str, package: str, sub: str) -> dict[str, str]:
+    """Files a container holds beside the modules: every file of the package's folder `sub`
+    (`sparkcluster.gateway`, "console_assets": its scripts and styles), as text, under `folder` where
+    `layout` puts the package. A wheel carries them as package data (pyproject.toml)."""
+    base = PACKAGE_ROOT.joinpath(*package.split("."), sub)
+    where = "/".join([folder, *package.split("."), sub])
+    return {f"{where}/{p.name}": p.read_text() for p in sorted(base.iterdir()) if p.is_file()}
+
+
 def layout(modules: Iterable[str], package: str, folder: str) -> dict[str, str]:
     """Where each of `modules` (those under `package`) lies in a folder that holds `package` as
     `folder`: {"node/agent.py": "sparkcluster.node.agent", "node/__init__.py": "sparkcluster.node"}."""

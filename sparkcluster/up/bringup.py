@@ -24,7 +24,7 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.config.flags import engine_host, reached_at
 from sparkcluster.config.images import image_ref
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.deployment import canary_watch, deployments, endpoint, known_good, server, teardown
+from sparkcluster.deployment import canary_watch, deployments, endpoint, head_records, known_good, server, teardown
 from sparkcluster.errors import InputError, StageError, StepFailure
 from sparkcluster.fabric import engine_nccl
 from sparkcluster.labels import ROLE_LABEL
@@ -448,6 +448,10 @@ def remember_good(
                 canary_taken=before.canary_taken,
             )
         known_good.append(inv.cluster.name, rec)
+        if cluster is not None:  # the history, copied to the head for the gateway's console
+            name = inv.cluster.name
+            doc = head_records.history_doc(known_good.load(name), known_good.load_outcomes(name))
+            head_records.publish(cluster.head, name, "upgrades", doc, lambda line: _log.warning(line))
     except Exception as e:  # the record is for later diagnosis; serving matters more
         _log.warning("could not record the known-good serve", error=str(e))
 

@@ -50,7 +50,7 @@ from sparkcluster.config import profile as profiles
 from sparkcluster.config.flags import supervised_argv
 from sparkcluster.config.images import check_image_ref, image_ref
 from sparkcluster.config.inventory import Inventory
-from sparkcluster.deployment import deployments, endpoint, known_good
+from sparkcluster.deployment import deployments, endpoint, head_records, known_good
 from sparkcluster.errors import InputError, SparkError
 from sparkcluster.movement import hfcache
 from sparkcluster.node import canary
@@ -423,7 +423,20 @@ def record_good(r: UpgradeRun) -> str:
             f"{got.tok_s or 0:.1f} tok/s",
         ),
     )
+    publish_history(r)
     return "recorded as the last good serve"
+
+
+def publish_history(r: UpgradeRun) -> None:
+    """The upgrade history, copied to the head for the gateway's console (deployment/head_records)."""
+    name = r.inv.cluster.name
+    doc = head_records.history_doc(known_good.load(name), known_good.load_outcomes(name))
+    try:
+        with _connected(r) as cluster:
+            head_records.publish(cluster.head, name, "upgrades", doc, r.progress.info)
+    except Exception as e:  # noqa: BLE001 (the controller's record is kept: the console's copy waits for the next)
+        said = e.message if isinstance(e, SparkError) else f"{type(e).__name__}: {e}"
+        r.progress.info(f"the console's copy of the upgrade history was not written: {said}")
 
 
 def return_to_good(r: UpgradeRun) -> str:
@@ -440,6 +453,7 @@ def return_to_good(r: UpgradeRun) -> str:
             r.deployment, known_good.now_utc(), r.new.image.ref, revision, "rolled back", r.refused, r.good.at
         ),
     )
+    publish_history(r)
     return f"serving {r.old.image.ref} again"
 
 
@@ -686,6 +700,7 @@ def _note_rollback(r: UpgradeRun, to: known_good.GoodRecord) -> str:
             to.at,
         ),
     )
+    publish_history(r)
     return "recorded"
 
 

@@ -12,7 +12,8 @@ for pair in sshd:openssh-server debootstrap:debootstrap ip:iproute2 \
             ping:iputils-ping ethtool:ethtool pkill:procps fuser:psmisc mkfs.ext4:e2fsprogs \
             losetup:mount update-ca-certificates:ca-certificates \
             earlyoom:earlyoom flock:util-linux curl:curl runc:runc \
-            promtool:prometheus amtool:prometheus-alertmanager; do
+            promtool:prometheus amtool:prometheus-alertmanager \
+            chromium:chromium; do
   cmd=${pair%%:*}; pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || need+=("$pkg")
 done

@@ -19,6 +19,7 @@ import tarfile
 import time
 from datetime import UTC
 from pathlib import Path
+from types import SimpleNamespace
 
 import docker
 import pytest
@@ -611,6 +612,11 @@ class FakeHost:
 
     def __init__(self, api: FakeAPI):
         self._api = api
+        self.ran: list[tuple[str, bytes | None]] = []  # SSH commands: the console's copy of the run (head_records)
+
+    def run(self, cmd: str, timeout=None, warn=False, stdin=None):
+        self.ran.append((cmd, stdin))
+        return SimpleNamespace(stdout="/home/owner" if "HOME" in cmd else "", stderr="", exit_code=0, ok=True)
 
     def docker(self):
         return type("Client", (), {"api": self._api})()
@@ -759,7 +765,8 @@ def cli_env(tmp_path, monkeypatch):
     inv.write_text(inventory_toml())
     api = FakeAPI()
     checked = []
-    monkeypatch.setattr(orchestrate, "connect", lambda inv: FakeCluster(api))
+    clusters: list[FakeCluster] = []
+    monkeypatch.setattr(orchestrate, "connect", lambda inv: clusters.append(FakeCluster(api)) or clusters[-1])
     monkeypatch.setattr(orchestrate, "check_endpoint", lambda *a: checked.append(a))
     monkeypatch.setattr(
         orchestrate, "cluster_facts", lambda *a: runner.ClusterFacts(nodes={"spark-head": {"hostname": "spark-head"}})
@@ -770,6 +777,7 @@ def cli_env(tmp_path, monkeypatch):
         "inventory": inv,
         "api": api,
         "checked": checked,
+        "clusters": clusters,
         "root": tmp_path / "state" / "sparkcluster" / "bench" / "pair",
     }
     with redact._lock:
@@ -786,6 +794,11 @@ def test_bench_writes_csv_json_png_and_prints_the_table(cli_env, capsys):
     rc, out, err = run(capsys, cli_env, "bench", "--concurrency", "1,4", "--num-prompts", "8")
     assert rc == 0, err
     (run_dir,) = cli_env["root"].iterdir()
+    # the console's copy on the head (deployment/head_records): the summary, no path of the controller's
+    (written,) = [(c, i) for c, i in cli_env["clusters"][-1].head.ran if i is not None]
+    assert f"records/bench/{run_dir.name}.json.new" in written[0]
+    doc = json.loads(written[1])
+    assert [r["concurrency"] for r in doc["rows"]] == [1, 4] and str(run_dir) not in written[1].decode()
     assert sorted(p.name for p in run_dir.iterdir()) == [
         "c1.json",
         "c1.log",

@@ -379,6 +379,7 @@ def test_a_whole_up_runs_exactly_the_planned_steps(monkeypatch, events):
     monkeypatch.setattr(server, "wait_ready", lambda *a, **kw: 1.0)
     # the supervisor in the head container starts the server (tested in test_agent / test_serve_start)
     monkeypatch.setattr(server, "start", lambda *a, **kw: server.Record(77, "", "testbed", "testbed-tiny", 8000, 0.0))
+    monkeypatch.setattr(server, "read_wake_token", lambda *a: None)  # the token a gateway gets (test_on_demand)
     monkeypatch.setattr(supervision, "state", lambda *a: contract.Supervised.of({"state": "serving", "generation": ""}))
     monkeypatch.setattr(endpoint, "warm_up", lambda *a, **kw: 0.5)
     r = execute.UpRun(ConnectedHosts(inv, hosts), plan, facts, secrets, Recorder())

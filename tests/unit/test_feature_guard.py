@@ -39,6 +39,7 @@ FEATURES = (
     "models taking turns on one Spark",
     "node health and the fabric while serving",  # since: kernel events, GPU power, the fabric watched
     "services from their own images",  # since: a service's image runs as published, supervised beside it
+    "the web console",  # since: the console at /console, tested in Chromium
 )
 CASE = re.compile(r"`(test_\w+)\.py::(test_\w+)`")
 

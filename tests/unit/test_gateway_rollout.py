@@ -256,3 +256,12 @@ def test_the_gateways_folder_is_made_and_bound_read_write_and_the_shipped_gatewa
     assert httpx.get(f"{base}/metrics", headers={"x-api-key": "sk-spark-named-key-1"}).status_code == 403
     next(run)
     assert (data / "usage" / "usage.db").is_file()
+
+
+def test_the_console_reads_the_alerts_where_monitor_up_runs_prometheus_and_every_deployments_token():
+    p = make(wake_tokens={d.key: f"token-of-{d.key}" for d in FOUND})
+    cfg = p.config()
+    head = INV.head
+    assert cfg["alerts"] == f"http://{head.control_ip}:{INV.monitor.prometheus_port}/api/v1/alerts"
+    # every deployment's token for the console's actions; a wake's only where it is on demand
+    assert all(d["agent_token"] == f"token-of-{d['key']}" and "wake_token" not in d for d in cfg["deployments"])

@@ -310,10 +310,10 @@ def test_a_running_gateway_gets_the_new_wake_token_after_up(monkeypatch):
     )
     monkeypatch.setattr(gateway_registry, "write_doc", lambda api, c, doc: written.append(doc))
     serve_stage.hand_wake_token(r)
-    assert written == [{"deployments": [{"key": key, "wake_token": "new-token"}]}]
-    monkeypatch.setattr(
-        gateway_registry, "read_doc", lambda api, c: {"deployments": [{"key": key, "wake_token": "new-token"}]}
-    )
+    # the console's token (gateway/console) is the same one, handed over with it
+    assert written == [{"deployments": [{"key": key, "wake_token": "new-token", "agent_token": "new-token"}]}]
+    current = {"key": key, "wake_token": "new-token", "agent_token": "new-token"}
+    monkeypatch.setattr(gateway_registry, "read_doc", lambda api, c: {"deployments": [dict(current)]})
     serve_stage.hand_wake_token(r)
     assert len(written) == 1  # already current: the config is left alone
 
@@ -360,6 +360,7 @@ def test_a_gateway_outside_the_deployment_gets_the_new_wake_token_after_up(monke
     )
     monkeypatch.setattr(gateway_registry, "write_doc", lambda api, c, doc: written.append((api, doc)))
     serve_stage.hand_wake_token(r)
-    assert written == [("api-worker", {"deployments": [{"key": key, "wake_token": "new-token"}]})]
+    new = {"key": key, "wake_token": "new-token", "agent_token": "new-token"}
+    assert written == [("api-worker", {"deployments": [new]})]
     assert any("gw on spark-worker" in line for line in said)
     assert any("spark-gone" in line and "gateway up" in line for line in said), said

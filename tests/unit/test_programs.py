@@ -253,6 +253,9 @@ def test_the_agent_and_the_gateway_ship_what_they_import():
         "sparkcluster/__init__.py",
         "sparkcluster/node/__init__.py",
         "sparkcluster/node/contract.py",
+        # the console's script and styles: the one folder of assets shipped beside the modules
+        "sparkcluster/gateway/console_assets/console.js",
+        "sparkcluster/gateway/console_assets/console.css",
         "sparkcluster/programs/__init__.py",
         "sparkcluster/programs/gateway_usage.py",  # the usage ledger: the gateway writes it, the host reads it
         "__main__.py",

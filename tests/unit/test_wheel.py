@@ -116,6 +116,9 @@ def test_an_installed_wheel_finds_its_profiles_and_plans_up_from_any_folder(inst
     shipped_json = site / "sparkcluster" / "monitor" / "grafana" / "dashboards" / "sparkcluster-serving.json"
     copied = installed["cwd"] / "grafana" / "dashboards" / "sparkcluster-serving.json"
     assert copied.read_bytes() == shipped_json.read_bytes()
+    # the web console's script and styles, which the gateway's container gets from the installed package
+    for asset in ("console.js", "console.css"):
+        assert (site / "sparkcluster" / "gateway" / "console_assets" / asset).is_file()
 
     res = sc(installed, "--version")
     assert res.returncode == 0 and res.stdout.startswith(f"sparkcluster {__version__}"), res.stdout + res.stderr

@@ -217,6 +217,7 @@ def _old_gone(r: UpRun, pid: int) -> str | None:
 
 def start(r: UpRun) -> None:
     _hand(r, server.start, "start vllm serve")
+    hand_wake_token(r, on_demand=False)
 
 
 def standby(r: UpRun) -> None:
@@ -224,7 +225,7 @@ def standby(r: UpRun) -> None:
     hand_wake_token(r)
 
 
-def hand_wake_token(r: UpRun) -> None:
+def hand_wake_token(r: UpRun, on_demand: bool = True) -> None:
     """Every running gateway that routes this deployment, on any node of the inventory that answers
     (the gateway may run outside the deployment's nodes: `gateway up --node`), gets the wake token
     the head holds now: a new head container has a new token, and the gateway's old one would be
@@ -242,10 +243,11 @@ def hand_wake_token(r: UpRun) -> None:
                 continue
             container, doc = got
             routes = [d for d in doc["deployments"] if d.get("key") == key]
-            if all(d.get("wake_token") == token for d in routes):
+            fields = ("wake_token", "agent_token") if on_demand else ("agent_token",)
+            if all(d.get(f) == token for d in routes for f in fields):
                 continue
             for d in routes:
-                d["wake_token"] = token
+                d.update(dict.fromkeys(fields, token))
             gateway_registry.write_doc(api, container, doc)
         except (SparkError, docker.errors.DockerException, ValueError, *UNREACHABLE) as e:
             r.progress.info(
