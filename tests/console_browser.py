@@ -2,7 +2,7 @@
 Debian's `chromium` package (its `executable_path`: no browser download is reachable from the machines
 the tests run on, so `playwright install` is never run), and axe-core (bundled by axe-playwright-python,
 MPL-2.0) for accessibility. Shared by the unit-level browser test (tests/unit/test_console_browser.py,
-the gateway on loopback with fixture data), the testbed's (tests/integration/test_console.py) and
+the gateway on loopback with fixture data), the testbed's (tests/integration/console_case.py, run by test_gateway on its pair) and
 `make docs-shots`, which writes the documentation's screenshots from the same code (CONSOLE_SHOTS names
 the folder; unset, no screenshot is taken)."""
 

@@ -16,9 +16,11 @@ naming what holds it, no engine starts, and the request that woke it is held by 
 memory back, that request and concurrent others start it once and are answered through the gateway,
 and after its idle TTL it is stopped again (container kept).
 
-Team keys (named keys, their limits and the usage ledger: tests/integration/gateway_keys.py) run first
-on the same pair and gateway. One shared cluster for both cases (two engine starts and one restart: a
-few minutes); every wait is on a condition.
+On the same pair and gateway, before the one endpoint: team keys (named keys, their limits and the usage
+ledger: tests/integration/gateway_keys.py), a service from its own image beside the head's model
+(service_image.py) and the web console in Chromium (console_case.py). One shared cluster for the four
+cases (two engine starts, the console's restart of the head and the one endpoint's of the worker); every
+wait is on a condition.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import time
 import httpx
 import pytest
 
-from tests.integration import gateway_keys
+from tests import console_browser
+from tests.integration import console_case, gateway_keys, service_image
 from tests.integration.helpers import (
     API_KEY,
     HEAD,
@@ -102,6 +105,19 @@ def pair(testbed, sc, env_file, env):
 def test_named_keys_limits_and_usage(testbed, sc, env, pair):
     """Team keys on the pair's gateway (tests/integration/gateway_keys.py): limits, models, usage, revocation."""
     gateway_keys.named_keys_limits_and_usage(testbed, sc, env, HEAD_MODEL, WORKER_MODEL)
+
+
+def test_a_service_from_an_image_without_python3_answers_through_the_gateway_and_is_restarted_alone(
+    testbed, sc, env, pair
+):
+    """A service from its own image beside the pair's head model (tests/integration/service_image.py)."""
+    service_image.service_from_its_own_image(testbed, sc, env, GW_KEY)
+
+
+@pytest.mark.skipif(console_browser.missing() is not None, reason=console_browser.missing() or "")
+def test_the_console_on_the_testbed(testbed, sc, env, pair):
+    """The web console in Chromium on the pair (tests/integration/console_case.py)."""
+    console_case.console_on_the_pair(testbed, sc, env)
 
 
 def test_one_endpoint_for_two_deployments(testbed, sc, env, pair):

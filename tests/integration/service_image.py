@@ -1,4 +1,4 @@
-"""A service as owners run them (issue 72 items 2 and 3): `testbed-keyed`, the keyed stand-in of
+"""A service as owners run them (issue 72 items 2 and 3), run by test_gateway on its pair's head: `testbed-keyed`, the keyed stand-in of
 tests/testbed/images/Dockerfile.keyed-standin (busybox alone: an entrypoint of its own, no python3,
 its voices from a mounted folder, its key from the file `API_KEY_FILE` names), beside the model the
 head serves. Its `--dry-run` shows the steps and never the key; `up` makes its container from the
@@ -9,8 +9,7 @@ mounted voice. With no controller connected (no sparkcluster command runs), a fa
 is a verdict and its supervisor restarts its container; it answers again. `down --profile` removes
 both containers and leaves the model serving.
 
-Cost: the head's model is reused when it serves already (`up` of it is then "nothing to do"), else
-started once (about 0.4 min); the image's build (busybox, once per testbed: seconds), the service's
+Cost: the head's model is the pair's, serving already (`up` of it is then "nothing to do"); the image's build (busybox, once per testbed: seconds), the service's
 start, the gateway's update and one restart (three failed looks at 2 s, then the 5 s backoff): under
 1.5 min on a testbed already serving, not yet measured there; every wait is on a condition."""
 
@@ -19,32 +18,23 @@ from __future__ import annotations
 import json
 
 import httpx
-import pytest
 
 from sparkcluster.labels import PROFILE_LABEL, ROLE_LABEL, SERVICE_ROLE
 from tests.integration.helpers import HEAD, HEAD_LAN, listeners, ours, wait_for
 from tests.testbed.artifacts import KEYED_IMAGE
 
-pytestmark = pytest.mark.testbed
 SINGLE, HEAD_MODEL = "testbed-single", "testbed-tiny-single"
 KEYED = "testbed-keyed"  # tests/testbed/profiles/testbed-keyed.toml
 # slot 1 where the model alone holds slot 0 (the names are read back after `up`, whichever slot it got)
 SUPERVISOR_C = f"sparkcluster-testbed-d1-service-{HEAD}"
 SERVER_C = SUPERVISOR_C + "-server"  # the service's own container: its supervisor's name and "-server"
 KEY = "sk-keyed-standin-7d1e5c93a0b24f68"  # the service's own key (not the engines', not a client's)
-GW_KEY = "gw-service-image-key-51c0a7e2"
 GW = f"http://{HEAD_LAN}:4000"
 VOICES = "/tmp/sparkcluster-testbed-voices"  # the profile's bind source, on the head
 VOICE = b"RIFF-keyed-stand-in-voice"  # what the mounted file holds (ASCII: written with printf on the head)
 
 
-@pytest.fixture(scope="module")
-def env():
-    # the service's secret from the environment, as load_secrets reads it (the .env would do the same)
-    return {"KEYED_STANDIN_KEY": KEY, "GATEWAY_API_KEYS": GW_KEY}
-
-
-def speak(key: str = GW_KEY) -> httpx.Response:
+def speak(key: str) -> httpx.Response:
     body = {"model": "testbed-keyed", "input": "hello", "voice": "default"}
     return httpx.post(f"{GW}/v1/audio/speech", json=body, headers={"x-api-key": key}, timeout=30)
 
@@ -58,7 +48,10 @@ def started_at(testbed) -> str:
     return testbed.sh(HEAD, f"docker inspect -f '{{{{.State.StartedAt}}}}' {SERVER_C}").stdout.strip()
 
 
-def test_a_service_from_an_image_without_python3_answers_through_the_gateway_and_is_restarted_alone(testbed, sc, env):
+def service_from_its_own_image(testbed, sc, env: dict, gw_key: str) -> None:
+    """With the pair serving (its gateway's client key `gw_key`): the keyed service beside the head's
+    model, then down again. Its secret comes from the environment, as load_secrets reads it."""
+    env = {**env, "KEYED_STANDIN_KEY": KEY}
     assert testbed.keyed_image() == KEYED_IMAGE
     testbed.sh(HEAD, f"mkdir -p {VOICES} && printf '%s' '{VOICE.decode()}' > {VOICES}/default.wav")
     sc("down", "--profile", KEYED, env=env)  # an earlier run's, if any: its restarts start from none
@@ -108,7 +101,7 @@ def test_a_service_from_an_image_without_python3_answers_through_the_gateway_and
     # through the gateway, which sends the service its own key: the mounted voice
     gw = sc("gateway", "up", env=env, timeout=300)
     assert gw.returncode == 0, gw.stdout + gw.stderr
-    said = speak()
+    said = speak(gw_key)
     assert said.status_code == 200 and said.content == VOICE, (said.status_code, said.content[:80])
     # the service refuses a request without its key: the gateway's is what let the one above in
     direct = httpx.post(f"http://{HEAD_LAN}:8766/v1/audio/speech", json={"input": "hi"}, timeout=10)
@@ -121,7 +114,7 @@ def test_a_service_from_an_image_without_python3_answers_through_the_gateway_and
     assert wait_for(lambda: (supervisor_state(testbed).get("causes") or [{}])[-1].get("kind") == "unhealthy", 60, 0.5)
     assert wait_for(lambda: supervisor_state(testbed).get("state") == "serving", 60, 0.5), supervisor_state(testbed)
     assert len(supervisor_state(testbed)["restarts"]) == 1 and started_at(testbed) != before
-    assert wait_for(lambda: speak().status_code == 200, 30, 0.5)
+    assert wait_for(lambda: speak(gw_key).status_code == 200, 30, 0.5)
     ev = sc("events", "--node", HEAD, "--profile", KEYED, "--json", env=env)
     assert ev.returncode == 0 and "service started" in ev.stdout and "service stopped" in ev.stdout, ev.stdout
 

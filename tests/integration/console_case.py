@@ -1,15 +1,16 @@
-"""The web console on the testbed, in Chromium (tests/console_browser: Debian's package through
+"""The web console on the testbed, run by test_gateway on its pair, in Chromium (tests/console_browser: Debian's package through
 Playwright; axe-core for accessibility), against the gateway on the head with the real engine: the page
-refuses a missing or wrong key; shows both deployments (`testbed-single` on the head, serving, and the
-on-demand variant on the worker, on standby); shows the head engine's wedge (SIGSTOP) within two live
+refuses a missing or wrong key; shows the deployments (`testbed-single` on the head, serving, and the
+on-demand variant `up` puts beside the pair's on the worker, on standby); shows the head engine's wedge (SIGSTOP) within two live
 refreshes of the gateway reading the supervisor's verdict; runs a restart of the head's deployment and
 a wake and a stop back to standby of the worker's, each journalled by the head agent with the admin
 key's name; refuses an action without the CSRF token, and one from a key that is not an admin's; axe-core
 finds no serious violation.
 
-Cost: one engine start on the head (`up`), its restart after the verdict (the console's restart is asked
+Cost: no engine start of its own (the pair serves; the standby is only registered), the head's restart after the verdict (the console's restart is asked
 while that one starts, so the two share one wait), and a start on demand on the worker stopped back to
-standby as soon as it is starting (never waited for). Every wait is on a condition.
+standby as soon as it is starting (never waited for); the standby is taken down at the end. Every wait is on
+a condition.
 """
 
 from __future__ import annotations
@@ -19,17 +20,13 @@ import re
 import time
 
 import httpx
-import pytest
 
 from tests import console_browser
-from tests.integration.helpers import HEAD, WORKER, journal, popen_sc, sup_state, wait_for
-from tests.integration.test_gateway import GW, GW_KEY, ON_DEMAND, SINGLE, _od_journal, env, routes  # noqa: F401
+from tests.integration.helpers import HEAD, HEAD_LAN, WORKER, journal, sup_state, wait_for
 
-pytestmark = [
-    pytest.mark.testbed,
-    pytest.mark.skipif(console_browser.missing() is not None, reason=console_browser.missing() or ""),
-]
+SINGLE, ON_DEMAND = "testbed-single", "testbed-single-od"  # test_gateway's (its profiles folder holds the latter)
 HEAD_KEY, OD_KEY = f"{SINGLE}@{HEAD}", f"{ON_DEMAND}@{WORKER}"
+GW = f"http://{HEAD_LAN}:4000"
 
 
 def added(sc, environ: dict, *args: str) -> str:
@@ -43,18 +40,18 @@ def signs_in(key: str) -> bool:
 
 
 def state(key: str) -> str:
+    from tests.integration.test_gateway import routes
+
     return routes()[key]["reason"]
 
 
-def test_the_console_on_the_testbed(testbed, sc, env_file, env):  # noqa: F811 (env: test_gateway's fixture)
-    sc("down", env=env)
-    procs = [
-        popen_sc(testbed, sc, env_file, "up", "--profile", SINGLE, "--node", HEAD, env=env),
-        popen_sc(testbed, sc, env_file, "up", "--profile", ON_DEMAND, "--node", WORKER, env=env),
-    ]
-    for p in procs:
-        out, err = p.communicate(timeout=900)
-        assert p.returncode == 0, out + err
+def console_on_the_pair(testbed, sc, env) -> None:
+    """With test_gateway's pair serving: the on-demand variant beside the worker's, on standby, the
+    gateway's routes for all three, then the console's cases; the standby taken down at the end."""
+    from tests.integration.test_gateway import _od_journal, routes
+
+    standby = sc("up", "--profile", ON_DEMAND, "--node", WORKER, "--beside", env=env, timeout=600)
+    assert standby.returncode == 0 and "on standby" in standby.stdout, standby.stdout + standby.stderr
     up = sc("gateway", "up", env=env, timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr
     owner = added(sc, env, "owner", "--admin")
@@ -152,5 +149,5 @@ def test_the_console_on_the_testbed(testbed, sc, env_file, env):  # noqa: F811 (
     finally:
         testbed.sh(HEAD, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
         t = time.time()
-        sc("down", env=env)
-        print(f"down: {time.time() - t:.0f}s")
+        sc("down", "--profile", ON_DEMAND, env=env)
+        print(f"down of the standby: {time.time() - t:.0f}s")
