@@ -422,17 +422,21 @@ def replicate(
     width: int | None = None,
     io: str | None = None,
     pin: int | None = None,
+    drop: bool = True,
 ) -> dict:
     """One replication head -> sinks[0] -> sinks[1] ... as the weights stage runs it (hfcache's
     commands, every address 127.0.0.1): receivers started from the tail, each relay told its next
     hop's announced port, then the sender; `check` on every sink; a final sync. `cut_at`: kill the
     sender once it has sent that share of the bytes (no check then). `width`, `io`: `variant`.
     `pin`: each receiver on `pin` cores of its own, the sender on one (`cores_of`), so receivers
-    sharing one machine do not share cores (they still share its memory bus)."""
+    sharing one machine do not share cores (they still share its memory bus). `drop`: page cache
+    dropped first. Each receiver's own cost (`receivers`, head first: the relays, then the leaf) is
+    its process's getrusage as reaped (`reap`), what it started included."""
     names = blobs if blobs is not None else [f["blob"] for f in files]
     total = sum(f["size"] for f in files if f["blob"] in names)
     cmd = variant(pkg.commands(names), width, io)
-    drop_caches()
+    if drop:
+        drop_caches()
     with Cores() as cores:
         t = time.monotonic()
         recvs, nxt = [], None
@@ -470,9 +474,11 @@ def replicate(
             else:
                 tail.append(line)
         snd.wait()
-        codes = [p.wait() for p in recvs]
+        spent = [reap(p) for p in recvs]
+        codes = [p.returncode for p in recvs]
         streamed = time.monotonic() - t
         out = {"bytes": total, "sent": sent, "sender_rc": snd.returncode, "receiver_rc": codes}
+        out["receivers"] = [round(c / (total / 1e9), 3) for c in spent]
         if snd.returncode and cut_at is None:
             out["sender_said"] = "".join(tail)[-1000:]
         if cut_at is None:
@@ -495,6 +501,14 @@ def replicate(
         secs = time.monotonic() - t
     out.update({"secs": secs, "streamed_s": streamed, "gb_s": rate(total, secs), **cores.per_gb(total)})
     return out
+
+
+def reap(p: subprocess.Popen) -> float:
+    """Waits for `p` and returns the core-seconds (user + sys) it and every process it waited for
+    spent: wait4's rusage of that one child, so each receiver of a chain is told apart."""
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return ru.ru_utime + ru.ru_stime
 
 
 def check_of(pkg: Pkg, sink: Path, files: list[dict]) -> dict:
@@ -540,6 +554,9 @@ def table(res: dict) -> str:
     for key, r in res.items():
         if isinstance(r, dict) and "gb_s" in r:
             progs = ", ".join(f"{k} {v:.2f}" for k, v in r.get("programs", {}).items())
+            if len(r.get("receivers", [])) > 1:  # a chain: each relay's cost beside the leaf's
+                progs += "; relays " + ", ".join(f"{v:.2f}" for v in r["receivers"][:-1])
+                progs += f", leaf {r['receivers'][-1]:.2f}"
             cost = f"{r['core_s_per_gb']:.2f}" if "core_s_per_gb" in r else ""
             rows.append(f"| {key} | {r['gb_s']:.3f} | {r['secs']:.1f} | {cost} | {progs} |")
     out = "\n".join(rows) + "\n"
