@@ -223,6 +223,10 @@ class Forward:
         self.t = threading.Thread(target=self.run, daemon=True)
         self.t.start()
 
+    def fill(self, c, mv):
+        receiver.recv_exact(c, mv)
+        self.send(mv)
+
     def send(self, mv):
         c = self.hold
         if c is not None and len(mv) >= 1 << 16:
@@ -353,7 +357,7 @@ def main(argv):
     os.makedirs(inc, exist_ok=True)
     out = Out(inc, "io=buffered" not in argv[4:])
     c, relay = receiver.accept([argv[0], argv[1], argv[2], *argv[4:]])
-    if relay.s is not None:
+    if relay.s is not None and not isinstance(relay, receiver.Spliced):
         relay = Forward(relay)
     done, refused = False, False
     try:
