@@ -4,7 +4,9 @@ GPU machine's tmpfs mounts and dropped page cache are not wanted (a shared works
 
 Runs, each of the whole repository, `--reps` times, the packages alternating:
 - `leaf`: the head's sender to one receiver;
-- `relay`: the head's sender to a relay, which forwards to a leaf.
+- `relay`: the head's sender to a relay, which forwards to a leaf;
+- `splice`: the same with the relay's argument `relay=splice` (programs/receiver's Spliced: the
+  forward spliced through pipes, not copied through the process; its own probe may fall back).
 Each receiver's own cost is its process's getrusage (user + sys, what it started included) as
 reaped, in core-seconds per GB of the repository. Over loopback the kernel's receive work for a
 stream is partly done in the sending process's context (the loopback device delivers in its
@@ -43,24 +45,25 @@ def spread(xs: list[float]) -> str:
 
 def table(res: dict) -> str:
     rows = [
-        "| package | leaf alone | relay | its leaf | relay - leaf alone | GB/s leaf, relay |",
-        "|---|---:|---:|---:|---:|---|",
+        "| package | relay's forward | leaf alone | relay | its leaf | relay - leaf alone | GB/s leaf, chain |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
     for name in res["packages"]:
-        leaf = [r["receivers"][0] for r in res["runs"] if r["pkg"] == name and r["run"] == "leaf" and "receivers" in r]
-        chain = [r["receivers"] for r in res["runs"] if r["pkg"] == name and r["run"] == "relay" and "receivers" in r]
-        rate = {
-            k: [r["gb_s"] for r in res["runs"] if r["pkg"] == name and r["run"] == k and "gb_s" in r]
-            for k in ("leaf", "relay")
-        }
-        if not leaf or not chain:
-            continue
-        relay, tail = [c[0] for c in chain], [c[1] for c in chain]
-        rows.append(
-            f"| {name} | {spread(leaf)} | {spread(relay)} | {spread(tail)} | "
-            f"{statistics.median(relay) - statistics.median(leaf):+.2f} | "
-            f"{statistics.median(rate['leaf']):.2f}, {statistics.median(rate['relay']):.2f} |"
-        )
+
+        def of(run, key, name=name):
+            return [r[key] for r in res["runs"] if r["pkg"] == name and r["run"] == run and key in r]
+
+        leaf = [x[0] for x in of("leaf", "receivers")]
+        for run in ("relay", "splice"):
+            chain = of(run, "receivers")
+            if not leaf or not chain:
+                continue
+            relay, tail = [c[0] for c in chain], [c[1] for c in chain]
+            rows.append(
+                f"| {name} | {'copy' if run == 'relay' else 'relay=splice'} | {spread(leaf)} | {spread(relay)} | "
+                f"{spread(tail)} | {statistics.median(relay) - statistics.median(leaf):+.2f} | "
+                f"{statistics.median(of('leaf', 'gb_s')):.2f}, {statistics.median(of(run, 'gb_s')):.2f} |"
+            )
     return "\n".join(rows) + "\n\ncore-seconds (user + sys) per GB, median (min-max)\n"
 
 
@@ -93,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         files = make_repo(blobs, int(a.gb * 1e9), a.shard_mb * 10**6)
         for rep in range(a.reps):
             for p in pkgs:
-                for run, n in (("leaf", 1), ("relay", 2)):
+                for run, n in (("leaf", 1), ("relay", 2), ("splice", 2)):
                     t = time.monotonic()
                     try:
-                        r = replicate(p, sinks[:n], files, drop=False)
+                        r = replicate(p, sinks[:n], files, drop=False, relay="splice" if run == "splice" else None)
                         if any(r["receiver_rc"]) or r["sender_rc"] or any(not isinstance(c, dict) for c in r["checks"]):
                             r["error"] = "a receiver, the sender or a check failed"
                     except Exception as e:  # noqa: BLE001

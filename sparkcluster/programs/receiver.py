@@ -14,14 +14,15 @@ was missing; the nodes after it then see a cut stream.
 The weights' receiver (weights_receive) is the same one-shot connection and relay (`accept`,
 `Frames`, `Relay`) with the files written in the same process.
 
-A relay forwards without copying the stream through itself where the kernel lets it (`Spliced`,
-chosen by `relay_to` once `spliceable` has seen splice and tee work on this machine): the bytes go
-from the connection into a pipe, are duplicated into a second pipe that a thread splices into the
+A relay receives each piece of the stream into its buffer and sends it on from there (`Relay`). An
+argument "relay=splice" makes it forward without the stream passing through the process (`Spliced`,
+where `spliceable` has seen splice and tee work on this machine, else `Relay` as before): the bytes
+go from the connection into a pipe, are duplicated into a second pipe that a thread splices into the
 next hop's socket, and are read out of the first into the receiver's buffer, the one copy a leaf
-makes too; splice and tee move references to the kernel's pages, not the bytes. Elsewhere (no
-os.splice, no tee in the C library, a kernel that refuses either) every piece is received into the
-buffer and sent on from it (`Relay`), as before. Either way the same bytes reach the next hop, and
-this node checks every frame's tag itself before any of its bytes reach its own sink.
+makes too; splice and tee move references to the kernel's pages, not the bytes. Measured over
+loopback (perf/weights_gpu.md, issue 77), the pipes cost more core-seconds than the copy they save,
+so the copy stays the default. Either way the same bytes reach the next hop, and this node checks
+every frame's tag itself before any of its bytes reach its own sink.
 """
 
 import hmac
@@ -287,14 +288,16 @@ class Spliced(Relay):
         super().wait()
 
 
-def relay_to(hop):
-    """The relay for argv's next hop: spliced where this machine lets it (`spliceable`)."""
-    tee = _libc_tee() if hop else None
+def relay_to(hop, splice=False):
+    """The relay for argv's next hop; with `splice` (argv's "relay=splice"), spliced where this
+    machine lets it (`spliceable`)."""
+    tee = _libc_tee() if hop and splice else None
     return Spliced(hop, tee) if spliceable(tee) else Relay(hop)
 
 
 def accept(argv):
-    """The relay (argv's "next=ADDR,PORT,SRC", reached before anything is announced), then "@@port N"
+    """The relay (argv's "next=ADDR,PORT,SRC", reached before anything is announced; "relay=splice":
+    `Spliced` where it works), then "@@port N"
     on stderr, then the one connection from the sender's address (argv[2]) on argv[1]."""
     bind, peer = argv[1], argv[2]
     hop = [a[5:].split(",") for a in argv[3:] if a.startswith("next=")]
@@ -302,7 +305,7 @@ def accept(argv):
     s.bind((bind, 0))
     s.listen(1)
     s.settimeout(60)
-    relay = relay_to(hop[0] if hop else None)
+    relay = relay_to(hop[0] if hop else None, "relay=splice" in argv[3:])
     print(f"@@port {s.getsockname()[1]}", file=sys.stderr, flush=True)
     while True:
         c, addr = s.accept()

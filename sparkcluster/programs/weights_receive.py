@@ -1,8 +1,8 @@
 """The receiving end of a weights replication (issue 61): the one-shot receiver and relay of the
 image transfer (receiver's `accept`, `Frames`, `Relay`) writing the files of weights_send's stream
 into the incoming folder itself. argv: the address to listen on, the sender's address, the incoming
-folder, then as the receiver's ("next=ADDR,PORT,SRC" relays the stream as it arrives); "io=buffered"
-leaves out direct I/O.
+folder, then as the receiver's ("next=ADDR,PORT,SRC" relays the stream as it arrives, "relay=splice"
+without passing it through this process: receiver.Spliced); "io=buffered" leaves out direct I/O.
 
 Each file is hashed as it is written, so the cache's `check` need not read every received byte back
 from disk to verify it (issue 40: the read-back was 30 % of a replication). The bytes go from the
