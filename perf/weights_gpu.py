@@ -24,7 +24,8 @@ Runs, each of the whole repository:
 - `pin=N`: `one-tmpfs` and `three-tmpfs` again, for each package, with each receiver on N cores of its
   own and the sender on one (`cores_of`): three receivers that share one machine no longer share its cores;
 - `relay=MODE`: `three-tmpfs` again (and, with `pin=N`, pinned) with the relays' `relay=MODE` argument
-  ("splice": receiver.Spliced, the forward spliced through pipes instead of copied), for each package.
+  ("splice", "peek": receiver.Spliced, Peeked, the forward spliced through pipes instead of copied),
+  for each package.
 Every chain's record says each receiver's own core-seconds per GB (`receivers`: the relays, then the
 leaf), beside the leaf alone's (`one-tmpfs`).
 Figures: GB/s (10^9 bytes) of the repository over each run's wall time.
@@ -387,7 +388,7 @@ class Pkg:
 
 def variant(cmd: dict, width: int | None, io: str | None, relay: str | None = None) -> dict:
     """The commands with weights_send's `files=` (how many files in flight), weights_receive's
-    `io=` (direct I/O left out) or `relay=` (a relay's forwarding: "splice", receiver.Spliced) set:
+    `io=` (direct I/O left out) or `relay=` (a relay's forwarding: "splice" or "peek", receiver.relay_to) set:
     the programs' own arguments, for measuring what each buys."""
     cmd = dict(cmd)
     if width:

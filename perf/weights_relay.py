@@ -54,13 +54,13 @@ def table(res: dict) -> str:
             return [r[key] for r in res["runs"] if r["pkg"] == name and r["run"] == run and key in r]
 
         leaf = [x[0] for x in of("leaf", "receivers")]
-        for run in ("relay", "splice"):
+        for run in ("relay", *res["forward"]):
             chain = of(run, "receivers")
             if not leaf or not chain:
                 continue
             relay, tail = [c[0] for c in chain], [c[1] for c in chain]
             rows.append(
-                f"| {name} | {'copy' if run == 'relay' else 'relay=splice'} | {spread(leaf)} | {spread(relay)} | "
+                f"| {name} | {'copy' if run == 'relay' else 'relay=' + run} | {spread(leaf)} | {spread(relay)} | "
                 f"{spread(tail)} | {statistics.median(relay) - statistics.median(leaf):+.2f} | "
                 f"{statistics.median(of('leaf', 'gb_s')):.2f}, {statistics.median(of(run, 'gb_s')):.2f} |"
             )
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-mb", type=int, default=250)
     ap.add_argument("--work", type=Path, default=Path("/dev/shm/weights-relay"))
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--forward", type=lambda x: [m for m in x.split(",") if m], default=["splice"], help="relay=MODEs")
     ap.add_argument("--pkg", action="append", default=[], help="NAME=ROOT: a checkout's package to measure")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0],
         "loadavg_before": os.getloadavg(),
         "packages": {p.name: str(p.root) for p in pkgs},
+        "forward": a.forward,
         "runs": [],
     }
     try:
@@ -96,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         files = make_repo(blobs, int(a.gb * 1e9), a.shard_mb * 10**6)
         for rep in range(a.reps):
             for p in pkgs:
-                for run, n in (("leaf", 1), ("relay", 2), ("splice", 2)):
+                for run, n in (("leaf", 1), ("relay", 2), *((m, 2) for m in a.forward)):
                     t = time.monotonic()
                     try:
-                        r = replicate(p, sinks[:n], files, drop=False, relay="splice" if run == "splice" else None)
+                        r = replicate(p, sinks[:n], files, drop=False, relay=run if n == 2 and run != "relay" else None)
                         if any(r["receiver_rc"]) or r["sender_rc"] or any(not isinstance(c, dict) for c in r["checks"]):
                             r["error"] = "a receiver, the sender or a check failed"
                     except Exception as e:  # noqa: BLE001

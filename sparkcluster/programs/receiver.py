@@ -14,15 +14,17 @@ was missing; the nodes after it then see a cut stream.
 The weights' receiver (weights_receive) is the same one-shot connection and relay (`accept`,
 `Frames`, `Relay`) with the files written in the same process.
 
-A relay receives each piece of the stream into its buffer and sends it on from there (`Relay`). An
-argument "relay=splice" makes it forward without the stream passing through the process (`Spliced`,
-where `spliceable` has seen splice and tee work on this machine, else `Relay` as before): the bytes
-go from the connection into a pipe, are duplicated into a second pipe that a thread splices into the
-next hop's socket, and are read out of the first into the receiver's buffer, the one copy a leaf
-makes too; splice and tee move references to the kernel's pages, not the bytes. Measured over
-loopback (perf/weights_gpu.md, issue 77), the pipes cost more core-seconds than the copy they save,
-so the copy stays the default. Either way the same bytes reach the next hop, and this node checks
-every frame's tag itself before any of its bytes reach its own sink.
+A relay receives each piece of the stream into its buffer and sends it on from there (`Relay`). Two
+arguments make it forward without the bytes passing through the process, where `spliceable` has
+seen splice (and tee) work on this machine, else it is `Relay` as before: "relay=splice"
+(`Spliced`: the connection spliced into a pipe, teed into a second one that a thread splices into
+the next hop's socket, the first read into the buffer) and "relay=peek" (`Peeked`: each piece
+copied into the buffer with MSG_PEEK, then the same bytes spliced out of the socket, through a pipe,
+into the next hop's). Splice and tee move references to the kernel's pages, not the bytes; either
+way this node's own copy is the one copy a leaf makes. Measured over loopback (perf/weights_gpu.md,
+issue 77), both cost more core-seconds than the copy they save, so the copy stays the default. Every
+way, the same bytes reach the next hop, and this node checks every frame's tag itself before any of
+its bytes reach its own sink.
 """
 
 import hmac
@@ -162,10 +164,10 @@ def _pipe():
     return r, w
 
 
-def spliceable(tee):
-    """Whether this machine splices a socket into a pipe, tees it (`tee`: _libc_tee's) and splices
-    the copy into a socket (tried on a socket pair, a few bytes): `Spliced` relays then."""
-    if tee is None or not hasattr(os, "splice"):
+def spliceable(tee=None):
+    """Whether this machine splices a socket into a pipe and the pipe into a socket (tried on a socket
+    pair, a few bytes), and with `tee` (_libc_tee's) tees the pipe into another one on the way."""
+    if not hasattr(os, "splice"):
         return False
     fds = []
     try:
@@ -174,9 +176,11 @@ def spliceable(tee):
             a, b = _pipe(), _pipe()
             fds = [*a, *b]
             y.sendall(b"probe")
-            if os.splice(x.fileno(), a[1], 5) != 5 or tee(a[0], b[1], 5) != 5 or os.read(a[0], 5) != b"probe":
+            if os.splice(x.fileno(), a[1], 5) != 5:
                 return False
-            if os.splice(b[0], x.fileno(), 5) != 5:
+            if tee is not None and (tee(a[0], b[1], 5) != 5 or os.read(a[0], 5) != b"probe"):
+                return False
+            if os.splice((b if tee is not None else a)[0], x.fileno(), 5) != 5:
                 return False
             return y.recv(5) == b"probe"
     except OSError:
@@ -288,16 +292,77 @@ class Spliced(Relay):
         super().wait()
 
 
-def relay_to(hop, splice=False):
-    """The relay for argv's next hop; with `splice` (argv's "relay=splice"), spliced where this
-    machine lets it (`spliceable`)."""
-    tee = _libc_tee() if hop and splice else None
-    return Spliced(hop, tee) if spliceable(tee) else Relay(hop)
+class Peeked(Relay):
+    """A relay whose forwarded bytes never pass through this process, and whose own copy is the one
+    a leaf makes: each piece is copied into the caller's buffer with MSG_PEEK (left in the socket),
+    then those same bytes are spliced out of the socket into a pipe and from the pipe into the next
+    hop's socket (references to the kernel's pages, not copies). A next hop that stops taking data
+    ends the forwarding, as Relay's; the pieces after it are received as a leaf's."""
+
+    def __init__(self, hop):
+        super().__init__(hop)
+        self.p = _pipe()
+
+    def fill(self, c, mv):
+        got = 0
+        while got < len(mv):
+            if self.s is None:  # no next hop (any more): received as a leaf's
+                recv_exact(c, mv[got:])
+                return
+            k = c.recv_into(mv[got:], 0, socket.MSG_PEEK)
+            if not k:
+                raise EOFError
+            self.take(c, k)
+            got += k
+
+    def take(self, c, k):
+        """The `k` bytes at the head of `c` (peeked already) spliced on to the next hop."""
+        while k:
+            while True:
+                try:
+                    n = os.splice(c.fileno(), self.p[1], min(k, PIPE))
+                    break
+                except BlockingIOError:  # not expected: the bytes were peeked
+                    _wait(c, select.POLLIN)
+            if not n:
+                raise EOFError
+            k -= n
+            try:
+                while n:
+                    try:
+                        n -= os.splice(self.p[0], self.s.fileno(), n)
+                    except BlockingIOError:
+                        _wait(self.s, select.POLLOUT)
+            except OSError as e:
+                self.err = f"relay: the next hop {self.where} stopped taking data: {e}"
+                print(self.err, file=sys.stderr, flush=True)
+                self.s.close()
+                self.s = None
+                while n:  # what the pipe still holds, dropped; the rest of the piece consumed so
+                    n -= len(os.read(self.p[0], n))
+                while k:
+                    k -= len(c.recv(min(k, PIPE)))
+                return
+
+    def send(self, b):
+        raise AssertionError("a peeking relay takes its bytes in `fill`")
+
+
+def relay_to(hop, how=""):
+    """The relay for argv's next hop: `how` (argv's "relay=HOW") "splice" or "peek" where this
+    machine splices (`spliceable`), else the copy."""
+    if hop and how == "peek" and spliceable():
+        return Peeked(hop)
+    if hop and how == "splice":
+        tee = _libc_tee()
+        if tee is not None and spliceable(tee):
+            return Spliced(hop, tee)
+    return Relay(hop)
 
 
 def accept(argv):
-    """The relay (argv's "next=ADDR,PORT,SRC", reached before anything is announced; "relay=splice":
-    `Spliced` where it works), then "@@port N"
+    """The relay (argv's "next=ADDR,PORT,SRC", reached before anything is announced; "relay=HOW":
+    how it forwards, `relay_to`), then "@@port N"
     on stderr, then the one connection from the sender's address (argv[2]) on argv[1]."""
     bind, peer = argv[1], argv[2]
     hop = [a[5:].split(",") for a in argv[3:] if a.startswith("next=")]
@@ -305,7 +370,8 @@ def accept(argv):
     s.bind((bind, 0))
     s.listen(1)
     s.settimeout(60)
-    relay = relay_to(hop[0] if hop else None, "relay=splice" in argv[3:])
+    how = next((a[6:] for a in argv[3:] if a.startswith("relay=")), "")
+    relay = relay_to(hop[0] if hop else None, how)
     print(f"@@port {s.getsockname()[1]}", file=sys.stderr, flush=True)
     while True:
         c, addr = s.accept()
