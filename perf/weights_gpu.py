@@ -564,6 +564,8 @@ def table(res: dict) -> str:
             if len(r.get("receivers", [])) > 1:  # a chain: each relay's cost beside the leaf's
                 progs += "; relays " + ", ".join(f"{v:.2f}" for v in r["receivers"][:-1])
                 progs += f", leaf {r['receivers'][-1]:.2f}"
+            elif r.get("receivers"):
+                progs += f"; leaf alone {r['receivers'][0]:.2f}"
             cost = f"{r['core_s_per_gb']:.2f}" if "core_s_per_gb" in r else ""
             rows.append(f"| {key} | {r['gb_s']:.3f} | {r['secs']:.1f} | {cost} | {progs} |")
     out = "\n".join(rows) + "\n"
