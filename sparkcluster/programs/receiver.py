@@ -286,7 +286,7 @@ class Spliced(Relay):
     def wait(self):
         self.stop()
         self.t.join()
-        if self.err:
+        if self.err and self.s is not None:
             self.s.close()
             self.s = None
         super().wait()
@@ -341,7 +341,10 @@ class Peeked(Relay):
                 while n:  # what the pipe still holds, dropped; the rest of the piece consumed so
                     n -= len(os.read(self.p[0], n))
                 while k:
-                    k -= len(c.recv(min(k, PIPE)))
+                    b = c.recv(min(k, PIPE))
+                    if not b:
+                        raise EOFError from e
+                    k -= len(b)
                 return
 
     def send(self, b):
