@@ -21,8 +21,13 @@ Runs, each of the whole repository:
   each on its own tmpfs), with `check` on each;
 - `resume`: a replication to a tmpfs cut after `--cut` of its bytes (default 0.6), `check`, then only what it
   says is missing sent again: the bytes sent the second time against the bytes missing;
-- `pin=N`: `one-tmpfs` and `three-tmpfs` again with each receiver on N cores of its own and the sender
-  on one (`cores_of`): three receivers that share one machine no longer share its cores.
+- `pin=N`: `one-tmpfs` and `three-tmpfs` again, for each package, with each receiver on N cores of its
+  own and the sender on one (`cores_of`): three receivers that share one machine no longer share its cores;
+- `relay=MODE`: `three-tmpfs` again (and, with `pin=N`, pinned) with the relays' `relay=MODE` argument
+  ("splice", "peek": receiver.Spliced, Peeked, the forward spliced through pipes instead of copied),
+  for each package.
+Every chain's record says each receiver's own core-seconds per GB (`receivers`: the relays, then the
+leaf), beside the leaf alone's (`one-tmpfs`).
 Figures: GB/s (10^9 bytes) of the repository over each run's wall time.
 
 Each run also says what it cost the cores: the core-seconds per GB of every process it started
@@ -381,16 +386,17 @@ class Pkg:
         return out
 
 
-def variant(cmd: dict, width: int | None, io: str | None) -> dict:
-    """The commands with weights_send's `files=` (how many files in flight) or weights_receive's
-    `io=` (direct I/O left out) set: the programs' own arguments, for measuring what each buys."""
+def variant(cmd: dict, width: int | None, io: str | None, relay: str | None = None) -> dict:
+    """The commands with weights_send's `files=` (how many files in flight), weights_receive's
+    `io=` (direct I/O left out) or `relay=` (a relay's forwarding: "splice" or "peek", receiver.relay_to) set:
+    the programs' own arguments, for measuring what each buys."""
     cmd = dict(cmd)
     if width:
         cmd["send"] = cmd["send"].replace(f"{IP} {PORT} {IP} ", f"{IP} {PORT} {IP} files={width} ")
-    if io:
-        for k in ("tail", "relay"):
+    for arg, keys in ((f"io={io}" if io else "", ("tail", "relay")), (f"relay={relay}" if relay else "", ("relay",))):
+        for k in keys if arg else ():
             a, sep, b = cmd[k].rpartition(".sparkcluster-incoming ")
-            cmd[k] = f"{a}{sep}io={io} {b}"
+            cmd[k] = f"{a}{sep}{arg} {b}"
     return cmd
 
 
@@ -422,17 +428,22 @@ def replicate(
     width: int | None = None,
     io: str | None = None,
     pin: int | None = None,
+    drop: bool = True,
+    relay: str | None = None,
 ) -> dict:
     """One replication head -> sinks[0] -> sinks[1] ... as the weights stage runs it (hfcache's
     commands, every address 127.0.0.1): receivers started from the tail, each relay told its next
     hop's announced port, then the sender; `check` on every sink; a final sync. `cut_at`: kill the
-    sender once it has sent that share of the bytes (no check then). `width`, `io`: `variant`.
+    sender once it has sent that share of the bytes (no check then). `width`, `io`, `relay`: `variant`.
     `pin`: each receiver on `pin` cores of its own, the sender on one (`cores_of`), so receivers
-    sharing one machine do not share cores (they still share its memory bus)."""
+    sharing one machine do not share cores (they still share its memory bus). `drop`: page cache
+    dropped first. Each receiver's own cost (`receivers`, head first: the relays, then the leaf) is
+    its process's getrusage as reaped (`reap`), what it started included."""
     names = blobs if blobs is not None else [f["blob"] for f in files]
     total = sum(f["size"] for f in files if f["blob"] in names)
-    cmd = variant(pkg.commands(names), width, io)
-    drop_caches()
+    cmd = variant(pkg.commands(names), width, io, relay)
+    if drop:
+        drop_caches()
     with Cores() as cores:
         t = time.monotonic()
         recvs, nxt = [], None
@@ -470,9 +481,11 @@ def replicate(
             else:
                 tail.append(line)
         snd.wait()
-        codes = [p.wait() for p in recvs]
+        spent = [reap(p) for p in recvs]
+        codes = [p.returncode for p in recvs]
         streamed = time.monotonic() - t
         out = {"bytes": total, "sent": sent, "sender_rc": snd.returncode, "receiver_rc": codes}
+        out["receivers"] = [round(c / (total / 1e9), 3) for c in spent]
         if snd.returncode and cut_at is None:
             out["sender_said"] = "".join(tail)[-1000:]
         if cut_at is None:
@@ -495,6 +508,14 @@ def replicate(
         secs = time.monotonic() - t
     out.update({"secs": secs, "streamed_s": streamed, "gb_s": rate(total, secs), **cores.per_gb(total)})
     return out
+
+
+def reap(p: subprocess.Popen) -> float:
+    """Waits for `p` and returns the core-seconds (user + sys) it and every process it waited for
+    spent: wait4's rusage of that one child, so each receiver of a chain is told apart."""
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return ru.ru_utime + ru.ru_stime
 
 
 def check_of(pkg: Pkg, sink: Path, files: list[dict]) -> dict:
@@ -540,6 +561,11 @@ def table(res: dict) -> str:
     for key, r in res.items():
         if isinstance(r, dict) and "gb_s" in r:
             progs = ", ".join(f"{k} {v:.2f}" for k, v in r.get("programs", {}).items())
+            if len(r.get("receivers", [])) > 1:  # a chain: each relay's cost beside the leaf's
+                progs += "; relays " + ", ".join(f"{v:.2f}" for v in r["receivers"][:-1])
+                progs += f", leaf {r['receivers'][-1]:.2f}"
+            elif r.get("receivers"):
+                progs += f"; leaf alone {r['receivers'][0]:.2f}"
             cost = f"{r['core_s_per_gb']:.2f}" if "core_s_per_gb" in r else ""
             rows.append(f"| {key} | {r['gb_s']:.3f} | {r['secs']:.1f} | {cost} | {progs} |")
     out = "\n".join(rows) + "\n"
@@ -641,10 +667,18 @@ def main(argv: list[str] | None = None) -> int:
                 run(f"{last.name}:one-{where}:{key}", replicate, last, [sink], files, **how)
                 shutil.rmtree(sink if where == "disk" else sink / "hub", ignore_errors=True)
         for key in sorted(r for r in runs if r.startswith("pin=")):  # one, then three, each on cores of its own
-            for name, n in (("one-tmpfs", 1), ("three-tmpfs", 3)):
-                run(f"{last.name}:{name}:{key}", replicate, last, sinks[:n], files, pin=int(key[4:]))
-                for s in sinks:
-                    shutil.rmtree(s / "hub", ignore_errors=True)
+            for p in pkgs:
+                for name, n in (("one-tmpfs", 1), ("three-tmpfs", 3)):
+                    run(f"{p.name}:{name}:{key}", replicate, p, sinks[:n], files, pin=int(key[4:]))
+                    for s in sinks:
+                        shutil.rmtree(s / "hub", ignore_errors=True)
+        for key in sorted(r for r in runs if r.startswith("relay=")):  # the relays' forwarding, chosen
+            for p in pkgs:
+                for pin in [None] + sorted(int(r[4:]) for r in runs if r.startswith("pin=")):
+                    name = f"{p.name}:three-tmpfs" + (f":pin={pin}" if pin else "") + f":{key}"
+                    run(name, replicate, p, sinks[:3], files, pin=pin, relay=key[6:])
+                    for s in sinks:
+                        shutil.rmtree(s / "hub", ignore_errors=True)
         if "resume" in runs:
             run(f"{last.name}:resume", resume, last, sinks[0], files, a.cut)
     finally:

@@ -1,8 +1,8 @@
 """The receiving end of a weights replication (issue 61): the one-shot receiver and relay of the
 image transfer (receiver's `accept`, `Frames`, `Relay`) writing the files of weights_send's stream
 into the incoming folder itself. argv: the address to listen on, the sender's address, the incoming
-folder, then as the receiver's ("next=ADDR,PORT,SRC" relays the stream as it arrives); "io=buffered"
-leaves out direct I/O.
+folder, then as the receiver's ("next=ADDR,PORT,SRC" relays the stream as it arrives, "relay=splice"
+or "relay=peek" without passing it through this process: receiver.Spliced, Peeked); "io=buffered" leaves out direct I/O.
 
 Each file is hashed as it is written, so the cache's `check` need not read every received byte back
 from disk to verify it (issue 40: the read-back was 30 % of a replication). The bytes go from the
@@ -223,6 +223,10 @@ class Forward:
         self.t = threading.Thread(target=self.run, daemon=True)
         self.t.start()
 
+    def fill(self, c, mv):
+        receiver.recv_exact(c, mv)
+        self.send(mv)
+
     def send(self, mv):
         c = self.hold
         if c is not None and len(mv) >= 1 << 16:
@@ -353,7 +357,7 @@ def main(argv):
     os.makedirs(inc, exist_ok=True)
     out = Out(inc, "io=buffered" not in argv[4:])
     c, relay = receiver.accept([argv[0], argv[1], argv[2], *argv[4:]])
-    if relay.s is not None:
+    if relay.s is not None and not isinstance(relay, (receiver.Spliced, receiver.Peeked)):
         relay = Forward(relay)
     done, refused = False, False
     try:

@@ -57,9 +57,9 @@ def sender(port: int, src: str = HEAD) -> str:
     return programs.command(transfer.STREAM_SENDER, HOPS[0], str(port), src)
 
 
-def start_chain(nodes, sink: str | None = "stdout", hops=HOPS) -> tuple[list[Proc], int]:
+def start_chain(nodes, sink: str | None = "stdout", hops=HOPS, how: str = "") -> tuple[list[Proc], int]:
     """Receivers started from the tail back, each told its downstream's port; returns them in chain
-    order and the first hop's port."""
+    order and the first hop's port. `how`: the relays' argument relay=HOW (receiver.relay_to)."""
     procs: list[Proc] = []
     port = 0
     for i in reversed(range(len(hops))):
@@ -67,6 +67,7 @@ def start_chain(nodes, sink: str | None = "stdout", hops=HOPS) -> tuple[list[Pro
         up = HEAD if i == 0 else hops[i - 1]
         fwd = transfer.next_hop(hops[i + 1], port, hops[i]) if i + 1 < len(hops) else None
         args = [hops[i], up, *(["stdout"] if sink == "stdout" else []), *([fwd] if fwd else [])]
+        args += [f"relay={how}"] if how else []
         cmd = programs.command(transfer.RECEIVER, *args)  # the image's receive_command, with a "stdout" sink
         with open(d / "out", "wb") as out:
             p = Proc(cmd, env, stdout=out)
@@ -80,9 +81,10 @@ def kill_all(procs):
         p.kill()
 
 
-def test_a_chain_of_three_delivers_identical_bytes_to_every_hop(nodes, tmp_path):
+@pytest.mark.parametrize("how", ["", "splice", "peek"])
+def test_a_chain_of_three_delivers_identical_bytes_to_every_hop(nodes, tmp_path, how):
     payload = os.urandom(5 * (1 << 20) + 13)
-    procs, port = start_chain(nodes)
+    procs, port = start_chain(nodes, how=how)
     try:
         send = Proc(sender(port), os.environ, stdout=subprocess.DEVNULL, stdin=subprocess.PIPE)
         send.p.stdin.write(payload)
@@ -146,9 +148,10 @@ def test_a_next_hop_that_refuses_is_reported_by_the_relay(nodes):
     assert not any(line.startswith("@@port") for line in p.lines)
 
 
-def test_a_next_hop_lost_mid_way_is_the_relays_failure_and_its_own_copy_is_whole(nodes, tmp_path):
+@pytest.mark.parametrize("how", ["", "splice", "peek"])
+def test_a_next_hop_lost_mid_way_is_the_relays_failure_and_its_own_copy_is_whole(nodes, tmp_path, how):
     payload = os.urandom(8 * (1 << 20))
-    procs, port = start_chain(nodes, hops=HOPS[:2])
+    procs, port = start_chain(nodes, hops=HOPS[:2], how=how)
     try:
         procs[1].p.kill()  # the second hop dies after accepting the relay's connection
         procs[1].wait()
