@@ -212,15 +212,22 @@ class TestServing:
 
     def test_logs_follow_detaches_on_sigint_and_service_keeps_running(self, testbed, sc, env_file):
         p = sc_popen(testbed, sc, env_file, "logs", "--node", HEAD, "--follow", "--last", "5")
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.extend(p.stdout), daemon=True)  # lines as they come
+        reader.start()
         try:
-            time.sleep(3)
+            # following: its last lines printed and still running (not a fixed wait: under load they come later)
+            assert wait_for(lambda: got or p.poll() is not None, 60, step=0.2), "logs --follow printed nothing"
             assert p.poll() is None, "logs --follow ended by itself"
             p.send_signal(signal.SIGINT)
-            out, err = p.communicate(timeout=15)
+            p.wait(timeout=15)
+            reader.join(15)
+            err = p.stderr.read()
         finally:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        out = "".join(got)
         assert p.returncode == 0, out + err
         assert "detached" in err
         assert out and all(x.startswith(HEAD + " ") for x in out.splitlines() if x.strip())
