@@ -124,7 +124,7 @@ def service_spec(inv: Inventory, svc: ServiceProfile, node: Node, image: str, se
         env={},
         labels=_labels(inv, svc, node, SERVICE_ROLE),
         shm_size=SUPERVISOR_SHM,
-        binds={DOCKER_SOCKET: DOCKER_SOCKET},
+        binds={docker_socket.NODE_SOCKET: DOCKER_SOCKET},
         files={
             **AGENT_FILES,
             contract.CONFIG_PATH: json.dumps(

@@ -19,7 +19,12 @@ import json
 import socket
 import urllib.parse
 
-SOCKET = "/var/run/docker.sock"
+SOCKET = "/run/docker.sock"  # where a service's supervisor container has the node's socket mounted
+# the node's own (dockerd's default, -H unix:///var/run/docker.sock); mounted at SOCKET, not at the same path:
+# in images where /var/run is a link to /run (NGC's), Docker refuses to copy files into a container that
+# has a mount under the link ("mkdirat var/run: ... path escapes from parent"), and `up` copies the
+# agent's files in after creating it
+NODE_SOCKET = "/var/run/docker.sock"
 TIMEOUT_S = 30.0  # one call; a stop waits its grace on top
 
 

@@ -27,6 +27,7 @@ from tests.integration.helpers import HEAD, HEAD_LAN, WORKER, journal, sup_state
 SINGLE, ON_DEMAND = "testbed-single", "testbed-single-od"  # test_gateway's (its profiles folder holds the latter)
 HEAD_KEY, OD_KEY = f"{SINGLE}@{HEAD}", f"{ON_DEMAND}@{WORKER}"
 GW = f"http://{HEAD_LAN}:4000"
+OD_C = "sparkcluster-testbed-d1-head"  # the standby's head container on the worker (slot 1: the pair's holds 0)
 
 
 def added(sc, environ: dict, *args: str) -> str:
@@ -39,6 +40,12 @@ def signs_in(key: str) -> bool:
     return httpx.post(f"{GW}/console/login", data={"key": key}, timeout=5).status_code == 303
 
 
+def od_journal(testbed) -> list[dict]:
+    """The standby's supervisor journal: its head container on the worker, in slot 1 beside the pair's."""
+    out = testbed.sh(WORKER, f"docker exec {OD_C} cat /var/log/sparkcluster/journal.jsonl", check=False).stdout
+    return [json.loads(x) for x in out.splitlines() if x.strip()]
+
+
 def state(key: str) -> str:
     from tests.integration.test_gateway import routes
 
@@ -48,7 +55,7 @@ def state(key: str) -> str:
 def console_on_the_pair(testbed, sc, env) -> None:
     """With test_gateway's pair serving: the on-demand variant beside the worker's, on standby, the
     gateway's routes for all three, then the console's cases; the standby taken down at the end."""
-    from tests.integration.test_gateway import _od_journal, routes
+    from tests.integration.test_gateway import routes
 
     standby = sc("up", "--profile", ON_DEMAND, "--node", WORKER, "--beside", env=env, timeout=600)
     assert standby.returncode == 0 and "on standby" in standby.stdout, standby.stdout + standby.stderr
@@ -116,8 +123,8 @@ def console_on_the_pair(testbed, sc, env) -> None:
             page.click(f"{row} a.act:text('Stop to standby')")
             page.click("button.danger")
             assert wait_for(lambda: "on standby" in state(OD_KEY), 120, step=0.5), routes()
-            said = [e for e in _od_journal(testbed) if e["event"] == "console: standby"]
-            assert said and said[-1]["by"] == "owner", _od_journal(testbed)[-10:]
+            said = [e for e in od_journal(testbed) if e["event"] == "console: standby"]
+            assert said and said[-1]["by"] == "owner", od_journal(testbed)[-10:]
 
             # refused: an action without the CSRF token; an action from a key that is not an admin's
             forged = page.evaluate(

@@ -121,6 +121,7 @@ def test_the_console_on_the_testbed(testbed, sc, env, pair):
 
 
 def test_one_endpoint_for_two_deployments(testbed, sc, env, pair):
+    sc("gateway", "down", env=env)  # from no gateway: the earlier cases' is not this one's plan to make
     # the plan names both routes and shows no key
     dry = sc("gateway", "up", "--dry-run", env=env)
     assert dry.returncode == 0, dry.stdout + dry.stderr

@@ -105,9 +105,7 @@ def test_the_container_carries_the_labels_and_the_agent_its_service():
         assert c.labels[PORT_LABEL] == "8765" and c.labels[NODES_LABEL] == WORKER
     # the supervisor runs the agent with the node's Docker socket; the service's image keeps its entrypoint
     assert spec.agent_command() == ["python3", contract.AGENT_DIR, contract.CONFIG_PATH]
-    assert (
-        spec.binds == {"/var/run/docker.sock": "/var/run/docker.sock"} and "--gpus" not in spec.docker_run_equivalent()
-    )
+    assert spec.binds == {"/var/run/docker.sock": "/run/docker.sock"} and "--gpus" not in spec.docker_run_equivalent()
     assert server.agent_command() == asr().args and "--entrypoint" not in server.docker_run_equivalent()
     assert "entrypoint" not in server.create_kwargs() and server.host_config_kwargs()["restart_policy"] == {
         "Name": "no"

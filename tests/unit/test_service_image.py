@@ -168,12 +168,12 @@ def test_the_supervisor_holds_the_docker_socket_and_no_secret():
     inv = make_inventory().only([HEAD]).at_slot(1)
     server = server_spec(inv, tts(), inv.head, {"TTS_API_KEY": KEY})
     sup = service_spec(inv, tts(), inv.head, "sparkcluster/vllm-ray:test", server.config_hash())
-    assert sup.binds == {"/var/run/docker.sock": "/var/run/docker.sock"} and sup.image == "sparkcluster/vllm-ray:test"
+    assert sup.binds == {"/var/run/docker.sock": "/run/docker.sock"} and sup.image == "sparkcluster/vllm-ray:test"
     assert "device_requests" not in sup.host_config_kwargs() and sup.host_config_kwargs()["restart_policy"] == {
         "Name": "unless-stopped"
     }
     cfg = service_config(inv, tts(), inv.head)
-    assert cfg["service"]["container"] == server.name and cfg["service"]["socket"] == "/var/run/docker.sock"
+    assert cfg["service"]["container"] == server.name and cfg["service"]["socket"] == "/run/docker.sock"
     assert "image" not in cfg["service"]["policy"]
     for text in (*sup.files.values(), sup.docker_run_equivalent()):
         assert KEY not in text
