@@ -42,6 +42,7 @@ from .compile_reading import CacheOwner, hold, seed
 from .contract import CONFIG_PATH, DESIRED_PATH, SERVICE_ROLE, STARTING, STATE_PATH, WAITING
 from .energy import power_report
 from .fabric_watch import FabricWatch
+from .hwmon import Temperatures
 from .journal import Journal, read_json
 from .kernel_log import KernelWatch
 from .memreport import node_report, serve_reports
@@ -81,12 +82,14 @@ def report(
     kernel: KernelWatch | None = None,
     nvml: Nvml | NvidiaSmi | None = None,
     fabric: FabricWatch | None = None,
+    temperatures: Temperatures | None = None,
 ) -> dict:
     """What this node's report endpoint answers: its memory, Ray and when this agent started; on the
     head also the supervisor's published state (as `status` reads it), from which the gateway takes a
     deployment out of rotation; with executor "mp" the head's set and each worker's rank. Every node's
     also carries its kernel's events (node/kernel_log) and its GPUs' power (issue 75), which the head's
-    supervisor reads: a verdict names a peer's fresh Xid, the energy per token counts every node's."""
+    supervisor reads: a verdict names a peer's fresh Xid, the energy per token counts every node's; and
+    its ConnectX-7 and NVMe temperatures with their thresholds (node/hwmon), for the console."""
     extra = {"set": sup.set_report()} if sup is not None and sup.mp else {}
     if sup is not None:
         extra["supervisor"] = read_json(STATE_PATH)
@@ -97,6 +100,8 @@ def report(
         extra.update(power_report(nvml.readings()))
     if fabric is not None:  # this node's ports and AER as its last look judged them (node/fabric_watch)
         extra["fabric_health"] = fabric.last
+    if temperatures is not None:  # kept READ_EVERY_S: a report asked often reads sysfs no more often
+        extra["temperatures"] = temperatures.readings()
     return {**node_report(cfg["node"], ray, started), **extra, **({"rank": keeper.report()} if keeper else {})}
 
 
@@ -151,6 +156,7 @@ def main(config_path: str = CONFIG_PATH) -> int:
     signal.signal(signal.SIGINT, on_term)
     sup = Supervisor(cfg, journal, started) if cfg["role"] == "head" else None
     kernel, nvml = KernelWatch(), gpu_reader()  # the kernel's log (/dev/kmsg) and NVML, read by every node (issue 75)
+    temperatures = Temperatures()  # the CX7's and NVMe drives' hwmon sensors, read-only /sys (issue 75)
     spec = cfg.get("fabric") or {}
     fabric = FabricWatch(spec.get("hcas") or [], spec.get("gid_index")) if spec.get("hcas") else None
     if sup is not None:
@@ -162,8 +168,8 @@ def main(config_path: str = CONFIG_PATH) -> int:
         serve_reports(
             cfg["report_ip"],
             cfg["report_port"],
-            lambda: report(cfg, ray, started, sup, keeper, kernel, nvml, fabric),
-            Exporter(cfg, ray, sup, keeper, nvml=nvml, kernel=kernel).text,
+            lambda: report(cfg, ray, started, sup, keeper, kernel, nvml, fabric, temperatures),
+            Exporter(cfg, ray, sup, keeper, nvml=nvml, kernel=kernel, temperatures=temperatures).text,
             wake=sup.wake if sup is not None else None,  # on demand: the head's one input
             yield_=sup.yield_ if sup is not None else None,  # ... and its stop for another (issue 60)
             status=lambda: container_status.read(head=sup is not None),  # what `status` reads here

@@ -2,7 +2,8 @@
 (the node's control IP, `cluster.agent_port`): what only sparkcluster knows about a node and its
 engine (the supervisor's state, restarts and verdicts, probe latency, the engine's stall clock, each
 rank of an `mp` set, MemAvailable and the headroom above the profile's floor, NVML's power, clock
-and temperature where NVML answers, the last fabric test's bus bandwidth and transport). vLLM's own
+and temperature where NVML answers, the ConnectX-7's and NVMe drives' temperatures and thresholds
+where their drivers expose them (node/hwmon), the last fabric test's bus bandwidth and transport). vLLM's own
 series stay at the engine's `/metrics`; host counters (RDMA ports, filesystems) come from
 node_exporter. `sparkcluster monitor up` points Prometheus at all three.
 
@@ -46,6 +47,18 @@ NAMES: dict[str, tuple[str, str]] = {
     "sparkcluster_gpu_power_watts": ("gauge", "GPU power draw from NVML."),
     "sparkcluster_gpu_sm_clock_mhz": ("gauge", "GPU SM clock from NVML."),
     "sparkcluster_gpu_temperature_celsius": ("gauge", "GPU temperature from NVML."),
+    "sparkcluster_device_temperature_celsius": (
+        "gauge",
+        "A ConnectX-7 (kind cx7, mlx5 hwmon) or NVMe (kind nvme) sensor's temperature (node/hwmon).",
+    ),
+    "sparkcluster_device_temperature_max_celsius": (
+        "gauge",
+        "The sensor's warning threshold: the device's own (source device) or its vendor's figure (source vendor).",
+    ),
+    "sparkcluster_device_temperature_crit_celsius": (
+        "gauge",
+        "The sensor's critical threshold: the device's own (source device) or its vendor's figure (source vendor).",
+    ),
     "sparkcluster_fabric_busbw_gbps": ("gauge", "The last fabric test's all_gather bus bandwidth at its largest size."),
     "sparkcluster_fabric_floor_gbps": ("gauge", "The bus bandwidth below which the fabric test fails."),
     "sparkcluster_fabric_transport_info": ("gauge", "The transport NCCL chose in the last fabric test (value 1)."),
@@ -250,6 +263,7 @@ def node_samples(
     disks: dict,
     aer_counters: dict | None = None,
     kernel: dict | None = None,
+    temperatures: list[dict] | None = None,
 ) -> list[tuple[str, dict, float]]:
     """What every node's agent exports about its node (pure: the readings are passed in)."""
     mem = meminfo(meminfo_text)
@@ -270,6 +284,7 @@ def node_samples(
             ("sparkcluster_gpu_sm_clock_mhz", {"gpu": g["gpu"]}, g.get("sm_clock_mhz")),
             ("sparkcluster_gpu_temperature_celsius", {"gpu": g["gpu"]}, g.get("temperature_c")),
         ]
+    s += temperature_samples(temperatures or [])
     if fabric:
         s += [
             ("sparkcluster_fabric_busbw_gbps", {}, fabric.get("busbw_gbps")),
@@ -287,6 +302,19 @@ def node_samples(
         s.append(("sparkcluster_kernel_log_readable", {}, 0 if kernel.get("error") else 1))
         for c in kernel.get("counts") or []:
             s.append(("sparkcluster_kernel_events_total", {"kind": c["kind"], "code": c["code"]}, c["count"]))
+    return s
+
+
+def temperature_samples(sensors: list[dict]) -> list[tuple[str, dict, float]]:
+    """node/hwmon.sensors(): each temperature, and each threshold it has (absent where none: no alert)."""
+    s = []
+    for t in sensors:
+        labels = {"device": t.get("device", ""), "sensor": t.get("sensor", ""), "kind": t.get("kind", "")}
+        s.append(("sparkcluster_device_temperature_celsius", labels, t.get("celsius")))
+        for key, name in (("max", "max"), ("crit", "crit")):
+            if t.get(f"{key}_c") is not None:
+                src = {"source": t.get(f"{key}_from") or "device"}
+                s.append((f"sparkcluster_device_temperature_{name}_celsius", {**labels, **src}, t[f"{key}_c"]))
     return s
 
 
@@ -394,10 +422,13 @@ def disks(paths) -> dict[str, tuple[int, int]]:
 class Exporter:
     """What the agent's `/metrics` answers: every figure read at the scrape."""
 
-    def __init__(self, cfg: dict, ray, sup=None, keeper=None, nvml: Nvml | None = None, kernel=None):
+    def __init__(
+        self, cfg: dict, ray, sup=None, keeper=None, nvml: Nvml | None = None, kernel=None, temperatures=None
+    ):
         self.cfg, self.ray, self.sup, self.keeper = cfg, ray, sup, keeper
         self.nvml = nvml if nvml is not None else Nvml()
         self.kernel = kernel  # node/kernel_log.KernelWatch (issue 75), None where none reads it
+        self.temperatures = temperatures  # node/hwmon.Temperatures (issue 75), None where none reads them
         # the HF cache (weights, the disk that fills) and the container's own root (logs, journal)
         self.paths = [p for p in (os.environ.get("HF_HOME"), "/") if p]
 
@@ -414,6 +445,7 @@ class Exporter:
             disks(self.paths),
             aer.read(),
             self.kernel.report() if self.kernel is not None else None,
+            self.temperatures.readings() if self.temperatures is not None else None,
         )
         s += processes(skip=os.getpid())
         if self.keeper is not None:
