@@ -161,7 +161,7 @@ def vendor_fill(s: dict) -> None:
 
 
 def hot(s: dict) -> str:
-    """"critical", "warning" or "" for one sensor (pure): what the alerts judge, for `status`."""
+    """ "critical", "warning" or "" for one sensor (pure): what the alerts judge, for `status`."""
     if s.get("crit_c") is not None and s["celsius"] >= s["crit_c"]:
         return "critical"
     if s.get("max_c") is not None and s["celsius"] >= s["max_c"]:

@@ -422,9 +422,7 @@ def disks(paths) -> dict[str, tuple[int, int]]:
 class Exporter:
     """What the agent's `/metrics` answers: every figure read at the scrape."""
 
-    def __init__(
-        self, cfg: dict, ray, sup=None, keeper=None, nvml: Nvml | None = None, kernel=None, temperatures=None
-    ):
+    def __init__(self, cfg: dict, ray, sup=None, keeper=None, nvml: Nvml | None = None, kernel=None, temperatures=None):
         self.cfg, self.ray, self.sup, self.keeper = cfg, ray, sup, keeper
         self.nvml = nvml if nvml is not None else Nvml()
         self.kernel = kernel  # node/kernel_log.KernelWatch (issue 75), None where none reads it
