@@ -108,6 +108,20 @@ def render(st: status_mod.ClusterStatus) -> Group:
                 for n in caches
             )
         )
+    hot = {"warning": "yellow", "critical": "bold red"}
+    temps = [n for n in st.nodes if n.temperatures]
+    if temps:  # the CX7's and NVMe drives' sensors, coloured at their thresholds (node/hwmon, issue 75)
+        lines.append(
+            "temperatures: "
+            + "  ".join(
+                f"{n.node} "
+                + ", ".join(
+                    f"[{hot[h]}]{escape(text)}[/]" if h else escape(text)
+                    for text, h in status_mod.temperatures_shown(n.temperatures)
+                )
+                for n in temps
+            )
+        )
     if st.nccl and st.state != "down":  # what the engine's own NCCL chose, per node
         lines.append("nccl: " + "  ".join(f"{node} {what}" for node, what in st.nccl.items()))
     if st.all_reduce and st.state != "down":  # the backend the ranks named for the TP all-reduce (issue 59)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import threading
 import time
 
@@ -113,6 +114,36 @@ def read_chips(root: str = HWMON_ROOT) -> dict[str, dict]:
                 if text is not None:
                     files[f] = text
         out[hw] = {"name": name, "pci": pci, "device": friendly or pci, "files": files}
+    return out
+
+
+# The same reading as read_chips, in shell, for `status` (one SSH round trip reads the host's sysfs):
+# a `chip HWMON NAME PCI DEVICE` line per mlx5/nvme device, then a `file HWMON FILE TEXT` line per
+# temperature file; `listing` parses it into read_chips' shape.
+def shell(root: str = HWMON_ROOT) -> str:
+    return (
+        f'for h in {shlex.quote(root)}/hwmon*; do n=$(cat "$h/name" 2>/dev/null) || continue; '
+        'case "$n" in mlx5) sub=infiniband;; nvme) sub=nvme;; *) continue;; esac; '
+        'd=$(readlink -f "$h/device"); c=$(ls "$d/$sub" 2>/dev/null | head -n 1); '
+        'printf \'chip %s %s %s %s\\n\' "${h##*/}" "$n" "${d##*/}" "${c:-${d##*/}}"; '
+        'for f in "$h"/temp*_input "$h"/temp*_label "$h"/temp*_max "$h"/temp*_crit "$h"/temp*_highest; do '
+        'v=$(cat "$f" 2>/dev/null) && printf \'file %s %s %s\\n\' "${h##*/}" "${f##*/}" "$v"; done; done; true'
+    )
+
+
+def listing(text: str) -> dict[str, dict]:
+    """shell()'s output as read_chips returns it (pure); a line it does not know is skipped."""
+    out: dict[str, dict] = {}
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "chip":
+            parts = rest.split()
+            if len(parts) == 4 and parts[1] in KINDS:
+                out[parts[0]] = {"name": parts[1], "pci": parts[2], "device": parts[3], "files": {}}
+        elif kind == "file":
+            hw, f, value = (rest.split(" ", 2) + ["", ""])[:3]
+            if hw in out and _TEMP.match(f):
+                out[hw]["files"][f] = value.strip()
     return out
 
 

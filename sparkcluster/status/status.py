@@ -33,7 +33,7 @@ from sparkcluster.labels import (
     is_gateway,
     slot_of,
 )
-from sparkcluster.node import container_status, contract, engine_log, readings
+from sparkcluster.node import container_status, contract, engine_log, hwmon, readings
 from sparkcluster.remote.fanout import Background, connect_reachable
 
 _log = log.get(__name__)
@@ -59,6 +59,8 @@ class NodeStatus:
     compile_cache: str = ""  # the compile cache's key its container mounts (config/compile_cache)
     compile_cache_gib: float | None = None  # that key's size on the node
     compile_caches_gib: float | None = None  # every key's on the node (the cap's subject)
+    # its ConnectX-7 and NVMe sensors with their thresholds, read from the host's sysfs (node/hwmon)
+    temperatures: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -123,6 +125,7 @@ def node_script(inv: Inventory, node: str) -> str:
         section("uptime", "cat /proc/uptime; date +%s.%N"),
         section("meminfo", "cat /proc/meminfo"),
         section("kernel", "cat /proc/sys/kernel/osrelease"),
+        section("hwmon", f"timeout -k 1 3 sh -c {shlex.quote(hwmon.shell())}"),  # CX7 and NVMe temperatures
         # `docker ps` failing (daemon down) or not returning (daemon hung) fails the section: that
         # is "docker not answering", never "no container"
         section(
@@ -235,6 +238,8 @@ def _one(host, inv: Inventory) -> NodeReport:
         st.mem_available_gib = round(parsers.meminfo(s["meminfo"].out).available / 2**30, 1)
     if "kernel" in s and s["kernel"].rc == 0:
         st.kernel = s["kernel"].out.strip()
+    if "hwmon" in s:  # whatever it read before a timeout still counts
+        st.temperatures = hwmon.sensors(hwmon.listing(s["hwmon"].out))
     if "ours" not in s or s["ours"].rc != 0:
         st.state = DOCKER_SILENT
         got = s["ours"] if "ours" in s else None
@@ -473,6 +478,20 @@ def energy_shown(sup: dict | None) -> str:
         return ""
     shown = f"GPU power {power:.1f} W"
     return shown + (f", {per_1k:,.0f} J per 1,000 tokens" if isinstance(per_1k, (int, float)) else "")
+
+
+def temperatures_shown(temps: list[dict]) -> list[tuple[str, str]]:
+    """One node's sensors (node/hwmon.sensors) as `status` prints them, each with what the alerts
+    would say of it ("", "warning", "critical"): "mlx5_0 asic 65 C", "nvme0 Composite 91 C (warning
+    at 89.85 C)"."""
+    out = []
+    for t in temps:
+        hot = hwmon.hot(t)
+        text = f"{t.get('device')} {t.get('sensor')} {t['celsius']:.0f} C"
+        if hot:
+            text += f" ({hot} at {t['crit_c' if hot == 'critical' else 'max_c']:g} C)"
+        out.append((text, hot))
+    return out
 
 
 def supervisor_problem(sup: dict | None) -> str | None:

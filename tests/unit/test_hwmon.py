@@ -165,3 +165,32 @@ def test_the_metrics_carry_each_temperature_and_only_the_thresholds_it_has(tmp_p
     crits = {s.labels["sensor"]: s.value for s in fams["sparkcluster_device_temperature_crit_celsius"].samples}
     assert crits == {"asic": 105.0, "Module0": 75.0, "Composite": 93.85}
     assert {s.labels["kind"] for s in fams["sparkcluster_device_temperature_celsius"].samples} == {"cx7", "nvme"}
+
+
+def test_status_reads_the_same_sensors_through_its_shell_over_ssh(tmp_path):
+    """`status` reads the host's sysfs in its one round trip (hwmon.shell, parsed by hwmon.listing):
+    the same sensors as the agent's own reader, the thermal zone left out."""
+    import subprocess
+
+    root = tree(tmp_path)
+    out = subprocess.run(["sh", "-c", hwmon.shell(str(root))], capture_output=True, text=True, check=True).stdout
+    assert hwmon.sensors(hwmon.listing(out)) == hwmon.sensors(hwmon.read_chips(str(root)))
+    assert "acpitz" not in out and hwmon.listing("chip junk\nfile hwmon9 temp1_input 1\n") == {}
+
+
+def test_status_prints_each_nodes_sensors_coloured_at_their_thresholds(tmp_path):
+    from rich.console import Console
+
+    from sparkcluster.cli import status_cmd
+    from sparkcluster.status import status as status_mod
+
+    sensors = hwmon.sensors(hwmon.read_chips(str(tree(tmp_path))))
+    sensors[2]["celsius"] = 91.0  # the drive's Composite over its own 89.85 C
+    shown = status_mod.temperatures_shown(sensors)
+    assert shown[0] == ("mlx5_0 asic 65 C", "")
+    assert shown[2] == ("nvme0 Composite 91 C (warning at 89.85 C)", "warning")
+    st = status_mod.ClusterStatus("pair", "healthy", [status_mod.NodeStatus("spark-a", temperatures=sensors)])
+    console = Console(width=200, record=True, color_system=None)
+    console.print(status_cmd.render(st))
+    text = console.export_text()
+    assert "temperatures: spark-a mlx5_0 asic 65 C, mlx5_0 Module0 62 C, nvme0 Composite 91 C (warning" in text
