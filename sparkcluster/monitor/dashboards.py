@@ -276,6 +276,14 @@ def cluster() -> dict:
     lay.add("Power", [(f"sparkcluster_gpu_power_watts{{{NODE}}}", "{{node}} gpu{{gpu}}")], "watt")
     lay.add("SM clock (MHz)", [(f"sparkcluster_gpu_sm_clock_mhz{{{NODE}}}", "{{node}} gpu{{gpu}}")], "none")
     lay.add("Temperature", [(f"sparkcluster_gpu_temperature_celsius{{{NODE}}}", "{{node}} gpu{{gpu}}")], "celsius")
+    lay.add(
+        "ConnectX-7 and NVMe temperatures, and their warning thresholds",
+        [
+            (f"sparkcluster_device_temperature_celsius{{{NODE}}}", "{{node}} {{device}} {{sensor}}"),
+            (f"sparkcluster_device_temperature_max_celsius{{{NODE}}}", "warning {{node}} {{device}} {{sensor}}"),
+        ],
+        "celsius",
+    )
     lay.row("Fabric")
     lay.add(
         "RDMA throughput",
