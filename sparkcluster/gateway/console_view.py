@@ -21,7 +21,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 
-from ..node import contract
+from ..node import contract, hwmon
 
 GENERATED = "vllm:generation_tokens_total"
 TTFT = "vllm:time_to_first_token_seconds"
@@ -140,6 +140,7 @@ class Node:
     mem_total: int | None = None
     ray_alive: bool | None = None
     seen_by: list[str] = field(default_factory=list)
+    temperatures: list[dict] = field(default_factory=list)  # its CX7 and NVMe sensors (node/hwmon)
 
 
 def rows(routes) -> list[Row]:
@@ -181,12 +182,14 @@ def nodes(routes) -> list[Node]:
             n = found.setdefault(report["node"], Node(report["node"], False))
             n.answered, n.mem_available, n.mem_total = True, report.get("mem_available"), report.get("mem_total")
             n.ray_alive = report.get("ray_alive")
+            n.temperatures = report.get("temperatures") or []
             n.seen_by.append(r.key)
         for name, peer in (report.get("peers") or {}).items():
             n = found.setdefault(name, Node(name, False))
             if isinstance(peer, dict) and not n.answered:
                 n.answered, n.mem_available, n.mem_total = True, peer.get("mem_available"), peer.get("mem_total")
                 n.ray_alive = peer.get("ray_alive")
+                n.temperatures = peer.get("temperatures") or []
     return [found[k] for k in sorted(found)]
 
 
@@ -325,13 +328,31 @@ def _fabric(f: dict) -> str:
     return said
 
 
+def _hottest(temps: list[dict]) -> str:
+    """The node's CX7 or NVMe sensor nearest its threshold (else the hottest), under its report's
+    answer, marked where an alert would fire."""
+    known = [t for t in temps if isinstance(t, dict) and isinstance(t.get("celsius"), (int, float))]
+    if not known:
+        return "–"
+
+    def nearness(t: dict) -> float:
+        limit = t.get("max_c") or t.get("crit_c")
+        return t["celsius"] - limit if isinstance(limit, (int, float)) else t["celsius"] - 1000.0
+
+    t = max(known, key=lambda t: (nearness(t), t["celsius"]))
+    said = esc(f"{t.get('device')} {t.get('sensor')} {t['celsius']:.0f} °C")
+    hot = hwmon.hot(t)
+    return f"<span class='out'>{said}, {hot}</span>" if hot else said
+
+
 def nodes_table(ns: list[Node], figs: dict | None = None) -> str:
     if not ns:
         return ""
     figs = figs or {}
     body = "".join(
         f"<tr><th scope='row'>{esc(n.name)}</th>"
-        f"<td>{'<span class=ok>answers</span>' if n.answered else '<span class=out>no report</span>'}</td>"
+        f"<td>{'<span class=ok>answers</span>' if n.answered else '<span class=out>no report</span>'}"
+        f"{'<br>' + _hottest(n.temperatures) if n.temperatures else ''}</td>"
         f"<td>{_gib(n.mem_available)} of {_gib(n.mem_total)}</td>"
         f"<td>{'yes' if n.ray_alive else 'no' if n.ray_alive is False else '?'}</td>"
         f"<td>{_num(figs.get(n.name, {}).get('power_w'), '.0f', ' W')}</td>"

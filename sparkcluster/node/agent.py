@@ -120,7 +120,7 @@ def watch_kernel(kernel: KernelWatch, journal: Journal, node: str) -> None:
         journal.write("kernel event", node=node, **{("at" if k == "ts" else k): v for k, v in ev.items()})
 
 
-PEER_FIGURES = ("mem_available", "mem_total", "ray_alive", "ts")
+PEER_FIGURES = ("mem_available", "mem_total", "ray_alive", "ts", "temperatures")
 
 
 def peer_figures(reports: dict) -> dict:

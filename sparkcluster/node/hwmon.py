@@ -193,10 +193,12 @@ def vendor_fill(s: dict) -> None:
 
 def hot(s: dict) -> str:
     """ "critical", "warning" or "" for one sensor (pure): what the alerts judge, for `status`."""
-    if s.get("crit_c") is not None and s["celsius"] >= s["crit_c"]:
-        return "critical"
-    if s.get("max_c") is not None and s["celsius"] >= s["max_c"]:
-        return "warning"
+    now = s.get("celsius")
+    if not isinstance(now, (int, float)):
+        return ""
+    for key, said in (("crit_c", "critical"), ("max_c", "warning")):
+        if isinstance(s.get(key), (int, float)) and now >= s[key]:
+            return said
     return ""
 
 

@@ -194,3 +194,31 @@ def test_status_prints_each_nodes_sensors_coloured_at_their_thresholds(tmp_path)
     console.print(status_cmd.render(st))
     text = console.export_text()
     assert "temperatures: spark-a mlx5_0 asic 65 C, mlx5_0 Module0 62 C, nvme0 Composite 91 C (warning" in text
+
+
+def test_the_consoles_nodes_show_each_nodes_sensor_nearest_its_threshold(tmp_path):
+    """The head's report carries its own sensors and each peer's (agent.PEER_FIGURES): the console
+    shows the one nearest its threshold, marked where an alert would fire; junk is no reading."""
+    from types import SimpleNamespace
+
+    from sparkcluster.gateway import console_view
+    from sparkcluster.node import agent
+
+    assert "temperatures" in agent.PEER_FIGURES
+    sensors = hwmon.sensors(hwmon.read_chips(str(tree(tmp_path))))
+    worker = [dict(s) for s in sensors]
+    worker[2]["celsius"] = 94.0  # the drive's Composite over its CCTEMP (93.85 C)
+    report = {
+        "node": "spark-a",
+        "mem_available": 1,
+        "mem_total": 2,
+        "temperatures": sensors,
+        "peers": {"spark-b": {"mem_available": 1, "mem_total": 2, "temperatures": worker}},
+    }
+    route = SimpleNamespace(report=report, nodes=["spark-a", "spark-b"], key="m")
+    ns = {n.name: n for n in console_view.nodes([route])}
+    html = console_view.nodes_table(list(ns.values()))
+    # the transceiver, 13 C below its own crit, is nearer its threshold than the chip (32 C) or the drive (44 C)
+    assert "<br>mlx5_0 Module0 62 °C</td>" in html
+    assert "<span class='out'>nvme0 Composite 94 °C, critical</span>" in html
+    assert hwmon.hot({"celsius": "hot", "max_c": 1}) == "" and hwmon.hot({"celsius": 5, "max_c": "x"}) == ""
