@@ -8,7 +8,7 @@ per attribute, `temp<N>_<attr>`, temperatures in millidegrees Celsius (Linux
 Documentation/hwmon/sysfs-interface.rst; drivers/hwmon/hwmon.c names them). Only the two drivers
 below are read; every other hwmon device (CPU, GPU, board) is left alone.
 
-  * mlx5 (drivers/net/ethernet/mellanox/mlx5/core/hwmon.c, Linux 6.5 and later; the device is
+  * mlx5 (drivers/net/ethernet/mellanox/mlx5/core/hwmon.c, added to Linux in 2023; the device is
     registered as "mlx5"): per sensor `tempN_input`, `tempN_highest` (the highest since the driver
     enabled it), `tempN_crit` and `tempN_label` (the firmware's name: "asic" for the chip,
     "Module0" for the transceiver). `tempN_crit` is the device's own high threshold (the MTMP
@@ -49,7 +49,7 @@ NO_THRESHOLD_MC = 65_261_850  # 0xFFFF kelvin in millidegrees Celsius: an NVMe t
 # NVIDIA's ConnectX-7 manual, "Monitoring" (URL above): the chip's default thresholds
 CX7_WARNING_C = 97.0
 CX7_CRITICAL_C = 102.0
-CX7_CHIP_LABEL = "asic"
+CX7_CHIP_LABEL = "asic"  # the chip's label as a ConnectX host shows it (tests/unit/test_hwmon.py cites it)
 ATTRS = ("input", "label", "max", "crit", "highest")
 _TEMP = re.compile(r"^temp(\d+)_(input|label|max|crit|highest)$")
 
