@@ -21,7 +21,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 
-from ..node import contract, hwmon
+from ..node import contract
 
 GENERATED = "vllm:generation_tokens_total"
 TTFT = "vllm:time_to_first_token_seconds"
@@ -341,7 +341,7 @@ def _hottest(temps: list[dict]) -> str:
 
     t = max(known, key=lambda t: (nearness(t), t["celsius"]))
     said = esc(f"{t.get('device')} {t.get('sensor')} {t['celsius']:.0f} °C")
-    hot = hwmon.hot(t)
+    hot = t.get("alert") if t.get("alert") in ("warning", "critical") else ""  # the agent's judgement (node/hwmon)
     return f"<span class='out'>{said}, {hot}</span>" if hot else said
 
 

@@ -149,8 +149,8 @@ def listing(text: str) -> dict[str, dict]:
 
 def sensors(chips: dict[str, dict]) -> list[dict]:
     """Each sensor with a readable temperature, and its thresholds (pure): {kind, device, pci, sensor,
-    celsius, highest_c, max_c, max_from, crit_c, crit_from}; a threshold absent is None, `*_from` says
-    whose it is ("device" or "vendor")."""
+    celsius, highest_c, max_c, max_from, crit_c, crit_from, alert}; a threshold absent is None, `*_from`
+    says whose it is ("device" or "vendor"), `alert` what the alerts would say of it (`hot`)."""
     out = []
     for hw, chip in sorted(chips.items(), key=lambda kv: (kv[1].get("device", ""), kv[0])):
         by: dict[str, dict[str, str]] = {}
@@ -178,6 +178,7 @@ def sensors(chips: dict[str, dict]) -> list[dict]:
             s["crit_from"] = "device" if s["crit_c"] is not None else ""
             if s["kind"] == "cx7" and label == CX7_CHIP_LABEL:
                 vendor_fill(s)
+            s["alert"] = hot(s)  # as the reading is judged where it is made (the console reads it)
             out.append(s)
     return out
 

@@ -198,7 +198,8 @@ def test_status_prints_each_nodes_sensors_coloured_at_their_thresholds(tmp_path)
 
 def test_the_consoles_nodes_show_each_nodes_sensor_nearest_its_threshold(tmp_path):
     """The head's report carries its own sensors and each peer's (agent.PEER_FIGURES): the console
-    shows the one nearest its threshold, marked where an alert would fire; junk is no reading."""
+    shows the one nearest its threshold, marked where the agent judged an alert would fire (the
+    gateway ships without node/hwmon); junk is no judgement."""
     from types import SimpleNamespace
 
     from sparkcluster.gateway import console_view
@@ -207,7 +208,9 @@ def test_the_consoles_nodes_show_each_nodes_sensor_nearest_its_threshold(tmp_pat
     assert "temperatures" in agent.PEER_FIGURES
     sensors = hwmon.sensors(hwmon.read_chips(str(tree(tmp_path))))
     worker = [dict(s) for s in sensors]
-    worker[2]["celsius"] = 94.0  # the drive's Composite over its CCTEMP (93.85 C)
+    worker[2]["celsius"] = 94.0  # the drive's Composite over its CCTEMP (93.85 C), as its agent judged it
+    worker[2]["alert"] = hwmon.hot(worker[2])
+    worker[3]["alert"] = "<script>"  # junk from a peer: no mark
     report = {
         "node": "spark-a",
         "mem_available": 1,
