@@ -102,9 +102,16 @@ HOW: dict[str, tuple[str, str]] = {
     "sparkcluster status --all --json": (NOT_HERE, "test_colocated runs it on two deployments of one node"),
     # the same guide's services (issue 60 item 2): seed 004's images are not on the testbed;
     # test_colocated starts, routes, restarts and takes down the testbed's audio stand-in instead
-    "sparkcluster up --profile parakeet-asr --node spark-a --beside": (NOT_HERE, "seed 004's service image"),
+    "sparkcluster up --profile speaches-stt --node spark-a --beside": (
+        NOT_HERE,
+        "Speaches' image (ghcr.io) is not reachable from the testbed; test_gateway runs a service from its own image",
+    ),
+    "sparkcluster up --profile chatterbox-tts --node spark-b --beside --dry-run": (
+        NOT_HERE,
+        "the profile names Chatterbox-TTS-Server's image, which the testbed cannot pull; its dry run is a unit test's",
+    ),
+    "sparkcluster events --node spark-a --profile speaches-stt": (NOT_HERE, "the Speaches service is not run here"),
     "sparkcluster up --profile chatterbox-tts --node spark-b --beside": (NOT_HERE, "seed 004's service image"),
-    "sparkcluster events --node spark-a --profile parakeet-asr": (NOT_HERE, "seed 004's service is not run here"),
     "sparkcluster down --profile chatterbox-tts": (NOT_HERE, "seed 004's service is not run here"),
     "sparkcluster bench --compare 20261123T021425Z": (NOT_HERE, "a run folder of the guide's machine"),
     "sparkcluster bench --tokenizer /models/tok": (NOT_HERE, "a tokenizer path of the guide's machine"),
