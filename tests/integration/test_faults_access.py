@@ -291,7 +291,10 @@ def test_dry_run_on_bare_cluster_prints_plan_changes_nothing(testbed, sc):
     order = ["[preflight]", "[image]", "[weights]", "[containers]", "[ray]", "[probe]", "[serve]"]
     assert headers == [h for h in order if h in headers], out
     assert {"[preflight]", "[containers]", "[ray]", "[probe]", "[serve]"} <= set(headers), out
-    flags = "--gpus all --device=/dev/infiniband --cap-add=IPC_LOCK --ulimit memlock=-1:-1 --network host --ipc host"
+    flags = (
+        "--gpus all --device=/dev/infiniband --device=/dev/kmsg:/dev/kmsg:r --cap-add=IPC_LOCK --cap-add=SYSLOG "
+        "--ulimit memlock=-1:-1 --network host --ipc host"
+    )  # the kernel log read-only with CAP_SYSLOG: the agents' kernel events (node/kernel_log)
     for name in ("sparkcluster-testbed-head", "sparkcluster-testbed-worker-spark-worker"):
         assert f"docker run -d --name {name} {flags} " in out, out
     inv, prof = inventory.load(testbed.inventory), profile.load_profile("testbed-standin")
