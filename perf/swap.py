@@ -70,10 +70,11 @@ def first_token_s(url: str, model: str, headers: dict, t0: float, timeout: float
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=timeout) as r:
         if r.status_code != 200:
             die(f"{model}: {r.status_code} {r.read().decode(errors='replace')[:300]}")
-        for line in r.iter_lines():
+        lines = r.iter_lines()
+        for line in lines:
             if line.startswith("data: ") and '"content"' in line:
                 took = time.time() - t0
-                for _ in r.iter_lines():  # read it to its end: the engine is idle for the next one
+                for _ in lines:  # read it to its end: the engine is idle for the next one
                     pass
                 return took
     die(f"{model}: the stream ended with no token")
