@@ -36,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route as Path_
 
+from ..node.journal import read_json
 from . import console_view
 from .health import event
 from .keys import Identity, digest
@@ -510,7 +511,7 @@ class Console:
             return self.to_login()
         _, s = got
         path = self.records("upgrades.json")
-        history = await asyncio.to_thread(_read_json, path) if path else None
+        history = await asyncio.to_thread(read_json, path) if path else None
         return self.html(console_view.upgrades(history or {}, s.who.name, s.csrf, s.who.admin))
 
     # -- actions
@@ -578,21 +579,12 @@ def chosen_filter(q) -> dict:
     return chosen
 
 
-def _read_json(path: str) -> dict | None:
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-        return doc if isinstance(doc, dict) else None
-    except (OSError, ValueError):
-        return None
-
-
 def _read_runs(folder: str | None, most: int) -> list[dict]:
     """The newest `most` bench summaries in `folder` (by name: each is its run's UTC time)."""
     if not folder or not os.path.isdir(folder):
         return []
     names = sorted((n for n in os.listdir(folder) if n.endswith(".json")), reverse=True)[:most]
-    return [d for d in (_read_json(os.path.join(folder, n)) for n in names) if d is not None]
+    return [d for d in (read_json(os.path.join(folder, n)) for n in names) if d is not None]
 
 
 def _said(answer) -> str:

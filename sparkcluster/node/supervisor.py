@@ -290,14 +290,19 @@ class Supervisor(Lifecycle):
         self.woken.set()  # acted on at once, not at the next look
         return 202, {"state": self.state}
 
-    def token_ok(self, token: str) -> tuple[int, dict]:
-        """The deployment's token (WAKE_PATH), compared in constant time, with a server wanted here."""
+    @staticmethod
+    def _token_matches(token: str) -> bool:
+        """`token` is the deployment's (WAKE_PATH), compared in constant time; none written: no match."""
         try:
             with open(WAKE_PATH) as f:
                 want = f.read().strip()
         except OSError:
             want = ""
-        if not want or not hmac.compare_digest(token.encode(), want.encode()):
+        return bool(want) and hmac.compare_digest(token.encode(), want.encode())
+
+    def token_ok(self, token: str) -> tuple[int, dict]:
+        """The deployment's token, with a server wanted here."""
+        if not self._token_matches(token):
             return 401, {"error": "missing or wrong token"}
         if self.generation is None:
             return 409, {"error": "no server is wanted here", "state": self.state}
@@ -323,12 +328,7 @@ class Supervisor(Lifecycle):
         return True
 
     def wake_token_ok(self, token: str) -> tuple[int, dict]:
-        try:
-            with open(WAKE_PATH) as f:
-                want = f.read().strip()
-        except OSError:
-            want = ""
-        if not want or not hmac.compare_digest(token.encode(), want.encode()):
+        if not self._token_matches(token):
             return 401, {"error": "missing or wrong wake token"}
         if not self._policy.on_demand or self.generation is None:
             return 409, {"error": "no server on demand here", "state": self.state}

@@ -232,8 +232,8 @@ def test_a_modules_imports_are_read_as_python_reads_them(folder):
 def test_the_agent_and_the_gateway_ship_what_they_import():
     """The files of the node agent and of the gateway are their entry points and what those import
     (programs.modules), laid out as the package is: every node module reaches the agent's folder (the
-    fabric test's rank program named beside the agent), the gateway's container gets its own modules
-    and the node contract and the usage ledger's module, and nothing else of the package."""
+    fabric test's rank program named beside the agent), the gateway's container gets its own modules,
+    the node contract, the journal's reader and the usage ledger's module, and nothing else of the package."""
     from sparkcluster.container.spec import AGENT_FILES
     from sparkcluster.gateway.rollout import CODE_DIR, code_files
 
@@ -253,6 +253,7 @@ def test_the_agent_and_the_gateway_ship_what_they_import():
         "sparkcluster/__init__.py",
         "sparkcluster/node/__init__.py",
         "sparkcluster/node/contract.py",
+        "sparkcluster/node/journal.py",  # read_json: the console reads the records the head keeps
         # the console's script and styles: the one folder of assets shipped beside the modules
         "sparkcluster/gateway/console_assets/console.js",
         "sparkcluster/gateway/console_assets/console.css",
