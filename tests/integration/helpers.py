@@ -297,3 +297,28 @@ def as_user(cmd: str) -> str:
         f"setpriv --reuid={int(a['uid'])} --regid={int(a['gid'])} --init-groups "
         f"env HOME={shlex.quote(a['home'])} sh -c {shlex.quote(cmd)}"
     )
+
+
+def load(stop):
+    """Requests to the `testbed` profile's engine (through the head's door) all the time until `stop` is
+    set, in a thread (the stall clock and the GPU stand-in's power count only while work is there)."""
+    import threading
+    import time
+
+    import httpx
+
+    def go():
+        while not stop.is_set():
+            try:
+                httpx.post(
+                    BASE + "/v1/chat/completions",
+                    json={"model": "testbed-tiny", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]},
+                    headers={"Authorization": f"Bearer {API_KEY}"},
+                    timeout=30,
+                )
+            except httpx.HTTPError:
+                time.sleep(0.2)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t

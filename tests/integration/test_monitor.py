@@ -34,7 +34,6 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import httpx
 import pytest
 
 from sparkcluster.config.profile import load_profile
@@ -104,26 +103,6 @@ def targets() -> list[dict]:
     return get_json(f"{PROM}/api/v1/targets")["data"]["activeTargets"]
 
 
-def load(stop: threading.Event) -> threading.Thread:
-    """Requests running all the time (the stall clock counts only while work is there)."""
-
-    def go():
-        while not stop.is_set():
-            try:
-                httpx.post(
-                    BASE + "/v1/chat/completions",
-                    json={"model": "testbed-tiny", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]},
-                    headers={"Authorization": f"Bearer {helpers.API_KEY}"},
-                    timeout=30,
-                )
-            except httpx.HTTPError:
-                time.sleep(0.2)
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    return t
-
-
 @pytest.fixture(scope="module")
 def receiver(testbed):
     return Receiver(SPECS[HEAD].ctl_ip)
@@ -174,7 +153,7 @@ def test_every_target_is_scraped_healthy(testbed, sc, monitored):
 @pytest.mark.long  # `make test-long`: `make test` keeps this module's other cases (tests/README.md, issue 57)
 def test_the_dashboards_queries_return_data_where_the_testbed_has_the_source(testbed, monitored):
     stop = threading.Event()
-    load(stop)
+    helpers.load(stop)
     try:
         # a rate and a quantile need scrapes of traffic in their window (1 m here)
         assert helpers.wait_for(
@@ -279,7 +258,7 @@ def test_a_stopped_rank_fires_the_wedge_alert_to_the_webhook(testbed, sc, monito
     assert xid and xid[0]["code"] == "79", journal(testbed)[-8:]
     assert xid[0]["meaning"] == "the GPU has fallen off the bus"
     stop = threading.Event()
-    load(stop)
+    helpers.load(stop)
     assert helpers.wait_for(lambda: query("vllm:num_requests_running > 0"), 30, step=0.5)
     t = time.time()
     try:

@@ -29,7 +29,7 @@ import pytest
 
 from sparkcluster.node.energy import LOW_POWER_SAMPLES, LOW_POWER_W
 from tests.integration import helpers
-from tests.integration.helpers import API_KEY, BASE, HEAD, HEAD_LAN, WORKER, journal, sup_state, wait_for
+from tests.integration.helpers import BASE, HEAD, HEAD_LAN, WORKER, journal, sup_state, wait_for
 
 pytestmark = pytest.mark.testbed
 GW_KEY = "gw-health-key-3f1a"
@@ -46,30 +46,10 @@ def serving(testbed, sc):
         assert res.returncode == 0, res.stdout + res.stderr
 
 
-def load(stop: threading.Event) -> threading.Thread:
-    """Requests running all the time, straight to the engine (through the head's door)."""
-
-    def go():
-        while not stop.is_set():
-            try:
-                httpx.post(
-                    BASE + "/v1/chat/completions",
-                    json={"model": "testbed-tiny", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]},
-                    headers={"Authorization": f"Bearer {API_KEY}"},
-                    timeout=30,
-                )
-            except httpx.HTTPError:
-                time.sleep(0.2)
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    return t
-
-
 def test_an_engine_at_work_reads_its_power_above_the_low_power_bound(testbed, sc, serving):
     t = time.time()
     stop = threading.Event()
-    load(stop)
+    helpers.load(stop)
     seen: list[dict] = []
 
     def looked_long_enough():  # the looks it takes to call "busy but low power", and one more
