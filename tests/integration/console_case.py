@@ -1,16 +1,20 @@
 """The web console on the testbed, run by test_gateway on its pair, in Chromium (tests/console_browser: Debian's package through
 Playwright; axe-core for accessibility), against the gateway on the head with the real engine: the page
-refuses a missing or wrong key; shows the deployments (`testbed-single` on the head, serving, and the
-on-demand variant `up` puts beside the pair's on the worker, on standby); shows the head engine's wedge (SIGSTOP) within two live
-refreshes of the gateway reading the supervisor's verdict; runs a restart of the head's deployment and
-a wake and a stop back to standby of the worker's, each journalled by the head agent with the admin
-key's name; refuses an action without the CSRF token, and one from a key that is not an admin's; axe-core
-finds no serious violation.
+refuses a missing or wrong key; shows the deployments (`testbed-single` on the head, serving, the
+pair's variant on the worker, serving, and the on-demand variant `up` puts beside it, on standby); shows
+the worker engine's wedge (SIGSTOP) within two live refreshes of the gateway reading the supervisor's
+verdict; runs a restart of the worker's deployment and a wake and a stop back to standby of the
+standby, each journalled by that deployment's agent with the admin key's name; refuses an action
+without the CSRF token, and one from a key that is not an admin's; axe-core finds no serious violation.
 
-Cost: no engine start of its own (the pair serves; the standby is only registered), the head's restart after the verdict (the console's restart is asked
-while that one starts, so the two share one wait), and a start on demand on the worker stopped back to
-standby as soon as it is starting (never waited for); the standby is taken down at the end. Every wait is on
-a condition.
+The same wedge is the one endpoint's (test_gateway): while the worker's model is out of rotation the
+gateway answers it 503 with Retry-After, naming the deployment, and the head's model keeps answering;
+it is back in rotation once its supervisor serves it again, and `gateway events` says both.
+
+Cost: no engine start of its own (the pair serves; the standby is only registered), the worker's restart
+after the verdict (the console's restart is asked while that one starts, so the two share one wait), and
+a start on demand on the worker stopped back to standby as soon as it is starting (never waited for); the
+standby is taken down at the end. Every wait is on a condition.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import time
 import httpx
 
 from tests import console_browser
-from tests.integration.helpers import HEAD, HEAD_LAN, WORKER, journal, sup_state, wait_for
+from tests.integration.helpers import HEAD, HEAD_C, HEAD_LAN, WORKER, wait_for
 
-SINGLE, ON_DEMAND = "testbed-single", "testbed-single-od"  # test_gateway's (its profiles folder holds the latter)
-HEAD_KEY, OD_KEY = f"{SINGLE}@{HEAD}", f"{ON_DEMAND}@{WORKER}"
+# test_gateway's (its profiles folder holds the latter two)
+SINGLE, VARIANT, ON_DEMAND = "testbed-single", "testbed-single-vision", "testbed-single-od"
+HEAD_MODEL, WORKER_MODEL = "testbed-tiny-single", "testbed-tiny-vision"
+HEAD_KEY, WORKER_KEY, OD_KEY = f"{SINGLE}@{HEAD}", f"{VARIANT}@{WORKER}", f"{ON_DEMAND}@{WORKER}"
 GW = f"http://{HEAD_LAN}:4000"
 OD_C = "sparkcluster-testbed-d1-head"  # the standby's head container on the worker (slot 1: the pair's holds 0)
 
@@ -39,10 +45,20 @@ def signs_in(key: str) -> bool:
     return httpx.post(f"{GW}/console/login", data={"key": key}, timeout=5).status_code == 303
 
 
-def od_journal(testbed) -> list[dict]:
-    """The standby's supervisor journal: its head container on the worker, in slot 1 beside the pair's."""
-    out = testbed.sh(WORKER, f"docker exec {OD_C} cat /var/log/sparkcluster/journal.jsonl", check=False).stdout
+def worker_journal(testbed, container: str = HEAD_C) -> list[dict]:
+    """A one-node deployment's journal on the worker: the pair's (its head container, slot 0) by default,
+    the standby's in slot 1 beside it."""
+    out = testbed.sh(WORKER, f"docker exec {container} cat /var/log/sparkcluster/journal.jsonl", check=False).stdout
     return [json.loads(x) for x in out.splitlines() if x.strip()]
+
+
+def worker_state(testbed) -> dict:
+    """The worker deployment's supervisor state file ({} when it cannot be read)."""
+    out = testbed.sh(WORKER, f"docker exec {HEAD_C} cat /run/sparkcluster/supervisor.json", check=False).stdout
+    try:
+        return json.loads(out) if out.strip() else {}
+    except ValueError:
+        return {}
 
 
 def state(key: str) -> str:
@@ -54,7 +70,7 @@ def state(key: str) -> str:
 def console_on_the_pair(testbed, sc, env) -> None:
     """With test_gateway's pair serving: the on-demand variant beside the worker's, on standby, the
     gateway's routes for all three, then the console's cases; the standby taken down at the end."""
-    from tests.integration.test_gateway import routes
+    from tests.integration.test_gateway import chat, routes
 
     standby = sc("up", "--profile", ON_DEMAND, "--node", WORKER, "--beside", env=env, timeout=600)
     assert standby.returncode == 0 and "on standby" in standby.stdout, standby.stdout + standby.stderr
@@ -64,9 +80,11 @@ def console_on_the_pair(testbed, sc, env) -> None:
     viewer = added(sc, env, "viewer")
     # the gateway reads its key file again within a poll
     assert wait_for(lambda: signs_in(owner) and signs_in(viewer), 10, step=0.5)
-    assert wait_for(lambda: routes()[HEAD_KEY]["in_rotation"], 60, step=0.5), routes()
-    pids = testbed.sh(HEAD, "pgrep -f 'VLLM::[E]ngineCore' || true").stdout.split()
-    assert pids, testbed.sh(HEAD, "ps -eo pid,args").stdout
+    assert wait_for(lambda: routes()[WORKER_KEY]["in_rotation"], 60, step=0.5), routes()
+    # the worker engine's process as the worker host sees it (the standby beside it runs none yet;
+    # [E]: the pattern never matches this shell's own line)
+    pids = testbed.sh(WORKER, "pgrep -f 'VLLM::[E]ngineCore' || true").stdout.split()
+    assert pids, testbed.sh(WORKER, "ps -eo pid,args").stdout
     try:
         with console_browser.browser() as browser:
             page = browser.new_page()
@@ -81,27 +99,35 @@ def console_on_the_pair(testbed, sc, env) -> None:
             # both deployments, live
             console_browser.sign_in(page, GW, owner)
             page.wait_for_selector(f"tr[data-deployment='{HEAD_KEY}']")
+            assert page.is_visible(f"tr[data-deployment='{WORKER_KEY}']")
             assert page.is_visible(f"tr[data-deployment='{OD_KEY}']")
             assert console_browser.serious(page) == []
             assert wait_for(lambda: console_browser.refreshes(page) >= 1, 10, step=0.2)
 
-            # the head's engine stopped: its wedge on the page within two refreshes of the gateway's verdict
-            testbed.sh(HEAD, "kill -STOP " + " ".join(pids))
-            assert wait_for(lambda: not routes()[HEAD_KEY]["in_rotation"], 180, step=0.25), routes()
+            # the worker's engine stopped (/health stays 200): its wedge on the page within two refreshes
+            # of the gateway's verdict; the gateway refuses its model for now, the head's answers
+            testbed.sh(WORKER, "kill -STOP " + " ".join(pids))
+            assert wait_for(lambda: not routes()[WORKER_KEY]["in_rotation"], 180, step=0.25), routes()
             seen_at = console_browser.refreshes(page)
             assert wait_for(lambda: "wedged" in page.inner_text("#deployments"), 10, step=0.2)
             assert console_browser.refreshes(page) - seen_at <= 2, (seen_at, console_browser.refreshes(page))
-            testbed.sh(HEAD, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
+            refused = chat(WORKER_MODEL)
+            assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0, refused.text
+            assert WORKER_KEY in refused.json()["error"]["message"]
+            assert chat(HEAD_MODEL).status_code == 200
+            testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
 
             # the console's restart, asked as soon as the supervisor's own restart starts the engine again
             # (offered while an engine runs: starting or serving)
-            row = f"tr[data-deployment='{HEAD_KEY}']"
+            row = f"tr[data-deployment='{WORKER_KEY}']"
             verdict_at = time.time()
             assert wait_for(
-                lambda: (st := sup_state(testbed)).get("state") == "starting" and st.get("since", 0) > verdict_at - 5,
+                lambda: (
+                    (st := worker_state(testbed)).get("state") == "starting" and st.get("since", 0) > verdict_at - 5
+                ),
                 300,
                 step=0.5,
-            ), sup_state(testbed)
+            ), worker_state(testbed)
             page.wait_for_selector(f"{row} a.act:text('Restart')", timeout=30_000)
             page.click(f"{row} a.act:text('Restart')")
             assert "POST /restart" in page.inner_text("ol.plan")
@@ -109,10 +135,10 @@ def console_on_the_pair(testbed, sc, env) -> None:
             assert "asked" in page.inner_text("[role=status]"), page.inner_text("main")
             assert wait_for(
                 lambda: any(
-                    e["event"] == "console: restart" and e.get("by") == "owner" for e in journal(testbed, HEAD)
+                    e["event"] == "console: restart" and e.get("by") == "owner" for e in worker_journal(testbed)
                 ),
                 30,
-            ), journal(testbed, HEAD)[-10:]
+            ), worker_journal(testbed)[-10:]
 
             # the standby: woken, then stopped back as soon as it starts
             row = f"tr[data-deployment='{OD_KEY}']"
@@ -122,8 +148,8 @@ def console_on_the_pair(testbed, sc, env) -> None:
             page.click(f"{row} a.act:text('Stop to standby')")
             page.click("button.danger")
             assert wait_for(lambda: "on standby" in state(OD_KEY), 120, step=0.5), routes()
-            said = [e for e in od_journal(testbed) if e["event"] == "console: standby"]
-            assert said and said[-1]["by"] == "owner", od_journal(testbed)[-10:]
+            said = [e for e in worker_journal(testbed, OD_C) if e["event"] == "console: standby"]
+            assert said and said[-1]["by"] == "owner", worker_journal(testbed, OD_C)[-10:]
 
             # refused: an action without the CSRF token; an action from a key that is not an admin's
             forged = page.evaluate(
@@ -144,7 +170,7 @@ def console_on_the_pair(testbed, sc, env) -> None:
             )
             assert status == 403
             assert console_browser.serious(other) == []
-        assert sum(e["event"] == "console: restart" for e in journal(testbed, HEAD)) == 1
+        assert sum(e["event"] == "console: restart" for e in worker_journal(testbed)) == 1
         events = [json.loads(x) for x in sc("gateway", "events", "--json", "--last", "0", env=env).stdout.splitlines()]
         acts = [e for e in events if e.get("event") == "console action"]
         assert {(e["action"], e["key"]) for e in acts} >= {
@@ -152,9 +178,14 @@ def console_on_the_pair(testbed, sc, env) -> None:
             ("wake", "owner"),
             ("standby", "owner"),
         }
-        assert wait_for(lambda: routes()[HEAD_KEY]["in_rotation"], 300, step=1), routes()
+        # the worker's model back in rotation once its supervisor serves it again (the one endpoint's
+        # case finds both serving); the gateway's events say it went and came back, and why
+        assert wait_for(lambda: routes()[WORKER_KEY]["in_rotation"], 300, step=1), routes()
+        assert chat(WORKER_MODEL).status_code == 200
+        said = sc("gateway", "events", env=env).stdout
+        assert "out of rotation" in said and "wedged" in said and "in rotation" in said, said
     finally:
-        testbed.sh(HEAD, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
+        testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
         t = time.time()
         sc("down", "--profile", ON_DEMAND, env=env)
         print(f"down of the standby: {time.time() - t:.0f}s")

@@ -7,11 +7,12 @@ routes) in slot 2 (its agent on 8317), on its own port (8765). All three answer 
 gateway, the service by its routes (speech, then the speech transcribed); `status --all` lists each;
 a third model, asking more of the node's memory than is left beside them, is refused naming each
 holder and what it holds, and nothing of it starts; `events --profile` reads each one's own journal;
-the service made to fail its health checks is restarted by its supervisor while the models answer;
 the second model's engine stopped (a wedge) is taken out of rotation by its supervisor's verdict while
 the first model and the service stay in it and answer;
 `down --profile` of the second model leaves the first and the service serving, their containers and
-routes, and `down --profile` of the service leaves the first model.
+routes, and `down --profile` of the service leaves the first model. The first model's `up` and a
+restart of its container by Docker are also the container contract's one-node cases
+(tests/integration/contract_case.py).
 
 The head is made to read as a 128 GB Spark (Testbed.set_memory, the meminfo stand-in at the OS
 boundary): the admission's sums are then those of a Spark (0.2 x 128 GB = 25.6 GB each), not of the
@@ -19,11 +20,10 @@ testbed's small machine, and doctor's headroom check, which reads MemAvailable, 
 to the admission. testbed-single runs without Ray (TP=1 on one node), so a later slot's Ray ports
 are the unit tests' (tests/unit/test_colocated.py), not this test's.
 
-Two engine starts, one after the other (both on the head: each `up` locks the node), a service start
-and one restart of it (its health failing three looks in a row, the 5 s backoff: about 12 s where
-its supervisor ran by hand in the image's root filesystem): the 1.0 min this case took before the
-service, plus its start, restart and the audio image's build once per testbed, not yet measured on
-the testbed; every wait is on a condition."""
+Two engine starts, one after the other (both on the head: each `up` locks the node), and a service
+start (the audio image built once per testbed); every wait is on a condition. A service's restart by
+its own supervisor, with no controller connected, is test_gateway's (tests/integration/service_image.py),
+so it is not repeated here."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ import json
 import httpx
 import pytest
 
+from tests.integration import contract_case
 from tests.integration.helpers import HEAD, HEAD_C, HEAD_LAN, inventory_variant, listeners, ours, wait_for
 from tests.testbed import PROFILES as TESTBED_PROFILES
 from tests.testbed.artifacts import AUDIO_IMAGE
@@ -68,12 +69,6 @@ def transcribe(wav: bytes) -> httpx.Response:
     return httpx.post(
         f"{GW}/v1/audio/transcriptions", files=files, data=form, headers={"x-api-key": GW_KEY}, timeout=120
     )
-
-
-def service_state(testbed) -> dict:
-    """The service's supervisor's state file, read in its container."""
-    out = testbed.sh(HEAD, f"docker exec {AUDIO_C} cat /run/sparkcluster/supervisor.json", check=False).stdout
-    return json.loads(out) if out.strip() else {}
 
 
 OD_A, OD_B = "testbed-single-od-a", "testbed-single-od-b"
@@ -115,6 +110,7 @@ def spark_memory(testbed, sc, env):
 def test_two_models_on_one_node_a_third_refused_and_one_taken_down(testbed, sc, env, spark_memory):
     first = sc("up", "--profile", SINGLE, "--node", HEAD, env=env, timeout=900)
     assert first.returncode == 0, first.stdout + first.stderr
+    contract_case.served_through_its_start_up(testbed, first)  # the container contract's one-node start
     # without --beside, what runs there is never shared silently: the refusal says how to ask
     refused = sc("up", "--profile", BESIDE, "--node", HEAD, env=env)
     assert refused.returncode != 0 and "--beside" in refused.stderr, refused.stderr
@@ -171,15 +167,6 @@ def test_two_models_on_one_node_a_third_refused_and_one_taken_down(testbed, sc, 
     ev = sc("events", "--node", HEAD, "--profile", AUDIO, "--json", env=env)
     assert ev.returncode == 0 and "service started" in ev.stdout, ev.stdout + ev.stderr
 
-    # the service fails its health checks (the stand-in's fault file, gone at its next start): its
-    # supervisor restarts it; the models answer all the while (a fault in one is no fault in another)
-    testbed.sh(HEAD, f"docker exec {AUDIO_SERVER_C} touch /tmp/audio-standin-unhealthy")
-    assert wait_for(lambda: (service_state(testbed).get("causes") or [{}])[-1].get("kind") == "unhealthy", 60, step=0.5)
-    assert chat(HEAD_MODEL).status_code == 200 and chat(BESIDE_MODEL).status_code == 200
-    assert wait_for(lambda: service_state(testbed).get("state") == "serving", 60, step=0.5), service_state(testbed)
-    assert len(service_state(testbed)["restarts"]) == 1
-    assert wait_for(lambda: speak("again").status_code == 200, 30, step=0.5)
-
     # a wedge in one model (its engine stopped: SIGSTOP, as test_gateway does) is that model's alone:
     # its supervisor's verdict takes it out of the gateway's rotation while the other model and the
     # service stay in it and answer (item 5)
@@ -217,6 +204,9 @@ def test_two_models_on_one_node_a_third_refused_and_one_taken_down(testbed, sc, 
     # MemAvailable, once a process of the owner's holds a few GB more, does not hold its share. The
     # `--beside` start is refused before anything starts, naming that process as a holder.
     refused_beside_by_a_process_not_ours(testbed, sc, env)
+    # the container contract: the head's container restarted by Docker, its engine again through NGC's
+    # start-up (tests/integration/contract_case.py)
+    contract_case.restarted_by_docker(testbed)
 
 
 def refused_beside_by_a_process_not_ours(testbed, sc, env) -> None:

@@ -101,7 +101,8 @@ HOW: dict[str, tuple[str, str]] = {
     ),
     "sparkcluster status --all --json": (NOT_HERE, "test_colocated runs it on two deployments of one node"),
     # the same guide's services (issue 60 item 2): seed 004's images are not on the testbed;
-    # test_colocated starts, routes, restarts and takes down the testbed's audio stand-in instead
+    # test_colocated starts, routes and takes down the testbed's audio stand-in instead (test_gateway restarts
+    # a service from its own image)
     "sparkcluster up --profile speaches-stt --node spark-a --beside": (
         NOT_HERE,
         "Speaches' image (ghcr.io) is not reachable from the testbed; test_gateway runs a service from its own image",

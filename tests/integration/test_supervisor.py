@@ -4,8 +4,8 @@
 - rank 1's worker stopped (SIGSTOP): /health stays 200; `status` names the wedge, then the
   supervisor catches it by its one-token probe and restarts the server, serving again;
 - rank 1's worker killed: vLLM's API server exits (with status 0); restarted, serving again;
-- a third failure in the window (the testbed profile allows 2 restarts): left down, and `status`
-  says "restart limit reached" with the causes;
+- a third failure in the window (a rank killed again; the testbed profile allows 2 restarts): left
+  down, and `status` says "restart limit reached" with the causes;
 - a reboot of the worker, then of both nodes (the testbed's knob: dockerd and everything under it
   stopped, started again): serving again with no controller command;
 - a killed rank while the worker's memory comes back slowly (the same stand-in, its real value
@@ -168,12 +168,10 @@ def test_a_killed_rank_is_restarted_once_its_memory_comes_back(testbed, sc, fres
 # the wedge and the killed rank above used the testbed profile's two restarts an hour (a reboot is not
 # a restart); the cases after it count on its closing `up` for a fresh bound
 def test_past_the_restart_limit_it_stays_down_and_status_says_why(testbed, sc, fresh):
-    pids = rank1_pids(testbed)
-    try:
-        testbed.sh(WORKER, "kill -STOP " + " ".join(pids))
-        wait_for("restart limit", lambda: sup_state(testbed).get("state") == "restart limit reached", 120, testbed)
-    finally:
-        testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
+    # the third failure a killed rank (vLLM's API server exits about 1 s later): a verdict within
+    # seconds, where a wedge waits out the stall bound; the causes above are the wedge and a kill
+    testbed.sh(WORKER, "kill -KILL " + " ".join(rank1_pids(testbed)))
+    wait_for("restart limit", lambda: sup_state(testbed).get("state") == "restart limit reached", 120, testbed)
     try:
         looks_since(testbed, time.time())  # past a backoff: nothing is started again
         assert sup_state(testbed)["state"] == "restart limit reached" and not answers()
