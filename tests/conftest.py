@@ -67,12 +67,13 @@ SERVING_TAIL = (
     "tests.integration.test_monitor",
     # issue 75's node health on what test_monitor leaves serving (its `up` a no-op), the gateway its own
     "tests.integration.test_node_health",
-    # issue 55: the guides' lines on what serves (test_monitor leaves it serving), then their `down`
-    # lines, then `doctor --fabric` (which is refused while a server runs); test_supervisor's first
-    # `up` starts the cluster again (it wants one with no restart counted: its own up either way);
-    # test_fabric runs with nothing serving, after the supervisor's closing `down` and reboot
+    # issue 55: the guides' lines on what serves, leaving it serving with no restart counted since
+    # test_monitor's closing `up`: test_supervisor's `up` is then a no-op too; after its closing `down`
+    # and reboot, the guides' `down` lines and `doctor --fabric` (refused while a server runs) with
+    # nothing serving (test_guide_bare), then test_fabric, with nothing serving too
     "tests.integration.test_guide",
     "tests.integration.test_supervisor",
+    "tests.integration.test_guide_bare",
     "tests.integration.test_fabric",
 )
 

@@ -17,10 +17,11 @@ session's serving cluster, whose worker container is named after its node, is th
 those it does not name), so each costs seconds on the testbed's CPU engine rather than a six-level sweep.
 
 Cheap by design: the module runs in the serving tail (tests/conftest.py SERVING_TAIL) just after
-test_monitor, so it finds the `testbed` profile serving and brings nothing up; it then runs the guides'
-`down` lines, and with nothing serving `doctor`, `doctor --fabric` (refused while a server runs) and
-`init`. test_supervisor's first case brings the cluster up again (it wants one with no restart
-counted, so its `up` would not be a no-op after test_monitor's restarts either).
+test_node_health, so it finds the `testbed` profile serving and brings nothing up, and leaves it serving
+for test_supervisor (with no restart counted since test_monitor's closing `up`). The guides' `down`
+lines, and with nothing serving `doctor`, `doctor --fabric` (refused while a server runs) and `init`,
+run after test_supervisor's closing `down` (test_guide_bare.py): on a cluster already down, the `down`
+lines say so and exit 0 (what `down` takes away is test_up's and test_supervisor's to check).
 """
 
 from __future__ import annotations
@@ -226,9 +227,13 @@ ORDER = [
     "sparkcluster gateway events",
     "sparkcluster gateway export --litellm --output litellm.yaml",
     "sparkcluster gateway down",
+]
+# then, after test_supervisor (tests/integration/test_guide_bare.py, SERVING_TAIL): the deployment's
+# down lines and what the guides run before `up`, with nothing serving (`doctor --fabric` is refused
+# while a server runs); so test_supervisor finds this module's cluster serving and starts none of its own
+BARE = [
     "sparkcluster down --node spark-b",
     "sparkcluster down",
-    # with nothing serving, as the guides run them before `up` (`doctor --fabric` is refused while a server runs)
     "sparkcluster doctor",
     "sparkcluster doctor --fabric",
     "sparkcluster init --head spark-a --worker spark-b",
@@ -328,8 +333,8 @@ def test_every_guide_line_is_classified_here():
     """Each line test_docs leaves parsed only is run here, substituted, or named with why not."""
     left = {_key(line) for _, line, argv in test_docs.COMMANDS if test_docs._plan(argv) is None}
     assert left <= set(HOW), sorted(left - set(HOW))
-    assert set(HOW) <= left | set(ORDER), sorted(set(HOW) - left)
-    assert {ln for ln, (how, _) in HOW.items() if how != NOT_HERE} == set(ORDER)
+    assert set(HOW) <= left | set(ORDER) | set(BARE), sorted(set(HOW) - left)
+    assert {ln for ln, (how, _) in HOW.items() if how != NOT_HERE} == set(ORDER) | set(BARE)
 
 
 def test_the_aliases_reach_the_testbeds_hosts(owner):
@@ -363,6 +368,11 @@ def test_readmes_request_with_curl_answers(owner):
 @pytest.mark.usefixtures("serving")
 @pytest.mark.parametrize("line", ORDER)
 def test_the_guides_line_runs_on_the_testbed(owner, tmp_path, line):
+    run_line(owner, tmp_path, line)
+
+
+def run_line(owner, tmp_path: Path, line: str) -> None:
+    """One guide line as HOW says, in the owner's environment (test_guide_bare.py runs BARE's)."""
     home, env = owner
     how, why = HOW[line]
     argv = _argv(line, home, tmp_path)

@@ -1,0 +1,18 @@
+"""The guides' lines that want nothing serving (test_guide.BARE: the deployment's `down` lines, then
+`doctor`, `doctor --fabric` and `init` as the guides run them before `up`), in test_guide's owner
+environment. In the serving tail after test_supervisor (tests/conftest.py SERVING_TAIL), whose closing
+`down` leaves nothing serving, so test_supervisor found test_guide's cluster serving and started none
+of its own; test_fabric, after this module, wants nothing serving too."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.test_guide import BARE, owner, run_line  # noqa: F401 (owner: test_guide's fixture)
+
+pytestmark = pytest.mark.testbed
+
+
+@pytest.mark.parametrize("line", BARE)
+def test_the_guides_line_runs_with_nothing_serving(owner, tmp_path, line):  # noqa: F811
+    run_line(owner, tmp_path, line)
