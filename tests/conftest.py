@@ -64,15 +64,18 @@ SERVING_TAIL = (
     "tests.integration.test_up",
     "tests.integration.test_bench",
     "tests.integration.test_bench_against",
+    # the supervisor's restarts and their limit want no restart counted: before test_monitor's wedge
+    # (test_bench's `up` is the last engine start before them); its limit's closing `up` serves on
+    "tests.integration.test_supervisor",
     "tests.integration.test_monitor",
     # issue 75's node health on what test_monitor leaves serving (its `up` a no-op), the gateway its own
     "tests.integration.test_node_health",
-    # issue 55: the guides' lines on what serves, leaving it serving with no restart counted since
-    # test_monitor's closing `up`: test_supervisor's `up` is then a no-op too; after its closing `down`
-    # and reboot, the guides' `down` lines and `doctor --fabric` (refused while a server runs) with
-    # nothing serving (test_guide_bare), then test_fabric, with nothing serving too
+    # issue 55: the guides' lines on what serves; then the supervisor's final states (the memory
+    # floor, then `down` and a reboot: test_supervisor_final); then, with nothing serving, the
+    # guides' `down` lines and `doctor --fabric` (refused while a server runs: test_guide_bare), and
+    # test_fabric
     "tests.integration.test_guide",
-    "tests.integration.test_supervisor",
+    "tests.integration.test_supervisor_final",
     "tests.integration.test_guide_bare",
     "tests.integration.test_fabric",
 )
