@@ -18,10 +18,10 @@ those it does not name), so each costs seconds on the testbed's CPU engine rathe
 
 Cheap by design: the module runs in the serving tail (tests/conftest.py SERVING_TAIL) just after
 test_node_health, so it finds the `testbed` profile serving and brings nothing up, and leaves it serving
-for test_supervisor (with no restart counted since test_monitor's closing `up`). The guides' `down`
-lines, and with nothing serving `doctor`, `doctor --fabric` (refused while a server runs) and `init`,
-run after test_supervisor's closing `down` (test_guide_bare.py): on a cluster already down, the `down`
-lines say so and exit 0 (what `down` takes away is test_up's and test_supervisor's to check).
+for test_supervisor_final. The guides' `down` lines, and with nothing serving `doctor`, `doctor --fabric`
+(refused while a server runs) and `init`, run after that module's closing `down` (test_guide_bare.py):
+on a cluster already down, the `down` lines say so and exit 0 (what `down` takes away is test_up's and
+test_supervisor_final's to check).
 """
 
 from __future__ import annotations
@@ -228,9 +228,9 @@ ORDER = [
     "sparkcluster gateway export --litellm --output litellm.yaml",
     "sparkcluster gateway down",
 ]
-# then, after test_supervisor (tests/integration/test_guide_bare.py, SERVING_TAIL): the deployment's
-# down lines and what the guides run before `up`, with nothing serving (`doctor --fabric` is refused
-# while a server runs); so test_supervisor finds this module's cluster serving and starts none of its own
+# then, after test_supervisor_final's `down` (tests/integration/test_guide_bare.py, SERVING_TAIL): the
+# deployment's down lines and what the guides run before `up`, with nothing serving (`doctor --fabric`
+# is refused while a server runs); so the supervisor's final states use this module's cluster
 BARE = [
     "sparkcluster down --node spark-b",
     "sparkcluster down",

@@ -1,8 +1,8 @@
 """The guides' lines that want nothing serving (test_guide.BARE: the deployment's `down` lines, then
 `doctor`, `doctor --fabric` and `init` as the guides run them before `up`), in test_guide's owner
-environment. In the serving tail after test_supervisor (tests/conftest.py SERVING_TAIL), whose closing
-`down` leaves nothing serving, so test_supervisor found test_guide's cluster serving and started none
-of its own; test_fabric, after this module, wants nothing serving too."""
+environment. In the serving tail after test_supervisor_final (tests/conftest.py SERVING_TAIL), whose
+closing `down` leaves nothing serving, so that module's final states use test_guide's cluster and start
+none of their own; test_fabric, after this module, wants nothing serving too."""
 
 from __future__ import annotations
 
