@@ -4,7 +4,8 @@ whatever restarts they counted):
 
 - a node's MemAvailable below the floor (a stand-in at the OS boundary, as lxcfs does: the worker
   container's /proc/meminfo): the server stopped and not restarted, the reason in `status`;
-- `down`, then a reboot: nothing comes back.
+- `down` leaves nothing (no container, no listener on Ray's or the engine's port, no vLLM process; a
+  second `down` says it is down already), and after a reboot nothing comes back.
 
 Its restarts and their limit are test_supervisor.py's, earlier in the tail, on a cluster with no
 restart counted.
@@ -17,7 +18,7 @@ import time
 import pytest
 
 from tests.integration import helpers
-from tests.integration.helpers import BASE, HEAD, WORKER, journal, ours, sup_state
+from tests.integration.helpers import BASE, HEAD, WORKER, journal, listeners, ours, sup_state
 from tests.integration.test_supervisor import WORKER_C, answers, looks_since, status, wait_for
 
 pytestmark = pytest.mark.testbed
@@ -48,9 +49,15 @@ def test_memory_below_the_floor_stops_the_server_for_good(testbed, sc, serving):
     assert [e for e in journal(testbed) if (e["event"], e.get("kind")) == ("verdict", "memory") and e["ts"] > t]
 
 
-def test_down_disables_it_so_nothing_comes_back_after_a_reboot(testbed, sc, serving):
+def test_down_leaves_nothing_and_nothing_comes_back_after_a_reboot(testbed, sc, serving):
     res = sc("down")
     assert res.returncode == 0, res.stdout + res.stderr
+    for host in (HEAD, WORKER):
+        assert ours(testbed, host) == []
+        assert listeners(testbed, host, 6379) == "" and listeners(testbed, host, 8000) == ""
+        assert "vllm" not in testbed.sh(host, "ps -eo args").stdout
+    again = sc("down")
+    assert again.returncode == 0 and "already down" in again.stdout
     testbed.reboot(HEAD)
     testbed.reboot(WORKER)
     time.sleep(5)
