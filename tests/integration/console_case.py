@@ -36,6 +36,7 @@ OD_C = "sparkcluster-testbed-d1-head"  # the standby's head container on the wor
 
 
 def added(sc, environ: dict, *args: str) -> str:
+    sc("gateway", "keys", "revoke", args[0], env=environ)  # an earlier run's of that name (a testbed kept)
     res = sc("gateway", "keys", "add", *args, env=environ)
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout.strip().splitlines()[-1]

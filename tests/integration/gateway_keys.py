@@ -37,6 +37,7 @@ def ask(key: str, model: str, stream: bool = False) -> httpx.Response:
 
 def added(sc, env, *args: str) -> str:
     """`gateway keys add ...`: the key it printed (its last line), once."""
+    sc("gateway", "keys", "revoke", args[0], env=env)  # an earlier run's of that name (a testbed kept)
     res = sc("gateway", "keys", "add", *args, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout.strip().splitlines()[-1]
