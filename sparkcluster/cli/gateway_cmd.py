@@ -33,7 +33,13 @@ _env_file_option = env_file_option(f"A .env (mode 0600) with {secret_store.GATEW
 
 @gateway.command("up")
 @click.option("--node", "node_name", default=None, help="Where the gateway runs (default: the inventory's head).")
-@click.option("--port", default=4000, show_default=True, type=click.IntRange(1, 65535), help="Its port on that node.")
+@click.option(
+    "--port",
+    default=rollout.DEFAULT_PORT,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Its port on that node.",
+)
 @click.option("--drain-s", default=30, show_default=True, type=click.IntRange(0, 3600), help="Drain bound on stop.")
 @click.option("--image", default=None, help="Image to run it from (default: the one a deployment there runs).")
 @click.option("--tls-cert", default=None, help="Certificate file on the node (PEM): serve HTTPS.")

@@ -22,7 +22,7 @@ from sparkcluster.status import status as status_mod
 if TYPE_CHECKING:  # rich only where a table is drawn: `status --json` is polled by scripts
     from rich.console import Group
 
-from sparkcluster.errors import EXIT_DOWN, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+from sparkcluster.errors import EXIT_DOWN, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, InputError, SparkError
 
 EXIT = {"healthy": EXIT_OK, "degraded": EXIT_FAILED, "down": EXIT_DOWN, "unreachable": EXIT_UNREACHABLE}
 
@@ -278,25 +278,30 @@ def _textual() -> bool:
     return importlib.util.find_spec("textual") is not None
 
 
-def _write_html(inv, sts, path: Path) -> None:
-    from sparkcluster.status import html_report  # only where --html is asked: status --json stays light
+def _html_went(obj) -> InputError:
+    """`status --html` went (the console's printable view replaces it): an old script that still asks
+    for it gets one line naming the page instead of click's "No such option"."""
+    from sparkcluster.gateway.rollout import DEFAULT_PORT  # only where the old option is asked
 
-    charts = None
+    return InputError(
+        "status --html went: the web console's printable view replaces it, at "
+        f"http://{_head_address(obj)}:{DEFAULT_PORT}/console/print once the gateway runs "
+        "(`gateway up`'s default node and port)",
+        "sparkcluster gateway up",
+    )
+
+
+def _head_address(obj) -> str:
+    """The head's address as this machine reaches it over SSH (ssh_config's HostName for an alias),
+    as `gateway status` names it in the URL it prints; a placeholder where the inventory does not load."""
     try:
-        from sparkcluster.monitor import history  # only where --html is asked, as above
-        from sparkcluster.remote.fanout import connect_all  # as above
+        from sparkcluster.remote import ssh, target  # only where the old option is asked
 
-        res = connect_all(inv, [inv.head])
-        host = res.succeeded.get(inv.head.name)
-        if host is not None:
-            try:
-                charts = history.charts(host.docker().api, inv)
-            finally:
-                host.close()
-    except Exception as e:  # noqa: BLE001 - the page is written without charts, and says nothing false
-        click.echo(f"warning: no charts from Prometheus: {redact.mask(str(e))}", err=True)
-    path.write_text(html_report.render(sts, charts))
-    click.echo(f"wrote {path}", err=True)
+        inv = obj.inventory()
+        alias = target.parse_target(inv.head.ssh)[1]
+        return target.load_config(ssh.Settings.from_inventory(inv).ssh_config).lookup(alias).get("hostname", alias)
+    except SparkError:
+        return "HEAD"
 
 
 @cli.command()
@@ -329,13 +334,7 @@ def _write_html(inv, sts, path: Path) -> None:
     help="Seconds between refreshes with --watch (at least 0.5).",
 )
 @env_file_option(f"Where VLLM_API_KEY lives (mode 0600); {ENV_FILE_HELP}.")
-@click.option(
-    "--html",
-    "html_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Also write the status as one static HTML page (with the last hour's charts where monitoring runs).",
-)
+@click.option("--html", "html_path", default=None, hidden=True)  # went: `_html_went` says what replaces it
 @click.pass_obj
 def status(
     obj,
@@ -345,10 +344,12 @@ def status(
     watch: bool,
     interval: float,
     env_file: Path | None,
-    html_path: Path | None,
+    html_path: str | None,
 ) -> None:
     """Per deployment and node: container, Ray membership, endpoint health and model, serving
     figures, the supervisor, container uptime, MemAvailable."""
+    if html_path is not None:
+        raise _html_went(obj)
     inv = obj.inventory()
     key = load_secrets(env_file, names=["VLLM_API_KEY"]).get("VLLM_API_KEY")
     if watch and not as_json and sys.stdout.isatty() and _textual():
@@ -370,8 +371,6 @@ def status(
                 live.update(render_all(status_mod.collect_all(inv, key)), refresh=True)
                 time.sleep(interval)
     sts = status_mod.collect_all(inv, key)
-    if html_path is not None:
-        _write_html(inv, sts, html_path)
     if on_change:
         for line in fleet.notify_changes(inv.cluster.name, sts, on_change):
             click.echo(f"warning: {line}", err=True)

@@ -230,13 +230,14 @@ def page(title: str, body: str, who: str | None, csrf: str = "", admin: bool = F
             f"<span class='who'>{esc(who)}{' (admin)' if admin else ''}</span> "
             f"<button type='submit'>Sign out</button></form></nav>"
         )
+    # the script only keeps a live page live: a page with no stream (the printable one) carries none
     data_live = f" data-live='{esc(live)}'" if live else ""
+    script = "<script src='/console/static/console.js' defer></script>" if live else ""
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>{esc(title)} · sparkcluster</title>"
-        "<link rel='stylesheet' href='/console/static/console.css'>"
-        "<script src='/console/static/console.js' defer></script></head>"
+        f"<link rel='stylesheet' href='/console/static/console.css'>{script}</head>"
         f"<body{data_live}><a class='skip' href='#main'>Skip to content</a>"
         f"<header><p class='brand'>sparkcluster console</p>{nav}</header>"
         f"<main id='main'><h1>{esc(title)}</h1>{body}</main></body></html>"
@@ -552,7 +553,9 @@ def usage(usage_rows: list[dict], all_keys: bool, who, csrf, admin) -> str:
 
 
 def printable(parts: dict[str, str], who, csrf, admin) -> str:
-    """The cluster as one static page to print or save (what `status --html` writes, from the gateway)."""
+    """The cluster as one page to print or save (a PDF from the browser's print): the cluster page's
+    parts read once, with no live stream and no action; console.css's print rules drop the navigation
+    and lay the tables out for paper."""
     body = "".join(f"<section>{v}</section>" for k, v in parts.items() if k != "updated")
     body += f"<p>{esc(parts['updated'])}</p>"
     return page("Cluster (printable)", body, who, csrf, admin)

@@ -1,3 +1,3 @@
 """`sparkcluster status`, presented: the round trip that reads the cluster (`status`), the live view
-(`live`, `status --watch`), the HTML report (`html_report`, `status --html`) and the fleet view
-(`fleet`)."""
+(`live`, `status --watch`) and the fleet view (`fleet`). The cluster as a page to print is the web
+console's (gateway/console_view, `/console/print`)."""

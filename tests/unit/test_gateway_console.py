@@ -212,9 +212,32 @@ def test_a_key_no_longer_admin_no_longer_acts(cons, tmp_path):
     assert admin.post("/console/action", data=form).status_code == 403 and cons.a.asked == []
 
 
+def print_rules(css: str) -> str:
+    """The body of the stylesheet's `@media print { ... }` block (its nested braces matched)."""
+    start = css.index("{", css.index("@media print")) + 1
+    depth, at = 1, start
+    while depth:
+        depth += {"{": 1, "}": -1}.get(css[at], 0)
+        at += 1
+    return css[start : at - 1]
+
+
 def test_the_printable_view_and_the_assets(cons):
-    client = signed_in(cons, USER_KEY)
-    assert "reasoner@spark-a+spark-b" in client.get("/console/print").text
+    client = signed_in(cons, ADMIN_KEY)  # an admin's cluster page has actions; its printable one has none
+    printed = client.get("/console/print").text
+    assert "reasoner@spark-a+spark-b" in printed and "vision@spark-c" in printed and "spark-b" in printed
+    # read once: no script, no stream to follow, no action to take
+    assert "<script" not in printed and "data-live" not in printed and "/console/live" not in printed
+    assert "/console/confirm" not in printed and "/console/confirm" in client.get("/console").text
+    assert "<script src='/console/static/console.js' defer>" in client.get("/console").text  # the live page's
+    css = client.get("/console/static/console.css")
+    assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
+    rules = print_rules(css.text)
+    hidden = re.search(r"([^{}]*)\{\s*display:\s*none", rules).group(1)
+    assert {"header nav", ".skip", ".act", "form", "button"} <= {x.strip() for x in hidden.split(",")}
+    assert "thead { display: table-header-group; }" in rules and "break-inside: avoid" in rules
+    # a narrow sheet of paper keeps the tables: the phone's cards are for a screen only
+    assert "@media (max-width" not in css.text and "@media screen and (max-width: 640px)" in css.text
     js = client.get("/console/static/console.js")
     assert (
         js.status_code == 200 and "EventSource" in js.text and js.headers["content-type"].startswith("text/javascript")

@@ -485,3 +485,33 @@ def test_a_later_slots_row_is_its_own_container_and_its_script_asks_its_own_agen
     assert len(got.containers) == 2
     first = _one(_Host("spark-head", out), make_inventory())
     assert first.status.container == "sparkcluster-pair-head"
+
+
+def test_status_html_went_and_says_what_replaces_it(tmp_path, monkeypatch, capsys):
+    """An owner's old script still asking `status --html FILE` gets one line naming the console's
+    printable view (the head as ssh_config resolves its alias, the gateway's default port) and a fix
+    that runs as printed; nothing is written and no node is asked (the inventory's port is closed)."""
+    from sparkcluster.cli.main import main
+    from tests.unit.test_first_hour import pair_toml
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ssh_config").write_text("Host spark-a-lan\n  HostName 192.0.2.10\n")
+    inv = tmp_path / "pair.toml"
+    inv.write_text(pair_toml(1, 'ssh_config = "ssh_config"', head="spark-a-lan"))
+
+    for argv, head in (
+        (["-i", str(inv), "status", "--html", "x.html"], "192.0.2.10"),
+        (["-i", str(tmp_path / "none.toml"), "status", "--html=x.html"], "HEAD"),  # no inventory: a placeholder
+    ):
+        rc = main(argv)
+        got = capsys.readouterr()
+        assert rc == 2 and got.out == "", got
+        assert got.err.splitlines() == [
+            "error: status --html went: the web console's printable view replaces it, at "
+            f"http://{head}:4000/console/print once the gateway runs (`gateway up`'s default node and port)",
+            "fix: sparkcluster gateway up",
+        ]
+        assert not (tmp_path / "x.html").exists()
+    main(["status", "--help"])
+    assert "--html" not in capsys.readouterr().out  # hidden: only an old script finds it
