@@ -204,14 +204,24 @@ def test_readme_installs_from_the_clones_root_not_the_package_folder():
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> Path:
-    """The checkout's files as a clone has them (no virtualenv, no build output, no git)."""
+    """The checkout's files as a clone has them: what git tracks, and new files it does not ignore (no
+    virtualenv, no build output, no git, and never a testbed's hosts, which `.testbed` holds by the
+    gigabyte on a machine where one is up)."""
     import shutil
 
     dest = tmp_path_factory.mktemp("readme-install") / "sparkcluster-clone"
-    skip = shutil.ignore_patterns(
-        ".git", ".venv", "__pycache__", "build", "dist", "site", "*.egg-info", ".pytest_cache", ".ruff_cache"
-    )
-    shutil.copytree(REPO, dest, ignore=skip, symlinks=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        src = REPO / name
+        if not src.exists() and not src.is_symlink():  # tracked, deleted in this working tree
+            continue
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest / name, follow_symlinks=False)
     return dest
 
 
