@@ -64,7 +64,8 @@ docs-shots: deps venv
 # the pair's figures (perf.run, on the testbed that is up), a capped replication beside the serving
 # engine (perf.weights_cap, issue 61), what a keyless peer can hold of the gateway (perf.gateway_exposure,
 # loopback only), a gateway key's limits against none (perf.gateway_limits, loopback), a swap of two models
-# on one Spark against a cold start (perf.swap, on the testbed), then the four-node ones (bench-nodes), which end by bringing
+# on one Spark against a cold start (perf.swap, on the testbed), the engine's speed with a web console open against
+# none (perf.console_load, on the testbed), then the four-node ones (bench-nodes), which end by bringing
 # the pair back up
 bench: venv
 	$(BIN)/python -m perf.run
@@ -72,6 +73,7 @@ bench: venv
 	$(BIN)/python -m perf.gateway_exposure
 	$(BIN)/python -m perf.gateway_limits
 	$(BIN)/python -m perf.swap
+	$(BIN)/python -m perf.console_load
 	$(MAKE) bench-nodes
 
 # the four-node figures (issue 27) on four-host testbeds of their own, through a switch and as a ring:
