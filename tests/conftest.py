@@ -64,11 +64,11 @@ SERVING_TAIL = (
     "tests.integration.test_up",
     "tests.integration.test_bench",
     "tests.integration.test_bench_against",
-    # the supervisor's restarts and their limit want no restart counted: before test_monitor's wedge
-    # (test_bench's `up` is the last engine start before them); its limit's closing `up` serves on
-    "tests.integration.test_supervisor",
+    # test_monitor's wedge is the supervisor's too (named by `status`, restarted): test_supervisor goes
+    # on from its restart, on the same cluster, to the limit; its limit's closing `up` serves on
     "tests.integration.test_monitor",
-    # issue 75's node health on what test_monitor leaves serving (its `up` a no-op), the gateway its own
+    "tests.integration.test_supervisor",
+    # issue 75's node health on what test_supervisor leaves serving (its `up` a no-op), the gateway its own
     "tests.integration.test_node_health",
     # issue 55: the guides' lines on what serves; then the supervisor's final states (the memory
     # floor, then `down` and a reboot: test_supervisor_final); then, with nothing serving, the

@@ -8,10 +8,12 @@ cluster (the real vLLM CPU engine, TP=2 over Ray) walks through, in order:
   testbed lacks (NVML power, clock and temperature; RDMA port counters; speculative decoding);
 - the full-screen `status --watch` (an SVG), kept under SPARKCLUSTER_ARTIFACTS, else the testbed's
   folder's artifacts/, for README;
-- rank 1's worker stopped (SIGSTOP) under load: SparkEngineWedged reaches the owner's webhook (a
-  receiver on the controller's side of the head's LAN link: the testbed's own address) within the
-  profile's stall bound plus a scrape interval and the supervisor's probe bound; the supervisor
-  restarts the engine and it serves again; the alert shows in `events`;
+- rank 1's worker stopped (SIGSTOP) under load: /health stays 200 while `status` names the wedge;
+  SparkEngineWedged reaches the owner's webhook (a receiver on the controller's side of the head's
+  LAN link: the testbed's own address) within the profile's stall bound plus a scrape interval and
+  the supervisor's probe bound; the supervisor's verdict is "wedged" and it restarts the engine (one
+  restart more), which serves again, `status` healthy; the alert shows in `events` (this is also the
+  supervisor's wedge case: test_supervisor, next in the serving tail, goes on from its restart);
 - the worker's control link pulled: SparkNodeUnreachable for the worker;
 - a planned `down`: no alert fires (silenced while it runs, and nothing it leaves is an alert);
 - `monitor down` removes the containers and keeps the data volumes.
@@ -31,6 +33,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sparkcluster.config.profile import load_profile
@@ -233,9 +236,17 @@ def test_a_stopped_rank_fires_the_wedge_alert_to_the_webhook(testbed, sc, monito
     stop = threading.Event()
     helpers.load(stop)
     assert helpers.wait_for(lambda: query("vllm:num_requests_running > 0"), 30, step=0.5)
+    restarts = len(sup_state(testbed).get("restarts") or [])
     t = time.time()
     try:
         testbed.sh(WORKER, "kill -STOP " + " ".join(pids))
+        # what vLLM says (/health does no round trip to the engine), and what `status` says: its own
+        # probe's bound (10 s) is below the supervisor's (15 s), so it names the wedge first
+        assert httpx.get(BASE + "/health", timeout=5).status_code == 200
+        st = sc("status", "--json")
+        doc = json.loads(st.stdout)
+        assert st.returncode != 0 and doc["state"] == "degraded", doc
+        assert any(p.startswith("engine wedged: /health is 200 but") for p in doc["problems"]), doc["problems"]
         # the stall clock's bound, or the probe's (whichever the supervisor reaches first), a scrape,
         # and the rules' evaluation at that scrape; Alertmanager sends a page without waiting
         bound = max(prof.stall_s, prof.probe_interval_s + 2 * prof.probe_timeout_s) + SCRAPE_S
@@ -248,6 +259,12 @@ def test_a_stopped_rank_fires_the_wedge_alert_to_the_webhook(testbed, sc, monito
             lambda: [e for e in journal(testbed) if e["event"] == "verdict" and e["ts"] > t], 30
         )
         assert verdicts, journal(testbed)[-12:]
+        assert verdicts[0]["kind"] == "wedged", verdicts
+        # the stopped rank stops every progress series and the probes: whichever bound comes first
+        assert (
+            "one-token completion did not return within 15s" in verdicts[0]["cause"]
+            or "no progress of any kind" in verdicts[0]["cause"]
+        ), verdicts
         assert f"the kernel reported {WORKER}: Xid 79 (the GPU has fallen off the bus)" in verdicts[0]["cause"]
     finally:
         testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
@@ -256,6 +273,11 @@ def test_a_stopped_rank_fires_the_wedge_alert_to_the_webhook(testbed, sc, monito
     assert paged, receiver.got[-3:]
     assert paged[0][1]["labels"]["node"] == WORKER and paged[0][1]["labels"]["code"] == "79"
     helpers.serving_again(testbed, t, 240)
+    # restarted by the supervisor (one restart more, in its window), healthy again by `status`
+    assert len(sup_state(testbed)["restarts"]) == restarts + 1
+    st = sc("status", "--json")
+    doc = json.loads(st.stdout)
+    assert st.returncode == 0 and doc["state"] == "healthy" and doc["supervisor"]["state"] == "serving", doc["problems"]
     events = sc("events", "--last", "200")  # back to the Xid, before the verdict and the restart's entries
     assert "alert SparkEngineWedged" in events.stdout, events.stdout + events.stderr
     assert "kernel event" in events.stdout and "code=79" in events.stdout, events.stdout

@@ -1,11 +1,11 @@
 """The supervisor keeps the pair serving without the controller (issue 19), on the real engine
-(vLLM 0.32.0 CPU build, TP=2 over Ray). One serving cluster walks through, in order:
+(vLLM 0.32.0 CPU build, TP=2 over Ray). One serving cluster walks through, in order (rank 1's
+worker stopped: `status` names the wedge, the supervisor catches it and restarts the server, is
+test_monitor's wedge case, just before this module in the serving tail, with its alert):
 
-- rank 1's worker stopped (SIGSTOP): /health stays 200; `status` names the wedge, then the
-  supervisor catches it by its one-token probe and restarts the server, serving again;
 - rank 1's worker killed: vLLM's API server exits (with status 0); restarted, serving again;
-- a third failure in the window (a rank killed again; the testbed profile allows 2 restarts): left
-  down, and `status` says "restart limit reached" with the causes;
+- failures until one finds the window's restarts used (a rank killed again; the testbed profile
+  allows 2 restarts): left down, and `status` says "restart limit reached" with the causes;
 - a reboot of the worker, then of both nodes (the testbed's knob: dockerd and everything under it
   stopped, started again): serving again with no controller command;
 - a killed rank while the worker's memory comes back slowly (the same stand-in, its real value
@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import time
 
-import httpx
 import pytest
 
 from tests.integration import helpers
@@ -81,37 +80,15 @@ def status(sc) -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def fresh(testbed, sc):
-    """A server `up` just started: no restart counted yet."""
+    """A server serving with a restart left in its window: test_monitor's wedge (just before, in the
+    serving tail) counted one of the testbed profile's two; more, or none serving, and `up` starts it
+    again with none counted."""
     st = sup_state(testbed)
-    if st.get("state") != "serving" or st.get("restarts") or not answers():
+    if st.get("state") != "serving" or len(st.get("restarts") or []) > 1 or not answers():
         sc("down")
         res = sc("up", "--profile", "testbed", timeout=900)
         assert res.returncode == 0, res.stdout + res.stderr
     return sup_state(testbed)
-
-
-def test_a_stopped_rank_is_named_by_status_then_restarted_by_the_supervisor(testbed, sc, fresh):
-    pids = rank1_pids(testbed)
-    t = time.time()
-    try:
-        testbed.sh(WORKER, "kill -STOP " + " ".join(pids))
-        assert httpx.get(BASE + "/health", timeout=5).status_code == 200  # what vLLM says
-        code, st = status(sc)  # its probe's bound (10 s) is below the supervisor's (15 s)
-        assert code != 0 and st["state"] == "degraded"
-        assert any(p.startswith("engine wedged: /health is 200 but") for p in st["problems"]), st["problems"]
-        took = serving_again(testbed, t)
-    finally:
-        testbed.sh(WORKER, "kill -CONT " + " ".join(pids) + " 2>/dev/null || true", check=False)
-    wedges = [e for e in journal(testbed) if (e["event"], e.get("kind")) == ("verdict", "wedged") and e["ts"] > t]
-    # the stopped rank stops every progress series and the probes: whichever bound comes first (issue 25)
-    assert wedges and (
-        "one-token completion did not return within 15s" in wedges[0]["cause"]
-        or "no progress of any kind" in wedges[0]["cause"]
-    ), wedges
-    assert len(sup_state(testbed)["restarts"]) == 1
-    code, st = status(sc)
-    assert code == 0 and st["state"] == "healthy" and st["supervisor"]["state"] == "serving", st["problems"]
-    print(f"wedge to serving again: {took:.0f}s")
 
 
 def test_both_nodes_rebooted_come_back_serving_without_the_controller(testbed, sc, fresh):
@@ -135,6 +112,7 @@ def test_a_killed_rank_is_restarted_once_its_memory_comes_back(testbed, sc, fres
     journalled with what it saw, and starts only after the return. (The kill without the memory
     stand-in is `long`: this case restarts the same way once the memory is back.)"""
     assert answers()
+    restarts = len(sup_state(testbed).get("restarts") or [])
     meminfo = testbed.sh(WORKER, f"docker exec {WORKER_C} cat /proc/meminfo").stdout
     total_kib = int(next(x for x in meminfo.splitlines() if x.startswith("MemTotal:")).split()[1])
     floor_kib, need_kib = 6 * 1024 * 1024, int(0.2 * total_kib)
@@ -155,7 +133,7 @@ def test_a_killed_rank_is_restarted_once_its_memory_comes_back(testbed, sc, fres
         testbed.set_meminfo(WORKER, WORKER_C, None)
     events = [e for e in journal(testbed) if e["ts"] > t]
     assert [e for e in events if (e["event"], e.get("kind")) == ("verdict", "dead")], events[-8:]
-    assert len(sup_state(testbed)["restarts"]) == 2
+    assert len(sup_state(testbed)["restarts"]) == restarts + 1
     waited = [e for e in events if e["event"] == "waiting for memory to come back"]
     assert waited and "short" in waited[0]["seen"][WORKER], waited
     came = [e for e in events if e["event"] == "memory came back"]
@@ -165,26 +143,33 @@ def test_a_killed_rank_is_restarted_once_its_memory_comes_back(testbed, sc, fres
     print(f"memory back after {back['at'] - t:.0f}s, serving again after {started[0]['ts'] - t:.0f}s")
 
 
-# the wedge and the killed rank above used the testbed profile's two restarts an hour (a reboot is not
-# a restart); the cases after it count on its closing `up` for a fresh bound
+# test_monitor's wedge and the killed rank above used the testbed profile's two restarts an hour (a
+# reboot is not a restart); the modules after it count on its closing `up` for a fresh bound
 def test_past_the_restart_limit_it_stays_down_and_status_says_why(testbed, sc, fresh):
-    # the third failure a killed rank (vLLM's API server exits about 1 s later): a verdict within
-    # seconds, where a wedge waits out the stall bound; the causes above are the wedge and a kill
-    testbed.sh(WORKER, "kill -KILL " + " ".join(rank1_pids(testbed)))
-    wait_for("restart limit", lambda: sup_state(testbed).get("state") == "restart limit reached", 120, testbed)
+    # killed ranks (vLLM's API server exits about 1 s later: a verdict within seconds, where a wedge
+    # waits out the stall bound) until a failure finds the window's restarts used: at most the
+    # profile's two and the one that meets the limit, however many the cases before left
+    for _ in range(3):
+        t = time.time()
+        testbed.sh(WORKER, "kill -KILL " + " ".join(rank1_pids(testbed)))
+
+        def settled(t=t) -> bool:
+            st = sup_state(testbed)
+            if st.get("state") == "restart limit reached":
+                return True
+            return st.get("state") == "serving" and st.get("since", 0) > t and answers()
+
+        wait_for("a verdict, then serving or the limit", settled, BACK_WITHIN_S, testbed)
+        if sup_state(testbed).get("state") == "restart limit reached":
+            break
     try:
         looks_since(testbed, time.time())  # past a backoff: nothing is started again
         assert sup_state(testbed)["state"] == "restart limit reached" and not answers()
         code, st = status(sc)
         assert code != 0
         limit = [p for p in st["problems"] if "restart limit reached" in p]
-        assert limit and (
-            "wedged: /health is 200 but a one-token completion" in limit[0]
-            or "wedged: " in limit[0]
-            and "no progress of any kind" in limit[0]
-        ), st["problems"]
         # the kill shows as the process gone, or as /health failing first (vLLM answers 503 meanwhile)
-        assert "dead: " in limit[0], limit[0]
+        assert limit and "dead: " in limit[0], st["problems"]
         events = sc("events", "--last", "20")
         assert events.returncode == 0 and "restart limit reached" in events.stdout, events.stdout + events.stderr
     finally:
