@@ -1,7 +1,7 @@
 """Node health beyond the GPU on the testbed (issue 75), with the real engine serving TP=2 on the pair
 and the stand-ins at the OS boundary (tests/testbed: the nvidia-smi stand-in's power, which follows
 the work unless a test pins it, and the fake HCAs' port state). In `make test`, on the cluster the
-serving tail leaves up (`tests/conftest.py`, SERVING_TAIL: after test_monitor, so `up` is a no-op):
+serving tail leaves up (`tests/conftest.py`, SERVING_TAIL: after test_supervisor, so `up` is a no-op):
 
 - an engine at work reads its GPU power from the stand-in above the "busy but low power" bound:
   `status` shows the power and the energy per 1,000 tokens, and the supervisor journals no "busy but

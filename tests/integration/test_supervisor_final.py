@@ -7,8 +7,8 @@ whatever restarts they counted):
 - `down` leaves nothing (no container, no listener on Ray's or the engine's port, no vLLM process; a
   second `down` says it is down already), and after a reboot nothing comes back.
 
-Its restarts and their limit are test_supervisor.py's, earlier in the tail, on a cluster with no
-restart counted.
+Its restarts and their limit are test_supervisor.py's, earlier in the tail, going on from
+test_monitor's wedge.
 """
 
 from __future__ import annotations
