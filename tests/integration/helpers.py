@@ -229,6 +229,14 @@ def sup_state(testbed) -> dict:
         return {}
 
 
+def up_unless_serving(testbed, sc) -> None:
+    """The serving tail's cluster used as it is: `up --profile testbed` only where the head supervisor
+    does not say serving or the engine does not answer (a module run alone, or after a failure)."""
+    if sup_state(testbed).get("state") != "serving" or not answers(BASE, "testbed-tiny"):
+        res = sc("up", "--profile", "testbed", timeout=900)
+        assert res.returncode == 0, res.stdout + res.stderr
+
+
 def journal(testbed, host: str = HEAD) -> list[dict]:
     """The agent's journal in `host`'s container of the pair (the head's by default)."""
     import json

@@ -116,9 +116,7 @@ def monitored(testbed, sc, receiver):
     PROM = f"http://{inventory.load(testbed.inventory).head.control_ip}:9090"
     TB = testbed
     testbed.monitor_image()
-    if sup_state(testbed).get("state") != "serving" or not helpers.answers(BASE, "testbed-tiny"):
-        res = sc("up", "--profile", "testbed", timeout=900)
-        assert res.returncode == 0, res.stdout + res.stderr
+    helpers.up_unless_serving(testbed, sc)
     res = sc("monitor", "up", env={"ALERT_WEBHOOK_URL": receiver.url}, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert receiver.url not in res.stdout + res.stderr

@@ -41,9 +41,7 @@ LOOK_S = 2.0  # the supervisor's interval_s (the testbed profile keeps the defau
 @pytest.fixture(scope="module")
 def serving(testbed, sc):
     # the serving tail's cluster is used as it is: `up` only when it does not serve
-    if sup_state(testbed).get("state") != "serving" or not helpers.answers(BASE, "testbed-tiny"):
-        res = sc("up", "--profile", "testbed", timeout=900)
-        assert res.returncode == 0, res.stdout + res.stderr
+    helpers.up_unless_serving(testbed, sc)
 
 
 def test_an_engine_at_work_reads_its_power_above_the_low_power_bound(testbed, sc, serving):

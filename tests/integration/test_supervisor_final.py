@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.integration import helpers
-from tests.integration.helpers import BASE, HEAD, WORKER, journal, listeners, ours, sup_state
+from tests.integration.helpers import HEAD, WORKER, journal, listeners, ours, sup_state
 from tests.integration.test_supervisor import WORKER_C, answers, looks_since, status, wait_for
 
 pytestmark = pytest.mark.testbed
@@ -27,9 +27,7 @@ pytestmark = pytest.mark.testbed
 @pytest.fixture(scope="module")
 def serving(testbed, sc):
     """What the tail leaves serving, used as it is (`up` only where nothing serves)."""
-    if sup_state(testbed).get("state") != "serving" or not helpers.answers(BASE, "testbed-tiny"):
-        res = sc("up", "--profile", "testbed", timeout=900)
-        assert res.returncode == 0, res.stdout + res.stderr
+    helpers.up_unless_serving(testbed, sc)
 
 
 def test_memory_below_the_floor_stops_the_server_for_good(testbed, sc, serving):
