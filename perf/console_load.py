@@ -79,6 +79,7 @@ class Console:
                 self.failures += not ok
 
     def __enter__(self) -> Console:
+        self._stop.clear()  # opened again for each window: the last window's close set it
         targets = [
             (self._stream, "/console/live"),
             (self._stream, f"/console/live/model/{self.model}"),
@@ -115,8 +116,14 @@ def measure(s) -> None:
             got = {}
             for open_ in (False, True) if i % 2 == 0 else (True, False):
                 if open_:
+                    seen = console.events
                     with console:
                         got[open_] = load.throughput(s.endpoint, model, WINDOW_S, concurrency=CONCURRENCY)
+                    if console.events - seen < WINDOW_S / 2:  # a live event a second on each of two streams
+                        raise SystemExit(
+                            f"bench: the console's streams sent {console.events - seen} events in an open "
+                            f"window of {WINDOW_S:g}s: that window measured no console"
+                        )
                 else:
                     got[open_] = load.throughput(s.endpoint, model, WINDOW_S, concurrency=CONCURRENCY)
             s.rec("console_tput_open", got[True])
