@@ -22,12 +22,20 @@ Runs, each of the whole repository:
 - `resume`: a replication to a tmpfs cut after `--cut` of its bytes (default 0.6), `check`, then only what it
   says is missing sent again: the bytes sent the second time against the bytes missing;
 - `pin=N`: `one-tmpfs` and `three-tmpfs` again, for each package, with each receiver on N cores of its
-  own and the sender on one (`cores_of`): three receivers that share one machine no longer share its cores;
+  own and the sender on `--sender-cores` (default 1) of its own (`cores_of`): three receivers that share
+  one machine no longer share its cores, nor the sender's;
 - `relay=MODE`: `three-tmpfs` again (and, with `pin=N`, pinned) with the relays' `relay=MODE` argument
   ("splice", "peek": receiver.Spliced, Peeked, the forward spliced through pipes instead of copied),
   for each package.
 Every chain's record says each receiver's own core-seconds per GB (`receivers`: the relays, then the
 leaf), beside the leaf alone's (`one-tmpfs`).
+
+`--rfs`: every run with loopback's receive work steered to the CPU the receiving process last ran on
+(Receive Flow Steering: `rps_cpus`, `rps_flow_cnt` of lo's queue and `net.core.rps_sock_flow_entries`,
+the kernel's Documentation/networking/scaling.rst), as it is on a machine of its own, where the next
+node's kernel receives what a relay sends. Without it, loopback does a receiver's TCP receive work in
+its sender's context, so a relay is charged for its next hop's and a leaf alone for none of its own.
+The settings are put back at the end.
 Figures: GB/s (10^9 bytes) of the repository over each run's wall time.
 
 Each run also says what it cost the cores: the core-seconds per GB of every process it started
@@ -123,6 +131,36 @@ def tmpfs(path: Path, size_gb: int) -> Path:
     if got.returncode == 0:
         MOUNTED.append(path)
     return path
+
+
+RFS = {  # Receive Flow Steering on loopback (Documentation/networking/scaling.rst), root only
+    "/proc/sys/net/core/rps_sock_flow_entries": "32768",
+    "/sys/class/net/lo/queues/rx-0/rps_flow_cnt": "32768",
+    "/sys/class/net/lo/queues/rx-0/rps_cpus": None,  # every core: the mask written at the start
+}
+
+
+def steer(on: bool, saved: dict[str, str] | None = None) -> dict[str, str]:
+    """RFS on loopback turned on (the old values returned), or the `saved` values put back. A value
+    the kernel refuses is left and said in the result (`rfs`)."""
+    if not on:
+        for path, old in (saved or {}).items():
+            try:
+                Path(path).write_text(old + "\n")
+            except OSError:
+                pass
+        return {}
+    old: dict[str, str] = {}
+    for path, want in RFS.items():
+        if want is None:
+            want = format((1 << (os.cpu_count() or 1)) - 1, "x")
+        try:
+            old[path] = Path(path).read_text().strip()
+            Path(path).write_text(want + "\n")
+        except OSError as e:
+            old.pop(path, None)
+            print(json.dumps({"rfs_refused": f"{path}: {e}"}), flush=True)
+    return old
 
 
 def umount(path: Path) -> None:
@@ -400,14 +438,15 @@ def variant(cmd: dict, width: int | None, io: str | None, relay: str | None = No
     return cmd
 
 
-def cores_of(i: int, pin: int | None) -> set[int] | None:
-    """With `pin`, the cores a process may run on: the sender (i = 0) on core 0, receiver i on the
-    `pin` cores after the ones before it (1-5, 6-10, 11-15 for pin=5 on 16 cores); None: unpinned."""
+def cores_of(i: int, pin: int | None, send: int = 1) -> set[int] | None:
+    """With `pin`, the cores a process may run on: the sender (i = 0) on the first `send` cores,
+    receiver i on the `pin` cores after the ones before it (for pin=5 and one sender core: 1-5, 6-10,
+    11-15 on 16 cores; pin=4 and four: sender 0-3, receivers 4-7, 8-11, 12-15); None: unpinned."""
     if not pin:
         return None
     if i == 0:
-        return {0}
-    first = 1 + (i - 1) * pin
+        return set(range(send))
+    first = send + (i - 1) * pin
     got = set(range(first, first + pin)) & set(range(os.cpu_count() or 1))
     if len(got) < pin:
         raise RuntimeError(f"pin={pin}: receiver {i} needs cores {first}-{first + pin - 1}, there are {os.cpu_count()}")
@@ -430,12 +469,13 @@ def replicate(
     pin: int | None = None,
     drop: bool = True,
     relay: str | None = None,
+    send_cores: int = 1,
 ) -> dict:
     """One replication head -> sinks[0] -> sinks[1] ... as the weights stage runs it (hfcache's
     commands, every address 127.0.0.1): receivers started from the tail, each relay told its next
     hop's announced port, then the sender; `check` on every sink; a final sync. `cut_at`: kill the
     sender once it has sent that share of the bytes (no check then). `width`, `io`, `relay`: `variant`.
-    `pin`: each receiver on `pin` cores of its own, the sender on one (`cores_of`), so receivers
+    `pin`: each receiver on `pin` cores of its own, the sender on `send_cores` (`cores_of`), so receivers
     sharing one machine do not share cores (they still share its memory bus). `drop`: page cache
     dropped first. Each receiver's own cost (`receivers`, head first: the relays, then the leaf) is
     its process's getrusage as reaped (`reap`), what it started included."""
@@ -454,7 +494,7 @@ def replicate(
                 stdin=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                preexec_fn=pinned(cores_of(i, pin)),
+                preexec_fn=pinned(cores_of(i, pin, send_cores)),
             )
             keyed(p)
             line = p.stderr.readline()
@@ -468,7 +508,7 @@ def replicate(
             stdin=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=pinned(cores_of(0, pin)),
+            preexec_fn=pinned(cores_of(0, pin, send_cores)),
         )
         keyed(snd)
         sent, tail = 0, []
@@ -584,7 +624,8 @@ def table(res: dict) -> str:
         three = res.get(key.replace(":one-tmpfs:", ":three-tmpfs:"), {}).get("gb_s")
         if res[key].get("gb_s") and three:
             out += f"\n{key.replace(':one-tmpfs', '')}: chain of three / one, tmpfs, time = "
-            out += f"{res[key]['gb_s'] / three:.2f} (<= 1.2), each receiver on cores of its own\n"
+            out += f"{res[key]['gb_s'] / three:.2f} (<= 1.2), each receiver on cores of its own"
+            out += f", the sender on {res.get('sender_cores', 1)}\n"
     return out
 
 
@@ -597,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-mb", type=int, default=SHARD // 10**6, help="a shard's size (the hub's: 2-5 GB)")
     ap.add_argument("--cut", type=float, default=0.6, help="the resume run's cut, a share of the bytes")
     ap.add_argument("--pkg", action="append", default=[], help="NAME=ROOT: a checkout's package to measure")
+    ap.add_argument("--sender-cores", type=int, default=1, help="pin=N's cores for the sender (from core 0)")
+    ap.add_argument("--rfs", action="store_true", help="loopback's receive work on the receiving process's core")
     a = ap.parse_args(argv)
     runs = set(a.runs.split(","))
     total = int(a.gb * 1e9)
@@ -612,6 +655,8 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0],
         "kernel": os.uname().release,
         "disk_fs": subprocess.run(["df", "-T", str(work)], capture_output=True, text=True).stdout.splitlines()[-1:],
+        "sender_cores": a.sender_cores,
+        "smt": Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list").read_text().strip(),
     }
 
     def run(key, fn, *args, **kw):
@@ -627,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({key: value}), flush=True)
         (a.out / "weights_gpu.json").write_text(json.dumps(res, indent=1))
 
+    steered = steer(True) if a.rfs else {}
+    res["rfs"] = {p: Path(p).read_text().strip() for p in steered}
     try:
         src = tmpfs(work / "src", gb)
         blobs = src / "hub" / f"models--{REPO.replace('/', '--')}" / "blobs"
@@ -669,19 +716,28 @@ def main(argv: list[str] | None = None) -> int:
         for key in sorted(r for r in runs if r.startswith("pin=")):  # one, then three, each on cores of its own
             for p in pkgs:
                 for name, n in (("one-tmpfs", 1), ("three-tmpfs", 3)):
-                    run(f"{p.name}:{name}:{key}", replicate, p, sinks[:n], files, pin=int(key[4:]))
+                    run(
+                        f"{p.name}:{name}:{key}",
+                        replicate,
+                        p,
+                        sinks[:n],
+                        files,
+                        pin=int(key[4:]),
+                        send_cores=a.sender_cores,
+                    )
                     for s in sinks:
                         shutil.rmtree(s / "hub", ignore_errors=True)
         for key in sorted(r for r in runs if r.startswith("relay=")):  # the relays' forwarding, chosen
             for p in pkgs:
                 for pin in [None] + sorted(int(r[4:]) for r in runs if r.startswith("pin=")):
                     name = f"{p.name}:three-tmpfs" + (f":pin={pin}" if pin else "") + f":{key}"
-                    run(name, replicate, p, sinks[:3], files, pin=pin, relay=key[6:])
+                    run(name, replicate, p, sinks[:3], files, pin=pin, relay=key[6:], send_cores=a.sender_cores)
                     for s in sinks:
                         shutil.rmtree(s / "hub", ignore_errors=True)
         if "resume" in runs:
             run(f"{last.name}:resume", resume, last, sinks[0], files, a.cut)
     finally:
+        steer(False, steered)
         res["tmpfs"] = [str(m) for m in MOUNTED]
         (a.out / "weights_gpu.json").write_text(json.dumps(res, indent=1))
         (a.out / "weights_gpu.md").write_text(table(res))

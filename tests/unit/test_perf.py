@@ -562,3 +562,19 @@ def test_the_gateway_exposure_table_judges_each_bound_on_every_repetition():
     assert "| keyed answer under a flood | 0.25 | 0.20 | 0.30 | s | < 2.00 s | yes |" in text
     assert "| an unfinished header held for | 10.00 | 10.00 | 31.00 | s | < 30.00 s | **no** |" in text
     assert "answered 413, 413, 413" in text and "load average was 1.0 at the start and 2.0" in text
+
+
+def test_weights_gpu_pins_the_sender_on_cores_of_its_own(monkeypatch):
+    """perf/weights_gpu's `pin=N` with `--sender-cores S`: the sender on cores 0..S-1, each receiver
+    on N cores after it, none shared; one sender core and five per receiver as before; a layout the
+    machine has no cores for is refused, not shrunk."""
+    from perf import weights_gpu
+
+    monkeypatch.setattr(weights_gpu.os, "cpu_count", lambda: 32)
+    got = [weights_gpu.cores_of(i, 8, 5) for i in range(4)]
+    assert got == [set(range(5)), set(range(5, 13)), set(range(13, 21)), set(range(21, 29))]
+    assert [weights_gpu.cores_of(i, 5) for i in (0, 3)] == [{0}, set(range(11, 16))]
+    assert weights_gpu.cores_of(1, None, 5) is None
+    monkeypatch.setattr(weights_gpu.os, "cpu_count", lambda: 16)
+    with pytest.raises(RuntimeError, match="receiver 3 needs cores 16-19"):
+        weights_gpu.cores_of(3, 4, 8)
