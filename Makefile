@@ -66,7 +66,7 @@ docs-shots: deps venv
 # loopback only), a gateway key's limits against none (perf.gateway_limits, loopback), a swap of two models
 # on one Spark against a cold start (perf.swap, on the testbed), the engine's speed with a web console open against
 # none (perf.console_load, on the testbed), then the four-node ones (bench-nodes), which end by bringing
-# the pair back up
+# the pair back up; last, perf/results.md as the whole run's record, every family's table (perf.collect)
 bench: venv
 	$(BIN)/python -m perf.run
 	$(BIN)/python -m perf.weights_cap
@@ -75,6 +75,7 @@ bench: venv
 	$(BIN)/python -m perf.swap
 	$(BIN)/python -m perf.console_load
 	$(MAKE) bench-nodes
+	$(BIN)/python -m perf.collect
 
 # the four-node figures (issue 27) on four-host testbeds of their own, through a switch and as a ring:
 # perf/nodes-switch.md, perf/nodes-ring.md; weights at scale along the switch's chain (issue 40,

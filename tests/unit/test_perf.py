@@ -578,3 +578,33 @@ def test_weights_gpu_pins_the_sender_on_cores_of_its_own(monkeypatch):
     monkeypatch.setattr(weights_gpu.os, "cpu_count", lambda: 16)
     with pytest.raises(RuntimeError, match="receiver 3 needs cores 16-19"):
         weights_gpu.cores_of(3, 4, 8)
+
+
+def test_collect_puts_every_familys_table_of_one_run_in_results_md(tmp_path):
+    """perf.collect: perf.run's table from its record, then every other family's table under its
+    command, headings demoted; a table written before the run began is marked as not measured by
+    it, and so is one the run did not write at all (the exit status says so: `stale`)."""
+    import os
+
+    from perf import collect
+
+    rec = tmp_path / "results.json"
+    details = {"image": {"size_bytes": 2_881_727_000}, "bench_seconds": 600}
+    rec.write_text(
+        json.dumps({"when": "2026-11-29 20:09 UTC", "reps": 5, "cpus": 2, "raw": _raw(), "details": details})
+    )
+    for _cmd, name, _what, _beside in collect.FAMILIES:
+        (tmp_path / name).write_text(f"# {name}'s own heading\n\n| figure | median |\n|---|---:|\n| x | 1 |\n")
+    old = tmp_path / "swap.md"
+    os.utime(old, (rec.stat().st_mtime - 3 * 3600,) * 2)
+    (tmp_path / "nodes-ring.md").unlink()
+    text, stale = collect.collect("abc1234", rec, tmp_path)
+    assert stale == ["swap.md", "nodes-ring.md"]
+    assert text.startswith("# One `make bench` run, tree ")
+    assert "## The pair (`python -m perf.run`)\n\nsparkcluster bench, 2026-11-29 20:09 UTC" in text
+    assert "### weights_cap.md's own heading" in text and "\n# weights_cap" not in text
+    swap = text.split("(`python -m perf.swap`)")[1].split("\n## ")[0]
+    assert "**Not measured by this run**" in swap
+    ring = text.split("(`python -m perf.nodes (ring)`)")[1]
+    assert "Not measured: this run wrote no table." in ring
+    assert "`perf/weights_gpu.md`" in text.split("(`python -m perf.weights_scale`)")[1].split("\n## ")[0]
