@@ -28,6 +28,7 @@ SLACK_S = 120  # perf.run's start is taken as its record's time less its duratio
 
 # (the command, its table, what it measures, the GPU machine's figures beside it), in make bench's order
 FAMILIES = (
+    ("python -m perf.run, its executors", "executors.md", "Ray against vLLM's own launch", ""),
     ("python -m perf.weights_cap", "weights_cap.md", "a capped replication beside the serving engine", ""),
     ("python -m perf.gateway_exposure", "gateway_exposure.md", "what a peer without a key can hold", ""),
     ("python -m perf.gateway_limits", "gateway_limits.md", "a key's limits against none", "gateway.md"),
