@@ -33,8 +33,8 @@ leaf), beside the leaf alone's (`one-tmpfs`).
 `--rfs`: every run with loopback's receive work steered to the CPU the receiving process last ran on
 (Receive Flow Steering: `rps_cpus`, `rps_flow_cnt` of lo's queue and `net.core.rps_sock_flow_entries`,
 the kernel's Documentation/networking/scaling.rst), as it is on a machine of its own, where the next
-node's kernel receives what a relay sends. Without it, loopback does a receiver's TCP receive work in
-its sender's context, so a relay is charged for its next hop's and a leaf alone for none of its own.
+node's kernel receives what a relay sends. Without it, loopback does much of a receiver's TCP receive
+work in its sender's context, so a relay is charged for its next hop's and a leaf alone for none of its own.
 The settings are put back at the end.
 Figures: GB/s (10^9 bytes) of the repository over each run's wall time.
 
@@ -142,7 +142,8 @@ RFS = {  # Receive Flow Steering on loopback (Documentation/networking/scaling.r
 
 def steer(on: bool, saved: dict[str, str] | None = None) -> dict[str, str]:
     """RFS on loopback turned on (the old values returned), or the `saved` values put back. A value
-    the kernel refuses is left and said in the result (`rfs`)."""
+    the kernel refuses is left as it was, said on stdout (`rfs_refused`) and absent from the record's
+    `rfs` (the values in force, read back)."""
     if not on:
         for path, old in (saved or {}).items():
             try:
