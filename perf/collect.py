@@ -1,30 +1,29 @@
 """`python -m perf.collect`: perf/results.md as one `make bench` run's whole record, its last step.
 
-`perf.run` writes its table (perf/results.json, rendered as in `perf.run --render`); every other
+`perf.run` writes its record (perf/results.json) and its table; every other
 family of `make bench` writes a table of its own (`FAMILIES`). This puts them together in one file,
 in the order `make bench` runs them, each under its command, with the GPU machine's figures named
-beside a family that has them. A family's table older than this run's start (`perf.run`'s record,
-less its duration) was not measured by this run: it is marked so, and the exit status is 1, so
+beside a family that has them. A family's table older than this run's start (`perf.run`'s record's
+`when`) was not measured by this run: it is marked so, and the exit status is 1, so
 that a run cut short never reads as a whole one.
 
-`--tree REV` names the tree the run measured (default: the checkout's HEAD, "+ changes" when its
-working tree differs).
+The tree named is the one `perf.run` recorded at its start (`details.tree`); `--tree REV` names
+another, and a record from before there was one falls back to the checkout's HEAD now.
 """
 
 from __future__ import annotations
 
 import argparse
+import calendar
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from perf.figures import render
-from perf.run import RESULTS_JSON, RESULTS_MD, figures
+from perf.run import RESULTS_JSON, RESULTS_MD, table_of, tree
 
 PERF = Path(__file__).resolve().parent
-SLACK_S = 120  # perf.run's start is taken as its record's time less its duration, less this
+SLACK_S = 60  # clocks' and file times' leeway under perf.run's start (its record's `when`, to the minute)
 
 # (the command, its table, what it measures, the GPU machine's figures beside it), in make bench's order
 FAMILIES = (
@@ -41,30 +40,22 @@ FAMILIES = (
 
 
 def demoted(text: str) -> str:
-    """A family's table under this file's headings: its own headings two levels down."""
-    return "\n".join("##" + line if line.startswith("#") else line for line in text.strip().splitlines())
-
-
-def tree(rev: str) -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=PERF.parent, capture_output=True, text=True).stdout.strip()
-
-    if rev:
-        return git("rev-parse", "--short", rev) or rev
-    dirty = git("status", "--porcelain", "--untracked-files=no")
-    return git("rev-parse", "--short", "HEAD") + (" + changes" if dirty else "")
+    """A family's table under this file's headings: its own title left out (the section's heading
+    names it), its other headings two levels down."""
+    lines = text.strip().splitlines()
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    return "\n".join("##" + line if line.startswith("#") else line for line in lines).strip()
 
 
 def collect(rev: str = "", results_json: Path = RESULTS_JSON, perf: Path = PERF) -> tuple[str, list[str]]:
     """The whole record's text, and the families whose tables this run did not write."""
     d = json.loads(results_json.read_text())
     details = d["details"]
-    started = results_json.stat().st_mtime - details.get("bench_seconds", 0) - SLACK_S
-    head = render(
-        figures(d["raw"], details["image"]["size_bytes"]), details, d["when"], d.get("reps", 5), d.get("cpus")
-    )
+    started = calendar.timegm(time.strptime(d["when"], "%Y-%m-%d %H:%M UTC")) - SLACK_S
+    head = table_of(d)
     out = [
-        f"# One `make bench` run, tree {tree(rev)}",
+        f"# One `make bench` run, tree {rev or details.get('tree') or tree()}",
         "",
         "Every family of `make bench` from one run, in its order (written by `python -m perf.collect`).",
         "",
@@ -93,7 +84,7 @@ def collect(rev: str = "", results_json: Path = RESULTS_JSON, perf: Path = PERF)
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m perf.collect", description=__doc__.splitlines()[0])
-    ap.add_argument("--tree", default="", help="the revision the run measured (default: HEAD)")
+    ap.add_argument("--tree", default="", help="the revision the run measured (default: perf.run's record)")
     a = ap.parse_args(argv)
     text, stale = collect(a.tree)
     RESULTS_MD.write_text(text)

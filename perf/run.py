@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -210,13 +211,29 @@ def figures(R: dict, image_size: int, hosts: tuple[str, ...] = testbed.HOSTS, pa
     return out
 
 
-def rerender() -> None:
-    """`python -m perf.run --render`: perf/results.md again from perf/results.json (no testbed)."""
-    d = json.loads(RESULTS_JSON.read_text())
+def tree() -> str:
+    """The checkout's commit, short, with " + changes" when its tracked files differ from it."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return (git("rev-parse", "--short", "HEAD") or "?") + (" + changes" if dirty else "")
+
+
+def table_of(d: dict) -> str:
+    """perf.run's table from its record (perf/results.json's contents)."""
     figs = figures(d["raw"], d["details"]["image"]["size_bytes"])
-    table = render(figs, d["details"], d["when"], d.get("reps", REPS), d.get("cpus"))
-    RESULTS_MD.write_text(table)
-    print(table)
+    return render(figs, d["details"], d["when"], d.get("reps", REPS), d.get("cpus"))
+
+
+def rerender() -> None:
+    """`python -m perf.run --render`: perf/results.md again from the records (no testbed): the whole
+    run's, as make bench's last step writes it (perf.collect), so a render never drops the other
+    families' tables."""
+    from perf import collect  # collect reads this module's record and table: imported here, not above
+
+    collect.main([])
 
 
 def executors_only() -> None:
@@ -264,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         die(f"--only: no family {', '.join(unknown)} (families: {', '.join(FAMILIES)})")
     partial = only != FAMILIES
+    measured = tree()  # what the run measures, named before it starts (a commit made meanwhile is not it)
     with testbed.locked():
         started = time.time()  # the run proper, after any wait for the lock
         tb = testbed.connect()
@@ -282,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
         details["baseline_wall_s"] = s.raw["xfer_base_wall"]
         details["transfer_image_stage_s"] = s.raw["xfer_sc_stage_s"]
     details["bench_seconds"] = round(time.time() - started, 1)
+    details["tree"] = measured
     if partial:
         details["families"] = list(only)
     results_json, results_md = RESULTS_JSON, RESULTS_MD

@@ -588,23 +588,48 @@ def test_collect_puts_every_familys_table_of_one_run_in_results_md(tmp_path):
 
     from perf import collect
 
+    START = 1_795_982_940  # 2026-11-29 20:09 UTC, the record's `when`
     rec = tmp_path / "results.json"
     details = {"image": {"size_bytes": 2_881_727_000}, "bench_seconds": 600}
     rec.write_text(
         json.dumps({"when": "2026-11-29 20:09 UTC", "reps": 5, "cpus": 2, "raw": _raw(), "details": details})
     )
     for _cmd, name, _what, _beside in collect.FAMILIES:
-        (tmp_path / name).write_text(f"# {name}'s own heading\n\n| figure | median |\n|---|---:|\n| x | 1 |\n")
-    old = tmp_path / "swap.md"
-    os.utime(old, (rec.stat().st_mtime - 3 * 3600,) * 2)
+        (tmp_path / name).write_text(
+            f"# {name}'s own heading\n\n## A part\n\n| figure | median |\n|---|---:|\n| x | 1 |\n"
+        )
+        os.utime(tmp_path / name, (START + 3600,) * 2)  # written during the run
+    os.utime(tmp_path / "swap.md", (START - 3600,) * 2)  # an hour before the run began
     (tmp_path / "nodes-ring.md").unlink()
     text, stale = collect.collect("abc1234", rec, tmp_path)
     assert stale == ["swap.md", "nodes-ring.md"]
     assert text.startswith("# One `make bench` run, tree ")
     assert "## The pair (`python -m perf.run`)\n\nsparkcluster bench, 2026-11-29 20:09 UTC" in text
-    assert "### weights_cap.md's own heading" in text and "\n# weights_cap" not in text
+    assert "weights_cap.md's own heading" not in text  # the section's heading names it
+    assert "\n#### A part\n" in text
+    details["tree"] = "fedcba9"  # the tree perf.run recorded at its start names the record
+    rec.write_text(
+        json.dumps({"when": "2026-11-29 20:09 UTC", "reps": 5, "cpus": 2, "raw": _raw(), "details": details})
+    )
+    assert collect.collect("", rec, tmp_path)[0].startswith("# One `make bench` run, tree fedcba9\n")
     swap = text.split("(`python -m perf.swap`)")[1].split("\n## ")[0]
     assert "**Not measured by this run**" in swap
     ring = text.split("(`python -m perf.nodes (ring)`)")[1]
     assert "Not measured: this run wrote no table." in ring
     assert "`perf/weights_gpu.md`" in text.split("(`python -m perf.weights_scale`)")[1].split("\n## ")[0]
+
+
+def test_collect_knows_every_family_make_bench_runs():
+    """Every `python -m perf.X` in the Makefile's bench and bench-nodes recipes is perf.run's own or a
+    family perf.collect puts in perf/results.md, so a family added to make bench cannot go missing
+    from the whole run's record."""
+    import re
+
+    from perf import collect
+
+    make = (PERF.parent / "Makefile").read_text()
+    recipes = re.findall(r"^bench(?:-nodes)?:.*\n((?:\t.*\n)+)", make, re.M)
+    run = {m for r in recipes for m in re.findall(r"python -m perf\.(\w+)", r)}
+    known = {cmd.split()[2].split(".")[1].rstrip(",") for cmd, *_ in collect.FAMILIES}
+    assert {"weights_cap", "swap", "nodes", "weights_scale", "collect"} <= run
+    assert run - {"run", "collect"} <= known, run - known
